@@ -1,0 +1,165 @@
+"""Entry: one compiled kernel and all that is needed to launch it without Triton.
+
+Bytes on disk (see SPEC.md):
+
+    offset  size  field
+    0       8     magic  b"LTENTRY\\0"
+    8       4     format version, uint32 little-endian (1)
+    12      4     payload length, uint32 little-endian
+    16      8     xxh3-64 of the payload, uint64 little-endian
+    24      n     payload: a msgpack map (schema in ``_SCHEMA``)
+
+Decoding is bounded (entry, binary and string sizes, array lengths) and
+checks the checksum before msgpack ever sees the payload, then every field's
+type. Anything off raises ``EntryError``; nothing partial is returned.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgpack
+import xxhash
+
+MAGIC = b"LTENTRY\0"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sIIQ")
+HEADER_SIZE = _HEADER.size
+
+# Bounds on what a decoder accepts. The largest attention cubin seen is under
+# 1 MiB; 64 MiB leaves room while refusing a hostile multi-GB allocation.
+MAX_ENTRY_BYTES = 64 << 20
+MAX_STR = 4096
+MAX_ARRAY = 256
+
+
+class EntryError(ValueError):
+    """Bytes that are not a valid entry: truncated, corrupt or malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where an entry came from. Informational: never part of the key."""
+
+    compiler: str
+    compiler_version: str
+    source_fingerprint: str
+    created: float
+    launch_abi: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A compiled kernel with its launch metadata.
+
+    ``arg_types`` are the kernel's runtime parameters in order (Triton type
+    strings such as ``*bf16``, ``i64``, ``fp32``); ``hidden_args`` are the
+    pointers the compiler appends after them (``global_scratch``,
+    ``profile_scratch``), passed as NULL when their size is 0.
+    """
+
+    key: str
+    variant: str
+    target: str
+    kind: str
+    binary: bytes = field(repr=False)
+    name: str
+    num_warps: int
+    num_ctas: int
+    warp_size: int
+    shared: int
+    global_scratch_size: int
+    global_scratch_align: int
+    profile_scratch_size: int
+    profile_scratch_align: int
+    arg_types: tuple[str, ...]
+    hidden_args: tuple[str, ...]
+    provenance: Provenance
+
+    @property
+    def block_threads(self) -> int:
+        """Threads per program: warp size times warps."""
+        return self.warp_size * self.num_warps
+
+    def encode(self) -> bytes:
+        """The entry as bytes: header, then the msgpack payload."""
+        record = asdict(self)
+        record["arg_types"] = list(self.arg_types)
+        record["hidden_args"] = list(self.hidden_args)
+        payload = msgpack.packb(record, use_bin_type=True)
+        return _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview, expected_key: str | None = None) -> Entry:
+        """Verify and decode bytes made by ``encode``; raise EntryError if anything is off."""
+        if len(data) < HEADER_SIZE:
+            raise EntryError(f"entry truncated: {len(data)} bytes, header needs {HEADER_SIZE}")
+        if len(data) > MAX_ENTRY_BYTES:
+            raise EntryError(f"entry of {len(data)} bytes exceeds the {MAX_ENTRY_BYTES} byte bound")
+        magic, version, length, checksum = _HEADER.unpack_from(data, 0)
+        if magic != MAGIC:
+            raise EntryError(f"not an entry: magic {magic!r}")
+        if version != FORMAT_VERSION:
+            raise EntryError(f"entry format version {version} is not {FORMAT_VERSION}")
+        if length != len(data) - HEADER_SIZE:
+            raise EntryError(f"entry payload is {len(data) - HEADER_SIZE} bytes, header says {length}")
+        payload = memoryview(data)[HEADER_SIZE:]
+        if xxhash.xxh3_64_intdigest(payload) != checksum:
+            raise EntryError("entry checksum mismatch")
+        try:
+            record = msgpack.unpackb(
+                payload, raw=False, use_list=True, strict_map_key=True,
+                max_bin_len=MAX_ENTRY_BYTES, max_str_len=MAX_STR,
+                max_array_len=MAX_ARRAY, max_map_len=64, max_ext_len=0,
+            )
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise EntryError(f"entry payload is not valid msgpack: {exc}") from None
+        entry = _from_record(record)
+        if expected_key is not None and entry.key != expected_key:
+            raise EntryError(f"entry holds key {entry.key}, expected {expected_key}")
+        return entry
+
+
+_SCHEMA: dict[str, type] = {
+    "key": str, "variant": str, "target": str, "kind": str, "binary": bytes, "name": str,
+    "num_warps": int, "num_ctas": int, "warp_size": int, "shared": int,
+    "global_scratch_size": int, "global_scratch_align": int,
+    "profile_scratch_size": int, "profile_scratch_align": int,
+    "arg_types": list, "hidden_args": list, "provenance": dict,
+}
+_PROVENANCE: dict[str, type] = {
+    "compiler": str, "compiler_version": str, "source_fingerprint": str, "created": float, "launch_abi": int,
+}
+
+
+def _check_fields(record: Any, schema: dict[str, type], what: str) -> None:
+    if not isinstance(record, dict) or set(record) != set(schema):
+        got = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise EntryError(f"{what} fields are {got}, expected {sorted(schema)}")
+    for name, kind in schema.items():
+        value = record[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise EntryError(f"{what} field {name} is {type(value).__name__}, expected {kind.__name__}")
+        if kind is int and not 0 <= value < 1 << 32:
+            raise EntryError(f"{what} field {name}={value} is out of range")
+
+
+def _from_record(record: Any) -> Entry:
+    _check_fields(record, _SCHEMA, "entry")
+    _check_fields(record["provenance"], _PROVENANCE, "entry provenance")
+    for name in ("arg_types", "hidden_args"):
+        if not all(isinstance(item, str) for item in record[name]):
+            raise EntryError(f"entry field {name} must hold strings")
+    if record["kind"] not in ("cubin", "hsaco"):
+        raise EntryError(f"entry kind {record['kind']!r} is not cubin or hsaco")
+    if not record["binary"]:
+        raise EntryError("entry binary is empty")
+    if not 1 <= record["num_warps"] <= 32 or record["warp_size"] not in (32, 64):
+        raise EntryError(f"entry num_warps={record['num_warps']} warp_size={record['warp_size']} are not sane")
+    fields = dict(record)
+    fields["arg_types"] = tuple(record["arg_types"])
+    fields["hidden_args"] = tuple(record["hidden_args"])
+    fields["provenance"] = Provenance(**record["provenance"])
+    return Entry(**fields)

@@ -1,0 +1,1 @@
+"""C API (``liblazytriton.so``): reserved for the C API issue; nothing is implemented here yet."""

@@ -1,0 +1,73 @@
+"""Kernel descriptions: what each Triton kernel takes and how it is launched.
+
+A description names the source file of the ``@triton.jit`` function, its
+parameters in order (with their Triton types), which of them are constexprs
+and which may be assumed 16-divisible. It is pure data: importing this package
+never imports triton. The sources themselves (``*/triton_kernel.py``) are read
+only by ``lazytriton.compiler``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """A Triton kernel as the compiler and the launcher see it.
+
+    ``params`` lists every runtime parameter in order as ``(name, type)``;
+    ``{dtype}`` in a type stands for the variant's dtype (``*{dtype}`` is a
+    pointer to it). ``aligned_params`` may be marked 16-divisible when the
+    variant has ``ALIGN16=true``. ``constexprs`` are the constexpr parameters,
+    filled from the variant's functional and tuned fields.
+    """
+
+    name: str
+    module: str
+    function: str
+    params: tuple[tuple[str, str], ...]
+    constexprs: tuple[str, ...]
+    aligned_params: tuple[str, ...]
+
+    @property
+    def source_path(self) -> Path:
+        """The kernel's source file, found without importing it."""
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"kernel source module {self.module} not found")
+        return Path(spec.origin)
+
+    def signature(self, dtype: str) -> dict[str, str]:
+        """Triton's signature dict for this kernel at ``dtype``, constexprs included."""
+        sig = {name: kind.format(dtype=dtype) for name, kind in self.params}
+        sig.update({name: "constexpr" for name in self.constexprs})
+        return sig
+
+
+@functools.cache
+def source_fingerprint(kernel: str) -> str:
+    """xxh3-64 of the kernel's source file, line endings normalised.
+
+    The file holds the kernel and every ``@triton.jit`` function it calls, so
+    any change to what it computes changes the fingerprint, and with it every
+    key of that kernel. Computed once per process.
+    """
+    text = get(kernel).source_path.read_bytes().replace(b"\r\n", b"\n")
+    return xxhash.xxh3_64_hexdigest(text)
+
+
+def get(kernel: str) -> KernelSpec:
+    """The description of a kernel by name."""
+    from lazytriton.kernels.flash_fwd import FLASH_FWD
+
+    specs = {FLASH_FWD.name: FLASH_FWD}
+    try:
+        return specs[kernel]
+    except KeyError:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(specs)}") from None

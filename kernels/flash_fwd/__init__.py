@@ -1,0 +1,43 @@
+"""Description of the FlashAttention-2 forward kernel (``triton_kernel.py``).
+
+Parameter order puts pointers and integers first and the one float last; the
+launcher relies on nothing but this list. Strides are 64-bit so that offsets
+into tensors of more than 2**31 elements cannot overflow.
+"""
+
+from __future__ import annotations
+
+from lazytriton.kernels import KernelSpec
+
+_STRIDES = tuple(
+    (f"stride_{t}{d}", "i64") for t in ("q", "k", "v", "o") for d in ("b", "h", "s")
+) + (("stride_lb", "i64"), ("stride_lh", "i64"))
+
+FLASH_FWD = KernelSpec(
+    name="flash_fwd",
+    module="lazytriton.kernels.flash_fwd.triton_kernel",
+    function="flash_fwd_kernel",
+    params=(
+        ("Q", "*{dtype}"),
+        ("K", "*{dtype}"),
+        ("V", "*{dtype}"),
+        ("Out", "*{dtype}"),
+        ("Lse", "*fp32"),
+        *_STRIDES,
+        ("group_size", "i32"),
+        ("seqlen_q", "i32"),
+        ("seqlen_k", "i32"),
+        ("head_dim", "i32"),
+        ("causal_offset", "i32"),
+        ("sm_scale", "fp32"),
+    ),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL"),
+    aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
+        name for name, _ in _STRIDES if not name.startswith("stride_l")
+    ),
+)
+
+
+def grid(seqlen_q: int, heads_q: int, batch: int, block_m: int) -> tuple[int, int, int]:
+    """Programs: query blocks x query heads x batch (y and z stay under 65536)."""
+    return ((seqlen_q + block_m - 1) // block_m, heads_q, batch)

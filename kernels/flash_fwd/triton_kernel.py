@@ -1,0 +1,152 @@
+"""FlashAttention-2 forward in Triton: the source compiled into cache entries.
+
+This is the only file that the source fingerprint of ``flash_fwd`` covers, so
+everything the kernel calls lives here. It imports triton: only
+``lazytriton.compiler`` may import it.
+
+Layout is SDPA's: q (B, Hq, Sq, D), k and v (B, Hk, Sk, D), any strides with a
+contiguous last dim. One program computes BLOCK_M query rows of one (batch,
+query head); query head h reads key/value head h // group_size (GQA/MQA).
+
+Causal masking keeps key j for query i when ``j <= i + causal_offset``: the
+caller passes 0 for SDPA's top-left alignment and Sk - Sq for FlashAttention's
+bottom-right one, so both share one binary. A row that sees no key at all
+(bottom-right with Sq > Sk) gets output 0 and logsumexp -inf.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _attend_block(
+    acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+    seqlen_k, head_dim, causal_offset, qk_scale,
+    stride_ks, stride_vs,
+    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One step of the online softmax over keys [start_n, start_n + BLOCK_N)."""
+    cols = start_n + offs_n
+    if MASKED:
+        col_ok = cols < seqlen_k
+        if EVEN_D:
+            k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
+        else:
+            d_ok = offs_d < head_dim
+            k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        if EVEN_D:
+            k = tl.load(k_ptrs + start_n * stride_ks)
+            v = tl.load(v_ptrs + start_n * stride_vs)
+        else:
+            d_ok = offs_d < head_dim
+            k = tl.load(k_ptrs + start_n * stride_ks, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=d_ok[None, :], other=0.0)
+    if IEEE:
+        qk = tl.dot(q, k, input_precision="ieee")
+    else:
+        qk = tl.dot(q, k)
+    qk = qk * qk_scale
+    if MASKED:
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row with no visible key so far keeps m = -inf; subtract 0 instead so
+        # that exp2(-inf - -inf) never makes a NaN.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_sub = m_new
+    p = tl.math.exp2(qk - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def flash_fwd_kernel(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset,
+    sm_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    # Heaviest query blocks first: with a causal mask the last blocks see the
+    # most keys, and starting them early evens out the tail of the grid.
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    kv_head = head // group_size
+    IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen_q
+
+    q_base = Q + batch * stride_qb + head * stride_qh
+    q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
+    # K is read transposed, (BLOCK_D, BLOCK_N), so that q @ k needs no permute.
+    k_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[None, :] * stride_ks + offs_d[:, None]
+    v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+
+    qk_scale = sm_scale * LOG2E
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Keys [0, full_end) are visible to every row of this block and need no
+    # mask; keys [full_end, end) are the ragged tail and the causal diagonal.
+    end = seqlen_k
+    full_end = (seqlen_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        first_row_limit = tl.maximum(start_m + causal_offset + 1, 0)
+        full_end = tl.minimum(full_end, (first_row_limit // BLOCK_N) * BLOCK_N)
+    full_end = tl.minimum(full_end, end)
+
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_block(
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+            seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
+            BLOCK_N, EVEN_D, False, CAUSAL, IEEE,
+        )
+    for start_n in range(full_end, end, BLOCK_N):
+        acc, l_i, m_i = _attend_block(
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+            seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
+            BLOCK_N, EVEN_D, True, CAUSAL, IEEE,
+        )
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
+
+    o_ptrs = Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+    tl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)

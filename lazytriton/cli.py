@@ -1,0 +1,93 @@
+"""The ``lazytriton`` command: ``info`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+
+import lazytriton
+
+
+def _version_of(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _device_line() -> tuple[str, str | None]:
+    """The detected GPU and its target, without importing triton."""
+    try:
+        import torch
+    except ImportError:
+        return "none (torch not installed)", None
+    if not torch.cuda.is_available():
+        return "none (CPU only: calls on CPU tensors run through Triton's interpreter)", None
+    from lazytriton.dispatch import target_of_device
+
+    index = torch.cuda.current_device()
+    return f"cuda:{index} {torch.cuda.get_device_name(index)}", str(target_of_device(index))
+
+
+def cmd_info(_: argparse.Namespace) -> int:
+    from lazytriton import runtime
+
+    rt = runtime.get()
+    device, target = _device_line()
+    stats = rt.local.stats()
+    counters = rt.counters()
+    rows = [
+        ("lazytriton", lazytriton.__version__),
+        ("python", platform.python_version()),
+        ("torch", _version_of("torch")),
+        ("triton", _version_of("triton")),
+        ("device", device),
+        ("target", target or "none detected"),
+        ("cache dir", str(rt.settings.cache_dir)),
+        ("entries", f"{stats.entries} ({_human(stats.bytes)} on disk)"),
+        ("compiles", f"{counters.get('compiles', 0)} (since the cache was created)"),
+        ("jit", "on" if rt.settings.jit else "off (LAZYTRITON_JIT=0)"),
+    ]
+    for name, value in rows:
+        print(f"{name:<11} {value}")
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from lazytriton import demo
+
+    if torch.cuda.is_available() and not args.cpu:
+        return demo.run_gpu()
+    return demo.run_cpu()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lazytriton", description=lazytriton.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, device, target, cache dir, entries and compiles").set_defaults(fn=cmd_info)
+    demo_parser = sub.add_parser("demo", help="run attention through the cache: cold, then warm")
+    demo_parser.add_argument("--cpu", action="store_true", help="use the CPU path even when a GPU is present")
+    demo_parser.set_defaults(fn=cmd_demo)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    status = int(args.fn(args))
+    if args.command == "demo":
+        print(f"done in {time.perf_counter() - start:.1f} s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

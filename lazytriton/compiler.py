@@ -1,0 +1,238 @@
+"""The compiler: Variant -> Entry through Triton, and the CPU interpreter.
+
+This is the only module that imports triton, and it does so inside its
+functions: importing it costs nothing. Entries it makes carry every piece of
+launch metadata, so that they launch later without Triton (and with another
+Triton version installed).
+
+Supported: Triton 3.6 (the GPU host) to 3.9 (CI). Both append two hidden
+pointer parameters (global and profile scratch) after the kernel's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+from lazytriton.cache_format import Entry, Provenance
+from lazytriton.kernels import KernelSpec, get, source_fingerprint
+from lazytriton.target import Target
+from lazytriton.variant import LAUNCH_ABI, Variant
+
+# Triton serialises its global state (knobs, its own cache, our interpreter
+# patches); one compile or interpretation at a time per process.
+_lock = threading.RLock()
+
+
+class CompileError(RuntimeError):
+    """Triton could not compile a variant; the message names it."""
+
+
+def triton_version() -> str | None:
+    """The installed Triton's version, or None (read without importing it)."""
+    try:
+        from importlib.metadata import version
+
+        return version("triton")
+    except Exception:
+        return None
+
+
+def _version_tuple(text: str) -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", text).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
+
+
+def hidden_args_for(version: str) -> tuple[str, ...]:
+    """The pointers Triton appends to a kernel's parameters, by Triton version."""
+    v = _version_tuple(version)
+    if v >= (3, 5):
+        return ("global_scratch", "profile_scratch")
+    if v >= (3, 2):
+        return ("global_scratch",)
+    return ()
+
+
+def _ptx_param_count(ptx: str, name: str) -> int:
+    match = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    if match is None:
+        raise CompileError(f"kernel {name} not found in PTX")
+    return match.group(1).count(".param")
+
+
+def _check_signature(spec: KernelSpec, fn: Any) -> None:
+    expected = [name for name, _ in spec.params] + list(spec.constexprs)
+    if list(fn.arg_names) != expected:
+        raise CompileError(f"kernel {spec.name}: source parameters {fn.arg_names} differ from its description {expected}")
+
+
+def _attrs(spec: KernelSpec, variant: Variant) -> dict[tuple[int, ...], list[list[Any]]]:
+    if not variant.constexprs.get("ALIGN16", False):
+        return {}
+    return {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params) if name in spec.aligned_params}
+
+
+@contextlib.contextmanager
+def _private_triton_cache() -> Iterator[None]:
+    """Point Triton's own cache at a throwaway dir: every compile is real, nothing leaks into ~/.triton."""
+    with tempfile.TemporaryDirectory(prefix="lazytriton-triton-") as tmp:
+        old = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = old
+
+
+def compile_variant(variant: Variant, key: str | None = None) -> Entry:
+    """Compile ``variant`` for its target with Triton and return the Entry."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    spec = get(variant.kernel)
+    target = Target.parse(variant.target)
+    fn = getattr(importlib.import_module(spec.module), spec.function)
+    _check_signature(spec, fn)
+    constexprs = {name: variant.constexprs[name] for name in spec.constexprs}
+    options: dict[str, Any] = dict(variant.options)
+    options.setdefault("enable_fp_fusion", True)
+    arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch
+    source = ASTSource(fn, spec.signature(variant.dtype), constexprs=constexprs, attrs=_attrs(spec, variant))
+    with _lock, _private_triton_cache():
+        try:
+            kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)
+        except Exception as exc:
+            raise CompileError(f"compiling {variant} failed: {type(exc).__name__}: {exc}") from exc
+    md = kernel.metadata
+    version = str(getattr(md, "triton_version", None) or triton.__version__)
+    hidden = hidden_args_for(version)
+    if target.backend == "cuda":
+        found = _ptx_param_count(kernel.asm["ptx"], md.name) - len(spec.params)
+        if found != len(hidden):
+            raise CompileError(f"{variant}: PTX has {found} hidden parameters, Triton {version} should add {len(hidden)}")
+    return Entry(
+        key=key or variant.key(),
+        variant=str(variant),
+        target=str(target),
+        kind=target.binary_kind,
+        binary=bytes(kernel.asm[target.binary_kind]),
+        name=md.name,
+        num_warps=md.num_warps,
+        num_ctas=getattr(md, "num_ctas", 1),
+        warp_size=target.warp_size,
+        shared=md.shared,
+        global_scratch_size=getattr(md, "global_scratch_size", 0),
+        global_scratch_align=getattr(md, "global_scratch_align", 1),
+        profile_scratch_size=getattr(md, "profile_scratch_size", 0),
+        profile_scratch_align=getattr(md, "profile_scratch_align", 1),
+        arg_types=tuple(kind for _, kind in spec.signature(variant.dtype).items() if kind != "constexpr"),
+        hidden_args=hidden,
+        provenance=Provenance(
+            compiler="triton", compiler_version=version, source_fingerprint=source_fingerprint(variant.kernel),
+            created=time.time(), launch_abi=LAUNCH_ABI,
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# CPU: Triton's interpreter.
+#
+# Triton decides between compiling and interpreting when a function is
+# decorated, and its own standard library (tl.zeros, tl.max, ...) was decorated
+# for compiling when triton was imported. To interpret in a process that also
+# compiles, the kernel module is loaded a second time with the interpreter on,
+# and while it runs the library's @jit functions are swapped for interpreted
+# twins. The swap is undone afterwards and is guarded by ``_lock``.
+
+_interpreted: dict[str, ModuleType] = {}
+_interpreted_lib: dict[int, Any] = {}
+
+
+def _import_triton_compiled() -> None:
+    """Import triton (and gluon, which the interpreter imports lazily) in compile mode, before any swap."""
+    import triton
+    import triton.language  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import triton.experimental.gluon  # noqa: F401
+
+
+def _load_interpreted(spec: KernelSpec) -> ModuleType:
+    if spec.module not in _interpreted:
+        _import_triton_compiled()
+        old = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            file_spec = importlib.util.spec_from_file_location(f"_lazytriton_interpreted_{spec.name}", spec.source_path)
+            module = importlib.util.module_from_spec(file_spec)  # type: ignore[arg-type]
+            file_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        finally:
+            if old is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+        _interpreted[spec.module] = module
+    return _interpreted[spec.module]
+
+
+@contextlib.contextmanager
+def _interpreter_scope() -> Iterator[None]:
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    _import_triton_compiled()
+    modules = [m for name, m in sorted(sys.modules.items()) if name.startswith("triton.language") and m is not None]
+    swapped: list[tuple[ModuleType, str, Any]] = []
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                twin = _interpreted_lib.setdefault(id(value), interpreter.InterpretedFunction(value.fn))
+                swapped.append((module, name, value))
+                setattr(module, name, twin)
+
+    builder = interpreter.interpreter_builder
+    create_dot = builder.create_dot
+
+    def create_dot_bf16(a: Any, b: Any, d: Any, *args: Any) -> Any:
+        # Triton's interpreter keeps bf16 as uint16 and would multiply the bit
+        # patterns as integers; widen bf16 operands to float32 first.
+        def widen(x: Any) -> Any:
+            if x.dtype.scalar == tl.bfloat16:
+                data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
+                return interpreter.TensorHandle(data, tl.float32)
+            return x
+
+        return create_dot(widen(a), widen(b), d, *args)
+
+    builder.create_dot = create_dot_bf16
+    try:
+        yield
+    finally:
+        del builder.create_dot
+        for module, name, value in swapped:
+            setattr(module, name, value)
+
+
+def interpret(kernel: str, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any]) -> None:
+    """Run a kernel on CPU tensors through Triton's interpreter."""
+    spec = get(kernel)
+    with _lock:
+        fn = getattr(_load_interpreted(spec), spec.function)
+        with _interpreter_scope():
+            fn[tuple(grid)](*args, **constexprs)

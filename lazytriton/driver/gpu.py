@@ -1,0 +1,297 @@
+"""CUDA and HIP driver APIs through cffi's ABI mode, and the loaded kernel.
+
+Launch metadata comes from the Entry alone: entry name, block size
+(warp size x num_warps), dynamic shared memory (the per-function limit is
+raised first when it exceeds 48 KiB), and the parameter layout: the kernel's
+own arguments, then the hidden scratch pointers Triton appends, passed as NULL
+when their size is 0 and allocated per launch otherwise.
+
+The HIP path mirrors the CUDA one call for call; it is built and type-checked
+here but has not run on an AMD GPU (none is available to this project).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cffi import FFI
+
+from lazytriton.cache_format import Entry
+
+_CUDA_CDEF = """
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+CUresult cuInit(unsigned int flags);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value);
+CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                        unsigned int sharedMemBytes, uintptr_t hStream, void **kernelParams, void **extra);
+"""
+
+_HIP_CDEF = """
+typedef int hipError_t;
+typedef struct ihipModule_t *hipModule_t;
+typedef struct ihipModuleSymbol_t *hipFunction_t;
+hipError_t hipGetDevice(int *deviceId);
+hipError_t hipSetDevice(int deviceId);
+hipError_t hipModuleLoadData(hipModule_t *module, const void *image);
+hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module, const char *kname);
+hipError_t hipFuncSetAttribute(const void *func, int attr, int value);
+const char *hipGetErrorString(hipError_t hipError);
+hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                 unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                 unsigned int sharedMemBytes, uintptr_t stream, void **kernelParams, void **extra);
+"""
+
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+_DEFAULT_SHARED_LIMIT = 48 * 1024
+_INT_TYPES = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
+
+
+class DriverError(RuntimeError):
+    """A GPU driver call failed; the message names the call and the driver's error."""
+
+
+def _slots(entry: Entry) -> tuple[list[int], list[int]]:
+    """Map each kernel parameter to a slot in the int64 or the float array.
+
+    Pointers and integers go to int64 slots (the driver reads 4 bytes of an
+    i32 parameter: on little-endian hosts the low half, which holds the value,
+    negative values included); fp32 goes to float slots.
+    """
+    int_params, float_params = [], []
+    for i, kind in enumerate(entry.arg_types):
+        if kind.startswith("*") or kind in _INT_TYPES:
+            int_params.append(i)
+        elif kind == "fp32":
+            float_params.append(i)
+        else:
+            raise DriverError(f"entry {entry.key}: parameter type {kind!r} is not supported by the launcher")
+    return int_params, float_params
+
+
+class _ArgBuffers:
+    """One thread's argument storage: the arrays the params array points into."""
+
+    __slots__ = ("ints", "floats", "params", "aux")
+
+    def __init__(self, api: _GpuApi, entry: Entry) -> None:
+        ffi = api.ffi
+        self.aux = api.aux()
+        int_params, float_params = _slots(entry)
+        n_hidden = len(entry.hidden_args)
+        self.ints = ffi.new("int64_t[]", len(int_params) + n_hidden)
+        self.floats = ffi.new("float[]", max(1, len(float_params)))
+        self.params = ffi.new("void *[]", len(entry.arg_types) + n_hidden)
+        for slot, param in enumerate(int_params):
+            self.params[param] = ffi.addressof(self.ints, slot)
+        for slot, param in enumerate(float_params):
+            self.params[param] = ffi.addressof(self.floats, slot)
+        for h in range(n_hidden):
+            self.params[len(entry.arg_types) + h] = ffi.addressof(self.ints, len(int_params) + h)
+
+
+class LoadedKernel:
+    """An entry loaded on one device, ready to launch."""
+
+    __slots__ = ("entry", "device_index", "function", "block", "shared", "_api", "_tls", "_n_ints", "_scratch")
+
+    def __init__(self, api: _GpuApi, entry: Entry, device_index: int, function: Any) -> None:
+        self.entry = entry
+        self.device_index = device_index
+        self.function = function
+        self.block = entry.block_threads
+        self.shared = entry.shared
+        self._api = api
+        self._tls = threading.local()
+        self._n_ints = len(_slots(entry)[0])
+        sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
+        self._scratch = [(self._n_ints + h, sizes.get(name, 0)) for h, name in enumerate(entry.hidden_args)
+                         if sizes.get(name, 0) > 0]
+
+    def launch(self, grid: tuple[int, int, int], stream: int, ints: Sequence[int], floats: Sequence[float],
+               scratch_alloc: Callable[[int], Any] | None = None) -> None:
+        """Launch on ``stream`` with the kernel's integer/pointer and float arguments, each in order."""
+        buffers = self._tls.__dict__.get("b")
+        if buffers is None:
+            buffers = self._tls.b = _ArgBuffers(self._api, self.entry)
+        buffers.ints[0:self._n_ints] = ints
+        if floats:
+            buffers.floats[0:len(floats)] = floats
+        keep = None
+        if self._scratch:
+            keep = self._fill_scratch(buffers, grid, scratch_alloc)
+        self._api.launch(self, grid, stream, buffers)
+        del keep  # the allocator orders reuse after the launch on this stream
+
+    def _fill_scratch(self, buffers: _ArgBuffers, grid: tuple[int, int, int],
+                      scratch_alloc: Callable[[int], Any] | None) -> list[Any]:
+        if scratch_alloc is None:
+            raise DriverError(f"entry {self.entry.key} needs scratch memory; pass scratch_alloc")
+        programs = grid[0] * grid[1] * grid[2] * self.entry.num_ctas
+        keep = []
+        for slot, size in self._scratch:
+            memory = scratch_alloc(programs * size)
+            keep.append(memory)
+            buffers.ints[slot] = memory.data_ptr()
+        return keep
+
+
+class _GpuApi:
+    ffi: FFI
+    lib: Any
+
+    def aux(self) -> Any:
+        """Per-thread scratch the launch call needs (an out-parameter)."""
+        return None
+
+    def load(self, entry: Entry, device_index: int) -> LoadedKernel:
+        raise NotImplementedError
+
+    def launch(self, kernel: LoadedKernel, grid: tuple[int, int, int], stream: int, buffers: _ArgBuffers) -> None:
+        raise NotImplementedError
+
+
+class CudaApi(_GpuApi):
+    """libcuda through cffi."""
+
+    def __init__(self) -> None:
+        self.ffi = FFI()
+        self.ffi.cdef(_CUDA_CDEF)
+        try:
+            self.lib = self.ffi.dlopen("libcuda.so.1")
+        except OSError as exc:
+            raise DriverError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from None
+        self._launch = self.lib.cuLaunchKernel
+        self._ctx_get = self.lib.cuCtxGetCurrent
+        self._contexts: dict[int, Any] = {}
+        self.check(self.lib.cuInit(0), "cuInit")
+
+    def check(self, status: int, call: str) -> None:
+        if status != 0:
+            text = self.ffi.new("const char **")
+            self.lib.cuGetErrorString(status, text)
+            message = self.ffi.string(text[0]).decode() if text[0] != self.ffi.NULL else "unknown error"
+            raise DriverError(f"{call} failed: CUDA error {status} ({message})")
+
+    def _context(self, device_index: int) -> Any:
+        if device_index not in self._contexts:
+            dev = self.ffi.new("CUdevice *")
+            self.check(self.lib.cuDeviceGet(dev, device_index), "cuDeviceGet")
+            ctx = self.ffi.new("CUcontext *")
+            self.check(self.lib.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
+            optin = self.ffi.new("int *")
+            self.check(self.lib.cuDeviceGetAttribute(optin, _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                                     dev[0]), "cuDeviceGetAttribute")
+            self._contexts[device_index] = (ctx[0], optin[0])
+        return self._contexts[device_index]
+
+    def load(self, entry: Entry, device_index: int) -> LoadedKernel:
+        ctx, shared_limit = self._context(device_index)
+        if entry.shared > shared_limit:
+            raise DriverError(f"entry {entry.key} needs {entry.shared} bytes of shared memory; "
+                              f"device {device_index} allows {shared_limit}")
+        self.check(self.lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        try:
+            module = self.ffi.new("CUmodule *")
+            image = self.ffi.from_buffer(entry.binary)
+            self.check(self.lib.cuModuleLoadData(module, image), f"cuModuleLoadData({entry.name})")
+            function = self.ffi.new("CUfunction *")
+            self.check(self.lib.cuModuleGetFunction(function, module[0], entry.name.encode()), "cuModuleGetFunction")
+            if entry.shared > _DEFAULT_SHARED_LIMIT:
+                self.check(self.lib.cuFuncSetAttribute(function[0], _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                       entry.shared), "cuFuncSetAttribute")
+        finally:
+            self.lib.cuCtxPopCurrent_v2(self.ffi.new("CUcontext *"))
+        return LoadedKernel(self, entry, device_index, function[0])
+
+    def aux(self) -> Any:
+        return self.ffi.new("CUcontext *")
+
+    def launch(self, kernel: LoadedKernel, grid: tuple[int, int, int], stream: int, buffers: _ArgBuffers) -> None:
+        ctx = self._contexts[kernel.device_index][0]
+        out = buffers.aux
+        self._ctx_get(out)
+        pushed = out[0] != ctx
+        if pushed:  # a function runs only in the context it was loaded in
+            self.check(self.lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        try:
+            status = self._launch(kernel.function, grid[0], grid[1], grid[2], kernel.block, 1, 1,
+                                  kernel.shared, stream, buffers.params, self.ffi.NULL)
+        finally:
+            if pushed:
+                self.lib.cuCtxPopCurrent_v2(out)
+        if status != 0:
+            self.check(status, f"cuLaunchKernel({kernel.entry.name}, grid={grid})")
+
+
+class HipApi(_GpuApi):
+    """libamdhip64 through cffi (not run here: no AMD GPU is available)."""
+
+    def __init__(self) -> None:
+        self.ffi = FFI()
+        self.ffi.cdef(_HIP_CDEF)
+        try:
+            self.lib = self.ffi.dlopen("libamdhip64.so")
+        except OSError as exc:
+            raise DriverError(f"cannot load the HIP runtime (libamdhip64.so): {exc}") from None
+
+    def check(self, status: int, call: str) -> None:
+        if status != 0:
+            raise DriverError(f"{call} failed: HIP error {status} ({self.ffi.string(self.lib.hipGetErrorString(status)).decode()})")
+
+    def _with_device(self, device_index: int) -> int:
+        current = self.ffi.new("int *")
+        self.check(self.lib.hipGetDevice(current), "hipGetDevice")
+        if current[0] != device_index:
+            self.check(self.lib.hipSetDevice(device_index), "hipSetDevice")
+        return int(current[0])
+
+    def load(self, entry: Entry, device_index: int) -> LoadedKernel:
+        previous = self._with_device(device_index)
+        try:
+            module = self.ffi.new("hipModule_t *")
+            self.check(self.lib.hipModuleLoadData(module, self.ffi.from_buffer(entry.binary)), "hipModuleLoadData")
+            function = self.ffi.new("hipFunction_t *")
+            self.check(self.lib.hipModuleGetFunction(function, module[0], entry.name.encode()), "hipModuleGetFunction")
+        finally:
+            self.lib.hipSetDevice(previous)
+        return LoadedKernel(self, entry, device_index, function[0])
+
+    def launch(self, kernel: LoadedKernel, grid: tuple[int, int, int], stream: int, buffers: _ArgBuffers) -> None:
+        previous = self._with_device(kernel.device_index)
+        try:
+            status = self.lib.hipModuleLaunchKernel(kernel.function, grid[0], grid[1], grid[2], kernel.block, 1, 1,
+                                                    kernel.shared, stream, buffers.params, self.ffi.NULL)
+        finally:
+            if previous != kernel.device_index:
+                self.lib.hipSetDevice(previous)
+        self.check(status, f"hipModuleLaunchKernel({kernel.entry.name}, grid={grid})")
+
+
+@functools.cache
+def cuda() -> CudaApi:
+    """The process's CUDA driver binding (loaded on first use)."""
+    return CudaApi()
+
+
+@functools.cache
+def hip() -> HipApi:
+    """The process's HIP runtime binding (loaded on first use)."""
+    return HipApi()

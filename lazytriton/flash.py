@@ -1,0 +1,186 @@
+"""FlashAttention forward, served from the kernel cache.
+
+``attn_fwd`` validates its inputs, picks a Variant through dispatch, fetches
+the loaded kernel (memory, then disk, then the compiler) once per call shape
+class, and launches it. A warm call is a dict lookup on a small tuple, two
+output allocations and one driver launch; it never imports triton.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lazytriton import dispatch, runtime
+from lazytriton.kernels.flash_fwd import grid as flash_grid
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    batch: int
+    heads_q: int
+    heads_k: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+
+
+def _check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+    return t
+
+
+def _validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[_Shape, str, float]:
+    q, k, v = _check_tensor("q", q), _check_tensor("k", k), _check_tensor("v", v)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all three must match")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all three must be on one device")
+    if q.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"q must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
+    b, hq, sq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    bk, hk, sk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"k has batch {bk} but q has batch {b}")
+    if dk != d:
+        raise ValueError(f"k has head dim {dk} but q has head dim {d}")
+    if not 1 <= d <= dispatch.MAX_HEAD_DIM:
+        raise ValueError(f"head dim (q.shape[3]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({hk}) for GQA/MQA")
+    if max(sq, sk) > _INT32_MAX or max(b, hq) > 65535:
+        raise ValueError(f"seqlens must be < 2**31 and batch, heads <= 65535; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    mode = dispatch.causal_mode(causal)
+    if sm_scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
+    else:
+        scale = float(sm_scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    return _Shape(b, hq, hk, sq, sk, d), mode, scale
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    """True when every pointer is 16-byte aligned and every outer stride 16-divisible."""
+    for t in tensors:
+        if t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % 16 or t.stride(2) % 16:
+            return False
+    return True
+
+
+def _kernel_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 shape: _Shape, offset: int) -> tuple[int, ...]:
+    """The integer and pointer parameters of flash_fwd, in the description's order."""
+    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
+    return (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
+        shape.heads_q * shape.seqlen_q, shape.seqlen_q,
+        shape.heads_q // shape.heads_k, shape.seqlen_q, shape.seqlen_k, shape.head_dim, offset,
+    )
+
+
+def _raw_stream(device_index: int) -> int:
+    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get_raw is not None:
+        return int(get_raw(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+
+def _gpu_plan(rt: runtime.Runtime, plan_key: tuple[Any, ...], q: torch.Tensor, shape: _Shape,
+              causal: bool, aligned: bool) -> Any:
+    variant = dispatch.flash_fwd_variant(dispatch.target_of_device(q.device), _DTYPES[q.dtype], shape.head_dim,
+                                         causal, aligned, shape.seqlen_q)
+    kernel = rt.kernel(variant, q.device.index)
+    plan = (kernel, int(variant.get("BLOCK_M")))
+    rt.plans[plan_key] = plan
+    return plan
+
+
+def _run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                     shape: _Shape, causal: bool, offset: int, scale: float) -> None:
+    from lazytriton import compiler
+
+    # Small tiles: the interpreter's cost is per program and per op, and tiles
+    # smaller than the test shapes exercise the unmasked loop as well as the tail.
+    padded = dispatch.padded_head_dim(shape.head_dim)
+    block_m, block_n = 32, 16
+    ints = _kernel_args(q, k, v, out, lse, shape, offset)
+    args = (q, k, v, out, lse, *ints[5:])
+    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": padded,
+                  "EVEN_D": padded == shape.head_dim, "CAUSAL": causal}
+    compiler.interpret("flash_fwd", flash_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m),
+                       (*args, scale), constexprs)
+
+
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool | str = False,
+             sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention forward, FlashAttention-2 style.
+
+    Args:
+        q: queries, shape (batch, heads_q, seqlen_q, head_dim), the SDPA layout,
+            float16, bfloat16 or float32, any strides with a contiguous last dim.
+        k: keys, shape (batch, heads_k, seqlen_k, head_dim); heads_q must be a
+            multiple of heads_k (GQA; heads_k = 1 is MQA).
+        v: values, same shape as k.
+        causal: False; True or "top_left" (key j is seen by query i when
+            j <= i, SDPA's meaning); "bottom_right" (j <= i + seqlen_k -
+            seqlen_q, FlashAttention's meaning). A query that sees no key gets
+            output 0 and logsumexp -inf.
+        sm_scale: the softmax scale; default 1/sqrt(head_dim).
+
+    Returns:
+        ``(out, lse)``: out has q's shape and dtype; lse is the float32
+        natural-log logsumexp of the scaled scores, shape (batch, heads_q, seqlen_q).
+
+    CUDA/ROCm tensors run a compiled kernel from the cache (compiled on first
+    use if no tier holds it); CPU tensors run the same kernel through Triton's
+    interpreter. Bad input raises TypeError/ValueError before any launch.
+    Forward only: there is no backward yet.
+    """
+    shape, mode, scale = _validate(q, k, v, causal, sm_scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError("attn_fwd has no backward yet; call it under torch.no_grad() or with detached inputs")
+    is_causal = mode != "none"
+    offset = shape.seqlen_k - shape.seqlen_q if mode == "bottom_right" else 0
+    out = torch.empty_like(q)
+    lse = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if shape.seqlen_k == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    if q.device.type == "cpu":
+        _run_interpreter(q, k, v, out, lse, shape, is_causal, offset, scale)
+        return out, lse
+    rt = runtime._runtime or runtime.get()
+    aligned = _aligned(q, k, v, out)
+    plan_key = (q.device.index, q.dtype, shape.head_dim, is_causal, aligned, dispatch.seqlen_class(shape.seqlen_q))
+    plan = rt.plans.get(plan_key)
+    if plan is None:
+        plan = _gpu_plan(rt, plan_key, q, shape, is_causal, aligned)
+    kernel, block_m = plan
+    kernel.launch(flash_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), _raw_stream(q.device.index),
+                  _kernel_args(q, k, v, out, lse, shape, offset), (scale,), _scratch_alloc(q.device))
+    return out, lse
+
+
+def _scratch_alloc(device: torch.device) -> Any:
+    return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device)

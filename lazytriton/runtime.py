@@ -1,0 +1,158 @@
+"""The runtime: Variant -> verified Entry -> loaded kernel, with JIT fallback.
+
+Resolution order for a key: the process's loaded kernels (memory), then the
+store chain (the local disk tier for now), then the compiler. A compile runs
+under a file lock on the key, and the chain is read again once the lock is
+held, so processes that miss the same key at once compile it once and all get
+the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from lazytriton.cache_format import Entry
+from lazytriton.config import Settings, settings
+from lazytriton.store import Chain
+from lazytriton.store.local import LocalTier
+from lazytriton.variant import Variant
+
+log = logging.getLogger("lazytriton.runtime")
+
+# A compile of the largest attention variant takes about 10 s on a 2-core CI
+# machine; a lock held ten times longer belongs to a hung process.
+_LOCK_TIMEOUT_S = 300.0
+
+
+class KernelNotFound(LookupError):
+    """No tier holds the variant and JIT compilation is off."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """An entry and where it came from: ``memory``, a tier's name, or ``jit``."""
+
+    entry: Entry
+    key: str
+    source: str
+    seconds: float
+
+
+class Runtime:
+    """One process's view of the cache: tiers, loaded kernels, counters."""
+
+    def __init__(self, config: Settings) -> None:
+        self.settings = config
+        self.local = LocalTier(config.cache_dir / "entries")
+        self.chain = Chain([self.local])
+        self.plans: dict[tuple[Any, ...], Any] = {}  # the hot path's memo, filled by callers
+        self.served: Counter[str] = Counter()
+        self.compiles = 0
+        self._entries: dict[str, Entry] = {}
+        self._kernels: dict[tuple[str, int], Any] = {}
+        self._lock = threading.RLock()
+
+    def resolve(self, variant: Variant) -> Resolved:
+        """The verified entry for ``variant``, compiling it if no tier has it."""
+        start = time.perf_counter()
+        key = variant.key()
+        with self._lock:
+            if key in self._entries:
+                return self._done(Resolved(self._entries[key], key, "memory", time.perf_counter() - start))
+            found = self.chain.get(key)
+            if found is None:
+                found = self._compile_once(variant, key)
+            entry, source = found
+            self._entries[key] = entry
+            return self._done(Resolved(entry, key, source, time.perf_counter() - start))
+
+    def _done(self, resolved: Resolved) -> Resolved:
+        self.served[resolved.source] += 1
+        if resolved.source not in ("memory", "jit"):
+            self.local.count("hits")
+        return resolved
+
+    def _compile_once(self, variant: Variant, key: str) -> tuple[Entry, str]:
+        if not self.settings.jit:
+            raise KernelNotFound(f"no cache tier holds {variant} (key {key}) and LAZYTRITON_JIT=0; "
+                                 "prewarm it or enable JIT")
+        lock = self._file_lock(key)
+        try:
+            if lock is not None:
+                lock.acquire(timeout=_LOCK_TIMEOUT_S)
+        except Timeout:
+            log.warning("compile lock for %s held for over %.0f s; compiling without it", key, _LOCK_TIMEOUT_S)
+            lock = None
+        try:
+            found = self.chain.get(key)  # another process may have compiled it while we waited
+            if found is not None:
+                return found
+            from lazytriton import compiler
+
+            log.info("compiling %s", variant)
+            entry = compiler.compile_variant(variant, key)
+            self.compiles += 1
+            self.local.count("compiles")
+            self.chain.put(key, entry)
+            return entry, "jit"
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _file_lock(self, key: str) -> FileLock | None:
+        lock_dir = self.settings.cache_dir / "locks"
+        try:
+            lock_dir.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(lock_dir / f"{key}.lock"))
+            return lock
+        except OSError as exc:
+            log.warning("cannot create compile locks in %s (%s); compiling without a lock", lock_dir, exc)
+            return None
+
+    def kernel(self, variant: Variant, device_index: int) -> Any:
+        """The entry for ``variant`` loaded on GPU ``device_index`` (memory tier of handles)."""
+        key = variant.key()
+        loaded = self._kernels.get((key, device_index))
+        if loaded is None:
+            with self._lock:
+                loaded = self._kernels.get((key, device_index))
+                if loaded is None:
+                    from lazytriton import driver
+
+                    loaded = driver.load(self.resolve(variant).entry, device_index)
+                    self._kernels[(key, device_index)] = loaded
+        return loaded
+
+    def counters(self) -> dict[str, int]:
+        """Persistent counters of the local tier (compiles, hits, corrupt, ...)."""
+        return self.local.counters()
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get() -> Runtime:
+    """The process's runtime, built from the settings on first use."""
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime(settings())
+    return _runtime
+
+
+def reset() -> None:
+    """Drop the runtime (its loaded kernels and memo); the next call builds a new one."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.local.close()
+        _runtime = None

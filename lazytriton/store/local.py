@@ -1,0 +1,152 @@
+"""The local tier: a persistent, writable cache on this machine's disk.
+
+All of its file I/O goes through one ``diskcache.Cache`` (SQLite index plus
+one file per entry, written before its index row, in a transaction), so a
+process killed at any instant leaves it valid. Values are the encoded entry
+bytes, verified on every read. Counters (compiles, hits, corrupt entries)
+live in the same store under ``counter:`` keys, which entry listings skip.
+Every key is a str, so diskcache never pickles one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import diskcache
+
+from lazytriton.cache_format import Entry, EntryError
+from lazytriton.store import TierStats
+from lazytriton.variant import check_key
+
+log = logging.getLogger("lazytriton.store.local")
+
+# diskcache keeps values above this many bytes in files of their own; entries
+# (cubins of 20-300 KiB) always are, small counters stay in SQLite.
+_FILE_THRESHOLD = 4096
+DEFAULT_SIZE_LIMIT = 4 << 30
+_COUNTER = "counter:"
+
+
+class LocalTier:
+    """Entries in ``directory`` on local disk, through diskcache."""
+
+    writable = True
+
+    def __init__(self, directory: str | os.PathLike[str], name: str = "local",
+                 size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
+        self.name = name
+        self.directory = Path(directory)
+        self._cache: diskcache.Cache | None = None
+        self._size_limit = size_limit
+        self._warned: set[str] = set()
+
+    def _store(self) -> diskcache.Cache | None:
+        if self._cache is None:
+            try:
+                self._cache = diskcache.Cache(
+                    str(self.directory), size_limit=self._size_limit,
+                    eviction_policy="least-recently-stored", disk_min_file_size=_FILE_THRESHOLD,
+                    timeout=10,
+                )
+            except Exception as exc:  # unwritable dir, corrupt SQLite file, ...
+                self._warn_once("open", f"local cache {self.directory} unusable ({exc}); running from memory only")
+                return None
+        return self._cache
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning(message)
+
+    def get(self, key: str) -> Entry | None:
+        """The verified entry for ``key``; a corrupt one is dropped, logged and counted."""
+        check_key(key)
+        store = self._store()
+        if store is None:
+            return None
+        try:
+            data = store.get(key, default=None, read=False)
+        except Exception as exc:
+            self._warn_once("read", f"local cache read failed ({exc}); treated as a miss")
+            return None
+        if data is None:
+            return None
+        try:
+            return Entry.decode(data, expected_key=key)
+        except EntryError as exc:
+            log.warning("dropping corrupt entry %s from %s: %s", key, self.directory, exc)
+            self.count("corrupt")
+            try:
+                store.delete(key)
+            except Exception:
+                pass
+            return None
+
+    def put(self, key: str, entry: Entry) -> bool:
+        """Store ``entry``; on a full disk or read-only dir, log once and return False."""
+        check_key(key)
+        store = self._store()
+        if store is None:
+            return False
+        try:
+            return bool(store.set(key, entry.encode(), read=False))
+        except Exception as exc:
+            self._warn_once("write", f"local cache write failed ({exc}); entries stay in memory only")
+            return False
+
+    def delete(self, key: str) -> bool:
+        """Remove one entry; True if it was there."""
+        store = self._store()
+        return bool(store is not None and store.delete(check_key(key)))
+
+    def keys(self) -> Iterator[str]:
+        """Keys of the entries held (counters excluded)."""
+        store = self._store()
+        if store is None:
+            return iter(())
+        return (key for key in store.iterkeys() if isinstance(key, str) and not key.startswith(_COUNTER))
+
+    def stats(self) -> TierStats:
+        """Entry count and bytes of the tier's directory."""
+        store = self._store()
+        if store is None:
+            return TierStats(self.name, 0, 0)
+        return TierStats(self.name, sum(1 for _ in self.keys()), int(store.volume()))
+
+    def entry_path(self, key: str) -> Path | None:
+        """The file that holds the entry's bytes (tests corrupt it on purpose)."""
+        store = self._store()
+        if store is None:
+            return None
+        row = store._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1", (check_key(key),)).fetchone()
+        return self.directory / row[0] if row and row[0] else None
+
+    def count(self, counter: str, amount: int = 1) -> None:
+        """Add to a persistent counter; counting never fails a call."""
+        store = self._store()
+        if store is None:
+            return
+        try:
+            store.incr(_COUNTER + counter, amount, default=0)
+        except Exception as exc:
+            self._warn_once("count", f"local cache counter update failed ({exc})")
+
+    def counters(self) -> dict[str, int]:
+        """All persistent counters by name."""
+        store = self._store()
+        if store is None:
+            return {}
+        out = {}
+        for key in store.iterkeys():
+            if isinstance(key, str) and key.startswith(_COUNTER):
+                out[key[len(_COUNTER):]] = int(store.get(key, default=0))
+        return out
+
+    def close(self) -> None:
+        """Close the SQLite connection (reopened on next use)."""
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None

@@ -1,0 +1,63 @@
+"""GPU targets: the names in keys (``sm_90``, ``gfx942``) and what they mean.
+
+A target names the binary a compiler must produce, not a device: ``sm_90``
+means a cubin for compute capability 9.0, ``gfx942`` an HSACO code object for
+that AMD ISA. Names parse and print back to themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SM = re.compile(r"sm_(\d{2,3})")
+_GFX = re.compile(r"gfx[0-9a-f]{3,4}")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A compile target: backend (``cuda`` or ``hip``), arch and warp size."""
+
+    backend: str
+    arch: str
+    warp_size: int
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """Parse ``sm_90``, ``cuda:90``, ``gfx942`` or ``hip:gfx942``."""
+        if not isinstance(text, str):
+            raise TypeError(f"target must be a str such as 'sm_90' or 'gfx942', got {type(text).__name__}")
+        name = text.strip().lower()
+        if name.startswith("cuda:"):
+            name = "sm_" + name[5:]
+        elif name.startswith("hip:"):
+            name = name[4:]
+        if _SM.fullmatch(name):
+            return cls("cuda", name[3:], 32)
+        if _GFX.fullmatch(name):
+            # CDNA (gfx9xx) runs 64-wide wavefronts; RDNA (gfx10xx+) runs 32.
+            return cls("hip", name, 64 if name.startswith("gfx9") else 32)
+        raise ValueError(f"target must look like 'sm_90', 'cuda:80', 'gfx942' or 'hip:gfx950', got {text!r}")
+
+    def __str__(self) -> str:
+        return f"sm_{self.arch}" if self.backend == "cuda" else self.arch
+
+    @property
+    def binary_kind(self) -> str:
+        """The kind of binary an entry for this target holds."""
+        return "cubin" if self.backend == "cuda" else "hsaco"
+
+    @property
+    def capability(self) -> int:
+        """CUDA compute capability as an int (90 for sm_90); 0 on HIP."""
+        return int(self.arch) if self.backend == "cuda" else 0
+
+
+def target_from_cuda_capability(major: int, minor: int) -> Target:
+    """The target of a CUDA device of compute capability ``major.minor``."""
+    return Target("cuda", f"{major}{minor}", 32)
+
+
+def target_from_gcn_arch(gcn_arch_name: str) -> Target:
+    """The target of a ROCm device from its ``gcnArchName`` (``gfx942:sramecc+:xnack-``)."""
+    return Target.parse(gcn_arch_name.split(":", 1)[0])

@@ -1,0 +1,164 @@
+"""Variant: everything that decides a binary, and the cache key derived from it.
+
+A Variant is a frozen value with named fields. ``str(v)`` prints it in one line
+and ``Variant.parse(str(v)) == v``:
+
+    flash_fwd:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=false,EVEN_D=true:BLOCK_M=128,BLOCK_N=64:num_stages=3,num_warps=8
+
+The fields are kernel, target, dtype, then three groups of ``name=value``
+pairs, each sorted by name: functional (they change what is computed or what
+the binary may assume), tuned (block sizes: change speed only) and compile
+options. Values are ints, bools or short strings.
+
+The key is xxh3-128 over a canonical, type-tagged msgpack encoding of the
+fields, the kernel's source fingerprint and the launch ABI version. It holds no
+path, user or host name, so a cache copied to another machine or folder still
+hits. The compiler version is deliberately left out: an entry carries its own
+launch metadata and runs wherever the driver can load it (see ARCHITECTURE).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Union
+
+import msgpack
+import xxhash
+
+from lazytriton.kernels import source_fingerprint
+from lazytriton.target import Target
+
+# Bump when the way entries are launched changes (parameter order, hidden
+# arguments, grid convention): old entries then miss instead of misbehaving.
+LAUNCH_ABI = 1
+
+Value = Union[bool, int, str]
+Pairs = tuple[tuple[str, Value], ...]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_STR_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+DTYPES = ("fp16", "bf16", "fp32")
+KEY_LEN = 32  # hex digits of an xxh3-128 digest
+_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def _format_value(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _parse_value(text: str) -> Value:
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    if re.fullmatch(r"-?\d{1,18}", text):
+        return int(text)
+    if _STR_VALUE.fullmatch(text) and text not in ("true", "false"):
+        return text
+    raise ValueError(f"bad variant value {text!r}")
+
+
+def _check_pairs(group: str, pairs: Pairs) -> Pairs:
+    names = [name for name, _ in pairs]
+    if names != sorted(names) or len(set(names)) != len(names):
+        raise ValueError(f"variant {group} names must be sorted and unique, got {names}")
+    for name, value in pairs:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"bad variant {group} name {name!r}")
+        if not isinstance(value, (bool, int, str)):
+            raise TypeError(f"variant {group} value {name}={value!r} must be bool, int or str")
+        if isinstance(value, str) and (not _STR_VALUE.fullmatch(value) or value in ("true", "false")):
+            raise ValueError(f"bad variant {group} value {name}={value!r}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+            raise ValueError(f"variant {group} value {name}={value} is out of range")
+    return pairs
+
+
+def pairs(mapping: dict[str, Value]) -> Pairs:
+    """Sorted ``(name, value)`` pairs from a dict, the form Variant fields take."""
+    return tuple(sorted(mapping.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One compiled form of one kernel: what the key is made of."""
+
+    kernel: str
+    target: str
+    dtype: str
+    functional: Pairs
+    tuned: Pairs
+    options: Pairs
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.kernel):
+            raise ValueError(f"bad variant kernel name {self.kernel!r}")
+        Target.parse(self.target)  # raises on a bad name
+        if str(Target.parse(self.target)) != self.target:
+            raise ValueError(f"variant target must be canonical ({Target.parse(self.target)}), got {self.target!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"variant dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check_pairs("functional", self.functional)
+        _check_pairs("tuned", self.tuned)
+        _check_pairs("options", self.options)
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        """Parse the one-line form that ``str()`` prints."""
+        if not isinstance(text, str):
+            raise TypeError(f"variant must be a str, got {type(text).__name__}")
+        parts = text.strip().split(":")
+        if len(parts) != 6:
+            raise ValueError(f"variant must have 6 ':'-separated fields, got {len(parts)} in {text!r}")
+        kernel, target, dtype, *groups = parts
+        parsed: list[Pairs] = []
+        for group in groups:
+            items: list[tuple[str, Value]] = []
+            for item in filter(None, group.split(",")):
+                name, sep, value = item.partition("=")
+                if not sep:
+                    raise ValueError(f"variant field {item!r} must be name=value in {text!r}")
+                items.append((name, _parse_value(value)))
+            parsed.append(tuple(items))
+        return cls(kernel, target, dtype, parsed[0], parsed[1], parsed[2])
+
+    def __str__(self) -> str:
+        groups = [",".join(f"{n}={_format_value(v)}" for n, v in g) for g in (self.functional, self.tuned, self.options)]
+        return ":".join([self.kernel, self.target, self.dtype, *groups])
+
+    def get(self, name: str) -> Value:
+        """The value of a functional, tuned or option field, by name."""
+        for group in (self.functional, self.tuned, self.options):
+            for field_name, value in group:
+                if field_name == name:
+                    return value
+        raise KeyError(f"variant {self} has no field {name!r}")
+
+    @property
+    def constexprs(self) -> dict[str, Value]:
+        """Functional and tuned fields together, as the compiler takes them."""
+        return dict(self.functional + self.tuned)
+
+    def canonical(self, fingerprint: str) -> bytes:
+        """The type-tagged bytes the key hashes (msgpack keeps bool, int and str apart)."""
+        groups = [[list(p) for p in g] for g in (self.functional, self.tuned, self.options)]
+        record = ["lazytriton-key", LAUNCH_ABI, fingerprint, self.kernel, self.target, self.dtype, *groups]
+        return msgpack.packb(record, use_bin_type=True)
+
+    def key(self) -> str:
+        """The cache key: 32 hex digits of xxh3-128 over the canonical encoding."""
+        return xxhash.xxh3_128_hexdigest(self.canonical(source_fingerprint(self.kernel)))
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a well-formed cache key, else raise ValueError.
+
+    Keys arrive from files and shared tiers: only 32 lowercase hex digits pass,
+    so a key can never name a path outside the cache.
+    """
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValueError(f"cache key must be {KEY_LEN} lowercase hex digits, got {key!r}")
+    return key
