@@ -1,0 +1,46 @@
+"""Shared fixtures: every test gets its own cache dir and fresh settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lazytriton import config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; run on the GPU host (see README, 'GPU tests')")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty cache dir for this test, through LAZYTRITON_CACHE_DIR."""
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(directory))
+    monkeypatch.delenv("LAZYTRITON_JIT", raising=False)
+    config.reset()
+    yield directory
+    config.reset()
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with this test's environment (plus ``env``)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
