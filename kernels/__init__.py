@@ -23,7 +23,8 @@ class KernelSpec:
 
     ``params`` lists every runtime parameter in order as ``(name, type)``;
     ``{dtype}`` in a type stands for the variant's dtype (``*{dtype}`` is a
-    pointer to it). ``aligned_params`` may be marked 16-divisible when the
+    pointer to it) and ``{index}`` for the index type, ``i32`` unless the
+    variant has ``INDEX64=true``. ``aligned_params`` may be marked 16-divisible when the
     variant has ``ALIGN16=true``. ``constexprs`` are the constexpr parameters,
     filled from the variant's functional and tuned fields.
     """
@@ -43,9 +44,10 @@ class KernelSpec:
             raise FileNotFoundError(f"kernel source module {self.module} not found")
         return Path(spec.origin)
 
-    def signature(self, dtype: str) -> dict[str, str]:
+    def signature(self, dtype: str, index64: bool = False) -> dict[str, str]:
         """Triton's signature dict for this kernel at ``dtype``, constexprs included."""
-        sig = {name: kind.format(dtype=dtype) for name, kind in self.params}
+        index = "i64" if index64 else "i32"
+        sig = {name: kind.format(dtype=dtype, index=index) for name, kind in self.params}
         sig.update({name: "constexpr" for name in self.constexprs})
         return sig
 

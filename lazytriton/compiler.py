@@ -111,7 +111,8 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     options: dict[str, Any] = dict(variant.options)
     options.setdefault("enable_fp_fusion", True)
     arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch
-    source = ASTSource(fn, spec.signature(variant.dtype), constexprs=constexprs, attrs=_attrs(spec, variant))
+    signature = spec.signature(variant.dtype, bool(variant.constexprs.get("INDEX64", False)))
+    source = ASTSource(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
     with _lock, _private_triton_cache():
         try:
             kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)
@@ -139,7 +140,7 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
         global_scratch_align=getattr(md, "global_scratch_align", 1),
         profile_scratch_size=getattr(md, "profile_scratch_size", 0),
         profile_scratch_align=getattr(md, "profile_scratch_align", 1),
-        arg_types=tuple(kind for _, kind in spec.signature(variant.dtype).items() if kind != "constexpr"),
+        arg_types=tuple(kind for kind in signature.values() if kind != "constexpr"),
         hidden_args=hidden,
         provenance=Provenance(
             compiler="triton", compiler_version=version, source_fingerprint=source_fingerprint(variant.kernel),

@@ -69,20 +69,30 @@ class Config:
         return opts
 
 
-def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int) -> Config:
+def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, causal: bool = False) -> Config:
     """A sane config when the tuning table has no row (it never errors).
 
-    Starting points from FACTS.md (H200, Triton 3.6): BLOCK_M 128 with
-    BLOCK_N 64 at head dim 128 and 128 at 64, 4 warps, 2-3 stages were best
-    for a TMA forward; this pointer kernel is swept in bench_flash_fwd.py.
-    fp32 tiles are halved (twice the bytes, and IEEE dots use no tensor cores);
-    head dim 256 tiles are halved to fit sm_80's 163 KiB of shared memory.
+    sm_90 choices from a sweep of this kernel through Triton's JIT on the H200
+    (Triton 3.6, bf16, seqlen 4k, hidden 2048; bench_flash_fwd.py --sweep,
+    2026-11-30), TFLOP/s of the winner against the runner-up:
+    head dim 64: 128/64, 8 warps, 4 stages (388 full, 340 causal; 4 warps 373/312);
+    head dim 128 full: 128/128, 8 warps, 3 stages (449; 128/64/8/3 444);
+    head dim 128 causal: 64/64, 4 warps, 3 stages (411; 128/64/8/4 401).
+    sm_80 has 163 KiB of shared memory, not 227: 128/128 x 3 stages does not
+    fit at head dim 128, so it keeps 128/64. fp32 tiles are halved (twice the
+    bytes, and IEEE dots use no tensor cores); head dim 256 tiles are halved
+    to fit sm_80. AMD values are FlashAttention-on-ROCm's usual starting point
+    (untuned here: no AMD GPU).
     """
     block_m = seqlen_class(seqlen_q)
     if target.backend == "hip":
         cfg = Config(128, 64, 4, 2, waves_per_eu=2)
     elif head_dim <= 64:
-        cfg = Config(128, 64, 4, 3)
+        cfg = Config(128, 64, 8, 4)
+    elif causal:
+        cfg = Config(64, 64, 4, 3)
+    elif target.capability >= 90:
+        cfg = Config(128, 128, 8, 3)
     else:
         cfg = Config(128, 64, 8, 3)
     if dtype == "fp32":
@@ -90,16 +100,22 @@ def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int) -> 
     if head_dim == 256:
         cfg = Config(64, 32 if dtype != "fp32" else 16, 4, 2 if dtype != "fp32" else 1, cfg.waves_per_eu)
     if block_m < cfg.block_m:
-        cfg = Config(block_m, cfg.block_n, 4, cfg.num_stages, cfg.waves_per_eu)
+        cfg = Config(block_m, min(cfg.block_n, 64), 4, cfg.num_stages, cfg.waves_per_eu)
     return cfg
 
 
 def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-                      seqlen_q: int, config: Config | None = None) -> Variant:
-    """The variant of ``flash_fwd`` that serves a call (pure)."""
+                      seqlen_q: int, config: Config | None = None, index64: bool = False) -> Variant:
+    """The variant of ``flash_fwd`` that serves a call (pure).
+
+    ``aligned``: every pointer 16-byte aligned and every outer stride a
+    multiple of 16 (lets Triton vectorise loads). ``index64``: some tensor
+    spans 2**31 elements or more, so offsets need 64-bit arithmetic.
+    """
     padded = padded_head_dim(head_dim)
-    cfg = config or default_config(target, dtype, padded, seqlen_q)
-    functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded}
+    cfg = config or default_config(target, dtype, padded, seqlen_q, causal)
+    functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
+                  "INDEX64": bool(index64)}
     return Variant("flash_fwd", str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 

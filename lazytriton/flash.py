@@ -78,12 +78,21 @@ def _validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[_Shap
     return _Shape(b, hq, hk, sq, sk, d), mode, scale
 
 
-def _aligned(*tensors: torch.Tensor) -> bool:
-    """True when every pointer is 16-byte aligned and every outer stride 16-divisible."""
-    for t in tensors:
-        if t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % 16 or t.stride(2) % 16:
-            return False
-    return True
+def _layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse_numel: int) -> tuple[bool, bool]:
+    """(aligned, index64) of a call's tensors.
+
+    aligned: every pointer is 16-byte aligned and every outer stride a
+    multiple of 16. index64: some tensor's last element lies 2**31 or more
+    elements past its first, so offsets need 64-bit arithmetic.
+    """
+    aligned, extent = True, lse_numel
+    for t in (q, k, v, out):
+        s0, s1, s2, _ = t.stride()
+        n0, n1, n2, n3 = t.shape
+        if aligned and (t.data_ptr() % 16 or s0 % 16 or s1 % 16 or s2 % 16):
+            aligned = False
+        extent = max(extent, (n0 - 1) * s0 + (n1 - 1) * s1 + (n2 - 1) * s2 + n3)
+    return aligned, extent >= _INT32_MAX
 
 
 def _kernel_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -106,9 +115,9 @@ def _raw_stream(device_index: int) -> int:
 
 
 def _gpu_plan(rt: runtime.Runtime, plan_key: tuple[Any, ...], q: torch.Tensor, shape: _Shape,
-              causal: bool, aligned: bool) -> Any:
+              causal: bool, aligned: bool, index64: bool) -> Any:
     variant = dispatch.flash_fwd_variant(dispatch.target_of_device(q.device), _DTYPES[q.dtype], shape.head_dim,
-                                         causal, aligned, shape.seqlen_q)
+                                         causal, aligned, shape.seqlen_q, index64=index64)
     kernel = rt.kernel(variant, q.device.index)
     plan = (kernel, int(variant.get("BLOCK_M")))
     rt.plans[plan_key] = plan
@@ -171,11 +180,12 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         _run_interpreter(q, k, v, out, lse, shape, is_causal, offset, scale)
         return out, lse
     rt = runtime._runtime or runtime.get()
-    aligned = _aligned(q, k, v, out)
-    plan_key = (q.device.index, q.dtype, shape.head_dim, is_causal, aligned, dispatch.seqlen_class(shape.seqlen_q))
+    aligned, index64 = _layout(q, k, v, out, lse.numel())
+    plan_key = (q.device.index, q.dtype, shape.head_dim, is_causal, aligned, index64,
+                dispatch.seqlen_class(shape.seqlen_q))
     plan = rt.plans.get(plan_key)
     if plan is None:
-        plan = _gpu_plan(rt, plan_key, q, shape, is_causal, aligned)
+        plan = _gpu_plan(rt, plan_key, q, shape, is_causal, aligned, index64)
     kernel, block_m = plan
     kernel.launch(flash_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), _raw_stream(q.device.index),
                   _kernel_args(q, k, v, out, lse, shape, offset), (scale,), _scratch_alloc(q.device))

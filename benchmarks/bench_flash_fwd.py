@@ -1,0 +1,237 @@
+"""Benchmark lazytriton's attn_fwd beside its peers, measured in the same run.
+
+Throughput (TFLOP/s, median of event-timed runs) over bf16/fp16 x head dim
+64/128 x causal or not x seqlen 1k/4k/16k, with batch x seqlen = 16k and
+hidden = heads x head dim = 2048 (FlashAttention's benchmark shapes), for:
+
+- ``lazytriton``: ``lazytriton.flash.attn_fwd`` (cache-served cubin, cffi launch);
+- ``triton_jit``: the same kernel source, same config, launched through
+  Triton's own JIT (``kernel[grid](...)``);
+- ``sdpa_flash`` and ``sdpa_cudnn``: torch SDPA pinned to one backend.
+
+Then the host cost of one call on a tiny shape (µs per call, wall clock over
+many calls, GPU work negligible). Every provider's output is checked against
+SDPA before it is timed. Rows go to a long-format CSV.
+
+Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import lazytriton
+from lazytriton import dispatch, runtime
+from lazytriton.flash import attn_fwd
+from lazytriton.kernels.flash_fwd import grid as flash_grid
+
+FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
+          "tflops", "us_per_call", "rel_err", "gpu", "torch", "triton", "lazytriton", "timestamp"]
+
+
+def time_ms(fn: Callable[[], object], warmup: int = 5, reps: int = 30) -> float:
+    """Median of event-timed runs, in ms."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_us(fn: Callable[[], object], calls: int = 2000) -> float:
+    """Wall-clock µs per call over many calls (tiny shapes: the host cost dominates)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def sdpa(backend: object) -> Callable[..., torch.Tensor]:
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def triton_jit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+               config: dispatch.Config | None = None) -> Callable[[], torch.Tensor]:
+    """The same kernel source and config, launched through Triton's JIT."""
+    from lazytriton.kernels.flash_fwd.triton_kernel import flash_fwd_kernel
+
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[q.dtype]
+    cfg = config or dispatch.default_config(dispatch.target_of_device(q.device), dtype, dispatch.padded_head_dim(d), sq,
+                                            causal)
+    padded = dispatch.padded_head_dim(d)
+    out = torch.empty_like(q)
+    lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+    grid = flash_grid(sq, hq, b, cfg.block_m)
+
+    def run() -> torch.Tensor:
+        flash_fwd_kernel[grid](
+            q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            hq * sq, sq, hq // hk, sq, sk, d, 0, 1.0 / math.sqrt(d),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=padded, EVEN_D=padded == d, CAUSAL=causal,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
+
+    return run
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[str, object]]) -> None:
+    from torch.nn.attention import SDPBackend
+
+    seqlens = [1024, 4096] if args.quick else [1024, 4096, 16384]
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128):
+            for causal in (False, True):
+                for s in seqlens:
+                    b, h = 16384 // s, 2048 // d
+                    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
+                    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                    ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
+                    providers: dict[str, Callable[[], torch.Tensor]] = {
+                        "lazytriton": lambda: attn_fwd(q, k, v, causal=causal)[0],
+                        "triton_jit": triton_jit(q, k, v, causal),
+                        "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
+                        "sdpa_cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
+                    }
+                    for name, fn in providers.items():
+                        try:
+                            err = rel_err(fn(), ref)
+                            ms = time_ms(fn) if err < 2e-2 else math.nan
+                        except Exception as exc:  # a backend missing on this GPU/torch is reported, not fatal
+                            print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+                            err, ms = math.nan, math.nan
+                        rows.append({**meta, "provider": name, "mode": "fwd", "dtype": str(dtype).split(".")[-1],
+                                     "head_dim": d, "causal": causal, "batch": b, "heads": h, "seqlen": s,
+                                     "p50_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
+                                     "us_per_call": "", "rel_err": f"{err:.1e}"})
+                    del q, k, v, ref
+
+
+def host_cost(meta: dict[str, str], rows: list[dict[str, object]]) -> None:
+    from torch.nn.attention import SDPBackend
+
+    q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    providers = {
+        "lazytriton": lambda: attn_fwd(q, k, v),
+        "triton_jit": triton_jit(q, k, v, False),
+        "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, False),
+        "sdpa_default": lambda: F.scaled_dot_product_attention(q, k, v),
+        "torch_add": lambda: torch.add(q, q),
+    }
+    for name, fn in providers.items():
+        us = host_us(fn)
+        rows.append({**meta, "provider": name, "mode": "host", "dtype": "bfloat16", "head_dim": 64, "causal": False,
+                     "batch": 1, "heads": 2, "seqlen": 16, "p50_ms": "", "tflops": "", "us_per_call": round(us, 2),
+                     "rel_err": ""})
+
+
+def sweep(meta: dict[str, str]) -> None:
+    """Time candidate configs of the kernel through Triton's JIT (to choose default_config)."""
+    candidates = [dispatch.Config(*c) for c in [
+        (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 4, 3), (128, 64, 4, 2),
+        (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 4), (64, 128, 4, 3)]]
+    print("\nconfig sweep (bf16, TFLOP/s through Triton's JIT; BLOCK_M/BLOCK_N/warps/stages)")
+    for d in (64, 128):
+        for causal in (False, True):
+            s = 4096
+            b, h = 16384 // s, 2048 // d
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            results = []
+            for cfg in candidates:
+                try:
+                    ms = time_ms(triton_jit(q, k, v, causal, cfg), warmup=3, reps=15)
+                    results.append((flops / ms / 1e9, cfg))
+                except Exception as exc:
+                    print(f"  {cfg}: {type(exc).__name__}", file=sys.stderr)
+            results.sort(key=lambda r: -r[0])
+            best = ", ".join(f"{c.block_m}/{c.block_n}/{c.num_warps}/{c.num_stages}: {t:.0f}" for t, c in results[:4])
+            print(f"hd{d} causal={causal} s={s}: {best}")
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
+    fwd = [r for r in rows if r["mode"] == "fwd"]
+    keys = sorted({(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]) for r in fwd},
+                  key=lambda x: (str(x[0]), int(x[1]), bool(x[2]), int(x[3])))
+    by = {(r["dtype"], r["head_dim"], r["causal"], r["seqlen"], r["provider"]): r["tflops"] for r in fwd}
+    print("\nTFLOP/s (fwd)             lazytriton triton_jit sdpa_flash sdpa_cudnn  lt/jit lt/flash lt/cudnn")
+    for key in keys:
+        vals = [float(by.get((*key, p), math.nan) or math.nan) for p in
+                ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")]
+        ratios = [vals[0] / x if x else math.nan for x in vals[1:]]
+        label = f"{key[0][:4]} hd{key[1]} {'causal' if key[2] else 'full  '} {key[3] // 1024:>2}k"
+        print(f"{label:<26}" + "".join(f"{x:>11.0f}" for x in vals) + "".join(f"{x:>8.2f}" for x in ratios))
+    host = [r for r in rows if r["mode"] == "host"]
+    print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_fwd.csv")
+    parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only")
+    parser.add_argument("--sweep", action="store_true", help="also time candidate configs through Triton's JIT")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_flash_fwd needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    meta = {"kernel": "flash_fwd", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "lazytriton": lazytriton.__version__,
+            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    rows: list[dict[str, object]] = []
+    throughput(args, meta, rows)
+    host_cost(meta, rows)
+    if args.sweep:
+        sweep(meta)
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    new = not args.csv.exists()
+    with args.csv.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+    print(f"compiles by lazytriton in this run: {runtime.get().compiles}")
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

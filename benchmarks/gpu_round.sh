@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
+# cold-start profile, benchmark. Logs go to $OUT; the table comes last.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+export LAZYTRITON_CACHE_DIR=${LAZYTRITON_CACHE_DIR:-/tmp/lt-cache}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+case " $* " in *" tests "*)
+  python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+esac
+case " $* " in *" demo "*)
+  lazytriton demo > "$OUT/demo1.log" 2>&1; lazytriton demo > "$OUT/demo2.log" 2>&1
+  tail -4 "$OUT/demo1.log"; tail -7 "$OUT/demo2.log"
+  python3 benchmarks/profile_cold.py > "$OUT/profile_cold.log" 2>&1; head -30 "$OUT/profile_cold.log" ;;
+esac
+case " $* " in *" bench "*)
+  python3 benchmarks/bench_flash_fwd.py --csv "$OUT/flash_fwd.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
+esac
