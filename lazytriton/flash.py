@@ -9,8 +9,7 @@ output allocations and one driver launch; it never imports triton.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -19,10 +18,10 @@ from lazytriton.kernels.flash_fwd import grid as flash_grid
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _INT32_MAX = 2**31 - 1
+_CAUSAL_FAST = {False: "none", True: "top_left", "top_left": "top_left", "bottom_right": "bottom_right"}
 
 
-@dataclass(frozen=True, slots=True)
-class _Shape:
+class _Shape(NamedTuple):
     batch: int
     heads_q: int
     heads_k: int
@@ -43,7 +42,40 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
+def _fast_validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[_Shape, str, float] | None:
+    """The common, valid call in as few tensor reads as possible; None sends it to ``_validate``."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    dtype, device = q.dtype, q.device
+    if dtype not in _DTYPES or k.dtype != dtype or v.dtype != dtype or k.device != device or v.device != device:
+        return None
+    qshape, kshape = q.shape, k.shape
+    if len(qshape) != 4 or len(kshape) != 4 or v.shape != kshape:
+        return None
+    b, hq, sq, d = qshape
+    bk, hk, sk, dk = kshape
+    if bk != b or dk != d or not 0 < d <= dispatch.MAX_HEAD_DIM or hk == 0 or hq % hk:
+        return None
+    if (q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1) and d > 1:
+        return None
+    if sq > _INT32_MAX or sk > _INT32_MAX or b > 65535 or hq > 65535:
+        return None
+    mode = _CAUSAL_FAST.get(causal) if isinstance(causal, (bool, str)) else None
+    if mode is None:
+        return None
+    if sm_scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif type(sm_scale) is float and math.isfinite(sm_scale):
+        scale = sm_scale
+    else:
+        return None
+    return _Shape(b, hq, hk, sq, sk, d), mode, scale
+
+
 def _validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[_Shape, str, float]:
+    fast = _fast_validate(q, k, v, causal, sm_scale)
+    if fast is not None:
+        return fast
     q, k, v = _check_tensor("q", q), _check_tensor("k", k), _check_tensor("v", v)
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
@@ -78,33 +110,27 @@ def _validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[_Shap
     return _Shape(b, hq, hk, sq, sk, d), mode, scale
 
 
-def _layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse_numel: int) -> tuple[bool, bool]:
-    """(aligned, index64) of a call's tensors.
+def _kernel_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 shape: _Shape, offset: int) -> tuple[tuple[int, ...], bool, bool]:
+    """flash_fwd's integer and pointer parameters in the description's order, and (aligned, index64).
 
     aligned: every pointer is 16-byte aligned and every outer stride a
     multiple of 16. index64: some tensor's last element lies 2**31 or more
     elements past its first, so offsets need 64-bit arithmetic.
     """
-    aligned, extent = True, lse_numel
-    for t in (q, k, v, out):
-        s0, s1, s2, _ = t.stride()
-        n0, n1, n2, n3 = t.shape
-        if aligned and (t.data_ptr() % 16 or s0 % 16 or s1 % 16 or s2 % 16):
-            aligned = False
-        extent = max(extent, (n0 - 1) * s0 + (n1 - 1) * s1 + (n2 - 1) * s2 + n3)
-    return aligned, extent >= _INT32_MAX
-
-
-def _kernel_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                 shape: _Shape, offset: int) -> tuple[int, ...]:
-    """The integer and pointer parameters of flash_fwd, in the description's order."""
-    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
-    return (
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
-        shape.heads_q * shape.seqlen_q, shape.seqlen_q,
-        shape.heads_q // shape.heads_k, shape.seqlen_q, shape.seqlen_k, shape.head_dim, offset,
-    )
+    qs0, qs1, qs2, _ = q.stride()
+    ks0, ks1, ks2, _ = k.stride()
+    vs0, vs1, vs2, _ = v.stride()
+    os0, os1, os2, _ = out.stride()
+    qp, kp, vp, op, lp = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+    b, hq, hk, sq, sk, d = shape
+    args = (qp, kp, vp, op, lp, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, os0, os1, os2,
+            hq * sq, sq, hq // hk, sq, sk, d, offset)
+    aligned = not (qp | kp | vp | op | lp | qs0 | qs1 | qs2 | ks0 | ks1 | ks2 | vs0 | vs1 | vs2 | os0 | os1 | os2) & 15
+    extent = max((b - 1) * qs0 + (hq - 1) * qs1 + (sq - 1) * qs2, (b - 1) * os0 + (hq - 1) * os1 + (sq - 1) * os2,
+                 (b - 1) * ks0 + (hk - 1) * ks1 + (sk - 1) * ks2, (b - 1) * vs0 + (hk - 1) * vs1 + (sk - 1) * vs2,
+                 b * hq * sq - d) + d
+    return args, aligned, extent > _INT32_MAX
 
 
 def _raw_stream(device_index: int) -> int:
@@ -132,7 +158,7 @@ def _run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     # smaller than the test shapes exercise the unmasked loop as well as the tail.
     padded = dispatch.padded_head_dim(shape.head_dim)
     block_m, block_n = 32, 16
-    ints = _kernel_args(q, k, v, out, lse, shape, offset)
+    ints = _kernel_args(q, k, v, out, lse, shape, offset)[0]
     args = (q, k, v, out, lse, *ints[5:])
     constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": padded,
                   "EVEN_D": padded == shape.head_dim, "CAUSAL": causal}
@@ -180,7 +206,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         _run_interpreter(q, k, v, out, lse, shape, is_causal, offset, scale)
         return out, lse
     rt = runtime._runtime or runtime.get()
-    aligned, index64 = _layout(q, k, v, out, lse.numel())
+    args, aligned, index64 = _kernel_args(q, k, v, out, lse, shape, offset)
     plan_key = (q.device.index, q.dtype, shape.head_dim, is_causal, aligned, index64,
                 dispatch.seqlen_class(shape.seqlen_q))
     plan = rt.plans.get(plan_key)
@@ -188,9 +214,9 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         plan = _gpu_plan(rt, plan_key, q, shape, is_causal, aligned, index64)
     kernel, block_m = plan
     kernel.launch(flash_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), _raw_stream(q.device.index),
-                  _kernel_args(q, k, v, out, lse, shape, offset), (scale,), _scratch_alloc(q.device))
+                  args, (scale,), _scratch_alloc)
     return out, lse
 
 
-def _scratch_alloc(device: torch.device) -> Any:
-    return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device)
+def _scratch_alloc(nbytes: int, device_index: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_index))

@@ -126,8 +126,12 @@ class LoadedKernel:
                          if sizes.get(name, 0) > 0]
 
     def launch(self, grid: tuple[int, int, int], stream: int, ints: Sequence[int], floats: Sequence[float],
-               scratch_alloc: Callable[[int], Any] | None = None) -> None:
-        """Launch on ``stream`` with the kernel's integer/pointer and float arguments, each in order."""
+               scratch_alloc: Callable[[int, int], Any] | None = None) -> None:
+        """Launch on ``stream`` with the kernel's integer/pointer and float arguments, each in order.
+
+        ``scratch_alloc(nbytes, device_index)`` returns device memory (an
+        object with ``data_ptr()``) for entries that need scratch space.
+        """
         buffers = self._tls.__dict__.get("b")
         if buffers is None:
             buffers = self._tls.b = _ArgBuffers(self._api, self.entry)
@@ -141,13 +145,13 @@ class LoadedKernel:
         del keep  # the allocator orders reuse after the launch on this stream
 
     def _fill_scratch(self, buffers: _ArgBuffers, grid: tuple[int, int, int],
-                      scratch_alloc: Callable[[int], Any] | None) -> list[Any]:
+                      scratch_alloc: Callable[[int, int], Any] | None) -> list[Any]:
         if scratch_alloc is None:
             raise DriverError(f"entry {self.entry.key} needs scratch memory; pass scratch_alloc")
         programs = grid[0] * grid[1] * grid[2] * self.entry.num_ctas
         keep = []
         for slot, size in self._scratch:
-            memory = scratch_alloc(programs * size)
+            memory = scratch_alloc(programs * size, self.device_index)
             keep.append(memory)
             buffers.ints[slot] = memory.data_ptr()
         return keep
