@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lazytriton.kernels.flash_fwd import grid as flash_grid
 
 import lazytriton
 from lazytriton import dispatch, runtime
 from lazytriton.flash import attn_fwd
-from lazytriton.kernels.flash_fwd import grid as flash_grid
 
 FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
           "tflops", "us_per_call", "rel_err", "gpu", "torch", "triton", "lazytriton", "timestamp"]
@@ -112,6 +112,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+def providers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict[str, Callable[[], object]]:
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "lazytriton": lambda: attn_fwd(q, k, v, causal=causal)[0],
+        "triton_jit": triton_jit(q, k, v, causal),
+        "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
+        "sdpa_cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
+    }
+
+
 def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[str, object]]) -> None:
     from torch.nn.attention import SDPBackend
 
@@ -124,15 +135,9 @@ def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[s
                     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
                     flops = 4 * b * h * s * s * d / (2 if causal else 1)
                     ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
-                    providers: dict[str, Callable[[], torch.Tensor]] = {
-                        "lazytriton": lambda: attn_fwd(q, k, v, causal=causal)[0],
-                        "triton_jit": triton_jit(q, k, v, causal),
-                        "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
-                        "sdpa_cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
-                    }
-                    for name, fn in providers.items():
+                    for name, fn in providers(q, k, v, causal).items():
                         try:
-                            err = rel_err(fn(), ref)
+                            err = rel_err(fn(), ref)  # type: ignore[arg-type]
                             ms = time_ms(fn) if err < 2e-2 else math.nan
                         except Exception as exc:  # a backend missing on this GPU/torch is reported, not fatal
                             print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
@@ -141,7 +146,6 @@ def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[s
                                      "head_dim": d, "causal": causal, "batch": b, "heads": h, "seqlen": s,
                                      "p50_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
                                      "us_per_call": "", "rel_err": f"{err:.1e}"})
-                    del q, k, v, ref
 
 
 def host_cost(meta: dict[str, str], rows: list[dict[str, object]]) -> None:

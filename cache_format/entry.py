@@ -1,4 +1,4 @@
-"""Entry: one compiled kernel and all that is needed to launch it without Triton.
+r"""Entry: one compiled kernel and all that is needed to launch it without Triton.
 
 Bytes on disk (see SPEC.md):
 
@@ -142,7 +142,7 @@ def _check_fields(record: Any, schema: dict[str, type], what: str) -> None:
         value = record[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise EntryError(f"{what} field {name} is {type(value).__name__}, expected {kind.__name__}")
-        if kind is int and not 0 <= value < 1 << 32:
+        if isinstance(value, int) and not 0 <= value < 1 << 32:
             raise EntryError(f"{what} field {name}={value} is out of range")
 
 

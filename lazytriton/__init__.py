@@ -1,4 +1,6 @@
-"""lazytriton: Triton FlashAttention kernels served from a cache, never waiting on a compiler that could have run earlier.
+"""lazytriton: Triton FlashAttention kernels served from a cache.
+
+No call waits for a compiler that could have run earlier.
 
 ``import lazytriton`` is light: it imports neither torch nor triton until an
 attention call (``lazytriton.flash.attn_fwd``) needs torch, and triton only

@@ -73,7 +73,8 @@ def _ptx_param_count(ptx: str, name: str) -> int:
 def _check_signature(spec: KernelSpec, fn: Any) -> None:
     expected = [name for name, _ in spec.params] + list(spec.constexprs)
     if list(fn.arg_names) != expected:
-        raise CompileError(f"kernel {spec.name}: source parameters {fn.arg_names} differ from its description {expected}")
+        raise CompileError(f"kernel {spec.name}: source parameters {fn.arg_names} differ from its description "
+                           f"{expected}")
 
 
 def _attrs(spec: KernelSpec, variant: Variant) -> dict[tuple[int, ...], list[list[Any]]]:
@@ -124,7 +125,8 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     if target.backend == "cuda":
         found = _ptx_param_count(kernel.asm["ptx"], md.name) - len(spec.params)
         if found != len(hidden):
-            raise CompileError(f"{variant}: PTX has {found} hidden parameters, Triton {version} should add {len(hidden)}")
+            raise CompileError(f"{variant}: PTX has {found} hidden parameters, "
+                               f"Triton {version} should add {len(hidden)}")
     return Entry(
         key=key or variant.key(),
         variant=str(variant),

@@ -97,7 +97,8 @@ def _validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[_Shap
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({hk}) for GQA/MQA")
     if max(sq, sk) > _INT32_MAX or max(b, hq) > 65535:
-        raise ValueError(f"seqlens must be < 2**31 and batch, heads <= 65535; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(f"seqlens must be < 2**31 and batch, heads <= 65535; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     mode = dispatch.causal_mode(causal)
     if sm_scale is None:
         scale = 1.0 / math.sqrt(d)
@@ -190,6 +191,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     use if no tier holds it); CPU tensors run the same kernel through Triton's
     interpreter. Bad input raises TypeError/ValueError before any launch.
     Forward only: there is no backward yet.
+
     """
     shape, mode, scale = _validate(q, k, v, causal, sm_scale)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

@@ -20,8 +20,8 @@ launch metadata and runs wherever the driver can load it (see ARCHITECTURE).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Union
 
 import msgpack
 import xxhash
@@ -33,7 +33,7 @@ from lazytriton.target import Target
 # arguments, grid convention): old entries then miss instead of misbehaving.
 LAUNCH_ABI = 1
 
-Value = Union[bool, int, str]
+Value = bool | int | str
 Pairs = tuple[tuple[str, Value], ...]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -77,7 +77,7 @@ def _check_pairs(group: str, pairs: Pairs) -> Pairs:
     return pairs
 
 
-def pairs(mapping: dict[str, Value]) -> Pairs:
+def pairs(mapping: Mapping[str, Value]) -> Pairs:
     """Sorted ``(name, value)`` pairs from a dict, the form Variant fields take."""
     return tuple(sorted(mapping.items()))
 
@@ -126,7 +126,8 @@ class Variant:
         return cls(kernel, target, dtype, parsed[0], parsed[1], parsed[2])
 
     def __str__(self) -> str:
-        groups = [",".join(f"{n}={_format_value(v)}" for n, v in g) for g in (self.functional, self.tuned, self.options)]
+        groups = [",".join(f"{n}={_format_value(v)}" for n, v in group)
+                  for group in (self.functional, self.tuned, self.options)]
         return ":".join([self.kernel, self.target, self.dtype, *groups])
 
     def get(self, name: str) -> Value:

@@ -22,7 +22,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if hq != hk:
         k = k.repeat_interleave(hq // hk, dim=1)
         v = v.repeat_interleave(hq // hk, dim=1)
-    scores = (q @ k.transpose(-1, -2)).float() * scale if q.dtype != torch.float64 else (q @ k.transpose(-1, -2)) * scale
+    scores = q @ k.transpose(-1, -2)
+    scores = (scores if q.dtype == torch.float64 else scores.float()) * scale
     if causal:
         offset = sk - sq if causal == "bottom_right" else 0
         rows = torch.arange(sq, device=q.device)[:, None]

@@ -258,7 +258,8 @@ class HipApi(_GpuApi):
 
     def check(self, status: int, call: str) -> None:
         if status != 0:
-            raise DriverError(f"{call} failed: HIP error {status} ({self.ffi.string(self.lib.hipGetErrorString(status)).decode()})")
+            message = self.ffi.string(self.lib.hipGetErrorString(status)).decode()
+            raise DriverError(f"{call} failed: HIP error {status} ({message})")
 
     def _with_device(self, device_index: int) -> int:
         current = self.ffi.new("int *")
