@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lazytriton.kernels.flash_fwd import grid as flash_grid
 
 import lazytriton
 from lazytriton import dispatch, runtime
 from lazytriton.flash import attn_fwd
+from lazytriton.kernels.flash_fwd import grid as flash_grid
 
 FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
           "tflops", "us_per_call", "rel_err", "gpu", "torch", "triton", "lazytriton", "timestamp"]

@@ -20,43 +20,7 @@ from typing import Any
 from cffi import FFI
 
 from lazytriton.cache_format import Entry
-
-_CUDA_CDEF = """
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-CUresult cuInit(unsigned int flags);
-CUresult cuDeviceGet(CUdevice *device, int ordinal);
-CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
-CUresult cuCtxGetCurrent(CUcontext *pctx);
-CUresult cuCtxPushCurrent_v2(CUcontext ctx);
-CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
-CUresult cuModuleLoadData(CUmodule *module, const void *image);
-CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
-CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value);
-CUresult cuGetErrorString(CUresult error, const char **pStr);
-CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                        unsigned int sharedMemBytes, uintptr_t hStream, void **kernelParams, void **extra);
-"""
-
-_HIP_CDEF = """
-typedef int hipError_t;
-typedef struct ihipModule_t *hipModule_t;
-typedef struct ihipModuleSymbol_t *hipFunction_t;
-hipError_t hipGetDevice(int *deviceId);
-hipError_t hipSetDevice(int deviceId);
-hipError_t hipModuleLoadData(hipModule_t *module, const void *image);
-hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module, const char *kname);
-hipError_t hipFuncSetAttribute(const void *func, int attr, int value);
-const char *hipGetErrorString(hipError_t hipError);
-hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                                 unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                                 unsigned int sharedMemBytes, uintptr_t stream, void **kernelParams, void **extra);
-"""
+from lazytriton.driver.cdefs import CUDA_CDEF, HIP_CDEF, make_ffi
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
@@ -176,8 +140,7 @@ class CudaApi(_GpuApi):
     """libcuda through cffi."""
 
     def __init__(self) -> None:
-        self.ffi = FFI()
-        self.ffi.cdef(_CUDA_CDEF)
+        self.ffi = make_ffi("cuda", CUDA_CDEF)
         try:
             self.lib = self.ffi.dlopen("libcuda.so.1")
         except OSError as exc:
@@ -249,8 +212,7 @@ class HipApi(_GpuApi):
     """libamdhip64 through cffi (not run here: no AMD GPU is available)."""
 
     def __init__(self) -> None:
-        self.ffi = FFI()
-        self.ffi.cdef(_HIP_CDEF)
+        self.ffi = make_ffi("hip", HIP_CDEF)
         try:
             self.lib = self.ffi.dlopen("libamdhip64.so")
         except OSError as exc:
