@@ -85,6 +85,10 @@ def run_gpu() -> int:
         elapsed = time.perf_counter() - start
         sources = [name for name, n in rt.served.items() if n > before.get(name, 0)] or ["memory"]
         print(f"{label} call: {elapsed * 1e3:9.2f} ms  served by {_source_label(sources[0])}")
+    for kernel in rt.loaded_kernels():
+        entry = kernel.entry
+        print(f"entry: {entry.kind} of {len(entry.binary)} bytes, {entry.num_warps} warps, {entry.shared} B shared "
+              f"memory, built by Triton {entry.provenance.compiler_version}")
     events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     events[0].record()
     for _ in range(10):

@@ -130,6 +130,10 @@ class Runtime:
                     self._kernels[(key, device_index)] = loaded
         return loaded
 
+    def loaded_kernels(self) -> list[Any]:
+        """The kernels this process has loaded on its devices."""
+        return list(self._kernels.values())
+
     def counters(self) -> dict[str, int]:
         """Persistent counters of the local tier (compiles, hits, corrupt, ...)."""
         return self.local.counters()
