@@ -107,6 +107,10 @@ class Runtime:
                 lock.release()
 
     def _file_lock(self, key: str) -> FileLock | None:
+        if not self.local.usable:
+            # Nothing is stored, so there is nothing to compile once for; the local
+            # tier has already warned that the cache dir is unusable (once, not per miss).
+            return None
         lock_dir = self.settings.cache_dir / "locks"
         try:
             lock_dir.mkdir(parents=True, exist_ok=True)

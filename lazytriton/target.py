@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SM = re.compile(r"sm_(\d{2,3})")
+# No leading zero: "sm_090" would name sm_90's binary under another key.
+_SM = re.compile(r"sm_([1-9]\d{1,2})")
 _GFX = re.compile(r"gfx[0-9a-f]{3,4}")
 
 
@@ -30,7 +31,7 @@ class Target:
         name = text.strip().lower()
         if name.startswith("cuda:"):
             name = "sm_" + name[5:]
-        elif name.startswith("hip:"):
+        elif name.startswith("hip:") and _GFX.fullmatch(name[4:]):  # "hip:sm_90" stays junk
             name = name[4:]
         if _SM.fullmatch(name):
             return cls("cuda", name[3:], 32)

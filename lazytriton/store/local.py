@@ -56,6 +56,11 @@ class LocalTier:
                 return None
         return self._cache
 
+    @property
+    def usable(self) -> bool:
+        """False when the directory cannot be opened (the tier then holds nothing; it warned once)."""
+        return self._store() is not None
+
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)

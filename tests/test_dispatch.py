@@ -1,0 +1,138 @@
+"""Dispatch's pure functions, called with made-up inputs (no GPU, no compiler)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from lazytriton import dispatch
+from lazytriton.dispatch import Config, causal_mode, default_config, flash_fwd_variant, padded_head_dim, seqlen_class
+from lazytriton.target import Target
+from lazytriton.variant import Variant
+
+TARGETS = ("sm_90", "sm_80", "gfx942", "gfx950")
+DTYPES = ("fp16", "bf16", "fp32")
+SEQLENS = (1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 4096, 2**31 - 1)
+
+
+def test_padded_head_dim_every_size() -> None:
+    for head_dim in range(1, 257):
+        padded = padded_head_dim(head_dim)
+        assert padded in dispatch.HEAD_DIMS
+        assert padded >= head_dim
+        assert padded & (padded - 1) == 0, "tl.arange needs a power of two"
+        smaller = [size for size in dispatch.HEAD_DIMS if size < padded]
+        assert not smaller or smaller[-1] < head_dim, f"{head_dim} is not padded to the smallest size"
+    assert [padded_head_dim(d) for d in (1, 16, 17, 32, 33, 64, 65, 80, 96, 128, 129, 256)] == [
+        16, 16, 32, 32, 64, 64, 128, 128, 128, 128, 256, 256]
+
+
+@pytest.mark.parametrize("head_dim", [257, 512, 10**6])
+def test_padded_head_dim_too_large(head_dim: int) -> None:
+    with pytest.raises(ValueError, match=str(head_dim)):
+        padded_head_dim(head_dim)
+
+
+@pytest.mark.parametrize(("causal", "mode"), [
+    (False, "none"), (None, "none"), (True, "top_left"),
+    ("none", "none"), ("top_left", "top_left"), ("bottom_right", "bottom_right"),
+])
+def test_causal_mode(causal: object, mode: str) -> None:
+    assert causal_mode(causal) == mode
+
+
+@pytest.mark.parametrize("causal", [1, 0, "", "causal", "TOP_LEFT", "bottom-right", "true", 1.0, [True]])
+def test_causal_mode_rejects(causal: object) -> None:
+    with pytest.raises(ValueError, match="causal"):
+        causal_mode(causal)
+
+
+def test_seqlen_class() -> None:
+    expected = {1: 16, 15: 16, 16: 16, 17: 64, 63: 64, 64: 64, 65: 128, 128: 128, 129: 128, 2**31 - 1: 128}
+    assert {s: seqlen_class(s) for s in expected} == expected
+    # Monotone: more rows never pick a smaller block.
+    classes = [seqlen_class(s) for s in range(1, 300)]
+    assert classes == sorted(classes)
+
+
+def _check_sane(target: Target, dtype: str, head_dim: int, seqlen_q: int, cfg: Config) -> None:
+    where = f"{target} {dtype} d={head_dim} sq={seqlen_q}: {cfg}"
+    for name in ("block_m", "block_n"):
+        value = getattr(cfg, name)
+        assert value >= 16 and value & (value - 1) == 0, f"{name} must be a power of two >= 16 (tl.dot): {where}"
+    assert cfg.block_m <= seqlen_class(seqlen_q), f"BLOCK_M above the seqlen class: {where}"
+    assert cfg.num_warps in (1, 2, 4, 8), where
+    assert cfg.num_stages >= 1, where
+    if target.backend == "hip":
+        assert cfg.waves_per_eu >= 0, where
+        assert set(cfg.options(target)) == {"num_warps", "num_stages", "waves_per_eu"}
+    else:
+        assert set(cfg.options(target)) == {"num_warps", "num_stages"}
+    assert cfg.tuned() == {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
+
+
+def test_default_config_never_errors() -> None:
+    for name, dtype, head_dim, seqlen_q, causal in itertools.product(
+            TARGETS, DTYPES, dispatch.HEAD_DIMS, SEQLENS, (False, True)):
+        target = Target.parse(name)
+        _check_sane(target, dtype, head_dim, seqlen_q, default_config(target, dtype, head_dim, seqlen_q, causal))
+
+
+def test_default_config_other_targets() -> None:
+    # A target nobody tuned for still gets a config, never an error.
+    for name in ("sm_75", "sm_86", "sm_100", "sm_120", "gfx90a", "gfx1100"):
+        target = Target.parse(name)
+        for dtype, head_dim, seqlen_q, causal in itertools.product(
+                DTYPES, dispatch.HEAD_DIMS, (1, 64, 4096), (False, True)):
+            _check_sane(target, dtype, head_dim, seqlen_q, default_config(target, dtype, head_dim, seqlen_q, causal))
+
+
+def test_default_config_is_pure() -> None:
+    target = Target.parse("sm_90")
+    assert default_config(target, "bf16", 128, 4096, True) == default_config(target, "bf16", 128, 4096, True)
+    assert default_config(target, "bf16", 128, 4096) == default_config(target, "bf16", 128, 4096, False)
+
+
+def test_default_config_fits_sm80_shared_memory_at_head_dim_128() -> None:
+    # 128/128 x 3 stages is sm_90's pick but does not fit sm_80's 163 KiB (see default_config).
+    for causal in (False, True):
+        cfg = default_config(Target.parse("sm_80"), "bf16", 128, 4096, causal)
+        assert cfg.block_n <= 64, cfg
+
+
+@pytest.mark.parametrize("target_name", TARGETS)
+def test_flash_fwd_variant_fields(target_name: str) -> None:
+    target = Target.parse(target_name)
+    for dtype, head_dim, causal, aligned, seqlen_q, index64 in itertools.product(
+            DTYPES, (1, 16, 40, 64, 96, 128, 200, 256), (False, True), (False, True), (1, 64, 4096), (False, True)):
+        v = flash_fwd_variant(target, dtype, head_dim, causal, aligned, seqlen_q, index64=index64)
+        padded = padded_head_dim(head_dim)
+        cfg = default_config(target, dtype, padded, seqlen_q, causal)
+        assert (v.kernel, v.target, v.dtype) == ("flash_fwd", target_name, dtype)
+        assert dict(v.functional) == {"ALIGN16": aligned, "BLOCK_D": padded, "CAUSAL": causal,
+                                      "EVEN_D": head_dim == padded, "INDEX64": index64}
+        assert all(type(value) is bool for name, value in v.functional if name != "BLOCK_D")
+        assert dict(v.tuned) == {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
+        assert dict(v.options) == cfg.options(target)
+        assert Variant.parse(str(v)) == v
+
+
+def test_flash_fwd_variant_takes_a_config() -> None:
+    target = Target.parse("gfx942")
+    v = flash_fwd_variant(target, "fp16", 64, True, True, 4096, config=Config(32, 16, 2, 1, waves_per_eu=3))
+    assert dict(v.tuned) == {"BLOCK_M": 32, "BLOCK_N": 16}
+    assert dict(v.options) == {"num_warps": 2, "num_stages": 1, "waves_per_eu": 3}
+    v = flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, True, True, 4096, config=Config(32, 16, 2, 1, 3))
+    assert dict(v.options) == {"num_warps": 2, "num_stages": 1}, "waves_per_eu is a HIP option only"
+
+
+def test_flash_fwd_variant_normalises_truthy_flags() -> None:
+    v = flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, 1, 0, 64, index64=1)  # type: ignore[arg-type]
+    assert v == flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, True, False, 64, index64=True)
+    assert v.key() != flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, True, False, 64).key()
+
+
+def test_flash_fwd_variant_rejects_head_dim() -> None:
+    with pytest.raises(ValueError, match="257"):
+        flash_fwd_variant(Target.parse("sm_90"), "fp16", 257, False, True, 64)
