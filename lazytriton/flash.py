@@ -18,6 +18,7 @@ from lazytriton.kernels.flash_fwd import grid as flash_grid
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _INT32_MAX = 2**31 - 1
+_DEVICE_TYPES = ("cuda", "cpu")  # ROCm tensors are "cuda" too
 _CAUSAL_FAST = {False: "none", True: "top_left", "top_left": "top_left", "bottom_right": "bottom_right"}
 
 
@@ -48,6 +49,8 @@ def _fast_validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[
         return None
     dtype, device = q.dtype, q.device
     if dtype not in _DTYPES or k.dtype != dtype or v.dtype != dtype or k.device != device or v.device != device:
+        return None
+    if device.type not in _DEVICE_TYPES:  # meta, mps, ...: _validate names the device
         return None
     qshape, kshape = q.shape, k.shape
     if len(qshape) != 4 or len(kshape) != 4 or v.shape != kshape:
@@ -82,7 +85,7 @@ def _validate(q: Any, k: Any, v: Any, causal: Any, sm_scale: Any) -> tuple[_Shap
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all three must match")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all three must be on one device")
-    if q.device.type not in ("cuda", "cpu"):
+    if q.device.type not in _DEVICE_TYPES:
         raise ValueError(f"q must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
     b, hq, sq, d = q.shape
     if k.shape != v.shape:
