@@ -4,6 +4,8 @@
 |--------------------------|---------------------------------------|----------------------------------------------|
 | ``LAZYTRITON_CACHE_DIR`` | ``$XDG_CACHE_HOME/lazytriton``        | the local, writable cache (entries, locks)   |
 |                          | (``~/.cache/lazytriton``)             |                                              |
+| ``LAZYTRITON_IMAGES``    | (none), then images installed beside  | colon-separated image files or folders of    |
+|                          | the package (``lazytriton/images``)   | ``*.ltimg``, read-only, searched in order    |
 | ``LAZYTRITON_JIT``       | ``1``                                 | ``0``: never compile; a miss raises          |
 |                          |                                       | ``KernelNotFound`` naming the variant        |
 | ``LAZYTRITON_LOG_LEVEL`` | ``WARNING``                           | level of the ``lazytriton`` logger           |
@@ -33,6 +35,7 @@ class Settings:
     cache_dir: Path
     jit: bool
     log_level: str
+    images: tuple[Path, ...] = ()
 
 
 def _bool_env(name: str, default: bool) -> bool:
@@ -59,10 +62,12 @@ def from_environment() -> Settings:
     level = os.environ.get("LAZYTRITON_LOG_LEVEL", "WARNING").strip().upper() or "WARNING"
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ValueError(f"LAZYTRITON_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {level!r}")
+    images = tuple(Path(p).expanduser() for p in os.environ.get("LAZYTRITON_IMAGES", "").split(":") if p.strip())
     return Settings(
         cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(),
         jit=_bool_env("LAZYTRITON_JIT", True),
         log_level=level,
+        images=images,
     )
 
 
@@ -82,7 +87,7 @@ def settings() -> Settings:
 
 
 def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | None = None,
-              log_level: str | None = None) -> Settings:
+              log_level: str | None = None, images: list[str | os.PathLike[str]] | None = None) -> Settings:
     """Override settings for this process; arguments left None keep their value.
 
     Call it before the first attention call: the runtime built from the old
@@ -97,6 +102,8 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
         if not isinstance(jit, bool):
             raise TypeError(f"jit must be a bool, got {type(jit).__name__}")
         changes["jit"] = jit
+    if images is not None:
+        changes["images"] = tuple(Path(p).expanduser() for p in images)
     if log_level is not None:
         changes["log_level"] = log_level.upper()
         logging.getLogger("lazytriton").setLevel(log_level.upper())

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lazytriton import tuning
 from lazytriton.target import Target, target_from_cuda_capability, target_from_gcn_arch
 from lazytriton.variant import Variant, pairs
 
@@ -104,16 +105,31 @@ def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, cau
     return cfg
 
 
+def flash_fwd_config(target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
+                     table: tuning.Table | None = None) -> tuple[Config, tuning.Row | None]:
+    """The config for a call from the tuning table, else the default; and the row used (or None)."""
+    padded = padded_head_dim(head_dim)
+    rows = tuning.table_for("flash_fwd") if table is None else table
+    row = tuning.lookup(rows, str(target), "flash_fwd", dtype, padded, causal, seqlen_q, seqlen_k)
+    if row is None:
+        return default_config(target, dtype, padded, seqlen_q, causal), None
+    return Config(row.BLOCK_M, row.BLOCK_N, row.num_warps, row.num_stages, row.waves_per_eu), row
+
+
 def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-                      seqlen_q: int, config: Config | None = None, index64: bool = False) -> Variant:
-    """The variant of ``flash_fwd`` that serves a call (pure).
+                      seqlen_q: int, config: Config | None = None, index64: bool = False,
+                      seqlen_k: int | None = None, table: tuning.Table | None = None) -> Variant:
+    """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
     multiple of 16 (lets Triton vectorise loads). ``index64``: some tensor
-    spans 2**31 elements or more, so offsets need 64-bit arithmetic.
+    spans 2**31 elements or more, so offsets need 64-bit arithmetic. Without
+    ``config``, the tuning table (``table``, else the kernel's file) decides,
+    then ``default_config``.
     """
     padded = padded_head_dim(head_dim)
-    cfg = config or default_config(target, dtype, padded, seqlen_q, causal)
+    sk = seqlen_q if seqlen_k is None else seqlen_k
+    cfg = config or flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
     return Variant("flash_fwd", str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))

@@ -147,7 +147,7 @@ def _raw_stream(device_index: int) -> int:
 def _gpu_plan(rt: runtime.Runtime, plan_key: tuple[Any, ...], q: torch.Tensor, shape: _Shape,
               causal: bool, aligned: bool, index64: bool) -> Any:
     variant = dispatch.flash_fwd_variant(dispatch.target_of_device(q.device), _DTYPES[q.dtype], shape.head_dim,
-                                         causal, aligned, shape.seqlen_q, index64=index64)
+                                         causal, aligned, shape.seqlen_q, index64=index64, seqlen_k=shape.seqlen_k)
     kernel = rt.kernel(variant, q.device.index)
     plan = (kernel, int(variant.get("BLOCK_M")))
     rt.plans[plan_key] = plan
@@ -212,8 +212,10 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         return out, lse
     rt = runtime._runtime or runtime.get()
     args, aligned, index64 = _kernel_args(q, k, v, out, lse, shape, offset)
+    # Tuning-table buckets are powers of two, so (n - 1).bit_length() tells
+    # apart every pair of seqlens the table (or default_config) could treat differently.
     plan_key = (q.device.index, q.dtype, shape.head_dim, is_causal, aligned, index64,
-                dispatch.seqlen_class(shape.seqlen_q))
+                (shape.seqlen_q - 1).bit_length(), (shape.seqlen_k - 1).bit_length())
     plan = rt.plans.get(plan_key)
     if plan is None:
         plan = _gpu_plan(rt, plan_key, q, shape, is_causal, aligned, index64)

@@ -9,22 +9,26 @@ the result.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-
-from filelock import FileLock, Timeout
 
 from lazytriton.cache_format import Entry
 from lazytriton.config import Settings, settings
 from lazytriton.store import Chain
+from lazytriton.store.image import ImageTier
 from lazytriton.store.local import LocalTier
 from lazytriton.variant import Variant
 
 log = logging.getLogger("lazytriton.runtime")
+
+MISS_LOG = "misses.jsonl"
 
 # A compile of the largest attention variant takes about 10 s on a 2-core CI
 # machine; a lock held ten times longer belongs to a hung process.
@@ -50,8 +54,9 @@ class Runtime:
 
     def __init__(self, config: Settings) -> None:
         self.settings = config
+        self.images = ImageTier(config.images)
         self.local = LocalTier(config.cache_dir / "entries")
-        self.chain = Chain([self.local])
+        self.chain = Chain([self.images, self.local])
         self.plans: dict[tuple[Any, ...], Any] = {}  # the hot path's memo, filled by callers
         self.served: Counter[str] = Counter()
         self.compiles = 0
@@ -83,6 +88,8 @@ class Runtime:
         if not self.settings.jit:
             raise KernelNotFound(f"no cache tier holds {variant} (key {key}) and LAZYTRITON_JIT=0; "
                                  "prewarm it or enable JIT")
+        from filelock import Timeout  # imported here: 100+ ms that a cache-served process never pays
+
         lock = self._file_lock(key)
         try:
             if lock is not None:
@@ -97,16 +104,37 @@ class Runtime:
             from lazytriton import compiler
 
             log.info("compiling %s", variant)
+            start = time.perf_counter()
             entry = compiler.compile_variant(variant, key)
             self.compiles += 1
             self.local.count("compiles")
             self.chain.put(key, entry)
+            self._log_miss(variant, key, time.perf_counter() - start)
             return entry, "jit"
         finally:
             if lock is not None:
                 lock.release()
 
-    def _file_lock(self, key: str) -> FileLock | None:
+    @property
+    def miss_log(self) -> Path:
+        """The JSON-lines file where each JIT compile records its variant (``prewarm --from-misses`` reads it)."""
+        return self.settings.cache_dir / MISS_LOG
+
+    def _log_miss(self, variant: Variant, key: str, seconds: float) -> None:
+        line = json.dumps({"variant": str(variant), "key": key, "compile_s": round(seconds, 3),
+                           "time": round(time.time(), 3)}, sort_keys=True) + "\n"
+        try:
+            self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
+            # One write of a short line to an O_APPEND file: concurrent processes never interleave within a line.
+            fd = os.open(self.miss_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("could not record the miss of %s in %s: %s", key, self.miss_log, exc)
+
+    def _file_lock(self, key: str) -> Any:
         if not self.local.usable:
             # Nothing is stored, so there is nothing to compile once for; the local
             # tier has already warned that the cache dir is unusable (once, not per miss).
@@ -114,6 +142,8 @@ class Runtime:
         lock_dir = self.settings.cache_dir / "locks"
         try:
             lock_dir.mkdir(parents=True, exist_ok=True)
+            from filelock import FileLock
+
             lock = FileLock(str(lock_dir / f"{key}.lock"))
             return lock
         except OSError as exc:
@@ -163,4 +193,5 @@ def reset() -> None:
     with _runtime_lock:
         if _runtime is not None:
             _runtime.local.close()
+            _runtime.images.close()
         _runtime = None

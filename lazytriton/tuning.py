@@ -1,0 +1,156 @@
+"""The tuning table: the best tile sizes and compile options per call shape.
+
+Its source of truth is a CSV file in git beside each kernel
+(``kernels/flash_fwd/tuning.csv``), one row per (target, kernel, dtype, head
+dim, causal, seqlen_q bucket, seqlen_k bucket), with the TFLOP/s measured and
+the GPU and date that measured it (``lazytriton tune`` writes rows). Buckets
+are powers of two; a call takes the first bucket at or above its seqlen, else
+the last. A call the table does not cover gets ``dispatch.default_config``:
+never an error.
+
+``lookup`` is pure and works on a ``Table``; ``table_for`` reads a kernel's
+file once per process.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+COLUMNS = ("target", "kernel", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k",
+           "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "tflops", "gpu", "measured")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One tuned configuration and the measurement that chose it."""
+
+    target: str
+    kernel: str
+    dtype: str
+    head_dim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+    waves_per_eu: int
+    tflops: float
+    gpu: str
+    measured: str
+
+    @property
+    def group(self) -> tuple[str, str, str, int, bool]:
+        return (self.target, self.kernel, self.dtype, self.head_dim, self.causal)
+
+
+def bucket(seqlen: int) -> int:
+    """The power-of-two bucket a seqlen falls in (its ceiling power of two; 1 for 0 and 1)."""
+    return 1 << max(seqlen - 1, 0).bit_length()
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def parse_row(record: dict[str, str], where: str = "") -> Row:
+    """A Row from one CSV record; ValueError naming the column if anything is off."""
+    values: dict[str, object] = {}
+    for f in fields(Row):
+        raw = (record.get(f.name) or "").strip()
+        try:
+            if f.type == "bool":
+                if raw not in ("0", "1", "true", "false"):
+                    raise ValueError(raw)
+                values[f.name] = raw in ("1", "true")
+            elif f.type == "int":
+                values[f.name] = int(raw)
+            elif f.type == "float":
+                values[f.name] = float(raw)
+            else:
+                values[f.name] = raw
+        except ValueError:
+            raise ValueError(f"tuning table{where}: column {f.name} has {raw!r}, expected {f.type}") from None
+    row = Row(**values)  # type: ignore[arg-type]
+    for name in ("seqlen_q", "seqlen_k", "BLOCK_M", "BLOCK_N", "head_dim"):
+        if not _is_pow2(getattr(row, name)):
+            raise ValueError(f"tuning table{where}: {name}={getattr(row, name)} must be a power of two")
+    return row
+
+
+class Table:
+    """Rows indexed for lookup: group -> seqlen_q bucket -> seqlen_k bucket -> row."""
+
+    def __init__(self, rows: Iterable[Row]) -> None:
+        self.rows = tuple(rows)
+        index: dict[tuple[str, str, str, int, bool], dict[int, dict[int, Row]]] = {}
+        for row in self.rows:
+            by_k = index.setdefault(row.group, {}).setdefault(row.seqlen_q, {})
+            if row.seqlen_k in by_k:
+                raise ValueError(f"tuning table: two rows for {row.group} seqlen_q={row.seqlen_q} "
+                                 f"seqlen_k={row.seqlen_k}")
+            by_k[row.seqlen_k] = row
+        self._index = {g: {q: dict(sorted(ks.items())) for q, ks in sorted(qs.items())} for g, qs in index.items()}
+
+    @classmethod
+    def parse(cls, text: str, where: str = "") -> Table:
+        reader = csv.DictReader(io.StringIO(text))
+        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"tuning table{where} lacks columns {sorted(missing)}")
+        return cls(parse_row(rec, f" {where} line {n + 2}") for n, rec in enumerate(reader))
+
+    def to_csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for row in sorted(self.rows, key=lambda r: (*r.group, r.seqlen_q, r.seqlen_k)):
+            writer.writerow([int(v) if isinstance(v, bool) else v for v in (getattr(row, c) for c in COLUMNS)])
+        return out.getvalue()
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _first_at_or_above(buckets: dict[int, object], value: int) -> object:
+    last = None
+    for bound, item in buckets.items():
+        last = item
+        if bound >= value:
+            break
+    return last
+
+
+def lookup(table: Table, target: str, kernel: str, dtype: str, head_dim: int, causal: bool,
+           seqlen_q: int, seqlen_k: int) -> Row | None:
+    """The row serving a call: first bucket at or above each seqlen, else the last; None if no group."""
+    by_q = table._index.get((target, kernel, dtype, head_dim, causal))
+    if not by_q:
+        return None
+    by_k = _first_at_or_above(by_q, seqlen_q)
+    return _first_at_or_above(by_k, seqlen_k)  # type: ignore[arg-type,return-value]
+
+
+def table_path(kernel: str) -> Path:
+    """The CSV file of a kernel's tuning table, beside its description."""
+    from lazytriton.kernels import get
+
+    return get(kernel).source_path.with_name("tuning.csv")
+
+
+@functools.cache
+def table_for(kernel: str) -> Table:
+    """A kernel's tuning table, read once per process (an empty table if it has no file)."""
+    path = table_path(kernel)
+    if not path.exists():
+        return Table(())
+    return Table.parse(path.read_text(), str(path.name))
