@@ -9,6 +9,7 @@ the result.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -60,6 +61,7 @@ class Runtime:
         self.plans: dict[tuple[Any, ...], Any] = {}  # the hot path's memo, filled by callers
         self.served: Counter[str] = Counter()
         self.compiles = 0
+        self._pending: Counter[str] = Counter()
         self._entries: dict[str, Entry] = {}
         self._kernels: dict[tuple[str, int], Any] = {}
         self._lock = threading.RLock()
@@ -81,8 +83,18 @@ class Runtime:
     def _done(self, resolved: Resolved) -> Resolved:
         self.served[resolved.source] += 1
         if resolved.source not in ("memory", "jit"):
-            self.local.count("hits")
+            # Counted in memory and written at exit: a process served from an
+            # image never has to open the local tier's database.
+            if not self._pending:
+                atexit.register(self.flush_counters)
+            self._pending["hits"] += 1
         return resolved
+
+    def flush_counters(self) -> None:
+        """Write the counts kept in memory (hits) to the local tier's persistent counters."""
+        pending, self._pending = self._pending, Counter()
+        for name, amount in pending.items():
+            self.local.count(name, amount)
 
     def _compile_once(self, variant: Variant, key: str) -> tuple[Entry, str]:
         if not self.settings.jit:
@@ -121,6 +133,8 @@ class Runtime:
         return self.settings.cache_dir / MISS_LOG
 
     def _log_miss(self, variant: Variant, key: str, seconds: float) -> None:
+        if not self.local.usable:
+            return  # the cache dir is unusable and the local tier has said so, once
         line = json.dumps({"variant": str(variant), "key": key, "compile_s": round(seconds, 3),
                            "time": round(time.time(), 3)}, sort_keys=True) + "\n"
         try:
@@ -170,6 +184,7 @@ class Runtime:
 
     def counters(self) -> dict[str, int]:
         """Persistent counters of the local tier (compiles, hits, corrupt, ...)."""
+        self.flush_counters()
         return self.local.counters()
 
 
@@ -192,6 +207,8 @@ def reset() -> None:
     global _runtime
     with _runtime_lock:
         if _runtime is not None:
+            _runtime.flush_counters()
+            atexit.unregister(_runtime.flush_counters)
             _runtime.local.close()
             _runtime.images.close()
         _runtime = None

@@ -17,9 +17,12 @@ from __future__ import annotations
 import csv
 import functools
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 COLUMNS = ("target", "kernel", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k",
            "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "tflops", "gpu", "measured")
@@ -121,12 +124,13 @@ class Table:
         return len(self.rows)
 
 
-def _first_at_or_above(buckets: dict[int, object], value: int) -> object:
-    last = None
+def _first_at_or_above(buckets: Mapping[int, T], value: int) -> T:
+    last: T | None = None
     for bound, item in buckets.items():
         last = item
         if bound >= value:
             break
+    assert last is not None, "a bucket map is never empty"
     return last
 
 
@@ -137,7 +141,7 @@ def lookup(table: Table, target: str, kernel: str, dtype: str, head_dim: int, ca
     if not by_q:
         return None
     by_k = _first_at_or_above(by_q, seqlen_q)
-    return _first_at_or_above(by_k, seqlen_k)  # type: ignore[arg-type,return-value]
+    return _first_at_or_above(by_k, seqlen_k)
 
 
 def table_path(kernel: str) -> Path:

@@ -14,8 +14,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-
-import diskcache
+from typing import Any
 
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.store import TierStats
@@ -39,13 +38,15 @@ class LocalTier:
                  size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
         self.name = name
         self.directory = Path(directory)
-        self._cache: diskcache.Cache | None = None
+        self._cache: Any = None  # a diskcache.Cache, opened on first use
         self._size_limit = size_limit
         self._warned: set[str] = set()
 
-    def _store(self) -> diskcache.Cache | None:
+    def _store(self) -> Any:
         if self._cache is None:
             try:
+                import diskcache  # imported on first use: a process served from images never pays for it
+
                 self._cache = diskcache.Cache(
                     str(self.directory), size_limit=self._size_limit,
                     eviction_policy="least-recently-stored", disk_min_file_size=_FILE_THRESHOLD,
