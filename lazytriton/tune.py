@@ -1,0 +1,213 @@
+"""``lazytriton tune``: measure candidate configs on this GPU and write tuning-table rows.
+
+For each (dtype, head dim, causal) group and each (seqlen_q, seqlen_k) pair,
+every candidate config is compiled (in parallel, through the cache, so a rerun
+compiles nothing), checked against SDPA, and timed (median of event-timed
+launches of the cached kernel, exactly as ``attn_fwd`` launches it); the
+fastest becomes a row of the kernel's tuning table with its TFLOP/s, the GPU's
+name and the date. Rows for other groups are kept. Shapes follow
+FlashAttention's benchmarks: hidden 2048 and batch x seqlen_q = 16k tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from lazytriton import dispatch, runtime, tuning
+from lazytriton.target import Target
+from lazytriton.variant import Variant
+
+DEFAULT_PAIRS = ((16, 4096), (128, 128), (1024, 1024), (4096, 4096), (16384, 16384))
+
+# Candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) for 16-bit dtypes: the
+# sweep of 2026-11-30 on the H200 (bench_flash_fwd.py --sweep) kept these
+# families within 10% of the best; BLOCK_M 16 rows serve decode-like calls.
+_WIDE = ((128, 64, 8, 4), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4),
+         (64, 128, 4, 3), (128, 32, 4, 3))
+_NARROW = ((16, 64, 4, 3), (16, 128, 4, 3), (16, 32, 4, 3), (16, 64, 4, 4), (16, 128, 8, 3))
+
+
+def candidates(dtype: str, head_dim: int, seqlen_q: int) -> list[dispatch.Config]:
+    """Configs worth timing for a group (pure)."""
+    base = _NARROW if seqlen_q <= 16 else _WIDE
+    configs = [dispatch.Config(*c) for c in base if c[0] <= max(16, tuning.bucket(seqlen_q))]
+    if head_dim >= 256 or dtype == "fp32":  # large tiles do not fit in shared memory
+        configs = [c for c in configs if c.block_m * c.block_n <= 64 * 64]
+    return configs or [dispatch.Config(16, 32, 4, 2)]
+
+
+def merge(table: tuning.Table, rows: Iterable[tuning.Row]) -> tuning.Table:
+    """``table`` with ``rows`` replacing any row of the same group and buckets (pure)."""
+    new = {(*r.group, r.seqlen_q, r.seqlen_k): r for r in rows}
+    kept = [r for r in table if (*r.group, r.seqlen_q, r.seqlen_k) not in new]
+    return tuning.Table([*kept, *new.values()])
+
+
+def write_table(path: Path, table: tuning.Table) -> None:
+    """Write the CSV atomically (temp file, then rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(table.to_csv())
+    os.replace(tmp, path)
+
+
+def _compile(text: str) -> tuple[str, bytes | None, str]:
+    from lazytriton import compiler
+
+    try:
+        return text, compiler.compile_variant(Variant.parse(text)).encode(), ""
+    except Exception as exc:
+        return text, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def compile_all(variants: Sequence[Variant], jobs: int) -> dict[str, str]:
+    """Compile what the cache lacks in ``jobs`` processes; the failures by variant."""
+    from lazytriton.cache_format import Entry
+
+    rt = runtime.get()
+    missing = [str(v) for v in variants if rt.chain.get(v.key()) is None]
+    failures: dict[str, str] = {}
+    if missing:
+        with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for text, data, error in pool.map(_compile, missing):
+                if data is None:
+                    failures[text] = error
+                else:
+                    entry = Entry.decode(data)
+                    rt.chain.put(entry.key, entry)
+    return failures
+
+
+def _reference(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """Float32 reference output of the first batch element's first two heads."""
+    from lazytriton.kernels.flash_fwd.reference import attention_reference
+
+    mode = "bottom_right" if causal else False
+    return attention_reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=mode)[0]
+
+
+def _time_variant(variant: Variant, q: Any, k: Any, v: Any, causal: bool, ref: Any, reps: int) -> tuple[float, float]:
+    """(median ms, relative error against ``ref``) of the cached kernel for ``variant``."""
+    import torch
+
+    from lazytriton import flash
+
+    shape, _, scale = flash._validate(q, k, v, causal, None)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    # Causal calls with seqlen_q < seqlen_k (decode, chunked prefill) are bottom-right aligned.
+    offset = shape.seqlen_k - shape.seqlen_q if causal else 0
+    args, _, _ = flash._kernel_args(q, k, v, out, lse, shape, offset)
+    kernel = runtime.get().kernel(variant, q.device.index)
+    grid = flash.flash_grid(shape.seqlen_q, shape.heads_q, shape.batch, int(variant.get("BLOCK_M")))
+    stream = flash._raw_stream(q.device.index)
+
+    def launch() -> None:
+        kernel.launch(grid, stream, args, (scale,))
+
+    launch()
+    err = float((out[:1, :2].float() - ref).norm() / ref.norm())
+    for _ in range(3):
+        launch()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), err
+
+
+def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: Sequence[tuple[int, int]],
+               jobs: int, reps: int, gpu: str) -> list[tuning.Row]:
+    """Rows for one group: the fastest correct candidate per seqlen pair."""
+    import torch
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    plans = {(sq, sk): [dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c, seqlen_k=sk)
+                        for c in candidates(dtype, head_dim, sq)] for sq, sk in pairs}
+    failures = compile_all([v for vs in plans.values() for v in vs], jobs)
+    rows = []
+    today = dt.date.today().isoformat()
+    for (sq, sk), variants in plans.items():
+        heads, batch = 2048 // head_dim, max(1, 16384 // sq)
+        q = torch.randn(batch, heads, sq, head_dim, device="cuda", dtype=torch_dtype)
+        k, v = (torch.randn(batch, heads, sk, head_dim, device="cuda", dtype=torch_dtype) for _ in range(2))
+        pairs_seen = sq * sk - sq * sq / 2 if causal else sq * sk  # bottom-right mask, seqlen_q <= seqlen_k
+        flops = 4 * batch * heads * head_dim * pairs_seen
+        ref = _reference(q, k, v, causal)
+        best: tuple[float, Variant] | None = None
+        for variant in variants:
+            if str(variant) in failures:
+                continue
+            ms, err = _time_variant(variant, q, k, v, causal, ref, reps)
+            tflops = flops / ms / 1e9
+            if err < 2e-2 and (best is None or tflops > best[0]):
+                best = (tflops, variant)
+        if best is None:
+            print(f"  no candidate worked for {dtype} hd{head_dim} causal={causal} {sq}x{sk}", file=sys.stderr)
+            continue
+        tflops, variant = best
+        rows.append(tuning.Row(str(target), "flash_fwd", dtype, dispatch.padded_head_dim(head_dim), causal,
+                               tuning.bucket(sq), tuning.bucket(sk), int(variant.get("BLOCK_M")),
+                               int(variant.get("BLOCK_N")), int(variant.get("num_warps")),
+                               int(variant.get("num_stages")), 0, round(tflops, 1), gpu, today))
+        print(f"  {dtype} hd{head_dim} causal={causal} {sq}x{sk}: {variant.tuned} {dict(variant.options)} "
+              f"{tflops:.0f} TFLOP/s")
+    return rows
+
+
+def _csv_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lazytriton tune", description=__doc__)
+    parser.add_argument("--dtype", default="bf16,fp16", help="comma-separated: bf16, fp16, fp32")
+    parser.add_argument("--head-dim", default="64,128", help="comma-separated head dims")
+    parser.add_argument("--causal", default="both", choices=("both", "none", "causal"))
+    parser.add_argument("--pairs", default=",".join(f"{q}x{k}" for q, k in DEFAULT_PAIRS),
+                        help="comma-separated seqlen_q x seqlen_k pairs, e.g. 16x4096,4096x4096")
+    parser.add_argument("--table", type=Path, default=None, help="the CSV to update (default: the kernel's)")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("lazytriton tune measures on a GPU and none is available", file=sys.stderr)
+        return 2
+    pairs = []
+    for item in _csv_list(args.pairs):
+        q, _, k = item.partition("x")
+        if not (q.isdigit() and k.isdigit()):
+            raise SystemExit(f"--pairs items must look like 4096x4096, got {item!r}")
+        pairs.append((int(q), int(k)))
+    target = dispatch.target_of_device(torch.cuda.current_device())
+    gpu = torch.cuda.get_device_name()
+    path = args.table or tuning.table_path("flash_fwd")
+    causal = {"both": (False, True), "none": (False,), "causal": (True,)}[args.causal]
+    rows: list[tuning.Row] = []
+    for dtype in _csv_list(args.dtype):
+        for head_dim in (int(h) for h in _csv_list(args.head_dim)):
+            for c in causal:
+                rows += tune_group(target, dtype, head_dim, c, pairs, args.jobs, args.reps, gpu)
+    table = tuning.Table.parse(path.read_text()) if path.exists() else tuning.Table(())
+    write_table(path, merge(table, rows))
+    print(f"wrote {len(rows)} rows to {path} ({math.fsum(r.tflops for r in rows) / max(1, len(rows)):.0f} "
+          "TFLOP/s on average)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
