@@ -81,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     demo_parser = sub.add_parser("demo", help="run attention through the cache: cold, then warm")
     demo_parser.add_argument("--cpu", action="store_true", help="use the CPU path even when a GPU is present")
     demo_parser.set_defaults(fn=cmd_demo)
+    sub.add_parser("tune", add_help=False, help="time configs on this GPU and update the tuning table "
+                   "(lazytriton tune --help)")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:
+        from lazytriton import tune
+
+        return tune.main(argv[1:])
     args = parser.parse_args(argv)
     start = time.perf_counter()
     status = int(args.fn(args))
