@@ -137,10 +137,12 @@ def _kernel_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     return args, aligned, extent > _INT32_MAX
 
 
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 µs; the public API ~3 µs
+
+
 def _raw_stream(device_index: int) -> int:
-    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get_raw is not None:
-        return int(get_raw(device_index))
+    if _GET_RAW_STREAM is not None:
+        return int(_GET_RAW_STREAM(device_index))
     return int(torch.cuda.current_stream(device_index).cuda_stream)
 
 
