@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     demo_parser = sub.add_parser("demo", help="run attention through the cache: cold, then warm")
     demo_parser.add_argument("--cpu", action="store_true", help="use the CPU path even when a GPU is present")
     demo_parser.set_defaults(fn=cmd_demo)
+    from lazytriton.prewarm.cli import add_parser as add_prewarm_parser
+
+    add_prewarm_parser(sub)
     sub.add_parser("tune", add_help=False, help="time configs on this GPU and update the tuning table "
                    "(lazytriton tune --help)")
     argv = sys.argv[1:] if argv is None else argv

@@ -1,6 +1,18 @@
-"""Prewarm: enumerate variants and compile them ahead of time into images.
+"""Prewarm: compile variants ahead of time, for any target, into images.
 
-Reserved for the prewarm issue (tuning table, images, ``lazytriton prewarm``);
-nothing is implemented here yet. Until then a missing variant is compiled just
-in time by ``lazytriton.runtime``.
+- ``enumeration``: which variants to build, the ones dispatch would select
+  (from axes and the tuning table, or from a miss log); pure functions.
+- ``build``: reuse what a killed or earlier run built, compile the rest in
+  worker processes (``pool``), write the image; merge images and work dirs.
+- ``workdir``: the resumable work directory beside the image.
+- ``progress``: the progress bar with an ETA.
+- ``cli``: ``lazytriton prewarm``.
+
+Only the worker processes import triton; ``import lazytriton.prewarm`` does not.
 """
+
+from lazytriton.prewarm.build import BuildReport, build, merge
+from lazytriton.prewarm.enumeration import Axes, Planned, enumerate_variants, select_shard, variants_from_misses
+
+__all__ = ["Axes", "BuildReport", "Planned", "build", "enumerate_variants", "merge", "select_shard",
+           "variants_from_misses"]

@@ -1,0 +1,173 @@
+"""Build an image from a plan: reuse what exists, compile the rest in parallel, write the image.
+
+``build`` is resumable. Entries already in the work directory (``OUT.work/``,
+see ``workdir``) or in an existing image at ``OUT`` are verified and reused;
+only the rest is compiled. A variant that fails is reported on the progress
+stream and recorded in ``OUT.work/failures.jsonl``; the build goes on and the
+image holds everything that built. The work directory is removed after a
+build with no failures (the image then holds it all), else kept so that a
+rerun retries only the failures.
+
+Same inputs, same image bytes: Triton's output was byte-identical across
+compiles (cubin and HSACO, checked for sm_90, sm_80 and gfx942 with Triton
+3.9), the image orders entries by key and trains its dictionary
+deterministically, and the image meta holds nothing time-dependent. The one
+field that differs is each entry's ``provenance.created``: set
+``SOURCE_DATE_EPOCH`` and it is that time instead of the compile time.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import lazytriton
+from lazytriton.cache_format import Entry
+from lazytriton.cache_format.image import Image, ImageError, ImageInfo, write_image
+from lazytriton.prewarm.enumeration import Planned
+from lazytriton.prewarm.pool import Result, compile_all
+from lazytriton.prewarm.progress import Progress
+from lazytriton.prewarm.workdir import WorkDir, work_dir_for
+
+log = logging.getLogger("lazytriton.prewarm")
+
+
+@dataclass(slots=True)
+class BuildReport:
+    """What one build did."""
+
+    out: Path
+    work: Path
+    planned: int = 0
+    reused: int = 0
+    compiled: int = 0
+    failures: list[tuple[Planned, str]] = field(default_factory=list)
+    image: ImageInfo | None = None
+    compile_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def image_meta(entries: Sequence[Entry]) -> dict[str, Any]:
+    """The image's meta: who built it and with which compilers (no time: same inputs, same bytes)."""
+    compilers = sorted({f"{e.provenance.compiler} {e.provenance.compiler_version}" for e in entries})
+    return {"built_by": f"lazytriton {lazytriton.__version__} prewarm", "compilers": compilers}
+
+
+def _open_previous(out: Path) -> Image | None:
+    """The image already at ``out``, whose entries a rebuild reuses; None if absent or damaged."""
+    if not out.is_file():
+        return None
+    try:
+        return Image(out)
+    except (ImageError, OSError) as exc:
+        log.warning("existing image %s is not reused: %s", out, exc)
+        return None
+
+
+def _read(key: str, work: WorkDir, previous: Image | None) -> Entry | None:
+    entry = work.read(key)
+    if entry is None and previous is not None and key in previous:
+        try:
+            entry = previous.read(key)
+        except ImageError as exc:
+            log.warning("existing image entry not reused: %s", exc)
+    return entry
+
+
+def _brief(error: str) -> str:
+    """A multi-line compiler error as its first and last lines (failures.jsonl keeps it whole)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if len(lines) <= 2:
+        return " / ".join(lines)
+    return f"{lines[0][:300]} ... {lines[-1][:300]}"
+
+
+def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | None = None, keep_work: bool = False,
+          stream: TextIO = sys.stderr) -> BuildReport:
+    """Build the image ``out`` holding every variant of ``plan`` that compiles."""
+    start = time.perf_counter()
+    out = Path(out)
+    work = WorkDir(work_dir_for(out)).create()
+    work.clear_failures()
+    report = BuildReport(out, work.path, planned=len(plan))
+    previous = _open_previous(out)
+    built = {p.key for p in plan if _read(p.key, work, previous) is not None}
+    report.reused = len(built)
+    todo = [p for p in plan if p.key not in built]
+    if report.reused:
+        stream.write(f"prewarm: {report.reused} of {len(plan)} variants already built "
+                     f"(in {work.path} or {out}); compiling {len(todo)}\n")
+    progress = Progress(len(todo), stream)
+    if todo:
+        progress.begin()
+
+    def on_result(planned: Planned, result: Result) -> None:
+        report.compile_seconds += result.seconds
+        if result.error is None:
+            report.compiled += 1
+            built.add(planned.key)
+        else:
+            report.failures.append((planned, result.error))
+            work.record_failure(str(planned.variant), planned.key, result.error)
+            progress.note(f"prewarm: FAILED {planned.variant} ({planned.origin}): {_brief(result.error)}")
+        progress.step(failed=result.error is not None)
+
+    compile_all(todo, jobs, work, created, on_result)
+    entries = [e for e in (_read(p.key, work, previous) for p in plan if p.key in built) if e is not None]
+    report.image = write_image(out, entries, meta=image_meta(entries))
+    if previous is not None:
+        previous.close()
+    if report.ok and not keep_work:
+        shutil.rmtree(work.path, ignore_errors=True)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def entries_of(source: Path) -> Iterator[Entry]:
+    """The verified entries of an image file or a work directory; ImageError names a damaged one."""
+    if source.is_dir():
+        work = WorkDir(source)
+        if not work.entries.is_dir():
+            raise ImageError(f"merge source {source} is a folder without entries/ (not a prewarm work directory)")
+        for key in work.keys():
+            entry = work.read(key)
+            if entry is None:
+                raise ImageError(f"merge source {source}: entry {key} is damaged")
+            yield entry
+        return
+    if not source.is_file():
+        raise ImageError(f"merge source {source} does not exist")
+    with Image(source) as image:
+        for key in list(image.keys()):
+            entry = image.read(key)
+            if entry is None:  # pragma: no cover - keys() lists only what the index holds
+                raise ImageError(f"merge source {source}: entry {key} vanished")
+            yield entry
+
+
+def merge(sources: Sequence[Path], out: Path) -> tuple[ImageInfo, int]:
+    """One image from several images and/or work directories; the first source holding a key wins.
+
+    Returns the image written and how many duplicate keys were left out.
+    """
+    entries: dict[str, Entry] = {}
+    duplicates = 0
+    for source in sources:
+        for entry in entries_of(Path(source)):
+            if entry.key in entries:
+                duplicates += 1
+            else:
+                entries[entry.key] = entry
+    values = list(entries.values())
+    return write_image(out, values, meta=image_meta(values)), duplicates
+

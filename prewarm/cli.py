@@ -1,0 +1,238 @@
+"""``lazytriton prewarm``: compile variants ahead of time into an image.
+
+Typical runs:
+
+    # everything the tuning table covers for sm_90 and gfx942, plus the default grid
+    lazytriton prewarm --target sm_90,gfx942 --out attn.ltimg
+    # a few axes only; --list prints the plan and builds nothing
+    lazytriton prewarm --target sm_90 --dtype bf16 --head-dim 64,80,128 --causal causal --list
+    # exactly what a production run compiled just in time
+    lazytriton prewarm --from-misses ~/.cache/lazytriton/misses.jsonl --out next.ltimg
+    # split one build over three machines, then merge
+    lazytriton prewarm --target sm_90 --shard 2/3 --out part2.ltimg
+    lazytriton prewarm --merge part1.ltimg part2.ltimg part3.ltimg --out attn.ltimg
+
+Without axis flags the plan is the tuning table's rows for the targets plus a
+default grid for the groups the table lacks: dtype fp16/bf16/fp32 x head dim
+16/32/64/128/256 x causal none/causal, each at seqlens 16, 64 and 4096 (the
+three classes of ``default_config``). An axis flag narrows that axis.
+
+A killed run, run again, compiles only what it had not built (see OUT.work/).
+Exit status: 0 if everything built, 1 if some variant failed (the image holds
+the rest; OUT.work/failures.jsonl has the errors), 2 on a usage error. Set
+SOURCE_DATE_EPOCH for byte-identical images from the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from lazytriton.target import Target
+from lazytriton.variant import DTYPES
+
+_CAUSAL = {"none": False, "false": False, "no": False, "0": False,
+           "causal": True, "true": True, "yes": True, "1": True, "top_left": True, "bottom_right": True}
+_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned")
+
+
+class UsageError(ValueError):
+    """A bad combination of flags; the message names them."""
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _targets(text: str) -> list[str]:
+    try:
+        return [str(Target.parse(item)) for item in _items(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dtypes(text: str) -> list[str]:
+    bad = [item for item in _items(text) if item not in DTYPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"dtype must be one of {', '.join(DTYPES)}, got {', '.join(bad)}")
+    return _items(text)
+
+
+def _ints(low: int, high: int, what: str) -> Any:
+    def parse(text: str) -> list[int]:
+        values = []
+        for item in _items(text):
+            if not item.isdigit() or not low <= int(item) <= high:
+                raise argparse.ArgumentTypeError(f"{what} must be integers in {low}..{high}, got {item!r}")
+            values.append(int(item))
+        return values
+
+    return parse
+
+
+def _causal(text: str) -> list[bool]:
+    bad = [item for item in _items(text) if item.lower() not in _CAUSAL]
+    if bad:
+        raise argparse.ArgumentTypeError(f"causal must be none or causal (or top_left, bottom_right), got {bad[0]!r}")
+    return [_CAUSAL[item.lower()] for item in _items(text)]
+
+
+def _shard(text: str) -> tuple[int, int]:
+    from lazytriton.prewarm.enumeration import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _jobs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"-j must be a positive number of processes, got {text!r}")
+    return int(text)
+
+
+def default_jobs() -> int:
+    """All the cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``prewarm`` on the ``lazytriton`` command's subparsers."""
+    p = sub.add_parser("prewarm", help="compile variants ahead of time into an image (any target, no GPU needed)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    axes = p.add_argument_group("what to build (comma-separated lists; a flag may repeat)")
+    axes.add_argument("--target", type=_targets, action="extend", help="sm_90,sm_80,gfx942,gfx950, ...")
+    axes.add_argument("--dtype", type=_dtypes, action="extend", help="fp16,bf16,fp32")
+    axes.add_argument("--head-dim", type=_ints(1, 256, "--head-dim"), action="extend",
+                      help="1..256; built at the padded size (16, 32, 64, 128, 256), EVEN_D=false if it differs")
+    axes.add_argument("--causal", type=_causal, action="extend", help="none,causal (bottom_right = causal's binary)")
+    axes.add_argument("--seqlen-q", type=_ints(1, 2**31 - 1, "--seqlen-q"), action="extend",
+                      help="seqlen buckets (a value selects what a call of that length selects)")
+    axes.add_argument("--seqlen-k", type=_ints(1, 2**31 - 1, "--seqlen-k"), action="extend")
+    axes.add_argument("--unaligned", action="store_true", help="also build the unaligned (ALIGN16=false) variants")
+    axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
+                      help="build exactly the variants of a miss log (misses.jsonl); --target filters it")
+    run = p.add_argument_group("how")
+    run.add_argument("-j", "--jobs", type=_jobs, default=None, help="worker processes (default: all cores)")
+    run.add_argument("--shard", type=_shard, metavar="I/N", help="build the I-th of N disjoint parts (by key)")
+    run.add_argument("--out", type=Path, metavar="FILE", help="the image to write")
+    run.add_argument("--list", action="store_true", help="print the plan (key, origin, variant) and exit")
+    run.add_argument("--merge", type=Path, nargs="+", metavar="SRC",
+                     help="merge images and/or work directories into --out instead of building")
+    run.add_argument("--keep-work", action="store_true", help="keep OUT.work/ after a build with no failures")
+    p.set_defaults(fn=main)
+    return p
+
+
+def _source_date_epoch() -> float | None:
+    raw = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise UsageError(f"SOURCE_DATE_EPOCH must be a non-negative integer (seconds), got {raw!r}")
+    return float(raw)
+
+
+def _plan(args: argparse.Namespace) -> list[Any]:
+    from lazytriton import tuning
+    from lazytriton.prewarm.enumeration import Axes, enumerate_variants, select_shard, variants_from_misses
+
+    if args.from_misses:
+        given = [f"--{name.replace('_', '-')}" for name in _AXIS_FLAGS if getattr(args, name)]
+        if given:
+            raise UsageError(f"--from-misses builds exactly the logged variants; {', '.join(given)} cannot narrow it "
+                             "(only --target filters it)")
+        plan: dict[str, Any] = {}
+        for path in args.from_misses:
+            try:
+                lines = path.read_text().splitlines()
+            except OSError as exc:
+                raise UsageError(f"--from-misses {path}: cannot read it ({exc.strerror})") from None
+            found, problems = variants_from_misses(lines, str(path))
+            for problem in problems:
+                print(f"prewarm: skipped {problem}", file=sys.stderr)
+            for item in found:
+                if not args.target or item.variant.target in args.target:
+                    plan.setdefault(item.key, item)
+        return select_shard(list(plan.values()), args.shard)
+    if not args.target:
+        raise UsageError("--target is required (e.g. --target sm_90,gfx942), unless --from-misses or --merge")
+    axes = Axes(targets=tuple(Target.parse(t) for t in dict.fromkeys(args.target)),
+                dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
+                head_dims=tuple(dict.fromkeys(args.head_dim)) if args.head_dim else None,
+                causal=tuple(dict.fromkeys(args.causal)) if args.causal else None,
+                seqlens_q=tuple(args.seqlen_q) if args.seqlen_q else None,
+                seqlens_k=tuple(args.seqlen_k) if args.seqlen_k else None,
+                aligned=(True, False) if args.unaligned else (True,))
+    return select_shard(enumerate_variants(axes, tuning.table_for("flash_fwd")), args.shard)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from lazytriton.cache_format.image import ImageError
+    from lazytriton.prewarm.build import merge
+
+    if args.target or args.from_misses or args.shard or args.list or any(getattr(args, n) for n in _AXIS_FLAGS):
+        raise UsageError("--merge takes only sources and --out")
+    try:
+        info, duplicates = merge(args.merge, args.out)
+    except (ImageError, OSError) as exc:
+        print(f"lazytriton prewarm: merge failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"merged {len(args.merge)} sources into {info.path}: {info.entries} entries, {_mib(info.stored_bytes)} "
+          f"({duplicates} duplicate keys left out)")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``lazytriton prewarm`` with parsed arguments; the exit status."""
+    try:
+        return _main(args)
+    except UsageError as exc:
+        print(f"lazytriton prewarm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.merge:
+        if args.out is None:
+            raise UsageError("--merge needs --out FILE")
+        return _merge(args)
+    created = _source_date_epoch()
+    plan = _plan(args)
+    if args.list:
+        for item in plan:
+            print(f"{item.key} {item.origin.split(' ')[0]:<8} {item.variant}")
+        shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
+        print(f"{len(plan)} variants{shard}", file=sys.stderr)
+        return 0
+    if args.out is None:
+        raise UsageError("--out FILE is required to build (or --list to print the plan)")
+    from lazytriton.prewarm.build import build
+
+    jobs = args.jobs or default_jobs()
+    report = build(plan, args.out, jobs, created=created, keep_work=args.keep_work)
+    image = report.image
+    assert image is not None
+    ratio = ""
+    if image.entries:
+        ratio = f", 1/{image.raw_bytes / image.stored_bytes:.1f} of the raw {_mib(image.raw_bytes)}"
+    rate = f" ({report.compiled / report.seconds:.2f} variants/s at -j {jobs})" if report.compiled else ""
+    print(f"wrote {image.path}: {image.entries} entries, {_mib(image.stored_bytes)}{ratio}; "
+          f"{report.reused} reused, {report.compiled} compiled, {len(report.failures)} failed "
+          f"in {report.seconds:.1f} s{rate}")
+    if report.failures:
+        print(f"lazytriton prewarm: {len(report.failures)} variants failed; errors in {report.work}/failures.jsonl",
+              file=sys.stderr)
+        return 1
+    return 0

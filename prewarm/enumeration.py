@@ -1,0 +1,180 @@
+"""Which variants to build: the ones dispatch would select, from axes, a tuning table or a miss log.
+
+Everything here is pure: the tuning table, the axes and the miss-log lines
+come in as values, and the tests call these functions with made-up tables.
+
+For each target, a *group* is (dtype, padded head dim, causal). A group the
+tuning table has rows for is built at the table's seqlen buckets (every row of
+it, so every config dispatch can pick from the table); a group the table
+lacks is built at one seqlen per ``default_config`` class (16, 64 and 4096,
+standing for <= 16, <= 64 and > 64 query rows), which is every config dispatch
+can pick for it. With no axis given, the groups are the default grid:
+
+    dtype     fp16, bf16, fp32
+    head dim  16, 32, 64, 128, 256 (the padded sizes; any 1..256 may be asked for)
+    causal    none, causal (top_left and bottom_right share the causal binary)
+    seqlen    the table's buckets for the group, else 16, 64, 4096
+    aligned   true (``--unaligned`` adds false)
+
+Variants are deduplicated by key and come out in a stable order: targets as
+given, then dtype, head dim, causal, aligned, seqlen_q, seqlen_k.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lazytriton import dispatch, tuning
+from lazytriton.target import Target
+from lazytriton.variant import DTYPES, Variant
+
+KERNEL = "flash_fwd"
+DEFAULT_DTYPES: tuple[str, ...] = DTYPES
+DEFAULT_HEAD_DIMS: tuple[int, ...] = dispatch.HEAD_DIMS
+DEFAULT_CAUSAL: tuple[bool, ...] = (False, True)
+# One seqlen per default_config class: <= 16, <= 64 and > 64 query rows.
+DEFAULT_SEQLENS: tuple[int, ...] = (16, 64, 4096)
+MAX_SEQLEN = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A variant to build, its key, and why it is in the plan (``table``, ``default`` or ``misses FILE:LINE``)."""
+
+    variant: Variant
+    key: str
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class Axes:
+    """The axes to enumerate; None means the default (see the module docstring)."""
+
+    targets: tuple[Target, ...]
+    dtypes: tuple[str, ...] | None = None
+    head_dims: tuple[int, ...] | None = None
+    causal: tuple[bool, ...] | None = None
+    seqlens_q: tuple[int, ...] | None = None
+    seqlens_k: tuple[int, ...] | None = None
+    aligned: tuple[bool, ...] = (True,)
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError("targets must name at least one target, got none")
+        for dtype in self.dtypes or ():
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        for head_dim in self.head_dims or ():
+            if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
+                raise ValueError(f"head dim must be an int in 1..{dispatch.MAX_HEAD_DIM}, got {head_dim!r}")
+        for name in ("seqlens_q", "seqlens_k"):
+            for seqlen in getattr(self, name) or ():
+                if isinstance(seqlen, bool) or not isinstance(seqlen, int) or not 1 <= seqlen <= MAX_SEQLEN:
+                    raise ValueError(f"{name} values must be ints in 1..{MAX_SEQLEN}, got {seqlen!r}")
+
+
+def _unique(items: Iterable[int]) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def table_buckets(table: tuning.Table, target: str) -> dict[tuple[str, int, bool], tuple[tuple[int, ...], ...]]:
+    """For each (dtype, head dim, causal) group of ``target`` in the table: its seqlen_q and seqlen_k buckets."""
+    found: dict[tuple[str, int, bool], tuple[set[int], set[int]]] = {}
+    for row in table:
+        if row.target == target and row.kernel == KERNEL and row.head_dim in dispatch.HEAD_DIMS:
+            qs, ks = found.setdefault((row.dtype, row.head_dim, row.causal), (set(), set()))
+            qs.add(row.seqlen_q)
+            ks.add(row.seqlen_k)
+    return {group: (tuple(sorted(qs)), tuple(sorted(ks))) for group, (qs, ks) in found.items()}
+
+
+def _seqlens(axes: Axes, buckets: tuple[tuple[int, ...], ...] | None) -> list[tuple[int, int]]:
+    """The (seqlen_q, seqlen_k) pairs to build a group at."""
+    if buckets is not None:
+        qs = _unique(map(tuning.bucket, axes.seqlens_q)) if axes.seqlens_q else buckets[0]
+        ks = _unique(map(tuning.bucket, axes.seqlens_k)) if axes.seqlens_k else buckets[1]
+        return list(itertools.product(qs, ks))
+    qs = _unique(map(tuning.bucket, axes.seqlens_q)) if axes.seqlens_q else DEFAULT_SEQLENS
+    if not axes.seqlens_k:
+        return [(q, q) for q in qs]  # default_config reads seqlen_q only
+    return list(itertools.product(qs, _unique(map(tuning.bucket, axes.seqlens_k))))
+
+
+def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
+    """The variants dispatch would select for the calls ``axes`` describe, given ``table``; unique by key."""
+    plan: dict[str, Planned] = {}
+    for target in axes.targets:
+        in_table = table_buckets(table, str(target))
+        head_dims = axes.head_dims or DEFAULT_HEAD_DIMS
+        for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, head_dims,
+                                                         axes.causal or DEFAULT_CAUSAL):
+            buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
+            for aligned, (seqlen_q, seqlen_k) in itertools.product(axes.aligned, _seqlens(axes, buckets)):
+                config, row = dispatch.flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
+                variant = dispatch.flash_fwd_variant(target, dtype, head_dim, causal, aligned, seqlen_q, config=config,
+                                                     seqlen_k=seqlen_k)
+                key = variant.key()
+                plan.setdefault(key, Planned(variant, key, "table" if row is not None else "default"))
+    return list(plan.values())
+
+
+def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:
+    """The variants a miss log (JSON lines with a ``"variant"`` field) names, unique by key; and its bad lines.
+
+    A bad line (not JSON, no ``variant``, a variant that does not parse) is
+    reported as ``"FILE:LINE: reason"`` and skipped; blank lines are ignored.
+    """
+    plan: dict[str, Planned] = {}
+    problems: list[str] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        place = f"{where}:{number}"
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            problems.append(f"{place}: not a JSON object ({exc})")
+            continue
+        text = record.get("variant") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            problems.append(f"{place}: no \"variant\" string in {line.strip()[:120]!r}")
+            continue
+        try:
+            variant = Variant.parse(text)
+            key = variant.key()
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{place}: bad variant {text[:200]!r}: {exc}")
+            continue
+        plan.setdefault(key, Planned(variant, key, f"misses {place}"))
+    return list(plan.values()), problems
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` (1 <= I <= N) as ``(I, N)``."""
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = 0
+    if not sep or not 1 <= i <= n:
+        raise ValueError(f"shard must be I/N with 1 <= I <= N (e.g. 2/3), got {text!r}")
+    return i, n
+
+
+def in_shard(key: str, shard: tuple[int, int]) -> bool:
+    """Whether ``key`` belongs to shard ``(I, N)``: keys are uniform hashes, so their value modulo N splits evenly.
+
+    The partition depends on the key alone, not on the rest of the plan: shards
+    built on different machines from the same inputs never overlap and
+    together build everything.
+    """
+    index, count = shard
+    return int(key, 16) % count == index - 1
+
+
+def select_shard(plan: Sequence[Planned], shard: tuple[int, int] | None) -> list[Planned]:
+    """The part of ``plan`` that shard ``(I, N)`` builds (all of it for None), in plan order."""
+    return list(plan) if shard is None else [p for p in plan if in_shard(p.key, shard)]

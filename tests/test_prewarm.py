@@ -1,0 +1,365 @@
+"""Prewarm: enumeration (pure, made-up tables), then real builds of small sm_90 and gfx942 variants.
+
+The builds compile head dim 16 fp16 variants (well under a second each) with ``-j 2``; every
+image here holds real cubins and HSACO, none is launched. ``SOURCE_DATE_EPOCH`` is set for all
+builds, so the same inputs must give the same image bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_python
+
+from lazytriton import dispatch, tuning
+from lazytriton.cache_format.image import Image
+from lazytriton.cli import main as cli_main
+from lazytriton.prewarm.enumeration import (
+    DEFAULT_SEQLENS,
+    Axes,
+    enumerate_variants,
+    in_shard,
+    parse_shard,
+    select_shard,
+    variants_from_misses,
+)
+from lazytriton.prewarm.progress import Progress, format_duration, render
+from lazytriton.target import Target
+from lazytriton.variant import Variant
+
+SM90, SM80, GFX942 = Target.parse("sm_90"), Target.parse("sm_80"), Target.parse("gfx942")
+EMPTY = tuning.Table(())
+EPOCH = "1700000000"
+EM_CUDA, EM_AMDGPU = 190, 224
+
+
+def row(sq: int, sk: int, block_m: int, block_n: int = 64, target: str = "sm_90", dtype: str = "bf16",
+        head_dim: int = 128, causal: bool = True) -> tuning.Row:
+    return tuning.Row(target, "flash_fwd", dtype, head_dim, causal, sq, sk, block_m, block_n, 4, 3, 0, 400.0,
+                      "NVIDIA H200", "2026-11-30")
+
+
+# A made-up table: one sm_90 group with three rows at uneven buckets, one sm_80 row.
+TABLE = tuning.Table([row(16, 4096, 16, 32), row(1024, 1024, 64, 64), row(4096, 4096, 128, 32),
+                      row(4096, 4096, 128, 128, target="sm_80")])
+CALL_SEQLENS = (1, 15, 16, 17, 64, 65, 100, 1000, 1024, 1025, 4096, 4097, 100_000)
+
+
+def keys(axes: Axes, table: tuning.Table = EMPTY) -> list[str]:
+    return [p.key for p in enumerate_variants(axes, table)]
+
+
+# --- enumeration (pure) ----------------------------------------------------------------------------------------
+
+
+def test_default_grid_covers_every_call_dispatch_can_make_at_a_padded_head_dim() -> None:
+    plan = enumerate_variants(Axes((SM90,)), EMPTY)
+    planned = {p.key for p in plan}
+    assert len(planned) == len(plan), "deduplicated by key"
+    assert {p.origin for p in plan} == {"default"}
+    selected = set()
+    for dtype, head_dim, causal, sq in itertools.product(("fp16", "bf16", "fp32"), dispatch.HEAD_DIMS,
+                                                         (False, True), CALL_SEQLENS):
+        selected.add(dispatch.flash_fwd_variant(SM90, dtype, head_dim, causal, True, sq, seqlen_k=sq * 3,
+                                                table=EMPTY).key())
+    assert selected == planned, "the plan is exactly what dispatch selects: nothing missing, nothing extra"
+    assert all(p.variant.target == "sm_90" and p.variant.get("ALIGN16") is True for p in plan)
+
+
+def test_table_groups_are_built_at_their_rows_and_the_rest_at_the_default_classes() -> None:
+    axes = Axes((SM90,), dtypes=("bf16",), head_dims=(128,))
+    plan = enumerate_variants(axes, TABLE)
+    causal = [p for p in plan if p.variant.get("CAUSAL")]
+    assert sorted(p.variant.get("BLOCK_M") for p in causal) == [16, 64, 128]
+    assert {p.origin for p in causal} == {"table"}
+    full = [p for p in plan if not p.variant.get("CAUSAL")]
+    assert {p.origin for p in full} == {"default"}
+    assert len(full) == len({dispatch.default_config(SM90, "bf16", 128, s, False) for s in DEFAULT_SEQLENS})
+    # Every call in the table's group, at any seqlens, is served by a planned variant.
+    for sq, sk in itertools.product(CALL_SEQLENS, CALL_SEQLENS):
+        for is_causal in (False, True):
+            v = dispatch.flash_fwd_variant(SM90, "bf16", 128, is_causal, True, sq, seqlen_k=sk, table=TABLE)
+            assert v.key() in {p.key for p in plan}, (sq, sk, is_causal)
+    # The sm_80 row is not in an sm_90 plan, and is in an sm_80 one.
+    sm80 = enumerate_variants(Axes((SM80,), dtypes=("bf16",), head_dims=(128,), causal=(True,)), TABLE)
+    assert [(p.origin, p.variant.get("BLOCK_N")) for p in sm80] == [("table", 128)]
+
+
+def test_no_axis_flags_means_table_rows_plus_the_default_grid() -> None:
+    with_table = {p.key: p for p in enumerate_variants(Axes((SM90,)), TABLE)}
+    without = {p.key for p in enumerate_variants(Axes((SM90,)), EMPTY)}
+    table_rows = {k for k, p in with_table.items() if p.origin == "table"}
+    assert len(table_rows) == 3
+    # Only the table's group changed: its default variants gave way to its rows.
+    group = {p.key for p in enumerate_variants(Axes((SM90,), dtypes=("bf16",), head_dims=(128,), causal=(True,)),
+                                               EMPTY)}
+    assert set(with_table) == (without - group) | table_rows
+
+
+def test_explicit_axes_padded_head_dims_unaligned_and_seqlens() -> None:
+    axes = Axes((SM90,), dtypes=("fp16",), head_dims=(80, 96, 128), causal=(False,), seqlens_q=(100, 128),
+                aligned=(True, False))
+    plan = enumerate_variants(axes, EMPTY)
+    flags = [(p.variant.get("BLOCK_D"), p.variant.get("EVEN_D"), p.variant.get("ALIGN16")) for p in plan]
+    # 80 and 96 share the padded, EVEN_D=false binary; 100 and 128 fall in the same seqlen bucket.
+    assert flags == [(128, False, True), (128, False, False), (128, True, True), (128, True, False)]
+    assert [p.variant.get("BLOCK_M") for p in plan] == [128] * 4
+
+
+def test_order_is_stable_and_follows_the_targets_as_given() -> None:
+    axes = Axes((GFX942, SM90), dtypes=("fp16", "bf16"), head_dims=(64,))
+    first, second = keys(axes), keys(axes)
+    assert first == second
+    plan = enumerate_variants(axes, EMPTY)
+    targets = [p.variant.target for p in plan]
+    assert targets == sorted(targets, key=["gfx942", "sm_90"].index)
+    assert all(p.variant.get("waves_per_eu") == 2 for p in plan if p.variant.target == "gfx942")
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("dtypes", ("fp8",), "dtype"), ("head_dims", (0,), "head dim"), ("head_dims", (257,), "257"),
+    ("seqlens_q", (0,), "seqlens_q"), ("seqlens_k", (2**31,), "seqlens_k"),
+])
+def test_bad_axes_name_the_axis_and_value(field: str, value: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Axes((SM90,), **{field: value})
+    with pytest.raises(ValueError, match="target"):
+        Axes(())
+
+
+def test_variants_from_misses_dedupes_and_reports_bad_lines() -> None:
+    a = dispatch.flash_fwd_variant(SM90, "fp16", 64, False, True, 4096)
+    b = dispatch.flash_fwd_variant(GFX942, "bf16", 128, True, True, 16)
+    lines = [json.dumps({"variant": str(a), "key": a.key()}), "", json.dumps({"variant": str(b)}),
+             json.dumps({"variant": str(a), "compile_s": 1.0}), "{not json", json.dumps(["variant"]),
+             json.dumps({"variant": "flash_fwd:sm_90:fp16::"}), json.dumps({"variant": 7})]
+    plan, problems = variants_from_misses(lines, "m.jsonl")
+    assert [p.variant for p in plan] == [a, b]
+    assert [p.origin for p in plan] == ["misses m.jsonl:1", "misses m.jsonl:3"]
+    assert [problem.split(":")[1] for problem in problems] == ["5", "6", "7", "8"]
+    assert all(problem.startswith("m.jsonl:") for problem in problems)
+
+
+def test_shards_partition_the_plan_by_key() -> None:
+    plan = enumerate_variants(Axes((SM90, GFX942)), TABLE)
+    for n in range(1, 6):
+        parts = [select_shard(plan, (i, n)) for i in range(1, n + 1)]
+        assert sorted(p.key for part in parts for p in part) == sorted(p.key for p in plan)
+        assert sum(len(part) for part in parts) == len(plan), "disjoint"
+        for part in parts:
+            assert part == [p for p in plan if p in part], "plan order kept"
+    # Depends on the key alone: a smaller plan puts each key in the same shard.
+    small = plan[::7]
+    assert all(in_shard(p.key, (2, 3)) == (p in select_shard(plan, (2, 3))) for p in small)
+    assert parse_shard("2/3") == (2, 3)
+    for bad in ("0/3", "4/3", "a/b", "3", "1/0", ""):
+        with pytest.raises(ValueError, match="shard"):
+            parse_shard(bad)
+
+
+def test_progress_lines_and_eta() -> None:
+    assert [format_duration(s) for s in (0, 42.4, 185, 7620)] == ["0s", "42s", "3m05s", "2h07m"]
+    line = render(5, 20, 1, 10.0)
+    assert "5/20" in line and "25%" in line and "1 failed" in line and "ETA 30s" in line and "0.50/s" in line
+    assert "took 40s" in render(20, 20, 0, 40.0)
+    clock = iter(range(1000))
+    log = io.StringIO()
+    progress = Progress(100, log, clock=lambda: float(next(clock)))
+    progress.begin()
+    for i in range(100):
+        progress.step(failed=i == 3)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 21, "not a terminal: one line per 5% (and the start)"
+    assert "100/100" in lines[-1] and "1 failed" in lines[-1]
+
+
+def test_cli_list_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["prewarm", "--target", "sm_90", "--dtype", "fp16", "--head-dim", "80", "--causal",
+                     "bottom_right", "--list"]) == 0
+    out, err = capsys.readouterr()
+    listed = [line.split() for line in out.splitlines()]
+    expected = enumerate_variants(Axes((SM90,), dtypes=("fp16",), head_dims=(80,), causal=(True,)),
+                                  tuning.table_for("flash_fwd"))
+    assert [k for k, _, _ in listed] == [p.key for p in expected] and err.strip() == f"{len(expected)} variants"
+    assert all(Variant.parse(v).key() == k and Variant.parse(v).get("CAUSAL") is True for k, _, v in listed)
+    assert cli_main(["prewarm", "--dtype", "fp16", "--list"]) == 2
+    assert "--target is required" in capsys.readouterr().err
+    assert cli_main(["prewarm", "--from-misses", "m.jsonl", "--dtype", "fp16", "--out", "x.ltimg"]) == 2
+    assert "--dtype" in capsys.readouterr().err
+    assert cli_main(["prewarm", "--target", "sm_90"]) == 2
+    assert "--out" in capsys.readouterr().err
+    for flags, match in ((["--dtype", "fp8"], "fp8"), (["--head-dim", "300"], "300"), (["--target", "sm90x"], "sm90x"),
+                         (["--shard", "4/3"], "4/3"), (["-j", "0"], "-j"), (["--causal", "maybe"], "maybe")):
+        with pytest.raises(SystemExit):
+            cli_main(["prewarm", "--target", "sm_90", *flags, "--list"])
+        assert match in capsys.readouterr().err
+
+
+# --- real builds -----------------------------------------------------------------------------------------------
+
+SMALL = ["--dtype", "fp16", "--head-dim", "16"]
+
+
+def prewarm_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lazytriton.cli", "prewarm", *args]
+
+
+def prewarm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(prewarm_command(*args), capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, SOURCE_DATE_EPOCH=EPOCH), check=False)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def counts(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    found = re.search(r"(\d+) reused, (\d+) compiled, (\d+) failed", result.stdout)
+    assert found, result.stdout + result.stderr
+    return dict(zip(("reused", "compiled", "failed"), map(int, found.groups()), strict=True))
+
+
+def listed_keys(*args: str) -> list[str]:
+    return [line.split()[0] for line in prewarm(*args, "--list").stdout.splitlines()]
+
+
+def image_keys(path: Path) -> list[str]:
+    with Image(path) as image:
+        return list(image.keys())
+
+
+@pytest.fixture(scope="module")
+def full_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One image of sm_90 and gfx942 variants (6 entries), built once for the module."""
+    out = tmp_path_factory.mktemp("full") / "full.ltimg"
+    result = prewarm("--target", "sm_90,gfx942", *SMALL, "--causal", "none", "-j", "2", "--out", str(out))
+    assert counts(result) == {"reused": 0, "compiled": 6, "failed": 0}
+    assert not Path(f"{out}.work").exists(), "a clean build removes its work directory"
+    return out
+
+
+def test_one_image_holds_several_targets(full_build: Path) -> None:
+    with Image(full_build) as image:
+        assert image.meta["targets"] == ["gfx942", "sm_90"]
+        entries = [image.read(key) for key in image.keys()]
+    by_target = {t: [e for e in entries if e and e.target == t] for t in ("sm_90", "gfx942")}
+    assert [len(v) for v in by_target.values()] == [3, 3]
+    for target, machine, kind in (("sm_90", EM_CUDA, "cubin"), ("gfx942", EM_AMDGPU, "hsaco")):
+        for entry in by_target[target]:
+            assert entry.kind == kind and entry.binary[:4] == b"\x7fELF"
+            assert struct.unpack_from("<H", entry.binary, 18)[0] == machine
+            assert entry.provenance.created == float(EPOCH)
+            assert Variant.parse(entry.variant).key() == entry.key
+
+
+def test_shards_union_is_the_full_build_and_merges_to_the_same_bytes(full_build: Path, tmp_path: Path) -> None:
+    axes = ["--target", "sm_90,gfx942", *SMALL, "--causal", "none"]
+    parts = [tmp_path / f"part{i}.ltimg" for i in (1, 2, 3)]
+    for i, part in enumerate(parts, 1):
+        assert listed_keys(*axes, "--shard", f"{i}/3") == [k for k in listed_keys(*axes) if in_shard(k, (i, 3))]
+        prewarm(*axes, "--shard", f"{i}/3", "-j", "2", "--out", str(part))
+    shard_keys = [image_keys(part) for part in parts]
+    assert sorted(k for ks in shard_keys for k in ks) == sorted(listed_keys(*axes)) == image_keys(full_build)
+    assert sum(map(len, shard_keys)) == 6, "shards are disjoint"
+    merged = tmp_path / "merged.ltimg"
+    result = prewarm("--merge", *map(str, parts), "--out", str(merged))
+    assert "6 entries" in result.stdout
+    assert merged.read_bytes() == full_build.read_bytes(), "same inputs, same image bytes"
+
+
+def _snapshot(entries: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in entries.glob("*.entry")}
+
+
+def test_a_killed_prewarm_resumes_without_rebuilding_anything(tmp_path: Path) -> None:
+    axes = ["--target", "sm_90", *SMALL]  # 6 variants: 3 seqlen classes x causal or not
+    out = tmp_path / "img.ltimg"
+    entries = Path(f"{out}.work") / "entries"
+    proc = subprocess.Popen(prewarm_command(*axes, "-j", "1", "--out", str(out)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=dict(os.environ, SOURCE_DATE_EPOCH=EPOCH))
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(entries.glob("*.entry"))) < 2:
+            assert proc.poll() is None, "prewarm ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    time.sleep(0.5)  # its worker dies with it (PR_SET_PDEATHSIG); let a last rename land
+    before = _snapshot(entries)
+    assert 2 <= len(before) < 6 and not out.exists()
+
+    result = prewarm(*axes, "-j", "2", "--keep-work", "--out", str(out))
+    done = counts(result)
+    assert done["reused"] == len(before) and done["compiled"] == 6 - len(before) and done["failed"] == 0
+    after = _snapshot(entries)
+    assert {name: after[name] for name in before} == before, "an entry built before the kill was rewritten"
+    assert sorted(image_keys(out)) == sorted(listed_keys(*axes))
+
+    # A merge of the work directory gives the same image; run again: everything is reused.
+    merged = tmp_path / "from-work.ltimg"
+    prewarm("--merge", str(Path(f"{out}.work")), "--out", str(merged))
+    assert merged.read_bytes() == out.read_bytes()
+    assert counts(prewarm(*axes, "--out", str(out))) == {"reused": 6, "compiled": 0, "failed": 0}
+    assert merged.read_bytes() == out.read_bytes()
+
+
+def test_a_failing_variant_is_recorded_and_the_rest_built(tmp_path: Path) -> None:
+    good = dispatch.flash_fwd_variant(SM90, "fp16", 16, False, True, 64)
+    bad = Variant.parse(str(good).replace("BLOCK_M=64", "BLOCK_M=48"))  # tl.arange needs a power of two
+    # No Triton backend selects for sm_12: LLVM aborts the worker process (SIGABRT) instead of raising.
+    crash = Variant.parse(str(good).replace("sm_90", "sm_12"))
+    misses = tmp_path / "misses.jsonl"
+    misses.write_text("\n".join([json.dumps({"variant": str(v)}) for v in (bad, crash, good)] + ["oops"]) + "\n")
+    out = tmp_path / "img.ltimg"
+    result = prewarm("--from-misses", str(misses), "-j", "2", "--out", str(out), check=False)
+    assert result.returncode == 1, result.stderr
+    assert counts(result) == {"reused": 0, "compiled": 1, "failed": 2}
+    assert f"skipped {misses}:4" in result.stderr and "FAILED" in result.stderr
+    failures = [json.loads(line) for line in (tmp_path / "img.ltimg.work" / "failures.jsonl").read_text().splitlines()]
+    assert sorted(f["key"] for f in failures) == sorted([bad.key(), crash.key()])
+    assert "power of 2" in next(f["error"] for f in failures if f["key"] == bad.key())
+    assert image_keys(out) == [good.key()]
+
+
+RESOLVE = """
+import json, os, sys
+from lazytriton import runtime
+from lazytriton.variant import Variant
+rt = runtime.get()
+sources = [rt.resolve(Variant.parse(text)).source for text in json.loads(os.environ["VARIANTS"])]
+print(json.dumps({"sources": sources, "compiles": rt.compiles,
+                  "triton": sorted(m for m in sys.modules if m == "triton" or m.startswith("triton."))[:3]}))
+"""
+
+
+def test_jit_then_prewarm_from_misses_then_zero_compiles(tmp_path: Path, cache_dir: Path) -> None:
+    variants = [str(dispatch.flash_fwd_variant(SM90, "fp16", 16, causal, True, 64)) for causal in (False, True)]
+    env = {"VARIANTS": json.dumps(variants)}
+    first = run_python(RESOLVE, env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout.splitlines()[-1])["sources"] == ["jit", "jit"]
+    misses = cache_dir / "misses.jsonl"
+    assert len(misses.read_text().splitlines()) == 2
+
+    image = tmp_path / "served.ltimg"
+    assert counts(prewarm("--from-misses", str(misses), "-j", "2", "--out", str(image)))["compiled"] == 2
+    empty = tmp_path / "empty-cache"
+    second = run_python(RESOLVE, {**env, "LAZYTRITON_CACHE_DIR": str(empty), "LAZYTRITON_IMAGES": str(image),
+                                  "LAZYTRITON_JIT": "0"})
+    assert second.returncode == 0, second.stderr
+    report = json.loads(second.stdout.splitlines()[-1])
+    assert report == {"sources": ["image", "image"], "compiles": 0, "triton": []}
+    assert not (empty / "misses.jsonl").exists()
