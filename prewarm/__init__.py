@@ -3,7 +3,8 @@
 - ``enumeration``: which variants to build, the ones dispatch would select
   (from axes and the tuning table, or from a miss log); pure functions.
 - ``build``: reuse what a killed or earlier run built, compile the rest in
-  worker processes (``pool``), write the image; merge images and work dirs.
+  worker processes (``pool`` runs them, ``worker`` is one), write the image;
+  merge images and work dirs.
 - ``workdir``: the resumable work directory beside the image.
 - ``progress``: the progress bar with an ETA.
 - ``cli``: ``lazytriton prewarm``.

@@ -363,3 +363,26 @@ def test_jit_then_prewarm_from_misses_then_zero_compiles(tmp_path: Path, cache_d
     report = json.loads(second.stdout.splitlines()[-1])
     assert report == {"sources": ["image", "image"], "compiles": 0, "triton": []}
     assert not (empty / "misses.jsonl").exists()
+
+
+BUILD_FROM_STDIN = """
+import io, json, sys
+from pathlib import Path
+from lazytriton import dispatch
+from lazytriton.prewarm import Planned, build
+from lazytriton.target import Target
+variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 16)
+report = build([Planned(variant, variant.key(), "test")], Path(sys.argv[1]), 1, stream=io.StringIO())
+print(json.dumps({"compiled": report.compiled, "failures": [e for _, e in report.failures]}))
+"""
+
+
+def test_the_python_api_builds_from_a_main_that_is_no_file(tmp_path: Path) -> None:
+    # Workers are plain subprocesses: a build started from stdin (or a notebook, or an unguarded
+    # script) works, where multiprocessing's spawn would re-run the caller's __main__ in each worker.
+    out = tmp_path / "api.ltimg"
+    result = subprocess.run([sys.executable, "-", str(out)], input=BUILD_FROM_STDIN, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {"compiled": 1, "failures": []}
+    assert len(image_keys(out)) == 1

@@ -1,0 +1,76 @@
+"""A prewarm worker process: ``python -m lazytriton.prewarm.worker WORK_DIR CREATED PARENT_PID``.
+
+It reads one JSON task per line on stdin (``{"variant", "key"}``), compiles
+it with ``lazytriton.compiler.compile_variant``, writes the entry into the
+work directory itself (atomically: a parent killed a moment later loses
+nothing) and answers one JSON line (``{"key", "error", "seconds"}``). It exits
+at the end of stdin.
+
+Its stderr is a log file the parent gave it; the compiler's own output
+(stdout included) goes there too, and the log is emptied at each task, so
+that after a crash it holds what the compiler printed for that variant. The
+answers go to a private copy of the original stdout, which nothing else
+writes to. ``CREATED`` is SOURCE_DATE_EPOCH (or empty): the provenance time
+every entry gets, so that builds from the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to kill this process when its parent dies: a killed prewarm leaves no compiler running."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def build_one(text: str, key: str, work_path: str, created: float | None) -> None:
+    """Compile one variant and write its entry into the work directory."""
+    from lazytriton.compiler import compile_variant
+    from lazytriton.prewarm.workdir import WorkDir
+    from lazytriton.variant import Variant
+
+    entry = compile_variant(Variant.parse(text), key)
+    if created is not None:  # the one field that would differ between two builds
+        entry = replace(entry, provenance=replace(entry.provenance, created=created))
+    WorkDir(work_path).write(entry)
+
+
+def main(argv: list[str]) -> int:
+    work_path, created_text, parent_pid = argv
+    die_with_parent(int(parent_pid))
+    created = float(created_text) if created_text else None
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # the compiler's stdout joins stderr in the log
+    for line in sys.stdin:
+        task = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # the log holds the current variant's output only
+            os.ftruncate(2, 0)
+            os.lseek(2, 0, os.SEEK_SET)
+        start = time.perf_counter()
+        error = None
+        try:
+            build_one(task["variant"], task["key"], work_path, created)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        answers.write(json.dumps({"key": task["key"], "error": error, "seconds": time.perf_counter() - start}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
