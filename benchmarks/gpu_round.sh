@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
-# cold-start profile, benchmark. Logs go to $OUT; the table comes last.
+# cold-start profile, C API (capi), benchmark. Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -19,6 +19,10 @@ case " $* " in *" demo "*)
   fi
   python3 benchmarks/profile_cold.py > /dev/null 2>&1  # fills the cache for its shape
   python3 benchmarks/profile_cold.py > "$OUT/profile_cold.log" 2>&1; head -30 "$OUT/profile_cold.log" ;;
+esac
+case " $* " in *" capi "*)  # the C API: GPU tests (device memory, plans), then host time per call
+  python3 -P -m pytest tests/test_capi.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/capi_tests.log" | tail -5
+  python3 benchmarks/bench_capi.py --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi.log" | tail -8 ;;
 esac
 case " $* " in *" bench "*)
   python3 benchmarks/bench_flash_fwd.py --csv "$OUT/flash_fwd.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40 ;;

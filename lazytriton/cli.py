@@ -86,11 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     add_prewarm_parser(sub)
     sub.add_parser("tune", add_help=False, help="time configs on this GPU and update the tuning table "
                    "(lazytriton tune --help)")
+    sub.add_parser("capi", add_help=False, help="build and install the C API, liblazytriton.so "
+                   "(lazytriton capi --help)")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tune"]:
         from lazytriton import tune
 
         return tune.main(argv[1:])
+    if argv[:1] == ["capi"]:
+        from lazytriton.capi import cli as capi_cli
+
+        return capi_cli.main(argv[1:])
     args = parser.parse_args(argv)
     start = time.perf_counter()
     status = int(args.fn(args))

@@ -1,0 +1,204 @@
+"""Build liblazytriton.so with cffi's embedding mode and install it under a prefix.
+
+``build(prefix)`` compiles ``lazytriton.c`` (the C API) together with the
+wrappers cffi generates for the ``lt__py_*`` functions, links it against the
+libpython of the interpreter running the build, and installs::
+
+    PREFIX/lib/liblazytriton.so
+    PREFIX/include/lazytriton.h
+    PREFIX/lib/pkgconfig/lazytriton.pc
+    PREFIX/lib/cmake/lazytriton/lazytritonConfig.cmake
+    PREFIX/lib/cmake/lazytriton/lazytritonConfigVersion.cmake
+
+Only cffi, setuptools and a C compiler are needed (no CMake, no CUDA). The
+library remembers the interpreter it was built with (its venv and the build's
+PYTHONPATH too) and starts that one; it needs that Python, and the packages
+lazytriton imports, wherever it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODULE = "_lazytriton_capi"
+LIBRARY = "liblazytriton.so"
+
+# The C half's private interface to the Python half (also defined in lazytriton.c;
+# cffi checks at compile time that both agree).
+INTERNAL_CDEF = """
+typedef struct {
+    int32_t device_index;
+    int32_t capability;
+    int32_t dtype;
+    int32_t head_dim;
+    int32_t causal;
+    int32_t aligned;
+    int32_t index64;
+    int32_t reserved;
+    int64_t seqlen_q;
+    int64_t seqlen_k;
+    uint64_t function;
+    uint32_t block_threads;
+    uint32_t shared_bytes;
+    uint32_t block_m;
+    uint32_t n_hidden;
+    char variant[512];
+} lt__plan_request;
+
+void lt__set_error(const char *message);
+
+extern "Python" static int lt__py_init(const lt_config *config);
+extern "Python" static int lt__py_attn_fwd_cpu(const lt_attn_fwd_params *params);
+extern "Python" static int lt__py_plan(lt__plan_request *request);
+extern "Python" static int lt__py_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
+extern "Python" static int lt__py_cache_stats(lt_stats *stats);
+extern "Python" static void lt__py_flush(void);
+"""
+
+# Runs once, in the embedded interpreter, when lt_init first starts it.
+INIT_CODE = """
+from _lazytriton_capi import ffi, lib
+
+try:
+    from lazytriton.capi import embedded
+    embedded.attach(ffi, lib)
+except BaseException as exc:
+    import sys as _sys
+    _message = (f"the embedded Python ({_sys.version.split()[0]}) could not load lazytriton: "
+                f"{type(exc).__name__}: {exc}; sys.path is {_sys.path}")
+
+    def _failed(*args):
+        lib.lt__set_error(_message.encode("utf-8", "replace")[:2047])
+        return lib.LT_ERROR_PYTHON
+
+    for _name in ("lt__py_init", "lt__py_attn_fwd_cpu", "lt__py_plan", "lt__py_prewarm", "lt__py_cache_stats"):
+        ffi.def_extern(name=_name, error=lib.LT_ERROR_PYTHON)(_failed)
+    ffi.def_extern(name="lt__py_flush")(lambda: None)
+"""
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Where a build put its files."""
+
+    prefix: Path
+    library: Path
+    header: Path
+    pkg_config: Path
+    cmake_config: Path
+
+
+def header_cdef(header: str) -> str:
+    """The plain declarations of lazytriton.h that cffi parses (between BEGIN_CDEF and END_CDEF)."""
+    start = header.index("/* BEGIN_CDEF")
+    start = header.index("*/", start) + 2
+    end = header.index("/* END_CDEF */")
+    return header[start:end]
+
+
+def version() -> tuple[int, int, int]:
+    """LT_VERSION_MAJOR/MINOR/PATCH from the header."""
+    numbers = {}
+    for line in (HERE / "lazytriton.h").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "#define" and parts[1].startswith("LT_VERSION_"):
+            numbers[parts[1]] = int(parts[2])
+    return numbers["LT_VERSION_MAJOR"], numbers["LT_VERSION_MINOR"], numbers["LT_VERSION_PATCH"]
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _libpython() -> tuple[str, str]:
+    """(directory, soname) of the libpython this interpreter runs on; the build links it."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    soname = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY") or ""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED") and not (Path(libdir) / soname).exists():
+        raise RuntimeError(f"{sys.executable} has no shared libpython ({libdir}/{soname}), which an embedding "
+                           "library needs: use a Python built with --enable-shared (distribution Pythons are)")
+    return libdir, soname
+
+
+def _build_pythonpath() -> str:
+    """The build's PYTHONPATH, made absolute: the library appends it to the run's."""
+    entries = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p.strip()]
+    return ":".join(entries)
+
+
+def make_builder() -> object:
+    """The cffi FFI builder of liblazytriton.so."""
+    from cffi import FFI
+
+    header = (HERE / "lazytriton.h").read_text()
+    libdir, soname = _libpython()
+    ffibuilder = FFI()
+    # The C API's types; its functions are C (lazytriton.c), which calls the
+    # extern "Python" functions below: those start the interpreter if needed.
+    ffibuilder.embedding_api(header_cdef(header))
+    ffibuilder.cdef(INTERNAL_CDEF)
+    defines = (f"#define LT__PYTHON_EXECUTABLE {_c_string(sys.executable)}\n"
+               f"#define LT__PYTHONPATH {_c_string(_build_pythonpath())}\n"
+               f"#define LT__LIBPYTHON {_c_string(soname)}\n")
+    ffibuilder.set_source(
+        MODULE,
+        defines + (HERE / "lazytriton.c").read_text(),
+        include_dirs=[str(HERE)],
+        library_dirs=[libdir] if libdir else [],
+        libraries=["dl", "m", "pthread"],
+        extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
+        extra_link_args=[f"-Wl,-rpath,{libdir}", f"-Wl,-soname,{LIBRARY}"] if libdir else [f"-Wl,-soname,{LIBRARY}"],
+    )
+    ffibuilder.embedding_init_code(INIT_CODE)
+    return ffibuilder
+
+
+def _render(template: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        template = template.replace(f"@{name}@", value)
+    return template
+
+
+def _install(source: Path | str, data: bytes | None, target: Path, mode: int = 0o644) -> None:
+    """Write atomically: a copy beside the target, then a rename (a running program keeps the old file)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if data is None:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, out)
+            else:
+                out.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build(prefix: Path, verbose: bool = False) -> Installed:
+    """Compile liblazytriton.so and install it, its header, .pc and CMake files under ``prefix``."""
+    prefix = Path(prefix).expanduser().resolve()
+    major, minor, patch = version()
+    values = {"PREFIX": str(prefix), "VERSION": f"{major}.{minor}.{patch}", "MAJOR": str(major)}
+    with tempfile.TemporaryDirectory(prefix="lazytriton-capi-") as tmp:
+        ffibuilder = make_builder()
+        built = Path(ffibuilder.compile(tmpdir=tmp, target=LIBRARY, verbose=verbose))  # type: ignore[attr-defined]
+        library = prefix / "lib" / LIBRARY
+        _install(built, None, library, 0o755)
+    header = prefix / "include" / "lazytriton.h"
+    _install(HERE / "lazytriton.h", None, header)
+    pkg_config = prefix / "lib" / "pkgconfig" / "lazytriton.pc"
+    _install("", _render((HERE / "lazytriton.pc.in").read_text(), values).encode(), pkg_config)
+    cmake_dir = prefix / "lib" / "cmake" / "lazytriton"
+    for name in ("lazytritonConfig.cmake", "lazytritonConfigVersion.cmake"):
+        _install("", _render((HERE / f"{name}.in").read_text(), values).encode(), cmake_dir / name)
+    return Installed(prefix, library, header, pkg_config, cmake_dir / "lazytritonConfig.cmake")

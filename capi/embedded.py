@@ -1,0 +1,362 @@
+"""The Python half of liblazytriton.so: what its ``lt__py_*`` functions run.
+
+The library's init code calls ``attach(ffi, lib)`` once, in the interpreter
+the library embeds. The C half (``lazytriton.c``) has checked every argument
+before any of these run; they turn a checked call into work: settings, a plan
+(dispatch, cache, JIT), an attention call on host memory through the
+interpreter, a prewarm, the cache's statistics.
+
+Every function is wrapped so that no exception, not even ``SystemExit``,
+leaves it: each becomes a status and a message (``lt_last_error``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("lazytriton.capi")
+
+# lt_status values (lazytriton.h); attach() checks them against the library's.
+OK = 0
+INVALID_ARGUMENT = 1
+UNSUPPORTED = 9
+KERNEL_NOT_FOUND = 11
+COMPILE = 12
+CUDA = 13
+PYTHON = 14
+NO_GPU = 8
+
+DTYPE_NAMES = {1: "fp16", 2: "bf16", 3: "fp32"}
+_LOG_LEVELS = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
+_CAUSAL: dict[int, bool | str] = {0: False, 1: "top_left", 2: "bottom_right"}
+
+# flash_fwd's parameters in the order lazytriton.c passes them (lt__launch);
+# a plan is refused if the kernel description no longer matches.
+C_LAUNCH_PARAMS = (
+    "Q", "K", "V", "Out", "Lse",
+    "stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
+    "stride_vb", "stride_vh", "stride_vs", "stride_ob", "stride_oh", "stride_os",
+    "stride_lb", "stride_lh", "group_size", "seqlen_q", "seqlen_k", "head_dim", "causal_offset", "sm_scale",
+)
+_INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
+_MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
+
+_ffi: Any = None
+_lib: Any = None
+
+
+class CapiError(Exception):
+    """An error with the lt_status it maps to."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def classify(exc: BaseException) -> tuple[int, str]:
+    """The lt_status and message for an exception raised while serving a C call."""
+    from lazytriton.compiler import CompileError
+    from lazytriton.driver import DriverError
+    from lazytriton.runtime import KernelNotFound
+
+    if isinstance(exc, CapiError):
+        return exc.status, str(exc)
+    if isinstance(exc, KernelNotFound):
+        return KERNEL_NOT_FOUND, str(exc)
+    if isinstance(exc, CompileError):
+        return COMPILE, str(exc)
+    if isinstance(exc, DriverError):
+        return CUDA, str(exc)
+    if isinstance(exc, (ValueError, TypeError)):
+        return INVALID_ARGUMENT, str(exc)
+    return PYTHON, f"{type(exc).__name__} in the embedded Python: {exc}"
+
+
+def _guarded(fn: Callable[..., int]) -> Callable[..., int]:
+    @functools.wraps(fn)
+    def call(*args: Any) -> int:
+        try:
+            return fn(*args)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: never leave the host's call
+            try:
+                status, message = classify(exc)
+            except BaseException as inner:
+                status, message = PYTHON, f"{type(exc).__name__}: {exc} (then {type(inner).__name__}: {inner})"
+            log.debug("C API call %s failed", fn.__name__, exc_info=True)
+            set_error(message)
+            return status
+
+    return call
+
+
+def set_error(message: str) -> None:
+    """Set the calling thread's last error message (``lt_last_error``)."""
+    _lib.lt__set_error(message.encode("utf-8", "replace")[:2047])
+
+
+def _text(pointer: Any, name: str) -> str | None:
+    if pointer == _ffi.NULL:
+        return None
+    try:
+        return str(_ffi.string(pointer).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{name} is not valid UTF-8: {exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# lt_init
+
+
+def _shared_tier_setting(url: str) -> dict[str, str]:
+    """configure()'s argument for the shared tier URL, if this lazytriton has shared tiers."""
+    from lazytriton import config
+
+    if "shared" in inspect.signature(config.configure).parameters:
+        return {"shared": url}
+    raise CapiError(UNSUPPORTED, f"config.shared_tier is {url!r}, but this lazytriton has no shared tier; "
+                                 "leave it NULL")
+
+
+def settings_of(cfg: Any) -> dict[str, Any]:
+    """configure() keyword arguments from an lt_config (pure, given the struct)."""
+    changes: dict[str, Any] = {}
+    cache_dir = _text(cfg.cache_dir, "config.cache_dir")
+    if cache_dir is not None:
+        if not cache_dir.strip():
+            raise ValueError("config.cache_dir is an empty string; pass NULL for the default")
+        changes["cache_dir"] = cache_dir
+    images = _text(cfg.images, "config.images")
+    if images is not None:
+        changes["images"] = [p for p in images.split(":") if p.strip()]
+    if cfg.log_level != 0:
+        if cfg.log_level not in _LOG_LEVELS:
+            raise ValueError(f"config.log_level is {cfg.log_level}; expected LT_LOG_DEFAULT (0), LT_LOG_DEBUG (10), "
+                             "LT_LOG_INFO (20), LT_LOG_WARNING (30), LT_LOG_ERROR (40) or LT_LOG_CRITICAL (50)")
+        changes["log_level"] = _LOG_LEVELS[cfg.log_level]
+    if cfg.jit not in (0, 1, 2):
+        raise ValueError(f"config.jit is {cfg.jit}; expected LT_JIT_DEFAULT (0), LT_JIT_ON (1) or LT_JIT_OFF (2)")
+    if cfg.jit:
+        changes["jit"] = cfg.jit == 1
+    return changes
+
+
+def init(cfg: Any) -> int:
+    from lazytriton import config, runtime
+
+    changes: dict[str, Any] = {}
+    if cfg != _ffi.NULL:
+        changes = settings_of(cfg)
+        url = _text(cfg.shared_tier, "config.shared_tier")
+        if url:
+            changes.update(_shared_tier_setting(url))
+    config.reset()  # start from the environment, as a fresh process would
+    config.settings()  # a bad LAZYTRITON_* variable is reported here, by lt_init
+    if changes:
+        config.configure(**changes)
+    runtime.get()
+    return OK
+
+
+# ---------------------------------------------------------------------------
+# lt_attn_fwd on host memory
+
+
+def _host_tensor(view: Any) -> Any:
+    """A torch tensor over the caller's host memory (no copy), with the view's sizes and strides."""
+    import torch
+
+    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[view.dtype]
+    sizes = tuple(int(view.sizes[i]) for i in range(view.ndim))
+    strides = tuple(int(view.strides[i]) for i in range(view.ndim))
+    if 0 in sizes:
+        return torch.empty(sizes, dtype=dtype)
+    extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
+    item = torch.empty((), dtype=dtype).element_size()
+    buffer = _ffi.buffer(_ffi.cast("char *", view.data), extent * item)
+    return torch.frombuffer(buffer, dtype=dtype, count=extent).as_strided(sizes, strides)
+
+
+def attn_fwd_cpu(p: Any) -> int:
+    import torch
+
+    from lazytriton import flash
+
+    q, k, v, out, lse = (_host_tensor(t) for t in (p.q, p.k, p.v, p.out, p.lse))
+    scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    with torch.no_grad():
+        result, logsumexp = flash.attn_fwd(q, k, v, causal=_CAUSAL[p.causal], sm_scale=scale)
+    out.copy_(result)
+    lse.copy_(logsumexp)
+    return OK
+
+
+# ---------------------------------------------------------------------------
+# Plans
+
+
+def check_launch_layout(entry: Any) -> None:
+    """Refuse an entry whose parameters lazytriton.c would not pass correctly."""
+    from lazytriton.kernels import get
+
+    names = tuple(name for name, _ in get("flash_fwd").params)
+    if names != C_LAUNCH_PARAMS:
+        raise CapiError(UNSUPPORTED, f"flash_fwd's parameters are now {names}; the C launcher passes "
+                                     f"{C_LAUNCH_PARAMS}: update lazytriton.c and capi/embedded.py together")
+    kinds = tuple(entry.arg_types)
+    ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:-1])
+    if len(kinds) != len(C_LAUNCH_PARAMS) or not ints_ok or kinds[-1] != "fp32":
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes 24 "
+                                     "pointers or integers, then one fp32")
+    sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
+    scratch = [name for name in entry.hidden_args if sizes.get(name, 0) > 0]
+    if scratch or len(entry.hidden_args) > _MAX_HIDDEN:
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} needs scratch memory ({scratch}), which C plans do not "
+                                     "allocate")
+
+
+def plan(req: Any) -> int:
+    from lazytriton import dispatch, runtime
+    from lazytriton.target import Target
+
+    target = Target("cuda", str(req.capability), 32)
+    variant = dispatch.flash_fwd_variant(target, DTYPE_NAMES[req.dtype], req.head_dim, bool(req.causal),
+                                         bool(req.aligned), req.seqlen_q, index64=bool(req.index64),
+                                         seqlen_k=req.seqlen_k)
+    kernel = runtime.get().kernel(variant, req.device_index)
+    check_launch_layout(kernel.entry)
+    req.function = int(_ffi.cast("uintptr_t", kernel.function))
+    req.block_threads = kernel.block
+    req.shared_bytes = kernel.shared
+    req.block_m = int(variant.get("BLOCK_M"))
+    req.n_hidden = len(kernel.entry.hidden_args)
+    text = str(variant).encode()[:511]
+    _ffi.memmove(req.variant, text, len(text))
+    log.info("C plan for %s: block %d threads, %d bytes shared", variant, kernel.block, kernel.shared)
+    return OK
+
+
+# ---------------------------------------------------------------------------
+# lt_prewarm, lt_cache_stats
+
+_AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64")
+_TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
+_FALSE = {"0", "false", "no", "off", "none"}
+
+
+def _flag(axes: dict[str, str], name: str, default: bool) -> bool:
+    raw = axes.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected 1/0/true/false")
+
+
+def parse_spec(text: str) -> Any:
+    """A Variant from a variant string, or from axes such as ``target=sm_90 dtype=bf16 head_dim=128``."""
+    from lazytriton import dispatch
+    from lazytriton.target import Target
+    from lazytriton.variant import Variant
+
+    text = text.strip()
+    if text.count(":") == 5 and "=" not in text.split(":", 1)[0]:
+        return Variant.parse(text)
+    axes: dict[str, str] = {}
+    for item in filter(None, re.split(r"[\s,]+", text)):
+        name, sep, value = item.partition("=")
+        if not sep or name not in _AXES:
+            raise ValueError(f"{item!r} is not an axis; expected name=value with a name among {', '.join(_AXES)}, "
+                             "or a whole variant string")
+        axes[name] = value
+    missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
+    if missing:
+        raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
+    if axes.get("kernel", "flash_fwd") != "flash_fwd":
+        raise ValueError(f"kernel={axes['kernel']!r}: the C API prewarms flash_fwd only")
+    seqlen_q = int(axes.get("seqlen_q", "4096"))
+    return dispatch.flash_fwd_variant(Target.parse(axes["target"]), axes["dtype"], int(axes["head_dim"]),
+                                      _flag(axes, "causal", False), _flag(axes, "aligned", True), seqlen_q,
+                                      index64=_flag(axes, "index64", False),
+                                      seqlen_k=int(axes.get("seqlen_k", seqlen_q)))
+
+
+def prewarm(specs: Any, n_specs: int, compiled: Any, cached: Any) -> int:
+    from lazytriton import runtime
+
+    variants = []
+    for i in range(n_specs):
+        text = _text(specs[i], f"specs[{i}]") or ""
+        try:
+            variants.append(parse_spec(text))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CapiError(INVALID_ARGUMENT, f"specs[{i}] ({text!r}): {exc}") from None
+    rt = runtime.get()
+    for variant in variants:
+        if rt.resolve(variant).source == "jit":
+            compiled[0] += 1
+        else:
+            cached[0] += 1
+    return OK
+
+
+def cache_stats(out: Any) -> int:
+    from lazytriton import runtime
+
+    rt = runtime.get()
+    local = rt.local.stats()
+    counters = rt.counters()
+    out.local_entries = local.entries
+    out.local_bytes = local.bytes
+    out.image_entries = rt.images.stats().entries
+    out.compiles = counters.get("compiles", 0)
+    out.hits = counters.get("hits", 0)
+    out.process_compiles = rt.compiles
+    out.process_resolved = sum(rt.served.values())
+    out.loaded_kernels = len(rt.loaded_kernels())
+    return OK
+
+
+def flush() -> None:
+    try:
+        from lazytriton import runtime
+
+        if runtime._runtime is not None:
+            runtime._runtime.flush_counters()
+    except BaseException:  # at exit: nothing may escape, and nothing is left to report to
+        pass
+
+
+# ---------------------------------------------------------------------------
+
+
+def _log_to_stderr() -> None:
+    """A host program has configured no Python logging: give lazytriton's logger a stderr handler."""
+    logger = logging.getLogger("lazytriton")
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("lazytriton: %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def attach(ffi: Any, lib: Any) -> None:
+    """Bind the library's ``lt__py_*`` functions to this module (called by its init code)."""
+    global _ffi, _lib
+    _ffi, _lib = ffi, lib
+    for name, value in (("LT_OK", OK), ("LT_ERROR_INVALID_ARGUMENT", INVALID_ARGUMENT), ("LT_ERROR_NO_GPU", NO_GPU),
+                        ("LT_ERROR_UNSUPPORTED", UNSUPPORTED), ("LT_ERROR_KERNEL_NOT_FOUND", KERNEL_NOT_FOUND),
+                        ("LT_ERROR_COMPILE", COMPILE), ("LT_ERROR_CUDA", CUDA), ("LT_ERROR_PYTHON", PYTHON)):
+        if getattr(lib, name) != value:
+            raise RuntimeError(f"{name} is {getattr(lib, name)} in lazytriton.h but {value} in capi/embedded.py")
+    _log_to_stderr()
+    for name, fn in (("lt__py_init", init), ("lt__py_attn_fwd_cpu", attn_fwd_cpu), ("lt__py_plan", plan),
+                     ("lt__py_prewarm", prewarm), ("lt__py_cache_stats", cache_stats)):
+        ffi.def_extern(name=name, error=PYTHON)(_guarded(fn))
+    ffi.def_extern(name="lt__py_flush")(flush)

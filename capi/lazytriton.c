@@ -1,0 +1,576 @@
+/*
+ * liblazytriton.so: the C side of the C API (see lazytriton.h).
+ *
+ * Compiled by cffi's embedding mode (capi/build.py), after Python.h and
+ * before the wrappers cffi generates for the lt__py_* functions, which run
+ * Python code (capi/embedded.py) in the interpreter this library embeds.
+ *
+ * What runs here, without Python: argument checks (all of them, so a bad call
+ * never reaches Python), the thread-local error message, the plans and their
+ * launch through libcuda (dlopen'd: no CUDA headers or link-time dependency),
+ * and the start of the embedded interpreter.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lazytriton.h"
+
+#ifndef LT__PYTHON_EXECUTABLE /* set by build.py: the interpreter the library was built with */
+#define LT__PYTHON_EXECUTABLE ""
+#endif
+#ifndef LT__PYTHONPATH /* set by build.py: the build's PYTHONPATH, appended to the run's */
+#define LT__PYTHONPATH ""
+#endif
+#ifndef LT__LIBPYTHON /* set by build.py: the soname of the libpython linked */
+#define LT__LIBPYTHON ""
+#endif
+
+#define LT__INTERNAL __attribute__((visibility("hidden")))
+
+/* ------------------------------------------------------------------------- */
+/* The calling thread's last error.                                           */
+
+static __thread char lt__error[2048];
+
+LT__INTERNAL void lt__set_error(const char *message) {
+    snprintf(lt__error, sizeof lt__error, "%s", message ? message : "");
+}
+
+__attribute__((format(printf, 2, 3))) static lt_status lt__fail(lt_status status, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(lt__error, sizeof lt__error, format, args);
+    va_end(args);
+    return status;
+}
+
+LT_API const char *lt_last_error(void) { return lt__error; }
+
+/* ------------------------------------------------------------------------- */
+/* What C asks Python to plan, and what Python answers (also in build.py's cdef). */
+
+typedef struct {
+    int32_t device_index; /* in */
+    int32_t capability;   /* in: compute capability, e.g. 90 */
+    int32_t dtype;        /* in: lt_dtype */
+    int32_t head_dim;     /* in */
+    int32_t causal;       /* in: 0 or 1 */
+    int32_t aligned;      /* in */
+    int32_t index64;      /* in */
+    int32_t reserved;
+    int64_t seqlen_q;     /* in */
+    int64_t seqlen_k;     /* in */
+    uint64_t function;    /* out: CUfunction */
+    uint32_t block_threads;
+    uint32_t shared_bytes;
+    uint32_t block_m;
+    uint32_t n_hidden;    /* hidden scratch pointers after the kernel's own 25 parameters, passed as NULL */
+    char variant[512];    /* out: the variant, for messages */
+} lt__plan_request;
+
+/* Defined by cffi after this file: each runs its Python twin in capi/embedded.py. */
+static int lt__py_init(const lt_config *config);
+static int lt__py_attn_fwd_cpu(const lt_attn_fwd_params *params);
+static int lt__py_plan(lt__plan_request *request);
+static int lt__py_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
+static int lt__py_cache_stats(lt_stats *stats);
+static void lt__py_flush(void);
+
+/* ------------------------------------------------------------------------- */
+/* libcuda, through dlopen: the library builds and loads without CUDA.        */
+
+typedef int lt__CUresult;
+typedef int lt__CUdevice;
+typedef void *lt__CUcontext;
+typedef void *lt__CUfunction;
+
+enum { LT__CC_MAJOR = 75, LT__CC_MINOR = 76 }; /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_* */
+
+static struct {
+    lt__CUresult (*init)(unsigned int);
+    lt__CUresult (*device_get)(lt__CUdevice *, int);
+    lt__CUresult (*device_attribute)(int *, int, lt__CUdevice);
+    lt__CUresult (*primary_ctx_retain)(lt__CUcontext *, lt__CUdevice);
+    lt__CUresult (*ctx_get_current)(lt__CUcontext *);
+    lt__CUresult (*ctx_push)(lt__CUcontext);
+    lt__CUresult (*ctx_pop)(lt__CUcontext *);
+    lt__CUresult (*error_string)(lt__CUresult, const char **);
+    lt__CUresult (*launch)(lt__CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                           unsigned int, unsigned int, void *, void **, void **);
+} lt__cu;
+static pthread_once_t lt__cu_once = PTHREAD_ONCE_INIT;
+static char lt__cu_error[512]; /* empty once libcuda is loaded */
+
+static void lt__cu_load(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *why = dlerror();
+        snprintf(lt__cu_error, sizeof lt__cu_error, "cannot load the CUDA driver (libcuda.so.1): %s",
+                 why ? why : "not found");
+        return;
+    }
+    struct { void **slot; const char *name; } symbols[] = {
+        {(void **)&lt__cu.init, "cuInit"},
+        {(void **)&lt__cu.device_get, "cuDeviceGet"},
+        {(void **)&lt__cu.device_attribute, "cuDeviceGetAttribute"},
+        {(void **)&lt__cu.primary_ctx_retain, "cuDevicePrimaryCtxRetain"},
+        {(void **)&lt__cu.ctx_get_current, "cuCtxGetCurrent"},
+        {(void **)&lt__cu.ctx_push, "cuCtxPushCurrent_v2"},
+        {(void **)&lt__cu.ctx_pop, "cuCtxPopCurrent_v2"},
+        {(void **)&lt__cu.error_string, "cuGetErrorString"},
+        {(void **)&lt__cu.launch, "cuLaunchKernel"},
+    };
+    for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
+        *symbols[i].slot = dlsym(lib, symbols[i].name);
+        if (*symbols[i].slot == NULL) {
+            snprintf(lt__cu_error, sizeof lt__cu_error, "libcuda.so.1 has no %s", symbols[i].name);
+            return;
+        }
+    }
+    lt__CUresult status = lt__cu.init(0);
+    if (status != 0)
+        snprintf(lt__cu_error, sizeof lt__cu_error, "cuInit failed: CUDA error %d (no usable GPU?)", status);
+}
+
+static lt_status lt__cuda_ready(void) {
+    pthread_once(&lt__cu_once, lt__cu_load);
+    if (lt__cu_error[0] != '\0')
+        return lt__fail(LT_ERROR_NO_GPU, "%s", lt__cu_error);
+    return LT_OK;
+}
+
+static lt_status lt__cuda_fail(lt__CUresult status, const char *call) {
+    const char *text = NULL;
+    if (lt__cu.error_string == NULL || lt__cu.error_string(status, &text) != 0 || text == NULL)
+        text = "unknown error";
+    return lt__fail(LT_ERROR_CUDA, "%s failed: CUDA error %d (%s)", call, status, text);
+}
+
+#include "lt_check.c" /* lt__call, lt__check: every check of a call */
+
+/* ------------------------------------------------------------------------- */
+/* Plans: a loaded kernel and what a launch needs, for one shape class.       */
+
+#define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
+#define LT__KERNEL_PARAMS 25       /* flash_fwd: 24 pointers and integers, then sm_scale */
+#define LT__MAX_HIDDEN 8
+
+typedef struct {
+    int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits;
+} lt__plan_key;
+
+struct lt_plan {
+    uint32_t magic;
+    lt__plan_key key;
+    lt__CUfunction function;
+    lt__CUcontext context;
+    uint32_t block_threads, shared_bytes, block_m, n_hidden;
+    char variant[512];
+};
+
+static int32_t lt__bits(int64_t n) { /* (n - 1).bit_length(): the seqlen bucket of flash.py's plan memo */
+    int32_t bits = 0;
+    for (uint64_t x = n > 0 ? (uint64_t)(n - 1) : 0; x; x >>= 1)
+        bits++;
+    return bits;
+}
+
+static lt__plan_key lt__key_of(const lt__call *c) {
+    lt__plan_key key = {c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE, c->aligned,
+                        c->index64, lt__bits(c->sq), lt__bits(c->sk)};
+    return key;
+}
+
+static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
+    snprintf(buf, size, "%s, head dim %d, cuda:%d, %s, %s pointers and strides, %d-bit indexing",
+             lt__dtype_name(k->dtype), k->head_dim, k->device_index, k->causal ? "causal" : "not causal",
+             k->aligned ? "16-byte aligned" : "unaligned", k->index64 ? 64 : 32);
+}
+
+static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
+    lt_status s;
+    if (c->device_type != LT_DEVICE_CUDA)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "plans need a GPU: q is in host memory (LT_DEVICE_CPU), which runs "
+                        "through Triton's interpreter; call lt_attn_fwd instead");
+    if (c->empty || c->sk == 0)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "plans need a call with work to do; got batch %lld, heads %lld, "
+                        "seqlen_q %lld, seqlen_k %lld", (long long)c->b, (long long)c->hq, (long long)c->sq,
+                        (long long)c->sk);
+    if ((s = lt__cuda_ready()) != LT_OK)
+        return s;
+    lt__CUdevice device;
+    lt__CUcontext context;
+    int major = 0, minor = 0;
+    lt__CUresult r = lt__cu.device_get(&device, c->device_index);
+    if (r != 0)
+        return lt__fail(LT_ERROR_NO_GPU, "no CUDA device %d (cuDeviceGet: CUDA error %d)", c->device_index, r);
+    if ((r = lt__cu.device_attribute(&major, LT__CC_MAJOR, device)) != 0 ||
+        (r = lt__cu.device_attribute(&minor, LT__CC_MINOR, device)) != 0)
+        return lt__cuda_fail(r, "cuDeviceGetAttribute");
+    if ((r = lt__cu.primary_ctx_retain(&context, device)) != 0)
+        return lt__cuda_fail(r, "cuDevicePrimaryCtxRetain");
+    lt__plan_request req;
+    memset(&req, 0, sizeof req);
+    req.device_index = c->device_index, req.capability = major * 10 + minor, req.dtype = c->dtype;
+    req.head_dim = (int32_t)c->d, req.causal = c->causal != LT_CAUSAL_NONE, req.aligned = c->aligned;
+    req.index64 = c->index64, req.seqlen_q = c->sq, req.seqlen_k = c->sk;
+    if ((s = (lt_status)lt__py_plan(&req)) != LT_OK)
+        return s;
+    if (req.function == 0 || req.block_threads == 0 || req.block_m == 0 || req.n_hidden > LT__MAX_HIDDEN)
+        return lt__fail(LT_ERROR_INTERNAL, "the planner answered function %llu, block %u, BLOCK_M %u, %u hidden "
+                        "parameters for %s", (unsigned long long)req.function, req.block_threads, req.block_m,
+                        req.n_hidden, req.variant);
+    lt_plan *plan = (lt_plan *)calloc(1, sizeof *plan);
+    if (plan == NULL)
+        return lt__fail(LT_ERROR_INTERNAL, "out of memory");
+    plan->magic = LT__PLAN_MAGIC;
+    plan->key = lt__key_of(c);
+    plan->function = (lt__CUfunction)(uintptr_t)req.function; /* its module is never unloaded */
+    plan->context = context;
+    plan->block_threads = req.block_threads, plan->shared_bytes = req.shared_bytes;
+    plan->block_m = req.block_m, plan->n_hidden = req.n_hidden;
+    memcpy(plan->variant, req.variant, sizeof plan->variant);
+    plan->variant[sizeof plan->variant - 1] = '\0';
+    *out = plan;
+    return LT_OK;
+}
+
+static lt_status lt__check_plan(const lt_plan *plan, const lt__call *c) {
+    const lt__plan_key *k = &plan->key;
+    if (c->device_type != LT_DEVICE_CUDA || c->device_index != k->device_index || c->dtype != k->dtype ||
+        c->d != k->head_dim || (c->causal != LT_CAUSAL_NONE) != k->causal || (k->aligned && !c->aligned) ||
+        (c->index64 && !k->index64)) {
+        char want[256], got[256];
+        lt__plan_key call_key = lt__key_of(c);
+        lt__describe(want, sizeof want, k);
+        lt__describe(got, sizeof got, &call_key);
+        if (c->device_type != LT_DEVICE_CUDA)
+            snprintf(got, sizeof got, "host memory (LT_DEVICE_CPU)");
+        return lt__fail(LT_ERROR_PLAN_MISMATCH, "the plan is for %s; the call is %s", want, got);
+    }
+    if (c->empty || c->sk == 0)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "plans need a call with work to do; got batch %lld, heads %lld, "
+                        "seqlen_q %lld, seqlen_k %lld", (long long)c->b, (long long)c->hq, (long long)c->sq,
+                        (long long)c->sk);
+    return LT_OK;
+}
+
+/* The launch: flash_fwd's parameters in its description's order (lazytriton.flash._kernel_args). */
+static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
+    const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
+    int64_t ints[LT__KERNEL_PARAMS - 1 + LT__MAX_HIDDEN] = {
+        (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
+        (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data,
+        q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
+        v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset};
+    float scale = c->scale;
+    void *params[LT__KERNEL_PARAMS + LT__MAX_HIDDEN];
+    for (int i = 0; i < LT__KERNEL_PARAMS - 1; i++)
+        params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
+    params[LT__KERNEL_PARAMS - 1] = &scale;
+    for (uint32_t h = 0; h < plan->n_hidden; h++)
+        params[LT__KERNEL_PARAMS + h] = &ints[LT__KERNEL_PARAMS - 1 + h]; /* zero: NULL scratch */
+    unsigned int grid_x = (unsigned int)((c->sq + plan->block_m - 1) / plan->block_m);
+    lt__CUcontext current = NULL;
+    lt__cu.ctx_get_current(&current);
+    int pushed = current != plan->context; /* a function runs only in the context it was loaded in */
+    lt__CUresult r;
+    if (pushed && (r = lt__cu.ctx_push(plan->context)) != 0)
+        return lt__cuda_fail(r, "cuCtxPushCurrent");
+    r = lt__cu.launch(plan->function, grid_x, (unsigned int)c->hq, (unsigned int)c->b, plan->block_threads, 1, 1,
+                      plan->shared_bytes, stream, params, NULL);
+    if (pushed)
+        lt__cu.ctx_pop(&current);
+    if (r != 0)
+        return lt__cuda_fail(r, "cuLaunchKernel");
+    return LT_OK;
+}
+
+/* lt_attn_fwd's plans, one per shape class and seqlen bucket (as flash.py's memo).
+ * Plans are never freed while the process runs (a few hundred bytes each), so a
+ * pointer read from the table stays valid without a lock. */
+#define LT__MEMO_SLOTS 256
+static struct {
+    lt__plan_key key;
+    lt_plan *plan;
+} lt__memo[LT__MEMO_SLOTS];
+static int lt__memo_count;
+static pthread_mutex_t lt__memo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static lt_plan *lt__memo_find(const lt__plan_key *key) {
+    lt_plan *found = NULL;
+    pthread_mutex_lock(&lt__memo_lock);
+    for (int i = 0; i < lt__memo_count && found == NULL; i++)
+        if (memcmp(&lt__memo[i].key, key, sizeof *key) == 0)
+            found = lt__memo[i].plan;
+    pthread_mutex_unlock(&lt__memo_lock);
+    return found;
+}
+
+/* Keep plan for key. Returns the plan kept (another thread's, if it got there
+ * first), or NULL when the table is full and plan was not kept. */
+static lt_plan *lt__memo_add(const lt__plan_key *key, lt_plan *plan) {
+    lt_plan *kept = NULL;
+    pthread_mutex_lock(&lt__memo_lock);
+    for (int i = 0; i < lt__memo_count && kept == NULL; i++)
+        if (memcmp(&lt__memo[i].key, key, sizeof *key) == 0)
+            kept = lt__memo[i].plan;
+    if (kept == NULL && lt__memo_count < LT__MEMO_SLOTS) {
+        lt__memo[lt__memo_count].key = *key;
+        lt__memo[lt__memo_count].plan = plan;
+        lt__memo_count++;
+        kept = plan;
+    }
+    pthread_mutex_unlock(&lt__memo_lock);
+    return kept;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The embedded interpreter.                                                  */
+
+static pthread_mutex_t lt__init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int lt__python_state; /* 0: not started, 1: running, -1: failed (for good) */
+static char lt__python_error[1024];
+static int lt__initialized;  /* lt_init succeeded (atomic) */
+
+/* Registered only when this library started the interpreter (which nothing
+ * finalizes): a host that runs Python flushes through Python's own atexit. */
+static void lt__at_exit(void) {
+    if (__atomic_load_n(&lt__python_state, __ATOMIC_ACQUIRE) == 1 && Py_IsInitialized())
+        lt__py_flush(); /* counters kept in memory (cache hits) */
+}
+
+/* Start the interpreter the library was built with (its venv too), unless the
+ * host process already runs one. Called under lt__init_lock. */
+static lt_status lt__start_python(void) {
+    if (lt__python_state == 1)
+        return LT_OK;
+    if (lt__python_state == -1)
+        return lt__fail(LT_ERROR_PYTHON, "%s", lt__python_error);
+    if (LT__LIBPYTHON[0] != '\0') /* extension modules need libpython's symbols global */
+        dlopen(LT__LIBPYTHON, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+    int started_here = !Py_IsInitialized();
+    if (started_here) {
+        PyConfig config;
+        PyConfig_InitPythonConfig(&config);
+        config.install_signal_handlers = 0; /* the host's signals stay the host's */
+        config.parse_argv = 0;
+        const char *env = getenv("PYTHONPATH");
+        size_t size = (env ? strlen(env) : 0) + sizeof LT__PYTHONPATH + 2;
+        char *path = (char *)malloc(size);
+        PyStatus status = PyStatus_Ok();
+        if (path == NULL) {
+            status = PyStatus_NoMemory();
+        } else {
+            snprintf(path, size, "%s%s%s", env ? env : "", env && env[0] && LT__PYTHONPATH[0] ? ":" : "",
+                     LT__PYTHONPATH);
+            if (LT__PYTHON_EXECUTABLE[0] != '\0')
+                status = PyConfig_SetBytesString(&config, &config.program_name, LT__PYTHON_EXECUTABLE);
+            if (!PyStatus_Exception(status) && path[0] != '\0')
+                status = PyConfig_SetBytesString(&config, &config.pythonpath_env, path);
+            free(path);
+        }
+        if (!PyStatus_Exception(status))
+            status = Py_InitializeFromConfig(&config);
+        PyConfig_Clear(&config);
+        if (PyStatus_Exception(status)) {
+            snprintf(lt__python_error, sizeof lt__python_error, "the embedded Python (%s) failed to start: %s%s%s",
+                     LT__PYTHON_EXECUTABLE, status.func ? status.func : "", status.func ? ": " : "",
+                     status.err_msg ? status.err_msg : "unknown error");
+            lt__python_state = -1;
+            return lt__fail(LT_ERROR_PYTHON, "%s", lt__python_error);
+        }
+        PyEval_SaveThread(); /* release the GIL: each call takes it */
+    }
+    if (cffi_start_python() != 0) {
+        snprintf(lt__python_error, sizeof lt__python_error, "lazytriton's embedded module failed to initialise "
+                 "in the Python of %s (its traceback went to stderr)", LT__PYTHON_EXECUTABLE);
+        lt__python_state = -1;
+        return lt__fail(LT_ERROR_PYTHON, "%s", lt__python_error);
+    }
+    __atomic_store_n(&lt__python_state, 1, __ATOMIC_RELEASE);
+    if (started_here)
+        atexit(lt__at_exit);
+    return LT_OK;
+}
+
+static lt_status lt__require_init(void) {
+    if (!__atomic_load_n(&lt__initialized, __ATOMIC_ACQUIRE))
+        return lt__fail(LT_ERROR_NOT_INITIALIZED, "lazytriton is not initialised: call lt_init() first (and check "
+                        "that it returned LT_OK)");
+    return LT_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The API.                                                                   */
+
+LT_API lt_status lt_version(int *major, int *minor, int *patch) {
+    if (major == NULL || minor == NULL || patch == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_version: major, minor and patch must not be NULL");
+    *major = LT_VERSION_MAJOR, *minor = LT_VERSION_MINOR, *patch = LT_VERSION_PATCH;
+    return LT_OK;
+}
+
+LT_API lt_status lt_config_init(lt_config *config) {
+    if (config == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_config_init: config is NULL");
+    memset(config, 0, sizeof *config);
+    config->struct_size = sizeof *config, config->version = LT_CONFIG_VERSION;
+    return LT_OK;
+}
+
+LT_API lt_status lt_init(const lt_config *config) {
+    if (config != NULL && (config->struct_size != sizeof(lt_config) || config->version != LT_CONFIG_VERSION))
+        return lt__fail(LT_ERROR_VERSION, "config has struct_size %u and version %u; this lazytriton takes %zu and "
+                        "%d (fill it with lt_config_init())", config->struct_size, config->version,
+                        sizeof(lt_config), LT_CONFIG_VERSION);
+    pthread_mutex_lock(&lt__init_lock);
+    __atomic_store_n(&lt__initialized, 0, __ATOMIC_RELEASE);
+    lt_status s = lt__start_python();
+    if (s == LT_OK)
+        s = (lt_status)lt__py_init(config);
+    if (s == LT_OK) {
+        /* Settings changed: plans made under the old ones are no longer looked up
+         * (and, as all plans, never freed: a thread may still hold one). */
+        pthread_mutex_lock(&lt__memo_lock);
+        lt__memo_count = 0;
+        pthread_mutex_unlock(&lt__memo_lock);
+        __atomic_store_n(&lt__initialized, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&lt__init_lock);
+    return s;
+}
+
+LT_API lt_status lt_attn_fwd_params_init(lt_attn_fwd_params *params) {
+    if (params == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_fwd_params_init: params is NULL");
+    memset(params, 0, sizeof *params);
+    params->struct_size = sizeof *params, params->version = LT_ATTN_FWD_PARAMS_VERSION;
+    params->causal = LT_CAUSAL_NONE;
+    params->sm_scale = NAN;
+    return LT_OK;
+}
+
+LT_API lt_status lt_tensor_init(lt_tensor *tensor, void *data, lt_dtype dtype, int32_t ndim, const int64_t *sizes,
+                                lt_device_type device_type, int32_t device_index) {
+    if (tensor == NULL || sizes == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_tensor_init: tensor and sizes must not be NULL");
+    if (ndim < 1 || ndim > 4)
+        return lt__fail(LT_ERROR_SHAPE, "lt_tensor_init: ndim is %d; expected 1..4", ndim);
+    memset(tensor, 0, sizeof *tensor);
+    tensor->data = data, tensor->dtype = dtype, tensor->ndim = ndim;
+    tensor->device_type = device_type, tensor->device_index = device_index;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        tensor->sizes[i] = sizes[i];
+        tensor->strides[i] = stride;
+        stride *= sizes[i] > 0 ? sizes[i] : 1;
+    }
+    return LT_OK;
+}
+
+LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *params, void *stream) {
+    lt__call c;
+    lt_status s;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__check(params, &c)) != LT_OK)
+        return s;
+    if (c.empty)
+        return LT_OK;
+    if (c.device_type == LT_DEVICE_CPU) {
+        if (c.sk == 0) {
+            lt__fill_no_keys(params, &c);
+            return LT_OK;
+        }
+        return (lt_status)lt__py_attn_fwd_cpu(params);
+    }
+    if (c.sk == 0)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "seqlen_k = 0 on a GPU is not supported by the C API (there is no "
+                        "key to attend to; out would be 0 and lse -inf)");
+    lt__plan_key key = lt__key_of(&c);
+    lt_plan *plan = lt__memo_find(&key);
+    if (plan != NULL)
+        return lt__launch(plan, params, &c, stream);
+    lt_plan *made = NULL;
+    if ((s = lt__make_plan(&c, &made)) != LT_OK)
+        return s;
+    plan = lt__memo_add(&key, made);
+    s = lt__launch(plan != NULL ? plan : made, params, &c, stream);
+    if (plan != made)
+        free(made); /* another thread's plan was kept, or the table is full */
+    return s;
+}
+
+LT_API lt_status lt_attn_fwd_plan(const lt_attn_fwd_params *params, lt_plan **plan) {
+    lt__call c;
+    lt_status s;
+    if (plan == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_fwd_plan: plan (the out pointer) is NULL");
+    *plan = NULL;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__check(params, &c)) != LT_OK)
+        return s;
+    return lt__make_plan(&c, plan);
+}
+
+LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *params, void *stream) {
+    lt__call c;
+    lt_status s;
+    if (plan == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_plan_launch: plan is NULL");
+    if (plan->magic != LT__PLAN_MAGIC)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_launch: plan is not a live plan (destroyed, or not "
+                        "made by lt_attn_fwd_plan)");
+    if ((s = lt__check(params, &c)) != LT_OK || (s = lt__check_plan(plan, &c)) != LT_OK)
+        return s;
+    return lt__launch(plan, params, &c, stream);
+}
+
+LT_API lt_status lt_plan_destroy(lt_plan *plan) {
+    if (plan == NULL)
+        return LT_OK;
+    if (plan->magic != LT__PLAN_MAGIC)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_destroy: plan is not a live plan (destroyed twice?)");
+    plan->magic = 0;
+    free(plan);
+    return LT_OK;
+}
+
+LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached) {
+    size_t n_compiled = 0, n_cached = 0;
+    lt_status s;
+    if (specs == NULL && n_specs > 0)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_prewarm: specs is NULL but n_specs is %zu", n_specs);
+    for (size_t i = 0; i < n_specs; i++)
+        if (specs[i] == NULL)
+            return lt__fail(LT_ERROR_NULL_POINTER, "lt_prewarm: specs[%zu] is NULL", i);
+    if ((s = lt__require_init()) != LT_OK)
+        return s;
+    s = (lt_status)lt__py_prewarm(specs, n_specs, &n_compiled, &n_cached);
+    if (compiled != NULL)
+        *compiled = n_compiled;
+    if (cached != NULL)
+        *cached = n_cached;
+    return s;
+}
+
+LT_API lt_status lt_cache_stats(lt_stats *stats) {
+    lt_status s;
+    if (stats == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_cache_stats: stats is NULL");
+    if (stats->struct_size != sizeof(lt_stats) || stats->version != LT_STATS_VERSION)
+        return lt__fail(LT_ERROR_VERSION, "stats has struct_size %u and version %u; this lazytriton takes %zu and "
+                        "%d", stats->struct_size, stats->version, sizeof(lt_stats), LT_STATS_VERSION);
+    if ((s = lt__require_init()) != LT_OK)
+        return s;
+    if ((s = (lt_status)lt__py_cache_stats(stats)) != LT_OK)
+        return s;
+    pthread_mutex_lock(&lt__memo_lock);
+    stats->plans = (uint64_t)lt__memo_count;
+    pthread_mutex_unlock(&lt__memo_lock);
+    return LT_OK;
+}

@@ -1,0 +1,227 @@
+/*
+ * lazytriton.h: the C API of lazytriton (liblazytriton.so), C99.
+ *
+ * FlashAttention forward kernels served from lazytriton's persistent cache:
+ * prewarmed images, the local cache, the shared tier, and a just-in-time
+ * compile when none of them holds the kernel, behind a small, stable C ABI.
+ *
+ * Conventions:
+ * - Every function returns an lt_status: LT_OK (0) or a named error code.
+ *   Results are written through pointer arguments.
+ * - lt_last_error() returns the calling thread's last error message, which
+ *   stays valid until the next failing call on that thread.
+ * - Structs passed in carry their own size and version (struct_size =
+ *   sizeof(the struct), version = its LT_*_VERSION macro); a struct of another
+ *   size or version is refused with LT_ERROR_VERSION, never misread. The
+ *   *_init() helpers fill both.
+ * - The library embeds the CPython it was built with and starts it in
+ *   lt_init(); the host program needs no Python of its own. Every Python
+ *   exception becomes a status and a message: no call exits or aborts the
+ *   host process.
+ * - All functions may be called from several threads at once, except that
+ *   lt_init() must not run while other calls are in flight.
+ *
+ * The hot path: lt_attn_fwd_plan() resolves a kernel once (dispatch, cache,
+ * JIT, through Python); lt_plan_launch() then checks a call against the
+ * plan and launches it in pure C (no Python, no GIL, no allocation).
+ * lt_attn_fwd() keeps such plans itself, one per shape class, so a warm GPU
+ * call of lt_attn_fwd does not enter Python either.
+ */
+#ifndef LAZYTRITON_H
+#define LAZYTRITON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LT_VERSION_MAJOR 0
+#define LT_VERSION_MINOR 1
+#define LT_VERSION_PATCH 0
+
+/* Versions of the structs below; bumped whenever a struct's layout changes. */
+#define LT_CONFIG_VERSION 1
+#define LT_ATTN_FWD_PARAMS_VERSION 1
+#define LT_STATS_VERSION 1
+
+#if defined(__GNUC__) || defined(__clang__)
+#define LT_API __attribute__((visibility("default")))
+#else
+#define LT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* BEGIN_CDEF: plain declarations, also parsed by cffi (no preprocessor lines inside). */
+
+typedef enum {
+    LT_OK = 0,
+    LT_ERROR_INVALID_ARGUMENT = 1, /* a value out of range: causal mode, sm_scale, device, setting */
+    LT_ERROR_NULL_POINTER = 2,     /* a required pointer is NULL */
+    LT_ERROR_VERSION = 3,          /* struct_size or version of a struct is not this library's */
+    LT_ERROR_DTYPE = 4,            /* unknown dtype, or dtypes that do not match */
+    LT_ERROR_SHAPE = 5,            /* shapes or strides that do not fit together */
+    LT_ERROR_HEAD_DIM = 6,         /* head dim outside 1..256 */
+    LT_ERROR_NOT_INITIALIZED = 7,  /* lt_init() has not succeeded yet */
+    LT_ERROR_NO_GPU = 8,           /* no CUDA driver, or no such device */
+    LT_ERROR_UNSUPPORTED = 9,      /* valid, but not supported here (e.g. a plan for host pointers) */
+    LT_ERROR_PLAN_MISMATCH = 10,   /* the call is outside the plan's shape class */
+    LT_ERROR_KERNEL_NOT_FOUND = 11,/* no cache tier holds the kernel and JIT is off */
+    LT_ERROR_COMPILE = 12,         /* the JIT compile failed */
+    LT_ERROR_CUDA = 13,            /* a CUDA driver call failed */
+    LT_ERROR_PYTHON = 14,          /* the embedded Python failed to start, or raised unexpectedly */
+    LT_ERROR_INTERNAL = 15         /* a bug in lazytriton: please report it with the message */
+} lt_status;
+
+typedef enum {
+    LT_DTYPE_FP16 = 1,
+    LT_DTYPE_BF16 = 2,
+    LT_DTYPE_FP32 = 3
+} lt_dtype;
+
+typedef enum {
+    LT_DEVICE_CPU = 1,  /* host memory: runs through Triton's interpreter (slow; for tests) */
+    LT_DEVICE_CUDA = 2  /* device memory of CUDA device device_index */
+} lt_device_type;
+
+typedef enum {
+    LT_CAUSAL_NONE = 0,
+    LT_CAUSAL_TOP_LEFT = 1,    /* key j is seen by query i when j <= i (PyTorch SDPA) */
+    LT_CAUSAL_BOTTOM_RIGHT = 2 /* j <= i + seqlen_k - seqlen_q (FlashAttention) */
+} lt_causal;
+
+typedef enum {
+    LT_LOG_DEFAULT = 0, /* LAZYTRITON_LOG_LEVEL, else WARNING */
+    LT_LOG_DEBUG = 10,
+    LT_LOG_INFO = 20,
+    LT_LOG_WARNING = 30,
+    LT_LOG_ERROR = 40,
+    LT_LOG_CRITICAL = 50
+} lt_log_level;
+
+typedef enum {
+    LT_JIT_DEFAULT = 0, /* LAZYTRITON_JIT, else on */
+    LT_JIT_ON = 1,
+    LT_JIT_OFF = 2      /* a kernel no tier holds is LT_ERROR_KERNEL_NOT_FOUND */
+} lt_jit;
+
+/* Settings for lt_init(). A NULL string or a *_DEFAULT value keeps what the
+ * environment says (the LAZYTRITON_* variable named), else the default. */
+typedef struct {
+    uint32_t struct_size;    /* sizeof(lt_config) */
+    uint32_t version;        /* LT_CONFIG_VERSION */
+    const char *cache_dir;   /* LAZYTRITON_CACHE_DIR; default $XDG_CACHE_HOME/lazytriton */
+    const char *images;      /* LAZYTRITON_IMAGES: colon-separated image files or folders */
+    const char *shared_tier; /* LAZYTRITON_SHARED: redis://host:port/db or file:///path */
+    int32_t log_level;       /* lt_log_level */
+    int32_t jit;             /* lt_jit */
+} lt_config;
+
+/* A view of a tensor the caller owns: nothing is copied or freed. */
+typedef struct {
+    void *data;           /* first element; host or device pointer as device_type says */
+    int32_t dtype;        /* lt_dtype */
+    int32_t ndim;         /* 4 for q, k, v, out; 3 for lse */
+    int64_t sizes[4];     /* the first ndim are used */
+    int64_t strides[4];   /* in elements, not bytes; non-negative */
+    int32_t device_type;  /* lt_device_type */
+    int32_t device_index; /* CUDA device ordinal; 0 for the CPU */
+} lt_tensor;
+
+/* One attention forward call, the C twin of lazytriton.flash.attn_fwd:
+ *   q   (batch, heads_q, seqlen_q, head_dim)   fp16, bf16 or fp32
+ *   k   (batch, heads_k, seqlen_k, head_dim)   heads_q a multiple of heads_k (GQA/MQA)
+ *   v   the shape of k
+ *   out the shape and dtype of q, written
+ *   lse (batch, heads_q, seqlen_q) fp32, contiguous, written: the logsumexp
+ * q, k, v and out take any strides with a contiguous last dim (stride 1). */
+typedef struct {
+    uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
+    uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
+    lt_tensor q;
+    lt_tensor k;
+    lt_tensor v;
+    lt_tensor out;
+    lt_tensor lse;
+    int32_t causal;       /* lt_causal */
+    uint32_t flags;       /* reserved: must be 0 */
+    double sm_scale;      /* softmax scale; NaN: 1/sqrt(head_dim) (lt_attn_fwd_params_init sets NaN) */
+} lt_attn_fwd_params;
+
+/* What the cache holds and what this process did (lt_cache_stats()). */
+typedef struct {
+    uint32_t struct_size;      /* set by the caller: sizeof(lt_stats) */
+    uint32_t version;          /* set by the caller: LT_STATS_VERSION */
+    uint64_t local_entries;    /* entries in the local cache dir */
+    uint64_t local_bytes;      /* their bytes on disk */
+    uint64_t image_entries;    /* entries in the read-only images found */
+    uint64_t compiles;         /* JIT compiles recorded in the local cache (all processes, ever) */
+    uint64_t hits;             /* tier hits recorded there (all processes, ever) */
+    uint64_t process_compiles; /* JIT compiles by this process */
+    uint64_t process_resolved; /* kernels this process resolved (from memory, a tier or JIT) */
+    uint64_t loaded_kernels;   /* kernels this process loaded on its GPUs */
+    uint64_t plans;            /* plans lt_attn_fwd keeps (one per shape class) */
+} lt_stats;
+
+/* A resolved kernel for one shape class; made by lt_attn_fwd_plan(). */
+typedef struct lt_plan lt_plan;
+
+/* END_CDEF */
+
+/* The library's version (the LT_VERSION_* macros it was built with). */
+LT_API lt_status lt_version(int *major, int *minor, int *patch);
+
+/* The calling thread's last error message ("" if none); never NULL. */
+LT_API const char *lt_last_error(void);
+
+/* Fill *config with this header's struct_size and version and all defaults. */
+LT_API lt_status lt_config_init(lt_config *config);
+
+/* Start the embedded Python and apply settings; NULL means the defaults.
+ * Must succeed before the calls below; may be called again to change settings
+ * (not while other calls are in flight). */
+LT_API lt_status lt_init(const lt_config *config);
+
+/* Fill *params with struct_size and version, sm_scale NaN (the default scale),
+ * causal none and empty tensors. */
+LT_API lt_status lt_attn_fwd_params_init(lt_attn_fwd_params *params);
+
+/* Describe a contiguous (row-major) tensor of ndim (1..4) dims. */
+LT_API lt_status lt_tensor_init(lt_tensor *tensor, void *data, lt_dtype dtype, int32_t ndim, const int64_t *sizes,
+                                lt_device_type device_type, int32_t device_index);
+
+/* Attention forward. CUDA tensors: enqueued on stream (a CUstream; NULL is the
+ * legacy default stream), returns without waiting. CPU tensors: computed
+ * before returning, through Triton's interpreter (stream is ignored). */
+LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *params, void *stream);
+
+/* Resolve the kernel for params' shape class once (through Python: dispatch,
+ * cache, JIT) and capture what a launch needs in *plan. The shape class:
+ * device, dtype, head dim, causal or not, 16-byte alignment of pointers and
+ * strides, and 32- or 64-bit indexing; batch, heads and seqlens may change
+ * from call to call (the tile sizes were chosen for params' seqlens).
+ * Plans need a GPU: CPU tensors give LT_ERROR_UNSUPPORTED. */
+LT_API lt_status lt_attn_fwd_plan(const lt_attn_fwd_params *params, lt_plan **plan);
+
+/* Check params against plan's shape class and launch on stream, in pure C. */
+LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *params, void *stream);
+
+/* Free a plan; NULL is accepted. */
+LT_API lt_status lt_plan_destroy(lt_plan *plan);
+
+/* Compile kernels into the cache ahead of use. Each spec is either a variant
+ * string (as `lazytriton cache` and the miss log print them) or axes, such as
+ * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
+ * seqlen_k, aligned=1, index64=0). All specs are parsed before anything is
+ * compiled. *compiled and *cached (either may be NULL) count the kernels
+ * compiled now and those already in a cache tier. */
+LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
+
+/* Fill *stats (whose struct_size and version the caller sets). */
+LT_API lt_status lt_cache_stats(lt_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LAZYTRITON_H */

@@ -1,0 +1,227 @@
+/*
+ * lt_check.c: the checks of an attention call, in C: everything
+ * lazytriton.flash.attn_fwd's validation checks, with messages that name the
+ * argument, its value and what was expected. Included by lazytriton.c (one
+ * translation unit), after lt__fail.
+ */
+
+#define LT__MAX_HEAD_DIM 256
+#define LT__MAX_STRIDE (INT64_C(1) << 48)
+
+typedef struct {
+    int64_t b, hq, hk, sq, sk, d;
+    int32_t dtype, device_type, device_index, causal;
+    int aligned, index64, empty;
+    int64_t offset;
+    float scale;
+} lt__call;
+
+static const char *lt__dtype_name(int32_t dtype) {
+    switch (dtype) {
+    case LT_DTYPE_FP16: return "fp16";
+    case LT_DTYPE_BF16: return "bf16";
+    case LT_DTYPE_FP32: return "fp32";
+    default: return "unknown";
+    }
+}
+
+static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
+    if (p == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
+    if (p->struct_size != sizeof(lt_attn_fwd_params))
+        return lt__fail(LT_ERROR_VERSION,
+                        "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu: rebuild against its "
+                        "lazytriton.h and fill params with lt_attn_fwd_params_init()",
+                        p->struct_size, LT_VERSION_MAJOR, LT_VERSION_MINOR, LT_VERSION_PATCH,
+                        sizeof(lt_attn_fwd_params));
+    if (p->version != LT_ATTN_FWD_PARAMS_VERSION)
+        return lt__fail(LT_ERROR_VERSION, "params->version is %u but this lazytriton takes version %d", p->version,
+                        LT_ATTN_FWD_PARAMS_VERSION);
+    return LT_OK;
+}
+
+static lt_status lt__check_tensor(const char *name, const lt_tensor *t, int32_t ndim, const char *layout) {
+    if (t->dtype < LT_DTYPE_FP16 || t->dtype > LT_DTYPE_FP32)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_FP16 (1), LT_DTYPE_BF16 (2) or "
+                        "LT_DTYPE_FP32 (3)", name, t->dtype);
+    if (t->ndim != ndim)
+        return lt__fail(LT_ERROR_SHAPE, "%s.ndim is %d; expected %d %s", name, t->ndim, ndim, layout);
+    for (int i = 0; i < ndim; i++) {
+        if (t->sizes[i] < 0)
+            return lt__fail(LT_ERROR_SHAPE, "%s.sizes[%d] is %lld; sizes must be >= 0", name, i,
+                            (long long)t->sizes[i]);
+        if (t->strides[i] < 0 || t->strides[i] >= LT__MAX_STRIDE)
+            return lt__fail(LT_ERROR_SHAPE, "%s.strides[%d] is %lld; strides must be in 0..2**48 elements", name,
+                            i, (long long)t->strides[i]);
+    }
+    if (t->device_type != LT_DEVICE_CPU && t->device_type != LT_DEVICE_CUDA)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s.device_type is %d; expected LT_DEVICE_CPU (1) or "
+                        "LT_DEVICE_CUDA (2)", name, t->device_type);
+    if (t->device_index < 0 || (t->device_type == LT_DEVICE_CPU && t->device_index != 0))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s.device_index is %d; expected a CUDA ordinal >= 0 (0 on "
+                        "the CPU)", name, t->device_index);
+    return LT_OK;
+}
+
+static int lt__same_sizes(const lt_tensor *a, const lt_tensor *b) {
+    return memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim) == 0;
+}
+
+static lt_status lt__check_tensors(const lt_attn_fwd_params *p) {
+    static const char *qkvo = "(batch, heads, seqlen, head_dim)";
+    const lt_tensor *ts[4] = {&p->q, &p->k, &p->v, &p->out};
+    static const char *names[4] = {"q", "k", "v", "out"};
+    lt_status s;
+    for (int i = 0; i < 4; i++)
+        if ((s = lt__check_tensor(names[i], ts[i], 4, qkvo)) != LT_OK)
+            return s;
+    if ((s = lt__check_tensor("lse", &p->lse, 3, "(batch, heads_q, seqlen_q)")) != LT_OK)
+        return s;
+    for (int i = 1; i < 4; i++) {
+        if (ts[i]->dtype != p->q.dtype)
+            return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but q.dtype is %s; q, k, v and out must have one dtype",
+                            names[i], lt__dtype_name(ts[i]->dtype), lt__dtype_name(p->q.dtype));
+    }
+    if (p->lse.dtype != LT_DTYPE_FP32)
+        return lt__fail(LT_ERROR_DTYPE, "lse.dtype is %s; expected LT_DTYPE_FP32 (the logsumexp is float32)",
+                        lt__dtype_name(p->lse.dtype));
+    const lt_tensor *all[5] = {&p->q, &p->k, &p->v, &p->out, &p->lse};
+    static const char *all_names[5] = {"q", "k", "v", "out", "lse"};
+    for (int i = 1; i < 5; i++) {
+        if (all[i]->device_type != p->q.device_type || all[i]->device_index != p->q.device_index)
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all five tensors must be "
+                            "on one device", all_names[i], all[i]->device_type == LT_DEVICE_CPU ? "cpu" : "cuda",
+                            all[i]->device_index, p->q.device_type == LT_DEVICE_CPU ? "cpu" : "cuda",
+                            p->q.device_index);
+    }
+    return LT_OK;
+}
+
+static lt_status lt__check_shapes(const lt_attn_fwd_params *p, lt__call *c) {
+    const int64_t *qs = p->q.sizes, *ks = p->k.sizes;
+    c->b = qs[0], c->hq = qs[1], c->sq = qs[2], c->d = qs[3];
+    c->hk = ks[1], c->sk = ks[2];
+    if (!lt__same_sizes(&p->k, &p->v))
+        return lt__fail(LT_ERROR_SHAPE, "k and v must have the same shape, got (%lld, %lld, %lld, %lld) and "
+                        "(%lld, %lld, %lld, %lld)", (long long)ks[0], (long long)ks[1], (long long)ks[2],
+                        (long long)ks[3], (long long)p->v.sizes[0], (long long)p->v.sizes[1],
+                        (long long)p->v.sizes[2], (long long)p->v.sizes[3]);
+    if (ks[0] != c->b)
+        return lt__fail(LT_ERROR_SHAPE, "k has batch %lld but q has batch %lld", (long long)ks[0], (long long)c->b);
+    if (ks[3] != c->d)
+        return lt__fail(LT_ERROR_SHAPE, "k has head dim %lld but q has head dim %lld", (long long)ks[3],
+                        (long long)c->d);
+    if (!lt__same_sizes(&p->q, &p->out))
+        return lt__fail(LT_ERROR_SHAPE, "out has shape (%lld, %lld, %lld, %lld); expected q's shape (%lld, %lld, "
+                        "%lld, %lld)", (long long)p->out.sizes[0], (long long)p->out.sizes[1],
+                        (long long)p->out.sizes[2], (long long)p->out.sizes[3], (long long)c->b, (long long)c->hq,
+                        (long long)c->sq, (long long)c->d);
+    const int64_t *ls = p->lse.sizes;
+    if (ls[0] != c->b || ls[1] != c->hq || ls[2] != c->sq)
+        return lt__fail(LT_ERROR_SHAPE, "lse has shape (%lld, %lld, %lld); expected (batch, heads_q, seqlen_q) = "
+                        "(%lld, %lld, %lld)", (long long)ls[0], (long long)ls[1], (long long)ls[2], (long long)c->b,
+                        (long long)c->hq, (long long)c->sq);
+    if (c->d < 1 || c->d > LT__MAX_HEAD_DIM)
+        return lt__fail(LT_ERROR_HEAD_DIM, "head dim (q.sizes[3]) must be in 1..%d, got %lld", LT__MAX_HEAD_DIM,
+                        (long long)c->d);
+    if (c->hk == 0 || c->hq % c->hk != 0)
+        return lt__fail(LT_ERROR_SHAPE, "q heads (%lld) must be a multiple of k/v heads (%lld) for GQA/MQA",
+                        (long long)c->hq, (long long)c->hk);
+    if (c->sq > INT32_MAX || c->sk > INT32_MAX || c->b > 65535 || c->hq > 65535)
+        return lt__fail(LT_ERROR_SHAPE, "seqlens must be < 2**31 and batch, heads <= 65535; got q (%lld, %lld, "
+                        "%lld, %lld), k seqlen %lld", (long long)c->b, (long long)c->hq, (long long)c->sq,
+                        (long long)c->d, (long long)c->sk);
+    return LT_OK;
+}
+
+static lt_status lt__check_strides(const lt_attn_fwd_params *p, const lt__call *c) {
+    const lt_tensor *ts[4] = {&p->q, &p->k, &p->v, &p->out};
+    static const char *names[4] = {"q", "k", "v", "out"};
+    for (int i = 0; i < 4; i++)
+        if (ts[i]->strides[3] != 1 && c->d > 1)
+            return lt__fail(LT_ERROR_SHAPE, "%s.strides[3] is %lld; the last dim must be contiguous (stride 1)",
+                            names[i], (long long)ts[i]->strides[3]);
+    const int64_t expect[3] = {c->hq * c->sq, c->sq, 1};
+    for (int i = 0; i < 3; i++)
+        if (p->lse.sizes[i] > 1 && p->lse.strides[i] != expect[i])
+            return lt__fail(LT_ERROR_SHAPE, "lse must be contiguous: strides (%lld, %lld, 1) for its sizes, got "
+                            "(%lld, %lld, %lld)", (long long)expect[0], (long long)expect[1],
+                            (long long)p->lse.strides[0], (long long)p->lse.strides[1], (long long)p->lse.strides[2]);
+    return LT_OK;
+}
+
+/* The offset of t's last element (b, h, s, all sizes > 0), or -1 if it overflows int64. */
+static int64_t lt__last_offset(const lt_tensor *t, int64_t b, int64_t h, int64_t s) {
+    int64_t parts[3], sum = 0;
+    if (__builtin_mul_overflow(b - 1, t->strides[0], &parts[0]) ||
+        __builtin_mul_overflow(h - 1, t->strides[1], &parts[1]) ||
+        __builtin_mul_overflow(s - 1, t->strides[2], &parts[2]) || __builtin_add_overflow(parts[0], parts[1], &sum) ||
+        __builtin_add_overflow(sum, parts[2], &sum) || sum > INT64_MAX / 2)
+        return -1;
+    return sum;
+}
+
+/* Fill *c from params, or fail with the first problem found. */
+static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
+    lt_status s;
+    memset(c, 0, sizeof *c);
+    if ((s = lt__check_struct(p)) != LT_OK || (s = lt__check_tensors(p)) != LT_OK ||
+        (s = lt__check_shapes(p, c)) != LT_OK || (s = lt__check_strides(p, c)) != LT_OK)
+        return s;
+    if (p->causal < LT_CAUSAL_NONE || p->causal > LT_CAUSAL_BOTTOM_RIGHT)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "causal is %d; expected LT_CAUSAL_NONE (0), LT_CAUSAL_TOP_LEFT "
+                        "(1) or LT_CAUSAL_BOTTOM_RIGHT (2)", p->causal);
+    if (p->flags != 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "flags is 0x%x; no flags are defined yet, it must be 0",
+                        p->flags);
+    if (isinf(p->sm_scale))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "sm_scale is %g; expected a finite value, or NaN for "
+                        "1/sqrt(head_dim)", p->sm_scale);
+    c->dtype = p->q.dtype, c->device_type = p->q.device_type, c->device_index = p->q.device_index;
+    c->causal = p->causal;
+    c->offset = p->causal == LT_CAUSAL_BOTTOM_RIGHT ? c->sk - c->sq : 0;
+    c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
+    c->empty = c->b == 0 || c->hq == 0 || c->sq == 0;
+    if (c->empty)
+        return LT_OK;
+    if (p->q.data == NULL || p->out.data == NULL || p->lse.data == NULL ||
+        (c->sk > 0 && (p->k.data == NULL || p->v.data == NULL))) {
+        const char *which = p->q.data == NULL ? "q" : p->out.data == NULL ? "out" : p->lse.data == NULL ? "lse"
+                            : p->k.data == NULL ? "k" : "v";
+        return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", which);
+    }
+    uint64_t bits = (uintptr_t)p->q.data | (uintptr_t)p->k.data | (uintptr_t)p->v.data | (uintptr_t)p->out.data |
+                    (uintptr_t)p->lse.data;
+    const lt_tensor *ts[4] = {&p->q, &p->k, &p->v, &p->out};
+    for (int i = 0; i < 4; i++)
+        bits |= (uint64_t)(ts[i]->strides[0] | ts[i]->strides[1] | ts[i]->strides[2]);
+    c->aligned = (bits & 15) == 0;
+    /* As lazytriton.flash._kernel_args: 64-bit offsets once a tensor spans 2**31 elements. */
+    int64_t extent = c->b * c->hq * c->sq - c->d;
+    for (int i = 0; i < 4; i++) {
+        if ((i == 1 || i == 2) && c->sk == 0)
+            continue; /* k and v are not read */
+        int64_t heads = i == 1 || i == 2 ? c->hk : c->hq, seqlen = i == 1 || i == 2 ? c->sk : c->sq;
+        int64_t e = lt__last_offset(ts[i], c->b, heads, seqlen);
+        if (e < 0)
+            return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", i == 0 ? "q"
+                            : i == 1 ? "k" : i == 2 ? "v" : "out");
+        extent = e > extent ? e : extent;
+    }
+    c->index64 = extent + c->d > INT32_MAX;
+    return LT_OK;
+}
+
+/* seqlen_k = 0 on the CPU: nothing to attend to, so out is 0 and lse is -inf (as attn_fwd). */
+static void lt__fill_no_keys(const lt_attn_fwd_params *p, const lt__call *c) {
+    size_t item = c->dtype == LT_DTYPE_FP32 ? 4 : 2;
+    float *lse = (float *)p->lse.data;
+    for (int64_t i = 0; i < c->b * c->hq * c->sq; i++)
+        lse[i] = -INFINITY;
+    for (int64_t b = 0; b < c->b; b++)
+        for (int64_t h = 0; h < c->hq; h++)
+            for (int64_t s = 0; s < c->sq; s++) {
+                int64_t at = b * p->out.strides[0] + h * p->out.strides[1] + s * p->out.strides[2];
+                memset((char *)p->out.data + (size_t)at * item, 0, (size_t)c->d * item);
+            }
+}

@@ -1,0 +1,470 @@
+/*
+ * capi_check.c: what tests/test_capi.py runs against liblazytriton.so.
+ *
+ *   capi_check errors CACHE_DIR      every error path: status and message
+ *   capi_check nopython              the embedded Python cannot start (PYTHONHOME broken): statuses, no exit
+ *   capi_check badenv                a bad LAZYTRITON_* variable: lt_init reports it
+ *   capi_check threads               8 threads calling lt_attn_fwd at once, each checked
+ *   capi_check prewarm VARIANT       lt_prewarm (axes and a variant string), lt_cache_stats, JIT off
+ *   capi_check gpu                   device memory: lt_attn_fwd, plans, plan mismatches (needs a GPU)
+ *
+ * Each check prints "ok NAME" or "FAIL NAME: ..."; the exit status is the
+ * number of failures.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lazytriton.h>
+
+static int failures;
+
+static void expect(const char *name, lt_status got, lt_status want, const char *needle) {
+    const char *message = lt_last_error();
+    if (got != want || (needle != NULL && strstr(message, needle) == NULL)) {
+        printf("FAIL %s: status %d (want %d), message \"%s\" (want it to contain \"%s\")\n", name, (int)got,
+               (int)want, message, needle ? needle : "");
+        failures++;
+    } else {
+        printf("ok %s%s%s\n", name, got != LT_OK ? ": " : "", got != LT_OK ? message : "");
+    }
+}
+
+static void check(const char *name, int condition, const char *detail) {
+    if (!condition) {
+        printf("FAIL %s: %s\n", name, detail);
+        failures++;
+    } else {
+        printf("ok %s\n", name);
+    }
+}
+
+/* ---- a small problem in fp32 and its naive reference ------------------- */
+
+typedef struct {
+    int64_t b, hq, hk, sq, sk, d;
+    lt_causal causal;
+    float *q, *k, *v, *out, *lse;
+} problem;
+
+static void problem_make(problem *p, int64_t b, int64_t hq, int64_t hk, int64_t sq, int64_t sk, int64_t d,
+                         lt_causal causal, uint32_t seed) {
+    *p = (problem){b, hq, hk, sq, sk, d, causal, NULL, NULL, NULL, NULL, NULL};
+    size_t qn = (size_t)(b * hq * sq * d), kn = (size_t)(b * hk * sk * d);
+    p->q = malloc(4 * qn), p->k = malloc(4 * kn), p->v = malloc(4 * kn), p->out = calloc(qn, 4);
+    p->lse = calloc((size_t)(b * hq * sq), 4);
+    float *all[3] = {p->q, p->k, p->v};
+    size_t n[3] = {qn, kn, kn};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < n[t]; i++)
+            all[t][i] = ((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+
+static void problem_free(problem *p) { free(p->q), free(p->k), free(p->v), free(p->out), free(p->lse); }
+
+static void problem_params(const problem *p, lt_attn_fwd_params *params, void *q, void *k, void *v, void *out,
+                           void *lse, lt_device_type device) {
+    int64_t qs[4] = {p->b, p->hq, p->sq, p->d}, ks[4] = {p->b, p->hk, p->sk, p->d};
+    lt_attn_fwd_params_init(params);
+    lt_tensor_init(&params->q, q, LT_DTYPE_FP32, 4, qs, device, 0);
+    lt_tensor_init(&params->k, k, LT_DTYPE_FP32, 4, ks, device, 0);
+    lt_tensor_init(&params->v, v, LT_DTYPE_FP32, 4, ks, device, 0);
+    lt_tensor_init(&params->out, out, LT_DTYPE_FP32, 4, qs, device, 0);
+    lt_tensor_init(&params->lse, lse, LT_DTYPE_FP32, 3, qs, device, 0);
+    params->causal = p->causal;
+}
+
+/* max |out - reference| over out and lse (-inf matching -inf counts as 0). */
+static double problem_error(const problem *p, const float *out, const float *lse) {
+    double scale = 1.0 / sqrt((double)p->d), worst = 0.0;
+    int64_t group = p->hq / p->hk;
+    double *s = malloc(sizeof(double) * (size_t)p->sk);
+    for (int64_t b = 0; b < p->b; b++)
+        for (int64_t h = 0; h < p->hq; h++)
+            for (int64_t i = 0; i < p->sq; i++) {
+                const float *qi = p->q + ((b * p->hq + h) * p->sq + i) * p->d;
+                int64_t kv = (b * p->hk + h / group) * p->sk * p->d;
+                int64_t last = p->causal == LT_CAUSAL_NONE ? p->sk - 1
+                             : p->causal == LT_CAUSAL_TOP_LEFT ? i : i + p->sk - p->sq;
+                if (last > p->sk - 1) last = p->sk - 1;
+                double m = -INFINITY, sum = 0.0;
+                for (int64_t j = 0; j <= last; j++) {
+                    double dot = 0.0;
+                    for (int64_t c = 0; c < p->d; c++) dot += (double)qi[c] * p->k[kv + j * p->d + c];
+                    s[j] = dot * scale;
+                    m = s[j] > m ? s[j] : m;
+                }
+                for (int64_t j = 0; j <= last; j++) sum += (s[j] = exp(s[j] - m));
+                for (int64_t c = 0; c < p->d; c++) {
+                    double acc = 0.0;
+                    for (int64_t j = 0; j <= last; j++) acc += s[j] * p->v[kv + j * p->d + c];
+                    double want = last >= 0 ? acc / sum : 0.0;
+                    worst = fmax(worst, fabs(out[((b * p->hq + h) * p->sq + i) * p->d + c] - want));
+                }
+                double want_lse = last >= 0 ? m + log(sum) : -INFINITY, got = lse[(b * p->hq + h) * p->sq + i];
+                if (!(isinf(want_lse) && isinf(got) && got < 0))
+                    worst = fmax(worst, fabs(got - want_lse));
+            }
+    free(s);
+    return worst;
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+static void *other_thread_error(void *arg) {
+    (void)arg;
+    lt_version(NULL, NULL, NULL);
+    return strstr(lt_last_error(), "lt_version") ? (void *)1 : NULL;
+}
+
+static void check_params_errors(const problem *p) {
+    lt_attn_fwd_params good, bad;
+    problem_params(p, &good, p->q, p->k, p->v, p->out, p->lse, LT_DEVICE_CPU);
+    expect("null params", lt_attn_fwd(NULL, NULL), LT_ERROR_NULL_POINTER, "params is NULL");
+#define CASE(name, change, status, needle) do { bad = good; change; expect(name, lt_attn_fwd(&bad, NULL), status, needle); } while (0)
+    CASE("struct size", bad.struct_size -= 8, LT_ERROR_VERSION, "struct_size");
+    CASE("struct version", bad.version = 2, LT_ERROR_VERSION, "version is 2");
+    CASE("q dtype unknown", bad.q.dtype = 7, LT_ERROR_DTYPE, "q.dtype is 7");
+    CASE("k dtype differs", bad.k.dtype = LT_DTYPE_FP16, LT_ERROR_DTYPE, "k.dtype is fp16 but q.dtype is fp32");
+    CASE("lse dtype", (bad.lse.dtype = LT_DTYPE_FP16), LT_ERROR_DTYPE, "lse.dtype is fp16");
+    CASE("head dim mismatch", (bad.k.sizes[3] = 8, bad.v.sizes[3] = 8), LT_ERROR_SHAPE, "k has head dim 8");
+    CASE("k v differ", bad.v.sizes[2] = 3, LT_ERROR_SHAPE, "k and v must have the same shape");
+    CASE("batch mismatch", (bad.k.sizes[0] = 2, bad.v.sizes[0] = 2), LT_ERROR_SHAPE, "k has batch 2");
+    CASE("out shape", bad.out.sizes[2] = 5, LT_ERROR_SHAPE, "out has shape");
+    CASE("lse shape", bad.lse.sizes[2] = 5, LT_ERROR_SHAPE, "lse has shape");
+    CASE("gqa heads", (bad.q.sizes[1] = 3, bad.out.sizes[1] = 3, bad.lse.sizes[1] = 3, bad.k.sizes[1] = 2,
+                       bad.v.sizes[1] = 2), LT_ERROR_SHAPE, "multiple of k/v heads");
+    CASE("q ndim", bad.q.ndim = 3, LT_ERROR_SHAPE, "q.ndim is 3");
+    CASE("negative size", bad.q.sizes[2] = -1, LT_ERROR_SHAPE, "q.sizes[2] is -1");
+    CASE("negative stride", bad.k.strides[1] = -4, LT_ERROR_SHAPE, "k.strides[1] is -4");
+    CASE("last stride", bad.v.strides[3] = 2, LT_ERROR_SHAPE, "v.strides[3] is 2");
+    CASE("lse strides", bad.lse.strides[1] = 64, LT_ERROR_SHAPE, "lse must be contiguous");
+    int64_t d0[4] = {p->b, p->hq, p->sq, 0}, k0[4] = {p->b, p->hk, p->sk, 0};
+    int64_t d300[4] = {p->b, p->hq, p->sq, 300}, k300[4] = {p->b, p->hk, p->sk, 300};
+    CASE("head dim 0", (memcpy(bad.q.sizes, d0, 32), memcpy(bad.out.sizes, d0, 32), memcpy(bad.k.sizes, k0, 32),
+                        memcpy(bad.v.sizes, k0, 32)), LT_ERROR_HEAD_DIM, "must be in 1..256, got 0");
+    CASE("head dim 300", (memcpy(bad.q.sizes, d300, 32), memcpy(bad.out.sizes, d300, 32),
+                          memcpy(bad.k.sizes, k300, 32), memcpy(bad.v.sizes, k300, 32)), LT_ERROR_HEAD_DIM,
+         "must be in 1..256, got 300");
+    CASE("q data null", bad.q.data = NULL, LT_ERROR_NULL_POINTER, "q.data is NULL");
+    CASE("lse data null", bad.lse.data = NULL, LT_ERROR_NULL_POINTER, "lse.data is NULL");
+    CASE("causal mode", bad.causal = 5, LT_ERROR_INVALID_ARGUMENT, "causal is 5");
+    CASE("sm_scale inf", bad.sm_scale = INFINITY, LT_ERROR_INVALID_ARGUMENT, "sm_scale is inf");
+    CASE("flags", bad.flags = 1, LT_ERROR_INVALID_ARGUMENT, "flags is 0x1");
+    CASE("device type", bad.q.device_type = 9, LT_ERROR_INVALID_ARGUMENT, "q.device_type is 9");
+    CASE("mixed devices", bad.k.device_type = LT_DEVICE_CUDA, LT_ERROR_INVALID_ARGUMENT, "k is on cuda:0 but q is on cpu");
+#undef CASE
+    lt_plan *plan = (lt_plan *)&good;
+    expect("plan on cpu", lt_attn_fwd_plan(&good, &plan), LT_ERROR_UNSUPPORTED, "plans need a GPU");
+    check("plan on cpu leaves NULL", plan == NULL, "*plan was not set to NULL");
+    expect("plan out null", lt_attn_fwd_plan(&good, NULL), LT_ERROR_NULL_POINTER, "plan (the out pointer) is NULL");
+    expect("plan bad params", lt_attn_fwd_plan(NULL, &plan), LT_ERROR_NULL_POINTER, "params is NULL");
+    expect("launch null plan", lt_plan_launch(NULL, &good, NULL), LT_ERROR_NULL_POINTER, "plan is NULL");
+    uint64_t not_a_plan[128] = {0};
+    expect("launch dead plan", lt_plan_launch((const lt_plan *)not_a_plan, &good, NULL), LT_ERROR_INVALID_ARGUMENT,
+           "not a live plan");
+    expect("destroy null", lt_plan_destroy(NULL), LT_OK, NULL);
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) ? (void *)1 : dlopen("libcuda.so.1", RTLD_NOW);
+    if (cuda == NULL) { /* no GPU here: device pointers are refused with a status */
+        bad = good;
+        bad.q.device_type = bad.k.device_type = bad.v.device_type = bad.out.device_type = bad.lse.device_type =
+            LT_DEVICE_CUDA;
+        expect("no gpu attn", lt_attn_fwd(&bad, NULL), LT_ERROR_NO_GPU, "libcuda.so.1");
+        expect("no gpu plan", lt_attn_fwd_plan(&bad, &plan), LT_ERROR_NO_GPU, "libcuda.so.1");
+    }
+}
+
+static int run_errors(const char *cache_dir) {
+    problem p;
+    problem_make(&p, 1, 2, 1, 8, 8, 16, LT_CAUSAL_NONE, 7);
+    lt_attn_fwd_params params;
+    problem_params(&p, &params, p.q, p.k, p.v, p.out, p.lse, LT_DEVICE_CPU);
+    const char *spec[1] = {"target=sm_90 dtype=fp16 head_dim=16"};
+    lt_stats stats;
+    memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
+    lt_plan *plan = NULL;
+    expect("attn before init", lt_attn_fwd(&params, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    expect("plan before init", lt_attn_fwd_plan(&params, &plan), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    expect("prewarm before init", lt_prewarm(spec, 1, NULL, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    expect("stats before init", lt_cache_stats(&stats), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    int major = -1, minor = -1, patch = -1;
+    expect("version", lt_version(&major, &minor, &patch), LT_OK, NULL);
+    check("version matches header", major == LT_VERSION_MAJOR && minor == LT_VERSION_MINOR &&
+          patch == LT_VERSION_PATCH, "lt_version differs from the header's macros");
+    expect("version null", lt_version(NULL, &minor, &patch), LT_ERROR_NULL_POINTER, "must not be NULL");
+    pthread_t thread;
+    void *seen = NULL;
+    pthread_create(&thread, NULL, other_thread_error, NULL);
+    pthread_join(thread, &seen);
+    check("error is per thread", seen != NULL && strstr(lt_last_error(), "lt_version") != NULL &&
+          strstr(lt_last_error(), "major") != NULL, "another thread's error showed, or its own did not");
+    int64_t sizes[5] = {1, 1, 1, 1, 1};
+    lt_tensor t;
+    expect("tensor init ndim", lt_tensor_init(&t, NULL, LT_DTYPE_FP32, 5, sizes, LT_DEVICE_CPU, 0), LT_ERROR_SHAPE,
+           "ndim is 5");
+    expect("tensor init null", lt_tensor_init(NULL, NULL, LT_DTYPE_FP32, 4, sizes, LT_DEVICE_CPU, 0),
+           LT_ERROR_NULL_POINTER, NULL);
+    lt_config config;
+    expect("config init null", lt_config_init(NULL), LT_ERROR_NULL_POINTER, NULL);
+    lt_config_init(&config);
+    config.struct_size -= 8;
+    expect("init config size", lt_init(&config), LT_ERROR_VERSION, "struct_size");
+    lt_config_init(&config);
+    config.log_level = 7;
+    expect("init log level", lt_init(&config), LT_ERROR_INVALID_ARGUMENT, "config.log_level is 7");
+    expect("still not initialised", lt_attn_fwd(&params, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    lt_config_init(&config);
+    config.jit = 5;
+    expect("init jit", lt_init(&config), LT_ERROR_INVALID_ARGUMENT, "config.jit is 5");
+    lt_config_init(&config);
+    config.cache_dir = "";
+    expect("init empty cache dir", lt_init(&config), LT_ERROR_INVALID_ARGUMENT, "config.cache_dir");
+    lt_config_init(&config);
+    config.cache_dir = cache_dir;
+    config.log_level = LT_LOG_WARNING;
+    expect("init", lt_init(&config), LT_OK, NULL);
+    check_params_errors(&p);
+    const char *bad_specs[2] = {"target=sm_90 dtype=fp64 head_dim=16", "color=red"};
+    expect("prewarm null specs", lt_prewarm(NULL, 1, NULL, NULL), LT_ERROR_NULL_POINTER, "specs is NULL");
+    expect("prewarm bad dtype", lt_prewarm(bad_specs, 1, NULL, NULL), LT_ERROR_INVALID_ARGUMENT, "specs[0]");
+    expect("prewarm bad axis", lt_prewarm(bad_specs + 1, 1, NULL, NULL), LT_ERROR_INVALID_ARGUMENT, "'color=red'");
+    expect("prewarm nothing", lt_prewarm(NULL, 0, NULL, NULL), LT_OK, NULL);
+    expect("stats null", lt_cache_stats(NULL), LT_ERROR_NULL_POINTER, "stats is NULL");
+    stats.version = 9;
+    expect("stats version", lt_cache_stats(&stats), LT_ERROR_VERSION, "version 9");
+    stats.version = LT_STATS_VERSION;
+    expect("stats", lt_cache_stats(&stats), LT_OK, NULL);
+    expect("valid call after errors", lt_attn_fwd(&params, NULL), LT_OK, NULL);
+    double error = problem_error(&p, p.out, p.lse);
+    check("valid call is right", error < 2e-3, "result differs from the reference");
+    problem_free(&p);
+    return failures;
+}
+
+static int run_nopython(void) {
+    problem p;
+    problem_make(&p, 1, 1, 1, 4, 4, 16, LT_CAUSAL_NONE, 3);
+    lt_attn_fwd_params params;
+    problem_params(&p, &params, p.q, p.k, p.v, p.out, p.lse, LT_DEVICE_CPU);
+    expect("init without python", lt_init(NULL), LT_ERROR_PYTHON, "failed to start");
+    expect("init again", lt_init(NULL), LT_ERROR_PYTHON, "failed to start");
+    expect("attn without python", lt_attn_fwd(&params, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    printf("alive\n");
+    problem_free(&p);
+    return failures;
+}
+
+static int run_badenv(void) {
+    expect("init with a bad variable", lt_init(NULL), LT_ERROR_INVALID_ARGUMENT, "LAZYTRITON_JIT");
+    printf("alive\n");
+    return failures;
+}
+
+/* ---- threads ------------------------------------------------------------ */
+
+typedef struct {
+    int index;
+    double error;
+    lt_status status, bad_status;
+    char message[256], bad_message[256];
+} job;
+
+static void *thread_main(void *arg) {
+    job *j = (job *)arg;
+    problem p;
+    int i = j->index;
+    problem_make(&p, 1 + i % 2, 2, 1 + i % 2, 17 + 5 * i, 9 + 7 * i, i % 3 == 0 ? 16 : 24, (lt_causal)(i % 3),
+                 100u + (uint32_t)i);
+    lt_attn_fwd_params params;
+    problem_params(&p, &params, p.q, p.k, p.v, p.out, p.lse, LT_DEVICE_CPU);
+    params.sm_scale = i % 2 ? 0.3 : NAN;
+    j->status = lt_attn_fwd(&params, NULL);
+    snprintf(j->message, sizeof j->message, "%s", lt_last_error());
+    if (i % 2) { /* problem_error takes 1/sqrt(d): compare against a run with that scale */
+        params.sm_scale = 1.0 / sqrt((double)p.d);
+        if (j->status == LT_OK)
+            j->status = lt_attn_fwd(&params, NULL);
+    }
+    j->error = j->status == LT_OK ? problem_error(&p, p.out, p.lse) : INFINITY;
+    params.q.sizes[3] = params.out.sizes[3] = params.k.sizes[3] = params.v.sizes[3] = 300 + i;
+    j->bad_status = lt_attn_fwd(&params, NULL);
+    snprintf(j->bad_message, sizeof j->bad_message, "%s", lt_last_error());
+    problem_free(&p);
+    return NULL;
+}
+
+static int run_threads(void) {
+    enum { N = 8 };
+    expect("init", lt_init(NULL), LT_OK, NULL);
+    pthread_t threads[N];
+    job jobs[N];
+    for (int i = 0; i < N; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].index = i;
+        pthread_create(&threads[i], NULL, thread_main, &jobs[i]);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(threads[i], NULL);
+    for (int i = 0; i < N; i++) {
+        char name[64], want[64], detail[600];
+        snprintf(name, sizeof name, "thread %d", i);
+        snprintf(detail, sizeof detail, "status %d (%s), max error %g", (int)jobs[i].status, jobs[i].message,
+                 jobs[i].error);
+        check(name, jobs[i].status == LT_OK && jobs[i].error < 2e-3, detail);
+        snprintf(name, sizeof name, "thread %d own error", i);
+        snprintf(want, sizeof want, "got %d", 300 + i);
+        check(name, jobs[i].bad_status == LT_ERROR_HEAD_DIM && strstr(jobs[i].bad_message, want) != NULL,
+              jobs[i].bad_message);
+    }
+    return failures;
+}
+
+/* ---- prewarm and stats --------------------------------------------------- */
+
+static lt_stats stats_now(void) {
+    lt_stats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s, s.version = LT_STATS_VERSION;
+    expect("stats", lt_cache_stats(&s), LT_OK, NULL);
+    return s;
+}
+
+static int run_prewarm(const char *variant) {
+    const char *axes[1] = {"target=sm_90 dtype=fp16 head_dim=16 seqlen_q=16"};
+    const char *by_name[1] = {variant};
+    size_t compiled = 99, cached = 99;
+    char detail[128];
+    expect("init", lt_init(NULL), LT_OK, NULL);
+    expect("prewarm axes", lt_prewarm(axes, 1, &compiled, &cached), LT_OK, NULL);
+    snprintf(detail, sizeof detail, "compiled %zu, cached %zu", compiled, cached);
+    check("prewarm compiled one", compiled == 1 && cached == 0, detail);
+    lt_stats s = stats_now();
+    snprintf(detail, sizeof detail, "local_entries %llu, compiles %llu, process_compiles %llu",
+             (unsigned long long)s.local_entries, (unsigned long long)s.compiles,
+             (unsigned long long)s.process_compiles);
+    check("stats count it", s.local_entries == 1 && s.compiles == 1 && s.process_compiles == 1, detail);
+    expect("prewarm again", lt_prewarm(axes, 1, &compiled, &cached), LT_OK, NULL);
+    check("second prewarm is cached", compiled == 0 && cached == 1, "it compiled again");
+    lt_config config;
+    lt_config_init(&config);
+    config.jit = LT_JIT_OFF;
+    expect("init jit off", lt_init(&config), LT_OK, NULL);
+    expect("prewarm variant string, jit off", lt_prewarm(by_name, 1, &compiled, &cached), LT_OK, NULL);
+    check("served from the local tier", compiled == 0 && cached == 1, "not served from the cache");
+    const char *missing[1] = {"target=sm_90 dtype=fp16 head_dim=32 seqlen_q=16"};
+    expect("jit off miss", lt_prewarm(missing, 1, NULL, NULL), LT_ERROR_KERNEL_NOT_FOUND, "LAZYTRITON_JIT=0");
+    s = stats_now();
+    check("hits counted", s.hits >= 1, "no tier hit recorded");
+    return failures;
+}
+
+/* ---- device memory (GPU) ------------------------------------------------- */
+
+static struct {
+    int (*init)(unsigned);
+    int (*device_get)(int *, int);
+    int (*primary_ctx_retain)(void **, int);
+    int (*ctx_set_current)(void *);
+    int (*mem_alloc)(uint64_t *, size_t);
+    int (*htod)(uint64_t, const void *, size_t);
+    int (*dtoh)(void *, uint64_t, size_t);
+    int (*synchronize)(void);
+} cu;
+
+static void *to_device(const void *host, size_t bytes) {
+    uint64_t at = 0;
+    if (cu.mem_alloc(&at, bytes + 16) || cu.htod(at, host, bytes)) {
+        printf("FAIL cuMemAlloc/cuMemcpyHtoD\n");
+        exit(100);
+    }
+    return (void *)(uintptr_t)at;
+}
+
+static double gpu_error(const problem *p, const lt_attn_fwd_params *params) {
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), ln = (size_t)(p->b * p->hq * p->sq);
+    if (cu.synchronize() || cu.dtoh(p->out, (uint64_t)(uintptr_t)params->out.data, 4 * qn) ||
+        cu.dtoh(p->lse, (uint64_t)(uintptr_t)params->lse.data, 4 * ln))
+        return INFINITY;
+    return problem_error(p, p->out, p->lse);
+}
+
+static void device_params(problem *p, lt_attn_fwd_params *params) {
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    problem_params(p, params, to_device(p->q, 4 * qn), to_device(p->k, 4 * kn), to_device(p->v, 4 * kn),
+                   to_device(p->out, 4 * qn), to_device(p->lse, 4 * (size_t)(p->b * p->hq * p->sq)),
+                   LT_DEVICE_CUDA);
+}
+
+static int run_gpu(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    int device;
+    void *context;
+    if (lib == NULL) {
+        printf("FAIL no libcuda.so.1\n");
+        return 1;
+    }
+    *(void **)&cu.init = dlsym(lib, "cuInit"), *(void **)&cu.device_get = dlsym(lib, "cuDeviceGet");
+    *(void **)&cu.primary_ctx_retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
+    *(void **)&cu.ctx_set_current = dlsym(lib, "cuCtxSetCurrent");
+    *(void **)&cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2"), *(void **)&cu.htod = dlsym(lib, "cuMemcpyHtoD_v2");
+    *(void **)&cu.dtoh = dlsym(lib, "cuMemcpyDtoH_v2"), *(void **)&cu.synchronize = dlsym(lib, "cuCtxSynchronize");
+    if (cu.init(0) || cu.device_get(&device, 0) || cu.primary_ctx_retain(&context, device) ||
+        cu.ctx_set_current(context)) {
+        printf("FAIL no CUDA device 0\n");
+        return 1;
+    }
+    expect("init", lt_init(NULL), LT_OK, NULL);
+    problem p, other;
+    problem_make(&p, 2, 4, 2, 100, 130, 64, LT_CAUSAL_BOTTOM_RIGHT, 11);
+    problem_make(&other, 1, 2, 1, 37, 300, 64, LT_CAUSAL_TOP_LEFT, 12); /* same shape class, other sizes */
+    lt_attn_fwd_params params, params2, bad;
+    device_params(&p, &params);
+    device_params(&other, &params2);
+    char detail[128];
+    expect("gpu attn", lt_attn_fwd(&params, NULL), LT_OK, NULL);
+    double e = gpu_error(&p, &params);
+    snprintf(detail, sizeof detail, "max error %g", e);
+    check("gpu attn is right", e < 2e-3, detail);
+    lt_plan *plan = NULL;
+    expect("gpu plan", lt_attn_fwd_plan(&params, &plan), LT_OK, NULL);
+    expect("gpu plan launch", lt_plan_launch(plan, &params2, NULL), LT_OK, NULL);
+    e = gpu_error(&other, &params2);
+    snprintf(detail, sizeof detail, "max error %g", e);
+    check("gpu plan launch is right", e < 2e-3, detail);
+    bad = params;
+    bad.q.sizes[3] = bad.k.sizes[3] = bad.v.sizes[3] = bad.out.sizes[3] = 32;
+    expect("plan head dim mismatch", lt_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "head dim 32");
+    bad = params;
+    bad.causal = LT_CAUSAL_NONE;
+    expect("plan causal mismatch", lt_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "not causal");
+    bad = params;
+    bad.q.data = (char *)bad.q.data + 4; /* fp32: still a valid element boundary, no longer 16-byte aligned */
+    expect("plan alignment mismatch", lt_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "unaligned");
+    expect("unaligned attn", lt_attn_fwd(&bad, NULL), LT_OK, NULL);
+    bad = params;
+    bad.q.device_index = bad.k.device_index = bad.v.device_index = bad.out.device_index = bad.lse.device_index = 99;
+    expect("no such device", lt_attn_fwd(&bad, NULL), LT_ERROR_NO_GPU, "no CUDA device 99");
+    expect("plan destroy", lt_plan_destroy(plan), LT_OK, NULL);
+    lt_stats s = stats_now();
+    check("plans kept", s.plans >= 2 && s.loaded_kernels >= 2, "lt_attn_fwd kept no plans");
+    problem_free(&p), problem_free(&other);
+    return failures;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "errors") && argc > 2) return run_errors(argv[2]);
+    if (!strcmp(mode, "nopython")) return run_nopython();
+    if (!strcmp(mode, "badenv")) return run_badenv();
+    if (!strcmp(mode, "threads")) return run_threads();
+    if (!strcmp(mode, "prewarm") && argc > 2) return run_prewarm(argv[2]);
+    if (!strcmp(mode, "gpu")) return run_gpu();
+    fprintf(stderr, "usage: %s errors CACHE_DIR | nopython | badenv | threads | prewarm VARIANT | gpu\n", argv[0]);
+    return 100;
+}

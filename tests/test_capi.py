@@ -1,0 +1,251 @@
+"""The C API: build liblazytriton.so, compile C programs against it, run them.
+
+The library is built once per test process (module fixture) with the CLI,
+into a temporary prefix; C programs are compiled through pkg-config and
+CMake and run as subprocesses, each with the test's own cache dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, gpu
+
+from lazytriton.capi import build, default_prefix, embedded
+
+EXAMPLE = REPO / "examples" / "c"
+CHECK_SOURCE = REPO / "tests" / "capi" / "capi_check.c"
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (apt-get install gcc)")
+needs_pkg_config = pytest.mark.skipif(shutil.which("pkg-config") is None,
+                                      reason="needs pkg-config (apt-get install pkg-config)")
+needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (apt-get install cmake)")
+
+
+def _run(args: list[str | Path], env: dict[str, str] | None = None, timeout: float = 240,
+         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([str(a) for a in args], env=full_env, capture_output=True, text=True, timeout=timeout,
+                          check=False, cwd=cwd)
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A built and installed C API (through `lazytriton capi build`)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc (apt-get install gcc)")
+    where = tmp_path_factory.mktemp("capi") / "prefix"
+    out = _ok(_run([sys.executable, "-m", "lazytriton.cli", "capi", "build", "--prefix", where]))
+    assert "built" in out
+    return where
+
+
+@pytest.fixture(scope="module")
+def pkg_env(prefix: Path) -> dict[str, str]:
+    return {"PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
+
+
+def _pkg_config(pkg_env: dict[str, str], *args: str) -> list[str]:
+    return _ok(_run(["pkg-config", *args, "lazytriton"], env=pkg_env)).split()
+
+
+@pytest.fixture(scope="module")
+def check_program(prefix: Path, pkg_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/capi/capi_check.c, compiled with gcc through pkg-config."""
+    if shutil.which("pkg-config") is None:
+        pytest.skip("needs pkg-config (apt-get install pkg-config)")
+    program = tmp_path_factory.mktemp("check") / "capi_check"
+    _ok(_run(["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-std=c99", "-D_POSIX_C_SOURCE=200809L",
+              *_pkg_config(pkg_env, "--cflags"), "-o", program, CHECK_SOURCE, *_pkg_config(pkg_env, "--libs"),
+              "-lm", "-ldl", "-lpthread"]))
+    return program
+
+
+@pytest.fixture(scope="module")
+def example(prefix: Path, pkg_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/c/attention.c, built with its Makefile (pkg-config), out of the source tree."""
+    if shutil.which("pkg-config") is None or shutil.which("make") is None:
+        pytest.skip("needs pkg-config and make")
+    out = tmp_path_factory.mktemp("example-make")
+    _ok(_run(["make", "-C", EXAMPLE, f"OUT={out}", "CFLAGS=-O2 -Wall -Wextra -Werror -std=c99"], env=pkg_env))
+    return out / "attention"
+
+
+# ---------------------------------------------------------------------------
+# Build and install
+
+
+def test_build_installs_library_header_pc_and_cmake(prefix: Path) -> None:
+    for path in ("lib/liblazytriton.so", "include/lazytriton.h", "lib/pkgconfig/lazytriton.pc",
+                 "lib/cmake/lazytriton/lazytritonConfig.cmake", "lib/cmake/lazytriton/lazytritonConfigVersion.cmake"):
+        assert (prefix / path).is_file(), path
+    major, minor, patch = build.version()
+    assert f"Version: {major}.{minor}.{patch}" in (prefix / "lib/pkgconfig/lazytriton.pc").read_text()
+    if shutil.which("nm"):
+        exported = {line.split()[-1] for line in _ok(_run(["nm", "-D", "--defined-only",
+                                                          prefix / "lib/liblazytriton.so"])).splitlines()
+                    if " T " in line}
+        assert {name for name in exported if not name.startswith("PyInit_")} == {
+            "lt_version", "lt_last_error", "lt_config_init", "lt_init", "lt_attn_fwd_params_init", "lt_tensor_init",
+            "lt_attn_fwd", "lt_attn_fwd_plan", "lt_plan_launch", "lt_plan_destroy", "lt_prewarm", "lt_cache_stats"}
+
+
+@needs_gcc
+def test_header_is_strict_c99_and_cxx(prefix: Path, tmp_path: Path) -> None:
+    source = tmp_path / "uses.c"
+    source.write_text("#include <lazytriton.h>\nint main(void) { lt_attn_fwd_params p; "
+                      "return lt_attn_fwd_params_init(&p) == LT_OK ? 0 : (int)sizeof(lt_stats); }\n")
+    _ok(_run(["gcc", "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only",
+              f"-I{prefix / 'include'}", source]))
+    if shutil.which("g++"):
+        _ok(_run(["g++", "-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only",
+                  f"-I{prefix / 'include'}", source]))
+
+
+@needs_pkg_config
+def test_pkg_config_flags(pkg_env: dict[str, str], prefix: Path) -> None:
+    assert f"-I{prefix / 'include'}" in _pkg_config(pkg_env, "--cflags")
+    libs = _pkg_config(pkg_env, "--libs")
+    assert "-llazytriton" in libs and f"-L{prefix / 'lib'}" in libs
+    assert _pkg_config(pkg_env, "--modversion") == [".".join(map(str, build.version()))]
+
+
+def test_cli_prints_the_default_prefix(cache_dir: Path) -> None:
+    out = _ok(_run([sys.executable, "-m", "lazytriton.cli", "capi", "--prefix"])).strip()
+    assert out == str(default_prefix())
+    if sys.prefix == sys.base_prefix:  # not a venv: a folder of the cache dir, named after this Python
+        assert out == str(cache_dir / "capi" / sys.implementation.cache_tag)
+
+
+# ---------------------------------------------------------------------------
+# The example on the CPU (host pointers, through the interpreter)
+
+
+def test_example_pkg_config_fp32(example: Path) -> None:
+    out = _ok(_run([example]))
+    assert "fp32" in out and "cpu (interpreter)" in out and out.strip().endswith("OK")
+
+
+def test_example_fp16_top_left_gqa(example: Path) -> None:
+    out = _ok(_run([example, "--dtype", "fp16", "--causal", "top_left", "--heads-q", "6", "--heads-k", "3",
+                    "--head-dim", "24"]))
+    assert out.strip().endswith("OK")
+
+
+@needs_cmake
+def test_example_cmake_bf16_bottom_right_plan(prefix: Path, tmp_path: Path) -> None:
+    build_dir = tmp_path / "build"
+    _ok(_run(["cmake", "-S", EXAMPLE, "-B", build_dir, f"-DCMAKE_PREFIX_PATH={prefix}"]))
+    _ok(_run(["cmake", "--build", build_dir]))
+    out = _ok(_run([build_dir / "attention", "--dtype", "bf16", "--causal", "bottom_right", "--seqlen-q", "50",
+                    "--seqlen-k", "30", "--plan"]))
+    assert "plans need a GPU" in out  # documented: on the CPU, lt_attn_fwd_plan says so and the example falls back
+    assert out.strip().endswith("OK")
+
+
+# ---------------------------------------------------------------------------
+# Errors, threads, prewarm: tests/capi/capi_check.c
+
+
+def test_every_error_path(check_program: Path, tmp_path: Path) -> None:
+    out = _ok(_run([check_program, "errors", tmp_path / "lt-cache"]))
+    assert "FAIL" not in out and out.count("\nok ") > 50
+
+
+def test_python_that_cannot_start_is_a_status(check_program: Path) -> None:
+    out = _ok(_run([check_program, "nopython"], env={"PYTHONHOME": "/nonexistent"}))
+    assert "alive" in out
+
+
+def test_bad_setting_is_reported_by_init(check_program: Path) -> None:
+    out = _ok(_run([check_program, "badenv"], env={"LAZYTRITON_JIT": "maybe"}))
+    assert "alive" in out
+
+
+def test_eight_threads_at_once(check_program: Path) -> None:
+    out = _ok(_run([check_program, "threads"]))
+    assert out.count("own error") == 8
+
+
+def test_prewarm_and_cache_stats(check_program: Path) -> None:
+    variant = embedded.parse_spec("target=sm_90 dtype=fp16 head_dim=16 seqlen_q=16")
+    out = _ok(_run([check_program, "prewarm", str(variant)]))
+    assert "FAIL" not in out
+
+
+def test_library_inside_a_python_process(prefix: Path) -> None:
+    # A host that already runs Python: the library uses that interpreter and leaves its exit alone.
+    code = (f"import ctypes; lib = ctypes.CDLL({str(prefix / 'lib/liblazytriton.so')!r}); "
+            "lib.lt_last_error.restype = ctypes.c_char_p; status = lib.lt_init(None); "
+            "import lazytriton.runtime as r; print(status, r._runtime is not None, lib.lt_last_error())")
+    assert _ok(_run([sys.executable, "-c", code])).split()[:2] == ["0", "True"]
+
+
+# ---------------------------------------------------------------------------
+# Pure parts of the Python half
+
+
+def test_parse_spec_axes_and_variant_strings() -> None:
+    variant = embedded.parse_spec("target=cuda:90, dtype=bf16 head_dim=80 causal=1 seqlen_q=4096 aligned=0")
+    assert (variant.target, variant.dtype, variant.get("BLOCK_D"), variant.get("CAUSAL")) == ("sm_90", "bf16", 128,
+                                                                                             True)
+    assert variant.get("ALIGN16") is False and variant.get("EVEN_D") is False
+    assert embedded.parse_spec(str(variant)) == variant
+    for bad, needle in (("target=sm_90 dtype=bf16", "lack head_dim"), ("target=sm_90 dtype=bf16 head_dim=64 x=1",
+                                                                        "not an axis"),
+                        ("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64", "flash_fwd only"),
+                        ("target=sm_90 dtype=bf16 head_dim=64 causal=maybe", "causal='maybe'")):
+        with pytest.raises(ValueError, match=needle):
+            embedded.parse_spec(bad)
+
+
+def test_settings_of_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cffi import FFI
+
+    ffi = FFI()
+    ffi.cdef(build.header_cdef((build.HERE / "lazytriton.h").read_text()))
+    monkeypatch.setattr(embedded, "_ffi", ffi)
+    cfg = ffi.new("lt_config *")
+    assert embedded.settings_of(cfg) == {}
+    keep = [ffi.new("char[]", b"/tmp/x"), ffi.new("char[]", b"/a.ltimg::/b")]
+    cfg.cache_dir, cfg.images, cfg.log_level, cfg.jit = keep[0], keep[1], 20, 2
+    assert embedded.settings_of(cfg) == {"cache_dir": "/tmp/x", "images": ["/a.ltimg", "/b"], "log_level": "INFO",
+                                         "jit": False}
+    cfg.jit = 3
+    with pytest.raises(ValueError, match="config.jit is 3"):
+        embedded.settings_of(cfg)
+
+
+def test_launch_layout_matches_the_kernel_description() -> None:
+    from lazytriton.kernels import get
+
+    assert tuple(name for name, _ in get("flash_fwd").params) == embedded.C_LAUNCH_PARAMS
+
+
+# ---------------------------------------------------------------------------
+# GPU (device memory, plans): skipped without CUDA
+
+
+@gpu
+@pytest.mark.gpu
+def test_example_on_gpu_with_and_without_plan(example: Path) -> None:
+    for extra in ([], ["--plan"], ["--dtype", "bf16", "--causal", "bottom_right", "--plan"]):
+        out = _ok(_run([example, "--gpu", "--seqlen-q", "300", "--seqlen-k", "257", "--head-dim", "128", *extra]))
+        assert "cuda:0" in out and out.strip().endswith("OK")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_plans_and_mismatches(check_program: Path) -> None:
+    out = _ok(_run([check_program, "gpu"]))
+    assert "FAIL" not in out
