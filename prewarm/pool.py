@@ -140,7 +140,7 @@ def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: floa
                 on_result: Callable[[Planned, Result], None]) -> None:
     """Build every variant of ``todo`` in ``jobs`` workers, calling ``on_result`` as each one ends."""
     queue = deque(todo)
-    workers = [_Worker(n, work, created) for n in range(min(jobs, len(todo)))]
+    workers = [_Worker(n, work, created) for n in range(max(1, min(jobs, len(todo))))] if todo else []
     finished = False
     try:
         while queue or any(w.task is not None for w in workers):

@@ -1,0 +1,69 @@
+"""On the GPU host: check that attention calls are served from the shipped image, with 0 compiles.
+
+    LAZYTRITON_IMAGES=dist/attention.ltimg python examples/deployment/use_image.py
+
+With a CUDA GPU it runs ``attn_fwd`` on a few shapes and prints where each
+kernel came from. Without one (a CPU-only machine, CI) it resolves the
+variants those calls would select on ``--target`` (default sm_90) and checks
+they come from the image, without launching anything. Either way it fails if
+anything was compiled, and reports whether triton was imported (it should
+not be: a deployment needs the GPU driver, not a compiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# (batch, heads, seqlen, head dim, causal): a typical decoder prefill, and a short and a long call.
+SHAPES = ((4, 16, 2048, 128, True), (1, 32, 16, 128, True), (2, 8, 8192, 64, False))
+
+
+def on_gpu() -> None:
+    import torch
+
+    from lazytriton.flash import attn_fwd
+
+    for b, h, s, d, causal in SHAPES:
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        attn_fwd(q, k, v, causal=causal)
+    torch.cuda.synchronize()
+
+
+def without_gpu(target: str) -> None:
+    from lazytriton import dispatch, runtime
+    from lazytriton.target import Target
+
+    for _, _, s, d, causal in SHAPES:
+        variant = dispatch.flash_fwd_variant(Target.parse(target), "bf16", d, causal, True, s, seqlen_k=s)
+        runtime.get().resolve(variant)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="sm_90", help="target to resolve for when there is no GPU")
+    args = parser.parse_args()
+    from lazytriton import config, runtime
+
+    if not config.settings().images:
+        print("set LAZYTRITON_IMAGES to the image(s) to serve from", file=sys.stderr)
+        return 2
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if gpu:
+        on_gpu()
+    else:
+        without_gpu(args.target)
+    rt = runtime.get()
+    triton = any(name == "triton" or name.startswith("triton.") for name in sys.modules)
+    print(f"{'ran on the GPU' if gpu else 'resolved for ' + args.target}: kernels served by "
+          f"{dict(rt.served)}, {rt.compiles} compiles, triton imported: {triton}")
+    return 0 if rt.compiles == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
