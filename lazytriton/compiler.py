@@ -224,9 +224,19 @@ def _interpreter_scope() -> Iterator[None]:
         return create_dot(widen(a), widen(b), d, *args)
 
     builder.create_dot = create_dot_bf16
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_tensor_index(tensor: Any, scope: Any) -> None:
+        # Triton 3.6's interpreter makes loop bounds such as tl.minimum(a, b)
+        # one-element arrays, and int() of those fails in range(); 3.9 squeezes.
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patch_tensor_index
     try:
         yield
     finally:
+        interpreter._patch_lang_tensor = patch_tensor
         del builder.create_dot
         for module, name, value in swapped:
             setattr(module, name, value)
