@@ -2,7 +2,7 @@
 
 - ``enumeration``: which variants to build, the ones dispatch would select
   (from axes and the tuning table, or from a miss log); pure functions.
-- ``build``: reuse what a killed or earlier run built, compile the rest in
+- ``builder``: reuse what a killed or earlier run built, compile the rest in
   worker processes (``pool`` runs them, ``worker`` is one), write the image;
   merge images and work dirs.
 - ``workdir``: the resumable work directory beside the image.
@@ -12,8 +12,22 @@
 Only the worker processes import triton; ``import lazytriton.prewarm`` does not.
 """
 
-from lazytriton.prewarm.build import BuildReport, build, merge
-from lazytriton.prewarm.enumeration import Axes, Planned, enumerate_variants, select_shard, variants_from_misses
+from __future__ import annotations
 
-__all__ = ["Axes", "BuildReport", "Planned", "build", "enumerate_variants", "merge", "select_shard",
-           "variants_from_misses"]
+import importlib
+from typing import Any
+
+# Imported on first use: ``lazytriton --help`` registers the prewarm command
+# without loading the builder.
+_LAZY = {"BuildReport": "builder", "build": "builder", "merge": "builder", "Axes": "enumeration",
+         "Planned": "enumeration", "enumerate_variants": "enumeration", "select_shard": "enumeration",
+         "variants_from_misses": "enumeration"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"lazytriton.prewarm.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'lazytriton.prewarm' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -31,9 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lazytriton.target import Target
-from lazytriton.variant import DTYPES
-
+DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importing it to build the parser
 _CAUSAL = {"none": False, "false": False, "no": False, "0": False,
            "causal": True, "true": True, "yes": True, "1": True, "top_left": True, "bottom_right": True}
 _AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned")
@@ -48,6 +46,8 @@ def _items(text: str) -> list[str]:
 
 
 def _targets(text: str) -> list[str]:
+    from lazytriton.target import Target
+
     try:
         return [str(Target.parse(item)) for item in _items(text)]
     except ValueError as exc:
@@ -164,6 +164,8 @@ def _plan(args: argparse.Namespace) -> list[Any]:
         return select_shard(list(plan.values()), args.shard)
     if not args.target:
         raise UsageError("--target is required (e.g. --target sm_90,gfx942), unless --from-misses or --merge")
+    from lazytriton.target import Target
+
     axes = Axes(targets=tuple(Target.parse(t) for t in dict.fromkeys(args.target)),
                 dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
                 head_dims=tuple(dict.fromkeys(args.head_dim)) if args.head_dim else None,
@@ -180,7 +182,7 @@ def _mib(n: int) -> str:
 
 def _merge(args: argparse.Namespace) -> int:
     from lazytriton.cache_format.image import ImageError
-    from lazytriton.prewarm.build import merge
+    from lazytriton.prewarm.builder import merge
 
     if args.target or args.from_misses or args.shard or args.list or any(getattr(args, n) for n in _AXIS_FLAGS):
         raise UsageError("--merge takes only sources and --out")
@@ -218,7 +220,7 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise UsageError("--out FILE is required to build (or --list to print the plan)")
-    from lazytriton.prewarm.build import build
+    from lazytriton.prewarm.builder import build
 
     jobs = args.jobs or default_jobs()
     report = build(plan, args.out, jobs, created=created, keep_work=args.keep_work)

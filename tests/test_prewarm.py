@@ -186,6 +186,10 @@ def test_progress_lines_and_eta() -> None:
 
 
 def test_cli_list_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton.prewarm import cli
+    from lazytriton.variant import DTYPES
+
+    assert cli.DTYPES == DTYPES, "the parser's copy (kept to build it without importing variant) is in sync"
     assert cli_main(["prewarm", "--target", "sm_90", "--dtype", "fp16", "--head-dim", "80", "--causal",
                      "bottom_right", "--list"]) == 0
     out, err = capsys.readouterr()
