@@ -192,6 +192,25 @@ def _load_interpreted(spec: KernelSpec) -> ModuleType:
     return _interpreted[spec.module]
 
 
+def _snapshot(objects: Sequence[Any]) -> list[tuple[Any, dict[str, Any]]]:
+    return [(obj, dict(vars(obj))) for obj in objects if obj is not None]
+
+
+def _restore(snapshot: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Put back every attribute that changed; drop the ones added to classes (modules keep theirs)."""
+    for obj, before in snapshot:
+        now = vars(obj)
+        if isinstance(obj, type):
+            for name in [n for n in now if n not in before]:
+                delattr(obj, name)
+        for name, value in before.items():
+            if now.get(name, _MISSING) is not value:
+                setattr(obj, name, value)
+
+
+_MISSING = object()
+
+
 @contextlib.contextmanager
 def _interpreter_scope() -> Iterator[None]:
     import numpy as np
@@ -201,13 +220,14 @@ def _interpreter_scope() -> Iterator[None]:
 
     _import_triton_compiled()
     modules = [m for name, m in sorted(sys.modules.items()) if name.startswith("triton.language") and m is not None]
-    swapped: list[tuple[ModuleType, str, Any]] = []
+    # Everything the interpreter patches, as it is now. Calls between @jit
+    # functions patch triton.language without undoing it (Triton 3.6 and 3.9),
+    # which breaks later compiles in this process; restoring these undoes it all.
+    snapshot = _snapshot([*modules, tl.tensor, tl.core.dtype, getattr(tl.core, "tensor_descriptor_base", None)])
     for module in modules:
         for name, value in list(vars(module).items()):
             if isinstance(value, JITFunction):
-                twin = _interpreted_lib.setdefault(id(value), interpreter.InterpretedFunction(value.fn))
-                swapped.append((module, name, value))
-                setattr(module, name, twin)
+                setattr(module, name, _interpreted_lib.setdefault(id(value), interpreter.InterpretedFunction(value.fn)))
 
     builder = interpreter.interpreter_builder
     create_dot = builder.create_dot
@@ -238,8 +258,7 @@ def _interpreter_scope() -> Iterator[None]:
     finally:
         interpreter._patch_lang_tensor = patch_tensor
         del builder.create_dot
-        for module, name, value in swapped:
-            setattr(module, name, value)
+        _restore(snapshot)
 
 
 def interpret(kernel: str, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any]) -> None:

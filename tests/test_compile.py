@@ -149,3 +149,20 @@ def test_short_sequence_default_compiles() -> None:
     variant = _default_variant("sm_90", "bf16", 128, True, seqlen_q=8)
     assert variant.get("BLOCK_M") == 16
     check_entry(compile_variant(variant), variant)
+
+
+def test_interpreting_then_compiling_in_one_process() -> None:
+    """Triton's interpreter leaves triton.language patched after calls between @jit functions;
+    compiler._interpreter_scope undoes it, so a compile after a CPU call still works (and vice versa)."""
+    import torch
+
+    from lazytriton import compiler, dispatch
+    from lazytriton.flash import attn_fwd
+
+    q, k, v = (torch.randn(1, 1, 20, 64) for _ in range(3))
+    attn_fwd(q, k, v, causal=True)
+    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, True, True, 64,
+                                         config=dispatch.Config(64, 32, 4, 2))
+    assert compiler.compile_variant(variant).binary[:4] == b"\x7fELF"
+    out, _ = attn_fwd(q, k, v, causal=True)
+    assert torch.isfinite(out).all()
