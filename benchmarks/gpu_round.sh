@@ -8,6 +8,16 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
 export LAZYTRITON_CACHE_DIR=${LAZYTRITON_CACHE_DIR:-/tmp/lt-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+case " $* " in *" coldstart "*)  # new process -> first result from an image, beside Triton's JIT and warm cache
+  python3 benchmarks/bench_prewarm.py --cold-start ${COLDSTART_IMAGE:+--image $COLDSTART_IMAGE} --reps 5 \
+    --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/coldstart.log" | tail -12 ;;
+esac
+case " $* " in *" tune "*)  # fills kernels/flash_fwd/tuning.csv here; copy it back from $OUT
+  lazytriton tune -j "$(nproc)" 2>&1 | tee "$OUT/tune.log" | tail -45; cp kernels/flash_fwd/tuning.csv "$OUT/tuning.csv" ;;
+esac
+case " $* " in *" hot "*)
+  python3 -P benchmarks/profile_hot.py 2>&1 | tee "$OUT/hot.log" ;;
+esac
 case " $* " in *" tests "*)
   python3 -P -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
 esac
