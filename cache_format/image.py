@@ -1,23 +1,32 @@
 """Image: a read-only pack of many entries, one file, each entry compressed alone.
 
-Layout (all integers little-endian; SPEC.md has the full description):
+Layout (all integers little-endian; SPEC.md, "Image (format version 1)", has it byte by byte):
 
-    header (96 bytes) | dictionary | entry blobs ... | index | meta
+    header (96 bytes) | dictionary (one zstd frame) | entry blobs ... | index | meta
 
 The header holds the magic, format version, codec, entry count, the offset and
 length of each section, checksums of the index and of dictionary+meta, and a
-checksum of itself. The index is an array of fixed 40-byte records sorted by
-key (16 raw key bytes, blob offset, stored length, raw length, xxh3-64 of the
-blob), searched in place over an mmap: one entry is found, its blob checked,
-decompressed (bounded by its recorded raw length) and decoded as an Entry
-(which checks its own checksum) without touching any other entry.
+checksum of itself. The dictionary, trained on the image's own entries, is
+stored compressed and decompressed once, on the image's first read. The index
+is an array of fixed 40-byte records sorted by key (16 raw key bytes, blob
+offset, stored length, raw length, xxh3-64 of the blob), searched in place
+over an mmap: one entry is found, its blob checked, decompressed (bounded by
+its recorded raw length) and decoded as an Entry (which checks its own
+checksum) without touching any other entry.
+
+Everything read is bounded before it is trusted: section sizes against the
+file, a blob's offset against the data section, its raw length against
+``MAX_ENTRY_BYTES``, and the size a zstd frame claims against the raw length
+the index recorded (zstandard would otherwise allocate whatever a frame claims).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import mmap
 import os
+import re
 import struct
 import tempfile
 import threading
@@ -29,6 +38,7 @@ from typing import Any
 import msgpack
 import xxhash
 
+from lazytriton.cache_format.entry import HEADER_SIZE as ENTRY_HEADER_SIZE
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES, Entry, EntryError
 
 MAGIC = b"LTIMAGE\0"
@@ -40,14 +50,29 @@ RECORD_SIZE = _RECORD.size  # 40
 
 CODEC_NONE, CODEC_ZSTD, CODEC_ZSTD_DICT = 0, 1, 2
 CODEC_NAMES = {CODEC_NONE: "none", CODEC_ZSTD: "zstd", CODEC_ZSTD_DICT: "zstd-dict"}
+_CODEC_IDS = {name: codec for codec, name in CODEC_NAMES.items()}
 
-MAX_DICT_BYTES = 16 << 20
+MAX_DICT_BYTES = 16 << 20  # the decompressed dictionary
+DICT_SECTION_LEVEL = 19
 MAX_META_BYTES = 1 << 20
-# zstd level 19 with a dictionary trained on the image's own entries: chosen by
-# measurement, figures in SPEC.md.
+_META_BOUNDS = {"max_bin_len": 0, "max_str_len": 4096, "max_array_len": 4096, "max_map_len": 256, "max_ext_len": 0}
+_META_RESERVED = ("format", "codec", "level", "dict", "targets", "entries")
+
+# Chosen by measurement on the default sm_90 prewarm set (74 entries, 12.1 MiB
+# of cubins, 2-core AMD EPYC; benchmarks/bench_image_codecs.py, table in
+# SPEC.md, "Codec choice"): zstd level 19 with a 1 MiB dictionary trained by
+# fastCOVER (k=8192, d=6) on the image's own entries, stored compressed: 0.147
+# of the binaries' bytes and 0.11 ms median to find, decompress and verify one
+# entry. Plain zstd-19: 0.184; a 64 KiB dictionary: 0.167; 2 MiB: 0.140 but
+# 2.4 ms to open and read a first entry; LZMA-9 per entry: 0.155 at 1.1 ms a
+# read. Level 22 stores the same bytes as 19, more slowly.
 DEFAULT_LEVEL = 19
-DEFAULT_DICT_BYTES = 110 << 10
+DEFAULT_DICT_BYTES = 1 << 20
+DICT_K = 8192
+DICT_D = 6
 _MIN_DICT_SAMPLES = 8
+_MIN_DICT_BYTES = 1024
+_KEY = re.compile(r"[0-9a-f]{32}")
 
 
 class ImageError(ValueError):
@@ -56,23 +81,44 @@ class ImageError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ImageInfo:
-    """What ``write_image`` produced."""
+    """What ``write_image`` produced: sizes in bytes (stored = the file's size)."""
 
     path: Path
     entries: int
     stored_bytes: int
     raw_bytes: int
     codec: str
+    binary_bytes: int = 0
+    dict_bytes: int = 0
 
 
-def _key_bytes(key: str) -> bytes:
+def key_bytes(key: str) -> bytes:
+    """The 16 raw bytes of a cache key (32 lowercase hex digits); ValueError naming the key otherwise."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValueError(f"image key must be 32 lowercase hex digits, got {key!r}")
+    return bytes.fromhex(key)
+
+
+def train_dictionary(samples: list[bytes], size: int, *, k: int = DICT_K, d: int = DICT_D,
+                     level: int = DEFAULT_LEVEL) -> bytes:
+    """A zstd dictionary of at most ``size`` bytes trained on ``samples``, or b"" if they are too few.
+
+    Deterministic: fastCOVER with fixed ``k`` (at most ``size / 4``) and ``d``
+    (no parameter search), one thread, every sample used for training (split_point 1.0), and the
+    dictionary ID derived from the content, so the same samples in the same
+    order give the same bytes.
+    """
+    import zstandard
+
+    if len(samples) < _MIN_DICT_SAMPLES or size < _MIN_DICT_BYTES:
+        return b""
     try:
-        raw = bytes.fromhex(key)
-    except ValueError:
-        raise ImageError(f"image key must be 32 hex digits, got {key!r}") from None
-    if len(raw) != 16:
-        raise ImageError(f"image key must be 32 hex digits, got {key!r}")
-    return raw
+        # fastCOVER refuses a segment size k above the dictionary size: small images get smaller segments.
+        trained = zstandard.train_dictionary(size, list(samples), k=min(k, size // 4), d=d, split_point=1.0,
+                                             level=level, threads=1)
+    except zstandard.ZstdError:
+        return b""  # samples too small or too uniform to train on
+    return bytes(trained.as_bytes())
 
 
 def _compressor(codec: int, level: int, dictionary: bytes) -> Any:
@@ -84,71 +130,119 @@ def _compressor(codec: int, level: int, dictionary: bytes) -> Any:
     return zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True)
 
 
-def _train(samples: list[bytes], size: int) -> bytes:
-    import zstandard
+def _compress_all(codec: int, level: int, dictionary: bytes, raws: list[bytes], threads: int) -> list[bytes]:
+    """Each raw entry compressed alone (a compressor per thread: they are not thread-safe)."""
+    if codec == CODEC_NONE:
+        return raws
+    local = threading.local()
 
-    if len(samples) < _MIN_DICT_SAMPLES or size <= 0:
-        return b""
+    def compress(raw: bytes) -> bytes:
+        if not hasattr(local, "compressor"):
+            local.compressor = _compressor(codec, level, dictionary)
+        return bytes(local.compressor.compress(raw))
+
+    workers = max(1, min(threads or os.cpu_count() or 1, len(raws)))
+    if workers == 1:
+        return [compress(raw) for raw in raws]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(compress, raws))
+
+
+def _meta_bytes(meta: dict[str, Any]) -> bytes:
+    data = msgpack.packb(meta, use_bin_type=True)
+    if len(data) > MAX_META_BYTES:
+        raise ValueError(f"image meta is {len(data)} bytes, the bound is {MAX_META_BYTES}")
     try:
-        # Fixed parameters and one thread: the same entries give the same dictionary.
-        return zstandard.train_dictionary(size, samples, k=1024, d=8, threads=1).as_bytes()  # type: ignore[no-any-return]
-    except zstandard.ZstdError:
-        return b""
+        msgpack.unpackb(data, raw=False, **_META_BOUNDS)
+    except Exception as exc:
+        raise ValueError(f"image meta exceeds what a reader accepts ({exc}); "
+                         "use str, int, float, bool, lists and maps, strings under 4 KiB") from None
+    return data
+
+
+def _encode_entries(entries: Iterable[Entry]) -> tuple[list[tuple[bytes, bytes]], set[str], int]:
+    """(raw key, encoded entry) pairs in key order, the targets, and the binaries' bytes."""
+    by_key: dict[bytes, bytes] = {}
+    targets: set[str] = set()
+    binary_bytes = 0
+    for entry in entries:
+        raw_key = key_bytes(entry.key)
+        if raw_key in by_key:
+            raise ValueError(f"entry {entry.key} given twice")
+        raw = entry.encode()
+        if len(raw) > MAX_ENTRY_BYTES:
+            raise ValueError(f"entry {entry.key} is {len(raw)} bytes, the bound is {MAX_ENTRY_BYTES}")
+        by_key[raw_key] = raw
+        targets.add(entry.target)
+        binary_bytes += len(entry.binary)
+    return sorted(by_key.items()), targets, binary_bytes
 
 
 def write_image(path: str | os.PathLike[str], entries: Iterable[Entry], *, level: int = DEFAULT_LEVEL,
-                dict_bytes: int = DEFAULT_DICT_BYTES, codec: str = "zstd-dict",
-                meta: dict[str, Any] | None = None) -> ImageInfo:
+                dict_bytes: int = DEFAULT_DICT_BYTES, codec: str = "zstd-dict", dict_k: int = DICT_K,
+                dict_d: int = DICT_D, meta: dict[str, Any] | None = None, threads: int = 0) -> ImageInfo:
     """Write ``entries`` (keys unique) to an image at ``path``, atomically (temp file, then rename).
 
     Entries are stored in key order and the dictionary is trained on them in
-    that order with fixed parameters, so the same entries give the same bytes.
+    that order with fixed parameters, so the same entries (in any order) give
+    the same bytes. ``meta`` adds fields to the image's meta map (not the
+    reserved ones). ``threads``: compression threads, 0 for one per core.
     """
-    by_key: dict[bytes, bytes] = {}
-    targets: set[str] = set()
-    for entry in entries:
-        raw_key = _key_bytes(entry.key)
-        if raw_key in by_key:
-            raise ImageError(f"entry {entry.key} given twice")
-        by_key[raw_key] = entry.encode()
-        targets.add(entry.target)
-    ordered = sorted(by_key.items())
-    codec_id = {v: k for k, v in CODEC_NAMES.items()}.get(codec)
+    codec_id = _CODEC_IDS.get(codec)
     if codec_id is None:
-        raise ValueError(f"codec must be one of {sorted(CODEC_NAMES.values())}, got {codec!r}")
-    dictionary = _train([raw for _, raw in ordered], dict_bytes) if codec_id == CODEC_ZSTD_DICT else b""
-    if codec_id == CODEC_ZSTD_DICT and not dictionary:
-        codec_id = CODEC_ZSTD  # too few entries to train on
-    compress = None if codec_id == CODEC_NONE else _compressor(codec_id, level, dictionary).compress
+        raise ValueError(f"codec must be one of {sorted(_CODEC_IDS)}, got {codec!r}")
+    if not isinstance(level, int) or not 1 <= level <= 22:
+        raise ValueError(f"level must be a zstd level from 1 to 22, got {level!r}")
+    if not 0 <= dict_bytes <= MAX_DICT_BYTES:
+        raise ValueError(f"dict_bytes must be in [0, {MAX_DICT_BYTES}], got {dict_bytes}")
+    clash = sorted(set(meta or {}) & set(_META_RESERVED))
+    if clash:
+        raise ValueError(f"meta fields {clash} are reserved for the image itself")
+    ordered, targets, binary_bytes = _encode_entries(entries)
+    raws = [raw for _, raw in ordered]
+    dictionary = dict_section = b""
+    if codec_id == CODEC_ZSTD_DICT:
+        # A dictionary above an eighth of the entries' bytes costs more than it saves (SPEC.md, "Codec choice").
+        size = min(dict_bytes, sum(map(len, raws)) // 8)
+        dictionary = train_dictionary(raws, size, k=dict_k, d=dict_d, level=level)
+        if not dictionary:
+            codec_id = CODEC_ZSTD  # too few entries to train on
+        else:
+            dict_section = _compressor(CODEC_ZSTD, DICT_SECTION_LEVEL, b"").compress(dictionary)
+    blobs = _compress_all(codec_id, level, dictionary, raws, threads)
+    meta_record: dict[str, Any] = {
+        "format": FORMAT_VERSION, "codec": CODEC_NAMES[codec_id], "level": level if codec_id else 0,
+        "dict": {"bytes": len(dictionary), "k": dict_k, "d": dict_d} if dictionary else {},
+        "targets": sorted(targets), "entries": len(ordered), **(meta or {}),
+    }
+    meta_bytes = _meta_bytes(meta_record)
 
-    path = Path(path)
+    records, offset = [], HEADER_SIZE + len(dict_section)
+    for (raw_key, raw), blob in zip(ordered, blobs, strict=True):
+        records.append(_RECORD.pack(raw_key, offset, len(blob), len(raw), xxhash.xxh3_64_intdigest(blob)))
+        offset += len(blob)
+    index = b"".join(records)
+    index_offset, meta_offset = offset, offset + len(index)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, codec_id, len(ordered), 0,
+                          HEADER_SIZE, len(dict_section), index_offset, len(index), meta_offset, len(meta_bytes),
+                          xxhash.xxh3_64_intdigest(index), xxhash.xxh3_64_intdigest(dict_section + meta_bytes), 0)
+    header = header[:-8] + struct.pack("<Q", xxhash.xxh3_64_intdigest(header[:-8]))
+    _write_atomically(Path(path), [header, dict_section, *blobs, index, meta_bytes])
+    return ImageInfo(Path(path), len(ordered), meta_offset + len(meta_bytes), sum(map(len, raws)),
+                     CODEC_NAMES[codec_id], binary_bytes, len(dictionary))
+
+
+def _write_atomically(path: Path, parts: Iterable[bytes]) -> None:
+    """Write ``parts`` to a temp file beside ``path``, fsync, then rename over it: no partial file is ever seen."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide a shipped image from other users
         with os.fdopen(fd, "wb") as f:
-            f.write(b"\0" * HEADER_SIZE)
-            f.write(dictionary)
-            records = []
-            offset = HEADER_SIZE + len(dictionary)
-            for raw_key, raw in ordered:
-                blob = compress(raw) if compress else raw
-                records.append(_RECORD.pack(raw_key, offset, len(blob), len(raw), xxhash.xxh3_64_intdigest(blob)))
-                f.write(blob)
-                offset += len(blob)
-            index = b"".join(records)
-            meta_record = {"format": FORMAT_VERSION, "codec": CODEC_NAMES[codec_id], "level": level,
-                           "targets": sorted(targets), "entries": len(ordered), **(meta or {})}
-            meta_bytes = msgpack.packb(meta_record, use_bin_type=True)
-            f.write(index)
-            f.write(meta_bytes)
-            index_offset, meta_offset = offset, offset + len(index)
-            fields = (MAGIC, FORMAT_VERSION, codec_id, len(ordered), 0,
-                      HEADER_SIZE, len(dictionary), index_offset, len(index), meta_offset, len(meta_bytes),
-                      xxhash.xxh3_64_intdigest(index), xxhash.xxh3_64_intdigest(dictionary + meta_bytes), 0)
-            header = _HEADER.pack(*fields)
-            header = header[:-8] + struct.pack("<Q", xxhash.xxh3_64_intdigest(header[:-8]))
-            f.seek(0)
-            f.write(header)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -156,8 +250,12 @@ def write_image(path: str | os.PathLike[str], entries: Iterable[Entry], *, level
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return ImageInfo(path, len(ordered), meta_offset + len(meta_bytes), sum(len(r) for _, r in ordered),
-                     CODEC_NAMES[codec_id])
+    with contextlib.suppress(OSError):  # make the rename itself durable where the platform allows it
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 class Image:
@@ -181,7 +279,7 @@ class Image:
     def _parse_header(self, size: int) -> None:
         mm = self._mm
         header = mm[:HEADER_SIZE]
-        (magic, version, codec, count, _flags, dict_off, dict_len, index_off, index_len, meta_off, meta_len,
+        (magic, version, codec, count, flags, dict_off, dict_len, index_off, index_len, meta_off, meta_len,
          index_sum, meta_sum, header_sum) = _HEADER.unpack(header)
         if magic != MAGIC:
             raise ImageError(f"{self.path}: not an image (magic {magic!r})")
@@ -189,8 +287,9 @@ class Image:
             raise ImageError(f"{self.path}: image format version {version} is not {FORMAT_VERSION}")
         if xxhash.xxh3_64_intdigest(header[:-8]) != header_sum:
             raise ImageError(f"{self.path}: image header checksum mismatch")
-        if codec not in CODEC_NAMES:
-            raise ImageError(f"{self.path}: unknown codec {codec}")
+        if codec not in CODEC_NAMES or flags != 0 or (dict_len > 0) != (codec == CODEC_ZSTD_DICT):
+            raise ImageError(f"{self.path}: codec {codec}, flags {flags}, dictionary of {dict_len} bytes "
+                             "do not go together")
         sections_ok = (dict_off == HEADER_SIZE and dict_len <= MAX_DICT_BYTES and index_len == count * RECORD_SIZE
                        and dict_off + dict_len <= index_off and index_off + index_len == meta_off
                        and meta_len <= MAX_META_BYTES and meta_off + meta_len == size)
@@ -203,8 +302,7 @@ class Image:
         if xxhash.xxh3_64_intdigest(dictionary + meta_bytes) != meta_sum:
             raise ImageError(f"{self.path}: image dictionary or meta checksum mismatch")
         try:
-            meta = msgpack.unpackb(meta_bytes, raw=False, max_bin_len=0, max_str_len=4096, max_array_len=4096,
-                                   max_map_len=256, max_ext_len=0)
+            meta = msgpack.unpackb(meta_bytes, raw=False, **_META_BOUNDS)
         except Exception as exc:
             raise ImageError(f"{self.path}: image meta is not valid msgpack: {exc}") from None
         if not isinstance(meta, dict):
@@ -212,9 +310,14 @@ class Image:
         self.meta: dict[str, Any] = meta
         self.codec = codec
         self.count = count
-        self._dictionary = dictionary
+        self._dict_section = dictionary
         self._index_off = index_off
+        self._data_start = dict_off + dict_len
         self._data_end = index_off
+
+    @property
+    def codec_name(self) -> str:
+        return CODEC_NAMES[self.codec]
 
     def _record(self, i: int) -> tuple[bytes, int, int, int, int]:
         start = self._index_off + i * RECORD_SIZE
@@ -234,16 +337,19 @@ class Image:
         return -1
 
     def __contains__(self, key: str) -> bool:
-        return self._find(_key_bytes(key)) >= 0
+        return self._find(key_bytes(key)) >= 0
+
+    def __len__(self) -> int:
+        return self.count
 
     def keys(self) -> Iterator[str]:
-        """Keys held, in key order."""
+        """Keys held, in index order (key order in a valid image)."""
         for i in range(self.count):
             yield self._record(i)[0].hex()
 
     def sizes(self, key: str) -> tuple[int, int]:
         """(stored, raw) bytes of one entry."""
-        i = self._find(_key_bytes(key))
+        i = self._find(key_bytes(key))
         if i < 0:
             raise KeyError(key)
         _, _, stored, raw, _ = self._record(i)
@@ -251,18 +357,22 @@ class Image:
 
     def read(self, key: str) -> Entry | None:
         """The verified entry for ``key``, None if absent; ImageError if its bytes are damaged."""
-        i = self._find(_key_bytes(key))
+        i = self._find(key_bytes(key))
         if i < 0:
             return None
         _, offset, stored, raw_len, checksum = self._record(i)
-        if offset < HEADER_SIZE or offset + stored > self._data_end or raw_len > MAX_ENTRY_BYTES:
-            raise ImageError(f"{self.path}: entry {key} lies outside the data section")
+        if offset < self._data_start or offset + stored > self._data_end:
+            raise ImageError(f"{self.path}: entry {key} at [{offset}, {offset + stored}) lies outside the data "
+                             f"section [{self._data_start}, {self._data_end})")
+        if not ENTRY_HEADER_SIZE <= raw_len <= MAX_ENTRY_BYTES:
+            raise ImageError(f"{self.path}: entry {key} claims {raw_len} raw bytes, outside "
+                             f"[{ENTRY_HEADER_SIZE}, {MAX_ENTRY_BYTES}]")
         blob = self._mm[offset:offset + stored]
         if xxhash.xxh3_64_intdigest(blob) != checksum:
             raise ImageError(f"{self.path}: entry {key} checksum mismatch")
         data = self._decompress(blob, raw_len, key) if self.codec != CODEC_NONE else blob
         if len(data) != raw_len:
-            raise ImageError(f"{self.path}: entry {key} decompressed to {len(data)} bytes, index says {raw_len}")
+            raise ImageError(f"{self.path}: entry {key} is {len(data)} bytes, index says {raw_len}")
         try:
             return Entry.decode(data, expected_key=key)
         except EntryError as exc:
@@ -271,22 +381,53 @@ class Image:
     def _decompress(self, blob: bytes, raw_len: int, key: str) -> bytes:
         import zstandard
 
-        if self._decompressor is None:
-            if self.codec == CODEC_ZSTD_DICT:
-                dictionary = zstandard.ZstdCompressionDict(self._dictionary)
-                self._decompressor = zstandard.ZstdDecompressor(dict_data=dictionary)
-            else:
-                self._decompressor = zstandard.ZstdDecompressor()
         try:
-            # Bounded by the recorded size: a crafted frame cannot expand past it.
-            with self._lock:
-                return self._decompressor.decompress(blob, max_output_size=raw_len)  # type: ignore[no-any-return]
+            # zstandard allocates the size a frame header claims, whatever max_output_size says:
+            # refuse a frame that claims anything but the raw length the index recorded.
+            claimed = zstandard.frame_content_size(blob)
         except zstandard.ZstdError as exc:
-            raise ImageError(f"{self.path}: entry {key} does not decompress: {exc}") from None
+            raise ImageError(f"{self.path}: entry {key} is not a zstd frame: {exc}") from None
+        if claimed != raw_len:
+            raise ImageError(f"{self.path}: entry {key} frame claims {claimed} bytes, index says {raw_len}")
+        with self._lock:
+            if self._decompressor is None:
+                self._decompressor = zstandard.ZstdDecompressor(dict_data=self._load_dictionary())
+            try:
+                return bytes(self._decompressor.decompress(blob, max_output_size=raw_len, allow_extra_data=False))
+            except zstandard.ZstdError as exc:
+                raise ImageError(f"{self.path}: entry {key} does not decompress: {exc}") from None
+
+    def _load_dictionary(self) -> Any:
+        """The dictionary, decompressed from its section (bounded like an entry), or None without one."""
+        import zstandard
+
+        if not self._dict_section:
+            return None
+        try:
+            claimed = zstandard.frame_content_size(self._dict_section)
+            if not 0 < claimed <= MAX_DICT_BYTES:
+                raise ImageError(f"{self.path}: dictionary frame claims {claimed} bytes, outside [1, {MAX_DICT_BYTES}]")
+            raw = zstandard.ZstdDecompressor().decompress(self._dict_section, max_output_size=claimed,
+                                                          allow_extra_data=False)
+            dictionary = zstandard.ZstdCompressionDict(raw)
+        except zstandard.ZstdError as exc:
+            raise ImageError(f"{self.path}: image dictionary is damaged: {exc}") from None
+        return dictionary
+
+    def check_order(self) -> list[tuple[str, str]]:
+        """The (key, problem) pairs of index records out of key order (a lookup could miss them)."""
+        problems = []
+        previous = b""
+        for i in range(self.count):
+            raw_key = self._record(i)[0]
+            if i and raw_key <= previous:
+                problems.append((raw_key.hex(), f"{self.path}: index record {i} is out of key order"))
+            previous = raw_key
+        return problems
 
     def verify(self) -> list[tuple[str, str]]:
-        """Read every entry; the (key, problem) pairs of those that fail."""
-        problems = []
+        """Check the index order and read every entry; the (key, problem) pairs of what fails."""
+        problems = self.check_order()
         for key in self.keys():
             try:
                 self.read(key)

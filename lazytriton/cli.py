@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     from lazytriton.prewarm.cli import add_parser as add_prewarm_parser
 
     add_prewarm_parser(sub)
+    from lazytriton.cache_cli import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     sub.add_parser("tune", add_help=False, help="time configs on this GPU and update the tuning table "
                    "(lazytriton tune --help)")
     sub.add_parser("capi", add_help=False, help="build and install the C API, liblazytriton.so "

@@ -6,12 +6,18 @@ process killed at any instant leaves it valid. Values are the encoded entry
 bytes, verified on every read. Counters (compiles, hits, corrupt entries)
 live in the same store under ``counter:`` keys, which entry listings skip.
 Every key is a str, so diskcache never pickles one.
+
+Size is bounded, least recently used entries first: diskcache keeps each
+entry's access time (its ``least-recently-used`` policy), and ``cull`` evicts
+by it. diskcache's own culling is off (``cull_limit=0``) because it would
+evict the counters too; ``put`` culls when the store outgrows its bound.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,14 +54,19 @@ class LocalTier:
                 import diskcache  # imported on first use: a process served from images never pays for it
 
                 self._cache = diskcache.Cache(
-                    str(self.directory), size_limit=self._size_limit,
-                    eviction_policy="least-recently-stored", disk_min_file_size=_FILE_THRESHOLD,
+                    str(self.directory), size_limit=self._size_limit, cull_limit=0,
+                    eviction_policy="least-recently-used", disk_min_file_size=_FILE_THRESHOLD,
                     timeout=10,
                 )
             except Exception as exc:  # unwritable dir, corrupt SQLite file, ...
                 self._warn_once("open", f"local cache {self.directory} unusable ({exc}); running from memory only")
                 return None
         return self._cache
+
+    @property
+    def size_limit(self) -> int:
+        """The bound, in bytes, that ``put`` keeps the store within (``cull`` evicts down to it)."""
+        return self._size_limit
 
     @property
     def usable(self) -> bool:
@@ -98,10 +109,47 @@ class LocalTier:
         if store is None:
             return False
         try:
-            return bool(store.set(key, entry.encode(), read=False))
+            stored = bool(store.set(key, entry.encode(), read=False))
+            if store.volume() > self._size_limit:
+                self.cull()
+            return stored
         except Exception as exc:
             self._warn_once("write", f"local cache write failed ({exc}); entries stay in memory only")
             return False
+
+    def peek(self, key: str) -> bytes | None:
+        """The stored bytes for ``key``, unverified, with no side effect (no drop, count or access time)."""
+        store = self._store()
+        if store is None:
+            return None
+        try:
+            row = store._sql("SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1",
+                             (check_key(key),)).fetchone()
+            return None if row is None else bytes(store._disk.fetch(*row, read=False))
+        except (OSError, sqlite3.Error):
+            return None
+
+    def cull(self, max_bytes: int | None = None) -> tuple[int, int]:
+        """Evict least recently used entries (never counters) until the store is within ``max_bytes``.
+
+        ``max_bytes`` defaults to the tier's size limit; the bound covers the
+        SQLite index too. Returns (entries removed, their bytes).
+        """
+        bound = self._size_limit if max_bytes is None else max_bytes
+        if bound < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        store = self._store()
+        if store is None:
+            return 0, 0
+        removed = freed = 0
+        rows = store._sql("SELECT key, size FROM Cache WHERE raw = 1 AND key NOT LIKE ? ORDER BY access_time",
+                          (_COUNTER + "%",)).fetchall()
+        for key, size in rows:
+            if store.volume() <= bound:
+                break
+            if store.delete(key):
+                removed, freed = removed + 1, freed + size
+        return removed, freed
 
     def delete(self, key: str) -> bool:
         """Remove one entry; True if it was there."""

@@ -1,0 +1,388 @@
+"""``lazytriton cache``: list, count, verify, explain, bound, export and import cached entries.
+
+    lazytriton cache ls [--tier all|image|local] [--target sm_90,gfx942]
+    lazytriton cache stats
+    lazytriton cache verify [PATH]          # the local tier and images, or one image / cache dir
+    lazytriton cache explain --dtype bf16 --head-dim 128 --seqlen-q 4096 [--seqlen-k N]
+                             [--causal none|top_left|bottom_right] [--target sm_90] [--unaligned]
+    lazytriton cache gc [--max-bytes 2G]    # least recently used entries go first
+    lazytriton cache export --out FILE [--target sm_90,...]
+    lazytriton cache import FILE
+
+Exit status: 0 when all is well, 1 when something checked fails (a damaged
+entry, an invalid binary, nothing to export), 2 for a bad argument. Nothing
+here writes to a tier except ``gc``, ``import`` and (to its own file) ``export``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lazytriton.cache_format import Entry, EntryError
+from lazytriton.cache_format.elf import check_binary
+from lazytriton.cache_format.image import Image, ImageError, write_image
+from lazytriton.store.local import LocalTier
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?", re.I)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as B, KiB, MiB or GiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def parse_size(text: str) -> int:
+    """A byte count such as ``1048576``, ``500M``, ``2G`` or ``1.5GiB`` (binary units)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"--max-bytes must be a size such as 500M or 2G, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_targets(text: str | None) -> set[str] | None:
+    """Canonical target names from ``sm_90,gfx942`` (None: all)."""
+    from lazytriton.target import Target
+
+    if not text:
+        return None
+    return {str(Target.parse(name)) for name in text.split(",") if name.strip()}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One cached entry as ``ls`` and ``verify`` see it (``entry`` None: it failed to decode)."""
+
+    tier: str
+    where: str
+    key: str
+    size: int
+    entry: Entry | None
+    problem: str = ""
+
+
+def _runtime() -> Any:
+    from lazytriton import runtime
+
+    return runtime.get()
+
+
+def _image_paths(rt: Any) -> list[Path]:
+    from lazytriton.store.image import image_files
+
+    return image_files(rt.settings.images)
+
+
+def local_rows(tier: LocalTier) -> Iterator[Row]:
+    """Every entry of a local tier, read without side effects."""
+    for key in sorted(tier.keys()):
+        data = tier.peek(key)
+        if data is None:
+            continue
+        try:
+            yield Row(tier.name, str(tier.directory), key, len(data), Entry.decode(data, expected_key=key))
+        except EntryError as exc:
+            yield Row(tier.name, str(tier.directory), key, len(data), None, str(exc))
+
+
+def image_rows(path: Path, tier: str = "image") -> Iterator[Row]:
+    """Every entry of one image; an image that does not open yields one row with the problem."""
+    try:
+        image = Image(path)
+    except (ImageError, OSError) as exc:
+        yield Row(tier, str(path), "-", 0, None, f"image does not open: {exc}")
+        return
+    with image:
+        for key in image.keys():
+            stored = image.sizes(key)[0]
+            try:
+                yield Row(tier, str(path), key, stored, image.read(key))
+            except ImageError as exc:
+                yield Row(tier, str(path), key, stored, None, str(exc))
+        for key, problem in image.check_order():
+            yield Row(tier, str(path), key, 0, None, problem)
+
+
+def binary_problems(entry: Entry) -> list[str]:
+    """Why an entry's binary is not what it claims (kind, target, symbol); empty when it is."""
+    from lazytriton.target import Target
+
+    problems = []
+    try:
+        expected_kind = Target.parse(entry.target).binary_kind
+        if entry.kind != expected_kind:
+            problems.append(f"kind {entry.kind} does not fit target {entry.target} ({expected_kind})")
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems + check_binary(entry.kind, entry.target, entry.binary, entry.name)
+
+
+# --- commands --------------------------------------------------------------------------------------------------
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    rt = _runtime()
+    targets = parse_targets(args.target)
+    rows: list[Row] = []
+    if args.tier in ("all", "image"):
+        for path in _image_paths(rt):
+            rows.extend(image_rows(path))
+    if args.tier in ("all", "local"):
+        rows.extend(local_rows(rt.local))
+    print(f"{'TARGET':<8} {'KERNEL':<10} {'SIZE':>10} {'TIER':<6} {'KEY':<32} VARIANT")
+    shown = 0
+    for row in rows:
+        target = row.entry.target if row.entry else "?"
+        if targets is not None and target not in targets:
+            continue
+        kernel = row.entry.variant.split(":", 1)[0] if row.entry else "?"
+        variant = row.entry.variant if row.entry else f"DAMAGED: {row.problem}"
+        print(f"{target:<8} {kernel:<10} {human_bytes(row.size):>10} {row.tier:<6} {row.key:<32} {variant}")
+        shown += 1
+    print(f"{shown} entries")
+    return 0
+
+
+def _miss_count(rt: Any) -> int:
+    try:
+        with open(rt.miss_log, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    rt = _runtime()
+    paths = _image_paths(rt)
+    image_entries = image_bytes = 0
+    for path in paths:
+        try:
+            with Image(path) as image:
+                image_entries += image.count
+            image_bytes += path.stat().st_size
+        except (ImageError, OSError) as exc:
+            print(f"image {path}: does not open: {exc}")
+    local = rt.local.stats()
+    print(f"{'TIER':<6} {'ENTRIES':>8} {'BYTES':>10}  WHERE")
+    print(f"{'image':<6} {image_entries:>8} {human_bytes(image_bytes):>10}  {len(paths)} image(s): "
+          f"{', '.join(str(p) for p in paths) or 'none on the search path'}")
+    print(f"{'local':<6} {local.entries:>8} {human_bytes(local.bytes):>10}  {rt.local.directory}")
+    counters = rt.counters()
+    print(f"hits {counters.get('hits', 0)}, misses {_miss_count(rt)} (JIT compiles in the miss log), "
+          f"compiles {counters.get('compiles', 0)}, corrupt {counters.get('corrupt', 0)} "
+          "(local counters, since the cache was created)")
+    others = {k: v for k, v in sorted(counters.items()) if k not in ("hits", "compiles", "corrupt")}
+    if others:
+        print("other counters: " + ", ".join(f"{k} {v}" for k, v in others.items()))
+    return 0
+
+
+def _rows_to_verify(path: Path | None, rt: Any) -> list[Row]:
+    if path is None:
+        rows = [row for p in _image_paths(rt) for row in image_rows(p)]
+        return rows + list(local_rows(rt.local))
+    if path.is_file():
+        return list(image_rows(path))
+    if path.is_dir():
+        for directory in (path / "entries", path):
+            if (directory / "cache.db").is_file():
+                return list(local_rows(LocalTier(directory)))
+        images = sorted(path.glob("*.ltimg"))
+        if images:
+            return [row for p in images for row in image_rows(p)]
+    raise ValueError(f"PATH {path} is not an image, a folder of images or a cache dir")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    rt = _runtime()
+    rows = _rows_to_verify(args.path, rt)
+    failures = 0
+    for row in rows:
+        problems = [row.problem] if row.entry is None else binary_problems(row.entry)
+        if problems:
+            failures += 1
+            for problem in problems:
+                print(f"FAIL {row.tier} {row.where} {row.key}: {problem}")
+    checked = sum(1 for row in rows if row.key != "-")
+    outcome = f"{failures} failed" if failures else "all ok"
+    print(f"{checked} entries checked (checksum, decoding, ELF kind, arch and kernel symbol): {outcome}")
+    return 1 if failures else 0
+
+
+def _explain_target(text: str | None) -> tuple[Any, str]:
+    from lazytriton.target import Target
+
+    if text:
+        return Target.parse(text), "given"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from lazytriton.dispatch import target_of_device
+
+            return target_of_device(torch.cuda.current_device()), "detected"
+    except ImportError:
+        pass
+    return Target.parse("sm_90"), "no GPU detected; sm_90 assumed"
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from lazytriton import dispatch
+    from lazytriton.store.image import ImageTier
+    from lazytriton.store.probe import explain, probe_images, probe_tier
+
+    target, how = _explain_target(args.target)
+    causal = dispatch.causal_mode(args.causal if args.causal != "none" else False) != "none"
+    seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
+    if args.seqlen_q < 1 or seqlen_k < 0:
+        raise ValueError(f"--seqlen-q must be >= 1 and --seqlen-k >= 0, got {args.seqlen_q} and {seqlen_k}")
+    config, row = dispatch.flash_fwd_config(target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
+    variant = dispatch.flash_fwd_variant(target, args.dtype, args.head_dim, causal, not args.unaligned,
+                                         args.seqlen_q, seqlen_k=seqlen_k, index64=args.index64)
+    key = variant.key()
+    print(f"call     flash_fwd {args.dtype} head_dim={args.head_dim} seqlen_q={args.seqlen_q} seqlen_k={seqlen_k} "
+          f"causal={args.causal} {'unaligned' if args.unaligned else 'aligned'} target={target} ({how})")
+    if args.causal == "bottom_right":
+        print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
+    print(f"variant  {variant}")
+    tuned = f"BLOCK_M={config.block_m} BLOCK_N={config.block_n} num_warps={config.num_warps} " \
+            f"num_stages={config.num_stages}"
+    if row is None:
+        print(f"tuning   default config (no tuning row for {target} flash_fwd {args.dtype} head dim "
+              f"{dispatch.padded_head_dim(args.head_dim)} causal={causal}): {tuned}")
+    else:
+        print(f"tuning   row seqlen_q<={row.seqlen_q} seqlen_k<={row.seqlen_k}: {tuned} "
+              f"({row.tflops} TFLOP/s on {row.gpu}, {row.measured})")
+    print(f"key      {key}")
+    rt = _runtime()
+    probes = []
+    for tier in rt.chain.tiers:
+        if isinstance(tier, ImageTier):
+            probes.extend(probe_images(_image_paths(rt), key, tier.name))
+        else:
+            probes.append(probe_tier(tier, key))
+    verdict = explain(probes, rt.settings.jit)
+    print("tiers, in the order the runtime reads them:")
+    print(f"  {'memory':<40} empty in a new process (a running one keeps what it has loaded)")
+    for name, reason in verdict.reasons:
+        print(f"  {name:<40} {reason}")
+    print(f"served by {verdict.source or 'nothing: KernelNotFound'}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    rt = _runtime()
+    tier = rt.local
+    before = tier.stats()
+    removed, freed = tier.cull(args.max_bytes)
+    after = tier.stats()
+    bound = args.max_bytes if args.max_bytes is not None else tier.size_limit
+    print(f"removed {removed} least recently used entries ({human_bytes(freed)}); local tier {tier.directory}: "
+          f"{before.entries} -> {after.entries} entries, {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
+          f"(bound {human_bytes(bound)})")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    rt = _runtime()
+    targets = parse_targets(args.target)
+    entries, damaged = [], 0
+    for row in local_rows(rt.local):
+        if row.entry is None:
+            damaged += 1
+            print(f"skipped damaged entry {row.key}: {row.problem}", file=sys.stderr)
+        elif targets is None or row.entry.target in targets:
+            entries.append(row.entry)
+    if not entries:
+        print(f"nothing to export: the local tier {rt.local.directory} holds no entry"
+              f"{' for ' + ','.join(sorted(targets)) if targets else ''}", file=sys.stderr)
+        return 1
+    info = write_image(args.out, entries, meta={"source": "lazytriton cache export"})
+    print(f"wrote {info.entries} entries ({', '.join(sorted({e.target for e in entries}))}) to {info.path}: "
+          f"{human_bytes(info.stored_bytes)}, {info.stored_bytes / max(info.binary_bytes, 1):.3f} of the binaries' "
+          f"{human_bytes(info.binary_bytes)} ({info.codec})")
+    return 1 if damaged else 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    rt = _runtime()
+    added = present = 0
+    failed = []
+    for row in image_rows(args.file):
+        if row.entry is None:
+            failed.append(row)
+            print(f"FAIL {row.key}: {row.problem}", file=sys.stderr)
+            continue
+        held = rt.local.peek(row.key)
+        if held is not None and held == row.entry.encode():
+            present += 1
+        elif rt.local.put(row.key, row.entry):
+            added += 1
+        else:
+            failed.append(row)
+            print(f"FAIL {row.key}: the local tier {rt.local.directory} did not store it", file=sys.stderr)
+    print(f"imported {added} entries into {rt.local.directory} ({present} already there, {len(failed)} failed)")
+    return 1 if failed else 0
+
+
+def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``fn`` with a bad value (ValueError naming it) reported as a usage error, exit status 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except ValueError as exc:
+            print(f"lazytriton cache {args.cache_command}: error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``cache`` and its subcommands on the ``lazytriton`` parser's subparsers."""
+    from lazytriton.dispatch import CAUSAL_MODES
+    from lazytriton.variant import DTYPES
+
+    cache = sub.add_parser("cache", help="list, count, verify, explain, bound, export and import cached entries")
+    commands = cache.add_subparsers(dest="cache_command", required=True)
+    ls = commands.add_parser("ls", help="entries of the image and local tiers: target, kernel, size, tier, variant")
+    ls.add_argument("--tier", choices=("all", "image", "local"), default="all")
+    ls.add_argument("--target", help="only these targets, comma-separated (sm_90,gfx942)")
+    ls.set_defaults(fn=_guarded(cmd_ls))
+    stats = commands.add_parser("stats", help="entries and bytes per tier; hits, misses, compiles, corrupt")
+    stats.set_defaults(fn=_guarded(cmd_stats))
+    verify = commands.add_parser("verify", help="checksums and binary validity (ELF kind, arch, kernel symbol)")
+    verify.add_argument("path", nargs="?", type=Path, help="an image, a folder of images or a cache dir "
+                        "(default: the local tier and every image on the search path)")
+    verify.set_defaults(fn=_guarded(cmd_verify))
+    ex = commands.add_parser("explain", help="for a described call: variant, tuning row, key, and which tier serves")
+    ex.add_argument("--dtype", choices=DTYPES, required=True)
+    ex.add_argument("--head-dim", type=int, required=True)
+    ex.add_argument("--seqlen-q", type=int, required=True)
+    ex.add_argument("--seqlen-k", type=int, help="default: seqlen-q")
+    ex.add_argument("--causal", choices=CAUSAL_MODES, default="none")
+    ex.add_argument("--target", help="sm_90, gfx942, ... (default: the GPU here, else sm_90)")
+    ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
+    ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
+    ex.set_defaults(fn=_guarded(cmd_explain))
+    gc = commands.add_parser("gc", help="bound the local tier's size, least recently used entries first")
+    gc.add_argument("--max-bytes", type=parse_size, help="bound in bytes (500M, 2G; default: the tier's limit)")
+    gc.set_defaults(fn=_guarded(cmd_gc))
+    export = commands.add_parser("export", help="write the local tier's entries to an image")
+    export.add_argument("--out", type=Path, required=True, help="the image file to write")
+    export.add_argument("--target", help="only these targets, comma-separated")
+    export.set_defaults(fn=_guarded(cmd_export))
+    imp = commands.add_parser("import", help="copy an image's verified entries into the local tier")
+    imp.add_argument("file", type=Path, help="the image to read")
+    imp.set_defaults(fn=_guarded(cmd_import))

@@ -1,0 +1,360 @@
+"""``lazytriton cache``: ls, stats, verify (checksums and ELF validity), explain, gc, export and import.
+
+Binary checks run on real code objects: an sm_90 cubin and a gfx942 HSACO, compiled once per session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from compiled_once import compiled, shared_dir, small_variant
+from conftest import run_python
+
+from lazytriton import config, dispatch, runtime, tuning
+from lazytriton.cache_cli import parse_size
+from lazytriton.cache_format import Entry, Provenance
+from lazytriton.cache_format.elf import check_binary, cuda_sm, symbols
+from lazytriton.cache_format.image import Image, write_image
+from lazytriton.cli import main
+from lazytriton.store.local import LocalTier
+from lazytriton.store.probe import ABSENT, DAMAGED, PRESENT, UNKNOWN, Probe, explain
+from lazytriton.target import Target
+
+
+@pytest.fixture(scope="session")
+def cubin(tmp_path_factory: pytest.TempPathFactory) -> Entry:
+    return compiled(small_variant("sm_90"), shared_dir(tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def hsaco(tmp_path_factory: pytest.TempPathFactory) -> Entry:
+    return compiled(small_variant("gfx942"), shared_dir(tmp_path_factory))
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(["cache", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def local(cache_dir: Path) -> LocalTier:
+    return LocalTier(cache_dir / "entries")
+
+
+def seed(cache_dir: Path, *entries: Entry) -> None:
+    tier = local(cache_dir)
+    for entry in entries:
+        assert tier.put(entry.key, entry)
+    tier.close()
+
+
+def use_images(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
+    monkeypatch.setenv("LAZYTRITON_IMAGES", ":".join(str(p) for p in paths))
+    config.reset()
+
+
+def fake_entry(key: str, size: int = 2000, target: str = "sm_90") -> Entry:
+    return Entry(key=key, variant="flash_fwd:sm_90:fp16:::", target=target, kind="cubin",
+                 binary=b"\x7fELF" + bytes(size), name="k", num_warps=4, num_ctas=1, warp_size=32, shared=0,
+                 global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0, profile_scratch_align=1,
+                 arg_types=(), hidden_args=(), provenance=Provenance("triton", "3.9.0", "0" * 16, 1.0, 1))
+
+
+# --- ELF checks on real binaries -------------------------------------------------------------------------------
+
+
+def test_real_cubin_and_hsaco_are_valid(cubin: Entry, hsaco: Entry) -> None:
+    assert (cubin.kind, hsaco.kind) == ("cubin", "hsaco")
+    assert check_binary("cubin", "sm_90", cubin.binary, cubin.name) == []
+    assert check_binary("hsaco", "gfx942", hsaco.binary, hsaco.name) == []
+    assert {cubin.name} <= symbols(cubin.binary)
+    assert {hsaco.name, f"{hsaco.name}.kd"} <= symbols(hsaco.binary)
+    # Triton 3.9's ptxas writes ELF ABI 8: the SM sits in e_flags bits 8-15 (0x5a = 90).
+    ident, flags = cubin.binary[:16], struct.unpack_from("<I", cubin.binary, 48)[0]
+    assert cuda_sm(ident, flags) == 90
+    assert struct.unpack_from("<H", cubin.binary, 18)[0] == 190
+    assert struct.unpack_from("<H", hsaco.binary, 18)[0] == 224
+    assert struct.unpack_from("<I", hsaco.binary, 48)[0] & 0xFF == 0x04C
+
+
+def _patched(binary: bytes, at: int, fmt: str, value: int) -> bytes:
+    data = bytearray(binary)
+    struct.pack_into(fmt, data, at, value)
+    return bytes(data)
+
+
+def test_wrong_arch_foreign_and_broken_binaries_fail(cubin: Entry, hsaco: Entry) -> None:
+    flags = struct.unpack_from("<I", cubin.binary, 48)[0]
+    as_sm80 = _patched(cubin.binary, 48, "<I", (flags & ~0xFF00) | (80 << 8))
+    assert check_binary("cubin", "sm_80", as_sm80, cubin.name) == []
+    assert "encode sm_80, entry target is sm_90" in check_binary("cubin", "sm_90", as_sm80, cubin.name)[0]
+    # The ABI 7 layout (SM in the low byte) is read too; an unknown ABI version is a failure.
+    abi7 = _patched(_patched(cubin.binary, 8, "<B", 7), 48, "<I", 0x00000500 | 90)
+    assert check_binary("cubin", "sm_90", abi7, cubin.name) == []
+    assert "ABI version 9" in check_binary("cubin", "sm_90", _patched(cubin.binary, 8, "<B", 9))[0]
+    assert "EF_AMDGPU_MACH 0x04c, gfx950 is 0x04f" in check_binary("hsaco", "gfx950", hsaco.binary)[0]
+    assert "expected EM_CUDA" in check_binary("cubin", "sm_90", hsaco.binary)[0]
+    assert "expected EM_AMDGPU" in check_binary("hsaco", "gfx942", cubin.binary)[0]
+    host = Path(sys.executable).resolve().read_bytes()[:1 << 20]  # an x86-64 ELF: valid, but foreign
+    assert any("e_machine" in p for p in check_binary("cubin", "sm_90", host))
+    assert "lacks ['other', 'other.kd']" in check_binary("hsaco", "gfx942", hsaco.binary, "other")[0]
+    assert "does not fit" in check_binary("cubin", "sm_90", cubin.binary[:4096], cubin.name)[0]
+    assert "not an ELF" in check_binary("cubin", "sm_90", b"\x7fELX" + cubin.binary[4:])[0]
+    assert check_binary("hsaco", "gfx1101", hsaco.binary, hsaco.name) == [], "an unlisted gfx is not failed"
+
+
+# --- verify ----------------------------------------------------------------------------------------------------
+
+
+def test_verify_passes_real_entries_in_the_local_tier_and_an_image(
+        cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry, capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin, hsaco)
+    status, out, _ = cli(capsys, "verify")
+    assert status == 0 and "2 entries checked" in out and "all ok" in out
+    image = write_image(tmp_path / "both.ltimg", [cubin, hsaco]).path
+    status, out, _ = cli(capsys, "verify", str(image))
+    assert status == 0 and "2 entries checked" in out
+    status, out, _ = cli(capsys, "verify", str(cache_dir))
+    assert status == 0 and "2 entries checked" in out
+
+
+def test_verify_fails_a_mislabelled_foreign_or_corrupt_entry(
+        cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry, capsys: pytest.CaptureFixture[str]) -> None:
+    wrong_sm = dataclasses.replace(cubin, key="1" * 32, target="sm_80")
+    wrong_gfx = dataclasses.replace(hsaco, key="2" * 32, target="gfx950")
+    no_symbol = dataclasses.replace(hsaco, key="3" * 32, name="not_the_kernel")
+    foreign = dataclasses.replace(cubin, key="4" * 32, binary=Path(sys.executable).resolve().read_bytes()[:200_000])
+    wrong_kind = dataclasses.replace(hsaco, key="5" * 32, kind="cubin")
+    seed(cache_dir, cubin, wrong_sm, wrong_gfx, no_symbol, foreign, wrong_kind)
+    corrupt = dataclasses.replace(cubin, key="6" * 32)
+    seed(cache_dir, corrupt)
+    path = local(cache_dir).entry_path(corrupt.key)
+    assert path is not None
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+    status, out, _ = cli(capsys, "verify")
+    assert status == 1
+    fails = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert "7 entries checked" in out and "6 failed" in out
+    by_key = {key: "\n".join(line for line in fails if key in line) for key in "123456"}
+    assert "encode sm_90, entry target is sm_80" in by_key["1"]
+    assert "gfx950 is 0x04f" in by_key["2"]
+    assert "lacks ['not_the_kernel', 'not_the_kernel.kd']" in by_key["3"]
+    assert "expected EM_CUDA" in by_key["4"]
+    assert "does not fit target gfx942" in by_key["5"]
+    assert "checksum" in by_key["6"]
+    assert cubin.key not in "\n".join(fails)
+    assert local(cache_dir).counters().get("corrupt") is None, "verify drops and counts nothing"
+    assert local(cache_dir).peek(corrupt.key) is not None
+
+
+def test_verify_a_damaged_image_in_a_subprocess(tmp_path: Path, cubin: Entry, hsaco: Entry) -> None:
+    image = write_image(tmp_path / "img.ltimg", [cubin, hsaco]).path
+    command = "import sys; from lazytriton.cli import main; sys.exit(main(['cache', 'verify', sys.argv[-1]]))"
+    ok = run_python(command.replace("sys.argv[-1]", repr(str(image))))
+    assert ok.returncode == 0, ok.stderr
+    assert "2 entries checked" in ok.stdout
+    data = bytearray(image.read_bytes())
+    data[96 + 4] ^= 0xFF  # two entries train no dictionary: the first blob starts right after the header
+    image.write_bytes(bytes(data))
+    bad = run_python(command.replace("sys.argv[-1]", repr(str(image))))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAIL" in bad.stdout
+
+
+# --- ls and stats ----------------------------------------------------------------------------------------------
+
+
+def test_ls_lists_both_tiers_and_filters(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry,
+                                         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin)
+    image = write_image(tmp_path / "images" / "amd.ltimg", [hsaco]).path
+    use_images(monkeypatch, image.parent)
+    status, out, _ = cli(capsys, "ls")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["TARGET", "KERNEL", "SIZE", "TIER", "KEY"]
+    rows = {line.split()[0]: line for line in lines[1:-1]}
+    assert set(rows) == {"sm_90", "gfx942"} and lines[-1] == "2 entries"
+    assert " image " in rows["gfx942"] and hsaco.key in rows["gfx942"] and hsaco.variant in rows["gfx942"]
+    assert " local " in rows["sm_90"] and cubin.variant in rows["sm_90"]
+    assert all(" flash_fwd " in row for row in rows.values())
+    _, out, _ = cli(capsys, "ls", "--tier", "local")
+    assert "gfx942" not in out and "1 entries" in out
+    _, out, _ = cli(capsys, "ls", "--target", "gfx942")
+    assert "sm_90 " not in out and "1 entries" in out
+
+
+def test_stats_counts_entries_bytes_hits_misses_compiles(
+        cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin)
+    image = write_image(tmp_path / "amd.ltimg", [hsaco]).path
+    use_images(monkeypatch, image)
+    rt = runtime.get()
+    assert rt.resolve(small_variant("sm_90")).source == "local"
+    rt.local.count("compiles", 2)
+    (cache_dir / "misses.jsonl").write_text('{"variant": "a"}\n{"variant": "b"}\n')
+    status, out, _ = cli(capsys, "stats")
+    assert status == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines()}
+    assert rows["image"][1] == "1" and rows["local"][1] == "1"
+    assert f"{image.stat().st_size / 1024:.1f}" in " ".join(rows["image"])
+    assert "hits 1, misses 2 (JIT compiles in the miss log), compiles 2, corrupt 0" in out
+
+
+# --- explain ---------------------------------------------------------------------------------------------------
+
+CALL = ("--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "4096", "--target", "sm_90")
+
+
+def explained_variant() -> tuple[str, str]:
+    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, False, True, 4096, seqlen_k=4096)
+    return str(variant), variant.key()
+
+
+def test_explain_with_nothing_cached(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = cli(capsys, "explain", *CALL)
+    variant, key = explained_variant()
+    assert status == 0
+    assert f"variant  {variant}" in out and f"key      {key}" in out
+    assert "default config (no tuning row for sm_90 flash_fwd bf16 head dim 128" in out
+    assert "not present" in out and "served by jit" in out
+    monkeypatch.setenv("LAZYTRITON_JIT", "0")
+    config.reset()
+    _, out, _ = cli(capsys, "explain", *CALL)
+    assert "served by nothing: KernelNotFound" in out and "LAZYTRITON_JIT=0" in out
+
+
+def test_explain_names_the_serving_tier_and_why_the_others_do_not(
+        cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _, key = explained_variant()
+    entry = fake_entry(key)
+    seed(cache_dir, entry)
+    _, out, _ = cli(capsys, "explain", *CALL)
+    assert "served by local" in out and "serves it: a verified entry" in out
+
+    good = write_image(tmp_path / "b-good.ltimg", [entry]).path
+    damaged = write_image(tmp_path / "a-damaged.ltimg", [entry], codec="none").path
+    data = bytearray(damaged.read_bytes())
+    data[96 + 40] ^= 0xFF  # inside the only blob
+    damaged.write_bytes(bytes(data))
+    use_images(monkeypatch, tmp_path)
+    _, out, _ = cli(capsys, "explain", *CALL)
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("  image")}
+    assert "present but damaged, so it would be skipped" in lines[str(damaged)]
+    assert "serves it" in lines[str(good)]
+    assert "also holds it, but image" in out and "served by image" in out
+    assert local(cache_dir).counters().get("corrupt") is None
+
+
+def test_explain_shows_the_tuning_row(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    row = tuning.Row("sm_90", "flash_fwd", "bf16", 128, False, 4096, 8192, 128, 64, 8, 3, 0, 431.5, "H200",
+                     "2026-11-30")
+    monkeypatch.setattr(tuning, "table_for", lambda kernel: tuning.Table([row]))
+    _, out, _ = cli(capsys, "explain", *CALL, "--causal", "bottom_right", "--seqlen-k", "8000")
+    assert "default config" in out and "runtime offset" in out  # the row is for causal=False
+    _, out, _ = cli(capsys, "explain", *CALL, "--seqlen-k", "8000")
+    assert "row seqlen_q<=4096 seqlen_k<=8192: BLOCK_M=128 BLOCK_N=64 num_warps=8 num_stages=3" in out
+    assert "431.5 TFLOP/s on H200" in out
+
+
+def test_explain_rejects_a_bad_call(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = cli(capsys, "explain", "--dtype", "fp16", "--head-dim", "300", "--seqlen-q", "16")
+    assert status == 2 and "head dim must be at most 256, got 300" in err
+    status, _, err = cli(capsys, "explain", "--dtype", "fp16", "--head-dim", "64", "--seqlen-q", "16",
+                         "--target", "sm_0x")
+    assert status == 2 and "sm_0x" in err
+
+
+def test_explain_decides_from_probes_alone() -> None:
+    probes = [Probe("image", "a.ltimg", DAMAGED, "checksum mismatch"), Probe("image", "b.ltimg", ABSENT),
+              Probe("local", "/c", PRESENT, "cubin"), Probe("shared", "/s", PRESENT, "cubin"),
+              Probe("redis", "r", UNKNOWN, "cannot be read without side effects")]
+    verdict = explain(probes, jit=True)
+    assert verdict.source == "local"
+    reasons = dict(verdict.reasons)
+    assert reasons["image a.ltimg"] == "present but damaged, so it would be skipped: checksum mismatch"
+    assert reasons["image b.ltimg"] == "not present"
+    assert reasons["local /c"].startswith("serves it")
+    assert reasons["shared /s"] == "also holds it, but local (/c) comes first"
+    assert reasons["redis r"].startswith("not reached (local serves first); not probed")
+    assert reasons["jit"] == "not needed: local serves it"
+    assert explain(probes[:2], jit=True).source == "jit"
+    assert explain([], jit=False).source is None
+
+
+# --- gc, export, import ----------------------------------------------------------------------------------------
+
+
+def test_gc_evicts_least_recently_used_entries_and_keeps_counters(
+        cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tier = local(cache_dir)
+    keys = [f"{i:032x}" for i in range(1, 7)]
+    for key in keys:
+        assert tier.put(key, fake_entry(key, size=100_000))
+        time.sleep(0.01)
+    tier.count("compiles", 6)
+    time.sleep(0.01)
+    for key in (keys[0], keys[1]):  # used again: now the most recent
+        assert tier.get(key) is not None
+        time.sleep(0.01)
+    tier.close()
+    volume = local(cache_dir).stats().bytes
+    bound = volume - 250_000  # room for all but three entries
+    status, out, _ = cli(capsys, "gc", "--max-bytes", str(bound))
+    assert status == 0 and "removed 3 least recently used entries" in out
+    after = local(cache_dir)
+    assert sorted(after.keys()) == sorted([keys[0], keys[1], keys[5]])
+    assert after.stats().bytes <= bound
+    assert after.counters() == {"compiles": 6}
+
+
+def test_put_keeps_the_local_tier_within_its_bound(tmp_path: Path) -> None:
+    tier = LocalTier(tmp_path / "entries", size_limit=600_000)
+    for i in range(1, 9):
+        tier.put(f"{i:032x}", fake_entry(f"{i:032x}", size=100_000))
+        time.sleep(0.01)
+    assert tier.stats().bytes <= 600_000
+    assert f"{8:032x}" in set(tier.keys()) and f"{1:032x}" not in set(tier.keys())
+
+
+def test_parse_size() -> None:
+    assert [parse_size(s) for s in ("1048576", "500M", "2G", "1.5GiB", "64k")] == [
+        1 << 20, 500 << 20, 2 << 30, 3 << 29, 64 << 10]
+
+
+def test_export_then_import(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry,
+                            monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin, hsaco)
+    status, out, _ = cli(capsys, "export", "--out", str(tmp_path / "sm90.ltimg"), "--target", "cuda:90")
+    assert status == 0 and "wrote 1 entries (sm_90)" in out
+    status, out, _ = cli(capsys, "export", "--out", str(tmp_path / "all.ltimg"))
+    assert status == 0 and "wrote 2 entries (gfx942, sm_90)" in out
+    with Image(tmp_path / "all.ltimg") as image:
+        assert image.read(cubin.key) == cubin and image.read(hsaco.key) == hsaco
+        assert image.meta["source"] == "lazytriton cache export"
+    status, _, err = cli(capsys, "export", "--out", str(tmp_path / "none.ltimg"), "--target", "gfx950")
+    assert status == 1 and "nothing to export" in err and not (tmp_path / "none.ltimg").exists()
+
+    other = tmp_path / "other-cache"
+    monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(other))
+    config.reset()
+    status, out, _ = cli(capsys, "import", str(tmp_path / "all.ltimg"))
+    assert status == 0 and "imported 2 entries" in out
+    assert local(other).get(cubin.key) == cubin and local(other).get(hsaco.key) == hsaco
+    status, out, _ = cli(capsys, "import", str(tmp_path / "all.ltimg"))
+    assert status == 0 and "imported 0 entries" in out and "2 already there" in out
+
+    data = bytearray((tmp_path / "all.ltimg").read_bytes())
+    data[-1] ^= 0xFF
+    (tmp_path / "broken.ltimg").write_bytes(bytes(data))
+    status, _, err = cli(capsys, "import", str(tmp_path / "broken.ltimg"))
+    assert status == 1 and "image does not open" in err
