@@ -13,7 +13,7 @@ case " $* " in *" coldstart "*)  # new process -> first result from an image, be
     --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/coldstart.log" | tail -12 ;;
 esac
 case " $* " in *" tune "*)  # fills kernels/flash_fwd/tuning.csv here; copy it back from $OUT
-  lazytriton tune -j "$(nproc)" 2>&1 | tee "$OUT/tune.log" | tail -45; cp kernels/flash_fwd/tuning.csv "$OUT/tuning.csv" ;;
+  timeout ${TUNE_TIMEOUT:-900} lazytriton tune -j "$(nproc)" 2>&1 | tee "$OUT/tune.log" | tail -45; cp kernels/flash_fwd/tuning.csv "$OUT/tuning.csv" ;;
 esac
 case " $* " in *" hot "*)
   python3 -P benchmarks/profile_hot.py 2>&1 | tee "$OUT/hot.log" ;;

@@ -140,7 +140,9 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
     rows = []
     today = dt.date.today().isoformat()
     for (sq, sk), variants in plans.items():
-        heads, batch = 2048 // head_dim, max(1, 16384 // sq)
+        # 16k tokens of the longer side: (16, 4096) is 4 batches of decode-like calls,
+        # and no tensor reaches 2**31 elements (the variants are compiled with INDEX64=false).
+        heads, batch = 2048 // head_dim, max(1, 16384 // max(sq, sk))
         q = torch.randn(batch, heads, sq, head_dim, device="cuda", dtype=torch_dtype)
         k, v = (torch.randn(batch, heads, sk, head_dim, device="cuda", dtype=torch_dtype) for _ in range(2))
         pairs_seen = sq * sk - sq * sq / 2 if causal else sq * sk  # bottom-right mask, seqlen_q <= seqlen_k
@@ -202,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         for head_dim in (int(h) for h in _csv_list(args.head_dim)):
             for c in causal:
                 rows += tune_group(target, dtype, head_dim, c, pairs, args.jobs, args.reps, gpu)
-    table = tuning.Table.parse(path.read_text()) if path.exists() else tuning.Table(())
-    write_table(path, merge(table, rows))
+                old = tuning.Table.parse(path.read_text()) if path.exists() else tuning.Table(())
+                write_table(path, merge(old, rows))  # after each group: a killed run keeps what it measured
     print(f"wrote {len(rows)} rows to {path} ({math.fsum(r.tflops for r in rows) / max(1, len(rows)):.0f} "
           "TFLOP/s on average)")
     return 0
