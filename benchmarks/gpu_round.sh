@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/n
 export LAZYTRITON_CACHE_DIR=${LAZYTRITON_CACHE_DIR:-/tmp/lt-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 case " $* " in *" coldstart "*)  # new process -> first result from an image, beside Triton's JIT and warm cache
-  python3 benchmarks/bench_prewarm.py --cold-start ${COLDSTART_IMAGE:+--image $COLDSTART_IMAGE} --reps 5 \
+  python3 benchmarks/bench_prewarm.py --cold-start ${COLDSTART_IMAGE:+--image $COLDSTART_IMAGE} --reps ${COLDSTART_REPS:-5} \
     --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/coldstart.log" | tail -12 ;;
 esac
 case " $* " in *" tune "*)  # fills kernels/flash_fwd/tuning.csv here; copy it back from $OUT
