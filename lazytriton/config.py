@@ -9,6 +9,15 @@
 | ``LAZYTRITON_JIT``       | ``1``                                 | ``0``: never compile; a miss raises          |
 |                          |                                       | ``KernelNotFound`` naming the variant        |
 | ``LAZYTRITON_LOG_LEVEL`` | ``WARNING``                           | level of the ``lazytriton`` logger           |
+| ``LAZYTRITON_SHARED``    | (none)                                | a tier shared across nodes, after the local  |
+|                          |                                       | one: ``file:///dir`` (network filesystem) or |
+|                          |                                       | ``redis://host:port/db``; ``?lease_s=30``    |
+|                          |                                       | sets the compile lease (store/shared.py)     |
+| ``LAZYTRITON_SIGNING_KEY`` | (none)                              | HMAC-SHA256 key (16+ bytes): entries         |
+|                          |                                       | published are signed; unsigned or badly      |
+|                          |                                       | signed shared entries are refused, rebuilt   |
+| ``LAZYTRITON_SHARED_TIMEOUT_MS`` | ``5``                         | timeout of each Redis command; past it, the  |
+|                          |                                       | breaker opens and calls go on locally        |
 
 Settings are read once, on first use (never at import), into a frozen
 ``Settings``; ``configure(**overrides)`` replaces them for the process (the
@@ -21,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -36,6 +45,9 @@ class Settings:
     jit: bool
     log_level: str
     images: tuple[Path, ...] = ()
+    shared: str | None = None
+    signing_key: bytes | None = field(default=None, repr=False)
+    shared_timeout_s: float = 0.005
 
 
 def _bool_env(name: str, default: bool) -> bool:
@@ -56,6 +68,30 @@ def _default_cache_dir() -> Path:
     return base / "lazytriton"
 
 
+def _shared_env() -> tuple[str | None, bytes | None, float]:
+    """LAZYTRITON_SHARED (validated), LAZYTRITON_SIGNING_KEY and LAZYTRITON_SHARED_TIMEOUT_MS."""
+    from lazytriton.cache_format.envelope import check_signing_key
+    from lazytriton.store.shared import parse_url
+
+    shared = os.environ.get("LAZYTRITON_SHARED", "").strip() or None
+    if shared is not None:
+        parse_url(shared)
+    raw_key = os.environ.get("LAZYTRITON_SIGNING_KEY", "")
+    try:
+        signing_key = check_signing_key(raw_key.encode()) if raw_key else None
+    except ValueError as exc:
+        raise ValueError(f"LAZYTRITON_SIGNING_KEY: {exc}") from None
+    raw_timeout = os.environ.get("LAZYTRITON_SHARED_TIMEOUT_MS", "").strip() or "5"
+    try:
+        timeout_ms = float(raw_timeout)
+    except ValueError:
+        timeout_ms = -1.0
+    if not 0 < timeout_ms <= 60_000:
+        raise ValueError(f"LAZYTRITON_SHARED_TIMEOUT_MS must be a number of milliseconds in (0, 60000], "
+                         f"got {raw_timeout!r}")
+    return shared, signing_key, timeout_ms / 1000
+
+
 def from_environment() -> Settings:
     """Read the settings from the environment (no caching)."""
     cache_dir = os.environ.get("LAZYTRITON_CACHE_DIR", "").strip()
@@ -63,11 +99,15 @@ def from_environment() -> Settings:
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ValueError(f"LAZYTRITON_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {level!r}")
     images = tuple(Path(p).expanduser() for p in os.environ.get("LAZYTRITON_IMAGES", "").split(":") if p.strip())
+    shared, signing_key, timeout_s = _shared_env()
     return Settings(
         cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(),
         jit=_bool_env("LAZYTRITON_JIT", True),
         log_level=level,
         images=images,
+        shared=shared,
+        signing_key=signing_key,
+        shared_timeout_s=timeout_s,
     )
 
 
@@ -87,8 +127,12 @@ def settings() -> Settings:
 
 
 def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | None = None,
-              log_level: str | None = None, images: list[str | os.PathLike[str]] | None = None) -> Settings:
+              log_level: str | None = None, images: list[str | os.PathLike[str]] | None = None,
+              shared: str | None = None, signing_key: str | bytes | None = None,
+              shared_timeout_ms: float | None = None) -> Settings:
     """Override settings for this process; arguments left None keep their value.
+
+    ``shared=""`` and ``signing_key=""`` turn the shared tier and signing off.
 
     Call it before the first attention call: the runtime built from the old
     settings is dropped, so its loaded kernels are reloaded on next use.
@@ -104,6 +148,7 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
         changes["jit"] = jit
     if images is not None:
         changes["images"] = tuple(Path(p).expanduser() for p in images)
+    changes.update(_shared_changes(shared, signing_key, shared_timeout_ms))
     if log_level is not None:
         changes["log_level"] = log_level.upper()
         logging.getLogger("lazytriton").setLevel(log_level.upper())
@@ -113,6 +158,26 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
 
     runtime.reset()
     return _current
+
+
+def _shared_changes(shared: str | None, signing_key: str | bytes | None,
+                    shared_timeout_ms: float | None) -> dict[str, object]:
+    from lazytriton.cache_format.envelope import check_signing_key
+    from lazytriton.store.shared import parse_url
+
+    changes: dict[str, object] = {}
+    if shared is not None:
+        if shared:
+            parse_url(shared)
+        changes["shared"] = shared or None
+    if signing_key is not None:
+        key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+        changes["signing_key"] = check_signing_key(key) if key else None
+    if shared_timeout_ms is not None:
+        if isinstance(shared_timeout_ms, bool) or not 0 < shared_timeout_ms <= 60_000:
+            raise ValueError(f"shared_timeout_ms must be in (0, 60000] milliseconds, got {shared_timeout_ms!r}")
+        changes["shared_timeout_s"] = shared_timeout_ms / 1000
+    return changes
 
 
 def reset() -> None:

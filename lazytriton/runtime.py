@@ -1,10 +1,13 @@
 """The runtime: Variant -> verified Entry -> loaded kernel, with JIT fallback.
 
 Resolution order for a key: the process's loaded kernels (memory), then the
-store chain (the local disk tier for now), then the compiler. A compile runs
-under a file lock on the key, and the chain is read again once the lock is
-held, so processes that miss the same key at once compile it once and all get
-the result.
+store chain (images, the local disk tier, then the shared tier when
+``LAZYTRITON_SHARED`` names one), then the compiler. A compile runs under a
+file lock on the key, and the chain is read again once the lock is held, so
+processes that miss the same key at once compile it once and all get the
+result. With a shared tier, the lock holder then takes the shared tier's
+compile lease too (or waits for the node that holds it to publish), so all
+nodes compile a key once; the result is published to the shared tier.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from lazytriton.cache_format import Entry
 from lazytriton.config import Settings, settings
 from lazytriton.store import Chain
 from lazytriton.store.image import ImageTier
+from lazytriton.store.lease import lease_or_entry
 from lazytriton.store.local import LocalTier
+from lazytriton.store.shared import open_shared
 from lazytriton.variant import Variant
 
 log = logging.getLogger("lazytriton.runtime")
@@ -57,7 +62,9 @@ class Runtime:
         self.settings = config
         self.images = ImageTier(config.images)
         self.local = LocalTier(config.cache_dir / "entries")
-        self.chain = Chain([self.images, self.local])
+        # Refusals of shared entries are counted with the local tier's persistent counters.
+        self.shared = open_shared(config, count=self.local.count)
+        self.chain = Chain([self.images, self.local, *([self.shared] if self.shared is not None else [])])
         self.plans: dict[tuple[Any, ...], Any] = {}  # the hot path's memo, filled by callers
         self.served: Counter[str] = Counter()
         self.compiles = 0
@@ -113,6 +120,24 @@ class Runtime:
             found = self.chain.get(key)  # another process may have compiled it while we waited
             if found is not None:
                 return found
+            return self._compile_under_lease(variant, key)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _compile_under_lease(self, variant: Variant, key: str) -> tuple[Entry, str]:
+        """Compile once across nodes: hold the shared tier's lease, or take what its holder published."""
+        lease = None
+        if self.shared is not None:
+            lease, published = lease_or_entry(self.shared, key, _LOCK_TIMEOUT_S)
+            if published is not None:
+                self.local.put(key, published)
+                return published, self.shared.name
+        try:
+            if lease is not None:
+                found = self.chain.get(key)  # published between our last look and taking the lease
+                if found is not None:
+                    return found
             from lazytriton import compiler
 
             log.info("compiling %s", variant)
@@ -120,12 +145,12 @@ class Runtime:
             entry = compiler.compile_variant(variant, key)
             self.compiles += 1
             self.local.count("compiles")
-            self.chain.put(key, entry)
+            self.chain.put(key, entry)  # the local tier and, before the lease is let go, the shared one
             self._log_miss(variant, key, time.perf_counter() - start)
             return entry, "jit"
         finally:
-            if lock is not None:
-                lock.release()
+            if lease is not None:
+                lease.release()
 
     @property
     def miss_log(self) -> Path:
@@ -145,8 +170,8 @@ class Runtime:
                 os.write(fd, line.encode())
             finally:
                 os.close(fd)
-        except OSError as exc:
-            log.warning("could not record the miss of %s in %s: %s", key, self.miss_log, exc)
+        except OSError as exc:  # a full disk fails the entry, the counters and this line: one warning says so
+            self.local.warn_once("write", f"could not record the miss of {key} in {self.miss_log}: {exc}")
 
     def _file_lock(self, key: str) -> Any:
         if not self.local.usable:
@@ -211,4 +236,6 @@ def reset() -> None:
             atexit.unregister(_runtime.flush_counters)
             _runtime.local.close()
             _runtime.images.close()
+            if _runtime.shared is not None:
+                _runtime.shared.close()
         _runtime = None

@@ -59,7 +59,7 @@ class LocalTier:
                     timeout=10,
                 )
             except Exception as exc:  # unwritable dir, corrupt SQLite file, ...
-                self._warn_once("open", f"local cache {self.directory} unusable ({exc}); running from memory only")
+                self.warn_once("open", f"local cache {self.directory} unusable ({exc}); running from memory only")
                 return None
         return self._cache
 
@@ -73,7 +73,12 @@ class LocalTier:
         """False when the directory cannot be opened (the tier then holds nothing; it warned once)."""
         return self._store() is not None
 
-    def _warn_once(self, what: str, message: str) -> None:
+    def warn_once(self, what: str, message: str) -> None:
+        """Log ``message`` the first time ``what`` fails.
+
+        ``write`` covers entries, counters and the runtime's miss log: a full
+        disk fails them all and says so once.
+        """
         if what not in self._warned:
             self._warned.add(what)
             log.warning(message)
@@ -87,7 +92,7 @@ class LocalTier:
         try:
             data = store.get(key, default=None, read=False)
         except Exception as exc:
-            self._warn_once("read", f"local cache read failed ({exc}); treated as a miss")
+            self.warn_once("read", f"local cache read failed ({exc}); treated as a miss")
             return None
         if data is None:
             return None
@@ -114,7 +119,8 @@ class LocalTier:
                 self.cull()
             return stored
         except Exception as exc:
-            self._warn_once("write", f"local cache write failed ({exc}); entries stay in memory only")
+            self.warn_once("write", f"local cache {self.directory}: write failed ({exc}); "
+                                    "new entries stay in memory only")
             return False
 
     def peek(self, key: str) -> bytes | None:
@@ -186,7 +192,8 @@ class LocalTier:
         try:
             store.incr(_COUNTER + counter, amount, default=0)
         except Exception as exc:
-            self._warn_once("count", f"local cache counter update failed ({exc})")
+            self.warn_once("write", f"local cache {self.directory}: write failed ({exc}); "
+                                    "new entries stay in memory only")
 
     def counters(self) -> dict[str, int]:
         """All persistent counters by name."""
