@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from lazytriton import dispatch
+from lazytriton import dispatch, tuning
 from lazytriton.dispatch import Config, causal_mode, default_config, flash_fwd_variant, padded_head_dim, seqlen_class
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -106,7 +106,9 @@ def test_flash_fwd_variant_fields(target_name: str) -> None:
     target = Target.parse(target_name)
     for dtype, head_dim, causal, aligned, seqlen_q, index64 in itertools.product(
             DTYPES, (1, 16, 40, 64, 96, 128, 200, 256), (False, True), (False, True), (1, 64, 4096), (False, True)):
-        v = flash_fwd_variant(target, dtype, head_dim, causal, aligned, seqlen_q, index64=index64)
+        # An empty table: this checks the default path (test_tuning.py covers table rows).
+        v = flash_fwd_variant(target, dtype, head_dim, causal, aligned, seqlen_q, index64=index64,
+                              table=tuning.Table(()))
         padded = padded_head_dim(head_dim)
         cfg = default_config(target, dtype, padded, seqlen_q, causal)
         assert (v.kernel, v.target, v.dtype) == ("flash_fwd", target_name, dtype)
