@@ -89,10 +89,11 @@ def seal(entry_bytes: bytes, signing_key: bytes | None = None) -> bytes:
         packed = zstandard.ZstdCompressor(level=_COMPRESS_LEVEL).compress(entry_bytes)
         if len(packed) < len(entry_bytes):
             flags, payload = COMPRESSED, packed
-    if signing_key is not None:
+    key = check_signing_key(signing_key)
+    if key is not None:
         flags |= SIGNED
     header = _HEADER.pack(MAGIC, ENVELOPE_VERSION, flags, 0, len(payload), len(entry_bytes))
-    mac = _mac(check_signing_key(signing_key), header, payload) if signing_key is not None else bytes(_MAC_SIZE)
+    mac = _mac(key, header, payload) if key is not None else bytes(_MAC_SIZE)
     return header + mac + payload
 
 

@@ -23,12 +23,10 @@ the index recorded (zstandard would otherwise allocate whatever a frame claims).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import mmap
 import os
 import re
 import struct
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ import xxhash
 
 from lazytriton.cache_format.entry import HEADER_SIZE as ENTRY_HEADER_SIZE
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES, Entry, EntryError
+from lazytriton.fsutil import write_atomically
 
 MAGIC = b"LTIMAGE\0"
 FORMAT_VERSION = 1
@@ -227,35 +226,9 @@ def write_image(path: str | os.PathLike[str], entries: Iterable[Entry], *, level
                           HEADER_SIZE, len(dict_section), index_offset, len(index), meta_offset, len(meta_bytes),
                           xxhash.xxh3_64_intdigest(index), xxhash.xxh3_64_intdigest(dict_section + meta_bytes), 0)
     header = header[:-8] + struct.pack("<Q", xxhash.xxh3_64_intdigest(header[:-8]))
-    _write_atomically(Path(path), [header, dict_section, *blobs, index, meta_bytes])
+    write_atomically(Path(path), [header, dict_section, *blobs, index, meta_bytes])
     return ImageInfo(Path(path), len(ordered), meta_offset + len(meta_bytes), sum(map(len, raws)),
                      CODEC_NAMES[codec_id], binary_bytes, len(dictionary))
-
-
-def _write_atomically(path: Path, parts: Iterable[bytes]) -> None:
-    """Write ``parts`` to a temp file beside ``path``, fsync, then rename over it: no partial file is ever seen."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide a shipped image from other users
-        with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where the platform allows it
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 class Image:

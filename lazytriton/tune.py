@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lazytriton import dispatch, runtime, tuning
+from lazytriton.fsutil import write_atomically
 from lazytriton.target import Target
 from lazytriton.variant import Variant
 
@@ -54,9 +55,7 @@ def merge(table: tuning.Table, rows: Iterable[tuning.Row]) -> tuning.Table:
 
 def write_table(path: Path, table: tuning.Table) -> None:
     """Write the CSV atomically (temp file, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(table.to_csv())
-    os.replace(tmp, path)
+    write_atomically(path, [table.to_csv().encode()])
 
 
 def _compile(text: str) -> tuple[str, bytes | None, str]:

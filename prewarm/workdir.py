@@ -21,11 +21,11 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from lazytriton.cache_format import Entry, EntryError
+from lazytriton.fsutil import write_atomically
 from lazytriton.variant import check_key
 
 log = logging.getLogger("lazytriton.prewarm")
@@ -38,21 +38,6 @@ WORK_SUFFIX = ".work"
 def work_dir_for(out: Path) -> Path:
     """The work directory of the image ``out`` (``OUT.work`` beside it)."""
     return out.with_name(out.name + WORK_SUFFIX)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class WorkDir:
@@ -79,7 +64,7 @@ class WorkDir:
     def write(self, entry: Entry) -> Path:
         """Store a built entry (atomically)."""
         path = self.entry_path(entry.key)
-        write_atomically(path, entry.encode())
+        write_atomically(path, [entry.encode()])
         return path
 
     def read(self, key: str) -> Entry | None:

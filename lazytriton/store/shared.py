@@ -22,7 +22,7 @@ then treated as a miss, so the runtime rebuilds it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -32,7 +32,7 @@ import xxhash
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.envelope import Rejected, unseal
-from lazytriton.store import TierStats
+from lazytriton.store import Tier
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease
 
 if TYPE_CHECKING:
@@ -45,19 +45,8 @@ SCHEMES = ("file", "redis", "rediss")
 _PARAMS = {"file": ("lease_s",), "redis": ("lease_s", "prefix"), "rediss": ("lease_s", "prefix")}
 
 
-class SharedTier(Protocol):
+class SharedTier(Tier, Protocol):
     """A tier other nodes write too: the Tier protocol, compile leases, and a close."""
-
-    name: str
-    writable: bool
-
-    def get(self, key: str) -> Entry | None: ...
-
-    def put(self, key: str, entry: Entry) -> bool: ...
-
-    def keys(self) -> Iterator[str]: ...
-
-    def stats(self) -> TierStats: ...
 
     def try_lease(self, key: str) -> Lease | None: ...
 

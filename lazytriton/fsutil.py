@@ -1,0 +1,52 @@
+"""Crash-safe file writes shared by the image writer, prewarm's work dir and ``lazytriton tune``."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read once (setting it to read it is racy, so only as a fallback)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(path: str | os.PathLike[str], parts: Iterable[bytes]) -> None:
+    """Write ``parts`` to a temp file beside ``path``, fsync, rename over it, fsync the folder.
+
+    A reader sees the old file or the whole new one, never a part, whatever
+    kills the writer; the file gets the usual 0666-less-umask mode (mkstemp's
+    0600 would hide a shipped image from other users).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable where the platform allows it
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
