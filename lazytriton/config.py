@@ -70,17 +70,20 @@ def _default_cache_dir() -> Path:
 
 def _shared_env() -> tuple[str | None, bytes | None, float]:
     """LAZYTRITON_SHARED (validated), LAZYTRITON_SIGNING_KEY and LAZYTRITON_SHARED_TIMEOUT_MS."""
-    from lazytriton.cache_format.envelope import check_signing_key
-    from lazytriton.store.shared import parse_url
-
     shared = os.environ.get("LAZYTRITON_SHARED", "").strip() or None
-    if shared is not None:
+    if shared is not None:  # the shared-tier code is imported only when a shared tier is named
+        from lazytriton.store.shared import parse_url
+
         parse_url(shared)
     raw_key = os.environ.get("LAZYTRITON_SIGNING_KEY", "")
-    try:
-        signing_key = check_signing_key(raw_key.encode()) if raw_key else None
-    except ValueError as exc:
-        raise ValueError(f"LAZYTRITON_SIGNING_KEY: {exc}") from None
+    signing_key = None
+    if raw_key:
+        from lazytriton.cache_format.envelope import check_signing_key
+
+        try:
+            signing_key = check_signing_key(raw_key.encode())
+        except ValueError as exc:
+            raise ValueError(f"LAZYTRITON_SIGNING_KEY: {exc}") from None
     raw_timeout = os.environ.get("LAZYTRITON_SHARED_TIMEOUT_MS", "").strip() or "5"
     try:
         timeout_ms = float(raw_timeout)

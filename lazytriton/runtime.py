@@ -27,9 +27,7 @@ from lazytriton.cache_format import Entry
 from lazytriton.config import Settings, settings
 from lazytriton.store import Chain
 from lazytriton.store.image import ImageTier
-from lazytriton.store.lease import lease_or_entry
 from lazytriton.store.local import LocalTier
-from lazytriton.store.shared import open_shared
 from lazytriton.variant import Variant
 
 log = logging.getLogger("lazytriton.runtime")
@@ -63,7 +61,11 @@ class Runtime:
         self.images = ImageTier(config.images)
         self.local = LocalTier(config.cache_dir / "entries")
         # Refusals of shared entries are counted with the local tier's persistent counters.
-        self.shared = open_shared(config, count=self.local.count)
+        self.shared = None
+        if config.shared:  # imported only then: a node without a shared tier never loads that code
+            from lazytriton.store.shared import open_shared
+
+            self.shared = open_shared(config, count=self.local.count)
         self.chain = Chain([self.images, self.local, *([self.shared] if self.shared is not None else [])])
         self.plans: dict[tuple[Any, ...], Any] = {}  # the hot path's memo, filled by callers
         self.served: Counter[str] = Counter()
@@ -129,6 +131,8 @@ class Runtime:
         """Compile once across nodes: hold the shared tier's lease, or take what its holder published."""
         lease = None
         if self.shared is not None:
+            from lazytriton.store.lease import lease_or_entry
+
             lease, published = lease_or_entry(self.shared, key, _LOCK_TIMEOUT_S)
             if published is not None:
                 self.local.put(key, published)

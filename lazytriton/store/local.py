@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +124,8 @@ class LocalTier:
 
     def peek(self, key: str) -> bytes | None:
         """The stored bytes for ``key``, unverified, with no side effect (no drop, count or access time)."""
+        import sqlite3  # only here: the runtime's import path never needs it
+
         store = self._store()
         if store is None:
             return None
