@@ -9,8 +9,11 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/n
 export LAZYTRITON_CACHE_DIR=${LAZYTRITON_CACHE_DIR:-/tmp/lt-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 case " $* " in *" coldstart "*)  # new process -> first result from an image, beside Triton's JIT and warm cache
-  python3 benchmarks/bench_prewarm.py --cold-start ${COLDSTART_IMAGE:+--image $COLDSTART_IMAGE} --reps ${COLDSTART_REPS:-5} \
-    --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/coldstart.log" | tail -12 ;;
+  # As deployed: a regular (not editable) install with its .pyc files, run away from the checkout.
+  repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
+  (cd /tmp && PYTHONPATH=/tmp/lt-installed:/tmp/site python3 "$repo/benchmarks/bench_prewarm.py" --cold-start \
+    ${COLDSTART_IMAGE:+--image "$repo/$COLDSTART_IMAGE"} --reps ${COLDSTART_REPS:-5} --csv "$OUT/prewarm.csv") 2>&1 \
+    | tee "$OUT/coldstart.log" | tail -12 ;;
 esac
 case " $* " in *" tune "*)  # fills kernels/flash_fwd/tuning.csv here; copy it back from $OUT
   timeout ${TUNE_TIMEOUT:-900} lazytriton tune -j "$(nproc)" 2>&1 | tee "$OUT/tune.log" | tail -45; cp kernels/flash_fwd/tuning.csv "$OUT/tuning.csv" ;;
