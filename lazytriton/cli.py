@@ -49,11 +49,23 @@ def cmd_info(_: argparse.Namespace) -> int:
         ("cache dir", str(rt.settings.cache_dir)),
         ("entries", f"{stats.entries} ({_human(stats.bytes)} on disk)"),
         ("compiles", f"{counters.get('compiles', 0)} (since the cache was created)"),
+        ("images", ", ".join(str(i.path) for i in rt.images.images) or "none (LAZYTRITON_IMAGES)"),
+        ("shared", _redact(rt.settings.shared) if rt.settings.shared else "none (LAZYTRITON_SHARED)"),
+        ("signing", "on" if rt.settings.signing_key else "off (LAZYTRITON_SIGNING_KEY)"),
         ("jit", "on" if rt.settings.jit else "off (LAZYTRITON_JIT=0)"),
     ]
     for name, value in rows:
         print(f"{name:<11} {value}")
     return 0
+
+
+def _redact(url: str) -> str:
+    """A shared-tier URL without its password (redis://user:secret@host -> redis://user:***@host)."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def _human(n: int) -> str:

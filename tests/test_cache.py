@@ -417,3 +417,16 @@ def test_demo_twice_compiles_once_then_serves_from_disk(cache_dir: Path) -> None
     assert "served by local disk cache" in second.stdout
     assert "in this cache since it was created: 1 (was 1)" in second.stdout
     assert str(cache_dir) in second.stdout
+
+
+def test_info_names_the_tiers_and_hides_a_shared_password(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton import cli, config
+
+    monkeypatch.setenv("LAZYTRITON_SHARED", "redis://user:s3cret@127.0.0.1:6399/0")
+    config.reset()
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "shared      redis://user:***@127.0.0.1:6399/0" in out and "s3cret" not in out
+    assert "images      none (LAZYTRITON_IMAGES)" in out and "signing     off" in out
+    assert "cache dir" in out and "compiles    0" in out
