@@ -13,7 +13,6 @@ leaves it: each becomes a status and a message (``lt_last_error``).
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 import re
@@ -113,16 +112,6 @@ def _text(pointer: Any, name: str) -> str | None:
 # lt_init
 
 
-def _shared_tier_setting(url: str) -> dict[str, str]:
-    """configure()'s argument for the shared tier URL, if this lazytriton has shared tiers."""
-    from lazytriton import config
-
-    if "shared" in inspect.signature(config.configure).parameters:
-        return {"shared": url}
-    raise CapiError(UNSUPPORTED, f"config.shared_tier is {url!r}, but this lazytriton has no shared tier; "
-                                 "leave it NULL")
-
-
 def settings_of(cfg: Any) -> dict[str, Any]:
     """configure() keyword arguments from an lt_config (pure, given the struct)."""
     changes: dict[str, Any] = {}
@@ -154,7 +143,7 @@ def init(cfg: Any) -> int:
         changes = settings_of(cfg)
         url = _text(cfg.shared_tier, "config.shared_tier")
         if url:
-            changes.update(_shared_tier_setting(url))
+            changes["shared"] = url
     config.reset()  # start from the environment, as a fresh process would
     config.settings()  # a bad LAZYTRITON_* variable is reported here, by lt_init
     if changes:
