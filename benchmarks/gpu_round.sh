@@ -13,7 +13,9 @@ case " $* " in *" coldstart "*)  # new process -> first result from an image, be
   repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
   (cd /tmp && PYTHONPATH=/tmp/lt-installed:/tmp/site python3 "$repo/benchmarks/bench_prewarm.py" --cold-start \
     ${COLDSTART_IMAGE:+--image "$repo/$COLDSTART_IMAGE"} --reps ${COLDSTART_REPS:-5} --csv "$OUT/prewarm.csv") 2>&1 \
-    | tee "$OUT/coldstart.log" | tail -12 ;;
+    | tee "$OUT/coldstart.log" | tail -12
+  (cd /tmp && PYTHONPATH=/tmp/lt-installed:/tmp/site python3 -X importtime -c "import torch; import lazytriton.flash" \
+    2> "$OUT/importtime.log") ;;
 esac
 case " $* " in *" tune "*)  # fills kernels/flash_fwd/tuning.csv here; copy it back from $OUT
   timeout ${TUNE_TIMEOUT:-900} lazytriton tune -j "$(nproc)" 2>&1 | tee "$OUT/tune.log" | tail -45; cp kernels/flash_fwd/tuning.csv "$OUT/tuning.csv" ;;
