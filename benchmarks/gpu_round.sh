@@ -11,11 +11,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 case " $* " in *" coldstart "*)  # new process -> first result from an image, beside Triton's JIT and warm cache
   # As deployed: a regular (not editable) install with its .pyc files, run away from the checkout.
   repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
-  (cd /tmp && PYTHONPATH=/tmp/lt-installed:/tmp/site python3 "$repo/benchmarks/bench_prewarm.py" --cold-start \
-    ${COLDSTART_IMAGE:+--image "$repo/$COLDSTART_IMAGE"} --reps ${COLDSTART_REPS:-5} --csv "$OUT/prewarm.csv") 2>&1 \
-    | tee "$OUT/coldstart.log" | tail -12
-  (cd /tmp && PYTHONPATH=/tmp/lt-installed:/tmp/site python3 -X importtime -c "import torch; import lazytriton.flash" \
-    2> "$OUT/importtime.log") ;;
+  cold_image=${COLDSTART_IMAGE:+$repo/$COLDSTART_IMAGE}
+  if [ -z "$cold_image" ]; then  # the bench's call only: bf16 (4,16,2048,128) causal
+    cold_image=/tmp/lt-cold.ltimg; rm -f $cold_image
+    lazytriton prewarm --target sm_90 --dtype bf16 --head-dim 128 --causal causal --seqlen-q 2048 --seqlen-k 2048 \
+      --out $cold_image > "$OUT/coldstart_prewarm.log" 2>&1 || tail -5 "$OUT/coldstart_prewarm.log"
+  fi
+  (cd /tmp && export PYTHONPATH=/tmp/lt-installed:/tmp/site LAZYTRITON_IMAGES=$cold_image LAZYTRITON_JIT=0
+   python3 "$repo/benchmarks/bench_prewarm.py" --cold-start --image $cold_image --reps ${COLDSTART_REPS:-5} \
+     --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/coldstart.log" | tail -12
+   python3 -X importtime -c "import torch; import lazytriton.flash" 2> "$OUT/importtime.log"
+   for run in 1 2 3; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run python3 "$repo/benchmarks/profile_cold.py" \
+     --shape 4,16,2048,128 --causal 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done
+   LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-p python3 "$repo/benchmarks/profile_cold.py" --shape 4,16,2048,128 --causal \
+     --profile >> "$OUT/profile_cold.log" 2>&1) ;;
 esac
 case " $* " in *" tune "*)  # fills kernels/flash_fwd/tuning.csv here; copy it back from $OUT
   timeout ${TUNE_TIMEOUT:-900} lazytriton tune -j "$(nproc)" 2>&1 | tee "$OUT/tune.log" | tail -45; cp kernels/flash_fwd/tuning.csv "$OUT/tuning.csv" ;;
@@ -33,7 +42,7 @@ case " $* " in *" demo "*)
     cp -r .gpu-cache /tmp/carried-cache; LAZYTRITON_CACHE_DIR=/tmp/carried-cache lazytriton demo 2>&1 | tee "$OUT/demo_carried.log"
   fi
   python3 benchmarks/profile_cold.py > /dev/null 2>&1  # fills the cache for its shape
-  python3 benchmarks/profile_cold.py > "$OUT/profile_cold.log" 2>&1; head -30 "$OUT/profile_cold.log" ;;
+  python3 benchmarks/profile_cold.py > "$OUT/profile_cold_local.log" 2>&1; head -3 "$OUT/profile_cold_local.log" ;;
 esac
 case " $* " in *" capi "*)  # the C API: GPU tests (device memory, plans), then host time per call
   python3 -P -m pytest tests/test_capi.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/capi_tests.log" | tail -5

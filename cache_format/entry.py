@@ -17,11 +17,12 @@ type. Anything off raises ``EntryError``; nothing partial is returned.
 from __future__ import annotations
 
 import struct
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgpack
 import xxhash
+
+from lazytriton.record import asdict, field, record
 
 MAGIC = b"LTENTRY\0"
 FORMAT_VERSION = 1
@@ -39,7 +40,7 @@ class EntryError(ValueError):
     """Bytes that are not a valid entry: truncated, corrupt or malformed."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Provenance:
     """Where an entry came from. Informational: never part of the key."""
 
@@ -50,7 +51,7 @@ class Provenance:
     launch_abi: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Entry:
     """A compiled kernel with its launch metadata.
 

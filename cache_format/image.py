@@ -29,7 +29,6 @@ import re
 import struct
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ import xxhash
 from lazytriton.cache_format.entry import HEADER_SIZE as ENTRY_HEADER_SIZE
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES, Entry, EntryError
 from lazytriton.fsutil import write_atomically
+from lazytriton.record import record
 
 MAGIC = b"LTIMAGE\0"
 FORMAT_VERSION = 1
@@ -78,7 +78,7 @@ class ImageError(ValueError):
     """A file that is not a valid image, or a damaged part of one."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ImageInfo:
     """What ``write_image`` produced: sizes in bytes (stored = the file's size)."""
 

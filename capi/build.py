@@ -23,8 +23,9 @@ import shutil
 import sys
 import sysconfig
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+
+from lazytriton.record import record
 
 HERE = Path(__file__).resolve().parent
 MODULE = "_lazytriton_capi"
@@ -84,7 +85,7 @@ except BaseException as exc:
 """
 
 
-@dataclass(frozen=True)
+@record
 class Installed:
     """Where a build put its files."""
 

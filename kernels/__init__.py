@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 
+from lazytriton.record import record
 
-@dataclass(frozen=True, slots=True)
+
+@record
 class KernelSpec:
     """A Triton kernel as the compiler and the launcher see it.
 

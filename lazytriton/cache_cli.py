@@ -20,13 +20,13 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
+from lazytriton.record import record
 from lazytriton.store.local import LocalTier
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?", re.I)
@@ -60,7 +60,7 @@ def parse_targets(text: str | None) -> set[str] | None:
     return {str(Target.parse(name)) for name in text.split(",") if name.strip()}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Row:
     """One cached entry as ``ls`` and ``verify`` see it (``entry`` None: it failed to decode)."""
 

@@ -30,14 +30,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from lazytriton.record import field, record, replace
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Settings:
     """The typed form of lazytriton's settings."""
 

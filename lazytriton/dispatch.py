@@ -7,10 +7,10 @@ rest is pure and tested with made-up inputs. Until the tuning table exists
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from lazytriton import tuning
+from lazytriton.record import record
 from lazytriton.target import Target, target_from_cuda_capability, target_from_gcn_arch
 from lazytriton.variant import Variant, pairs
 
@@ -50,7 +50,7 @@ def seqlen_class(seqlen_q: int) -> int:
     return 128
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Config:
     """Tuned constexprs and compile options for one variant."""
 

@@ -19,12 +19,12 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lazytriton.cache_format import Entry
 from lazytriton.config import Settings, settings
+from lazytriton.record import record
 from lazytriton.store import Chain
 from lazytriton.store.image import ImageTier
 from lazytriton.store.local import LocalTier
@@ -43,7 +43,7 @@ class KernelNotFound(LookupError):
     """No tier holds the variant and JIT compilation is off."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Resolved:
     """An entry and where it came from: ``memory``, a tier's name, or ``jit``."""
 

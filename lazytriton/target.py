@@ -8,14 +8,15 @@ that AMD ISA. Names parse and print back to themselves.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from lazytriton.record import record
 
 # No leading zero: "sm_090" would name sm_90's binary under another key.
 _SM = re.compile(r"sm_([1-9]\d{1,2})")
 _GFX = re.compile(r"gfx[0-9a-f]{3,4}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Target:
     """A compile target: backend (``cuda`` or ``hip``), arch and warp size."""
 

@@ -18,9 +18,10 @@ import csv
 import functools
 import io
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TypeVar
+
+from lazytriton.record import fields, record
 
 T = TypeVar("T")
 
@@ -28,7 +29,7 @@ COLUMNS = ("target", "kernel", "dtype", "head_dim", "causal", "seqlen_q", "seqle
            "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "tflops", "gpu", "measured")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Row:
     """One tuned configuration and the measurement that chose it."""
 

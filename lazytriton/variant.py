@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import msgpack
 import xxhash
 
 from lazytriton.kernels import source_fingerprint
+from lazytriton.record import record
 from lazytriton.target import Target
 
 # Bump when the way entries are launched changes (parameter order, hidden
@@ -82,7 +82,7 @@ def pairs(mapping: Mapping[str, Value]) -> Pairs:
     return tuple(sorted(mapping.items()))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Variant:
     """One compiled form of one kernel: what the key is made of."""
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from lazytriton import dispatch, tuning
+from lazytriton.record import record
 from lazytriton.target import Target
 from lazytriton.variant import DTYPES, Variant
 
@@ -40,7 +40,7 @@ DEFAULT_SEQLENS: tuple[int, ...] = (16, 64, 4096)
 MAX_SEQLEN = 2**31 - 1
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Planned:
     """A variant to build, its key, and why it is in the plan (``table``, ``default`` or ``misses FILE:LINE``)."""
 
@@ -49,7 +49,7 @@ class Planned:
     origin: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Axes:
     """The axes to enumerate; None means the default (see the module docstring)."""
 

@@ -24,18 +24,18 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
 from lazytriton.prewarm.enumeration import Planned
 from lazytriton.prewarm.workdir import WorkDir
+from lazytriton.record import record
 
 _LOG_TAIL_BYTES = 2000
 _STOP_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Result:
     """How one variant's build ended: ``error`` is None when its entry was written."""
 

@@ -23,7 +23,8 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
+
+from lazytriton.record import replace
 
 _PR_SET_PDEATHSIG = 1
 

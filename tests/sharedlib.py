@@ -7,7 +7,6 @@ compiler, and ``kill_trials`` runs the SIGKILL writer trials in a single-threade
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 import xxhash
 
-from lazytriton import dispatch
+from lazytriton import dispatch, record
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.store.redis_tier import redis_available
 from lazytriton.target import Target
@@ -50,7 +49,7 @@ def need(what: str, present: bool) -> None:
 
 def numbered(i: int) -> Variant:
     """A variant of its own key for each ``i`` (an extra tuned field the compiler never sees)."""
-    return dataclasses.replace(VARIANT, tuned=(*VARIANT.tuned, ("SEED", i)))
+    return record.replace(VARIANT, tuned=(*VARIANT.tuned, ("SEED", i)))
 
 
 def make_entry(key: str, variant: str | None = None, size: int = 50_000, seed: int = 0) -> Entry:

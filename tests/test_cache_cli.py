@@ -5,7 +5,6 @@ Binary checks run on real code objects: an sm_90 cubin and a gfx942 HSACO, compi
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 from compiled_once import compiled, shared_dir, small_variant
 from conftest import run_python
 
-from lazytriton import config, dispatch, runtime, tuning
+from lazytriton import config, dispatch, record, runtime, tuning
 from lazytriton.cache_cli import parse_size
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.cache_format.elf import check_binary, cuda_sm, symbols
@@ -125,13 +124,13 @@ def test_verify_passes_real_entries_in_the_local_tier_and_an_image(
 
 def test_verify_fails_a_mislabelled_foreign_or_corrupt_entry(
         cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry, capsys: pytest.CaptureFixture[str]) -> None:
-    wrong_sm = dataclasses.replace(cubin, key="1" * 32, target="sm_80")
-    wrong_gfx = dataclasses.replace(hsaco, key="2" * 32, target="gfx950")
-    no_symbol = dataclasses.replace(hsaco, key="3" * 32, name="not_the_kernel")
-    foreign = dataclasses.replace(cubin, key="4" * 32, binary=Path(sys.executable).resolve().read_bytes()[:200_000])
-    wrong_kind = dataclasses.replace(hsaco, key="5" * 32, kind="cubin")
+    wrong_sm = record.replace(cubin, key="1" * 32, target="sm_80")
+    wrong_gfx = record.replace(hsaco, key="2" * 32, target="gfx950")
+    no_symbol = record.replace(hsaco, key="3" * 32, name="not_the_kernel")
+    foreign = record.replace(cubin, key="4" * 32, binary=Path(sys.executable).resolve().read_bytes()[:200_000])
+    wrong_kind = record.replace(hsaco, key="5" * 32, kind="cubin")
     seed(cache_dir, cubin, wrong_sm, wrong_gfx, no_symbol, foreign, wrong_kind)
-    corrupt = dataclasses.replace(cubin, key="6" * 32)
+    corrupt = record.replace(cubin, key="6" * 32)
     seed(cache_dir, corrupt)
     path = local(cache_dir).entry_path(corrupt.key)
     assert path is not None

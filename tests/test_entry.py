@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import asdict, replace
 from typing import Any
 
 import msgpack
@@ -12,6 +11,7 @@ import xxhash
 
 from lazytriton.cache_format import Entry, EntryError, Provenance
 from lazytriton.cache_format import entry as entry_module
+from lazytriton.record import asdict, replace
 
 KEY = "0123456789abcdef0123456789abcdef"
 OTHER_KEY = "f" * 32

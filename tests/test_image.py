@@ -7,7 +7,6 @@ image tier tests at the end use real sm_90 cubins (compiled once per session).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -23,6 +22,7 @@ import zstandard
 from compiled_once import compiled, shared_dir, small_variant
 from conftest import run_python
 
+from lazytriton import record
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.cache_format import image as image_format
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES
@@ -477,7 +477,7 @@ def test_bad_keys_are_argument_errors_not_damage(image_path: Path, key: object) 
 
 
 def test_write_image_rejects_bad_arguments(tmp_path: Path, entries: list[Entry]) -> None:
-    bad_key = dataclasses.replace(entries[0], key="Z" * 32)
+    bad_key = record.replace(entries[0], key="Z" * 32)
     cases = {
         "32 lowercase hex digits": dict(entries=[bad_key]),
         "given twice": dict(entries=[entries[0], entries[0]]),
@@ -502,7 +502,7 @@ def real_entry(tmp_path_factory: pytest.TempPathFactory) -> Entry:
 
 
 def test_the_image_tier_layers_images_in_search_path_order(tmp_path: Path, real_entry: Entry) -> None:
-    other = dataclasses.replace(real_entry, binary=real_entry.binary + b"\0")
+    other = record.replace(real_entry, binary=real_entry.binary + b"\0")
     first = write_image(tmp_path / "a" / "first.ltimg", [other]).path
     second = write_image(tmp_path / "b" / "second.ltimg", [real_entry]).path
     tier = ImageTier([first.parent, second], include_package=False)

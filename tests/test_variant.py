@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import xxhash
 from conftest import run_python
 
 import lazytriton.variant as variant_module
-from lazytriton import dispatch
+from lazytriton import dispatch, record
 from lazytriton.target import Target, target_from_cuda_capability, target_from_gcn_arch
 from lazytriton.variant import KEY_LEN, LAUNCH_ABI, Variant, check_key, pairs
 
@@ -57,7 +56,7 @@ def test_parse_strips_surrounding_whitespace() -> None:
 
 def test_variant_is_frozen_and_hashable() -> None:
     v = Variant.parse(BASE)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(record.FrozenRecordError):
         v.dtype = "fp16"  # type: ignore[misc]
     assert len({v, Variant.parse(BASE)}) == 1
 
@@ -202,15 +201,15 @@ def test_key_changes_when_any_field_changes(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(variant_module, "source_fingerprint", lambda kernel: "fixed")
     base = Variant.parse(BASE)
     changed = [
-        dataclasses.replace(base, kernel="other_kernel"),
-        dataclasses.replace(base, target="sm_80"),
-        dataclasses.replace(base, target="gfx942"),
-        dataclasses.replace(base, dtype="fp16"),
-        dataclasses.replace(base, dtype="fp32"),
-        dataclasses.replace(base, options=()),
-        dataclasses.replace(base, tuned=()),
-        dataclasses.replace(base, functional=()),
-        dataclasses.replace(base, options=base.options + (("waves_per_eu", 2),)),
+        record.replace(base, kernel="other_kernel"),
+        record.replace(base, target="sm_80"),
+        record.replace(base, target="gfx942"),
+        record.replace(base, dtype="fp16"),
+        record.replace(base, dtype="fp32"),
+        record.replace(base, options=()),
+        record.replace(base, tuned=()),
+        record.replace(base, functional=()),
+        record.replace(base, options=base.options + (("waves_per_eu", 2),)),
     ]
     for group in ("functional", "tuned", "options"):
         items = getattr(base, group)
@@ -220,15 +219,15 @@ def test_key_changes_when_any_field_changes(monkeypatch: pytest.MonkeyPatch) -> 
             else:
                 new = value * 2
             bumped = items[:i] + ((name, new),) + items[i + 1:]
-            changed.append(dataclasses.replace(base, **{group: bumped}))
+            changed.append(record.replace(base, **{group: bumped}))
             # Same value with another type: bool and int must not collide (True vs 1).
             if isinstance(value, bool):
                 retyped = items[:i] + ((name, int(value)),) + items[i + 1:]
-                changed.append(dataclasses.replace(base, **{group: retyped}))
+                changed.append(record.replace(base, **{group: retyped}))
             # Dropping a field changes the key too.
-            changed.append(dataclasses.replace(base, **{group: items[:i] + items[i + 1:]}))
+            changed.append(record.replace(base, **{group: items[:i] + items[i + 1:]}))
     # A field moved to another group is a different variant.
-    moved = dataclasses.replace(base, tuned=(("BLOCK_M", 128),), options=pairs({"BLOCK_N": 64, **dict(base.options)}))
+    moved = record.replace(base, tuned=(("BLOCK_M", 128),), options=pairs({"BLOCK_N": 64, **dict(base.options)}))
     changed.append(moved)
     keys = [v.key() for v in changed]
     assert base.key() not in keys

@@ -10,13 +10,13 @@ above it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from lazytriton.cache_format import Entry
+from lazytriton.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TierStats:
     """What a tier holds: entry count and bytes on disk."""
 

@@ -10,17 +10,17 @@ made-up probes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.image import Image, ImageError
+from lazytriton.record import record
 
 PRESENT, ABSENT, DAMAGED, UNUSABLE, UNKNOWN = "present", "absent", "damaged", "unusable", "unknown"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Probe:
     """What one tier (one image, for the image tier) holds for a key."""
 
@@ -30,7 +30,7 @@ class Probe:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Verdict:
     """The source that would serve the key (a tier, ``jit``, or None: the call raises) and a reason per candidate."""
 

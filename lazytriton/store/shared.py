@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -32,6 +31,7 @@ import xxhash
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.envelope import Rejected, unseal
+from lazytriton.record import record
 from lazytriton.store import Tier
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease
 
@@ -53,7 +53,7 @@ class SharedTier(Tier, Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SharedURL:
     """A parsed ``LAZYTRITON_SHARED``: scheme, where (a path or a Redis URL without our parameters), options."""
 
