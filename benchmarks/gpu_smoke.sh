@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smallest GPU check: install, then `lazytriton demo` twice (cold, then warm from the cache).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tail -2
 export LAZYTRITON_CACHE_DIR=/tmp/lt-cache PYTHONUNBUFFERED=1

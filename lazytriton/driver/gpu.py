@@ -15,12 +15,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from cffi import FFI
+from typing import TYPE_CHECKING, Any
 
 from lazytriton.cache_format import Entry
 from lazytriton.driver.cdefs import CUDA_CDEF, HIP_CDEF, make_ffi
+
+if TYPE_CHECKING:
+    from cffi import FFI
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
