@@ -17,20 +17,17 @@ here writes to a tier except ``gc``, ``import`` and (to its own file) ``export``
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from lazytriton import config
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
 from lazytriton.record import record
 from lazytriton.store.local import LocalTier
-
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?", re.I)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def human_bytes(n: int) -> str:
@@ -45,10 +42,10 @@ def human_bytes(n: int) -> str:
 
 def parse_size(text: str) -> int:
     """A byte count such as ``1048576``, ``500M``, ``2G`` or ``1.5GiB`` (binary units)."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"--max-bytes must be a size such as 500M or 2G, got {text!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    try:
+        return config.parse_size(text, "--max-bytes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_targets(text: str | None) -> set[str] | None:
@@ -377,7 +374,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
     ex.set_defaults(fn=_guarded(cmd_explain))
     gc = commands.add_parser("gc", help="bound the local tier's size, least recently used entries first")
-    gc.add_argument("--max-bytes", type=parse_size, help="bound in bytes (500M, 2G; default: the tier's limit)")
+    gc.add_argument("--max-bytes", type=parse_size,
+                    help="bound in bytes (500M, 2G; default: LAZYTRITON_CACHE_MAX_BYTES, else 4G)")
     gc.set_defaults(fn=_guarded(cmd_gc))
     export = commands.add_parser("export", help="write the local tier's entries to an image")
     export.add_argument("--out", type=Path, required=True, help="the image file to write")

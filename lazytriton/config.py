@@ -8,6 +8,9 @@
 |                          | the package (``lazytriton/images``)   | ``*.ltimg``, read-only, searched in order    |
 | ``LAZYTRITON_JIT``       | ``1``                                 | ``0``: never compile; a miss raises          |
 |                          |                                       | ``KernelNotFound`` naming the variant        |
+| ``LAZYTRITON_CACHE_MAX_BYTES`` | ``4G``                        | bound on the local cache's size (``500M``,   |
+|                          |                                       | ``2G``, bytes): writes past it evict the     |
+|                          |                                       | least recently used entries                  |
 | ``LAZYTRITON_LOG_LEVEL`` | ``WARNING``                           | level of the ``lazytriton`` logger           |
 | ``LAZYTRITON_SHARED``    | (none)                                | a tier shared across nodes, after the local  |
 |                          |                                       | one: ``file:///dir`` (network filesystem) or |
@@ -34,6 +37,8 @@ from pathlib import Path
 
 from lazytriton.record import field, record, replace
 
+DEFAULT_CACHE_MAX_BYTES = 4 << 30
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -49,6 +54,27 @@ class Settings:
     shared: str | None = None
     signing_key: bytes | None = field(default=None, repr=False)
     shared_timeout_s: float = 0.005
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+
+
+def parse_size(text: str, what: str) -> int:
+    """A byte count such as ``1048576``, ``500M``, ``2G`` or ``1.5GiB`` (binary units); ValueError naming ``what``."""
+    import re
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", text.strip(), re.I)
+    if match is None:
+        raise ValueError(f"{what} must be a size such as 500M or 2G, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _cache_max_bytes(value: object, what: str) -> int:
+    if isinstance(value, str):
+        value = parse_size(value, what)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be a byte count (int) or a size string such as '2G', got {type(value).__name__}")
+    if value < 1 << 20:
+        raise ValueError(f"{what} must be at least 1M (one entry is up to a few hundred KiB), got {value}")
+    return value
 
 
 def _bool_env(name: str, default: bool) -> bool:
@@ -104,6 +130,7 @@ def from_environment() -> Settings:
         raise ValueError(f"LAZYTRITON_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {level!r}")
     images = tuple(Path(p).expanduser() for p in os.environ.get("LAZYTRITON_IMAGES", "").split(":") if p.strip())
     shared, signing_key, timeout_s = _shared_env()
+    raw_max = os.environ.get("LAZYTRITON_CACHE_MAX_BYTES", "").strip()
     return Settings(
         cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(),
         jit=_bool_env("LAZYTRITON_JIT", True),
@@ -112,6 +139,7 @@ def from_environment() -> Settings:
         shared=shared,
         signing_key=signing_key,
         shared_timeout_s=timeout_s,
+        cache_max_bytes=_cache_max_bytes(raw_max, "LAZYTRITON_CACHE_MAX_BYTES") if raw_max else DEFAULT_CACHE_MAX_BYTES,
     )
 
 
@@ -133,7 +161,7 @@ def settings() -> Settings:
 def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | None = None,
               log_level: str | None = None, images: list[str | os.PathLike[str]] | None = None,
               shared: str | None = None, signing_key: str | bytes | None = None,
-              shared_timeout_ms: float | None = None) -> Settings:
+              shared_timeout_ms: float | None = None, cache_max_bytes: int | str | None = None) -> Settings:
     """Override settings for this process; arguments left None keep their value.
 
     ``shared=""`` and ``signing_key=""`` turn the shared tier and signing off.
@@ -150,6 +178,8 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
         if not isinstance(jit, bool):
             raise TypeError(f"jit must be a bool, got {type(jit).__name__}")
         changes["jit"] = jit
+    if cache_max_bytes is not None:
+        changes["cache_max_bytes"] = _cache_max_bytes(cache_max_bytes, "cache_max_bytes")
     if images is not None:
         changes["images"] = tuple(Path(p).expanduser() for p in images)
     changes.update(_shared_changes(shared, signing_key, shared_timeout_ms))

@@ -59,7 +59,7 @@ class Runtime:
     def __init__(self, config: Settings) -> None:
         self.settings = config
         self.images = ImageTier(config.images)
-        self.local = LocalTier(config.cache_dir / "entries")
+        self.local = LocalTier(config.cache_dir / "entries", size_limit=config.cache_max_bytes)
         # Refusals of shared entries are counted with the local tier's persistent counters.
         self.shared = None
         if config.shared:  # imported only then: a node without a shared tier never loads that code

@@ -34,7 +34,7 @@ from typing import Any
 DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importing it to build the parser
 _CAUSAL = {"none": False, "false": False, "no": False, "0": False,
            "causal": True, "true": True, "yes": True, "1": True, "top_left": True, "bottom_right": True}
-_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned")
+_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64")
 
 
 class UsageError(ValueError):
@@ -117,6 +117,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="seqlen buckets (a value selects what a call of that length selects)")
     axes.add_argument("--seqlen-k", type=_ints(1, 2**31 - 1, "--seqlen-k"), action="extend")
     axes.add_argument("--unaligned", action="store_true", help="also build the unaligned (ALIGN16=false) variants")
+    axes.add_argument("--index64", action="store_true",
+                      help="also build the 64-bit-offset (INDEX64=true) variants, for tensors of 2**31+ elements")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl); --target filters it")
     run = p.add_argument_group("how")
@@ -172,7 +174,8 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 causal=tuple(dict.fromkeys(args.causal)) if args.causal else None,
                 seqlens_q=tuple(args.seqlen_q) if args.seqlen_q else None,
                 seqlens_k=tuple(args.seqlen_k) if args.seqlen_k else None,
-                aligned=(True, False) if args.unaligned else (True,))
+                aligned=(True, False) if args.unaligned else (True,),
+                index64=(False, True) if args.index64 else (False,))
     return select_shard(enumerate_variants(axes, tuning.table_for("flash_fwd")), args.shard)
 
 

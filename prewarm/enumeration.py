@@ -15,9 +15,10 @@ can pick for it. With no axis given, the groups are the default grid:
     causal    none, causal (top_left and bottom_right share the causal binary)
     seqlen    the table's buckets for the group, else 16, 64, 4096
     aligned   true (``--unaligned`` adds false)
+    index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
 
 Variants are deduplicated by key and come out in a stable order: targets as
-given, then dtype, head dim, causal, aligned, seqlen_q, seqlen_k.
+given, then dtype, head dim, causal, aligned, index64, seqlen_q, seqlen_k.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Axes:
     seqlens_q: tuple[int, ...] | None = None
     seqlens_k: tuple[int, ...] | None = None
     aligned: tuple[bool, ...] = (True,)
+    index64: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -112,10 +114,11 @@ def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
         for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, head_dims,
                                                          axes.causal or DEFAULT_CAUSAL):
             buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
-            for aligned, (seqlen_q, seqlen_k) in itertools.product(axes.aligned, _seqlens(axes, buckets)):
+            for aligned, index64, (seqlen_q, seqlen_k) in itertools.product(axes.aligned, axes.index64,
+                                                                            _seqlens(axes, buckets)):
                 config, row = dispatch.flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
                 variant = dispatch.flash_fwd_variant(target, dtype, head_dim, causal, aligned, seqlen_q, config=config,
-                                                     seqlen_k=seqlen_k)
+                                                     index64=index64, seqlen_k=seqlen_k)
                 key = variant.key()
                 plan.setdefault(key, Planned(variant, key, "table" if row is not None else "default"))
     return list(plan.values())

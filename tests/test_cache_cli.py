@@ -5,6 +5,7 @@ Binary checks run on real code objects: an sm_90 cubin and a gfx942 HSACO, compi
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 import time
@@ -317,6 +318,30 @@ def test_gc_evicts_least_recently_used_entries_and_keeps_counters(
     assert sorted(after.keys()) == sorted([keys[0], keys[1], keys[5]])
     assert after.stats().bytes <= bound
     assert after.counters() == {"compiles": 6}
+
+
+def test_the_local_bound_is_a_setting(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert runtime.get().local.size_limit == 4 << 30  # the default
+    monkeypatch.setenv("LAZYTRITON_CACHE_MAX_BYTES", "1.5M")
+    config.reset()
+    assert config.settings().cache_max_bytes == 3 << 19 and runtime.get().local.size_limit == 3 << 19
+    seed(cache_dir, *(fake_entry(f"{i:032x}", size=400_000) for i in range(1, 4)))  # 1.2 MB: within the bound
+    status, out, _ = cli(capsys, "gc")  # no --max-bytes: the setting's bound
+    assert status == 0 and "removed 0 least recently used entries" in out and "(bound 1.5 MiB)" in out
+    config.configure(cache_max_bytes="1M")
+    status, out, _ = cli(capsys, "gc")
+    assert status == 0 and "removed 1 least recently used entries" in out and local(cache_dir).stats().bytes <= 1 << 20
+    for value, message in (("lots", "LAZYTRITON_CACHE_MAX_BYTES must be a size such as 500M or 2G, got 'lots'"),
+                           ("1000", "LAZYTRITON_CACHE_MAX_BYTES must be at least 1M")):
+        monkeypatch.setenv("LAZYTRITON_CACHE_MAX_BYTES", value)
+        config.reset()
+        with pytest.raises(ValueError, match=re.escape(message)):
+            config.settings()
+    monkeypatch.delenv("LAZYTRITON_CACHE_MAX_BYTES")
+    config.reset()
+    with pytest.raises(TypeError, match="cache_max_bytes must be a byte count"):
+        config.configure(cache_max_bytes=2.5)  # type: ignore[arg-type]
 
 
 def test_put_keeps_the_local_tier_within_its_bound(tmp_path: Path) -> None:

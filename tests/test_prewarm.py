@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import run_python
 
-from lazytriton import dispatch, tuning
+from lazytriton import dispatch, record, tuning
 from lazytriton.cache_format.image import Image
 from lazytriton.cli import main as cli_main
 from lazytriton.prewarm.enumeration import (
@@ -118,6 +118,20 @@ def test_explicit_axes_padded_head_dims_unaligned_and_seqlens() -> None:
     assert [p.variant.get("BLOCK_M") for p in plan] == [128] * 4
 
 
+def test_index64_axis_adds_exactly_the_variants_large_tensors_select() -> None:
+    axes = Axes((SM90,), dtypes=("bf16",), head_dims=(128,), causal=(False, True), seqlens_q=(4096,))
+    narrow = enumerate_variants(axes, TABLE)
+    wide = enumerate_variants(record.replace(axes, index64=(False, True)), TABLE)
+    assert [p.variant.get("INDEX64") for p in narrow] == [False, False]
+    assert [p.variant.get("INDEX64") for p in wide] == [False, True, False, True]
+    assert [p.key for p in wide if not p.variant.get("INDEX64")] == [p.key for p in narrow]
+    for planned in wide:  # the same variant dispatch picks for a call whose tensors span 2**31 elements
+        v = planned.variant
+        picked = dispatch.flash_fwd_variant(SM90, "bf16", 128, v.get("CAUSAL"), True, 4096, index64=v.get("INDEX64"),
+                                            seqlen_k=4096, table=TABLE)
+        assert picked.key() == planned.key
+
+
 def test_order_is_stable_and_follows_the_targets_as_given() -> None:
     axes = Axes((GFX942, SM90), dtypes=("fp16", "bf16"), head_dims=(64,))
     first, second = keys(axes), keys(axes)
@@ -198,6 +212,10 @@ def test_cli_list_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
                                   tuning.table_for("flash_fwd"))
     assert [k for k, _, _ in listed] == [p.key for p in expected] and err.strip() == f"{len(expected)} variants"
     assert all(Variant.parse(v).key() == k and Variant.parse(v).get("CAUSAL") is True for k, _, v in listed)
+    assert cli_main(["prewarm", "--target", "sm_90", "--dtype", "fp16", "--head-dim", "80", "--causal",
+                     "bottom_right", "--index64", "--list"]) == 0
+    wide = [Variant.parse(line.split()[2]) for line in capsys.readouterr().out.splitlines()]
+    assert len(wide) == 2 * len(expected) and sum(v.get("INDEX64") for v in wide) == len(expected)
     assert cli_main(["prewarm", "--dtype", "fp16", "--list"]) == 2
     assert "--target is required" in capsys.readouterr().err
     assert cli_main(["prewarm", "--from-misses", "m.jsonl", "--dtype", "fp16", "--out", "x.ltimg"]) == 2

@@ -91,6 +91,7 @@ def test_configure_is_the_twin_of_the_variables(tmp_path: Path) -> None:
 def test_every_variable_is_documented_in_config_and_the_readme() -> None:
     documented = set(re.findall(r"``(LAZYTRITON_[A-Z_]+)``", config.__doc__ or ""))
     readme = (REPO / "README.md").read_text()
-    for name in ("LAZYTRITON_SHARED", "LAZYTRITON_SIGNING_KEY", "LAZYTRITON_SHARED_TIMEOUT_MS"):
+    for name in ("LAZYTRITON_SHARED", "LAZYTRITON_SIGNING_KEY", "LAZYTRITON_SHARED_TIMEOUT_MS",
+                 "LAZYTRITON_CACHE_MAX_BYTES"):
         assert name in documented, f"{name} is missing from config.py's table"
         assert f"`{name}`" in readme, f"{name} is missing from the README's settings table"

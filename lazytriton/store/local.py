@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lazytriton.cache_format import Entry, EntryError
+from lazytriton.config import DEFAULT_CACHE_MAX_BYTES
 from lazytriton.store import TierStats
 from lazytriton.variant import check_key
 
@@ -30,7 +31,6 @@ log = logging.getLogger("lazytriton.store.local")
 # diskcache keeps values above this many bytes in files of their own; entries
 # (cubins of 20-300 KiB) always are, small counters stay in SQLite.
 _FILE_THRESHOLD = 4096
-DEFAULT_SIZE_LIMIT = 4 << 30
 _COUNTER = "counter:"
 
 
@@ -40,7 +40,7 @@ class LocalTier:
     writable = True
 
     def __init__(self, directory: str | os.PathLike[str], name: str = "local",
-                 size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
+                 size_limit: int = DEFAULT_CACHE_MAX_BYTES) -> None:
         self.name = name
         self.directory = Path(directory)
         self._cache: Any = None  # a diskcache.Cache, opened on first use
