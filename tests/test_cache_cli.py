@@ -16,11 +16,11 @@ from compiled_once import compiled, shared_dir, small_variant
 from conftest import run_python
 
 from lazytriton import config, dispatch, record, runtime, tuning
-from lazytriton.cache_cli import parse_size
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.cache_format.elf import check_binary, cuda_sm, symbols
 from lazytriton.cache_format.image import Image, write_image
 from lazytriton.cli import main
+from lazytriton.cli.cache import parse_size
 from lazytriton.store.local import LocalTier
 from lazytriton.store.probe import ABSENT, DAMAGED, PRESENT, UNKNOWN, Probe, explain
 from lazytriton.target import Target

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lazytriton import dispatch, tune, tuning
+from lazytriton import dispatch, tuning
+from lazytriton.cli import tune
 from lazytriton.target import Target
 
 HEADER = ",".join(tuning.COLUMNS)

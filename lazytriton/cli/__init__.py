@@ -1,4 +1,4 @@
-"""The ``lazytriton`` command: ``info`` and ``demo``."""
+"""The ``lazytriton`` command and its subcommands (``info``, ``demo``, ``cache``, ``tune``, ``prewarm``, ``capi``)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def _human(n: int) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from lazytriton import demo
+    from lazytriton.cli import demo
 
     if torch.cuda.is_available() and not args.cpu:
         return demo.run_gpu()
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from lazytriton.prewarm.cli import add_parser as add_prewarm_parser
 
     add_prewarm_parser(sub)
-    from lazytriton.cache_cli import add_parser as add_cache_parser
+    from lazytriton.cli.cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
     sub.add_parser("tune", add_help=False, help="time configs on this GPU and update the tuning table "
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(lazytriton capi --help)")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tune"]:
-        from lazytriton import tune
+        from lazytriton.cli import tune
 
         return tune.main(argv[1:])
     if argv[:1] == ["capi"]:
