@@ -128,8 +128,10 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     then ``default_config``.
     """
     padded = padded_head_dim(head_dim)
-    sk = seqlen_q if seqlen_k is None else seqlen_k
-    cfg = config or flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, sk, table)[0]
+    # Seqlens enter only through their buckets: the hot path's memo key relies on it.
+    sq = tuning.bucket(seqlen_q)
+    sk = sq if seqlen_k is None else tuning.bucket(seqlen_k)
+    cfg = config or flash_fwd_config(target, dtype, head_dim, causal, sq, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
     return Variant("flash_fwd", str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))

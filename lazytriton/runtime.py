@@ -207,6 +207,10 @@ class Runtime:
                     self._kernels[(key, device_index)] = loaded
         return loaded
 
+    def loaded(self, variant: Variant, device_index: int) -> Any:
+        """The kernel for ``variant`` if it is already loaded on GPU ``device_index``, else None (no I/O)."""
+        return self._kernels.get((variant.key(), device_index))
+
     def loaded_kernels(self) -> list[Any]:
         """The kernels this process has loaded on its devices."""
         return list(self._kernels.values())

@@ -54,9 +54,19 @@ class Row:
         return (self.target, self.kernel, self.dtype, self.head_dim, self.causal)
 
 
+def bucket_index(seqlen: int) -> int:
+    """log2 of ``bucket(seqlen)``: the hot path's memo keys seqlens by this small int."""
+    return max(seqlen - 1, 0).bit_length()
+
+
 def bucket(seqlen: int) -> int:
-    """The power-of-two bucket a seqlen falls in (its ceiling power of two; 1 for 0 and 1)."""
-    return 1 << max(seqlen - 1, 0).bit_length()
+    """The power-of-two bucket a seqlen falls in (its ceiling power of two; 1 for 0 and 1).
+
+    Dispatch sees a call's seqlens only through this function (see
+    ``dispatch.flash_fwd_variant``), so two calls in the same buckets get the
+    same variant, and the memo key (``bucket_index``) may stand for them.
+    """
+    return 1 << bucket_index(seqlen)
 
 
 def _is_pow2(n: int) -> bool:

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from lazytriton import compiler, config, flash, runtime
+from lazytriton.kernels.flash_fwd import binding
 from lazytriton.kernels.flash_fwd.reference import attention_reference
 
 # The interpreter takes log2(0) for rows that see no key, then replaces the
@@ -180,9 +181,9 @@ def attn(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[torch.Tensor, t
     def call(q: Any, k: Any, v: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         poison = PoisonedTorch()
         with monkeypatch.context() as patch:
-            patch.setattr(flash, "torch", poison)
+            patch.setattr(binding, "torch", poison)
             out, lse = flash.attn_fwd(q, k, v, **kwargs)
-        assert poison.allocations, "attn_fwd no longer allocates through flash.torch; update PoisonedTorch"
+        assert poison.allocations, "attn_fwd no longer allocates through binding.torch; update PoisonedTorch"
         poison.check()
         return out, lse
 
@@ -394,6 +395,13 @@ def _qkv(**changes: Any) -> dict[str, Any]:
     return args
 
 
+class _FakeDevice:
+    """Not a tensor, though it wraps one: refused by type."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
 def _t(*shape: int, dtype: torch.dtype = torch.float16, device: str = "cpu") -> torch.Tensor:
     return torch.randn(shape, dtype=torch.float32).to(dtype) if device == "cpu" else torch.empty(
         shape, dtype=dtype, device=device)
@@ -404,9 +412,9 @@ BAD_INPUTS: list[tuple[str, Callable[[], dict[str, Any]], type[Exception], str]]
     ("v_dtype", lambda: _qkv(v=_t(1, 2, 6, 32, dtype=torch.bfloat16)), TypeError, r"\bv\b.*bfloat16"),
     ("k_device", lambda: _qkv(k=_t(1, 2, 6, 32, device="meta")), ValueError, r"\bk\b.*meta"),
     ("v_device", lambda: _qkv(v=_t(1, 2, 6, 32, device="meta")), ValueError, r"\bv\b.*meta"),
-    ("all_meta", lambda: {n: _t(*s, device="meta") for n, s in
-                          (("q", (1, 4, 5, 32)), ("k", (1, 2, 6, 32)), ("v", (1, 2, 6, 32)))},
-     ValueError, r"\bq\b.*meta"),
+    ("all_mps_like", lambda: {n: _FakeDevice(_t(*s)) for n, s in
+                              (("q", (1, 4, 5, 32)), ("k", (1, 2, 6, 32)), ("v", (1, 2, 6, 32)))},
+     TypeError, r"\bq\b.*_FakeDevice"),
     ("q_rank3", lambda: _qkv(q=_t(4, 5, 32)), ValueError, r"\bq\b.*4 dims"),
     ("k_rank5", lambda: _qkv(k=_t(1, 1, 2, 6, 32)), ValueError, r"\bk\b.*4 dims"),
     ("q_last_stride", lambda: _qkv(q=_t(1, 4, 5, 64)[..., ::2]), ValueError, r"\bq\b.*stride"),
@@ -459,6 +467,13 @@ def test_requires_grad_under_grad_mode(which: str) -> None:
     args[which].requires_grad_()
     with pytest.raises(NotImplementedError, match="backward"):
         flash.attn_fwd(args["q"], args["k"], args["v"])
+
+
+def test_meta_tensors_give_outputs_of_the_right_form(no_launch: None) -> None:
+    q, k, v = (_t(*s, device="meta") for s in ((2, 4, 5, 32), (2, 2, 6, 32), (2, 2, 6, 32)))
+    out, lse = flash.attn_fwd(q, k, v, causal="bottom_right")
+    assert out.device.type == "meta" and out.shape == q.shape and out.dtype == q.dtype and out.stride() == q.stride()
+    assert lse.device.type == "meta" and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 
 def test_bad_input_guard_really_catches_launches(no_launch: None) -> None:

@@ -1,0 +1,407 @@
+"""Host side of flash_fwd: the one owner of this kernel's launch ABI.
+
+Everything that launches ``flash_fwd`` (the torch op, the public functions,
+``lazytriton tune``, the C API, benchmarks) goes through here:
+
+- ``check`` turns the caller's tensors and options into one ``Call`` (a shape
+  record, the causal mode and offset, the softmax scale), or raises a
+  ``TypeError``/``ValueError`` naming the argument before anything runs;
+- ``memo_key`` derives the hot path's memo key from dispatch's own seqlen
+  bucketing (``tuning.bucket_index``), so the memo never serves a call that
+  dispatch would have given another variant;
+- ``pack`` is generated from the kernel's parameter description
+  (``FLASH_FWD.params``) and ``PARAM_SOURCES``; the C launcher's argument
+  layout (``capi/lazytriton.c``) is tested against ``c_initializer()``, which
+  comes from the same table;
+- ``grid`` and ``interpreter_constexprs`` for the two ways of running it;
+- ``forward`` allocates the outputs and runs the kernel: a cached binary on a
+  GPU, Triton's interpreter on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from lazytriton import dispatch, runtime, tuning
+from lazytriton.kernels.flash_fwd import FLASH_FWD
+from lazytriton.kernels.flash_fwd import grid as _grid
+from lazytriton.variant import Variant
+
+log = logging.getLogger("lazytriton.flash")
+
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+INT32_MAX = 2**31 - 1
+MAX_GRID_YZ = 65535  # grid y (heads) and z (batch) limits of CUDA and HIP
+DEVICE_TYPES = ("cuda", "cpu")  # ROCm tensors are "cuda" too
+_CAUSAL_FAST = {False: "none", True: "top_left", "top_left": "top_left", "bottom_right": "bottom_right"}
+
+# Above this many query-key-dim products (sq * sk * d * batch * heads) a CPU
+# call through the interpreter takes minutes (2x16x4096x128: over 200 s on the
+# 2-core CI machine); warn once, since the CPU path is for checking, not speed.
+SLOW_CPU_WORK = 2**31
+
+
+class Shape(NamedTuple):
+    """The sizes of one call, in the kernel's (batch, heads, seqlen, head_dim) terms."""
+
+    batch: int
+    heads_q: int
+    heads_k: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+
+
+class Call(NamedTuple):
+    """A checked call: its shape, causal mode, the kernel's causal offset and softmax scale."""
+
+    shape: Shape
+    causal: str  # "none", "top_left" or "bottom_right"
+    offset: int  # key j is seen by query i when j <= i + offset (causal only)
+    scale: float
+
+
+class Names(NamedTuple):
+    """The caller's names for the arguments, so that errors speak the caller's language."""
+
+    q: str = "q"
+    k: str = "k"
+    v: str = "v"
+    causal: str = "causal"
+    scale: str = "sm_scale"
+
+
+NAMES = Names()
+
+
+# ---------------------------------------------------------------------------
+# Checks
+
+
+def _check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+    return t
+
+
+def _fast_check(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> Call | None:
+    """The common, valid call in as few tensor reads as possible; None sends it to the full check."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    dtype, device = q.dtype, q.device
+    if dtype not in DTYPES or k.dtype != dtype or v.dtype != dtype or k.device != device or v.device != device:
+        return None
+    qshape, kshape = q.shape, k.shape
+    if len(qshape) != 4 or len(kshape) != 4 or v.shape != kshape:
+        return None
+    b, hq, sq, d = qshape
+    bk, hk, sk, dk = kshape
+    if bk != b or dk != d or not 0 < d <= dispatch.MAX_HEAD_DIM or hk == 0 or hq % hk:
+        return None
+    if (q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1) and d > 1:
+        return None
+    if sq > INT32_MAX or sk > INT32_MAX or b > MAX_GRID_YZ or hq > MAX_GRID_YZ:
+        return None
+    mode = _CAUSAL_FAST.get(causal) if isinstance(causal, (bool, str)) else None
+    if mode is None:
+        return None
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif type(scale) is not float or not math.isfinite(scale):
+        return None
+    return Call(Shape(b, hq, hk, sq, sk, d), mode, sk - sq if mode == "bottom_right" else 0, scale)
+
+
+def check(q: Any, k: Any, v: Any, causal: Any = False, scale: Any = None, names: Names = NAMES) -> Call:
+    """The checked call, or a TypeError/ValueError naming the argument (tensors in (B, H, S, D) order).
+
+    ``causal``: False/None, True (= "top_left"), "top_left" or "bottom_right".
+    ``scale``: the softmax scale, default 1/sqrt(head_dim). Tensors may be on
+    a GPU, the CPU or the meta device (for shape inference).
+    """
+    fast = _fast_check(q, k, v, causal, scale)
+    if fast is not None:
+        return fast
+    q, k, v = _check_tensor(names.q, q), _check_tensor(names.k, k), _check_tensor(names.v, v)
+    for name, t in ((names.k, k), (names.v, v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {names.q} has {q.dtype}; all three must match")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but {names.q} is on {q.device}; all three must be on one "
+                             "device")
+    if q.device.type not in DEVICE_TYPES and q.device.type != "meta":
+        raise ValueError(f"{names.q} must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
+    b, hq, sq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"{names.k} and {names.v} must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    bk, hk, sk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"{names.k} has batch {bk} but {names.q} has batch {b}")
+    if dk != d:
+        raise ValueError(f"{names.k} has head dim {dk} but {names.q} has head dim {d}")
+    if not 1 <= d <= dispatch.MAX_HEAD_DIM:
+        raise ValueError(f"head dim ({names.q}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"{names.q} heads ({hq}) must be a multiple of {names.k}/{names.v} heads ({hk}) for "
+                         "GQA/MQA")
+    if max(sq, sk) > INT32_MAX or max(b, hq) > MAX_GRID_YZ:
+        raise ValueError(f"seqlens must be < 2**31 and batch, heads <= {MAX_GRID_YZ}; got {names.q} "
+                         f"{tuple(q.shape)}, {names.k} {tuple(k.shape)}")
+    mode = causal_mode(causal, names.causal)
+    return Call(Shape(b, hq, hk, sq, sk, d), mode, sk - sq if mode == "bottom_right" else 0,
+                softmax_scale(scale, d, names.scale))
+
+
+def causal_mode(causal: object, name: str = "causal") -> str:
+    """``causal`` as one of dispatch.CAUSAL_MODES, or a ValueError naming ``name``."""
+    try:
+        return dispatch.causal_mode(causal)
+    except ValueError:
+        raise ValueError(f"{name} must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+
+
+def softmax_scale(scale: object, head_dim: int, name: str = "sm_scale") -> float:
+    """The softmax scale: 1/sqrt(head_dim) for None, else a finite float."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{name} must be a float or None, got {type(scale).__name__}")
+    value = float(scale)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {scale}")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Argument packing, generated from the parameter description
+
+# Where each runtime parameter of flash_fwd comes from, as a Python expression
+# over ``pack``'s locals and a C expression over lazytriton.c's ``lt__launch``
+# locals. Lse is always a contiguous (batch, heads_q, seqlen_q) float32 tensor,
+# so both launchers derive its strides from the shape.
+PARAM_SOURCES: dict[str, tuple[str, str]] = {
+    "Q": ("q.data_ptr()", "(int64_t)(uintptr_t)q->data"),
+    "K": ("k.data_ptr()", "(int64_t)(uintptr_t)k->data"),
+    "V": ("v.data_ptr()", "(int64_t)(uintptr_t)v->data"),
+    "Out": ("out.data_ptr()", "(int64_t)(uintptr_t)o->data"),
+    "Lse": ("lse.data_ptr()", "(int64_t)(uintptr_t)p->lse.data"),
+    **{f"stride_{t}{d}": (f"{t}s[{i}]", f"{c}->strides[{i}]")
+       for t, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o")) for i, d in enumerate("bhs")},
+    "stride_lb": ("hq * sq", "c->hq * c->sq"),
+    "stride_lh": ("sq", "c->sq"),
+    "group_size": ("hq // hk", "c->hq / c->hk"),
+    "seqlen_q": ("sq", "c->sq"),
+    "seqlen_k": ("sk", "c->sk"),
+    "head_dim": ("d", "c->d"),
+    "causal_offset": ("offset", "c->offset"),
+    "sm_scale": ("scale", "scale"),
+}
+
+FLOAT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if kind.startswith("fp"))
+INT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if not kind.startswith("fp"))
+# Pointers and outer strides that decide ALIGN16 (the description's aligned_params).
+_ALIGN_SOURCES = tuple(PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)
+
+
+def _generate_pack() -> Any:
+    """``pack(q, k, v, out, lse, call) -> (ints, aligned, index64)``, built from FLASH_FWD.params.
+
+    One generated function with the tuple written out keeps the hot path at
+    one call, not one per parameter (24 of them). ``aligned``: every pointer
+    16-byte aligned and every outer stride a multiple of 16. ``index64``: some
+    tensor's last element lies 2**31 or more elements past its first.
+    """
+    ints = ", ".join(PARAM_SOURCES[name][0] for name in INT_PARAMS)
+    source = f"""
+def pack(q, k, v, out, lse, call):
+    b, hq, hk, sq, sk, d = call.shape
+    offset = call.offset
+    qs, ks, vs, os = q.stride(), k.stride(), v.stride(), out.stride()
+    ints = ({ints},)
+    aligned = not ({" | ".join(_ALIGN_SOURCES)}) & 15
+    extent = max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
+                 (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
+                 (b - 1) * ks[0] + (hk - 1) * ks[1] + (sk - 1) * ks[2],
+                 (b - 1) * vs[0] + (hk - 1) * vs[1] + (sk - 1) * vs[2],
+                 b * hq * sq - d) + d
+    return ints, aligned, extent > {INT32_MAX}
+"""
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<{FLASH_FWD.name} binding: pack>", "exec"), namespace)  # noqa: S102 (our own text)
+    return namespace["pack"]
+
+
+pack = _generate_pack()
+
+
+def floats(call: Call) -> tuple[float, ...]:
+    """The float parameters (after the ints, in the description's order)."""
+    return (call.scale,)
+
+
+def c_initializer() -> str:
+    """The C launcher's integer-argument initializer, from the same table as ``pack`` (tested against it)."""
+    return ", ".join(PARAM_SOURCES[name][1] for name in INT_PARAMS)
+
+
+# ---------------------------------------------------------------------------
+# Grid, memo key, variant
+
+
+def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
+    """Programs: query blocks x query heads x batch."""
+    return _grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m)
+
+
+def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
+             index64: bool) -> tuple[Any, ...]:
+    """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets."""
+    return (device_index, dtype, shape.head_dim, causal, aligned, index64,
+            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+
+
+def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool) -> Variant:
+    """The variant that serves a call of this shape (dispatch decides)."""
+    return dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
+                                      index64=index64, seqlen_k=shape.seqlen_k)
+
+
+def interpreter_constexprs(shape: Shape, causal: bool) -> dict[str, Any]:
+    """Constexprs for Triton's interpreter on CPU tensors.
+
+    Small tiles: the interpreter's cost is per program and per op, and tiles
+    smaller than the test shapes exercise the unmasked loop as well as the tail.
+    """
+    padded = dispatch.padded_head_dim(shape.head_dim)
+    return {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal}
+
+
+# ---------------------------------------------------------------------------
+# Running it
+
+
+class CaptureError(RuntimeError):
+    """A call would load or compile a kernel while a CUDA graph is being captured."""
+
+
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 µs; the public API ~3 µs
+_IS_CAPTURING = torch.cuda.is_current_stream_capturing
+
+
+def raw_stream(device_index: int) -> int:
+    """The current CUDA/HIP stream of a device, as the driver's handle."""
+    if _GET_RAW_STREAM is not None:
+        return int(_GET_RAW_STREAM(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+
+def scratch_alloc(nbytes: int, device_index: int) -> torch.Tensor:
+    """Scratch memory Triton's hidden parameters ask for (torch's allocator: graph-safe)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_index))
+
+
+def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
+         aligned: bool, index64: bool) -> tuple[Any, int]:
+    """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans``.
+
+    During a CUDA graph capture, a kernel that is not loaded yet would touch
+    the driver (module load) or the compiler; that raises ``CaptureError``
+    first, naming the variant and the fix (``lazytriton.preload``).
+    """
+    found = dispatch.target_of_device(device)
+    chosen = variant(found, dtype, shape, causal, aligned, index64)
+    if _IS_CAPTURING() and rt.loaded(chosen, device.index) is None:
+        raise CaptureError(f"{chosen} is not loaded on {device} and a CUDA graph is being captured, during which "
+                           "it can be neither loaded nor compiled; call lazytriton.preload(...) with this shape "
+                           "(or run the call once) before the capture")
+    kernel = rt.kernel(chosen, device.index)
+    entry = (kernel, int(chosen.get("BLOCK_M")))
+    rt.plans[key] = entry
+    return entry
+
+
+def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               call: Call) -> None:
+    """Launch the cached kernel for a checked call on GPU tensors (the warm path: one dict lookup)."""
+    ints, aligned, index64 = pack(q, k, v, out, lse, call)
+    shape = call.shape
+    device = q.device
+    rt = runtime.get()
+    causal = call.causal != "none"
+    key = memo_key(device.index, q.dtype, shape, causal, aligned, index64)
+    found = rt.plans.get(key)
+    if found is None:
+        found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64)
+    kernel, block_m = found
+    kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), raw_stream(device.index),
+                  ints, (call.scale,), scratch_alloc)
+
+
+def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    call: Call) -> None:
+    """Run the kernel through Triton's interpreter on CPU tensors."""
+    from lazytriton import compiler
+
+    shape = call.shape
+    _warn_if_slow(shape)
+    constexprs = interpreter_constexprs(shape, call.causal != "none")
+    ints = pack(q, k, v, out, lse, call)[0]
+    n_ptr = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
+    args = (q, k, v, out, lse, *ints[n_ptr:], *floats(call))
+    compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
+
+
+_warned_slow = False
+
+
+def _warn_if_slow(shape: Shape) -> None:
+    global _warned_slow
+    work = shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim
+    if work >= SLOW_CPU_WORK and not _warned_slow:
+        _warned_slow = True
+        log.warning("attention on CPU tensors of shape %s runs through Triton's interpreter and may take "
+                    "minutes; the CPU path is for checking results, not for speed", tuple(shape))
+
+
+def empty_outputs(q: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs: out (q's shape, dtype and, for a dense q, strides), lse (batch, heads_q, seqlen_q) float32."""
+    out = torch.empty_like(q)
+    lse = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a checked call: the kernel on a GPU, the interpreter on CPU, empty on meta."""
+    shape = call.shape
+    out, lse = empty_outputs(q, shape)
+    if out.numel() == 0 or q.device.type == "meta":
+        return out, lse
+    if shape.seqlen_k == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    if q.device.type == "cpu":
+        run_interpreter(q, k, v, out, lse, call)
+    else:
+        launch_gpu(q, k, v, out, lse, call)
+    return out, lse
+
+
+def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool = True,
+            index64: bool = False) -> Variant:
+    """Load the kernel a call of this shape would use on ``device`` now (images, cache or JIT); its variant."""
+    shape = call.shape
+    causal = call.causal != "none"
+    rt = runtime.get()
+    key = memo_key(device.index, dtype, shape, causal, aligned, index64)
+    plan(rt, key, device, dtype, shape, causal, aligned, index64)
+    return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)

@@ -1,0 +1,334 @@
+"""The public attention functions: FlashAttention-2's and SDPA's signatures, and the lower-level ``attn_fwd``.
+
+Layering is FlashAttention-2's: the torch op (``lazytriton.ops``, with its
+fake twin), then (from the backward issue on) autograd on it, then these thin
+functions, which alone carry the long docstrings. Each checks its arguments
+(a ``TypeError``/``ValueError`` naming the argument before anything runs),
+turns its layout into the kernel's (batch, heads, seqlen, head_dim) with
+views, never copies, and calls the op; an eager call with plain tensors and
+nothing tracing goes to the binding directly, which skips the op's dispatch
+(``_direct``; cost of each measured in benchmarks/NOTES.md).
+
+``import lazytriton`` does not import this module (it imports torch): the
+names are re-exported lazily by ``lazytriton/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazytriton.kernels.flash_fwd import binding
+from lazytriton.ops import flash_fwd_op
+
+_FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
+_SDPA_NAMES = binding.Names(q="query", k="key", v="value", causal="is_causal", scale="scale")
+_is_compiling = torch.compiler.is_compiling
+_dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", lambda: None)
+_Tensor = torch.Tensor
+
+
+def _direct(q: Any, k: Any, v: Any) -> bool:
+    """True when the op's dispatch adds nothing: plain tensors, nothing tracing, no dispatch mode."""
+    return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and not _is_compiling()
+            and _dispatch_mode() is None and q.device.type != "meta")
+
+
+def _refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fn: str) -> None:
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(f"{fn} has no backward yet; call it under torch.no_grad() or with detached "
+                                  "inputs")
+
+
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) -> tuple[torch.Tensor, torch.Tensor]:
+    if _direct(q, k, v):
+        return binding.forward(q, k, v, call)
+    return flash_fwd_op(q, k, v, call.scale, call.causal)  # type: ignore[no-any-return]
+
+
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool | str = False,
+             sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention forward, FlashAttention-2 style, returning the logsumexp too.
+
+    Args:
+        q: queries, shape (batch, heads_q, seqlen_q, head_dim), the SDPA layout,
+            float16, bfloat16 or float32, any strides with a contiguous last dim.
+        k: keys, shape (batch, heads_k, seqlen_k, head_dim); heads_q must be a
+            multiple of heads_k (GQA; heads_k = 1 is MQA).
+        v: values, same shape as k.
+        causal: False; True or "top_left" (key j is seen by query i when
+            j <= i, SDPA's meaning); "bottom_right" (j <= i + seqlen_k -
+            seqlen_q, FlashAttention's meaning). A query that sees no key gets
+            output 0 and logsumexp -inf.
+        sm_scale: the softmax scale; default 1/sqrt(head_dim).
+
+    Returns:
+        ``(out, lse)``: out has q's shape and dtype; lse is the float32
+        natural-log logsumexp of the scaled scores, shape (batch, heads_q, seqlen_q).
+
+    CUDA/ROCm tensors run a compiled kernel from the cache (compiled on first
+    use if no tier holds it); CPU tensors run the same kernel through Triton's
+    interpreter (for checking results, not for speed); meta and fake tensors
+    give outputs of the right shape for tracing. A torch op
+    (``torch.ops.lazytriton.flash_fwd``) underneath makes it traceable by
+    ``torch.compile(fullgraph=True)`` and ``torch.export``. Bad input raises
+    TypeError/ValueError before any launch. Forward only: there is no backward yet.
+
+    """
+    call = binding.check(q, k, v, causal, sm_scale)
+    _refuse_grad(q, k, v, "attn_fwd")
+    return _run(q, k, v, call)
+
+
+def _unsupported(name: str, value: Any, default: Any, what: str) -> None:
+    changed = value is not None if default is None else value != default
+    if changed:
+        raise NotImplementedError(f"{name}={value!r}: {what} is not supported by lazytriton's kernels yet; "
+                                  f"leave {name} at {default!r}")
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _check_dropout(name: str, p: Any) -> None:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(p).__name__}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+    _unsupported(name, float(p), 0.0, "dropout")
+
+
+def _check_window(window_size: Any) -> None:
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    _unsupported("window_size", tuple(window_size), (-1, -1), "a sliding window")
+
+
+def _check_bshd(name: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+    return t
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    softmax_scale: float | None = None, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                    softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                    return_attn_probs: bool = False) -> Any:
+    """FlashAttention-2's ``flash_attn_func``, served from lazytriton's kernel cache.
+
+    A drop-in for ``flash_attn.flash_attn_func``: same arguments, same layout,
+    same causal alignment, same return values.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, head_dim), float16, bfloat16 or float32,
+            any strides with a contiguous last dim (no copy is made).
+        k: (batch, seqlen_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
+        v: same shape as k.
+        dropout_p: must be 0.0 for now (dropout is not implemented yet: any
+            other value raises NotImplementedError).
+        softmax_scale: default 1/sqrt(head_dim).
+        causal: bottom-right aligned, as in FlashAttention 2.1+: query i sees
+            key j when j <= i + seqlen_k - seqlen_q; a query that sees no key
+            outputs 0.
+        window_size: must be (-1, -1) for now (sliding windows: NotImplementedError).
+        softcap: must be 0.0 for now (NotImplementedError).
+        alibi_slopes: must be None for now (NotImplementedError).
+        deterministic: accepted; the forward is deterministic either way.
+        return_attn_probs: if True, return ``(out, softmax_lse, None)`` as
+            FlashAttention-2 does without dropout (softmax_lse: float32,
+            (batch, heads_q, seqlen_q)).
+
+    Returns:
+        ``out`` of shape (batch, seqlen_q, heads_q, head_dim) and q's dtype, or
+        ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
+
+    """
+    q, k, v = _check_bshd("q", q), _check_bshd("k", k), _check_bshd("v", v)
+    _check_dropout("dropout_p", dropout_p)
+    _check_window(window_size)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    _unsupported("softcap", float(softcap), 0.0, "logit softcapping")
+    _unsupported("alibi_slopes", alibi_slopes, None, "ALiBi")
+    _check_bool("deterministic", deterministic)
+    _check_bool("return_attn_probs", return_attn_probs)
+    _check_bool("causal", causal)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES)
+    _refuse_grad(q, k, v, "flash_attn_func")
+    out, lse = _run(qt, kt, vt, call)
+    out = out.transpose(1, 2)
+    return (out, lse, None) if return_attn_probs else out
+
+
+class SDPAError(ValueError, RuntimeError):
+    """Misuse of ``scaled_dot_product_attention``: a ValueError, and the RuntimeError torch raises for it."""
+
+
+class SDPATypeError(TypeError, RuntimeError):
+    """A wrong type in ``scaled_dot_product_attention``: a TypeError, and the RuntimeError torch raises for it."""
+
+
+def _sdpa_4d(name: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "
+                        f"{type(t).__name__}")
+    if t.dim() < 2:
+        raise SDPAError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape {tuple(t.shape)}")
+    return t
+
+
+def _sdpa_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """q, k, v as (batch, heads, seqlen, head_dim) views, and the output's shape.
+
+    Dims before the last three (-3 is heads) are batch dims; they broadcast as
+    in torch, and are flattened into one (a view where the strides allow it,
+    else a copy). Heads broadcast too (a key/value head count of 1 is MQA, no
+    copy); with ``enable_gqa`` the key/value heads may divide the query heads.
+    """
+    def heads(t: torch.Tensor) -> int:
+        return t.shape[-3] if t.dim() >= 3 else 1
+
+    try:
+        batch = tuple(torch.broadcast_shapes(*(t.shape[:-3] for t in (query, key, value))))
+    except RuntimeError as exc:
+        raise SDPAError(f"the batch dims of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                        f"{tuple(value.shape)} do not broadcast: {exc}") from None
+    hq, hk, hv = heads(query), heads(key), heads(value)
+    if hk != hv:
+        raise SDPAError(f"key has {hk} heads but value has {hv}; they must match")
+    if enable_gqa:
+        if hk == 0 or hq % hk:
+            raise SDPAError(f"with enable_gqa=True the heads of key and value ({hk}) must divide the heads of "
+                            f"query ({hq})")
+    elif hk not in (hq, 1) and hq != 1:
+        raise SDPAError(f"query has {hq} heads but key and value have {hk}: the sizes must match (or be 1); "
+                        "for grouped-query attention pass enable_gqa=True")
+    hq_out = hq if enable_gqa or hk == 1 else max(hq, hk)
+
+    def to4(t: torch.Tensor, h: int) -> torch.Tensor:
+        t3 = t if t.dim() >= 3 else t.unsqueeze(0)
+        target = (*batch, h, *t3.shape[-2:])
+        full = t3 if tuple(t3.shape) == target else t3.expand(target)
+        return full if full.dim() == 4 else full.reshape(-1, h, *t3.shape[-2:])
+
+    out_shape = (*batch, hq_out, query.shape[-2], value.shape[-1]) if query.dim() >= 3 else tuple(query.shape)
+    return to4(query, hq_out), to4(key, hk), to4(value, hk), out_shape
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``, served from lazytriton's kernel cache.
+
+    A drop-in for torch's function: same arguments, same layout
+    (..., heads, seqlen, head_dim), same semantics: ``is_causal`` is top-left
+    aligned (query i sees key j when j <= i), the batch dims and a key/value
+    head count of 1 broadcast, grouped-query attention only with
+    ``enable_gqa=True``, and misuse that torch reports with a RuntimeError
+    raises an error that is both that RuntimeError and a ValueError/TypeError
+    naming the argument (``SDPAError``, ``SDPATypeError``).
+
+    Args:
+        query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32.
+        key: (..., heads_k, seqlen_k, head_dim).
+        value: (..., heads_k, seqlen_k, head_dim): a value head dim different
+            from the query's is not supported yet (NotImplementedError).
+        attn_mask: must be None for now (NotImplementedError).
+        dropout_p: must be 0.0 for now (NotImplementedError).
+        is_causal: top-left causal mask.
+        scale: default 1/sqrt(head_dim).
+        enable_gqa: allow heads_k to divide heads_q (GQA/MQA).
+
+    Returns:
+        The attention output, (..., heads_q, seqlen_q, head_dim), query's dtype.
+
+    """
+    query, key, value = _sdpa_4d("query", query), _sdpa_4d("key", key), _sdpa_4d("value", value)
+    _unsupported("attn_mask", attn_mask, None, "an attention mask")
+    _check_dropout("dropout_p", dropout_p)
+    _check_bool("is_causal", is_causal)
+    _check_bool("enable_gqa", enable_gqa)
+    if value.shape[-1] != query.shape[-1] and key.shape[-1] == query.shape[-1]:
+        raise NotImplementedError(f"value has head dim {value.shape[-1]} but query has {query.shape[-1]}: a value "
+                                  "head dim different from the query's is not supported by lazytriton's kernels yet")
+    try:
+        q4, k4, v4, out_shape = _sdpa_layout(query, key, value, enable_gqa)
+        call = binding.check(q4, k4, v4, is_causal, scale, _SDPA_NAMES)
+    except SDPAError:
+        raise
+    except TypeError as exc:
+        raise SDPATypeError(str(exc)) from None
+    except ValueError as exc:
+        raise SDPAError(str(exc)) from None
+    _refuse_grad(query, key, value, "scaled_dot_product_attention")
+    out = _run(q4, k4, v4, call)[0]
+    return out if out.shape == out_shape else out.reshape(out_shape)
+
+
+def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
+            layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None) -> list[str]:
+    """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
+
+    Call it before capturing a CUDA graph (or before ``torch.compile(...,
+    mode="reduce-overhead")``): a call whose kernel is not loaded yet cannot
+    load or compile it during a capture, and raises a clear error instead. The
+    kernels come from the images, the cache or, failing those, the JIT.
+
+    Args:
+        q: an example query tensor (on the target GPU) or its shape.
+        k: an example key tensor or its shape (v has k's shape).
+        causal: as in ``attn_fwd`` (False, True/"top_left", "bottom_right"); the
+            two alignments share one kernel.
+        layout: "bhsd" (SDPA, ``attn_fwd``) or "bshd" (``flash_attn_func``).
+        dtype: for shapes (default float16); taken from ``q`` when it is a tensor.
+        device: for shapes (default the current CUDA device); taken from ``q``
+            when it is a tensor.
+
+    Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
+    one is loaded when every stride of a contiguous tensor allows it (as
+    torch's allocations do), and for tensors the one their pointers select.
+
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if isinstance(q, torch.Tensor):
+        dtype, device = q.dtype, q.device
+    dtype = torch.float16 if dtype is None else dtype
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA/ROCm GPU (preload loads GPU kernels), got {device}")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    tensors = [t if isinstance(t, torch.Tensor) else torch.empty(_shape(name, t), dtype=dtype, device="meta")
+               for name, t in (("q", q), ("k", k))]
+    if layout == "bshd":
+        tensors = [t.transpose(1, 2) for t in tensors]
+    qt, kt = tensors
+    call = binding.check(qt, kt, kt, causal, None)
+    if all(isinstance(t, torch.Tensor) for t in (q, k)) and qt.device.type == "cuda":
+        out, lse = binding.empty_outputs(qt, call.shape)
+        _, aligned, index64 = binding.pack(qt, kt, kt, out, lse, call)
+    else:
+        strides = [s for t in tensors for s in t.stride()[:3]]
+        aligned = not any(s % 16 for s in strides)
+        index64 = max(t.numel() for t in tensors) > binding.INT32_MAX
+    return [str(binding.preload(device, dtype, call, aligned, index64))]
+
+
+def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 4 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise TypeError(f"{name} must be a tensor or a shape of 4 non-negative ints, got {shape!r}")
+    return tuple(shape)
+
+
+__all__ = ["SDPAError", "SDPATypeError", "attn_fwd", "flash_attn_func", "preload", "scaled_dot_product_attention"]
