@@ -35,14 +35,6 @@ DTYPE_NAMES = {1: "fp16", 2: "bf16", 3: "fp32"}
 _LOG_LEVELS = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
 _CAUSAL: dict[int, bool | str] = {0: False, 1: "top_left", 2: "bottom_right"}
 
-# flash_fwd's parameters in the order lazytriton.c passes them (lt__launch);
-# a plan is refused if the kernel description no longer matches.
-C_LAUNCH_PARAMS = (
-    "Q", "K", "V", "Out", "Lse",
-    "stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
-    "stride_vb", "stride_vh", "stride_vs", "stride_ob", "stride_oh", "stride_os",
-    "stride_lb", "stride_lh", "group_size", "seqlen_q", "seqlen_k", "head_dim", "causal_offset", "sm_scale",
-)
 _INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 _MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
 
@@ -190,18 +182,20 @@ def attn_fwd_cpu(p: Any) -> int:
 
 
 def check_launch_layout(entry: Any) -> None:
-    """Refuse an entry whose parameters lazytriton.c would not pass correctly."""
-    from lazytriton.kernels import get
+    """Refuse an entry whose parameters lazytriton.c would not pass correctly.
 
-    names = tuple(name for name, _ in get("flash_fwd").params)
-    if names != C_LAUNCH_PARAMS:
-        raise CapiError(UNSUPPORTED, f"flash_fwd's parameters are now {names}; the C launcher passes "
-                                     f"{C_LAUNCH_PARAMS}: update lazytriton.c and capi/embedded.py together")
+    lazytriton.c passes flash_fwd's integer parameters as the binding's
+    ``c_initializer()`` lists them (tests/test_interface.py checks the C text
+    against it), then the one float; this checks the entry agrees.
+    """
+    from lazytriton.kernels.flash_fwd import binding
+
     kinds = tuple(entry.arg_types)
-    ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:-1])
-    if len(kinds) != len(C_LAUNCH_PARAMS) or not ints_ok or kinds[-1] != "fp32":
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes 24 "
-                                     "pointers or integers, then one fp32")
+    n_ints = len(binding.INT_PARAMS)
+    ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:n_ints])
+    if len(kinds) != n_ints + len(binding.FLOAT_PARAMS) or not ints_ok or kinds[n_ints:] != ("fp32",):
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
+                                     f"{n_ints} pointers or integers, then one fp32")
     sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
     scratch = [name for name in entry.hidden_args if sizes.get(name, 0) > 0]
     if scratch or len(entry.hidden_args) > _MAX_HIDDEN:
@@ -210,13 +204,16 @@ def check_launch_layout(entry: Any) -> None:
 
 
 def plan(req: Any) -> int:
-    from lazytriton import dispatch, runtime
+    import torch
+
+    from lazytriton import runtime
+    from lazytriton.kernels.flash_fwd import binding
     from lazytriton.target import Target
 
     target = Target("cuda", str(req.capability), 32)
-    variant = dispatch.flash_fwd_variant(target, DTYPE_NAMES[req.dtype], req.head_dim, bool(req.causal),
-                                         bool(req.aligned), req.seqlen_q, index64=bool(req.index64),
-                                         seqlen_k=req.seqlen_k)
+    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[req.dtype]
+    shape = binding.Shape(1, 1, 1, req.seqlen_q, req.seqlen_k, req.head_dim)  # dispatch reads no batch or heads
+    variant = binding.variant(target, dtype, shape, bool(req.causal), bool(req.aligned), bool(req.index64))
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
@@ -317,8 +314,9 @@ def flush() -> None:
     try:
         from lazytriton import runtime
 
-        if runtime._runtime is not None:
-            runtime._runtime.flush_counters()
+        current = runtime.current()
+        if current is not None:
+            current.flush_counters()
     except BaseException:  # at exit: nothing may escape, and nothing is left to report to
         pass
 

@@ -176,15 +176,6 @@ class SDPATypeError(TypeError, RuntimeError):
     """A wrong type in ``scaled_dot_product_attention``: a TypeError, and the RuntimeError torch raises for it."""
 
 
-def _sdpa_4d(name: str, t: Any) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "
-                        f"{type(t).__name__}")
-    if t.dim() < 2:
-        raise SDPAError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape {tuple(t.shape)}")
-    return t
-
-
 def _sdpa_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
     """q, k, v as (batch, heads, seqlen, head_dim) views, and the output's shape.
@@ -252,15 +243,23 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         The attention output, (..., heads_q, seqlen_q, head_dim), query's dtype.
 
     """
-    query, key, value = _sdpa_4d("query", query), _sdpa_4d("key", key), _sdpa_4d("value", value)
-    _unsupported("attn_mask", attn_mask, None, "an attention mask")
-    _check_dropout("dropout_p", dropout_p)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):  # argument types: a TypeError, as torch's own
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "
+                            f"{type(t).__name__}")
     _check_bool("is_causal", is_causal)
     _check_bool("enable_gqa", enable_gqa)
-    if value.shape[-1] != query.shape[-1] and key.shape[-1] == query.shape[-1]:
-        raise NotImplementedError(f"value has head dim {value.shape[-1]} but query has {query.shape[-1]}: a value "
-                                  "head dim different from the query's is not supported by lazytriton's kernels yet")
-    try:
+    _unsupported("attn_mask", attn_mask, None, "an attention mask")
+    try:  # misuse torch reports as a RuntimeError: ValueError/TypeError and RuntimeError here
+        _check_dropout("dropout_p", dropout_p)
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dim() < 2:
+                raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape "
+                                 f"{tuple(t.shape)}")
+        if value.shape[-1] != query.shape[-1] and key.shape[-1] == query.shape[-1]:
+            raise NotImplementedError(f"value has head dim {value.shape[-1]} but query has {query.shape[-1]}: a "
+                                      "value head dim different from the query's is not supported by lazytriton's "
+                                      "kernels yet")
         q4, k4, v4, out_shape = _sdpa_layout(query, key, value, enable_gqa)
         call = binding.check(q4, k4, v4, is_causal, scale, _SDPA_NAMES)
     except SDPAError:
@@ -300,6 +299,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    shapes = [t if isinstance(t, torch.Tensor) else _shape(name, t) for name, t in (("q", q), ("k", k))]
     if isinstance(q, torch.Tensor):
         dtype, device = q.dtype, q.device
     dtype = torch.float16 if dtype is None else dtype
@@ -308,8 +308,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         raise ValueError(f"device must be a CUDA/ROCm GPU (preload loads GPU kernels), got {device}")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    tensors = [t if isinstance(t, torch.Tensor) else torch.empty(_shape(name, t), dtype=dtype, device="meta")
-               for name, t in (("q", q), ("k", k))]
+    tensors = [t if isinstance(t, torch.Tensor) else torch.empty(t, dtype=dtype, device="meta") for t in shapes]
     if layout == "bshd":
         tensors = [t.transpose(1, 2) for t in tensors]
     qt, kt = tensors

@@ -235,6 +235,11 @@ def get() -> Runtime:
     return _runtime
 
 
+def current() -> Runtime | None:
+    """The process's runtime if one has been built, else None (builds nothing)."""
+    return _runtime
+
+
 def reset() -> None:
     """Drop the runtime (its loaded kernels and memo); the next call builds a new one."""
     global _runtime

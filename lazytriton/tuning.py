@@ -8,8 +8,13 @@ are powers of two; a call takes the first bucket at or above its seqlen, else
 the last. A call the table does not cover gets ``dispatch.default_config``:
 never an error.
 
-``lookup`` is pure and works on a ``Table``; ``table_for`` reads a kernel's
-file once per process.
+``lazytriton tune`` writes its rows to the user's table,
+``$LAZYTRITON_CACHE_DIR/tuning/<kernel>.csv`` (never into the installed
+package); ``table_for`` reads the shipped table and the user's, the user's
+rows replacing shipped rows of the same group and buckets.
+
+``lookup`` and ``merge`` are pure and work on a ``Table``; ``table_for`` reads
+the files once per process (per cache dir).
 """
 
 from __future__ import annotations
@@ -156,16 +161,49 @@ def lookup(table: Table, target: str, kernel: str, dtype: str, head_dim: int, ca
 
 
 def table_path(kernel: str) -> Path:
-    """The CSV file of a kernel's tuning table, beside its description."""
+    """The CSV file of a kernel's shipped tuning table, beside its description."""
     from lazytriton.kernels import get
 
     return get(kernel).source_path.with_name("tuning.csv")
 
 
-@functools.cache
-def table_for(kernel: str) -> Table:
-    """A kernel's tuning table, read once per process (an empty table if it has no file)."""
-    path = table_path(kernel)
-    if not path.exists():
+def user_table_path(kernel: str, cache_dir: Path | None = None) -> Path:
+    """The user's tuning table for a kernel (``lazytriton tune`` writes here): ``<cache dir>/tuning/<kernel>.csv``."""
+    if cache_dir is None:
+        from lazytriton.config import settings
+
+        cache_dir = settings().cache_dir
+    return cache_dir / "tuning" / f"{kernel}.csv"
+
+
+def merge(table: Table, rows: Iterable[Row]) -> Table:
+    """``table`` with ``rows`` replacing any row of the same group and buckets (pure)."""
+    new = {(*r.group, r.seqlen_q, r.seqlen_k): r for r in rows}
+    kept = [r for r in table if (*r.group, r.seqlen_q, r.seqlen_k) not in new]
+    return Table([*kept, *new.values()])
+
+
+def read_table(path: Path) -> Table:
+    """The table in a CSV file; an empty table if there is none."""
+    if not path.is_file():
         return Table(())
     return Table.parse(path.read_text(), str(path.name))
+
+
+def table_for(kernel: str) -> Table:
+    """A kernel's tuning table: the shipped rows, then the user's over them (read once per process)."""
+    return _table_for(kernel, user_table_path(kernel))
+
+
+@functools.cache
+def _table_for(kernel: str, user_path: Path) -> Table:
+    shipped = read_table(table_path(kernel))
+    try:
+        user = read_table(user_path)
+    except (OSError, ValueError) as exc:  # a damaged user table must not stop calls: the shipped one serves
+        import logging
+
+        logging.getLogger("lazytriton.tuning").warning("ignoring the tuning table %s: %s", user_path, exc)
+        return shipped
+    return merge(shipped, user) if len(user) else shipped
+

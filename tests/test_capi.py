@@ -226,12 +226,6 @@ def test_settings_of_config(monkeypatch: pytest.MonkeyPatch) -> None:
         embedded.settings_of(cfg)
 
 
-def test_launch_layout_matches_the_kernel_description() -> None:
-    from lazytriton.kernels import get
-
-    assert tuple(name for name, _ in get("flash_fwd").params) == embedded.C_LAUNCH_PARAMS
-
-
 # ---------------------------------------------------------------------------
 # GPU (device memory, plans): skipped without CUDA
 

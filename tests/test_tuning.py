@@ -99,7 +99,7 @@ def test_tune_candidates_fit_the_shape() -> None:
 
 def test_tune_merge_replaces_only_the_same_buckets(tmp_path: Path) -> None:
     old = tuning.Table([row(16, 16, 16), row(4096, 4096, 64), row(4096, 4096, 64, dtype="fp16")])
-    merged = tune.merge(old, [row(4096, 4096, 128)])
+    merged = tuning.merge(old, [row(4096, 4096, 128)])
     assert len(merged) == 3
     assert tuning.lookup(merged, "sm_90", "flash_fwd", "bf16", 128, False, 4096, 4096).BLOCK_M == 128
     assert tuning.lookup(merged, "sm_90", "flash_fwd", "fp16", 128, False, 4096, 4096).BLOCK_M == 64

@@ -332,17 +332,24 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
 
 
 def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-               call: Call) -> None:
-    """Launch the cached kernel for a checked call on GPU tensors (the warm path: one dict lookup)."""
+               call: Call, variant: Variant | None = None) -> None:
+    """Launch the cached kernel for a checked call on GPU tensors (the warm path: one dict lookup).
+
+    ``variant`` forces a variant instead of dispatch's choice (``lazytriton
+    tune`` times candidates so, launched exactly as a call launches them).
+    """
     ints, aligned, index64 = pack(q, k, v, out, lse, call)
     shape = call.shape
     device = q.device
     rt = runtime.get()
-    causal = call.causal != "none"
-    key = memo_key(device.index, q.dtype, shape, causal, aligned, index64)
-    found = rt.plans.get(key)
-    if found is None:
-        found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64)
+    if variant is None:
+        causal = call.causal != "none"
+        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64)
+        found = rt.plans.get(key)
+        if found is None:
+            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64)
+    else:
+        found = (rt.kernel(variant, device.index), int(variant.get("BLOCK_M")))
     kernel, block_m = found
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), raw_stream(device.index),
                   ints, (call.scale,), scratch_alloc)

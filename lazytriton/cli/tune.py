@@ -5,7 +5,9 @@ every candidate config is compiled (in parallel, through the cache, so a rerun
 compiles nothing), checked against SDPA, and timed (median of event-timed
 launches of the cached kernel, exactly as ``attn_fwd`` launches it); the
 fastest becomes a row of the kernel's tuning table with its TFLOP/s, the GPU's
-name and the date. Rows for other groups are kept. Shapes follow
+name and the date, in the user's table (``<cache dir>/tuning/flash_fwd.csv``,
+read over the shipped one by every call; ``--table`` names another file).
+Rows for other groups are kept. Shapes follow
 FlashAttention's benchmarks: hidden 2048 and batch x seqlen_q = 16k tokens.
 """
 
@@ -17,7 +19,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,42 +48,36 @@ def candidates(dtype: str, head_dim: int, seqlen_q: int) -> list[dispatch.Config
     return configs or [dispatch.Config(16, 32, 4, 2)]
 
 
-def merge(table: tuning.Table, rows: Iterable[tuning.Row]) -> tuning.Table:
-    """``table`` with ``rows`` replacing any row of the same group and buckets (pure)."""
-    new = {(*r.group, r.seqlen_q, r.seqlen_k): r for r in rows}
-    kept = [r for r in table if (*r.group, r.seqlen_q, r.seqlen_k) not in new]
-    return tuning.Table([*kept, *new.values()])
-
-
 def write_table(path: Path, table: tuning.Table) -> None:
     """Write the CSV atomically (temp file, then rename)."""
     write_atomically(path, [table.to_csv().encode()])
 
 
-def _compile(text: str) -> tuple[str, bytes | None, str]:
-    from lazytriton import compiler
-
+def _resolve(text: str) -> tuple[str, str]:
+    """Resolve one variant through the runtime (compile lock, lease, miss log, every tier); the error, if any."""
     try:
-        return text, compiler.compile_variant(Variant.parse(text)).encode(), ""
+        runtime.get().resolve(Variant.parse(text))
+        return text, ""
     except Exception as exc:
-        return text, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return text, f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 def compile_all(variants: Sequence[Variant], jobs: int) -> dict[str, str]:
-    """Compile what the cache lacks in ``jobs`` processes; the failures by variant."""
-    from lazytriton.cache_format import Entry
+    """Compile what the cache lacks in ``jobs`` processes, each through its runtime; the failures by variant.
 
+    Each worker resolves exactly as a call does, so a candidate is compiled
+    under the key's file lock (and the shared tier's lease), stored in every
+    writable tier and recorded in the miss log; the parent then loads it from
+    the cache.
+    """
     rt = runtime.get()
     missing = [str(v) for v in variants if rt.chain.get(v.key()) is None]
     failures: dict[str, str] = {}
     if missing:
         with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for text, data, error in pool.map(_compile, missing):
-                if data is None:
+            for text, error in pool.map(_resolve, missing):
+                if error:
                     failures[text] = error
-                else:
-                    entry = Entry.decode(data)
-                    rt.chain.put(entry.key, entry)
     return failures
 
 
@@ -94,23 +90,17 @@ def _reference(q: Any, k: Any, v: Any, causal: bool) -> Any:
 
 
 def _time_variant(variant: Variant, q: Any, k: Any, v: Any, causal: bool, ref: Any, reps: int) -> tuple[float, float]:
-    """(median ms, relative error against ``ref``) of the cached kernel for ``variant``."""
+    """(median ms, relative error against ``ref``) of the cached kernel for ``variant``, launched as a call is."""
     import torch
 
-    from lazytriton import flash
+    from lazytriton.kernels.flash_fwd import binding
 
-    shape, _, scale = flash._validate(q, k, v, causal, None)
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     # Causal calls with seqlen_q < seqlen_k (decode, chunked prefill) are bottom-right aligned.
-    offset = shape.seqlen_k - shape.seqlen_q if causal else 0
-    args, _, _ = flash._kernel_args(q, k, v, out, lse, shape, offset)
-    kernel = runtime.get().kernel(variant, q.device.index)
-    grid = flash.flash_grid(shape.seqlen_q, shape.heads_q, shape.batch, int(variant.get("BLOCK_M")))
-    stream = flash._raw_stream(q.device.index)
+    call = binding.check(q, k, v, "bottom_right" if causal else False, None)
+    out, lse = binding.empty_outputs(q, call.shape)
 
     def launch() -> None:
-        kernel.launch(grid, stream, args, (scale,))
+        binding.launch_gpu(q, k, v, out, lse, call, variant)
 
     launch()
     err = float((out[:1, :2].float() - ref).norm() / ref.norm())
@@ -179,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--causal", default="both", choices=("both", "none", "causal"))
     parser.add_argument("--pairs", default=",".join(f"{q}x{k}" for q, k in DEFAULT_PAIRS),
                         help="comma-separated seqlen_q x seqlen_k pairs, e.g. 16x4096,4096x4096")
-    parser.add_argument("--table", type=Path, default=None, help="the CSV to update (default: the kernel's)")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="the CSV to update (default: the user's table, <cache dir>/tuning/flash_fwd.csv, "
+                             "which calls read over the shipped one; the shipped table is "
+                             "kernels/flash_fwd/tuning.csv)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
@@ -196,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         pairs.append((int(q), int(k)))
     target = dispatch.target_of_device(torch.cuda.current_device())
     gpu = torch.cuda.get_device_name()
-    path = args.table or tuning.table_path("flash_fwd")
+    path = args.table or tuning.user_table_path("flash_fwd")
+    path.parent.mkdir(parents=True, exist_ok=True)
     causal = {"both": (False, True), "none": (False,), "causal": (True,)}[args.causal]
     rows: list[tuning.Row] = []
     for dtype in _csv_list(args.dtype):
@@ -204,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in causal:
                 rows += tune_group(target, dtype, head_dim, c, pairs, args.jobs, args.reps, gpu)
                 old = tuning.Table.parse(path.read_text()) if path.exists() else tuning.Table(())
-                write_table(path, merge(old, rows))  # after each group: a killed run keeps what it measured
+                write_table(path, tuning.merge(old, rows))  # after each group: a killed run keeps what it measured
     print(f"wrote {len(rows)} rows to {path} ({math.fsum(r.tflops for r in rows) / max(1, len(rows)):.0f} "
           "TFLOP/s on average)")
     return 0
