@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import lazytriton
 from lazytriton import dispatch, runtime
 from lazytriton.flash import attn_fwd
-from lazytriton.kernels.flash_fwd import grid as flash_grid
+from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 
 FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
           "tflops", "us_per_call", "rel_err", "gpu", "torch", "triton", "lazytriton", "timestamp"]
@@ -83,26 +83,22 @@ def sdpa(backend: object) -> Callable[..., torch.Tensor]:
 
 def triton_jit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                config: dispatch.Config | None = None) -> Callable[[], torch.Tensor]:
-    """The same kernel source and config, launched through Triton's JIT."""
+    """The same kernel source and config, launched through Triton's JIT (arguments from the binding)."""
     from lazytriton.kernels.flash_fwd.triton_kernel import flash_fwd_kernel
 
-    b, hq, sq, d = q.shape
-    hk, sk = k.shape[1], k.shape[2]
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[q.dtype]
-    cfg = config or dispatch.default_config(dispatch.target_of_device(q.device), dtype, dispatch.padded_head_dim(d), sq,
-                                            causal)
-    padded = dispatch.padded_head_dim(d)
-    out = torch.empty_like(q)
-    lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
-    grid = flash_grid(sq, hq, b, cfg.block_m)
+    call = binding.check(q, k, v, causal)
+    out, lse = binding.empty_outputs(q, call.shape)
+    args = binding.triton_args(q, k, v, out, lse, call)
+    _, aligned, index64 = binding.pack(q, k, v, out, lse, call)
+    variant = binding.variant(dispatch.target_of_device(q.device), q.dtype, call.shape, causal, aligned, index64)
+    constexprs = {name: value for name, value in variant.constexprs().items() if name in FLASH_FWD.constexprs}
+    cfg = config or dispatch.Config(int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")),
+                                    int(variant.get("num_warps")), int(variant.get("num_stages")))
+    constexprs.update(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    grid = binding.grid(call.shape, cfg.block_m)
 
     def run() -> torch.Tensor:
-        flash_fwd_kernel[grid](
-            q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-            hq * sq, sq, hq // hk, sq, sk, d, 0, 1.0 / math.sqrt(d),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=padded, EVEN_D=padded == d, CAUSAL=causal,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        flash_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
 
     return run

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from lazytriton import flash, runtime
+from lazytriton import flash, ops, runtime
+from lazytriton.kernels.flash_fwd import binding
 
 
 def us(fn: Callable[[], object], calls: int = 5000) -> float:
@@ -27,28 +28,23 @@ def us(fn: Callable[[], object], calls: int = 5000) -> float:
 def main() -> None:
     q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out, lse = flash.attn_fwd(q, k, v)
-    shape, _, scale = flash._validate(q, k, v, False, None)
-    args, _, _ = flash._kernel_args(q, k, v, out, lse, shape, 0)
+    call = binding.check(q, k, v)
+    ints, _, _ = binding.pack(q, k, v, out, lse, call)
     kernel, block_m = next(iter(runtime.get().plans.values()))
-    grid = flash.flash_grid(16, 2, 1, block_m)
-    stream = flash._raw_stream(0)
-    api = kernel._api
-    buffers = kernel._tls.b
+    grid = binding.grid(call.shape, block_m)
+    stream = binding.raw_stream(0)
     steps = {
         "full attn_fwd": lambda: flash.attn_fwd(q, k, v),
-        "validate": lambda: flash._validate(q, k, v, False, None),
+        "full attn_fwd through the op": lambda: ops.flash_fwd_op(q, k, v, call.scale, call.causal),
+        "check": lambda: binding.check(q, k, v),
+        "empty_outputs": lambda: binding.empty_outputs(q, call.shape),
         "empty_like(q)": lambda: torch.empty_like(q),
         "empty lse": lambda: torch.empty((1, 2, 16), dtype=torch.float32, device=q.device),
-        "empty lse (new_empty)": lambda: q.new_empty((1, 2, 16), dtype=torch.float32),
-        "empty lse (device index)": lambda: torch.empty((1, 2, 16), dtype=torch.float32, device=0),
-        "empty lse (empty_like)": lambda: torch.empty_like(lse),
-        "kernel_args": lambda: flash._kernel_args(q, k, v, out, lse, shape, 0),
-        "raw stream": lambda: flash._raw_stream(0),
-        "launch (fill + ctx check + cuLaunchKernel)": lambda: kernel.launch(grid, stream, args, (scale,)),
-        "api.launch only (ctx check + cuLaunchKernel)": lambda: api.launch(kernel, grid, stream, buffers),
-        "bare cuLaunchKernel (cffi)": lambda: api._launch(kernel.function, grid[0], grid[1], grid[2], kernel.block,
-                                                           1, 1, kernel.shared, stream, buffers.params, api.ffi.NULL),
-        "cuCtxGetCurrent": lambda: api._ctx_get(buffers.aux),
+        "pack": lambda: binding.pack(q, k, v, out, lse, call),
+        "memo key": lambda: binding.memo_key(0, q.dtype, call.shape, False, True, False),
+        "raw stream": lambda: binding.raw_stream(0),
+        "launch (fill + ctx check + cuLaunchKernel)": lambda: kernel.launch(grid, stream, ints, (call.scale,)),
+        "launch_gpu (pack + memo + launch)": lambda: binding.launch_gpu(q, k, v, out, lse, call),
         "torch.add": lambda: torch.add(q, q),
     }
     for name, fn in steps.items():

@@ -15,6 +15,8 @@ names are re-exported lazily by ``lazytriton/__init__.py``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -29,10 +31,24 @@ _dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mo
 _Tensor = torch.Tensor
 
 
+_through_op = [False]  # always_through_op() sets it
+
+
 def _direct(q: Any, k: Any, v: Any) -> bool:
     """True when the op's dispatch adds nothing: plain tensors, nothing tracing, no dispatch mode."""
     return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and not _is_compiling()
-            and _dispatch_mode() is None and q.device.type != "meta")
+            and _dispatch_mode() is None and not _through_op[0] and q.device.type != "meta")
+
+
+@contextmanager
+def always_through_op() -> Iterator[None]:
+    """Send every call in this block through the torch op, as tracing does (to measure or test the op path)."""
+    saved = _through_op[0]
+    _through_op[0] = True
+    try:
+        yield
+    finally:
+        _through_op[0] = saved
 
 
 def _refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fn: str) -> None:
@@ -330,4 +346,5 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
-__all__ = ["SDPAError", "SDPATypeError", "attn_fwd", "flash_attn_func", "preload", "scaled_dot_product_attention"]
+__all__ = ["SDPAError", "SDPATypeError", "always_through_op", "attn_fwd", "flash_attn_func", "preload",
+           "scaled_dot_product_attention"]

@@ -363,10 +363,18 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     shape = call.shape
     _warn_if_slow(shape)
     constexprs = interpreter_constexprs(shape, call.causal != "none")
-    ints = pack(q, k, v, out, lse, call)[0]
-    n_ptr = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
-    args = (q, k, v, out, lse, *ints[n_ptr:], *floats(call))
+    args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
+
+
+_N_POINTERS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
+
+
+def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                call: Call) -> tuple[Any, ...]:
+    """The runtime arguments as Triton's own launchers take them (tensors for pointers): interpreter, JIT."""
+    ints = pack(q, k, v, out, lse, call)[0]
+    return (q, k, v, out, lse, *ints[_N_POINTERS:], *floats(call))
 
 
 _warned_slow = False
