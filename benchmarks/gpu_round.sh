@@ -48,6 +48,9 @@ case " $* " in *" capi "*)  # the C API: GPU tests (device memory, plans), then 
   python3 -P -m pytest tests/test_capi.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/capi_tests.log" | tail -5
   python3 benchmarks/bench_capi.py --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi.log" | tail -8 ;;
 esac
+case " $* " in *" interface "*)  # host cost eager vs op, a compiled model step, CUDA graph replay
+  python3 benchmarks/bench_interface.py --csv "$OUT/interface.csv" 2>&1 | tee "$OUT/bench_interface.log" | tail -22 ;;
+esac
 case " $* " in *" bench "*)
   python3 benchmarks/bench_flash_fwd.py --csv "$OUT/flash_fwd.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
 esac
