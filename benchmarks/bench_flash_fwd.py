@@ -91,7 +91,7 @@ def triton_jit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     args = binding.triton_args(q, k, v, out, lse, call)
     _, aligned, index64 = binding.pack(q, k, v, out, lse, call)
     variant = binding.variant(dispatch.target_of_device(q.device), q.dtype, call.shape, causal, aligned, index64)
-    constexprs = {name: value for name, value in variant.constexprs().items() if name in FLASH_FWD.constexprs}
+    constexprs = {name: value for name, value in variant.constexprs.items() if name in FLASH_FWD.constexprs}
     cfg = config or dispatch.Config(int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")),
                                     int(variant.get("num_warps")), int(variant.get("num_stages")))
     constexprs.update(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lazytriton.kernels.flash_fwd import binding
+from lazytriton.kernels.flash_fwd import binding, hot
 from lazytriton.ops import flash_fwd_op
 
 _FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
@@ -37,7 +37,7 @@ _through_op = [False]  # always_through_op() sets it
 def _direct(q: Any, k: Any, v: Any) -> bool:
     """True when the op's dispatch adds nothing: plain tensors, nothing tracing, no dispatch mode."""
     return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and not _is_compiling()
-            and _dispatch_mode() is None and not _through_op[0] and q.device.type != "meta")
+            and _dispatch_mode() is None and not _through_op[0])
 
 
 @contextmanager
@@ -92,6 +92,10 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     TypeError/ValueError before any launch. Forward only: there is no backward yet.
 
     """
+    if _direct(q, k, v):
+        warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
+        if warm is not None:
+            return warm  # type: ignore[no-any-return]
     call = binding.check(q, k, v, causal, sm_scale)
     _refuse_grad(q, k, v, "attn_fwd")
     return _run(q, k, v, call)
@@ -166,6 +170,12 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
 
     """
+    if (type(causal) is bool and dropout_p == 0.0 and softcap == 0.0 and alibi_slopes is None
+            and window_size == (-1, -1) and type(deterministic) is bool and type(return_attn_probs) is bool
+            and _direct(q, k, v)):
+        warm = hot.forward_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
+        if warm is not None:
+            return (*warm, None) if return_attn_probs else warm[0]
     q, k, v = _check_bshd("q", q), _check_bshd("k", k), _check_bshd("v", v)
     _check_dropout("dropout_p", dropout_p)
     _check_window(window_size)
@@ -259,6 +269,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         The attention output, (..., heads_q, seqlen_q, head_dim), query's dtype.
 
     """
+    if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool
+            and _direct(query, key, value) and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
+            and (enable_gqa or key.shape[1] in (query.shape[1], 1)) and value.shape[-1] == query.shape[-1]):
+        warm = hot.forward_bhsd(query, key, value, is_causal, scale)
+        if warm is not None:
+            return warm[0]  # type: ignore[no-any-return]
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):  # argument types: a TypeError, as torch's own
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "

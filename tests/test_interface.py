@@ -345,6 +345,7 @@ def test_gpu_capture_of_an_unloaded_kernel_raises_clearly() -> None:
             lazytriton.attn_fwd(q, k, v)
     torch.cuda.synchronize()
     lazytriton.preload(q, k)
+    graph = torch.cuda.CUDAGraph()  # a graph whose capture failed cannot capture again
     with torch.cuda.graph(graph):
         out, _ = lazytriton.attn_fwd(q, k, v)
     graph.replay()
