@@ -196,7 +196,7 @@ def _named_sections(data: bytes) -> dict[str, tuple[int, int, int]]:
     if not sections:
         return {}
     strtab = sections[_header(data)[13]]
-    named = {}
+    named: dict[str, tuple[int, int, int]] = {}
     for name_at, kind, _, _, offset, size, *_rest in sections:
         if name_at < strtab[5]:
             name = _c_string(data, strtab[4] + name_at, strtab[4] + strtab[5]).decode("utf-8", "replace")
