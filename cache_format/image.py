@@ -283,6 +283,7 @@ class Image:
             os.close(self._fd)
             raise
         self._decompressor: Any = None
+        self._dictionary_error = ""
         self._lock = threading.Lock()  # a zstd decompressor serves one thread at a time
 
     def _pread(self, offset: int, length: int, what: str) -> bytes:
@@ -411,7 +412,13 @@ class Image:
             raise ImageError(f"{self.path}: entry {key} frame claims {claimed} bytes, index says {raw_len}")
         with self._lock:
             if self._decompressor is None:
-                self._decompressor = self._new_decompressor()
+                if self._dictionary_error:  # refused once: not decompressed again on every lookup
+                    raise ImageError(self._dictionary_error)
+                try:
+                    self._decompressor = self._new_decompressor()
+                except ImageError as exc:
+                    self._dictionary_error = str(exc)
+                    raise
             try:
                 return bytes(self._decompressor.decompress(blob, max_output_size=raw_len, allow_extra_data=False))
             except zstandard.ZstdError as exc:
