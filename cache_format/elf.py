@@ -25,6 +25,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from lazytriton.record import record
+
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
 EM_AMDGPU = 224
@@ -148,4 +150,168 @@ def check_binary(kind: str, target: str, binary: bytes, symbol: str | None = Non
         missing = [name for name in wanted if name not in found]
         if missing:
             problems.append(f"{kind}: symbol table lacks {missing}")
+    return problems
+
+
+# --- launch facts: what the binary was built for, checked against its entry's launch metadata --------------------
+
+# .nv.info attributes (NVIDIA's EIATTR_*): each record is format (1 byte), attribute (1 byte), then a 2-byte value
+# for formats 1-3, or a 2-byte size and that many bytes for EIFMT_SVAL. ptxas writes the PTX ``.reqntid`` (Triton
+# 3.9: ``.reqntid 128`` for num_warps=4) as REQNTID, and ``.maxntid`` (older Tritons) as MAX_THREADS: x, y, z.
+EIFMT_SVAL = 0x04
+EIATTR_MAX_THREADS = 0x05
+EIATTR_REQNTID = 0x10
+NT_AMDGPU_METADATA = 32
+_MAX_NOTE_BYTES = 1 << 20
+
+# Largest dynamic shared memory (LDS) one block may use, by target (CUDA's sharedMemPerBlockOptin; the LDS size
+# on AMD). Triton refuses a kernel above it at launch; an entry claiming more cannot be what its variant built.
+MAX_SHARED = {
+    "sm_70": 96 << 10, "sm_72": 96 << 10, "sm_75": 64 << 10, "sm_80": 163 << 10, "sm_86": 99 << 10,
+    "sm_87": 163 << 10, "sm_89": 99 << 10, "sm_90": 227 << 10, "sm_100": 227 << 10, "sm_120": 99 << 10,
+    "gfx90a": 64 << 10, "gfx940": 64 << 10, "gfx941": 64 << 10, "gfx942": 64 << 10, "gfx950": 160 << 10,
+}
+
+
+@record
+class LaunchFacts:
+    """What a code object records about how it must be launched (None: it does not say).
+
+    ``threads``: threads per block it was built for (cubin: REQNTID or
+    MAX_THREADS in ``.nv.info.<kernel>``; HSACO: ``.max_flat_workgroup_size``
+    in the AMDGPU metadata note). ``wavefront``: the HSACO's wavefront size.
+    ``static_shared``: shared memory (LDS) it declares itself, beyond the
+    dynamic amount the launch passes (cubin: ``.nv.shared.<kernel>``; HSACO:
+    ``.group_segment_fixed_size``).
+    """
+
+    threads: int | None
+    wavefront: int | None
+    static_shared: int | None
+
+
+def _named_sections(data: bytes) -> dict[str, tuple[int, int, int]]:
+    """Section name -> (type, offset, size), names read from the section header string table."""
+    sections = _sections(data)
+    if not sections:
+        return {}
+    strtab = sections[_header(data)[13]]
+    named: dict[str, tuple[int, int, int]] = {}
+    for name_at, kind, _, _, offset, size, *_rest in sections:
+        if name_at < strtab[5]:
+            name = _c_string(data, strtab[4] + name_at, strtab[4] + strtab[5]).decode("utf-8", "replace")
+            named.setdefault(name, (kind, offset, size))
+    return named
+
+
+def nv_info_attributes(blob: bytes) -> list[tuple[int, bytes]]:
+    """The (attribute, value) records of a ``.nv.info`` section; ElfError if one runs past the section."""
+    records, at = [], 0
+    while at + 4 <= len(blob):
+        fmt, attr = blob[at], blob[at + 1]
+        if fmt == EIFMT_SVAL:
+            size = struct.unpack_from("<H", blob, at + 2)[0]
+            if at + 4 + size > len(blob):
+                raise ElfError(f".nv.info record at {at} ({size} bytes) runs past the {len(blob)} byte section")
+            records.append((attr, blob[at + 4:at + 4 + size]))
+            at += 4 + size
+        elif fmt in (1, 2, 3):
+            records.append((attr, blob[at + 2:at + 4]))
+            at += 4
+        else:
+            raise ElfError(f".nv.info record at {at} has unknown format {fmt}")
+    return records
+
+
+def _cubin_facts(data: bytes, symbol: str) -> LaunchFacts:
+    named = _named_sections(data)
+    threads = None
+    info = named.get(f".nv.info.{symbol}")
+    if info is not None:
+        for attr, value in nv_info_attributes(data[info[1]:info[1] + info[2]]):
+            if attr in (EIATTR_REQNTID, EIATTR_MAX_THREADS) and len(value) == 12:
+                x, y, z = struct.unpack("<III", value)
+                threads = x * y * z
+                if attr == EIATTR_REQNTID:
+                    break  # the exact requirement wins over a bound
+    shared = named.get(f".nv.shared.{symbol}")
+    return LaunchFacts(threads, None, shared[2] if shared is not None else None)
+
+
+def amdgpu_kernel_metadata(data: bytes, symbol: str) -> dict[str, Any] | None:
+    """The HSACO's metadata map (msgpack, in an NT_AMDGPU_METADATA note) of kernel ``symbol``, None if absent."""
+    import msgpack
+
+    for kind, offset, size in _named_sections(data).values():
+        if kind != 7:  # SHT_NOTE
+            continue
+        at, end = offset, offset + size
+        while at + 12 <= end:
+            namesz, descsz, note_type = struct.unpack_from("<III", data, at)
+            desc_at = at + 12 + (namesz + 3) // 4 * 4
+            if desc_at + descsz > end:
+                raise ElfError(f"note at {at} runs past its section")
+            if note_type == NT_AMDGPU_METADATA and data[at + 12:at + 12 + namesz].rstrip(b"\0") == b"AMDGPU":
+                if descsz > _MAX_NOTE_BYTES:
+                    raise ElfError(f"AMDGPU metadata note of {descsz} bytes exceeds {_MAX_NOTE_BYTES}")
+                try:
+                    meta = msgpack.unpackb(data[desc_at:desc_at + descsz], raw=False, max_bin_len=0,
+                                           max_ext_len=0, max_str_len=4096, max_array_len=4096, max_map_len=256)
+                except Exception as exc:  # msgpack raises several unrelated types
+                    raise ElfError(f"AMDGPU metadata note is not valid msgpack: {exc}") from None
+                kernels = meta.get("amdhsa.kernels") if isinstance(meta, dict) else None
+                for kernel in kernels if isinstance(kernels, list) else []:
+                    if isinstance(kernel, dict) and kernel.get(".name") == symbol:
+                        return kernel
+            at = desc_at + (descsz + 3) // 4 * 4
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def launch_facts(kind: str, binary: bytes, symbol: str) -> LaunchFacts:
+    """What the ``kind`` code object records about launching ``symbol``; ElfError if it is malformed."""
+    if kind == "cubin":
+        return _cubin_facts(binary, symbol)
+    if kind == "hsaco":
+        kernel = amdgpu_kernel_metadata(binary, symbol) or {}
+        return LaunchFacts(_int_or_none(kernel.get(".max_flat_workgroup_size")),
+                           _int_or_none(kernel.get(".wavefront_size")),
+                           _int_or_none(kernel.get(".group_segment_fixed_size")))
+    raise ElfError(f"binary kind {kind!r} is not cubin or hsaco")
+
+
+def check_launch(kind: str, target: str, binary: bytes, symbol: str, *, num_warps: int, warp_size: int,
+                 shared: int) -> list[str]:
+    """Problems between an entry's launch metadata and what its binary records (empty: they agree).
+
+    Triton launches ``num_warps * warp_size`` threads per block with
+    ``shared`` bytes of dynamic shared memory; a binary built for another
+    block size fails to launch or computes garbage, and one given less shared
+    memory than it uses corrupts memory. The binary records its block size
+    (cubin, HSACO) and wavefront size (HSACO); the dynamic shared memory it
+    uses is not recorded, so only the target's bound is checked.
+    """
+    try:
+        facts = launch_facts(kind, binary, symbol)
+    except ElfError as exc:
+        return [f"{kind}: {exc}"]
+    problems = []
+    threads = num_warps * warp_size
+    if facts.threads is None:
+        problems.append(f"{kind}: records no threads per block for {symbol} (REQNTID/MAX_THREADS, "
+                        ".max_flat_workgroup_size), so the launch metadata cannot be confirmed")
+    elif facts.threads != threads:
+        problems.append(f"{kind}: built for {facts.threads} threads per block, entry launches {threads} "
+                        f"(num_warps={num_warps} x warp_size={warp_size})")
+    if facts.wavefront is not None and facts.wavefront != warp_size:
+        problems.append(f"{kind}: built for wavefront size {facts.wavefront}, entry says warp_size={warp_size}")
+    bound = MAX_SHARED.get(target)
+    if bound is not None and shared > bound:
+        problems.append(f"entry asks for {shared} bytes of shared memory, {target} allows {bound} per block")
+    if bound is not None and facts.static_shared is not None and facts.static_shared > bound:
+        problems.append(f"{kind}: declares {facts.static_shared} bytes of static shared memory, "
+                        f"{target} allows {bound} per block")
     return problems

@@ -137,7 +137,8 @@ _PROVENANCE: dict[str, type] = {
 
 def _check_fields(record: Any, schema: dict[str, type], what: str) -> None:
     if not isinstance(record, dict) or set(record) != set(schema):
-        got = sorted(record) if isinstance(record, dict) else type(record).__name__
+        # Keys may be bytes among str (msgpack bin keys): sort their reprs, never the keys themselves.
+        got = sorted(map(repr, record)) if isinstance(record, dict) else type(record).__name__
         raise EntryError(f"{what} fields are {got}, expected {sorted(schema)}")
     for name, kind in schema.items():
         value = record[name]

@@ -9,10 +9,11 @@ length of each section, checksums of the index and of dictionary+meta, and a
 checksum of itself. The dictionary, trained on the image's own entries, is
 stored compressed and decompressed once, on the image's first read. The index
 is an array of fixed 40-byte records sorted by key (16 raw key bytes, blob
-offset, stored length, raw length, xxh3-64 of the blob), searched in place
-over an mmap: one entry is found, its blob checked, decompressed (bounded by
-its recorded raw length) and decoded as an Entry (which checks its own
-checksum) without touching any other entry.
+offset, stored length, raw length, xxh3-64 of the blob), read once at open
+and searched in memory: one entry is found, its blob read with ``pread``
+(never through an mmap: a file truncated in place would be a SIGBUS),
+checked, decompressed (bounded by its recorded raw length) and decoded as an
+Entry (which checks its own checksum) without touching any other entry.
 
 Everything read is bounded before it is trusted: section sizes against the
 file, a blob's offset against the data section, its raw length against
@@ -23,9 +24,9 @@ the index recorded (zstandard would otherwise allocate whatever a frame claims).
 from __future__ import annotations
 
 import concurrent.futures
-import mmap
 import os
 import re
+import stat
 import struct
 import threading
 from collections.abc import Iterable, Iterator
@@ -231,27 +232,73 @@ def write_image(path: str | os.PathLike[str], entries: Iterable[Entry], *, level
                      CODEC_NAMES[codec_id], binary_bytes, len(dictionary))
 
 
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of ``path``, or ImageError if it is not a regular file.
+
+    O_NONBLOCK keeps a FIFO or a device named ``*.ltimg`` from blocking the
+    open (it has no effect on a regular file); fstat on the descriptor then
+    decides on the file actually opened, so a swap after any earlier check
+    changes nothing. Symlinks are followed: a user's link to an image works,
+    and a loop fails with ELOOP (an OSError) instead of hanging.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ImageError(f"{path}: not a regular file ({_file_kind(mode)}); an image must be one")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((name for test, name in kinds if test(mode)), f"mode {mode:o}")
+
+
 class Image:
-    """An image opened read-only over mmap. Thread-safe for reads."""
+    """An image opened read-only. Thread-safe for reads.
+
+    Every read is a ``pread`` on the descriptor, never a slice of an mmap: a
+    file truncated in place while open (``cp new.ltimg live.ltimg``) then
+    gives a short read and an ImageError, where a mapped page past the new end
+    of file would kill the process with SIGBUS. The header, dictionary, index
+    and meta are read once, at open; each lookup reads only its own blob.
+    Images are meant to be replaced by rename (write a new file, then
+    ``os.replace``): an open Image keeps reading the file it opened.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        self._fd = open_regular(self.path)
+        try:
+            size = os.fstat(self._fd).st_size
             if size < HEADER_SIZE:
                 raise ImageError(f"{self.path}: {size} bytes is too short for an image header")
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
             self._parse_header(size)
         except BaseException:
-            self._mm.close()
+            os.close(self._fd)
             raise
         self._decompressor: Any = None
+        self._dictionary_error = ""
         self._lock = threading.Lock()  # a zstd decompressor serves one thread at a time
 
+    def _pread(self, offset: int, length: int, what: str) -> bytes:
+        """Exactly ``length`` bytes at ``offset``, or ImageError if the file ends first (it shrank)."""
+        data = os.pread(self._fd, length, offset)
+        while len(data) < length:
+            more = os.pread(self._fd, length - len(data), offset + len(data))
+            if not more:
+                raise ImageError(f"{self.path}: {what} at [{offset}, {offset + length}) lies past the end of the "
+                                 "file: it shrank after it was opened (replace images by rename, not in place)")
+            data += more
+        return data
+
     def _parse_header(self, size: int) -> None:
-        mm = self._mm
-        header = mm[:HEADER_SIZE]
+        header = self._pread(0, HEADER_SIZE, "the header")
         (magic, version, codec, count, flags, dict_off, dict_len, index_off, index_len, meta_off, meta_len,
          index_sum, meta_sum, header_sum) = _HEADER.unpack(header)
         if magic != MAGIC:
@@ -268,10 +315,11 @@ class Image:
                        and meta_len <= MAX_META_BYTES and meta_off + meta_len == size)
         if not sections_ok:
             raise ImageError(f"{self.path}: image sections do not fit the file ({size} bytes)")
-        if xxhash.xxh3_64_intdigest(mm[index_off:index_off + index_len]) != index_sum:
+        index = self._pread(index_off, index_len, "the index")
+        if xxhash.xxh3_64_intdigest(index) != index_sum:
             raise ImageError(f"{self.path}: image index checksum mismatch")
-        dictionary = mm[dict_off:dict_off + dict_len]
-        meta_bytes = mm[meta_off:meta_off + meta_len]
+        dictionary = self._pread(dict_off, dict_len, "the dictionary")
+        meta_bytes = self._pread(meta_off, meta_len, "the meta")
         if xxhash.xxh3_64_intdigest(dictionary + meta_bytes) != meta_sum:
             raise ImageError(f"{self.path}: image dictionary or meta checksum mismatch")
         try:
@@ -281,10 +329,11 @@ class Image:
         if not isinstance(meta, dict):
             raise ImageError(f"{self.path}: image meta is not a map")
         self.meta: dict[str, Any] = meta
+        self.size = size  # the file's size when opened
         self.codec = codec
         self.count = count
         self._dict_section = dictionary
-        self._index_off = index_off
+        self._index = index
         self._data_start = dict_off + dict_len
         self._data_end = index_off
 
@@ -293,19 +342,18 @@ class Image:
         return CODEC_NAMES[self.codec]
 
     def _record(self, i: int) -> tuple[bytes, int, int, int, int]:
-        start = self._index_off + i * RECORD_SIZE
-        return _RECORD.unpack(self._mm[start:start + RECORD_SIZE])  # type: ignore[return-value]
+        return _RECORD.unpack_from(self._index, i * RECORD_SIZE)  # type: ignore[return-value]
 
     def _find(self, raw_key: bytes) -> int:
-        mm, base, lo, hi = self._mm, self._index_off, 0, self.count
+        index, lo, hi = self._index, 0, self.count
         while lo < hi:
             mid = (lo + hi) // 2
-            start = base + mid * RECORD_SIZE
-            if mm[start:start + 16] < raw_key:
+            start = mid * RECORD_SIZE
+            if index[start:start + 16] < raw_key:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo < self.count and mm[base + lo * RECORD_SIZE:base + lo * RECORD_SIZE + 16] == raw_key:
+        if lo < self.count and index[lo * RECORD_SIZE:lo * RECORD_SIZE + 16] == raw_key:
             return lo
         return -1
 
@@ -340,7 +388,7 @@ class Image:
         if not ENTRY_HEADER_SIZE <= raw_len <= MAX_ENTRY_BYTES:
             raise ImageError(f"{self.path}: entry {key} claims {raw_len} raw bytes, outside "
                              f"[{ENTRY_HEADER_SIZE}, {MAX_ENTRY_BYTES}]")
-        blob = self._mm[offset:offset + stored]
+        blob = self._pread(offset, stored, f"entry {key}")
         if xxhash.xxh3_64_intdigest(blob) != checksum:
             raise ImageError(f"{self.path}: entry {key} checksum mismatch")
         data = self._decompress(blob, raw_len, key) if self.codec != CODEC_NONE else blob
@@ -364,11 +412,28 @@ class Image:
             raise ImageError(f"{self.path}: entry {key} frame claims {claimed} bytes, index says {raw_len}")
         with self._lock:
             if self._decompressor is None:
-                self._decompressor = zstandard.ZstdDecompressor(dict_data=self._load_dictionary())
+                if self._dictionary_error:  # refused once: not decompressed again on every lookup
+                    raise ImageError(self._dictionary_error)
+                try:
+                    self._decompressor = self._new_decompressor()
+                except ImageError as exc:
+                    self._dictionary_error = str(exc)
+                    raise
             try:
                 return bytes(self._decompressor.decompress(blob, max_output_size=raw_len, allow_extra_data=False))
             except zstandard.ZstdError as exc:
+                # A dictionary with a valid magic and bad tables is only refused here, by the first use.
                 raise ImageError(f"{self.path}: entry {key} does not decompress: {exc}") from None
+
+    def _new_decompressor(self) -> Any:
+        import zstandard
+
+        dictionary = self._load_dictionary()
+        try:
+            decompressor = zstandard.ZstdDecompressor(dict_data=dictionary)
+        except zstandard.ZstdError as exc:
+            raise ImageError(f"{self.path}: image dictionary is damaged: {exc}") from None
+        return decompressor
 
     def _load_dictionary(self) -> Any:
         """The dictionary, decompressed from its section (bounded like an entry), or None without one."""
@@ -409,7 +474,9 @@ class Image:
         return problems
 
     def close(self) -> None:
-        self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> Image:
         return self

@@ -112,7 +112,8 @@ def image_rows(path: Path, tier: str = "image") -> Iterator[Row]:
 
 
 def binary_problems(entry: Entry) -> list[str]:
-    """Why an entry's binary is not what it claims (kind, target, symbol); empty when it is."""
+    """Why an entry's binary is not what it claims (kind, target, symbol, launch metadata); empty when it is."""
+    from lazytriton.store.probe import launch_problems
     from lazytriton.target import Target
 
     problems = []
@@ -122,7 +123,8 @@ def binary_problems(entry: Entry) -> list[str]:
             problems.append(f"kind {entry.kind} does not fit target {entry.target} ({expected_kind})")
     except ValueError as exc:
         problems.append(str(exc))
-    return problems + check_binary(entry.kind, entry.target, entry.binary, entry.name)
+    problems += check_binary(entry.kind, entry.target, entry.binary, entry.name)
+    return problems + (launch_problems(entry) if not problems else [])
 
 
 # --- commands --------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ it. A damaged image or entry is logged and skipped, never launched.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -25,19 +27,43 @@ PACKAGE_IMAGES = Path(__file__).resolve().parent.parent / "images"
 
 
 def image_files(search_path: Sequence[Path], include_package: bool = True) -> list[Path]:
-    """The image files a search path names, in order, each once."""
-    found: list[Path] = []
+    """The image files a search path names, in order, each once; anything but a regular file is skipped.
+
+    A FIFO, a device, a directory named ``*.ltimg`` or a symlink loop gets one
+    warning and is left out; a symlink to a regular file is followed (the
+    path stays as named). Files are told apart by ``os.stat`` (never by
+    opening them, which blocks on a FIFO) and made unique by device and inode;
+    ``Image`` checks again on the descriptor it opens.
+    """
+    unique: dict[tuple[int, int], Path] = {}
     for item in [*search_path, *([PACKAGE_IMAGES] if include_package else [])]:
-        if item.is_dir():
-            found.extend(sorted(item.glob(f"*{IMAGE_SUFFIX}")))
-        elif item.is_file():
-            found.append(item)
-        elif item != PACKAGE_IMAGES:
-            log.warning("image path %s does not exist; skipped", item)
-    unique: dict[Path, None] = {}
-    for path in found:
-        unique.setdefault(path.resolve(), None)
-    return list(unique)
+        info = _stat(item, warn=item != PACKAGE_IMAGES)
+        if info is None:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            candidates = sorted(item.glob(f"*{IMAGE_SUFFIX}"))
+        else:
+            candidates = [item]
+        for path in candidates:
+            found = info if path is item else _stat(path, warn=True)
+            if found is None:
+                continue
+            if not stat.S_ISREG(found.st_mode):
+                log.warning("image path %s is not a regular file; skipped", path)
+                continue
+            unique.setdefault((found.st_dev, found.st_ino), path)
+    return list(unique.values())
+
+
+def _stat(path: Path, warn: bool) -> os.stat_result | None:
+    """``os.stat`` of ``path`` (following links), or None with a warning if it cannot be read."""
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        if warn:
+            reason = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror})"
+            log.warning("image path %s %s; skipped", path, reason)
+        return None
 
 
 class ImageTier:
@@ -96,7 +122,7 @@ class ImageTier:
                     yield key
 
     def stats(self) -> TierStats:
-        return TierStats(self.name, sum(1 for _ in self.keys()), sum(i.path.stat().st_size for i in self.images))
+        return TierStats(self.name, sum(1 for _ in self.keys()), sum(i.size for i in self.images))
 
     def close(self) -> None:
         for image in self._images or []:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lazytriton.cache_format import Entry, EntryError
+from lazytriton.cache_format.elf import check_launch
 from lazytriton.cache_format.image import Image, ImageError
 from lazytriton.record import record
 
@@ -84,6 +85,45 @@ def probe_tier(tier: Any, key: str) -> Probe:
     if peek is None:
         return Probe(tier.name, where, UNKNOWN, "this tier cannot be read without side effects")
     return classify(tier.name, where, key, peek(key))
+
+
+def launch_problems(entry: Entry) -> list[str]:
+    """Why ``entry``'s launch metadata does not fit its variant, its key or its binary; empty when all agree.
+
+    The variant string must hash (with the source fingerprint the entry
+    records) to the key it is stored under, its target and ``num_warps`` must
+    be the entry's, the warp size the target's; then the binary must have been
+    built for that many threads per block (``elf.check_launch``). A binary of
+    another tile size with the same block size and symbol is not told apart:
+    an ELF does not record its constexprs.
+    """
+    from lazytriton.target import Target
+    from lazytriton.variant import LAUNCH_ABI, Variant
+
+    problems = []
+    try:
+        variant = Variant.parse(entry.variant)
+    except (TypeError, ValueError) as exc:
+        return [f"entry variant does not parse: {exc}"]
+    if entry.provenance.launch_abi == LAUNCH_ABI:
+        import xxhash
+
+        key = xxhash.xxh3_128_hexdigest(variant.canonical(entry.provenance.source_fingerprint))
+        if key != entry.key:
+            problems.append(f"entry stored under key {entry.key}, its variant {variant} hashes to {key}")
+    if variant.target != entry.target:
+        problems.append(f"entry target {entry.target}, its variant's target {variant.target}")
+    options = dict(variant.options)
+    if "num_warps" in options and options["num_warps"] != entry.num_warps:
+        problems.append(f"entry num_warps={entry.num_warps}, its variant's num_warps={options['num_warps']}")
+    try:
+        warp_size = Target.parse(entry.target).warp_size
+        if entry.warp_size != warp_size:
+            problems.append(f"entry warp_size={entry.warp_size}, {entry.target} runs warps of {warp_size}")
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems + check_launch(entry.kind, entry.target, entry.binary, entry.name, num_warps=entry.num_warps,
+                                   warp_size=entry.warp_size, shared=entry.shared)
 
 
 def _why_not(probe: Probe, served_by: Probe | None) -> str:
