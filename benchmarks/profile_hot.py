@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from lazytriton import flash, ops, runtime
-from lazytriton.kernels.flash_fwd import binding
+from lazytriton.kernels.flash_fwd import binding, hot
 
 
 def us(fn: Callable[[], object], calls: int = 5000) -> float:
@@ -40,6 +40,10 @@ def main() -> None:
         "empty_outputs": lambda: binding.empty_outputs(q, call.shape),
         "empty_like(q)": lambda: torch.empty_like(q),
         "empty lse": lambda: torch.empty((1, 2, 16), dtype=torch.float32, device=q.device),
+        "empty lse (device index)": lambda: torch.empty((1, 2, 16), dtype=torch.float32, device=0),
+        "empty lse (new_empty)": lambda: q.new_empty((1, 2, 16), dtype=torch.float32),
+        "warm path (hot.forward_bhsd)": lambda: hot.forward_bhsd(q, k, v, False, None),
+        "runtime.get().plans": lambda: runtime.get().plans,
         "pack": lambda: binding.pack(q, k, v, out, lse, call),
         "memo key": lambda: binding.memo_key(0, q.dtype, call.shape, False, True, False),
         "raw stream": lambda: binding.raw_stream(0),
