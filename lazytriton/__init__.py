@@ -20,7 +20,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = ("flash", "runtime", "dispatch", "config", "compiler", "ops", "interface")
-_FUNCTIONS = ("flash_attn_func", "scaled_dot_product_attention", "attn_fwd", "preload")
+_FUNCTIONS = ("flash_attn_func", "scaled_dot_product_attention", "attn_fwd", "preload", "CaptureError")
 
 
 def __getattr__(name: str) -> Any:

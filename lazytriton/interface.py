@@ -24,6 +24,8 @@ import torch
 from lazytriton.kernels.flash_fwd import binding, hot
 from lazytriton.ops import flash_fwd_op
 
+CaptureError = binding.CaptureError  # a call would load or compile a kernel during a CUDA graph capture
+
 _FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
 _SDPA_NAMES = binding.Names(q="query", k="key", v="value", causal="is_causal", scale="scale")
 _is_compiling = torch.compiler.is_compiling
@@ -362,5 +364,5 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
-__all__ = ["SDPAError", "SDPATypeError", "always_through_op", "attn_fwd", "flash_attn_func", "preload",
+__all__ = ["CaptureError", "SDPAError", "SDPATypeError", "always_through_op", "attn_fwd", "flash_attn_func", "preload",
            "scaled_dot_product_attention"]
