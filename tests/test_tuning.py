@@ -107,3 +107,36 @@ def test_tune_merge_replaces_only_the_same_buckets(tmp_path: Path) -> None:
     tune.write_table(path, merged)
     assert tuning.Table.parse(path.read_text()).to_csv() == merged.to_csv()
     assert [p.name for p in tmp_path.iterdir()] == ["tuning.csv"]
+
+
+def test_tune_compiles_through_the_runtime(tmp_path_factory: pytest.TempPathFactory,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each candidate goes through Runtime.resolve: the compile lock, every writable tier and the miss log.
+    from compiled_once import compiled, shared_dir, small_variant
+
+    from lazytriton import compiler, runtime
+
+    variant = small_variant("sm_90")
+    entry = compiled(variant, shared_dir(tmp_path_factory))
+    monkeypatch.setattr(compiler, "compile_variant", lambda v, key=None: entry)
+    runtime.reset()
+    text, error = tune._resolve(str(variant))
+    assert (text, error) == (str(variant), "")
+    rt = runtime.get()
+    assert rt.local.get(variant.key()) is not None
+    assert str(variant) in rt.miss_log.read_text()
+
+
+def test_tune_writes_the_users_table_not_the_package(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
+    user = tuning.user_table_path("flash_fwd")
+    assert user == cache_dir / "tuning" / "flash_fwd.csv"
+    assert tuning.table_path("flash_fwd") != user
+    row = tuning.Row("sm_90", "flash_fwd", "bf16", 128, False, 4096, 4096, 32, 32, 4, 2, 0, 1.0, "test", "2026-11-30")
+    user.parent.mkdir(parents=True)
+    user.write_text(tuning.Table([row]).to_csv())
+    config, used = dispatch.flash_fwd_config(Target.parse("sm_90"), "bf16", 128, False, 4096, 4096)
+    assert used == row and (config.block_m, config.block_n) == (32, 32), "the user's row wins over the shipped one"
+    user.write_text("not,a,table\n")
+    tuning._table_for.cache_clear()  # the tables are read once per process
+    config, used = dispatch.flash_fwd_config(Target.parse("sm_90"), "bf16", 128, False, 4096, 4096)
+    assert used is not None and used.gpu != "test", "a damaged user table leaves the shipped one serving"
