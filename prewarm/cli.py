@@ -127,7 +127,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _memory(text: str) -> int:
+def parse_memory(text: str) -> int:
     """``4G``, ``512MiB``, ``1073741824``; ``0`` for no limit."""
     raw = text.strip().lower().removesuffix("ib").removesuffix("b")
     unit = raw[-1:] if raw[-1:] in _UNITS else ""
@@ -176,7 +176,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--variant-timeout", type=_seconds, default=None, metavar="SECONDS",
                      help="kill a worker still compiling one variant after this long; the variant fails "
                           "(default: 600)")
-    run.add_argument("--variant-memory", type=_memory, default=None, metavar="BYTES",
+    run.add_argument("--variant-memory", type=parse_memory, default=None, metavar="BYTES",
                      help="address space of each worker, e.g. 4G (default: 4G; 0: no limit); a variant "
                           "over it fails")
     p.set_defaults(fn=main)

@@ -112,19 +112,20 @@ def test_a_refused_variant_is_a_failure_and_no_empty_image_is_written(tmp_path: 
 # --- the workers' limits -------------------------------------------------------------------------------------
 
 
-def test_limits_and_their_flags() -> None:
-    from lazytriton.prewarm.cli import _memory
+def test_limits_and_their_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton.prewarm.cli import parse_memory
 
     assert pool.Limits() == pool.Limits(600.0, 4 << 30)
     for bad in ({"timeout": 0}, {"timeout": -1.0}, {"memory": -1}, {"memory": 1.5}):
         with pytest.raises(ValueError, match="variant"):
             pool.Limits(**bad)  # type: ignore[arg-type]
-    assert [_memory(t) for t in ("0", "512M", "512MiB", "4G", "4gb", "1048576")] == [
+    assert [parse_memory(t) for t in ("0", "512M", "512MiB", "4G", "4gb", "1048576")] == [
         0, 512 << 20, 512 << 20, 4 << 30, 4 << 30, 1 << 20]
     for flags, needle in ((["--variant-timeout", "0"], "--variant-timeout"),
                           (["--variant-memory", "lots"], "--variant-memory")):
         with pytest.raises(SystemExit):
             cli_main(["prewarm", "--target", "sm_90", *flags, "--list"])
+        assert needle in capsys.readouterr().err
 
 
 def test_a_hanging_and_a_hungry_compile_are_stopped_and_the_build_goes_on(
