@@ -95,6 +95,10 @@ def test_the_cli_lists_a_poisoned_miss_log_without_it(tmp_path: Path, capsys: py
     out, err = capsys.readouterr()
     assert [line.split()[0] for line in out.splitlines()] == [small().key()]
     assert f"skipped {misses}:1: refused" in err and "over the cap" in err
+    misses.write_text(json.dumps({"variant": POISONED}) + "\n")  # the report's log: the build starts no compiler
+    assert cli_main(["prewarm", "--from-misses", str(misses), "--out", str(tmp_path / "next.ltimg")]) == 0
+    out, err = capsys.readouterr()
+    assert "0 compiled, 0 failed" in out and f"skipped {misses}:1: refused" in err
 
 
 def test_a_refused_variant_is_a_failure_and_no_empty_image_is_written(tmp_path: Path) -> None:
