@@ -15,7 +15,7 @@ the default configs (2026-11-30, this machine, no GPU needed to compile):
   sm_80 the same at 3 stages: 96 and 96; fp32 64/16, 1 stage, 256: 96 and 96.
 - HIP: one K and one V tile, ``2 * BLOCK_N * BLOCK_D * bytes`` (Q is not kept
   in LDS): gfx942 fp16 128/64 at head dim 64, 128: 16 and 32 KiB, Triton 16
-  and 32; 64/32 at 256: 32 and 36 KiB.
+  and 32; 64/32 at 256: 32 and 36 KiB; fp32 64/16, 1 stage, 256: 32 and 64.
 
 Being a lower bound, it never refuses a variant that fits; it refuses those
 that could not fit whatever the compiler did.
