@@ -246,32 +246,57 @@ def _flag(axes: dict[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r}: expected 1/0/true/false")
 
 
+def _int_axis(axes: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = axes.get(name)
+    if raw is None:
+        return default
+    if not re.fullmatch(r"-?\d{1,12}", raw) or not low <= int(raw) <= high:
+        raise ValueError(f"{name}={raw!r}: expected an integer in {low}..{high}")
+    return int(raw)
+
+
 def parse_spec(text: str) -> Any:
-    """A Variant from a variant string, or from axes such as ``target=sm_90 dtype=bf16 head_dim=128``."""
+    """A Variant from a variant string, or from axes such as ``target=sm_90 dtype=bf16 head_dim=128``.
+
+    Either form is checked before anything compiles: a variant string must
+    carry every field its kernel needs (``variant.check_fields``), axes must be
+    in range, the target must be one prewarm knows, and a variant that cannot
+    fit its target is refused (``prewarm.limits``). Every problem is a
+    ValueError naming the axis or field, so ``lt_prewarm`` answers
+    LT_ERROR_INVALID_ARGUMENT, never a compile of nonsense.
+    """
     from lazytriton import dispatch
-    from lazytriton.target import Target
-    from lazytriton.variant import Variant
+    from lazytriton.prewarm.enumeration import MAX_SEQLEN
+    from lazytriton.prewarm.limits import known_target, refusal
+    from lazytriton.variant import Variant, check_fields
 
     text = text.strip()
     if text.count(":") == 5 and "=" not in text.split(":", 1)[0]:
-        return Variant.parse(text)
-    axes: dict[str, str] = {}
-    for item in filter(None, re.split(r"[\s,]+", text)):
-        name, sep, value = item.partition("=")
-        if not sep or name not in _AXES:
-            raise ValueError(f"{item!r} is not an axis; expected name=value with a name among {', '.join(_AXES)}, "
-                             "or a whole variant string")
-        axes[name] = value
-    missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
-    if missing:
-        raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
-    if axes.get("kernel", "flash_fwd") != "flash_fwd":
-        raise ValueError(f"kernel={axes['kernel']!r}: the C API prewarms flash_fwd only")
-    seqlen_q = int(axes.get("seqlen_q", "4096"))
-    return dispatch.flash_fwd_variant(Target.parse(axes["target"]), axes["dtype"], int(axes["head_dim"]),
-                                      _flag(axes, "causal", False), _flag(axes, "aligned", True), seqlen_q,
-                                      index64=_flag(axes, "index64", False),
-                                      seqlen_k=int(axes.get("seqlen_k", seqlen_q)))
+        variant = check_fields(Variant.parse(text))
+    else:
+        axes: dict[str, str] = {}
+        for item in filter(None, re.split(r"[\s,]+", text)):
+            name, sep, value = item.partition("=")
+            if not sep or name not in _AXES:
+                raise ValueError(f"{item!r} is not an axis; expected name=value with a name among "
+                                 f"{', '.join(_AXES)}, or a whole variant string")
+            axes[name] = value
+        missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
+        if missing:
+            raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
+        if axes.get("kernel", "flash_fwd") != "flash_fwd":
+            raise ValueError(f"kernel={axes['kernel']!r}: the C API prewarms flash_fwd only")
+        head_dim = _int_axis(axes, "head_dim", 0, 1, dispatch.MAX_HEAD_DIM)
+        seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
+        variant = dispatch.flash_fwd_variant(known_target(axes["target"]), axes["dtype"], head_dim,
+                                             _flag(axes, "causal", False), _flag(axes, "aligned", True), seqlen_q,
+                                             index64=_flag(axes, "index64", False),
+                                             seqlen_k=_int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN))
+    known_target(variant.target)
+    why = refusal(variant)
+    if why is not None:
+        raise ValueError(f"variant {variant} cannot be built: {why}")
+    return variant
 
 
 def prewarm(specs: Any, n_specs: int, compiled: Any, cached: Any) -> int:
@@ -282,7 +307,7 @@ def prewarm(specs: Any, n_specs: int, compiled: Any, cached: Any) -> int:
         text = _text(specs[i], f"specs[{i}]") or ""
         try:
             variants.append(parse_spec(text))
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError) as exc:
             raise CapiError(INVALID_ARGUMENT, f"specs[{i}] ({text!r}): {exc}") from None
     rt = runtime.get()
     for variant in variants:

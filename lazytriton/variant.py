@@ -154,6 +154,57 @@ class Variant:
         return xxhash.xxh3_128_hexdigest(self.canonical(source_fingerprint(self.kernel)))
 
 
+# Fields a variant may carry besides its kernel's constexprs: flags the compiler
+# reads (absent means false) and compile options, each with its allowed range.
+_FLAGS = ("ALIGN16", "INDEX64")
+_OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
+_REQUIRED_OPTIONS = ("num_warps", "num_stages")
+_MAX_BLOCK = 1 << 16
+
+
+def _check_constexpr(variant: Variant, name: str, value: Value) -> None:
+    if name.startswith("BLOCK_"):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_BLOCK \
+                or value & (value - 1):
+            raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be a power of two "
+                             f"in 1..{_MAX_BLOCK}")
+    elif not isinstance(value, bool):
+        raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be true or false")
+
+
+def check_fields(variant: Variant) -> Variant:
+    """Return ``variant`` if it has every field its kernel needs, with values of the right kind; else ValueError.
+
+    ``Variant.parse`` checks syntax only, for any kernel; this checks a parsed
+    variant against its kernel's description before anything compiles it, so
+    that ``flash_fwd:sm_90:fp16:::`` (a well-formed string naming no tile
+    sizes) is refused with the missing fields named instead of failing as a
+    KeyError deep in the compiler.
+    """
+    from lazytriton.kernels import get
+
+    spec = get(variant.kernel)  # ValueError names an unknown kernel
+    constexprs = variant.constexprs
+    missing = [name for name in spec.constexprs if name not in constexprs]
+    missing += [name for name in _REQUIRED_OPTIONS if name not in dict(variant.options)]
+    if missing:
+        raise ValueError(f"variant {variant} lacks {', '.join(missing)} (a {variant.kernel} variant needs "
+                         f"{', '.join(spec.constexprs + _REQUIRED_OPTIONS)})")
+    unknown = [name for name in constexprs if name not in spec.constexprs and name not in _FLAGS]
+    unknown += [name for name, _ in variant.options if name not in _OPTIONS]
+    if unknown:
+        raise ValueError(f"variant {variant} has unknown fields {', '.join(unknown)}")
+    for name, value in constexprs.items():
+        _check_constexpr(variant, name, value)
+    for name, value in variant.options:
+        low, high = _OPTIONS[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be an integer in {low}..{high}")
+    if variant.get("num_warps") & (variant.get("num_warps") - 1):  # type: ignore[operator]
+        raise ValueError(f"variant {variant}: num_warps={variant.get('num_warps')} must be a power of two")
+    return variant
+
+
 def check_key(key: object) -> str:
     """Return ``key`` if it is a well-formed cache key, else raise ValueError.
 

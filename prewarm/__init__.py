@@ -6,6 +6,8 @@
   worker processes (``pool`` runs them, ``worker`` is one), write the image;
   merge images and work dirs.
 - ``workdir``: the resumable work directory beside the image.
+- ``limits``: the targets prewarm knows, and variants refused before compiling
+  (tiles too large, more shared memory than the target has); pure.
 - ``progress``: the progress bar with an ETA.
 - ``cli``: ``lazytriton prewarm``.
 
@@ -19,7 +21,7 @@ from typing import Any
 
 # Imported on first use: ``lazytriton --help`` registers the prewarm command
 # without loading the builder.
-_LAZY = {"BuildReport": "builder", "build": "builder", "merge": "builder", "Axes": "enumeration",
+_LAZY = {"BuildReport": "builder", "build": "builder", "merge": "builder", "Limits": "pool", "Axes": "enumeration",
          "Planned": "enumeration", "enumerate_variants": "enumeration", "select_shard": "enumeration",
          "variants_from_misses": "enumeration"}
 

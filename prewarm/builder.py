@@ -2,11 +2,15 @@
 
 ``build`` is resumable. Entries already in the work directory (``OUT.work/``,
 see ``workdir``) or in an existing image at ``OUT`` are verified and reused;
-only the rest is compiled. A variant that fails is reported on the progress
-stream and recorded in ``OUT.work/failures.jsonl``; the build goes on and the
-image holds everything that built. The work directory is removed after a
-build with no failures (the image then holds it all), else kept so that a
-rerun retries only the failures.
+so are those a ``cached`` lookup finds (the CLI passes the runtime's tiers for
+``--from-misses``: what a run compiled just in time is copied, not compiled
+again). Only the rest is compiled, each variant within ``pool.Limits``; one
+that cannot fit its target (``limits.refusal``) is refused before compiling.
+A variant that fails is reported on the progress stream and recorded in
+``OUT.work/failures.jsonl``; the build goes on and the image holds everything
+that built. No image is written when nothing built and something failed. The
+work directory is removed after a build with no failures (the image then
+holds it all), else kept so that a rerun retries only the failures.
 
 Same inputs, same image bytes: Triton's output was byte-identical across
 compiles (cubin and HSACO, checked for sm_90, sm_80 and gfx942 with Triton
@@ -22,7 +26,7 @@ import logging
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,9 +35,11 @@ import lazytriton
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.image import Image, ImageError, ImageInfo, write_image
 from lazytriton.prewarm.enumeration import Planned
-from lazytriton.prewarm.pool import Result, compile_all
+from lazytriton.prewarm.limits import refusal
+from lazytriton.prewarm.pool import Limits, Result, compile_all
 from lazytriton.prewarm.progress import Progress
 from lazytriton.prewarm.workdir import WorkDir, work_dir_for
+from lazytriton.record import replace
 
 log = logging.getLogger("lazytriton.prewarm")
 
@@ -46,6 +52,7 @@ class BuildReport:
     work: Path
     planned: int = 0
     reused: int = 0
+    from_cache: int = 0
     compiled: int = 0
     failures: list[tuple[Planned, str]] = field(default_factory=list)
     image: ImageInfo | None = None
@@ -92,9 +99,40 @@ def _brief(error: str) -> str:
     return f"{lines[0][:300]} ... {lines[-1][:300]}"
 
 
+def _copy_cached(todo: Sequence[Planned], cached: Callable[[str], Entry | None], work: WorkDir,
+                 created: float | None) -> set[str]:
+    """Copy into the work directory each planned entry that ``cached`` holds; their keys."""
+    copied = set()
+    for planned in todo:
+        entry = cached(planned.key)
+        if entry is None or entry.key != planned.key:
+            continue
+        if created is not None:  # as a compile here would have stamped it: same inputs, same bytes
+            entry = replace(entry, provenance=replace(entry.provenance, created=created))
+        work.write(entry)
+        copied.add(planned.key)
+    return copied
+
+
+def _refuse(todo: Sequence[Planned], report: BuildReport, work: WorkDir, stream: TextIO) -> list[Planned]:
+    """Record as failures the variants that cannot fit their target; the rest."""
+    kept = []
+    for planned in todo:
+        why = refusal(planned.variant)
+        if why is None:
+            kept.append(planned)
+            continue
+        error = f"refused before compiling: {why}"
+        report.failures.append((planned, error))
+        work.record_failure(str(planned.variant), planned.key, error)
+        stream.write(f"prewarm: REFUSED {planned.variant} ({planned.origin}): {why}\n")
+    return kept
+
+
 def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | None = None, keep_work: bool = False,
-          stream: TextIO = sys.stderr) -> BuildReport:
-    """Build the image ``out`` holding every variant of ``plan`` that compiles."""
+          stream: TextIO = sys.stderr, limits: Limits | None = None,
+          cached: Callable[[str], Entry | None] | None = None) -> BuildReport:
+    """Build the image ``out`` holding every variant of ``plan`` that compiles (see the module docstring)."""
     start = time.perf_counter()
     out = Path(out)
     work = WorkDir(work_dir_for(out)).create()
@@ -102,11 +140,15 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
     report = BuildReport(out, work.path, planned=len(plan))
     previous = _open_previous(out)
     built = {p.key for p in plan if _read(p.key, work, previous) is not None}
+    if cached is not None:
+        copied = _copy_cached([p for p in plan if p.key not in built], cached, work, created)
+        report.from_cache = len(copied)
+        built |= copied
     report.reused = len(built)
-    todo = [p for p in plan if p.key not in built]
+    todo = _refuse([p for p in plan if p.key not in built], report, work, stream)
     if report.reused:
-        stream.write(f"prewarm: {report.reused} of {len(plan)} variants already built "
-                     f"(in {work.path} or {out}); compiling {len(todo)}\n")
+        stream.write(f"prewarm: {report.reused} of {len(plan)} variants already built (in {work.path} or {out}"
+                     f"{', or in the cache' if cached is not None else ''}); compiling {len(todo)}\n")
     progress = Progress(len(todo), stream)
     if todo:
         progress.begin()
@@ -122,9 +164,10 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
             progress.note(f"prewarm: FAILED {planned.variant} ({planned.origin}): {_brief(result.error)}")
         progress.step(failed=result.error is not None)
 
-    compile_all(todo, jobs, work, created, on_result)
+    compile_all(todo, jobs, work, created, on_result, limits)
     entries = [e for e in (_read(p.key, work, previous) for p in plan if p.key in built) if e is not None]
-    report.image = write_image(out, entries, meta=image_meta(entries))
+    if entries or not report.failures:  # never an empty image for a build that failed
+        report.image = write_image(out, entries, meta=image_meta(entries))
     if previous is not None:
         previous.close()
     if report.ok and not keep_work:

@@ -5,7 +5,7 @@ Typical runs:
     # everything the tuning table covers for sm_90 and gfx942, plus the default grid
     lazytriton prewarm --target sm_90,gfx942 --out attn.ltimg
     # a few axes only; --list prints the plan and builds nothing
-    lazytriton prewarm --target sm_90 --dtype bf16 --head-dim 64,80,128 --causal causal --list
+    lazytriton prewarm --target sm_90 --dtype bf16 --head-dim 64,80,128 --causal top_left --list
     # exactly what a production run compiled just in time
     lazytriton prewarm --from-misses ~/.cache/lazytriton/misses.jsonl --out next.ltimg
     # split one build over three machines, then merge
@@ -14,7 +14,7 @@ Typical runs:
 
 Without axis flags the plan is the tuning table's rows for the targets plus a
 default grid for the groups the table lacks: dtype fp16/bf16/fp32 x head dim
-16/32/64/128/256 x causal none/causal, each at seqlens 16, 64 and 4096 (the
+16/32/64/128/256 x causal none/top_left, each at seqlens 16, 64 and 4096 (the
 three classes of ``default_config``). An axis flag narrows that axis.
 
 A killed run, run again, compiles only what it had not built (see OUT.work/).
@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importing it to build the parser
-_CAUSAL = {"none": False, "false": False, "no": False, "0": False,
-           "causal": True, "true": True, "yes": True, "1": True, "top_left": True, "bottom_right": True}
+# --causal takes the causal modes of the API and of ``cache explain`` (dispatch.CAUSAL_MODES);
+# "causal" is an alias of top_left, as ``causal=True`` is in the API. top_left and
+# bottom_right build the same binary (CAUSAL=true): the alignment is a runtime offset.
+CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
+_CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64")
 
 
@@ -46,12 +49,21 @@ def _items(text: str) -> list[str]:
 
 
 def _targets(text: str) -> list[str]:
-    from lazytriton.target import Target
+    """The targets as given; checked by ``_check_targets`` before any work (one line, exit 2)."""
+    return _items(text)
 
-    try:
-        return [str(Target.parse(item)) for item in _items(text)]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+
+def _check_targets(given: list[str]) -> list[str]:
+    """The canonical names of ``--target``'s values, or UsageError naming the bad one and the known targets."""
+    from lazytriton.prewarm.limits import known_target
+
+    names = []
+    for item in given:
+        try:
+            names.append(str(known_target(item)))
+        except ValueError as exc:
+            raise UsageError(f"--target {item}: {exc}") from None
+    return names
 
 
 def _dtypes(text: str) -> list[str]:
@@ -73,11 +85,18 @@ def _ints(low: int, high: int, what: str) -> Any:
     return parse
 
 
-def _causal(text: str) -> list[bool]:
-    bad = [item for item in _items(text) if item.lower() not in _CAUSAL]
-    if bad:
-        raise argparse.ArgumentTypeError(f"causal must be none or causal (or top_left, bottom_right), got {bad[0]!r}")
-    return [_CAUSAL[item.lower()] for item in _items(text)]
+def _causal(text: str) -> list[str]:
+    """Causal modes, normalised (``causal`` is read as ``top_left``, and said so)."""
+    modes = []
+    for item in _items(text):
+        mode = _CAUSAL_ALIASES.get(item.lower(), item.lower())
+        if mode not in CAUSAL_MODES:
+            raise argparse.ArgumentTypeError(f"--causal must be among {', '.join(CAUSAL_MODES)} "
+                                             f"(or causal, an alias of top_left), got {item!r}")
+        if mode != item:
+            print(f"prewarm: --causal {item} read as {mode}", file=sys.stderr)
+        modes.append(mode)
+    return modes
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -93,6 +112,30 @@ def _jobs(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"-j must be a positive number of processes, got {text!r}")
     return int(text)
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"--variant-timeout must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_memory(text: str) -> int:
+    """``4G``, ``512MiB``, ``1073741824``; ``0`` for no limit."""
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = raw[-1:] if raw[-1:] in _UNITS else ""
+    number = raw[:-1] if unit else raw
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"--variant-memory must be bytes with an optional K/M/G/T suffix "
+                                         f"(0: no limit), got {text!r}")
+    return int(number) * _UNITS[unit]
 
 
 def default_jobs() -> int:
@@ -112,7 +155,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--dtype", type=_dtypes, action="extend", help="fp16,bf16,fp32")
     axes.add_argument("--head-dim", type=_ints(1, 256, "--head-dim"), action="extend",
                       help="1..256; built at the padded size (16, 32, 64, 128, 256), EVEN_D=false if it differs")
-    axes.add_argument("--causal", type=_causal, action="extend", help="none,causal (bottom_right = causal's binary)")
+    axes.add_argument("--causal", type=_causal, action="extend",
+                      help="none,top_left,bottom_right (both causal modes build one binary; causal = top_left)")
     axes.add_argument("--seqlen-q", type=_ints(1, 2**31 - 1, "--seqlen-q"), action="extend",
                       help="seqlen buckets (a value selects what a call of that length selects)")
     axes.add_argument("--seqlen-k", type=_ints(1, 2**31 - 1, "--seqlen-k"), action="extend")
@@ -129,6 +173,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--merge", type=Path, nargs="+", metavar="SRC",
                      help="merge images and/or work directories into --out instead of building")
     run.add_argument("--keep-work", action="store_true", help="keep OUT.work/ after a build with no failures")
+    run.add_argument("--variant-timeout", type=_seconds, default=None, metavar="SECONDS",
+                     help="kill a worker still compiling one variant after this long; the variant fails "
+                          "(default: 600)")
+    run.add_argument("--variant-memory", type=parse_memory, default=None, metavar="BYTES",
+                     help="address space of each worker, e.g. 4G (default: 4G; 0: no limit); a variant "
+                          "over it fails")
     p.set_defaults(fn=main)
     return p
 
@@ -171,12 +221,34 @@ def _plan(args: argparse.Namespace) -> list[Any]:
     axes = Axes(targets=tuple(Target.parse(t) for t in dict.fromkeys(args.target)),
                 dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
                 head_dims=tuple(dict.fromkeys(args.head_dim)) if args.head_dim else None,
-                causal=tuple(dict.fromkeys(args.causal)) if args.causal else None,
+                causal=tuple(dict.fromkeys(mode != "none" for mode in args.causal)) if args.causal else None,
                 seqlens_q=tuple(args.seqlen_q) if args.seqlen_q else None,
                 seqlens_k=tuple(args.seqlen_k) if args.seqlen_k else None,
                 aligned=(True, False) if args.unaligned else (True,),
                 index64=(False, True) if args.index64 else (False,))
     return select_shard(enumerate_variants(axes, tuning.table_for("flash_fwd")), args.shard)
+
+
+def _cache_lookup() -> Any:
+    """The runtime's tiers (images, local cache, shared tier) as a lookup: what a run compiled is reused.
+
+    A miss log lives in a cache dir whose entries hold most of what it names
+    (and a shared tier may hold the rest): copying a verified entry beats
+    compiling it again. None, with a note, when the settings are unusable.
+    """
+    from lazytriton import runtime
+
+    try:
+        chain = runtime.get().chain
+    except ValueError as exc:
+        print(f"prewarm: not reusing the cache ({exc}); compiling everything", file=sys.stderr)
+        return None
+
+    def lookup(key: str) -> Any:
+        found = chain.get(key)
+        return None if found is None else found[0]
+
+    return lookup
 
 
 def _mib(n: int) -> str:
@@ -214,6 +286,8 @@ def _main(args: argparse.Namespace) -> int:
             raise UsageError("--merge needs --out FILE")
         return _merge(args)
     created = _source_date_epoch()
+    if args.target:  # before any work: a bad target is a usage error, never a failed (or empty) build
+        args.target = _check_targets(args.target)
     plan = _plan(args)
     if args.list:
         for item in plan:
@@ -224,11 +298,19 @@ def _main(args: argparse.Namespace) -> int:
     if args.out is None:
         raise UsageError("--out FILE is required to build (or --list to print the plan)")
     from lazytriton.prewarm.builder import build
+    from lazytriton.prewarm.pool import Limits
 
+    limits = Limits()
+    limits = Limits(limits.timeout if args.variant_timeout is None else args.variant_timeout,
+                    limits.memory if args.variant_memory is None else args.variant_memory)
     jobs = args.jobs or default_jobs()
-    report = build(plan, args.out, jobs, created=created, keep_work=args.keep_work)
+    cached = _cache_lookup() if args.from_misses else None
+    report = build(plan, args.out, jobs, created=created, keep_work=args.keep_work, limits=limits, cached=cached)
     image = report.image
-    assert image is not None
+    if image is None:
+        print(f"lazytriton prewarm: all {len(report.failures)} variants failed; no image written; errors in "
+              f"{report.work}/failures.jsonl", file=sys.stderr)
+        return 1
     ratio = ""
     if image.entries:
         ratio = f", 1/{image.raw_bytes / image.stored_bytes:.1f} of the raw {_mib(image.raw_bytes)}"

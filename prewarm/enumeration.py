@@ -28,9 +28,10 @@ import json
 from collections.abc import Iterable, Sequence
 
 from lazytriton import dispatch, tuning
+from lazytriton.prewarm.limits import refusal
 from lazytriton.record import record
 from lazytriton.target import Target
-from lazytriton.variant import DTYPES, Variant
+from lazytriton.variant import DTYPES, Variant, check_fields
 
 KERNEL = "flash_fwd"
 DEFAULT_DTYPES: tuple[str, ...] = DTYPES
@@ -127,8 +128,11 @@ def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
 def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:
     """The variants a miss log (JSON lines with a ``"variant"`` field) names, unique by key; and its bad lines.
 
-    A bad line (not JSON, no ``variant``, a variant that does not parse) is
-    reported as ``"FILE:LINE: reason"`` and skipped; blank lines are ignored.
+    A bad line (not JSON, no ``variant``, a variant that does not parse or
+    lacks a field its kernel needs) is reported as ``"FILE:LINE: reason"`` and
+    skipped; so is a variant that cannot fit its target (``limits.refusal``):
+    a miss log comes from another machine, and one poisoned line must not
+    hold a build for minutes. Blank lines are ignored.
     """
     plan: dict[str, Planned] = {}
     problems: list[str] = []
@@ -146,10 +150,14 @@ def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[l
             problems.append(f"{place}: no \"variant\" string in {line.strip()[:120]!r}")
             continue
         try:
-            variant = Variant.parse(text)
+            variant = check_fields(Variant.parse(text))
             key = variant.key()
         except (ValueError, TypeError) as exc:
             problems.append(f"{place}: bad variant {text[:200]!r}: {exc}")
+            continue
+        why = refusal(variant)
+        if why is not None:
+            problems.append(f"{place}: refused {variant}: {why}")
             continue
         plan.setdefault(key, Planned(variant, key, f"misses {place}"))
     return list(plan.values()), problems

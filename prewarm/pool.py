@@ -11,6 +11,14 @@ aborts on a target it cannot select for) breaks a ProcessPoolExecutor and
 every future in it. Here each worker holds one variant at a time, so a dead
 worker is that variant's failure, recorded with the last lines the compiler
 printed, and a fresh worker takes its place.
+
+Each variant also has limits (``Limits``): the worker's address space is
+capped (``RLIMIT_AS``, set by the worker itself before it imports anything
+heavy, inherited by the assemblers it runs), and a variant still compiling
+after ``timeout`` seconds has its worker's whole process group killed and a
+fresh worker started. Either is that variant's failure, recorded like any
+other. One poisoned variant (a 1024 x 1024 tile once ran six minutes at 7.8
+GiB) then costs a bounded slice of the build, not the machine.
 """
 
 from __future__ import annotations
@@ -33,6 +41,33 @@ from lazytriton.record import record
 
 _LOG_TAIL_BYTES = 2000
 _STOP_TIMEOUT_S = 10.0
+WORKER_MODULE = "lazytriton.prewarm.worker"  # tests point this at a worker with a fake compile
+
+# Defaults for one variant: the largest real variants (fp32, head dim 256)
+# compiled in 8-14 s at under 300 MiB resident, 240 MiB of address space
+# (Triton 3.5, sm_80/sm_90/gfx942, on a loaded 2-core machine, 2026-11-30);
+# these leave 40x and 15x of room and still stop a runaway compile.
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MEMORY_BYTES = 4 << 30
+
+
+@record
+class Limits:
+    """Per-variant limits of a build: wall-clock seconds, and bytes of address space per worker (0: none)."""
+
+    timeout: float = DEFAULT_TIMEOUT_S
+    memory: int = DEFAULT_MEMORY_BYTES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise ValueError(f"variant timeout must be a positive number of seconds, got {self.timeout!r}")
+        if isinstance(self.memory, bool) or not isinstance(self.memory, int) or self.memory < 0:
+            raise ValueError(f"variant memory must be a number of bytes >= 0 (0: no limit), got {self.memory!r}")
+
+
+def describe_bytes(n: int) -> str:
+    """``4 GiB``, ``512 MiB``."""
+    return f"{n / (1 << 30):g} GiB" if n >= 1 << 30 else f"{n / (1 << 20):g} MiB"
 
 
 @record
@@ -77,14 +112,17 @@ def _child_env() -> dict[str, str]:
 class _Worker:
     """One worker process, its pipes, its log and the variant it holds."""
 
-    def __init__(self, number: int, work: WorkDir, created: float | None) -> None:
+    def __init__(self, number: int, work: WorkDir, created: float | None, limits: Limits) -> None:
         self.number = number
         self.log = work.worker_log(number)
+        self.limits = limits
+        # Its own session: a timeout kills the worker and the assembler it may be running, as one group.
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "lazytriton.prewarm.worker", str(work.path),
-                 "" if created is None else repr(created), str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=_child_env())
+                [sys.executable, "-m", WORKER_MODULE, str(work.path),
+                 "" if created is None else repr(created), str(os.getpid()), str(limits.memory)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=_child_env(),
+                start_new_session=True)
         self.task: Planned | None = None
         self.started = 0.0
 
@@ -116,12 +154,25 @@ class _Worker:
         with contextlib.suppress(OSError):
             tail = _collapse(self.log.read_bytes()[-_LOG_TAIL_BYTES:].decode(errors="replace"))
         reason = f"worker process {_exit_reason(self.process.returncode)} while compiling it"
+        if self.limits.memory:
+            reason += f" (its memory limit: {describe_bytes(self.limits.memory)}, --variant-memory)"
         return Result(self.task.key, reason + (f"; its last output: {tail}" if tail else ""),
                       time.perf_counter() - self.started)
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def overdue(self, now: float) -> bool:
+        return self.task is not None and now - self.started >= self.limits.timeout
+
+    def time_out(self) -> Result:
+        """Kill the worker (and its children) over its held variant's time limit: that variant's failure."""
+        assert self.task is not None
+        seconds = time.perf_counter() - self.started
+        self.stop(kill=True)
+        return Result(self.task.key, f"timed out: still compiling after {seconds:.0f} s (the limit is "
+                                     f"{self.limits.timeout:g} s, --variant-timeout); its worker was killed", seconds)
 
     def stop(self, kill: bool) -> None:
         with contextlib.suppress(OSError):
@@ -130,6 +181,8 @@ class _Worker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(_STOP_TIMEOUT_S)
         if self.process.poll() is None:
+            with contextlib.suppress(OSError):  # the group: the worker and any assembler it started
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.kill()
             self.process.wait()
         with contextlib.suppress(OSError):
@@ -137,32 +190,38 @@ class _Worker:
 
 
 def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: float | None,
-                on_result: Callable[[Planned, Result], None]) -> None:
+                on_result: Callable[[Planned, Result], None], limits: Limits | None = None) -> None:
     """Build every variant of ``todo`` in ``jobs`` workers, calling ``on_result`` as each one ends."""
+    limits = limits or Limits()
     queue = deque(todo)
-    workers = [_Worker(n, work, created) for n in range(max(1, min(jobs, len(todo))))] if todo else []
+    workers = [_Worker(n, work, created, limits) for n in range(max(1, min(jobs, len(todo))))] if todo else []
     finished = False
     try:
         while queue or any(w.task is not None for w in workers):
             for worker in workers:
                 if worker.task is None and queue and not worker.assign(queue.popleft()):
                     _finish(worker, on_result)  # its pipe broke: it died before taking the variant
-            busy = [w.answers for w in workers if w.task is not None]
-            ready = set(wait(busy)) if busy else set()
+            busy = [w for w in workers if w.task is not None]
+            now = time.perf_counter()
+            left = min((w.started + limits.timeout - now for w in busy), default=0.0)
+            ready = set(wait([w.answers for w in busy], timeout=max(0.0, left))) if busy else set()
+            now = time.perf_counter()
             for i, worker in enumerate(workers):
                 if worker.task is not None and worker.answers in ready:
                     _finish(worker, on_result)
+                elif worker.overdue(now):
+                    _finish(worker, on_result, worker.time_out())
                 if not worker.alive and queue:
                     worker.stop(kill=True)
-                    workers[i] = _Worker(worker.number, work, created)
+                    workers[i] = _Worker(worker.number, work, created, limits)
         finished = True
     finally:
         for worker in workers:
             worker.stop(kill=not finished)
 
 
-def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None]) -> None:
-    result = worker.collect()
+def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], result: Result | None = None) -> None:
+    result = result or worker.collect()
     planned, worker.task = worker.task, None
     assert planned is not None
     on_result(planned, result)

@@ -1,4 +1,4 @@
-"""A prewarm worker process: ``python -m lazytriton.prewarm.worker WORK_DIR CREATED PARENT_PID``.
+"""A prewarm worker process: ``python -m lazytriton.prewarm.worker WORK_DIR CREATED PARENT_PID MEMORY``.
 
 It reads one JSON task per line on stdin (``{"variant", "key"}``), compiles
 it with ``lazytriton.compiler.compile_variant``, writes the entry into the
@@ -12,6 +12,10 @@ that after a crash it holds what the compiler printed for that variant. The
 answers go to a private copy of the original stdout, which nothing else
 writes to. ``CREATED`` is SOURCE_DATE_EPOCH (or empty): the provenance time
 every entry gets, so that builds from the same inputs give the same bytes.
+``MEMORY`` caps the worker's address space in bytes (``RLIMIT_AS``; 0: no
+cap), set first thing, so a compile that runs away fails with MemoryError
+(or LLVM aborts, and the pool records the dead worker and starts another)
+instead of taking the machine.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -38,6 +43,15 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def limit_memory(max_bytes: int) -> None:
+    """Cap this process's address space (and its children's: rlimits are inherited) at ``max_bytes``."""
+    if max_bytes > 0:
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        if hard != resource.RLIM_INFINITY:
+            max_bytes = min(max_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (max_bytes, hard))
+
+
 def build_one(text: str, key: str, work_path: str, created: float | None) -> None:
     """Compile one variant and write its entry into the work directory."""
     from lazytriton.compiler import compile_variant
@@ -51,8 +65,9 @@ def build_one(text: str, key: str, work_path: str, created: float | None) -> Non
 
 
 def main(argv: list[str]) -> int:
-    work_path, created_text, parent_pid = argv
+    work_path, created_text, parent_pid, memory = argv
     die_with_parent(int(parent_pid))
+    limit_memory(int(memory))
     created = float(created_text) if created_text else None
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the compiler's stdout joins stderr in the log
@@ -67,6 +82,8 @@ def main(argv: list[str]) -> int:
         error = None
         try:
             build_one(task["variant"], task["key"], work_path, created)
+        except MemoryError:  # the allocation that failed was never made: this worker can go on
+            error = f"MemoryError: over the worker's memory limit of {int(memory) >> 20} MiB (--variant-memory)"
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         answers.write(json.dumps({"key": task["key"], "error": error, "seconds": time.perf_counter() - start}) + "\n")

@@ -191,6 +191,50 @@ def test_library_inside_a_python_process(prefix: Path) -> None:
     assert _ok(_run([sys.executable, "-c", code])).split()[:2] == ["0", "True"]
 
 
+# Specs lt_prewarm must refuse with LT_ERROR_INVALID_ARGUMENT before compiling anything: a well-formed
+# variant string naming no fields (was a KeyError, LT_ERROR_PYTHON), axes out of range (compiled), an
+# unknown target, and a variant that cannot fit its target (the poisoned miss-log line).
+BAD_PREWARM_SPECS = [
+    ("flash_fwd:sm_90:fp16:::", "lacks BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, CAUSAL, num_warps, num_stages"),
+    ("target=sm_90 dtype=fp16 head_dim=0 seqlen_q=-5", "head_dim='0': expected an integer in 1..256"),
+    ("target=sm_90 dtype=fp16 head_dim=16 seqlen_q=-5", "seqlen_q='-5': expected an integer in 1..2147483647"),
+    ("target=sm_90 dtype=fp16 head_dim=16 seqlen_k=0", "seqlen_k='0'"),
+    ("target=sm_90 dtype=fp16 head_dim=x", "head_dim='x'"),
+    ("target=sm_999 dtype=fp16 head_dim=16", "unknown target 'sm_999'; known targets: sm_80"),
+    ("flash_fwd:sm_90:fp16:ALIGN16=true,BLOCK_D=16,CAUSAL=false,EVEN_D=true:BLOCK_M=16:num_stages=1,num_warps=4",
+     "lacks BLOCK_N"),
+    ("flash_fwd:sm_90:fp32:ALIGN16=true,BLOCK_D=256,CAUSAL=false,EVEN_D=true,INDEX64=false:BLOCK_M=1024,"
+     "BLOCK_N=1024:num_stages=1,num_warps=4", "BLOCK_M=1024 is over the cap of 256"),
+]
+
+PREWARM_IN_PROCESS = """
+import ctypes, json, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.lt_last_error.restype = ctypes.c_char_p
+assert lib.lt_init(None) == 0, lib.lt_last_error()
+results = []
+for spec in json.loads(os.environ["SPECS"]):
+    specs = (ctypes.c_char_p * 1)(spec.encode())
+    status = lib.lt_prewarm(specs, ctypes.c_size_t(1), None, None)
+    results.append([status, lib.lt_last_error().decode()])
+import lazytriton.runtime as r
+print(json.dumps({"results": results, "compiles": r.get().compiles}))
+"""
+
+
+def test_prewarm_refuses_bad_specs_as_invalid_arguments_before_compiling(prefix: Path, cache_dir: Path) -> None:
+    import json
+
+    specs = [spec for spec, _ in BAD_PREWARM_SPECS]
+    out = _ok(_run([sys.executable, "-c", PREWARM_IN_PROCESS, prefix / "lib/liblazytriton.so"],
+                   env={"SPECS": json.dumps(specs)}))
+    report = json.loads(out.splitlines()[-1])
+    for (spec, needle), (status, message) in zip(BAD_PREWARM_SPECS, report["results"], strict=True):
+        assert status == embedded.INVALID_ARGUMENT, (spec, status, message)
+        assert "specs[0]" in message and needle in message, (spec, message)
+    assert report["compiles"] == 0 and not (cache_dir / "misses.jsonl").exists()
+
+
 # ---------------------------------------------------------------------------
 # Pure parts of the Python half
 
@@ -207,6 +251,13 @@ def test_parse_spec_axes_and_variant_strings() -> None:
                         ("target=sm_90 dtype=bf16 head_dim=64 causal=maybe", "causal='maybe'")):
         with pytest.raises(ValueError, match=needle):
             embedded.parse_spec(bad)
+
+
+@pytest.mark.parametrize(("spec", "needle"), BAD_PREWARM_SPECS)
+def test_parse_spec_refuses_what_must_not_compile(spec: str, needle: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        embedded.parse_spec(spec)
+    assert needle in str(caught.value)
 
 
 def test_settings_of_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -222,11 +222,42 @@ def test_cli_list_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--dtype" in capsys.readouterr().err
     assert cli_main(["prewarm", "--target", "sm_90"]) == 2
     assert "--out" in capsys.readouterr().err
-    for flags, match in ((["--dtype", "fp8"], "fp8"), (["--head-dim", "300"], "300"), (["--target", "sm90x"], "sm90x"),
-                         (["--shard", "4/3"], "4/3"), (["-j", "0"], "-j"), (["--causal", "maybe"], "maybe")):
+    for flags, match in ((["--dtype", "fp8"], "fp8"), (["--head-dim", "300"], "300"), (["--shard", "4/3"], "4/3"),
+                         (["-j", "0"], "-j"), (["--causal", "maybe"], "maybe"),
+                         (["--causal", "true"], "none, top_left, bottom_right")):
         with pytest.raises(SystemExit):
             cli_main(["prewarm", "--target", "sm_90", *flags, "--list"])
         assert match in capsys.readouterr().err
+
+
+def test_targets_are_checked_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "never.ltimg"
+    for bad in ("sm_999", "sm90x", "gfx123"):
+        assert cli_main(["prewarm", "--target", f"sm_90,{bad}", *SMALL, "-j", "1", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith(f"lazytriton prewarm: error: --target {bad}: ") and "sm_90" in err
+        if bad != "sm90x":
+            assert "known targets: sm_80, " in err and "gfx942" in err
+    assert not out.exists() and not Path(f"{out}.work").exists(), "nothing built, no image, no work dir"
+
+
+def test_causal_takes_the_api_and_explain_vocabulary(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton.prewarm import cli
+
+    assert cli.CAUSAL_MODES == dispatch.CAUSAL_MODES, "one spelling of the causal modes everywhere"
+
+    def listed(modes: str) -> set[str]:
+        assert cli_main(["prewarm", "--target", "sm_90", *SMALL, "--causal", modes, "--list"]) == 0
+        return {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+
+    none, top_left, bottom_right = listed("none"), listed("top_left"), listed("bottom_right")
+    assert top_left == bottom_right and not top_left & none, "both causal modes build the one CAUSAL=true binary"
+    assert listed("none,top_left,bottom_right") == none | top_left
+    assert cli_main(["prewarm", "--target", "sm_90", *SMALL, "--causal", "causal", "--list"]) == 0
+    out, err = capsys.readouterr()
+    assert {line.split()[0] for line in out.splitlines()} == top_left
+    assert "--causal causal read as top_left" in err
 
 
 # --- real builds -----------------------------------------------------------------------------------------------
@@ -340,19 +371,22 @@ def test_a_killed_prewarm_resumes_without_rebuilding_anything(tmp_path: Path) ->
 
 def test_a_failing_variant_is_recorded_and_the_rest_built(tmp_path: Path) -> None:
     good = dispatch.flash_fwd_variant(SM90, "fp16", 16, False, True, 64)
-    bad = Variant.parse(str(good).replace("BLOCK_M=64", "BLOCK_M=48"))  # tl.arange needs a power of two
+    bad = Variant.parse(str(good).replace("BLOCK_D=16", "BLOCK_D=8"))  # tl.dot needs K >= 16
+    odd = str(good).replace("BLOCK_M=64", "BLOCK_M=48")  # not a power of two: refused before compiling
     # No Triton backend selects for sm_12: LLVM aborts the worker process (SIGABRT) instead of raising.
     crash = Variant.parse(str(good).replace("sm_90", "sm_12"))
     misses = tmp_path / "misses.jsonl"
-    misses.write_text("\n".join([json.dumps({"variant": str(v)}) for v in (bad, crash, good)] + ["oops"]) + "\n")
+    misses.write_text("\n".join([json.dumps({"variant": str(v)}) for v in (bad, crash, good, odd)] + ["oops"]) + "\n")
     out = tmp_path / "img.ltimg"
     result = prewarm("--from-misses", str(misses), "-j", "2", "--out", str(out), check=False)
     assert result.returncode == 1, result.stderr
     assert counts(result) == {"reused": 0, "compiled": 1, "failed": 2}
-    assert f"skipped {misses}:4" in result.stderr and "FAILED" in result.stderr
+    assert f"skipped {misses}:5" in result.stderr and "FAILED" in result.stderr
+    assert f"skipped {misses}:4: bad variant" in result.stderr and "BLOCK_M=48 must be a power of two" in result.stderr
     failures = [json.loads(line) for line in (tmp_path / "img.ltimg.work" / "failures.jsonl").read_text().splitlines()]
     assert sorted(f["key"] for f in failures) == sorted([bad.key(), crash.key()])
-    assert "power of 2" in next(f["error"] for f in failures if f["key"] == bad.key())
+    assert "CompilationError" in next(f["error"] for f in failures if f["key"] == bad.key())
+    assert "SIGABRT" in next(f["error"] for f in failures if f["key"] == crash.key())
     assert image_keys(out) == [good.key()]
 
 
@@ -377,7 +411,12 @@ def test_jit_then_prewarm_from_misses_then_zero_compiles(tmp_path: Path, cache_d
     assert len(misses.read_text().splitlines()) == 2
 
     image = tmp_path / "served.ltimg"
-    assert counts(prewarm("--from-misses", str(misses), "-j", "2", "--out", str(image)))["compiled"] == 2
+    # The JIT's entries are in the local cache: copied into the image, not compiled again.
+    built = prewarm("--from-misses", str(misses), "-j", "2", "--out", str(image))
+    assert counts(built) == {"reused": 2, "compiled": 0, "failed": 0}, built.stderr
+    assert "or in the cache" in built.stderr
+    with Image(image) as served:
+        assert {served.read(k).provenance.created for k in served.keys()} == {float(EPOCH)}  # type: ignore[union-attr]
     empty = tmp_path / "empty-cache"
     second = run_python(RESOLVE, {**env, "LAZYTRITON_CACHE_DIR": str(empty), "LAZYTRITON_IMAGES": str(image),
                                   "LAZYTRITON_JIT": "0"})

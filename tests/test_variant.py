@@ -321,3 +321,39 @@ def test_target_rejects_junk(text: str) -> None:
 def test_target_rejects_non_str(value: object) -> None:
     with pytest.raises(TypeError):
         Target.parse(value)  # type: ignore[arg-type]
+
+
+# --- check_fields: a parsed variant against its kernel's description -------------------------------------------
+
+CHECK_BAD = [
+    ("flash_fwd:sm_90:fp16:::", "lacks BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, CAUSAL, num_warps, num_stages"),
+    (BASE.replace("BLOCK_N=64", ""), "lacks BLOCK_N"),
+    (BASE.replace(":num_stages=3,num_warps=8", ":num_warps=8"), "lacks num_stages"),
+    (BASE.replace("BLOCK_M=128", "BLOCK_M=48"), "BLOCK_M=48 must be a power of two"),
+    (BASE.replace("BLOCK_M=128", "BLOCK_M=0"), "BLOCK_M=0 must be a power of two"),
+    (BASE.replace("BLOCK_M=128", "BLOCK_M=true"), "BLOCK_M=true must be a power of two"),
+    (BASE.replace("CAUSAL=false", "CAUSAL=1"), "CAUSAL=1 must be true or false"),
+    (BASE.replace("ALIGN16=true", "ALIGN16=yes"), "ALIGN16=yes must be true or false"),
+    (BASE.replace("EVEN_D=true", "EVEN_D=true,XTRA=1"), "unknown fields XTRA"),
+    (BASE.replace("num_warps=8", "num_warps=8,zz=1"), "unknown fields zz"),
+    (BASE.replace("num_warps=8", "num_warps=6"), "num_warps=6 must be a power of two"),
+    (BASE.replace("num_stages=3", "num_stages=99"), "num_stages=99 must be an integer in 1..8"),
+    ("nope:sm_90:fp16:::", "unknown kernel 'nope'"),
+]
+
+
+@pytest.mark.parametrize(("text", "needle"), CHECK_BAD)
+def test_check_fields_names_what_is_wrong(text: str, needle: str) -> None:
+    variant = Variant.parse(text)  # well-formed: parse checks syntax only, for any kernel
+    with pytest.raises(ValueError) as caught:
+        variant_module.check_fields(variant)
+    assert needle in str(caught.value)
+
+
+def test_check_fields_passes_every_dispatch_variant() -> None:
+    for target in ("sm_90", "sm_80", "gfx942"):
+        for dtype in ("fp16", "fp32"):
+            for head_dim in (1, 80, 256):
+                v = dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, True, False, 16, index64=True)
+                assert variant_module.check_fields(v) is v
+    assert variant_module.check_fields(Variant.parse(BASE)) == Variant.parse(BASE)  # INDEX64 may be absent

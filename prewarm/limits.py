@@ -1,0 +1,102 @@
+"""What a prewarm may build: the targets it knows, and variants that cannot fit refused before compiling.
+
+A miss log is input from another machine: one line asking for BLOCK_M=1024,
+BLOCK_N=1024 at fp32 and head dim 256 kept a worker compiling for over six
+minutes at 7.8 GiB before Triton gave up. ``refusal`` turns such a variant
+away in microseconds, with a reason, from its tile sizes alone. It is pure.
+
+The shared-memory estimate is a lower bound of what Triton allocates for
+``flash_fwd``, measured against Triton 3.5's own figure (``Entry.shared``) on
+the default configs (2026-11-30, this machine, no GPU needed to compile):
+
+- CUDA: the Q tile plus the K and V tiles of every pipeline stage but the
+  last, ``(BLOCK_M + 2 * BLOCK_N * max(1, num_stages - 1)) * BLOCK_D * bytes``.
+  sm_90 fp16 128/64, 4 stages, head dim 128: estimate 128 KiB, Triton 160;
+  sm_80 the same at 3 stages: 96 and 96; fp32 64/16, 1 stage, 256: 96 and 96.
+- HIP: one K and one V tile, ``2 * BLOCK_N * BLOCK_D * bytes`` (Q is not kept
+  in LDS): gfx942 fp16 128/64 at head dim 64, 128: 16 and 32 KiB, Triton 16
+  and 32; 64/32 at 256: 32 and 36 KiB; fp32 64/16, 1 stage, 256: 32 and 64.
+
+Being a lower bound, it never refuses a variant that fits; it refuses those
+that could not fit whatever the compiler did.
+"""
+
+from __future__ import annotations
+
+from lazytriton.record import record
+from lazytriton.target import Target
+from lazytriton.variant import Variant
+
+# Tiles above this are refused whatever the target: no tuned or default
+# config uses more than 128, and Triton's compile time and memory grow with
+# the tile (1024 x 1024 took minutes and gigabytes before failing).
+MAX_BLOCK_MN = 256
+MAX_BLOCK_D = 256
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+@record
+class TargetLimits:
+    """What a target offers one program: shared memory (LDS on AMD) per block, in bytes."""
+
+    shared: int
+
+
+_KIB = 1024
+# Per-block maxima (opt-in) from the CUDA programming guide's table of compute
+# capabilities and AMD's CDNA/RDNA ISA guides. A target not listed here is
+# refused by ``--target`` (add it here once Triton compiles for it).
+KNOWN_TARGETS: dict[str, TargetLimits] = {
+    "sm_80": TargetLimits(163 * _KIB),
+    "sm_86": TargetLimits(99 * _KIB),
+    "sm_87": TargetLimits(163 * _KIB),
+    "sm_89": TargetLimits(99 * _KIB),
+    "sm_90": TargetLimits(227 * _KIB),
+    "sm_100": TargetLimits(227 * _KIB),
+    "sm_120": TargetLimits(99 * _KIB),
+    "gfx90a": TargetLimits(64 * _KIB),
+    "gfx942": TargetLimits(64 * _KIB),
+    "gfx950": TargetLimits(160 * _KIB),  # CDNA4 grew the LDS to 160 KiB per CU
+    "gfx1100": TargetLimits(64 * _KIB),
+    "gfx1101": TargetLimits(64 * _KIB),
+    "gfx1200": TargetLimits(64 * _KIB),
+    "gfx1201": TargetLimits(64 * _KIB),
+}
+
+
+def known_target(text: str) -> Target:
+    """The target ``text`` names, if prewarm knows it; else ValueError listing the known ones."""
+    target = Target.parse(text)  # ValueError for a malformed name
+    if str(target) not in KNOWN_TARGETS:
+        raise ValueError(f"unknown target {text!r}; known targets: {', '.join(KNOWN_TARGETS)}")
+    return target
+
+
+def estimate_shared(variant: Variant) -> int:
+    """A lower bound, in bytes, of the shared memory a ``flash_fwd`` variant needs (see the module docstring)."""
+    block_m, block_n, block_d = (int(variant.get(name)) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_D"))
+    tile = block_d * DTYPE_BYTES[variant.dtype]
+    if Target.parse(variant.target).backend == "hip":
+        return 2 * block_n * tile
+    return (block_m + 2 * block_n * max(1, int(variant.get("num_stages")) - 1)) * tile
+
+
+def refusal(variant: Variant) -> str | None:
+    """Why ``variant`` cannot be built (too large a tile, or more shared memory than its target has); None if it may.
+
+    ``variant`` must have passed ``lazytriton.variant.check_fields``. A target
+    missing from ``KNOWN_TARGETS`` is checked against the tile caps only.
+    """
+    if variant.kernel != "flash_fwd":
+        return None
+    for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D)):
+        value = int(variant.get(name))
+        if value > cap:
+            return f"{name}={value} is over the cap of {cap}"
+    limits = KNOWN_TARGETS.get(variant.target)
+    need = estimate_shared(variant)
+    if limits is not None and need > limits.shared:
+        return (f"needs at least {need / _KIB:g} KiB of shared memory (tiles BLOCK_M x BLOCK_N x BLOCK_D at "
+                f"{variant.dtype}, num_stages={variant.get('num_stages')}); {variant.target} has "
+                f"{limits.shared / _KIB:g} KiB")
+    return None
