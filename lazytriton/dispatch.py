@@ -70,6 +70,12 @@ class Config:
         return opts
 
 
+# CUDA targets with 99 KiB of shared memory per block (sm_86, sm_89, sm_120):
+# head dim 128's 128x64 tiles over 3 stages need ~160 KiB (prewarm/limits.py's
+# estimate), so above head dim 64 they get 64x64 tiles over 2 stages (~48 KiB).
+_SMALL_SHARED_CUDA = (86, 89, 120, 121)
+
+
 def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, causal: bool = False) -> Config:
     """A sane config when the tuning table has no row (it never errors).
 
@@ -90,6 +96,8 @@ def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, cau
         cfg = Config(128, 64, 4, 2, waves_per_eu=2)
     elif head_dim <= 64:
         cfg = Config(128, 64, 8, 4)
+    elif target.capability in _SMALL_SHARED_CUDA:
+        cfg = Config(64, 64, 4, 2)
     elif causal:
         cfg = Config(64, 64, 4, 3)
     elif target.capability >= 90:

@@ -61,7 +61,7 @@ def test_the_estimate_is_a_lower_bound_of_what_triton_allocated(target: str, dty
     assert measured // 2 <= estimate_shared(variant) <= measured  # never above; not uselessly far below
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90", "gfx942", "gfx950"])
+@pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "gfx942", "gfx950"])
 def test_every_variant_dispatch_selects_is_allowed(target: str) -> None:
     axes = Axes((Target.parse(target),), aligned=(True, False), index64=(False, True))
     for planned in enumerate_variants(axes, tuning.table_for("flash_fwd")):
