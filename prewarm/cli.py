@@ -1,4 +1,4 @@
-"""``lazytriton prewarm``: compile variants ahead of time into an image.
+"""lazytriton prewarm: compile variants ahead of time into an image.
 
 Typical runs:
 
@@ -15,7 +15,7 @@ Typical runs:
 Without axis flags the plan is the tuning table's rows for the targets plus a
 default grid for the groups the table lacks: dtype fp16/bf16/fp32 x head dim
 16/32/64/128/256 x causal none/causal, each at seqlens 16, 64 and 4096 (the
-three classes of ``default_config``). An axis flag narrows that axis.
+three seqlen classes of the default tile sizes). An axis flag narrows that axis.
 
 A killed run, run again, compiles only what it had not built (see OUT.work/).
 Exit status: 0 if everything built, 1 if some variant failed (the image holds
