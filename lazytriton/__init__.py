@@ -15,11 +15,12 @@ something must be compiled or interpreted.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
-from importlib.machinery import ModuleSpec
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,8 @@ class _CheckoutFinder:
         folder = self.folders.get(fullname)
         if folder is None:
             return None
+        import importlib.util  # only in a checkout, only for these four names
+
         return importlib.util.spec_from_file_location(fullname, os.path.join(folder, "__init__.py"),
                                                       submodule_search_locations=[folder])
 

@@ -23,6 +23,8 @@
 |                          |                                       | signed shared entries are refused, rebuilt   |
 | ``LAZYTRITON_SHARED_TIMEOUT_MS`` | ``5``                         | timeout of each Redis command; past it, the  |
 |                          |                                       | breaker opens and calls go on locally        |
+| ``LAZYTRITON_DEBUG``     | (none)                                | ``1``: the ``lazytriton`` command shows an   |
+|                          |                                       | error's traceback (read by the command only) |
 
 Settings are read once, on first use (never at import), into a frozen
 ``Settings``; ``configure(**overrides)`` replaces them for the process (the

@@ -33,7 +33,7 @@ Errors are one line; --traceback (before the command) or LAZYTRITON_DEBUG=1
 shows the traceback. Settings are LAZYTRITON_* environment variables (see
 README.md)."""
 
-JIT_EXTRA_HINT = "install the compiler with: pip install 'lazytriton[jit]'"
+JIT_EXTRA_HINT = "hint: install the compiler with: pip install 'lazytriton[jit]'"
 _MAX_MESSAGE = 600  # characters of an error message shown on its one line
 
 
@@ -207,7 +207,9 @@ def describe_error(exc: BaseException) -> tuple[int, str, str | None]:
         return 1, f"lazytriton: {text}", ("hint: build it ahead of time (lazytriton prewarm --help) and name the "
                                          "image in LAZYTRITON_IMAGES, or unset LAZYTRITON_JIT to compile it now")
     if isinstance(exc, ImportError):
-        hint = JIT_EXTRA_HINT if exc.name == "triton" and "lazytriton[jit]" not in text else None
+        hints = {"triton": JIT_EXTRA_HINT, "torch": "hint: install torch first (README.md: a CPU build where there is "
+                 "no GPU)"}
+        hint = hints.get(exc.name or "") if "lazytriton[jit]" not in text else None
         return 1, f"lazytriton: {text}", hint
     compiler = sys.modules.get("lazytriton.compiler")
     if isinstance(exc, OSError) or (compiler is not None and isinstance(exc, compiler.CompileError)):
