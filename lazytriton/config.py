@@ -150,11 +150,13 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     Python's last-resort handler shows only WARNING and up, so without this
     ``LAZYTRITON_LOG_LEVEL=DEBUG`` would show nothing. Once the root logger
     has a handler (the application set logging up later), records reach it
-    through propagation and this one stays quiet, so nothing prints twice.
+    through propagation and this one stays quiet, so nothing prints twice;
+    so it does once the ``lazytriton`` logger has a handler of its own.
     """
 
     def emit(self, record: logging.LogRecord) -> None:
-        if logging.getLogger().handlers and logging.getLogger("lazytriton").propagate:
+        logger = logging.getLogger("lazytriton")
+        if (logging.getLogger().handlers and logger.propagate) or len(logger.handlers) > 1:
             return
         self.stream = sys.stderr  # the current one (tests and applications swap it)
         super().emit(record)
@@ -244,8 +246,9 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
         changes["images"] = tuple(Path(p).expanduser() for p in images)
     changes.update(_shared_changes(shared, signing_key, shared_timeout_ms))
     if log_level is not None:
-        changes["log_level"] = check_log_level(log_level, "log_level")
-        apply_log_level(changes["log_level"])  # type: ignore[arg-type]
+        level = check_log_level(log_level, "log_level")
+        changes["log_level"] = level
+        apply_log_level(level)
     with _lock:
         _current = replace(current, **changes)  # type: ignore[arg-type]
     from lazytriton import runtime
