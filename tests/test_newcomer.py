@@ -147,6 +147,13 @@ def test_plural() -> None:
     assert (plural(1, "variant"), plural(3, "variant"), plural(2, "key")) == ("1 variant", "3 variants", "2 keys")
 
 
+def test_prewarm_counts_one_variant_in_the_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "causal",
+                 "--seqlen-q", "128", "--seqlen-k", "128", "--list"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and err.strip() == "1 variant"
+
+
 # ---------------------------------------------------------------------------
 # Logging
 
