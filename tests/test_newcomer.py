@@ -218,7 +218,10 @@ def test_record_imports_without_typing_dataclass_transform() -> None:
 
 
 def _site_paths() -> str:
-    return os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+    """This interpreter's package folders (torch and the other dependencies), not the checkout's own paths."""
+    folders = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+               *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]
+    return os.pathsep.join(dict.fromkeys(folders))
 
 
 def _source_copy(tmp_path: Path) -> Path:
