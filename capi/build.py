@@ -14,6 +14,9 @@ Only cffi, setuptools and a C compiler are needed (no CMake, no CUDA). The
 library remembers the interpreter it was built with (its venv and the build's
 PYTHONPATH too) and starts that one; it needs that Python, and the packages
 lazytriton imports, wherever it runs.
+
+``pip uninstall lazytriton`` does not know these files; ``uninstall(prefix)``
+(``lazytriton capi uninstall``) removes exactly them.
 """
 
 from __future__ import annotations
@@ -185,21 +188,50 @@ def _install(source: Path | str, data: bytes | None, target: Path, mode: int = 0
         raise
 
 
+def installed_files(prefix: Path) -> tuple[Path, Path, Path, Path, Path]:
+    """The files ``build(prefix)`` installs: library, header, .pc, CMake config and its version file."""
+    prefix = Path(prefix).expanduser().resolve()
+    cmake_dir = prefix / "lib" / "cmake" / "lazytriton"
+    return (prefix / "lib" / LIBRARY, prefix / "include" / "lazytriton.h",
+            prefix / "lib" / "pkgconfig" / "lazytriton.pc",
+            cmake_dir / "lazytritonConfig.cmake", cmake_dir / "lazytritonConfigVersion.cmake")
+
+
 def build(prefix: Path, verbose: bool = False) -> Installed:
     """Compile liblazytriton.so and install it, its header, .pc and CMake files under ``prefix``."""
     prefix = Path(prefix).expanduser().resolve()
     major, minor, patch = version()
     values = {"PREFIX": str(prefix), "VERSION": f"{major}.{minor}.{patch}", "MAJOR": str(major)}
+    library, header, pkg_config, cmake_config, cmake_version = installed_files(prefix)
     with tempfile.TemporaryDirectory(prefix="lazytriton-capi-") as tmp:
         ffibuilder = make_builder()
         built = Path(ffibuilder.compile(tmpdir=tmp, target=LIBRARY, verbose=verbose))  # type: ignore[attr-defined]
-        library = prefix / "lib" / LIBRARY
         _install(built, None, library, 0o755)
-    header = prefix / "include" / "lazytriton.h"
     _install(HERE / "lazytriton.h", None, header)
-    pkg_config = prefix / "lib" / "pkgconfig" / "lazytriton.pc"
     _install("", _render((HERE / "lazytriton.pc.in").read_text(), values).encode(), pkg_config)
-    cmake_dir = prefix / "lib" / "cmake" / "lazytriton"
-    for name in ("lazytritonConfig.cmake", "lazytritonConfigVersion.cmake"):
-        _install("", _render((HERE / f"{name}.in").read_text(), values).encode(), cmake_dir / name)
-    return Installed(prefix, library, header, pkg_config, cmake_dir / "lazytritonConfig.cmake")
+    for target in (cmake_config, cmake_version):
+        _install("", _render((HERE / f"{target.name}.in").read_text(), values).encode(), target)
+    return Installed(prefix, library, header, pkg_config, cmake_config)
+
+
+def uninstall(prefix: Path, dry_run: bool = False) -> list[Path]:
+    """Remove what ``build(prefix)`` installed; the paths removed (or, with ``dry_run``, that would be).
+
+    Exactly the installed files, the temporary files an interrupted install
+    left beside them (``.NAME.*``), and ``lib/cmake/lazytriton/`` once empty.
+    Nothing else under the prefix is touched: in a virtual environment the
+    prefix is the environment itself.
+    """
+    removed: list[Path] = []
+    for target in installed_files(prefix):
+        leftovers = sorted(target.parent.glob(f".{target.name}.*")) if target.parent.is_dir() else []
+        for path in (target, *leftovers):
+            if path.is_file() or path.is_symlink():
+                if not dry_run:
+                    path.unlink()
+                removed.append(path)
+    cmake_dir = installed_files(prefix)[3].parent
+    if not dry_run and cmake_dir.is_dir() and not any(cmake_dir.iterdir()):
+        cmake_dir.rmdir()
+        removed.append(cmake_dir)
+    return removed

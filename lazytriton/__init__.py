@@ -15,12 +15,60 @@ something must be compiled or interpreted.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 __version__ = "0.1.0"
 
 _LAZY = ("flash", "runtime", "dispatch", "config", "compiler", "ops", "interface")
 _FUNCTIONS = ("flash_attn_func", "scaled_dot_product_attention", "attn_fwd", "preload", "CaptureError")
+# Subpackages whose source sits at the top of the repository (pyproject's package-dir).
+_CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")
+
+
+class _CheckoutFinder:
+    """Finds ``lazytriton.kernels`` (and the other mapped folders) in a source checkout's top-level folders.
+
+    pyproject maps ``kernels/``, ``cache_format/``, ``prewarm/`` and ``capi/``
+    into this package. A regular install copies them inside the installed
+    ``lazytriton/``, and an editable install maps them with its own finder;
+    but Python started in the checkout's root (``''`` first on ``sys.path``)
+    imports this folder instead of the installed package, and there
+    ``lazytriton.kernels`` would not exist. This finder, appended last to
+    ``sys.meta_path`` and only when running from a checkout, does the mapping.
+    """
+
+    def __init__(self, folders: dict[str, str]) -> None:
+        self.folders = folders
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        folder = self.folders.get(fullname)
+        if folder is None:
+            return None
+        import importlib.util  # only in a checkout, only for these four names
+
+        return importlib.util.spec_from_file_location(fullname, os.path.join(folder, "__init__.py"),
+                                                      submodule_search_locations=[folder])
+
+
+def _map_checkout_folders() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.isdir(os.path.join(here, "kernels")):  # an installed package: the folders are inside it
+        return
+    root = os.path.dirname(here)
+    folders = {f"{__name__}.{name}": os.path.join(root, name) for name in _CHECKOUT_FOLDERS}
+    if not os.path.isfile(os.path.join(root, "pyproject.toml")) or not all(
+            os.path.isfile(os.path.join(folder, "__init__.py")) for folder in folders.values()):
+        return
+    if not any(type(finder).__name__ == "_CheckoutFinder" for finder in sys.meta_path):
+        sys.meta_path.append(_CheckoutFinder(folders))  # type: ignore[arg-type]
+
+
+_map_checkout_folders()
 
 
 def __getattr__(name: str) -> Any:

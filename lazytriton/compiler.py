@@ -99,8 +99,18 @@ def _private_triton_cache() -> Iterator[None]:
 
 
 def compile_variant(variant: Variant, key: str | None = None) -> Entry:
-    """Compile ``variant`` for its target with Triton and return the Entry."""
-    import triton
+    """Compile ``variant`` for its target with Triton and return the Entry.
+
+    Triton is an optional extra (a deployment served from images needs none):
+    without it, a miss ends here with an ImportError that says how to get it.
+    """
+    try:
+        import triton
+    except ModuleNotFoundError as exc:
+        if exc.name != "triton":  # installed but broken: its own error says more
+            raise
+        raise ImportError(f"compiling {variant} needs triton, which is not installed: pip install 'lazytriton[jit]' "
+                          "(or serve it from an image built by lazytriton prewarm)", name="triton") from exc
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

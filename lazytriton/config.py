@@ -11,7 +11,9 @@
 | ``LAZYTRITON_CACHE_MAX_BYTES`` | ``4G``                        | bound on the local cache's size (``500M``,   |
 |                          |                                       | ``2G``, bytes): writes past it evict the     |
 |                          |                                       | least recently used entries                  |
-| ``LAZYTRITON_LOG_LEVEL`` | ``WARNING``                           | level of the ``lazytriton`` logger           |
+| ``LAZYTRITON_LOG_LEVEL`` | (none: the application's logging     | level of the ``lazytriton`` logger (DEBUG,   |
+|                          | decides; Python's default shows       | INFO, WARNING, ERROR, CRITICAL); with no     |
+|                          | WARNING and up)                       | logging configured, it logs to stderr        |
 | ``LAZYTRITON_SHARED``    | (none)                                | a tier shared across nodes, after the local  |
 |                          |                                       | one: ``file:///dir`` (network filesystem) or |
 |                          |                                       | ``redis://host:port/db``; ``?lease_s=30``    |
@@ -21,17 +23,22 @@
 |                          |                                       | signed shared entries are refused, rebuilt   |
 | ``LAZYTRITON_SHARED_TIMEOUT_MS`` | ``5``                         | timeout of each Redis command; past it, the  |
 |                          |                                       | breaker opens and calls go on locally        |
+| ``LAZYTRITON_DEBUG``     | (none)                                | ``1``: the ``lazytriton`` command shows an   |
+|                          |                                       | error's traceback (read by the command only) |
 
 Settings are read once, on first use (never at import), into a frozen
 ``Settings``; ``configure(**overrides)`` replaces them for the process (the
 function-argument twins of the variables), and ``reset()`` re-reads the
-environment, which tests use.
+environment, which tests use. A bad value raises ``SettingsError`` (a
+``ValueError``) naming the variable, the value and what was expected; the
+``lazytriton`` command reports it in one line, exit status 2.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -41,6 +48,11 @@ DEFAULT_CACHE_MAX_BYTES = 4 << 30
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class SettingsError(ValueError):
+    """A ``LAZYTRITON_*`` variable with a bad value: a configuration error, not a failure of the work."""
 
 
 @record
@@ -49,7 +61,7 @@ class Settings:
 
     cache_dir: Path
     jit: bool
-    log_level: str
+    log_level: str | None  # None: not given, the application's logging configuration decides
     images: tuple[Path, ...] = ()
     shared: str | None = None
     signing_key: bytes | None = field(default=None, repr=False)
@@ -122,12 +134,62 @@ def _shared_env() -> tuple[str | None, bytes | None, float]:
     return shared, signing_key, timeout_ms / 1000
 
 
+def check_log_level(value: object, what: str) -> str:
+    """``value`` as a logging level name (any case, spaces stripped); ValueError/TypeError naming ``what``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a level name ({', '.join(LOG_LEVELS)}), got {type(value).__name__}")
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"{what} must be one of {', '.join(LOG_LEVELS)} (any case), got {value!r}")
+    return level
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """stderr for the ``lazytriton`` logger while the application has configured no logging.
+
+    Python's last-resort handler shows only WARNING and up, so without this
+    ``LAZYTRITON_LOG_LEVEL=DEBUG`` would show nothing. Once the root logger
+    has a handler (the application set logging up later), records reach it
+    through propagation and this one stays quiet, so nothing prints twice;
+    so it does once the ``lazytriton`` logger has a handler of its own.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = logging.getLogger("lazytriton")
+        if (logging.getLogger().handlers and logger.propagate) or len(logger.handlers) > 1:
+            return
+        self.stream = sys.stderr  # the current one (tests and applications swap it)
+        super().emit(record)
+
+
+_stderr_handler: _StderrHandler | None = None
+
+
+def apply_log_level(level: str | None) -> None:
+    """Set the ``lazytriton`` logger's level only when asked (an application's own setting wins otherwise)."""
+    global _stderr_handler
+    if level is None:
+        return
+    logger = logging.getLogger("lazytriton")
+    logger.setLevel(level)
+    if _stderr_handler is None and not logger.hasHandlers():
+        _stderr_handler = _StderrHandler()
+        _stderr_handler.setFormatter(logging.Formatter("lazytriton: %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(_stderr_handler)
+
+
 def from_environment() -> Settings:
-    """Read the settings from the environment (no caching)."""
+    """Read the settings from the environment (no caching); SettingsError naming a bad variable."""
+    try:
+        return _read_environment()
+    except (ValueError, TypeError) as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _read_environment() -> Settings:
     cache_dir = os.environ.get("LAZYTRITON_CACHE_DIR", "").strip()
-    level = os.environ.get("LAZYTRITON_LOG_LEVEL", "WARNING").strip().upper() or "WARNING"
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ValueError(f"LAZYTRITON_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {level!r}")
+    raw_level = os.environ.get("LAZYTRITON_LOG_LEVEL", "").strip()
+    level = check_log_level(raw_level, "LAZYTRITON_LOG_LEVEL") if raw_level else None
     images = tuple(Path(p).expanduser() for p in os.environ.get("LAZYTRITON_IMAGES", "").split(":") if p.strip())
     shared, signing_key, timeout_s = _shared_env()
     raw_max = os.environ.get("LAZYTRITON_CACHE_MAX_BYTES", "").strip()
@@ -154,7 +216,7 @@ def settings() -> Settings:
         with _lock:
             if _current is None:
                 _current = from_environment()
-                logging.getLogger("lazytriton").setLevel(_current.log_level)
+                apply_log_level(_current.log_level)
     return _current
 
 
@@ -184,8 +246,9 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
         changes["images"] = tuple(Path(p).expanduser() for p in images)
     changes.update(_shared_changes(shared, signing_key, shared_timeout_ms))
     if log_level is not None:
-        changes["log_level"] = log_level.upper()
-        logging.getLogger("lazytriton").setLevel(log_level.upper())
+        level = check_log_level(log_level, "log_level")
+        changes["log_level"] = level
+        apply_log_level(level)
     with _lock:
         _current = replace(current, **changes)  # type: ignore[arg-type]
     from lazytriton import runtime

@@ -17,15 +17,25 @@ repr=)``; ``__post_init__``; keyword or positional construction; frozen
 equality and hash over the fields (records of different classes are never
 equal); a repr like dataclasses'; pickling; and ``replace``, ``fields`` and
 ``asdict``. Type checkers see records as frozen dataclasses
-(``typing.dataclass_transform``).
+(``typing.dataclass_transform``, new in Python 3.11; on 3.10 the decorator is
+a no-op at run time, which is all it ever is there).
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar, dataclass_transform, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from typing import dataclass_transform
+else:  # run time: the marker only sets __dataclass_transform__, which only type checkers read
+    def _no_transform(**_: Any) -> Callable[[T], T]:
+        return lambda decorated: decorated
+
+    dataclass_transform = getattr(typing, "dataclass_transform", _no_transform)
 
 _MISSING: Any = object()
 _set = object.__setattr__

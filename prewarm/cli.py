@@ -1,4 +1,4 @@
-"""``lazytriton prewarm``: compile variants ahead of time into an image.
+"""lazytriton prewarm: compile variants ahead of time into an image.
 
 Typical runs:
 
@@ -15,7 +15,7 @@ Typical runs:
 Without axis flags the plan is the tuning table's rows for the targets plus a
 default grid for the groups the table lacks: dtype fp16/bf16/fp32 x head dim
 16/32/64/128/256 x causal none/top_left, each at seqlens 16, 64 and 4096 (the
-three classes of ``default_config``). An axis flag narrows that axis.
+three seqlen classes of the default tile sizes). An axis flag narrows that axis.
 
 A killed run, run again, compiles only what it had not built (see OUT.work/).
 Exit status: 0 if everything built, 1 if some variant failed (the image holds
@@ -30,6 +30,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from lazytriton.cli import plural
 
 DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importing it to build the parser
 # --causal takes the causal modes of the API and of ``cache explain`` (dispatch.CAUSAL_MODES);
@@ -266,8 +268,8 @@ def _merge(args: argparse.Namespace) -> int:
     except (ImageError, OSError) as exc:
         print(f"lazytriton prewarm: merge failed: {exc}", file=sys.stderr)
         return 1
-    print(f"merged {len(args.merge)} sources into {info.path}: {info.entries} entries, {_mib(info.stored_bytes)} "
-          f"({duplicates} duplicate keys left out)")
+    print(f"merged {plural(len(args.merge), 'source')} into {info.path}: {plural(info.entries, 'entry')}, "
+          f"{_mib(info.stored_bytes)} ({plural(duplicates, 'duplicate key')} left out)")
     return 0
 
 
@@ -293,7 +295,7 @@ def _main(args: argparse.Namespace) -> int:
         for item in plan:
             print(f"{item.key} {item.origin.split(' ')[0]:<8} {item.variant}")
         shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
-        print(f"{len(plan)} variants{shard}", file=sys.stderr)
+        print(f"{plural(len(plan), 'variant')}{shard}", file=sys.stderr)
         return 0
     if args.out is None:
         raise UsageError("--out FILE is required to build (or --list to print the plan)")
@@ -315,11 +317,12 @@ def _main(args: argparse.Namespace) -> int:
     if image.entries:
         ratio = f", 1/{image.raw_bytes / image.stored_bytes:.1f} of the raw {_mib(image.raw_bytes)}"
     rate = f" ({report.compiled / report.seconds:.2f} variants/s at -j {jobs})" if report.compiled else ""
-    print(f"wrote {image.path}: {image.entries} entries, {_mib(image.stored_bytes)}{ratio}; "
+    print(f"wrote {image.path}: {plural(image.entries, 'entry')}, {_mib(image.stored_bytes)}{ratio}; "
           f"{report.reused} reused, {report.compiled} compiled, {len(report.failures)} failed "
           f"in {report.seconds:.1f} s{rate}")
     if report.failures:
-        print(f"lazytriton prewarm: {len(report.failures)} variants failed; errors in {report.work}/failures.jsonl",
+        print(f"lazytriton prewarm: {plural(len(report.failures), 'variant')} failed; errors in "
+              f"{report.work}/failures.jsonl",
               file=sys.stderr)
         return 1
     return 0

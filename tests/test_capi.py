@@ -150,6 +150,7 @@ def test_example_cmake_bf16_bottom_right_plan(prefix: Path, tmp_path: Path) -> N
     out = _ok(_run([build_dir / "attention", "--dtype", "bf16", "--causal", "bottom_right", "--seqlen-q", "50",
                     "--seqlen-k", "30", "--plan"]))
     assert "plans need a GPU" in out  # documented: on the CPU, lt_attn_fwd_plan says so and the example falls back
+    assert ", planned" not in out and "not planned" in out  # its summary line does not claim a plan it lacked
     assert out.strip().endswith("OK")
 
 

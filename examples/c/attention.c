@@ -215,7 +215,9 @@ static int parse(int argc, char **argv, options *o) {
     return 0;
 }
 
-static lt_status run(const options *o, lt_attn_fwd_params *params) {
+/* Runs the call, through a plan if asked and possible; *used names the function whose status it returns. */
+static lt_status run(const options *o, lt_attn_fwd_params *params, const char **used) {
+    *used = "lt_attn_fwd";
     if (!o->plan)
         return lt_attn_fwd(params, NULL);
     lt_plan *plan = NULL;
@@ -224,6 +226,7 @@ static lt_status run(const options *o, lt_attn_fwd_params *params) {
         printf("lt_attn_fwd_plan: %s\n", lt_last_error());
         return lt_attn_fwd(params, NULL);
     }
+    *used = status == LT_OK ? "lt_plan_launch" : "lt_attn_fwd_plan";
     if (status != LT_OK)
         return status;
     for (int i = 0; i < 3 && status == LT_OK; i++) /* the hot path: no Python, no GIL */
@@ -272,8 +275,10 @@ int main(int argc, char **argv) {
     lt_tensor_init(&params.out, out_at, o.dtype, 4, qs, device, 0);
     lt_tensor_init(&params.lse, lse_at, LT_DTYPE_FP32, 3, qs, device, 0);
     params.causal = o.causal;
-    if ((status = run(&o, &params)) != LT_OK)
-        return fail(o.plan ? "lt_plan_launch" : "lt_attn_fwd", status);
+    const char *used;
+    if ((status = run(&o, &params, &used)) != LT_OK)
+        return fail(used, status);
+    int planned = !strcmp(used, "lt_plan_launch");
     fetch(&o, out, out_at, (size_t)qn * item);
     fetch(&o, lse, lse_at, sizeof(float) * (size_t)ln);
 
@@ -294,7 +299,8 @@ int main(int argc, char **argv) {
     printf("lazytriton %d.%d.%d: attention %s q (%lld, %lld, %lld, %lld) k (%lld, %lld, %lld, %lld) causal=%s on %s%s\n",
            major, minor, patch, dtypes[o.dtype], (long long)o.batch, (long long)o.heads_q, (long long)o.seqlen_q,
            (long long)o.head_dim, (long long)o.batch, (long long)o.heads_k, (long long)o.seqlen_k,
-           (long long)o.head_dim, causal[o.causal], o.gpu ? "cuda:0" : "cpu (interpreter)", o.plan ? ", planned" : "");
+           (long long)o.head_dim, causal[o.causal], o.gpu ? "cuda:0" : "cpu (interpreter)",
+           planned ? ", planned" : o.plan ? ", not planned (plans need a GPU): lt_attn_fwd" : "");
     printf("max |out - reference| = %.3g, max |lse - reference| = %.3g (tolerance %.0e)\n", out_err, lse_err, tol);
     printf("cache: %llu local entries, %llu compiles by this process, %llu plans\n",
            (unsigned long long)stats.local_entries, (unsigned long long)stats.process_compiles,

@@ -4,7 +4,7 @@
 
 Starts a redis-server on a free loopback port (unless ``--redis`` names one),
 then runs the nodes (processes, each with its own local cache dir) on the
-plan of ``lazytriton prewarm PLAN --list`` (6 small sm_90 variants):
+plan of ``lazytriton prewarm PLAN --list`` (a few small sm_90 variants: one per tuning-table row of that group):
 
 - ``jit``: every node resolves every variant at once, in its own order. The
   compile leases make the cluster compile each key once: the node holding a

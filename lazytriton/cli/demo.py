@@ -16,6 +16,7 @@ import time
 import torch
 
 from lazytriton import dispatch, runtime
+from lazytriton.cli import plural
 from lazytriton.flash import attn_fwd
 from lazytriton.target import Target
 
@@ -39,7 +40,7 @@ def _summary(rt: runtime.Runtime, compiles_before: int) -> None:
     stats = rt.local.stats()
     print(f"compiles in this process: {rt.compiles}; in this cache since it was created: "
           f"{rt.counters().get('compiles', 0)} (was {compiles_before})")
-    print(f"cache dir: {rt.settings.cache_dir} ({stats.entries} entries, {stats.bytes / 2**20:.1f} MiB)")
+    print(f"cache dir: {rt.settings.cache_dir} ({plural(stats.entries, 'entry')}, {stats.bytes / 2**20:.1f} MiB)")
 
 
 def run_cpu() -> int:
