@@ -133,7 +133,8 @@ def test_use_image_reports_a_missing_kernel_and_a_bad_setting_in_one_line(tmp_pa
 
 
 @pytest.mark.parametrize("argv", [[], ["info"], ["demo"], ["prewarm"], ["cache"], ["cache", "ls"], ["cache", "verify"],
-                                  ["cache", "explain"], ["capi"], ["capi", "build"], ["capi", "uninstall"]])
+                                  ["cache", "explain"], ["capi"], ["capi", "build"], ["capi", "uninstall"],
+                                  ["tune"]])
 def test_help_shows_no_rst_markup(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         main([*argv, "--help"])

@@ -1,14 +1,14 @@
-"""``lazytriton tune``: measure candidate configs on this GPU and write tuning-table rows.
+"""lazytriton tune: measure candidate configs on this GPU and write tuning-table rows.
 
 For each (dtype, head dim, causal) group and each (seqlen_q, seqlen_k) pair,
-every candidate config is compiled (in parallel, through the cache, so a rerun
-compiles nothing), checked against SDPA, and timed (median of event-timed
-launches of the cached kernel, exactly as ``attn_fwd`` launches it); the
-fastest becomes a row of the kernel's tuning table with its TFLOP/s, the GPU's
-name and the date, in the user's table (``<cache dir>/tuning/flash_fwd.csv``,
-read over the shipped one by every call; ``--table`` names another file).
-Rows for other groups are kept. Shapes follow
-FlashAttention's benchmarks: hidden 2048 and batch x seqlen_q = 16k tokens.
+every candidate config is compiled (in parallel, through the runtime and its
+cache, so a rerun compiles nothing), checked against a float32 reference, and
+timed (median of event-timed launches of the cached kernel, launched exactly
+as attn_fwd launches it); the fastest becomes a row of the user's tuning table
+(<cache dir>/tuning/flash_fwd.csv, read over the shipped one by every call;
+--table names another file) with its TFLOP/s, the GPU's name and the date.
+Rows for other groups are kept. Shapes follow FlashAttention's benchmarks:
+hidden 2048 and batch x seqlen_q = 16k tokens.
 """
 
 from __future__ import annotations
