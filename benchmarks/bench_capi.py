@@ -22,13 +22,14 @@ Usage: python benchmarks/bench_capi.py [--prefix DIR] [--csv PATH] [--shape B H 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from csvlog import append_rows
 
 import lazytriton
 from lazytriton import dispatch, runtime
@@ -105,13 +106,7 @@ def main() -> int:
                      "lazytriton": lazytriton.__version__, "timestamp": stamp})
     plan = next(float(r["p50_us"]) for r in rows if r["provider"] == "lt_plan_launch")
     print(f"lt_plan_launch p50 {plan:.2f} µs: {'within' if plan <= TARGET_US else 'OVER'} the {TARGET_US} µs target")
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    new = not args.csv.exists()
-    with args.csv.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    append_rows(args.csv, FIELDS, rows)
     print(f"rows appended to {args.csv}")
     return 0
 

@@ -19,7 +19,6 @@ Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--sweep]
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import math
 import statistics
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from csvlog import append_rows
 
 import lazytriton
 from lazytriton import dispatch, runtime
@@ -221,13 +221,7 @@ def main() -> int:
     host_cost(meta, rows)
     if args.sweep:
         sweep(meta)
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    new = not args.csv.exists()
-    with args.csv.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    append_rows(args.csv, FIELDS, rows)
     print(f"compiles by lazytriton in this run: {runtime.get().compiles}")
     print_table(rows)
     return 0

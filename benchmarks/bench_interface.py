@@ -17,7 +17,6 @@ Usage: python benchmarks/bench_interface.py [--csv PATH]
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import statistics
 import sys
@@ -26,12 +25,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_flash_fwd import host_us, time_ms, triton_jit
+from csvlog import append_rows
 
 import lazytriton
 from lazytriton import interface
-
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_flash_fwd import host_us, time_ms, triton_jit  # noqa: E402
 
 FIELDS = ["benchmark", "provider", "mode", "value", "unit", "gpu", "torch", "triton", "lazytriton", "timestamp"]
 
@@ -133,16 +131,9 @@ def main() -> int:
             "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     sections = [("host", "us_per_call", host_rows()), ("model_step", "us", model_rows()),
                 ("cuda_graph", "us_per_call", graph_rows())]
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    new = not args.csv.exists()
-    with args.csv.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        for bench, unit, rows in sections:
-            for provider, mode, value in rows:
-                writer.writerow({**meta, "benchmark": bench, "provider": provider, "mode": mode,
-                                 "value": round(value, 2), "unit": unit})
+    append_rows(args.csv, FIELDS, ({**meta, "benchmark": bench, "provider": provider, "mode": mode,
+                                    "value": round(value, 2), "unit": unit}
+                                   for bench, unit, rows in sections for provider, mode, value in rows))
     add = next(v for p, _, v in sections[0][2] if p == "torch_add")
     print("\nbenchmark   provider          mode           value   vs torch.add (host) / vs torch SDPA (model)")
     base = {m: v for p, m, v in sections[1][2] if p == "torch_sdpa"}
