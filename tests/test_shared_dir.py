@@ -248,3 +248,40 @@ def test_an_unusable_directory_gives_no_lease_and_no_error(tmp_path: Path) -> No
         tier.try_lease(KEY)
     assert lease_or_entry(tier, KEY, timeout_s=60) == (None, None)
     assert tier.get(KEY) is None and not tier.put(KEY, make_entry(KEY)) and list(tier.keys()) == []
+
+
+@pytest.mark.parametrize("planted", ["1e18", "infinity", "nan", "garbage, future mtime", "1e18, future mtime"])
+def test_a_lease_that_claims_to_never_expire_is_taken_over_after_one_lease_time(tmp_path: Path,
+                                                                              planted: str) -> None:
+    # Leases are unsigned: a signing key changes nothing, the cap alone protects the waiters.
+    tier = SharedDirTier(tmp_path, lease_s=1, signing_key=SIGNING_KEY)
+    path = tier.lease_path(KEY)
+    path.parent.mkdir(parents=True)
+    body = {"1e18": '{"owner": "x", "expires": 1e18}', "infinity": '{"owner": "x", "expires": Infinity}',
+            "nan": '{"owner": "x", "expires": NaN}'}.get(planted.partition(",")[0], "\x00garbage")
+    path.write_text(body)
+    if "future" in planted:
+        os.utime(path, (time.time() + 10**9, time.time() + 10**9))
+    assert tier.try_lease(KEY) is None, "a fresh lease is respected for its lease time"
+    start = time.monotonic()
+    lease, entry = lease_or_entry(SharedDirTier(tmp_path, lease_s=1, signing_key=SIGNING_KEY), KEY, timeout_s=120)
+    waited = time.monotonic() - start
+    assert lease is not None and entry is None, f"the planted lease held the waiter for {waited:.1f} s"
+    assert json.loads(path.read_text())["owner"] == lease.owner
+    lease.release()
+
+
+def test_a_renewed_lease_is_never_capped_by_first_sight(tmp_path: Path) -> None:
+    holder, waiter = SharedDirTier(tmp_path, lease_s=2), SharedDirTier(tmp_path, lease_s=2)
+    lease = holder.try_lease(KEY)
+    assert lease is not None
+    start = time.monotonic()
+    renewals = 0
+    while renewals < 8 or time.monotonic() - start < 3:  # past 1.5 lease times since the waiter first saw it
+        seen = holder._read_lease(holder.lease_path(KEY))
+        assert holder._renew(holder.lease_path(KEY), lease.owner)
+        renewals += 1
+        assert waiter.try_lease(KEY) is None, f"taken over after {renewals} renewals"
+        assert holder._read_lease(holder.lease_path(KEY)) != seen, "a renewal writes a new file"
+        time.sleep(0.4)  # time passing, not a wait for anything: each check follows its renewal at once
+    lease.release()

@@ -8,7 +8,7 @@ Keys (``prefix`` defaults to ``lazytriton``)::
 Redis applies a command whole or not at all, so a writer killed mid-send
 leaves the old value or the new. Reads are bounded (GETRANGE up to the
 envelope bound: a hostile multi-GB value is never fetched whole) and verified
-(``shared.Gate``).
+(``store.gate.Gate``).
 
 Redis being slow or down must never fail or stall a call. Every command runs
 under a socket timeout (``LAZYTRITON_SHARED_TIMEOUT_MS``, 5 ms by default)
@@ -31,14 +31,15 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from lazytriton.cache_format import Entry
-from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, check_signing_key, seal
+from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, Rejected, check_signing_key, seal, unseal
 from lazytriton.store import TierStats
+from lazytriton.store.gate import Counter, Gate
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease, LockUnavailable, owner_token
-from lazytriton.store.shared import Counter, Gate
 from lazytriton.variant import check_key
 
 log = logging.getLogger("lazytriton.store.redis")
@@ -149,7 +150,7 @@ class RedisTier:
         self.lease_s = lease_s
         self.prefix = prefix
         self.calls = 0  # commands sent to Redis (tests show that hits send none)
-        self.gate = Gate(name, self.signing_key, count)
+        self.gate: Gate[Entry] = Gate(name, partial(unseal, signing_key=self.signing_key), Rejected, count)
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
         self._client_lock = threading.Lock()
