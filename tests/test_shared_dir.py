@@ -162,6 +162,25 @@ def test_temp_files_of_killed_writers_are_swept(tmp_path: Path) -> None:
     assert tier.get(KEY) == make_entry(KEY)
 
 
+def test_temp_files_are_swept_wherever_they_are(tmp_path: Path) -> None:
+    tier = SharedDirTier(tmp_path)
+    # Writers killed before their key was ever published, a killed lease writer: no published key beside them.
+    stale = [tier.entry_path(KEY).with_name(f".tmp-{KEY}-deadhost-1-000000000000"),
+             tier.entry_path(OTHER).with_name(f".tmp-{OTHER}-deadhost-2-000000000000"),
+             tier.lease_path(KEY).with_name(f".tmp-{KEY}.lease-00000000beef")]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half a file")
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    young = tier.entry_path(KEY).with_name(f".tmp-{KEY}-livehost-3-000000000000")
+    young.write_bytes(b"a live write")
+    third = "c3" * 16
+    assert tier.put(third, make_entry(third))  # the first put of a process sweeps the whole tree
+    assert [p for p in stale if p.exists()] == [] and young.exists()
+    assert tier.sweep_all(older_than_s=0) == 1 and not young.exists()
+    assert list(tier.keys()) == [third]
+
+
 # --- compile leases ---------------------------------------------------------------------------------------------
 
 
