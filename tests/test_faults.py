@@ -172,15 +172,41 @@ def _damaged(data: bytes, how: str) -> bytes:
     return bytes(out)
 
 
+def _damaged_envelope(data: bytes, how: str) -> bytes:
+    """``_damaged``, where the damage changes what the envelope holds.
+
+    A flipped bit can land where zstd never looks (the padding of a block's bitstream): the frame still
+    decodes to the very same entry, which is then no damage at all. The middle flip moves on to the next byte
+    until the payload decodes to something else, or to nothing.
+    """
+    import zstandard
+
+    from lazytriton.cache_format.envelope import HEADER_SIZE
+
+    if how != "middle":
+        return _damaged(data, how)
+    original = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    for position in range(len(data) // 2, len(data)):
+        out = bytearray(data)
+        out[position] ^= 0x10
+        try:
+            if zstandard.ZstdDecompressor().decompressobj().decompress(bytes(out[HEADER_SIZE:])) != original:
+                return bytes(out)
+        except zstandard.ZstdError:
+            return bytes(out)
+    raise AssertionError("no flip in the second half of the payload changes it")
+
+
 def _seed_and_damage(kind: str, tier: Any, entry: Entry, how: str) -> None:
     key = entry.key
     assert tier.put(key, entry)
     if kind == "redis":
         client = sharedlib.redis_client(tier.url)
-        client.set(tier.entry_key(key), _damaged(client.get(tier.entry_key(key)), how))
+        client.set(tier.entry_key(key), _damaged_envelope(client.get(tier.entry_key(key)), how))
     else:
         path = tier.entry_path(key)
-        path.write_bytes(_damaged(path.read_bytes(), how))
+        damage = _damaged_envelope if kind == "dir" else _damaged  # the local tier holds entries, not envelopes
+        path.write_bytes(damage(path.read_bytes(), how))
 
 
 @pytest.fixture(scope="module")
