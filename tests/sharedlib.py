@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,21 @@ def make_entry(key: str, variant: str | None = None, size: int = 50_000, seed: i
 def stub_compile(variant: Variant, key: str | None = None) -> Entry:
     """Stands in for ``compiler.compile_variant`` where the test is about the cache, not Triton."""
     return make_entry(key or variant.key(), str(variant))
+
+
+def count_renewals(lease: Any, wanted: int, deadline_s: float = 60) -> int:
+    """Wait for ``wanted`` successful renewals of ``lease`` (its background thread); how many were seen."""
+    seen = threading.Semaphore(0)
+    renew = lease._renew
+
+    def counting() -> bool:
+        still_ours = bool(renew())
+        if still_ours:
+            seen.release()
+        return still_ours
+
+    lease._renew = counting
+    return sum(1 for _ in range(wanted) if seen.acquire(timeout=deadline_s))
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sharedlib import SIGNING_KEY, make_entry
+from sharedlib import SIGNING_KEY, count_renewals, make_entry
 
 from lazytriton.store import lease as lease_module
 from lazytriton.store import shared_dir
@@ -202,17 +202,19 @@ def test_a_lease_is_held_once_and_given_back(tmp_path: Path) -> None:
 
 def test_a_lease_is_renewed_while_held_and_taken_over_once_it_expires(tmp_path: Path,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
-    tier = SharedDirTier(tmp_path, lease_s=0.6)
+    tier = SharedDirTier(tmp_path, lease_s=2)
     held = tier.try_lease(KEY)
     assert held is not None
-    time.sleep(1.5)  # over two lease times: renewals (every 0.2 s) keep it
+    assert count_renewals(held, 4) == 4  # every 0.67 s: over a lease time in all
     assert tier.try_lease(KEY) is None and not held.lost
     held._stop.set()  # the holder dies: renewals stop
     held._thread.join()
-    time.sleep(0.8)
+    deadline = time.monotonic() + 60
     with caplog.at_level(logging.WARNING, "lazytriton"):
-        taken = tier.try_lease(KEY)
-    assert taken is not None and "taking it over" in caplog.text
+        while (taken := tier.try_lease(KEY)) is None:
+            assert time.monotonic() < deadline, "the dead holder's lease never expired"
+            time.sleep(0.05)
+    assert "taking it over" in caplog.text
     held._release()  # the dead holder's release (were it to come back) leaves the new lease alone
     assert json.loads(tier.lease_path(KEY).read_text())["owner"] == taken.owner
     assert not held._renew(), "the old holder sees its lease lost"
