@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +68,21 @@ def make_entry(key: str, variant: str | None = None, size: int = 50_000, seed: i
 def stub_compile(variant: Variant, key: str | None = None) -> Entry:
     """Stands in for ``compiler.compile_variant`` where the test is about the cache, not Triton."""
     return make_entry(key or variant.key(), str(variant))
+
+
+def count_renewals(lease: Any, wanted: int, deadline_s: float = 60) -> int:
+    """Wait for ``wanted`` successful renewals of ``lease`` (its background thread); how many were seen."""
+    seen = threading.Semaphore(0)
+    renew = lease._renew
+
+    def counting() -> bool:
+        still_ours = bool(renew())
+        if still_ours:
+            seen.release()
+        return still_ours
+
+    lease._renew = counting
+    return sum(1 for _ in range(wanted) if seen.acquire(timeout=deadline_s))
 
 
 def free_port() -> int:
@@ -214,31 +231,59 @@ def make_tier(kind: str, location: str) -> Any:
     return RedisTier(location, timeout_s=1.0)
 
 
-def _write_forever(kind: str, location: str, versions: dict[str, list[Entry]]) -> None:
-    """A writer child: overwrite every key with alternating versions until killed."""
+def _write_forever(kind: str, location: str, versions: dict[str, list[Entry]], done: int) -> None:
+    """A writer child: overwrite every key with alternating versions until killed; a byte to ``done`` per put."""
     tier = make_tier(kind, location)
     i = 0
     while True:
         key = KEYS[i % len(KEYS)]
-        tier.put(key, versions[key][(i // len(KEYS)) % 2])
+        if tier.put(key, versions[key][(i // len(KEYS)) % 2]):
+            os.write(done, b".")
         i += 1
 
 
+def _wait_for_puts(done: int, count: int, pid: int, deadline_s: float = 120) -> None:
+    """Block until the writer has finished ``count`` puts (it starts slowly on a loaded machine: an event, not
+    a delay, decides when the random kill delay starts)."""
+    deadline = time.monotonic() + deadline_s
+    while count > 0:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, signal.SIGKILL)
+            raise TimeoutError(f"the writer finished fewer puts than expected in {deadline_s} s")
+        if select.select([done], [], [], min(left, 1.0))[0]:
+            got = os.read(done, count)
+            if not got:
+                raise RuntimeError("the writer exited before it was killed (its stderr says why)")
+            count -= len(got)
+
+
 def kill_trials(kind: str, location: str, trials: int, max_delay_s: float, seed: int) -> dict[str, Any]:
-    """Fork a writer, SIGKILL it after a random delay, read every key back; ``trials`` times. Single-threaded."""
+    """Fork a writer, SIGKILL it at a random point, read every key back; ``trials`` times. Single-threaded.
+
+    The writer is killed a random 0..``max_delay_s`` after a random number of its puts completed (every key's,
+    in the first trial, so that there is something to read back however slow the machine is).
+    """
     rng = random.Random(seed)
     versions = {key: [make_entry(key, size=200_000, seed=v) for v in (0, 1)] for key in KEYS}
     report: dict[str, Any] = {"kind": kind, "trials": 0, "hits": 0, "misses": 0, "wrong": 0, "refused": 0}
-    for _ in range(trials):
+    for trial in range(trials):
+        done, signalled = os.pipe()
         pid = os.fork()
         if pid == 0:  # the writer
             try:
-                _write_forever(kind, location, versions)
+                os.close(done)
+                _write_forever(kind, location, versions, signalled)
             finally:
                 os._exit(1)
-        time.sleep(rng.uniform(0, max_delay_s))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        os.close(signalled)
+        try:
+            _wait_for_puts(done, len(KEYS) if trial == 0 else rng.randint(0, len(KEYS)), pid)
+            time.sleep(rng.uniform(0, max_delay_s))  # a random point of a write, not a wait for anything
+            os.kill(pid, signal.SIGKILL)
+        finally:
+            os.waitpid(pid, 0)
+            os.close(done)
         refused: list[str] = []
         reader = make_tier(kind, location)
         if kind != "local":

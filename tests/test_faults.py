@@ -36,6 +36,7 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """LAZYTRITON_SHARED for the test's ``kind`` parameter: a fresh Redis database or shared directory."""
     if request.param == "redis":
         return str(request.getfixturevalue("redis_url"))
+    (tmp_path / "shared").mkdir()  # a shared directory is mounted, never created by the tier
     return f"file://{tmp_path / 'shared'}"
 
 
@@ -92,6 +93,8 @@ def test_32_nodes_missing_one_key_compile_it_once(shared_url: str, tmp_path: Pat
 def test_writers_killed_at_random_points_never_leave_a_corrupt_entry(
         request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> None:
     location = request.getfixturevalue("redis_url") if kind == "redis" else str(tmp_path / kind)
+    if kind == "dir":
+        (tmp_path / kind).mkdir()  # a shared directory is mounted, never created by the tier
     args = {"kind": kind, "location": location, "trials": 40, "max_delay_s": 0.05, "seed": 5}
     result = subprocess.run([sys.executable, str(sharedlib.TESTS / "sharedlib.py"), json.dumps(args)],
                             capture_output=True, text=True, timeout=300, env=child_env(tmp_path / "unused"))
@@ -108,8 +111,11 @@ def test_writers_killed_at_random_points_never_leave_a_corrupt_entry(
         assert keys, "nothing was published"
         for key in keys:  # every published file is whole: no final name ever held a partial write
             unseal(tier.entry_path(key).read_bytes(), key)
-        leftovers = sum(tier.sweep(tier.entry_path(key).parent, older_than_s=0) for key in keys)
-        assert not list((Path(location) / "entries").rglob(".tmp-*")), f"{leftovers} temp files not swept"
+        # Killed writers leave temp files, also beside keys that were never published: the tier's sweep finds
+        # them wherever they are.
+        swept = tier.sweep_all(older_than_s=0)
+        left = list(Path(location).rglob(".tmp-*"))
+        assert not left, f"{len(left)} temp files not swept ({swept} were): {left[:3]}"
 
 
 # --- a killed lease holder -------------------------------------------------------------------------------------
@@ -117,7 +123,7 @@ def test_writers_killed_at_random_points_never_leave_a_corrupt_entry(
 
 @pytest.mark.parametrize("shared_url", ["redis", "dir"], indirect=True)
 def test_a_killed_lease_holder_is_taken_over_after_the_lease_expires(shared_url: str, tmp_path: Path) -> None:
-    lease_s = 1.0
+    lease_s = 2.0  # renewed every 0.67 s: a loaded machine's late renewal still lands within the lease
     url = f"{shared_url}?lease_s={lease_s}"
     mark = tmp_path / "holder-compiling"
     holder = start_node(child_env(tmp_path / "a", VARIANT=str(VARIANT), LAZYTRITON_SHARED=url,
@@ -144,7 +150,9 @@ def test_a_killed_lease_holder_is_taken_over_after_the_lease_expires(shared_url:
     print(f"\nlease holder killed ({shared_url.split(':')[0]}): taken over {took_over:.2f} s after the kill "
           f"(lease {lease_s} s)")
     assert (result["source"], result["compiles"]) == ("jit", 1)
-    assert 0 < took_over < lease_s + 2.0
+    # Generous (a loaded machine schedules the waiter late), yet far below the 300 s a waiter would give a
+    # holder that never expires.
+    assert 0 < took_over < lease_s + 20
     assert shared_tier(shared_url).get(VARIANT.key()) is not None
 
 
@@ -164,15 +172,41 @@ def _damaged(data: bytes, how: str) -> bytes:
     return bytes(out)
 
 
+def _damaged_envelope(data: bytes, how: str) -> bytes:
+    """``_damaged``, where the damage changes what the envelope holds.
+
+    A flipped bit can land where zstd never looks (the padding of a block's bitstream): the frame still
+    decodes to the very same entry, which is then no damage at all. The middle flip moves on to the next byte
+    until the payload decodes to something else, or to nothing.
+    """
+    import zstandard
+
+    from lazytriton.cache_format.envelope import HEADER_SIZE
+
+    if how != "middle":
+        return _damaged(data, how)
+    original = zstandard.ZstdDecompressor().decompressobj().decompress(data[HEADER_SIZE:])
+    for position in range(len(data) // 2, len(data)):
+        out = bytearray(data)
+        out[position] ^= 0x10
+        try:
+            if zstandard.ZstdDecompressor().decompressobj().decompress(bytes(out[HEADER_SIZE:])) != original:
+                return bytes(out)
+        except zstandard.ZstdError:
+            return bytes(out)
+    raise AssertionError("no flip in the second half of the payload changes it")
+
+
 def _seed_and_damage(kind: str, tier: Any, entry: Entry, how: str) -> None:
     key = entry.key
     assert tier.put(key, entry)
     if kind == "redis":
         client = sharedlib.redis_client(tier.url)
-        client.set(tier.entry_key(key), _damaged(client.get(tier.entry_key(key)), how))
+        client.set(tier.entry_key(key), _damaged_envelope(client.get(tier.entry_key(key)), how))
     else:
         path = tier.entry_path(key)
-        path.write_bytes(_damaged(path.read_bytes(), how))
+        damage = _damaged_envelope if kind == "dir" else _damaged  # the local tier holds entries, not envelopes
+        path.write_bytes(damage(path.read_bytes(), how))
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +229,7 @@ def test_damage_in_every_tier_is_detected_rebuilt_and_never_launched(
         request: pytest.FixtureRequest, cache_dir: Path, tmp_path: Path, compiled: Entry, launches: list[Entry],
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, kind: str, how: str) -> None:
     url = request.getfixturevalue("redis_url") if kind == "redis" else f"file://{tmp_path / 'shared'}"
+    (tmp_path / "shared").mkdir()
     monkeypatch.setenv("LAZYTRITON_SHARED", url)
     monkeypatch.setenv("LAZYTRITON_SHARED_TIMEOUT_MS", "2000")  # about damage, not a starved CI machine's Redis
     config.reset()

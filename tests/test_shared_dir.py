@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sharedlib import SIGNING_KEY, make_entry
+from sharedlib import SIGNING_KEY, count_renewals, make_entry
 
 from lazytriton.store import lease as lease_module
 from lazytriton.store import shared_dir
@@ -162,6 +162,25 @@ def test_temp_files_of_killed_writers_are_swept(tmp_path: Path) -> None:
     assert tier.get(KEY) == make_entry(KEY)
 
 
+def test_temp_files_are_swept_wherever_they_are(tmp_path: Path) -> None:
+    tier = SharedDirTier(tmp_path)
+    # Writers killed before their key was ever published, a killed lease writer: no published key beside them.
+    stale = [tier.entry_path(KEY).with_name(f".tmp-{KEY}-deadhost-1-000000000000"),
+             tier.entry_path(OTHER).with_name(f".tmp-{OTHER}-deadhost-2-000000000000"),
+             tier.lease_path(KEY).with_name(f".tmp-{KEY}.lease-00000000beef")]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half a file")
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    young = tier.entry_path(KEY).with_name(f".tmp-{KEY}-livehost-3-000000000000")
+    young.write_bytes(b"a live write")
+    third = "c3" * 16
+    assert tier.put(third, make_entry(third))  # the first put of a process sweeps the whole tree
+    assert [p for p in stale if p.exists()] == [] and young.exists()
+    assert tier.sweep_all(older_than_s=0) == 1 and not young.exists()
+    assert list(tier.keys()) == [third]
+
+
 # --- compile leases ---------------------------------------------------------------------------------------------
 
 
@@ -183,17 +202,19 @@ def test_a_lease_is_held_once_and_given_back(tmp_path: Path) -> None:
 
 def test_a_lease_is_renewed_while_held_and_taken_over_once_it_expires(tmp_path: Path,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
-    tier = SharedDirTier(tmp_path, lease_s=0.6)
+    tier = SharedDirTier(tmp_path, lease_s=2)
     held = tier.try_lease(KEY)
     assert held is not None
-    time.sleep(1.5)  # over two lease times: renewals (every 0.2 s) keep it
+    assert count_renewals(held, 4) == 4  # every 0.67 s: over a lease time in all
     assert tier.try_lease(KEY) is None and not held.lost
     held._stop.set()  # the holder dies: renewals stop
     held._thread.join()
-    time.sleep(0.8)
+    deadline = time.monotonic() + 60
     with caplog.at_level(logging.WARNING, "lazytriton"):
-        taken = tier.try_lease(KEY)
-    assert taken is not None and "taking it over" in caplog.text
+        while (taken := tier.try_lease(KEY)) is None:
+            assert time.monotonic() < deadline, "the dead holder's lease never expired"
+            time.sleep(0.05)
+    assert "taking it over" in caplog.text
     held._release()  # the dead holder's release (were it to come back) leaves the new lease alone
     assert json.loads(tier.lease_path(KEY).read_text())["owner"] == taken.owner
     assert not held._renew(), "the old holder sees its lease lost"
@@ -248,3 +269,40 @@ def test_an_unusable_directory_gives_no_lease_and_no_error(tmp_path: Path) -> No
         tier.try_lease(KEY)
     assert lease_or_entry(tier, KEY, timeout_s=60) == (None, None)
     assert tier.get(KEY) is None and not tier.put(KEY, make_entry(KEY)) and list(tier.keys()) == []
+
+
+@pytest.mark.parametrize("planted", ["1e18", "infinity", "nan", "garbage, future mtime", "1e18, future mtime"])
+def test_a_lease_that_claims_to_never_expire_is_taken_over_after_one_lease_time(tmp_path: Path,
+                                                                              planted: str) -> None:
+    # Leases are unsigned: a signing key changes nothing, the cap alone protects the waiters.
+    tier = SharedDirTier(tmp_path, lease_s=1, signing_key=SIGNING_KEY)
+    path = tier.lease_path(KEY)
+    path.parent.mkdir(parents=True)
+    body = {"1e18": '{"owner": "x", "expires": 1e18}', "infinity": '{"owner": "x", "expires": Infinity}',
+            "nan": '{"owner": "x", "expires": NaN}'}.get(planted.partition(",")[0], "\x00garbage")
+    path.write_text(body)
+    if "future" in planted:
+        os.utime(path, (time.time() + 10**9, time.time() + 10**9))
+    assert tier.try_lease(KEY) is None, "a fresh lease is respected for its lease time"
+    start = time.monotonic()
+    lease, entry = lease_or_entry(SharedDirTier(tmp_path, lease_s=1, signing_key=SIGNING_KEY), KEY, timeout_s=120)
+    waited = time.monotonic() - start
+    assert lease is not None and entry is None, f"the planted lease held the waiter for {waited:.1f} s"
+    assert json.loads(path.read_text())["owner"] == lease.owner
+    lease.release()
+
+
+def test_a_renewed_lease_is_never_capped_by_first_sight(tmp_path: Path) -> None:
+    holder, waiter = SharedDirTier(tmp_path, lease_s=2), SharedDirTier(tmp_path, lease_s=2)
+    lease = holder.try_lease(KEY)
+    assert lease is not None
+    start = time.monotonic()
+    renewals = 0
+    while renewals < 8 or time.monotonic() - start < 3:  # past 1.5 lease times since the waiter first saw it
+        seen = holder._read_lease(holder.lease_path(KEY))
+        assert holder._renew(holder.lease_path(KEY), lease.owner)
+        renewals += 1
+        assert waiter.try_lease(KEY) is None, f"taken over after {renewals} renewals"
+        assert holder._read_lease(holder.lease_path(KEY)) != seen, "a renewal writes a new file"
+        time.sleep(0.4)  # time passing, not a wait for anything: each check follows its renewal at once
+    lease.release()

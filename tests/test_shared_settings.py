@@ -4,17 +4,21 @@ documented in config.py and the README."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import pytest
+from sharedlib import make_entry
 
 from lazytriton import config, runtime
+from lazytriton.store.lease import LockUnavailable
 from lazytriton.store.redis_tier import RedisTier
 from lazytriton.store.shared import SharedURL, parse_url
 from lazytriton.store.shared_dir import SharedDirTier
 
 REPO = Path(__file__).resolve().parents[1]
+KEY = "a1" * 16
 
 
 @pytest.mark.parametrize(("url", "parsed"), [
@@ -38,13 +42,55 @@ def test_shared_urls_parse(url: str, parsed: SharedURL) -> None:
     ("redis://h/0?lease_s=soon", "lease_s must be a number of seconds, got 'soon'"),
     ("redis://h/0?lease_s=0", "lease_s must be within"),
     ("redis://h/0?prefix=a/b", "prefix must be"),
+    ("redis://h/0?prefix=caf\u00e9", "prefix must be"),
+    ("redis://h:99999", "a Redis port must be a number within 1..65535, got '99999'"),
+    ("redis://h:0/0", "within 1..65535, got '0'"),
+    ("redis://h:/0", "within 1..65535, got ''"),
+    ("redis://h:port/0", "within 1..65535, got 'port'"),
+    ("redis://[::1]:70000", "within 1..65535, got '70000'"),
+    ("redis://h:6379/x", "a Redis database is a number"),
+    ("redis://h:6379/-1", "a Redis database is a number"),
+    ("redis://h:6379/0/1", "a Redis database is a number"),
+    ("redis://h/0?lease_s=1&lease_s=2", "parameter 'lease_s' given twice"),
+    ("redis://h/0?lease_s", "name=value pairs"),
+    ("redis://h/0?lease_s=nan", "lease_s must be within 0.05..3600 seconds, got 'nan'"),
+    ("file:///x?lease_s=inf", "lease_s must be within"),
+    ("redis://h/0#frag", "no #fragment"),
 ])
 def test_bad_shared_urls_are_refused_naming_the_value(url: str, message: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
         parse_url(url)
+    assert str(raised.value).startswith("LAZYTRITON_SHARED")
+
+
+def test_a_bad_port_is_refused_by_configure_and_the_password_never_shows() -> None:
+    with pytest.raises(ValueError, match="LAZYTRITON_SHARED: a Redis port must be") as raised:
+        config.configure(shared="redis://:hunter2@h:99999/0")
+    assert "hunter2" not in str(raised.value) and ":***@h:99999" in str(raised.value)
+    config.reset()
+
+
+def test_a_missing_shared_directory_is_never_created(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    missing = tmp_path / "mnt" / "nfs" / "lazytriton"
+    config.configure(shared=f"file://{missing}")
+    with caplog.at_level(logging.WARNING, "lazytriton"):
+        rt = runtime.get()
+    assert rt.shared is None and [tier.name for tier in rt.chain.tiers] == ["image", "local"]
+    assert "does not exist (not mounted?)" in caplog.text and str(missing) in caplog.text
+    assert not (tmp_path / "mnt").exists(), "nothing of the path was created"
+    tier = SharedDirTier(missing)  # used directly: misses, refuses to publish, gives no lease, creates nothing
+    entry = make_entry(KEY)
+    with caplog.at_level(logging.WARNING, "lazytriton"):
+        assert tier.get(KEY) is None and not tier.put(KEY, entry) and list(tier.keys()) == []
+        with pytest.raises(LockUnavailable):
+            tier.try_lease(KEY)
+    assert "not mounted?" in caplog.text
+    assert not (tmp_path / "mnt").exists()
+    config.reset()
 
 
 def test_the_environment_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
     monkeypatch.setenv("LAZYTRITON_SHARED", f"file://{tmp_path}/shared?lease_s=3")
     monkeypatch.setenv("LAZYTRITON_SIGNING_KEY", "k" * 20)
     monkeypatch.setenv("LAZYTRITON_SHARED_TIMEOUT_MS", "12.5")

@@ -6,9 +6,12 @@ Keys (``prefix`` defaults to ``lazytriton``)::
     <prefix>:lease:<key>    a compile lease: SET NX PX, renewed while compiling, released by compare-and-delete
 
 Redis applies a command whole or not at all, so a writer killed mid-send
-leaves the old value or the new. Reads are bounded (GETRANGE up to the
-envelope bound: a hostile multi-GB value is never fetched whole) and verified
-(``shared.Gate``).
+leaves the old value or the new. Reads are bounded: one script returns a
+value's size instead of the value when it is over ``MAX_VALUE_BYTES``, so a
+hostile large value is refused unread as a bad entry (counted ``rejected``,
+rebuilt), never fetched into a timeout that would read as an outage. What is
+read is verified (``store.gate.Gate``). A lease key without an expiry, or
+with one past the lease time, is capped at the lease time when first seen.
 
 Redis being slow or down must never fail or stall a call. Every command runs
 under a socket timeout (``LAZYTRITON_SHARED_TIMEOUT_MS``, 5 ms by default)
@@ -31,14 +34,15 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from lazytriton.cache_format import Entry
-from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, check_signing_key, seal
+from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, Rejected, check_signing_key, seal, unseal
 from lazytriton.store import TierStats
+from lazytriton.store.gate import Counter, Gate
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease, LockUnavailable, owner_token
-from lazytriton.store.shared import Counter, Gate
 from lazytriton.variant import check_key
 
 log = logging.getLogger("lazytriton.store.redis")
@@ -59,6 +63,28 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# Take the lease (1), or leave a live holder's alone (0). A lease key without an expiry, or with one further
+# than a lease time away (planted, or written by a broken client), is capped at one lease time from now (2):
+# whatever a lease claims, every waiter takes it over within a lease time. Leases are not signed.
+_TAKE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl == -1 or ttl > tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 2
+end
+return 0
+"""
+# A value's size first, and the value only if it is within the bound: an oversized value is never sent.
+_READ = """
+local size = redis.call('STRLEN', KEYS[1])
+if size > tonumber(ARGV[1]) then return size end
+return redis.call('GET', KEYS[1])
+"""
+# What a read may fetch. Sealed sm_90 entries measure 27 KiB (head dim 64, 97 KiB cubin) and 33 KiB (head dim
+# 256, 141 KiB cubin), Triton 3.9 on CPU: 8 MiB leaves 250x room. Anything larger is refused unread as a bad
+# entry, never fetched into a timeout that would read as an outage (a 60 MiB value did, and switched sharing off).
+MAX_VALUE_BYTES = 8 << 20
 
 T = TypeVar("T")
 
@@ -139,9 +165,13 @@ class RedisTier:
 
     def __init__(self, url: str, name: str = "shared", signing_key: bytes | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, lease_s: float = DEFAULT_LEASE_S,
-                 prefix: str = "lazytriton", count: Counter | None = None) -> None:
+                 prefix: str = "lazytriton", count: Counter | None = None,
+                 max_value_bytes: int = MAX_VALUE_BYTES) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if not 0 < max_value_bytes <= MAX_ENVELOPE_BYTES:
+            raise ValueError(f"max_value_bytes must be within 1..{MAX_ENVELOPE_BYTES}, got {max_value_bytes}")
+        self.max_value_bytes = max_value_bytes
         self.name = name
         self.url = url
         self.signing_key = check_signing_key(signing_key)
@@ -149,7 +179,7 @@ class RedisTier:
         self.lease_s = lease_s
         self.prefix = prefix
         self.calls = 0  # commands sent to Redis (tests show that hits send none)
-        self.gate = Gate(name, self.signing_key, count)
+        self.gate: Gate[Entry] = Gate(name, partial(unseal, signing_key=self.signing_key), Rejected, count)
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
         self._client_lock = threading.Lock()
@@ -170,8 +200,8 @@ class RedisTier:
                         self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
                         retry=Retry(NoBackoff(), 0), health_check_interval=0, socket_keepalive=True,
                     )
-                    self._scripts = {"renew": client.register_script(_RENEW),
-                                     "release": client.register_script(_RELEASE)}
+                    self._scripts = {name: client.register_script(script) for name, script in
+                                     (("renew", _RENEW), ("release", _RELEASE), ("take", _TAKE), ("read", _READ))}
                     self._client = client
         return self._client
 
@@ -218,11 +248,15 @@ class RedisTier:
         """The verified entry for ``key``; Redis down, a miss, or a refused value all read as None."""
         name = self.entry_key(key)
         try:
-            data = self._call(lambda r: r.getrange(name, 0, MAX_ENVELOPE_BYTES))
+            data = self._call(lambda r: self._scripts["read"]([name], [self.max_value_bytes]))
         except Down:
             return None
         except Exception as exc:  # a wrong-type key, an error reply: a miss, not a failed call
             self._warn_once("read", f"Redis read of {name} failed ({exc}); treated as a miss")
+            return None
+        if isinstance(data, int):  # only its size came back
+            self.gate.refuse_once(key, "rejected", f"oversized: {data} bytes exceed the Redis tier's "
+                                  f"{self.max_value_bytes} byte bound; not fetched", data + (1 << 32))
             return None
         if not data:
             return None
@@ -234,6 +268,10 @@ class RedisTier:
         if self.breaker.is_open:
             return False  # before sealing: compressing an entry for a Redis that is down is wasted time
         data = seal(entry.encode(), self.signing_key)
+        if len(data) > self.max_value_bytes:  # every reader would refuse it unread
+            self._warn_once("size", f"entry {key} of {len(data)} bytes sealed exceeds the Redis tier's "
+                                    f"{self.max_value_bytes} byte bound; not shared")
+            return False
         try:
             return bool(self._call(lambda r: r.set(name, data)))
         except Down:
@@ -280,15 +318,18 @@ class RedisTier:
     def try_lease(self, key: str) -> Lease | None:
         """SET NX PX: the lease, or None while a live holder has it; LockUnavailable when Redis is down."""
         name, owner = self.lease_key(key), owner_token()
+        renew_ms = str(int(self.lease_s * 1000))
         try:
-            taken = self._call(lambda r: r.set(name, owner, nx=True, px=int(self.lease_s * 1000)))
+            taken = self._call(lambda r: self._scripts["take"]([name], [owner, renew_ms]))
         except Down as exc:
             raise LockUnavailable(str(exc)) from exc
         except Exception as exc:
             raise LockUnavailable(f"Redis refused SET NX on {name}: {exc}") from exc
-        if not taken:
+        if taken == 2:
+            log.warning("compile lease %s had no expiry or one past the lease time; capped at %.1f s from now",
+                        name, self.lease_s)
+        if taken != 1:
             return None
-        renew_ms = str(int(self.lease_s * 1000))
         return Lease(key, owner, self.lease_s,
                      renew=lambda: bool(self._call(lambda r: self._scripts["renew"]([name], [owner, renew_ms]))),
                      release=lambda: self._call(lambda r: self._scripts["release"]([name], [owner])))

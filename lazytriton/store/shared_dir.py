@@ -9,7 +9,7 @@ Layout under the root::
 Writes are atomic: the envelope goes to a temp file in the entry's own
 directory, is fsynced, then renamed over the final name (rename is atomic on
 POSIX and NFS), so a reader sees the old bytes or the new, never a mix. Every
-read is verified (``shared.Gate``). Network filesystems raise ESTALE, EBUSY
+read is verified (``store.gate.Gate``). Network filesystems raise ESTALE, EBUSY
 or EIO in races with other nodes: those are retried briefly and then read as
 a miss; nothing is raised to the caller.
 
@@ -19,6 +19,11 @@ the name exists). A lease past its expiry is taken over by renaming it aside,
 re-reading what was renamed, and putting it back if it turned out to be a
 fresh one. Expiry compares wall clocks, so nodes' clocks must agree (NTP) to
 well within the lease time.
+
+Nothing in a lease file is trusted: whatever it claims, a lease expires at
+most the lease time after its file was written (mtime) or first seen by this
+node, whichever is earlier. Nodes that share a directory should therefore use
+the same ``lease_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import random
 import stat
@@ -33,13 +39,13 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from lazytriton.cache_format import Entry
-from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, check_signing_key, seal
+from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, Rejected, check_signing_key, seal, unseal
 from lazytriton.store import TierStats
+from lazytriton.store.gate import Counter, Gate
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease, LockUnavailable, owner_token
-from lazytriton.store.shared import Counter, Gate
 from lazytriton.variant import check_key
 
 log = logging.getLogger("lazytriton.store.shared_dir")
@@ -73,6 +79,15 @@ def retrying(op: Callable[[], T]) -> T:
     return op()
 
 
+class LeaseFile(NamedTuple):
+    """A lease file as read: its claim, and its identity (a renewal writes a new file: new inode, new mtime)."""
+
+    owner: str
+    claimed: float | None  # the expiry it claims (wall clock), None for garbage, Infinity or NaN
+    ino: int
+    mtime_ns: int
+
+
 class NotAFile(OSError):
     """Something other than a regular file sits where an entry or lease should be (a link, a FIFO, ...)."""
 
@@ -84,7 +99,13 @@ def read_bounded(path: Path, limit: int) -> bytes | None:
     at an entry's name would otherwise hang the call); only a regular file is
     read, else NotAFile.
     """
-    def read() -> bytes:
+    read = read_with_stat(path, limit)
+    return None if read is None else read[0]
+
+
+def read_with_stat(path: Path, limit: int) -> tuple[bytes, os.stat_result] | None:
+    """``read_bounded``, and the status of the very file read (a lease's identity: inode and mtime)."""
+    def read() -> tuple[bytes, os.stat_result]:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
@@ -92,7 +113,8 @@ def read_bounded(path: Path, limit: int) -> bytes | None:
                 raise NotAFile(errno.ELOOP, "a symbolic link, not a file", str(path)) from None
             raise
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
                 raise NotAFile(errno.EINVAL, "not a regular file", str(path))
             chunks, left = [], limit + 1
             while left > 0:
@@ -101,7 +123,7 @@ def read_bounded(path: Path, limit: int) -> bytes | None:
                     break
                 chunks.append(chunk)
                 left -= len(chunk)
-            return b"".join(chunks)
+            return b"".join(chunks), status
         finally:
             os.close(fd)
 
@@ -148,9 +170,10 @@ class SharedDirTier:
         self.root = Path(root)
         self.signing_key = check_signing_key(signing_key)
         self.lease_s = lease_s
-        self.gate = Gate(name, self.signing_key, count)
+        self.gate: Gate[Entry] = Gate(name, partial(unseal, signing_key=self.signing_key), Rejected, count)
         self._warned: set[str] = set()
         self._puts = 0
+        self._first_seen: dict[tuple[str, LeaseFile], float] = {}  # lease file -> when this node first saw it
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -188,11 +211,11 @@ class SharedDirTier:
         data = seal(entry.encode(), self.signing_key)
         temp = path.with_name(f"{TEMP_PREFIX}{key}-{owner_token().replace(':', '-')}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(path.parent)
             write_file(temp, data)
             retrying(partial(os.replace, temp, path))
         except OSError as exc:
-            self._warn_once("write", f"shared directory {self.root} write failed ({exc}); "
+            self._warn_once("write", f"shared directory {self.root} write failed ({self._why(exc)}); "
                                      "entries are not shared with other nodes")
             try:
                 os.unlink(temp)
@@ -202,22 +225,63 @@ class SharedDirTier:
         _fsync_dir(path.parent)
         self._puts += 1
         if self._puts % SWEEP_EVERY == 1:
-            self.sweep(path.parent)
-            self.sweep(self.root / "leases")
+            self.sweep_all()
         return True
+
+    def _make_dirs(self, directory: Path) -> None:
+        """Create ``directory`` and the levels between it and the root, never the root itself.
+
+        A root that is missing is a network filesystem that is not mounted:
+        creating it would hide the real one behind an empty local directory.
+        """
+        here = self.root
+        for part in directory.relative_to(self.root).parts:
+            here = here / part
+            try:
+                os.mkdir(here)
+            except FileExistsError:
+                pass
+
+    def _why(self, exc: OSError) -> str:
+        if isinstance(exc, FileNotFoundError) and not os.path.isdir(self.root):
+            return f"{self.root} does not exist (not mounted?); it is not created"
+        return str(exc)
 
     def sweep(self, directory: Path, older_than_s: float = STALE_TEMP_S) -> int:
         """Remove temp files that killed writers left in ``directory``; how many went."""
         removed = 0
         now = time.time()
         try:
-            for item in os.scandir(directory):
-                if item.name.startswith(TEMP_PREFIX) and now - item.stat().st_mtime > older_than_s:
+            items = list(os.scandir(directory))
+        except OSError:
+            return 0  # the directory went away, or was never made
+        for item in items:
+            try:
+                if (item.name.startswith(TEMP_PREFIX) and item.is_file(follow_symlinks=False)
+                        and now - item.stat(follow_symlinks=False).st_mtime >= older_than_s):
                     os.unlink(item.path)
                     removed += 1
-        except OSError:
-            pass  # another node swept it first, or the directory went away
+            except OSError:
+                pass  # another node swept it first
         return removed
+
+    def sweep_all(self, older_than_s: float = STALE_TEMP_S) -> int:
+        """Sweep every entry directory and the leases: temp files are found wherever they are.
+
+        A writer killed before its key was ever published leaves its temp file
+        in a directory no published key shares; sweeping only beside
+        published keys would keep it forever. A put calls this once in
+        SWEEP_EVERY puts: a listing of at most 257 directories, after a
+        compile that took seconds.
+        """
+        base = self.root / "entries"
+        try:
+            fanout = sorted(os.listdir(base))
+        except OSError:
+            fanout = []
+        removed = sum(self.sweep(base / sub, older_than_s) for sub in fanout
+                      if len(sub) == 2 and all(c in "0123456789abcdef" for c in sub))
+        return removed + self.sweep(self.root / "leases", older_than_s)
 
     def keys(self) -> Iterator[str]:
         """Keys of the published entries; temp files and anything that is not a key are skipped."""
@@ -262,22 +326,23 @@ class SharedDirTier:
         path = self.lease_path(key)
         owner = owner_token()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(path.parent)
             for _ in range(3):  # a stale lease taken away, then a race for the freed name: a few rounds at most
                 held = self._read_lease(path)
-                if held is not None and held[1] > time.time():
+                expires = None if held is None else self._expiry(path, held)
+                if expires is not None and expires > time.time():
                     return None  # a live holder: nothing is written while we wait (waiters poll often)
                 if held is None and self._create_lease(path, owner):
                     return Lease(key, owner, self.lease_s, renew=partial(self._renew, path, owner),
                                  release=partial(self._release, path, owner))
-                if held is None:
+                if held is None or expires is None:
                     continue  # someone linked a lease between our read and our link: look again
                 log.warning("compile lease for %s held by %s expired %.1f s ago; taking it over",
-                            key, held[0], time.time() - held[1])
+                            key, held.owner, time.time() - expires)
                 self._remove_if(path, held.__eq__)  # only if still that expired lease (not renewed)
             return None
         except OSError as exc:
-            raise LockUnavailable(f"shared directory {self.root}: {exc}") from exc
+            raise LockUnavailable(f"shared directory {self.root}: {self._why(exc)}") from exc
 
     def _lease_record(self, owner: str) -> bytes:
         return json.dumps({"owner": owner, "expires": round(time.time() + self.lease_s, 3)}).encode()
@@ -300,24 +365,43 @@ class SharedDirTier:
             except OSError:
                 pass
 
-    def _read_lease(self, path: Path) -> tuple[str, float] | None:
-        """(owner, expiry) of the lease at ``path``; None if there is none. Garbage expires by its mtime."""
+    def _read_lease(self, path: Path) -> LeaseFile | None:
+        """The lease file at ``path``, as found; None if there is none. Garbage has owner "?" and no claim."""
         try:
-            data = read_bounded(path, _MAX_LEASE_BYTES)
-        except NotAFile:
-            data = b""  # expires by its mtime like any other garbage, then is renamed aside
-        if data is None:
-            return None
-        try:
-            record = json.loads(data[:_MAX_LEASE_BYTES])
-            return str(record["owner"]), float(record["expires"])
-        except (ValueError, KeyError, TypeError):
+            read = read_with_stat(path, _MAX_LEASE_BYTES)
+        except NotAFile:  # a link, a FIFO, a directory: garbage, capped like any other, then renamed aside
             try:
-                return "?", os.stat(path).st_mtime + self.lease_s
+                read = b"", os.lstat(path)
             except FileNotFoundError:
                 return None
+        if read is None:
+            return None
+        data, status = read
+        owner, claimed = "?", None
+        try:
+            record = json.loads(data[:_MAX_LEASE_BYTES])
+            owner, claimed = str(record["owner"])[:200], float(record["expires"])
+        except (ValueError, KeyError, TypeError, OverflowError):
+            pass
+        if claimed is not None and not math.isfinite(claimed):
+            claimed = None  # Infinity or NaN: no claim at all
+        return LeaseFile(owner, claimed, status.st_ino, status.st_mtime_ns)
 
-    def _remove_if(self, path: Path, matches: Callable[[tuple[str, float]], bool]) -> bool:
+    def _expiry(self, path: Path, held: LeaseFile) -> float:
+        """When ``held`` expires: what it claims, capped at the lease time after it was written or first seen.
+
+        Nothing in a lease file is trusted: ``{"expires": 1e18}``, Infinity,
+        NaN or garbage with an mtime in the future would otherwise hold every
+        waiting node for good. A renewal writes a new file (new inode and
+        mtime), so only a lease nobody renews is ever capped by first sight.
+        """
+        if len(self._first_seen) >= 4096:  # a bound on memory, whatever a hostile directory holds
+            self._first_seen.clear()
+        first_seen = self._first_seen.setdefault((str(path), held), time.time())
+        cap = min(held.mtime_ns / 1e9, first_seen) + self.lease_s
+        return cap if held.claimed is None else min(held.claimed, cap)
+
+    def _remove_if(self, path: Path, matches: Callable[[LeaseFile], bool]) -> bool:
         """Remove the lease at ``path`` if what it holds ``matches``; put back a lease that does not."""
         aside = path.with_name(f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}.aside")
         try:
@@ -344,7 +428,7 @@ class SharedDirTier:
         # Read, then replace: a takeover between the two is overwritten. It needs a holder that missed
         # every renewal for a whole lease time, and costs at most a second compile (see lease.py).
         held = self._read_lease(path)
-        if held is None or held[0] != owner:
+        if held is None or held.owner != owner:
             return False
         temp = path.with_name(f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}")
         try:
@@ -359,4 +443,4 @@ class SharedDirTier:
         return True
 
     def _release(self, path: Path, owner: str) -> None:
-        self._remove_if(path, lambda held: held[0] == owner)
+        self._remove_if(path, lambda held: held.owner == owner)
