@@ -7,10 +7,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lazytriton import config
+from lazytriton import compiler, config, runtime
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,6 +26,17 @@ def has_cuda() -> bool:
 
 
 gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; run on the GPU host (see README, 'GPU tests')")
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything would run a kernel (interpreter or GPU runtime)."""
+
+    def launched(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a kernel was launched for bad input")
+
+    monkeypatch.setattr(compiler, "interpret", launched)
+    monkeypatch.setattr(runtime.Runtime, "kernel", launched)
 
 
 @pytest.fixture(autouse=True)
