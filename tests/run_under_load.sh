@@ -10,7 +10,7 @@ for _ in $(seq "$burners"); do python3 -c "while True: pass" & pids+=($!); done
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT
 for run in $(seq "$runs"); do
   start=$(date +%s)
-  if python3 -m pytest -n auto -q -p no:randomly > "/tmp/lazytriton-load-run-$run.log" 2>&1; then status=passed
+  if python3 -m pytest -n auto -q > "/tmp/lazytriton-load-run-$run.log" 2>&1; then status=passed
   else status=FAILED; failed=$((failed + 1)); fi
   echo "run $run: $status in $(( $(date +%s) - start )) s; $(grep -E '[0-9]+ (passed|failed)' "/tmp/lazytriton-load-run-$run.log" | tail -1)"
 done
