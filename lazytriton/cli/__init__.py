@@ -47,7 +47,9 @@ def cmd_info(_: argparse.Namespace) -> int:
         ("device", device),
         ("target", target or "none detected"),
         ("cache dir", str(rt.settings.cache_dir)),
-        ("entries", f"{stats.entries} ({_human(stats.bytes)} on disk, bound {_human(rt.local.size_limit)})"),
+        ("entries", f"{stats.entries} ({_human(stats.bytes)} on disk, bound {_human(rt.local.size_limit)})"
+                    if rt.local.problem is None else f"none: the local cache database cannot be opened "
+                    f"({rt.local.problem}); running from memory only (lazytriton cache clear resets it)"),
         ("compiles", f"{counters.get('compiles', 0)} (since the cache was created)"),
         ("images", ", ".join(str(i.path) for i in rt.images.images) or "none (LAZYTRITON_IMAGES)"),
         ("shared", _redact(rt.settings.shared) if rt.settings.shared else "none (LAZYTRITON_SHARED)"),
