@@ -41,15 +41,23 @@ log = logging.getLogger("lazytriton.store.local")
 # (cubins of 20-300 KiB) always are.
 _FILE_THRESHOLD = 4096
 # Rows diskcache evicts (least recently used first) per write that finds the
-# store over its bound. Measured (benchmarks/local_eviction.py, 2-core CI
-# machine, 2000 puts of 20-300 KiB entries under an 8 MiB bound): 1 lets the
-# store stay over the bound after a write whenever the new entry outweighs the
-# one evicted (up to +290 KiB, 14% of writes); 10 (diskcache's default) evicts
-# ten at once, a fifth of this store, and wipes a store of fewer than eleven
-# entries, the entry just written included; 2 converges (the bound is kept
-# after every write but when one entry outweighs two old ones) and never
-# evicts the new entry while two older ones remain.
-_CULL_LIMIT = 2
+# store at or over its bound. Measured with benchmarks/bench_local_eviction.py
+# (2-core CPU machine; a seeded stream of 20-300 KiB entries, one random read
+# between writes):
+#   limit  writes over the bound, max excess  entries left  own entry evicted
+#   8 MiB bound, 400 writes:
+#     1    297, 1272 KiB (it drifts: one out per one in)     58   0
+#     2      6,   80 KiB                                     58   0
+#     3      1,   32 KiB (SQLite page growth)                58   0
+#     4      0                                               56   0
+#     10     0 (diskcache's default)                         50   0
+#   1 MiB bound (the smallest allowed), 300 writes:
+#     2      8,  135 KiB                                      8   0
+#     3      0                                                9   0
+#     10     0                                                7  42 (it evicts the entry just written)
+# 3 keeps the bound and the most entries; and since three 300 KiB entries fit
+# in 1 MiB, a write never evicts its own entry at any allowed bound.
+_CULL_LIMIT = 3
 # A value file with no index row is swept only when older than this: a writer
 # writes its file, then waits (up to its 10 s SQLite timeout) for the row.
 ORPHAN_GRACE_S = 3600.0
