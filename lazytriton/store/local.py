@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,7 +212,7 @@ class LocalTier:
             yield StoredRow("-", None, f"the entries index cannot be read: {exc}")
             return
         for rowid, key, raw, mode, filename, value in rows:
-            if not raw or type(key) is not str:
+            if not local_disk.is_str_key(key, raw):
                 yield StoredRow(f"row {rowid}", None, f"{local_disk.describe_key(key, raw)}, not an entry key")
                 continue
             try:
@@ -250,22 +251,24 @@ class LocalTier:
     def drop_damaged(self) -> int:
         """Remove every row that is not a valid key holding raw bytes, counted ``corrupt``; how many.
 
-        Judged from the index alone (key type, value mode, file name), nothing
-        decoded; a value file's content is checked when the entry is read.
+        Judged from the index (key type, value mode, file name) and whether its
+        value file is there, nothing decoded; a value file's content is checked
+        when the entry is read.
         """
         from lazytriton.store import local_disk
 
         store = self._store()
         if store is None:
             return 0
-        dropped = 0
-        for _, key, raw, mode, filename, value in local_disk.index_rows(str(self.directory)):
-            if raw and type(key) is str and _is_key(key) and local_disk.value_shape_ok(mode, filename, value):
+        damaged = []
+        for rowid, key, raw, mode, filename, value in local_disk.index_rows(str(self.directory)):
+            if local_disk.is_str_key(key, raw) and _is_key(key) and local_disk.value_shape_ok(mode, filename, value) \
+                    and (filename is None or _regular_file(self.directory / filename)):
                 continue
-            if store.delete(local_disk.DamagedKey(key, raw)):
-                log.warning("dropped a damaged row from %s: %s", self.directory,
-                            local_disk.describe_key(key, raw) if not raw or type(key) is not str else repr(key[:64]))
-                dropped += 1
+            log.warning("dropping a damaged row from %s: %s", self.directory,
+                        repr(key[:64]) if local_disk.is_str_key(key, raw) else local_disk.describe_key(key, raw))
+            damaged.append(rowid)
+        dropped = local_disk.delete_rows(str(self.directory), damaged)
         if dropped:
             self.count("corrupt", dropped)
         return dropped
@@ -427,6 +430,13 @@ def _is_key(key: str) -> bool:
         check_key(key)
         return True
     except ValueError:
+        return False
+
+
+def _regular_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
         return False
 
 
