@@ -1,4 +1,4 @@
-"""How many rows diskcache should evict per write: the evidence for ``lazytriton.store.local._CULL_LIMIT``.
+"""How many rows diskcache should evict per write: the evidence for ``lazytriton.store.local.CULL_LIMIT``.
 
 The local tier lets diskcache's own eviction bound it: a write that finds the
 store at or over its bound evicts ``cull_limit`` rows, least recently used
@@ -41,9 +41,8 @@ def _entry(key: str, size: int) -> Entry:
 def run(limit: int, puts: int, bound: int) -> dict[str, float]:
     """Write ``puts`` entries under ``bound`` with diskcache evicting ``limit`` rows per write."""
     random.seed(13)
-    local._CULL_LIMIT = limit
     with tempfile.TemporaryDirectory() as directory:
-        tier = local.LocalTier(Path(directory) / "entries", size_limit=bound)
+        tier = local.LocalTier(Path(directory) / "entries", size_limit=bound, cull_limit=limit)
         written: list[str] = []
         over = self_evicted = 0
         excess = 0

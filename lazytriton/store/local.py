@@ -12,7 +12,7 @@ verified on every read.
 Counters (compiles, hits, corrupt, ...) live apart, in ``counters.db`` beside
 the index (one small SQLite table, each increment one transaction), so the
 entries table holds entries only and diskcache's own eviction bounds it:
-least recently used first, ``_CULL_LIMIT`` rows per write at most.
+least recently used first, ``CULL_LIMIT`` rows per write at most.
 
 A file no row references (a writer killed between its value file and its
 index row) is an orphan: diskcache never counts or removes it; ``sweep_orphans``
@@ -58,7 +58,7 @@ _FILE_THRESHOLD = 4096
 #     10     0                                                7  42 (it evicts the entry just written)
 # 3 keeps the bound and the most entries; and since three 300 KiB entries fit
 # in 1 MiB, a write never evicts its own entry at any allowed bound.
-_CULL_LIMIT = 3
+CULL_LIMIT = 3
 # A value file with no index row is swept only when older than this: a writer
 # writes its file, then waits (up to its 10 s SQLite timeout) for the row.
 ORPHAN_GRACE_S = 3600.0
@@ -83,11 +83,12 @@ class LocalTier:
     writable = True
 
     def __init__(self, directory: str | os.PathLike[str], name: str = "local",
-                 size_limit: int = DEFAULT_CACHE_MAX_BYTES) -> None:
+                 size_limit: int = DEFAULT_CACHE_MAX_BYTES, cull_limit: int = CULL_LIMIT) -> None:
         self.name = name
         self.directory = Path(directory)
         self._cache: Any = None  # a diskcache.Cache, opened on first use
         self._size_limit = size_limit
+        self._cull_limit = cull_limit
         self._warned: set[str] = set()
         self._problem: str | None = None
 
@@ -99,7 +100,7 @@ class LocalTier:
                 from lazytriton.store.local_disk import RawDisk
 
                 self._cache = diskcache.Cache(
-                    str(self.directory), disk=RawDisk, size_limit=self._size_limit, cull_limit=_CULL_LIMIT,
+                    str(self.directory), disk=RawDisk, size_limit=self._size_limit, cull_limit=self._cull_limit,
                     eviction_policy="least-recently-used", disk_min_file_size=_FILE_THRESHOLD, timeout=10,
                     # Pinned: these settings are otherwise read from the (untrusted) Settings table.
                     statistics=0, tag_index=0, sqlite_auto_vacuum=1, sqlite_cache_size=2**13,
