@@ -199,6 +199,19 @@ def test_a_value_file_replaced_by_a_symlink_is_damage(entries: Path, tmp_path: P
     assert secret.exists()
 
 
+def test_counters_of_an_older_lazytriton_move_to_counters_db(entries: Path) -> None:
+    LocalTier(entries).close()
+    with plain(entries) as older:
+        older.incr("counter:compiles", 7)
+        older.set(KEY, fake_entry(KEY).encode())
+    tier = LocalTier(entries)
+    assert [row.key for row in tier.scan()] == [KEY], "not listed, not damage"
+    assert tier.counters() == {}
+    assert tier.drop_damaged() == 0
+    assert tier.counters() == {"compiles": 7} and sorted(tier.keys()) == [KEY]
+    assert tier.get(KEY) == fake_entry(KEY)
+
+
 # --- finding 11: orphaned value files --------------------------------------------------------------------------
 
 KILL_BETWEEN_FILE_AND_ROW = """

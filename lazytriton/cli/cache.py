@@ -186,6 +186,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"{'image':<6} {image_entries:>8} {human_bytes(image_bytes):>10}  {len(paths)} image(s): "
           f"{', '.join(str(p) for p in paths) or 'none on the search path'}")
     print(f"{'local':<6} {local.entries:>8} {human_bytes(local.bytes):>10}  {rt.local.directory}")
+    if rt.local.problem is not None:
+        print(f"local tier unusable: its database cannot be opened ({rt.local.problem}); running from memory only")
     counters = rt.counters()
     print(f"hits {counters.get('hits', 0)}, misses {_miss_count(rt)} (JIT compiles in the miss log), "
           f"compiles {counters.get('compiles', 0)}, corrupt {counters.get('corrupt', 0)} "

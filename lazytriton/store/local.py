@@ -213,6 +213,8 @@ class LocalTier:
             yield StoredRow("-", None, f"the entries index cannot be read: {exc}")
             return
         for rowid, key, raw, mode, filename, value in rows:
+            if local_disk.legacy_counter(key, raw, mode, value) is not None:
+                continue  # an older lazytriton's counter: ``drop_damaged`` moves it to counters.db
             if not local_disk.is_str_key(key, raw):
                 yield StoredRow(f"row {rowid}", None, f"{local_disk.describe_key(key, raw)}, not an entry key")
                 continue
@@ -252,6 +254,9 @@ class LocalTier:
     def drop_damaged(self) -> int:
         """Remove every row that is not a valid key holding raw bytes, counted ``corrupt``; how many.
 
+        An older lazytriton's counter (``counter:<name>`` holding an int) is
+        not damage: it is added to ``counters.db`` and removed.
+
         Judged from the index (key type, value mode, file name) and whether its
         value file is there, nothing decoded; a value file's content is checked
         when the entry is read.
@@ -261,14 +266,20 @@ class LocalTier:
         store = self._store()
         if store is None:
             return 0
-        damaged = []
+        damaged, legacy = [], []
         for rowid, key, raw, mode, filename, value in local_disk.index_rows(str(self.directory)):
+            name = local_disk.legacy_counter(key, raw, mode, value)
+            if name is not None:  # counters lived among the entries before lazytriton 0.1's counters.db
+                self.count(name, value)
+                legacy.append(rowid)
+                continue
             if local_disk.is_str_key(key, raw) and _is_key(key) and local_disk.value_shape_ok(mode, filename, value) \
                     and (filename is None or _regular_file(self.directory / filename)):
                 continue
             log.warning("dropping a damaged row from %s: %s", self.directory,
                         repr(key[:64]) if local_disk.is_str_key(key, raw) else local_disk.describe_key(key, raw))
             damaged.append(rowid)
+        local_disk.delete_rows(str(self.directory), legacy)
         dropped = local_disk.delete_rows(str(self.directory), damaged)
         if dropped:
             self.count("corrupt", dropped)

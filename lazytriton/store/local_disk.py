@@ -194,6 +194,13 @@ def delete_rows(directory: str, rowids: list[int]) -> int:
     return int(deleted)
 
 
+def legacy_counter(key: Any, raw: Any, mode: Any, value: Any) -> str | None:
+    """The name of a counter an older lazytriton kept among the entries (``counter:<name>``, an int), else None."""
+    if is_str_key(key, raw) and key.startswith("counter:") and mode == MODE_RAW and type(value) is int:
+        return str(key[len("counter:"):])
+    return None
+
+
 def value_shape_ok(mode: Any, filename: Any, value: Any) -> bool:
     """True when a row stores raw bytes inline or in a value file named as diskcache names them."""
     if mode == MODE_RAW:
