@@ -376,3 +376,37 @@ def test_any_row_is_an_entry_a_miss_or_damage(rows: list[tuple[Any, ...]]) -> No
         assert tier.get("e" * 32) == fake_entry("e" * 32)
         tier.close()
         assert not marker.exists()
+
+
+@pytest.mark.parametrize("schema", [
+    "CREATE TABLE Cache (x)",  # diskcache's table, without its columns
+    "CREATE TABLE Settings (key TEXT, value); INSERT INTO Settings VALUES ('size', 'lots'), ('count', x'00')",
+    "UPDATE Settings SET value = 'lots' WHERE key IN ('size', 'count')",  # diskcache's own tables
+    "DROP INDEX Cache_key_raw; INSERT INTO Cache (key, raw, mode, value) VALUES ('aaa', 1, 1, x'00'), ('aaa', 1, 1, 3)",
+], ids=["cache-table", "settings-table", "settings-values", "duplicate-keys"])
+def test_a_foreign_schema_is_damage_not_a_traceback(entries: Path, schema: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    if schema.startswith(("UPDATE", "DROP")):
+        made = LocalTier(entries)
+        assert made.usable
+        made.close()
+    else:
+        entries.mkdir(parents=True)
+    with sqlite3.connect(entries / "cache.db") as con:
+        con.executescript(schema.replace("'aaa'", f"'{KEY}'"))
+    tier = LocalTier(entries)
+    tier.get(KEY)
+    list(tier.keys())
+    tier.stats()
+    for command in (["info"], ["cache", "ls"], ["cache", "stats"]):
+        assert cache_main(*command)[0] in (0, 1), command
+    tier.put(KEY, fake_entry(KEY))  # stored or not, never raised
+    tier.count("compiles")
+    for command in (["cache", "gc"], ["cache", "ls"]):
+        assert cache_main(*command)[0] in (0, 1), command
+    status, out = cache_main("cache", "verify")
+    if schema.startswith("CREATE TABLE Cache"):
+        assert status == 1 and "FAIL local" in out, out
+    assert cache_main("cache", "clear")[0] == 0
+    fresh = LocalTier(entries)
+    assert fresh.put(KEY, fake_entry(KEY)) and fresh.get(KEY) == fake_entry(KEY)

@@ -243,13 +243,13 @@ class LocalTier:
         store = self._store()
         if store is None:
             return 0, 0
-        before, removed = store.volume(), 0
+        before, removed = self.volume(), 0
         if before > bound:
             for key, raw in local_disk.index_rows(str(self.directory), "ORDER BY access_time", columns="key, raw"):
-                if store.volume() <= bound:
+                if self.volume() <= bound:
                     break
                 removed += bool(store.delete(local_disk.DamagedKey(key, raw)))
-        return removed, max(before - store.volume(), 0)
+        return removed, max(before - self.volume(), 0)
 
     def drop_damaged(self) -> int:
         """Remove every row that is not a valid key holding raw bytes, counted ``corrupt``; how many.
@@ -352,15 +352,26 @@ class LocalTier:
         """Keys of the entries held (rows that are not entry keys are skipped, never decoded)."""
         store = self._store()
         if store is None:
-            return iter(())
-        return (key for key in store.iterkeys() if type(key) is str and _is_key(key))
+            return
+        try:
+            for key in store.iterkeys():
+                if type(key) is str and _is_key(key):
+                    yield key
+        except Exception as exc:  # a damaged index: ``cache verify`` says so
+            self.warn_once("read", f"local cache read failed ({exc}); treated as a miss")
+
+    def volume(self) -> int:
+        """Bytes on disk by diskcache's count (index plus value files); 0 when its count is unreadable."""
+        store = self._store()
+        try:
+            return 0 if store is None else int(store.volume())
+        except Exception as exc:  # a damaged Settings table
+            self.warn_once("read", f"local cache read failed ({exc}); treated as a miss")
+            return 0
 
     def stats(self) -> TierStats:
         """Entry count and bytes of the tier's directory (orphaned files are not counted: ``gc`` sweeps them)."""
-        store = self._store()
-        if store is None:
-            return TierStats(self.name, 0, 0)
-        return TierStats(self.name, sum(1 for _ in self.keys()), int(store.volume()))
+        return TierStats(self.name, sum(1 for _ in self.keys()), self.volume())
 
     def entry_path(self, key: str) -> Path | None:
         """The file that holds the entry's bytes (tests corrupt it on purpose)."""
