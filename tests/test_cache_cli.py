@@ -300,24 +300,24 @@ def test_explain_decides_from_probes_alone() -> None:
 def test_gc_evicts_least_recently_used_entries_and_keeps_counters(
         cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tier = local(cache_dir)
-    keys = [f"{i:032x}" for i in range(1, 7)]
+    keys = [f"{i:032x}" for i in range(1, 31)]
     for key in keys:
-        assert tier.put(key, fake_entry(key, size=100_000))
-        time.sleep(0.01)
-    tier.count("compiles", 6)
-    time.sleep(0.01)
+        assert tier.put(key, fake_entry(key, size=20_000))
+        time.sleep(0.002)  # distinct access times (diskcache's clock); order, not speed, is what is tested
+    tier.count("compiles", 30)
     for key in (keys[0], keys[1]):  # used again: now the most recent
         assert tier.get(key) is not None
-        time.sleep(0.01)
+        time.sleep(0.002)
     tier.close()
     volume = local(cache_dir).stats().bytes
-    bound = volume - 250_000  # room for all but three entries
+    size = len(fake_entry(keys[0], size=20_000).encode())
+    bound = volume - 12 * size + size // 2  # room for all but twelve entries
     status, out, _ = cli(capsys, "gc", "--max-bytes", str(bound))
-    assert status == 0 and "removed 3 least recently used entries" in out
+    assert status == 0 and "removed 12 least recently used entries" in out, out
     after = local(cache_dir)
-    assert sorted(after.keys()) == sorted([keys[0], keys[1], keys[5]])
+    assert sorted(after.keys()) == sorted([keys[0], keys[1], *keys[14:]])
     assert after.stats().bytes <= bound
-    assert after.counters() == {"compiles": 6}
+    assert after.counters() == {"compiles": 30}
 
 
 def test_the_local_bound_is_a_setting(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,

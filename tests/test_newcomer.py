@@ -149,7 +149,7 @@ def test_plural() -> None:
 
 
 def test_prewarm_counts_one_variant_in_the_singular(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "causal",
+    assert main(["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "top_left",
                  "--seqlen-q", "128", "--seqlen-k", "128", "--list"]) == 0
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 1 and err.strip() == "1 variant"

@@ -86,6 +86,7 @@ def info_fields() -> dict[str, Any]:
         "entries": stats.entries,
         "bytes": stats.bytes,
         "max_bytes": rt.local.size_limit,
+        "local_problem": rt.local.problem,
         "compiles": rt.counters().get("compiles", 0),
         "images": [str(i.path) for i in rt.images.images],
         "shared": _redact(rt.settings.shared) if rt.settings.shared else None,
@@ -108,7 +109,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("device", fields["device"] or no_device),
         ("target", fields["target"] or "none detected"),
         ("cache dir", fields["cache_dir"]),
-        ("entries", f"{fields['entries']} ({_human(fields['bytes'])} on disk, bound {_human(fields['max_bytes'])})"),
+        ("entries", f"{fields['entries']} ({_human(fields['bytes'])} on disk, bound {_human(fields['max_bytes'])})"
+                    if fields["local_problem"] is None else "none: the local cache database cannot be opened "
+                    f"({fields['local_problem']}); running from memory only (lazytriton cache clear resets it)"),
         ("compiles", f"{fields['compiles']} (since the cache was created)"),
         ("images", ", ".join(fields["images"]) or "none (LAZYTRITON_IMAGES)"),
         ("shared", fields["shared"] or "none (LAZYTRITON_SHARED)"),

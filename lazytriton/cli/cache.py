@@ -1,17 +1,18 @@
-"""``lazytriton cache``: list, count, verify, explain, bound, export and import cached entries.
+"""``lazytriton cache``: list, count, verify, explain, bound, clear, export and import cached entries.
 
     lazytriton cache ls [--tier all|image|local] [--target sm_90,gfx942]
     lazytriton cache stats
     lazytriton cache verify [PATH]          # the local tier and images, or one image / cache dir
     lazytriton cache explain --dtype bf16 --head-dim 128 --seqlen-q 4096 [--seqlen-k N]
                              [--causal none|top_left|bottom_right] [--target sm_90] [--unaligned]
-    lazytriton cache gc [--max-bytes 2G]    # least recently used entries go first
+    lazytriton cache gc [--max-bytes 2G]    # least recently used entries go first; damaged rows, orphaned files
+    lazytriton cache clear                  # entries, counters, miss log, compile locks
     lazytriton cache export --out FILE [--target sm_90,...]
     lazytriton cache import FILE
 
 Exit status: 0 when all is well, 1 when something checked fails (a damaged
 entry, an invalid binary, nothing to export), 2 for a bad argument. Nothing
-here writes to a tier except ``gc``, ``import`` and (to its own file) ``export``.
+here writes to a tier except ``gc``, ``clear``, ``import`` and (to its own file) ``export``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
 from lazytriton.record import record
-from lazytriton.store.local import LocalTier
+from lazytriton.store.local import ORPHAN_GRACE_S, LocalTier
 
 
 def human_bytes(n: int) -> str:
@@ -82,15 +83,25 @@ def _image_paths(rt: Any) -> list[Path]:
 
 
 def local_rows(tier: LocalTier) -> Iterator[Row]:
-    """Every entry of a local tier, read without side effects."""
-    for key in sorted(tier.keys()):
-        data = tier.peek(key)
-        if data is None:
+    """Every row of a local tier, read without side effects and never unpickled.
+
+    A database that cannot be opened is one damaged row (key ``-``): every
+    process then runs from memory only, which ``verify`` must not call "all ok".
+    """
+    if tier.problem is not None:
+        yield Row(tier.name, str(tier.directory), "-", 0, None,
+                  f"the local cache database cannot be opened ({tier.problem}): every process runs from memory "
+                  "only; `lazytriton cache clear` starts it afresh")
+        return
+    for stored in tier.scan():
+        if stored.data is None:
+            yield Row(tier.name, str(tier.directory), stored.key, 0, None, stored.problem)
             continue
         try:
-            yield Row(tier.name, str(tier.directory), key, len(data), Entry.decode(data, expected_key=key))
+            entry = Entry.decode(stored.data, expected_key=stored.key)
+            yield Row(tier.name, str(tier.directory), stored.key, len(stored.data), entry)
         except EntryError as exc:
-            yield Row(tier.name, str(tier.directory), key, len(data), None, str(exc))
+            yield Row(tier.name, str(tier.directory), stored.key, len(stored.data), None, str(exc))
 
 
 def image_rows(path: Path, tier: str = "image") -> Iterator[Row]:
@@ -177,6 +188,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"{'image':<6} {image_entries:>8} {human_bytes(image_bytes):>10}  {len(paths)} image(s): "
           f"{', '.join(str(p) for p in paths) or 'none on the search path'}")
     print(f"{'local':<6} {local.entries:>8} {human_bytes(local.bytes):>10}  {rt.local.directory}")
+    if rt.local.problem is not None:
+        print(f"local tier unusable: its database cannot be opened ({rt.local.problem}); running from memory only")
     counters = rt.counters()
     print(f"hits {counters.get('hits', 0)}, misses {_miss_count(rt)} (JIT compiles in the miss log), "
           f"compiles {counters.get('compiles', 0)}, corrupt {counters.get('corrupt', 0)} "
@@ -213,7 +226,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             failures += 1
             for problem in problems:
                 print(f"FAIL {row.tier} {row.where} {row.key}: {problem}")
-    checked = sum(1 for row in rows if row.key != "-")
+    checked = sum(1 for row in rows if row.key != "-")  # "-": an image or a database that does not open
     outcome = f"{failures} failed" if failures else "all ok"
     print(f"{checked} entries checked (checksum, decoding, ELF kind, arch and kernel symbol): {outcome}")
     return 1 if failures else 0
@@ -283,14 +296,47 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     rt = _runtime()
     tier = rt.local
+    if tier.problem is not None:
+        print(f"local tier {tier.directory} cannot be opened ({tier.problem}); `lazytriton cache clear` resets it",
+              file=sys.stderr)
+        return 1
     before = tier.stats()
+    damaged = tier.drop_damaged()
     removed, freed = tier.cull(args.max_bytes)
+    orphans, orphan_bytes = tier.sweep_orphans()
     after = tier.stats()
     bound = args.max_bytes if args.max_bytes is not None else tier.size_limit
-    print(f"removed {removed} least recently used entries ({human_bytes(freed)}); local tier {tier.directory}: "
-          f"{before.entries} -> {after.entries} entries, {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
-          f"(bound {human_bytes(bound)})")
+    print(f"removed {removed} least recently used entries ({human_bytes(freed)}), {damaged} damaged rows and "
+          f"{orphans} orphaned files ({human_bytes(orphan_bytes)}, no index row, older than "
+          f"{ORPHAN_GRACE_S / 3600:.0f} h); local tier {tier.directory}: {before.entries} -> {after.entries} "
+          f"entries, {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} (bound {human_bytes(bound)})")
     return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    """Remove the local tier's entries and counters, the miss log and the compile locks; images are untouched."""
+    rt = _runtime()
+    cache_dir = rt.settings.cache_dir
+    entries = rt.local.clear()
+    misses = _remove_file(rt.miss_log)
+    locks = 0
+    lock_dir = cache_dir / "locks"
+    if lock_dir.is_dir() and not lock_dir.is_symlink():
+        for path in lock_dir.iterdir():
+            if path.name.endswith(".lock") and not path.is_dir():
+                locks += _remove_file(path)
+    print(f"cleared {cache_dir}: {entries} entries and the counters (local tier {rt.local.directory}), "
+          f"{'the' if misses else 'no'} miss log, {locks} compile locks; images are untouched")
+    return 0
+
+
+def _remove_file(path: Path) -> int:
+    """Unlink ``path`` (a link itself, never its target); 1 if it was there."""
+    try:
+        path.unlink()
+        return 1
+    except FileNotFoundError:
+        return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -375,10 +421,14 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
     ex.set_defaults(fn=_guarded(cmd_explain))
-    gc = commands.add_parser("gc", help="bound the local tier's size, least recently used entries first")
+    gc = commands.add_parser("gc", help="bound the local tier's size (least recently used entries first), "
+                                        "drop damaged rows, sweep orphaned files")
     gc.add_argument("--max-bytes", type=parse_size,
                     help="bound in bytes (500M, 2G; default: LAZYTRITON_CACHE_MAX_BYTES, else 4G)")
     gc.set_defaults(fn=_guarded(cmd_gc))
+    clear = commands.add_parser("clear", help="remove the local tier's entries and counters, the miss log and "
+                                              "the compile locks (images are untouched)")
+    clear.set_defaults(fn=_guarded(cmd_clear))
     export = commands.add_parser("export", help="write the local tier's entries to an image")
     export.add_argument("--out", type=Path, required=True, help="the image file to write")
     export.add_argument("--target", help="only these targets, comma-separated")
