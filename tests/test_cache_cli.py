@@ -187,9 +187,9 @@ def test_ls_lists_both_tiers_and_filters(cache_dir: Path, tmp_path: Path, cubin:
     assert " local " in rows["sm_90"] and cubin.variant in rows["sm_90"]
     assert all(" flash_fwd " in row for row in rows.values())
     _, out, _ = cli(capsys, "ls", "--tier", "local")
-    assert "gfx942" not in out and "1 entries" in out
+    assert "gfx942" not in out and "1 entry\n" in out
     _, out, _ = cli(capsys, "ls", "--target", "gfx942")
-    assert "sm_90 " not in out and "1 entries" in out
+    assert "sm_90 " not in out and "1 entry\n" in out
 
 
 def test_stats_counts_entries_bytes_hits_misses_compiles(
@@ -331,7 +331,7 @@ def test_the_local_bound_is_a_setting(cache_dir: Path, monkeypatch: pytest.Monke
     assert status == 0 and "removed 0 least recently used entries" in out and "(bound 1.5 MiB)" in out
     config.configure(cache_max_bytes="1M")
     status, out, _ = cli(capsys, "gc")
-    assert status == 0 and "removed 1 least recently used entries" in out and local(cache_dir).stats().bytes <= 1 << 20
+    assert status == 0 and "removed 1 least recently used entry " in out and local(cache_dir).stats().bytes <= 1 << 20
     for value, message in (("lots", "LAZYTRITON_CACHE_MAX_BYTES must be a size such as 500M or 2G, got 'lots'"),
                            ("1000", "LAZYTRITON_CACHE_MAX_BYTES must be at least 1M")):
         monkeypatch.setenv("LAZYTRITON_CACHE_MAX_BYTES", value)
@@ -362,7 +362,7 @@ def test_export_then_import(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco
                             monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     seed(cache_dir, cubin, hsaco)
     status, out, _ = cli(capsys, "export", "--out", str(tmp_path / "sm90.ltimg"), "--target", "cuda:90")
-    assert status == 0 and "wrote 1 entries (sm_90)" in out
+    assert status == 0 and "wrote 1 entry (sm_90)" in out
     status, out, _ = cli(capsys, "export", "--out", str(tmp_path / "all.ltimg"))
     assert status == 0 and "wrote 2 entries (gfx942, sm_90)" in out
     with Image(tmp_path / "all.ltimg") as image:

@@ -144,7 +144,7 @@ def test_pickled_keys_and_counters_are_never_unpickled_while_listing(
     assert status == 0 and "4 damaged rows" in out, out
     assert LocalTier(entries).counters() == {"corrupt": 4}
     status, out = cache_main("cache", "verify")
-    assert status == 0 and "1 entries checked" in out and "all ok" in out
+    assert status == 0 and "1 entry checked" in out and "all ok" in out
     assert not planted.exists()
 
 

@@ -27,6 +27,7 @@ from lazytriton import config
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
+from lazytriton.cli import plural
 from lazytriton.record import record
 from lazytriton.store.local import ORPHAN_GRACE_S, LocalTier
 
@@ -160,7 +161,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         variant = row.entry.variant if row.entry else f"DAMAGED: {row.problem}"
         print(f"{target:<8} {kernel:<10} {human_bytes(row.size):>10} {row.tier:<6} {row.key:<32} {variant}")
         shown += 1
-    print(f"{shown} entries")
+    print(plural(shown, "entry"))
     return 0
 
 
@@ -228,7 +229,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 print(f"FAIL {row.tier} {row.where} {row.key}: {problem}")
     checked = sum(1 for row in rows if row.key != "-")  # "-": an image or a database that does not open
     outcome = f"{failures} failed" if failures else "all ok"
-    print(f"{checked} entries checked (checksum, decoding, ELF kind, arch and kernel symbol): {outcome}")
+    print(f"{plural(checked, 'entry')} checked (checksum, decoding, ELF kind, arch and kernel symbol): {outcome}")
     return 1 if failures else 0
 
 
@@ -306,7 +307,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     orphans, orphan_bytes = tier.sweep_orphans()
     after = tier.stats()
     bound = args.max_bytes if args.max_bytes is not None else tier.size_limit
-    print(f"removed {removed} least recently used entries ({human_bytes(freed)}), {damaged} damaged rows and "
+    print(f"removed {plural(removed, 'least recently used entry')} ({human_bytes(freed)}), {damaged} damaged rows and "
           f"{orphans} orphaned files ({human_bytes(orphan_bytes)}, no index row, older than "
           f"{ORPHAN_GRACE_S / 3600:.0f} h); local tier {tier.directory}: {before.entries} -> {after.entries} "
           f"entries, {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} (bound {human_bytes(bound)})")
@@ -325,7 +326,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         for path in lock_dir.iterdir():
             if path.name.endswith(".lock") and not path.is_dir():
                 locks += _remove_file(path)
-    print(f"cleared {cache_dir}: {entries} entries and the counters (local tier {rt.local.directory}), "
+    print(f"cleared {cache_dir}: {plural(entries, 'entry')} and the counters (local tier {rt.local.directory}), "
           f"{'the' if misses else 'no'} miss log, {locks} compile locks; images are untouched")
     return 0
 
@@ -354,7 +355,7 @@ def cmd_export(args: argparse.Namespace) -> int:
               f"{' for ' + ','.join(sorted(targets)) if targets else ''}", file=sys.stderr)
         return 1
     info = write_image(args.out, entries, meta={"source": "lazytriton cache export"})
-    print(f"wrote {info.entries} entries ({', '.join(sorted({e.target for e in entries}))}) to {info.path}: "
+    print(f"wrote {plural(info.entries, 'entry')} ({', '.join(sorted({e.target for e in entries}))}) to {info.path}: "
           f"{human_bytes(info.stored_bytes)}, {info.stored_bytes / max(info.binary_bytes, 1):.3f} of the binaries' "
           f"{human_bytes(info.binary_bytes)} ({info.codec})")
     return 1 if damaged else 0
@@ -377,7 +378,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         else:
             failed.append(row)
             print(f"FAIL {row.key}: the local tier {rt.local.directory} did not store it", file=sys.stderr)
-    print(f"imported {added} entries into {rt.local.directory} ({present} already there, {len(failed)} failed)")
+    print(f"imported {plural(added, 'entry')} into {rt.local.directory} ({present} already there, "
+          f"{len(failed)} failed)")
     return 1 if failed else 0
 
 
