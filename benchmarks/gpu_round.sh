@@ -48,6 +48,11 @@ case " $* " in *" capi "*)  # the C API: GPU tests (device memory, plans), then 
   python3 -P -m pytest tests/test_capi.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/capi_tests.log" | tail -5
   python3 benchmarks/bench_capi.py --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi.log" | tail -8 ;;
 esac
+case " $* " in *" verify "*)  # an image built by this host's Triton passes cache verify (launch metadata vs ELF)
+  lazytriton prewarm --target sm_90 --dtype bf16,fp32 --head-dim 64,128 --causal none --seqlen-q 4096 --seqlen-k 4096 \
+    --out /tmp/lt-verify.ltimg > "$OUT/verify_prewarm.log" 2>&1; tail -2 "$OUT/verify_prewarm.log"
+  lazytriton cache verify /tmp/lt-verify.ltimg 2>&1 | tee "$OUT/verify.log" | tail -4 ;;
+esac
 case " $* " in *" interface "*)  # host cost eager vs op, a compiled model step, CUDA graph replay
   python3 benchmarks/bench_interface.py --csv "$OUT/interface.csv" 2>&1 | tee "$OUT/bench_interface.log" | tail -22 ;;
 esac
