@@ -7,21 +7,19 @@ Triton version installed).
 
 Supported: Triton 3.6 (the GPU host) to 3.9 (CI). Both append two hidden
 pointer parameters (global and profile scratch) after the kernel's own.
+CPU tensors go through Triton's interpreter, in ``lazytriton.interpreter``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import os
 import re
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from types import ModuleType
 from typing import Any
 
 from lazytriton.cache_format import Entry, Provenance
@@ -29,9 +27,10 @@ from lazytriton.kernels import KernelSpec, get, source_fingerprint
 from lazytriton.target import Target
 from lazytriton.variant import LAUNCH_ABI, Variant
 
-# Triton serialises its global state (knobs, its own cache, our interpreter
-# patches); one compile or interpretation at a time per process.
-_lock = threading.RLock()
+# Triton keeps global state (its knobs, TRITON_CACHE_DIR set below for the
+# length of a compile): one compile at a time per process. The interpreter takes
+# it too, once, while it loads its private copy of triton.language.
+TRITON_LOCK = threading.RLock()
 
 
 class CompileError(RuntimeError):
@@ -124,7 +123,7 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch
     signature = spec.signature(variant.dtype, bool(variant.constexprs.get("INDEX64", False)))
     source = ASTSource(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
-    with _lock, _private_triton_cache():
+    with TRITON_LOCK, _private_triton_cache():
         try:
             kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)
         except Exception as exc:
@@ -161,120 +160,8 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     )
 
 
-# ---------------------------------------------------------------------------
-# CPU: Triton's interpreter.
-#
-# Triton decides between compiling and interpreting when a function is
-# decorated, and its own standard library (tl.zeros, tl.max, ...) was decorated
-# for compiling when triton was imported. To interpret in a process that also
-# compiles, the kernel module is loaded a second time with the interpreter on,
-# and while it runs the library's @jit functions are swapped for interpreted
-# twins. The swap is undone afterwards and is guarded by ``_lock``.
-
-_interpreted: dict[str, ModuleType] = {}
-_interpreted_lib: dict[int, Any] = {}
-
-
-def _import_triton_compiled() -> None:
-    """Import triton (and gluon, which the interpreter imports lazily) in compile mode, before any swap."""
-    import triton
-    import triton.language  # noqa: F401
-
-    with contextlib.suppress(ImportError):
-        import triton.experimental.gluon  # noqa: F401
-
-
-def _load_interpreted(spec: KernelSpec) -> ModuleType:
-    if spec.module not in _interpreted:
-        _import_triton_compiled()
-        old = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            file_spec = importlib.util.spec_from_file_location(f"_lazytriton_interpreted_{spec.name}", spec.source_path)
-            module = importlib.util.module_from_spec(file_spec)  # type: ignore[arg-type]
-            file_spec.loader.exec_module(module)  # type: ignore[union-attr]
-        finally:
-            if old is None:
-                os.environ.pop("TRITON_INTERPRET", None)
-            else:
-                os.environ["TRITON_INTERPRET"] = old
-        _interpreted[spec.module] = module
-    return _interpreted[spec.module]
-
-
-def _snapshot(objects: Sequence[Any]) -> list[tuple[Any, dict[str, Any]]]:
-    return [(obj, dict(vars(obj))) for obj in objects if obj is not None]
-
-
-def _restore(snapshot: list[tuple[Any, dict[str, Any]]]) -> None:
-    """Put back every attribute that changed; drop the ones added to classes (modules keep theirs)."""
-    for obj, before in snapshot:
-        now = vars(obj)
-        if isinstance(obj, type):
-            for name in [n for n in now if n not in before]:
-                delattr(obj, name)
-        for name, value in before.items():
-            if now.get(name, _MISSING) is not value:
-                setattr(obj, name, value)
-
-
-_MISSING = object()
-
-
-@contextlib.contextmanager
-def _interpreter_scope() -> Iterator[None]:
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-    from triton.runtime.jit import JITFunction
-
-    _import_triton_compiled()
-    modules = [m for name, m in sorted(sys.modules.items()) if name.startswith("triton.language") and m is not None]
-    # Everything the interpreter patches, as it is now. Calls between @jit
-    # functions patch triton.language without undoing it (Triton 3.6 and 3.9),
-    # which breaks later compiles in this process; restoring these undoes it all.
-    snapshot = _snapshot([*modules, tl.tensor, tl.core.dtype, getattr(tl.core, "tensor_descriptor_base", None)])
-    for module in modules:
-        for name, value in list(vars(module).items()):
-            if isinstance(value, JITFunction):
-                setattr(module, name, _interpreted_lib.setdefault(id(value), interpreter.InterpretedFunction(value.fn)))
-
-    builder = interpreter.interpreter_builder
-    create_dot = builder.create_dot
-
-    def create_dot_bf16(a: Any, b: Any, d: Any, *args: Any) -> Any:
-        # Triton's interpreter keeps bf16 as uint16 and would multiply the bit
-        # patterns as integers; widen bf16 operands to float32 first.
-        def widen(x: Any) -> Any:
-            if x.dtype.scalar == tl.bfloat16:
-                data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
-                return interpreter.TensorHandle(data, tl.float32)
-            return x
-
-        return create_dot(widen(a), widen(b), d, *args)
-
-    builder.create_dot = create_dot_bf16
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patch_tensor_index(tensor: Any, scope: Any) -> None:
-        # Triton 3.6's interpreter makes loop bounds such as tl.minimum(a, b)
-        # one-element arrays, and int() of those fails in range(); 3.9 squeezes.
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    interpreter._patch_lang_tensor = patch_tensor_index
-    try:
-        yield
-    finally:
-        interpreter._patch_lang_tensor = patch_tensor
-        del builder.create_dot
-        _restore(snapshot)
-
-
 def interpret(kernel: str, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any]) -> None:
-    """Run a kernel on CPU tensors through Triton's interpreter."""
-    spec = get(kernel)
-    with _lock:
-        fn = getattr(_load_interpreted(spec), spec.function)
-        with _interpreter_scope():
-            fn[tuple(grid)](*args, **constexprs)
+    """Run a kernel on CPU tensors through Triton's interpreter (``lazytriton.interpreter``)."""
+    from lazytriton import interpreter
+
+    interpreter.interpret(kernel, grid, args, constexprs)

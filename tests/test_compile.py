@@ -153,7 +153,7 @@ def test_short_sequence_default_compiles() -> None:
 
 def test_interpreting_then_compiling_in_one_process() -> None:
     """Triton's interpreter leaves triton.language patched after calls between @jit functions;
-    compiler._interpreter_scope undoes it, so a compile after a CPU call still works (and vice versa)."""
+    lazytriton.interpreter runs it on a private copy, so a compile after a CPU call still works (and vice versa)."""
     import torch
 
     from lazytriton import compiler, dispatch
