@@ -207,6 +207,9 @@ def _read_environment() -> Settings:
 
 _lock = threading.Lock()
 _current: Settings | None = None
+# Bumped by configure() and reset(): the runtime compares it with the generation it was built
+# for and rebuilds itself (config never imports the runtime; the runtime imports config).
+generation = 0
 
 
 def settings() -> Settings:
@@ -249,11 +252,10 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
         level = check_log_level(log_level, "log_level")
         changes["log_level"] = level
         apply_log_level(level)
+    global generation
     with _lock:
         _current = replace(current, **changes)  # type: ignore[arg-type]
-    from lazytriton import runtime
-
-    runtime.reset()
+        generation += 1
     return _current
 
 
@@ -279,9 +281,7 @@ def _shared_changes(shared: str | None, signing_key: str | bytes | None,
 
 def reset() -> None:
     """Forget the settings and the runtime; the next use reads the environment again."""
-    global _current
+    global _current, generation
     with _lock:
         _current = None
-    from lazytriton import runtime
-
-    runtime.reset()
+        generation += 1
