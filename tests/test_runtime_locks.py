@@ -95,27 +95,59 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
-def test_a_blocked_compile_delays_no_lookup_of_another_key(tmp_path: Path, blocking: BlockingCompile) -> None:
+def hold(blocker: str, blocking: BlockingCompile, cache_dir: Path) -> Callable[[], None]:
+    """Make resolving COMPILING block on ``blocker``; returns what releases it."""
+    if blocker == "compile":
+        return blocking.release.set
+    blocking.release.set()  # the compile itself is quick; the wait is for the file lock or the lease
+    if blocker == "file_lock":  # as another process holding the key's compile lock
+        from filelock import FileLock
+
+        lock = FileLock(str(cache_dir / "locks" / f"{COMPILING.key()}.lock"))
+        (cache_dir / "locks").mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        return lock.release
+    from lazytriton.store.shared import open_shared
+
+    other_node = open_shared(config.settings())  # another node on the same shared directory
+    assert other_node is not None
+    lease = other_node.try_lease(COMPILING.key())
+    assert lease is not None
+    return lease.release
+
+
+@pytest.mark.parametrize("blocker", ["compile", "file_lock", "lease"])
+def test_a_blocked_key_delays_no_lookup_of_another_key(tmp_path: Path, cache_dir: Path, blocking: BlockingCompile,
+                                                       blocker: str) -> None:
     write_image(tmp_path / "one.ltimg", [fake_entry(IMAGE)], codec="zstd")
-    config.configure(images=[tmp_path / "one.ltimg"])
+    config.configure(images=[tmp_path / "one.ltimg"],
+                     shared=f"file://{tmp_path / 'shared'}" if blocker == "lease" else None)
+    (tmp_path / "shared").mkdir()
     rt = runtime.get()
     rt.local.put(LOCAL.key(), fake_entry(LOCAL))
     rt.local.put(MEMORY.key(), fake_entry(MEMORY))
     assert rt.resolve(MEMORY).source == "local"  # now in memory
+    release = hold(blocker, blocking, cache_dir)
 
-    compiling, compiled = in_thread(lambda: rt.resolve(COMPILING))
-    assert blocking.started.wait(DEADLINE_S), "the compile never started"
-    lookups = {name: in_thread(lambda v=variant: rt.resolve(v))  # type: ignore[misc]
-               for name, variant in (("memory", MEMORY), ("image", IMAGE), ("local", LOCAL))}
-    for name, (thread, out) in lookups.items():
-        thread.join(DEADLINE_S)
-        assert "error" not in out, out.get("error")
-        assert out["value"].source == name
-        assert not blocking.release.is_set() and compiling.is_alive(), "the compile ended before the lookups"
-        assert out["seconds"] < FAST_S, f"a {name} hit took {out['seconds']:.2f} s behind another key's compile"
-    blocking.release.set()
+    try:
+        compiling, compiled = in_thread(lambda: rt.resolve(COMPILING))
+        same_key, _ = in_thread(lambda: rt.resolve(COMPILING))
+        wait_for(lambda: rt.waiting(COMPILING.key()) == 1, "a second thread waiting for the blocked key")
+        lookups = {name: in_thread(lambda v=variant: rt.resolve(v))  # type: ignore[misc]
+                   for name, variant in (("memory", MEMORY), ("image", IMAGE), ("local", LOCAL))}
+        for name, (thread, out) in lookups.items():
+            thread.join(DEADLINE_S)
+            assert "error" not in out, out.get("error")
+            assert out["value"].source == name
+            assert compiling.is_alive(), f"the {blocker} ended before the lookups"
+            assert out["seconds"] < FAST_S, f"a {name} hit took {out['seconds']:.2f} s behind another key's {blocker}"
+        if blocker != "compile":
+            assert not blocking.calls, "compiled while another process held the key"
+    finally:
+        release()
     compiling.join(DEADLINE_S)
-    assert compiled["value"].source == "jit" and rt.compiles == 1
+    same_key.join(DEADLINE_S)
+    assert compiled["value"].source == "jit" and rt.compiles == 1 and len(blocking.calls) == 1
 
 
 def test_a_blocked_kernel_load_delays_no_load_of_another_key(monkeypatch: pytest.MonkeyPatch) -> None:
