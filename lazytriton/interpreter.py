@@ -11,12 +11,17 @@ So the interpreter gets a Triton language of its own: ``triton.language`` and
 ``triton.runtime.interpreter`` are imported a second time, as private module
 objects, and the kernel module is loaded against them. Every patch the
 interpreter makes lands on these private modules, which nothing else uses; the
-``triton.language`` that compiles is never touched. The private copy is built
-once per process, while ``sys.modules`` briefly holds it instead of the real
-modules (under ``compiler.TRITON_LOCK``, so no compile of ours runs meanwhile;
-measured at 0.24 s on a 2-core machine, Triton 3.9). Its standard library (``tl.max``,
-``tl.zeros``...) is made of interpreted functions, as in a process started with
-``TRITON_INTERPRET=1``.
+``triton.language`` that compiles is never touched. Its standard library
+(``tl.max``, ``tl.zeros``...) is made of interpreted functions, as in a
+process started with ``TRITON_INTERPRET=1``.
+
+The copy is built once per process (0.24 s on a 2-core machine, Triton 3.9),
+and that is the one moment the process sees it: ``sys.modules`` holds the
+private modules instead of the real ones, and ``TRITON_INTERPRET`` reads 0,
+while they are imported. It happens under ``compiler.TRITON_LOCK``, so no
+compile of lazytriton's runs meanwhile; a thread that imports a
+``triton.language`` module for the first time in that instant could get the
+private one.
 
 Two fixes of Triton's interpreter are installed on the private copy, for good:
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -82,10 +88,16 @@ def _private_sys_modules(private: dict[str, ModuleType]) -> Iterator[None]:
     """Let imports inside the block see ``private`` (and load new private modules) instead of the real ones.
 
     On exit ``private`` holds every private module loaded, and ``sys.modules``
-    and the parent packages' attributes are the real ones again.
+    and the parent packages' attributes are the real ones again. ``@jit``
+    decorates for compiling meanwhile, even under ``TRITON_INTERPRET=1``
+    (whose interpreted functions would bind to the real language); the
+    caller makes them interpreted afterwards.
     """
     import triton
     import triton.runtime
+
+    old_env = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
 
     real = {name: module for name, module in sys.modules.items() if _is_private_name(name)}
     real_language = triton.language
@@ -103,6 +115,10 @@ def _private_sys_modules(private: dict[str, ModuleType]) -> Iterator[None]:
         for name in [name for name in sys.modules if _is_private_name(name)]:
             private[name] = sys.modules.pop(name)
         sys.modules.update(real)
+        if old_env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old_env
         triton.language = real_language  # type: ignore[attr-defined]
         if real_interpreter is None:
             with contextlib.suppress(AttributeError):

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 from compiled_once import small_variant
+from conftest import run_python
 
 from lazytriton import compiler
 from lazytriton.flash import attn_fwd
@@ -158,3 +159,17 @@ def test_a_compile_while_the_interpreter_is_patched_sees_the_real_triton_languag
     assert not errors, f"the interpreting thread failed: {errors[0]!r}"
     changed = sorted(k for k in before if during.get(k) is not before[k])
     assert not changed, f"triton.language as another thread saw it mid-interpretation: {changed[:10]}"
+
+
+def test_cpu_calls_work_when_the_whole_process_interprets() -> None:
+    """Under TRITON_INTERPRET=1 Triton's own @jit functions are interpreted ones bound to the real language;
+    the private copy is still built for compiling first, then made interpreted."""
+    result = run_python(
+        "import torch\n"
+        "from lazytriton.flash import attn_fwd\n"
+        "q, k, v = (torch.randn(1, 2, 20, 64) for _ in range(3))\n"
+        "out, _ = attn_fwd(q, k, v, causal=True)\n"
+        "ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
+        "assert (out - ref).abs().max().item() < 1e-4\n"
+        "print('ok')\n", env={"TRITON_INTERPRET": "1"})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
