@@ -134,17 +134,17 @@ class SingleFlight(Generic[T]):
 class Runtime:
     """One process's view of the cache: tiers, loaded kernels, counters."""
 
-    def __init__(self, config: Settings) -> None:
-        self.settings = config
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.generation = -1  # the settings generation it was built for (``get()`` sets it)
-        self.images = ImageTier(config.images)
-        self.local = LocalTier(config.cache_dir / "entries", size_limit=config.cache_max_bytes)
+        self.images = ImageTier(settings.images)
+        self.local = LocalTier(settings.cache_dir / "entries", size_limit=settings.cache_max_bytes)
         # Refusals of shared entries are counted with the local tier's persistent counters.
         self.shared = None
-        if config.shared:  # imported only then: a node without a shared tier never loads that code
+        if settings.shared:  # imported only then: a node without a shared tier never loads that code
             from lazytriton.store.shared import open_shared
 
-            self.shared = open_shared(config, count=self.local.count)
+            self.shared = open_shared(settings, count=self.local.count)
         self.chain = Chain([self.images, self.local, *([self.shared] if self.shared is not None else [])])
         self.plans: dict[tuple[Any, ...], Any] = {}  # the hot path's memo, filled by callers
         self.served: Counter[str] = Counter()

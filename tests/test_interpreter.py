@@ -48,7 +48,8 @@ def _language_state() -> dict[tuple[str, str], Any]:
     """Every attribute of the real triton.language modules and of the classes the interpreter patches."""
     owners: list[Any] = [m for name, m in sorted(sys.modules.items())
                          if (name == "triton.language" or name.startswith("triton.language.")) and m is not None]
-    owners += [tl.tensor, tl.core.dtype, tl.core.condition, getattr(tl.core, "tensor_descriptor_base", None)]
+    owners += [tl.tensor, tl.core.dtype]
+    owners += [getattr(tl.core, name, None) for name in ("condition", "tensor_descriptor_base")]  # not in every Triton
     return {(getattr(o, "__name__", repr(o)), name): value
             for o in owners if o is not None for name, value in vars(o).items()}
 
