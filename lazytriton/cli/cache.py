@@ -142,6 +142,12 @@ def binary_problems(entry: Entry) -> list[str]:
     return problems + (launch_problems(entry) if not problems else [])
 
 
+def tier_rows(rt: Any, tier: str = "all") -> list[Row]:
+    """The rows of every image on the search path (``image``), of the local tier (``local``), or both (``all``)."""
+    rows = [row for p in _image_paths(rt) for row in image_rows(p)] if tier in ("all", "image") else []
+    return rows + (list(local_rows(rt.local)) if tier in ("all", "local") else [])
+
+
 # --- commands ---------------------------------------------------------------------------------------------------
 # ls, stats, verify and explain each compute one plain report (dicts, lists, str, int, bool, None) and then
 # render it: as text, or with --json as that report itself, so the two views can never disagree.
@@ -159,14 +165,8 @@ def _emit(args: argparse.Namespace, report: Report, render: Callable[[Report], N
 
 def ls_report(rt: Any, tier: str, targets: set[str] | None) -> Report:
     """The entries ``ls`` shows; a damaged one has target, kernel and variant None and says its ``problem``."""
-    rows: list[Row] = []
-    if tier in ("all", "image"):
-        for path in _image_paths(rt):
-            rows.extend(image_rows(path))
-    if tier in ("all", "local"):
-        rows.extend(local_rows(rt.local))
     entries = []
-    for row in rows:
+    for row in tier_rows(rt, tier):
         entry = row.entry
         if targets is not None and (entry is None or entry.target not in targets):
             continue
@@ -212,16 +212,12 @@ def stats_report(rt: Any) -> Report:
         except (ImageError, OSError) as exc:
             problems.append({"where": str(path), "problem": f"does not open: {exc}"})
     local = rt.local.stats()
-    return {
-        "tiers": {
-            "image": {"entries": image_entries, "bytes": image_bytes, "images": [str(p) for p in paths],
-                      "problems": problems},
-            "local": {"entries": local.entries, "bytes": local.bytes, "where": str(rt.local.directory),
-                      "problem": rt.local.problem},
-        },
-        "counters": {"hits": 0, "compiles": 0, "corrupt": 0, **rt.counters()},
-        "misses": _miss_count(rt),
-    }
+    tiers = {"image": {"entries": image_entries, "bytes": image_bytes, "images": [str(p) for p in paths],
+                       "problems": problems},
+             "local": {"entries": local.entries, "bytes": local.bytes, "where": str(rt.local.directory),
+                       "problem": rt.local.problem}}
+    return {"tiers": tiers, "counters": {"hits": 0, "compiles": 0, "corrupt": 0, **rt.counters()},
+            "misses": _miss_count(rt)}
 
 
 def print_stats(report: Report) -> None:
@@ -249,8 +245,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def _rows_to_verify(path: Path | None, rt: Any) -> list[Row]:
     if path is None:
-        rows = [row for p in _image_paths(rt) for row in image_rows(p)]
-        return rows + list(local_rows(rt.local))
+        return tier_rows(rt)
     if path.is_file():
         return list(image_rows(path))
     if path.is_dir():
