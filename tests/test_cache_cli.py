@@ -5,11 +5,13 @@ Binary checks run on real code objects: an sm_90 cubin and a gfx942 HSACO, compi
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from compiled_once import compiled, shared_dir, small_variant
@@ -385,3 +387,114 @@ def test_export_then_import(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco
     (tmp_path / "broken.ltimg").write_bytes(bytes(data))
     status, _, err = cli(capsys, "import", str(tmp_path / "broken.ltimg"))
     assert status == 1 and "image does not open" in err
+
+
+# --- --json: one JSON object on stdout, the same report as the text ---------------------------------------------
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
+    status, out, err = cli(capsys, *args, "--json")
+    assert out.count("\n") == 1, f"one line of JSON, got {out!r}"
+    report = json.loads(out)
+    assert isinstance(report, dict) and out.strip() == json.dumps(report, sort_keys=True)
+    return status, report, err
+
+
+def test_ls_json(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry, monkeypatch: pytest.MonkeyPatch,
+                 capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin)
+    image = write_image(tmp_path / "images" / "amd.ltimg", [hsaco]).path
+    use_images(monkeypatch, image.parent)
+    status, report, err = cli_json(capsys, "ls")
+    assert status == 0 and err == ""
+    assert report["count"] == 2 and len(report["entries"]) == 2
+    by_target = {e["target"]: e for e in report["entries"]}
+    assert by_target["gfx942"] == {"target": "gfx942", "kernel": "flash_fwd", "variant": hsaco.variant,
+                                   "bytes": by_target["gfx942"]["bytes"], "tier": "image", "where": str(image),
+                                   "key": hsaco.key, "problem": None}
+    assert by_target["sm_90"]["tier"] == "local" and by_target["sm_90"]["key"] == cubin.key
+    assert all(isinstance(e["bytes"], int) and e["bytes"] > 0 for e in report["entries"])
+    _, report, _ = cli_json(capsys, "ls", "--target", "gfx942")
+    assert [e["key"] for e in report["entries"]] == [hsaco.key] and report["count"] == 1
+
+    path = local(cache_dir).entry_path(cubin.key)  # a damaged entry: listed with its problem, no variant
+    assert path is not None
+    path.write_bytes(b"garbage")
+    _, report, _ = cli_json(capsys, "ls", "--tier", "local")
+    [damaged] = report["entries"]
+    assert damaged["key"] == cubin.key and damaged["variant"] is None and damaged["target"] is None
+    assert damaged["problem"]
+    _, text, _ = cli(capsys, "ls", "--tier", "local")
+    assert f"DAMAGED: {damaged['problem']}" in text
+
+
+def test_stats_json(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry, monkeypatch: pytest.MonkeyPatch,
+                    capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin)
+    image = write_image(tmp_path / "amd.ltimg", [hsaco]).path
+    broken = tmp_path / "broken.ltimg"
+    broken.write_bytes(b"not an image")
+    use_images(monkeypatch, image, broken)
+    runtime.get().local.count("compiles", 2)
+    (cache_dir / "misses.jsonl").write_text('{"variant": "a"}\n')
+    status, report, _ = cli_json(capsys, "stats")
+    assert status == 0
+    image_tier, local_tier = report["tiers"]["image"], report["tiers"]["local"]
+    assert (image_tier["entries"], image_tier["bytes"]) == (1, image.stat().st_size)
+    assert image_tier["images"] == [str(image), str(broken)]
+    assert [p["where"] for p in image_tier["problems"]] == [str(broken)]
+    assert local_tier["entries"] == 1 and local_tier["bytes"] > 0 and local_tier["problem"] is None
+    assert local_tier["where"] == str(cache_dir / "entries")
+    assert report["counters"] == {"hits": 0, "compiles": 2, "corrupt": 0} and report["misses"] == 1
+    _, text, _ = cli(capsys, "stats")
+    assert f"image {broken}: {image_tier['problems'][0]['problem']}" in text
+
+
+def test_verify_json_ok_and_failing(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin, hsaco)
+    status, report, _ = cli_json(capsys, "verify")
+    assert status == 0 and report == {"checked": 2, "failed": 0, "failures": [], "ok": True}
+
+    seed(cache_dir, record.replace(cubin, key="1" * 32, target="sm_80"))
+    status, report, err = cli_json(capsys, "verify")
+    assert status == 1 and err == "" and report["ok"] is False
+    assert report["checked"] == 3 and report["failed"] == 1
+    assert {f["key"] for f in report["failures"]} == {"1" * 32}
+    assert all(set(f) == {"tier", "where", "key", "problem"} for f in report["failures"])
+    assert any("entry target is sm_80" in f["problem"] for f in report["failures"])
+
+    status, report, _ = cli_json(capsys, "verify", str(write_image(tmp_path / "ok.ltimg", [hsaco]).path))
+    assert status == 0 and report["checked"] == 1 and report["ok"] is True
+    status, out, err = cli(capsys, "verify", str(tmp_path / "missing"), "--json")
+    assert status == 2 and out == "" and err.count("\n") == 1 and "is not an image" in err
+
+
+def test_explain_json(cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    variant, key = explained_variant()
+    status, report, _ = cli_json(capsys, "explain", *CALL)
+    assert status == 0 and (report["variant"], report["key"]) == (variant, key)
+    assert report["call"]["target"] == "sm_90" and report["call"]["seqlen_k"] == 4096
+    assert report["tuning"]["gpu"] and report["tuning"]["seqlen_q"] == 4096
+    assert report["config"]["block_m"] == report["tuning"]["BLOCK_M"]
+    assert report["served_by"] == "jit"
+    tiers = {t["tier"]: t for t in report["tiers"]}
+    assert tiers["local"]["state"] == "absent" and tiers["local"]["reason"] == "not present"
+    assert tiers["jit"] == {"tier": "jit", "where": None, "state": "on", "serves": True,
+                            "reason": tiers["jit"]["reason"]}
+    assert [t["tier"] for t in report["tiers"]][0] == "memory"
+
+    seed(cache_dir, fake_entry(key))
+    _, report, _ = cli_json(capsys, "explain", *CALL)
+    tiers = {t["tier"]: t for t in report["tiers"]}
+    assert report["served_by"] == "local" and tiers["local"]["serves"] and tiers["local"]["state"] == "present"
+    assert not tiers["jit"]["serves"]
+    _, report, _ = cli_json(capsys, "explain", "--dtype", "fp32", *CALL[2:])
+    assert report["tuning"] is None and report["config"]["num_warps"] > 0
+
+    monkeypatch.setenv("LAZYTRITON_JIT", "0")
+    config.reset()
+    _, report, _ = cli_json(capsys, "explain", *CALL[:-2], "--target", "sm_80")
+    assert report["served_by"] is None and report["tiers"][-1]["state"] == "off"
+    status, out, err = cli(capsys, "explain", "--json", "--dtype", "fp16", "--head-dim", "300", "--seqlen-q", "16")
+    assert status == 2 and out == "" and "head dim must be at most 256, got 300" in err

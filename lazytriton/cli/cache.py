@@ -1,9 +1,9 @@
 """``lazytriton cache``: list, count, verify, explain, bound, clear, export and import cached entries.
 
-    lazytriton cache ls [--tier all|image|local] [--target sm_90,gfx942]
-    lazytriton cache stats
-    lazytriton cache verify [PATH]          # the local tier and images, or one image / cache dir
-    lazytriton cache explain --dtype bf16 --head-dim 128 --seqlen-q 4096 [--seqlen-k N]
+    lazytriton cache ls [--tier all|image|local] [--target sm_90,gfx942] [--json]
+    lazytriton cache stats [--json]
+    lazytriton cache verify [PATH] [--json] # the local tier and images, or one image / cache dir
+    lazytriton cache explain [--json] --dtype bf16 --head-dim 128 --seqlen-q 4096 [--seqlen-k N]
                              [--causal none|top_left|bottom_right] [--target sm_90] [--unaligned]
     lazytriton cache gc [--max-bytes 2G]    # least recently used entries go first; damaged rows, orphaned files
     lazytriton cache clear                  # entries, counters, miss log, compile locks
@@ -13,11 +13,14 @@
 Exit status: 0 when all is well, 1 when something checked fails (a damaged
 entry, an invalid binary, nothing to export), 2 for a bad argument. Nothing
 here writes to a tier except ``gc``, ``clear``, ``import`` and (to its own file) ``export``.
+With ``--json``, ``ls``, ``stats``, ``verify`` and ``explain`` print their report as one JSON object
+instead (same exit status; errors stay one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +31,7 @@ from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
 from lazytriton.cli import plural
-from lazytriton.record import record
+from lazytriton.record import asdict, record
 from lazytriton.store.local import ORPHAN_GRACE_S, LocalTier
 
 
@@ -139,29 +142,52 @@ def binary_problems(entry: Entry) -> list[str]:
     return problems + (launch_problems(entry) if not problems else [])
 
 
-# --- commands --------------------------------------------------------------------------------------------------
+def tier_rows(rt: Any, tier: str = "all") -> list[Row]:
+    """The rows of every image on the search path (``image``), of the local tier (``local``), or both (``all``)."""
+    rows = [row for p in _image_paths(rt) for row in image_rows(p)] if tier in ("all", "image") else []
+    return rows + (list(local_rows(rt.local)) if tier in ("all", "local") else [])
+
+
+# --- commands ---------------------------------------------------------------------------------------------------
+# ls, stats, verify and explain each compute one plain report (dicts, lists, str, int, bool, None) and then
+# render it: as text, or with --json as that report itself, so the two views can never disagree.
+
+Report = dict[str, Any]
+
+
+def _emit(args: argparse.Namespace, report: Report, render: Callable[[Report], None]) -> None:
+    """Print ``report`` as one JSON object on one line (``--json``, sorted keys), else as text through ``render``."""
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        render(report)
+
+
+def ls_report(rt: Any, tier: str, targets: set[str] | None) -> Report:
+    """The entries ``ls`` shows; a damaged one has target, kernel and variant None and says its ``problem``."""
+    entries = []
+    for row in tier_rows(rt, tier):
+        entry = row.entry
+        if targets is not None and (entry is None or entry.target not in targets):
+            continue
+        target, kernel, variant = (None, None, None) if entry is None else (
+            entry.target, entry.variant.split(":", 1)[0], entry.variant)
+        entries.append({"target": target, "kernel": kernel, "variant": variant, "bytes": row.size, "tier": row.tier,
+                        "where": row.where, "key": row.key, "problem": row.problem if entry is None else None})
+    return {"entries": entries, "count": len(entries)}
+
+
+def print_ls(report: Report) -> None:
+    print(f"{'TARGET':<8} {'KERNEL':<10} {'SIZE':>10} {'TIER':<6} {'KEY':<32} VARIANT")
+    for e in report["entries"]:
+        variant = e["variant"] if e["problem"] is None else f"DAMAGED: {e['problem']}"
+        print(f"{e['target'] or '?':<8} {e['kernel'] or '?':<10} {human_bytes(e['bytes']):>10} {e['tier']:<6} "
+              f"{e['key']:<32} {variant}")
+    print(plural(report["count"], "entry"))
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    rt = _runtime()
-    targets = parse_targets(args.target)
-    rows: list[Row] = []
-    if args.tier in ("all", "image"):
-        for path in _image_paths(rt):
-            rows.extend(image_rows(path))
-    if args.tier in ("all", "local"):
-        rows.extend(local_rows(rt.local))
-    print(f"{'TARGET':<8} {'KERNEL':<10} {'SIZE':>10} {'TIER':<6} {'KEY':<32} VARIANT")
-    shown = 0
-    for row in rows:
-        target = row.entry.target if row.entry else "?"
-        if targets is not None and target not in targets:
-            continue
-        kernel = row.entry.variant.split(":", 1)[0] if row.entry else "?"
-        variant = row.entry.variant if row.entry else f"DAMAGED: {row.problem}"
-        print(f"{target:<8} {kernel:<10} {human_bytes(row.size):>10} {row.tier:<6} {row.key:<32} {variant}")
-        shown += 1
-    print(plural(shown, "entry"))
+    _emit(args, ls_report(_runtime(), args.tier, parse_targets(args.target)), print_ls)
     return 0
 
 
@@ -173,38 +199,53 @@ def _miss_count(rt: Any) -> int:
         return 0
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
-    rt = _runtime()
+def stats_report(rt: Any) -> Report:
+    """Entries and bytes per tier, the images that do not open, the local counters and the miss log's length."""
     paths = _image_paths(rt)
     image_entries = image_bytes = 0
+    problems = []
     for path in paths:
         try:
             with Image(path) as image:
                 image_entries += image.count
             image_bytes += path.stat().st_size
         except (ImageError, OSError) as exc:
-            print(f"image {path}: does not open: {exc}")
+            problems.append({"where": str(path), "problem": f"does not open: {exc}"})
     local = rt.local.stats()
+    tiers = {"image": {"entries": image_entries, "bytes": image_bytes, "images": [str(p) for p in paths],
+                       "problems": problems},
+             "local": {"entries": local.entries, "bytes": local.bytes, "where": str(rt.local.directory),
+                       "problem": rt.local.problem}}
+    return {"tiers": tiers, "counters": {"hits": 0, "compiles": 0, "corrupt": 0, **rt.counters()},
+            "misses": _miss_count(rt)}
+
+
+def print_stats(report: Report) -> None:
+    image, local, counters = report["tiers"]["image"], report["tiers"]["local"], report["counters"]
+    for problem in image["problems"]:
+        print(f"image {problem['where']}: {problem['problem']}")
     print(f"{'TIER':<6} {'ENTRIES':>8} {'BYTES':>10}  WHERE")
-    print(f"{'image':<6} {image_entries:>8} {human_bytes(image_bytes):>10}  {len(paths)} image(s): "
-          f"{', '.join(str(p) for p in paths) or 'none on the search path'}")
-    print(f"{'local':<6} {local.entries:>8} {human_bytes(local.bytes):>10}  {rt.local.directory}")
-    if rt.local.problem is not None:
-        print(f"local tier unusable: its database cannot be opened ({rt.local.problem}); running from memory only")
-    counters = rt.counters()
-    print(f"hits {counters.get('hits', 0)}, misses {_miss_count(rt)} (JIT compiles in the miss log), "
-          f"compiles {counters.get('compiles', 0)}, corrupt {counters.get('corrupt', 0)} "
+    print(f"{'image':<6} {image['entries']:>8} {human_bytes(image['bytes']):>10}  {len(image['images'])} image(s): "
+          f"{', '.join(image['images']) or 'none on the search path'}")
+    print(f"{'local':<6} {local['entries']:>8} {human_bytes(local['bytes']):>10}  {local['where']}")
+    if local["problem"] is not None:
+        print(f"local tier unusable: its database cannot be opened ({local['problem']}); running from memory only")
+    print(f"hits {counters['hits']}, misses {report['misses']} (JIT compiles in the miss log), "
+          f"compiles {counters['compiles']}, corrupt {counters['corrupt']} "
           "(local counters, since the cache was created)")
     others = {k: v for k, v in sorted(counters.items()) if k not in ("hits", "compiles", "corrupt")}
     if others:
         print("other counters: " + ", ".join(f"{k} {v}" for k, v in others.items()))
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    _emit(args, stats_report(_runtime()), print_stats)
     return 0
 
 
 def _rows_to_verify(path: Path | None, rt: Any) -> list[Row]:
     if path is None:
-        rows = [row for p in _image_paths(rt) for row in image_rows(p)]
-        return rows + list(local_rows(rt.local))
+        return tier_rows(rt)
     if path.is_file():
         return list(image_rows(path))
     if path.is_dir():
@@ -217,20 +258,30 @@ def _rows_to_verify(path: Path | None, rt: Any) -> list[Row]:
     raise ValueError(f"PATH {path} is not an image, a folder of images or a cache dir")
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    rt = _runtime()
-    rows = _rows_to_verify(args.path, rt)
-    failures = 0
+def verify_report(rows: list[Row]) -> Report:
+    """Entries checked, one failure per problem found, how many entries failed, and whether all is ok."""
+    failures = []
+    failed = 0
     for row in rows:
         problems = [row.problem] if row.entry is None else binary_problems(row.entry)
-        if problems:
-            failures += 1
-            for problem in problems:
-                print(f"FAIL {row.tier} {row.where} {row.key}: {problem}")
+        failed += bool(problems)
+        failures += [{"tier": row.tier, "where": row.where, "key": row.key, "problem": p} for p in problems]
     checked = sum(1 for row in rows if row.key != "-")  # "-": an image or a database that does not open
-    outcome = f"{failures} failed" if failures else "all ok"
-    print(f"{plural(checked, 'entry')} checked (checksum, decoding, ELF kind, arch and kernel symbol): {outcome}")
-    return 1 if failures else 0
+    return {"checked": checked, "failed": failed, "failures": failures, "ok": failed == 0}
+
+
+def print_verify(report: Report) -> None:
+    for f in report["failures"]:
+        print(f"FAIL {f['tier']} {f['where']} {f['key']}: {f['problem']}")
+    outcome = f"{report['failed']} failed" if report["failed"] else "all ok"
+    print(f"{plural(report['checked'], 'entry')} checked (checksum, decoding, ELF kind, arch and kernel symbol): "
+          f"{outcome}")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = verify_report(_rows_to_verify(args.path, _runtime()))
+    _emit(args, report, print_verify)
+    return 0 if report["ok"] else 1
 
 
 def _explain_target(text: str | None) -> tuple[Any, str]:
@@ -250,10 +301,12 @@ def _explain_target(text: str | None) -> tuple[Any, str]:
     return Target.parse("sm_90"), "no GPU detected; sm_90 assumed"
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
+MEMORY_REASON = "empty in a new process (a running one keeps what it has loaded)"
+
+
+def explain_report(args: argparse.Namespace) -> Report:
+    """The call as understood, its variant, key, config and tuning row (None: the default), and the tiers' verdicts."""
     from lazytriton import dispatch
-    from lazytriton.store.image import ImageTier
-    from lazytriton.store.probe import explain, probe_images, probe_tier
 
     target, how = _explain_target(args.target)
     causal = dispatch.causal_mode(args.causal if args.causal != "none" else False) != "none"
@@ -264,21 +317,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     variant = dispatch.flash_fwd_variant(target, args.dtype, args.head_dim, causal, not args.unaligned,
                                          args.seqlen_q, seqlen_k=seqlen_k, index64=args.index64)
     key = variant.key()
-    print(f"call     flash_fwd {args.dtype} head_dim={args.head_dim} seqlen_q={args.seqlen_q} seqlen_k={seqlen_k} "
-          f"causal={args.causal} {'unaligned' if args.unaligned else 'aligned'} target={target} ({how})")
-    if args.causal == "bottom_right":
-        print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
-    print(f"variant  {variant}")
-    tuned = f"BLOCK_M={config.block_m} BLOCK_N={config.block_n} num_warps={config.num_warps} " \
-            f"num_stages={config.num_stages}"
-    if row is None:
-        print(f"tuning   default config (no tuning row for {target} flash_fwd {args.dtype} head dim "
-              f"{dispatch.padded_head_dim(args.head_dim)} causal={causal}): {tuned}")
-    else:
-        print(f"tuning   row seqlen_q<={row.seqlen_q} seqlen_k<={row.seqlen_k}: {tuned} "
-              f"({row.tflops} TFLOP/s on {row.gpu}, {row.measured})")
-    print(f"key      {key}")
-    rt = _runtime()
+    call = {"kernel": "flash_fwd", "dtype": args.dtype, "head_dim": args.head_dim,
+            "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
+            "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
+            "target": str(target), "target_source": how}
+    return {"call": call, "variant": str(variant), "key": key, "config": asdict(config),
+            "tuning": None if row is None else asdict(row), **tier_verdicts(_runtime(), key)}
+
+
+def tier_verdicts(rt: Any, key: str) -> Report:
+    """Each tier in the order the runtime reads them (memory, the chain, jit): what it holds, whether it serves, why.
+
+    ``state`` is what a tier holds for the key (present, absent, damaged, unusable, unknown; ``on``/``off`` for
+    jit); ``reason`` is ``store.probe.explain``'s; ``served_by`` is the tier that serves (None: KernelNotFound).
+    """
+    from lazytriton.store.image import ImageTier
+    from lazytriton.store.probe import PRESENT, explain, probe_images, probe_tier
+
     probes = []
     for tier in rt.chain.tiers:
         if isinstance(tier, ImageTier):
@@ -286,11 +341,41 @@ def cmd_explain(args: argparse.Namespace) -> int:
         else:
             probes.append(probe_tier(tier, key))
     verdict = explain(probes, rt.settings.jit)
+    served = next((p for p in probes if p.state == PRESENT), None)  # explain's rule: the first present one
+    tiers: list[Report] = [{"tier": "memory", "where": None, "state": "empty", "serves": False,
+                            "reason": MEMORY_REASON}]
+    tiers += [{"tier": p.tier, "where": p.where, "state": p.state, "serves": p is served, "reason": reason}
+              for p, (_, reason) in zip(probes, verdict.reasons[:-1], strict=True)]
+    tiers.append({"tier": "jit", "where": None, "state": "on" if rt.settings.jit else "off",
+                  "serves": verdict.source == "jit", "reason": verdict.reasons[-1][1]})
+    return {"tiers": tiers, "served_by": verdict.source}
+
+
+def print_explain(report: Report) -> None:
+    call, c, row = report["call"], report["config"], report["tuning"]
+    print(f"call     flash_fwd {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
+          f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
+          f"target={call['target']} ({call['target_source']})")
+    if call["causal"] == "bottom_right":
+        print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
+    print(f"variant  {report['variant']}")
+    tuned = f"BLOCK_M={c['block_m']} BLOCK_N={c['block_n']} num_warps={c['num_warps']} num_stages={c['num_stages']}"
+    if row is None:
+        print(f"tuning   default config (no tuning row for {call['target']} flash_fwd {call['dtype']} head dim "
+              f"{call['padded_head_dim']} causal={call['causal'] != 'none'}): {tuned}")
+    else:
+        print(f"tuning   row seqlen_q<={row['seqlen_q']} seqlen_k<={row['seqlen_k']}: {tuned} "
+              f"({row['tflops']} TFLOP/s on {row['gpu']}, {row['measured']})")
+    print(f"key      {report['key']}")
     print("tiers, in the order the runtime reads them:")
-    print(f"  {'memory':<40} empty in a new process (a running one keeps what it has loaded)")
-    for name, reason in verdict.reasons:
-        print(f"  {name:<40} {reason}")
-    print(f"served by {verdict.source or 'nothing: KernelNotFound'}")
+    for tier in report["tiers"]:
+        name = tier["tier"] if tier["where"] is None else f"{tier['tier']} {tier['where']}"
+        print(f"  {name:<40} {tier['reason']}")
+    print(f"served by {report['served_by'] or 'nothing: KernelNotFound'}")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    _emit(args, explain_report(args), print_explain)
     return 0
 
 
@@ -423,6 +508,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
     ex.set_defaults(fn=_guarded(cmd_explain))
+    for command in (ls, stats, verify, ex):
+        command.add_argument("--json", action="store_true", help="print one JSON object (sorted keys) instead of text")
     gc = commands.add_parser("gc", help="bound the local tier's size (least recently used entries first), "
                                         "drop damaged rows, sweep orphaned files")
     gc.add_argument("--max-bytes", type=parse_size,
