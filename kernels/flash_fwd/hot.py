@@ -64,7 +64,7 @@ def forward_{layout}(q, k, v, causal, scale):
     elif type(scale) is not float or not -INF < scale < INF:
         return None
     out = empty_like(q)
-    lse = empty((b, hq, sq), dtype=F32, device=q.device)
+    lse = q.new_empty((b, hq, sq), dtype=F32)  # 3.2 µs on the H200 host; torch.empty(device=q.device) 6.7
     os = out.stride()
     {permute_out}
     ints = ({ints},)
@@ -100,7 +100,7 @@ def _generate(layout: str) -> Any:
     namespace: dict[str, Any] = {
         "DTYPES": binding.DTYPES, "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
-        "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like, "empty": torch.empty,
+        "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
         "get_runtime": runtime.get, "bucket_index": tuning.bucket_index, "raw_stream": binding.raw_stream,
         "scratch_alloc": binding.scratch_alloc,
     }
