@@ -31,7 +31,7 @@ from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
 from lazytriton.cli import plural
-from lazytriton.record import asdict, record
+from lazytriton.record import record
 from lazytriton.store.local import ORPHAN_GRACE_S, LocalTier
 
 
@@ -74,13 +74,13 @@ class Row:
     problem: str = ""
 
 
-def _runtime() -> Any:
+def open_runtime() -> Any:
     from lazytriton import runtime
 
     return runtime.get()
 
 
-def _image_paths(rt: Any) -> list[Path]:
+def image_paths(rt: Any) -> list[Path]:
     from lazytriton.store.image import image_files
 
     return image_files(rt.settings.images)
@@ -144,7 +144,7 @@ def binary_problems(entry: Entry) -> list[str]:
 
 def tier_rows(rt: Any, tier: str = "all") -> list[Row]:
     """The rows of every image on the search path (``image``), of the local tier (``local``), or both (``all``)."""
-    rows = [row for p in _image_paths(rt) for row in image_rows(p)] if tier in ("all", "image") else []
+    rows = [row for p in image_paths(rt) for row in image_rows(p)] if tier in ("all", "image") else []
     return rows + (list(local_rows(rt.local)) if tier in ("all", "local") else [])
 
 
@@ -155,7 +155,7 @@ def tier_rows(rt: Any, tier: str = "all") -> list[Row]:
 Report = dict[str, Any]
 
 
-def _emit(args: argparse.Namespace, report: Report, render: Callable[[Report], None]) -> None:
+def emit(args: argparse.Namespace, report: Report, render: Callable[[Report], None]) -> None:
     """Print ``report`` as one JSON object on one line (``--json``, sorted keys), else as text through ``render``."""
     if args.json:
         print(json.dumps(report, sort_keys=True))
@@ -187,7 +187,7 @@ def print_ls(report: Report) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    _emit(args, ls_report(_runtime(), args.tier, parse_targets(args.target)), print_ls)
+    emit(args, ls_report(open_runtime(), args.tier, parse_targets(args.target)), print_ls)
     return 0
 
 
@@ -201,7 +201,7 @@ def _miss_count(rt: Any) -> int:
 
 def stats_report(rt: Any) -> Report:
     """Entries and bytes per tier, the images that do not open, the local counters and the miss log's length."""
-    paths = _image_paths(rt)
+    paths = image_paths(rt)
     image_entries = image_bytes = 0
     problems = []
     for path in paths:
@@ -239,7 +239,7 @@ def print_stats(report: Report) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    _emit(args, stats_report(_runtime()), print_stats)
+    emit(args, stats_report(open_runtime()), print_stats)
     return 0
 
 
@@ -279,108 +279,13 @@ def print_verify(report: Report) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = verify_report(_rows_to_verify(args.path, _runtime()))
-    _emit(args, report, print_verify)
+    report = verify_report(_rows_to_verify(args.path, open_runtime()))
+    emit(args, report, print_verify)
     return 0 if report["ok"] else 1
 
 
-def _explain_target(text: str | None) -> tuple[Any, str]:
-    from lazytriton.target import Target
-
-    if text:
-        return Target.parse(text), "given"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            from lazytriton.dispatch import target_of_device
-
-            return target_of_device(torch.cuda.current_device()), "detected"
-    except ImportError:
-        pass
-    return Target.parse("sm_90"), "no GPU detected; sm_90 assumed"
-
-
-MEMORY_REASON = "empty in a new process (a running one keeps what it has loaded)"
-
-
-def explain_report(args: argparse.Namespace) -> Report:
-    """The call as understood, its variant, key, config and tuning row (None: the default), and the tiers' verdicts."""
-    from lazytriton import dispatch
-
-    target, how = _explain_target(args.target)
-    causal = dispatch.causal_mode(args.causal if args.causal != "none" else False) != "none"
-    seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
-    if args.seqlen_q < 1 or seqlen_k < 0:
-        raise ValueError(f"--seqlen-q must be >= 1 and --seqlen-k >= 0, got {args.seqlen_q} and {seqlen_k}")
-    config, row = dispatch.flash_fwd_config(target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
-    variant = dispatch.flash_fwd_variant(target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                         args.seqlen_q, seqlen_k=seqlen_k, index64=args.index64)
-    key = variant.key()
-    call = {"kernel": "flash_fwd", "dtype": args.dtype, "head_dim": args.head_dim,
-            "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
-            "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
-            "target": str(target), "target_source": how}
-    return {"call": call, "variant": str(variant), "key": key, "config": asdict(config),
-            "tuning": None if row is None else asdict(row), **tier_verdicts(_runtime(), key)}
-
-
-def tier_verdicts(rt: Any, key: str) -> Report:
-    """Each tier in the order the runtime reads them (memory, the chain, jit): what it holds, whether it serves, why.
-
-    ``state`` is what a tier holds for the key (present, absent, damaged, unusable, unknown; ``on``/``off`` for
-    jit); ``reason`` is ``store.probe.explain``'s; ``served_by`` is the tier that serves (None: KernelNotFound).
-    """
-    from lazytriton.store.image import ImageTier
-    from lazytriton.store.probe import PRESENT, explain, probe_images, probe_tier
-
-    probes = []
-    for tier in rt.chain.tiers:
-        if isinstance(tier, ImageTier):
-            probes.extend(probe_images(_image_paths(rt), key, tier.name))
-        else:
-            probes.append(probe_tier(tier, key))
-    verdict = explain(probes, rt.settings.jit)
-    served = next((p for p in probes if p.state == PRESENT), None)  # explain's rule: the first present one
-    tiers: list[Report] = [{"tier": "memory", "where": None, "state": "empty", "serves": False,
-                            "reason": MEMORY_REASON}]
-    tiers += [{"tier": p.tier, "where": p.where, "state": p.state, "serves": p is served, "reason": reason}
-              for p, (_, reason) in zip(probes, verdict.reasons[:-1], strict=True)]
-    tiers.append({"tier": "jit", "where": None, "state": "on" if rt.settings.jit else "off",
-                  "serves": verdict.source == "jit", "reason": verdict.reasons[-1][1]})
-    return {"tiers": tiers, "served_by": verdict.source}
-
-
-def print_explain(report: Report) -> None:
-    call, c, row = report["call"], report["config"], report["tuning"]
-    print(f"call     flash_fwd {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
-          f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
-          f"target={call['target']} ({call['target_source']})")
-    if call["causal"] == "bottom_right":
-        print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
-    print(f"variant  {report['variant']}")
-    tuned = f"BLOCK_M={c['block_m']} BLOCK_N={c['block_n']} num_warps={c['num_warps']} num_stages={c['num_stages']}"
-    if row is None:
-        print(f"tuning   default config (no tuning row for {call['target']} flash_fwd {call['dtype']} head dim "
-              f"{call['padded_head_dim']} causal={call['causal'] != 'none'}): {tuned}")
-    else:
-        print(f"tuning   row seqlen_q<={row['seqlen_q']} seqlen_k<={row['seqlen_k']}: {tuned} "
-              f"({row['tflops']} TFLOP/s on {row['gpu']}, {row['measured']})")
-    print(f"key      {report['key']}")
-    print("tiers, in the order the runtime reads them:")
-    for tier in report["tiers"]:
-        name = tier["tier"] if tier["where"] is None else f"{tier['tier']} {tier['where']}"
-        print(f"  {name:<40} {tier['reason']}")
-    print(f"served by {report['served_by'] or 'nothing: KernelNotFound'}")
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    _emit(args, explain_report(args), print_explain)
-    return 0
-
-
 def cmd_gc(args: argparse.Namespace) -> int:
-    rt = _runtime()
+    rt = open_runtime()
     tier = rt.local
     if tier.problem is not None:
         print(f"local tier {tier.directory} cannot be opened ({tier.problem}); `lazytriton cache clear` resets it",
@@ -401,7 +306,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_clear(args: argparse.Namespace) -> int:
     """Remove the local tier's entries and counters, the miss log and the compile locks; images are untouched."""
-    rt = _runtime()
+    rt = open_runtime()
     cache_dir = rt.settings.cache_dir
     entries = rt.local.clear()
     misses = _remove_file(rt.miss_log)
@@ -426,7 +331,7 @@ def _remove_file(path: Path) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    rt = _runtime()
+    rt = open_runtime()
     targets = parse_targets(args.target)
     entries, damaged = [], 0
     for row in local_rows(rt.local):
@@ -447,7 +352,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    rt = _runtime()
+    rt = open_runtime()
     added = present = 0
     failed = []
     for row in image_rows(args.file):
@@ -507,6 +412,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--target", help="sm_90, gfx942, ... (default: the GPU here, else sm_90)")
     ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
+    from lazytriton.cli.explain import cmd_explain  # it imports this module's report helpers
+
     ex.set_defaults(fn=_guarded(cmd_explain))
     for command in (ls, stats, verify, ex):
         command.add_argument("--json", action="store_true", help="print one JSON object (sorted keys) instead of text")

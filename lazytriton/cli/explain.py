@@ -1,0 +1,108 @@
+"""``lazytriton cache explain``: for a described call, its variant, tuning row, key, and which tier serves it.
+
+Split from ``lazytriton.cli.cache`` (which registers the command): it shares
+that module's report-then-render shape, through ``emit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lazytriton.cli.cache import Report, emit, image_paths, open_runtime
+from lazytriton.record import asdict
+
+
+def _explain_target(text: str | None) -> tuple[Any, str]:
+    from lazytriton.target import Target
+
+    if text:
+        return Target.parse(text), "given"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from lazytriton.dispatch import target_of_device
+
+            return target_of_device(torch.cuda.current_device()), "detected"
+    except ImportError:
+        pass
+    return Target.parse("sm_90"), "no GPU detected; sm_90 assumed"
+
+
+MEMORY_REASON = "empty in a new process (a running one keeps what it has loaded)"
+
+
+def explain_report(args: argparse.Namespace) -> Report:
+    """The call as understood, its variant, key, config and tuning row (None: the default), and the tiers' verdicts."""
+    from lazytriton import dispatch
+
+    target, how = _explain_target(args.target)
+    causal = dispatch.causal_mode(args.causal if args.causal != "none" else False) != "none"
+    seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
+    if args.seqlen_q < 1 or seqlen_k < 0:
+        raise ValueError(f"--seqlen-q must be >= 1 and --seqlen-k >= 0, got {args.seqlen_q} and {seqlen_k}")
+    config, row = dispatch.flash_fwd_config(target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
+    variant = dispatch.flash_fwd_variant(target, args.dtype, args.head_dim, causal, not args.unaligned,
+                                         args.seqlen_q, seqlen_k=seqlen_k, index64=args.index64)
+    key = variant.key()
+    call = {"kernel": "flash_fwd", "dtype": args.dtype, "head_dim": args.head_dim,
+            "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
+            "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
+            "target": str(target), "target_source": how}
+    return {"call": call, "variant": str(variant), "key": key, "config": asdict(config),
+            "tuning": None if row is None else asdict(row), **tier_verdicts(open_runtime(), key)}
+
+
+def tier_verdicts(rt: Any, key: str) -> Report:
+    """Each tier in the order the runtime reads them (memory, the chain, jit): what it holds, whether it serves, why.
+
+    ``state`` is what a tier holds for the key (present, absent, damaged, unusable, unknown; ``on``/``off`` for
+    jit); ``reason`` is ``store.probe.explain``'s; ``served_by`` is the tier that serves (None: KernelNotFound).
+    """
+    from lazytriton.store.image import ImageTier
+    from lazytriton.store.probe import PRESENT, explain, probe_images, probe_tier
+
+    probes = []
+    for tier in rt.chain.tiers:
+        if isinstance(tier, ImageTier):
+            probes.extend(probe_images(image_paths(rt), key, tier.name))
+        else:
+            probes.append(probe_tier(tier, key))
+    verdict = explain(probes, rt.settings.jit)
+    served = next((p for p in probes if p.state == PRESENT), None)  # explain's rule: the first present one
+    tiers: list[Report] = [{"tier": "memory", "where": None, "state": "empty", "serves": False,
+                            "reason": MEMORY_REASON}]
+    tiers += [{"tier": p.tier, "where": p.where, "state": p.state, "serves": p is served, "reason": reason}
+              for p, (_, reason) in zip(probes, verdict.reasons[:-1], strict=True)]
+    tiers.append({"tier": "jit", "where": None, "state": "on" if rt.settings.jit else "off",
+                  "serves": verdict.source == "jit", "reason": verdict.reasons[-1][1]})
+    return {"tiers": tiers, "served_by": verdict.source}
+
+
+def print_explain(report: Report) -> None:
+    call, c, row = report["call"], report["config"], report["tuning"]
+    print(f"call     flash_fwd {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
+          f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
+          f"target={call['target']} ({call['target_source']})")
+    if call["causal"] == "bottom_right":
+        print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
+    print(f"variant  {report['variant']}")
+    tuned = f"BLOCK_M={c['block_m']} BLOCK_N={c['block_n']} num_warps={c['num_warps']} num_stages={c['num_stages']}"
+    if row is None:
+        print(f"tuning   default config (no tuning row for {call['target']} flash_fwd {call['dtype']} head dim "
+              f"{call['padded_head_dim']} causal={call['causal'] != 'none'}): {tuned}")
+    else:
+        print(f"tuning   row seqlen_q<={row['seqlen_q']} seqlen_k<={row['seqlen_k']}: {tuned} "
+              f"({row['tflops']} TFLOP/s on {row['gpu']}, {row['measured']})")
+    print(f"key      {report['key']}")
+    print("tiers, in the order the runtime reads them:")
+    for tier in report["tiers"]:
+        name = tier["tier"] if tier["where"] is None else f"{tier['tier']} {tier['where']}"
+        print(f"  {name:<40} {tier['reason']}")
+    print(f"served by {report['served_by'] or 'nothing: KernelNotFound'}")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    emit(args, explain_report(args), print_explain)
+    return 0
