@@ -50,3 +50,15 @@ def write_atomically(path: str | os.PathLike[str], parts: Iterable[bytes]) -> No
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def read_fd_bounded(fd: int, limit: int) -> bytes:
+    """Read an open file to its end, but at most ``limit + 1`` bytes: one more than allowed shows a file that grew."""
+    chunks, left = [], limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

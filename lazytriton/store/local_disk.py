@@ -31,6 +31,7 @@ import diskcache
 from diskcache.core import UNKNOWN
 
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES
+from lazytriton.fsutil import read_fd_bounded
 
 # diskcache's value modes (diskcache.core.MODE_*): bytes are stored inline (raw) or in a file (binary).
 MODE_RAW, MODE_BINARY = 1, 2
@@ -105,14 +106,7 @@ def read_value_file(directory: str, filename: Any) -> bytes:
             raise DamagedRow(f"value file {filename} is not a regular file")
         if info.st_size > MAX_ENTRY_BYTES:
             raise DamagedRow(f"value file {filename} holds {info.st_size} bytes, over the {MAX_ENTRY_BYTES} bound")
-        chunks, left = [], info.st_size + 1  # one byte more: a file that grew is read to the bound, then refused
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        return read_fd_bounded(fd, info.st_size)  # a file that grew is read one byte past its size, then refused
     finally:
         os.close(fd)
 

@@ -43,6 +43,7 @@ from typing import NamedTuple, TypeVar
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, Rejected, check_signing_key, seal, unseal
+from lazytriton.fsutil import read_fd_bounded
 from lazytriton.store import TierStats
 from lazytriton.store.gate import Counter, Gate
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease, LockUnavailable, owner_token
@@ -116,14 +117,7 @@ def read_with_stat(path: Path, limit: int) -> tuple[bytes, os.stat_result] | Non
             status = os.fstat(fd)
             if not stat.S_ISREG(status.st_mode):
                 raise NotAFile(errno.EINVAL, "not a regular file", str(path))
-            chunks, left = [], limit + 1
-            while left > 0:
-                chunk = os.read(fd, min(left, 1 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                left -= len(chunk)
-            return b"".join(chunks), status
+            return read_fd_bounded(fd, limit), status
         finally:
             os.close(fd)
 
