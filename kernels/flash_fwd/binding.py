@@ -101,6 +101,8 @@ def _fast_check(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> Call | None:
     dtype, device = q.dtype, q.device
     if dtype not in DTYPES or k.dtype != dtype or v.dtype != dtype or k.device != device or v.device != device:
         return None
+    if device.type not in DEVICE_TYPES:  # meta, mps, ...: the full check names or allows the device
+        return None
     qshape, kshape = q.shape, k.shape
     if len(qshape) != 4 or len(kshape) != 4 or v.shape != kshape:
         return None
@@ -210,8 +212,18 @@ PARAM_SOURCES: dict[str, tuple[str, str]] = {
 
 FLOAT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if kind.startswith("fp"))
 INT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if not kind.startswith("fp"))
-# Pointers and outer strides that decide ALIGN16 (the description's aligned_params).
-_ALIGN_SOURCES = tuple(PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)
+# Generated-source snippets shared by ``pack`` and the warm path (hot.py), over the
+# same locals (qs, ks, vs, os: strides in the kernel's (b, h, s) order; b, hq, hk,
+# sq, sk, d: sizes). ALIGNED_SOURCE: every pointer 16-byte aligned and every outer
+# stride a multiple of 16 (the description's aligned_params). INDEX64_SOURCE: some
+# tensor's last element lies 2**31 or more elements past its first.
+INTS_SOURCE = ", ".join(PARAM_SOURCES[name][0] for name in INT_PARAMS)
+ALIGNED_SOURCE = f"not ({' | '.join(PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)}) & 15"
+INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
+        (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
+        (b - 1) * ks[0] + (hk - 1) * ks[1] + (sk - 1) * ks[2],
+        (b - 1) * vs[0] + (hk - 1) * vs[1] + (sk - 1) * vs[2],
+        b * hq * sq - d) + d > {INT32_MAX}"""
 
 
 def _generate_pack() -> Any:
@@ -222,20 +234,12 @@ def _generate_pack() -> Any:
     16-byte aligned and every outer stride a multiple of 16. ``index64``: some
     tensor's last element lies 2**31 or more elements past its first.
     """
-    ints = ", ".join(PARAM_SOURCES[name][0] for name in INT_PARAMS)
     source = f"""
 def pack(q, k, v, out, lse, call):
     b, hq, hk, sq, sk, d = call.shape
     offset = call.offset
     qs, ks, vs, os = q.stride(), k.stride(), v.stride(), out.stride()
-    ints = ({ints},)
-    aligned = not ({" | ".join(_ALIGN_SOURCES)}) & 15
-    extent = max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
-                 (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
-                 (b - 1) * ks[0] + (hk - 1) * ks[1] + (sk - 1) * ks[2],
-                 (b - 1) * vs[0] + (hk - 1) * vs[1] + (sk - 1) * vs[2],
-                 b * hq * sq - d) + d
-    return ints, aligned, extent > {INT32_MAX}
+    return ({INTS_SOURCE},), {ALIGNED_SOURCE}, {INDEX64_SOURCE}
 """
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<{FLASH_FWD.name} binding: pack>", "exec"), namespace)  # noqa: S102 (our own text)

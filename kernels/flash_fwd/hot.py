@@ -68,14 +68,9 @@ def forward_{layout}(q, k, v, causal, scale):
     os = out.stride()
     {permute_out}
     ints = ({ints},)
-    aligned = not ({align}) & 15
-    extent = max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
-                 (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
-                 (b - 1) * ks[0] + (hk - 1) * ks[1] + (sk - 1) * ks[2],
-                 (b - 1) * vs[0] + (hk - 1) * vs[1] + (sk - 1) * vs[2],
-                 b * hq * sq - d) + d
-    plan = get_runtime().plans.get((di, dtype, d, is_causal, aligned, extent > INT32_MAX, bucket_index(sq),
-                                    bucket_index(sk)))
+    aligned = {aligned}
+    index64 = {index64}
+    plan = get_runtime().plans.get((di, dtype, d, is_causal, aligned, index64, bucket_index(sq), bucket_index(sk)))
     if plan is None:
         return None
     kernel, block_m = plan
@@ -93,10 +88,9 @@ _LAYOUTS = {
 
 def _generate(layout: str) -> Any:
     unpack, permute_in, permute_out = _LAYOUTS[layout]
-    ints = ", ".join(binding.PARAM_SOURCES[name][0] for name in binding.INT_PARAMS)
-    align = " | ".join(binding.PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)
     source = _TEMPLATE.format(layout=layout, unpack=unpack, permute_in=permute_in, permute_out=permute_out,
-                              ints=ints, align=align)
+                              ints=binding.INTS_SOURCE, aligned=binding.ALIGNED_SOURCE,
+                              index64=binding.INDEX64_SOURCE)
     namespace: dict[str, Any] = {
         "DTYPES": binding.DTYPES, "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
