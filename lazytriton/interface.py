@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from lazytriton.kernels.flash_fwd import binding, hot
-from lazytriton.ops import flash_fwd_op
 
 CaptureError = binding.CaptureError  # a call would load or compile a kernel during a CUDA graph capture
 
@@ -62,6 +61,10 @@ def _refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fn: str) -> 
 def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) -> tuple[torch.Tensor, torch.Tensor]:
     if _direct(q, k, v):
         return binding.forward(q, k, v, call)
+    # Registered on first use: torch's custom-op registration costs ~4 ms of import, which an eager
+    # process served from an image never needs; dynamo traces this import like any other.
+    from lazytriton.ops import flash_fwd_op
+
     return flash_fwd_op(q, k, v, call.scale, call.causal)  # type: ignore[no-any-return]
 
 
