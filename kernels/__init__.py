@@ -65,11 +65,32 @@ def source_fingerprint(kernel: str) -> str:
     return xxhash.xxh3_64_hexdigest(text)
 
 
-def get(kernel: str) -> KernelSpec:
-    """The description of a kernel by name."""
+# Kernel families (one folder each under kernels/) and the kernels of each, in launch order.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "flash_fwd": ("flash_fwd",),
+    "flash_bwd": ("flash_bwd_dq", "flash_bwd_dkdv"),
+}
+
+
+def family_of(kernel: str) -> str:
+    """The family a kernel belongs to (its folder under kernels/)."""
+    for family, kernels in FAMILIES.items():
+        if kernel in kernels:
+            return family
+    raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(k for ks in FAMILIES.values() for k in ks)}")
+
+
+@functools.cache
+def _specs() -> dict[str, KernelSpec]:
+    from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD
 
-    specs = {FLASH_FWD.name: FLASH_FWD}
+    return {spec.name: spec for spec in (FLASH_FWD, *FLASH_BWD_KERNELS)}
+
+
+def get(kernel: str) -> KernelSpec:
+    """The description of a kernel by name."""
+    specs = _specs()
     try:
         return specs[kernel]
     except KeyError:

@@ -135,14 +135,73 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``config``, the tuning table (``table``, else the kernel's file) decides,
     then ``default_config``.
     """
+    return kernel_variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
+                          seqlen_q if seqlen_k is None else seqlen_k, config, index64, table)
+
+
+# ---------------------------------------------------------------------------
+# flash_bwd: two kernels, flash_bwd_dq then flash_bwd_dkdv
+
+BWD_KERNELS = ("flash_bwd_dq", "flash_bwd_dkdv")
+
+
+def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q: int,
+                       seqlen_k: int, causal: bool = False) -> Config:
+    """A sane backward config when the tuning table has no row (it never errors).
+
+    BLOCK_M is the query tile and BLOCK_N the key tile in both kernels. The dQ
+    kernel holds BLOCK_M query rows (q, dO and the dQ accumulator) and streams
+    keys BLOCK_N at a time; the dK/dV kernel holds BLOCK_N key rows (k, v and
+    two accumulators) and streams queries. So the held tile is the large one
+    and the streamed one small: Triton's own fused-attention tutorial uses
+    128 held x 32 streamed, 4 warps, for fp16 on Hopper. Head dim 256 and
+    fp32 halve the tiles (registers and shared memory); short sequences get
+    tiles no longer than needed.
+    """
+    if kernel not in BWD_KERNELS:
+        raise ValueError(f"kernel must be one of {BWD_KERNELS}, got {kernel!r}")
+    held, streamed, warps, stages = 128, 32, 4, 2 if target.backend == "hip" else 3
+    if head_dim >= 128 and target.backend == "cuda" and target.capability in _SMALL_SHARED_CUDA:
+        held, streamed, stages = 64, 32, 2
+    if head_dim == 256 or dtype == "fp32":
+        held, streamed, stages = 64, 32, 1
+    if head_dim == 256 and dtype == "fp32":  # 64x16 tiles need 164 KiB of shared memory: over sm_80's 163
+        held, streamed = 32, 16
+    if kernel == "flash_bwd_dq":
+        held = min(held, seqlen_class(seqlen_q))
+        return Config(held, streamed, warps, stages, 2 if target.backend == "hip" else 0)
+    held = min(held, seqlen_class(seqlen_k))
+    return Config(streamed, held, warps, stages, 2 if target.backend == "hip" else 0)
+
+
+def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
+                  seqlen_k: int, table: tuning.Table | None = None) -> tuple[Config, tuning.Row | None]:
+    """The config of any kernel for a call: its tuning table's row, else its default; and the row used."""
+    if kernel == "flash_fwd":
+        return flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
     padded = padded_head_dim(head_dim)
-    # Seqlens enter only through their buckets: the hot path's memo key relies on it.
-    sq = tuning.bucket(seqlen_q)
-    sk = sq if seqlen_k is None else tuning.bucket(seqlen_k)
-    cfg = config or flash_fwd_config(target, dtype, head_dim, causal, sq, sk, table)[0]
+    rows = tuning.table_for(kernel) if table is None else table
+    row = tuning.lookup(rows, str(target), kernel, dtype, padded, causal, seqlen_q, seqlen_k)
+    if row is None:
+        return bwd_default_config(kernel, target, dtype, padded, seqlen_q, seqlen_k, causal), None
+    return Config(row.BLOCK_M, row.BLOCK_N, row.num_warps, row.num_stages, row.waves_per_eu), row
+
+
+def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+                   seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
+                   table: tuning.Table | None = None) -> Variant:
+    """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
+
+    Every attention kernel has the same functional fields (padded head dim,
+    causal, EVEN_D, ALIGN16, INDEX64) and sees seqlens only through their
+    buckets, so the hot paths' memo keys may stand for them.
+    """
+    padded = padded_head_dim(head_dim)
+    sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
+    cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
-    return Variant("flash_fwd", str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
+    return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 
 def target_of_device(device: Any) -> Target:

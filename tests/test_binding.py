@@ -127,7 +127,7 @@ class _FakeRuntime:
 
 
 def test_a_capture_that_would_load_a_kernel_is_refused_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(binding, "_IS_CAPTURING", lambda: True)
+    monkeypatch.setattr(binding, "is_capturing", lambda: True)
     monkeypatch.setattr(dispatch, "target_of_device", lambda device: Target.parse("sm_90"))
     rt = _FakeRuntime()
     shape = binding.Shape(1, 2, 2, 100, 100, 64)

@@ -300,7 +300,7 @@ class CaptureError(RuntimeError):
 
 
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 µs; the public API ~3 µs
-_IS_CAPTURING = torch.cuda.is_current_stream_capturing
+is_capturing = torch.cuda.is_current_stream_capturing
 
 
 def raw_stream(device_index: int) -> int:
@@ -325,7 +325,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     """
     found = dispatch.target_of_device(device)
     chosen = variant(found, dtype, shape, causal, aligned, index64)
-    if _IS_CAPTURING() and rt.loaded(chosen, device.index) is None:
+    if is_capturing() and rt.loaded(chosen, device.index) is None:
         raise CaptureError(f"{chosen} is not loaded on {device} and a CUDA graph is being captured, during which "
                            "it can be neither loaded nor compiled; call lazytriton.preload(...) with this shape "
                            "(or run the call once) before the capture")
@@ -365,7 +365,7 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     from lazytriton import compiler
 
     shape = call.shape
-    _warn_if_slow(shape)
+    warn_if_slow(shape)
     constexprs = interpreter_constexprs(shape, call.causal != "none")
     args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
@@ -384,7 +384,8 @@ def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
 _warned_slow = False
 
 
-def _warn_if_slow(shape: Shape) -> None:
+def warn_if_slow(shape: Shape) -> None:
+    """Warn once per process when a CPU call through the interpreter may take minutes."""
     global _warned_slow
     work = shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim
     if work >= SLOW_CPU_WORK and not _warned_slow:

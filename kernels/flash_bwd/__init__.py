@@ -1,0 +1,70 @@
+"""Description of the FlashAttention-2 backward kernels (``triton_kernel.py``).
+
+The family ``flash_bwd`` has two kernels, launched in this order on one stream:
+``flash_bwd_dq`` (delta = rowsum(dO * O), then dQ; one program per query
+block) and ``flash_bwd_dkdv`` (dK and dV; one program per key block of a
+key/value head). Their parameters follow the forward's conventions: pointers,
+then strides in (batch, head, seqlen) order, then sizes, then the one float.
+``Lse`` and ``Delta`` are contiguous (batch, heads_q, seqlen_q) float32 and
+share ``stride_lb``/``stride_lh``.
+"""
+
+from __future__ import annotations
+
+from lazytriton.kernels import KernelSpec
+
+FAMILY = "flash_bwd"
+MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
+_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL")
+_SIZES = (
+    ("group_size", "i32"),
+    ("seqlen_q", "i32"),
+    ("seqlen_k", "i32"),
+    ("head_dim", "i32"),
+    ("causal_offset", "i32"),
+    ("sm_scale", "fp32"),
+)
+
+
+def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"stride_{t}{d}", "{index}") for t in tensors for d in ("b", "h", "s")) + (
+        ("stride_lb", "{index}"), ("stride_lh", "{index}"))
+
+
+def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strided: tuple[str, ...]) -> KernelSpec:
+    strides = _strides(*strided)
+    return KernelSpec(
+        name=name,
+        module=MODULE,
+        function=function,
+        params=(*pointers, *strides, *_SIZES),
+        constexprs=_CONSTEXPRS,
+        aligned_params=tuple(p for p, _ in pointers) + tuple(s for s, _ in strides if not s.startswith("stride_l")),
+    )
+
+
+FLASH_BWD_DQ = _spec(
+    "flash_bwd_dq", "flash_bwd_dq_kernel",
+    (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("DO", "*{dtype}"),
+     ("Lse", "*fp32"), ("Delta", "*fp32"), ("DQ", "*{dtype}")),
+    ("q", "k", "v", "o", "do", "dq"),
+)
+
+FLASH_BWD_DKDV = _spec(
+    "flash_bwd_dkdv", "flash_bwd_dkdv_kernel",
+    (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("DO", "*{dtype}"), ("Lse", "*fp32"),
+     ("Delta", "*fp32"), ("DK", "*{dtype}"), ("DV", "*{dtype}")),
+    ("q", "k", "v", "do", "dk", "dv"),
+)
+
+KERNELS = (FLASH_BWD_DQ, FLASH_BWD_DKDV)
+
+
+def dq_grid(seqlen_q: int, heads_q: int, batch: int, block_m: int) -> tuple[int, int, int]:
+    """DQ programs: query blocks x query heads x batch."""
+    return ((seqlen_q + block_m - 1) // block_m, heads_q, batch)
+
+
+def dkdv_grid(seqlen_k: int, heads_k: int, batch: int, block_n: int) -> tuple[int, int, int]:
+    """dK/dV programs: key blocks x key/value heads x batch (each sums its group of query heads)."""
+    return ((seqlen_k + block_n - 1) // block_n, heads_k, batch)

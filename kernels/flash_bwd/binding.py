@@ -1,0 +1,304 @@
+"""Host side of flash_bwd: the one owner of the backward kernels' launch ABI.
+
+The backward takes the forward's checked ``Call`` (``flash_fwd.binding``:
+shapes, causal mode and offset, scale) plus the forward's ``out`` and ``lse``
+and the incoming gradient ``do``, and returns ``(dq, dk, dv)``:
+
+- ``check_grad`` refuses a ``do``/``out``/``lse`` of the wrong shape, dtype,
+  device or layout, naming the argument, before anything runs;
+- ``pack_dq``/``pack_dkdv`` are generated from each kernel's parameter
+  description (``FLASH_BWD_DQ.params``, ``FLASH_BWD_DKDV.params``) and
+  ``PARAM_SOURCES``; the C launcher is tested against ``c_initializer``;
+- ``memo_key`` is the forward's, marked with the family: both kernels see the
+  same dispatch inputs (``dispatch.kernel_variant``);
+- ``backward`` allocates the gradients and runs both kernels: cached binaries
+  on a GPU, Triton's interpreter on the CPU.
+
+The two kernels write disjoint outputs and use no atomics, so the gradients
+are bitwise identical from run to run (see ``triton_kernel.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from lazytriton import dispatch, runtime
+from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid
+from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.variant import Variant
+
+Call = fwd.Call
+Shape = fwd.Shape
+INT32_MAX = fwd.INT32_MAX
+
+
+class Grads(NamedTuple):
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+
+
+# ---------------------------------------------------------------------------
+# Checks
+
+
+def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any, call: Call, names: fwd.Names = fwd.NAMES) -> None:
+    """Refuse ``do`` (the gradient of out), ``out`` or ``lse`` unless they match the checked call.
+
+    ``do`` and ``out`` must have q's shape (kernel order), dtype and device
+    and a contiguous last dim; ``lse`` must be the forward's float32
+    (batch, heads_q, seqlen_q) tensor.
+    """
+    b, hq, _, sq, _, d = call.shape
+    expected = (b, hq, sq, d)
+    for name, t in (("do", do), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {names.q} has {q.dtype}; they must match")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but {names.q} is on {q.device}; they must be on one device")
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have the output's shape {expected}, got {tuple(t.shape)}")
+        if t.stride(-1) != 1 and d > 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor, got {type(lse).__name__}")
+    if lse.dtype != torch.float32 or lse.device != q.device or tuple(lse.shape) != (b, hq, sq):
+        raise ValueError(f"lse must be the forward's float32 logsumexp of shape {(b, hq, sq)} on {q.device}, got "
+                         f"{lse.dtype} {tuple(lse.shape)} on {lse.device}")
+
+
+# ---------------------------------------------------------------------------
+# Argument packing, generated from the parameter descriptions
+
+# Where each runtime parameter comes from, as a Python expression over the pack
+# functions' locals and a C expression over lazytriton.c's backward launcher.
+# Lse and Delta are contiguous (batch, heads_q, seqlen_q) float32 tensors.
+# Python local -> C local of each tensor ("do" is a C keyword).
+_TENSORS = {"q": "q", "k": "k", "v": "v", "o": "o", "do": "dout", "dq": "dq", "dk": "dk", "dv": "dv"}
+PARAM_SOURCES: dict[str, tuple[str, str]] = {
+    **{("Out" if t == "o" else t.upper()): (f"{t}.data_ptr()", f"(int64_t)(uintptr_t){c}->data")
+       for t, c in _TENSORS.items()},
+    "Lse": ("lse.data_ptr()", "(int64_t)(uintptr_t)p->lse.data"),
+    "Delta": ("delta.data_ptr()", "(int64_t)(uintptr_t)p->delta.data"),
+    **{f"stride_{t}{d}": (f"{t}s[{i}]", f"{c}->strides[{i}]") for t, c in _TENSORS.items()
+       for i, d in enumerate("bhs")},
+    "stride_lb": ("hq * sq", "c->hq * c->sq"),
+    "stride_lh": ("sq", "c->sq"),
+    "group_size": ("hq // hk", "c->hq / c->hk"),
+    "seqlen_q": ("sq", "c->sq"),
+    "seqlen_k": ("sk", "c->sk"),
+    "head_dim": ("d", "c->d"),
+    "causal_offset": ("offset", "c->offset"),
+    "sm_scale": ("scale", "scale"),
+}
+
+# One (b, h, s) stride triple per tensor name, read once by each pack function.
+_STRIDE_LOCALS = "\n    ".join(f"{t}s = {t}.stride()" for t in _TENSORS)
+
+
+def _int_params(spec: Any) -> tuple[str, ...]:
+    return tuple(name for name, kind in spec.params if not kind.startswith("fp"))
+
+
+DQ_INT_PARAMS = _int_params(FLASH_BWD_DQ)
+DKDV_INT_PARAMS = _int_params(FLASH_BWD_DKDV)
+ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.aligned_params + FLASH_BWD_DKDV.aligned_params))
+
+
+def _generate_pack() -> Any:
+    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call) -> (dq_ints, dkdv_ints, aligned, index64)``.
+
+    One generated function with both argument tuples written out, from the
+    two descriptions. ``aligned``: every pointer 16-byte aligned and every
+    outer stride a multiple of 16 (both kernels' aligned_params).
+    ``index64``: some tensor's last element lies 2**31 or more elements past
+    its first.
+    """
+    def ints(params: tuple[str, ...]) -> str:
+        return ", ".join(PARAM_SOURCES[name][0] for name in params)
+
+    def extent(t: str, h: str, s: str) -> str:
+        return f"(b - 1) * {t}s[0] + ({h} - 1) * {t}s[1] + ({s} - 1) * {t}s[2]"
+
+    extents = [extent(t, "hq", "sq") for t in ("q", "o", "do", "dq")]
+    extents += [extent(t, "hk", "sk") for t in ("k", "v", "dk", "dv")]
+    source = f"""
+def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call):
+    b, hq, hk, sq, sk, d = call.shape
+    offset = call.offset
+    {_STRIDE_LOCALS}
+    aligned = not ({' | '.join(PARAM_SOURCES[name][0] for name in ALIGNED_PARAMS)}) & 15
+    index64 = max({', '.join(extents)}, b * hq * sq - d) + d > {INT32_MAX}
+    return ({ints(DQ_INT_PARAMS)},), ({ints(DKDV_INT_PARAMS)},), aligned, index64
+"""
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<{FAMILY} binding: pack>", "exec"), namespace)  # noqa: S102 (our own text)
+    return namespace["pack"]
+
+
+pack = _generate_pack()
+
+
+def c_initializer(kernel: str) -> str:
+    """The C launcher's integer-argument initializer of one kernel, from the same table as ``pack``."""
+    params = {FLASH_BWD_DQ.name: DQ_INT_PARAMS, FLASH_BWD_DKDV.name: DKDV_INT_PARAMS}[kernel]
+    return ", ".join(PARAM_SOURCES[name][1] for name in params)
+
+
+# ---------------------------------------------------------------------------
+# Memo key, variants, grids
+
+
+def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
+             index64: bool) -> tuple[Any, ...]:
+    """The forward's memo key, marked with the family (both live in ``Runtime.plans``)."""
+    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64))
+
+
+def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
+             index64: bool) -> tuple[Variant, Variant]:
+    """The (dq, dkdv) variants serving a call of this shape (dispatch decides)."""
+    return tuple(  # type: ignore[return-value]
+        dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
+                                shape.seqlen_q, shape.seqlen_k, index64=index64)
+        for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
+
+
+def interpreter_constexprs(shape: Shape, causal: bool) -> dict[str, Any]:
+    """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
+    padded = dispatch.padded_head_dim(shape.head_dim)
+    return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal}
+
+
+def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The (dq, dkdv) grids: dq over query blocks of BLOCK_M, dkdv over key blocks of BLOCK_N."""
+    return (dq_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m),
+            dkdv_grid(shape.seqlen_k, shape.heads_k, shape.batch, block_n))
+
+
+# ---------------------------------------------------------------------------
+# Running it
+
+
+def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
+         aligned: bool, index64: bool) -> tuple[Any, int, Any, int]:
+    """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
+
+    Refuses, during a CUDA graph capture, to load or compile either kernel
+    (``CaptureError`` naming the variant), as the forward does.
+    """
+    chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+    if fwd.is_capturing():
+        for variant in chosen:
+            if rt.loaded(variant, device.index) is None:
+                raise fwd.CaptureError(
+                    f"{variant} is not loaded on {device} and a CUDA graph is being captured, during which it can "
+                    "be neither loaded nor compiled; run the backward once with this shape (or call "
+                    "lazytriton.preload(..., backward=True)) before the capture")
+    dq_variant, dkdv_variant = chosen
+    entry = (rt.kernel(dq_variant, device.index), int(dq_variant.get("BLOCK_M")),
+             rt.kernel(dkdv_variant, device.index), int(dkdv_variant.get("BLOCK_N")))
+    rt.plans[key] = entry
+    return entry
+
+
+def empty_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Grads:
+    """The gradients: each with its input's shape, dtype and (for a dense input) strides."""
+    return Grads(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+
+
+def _delta(q: torch.Tensor, shape: Shape) -> torch.Tensor:
+    return torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
+
+
+def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               do: torch.Tensor, grads: Grads, call: Call, forced: tuple[Variant, Variant] | None = None) -> None:
+    """Launch both cached kernels for a checked call on GPU tensors (``forced``: tune's candidates)."""
+    delta = _delta(q, call.shape)
+    dq_ints, dkdv_ints, aligned, index64 = pack(q, k, v, out, do, lse, delta, *grads, call)
+    shape = call.shape
+    device = q.device
+    rt = runtime.get()
+    if forced is None:
+        causal = call.causal != "none"
+        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64)
+        found = rt.plans.get(key)
+        if found is None:
+            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64)
+    else:
+        found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
+                 rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
+    dq_kernel, block_m, dkdv_kernel, block_n = found
+    stream = fwd.raw_stream(device.index)
+    dq_grid_, dkdv_grid_ = grids(shape, block_m, block_n)
+    dq_kernel.launch(dq_grid_, stream, dq_ints, (call.scale,), fwd.scratch_alloc)
+    dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, (call.scale,), fwd.scratch_alloc)
+
+
+_N_POINTERS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*"))
+
+
+def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    do: torch.Tensor, grads: Grads, call: Call) -> None:
+    """Run both kernels through Triton's interpreter on CPU tensors."""
+    from lazytriton import compiler
+
+    shape = call.shape
+    fwd.warn_if_slow(shape)
+    delta = _delta(q, shape)
+    dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
+    constexprs = interpreter_constexprs(shape, call.causal != "none")
+    dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
+    dq, dk, dv = grads
+    compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *dq_ints[_N_POINTERS:],
+                                                     call.scale), constexprs)
+    compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *dkdv_ints[_N_POINTERS:],
+                                                         call.scale), constexprs)
+
+
+def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, grads: Grads,
+                call: Call) -> tuple[Any, ...]:
+    """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks."""
+    dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
+    if kernel == FLASH_BWD_DQ.name:
+        return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[_N_POINTERS:], call.scale)
+    return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[_N_POINTERS:], call.scale)
+
+
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+             do: torch.Tensor, call: Call) -> Grads:
+    """(dq, dk, dv) of a checked call: the kernels on a GPU, the interpreter on CPU, empty on meta.
+
+    ``out`` and ``lse`` are the forward's; ``do`` is the gradient of ``out``.
+    Rows that see no key get zero gradients, and so do keys no query sees.
+    """
+    grads = empty_grads(q, k, v)
+    if q.device.type == "meta":
+        return grads
+    if grads.dq.numel() == 0 or grads.dk.numel() == 0:
+        for g in grads:
+            g.zero_()
+        return grads
+    lse = lse if lse.is_contiguous() else lse.contiguous()
+    if q.device.type == "cpu":
+        run_interpreter(q, k, v, out, lse, do, grads, call)
+    else:
+        launch_gpu(q, k, v, out, lse, do, grads, call)
+    return grads
+
+
+def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool = True,
+            index64: bool = False) -> tuple[Variant, Variant]:
+    """Load the two kernels a backward of this shape would use on ``device`` now; their variants."""
+    shape = call.shape
+    causal = call.causal != "none"
+    rt = runtime.get()
+    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64), device, dtype, shape, causal, aligned,
+         index64)
+    return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+

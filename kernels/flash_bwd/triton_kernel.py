@@ -1,0 +1,252 @@
+"""FlashAttention-2 backward in Triton: the two kernels of ``flash_bwd``.
+
+This file is the source fingerprint of both kernels, so everything they call
+lives here. It imports triton: only ``lazytriton.compiler`` may import it.
+
+Layout and conventions are the forward's (``flash_fwd/triton_kernel.py``):
+tensors (B, H, S, D) with any strides and a contiguous last dim; query head h
+reads key/value head h // group_size; key j is visible to query i when
+``j <= i + causal_offset`` (causal only). ``Lse`` is the forward's natural-log
+logsumexp, (B, Hq, Sq) float32; a row that saw no key has -inf there and gets
+zero gradients.
+
+The gradient is split in two kernels, each owning the rows it writes, so no
+float atomics are used and every run gives bitwise-identical gradients:
+
+- ``flash_bwd_dq_kernel``, one program per query block: first
+  ``delta = rowsum(dO * O)`` (stored for the second kernel), then
+  ``dQ = scale * sum_j dS_ij K_j`` over the visible key blocks;
+- ``flash_bwd_dkdv_kernel``, one program per key block of one key/value head:
+  ``dV = sum_i P_ij dO_i`` and ``dK = scale * sum_i dS_ij Q_i`` over the
+  visible query blocks of every query head of its group (GQA/MQA sums in the
+  kernel, in a fixed order).
+
+with ``P = exp(scale * Q K^T - lse)`` and ``dS = P * (dO V^T - delta)``.
+The price of determinism is one more pair of matrix products than a fused
+kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """A @ b + acc: IEEE float32 products for fp32 inputs (tf32 would lose their precision)."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """A (rows, BLOCK_D) tile; rows past the end and padded head dims read as 0."""
+    if MASK_ROWS:
+        if EVEN_D:
+            tile = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=rows_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        if EVEN_D:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, tile, rows_ok, d_ok, EVEN_D: tl.constexpr):
+    if EVEN_D:
+        tl.store(ptrs, tile, mask=rows_ok[:, None])
+    else:
+        tl.store(ptrs, tile, mask=rows_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _lse_log2(Lse, rows, rows_ok):
+    """The forward's logsumexp in base 2, +inf for rows past the end or that saw no key (so P = 0 there)."""
+    lse = tl.load(Lse + rows, mask=rows_ok, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    return lse * LOG2E
+
+
+@triton.jit
+def _dq_block(
+    dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
+    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
+    EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+):
+    """DQ's share of keys [start_n, start_n + BLOCK_N), unscaled."""
+    cols = start_n + offs_n
+    col_ok = cols < seqlen_k
+    k = _load_tile(k_ptrs + start_n * stride_ks, col_ok, d_ok, MASKED, EVEN_D)
+    v = _load_tile(v_ptrs + start_n * stride_vs, col_ok, d_ok, MASKED, EVEN_D)
+    qk = _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE) * qk_scale
+    if MASKED:
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        qk = tl.where(keep, qk, float("-inf"))
+    p = tl.math.exp2(qk - lse2[:, None])
+    dp = _dot(do, tl.trans(v), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE)
+    ds = p * (dp - delta[:, None])
+    return _dot(ds.to(k.dtype), k, dq, IEEE)
+
+
+@triton.jit
+def flash_bwd_dq_kernel(
+    Q, K, V, Out, DO, Lse, Delta, DQ,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_dob, stride_doh, stride_dos,
+    stride_dqb, stride_dqh, stride_dqs,
+    stride_lb, stride_lh,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset,
+    sm_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    # Heaviest query blocks first, as in the forward.
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    kv_head = head // group_size
+    IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows_ok = offs_m < seqlen_q
+    d_ok = offs_d < head_dim
+
+    q = _load_tile(Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                   rows_ok, d_ok, True, EVEN_D)
+    do = _load_tile(DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
+                    rows_ok, d_ok, True, EVEN_D)
+    o = _load_tile(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                   rows_ok, d_ok, True, EVEN_D)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    lse_offset = batch * stride_lb + head * stride_lh
+    tl.store(Delta + lse_offset + offs_m, delta, mask=rows_ok)
+    lse2 = _lse_log2(Lse + lse_offset, offs_m, rows_ok)
+
+    k_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+    qk_scale = sm_scale * LOG2E
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Keys [0, full_end) are visible to every row of this block; [full_end, end)
+    # are the ragged tail and the causal diagonal, masked.
+    end = seqlen_k
+    full_end = (seqlen_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        first_row_limit = tl.maximum(start_m + causal_offset + 1, 0)
+        full_end = tl.minimum(full_end, (first_row_limit // BLOCK_N) * BLOCK_N)
+    full_end = tl.minimum(full_end, end)
+    for start_n in range(0, full_end, BLOCK_N):
+        dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
+                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, EVEN_D, False, CAUSAL, IEEE)
+    for start_n in range(full_end, end, BLOCK_N):
+        dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
+                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, EVEN_D, True, CAUSAL, IEEE)
+
+    dq = dq * sm_scale
+    _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
+                dq.to(DQ.dtype.element_ty), rows_ok, d_ok, EVEN_D)
+
+
+@triton.jit
+def _dkdv_block(
+    dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, start_m, offs_m, offs_n, d_ok,
+    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos,
+    EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
+):
+    """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed."""
+    rows = start_m + offs_m
+    rows_ok = rows < seqlen_q
+    q = _load_tile(q_ptrs + start_m * stride_qs, rows_ok, d_ok, True, EVEN_D)
+    do = _load_tile(do_ptrs + start_m * stride_dos, rows_ok, d_ok, True, EVEN_D)
+    lse2 = _lse_log2(Lse, rows, rows_ok)
+    delta = tl.load(Delta + rows, mask=rows_ok, other=0.0)
+    qk_t = _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE) * qk_scale
+    if MASKED:  # the causal diagonal: key j is visible to query i when j <= i + causal_offset
+        qk_t = tl.where(offs_n[:, None] <= rows[None, :] + causal_offset, qk_t, float("-inf"))
+    p_t = tl.math.exp2(qk_t - lse2[None, :])
+    dv = _dot(p_t.to(do.dtype), do, dv, IEEE)
+    dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE)
+    ds_t = p_t * (dp_t - delta[None, :])
+    return _dot(ds_t.to(q.dtype), q, dk, IEEE), dv
+
+
+@triton.jit
+def flash_bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_dob, stride_doh, stride_dos,
+    stride_dkb, stride_dkh, stride_dks,
+    stride_dvb, stride_dvh, stride_dvs,
+    stride_lb, stride_lh,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset,
+    sm_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    # Low key blocks first: under a causal mask they are seen by the most queries.
+    start_n = tl.program_id(0) * BLOCK_N
+    kv_head = tl.program_id(1)
+    batch = tl.program_id(2)
+    IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    cols_ok = offs_n < seqlen_k
+    d_ok = offs_d < head_dim
+
+    k = _load_tile(K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
+                   cols_ok, d_ok, True, EVEN_D)
+    v = _load_tile(V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                   cols_ok, d_ok, True, EVEN_D)
+    qk_scale = sm_scale * LOG2E
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # Queries [begin, full_begin) cross the causal diagonal of this key block and
+    # are masked; queries [full_begin, seqlen_q) see all of its keys. Keys past
+    # seqlen_k give rows of dK and dV that are never stored, and queries past
+    # seqlen_q have P = 0 (their lse reads as +inf).
+    begin = 0
+    full_begin = 0
+    if CAUSAL:
+        begin = (tl.maximum(start_n - causal_offset, 0) // BLOCK_M) * BLOCK_M
+        last_key_row = tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0)
+        full_begin = tl.maximum(((last_key_row + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, begin)
+        full_begin = tl.minimum(full_begin, seqlen_q)
+
+    for g in range(0, group_size):
+        head = kv_head * group_size + g
+        q_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+        do_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
+        lse_ptr = Lse + batch * stride_lb + head * stride_lh
+        delta_ptr = Delta + batch * stride_lb + head * stride_lh
+        for start_m in range(begin, full_begin, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
+                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, EVEN_D, True, IEEE)
+        for start_m in range(full_begin, seqlen_q, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
+                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, EVEN_D, False, IEEE)
+
+    dk = dk * sm_scale
+    _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
+                dk.to(DK.dtype.element_ty), cols_ok, d_ok, EVEN_D)
+    _store_tile(DV + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :],
+                dv.to(DV.dtype.element_ty), cols_ok, d_ok, EVEN_D)
