@@ -52,17 +52,13 @@ def always_through_op() -> Iterator[None]:
         _through_op[0] = saved
 
 
-def _refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fn: str) -> None:
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(f"{fn} has no backward yet; call it under torch.no_grad() or with detached "
-                                  "inputs")
-
-
 def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) -> tuple[torch.Tensor, torch.Tensor]:
-    if _direct(q, k, v):
+    if _direct(q, k, v) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                             or v.requires_grad)):
         return binding.forward(q, k, v, call)
     # Registered on first use: torch's custom-op registration costs ~4 ms of import, which an eager
-    # process served from an image never needs; dynamo traces this import like any other.
+    # process served from an image never needs; dynamo traces this import like any other. The op
+    # carries the autograd formula (the backward kernels).
     from lazytriton.ops import flash_fwd_op
 
     return flash_fwd_op(q, k, v, call.scale, call.causal)  # type: ignore[no-any-return]
@@ -94,7 +90,12 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     give outputs of the right shape for tracing. A torch op
     (``torch.ops.lazytriton.flash_fwd``) underneath makes it traceable by
     ``torch.compile(fullgraph=True)`` and ``torch.export``. Bad input raises
-    TypeError/ValueError before any launch. Forward only: there is no backward yet.
+    TypeError/ValueError before any launch.
+
+    Differentiable with respect to any of q, k, v: the backward runs
+    lazytriton's backward kernels (served from the same cache) and is
+    deterministic (bitwise-identical gradients from run to run; no atomics).
+    ``lse`` carries no gradient.
 
     """
     if _direct(q, k, v):
@@ -102,7 +103,6 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     call = binding.check(q, k, v, causal, sm_scale)
-    _refuse_grad(q, k, v, "attn_fwd")
     return _run(q, k, v, call)
 
 
@@ -165,7 +165,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         window_size: must be (-1, -1) for now (sliding windows: NotImplementedError).
         softcap: must be 0.0 for now (NotImplementedError).
         alibi_slopes: must be None for now (NotImplementedError).
-        deterministic: accepted; the forward is deterministic either way.
+        deterministic: accepted for compatibility; lazytriton is deterministic
+            either way. Its backward computes dQ and dK/dV in two kernels
+            that each own the rows they write, with no atomic adds, so the
+            gradients are bitwise identical from run to run (the default is
+            therefore deterministic). The price is recomputing Q K^T once
+            more than FlashAttention-2's atomic dQ (measured in
+            benchmarks/NOTES.md).
         return_attn_probs: if True, return ``(out, softmax_lse, None)`` as
             FlashAttention-2 does without dropout (softmax_lse: float32,
             (batch, heads_q, seqlen_q)).
@@ -173,6 +179,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     Returns:
         ``out`` of shape (batch, seqlen_q, heads_q, head_dim) and q's dtype, or
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
+
+    Differentiable with respect to any of q, k, v (softmax_lse carries no gradient).
 
     """
     if (type(causal) is bool and dropout_p == 0.0 and softcap == 0.0 and alibi_slopes is None
@@ -193,7 +201,6 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     _check_bool("causal", causal)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES)
-    _refuse_grad(q, k, v, "flash_attn_func")
     out, lse = _run(qt, kt, vt, call)
     out = out.transpose(1, 2)
     return (out, lse, None) if return_attn_probs else out
@@ -272,6 +279,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     Returns:
         The attention output, (..., heads_q, seqlen_q, head_dim), query's dtype.
+        Differentiable with respect to any of query, key, value (broadcast
+        batch dims and heads get their gradients summed, as in torch).
 
     """
     if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool
@@ -305,13 +314,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         raise SDPATypeError(str(exc)) from None
     except ValueError as exc:
         raise SDPAError(str(exc)) from None
-    _refuse_grad(query, key, value, "scaled_dot_product_attention")
     out = _run(q4, k4, v4, call)[0]
     return out if out.shape == out_shape else out.reshape(out_shape)
 
 
 def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
-            layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None) -> list[str]:
+            layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
+            backward: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -328,6 +337,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         dtype: for shapes (default float16); taken from ``q`` when it is a tensor.
         device: for shapes (default the current CUDA device); taken from ``q``
             when it is a tensor.
+        backward: also load the two backward kernels (to capture a training
+            step's backward in a CUDA graph).
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -353,7 +364,12 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
     out, lse = binding.empty_outputs(qt, call.shape)
     _, aligned, index64 = binding.pack(qt, kt, kt, out, lse, call)
-    return [str(binding.preload(device, dtype, call, aligned, index64))]
+    loaded = [str(binding.preload(device, dtype, call, aligned, index64))]
+    if _check_bool("backward", backward):
+        from lazytriton.kernels.flash_bwd import binding as bwd_binding
+
+        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, aligned, index64)]
+    return loaded
 
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:

@@ -288,16 +288,6 @@ def test_preload_bad_input(args: dict[str, Any], error: type[Exception], match: 
         lazytriton.preload(**args)
 
 
-@pytest.mark.usefixtures("no_launch")
-@pytest.mark.parametrize("entry", ["attn_fwd", "flash_attn_func", "sdpa"])
-def test_inputs_that_require_grad_are_refused_until_the_backward_lands(entry: str) -> None:
-    q, k, v = make_qkv(1, (2, 2), (4, 4), 16, torch.float32, seed=1)
-    if entry == "flash_attn_func":
-        q, k, v = bshd(q), bshd(k), bshd(v)
-    with pytest.raises(NotImplementedError, match="backward"):
-        _entry(entry)(q.requires_grad_(), k, v)
-
-
 # ---------------------------------------------------------------------------
 # On a GPU: CUDA graphs, inductor, reduce-overhead
 

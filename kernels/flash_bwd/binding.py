@@ -27,11 +27,8 @@ import torch
 from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid
 from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
 from lazytriton.variant import Variant
-
-Call = fwd.Call
-Shape = fwd.Shape
-INT32_MAX = fwd.INT32_MAX
 
 
 class Grads(NamedTuple):
@@ -62,7 +59,7 @@ def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any, call: Call, names: 
             raise ValueError(f"{name} is on {t.device} but {names.q} is on {q.device}; they must be on one device")
         if tuple(t.shape) != expected:
             raise ValueError(f"{name} must have the output's shape {expected}, got {tuple(t.shape)}")
-        if t.stride(-1) != 1 and d > 1:
+        if t.stride(-1) != 1 and d > 1 and t.numel():
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
     if not isinstance(lse, torch.Tensor):
         raise TypeError(f"lse must be a torch.Tensor, got {type(lse).__name__}")

@@ -15,8 +15,6 @@ import math
 
 import torch
 
-from lazytriton.kernels.flash_fwd.reference import attention_reference
-
 
 def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *,
                                  causal: bool | str = False, sm_scale: float | None = None,
@@ -26,7 +24,6 @@ def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     hk, sk = k.shape[1], k.shape[2]
     group = hq // hk
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    out, lse = attention_reference(q, k, v, causal=causal, sm_scale=scale)
     kx = k.repeat_interleave(group, dim=1) if group > 1 else k
     vx = v.repeat_interleave(group, dim=1) if group > 1 else v
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -36,7 +33,9 @@ def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         rows = torch.arange(sq, device=q.device)[:, None]
         cols = torch.arange(sk, device=q.device)[None, :]
         scores = scores.masked_fill(cols > rows + offset, float("-inf"))
-    probs = torch.exp(scores - lse.to(work)[..., None]).nan_to_num(0.0)  # rows with no key: 0
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.exp(scores - lse).nan_to_num(0.0)  # rows with no key: 0
+    out = probs.to(v.dtype) @ vx  # the forward's output, as attention_reference computes it
     delta = (do.to(work) * out.to(work)).sum(-1, keepdim=True)
     dp = (do @ vx.transpose(-1, -2)).to(work)
     ds = probs * (dp - delta)
