@@ -149,29 +149,43 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
                        seqlen_k: int, causal: bool = False) -> Config:
     """A sane backward config when the tuning table has no row (it never errors).
 
-    BLOCK_M is the query tile and BLOCK_N the key tile in both kernels. The dQ
-    kernel holds BLOCK_M query rows (q, dO and the dQ accumulator) and streams
-    keys BLOCK_N at a time; the dK/dV kernel holds BLOCK_N key rows (k, v and
-    two accumulators) and streams queries. So the held tile is the large one
-    and the streamed one small: Triton's own fused-attention tutorial uses
-    128 held x 32 streamed, 4 warps, for fp16 on Hopper. Head dim 256 and
-    fp32 halve the tiles (registers and shared memory); short sequences get
-    tiles no longer than needed.
+    BLOCK_M is the query tile and BLOCK_N the key tile in both kernels: the dQ
+    kernel holds BLOCK_M query rows and streams keys, the dK/dV kernel holds
+    BLOCK_N key rows and streams queries. CUDA choices from a sweep of each
+    kernel alone on the H200 (benchmarks/sweep_flash_bwd.py, Triton 3.6, bf16,
+    seqlen 4k, hidden 2048, 48 candidates a kernel, 2026-11-30), ms of the
+    winner against the tutorial's 128-held x 32-streamed:
+    head dim 128: dq 128/64, 8 warps, 3 stages (1.30 full, 0.75 causal; 1.50
+    and 0.88); dkdv 32/64, 4 warps, 3 stages (2.70 full, 1.57 causal; 6.04
+    and 3.50: 128 held key rows spill registers at head dim 128).
+    head dim 64: dq 64/64, 4 warps, 3 stages (1.44; 1.52); dkdv 64/128, 4
+    warps, 2 stages (2.67; 2.80).
+    Head dim 256 and fp32 halve the tiles (registers and shared memory; fp32
+    dots use no tensor cores); short sequences get tiles no longer than
+    needed. AMD values are a guess (no AMD GPU here).
     """
     if kernel not in BWD_KERNELS:
         raise ValueError(f"kernel must be one of {BWD_KERNELS}, got {kernel!r}")
-    held, streamed, warps, stages = 128, 32, 4, 2 if target.backend == "hip" else 3
-    if head_dim >= 128 and target.backend == "cuda" and target.capability in _SMALL_SHARED_CUDA:
-        held, streamed, stages = 64, 32, 2
+    hip = target.backend == "hip"
     if head_dim == 256 or dtype == "fp32":
-        held, streamed, stages = 64, 32, 1
-    if head_dim == 256 and dtype == "fp32":  # 64x16 tiles need 164 KiB of shared memory: over sm_80's 163
-        held, streamed = 32, 16
+        dq, dkdv = Config(64, 32, 4, 1), Config(32, 64, 4, 1)
+        if head_dim == 256 and dtype == "fp32":  # 64x16 tiles need 164 KiB of shared memory: over sm_80's 163
+            dq, dkdv = Config(32, 16, 4, 1), Config(16, 32, 4, 1)
+    elif hip:
+        dq, dkdv = Config(128, 32, 4, 2), Config(32, 128, 4, 2)
+    elif head_dim <= 64:
+        dq, dkdv = Config(64, 64, 4, 3), Config(64, 128, 4, 2)
+    elif target.capability in _SMALL_SHARED_CUDA:
+        dq, dkdv = Config(64, 32, 4, 2), Config(32, 64, 4, 2)
+    else:
+        dq, dkdv = Config(128, 64, 8, 3), Config(32, 64, 4, 3)
+    waves = 2 if hip else 0
     if kernel == "flash_bwd_dq":
-        held = min(held, seqlen_class(seqlen_q))
-        return Config(held, streamed, warps, stages, 2 if target.backend == "hip" else 0)
-    held = min(held, seqlen_class(seqlen_k))
-    return Config(streamed, held, warps, stages, 2 if target.backend == "hip" else 0)
+        held = min(dq.block_m, seqlen_class(seqlen_q))
+        return Config(held, min(dq.block_n, 64) if held < dq.block_m else dq.block_n,
+                      dq.num_warps if held == dq.block_m else 4, dq.num_stages, waves)
+    held = min(dkdv.block_n, seqlen_class(seqlen_k))
+    return Config(dkdv.block_m, held, dkdv.num_warps, dkdv.num_stages, waves)
 
 
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
