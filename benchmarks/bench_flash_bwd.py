@@ -61,6 +61,7 @@ from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.target import target_from_cuda_capability
 
 FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
           "tflops", "us_per_call", "rel_err", "check", "gpu", "torch", "triton", "lazytriton", "timestamp"]
@@ -194,9 +195,9 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: i
     if device.type != "cuda":
         times = []
         for _ in range(reps):
-            start = time.perf_counter()
+            began = time.perf_counter()
             fn()
-            times.append((time.perf_counter() - start) * 1e3)
+            times.append((time.perf_counter() - began) * 1e3)
         return statistics.median(times)
     torch.cuda.synchronize()
     times = []
@@ -231,10 +232,10 @@ class Reference(NamedTuple):
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> Reference:
-    part = [t[:1, :REF_HEADS] for t in (q, k, v, do)]
-    exact = math_grads(*part, causal, torch.float64)
-    low = math_grads(*part, causal, q.dtype)
-    base = tuple(float((lo.double() - ex).abs().max()) for lo, ex in zip(low, exact))
+    qs, ks, vs, dos = (t[:1, :REF_HEADS] for t in (q, k, v, do))
+    exact = math_grads(qs, ks, vs, dos, causal, torch.float64)
+    low = math_grads(qs, ks, vs, dos, causal, q.dtype)
+    base = tuple(float((lo.double() - ex).abs().max()) for lo, ex in zip(low, exact, strict=True))
     rounded = [ex.to(q.dtype) for ex in exact]
     atol = tuple(2 * float((r + 0.3 - 0.3 - r).abs().max()) for r in rounded)  # FlashAttention 3's floor
     return Reference(exact, base, atol)
@@ -243,7 +244,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
 def check_grads(grads: Sequence[torch.Tensor], ref: Reference) -> tuple[bool, float, str]:
     """(passes FlashAttention's rule, worst relative error, what failed) for one provider's (dq, dk, dv)."""
     ok, worst, notes = True, 0.0, []
-    for name, g, exact, base, atol in zip(("dq", "dk", "dv"), grads, ref.exact, ref.base_err, ref.atol):
+    for name, g, exact, base, atol in zip(("dq", "dk", "dv"), grads, ref.exact, ref.base_err, ref.atol,
+                                          strict=True):
         part = g[:1, :REF_HEADS].double()
         err = float((part - exact).abs().max())
         worst = max(worst, float((part - exact).norm() / exact.norm().clamp_min(1e-30)))
@@ -280,33 +282,46 @@ def lazytriton_fwd_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.
 
 
 def triton_jit_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
-    """Both kernels through Triton's JIT, with the variants dispatch picks (arguments from the binding)."""
-    q, k, v, do = t
-    if q.device.type != "cuda":
-        raise RuntimeError("Triton's JIT launch needs a GPU")
-    from lazytriton.kernels.flash_bwd import triton_kernel
+    """Both kernels through Triton's JIT, with the variants dispatch picks (arguments from the binding).
 
+    On the CPU (``--cpu-smoke``) the same arguments and constexprs (of the
+    sm_90 variants) go through lazytriton's interpreter instead, so that CI
+    checks them against the kernels' signatures.
+    """
+    q, k, v, do = t
     call = fwd.check(q, k, v, causal)
     out, lse = fwd.forward(q, k, v, call)
     grads = bwd.empty_grads(q, k, v)
     delta = torch.empty((call.shape.batch, call.shape.heads_q, call.shape.seqlen_q), dtype=torch.float32,
                         device=q.device)
     _, _, aligned, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
-    chosen = bwd.variants(dispatch.target_of_device(q.device), q.dtype, call.shape, causal, aligned, index64)
+    target = dispatch.target_of_device(q.device) if q.device.type == "cuda" else target_from_cuda_capability(9, 0)
+    chosen = bwd.variants(target, q.dtype, call.shape, causal, aligned, index64)
     grids = bwd.grids(call.shape, int(chosen[0].get("BLOCK_M")), int(chosen[1].get("BLOCK_N")))
     launches = []
-    for spec, variant, grid in zip((FLASH_BWD_DQ, FLASH_BWD_DKDV), chosen, grids):
-        kwargs = {name: value for name, value in variant.constexprs.items() if name in spec.constexprs}
-        kwargs.update(dict(variant.options))
+    for spec, variant, grid in zip((FLASH_BWD_DQ, FLASH_BWD_DKDV), chosen, grids, strict=True):
+        constexprs = {name: value for name, value in variant.constexprs.items() if name in spec.constexprs}
         args = bwd.triton_args(spec.name, q, k, v, out, lse, do, delta, grads, call)
-        launches.append((getattr(triton_kernel, spec.function)[grid], args, kwargs))
+        launches.append(_jit_launch(spec, grid, args, constexprs, dict(variant.options), q.device))
 
     def run() -> Sequence[torch.Tensor]:
-        for kernel, args, kwargs in launches:
-            kernel(*args, **kwargs)
+        for launch in launches:
+            launch()
         return grads
 
     return run
+
+
+def _jit_launch(spec: Any, grid: tuple[int, int, int], args: tuple[Any, ...], constexprs: dict[str, Any],
+                options: dict[str, Any], device: torch.device) -> Callable[[], None]:
+    if device.type != "cuda":
+        from lazytriton import compiler
+
+        return lambda: compiler.interpret(spec.name, grid, args, constexprs)
+    from lazytriton.kernels.flash_bwd import triton_kernel
+
+    kernel = getattr(triton_kernel, spec.function)[grid]
+    return lambda: kernel(*args, **constexprs, **options)
 
 
 def sdpa_backend(name: str) -> Any:
@@ -452,7 +467,7 @@ def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int, log: Log
     image = Path(tempfile.mkdtemp(prefix="lt-bench-bwd-")) / "bench_flash_bwd.ltimg"
     report = build(plan, image, jobs, stream=sys.stderr)
     if report.image is not None:
-        lazytriton.configure(images=[image, *config.settings().images])
+        config.configure(images=[image, *config.settings().images])
     log(f"prewarm: {len(plan)} variants, {report.compiled} compiled, {len(report.failures)} failed, "
         f"{report.seconds:.1f} s with {jobs} processes{'' if report.image else ' (no image: compiled just in time)'}")
 
