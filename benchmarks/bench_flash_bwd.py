@@ -21,8 +21,8 @@ Mode ``bwd`` times the backward alone:
 Mode ``fwd+bwd`` times forward and backward together (lazytriton, sdpa_flash,
 sdpa_cudnn). Every provider's first result is checked before it is timed:
 dq, dk and dv on batch 0, head 0 against a float64 reference, with
-FlashAttention's rule (error at most 2x the error of the same-dtype PyTorch
-math, plus the dtype's rounding at 0.3). A provider that fails to run is
+FlashAttention's rule (``grad_rule.py``: error at most 2x the error of the
+same-dtype PyTorch math, plus the dtype's rounding at 0.3). A provider that fails to run is
 reported as ``failed``; one that runs but fails the check is still timed and
 marked ``*`` (left out of the geomeans). Inputs and dO are fresh random normal
 tensors for each case.
@@ -32,7 +32,8 @@ the table comes last; with ``$OUT`` set, the printed report is also written
 to ``$OUT/bench_flash_bwd.log``.
 
 Usage: python benchmarks/bench_flash_bwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16]
-       [--head-dims 64,128] [--seqlens 1k,4k,16k] [--causal both|causal|full] [--prewarm-jobs N]
+       [--head-dims 64,128] [--seqlens 1k,4k,16k] [--causal both|causal|full]
+       [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn] [--prewarm-jobs N] [--warmup N] [--reps N]
        python benchmarks/bench_flash_bwd.py --list        (the cases; no GPU needed)
        python benchmarks/bench_flash_bwd.py --cpu-smoke   (one tiny case on CPU: the interpreter, CI)
 """
@@ -55,6 +56,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from csvlog import append_rows
+from grad_rule import Reference, check_grads, reference
 
 import lazytriton
 from lazytriton import dispatch, runtime
@@ -70,7 +72,6 @@ TOKENS, HIDDEN = 16384, 2048
 BWD_PROVIDERS = ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")
 FWD_BWD_PROVIDERS = ("lazytriton", "sdpa_flash", "sdpa_cudnn")
 FLOPS_FACTOR = {"bwd": 2.5, "fwd+bwd": 3.5}
-REF_HEADS = 1  # the reference covers batch 0, heads [0, REF_HEADS): float64 scores of 16k x 16k are 2 GiB
 
 
 class Case(NamedTuple):
@@ -120,42 +121,29 @@ def cases(dtypes: Sequence[str], head_dims: Sequence[int], causals: Sequence[boo
 # Arguments
 
 
-def _items(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+def _list(flag: str, parse: Callable[[str], Any], allowed: Callable[[Any], bool], expected: str) -> Any:
+    """An argparse type: a non-empty comma-separated list, each item parsed and allowed, else an error naming it."""
+    def convert(text: str) -> list[Any]:
+        try:
+            values = [parse(item.strip()) for item in text.split(",") if item.strip()]
+        except ValueError:
+            values = []
+        if not values or not all(allowed(value) for value in values):
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected {expected}")
+        return values
 
-
-def _dtypes(text: str) -> list[str]:
-    items = _items(text)
-    bad = [item for item in items if item not in DTYPES]
-    if bad or not items:
-        raise argparse.ArgumentTypeError(f"--dtypes {text!r}: expected a comma-separated subset of {list(DTYPES)}")
-    return items
+    return convert
 
 
 def _seqlen(item: str) -> int:
     return int(item[:-1]) * 1024 if item.lower().endswith("k") else int(item)
 
 
-def _positive_ints(parse: Callable[[str], int], what: str) -> Callable[[str], list[int]]:
-    def convert(text: str) -> list[int]:
-        try:
-            values = [parse(item) for item in _items(text)]
-        except ValueError:
-            values = []
-        if not values or min(values) < 1:
-            raise argparse.ArgumentTypeError(f"{what} {text!r}: expected comma-separated positive integers")
-        return values
-
-    return convert
-
-
-def _head_dims(text: str) -> list[int]:
-    values = _positive_ints(int, "--head-dims")(text)
-    if max(values) > dispatch.MAX_HEAD_DIM:
-        raise argparse.ArgumentTypeError(f"--head-dims {text!r}: head dims must be in 1..{dispatch.MAX_HEAD_DIM}")
-    return values
-
-
+_dtypes = _list("--dtypes", str, DTYPES.__contains__, f"a comma-separated subset of {list(DTYPES)}")
+_providers = _list("--providers", str, BWD_PROVIDERS.__contains__, f"a comma-separated subset of {BWD_PROVIDERS}")
+_head_dims = _list("--head-dims", int, lambda d: 1 <= d <= dispatch.MAX_HEAD_DIM,
+                   f"comma-separated head dims in 1..{dispatch.MAX_HEAD_DIM}")
+_seqlens = _list("--seqlens", _seqlen, lambda s: s >= 1, "comma-separated positive seqlens (1024 or 1k)")
 CAUSALS = {"both": [False, True], "full": [False], "causal": [True]}
 
 
@@ -165,9 +153,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only (unless --seqlens is given)")
     parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES), help="bf16,fp16 (default both)")
     parser.add_argument("--head-dims", type=_head_dims, default=[64, 128], help="default 64,128")
-    parser.add_argument("--seqlens", type=_positive_ints(_seqlen, "--seqlens"), default=None,
+    parser.add_argument("--seqlens", type=_seqlens, default=None,
                         help="e.g. 1k,4k,16k (default; --quick: 1k,4k)")
     parser.add_argument("--causal", choices=tuple(CAUSALS), default="both")
+    parser.add_argument("--providers", type=_providers, default=list(BWD_PROVIDERS),
+                        help=f"a subset of {','.join(BWD_PROVIDERS)} (default all)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--prewarm-jobs", type=int, default=os.cpu_count() or 1,
@@ -209,50 +199,6 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: i
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
-
-
-def math_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool,
-               dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv) of plain attention computed in ``dtype`` (causal: top-left, as SDPA's is_causal)."""
-    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
-    if causal:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v
-    return torch.autograd.grad(out, (q, k, v), do.to(dtype))
-
-
-class Reference(NamedTuple):
-    """Float64 gradients of the reference slice, and the error of the same-dtype math against them."""
-
-    exact: tuple[torch.Tensor, ...]
-    base_err: tuple[float, ...]
-    atol: tuple[float, ...]
-
-
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> Reference:
-    qs, ks, vs, dos = (t[:1, :REF_HEADS] for t in (q, k, v, do))
-    exact = math_grads(qs, ks, vs, dos, causal, torch.float64)
-    low = math_grads(qs, ks, vs, dos, causal, q.dtype)
-    base = tuple(float((lo.double() - ex).abs().max()) for lo, ex in zip(low, exact, strict=True))
-    rounded = [ex.to(q.dtype) for ex in exact]
-    atol = tuple(2 * float((r + 0.3 - 0.3 - r).abs().max()) for r in rounded)  # FlashAttention 3's floor
-    return Reference(exact, base, atol)
-
-
-def check_grads(grads: Sequence[torch.Tensor], ref: Reference) -> tuple[bool, float, str]:
-    """(passes FlashAttention's rule, worst relative error, what failed) for one provider's (dq, dk, dv)."""
-    ok, worst, notes = True, 0.0, []
-    for name, g, exact, base, atol in zip(("dq", "dk", "dv"), grads, ref.exact, ref.base_err, ref.atol,
-                                          strict=True):
-        part = g[:1, :REF_HEADS].double()
-        err = float((part - exact).abs().max())
-        worst = max(worst, float((part - exact).norm() / exact.norm().clamp_min(1e-30)))
-        if not err <= 2 * base + atol:  # also refuses NaN
-            ok = False
-            notes.append(f"{name} max error {err:.2e} > 2 x {base:.2e} + {atol:.1e}")
-    return ok, worst, "; ".join(notes)
 
 
 # ---------------------------------------------------------------------------
@@ -359,12 +305,14 @@ def sdpa_fwd_bwd(name: str) -> Factory:
     return factory
 
 
-def providers(mode: str) -> dict[str, Factory]:
+def providers(mode: str, selected: Sequence[str] = BWD_PROVIDERS) -> dict[str, Factory]:
     if mode == "bwd":
-        return {"lazytriton": lazytriton_bwd, "triton_jit": triton_jit_bwd,
-                **{name: sdpa_bwd(name) for name in BWD_PROVIDERS if name.startswith("sdpa")}}
-    return {"lazytriton": lazytriton_fwd_bwd, **{name: sdpa_fwd_bwd(name) for name in FWD_BWD_PROVIDERS
-                                                 if name.startswith("sdpa")}}
+        every = {"lazytriton": lazytriton_bwd, "triton_jit": triton_jit_bwd,
+                 **{name: sdpa_bwd(name) for name in BWD_PROVIDERS if name.startswith("sdpa")}}
+    else:
+        every = {"lazytriton": lazytriton_fwd_bwd, **{name: sdpa_fwd_bwd(name) for name in FWD_BWD_PROVIDERS
+                                                      if name.startswith("sdpa")}}
+    return {name: factory for name, factory in every.items() if name in selected}
 
 
 # ---------------------------------------------------------------------------
@@ -372,23 +320,21 @@ def providers(mode: str) -> dict[str, Factory]:
 
 
 class Log:
-    """Prints the report as it goes and keeps it, for ``$OUT/bench_flash_bwd.log``."""
+    """Prints the report as it goes, and with ``$OUT`` set writes it, line by line, to ``$OUT/bench_flash_bwd.log``."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: str | None = None) -> None:
         self.lines: list[str] = []
+        self.path = Path(out) / "bench_flash_bwd.log" if out else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
 
     def __call__(self, line: str = "", err: bool = False) -> None:
         print(line, file=sys.stderr if err else sys.stdout, flush=True)
         self.lines.append(line)
-
-    def save(self) -> Path | None:
-        out = os.environ.get("OUT")
-        if not out:
-            return None
-        path = Path(out) / "bench_flash_bwd.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(self.lines) + "\n")
-        return path
+        if self.path is not None:  # kept as it goes: a run killed at its time limit leaves what it measured
+            with self.path.open("a") as f:
+                f.write(line + "\n")
 
 
 def _brief(exc: BaseException) -> str:
@@ -437,7 +383,7 @@ def run_case(index: int, case: Case, device: torch.device, args: argparse.Namesp
     _release(device)
     results = []
     for mode in FLOPS_FACTOR:
-        for name, factory in providers(mode).items():
+        for name, factory in providers(mode, args.providers).items():
             r = measure(case, name, mode, factory, tensors, ref, device, args)
             shown = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s rel_err {r.rel_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {mode:<7} {name:<10} {r.check:<9} {shown} {r.note}".rstrip())
@@ -547,7 +493,7 @@ SMOKE_CASE = Case("bf16", 32, True, 64, 1, 2)
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid; exit status 1 if a lazytriton row failed or failed its check, 2 without a GPU."""
     args = parse_args(argv)
-    log = Log()
+    log = Log(os.environ.get("OUT"))
     if args.cpu_smoke:
         device, case_list = torch.device("cpu"), [SMOKE_CASE]
         args.warmup, args.reps, args.prewarm_jobs = 1, 2, 0
@@ -563,18 +509,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     meta = run_meta(device)
     log(f"bench_flash_bwd: {len(case_list)} cases on {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}")
-    if args.prewarm_jobs > 0:
+    if args.prewarm_jobs > 0 and {"lazytriton", "triton_jit"} & set(args.providers):
         try:
             prewarm(case_list, device, args.prewarm_jobs, log)
         except Exception as exc:
             log(f"prewarm failed, compiling just in time: {_brief(exc)}", err=True)
     results: list[Result] = []
     for index, case in enumerate(case_list):
-        results += run_case(index, case, device, args, log)
-    append_rows(args.csv, FIELDS, [csv_row(r, meta) for r in results])
+        done = run_case(index, case, device, args, log)
+        append_rows(args.csv, FIELDS, [csv_row(r, meta) for r in done])  # case by case, as the log
+        results += done
     log(f"\n{len(results)} rows appended to {args.csv}; compiles by lazytriton in this run: {runtime.get().compiles}")
     print_table(results, log)
-    log.save()
     return 1 if any(r.provider == "lazytriton" and r.check in ("failed", "wrong") for r in results) else 0
 
 

@@ -57,10 +57,14 @@ def test_quick_and_filters_select_subsets(bench: ModuleType) -> None:
     args = bench.parse_args(["--dtypes", "fp16", "--head-dims", "128", "--seqlens", "4k,2048", "--causal", "causal"])
     assert [(c.dtype, c.head_dim, c.causal, c.seqlen) for c in bench.cases(**_grid(bench, args))] == [
         ("fp16", 128, True, 4096), ("fp16", 128, True, 2048)]
+    only = bench.parse_args(["--providers", "sdpa_cudnn,lazytriton"]).providers
+    assert list(bench.providers("bwd", only)) == ["lazytriton", "sdpa_cudnn"]
+    assert list(bench.providers("fwd+bwd", only)) == ["lazytriton", "sdpa_cudnn"]
 
 
 @pytest.mark.parametrize("argv", [["--dtypes", "fp8"], ["--head-dims", "0"], ["--head-dims", "512"],
-                                  ["--seqlens", "4q"], ["--seqlens", ""], ["--reps", "0"], ["--causal", "yes"]])
+                                  ["--seqlens", "4q"], ["--seqlens", ""], ["--reps", "0"], ["--causal", "yes"],
+                                  ["--providers", "sdpa_math"]])
 def test_bad_filters_are_refused(bench: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(argv)
@@ -69,19 +73,21 @@ def test_bad_filters_are_refused(bench: ModuleType, argv: list[str], capsys: pyt
 
 
 def test_check_passes_exact_math_and_flags_a_wrong_gradient(bench: ModuleType) -> None:
+    import grad_rule as rule  # beside the benchmark, on the path the fixture set
+
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, 48, 32, dtype=torch.bfloat16) for _ in range(4))
-    ref = bench.reference(q, k, v, do, True)
-    good = bench.math_grads(q, k, v, do, True, torch.float32)
-    ok, err, note = bench.check_grads(good, ref)
+    ref = rule.reference(q, k, v, do, True)
+    good = rule.math_grads(q, k, v, do, True, torch.float32)
+    ok, err, note = rule.check_grads(good, ref)
     assert ok and err < 1e-5 and note == ""
     wrong = (good[0], good[1] * 1.1, good[2])
-    ok, err, note = bench.check_grads(wrong, ref)
+    ok, err, note = rule.check_grads(wrong, ref)
     assert not ok and "dk" in note and "dq" not in note and err > 0.05
-    not_causal = bench.math_grads(q, k, v, do, False, torch.float32)
-    assert not bench.check_grads(not_causal, ref)[0]
+    not_causal = rule.math_grads(q, k, v, do, False, torch.float32)
+    assert not rule.check_grads(not_causal, ref)[0]
     nan = (good[0], good[1], torch.full_like(good[2], float("nan")))
-    assert not bench.check_grads(nan, ref)[0]
+    assert not rule.check_grads(nan, ref)[0]
 
 
 def test_table_reports_a_failed_provider_and_ratios(bench: ModuleType) -> None:
