@@ -276,31 +276,34 @@ def sdpa_backend(name: str) -> Any:
     return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}[name]
 
 
+def _sdpa_setup(name: str, t: Tensors, causal: bool) -> tuple[Callable[[], torch.Tensor], tuple[torch.Tensor, ...],
+                                                                 torch.Tensor, torch.Tensor]:
+    """(forward, leaf q/k/v, first out, dO laid out as that out is): some backends return a permuted out."""
+    from torch.nn.attention import sdpa_kernel
+
+    q, k, v = (x.detach().requires_grad_() for x in t[:3])
+    backend = sdpa_backend(name)
+
+    def forward() -> torch.Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    out = forward()
+    return forward, (q, k, v), out, torch.empty_like(out).copy_(t[3])
+
+
 def sdpa_bwd(name: str) -> Factory:
     def factory(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
-        from torch.nn.attention import sdpa_kernel
-
-        q, k, v = (x.detach().requires_grad_() for x in t[:3])
-        with sdpa_kernel(sdpa_backend(name)):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return lambda: torch.autograd.grad(out, (q, k, v), t[3], retain_graph=True)
+        _, leaves, out, do = _sdpa_setup(name, t, causal)
+        return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
     return factory
 
 
 def sdpa_fwd_bwd(name: str) -> Factory:
     def factory(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
-        from torch.nn.attention import sdpa_kernel
-
-        q, k, v = (x.detach().requires_grad_() for x in t[:3])
-        backend = sdpa_backend(name)
-
-        def run() -> Sequence[torch.Tensor]:
-            with sdpa_kernel(backend):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            return torch.autograd.grad(out, (q, k, v), t[3])
-
-        return run
+        forward, leaves, _, do = _sdpa_setup(name, t, causal)
+        return lambda: torch.autograd.grad(forward(), leaves, do)
 
     return factory
 
@@ -439,40 +442,53 @@ def _cell(r: Result | None) -> str:
         return "-"
     if r.tflops is None:
         return "failed"
-    return f"{r.tflops:.0f}{MARKS[r.check]}"
+    return f"{r.tflops:.0f}{MARKS[r.check]}" if r.tflops >= 10 else f"{r.tflops:.2g}{MARKS[r.check]}"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:>9.2f}" if not math.isnan(x) else f"{'-':>9}"
 
 
 def _geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in values) / len(values)) if values else math.nan
 
 
+def _ratio_of(lt: Result | None, other: Result | None) -> float:
+    """lazytriton's TFLOP/s over a peer's, when both ran and passed the check."""
+    if lt is None or other is None or not lt.check == other.check == "ok" or not lt.tflops or not other.tflops:
+        return math.nan
+    return lt.tflops / other.tflops
+
+
 def print_table(results: Sequence[Result], log: Log) -> None:
-    """Per case and mode: each provider's TFLOP/s, lazytriton's ratio to each peer, then the geomeans."""
+    """Per case and mode: each provider's TFLOP/s, lazytriton's ratio to each peer; then geomean and min ratios."""
     by = {(r.case, r.mode, r.provider): r for r in results}
     case_list = list(dict.fromkeys(r.case for r in results))
+    short = {"triton_jit": "jit", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
     for mode, names in (("bwd", BWD_PROVIDERS), ("fwd+bwd", FWD_BWD_PROVIDERS)):
         peers = names[1:]
-        short = {"triton_jit": "jit", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
         log(f"\nTFLOP/s ({mode})".ljust(25) + "".join(f"{n:>11}" for n in names)
             + "".join(f"{'lt/' + short[p]:>9}" for p in peers))
         ratios: dict[str, list[float]] = {p: [] for p in peers}
         for case in case_list:
-            lt = by.get((case, mode, "lazytriton"))
-            cells = []
-            for p in peers:
-                other = by.get((case, mode, p))
-                good = lt is not None and other is not None and lt.check == other.check == "ok"
-                ratio = lt.tflops / other.tflops if good and lt.tflops and other.tflops else math.nan  # type: ignore
+            row = [_ratio_of(by.get((case, mode, "lazytriton")), by.get((case, mode, p))) for p in peers]
+            for p, ratio in zip(peers, row, strict=True):
                 if not math.isnan(ratio):
                     ratios[p].append(ratio)
-                cells.append(f"{ratio:>9.2f}")
-            log(f"{case.label:<24}" + "".join(f"{_cell(by.get((case, mode, n))):>11}" for n in names) + "".join(cells))
-        log("geomean".ljust(24) + " " * 11 * len(names) + "".join(f"{_geomean(ratios[p]):>9.2f}" for p in peers))
+            log(f"{case.label:<24}" + "".join(f"{_cell(by.get((case, mode, n))):>11}" for n in names)
+                + "".join(_ratio(x) for x in row))
+        pad = " " * 11 * len(names)
+        log("geomean".ljust(24) + pad + "".join(_ratio(_geomean(ratios[p])) for p in peers))
+        log("min".ljust(24) + pad + "".join(_ratio(min(ratios[p], default=math.nan)) for p in peers))
     bad = [r for r in results if r.check != "ok"]
     if bad:
-        log("\n* failed the gradient check (timed anyway), ? unchecked; ratios and geomeans use checked rows only")
-        for r in bad:
-            log(f"  {r.case.label} {r.mode} {r.provider}: {r.check}: {r.note}")
+        log("\nnot ok (* failed the gradient check, timed anyway; ? unchecked; ratios use checked rows only):")
+        groups: dict[tuple[str, str, str, str], list[Case]] = {}
+        for r in bad:  # one line per provider, mode and reason (a backend missing fails every case alike)
+            groups.setdefault((r.provider, r.mode, r.check, r.note), []).append(r.case)
+        for (provider, mode, check, note), where in groups.items():
+            cases_text = ", ".join(c.label for c in where) if len(where) <= 3 else f"{len(where)} cases"
+            log(f"  {provider} {mode} {check} on {' '.join(cases_text.split())}: {note}")
 
 
 def run_meta(device: torch.device) -> dict[str, str]:
