@@ -41,10 +41,12 @@ Usage: python benchmarks/bench_flash_bwd.py [--csv PATH] [--quick] [--dtypes bf1
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import gc
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -413,7 +415,9 @@ def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int, log: Log
                         *bwd.variants(target, dtype, shape, case.causal, True, False)):
             chosen[variant.key()] = variant
     plan = [Planned(variant, key, "bench_flash_bwd") for key, variant in chosen.items()]
-    image = Path(tempfile.mkdtemp(prefix="lt-bench-bwd-")) / "bench_flash_bwd.ltimg"
+    folder = tempfile.mkdtemp(prefix="lt-bench-bwd-")
+    atexit.register(shutil.rmtree, folder, True)
+    image = Path(folder) / "bench_flash_bwd.ltimg"
     report = build(plan, image, jobs, stream=sys.stderr)
     if report.image is not None:
         config.configure(images=[image, *config.settings().images])
