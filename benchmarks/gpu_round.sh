@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
-# cold-start profile, C API (capi), benchmark. Logs go to $OUT; the table comes last.
+# cold-start profile, C API (capi), benchmark, backward benchmark (bwd). Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -58,4 +58,9 @@ case " $* " in *" interface "*)  # host cost eager vs op, a compiled model step,
 esac
 case " $* " in *" bench "*)
   python3 benchmarks/bench_flash_fwd.py --csv "$OUT/flash_fwd.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
+esac
+case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, SDPA flash and cuDNN; BWD_ARGS=--quick ...
+  # Rows are appended to this tree's benchmarks/results/flash_bwd.csv, which is then copied whole to $OUT.
+  OUT="$OUT" python3 benchmarks/bench_flash_bwd.py ${BWD_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log" | tail -62
+  cp benchmarks/results/flash_bwd.csv "$OUT/flash_bwd.csv" ;;
 esac

@@ -1,0 +1,548 @@
+"""Benchmark lazytriton's attention backward beside its peers, measured in the same run.
+
+Throughput (TFLOP/s, median of CUDA-event-timed runs after warmup) over
+bf16/fp16 x head dim 64/128 x causal or not x seqlen 1k/4k/16k, with
+batch x seqlen = 16k tokens and hidden = heads x head dim = 2048
+(FlashAttention's benchmark shapes, the same grid as bench_flash_fwd.py).
+Backward FLOPs are 2.5x the forward's 4*B*H*S*S*D (halved if causal),
+FlashAttention's convention; forward + backward together are 3.5x.
+
+Mode ``bwd`` times the backward alone:
+
+- ``lazytriton``: ``flash_bwd.binding.backward`` (the two cache-served
+  kernels, dQ then dK/dV); the forward (``flash_fwd.binding.forward``) runs
+  once, outside the timed region, for ``out`` and ``lse``;
+- ``triton_jit``: the same two kernel sources, with the variants dispatch
+  picks (constexprs and options), launched through Triton's own JIT;
+- ``sdpa_flash`` and ``sdpa_cudnn``: torch SDPA pinned to one backend; the
+  forward runs once with requires_grad, then ``torch.autograd.grad(out,
+  (q, k, v), do, retain_graph=True)`` is timed.
+
+Mode ``fwd+bwd`` times forward and backward together (lazytriton, sdpa_flash,
+sdpa_cudnn). Every provider's first result is checked before it is timed:
+dq, dk and dv on batch 0, head 0 against a float64 reference, with
+FlashAttention's rule (``grad_rule.py``: error at most 2x the error of the
+same-dtype PyTorch math, plus the dtype's rounding at 0.3). A provider that fails to run is
+reported as ``failed``; one that runs but fails the check is still timed and
+marked ``*`` (left out of the geomeans). Inputs and dO are fresh random normal
+tensors for each case.
+
+Rows go to a long-format CSV (bench_flash_fwd.py's columns plus ``check``);
+the table comes last; with ``$OUT`` set, the printed report is also written
+to ``$OUT/bench_flash_bwd.log``.
+
+Usage: python benchmarks/bench_flash_bwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16]
+       [--head-dims 64,128] [--seqlens 1k,4k,16k] [--causal both|causal|full]
+       [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn] [--prewarm-jobs N] [--warmup N] [--reps N]
+       python benchmarks/bench_flash_bwd.py --list        (the cases; no GPU needed)
+       python benchmarks/bench_flash_bwd.py --cpu-smoke   (one tiny case on CPU: the interpreter, CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime as dt
+import gc
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from csvlog import append_rows
+from grad_rule import Reference, check_grads, reference
+
+import lazytriton
+from lazytriton import dispatch, runtime
+from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
+from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.target import target_from_cuda_capability
+
+FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
+          "tflops", "us_per_call", "rel_err", "check", "gpu", "torch", "triton", "lazytriton", "timestamp"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TOKENS, HIDDEN = 16384, 2048
+BWD_PROVIDERS = ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")
+FWD_BWD_PROVIDERS = ("lazytriton", "sdpa_flash", "sdpa_cudnn")
+FLOPS_FACTOR = {"bwd": 2.5, "fwd+bwd": 3.5}
+
+
+class Case(NamedTuple):
+    """One shape of the grid, in SDPA's (batch, heads, seqlen, head_dim) layout."""
+
+    dtype: str
+    head_dim: int
+    causal: bool
+    seqlen: int
+    batch: int
+    heads: int
+
+    @property
+    def fwd_flops(self) -> float:
+        return 4 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim / (2 if self.causal else 1)
+
+    @property
+    def label(self) -> str:
+        size = f"{self.seqlen // 1024}k" if self.seqlen % 1024 == 0 else str(self.seqlen)
+        return f"{self.dtype} hd{self.head_dim:<3} {'causal' if self.causal else 'full  '} {size:>3}"
+
+
+class Result(NamedTuple):
+    """One provider on one case in one mode: ``check`` is ok, wrong (timed, check failed) or failed (did not run)."""
+
+    case: Case
+    provider: str
+    mode: str
+    ms: float | None
+    rel_err: float | None
+    check: str
+    note: str = ""
+
+    @property
+    def tflops(self) -> float | None:
+        return None if self.ms is None else self.case.fwd_flops * FLOPS_FACTOR[self.mode] / self.ms / 1e9
+
+
+def cases(dtypes: Sequence[str], head_dims: Sequence[int], causals: Sequence[bool], seqlens: Sequence[int],
+          tokens: int = TOKENS, hidden: int = HIDDEN) -> list[Case]:
+    """The grid: batch x seqlen = ``tokens``, heads x head dim = ``hidden``."""
+    return [Case(dtype, d, causal, s, max(1, tokens // s), max(1, hidden // d))
+            for dtype in dtypes for d in head_dims for causal in causals for s in seqlens]
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+
+
+def _list(flag: str, parse: Callable[[str], Any], allowed: Callable[[Any], bool], expected: str) -> Any:
+    """An argparse type: a non-empty comma-separated list, each item parsed and allowed, else an error naming it."""
+    def convert(text: str) -> list[Any]:
+        try:
+            values = [parse(item.strip()) for item in text.split(",") if item.strip()]
+        except ValueError:
+            values = []
+        if not values or not all(allowed(value) for value in values):
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected {expected}")
+        return values
+
+    return convert
+
+
+def _seqlen(item: str) -> int:
+    return int(item[:-1]) * 1024 if item.lower().endswith("k") else int(item)
+
+
+_dtypes = _list("--dtypes", str, DTYPES.__contains__, f"a comma-separated subset of {list(DTYPES)}")
+_providers = _list("--providers", str, BWD_PROVIDERS.__contains__, f"a comma-separated subset of {BWD_PROVIDERS}")
+_head_dims = _list("--head-dims", int, lambda d: 1 <= d <= dispatch.MAX_HEAD_DIM,
+                   f"comma-separated head dims in 1..{dispatch.MAX_HEAD_DIM}")
+_seqlens = _list("--seqlens", _seqlen, lambda s: s >= 1, "comma-separated positive seqlens (1024 or 1k)")
+CAUSALS = {"both": [False, True], "full": [False], "causal": [True]}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_bwd.csv")
+    parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only (unless --seqlens is given)")
+    parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES), help="bf16,fp16 (default both)")
+    parser.add_argument("--head-dims", type=_head_dims, default=[64, 128], help="default 64,128")
+    parser.add_argument("--seqlens", type=_seqlens, default=None,
+                        help="e.g. 1k,4k,16k (default; --quick: 1k,4k)")
+    parser.add_argument("--causal", choices=tuple(CAUSALS), default="both")
+    parser.add_argument("--providers", type=_providers, default=list(BWD_PROVIDERS),
+                        help=f"a subset of {','.join(BWD_PROVIDERS)} (default all)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--prewarm-jobs", type=int, default=os.cpu_count() or 1,
+                        help="compile lazytriton's variants of every case first, in this many processes, into an "
+                             "image the run is served from (0: compile each just in time)")
+    parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="one tiny case on CPU (Triton's interpreter): checks the script runs end to end")
+    args = parser.parse_args(argv)
+    if args.seqlens is None:
+        args.seqlens = [1024, 4096] if args.quick else [1024, 4096, 16384]
+    if args.reps < 1 or args.warmup < 0:
+        parser.error(f"--reps must be >= 1 and --warmup >= 0, got {args.reps} and {args.warmup}")
+    return args
+
+
+# ---------------------------------------------------------------------------
+# Timing and checking
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
+    """Median of timed runs in ms: CUDA events on a GPU, the wall clock on the CPU (smoke mode)."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(reps):
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1e3)
+        return statistics.median(times)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------
+# Providers: each factory does its setup (a forward, argument packing) and returns the timed call
+
+
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+Factory = Callable[[Tensors, bool], Callable[[], Sequence[torch.Tensor]]]
+
+
+def lazytriton_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
+    q, k, v, do = t
+    call = fwd.check(q, k, v, causal)
+    out, lse = fwd.forward(q, k, v, call)
+    return lambda: bwd.backward(q, k, v, out, lse, do, call)
+
+
+def lazytriton_fwd_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
+    q, k, v, do = t
+    call = fwd.check(q, k, v, causal)
+
+    def run() -> Sequence[torch.Tensor]:
+        out, lse = fwd.forward(q, k, v, call)
+        return bwd.backward(q, k, v, out, lse, do, call)
+
+    return run
+
+
+def triton_jit_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
+    """Both kernels through Triton's JIT, with the variants dispatch picks (arguments from the binding).
+
+    On the CPU (``--cpu-smoke``) the same arguments and constexprs (of the
+    sm_90 variants) go through lazytriton's interpreter instead, so that CI
+    checks them against the kernels' signatures.
+    """
+    q, k, v, do = t
+    call = fwd.check(q, k, v, causal)
+    out, lse = fwd.forward(q, k, v, call)
+    grads = bwd.empty_grads(q, k, v)
+    delta = torch.empty((call.shape.batch, call.shape.heads_q, call.shape.seqlen_q), dtype=torch.float32,
+                        device=q.device)
+    _, _, aligned, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
+    target = dispatch.target_of_device(q.device) if q.device.type == "cuda" else target_from_cuda_capability(9, 0)
+    chosen = bwd.variants(target, q.dtype, call.shape, causal, aligned, index64)
+    grids = bwd.grids(call.shape, int(chosen[0].get("BLOCK_M")), int(chosen[1].get("BLOCK_N")))
+    launches = []
+    for spec, variant, grid in zip((FLASH_BWD_DQ, FLASH_BWD_DKDV), chosen, grids, strict=True):
+        constexprs = {name: value for name, value in variant.constexprs.items() if name in spec.constexprs}
+        args = bwd.triton_args(spec.name, q, k, v, out, lse, do, delta, grads, call)
+        launches.append(_jit_launch(spec, grid, args, constexprs, dict(variant.options), q.device))
+
+    def run() -> Sequence[torch.Tensor]:
+        for launch in launches:
+            launch()
+        return grads
+
+    return run
+
+
+def _jit_launch(spec: Any, grid: tuple[int, int, int], args: tuple[Any, ...], constexprs: dict[str, Any],
+                options: dict[str, Any], device: torch.device) -> Callable[[], None]:
+    if device.type != "cuda":
+        from lazytriton import compiler
+
+        return lambda: compiler.interpret(spec.name, grid, args, constexprs)
+    from lazytriton.kernels.flash_bwd import triton_kernel
+
+    kernel = getattr(triton_kernel, spec.function)[grid]
+    return lambda: kernel(*args, **constexprs, **options)
+
+
+def sdpa_backend(name: str) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+
+
+def _sdpa_setup(name: str, t: Tensors, causal: bool) -> tuple[Callable[[], torch.Tensor], tuple[torch.Tensor, ...],
+                                                                 torch.Tensor, torch.Tensor]:
+    """(forward, leaf q/k/v, first out, dO laid out as that out is): some backends return a permuted out."""
+    from torch.nn.attention import sdpa_kernel
+
+    q, k, v = (x.detach().requires_grad_() for x in t[:3])
+    backend = sdpa_backend(name)
+
+    def forward() -> torch.Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    out = forward()
+    return forward, (q, k, v), out, torch.empty_like(out).copy_(t[3])
+
+
+def sdpa_bwd(name: str) -> Factory:
+    def factory(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
+        _, leaves, out, do = _sdpa_setup(name, t, causal)
+        return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+    return factory
+
+
+def sdpa_fwd_bwd(name: str) -> Factory:
+    def factory(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tensor]]:
+        forward, leaves, _, do = _sdpa_setup(name, t, causal)
+        return lambda: torch.autograd.grad(forward(), leaves, do)
+
+    return factory
+
+
+def providers(mode: str, selected: Sequence[str] = BWD_PROVIDERS) -> dict[str, Factory]:
+    if mode == "bwd":
+        every = {"lazytriton": lazytriton_bwd, "triton_jit": triton_jit_bwd,
+                 **{name: sdpa_bwd(name) for name in BWD_PROVIDERS if name.startswith("sdpa")}}
+    else:
+        every = {"lazytriton": lazytriton_fwd_bwd, **{name: sdpa_fwd_bwd(name) for name in FWD_BWD_PROVIDERS
+                                                      if name.startswith("sdpa")}}
+    return {name: factory for name, factory in every.items() if name in selected}
+
+
+# ---------------------------------------------------------------------------
+# Running the grid
+
+
+class Log:
+    """Prints the report as it goes, and with ``$OUT`` set writes it, line by line, to ``$OUT/bench_flash_bwd.log``."""
+
+    def __init__(self, out: str | None = None) -> None:
+        self.lines: list[str] = []
+        self.path = Path(out) / "bench_flash_bwd.log" if out else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def __call__(self, line: str = "", err: bool = False) -> None:
+        print(line, file=sys.stderr if err else sys.stdout, flush=True)
+        self.lines.append(line)
+        if self.path is not None:  # kept as it goes: a run killed at its time limit leaves what it measured
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # a sticky CUDA error shows again in the next provider's result
+            pass
+
+
+def measure(case: Case, provider: str, mode: str, factory: Factory, tensors: Tensors, ref: Reference | None,
+            device: torch.device, args: argparse.Namespace) -> Result:
+    """Set up, check the first result, then time one provider; any exception makes a ``failed`` result."""
+    fn = None
+    try:
+        fn = factory(tensors, case.causal)
+        grads = fn()
+        ok, err, note = check_grads(grads, ref) if ref is not None else (True, math.nan, "no reference")
+        del grads
+        ms = time_ms(fn, device, args.warmup, args.reps)
+        return Result(case, provider, mode, ms, err, "unchecked" if ref is None else "ok" if ok else "wrong", note)
+    except Exception as exc:  # a backend missing on this GPU/torch, or a kernel that fails, is reported, not fatal
+        return Result(case, provider, mode, None, None, "failed", _brief(exc))
+    finally:
+        del fn
+        _release(device)
+
+
+def run_case(index: int, case: Case, device: torch.device, args: argparse.Namespace, log: Log) -> list[Result]:
+    torch.manual_seed(1000 + index)
+    shape = (case.batch, case.heads, case.seqlen, case.head_dim)
+    tensors: Tensors = tuple(torch.randn(shape, device=device, dtype=DTYPES[case.dtype])  # type: ignore[assignment]
+                             for _ in range(4))
+    try:
+        ref: Reference | None = reference(*tensors, case.causal)
+    except Exception as exc:
+        log(f"  {case.label}: reference failed, results unchecked: {_brief(exc)}", err=True)
+        ref = None
+    _release(device)
+    results = []
+    for mode in FLOPS_FACTOR:
+        for name, factory in providers(mode, args.providers).items():
+            r = measure(case, name, mode, factory, tensors, ref, device, args)
+            shown = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s rel_err {r.rel_err:.1e}" if r.ms is not None else ""
+            log(f"{case.label}  {mode:<7} {name:<10} {r.check:<9} {shown} {r.note}".rstrip())
+            results.append(r)
+    return results
+
+
+def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int, log: Log) -> None:
+    """Compile lazytriton's variants of every case in ``jobs`` processes, into an image this run is served from.
+
+    Only to save time (the runtime compiles one at a time): a variant left
+    out, or a failed build, is compiled just in time by the first call.
+    """
+    from lazytriton import config
+    from lazytriton.prewarm.builder import build
+    from lazytriton.prewarm.enumeration import Planned
+
+    target = dispatch.target_of_device(device)
+    chosen = {}
+    for case in case_list:
+        dtype = DTYPES[case.dtype]
+        shape = fwd.Shape(case.batch, case.heads, case.heads, case.seqlen, case.seqlen, case.head_dim)
+        for variant in (fwd.variant(target, dtype, shape, case.causal, True, False),
+                        *bwd.variants(target, dtype, shape, case.causal, True, False)):
+            chosen[variant.key()] = variant
+    plan = [Planned(variant, key, "bench_flash_bwd") for key, variant in chosen.items()]
+    folder = tempfile.mkdtemp(prefix="lt-bench-bwd-")
+    atexit.register(shutil.rmtree, folder, True)
+    image = Path(folder) / "bench_flash_bwd.ltimg"
+    report = build(plan, image, jobs, stream=sys.stderr)
+    if report.image is not None:
+        config.configure(images=[image, *config.settings().images])
+    log(f"prewarm: {len(plan)} variants, {report.compiled} compiled, {len(report.failures)} failed, "
+        f"{report.seconds:.1f} s with {jobs} processes{'' if report.image else ' (no image: compiled just in time)'}")
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+def csv_row(r: Result, meta: dict[str, str]) -> dict[str, object]:
+    c = r.case
+    return {**meta, "provider": r.provider, "mode": r.mode, "dtype": str(DTYPES.get(c.dtype, c.dtype)).split(".")[-1],
+            "head_dim": c.head_dim, "causal": c.causal, "batch": c.batch, "heads": c.heads, "seqlen": c.seqlen,
+            "p50_ms": "" if r.ms is None else round(r.ms, 4),
+            "tflops": "" if r.tflops is None else round(r.tflops, 1), "us_per_call": "",
+            "rel_err": "" if r.rel_err is None or math.isnan(r.rel_err) else f"{r.rel_err:.1e}", "check": r.check}
+
+
+MARKS = {"ok": "", "wrong": "*", "unchecked": "?"}
+
+
+def _cell(r: Result | None) -> str:
+    if r is None:
+        return "-"
+    if r.tflops is None:
+        return "failed"
+    return f"{r.tflops:.0f}{MARKS[r.check]}" if r.tflops >= 10 else f"{r.tflops:.2g}{MARKS[r.check]}"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:>9.2f}" if not math.isnan(x) else f"{'-':>9}"
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in values) / len(values)) if values else math.nan
+
+
+def _ratio_of(lt: Result | None, other: Result | None) -> float:
+    """lazytriton's TFLOP/s over a peer's, when both ran and passed the check."""
+    if lt is None or other is None or not lt.check == other.check == "ok" or not lt.tflops or not other.tflops:
+        return math.nan
+    return lt.tflops / other.tflops
+
+
+def print_table(results: Sequence[Result], log: Log) -> None:
+    """Per case and mode: each provider's TFLOP/s, lazytriton's ratio to each peer; then geomean and min ratios."""
+    by = {(r.case, r.mode, r.provider): r for r in results}
+    case_list = list(dict.fromkeys(r.case for r in results))
+    short = {"triton_jit": "jit", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
+    for mode, names in (("bwd", BWD_PROVIDERS), ("fwd+bwd", FWD_BWD_PROVIDERS)):
+        peers = names[1:]
+        log(f"\nTFLOP/s ({mode})".ljust(25) + "".join(f"{n:>11}" for n in names)
+            + "".join(f"{'lt/' + short[p]:>9}" for p in peers))
+        ratios: dict[str, list[float]] = {p: [] for p in peers}
+        for case in case_list:
+            row = [_ratio_of(by.get((case, mode, "lazytriton")), by.get((case, mode, p))) for p in peers]
+            for p, ratio in zip(peers, row, strict=True):
+                if not math.isnan(ratio):
+                    ratios[p].append(ratio)
+            log(f"{case.label:<24}" + "".join(f"{_cell(by.get((case, mode, n))):>11}" for n in names)
+                + "".join(_ratio(x) for x in row))
+        pad = " " * 11 * len(names)
+        log("geomean".ljust(24) + pad + "".join(_ratio(_geomean(ratios[p])) for p in peers))
+        log("min".ljust(24) + pad + "".join(_ratio(min(ratios[p], default=math.nan)) for p in peers))
+    bad = [r for r in results if r.check != "ok"]
+    if bad:
+        log("\nnot ok (* failed the gradient check, timed anyway; ? unchecked; ratios use checked rows only):")
+        groups: dict[tuple[str, str, str, str], list[Case]] = {}
+        for r in bad:  # one line per provider, mode and reason (a backend missing fails every case alike)
+            groups.setdefault((r.provider, r.mode, r.check, r.note), []).append(r.case)
+        for (provider, mode, check, note), where in groups.items():
+            cases_text = ", ".join(c.label for c in where) if len(where) <= 3 else f"{len(where)} cases"
+            log(f"  {provider} {mode} {check} on {' '.join(cases_text.split())}: {note}")
+
+
+def run_meta(device: torch.device) -> dict[str, str]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return {"kernel": "flash_bwd", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton_version, "lazytriton": lazytriton.__version__,
+            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+SMOKE_CASE = Case("bf16", 32, True, 64, 1, 2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the grid; exit status 1 if a lazytriton row failed or failed its check, 2 without a GPU."""
+    args = parse_args(argv)
+    log = Log(os.environ.get("OUT"))
+    if args.cpu_smoke:
+        device, case_list = torch.device("cpu"), [SMOKE_CASE]
+        args.warmup, args.reps, args.prewarm_jobs = 1, 2, 0
+    else:
+        device, case_list = torch.device("cuda"), cases(args.dtypes, args.head_dims, CAUSALS[args.causal],
+                                                        args.seqlens)
+    if args.list:
+        for case in case_list:
+            print(f"{case.label}  batch {case.batch} heads {case.heads}")
+        return 0
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_flash_bwd needs a CUDA GPU (or --cpu-smoke, --list)", file=sys.stderr)
+        return 2
+    meta = run_meta(device)
+    log(f"bench_flash_bwd: {len(case_list)} cases on {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}")
+    if args.prewarm_jobs > 0 and {"lazytriton", "triton_jit"} & set(args.providers):
+        try:
+            prewarm(case_list, device, args.prewarm_jobs, log)
+        except Exception as exc:
+            log(f"prewarm failed, compiling just in time: {_brief(exc)}", err=True)
+    results: list[Result] = []
+    for index, case in enumerate(case_list):
+        done = run_case(index, case, device, args, log)
+        append_rows(args.csv, FIELDS, [csv_row(r, meta) for r in done])  # case by case, as the log
+        results += done
+    log(f"\n{len(results)} rows appended to {args.csv}; compiles by lazytriton in this run: {runtime.get().compiles}")
+    print_table(results, log)
+    return 1 if any(r.provider == "lazytriton" and r.check in ("failed", "wrong") for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
