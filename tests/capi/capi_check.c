@@ -1,12 +1,12 @@
 /*
  * capi_check.c: what tests/test_capi.py runs against liblazytriton.so.
  *
- *   capi_check errors CACHE_DIR      every error path: status and message
+ *   capi_check errors CACHE_DIR      every error path: status and message (lt_attn_fwd and lt_attn_bwd)
  *   capi_check nopython              the embedded Python cannot start (PYTHONHOME broken): statuses, no exit
  *   capi_check badenv                a bad LAZYTRITON_* variable: lt_init reports it
  *   capi_check threads               8 threads calling lt_attn_fwd at once, each checked
  *   capi_check prewarm VARIANT       lt_prewarm (axes and a variant string), lt_cache_stats, JIT off
- *   capi_check gpu                   device memory: lt_attn_fwd, plans, plan mismatches (needs a GPU)
+ *   capi_check gpu                   device memory: lt_attn_fwd, lt_attn_bwd, plans, plan mismatches (needs a GPU)
  *
  * Each check prints "ok NAME" or "FAIL NAME: ..."; the exit status is the
  * number of failures.
@@ -178,6 +178,158 @@ static void check_params_errors(const problem *p) {
     }
 }
 
+/* ---- the backward's errors ----------------------------------------------- */
+
+typedef struct {
+    float *dout, *dq, *dk, *dv, *delta, *strided; /* strided: dq with row stride d + 4 */
+} grads;
+
+static void grads_make(const problem *p, grads *g) {
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    g->dout = malloc(4 * qn), g->dq = malloc(4 * qn), g->dk = malloc(4 * kn), g->dv = malloc(4 * kn);
+    g->delta = malloc(4 * (size_t)(p->b * p->hq * p->sq));
+    g->strided = calloc((size_t)(p->b * p->hq * p->sq * (p->d + 4)), 4);
+    uint32_t seed = 99;
+    for (size_t i = 0; i < qn; i++)
+        g->dout[i] = ((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+
+static void grads_free(grads *g) {
+    free(g->dout), free(g->dq), free(g->dk), free(g->dv), free(g->delta), free(g->strided);
+}
+
+static void bwd_params(const problem *p, const grads *g, lt_attn_bwd_params *params) {
+    lt_attn_fwd_params f;
+    problem_params(p, &f, p->q, p->k, p->v, p->out, p->lse, LT_DEVICE_CPU);
+    lt_attn_bwd_params_init(params);
+    params->q = f.q, params->k = f.k, params->v = f.v, params->out = f.out, params->lse = f.lse;
+    params->causal = f.causal;
+    lt_tensor_init(&params->dout, g->dout, LT_DTYPE_FP32, 4, f.q.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->dq, g->dq, LT_DTYPE_FP32, 4, f.q.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->dk, g->dk, LT_DTYPE_FP32, 4, f.k.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->dv, g->dv, LT_DTYPE_FP32, 4, f.k.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->delta, g->delta, LT_DTYPE_FP32, 3, f.q.sizes, LT_DEVICE_CPU, 0);
+}
+
+static int all_zero(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != 0.0f) return 0;
+    return 1;
+}
+
+/* A valid backward, then the same with dq strided: bitwise the same dq (deterministic, strides honoured). */
+static void check_bwd_valid(const problem *p, const grads *g, const lt_attn_bwd_params *good) {
+    lt_attn_bwd_params strided = *good;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    expect("bwd valid", lt_attn_bwd(good, NULL), LT_OK, NULL);
+    check("bwd writes gradients", !all_zero(g->dq, qn) && !all_zero(g->dk, kn) && !all_zero(g->dv, kn),
+          "a gradient is all zero");
+    strided.dq.data = g->strided + 1; /* and 4 bytes off 16-byte alignment */
+    strided.dq.strides[2] = p->d + 4, strided.dq.strides[1] = p->sq * (p->d + 4);
+    strided.dq.strides[0] = p->hq * p->sq * (p->d + 4);
+    expect("bwd strided dq", lt_attn_bwd(&strided, NULL), LT_OK, NULL);
+    int same = 1;
+    for (int64_t r = 0; r < p->b * p->hq * p->sq; r++)
+        same = same && !memcmp(g->strided + 1 + r * (p->d + 4), g->dq + r * p->d, 4 * (size_t)p->d);
+    check("bwd strided dq is bitwise the same", same, "dq through strides differs");
+}
+
+/* No work: seqlen_q 0 zeroes dk and dv, seqlen_k 0 zeroes dq; on a GPU it is refused before the driver. */
+static void check_bwd_no_work(const problem *p, const grads *g, const lt_attn_bwd_params *good) {
+    lt_attn_bwd_params bad = *good;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    memset(g->dk, 0x7f, 4 * kn), memset(g->dv, 0x7f, 4 * kn), memset(g->dq, 0x7f, 4 * qn);
+    bad.q.sizes[2] = bad.out.sizes[2] = bad.dout.sizes[2] = bad.dq.sizes[2] = bad.lse.sizes[2] = 0;
+    bad.delta.sizes[2] = 0;
+    expect("bwd seqlen_q 0", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    check("bwd seqlen_q 0 zeroes dk dv", all_zero(g->dk, kn) && all_zero(g->dv, kn), "dk or dv not zeroed");
+    bad = *good;
+    bad.k.sizes[2] = bad.v.sizes[2] = bad.dk.sizes[2] = bad.dv.sizes[2] = 0;
+    expect("bwd seqlen_k 0", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    check("bwd seqlen_k 0 zeroes dq", all_zero(g->dq, qn), "dq not zeroed");
+    bad.q.sizes[0] = bad.k.sizes[0] = bad.v.sizes[0] = bad.out.sizes[0] = bad.lse.sizes[0] = 0;
+    bad.dout.sizes[0] = bad.dq.sizes[0] = bad.dk.sizes[0] = bad.dv.sizes[0] = bad.delta.sizes[0] = 0;
+    bad.q.data = bad.dq.data = bad.dk.data = bad.dv.data = NULL;
+    expect("bwd batch 0", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    bad = *good;
+    bad.q.sizes[2] = bad.out.sizes[2] = bad.dout.sizes[2] = bad.dq.sizes[2] = bad.lse.sizes[2] = 0;
+    bad.delta.sizes[2] = 0;
+    lt_tensor *all[10] = {&bad.q, &bad.k, &bad.v, &bad.out, &bad.lse, &bad.dout, &bad.dq, &bad.dk, &bad.dv,
+                          &bad.delta};
+    for (int i = 0; i < 10; i++)
+        all[i]->device_type = LT_DEVICE_CUDA;
+    expect("bwd no work on gpu", lt_attn_bwd(&bad, NULL), LT_ERROR_UNSUPPORTED, "gradients to zero");
+}
+
+static void check_bwd_errors(const problem *p) {
+    grads g;
+    grads_make(p, &g);
+    lt_attn_bwd_params good, bad;
+    bwd_params(p, &g, &good);
+    expect("bwd init null", lt_attn_bwd_params_init(NULL), LT_ERROR_NULL_POINTER, "params is NULL");
+    expect("bwd null params", lt_attn_bwd(NULL, NULL), LT_ERROR_NULL_POINTER, "params is NULL");
+#define CASE(name, change, status, needle) do { bad = good; change; expect(name, lt_attn_bwd(&bad, NULL), status, needle); } while (0)
+    CASE("bwd struct size", bad.struct_size = sizeof(lt_attn_fwd_params), LT_ERROR_VERSION,
+         "lt_attn_bwd_params_init()");
+    CASE("bwd struct version", bad.version = 2, LT_ERROR_VERSION, "lt_attn_bwd_params version 1");
+    CASE("bwd q dtype unknown", bad.q.dtype = 7, LT_ERROR_DTYPE, "q.dtype is 7");
+    CASE("bwd lse shape", bad.lse.sizes[2] = 5, LT_ERROR_SHAPE, "lse has shape");
+    CASE("bwd out shape", bad.out.sizes[1] = 1, LT_ERROR_SHAPE, "out has shape");
+    CASE("bwd causal mode", bad.causal = 3, LT_ERROR_INVALID_ARGUMENT, "causal is 3");
+    CASE("bwd sm_scale inf", bad.sm_scale = -INFINITY, LT_ERROR_INVALID_ARGUMENT, "sm_scale is -inf");
+    CASE("bwd flags", bad.flags = 4, LT_ERROR_INVALID_ARGUMENT, "flags is 0x4");
+    CASE("bwd dout dtype unknown", bad.dout.dtype = 9, LT_ERROR_DTYPE, "dout.dtype is 9");
+    CASE("bwd dout dtype differs", bad.dout.dtype = LT_DTYPE_FP16, LT_ERROR_DTYPE,
+         "dout.dtype is fp16 but out.dtype is fp32");
+    CASE("bwd dout shape", bad.dout.sizes[2] = 3, LT_ERROR_SHAPE, "dout has shape (1, 2, 3, 16); expected out's shape");
+    CASE("bwd dout ndim", bad.dout.ndim = 3, LT_ERROR_SHAPE, "dout.ndim is 3");
+    CASE("bwd dout device", bad.dout.device_type = LT_DEVICE_CUDA, LT_ERROR_INVALID_ARGUMENT,
+         "dout is on cuda:0 but q is on cpu:0");
+    CASE("bwd dq shape", bad.dq.sizes[3] = 8, LT_ERROR_SHAPE, "dq has shape (1, 2, 8, 8); expected q's shape");
+    CASE("bwd dq last stride", bad.dq.strides[3] = 2, LT_ERROR_SHAPE, "dq.strides[3] is 2");
+    CASE("bwd dq negative stride", bad.dq.strides[0] = -1, LT_ERROR_SHAPE, "dq.strides[0] is -1");
+    CASE("bwd dk shape", bad.dk.sizes[1] = 2, LT_ERROR_SHAPE, "dk has shape (1, 2, 8, 16); expected k's shape");
+    CASE("bwd dv dtype", bad.dv.dtype = LT_DTYPE_BF16, LT_ERROR_DTYPE, "dv.dtype is bf16 but v.dtype is fp32");
+    CASE("bwd dv device index", bad.dv.device_index = 1, LT_ERROR_INVALID_ARGUMENT, "dv.device_index is 1");
+    CASE("bwd delta dtype", bad.delta.dtype = LT_DTYPE_FP16, LT_ERROR_DTYPE, "delta.dtype is fp16");
+    CASE("bwd delta ndim", bad.delta.ndim = 4, LT_ERROR_SHAPE, "delta.ndim is 4");
+    CASE("bwd delta shape", bad.delta.sizes[1] = 1, LT_ERROR_SHAPE, "delta has shape (1, 1, 8)");
+    CASE("bwd delta strides", bad.delta.strides[1] = 16, LT_ERROR_SHAPE, "delta must be contiguous");
+    CASE("bwd delta device", bad.delta.device_type = LT_DEVICE_CUDA, LT_ERROR_INVALID_ARGUMENT,
+         "delta is on cuda:0 but q is on cpu:0");
+    CASE("bwd dout null", bad.dout.data = NULL, LT_ERROR_NULL_POINTER, "dout.data is NULL");
+    CASE("bwd dq null", bad.dq.data = NULL, LT_ERROR_NULL_POINTER, "dq.data is NULL");
+    CASE("bwd dv null", bad.dv.data = NULL, LT_ERROR_NULL_POINTER, "dv.data is NULL");
+    CASE("bwd delta null", bad.delta.data = NULL, LT_ERROR_NULL_POINTER, "delta.data is NULL");
+    CASE("bwd k null", bad.k.data = NULL, LT_ERROR_NULL_POINTER, "k.data is NULL");
+#undef CASE
+    lt_bwd_plan *plan = (lt_bwd_plan *)&good;
+    expect("bwd plan on cpu", lt_attn_bwd_plan(&good, &plan), LT_ERROR_UNSUPPORTED, "call lt_attn_bwd instead");
+    check("bwd plan on cpu leaves NULL", plan == NULL, "*plan was not set to NULL");
+    expect("bwd plan out null", lt_attn_bwd_plan(&good, NULL), LT_ERROR_NULL_POINTER, "plan (the out pointer)");
+    expect("bwd plan bad params", lt_attn_bwd_plan(NULL, &plan), LT_ERROR_NULL_POINTER, "params is NULL");
+    expect("bwd launch null plan", lt_bwd_plan_launch(NULL, &good, NULL), LT_ERROR_NULL_POINTER, "plan is NULL");
+    uint64_t not_a_plan[256] = {0};
+    expect("bwd launch dead plan", lt_bwd_plan_launch((const lt_bwd_plan *)not_a_plan, &good, NULL),
+           LT_ERROR_INVALID_ARGUMENT, "not a live backward plan");
+    expect("bwd destroy null", lt_bwd_plan_destroy(NULL), LT_OK, NULL);
+    expect("bwd destroy dead plan", lt_bwd_plan_destroy((lt_bwd_plan *)not_a_plan), LT_ERROR_INVALID_ARGUMENT,
+           "not a live backward plan");
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) ? (void *)1 : dlopen("libcuda.so.1", RTLD_NOW);
+    if (cuda == NULL) { /* no GPU here: device pointers are refused with a status */
+        bad = good;
+        lt_tensor *all[10] = {&bad.q, &bad.k, &bad.v, &bad.out, &bad.lse, &bad.dout, &bad.dq, &bad.dk, &bad.dv,
+                              &bad.delta};
+        for (int i = 0; i < 10; i++)
+            all[i]->device_type = LT_DEVICE_CUDA;
+        expect("bwd no gpu", lt_attn_bwd(&bad, NULL), LT_ERROR_NO_GPU, "libcuda.so.1");
+        expect("bwd no gpu plan", lt_attn_bwd_plan(&bad, &plan), LT_ERROR_NO_GPU, "libcuda.so.1");
+    }
+    check_bwd_valid(p, &g, &good);
+    check_bwd_no_work(p, &g, &good);
+    grads_free(&g);
+}
+
 static int run_errors(const char *cache_dir) {
     problem p;
     problem_make(&p, 1, 2, 1, 8, 8, 16, LT_CAUSAL_NONE, 7);
@@ -189,6 +341,11 @@ static int run_errors(const char *cache_dir) {
     stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
     lt_plan *plan = NULL;
     expect("attn before init", lt_attn_fwd(&params, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    lt_attn_bwd_params bwd;
+    lt_bwd_plan *bwd_plan = NULL;
+    lt_attn_bwd_params_init(&bwd);
+    expect("bwd before init", lt_attn_bwd(&bwd, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    expect("bwd plan before init", lt_attn_bwd_plan(&bwd, &bwd_plan), LT_ERROR_NOT_INITIALIZED, "lt_init");
     expect("plan before init", lt_attn_fwd_plan(&params, &plan), LT_ERROR_NOT_INITIALIZED, "lt_init");
     expect("prewarm before init", lt_prewarm(spec, 1, NULL, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
     expect("stats before init", lt_cache_stats(&stats), LT_ERROR_NOT_INITIALIZED, "lt_init");
@@ -229,6 +386,8 @@ static int run_errors(const char *cache_dir) {
     config.log_level = LT_LOG_WARNING;
     expect("init", lt_init(&config), LT_OK, NULL);
     check_params_errors(&p);
+    expect("forward for the backward", lt_attn_fwd(&params, NULL), LT_OK, NULL);
+    check_bwd_errors(&p);
     const char *bad_specs[2] = {"target=sm_90 dtype=fp64 head_dim=16", "color=red"};
     expect("prewarm null specs", lt_prewarm(NULL, 1, NULL, NULL), LT_ERROR_NULL_POINTER, "specs is NULL");
     expect("prewarm bad dtype", lt_prewarm(bad_specs, 1, NULL, NULL), LT_ERROR_INVALID_ARGUMENT, "specs[0]");
@@ -239,6 +398,12 @@ static int run_errors(const char *cache_dir) {
     expect("stats version", lt_cache_stats(&stats), LT_ERROR_VERSION, "version 9");
     stats.version = LT_STATS_VERSION;
     expect("stats", lt_cache_stats(&stats), LT_OK, NULL);
+    lt_attn_fwd_params no_rows = params;
+    int64_t q0[4] = {p.b, p.hq, 0, p.d};
+    lt_tensor_init(&no_rows.q, p.q, LT_DTYPE_FP32, 4, q0, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&no_rows.out, p.out, LT_DTYPE_FP32, 4, q0, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&no_rows.lse, p.lse, LT_DTYPE_FP32, 3, q0, LT_DEVICE_CPU, 0);
+    expect("seqlen_q 0 from lt_tensor_init", lt_attn_fwd(&no_rows, NULL), LT_OK, NULL);
     expect("valid call after errors", lt_attn_fwd(&params, NULL), LT_OK, NULL);
     double error = problem_error(&p, p.out, p.lse);
     check("valid call is right", error < 2e-3, "result differs from the reference");
