@@ -247,7 +247,7 @@ static lt_status lt__plannable(const lt__call *c, const char *instead) {
     return LT_OK;
 }
 
-/* Ask the planner (embedded.py) for one kernel of c's shape class on the device of context. */
+/* Ask the planner (embedded.py) for one kernel (LT__KERNEL_*) of c's shape class on a device of capability. */
 static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capability, lt__plan_request *req) {
     lt_status s;
     memset(req, 0, sizeof *req);

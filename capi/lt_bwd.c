@@ -341,7 +341,11 @@ LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_p
     if (plan->magic != LT__BWD_PLAN_MAGIC)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_bwd_plan_launch: plan is not a live backward plan "
                         "(destroyed, or not made by lt_attn_bwd_plan)");
-    if ((s = lt__bwd_check(params, &c)) != LT_OK || (s = lt__check_key(&plan->key, &c)) != LT_OK)
+    if ((s = lt__bwd_check(params, &c)) != LT_OK)
+        return s;
+    if (!lt__bwd_has_work(&c)) /* checked first: a call without work has no alignment to compare */
+        return lt__plannable(&c, "lt_attn_bwd");
+    if ((s = lt__check_key(&plan->key, &c)) != LT_OK)
         return s;
     return lt__bwd_launch(plan, params, &c, stream);
 }

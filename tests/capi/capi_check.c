@@ -565,6 +565,102 @@ static void device_params(problem *p, lt_attn_fwd_params *params) {
                    LT_DEVICE_CUDA);
 }
 
+/* The backward on device memory, against the same call on host memory (the interpreter; the example checks
+ * that one against a C loop in double): lt_attn_bwd, a plan, its launch for another shape, mismatches. */
+
+typedef struct {
+    problem *p;
+    grads host;                    /* the host backward's gradients */
+    lt_attn_bwd_params device;     /* the device call (q, k, v, out, lse: the device forward's) */
+} bwd_case;
+
+static void bwd_case_make(bwd_case *t, problem *p, const lt_attn_fwd_params *device_fwd) {
+    lt_attn_fwd_params host_fwd;
+    lt_attn_bwd_params host;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    t->p = p;
+    grads_make(p, &t->host);
+    problem_params(p, &host_fwd, p->q, p->k, p->v, p->out, p->lse, LT_DEVICE_CPU);
+    expect("host forward", lt_attn_fwd(&host_fwd, NULL), LT_OK, NULL);
+    bwd_params(p, &t->host, &host);
+    expect("host backward", lt_attn_bwd(&host, NULL), LT_OK, NULL);
+    t->device = host;
+    t->device.q = device_fwd->q, t->device.k = device_fwd->k, t->device.v = device_fwd->v;
+    t->device.out = device_fwd->out, t->device.lse = device_fwd->lse;
+    t->device.dout.data = to_device(t->host.dout, 4 * qn), t->device.dq.data = to_device(t->host.dq, 4 * qn);
+    t->device.dk.data = to_device(t->host.dk, 4 * kn), t->device.dv.data = to_device(t->host.dv, 4 * kn);
+    t->device.delta.data = to_device(t->host.delta, 4 * (size_t)(p->b * p->hq * p->sq));
+    lt_tensor *all[5] = {&t->device.dout, &t->device.dq, &t->device.dk, &t->device.dv, &t->device.delta};
+    for (int i = 0; i < 5; i++)
+        all[i]->device_type = LT_DEVICE_CUDA;
+}
+
+/* max |device - host| / max |host| over dq, dk, dv; *bits gets a copy of the device's dq for bitwise checks. */
+static double bwd_case_error(const bwd_case *t, float *bits) {
+    const problem *p = t->p;
+    size_t n[3] = {(size_t)(p->b * p->hq * p->sq * p->d), (size_t)(p->b * p->hk * p->sk * p->d),
+                   (size_t)(p->b * p->hk * p->sk * p->d)};
+    const float *want[3] = {t->host.dq, t->host.dk, t->host.dv};
+    void *at[3] = {t->device.dq.data, t->device.dk.data, t->device.dv.data};
+    double worst = 0.0;
+    if (cu.synchronize())
+        return INFINITY;
+    for (int i = 0; i < 3; i++) {
+        float *got = malloc(4 * n[i]);
+        double err = 0.0, size = 1e-6;
+        if (cu.dtoh(got, (uint64_t)(uintptr_t)at[i], 4 * n[i])) {
+            free(got);
+            return INFINITY;
+        }
+        for (size_t j = 0; j < n[i]; j++)
+            err = fmax(err, fabs(got[j] - want[i][j])), size = fmax(size, fabs(want[i][j]));
+        if (i == 0 && bits != NULL)
+            memcpy(bits, got, 4 * n[0]);
+        worst = fmax(worst, err / size);
+        free(got);
+    }
+    return worst;
+}
+
+static void run_gpu_bwd(problem *p, problem *other, const lt_attn_fwd_params *params,
+                        const lt_attn_fwd_params *params2) {
+    bwd_case t, u;
+    char detail[128];
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d);
+    float *first = malloc(4 * qn), *again = malloc(4 * qn);
+    expect("gpu forward again", lt_attn_fwd(params, NULL), LT_OK, NULL); /* the unaligned call above wrote out */
+    expect("gpu forward again, other", lt_attn_fwd(params2, NULL), LT_OK, NULL);
+    bwd_case_make(&t, p, params);
+    bwd_case_make(&u, other, params2);
+    expect("gpu bwd", lt_attn_bwd(&t.device, NULL), LT_OK, NULL);
+    double e = bwd_case_error(&t, first);
+    snprintf(detail, sizeof detail, "max relative error %g against the host's", e);
+    check("gpu bwd is right", e < 1e-3, detail);
+    lt_bwd_plan *plan = NULL;
+    expect("gpu bwd plan", lt_attn_bwd_plan(&t.device, &plan), LT_OK, NULL);
+    expect("gpu bwd plan launch", lt_bwd_plan_launch(plan, &t.device, NULL), LT_OK, NULL);
+    bwd_case_error(&t, again);
+    check("gpu bwd is deterministic", !memcmp(first, again, 4 * qn), "dq differs between two runs");
+    expect("gpu bwd plan launch, other sizes", lt_bwd_plan_launch(plan, &u.device, NULL), LT_OK, NULL);
+    e = bwd_case_error(&u, NULL);
+    snprintf(detail, sizeof detail, "max relative error %g against the host's", e);
+    check("gpu bwd plan launch is right", e < 1e-3, detail);
+    lt_attn_bwd_params bad = t.device;
+    bad.causal = LT_CAUSAL_NONE;
+    expect("bwd plan causal mismatch", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "not causal");
+    bad = t.device;
+    bad.dk.data = (char *)bad.dk.data + 4; /* only a gradient is off 16-byte alignment */
+    expect("bwd plan alignment mismatch", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "unaligned");
+    expect("unaligned bwd", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    bad = t.device;
+    bad.q.sizes[2] = bad.out.sizes[2] = bad.dout.sizes[2] = bad.dq.sizes[2] = bad.lse.sizes[2] = 0;
+    bad.delta.sizes[2] = 0;
+    expect("bwd plan no work", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_UNSUPPORTED, "work to do");
+    expect("bwd plan destroy", lt_bwd_plan_destroy(plan), LT_OK, NULL);
+    grads_free(&t.host), grads_free(&u.host);
+    free(first), free(again);
+}
+
 static int run_gpu(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     int device;
@@ -615,8 +711,9 @@ static int run_gpu(void) {
     bad.q.device_index = bad.k.device_index = bad.v.device_index = bad.out.device_index = bad.lse.device_index = 99;
     expect("no such device", lt_attn_fwd(&bad, NULL), LT_ERROR_NO_GPU, "no CUDA device 99");
     expect("plan destroy", lt_plan_destroy(plan), LT_OK, NULL);
+    run_gpu_bwd(&p, &other, &params, &params2);
     lt_stats s = stats_now();
-    check("plans kept", s.plans >= 2 && s.loaded_kernels >= 2, "lt_attn_fwd kept no plans");
+    check("plans kept", s.plans >= 3 && s.loaded_kernels >= 4, "lt_attn_fwd and lt_attn_bwd kept no plans");
     problem_free(&p), problem_free(&other);
     return failures;
 }
