@@ -62,8 +62,8 @@ static lt_status lt__check_grad(const char *name, const lt_tensor *t, const char
         return lt__fail(LT_ERROR_SHAPE, "%s.strides[3] is %lld; the last dim must be contiguous (stride 1)", name,
                         (long long)t->strides[3]);
     if (t->device_type != q->device_type || t->device_index != q->device_index)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all ten tensors must be on "
-                        "one device", name, lt__device_name(t->device_type), t->device_index,
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all tensors of a call must "
+                        "be on one device", name, lt__device_name(t->device_type), t->device_index,
                         lt__device_name(q->device_type), q->device_index);
     return LT_OK;
 }
@@ -88,8 +88,8 @@ static lt_status lt__check_delta(const lt_attn_bwd_params *p, const lt__call *c)
                             "(%lld, %lld, %lld)", (long long)expect[0], (long long)expect[1],
                             (long long)t->strides[0], (long long)t->strides[1], (long long)t->strides[2]);
     if (t->device_type != p->q.device_type || t->device_index != p->q.device_index)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "delta is on %s:%d but q is on %s:%d; all ten tensors must be on "
-                        "one device", lt__device_name(t->device_type), t->device_index,
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "delta is on %s:%d but q is on %s:%d; all tensors of a call "
+                        "must be on one device", lt__device_name(t->device_type), t->device_index,
                         lt__device_name(p->q.device_type), p->q.device_index);
     return LT_OK;
 }

@@ -89,10 +89,10 @@ static lt_status lt__check_tensors(const lt_attn_fwd_params *p) {
     static const char *all_names[5] = {"q", "k", "v", "out", "lse"};
     for (int i = 1; i < 5; i++) {
         if (all[i]->device_type != p->q.device_type || all[i]->device_index != p->q.device_index)
-            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all five tensors must be "
-                            "on one device", all_names[i], all[i]->device_type == LT_DEVICE_CPU ? "cpu" : "cuda",
-                            all[i]->device_index, p->q.device_type == LT_DEVICE_CPU ? "cpu" : "cuda",
-                            p->q.device_index);
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all tensors of a call "
+                            "must be on one device", all_names[i],
+                            all[i]->device_type == LT_DEVICE_CPU ? "cpu" : "cuda", all[i]->device_index,
+                            p->q.device_type == LT_DEVICE_CPU ? "cpu" : "cuda", p->q.device_index);
     }
     return LT_OK;
 }

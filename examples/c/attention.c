@@ -144,7 +144,8 @@ static void reference_bwd(const options *o, const float *q, const float *k, cons
                 for (int64_t j = 0; j <= last; j++) { /* a query that sees no key: no gradient */
                     const float *kj = k + kv + j * d, *vj = v + kv + j * d;
                     double s = 0.0, dp = 0.0;
-                    for (int64_t c = 0; c < d; c++) s += (double)q[row + c] * kj[c], dp += (double)dout[row + c] * vj[c];
+                    for (int64_t c = 0; c < d; c++)
+                        s += (double)q[row + c] * kj[c], dp += (double)dout[row + c] * vj[c];
                     double p = exp(s * scale - l), ds = p * (dp - delta);
                     for (int64_t c = 0; c < d; c++) {
                         dq[row + c] += scale * ds * kj[c];
