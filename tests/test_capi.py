@@ -209,6 +209,7 @@ def test_bad_setting_is_reported_by_init(check_program: Path) -> None:
 def test_eight_threads_at_once(check_program: Path) -> None:
     out = _ok(_run([check_program, "threads"]))
     assert out.count("own error") == 8
+    assert out.count("own backward error") == 8 and out.count("backward\n") == 8  # lt_attn_bwd from 8 threads
 
 
 def test_prewarm_and_cache_stats(check_program: Path) -> None:

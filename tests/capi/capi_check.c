@@ -435,8 +435,8 @@ static int run_badenv(void) {
 typedef struct {
     int index;
     double error;
-    lt_status status, bad_status;
-    char message[256], bad_message[256];
+    lt_status status, bad_status, bwd_status, bwd_bad_status;
+    char message[256], bad_message[256], bwd_message[256], bwd_bad_message[256];
 } job;
 
 static void *thread_main(void *arg) {
@@ -459,6 +459,16 @@ static void *thread_main(void *arg) {
     params.q.sizes[3] = params.out.sizes[3] = params.k.sizes[3] = params.v.sizes[3] = 300 + i;
     j->bad_status = lt_attn_fwd(&params, NULL);
     snprintf(j->bad_message, sizeof j->bad_message, "%s", lt_last_error());
+    grads g; /* the backward of the same call, and a bad one with this thread's own message */
+    lt_attn_bwd_params bwd;
+    grads_make(&p, &g);
+    bwd_params(&p, &g, &bwd);
+    j->bwd_status = lt_attn_bwd(&bwd, NULL);
+    snprintf(j->bwd_message, sizeof j->bwd_message, "%s", lt_last_error());
+    bwd.delta.sizes[2] = 1000 + i;
+    j->bwd_bad_status = lt_attn_bwd(&bwd, NULL);
+    snprintf(j->bwd_bad_message, sizeof j->bwd_bad_message, "%s", lt_last_error());
+    grads_free(&g);
     problem_free(&p);
     return NULL;
 }
@@ -485,6 +495,12 @@ static int run_threads(void) {
         snprintf(want, sizeof want, "got %d", 300 + i);
         check(name, jobs[i].bad_status == LT_ERROR_HEAD_DIM && strstr(jobs[i].bad_message, want) != NULL,
               jobs[i].bad_message);
+        snprintf(name, sizeof name, "thread %d backward", i);
+        check(name, jobs[i].bwd_status == LT_OK, jobs[i].bwd_message);
+        snprintf(name, sizeof name, "thread %d own backward error", i);
+        snprintf(want, sizeof want, ", %d); expected", 1000 + i);
+        check(name, jobs[i].bwd_bad_status == LT_ERROR_SHAPE && strstr(jobs[i].bwd_bad_message, want) != NULL,
+              jobs[i].bwd_bad_message);
     }
     return failures;
 }
