@@ -590,6 +590,23 @@ typedef struct {
     lt_attn_bwd_params device;     /* the device call (q, k, v, out, lse: the device forward's) */
 } bwd_case;
 
+/* Overwrite the device's dq, dk and dv with 0x7f bytes (3.4e38), so that a launch that writes nothing fails. */
+static void bwd_case_spoil(const bwd_case *t) {
+    const problem *p = t->p;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    size_t n[3] = {qn, kn, kn};
+    void *at[3] = {t->device.dq.data, t->device.dk.data, t->device.dv.data};
+    for (int i = 0; i < 3; i++) {
+        void *junk = malloc(4 * n[i]);
+        memset(junk, 0x7f, 4 * n[i]);
+        if (cu.htod((uint64_t)(uintptr_t)at[i], junk, 4 * n[i])) {
+            printf("FAIL cuMemcpyHtoD\n");
+            exit(100);
+        }
+        free(junk);
+    }
+}
+
 static void bwd_case_make(bwd_case *t, problem *p, const lt_attn_fwd_params *device_fwd) {
     lt_attn_fwd_params host_fwd;
     lt_attn_bwd_params host;
@@ -609,6 +626,7 @@ static void bwd_case_make(bwd_case *t, problem *p, const lt_attn_fwd_params *dev
     lt_tensor *all[5] = {&t->device.dout, &t->device.dq, &t->device.dk, &t->device.dv, &t->device.delta};
     for (int i = 0; i < 5; i++)
         all[i]->device_type = LT_DEVICE_CUDA;
+    bwd_case_spoil(t);
 }
 
 /* max |device - host| / max |host| over dq, dk, dv; *bits gets a copy of the device's dq for bitwise checks. */
@@ -638,6 +656,13 @@ static double bwd_case_error(const bwd_case *t, float *bits) {
     return worst;
 }
 
+static double max_difference(const float *a, const float *b, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
 static void run_gpu_bwd(problem *p, problem *other, const lt_attn_fwd_params *params,
                         const lt_attn_fwd_params *params2) {
     bwd_case t, u;
@@ -654,6 +679,7 @@ static void run_gpu_bwd(problem *p, problem *other, const lt_attn_fwd_params *pa
     check("gpu bwd is right", e < 1e-3, detail);
     lt_bwd_plan *plan = NULL;
     expect("gpu bwd plan", lt_attn_bwd_plan(&t.device, &plan), LT_OK, NULL);
+    bwd_case_spoil(&t);
     expect("gpu bwd plan launch", lt_bwd_plan_launch(plan, &t.device, NULL), LT_OK, NULL);
     bwd_case_error(&t, again);
     check("gpu bwd is deterministic", !memcmp(first, again, 4 * qn), "dq differs between two runs");
@@ -667,7 +693,12 @@ static void run_gpu_bwd(problem *p, problem *other, const lt_attn_fwd_params *pa
     bad = t.device;
     bad.dk.data = (char *)bad.dk.data + 4; /* only a gradient is off 16-byte alignment */
     expect("bwd plan alignment mismatch", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "unaligned");
+    bwd_case_spoil(&t);
     expect("unaligned bwd", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    if (cu.synchronize() || cu.dtoh(again, (uint64_t)(uintptr_t)bad.dq.data, 4 * qn))
+        printf("FAIL cuMemcpyDtoH\n"), failures++;
+    snprintf(detail, sizeof detail, "dq differs by up to %g from the aligned run's", max_difference(first, again, qn));
+    check("unaligned bwd is right", max_difference(first, again, qn) < 1e-4, detail);
     bad = t.device;
     bad.q.sizes[2] = bad.out.sizes[2] = bad.dout.sizes[2] = bad.dq.sizes[2] = bad.lse.sizes[2] = 0;
     bad.delta.sizes[2] = 0;
