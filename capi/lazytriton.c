@@ -269,8 +269,8 @@ static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
     lt__CUcontext context;
     int32_t capability;
     lt__plan_request req;
-    if ((s = lt__plannable(c, "lt_attn_fwd")) != LT_OK || (s = lt__device_context(c->device_index, &context,
-                                                                                 &capability)) != LT_OK ||
+    if ((s = lt__plannable(c, "lt_attn_fwd")) != LT_OK ||
+        (s = lt__device_context(c->device_index, &context, &capability)) != LT_OK ||
         (s = lt__plan_kernel(c, LT__KERNEL_FWD, capability, &req)) != LT_OK)
         return s;
     lt_plan *plan = (lt_plan *)calloc(1, sizeof *plan);
