@@ -306,9 +306,53 @@ def _int_axis(axes: dict[str, str], name: str, default: int, low: int, high: int
     return int(raw)
 
 
-def parse_spec(text: str) -> Any:
-    """A Variant from a variant string, or from axes such as ``target=sm_90 dtype=bf16 head_dim=128``.
+def _parse_axes(text: str) -> dict[str, str]:
+    axes: dict[str, str] = {}
+    for item in filter(None, re.split(r"[\s,]+", text)):
+        name, sep, value = item.partition("=")
+        if not sep or name not in _AXES:
+            raise ValueError(f"{item!r} is not an axis; expected name=value with a name among "
+                             f"{', '.join(_AXES)}, or a whole variant string")
+        axes[name] = value
+    missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
+    if missing:
+        raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
+    return axes
 
+
+def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
+    """The variants of axes: flash_fwd's one, or flash_bwd's two (its binding's ``variants``)."""
+    from lazytriton import dispatch
+    from lazytriton.prewarm.enumeration import MAX_SEQLEN
+    from lazytriton.prewarm.limits import known_target
+
+    kernel = axes.get("kernel", "flash_fwd")
+    if kernel not in ("flash_fwd", "flash_bwd"):
+        raise ValueError(f"kernel={kernel!r}: expected flash_fwd or flash_bwd (the backward's two kernels)")
+    head_dim = _int_axis(axes, "head_dim", 0, 1, dispatch.MAX_HEAD_DIM)
+    seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
+    seqlen_k = _int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN)
+    causal = _flag(axes, "causal", False)
+    aligned = _flag(axes, "aligned", True)
+    index64 = _flag(axes, "index64", False)
+    target = known_target(axes["target"])
+    if kernel == "flash_fwd":
+        return (dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
+                                           index64=index64, seqlen_k=seqlen_k),)
+    from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_fwd import binding as fwd
+
+    dtype = {name: torch_dtype for torch_dtype, name in fwd.DTYPES.items()}.get(axes["dtype"])
+    if dtype is None:
+        raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
+    return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64)
+
+
+def parse_specs(text: str) -> tuple[Any, ...]:
+    """The Variants of one ``lt_prewarm`` spec: a variant string, or axes (``target=sm_90 dtype=bf16 head_dim=128``).
+
+    Axes name flash_fwd's variant, or with ``kernel=flash_bwd`` the
+    backward's two (dq, then dk/dv), chosen as a call of that shape would.
     Either form is checked before anything compiles: a variant string must
     carry every field its kernel needs (``variant.check_fields``), axes must be
     in range, the target must be one prewarm knows, and a variant that cannot
@@ -316,48 +360,38 @@ def parse_spec(text: str) -> Any:
     ValueError naming the axis or field, so ``lt_prewarm`` answers
     LT_ERROR_INVALID_ARGUMENT, never a compile of nonsense.
     """
-    from lazytriton import dispatch
-    from lazytriton.prewarm.enumeration import MAX_SEQLEN
     from lazytriton.prewarm.limits import known_target, refusal
     from lazytriton.variant import Variant, check_fields
 
     text = text.strip()
     if text.count(":") == 5 and "=" not in text.split(":", 1)[0]:
-        variant = check_fields(Variant.parse(text))
+        variants: tuple[Any, ...] = (check_fields(Variant.parse(text)),)
     else:
-        axes: dict[str, str] = {}
-        for item in filter(None, re.split(r"[\s,]+", text)):
-            name, sep, value = item.partition("=")
-            if not sep or name not in _AXES:
-                raise ValueError(f"{item!r} is not an axis; expected name=value with a name among "
-                                 f"{', '.join(_AXES)}, or a whole variant string")
-            axes[name] = value
-        missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
-        if missing:
-            raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
-        if axes.get("kernel", "flash_fwd") != "flash_fwd":
-            raise ValueError(f"kernel={axes['kernel']!r}: the C API prewarms flash_fwd only")
-        head_dim = _int_axis(axes, "head_dim", 0, 1, dispatch.MAX_HEAD_DIM)
-        seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
-        variant = dispatch.flash_fwd_variant(known_target(axes["target"]), axes["dtype"], head_dim,
-                                             _flag(axes, "causal", False), _flag(axes, "aligned", True), seqlen_q,
-                                             index64=_flag(axes, "index64", False),
-                                             seqlen_k=_int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN))
-    known_target(variant.target)
-    why = refusal(variant)
-    if why is not None:
-        raise ValueError(f"variant {variant} cannot be built: {why}")
-    return variant
+        variants = _axes_variants(_parse_axes(text))
+    for variant in variants:
+        known_target(variant.target)
+        why = refusal(variant)
+        if why is not None:
+            raise ValueError(f"variant {variant} cannot be built: {why}")
+    return variants
+
+
+def parse_spec(text: str) -> Any:
+    """The one Variant of a spec (``parse_specs``); a ValueError for a spec naming several (``kernel=flash_bwd``)."""
+    variants = parse_specs(text)
+    if len(variants) != 1:
+        raise ValueError(f"{text!r} names {len(variants)} variants: {', '.join(map(str, variants))}")
+    return variants[0]
 
 
 def prewarm(specs: Any, n_specs: int, compiled: Any, cached: Any) -> int:
     from lazytriton import runtime
 
-    variants = []
+    variants: list[Any] = []
     for i in range(n_specs):
         text = _text(specs[i], f"specs[{i}]") or ""
         try:
-            variants.append(parse_spec(text))
+            variants.extend(parse_specs(text))
         except (ValueError, TypeError) as exc:
             raise CapiError(INVALID_ARGUMENT, f"specs[{i}] ({text!r}): {exc}") from None
     rt = runtime.get()

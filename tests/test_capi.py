@@ -355,10 +355,29 @@ def test_parse_spec_axes_and_variant_strings() -> None:
     assert embedded.parse_spec(str(variant)) == variant
     for bad, needle in (("target=sm_90 dtype=bf16", "lack head_dim"), ("target=sm_90 dtype=bf16 head_dim=64 x=1",
                                                                         "not an axis"),
-                        ("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64", "flash_fwd only"),
+                        ("kernel=flash_xyz target=sm_90 dtype=bf16 head_dim=64", "expected flash_fwd or flash_bwd"),
+                        ("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64", "names 2 variants"),
                         ("target=sm_90 dtype=bf16 head_dim=64 causal=maybe", "causal='maybe'")):
         with pytest.raises(ValueError, match=needle):
             embedded.parse_spec(bad)
+
+
+def test_parse_specs_kernel_flash_bwd_gives_the_bindings_two_variants() -> None:
+    import torch
+
+    from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_fwd import binding as fwd
+    from lazytriton.target import Target
+
+    got = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp16 head_dim=72 causal=1 seqlen_q=300 "
+                               "seqlen_k=257 aligned=0")
+    want = bwd.variants(Target.parse("sm_90"), torch.float16, fwd.Shape(1, 1, 1, 300, 257, 72), True, False, False)
+    assert got == want and [v.kernel for v in got] == ["flash_bwd_dq", "flash_bwd_dkdv"]
+    assert embedded.parse_specs(str(got[1])) == (got[1],)  # a backward variant string, as the miss log prints it
+    assert embedded.parse_specs("target=sm_90 dtype=fp16 head_dim=72") == (
+        embedded.parse_spec("kernel=flash_fwd target=sm_90 dtype=fp16 head_dim=72"),)
+    with pytest.raises(ValueError, match="dtype='fp64': expected one of fp16, bf16, fp32"):
+        embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp64 head_dim=72")
 
 
 @pytest.mark.parametrize(("spec", "needle"), BAD_PREWARM_SPECS)

@@ -531,6 +531,10 @@ static int run_prewarm(const char *variant) {
     check("stats count it", s.local_entries == 1 && s.compiles == 1 && s.process_compiles == 1, detail);
     expect("prewarm again", lt_prewarm(axes, 1, &compiled, &cached), LT_OK, NULL);
     check("second prewarm is cached", compiled == 0 && cached == 1, "it compiled again");
+    const char *backward[1] = {"kernel=flash_bwd target=sm_90 dtype=fp16 head_dim=16 seqlen_q=16"};
+    expect("prewarm backward axes", lt_prewarm(backward, 1, &compiled, &cached), LT_OK, NULL);
+    snprintf(detail, sizeof detail, "compiled %zu, cached %zu", compiled, cached);
+    check("prewarm backward compiled its two kernels", compiled == 2 && cached == 0, detail);
     lt_config config;
     lt_config_init(&config);
     config.jit = LT_JIT_OFF;
