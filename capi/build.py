@@ -1,6 +1,7 @@
 """Build liblazytriton.so with cffi's embedding mode and install it under a prefix.
 
-``build(prefix)`` compiles ``lazytriton.c`` (the C API) together with the
+``build(prefix)`` compiles ``lazytriton.c`` (the C API; it includes
+``lt_check.c`` and ``lt_bwd.c``) together with the
 wrappers cffi generates for the ``lt__py_*`` functions, links it against the
 libpython of the interpreter running the build, and installs::
 
@@ -45,7 +46,7 @@ typedef struct {
     int32_t causal;
     int32_t aligned;
     int32_t index64;
-    int32_t reserved;
+    int32_t kernel;
     int64_t seqlen_q;
     int64_t seqlen_k;
     uint64_t function;
@@ -60,6 +61,7 @@ void lt__set_error(const char *message);
 
 extern "Python" static int lt__py_init(const lt_config *config);
 extern "Python" static int lt__py_attn_fwd_cpu(const lt_attn_fwd_params *params);
+extern "Python" static int lt__py_attn_bwd_cpu(const lt_attn_bwd_params *params);
 extern "Python" static int lt__py_plan(lt__plan_request *request);
 extern "Python" static int lt__py_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
 extern "Python" static int lt__py_cache_stats(lt_stats *stats);
@@ -82,7 +84,8 @@ except BaseException as exc:
         lib.lt__set_error(_message.encode("utf-8", "replace")[:2047])
         return lib.LT_ERROR_PYTHON
 
-    for _name in ("lt__py_init", "lt__py_attn_fwd_cpu", "lt__py_plan", "lt__py_prewarm", "lt__py_cache_stats"):
+    for _name in ("lt__py_init", "lt__py_attn_fwd_cpu", "lt__py_attn_bwd_cpu", "lt__py_plan", "lt__py_prewarm",
+                  "lt__py_cache_stats"):
         ffi.def_extern(name=_name, error=lib.LT_ERROR_PYTHON)(_failed)
     ffi.def_extern(name="lt__py_flush")(lambda: None)
 """

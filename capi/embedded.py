@@ -1,10 +1,12 @@
 """The Python half of liblazytriton.so: what its ``lt__py_*`` functions run.
 
 The library's init code calls ``attach(ffi, lib)`` once, in the interpreter
-the library embeds. The C half (``lazytriton.c``) has checked every argument
-before any of these run; they turn a checked call into work: settings, a plan
-(dispatch, cache, JIT), an attention call on host memory through the
-interpreter, a prewarm, the cache's statistics.
+the library embeds. The C half (``lazytriton.c``, ``lt_bwd.c``) has checked
+every argument before any of these run; they turn a checked call into work:
+settings, a plan (dispatch, cache, JIT) of one kernel, an attention forward or
+backward on host memory through the interpreter, a prewarm, the cache's
+statistics. The kernels' bindings decide everything about a kernel (variants,
+checks, packing); nothing here repeats them.
 
 Every function is wrapped so that no exception, not even ``SystemExit``,
 leaves it: each becomes a status and a message (``lt_last_error``).
@@ -37,6 +39,8 @@ _CAUSAL: dict[int, bool | str] = {0: False, 1: "top_left", 2: "bottom_right"}
 
 _INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 _MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
+# lt__plan_request.kernel (LT__KERNEL_* in lazytriton.c): the kernels C launches.
+KERNELS = {0: "flash_fwd", 1: "flash_bwd_dq", 2: "flash_bwd_dkdv"}
 
 _ffi: Any = None
 _lib: Any = None
@@ -177,23 +181,54 @@ def attn_fwd_cpu(p: Any) -> int:
     return OK
 
 
+def attn_bwd_cpu(p: Any) -> int:
+    """lt_attn_bwd on host memory: the binding's checks, then its interpreter run, writing the caller's gradients.
+
+    The gradients are the caller's memory (no copy). The interpreter run keeps
+    its own delta, so the caller's workspace is not touched here.
+    """
+    import torch
+
+    from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_fwd import binding as fwd
+
+    q, k, v, out, lse, dout, dq, dk, dv = (_host_tensor(t) for t in (p.q, p.k, p.v, p.out, p.lse, p.dout, p.dq,
+                                                                        p.dk, p.dv))
+    scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    call = fwd.check(q, k, v, _CAUSAL[p.causal], scale)
+    bwd.check_grad(q, out, lse, dout, call)
+    with torch.no_grad():
+        bwd.run_interpreter(q, k, v, out, lse, dout, bwd.Grads(dq, dk, dv), call)
+    return OK
+
+
 # ---------------------------------------------------------------------------
 # Plans
 
 
-def check_launch_layout(entry: Any) -> None:
+def int_params(kernel: str) -> tuple[str, ...]:
+    """The integer parameters lazytriton.c passes to ``kernel``, in order (its binding's)."""
+    if kernel == "flash_fwd":
+        from lazytriton.kernels.flash_fwd import binding as fwd
+
+        return fwd.INT_PARAMS
+    from lazytriton.kernels.flash_bwd import binding as bwd
+
+    return {"flash_bwd_dq": bwd.DQ_INT_PARAMS, "flash_bwd_dkdv": bwd.DKDV_INT_PARAMS}[kernel]
+
+
+def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
     """Refuse an entry whose parameters lazytriton.c would not pass correctly.
 
-    lazytriton.c passes flash_fwd's integer parameters as the binding's
-    ``c_initializer()`` lists them (tests/test_interface.py checks the C text
-    against it), then the one float; this checks the entry agrees.
+    lazytriton.c passes each kernel's integer parameters as its binding's
+    ``c_initializer`` lists them (tests/test_binding.py and tests/test_capi.py
+    check the C text against it), then the one float; this checks the entry
+    agrees.
     """
-    from lazytriton.kernels.flash_fwd import binding
-
     kinds = tuple(entry.arg_types)
-    n_ints = len(binding.INT_PARAMS)
+    n_ints = len(int_params(kernel))
     ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:n_ints])
-    if len(kinds) != n_ints + len(binding.FLOAT_PARAMS) or not ints_ok or kinds[n_ints:] != ("fp32",):
+    if len(kinds) != n_ints + 1 or not ints_ok or kinds[n_ints:] != ("fp32",):
         raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
                                      f"{n_ints} pointers or integers, then one fp32")
     sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
@@ -203,23 +238,39 @@ def check_launch_layout(entry: Any) -> None:
                                      "allocate")
 
 
-def plan(req: Any) -> int:
+def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
+                 index64: bool, seqlen_q: int, seqlen_k: int) -> Any:
+    """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call."""
     import torch
 
-    from lazytriton import runtime
-    from lazytriton.kernels.flash_fwd import binding
+    from lazytriton.kernels.flash_fwd import binding as fwd
     from lazytriton.target import Target
 
-    target = Target("cuda", str(req.capability), 32)
-    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[req.dtype]
-    shape = binding.Shape(1, 1, 1, req.seqlen_q, req.seqlen_k, req.head_dim)  # dispatch reads no batch or heads
-    variant = binding.variant(target, dtype, shape, bool(req.causal), bool(req.aligned), bool(req.index64))
+    target = Target("cuda", str(capability), 32)
+    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
+    shape = fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim)  # dispatch reads no batch or heads
+    if kernel == "flash_fwd":
+        return fwd.variant(target, dtype, shape, causal, aligned, index64)
+    from lazytriton.kernels.flash_bwd import binding as bwd
+
+    dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64)
+    return dq if kernel == "flash_bwd_dq" else dkdv
+
+
+def plan(req: Any) -> int:
+    from lazytriton import runtime
+
+    name = KERNELS.get(req.kernel)
+    if name is None:
+        raise CapiError(INVALID_ARGUMENT, f"plan request for kernel {req.kernel}; expected one of {KERNELS}")
+    variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
+                           bool(req.index64), req.seqlen_q, req.seqlen_k)
     kernel = runtime.get().kernel(variant, req.device_index)
-    check_launch_layout(kernel.entry)
+    check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
     req.block_threads = kernel.block
     req.shared_bytes = kernel.shared
-    req.block_m = int(variant.get("BLOCK_M"))
+    req.block_m = int(variant.get("BLOCK_N" if name == "flash_bwd_dkdv" else "BLOCK_M"))  # the grid's x tile
     req.n_hidden = len(kernel.entry.hidden_args)
     text = str(variant).encode()[:511]
     _ffi.memmove(req.variant, text, len(text))
@@ -255,9 +306,53 @@ def _int_axis(axes: dict[str, str], name: str, default: int, low: int, high: int
     return int(raw)
 
 
-def parse_spec(text: str) -> Any:
-    """A Variant from a variant string, or from axes such as ``target=sm_90 dtype=bf16 head_dim=128``.
+def _parse_axes(text: str) -> dict[str, str]:
+    axes: dict[str, str] = {}
+    for item in filter(None, re.split(r"[\s,]+", text)):
+        name, sep, value = item.partition("=")
+        if not sep or name not in _AXES:
+            raise ValueError(f"{item!r} is not an axis; expected name=value with a name among "
+                             f"{', '.join(_AXES)}, or a whole variant string")
+        axes[name] = value
+    missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
+    if missing:
+        raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
+    return axes
 
+
+def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
+    """The variants of axes: flash_fwd's one, or flash_bwd's two (its binding's ``variants``)."""
+    from lazytriton import dispatch
+    from lazytriton.prewarm.enumeration import MAX_SEQLEN
+    from lazytriton.prewarm.limits import known_target
+
+    kernel = axes.get("kernel", "flash_fwd")
+    if kernel not in ("flash_fwd", "flash_bwd"):
+        raise ValueError(f"kernel={kernel!r}: expected flash_fwd or flash_bwd (the backward's two kernels)")
+    head_dim = _int_axis(axes, "head_dim", 0, 1, dispatch.MAX_HEAD_DIM)
+    seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
+    seqlen_k = _int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN)
+    causal = _flag(axes, "causal", False)
+    aligned = _flag(axes, "aligned", True)
+    index64 = _flag(axes, "index64", False)
+    target = known_target(axes["target"])
+    if kernel == "flash_fwd":
+        return (dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
+                                           index64=index64, seqlen_k=seqlen_k),)
+    from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_fwd import binding as fwd
+
+    dtype = {name: torch_dtype for torch_dtype, name in fwd.DTYPES.items()}.get(axes["dtype"])
+    if dtype is None:
+        raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
+    return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64)
+
+
+def parse_specs(text: str) -> tuple[Any, ...]:
+    """The Variants of one ``lt_prewarm`` spec: a variant string, or axes (``target=sm_90 dtype=bf16 head_dim=128``).
+
+    Axes name flash_fwd's variant, or with ``kernel=flash_bwd`` the
+    backward's two (dq, then dk/dv), chosen as a call of that shape would.
     Either form is checked before anything compiles: a variant string must
     carry every field its kernel needs (``variant.check_fields``), axes must be
     in range, the target must be one prewarm knows, and a variant that cannot
@@ -265,48 +360,38 @@ def parse_spec(text: str) -> Any:
     ValueError naming the axis or field, so ``lt_prewarm`` answers
     LT_ERROR_INVALID_ARGUMENT, never a compile of nonsense.
     """
-    from lazytriton import dispatch
-    from lazytriton.prewarm.enumeration import MAX_SEQLEN
     from lazytriton.prewarm.limits import known_target, refusal
     from lazytriton.variant import Variant, check_fields
 
     text = text.strip()
     if text.count(":") == 5 and "=" not in text.split(":", 1)[0]:
-        variant = check_fields(Variant.parse(text))
+        variants: tuple[Any, ...] = (check_fields(Variant.parse(text)),)
     else:
-        axes: dict[str, str] = {}
-        for item in filter(None, re.split(r"[\s,]+", text)):
-            name, sep, value = item.partition("=")
-            if not sep or name not in _AXES:
-                raise ValueError(f"{item!r} is not an axis; expected name=value with a name among "
-                                 f"{', '.join(_AXES)}, or a whole variant string")
-            axes[name] = value
-        missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
-        if missing:
-            raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
-        if axes.get("kernel", "flash_fwd") != "flash_fwd":
-            raise ValueError(f"kernel={axes['kernel']!r}: the C API prewarms flash_fwd only")
-        head_dim = _int_axis(axes, "head_dim", 0, 1, dispatch.MAX_HEAD_DIM)
-        seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
-        variant = dispatch.flash_fwd_variant(known_target(axes["target"]), axes["dtype"], head_dim,
-                                             _flag(axes, "causal", False), _flag(axes, "aligned", True), seqlen_q,
-                                             index64=_flag(axes, "index64", False),
-                                             seqlen_k=_int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN))
-    known_target(variant.target)
-    why = refusal(variant)
-    if why is not None:
-        raise ValueError(f"variant {variant} cannot be built: {why}")
-    return variant
+        variants = _axes_variants(_parse_axes(text))
+    for variant in variants:
+        known_target(variant.target)
+        why = refusal(variant)
+        if why is not None:
+            raise ValueError(f"variant {variant} cannot be built: {why}")
+    return variants
+
+
+def parse_spec(text: str) -> Any:
+    """The one Variant of a spec (``parse_specs``); a ValueError for a spec naming several (``kernel=flash_bwd``)."""
+    variants = parse_specs(text)
+    if len(variants) != 1:
+        raise ValueError(f"{text!r} names {len(variants)} variants: {', '.join(map(str, variants))}")
+    return variants[0]
 
 
 def prewarm(specs: Any, n_specs: int, compiled: Any, cached: Any) -> int:
     from lazytriton import runtime
 
-    variants = []
+    variants: list[Any] = []
     for i in range(n_specs):
         text = _text(specs[i], f"specs[{i}]") or ""
         try:
-            variants.append(parse_spec(text))
+            variants.extend(parse_specs(text))
         except (ValueError, TypeError) as exc:
             raise CapiError(INVALID_ARGUMENT, f"specs[{i}] ({text!r}): {exc}") from None
     rt = runtime.get()
@@ -368,7 +453,8 @@ def attach(ffi: Any, lib: Any) -> None:
         if getattr(lib, name) != value:
             raise RuntimeError(f"{name} is {getattr(lib, name)} in lazytriton.h but {value} in capi/embedded.py")
     _log_to_stderr()
-    for name, fn in (("lt__py_init", init), ("lt__py_attn_fwd_cpu", attn_fwd_cpu), ("lt__py_plan", plan),
-                     ("lt__py_prewarm", prewarm), ("lt__py_cache_stats", cache_stats)):
+    for name, fn in (("lt__py_init", init), ("lt__py_attn_fwd_cpu", attn_fwd_cpu),
+                     ("lt__py_attn_bwd_cpu", attn_bwd_cpu), ("lt__py_plan", plan), ("lt__py_prewarm", prewarm),
+                     ("lt__py_cache_stats", cache_stats)):
         ffi.def_extern(name=name, error=PYTHON)(_guarded(fn))
     ffi.def_extern(name="lt__py_flush")(flush)

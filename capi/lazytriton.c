@@ -8,7 +8,8 @@
  * What runs here, without Python: argument checks (all of them, so a bad call
  * never reaches Python), the thread-local error message, the plans and their
  * launch through libcuda (dlopen'd: no CUDA headers or link-time dependency),
- * and the start of the embedded interpreter.
+ * and the start of the embedded interpreter. The backward's own part (its
+ * checks, plans and launch) is lt_bwd.c, included at the end.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -54,6 +55,9 @@ LT_API const char *lt_last_error(void) { return lt__error; }
 /* ------------------------------------------------------------------------- */
 /* What C asks Python to plan, and what Python answers (also in build.py's cdef). */
 
+/* The kernels C launches (lt__plan_request.kernel; embedded.py's KERNELS). */
+enum { LT__KERNEL_FWD = 0, LT__KERNEL_BWD_DQ = 1, LT__KERNEL_BWD_DKDV = 2 };
+
 typedef struct {
     int32_t device_index; /* in */
     int32_t capability;   /* in: compute capability, e.g. 90 */
@@ -62,20 +66,21 @@ typedef struct {
     int32_t causal;       /* in: 0 or 1 */
     int32_t aligned;      /* in */
     int32_t index64;      /* in */
-    int32_t reserved;
+    int32_t kernel;       /* in: LT__KERNEL_* */
     int64_t seqlen_q;     /* in */
     int64_t seqlen_k;     /* in */
     uint64_t function;    /* out: CUfunction */
     uint32_t block_threads;
     uint32_t shared_bytes;
-    uint32_t block_m;
-    uint32_t n_hidden;    /* hidden scratch pointers after the kernel's own 25 parameters, passed as NULL */
+    uint32_t block_m;     /* the grid's tile along dim x: BLOCK_M (BLOCK_N for flash_bwd_dkdv) */
+    uint32_t n_hidden;    /* hidden scratch pointers after the kernel's own parameters, passed as NULL */
     char variant[512];    /* out: the variant, for messages */
 } lt__plan_request;
 
 /* Defined by cffi after this file: each runs its Python twin in capi/embedded.py. */
 static int lt__py_init(const lt_config *config);
 static int lt__py_attn_fwd_cpu(const lt_attn_fwd_params *params);
+static int lt__py_attn_bwd_cpu(const lt_attn_bwd_params *params);
 static int lt__py_plan(lt__plan_request *request);
 static int lt__py_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
 static int lt__py_cache_stats(lt_stats *stats);
@@ -151,6 +156,43 @@ static lt_status lt__cuda_fail(lt__CUresult status, const char *call) {
     return lt__fail(LT_ERROR_CUDA, "%s failed: CUDA error %d (%s)", call, status, text);
 }
 
+/* Device device_index's primary context (retained) and compute capability (e.g. 90). */
+static lt_status lt__device_context(int32_t device_index, lt__CUcontext *context, int32_t *capability) {
+    lt_status s;
+    if ((s = lt__cuda_ready()) != LT_OK)
+        return s;
+    lt__CUdevice device;
+    int major = 0, minor = 0;
+    lt__CUresult r = lt__cu.device_get(&device, device_index);
+    if (r != 0)
+        return lt__fail(LT_ERROR_NO_GPU, "no CUDA device %d (cuDeviceGet: CUDA error %d)", device_index, r);
+    if ((r = lt__cu.device_attribute(&major, LT__CC_MAJOR, device)) != 0 ||
+        (r = lt__cu.device_attribute(&minor, LT__CC_MINOR, device)) != 0)
+        return lt__cuda_fail(r, "cuDeviceGetAttribute");
+    if ((r = lt__cu.primary_ctx_retain(context, device)) != 0)
+        return lt__cuda_fail(r, "cuDevicePrimaryCtxRetain");
+    *capability = major * 10 + minor;
+    return LT_OK;
+}
+
+/* cuLaunchKernel in context (a function runs only in the context it was loaded in). */
+static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, unsigned int grid_x,
+                               unsigned int grid_y, unsigned int grid_z, unsigned int threads, unsigned int shared,
+                               void *stream, void **params) {
+    lt__CUcontext current = NULL;
+    lt__cu.ctx_get_current(&current);
+    int pushed = current != context;
+    lt__CUresult r;
+    if (pushed && (r = lt__cu.ctx_push(context)) != 0)
+        return lt__cuda_fail(r, "cuCtxPushCurrent");
+    r = lt__cu.launch(function, grid_x, grid_y, grid_z, threads, 1, 1, shared, stream, params, NULL);
+    if (pushed)
+        lt__cu.ctx_pop(&current);
+    if (r != 0)
+        return lt__cuda_fail(r, "cuLaunchKernel");
+    return LT_OK;
+}
+
 #include "lt_check.c" /* lt__call, lt__check: every check of a call */
 
 /* ------------------------------------------------------------------------- */
@@ -161,6 +203,7 @@ static lt_status lt__cuda_fail(lt__CUresult status, const char *call) {
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
+    int32_t kernel; /* LT__KERNEL_FWD, or LT__KERNEL_BWD_DQ for the backward's pair */
     int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits;
 } lt__plan_key;
 
@@ -181,8 +224,8 @@ static int32_t lt__bits(int64_t n) { /* (n - 1).bit_length(): the seqlen bucket 
 }
 
 static lt__plan_key lt__key_of(const lt__call *c) {
-    lt__plan_key key = {c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE, c->aligned,
-                        c->index64, lt__bits(c->sq), lt__bits(c->sk)};
+    lt__plan_key key = {LT__KERNEL_FWD, c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE,
+                        c->aligned, c->index64, lt__bits(c->sq), lt__bits(c->sk)};
     return key;
 }
 
@@ -192,39 +235,44 @@ static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
              k->aligned ? "16-byte aligned" : "unaligned", k->index64 ? 64 : 32);
 }
 
-static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
-    lt_status s;
+/* Plans need device memory and work to do (what for depends on the caller: names the call to use instead). */
+static lt_status lt__plannable(const lt__call *c, const char *instead) {
     if (c->device_type != LT_DEVICE_CUDA)
         return lt__fail(LT_ERROR_UNSUPPORTED, "plans need a GPU: q is in host memory (LT_DEVICE_CPU), which runs "
-                        "through Triton's interpreter; call lt_attn_fwd instead");
+                        "through Triton's interpreter; call %s instead", instead);
     if (c->empty || c->sk == 0)
         return lt__fail(LT_ERROR_UNSUPPORTED, "plans need a call with work to do; got batch %lld, heads %lld, "
                         "seqlen_q %lld, seqlen_k %lld", (long long)c->b, (long long)c->hq, (long long)c->sq,
                         (long long)c->sk);
-    if ((s = lt__cuda_ready()) != LT_OK)
+    return LT_OK;
+}
+
+/* Ask the planner (embedded.py) for one kernel (LT__KERNEL_*) of c's shape class on a device of capability. */
+static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capability, lt__plan_request *req) {
+    lt_status s;
+    memset(req, 0, sizeof *req);
+    req->device_index = c->device_index, req->capability = capability, req->dtype = c->dtype;
+    req->head_dim = (int32_t)c->d, req->causal = c->causal != LT_CAUSAL_NONE, req->aligned = c->aligned;
+    req->index64 = c->index64, req->kernel = kernel, req->seqlen_q = c->sq, req->seqlen_k = c->sk;
+    if ((s = (lt_status)lt__py_plan(req)) != LT_OK)
         return s;
-    lt__CUdevice device;
+    req->variant[sizeof req->variant - 1] = '\0';
+    if (req->function == 0 || req->block_threads == 0 || req->block_m == 0 || req->n_hidden > LT__MAX_HIDDEN)
+        return lt__fail(LT_ERROR_INTERNAL, "the planner answered function %llu, block %u, tile %u, %u hidden "
+                        "parameters for %s", (unsigned long long)req->function, req->block_threads, req->block_m,
+                        req->n_hidden, req->variant);
+    return LT_OK;
+}
+
+static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
+    lt_status s;
     lt__CUcontext context;
-    int major = 0, minor = 0;
-    lt__CUresult r = lt__cu.device_get(&device, c->device_index);
-    if (r != 0)
-        return lt__fail(LT_ERROR_NO_GPU, "no CUDA device %d (cuDeviceGet: CUDA error %d)", c->device_index, r);
-    if ((r = lt__cu.device_attribute(&major, LT__CC_MAJOR, device)) != 0 ||
-        (r = lt__cu.device_attribute(&minor, LT__CC_MINOR, device)) != 0)
-        return lt__cuda_fail(r, "cuDeviceGetAttribute");
-    if ((r = lt__cu.primary_ctx_retain(&context, device)) != 0)
-        return lt__cuda_fail(r, "cuDevicePrimaryCtxRetain");
+    int32_t capability;
     lt__plan_request req;
-    memset(&req, 0, sizeof req);
-    req.device_index = c->device_index, req.capability = major * 10 + minor, req.dtype = c->dtype;
-    req.head_dim = (int32_t)c->d, req.causal = c->causal != LT_CAUSAL_NONE, req.aligned = c->aligned;
-    req.index64 = c->index64, req.seqlen_q = c->sq, req.seqlen_k = c->sk;
-    if ((s = (lt_status)lt__py_plan(&req)) != LT_OK)
+    if ((s = lt__plannable(c, "lt_attn_fwd")) != LT_OK ||
+        (s = lt__device_context(c->device_index, &context, &capability)) != LT_OK ||
+        (s = lt__plan_kernel(c, LT__KERNEL_FWD, capability, &req)) != LT_OK)
         return s;
-    if (req.function == 0 || req.block_threads == 0 || req.block_m == 0 || req.n_hidden > LT__MAX_HIDDEN)
-        return lt__fail(LT_ERROR_INTERNAL, "the planner answered function %llu, block %u, BLOCK_M %u, %u hidden "
-                        "parameters for %s", (unsigned long long)req.function, req.block_threads, req.block_m,
-                        req.n_hidden, req.variant);
     lt_plan *plan = (lt_plan *)calloc(1, sizeof *plan);
     if (plan == NULL)
         return lt__fail(LT_ERROR_INTERNAL, "out of memory");
@@ -235,13 +283,12 @@ static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
     plan->block_threads = req.block_threads, plan->shared_bytes = req.shared_bytes;
     plan->block_m = req.block_m, plan->n_hidden = req.n_hidden;
     memcpy(plan->variant, req.variant, sizeof plan->variant);
-    plan->variant[sizeof plan->variant - 1] = '\0';
     *out = plan;
     return LT_OK;
 }
 
-static lt_status lt__check_plan(const lt_plan *plan, const lt__call *c) {
-    const lt__plan_key *k = &plan->key;
+/* The call c against a plan's key (either direction's): LT_ERROR_PLAN_MISMATCH saying what both are. */
+static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     if (c->device_type != LT_DEVICE_CUDA || c->device_index != k->device_index || c->dtype != k->dtype ||
         c->d != k->head_dim || (c->causal != LT_CAUSAL_NONE) != k->causal || (k->aligned && !c->aligned) ||
         (c->index64 && !k->index64)) {
@@ -277,34 +324,23 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
     for (uint32_t h = 0; h < plan->n_hidden; h++)
         params[LT__KERNEL_PARAMS + h] = &ints[LT__KERNEL_PARAMS - 1 + h]; /* zero: NULL scratch */
     unsigned int grid_x = (unsigned int)((c->sq + plan->block_m - 1) / plan->block_m);
-    lt__CUcontext current = NULL;
-    lt__cu.ctx_get_current(&current);
-    int pushed = current != plan->context; /* a function runs only in the context it was loaded in */
-    lt__CUresult r;
-    if (pushed && (r = lt__cu.ctx_push(plan->context)) != 0)
-        return lt__cuda_fail(r, "cuCtxPushCurrent");
-    r = lt__cu.launch(plan->function, grid_x, (unsigned int)c->hq, (unsigned int)c->b, plan->block_threads, 1, 1,
-                      plan->shared_bytes, stream, params, NULL);
-    if (pushed)
-        lt__cu.ctx_pop(&current);
-    if (r != 0)
-        return lt__cuda_fail(r, "cuLaunchKernel");
-    return LT_OK;
+    return lt__cu_launch(plan->function, plan->context, grid_x, (unsigned int)c->hq, (unsigned int)c->b,
+                         plan->block_threads, plan->shared_bytes, stream, params);
 }
 
-/* lt_attn_fwd's plans, one per shape class and seqlen bucket (as flash.py's memo).
+/* lt_attn_fwd's and lt_attn_bwd's plans, one per shape class and seqlen bucket (as the bindings' memo).
  * Plans are never freed while the process runs (a few hundred bytes each), so a
  * pointer read from the table stays valid without a lock. */
 #define LT__MEMO_SLOTS 256
 static struct {
     lt__plan_key key;
-    lt_plan *plan;
+    void *plan; /* an lt_plan, or an lt_bwd_plan for a backward key */
 } lt__memo[LT__MEMO_SLOTS];
 static int lt__memo_count;
 static pthread_mutex_t lt__memo_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static lt_plan *lt__memo_find(const lt__plan_key *key) {
-    lt_plan *found = NULL;
+static void *lt__memo_find(const lt__plan_key *key) {
+    void *found = NULL;
     pthread_mutex_lock(&lt__memo_lock);
     for (int i = 0; i < lt__memo_count && found == NULL; i++)
         if (memcmp(&lt__memo[i].key, key, sizeof *key) == 0)
@@ -315,8 +351,8 @@ static lt_plan *lt__memo_find(const lt__plan_key *key) {
 
 /* Keep plan for key. Returns the plan kept (another thread's, if it got there
  * first), or NULL when the table is full and plan was not kept. */
-static lt_plan *lt__memo_add(const lt__plan_key *key, lt_plan *plan) {
-    lt_plan *kept = NULL;
+static void *lt__memo_add(const lt__plan_key *key, void *plan) {
+    void *kept = NULL;
     pthread_mutex_lock(&lt__memo_lock);
     for (int i = 0; i < lt__memo_count && kept == NULL; i++)
         if (memcmp(&lt__memo[i].key, key, sizeof *key) == 0)
@@ -525,7 +561,7 @@ LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *p
     if (plan->magic != LT__PLAN_MAGIC)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_launch: plan is not a live plan (destroyed, or not "
                         "made by lt_attn_fwd_plan)");
-    if ((s = lt__check(params, &c)) != LT_OK || (s = lt__check_plan(plan, &c)) != LT_OK)
+    if ((s = lt__check(params, &c)) != LT_OK || (s = lt__check_key(&plan->key, &c)) != LT_OK)
         return s;
     return lt__launch(plan, params, &c, stream);
 }
@@ -574,3 +610,5 @@ LT_API lt_status lt_cache_stats(lt_stats *stats) {
     pthread_mutex_unlock(&lt__memo_lock);
     return LT_OK;
 }
+
+#include "lt_bwd.c" /* the backward: its checks, plans, launch and API */

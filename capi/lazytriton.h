@@ -1,7 +1,7 @@
 /*
  * lazytriton.h: the C API of lazytriton (liblazytriton.so), C99.
  *
- * FlashAttention forward kernels served from lazytriton's persistent cache:
+ * FlashAttention kernels (forward and backward) served from lazytriton's persistent cache:
  * prewarmed images, the local cache, the shared tier, and a just-in-time
  * compile when none of them holds the kernel, behind a small, stable C ABI.
  *
@@ -25,7 +25,8 @@
  * JIT, through Python); lt_plan_launch() then checks a call against the
  * plan and launches it in pure C (no Python, no GIL, no allocation).
  * lt_attn_fwd() keeps such plans itself, one per shape class, so a warm GPU
- * call of lt_attn_fwd does not enter Python either.
+ * call of lt_attn_fwd does not enter Python either. The backward has the same
+ * three: lt_attn_bwd(), lt_attn_bwd_plan() and lt_bwd_plan_launch().
  */
 #ifndef LAZYTRITON_H
 #define LAZYTRITON_H
@@ -40,6 +41,7 @@
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
 #define LT_ATTN_FWD_PARAMS_VERSION 1
+#define LT_ATTN_BWD_PARAMS_VERSION 1
 #define LT_STATS_VERSION 1
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -121,7 +123,7 @@ typedef struct {
 typedef struct {
     void *data;           /* first element; host or device pointer as device_type says */
     int32_t dtype;        /* lt_dtype */
-    int32_t ndim;         /* 4 for q, k, v, out; 3 for lse */
+    int32_t ndim;         /* 4 for q, k, v, out and the gradients; 3 for lse and delta */
     int64_t sizes[4];     /* the first ndim are used */
     int64_t strides[4];   /* in elements, not bytes; non-negative */
     int32_t device_type;  /* lt_device_type */
@@ -148,6 +150,36 @@ typedef struct {
     double sm_scale;      /* softmax scale; NaN: 1/sqrt(head_dim) (lt_attn_fwd_params_init sets NaN) */
 } lt_attn_fwd_params;
 
+/* One attention backward call, the gradients of lt_attn_fwd's out:
+ *   q, k, v  as lt_attn_fwd's (the same tensors the forward took)
+ *   out, lse the forward's outputs, as it wrote them
+ *   dout     the gradient of out: out's shape and dtype
+ *   dq       q's shape and dtype, written
+ *   dk, dv   k's shape and dtype, written (GQA/MQA: summed over each group of query heads)
+ *   delta    (batch, heads_q, seqlen_q) fp32, contiguous: workspace the caller
+ *            provides, so that no call allocates; its contents afterwards are
+ *            unspecified
+ * causal and sm_scale must be the forward's. Any strides with a contiguous
+ * last dim for the 4-dim tensors. Rows that saw no key get zero gradients,
+ * and so do keys that no query saw. */
+typedef struct {
+    uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
+    uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
+    lt_tensor q;
+    lt_tensor k;
+    lt_tensor v;
+    lt_tensor out;
+    lt_tensor lse;
+    lt_tensor dout;
+    lt_tensor dq;
+    lt_tensor dk;
+    lt_tensor dv;
+    lt_tensor delta;
+    int32_t causal;       /* lt_causal */
+    uint32_t flags;       /* reserved: must be 0 */
+    double sm_scale;      /* softmax scale; NaN: 1/sqrt(head_dim) (lt_attn_bwd_params_init sets NaN) */
+} lt_attn_bwd_params;
+
 /* What the cache holds and what this process did (lt_cache_stats()). */
 typedef struct {
     uint32_t struct_size;      /* set by the caller: sizeof(lt_stats) */
@@ -160,11 +192,14 @@ typedef struct {
     uint64_t process_compiles; /* JIT compiles by this process */
     uint64_t process_resolved; /* kernels this process resolved (from memory, a tier or JIT) */
     uint64_t loaded_kernels;   /* kernels this process loaded on its GPUs */
-    uint64_t plans;            /* plans lt_attn_fwd keeps (one per shape class) */
+    uint64_t plans;            /* plans lt_attn_fwd and lt_attn_bwd keep (one per shape class) */
 } lt_stats;
 
 /* A resolved kernel for one shape class; made by lt_attn_fwd_plan(). */
 typedef struct lt_plan lt_plan;
+
+/* The backward's two resolved kernels for one shape class; made by lt_attn_bwd_plan(). */
+typedef struct lt_bwd_plan lt_bwd_plan;
 
 /* END_CDEF */
 
@@ -209,11 +244,36 @@ LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *p
 /* Free a plan; NULL is accepted. */
 LT_API lt_status lt_plan_destroy(lt_plan *plan);
 
+/* Fill *params with struct_size and version, sm_scale NaN (the default scale),
+ * causal none and empty tensors. */
+LT_API lt_status lt_attn_bwd_params_init(lt_attn_bwd_params *params);
+
+/* Attention backward: dq, dk and dv from q, k, v, out, lse and dout. Two
+ * kernels, one after the other on stream: dq (which also writes delta), then
+ * dk and dv. No float atomics: the gradients are bitwise identical from run to
+ * run. CUDA tensors: enqueued on stream, returns without waiting; a call with
+ * gradients to zero but no work (seqlen_q or seqlen_k 0) is LT_ERROR_UNSUPPORTED
+ * there. CPU tensors: computed before returning, through Triton's interpreter
+ * (stream is ignored; delta is not touched). */
+LT_API lt_status lt_attn_bwd(const lt_attn_bwd_params *params, void *stream);
+
+/* Resolve the backward's two kernels for params' shape class once (as
+ * lt_attn_fwd_plan: the same shape class, alignment and indexing over all ten
+ * tensors). Plans need a GPU: CPU tensors give LT_ERROR_UNSUPPORTED. */
+LT_API lt_status lt_attn_bwd_plan(const lt_attn_bwd_params *params, lt_bwd_plan **plan);
+
+/* Check params against plan's shape class and launch both kernels on stream, in pure C. */
+LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_params *params, void *stream);
+
+/* Free a backward plan; NULL is accepted. */
+LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan);
+
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
- * seqlen_k, aligned=1, index64=0). All specs are parsed before anything is
- * compiled. *compiled and *cached (either may be NULL) count the kernels
+ * seqlen_k, aligned=1, index64=0; kernel=flash_bwd for the backward's two
+ * kernels, as lt_attn_bwd would choose them). All specs are parsed before
+ * anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */
 LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
 

@@ -8,10 +8,12 @@ CMake and run as subprocesses, each with the test's own cache dir.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import REPO, gpu
@@ -97,14 +99,16 @@ def test_build_installs_library_header_pc_and_cmake(prefix: Path) -> None:
                     if " T " in line}
         assert {name for name in exported if not name.startswith("PyInit_")} == {
             "lt_version", "lt_last_error", "lt_config_init", "lt_init", "lt_attn_fwd_params_init", "lt_tensor_init",
-            "lt_attn_fwd", "lt_attn_fwd_plan", "lt_plan_launch", "lt_plan_destroy", "lt_prewarm", "lt_cache_stats"}
+            "lt_attn_fwd", "lt_attn_fwd_plan", "lt_plan_launch", "lt_plan_destroy", "lt_prewarm", "lt_cache_stats",
+            "lt_attn_bwd_params_init", "lt_attn_bwd", "lt_attn_bwd_plan", "lt_bwd_plan_launch", "lt_bwd_plan_destroy"}
 
 
 @needs_gcc
 def test_header_is_strict_c99_and_cxx(prefix: Path, tmp_path: Path) -> None:
     source = tmp_path / "uses.c"
-    source.write_text("#include <lazytriton.h>\nint main(void) { lt_attn_fwd_params p; "
-                      "return lt_attn_fwd_params_init(&p) == LT_OK ? 0 : (int)sizeof(lt_stats); }\n")
+    source.write_text("#include <lazytriton.h>\nint main(void) { lt_attn_fwd_params p; lt_attn_bwd_params g; "
+                      "return lt_attn_fwd_params_init(&p) == LT_OK && lt_attn_bwd_params_init(&g) == LT_OK ? 0 "
+                      ": (int)sizeof(lt_stats); }\n")
     _ok(_run(["gcc", "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only",
               f"-I{prefix / 'include'}", source]))
     if shutil.which("g++"):
@@ -142,15 +146,40 @@ def test_example_fp16_top_left_gqa(example: Path) -> None:
     assert out.strip().endswith("OK")
 
 
+# The backward through the example: lt_attn_fwd, then lt_attn_bwd on its out and lse and a random dout, each
+# gradient checked against the C loop in double. GQA in every case (heads 4/2 by default); odd, unequal seqlens.
+BACKWARD_CASES = [
+    ["--dtype", "fp32"],
+    ["--dtype", "fp32", "--causal", "bottom_right", "--seqlen-q", "29", "--seqlen-k", "17"],  # rows with no key
+    ["--dtype", "fp16", "--causal", "top_left", "--heads-q", "6", "--heads-k", "3", "--head-dim", "24",
+     "--seqlen-q", "37", "--seqlen-k", "51"],
+    ["--dtype", "fp16", "--causal", "bottom_right", "--heads-q", "4", "--heads-k", "1", "--seqlen-q", "33",
+     "--seqlen-k", "47", "--head-dim", "72"],
+    ["--dtype", "bf16", "--causal", "top_left", "--seqlen-q", "45", "--seqlen-k", "19", "--batch", "1"],
+]
+
+
+@pytest.mark.parametrize("args", BACKWARD_CASES, ids=lambda args: "-".join(a.strip("-") for a in args))
+def test_example_backward_on_cpu(example: Path, args: list[str]) -> None:
+    out = _ok(_run([example, "--backward", *args]))
+    line = next(line for line in out.splitlines() if line.startswith("backward (lt_attn_bwd)"))
+    errors = [float(x) for x in re.findall(r"d[qkv] ([0-9.e+-]+),?", line)]
+    tolerance = float(re.search(r"tolerance ([0-9.e+-]+)\)", line)[1])  # type: ignore[index]
+    assert len(errors) == 3 and max(errors) <= tolerance, line
+    assert out.strip().endswith("OK")
+
+
 @needs_cmake
 def test_example_cmake_bf16_bottom_right_plan(prefix: Path, tmp_path: Path) -> None:
     build_dir = tmp_path / "build"
     _ok(_run(["cmake", "-S", EXAMPLE, "-B", build_dir, f"-DCMAKE_PREFIX_PATH={prefix}"]))
     _ok(_run(["cmake", "--build", build_dir]))
     out = _ok(_run([build_dir / "attention", "--dtype", "bf16", "--causal", "bottom_right", "--seqlen-q", "50",
-                    "--seqlen-k", "30", "--plan"]))
+                    "--seqlen-k", "30", "--plan", "--backward"]))
     assert "plans need a GPU" in out  # documented: on the CPU, lt_attn_fwd_plan says so and the example falls back
     assert ", planned" not in out and "not planned" in out  # its summary line does not claim a plan it lacked
+    assert "lt_attn_bwd_plan: plans need a GPU" in out and "call lt_attn_bwd instead" in out
+    assert "backward (lt_attn_bwd)" in out  # fell back to lt_attn_bwd, and says so
     assert out.strip().endswith("OK")
 
 
@@ -160,7 +189,11 @@ def test_example_cmake_bf16_bottom_right_plan(prefix: Path, tmp_path: Path) -> N
 
 def test_every_error_path(check_program: Path, tmp_path: Path) -> None:
     out = _ok(_run([check_program, "errors", tmp_path / "lt-cache"]))
-    assert "FAIL" not in out and out.count("\nok ") > 50
+    assert "FAIL" not in out and out.count("\nok ") > 100
+    # The backward's own: versioned struct, each tensor named, workspace, plans, no-work calls, strided dq.
+    for name in ("bwd struct size", "bwd dout shape", "bwd delta strides", "bwd delta null", "bwd launch dead plan",
+                 "bwd strided dq is bitwise the same", "bwd seqlen_q 0 zeroes dk dv", "bwd no work on gpu"):
+        assert f"\nok {name}" in out, name
 
 
 def test_python_that_cannot_start_is_a_status(check_program: Path) -> None:
@@ -176,6 +209,7 @@ def test_bad_setting_is_reported_by_init(check_program: Path) -> None:
 def test_eight_threads_at_once(check_program: Path) -> None:
     out = _ok(_run([check_program, "threads"]))
     assert out.count("own error") == 8
+    assert out.count("own backward error") == 8 and out.count("backward\n") == 8  # lt_attn_bwd from 8 threads
 
 
 def test_prewarm_and_cache_stats(check_program: Path) -> None:
@@ -237,6 +271,79 @@ def test_prewarm_refuses_bad_specs_as_invalid_arguments_before_compiling(prefix:
 
 
 # ---------------------------------------------------------------------------
+# The backward's launcher against its binding (pure: reads lt_bwd.c)
+
+BWD_SOURCE = REPO / "capi" / "lt_bwd.c"
+
+
+def _initializer(kernel: str, macro: str) -> list[str]:
+    body = re.search(rf"int64_t {kernel}_ints\[{macro} - 1 \+ LT__MAX_HIDDEN\] = \{{(.*?)\}};",
+                     BWD_SOURCE.read_text(), re.S)
+    assert body, f"the {kernel} argument initializer was not found in lt_bwd.c"
+    return [" ".join(item.split()) for item in body[1].split(",")]
+
+
+@pytest.mark.parametrize(("kernel", "macro"), [("flash_bwd_dq", "LT__BWD_DQ_PARAMS"),
+                                               ("flash_bwd_dkdv", "LT__BWD_DKDV_PARAMS")])
+def test_the_c_backward_launcher_passes_each_description_field_by_field(kernel: str, macro: str) -> None:
+    from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
+    from lazytriton.kernels.flash_bwd import binding as bwd
+
+    spec = {"flash_bwd_dq": FLASH_BWD_DQ, "flash_bwd_dkdv": FLASH_BWD_DKDV}[kernel]
+    names = embedded.int_params(kernel)
+    c_items = _initializer(kernel.removeprefix("flash_bwd_"), macro)
+    expected = [" ".join(item.split()) for item in bwd.c_initializer(kernel).split(", ")]
+    assert len(c_items) == len(names) == len(spec.params) - 1
+    for name, c_item, want in zip(names, c_items, expected, strict=True):
+        assert c_item == want, f"lt_bwd.c passes {c_item!r} as {kernel}'s {name}; the binding says {want!r}"
+    assert [name for name, kind in spec.params if kind.startswith("fp")] == ["sm_scale"]  # the one float, last
+    defined = re.search(rf"#define {macro} (\d+)", BWD_SOURCE.read_text())
+    assert defined and int(defined[1]) == len(spec.params)
+
+
+def test_the_c_backward_alignment_rule_is_the_bindings() -> None:
+    from lazytriton.kernels.flash_bwd import binding as bwd
+
+    body = re.search(r"uint64_t bits = \(uint64_t\)\((.*?)\);", BWD_SOURCE.read_text(), re.S)
+    assert body, "lt__bwd_aligned's expression was not found in lt_bwd.c"
+    c_items = [" ".join(item.split()) for item in body[1].split("|")]
+    assert c_items == [bwd.PARAM_SOURCES[name][1] for name in bwd.ALIGNED_PARAMS]
+
+
+def test_the_c_kernel_codes_are_the_planners() -> None:
+    text = (REPO / "capi" / "lazytriton.c").read_text()
+    codes = {int(n): name for name, n in re.findall(r"LT__KERNEL_(\w+) = (\d+)", text)}
+    assert {n: f"flash_{name.lower()}" for n, name in codes.items()} == embedded.KERNELS
+
+
+def test_plan_variant_is_the_bindings_choice() -> None:
+    import torch
+
+    from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_fwd import binding as fwd
+    from lazytriton.target import Target
+
+    shape = fwd.Shape(1, 1, 1, 300, 257, 72)
+    dq, dkdv = bwd.variants(Target("cuda", "90", 32), torch.bfloat16, shape, True, True, False)
+    assert embedded.plan_variant("flash_bwd_dq", 90, 2, 72, True, True, False, 300, 257) == dq
+    assert embedded.plan_variant("flash_bwd_dkdv", 90, 2, 72, True, True, False, 300, 257) == dkdv
+    assert (dq.kernel, dkdv.kernel) == ("flash_bwd_dq", "flash_bwd_dkdv")
+    assert embedded.plan_variant("flash_fwd", 90, 2, 72, True, True, False, 300, 257) == fwd.variant(
+        Target("cuda", "90", 32), torch.bfloat16, shape, True, True, False)
+
+
+@pytest.mark.parametrize("kernel", ["flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"])
+def test_check_launch_layout_per_kernel(kernel: str) -> None:
+    n = len(embedded.int_params(kernel))
+    good = SimpleNamespace(key="k", arg_types=("*fp16",) * 8 + ("i32",) * (n - 8) + ("fp32",), hidden_args=(),
+                           global_scratch_size=0, profile_scratch_size=0)
+    embedded.check_launch_layout(good, kernel)
+    for bad in (good.arg_types[:-1], good.arg_types + ("fp32",), ("fp32",) + good.arg_types[1:]):
+        with pytest.raises(embedded.CapiError, match="the C launcher takes"):
+            embedded.check_launch_layout(SimpleNamespace(**{**vars(good), "arg_types": bad}), kernel)
+
+
+# ---------------------------------------------------------------------------
 # Pure parts of the Python half
 
 
@@ -248,10 +355,29 @@ def test_parse_spec_axes_and_variant_strings() -> None:
     assert embedded.parse_spec(str(variant)) == variant
     for bad, needle in (("target=sm_90 dtype=bf16", "lack head_dim"), ("target=sm_90 dtype=bf16 head_dim=64 x=1",
                                                                         "not an axis"),
-                        ("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64", "flash_fwd only"),
+                        ("kernel=flash_xyz target=sm_90 dtype=bf16 head_dim=64", "expected flash_fwd or flash_bwd"),
+                        ("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64", "names 2 variants"),
                         ("target=sm_90 dtype=bf16 head_dim=64 causal=maybe", "causal='maybe'")):
         with pytest.raises(ValueError, match=needle):
             embedded.parse_spec(bad)
+
+
+def test_parse_specs_kernel_flash_bwd_gives_the_bindings_two_variants() -> None:
+    import torch
+
+    from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_fwd import binding as fwd
+    from lazytriton.target import Target
+
+    got = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp16 head_dim=72 causal=1 seqlen_q=300 "
+                               "seqlen_k=257 aligned=0")
+    want = bwd.variants(Target.parse("sm_90"), torch.float16, fwd.Shape(1, 1, 1, 300, 257, 72), True, False, False)
+    assert got == want and [v.kernel for v in got] == ["flash_bwd_dq", "flash_bwd_dkdv"]
+    assert embedded.parse_specs(str(got[1])) == (got[1],)  # a backward variant string, as the miss log prints it
+    assert embedded.parse_specs("target=sm_90 dtype=fp16 head_dim=72") == (
+        embedded.parse_spec("kernel=flash_fwd target=sm_90 dtype=fp16 head_dim=72"),)
+    with pytest.raises(ValueError, match="dtype='fp64': expected one of fp16, bf16, fp32"):
+        embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp64 head_dim=72")
 
 
 @pytest.mark.parametrize(("spec", "needle"), BAD_PREWARM_SPECS)
@@ -288,6 +414,18 @@ def test_example_on_gpu_with_and_without_plan(example: Path) -> None:
     for extra in ([], ["--plan"], ["--dtype", "bf16", "--causal", "bottom_right", "--plan"]):
         out = _ok(_run([example, "--gpu", "--seqlen-q", "300", "--seqlen-k", "257", "--head-dim", "128", *extra]))
         assert "cuda:0" in out and out.strip().endswith("OK")
+
+
+@gpu
+@pytest.mark.gpu
+def test_example_backward_on_gpu_with_and_without_plan(example: Path) -> None:
+    for extra in ([], ["--plan"], ["--dtype", "bf16", "--causal", "bottom_right", "--plan"],
+                  ["--dtype", "fp32", "--causal", "top_left", "--heads-q", "8", "--heads-k", "2"]):
+        out = _ok(_run([example, "--gpu", "--backward", "--seqlen-q", "300", "--seqlen-k", "257", "--head-dim", "128",
+                        *extra]))
+        assert "cuda:0" in out and "backward (lt_" in out and out.strip().endswith("OK")
+        if "--plan" in extra:
+            assert "backward (lt_bwd_plan_launch)" in out
 
 
 @gpu

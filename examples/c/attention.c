@@ -1,8 +1,8 @@
 /*
- * attention.c: lazytriton's C API on one attention call, checked against a
- * naive C loop.
+ * attention.c: lazytriton's C API on one attention call (and, with
+ * --backward, its gradients), checked against a naive C loop.
  *
- *   attention [--gpu] [--plan] [--dtype fp32|fp16|bf16] [--causal none|top_left|bottom_right]
+ *   attention [--gpu] [--plan] [--backward] [--dtype fp32|fp16|bf16] [--causal none|top_left|bottom_right]
  *             [--batch B] [--heads-q H] [--heads-k H] [--seqlen-q S] [--seqlen-k S] [--head-dim D]
  *
  * Host memory by default (lazytriton runs the kernel through Triton's
@@ -11,6 +11,9 @@
  * so this builds without CUDA headers). --plan resolves the kernel once with
  * lt_attn_fwd_plan and launches it with lt_plan_launch (GPU only: on the CPU
  * the plan is refused, which the example shows, then it calls lt_attn_fwd).
+ * --backward then computes dq, dk and dv with lt_attn_bwd (--plan: through
+ * lt_attn_bwd_plan and lt_bwd_plan_launch) from the forward's out and lse and
+ * a random dout, and checks them against the gradients computed in double.
  *
  * Exit status: 0 when the result matches the reference, 1 when it does not,
  * 2 on an error (with lazytriton's message).
@@ -25,7 +28,7 @@
 #include <lazytriton.h>
 
 typedef struct {
-    int gpu, plan;
+    int gpu, plan, backward;
     lt_dtype dtype;
     lt_causal causal;
     int64_t batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim;
@@ -122,6 +125,45 @@ static void reference(const options *o, const float *q, const float *k, const fl
     free(p);
 }
 
+/* The gradients of sum(out * dout) in double: with P = exp(scale q k^T - lse) (masked),
+ * dv = P^T dout, ds = P * (dout v^T - rowsum(dout * out)), dq = scale ds k, dk = scale ds^T q;
+ * GQA: dk and dv summed over each group of query heads. dq, dk, dv start zeroed. */
+static void reference_bwd(const options *o, const float *q, const float *k, const float *v, const float *dout,
+                          const double *out, const double *lse, double *dq, double *dk, double *dv) {
+    double scale = 1.0 / sqrt((double)o->head_dim);
+    int64_t group = o->heads_q / o->heads_k, d = o->head_dim, sq = o->seqlen_q, sk = o->seqlen_k;
+    for (int64_t b = 0; b < o->batch; b++)
+        for (int64_t h = 0; h < o->heads_q; h++)
+            for (int64_t i = 0; i < sq; i++) {
+                int64_t row = ((b * o->heads_q + h) * sq + i) * d, kv = (b * o->heads_k + h / group) * sk * d;
+                int64_t last = o->causal == LT_CAUSAL_NONE ? sk - 1
+                             : o->causal == LT_CAUSAL_TOP_LEFT ? i : i + sk - sq;
+                if (last > sk - 1) last = sk - 1;
+                double delta = 0.0, l = lse[(b * o->heads_q + h) * sq + i];
+                for (int64_t c = 0; c < d; c++) delta += (double)dout[row + c] * out[row + c];
+                for (int64_t j = 0; j <= last; j++) { /* a query that sees no key: no gradient */
+                    const float *kj = k + kv + j * d, *vj = v + kv + j * d;
+                    double s = 0.0, dp = 0.0;
+                    for (int64_t c = 0; c < d; c++)
+                        s += (double)q[row + c] * kj[c], dp += (double)dout[row + c] * vj[c];
+                    double p = exp(s * scale - l), ds = p * (dp - delta);
+                    for (int64_t c = 0; c < d; c++) {
+                        dq[row + c] += scale * ds * kj[c];
+                        dk[kv + j * d + c] += scale * ds * q[row + c];
+                        dv[kv + j * d + c] += p * dout[row + c];
+                    }
+                }
+            }
+}
+
+/* max |got - want| / max |want| (max |want| floored at 1e-6, so zero gradients compare absolutely). */
+static double relative_error(const void *got, const double *want, int64_t n, lt_dtype dtype) {
+    double err = 0.0, size = 1e-6;
+    for (int64_t i = 0; i < n; i++)
+        err = fmax(err, fabs(load(got, i, dtype) - want[i])), size = fmax(size, fabs(want[i]));
+    return err / size;
+}
+
 /* ---- device memory through the CUDA driver API (dlopen'd) -------------- */
 
 static struct {
@@ -191,7 +233,7 @@ static int fail(const char *what, lt_status status) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){0, 0, LT_DTYPE_FP32, LT_CAUSAL_NONE, 2, 4, 2, 40, 56, 40};
+    *o = (options){0, 0, 0, LT_DTYPE_FP32, LT_CAUSAL_NONE, 2, 4, 2, 40, 56, 40};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : "";
         int64_t *number = !strcmp(a, "--batch") ? &o->batch : !strcmp(a, "--heads-q") ? &o->heads_q
@@ -199,6 +241,7 @@ static int parse(int argc, char **argv, options *o) {
                         : !strcmp(a, "--seqlen-k") ? &o->seqlen_k : !strcmp(a, "--head-dim") ? &o->head_dim : NULL;
         if (!strcmp(a, "--gpu")) o->gpu = 1;
         else if (!strcmp(a, "--plan")) o->plan = 1;
+        else if (!strcmp(a, "--backward")) o->backward = 1;
         else if (number != NULL) *number = atoll(value), i++;
         else if (!strcmp(a, "--dtype") && (!strcmp(value, "fp32") || !strcmp(value, "fp16") || !strcmp(value, "bf16")))
             o->dtype = !strcmp(value, "fp32") ? LT_DTYPE_FP32 : !strcmp(value, "fp16") ? LT_DTYPE_FP16 : LT_DTYPE_BF16, i++;
@@ -206,7 +249,7 @@ static int parse(int argc, char **argv, options *o) {
             o->causal = !strcmp(value, "none") ? LT_CAUSAL_NONE : !strcmp(value, "top_left") ? LT_CAUSAL_TOP_LEFT
                       : LT_CAUSAL_BOTTOM_RIGHT, i++;
         else {
-            fprintf(stderr, "usage: %s [--gpu] [--plan] [--dtype fp32|fp16|bf16] [--causal none|top_left|"
+            fprintf(stderr, "usage: %s [--gpu] [--plan] [--backward] [--dtype fp32|fp16|bf16] [--causal none|top_left|"
                     "bottom_right] [--batch B] [--heads-q H] [--heads-k H] [--seqlen-q S] [--seqlen-k S] "
                     "[--head-dim D]\n", argv[0]);
             return -1;
@@ -233,6 +276,78 @@ static lt_status run(const options *o, lt_attn_fwd_params *params, const char **
         status = lt_plan_launch(plan, params, NULL);
     lt_plan_destroy(plan);
     return status;
+}
+
+/* The backward's run, through a plan if asked and possible (as run() for the forward). */
+static lt_status run_bwd(const options *o, lt_attn_bwd_params *params, const char **used) {
+    *used = "lt_attn_bwd";
+    if (!o->plan)
+        return lt_attn_bwd(params, NULL);
+    lt_bwd_plan *plan = NULL;
+    lt_status status = lt_attn_bwd_plan(params, &plan);
+    if (status == LT_ERROR_UNSUPPORTED) { /* host memory: plans need a GPU */
+        printf("lt_attn_bwd_plan: %s\n", lt_last_error());
+        return lt_attn_bwd(params, NULL);
+    }
+    *used = status == LT_OK ? "lt_bwd_plan_launch" : "lt_attn_bwd_plan";
+    if (status != LT_OK)
+        return status;
+    for (int i = 0; i < 3 && status == LT_OK; i++) /* each launch writes the whole of dq, dk, dv */
+        status = lt_bwd_plan_launch(plan, params, NULL);
+    lt_bwd_plan_destroy(plan);
+    return status;
+}
+
+/* The gradients of sum(out * dout) for a random dout, from the forward's out and lse (fwd's tensors, where the
+ * forward left them), checked against reference_bwd. Returns 1 when they match, 0 when not, 2 on an error. */
+static int backward(const options *o, const lt_attn_fwd_params *fwd, const float *qf, const float *kf,
+                    const float *vf, const double *out_ref, const double *lse_ref) {
+    int64_t qn = o->batch * o->heads_q * o->seqlen_q * o->head_dim;
+    int64_t kn = o->batch * o->heads_k * o->seqlen_k * o->head_dim, ln = o->batch * o->heads_q * o->seqlen_q;
+    size_t item = item_size(o->dtype);
+    void *dout = malloc((size_t)qn * item), *dq = malloc((size_t)qn * item);
+    void *dk = malloc((size_t)kn * item), *dv = malloc((size_t)kn * item);
+    float *doutf = malloc(sizeof(float) * (size_t)qn), *delta = malloc(sizeof(float) * (size_t)ln);
+    double *ref = calloc((size_t)(qn + 2 * kn), sizeof(double)); /* dq, dk, dv */
+    uint32_t seed = 777;
+    for (int64_t i = 0; i < qn; i++)
+        doutf[i] = store(dout, i, ((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f * 2.0f - 1.0f,
+                         o->dtype);
+    lt_device_type device = o->gpu ? LT_DEVICE_CUDA : LT_DEVICE_CPU;
+    int64_t qs[4] = {o->batch, o->heads_q, o->seqlen_q, o->head_dim};
+    int64_t ks[4] = {o->batch, o->heads_k, o->seqlen_k, o->head_dim};
+    void *at[5] = {place(o, dout, (size_t)qn * item), place(o, dq, (size_t)qn * item), place(o, dk, (size_t)kn * item),
+                   place(o, dv, (size_t)kn * item), place(o, delta, sizeof(float) * (size_t)ln)};
+    lt_attn_bwd_params params;
+    lt_attn_bwd_params_init(&params);
+    params.q = fwd->q, params.k = fwd->k, params.v = fwd->v, params.out = fwd->out, params.lse = fwd->lse;
+    lt_tensor_init(&params.dout, at[0], o->dtype, 4, qs, device, 0);
+    lt_tensor_init(&params.dq, at[1], o->dtype, 4, qs, device, 0);
+    lt_tensor_init(&params.dk, at[2], o->dtype, 4, ks, device, 0);
+    lt_tensor_init(&params.dv, at[3], o->dtype, 4, ks, device, 0);
+    lt_tensor_init(&params.delta, at[4], LT_DTYPE_FP32, 3, qs, device, 0); /* (B, Hq, Sq) workspace */
+    params.causal = fwd->causal, params.sm_scale = fwd->sm_scale;
+    const char *used;
+    lt_status status = run_bwd(o, &params, &used);
+    int result = 2;
+    if (status != LT_OK) {
+        fail(used, status);
+    } else {
+        fetch(o, dq, at[1], (size_t)qn * item);
+        fetch(o, dk, at[2], (size_t)kn * item);
+        fetch(o, dv, at[3], (size_t)kn * item);
+        reference_bwd(o, qf, kf, vf, doutf, out_ref, lse_ref, ref, ref + qn, ref + qn + kn);
+        double eq = relative_error(dq, ref, qn, o->dtype), ek = relative_error(dk, ref + qn, kn, o->dtype);
+        double ev = relative_error(dv, ref + qn + kn, kn, o->dtype);
+        double tol = o->dtype == LT_DTYPE_FP32 ? 1e-3 : o->dtype == LT_DTYPE_FP16 ? 1e-2 : 5e-2;
+        printf("backward (%s): max |grad - reference| / max |reference|: dq %.3g, dk %.3g, dv %.3g (tolerance "
+               "%.0e)\n", used, eq, ek, ev, tol);
+        result = eq <= tol && ek <= tol && ev <= tol;
+    }
+    if (o->gpu)
+        for (int i = 0; i < 5; i++) cu.mem_free((uint64_t)(uintptr_t)at[i]);
+    free(dout), free(dq), free(dk), free(dv), free(doutf), free(delta), free(ref);
+    return result;
 }
 
 int main(int argc, char **argv) {
@@ -306,6 +421,12 @@ int main(int argc, char **argv) {
            (unsigned long long)stats.local_entries, (unsigned long long)stats.process_compiles,
            (unsigned long long)stats.plans);
     int ok = out_err <= tol && lse_err <= tol;
+    if (o.backward) {
+        int grads_ok = backward(&o, &params, qf, kf, vf, out_ref, lse_ref);
+        if (grads_ok == 2)
+            return 2;
+        ok = ok && grads_ok;
+    }
     printf("%s\n", ok ? "OK" : "MISMATCH");
     if (o.gpu) {
         void *placed[] = {q_at, k_at, v_at, out_at, lse_at};

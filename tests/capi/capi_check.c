@@ -1,12 +1,12 @@
 /*
  * capi_check.c: what tests/test_capi.py runs against liblazytriton.so.
  *
- *   capi_check errors CACHE_DIR      every error path: status and message
+ *   capi_check errors CACHE_DIR      every error path: status and message (lt_attn_fwd and lt_attn_bwd)
  *   capi_check nopython              the embedded Python cannot start (PYTHONHOME broken): statuses, no exit
  *   capi_check badenv                a bad LAZYTRITON_* variable: lt_init reports it
  *   capi_check threads               8 threads calling lt_attn_fwd at once, each checked
  *   capi_check prewarm VARIANT       lt_prewarm (axes and a variant string), lt_cache_stats, JIT off
- *   capi_check gpu                   device memory: lt_attn_fwd, plans, plan mismatches (needs a GPU)
+ *   capi_check gpu                   device memory: lt_attn_fwd, lt_attn_bwd, plans, plan mismatches (needs a GPU)
  *
  * Each check prints "ok NAME" or "FAIL NAME: ..."; the exit status is the
  * number of failures.
@@ -178,6 +178,158 @@ static void check_params_errors(const problem *p) {
     }
 }
 
+/* ---- the backward's errors ----------------------------------------------- */
+
+typedef struct {
+    float *dout, *dq, *dk, *dv, *delta, *strided; /* strided: dq with row stride d + 4 */
+} grads;
+
+static void grads_make(const problem *p, grads *g) {
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    g->dout = malloc(4 * qn), g->dq = malloc(4 * qn), g->dk = malloc(4 * kn), g->dv = malloc(4 * kn);
+    g->delta = malloc(4 * (size_t)(p->b * p->hq * p->sq));
+    g->strided = calloc((size_t)(p->b * p->hq * p->sq * (p->d + 4)), 4);
+    uint32_t seed = 99;
+    for (size_t i = 0; i < qn; i++)
+        g->dout[i] = ((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+
+static void grads_free(grads *g) {
+    free(g->dout), free(g->dq), free(g->dk), free(g->dv), free(g->delta), free(g->strided);
+}
+
+static void bwd_params(const problem *p, const grads *g, lt_attn_bwd_params *params) {
+    lt_attn_fwd_params f;
+    problem_params(p, &f, p->q, p->k, p->v, p->out, p->lse, LT_DEVICE_CPU);
+    lt_attn_bwd_params_init(params);
+    params->q = f.q, params->k = f.k, params->v = f.v, params->out = f.out, params->lse = f.lse;
+    params->causal = f.causal;
+    lt_tensor_init(&params->dout, g->dout, LT_DTYPE_FP32, 4, f.q.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->dq, g->dq, LT_DTYPE_FP32, 4, f.q.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->dk, g->dk, LT_DTYPE_FP32, 4, f.k.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->dv, g->dv, LT_DTYPE_FP32, 4, f.k.sizes, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&params->delta, g->delta, LT_DTYPE_FP32, 3, f.q.sizes, LT_DEVICE_CPU, 0);
+}
+
+static int all_zero(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != 0.0f) return 0;
+    return 1;
+}
+
+/* A valid backward, then the same with dq strided: bitwise the same dq (deterministic, strides honoured). */
+static void check_bwd_valid(const problem *p, const grads *g, const lt_attn_bwd_params *good) {
+    lt_attn_bwd_params strided = *good;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    expect("bwd valid", lt_attn_bwd(good, NULL), LT_OK, NULL);
+    check("bwd writes gradients", !all_zero(g->dq, qn) && !all_zero(g->dk, kn) && !all_zero(g->dv, kn),
+          "a gradient is all zero");
+    strided.dq.data = g->strided + 1; /* and 4 bytes off 16-byte alignment */
+    strided.dq.strides[2] = p->d + 4, strided.dq.strides[1] = p->sq * (p->d + 4);
+    strided.dq.strides[0] = p->hq * p->sq * (p->d + 4);
+    expect("bwd strided dq", lt_attn_bwd(&strided, NULL), LT_OK, NULL);
+    int same = 1;
+    for (int64_t r = 0; r < p->b * p->hq * p->sq; r++)
+        same = same && !memcmp(g->strided + 1 + r * (p->d + 4), g->dq + r * p->d, 4 * (size_t)p->d);
+    check("bwd strided dq is bitwise the same", same, "dq through strides differs");
+}
+
+/* No work: seqlen_q 0 zeroes dk and dv, seqlen_k 0 zeroes dq; on a GPU it is refused before the driver. */
+static void check_bwd_no_work(const problem *p, const grads *g, const lt_attn_bwd_params *good) {
+    lt_attn_bwd_params bad = *good;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    memset(g->dk, 0x7f, 4 * kn), memset(g->dv, 0x7f, 4 * kn), memset(g->dq, 0x7f, 4 * qn);
+    bad.q.sizes[2] = bad.out.sizes[2] = bad.dout.sizes[2] = bad.dq.sizes[2] = bad.lse.sizes[2] = 0;
+    bad.delta.sizes[2] = 0;
+    expect("bwd seqlen_q 0", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    check("bwd seqlen_q 0 zeroes dk dv", all_zero(g->dk, kn) && all_zero(g->dv, kn), "dk or dv not zeroed");
+    bad = *good;
+    bad.k.sizes[2] = bad.v.sizes[2] = bad.dk.sizes[2] = bad.dv.sizes[2] = 0;
+    expect("bwd seqlen_k 0", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    check("bwd seqlen_k 0 zeroes dq", all_zero(g->dq, qn), "dq not zeroed");
+    bad.q.sizes[0] = bad.k.sizes[0] = bad.v.sizes[0] = bad.out.sizes[0] = bad.lse.sizes[0] = 0;
+    bad.dout.sizes[0] = bad.dq.sizes[0] = bad.dk.sizes[0] = bad.dv.sizes[0] = bad.delta.sizes[0] = 0;
+    bad.q.data = bad.dq.data = bad.dk.data = bad.dv.data = NULL;
+    expect("bwd batch 0", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    bad = *good;
+    bad.q.sizes[2] = bad.out.sizes[2] = bad.dout.sizes[2] = bad.dq.sizes[2] = bad.lse.sizes[2] = 0;
+    bad.delta.sizes[2] = 0;
+    lt_tensor *all[10] = {&bad.q, &bad.k, &bad.v, &bad.out, &bad.lse, &bad.dout, &bad.dq, &bad.dk, &bad.dv,
+                          &bad.delta};
+    for (int i = 0; i < 10; i++)
+        all[i]->device_type = LT_DEVICE_CUDA;
+    expect("bwd no work on gpu", lt_attn_bwd(&bad, NULL), LT_ERROR_UNSUPPORTED, "gradients to zero");
+}
+
+static void check_bwd_errors(const problem *p) {
+    grads g;
+    grads_make(p, &g);
+    lt_attn_bwd_params good, bad;
+    bwd_params(p, &g, &good);
+    expect("bwd init null", lt_attn_bwd_params_init(NULL), LT_ERROR_NULL_POINTER, "params is NULL");
+    expect("bwd null params", lt_attn_bwd(NULL, NULL), LT_ERROR_NULL_POINTER, "params is NULL");
+#define CASE(name, change, status, needle) do { bad = good; change; expect(name, lt_attn_bwd(&bad, NULL), status, needle); } while (0)
+    CASE("bwd struct size", bad.struct_size = sizeof(lt_attn_fwd_params), LT_ERROR_VERSION,
+         "lt_attn_bwd_params_init()");
+    CASE("bwd struct version", bad.version = 2, LT_ERROR_VERSION, "lt_attn_bwd_params version 1");
+    CASE("bwd q dtype unknown", bad.q.dtype = 7, LT_ERROR_DTYPE, "q.dtype is 7");
+    CASE("bwd lse shape", bad.lse.sizes[2] = 5, LT_ERROR_SHAPE, "lse has shape");
+    CASE("bwd out shape", bad.out.sizes[1] = 1, LT_ERROR_SHAPE, "out has shape");
+    CASE("bwd causal mode", bad.causal = 3, LT_ERROR_INVALID_ARGUMENT, "causal is 3");
+    CASE("bwd sm_scale inf", bad.sm_scale = -INFINITY, LT_ERROR_INVALID_ARGUMENT, "sm_scale is -inf");
+    CASE("bwd flags", bad.flags = 4, LT_ERROR_INVALID_ARGUMENT, "flags is 0x4");
+    CASE("bwd dout dtype unknown", bad.dout.dtype = 9, LT_ERROR_DTYPE, "dout.dtype is 9");
+    CASE("bwd dout dtype differs", bad.dout.dtype = LT_DTYPE_FP16, LT_ERROR_DTYPE,
+         "dout.dtype is fp16 but out.dtype is fp32");
+    CASE("bwd dout shape", bad.dout.sizes[2] = 3, LT_ERROR_SHAPE, "dout has shape (1, 2, 3, 16); expected out's shape");
+    CASE("bwd dout ndim", bad.dout.ndim = 3, LT_ERROR_SHAPE, "dout.ndim is 3");
+    CASE("bwd dout device", bad.dout.device_type = LT_DEVICE_CUDA, LT_ERROR_INVALID_ARGUMENT,
+         "dout is on cuda:0 but q is on cpu:0");
+    CASE("bwd dq shape", bad.dq.sizes[3] = 8, LT_ERROR_SHAPE, "dq has shape (1, 2, 8, 8); expected q's shape");
+    CASE("bwd dq last stride", bad.dq.strides[3] = 2, LT_ERROR_SHAPE, "dq.strides[3] is 2");
+    CASE("bwd dq negative stride", bad.dq.strides[0] = -1, LT_ERROR_SHAPE, "dq.strides[0] is -1");
+    CASE("bwd dk shape", bad.dk.sizes[1] = 2, LT_ERROR_SHAPE, "dk has shape (1, 2, 8, 16); expected k's shape");
+    CASE("bwd dv dtype", bad.dv.dtype = LT_DTYPE_BF16, LT_ERROR_DTYPE, "dv.dtype is bf16 but v.dtype is fp32");
+    CASE("bwd dv device index", bad.dv.device_index = 1, LT_ERROR_INVALID_ARGUMENT, "dv.device_index is 1");
+    CASE("bwd delta dtype", bad.delta.dtype = LT_DTYPE_FP16, LT_ERROR_DTYPE, "delta.dtype is fp16");
+    CASE("bwd delta ndim", bad.delta.ndim = 4, LT_ERROR_SHAPE, "delta.ndim is 4");
+    CASE("bwd delta shape", bad.delta.sizes[1] = 1, LT_ERROR_SHAPE, "delta has shape (1, 1, 8)");
+    CASE("bwd delta strides", bad.delta.strides[1] = 16, LT_ERROR_SHAPE, "delta must be contiguous");
+    CASE("bwd delta device", bad.delta.device_type = LT_DEVICE_CUDA, LT_ERROR_INVALID_ARGUMENT,
+         "delta is on cuda:0 but q is on cpu:0");
+    CASE("bwd dout null", bad.dout.data = NULL, LT_ERROR_NULL_POINTER, "dout.data is NULL");
+    CASE("bwd dq null", bad.dq.data = NULL, LT_ERROR_NULL_POINTER, "dq.data is NULL");
+    CASE("bwd dv null", bad.dv.data = NULL, LT_ERROR_NULL_POINTER, "dv.data is NULL");
+    CASE("bwd delta null", bad.delta.data = NULL, LT_ERROR_NULL_POINTER, "delta.data is NULL");
+    CASE("bwd k null", bad.k.data = NULL, LT_ERROR_NULL_POINTER, "k.data is NULL");
+#undef CASE
+    lt_bwd_plan *plan = (lt_bwd_plan *)&good;
+    expect("bwd plan on cpu", lt_attn_bwd_plan(&good, &plan), LT_ERROR_UNSUPPORTED, "call lt_attn_bwd instead");
+    check("bwd plan on cpu leaves NULL", plan == NULL, "*plan was not set to NULL");
+    expect("bwd plan out null", lt_attn_bwd_plan(&good, NULL), LT_ERROR_NULL_POINTER, "plan (the out pointer)");
+    expect("bwd plan bad params", lt_attn_bwd_plan(NULL, &plan), LT_ERROR_NULL_POINTER, "params is NULL");
+    expect("bwd launch null plan", lt_bwd_plan_launch(NULL, &good, NULL), LT_ERROR_NULL_POINTER, "plan is NULL");
+    uint64_t not_a_plan[256] = {0};
+    expect("bwd launch dead plan", lt_bwd_plan_launch((const lt_bwd_plan *)not_a_plan, &good, NULL),
+           LT_ERROR_INVALID_ARGUMENT, "not a live backward plan");
+    expect("bwd destroy null", lt_bwd_plan_destroy(NULL), LT_OK, NULL);
+    expect("bwd destroy dead plan", lt_bwd_plan_destroy((lt_bwd_plan *)not_a_plan), LT_ERROR_INVALID_ARGUMENT,
+           "not a live backward plan");
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) ? (void *)1 : dlopen("libcuda.so.1", RTLD_NOW);
+    if (cuda == NULL) { /* no GPU here: device pointers are refused with a status */
+        bad = good;
+        lt_tensor *all[10] = {&bad.q, &bad.k, &bad.v, &bad.out, &bad.lse, &bad.dout, &bad.dq, &bad.dk, &bad.dv,
+                              &bad.delta};
+        for (int i = 0; i < 10; i++)
+            all[i]->device_type = LT_DEVICE_CUDA;
+        expect("bwd no gpu", lt_attn_bwd(&bad, NULL), LT_ERROR_NO_GPU, "libcuda.so.1");
+        expect("bwd no gpu plan", lt_attn_bwd_plan(&bad, &plan), LT_ERROR_NO_GPU, "libcuda.so.1");
+    }
+    check_bwd_valid(p, &g, &good);
+    check_bwd_no_work(p, &g, &good);
+    grads_free(&g);
+}
+
 static int run_errors(const char *cache_dir) {
     problem p;
     problem_make(&p, 1, 2, 1, 8, 8, 16, LT_CAUSAL_NONE, 7);
@@ -189,6 +341,11 @@ static int run_errors(const char *cache_dir) {
     stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
     lt_plan *plan = NULL;
     expect("attn before init", lt_attn_fwd(&params, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    lt_attn_bwd_params bwd;
+    lt_bwd_plan *bwd_plan = NULL;
+    lt_attn_bwd_params_init(&bwd);
+    expect("bwd before init", lt_attn_bwd(&bwd, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
+    expect("bwd plan before init", lt_attn_bwd_plan(&bwd, &bwd_plan), LT_ERROR_NOT_INITIALIZED, "lt_init");
     expect("plan before init", lt_attn_fwd_plan(&params, &plan), LT_ERROR_NOT_INITIALIZED, "lt_init");
     expect("prewarm before init", lt_prewarm(spec, 1, NULL, NULL), LT_ERROR_NOT_INITIALIZED, "lt_init");
     expect("stats before init", lt_cache_stats(&stats), LT_ERROR_NOT_INITIALIZED, "lt_init");
@@ -229,6 +386,8 @@ static int run_errors(const char *cache_dir) {
     config.log_level = LT_LOG_WARNING;
     expect("init", lt_init(&config), LT_OK, NULL);
     check_params_errors(&p);
+    expect("forward for the backward", lt_attn_fwd(&params, NULL), LT_OK, NULL);
+    check_bwd_errors(&p);
     const char *bad_specs[2] = {"target=sm_90 dtype=fp64 head_dim=16", "color=red"};
     expect("prewarm null specs", lt_prewarm(NULL, 1, NULL, NULL), LT_ERROR_NULL_POINTER, "specs is NULL");
     expect("prewarm bad dtype", lt_prewarm(bad_specs, 1, NULL, NULL), LT_ERROR_INVALID_ARGUMENT, "specs[0]");
@@ -239,6 +398,12 @@ static int run_errors(const char *cache_dir) {
     expect("stats version", lt_cache_stats(&stats), LT_ERROR_VERSION, "version 9");
     stats.version = LT_STATS_VERSION;
     expect("stats", lt_cache_stats(&stats), LT_OK, NULL);
+    lt_attn_fwd_params no_rows = params;
+    int64_t q0[4] = {p.b, p.hq, 0, p.d};
+    lt_tensor_init(&no_rows.q, p.q, LT_DTYPE_FP32, 4, q0, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&no_rows.out, p.out, LT_DTYPE_FP32, 4, q0, LT_DEVICE_CPU, 0);
+    lt_tensor_init(&no_rows.lse, p.lse, LT_DTYPE_FP32, 3, q0, LT_DEVICE_CPU, 0);
+    expect("seqlen_q 0 from lt_tensor_init", lt_attn_fwd(&no_rows, NULL), LT_OK, NULL);
     expect("valid call after errors", lt_attn_fwd(&params, NULL), LT_OK, NULL);
     double error = problem_error(&p, p.out, p.lse);
     check("valid call is right", error < 2e-3, "result differs from the reference");
@@ -270,8 +435,8 @@ static int run_badenv(void) {
 typedef struct {
     int index;
     double error;
-    lt_status status, bad_status;
-    char message[256], bad_message[256];
+    lt_status status, bad_status, bwd_status, bwd_bad_status;
+    char message[256], bad_message[256], bwd_message[256], bwd_bad_message[256];
 } job;
 
 static void *thread_main(void *arg) {
@@ -294,6 +459,16 @@ static void *thread_main(void *arg) {
     params.q.sizes[3] = params.out.sizes[3] = params.k.sizes[3] = params.v.sizes[3] = 300 + i;
     j->bad_status = lt_attn_fwd(&params, NULL);
     snprintf(j->bad_message, sizeof j->bad_message, "%s", lt_last_error());
+    grads g; /* the backward of the same call, and a bad one with this thread's own message */
+    lt_attn_bwd_params bwd;
+    grads_make(&p, &g);
+    bwd_params(&p, &g, &bwd);
+    j->bwd_status = lt_attn_bwd(&bwd, NULL);
+    snprintf(j->bwd_message, sizeof j->bwd_message, "%s", lt_last_error());
+    bwd.delta.sizes[2] = 1000 + i;
+    j->bwd_bad_status = lt_attn_bwd(&bwd, NULL);
+    snprintf(j->bwd_bad_message, sizeof j->bwd_bad_message, "%s", lt_last_error());
+    grads_free(&g);
     problem_free(&p);
     return NULL;
 }
@@ -320,6 +495,12 @@ static int run_threads(void) {
         snprintf(want, sizeof want, "got %d", 300 + i);
         check(name, jobs[i].bad_status == LT_ERROR_HEAD_DIM && strstr(jobs[i].bad_message, want) != NULL,
               jobs[i].bad_message);
+        snprintf(name, sizeof name, "thread %d backward", i);
+        check(name, jobs[i].bwd_status == LT_OK, jobs[i].bwd_message);
+        snprintf(name, sizeof name, "thread %d own backward error", i);
+        snprintf(want, sizeof want, ", %d); expected", 1000 + i);
+        check(name, jobs[i].bwd_bad_status == LT_ERROR_SHAPE && strstr(jobs[i].bwd_bad_message, want) != NULL,
+              jobs[i].bwd_bad_message);
     }
     return failures;
 }
@@ -350,6 +531,10 @@ static int run_prewarm(const char *variant) {
     check("stats count it", s.local_entries == 1 && s.compiles == 1 && s.process_compiles == 1, detail);
     expect("prewarm again", lt_prewarm(axes, 1, &compiled, &cached), LT_OK, NULL);
     check("second prewarm is cached", compiled == 0 && cached == 1, "it compiled again");
+    const char *backward[1] = {"kernel=flash_bwd target=sm_90 dtype=fp16 head_dim=16 seqlen_q=16"};
+    expect("prewarm backward axes", lt_prewarm(backward, 1, &compiled, &cached), LT_OK, NULL);
+    snprintf(detail, sizeof detail, "compiled %zu, cached %zu", compiled, cached);
+    check("prewarm backward compiled its two kernels", compiled == 2 && cached == 0, detail);
     lt_config config;
     lt_config_init(&config);
     config.jit = LT_JIT_OFF;
@@ -398,6 +583,133 @@ static void device_params(problem *p, lt_attn_fwd_params *params) {
     problem_params(p, params, to_device(p->q, 4 * qn), to_device(p->k, 4 * kn), to_device(p->v, 4 * kn),
                    to_device(p->out, 4 * qn), to_device(p->lse, 4 * (size_t)(p->b * p->hq * p->sq)),
                    LT_DEVICE_CUDA);
+}
+
+/* The backward on device memory, against the same call on host memory (the interpreter; the example checks
+ * that one against a C loop in double): lt_attn_bwd, a plan, its launch for another shape, mismatches. */
+
+typedef struct {
+    problem *p;
+    grads host;                    /* the host backward's gradients */
+    lt_attn_bwd_params device;     /* the device call (q, k, v, out, lse: the device forward's) */
+} bwd_case;
+
+/* Overwrite the device's dq, dk and dv with 0x7f bytes (3.4e38), so that a launch that writes nothing fails. */
+static void bwd_case_spoil(const bwd_case *t) {
+    const problem *p = t->p;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    size_t n[3] = {qn, kn, kn};
+    void *at[3] = {t->device.dq.data, t->device.dk.data, t->device.dv.data};
+    for (int i = 0; i < 3; i++) {
+        void *junk = malloc(4 * n[i]);
+        memset(junk, 0x7f, 4 * n[i]);
+        if (cu.htod((uint64_t)(uintptr_t)at[i], junk, 4 * n[i])) {
+            printf("FAIL cuMemcpyHtoD\n");
+            exit(100);
+        }
+        free(junk);
+    }
+}
+
+static void bwd_case_make(bwd_case *t, problem *p, const lt_attn_fwd_params *device_fwd) {
+    lt_attn_fwd_params host_fwd;
+    lt_attn_bwd_params host;
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), kn = (size_t)(p->b * p->hk * p->sk * p->d);
+    t->p = p;
+    grads_make(p, &t->host);
+    problem_params(p, &host_fwd, p->q, p->k, p->v, p->out, p->lse, LT_DEVICE_CPU);
+    expect("host forward", lt_attn_fwd(&host_fwd, NULL), LT_OK, NULL);
+    bwd_params(p, &t->host, &host);
+    expect("host backward", lt_attn_bwd(&host, NULL), LT_OK, NULL);
+    t->device = host;
+    t->device.q = device_fwd->q, t->device.k = device_fwd->k, t->device.v = device_fwd->v;
+    t->device.out = device_fwd->out, t->device.lse = device_fwd->lse;
+    t->device.dout.data = to_device(t->host.dout, 4 * qn), t->device.dq.data = to_device(t->host.dq, 4 * qn);
+    t->device.dk.data = to_device(t->host.dk, 4 * kn), t->device.dv.data = to_device(t->host.dv, 4 * kn);
+    t->device.delta.data = to_device(t->host.delta, 4 * (size_t)(p->b * p->hq * p->sq));
+    lt_tensor *all[5] = {&t->device.dout, &t->device.dq, &t->device.dk, &t->device.dv, &t->device.delta};
+    for (int i = 0; i < 5; i++)
+        all[i]->device_type = LT_DEVICE_CUDA;
+    bwd_case_spoil(t);
+}
+
+/* max |device - host| / max |host| over dq, dk, dv; *bits gets a copy of the device's dq for bitwise checks. */
+static double bwd_case_error(const bwd_case *t, float *bits) {
+    const problem *p = t->p;
+    size_t n[3] = {(size_t)(p->b * p->hq * p->sq * p->d), (size_t)(p->b * p->hk * p->sk * p->d),
+                   (size_t)(p->b * p->hk * p->sk * p->d)};
+    const float *want[3] = {t->host.dq, t->host.dk, t->host.dv};
+    void *at[3] = {t->device.dq.data, t->device.dk.data, t->device.dv.data};
+    double worst = 0.0;
+    if (cu.synchronize())
+        return INFINITY;
+    for (int i = 0; i < 3; i++) {
+        float *got = malloc(4 * n[i]);
+        double err = 0.0, size = 1e-6;
+        if (cu.dtoh(got, (uint64_t)(uintptr_t)at[i], 4 * n[i])) {
+            free(got);
+            return INFINITY;
+        }
+        for (size_t j = 0; j < n[i]; j++)
+            err = fmax(err, fabs(got[j] - want[i][j])), size = fmax(size, fabs(want[i][j]));
+        if (i == 0 && bits != NULL)
+            memcpy(bits, got, 4 * n[0]);
+        worst = fmax(worst, err / size);
+        free(got);
+    }
+    return worst;
+}
+
+static double max_difference(const float *a, const float *b, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
+static void run_gpu_bwd(problem *p, problem *other, const lt_attn_fwd_params *params,
+                        const lt_attn_fwd_params *params2) {
+    bwd_case t, u;
+    char detail[128];
+    size_t qn = (size_t)(p->b * p->hq * p->sq * p->d);
+    float *first = malloc(4 * qn), *again = malloc(4 * qn);
+    expect("gpu forward again", lt_attn_fwd(params, NULL), LT_OK, NULL); /* the unaligned call above wrote out */
+    expect("gpu forward again, other", lt_attn_fwd(params2, NULL), LT_OK, NULL);
+    bwd_case_make(&t, p, params);
+    bwd_case_make(&u, other, params2);
+    expect("gpu bwd", lt_attn_bwd(&t.device, NULL), LT_OK, NULL);
+    double e = bwd_case_error(&t, first);
+    snprintf(detail, sizeof detail, "max relative error %g against the host's", e);
+    check("gpu bwd is right", e < 1e-3, detail);
+    lt_bwd_plan *plan = NULL;
+    expect("gpu bwd plan", lt_attn_bwd_plan(&t.device, &plan), LT_OK, NULL);
+    bwd_case_spoil(&t);
+    expect("gpu bwd plan launch", lt_bwd_plan_launch(plan, &t.device, NULL), LT_OK, NULL);
+    bwd_case_error(&t, again);
+    check("gpu bwd is deterministic", !memcmp(first, again, 4 * qn), "dq differs between two runs");
+    expect("gpu bwd plan launch, other sizes", lt_bwd_plan_launch(plan, &u.device, NULL), LT_OK, NULL);
+    e = bwd_case_error(&u, NULL);
+    snprintf(detail, sizeof detail, "max relative error %g against the host's", e);
+    check("gpu bwd plan launch is right", e < 1e-3, detail);
+    lt_attn_bwd_params bad = t.device;
+    bad.causal = LT_CAUSAL_NONE;
+    expect("bwd plan causal mismatch", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "not causal");
+    bad = t.device;
+    bad.dk.data = (char *)bad.dk.data + 4; /* only a gradient is off 16-byte alignment */
+    expect("bwd plan alignment mismatch", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "unaligned");
+    bwd_case_spoil(&t);
+    expect("unaligned bwd", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
+    if (cu.synchronize() || cu.dtoh(again, (uint64_t)(uintptr_t)bad.dq.data, 4 * qn))
+        printf("FAIL cuMemcpyDtoH\n"), failures++;
+    snprintf(detail, sizeof detail, "dq differs by up to %g from the aligned run's", max_difference(first, again, qn));
+    check("unaligned bwd is right", max_difference(first, again, qn) < 1e-4, detail);
+    bad = t.device;
+    bad.q.sizes[2] = bad.out.sizes[2] = bad.dout.sizes[2] = bad.dq.sizes[2] = bad.lse.sizes[2] = 0;
+    bad.delta.sizes[2] = 0;
+    expect("bwd plan no work", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_UNSUPPORTED, "work to do");
+    expect("bwd plan destroy", lt_bwd_plan_destroy(plan), LT_OK, NULL);
+    grads_free(&t.host), grads_free(&u.host);
+    free(first), free(again);
 }
 
 static int run_gpu(void) {
@@ -450,8 +762,9 @@ static int run_gpu(void) {
     bad.q.device_index = bad.k.device_index = bad.v.device_index = bad.out.device_index = bad.lse.device_index = 99;
     expect("no such device", lt_attn_fwd(&bad, NULL), LT_ERROR_NO_GPU, "no CUDA device 99");
     expect("plan destroy", lt_plan_destroy(plan), LT_OK, NULL);
+    run_gpu_bwd(&p, &other, &params, &params2);
     lt_stats s = stats_now();
-    check("plans kept", s.plans >= 2 && s.loaded_kernels >= 2, "lt_attn_fwd kept no plans");
+    check("plans kept", s.plans >= 3 && s.loaded_kernels >= 4, "lt_attn_fwd and lt_attn_bwd kept no plans");
     problem_free(&p), problem_free(&other);
     return failures;
 }

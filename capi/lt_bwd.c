@@ -1,0 +1,362 @@
+/*
+ * lt_bwd.c: the backward of the C API: lt_attn_bwd, its checks, plans and
+ * launch. Included at the end of lazytriton.c (one translation unit): it uses
+ * the forward's checks (lt_check.c), plan keys, memo and launch helpers.
+ *
+ * The two kernels (kernels/flash_bwd): flash_bwd_dq (delta, then dq; one
+ * program per query block) and then flash_bwd_dkdv (dk and dv; one program
+ * per key block of a key/value head), on one stream. Their integer arguments
+ * are the binding's (binding.c_initializer, tested field by field), and so is
+ * the alignment rule (binding.ALIGNED_PARAMS).
+ */
+
+#define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
+#define LT__BWD_DQ_PARAMS 34           /* flash_bwd_dq: 33 pointers and integers, then sm_scale */
+#define LT__BWD_DKDV_PARAMS 34         /* flash_bwd_dkdv: 33 pointers and integers, then sm_scale */
+
+/* ------------------------------------------------------------------------- */
+/* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
+
+static lt_status lt__check_bwd_struct(const lt_attn_bwd_params *p) {
+    if (p == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
+    if (p->struct_size != sizeof(lt_attn_bwd_params))
+        return lt__fail(LT_ERROR_VERSION,
+                        "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for lt_attn_bwd_params: "
+                        "rebuild against its lazytriton.h and fill params with lt_attn_bwd_params_init()",
+                        p->struct_size, LT_VERSION_MAJOR, LT_VERSION_MINOR, LT_VERSION_PATCH,
+                        sizeof(lt_attn_bwd_params));
+    if (p->version != LT_ATTN_BWD_PARAMS_VERSION)
+        return lt__fail(LT_ERROR_VERSION, "params->version is %u but this lazytriton takes lt_attn_bwd_params "
+                        "version %d", p->version, LT_ATTN_BWD_PARAMS_VERSION);
+    return LT_OK;
+}
+
+/* The forward's view of a backward call: the same q, k, v, out, lse, causal mode, flags and scale. */
+static lt_attn_fwd_params lt__fwd_view(const lt_attn_bwd_params *p) {
+    lt_attn_fwd_params f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof f, f.version = LT_ATTN_FWD_PARAMS_VERSION;
+    f.q = p->q, f.k = p->k, f.v = p->v, f.out = p->out, f.lse = p->lse;
+    f.causal = p->causal, f.flags = p->flags, f.sm_scale = p->sm_scale;
+    return f;
+}
+
+static const char *lt__device_name(int32_t device_type) { return device_type == LT_DEVICE_CPU ? "cpu" : "cuda"; }
+
+/* One of dout, dq, dk, dv: like the tensor it is the gradient of (dtype, shape, device, contiguous last dim). */
+static lt_status lt__check_grad(const char *name, const lt_tensor *t, const char *of_name, const lt_tensor *of,
+                                const lt_tensor *q) {
+    lt_status s;
+    if ((s = lt__check_tensor(name, t, 4, "(batch, heads, seqlen, head_dim)")) != LT_OK)
+        return s;
+    if (t->dtype != of->dtype)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but %s.dtype is %s; they must match", name,
+                        lt__dtype_name(t->dtype), of_name, lt__dtype_name(of->dtype));
+    const int64_t *a = t->sizes, *b = of->sizes;
+    if (!lt__same_sizes(t, of))
+        return lt__fail(LT_ERROR_SHAPE, "%s has shape (%lld, %lld, %lld, %lld); expected %s's shape (%lld, %lld, "
+                        "%lld, %lld)", name, (long long)a[0], (long long)a[1], (long long)a[2], (long long)a[3],
+                        of_name, (long long)b[0], (long long)b[1], (long long)b[2], (long long)b[3]);
+    if (t->strides[3] != 1 && a[3] > 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s.strides[3] is %lld; the last dim must be contiguous (stride 1)", name,
+                        (long long)t->strides[3]);
+    if (t->device_type != q->device_type || t->device_index != q->device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all tensors of a call must "
+                        "be on one device", name, lt__device_name(t->device_type), t->device_index,
+                        lt__device_name(q->device_type), q->device_index);
+    return LT_OK;
+}
+
+/* delta: a float32 workspace of lse's shape, contiguous, on q's device. */
+static lt_status lt__check_delta(const lt_attn_bwd_params *p, const lt__call *c) {
+    const lt_tensor *t = &p->delta;
+    lt_status s;
+    if ((s = lt__check_tensor("delta", t, 3, "(batch, heads_q, seqlen_q)")) != LT_OK)
+        return s;
+    if (t->dtype != LT_DTYPE_FP32)
+        return lt__fail(LT_ERROR_DTYPE, "delta.dtype is %s; expected LT_DTYPE_FP32 (a float32 workspace)",
+                        lt__dtype_name(t->dtype));
+    const int64_t *ds = t->sizes, expect[3] = {c->hq * c->sq, c->sq, 1};
+    if (ds[0] != c->b || ds[1] != c->hq || ds[2] != c->sq)
+        return lt__fail(LT_ERROR_SHAPE, "delta has shape (%lld, %lld, %lld); expected (batch, heads_q, seqlen_q) = "
+                        "(%lld, %lld, %lld)", (long long)ds[0], (long long)ds[1], (long long)ds[2], (long long)c->b,
+                        (long long)c->hq, (long long)c->sq);
+    for (int i = 0; i < 3 && c->b * c->hq * c->sq > 0; i++) /* a delta with no elements has no layout */
+        if (ds[i] > 1 && t->strides[i] != expect[i])
+            return lt__fail(LT_ERROR_SHAPE, "delta must be contiguous: strides (%lld, %lld, 1) for its sizes, got "
+                            "(%lld, %lld, %lld)", (long long)expect[0], (long long)expect[1],
+                            (long long)t->strides[0], (long long)t->strides[1], (long long)t->strides[2]);
+    if (t->device_type != p->q.device_type || t->device_index != p->q.device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "delta is on %s:%d but q is on %s:%d; all tensors of a call "
+                        "must be on one device", lt__device_name(t->device_type), t->device_index,
+                        lt__device_name(p->q.device_type), p->q.device_index);
+    return LT_OK;
+}
+
+static int64_t lt__numel(const lt_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->sizes[i];
+    return n;
+}
+
+/* The backward's work: the forward's call has some (not empty, keys to attend to). */
+static int lt__bwd_has_work(const lt__call *c) { return !c->empty && c->sk > 0; }
+
+/* Every pointer and outer stride the two kernels take is 16-byte aligned (the binding's ALIGNED_PARAMS). */
+static int lt__bwd_aligned(const lt_attn_bwd_params *p) {
+    const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
+    const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
+    uint64_t bits = (uint64_t)(
+        (int64_t)(uintptr_t)q->data | (int64_t)(uintptr_t)k->data | (int64_t)(uintptr_t)v->data |
+        (int64_t)(uintptr_t)o->data | (int64_t)(uintptr_t)dout->data | (int64_t)(uintptr_t)p->lse.data |
+        (int64_t)(uintptr_t)p->delta.data | (int64_t)(uintptr_t)dq->data |
+        q->strides[0] | q->strides[1] | q->strides[2] | k->strides[0] | k->strides[1] | k->strides[2] |
+        v->strides[0] | v->strides[1] | v->strides[2] | o->strides[0] | o->strides[1] | o->strides[2] |
+        dout->strides[0] | dout->strides[1] | dout->strides[2] | dq->strides[0] | dq->strides[1] | dq->strides[2] |
+        (int64_t)(uintptr_t)dk->data | (int64_t)(uintptr_t)dv->data |
+        dk->strides[0] | dk->strides[1] | dk->strides[2] | dv->strides[0] | dv->strides[1] | dv->strides[2]);
+    return (bits & 15) == 0;
+}
+
+/* 64-bit offsets once some tensor spans 2**31 elements (the binding's pack: all eight 4-dim tensors). */
+static lt_status lt__bwd_index64(const lt_attn_bwd_params *p, lt__call *c) {
+    const lt_tensor *ts[8] = {&p->q, &p->out, &p->dout, &p->dq, &p->k, &p->v, &p->dk, &p->dv};
+    static const char *names[8] = {"q", "out", "dout", "dq", "k", "v", "dk", "dv"};
+    int64_t extent = c->b * c->hq * c->sq - c->d;
+    for (int i = 0; i < 8; i++) {
+        int64_t e = i < 4 ? lt__last_offset(ts[i], c->b, c->hq, c->sq) : lt__last_offset(ts[i], c->b, c->hk, c->sk);
+        if (e < 0)
+            return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", names[i]);
+        extent = e > extent ? e : extent;
+    }
+    c->index64 = extent + c->d > INT32_MAX;
+    return LT_OK;
+}
+
+/* Fill *c from params, or fail with the first problem found. */
+static lt_status lt__bwd_check(const lt_attn_bwd_params *p, lt__call *c) {
+    lt_status s;
+    if ((s = lt__check_bwd_struct(p)) != LT_OK)
+        return s;
+    lt_attn_fwd_params forward = lt__fwd_view(p);
+    if ((s = lt__check(&forward, c)) != LT_OK)
+        return s;
+    const lt_tensor *grads[4] = {&p->dout, &p->dq, &p->dk, &p->dv}, *of[4] = {&p->out, &p->q, &p->k, &p->v};
+    static const char *names[4] = {"dout", "dq", "dk", "dv"}, *of_names[4] = {"out", "q", "k", "v"};
+    for (int i = 0; i < 4; i++)
+        if ((s = lt__check_grad(names[i], grads[i], of_names[i], of[i], &p->q)) != LT_OK)
+            return s;
+    if ((s = lt__check_delta(p, c)) != LT_OK)
+        return s;
+    int work = lt__bwd_has_work(c);
+    for (int i = 0; i < 4; i++) /* with no work, only the gradients to zero are written */
+        if (grads[i]->data == NULL && (work || (i > 0 && lt__numel(grads[i]) > 0)))
+            return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", names[i]);
+    if (work && p->delta.data == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "delta.data is NULL (the workspace: batch * heads_q * seqlen_q "
+                        "floats)");
+    if (!work)
+        return LT_OK;
+    c->aligned = lt__bwd_aligned(p);
+    return lt__bwd_index64(p, c);
+}
+
+/* A call with no work on the CPU: zero the gradients that have elements (as the Python API does). */
+static void lt__zero_host(const lt_tensor *t) {
+    if (lt__numel(t) == 0)
+        return;
+    size_t item = t->dtype == LT_DTYPE_FP32 ? 4 : 2;
+    for (int64_t b = 0; b < t->sizes[0]; b++)
+        for (int64_t h = 0; h < t->sizes[1]; h++)
+            for (int64_t s = 0; s < t->sizes[2]; s++) {
+                int64_t at = b * t->strides[0] + h * t->strides[1] + s * t->strides[2];
+                memset((char *)t->data + (size_t)at * item, 0, (size_t)t->sizes[3] * item);
+            }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Plans: the two kernels, resolved once for a shape class.                    */
+
+typedef struct {
+    lt__CUfunction function;
+    uint32_t block_threads, shared_bytes, tile, n_hidden; /* tile: BLOCK_M for dq, BLOCK_N for dk/dv */
+    char variant[512];
+} lt__bwd_kernel;
+
+struct lt_bwd_plan {
+    uint32_t magic;
+    lt__plan_key key;
+    lt__CUcontext context;
+    lt__bwd_kernel dq, dkdv;
+};
+
+static lt__plan_key lt__bwd_key_of(const lt__call *c) {
+    lt__plan_key key = lt__key_of(c);
+    key.kernel = LT__KERNEL_BWD_DQ;
+    return key;
+}
+
+static void lt__bwd_kernel_of(const lt__plan_request *req, lt__bwd_kernel *k) {
+    k->function = (lt__CUfunction)(uintptr_t)req->function; /* its module is never unloaded */
+    k->block_threads = req->block_threads, k->shared_bytes = req->shared_bytes;
+    k->tile = req->block_m, k->n_hidden = req->n_hidden;
+    memcpy(k->variant, req->variant, sizeof k->variant);
+}
+
+static lt_status lt__make_bwd_plan(const lt__call *c, lt_bwd_plan **out) {
+    lt_status s;
+    lt__CUcontext context;
+    int32_t capability;
+    lt__plan_request dq, dkdv;
+    if ((s = lt__plannable(c, "lt_attn_bwd")) != LT_OK ||
+        (s = lt__device_context(c->device_index, &context, &capability)) != LT_OK ||
+        (s = lt__plan_kernel(c, LT__KERNEL_BWD_DQ, capability, &dq)) != LT_OK ||
+        (s = lt__plan_kernel(c, LT__KERNEL_BWD_DKDV, capability, &dkdv)) != LT_OK)
+        return s;
+    lt_bwd_plan *plan = (lt_bwd_plan *)calloc(1, sizeof *plan);
+    if (plan == NULL)
+        return lt__fail(LT_ERROR_INTERNAL, "out of memory");
+    plan->magic = LT__BWD_PLAN_MAGIC;
+    plan->key = lt__bwd_key_of(c);
+    plan->context = context;
+    lt__bwd_kernel_of(&dq, &plan->dq);
+    lt__bwd_kernel_of(&dkdv, &plan->dkdv);
+    *out = plan;
+    return LT_OK;
+}
+
+/* The parameter array of one kernel: n_ints integer slots, the scale, then NULL hidden scratch pointers. */
+static void lt__bind(void **params, int64_t *ints, int n_params, float *scale, uint32_t n_hidden) {
+    for (int i = 0; i < n_params - 1; i++)
+        params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
+    params[n_params - 1] = scale;
+    for (uint32_t h = 0; h < n_hidden; h++)
+        params[n_params + h] = &ints[n_params - 1 + h]; /* zero: NULL scratch */
+}
+
+/* The launch: each kernel's parameters in its description's order (binding.c_initializer), dq first. */
+static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_params *p, const lt__call *c,
+                                void *stream) {
+    const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
+    const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
+    int64_t dq_ints[LT__BWD_DQ_PARAMS - 1 + LT__MAX_HIDDEN] = {
+        (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
+        (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
+        (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data,
+        q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
+        v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
+        dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset};
+    int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - 1 + LT__MAX_HIDDEN] = {
+        (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
+        (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
+        (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data,
+        q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
+        v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
+        dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset};
+    float scale = c->scale;
+    void *dq_params[LT__BWD_DQ_PARAMS + LT__MAX_HIDDEN], *dkdv_params[LT__BWD_DKDV_PARAMS + LT__MAX_HIDDEN];
+    lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, &scale, plan->dq.n_hidden);
+    lt__bind(dkdv_params, dkdv_ints, LT__BWD_DKDV_PARAMS, &scale, plan->dkdv.n_hidden);
+    const lt__bwd_kernel *a = &plan->dq, *b = &plan->dkdv;
+    lt_status s = lt__cu_launch(a->function, plan->context, (unsigned int)((c->sq + a->tile - 1) / a->tile),
+                                (unsigned int)c->hq, (unsigned int)c->b, a->block_threads, a->shared_bytes, stream,
+                                dq_params);
+    if (s != LT_OK)
+        return s;
+    return lt__cu_launch(b->function, plan->context, (unsigned int)((c->sk + b->tile - 1) / b->tile),
+                         (unsigned int)c->hk, (unsigned int)c->b, b->block_threads, b->shared_bytes, stream,
+                         dkdv_params);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The API.                                                                   */
+
+LT_API lt_status lt_attn_bwd_params_init(lt_attn_bwd_params *params) {
+    if (params == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_bwd_params_init: params is NULL");
+    memset(params, 0, sizeof *params);
+    params->struct_size = sizeof *params, params->version = LT_ATTN_BWD_PARAMS_VERSION;
+    params->causal = LT_CAUSAL_NONE;
+    params->sm_scale = NAN;
+    return LT_OK;
+}
+
+/* No work (seqlen_q or seqlen_k 0, batch or heads 0): zero what has elements, on the CPU. */
+static lt_status lt__bwd_no_work(const lt_attn_bwd_params *p, const lt__call *c) {
+    int64_t n = lt__numel(&p->dq) + lt__numel(&p->dk) + lt__numel(&p->dv);
+    if (n == 0)
+        return LT_OK;
+    if (c->device_type != LT_DEVICE_CPU)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "a backward with no work but gradients to zero (batch %lld, heads "
+                        "%lld, seqlen_q %lld, seqlen_k %lld) on a GPU is not supported by the C API: the gradients "
+                        "are 0 (zero them with cuMemsetD8Async)", (long long)c->b, (long long)c->hq, (long long)c->sq,
+                        (long long)c->sk);
+    lt__zero_host(&p->dq), lt__zero_host(&p->dk), lt__zero_host(&p->dv);
+    return LT_OK;
+}
+
+LT_API lt_status lt_attn_bwd(const lt_attn_bwd_params *params, void *stream) {
+    lt__call c;
+    lt_status s;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__bwd_check(params, &c)) != LT_OK)
+        return s;
+    if (!lt__bwd_has_work(&c))
+        return lt__bwd_no_work(params, &c);
+    if (c.device_type == LT_DEVICE_CPU)
+        return (lt_status)lt__py_attn_bwd_cpu(params);
+    lt__plan_key key = lt__bwd_key_of(&c);
+    lt_bwd_plan *plan = lt__memo_find(&key);
+    if (plan != NULL)
+        return lt__bwd_launch(plan, params, &c, stream);
+    lt_bwd_plan *made = NULL;
+    if ((s = lt__make_bwd_plan(&c, &made)) != LT_OK)
+        return s;
+    plan = lt__memo_add(&key, made);
+    s = lt__bwd_launch(plan != NULL ? plan : made, params, &c, stream);
+    if (plan != made)
+        free(made); /* another thread's plan was kept, or the table is full */
+    return s;
+}
+
+LT_API lt_status lt_attn_bwd_plan(const lt_attn_bwd_params *params, lt_bwd_plan **plan) {
+    lt__call c;
+    lt_status s;
+    if (plan == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_bwd_plan: plan (the out pointer) is NULL");
+    *plan = NULL;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__bwd_check(params, &c)) != LT_OK)
+        return s;
+    return lt__make_bwd_plan(&c, plan);
+}
+
+LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_params *params, void *stream) {
+    lt__call c;
+    lt_status s;
+    if (plan == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_bwd_plan_launch: plan is NULL");
+    if (plan->magic != LT__BWD_PLAN_MAGIC)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_bwd_plan_launch: plan is not a live backward plan "
+                        "(destroyed, or not made by lt_attn_bwd_plan)");
+    if ((s = lt__bwd_check(params, &c)) != LT_OK)
+        return s;
+    if (!lt__bwd_has_work(&c)) /* checked first: a call without work has no alignment to compare */
+        return lt__plannable(&c, "lt_attn_bwd");
+    if ((s = lt__check_key(&plan->key, &c)) != LT_OK)
+        return s;
+    return lt__bwd_launch(plan, params, &c, stream);
+}
+
+LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan) {
+    if (plan == NULL)
+        return LT_OK;
+    if (plan->magic != LT__BWD_PLAN_MAGIC)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_bwd_plan_destroy: plan is not a live backward plan "
+                        "(destroyed twice?)");
+    plan->magic = 0;
+    free(plan);
+    return LT_OK;
+}
