@@ -104,8 +104,8 @@ static int64_t lt__numel(const lt_tensor *t) {
 /* The backward's work: the forward's call has some (not empty, keys to attend to). */
 static int lt__bwd_has_work(const lt__call *c) { return !c->empty && c->sk > 0; }
 
-/* Every pointer and outer stride the two kernels take is 16-byte aligned (the binding's ALIGNED_PARAMS). */
-static int lt__bwd_aligned(const lt_attn_bwd_params *p) {
+/* Every pointer, stride and seqlen the two kernels take is a multiple of 16 (the binding's ALIGNED_PARAMS). */
+static int lt__bwd_aligned(const lt_attn_bwd_params *p, const lt__call *c) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
     const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
     uint64_t bits = (uint64_t)(
@@ -115,6 +115,7 @@ static int lt__bwd_aligned(const lt_attn_bwd_params *p) {
         q->strides[0] | q->strides[1] | q->strides[2] | k->strides[0] | k->strides[1] | k->strides[2] |
         v->strides[0] | v->strides[1] | v->strides[2] | o->strides[0] | o->strides[1] | o->strides[2] |
         dout->strides[0] | dout->strides[1] | dout->strides[2] | dq->strides[0] | dq->strides[1] | dq->strides[2] |
+        c->hq * c->sq | c->sq | c->sq | c->sk |
         (int64_t)(uintptr_t)dk->data | (int64_t)(uintptr_t)dv->data |
         dk->strides[0] | dk->strides[1] | dk->strides[2] | dv->strides[0] | dv->strides[1] | dv->strides[2]);
     return (bits & 15) == 0;
@@ -159,7 +160,7 @@ static lt_status lt__bwd_check(const lt_attn_bwd_params *p, lt__call *c) {
                         "floats)");
     if (!work)
         return LT_OK;
-    c->aligned = lt__bwd_aligned(p);
+    c->aligned = lt__bwd_aligned(p, c);
     return lt__bwd_index64(p, c);
 }
 

@@ -158,8 +158,10 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
     head dim 128: dq 128/64, 8 warps, 3 stages (1.30 full, 0.75 causal; 1.50
     and 0.88); dkdv 32/64, 4 warps, 3 stages (2.70 full, 1.57 causal; 6.04
     and 3.50: 128 held key rows spill registers at head dim 128).
-    head dim 64: dq 64/64, 4 warps, 3 stages (1.44; 1.52); dkdv 64/128, 4
-    warps, 2 stages (2.67; 2.80).
+    head dim 64: dq 64/64, 4 warps, 3 stages (1.44; 1.52); dkdv 128/64, 4
+    warps, 2 stages (2.67; 2.80). Holding 128 key rows (BLOCK_N) of two float32
+    accumulators needs 128 registers a thread for them alone at 4 warps: those
+    spill, at head dim 64 as at 128 (half the speed in bench_flash_bwd.py).
     Head dim 256 and fp32 halve the tiles (registers and shared memory; fp32
     dots use no tensor cores); short sequences get tiles no longer than
     needed. AMD values are a guess (no AMD GPU here).
@@ -174,7 +176,7 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
     elif hip:
         dq, dkdv = Config(128, 32, 4, 2), Config(32, 128, 4, 2)
     elif head_dim <= 64:
-        dq, dkdv = Config(64, 64, 4, 3), Config(64, 128, 4, 2)
+        dq, dkdv = Config(64, 64, 4, 3), Config(128, 64, 4, 2)
     elif target.capability in _SMALL_SHARED_CUDA:
         dq, dkdv = Config(64, 32, 4, 2), Config(32, 64, 4, 2)
     else:
