@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import run_python
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lazytriton import dispatch, tuning
 from lazytriton.cache_format.image import Image
@@ -277,3 +279,32 @@ def test_prewarm_kernel_flash_bwd_builds_what_a_backward_selects(tmp_path: Path)
     assert sorted(keys) == sorted(listed[0::3]) and kernels == sorted(BWD)
     chosen = [dispatch.kernel_variant(k, SM90, "fp16", 16, False, True, 64, 64).key() for k in BWD]
     assert sorted(chosen) == sorted(keys)
+
+
+# --- a miss log is untrusted input: any line gives a planned variant or a reported problem ---------------------
+
+_INTS = st.one_of(st.integers(-3, 300), st.sampled_from([1024, 2**31, 2**63]))
+
+
+@st.composite
+def miss_lines(draw: st.DrawFn) -> str:
+    kernel = draw(st.sampled_from([*all_kernels(), "flash_bwd", "nope"]))
+    target = draw(st.sampled_from(["sm_90", "sm_80", "sm_86", "gfx942", "sm_12", "gfx9"]))
+    dtype = draw(st.sampled_from(["fp16", "bf16", "fp32", "fp8"]))
+    flags = ",".join(f"{name}={draw(st.sampled_from(['true', 'false', '1']))}"
+                     for name in ("ALIGN16", "CAUSAL", "EVEN_D", "INDEX64"))
+    tiles = ",".join(f"{name}={draw(_INTS)}" for name in draw(st.permutations(["BLOCK_M", "BLOCK_N"])))
+    options = f"num_stages={draw(_INTS)},num_warps={draw(_INTS)}"
+    text = f"{kernel}:{target}:{dtype}:{flags},BLOCK_D={draw(_INTS)}:{tiles}:{options}"
+    return json.dumps({"variant": draw(st.one_of(st.just(text), st.text(max_size=80)))})
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(miss_lines(), max_size=4))
+def test_any_miss_log_line_is_planned_or_reported(lines: list[str]) -> None:
+    plan, problems = variants_from_misses(lines, "m.jsonl")
+    assert len(plan) + len(problems) <= len(lines)
+    for planned in plan:
+        assert check_fields(planned.variant) is planned.variant and refusal(planned.variant) is None
+    for problem in problems:
+        assert problem.startswith("m.jsonl:")
