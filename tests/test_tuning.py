@@ -247,3 +247,28 @@ def test_tune_kernel_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         tune.main(["--kernel", "flash_bwd_dx"])
     assert "neither a kernel family" in capsys.readouterr().err
+
+
+def test_bwd_tune_group_compiles_times_and_rows_only_the_kernels_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lazytriton.cli import tune_bwd
+
+    compiled: list[Variant] = []
+
+    def compile_all(variants: list[Variant], jobs: int) -> dict[str, str]:
+        compiled.extend(variants)
+        return {}
+
+    def timer(inputs: dict[str, object], reps: int) -> tune_bwd.Timer:
+        return lambda dq, dkdv: (1.0 + dkdv.get("BLOCK_M") / 1000 + dq.get("BLOCK_N") / 1000, 1e-3)
+
+    monkeypatch.setattr(tune, "compile_all", compile_all)
+    monkeypatch.setattr(tune_bwd, "make_inputs", lambda *args: {"flops": 1e12})
+    monkeypatch.setattr(tune_bwd, "gpu_timer", timer)
+    pairs = [(4096, 4096), (16, 4096)]
+    rows = tune_bwd.tune_group(SM90, "bf16", 128, True, pairs, 1, 1, "fake GPU", kernels=("flash_bwd_dkdv",))
+    assert [(r.kernel, r.seqlen_q, r.seqlen_k, r.causal, r.gpu) for r in rows] == [
+        ("flash_bwd_dkdv", 4096, 4096, True, "fake GPU"), ("flash_bwd_dkdv", 16, 4096, True, "fake GPU")]
+    assert all(r.BLOCK_M == min(c.block_m for c in tune_bwd.candidates("flash_bwd_dkdv", SM90, "bf16", 128,
+                                                                         r.seqlen_q, r.seqlen_k)) for r in rows)
+    dq_compiled = [v for v in compiled if v.kernel == "flash_bwd_dq"]
+    assert len(dq_compiled) == len(pairs), "dq only as the fixed partner, once per pair"

@@ -153,7 +153,7 @@ def tune_pair(sweeps: dict[str, list[Variant]], time_pair: Timer, flops: float, 
     return won
 
 
-def _inputs(dtype: str, head_dim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> dict[str, Any]:
+def make_inputs(dtype: str, head_dim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> dict[str, Any]:
     """GPU tensors of one tuned shape (hidden 2048, 16k tokens), the forward's out and lse, the reference grads."""
     import torch
 
@@ -217,7 +217,7 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
     rows = []
     today = dt.date.today().isoformat()
     for (sq, sk), sweep in sweeps.items():
-        inputs = _inputs(dtype, head_dim, sq, sk, causal)
+        inputs = make_inputs(dtype, head_dim, sq, sk, causal)
         won = tune_pair(sweep, gpu_timer(inputs, reps), inputs["flops"], kernels, frozenset(failures))
         for kernel in kernels:
             if kernel not in won:
