@@ -1,17 +1,20 @@
 """The tuning table: the best tile sizes and compile options per call shape.
 
-Its source of truth is a CSV file in git beside each kernel
-(``kernels/flash_fwd/tuning.csv``), one row per (target, kernel, dtype, head
-dim, causal, seqlen_q bucket, seqlen_k bucket), with the TFLOP/s measured and
-the GPU and date that measured it (``lazytriton tune`` writes rows). Buckets
+Its source of truth is a CSV file in git in each kernel family's folder
+(``kernels/flash_fwd/tuning.csv``; ``kernels/flash_bwd/tuning.csv`` holds the
+rows of both backward kernels, told apart by the ``kernel`` column), one row
+per (target, kernel, dtype, head dim, causal, seqlen_q bucket, seqlen_k
+bucket), with the TFLOP/s measured and the GPU and date that measured it
+(``lazytriton tune`` writes rows). Buckets
 are powers of two; a call takes the first bucket at or above its seqlen, else
 the last. A call the table does not cover gets ``dispatch.default_config``:
 never an error.
 
-``lazytriton tune`` writes its rows to the user's table,
-``$LAZYTRITON_CACHE_DIR/tuning/<kernel>.csv`` (never into the installed
-package); ``table_for`` reads the shipped table and the user's, the user's
-rows replacing shipped rows of the same group and buckets.
+``lazytriton tune`` writes its rows to the user's table of the family,
+``$LAZYTRITON_CACHE_DIR/tuning/<family>.csv`` (never into the installed
+package; one file per family, as shipped); ``table_for`` reads the shipped
+table and the user's, the user's rows replacing shipped rows of the same
+group and buckets.
 
 ``lookup`` and ``merge`` are pure and work on a ``Table``; ``table_for`` reads
 the files once per process (per cache dir).
@@ -160,20 +163,35 @@ def lookup(table: Table, target: str, kernel: str, dtype: str, head_dim: int, ca
     return _first_at_or_above(by_k, seqlen_k)
 
 
-def table_path(kernel: str) -> Path:
-    """The CSV file of a kernel's shipped tuning table, beside its description."""
-    from lazytriton.kernels import get
+def family(name: str) -> str:
+    """The kernel family of ``name``, a family (``flash_bwd``) or one of its kernels (``flash_bwd_dq``)."""
+    from lazytriton.kernels import FAMILIES, family_of
 
-    return get(kernel).source_path.with_name("tuning.csv")
+    return name if name in FAMILIES else family_of(name)  # family_of: ValueError naming an unknown kernel
+
+
+def table_path(kernel: str) -> Path:
+    """The CSV file of a family's shipped tuning table, in its folder (one file for all its kernels).
+
+    ``kernel`` is a family or a kernel name: ``flash_bwd``, ``flash_bwd_dq``
+    and ``flash_bwd_dkdv`` all name ``kernels/flash_bwd/tuning.csv``.
+    """
+    from lazytriton.kernels import FAMILIES, get
+
+    return get(FAMILIES[family(kernel)][0]).source_path.with_name("tuning.csv")
 
 
 def user_table_path(kernel: str, cache_dir: Path | None = None) -> Path:
-    """The user's tuning table for a kernel (``lazytriton tune`` writes here): ``<cache dir>/tuning/<kernel>.csv``."""
+    """The user's tuning table of a family (``lazytriton tune`` writes here): ``<cache dir>/tuning/<family>.csv``.
+
+    ``kernel`` is a family or a kernel name; two kernels of one family share
+    the file, as they share the shipped one.
+    """
     if cache_dir is None:
         from lazytriton.config import settings
 
         cache_dir = settings().cache_dir
-    return cache_dir / "tuning" / f"{kernel}.csv"
+    return cache_dir / "tuning" / f"{family(kernel)}.csv"
 
 
 def merge(table: Table, rows: Iterable[Row]) -> Table:
@@ -191,8 +209,19 @@ def read_table(path: Path) -> Table:
 
 
 def table_for(kernel: str) -> Table:
-    """A kernel's tuning table: the shipped rows, then the user's over them (read once per process)."""
-    return _table_for(kernel, user_table_path(kernel))
+    """A kernel's tuning table: its family's shipped rows, then the user's over them (read once per process).
+
+    The table holds the rows of every kernel of the family; ``lookup`` takes
+    the kernel's own.
+    """
+    name = family(kernel)
+    return _table_for(name, user_table_path(name))
+
+
+def tables_for(kernels: Iterable[str]) -> Table:
+    """One table with the rows of every family the kernels belong to (prewarm plans several families at once)."""
+    families = dict.fromkeys(family(k) for k in kernels)
+    return Table(row for name in families for row in table_for(name))
 
 
 @functools.cache

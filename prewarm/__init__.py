@@ -1,7 +1,8 @@
 """Prewarm: compile variants ahead of time, for any target, into images.
 
 - ``enumeration``: which variants to build, the ones dispatch would select
-  (from axes and the tuning table, or from a miss log); pure functions.
+  for every kernel of the chosen families (from axes and the tuning tables,
+  or from a miss log); pure functions.
 - ``builder``: reuse what a killed or earlier run built, compile the rest in
   worker processes (``pool`` runs them, ``worker`` is one), write the image;
   merge images and work dirs.
@@ -23,7 +24,7 @@ from typing import Any
 # without loading the builder.
 _LAZY = {"BuildReport": "builder", "build": "builder", "merge": "builder", "Limits": "pool", "Axes": "enumeration",
          "Planned": "enumeration", "enumerate_variants": "enumeration", "select_shard": "enumeration",
-         "variants_from_misses": "enumeration"}
+         "variants_from_misses": "enumeration", "parse_kernels": "enumeration", "all_kernels": "enumeration"}
 
 
 def __getattr__(name: str) -> Any:

@@ -2,8 +2,11 @@
 
 Typical runs:
 
-    # everything the tuning table covers for sm_90 and gfx942, plus the default grid
+    # every kernel family (forward and backward): the tuning tables' rows for sm_90 and gfx942, plus the default grid
     lazytriton prewarm --target sm_90,gfx942 --out attn.ltimg
+    # the forward only, or the backward's two kernels only
+    lazytriton prewarm --target sm_90 --kernel flash_fwd --out fwd.ltimg
+    lazytriton prewarm --target sm_90 --kernel flash_bwd --list
     # a few axes only; --list prints the plan and builds nothing
     lazytriton prewarm --target sm_90 --dtype bf16 --head-dim 64,80,128 --causal top_left --list
     # exactly what a production run compiled just in time
@@ -12,10 +15,13 @@ Typical runs:
     lazytriton prewarm --target sm_90 --shard 2/3 --out part2.ltimg
     lazytriton prewarm --merge part1.ltimg part2.ltimg part3.ltimg --out attn.ltimg
 
-Without axis flags the plan is the tuning table's rows for the targets plus a
-default grid for the groups the table lacks: dtype fp16/bf16/fp32 x head dim
-16/32/64/128/256 x causal none/top_left, each at seqlens 16, 64 and 4096 (the
-three seqlen classes of the default tile sizes). An axis flag narrows that axis.
+Without axis flags the plan is, for every kernel of every family (flash_fwd;
+flash_bwd = flash_bwd_dq and flash_bwd_dkdv), its tuning table's rows for the
+targets plus a default grid for the groups the table lacks: dtype
+fp16/bf16/fp32 x head dim 16/32/64/128/256 x causal none/top_left, each at
+seqlens 16, 64 and 4096 (the three seqlen classes of the default tile sizes,
+of seqlen_q for flash_fwd and flash_bwd_dq, of seqlen_k for flash_bwd_dkdv).
+An axis flag narrows that axis; --kernel takes families or kernel names.
 
 A killed run, run again, compiles only what it had not built (see OUT.work/).
 Exit status: 0 if everything built, 1 if some variant failed (the image holds
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +73,16 @@ def _check_targets(given: list[str]) -> list[str]:
         except ValueError as exc:
             raise UsageError(f"--target {item}: {exc}") from None
     return names
+
+
+def _kernels(text: str) -> list[str]:
+    """Kernel names from families and kernel names (``flash_fwd,flash_bwd``; ``flash_bwd_dq``)."""
+    from lazytriton.prewarm.enumeration import parse_kernels
+
+    try:
+        return list(parse_kernels(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _dtypes(text: str) -> list[str]:
@@ -154,6 +171,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     axes = p.add_argument_group("what to build (comma-separated lists; a flag may repeat)")
     axes.add_argument("--target", type=_targets, action="extend", help="sm_90,sm_80,gfx942,gfx950, ...")
+    axes.add_argument("--kernel", type=_kernels, action="extend",
+                      help="kernel families or kernels: flash_fwd, flash_bwd (= flash_bwd_dq,flash_bwd_dkdv) "
+                           "(default: every family); with --from-misses, it filters the log as --target does")
     axes.add_argument("--dtype", type=_dtypes, action="extend", help="fp16,bf16,fp32")
     axes.add_argument("--head-dim", type=_ints(1, 256, "--head-dim"), action="extend",
                       help="1..256; built at the padded size (16, 32, 64, 128, 256), EVEN_D=false if it differs")
@@ -166,12 +186,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--index64", action="store_true",
                       help="also build the 64-bit-offset (INDEX64=true) variants, for tensors of 2**31+ elements")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
-                      help="build exactly the variants of a miss log (misses.jsonl); --target filters it")
+                      help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
+                           "--target and --kernel filter it")
     run = p.add_argument_group("how")
     run.add_argument("-j", "--jobs", type=_jobs, default=None, help="worker processes (default: all cores)")
     run.add_argument("--shard", type=_shard, metavar="I/N", help="build the I-th of N disjoint parts (by key)")
     run.add_argument("--out", type=Path, metavar="FILE", help="the image to write")
-    run.add_argument("--list", action="store_true", help="print the plan (key, origin, variant) and exit")
+    run.add_argument("--list", action="store_true",
+                     help="print the plan (key, origin, variant: its kernel first) and exit; the count per kernel "
+                          "goes to stderr")
     run.add_argument("--merge", type=Path, nargs="+", metavar="SRC",
                      help="merge images and/or work directories into --out instead of building")
     run.add_argument("--keep-work", action="store_true", help="keep OUT.work/ after a build with no failures")
@@ -202,7 +225,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
         given = [f"--{name.replace('_', '-')}" for name in _AXIS_FLAGS if getattr(args, name)]
         if given:
             raise UsageError(f"--from-misses builds exactly the logged variants; {', '.join(given)} cannot narrow it "
-                             "(only --target filters it)")
+                             "(only --target and --kernel filter it)")
         plan: dict[str, Any] = {}
         for path in args.from_misses:
             try:
@@ -213,14 +236,17 @@ def _plan(args: argparse.Namespace) -> list[Any]:
             for problem in problems:
                 print(f"prewarm: skipped {problem}", file=sys.stderr)
             for item in found:
-                if not args.target or item.variant.target in args.target:
+                if (not args.target or item.variant.target in args.target) and (
+                        not args.kernel or item.variant.kernel in args.kernel):
                     plan.setdefault(item.key, item)
         return select_shard(list(plan.values()), args.shard)
     if not args.target:
         raise UsageError("--target is required (e.g. --target sm_90,gfx942), unless --from-misses or --merge")
+    from lazytriton.prewarm.enumeration import all_kernels
     from lazytriton.target import Target
 
-    axes = Axes(targets=tuple(Target.parse(t) for t in dict.fromkeys(args.target)),
+    kernels = tuple(k for k in all_kernels() if k in args.kernel) if args.kernel else all_kernels()
+    axes = Axes(targets=tuple(Target.parse(t) for t in dict.fromkeys(args.target)), kernels=kernels,
                 dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
                 head_dims=tuple(dict.fromkeys(args.head_dim)) if args.head_dim else None,
                 causal=tuple(dict.fromkeys(mode != "none" for mode in args.causal)) if args.causal else None,
@@ -228,7 +254,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 seqlens_k=tuple(args.seqlen_k) if args.seqlen_k else None,
                 aligned=(True, False) if args.unaligned else (True,),
                 index64=(False, True) if args.index64 else (False,))
-    return select_shard(enumerate_variants(axes, tuning.table_for("flash_fwd")), args.shard)
+    return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 
 def _cache_lookup() -> Any:
@@ -261,7 +287,8 @@ def _merge(args: argparse.Namespace) -> int:
     from lazytriton.cache_format.image import ImageError
     from lazytriton.prewarm.builder import merge
 
-    if args.target or args.from_misses or args.shard or args.list or any(getattr(args, n) for n in _AXIS_FLAGS):
+    if (args.target or args.kernel or args.from_misses or args.shard or args.list
+            or any(getattr(args, n) for n in _AXIS_FLAGS)):
         raise UsageError("--merge takes only sources and --out")
     try:
         info, duplicates = merge(args.merge, args.out)
@@ -295,7 +322,9 @@ def _main(args: argparse.Namespace) -> int:
         for item in plan:
             print(f"{item.key} {item.origin.split(' ')[0]:<8} {item.variant}")
         shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
-        print(f"{plural(len(plan), 'variant')}{shard}", file=sys.stderr)
+        per_kernel = Counter(item.variant.kernel for item in plan)
+        counts = f": {', '.join(f'{kernel} {n}' for kernel, n in per_kernel.items())}" if len(per_kernel) > 1 else ""
+        print(f"{plural(len(plan), 'variant')}{shard}{counts}", file=sys.stderr)
         return 0
     if args.out is None:
         raise UsageError("--out FILE is required to build (or --list to print the plan)")

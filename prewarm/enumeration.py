@@ -3,13 +3,21 @@
 Everything here is pure: the tuning table, the axes and the miss-log lines
 come in as values, and the tests call these functions with made-up tables.
 
-For each target, a *group* is (dtype, padded head dim, causal). A group the
-tuning table has rows for is built at the table's seqlen buckets (every row of
-it, so every config dispatch can pick from the table); a group the table
-lacks is built at one seqlen per ``default_config`` class (16, 64 and 4096,
-standing for <= 16, <= 64 and > 64 query rows), which is every config dispatch
-can pick for it. With no axis given, the groups are the default grid:
+Every kernel of every family is enumerated the same way (``flash_fwd``, and
+``flash_bwd_dq`` and ``flash_bwd_dkdv`` of the family ``flash_bwd``): they
+share their functional fields and dispatch picks each one's config through
+``dispatch.kernel_config``. For each target and kernel, a *group* is (dtype,
+padded head dim, causal). A group the tuning table has rows for is built at
+the table's seqlen buckets (every row of it, so every config dispatch can pick
+from the table); a group the table lacks is built at one seqlen per default
+class (16, 64 and 4096, standing for <= 16, <= 64 and > 64 rows), with
+seqlen_k = seqlen_q. That is every config dispatch can pick for it: the
+defaults read the class of seqlen_q (``flash_fwd``, ``flash_bwd_dq``: the
+query tile) or of seqlen_k (``flash_bwd_dkdv``: the key tile), and the pairs
+(16, 16), (64, 64), (4096, 4096) cover every class of both. With no axis
+given, the groups are the default grid:
 
+    kernel    every kernel of every family (kernels.FAMILIES)
     dtype     fp16, bf16, fp32
     head dim  16, 32, 64, 128, 256 (the padded sizes; any 1..256 may be asked for)
     causal    none, causal (top_left and bottom_right share the causal binary)
@@ -18,7 +26,8 @@ can pick for it. With no axis given, the groups are the default grid:
     index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
 
 Variants are deduplicated by key and come out in a stable order: targets as
-given, then dtype, head dim, causal, aligned, index64, seqlen_q, seqlen_k.
+given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
+index64, seqlen_q, seqlen_k.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from lazytriton.record import record
 from lazytriton.target import Target
 from lazytriton.variant import DTYPES, Variant, check_fields
 
-KERNEL = "flash_fwd"
+KERNEL = "flash_fwd"  # the forward kernel, enumerated first
 DEFAULT_DTYPES: tuple[str, ...] = DTYPES
 DEFAULT_HEAD_DIMS: tuple[int, ...] = dispatch.HEAD_DIMS
 DEFAULT_CAUSAL: tuple[bool, ...] = (False, True)
@@ -56,6 +65,7 @@ class Axes:
     """The axes to enumerate; None means the default (see the module docstring)."""
 
     targets: tuple[Target, ...]
+    kernels: tuple[str, ...] | None = None
     dtypes: tuple[str, ...] | None = None
     head_dims: tuple[int, ...] | None = None
     causal: tuple[bool, ...] | None = None
@@ -67,6 +77,10 @@ class Axes:
     def __post_init__(self) -> None:
         if not self.targets:
             raise ValueError("targets must name at least one target, got none")
+        known = all_kernels()
+        for kernel in self.kernels or ():
+            if kernel not in known:
+                raise ValueError(f"kernel must be one of {known}, got {kernel!r}")
         for dtype in self.dtypes or ():
             if dtype not in DTYPES:
                 raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -79,15 +93,47 @@ class Axes:
                     raise ValueError(f"{name} values must be ints in 1..{MAX_SEQLEN}, got {seqlen!r}")
 
 
+def all_kernels() -> tuple[str, ...]:
+    """Every kernel of every family, in ``FAMILIES`` order (the default of ``--kernel``)."""
+    from lazytriton.kernels import FAMILIES
+
+    return tuple(kernel for kernels in FAMILIES.values() for kernel in kernels)
+
+
+def parse_kernels(text: str) -> tuple[str, ...]:
+    """Kernels from ``--kernel``'s comma-separated families and kernel names (``flash_fwd,flash_bwd_dq``).
+
+    A family stands for all its kernels; the result is unique, in ``FAMILIES``
+    order. ValueError names an unknown item and lists the known ones.
+    """
+    from lazytriton.kernels import FAMILIES
+
+    chosen: set[str] = set()
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if item in FAMILIES:
+            chosen.update(FAMILIES[item])
+        elif item in all_kernels():
+            chosen.add(item)
+        else:
+            raise ValueError(f"--kernel {item!r} is neither a kernel family ({', '.join(FAMILIES)}) nor a kernel "
+                             f"({', '.join(all_kernels())})")
+    if not chosen:
+        raise ValueError(f"--kernel must name at least one kernel family or kernel, got {text!r}")
+    return tuple(k for k in all_kernels() if k in chosen)
+
+
 def _unique(items: Iterable[int]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def table_buckets(table: tuning.Table, target: str) -> dict[tuple[str, int, bool], tuple[tuple[int, ...], ...]]:
-    """For each (dtype, head dim, causal) group of ``target`` in the table: its seqlen_q and seqlen_k buckets."""
+def table_buckets(table: tuning.Table, target: str,
+                  kernel: str = KERNEL) -> dict[tuple[str, int, bool], tuple[tuple[int, ...], ...]]:
+    """For each (dtype, head dim, causal) group of ``kernel`` for ``target`` in the table: its seqlen buckets."""
     found: dict[tuple[str, int, bool], tuple[set[int], set[int]]] = {}
     for row in table:
-        if row.target == target and row.kernel == KERNEL and row.head_dim in dispatch.HEAD_DIMS:
+        if row.target == target and row.kernel == kernel and row.head_dim in dispatch.HEAD_DIMS:
             qs, ks = found.setdefault((row.dtype, row.head_dim, row.causal), (set(), set()))
             qs.add(row.seqlen_q)
             ks.add(row.seqlen_k)
@@ -102,27 +148,35 @@ def _seqlens(axes: Axes, buckets: tuple[tuple[int, ...], ...] | None) -> list[tu
         return list(itertools.product(qs, ks))
     qs = _unique(map(tuning.bucket, axes.seqlens_q)) if axes.seqlens_q else DEFAULT_SEQLENS
     if not axes.seqlens_k:
-        return [(q, q) for q in qs]  # default_config reads seqlen_q only
+        return [(q, q) for q in qs]  # a default reads one class, of seqlen_q or seqlen_k: (q, q) covers both
     return list(itertools.product(qs, _unique(map(tuning.bucket, axes.seqlens_k))))
 
 
 def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
-    """The variants dispatch would select for the calls ``axes`` describe, given ``table``; unique by key."""
+    """The variants dispatch would select for the calls ``axes`` describe, given ``table``; unique by key.
+
+    ``table`` holds the rows of every kernel planned (``tuning.tables_for``);
+    each kernel reads its own rows.
+    """
     plan: dict[str, Planned] = {}
     for target in axes.targets:
-        in_table = table_buckets(table, str(target))
-        head_dims = axes.head_dims or DEFAULT_HEAD_DIMS
-        for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, head_dims,
-                                                         axes.causal or DEFAULT_CAUSAL):
-            buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
-            for aligned, index64, (seqlen_q, seqlen_k) in itertools.product(axes.aligned, axes.index64,
-                                                                            _seqlens(axes, buckets)):
-                config, row = dispatch.flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
-                variant = dispatch.flash_fwd_variant(target, dtype, head_dim, causal, aligned, seqlen_q, config=config,
-                                                     index64=index64, seqlen_k=seqlen_k)
-                key = variant.key()
-                plan.setdefault(key, Planned(variant, key, "table" if row is not None else "default"))
+        for kernel in axes.kernels or all_kernels():
+            for planned in _kernel_variants(axes, table, target, kernel):
+                plan.setdefault(planned.key, planned)
     return list(plan.values())
+
+
+def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
+    in_table = table_buckets(table, str(target), kernel)
+    for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, axes.head_dims or DEFAULT_HEAD_DIMS,
+                                                     axes.causal or DEFAULT_CAUSAL):
+        buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
+        for aligned, index64, (seqlen_q, seqlen_k) in itertools.product(axes.aligned, axes.index64,
+                                                                        _seqlens(axes, buckets)):
+            config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
+            variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
+                                              config=config, index64=index64)
+            yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 
 def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:

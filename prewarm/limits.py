@@ -17,8 +17,26 @@ the default configs (2026-11-30, this machine, no GPU needed to compile):
   in LDS): gfx942 fp16 128/64 at head dim 64, 128: 16 and 32 KiB, Triton 16
   and 32; 64/32 at 256: 32 and 36 KiB; fp32 64/16, 1 stage, 256: 32 and 64.
 
+The backward kernels (``flash_bwd_dq``, ``flash_bwd_dkdv``) each hold one
+pair of tiles for the whole program (q and dO of BLOCK_M rows in dq; k and v
+of BLOCK_N rows in dK/dV) and stream the other pair (k and v; q and dO)
+through the loop. Their bound, measured against Triton 3.9's ``Entry.shared``
+(2026-11-30, this machine, compile_variant, default configs and a few more):
+
+- CUDA: both held tiles plus both streamed tiles of every pipeline stage but
+  the last, ``(2 * held + 2 * streamed * max(1, num_stages - 1)) * BLOCK_D *
+  bytes``. sm_90 fp16 head dim 128, dq 128/32 and dK/dV 32/128, 3 stages:
+  estimate 96 KiB, Triton 112 and 112.5; sm_80 the same: 96, Triton 96 and
+  96.5; sm_90 bf16 256, 64/32 and 32/64, 1 stage: 96 and 96; sm_80 fp32 256,
+  32/16 and 16/32: 96, Triton 96 and 98; sm_86 dK/dV fp16 128 32/64, 2 stages:
+  48, Triton 52.25 (tests/test_prewarm_limits.py holds the table).
+- HIP: one tile of each streamed pair, ``2 * streamed * BLOCK_D * bytes``
+  (the held ones are not kept in LDS): gfx942 fp16 head dim 128, dq 128/32
+  and dK/dV 32/128, 2 stages: 16 KiB, Triton 32 and 32.
+
 Being a lower bound, it never refuses a variant that fits; it refuses those
-that could not fit whatever the compiler did.
+that could not fit whatever the compiler did (a cubin needing more shared
+memory than the GPU has compiles, but fails to load on it).
 """
 
 from __future__ import annotations
@@ -72,30 +90,40 @@ def known_target(text: str) -> Target:
     return target
 
 
+# The kernels the estimate knows: ``refusal`` checks only the tile caps of any other.
+ESTIMATED_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
+
+
 def estimate_shared(variant: Variant) -> int:
-    """A lower bound, in bytes, of the shared memory a ``flash_fwd`` variant needs (see the module docstring)."""
+    """A lower bound, in bytes, of the shared memory a variant of ``ESTIMATED_KERNELS`` needs (module docstring)."""
     block_m, block_n, block_d = (int(variant.get(name)) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_D"))
     tile = block_d * DTYPE_BYTES[variant.dtype]
-    if Target.parse(variant.target).backend == "hip":
-        return 2 * block_n * tile
-    return (block_m + 2 * block_n * max(1, int(variant.get("num_stages")) - 1)) * tile
+    stages = max(1, int(variant.get("num_stages")) - 1)
+    hip = Target.parse(variant.target).backend == "hip"
+    if variant.kernel == "flash_fwd":
+        return 2 * block_n * tile if hip else (block_m + 2 * block_n * stages) * tile
+    if variant.kernel not in ESTIMATED_KERNELS:
+        raise ValueError(f"no shared-memory estimate for kernel {variant.kernel!r}; known: {ESTIMATED_KERNELS}")
+    held, streamed = (block_m, block_n) if variant.kernel == "flash_bwd_dq" else (block_n, block_m)
+    return 2 * streamed * tile if hip else (2 * held + 2 * streamed * stages) * tile
 
 
 def refusal(variant: Variant) -> str | None:
     """Why ``variant`` cannot be built (too large a tile, or more shared memory than its target has); None if it may.
 
     ``variant`` must have passed ``lazytriton.variant.check_fields``. A target
-    missing from ``KNOWN_TARGETS`` is checked against the tile caps only.
+    missing from ``KNOWN_TARGETS``, or a kernel outside ``ESTIMATED_KERNELS``,
+    is checked against the tile caps only.
     """
-    if variant.kernel != "flash_fwd":
-        return None
     for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D)):
         value = int(variant.get(name))
         if value > cap:
             return f"{name}={value} is over the cap of {cap}"
     limits = KNOWN_TARGETS.get(variant.target)
+    if limits is None or variant.kernel not in ESTIMATED_KERNELS:
+        return None
     need = estimate_shared(variant)
-    if limits is not None and need > limits.shared:
+    if need > limits.shared:
         return (f"needs at least {need / _KIB:g} KiB of shared memory (tiles BLOCK_M x BLOCK_N x BLOCK_D at "
                 f"{variant.dtype}, num_stages={variant.get('num_stages')}); {variant.target} has "
                 f"{limits.shared / _KIB:g} KiB")

@@ -498,3 +498,55 @@ def test_explain_json(cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: 
     assert report["served_by"] is None and report["tiers"][-1]["state"] == "off"
     status, out, err = cli(capsys, "explain", "--json", "--dtype", "fp16", "--head-dim", "300", "--seqlen-q", "16")
     assert status == 2 and out == "" and "head dim must be at most 256, got 300" in err
+
+
+# --- explain for the backward family ---------------------------------------------------------------------------
+
+BWD_CALL = ("--kernel", "flash_bwd", *CALL, "--seqlen-k", "8000")
+
+
+def bwd_variants() -> dict[str, Any]:
+    return {kernel: dispatch.kernel_variant(kernel, Target.parse("sm_90"), "bf16", 128, False, True, 4096, 8000)
+            for kernel in dispatch.BWD_KERNELS}
+
+
+def test_explain_the_backward_shows_both_kernels_and_the_tier_of_each(
+        cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    default = bwd_variants()["flash_bwd_dkdv"]
+    row = tuning.Row("sm_90", "flash_bwd_dkdv", "bf16", 128, False, 4096, 8192, 64, 128, 8, 2, 0, 210.5, "H200",
+                     "2026-11-30")
+    monkeypatch.setattr(tuning, "table_for", lambda kernel: tuning.Table([row]))
+    dq, tuned = bwd_variants().values()
+    assert tuned != default and tuned.get("BLOCK_M") == 64, "the dK/dV row decides its variant"
+    seed(cache_dir, fake_entry(dq.key()))
+    use_images(monkeypatch, write_image(tmp_path / "bwd.ltimg", [fake_entry(tuned.key())]).path)
+
+    status, out, _ = cli(capsys, "explain", *BWD_CALL)
+    assert status == 0
+    assert out.startswith("call     flash_bwd bf16 head_dim=128 seqlen_q=4096 seqlen_k=8000")
+    assert "a call launches flash_bwd_dq, then flash_bwd_dkdv" in out
+    dq_part, dkdv_part = out.split("\nflash_bwd_dq\n")[1].split("\nflash_bwd_dkdv\n")
+    assert f"variant  {dq}" in dq_part and f"key      {dq.key()}" in dq_part and "served by local" in dq_part
+    assert "default config (no tuning row for sm_90 flash_bwd_dq bf16 head dim 128 causal=False)" in dq_part
+    assert f"variant  {tuned}" in dkdv_part and "served by image" in dkdv_part
+    assert "row seqlen_q<=4096 seqlen_k<=8192: BLOCK_M=64 BLOCK_N=128 num_warps=8 num_stages=2" in dkdv_part
+    assert "210.5 TFLOP/s on H200" in dkdv_part
+
+    status, report, _ = cli_json(capsys, "explain", *BWD_CALL)
+    assert status == 0 and report["call"]["kernel"] == "flash_bwd"
+    assert report["call"]["kernels"] == list(dispatch.BWD_KERNELS) and "variant" not in report
+    by_kernel = {k["kernel"]: k for k in report["kernels"]}
+    assert (by_kernel["flash_bwd_dq"]["variant"], by_kernel["flash_bwd_dq"]["key"]) == (str(dq), dq.key())
+    assert by_kernel["flash_bwd_dq"]["served_by"] == "local" and by_kernel["flash_bwd_dq"]["tuning"] is None
+    assert by_kernel["flash_bwd_dkdv"]["served_by"] == "image"
+    assert by_kernel["flash_bwd_dkdv"]["tuning"]["BLOCK_N"] == by_kernel["flash_bwd_dkdv"]["config"]["block_n"] == 128
+
+    # One kernel of the family: its report, with its fields at the top level as the forward's are.
+    status, report, _ = cli_json(capsys, "explain", "--kernel", "flash_bwd_dkdv", *CALL, "--seqlen-k", "8000")
+    assert (report["variant"], report["served_by"]) == (str(tuned), "image")
+    assert [k["kernel"] for k in report["kernels"]] == ["flash_bwd_dkdv"]
+    _, report, _ = cli_json(capsys, "explain", *CALL)
+    assert [k["kernel"] for k in report["kernels"]] == ["flash_fwd"] and report["call"]["kernel"] == "flash_fwd"
+    with pytest.raises(SystemExit):
+        main(["cache", "explain", "--kernel", "flash_bwd_dx", *CALL])
+    assert "invalid choice" in capsys.readouterr().err

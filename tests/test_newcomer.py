@@ -149,10 +149,14 @@ def test_plural() -> None:
 
 
 def test_prewarm_counts_one_variant_in_the_singular(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "top_left",
-                 "--seqlen-q", "128", "--seqlen-k", "128", "--list"]) == 0
+    call = ["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "top_left",
+            "--seqlen-q", "128", "--seqlen-k", "128", "--list"]
+    assert main([*call, "--kernel", "flash_fwd"]) == 0
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 1 and err.strip() == "1 variant"
+    assert main(call) == 0  # every kernel family: the count says how many of each kernel
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 3 and err.strip() == "3 variants: flash_fwd 1, flash_bwd_dq 1, flash_bwd_dkdv 1"
 
 
 # ---------------------------------------------------------------------------

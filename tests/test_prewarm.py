@@ -40,6 +40,7 @@ from lazytriton.target import Target
 from lazytriton.variant import Variant
 
 SM90, SM80, GFX942 = Target.parse("sm_90"), Target.parse("sm_80"), Target.parse("gfx942")
+FWD = ("flash_fwd",)  # these tests are of the forward's plan; tests/test_families.py has the backward's
 EMPTY = tuning.Table(())
 EPOCH = "1700000000"
 EM_CUDA, EM_AMDGPU = 190, 224
@@ -65,7 +66,7 @@ def keys(axes: Axes, table: tuning.Table = EMPTY) -> list[str]:
 
 
 def test_default_grid_covers_every_call_dispatch_can_make_at_a_padded_head_dim() -> None:
-    plan = enumerate_variants(Axes((SM90,)), EMPTY)
+    plan = enumerate_variants(Axes((SM90,), kernels=FWD), EMPTY)
     planned = {p.key for p in plan}
     assert len(planned) == len(plan), "deduplicated by key"
     assert {p.origin for p in plan} == {"default"}
@@ -79,7 +80,7 @@ def test_default_grid_covers_every_call_dispatch_can_make_at_a_padded_head_dim()
 
 
 def test_table_groups_are_built_at_their_rows_and_the_rest_at_the_default_classes() -> None:
-    axes = Axes((SM90,), dtypes=("bf16",), head_dims=(128,))
+    axes = Axes((SM90,), kernels=FWD, dtypes=("bf16",), head_dims=(128,))
     plan = enumerate_variants(axes, TABLE)
     causal = [p for p in plan if p.variant.get("CAUSAL")]
     assert sorted(p.variant.get("BLOCK_M") for p in causal) == [16, 64, 128]
@@ -93,23 +94,23 @@ def test_table_groups_are_built_at_their_rows_and_the_rest_at_the_default_classe
             v = dispatch.flash_fwd_variant(SM90, "bf16", 128, is_causal, True, sq, seqlen_k=sk, table=TABLE)
             assert v.key() in {p.key for p in plan}, (sq, sk, is_causal)
     # The sm_80 row is not in an sm_90 plan, and is in an sm_80 one.
-    sm80 = enumerate_variants(Axes((SM80,), dtypes=("bf16",), head_dims=(128,), causal=(True,)), TABLE)
+    sm80 = enumerate_variants(Axes((SM80,), kernels=FWD, dtypes=("bf16",), head_dims=(128,), causal=(True,)), TABLE)
     assert [(p.origin, p.variant.get("BLOCK_N")) for p in sm80] == [("table", 128)]
 
 
 def test_no_axis_flags_means_table_rows_plus_the_default_grid() -> None:
-    with_table = {p.key: p for p in enumerate_variants(Axes((SM90,)), TABLE)}
-    without = {p.key for p in enumerate_variants(Axes((SM90,)), EMPTY)}
+    with_table = {p.key: p for p in enumerate_variants(Axes((SM90,), kernels=FWD), TABLE)}
+    without = {p.key for p in enumerate_variants(Axes((SM90,), kernels=FWD), EMPTY)}
     table_rows = {k for k, p in with_table.items() if p.origin == "table"}
     assert len(table_rows) == 3
     # Only the table's group changed: its default variants gave way to its rows.
-    group = {p.key for p in enumerate_variants(Axes((SM90,), dtypes=("bf16",), head_dims=(128,), causal=(True,)),
+    group = {p.key for p in enumerate_variants(Axes((SM90,), FWD, dtypes=("bf16",), head_dims=(128,), causal=(True,)),
                                                EMPTY)}
     assert set(with_table) == (without - group) | table_rows
 
 
 def test_explicit_axes_padded_head_dims_unaligned_and_seqlens() -> None:
-    axes = Axes((SM90,), dtypes=("fp16",), head_dims=(80, 96, 128), causal=(False,), seqlens_q=(100, 128),
+    axes = Axes((SM90,), FWD, dtypes=("fp16",), head_dims=(80, 96, 128), causal=(False,), seqlens_q=(100, 128),
                 aligned=(True, False))
     plan = enumerate_variants(axes, EMPTY)
     flags = [(p.variant.get("BLOCK_D"), p.variant.get("EVEN_D"), p.variant.get("ALIGN16")) for p in plan]
@@ -119,7 +120,7 @@ def test_explicit_axes_padded_head_dims_unaligned_and_seqlens() -> None:
 
 
 def test_index64_axis_adds_exactly_the_variants_large_tensors_select() -> None:
-    axes = Axes((SM90,), dtypes=("bf16",), head_dims=(128,), causal=(False, True), seqlens_q=(4096,))
+    axes = Axes((SM90,), FWD, dtypes=("bf16",), head_dims=(128,), causal=(False, True), seqlens_q=(4096,))
     narrow = enumerate_variants(axes, TABLE)
     wide = enumerate_variants(record.replace(axes, index64=(False, True)), TABLE)
     assert [p.variant.get("INDEX64") for p in narrow] == [False, False]
@@ -204,16 +205,16 @@ def test_cli_list_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     from lazytriton.variant import DTYPES
 
     assert cli.DTYPES == DTYPES, "the parser's copy (kept to build it without importing variant) is in sync"
-    assert cli_main(["prewarm", "--target", "sm_90", "--dtype", "fp16", "--head-dim", "80", "--causal",
-                     "bottom_right", "--list"]) == 0
+    assert cli_main(["prewarm", "--target", "sm_90", "--kernel", "flash_fwd", "--dtype", "fp16", "--head-dim", "80",
+                     "--causal", "bottom_right", "--list"]) == 0
     out, err = capsys.readouterr()
     listed = [line.split() for line in out.splitlines()]
-    expected = enumerate_variants(Axes((SM90,), dtypes=("fp16",), head_dims=(80,), causal=(True,)),
+    expected = enumerate_variants(Axes((SM90,), FWD, dtypes=("fp16",), head_dims=(80,), causal=(True,)),
                                   tuning.table_for("flash_fwd"))
     assert [k for k, _, _ in listed] == [p.key for p in expected] and err.strip() == f"{len(expected)} variants"
     assert all(Variant.parse(v).key() == k and Variant.parse(v).get("CAUSAL") is True for k, _, v in listed)
-    assert cli_main(["prewarm", "--target", "sm_90", "--dtype", "fp16", "--head-dim", "80", "--causal",
-                     "bottom_right", "--index64", "--list"]) == 0
+    assert cli_main(["prewarm", "--target", "sm_90", "--kernel", "flash_fwd", "--dtype", "fp16", "--head-dim", "80",
+                     "--causal", "bottom_right", "--index64", "--list"]) == 0
     wide = [Variant.parse(line.split()[2]) for line in capsys.readouterr().out.splitlines()]
     assert len(wide) == 2 * len(expected) and sum(v.get("INDEX64") for v in wide) == len(expected)
     assert cli_main(["prewarm", "--dtype", "fp16", "--list"]) == 2
@@ -262,7 +263,7 @@ def test_causal_takes_the_api_and_explain_vocabulary(capsys: pytest.CaptureFixtu
 
 # --- real builds -----------------------------------------------------------------------------------------------
 
-SMALL = ["--dtype", "fp16", "--head-dim", "16"]
+SMALL = ["--kernel", "flash_fwd", "--dtype", "fp16", "--head-dim", "16"]
 
 
 def prewarm_command(*args: str) -> list[str]:

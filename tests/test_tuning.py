@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from lazytriton import dispatch, tuning
 from lazytriton.cli import tune
 from lazytriton.target import Target
+from lazytriton.variant import Variant
 
 HEADER = ",".join(tuning.COLUMNS)
 
@@ -140,3 +142,133 @@ def test_tune_writes_the_users_table_not_the_package(monkeypatch: pytest.MonkeyP
     tuning._table_for.cache_clear()  # the tables are read once per process
     config, used = dispatch.flash_fwd_config(Target.parse("sm_90"), "bf16", 128, False, 4096, 4096)
     assert used is not None and used.gpu != "test", "a damaged user table leaves the shipped one serving"
+
+
+# --- the backward family: its table, its rows, its tuner ------------------------------------------------------
+
+BWD = dispatch.BWD_KERNELS
+SM90 = Target.parse("sm_90")
+
+
+def test_the_backward_kernels_share_their_familys_tables(cache_dir: Path) -> None:
+    shipped = {tuning.table_path(name) for name in ("flash_bwd", *BWD)}
+    assert shipped == {tuning.table_path("flash_fwd").parent.parent / "flash_bwd" / "tuning.csv"}
+    assert {tuning.user_table_path(name) for name in ("flash_bwd", *BWD)} == {cache_dir / "tuning" / "flash_bwd.csv"}
+    assert tuning.user_table_path("flash_fwd") == cache_dir / "tuning" / "flash_fwd.csv"
+    table = tuning.Table.parse(tuning.table_path("flash_bwd").read_text())
+    assert all(r.kernel in BWD for r in table)
+    with pytest.raises(ValueError, match="unknown kernel 'flash_bwd_dx'"):
+        tuning.user_table_path("flash_bwd_dx")
+
+
+def bwd_row(kernel: str, block_m: int, block_n: int, sq: int = 4096, sk: int = 4096) -> tuning.Row:
+    return tuning.Row("sm_90", kernel, "bf16", 128, False, sq, sk, block_m, block_n, 8, 2, 0, 1.0, "test",
+                      "2026-11-30")
+
+
+def test_dispatch_reads_each_backward_kernels_own_rows_from_the_users_table(cache_dir: Path) -> None:
+    user = tuning.user_table_path("flash_bwd_dq")
+    user.parent.mkdir(parents=True)
+    dq = bwd_row("flash_bwd_dq", 64, 64)
+    user.write_text(tuning.Table([dq]).to_csv())
+    config, used = dispatch.kernel_config("flash_bwd_dq", SM90, "bf16", 128, False, 4096, 4096)
+    assert used == dq and (config.block_m, config.block_n, config.num_warps) == (64, 64, 8)
+    config, used = dispatch.kernel_config("flash_bwd_dkdv", SM90, "bf16", 128, False, 4096, 4096)
+    assert used is None, "a dq row is not a dK/dV row"
+    assert config == dispatch.bwd_default_config("flash_bwd_dkdv", SM90, "bf16", 128, 4096, 4096)
+    assert dispatch.kernel_config("flash_fwd", SM90, "bf16", 128, False, 4096, 4096)[1] != dq
+
+
+@pytest.mark.parametrize("kernel", BWD)
+def test_bwd_tune_candidates_fit_the_shape_and_the_target(kernel: str) -> None:
+    from lazytriton.cli import tune_bwd
+    from lazytriton.prewarm.limits import refusal
+
+    for target in (SM90, Target.parse("sm_80"), Target.parse("sm_86"), Target.parse("gfx942")):
+        for dtype, head_dim, (sq, sk) in itertools.product(("bf16", "fp32"), (64, 128, 256),
+                                                           ((1, 4096), (4096, 1), (100, 100), (4096, 4096))):
+            configs = tune_bwd.candidates(kernel, target, dtype, head_dim, sq, sk)
+            assert configs[0] == dispatch.bwd_default_config(kernel, target, dtype, head_dim, sq, sk)
+            assert len(set(configs)) == len(configs) > 0
+            rows = tuning.bucket(sq if kernel == "flash_bwd_dq" else sk)
+            for c in configs[1:]:
+                held = c.block_m if kernel == "flash_bwd_dq" else c.block_n
+                assert held <= max(16, rows), (kernel, sq, sk, c)
+                v = dispatch.kernel_variant(kernel, target, dtype, head_dim, False, True, sq, sk, config=c)
+                assert refusal(v) is None, v
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        tune_bwd.candidates("flash_fwd", SM90, "bf16", 128, 16, 16)
+
+
+def test_bwd_tune_times_each_kernel_with_its_partner_fixed(tmp_path: Path) -> None:
+    from lazytriton.cli import tune, tune_bwd
+
+    sweeps = tune_bwd.sweep_variants(SM90, "bf16", 128, False, 4096, 4096, table=tuning.Table(()))
+    dq, dkdv = sweeps["flash_bwd_dq"], sweeps["flash_bwd_dkdv"]
+    assert dq[0] == dispatch.kernel_variant("flash_bwd_dq", SM90, "bf16", 128, False, True, 4096, 4096,
+                                            table=tuning.Table(()))
+    assert len(dq) > 3 and len(dkdv) > 3
+    # Made-up costs: each kernel's own time; the fastest dq candidate is wrong, one dK/dV candidate failed.
+    cost = {str(v): 1.0 + i / 10 for vs in (dq, dkdv) for i, v in enumerate(reversed(vs))}
+    wrong, failed = dq[-1], dkdv[-1]
+    calls: list[tuple[str, str]] = []
+
+    def time_pair(a: Variant, b: Variant) -> tuple[float, float]:
+        calls.append((str(a), str(b)))
+        return cost[str(a)] + cost[str(b)], 0.5 if a == wrong else 1e-3
+
+    won = tune_bwd.tune_pair(sweeps, time_pair, 1e12, failed=frozenset({str(failed)}))
+    best_dq, best_dkdv = dq[-2], dkdv[-2]  # the cheapest correct dq, and the cheapest dK/dV that compiled
+    assert {k: v for k, (v, _) in won.items()} == {"flash_bwd_dq": best_dq, "flash_bwd_dkdv": best_dkdv}
+    assert calls[:len(dq)] == [(str(v), str(dkdv[0])) for v in dq], "dq is timed with dK/dV held at dispatch's"
+    assert calls[len(dq):] == [(str(best_dq), str(v)) for v in dkdv if v != failed], "then dK/dV on dq's winner"
+    assert won["flash_bwd_dkdv"][1] == pytest.approx(1e12 / (cost[str(best_dq)] + cost[str(best_dkdv)]) / 1e9)
+    only = tune_bwd.tune_pair(sweeps, time_pair, 1e12, kernels=("flash_bwd_dkdv",))
+    assert list(only) == ["flash_bwd_dkdv"] and calls[-1][0] == str(dq[0])
+
+    # The rows, written to the family's table, make dispatch pick exactly the winners.
+    rows = [tune_bwd.row_for(v, 4096, 4096, tflops, "test", "2026-11-30") for v, tflops in won.values()]
+    path = tmp_path / "flash_bwd.csv"
+    tune.save_rows(path, [bwd_row("flash_bwd_dq", 16, 16, 16, 16)])
+    tune.save_rows(path, rows)
+    table = tuning.Table.parse(path.read_text())
+    assert len(table) == 3, "the other bucket's row is kept"
+    for kernel, (variant, _) in won.items():
+        assert dispatch.kernel_variant(kernel, SM90, "bf16", 128, False, True, 3000, 4000, table=table) == variant
+    assert tune_bwd.pick([(dq[0], 1.0, 0.5)]) is None
+
+
+def test_tune_kernel_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert tune.families_of(("flash_fwd", "flash_bwd_dkdv")) == {"flash_fwd": ("flash_fwd",),
+                                                                  "flash_bwd": ("flash_bwd_dkdv",)}
+    assert tune.families_of(BWD) == {"flash_bwd": BWD}
+    assert tune.main(["--kernel", "flash_bwd"]) == 2  # no GPU here: refused before any work
+    assert "needs" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tune.main(["--kernel", "flash_bwd_dx"])
+    assert "neither a kernel family" in capsys.readouterr().err
+
+
+def test_bwd_tune_group_compiles_times_and_rows_only_the_kernels_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lazytriton.cli import tune_bwd
+
+    compiled: list[Variant] = []
+
+    def compile_all(variants: list[Variant], jobs: int) -> dict[str, str]:
+        compiled.extend(variants)
+        return {}
+
+    def timer(inputs: dict[str, object], reps: int) -> tune_bwd.Timer:
+        return lambda dq, dkdv: (1.0 + dkdv.get("BLOCK_M") / 1000 + dq.get("BLOCK_N") / 1000, 1e-3)
+
+    monkeypatch.setattr(tune, "compile_all", compile_all)
+    monkeypatch.setattr(tune_bwd, "make_inputs", lambda *args: {"flops": 1e12})
+    monkeypatch.setattr(tune_bwd, "gpu_timer", timer)
+    pairs = [(4096, 4096), (16, 4096)]
+    rows = tune_bwd.tune_group(SM90, "bf16", 128, True, pairs, 1, 1, "fake GPU", kernels=("flash_bwd_dkdv",))
+    assert [(r.kernel, r.seqlen_q, r.seqlen_k, r.causal, r.gpu) for r in rows] == [
+        ("flash_bwd_dkdv", 4096, 4096, True, "fake GPU"), ("flash_bwd_dkdv", 16, 4096, True, "fake GPU")]
+    assert all(r.BLOCK_M == min(c.block_m for c in tune_bwd.candidates("flash_bwd_dkdv", SM90, "bf16", 128,
+                                                                         r.seqlen_q, r.seqlen_k)) for r in rows)
+    dq_compiled = [v for v in compiled if v.kernel == "flash_bwd_dq"]
+    assert len(dq_compiled) == len(pairs), "dq only as the fixed partner, once per pair"

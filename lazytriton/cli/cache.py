@@ -5,6 +5,7 @@
     lazytriton cache verify [PATH] [--json] # the local tier and images, or one image / cache dir
     lazytriton cache explain [--json] --dtype bf16 --head-dim 128 --seqlen-q 4096 [--seqlen-k N]
                              [--causal none|top_left|bottom_right] [--target sm_90] [--unaligned]
+                             [--kernel flash_fwd|flash_bwd|flash_bwd_dq|flash_bwd_dkdv]
     lazytriton cache gc [--max-bytes 2G]    # least recently used entries go first; damaged rows, orphaned files
     lazytriton cache clear                  # entries, counters, miss log, compile locks
     lazytriton cache export --out FILE [--target sm_90,...]
@@ -389,6 +390,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 def add_parser(sub: Any) -> None:
     """Register ``cache`` and its subcommands on the ``lazytriton`` parser's subparsers."""
     from lazytriton.dispatch import CAUSAL_MODES
+    from lazytriton.kernels import FAMILIES
     from lazytriton.variant import DTYPES
 
     cache = sub.add_parser("cache", help="list, count, verify, explain, bound, export and import cached entries")
@@ -403,7 +405,11 @@ def add_parser(sub: Any) -> None:
     verify.add_argument("path", nargs="?", type=Path, help="an image, a folder of images or a cache dir "
                         "(default: the local tier and every image on the search path)")
     verify.set_defaults(fn=_guarded(cmd_verify))
-    ex = commands.add_parser("explain", help="for a described call: variant, tuning row, key, and which tier serves")
+    ex = commands.add_parser("explain", help="for a described call: variant, tuning row, key, and which tier serves "
+                                             "(each kernel of a family: --kernel flash_bwd)")
+    kernels = tuple(dict.fromkeys((*FAMILIES, *(k for ks in FAMILIES.values() for k in ks))))
+    ex.add_argument("--kernel", choices=kernels, default="flash_fwd",
+                    help="the family (flash_fwd, flash_bwd: both backward kernels) or one kernel (default: flash_fwd)")
     ex.add_argument("--dtype", choices=DTYPES, required=True)
     ex.add_argument("--head-dim", type=int, required=True)
     ex.add_argument("--seqlen-q", type=int, required=True)

@@ -33,8 +33,21 @@ def _explain_target(text: str | None) -> tuple[Any, str]:
 MEMORY_REASON = "empty in a new process (a running one keeps what it has loaded)"
 
 
+def explain_kernels(name: str) -> tuple[str, ...]:
+    """The kernels ``--kernel`` names, in launch order: a family's (``flash_bwd``: dq, then dK/dV), or one."""
+    from lazytriton.kernels import FAMILIES
+
+    return FAMILIES.get(name, (name,))
+
+
 def explain_report(args: argparse.Namespace) -> Report:
-    """The call as understood, its variant, key, config and tuning row (None: the default), and the tiers' verdicts."""
+    """The call as understood and, for each kernel it launches, its variant, key, config, tuning row and tiers.
+
+    ``kernels`` lists one report per kernel (``flash_bwd``: ``flash_bwd_dq``
+    then ``flash_bwd_dkdv``), each with its variant, key, config, tuning row
+    (None: the default), tiers and ``served_by``. A single kernel's report
+    (``flash_fwd``, the default) also carries those fields at the top level.
+    """
     from lazytriton import dispatch
 
     target, how = _explain_target(args.target)
@@ -42,16 +55,26 @@ def explain_report(args: argparse.Namespace) -> Report:
     seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
     if args.seqlen_q < 1 or seqlen_k < 0:
         raise ValueError(f"--seqlen-q must be >= 1 and --seqlen-k >= 0, got {args.seqlen_q} and {seqlen_k}")
-    config, row = dispatch.flash_fwd_config(target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
-    variant = dispatch.flash_fwd_variant(target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                         args.seqlen_q, seqlen_k=seqlen_k, index64=args.index64)
-    key = variant.key()
-    call = {"kernel": "flash_fwd", "dtype": args.dtype, "head_dim": args.head_dim,
+    kernel = getattr(args, "kernel", "flash_fwd")
+    kernels = explain_kernels(kernel)
+    rt = None
+    reports = []
+    for name in kernels:
+        config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
+        variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
+                                          args.seqlen_q, seqlen_k, index64=args.index64)
+        rt = rt or open_runtime()
+        key = variant.key()
+        reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
+                        "tuning": None if row is None else asdict(row), **tier_verdicts(rt, key)})
+    call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
             "target": str(target), "target_source": how}
-    return {"call": call, "variant": str(variant), "key": key, "config": asdict(config),
-            "tuning": None if row is None else asdict(row), **tier_verdicts(open_runtime(), key)}
+    report: Report = {"call": call, "kernels": reports}
+    if len(reports) == 1:
+        report.update({name: value for name, value in reports[0].items() if name != "kernel"})
+    return report
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -81,17 +104,28 @@ def tier_verdicts(rt: Any, key: str) -> Report:
 
 
 def print_explain(report: Report) -> None:
-    call, c, row = report["call"], report["config"], report["tuning"]
-    print(f"call     flash_fwd {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
+    call = report["call"]
+    print(f"call     {call['kernel']} {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
           f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
           f"target={call['target']} ({call['target_source']})")
     if call["causal"] == "bottom_right":
         print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
+    several = len(report["kernels"]) > 1
+    if several:
+        print(f"         a call launches {', then '.join(call['kernels'])}")
+    for kernel in report["kernels"]:
+        if several:
+            print(f"\n{kernel['kernel']}")
+        _print_kernel(call, kernel)
+
+
+def _print_kernel(call: Report, report: Report) -> None:
+    c, row = report["config"], report["tuning"]
     print(f"variant  {report['variant']}")
     tuned = f"BLOCK_M={c['block_m']} BLOCK_N={c['block_n']} num_warps={c['num_warps']} num_stages={c['num_stages']}"
     if row is None:
-        print(f"tuning   default config (no tuning row for {call['target']} flash_fwd {call['dtype']} head dim "
-              f"{call['padded_head_dim']} causal={call['causal'] != 'none'}): {tuned}")
+        print(f"tuning   default config (no tuning row for {call['target']} {report['kernel']} {call['dtype']} "
+              f"head dim {call['padded_head_dim']} causal={call['causal'] != 'none'}): {tuned}")
     else:
         print(f"tuning   row seqlen_q<={row['seqlen_q']} seqlen_k<={row['seqlen_k']}: {tuned} "
               f"({row['tflops']} TFLOP/s on {row['gpu']}, {row['measured']})")

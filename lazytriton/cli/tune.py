@@ -1,14 +1,19 @@
 """lazytriton tune: measure candidate configs on this GPU and write tuning-table rows.
 
-For each (dtype, head dim, causal) group and each (seqlen_q, seqlen_k) pair,
+For each kernel family (--kernel flash_fwd, the default, and/or flash_bwd),
+each (dtype, head dim, causal) group and each (seqlen_q, seqlen_k) pair,
 every candidate config is compiled (in parallel, through the runtime and its
 cache, so a rerun compiles nothing), checked against a float32 reference, and
-timed (median of event-timed launches of the cached kernel, launched exactly
-as attn_fwd launches it); the fastest becomes a row of the user's tuning table
-(<cache dir>/tuning/flash_fwd.csv, read over the shipped one by every call;
---table names another file) with its TFLOP/s, the GPU's name and the date.
-Rows for other groups are kept. Shapes follow FlashAttention's benchmarks:
-hidden 2048 and batch x seqlen_q = 16k tokens.
+timed (median of event-timed launches of the cached kernels, launched exactly
+as a call launches them); the fastest becomes a row of the family's user
+tuning table (<cache dir>/tuning/<family>.csv, read over the shipped one by
+every call; --table names another file) with its TFLOP/s, the GPU's name and
+the date. Rows for other groups are kept. Shapes follow FlashAttention's
+benchmarks: hidden 2048 and batch x seqlen = 16k tokens.
+
+The backward's two kernels (flash_bwd_dq, flash_bwd_dkdv) get a row each,
+each chosen on its own time with the other kernel held fixed (see
+lazytriton/cli/tune_bwd.py); --kernel flash_bwd_dq tunes one of them only.
 """
 
 from __future__ import annotations
@@ -162,17 +167,30 @@ def _csv_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def _kernels(text: str) -> tuple[str, ...]:
+    from lazytriton.prewarm.enumeration import parse_kernels
+
+    try:
+        return parse_kernels(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lazytriton tune", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lazytriton tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", type=_kernels, default=("flash_fwd",),
+                        help="kernel families or kernels to tune, comma-separated: flash_fwd (default), flash_bwd "
+                             "(= flash_bwd_dq,flash_bwd_dkdv)")
     parser.add_argument("--dtype", default="bf16,fp16", help="comma-separated: bf16, fp16, fp32")
     parser.add_argument("--head-dim", default="64,128", help="comma-separated head dims")
     parser.add_argument("--causal", default="both", choices=("both", "none", "causal"))
     parser.add_argument("--pairs", default=",".join(f"{q}x{k}" for q, k in DEFAULT_PAIRS),
                         help="comma-separated seqlen_q x seqlen_k pairs, e.g. 16x4096,4096x4096")
     parser.add_argument("--table", type=Path, default=None,
-                        help="the CSV to update (default: the user's table, <cache dir>/tuning/flash_fwd.csv, "
-                             "which calls read over the shipped one; the shipped table is "
-                             "kernels/flash_fwd/tuning.csv)")
+                        help="the CSV to update (default: the family's user table, <cache dir>/tuning/<family>.csv "
+                             "(flash_fwd.csv, flash_bwd.csv), which calls read over the shipped one; the shipped "
+                             "tables are kernels/<family>/tuning.csv)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
@@ -189,19 +207,44 @@ def main(argv: list[str] | None = None) -> int:
         pairs.append((int(q), int(k)))
     target = dispatch.target_of_device(torch.cuda.current_device())
     gpu = torch.cuda.get_device_name()
-    path = args.table or tuning.user_table_path("flash_fwd")
-    path.parent.mkdir(parents=True, exist_ok=True)
     causal = {"both": (False, True), "none": (False,), "causal": (True,)}[args.causal]
     rows: list[tuning.Row] = []
-    for dtype in _csv_list(args.dtype):
-        for head_dim in (int(h) for h in _csv_list(args.head_dim)):
-            for c in causal:
-                rows += tune_group(target, dtype, head_dim, c, pairs, args.jobs, args.reps, gpu)
-                old = tuning.Table.parse(path.read_text()) if path.exists() else tuning.Table(())
-                write_table(path, tuning.merge(old, rows))  # after each group: a killed run keeps what it measured
-    print(f"wrote {len(rows)} rows to {path} ({math.fsum(r.tflops for r in rows) / max(1, len(rows)):.0f} "
+    for family, kernels in families_of(args.kernel).items():
+        path = args.table or tuning.user_table_path(family)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for dtype in _csv_list(args.dtype):
+            for head_dim in (int(h) for h in _csv_list(args.head_dim)):
+                for c in causal:
+                    group = tune_family_group(family, kernels, target, dtype, head_dim, c, pairs, args, gpu)
+                    rows += group
+                    save_rows(path, group)  # after each group: a killed run keeps what it measured
+        print(f"{family}: {path}")
+    print(f"wrote {len(rows)} rows ({math.fsum(r.tflops for r in rows) / max(1, len(rows)):.0f} "
           "TFLOP/s on average)")
     return 0
+
+
+def families_of(kernels: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The chosen kernels grouped by family, in ``FAMILIES`` order (pure): each family has its own table."""
+    from lazytriton.kernels import FAMILIES
+
+    return {family: tuple(k for k in members if k in kernels) for family, members in FAMILIES.items()
+            if any(k in kernels for k in members)}
+
+
+def save_rows(path: Path, rows: Sequence[tuning.Row]) -> None:
+    """Merge ``rows`` into the table at ``path`` (rows of other groups and kernels kept) and write it atomically."""
+    old = tuning.Table.parse(path.read_text(), str(path.name)) if path.exists() else tuning.Table(())
+    write_table(path, tuning.merge(old, rows))
+
+
+def tune_family_group(family: str, kernels: Sequence[str], target: Target, dtype: str, head_dim: int, causal: bool,
+                      pairs: Sequence[tuple[int, int]], args: argparse.Namespace, gpu: str) -> list[tuning.Row]:
+    if family == "flash_fwd":
+        return tune_group(target, dtype, head_dim, causal, pairs, args.jobs, args.reps, gpu)
+    from lazytriton.cli import tune_bwd
+
+    return tune_bwd.tune_group(target, dtype, head_dim, causal, pairs, args.jobs, args.reps, gpu, kernels)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,231 @@
+"""``lazytriton tune --kernel flash_bwd``: tune the backward's two kernels, each on its own time.
+
+A backward call launches ``flash_bwd_dq`` (which also writes delta =
+rowsum(dO * O)) and then ``flash_bwd_dkdv`` (which reads delta), so the
+dK/dV kernel cannot run alone, and ``binding.launch_gpu`` launches the pair
+exactly as a call does. Each kernel is therefore tuned with its partner held
+fixed: every dq candidate is timed with dK/dV at dispatch's current choice
+(its table row, else its default), then every dK/dV candidate with dq at the
+winner just found. The partner's time is the same for every candidate of a
+sweep, so the fastest pair is the fastest candidate of the kernel being
+tuned: its choice depends on its own time alone, and each kernel's row is
+chosen independently of the other's candidates. A row's ``tflops`` is the
+whole backward's rate in that sweep (FlashAttention's convention: 2.5 times
+the forward's FLOPs, over the pair's time), so the dK/dV row holds the rate
+of the tuned pair.
+
+Everything but the timing is pure (``candidates``, ``sweep_variants``,
+``pick``, ``row_for``, ``tune_pair`` with an injected timer) and tested on CPU.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lazytriton import dispatch, tuning
+from lazytriton.target import Target
+from lazytriton.variant import Variant
+
+KERNELS = dispatch.BWD_KERNELS
+MAX_ERROR = 2e-2  # relative (Frobenius) error of each gradient against the float32 reference
+
+# (held, streamed, num_warps, num_stages): "held" is the tile a program keeps (BLOCK_M query rows in dq,
+# BLOCK_N key rows in dK/dV), "streamed" the one its loop walks. A starting grid around Triton's
+# fused-attention tutorial (128 held x 32 streamed, 4 warps, 3 stages on Hopper) and FlashAttention-2's
+# Triton backward (64-128 square tiles, 4-8 warps); not yet measured here (no GPU on the build machines).
+_WIDE = ((128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 16, 4, 3),
+         (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2))
+# Held tiles of 16 for programs with at most 16 rows of their own (decode-like dq, short-key dK/dV).
+_NARROW = ((16, 32, 4, 3), (16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2))
+
+# time(dq variant, dkdv variant) -> (median ms of the pair, worst relative error of dq, dk, dv)
+Timer = Callable[[Variant, Variant], tuple[float, float]]
+
+
+def own_seqlen(kernel: str, seqlen_q: int, seqlen_k: int) -> int:
+    """The seqlen whose rows a program of ``kernel`` holds: seqlen_q for dq, seqlen_k for dK/dV."""
+    return seqlen_q if kernel == "flash_bwd_dq" else seqlen_k
+
+
+def candidates(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q: int,
+               seqlen_k: int) -> list[dispatch.Config]:
+    """Configs worth timing for one kernel and shape (pure).
+
+    Held tiles are no longer than the rows a program holds; a config whose
+    tiles cannot fit the target's shared memory (``prewarm.limits.refusal``)
+    is left out; dispatch's own choice without a table (the default) is
+    always a candidate, so a tuned row is never slower than the default by
+    the measurement that chose it.
+    """
+    from lazytriton.prewarm.limits import refusal
+
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    rows = tuning.bucket(own_seqlen(kernel, seqlen_q, seqlen_k))
+    base = _NARROW if rows <= 16 else _WIDE
+    configs = []
+    for held, streamed, warps, stages in base:
+        if held > max(16, rows):
+            continue
+        configs.append(dispatch.Config(held, streamed, warps, stages) if kernel == "flash_bwd_dq"
+                       else dispatch.Config(streamed, held, warps, stages))
+    padded = dispatch.padded_head_dim(head_dim)
+    default = dispatch.bwd_default_config(kernel, target, dtype, padded, seqlen_q, seqlen_k)
+    if target.backend == "hip":
+        configs = [dispatch.Config(c.block_m, c.block_n, c.num_warps, min(c.num_stages, 2), 2) for c in configs]
+    fitting = [c for c in dict.fromkeys(configs)
+               if refusal(_variant(kernel, target, dtype, head_dim, False, seqlen_q, seqlen_k, c)) is None]
+    return [default, *(c for c in fitting if c != default)]
+
+
+def _variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
+             config: dispatch.Config | None, table: tuning.Table | None = None) -> Variant:
+    return dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, True, seqlen_q, seqlen_k, config=config,
+                                   table=table)
+
+
+def sweep_variants(target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
+                   table: tuning.Table | None = None) -> dict[str, list[Variant]]:
+    """For each backward kernel: dispatch's current choice (``table``, else the files), then its candidates (pure)."""
+    sweeps = {}
+    for kernel in KERNELS:
+        chosen = _variant(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, None, table)
+        sweep = [_variant(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, c)
+                 for c in candidates(kernel, target, dtype, head_dim, seqlen_q, seqlen_k)]
+        sweeps[kernel] = [chosen, *(v for v in sweep if v != chosen)]
+    return sweeps
+
+
+def pick(timed: Sequence[tuple[Variant, float, float]]) -> tuple[Variant, float] | None:
+    """The fastest correct (variant, ms) among (variant, ms, error); None when none is correct (pure)."""
+    correct = [(ms, str(v), v) for v, ms, err in timed if err < MAX_ERROR]
+    if not correct:
+        return None
+    ms, _, variant = min(correct)
+    return variant, ms
+
+
+def backward_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
+    """FlashAttention's count: 2.5 times the forward's 4 * b * h * d * (visible pairs), bottom-right causal."""
+    pairs = seqlen_q * seqlen_k - seqlen_q * seqlen_q / 2 if causal else seqlen_q * seqlen_k
+    return 2.5 * 4 * batch * heads * head_dim * pairs
+
+
+def row_for(variant: Variant, seqlen_q: int, seqlen_k: int, tflops: float, gpu: str, measured: str) -> tuning.Row:
+    """The tuning row that makes dispatch pick ``variant`` for calls in these seqlen buckets (pure)."""
+    return tuning.Row(variant.target, variant.kernel, variant.dtype, int(variant.get("BLOCK_D")),
+                      bool(variant.get("CAUSAL")), tuning.bucket(seqlen_q), tuning.bucket(seqlen_k),
+                      int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")), int(variant.get("num_warps")),
+                      int(variant.get("num_stages")), int(dict(variant.options).get("waves_per_eu", 0)),
+                      round(tflops, 1), gpu, measured)
+
+
+def tune_pair(sweeps: dict[str, list[Variant]], time_pair: Timer, flops: float, kernels: Sequence[str] = KERNELS,
+              failed: frozenset[str] = frozenset()) -> dict[str, tuple[Variant, float]]:
+    """The winner and the backward's TFLOP/s of each kernel in ``kernels``: dq first, then dK/dV on dq's winner.
+
+    ``sweeps`` is ``sweep_variants``'s (its first variant of each kernel is
+    the partner a sweep of the other starts from); ``failed`` holds the
+    variants that did not compile (skipped). A kernel with no correct
+    candidate is left out.
+    """
+    partner = {kernel: sweeps[kernel][0] for kernel in KERNELS}
+    won: dict[str, tuple[Variant, float]] = {}
+    for kernel in KERNELS:
+        if kernel not in kernels:
+            continue
+        timed = []
+        for variant in sweeps[kernel]:
+            if str(variant) in failed:
+                continue
+            pair = {**partner, kernel: variant}
+            ms, err = time_pair(pair["flash_bwd_dq"], pair["flash_bwd_dkdv"])
+            timed.append((variant, ms, err))
+        best = pick(timed)
+        if best is None:
+            continue
+        partner[kernel] = best[0]
+        won[kernel] = (best[0], flops / best[1] / 1e9)
+    return won
+
+
+def make_inputs(dtype: str, head_dim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> dict[str, Any]:
+    """GPU tensors of one tuned shape (hidden 2048, 16k tokens), the forward's out and lse, the reference grads."""
+    import torch
+
+    from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
+    from lazytriton.kernels.flash_fwd import binding as fwd
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    heads, batch = 2048 // head_dim, max(1, 16384 // max(seqlen_q, seqlen_k))
+    q = torch.randn(batch, heads, seqlen_q, head_dim, device="cuda", dtype=torch_dtype)
+    k, v = (torch.randn(batch, heads, seqlen_k, head_dim, device="cuda", dtype=torch_dtype) for _ in range(2))
+    do = torch.randn_like(q)
+    mode = "bottom_right" if causal else False  # causal calls with seqlen_q < seqlen_k are bottom-right aligned
+    call = fwd.check(q, k, v, mode, None)
+    out, lse = fwd.empty_outputs(q, call.shape)
+    fwd.launch_gpu(q, k, v, out, lse, call)
+    ref = attention_backward_reference(*(t[:1, :2].float() for t in (q, k, v, do)), causal=mode)
+    return {"q": q, "k": k, "v": v, "do": do, "out": out, "lse": lse, "call": call, "ref": ref,
+            "flops": backward_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal)}
+
+
+def gpu_timer(inputs: dict[str, Any], reps: int) -> Timer:
+    """Time a (dq, dkdv) pair launched as a backward call launches it (``binding.launch_gpu``, forced)."""
+    import torch
+
+    from lazytriton.kernels.flash_bwd import binding
+
+    q, k, v, do, out, lse, call = (inputs[n] for n in ("q", "k", "v", "do", "out", "lse", "call"))
+    grads = binding.empty_grads(q, k, v)
+
+    def time_pair(dq_variant: Variant, dkdv_variant: Variant) -> tuple[float, float]:
+        def launch() -> None:
+            binding.launch_gpu(q, k, v, out, lse, do, grads, call, forced=(dq_variant, dkdv_variant))
+
+        launch()
+        err = max(float((g[:1, :2].float() - r).norm() / r.norm().clamp_min(1e-30))
+                  for g, r in zip(grads, inputs["ref"], strict=True))
+        for _ in range(3):
+            launch()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launch()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times), err
+
+    return time_pair
+
+
+def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: Sequence[tuple[int, int]],
+               jobs: int, reps: int, gpu: str, kernels: Sequence[str] = KERNELS) -> list[tuning.Row]:
+    """Rows for one (dtype, head dim, causal) group of the backward: per seqlen pair, each kernel's winner."""
+    from lazytriton.cli.tune import compile_all
+
+    sweeps = {pair: sweep_variants(target, dtype, head_dim, causal, *pair) for pair in pairs}
+    # Every candidate of the kernels tuned, and the fixed partner of a kernel not tuned.
+    needed = [v for s in sweeps.values() for kernel, vs in s.items() for v in (vs if kernel in kernels else vs[:1])]
+    failures = compile_all(needed, jobs)
+    rows = []
+    today = dt.date.today().isoformat()
+    for (sq, sk), sweep in sweeps.items():
+        inputs = make_inputs(dtype, head_dim, sq, sk, causal)
+        won = tune_pair(sweep, gpu_timer(inputs, reps), inputs["flops"], kernels, frozenset(failures))
+        for kernel in kernels:
+            if kernel not in won:
+                print(f"  no {kernel} candidate worked for {dtype} hd{head_dim} causal={causal} {sq}x{sk}",
+                      file=sys.stderr)
+                continue
+            variant, tflops = won[kernel]
+            rows.append(row_for(variant, sq, sk, tflops, gpu, today))
+            print(f"  {kernel} {dtype} hd{head_dim} causal={causal} {sq}x{sk}: {variant.tuned} "
+                  f"{dict(variant.options)} backward {tflops:.0f} TFLOP/s")
+    return rows
