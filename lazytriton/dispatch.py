@@ -159,9 +159,11 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
     and 0.88); dkdv 32/64, 4 warps, 3 stages (2.70 full, 1.57 causal; 6.04
     and 3.50: 128 held key rows spill registers at head dim 128).
     head dim 64: dq 64/64, 4 warps, 3 stages (1.44; 1.52); dkdv 128/64, 4
-    warps, 2 stages (2.67; 2.80). Holding 128 key rows (BLOCK_N) of two float32
-    accumulators needs 128 registers a thread for them alone at 4 warps: those
-    spill, at head dim 64 as at 128 (half the speed in bench_flash_bwd.py).
+    warps, 2 stages (2.67; 2.80). (64/128 at 4 warps, chosen first by a
+    misreading of that sweep, ran the whole backward at 146 TFLOP/s against
+    345 in bench_flash_bwd.py.) The tuning table (kernels/flash_bwd/tuning.csv,
+    ``lazytriton tune --kernel flash_bwd``) covers 1k-16k tokens for bf16/fp16
+    at head dims 64 and 128; these defaults serve the rest.
     Head dim 256 and fp32 halve the tiles (registers and shared memory; fp32
     dots use no tensor cores); short sequences get tiles no longer than
     needed. AMD values are a guess (no AMD GPU here).
