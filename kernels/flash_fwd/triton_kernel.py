@@ -20,9 +20,12 @@ program's (batch, head) slice, so any (batch, head) strides work. A descriptor
 fills rows past seqlen and columns past head_dim with zeros and clips stores
 there, so its loads need no masks; the scores keep theirs. It needs a 16-byte
 aligned base, 16-byte multiples for the row stride (``ALIGN16``) and a
-contiguous last dim, and 128 bytes of global scratch per program (Triton's
-hidden ``global_scratch`` parameter). ``TMA=false`` is the pointer kernel,
-which every target and the CPU interpreter run.
+contiguous last dim, and global scratch for the four descriptors, 128 bytes
+each, per program (Triton's hidden ``global_scratch`` parameter, 512 bytes a
+program: the launcher allocates grid x 512). ``TMA=false`` (the default, for
+callers that predate it) is the pointer kernel, which every target and the CPU
+interpreter run. Both compile for sm_90 with Triton 3.6.0 and 3.9.0 alike
+(same launch metadata), and both versions' interpreters run descriptors.
 """
 
 import triton
