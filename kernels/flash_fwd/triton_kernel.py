@@ -142,7 +142,6 @@ def flash_fwd_kernel(
     q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
-    o_base = Out + batch * stride_ob + head * stride_oh
     if TMA:
         q_desc = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, head_dim], strides=[stride_qs, 1],
                                            block_shape=[BLOCK_M, BLOCK_D])
@@ -205,6 +204,7 @@ def flash_fwd_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
 
+    o_base = Out + batch * stride_ob + head * stride_oh
     if TMA:
         # The store clips rows past seqlen_q and columns past head_dim.
         o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, head_dim], strides=[stride_os, 1],
