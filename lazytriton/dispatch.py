@@ -237,15 +237,16 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     Every attention kernel has the same functional fields (padded head dim,
     causal, EVEN_D, ALIGN16, INDEX64) and sees seqlens only through their
     buckets, so the hot paths' memo keys may stand for them. ``flash_fwd``
-    also has TMA, derived from target, dtype and alignment (``flash_fwd_tma``).
+    also has TMA=true where ``flash_fwd_tma`` says so (from target, dtype and
+    alignment); absent, it means false.
     """
     padded = padded_head_dim(head_dim)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
     cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
-    if kernel == "flash_fwd":
-        functional["TMA"] = flash_fwd_tma(target, dtype, aligned, tma)
+    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma):
+        functional["TMA"] = True  # written only when set: a pointer variant's string is what it was before TMA
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 

@@ -224,11 +224,14 @@ def test_pointer_variant_needs_no_global_scratch() -> None:
     assert entry.global_scratch_size == 0
 
 
-def test_variant_without_tma_field_compiles_the_pointer_kernel() -> None:
+def test_variant_without_tma_or_with_tma_false_compiles_the_pointer_kernel() -> None:
     # Variant strings written before TMA existed (miss logs, tuning scripts) still compile, to the pointer kernel.
-    old = Variant.parse(str(small_variant("sm_90")).replace(",TMA=false", ""))
+    old = small_variant("sm_90")
     assert "TMA" not in dict(old.functional)
-    assert compile_variant(old).global_scratch_size == 0
+    explicit = Variant.parse(str(old).replace("INDEX64=false", "INDEX64=false,TMA=false"))
+    assert explicit.get("TMA") is False and explicit.key() != old.key()
+    for variant in (old, explicit):
+        assert compile_variant(variant).global_scratch_size == 0
 
 
 def test_launcher_gives_a_tma_entry_the_scratch_it_expects() -> None:

@@ -114,7 +114,7 @@ def test_flash_fwd_variant_fields(target_name: str) -> None:
         assert (v.kernel, v.target, v.dtype) == ("flash_fwd", target_name, dtype)
         assert dict(v.functional) == {"ALIGN16": aligned, "BLOCK_D": padded, "CAUSAL": causal,
                                       "EVEN_D": head_dim == padded, "INDEX64": index64,
-                                      "TMA": dispatch.flash_fwd_tma(target, dtype, aligned)}
+                                      **({"TMA": True} if dispatch.flash_fwd_tma(target, dtype, aligned) else {})}
         assert all(type(value) is bool for name, value in v.functional if name != "BLOCK_D")
         assert dict(v.tuned) == {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
         assert dict(v.options) == cfg.options(target)
@@ -151,21 +151,23 @@ def test_flash_fwd_tma_rule(by_default: bool, monkeypatch: pytest.MonkeyPatch) -
         expected = by_default and target_name == "sm_90" and dtype in ("fp16", "bf16") and aligned
         assert dispatch.flash_fwd_tma(Target.parse(target_name), dtype, aligned) is expected, (target_name, dtype)
         v = flash_fwd_variant(Target.parse(target_name), dtype, 128, False, aligned, 4096)
-        assert v.get("TMA") is expected
+        assert dict(v.functional).get("TMA", False) is expected
 
 
 def test_flash_fwd_tma_default_is_off_until_measured() -> None:
     # The lead flips TMA_BY_DEFAULT after benchmarks/probe_tma.py on the H200; until then no call changes kernel.
     assert dispatch.TMA_BY_DEFAULT is False
-    assert flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, True, True, 4096).get("TMA") is False
+    assert "TMA" not in dict(flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, True, True, 4096).functional)
 
 
 def test_flash_fwd_tma_opt_in_and_out() -> None:
     sm90 = Target.parse("sm_90")
     on = flash_fwd_variant(sm90, "bf16", 128, True, True, 4096, tma=True)
     off = flash_fwd_variant(sm90, "bf16", 128, True, True, 4096, tma=False)
-    assert on.get("TMA") is True and off.get("TMA") is False and on.key() != off.key()
-    assert {n: v for n, v in on.functional if n != "TMA"} == {n: v for n, v in off.functional if n != "TMA"}
+    assert on.get("TMA") is True and on.key() != off.key()
+    # Absent means false: a pointer variant's string is the one it had before TMA existed.
+    assert "TMA" not in dict(off.functional) and off == flash_fwd_variant(sm90, "bf16", 128, True, True, 4096)
+    assert {n: v for n, v in on.functional if n != "TMA"} == dict(off.functional)
     assert (on.tuned, on.options) == (off.tuned, off.options), "TMA changes the kernel, not its config"
     assert flash_fwd_variant(sm90, "fp32", 64, False, True, 64, tma=True).get("TMA") is True  # allowed, not chosen
     assert Variant.parse(str(on)) == on
@@ -175,7 +177,8 @@ def test_flash_fwd_tma_opt_in_and_out() -> None:
 def test_flash_fwd_tma_refused_where_descriptors_cannot_work(target_name: str, aligned: bool) -> None:
     with pytest.raises(ValueError, match=f"tma=True needs .*got target {target_name}, aligned={aligned}"):
         flash_fwd_variant(Target.parse(target_name), "fp16", 64, False, aligned, 4096, tma=True)
-    assert flash_fwd_variant(Target.parse(target_name), "fp16", 64, False, aligned, 4096, tma=False).get("TMA") is False
+    assert "TMA" not in dict(flash_fwd_variant(Target.parse(target_name), "fp16", 64, False, aligned, 4096,
+                                               tma=False).functional)
 
 
 def test_backward_kernels_have_no_tma_field() -> None:
@@ -190,8 +193,8 @@ def test_flash_fwd_tma_follows_only_what_the_hot_memo_key_holds(monkeypatch: pyt
     monkeypatch.setattr(dispatch, "TMA_BY_DEFAULT", True)
     sm90 = Target.parse("sm_90")
     for dtype, aligned in itertools.product(DTYPES, (False, True)):
-        seen = {flash_fwd_variant(sm90, dtype, head_dim, causal, aligned, seqlen, index64=index64,
-                                  seqlen_k=seqlen_k).get("TMA")
+        seen = {dict(flash_fwd_variant(sm90, dtype, head_dim, causal, aligned, seqlen, index64=index64,
+                                       seqlen_k=seqlen_k).functional).get("TMA", False)
                 for head_dim, causal, seqlen, seqlen_k, index64 in itertools.product(
                     (16, 59, 128, 256), (False, True), (1, 100, 4096), (1, 5000), (False, True))}
         assert seen == {dispatch.flash_fwd_tma(sm90, dtype, aligned)}
