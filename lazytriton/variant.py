@@ -198,6 +198,8 @@ def check_fields(variant: Variant) -> Variant:
         raise ValueError(f"variant {variant} has unknown fields {', '.join(unknown)}")
     for name, value in constexprs.items():
         _check_constexpr(variant, name, value)
+    if constexprs.get("TMA") is True:
+        _check_tma(variant)
     for name, value in variant.options:
         low, high = _OPTIONS[name]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -205,6 +207,16 @@ def check_fields(variant: Variant) -> Variant:
     if variant.get("num_warps") & (variant.get("num_warps") - 1):  # type: ignore[operator]
         raise ValueError(f"variant {variant}: num_warps={variant.get('num_warps')} must be a power of two")
     return variant
+
+
+def _check_tma(variant: Variant) -> None:
+    """TMA=true only where descriptors work (a miss log or a hand-written string may say otherwise)."""
+    from lazytriton.dispatch import flash_fwd_tma
+
+    try:
+        flash_fwd_tma(Target.parse(variant.target), variant.dtype, variant.constexprs.get("ALIGN16") is True, True)
+    except ValueError as exc:
+        raise ValueError(f"variant {variant}: {exc}") from None
 
 
 def kernel_constexprs(variant: Variant, names: tuple[str, ...]) -> dict[str, Value]:

@@ -215,3 +215,14 @@ def test_check_fields_takes_tma_and_its_absence() -> None:
         check_fields(Variant.parse(str(on).replace("TMA=true", "TMA=1")))
     with pytest.raises(KeyError):
         kernel_constexprs(old, ("BLOCK_Q",))
+
+
+@pytest.mark.parametrize(("old", "new"), [("ALIGN16=true", "ALIGN16=false"), (":sm_90:", ":sm_80:"),
+                                          ("ALIGN16=true,", "")])
+def test_check_fields_refuses_tma_where_descriptors_cannot_work(old: str, new: str) -> None:
+    from lazytriton.variant import check_fields
+
+    on = flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, True, True, 4096, tma=True)
+    bad = Variant.parse(str(on).replace(old, new))
+    with pytest.raises(ValueError, match=r"variant flash_fwd:.*: tma=True needs a CUDA target with TMA"):
+        check_fields(bad)

@@ -9,8 +9,9 @@ Triton's JIT, which passes them as i32).
 
 ``TMA`` is a flag like ``ALIGN16`` and ``INDEX64``: a variant without it is
 the pointer kernel (``TMA=false``), and dispatch writes it only when true, so
-pointer variants keep the strings they had before it. ``TMA=true`` needs ``ALIGN16=true`` and a CUDA target with a
-tensor memory accelerator (sm_90+): dispatch decides (``dispatch.flash_fwd_tma``).
+pointer variants keep the strings they had before it. ``TMA=true`` needs
+``ALIGN16=true`` and a CUDA target with a tensor memory accelerator (sm_90+);
+dispatch decides (``dispatch.flash_fwd_tma``).
 """
 
 from __future__ import annotations
