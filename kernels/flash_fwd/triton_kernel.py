@@ -25,7 +25,10 @@ each, per program (Triton's hidden ``global_scratch`` parameter, 512 bytes a
 program: the launcher allocates grid x 512). ``TMA=false`` (the default, for
 callers that predate it) is the pointer kernel, which every target and the CPU
 interpreter run. Both compile for sm_90 with Triton 3.6.0 and 3.9.0 alike
-(same launch metadata), and both versions' interpreters run descriptors.
+(same launch metadata), and both versions' interpreters run descriptors. One
+limit: Triton 3.6.0 computes a program's scratch offset (linear program id x
+512) in 32 bits, so an entry it compiled must not launch 2**22 or more
+programs; 3.9.0 computes it in 64 bits (read from their PTX).
 """
 
 import triton
