@@ -25,7 +25,7 @@ from typing import Any
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.kernels import KernelSpec, get, source_fingerprint
 from lazytriton.target import Target
-from lazytriton.variant import LAUNCH_ABI, Variant
+from lazytriton.variant import LAUNCH_ABI, Variant, kernel_constexprs
 
 # Triton keeps global state (its knobs, TRITON_CACHE_DIR set below for the
 # length of a compile): one compile at a time per process. The interpreter takes
@@ -117,7 +117,7 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     target = Target.parse(variant.target)
     fn = getattr(importlib.import_module(spec.module), spec.function)
     _check_signature(spec, fn)
-    constexprs = {name: variant.constexprs[name] for name in spec.constexprs}
+    constexprs = kernel_constexprs(variant, spec.constexprs)
     options: dict[str, Any] = dict(variant.options)
     options.setdefault("enable_fp_fusion", True)
     arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch

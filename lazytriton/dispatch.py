@@ -124,19 +124,47 @@ def flash_fwd_config(target: Target, dtype: str, head_dim: int, causal: bool, se
     return Config(row.BLOCK_M, row.BLOCK_N, row.num_warps, row.num_stages, row.waves_per_eu), row
 
 
+# TMA (tensor memory accelerator) loads for flash_fwd: sm_90 only (the one GPU
+# measured: FACTS.md, host descriptors +20% over pointer loads on the H200,
+# Triton 3.6), fp16/bf16 only (fp32's IEEE dots are not bound by loads), and
+# only for aligned calls (a descriptor needs a 16-byte aligned base and row
+# stride). Off by default until bench_flash_fwd.py / probe_tma.py measure this
+# kernel's device-side descriptors on the H200: a caller opts in with tma=True.
+TMA_TARGETS = ("sm_90",)
+TMA_DTYPES = ("fp16", "bf16")
+TMA_BY_DEFAULT = False
+
+
+def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = None) -> bool:
+    """Whether flash_fwd reads through TMA descriptors (pure): ``tma`` None decides by the rule above.
+
+    ``tma=True`` where descriptors cannot work (unaligned, or a target without
+    TMA) is a ValueError: the kernel would fault, not just run slower.
+    """
+    possible = target.backend == "cuda" and target.capability >= 90 and aligned
+    if tma is None:
+        return TMA_BY_DEFAULT and possible and str(target) in TMA_TARGETS and dtype in TMA_DTYPES
+    if tma and not possible:
+        raise ValueError(f"tma=True needs a CUDA target with TMA (sm_90+) and an aligned call (16-byte base and "
+                         f"strides), got target {target}, aligned={aligned}")
+    return bool(tma)
+
+
 def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                       seqlen_q: int, config: Config | None = None, index64: bool = False,
-                      seqlen_k: int | None = None, table: tuning.Table | None = None) -> Variant:
+                      seqlen_k: int | None = None, table: tuning.Table | None = None,
+                      tma: bool | None = None) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
     multiple of 16 (lets Triton vectorise loads). ``index64``: some tensor
     spans 2**31 elements or more, so offsets need 64-bit arithmetic. Without
     ``config``, the tuning table (``table``, else the kernel's file) decides,
-    then ``default_config``.
+    then ``default_config``. ``tma``: read through TMA descriptors (None:
+    ``flash_fwd_tma`` decides from target, dtype and alignment).
     """
     return kernel_variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
-                          seqlen_q if seqlen_k is None else seqlen_k, config, index64, table)
+                          seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma)
 
 
 # ---------------------------------------------------------------------------
@@ -207,18 +235,22 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 
 def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                    seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
-                   table: tuning.Table | None = None) -> Variant:
+                   table: tuning.Table | None = None, tma: bool | None = None) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
 
     Every attention kernel has the same functional fields (padded head dim,
     causal, EVEN_D, ALIGN16, INDEX64) and sees seqlens only through their
-    buckets, so the hot paths' memo keys may stand for them.
+    buckets, so the hot paths' memo keys may stand for them. ``flash_fwd``
+    also has TMA=true where ``flash_fwd_tma`` says so (from target, dtype and
+    alignment); absent, it means false.
     """
     padded = padded_head_dim(head_dim)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
     cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
+    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma):
+        functional["TMA"] = True  # written only when set: a pointer variant's string is what it was before TMA
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 

@@ -154,9 +154,11 @@ class Variant:
         return xxhash.xxh3_128_hexdigest(self.canonical(source_fingerprint(self.kernel)))
 
 
-# Fields a variant may carry besides its kernel's constexprs: flags the compiler
-# reads (absent means false) and compile options, each with its allowed range.
-_FLAGS = ("ALIGN16", "INDEX64")
+# Flags: boolean fields that may be absent, meaning false. ALIGN16 and INDEX64
+# are read by the compiler (parameter attributes and types); TMA is also one of
+# flash_fwd's constexprs, passed to the kernel (false when absent, so variant
+# strings written before it keep their meaning: the pointer kernel).
+_FLAGS = ("ALIGN16", "INDEX64", "TMA")
 _OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
 _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16
@@ -185,7 +187,7 @@ def check_fields(variant: Variant) -> Variant:
 
     spec = get(variant.kernel)  # ValueError names an unknown kernel
     constexprs = variant.constexprs
-    missing = [name for name in spec.constexprs if name not in constexprs]
+    missing = [name for name in spec.constexprs if name not in constexprs and name not in _FLAGS]
     missing += [name for name in _REQUIRED_OPTIONS if name not in dict(variant.options)]
     if missing:
         raise ValueError(f"variant {variant} lacks {', '.join(missing)} (a {variant.kernel} variant needs "
@@ -196,6 +198,8 @@ def check_fields(variant: Variant) -> Variant:
         raise ValueError(f"variant {variant} has unknown fields {', '.join(unknown)}")
     for name, value in constexprs.items():
         _check_constexpr(variant, name, value)
+    if constexprs.get("TMA") is True:
+        _check_tma(variant)
     for name, value in variant.options:
         low, high = _OPTIONS[name]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -203,6 +207,22 @@ def check_fields(variant: Variant) -> Variant:
     if variant.get("num_warps") & (variant.get("num_warps") - 1):  # type: ignore[operator]
         raise ValueError(f"variant {variant}: num_warps={variant.get('num_warps')} must be a power of two")
     return variant
+
+
+def _check_tma(variant: Variant) -> None:
+    """TMA=true only where descriptors work (a miss log or a hand-written string may say otherwise)."""
+    from lazytriton.dispatch import flash_fwd_tma
+
+    try:
+        flash_fwd_tma(Target.parse(variant.target), variant.dtype, variant.constexprs.get("ALIGN16") is True, True)
+    except ValueError as exc:
+        raise ValueError(f"variant {variant}: {exc}") from None
+
+
+def kernel_constexprs(variant: Variant, names: tuple[str, ...]) -> dict[str, Value]:
+    """The values of a kernel's constexprs ``names`` in ``variant``, an absent flag as false (KeyError otherwise)."""
+    constexprs = variant.constexprs
+    return {name: constexprs.get(name, False) if name in _FLAGS else constexprs[name] for name in names}
 
 
 def check_key(key: object) -> str:

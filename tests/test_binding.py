@@ -108,7 +108,8 @@ def test_memo_key_buckets_are_dispatchs() -> None:
 def test_interpreter_constexprs_and_grid() -> None:
     shape = binding.Shape(2, 3, 1, 33, 7, 40)
     constexprs = binding.interpreter_constexprs(shape, True)
-    assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True}
+    assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
+                          "TMA": False}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from typing import Any
 
 import pytest
 
@@ -166,3 +167,107 @@ def test_interpreting_then_compiling_in_one_process() -> None:
     assert compiler.compile_variant(variant).binary[:4] == b"\x7fELF"
     out, _ = attn_fwd(q, k, v, causal=True)
     assert torch.isfinite(out).all()
+
+
+# --- TMA (device-side tensor descriptors): sm_90 only ---------------------------------------------------------
+
+# Each program writes its four descriptors (Q, K, V, Out: 128 bytes each, 128-byte aligned) into its own slice
+# of Triton's hidden global_scratch buffer, at (linear program id) x global_scratch_size, so a launch needs
+# grid x num_ctas x 512 bytes there (the PTX of Triton 3.6.0 and 3.9.0 computes the offset so: measured).
+TMA_SCRATCH = 4 * 128
+
+
+def tma_variant(dtype: str = "bf16", head_dim: int = 64, causal: bool = False, seqlen_q: int = 4096,
+                index64: bool = False, config: dispatch.Config | None = SMALL) -> Variant:
+    return dispatch.flash_fwd_variant(Target.parse("sm_90"), dtype, head_dim, causal, True, seqlen_q, config=config,
+                                      index64=index64, tma=True)
+
+
+def check_tma_entry(entry: Entry, variant: Variant) -> None:
+    from lazytriton.prewarm.limits import estimate_shared, refusal
+
+    check_entry(entry, variant)
+    assert variant.get("TMA") is True and variant.get("ALIGN16") is True
+    assert (entry.global_scratch_size, entry.global_scratch_align) == (TMA_SCRATCH, 128), (
+        "a TMA variant keeps its descriptors in global scratch; the launcher must allocate it")
+    assert entry.hidden_args == ("global_scratch", "profile_scratch")
+    # prewarm must not refuse what compiles. Its estimate is a lower bound at 16-bit dtypes; an fp32 TMA
+    # variant uses less (64/32/64, 2 stages: 24856 B against an estimate of 32768, Triton 3.9).
+    assert refusal(variant) is None
+    if variant.dtype != "fp32":
+        assert estimate_shared(variant) <= entry.shared
+
+
+# Dispatch's shapes of TMA variants besides the defaults: head dim padded (EVEN_D=false), 64-bit strides,
+# BLOCK_M 16 for short queries, fp16 and fp32 (allowed on request, not chosen), the largest head dim.
+TMA_SHAPES = [
+    dict(dtype="bf16", head_dim=64),
+    dict(dtype="fp16", head_dim=59, causal=True),
+    dict(dtype="bf16", head_dim=128, causal=True, index64=True),
+    dict(dtype="fp16", head_dim=128, seqlen_q=8, config=None),
+    dict(dtype="fp32", head_dim=64, causal=True),
+    dict(dtype="bf16", head_dim=256, config=None),
+]
+
+
+@pytest.mark.parametrize("shape", TMA_SHAPES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_tma_variant_compiles_with_global_scratch(shape: dict) -> None:
+    variant = tma_variant(**shape)
+    check_tma_entry(compile_variant(variant), variant)
+
+
+def test_pointer_variant_needs_no_global_scratch() -> None:
+    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 64, False, True, 4096, config=SMALL,
+                                         tma=False)
+    entry = compile_variant(variant)
+    check_entry(entry, variant)
+    assert entry.global_scratch_size == 0
+
+
+def test_variant_without_tma_or_with_tma_false_compiles_the_pointer_kernel() -> None:
+    # Variant strings written before TMA existed (miss logs, tuning scripts) still compile, to the pointer kernel.
+    old = small_variant("sm_90")
+    assert "TMA" not in dict(old.functional)
+    explicit = Variant.parse(str(old).replace("INDEX64=false", "INDEX64=false,TMA=false"))
+    assert explicit.get("TMA") is False and explicit.key() != old.key()
+    for variant in (old, explicit):
+        assert compile_variant(variant).global_scratch_size == 0
+
+
+def test_launcher_gives_a_tma_entry_the_scratch_it_expects() -> None:
+    from lazytriton.driver import gpu
+    from lazytriton.kernels.flash_fwd import grid
+
+    variant = tma_variant()
+    entry = compile_variant(variant)
+
+    class Api(gpu._GpuApi):
+        def __init__(self) -> None:
+            from lazytriton.driver.cdefs import CUDA_CDEF, make_ffi
+
+            self.ffi = make_ffi("cuda", CUDA_CDEF)
+            self.scratch: list[int] = []
+
+        def launch(self, kernel: gpu.LoadedKernel, grid_: tuple[int, int, int], stream: int, buffers: Any) -> None:
+            slot = len(entry.arg_types)  # the first hidden pointer: global_scratch
+            self.scratch.append(int(self.ffi.cast("uint64_t *", buffers.params[slot])[0]))
+
+    class Memory:
+        def data_ptr(self) -> int:
+            return 1 << 20
+
+    api, asked = Api(), []
+    kernel = gpu.LoadedKernel(api, entry, 0, None)
+    launch_grid = grid(1000, 6, 2, int(variant.get("BLOCK_M")))
+    ints = tuple(range(1, len(entry.arg_types)))
+    kernel.launch(launch_grid, 0, ints, (0.125,), lambda n, dev: asked.append(n) or Memory())
+    assert asked == [launch_grid[0] * launch_grid[1] * launch_grid[2] * entry.num_ctas * TMA_SCRATCH]
+    assert api.scratch == [1 << 20], "global_scratch must reach the kernel's first hidden parameter"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "head_dim", "causal"),
+                         list(itertools.product(("fp16", "bf16"), dispatch.HEAD_DIMS, (False, True))))
+def test_sm90_default_configs_compile_and_fit_with_tma(dtype: str, head_dim: int, causal: bool) -> None:
+    variant = tma_variant(dtype, head_dim, causal, config=None)
+    check_tma_entry(compile_variant(variant), variant)

@@ -113,7 +113,8 @@ def test_flash_fwd_variant_fields(target_name: str) -> None:
         cfg = default_config(target, dtype, padded, seqlen_q, causal)
         assert (v.kernel, v.target, v.dtype) == ("flash_fwd", target_name, dtype)
         assert dict(v.functional) == {"ALIGN16": aligned, "BLOCK_D": padded, "CAUSAL": causal,
-                                      "EVEN_D": head_dim == padded, "INDEX64": index64}
+                                      "EVEN_D": head_dim == padded, "INDEX64": index64,
+                                      **({"TMA": True} if dispatch.flash_fwd_tma(target, dtype, aligned) else {})}
         assert all(type(value) is bool for name, value in v.functional if name != "BLOCK_D")
         assert dict(v.tuned) == {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
         assert dict(v.options) == cfg.options(target)
@@ -138,3 +139,90 @@ def test_flash_fwd_variant_normalises_truthy_flags() -> None:
 def test_flash_fwd_variant_rejects_head_dim() -> None:
     with pytest.raises(ValueError, match="257"):
         flash_fwd_variant(Target.parse("sm_90"), "fp16", 257, False, True, 64)
+
+
+# --- TMA: a pure decision from (target, dtype, alignment) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("by_default", [False, True])
+def test_flash_fwd_tma_rule(by_default: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "TMA_BY_DEFAULT", by_default)
+    for target_name, dtype, aligned in itertools.product(TARGETS + ("sm_100", "sm_86"), DTYPES, (False, True)):
+        expected = by_default and target_name == "sm_90" and dtype in ("fp16", "bf16") and aligned
+        assert dispatch.flash_fwd_tma(Target.parse(target_name), dtype, aligned) is expected, (target_name, dtype)
+        v = flash_fwd_variant(Target.parse(target_name), dtype, 128, False, aligned, 4096)
+        assert dict(v.functional).get("TMA", False) is expected
+
+
+def test_flash_fwd_tma_default_is_off_until_measured() -> None:
+    # The lead flips TMA_BY_DEFAULT after benchmarks/probe_tma.py on the H200; until then no call changes kernel.
+    assert dispatch.TMA_BY_DEFAULT is False
+    assert "TMA" not in dict(flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, True, True, 4096).functional)
+
+
+def test_flash_fwd_tma_opt_in_and_out() -> None:
+    sm90 = Target.parse("sm_90")
+    on = flash_fwd_variant(sm90, "bf16", 128, True, True, 4096, tma=True)
+    off = flash_fwd_variant(sm90, "bf16", 128, True, True, 4096, tma=False)
+    assert on.get("TMA") is True and on.key() != off.key()
+    # Absent means false: a pointer variant's string is the one it had before TMA existed.
+    assert "TMA" not in dict(off.functional) and off == flash_fwd_variant(sm90, "bf16", 128, True, True, 4096)
+    assert {n: v for n, v in on.functional if n != "TMA"} == dict(off.functional)
+    assert (on.tuned, on.options) == (off.tuned, off.options), "TMA changes the kernel, not its config"
+    assert flash_fwd_variant(sm90, "fp32", 64, False, True, 64, tma=True).get("TMA") is True  # allowed, not chosen
+    assert Variant.parse(str(on)) == on
+
+
+@pytest.mark.parametrize(("target_name", "aligned"), [("sm_90", False), ("sm_80", True), ("gfx942", True)])
+def test_flash_fwd_tma_refused_where_descriptors_cannot_work(target_name: str, aligned: bool) -> None:
+    with pytest.raises(ValueError, match=f"tma=True needs .*got target {target_name}, aligned={aligned}"):
+        flash_fwd_variant(Target.parse(target_name), "fp16", 64, False, aligned, 4096, tma=True)
+    assert "TMA" not in dict(flash_fwd_variant(Target.parse(target_name), "fp16", 64, False, aligned, 4096,
+                                               tma=False).functional)
+
+
+def test_backward_kernels_have_no_tma_field() -> None:
+    for kernel in dispatch.BWD_KERNELS:
+        v = dispatch.kernel_variant(kernel, Target.parse("sm_90"), "bf16", 128, True, True, 4096, 4096)
+        assert "TMA" not in dict(v.functional)
+
+
+def test_flash_fwd_tma_follows_only_what_the_hot_memo_key_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hot path memoises on (device, dtype, head dim, causal, aligned, index64, seqlen buckets): TMA must be
+    # a function of those (the device gives the target), never of anything a warm call does not look at.
+    monkeypatch.setattr(dispatch, "TMA_BY_DEFAULT", True)
+    sm90 = Target.parse("sm_90")
+    for dtype, aligned in itertools.product(DTYPES, (False, True)):
+        seen = {dict(flash_fwd_variant(sm90, dtype, head_dim, causal, aligned, seqlen, index64=index64,
+                                       seqlen_k=seqlen_k).functional).get("TMA", False)
+                for head_dim, causal, seqlen, seqlen_k, index64 in itertools.product(
+                    (16, 59, 128, 256), (False, True), (1, 100, 4096), (1, 5000), (False, True))}
+        assert seen == {dispatch.flash_fwd_tma(sm90, dtype, aligned)}
+
+
+def test_check_fields_takes_tma_and_its_absence() -> None:
+    from lazytriton.variant import check_fields, kernel_constexprs
+
+    sm90 = Target.parse("sm_90")
+    on = flash_fwd_variant(sm90, "bf16", 128, True, True, 4096, tma=True)
+    assert check_fields(on) is on
+    # A variant string written before TMA existed still passes and means the pointer kernel.
+    old = Variant.parse(str(on).replace(",TMA=true", ""))
+    assert "TMA" not in dict(old.functional) and check_fields(old) is old
+    assert kernel_constexprs(old, ("BLOCK_M", "TMA")) == {"BLOCK_M": on.get("BLOCK_M"), "TMA": False}
+    assert kernel_constexprs(on, ("TMA",)) == {"TMA": True}
+    with pytest.raises(ValueError, match="TMA=1 must be true or false"):
+        check_fields(Variant.parse(str(on).replace("TMA=true", "TMA=1")))
+    with pytest.raises(KeyError):
+        kernel_constexprs(old, ("BLOCK_Q",))
+
+
+@pytest.mark.parametrize(("old", "new"), [("ALIGN16=true", "ALIGN16=false"), (":sm_90:", ":sm_80:"),
+                                          ("ALIGN16=true,", "")])
+def test_check_fields_refuses_tma_where_descriptors_cannot_work(old: str, new: str) -> None:
+    from lazytriton.variant import check_fields
+
+    on = flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, True, True, 4096, tma=True)
+    bad = Variant.parse(str(on).replace(old, new))
+    with pytest.raises(ValueError, match=r"variant flash_fwd:.*: tma=True needs a CUDA target with TMA"):
+        check_fields(bad)

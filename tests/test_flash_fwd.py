@@ -584,3 +584,106 @@ def test_gpu_second_call_does_not_compile() -> None:
     assert runtime.get().compiles == 0, "a fresh runtime recompiled an entry already on disk"
     assert torch.equal(out1, out3)
 
+
+
+# ---------------------------------------------------------------------------
+# TMA variants (TMA=true: Q, K, V and Out through tensor descriptors). The
+# interpreters of Triton 3.6 and 3.9 both run descriptors (and check their
+# 16-byte alignment), so the CPU checks the kernel's logic; the GPU checks TMA.
+
+
+def aligned_qkv(case: Case, layout: str, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v that a descriptor takes: rows of a buffer whose last dim is padded to 16 elements (16-byte strides)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    (hq, hk), (sq, sk), b, d = case.heads, case.seqlens, case.batch, case.head_dim
+    wide = -(-d // 16) * 16
+    if layout == "bshd":
+        return tuple(randn((b, s, h, wide), case.dtype, device, gen)[..., :d].transpose(1, 2)  # type: ignore[return-value]
+                     for h, s in ((hq, sq), (hk, sk), (hk, sk)))
+    if layout == "expanded_kv":
+        return (randn((b, hq, sq, wide), case.dtype, device, gen)[..., :d],
+                randn((b, 1, sk, wide), case.dtype, device, gen)[..., :d].expand(b, hk, sk, d),
+                randn((b, 1, sk, wide), case.dtype, device, gen)[..., :d].expand(b, hk, sk, d))
+    return tuple(randn((b, h, s, wide), case.dtype, device, gen)[..., :d]  # type: ignore[return-value]
+                 for h, s in ((hq, sq), (hk, sk), (hk, sk)))
+
+
+def guarded_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """out inside a NaN buffer with 16 spare rows and padded columns (a descriptor store must clip), lse, buffer."""
+    b, hq, sq, d = q.shape
+    buffer = torch.full((b, hq, sq + 16, -(-d // 16) * 16 + 16), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
+    return buffer[:, :, :sq, :d], lse, buffer
+
+
+def untouched_outside(out: torch.Tensor, buffer: torch.Tensor) -> bool:
+    outside = torch.ones(buffer.shape, dtype=torch.bool, device=buffer.device)
+    outside[:, :, :out.shape[2], :out.shape[3]] = False
+    return bool(torch.isnan(buffer[outside]).all())
+
+
+def run_interpreted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | str,
+                    tma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    from lazytriton import compiler
+
+    call = binding.check(q, k, v, causal)
+    out, lse, buffer = guarded_outputs(q)
+    constexprs = {**binding.interpreter_constexprs(call.shape, call.causal != "none"), "TMA": tma}
+    compiler.interpret("flash_fwd", binding.grid(call.shape, constexprs["BLOCK_M"]),
+                       binding.triton_args(q, k, v, out, lse, call), constexprs)
+    assert untouched_outside(out, buffer), "the kernel wrote outside its output tensor"
+    return out, lse
+
+
+TMA_CPU_CASES = [
+    (Case(torch.float16, 64, False, (2, 2), (40, 70)), "bhsd"),
+    (Case(torch.bfloat16, 59, "bottom_right", (4, 2), (70, 40), batch=2), "bshd"),
+    (Case(torch.float32, 16, "top_left", (3, 1), (20, 50)), "expanded_kv"),
+    (Case(torch.float16, 128, True, (2, 1), (65, 127)), "bhsd"),
+    (Case(torch.bfloat16, 1, "bottom_right", (2, 2), (33, 17)), "bhsd"),
+]
+
+
+@pytest.mark.parametrize(("case", "layout"), TMA_CPU_CASES, ids=str)
+def test_tma_kernel_interpreted_matches_pointer_kernel(case: Case, layout: str) -> None:
+    q, k, v = aligned_qkv(case, layout, "cpu", seed_of("tma", case, layout))
+    out, lse = run_interpreted(q, k, v, case.causal, tma=True)
+    check_attention(q, k, v, out, lse, causal=case.causal)
+    ptr_out, ptr_lse = run_interpreted(q, k, v, case.causal, tma=False)
+    assert torch.equal(out, ptr_out) and torch.equal(lse, ptr_lse), "same arithmetic, only the loads differ"
+
+
+TMA_GPU_CASES = [
+    (Case(torch.bfloat16, 128, False, (4, 4), (4096, 4096)), "bhsd"),
+    (Case(torch.bfloat16, 128, True, (4, 4), (4096, 4096)), "bhsd"),
+    (Case(torch.float16, 64, "bottom_right", (8, 2), (4000, 4096)), "bshd"),
+    (Case(torch.float16, 59, "top_left", (8, 1), (1000, 3001)), "expanded_kv"),
+    (Case(torch.bfloat16, 256, "bottom_right", (4, 2), (333, 1000), batch=2), "bhsd"),
+    (Case(torch.float16, 16, False, (3, 1), (17, 2048)), "bshd"),
+    (Case(torch.bfloat16, 96, True, (2, 2), (8, 8), batch=3), "bhsd"),
+    (Case(torch.float32, 64, True, (2, 1), (513, 1)), "bhsd"),
+]
+
+
+@on_gpu
+@pytest.mark.parametrize(("case", "layout"), TMA_GPU_CASES, ids=str)
+@pytest.mark.usefixtures("module_cache")
+def test_tma_and_pointer_variants_on_gpu(case: Case, layout: str) -> None:
+    """The TMA and pointer variants of one config, forced through the binding, both under FlashAttention's rule."""
+    from lazytriton import dispatch
+
+    q, k, v = aligned_qkv(case, layout, "cuda", seed_of("tma-gpu", case, layout))
+    call = binding.check(q, k, v, case.causal)
+    target = dispatch.target_of_device(q.device)
+    if str(target) != "sm_90":
+        pytest.skip(f"TMA variants are built for sm_90, this GPU is {target}")
+    for tma in (False, True):
+        variant = dispatch.flash_fwd_variant(target, DTYPE_NAMES[case.dtype], case.head_dim, call.causal != "none",
+                                             True, call.shape.seqlen_q, seqlen_k=call.shape.seqlen_k, tma=tma)
+        out, lse, buffer = guarded_outputs(q)
+        assert binding.pack(q, k, v, out, lse, call)[1], "the test's tensors must be aligned for TMA"
+        binding.launch_gpu(q, k, v, out, lse, call, variant)
+        torch.cuda.synchronize()
+        assert untouched_outside(out, buffer), f"TMA={tma}: the kernel wrote outside its output tensor"
+        check_attention(q, k, v, out, lse, causal=case.causal)
+    assert runtime.get().kernel(variant, q.device.index).entry.global_scratch_size > 0

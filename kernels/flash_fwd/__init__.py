@@ -6,6 +6,12 @@ tensor spans 2**31 elements or more (``INDEX64=true``): on the H200, 64-bit
 strides cost 12-16% of throughput at head dim 128 (bench_flash_fwd.py,
 2026-11-30: 391 vs 457 TFLOP/s, bf16, 4k, against the same kernel through
 Triton's JIT, which passes them as i32).
+
+``TMA`` is a flag like ``ALIGN16`` and ``INDEX64``: a variant without it is
+the pointer kernel (``TMA=false``), and dispatch writes it only when true, so
+pointer variants keep the strings they had before it. ``TMA=true`` needs
+``ALIGN16=true`` and a CUDA target with a tensor memory accelerator (sm_90+);
+dispatch decides (``dispatch.flash_fwd_tma``).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ FLASH_FWD = KernelSpec(
         ("causal_offset", "i32"),
         ("sm_scale", "fp32"),
     ),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

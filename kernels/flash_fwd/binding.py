@@ -286,9 +286,11 @@ def interpreter_constexprs(shape: Shape, causal: bool) -> dict[str, Any]:
 
     Small tiles: the interpreter's cost is per program and per op, and tiles
     smaller than the test shapes exercise the unmasked loop as well as the tail.
+    The pointer kernel (TMA=false): it runs wherever the CPU tensors came from.
     """
     padded = dispatch.padded_head_dim(shape.head_dim)
-    return {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal}
+    return {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
+            "TMA": False}
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,23 @@ Causal masking keeps key j for query i when ``j <= i + causal_offset``: the
 caller passes 0 for SDPA's top-left alignment and Sk - Sq for FlashAttention's
 bottom-right one, so both share one binary. A row that sees no key at all
 (bottom-right with Sq > Sk) gets output 0 and logsumexp -inf.
+
+``TMA=true`` reads Q, K and V and writes Out through tensor descriptors made
+on the device (``tl.make_tensor_descriptor``: Hopper's tensor memory
+accelerator), one 2-D (seqlen, head_dim) descriptor per tensor over this
+program's (batch, head) slice, so any (batch, head) strides work. A descriptor
+fills rows past seqlen and columns past head_dim with zeros and clips stores
+there, so its loads need no masks; the scores keep theirs. It needs a 16-byte
+aligned base, 16-byte multiples for the row stride (``ALIGN16``) and a
+contiguous last dim, and global scratch for the four descriptors, 128 bytes
+each, per program (Triton's hidden ``global_scratch`` parameter, 512 bytes a
+program: the launcher allocates grid x 512). ``TMA=false`` (the default, for
+callers that predate it) is the pointer kernel, which every target and the CPU
+interpreter run. Both compile for sm_90 with Triton 3.6.0 and 3.9.0 alike
+(same launch metadata), and both versions' interpreters run descriptors. One
+limit: Triton 3.6.0 computes a program's scratch offset (linear program id x
+512) in 32 bits, so an entry it compiled must not launch 2**22 or more
+programs; 3.9.0 computes it in 64 bits (read from their PTX).
 """
 
 import triton
@@ -29,7 +46,7 @@ def _attend_block(
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """One step of the online softmax over keys [start_n, start_n + BLOCK_N)."""
+    """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers."""
     cols = start_n + offs_n
     if MASKED:
         col_ok = cols < seqlen_k
@@ -48,13 +65,36 @@ def _attend_block(
             d_ok = offs_d < head_dim
             k = tl.load(k_ptrs + start_n * stride_ks, mask=d_ok[:, None], other=0.0)
             v = tl.load(v_ptrs + start_n * stride_vs, mask=d_ok[None, :], other=0.0)
+    return _softmax_step(acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
+                         MASKED, CAUSAL, IEEE)
+
+
+@triton.jit
+def _attend_block_tma(
+    acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
+    seqlen_k, causal_offset, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+):
+    """The same step with K and V read through descriptors (rows past seqlen_k come back as zeros)."""
+    k = k_desc.load([start_n, 0]).T
+    v = v_desc.load([start_n, 0])
+    return _softmax_step(acc, l_i, m_i, q, k, v, start_n + offs_n, offs_m, seqlen_k, causal_offset, qk_scale,
+                         MASKED, CAUSAL, IEEE)
+
+
+@triton.jit
+def _softmax_step(
+    acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Scores of q against one (BLOCK_D, BLOCK_N) key tile k, then the online softmax update with v."""
     if IEEE:
         qk = tl.dot(q, k, input_precision="ieee")
     else:
         qk = tl.dot(q, k)
     qk = qk * qk_scale
     if MASKED:
-        keep = col_ok[None, :]
+        keep = (cols < seqlen_k)[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
         qk = tl.where(keep, qk, float("-inf"))
@@ -87,7 +127,7 @@ def flash_fwd_kernel(
     group_size, seqlen_q, seqlen_k, head_dim, causal_offset,
     sm_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -103,14 +143,25 @@ def flash_fwd_kernel(
     row_ok = offs_m < seqlen_q
 
     q_base = Q + batch * stride_qb + head * stride_qh
-    q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
-    # K is read transposed, (BLOCK_D, BLOCK_N), so that q @ k needs no permute.
-    k_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[None, :] * stride_ks + offs_d[:, None]
-    v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
-    if EVEN_D:
-        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    if TMA:
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, head_dim], strides=[stride_qs, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, head_dim], strides=[stride_ks, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, head_dim], strides=[stride_vs, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        q = q_desc.load([start_m, 0])
     else:
-        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+        q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
+        # K is read transposed, (BLOCK_D, BLOCK_N), so that q @ k needs no permute.
+        k_ptrs = k_base + offs_n[None, :] * stride_ks + offs_d[:, None]
+        v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
+        if EVEN_D:
+            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+        else:
+            q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
 
     qk_scale = sm_scale * LOG2E
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -127,26 +178,45 @@ def flash_fwd_kernel(
         full_end = tl.minimum(full_end, (first_row_limit // BLOCK_N) * BLOCK_N)
     full_end = tl.minimum(full_end, end)
 
-    for start_n in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_block(
-            acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
-            seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
-            BLOCK_N, EVEN_D, False, CAUSAL, IEEE,
-        )
-    for start_n in range(full_end, end, BLOCK_N):
-        acc, l_i, m_i = _attend_block(
-            acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
-            seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
-            BLOCK_N, EVEN_D, True, CAUSAL, IEEE,
-        )
+    if TMA:
+        for start_n in range(0, full_end, BLOCK_N):
+            acc, l_i, m_i = _attend_block_tma(
+                acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
+                seqlen_k, causal_offset, qk_scale, False, CAUSAL, IEEE,
+            )
+        for start_n in range(full_end, end, BLOCK_N):
+            acc, l_i, m_i = _attend_block_tma(
+                acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
+                seqlen_k, causal_offset, qk_scale, True, CAUSAL, IEEE,
+            )
+    else:
+        for start_n in range(0, full_end, BLOCK_N):
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+                seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
+                BLOCK_N, EVEN_D, False, CAUSAL, IEEE,
+            )
+        for start_n in range(full_end, end, BLOCK_N):
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+                seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
+                BLOCK_N, EVEN_D, True, CAUSAL, IEEE,
+            )
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
 
-    o_ptrs = Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
-    if EVEN_D:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    o_base = Out + batch * stride_ob + head * stride_oh
+    if TMA:
+        # The store clips rows past seqlen_q and columns past head_dim.
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, head_dim], strides=[stride_os, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        o_desc.store([start_m, 0], out.to(Out.dtype.element_ty))
     else:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+        o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :]
+        if EVEN_D:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
     tl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)
