@@ -62,6 +62,7 @@ from grad_rule import Reference, check_grads, reference
 
 import lazytriton
 from lazytriton import dispatch, runtime
+from lazytriton.cli.timing import event_ms
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -191,16 +192,7 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: i
             fn()
             times.append((time.perf_counter() - began) * 1e3)
         return statistics.median(times)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return event_ms(fn, warmup=0, reps=reps)
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from csvlog import append_rows
 
 import lazytriton
 from lazytriton import dispatch, runtime
+from lazytriton.cli.timing import event_ms
 from lazytriton.flash import attn_fwd
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 
@@ -42,18 +42,7 @@ FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", 
 
 def time_ms(fn: Callable[[], object], warmup: int = 5, reps: int = 30) -> float:
     """Median of event-timed runs, in ms."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return event_ms(fn, warmup, reps)
 
 
 def host_us(fn: Callable[[], object], calls: int = 2000) -> float:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 from typing import Any
 
 import torch
 
 from lazytriton import dispatch, runtime
+from lazytriton.cli.timing import event_ms
 from lazytriton.cli.tune import compile_all
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
@@ -42,20 +42,6 @@ def candidates(kernel: str, head_dim: int) -> list[dispatch.Config]:
             continue
         out.append(dispatch.Config(h, s, w, st) if kernel == "flash_bwd_dq" else dispatch.Config(s, h, w, st))
     return out
-
-
-def event_ms(fn: Any, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, reps: int) -> None:
@@ -103,7 +89,7 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
                 def launch(loaded: Any = loaded, grid: Any = dkdv_grid) -> None:
                     loaded.launch(grid, stream, dkdv_ints, (call.scale,), fwd.scratch_alloc)
             try:
-                ms = event_ms(launch, reps)
+                ms = event_ms(launch, reps=reps)
             except Exception as exc:  # noqa: BLE001
                 print(f"  {variant}: launch failed: {type(exc).__name__}: {str(exc)[:100]}")
                 continue

@@ -22,7 +22,6 @@ import argparse
 import datetime as dt
 import math
 import os
-import statistics
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lazytriton import dispatch, runtime, tuning
+from lazytriton.cli.timing import event_ms
 from lazytriton.fsutil import write_atomically
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -96,8 +96,6 @@ def _reference(q: Any, k: Any, v: Any, causal: bool) -> Any:
 
 def _time_variant(variant: Variant, q: Any, k: Any, v: Any, causal: bool, ref: Any, reps: int) -> tuple[float, float]:
     """(median ms, relative error against ``ref``) of the cached kernel for ``variant``, launched as a call is."""
-    import torch
-
     from lazytriton.kernels.flash_fwd import binding
 
     # Causal calls with seqlen_q < seqlen_k (decode, chunked prefill) are bottom-right aligned.
@@ -109,17 +107,7 @@ def _time_variant(variant: Variant, q: Any, k: Any, v: Any, causal: bool, ref: A
 
     launch()
     err = float((out[:1, :2].float() - ref).norm() / ref.norm())
-    for _ in range(3):
-        launch()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), err
+    return event_ms(launch, reps=reps), err
 
 
 def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: Sequence[tuple[int, int]],

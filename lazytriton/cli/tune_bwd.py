@@ -21,12 +21,12 @@ Everything but the timing is pure (``candidates``, ``sweep_variants``,
 from __future__ import annotations
 
 import datetime as dt
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from lazytriton import dispatch, tuning
+from lazytriton.cli.timing import event_ms
 from lazytriton.target import Target
 from lazytriton.variant import Variant
 
@@ -176,8 +176,6 @@ def make_inputs(dtype: str, head_dim: int, seqlen_q: int, seqlen_k: int, causal:
 
 def gpu_timer(inputs: dict[str, Any], reps: int) -> Timer:
     """Time a (dq, dkdv) pair launched as a backward call launches it (``binding.launch_gpu``, forced)."""
-    import torch
-
     from lazytriton.kernels.flash_bwd import binding
 
     q, k, v, do, out, lse, call = (inputs[n] for n in ("q", "k", "v", "do", "out", "lse", "call"))
@@ -190,17 +188,7 @@ def gpu_timer(inputs: dict[str, Any], reps: int) -> Timer:
         launch()
         err = max(float((g[:1, :2].float() - r).norm() / r.norm().clamp_min(1e-30))
                   for g, r in zip(grads, inputs["ref"], strict=True))
-        for _ in range(3):
-            launch()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            launch()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times), err
+        return event_ms(launch, reps=reps), err
 
     return time_pair
 
