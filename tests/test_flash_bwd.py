@@ -92,6 +92,15 @@ def test_gradients_cpu(case: Case) -> None:
     check_grads(q, k, v, do, grads_of(_lt(case.causal), q, k, v, do), causal=case.causal)
 
 
+@pytest.mark.parametrize(("head_dim", "dtype", "causal"), [(1, torch.float32, "bottom_right"),
+                                                           (3, torch.float16, False), (8, torch.bfloat16, True)])
+def test_gradients_at_head_dims_below_the_covering_designs(head_dim: int, dtype: torch.dtype,
+                                                           causal: bool | str) -> None:
+    q, k, v = make_qkv(2, (4, 2), (9, 14), head_dim, dtype, seed=head_dim)
+    do = torch.randn(q.shape).to(dtype)
+    check_grads(q, k, v, do, grads_of(_lt(causal), q, k, v, do), causal=causal)
+
+
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 def test_reference_twin_is_autograd_of_the_forward_reference(causal: bool | str) -> None:
     q, k, v = make_qkv(2, (4, 2), (9, 13), 8, torch.float64, seed=5)
