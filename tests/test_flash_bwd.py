@@ -389,3 +389,14 @@ def test_gpu_inductor_forward_and_backward() -> None:
     want = grads_of(lambda q, k, v: fn(q * 2, k, v) * 3, q, k, v, do)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("seqlen", "aligned"), [(100, False), (128, True)])
+def test_preload_backward_loads_the_variants_a_backward_will_use(monkeypatch: pytest.MonkeyPatch, seqlen: int,
+                                                                 aligned: bool) -> None:
+    """The backward's ALIGN16 also needs seqlens divisible by 16: preload asks for what the call will pick."""
+    asked: list[tuple[bool, bool]] = []
+    monkeypatch.setattr(binding, "preload", lambda *args: "flash_fwd:...")
+    monkeypatch.setattr(bwd_binding, "preload", lambda device, dtype, call, al, i64: asked.append((al, i64)) or ())
+    lazytriton.preload((1, 2, seqlen, 64), (1, 2, seqlen, 64), device="cuda:0", backward=True)
+    assert asked == [(aligned, False)]
