@@ -95,7 +95,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     Differentiable with respect to any of q, k, v: the backward runs
     lazytriton's backward kernels (served from the same cache) and is
     deterministic (bitwise-identical gradients from run to run; no atomics).
-    ``lse`` carries no gradient.
+    ``lse`` is returned as a constant: no gradient flows through it.
 
     """
     if _direct(q, k, v):
@@ -180,7 +180,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         ``out`` of shape (batch, seqlen_q, heads_q, head_dim) and q's dtype, or
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
 
-    Differentiable with respect to any of q, k, v (softmax_lse carries no gradient).
+    Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it).
 
     """
     if (type(causal) is bool and dropout_p == 0.0 and softcap == 0.0 and alibi_slopes is None

@@ -16,8 +16,10 @@ dispatch is measured in benchmarks/NOTES.md.
 dk, dv)`` is the backward (``kernels/flash_bwd``), registered as the
 forward op's autograd formula: the forward saves q, k, v, out and lse, and
 the backward runs the two backward kernels once for all three gradients. The
-logsumexp output carries no gradient (it is marked non-differentiable, so a
-loss that uses it raises rather than silently dropping its share).
+logsumexp output is marked non-differentiable: it comes back as a constant
+(``requires_grad`` False), so a loss through it alone raises torch's "does
+not require grad" error, and in a loss that also uses ``out`` its share is not
+differentiated.
 """
 
 from __future__ import annotations
