@@ -1,4 +1,4 @@
-"""``lazytriton demo``: one attention call through the cache, cold then warm.
+"""``lazytriton demo``: one attention call and its backward through the cache, cold then warm.
 
 On a GPU: a realistic shape, timed cold (entry from disk or compiled, loaded,
 launched) and warm (memory), checked against SDPA. Without a GPU the cache
@@ -65,8 +65,33 @@ def run_cpu() -> int:
     elapsed = time.perf_counter() - start
     print(f"attention {(b, h, s, d)} bf16 causal on CPU (interpreter): {elapsed:.2f} s, "
           f"relative error vs float64 reference {_rel_err(out, _reference(q, k, v, causal)):.1e}")
+    _backward_cpu(rt, target, q, k, v, causal)
     _summary(rt, compiles_before)
     return 0
+
+
+def _backward_cpu(rt: runtime.Runtime, target: Target, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  causal: bool) -> None:
+    """The backward's two kernels resolved cold and warm for ``target``; gradients from the interpreter."""
+    from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
+
+    b, h, s, d = q.shape
+    for kernel in dispatch.BWD_KERNELS:
+        variant = dispatch.kernel_variant(kernel, target, "bf16", d, causal, True, s, s)
+        cold, warm = rt.resolve(variant), rt.resolve(variant)
+        print(f"backward {kernel}: cold {cold.seconds * 1e3:.2f} ms ({_source_label(cold.source)}), "
+              f"warm {warm.seconds * 1e3:.3f} ms ({_source_label(warm.source)})")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    do = torch.randn_like(q)
+    start = time.perf_counter()
+    grads = torch.autograd.grad(attn_fwd(*leaves, causal=causal)[0], leaves, do)
+    elapsed = time.perf_counter() - start
+    ref = attention_backward_reference(q.double(), k.double(), v.double(), do.double(),
+                                       causal="top_left" if causal else False)
+    errors = ", ".join(f"{name} {_rel_err(g, r):.1e}" for name, g, r in zip(("dq", "dk", "dv"), grads, ref,
+                                                                               strict=True))
+    print(f"backward {(b, h, s, d)} bf16 causal on CPU (interpreter): {elapsed:.2f} s, relative errors vs float64 "
+          f"reference: {errors}")
 
 
 def run_gpu() -> int:
@@ -101,5 +126,37 @@ def run_gpu() -> int:
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     print(f"attention {(b, h, s, d)} bf16 causal: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s, "
           f"relative error vs float32 SDPA {_rel_err(out, ref.double()):.1e}")
+    _backward_gpu(rt, q, k, v, causal)
     _summary(rt, compiles_before)
     return 0 if math.isfinite(ms) else 1
+
+
+def _backward_gpu(rt: runtime.Runtime, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
+    """A backward through autograd, cold then warm, timed and checked against float32 SDPA's gradients."""
+    b, h, s, d = q.shape
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    do = torch.randn_like(q)
+    out = attn_fwd(*leaves, causal=causal)[0]
+    for label in ("cold", "warm"):
+        before = dict(rt.served)
+        start = time.perf_counter()
+        grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        sources = [name for name, n in rt.served.items() if n > before.get(name, 0)] or ["memory"]
+        print(f"{label} backward: {elapsed * 1e3:9.2f} ms  served by {_source_label(sources[0])}")
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    events[0].record()
+    for _ in range(5):
+        torch.autograd.grad(out, leaves, do, retain_graph=True)
+    events[1].record()
+    torch.cuda.synchronize()
+    ms = events[0].elapsed_time(events[1]) / 5
+    flops = 2.5 * 4 * b * h * s * s * d / 2
+    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref_out = torch.nn.functional.scaled_dot_product_attention(*ref_leaves, is_causal=causal)
+    ref = torch.autograd.grad(ref_out, ref_leaves, do.float())
+    errors = ", ".join(f"{name} {_rel_err(g, r.double()):.1e}" for name, g, r in zip(("dq", "dk", "dv"), grads, ref,
+                                                                                        strict=True))
+    print(f"backward {(b, h, s, d)} bf16 causal: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s, relative errors vs "
+          f"float32 SDPA: {errors}")
