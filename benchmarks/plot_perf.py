@@ -1,0 +1,332 @@
+"""Draw the README's performance figure, TFLOP/s by seqlen per provider, from the benchmarks' CSVs.
+
+Reads ``benchmarks/results/flash_fwd.csv`` and ``flash_bwd.csv`` (the long
+format of ``csvlog.py``: one row per provider x mode x case x run) and draws
+one figure per dtype: rows forward / backward, columns head dim x causal,
+one line per provider, seqlen on a log2 axis.
+
+Which value a point shows (``select_latest``, the rule the tests pin):
+
+- rows of one GPU only (``--gpu``; default: the GPU of the newest usable row);
+- a row is skipped when its ``tflops`` is empty (host-cost rows, failed
+  providers) or when the file has a ``check`` column and the row's value is not
+  ``ok`` (a provider that failed FlashAttention's gradient rule is not plotted);
+- for each (provider, mode, dtype, head dim, causal, seqlen) the row with the
+  latest ``timestamp`` wins; between rows of the same timestamp, the later row
+  in the file wins (appended last). Points of one panel may therefore come from
+  different runs when a later run timed only some providers: a provider's line
+  with a point older than the newest point of its mode (forward or backward)
+  is drawn dashed and labelled "earlier run". The title gives the date range
+  of the data drawn.
+
+``--summary`` prints a markdown table of geomean ratios (lazytriton against
+SDPA's cuDNN and flash backends, forward and backward) over the same selected
+points; a ratio pairs two points of the same case, and cases missing either
+side are left out (the table says how many cases each ratio covers, and a
+note under it how many pairs come from different runs, if any).
+
+The PNG is deterministic for a given CSV and matplotlib/FreeType install:
+fixed size and dpi, the Agg canvas, no pyplot state, and no ``Software``
+entry in the PNG metadata (matplotlib writes no time into a PNG).
+
+Usage: python benchmarks/plot_perf.py [--dtype bf16|fp16] [--out docs/perf_bf16.png]
+       [--fwd-csv PATH] [--bwd-csv PATH] [--gpu NAME]
+       python benchmarks/plot_perf.py --summary     (the markdown table; draws nothing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+# The benchmarks' spelling on the command line -> the CSV's spelling (str(torch.dtype) minus "torch.").
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+# Figure rows: (CSV mode, row title). The backward CSV's ``fwd+bwd`` rows are not drawn.
+MODES = (("fwd", "forward"), ("bwd", "backward"))
+# Known providers, in legend order, with fixed colours so every figure reads the same.
+PROVIDERS = {
+    "lazytriton": ("lazytriton", "tab:red"),
+    "sdpa_cudnn": ("SDPA cuDNN", "tab:blue"),
+    "sdpa_flash": ("SDPA flash (FA2)", "tab:green"),
+    "triton_jit": ("Triton JIT", "tab:gray"),
+}
+RATIO_REFERENCES = (("sdpa_cudnn", "SDPA cuDNN"), ("sdpa_flash", "SDPA flash"))
+REQUIRED = ("provider", "mode", "dtype", "head_dim", "causal", "seqlen", "tflops", "gpu", "timestamp")
+FIGSIZE = (13.0, 6.0)
+POSITIVE_INT = "a positive integer"
+TIME = "an ISO 8601 timestamp"
+T = TypeVar("T")
+DPI = 100
+
+
+class Key(NamedTuple):
+    """One plotted point's identity: the latest run's value is drawn for it."""
+
+    provider: str
+    mode: str
+    dtype: str
+    head_dim: int
+    causal: bool
+    seqlen: int
+
+
+class Point(NamedTuple):
+    tflops: float
+    gpu: str
+    timestamp: dt.datetime
+
+
+class Row(NamedTuple):
+    """One CSV row as read: its file and line (for errors) and its fields."""
+
+    source: str
+    line: int
+    fields: Mapping[str, str]
+
+
+def read_rows(path: Path) -> list[Row]:
+    """Every row of one benchmark CSV, unparsed; an error names the file if a required column is missing."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing columns {missing}; expected the benchmarks' columns {list(REQUIRED)}")
+        return [Row(str(path), n, fields) for n, fields in enumerate(reader, start=2)]
+
+
+def _field(row: Row, column: str, convert: Callable[[str], T], expected: str) -> T:
+    """One field of an untrusted row, converted; ValueError naming file, line, column, value and expectation."""
+    text = (row.fields.get(column) or "").strip()
+    try:
+        return convert(text)
+    except ValueError:
+        raise ValueError(f"{row.source}:{row.line}: column {column}={text!r}: expected {expected}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+def _bool(text: str) -> bool:
+    if text not in ("True", "False"):
+        raise ValueError(text)
+    return text == "True"
+
+
+def _time(text: str) -> dt.datetime:
+    """An ISO 8601 timestamp; one without a zone is taken as UTC (the benchmarks write UTC)."""
+    value = dt.datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def usable(row: Row) -> bool:
+    """Whether a row has a throughput to draw: tflops present, and a ``check`` column (if any) saying ok."""
+    if not (row.fields.get("tflops") or "").strip():
+        return False
+    return "check" not in row.fields or (row.fields["check"] or "").strip() == "ok"
+
+
+def newest_gpu(rows: Iterable[Row]) -> str:
+    """The GPU of the newest usable row: the default for a figure that must show one GPU."""
+    stamped = [(_field(r, "timestamp", _time, TIME), r.line, r.fields["gpu"]) for r in rows if usable(r)]
+    if not stamped:
+        raise ValueError("rows: no row with a tflops value and an ok check; expected benchmark results")
+    return str(max(stamped)[2])
+
+
+def select_latest(rows: Iterable[Row], gpu: str) -> dict[Key, Point]:
+    """For each (provider, mode, dtype, head dim, causal, seqlen) on ``gpu``, the latest usable row's point.
+
+    Pure: the tests call it with made-up rows. Rows are taken in order, so of
+    two rows with the same timestamp the later one wins.
+    """
+    selected: dict[Key, Point] = {}
+    for row in rows:
+        f = row.fields
+        if f.get("gpu") != gpu or not usable(row):
+            continue
+        key = Key(f["provider"], f["mode"], f["dtype"], _field(row, "head_dim", _positive_int, POSITIVE_INT),
+                  _field(row, "causal", _bool, "True or False"), _field(row, "seqlen", _positive_int, POSITIVE_INT))
+        point = Point(_field(row, "tflops", _positive_float, "a positive finite number"), gpu,
+                      _field(row, "timestamp", _time, TIME))
+        if key not in selected or point.timestamp >= selected[key].timestamp:
+            selected[key] = point
+    return selected
+
+
+class Ratio(NamedTuple):
+    """lazytriton / a reference over the cases both have; ``mixed`` pairs compare points of different runs."""
+
+    geomean: float
+    low: float
+    high: float
+    cases: int
+    mixed: int
+
+
+def geomean_ratio(selected: Mapping[Key, Point], mode: str, reference: str, dtypes: Sequence[str]) -> Ratio | None:
+    """lazytriton / ``reference`` in ``mode`` over the cases of ``dtypes`` that both have; None if there are none."""
+    ratios, mixed = [], 0
+    for key, point in selected.items():
+        if key.provider == "lazytriton" and key.mode == mode and key.dtype in dtypes:
+            other = selected.get(key._replace(provider=reference))
+            if other is not None:
+                ratios.append(point.tflops / other.tflops)
+                mixed += other.timestamp != point.timestamp
+    if not ratios:
+        return None
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return Ratio(geomean, min(ratios), max(ratios), len(ratios), mixed)
+
+
+def summary_table(selected: Mapping[Key, Point]) -> str:
+    """The README's markdown table: geomean (and range) of lazytriton's ratio to each SDPA backend."""
+    dtypes = [d for d in DTYPES.values() if any(k.dtype == d for k in selected)]
+    short = {v: k for k, v in DTYPES.items()}
+    head = ["", *(f"{short[d]} geomean" for d in dtypes), "all geomean", "range", "cases"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    mixed = 0
+    for mode, title in MODES:
+        for reference, name in RATIO_REFERENCES:
+            total = geomean_ratio(selected, mode, reference, dtypes)
+            if total is None:
+                continue
+            per_dtype = [geomean_ratio(selected, mode, reference, [d]) for d in dtypes]
+            cells = [f"{title}: lazytriton / {name}",
+                     *("-" if r is None else f"{r.geomean:.2f}x" for r in per_dtype),
+                     f"{total.geomean:.2f}x", f"{total.low:.2f}-{total.high:.2f}x", str(total.cases)]
+            lines.append("| " + " | ".join(cells) + " |")
+            mixed += total.mixed
+    if mixed:
+        lines.append(f"\n{mixed} of these ratios compare points from different runs (see plot_perf.py's rule).")
+    return "\n".join(lines)
+
+
+def _seqlen_label(seqlen: int) -> str:
+    return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
+
+
+def _providers(selected: Mapping[Key, Point]) -> list[str]:
+    """The providers to draw: the known ones in legend order, then any other, sorted."""
+    present = {k.provider for k in selected}
+    return [p for p in PROVIDERS if p in present] + sorted(present - set(PROVIDERS))
+
+
+def _date_range(points: Iterable[Point]) -> str:
+    days = sorted({p.timestamp.astimezone(dt.timezone.utc).date().isoformat() for p in points})
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
+def _newest_runs(points: Mapping[Key, Point]) -> dict[str, dt.datetime]:
+    """The newest timestamp drawn in each mode: a line with an older point is marked as an earlier run."""
+    newest: dict[str, dt.datetime] = {}
+    for key, point in points.items():
+        newest[key.mode] = max(newest.get(key.mode, point.timestamp), point.timestamp)
+    return newest
+
+
+def _draw_panel(ax: Axes, points: Mapping[Key, Point], panel: Key, seqlens: Sequence[int], newest: dt.datetime) -> None:
+    """One panel (mode, dtype, head dim, causal from ``panel``): a line per provider, dashed if from an earlier run."""
+    for provider in _providers(points):
+        found = [(s, points[k]) for s in seqlens if (k := panel._replace(provider=provider, seqlen=s)) in points]
+        if not found:
+            continue
+        label, color = PROVIDERS.get(provider, (provider, None))
+        earlier = any(p.timestamp < newest for _, p in found)
+        ax.plot([s for s, _ in found], [p.tflops for _, p in found], marker="o", color=color,
+                label=f"{label} (earlier run)" if earlier else label, linestyle="--" if earlier else "-",
+                linewidth=2.2 if provider == "lazytriton" else 1.4)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seqlens, [_seqlen_label(s) for s in seqlens])
+    ax.minorticks_off()
+    ax.grid(True, alpha=0.3)
+    causal = "causal" if panel.causal else "non-causal"
+    ax.set_title(f"{dict(MODES)[panel.mode]}, head dim {panel.head_dim}, {causal}", fontsize=9)
+
+
+def draw(selected: Mapping[Key, Point], dtype: str, out: Path) -> None:
+    """Write the figure for one CSV dtype spelling to ``out`` (PNG), deterministically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    points = {k: p for k, p in selected.items() if k.dtype == dtype and k.mode in dict(MODES)}
+    if not points:
+        raise ValueError(f"dtype={dtype!r}: no fwd/bwd points for it; expected one of "
+                         f"{sorted({k.dtype for k in selected})}")
+    panels = sorted({(k.head_dim, k.causal) for k in points})
+    seqlens = sorted({k.seqlen for k in points})
+    newest = _newest_runs(points)
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(MODES), len(panels), sharex=True, sharey="row", squeeze=False)
+    for r, (mode, _) in enumerate(MODES):
+        for c, (head_dim, causal) in enumerate(panels):
+            if mode in newest:
+                _draw_panel(axes[r][c], points, Key("", mode, dtype, head_dim, causal, 0), seqlens, newest[mode])
+        top = max((p.tflops for k, p in points.items() if k.mode == mode), default=1.0)
+        axes[r][0].set_ylim(0, top * 1.08)  # shared by the row; from 0 so heights compare
+        axes[r][0].set_ylabel("TFLOP/s")
+    for ax in axes[-1]:
+        ax.set_xlabel("seqlen (batch x seqlen = 16k tokens)")
+    legend: dict[str, Artist] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=len(legend), frameon=False)
+    gpu = next(iter(points.values())).gpu
+    short = {v: k for k, v in DTYPES.items()}.get(dtype, dtype)
+    fig.suptitle(f"Attention TFLOP/s on the {gpu}, {short} (benchmarks/results, {_date_range(points.values())})")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", metadata={"Software": None})
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="the figure's dtype (default bf16)")
+    parser.add_argument("--out", type=Path, default=None, help="PNG path (default docs/perf_<dtype>.png)")
+    parser.add_argument("--fwd-csv", type=Path, default=RESULTS / "flash_fwd.csv")
+    parser.add_argument("--bwd-csv", type=Path, default=RESULTS / "flash_bwd.csv")
+    parser.add_argument("--gpu", default=None, help="plot this GPU's rows (default: the newest row's GPU)")
+    parser.add_argument("--summary", action="store_true", help="print the geomean-ratio markdown table instead")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows = [row for path in (args.fwd_csv, args.bwd_csv) for row in read_rows(path)]
+    selected = select_latest(rows, args.gpu or newest_gpu(rows))
+    if args.summary:
+        print(summary_table(selected))
+        return 0
+    out = args.out or HERE.parent / "docs" / f"perf_{args.dtype}.png"
+    draw(selected, DTYPES[args.dtype], out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
