@@ -153,8 +153,8 @@ def _backward_gpu(rt: runtime.Runtime, q: torch.Tensor, k: torch.Tensor, v: torc
     torch.cuda.synchronize()
     ms = events[0].elapsed_time(events[1]) / 5
     flops = 2.5 * 4 * b * h * s * s * d / 2
-    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref_out = torch.nn.functional.scaled_dot_product_attention(*ref_leaves, is_causal=causal)
+    rq, rk, rv = ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref_out = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=causal)
     ref = torch.autograd.grad(ref_out, ref_leaves, do.float())
     errors = ", ".join(f"{name} {_rel_err(g, r.double()):.1e}" for name, g, r in zip(("dq", "dk", "dv"), grads, ref,
                                                                                         strict=True))
