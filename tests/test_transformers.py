@@ -89,6 +89,53 @@ def test_generate_left_padded_matches_sdpa(model: torch.nn.Module, calls: list) 
     assert any(shape[2] == 1 for shape, _ in calls), "decoding steps (one query against the cache) ran lazytriton"
 
 
+@pytest.mark.parametrize("padding, cache", [("left_padded", "static"), ("right_padded", "dynamic")])
+def test_generate_static_cache_and_right_padding_match_sdpa(model: torch.nn.Module, padding: str, cache: str) -> None:
+    """A static cache (empty slots after the tokens) and right padding (pads between prompt and new tokens)."""
+    outs = {}
+    for impl in ("sdpa", "lazytriton"):
+        model.set_attn_implementation(impl)
+        outs[impl] = model.generate(input_ids=IDS, attention_mask=MASKS[padding], max_new_tokens=3, do_sample=False,
+                                    pad_token_id=PAD, output_scores=True, return_dict_in_generate=True,
+                                    cache_implementation=cache)
+    assert torch.equal(outs["lazytriton"].sequences, outs["sdpa"].sequences)
+    for got, want in zip(outs["lazytriton"].scores, outs["sdpa"].scores, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _tiny(cls_config: type, cls_model: type, **extra: object) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = cls_config(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=1,
+                        vocab_size=100, pad_token_id=PAD, **extra)
+    return cls_model(config).eval()  # type: ignore[no-any-return]
+
+
+def test_bidirectional_padded_encoder_matches_sdpa() -> None:
+    lt_transformers.register()
+    bert = _tiny(transformers.BertConfig, transformers.BertModel)
+    mask = MASKS["right_padded"]
+    with torch.no_grad():
+        bert.set_attn_implementation("sdpa")
+        want = bert(input_ids=IDS, attention_mask=mask).last_hidden_state
+        bert.set_attn_implementation("lazytriton")
+        got = bert(input_ids=IDS, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [3, 16])
+def test_sliding_window_runs_only_where_it_does_not_cut_in(window: int) -> None:
+    """Mistral's window: wider than the sequence, the mask is causal and runs; narrower, it raises."""
+    lt_transformers.register()
+    mistral = _tiny(transformers.MistralConfig, transformers.MistralForCausalLM, num_key_value_heads=2,
+                    sliding_window=window)
+    want = _logits(mistral, "sdpa", input_ids=IDS)
+    if window < IDS.shape[1]:
+        with pytest.raises(NotImplementedError, match="query 3 of sequence 0 sees keys that are not a prefix"):
+            _logits(mistral, "lazytriton", input_ids=IDS)
+    else:
+        torch.testing.assert_close(_logits(mistral, "lazytriton", input_ids=IDS), want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_chunked_prefill_with_dynamic_cache(model: torch.nn.Module, calls: list) -> None:
     """Two chunks of 3 into a DynamicCache: q_len < kv_len with q_len > 1 (bottom-right causal)."""

@@ -220,10 +220,12 @@ def _analyse(attention_mask: torch.Tensor, batch: int, q_len: int, kv_len: int) 
     counts = m.sum(dim=-1)  # (batch, q_len): how many keys each query sees
     rebuilt = seen[:, None, :] & (rank[:, None, :] <= counts[:, :, None])
     if not torch.equal(rebuilt, m):
+        b, i = (rebuilt != m).nonzero()[0, :2].tolist()
         raise NotImplementedError(
             "lazytriton attention: this attention mask is not a padding mask combined with causal or full "
-            "attention (some query sees keys that are not a prefix of its sequence's keys: e.g. a sliding "
-            "window, a chunked/block mask or an arbitrary custom 4D mask); arbitrary masks are not supported yet")
+            f"attention: query {i} of sequence {b} sees keys that are not a prefix of the keys its sequence "
+            "attends to (a sliding window that cuts in, a chunked/block mask or an arbitrary custom 4D mask?); "
+            "arbitrary masks are not supported yet (issue 11)")
     groups: list[_Group] = []
     rows: list[tuple[list[bool], list[int]]] = list(zip(seen.tolist(), counts.tolist(), strict=True))
     b = 0
