@@ -188,6 +188,23 @@ def test_attention_forward_gathers_keys_around_pads() -> None:
     torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
 
 
+def test_attention_forward_reanalyses_a_mask_changed_in_place() -> None:
+    """The per-forward plan cache is keyed by the mask object and its version: an in-place edit is seen."""
+    q, k, v = _qkv(2, 2, 2, 4, 4)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    mask = (torch.ones(2, 4, dtype=torch.bool)[:, None, :] & causal[None])[:, None].clone()
+    for _ in range(2):
+        got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+        torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
+    mask[1, :, 1:, 0] = False  # queries 1..3 of sequence 1 stop seeing key 0, query 0 still does: no prefix
+    with pytest.raises(NotImplementedError, match="query 1 of sequence 1"):
+        lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+    mask[1, :, 0, 0] = False  # key 0 is now a pad: sequence 1 is left-padded, its query 0 sees nothing
+    got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+    torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[1, 0], torch.zeros_like(got[1, 0]))  # a fully masked query: zeros, as SDPA's
+
+
 def test_attention_forward_bidirectional_padding() -> None:
     q, k, v = _qkv(2, 2, 2, 5, 5)
     valid = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)

@@ -164,14 +164,17 @@ class _Group:
     segments: tuple[_Segment, ...]
 
 
-# The plan of the last mask seen: every layer of one forward gets the same mask object, so the
-# analysis (and its device-to-host copy) runs once per forward, not once per layer.
-_last_plan: tuple[weakref.ReferenceType[torch.Tensor], int, tuple[int, ...], tuple[_Group, ...]] | None = None
+# The plans of the last few masks seen: every layer of one forward gets the same mask object (one per
+# attention type in hybrid models, e.g. Gemma's sliding and full layers, which alternate), so the analysis
+# and its device-to-host copy run once per forward and mask, not once per layer. Weak references: a plan
+# never keeps a mask alive, and a new mask at a dead one's address never matches.
+_PLANS_KEPT = 4
+_plans: list[tuple[weakref.ReferenceType[torch.Tensor], int, tuple[int, ...], tuple[_Group, ...]]] = []
 
 
 def _masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
             scaling: float | None) -> torch.Tensor:
-    batch, heads_q, q_len = query.shape[:3]
+    batch, _, q_len = query.shape[:3]
     groups = _plan(attention_mask, batch, q_len, key.shape[2])
     parts = []
     for group in groups:
@@ -195,15 +198,16 @@ def _masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attenti
 
 
 def _plan(attention_mask: torch.Tensor, batch: int, q_len: int, kv_len: int) -> tuple[_Group, ...]:
-    """The groups of ``attention_mask``, cached for the mask object it was computed from."""
-    global _last_plan
+    """The groups of ``attention_mask``, cached for the mask object (and version) it was computed from."""
+    global _plans
     shape = (batch, q_len, kv_len)
-    last = _last_plan
-    if (last is not None and last[0]() is attention_mask and last[1] == attention_mask._version
-            and last[2] == shape):
-        return last[3]
+    plans = _plans  # replaced, never mutated: safe to read while another thread updates it
+    for ref, version, plan_shape, groups in plans:
+        if ref() is attention_mask and version == attention_mask._version and plan_shape == shape:
+            return groups
     groups = _analyse(attention_mask, batch, q_len, kv_len)
-    _last_plan = (weakref.ref(attention_mask), attention_mask._version, shape, groups)
+    live = [p for p in plans if p[0]() is not None][-(_PLANS_KEPT - 1):]
+    _plans = [*live, (weakref.ref(attention_mask), attention_mask._version, shape, groups)]
     return groups
 
 
