@@ -122,6 +122,15 @@ def test_bidirectional_padded_encoder_matches_sdpa() -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_bfloat16_left_padded_matches_sdpa() -> None:
+    lt_transformers.register()
+    llama = _tiny(transformers.LlamaConfig, transformers.LlamaForCausalLM, num_key_value_heads=2).to(torch.bfloat16)
+    inputs = {"input_ids": IDS, "attention_mask": MASKS["left_padded"]}
+    got, want = _logits(llama, "lazytriton", **inputs), _logits(llama, "sdpa", **inputs)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("window", [3, 16])
 def test_sliding_window_runs_only_where_it_does_not_cut_in(window: int) -> None:
     """Mistral's window: wider than the sequence, the mask is causal and runs; narrower, it raises."""

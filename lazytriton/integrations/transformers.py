@@ -89,6 +89,10 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """
     from transformers.masking_utils import sdpa_mask
 
+    # Older transformers, on torch < 2.6, unmask a query row that sees no key (SDPA then gave NaN there);
+    # that would break the padding pattern, and lazytriton gives such a row zeros anyway. Later versions
+    # ignore the argument.
+    kwargs.setdefault("allow_torch_fix", False)
     return sdpa_mask(*args, **kwargs)  # type: ignore[no-any-return]
 
 
