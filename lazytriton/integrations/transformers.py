@@ -10,38 +10,40 @@ Usage::
 
 Every attention layer then runs through ``lazytriton.attn_fwd``: unpadded and
 padded batches (left or right padding), prefill and generation with a KV
-cache (``DynamicCache``), grouped-query attention (key/value heads passed as
-they come, never repeated), the layer's ``scaling``. Differentiable.
+cache (``DynamicCache`` or ``StaticCache``), bidirectional encoders with
+padding (BERT), grouped-query attention (key/value heads passed as they come,
+never repeated), the layer's ``scaling``. Differentiable.
 
 How the mask reaches the kernels. transformers builds the mask once per
 forward with the implementation's *mask function* and hands it to every
 layer; registering only an attention function is not enough (the model would
 then build no mask at all for an unknown name and padded batches would be
-silently wrong). The mask function registered here is transformers' own
-``sdpa_mask``, so the attention function sees exactly what the "sdpa"
-implementation sees:
+silently wrong). The mask function registered here hands over what
+transformers' own ``sdpa_mask`` builds, so the attention function sees
+exactly what the "sdpa" implementation sees:
 
 - ``None``: no padding. It means what it means for SDPA: causal
   (``q_len == kv_len``, and an empty static cache's prefill, where SDPA crops
   the keys to the queries) or, for a single query or a non-causal module, no
   mask. One lazytriton call for the whole batch.
 - a boolean (batch, 1, q_len, kv_len) mask (True = attend): a padding mask,
-  usually combined with causal. The kernels have no arbitrary-mask support
-  yet, so the mask is decomposed, per sequence, into the keys that any query
-  sees and, for each query, how many of those (in order) it sees; the
-  decomposition is rebuilt and compared with the mask element for element.
-  Any mask it does not reproduce exactly (sliding windows that cut in,
-  chunked or block masks, per-head masks, float additive masks, arbitrary
-  custom 4D masks) raises NotImplementedError naming what is unsupported,
-  never a wrong result. Runs of queries that see one more key each run as one
-  bottom-right causal call, runs that see the same keys as one non-causal
-  call, and queries that see no key get zeros (what SDPA returns for a fully
-  masked row). A batch where every sequence has the same pattern (e.g.
-  chunked prefill against a cache, no padding) is one call; **a padded batch
-  costs one launch per sequence (two for a right-padded one)** until the
-  varlen kernel of issue 11 lands. The decomposition is computed once per
-  forward (the mask object is shared by all layers) and costs one
-  device-to-host copy of a few integers per sequence.
+  combined with causal or bidirectional attention. The kernels have no
+  arbitrary-mask support yet, so the mask is decomposed, per sequence, into
+  the keys that any query sees and, for each query, how many of those (in
+  order) it sees; the decomposition is rebuilt and compared with the mask
+  element for element. Any mask it does not reproduce exactly (sliding
+  windows that cut in, chunked or block masks, per-head masks, float additive
+  masks, arbitrary custom 4D masks) raises NotImplementedError naming what is
+  unsupported, never a wrong result. Runs of queries that see one more key
+  each run as one bottom-right causal call, runs that see the same keys as
+  one non-causal call, and queries that see no key get zeros without a
+  launch (SDPA gives such a row zeros too). Consecutive sequences with the
+  same pattern share their calls, so an unpadded batch with a mask (chunked
+  prefill against a cache) is one call; **a padded batch costs one launch
+  per sequence (two for a right-padded sequence: its pad queries see every
+  real key) until the varlen kernel of issue 11 lands**. The decomposition
+  is computed once per forward and mask (all layers share the mask object)
+  and copies the mask's per-key and per-query summaries to the host once.
 
 Not supported (NotImplementedError): dropout > 0 (set ``model.eval()`` or
 ``attention_dropout=0``), ``softcap`` (Gemma 2), attention sinks
