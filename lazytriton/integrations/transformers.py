@@ -1,0 +1,293 @@
+"""transformers integration: an attention implementation named "lazytriton".
+
+Usage::
+
+    from lazytriton.integrations import transformers as lt_transformers
+
+    lt_transformers.register()  # once per process; idempotent
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="lazytriton")
+    model.set_attn_implementation("lazytriton")  # or switch a model already built
+
+Every attention layer then runs through ``lazytriton.attn_fwd``: unpadded and
+padded batches (left or right padding), prefill and generation with a KV
+cache (``DynamicCache`` or ``StaticCache``), bidirectional encoders with
+padding (BERT), grouped-query attention (key/value heads passed as they come,
+never repeated), the layer's ``scaling``. Differentiable.
+
+How the mask reaches the kernels. transformers builds the mask once per
+forward with the implementation's *mask function* and hands it to every
+layer; registering only an attention function is not enough (the model would
+then build no mask at all for an unknown name and padded batches would be
+silently wrong). The mask function registered here hands over what
+transformers' own ``sdpa_mask`` builds, so the attention function sees
+exactly what the "sdpa" implementation sees:
+
+- ``None``: no padding. It means what it means for SDPA: causal
+  (``q_len == kv_len``, and an empty static cache's prefill, where SDPA crops
+  the keys to the queries) or, for a single query or a non-causal module, no
+  mask. One lazytriton call for the whole batch.
+- a boolean (batch, 1, q_len, kv_len) mask (True = attend): a padding mask,
+  combined with causal or bidirectional attention. The kernels have no
+  arbitrary-mask support yet, so the mask is decomposed, per sequence, into
+  the keys that any query sees and, for each query, how many of those (in
+  order) it sees; the decomposition is rebuilt and compared with the mask
+  element for element. Any mask it does not reproduce exactly (sliding
+  windows that cut in, chunked or block masks, per-head masks, float additive
+  masks, arbitrary custom 4D masks) raises NotImplementedError naming what is
+  unsupported, never a wrong result. Runs of queries that see one more key
+  each run as one bottom-right causal call, runs that see the same keys as
+  one non-causal call, and queries that see no key get zeros without a
+  launch (SDPA gives such a row zeros too). Consecutive sequences with the
+  same pattern share their calls, so an unpadded batch with a mask (chunked
+  prefill against a cache) is one call; **a padded batch costs one launch
+  per sequence (two for a right-padded sequence: its pad queries see every
+  real key) until the varlen kernel of issue 11 lands**. The decomposition
+  is computed once per forward and mask (all layers share the mask object)
+  and copies the mask's per-key and per-query summaries to the host once.
+
+Not supported (NotImplementedError): dropout > 0 (set ``model.eval()`` or
+``attention_dropout=0``), ``softcap`` (Gemma 2), attention sinks
+(``s_aux``/``sinks``), ``position_bias`` (T5-style relative bias), sparse
+``indices``. The data-dependent mask analysis makes ``torch.compile`` break
+the graph at each layer with a padding mask. Tested with transformers 5.24.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import lazytriton
+
+NAME = "lazytriton"
+# Keyword arguments some models pass to their attention function that change the math and that lazytriton
+# does not implement yet; SDPA refuses softcap and ignores the rest, lazytriton refuses all of them.
+_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "indices", "block_indices")
+
+
+def register(name: str = NAME) -> None:
+    """Register lazytriton's attention and mask functions with transformers under ``name``.
+
+    Both are needed (see the module docstring). Idempotent; registration is
+    process-wide (transformers' global attention and mask interfaces).
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, mask)
+
+
+def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The mask function: transformers' ``sdpa_mask``, whose output ``attention_forward`` reads.
+
+    A boolean (batch, 1, q_len, kv_len) mask, or None where SDPA's own
+    ``is_causal`` handling would do (no padding). Kept as our own function so
+    that the contract between the two halves is ours to change (a compact
+    per-sequence description instead of a dense mask, once varlen lands).
+    """
+    from transformers.masking_utils import sdpa_mask
+
+    # Older transformers, on torch < 2.6, unmask a query row that sees no key (SDPA then gave NaN there);
+    # that would break the padding pattern, and lazytriton gives such a row zeros anyway. Later versions
+    # ignore the argument.
+    kwargs.setdefault("allow_torch_fix", False)
+    return sdpa_mask(*args, **kwargs)  # type: ignore[no-any-return]
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, position_bias: torch.Tensor | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The attention function, with transformers' signature (that of ``sdpa_attention_forward``).
+
+    query (batch, heads_q, q_len, head_dim), key/value (batch, heads_k, kv_len,
+    head_dim), heads_q a multiple of heads_k; returns (attention output as
+    (batch, q_len, heads_q, head_dim), None), the second being the attention
+    weights, which no flash kernel materialises.
+    """
+    _check_supported(dropout, position_bias, kwargs)
+    if attention_mask is None:
+        out = _unmasked(module, query, key, value, scaling, is_causal)
+    else:
+        out = _masked(query, key, value, attention_mask, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _check_supported(dropout: float, position_bias: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
+    if dropout != 0.0:
+        raise NotImplementedError(f"lazytriton attention: dropout={dropout!r} is not supported yet (issue 11); "
+                                  "call model.eval() or set the config's attention dropout to 0")
+    if position_bias is not None:
+        raise NotImplementedError("lazytriton attention: position_bias (relative position bias) is not supported")
+    for name in _UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"lazytriton attention: {name}= is not supported yet (issue 11)")
+
+
+def _unmasked(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              scaling: float | None, is_causal: bool | None) -> torch.Tensor:
+    """No mask: SDPA's meaning, exactly as ``sdpa_attention_forward`` computes it."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q_len = query.shape[2]
+    causal = q_len > 1 and bool(causal)  # a single query sees every key (decoding)
+    if causal and key.shape[2] > q_len:
+        # Only an empty static cache's prefill gets here: SDPA aligns top-left, i.e. the keys past the
+        # queries (empty cache slots) are never seen; crop them, as sdpa_attention_forward does.
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    return lazytriton.attn_fwd(query, key, value, causal=causal, sm_scale=scaling)[0]
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Queries [start, stop) of a sequence, all seeing a prefix of its selected keys.
+
+    kind "causal": query start + r sees the first ``keys - (stop - start) + 1 + r`` keys
+    (bottom-right causal on that prefix); "full": each sees the first ``keys``; "zero": none.
+    """
+
+    start: int
+    stop: int
+    kind: str
+    keys: int
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Batch rows [first, last) sharing one key selection and one list of query segments.
+
+    ``key_range`` is (start, stop) when the selected keys are contiguous, else None and ``key_index``
+    holds their positions.
+    """
+
+    first: int
+    last: int
+    key_range: tuple[int, int] | None
+    key_index: torch.Tensor | None
+    segments: tuple[_Segment, ...]
+
+
+# The plans of the last few masks seen: every layer of one forward gets the same mask object (one per
+# attention type in hybrid models, e.g. Gemma's sliding and full layers, which alternate), so the analysis
+# and its device-to-host copy run once per forward and mask, not once per layer. Weak references: a plan
+# never keeps a mask alive, and a new mask at a dead one's address never matches.
+_PLANS_KEPT = 4
+_plans: list[tuple[weakref.ReferenceType[torch.Tensor], int, tuple[int, ...], tuple[_Group, ...]]] = []
+
+
+def _masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
+            scaling: float | None) -> torch.Tensor:
+    batch, _, q_len = query.shape[:3]
+    groups = _plan(attention_mask, batch, q_len, key.shape[2])
+    parts = []
+    for group in groups:
+        rows = slice(group.first, group.last)
+        if group.key_range is not None:
+            k = key[rows, :, group.key_range[0]:group.key_range[1]]
+            v = value[rows, :, group.key_range[0]:group.key_range[1]]
+        else:
+            k, v = key[rows][:, :, group.key_index], value[rows][:, :, group.key_index]
+        pieces = []
+        for seg in group.segments:
+            q = query[rows, :, seg.start:seg.stop]
+            if seg.kind == "zero":
+                pieces.append(q.new_zeros(q.shape[:3] + (value.shape[3],)))
+                continue
+            causal = "bottom_right" if seg.kind == "causal" else False
+            pieces.append(lazytriton.attn_fwd(q, k[:, :, :seg.keys], v[:, :, :seg.keys], causal=causal,
+                                              sm_scale=scaling)[0])
+        parts.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def _plan(attention_mask: torch.Tensor, batch: int, q_len: int, kv_len: int) -> tuple[_Group, ...]:
+    """The groups of ``attention_mask``, cached for the mask object (and version) it was computed from."""
+    global _plans
+    shape = (batch, q_len, kv_len)
+    plans = _plans  # replaced, never mutated: safe to read while another thread updates it
+    for ref, version, plan_shape, groups in plans:
+        if ref() is attention_mask and version == attention_mask._version and plan_shape == shape:
+            return groups
+    groups = _analyse(attention_mask, batch, q_len, kv_len)
+    live = [p for p in plans if p[0]() is not None][-(_PLANS_KEPT - 1):]
+    _plans = [*live, (weakref.ref(attention_mask), attention_mask._version, shape, groups)]
+    return groups
+
+
+def _analyse(attention_mask: torch.Tensor, batch: int, q_len: int, kv_len: int) -> tuple[_Group, ...]:
+    """Decompose a boolean mask into key selections and query prefixes, or raise NotImplementedError.
+
+    Each query row must see exactly the first n of the keys its sequence sees at all (any row), for
+    some n; that holds for padding combined with causal or bidirectional attention, wherever the pads
+    are, and for nothing that cuts into the past (windows, chunks).
+    """
+    m = _mask_3d(attention_mask, batch, q_len, kv_len)
+    seen = m.any(dim=1)  # (batch, kv_len): the keys the sequence attends to at all
+    rank = seen.cumsum(dim=-1)  # 1-based position of each seen key among them
+    counts = m.sum(dim=-1)  # (batch, q_len): how many keys each query sees
+    rebuilt = seen[:, None, :] & (rank[:, None, :] <= counts[:, :, None])
+    if not torch.equal(rebuilt, m):
+        b, i = (rebuilt != m).nonzero()[0, :2].tolist()
+        raise NotImplementedError(
+            "lazytriton attention: this attention mask is not a padding mask combined with causal or full "
+            f"attention: query {i} of sequence {b} sees keys that are not a prefix of the keys its sequence "
+            "attends to (a sliding window that cuts in, a chunked/block mask or an arbitrary custom 4D mask?); "
+            "arbitrary masks are not supported yet (issue 11)")
+    groups: list[_Group] = []
+    rows: list[tuple[list[bool], list[int]]] = list(zip(seen.tolist(), counts.tolist(), strict=True))
+    b = 0
+    while b < batch:  # consecutive sequences with the same pattern share one call (all of them, unpadded)
+        last = b + 1
+        while last < batch and rows[last] == rows[b]:
+            last += 1
+        index = [j for j, s in enumerate(rows[b][0]) if s]
+        if not index or index[-1] - index[0] + 1 == len(index):
+            key_range, key_index = ((index[0], index[-1] + 1) if index else (0, 0)), None
+        else:  # pads between keys (e.g. generation after right padding): gather the seen keys
+            key_range, key_index = None, torch.tensor(index, device=attention_mask.device)
+        groups.append(_Group(b, last, key_range, key_index, _segments(rows[b][1])))
+        b = last
+    return tuple(groups)
+
+
+def _mask_3d(attention_mask: torch.Tensor, batch: int, q_len: int, kv_len: int) -> torch.Tensor:
+    """The mask as (batch, q_len, kv_len) booleans, or NotImplementedError/ValueError."""
+    if attention_mask.dtype != torch.bool:
+        raise NotImplementedError(f"lazytriton attention: only boolean attention masks are supported (True = "
+                                  f"attend), got dtype {attention_mask.dtype} (an additive float mask)")
+    if attention_mask.dim() != 4:
+        raise NotImplementedError(f"lazytriton attention: attention_mask must have 4 dims (batch, heads, q_len, "
+                                  f"kv_len), got shape {tuple(attention_mask.shape)}")
+    if attention_mask.shape[1] != 1 and not bool((attention_mask == attention_mask[:, :1]).all()):
+        raise NotImplementedError("lazytriton attention: per-head attention masks are not supported")
+    try:
+        return attention_mask[:, 0].expand(batch, q_len, kv_len)
+    except RuntimeError:
+        raise ValueError(f"attention_mask of shape {tuple(attention_mask.shape)} does not broadcast to (batch, "
+                         f"heads, q_len, kv_len) = ({batch}, *, {q_len}, {kv_len})") from None
+
+
+def _segments(counts: list[int]) -> tuple[_Segment, ...]:
+    """Split queries into runs: seeing no key, one more key each (causal), or the same keys (full)."""
+    segments = []
+    i, q_len = 0, len(counts)
+    while i < q_len:
+        j = i + 1
+        if counts[i] == 0:
+            while j < q_len and counts[j] == 0:
+                j += 1
+            kind = "zero"
+        elif j < q_len and counts[j] == counts[i] + 1:
+            while j < q_len and counts[j] == counts[j - 1] + 1:
+                j += 1
+            kind = "causal"
+        else:
+            while j < q_len and counts[j] == counts[i]:
+                j += 1
+            kind = "full"
+        segments.append(_Segment(i, j, kind, counts[j - 1]))
+        i = j
+    return tuple(segments)
