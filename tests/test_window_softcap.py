@@ -193,6 +193,16 @@ def test_key_blocks_outside_every_window_are_never_read() -> None:
     dq, dk, dv = torch.autograd.grad(out, leaves, do)
     assert (out[:, :, :112] == 0).all() and torch.isneginf(lse[:, :, :112]).all()
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all() and (dq[:, :, :112] == 0).all()
+    # Right edges: 96 queries and keys, window (0, 2): the first query block (rows 0..31) sees keys 0..33,
+    # so NaN in keys 48.. must not reach its rows of out and dq.
+    q, k, v = make_qkv(1, (1, 1), (96, 96), 16, torch.float32, seed=5)
+    k[:, :, 48:], v[:, :, 48:] = float("nan"), float("nan")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, _ = lazytriton.attn_fwd(*leaves, window_size=(0, 2))
+    (dq,) = torch.autograd.grad(out[:, :, :32].sum(), leaves[:1])
+    ref, _ = attention_reference(q, k.nan_to_num(0.0), v.nan_to_num(0.0), window_size=(0, 2))
+    torch.testing.assert_close(out[:, :, :32], ref[:, :, :32], atol=1e-5, rtol=0)
+    assert torch.isfinite(dq[:, :, :32]).all()
 
 
 # ---------------------------------------------------------------------------
@@ -325,3 +335,60 @@ def test_interpreter_constexprs_carry_the_flags() -> None:
     assert binding.interpreter_constexprs(shape, False, True, True)["WINDOW"] is True
     assert bwd_binding.interpreter_constexprs(shape, False, False, True) | {} == {
         **bwd_binding.interpreter_constexprs(shape, False), "SOFTCAP": True}
+
+
+def test_prewarm_axes_add_window_and_softcap_variants(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton import tuning
+    from lazytriton.cli import main as cli_main
+    from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants
+
+    narrow = {"targets": (Target.parse("sm_90"),), "dtypes": ("bf16",), "head_dims": (64,), "causal": (False,),
+              "seqlens_q": (4096,)}
+    table = tuning.tables_for(all_kernels())
+    plain = enumerate_variants(Axes(**narrow), table)
+    assert all("WINDOW" not in p.variant.constexprs and "SOFTCAP" not in p.variant.constexprs for p in plain)
+    both = enumerate_variants(Axes(**narrow, window=(False, True), softcap=(False, True)), table)
+    assert len(both) == 4 * len(plain) and {p.key for p in plain} < {p.key for p in both}
+    flags = {("WINDOW" in p.variant.constexprs, "SOFTCAP" in p.variant.constexprs) for p in both}
+    assert flags == {(False, False), (False, True), (True, False), (True, True)}
+    common = ["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "none",
+              "--seqlen-q", "4096", "--list"]
+    assert cli_main(common) == 0
+    listed_plain = capsys.readouterr().out.splitlines()
+    assert cli_main([*common, "--window"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 2 * len(listed_plain) and sum("WINDOW=true" in line for line in listed) == len(listed_plain)
+    assert not any("SOFTCAP" in line for line in listed)
+
+
+# ---------------------------------------------------------------------------
+# Compiling the new variants (no GPU needed: Triton compiles for sm_90 and sm_80 here)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("kernel", ["flash_fwd", *dispatch.BWD_KERNELS])
+def test_window_and_softcap_variants_compile(kernel: str, target: str) -> None:
+    from test_compile import SHARED_LIMIT, check_elf
+
+    from lazytriton.compiler import compile_variant
+    from lazytriton.kernels import get
+
+    parsed = Target.parse(target)
+    variant = dispatch.kernel_variant(kernel, parsed, "bf16", 128, True, True, 4096, 4096, window=True, softcap=True)
+    entry = compile_variant(variant)
+    check_elf(entry, parsed)
+    spec = get(kernel)
+    assert entry.name == spec.function and entry.variant == str(variant)
+    assert entry.arg_types == tuple(t for t in spec.signature("bf16", False).values() if t != "constexpr")
+    assert entry.arg_types[-4:] == ("i32", "i32", "fp32", "fp32")  # window_left, window_right, sm_scale, softcap
+    assert 0 < entry.shared <= SHARED_LIMIT[target]
+
+
+def test_tma_variant_with_window_and_softcap_compiles() -> None:
+    from lazytriton.compiler import compile_variant
+
+    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096, tma=True, window=True,
+                                         softcap=True)
+    assert variant.get("TMA") is True and variant.get("WINDOW") is True
+    entry = compile_variant(variant)
+    assert entry.global_scratch_size > 0 and entry.binary[:4] == b"\x7fELF"

@@ -37,9 +37,12 @@ caller left unbounded (-1) as max(Sq, Sk), which bounds nothing). Key blocks
 wholly outside a query block's window are skipped by the loop bounds, blocks
 wholly inside run unmasked. ``SOFTCAP=true`` caps the scaled scores:
 ``s -> softcap * tanh(s / softcap)`` before the softmax (FlashAttention-2's
-order: scale first). Both are off by default and then compile away: the
-pointer kernel's PTX is what it was before them apart from the three unused
-parameters (Triton 3.9, sm_90, checked).
+order: scale first). Both are off by default and then compile away: with
+Triton 3.9 for sm_90, the PTX of four pointer variants (bf16/fp16/fp32,
+causal or not, aligned or not) and of the backward's eight is instruction for
+instruction what it was before them, apart from the three unused parameters
+in the signature and debug labels; the TMA variant's differs only in the
+numbering of one register.
 """
 
 import triton
