@@ -65,12 +65,15 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) 
         q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap)
 
 
+# The defaults. The warm path serves only calls without a window or softcap, and tests
+# for them by identity first, inline (16 ns over nothing; == on both: 125 ns, CPython 3.11).
 _NO_WINDOW = (-1, -1)
+_NO_CAP = 0.0
 
 
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool | str = False,
              sm_scale: float | None = None, window_size: tuple[int, int] = _NO_WINDOW,
-             softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+             softcap: float = _NO_CAP) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, FlashAttention-2 style, returning the logsumexp too.
 
     Args:
@@ -113,7 +116,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     ``lse`` carries no gradient.
 
     """
-    if type(softcap) is float and softcap == 0.0 and window_size == _NO_WINDOW and _direct(q, k, v):
+    if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
+            and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and _direct(q, k, v)):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
@@ -151,8 +155,9 @@ def _check_bshd(name: str, t: Any) -> torch.Tensor:
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-                    softmax_scale: float | None = None, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-                    softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                    softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _NO_CAP,
+                    alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                     return_attn_probs: bool = False) -> Any:
     """FlashAttention-2's ``flash_attn_func``, served from lazytriton's kernel cache.
 
@@ -195,8 +200,10 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     Differentiable with respect to any of q, k, v (softmax_lse carries no gradient).
 
     """
-    if (type(causal) is bool and dropout_p == 0.0 and type(softcap) is float and softcap == 0.0 and alibi_slopes is None
-            and window_size == _NO_WINDOW and type(deterministic) is bool and type(return_attn_probs) is bool
+    if (type(causal) is bool and dropout_p == 0.0 and alibi_slopes is None
+            and (softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
+            and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
+            and type(deterministic) is bool and type(return_attn_probs) is bool
             and _direct(q, k, v)):
         warm = hot.forward_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
         if warm is not None:

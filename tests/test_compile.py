@@ -259,8 +259,8 @@ def test_launcher_gives_a_tma_entry_the_scratch_it_expects() -> None:
     api, asked = Api(), []
     kernel = gpu.LoadedKernel(api, entry, 0, None)
     launch_grid = grid(1000, 6, 2, int(variant.get("BLOCK_M")))
-    ints = tuple(range(1, len(entry.arg_types)))
-    kernel.launch(launch_grid, 0, ints, (0.125,), lambda n, dev: asked.append(n) or Memory())
+    ints = tuple(range(1, len(entry.arg_types) - 1))  # all but the two floats (sm_scale, softcap)
+    kernel.launch(launch_grid, 0, ints, (0.125, 0.0), lambda n, dev: asked.append(n) or Memory())
     assert asked == [launch_grid[0] * launch_grid[1] * launch_grid[2] * entry.num_ctas * TMA_SCRATCH]
     assert api.scratch == [1 << 20], "global_scratch must reach the kernel's first hidden parameter"
 
