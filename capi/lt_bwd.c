@@ -11,8 +11,9 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 34           /* flash_bwd_dq: 33 pointers and integers, then sm_scale */
-#define LT__BWD_DKDV_PARAMS 34         /* flash_bwd_dkdv: 33 pointers and integers, then sm_scale */
+#define LT__BWD_DQ_PARAMS 37           /* flash_bwd_dq: 35 pointers and integers, then sm_scale and softcap */
+#define LT__BWD_DKDV_PARAMS 37         /* flash_bwd_dkdv: 35 pointers and integers, then sm_scale and softcap */
+#define LT__BWD_FLOATS 2
 
 /* ------------------------------------------------------------------------- */
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
@@ -228,13 +229,15 @@ static lt_status lt__make_bwd_plan(const lt__call *c, lt_bwd_plan **out) {
     return LT_OK;
 }
 
-/* The parameter array of one kernel: n_ints integer slots, the scale, then NULL hidden scratch pointers. */
-static void lt__bind(void **params, int64_t *ints, int n_params, float *scale, uint32_t n_hidden) {
-    for (int i = 0; i < n_params - 1; i++)
+/* The parameter array of one kernel: its integer slots, the two floats, then NULL hidden scratch pointers. */
+static void lt__bind(void **params, int64_t *ints, int n_params, float *floats, uint32_t n_hidden) {
+    int n_ints = n_params - LT__BWD_FLOATS;
+    for (int i = 0; i < n_ints; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
-    params[n_params - 1] = scale;
+    for (int i = 0; i < LT__BWD_FLOATS; i++)
+        params[n_ints + i] = &floats[i];
     for (uint32_t h = 0; h < n_hidden; h++)
-        params[n_params + h] = &ints[n_params - 1 + h]; /* zero: NULL scratch */
+        params[n_params + h] = &ints[n_ints + h]; /* zero: NULL scratch */
 }
 
 /* The launch: each kernel's parameters in its description's order (binding.c_initializer), dq first. */
@@ -242,26 +245,27 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
                                 void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
     const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
-    int64_t dq_ints[LT__BWD_DQ_PARAMS - 1 + LT__MAX_HIDDEN] = {
+    /* No sliding window (-1, -1) and no softcap (0): the C API's calls have neither. */
+    int64_t dq_ints[LT__BWD_DQ_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
         (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset};
-    int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - 1 + LT__MAX_HIDDEN] = {
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1};
+    int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
         (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset};
-    float scale = c->scale;
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1};
+    float floats[LT__BWD_FLOATS] = {c->scale, 0.0f};
     void *dq_params[LT__BWD_DQ_PARAMS + LT__MAX_HIDDEN], *dkdv_params[LT__BWD_DKDV_PARAMS + LT__MAX_HIDDEN];
-    lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, &scale, plan->dq.n_hidden);
-    lt__bind(dkdv_params, dkdv_ints, LT__BWD_DKDV_PARAMS, &scale, plan->dkdv.n_hidden);
+    lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, floats, plan->dq.n_hidden);
+    lt__bind(dkdv_params, dkdv_ints, LT__BWD_DKDV_PARAMS, floats, plan->dkdv.n_hidden);
     const lt__bwd_kernel *a = &plan->dq, *b = &plan->dkdv;
     lt_status s = lt__cu_launch(a->function, plan->context, (unsigned int)((c->sq + a->tile - 1) / a->tile),
                                 (unsigned int)c->hq, (unsigned int)c->b, a->block_threads, a->shared_bytes, stream,

@@ -153,7 +153,7 @@ def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = 
 def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                       seqlen_q: int, config: Config | None = None, index64: bool = False,
                       seqlen_k: int | None = None, table: tuning.Table | None = None,
-                      tma: bool | None = None) -> Variant:
+                      tma: bool | None = None, window: bool = False, softcap: bool = False) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -161,10 +161,11 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     spans 2**31 elements or more, so offsets need 64-bit arithmetic. Without
     ``config``, the tuning table (``table``, else the kernel's file) decides,
     then ``default_config``. ``tma``: read through TMA descriptors (None:
-    ``flash_fwd_tma`` decides from target, dtype and alignment).
+    ``flash_fwd_tma`` decides from target, dtype and alignment). ``window``,
+    ``softcap``: the call has a sliding window, a logit softcap.
     """
     return kernel_variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
-                          seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma)
+                          seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap)
 
 
 # ---------------------------------------------------------------------------
@@ -235,14 +236,19 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 
 def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                    seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
-                   table: tuning.Table | None = None, tma: bool | None = None) -> Variant:
+                   table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
+                   softcap: bool = False) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
 
     Every attention kernel has the same functional fields (padded head dim,
     causal, EVEN_D, ALIGN16, INDEX64) and sees seqlens only through their
     buckets, so the hot paths' memo keys may stand for them. ``flash_fwd``
     also has TMA=true where ``flash_fwd_tma`` says so (from target, dtype and
-    alignment); absent, it means false.
+    alignment); absent, it means false. ``WINDOW=true`` (a sliding window)
+    and ``SOFTCAP=true`` (logit softcapping), on all three kernels, are
+    likewise written only when set, so the strings of calls without them are
+    what they were; the window and the cap themselves are runtime arguments.
+    The tile sizes are the plain call's (not tuned for windows).
     """
     padded = padded_head_dim(head_dim)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
@@ -251,6 +257,10 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                   "INDEX64": bool(index64)}
     if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma):
         functional["TMA"] = True  # written only when set: a pointer variant's string is what it was before TMA
+    if window:
+        functional["WINDOW"] = True
+    if softcap:
+        functional["SOFTCAP"] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 

@@ -46,7 +46,7 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 # bottom_right build the same binary (CAUSAL=true): the alignment is a runtime offset.
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
-_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64")
+_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap")
 
 
 class UsageError(ValueError):
@@ -185,6 +185,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--unaligned", action="store_true", help="also build the unaligned (ALIGN16=false) variants")
     axes.add_argument("--index64", action="store_true",
                       help="also build the 64-bit-offset (INDEX64=true) variants, for tensors of 2**31+ elements")
+    axes.add_argument("--window", action="store_true",
+                      help="also build the sliding-window (WINDOW=true) variants: window_size in the API")
+    axes.add_argument("--softcap", action="store_true",
+                      help="also build the logit-softcapping (SOFTCAP=true) variants: softcap > 0 in the API")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -253,7 +257,9 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 seqlens_q=tuple(args.seqlen_q) if args.seqlen_q else None,
                 seqlens_k=tuple(args.seqlen_k) if args.seqlen_k else None,
                 aligned=(True, False) if args.unaligned else (True,),
-                index64=(False, True) if args.index64 else (False,))
+                index64=(False, True) if args.index64 else (False,),
+                window=(False, True) if args.window else (False,),
+                softcap=(False, True) if args.softcap else (False,))
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

@@ -24,10 +24,13 @@ given, the groups are the default grid:
     seqlen    the table's buckets for the group, else 16, 64, 4096
     aligned   true (``--unaligned`` adds false)
     index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
+    window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
+    softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, seqlen_q, seqlen_k.
+index64, window, softcap, seqlen_q, seqlen_k. The window and softcap variants
+take the plain call's tile sizes (``dispatch.kernel_variant``).
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ class Axes:
     seqlens_k: tuple[int, ...] | None = None
     aligned: tuple[bool, ...] = (True,)
     index64: tuple[bool, ...] = (False,)
+    window: tuple[bool, ...] = (False,)
+    softcap: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -171,11 +176,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, axes.head_dims or DEFAULT_HEAD_DIMS,
                                                      axes.causal or DEFAULT_CAUSAL):
         buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
-        for aligned, index64, (seqlen_q, seqlen_k) in itertools.product(axes.aligned, axes.index64,
-                                                                        _seqlens(axes, buckets)):
+        for aligned, index64, window, softcap, (seqlen_q, seqlen_k) in itertools.product(
+                axes.aligned, axes.index64, axes.window, axes.softcap, _seqlens(axes, buckets)):
             config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
-                                              config=config, index64=index64)
+                                              config=config, index64=index64, window=window, softcap=softcap)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 

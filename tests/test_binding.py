@@ -29,7 +29,8 @@ def _expected(name: str, t: dict[str, torch.Tensor], call: binding.Call) -> int 
     return {"Q": t["q"].data_ptr(), "K": t["k"].data_ptr(), "V": t["v"].data_ptr(), "Out": t["o"].data_ptr(),
             "Lse": t["lse"].data_ptr(), "stride_lb": t["lse"].stride(0), "stride_lh": t["lse"].stride(1),
             "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal_offset": call.offset,
-            "sm_scale": call.scale}[name]
+            "sm_scale": call.scale, "window_left": call.window_left, "window_right": call.window_right,
+            "softcap": call.softcap}[name]
 
 
 def test_pack_gives_every_parameter_of_the_description_in_order() -> None:
@@ -46,6 +47,19 @@ def test_pack_gives_every_parameter_of_the_description_in_order() -> None:
     assert binding.floats(call) == tuple(_expected(name, tensors, call) for name in binding.FLOAT_PARAMS)
     assert not index64
     assert not aligned  # odd strides: the ALIGN16 variant would be wrong
+
+
+def test_pack_passes_the_window_and_softcap_in_the_kernels_terms() -> None:
+    q, k, v = _strided((2, 4, 5, 32), 3), _strided((2, 2, 7, 32), 5), _strided((2, 2, 7, 32), 2)
+    call = binding.check(q, k, v, False, 0.3, window=(3, -1), softcap=2.5)
+    out, lse = binding.empty_outputs(q, call.shape)
+    ints, _, _ = binding.pack(q, k, v, out, lse, call)
+    named = dict(zip(binding.INT_PARAMS, ints, strict=True))
+    # FlashAttention's bottom-right offset; the unbounded right side as max(seqlen_q, seqlen_k)
+    assert (named["causal_offset"], named["window_left"], named["window_right"]) == (2, 3, 7)
+    assert binding.floats(call) == (0.3, 2.5)
+    plain = binding.check(q, k, v, False, 0.3)
+    assert dict(zip(binding.INT_PARAMS, binding.pack(q, k, v, out, lse, plain)[0], strict=True))["window_left"] == -1
 
 
 def test_pack_alignment_and_index64() -> None:
@@ -66,7 +80,7 @@ def test_pack_alignment_and_index64() -> None:
 
 def _c_initializer_in_source() -> list[str]:
     text = (REPO / "capi" / "lazytriton.c").read_text()
-    body = re.search(r"int64_t ints\[LT__KERNEL_PARAMS - 1 \+ LT__MAX_HIDDEN\] = \{(.*?)\};", text, re.S)
+    body = re.search(r"int64_t ints\[LT__KERNEL_INTS \+ LT__MAX_HIDDEN\] = \{(.*?)\};", text, re.S)
     assert body, "lt__launch's argument initializer was not found in lazytriton.c"
     return [" ".join(item.split()) for item in body[1].split(",")]
 
@@ -109,7 +123,7 @@ def test_interpreter_constexprs_and_grid() -> None:
     shape = binding.Shape(2, 3, 1, 33, 7, 40)
     constexprs = binding.interpreter_constexprs(shape, True)
     assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
-                          "TMA": False}
+                          "TMA": False, "WINDOW": False, "SOFTCAP": False}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

@@ -277,7 +277,7 @@ BWD_SOURCE = REPO / "capi" / "lt_bwd.c"
 
 
 def _initializer(kernel: str, macro: str) -> list[str]:
-    body = re.search(rf"int64_t {kernel}_ints\[{macro} - 1 \+ LT__MAX_HIDDEN\] = \{{(.*?)\}};",
+    body = re.search(rf"int64_t {kernel}_ints\[{macro} - LT__BWD_FLOATS \+ LT__MAX_HIDDEN\] = \{{(.*?)\}};",
                      BWD_SOURCE.read_text(), re.S)
     assert body, f"the {kernel} argument initializer was not found in lt_bwd.c"
     return [" ".join(item.split()) for item in body[1].split(",")]
@@ -293,10 +293,11 @@ def test_the_c_backward_launcher_passes_each_description_field_by_field(kernel: 
     names = embedded.int_params(kernel)
     c_items = _initializer(kernel.removeprefix("flash_bwd_"), macro)
     expected = [" ".join(item.split()) for item in bwd.c_initializer(kernel).split(", ")]
-    assert len(c_items) == len(names) == len(spec.params) - 1
+    assert len(c_items) == len(names) == len(spec.params) - 2
     for name, c_item, want in zip(names, c_items, expected, strict=True):
         assert c_item == want, f"lt_bwd.c passes {c_item!r} as {kernel}'s {name}; the binding says {want!r}"
-    assert [name for name, kind in spec.params if kind.startswith("fp")] == ["sm_scale"]  # the one float, last
+    assert [name for name, kind in spec.params if kind.startswith("fp")] == ["sm_scale", "softcap"]  # floats last
+    assert all(not kind.startswith("fp") for _, kind in spec.params[:-2])
     defined = re.search(rf"#define {macro} (\d+)", BWD_SOURCE.read_text())
     assert defined and int(defined[1]) == len(spec.params)
 
@@ -335,7 +336,7 @@ def test_plan_variant_is_the_bindings_choice() -> None:
 @pytest.mark.parametrize("kernel", ["flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"])
 def test_check_launch_layout_per_kernel(kernel: str) -> None:
     n = len(embedded.int_params(kernel))
-    good = SimpleNamespace(key="k", arg_types=("*fp16",) * 8 + ("i32",) * (n - 8) + ("fp32",), hidden_args=(),
+    good = SimpleNamespace(key="k", arg_types=("*fp16",) * 8 + ("i32",) * (n - 8) + ("fp32", "fp32"), hidden_args=(),
                            global_scratch_size=0, profile_scratch_size=0)
     embedded.check_launch_layout(good, kernel)
     for bad in (good.arg_types[:-1], good.arg_types + ("fp32",), ("fp32",) + good.arg_types[1:]):

@@ -6,7 +6,8 @@ block) and ``flash_bwd_dkdv`` (dK and dV; one program per key block of a
 key/value head). Their parameters follow the forward's conventions: pointers,
 then strides in (batch, head, seqlen) order, then sizes, then the one float.
 ``Lse`` and ``Delta`` are contiguous (batch, heads_q, seqlen_q) float32 and
-share ``stride_lb``/``stride_lh``. ``ALIGN16`` variants may assume every
+share ``stride_lb``/``stride_lh``. ``WINDOW`` and ``SOFTCAP`` are the
+forward's flags (written only when true) with the forward's runtime values. ``ALIGN16`` variants may assume every
 pointer, stride and seqlen is a multiple of 16 (``aligned_params``).
 """
 
@@ -16,14 +17,17 @@ from lazytriton.kernels import KernelSpec
 
 FAMILY = "flash_bwd"
 MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
-_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL")
+_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP")
 _SIZES = (
     ("group_size", "i32"),
     ("seqlen_q", "i32"),
     ("seqlen_k", "i32"),
     ("head_dim", "i32"),
     ("causal_offset", "i32"),
+    ("window_left", "i32"),
+    ("window_right", "i32"),
     ("sm_scale", "fp32"),
+    ("softcap", "fp32"),
 )
 
 

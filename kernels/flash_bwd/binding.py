@@ -90,7 +90,10 @@ PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "seqlen_k": ("sk", "c->sk"),
     "head_dim": ("d", "c->d"),
     "causal_offset": ("offset", "c->offset"),
+    "window_left": ("call.window_left", "-1"),  # the C API has no window (-1: off) and no softcap (0)
+    "window_right": ("call.window_right", "-1"),
     "sm_scale": ("scale", "scale"),
+    "softcap": ("call.softcap", "0.0f"),
 }
 
 # One (b, h, s) stride triple per tensor name, read once by each pack function.
@@ -151,24 +154,26 @@ def c_initializer(kernel: str) -> str:
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
-             index64: bool) -> tuple[Any, ...]:
+             index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, ...]:
     """The forward's memo key, marked with the family (both live in ``Runtime.plans``)."""
-    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64))
+    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap))
 
 
 def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
-             index64: bool) -> tuple[Variant, Variant]:
+             index64: bool, window: bool = False, softcap: bool = False) -> tuple[Variant, Variant]:
     """The (dq, dkdv) variants serving a call of this shape (dispatch decides)."""
     return tuple(  # type: ignore[return-value]
         dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
-                                shape.seqlen_q, shape.seqlen_k, index64=index64)
+                                shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap)
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
 
 
-def interpreter_constexprs(shape: Shape, causal: bool) -> dict[str, Any]:
+def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
+                           softcap: bool = False) -> dict[str, Any]:
     """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
     padded = dispatch.padded_head_dim(shape.head_dim)
-    return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal}
+    return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
+            "WINDOW": window, "SOFTCAP": softcap}
 
 
 def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -182,13 +187,13 @@ def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int
 
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
-         aligned: bool, index64: bool) -> tuple[Any, int, Any, int]:
+         aligned: bool, index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
     Refuses, during a CUDA graph capture, to load or compile either kernel
     (``CaptureError`` naming the variant), as the forward does.
     """
-    chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+    chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap)
     if fwd.is_capturing():
         for variant in chosen:
             if rt.loaded(variant, device.index) is None:
@@ -222,18 +227,19 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if forced is None:
         causal = call.causal != "none"
-        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64)
+        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
         found = rt.plans.get(key)
         if found is None:
-            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64)
+            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
     dq_kernel, block_m, dkdv_kernel, block_n = found
     stream = fwd.raw_stream(device.index)
     dq_grid_, dkdv_grid_ = grids(shape, block_m, block_n)
-    dq_kernel.launch(dq_grid_, stream, dq_ints, (call.scale,), fwd.scratch_alloc)
-    dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, (call.scale,), fwd.scratch_alloc)
+    floats = fwd.floats(call)
+    dq_kernel.launch(dq_grid_, stream, dq_ints, floats, fwd.scratch_alloc)
+    dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
 
 
 _N_POINTERS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*"))
@@ -248,13 +254,14 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     fwd.warn_if_slow(shape)
     delta = _delta(q, shape)
     dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
-    constexprs = interpreter_constexprs(shape, call.causal != "none")
+    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped)
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     dq, dk, dv = grads
+    floats = fwd.floats(call)
     compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *dq_ints[_N_POINTERS:],
-                                                     call.scale), constexprs)
+                                                     *floats), constexprs)
     compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *dkdv_ints[_N_POINTERS:],
-                                                         call.scale), constexprs)
+                                                         *floats), constexprs)
 
 
 def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -263,8 +270,8 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks."""
     dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
     if kernel == FLASH_BWD_DQ.name:
-        return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[_N_POINTERS:], call.scale)
-    return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[_N_POINTERS:], call.scale)
+        return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[_N_POINTERS:], *fwd.floats(call))
+    return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[_N_POINTERS:], *fwd.floats(call))
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -295,7 +302,8 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
-    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64), device, dtype, shape, causal, aligned,
-         index64)
-    return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+    window, softcap = call.windowed, call.capped
+    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap), device, dtype, shape,
+         causal, aligned, index64, window, softcap)
+    return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap)
 

@@ -4,7 +4,9 @@ The same formulas the kernels evaluate, written out over whole matrices:
 ``P = softmax(scale * Q K^T)`` (masked), ``dV = P^T dO``,
 ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = scale * dS K``,
 ``dK = scale * dS^T Q``, with GQA's dK and dV summed over each group of query
-heads. Computed in the inputs' dtype for matrix products (float32 softmax)
+heads. The window masks as the forward's reference does; with a softcap,
+``S = softcap * tanh(scale * Q K^T / softcap)`` and dS is multiplied by
+``1 - tanh^2`` (the cap's derivative). Computed in the inputs' dtype for matrix products (float32 softmax)
 unless the caller upcasts, so the tests can measure both a same-precision
 reference and a float64 one.
 """
@@ -15,9 +17,12 @@ import math
 
 import torch
 
+from lazytriton.kernels.flash_fwd.reference import capped_scores
+
 
 def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *,
                                  causal: bool | str = False, sm_scale: float | None = None,
+                                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of ``attention_reference(q, k, v)`` for the output gradient ``do``."""
     b, hq, sq, d = q.shape
@@ -27,18 +32,15 @@ def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     kx = k.repeat_interleave(group, dim=1) if group > 1 else k
     vx = v.repeat_interleave(group, dim=1) if group > 1 else v
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scores = (q @ kx.transpose(-1, -2)).to(work) * scale
-    if causal:
-        offset = sk - sq if causal == "bottom_right" else 0
-        rows = torch.arange(sq, device=q.device)[:, None]
-        cols = torch.arange(sk, device=q.device)[None, :]
-        scores = scores.masked_fill(cols > rows + offset, float("-inf"))
+    scores, tanh = capped_scores(q, kx, scale, softcap, causal, window_size)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     probs = torch.exp(scores - lse).nan_to_num(0.0)  # rows with no key: 0
     out = probs.to(v.dtype) @ vx  # the forward's output, as attention_reference computes it
     delta = (do.to(work) * out.to(work)).sum(-1, keepdim=True)
     dp = (do @ vx.transpose(-1, -2)).to(work)
     ds = probs * (dp - delta)
+    if tanh is not None:
+        ds = ds * (1.0 - tanh * tanh)
     dv = probs.to(q.dtype).transpose(-1, -2) @ do
     dq = (ds.to(q.dtype) @ kx).to(work) * scale
     dk = (ds.to(q.dtype).transpose(-1, -2) @ q).to(work) * scale

@@ -22,6 +22,10 @@ float atomics are used and every run gives bitwise-identical gradients:
   kernel, in a fixed order).
 
 with ``P = exp(scale * Q K^T - lse)`` and ``dS = P * (dO V^T - delta)``.
+``WINDOW`` and ``SOFTCAP`` are the forward's (``flash_fwd/triton_kernel.py``):
+the same visibility rule and loop bounds (query blocks outside a key block's
+window are skipped in dK/dV), and with a cap ``S = softcap * tanh(scale * Q
+K^T / softcap)``, whose derivative multiplies dS by ``1 - tanh^2``.
 The price of determinism is one more pair of matrix products than a fused
 kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 """
@@ -30,6 +34,56 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _tanh(x):
+    """The hyperbolic tangent through exp2 (exactly +-1 for large |x|): no libdevice, so the interpreter runs it."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _scores(qk, qk_scale, cap, SOFTCAP: tl.constexpr):
+    """Base-2 scores of the raw products qk, and the factor dS gets from the cap (1 - tanh^2; 1 without)."""
+    qk = qk * qk_scale
+    if SOFTCAP:
+        t = _tanh(qk)
+        qk = t * cap
+        grad = 1.0 - t * t
+    else:
+        grad = 1.0
+    return qk, grad
+
+
+@triton.jit
+def _scales(sm_scale, softcap, SOFTCAP: tl.constexpr):
+    """(qk_scale, cap): scale * log2(e) and unused; with a cap, scale / softcap and softcap * log2(e)."""
+    if SOFTCAP:
+        qk_scale = sm_scale / softcap
+        cap = softcap * LOG2E
+    else:
+        qk_scale = sm_scale * LOG2E
+        cap = qk_scale
+    return qk_scale, cap
+
+
+@triton.jit
+def _window_range(start, window_lo, window_hi, end, full_end, BLOCK: tl.constexpr,
+                  TILE: tl.constexpr):
+    """Tile bounds (begin, full_begin, full_end, end) of the other axis seen by ``TILE`` rows from ``start``.
+
+    Along the streamed axis, position x is seen by row r when r + lo <= x <= r + hi
+    (lo, hi: the window's edges relative to r): blocks of BLOCK below ``begin`` and
+    from ``end`` on are seen by no row; those in [full_begin, full_end) by every row.
+    """
+    begin = (tl.maximum(start + window_lo, 0) // BLOCK) * BLOCK
+    full_begin = tl.maximum(start + TILE - 1 + window_lo, 0)
+    full_begin = ((full_begin + BLOCK - 1) // BLOCK) * BLOCK
+    end = tl.minimum(end, tl.maximum(start + TILE + window_hi, 0))
+    full_end = tl.minimum(full_end, (tl.maximum(start + window_hi + 1, 0) // BLOCK) * BLOCK)
+    full_end = tl.maximum(tl.minimum(full_end, end), begin)
+    full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
+    return begin, full_begin, full_end, end
 
 
 @triton.jit
@@ -77,23 +131,30 @@ def _lse_log2(Lse, rows, rows_ok):
 @triton.jit
 def _dq_block(
     dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
+    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
     EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """DQ's share of keys [start_n, start_n + BLOCK_N), unscaled."""
     cols = start_n + offs_n
     col_ok = cols < seqlen_k
     k = _load_tile(k_ptrs + start_n * stride_ks, col_ok, d_ok, MASKED, EVEN_D)
     v = _load_tile(v_ptrs + start_n * stride_vs, col_ok, d_ok, MASKED, EVEN_D)
-    qk = _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE) * qk_scale
+    qk, grad = _scores(_dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE),
+                       qk_scale, cap, SOFTCAP)
     if MASKED:
         keep = col_ok[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        if WINDOW:
+            keep = keep & (cols[None, :] >= offs_m[:, None] + causal_offset - window_left)
+            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset + window_right)
         qk = tl.where(keep, qk, float("-inf"))
     p = tl.math.exp2(qk - lse2[:, None])
     dp = _dot(do, tl.trans(v), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE)
     ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * grad
     return _dot(ds.to(k.dtype), k, dq, IEEE)
 
 
@@ -107,10 +168,10 @@ def flash_bwd_dq_kernel(
     stride_dob, stride_doh, stride_dos,
     stride_dqb, stride_dqh, stride_dqs,
     stride_lb, stride_lh,
-    group_size, seqlen_q, seqlen_k, head_dim, causal_offset,
-    sm_scale,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -138,7 +199,7 @@ def flash_bwd_dq_kernel(
 
     k_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
-    qk_scale = sm_scale * LOG2E
+    qk_scale, cap = _scales(sm_scale, softcap, SOFTCAP)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # Keys [0, full_end) are visible to every row of this block; [full_end, end)
@@ -150,12 +211,23 @@ def flash_bwd_dq_kernel(
         first_row_limit = tl.maximum(start_m + causal_offset + 1, 0)
         full_end = tl.minimum(full_end, (first_row_limit // BLOCK_N) * BLOCK_N)
     full_end = tl.minimum(full_end, end)
-    for start_n in range(0, full_end, BLOCK_N):
+    full_begin = 0
+    if WINDOW:  # the forward's bounds: keys [begin, full_begin) and [full_end, end) are masked
+        begin, full_begin, full_end, end = _window_range(start_m, causal_offset - window_left,
+                                                         causal_offset + window_right, end, full_end, BLOCK_N,
+                                                         BLOCK_M)
+        for start_n in range(begin, full_begin, BLOCK_N):
+            dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
+                           seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
+                           EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP)
+    for start_n in range(full_begin, full_end, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, EVEN_D, False, CAUSAL, IEEE)
+                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
+                       EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP)
     for start_n in range(full_end, end, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, EVEN_D, True, CAUSAL, IEEE)
+                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
+                       EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP)
 
     dq = dq * sm_scale
     _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
@@ -165,8 +237,9 @@ def flash_bwd_dq_kernel(
 @triton.jit
 def _dkdv_block(
     dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, start_m, offs_m, offs_n, d_ok,
-    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos,
-    EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
+    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap,
+    EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed."""
     rows = start_m + offs_m
@@ -175,13 +248,23 @@ def _dkdv_block(
     do = _load_tile(do_ptrs + start_m * stride_dos, rows_ok, d_ok, True, EVEN_D)
     lse2 = _lse_log2(Lse, rows, rows_ok)
     delta = tl.load(Delta + rows, mask=rows_ok, other=0.0)
-    qk_t = _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE) * qk_scale
-    if MASKED:  # the causal diagonal: key j is visible to query i when j <= i + causal_offset
-        qk_t = tl.where(offs_n[:, None] <= rows[None, :] + causal_offset, qk_t, float("-inf"))
+    qk_t, grad_t = _scores(_dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE),
+                           qk_scale, cap, SOFTCAP)
+    if MASKED:  # the causal diagonal (key j is visible to query i when j <= i + causal_offset) and the window
+        if CAUSAL:
+            keep = offs_n[:, None] <= rows[None, :] + causal_offset
+        else:
+            keep = offs_n[:, None] >= 0
+        if WINDOW:
+            keep = keep & (offs_n[:, None] >= rows[None, :] + causal_offset - window_left)
+            keep = keep & (offs_n[:, None] <= rows[None, :] + causal_offset + window_right)
+        qk_t = tl.where(keep, qk_t, float("-inf"))
     p_t = tl.math.exp2(qk_t - lse2[None, :])
     dv = _dot(p_t.to(do.dtype), do, dv, IEEE)
     dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE)
     ds_t = p_t * (dp_t - delta[None, :])
+    if SOFTCAP:
+        ds_t = ds_t * grad_t
     return _dot(ds_t.to(q.dtype), q, dk, IEEE), dv
 
 
@@ -195,10 +278,10 @@ def flash_bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dks,
     stride_dvb, stride_dvh, stride_dvs,
     stride_lb, stride_lh,
-    group_size, seqlen_q, seqlen_k, head_dim, causal_offset,
-    sm_scale,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
     # Low key blocks first: under a causal mask they are seen by the most queries.
     start_n = tl.program_id(0) * BLOCK_N
@@ -216,7 +299,7 @@ def flash_bwd_dkdv_kernel(
                    cols_ok, d_ok, True, EVEN_D)
     v = _load_tile(V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
                    cols_ok, d_ok, True, EVEN_D)
-    qk_scale = sm_scale * LOG2E
+    qk_scale, cap = _scales(sm_scale, softcap, SOFTCAP)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -231,6 +314,14 @@ def flash_bwd_dkdv_kernel(
         last_key_row = tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0)
         full_begin = tl.maximum(((last_key_row + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, begin)
         full_begin = tl.minimum(full_begin, seqlen_q)
+    end = seqlen_q
+    full_end = seqlen_q
+    if WINDOW:
+        # Query i sees key j when j - offset - right <= i <= j - offset + left: the
+        # window's edges seen from this key block, with the forward's bounds.
+        begin, full_begin, full_end, end = _window_range(start_n, -causal_offset - window_right,
+                                                         window_left - causal_offset, end, full_end, BLOCK_M,
+                                                         BLOCK_N)
 
     for g in range(0, group_size):
         head = kv_head * group_size + g
@@ -240,10 +331,17 @@ def flash_bwd_dkdv_kernel(
         delta_ptr = Delta + batch * stride_lb + head * stride_lh
         for start_m in range(begin, full_begin, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
-                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, EVEN_D, True, IEEE)
-        for start_m in range(full_begin, seqlen_q, BLOCK_M):
+                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
+                                 cap, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP)
+        for start_m in range(full_begin, full_end, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
-                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, EVEN_D, False, IEEE)
+                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
+                                 cap, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP)
+        if WINDOW:
+            for start_m in range(full_end, end, BLOCK_M):
+                dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
+                                     d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                                     window_right, cap, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP)
 
     dk = dk * sm_scale
     _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],

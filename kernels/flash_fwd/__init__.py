@@ -12,6 +12,12 @@ the pointer kernel (``TMA=false``), and dispatch writes it only when true, so
 pointer variants keep the strings they had before it. ``TMA=true`` needs
 ``ALIGN16=true`` and a CUDA target with a tensor memory accelerator (sm_90+);
 dispatch decides (``dispatch.flash_fwd_tma``).
+
+``WINDOW`` (sliding window) and ``SOFTCAP`` (logit softcapping) are flags too,
+written only when true; their values are runtime parameters (``window_left``,
+``window_right``, ``softcap``), so one binary serves every window and cap.
+The two new integers sit after the old ones and ``softcap`` after
+``sm_scale``: integers first, floats last, as the C launchers lay them out.
 """
 
 from __future__ import annotations
@@ -38,9 +44,12 @@ FLASH_FWD = KernelSpec(
         ("seqlen_k", "i32"),
         ("head_dim", "i32"),
         ("causal_offset", "i32"),
+        ("window_left", "i32"),
+        ("window_right", "i32"),
         ("sm_scale", "fp32"),
+        ("softcap", "fp32"),
     ),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

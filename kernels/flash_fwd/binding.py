@@ -4,8 +4,9 @@ Everything that launches ``flash_fwd`` (the torch op, the public functions,
 ``lazytriton tune``, the C API, benchmarks) goes through here:
 
 - ``check`` turns the caller's tensors and options into one ``Call`` (a shape
-  record, the causal mode and offset, the softmax scale), or raises a
-  ``TypeError``/``ValueError`` naming the argument before anything runs;
+  record, the causal mode and offset, the softmax scale, the sliding window
+  and the softcap), or raises a ``TypeError``/``ValueError`` naming the
+  argument before anything runs;
 - ``memo_key`` derives the hot path's memo key from dispatch's own seqlen
   bucketing (``tuning.bucket_index``), so the memo never serves a call that
   dispatch would have given another variant;
@@ -57,12 +58,29 @@ class Shape(NamedTuple):
 
 
 class Call(NamedTuple):
-    """A checked call: its shape, causal mode, the kernel's causal offset and softmax scale."""
+    """A checked call: its shape, causal mode, the kernel's causal offset, softmax scale, window and softcap.
+
+    The window is the kernel's: (-1, -1) when off, else both sides bounded
+    (a side the caller left unbounded is max(seqlen_q, seqlen_k), which
+    bounds nothing), with a causal call's right side 0 (FlashAttention-2's
+    rule). ``softcap`` 0.0 is off.
+    """
 
     shape: Shape
     causal: str  # "none", "top_left" or "bottom_right"
-    offset: int  # key j is seen by query i when j <= i + offset (causal only)
+    offset: int  # key j is seen by query i when j <= i + offset (causal), and inside the window around i + offset
     scale: float
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0
+
+    @property
+    def capped(self) -> bool:
+        return self.softcap > 0.0
 
 
 class Names(NamedTuple):
@@ -73,6 +91,8 @@ class Names(NamedTuple):
     v: str = "v"
     causal: str = "causal"
     scale: str = "sm_scale"
+    window: str = "window_size"
+    softcap: str = "softcap"
 
 
 NAMES = Names()
@@ -124,13 +144,61 @@ def _fast_check(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> Call | None:
     return Call(Shape(b, hq, hk, sq, sk, d), mode, sk - sq if mode == "bottom_right" else 0, scale)
 
 
-def check(q: Any, k: Any, v: Any, causal: Any = False, scale: Any = None, names: Names = NAMES) -> Call:
+NO_WINDOW = (-1, -1)
+# With a window, the kernels compute row + offset +- window in 32 bits.
+MAX_WINDOWED_SEQLEN = 2**29
+
+
+def check(q: Any, k: Any, v: Any, causal: Any = False, scale: Any = None, names: Names = NAMES,
+          window: Any = NO_WINDOW, softcap: Any = 0.0) -> Call:
     """The checked call, or a TypeError/ValueError naming the argument (tensors in (B, H, S, D) order).
 
     ``causal``: False/None, True (= "top_left"), "top_left" or "bottom_right".
     ``scale``: the softmax scale, default 1/sqrt(head_dim). Tensors may be on
-    a GPU, the CPU or the meta device (for shape inference).
+    a GPU, the CPU or the meta device (for shape inference). ``window``:
+    FlashAttention-2's ``window_size`` (left, right), -1 for unbounded;
+    ``softcap``: 0.0 (off) or the cap of the scaled scores.
     """
+    call = _check_tensors(q, k, v, causal, scale, names)
+    if type(window) is tuple and window == NO_WINDOW and type(softcap) is float and softcap == 0.0:
+        return call
+    return with_features(call, window, softcap, names)
+
+
+def with_features(call: Call, window: Any, softcap: Any, names: Names = NAMES) -> Call:
+    """``call`` with its sliding window and softcap checked and in the kernel's terms.
+
+    FlashAttention-2's rule: key j is visible to query i when
+    ``i + offset - left <= j <= i + offset + right``, offset = seqlen_k -
+    seqlen_q (bottom-right; a top-left causal call keeps offset 0), -1
+    unbounded; causal means right = 0.
+    """
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"{names.window} must be a pair of ints (left, right), got {window!r}")
+    left, right = window
+    if left < -1 or right < -1:
+        raise ValueError(f"{names.window} sizes must be -1 (unbounded) or >= 0, got {tuple(window)!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"{names.softcap} must be a float, got {type(softcap).__name__}")
+    cap = float(softcap)
+    if not (math.isfinite(cap) and cap >= 0.0):
+        raise ValueError(f"{names.softcap} must be a finite float >= 0 (0 is off), got {softcap!r}")
+    _, _, _, sq, sk, _ = call.shape
+    if call.causal != "none":
+        right = 0
+    if left < 0 and (right < 0 or call.causal != "none"):  # no window beyond the causal mask
+        return call._replace(softcap=cap)
+    if max(sq, sk) >= MAX_WINDOWED_SEQLEN:
+        raise ValueError(f"with {names.window} set, seqlens must be below {MAX_WINDOWED_SEQLEN}, got seqlen_q {sq}, "
+                         f"seqlen_k {sk}")
+    full = max(sq, sk, 1)  # reaches every key from every query: no bound
+    offset = 0 if call.causal == "top_left" else sk - sq
+    return call._replace(offset=offset, window_left=min(left, full) if left >= 0 else full,
+                         window_right=min(right, full) if right >= 0 else full, softcap=cap)
+
+
+def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names) -> Call:
     fast = _fast_check(q, k, v, causal, scale)
     if fast is not None:
         return fast
@@ -207,7 +275,10 @@ PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "seqlen_k": ("sk", "c->sk"),
     "head_dim": ("d", "c->d"),
     "causal_offset": ("offset", "c->offset"),
+    "window_left": ("call.window_left", "-1"),  # the C API has no window (-1: off) and no softcap (0)
+    "window_right": ("call.window_right", "-1"),
     "sm_scale": ("scale", "scale"),
+    "softcap": ("call.softcap", "0.0f"),
 }
 
 FLOAT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if kind.startswith("fp"))
@@ -218,6 +289,9 @@ INT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if not kind.startswit
 # stride a multiple of 16 (the description's aligned_params). INDEX64_SOURCE: some
 # tensor's last element lies 2**31 or more elements past its first.
 INTS_SOURCE = ", ".join(PARAM_SOURCES[name][0] for name in INT_PARAMS)
+# The same for a call without window (the warm path's only kind): its values written in as constants.
+PLAIN_INTS_SOURCE = ", ".join({"window_left": "-1", "window_right": "-1"}.get(name, PARAM_SOURCES[name][0])
+                              for name in INT_PARAMS)
 ALIGNED_SOURCE = f"not ({' | '.join(PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)}) & 15"
 INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
         (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
@@ -250,8 +324,8 @@ pack = _generate_pack()
 
 
 def floats(call: Call) -> tuple[float, ...]:
-    """The float parameters (after the ints, in the description's order)."""
-    return (call.scale,)
+    """The float parameters (after the ints, in the description's order: sm_scale, softcap)."""
+    return (call.scale, call.softcap)
 
 
 def c_initializer() -> str:
@@ -269,19 +343,27 @@ def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
-             index64: bool) -> tuple[Any, ...]:
-    """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets."""
-    return (device_index, dtype, shape.head_dim, causal, aligned, index64,
-            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+             index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, ...]:
+    """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets.
+
+    A windowed or softcapped call's key is longer (the two flags appended), so
+    a plain call's key, which the warm path (hot.py) writes out, is unchanged
+    and never finds such a call's kernel.
+    """
+    key = (device_index, dtype, shape.head_dim, causal, aligned, index64,
+           tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+    return key + (window, softcap) if window or softcap else key
 
 
-def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool) -> Variant:
+def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool,
+            window: bool = False, softcap: bool = False) -> Variant:
     """The variant that serves a call of this shape (dispatch decides)."""
     return dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
-                                      index64=index64, seqlen_k=shape.seqlen_k)
+                                      index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap)
 
 
-def interpreter_constexprs(shape: Shape, causal: bool) -> dict[str, Any]:
+def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
+                           softcap: bool = False) -> dict[str, Any]:
     """Constexprs for Triton's interpreter on CPU tensors.
 
     Small tiles: the interpreter's cost is per program and per op, and tiles
@@ -290,7 +372,7 @@ def interpreter_constexprs(shape: Shape, causal: bool) -> dict[str, Any]:
     """
     padded = dispatch.padded_head_dim(shape.head_dim)
     return {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
-            "TMA": False}
+            "TMA": False, "WINDOW": window, "SOFTCAP": softcap}
 
 
 # ---------------------------------------------------------------------------
@@ -318,7 +400,7 @@ def scratch_alloc(nbytes: int, device_index: int) -> torch.Tensor:
 
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
-         aligned: bool, index64: bool) -> tuple[Any, int]:
+         aligned: bool, index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, int]:
     """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans``.
 
     During a CUDA graph capture, a kernel that is not loaded yet would touch
@@ -326,7 +408,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     first, naming the variant and the fix (``lazytriton.preload``).
     """
     found = dispatch.target_of_device(device)
-    chosen = variant(found, dtype, shape, causal, aligned, index64)
+    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap)
     if is_capturing() and rt.loaded(chosen, device.index) is None:
         raise CaptureError(f"{chosen} is not loaded on {device} and a CUDA graph is being captured, during which "
                            "it can be neither loaded nor compiled; call lazytriton.preload(...) with this shape "
@@ -350,15 +432,15 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if variant is None:
         causal = call.causal != "none"
-        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64)
+        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
         found = rt.plans.get(key)
         if found is None:
-            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64)
+            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
     else:
         found = (rt.kernel(variant, device.index), int(variant.get("BLOCK_M")))
     kernel, block_m = found
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), raw_stream(device.index),
-                  ints, (call.scale,), scratch_alloc)
+                  ints, (call.scale, call.softcap), scratch_alloc)
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -368,7 +450,7 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
     shape = call.shape
     warn_if_slow(shape)
-    constexprs = interpreter_constexprs(shape, call.causal != "none")
+    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped)
     args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
@@ -424,6 +506,7 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
-    key = memo_key(device.index, dtype, shape, causal, aligned, index64)
-    plan(rt, key, device, dtype, shape, causal, aligned, index64)
-    return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+    key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped)
+    plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped)
+    return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
+                   call.capped)

@@ -10,6 +10,11 @@ require grad) returns None, and the caller takes the general path
 (``binding.check`` then ``binding.forward``), which raises the errors and
 fills the memo. tests/test_hot.py checks both paths agree on every field.
 
+Its callers send only calls without a sliding window or softcap here: the
+window parameters are written in as constants (-1, -1; softcap 0.0) and the
+memo key is the plain call's (``binding.memo_key`` lengthens it for the
+others), so a windowed or capped plan is never served from here.
+
 ``bshd`` takes FlashAttention's (batch, seqlen, heads, head_dim) tensors and
 reads their strides in the kernel's order, so no transposed view is made.
 """
@@ -74,7 +79,7 @@ def forward_{layout}(q, k, v, causal, scale):
     if plan is None:
         return None
     kernel, block_m = plan
-    kernel.launch(((sq + block_m - 1) // block_m, hq, b), raw_stream(di), ints, (scale,), scratch_alloc)
+    kernel.launch(((sq + block_m - 1) // block_m, hq, b), raw_stream(di), ints, (scale, 0.0), scratch_alloc)
     return out, lse
 """
 
@@ -89,7 +94,7 @@ _LAYOUTS = {
 def _generate(layout: str) -> Any:
     unpack, permute_in, permute_out = _LAYOUTS[layout]
     source = _TEMPLATE.format(layout=layout, unpack=unpack, permute_in=permute_in, permute_out=permute_out,
-                              ints=binding.INTS_SOURCE, aligned=binding.ALIGNED_SOURCE,
+                              ints=binding.PLAIN_INTS_SOURCE, aligned=binding.ALIGNED_SOURCE,
                               index64=binding.INDEX64_SOURCE)
     namespace: dict[str, Any] = {
         "DTYPES": binding.DTYPES, "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,

@@ -29,6 +29,20 @@ interpreter run. Both compile for sm_90 with Triton 3.6.0 and 3.9.0 alike
 limit: Triton 3.6.0 computes a program's scratch offset (linear program id x
 512) in 32 bits, so an entry it compiled must not launch 2**22 or more
 programs; 3.9.0 computes it in 64 bits (read from their PTX).
+
+``WINDOW=true`` is FlashAttention-2's sliding window: key j is visible to
+query i when ``i + causal_offset - window_left <= j <= i + causal_offset +
+window_right`` (the binding passes causal_offset = Sk - Sq, and a side the
+caller left unbounded (-1) as max(Sq, Sk), which bounds nothing). Key blocks
+wholly outside a query block's window are skipped by the loop bounds, blocks
+wholly inside run unmasked. ``SOFTCAP=true`` caps the scaled scores:
+``s -> softcap * tanh(s / softcap)`` before the softmax (FlashAttention-2's
+order: scale first). Both are off by default and then compile away: with
+Triton 3.9 for sm_90, the PTX of four pointer variants (bf16/fp16/fp32,
+causal or not, aligned or not) and of the backward's eight is instruction for
+instruction what it was before them, apart from the three unused parameters
+in the signature and debug labels; the TMA variant's differs only in the
+numbering of one register.
 """
 
 import triton
@@ -39,12 +53,29 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def _tanh(x):
+    """The hyperbolic tangent through exp2 (exactly +-1 for large |x|): no libdevice, so the interpreter runs it."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _visible(keep, rows, cols, causal_offset, window_left, window_right, CAUSAL: tl.constexpr,
+             WINDOW: tl.constexpr):
+    """``keep`` narrowed by the causal mask and the sliding window (rows: [M, 1], cols: [1, N])."""
+    if CAUSAL:
+        keep = keep & (cols <= rows + causal_offset)
+    if WINDOW:
+        keep = keep & (cols >= rows + causal_offset - window_left) & (cols <= rows + causal_offset + window_right)
+    return keep
+
+
+@triton.jit
 def _attend_block(
     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
     seqlen_k, head_dim, causal_offset, qk_scale,
-    stride_ks, stride_vs,
+    stride_ks, stride_vs, window_left, window_right, cap,
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers."""
     cols = start_n + offs_n
@@ -66,37 +97,42 @@ def _attend_block(
             k = tl.load(k_ptrs + start_n * stride_ks, mask=d_ok[:, None], other=0.0)
             v = tl.load(v_ptrs + start_n * stride_vs, mask=d_ok[None, :], other=0.0)
     return _softmax_step(acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
-                         MASKED, CAUSAL, IEEE)
+                         window_left, window_right, cap, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP)
 
 
 @triton.jit
 def _attend_block_tma(
     acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-    seqlen_k, causal_offset, qk_scale,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """The same step with K and V read through descriptors (rows past seqlen_k come back as zeros)."""
     k = k_desc.load([start_n, 0]).T
     v = v_desc.load([start_n, 0])
     return _softmax_step(acc, l_i, m_i, q, k, v, start_n + offs_n, offs_m, seqlen_k, causal_offset, qk_scale,
-                         MASKED, CAUSAL, IEEE)
+                         window_left, window_right, cap, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP)
 
 
 @triton.jit
 def _softmax_step(
-    acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
-    """Scores of q against one (BLOCK_D, BLOCK_N) key tile k, then the online softmax update with v."""
+    """Scores of q against one (BLOCK_D, BLOCK_N) key tile k, then the online softmax update with v.
+
+    With SOFTCAP, ``qk_scale`` is scale / softcap and ``cap`` is softcap * log2(e):
+    the scores become softcap * tanh(scale * s / softcap), in base 2.
+    """
     if IEEE:
         qk = tl.dot(q, k, input_precision="ieee")
     else:
         qk = tl.dot(q, k)
     qk = qk * qk_scale
+    if SOFTCAP:
+        qk = _tanh(qk) * cap
     if MASKED:
-        keep = (cols < seqlen_k)[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        keep = _visible((cols < seqlen_k)[None, :], offs_m[:, None], cols[None, :], causal_offset, window_left,
+                        window_right, CAUSAL, WINDOW)
         qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # A row with no visible key so far keeps m = -inf; subtract 0 instead so
@@ -124,10 +160,11 @@ def flash_fwd_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    group_size, seqlen_q, seqlen_k, head_dim, causal_offset,
-    sm_scale,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr = False,
+    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -163,7 +200,12 @@ def flash_fwd_kernel(
         else:
             q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
 
-    qk_scale = sm_scale * LOG2E
+    if SOFTCAP:
+        qk_scale = sm_scale / softcap
+        cap = softcap * LOG2E
+    else:
+        qk_scale = sm_scale * LOG2E
+        cap = qk_scale
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -176,31 +218,62 @@ def flash_fwd_kernel(
         end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
         first_row_limit = tl.maximum(start_m + causal_offset + 1, 0)
         full_end = tl.minimum(full_end, (first_row_limit // BLOCK_N) * BLOCK_N)
+    begin = 0
+    full_begin = 0
+    if WINDOW:
+        # Keys below ``begin`` are left of every row's window; from ``full_begin``
+        # on they are right of the last row's left edge; up to ``full_end`` they
+        # are left of the first row's right edge, and ``end`` is past the last one's.
+        begin = (tl.maximum(start_m + causal_offset - window_left, 0) // BLOCK_N) * BLOCK_N
+        full_begin = tl.maximum(start_m + BLOCK_M - 1 + causal_offset - window_left, 0)
+        full_begin = ((full_begin + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+        end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset + window_right, 0))
+        right_limit = tl.maximum(start_m + causal_offset + window_right + 1, 0)
+        full_end = tl.minimum(full_end, (right_limit // BLOCK_N) * BLOCK_N)
     full_end = tl.minimum(full_end, end)
+    if WINDOW:
+        full_end = tl.maximum(full_end, begin)
+        full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
 
     if TMA:
-        for start_n in range(0, full_end, BLOCK_N):
+        if WINDOW:
+            for start_n in range(begin, full_begin, BLOCK_N):
+                acc, l_i, m_i = _attend_block_tma(
+                    acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
+                    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, True, CAUSAL, IEEE, WINDOW,
+                    SOFTCAP,
+                )
+        for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block_tma(
                 acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                seqlen_k, causal_offset, qk_scale, False, CAUSAL, IEEE,
+                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, False, CAUSAL, IEEE, WINDOW,
+                SOFTCAP,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block_tma(
                 acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                seqlen_k, causal_offset, qk_scale, True, CAUSAL, IEEE,
+                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, True, CAUSAL, IEEE, WINDOW,
+                SOFTCAP,
             )
     else:
-        for start_n in range(0, full_end, BLOCK_N):
+        if WINDOW:
+            for start_n in range(begin, full_begin, BLOCK_N):
+                acc, l_i, m_i = _attend_block(
+                    acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+                    seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
+                    cap, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP,
+                )
+        for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
-                seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
-                BLOCK_N, EVEN_D, False, CAUSAL, IEEE,
+                seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
+                cap, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
-                seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs,
-                BLOCK_N, EVEN_D, True, CAUSAL, IEEE,
+                seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
+                cap, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP,
             )
 
     empty = l_i == 0.0
