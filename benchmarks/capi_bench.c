@@ -143,17 +143,20 @@ int main(int argc, char **argv) {
         die("cuModuleLoadData/GetFunction", r);
     if (g_shared > 48 * 1024 && (r = cu.func_set_attribute(g_function, 8, (int)g_shared)))
         die("cuFuncSetAttribute", r);
+    /* flash_fwd's parameters (kernels/flash_fwd/__init__.py): 26 ints (pointers, strides, sizes, causal offset,
+     * window left/right = -1/-1 for no window), then sm_scale and softcap (0 = off), then the hidden pointers. */
+    enum { N_INTS = 26 };
     static int64_t ints[32];
-    static float scale;
+    static float floats[2];
     static void *params[40];
-    int64_t values[24] = {(int64_t)at[0], (int64_t)at[1], (int64_t)at[2], (int64_t)at[3], (int64_t)at[4],
-                          h * s * d, s * d, d, h * s * d, s * d, d, h * s * d, s * d, d, h * s * d, s * d, d,
-                          h * s, s, 1, s, s, d, 0};
+    int64_t values[N_INTS] = {(int64_t)at[0], (int64_t)at[1], (int64_t)at[2], (int64_t)at[3], (int64_t)at[4],
+                              h * s * d, s * d, d, h * s * d, s * d, d, h * s * d, s * d, d, h * s * d, s * d, d,
+                              h * s, s, 1, s, s, d, 0, -1, -1};
     memcpy(ints, values, sizeof values);
-    scale = 0.125f;
-    for (int i = 0; i < 24; i++) params[i] = &ints[i];
-    params[24] = &scale;
-    for (unsigned i = 0; i < n_hidden; i++) params[25 + i] = &ints[24 + i];
+    floats[0] = 0.125f, floats[1] = 0.0f;
+    for (int i = 0; i < N_INTS; i++) params[i] = &ints[i];
+    params[N_INTS] = &floats[0], params[N_INTS + 1] = &floats[1];
+    for (unsigned i = 0; i < n_hidden; i++) params[N_INTS + 2 + i] = &ints[N_INTS + i];
     g_params = params;
     g_grid[0] = (unsigned)((s + block_m - 1) / block_m), g_grid[1] = (unsigned)h, g_grid[2] = (unsigned)b;
 

@@ -47,7 +47,7 @@ def main() -> None:
         "pack": lambda: binding.pack(q, k, v, out, lse, call),
         "memo key": lambda: binding.memo_key(0, q.dtype, call.shape, False, True, False),
         "raw stream": lambda: binding.raw_stream(0),
-        "launch (fill + ctx check + cuLaunchKernel)": lambda: kernel.launch(grid, stream, ints, (call.scale,)),
+        "launch (fill + ctx check + cuLaunchKernel)": lambda: kernel.launch(grid, stream, ints, binding.floats(call)),
         "launch_gpu (pack + memo + launch)": lambda: binding.launch_gpu(q, k, v, out, lse, call),
         "torch.add": lambda: torch.add(q, q),
     }

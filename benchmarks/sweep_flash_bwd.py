@@ -81,13 +81,13 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
             dq_grid, dkdv_grid = bwd.grids(call.shape, bm, bn)
             if kernel == "flash_bwd_dq":
                 def launch(loaded: Any = loaded, grid: Any = dq_grid) -> None:
-                    loaded.launch(grid, stream, dq_ints, (call.scale,), fwd.scratch_alloc)
+                    loaded.launch(grid, stream, dq_ints, fwd.floats(call), fwd.scratch_alloc)
             else:
                 # dkdv reads delta, which the dq kernel writes: run the default dq once first.
                 bwd.launch_gpu(q, k, v, out, lse, do, grads, call, forced=(default[0], default[1]))
 
                 def launch(loaded: Any = loaded, grid: Any = dkdv_grid) -> None:
-                    loaded.launch(grid, stream, dkdv_ints, (call.scale,), fwd.scratch_alloc)
+                    loaded.launch(grid, stream, dkdv_ints, fwd.floats(call), fwd.scratch_alloc)
             try:
                 ms = event_ms(launch, reps=reps)
             except Exception as exc:  # noqa: BLE001
