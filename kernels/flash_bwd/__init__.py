@@ -14,21 +14,11 @@ pointer, stride and seqlen is a multiple of 16 (``aligned_params``).
 from __future__ import annotations
 
 from lazytriton.kernels import KernelSpec
+from lazytriton.kernels.flash_fwd import SIZES as _SIZES
 
 FAMILY = "flash_bwd"
 MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP")
-_SIZES = (
-    ("group_size", "i32"),
-    ("seqlen_q", "i32"),
-    ("seqlen_k", "i32"),
-    ("head_dim", "i32"),
-    ("causal_offset", "i32"),
-    ("window_left", "i32"),
-    ("window_right", "i32"),
-    ("sm_scale", "fp32"),
-    ("softcap", "fp32"),
-)
 
 
 # With ALIGN16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and

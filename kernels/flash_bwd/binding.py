@@ -83,17 +83,7 @@ PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "Delta": ("delta.data_ptr()", "(int64_t)(uintptr_t)p->delta.data"),
     **{f"stride_{t}{d}": (f"{t}s[{i}]", f"{c}->strides[{i}]") for t, c in _TENSORS.items()
        for i, d in enumerate("bhs")},
-    "stride_lb": ("hq * sq", "c->hq * c->sq"),
-    "stride_lh": ("sq", "c->sq"),
-    "group_size": ("hq // hk", "c->hq / c->hk"),
-    "seqlen_q": ("sq", "c->sq"),
-    "seqlen_k": ("sk", "c->sk"),
-    "head_dim": ("d", "c->d"),
-    "causal_offset": ("offset", "c->offset"),
-    "window_left": ("call.window_left", "-1"),  # the C API has no window (-1: off) and no softcap (0)
-    "window_right": ("call.window_right", "-1"),
-    "sm_scale": ("scale", "scale"),
-    "softcap": ("call.softcap", "0.0f"),
+    **fwd.SHARED_SOURCES,
 }
 
 # One (b, h, s) stride triple per tensor name, read once by each pack function.

@@ -28,6 +28,19 @@ _STRIDES = tuple(
     (f"stride_{t}{d}", "{index}") for t in ("q", "k", "v", "o") for d in ("b", "h", "s")
 ) + (("stride_lb", "{index}"), ("stride_lh", "{index}"))
 
+# The scalar tail every attention kernel takes, in this order (the backward's too).
+SIZES = (
+    ("group_size", "i32"),
+    ("seqlen_q", "i32"),
+    ("seqlen_k", "i32"),
+    ("head_dim", "i32"),
+    ("causal_offset", "i32"),
+    ("window_left", "i32"),
+    ("window_right", "i32"),
+    ("sm_scale", "fp32"),
+    ("softcap", "fp32"),
+)
+
 FLASH_FWD = KernelSpec(
     name="flash_fwd",
     module="lazytriton.kernels.flash_fwd.triton_kernel",
@@ -39,15 +52,7 @@ FLASH_FWD = KernelSpec(
         ("Out", "*{dtype}"),
         ("Lse", "*fp32"),
         *_STRIDES,
-        ("group_size", "i32"),
-        ("seqlen_q", "i32"),
-        ("seqlen_k", "i32"),
-        ("head_dim", "i32"),
-        ("causal_offset", "i32"),
-        ("window_left", "i32"),
-        ("window_right", "i32"),
-        ("sm_scale", "fp32"),
-        ("softcap", "fp32"),
+        *SIZES,
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(

@@ -260,14 +260,8 @@ def softmax_scale(scale: object, head_dim: int, name: str = "sm_scale") -> float
 # over ``pack``'s locals and a C expression over lazytriton.c's ``lt__launch``
 # locals. Lse is always a contiguous (batch, heads_q, seqlen_q) float32 tensor,
 # so both launchers derive its strides from the shape.
-PARAM_SOURCES: dict[str, tuple[str, str]] = {
-    "Q": ("q.data_ptr()", "(int64_t)(uintptr_t)q->data"),
-    "K": ("k.data_ptr()", "(int64_t)(uintptr_t)k->data"),
-    "V": ("v.data_ptr()", "(int64_t)(uintptr_t)v->data"),
-    "Out": ("out.data_ptr()", "(int64_t)(uintptr_t)o->data"),
-    "Lse": ("lse.data_ptr()", "(int64_t)(uintptr_t)p->lse.data"),
-    **{f"stride_{t}{d}": (f"{t}s[{i}]", f"{c}->strides[{i}]")
-       for t, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o")) for i, d in enumerate("bhs")},
+# The lse strides and the scalar tail (``SIZES``), shared with the backward's binding.
+SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "stride_lb": ("hq * sq", "c->hq * c->sq"),
     "stride_lh": ("sq", "c->sq"),
     "group_size": ("hq // hk", "c->hq / c->hk"),
@@ -279,6 +273,16 @@ PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "window_right": ("call.window_right", "-1"),
     "sm_scale": ("scale", "scale"),
     "softcap": ("call.softcap", "0.0f"),
+}
+PARAM_SOURCES: dict[str, tuple[str, str]] = {
+    "Q": ("q.data_ptr()", "(int64_t)(uintptr_t)q->data"),
+    "K": ("k.data_ptr()", "(int64_t)(uintptr_t)k->data"),
+    "V": ("v.data_ptr()", "(int64_t)(uintptr_t)v->data"),
+    "Out": ("out.data_ptr()", "(int64_t)(uintptr_t)o->data"),
+    "Lse": ("lse.data_ptr()", "(int64_t)(uintptr_t)p->lse.data"),
+    **{f"stride_{t}{d}": (f"{t}s[{i}]", f"{c}->strides[{i}]")
+       for t, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o")) for i, d in enumerate("bhs")},
+    **SHARED_SOURCES,
 }
 
 FLOAT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if kind.startswith("fp"))
