@@ -135,18 +135,24 @@ TMA_DTYPES = ("fp16", "bf16")
 TMA_BY_DEFAULT = False
 
 
-def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = None) -> bool:
+def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = None, even_d: bool = True) -> bool:
     """Whether flash_fwd reads through TMA descriptors (pure): ``tma`` None decides by the rule above.
 
-    ``tma=True`` where descriptors cannot work (unaligned, or a target without
-    TMA) is a ValueError: the kernel would fault, not just run slower.
+    ``tma=True`` where descriptors cannot work (unaligned, a target without
+    TMA, or a head dim narrower than its tile: ``even_d`` false) is a
+    ValueError: the kernel would fault or write where it must not. The last
+    was measured on the H200 (Triton 3.6, 2026-11-30): with head dim 59 in a
+    64-wide tile, the descriptor store wrote into the columns past head dim
+    (tests/test_flash_fwd.py::test_tma_and_pointer_variants_on_gpu), though
+    both versions' interpreters clip them.
     """
-    possible = target.backend == "cuda" and target.capability >= 90 and aligned
+    possible = target.backend == "cuda" and target.capability >= 90 and aligned and even_d
     if tma is None:
         return TMA_BY_DEFAULT and possible and str(target) in TMA_TARGETS and dtype in TMA_DTYPES
     if tma and not possible:
-        raise ValueError(f"tma=True needs a CUDA target with TMA (sm_90+) and an aligned call (16-byte base and "
-                         f"strides), got target {target}, aligned={aligned}")
+        raise ValueError(f"tma=True needs a CUDA target with TMA (sm_90+), an aligned call (16-byte base and "
+                         f"strides) and a power-of-two head dim of at least 16, got target {target}, "
+                         f"aligned={aligned}, even head dim={even_d}")
     return bool(tma)
 
 
@@ -255,7 +261,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
-    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma):
+    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma, head_dim == padded):
         functional["TMA"] = True  # written only when set: a pointer variant's string is what it was before TMA
     if window:
         functional["WINDOW"] = True

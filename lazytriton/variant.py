@@ -216,7 +216,8 @@ def _check_tma(variant: Variant) -> None:
     from lazytriton.dispatch import flash_fwd_tma
 
     try:
-        flash_fwd_tma(Target.parse(variant.target), variant.dtype, variant.constexprs.get("ALIGN16") is True, True)
+        flash_fwd_tma(Target.parse(variant.target), variant.dtype, variant.constexprs.get("ALIGN16") is True, True,
+                      variant.constexprs.get("EVEN_D") is not False)
     except ValueError as exc:
         raise ValueError(f"variant {variant}: {exc}") from None
 

@@ -9,7 +9,7 @@ import pytest
 from lazytriton import dispatch, tuning
 from lazytriton.dispatch import Config, causal_mode, default_config, flash_fwd_variant, padded_head_dim, seqlen_class
 from lazytriton.target import Target
-from lazytriton.variant import Variant
+from lazytriton.variant import Variant, check_fields
 
 TARGETS = ("sm_90", "sm_80", "gfx942", "gfx950")
 DTYPES = ("fp16", "bf16", "fp32")
@@ -154,6 +154,22 @@ def test_flash_fwd_tma_rule(by_default: bool, monkeypatch: pytest.MonkeyPatch) -
         assert dict(v.functional).get("TMA", False) is expected
 
 
+def test_tma_needs_a_head_dim_that_fills_its_tile() -> None:
+    # Measured on the H200 (Triton 3.6): a descriptor store with head dim 59 in a 64-wide tile wrote past head dim.
+    sm90 = Target.parse("sm_90")
+    assert dispatch.flash_fwd_tma(sm90, "fp16", True, True, even_d=True) is True
+    with pytest.raises(ValueError, match="power-of-two head dim"):
+        dispatch.flash_fwd_tma(sm90, "fp16", True, True, even_d=False)
+    with pytest.raises(ValueError, match="power-of-two head dim"):
+        flash_fwd_variant(sm90, "fp16", 59, False, True, 4096, tma=True)
+    assert "TMA" in dict(flash_fwd_variant(sm90, "fp16", 64, False, True, 4096, tma=True).functional)
+    v = flash_fwd_variant(sm90, "fp16", 64, False, True, 4096, tma=True)
+    uneven = Variant(v.kernel, v.target, v.dtype, tuple((k, False if k == "EVEN_D" else x) for k, x in v.functional),
+                     v.tuned, v.options)
+    with pytest.raises(ValueError, match="power-of-two head dim"):
+        check_fields(uneven)
+
+
 def test_flash_fwd_tma_default_is_off_until_measured() -> None:
     # The lead flips TMA_BY_DEFAULT after benchmarks/probe_tma.py on the H200; until then no call changes kernel.
     assert dispatch.TMA_BY_DEFAULT is False
@@ -192,12 +208,12 @@ def test_flash_fwd_tma_follows_only_what_the_hot_memo_key_holds(monkeypatch: pyt
     # a function of those (the device gives the target), never of anything a warm call does not look at.
     monkeypatch.setattr(dispatch, "TMA_BY_DEFAULT", True)
     sm90 = Target.parse("sm_90")
-    for dtype, aligned in itertools.product(DTYPES, (False, True)):
+    for dtype, aligned, head_dim in itertools.product(DTYPES, (False, True), (16, 59, 128, 256)):
         seen = {dict(flash_fwd_variant(sm90, dtype, head_dim, causal, aligned, seqlen, index64=index64,
                                        seqlen_k=seqlen_k).functional).get("TMA", False)
-                for head_dim, causal, seqlen, seqlen_k, index64 in itertools.product(
-                    (16, 59, 128, 256), (False, True), (1, 100, 4096), (1, 5000), (False, True))}
-        assert seen == {dispatch.flash_fwd_tma(sm90, dtype, aligned)}
+                for causal, seqlen, seqlen_k, index64 in itertools.product(
+                    (False, True), (1, 100, 4096), (1, 5000), (False, True))}
+        assert seen == {dispatch.flash_fwd_tma(sm90, dtype, aligned, even_d=head_dim == padded_head_dim(head_dim))}
 
 
 def test_check_fields_takes_tma_and_its_absence() -> None:

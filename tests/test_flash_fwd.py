@@ -677,7 +677,12 @@ def test_tma_and_pointer_variants_on_gpu(case: Case, layout: str) -> None:
     target = dispatch.target_of_device(q.device)
     if str(target) != "sm_90":
         pytest.skip(f"TMA variants are built for sm_90, this GPU is {target}")
-    for tma in (False, True):
+    even_d = case.head_dim == dispatch.padded_head_dim(case.head_dim)
+    if not even_d:  # measured: the descriptor store wrote past head dim 59 of a 64-wide tile (Triton 3.6)
+        with pytest.raises(ValueError, match="power-of-two head dim"):
+            dispatch.flash_fwd_variant(target, DTYPE_NAMES[case.dtype], case.head_dim, call.causal != "none", True,
+                                       call.shape.seqlen_q, seqlen_k=call.shape.seqlen_k, tma=True)
+    for tma in (False, True) if even_d else (False,):
         variant = dispatch.flash_fwd_variant(target, DTYPE_NAMES[case.dtype], case.head_dim, call.causal != "none",
                                              True, call.shape.seqlen_q, seqlen_k=call.shape.seqlen_k, tma=tma)
         out, lse, buffer = guarded_outputs(q)
@@ -686,4 +691,5 @@ def test_tma_and_pointer_variants_on_gpu(case: Case, layout: str) -> None:
         torch.cuda.synchronize()
         assert untouched_outside(out, buffer), f"TMA={tma}: the kernel wrote outside its output tensor"
         check_attention(q, k, v, out, lse, causal=case.causal)
-    assert runtime.get().kernel(variant, q.device.index).entry.global_scratch_size > 0
+    if even_d:
+        assert runtime.get().kernel(variant, q.device.index).entry.global_scratch_size > 0
