@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
-# cold-start profile, C API (capi), benchmark, backward benchmark (bwd). Logs go to $OUT; the table comes last.
+# cold-start profile, C API (capi), benchmark, backward benchmark (bwd), transformers. Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -58,6 +58,11 @@ case " $* " in *" interface "*)  # host cost eager vs op, a compiled model step,
 esac
 case " $* " in *" bench "*)
   python3 benchmarks/bench_flash_fwd.py --csv "$OUT/flash_fwd.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
+esac
+case " $* " in *" transformers "*)  # needs carry [".whl-hf"]: transformers' wheels (benchmarks/README: wheels.sh .whl-hf transformers)
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl >/dev/null 2>&1 || echo "no .whl-hf"
+  PYTHONPATH=$PYTHONPATH:/tmp/site-hf python3 benchmarks/bench_transformers.py --csv "$OUT/transformers.csv" ${HF_ARGS:-} 2>&1 \
+    | tee "$OUT/bench_transformers.log" | tail -8 ;;
 esac
 case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, SDPA flash and cuDNN; BWD_ARGS=--quick ...
   # Rows are appended to this tree's benchmarks/results/flash_bwd.csv, which is then copied whole to $OUT.

@@ -1,0 +1,201 @@
+"""transformers with attn_implementation="lazytriton" beside "sdpa": the same logits and tokens, and tokens/s.
+
+A random Llama built from a config (no download): by default hidden 2048, 16
+query heads and 4 key/value heads of head dim 128, 8 layers, bf16 on the GPU.
+One left-padded batch of prompts of mixed lengths goes through both
+implementations:
+
+- **logits**: the prompt's logits of each implementation against the same
+  model in float32 through "sdpa" (the reference), with FlashAttention's rule
+  in its relative form: lazytriton's max error at most 2x sdpa's own (bf16)
+  max error plus a floor of the dtype's rounding (``--floor``). Real tokens
+  only (padding rows hold whatever each implementation puts there);
+- **greedy tokens**: ``generate`` with a KV cache, ``--new-tokens`` each;
+  the tokens must agree, except where sdpa's own two best logits at that step
+  lie closer than the bf16 noise between the two implementations (a tie, so
+  neither answer is wrong): each divergence is reported with that gap and the
+  rest of that sequence is not compared;
+- **throughput**: prefill ms and generation tokens/s (all sequences' new
+  tokens over the generate call's wall time, CUDA-synchronised, median of
+  ``--reps`` runs after a warmup run), for both.
+
+Rows go to a long-format CSV (default benchmarks/results/transformers.csv).
+The table comes last. ``--cpu-smoke`` runs a tiny float32 model on the CPU
+through Triton's interpreter (CI): the same code path, small shapes.
+
+Usage: python benchmarks/bench_transformers.py [--csv PATH] [--batch 8] [--new-tokens 64] [--reps 3]
+       python benchmarks/bench_transformers.py --cpu-smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from csvlog import append_rows
+
+FIELDS = ("time", "device", "torch", "transformers", "config", "batch", "impl", "metric", "value", "check")
+PAD = 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--csv", type=Path, default=Path(__file__).parent / "results" / "transformers.csv")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--min-len", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--floor", type=float, default=None, help="absolute floor of the logits rule (default: by dtype)")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny float32 model on the CPU (interpreter)")
+    return p.parse_args(argv)
+
+
+def build_model(args: argparse.Namespace, device: str, dtype: torch.dtype) -> Any:
+    import transformers
+
+    torch.manual_seed(0)
+    if args.cpu_smoke:
+        config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                          intermediate_size=64, num_hidden_layers=2, vocab_size=100, pad_token_id=PAD)
+    else:
+        config = transformers.LlamaConfig(hidden_size=2048, num_attention_heads=16, num_key_value_heads=4,
+                                          intermediate_size=5632, num_hidden_layers=args.layers, vocab_size=32000,
+                                          pad_token_id=PAD, max_position_embeddings=4096)
+    model = transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.float32).eval()
+    return model, config
+
+
+def left_padded_batch(args: argparse.Namespace, vocab: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of random lengths in [min_len, max_len], left-padded; fresh random tokens (never the pad id)."""
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(args.min_len, args.max_len + 1, (args.batch,), generator=g).tolist()
+    lengths[0] = args.max_len  # one full-length prompt, so the batch is as long as the longest
+    ids = torch.full((args.batch, args.max_len), PAD, dtype=torch.long)
+    mask = torch.zeros((args.batch, args.max_len), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, args.max_len - n:] = torch.randint(1, vocab, (n,), generator=g)
+        mask[row, args.max_len - n:] = 1
+    return ids.to(device), mask.to(device)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def logits_of(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits.float()  # type: ignore[no-any-return]
+
+
+def timed_prefill(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, reps: int, device: str) -> float:
+    model.set_attn_implementation(impl)
+    times = []
+    with torch.no_grad():
+        for _ in range(reps + 1):
+            sync(device)
+            t0 = time.perf_counter()
+            model(input_ids=ids, attention_mask=mask)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]) * 1e3
+
+
+def generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: int, device: str) -> tuple[Any, float]:
+    model.set_attn_implementation(impl)
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=PAD, output_scores=True, return_dict_in_generate=True)
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def compare_tokens(ref: Any, got: Any, prompt_len: int, noise: float) -> tuple[int, int, list[str]]:
+    """(tokens compared, tokens equal, divergences): a divergence at a tie (gap < noise) ends that row's comparison."""
+    ref_tokens, got_tokens = ref.sequences[:, prompt_len:], got.sequences[:, prompt_len:]
+    compared = equal = 0
+    notes = []
+    for row in range(ref_tokens.shape[0]):
+        for step in range(ref_tokens.shape[1]):
+            compared += 1
+            if ref_tokens[row, step] == got_tokens[row, step]:
+                equal += 1
+                continue
+            top2 = ref.scores[step][row].float().topk(2).values
+            gap = float(top2[0] - top2[1])
+            notes.append(f"row {row} step {step}: gap {gap:.4f} ({'tie' if gap < noise else 'NOT a tie'})")
+            break
+    return compared, equal, notes
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    import transformers
+
+    from lazytriton.integrations import transformers as lt_transformers
+
+    lt_transformers.register()
+    device = "cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda"
+    if args.cpu_smoke:
+        args.batch, args.min_len, args.max_len, args.new_tokens, args.reps = 3, 3, 9, 4, 1
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    floor = args.floor if args.floor is not None else (1e-4 if dtype == torch.float32 else 0.05)
+    model, config = build_model(args, device, dtype)
+    ids, mask = left_padded_batch(args, config.vocab_size, device)
+    real = mask.bool()
+
+    reference = logits_of(model, "sdpa", ids, mask)  # float32 model: the reference
+    model = model.to(dtype)
+    errors = {impl: float((logits_of(model, impl, ids, mask) - reference)[real].abs().max())
+              for impl in ("sdpa", "lazytriton")}
+    logits_ok = errors["lazytriton"] <= 2 * errors["sdpa"] + floor
+
+    outs, tok_s, prefill_ms = {}, {}, {}
+    for impl in ("sdpa", "lazytriton"):
+        prefill_ms[impl] = timed_prefill(model, impl, ids, mask, args.reps, device)
+        generate(model, impl, ids, mask, args.new_tokens, device)  # warmup
+        runs = [generate(model, impl, ids, mask, args.new_tokens, device) for _ in range(args.reps)]
+        outs[impl] = runs[0][0]
+        tok_s[impl] = args.batch * args.new_tokens / statistics.median(t for _, t in runs)
+    compared, equal, notes = compare_tokens(outs["sdpa"], outs["lazytriton"], ids.shape[1], 2 * errors["sdpa"] + floor)
+    tokens_ok = all("NOT" not in n for n in notes)
+
+    cfg = (f"llama h{config.hidden_size} heads {config.num_attention_heads}/{config.num_key_value_heads} "
+           f"layers {config.num_hidden_layers} {str(dtype).removeprefix('torch.')}")
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    common = {"time": stamp, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "transformers": transformers.__version__, "config": cfg, "batch": args.batch}
+    rows = [{**common, "impl": impl, "metric": metric, "value": f"{value:.6g}", "check": check}
+            for impl in ("sdpa", "lazytriton")
+            for metric, value, check in (("logits_max_err_vs_fp32", errors[impl], "ok" if logits_ok else "FAIL"),
+                                         ("prefill_ms", prefill_ms[impl], ""), ("gen_tokens_per_s", tok_s[impl], ""))]
+    rows.append({**common, "impl": "lazytriton", "metric": "greedy_tokens_equal_of_compared",
+                 "value": f"{equal}/{compared}", "check": "ok" if tokens_ok else "FAIL"})
+    append_rows(args.csv, FIELDS, rows)
+
+    print(f"{cfg}, batch {args.batch} left-padded, prompts {args.min_len}-{args.max_len}, "
+          f"{args.new_tokens} new tokens, {device}")
+    for note in notes:
+        print("  divergence:", note)
+    print(f"{'impl':<12}{'logits err':>12}{'prefill ms':>12}{'tokens/s':>12}")
+    for impl in ("sdpa", "lazytriton"):
+        print(f"{impl:<12}{errors[impl]:>12.4g}{prefill_ms[impl]:>12.2f}{tok_s[impl]:>12.1f}")
+    print(f"logits rule (<= 2x sdpa + {floor}): {'ok' if logits_ok else 'FAIL'}; greedy tokens equal {equal}/{compared}"
+          f" ({'every divergence a tie' if tokens_ok else 'a divergence that is not a tie: FAIL'}); "
+          f"tokens/s lazytriton/sdpa {tok_s['lazytriton'] / tok_s['sdpa']:.2f}x")
+    return 0 if logits_ok and tokens_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
