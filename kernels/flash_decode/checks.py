@@ -356,13 +356,13 @@ def append(t: Inputs, call: Call) -> None:
     steps = torch.arange(call.seqlen_new, device=device)
     start = (t.cache_seqlens.long()[:, None] if isinstance(t.cache_seqlens, torch.Tensor)  # type: ignore[union-attr]
              else call.seqlen_const)
-    positions = steps[None, :] + start  # (batch, seqlen_new)
+    positions = (steps[None, :] + start).expand(call.batch, -1)  # (batch, seqlen_new)
     if call.paged:
         blocks = t.block_table.long().gather(1, positions // call.page_size)  # type: ignore[union-attr]
         index = (blocks, positions % call.page_size)
     else:
         rows = (t.cache_batch_idx.long() if t.cache_batch_idx is not None
                 else torch.arange(call.batch, device=device))
-        index = (rows[:, None].expand(-1, call.seqlen_new), positions.expand(call.batch, -1))
+        index = (rows[:, None].expand(-1, call.seqlen_new), positions)
     t.k_cache.index_put_(index, t.k)
     t.v_cache.index_put_(index, t.v)
