@@ -107,9 +107,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             the GPU); n >= 1 forces n (1: no split; at most 256).
         return_softmax_lse: also return the float32 logsumexp of the scaled
             scores, (batch, heads, seqlen_q).
-        rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad: not
-            supported: passing rotary_cos/rotary_sin/cache_leftpad (or
-            rotary_interleaved=False) raises NotImplementedError.
+        **unsupported: FlashAttention-2's rotary_cos, rotary_sin,
+            rotary_interleaved and cache_leftpad are not supported: passing
+            rotary_cos/rotary_sin/cache_leftpad (or rotary_interleaved=False)
+            raises NotImplementedError; any other name is a TypeError.
 
     Returns:
         out (batch, seqlen_q, heads, head_dim) in q's dtype, or (out,
@@ -124,6 +125,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     CPU tensors run the same kernels through Triton's interpreter (for
     checking results); torch.compile(fullgraph=True) traces the call through
     the op ``torch.ops.lazytriton.flash_kvcache``. Not differentiable.
+
     """
     if unsupported:
         _refuse_unsupported(unsupported)

@@ -24,8 +24,14 @@ from typing import Any
 import torch
 
 from lazytriton import dispatch, runtime
-from lazytriton.kernels.flash_decode import (FAMILY, FLASH_DECODE_COMBINE, FLASH_DECODE_SPLIT, checks,
-                                             combine_grid, split_grid)
+from lazytriton.kernels.flash_decode import (
+    FAMILY,
+    FLASH_DECODE_COMBINE,
+    FLASH_DECODE_SPLIT,
+    checks,
+    combine_grid,
+    split_grid,
+)
 from lazytriton.kernels.flash_decode.checks import Call, Inputs
 from lazytriton.variant import Variant
 
@@ -111,7 +117,8 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
     }
     ints: list[Any] = [pointers(values[name]) for name in SPLIT_INT_PARAMS[:len(values)]]
     sizes = {
-        **{f"stride_{n}{d}": s[i] for n, s in (("q", qs), ("k", ks), ("v", vs), ("o", os)) for i, d in enumerate("bsh")},
+        **{f"stride_{n}{d}": s[i] for n, s in (("q", qs), ("k", ks), ("v", vs), ("o", os))
+           for i, d in enumerate("bsh")},
         "stride_tb": 0 if table is None else table.stride(0),
         "stride_ab": 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
         "group_size": call.group, "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.head_dim,
@@ -205,7 +212,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
 
 
 def empty_outputs(q: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    """out: q's shape and dtype, contiguous (batch, seqlen_q, heads, head_dim); lse: (batch, heads, seqlen_q) float32."""
+    """out: q's shape and dtype, contiguous (batch, seqlen_q, heads, head_dim); lse: (batch, heads, seqlen_q), fp32."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((call.batch, call.heads_q, call.seqlen_q), dtype=torch.float32, device=q.device)
     return out, lse

@@ -317,7 +317,8 @@ def check_values(t: Inputs, call: Call) -> None:
         rows = t.cache_batch_idx
         problems.append(((rows < 0) | (rows >= call.cache_rows)).any())
     if t.block_table is not None:
-        used = torch.arange(t.block_table.shape[1], device=t.q.device)[None, :] * call.page_size < lengths(t, call)[:, None]
+        pages = torch.arange(t.block_table.shape[1], device=t.q.device)[None, :]
+        used = pages * call.page_size < lengths(t, call)[:, None]
         problems.append((((t.block_table < 0) | (t.block_table >= call.cache_rows)) & used).any())
     if not problems:
         return
