@@ -378,7 +378,8 @@ def test_split_heuristic_fills_the_gpu() -> None:
         assert waves / -(-waves // 1) >= 0.85 * max(
             programs * m / sms / -(-(programs * m / sms) // 1) for m in range(1, min(blocks, sms) + 1)
             if m == 1 or -(-blocks // m) != -(-blocks // (m - 1)))
-    assert binding.choose_splits(8, 512, sms) == 16  # 8 x 16 = 128 of 132 SMs
+    # 8 x 16 = 128 of 132 SMs is the best (0.97 of a wave); 8 x 14 = 112 (0.85) is the first within 85% of it.
+    assert binding.choose_splits(8, 512, sms) == 14
     assert binding.choose_splits(1, 16, sms) == 16  # one program: as many splits as blocks
 
 

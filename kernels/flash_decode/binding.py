@@ -45,6 +45,7 @@ COMBINE_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_COMBINE.params if
 # Split count (pure), and the SM count it needs (reads the machine)
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and called on every launch: a decode loop repeats a few shapes
 def choose_splits(programs: int, key_blocks: int, sms: int, max_splits: int = MAX_HEURISTIC_SPLITS) -> int:
     """How many splits to cut each program's keys in, so that the grid fills ``sms`` SMs evenly (pure).
 
@@ -102,33 +103,35 @@ def _ptr(x: Any) -> int:
     return int(x.data_ptr())
 
 
+# The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
+_SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
+                 *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
+                 "group_size", "heads_q", "seqlen_q", "head_dim", "seqlen_const", "seqlen_new", "use_seqlens",
+                 "use_batch_idx", "page_size", "num_splits", "window_left", "window_right")
+if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side only)
+    raise ImportError(f"split_ints writes {_SPLIT_LAYOUT}, the description has {SPLIT_INT_PARAMS}")
+
+
 def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor,
                call: Call, splits: int, pointers: Any = _ptr) -> tuple[Any, ...]:
-    """The split kernel's integer arguments (pointers through ``pointers``: data_ptr, or the tensor itself)."""
-    spare = lse  # any valid pointer for an argument the call does not use (its flag says so)
-    qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
-    table, slopes = t.block_table, t.alibi_slopes
+    """The split kernel's integer arguments (pointers through ``pointers``: data_ptr, or the tensor itself).
+
+    Written out in ``_SPLIT_LAYOUT``'s order (one tuple, no dict: this runs
+    on every launch). An argument the call does not use gets ``lse`` (any
+    valid pointer) and the flag or size that says so.
+    """
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
-    values = {
-        "Q": t.q, "K": t.k_cache, "V": t.v_cache, "Out": out, "Lse": lse, "OutPart": part_out, "LsePart": part_lse,
-        "Seqlens": spare if seqlens is None else seqlens,
-        "BatchIdx": spare if t.cache_batch_idx is None else t.cache_batch_idx,
-        "BlockTable": spare if table is None else table, "Alibi": spare if slopes is None else slopes,
-    }
-    ints: list[Any] = [pointers(values[name]) for name in SPLIT_INT_PARAMS[:len(values)]]
-    sizes = {
-        **{f"stride_{n}{d}": s[i] for n, s in (("q", qs), ("k", ks), ("v", vs), ("o", os))
-           for i, d in enumerate("bsh")},
-        "stride_tb": 0 if table is None else table.stride(0),
-        "stride_ab": 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
-        "group_size": call.group, "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.head_dim,
-        "seqlen_const": max(call.seqlen_const, 0), "seqlen_new": call.seqlen_new,
-        "use_seqlens": int(seqlens is not None), "use_batch_idx": int(t.cache_batch_idx is not None),
-        "page_size": call.page_size, "num_splits": splits, "window_left": call.window_left,
-        "window_right": call.window_right,
-    }
-    ints += [sizes[name] for name in SPLIT_INT_PARAMS[len(values):]]
-    return tuple(ints)
+    table, slopes, rows = t.block_table, t.alibi_slopes, t.cache_batch_idx
+    qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
+    return (pointers(t.q), pointers(t.k_cache), pointers(t.v_cache), pointers(out), pointers(lse),
+            pointers(part_out), pointers(part_lse), pointers(lse if seqlens is None else seqlens),
+            pointers(lse if rows is None else rows), pointers(lse if table is None else table),
+            pointers(lse if slopes is None else slopes),
+            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
+            0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
+            call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, max(call.seqlen_const, 0),
+            call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
+            call.window_left, call.window_right)
 
 
 def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: Call,
@@ -149,10 +152,17 @@ def floats(call: Call) -> tuple[float, float]:
 
 def layout_flags(t: Inputs, out: torch.Tensor) -> tuple[bool, bool]:
     """(aligned, index64): 16-byte aligned pointers and outer strides; some tensor spanning 2**31 elements."""
-    tensors = (t.q, t.k_cache, t.v_cache, out)
-    aligned = not any(x.data_ptr() % 16 or any(s % 16 for s in x.stride()[:3]) for x in tensors)
-    extent = max(sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride(), strict=True)) for x in tensors)
-    return aligned, extent >= checks.INT32_MAX
+    q, kc, vc = t.q, t.k_cache, t.v_cache
+    qs, ks, vs, os = q.stride(), kc.stride(), vc.stride(), out.stride()
+    aligned = not (q.data_ptr() | kc.data_ptr() | vc.data_ptr() | out.data_ptr() | qs[0] | qs[1] | qs[2] | ks[0]
+                   | ks[1] | ks[2] | vs[0] | vs[1] | vs[2] | os[0] | os[1] | os[2]) & 15
+    index64 = max(_extent(q.shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs)) >= checks.INT32_MAX
+    return aligned, index64
+
+
+def _extent(shape: Any, strides: Any) -> int:
+    """How far past its first element a tensor's last one lies (elements; strides are non-negative here)."""
+    return (shape[0] - 1) * strides[0] + (shape[1] - 1) * strides[1] + (shape[2] - 1) * strides[2] + shape[3] - 1
 
 
 # ---------------------------------------------------------------------------
@@ -218,10 +228,13 @@ def empty_outputs(q: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tens
     return out, lse
 
 
-def _partials(q: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = call.batch * call.heads_q * call.seqlen_q * (splits if splits > 1 else 0)
-    return (torch.empty(rows * call.head_dim, dtype=torch.float32, device=q.device),
-            torch.empty(rows, dtype=torch.float32, device=q.device))
+def _partials(lse: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 workspace of several splits (one split writes out and lse itself: ``lse`` stands in, unread)."""
+    if splits == 1:
+        return lse, lse
+    rows = call.batch * call.heads_q * call.seqlen_q * splits
+    return (torch.empty(rows * call.head_dim, dtype=torch.float32, device=lse.device),
+            torch.empty(rows, dtype=torch.float32, device=lse.device))
 
 
 def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
@@ -232,7 +245,7 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> N
     aligned, index64 = layout_flags(t, out)
     split_kernel, block_m, block_n, combine_kernel, combine_m = plan(device, t.q.dtype, call, aligned, index64)
     splits = splits_for(call, block_m, block_n, sm_count(device.index))
-    part_out, part_lse = _partials(t.q, call, splits)
+    part_out, part_lse = _partials(lse, call, splits)
     stream = raw_stream(device.index)
     split_kernel.launch(split_grid(call.rows, block_m, splits, call.heads_k, call.batch), stream,
                         split_ints(t, out, lse, part_out, part_lse, call, splits), floats(call), scratch_alloc)
@@ -257,7 +270,7 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call)
 
     split_c, combine_c = interpreter_constexprs(call)
     splits = splits_for(call, split_c["BLOCK_M"], split_c["BLOCK_N"], INTERPRETER_SMS)
-    part_out, part_lse = _partials(t.q, call, splits)
+    part_out, part_lse = _partials(lse, call, splits)
     ints = split_ints(t, out, lse, part_out, part_lse, call, splits, pointers=lambda x: x)
     compiler.interpret(FLASH_DECODE_SPLIT.name, split_grid(call.rows, 16, splits, call.heads_k, call.batch),
                        (*ints, *floats(call)), split_c)

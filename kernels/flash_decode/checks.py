@@ -168,7 +168,8 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     splits = _int("num_splits", num_splits, 0, MAX_SPLITS)
     call = Call(b, hq, hk, sq, d, seqlen_new, capacity, page_size, rows_c, seqlen_const, causal and sq > 1, scale,
                 num_splits=splits)
-    call = _features(call, causal, window_size, softcap)
+    if not (type(window_size) is tuple and window_size == (-1, -1) and type(softcap) is float and softcap == 0.0):
+        call = _features(call, causal, window_size, softcap)  # the common call (neither) skips this
     if t.alibi_slopes is not None:
         slopes = t.alibi_slopes
         if not isinstance(slopes, torch.Tensor):
