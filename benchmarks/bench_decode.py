@@ -13,7 +13,7 @@ cache and a paged one (pages of 256 keys, a random block table). Providers:
 - ``lazytriton``: ``flash_attn_with_kvcache(q, k_cache, v_cache,
   cache_seqlens=..., block_table=...)``, the public call, inside
   ``trusted_indices()`` (the value checks of the indices cost a host
-  synchronisation per call, which a serving loop skips; see NOTES);
+  synchronisation per call, which a serving loop skips);
 - ``sdpa``: ``F.scaled_dot_product_attention(q, K, V, enable_gqa=True)`` on
   the same keys and values in SDPA's (batch, heads_k, seqlen, head_dim)
   layout (for a paged case: the cache gathered once, outside the timing);
