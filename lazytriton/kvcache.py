@@ -140,12 +140,12 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if _direct(q, k_cache, v_cache, k, v, *index_tensors):
         out, lse = binding.forward(t, call)
     else:
-        from lazytriton.kvcache_op import flash_kvcache_op
+        from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
 
+        op = flash_kvcache_read_op if k is None else flash_kvcache_op  # a read declares no mutation
         lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
-        out, lse = flash_kvcache_op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx,
-                                    block_table, call.scale, causal, window_size[0], window_size[1], float(softcap),
-                                    alibi_slopes, num_splits)
+        out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
+                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits)
     return (out, lse) if return_softmax_lse else out
 
 

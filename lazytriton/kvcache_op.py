@@ -5,9 +5,11 @@ cache_seqlens_int, cache_batch_idx, block_table, softmax_scale, causal,
 window_left, window_right, softcap, alibi_slopes, num_splits) -> (out, lse)``
 takes FlashAttention-2's layout and arguments (``cache_seqlens`` as a tensor,
 or else ``cache_seqlens_int``: an int >= 0, -1 for None, the whole cache). It
-writes k and v into k_cache and v_cache in place when they are given, so both
-caches are declared mutated (``Tensor(a!)``): ``torch.compile`` functionalises
-the write and keeps it ordered before the attention. Forward only. The fake
+writes k and v into k_cache and v_cache in place, so both caches are declared
+mutated (``Tensor(a!)``): ``torch.compile`` functionalises the write and keeps
+it ordered before the attention. A call without k and v goes to
+``lazytriton::flash_kvcache_read`` (same arguments, nothing mutated), so a
+compiled graph never copies a cache it only reads. Forward only. The fake
 gives the exact shapes, dtypes and strides of the real outputs (both allocate
 through ``binding.empty_outputs``).
 
@@ -48,6 +50,11 @@ def flash_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """Append k/v to the cache, then attend: ``(out, lse)`` (checked again: the op can be called directly)."""
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
                alibi_slopes)
+    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits)
+
+
+def _run(t: checks.Inputs, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+         num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     call = checks.check(t, softmax_scale, causal, (window_left, window_right), softcap, num_splits)
     return binding.forward(t, call)
 
@@ -63,5 +70,30 @@ def _flash_kvcache_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out, lse
 
 
-# The overload itself: calling it skips CustomOpDef's Python wrapper.
+_READ_SCHEMA = _SCHEMA.replace("Tensor(a!) k_cache, Tensor(b!) v_cache", "Tensor k_cache, Tensor v_cache")
+
+
+@torch.library.custom_op("lazytriton::flash_kvcache_read", mutates_args=(), schema=_READ_SCHEMA)
+def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+                       v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, cache_seqlens_int: int,
+                       cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None, softmax_scale: float,
+                       causal: bool, window_left: int, window_right: int, softcap: float,
+                       alibi_slopes: torch.Tensor | None, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same call without new keys: nothing is written, so nothing is declared mutated.
+
+    A compiled graph then needs no functional copy of the caches (declared
+    mutable arguments are cloned by functionalisation when a backend cannot
+    write in place, and a KV cache can be gigabytes).
+    """
+    if k is not None or v is not None:
+        raise ValueError("lazytriton::flash_kvcache_read takes no k/v; lazytriton::flash_kvcache appends them")
+    t = inputs(q, k_cache, v_cache, None, None, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
+               alibi_slopes)
+    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits)
+
+
+flash_kvcache_read.register_fake(_flash_kvcache_fake)
+
+# The overloads themselves: calling them skips CustomOpDef's Python wrapper.
 flash_kvcache_op = torch.ops.lazytriton.flash_kvcache.default
+flash_kvcache_read_op = torch.ops.lazytriton.flash_kvcache_read.default

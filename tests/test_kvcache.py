@@ -249,6 +249,34 @@ def test_the_op_and_torch_compile_trace_the_append_and_the_attention() -> None:
     torch.testing.assert_close(op_out * 3, want, rtol=0, atol=0)
 
 
+def test_a_compiled_read_copies_no_cache() -> None:
+    """Without k/v the call goes to the read-only op: the traced graph neither clones nor writes back a cache."""
+    torch._dynamo.reset()
+    case = Case(torch.float32, 64, 1, (4, 2), 0, "page16", "tensor", False, (-1, -1), 0.0, "", 1)
+    args = make_inputs(case, seed=4)
+    graphs: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+
+        def keep(g: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
+            graphs.append(str(g.graph))
+            return g
+
+        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+
+    def read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+             table: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,  # type: ignore[no-any-return]
+                                                 block_table=table)
+
+    inputs = (args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"], args["block_table"])
+    got = torch.compile(read, fullgraph=True, backend=backend)(*inputs)
+    torch.testing.assert_close(got, read(*inputs), rtol=0, atol=0)
+    assert len(graphs) == 1 and "lazytriton.flash_kvcache_read" in graphs[0]
+    assert "clone" not in graphs[0] and "copy_" not in graphs[0], graphs[0]
+
+
 # ---------------------------------------------------------------------------
 # Bad input: an error naming the argument, before anything is written or launched
 
