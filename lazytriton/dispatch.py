@@ -222,12 +222,17 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
 
 
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
-                  seqlen_k: int, table: tuning.Table | None = None) -> tuple[Config, tuning.Row | None]:
-    """The config of any kernel for a call: its tuning table's row, else its default; and the row used."""
+                  seqlen_k: int, table: tuning.Table | None = None,
+                  paged: bool = False) -> tuple[Config, tuning.Row | None]:
+    """The config of any kernel for a call: its tuning table's row, else its default; and the row used.
+
+    ``paged``: a decoding call on a paged cache (``decode_config``); other kernels ignore it.
+    """
     if kernel == "flash_fwd":
         return flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
     if kernel in DECODE_KERNELS:
-        return decode_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table=table)
+        return decode_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table=table,
+                             paged=paged and kernel == "flash_decode_split")
     padded = padded_head_dim(head_dim)
     rows = tuning.table_for(kernel) if table is None else table
     row = tuning.lookup(rows, str(target), kernel, dtype, padded, causal, seqlen_q, seqlen_k)
@@ -289,7 +294,7 @@ def page_block_limit(page_size: int) -> int:
 
 
 def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int, rows: int,
-                          page_size: int = 0) -> Config:
+                          page_size: int = 0, paged: bool = False) -> Config:
     """A sane decoding config when the tuning table has no row (it never errors). Untuned: no GPU measured it yet.
 
     Decoding reads the whole cache once per call and is bound by memory, not
@@ -298,8 +303,15 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     tiles of 64 rows (32 at head dim 256 or fp32, for registers), 4 warps,
     3 stages of loads in flight where shared memory allows (2 on the 99 KiB
     targets and AMD). A paged call's BLOCK_N must divide its page size, so
-    pages of 16 or 32 keys take tiles of 16 or 32. The combine kernel reads
-    16 rows x 16 splits of logsumexp at a time.
+    pages of 16 or 32 keys take tiles of 16 or 32. A paged call reads its
+    block table inside the loop, and Triton's pipeliner gives that read a
+    stage of its own: at 3 (and 4) stages the K and V tiles get one buffer,
+    at 5 two, as the contiguous kernel has at 3 (Triton 3.9's TTGIR for
+    sm_90, bf16, head dim 128: 71696 bytes of shared memory at 5 stages,
+    38928 at 3 and 4; 71680 for the contiguous kernel at 3). So paged calls
+    on CUDA take 5 stages (at most 76 KB, under the 99 KiB targets' limit).
+    Not measured on a GPU yet. The combine kernel reads 16 rows x 16 splits
+    of logsumexp at a time.
     """
     if kernel not in DECODE_KERNELS:
         raise ValueError(f"kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
@@ -309,11 +321,14 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
         return Config(16, 16, 4, 1, waves)
     block_n = 32 if head_dim == 256 or dtype == "fp32" else 64
     stages = 2 if hip or target.capability in _SMALL_SHARED_CUDA else 3
+    if paged and not hip:
+        stages = 5
     return Config(decode_rows_class(rows), min(block_n, page_block_limit(page_size)), 4, stages, waves)
 
 
 def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, rows: int, capacity: int,
-                  page_size: int = 0, table: tuning.Table | None = None) -> tuple[Config, tuning.Row | None]:
+                  page_size: int = 0, table: tuning.Table | None = None,
+                  paged: bool = False) -> tuple[Config, tuning.Row | None]:
     """A decoding kernel's config: its tuning row (rows: seqlen_q column, cache capacity: seqlen_k), else the default.
 
     A row's BLOCK_N is cut down to what the page size allows.
@@ -322,7 +337,7 @@ def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
     rows_table = tuning.table_for(kernel) if table is None else table
     row = tuning.lookup(rows_table, str(target), kernel, dtype, padded, causal, rows, capacity)
     if row is None:
-        return decode_default_config(kernel, target, dtype, padded, rows, page_size), None
+        return decode_default_config(kernel, target, dtype, padded, rows, page_size, paged), None
     limit = page_block_limit(page_size) if kernel == "flash_decode_split" else 1 << 30
     return Config(min(row.BLOCK_M, 64), min(row.BLOCK_N, limit), row.num_warps, row.num_stages,
                   row.waves_per_eu), row
@@ -345,7 +360,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     """
     padded = padded_head_dim(head_dim)
     sq, sk = tuning.bucket(rows), tuning.bucket(capacity)
-    cfg = config or decode_config(kernel, target, dtype, head_dim, causal, sq, sk, page_size, table)[0]
+    cfg = config or decode_config(kernel, target, dtype, head_dim, causal, sq, sk, page_size, table,
+                                  paged and kernel == "flash_decode_split")[0]
     functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
                                          "INDEX64": bool(index64)}
     if kernel == "flash_decode_split":

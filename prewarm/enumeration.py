@@ -196,7 +196,8 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
         for aligned, index64, window, softcap, is_paged, (seqlen_q, seqlen_k) in itertools.product(
                 axes.aligned, axes.index64, axes.window, axes.softcap, paged, seqlens):
-            config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
+            config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table,
+                                                 paged=is_paged)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
                                               config=config, index64=index64, window=window, softcap=softcap,
                                               paged=is_paged)

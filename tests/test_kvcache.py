@@ -423,8 +423,10 @@ def test_forced_splits_are_capped_by_the_partials_size() -> None:
                           (1, 32, 256, "bf16", 16, 32), (8, 48, 128, "fp16", 16, 16), (8, 0, 64, "fp32", 16, 32)])
 def test_decode_configs_fit_the_rows_and_the_page(rows: int, page: int, head_dim: int, dtype: str, block_m: int,
                                                   block_n: int) -> None:
-    cfg = dispatch.decode_default_config("flash_decode_split", Target.parse("sm_90"), dtype, head_dim, rows, page)
+    cfg = dispatch.decode_default_config("flash_decode_split", Target.parse("sm_90"), dtype, head_dim, rows, page,
+                                         paged=page > 0)
     assert (cfg.block_m, cfg.block_n) == (block_m, block_n)
+    assert cfg.num_stages == (5 if page else 3)  # the block table's read takes a pipeline stage of its own
     if page:
         assert page % cfg.block_n == 0
 

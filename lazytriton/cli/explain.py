@@ -65,7 +65,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     for name in kernels:
         if name in dispatch.DECODE_KERNELS:  # seqlen_q: query rows per key/value head; seqlen_k: the cache's length
             config, row = dispatch.decode_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
-                                                 seqlen_k, page)
+                                                 seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
             variant = dispatch.decode_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
                                               args.seqlen_q, seqlen_k, index64=args.index64, page_size=page,
                                               paged=page > 0)
