@@ -175,7 +175,7 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
         pages = -(-n // case.page_size)
         k_cache, v_cache = randn(b * pages, case.page_size, hk, d), randn(b * pages, case.page_size, hk, d)
         table = torch.randperm(b * pages, generator=gen, device=device).reshape(b, pages).to(torch.int32)
-        k_sdpa, v_sdpa = gather(k_cache, table, n), gather(v_cache, table, n)
+        k_sdpa, v_sdpa = gather(k_cache, table, n).contiguous(), gather(v_cache, table, n).contiguous()
     else:
         k_cache, v_cache = randn(b, n, hk, d), randn(b, n, hk, d)
         table = None
