@@ -69,6 +69,7 @@ def source_fingerprint(kernel: str) -> str:
 FAMILIES: dict[str, tuple[str, ...]] = {
     "flash_fwd": ("flash_fwd",),
     "flash_bwd": ("flash_bwd_dq", "flash_bwd_dkdv"),
+    "flash_decode": ("flash_decode_split", "flash_decode_combine"),
 }
 
 
@@ -83,9 +84,10 @@ def family_of(kernel: str) -> str:
 @functools.cache
 def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
+    from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD
 
-    return {spec.name: spec for spec in (FLASH_FWD, *FLASH_BWD_KERNELS)}
+    return {spec.name: spec for spec in (FLASH_FWD, *FLASH_BWD_KERNELS, *FLASH_DECODE_KERNELS)}
 
 
 def get(kernel: str) -> KernelSpec:

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY = ("flash", "runtime", "dispatch", "config", "compiler", "ops", "interface")
+_LAZY = ("flash", "runtime", "dispatch", "config", "compiler", "ops", "interface", "kvcache")
 _FUNCTIONS = ("flash_attn_func", "scaled_dot_product_attention", "attn_fwd", "preload", "CaptureError")
+_KVCACHE_FUNCTIONS = ("flash_attn_with_kvcache",)  # in lazytriton.kvcache
 # Subpackages whose source sits at the top of the repository (pyproject's package-dir).
 _CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")
 
@@ -74,6 +75,8 @@ _map_checkout_folders()
 def __getattr__(name: str) -> Any:
     if name in _FUNCTIONS:
         value = getattr(importlib.import_module("lazytriton.interface"), name)
+    elif name in _KVCACHE_FUNCTIONS:
+        value = getattr(importlib.import_module("lazytriton.kvcache"), name)
     elif name in _LAZY:
         value = importlib.import_module(f"lazytriton.{name}")
     else:
@@ -82,4 +85,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["__version__", *_FUNCTIONS, *_LAZY]
+__all__ = ["__version__", *_FUNCTIONS, *_KVCACHE_FUNCTIONS, *_LAZY]

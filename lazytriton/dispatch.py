@@ -228,10 +228,17 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
 
 
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
-                  seqlen_k: int, table: tuning.Table | None = None) -> tuple[Config, tuning.Row | None]:
-    """The config of any kernel for a call: its tuning table's row, else its default; and the row used."""
+                  seqlen_k: int, table: tuning.Table | None = None,
+                  paged: bool = False) -> tuple[Config, tuning.Row | None]:
+    """The config of any kernel for a call: its tuning table's row, else its default; and the row used.
+
+    ``paged``: a decoding call on a paged cache (``decode_config``); other kernels ignore it.
+    """
     if kernel == "flash_fwd":
         return flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
+    if kernel in DECODE_KERNELS:
+        return decode_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table=table,
+                             paged=paged and kernel == "flash_decode_split")
     padded = padded_head_dim(head_dim)
     rows = tuning.table_for(kernel) if table is None else table
     row = tuning.lookup(rows, str(target), kernel, dtype, padded, causal, seqlen_q, seqlen_k)
@@ -243,8 +250,11 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                    seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
-                   softcap: bool = False) -> Variant:
+                   softcap: bool = False, paged: bool = False) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
+
+    The decoding kernels (``DECODE_KERNELS``) go to ``decode_variant``, with
+    ``paged`` and a page size BLOCK_N divides (prewarm's view of them).
 
     Every attention kernel has the same functional fields (padded head dim,
     causal, EVEN_D, ALIGN16, INDEX64) and sees seqlens only through their
@@ -256,6 +266,9 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     what they were; the window and the cap themselves are runtime arguments.
     The tile sizes are the plain call's (not tuned for windows).
     """
+    if kernel in DECODE_KERNELS:
+        return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
+                              index64=index64, table=table, paged=paged, window=window, softcap=softcap)
     padded = padded_head_dim(head_dim)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
     cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
@@ -267,6 +280,101 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         functional["WINDOW"] = True
     if softcap:
         functional["SOFTCAP"] = True
+    return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
+
+
+# ---------------------------------------------------------------------------
+# flash_decode: flash_decode_split, then (several splits) flash_decode_combine
+
+DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
+
+
+def decode_rows_class(rows: int) -> int:
+    """BLOCK_M for ``rows`` packed query rows per key/value head (group size x seqlen_q): 16, 32 or 64."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+
+
+def page_block_limit(page_size: int) -> int:
+    """The largest BLOCK_N that divides ``page_size`` (its largest power-of-two divisor); 0 (contiguous): none."""
+    return page_size & -page_size if page_size > 0 else 1 << 30
+
+
+def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int, rows: int,
+                          page_size: int = 0, paged: bool = False) -> Config:
+    """A sane decoding config when the tuning table has no row (it never errors). Untuned: no GPU measured it yet.
+
+    Decoding reads the whole cache once per call and is bound by memory, not
+    by tensor cores, so the split kernel takes the smallest query tile a dot
+    allows (16 rows: a GQA group of 4 with one query fills 4 of them) and key
+    tiles of 64 rows (32 at head dim 256 or fp32, for registers), 4 warps,
+    3 stages of loads in flight where shared memory allows (2 on the 99 KiB
+    targets and AMD). A paged call's BLOCK_N must divide its page size, so
+    pages of 16 or 32 keys take tiles of 16 or 32. A paged call reads its
+    block table inside the loop, and Triton's pipeliner gives that read a
+    stage of its own: at 3 (and 4) stages the K and V tiles get one buffer,
+    at 5 two, as the contiguous kernel has at 3 (Triton 3.9's TTGIR for
+    sm_90, bf16, head dim 128: 71696 bytes of shared memory at 5 stages,
+    38928 at 3 and 4; 71680 for the contiguous kernel at 3). So paged calls
+    on CUDA take 5 stages (at most 76 KB, under the 99 KiB targets' limit).
+    Not measured on a GPU yet. The combine kernel reads 16 rows x 16 splits
+    of logsumexp at a time.
+    """
+    if kernel not in DECODE_KERNELS:
+        raise ValueError(f"kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
+    hip = target.backend == "hip"
+    waves = 2 if hip else 0
+    if kernel == "flash_decode_combine":
+        return Config(16, 16, 4, 1, waves)
+    block_n = 32 if head_dim == 256 or dtype == "fp32" else 64
+    stages = 2 if hip or target.capability in _SMALL_SHARED_CUDA else 3
+    if paged and not hip:
+        stages = 5
+    return Config(decode_rows_class(rows), min(block_n, page_block_limit(page_size)), 4, stages, waves)
+
+
+def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, rows: int, capacity: int,
+                  page_size: int = 0, table: tuning.Table | None = None,
+                  paged: bool = False) -> tuple[Config, tuning.Row | None]:
+    """A decoding kernel's config: its tuning row (rows: seqlen_q column, cache capacity: seqlen_k), else the default.
+
+    A row's BLOCK_N is cut down to what the page size allows.
+    """
+    padded = padded_head_dim(head_dim)
+    rows_table = tuning.table_for(kernel) if table is None else table
+    row = tuning.lookup(rows_table, str(target), kernel, dtype, padded, causal, rows, capacity)
+    if row is None:
+        return decode_default_config(kernel, target, dtype, padded, rows, page_size, paged), None
+    limit = page_block_limit(page_size) if kernel == "flash_decode_split" else 1 << 30
+    return Config(min(row.BLOCK_M, 64), min(row.BLOCK_N, limit), row.num_warps, row.num_stages,
+                  row.waves_per_eu), row
+
+
+def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, rows: int,
+                   capacity: int, config: Config | None = None, index64: bool = False,
+                   table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
+                   window: bool = False, softcap: bool = False, alibi: bool = False) -> Variant:
+    """The variant of a decoding kernel serving a call (pure, given the table).
+
+    ``rows``: query rows per key/value head (group size x seqlen_q), seen
+    through their bucket; ``capacity``: the cache's length per sequence
+    (table lookup only). The split kernel's functional fields are the
+    attention kernels' (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64) plus the
+    flags PAGED, WINDOW, SOFTCAP and ALIBI, written only when true; the
+    combine kernel has only ALIGN16, BLOCK_D, EVEN_D and INDEX64 (it sees no
+    scores). With one query a causal mask hides nothing: the binding asks for
+    CAUSAL=false then, so both share a binary.
+    """
+    padded = padded_head_dim(head_dim)
+    sq, sk = tuning.bucket(rows), tuning.bucket(capacity)
+    cfg = config or decode_config(kernel, target, dtype, head_dim, causal, sq, sk, page_size, table,
+                                  paged and kernel == "flash_decode_split")[0]
+    functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
+                                         "INDEX64": bool(index64)}
+    if kernel == "flash_decode_split":
+        functional["CAUSAL"] = bool(causal)
+        for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi)):
+            if flag:
+                functional[name] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 

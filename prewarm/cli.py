@@ -7,6 +7,8 @@ Typical runs:
     # the forward only, or the backward's two kernels only
     lazytriton prewarm --target sm_90 --kernel flash_fwd --out fwd.ltimg
     lazytriton prewarm --target sm_90 --kernel flash_bwd --list
+    # the decoding kernels (flash_attn_with_kvcache), for a paged cache only
+    lazytriton prewarm --target sm_90 --kernel flash_decode --paged paged --list
     # a few axes only; --list prints the plan and builds nothing
     lazytriton prewarm --target sm_90 --dtype bf16 --head-dim 64,80,128 --causal top_left --list
     # exactly what a production run compiled just in time
@@ -21,6 +23,10 @@ targets plus a default grid for the groups the table lacks: dtype
 fp16/bf16/fp32 x head dim 16/32/64/128/256 x causal none/top_left, each at
 seqlens 16, 64 and 4096 (the three seqlen classes of the default tile sizes,
 of seqlen_q for flash_fwd and flash_bwd_dq, of seqlen_k for flash_bwd_dkdv).
+The decoding family (flash_decode = flash_decode_split and
+flash_decode_combine) defaults to bf16/fp16 x head dim 64/128 x causal
+none/top_left x a contiguous and a paged cache, at 16, 32 and 64 query rows
+per key/value head (group size x seqlen_q: its three BLOCK_M classes).
 An axis flag narrows that axis; --kernel takes families or kernel names.
 
 A killed run, run again, compiles only what it had not built (see OUT.work/).
@@ -46,7 +52,9 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 # bottom_right build the same binary (CAUSAL=true): the alignment is a runtime offset.
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
-_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap")
+_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap",
+               "paged")
+_PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 
 
 class UsageError(ValueError):
@@ -172,7 +180,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes = p.add_argument_group("what to build (comma-separated lists; a flag may repeat)")
     axes.add_argument("--target", type=_targets, action="extend", help="sm_90,sm_80,gfx942,gfx950, ...")
     axes.add_argument("--kernel", type=_kernels, action="extend",
-                      help="kernel families or kernels: flash_fwd, flash_bwd (= flash_bwd_dq,flash_bwd_dkdv) "
+                      help="kernel families or kernels: flash_fwd, flash_bwd (= flash_bwd_dq,flash_bwd_dkdv), "
+                           "flash_decode (= flash_decode_split,flash_decode_combine) "
                            "(default: every family); with --from-misses, it filters the log as --target does")
     axes.add_argument("--dtype", type=_dtypes, action="extend", help="fp16,bf16,fp32")
     axes.add_argument("--head-dim", type=_ints(1, 256, "--head-dim"), action="extend",
@@ -189,6 +198,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="also build the sliding-window (WINDOW=true) variants: window_size in the API")
     axes.add_argument("--softcap", action="store_true",
                       help="also build the logit-softcapping (SOFTCAP=true) variants: softcap > 0 in the API")
+    axes.add_argument("--paged", choices=tuple(_PAGED), default=None,
+                      help="flash_decode's KV cache: paged (PAGED=true: a block table), contiguous, or both "
+                           "(the default)")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -259,7 +271,8 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 aligned=(True, False) if args.unaligned else (True,),
                 index64=(False, True) if args.index64 else (False,),
                 window=(False, True) if args.window else (False,),
-                softcap=(False, True) if args.softcap else (False,))
+                softcap=(False, True) if args.softcap else (False,),
+                paged=_PAGED[args.paged] if args.paged else None)
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

@@ -27,6 +27,14 @@ given, the groups are the default grid:
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
 
+The decoding kernels (family ``flash_decode``) default to what decoding
+serves: dtype bf16 and fp16, head dims 64 and 128, a contiguous and a paged
+cache (``--paged`` picks one), and their seqlen_q is the query rows per
+key/value head (group size x seqlen_q), built at one per BLOCK_M class (16,
+32, 64 rows). Their paged variants take the default key tile, which fits
+pages of any multiple of 64 keys; smaller pages (16, 32) compile on first use
+and come back through the miss log.
+
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
 index64, window, softcap, seqlen_q, seqlen_k. The window and softcap variants
@@ -51,6 +59,10 @@ DEFAULT_HEAD_DIMS: tuple[int, ...] = dispatch.HEAD_DIMS
 DEFAULT_CAUSAL: tuple[bool, ...] = (False, True)
 # One seqlen per default_config class: <= 16, <= 64 and > 64 query rows.
 DEFAULT_SEQLENS: tuple[int, ...] = (16, 64, 4096)
+# The decoding kernels' defaults (module docstring): one query-row count per BLOCK_M class.
+DECODE_DTYPES: tuple[str, ...] = ("bf16", "fp16")
+DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128)
+DECODE_ROWS: tuple[int, ...] = (16, 32, 64)
 MAX_SEQLEN = 2**31 - 1
 
 
@@ -78,6 +90,7 @@ class Axes:
     index64: tuple[bool, ...] = (False,)
     window: tuple[bool, ...] = (False,)
     softcap: tuple[bool, ...] = (False,)
+    paged: tuple[bool, ...] | None = None  # decoding kernels only; None: both
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -145,13 +158,14 @@ def table_buckets(table: tuning.Table, target: str,
     return {group: (tuple(sorted(qs)), tuple(sorted(ks))) for group, (qs, ks) in found.items()}
 
 
-def _seqlens(axes: Axes, buckets: tuple[tuple[int, ...], ...] | None) -> list[tuple[int, int]]:
+def _seqlens(axes: Axes, buckets: tuple[tuple[int, ...], ...] | None,
+             defaults: tuple[int, ...] = DEFAULT_SEQLENS) -> list[tuple[int, int]]:
     """The (seqlen_q, seqlen_k) pairs to build a group at."""
     if buckets is not None:
         qs = _unique(map(tuning.bucket, axes.seqlens_q)) if axes.seqlens_q else buckets[0]
         ks = _unique(map(tuning.bucket, axes.seqlens_k)) if axes.seqlens_k else buckets[1]
         return list(itertools.product(qs, ks))
-    qs = _unique(map(tuning.bucket, axes.seqlens_q)) if axes.seqlens_q else DEFAULT_SEQLENS
+    qs = _unique(map(tuning.bucket, axes.seqlens_q)) if axes.seqlens_q else defaults
     if not axes.seqlens_k:
         return [(q, q) for q in qs]  # a default reads one class, of seqlen_q or seqlen_k: (q, q) covers both
     return list(itertools.product(qs, _unique(map(tuning.bucket, axes.seqlens_k))))
@@ -173,14 +187,20 @@ def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
 
 def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
     in_table = table_buckets(table, str(target), kernel)
-    for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, axes.head_dims or DEFAULT_HEAD_DIMS,
-                                                     axes.causal or DEFAULT_CAUSAL):
+    decode = kernel in dispatch.DECODE_KERNELS
+    dtypes = axes.dtypes or (DECODE_DTYPES if decode else DEFAULT_DTYPES)
+    head_dims = axes.head_dims or (DECODE_HEAD_DIMS if decode else DEFAULT_HEAD_DIMS)
+    paged = (axes.paged or (False, True)) if decode else (False,)
+    for dtype, head_dim, causal in itertools.product(dtypes, head_dims, axes.causal or DEFAULT_CAUSAL):
         buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
-        for aligned, index64, window, softcap, (seqlen_q, seqlen_k) in itertools.product(
-                axes.aligned, axes.index64, axes.window, axes.softcap, _seqlens(axes, buckets)):
-            config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
+        seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
+        for aligned, index64, window, softcap, is_paged, (seqlen_q, seqlen_k) in itertools.product(
+                axes.aligned, axes.index64, axes.window, axes.softcap, paged, seqlens):
+            config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table,
+                                                 paged=is_paged)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
-                                              config=config, index64=index64, window=window, softcap=softcap)
+                                              config=config, index64=index64, window=window, softcap=softcap,
+                                              paged=is_paged)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 

@@ -49,10 +49,10 @@ TABLE = tuning.Table([bwd_row("flash_bwd_dq", 1024, 1024, 64, 64), bwd_row("flas
 
 
 def test_kernel_flags_take_families_and_kernel_names() -> None:
-    assert all_kernels() == ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
+    assert all_kernels()[:3] == ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")  # then other families' kernels
     assert parse_kernels("flash_bwd") == BWD
     assert parse_kernels("flash_bwd_dkdv, flash_fwd,flash_bwd_dkdv") == ("flash_fwd", "flash_bwd_dkdv")
-    assert parse_kernels("flash_fwd,flash_bwd") == all_kernels()
+    assert parse_kernels("flash_fwd,flash_bwd") == all_kernels()[:3]
     for bad in ("flash_bwdx", "", " , "):
         with pytest.raises(ValueError, match="--kernel"):
             parse_kernels(bad)
@@ -213,7 +213,7 @@ def test_list_names_the_backward_variants(capsys: pytest.CaptureFixture[str]) ->
     assert every == set(all_kernels())
     with pytest.raises(SystemExit):
         cli_main([*common, "--kernel", "flash_bwd_dv", "--list"])
-    assert "neither a kernel family (flash_fwd, flash_bwd)" in capsys.readouterr().err
+    assert "neither a kernel family (flash_fwd, flash_bwd" in capsys.readouterr().err
 
 
 # --- builds and a fresh process served from the image ----------------------------------------------------------

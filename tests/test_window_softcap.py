@@ -342,8 +342,10 @@ def test_prewarm_axes_add_window_and_softcap_variants(capsys: pytest.CaptureFixt
     from lazytriton.cli import main as cli_main
     from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants
 
-    narrow = {"targets": (Target.parse("sm_90"),), "dtypes": ("bf16",), "head_dims": (64,), "causal": (False,),
-              "seqlens_q": (4096,)}
+    # The attention kernels (the decoding family's combine kernel has no window or cap: one variant for all).
+    attention = ("flash_fwd", *dispatch.BWD_KERNELS)
+    narrow = {"targets": (Target.parse("sm_90"),), "kernels": attention, "dtypes": ("bf16",), "head_dims": (64,),
+              "causal": (False,), "seqlens_q": (4096,)}
     table = tuning.tables_for(all_kernels())
     plain = enumerate_variants(Axes(**narrow), table)
     assert all("WINDOW" not in p.variant.constexprs and "SOFTCAP" not in p.variant.constexprs for p in plain)
@@ -351,8 +353,8 @@ def test_prewarm_axes_add_window_and_softcap_variants(capsys: pytest.CaptureFixt
     assert len(both) == 4 * len(plain) and {p.key for p in plain} < {p.key for p in both}
     flags = {("WINDOW" in p.variant.constexprs, "SOFTCAP" in p.variant.constexprs) for p in both}
     assert flags == {(False, False), (False, True), (True, False), (True, True)}
-    common = ["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "none",
-              "--seqlen-q", "4096", "--list"]
+    common = ["prewarm", "--target", "sm_90", "--kernel", "flash_fwd,flash_bwd", "--dtype", "bf16", "--head-dim",
+              "64", "--causal", "none", "--seqlen-q", "4096", "--list"]
     assert cli_main(common) == 0
     listed_plain = capsys.readouterr().out.splitlines()
     assert cli_main([*common, "--window"]) == 0

@@ -5,7 +5,7 @@
     lazytriton cache verify [PATH] [--json] # the local tier and images, or one image / cache dir
     lazytriton cache explain [--json] --dtype bf16 --head-dim 128 --seqlen-q 4096 [--seqlen-k N]
                              [--causal none|top_left|bottom_right] [--target sm_90] [--unaligned]
-                             [--kernel flash_fwd|flash_bwd|flash_bwd_dq|flash_bwd_dkdv]
+                             [--kernel flash_fwd|flash_bwd|flash_bwd_dq|flash_bwd_dkdv|flash_decode|...]
     lazytriton cache gc [--max-bytes 2G]    # least recently used entries go first; damaged rows, orphaned files
     lazytriton cache clear                  # entries, counters, miss log, compile locks
     lazytriton cache export --out FILE [--target sm_90,...]
@@ -409,7 +409,8 @@ def add_parser(sub: Any) -> None:
                                              "(each kernel of a family: --kernel flash_bwd)")
     kernels = tuple(dict.fromkeys((*FAMILIES, *(k for ks in FAMILIES.values() for k in ks))))
     ex.add_argument("--kernel", choices=kernels, default="flash_fwd",
-                    help="the family (flash_fwd, flash_bwd: both backward kernels) or one kernel (default: flash_fwd)")
+                    help="the family (flash_fwd, flash_bwd: both backward kernels, flash_decode: split and combine) "
+                         "or one kernel (default: flash_fwd)")
     ex.add_argument("--dtype", choices=DTYPES, required=True)
     ex.add_argument("--head-dim", type=int, required=True)
     ex.add_argument("--seqlen-q", type=int, required=True)
@@ -418,6 +419,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--target", help="sm_90, gfx942, ... (default: the GPU here, else sm_90)")
     ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
+    ex.add_argument("--page-size", type=int, default=None,
+                    help="flash_decode: a paged cache with pages of this many keys (default: a contiguous cache)")
     from lazytriton.cli.explain import cmd_explain  # it imports this module's report helpers
 
     ex.set_defaults(fn=_guarded(cmd_explain))

@@ -59,10 +59,21 @@ def explain_report(args: argparse.Namespace) -> Report:
     kernels = explain_kernels(kernel)
     rt = None
     reports = []
+    page = getattr(args, "page_size", None) or 0
+    if page and (page < 0 or page % 16):
+        raise ValueError(f"--page-size must be a positive multiple of 16, got {page}")
     for name in kernels:
-        config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
-        variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                          args.seqlen_q, seqlen_k, index64=args.index64)
+        if name in dispatch.DECODE_KERNELS:  # seqlen_q: query rows per key/value head; seqlen_k: the cache's length
+            config, row = dispatch.decode_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
+                                                 seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
+            variant = dispatch.decode_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
+                                              args.seqlen_q, seqlen_k, index64=args.index64, page_size=page,
+                                              paged=page > 0)
+        else:
+            config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
+                                                 seqlen_k)
+            variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
+                                              args.seqlen_q, seqlen_k, index64=args.index64)
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
@@ -70,7 +81,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
-            "target": str(target), "target_source": how}
+            "target": str(target), "target_source": how, **({"page_size": page} if page else {})}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -108,6 +119,11 @@ def print_explain(report: Report) -> None:
     print(f"call     {call['kernel']} {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
           f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
           f"target={call['target']} ({call['target_source']})")
+    if call["kernel"].startswith("flash_decode"):
+        print("         flash_decode: seqlen_q counts query rows per key/value head (group size x seqlen_q), "
+              "seqlen_k the cache's length per sequence" + (f"; pages of {call['page_size']} keys"
+                                                             if call.get("page_size") else "; a contiguous cache")
+              + "; the combine runs only when a call splits its keys")
     if call["causal"] == "bottom_right":
         print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
     several = len(report["kernels"]) > 1

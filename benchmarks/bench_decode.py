@@ -1,0 +1,389 @@
+"""Benchmark lazytriton's decoding attention (``flash_attn_with_kvcache``) beside SDPA, measured in the same run.
+
+Decoding reads the whole KV cache once per token and is bound by memory, so
+throughput is reported in GB/s: bytes of K and V read plus q read and out
+written, over the median of CUDA-event-timed runs (``lazytriton.cli.timing
+.event_ms``), against the GPU's bandwidth (H200: 4.8 TB/s).
+
+The grid: one query per sequence, bf16, head dim 128, 32 query heads over 8
+key/value heads (GQA), every sequence of the batch at the cache's length,
+caches of 1k, 4k, 16k and 32k tokens, batch 1, 8, 32 and 64, a contiguous
+cache and a paged one (pages of 256 keys, a random block table). Providers:
+
+- ``lazytriton``: ``flash_attn_with_kvcache(q, k_cache, v_cache,
+  cache_seqlens=..., block_table=...)``, the public call, inside
+  ``trusted_indices()`` (the value checks of the indices cost a host
+  synchronisation per call, which a serving loop skips);
+- ``sdpa``: ``F.scaled_dot_product_attention(q, K, V, enable_gqa=True)`` on
+  the same keys and values in SDPA's (batch, heads_k, seqlen, head_dim)
+  layout (for a paged case: the cache gathered once, outside the timing);
+- ``sdpa_gather`` (paged only): the gather of each sequence's blocks plus
+  SDPA, timed together: what a paged cache costs a caller without a paged
+  kernel.
+
+Each provider's first output is checked against a float32 reference of
+batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
+marked ``*``), or ``failed`` (did not run). Rows go to a long-format CSV
+(``benchmarks/results/decode.csv``); the table comes last; with ``$OUT`` set
+the report is also written to ``$OUT/bench_decode.log``.
+
+Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
+       [--layouts contiguous,paged] [--page-size 256] [--warmup N] [--reps N]
+       python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
+       python benchmarks/bench_decode.py --quick    (one tiny case per layout on CPU: the interpreter, CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from csvlog import append_rows
+
+import lazytriton
+from lazytriton.cli.timing import event_ms
+from lazytriton.kvcache import trusted_indices
+
+FIELDS = ["kernel", "provider", "layout", "dtype", "head_dim", "batch", "heads_q", "heads_k", "cache_len",
+          "page_size", "p50_ms", "gb_s", "bw_frac", "max_err", "check", "gpu", "torch", "triton", "lazytriton",
+          "timestamp"]
+H200_GB_S = 4800.0  # HBM3e, NVIDIA's datasheet
+PROVIDERS = ("lazytriton", "sdpa", "sdpa_gather")
+TOLERANCE = 2e-2
+
+
+class Case(NamedTuple):
+    layout: str  # "contiguous" or "paged"
+    batch: int
+    cache_len: int
+    page_size: int = 256
+    heads_q: int = 32
+    heads_k: int = 8
+    head_dim: int = 128
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def bytes(self) -> int:
+        """K and V read, q read and out written."""
+        size = torch.finfo(self.dtype).bits // 8
+        return size * self.batch * self.head_dim * (2 * self.cache_len * self.heads_k + 2 * self.heads_q)
+
+    @property
+    def label(self) -> str:
+        length = f"{self.cache_len // 1024}k" if self.cache_len % 1024 == 0 else str(self.cache_len)
+        return f"{self.layout:<10} b{self.batch:<3} {length:>4}"
+
+
+class Result(NamedTuple):
+    case: Case
+    provider: str
+    ms: float | None
+    max_err: float | None
+    check: str  # ok, wrong, failed
+    note: str = ""
+
+    @property
+    def gb_s(self) -> float | None:
+        return None if self.ms is None else self.case.bytes / self.ms / 1e6
+
+
+def cases(batches: Sequence[int], lengths: Sequence[int], layouts: Sequence[str], page_size: int) -> list[Case]:
+    return [Case(layout, b, n, page_size) for layout in layouts for n in lengths for b in batches]
+
+
+QUICK_CASES = [Case(layout, 2, 48, 16, 4, 2, 32) for layout in ("contiguous", "paged")]
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+
+
+def _ints(flag: str, low: int) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x[:-1]) * 1024 if x.lower().endswith("k") else int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < low:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected comma-separated integers >= {low} (4k = 4096)")
+        return values
+
+    return parse
+
+
+def _layouts(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values or not set(values) <= {"contiguous", "paged"}:
+        raise argparse.ArgumentTypeError(f"--layouts {text!r}: expected a subset of contiguous,paged")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "decode.csv")
+    parser.add_argument("--batches", type=_ints("--batches", 1), default=[1, 8, 32, 64])
+    parser.add_argument("--lengths", type=_ints("--lengths", 16), default=[1024, 4096, 16384, 32768])
+    parser.add_argument("--layouts", type=_layouts, default=["contiguous", "paged"])
+    parser.add_argument("--page-size", type=int, default=256, help="keys per page of the paged cache (default 256)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one tiny case per layout on CPU (Triton's interpreter): checks the script end to end")
+    args = parser.parse_args(argv)
+    if args.reps < 1 or args.warmup < 0 or args.page_size < 16 or args.page_size % 16:
+        parser.error(f"--reps must be >= 1, --warmup >= 0 and --page-size a multiple of 16, got {args.reps}, "
+                     f"{args.warmup} and {args.page_size}")
+    return args
+
+
+# ---------------------------------------------------------------------------
+# Inputs, providers, checking
+
+
+class Inputs(NamedTuple):
+    q: torch.Tensor  # (batch, 1, heads_q, head_dim)
+    k_cache: torch.Tensor  # contiguous (batch, len, heads_k, d), or paged (blocks, page, heads_k, d)
+    v_cache: torch.Tensor
+    lens: torch.Tensor  # int32 (batch,)
+    table: torch.Tensor | None  # int32 (batch, len / page), a random permutation of the blocks
+    k_sdpa: torch.Tensor  # (batch, heads_k, len, d): the same keys in SDPA's layout
+    v_sdpa: torch.Tensor
+
+
+def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    b, n, hk, d = case.batch, case.cache_len, case.heads_k, case.head_dim
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(case.dtype)
+
+    q = randn(b, 1, case.heads_q, d)
+    lens = torch.full((b,), n, dtype=torch.int32, device=device)
+    if case.layout == "paged":
+        pages = -(-n // case.page_size)
+        k_cache, v_cache = randn(b * pages, case.page_size, hk, d), randn(b * pages, case.page_size, hk, d)
+        table = torch.randperm(b * pages, generator=gen, device=device).reshape(b, pages).to(torch.int32)
+        k_sdpa, v_sdpa = gather(k_cache, table, n).contiguous(), gather(v_cache, table, n).contiguous()
+    else:
+        k_cache, v_cache = randn(b, n, hk, d), randn(b, n, hk, d)
+        table = None
+        k_sdpa, v_sdpa = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
+    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa)
+
+
+def gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """Each sequence's blocks, in order, as SDPA's (batch, heads_k, length, head_dim)."""
+    blocks = cache[table.long()]  # (batch, pages, page, heads_k, d)
+    b, pages, page, hk, d = blocks.shape
+    return blocks.reshape(b, pages * page, hk, d)[:, :length].transpose(1, 2)
+
+
+def lazytriton_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        with trusted_indices():
+            return lazytriton.flash_attn_with_kvcache(t.q, t.k_cache, t.v_cache, cache_seqlens=t.lens,
+                                                     block_table=t.table)  # type: ignore[no-any-return]
+
+    return run
+
+
+def sdpa_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    q = t.q.transpose(1, 2)
+    return lambda: F.scaled_dot_product_attention(q, t.k_sdpa, t.v_sdpa, enable_gqa=True).transpose(1, 2)
+
+
+def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    q, length = t.q.transpose(1, 2), t.k_sdpa.shape[2]
+
+    def run() -> torch.Tensor:
+        k, v = gather(t.k_cache, t.table, length), gather(t.v_cache, t.table, length)  # type: ignore[arg-type]
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2)
+
+    return run
+
+
+FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
+    "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call}
+
+
+def providers(case: Case) -> list[str]:
+    return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"]
+
+
+def reference(t: Inputs) -> torch.Tensor:
+    """Batch element 0's output in float32, from the SDPA-layout keys: (1, heads_q, head_dim)."""
+    q = t.q[0, 0].float()  # (heads_q, d)
+    group = q.shape[0] // t.k_sdpa.shape[1]
+    k = t.k_sdpa[0].float().repeat_interleave(group, 0)  # (heads_q, len, d)
+    v = t.v_sdpa[0].float().repeat_interleave(group, 0)
+    scores = torch.einsum("hd,hnd->hn", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("hn,hnd->hd", scores.softmax(-1), v)[None]
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
+    """Median ms: CUDA events on a GPU, the wall clock on the CPU (--quick)."""
+    if device.type == "cuda":
+        return event_ms(fn, warmup=warmup, reps=reps)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        began = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times)
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+def measure(case: Case, provider: str, t: Inputs, ref: torch.Tensor, device: torch.device,
+            args: argparse.Namespace) -> Result:
+    """Check the first output, then time; any exception makes a ``failed`` result."""
+    try:
+        fn = FACTORIES[provider](t)
+        err = float((fn()[0].float() - ref).abs().max())
+        ms = time_ms(fn, device, args.warmup, args.reps)
+        return Result(case, provider, ms, err, "ok" if err <= TOLERANCE else "wrong")
+    except Exception as exc:  # a backend missing on this GPU, or a kernel that fails, is reported, not fatal
+        return Result(case, provider, None, None, "failed", _brief(exc))
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+class Log:
+    """Prints the report as it goes; with ``$OUT`` set, also writes it line by line to ``$OUT/bench_decode.log``."""
+
+    def __init__(self, out: str | None = None) -> None:
+        self.lines: list[str] = []
+        self.path = Path(out) / "bench_decode.log" if out else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+        if self.path is not None:  # kept as it goes: a run killed at its time limit leaves what it measured
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+
+
+def csv_row(r: Result, meta: dict[str, str], peak: float) -> dict[str, object]:
+    c = r.case
+    return {**meta, "provider": r.provider, "layout": c.layout, "dtype": str(c.dtype).split(".")[-1],
+            "head_dim": c.head_dim, "batch": c.batch, "heads_q": c.heads_q, "heads_k": c.heads_k,
+            "cache_len": c.cache_len, "page_size": c.page_size if c.layout == "paged" else "",
+            "p50_ms": "" if r.ms is None else round(r.ms, 5), "gb_s": "" if r.gb_s is None else round(r.gb_s, 1),
+            "bw_frac": "" if r.gb_s is None else round(r.gb_s / peak, 3),
+            "max_err": "" if r.max_err is None else f"{r.max_err:.1e}", "check": r.check}
+
+
+def _cell(r: Result | None) -> str:
+    if r is None:
+        return "-"
+    if r.gb_s is None:
+        return "failed"
+    return f"{r.gb_s:.0f}{'' if r.check == 'ok' else '*'}"
+
+
+def _speedup(lt: Result | None, other: Result | None) -> float:
+    """How many times faster lazytriton ran than a peer (both ran and passed the check)."""
+    if lt is None or other is None or not lt.check == other.check == "ok" or not lt.ms or not other.ms:
+        return math.nan
+    return other.ms / lt.ms
+
+
+def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
+    """Per case: GB/s of each provider, lazytriton's share of the peak, and its speedup over each peer."""
+    by = {(r.case, r.provider): r for r in results}
+    log(f"\nGB/s (peak {peak:.0f})".ljust(24) + "".join(f"{p:>12}" for p in PROVIDERS) + f"{'lt % peak':>10}"
+        + f"{'x sdpa':>8}{'x gather':>9}")
+    speedups: dict[str, list[float]] = {"sdpa": [], "sdpa_gather": []}
+    for case in dict.fromkeys(r.case for r in results):
+        lt = by.get((case, "lazytriton"))
+        frac = f"{100 * lt.gb_s / peak:>9.0f}%" if lt is not None and lt.gb_s is not None else f"{'-':>10}"
+        row = []
+        for peer in speedups:
+            x = _speedup(lt, by.get((case, peer)))
+            if not math.isnan(x):
+                speedups[peer].append(x)
+            row.append(f"{x:>8.2f}" if not math.isnan(x) else f"{'-':>8}")
+        log(f"{case.label:<23}" + "".join(f"{_cell(by.get((case, p))):>12}" for p in PROVIDERS) + frac
+            + row[0] + " " + row[1])
+    for name, fn in (("geomean", lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))), ("min", min)):
+        cells = [f"{fn(xs):>8.2f}" if xs else f"{'-':>8}" for xs in speedups.values()]
+        log(name.ljust(23) + " " * (12 * len(PROVIDERS) + 10) + cells[0] + " " + cells[1])
+    bad = [r for r in results if r.check != "ok"]
+    for r in bad:
+        log(f"  {r.provider} {r.check} on {' '.join(r.case.label.split())}: {r.note or f'max error {r.max_err:.1e}'}")
+
+
+def run_meta(device: torch.device) -> dict[str, str]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return {"kernel": "flash_decode", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton_version, "lazytriton": lazytriton.__version__,
+            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the grid; exit status 1 if a lazytriton row failed or failed its check, 2 without a GPU."""
+    args = parse_args(argv)
+    log = Log(os.environ.get("OUT"))
+    if args.quick:
+        device, case_list = torch.device("cpu"), QUICK_CASES
+        args.warmup, args.reps = 0, 1
+    else:
+        device, case_list = torch.device("cuda"), cases(args.batches, args.lengths, args.layouts, args.page_size)
+    if args.list:
+        for case in case_list:
+            print(f"{case.label}  {case.bytes / 1e9:.3f} GB per call")
+        return 0
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_decode needs a CUDA GPU (or --quick, --list)", file=sys.stderr)
+        return 2
+    peak = H200_GB_S
+    meta = run_meta(device)
+    log(f"bench_decode on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, peak {peak:.0f} GB/s")
+    results: list[Result] = []
+    for index, case in enumerate(case_list):
+        t = make_inputs(case, device, 1000 + index)
+        ref = reference(t)
+        for provider in providers(case):
+            r = measure(case, provider, t, ref, device, args)
+            shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
+            log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
+            results.append(r)
+        del t
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    append_rows(args.csv, FIELDS, (csv_row(r, meta, peak) for r in results))
+    print_table(results, peak, log)
+    failed = [r for r in results if r.provider == "lazytriton" and r.check != "ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Description of the split-KV decoding kernels (``triton_kernel.py``): ``flash_attn_with_kvcache``.
+
+The family ``flash_decode`` has two kernels, launched in this order on one
+stream: ``flash_decode_split`` (each program one query-row block x split of
+one key/value head of one batch; one split writes the output itself) and
+``flash_decode_combine`` (merges the splits' float32 partials by their
+logsumexp; launched only when there are several splits). Parameters follow
+the attention kernels' conventions: pointers, then strides (in the (batch,
+seqlen, heads) order of FlashAttention's layout), then sizes, then the two
+floats. Unused pointers (no cache_seqlens tensor, no cache_batch_idx, no block
+table, no ALiBi) get any valid pointer and a size that says so.
+
+``PAGED`` (a block table), ``WINDOW``, ``SOFTCAP`` and ``ALIBI`` are flags,
+written in a variant only when true; their values (page size, window bounds,
+cap, slopes) are runtime parameters, so one binary serves every page size
+that BLOCK_N divides, every window and every cap. ``CAUSAL`` is always
+written, as in the other attention kernels. ``ALIGN16`` variants may assume
+every pointer and outer stride of q, the cache and out is a multiple of 16
+(``aligned_params``); ``INDEX64`` makes the strides 64-bit (a paged cache
+pool easily spans 2**31 elements).
+"""
+
+from __future__ import annotations
+
+from lazytriton.kernels import KernelSpec
+
+FAMILY = "flash_decode"
+MODULE = "lazytriton.kernels.flash_decode.triton_kernel"
+
+
+def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"stride_{t}{d}", "{index}") for t in tensors for d in ("b", "s", "h"))
+
+
+_SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
+                   ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
+                   ("BlockTable", "*i32"), ("Alibi", "*fp32"))
+_SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"))
+
+FLASH_DECODE_SPLIT = KernelSpec(
+    name="flash_decode_split",
+    module=MODULE,
+    function="flash_decode_split_kernel",
+    params=(
+        *_SPLIT_POINTERS,
+        *_SPLIT_STRIDES,
+        ("group_size", "i32"),
+        ("heads_q", "i32"),
+        ("seqlen_q", "i32"),
+        ("head_dim", "i32"),
+        ("seqlen_const", "i32"),
+        ("seqlen_new", "i32"),
+        ("use_seqlens", "i32"),
+        ("use_batch_idx", "i32"),
+        ("page_size", "i32"),
+        ("num_splits", "i32"),
+        ("window_left", "i32"),
+        ("window_right", "i32"),
+        ("sm_scale", "fp32"),
+        ("softcap", "fp32"),
+    ),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PAGED", "WINDOW", "SOFTCAP", "ALIBI"),
+    aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
+)
+
+_COMBINE_STRIDES = _strides("o")
+
+FLASH_DECODE_COMBINE = KernelSpec(
+    name="flash_decode_combine",
+    module=MODULE,
+    function="flash_decode_combine_kernel",
+    params=(
+        ("OutPart", "*fp32"),
+        ("LsePart", "*fp32"),
+        ("Out", "*{dtype}"),
+        ("Lse", "*fp32"),
+        *_COMBINE_STRIDES,
+        ("heads_q", "i32"),
+        ("seqlen_q", "i32"),
+        ("head_dim", "i32"),
+        ("num_splits", "i32"),
+        ("n_rows", "i32"),
+    ),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D"),
+    aligned_params=("Out",) + tuple(name for name, _ in _COMBINE_STRIDES),
+)
+
+KERNELS = (FLASH_DECODE_SPLIT, FLASH_DECODE_COMBINE)
+
+
+def split_grid(rows: int, block_m: int, num_splits: int, heads_k: int, batch: int) -> tuple[int, int, int]:
+    """Split programs: (query-row blocks x splits) x key/value heads x batch (y and z stay under 65536)."""
+    return (((rows + block_m - 1) // block_m) * num_splits, heads_k, batch)
+
+
+def combine_grid(n_rows: int, block_m: int) -> tuple[int, int, int]:
+    """Combine programs: blocks of BLOCK_M flattened (batch, query head, query) rows."""
+    return ((n_rows + block_m - 1) // block_m, 1, 1)

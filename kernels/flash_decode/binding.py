@@ -1,0 +1,300 @@
+"""Host side of flash_decode: the one owner of the decoding kernels' launch ABI.
+
+Everything that launches ``flash_decode_split``/``flash_decode_combine``
+(the torch op, the public ``flash_attn_with_kvcache``, benchmarks) goes
+through here:
+
+- ``checks.check`` turns the call into a ``Call`` (shapes, dtypes, options)
+  and ``checks.check_values`` refuses index values outside the cache, both
+  before anything is written or launched;
+- ``num_splits`` picks the split count (FlashAttention-2's idea: enough
+  programs to fill the GPU's SMs without splitting what already fills them);
+- ``split_ints``/``combine_ints`` lay the integer arguments out in each
+  description's order (``FLASH_DECODE_SPLIT.params``: tested against it);
+- ``forward`` appends k/v to the cache, then runs the split kernel and, with
+  several splits, the combine kernel: cached binaries on a GPU, Triton's
+  interpreter on the CPU, nothing on meta.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from lazytriton import dispatch, runtime
+from lazytriton.kernels.flash_decode import (
+    FAMILY,
+    FLASH_DECODE_COMBINE,
+    FLASH_DECODE_SPLIT,
+    checks,
+    combine_grid,
+    split_grid,
+)
+from lazytriton.kernels.flash_decode.checks import Call, Inputs
+from lazytriton.variant import Variant
+
+MAX_HEURISTIC_SPLITS = 128
+INTERPRETER_SMS = 4  # the CPU path's pretend GPU: a few splits, so the interpreter runs the combine too
+SPLIT_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_SPLIT.params if not kind.startswith("fp"))
+COMBINE_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_COMBINE.params if not kind.startswith("fp"))
+
+
+# ---------------------------------------------------------------------------
+# Split count (pure), and the SM count it needs (reads the machine)
+
+
+@functools.lru_cache(maxsize=4096)  # pure, and called on every launch: a decode loop repeats a few shapes
+def choose_splits(programs: int, key_blocks: int, sms: int, max_splits: int = MAX_HEURISTIC_SPLITS) -> int:
+    """How many splits to cut each program's keys in, so that the grid fills ``sms`` SMs evenly (pure).
+
+    FlashAttention-2's heuristic (``num_splits_heuristic``): ``programs``
+    (batch x key/value heads x query-row blocks) that nearly fill the GPU
+    (80% of the SMs) get one split. Otherwise, for each split count whose
+    blocks per split differ from the previous count's (11 and 12 splits of 64
+    blocks are both 6 blocks a split), the efficiency is waves / ceil(waves),
+    waves = programs x splits / SMs; the smallest count within 85% of the
+    best wins.
+    """
+    if programs <= 0 or key_blocks <= 1 or programs >= 0.8 * sms:
+        return 1
+    limit = min(max_splits, sms, key_blocks)
+
+    def eligible(n: int) -> bool:
+        return n == 1 or -(-key_blocks // n) != -(-key_blocks // (n - 1))
+
+    efficiency = {}
+    for n in range(1, limit + 1):
+        if eligible(n):
+            waves = programs * n / sms
+            efficiency[n] = waves / -(-waves // 1)
+    best = max(efficiency.values())
+    return next(n for n, eff in efficiency.items() if eff >= 0.85 * best)
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """The number of SMs (CUs on AMD) of a GPU, read once per device."""
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def splits_for(call: Call, block_m: int, block_n: int, sms: int) -> int:
+    """The call's split count: ``num_splits`` if given, else ``choose_splits`` over the cache's capacity.
+
+    Either way at most as many as keep the float32 partials under 2**31
+    elements (the kernels index them in 32 bits).
+    """
+    most = max(1, checks.INT32_MAX // max(1, call.batch * call.heads_q * call.seqlen_q * call.head_dim))
+    if call.num_splits:
+        return min(call.num_splits, most)
+    programs = call.batch * call.heads_k * -(-call.rows // block_m)
+    keys = call.capacity
+    if call.windowed:  # a window bounds what one query row block reads
+        keys = min(keys, call.window_left + call.window_right + call.seqlen_q)
+    return min(choose_splits(programs, -(-keys // block_n), sms), most)
+
+
+# ---------------------------------------------------------------------------
+# Arguments, in the descriptions' order
+
+
+def _ptr(x: Any) -> int:
+    return int(x.data_ptr())
+
+
+# The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
+_SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
+                 *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
+                 "group_size", "heads_q", "seqlen_q", "head_dim", "seqlen_const", "seqlen_new", "use_seqlens",
+                 "use_batch_idx", "page_size", "num_splits", "window_left", "window_right")
+if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side only)
+    raise ImportError(f"split_ints writes {_SPLIT_LAYOUT}, the description has {SPLIT_INT_PARAMS}")
+
+
+def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor,
+               call: Call, splits: int, pointers: Any = _ptr) -> tuple[Any, ...]:
+    """The split kernel's integer arguments (pointers through ``pointers``: data_ptr, or the tensor itself).
+
+    Written out in ``_SPLIT_LAYOUT``'s order (one tuple, no dict: this runs
+    on every launch). An argument the call does not use gets ``lse`` (any
+    valid pointer) and the flag or size that says so.
+    """
+    seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
+    table, slopes, rows = t.block_table, t.alibi_slopes, t.cache_batch_idx
+    qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
+    return (pointers(t.q), pointers(t.k_cache), pointers(t.v_cache), pointers(out), pointers(lse),
+            pointers(part_out), pointers(part_lse), pointers(lse if seqlens is None else seqlens),
+            pointers(lse if rows is None else rows), pointers(lse if table is None else table),
+            pointers(lse if slopes is None else slopes),
+            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
+            0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
+            call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, max(call.seqlen_const, 0),
+            call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
+            call.window_left, call.window_right)
+
+
+def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: Call,
+                 splits: int, pointers: Any = _ptr) -> tuple[Any, ...]:
+    """The combine kernel's integer arguments."""
+    os = out.stride()
+    values = {"OutPart": pointers(part_out), "LsePart": pointers(part_lse), "Out": pointers(out),
+              "Lse": pointers(lse), "stride_ob": os[0], "stride_os": os[1], "stride_oh": os[2],
+              "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.head_dim, "num_splits": splits,
+              "n_rows": call.batch * call.heads_q * call.seqlen_q}
+    return tuple(values[name] for name in COMBINE_INT_PARAMS)
+
+
+def floats(call: Call) -> tuple[float, float]:
+    """The split kernel's float parameters: sm_scale, softcap."""
+    return (call.scale, call.softcap)
+
+
+def layout_flags(t: Inputs, out: torch.Tensor) -> tuple[bool, bool]:
+    """(aligned, index64): 16-byte aligned pointers and outer strides; some tensor spanning 2**31 elements."""
+    q, kc, vc = t.q, t.k_cache, t.v_cache
+    qs, ks, vs, os = q.stride(), kc.stride(), vc.stride(), out.stride()
+    aligned = not (q.data_ptr() | kc.data_ptr() | vc.data_ptr() | out.data_ptr() | qs[0] | qs[1] | qs[2] | ks[0]
+                   | ks[1] | ks[2] | vs[0] | vs[1] | vs[2] | os[0] | os[1] | os[2]) & 15
+    index64 = max(_extent(q.shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs)) >= checks.INT32_MAX
+    return aligned, index64
+
+
+def _extent(shape: Any, strides: Any) -> int:
+    """How far past its first element a tensor's last one lies (elements; strides are non-negative here)."""
+    return (shape[0] - 1) * strides[0] + (shape[1] - 1) * strides[1] + (shape[2] - 1) * strides[2] + shape[3] - 1
+
+
+# ---------------------------------------------------------------------------
+# Variants and plans
+
+
+def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Variant, Variant]:
+    """The (split, combine) variants serving a call (dispatch decides)."""
+    common = dict(config=None, index64=index64, page_size=call.page_size)
+    split = dispatch.decode_variant(FLASH_DECODE_SPLIT.name, target, checks.DTYPES[dtype], call.head_dim, call.causal,
+                                    aligned, call.rows, call.capacity, paged=call.paged, window=call.windowed,
+                                    softcap=call.softcap > 0, alibi=call.alibi, **common)  # type: ignore[arg-type]
+    combine = dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim, False,
+                                      aligned, call.rows, call.capacity, **common)  # type: ignore[arg-type]
+    return split, combine
+
+
+def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
+    """Everything ``variants`` reads, the lengths through dispatch's buckets."""
+    from lazytriton import tuning
+
+    return (FAMILY, device_index, dtype, call.head_dim, call.causal, aligned, index64,
+            tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
+            dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi)
+
+
+def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
+    """(split kernel, BLOCK_M, BLOCK_N, combine kernel, its BLOCK_M), loaded, memoised in the runtime's plans.
+
+    Both kernels are loaded together, so a CUDA graph may capture calls with
+    one split and with several. During a capture, a kernel not loaded yet
+    raises ``CaptureError`` naming it.
+    """
+    from lazytriton.kernels.flash_fwd.binding import CaptureError
+
+    rt = runtime.get()
+    key = memo_key(device.index, dtype, call, aligned, index64)
+    found = rt.plans.get(key)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    chosen = variants(dispatch.target_of_device(device), dtype, call, aligned, index64)
+    if torch.cuda.is_current_stream_capturing():
+        for variant in chosen:
+            if rt.loaded(variant, device.index) is None:
+                raise CaptureError(f"{variant} is not loaded on {device} and a CUDA graph is being captured, during "
+                                   "which it can be neither loaded nor compiled; run flash_attn_with_kvcache once "
+                                   "with this shape before the capture")
+    split, combine = chosen
+    entry = (rt.kernel(split, device.index), int(split.get("BLOCK_M")), int(split.get("BLOCK_N")),
+             rt.kernel(combine, device.index), int(combine.get("BLOCK_M")))
+    rt.plans[key] = entry
+    return entry
+
+
+# ---------------------------------------------------------------------------
+# Running them
+
+
+def empty_outputs(q: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """out: q's shape and dtype, contiguous (batch, seqlen_q, heads, head_dim); lse: (batch, heads, seqlen_q), fp32."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((call.batch, call.heads_q, call.seqlen_q), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _partials(lse: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 workspace of several splits (one split writes out and lse itself: ``lse`` stands in, unread)."""
+    if splits == 1:
+        return lse, lse
+    rows = call.batch * call.heads_q * call.seqlen_q * splits
+    return (torch.empty(rows * call.head_dim, dtype=torch.float32, device=lse.device),
+            torch.empty(rows, dtype=torch.float32, device=lse.device))
+
+
+def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
+    """Launch the cached kernels for a checked call on GPU tensors (the cache already appended)."""
+    from lazytriton.kernels.flash_fwd.binding import raw_stream, scratch_alloc
+
+    device = t.q.device
+    aligned, index64 = layout_flags(t, out)
+    split_kernel, block_m, block_n, combine_kernel, combine_m = plan(device, t.q.dtype, call, aligned, index64)
+    splits = splits_for(call, block_m, block_n, sm_count(device.index))
+    part_out, part_lse = _partials(lse, call, splits)
+    stream = raw_stream(device.index)
+    split_kernel.launch(split_grid(call.rows, block_m, splits, call.heads_k, call.batch), stream,
+                        split_ints(t, out, lse, part_out, part_lse, call, splits), floats(call), scratch_alloc)
+    if splits > 1:
+        n_rows = call.batch * call.heads_q * call.seqlen_q
+        combine_kernel.launch(combine_grid(n_rows, combine_m), stream,
+                              combine_ints(part_out, part_lse, out, lse, call, splits), (), scratch_alloc)
+
+
+def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(split, combine) constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
+    padded = dispatch.padded_head_dim(call.head_dim)
+    even = padded == call.head_dim
+    split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "CAUSAL": call.causal,
+             "PAGED": call.paged, "WINDOW": call.windowed, "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi}
+    return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded, "EVEN_D": even}
+
+
+def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
+    """Run the kernels through Triton's interpreter on CPU tensors (the cache already appended)."""
+    from lazytriton import compiler
+
+    split_c, combine_c = interpreter_constexprs(call)
+    splits = splits_for(call, split_c["BLOCK_M"], split_c["BLOCK_N"], INTERPRETER_SMS)
+    part_out, part_lse = _partials(lse, call, splits)
+    ints = split_ints(t, out, lse, part_out, part_lse, call, splits, pointers=lambda x: x)
+    compiler.interpret(FLASH_DECODE_SPLIT.name, split_grid(call.rows, 16, splits, call.heads_k, call.batch),
+                       (*ints, *floats(call)), split_c)
+    if splits > 1:
+        n_rows = call.batch * call.heads_q * call.seqlen_q
+        compiler.interpret(FLASH_DECODE_COMBINE.name, combine_grid(n_rows, 16),
+                           combine_ints(part_out, part_lse, out, lse, call, splits, pointers=lambda x: x), combine_c)
+
+
+def forward(t: Inputs, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a checked call, after its index values are checked and k/v appended to the cache.
+
+    The kernels on a GPU, the interpreter on the CPU, empty outputs on meta.
+    """
+    if checks.values_checked(t):
+        checks.check_values(t, call)
+    out, lse = empty_outputs(t.q, call)
+    if t.q.device.type == "meta":
+        return out, lse
+    checks.append(t, call)
+    if out.numel() == 0:
+        return out, lse
+    if t.q.device.type == "cpu":
+        run_interpreter(t, out, lse, call)
+    else:
+        launch_gpu(t, out, lse, call)
+    return out, lse

@@ -1,0 +1,370 @@
+"""Checks of a ``flash_attn_with_kvcache`` call, and the cache append that follows them.
+
+``check`` turns the caller's tensors and options into one ``Call`` or raises
+a ``TypeError``/``ValueError`` naming the argument, the value and what was
+expected, reading shapes, dtypes and devices only. ``check_values`` then reads
+the index tensors' values (cache_seqlens, block_table, cache_batch_idx): a
+length past the cache's end or a block table entry past the cache would make
+the kernel read, and the append write, outside the cache. On a GPU that read
+costs one host synchronisation, so it is skipped while a CUDA graph is being
+captured (nothing can be read then) and inside ``trusted_indices()``.
+``append`` writes the new keys and values into the cache with torch indexing
+(capture-safe, no host synchronisation); it runs only after both checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import torch
+
+from lazytriton import dispatch
+
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+INT32_MAX = 2**31 - 1
+MAX_GRID_YZ = 65535  # grid y (key/value heads) and z (batch) limits of CUDA and HIP
+MAX_SPLITS = 256
+PAGE_MULTIPLE = 16  # page sizes are multiples of the smallest key tile
+MAX_WINDOWED_SEQLEN = 2**29  # with a window the kernel computes query + offset +- window in 32 bits
+
+
+class Inputs(NamedTuple):
+    """The tensors of a call (None where the caller gave none)."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    cache_seqlens: torch.Tensor | None = None
+    cache_batch_idx: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None
+    alibi_slopes: torch.Tensor | None = None
+
+
+class Call(NamedTuple):
+    """A checked call in the kernels' terms.
+
+    ``capacity``: keys the cache holds per sequence (seqlen_cache, or
+    max_blocks x page_size when paged); ``seqlen_const``: every sequence's
+    cached length when cache_seqlens is an int or None (None: the whole
+    cache), -1 when it is a tensor. The window is the kernels': (-1, -1) when
+    off, else both sides bounded (an unbounded side is capacity + seqlen_q,
+    which bounds nothing), right 0 when causal and windowed. ``causal`` is
+    False for one query (bottom-right, one query sees every key: the mask
+    hides nothing).
+    """
+
+    batch: int
+    heads_q: int
+    heads_k: int
+    seqlen_q: int
+    head_dim: int
+    seqlen_new: int
+    capacity: int
+    page_size: int  # 0: a contiguous cache
+    cache_rows: int  # k_cache.shape[0]: batch_cache, or num_blocks when paged
+    seqlen_const: int
+    causal: bool
+    scale: float
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    alibi: bool = False
+    num_splits: int = 0  # 0: the heuristic decides
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_k
+
+    @property
+    def rows(self) -> int:
+        """Query rows per key/value head, packed into the split kernel's M tile."""
+        return self.group * self.seqlen_q
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0
+
+
+def _tensor(name: str, t: object, dims: int, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dims {what}, got shape {tuple(t.shape)}")
+    return t
+
+
+def _same_place(name: str, t: torch.Tensor, q: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must be on one device")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+
+
+def _data(name: str, t: object, q: torch.Tensor | None, what: str) -> torch.Tensor:
+    t = _tensor(name, t, 4, what)
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if q is not None:
+        _same_place(name, t, q)
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+    return t
+
+
+def _int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in {low}..{high}, got {value}")
+    return value
+
+
+def _index(name: str, t: object, q: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    t = _tensor(name, t, len(shape), what)
+    _same_place(name, t, q, torch.int32)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} {what}, got {tuple(t.shape)}")
+    return t
+
+
+def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size: Any = (-1, -1),
+          softcap: Any = 0.0, num_splits: Any = 0) -> Call:
+    """The checked call, or a TypeError/ValueError naming the argument (FlashAttention-2's names)."""
+    q = _data("q", t.q, None, "(batch, seqlen_q, heads, head_dim)")
+    if q.device.type not in ("cuda", "cpu", "meta"):
+        raise ValueError(f"q must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
+    b, sq, hq, d = q.shape
+    kc = _data("k_cache", t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
+    vc = _data("v_cache", t.v_cache, q, "like k_cache")
+    if vc.shape != kc.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(kc.shape)} and {tuple(vc.shape)}")
+    rows_c, s_c, hk, dk = kc.shape
+    if dk != d:
+        raise ValueError(f"k_cache has head dim {dk} but q has head dim {d}")
+    if not 1 <= d <= dispatch.MAX_HEAD_DIM:
+        raise ValueError(f"head dim (q.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
+    if hk == 0 or hq % hk:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hk}) for GQA/MQA")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    page_size, capacity = _layout(t, q, b, rows_c, s_c)
+    seqlen_new = _new_keys(t, q, b, hk, d)
+    seqlen_const = _seqlens(t, q, b, capacity, seqlen_new)
+    if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, b * sq * hq, rows_c * max(s_c, 1)) > INT32_MAX:
+        raise ValueError(f"batch and heads_k must be <= {MAX_GRID_YZ} and lengths < 2**31; got q {tuple(q.shape)}, "
+                         f"k_cache {tuple(kc.shape)}")
+    scale = _scale(softmax_scale, d)
+    splits = _int("num_splits", num_splits, 0, MAX_SPLITS)
+    call = Call(b, hq, hk, sq, d, seqlen_new, capacity, page_size, rows_c, seqlen_const, causal and sq > 1, scale,
+                num_splits=splits)
+    if not (type(window_size) is tuple and window_size == (-1, -1) and type(softcap) is float and softcap == 0.0):
+        call = _features(call, causal, window_size, softcap)  # the common call (neither) skips this
+    if t.alibi_slopes is not None:
+        slopes = t.alibi_slopes
+        if not isinstance(slopes, torch.Tensor):
+            raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(slopes).__name__}")
+        _same_place("alibi_slopes", slopes, q, torch.float32)
+        if tuple(slopes.shape) not in ((hq,), (b, hq)):
+            raise ValueError(f"alibi_slopes must have shape ({hq},) or ({b}, {hq}), got {tuple(slopes.shape)}")
+        call = call._replace(alibi=True)
+    return call
+
+
+def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int) -> tuple[int, int]:
+    """(page_size, capacity): 0 and seqlen_cache for a contiguous cache, else the page and max_blocks x page."""
+    if t.block_table is None:
+        if t.cache_batch_idx is None:
+            if rows_c != b:
+                raise ValueError(f"k_cache has batch {rows_c} but q has batch {b}; pass cache_batch_idx to pick "
+                                 "rows of a larger cache")
+        else:
+            _index("cache_batch_idx", t.cache_batch_idx, q, (b,), "(batch,)")
+        return 0, s_c
+    if t.cache_batch_idx is not None:
+        raise ValueError("cache_batch_idx cannot be used with a paged cache (block_table): the block table picks "
+                         "each sequence's blocks")
+    table = _tensor("block_table", t.block_table, 2, "(batch, max_blocks_per_seq)")
+    _same_place("block_table", table, q, torch.int32)
+    if table.shape[0] != b:
+        raise ValueError(f"block_table has {table.shape[0]} rows but q has batch {b}")
+    if s_c == 0 or s_c % PAGE_MULTIPLE:
+        raise ValueError(f"with block_table, k_cache.shape[1] is the page size and must be a positive multiple of "
+                         f"{PAGE_MULTIPLE}, got {s_c}")
+    return s_c, table.shape[1] * s_c
+
+
+def _new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int) -> int:
+    """seqlen_new: the number of new keys per sequence (0 without k and v)."""
+    if (t.k is None) != (t.v is None):
+        raise ValueError("k and v must be given together (new keys and values) or both be None")
+    if t.k is None:
+        return 0
+    k = _data("k", t.k, q, "(batch, seqlen_new, heads_k, head_dim)")
+    v = _data("v", t.v, q, "(batch, seqlen_new, heads_k, head_dim)")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if (k.shape[0], k.shape[2], k.shape[3]) != (b, hk, d):
+        raise ValueError(f"k must have shape ({b}, seqlen_new, {hk}, {d}) (q's batch, the cache's heads and head "
+                         f"dim), got {tuple(k.shape)}")
+    if t.cache_seqlens is None:
+        raise ValueError("k and v need cache_seqlens: the new keys are written at cache_seqlens")
+    return int(k.shape[1])
+
+
+def _seqlens(t: Inputs, q: torch.Tensor, b: int, capacity: int, seqlen_new: int) -> int:
+    """seqlen_const (every sequence's cached length when not a tensor; -1 for a tensor)."""
+    lens = t.cache_seqlens
+    if lens is None:
+        return capacity
+    if isinstance(lens, torch.Tensor):
+        _index("cache_seqlens", lens, q, (b,), "(batch,)")
+        return -1
+    if isinstance(lens, bool) or not isinstance(lens, int):
+        raise TypeError(f"cache_seqlens must be an int, an int32 tensor of shape (batch,) or None, got "
+                        f"{type(lens).__name__}")
+    if not 0 <= lens <= capacity - seqlen_new:
+        raise ValueError(f"cache_seqlens must be in 0..{capacity - seqlen_new} (the cache holds {capacity} keys per "
+                         f"sequence, {seqlen_new} of them new), got {lens}")
+    return lens
+
+
+def _scale(scale: object, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"softmax_scale must be a finite float or None, got {scale!r}")
+    return float(scale)
+
+
+def _features(call: Call, causal: bool, window: object, softcap: object) -> Call:
+    """``call`` with FlashAttention-2's window (causal: right = 0) and softcap in the kernels' terms."""
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window!r}")
+    left, right = window
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size sizes must be -1 (unbounded) or >= 0, got {tuple(window)!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0.0):
+        raise ValueError(f"softcap must be a finite float >= 0 (0 is off), got {softcap!r}")
+    call = call._replace(softcap=float(softcap))
+    if causal:
+        right = 0
+    if left < 0 and (right < 0 or causal):  # no window beyond the causal mask
+        return call
+    full = call.capacity + call.seqlen_q  # reaches every key from every query: no bound
+    if full >= MAX_WINDOWED_SEQLEN:
+        raise ValueError(f"with window_size set, the cache's length plus seqlen_q must be below {MAX_WINDOWED_SEQLEN}, "
+                         f"got {full}")
+    return call._replace(window_left=min(left, full) if left >= 0 else full,
+                         window_right=min(right, full) if right >= 0 else full)
+
+
+# ---------------------------------------------------------------------------
+# The index tensors' values
+
+_trusted = [False]  # trusted_indices() sets it
+
+
+@contextmanager
+def trusted_indices() -> Iterator[None]:
+    """Skip the value checks of cache_seqlens, block_table and cache_batch_idx in this block (no host sync).
+
+    For a serving loop whose index tensors are right by construction: a bad
+    value then reads or writes outside the cache (a device fault), as in
+    FlashAttention-2, instead of raising.
+    """
+    saved = _trusted[0]
+    _trusted[0] = True
+    try:
+        yield
+    finally:
+        _trusted[0] = saved
+
+
+def values_checked(t: Inputs) -> bool:
+    """Whether ``check_values`` runs for these tensors: not inside ``trusted_indices()``, a capture, or on meta."""
+    if _trusted[0] or t.q.device.type == "meta":
+        return False
+    return not (t.q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def lengths(t: Inputs, call: Call) -> torch.Tensor:
+    """Each sequence's key count after the append, int64 (batch,), on q's device."""
+    if t.cache_seqlens is None or call.seqlen_const >= 0:
+        return torch.full((call.batch,), call.seqlen_const + call.seqlen_new, dtype=torch.int64, device=t.q.device)
+    return t.cache_seqlens.long() + call.seqlen_new
+
+
+def check_values(t: Inputs, call: Call) -> None:
+    """Refuse index values that would read or write outside the cache (one host synchronisation on a GPU)."""
+    problems = []
+    if isinstance(t.cache_seqlens, torch.Tensor):
+        lens = t.cache_seqlens.long()
+        problems.append(((lens < 0) | (lens + call.seqlen_new > call.capacity)).any())
+    if t.cache_batch_idx is not None:
+        rows = t.cache_batch_idx
+        problems.append(((rows < 0) | (rows >= call.cache_rows)).any())
+    if t.block_table is not None:
+        pages = torch.arange(t.block_table.shape[1], device=t.q.device)[None, :]
+        used = pages * call.page_size < lengths(t, call)[:, None]
+        problems.append((((t.block_table < 0) | (t.block_table >= call.cache_rows)) & used).any())
+    if not problems:
+        return
+    found = torch.stack(problems).tolist()  # the one synchronisation
+    names = [n for n, given in (("cache_seqlens", isinstance(t.cache_seqlens, torch.Tensor)),
+                                ("cache_batch_idx", t.cache_batch_idx is not None),
+                                ("block_table", t.block_table is not None)) if given]
+    for name, bad in zip(names, found, strict=True):
+        if bad:
+            raise ValueError(_value_error(name, t, call))
+
+
+def _value_error(name: str, t: Inputs, call: Call) -> str:
+    """The message for a bad index tensor, naming its first bad value (the error path may synchronise again)."""
+    if name == "cache_seqlens":
+        lens = t.cache_seqlens.long()  # type: ignore[union-attr]
+        bad = int(torch.nonzero((lens < 0) | (lens + call.seqlen_new > call.capacity))[0, 0])
+        return (f"cache_seqlens[{bad}] = {int(lens[bad])}: must be in 0..{call.capacity - call.seqlen_new} (the cache "
+                f"holds {call.capacity} keys per sequence, {call.seqlen_new} of them new)")
+    if name == "cache_batch_idx":
+        rows = t.cache_batch_idx.long()  # type: ignore[union-attr]
+        bad = int(torch.nonzero((rows < 0) | (rows >= call.cache_rows))[0, 0])
+        return f"cache_batch_idx[{bad}] = {int(rows[bad])}: must be in 0..{call.cache_rows - 1} (k_cache's batch)"
+    table = t.block_table.long()  # type: ignore[union-attr]
+    used = torch.arange(table.shape[1], device=table.device)[None, :] * call.page_size < lengths(t, call)[:, None]
+    b, j = (int(x) for x in torch.nonzero(((table < 0) | (table >= call.cache_rows)) & used)[0])
+    return (f"block_table[{b}, {j}] = {int(table[b, j])} points past the cache: blocks are 0..{call.cache_rows - 1} "
+            f"(k_cache.shape[0]), and sequence {b} uses its first {int(lengths(t, call)[b])} keys")
+
+
+def append(t: Inputs, call: Call) -> None:
+    """Write k and v into the cache at cache_seqlens (through the block table when paged), in place."""
+    if t.k is None or t.v is None or call.seqlen_new == 0 or call.batch == 0:
+        return
+    device = t.q.device
+    steps = torch.arange(call.seqlen_new, device=device)
+    start = (t.cache_seqlens.long()[:, None] if isinstance(t.cache_seqlens, torch.Tensor)  # type: ignore[union-attr]
+             else call.seqlen_const)
+    positions = (steps[None, :] + start).expand(call.batch, -1)  # (batch, seqlen_new)
+    if call.paged:
+        blocks = t.block_table.long().gather(1, positions // call.page_size)  # type: ignore[union-attr]
+        index = (blocks, positions % call.page_size)
+    else:
+        rows = (t.cache_batch_idx.long() if t.cache_batch_idx is not None
+                else torch.arange(call.batch, device=device))
+        index = (rows[:, None].expand(-1, call.seqlen_new), positions)
+    t.k_cache.index_put_(index, t.k)
+    t.v_cache.index_put_(index, t.v)

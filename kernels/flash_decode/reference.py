@@ -1,0 +1,92 @@
+"""Plain-PyTorch twin of the flash_decode kernels: ``flash_attn_with_kvcache`` as the tests compare against it.
+
+One sequence at a time, written out the way FlashAttention-2's own test
+states it (``test_flash_attn_kvcache``): the new keys and values land in the
+cache at positions cache_seqlens .. cache_seqlens + seqlen_new - 1 of each
+sequence (through its block table when paged); sequence b then has len_b =
+cache_seqlens[b] + seqlen_new keys, gathered from its cache row (or its
+blocks), and query i sees key j when j < len_b and, causal, j <= i + len_b -
+seqlen_q, and, with a window, i + len_b - seqlen_q - left <= j <= i + len_b -
+seqlen_q + right. Scores are scaled, capped (softcap), then ALiBi's -slope *
+|i + len_b - seqlen_q - j| is added (FlashAttention-2's order). Products run
+in the inputs' dtype (float64 inputs give the float64 reference), the
+softmax in float32 or float64; a query that sees no key gets 0 and lse -inf.
+Nothing passed in is modified: the caches come back updated as copies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _rows(table: torch.Tensor | None, batch_idx: torch.Tensor | None, b: int) -> int:
+    return b if batch_idx is None else int(batch_idx[b])
+
+
+def _positions(page_size: int, table: torch.Tensor | None, row: int, b: int, start: int, count: int
+               ) -> tuple[list[int], list[int]]:
+    """(cache row, slot) of key positions start .. start + count - 1 of sequence b."""
+    positions = range(start, start + count)
+    if table is None:
+        return [row] * count, list(positions)
+    return [int(table[b, p // page_size]) for p in positions], [p % page_size for p in positions]
+
+
+def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
+                      v: torch.Tensor | None = None, cache_seqlens: torch.Tensor | int | None = None,
+                      cache_batch_idx: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                      softmax_scale: float | None = None, causal: bool = False,
+                      window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                      alibi_slopes: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim)."""
+    batch, sq, hq, d = q.shape
+    hk = k_cache.shape[2]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    page = k_cache.shape[1] if block_table is not None else 0
+    capacity = block_table.shape[1] * page if block_table is not None else k_cache.shape[1]
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    new = 0 if k is None else k.shape[1]
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.zeros_like(q)
+    lse = torch.full((batch, hq, sq), float("-inf"), dtype=torch.float32)
+    for b in range(batch):
+        if cache_seqlens is None:
+            cached = capacity
+        else:
+            cached = int(cache_seqlens[b]) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
+        row = _rows(block_table, cache_batch_idx, b)
+        if k is not None and v is not None:
+            rows, slots = _positions(page, block_table, row, b, cached, new)
+            for n, (r, s) in enumerate(zip(rows, slots, strict=True)):
+                k_cache[r, s], v_cache[r, s] = k[b, n], v[b, n]
+        length = cached + new
+        rows, slots = _positions(page, block_table, row, b, 0, length)
+        keys = k_cache[rows, slots] if length else k_cache.new_zeros((0, hk, d))  # (length, hk, d)
+        values = v_cache[rows, slots] if length else v_cache.new_zeros((0, hk, d))
+        keys = keys.repeat_interleave(hq // hk, dim=1).transpose(0, 1)  # (hq, length, d)
+        values = values.repeat_interleave(hq // hk, dim=1).transpose(0, 1)
+        scores = (q[b].transpose(0, 1) @ keys.transpose(-1, -2)).to(work) * scale  # (hq, sq, length)
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        diag = torch.arange(sq)[:, None] + length - sq
+        cols = torch.arange(length)[None, :]
+        if alibi_slopes is not None:
+            slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
+            scores = scores - slopes.to(work)[:, None, None] * (diag - cols).abs().to(work)
+        keep = torch.ones(sq, length, dtype=torch.bool)
+        left, right = window_size
+        if causal:
+            right = 0
+        if right >= 0:
+            keep &= cols <= diag + right
+        if left >= 0:
+            keep &= cols >= diag - left
+        scores = scores.masked_fill(~keep, float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)  # (hq, sq)
+        probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)
+        out[b] = (probs.to(values.dtype) @ values).transpose(0, 1).to(q.dtype)
+        lse[b] = row_lse.float()
+    return out, lse, k_cache, v_cache

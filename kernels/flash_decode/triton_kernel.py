@@ -1,0 +1,297 @@
+"""Split-KV decoding attention in Triton: the two kernels of ``flash_decode``.
+
+This file is the source fingerprint of both kernels, so everything they call
+lives here. It imports triton: only ``lazytriton.compiler`` may import it.
+
+Layout is FlashAttention-2's kvcache one: q and out (B, Sq, Hq, D); the cache
+either contiguous (B_cache, S_cache, Hk, D), row ``BatchIdx[b]`` (or b) for
+batch b, or paged (num_blocks, page_size, Hk, D), key position p of batch b
+at row ``p % page_size`` of block ``BlockTable[b, p // page_size]``
+(``PAGED=true``). New keys are already in the cache when these kernels run
+(the binding appends them first): batch b has ``len_b = Seqlens[b] +
+seqlen_new`` keys (``seqlen_const + seqlen_new`` without a Seqlens tensor).
+
+``flash_decode_split_kernel``: one program per (query-row block, split) x
+key/value head x batch. Its M rows pack the query heads of the GQA group
+times the queries, row r = i * group_size + g (query i, head kv_head *
+group_size + g), so one K/V tile load serves the whole group: with one query
+and 32/8 heads, 4 of a 16-row tile. The keys the rows can see form one range,
+cut in ``num_splits`` chunks of whole BLOCK_N blocks from the length of this
+batch's own range (never from the cache's capacity, so a short sequence in a
+long cache spreads over every split). With ``PAGED`` a block starts at a
+multiple of BLOCK_N, which divides page_size: a block never straddles pages.
+One split writes out and the natural-log logsumexp straight to Out and Lse;
+several write float32 partials (out normalised by its own sum, and its lse in
+base 2) to OutPart/LsePart for the combine kernel.
+
+Visibility is FlashAttention-2's, aligned bottom-right per batch (offset =
+len_b - Sq): key j is seen by query i when j < len_b, and with ``CAUSAL``
+when j <= i + offset, and with ``WINDOW`` when i + offset - window_left <= j
+<= i + offset + window_right (the binding bounds an unbounded side).
+``SOFTCAP`` caps the scaled scores (softcap * tanh(s / softcap)), then
+``ALIBI`` adds -slope * |i + offset - j| (slopes float32, (Hq,) or (B, Hq)
+through ``stride_ab`` 0 or Hq): FlashAttention-2's order. A query that sees
+no key gets output 0 and logsumexp -inf.
+
+``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
+flattened (batch, query head, query) rows. First the total lse over the
+splits (BLOCK_N of them per step, online), then out = sum over splits of
+exp(lse_s - lse) * out_s: exact, no rescaling of the partial sums.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _tanh(x):
+    """The hyperbolic tangent through exp2 (exactly +-1 for large |x|): no libdevice, so the interpreter runs it."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _key_range(i_lo, i_hi, length, offset, window_left, window_right, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """(begin, full_begin, full_end, end) of the keys queries i_lo..i_hi see.
+
+    Blocks from ``begin`` (a multiple of BLOCK_N) to ``end`` hold every key
+    some row sees; those in [full_begin, full_end) (multiples of BLOCK_N) are
+    seen by every row and need no mask.
+    """
+    end = length
+    full_end = length
+    if CAUSAL:
+        end = tl.minimum(end, tl.maximum(i_hi + offset + 1, 0))
+        full_end = tl.minimum(full_end, tl.maximum(i_lo + offset + 1, 0))
+    begin = length * 0
+    full_begin = begin
+    if WINDOW:
+        end = tl.minimum(end, tl.maximum(i_hi + offset + window_right + 1, 0))
+        full_end = tl.minimum(full_end, tl.maximum(i_lo + offset + window_right + 1, 0))
+        begin = tl.maximum(i_lo + offset - window_left, 0)
+        full_begin = tl.maximum(i_hi + offset - window_left, 0)
+    begin = (begin // BLOCK_N) * BLOCK_N
+    full_begin = ((full_begin + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    full_end = tl.maximum((tl.minimum(full_end, end) // BLOCK_N) * BLOCK_N, begin)
+    full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
+    end = tl.maximum(end, begin)
+    return begin, full_begin, full_end, end
+
+
+@triton.jit
+def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, rows_i, slopes,
+            length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
+            window_left, window_right, qk_scale, cap,
+            MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr,
+            WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, IEEE: tl.constexpr):
+    """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2)."""
+    cols = start_n + offs_n
+    if PAGED:
+        block = tl.load(BlockTable + start_n // page_size)
+        rows = (start_n % page_size) + offs_n
+        k_ptrs = K + block * stride_kb + k_base + rows[None, :] * stride_ks + offs_d[:, None]
+        v_ptrs = V + block * stride_vb + v_base + rows[:, None] * stride_vs + offs_d[None, :]
+    else:
+        k_ptrs = K + k_base + cols[None, :] * stride_ks + offs_d[:, None]
+        v_ptrs = V + v_base + cols[:, None] * stride_vs + offs_d[None, :]
+    d_ok = offs_d < head_dim
+    if MASKED:
+        col_ok = cols < length
+        if EVEN_D:
+            k = tl.load(k_ptrs, mask=col_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        if EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+    if IEEE:
+        qk = tl.dot(q, k, input_precision="ieee")
+    else:
+        qk = tl.dot(q, k)
+    qk = qk * qk_scale
+    if SOFTCAP:
+        qk = _tanh(qk) * cap
+    diag = rows_i[:, None] + offset  # the key each row's query sits on
+    if ALIBI:
+        qk = qk - (slopes * LOG2E)[:, None] * tl.abs(diag - cols[None, :]).to(tl.float32)
+    if MASKED:
+        keep = (cols < length)[None, :] & (rows_i >= 0)[:, None]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= diag)
+        if WINDOW:
+            keep = keep & (cols[None, :] >= diag - window_left) & (cols[None, :] <= diag + window_right)
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row with no visible key so far keeps m = -inf; subtract 0 instead (no NaN from -inf - -inf).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_sub = m_new
+    p = tl.math.exp2(qk - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def flash_decode_split_kernel(
+    Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_tb, stride_ab,
+    group_size, heads_q, seqlen_q, head_dim, seqlen_const, seqlen_new, use_seqlens, use_batch_idx,
+    page_size, num_splits, window_left, window_right,
+    sm_scale, softcap,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+):
+    split = tl.program_id(0) % num_splits
+    start_m = (tl.program_id(0) // num_splits) * BLOCK_M
+    kv_head = tl.program_id(1)
+    batch = tl.program_id(2)
+    IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+
+    n_rows = seqlen_q * group_size
+    offs_r = start_m + tl.arange(0, BLOCK_M)
+    row_ok = offs_r < n_rows
+    rows_i = tl.where(row_ok, offs_r // group_size, -1)  # the query of each row (-1: padding)
+    heads = kv_head * group_size + offs_r % group_size
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+
+    q_ptrs = Q + batch * stride_qb + rows_i[:, None] * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    if use_seqlens != 0:
+        length = tl.load(Seqlens + batch) + seqlen_new
+    else:
+        length = seqlen_const + seqlen_new
+    offset = length - seqlen_q
+    k_base = kv_head * stride_kh
+    v_base = kv_head * stride_vh
+    if not PAGED:
+        cache_row = batch
+        if use_batch_idx != 0:
+            cache_row = tl.load(BatchIdx + batch)
+        k_base += cache_row * stride_kb
+        v_base += cache_row * stride_vb
+    table = BlockTable + batch * stride_tb
+    slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if ALIBI:
+        slopes = tl.load(Alibi + batch * stride_ab + heads, mask=row_ok, other=0.0)
+    if SOFTCAP:
+        qk_scale = sm_scale / softcap
+        cap = softcap * LOG2E
+    else:
+        qk_scale = sm_scale * LOG2E
+        cap = qk_scale
+
+    i_lo = start_m // group_size
+    i_hi = (tl.minimum(start_m + BLOCK_M, n_rows) - 1) // group_size
+    begin, full_begin, full_end, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right,
+                                                  BLOCK_N, CAUSAL, WINDOW)
+    # This split's chunk: whole blocks, the range cut evenly in num_splits.
+    n_blocks = (end - begin + BLOCK_N - 1) // BLOCK_N
+    per_split = (n_blocks + num_splits - 1) // num_splits
+    lo = begin + split * per_split * BLOCK_N
+    hi = tl.minimum(lo + per_split * BLOCK_N, end)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(lo, tl.minimum(full_begin, hi), BLOCK_N):
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, rows_i,
+                                slopes, length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb,
+                                stride_vb, window_left, window_right, qk_scale, cap,
+                                True, EVEN_D, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+    for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, rows_i,
+                                slopes, length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb,
+                                stride_vb, window_left, window_right, qk_scale, cap,
+                                False, EVEN_D, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+    for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, rows_i,
+                                slopes, length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb,
+                                stride_vb, window_left, window_right, qk_scale, cap,
+                                True, EVEN_D, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))  # base 2
+    lse_rows = (batch * heads_q + heads) * seqlen_q + rows_i  # (batch, head, query), contiguous
+    if num_splits == 1:
+        o_ptrs = Out + batch * stride_ob + rows_i[:, None] * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(Lse + lse_rows, lse2 * LN2, mask=row_ok)
+    else:
+        part = lse_rows * num_splits + split
+        tl.store(OutPart + part[:, None] * head_dim + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LsePart + part, lse2, mask=row_ok)
+
+
+@triton.jit
+def flash_decode_combine_kernel(
+    OutPart, LsePart, Out, Lse,
+    stride_ob, stride_os, stride_oh,
+    heads_q, seqlen_q, head_dim, num_splits, n_rows,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_r < n_rows
+    offs_s = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+
+    # The total lse (base 2) over the splits, BLOCK_N at a time, online.
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_N):
+        s_ok = (s0 + offs_s) < num_splits
+        lse = tl.load(LsePart + offs_r[:, None] * num_splits + s0 + offs_s[None, :],
+                      mask=row_ok[:, None] & s_ok[None, :], other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        total = total * tl.math.exp2(m - m_sub) + tl.sum(tl.math.exp2(lse - m_sub[:, None]), 1)
+        m = m_new
+    empty = total == 0.0
+    lse_all = tl.where(empty, float("-inf"), m + tl.math.log2(tl.where(empty, 1.0, total)))
+    lse_sub = tl.where(empty, 0.0, lse_all)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s in range(0, num_splits):
+        part = offs_r * num_splits + s
+        weight = tl.math.exp2(tl.load(LsePart + part, mask=row_ok, other=float("-inf")) - lse_sub)
+        if EVEN_D:
+            o = tl.load(OutPart + part[:, None] * head_dim + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        else:
+            o = tl.load(OutPart + part[:, None] * head_dim + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                        other=0.0)
+        acc += weight[:, None] * o
+
+    query = offs_r % seqlen_q
+    head = (offs_r // seqlen_q) % heads_q
+    batch = offs_r // (seqlen_q * heads_q)
+    o_ptrs = Out + batch[:, None] * stride_ob + query[:, None] * stride_os + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(Lse + offs_r, lse_all * LN2, mask=row_ok)

@@ -1,0 +1,152 @@
+"""``flash_attn_with_kvcache``: FlashAttention-2's decoding entry point, served from lazytriton's kernel cache.
+
+Layering is the other entry points': this thin function checks its
+arguments (a ``TypeError``/``ValueError`` naming the argument before
+anything is written or launched), then calls the torch op
+``lazytriton::flash_kvcache`` (``lazytriton.kvcache_op``), or, when nothing
+is tracing, the binding (``kernels/flash_decode/binding.py``) directly.
+
+``import lazytriton`` does not import this module (it imports torch): the
+name is re-exported lazily by ``lazytriton/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_decode.checks import trusted_indices
+
+_is_compiling = torch.compiler.is_compiling
+_dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", lambda: None)
+_Tensor = torch.Tensor
+# FlashAttention-2 arguments lazytriton's kernels do not implement, and the value that means "not used".
+_UNSUPPORTED = {"rotary_cos": None, "rotary_sin": None, "rotary_interleaved": True, "cache_leftpad": None}
+
+
+def _direct(*tensors: Any) -> bool:
+    """True when the op's dispatch adds nothing: plain tensors, nothing tracing, no dispatch mode."""
+    return (all(t is None or type(t) is _Tensor for t in tensors) and not _is_compiling()
+            and _dispatch_mode() is None)
+
+
+def _contiguous(t: Any) -> Any:
+    """Small index tensors as the kernels read them (stride 1 along their last dim); anything else as given."""
+    return t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
+
+
+def _refuse_unsupported(extra: dict[str, Any]) -> None:
+    for name, value in extra.items():
+        if name not in _UNSUPPORTED:
+            raise TypeError(f"flash_attn_with_kvcache() got an unexpected keyword argument {name!r}")
+        default = _UNSUPPORTED[name]
+        if (value is not None) if default is None else (value != default):
+            raise NotImplementedError(f"{name}={value!r}: rotary embeddings and cache_leftpad are not supported by "
+                                      f"lazytriton's flash_attn_with_kvcache; apply rotary to q and k before the "
+                                      f"call and leave {name} at {default!r}")
+
+
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                            cache_seqlens: torch.Tensor | int | None = None,
+                            cache_batch_idx: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                            softmax_scale: float | None = None, causal: bool = False,
+                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
+                            return_softmax_lse: bool = False, **unsupported: Any) -> Any:
+    """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
+
+    If k and v are given, they are first written into k_cache and v_cache *in
+    place*, at positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1
+    of each sequence b (through its block table when paged); attention then
+    runs over the cache's first cache_seqlens[b] + seqlen_new keys. The cache
+    must be large enough to hold the new keys (pre-allocate it at the maximum
+    length and track lengths with cache_seqlens).
+
+    Args:
+        q: (batch, seqlen_q, heads, head_dim), float16, bfloat16 or float32,
+            any strides with a contiguous last dim.
+        k_cache: (batch_cache, seqlen_cache, heads_k, head_dim) without a
+            block table, or (num_blocks, page_size, heads_k, head_dim) with
+            one (a paged cache; page_size a multiple of 16). heads must be a
+            multiple of heads_k (GQA; heads_k = 1 is MQA). q's dtype and device.
+        v_cache: like k_cache.
+        k: optional (batch, seqlen_new, heads_k, head_dim): new keys, written
+            into k_cache at cache_seqlens (needs cache_seqlens).
+        v: optional, like k: new values, written into v_cache.
+        cache_seqlens: an int, an int32 tensor (batch,), or None: each
+            sequence's length in the cache before the new keys (None: the
+            whole cache). cache_seqlens + seqlen_new must not pass the cache's
+            end (seqlen_cache, or max_blocks_per_seq x page_size).
+        cache_batch_idx: optional int32 (batch,): the row of a contiguous
+            cache each sequence uses (default 0..batch-1; then batch_cache must
+            equal batch). If rows repeat and k/v are given, which sequence's
+            new keys a shared row keeps is undefined (as in FlashAttention-2).
+            Not with a block table.
+        block_table: optional int32 (batch, max_blocks_per_seq): the cache
+            blocks of each sequence, in order (a paged cache).
+        softmax_scale: default 1/sqrt(head_dim).
+        causal: aligned bottom-right: query i sees key j when j <= i +
+            cache_seqlens + seqlen_new - seqlen_q. A query that sees no key
+            outputs 0 (and lse -inf).
+        window_size: (left, right), FlashAttention-2's sliding window: query i
+            sees keys i + offset - left .. i + offset + right, offset =
+            cache_seqlens + seqlen_new - seqlen_q; -1 leaves a side unbounded;
+            causal sets right to 0.
+        softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
+            softcap) before the softmax.
+        alibi_slopes: optional float32 (heads,) or (batch, heads): the bias
+            -slope * |i + offset - j| is added to the (capped) score of query
+            i and key j. This is FlashAttention-2's documented rule; out
+            matches FlashAttention-2's with or without causal, and lse is that
+            of the scores with this bias.
+        num_splits: 0 lets a heuristic pick how many pieces each sequence's
+            keys are cut into (FlashAttention-2's: enough programs to fill
+            the GPU); n >= 1 forces n (1: no split; at most 256).
+        return_softmax_lse: also return the float32 logsumexp of the scaled
+            scores, (batch, heads, seqlen_q).
+        **unsupported: FlashAttention-2's rotary_cos, rotary_sin,
+            rotary_interleaved and cache_leftpad are not supported: passing
+            rotary_cos/rotary_sin/cache_leftpad (or rotary_interleaved=False)
+            raises NotImplementedError; any other name is a TypeError.
+
+    Returns:
+        out (batch, seqlen_q, heads, head_dim) in q's dtype, or (out,
+        softmax_lse) with return_softmax_lse.
+
+    The values of cache_seqlens, block_table and cache_batch_idx are checked
+    too (a length past the cache's end, a block past the cache, a row past
+    the cache raise ValueError, and nothing is written): on a GPU that costs
+    one host synchronisation per call, skipped while a CUDA graph is being
+    captured and inside ``lazytriton.kvcache.trusted_indices()``. CUDA/ROCm
+    tensors run cached kernels (compiled on first use if no tier holds them);
+    CPU tensors run the same kernels through Triton's interpreter (for
+    checking results); torch.compile(fullgraph=True) traces the call through
+    the op ``torch.ops.lazytriton.flash_kvcache``. Not differentiable.
+
+    """
+    if unsupported:
+        _refuse_unsupported(unsupported)
+    if not isinstance(return_softmax_lse, bool):
+        raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
+    cache_seqlens, cache_batch_idx, block_table, alibi_slopes = (
+        _contiguous(x) for x in (cache_seqlens, cache_batch_idx, block_table, alibi_slopes))
+    t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes)
+    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits)
+    index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
+                     block_table, alibi_slopes)
+    if _direct(q, k_cache, v_cache, k, v, *index_tensors):
+        out, lse = binding.forward(t, call)
+    else:
+        from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
+
+        op = flash_kvcache_read_op if k is None else flash_kvcache_op  # a read declares no mutation
+        lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
+        out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
+                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits)
+    return (out, lse) if return_softmax_lse else out
+
+
+__all__ = ["flash_attn_with_kvcache", "trusted_indices"]

@@ -1,0 +1,99 @@
+"""The torch op of ``flash_attn_with_kvcache``: ``lazytriton::flash_kvcache``, with its fake twin.
+
+``lazytriton::flash_kvcache(q, k_cache, v_cache, k, v, cache_seqlens,
+cache_seqlens_int, cache_batch_idx, block_table, softmax_scale, causal,
+window_left, window_right, softcap, alibi_slopes, num_splits) -> (out, lse)``
+takes FlashAttention-2's layout and arguments (``cache_seqlens`` as a tensor,
+or else ``cache_seqlens_int``: an int >= 0, -1 for None, the whole cache). It
+writes k and v into k_cache and v_cache in place, so both caches are declared
+mutated (``Tensor(a!)``): ``torch.compile`` functionalises the write and keeps
+it ordered before the attention. A call without k and v goes to
+``lazytriton::flash_kvcache_read`` (same arguments, nothing mutated), so a
+compiled graph never copies a cache it only reads. Forward only. The fake
+gives the exact shapes, dtypes and strides of the real outputs (both allocate
+through ``binding.empty_outputs``).
+
+Registered on first use by ``lazytriton.kvcache`` (an eager call with nothing
+tracing goes to the binding directly and never registers it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazytriton.kernels.flash_decode import binding, checks
+
+_SCHEMA = ("(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+           "int cache_seqlens_int, Tensor? cache_batch_idx, Tensor? block_table, float softmax_scale, bool causal, "
+           "int window_left, int window_right, float softcap, Tensor? alibi_slopes, int num_splits) "
+           "-> (Tensor, Tensor)")
+
+
+def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+           v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, cache_seqlens_int: int,
+           cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
+           alibi_slopes: torch.Tensor | None) -> checks.Inputs:
+    """The binding's ``Inputs`` from the op's arguments."""
+    lens: torch.Tensor | int | None = cache_seqlens
+    if lens is None and cache_seqlens_int >= 0:
+        lens = cache_seqlens_int
+    return checks.Inputs(q, k_cache, v_cache, k, v, lens, cache_batch_idx, block_table,  # type: ignore[arg-type]
+                         alibi_slopes)
+
+
+@torch.library.custom_op("lazytriton::flash_kvcache", mutates_args=("k_cache", "v_cache"), schema=_SCHEMA)
+def flash_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+                  v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, cache_seqlens_int: int,
+                  cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None, softmax_scale: float,
+                  causal: bool, window_left: int, window_right: int, softcap: float,
+                  alibi_slopes: torch.Tensor | None, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append k/v to the cache, then attend: ``(out, lse)`` (checked again: the op can be called directly)."""
+    t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
+               alibi_slopes)
+    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits)
+
+
+def _run(t: checks.Inputs, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+         num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    call = checks.check(t, softmax_scale, causal, (window_left, window_right), softcap, num_splits)
+    return binding.forward(t, call)
+
+
+@flash_kvcache.register_fake
+def _flash_kvcache_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+                        v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, cache_seqlens_int: int,
+                        cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
+                        softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+                        alibi_slopes: torch.Tensor | None, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+_READ_SCHEMA = _SCHEMA.replace("Tensor(a!) k_cache, Tensor(b!) v_cache", "Tensor k_cache, Tensor v_cache")
+
+
+@torch.library.custom_op("lazytriton::flash_kvcache_read", mutates_args=(), schema=_READ_SCHEMA)
+def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+                       v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, cache_seqlens_int: int,
+                       cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None, softmax_scale: float,
+                       causal: bool, window_left: int, window_right: int, softcap: float,
+                       alibi_slopes: torch.Tensor | None, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same call without new keys: nothing is written, so nothing is declared mutated.
+
+    A compiled graph then needs no functional copy of the caches (declared
+    mutable arguments are cloned by functionalisation when a backend cannot
+    write in place, and a KV cache can be gigabytes).
+    """
+    if k is not None or v is not None:
+        raise ValueError("lazytriton::flash_kvcache_read takes no k/v; lazytriton::flash_kvcache appends them")
+    t = inputs(q, k_cache, v_cache, None, None, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
+               alibi_slopes)
+    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits)
+
+
+flash_kvcache_read.register_fake(_flash_kvcache_fake)
+
+# The overloads themselves: calling them skips CustomOpDef's Python wrapper.
+flash_kvcache_op = torch.ops.lazytriton.flash_kvcache.default
+flash_kvcache_read_op = torch.ops.lazytriton.flash_kvcache_read.default

@@ -1,0 +1,87 @@
+"""benchmarks/bench_decode.py on CPU: its case grid, its filters, its table, and one ``--quick`` run end to end.
+
+The benchmark itself needs the H200; these keep it importable and runnable
+(``--quick`` runs a tiny contiguous and a tiny paged case through Triton's
+interpreter, with the same providers, checks, CSV rows and table as the GPU
+run).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from conftest import REPO
+
+BENCH = REPO / "benchmarks" / "bench_decode.py"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The benchmark as a module (it imports its neighbour csvlog, as when run as a script)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    yield importlib.import_module("bench_decode")
+
+
+def test_the_grid_is_the_issues_decoding_grid(bench: ModuleType) -> None:
+    args = bench.parse_args([])
+    grid = bench.cases(args.batches, args.lengths, args.layouts, args.page_size)
+    assert len(grid) == 32
+    assert {(c.layout, c.batch, c.cache_len) for c in grid} == {
+        (layout, b, n) for layout in ("contiguous", "paged") for b in (1, 8, 32, 64)
+        for n in (1024, 4096, 16384, 32768)}
+    case = next(c for c in grid if c.batch == 64 and c.cache_len == 32768 and c.layout == "paged")
+    assert (case.heads_q, case.heads_k, case.head_dim, case.page_size) == (32, 8, 128, 256)
+    assert case.bytes == 2 * 64 * 128 * (2 * 32768 * 8 + 2 * 32)  # bf16 K and V, q and out
+    assert bench.providers(case) == ["lazytriton", "sdpa", "sdpa_gather"]
+    assert bench.providers(case._replace(layout="contiguous")) == ["lazytriton", "sdpa"]
+
+
+@pytest.mark.parametrize("argv", [["--batches", "0"], ["--lengths", "4q"], ["--layouts", "ring"],
+                                  ["--page-size", "24"], ["--reps", "0"]])
+def test_bad_filters_are_refused(bench: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_table_reports_speedups_a_wrong_row_and_a_failure(bench: ModuleType) -> None:
+    case = bench.Case("paged", 8, 4096)
+    ms = case.bytes / 4000.0 / 1e6  # 4000 GB/s
+    results = [bench.Result(case, "lazytriton", ms, 1e-3, "ok"),
+               bench.Result(case, "sdpa", ms * 2, 1e-3, "ok"),
+               bench.Result(case, "sdpa_gather", ms * 4, 0.5, "wrong")]
+    other = bench.Case("contiguous", 8, 4096)
+    results += [bench.Result(other, "lazytriton", ms, 1e-3, "ok"),
+                bench.Result(other, "sdpa", None, None, "failed", "RuntimeError: no kernel")]
+    log = bench.Log()
+    bench.print_table(results, 4800.0, log)
+    row = next(line for line in log.lines if line.startswith("paged      b8"))
+    assert row.split()[3:] == ["4000", "2000", "1000*", "83%", "2.00", "-"]
+    assert next(line for line in log.lines if line.startswith("geomean")).split()[1:] == ["2.00", "-"]
+    assert "  sdpa failed on contiguous b8 4k: RuntimeError: no kernel" in log.lines
+    assert any("sdpa_gather wrong on paged b8 4k: max error 5.0e-01" in line for line in log.lines)
+
+
+def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    out_csv, out_dir = tmp_path / "decode.csv", tmp_path / "out"
+    env = {**os.environ, "OUT": str(out_dir)}
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--csv", str(out_csv)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = list(csv.DictReader(out_csv.open()))
+    assert {(r["provider"], r["layout"]): r["check"] for r in rows} == {
+        ("lazytriton", "contiguous"): "ok", ("sdpa", "contiguous"): "ok", ("lazytriton", "paged"): "ok",
+        ("sdpa", "paged"): "ok", ("sdpa_gather", "paged"): "ok"}
+    assert all(r["kernel"] == "flash_decode" and float(r["p50_ms"]) > 0 and r["gb_s"] for r in rows)
+    log = (out_dir / "bench_decode.log").read_text()
+    assert "GB/s (peak 4800)" in log and log.splitlines()[-1].startswith("min")

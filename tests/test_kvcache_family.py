@@ -1,0 +1,135 @@
+"""The decoding kernels (``flash_decode``) as a kernel family: prewarm plans, explain, miss logs and images.
+
+The pure parts run on an empty tuning table; the end-to-end test compiles
+the two kernels a decoding call selects (head dim 16, fp16, sm_90) just in
+time, turns the miss log into an image, and a fresh process is served both
+kernels from it without importing triton.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_python
+
+from lazytriton import dispatch, tuning
+from lazytriton.cache_format.image import Image
+from lazytriton.cli import main as cli_main
+from lazytriton.kernels import FAMILIES
+from lazytriton.prewarm.enumeration import Axes, enumerate_variants, variants_from_misses
+from lazytriton.target import Target
+from lazytriton.variant import Variant
+
+SM90 = Target.parse("sm_90")
+DECODE = FAMILIES["flash_decode"]
+EMPTY = tuning.Table(())
+
+
+def test_the_default_plan_serves_every_decoding_call_of_its_grid() -> None:
+    plan = enumerate_variants(Axes((SM90,), kernels=DECODE), EMPTY)
+    planned = {p.key for p in plan}
+    assert len(planned) == len(plan) and {p.variant.kernel for p in plan} == set(DECODE)
+    assert {p.variant.dtype for p in plan} == {"bf16", "fp16"}
+    assert {p.variant.get("BLOCK_D") for p in plan} == {64, 128}
+    split = [p.variant for p in plan if p.variant.kernel == "flash_decode_split"]
+    assert {dict(v.functional).get("PAGED", False) for v in split} == {False, True}
+    assert {v.get("BLOCK_M") for v in split} == {16, 32, 64}
+    # Every call on the grid: query rows 1..200 per kv head, contiguous or pages that are multiples of 64.
+    for dtype, head_dim, causal, rows, page in itertools.product(("bf16", "fp16"), (64, 128), (False, True),
+                                                                 (1, 4, 16, 17, 32, 33, 64, 200), (0, 64, 256, 1024)):
+        for kernel in DECODE:
+            chosen = dispatch.decode_variant(kernel, SM90, dtype, head_dim, causal, True, rows, 32768,
+                                             page_size=page, paged=page > 0, table=EMPTY)
+            assert chosen.key() in planned, chosen
+
+
+def test_paged_narrows_the_plan_and_small_pages_take_small_tiles(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["prewarm", "--target", "sm_90", "--kernel", "flash_decode", "--paged", "paged", "--list"]) == 0
+    listed = [Variant.parse(line.split()[2]) for line in capsys.readouterr().out.splitlines()]
+    split = [v for v in listed if v.kernel == "flash_decode_split"]
+    assert split and all(dict(v.functional).get("PAGED") is True for v in split)
+    small = dispatch.decode_variant("flash_decode_split", SM90, "bf16", 128, False, True, 4, 4096, page_size=16,
+                                    paged=True)
+    assert small.get("BLOCK_N") == 16 and small.key() not in {v.key() for v in listed}
+    with pytest.raises(SystemExit):
+        cli_main(["prewarm", "--target", "sm_90", "--paged", "sometimes", "--list"])
+
+
+def test_a_miss_log_of_decoding_variants_is_planned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    every = dispatch.decode_variant("flash_decode_split", SM90, "fp16", 40, True, False, 8, 100, page_size=32,
+                                    paged=True, window=True, softcap=True, alibi=True)
+    combine = dispatch.decode_variant("flash_decode_combine", SM90, "fp16", 40, True, False, 8, 100)
+    lines = [json.dumps({"variant": str(v)}) for v in (every, combine)]
+    lines.append(json.dumps({"variant": str(every).replace("BLOCK_M=16", "BLOCK_M=1024")}))
+    plan, problems = variants_from_misses(lines, "m.jsonl")
+    assert [p.variant for p in plan] == [every, combine]
+    assert len(problems) == 1 and "BLOCK_M=1024 is over the cap" in problems[0]
+    misses = tmp_path / "misses.jsonl"
+    misses.write_text("\n".join(lines[:2]) + "\n")
+    assert cli_main(["prewarm", "--from-misses", str(misses), "--kernel", "flash_decode_combine", "--list"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [combine.key()]
+    assert cli_main(["prewarm", "--from-misses", str(misses), "--paged", "paged", "--list"]) == 2
+    assert "--paged cannot narrow it" in capsys.readouterr().err
+
+
+def test_explain_names_both_kernels_and_the_page(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["cache", "explain", "--kernel", "flash_decode", "--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "4",
+            "--seqlen-k", "32768", "--target", "sm_90"]
+    assert cli_main([*args, "--page-size", "32", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [k["kernel"] for k in report["kernels"]] == list(DECODE)
+    split = Variant.parse(report["kernels"][0]["variant"])
+    assert split.get("PAGED") is True and split.get("BLOCK_N") == 32 and report["call"]["page_size"] == 32
+    assert report["kernels"][0]["served_by"] == "jit"
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "a contiguous cache" in out and "PAGED" not in out
+    assert cli_main([*args, "--page-size", "24"]) == 2
+    assert "--page-size must be a positive multiple of 16" in capsys.readouterr().err
+
+
+RESOLVE_DECODE = """
+import json, sys
+import torch
+from lazytriton import runtime
+from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.target import Target
+call = checks.Call(2, 8, 2, 1, 16, 1, 4096, 256, 64, -1, False, 0.25)
+variants = binding.variants(Target.parse("sm_90"), torch.float16, call._replace(page_size=256), True, False)
+rt = runtime.get()
+sources = [rt.resolve(v).source for v in variants]
+print(json.dumps({"variants": [str(v) for v in variants], "sources": sources, "compiles": rt.compiles,
+                  "triton": sorted(m for m in sys.modules if m == "triton" or m.startswith("triton."))[:3]}))
+"""
+
+
+def test_a_decoding_miss_is_prewarmed_and_then_served_from_an_image_without_triton(
+        tmp_path: Path, cache_dir: Path) -> None:
+    first = run_python(RESOLVE_DECODE)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout.splitlines()[-1])
+    assert report["sources"] == ["jit", "jit"] and [v.split(":")[0] for v in report["variants"]] == list(DECODE)
+    assert "PAGED=true" in report["variants"][0]
+    misses = cache_dir / "misses.jsonl"
+    assert [json.loads(line)["variant"] for line in misses.read_text().splitlines()] == report["variants"]
+
+    image = tmp_path / "decode.ltimg"
+    built = subprocess.run([sys.executable, "-m", "lazytriton.cli", "prewarm", "--from-misses", str(misses),
+                            "--kernel", "flash_decode", "-j", "2", "--out", str(image)], capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ, SOURCE_DATE_EPOCH="1700000000"), check=False)
+    assert built.returncode == 0 and "2 reused, 0 compiled, 0 failed" in built.stdout, built.stdout + built.stderr
+    with Image(image) as served:
+        assert sorted(served.keys()) == sorted(Variant.parse(v).key() for v in report["variants"])
+
+    empty = tmp_path / "empty-cache"
+    second = run_python(RESOLVE_DECODE, {"LAZYTRITON_CACHE_DIR": str(empty), "LAZYTRITON_IMAGES": str(image),
+                                         "LAZYTRITON_JIT": "0"})
+    assert second.returncode == 0, second.stderr
+    again = json.loads(second.stdout.splitlines()[-1])
+    assert again == {**report, "sources": ["image", "image"], "compiles": 0, "triton": []}
