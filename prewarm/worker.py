@@ -60,7 +60,7 @@ def skip_triton_key() -> None:
     on this 2-core machine, paid again by every worker at its first compile.
     Here the key is never used: ``compile_variant`` gives every compile its
     own empty, throwaway Triton cache, so nothing is looked up or kept under
-    it (the compiled bytes are the same: tests/test_prewarm_scaling.py).
+    it (the compiled bytes are the same: tests/test_prewarm_scaling.py, 3.6 checked by hand).
     Triton's own parallel warm-up pool replaces the same function in its
     workers (3.9's ``triton/_compile_warmup_pool.py``); 3.6 and 3.9 both read
     it through ``triton.runtime.cache``. Where that is not so, nothing changes.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -97,6 +98,26 @@ def test_bench_quick_builds_byte_identical_images_at_j1_and_j2(tmp_path: Path) -
     rows = list(csv.DictReader(out_csv.open()))
     assert [r["metric"] for r in rows] == ["throughput", "throughput", "speedup", "speedup_per_core", "plan_bound"]
     assert all(r["mode"] == "scaling" and r["n"] == "3" and float(r["value"]) > 0 for r in rows)
+
+
+SKIP_KEY = """
+import json, triton.runtime.cache as cache
+from lazytriton import dispatch
+from lazytriton.compiler import compile_variant
+from lazytriton.prewarm.worker import skip_triton_key
+from lazytriton.target import Target
+variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 64)
+hashed = compile_variant(variant).binary
+skip_triton_key()
+print(json.dumps({"same": compile_variant(variant).binary == hashed, "key": cache.triton_key()}))
+"""
+
+
+def test_a_worker_skips_tritons_install_hash_and_compiles_the_same_bytes() -> None:
+    proc = subprocess.run([sys.executable, "-c", SKIP_KEY], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["same"] and report["key"].startswith("lazytriton-prewarm-worker-"), report
 
 
 def test_a_worker_killed_mid_plan_costs_only_its_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
