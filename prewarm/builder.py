@@ -61,6 +61,7 @@ class BuildReport:
     compile_seconds: float = 0.0
     seconds: float = 0.0
     compile_times: dict[str, float] = field(default_factory=dict)  # key -> seconds its worker took (the bench reads it)
+    write_seconds: float = 0.0  # reading the built entries back and writing the image, after the last compile
 
     @property
     def ok(self) -> bool:
@@ -169,9 +170,11 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
         progress.step(failed=result.error is not None)
 
     compile_all(longest_first(todo), jobs, work, created, on_result, limits)
+    written = time.perf_counter()
     entries = [e for e in (_read(p.key, work, previous) for p in plan if p.key in built) if e is not None]
     if entries or not report.failures:  # never an empty image for a build that failed
         report.image = write_image(out, entries, meta=image_meta(entries))
+    report.write_seconds = time.perf_counter() - written
     if previous is not None:
         previous.close()
     if report.ok and not keep_work:
