@@ -69,3 +69,6 @@ case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, 
   OUT="$OUT" python3 benchmarks/bench_flash_bwd.py ${BWD_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log" | tail -62
   cp benchmarks/results/flash_bwd.csv "$OUT/flash_bwd.csv" ;;
 esac
+case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $(nproc) in one run (issue 12: >= 0.8 a core)
+  python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
+esac

@@ -68,6 +68,13 @@ _META_RESERVED = ("format", "codec", "level", "dict", "targets", "entries")
 # read. Level 22 stores the same bytes as 19, more slowly.
 DEFAULT_LEVEL = 19
 DEFAULT_DICT_BYTES = 1 << 20
+# The level at which training computes the dictionary's entropy statistics: it
+# compresses every sample once at this level, alone on one thread, after every
+# entry of a build is compiled. On 49 default sm_90 entries (11.9 MB, 2-core
+# AMD EPYC, zstandard 0.25, 2026-11-30) level 19 trained in 9.2 s and level 3 in
+# 0.3 s, for images of 1,629,184 and 1,634,474 bytes (+0.3%): the 9 s were the
+# largest serial part of a parallel prewarm (benchmarks/NOTES.md, "Prewarm scaling").
+DICT_TRAIN_LEVEL = 3
 DICT_K = 8192
 DICT_D = 6
 _MIN_DICT_SAMPLES = 8
@@ -100,7 +107,7 @@ def key_bytes(key: str) -> bytes:
 
 
 def train_dictionary(samples: list[bytes], size: int, *, k: int = DICT_K, d: int = DICT_D,
-                     level: int = DEFAULT_LEVEL) -> bytes:
+                     level: int = DICT_TRAIN_LEVEL) -> bytes:
     """A zstd dictionary of at most ``size`` bytes trained on ``samples``, or b"" if they are too few.
 
     Deterministic: fastCOVER with fixed ``k`` (at most ``size / 4``) and ``d``
@@ -204,7 +211,7 @@ def write_image(path: str | os.PathLike[str], entries: Iterable[Entry], *, level
     if codec_id == CODEC_ZSTD_DICT:
         # A dictionary above an eighth of the entries' bytes costs more than it saves (SPEC.md, "Codec choice").
         size = min(dict_bytes, sum(map(len, raws)) // 8)
-        dictionary = train_dictionary(raws, size, k=dict_k, d=dict_d, level=level)
+        dictionary = train_dictionary(raws, size, k=dict_k, d=dict_d)
         if not dictionary:
             codec_id = CODEC_ZSTD  # too few entries to train on
         else:

@@ -6,6 +6,7 @@
 - ``builder``: reuse what a killed or earlier run built, compile the rest in
   worker processes (``pool`` runs them, ``worker`` is one), write the image;
   merge images and work dirs.
+- ``schedule``: the order variants are compiled in: longest first, from an estimate; pure.
 - ``workdir``: the resumable work directory beside the image.
 - ``limits``: the targets prewarm knows, and variants refused before compiling
   (tiles too large, more shared memory than the target has); pure.

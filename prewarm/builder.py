@@ -4,8 +4,9 @@
 see ``workdir``) or in an existing image at ``OUT`` are verified and reused;
 so are those a ``cached`` lookup finds (the CLI passes the runtime's tiers for
 ``--from-misses``: what a run compiled just in time is copied, not compiled
-again). Only the rest is compiled, each variant within ``pool.Limits``; one
-that cannot fit its target (``limits.refusal``) is refused before compiling.
+again). Only the rest is compiled, each variant within ``pool.Limits``, the
+longest first (``schedule``); one that cannot fit its target
+(``limits.refusal``) is refused before compiling.
 A variant that fails is reported on the progress stream and recorded in
 ``OUT.work/failures.jsonl``; the build goes on and the image holds everything
 that built. No image is written when nothing built and something failed. The
@@ -38,6 +39,7 @@ from lazytriton.prewarm.enumeration import Planned
 from lazytriton.prewarm.limits import refusal
 from lazytriton.prewarm.pool import Limits, Result, compile_all
 from lazytriton.prewarm.progress import Progress
+from lazytriton.prewarm.schedule import longest_first
 from lazytriton.prewarm.workdir import WorkDir, work_dir_for
 from lazytriton.record import replace
 
@@ -58,6 +60,8 @@ class BuildReport:
     image: ImageInfo | None = None
     compile_seconds: float = 0.0
     seconds: float = 0.0
+    compile_times: dict[str, float] = field(default_factory=dict)  # key -> seconds its worker took (the bench reads it)
+    write_seconds: float = 0.0  # reading the built entries back and writing the image, after the last compile
 
     @property
     def ok(self) -> bool:
@@ -155,6 +159,7 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
 
     def on_result(planned: Planned, result: Result) -> None:
         report.compile_seconds += result.seconds
+        report.compile_times[planned.key] = result.seconds
         if result.error is None:
             report.compiled += 1
             built.add(planned.key)
@@ -164,10 +169,12 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
             progress.note(f"prewarm: FAILED {planned.variant} ({planned.origin}): {_brief(result.error)}")
         progress.step(failed=result.error is not None)
 
-    compile_all(todo, jobs, work, created, on_result, limits)
+    compile_all(longest_first(todo), jobs, work, created, on_result, limits)
+    written = time.perf_counter()
     entries = [e for e in (_read(p.key, work, previous) for p in plan if p.key in built) if e is not None]
     if entries or not report.failures:  # never an empty image for a build that failed
         report.image = write_image(out, entries, meta=image_meta(entries))
+    report.write_seconds = time.perf_counter() - written
     if previous is not None:
         previous.close()
     if report.ok and not keep_work:

@@ -52,6 +52,29 @@ def limit_memory(max_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (max_bytes, hard))
 
 
+def skip_triton_key() -> None:
+    """Give Triton's own cache key a constant where it would hash Triton's whole install, once per worker.
+
+    ``triton.compile`` keys its cache with ``triton_key()``: a sha256 of
+    Triton's sources and of ``libtriton.so`` (500 MB), 0.7-1.6 s per process
+    on this 2-core machine, paid again by every worker at its first compile.
+    Here the key is never used: ``compile_variant`` gives every compile its
+    own empty, throwaway Triton cache, so nothing is looked up or kept under
+    it (the compiled bytes are the same: tests/test_prewarm_scaling.py, 3.6 checked by hand).
+    Triton's own parallel warm-up pool replaces the same function in its
+    workers (3.9's ``triton/_compile_warmup_pool.py``); 3.6 and 3.9 both read
+    it through ``triton.runtime.cache``. Where that is not so, nothing changes.
+    """
+    try:
+        import triton
+        import triton.runtime.cache as triton_cache
+    except Exception:  # no triton: the first compile reports it
+        return
+    if callable(getattr(triton_cache, "triton_key", None)):
+        constant = f"lazytriton-prewarm-worker-{triton.__version__}"
+        triton_cache.triton_key = lambda: constant  # type: ignore[attr-defined]
+
+
 def build_one(text: str, key: str, work_path: str, created: float | None) -> None:
     """Compile one variant and write its entry into the work directory."""
     from lazytriton.compiler import compile_variant
@@ -69,6 +92,7 @@ def main(argv: list[str]) -> int:
     die_with_parent(int(parent_pid))
     limit_memory(int(memory))
     created = float(created_text) if created_text else None
+    skip_triton_key()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the compiler's stdout joins stderr in the log
     for line in sys.stdin:

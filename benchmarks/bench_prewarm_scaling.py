@@ -1,0 +1,141 @@
+"""Prewarm's parallel scaling: one plan built at -j 1 and at -j N in one run, and the speedup per core.
+
+The plan is fixed: ``--count`` variants (default 96) spread evenly over the
+default sm_90 plan's fp16 and bf16 variants (every kernel: forward, dq,
+dK/dV; head dims 16-256; causal or not; the three seqlen classes). fp32 is
+left out by default (``--dtypes`` puts it back): a few fp32 variants compile
+for 30-80 s each (``flash_bwd_dkdv`` at head dim 128, a 2 MB cubin), and a
+plan that holds one ends when it does, whatever the pool does
+(benchmarks/NOTES.md, "Prewarm scaling").
+
+Each build is ``lazytriton.prewarm.build`` into its own fresh folder
+(nothing reused), timed from the call to the image on disk: worker start-up,
+every compile and the image write. (The ``lazytriton prewarm`` command adds
+its interpreter start and the enumeration, about 0.3 s, to both.) The two
+images must be byte-identical (SOURCE_DATE_EPOCH semantics: ``created`` is
+fixed), else the run fails. Printed and appended to ``--csv`` (long format):
+variants/s at each -j, the speedup and speedup / cores, how many cores N
+CPU-bound processes get here, each build's image write (the serial part
+after the last compile), and the plan's own bound: the sum of the compile
+times at -j 1 over max(longest compile, sum / N).
+
+Usage: python benchmarks/bench_prewarm_scaling.py [--jobs N] [--count 96] [--dtypes fp16,bf16] [--csv PATH]
+       python benchmarks/bench_prewarm_scaling.py --quick [--csv PATH]   (CPU CI: 3 tiny variants, -j 1 and -j 2)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_prewarm import FIELDS, meta, parallel_capacity
+from csvlog import append_rows
+
+from lazytriton import tuning
+from lazytriton.prewarm.builder import BuildReport, build
+from lazytriton.prewarm.enumeration import Axes, Planned, all_kernels, enumerate_variants
+from lazytriton.target import Target
+
+EPOCH = 0.0  # every entry's provenance.created, as SOURCE_DATE_EPOCH=0 gives: both images hold the same bytes
+
+
+def scaling_plan(count: int, dtypes: tuple[str, ...], target: str = "sm_90") -> list[Planned]:
+    """``count`` variants spread evenly over the default plan's variants of ``dtypes`` (all of them if fewer)."""
+    pool = [p for p in enumerate_variants(Axes(targets=(Target.parse(target),)), tuning.tables_for(all_kernels()))
+            if p.variant.dtype in dtypes]
+    if count >= len(pool):
+        return pool
+    return [pool[i * len(pool) // count] for i in range(count)]
+
+
+def quick_plan() -> list[Planned]:
+    """Three small forward variants (fp16, head dim 16, not causal, the three seqlen classes): a CI smoke run."""
+    axes = Axes(targets=(Target.parse("sm_90"),), kernels=("flash_fwd",), dtypes=("fp16",), head_dims=(16,),
+                causal=(False,))
+    return enumerate_variants(axes, tuning.tables_for(("flash_fwd",)))
+
+
+def timed_build(plan: list[Planned], jobs: int, folder: Path) -> tuple[float, BuildReport, bytes]:
+    """Build ``plan`` at ``-j jobs`` into a fresh ``folder``: seconds, the report, the image's bytes."""
+    out = folder / f"j{jobs}.ltimg"
+    start = time.perf_counter()
+    report = build(plan, out, jobs, created=EPOCH, stream=io.StringIO())
+    seconds = time.perf_counter() - start
+    if report.failures or report.compiled != len(plan):
+        raise SystemExit(f"-j {jobs}: {report.compiled} of {len(plan)} compiled; failures: "
+                         + "; ".join(f"{p.variant}: {e[:300]}" for p, e in report.failures))
+    return seconds, report, out.read_bytes()
+
+
+def plan_bound(times: dict[str, float], jobs: int) -> tuple[float, float, float]:
+    """The sum and the longest of the compile times, and the speedup the plan allows at ``jobs`` workers."""
+    total, longest = sum(times.values()), max(times.values(), default=0.0)
+    return total, longest, total / max(longest, total / jobs) if total else 0.0
+
+
+def run(plan: list[Planned], jobs: int, capacity: float | None) -> list[dict[str, Any]]:
+    """Build at -j 1 and -j ``jobs``, check the images are identical, print and return the rows."""
+    results = {}
+    for j in (1, jobs):
+        with tempfile.TemporaryDirectory(prefix=f"bench-prewarm-j{j}-") as tmp:
+            results[j] = timed_build(plan, j, Path(tmp))
+        seconds, report = results[j][0], results[j][1]
+        print(f"-j {j:>2}: {len(plan)} variants in {seconds:.1f} s = {len(plan) / seconds:.2f} variants/s (of which "
+              f"the image write {report.write_seconds:.2f} s)", flush=True)
+    if results[1][2] != results[jobs][2]:
+        raise SystemExit(f"the images built at -j 1 and -j {jobs} differ: a build's bytes must not depend on -j")
+    speedup = results[1][0] / results[jobs][0]
+    total, longest, bound = plan_bound(results[1][1].compile_times, jobs)
+    print(f"speedup at -j {jobs}: {speedup:.2f}x = {speedup / jobs:.2f} x the cores (target >= 0.8); images "
+          f"identical ({len(results[1][2])} bytes)")
+    print(f"the plan: compiles sum to {total:.1f} s at -j 1, the longest {longest:.1f} s: at most {bound:.1f}x "
+          f"at -j {jobs}" + (f"; {jobs} CPU-bound processes get {capacity:.2f} cores here" if capacity else ""))
+    detail = f"{len(plan)} variants of the default sm_90 plan"
+    rows = [{"metric": "throughput", "value": round(len(plan) / results[j][0], 3), "unit": "variants/s",
+             "detail": f"-j {j}; {detail}"} for j in (1, jobs)]
+    rows += [
+        {"metric": "speedup", "value": round(speedup, 2), "unit": "x", "detail": f"-j {jobs} vs -j 1; {detail}"},
+        {"metric": "speedup_per_core", "value": round(speedup / jobs, 3), "unit": "x",
+         "detail": f"-j {jobs} vs -j 1 over {jobs} cores; target >= 0.8"},
+        {"metric": "plan_bound", "value": round(bound, 2), "unit": "x",
+         "detail": f"sum of compiles {total:.1f} s / max(longest {longest:.1f} s, sum / {jobs})"},
+    ]
+    rows += [{"metric": "image_write", "value": round(results[j][1].write_seconds, 3), "unit": "s",
+              "detail": f"-j {j}: reading entries back, dictionary training, compression, the file"} for j in (1, jobs)]
+    if capacity is not None:
+        rows.append({"metric": "parallel_capacity", "value": round(capacity, 2), "unit": "cores",
+                     "detail": f"{jobs} CPU-bound processes' share of the machine"})
+    return [{"provider": "prewarm", "mode": "scaling", "n": len(plan), **row} for row in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="the N of -j N (default: all cores)")
+    parser.add_argument("--count", type=int, default=96, help="variants in the plan (default 96)")
+    parser.add_argument("--dtypes", default="fp16,bf16", help="dtypes the plan is drawn from (default fp16,bf16)")
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run: 3 tiny variants at -j 1 and -j 2")
+    parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "prewarm.csv")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.count < 1:
+        parser.error(f"--jobs and --count must be positive, got {args.jobs} and {args.count}")
+    jobs = 2 if args.quick else args.jobs
+    plan = quick_plan() if args.quick else scaling_plan(args.count, tuple(args.dtypes.split(",")))
+    if not plan:
+        parser.error(f"--dtypes {args.dtypes}: no variant of the default plan has these dtypes")
+    print(f"prewarm scaling: {len(plan)} variants, -j 1 then -j {jobs}", flush=True)
+    capacity = None if args.quick else parallel_capacity(jobs)
+    rows = run(plan, jobs, capacity)
+    kernels = "+".join(sorted({p.variant.kernel for p in plan}))
+    append_rows(args.csv, FIELDS, [{**meta("none"), "kernel": kernels, **row} for row in rows])
+    print(f"{len(rows)} rows appended to {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

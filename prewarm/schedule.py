@@ -1,0 +1,57 @@
+"""The order in which a build hands variants to its workers: longest first (LPT), from an estimate.
+
+A parallel build ends when its last variant does. Compile times are heavy
+tailed: on the default sm_90 plan most variants take 0.6-2 s, fp32 ones 3-9
+s, and fp32 ``flash_bwd_dkdv`` at head dim 128 with BLOCK_N=64 30-80 s (a 2
+MB cubin). In plan order (kernel, dtype, head dim) the heaviest come last,
+so 15 of 16 workers idled while the last fp32 variants compiled. Handing out
+the longest first (LPT: longest processing time first) lets the short ones
+fill in around them; its makespan is at most 4/3 of the best possible.
+
+The order needs only a rank, so ``estimate_seconds`` is a rough model,
+fitted on 52 variants of the default sm_90 plan compiled one at a time
+(Triton 3.9, 2-core AMD EPYC, 2026-11-30; log-space RMS error 0.37, Spearman
+rank correlation 0.89 with the measured times; benchmarks/NOTES.md, "Prewarm
+scaling")::
+
+    seconds = SCALE[dtype class] * KERNEL[kernel] * (BLOCK_M * BLOCK_N * BLOCK_D / threads) ** EXPONENT[dtype class]
+
+The tile volume per thread is what Triton unrolls into each thread's code: a
+16-bit dot becomes a few tensor-core instructions (exponent 0.29), an fp32
+dot becomes FMAs (0.88), whence the fp32 outliers. A variant without those
+fields (a kernel family added later) gets ``UNKNOWN_SECONDS``. Everything
+here is pure; the order is deterministic, and it changes only when variants
+are compiled, never what is built: the image's bytes do not depend on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lazytriton.prewarm.enumeration import Planned
+from lazytriton.variant import Variant
+
+# Per-kernel factor: the backward kernels hold more dots per loop (dq three, dK/dV four; the forward two).
+KERNEL_FACTOR = {"flash_fwd": 1.0, "flash_bwd_dq": 1.28, "flash_bwd_dkdv": 2.16}
+SCALE = {"16-bit": 0.119, "fp32": 0.0109}
+EXPONENT = {"16-bit": 0.29, "fp32": 0.88}
+UNKNOWN_SECONDS = 1.0  # about the median of the default plan's variants
+_WARP_THREADS = {"cuda": 32, "hip": 64}
+
+
+def estimate_seconds(variant: Variant) -> float:
+    """A rough compile time of ``variant`` in seconds (module docstring): only its rank among others matters."""
+    try:
+        block_m, block_n, block_d, warps = (int(variant.get(name)) for name in
+                                            ("BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps"))
+    except (KeyError, TypeError, ValueError):
+        return UNKNOWN_SECONDS
+    threads = max(1, warps) * _WARP_THREADS["hip" if variant.target.startswith("gfx") else "cuda"]
+    per_thread = max(1.0, block_m * block_n * block_d / threads)
+    kind = "fp32" if variant.dtype == "fp32" else "16-bit"
+    return SCALE[kind] * KERNEL_FACTOR.get(variant.kernel, 1.0) * per_thread ** EXPONENT[kind]
+
+
+def longest_first(todo: Sequence[Planned]) -> list[Planned]:
+    """``todo`` ordered by estimated compile time, longest first; ties keep their order in ``todo``."""
+    return sorted(todo, key=lambda planned: -estimate_seconds(planned.variant))

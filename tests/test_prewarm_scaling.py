@@ -1,0 +1,143 @@
+"""Prewarm's parallel build: longest-first order, bytes that do not depend on -j, a killed worker, the bench.
+
+The order is pure and tested on the default plan. The rest runs real
+compiles of three head-dim-16 variants (about a second each): the scaling
+benchmark's ``--quick`` mode (which fails unless its -j 1 and -j 2 images are
+byte-identical), and a build whose worker is killed on one variant
+(``prewarm_fake_worker``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lazytriton import tuning
+from lazytriton.cache_format.image import Image
+from lazytriton.prewarm import builder, pool
+from lazytriton.prewarm.enumeration import Axes, Planned, all_kernels, enumerate_variants
+from lazytriton.prewarm.schedule import UNKNOWN_SECONDS, estimate_seconds, longest_first
+from lazytriton.prewarm.workdir import WorkDir, work_dir_for
+from lazytriton.target import Target
+from lazytriton.variant import Variant
+
+BENCH = REPO / "benchmarks" / "bench_prewarm_scaling.py"
+PLAN = enumerate_variants(Axes(targets=(Target.parse("sm_90"), Target.parse("gfx942"))),
+                          tuning.tables_for(all_kernels()))
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The benchmark as a module (it imports its neighbours, as when run as a script)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    return importlib.import_module("bench_prewarm_scaling")
+
+
+# --- the order (pure) -------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(PLAN), max_size=40, unique_by=lambda p: p.key))
+def test_longest_first_is_a_stable_permutation_by_falling_estimate(todo: list[Planned]) -> None:
+    ordered = longest_first(todo)
+    assert sorted(p.key for p in ordered) == sorted(p.key for p in todo)
+    estimates = [estimate_seconds(p.variant) for p in ordered]
+    assert estimates == sorted(estimates, reverse=True)
+    position = {p.key: i for i, p in enumerate(todo)}
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if estimate_seconds(a.variant) == estimate_seconds(b.variant):
+            assert position[a.key] < position[b.key], "ties keep the plan's order"
+    assert longest_first(ordered) == ordered
+
+
+GIANT = Variant.parse("flash_bwd_dkdv:sm_90:fp32:ALIGN16=true,BLOCK_D=128,CAUSAL=true,EVEN_D=true,INDEX64=false"
+                      ":BLOCK_M=32,BLOCK_N=64:num_stages=1,num_warps=4")
+
+
+def test_the_measured_outliers_come_first_and_an_unknown_kernel_gets_the_median() -> None:
+    # This fp32 dK/dV variant compiled in 60-82 s (30 s non-causal); every fp16/bf16 variant of the plan in under 7 s.
+    sixteen_bit = [p for p in PLAN if p.variant.dtype != "fp32"]
+    assert estimate_seconds(GIANT) > 5 * max(estimate_seconds(p.variant) for p in sixteen_bit)
+    giant = Planned(GIANT, GIANT.key(), "test")
+    assert longest_first([*sixteen_bit[:20], giant])[0] == giant
+    odd = Variant.parse("flash_decode:sm_90:fp16:CAUSAL=false:BLOCK_N=64:num_warps=4")
+    assert estimate_seconds(odd) == UNKNOWN_SECONDS
+
+
+def test_the_bench_plan_is_fixed_varied_and_its_bound_is_right(bench: ModuleType) -> None:
+    plan = bench.scaling_plan(48, ("fp16", "bf16"))
+    assert [p.key for p in plan] == [p.key for p in bench.scaling_plan(48, ("fp16", "bf16"))]
+    assert len({p.key for p in plan}) == 48 and {p.variant.dtype for p in plan} == {"fp16", "bf16"}
+    assert {p.variant.kernel for p in plan} == set(all_kernels())
+    assert len({p.variant.get("BLOCK_D") for p in plan}) == 5
+    assert bench.plan_bound({"a": 8.0, "b": 1.0, "c": 1.0}, 4) == (10.0, 8.0, 1.25)
+    assert bench.plan_bound({"a": 1.0, "b": 1.0}, 2) == (2.0, 1.0, 2.0)
+
+
+# --- real builds ------------------------------------------------------------------------------------------------
+
+
+def test_bench_quick_builds_byte_identical_images_at_j1_and_j2(tmp_path: Path) -> None:
+    out_csv = tmp_path / "prewarm.csv"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--csv", str(out_csv)], capture_output=True,
+                          text=True, timeout=600, check=False, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "images identical" in proc.stdout  # the bench exits 1 when the two images differ
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [r["metric"] for r in rows] == ["throughput", "throughput", "speedup", "speedup_per_core", "plan_bound",
+                                           "image_write", "image_write"]
+    assert all(r["mode"] == "scaling" and r["n"] == "3" and float(r["value"]) > 0 for r in rows)
+
+
+SKIP_KEY = """
+import json, triton.runtime.cache as cache
+from lazytriton import dispatch
+from lazytriton.compiler import compile_variant
+from lazytriton.prewarm.worker import skip_triton_key
+from lazytriton.target import Target
+variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 64)
+hashed = compile_variant(variant).binary
+skip_triton_key()
+print(json.dumps({"same": compile_variant(variant).binary == hashed, "key": cache.triton_key()}))
+"""
+
+
+def test_a_worker_skips_tritons_install_hash_and_compiles_the_same_bytes() -> None:
+    proc = subprocess.run([sys.executable, "-c", SKIP_KEY], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["same"] and report["key"].startswith("lazytriton-prewarm-worker-"), report
+
+
+def test_a_worker_killed_mid_plan_costs_only_its_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = longest_first(enumerate_variants(
+        Axes(targets=(Target.parse("sm_90"),), kernels=("flash_fwd",), dtypes=("fp16",), head_dims=(16,),
+             causal=(False,)), tuning.tables_for(("flash_fwd",))))
+    killed = plan[0]  # the first handed out: one worker, so the others wait in the queue behind it
+    monkeypatch.setattr(pool, "WORKER_MODULE", "prewarm_fake_worker")
+    monkeypatch.setenv("FAKE_KILL_KEYS", killed.key)
+    out, stream = tmp_path / "killed.ltimg", io.StringIO()
+    report = builder.build(plan, out, 1, created=0.0, stream=stream)
+    assert report.compiled == len(plan) - 1
+    [(failed, error)] = report.failures
+    assert failed.key == killed.key and "killed by SIGKILL" in error
+    assert f"FAILED {killed.variant}" in stream.getvalue()
+    work = WorkDir(work_dir_for(out))
+    assert [f["key"] for f in work.read_failures()] == [killed.key], "kept for a rerun, naming the variant"
+    assert not list(work.entries.glob(".*.tmp")) and killed.key not in set(work.keys())
+    with Image(out) as image:
+        assert sorted(image.keys()) == sorted(p.key for p in plan[1:])
+        assert all(image.read(key) is not None for key in image.keys())  # each entry verified
