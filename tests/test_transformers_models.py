@@ -1,10 +1,10 @@
-"""transformers integration on sliding windows and softcapping: Gemma 2, Mistral and Qwen2 as transformers runs them.
+"""transformers integration on sliding windows and softcapping: Gemma 2 and 3, Mistral, Qwen2 under transformers.
 
 A tiny random Gemma 2 (sliding and full layers, attention logit softcapping) gives the logits and greedy tokens of
 the "eager" implementation (SDPA refuses softcap); a tiny Mistral and a hybrid Qwen2 whose window is shorter than the
-prompt give those of "sdpa". Below them, the attention function on masks transformers' own mask functions build
-(sliding windows with padding and caches, chunks), against SDPA on the same boolean mask, and a property test of
-the mask analysis. CPU, float32, through Triton's interpreter: shapes are tiny on purpose.
+prompt, and a tiny Gemma 3, give those of "sdpa". Below them, the attention function on masks transformers' own mask
+functions build (sliding windows with padding and caches, chunks), against SDPA on the same boolean mask, and a
+property test of the mask analysis. CPU, float32, through Triton's interpreter: shapes are tiny on purpose.
 """
 
 from __future__ import annotations
@@ -134,6 +134,18 @@ def test_gemma2_generate_left_padded_matches_eager(gemma2: torch.nn.Module, call
     _assert_same_generation(_generate(gemma2, "lazytriton", "left_padded"),
                             _generate(gemma2, "eager", "left_padded"))
     assert any(c[0][2] == 1 for c in calls), "decoding steps ran lazytriton"
+
+
+def test_gemma3_left_padded_logits_match_sdpa(calls: list[Call]) -> None:
+    """Gemma 3: sliding and full layers, no softcap, so SDPA is the reference (pad rows included)."""
+    config = transformers.Gemma3TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+        num_hidden_layers=2, vocab_size=100, pad_token_id=PAD, sliding_window=WINDOW, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention", "full_attention"])
+    gemma3 = _build(config, transformers.Gemma3ForCausalLM)
+    want = _logits(gemma3, "sdpa", **_inputs("left_padded"))
+    torch.testing.assert_close(_logits(gemma3, "lazytriton", **_inputs("left_padded")), want, atol=1e-5, rtol=1e-5)
+    assert any(c[3] == (WINDOW - 1, 0) for c in calls), calls
 
 
 @pytest.mark.parametrize("padding", list(MASKS))
@@ -330,3 +342,14 @@ def test_analysis_refuses_or_reproduces_arbitrary_masks(batch: int, q_len: int, 
     except NotImplementedError:
         return
     assert torch.equal(planned, mask)
+
+
+def test_attention_forward_windowed_softcapped_is_differentiable() -> None:
+    """Gradients through windowed, capped calls (a right-padded sequence under a window: two windowed runs)."""
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 2, 1, 5, 5))
+    mask = _mask(SLIDING, [[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]], 5, 5)
+    got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3, softcap=1.5)
+    grads = torch.autograd.grad(got.sum(), (q, k, v))
+    want = torch.autograd.grad(_sdpa(q, k, v, mask, softcap=1.5).sum(), (q, k, v))
+    for g, w in zip(grads, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

@@ -10,9 +10,15 @@ Usage::
 
 Every attention layer then runs through ``lazytriton.attn_fwd``: unpadded and
 padded batches (left or right padding), prefill and generation with a KV
-cache (``DynamicCache`` or ``StaticCache``), bidirectional encoders with
-padding (BERT), grouped-query attention (key/value heads passed as they come,
-never repeated), the layer's ``scaling``. Differentiable.
+cache (``DynamicCache`` or ``StaticCache``, their sliding-window layers
+included), bidirectional encoders with padding (BERT), grouped-query
+attention (key/value heads passed as they come, never repeated), the layer's
+``scaling``, sliding windows (Mistral, Qwen2's sliding layers, Gemma 2 and 3:
+the window transformers' masks draw, ``sliding_window`` keys up to and
+including the query's own) and attention logit softcapping (Gemma 2's
+``softcap=``, passed to the kernels: FlashAttention-2's semantics, which are
+those of transformers' "eager" implementation; SDPA refuses it).
+Differentiable.
 
 How the mask reaches the kernels. transformers builds the mask once per
 forward with the implementation's *mask function* and hands it to every
@@ -25,31 +31,47 @@ exactly what the "sdpa" implementation sees:
 - ``None``: no padding. It means what it means for SDPA: causal
   (``q_len == kv_len``, and an empty static cache's prefill, where SDPA crops
   the keys to the queries) or, for a single query or a non-causal module, no
-  mask. One lazytriton call for the whole batch.
-- a boolean (batch, 1, q_len, kv_len) mask (True = attend): a padding mask,
-  combined with causal or bidirectional attention. The kernels have no
-  arbitrary-mask support yet, so the mask is decomposed, per sequence, into
-  the keys that any query sees and, for each query, how many of those (in
-  order) it sees; the decomposition is rebuilt and compared with the mask
-  element for element. Any mask it does not reproduce exactly (sliding
-  windows that cut in, chunked or block masks, per-head masks, float additive
-  masks, arbitrary custom 4D masks) raises NotImplementedError naming what is
-  unsupported, never a wrong result. Runs of queries that see one more key
-  each run as one bottom-right causal call, runs that see the same keys as
-  one non-causal call, and queries that see no key get zeros without a
-  launch (SDPA gives such a row zeros too). Consecutive sequences with the
-  same pattern share their calls, so an unpadded batch with a mask (chunked
-  prefill against a cache) is one call; **a padded batch costs one launch
-  per sequence (two for a right-padded sequence: its pad queries see every
-  real key) until the varlen kernel of issue 11 lands**. The decomposition
-  is computed once per forward and mask (all layers share the mask object)
-  and copies the mask's per-key and per-query summaries to the host once.
+  mask. One lazytriton call for the whole batch. For a sliding layer
+  transformers builds no mask only where the window does not cut in; should
+  a model's ``sliding_window=`` cut in without a mask, a causal call (or a
+  single query) applies it as ``window_size=(sliding_window - 1, 0)``, and a
+  bidirectional one raises (its extent is ambiguous there).
+- a boolean (batch, 1, q_len, kv_len) mask (True = attend): padding combined
+  with causal or bidirectional attention, a sliding window or chunks. The
+  kernels have no arbitrary-mask support yet, so the mask is decomposed, per
+  sequence, into the keys that any query sees and, for each query, the
+  contiguous range of those keys it sees; the range is rebuilt and compared
+  with the mask element for element, and the calls planned from the ranges
+  are rebuilt from their own arguments (FlashAttention-2's window rule) and
+  compared with the ranges. Any mask it does not reproduce exactly (a query
+  whose keys have holes, as arbitrary custom 4D or block masks can make;
+  per-head masks; float additive masks) raises NotImplementedError naming
+  what is unsupported, never a wrong result. A run of queries whose last key
+  moves one key per query runs as one bottom-right causal call on the run's
+  keys, one whose last key stays as one non-causal call; if the run's first
+  key also moves one key per query (a sliding window's left edge, or a
+  right-padded sequence's pad queries under a window), the call gets
+  ``window_size=(left, ...)``. Only then: masks without a window that cuts
+  in keep the plain kernels (windowed calls use the window kernels, their
+  own cache entries: ``prewarm --window``, ``--softcap``). Queries that see
+  no key get zeros without a launch (SDPA gives such a row zeros too; eager
+  gives it the mean of all values, so Gemma 2's pad positions differ from
+  eager's, its real tokens do not). Consecutive sequences with the same
+  pattern share their calls, so an unpadded batch with a mask (chunked
+  prefill against a cache, a sliding window) is one call; **a padded batch
+  costs one launch per sequence (two for a right-padded sequence: its pad
+  queries see every real key, or a shrinking window of them) until the
+  varlen kernel of issue 11 lands**; chunked attention costs one launch per
+  chunk. The decomposition is computed once per forward and mask (all layers
+  share the mask object) and copies the mask's per-key and per-query
+  summaries to the host once.
 
 Not supported (NotImplementedError): dropout > 0 (set ``model.eval()`` or
-``attention_dropout=0``), ``softcap`` (Gemma 2), attention sinks
-(``s_aux``/``sinks``), ``position_bias`` (T5-style relative bias), sparse
-``indices``. The data-dependent mask analysis makes ``torch.compile`` break
-the graph at each layer with a padding mask. Tested with transformers 5.24.
+``attention_dropout=0``), attention sinks (``s_aux``/``sinks``),
+``position_bias`` (T5-style relative bias), sparse ``indices``, the masks
+above. The data-dependent mask analysis makes ``torch.compile`` break the
+graph at each layer with a mask. Tested with transformers 5.24 (Llama, BERT,
+Mistral, Qwen2, Gemma 2 and 3).
 """
 
 from __future__ import annotations
