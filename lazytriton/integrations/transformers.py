@@ -157,21 +157,21 @@ def _unmasked(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
               scaling: float | None, is_causal: bool | None, sliding_window: int | None,
               features: dict[str, Any]) -> torch.Tensor:
     """No mask: SDPA's meaning, exactly as ``sdpa_attention_forward`` computes it, within ``sliding_window``."""
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    module_causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     q_len = query.shape[2]
-    causal = q_len > 1 and bool(causal)  # a single query sees every key (decoding)
+    causal = q_len > 1 and module_causal  # a single query sees every key (decoding)
     if causal and key.shape[2] > q_len:
         # Only an empty static cache's prefill gets here: SDPA aligns top-left, i.e. the keys past the
         # queries (empty cache slots) are never seen; crop them, as sdpa_attention_forward does.
         key, value = key[:, :, :q_len], value[:, :, :q_len]
-    window = _window(sliding_window, key.shape[2], causal or q_len == 1)
+    window = _window(sliding_window, key.shape[2], module_causal)
     if window != _NO_WINDOW:
         features = {**features, "window_size": window}
     return lazytriton.attn_fwd(query, key, value, causal=causal, sm_scale=scaling, **features)[0]
 
 
 def _window(sliding_window: int | None, kv_len: int, causal: bool) -> tuple[int, int]:
-    """The window_size of a causal call (or a single query) without a mask, for a model's ``sliding_window``.
+    """The window_size of a causal module's call without a mask, for a model's ``sliding_window``.
 
     transformers' mask function builds no mask for a sliding layer only where its window does not cut in
     (fewer keys than the window), so this is (-1, -1) there. Elsewhere, the window transformers' masks draw:
