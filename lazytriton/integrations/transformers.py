@@ -301,8 +301,9 @@ def _analyse(attention_mask: torch.Tensor, batch: int, q_len: int, kv_len: int) 
             "its sequence attends to (an arbitrary custom 4D mask?); arbitrary masks are not supported yet "
             "(issue 11)")
     groups: list[_Group] = []
-    rows: list[tuple[list[bool], list[int], list[int]]] = list(
-        zip(seen.tolist(), first.tolist(), counts.tolist(), strict=True))
+    first_and_counts = torch.stack((first, counts), dim=1).tolist()  # (batch, 2, q_len): one copy, not two
+    rows: list[tuple[list[bool], list[int], list[int]]] = [
+        (s, fc[0], fc[1]) for s, fc in zip(seen.tolist(), first_and_counts, strict=True)]
     b = 0
     while b < batch:  # consecutive sequences with the same pattern share one call (all of them, unpadded)
         last = b + 1
