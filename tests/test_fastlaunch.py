@@ -146,18 +146,37 @@ def test_launch_errors_name_the_call_on_both_paths(fake_library: Path, helper: A
             kernel.launch((1, 1, 1), 0, (16, 3), (1.5,))
 
 
-def test_helper_refuses_argument_tuples_of_the_wrong_length(fake_library: Path, helper: Any,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_helper_refuses_arguments_of_the_wrong_count_or_type(fake_library: Path, helper: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     _use_helper(monkeypatch, helper)
     fake = Fake(fake_library)
     kernel = gpu.CudaApi(str(fake_library)).load(_entry(("*fp16", "i32", "fp32")), 0)
     fake.configure([8, 4, 4, 8, 8])
     assert kernel.fast is not None
-    assert kernel.fast(1, 1, 1, 0, (16,), 1, (1.5,), 1) == -4  # one int short: refused, nothing launched
-    assert kernel.fast(1, 1, 1, 0, (16, 3), 2, (), 0) == -4
-    assert fake.last_launch()[1]["launches"] == 0
-    with pytest.raises(DriverError, match="number of integer or float arguments"):
+    with pytest.raises(ValueError, match="ints has 1 items; the kernel takes 2"):
+        kernel.fast(1, 1, 1, 0, (16,), (1.5,))
+    with pytest.raises(ValueError, match="floats has 0 items; the kernel takes 1"):
+        kernel.fast(1, 1, 1, 0, (16, 3), ())
+    with pytest.raises(TypeError):
+        kernel.fast(1, 1, 1, 0, (16, "3"), (1.5,))
+    with pytest.raises(ValueError, match="grid_y"):
+        kernel.fast(1, 0, 1, 0, (16, 3), (1.5,))
+    with pytest.raises(TypeError, match="plan"):
+        helper.launch(b"short", 1, 1, 1, 0, (16, 3), (1.5,))
+    with pytest.raises(ValueError, match="ints has 3 items"):
         kernel.launch((1, 1, 1), 0, (16, 3, 4), (1.5,))
+    assert fake.last_launch()[1]["launches"] == 0  # nothing reached the driver
+    assert kernel.fast(1, 1, 1, 0, [16, 3], [1.5]) == 0  # lists are fine
+    assert fake.last_launch()[1]["launches"] == 1
+
+
+def test_a_malformed_plan_is_refused_not_read(helper: Any) -> None:
+    plan = fastlaunch.pack_plan((1, 2, 3, 4), 5, 6, 128, 0, (0, -1))
+    with pytest.raises(ValueError, match="malformed plan"):
+        helper.launch(plan[:-1], 1, 1, 1, 0, (1,), (1.0,))
+    bad_slot = fastlaunch.pack_plan((1, 2, 3, 4), 5, 6, 128, 0, (0, 7))  # int slot 7 of 2 ints
+    with pytest.raises(ValueError, match="slot 7 of parameter 1"):
+        helper.launch(bad_slot, 1, 1, 1, 0, (1, 2), ())
 
 
 def test_without_the_helper_launches_take_the_abi_path(fake_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:

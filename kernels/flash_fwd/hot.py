@@ -41,67 +41,91 @@ import torch
 from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 
+# Per call: the checks that need no arithmetic, one lookup of everything the tensors' sizes and strides
+# decide (``describe``'s entry), the allocations, the pointers and the launch.
 _TEMPLATE = """
 def {name}(q, k, v, causal, scale):
     if not ({device_check}) or q.requires_grad or k.requires_grad or v.requires_grad:
         return None
     dtype = q.dtype
-    if dtype not in DTYPES or k.dtype is not dtype or v.dtype is not dtype:
-        return None
     di = q.get_device()
-    if k.get_device() != di or v.get_device() != di:
+    if k.dtype is not dtype or v.dtype is not dtype or k.get_device() != di or v.get_device() != di:
         return None
-    qshape = q.shape
-    kshape = k.shape
-    if len(qshape) != 4 or len(kshape) != 4 or v.shape != kshape:
+    if not (causal is False or causal is True or type(causal) is str) or not (scale is None or type(scale) is float):
+        return None
+    plans = get_runtime().plans
+    call = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), dtype, di, causal, scale)
+    known = SHAPES.get(call)
+    out = empty_like(q)
+    if known is None or known[0] is not plans:
+        known = describe(*call, out.stride(), plans)
+        if known is None:
+            return None
+    {lse}
+    {pointers}
+    if known[5] and not ({pointer_or}) & 15:
+        launch = known[7] or plan_of(known, 7)
+    else:
+        launch = known[8] or plan_of(known, 8)
+    if launch is None:
+        return None
+    kernel, grid = launch
+    tails = known[4]
+    ints = {ints}
+    fast = kernel.fast
+    if fast is None:
+        kernel.launch(grid, raw_stream(di), ints, known[3], scratch_alloc)
+    else:
+        status = fast(grid[0], grid[1], grid[2], raw_stream(di), ints, known[3])
+        if status:
+            kernel.fail(status, grid)
+    return {result}
+"""
+
+# Once per (sizes, strides, dtype, device, causal, scale): the checks, the constant parameters, the memo keys.
+# The entry: [plans, lse template (forward_*; None for output_*), lse numel, floats, constant int runs,
+# strides aligned, (sq, hq, b), (kernel, grid) aligned, (kernel, grid) not aligned, memo key aligned,
+# memo key not aligned].
+_DESCRIBE = """
+def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, os, plans):
+    if dtype not in DTYPES or len(qshape) != 4 or len(kshape) != 4 or vshape != kshape:
         return None
     {unpack}
     if (bk != b or dk != d or not 1 < d <= MAX_HEAD_DIM or not 0 < hk <= hq or hq % hk or not 0 < sq <= INT32_MAX
             or not 0 < sk <= INT32_MAX or not 0 < b <= MAX_GRID_YZ or hq > MAX_GRID_YZ):
         return None
-    qs = q.stride()
-    ks = k.stride()
-    vs = v.stride()
     if qs[3] != 1 or ks[3] != 1 or vs[3] != 1:
         return None
     {permute_in}
+    {permute_out}
     if causal is False:
         is_causal = False
         offset = 0
     elif causal is True:
         is_causal = True
         offset = 0
-    elif type(causal) is str and (causal == "top_left" or causal == "bottom_right"):
+    elif causal == "top_left" or causal == "bottom_right":
         is_causal = True
         offset = sk - sq if causal == "bottom_right" else 0
     else:
         return None
     if scale is None:
         scale = INV_SQRT[d]
-    elif type(scale) is not float or not -INF < scale < INF:
+    elif not -INF < scale < INF:
         return None
-    out = empty_like(q)
-    {lse}
-    os = out.stride()
-    {permute_out}
-    {pointers}
-    ints = ({ints},)
-    aligned = {aligned}
+    {zero_pointers}
     index64 = {index64}
-    # The memo key is binding.memo_key's; (n - 1).bit_length() is tuning.bucket_index for n >= 1 (tested).
-    plan = get_runtime().plans.get((di, dtype, d, is_causal, aligned, index64, (sq - 1).bit_length(),
-                                    (sk - 1).bit_length()))
-    if plan is None:
-        return None
-    kernel, block_m = plan
-    fast = kernel.fast
-    if fast is None:
-        kernel.launch(((sq + block_m - 1) // block_m, hq, b), raw_stream(di), ints, ({floats},), scratch_alloc)
-    else:
-        status = fast((sq + block_m - 1) // block_m, hq, b, raw_stream(di), ints, N_INTS, ({floats},), N_FLOATS)
-        if status:
-            kernel.fail(status, ((sq + block_m - 1) // block_m, hq, b))
-    return {result}
+    # binding.memo_key's key; (n - 1).bit_length() is tuning.bucket_index(n) for n >= 1 (tests/test_hot.py).
+    bucket_q = (sq - 1).bit_length()
+    bucket_k = (sk - 1).bit_length()
+    strides_aligned = {aligned}
+    entry = [plans, lse_template(di, b, hq, sq), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
+             None, None, (di, dtype, d, is_causal, True, index64, bucket_q, bucket_k),
+             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k)]
+    if len(SHAPES) >= MAX_SHAPES:
+        SHAPES.clear()
+    SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in)] = entry
+    return entry
 """
 
 _LAYOUTS = {
@@ -111,33 +135,64 @@ _LAYOUTS = {
              "os = (os[0], os[2], os[1])"),
 }
 _LSE = {
-    "forward": ("lse = q.new_empty((b, hq, sq), dtype=F32)  # 3.0 µs on the H200 host; torch.empty(device=) 6.7",
+    "forward": ("lse = empty_like(known[1])  # see lse_template\n"
+                "    lse_ptr = lse.data_ptr()",
                 "out, lse"),
-    "output": ("lse_numel = b * hq * sq\n"
-               "    spare = SPARE.get(di)\n"
-               "    if spare is None or spare[0] < lse_numel:\n"
-               "        lse = spare_lse(di, lse_numel)  # alive in this frame until after the launch\n"
+    "output": ("spare = SPARE.get(di)\n"
+               "    if spare is None or spare[0] < known[2]:\n"
+               "        lse = spare_lse(di, known[2])  # alive in this frame until after the launch\n"
                "        lse_ptr = lse.data_ptr()\n"
                "    else:\n"
                "        lse_ptr = spare[1]",
                "out"),
 }
+MAX_SHAPES = 4096  # distinct (sizes, strides, ...) remembered; past it the table starts again
 # The floats of a plain call (no softcap), in FLASH_FWD.params order: written in as constants like the ints'.
 PLAIN_FLOATS = {"sm_scale": "scale", "softcap": "0.0"}
 _POINTER = re.compile(r"\b(\w+)\.data_ptr\(\)")
 
 
-def _hoist_pointers(sources: tuple[str, ...], skip: tuple[str, ...] = ()) -> tuple[str, list[str]]:
-    """Each ``t.data_ptr()`` the sources read, read once into ``t_ptr`` (ints and ``aligned`` share them).
+def _split(source: str) -> list[str]:
+    """The items of a generated ", "-joined expression list (commas inside brackets stay)."""
+    items, depth, current = [], 0, ""
+    for char in source:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [item for item in [*items, current.strip()] if item]
 
-    Names in ``skip`` are left to the template (the output-only path sets ``lse_ptr`` itself).
+
+def _int_runs() -> tuple[list[str], str, str]:
+    """(pointer names, the per-call ints expression, describe's constant runs) from the binding's plain ints.
+
+    Pointers (``t.data_ptr()``) are read per call; every other parameter is a
+    constant of the entry, kept in runs so the per-call tuple is a few concatenations.
     """
-    names = list(dict.fromkeys(m.group(1) for source in sources for m in _POINTER.finditer(source)))
-    missing = [name for name in skip if name not in names]
-    if missing:
-        raise RuntimeError(f"hot.py: the binding's parameters no longer read {missing}.data_ptr()")
-    assignments = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name not in skip)
-    return assignments, [_POINTER.sub(r"\1_ptr", source) for source in sources]
+    groups: list[tuple[bool, list[str]]] = []  # (is pointer, items), consecutive items of one kind
+    for item in _split(binding.PLAIN_INTS_SOURCE):
+        found = _POINTER.fullmatch(item)
+        value = found.group(1) if found is not None else item
+        if groups and groups[-1][0] == (found is not None):
+            groups[-1][1].append(value)
+        else:
+            groups.append((found is not None, [value]))
+    names = [name for is_pointer, items in groups if is_pointer for name in items]
+    parts: list[str] = []
+    runs: list[str] = []
+    for is_pointer, items in groups:
+        if is_pointer:
+            parts.append("(" + ", ".join(f"{name}_ptr" for name in items) + ",)")
+        else:
+            parts.append(f"tails[{len(runs)}]")
+            runs.append("(" + ", ".join(items) + ",)")
+    pointers_in_aligned = set(_POINTER.findall(binding.ALIGNED_SOURCE))
+    if not pointers_in_aligned <= set(names):
+        raise RuntimeError(f"hot.py: aligned reads pointers {sorted(pointers_in_aligned)} that are not parameters")
+    return names, " + ".join(parts) if parts else "()", ", ".join(runs)
 
 
 def _floats_source() -> str:
@@ -174,20 +229,61 @@ def spare_lse(device_index: int, numel: int) -> torch.Tensor:
         return buffer
 
 
+def lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:
+    """A (batch, heads, seqlen) float32 tensor of one element, expanded: ``empty_like`` of it is a new lse.
+
+    ``empty_like`` of a tensor that is not dense gives contiguous strides, as
+    lse needs, and costs 1.6 µs on the H200 host where ``new_empty(shape,
+    dtype=)`` costs 3.0 (benchmarks/NOTES.md). The template holds 4 bytes.
+    """
+    one = torch.empty(1, dtype=torch.float32, device=torch.device("cuda", device_index))
+    return one.expand(batch, heads, seqlen)
+
+
+def plan_of(entry: list[Any], index: int) -> tuple[Any, tuple[int, int, int]] | None:
+    """An entry's (kernel, grid) for its memo key (index 7: aligned pointers, 8: not), once memoised.
+
+    The general path memoises the plan (``binding.plan``) on a first call;
+    until then this is None and the call takes the general path.
+    """
+    plan = entry[0].get(entry[index + 2])
+    if plan is None:
+        return None
+    kernel, block_m = plan
+    sq, hq, b = entry[6]
+    launch = (kernel, ((sq + block_m - 1) // block_m, hq, b))
+    entry[index] = launch
+    return launch
+
+
 is_capturing = torch.cuda.is_current_stream_capturing
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; binding.raw_stream's
 
 
 def source(layout: str, result: str, cuda: bool = True) -> str:
-    """The text of the warm-path function for a layout ("bhsd", "bshd") and result ("forward", "output")."""
+    """The text of the warm path for a layout ("bhsd", "bshd") and result ("forward", "output"), and its describe."""
     unpack, permute_in, permute_out = _LAYOUTS[layout]
     lse, returned = _LSE[result]
-    pointers, (ints, aligned) = _hoist_pointers((binding.PLAIN_INTS_SOURCE, binding.ALIGNED_SOURCE),
-                                                skip=("lse",) if result == "output" else ())
-    return _TEMPLATE.format(
+    names, ints, tails = _int_runs()
+    if "lse" not in names:
+        raise RuntimeError("hot.py: the binding's parameters no longer read lse.data_ptr()")
+    pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
+    aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
+    call = _TEMPLATE.format(
         name=f"{result}_{layout}", device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True",
-        unpack=unpack, permute_in=permute_in, permute_out=permute_out, lse=lse, pointers=pointers, ints=ints,
-        aligned=aligned, index64=binding.INDEX64_SOURCE, floats=_floats_source(), result=returned)
+        lse=lse, pointers=pointers, pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
+        ints=ints, result=returned)
+    describe = _DESCRIBE.format(
+        unpack=unpack, permute_in="qs_in, ks_in, vs_in, causal_in, scale_in = qs, ks, vs, causal, scale\n    "
+        + permute_in, permute_out=permute_out,
+        zero_pointers=" = ".join(f"{name}_ptr" for name in names) + " = 0  # describe's alignment: strides alone",
+        index64=binding.INDEX64_SOURCE, floats=_floats_source(), tails=tails,
+        aligned=_POINTER.sub(r"\1_ptr", binding.ALIGNED_SOURCE))
+    return call + describe
+
+
+def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None:
+    return None
 
 
 def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> Any:
@@ -198,16 +294,19 @@ def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> A
     fake driver (there is no other use for them).
     """
     name = f"{result}_{layout}"
+    shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
-        "DTYPES": binding.DTYPES, "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,
+        "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,
+        "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
         "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
         "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,
-        "scratch_alloc": binding.scratch_alloc, "N_INTS": len(binding.INT_PARAMS),
-        "N_FLOATS": len(binding.FLOAT_PARAMS), "SPARE": SPARE, "spare_lse": spare_lse,
+        "scratch_alloc": binding.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
+        "lse_template": lse_template if result == "forward" else _no_template,
     }
     scope.update(namespace)
-    exec(compile(source(layout, result, cuda), f"<{FLASH_FWD.name} warm path: {name}>", "exec"), scope)  # noqa: S102 (our text)
+    text = source(layout, result, cuda)
+    exec(compile(text, f"<{FLASH_FWD.name} warm path: {name}>", "exec"), scope)  # noqa: S102 (our own text)
     return scope[name]
 
 

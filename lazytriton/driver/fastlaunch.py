@@ -1,7 +1,7 @@
 """The compiled launch helper, when it is built, and the slot layout it launches from.
 
-``fastlaunch_build.py`` compiles ``lazytriton.driver._fastlaunch`` (cffi API
-mode). With it, a launch is one C call that takes the integer and float
+``fastlaunch_build.py`` compiles ``lazytriton.driver._fastlaunch`` (a small
+CPython extension). With it, a launch is one C call that takes the integer and float
 argument tuples as they are, points ``params[i]`` at slot ``layout[i]`` and
 calls ``cuLaunchKernel`` (after the same context check as the ABI path).
 Without it (not built, no compiler where lazytriton was installed, a HIP
@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,9 +28,6 @@ NULL_SLOT = -32768  # the helper's LT_FAST_NULL_SLOT: a NULL pointer (hidden scr
 MAX_PARAMS = 512  # LT_FAST_MAX_PARAMS
 MAX_SLOTS = 32767
 PUSH_FAILED = 1 << 24  # LT_FAST_PUSH_FAILED + CUDA error: cuCtxPushCurrent failed
-HELPER_ERRORS = {-1: "bad parameter layout", -2: "an integer slot past the end of the integer arguments",
-                 -3: "a float slot past the end of the float arguments",
-                 -4: "the number of integer or float arguments is not the kernel's"}
 
 _INT_TYPES = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 _enabled = [True]
@@ -95,43 +93,39 @@ def path_name() -> str:
     return "compiled helper" if _enabled[0] and available() else "cffi ABI mode"
 
 
-def make_driver(launch: int, ctx_get_current: int, ctx_push: int, ctx_pop: int) -> Any:
-    """The helper's driver table from the addresses of the four driver functions; None without the helper."""
-    module = _module()
-    if module is None:
+def make_driver(launch: int, ctx_get_current: int, ctx_push: int, ctx_pop: int) -> tuple[int, ...] | None:
+    """The addresses of the four driver functions the helper calls; None without the helper."""
+    if _module() is None:
         return None
-    ffi = module.ffi
-    driver = ffi.new("lt_fast_driver *")
-    driver.launch = ffi.cast("lt_cu_launch_t", launch)
-    driver.ctx_get_current = ffi.cast("lt_cu_ctx_get_t", ctx_get_current)
-    driver.ctx_push = ffi.cast("lt_cu_ctx_push_t", ctx_push)
-    driver.ctx_pop = ffi.cast("lt_cu_ctx_pop_t", ctx_pop)
-    return driver
+    return (launch, ctx_get_current, ctx_push, ctx_pop)
 
 
-def launcher(driver: Any, function: int, context: int, block: int, shared: int,
+def pack_plan(driver: tuple[int, ...], function: int, context: int, block: int, shared: int,
+              slots: Sequence[int]) -> bytes:
+    """The helper's plan for one loaded kernel (its C struct ``lt_plan``, then the int16 slots)."""
+    n_ints = sum(1 for slot in slots if slot >= 0)
+    n_floats = sum(1 for slot in slots if NULL_SLOT < slot < 0)
+    header = struct.pack("<6Q2I4i", *driver, function, context, block, shared, len(slots), n_ints, n_floats, 0)
+    return header + struct.pack(f"<{len(slots)}h", *slots)
+
+
+def launcher(driver: tuple[int, ...] | None, function: int, context: int, block: int, shared: int,
              slots: Sequence[int]) -> Callable[..., int] | None:
-    """``fast(grid_x, grid_y, grid_z, stream, ints, n_ints, floats, n_floats) -> status`` for one loaded kernel.
+    """``fast(grid_x, grid_y, grid_z, stream, ints, floats) -> status`` for one loaded kernel.
 
-    None when the helper is off or not built. Status 0 is success, a positive
-    value the CUDA error of ``cuLaunchKernel`` (``PUSH_FAILED`` + error: of the
-    context push), a negative one a layout error (``HELPER_ERRORS``).
+    None when the helper is off or not built. Status 0 is success, another
+    value the CUDA error of ``cuLaunchKernel`` (``PUSH_FAILED`` + error: of
+    the context push; ``describe`` tells). Arguments of the wrong type or
+    count raise TypeError/ValueError before anything is launched.
     """
     module = _module()
     if driver is None or module is None or not _enabled[0]:
         return None
-    table = module.ffi.new("int16_t[]", list(slots) or [0])
-    n_ints = sum(1 for slot in slots if slot >= 0)
-    n_floats = sum(1 for slot in slots if NULL_SLOT < slot < 0)
-    # The partial holds ``table`` and ``driver``: they live as long as the launcher.
-    return functools.partial(module.lib.lt_fast_launch, driver, function, context, block, shared, table,
-                             len(slots), n_ints, n_floats)
+    return functools.partial(module.launch, pack_plan(driver, function, context, block, shared, slots))
 
 
 def describe(status: int) -> tuple[str, int]:
-    """(which call failed, its CUDA error) for a helper status other than 0; CUDA error -1 for layout errors."""
-    if status < 0:
-        return HELPER_ERRORS.get(status, f"launch helper error {status}"), -1
+    """(which driver call failed, its CUDA error) for a helper status other than 0."""
     if status >= PUSH_FAILED:
         return "cuCtxPushCurrent", status - PUSH_FAILED
     return "cuLaunchKernel", status

@@ -92,7 +92,7 @@ class LoadedKernel:
         self._scratch = [(self._n_ints + h, size) for h, size in enumerate(sizes) if size > 0]
         # The compiled helper's launcher (fastlaunch.py), or None: the ABI-mode path below. ``fast`` is
         # the same for callers that launch it themselves (the warm path), set only when the entry needs no
-        # scratch memory: fast(grid_x, grid_y, grid_z, stream, ints, n_ints, floats, n_floats) -> status,
+        # scratch memory: fast(grid_x, grid_y, grid_z, stream, ints, floats) -> status,
         # a status other than 0 to be passed to ``fail``.
         self._launcher = api.fast_launcher(self, fastlaunch.layout(entry.arg_types, sizes))
         self.fast = None if self._scratch else self._launcher
@@ -110,7 +110,7 @@ class LoadedKernel:
             if self._scratch:
                 keep = self._scratch_memory(grid, scratch_alloc)
                 ints = (*ints, *(memory.data_ptr() for memory in keep))
-            status = fast(grid[0], grid[1], grid[2], stream, ints, len(ints), floats, len(floats))
+            status = fast(grid[0], grid[1], grid[2], stream, ints, floats)
             del keep  # the allocator orders reuse after the launch on this stream
             if status:
                 self.fail(status, grid)
@@ -130,8 +130,6 @@ class LoadedKernel:
     def fail(self, status: int, grid: tuple[int, int, int]) -> None:
         """Raise the DriverError for a status other than 0 from the compiled helper (``fast``)."""
         call, error = fastlaunch.describe(status)
-        if error < 0:
-            raise DriverError(f"entry {self.entry.key}: launch helper: {call}")
         name = f"cuLaunchKernel({self.entry.name}, grid={grid})" if call == "cuLaunchKernel" else call
         self._api.check(error, name)
         raise DriverError(f"{name} failed with status {status}")  # check() raises for any error but 0
@@ -164,6 +162,11 @@ class _GpuApi:
     def aux(self) -> Any:
         """Per-thread scratch the launch call needs (an out-parameter)."""
         return None
+
+    def check(self, status: int, call: str) -> None:
+        """Raise a DriverError naming ``call`` for a status other than 0."""
+        if status != 0:
+            raise DriverError(f"{call} failed: error {status}")
 
     def fast_launcher(self, kernel: LoadedKernel, slots: tuple[int, ...]) -> Callable[..., int] | None:
         """The compiled helper's launcher for ``kernel``, or None for the ABI-mode path (the default)."""
