@@ -71,7 +71,7 @@ def gpu_steps() -> None:
     if kernel.fast is not None:
         fast = kernel.fast
         steps["kernel.fast (the helper, as the warm path calls it)"] = lambda: fast(
-            grid[0], grid[1], grid[2], stream, ints, len(ints), floats, len(floats))
+            grid[0], grid[1], grid[2], stream, ints, floats)
     print(f"launch path: {fastlaunch.path_name()}")
     for name, fn in steps.items():
         print(f"{name:<56} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")

@@ -83,6 +83,15 @@ def _module() -> Any:
         return None
 
 
+def refresh() -> bool:
+    """Look for the helper again (after ``fastlaunch_build.build()`` in this process); whether it is there now.
+
+    Kernels loaded before keep the path they were loaded with; ``runtime.reset()`` reloads them.
+    """
+    _module.cache_clear()
+    return available()
+
+
 def available() -> bool:
     """True when the compiled helper imports (it may still be disabled by ``enable(False)``)."""
     return _module() is not None

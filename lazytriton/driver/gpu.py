@@ -192,15 +192,16 @@ class CudaApi(_GpuApi):
         self._ctx_get = self.lib.cuCtxGetCurrent
         self._contexts: dict[int, Any] = {}
         self.check(self.lib.cuInit(0), "cuInit")
-        self.fast_driver = fastlaunch.make_driver(*(self._address(name) for name in (
-            "cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2")))
+        self.driver_functions = tuple(self._address(name) for name in (
+            "cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
 
     def _address(self, name: str) -> int:
         return int(self.ffi.cast("uintptr_t", getattr(self.lib, name)))
 
     def fast_launcher(self, kernel: LoadedKernel, slots: tuple[int, ...]) -> Callable[..., int] | None:
         ctx = self._contexts[kernel.device_index][0]
-        return fastlaunch.launcher(self.fast_driver, int(self.ffi.cast("uintptr_t", kernel.function)),
+        return fastlaunch.launcher(fastlaunch.make_driver(*self.driver_functions),
+                                   int(self.ffi.cast("uintptr_t", kernel.function)),
                                    int(self.ffi.cast("uintptr_t", ctx)), kernel.block, kernel.shared, slots)
 
     def check(self, status: int, call: str) -> None:
