@@ -149,19 +149,23 @@ static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
             return NULL;
         }
     }
+    /* Without the GIL, as cffi calls the driver: a launch into a full queue waits for the GPU. */
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
     void *current = NULL;
     ((lt_cu_ctx_get_t)(uintptr_t)plan.ctx_get_current)(&current);
     int pushed = current != (void *)(uintptr_t)plan.context; /* a function runs only in its own context */
-    if (pushed) {
-        int status = ((lt_cu_ctx_push_t)(uintptr_t)plan.ctx_push)((void *)(uintptr_t)plan.context);
-        if (status != 0)
-            return PyLong_FromLong(LT_PUSH_FAILED + status);
-    }
-    int status = ((lt_cu_launch_t)(uintptr_t)plan.launch)((void *)(uintptr_t)plan.function, gx, gy, gz,
-                                                          plan.block, 1, 1, plan.shared, (uintptr_t)stream,
-                                                          params, NULL);
     if (pushed)
-        ((lt_cu_ctx_pop_t)(uintptr_t)plan.ctx_pop)(&current);
+        status = ((lt_cu_ctx_push_t)(uintptr_t)plan.ctx_push)((void *)(uintptr_t)plan.context);
+    if (status != 0) {
+        status += LT_PUSH_FAILED;
+    } else {
+        status = ((lt_cu_launch_t)(uintptr_t)plan.launch)((void *)(uintptr_t)plan.function, gx, gy, gz, plan.block,
+                                                          1, 1, plan.shared, (uintptr_t)stream, params, NULL);
+        if (pushed)
+            ((lt_cu_ctx_pop_t)(uintptr_t)plan.ctx_pop)(&current);
+    }
+    Py_END_ALLOW_THREADS
     return PyLong_FromLong(status);
 }
 
