@@ -305,9 +305,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     """
     if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool
-            and _direct(query, key, value) and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
-            and (enable_gqa or key.shape[1] in (query.shape[1], 1)) and value.shape[-1] == query.shape[-1]):
-        warm = hot.output_bhsd(query, key, value, is_causal, scale)
+            and _direct(query, key, value)):  # the warm path checks the rest (4 dims, heads, head dims)
+        warm = hot.output_bhsd(query, key, value, is_causal, scale, enable_gqa)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     for name, t in (("query", query), ("key", key), ("value", value)):

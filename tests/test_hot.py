@@ -307,3 +307,16 @@ def test_warm_path_describes_again_after_the_runtime_changes() -> None:
 def test_warm_path_memo_buckets_are_tunings() -> None:
     for n in [*range(1, 5000), *(2**e + d for e in range(12, 31) for d in (-1, 0, 1))]:
         assert (n - 1).bit_length() == tuning.bucket_index(n), n
+
+
+def test_sdpa_without_enable_gqa_is_served_only_for_equal_or_single_kv_heads() -> None:
+    rt, spare = _Runtime(), torch.empty(1 << 12, dtype=torch.float32)
+    warm = _cpu_paths(rt, spare)["output_bhsd"]
+    kernel = _Recorder(True)
+    for flag in (True, False):
+        rt.plans[(-1, torch.float32, 32, False, flag, False, 4, 4)] = (kernel, 16)
+    for heads, gqa, served in (((4, 2), False, False), ((4, 2), True, True), ((4, 1), False, True),
+                               ((4, 4), False, True)):
+        q, k, v = make_qkv(1, heads, (16, 16), 32, torch.float32)
+        assert (warm(q, k, v, False, None, gqa) is not None) == served, (heads, gqa)
+    assert len(kernel.launches) == 3

@@ -15,6 +15,10 @@ window parameters are written in as constants (-1, -1; softcap 0.0) and the
 memo key is the plain call's (``binding.memo_key`` lengthens it for the
 others), so a windowed or capped plan is never served from here.
 
+``gqa=False`` (the SDPA drop-in without ``enable_gqa``) serves only calls
+whose key/value heads equal the query's or are 1 (torch broadcasts those);
+others take the general path, which raises torch's error.
+
 ``bshd`` takes FlashAttention's (batch, seqlen, heads, head_dim) tensors and
 reads their strides in the kernel's order, so no transposed view is made.
 
@@ -44,7 +48,7 @@ from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 # Per call: the checks that need no arithmetic, one lookup of everything the tensors' sizes and strides
 # decide (``describe``'s entry), the allocations, the pointers and the launch.
 _TEMPLATE = """
-def {name}(q, k, v, causal, scale):
+def {name}(q, k, v, causal, scale, gqa=True):
     if not ({device_check}) or q.requires_grad or k.requires_grad or v.requires_grad:
         return None
     dtype = q.dtype
@@ -54,7 +58,7 @@ def {name}(q, k, v, causal, scale):
     if not (causal is False or causal is True or type(causal) is str) or not (scale is None or type(scale) is float):
         return None
     plans = get_runtime().plans
-    call = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), dtype, di, causal, scale)
+    call = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), dtype, di, causal, scale, gqa is True)
     known = SHAPES.get(call)
     out = empty_like(q)
     if known is None or known[0] is not plans:
@@ -82,19 +86,19 @@ def {name}(q, k, v, causal, scale):
     return {result}
 """
 
-# Once per (sizes, strides, dtype, device, causal, scale): the checks, the constant parameters, the memo keys.
+# Once per (sizes, strides, dtype, device, causal, scale, gqa): the checks, the constant parameters, the memo keys.
 # The entry: [plans, lse template (forward_*; None for output_*), lse numel, floats, constant int runs,
 # strides aligned, (sq, hq, b), (kernel, grid) aligned, (kernel, grid) not aligned, memo key aligned,
 # memo key not aligned].
 _DESCRIBE = """
-def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, os, plans):
+def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, os, plans):
     if dtype not in DTYPES or len(qshape) != 4 or len(kshape) != 4 or vshape != kshape:
         return None
     {unpack}
     if (bk != b or dk != d or not 1 < d <= MAX_HEAD_DIM or not 0 < hk <= hq or hq % hk or not 0 < sq <= INT32_MAX
             or not 0 < sk <= INT32_MAX or not 0 < b <= MAX_GRID_YZ or hq > MAX_GRID_YZ):
         return None
-    if qs[3] != 1 or ks[3] != 1 or vs[3] != 1:
+    if qs[3] != 1 or ks[3] != 1 or vs[3] != 1 or not (gqa or hk == hq or hk == 1):
         return None
     {permute_in}
     {permute_out}
@@ -124,7 +128,7 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, os, p
              (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k)]
     if len(SHAPES) >= MAX_SHAPES:
         SHAPES.clear()
-    SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in)] = entry
+    SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in, gqa)] = entry
     return entry
 """
 
