@@ -1,14 +1,19 @@
 """flash_fwd's warm path: one generated function per layout and result, from the binding's description.
 
 A warm eager call (GPU tensors, a shape bucket whose plan is memoised, the
-common arguments) is served here in one Python frame: the checks that matter
-for that case, the output allocations, the parameters written out from
-``binding.PARAM_SOURCES`` in ``FLASH_FWD.params`` order, the memo key
-(dispatch's buckets, as ``binding.memo_key``) and the launch. Anything else
-(a first call, CPU or meta tensors, an unusual argument, bad input, inputs that
-require grad) returns None, and the caller takes the general path
-(``binding.check`` then ``binding.forward``), which raises the errors and
-fills the memo. tests/test_hot.py checks both paths agree on every field.
+common arguments) is served here in one Python frame. Everything the tensors'
+sizes and strides decide (the checks, the constant parameters written out
+from ``binding.PARAM_SOURCES`` in ``FLASH_FWD.params`` order, index64, the
+memo keys: dispatch's buckets, as ``binding.memo_key``) is worked out once per
+(sizes, strides, dtype, device, causal, scale) by a generated ``describe``
+and kept in an entry; a call then reads those, looks the entry up, allocates
+its outputs, reads the pointers (their alignment picks the aligned or
+unaligned plan) and launches. Anything else (a first call, CPU or meta
+tensors, an unusual argument, bad input, inputs that require grad) returns
+None, and the caller takes the general path (``binding.check`` then
+``binding.forward``), which raises the errors and fills the memo.
+tests/test_hot.py checks both paths agree on every field (on CPU with the
+generated text itself, on a GPU end to end).
 
 Its callers send only calls without a sliding window or softcap here: the
 window parameters are written in as constants (-1, -1; softcap 0.0) and the
@@ -314,7 +319,17 @@ def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> A
     return scope[name]
 
 
-forward_bhsd = generate("bhsd", "forward")
-forward_bshd = generate("bshd", "forward")
-output_bhsd = generate("bhsd", "output")
-output_bshd = generate("bshd", "output")
+# forward_bhsd, forward_bshd, output_bhsd, output_bshd: made on first use (compiling one costs ~1 ms, a
+# cold start's time, and a process uses one or two of them), then plain module attributes.
+_FUNCTIONS = {f"{result}_{layout}": (layout, result) for result in ("forward", "output") for layout in ("bhsd", "bshd")}
+_generate_lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FUNCTIONS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _generate_lock:
+        made = globals().get(name)
+        if made is None:
+            made = globals()[name] = generate(*_FUNCTIONS[name])
+    return made
