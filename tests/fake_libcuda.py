@@ -18,9 +18,9 @@ SOURCE = r"""
 #include <string.h>
 
 static int n_sizes;
-static int sizes[512];
-static unsigned char seen[8 * 512];
-static int seen_null[512];
+static int sizes[1024];
+static unsigned char seen[8 * 1024];
+static int seen_null[1024];
 static int64_t state[16];
 static void *stack[8];
 static int depth;
@@ -28,7 +28,7 @@ static void *current;
 static int launch_status;
 
 int fake_configure(int n, const int *param_sizes, int status) {
-    if (n < 0 || n > 512) return -1;
+    if (n < 0 || n > 1024) return -1;
     n_sizes = n;
     memcpy(sizes, param_sizes, sizeof(int) * (size_t)n);
     launch_status = status;
@@ -116,8 +116,8 @@ class Fake:
 
     def last_launch(self) -> tuple[list[Any], dict[str, int]]:
         """(each parameter's bytes, or None for a NULL pointer; the launch's state by name)."""
-        raw = self.ffi.new("unsigned char[]", 8 * 512)
-        nulls = self.ffi.new("int[]", 512)
+        raw = self.ffi.new("unsigned char[]", 8 * 1024)
+        nulls = self.ffi.new("int[]", 1024)
         state = self.ffi.new("int64_t[]", 16)
         self.lib.fake_read(raw, nulls, state)
         data = bytes(self.ffi.buffer(raw))

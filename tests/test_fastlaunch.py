@@ -204,3 +204,16 @@ def test_helper_can_be_turned_off_for_kernels_loaded_afterwards(fake_library: Pa
     finally:
         fastlaunch.enable(previous)
     assert gpu.CudaApi(str(fake_library)).load(_entry(("*fp16", "i32", "fp32")), 0).fast is not None
+
+
+def test_a_kernel_the_helper_cannot_describe_takes_the_abi_path(fake_library: Path, helper: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_helper(monkeypatch, helper)
+    wide = _entry(("*fp16",) + ("i32",) * 600 + ("fp32",))
+    kernel = gpu.CudaApi(str(fake_library)).load(wide, 0)
+    assert kernel.fast is None
+    fake = Fake(fake_library)
+    fake.configure(_sizes(wide.arg_types, 2))
+    kernel.launch((1, 1, 1), 0, tuple(range(601)), (0.5,))
+    params, state = fake.last_launch()
+    assert state["launches"] == 1 and params[600] == struct.pack("<i", 600)
