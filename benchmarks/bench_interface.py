@@ -30,6 +30,7 @@ from csvlog import append_rows
 
 import lazytriton
 from lazytriton import interface
+from lazytriton.driver import fastlaunch
 
 FIELDS = ["benchmark", "provider", "mode", "value", "unit", "gpu", "torch", "triton", "lazytriton", "timestamp"]
 
@@ -129,6 +130,7 @@ def main() -> int:
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "lazytriton": lazytriton.__version__,
             "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    print(f"launch path: {fastlaunch.path_name()} (benchmarks/bench_host.py compares both)")
     sections = [("host", "us_per_call", host_rows()), ("model_step", "us", model_rows()),
                 ("cuda_graph", "us_per_call", graph_rows())]
     append_rows(args.csv, FIELDS, ({**meta, "benchmark": bench, "provider": provider, "mode": mode,

@@ -1,31 +1,52 @@
-"""Host cost of each step of a warm attn_fwd call on a tiny shape (µs per call, best of 3 x 5000 calls)."""
+"""Host cost of each step of a warm attn_fwd call on a tiny shape (µs per call, median of rounds).
+
+On a GPU: each step of the real warm path, then the whole call through each
+launch path (the compiled helper and cffi's ABI mode) and through the op.
+
+``--cpu-fake``: no GPU needed (best of rounds: the CPU machine is shared). The warm path's own generated text
+(``hot.generate(cuda=False)``) runs on CPU tensors against a fake libcuda
+(tests/fake_libcuda.py, compiled with the system C compiler) whose
+cuLaunchKernel only records its arguments, through the real ``CudaApi`` and
+``LoadedKernel``: everything but the driver's own time and the CUDA
+allocator. The public functions are timed with their warm path swapped for
+these CPU ones.
+"""
 
 from __future__ import annotations
 
+import argparse
+import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from lazytriton import flash, ops, runtime
+from lazytriton.driver import fastlaunch
 from lazytriton.kernels.flash_fwd import binding, hot
 
 
-def us(fn: Callable[[], object], calls: int = 5000) -> float:
-    for _ in range(100):
+def us(fn: Callable[[], object], calls: int = 2000, rounds: int = 15, sync: Callable[[], None] = lambda: None,
+       best: bool = False) -> float:
+    """Median (``best``: minimum, for a shared, noisy machine) over rounds of the mean µs per call."""
+    for _ in range(200):
         fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
+    sync()
+    results = []
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+        sync()
+        results.append((time.perf_counter() - start) / calls * 1e6)
+    return min(results) if best else statistics.median(results)
 
 
-def main() -> None:
+def gpu_steps() -> None:
     q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out, lse = flash.attn_fwd(q, k, v)
     call = binding.check(q, k, v)
@@ -33,27 +54,121 @@ def main() -> None:
     kernel, block_m = next(iter(runtime.get().plans.values()))
     grid = binding.grid(call.shape, block_m)
     stream = binding.raw_stream(0)
-    steps = {
+    floats = binding.floats(call)
+    steps: dict[str, Callable[[], object]] = {
         "full attn_fwd": lambda: flash.attn_fwd(q, k, v),
         "full attn_fwd through the op": lambda: ops.flash_fwd_op(q, k, v, call.scale, call.causal),
-        "check": lambda: binding.check(q, k, v),
-        "empty_outputs": lambda: binding.empty_outputs(q, call.shape),
-        "empty_like(q)": lambda: torch.empty_like(q),
-        "empty lse": lambda: torch.empty((1, 2, 16), dtype=torch.float32, device=q.device),
-        "empty lse (device index)": lambda: torch.empty((1, 2, 16), dtype=torch.float32, device=0),
-        "empty lse (new_empty)": lambda: q.new_empty((1, 2, 16), dtype=torch.float32),
         "warm path (hot.forward_bhsd)": lambda: hot.forward_bhsd(q, k, v, False, None),
+        "warm path, out only (hot.output_bhsd)": lambda: hot.output_bhsd(q, k, v, False, None),
+        "empty_like(q)": lambda: torch.empty_like(q),
+        "empty lse (new_empty)": lambda: q.new_empty((1, 2, 16), dtype=torch.float32),
         "runtime.get().plans": lambda: runtime.get().plans,
         "pack": lambda: binding.pack(q, k, v, out, lse, call),
-        "memo key": lambda: binding.memo_key(0, q.dtype, call.shape, False, True, False),
         "raw stream": lambda: binding.raw_stream(0),
-        "launch (fill + ctx check + cuLaunchKernel)": lambda: kernel.launch(grid, stream, ints, binding.floats(call)),
-        "launch_gpu (pack + memo + launch)": lambda: binding.launch_gpu(q, k, v, out, lse, call),
+        "kernel.launch (what the general path calls)": lambda: kernel.launch(grid, stream, ints, floats),
         "torch.add": lambda: torch.add(q, q),
     }
+    if kernel.fast is not None:
+        fast = kernel.fast
+        steps["kernel.fast (the helper, as the warm path calls it)"] = lambda: fast(
+            grid[0], grid[1], grid[2], stream, ints, floats)
+    print(f"launch path: {fastlaunch.path_name()}")
     for name, fn in steps.items():
-        print(f"{name:<48} {us(fn):7.2f} µs")
+        print(f"{name:<56} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
+
+
+def _fake_kernels(directory: Path) -> dict[str, Any]:
+    """flash_fwd's parameter layout loaded on the fake driver, once per launch path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fake_libcuda import Fake, build
+    from test_driver import _entry
+
+    from lazytriton.driver import gpu
+    from lazytriton.kernels import get
+
+    library = build(directory)
+    if library is None:
+        raise SystemExit("--cpu-fake needs a C compiler (cc) for the fake libcuda")
+    arg_types = tuple(t for t in get("flash_fwd").signature("bf16").values() if t != "constexpr")
+    Fake(library).configure([4 if t in ("i32", "fp32") else 8 for t in arg_types] + [8, 8])  # + 2 hidden
+    kernels = {}
+    for name, on in (("compiled helper", True), ("cffi ABI mode", False)):
+        if on and not fastlaunch.available():
+            print("the launch helper is not built (python -m lazytriton.driver.fastlaunch_build): ABI mode only")
+            continue
+        previous = fastlaunch.enable(on)
+        kernels[name] = gpu.CudaApi(str(library)).load(_entry(arg_types), 0)
+        fastlaunch.enable(previous)
+    return kernels
+
+
+def _cpu_lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:
+    return torch.empty(1, dtype=torch.float32).expand(batch, heads, seqlen)
+
+
+class _Plans:
+    def __init__(self, plans: dict[Any, Any]) -> None:
+        self.plans = plans
+
+
+def cpu_fake_rows() -> list[tuple[str, str, float]]:
+    """(call, launch path, µs) of each public entry point's warm path on CPU tensors and the fake driver."""
+    from lazytriton import interface
+
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.bfloat16) for _ in range(3))
+    qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    spare = torch.empty(4096, dtype=torch.float32)
+    rows = [("torch.add", "-", us(lambda: torch.add(q, q), best=True))]
+    with tempfile.TemporaryDirectory() as tmp:
+        kernels = _fake_kernels(Path(tmp))
+        for path, kernel in kernels.items():
+            plans: dict[Any, Any] = {}
+            scope = {"get_runtime": lambda plans=plans: _Plans(plans), "raw_stream": lambda di: 0,
+                     "SPARE": {-1: (spare.numel(), spare.data_ptr())}}
+            cpu = {f"{r}_{layout}": hot.generate(layout, r, cuda=False, **scope, **(
+                {"lse_template": _cpu_lse_template} if r == "forward" else {}))
+                for r in ("forward", "output") for layout in ("bhsd", "bshd")}
+            for key_q, key_k in ((q, k), (q.transpose(1, 2), k.transpose(1, 2))):  # fill the memo, both layouts
+                call = binding.check(key_q, key_k, key_k)
+                out, lse = binding.empty_outputs(key_q, call.shape)
+                _, aligned, index64 = binding.pack(key_q, key_k, key_k, out, lse, call)
+                plans[binding.memo_key(-1, q.dtype, call.shape, False, aligned, index64)] = (kernel, 64)
+            saved = {name: getattr(hot, name) for name in cpu}
+            try:
+                for name, fn in cpu.items():
+                    setattr(hot, name, fn)
+                calls = {
+                    "hot.forward_bhsd": lambda fn=cpu["forward_bhsd"]: fn(q, k, v, False, None),
+                    "hot.output_bhsd": lambda fn=cpu["output_bhsd"]: fn(q, k, v, False, None),
+                    "attn_fwd": lambda: interface.attn_fwd(q, k, v),
+                    "flash_attn_func": lambda: interface.flash_attn_func(qb, kb, vb),
+                    "lazytriton_sdpa": lambda: interface.scaled_dot_product_attention(q, k, v),
+                }
+                assert all(fn() is not None for fn in calls.values())
+                rows += [(name, path, us(fn, best=True)) for name, fn in calls.items()]
+            finally:
+                for name, fn in saved.items():
+                    setattr(hot, name, fn)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-fake", action="store_true", help="time the warm path on CPU with a fake driver")
+    args = parser.parse_args()
+    if not args.cpu_fake:
+        if not torch.cuda.is_available():
+            print("profile_hot needs a CUDA GPU (or --cpu-fake)", file=sys.stderr)
+            return 2
+        gpu_steps()
+        return 0
+    rows = cpu_fake_rows()
+    add = rows[0][2]
+    print(f"{'call':<20} {'launch path':<16} {'µs':>7}  vs torch.add (CPU tensors, fake driver)")
+    for name, path, value in rows:
+        print(f"{name:<20} {path:<16} {value:7.2f}  {value / add:5.2f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

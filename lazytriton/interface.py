@@ -205,9 +205,14 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
             and type(deterministic) is bool and type(return_attn_probs) is bool
             and _direct(q, k, v)):
-        warm = hot.forward_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
-        if warm is not None:
-            return (*warm, None) if return_attn_probs else warm[0]
+        if return_attn_probs:
+            warm = hot.forward_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
+            if warm is not None:
+                return (*warm, None)
+        else:
+            warm = hot.output_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
+            if warm is not None:
+                return warm
     q, k, v = _check_bshd("q", q), _check_bshd("k", k), _check_bshd("v", v)
     _check_dropout("dropout_p", dropout_p)
     _unsupported("alibi_slopes", alibi_slopes, None, "ALiBi")
@@ -300,11 +305,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     """
     if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool
-            and _direct(query, key, value) and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
-            and (enable_gqa or key.shape[1] in (query.shape[1], 1)) and value.shape[-1] == query.shape[-1]):
-        warm = hot.forward_bhsd(query, key, value, is_causal, scale)
+            and _direct(query, key, value)):  # the warm path checks the rest (4 dims, heads, head dims)
+        warm = hot.output_bhsd(query, key, value, is_causal, scale, enable_gqa)
         if warm is not None:
-            return warm[0]  # type: ignore[no-any-return]
+            return warm  # type: ignore[no-any-return]
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):  # argument types: a TypeError, as torch's own
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "

@@ -1,7 +1,13 @@
-"""The warm path (kernels/flash_fwd/hot.py) against the general one: same launch, same result (GPU)."""
+"""The warm path (kernels/flash_fwd/hot.py) against the general one: same launch, same result.
+
+On CPU, the warm path's own generated text runs on CPU tensors (``cuda=False``)
+with a recording launcher, against ``binding.check``/``pack``/``memo_key``; on
+a GPU, against the general path's kernel launch and results.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -9,7 +15,7 @@ import torch
 from test_flash_fwd import make_qkv, on_gpu
 
 import lazytriton
-from lazytriton import runtime
+from lazytriton import runtime, tuning
 from lazytriton.kernels.flash_fwd import binding, hot
 
 
@@ -28,9 +34,30 @@ CASES = [  # (layout, heads, seqlens, head dim, causal, scale, dtype)
 ]
 
 
+def _spy_launches(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Record (grid, ints, floats) of each launch of ``kernel``, through the helper or ``launch``."""
+    launches: list[tuple[Any, ...]] = []
+    original = type(kernel).launch
+
+    def spy(self: Any, grid: Any, stream: Any, ints: Any, floats: Any, scratch: Any = None) -> None:
+        launches.append((tuple(grid), tuple(ints), tuple(floats)))
+        original(self, grid, stream, ints, floats, scratch)
+
+    monkeypatch.setattr(type(kernel), "launch", spy)
+    fast = kernel.fast
+    if fast is not None:
+        def fast_spy(gx: int, gy: int, gz: int, stream: int, ints: Any, floats: Any) -> int:
+            launches.append(((gx, gy, gz), tuple(ints), tuple(floats)))
+            return fast(gx, gy, gz, stream, ints, floats)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(kernel, "fast", fast_spy)
+    return launches
+
+
 @on_gpu
+@pytest.mark.parametrize("result", ["forward", "output"])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_gpu_warm_path_launches_exactly_what_the_general_path_launches(case: tuple[Any, ...],
+def test_gpu_warm_path_launches_exactly_what_the_general_path_launches(case: tuple[Any, ...], result: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     layout, heads, seqlens, d, causal, scale, dtype = case
     runtime.reset()
@@ -40,25 +67,73 @@ def test_gpu_warm_path_launches_exactly_what_the_general_path_launches(case: tup
     view = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
     call = binding.check(view(q), view(k), view(v), causal, scale)
     general = binding.forward(view(q), view(k), view(v), call)  # fills the memo
-    launches: list[tuple[Any, ...]] = []
-    kernel, _ = next(iter(runtime.get().plans.values()))
-    original = type(kernel).launch
-
-    def spy(self: Any, grid: Any, stream: Any, ints: Any, floats: Any, scratch: Any = None) -> None:
-        launches.append((grid, tuple(ints), tuple(floats)))
-        original(self, grid, stream, ints, floats, scratch)
-
-    monkeypatch.setattr(type(kernel), "launch", spy)
-    warm = (hot.forward_bshd if layout == "bshd" else hot.forward_bhsd)(q, k, v, causal, scale)
+    kernel, block_m = next(iter(runtime.get().plans.values()))
+    launches = _spy_launches(kernel, monkeypatch)
+    warm = getattr(hot, f"{result}_{layout}")(q, k, v, causal, scale)
     assert warm is not None, "a memoised bucket must be served by the warm path"
-    out, lse = warm
+    out, lse = warm if result == "forward" else (warm, None)
     expected_out = binding.empty_outputs(view(q), call.shape)[0]
-    ints, _, _ = binding.pack(view(q), view(k), view(v), view(out), lse, call)
-    assert launches[0][1] == ints and launches[0][2] == binding.floats(call)
+    lse_for_pack = lse if lse is not None else general[1]
+    ints, _, _ = binding.pack(view(q), view(k), view(v), view(out), lse_for_pack, call)
+    grid, launched, floats = launches[0]
+    lse_slot = binding.INT_PARAMS.index("Lse")
+    if lse is None:  # the spare buffer's address instead of an lse tensor's
+        assert launched[lse_slot] == hot.SPARE[q.get_device()][1]
+        launched = launched[:lse_slot] + (ints[lse_slot],) + launched[lse_slot + 1:]
+    assert launched == ints and floats == binding.floats(call) and grid == binding.grid(call.shape, block_m)
     assert out.shape == q.shape and out.stride() == (expected_out.transpose(1, 2).stride() if layout == "bshd" else
                                                      expected_out.stride())
     torch.cuda.synchronize()
-    assert torch.equal(view(out), general[0]) and torch.equal(lse, general[1])
+    assert torch.equal(view(out), general[0]) and (lse is None or torch.equal(lse, general[1]))
+
+
+@on_gpu
+def test_gpu_helper_and_abi_paths_launch_the_same_results() -> None:
+    from lazytriton.driver import fastlaunch
+
+    if not fastlaunch.available():
+        pytest.skip("the launch helper is not built (python -m lazytriton.driver.fastlaunch_build)")
+    q, k, v = make_qkv(2, (4, 2), (300, 257), 64, torch.bfloat16, device="cuda", seed=5)
+    results = {}
+    for on in (True, False):
+        previous = fastlaunch.enable(on)
+        try:
+            runtime.reset()
+            lazytriton.attn_fwd(q, k, v, causal="bottom_right")  # loads the kernel under this setting
+            kernel, _ = next(iter(runtime.get().plans.values()))
+            assert (kernel.fast is not None) == on
+            results[on] = (lazytriton.attn_fwd(q, k, v, causal="bottom_right"),
+                           lazytriton.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        finally:
+            fastlaunch.enable(previous)
+    torch.cuda.synchronize()
+    (out_a, lse_a), sdpa_a = results[True]
+    (out_b, lse_b), sdpa_b = results[False]
+    assert torch.equal(out_a, out_b) and torch.equal(lse_a, lse_b) and torch.equal(sdpa_a, sdpa_b)
+    runtime.reset()
+
+
+@on_gpu
+def test_gpu_graphs_keep_working_after_the_spare_lse_buffer_grows() -> None:
+    small = make_qkv(1, (2, 2), (64, 64), 64, torch.float16, device="cuda", seed=6)
+    large = make_qkv(4, (8, 8), (1024, 1024), 64, torch.float16, device="cuda", seed=7)
+    expected = lazytriton.scaled_dot_product_attention(*small)
+    lazytriton.scaled_dot_product_attention(*large)  # warm both shapes
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        lazytriton.scaled_dot_product_attention(*small)
+        with torch.cuda.graph(graph):
+            captured = lazytriton.scaled_dot_product_attention(*small)
+    torch.cuda.current_stream().wait_stream(stream)
+    before = hot.SPARE[0]
+    hot.spare_lse(0, before[0] * 4)  # the spare buffer grows; the graph still holds the old one's address
+    filler = [torch.full((before[0],), 7.0, device="cuda") for _ in range(4)]  # reuse freed memory, if any
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)
+    assert all(bool((t == 7.0).all()) for t in filler), "a replay wrote into memory the spare buffer had freed"
 
 
 @on_gpu
@@ -76,3 +151,172 @@ def test_gpu_public_functions_take_the_warm_path_once_warm(monkeypatch: pytest.M
     lazytriton.attn_fwd(q, k, v)
     lazytriton.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     lazytriton.flash_attn_func(qb, kb, vb)
+
+
+# ---------------------------------------------------------------------------
+# CPU: the generated text against the binding, field by field
+
+
+class _Recorder:
+    """Stands in for a LoadedKernel: records what the warm path launches, through ``fast`` or ``launch``."""
+
+    def __init__(self, fast: bool) -> None:
+        self.launches: list[tuple[Any, ...]] = []
+        self.fast = self._fast if fast else None
+
+    def _fast(self, gx: int, gy: int, gz: int, stream: int, ints: tuple[int, ...], floats: tuple[float, ...]) -> int:
+        self.launches.append(((gx, gy, gz), stream, ints, floats))
+        return 0
+
+    def launch(self, grid: Any, stream: int, ints: Any, floats: Any, scratch: Any = None) -> None:
+        self.launches.append((grid, stream, tuple(ints), tuple(floats)))
+
+    def fail(self, status: int, grid: Any) -> None:
+        raise AssertionError(status)
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.plans: dict[Any, Any] = {}
+
+
+def _cpu_paths(rt: _Runtime, spare: torch.Tensor) -> dict[str, Callable[..., Any]]:
+    scope = {"get_runtime": lambda: rt, "raw_stream": lambda di: 0x5EED, "SPARE": {-1: (spare.numel(),
+                                                                                    spare.data_ptr())}}
+    paths = {f"output_{layout}": hot.generate(layout, "output", cuda=False, **scope) for layout in ("bhsd", "bshd")}
+    for layout in ("bhsd", "bshd"):
+        paths[f"forward_{layout}"] = hot.generate(
+            layout, "forward", cuda=False, **scope,
+            lse_template=lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s))
+    return paths
+
+
+CPU_CASES = [  # (layout, heads, seqlens, head dim, causal, scale, dtype, make non-contiguous)
+    ("bhsd", (4, 2), (300, 257), 64, "bottom_right", None, torch.bfloat16, False),
+    ("bhsd", (3, 1), (1, 1000), 128, True, 0.3, torch.float16, False),
+    ("bhsd", (2, 2), (129, 129), 40, False, None, torch.float32, True),
+    ("bhsd", (2, 2), (17, 33), 8, "top_left", None, torch.float16, True),
+    ("bshd", (8, 2), (77, 513), 128, "bottom_right", None, torch.bfloat16, False),
+    ("bshd", (2, 2), (64, 64), 256, False, 0.05, torch.float16, True),
+    ("bshd", (6, 3), (5, 9), 24, False, None, torch.float32, False),
+]
+
+
+def _inputs(case: tuple[Any, ...]) -> tuple[Any, ...]:
+    layout, heads, seqlens, d, causal, scale, dtype, strided = case
+    q, k, v = make_qkv(2, heads, seqlens, d, dtype, seed=sum(seqlens))
+    if strided:  # every other head dim column group of a wider tensor: strides no tensor of this shape has
+        q, k, v = (torch.cat([t, t], dim=-1)[..., :d] for t in (q, k, v))
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2).contiguous() if not strided else t.transpose(1, 2) for t in (q, k, v))
+    view = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    return q, k, v, view
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["helper", "abi"])
+@pytest.mark.parametrize("result", ["forward", "output"])
+@pytest.mark.parametrize("case", CPU_CASES, ids=str)
+def test_warm_path_launches_what_the_binding_packs(case: tuple[Any, ...], result: str, fast: bool) -> None:
+    layout, _, _, _, causal, scale, dtype, _ = case
+    q, k, v, view = _inputs(case)
+    rt, spare = _Runtime(), torch.empty(1 << 16, dtype=torch.float32)
+    warm = _cpu_paths(rt, spare)[f"{result}_{layout}"]
+    call = binding.check(view(q), view(k), view(v), causal, scale)
+    assert warm(q, k, v, causal, scale) is None  # nothing memoised yet: the general path's turn
+    kernel = _Recorder(fast)
+    out0, lse0 = binding.empty_outputs(view(q), call.shape)
+    _, aligned, index64 = binding.pack(view(q), view(k), view(v), out0, lse0, call)
+    rt.plans[binding.memo_key(-1, dtype, call.shape, call.causal != "none", aligned, index64)] = (kernel, 64)
+    for _ in range(2):  # the first call describes the shape, the second is served from its entry
+        served = warm(q, k, v, causal, scale)
+        assert served is not None
+        out, lse = served if result == "forward" else (served, spare[:call.shape.batch * call.shape.heads_q
+                                                                      * call.shape.seqlen_q].view(
+            call.shape.batch, call.shape.heads_q, call.shape.seqlen_q))
+        assert out.shape == q.shape and out.dtype == q.dtype and view(out).stride() == out0.stride()
+        if result == "forward":
+            assert lse.shape == lse0.shape and lse.stride() == lse0.stride() and lse.dtype == torch.float32
+        ints, expect_aligned, expect_index64 = binding.pack(view(q), view(k), view(v), view(out), lse, call)
+        grid, stream, launched_ints, floats = kernel.launches[-1]
+        assert (expect_aligned, expect_index64) == (aligned, index64)
+        assert launched_ints == ints, "every int/pointer parameter, in FLASH_FWD.params order"
+        assert floats == binding.floats(call)
+        assert grid == binding.grid(call.shape, 64) and stream == 0x5EED
+    assert len(kernel.launches) == 2
+
+
+def test_warm_path_takes_the_unaligned_plan_for_an_unaligned_pointer() -> None:
+    rt, spare = _Runtime(), torch.empty(1 << 12, dtype=torch.float32)
+    warm = _cpu_paths(rt, spare)["forward_bhsd"]
+    base = torch.randn(2 * 16 * 64 + 1)
+    q = base[1:].view(1, 2, 16, 64)  # a 4-byte offset: the pointer is not 16-byte aligned, the strides are
+    k = v = base[:-1].view(1, 2, 16, 64)
+    call = binding.check(q, k, v)
+    aligned_kernel, unaligned_kernel = _Recorder(True), _Recorder(True)
+    for flag, kernel in ((True, aligned_kernel), (False, unaligned_kernel)):
+        rt.plans[binding.memo_key(-1, q.dtype, call.shape, False, flag, False)] = (kernel, 32)
+    assert warm(q, k, v, False, None) is not None
+    assert (len(aligned_kernel.launches), len(unaligned_kernel.launches)) == (0, 1)
+    assert warm(k, k, v, False, None) is not None  # the same sizes and strides: one entry, both plans
+    assert (len(aligned_kernel.launches), len(unaligned_kernel.launches)) == (1, 1)
+    assert binding.pack(k, k, v, *binding.empty_outputs(k, call.shape), call)[1] is True
+
+
+@pytest.mark.parametrize("bad", [
+    {"causal": 1}, {"causal": "both"}, {"scale": 1}, {"scale": float("nan")}, {"scale": float("inf")},
+    {"dtype_k": torch.float16}, {"head_dim": 1}, {"heads": (3, 2)}, {"grad": True}, {"last_stride": 2},
+    {"rank": 3}, {"kv_shapes": True},
+], ids=str)
+def test_warm_path_declines_what_the_general_path_must_see(bad: dict[str, Any]) -> None:
+    rt, spare = _Runtime(), torch.empty(1 << 12, dtype=torch.float32)
+    paths = _cpu_paths(rt, spare)
+    d = bad.get("head_dim", 32)
+    q, k, v = make_qkv(1, bad.get("heads", (2, 2)), (16, 16), d, torch.float32)
+    kernel = _Recorder(True)
+    for key_d in (d, 32):
+        for flag in (True, False):
+            for causal in (True, False):
+                rt.plans[(-1, torch.float32, key_d, causal, flag, False, 4, 4)] = (kernel, 16)
+    if "dtype_k" in bad:
+        k = k.to(bad["dtype_k"])
+    if bad.get("grad"):
+        q.requires_grad_(True)
+    if "last_stride" in bad:
+        k = torch.cat([k, k], dim=-1)[..., ::2]
+    if "rank" in bad:
+        q = q[0]
+    if "kv_shapes" in bad:
+        v = v[:, :, :8]
+    for name, warm in paths.items():
+        assert warm(q, k, v, bad.get("causal", False), bad.get("scale")) is None, name
+    assert kernel.launches == []
+
+
+def test_warm_path_describes_again_after_the_runtime_changes() -> None:
+    rt, spare = _Runtime(), torch.empty(1 << 12, dtype=torch.float32)
+    warm = _cpu_paths(rt, spare)["output_bhsd"]
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
+    first, second = _Recorder(True), _Recorder(True)
+    rt.plans[(-1, torch.float32, 32, False, True, False, 4, 4)] = (first, 16)
+    assert warm(q, k, v, False, None) is not None
+    rt.plans = {(-1, torch.float32, 32, False, True, False, 4, 4): (second, 16)}  # a rebuilt runtime's memo
+    assert warm(q, k, v, False, None) is not None
+    assert (len(first.launches), len(second.launches)) == (1, 1)
+
+
+def test_warm_path_memo_buckets_are_tunings() -> None:
+    for n in [*range(1, 5000), *(2**e + d for e in range(12, 31) for d in (-1, 0, 1))]:
+        assert (n - 1).bit_length() == tuning.bucket_index(n), n
+
+
+def test_sdpa_without_enable_gqa_is_served_only_for_equal_or_single_kv_heads() -> None:
+    rt, spare = _Runtime(), torch.empty(1 << 12, dtype=torch.float32)
+    warm = _cpu_paths(rt, spare)["output_bhsd"]
+    kernel = _Recorder(True)
+    for flag in (True, False):
+        rt.plans[(-1, torch.float32, 32, False, flag, False, 4, 4)] = (kernel, 16)
+    for heads, gqa, served in (((4, 2), False, False), ((4, 2), True, True), ((4, 1), False, True),
+                               ((4, 4), False, True)):
+        q, k, v = make_qkv(1, heads, (16, 16), 32, torch.float32)
+        assert (warm(q, k, v, False, None, gqa) is not None) == served, (heads, gqa)
+    assert len(kernel.launches) == 3

@@ -1,86 +1,140 @@
-"""flash_fwd's warm path: one generated function per layout, from the binding's description.
+"""flash_fwd's warm path: one generated function per layout and result, from the binding's description.
 
 A warm eager call (GPU tensors, a shape bucket whose plan is memoised, the
-common arguments) is served here in one Python frame: the checks that matter
-for that case, the two output allocations, the parameters written out from
-``binding.PARAM_SOURCES`` in ``FLASH_FWD.params`` order, the memo key
-(dispatch's buckets, as ``binding.memo_key``) and the launch. Anything else
-(a first call, CPU or meta tensors, an unusual argument, bad input, inputs that
-require grad) returns None, and the caller takes the general path
-(``binding.check`` then ``binding.forward``), which raises the errors and
-fills the memo. tests/test_hot.py checks both paths agree on every field.
+common arguments) is served here in one Python frame. Everything the tensors'
+sizes and strides decide (the checks, the constant parameters written out
+from ``binding.PARAM_SOURCES`` in ``FLASH_FWD.params`` order, index64, the
+memo keys: dispatch's buckets, as ``binding.memo_key``) is worked out once per
+(sizes, strides, dtype, device, causal, scale) by a generated ``describe``
+and kept in an entry; a call then reads those, looks the entry up, allocates
+its outputs, reads the pointers (their alignment picks the aligned or
+unaligned plan) and launches. Anything else (a first call, CPU or meta
+tensors, an unusual argument, bad input, inputs that require grad) returns
+None, and the caller takes the general path (``binding.check`` then
+``binding.forward``), which raises the errors and fills the memo.
+tests/test_hot.py checks both paths agree on every field (on CPU with the
+generated text itself, on a GPU end to end).
 
 Its callers send only calls without a sliding window or softcap here: the
 window parameters are written in as constants (-1, -1; softcap 0.0) and the
 memo key is the plain call's (``binding.memo_key`` lengthens it for the
 others), so a windowed or capped plan is never served from here.
 
+``gqa=False`` (the SDPA drop-in without ``enable_gqa``) serves only calls
+whose key/value heads equal the query's or are 1 (torch broadcasts those);
+others take the general path, which raises torch's error.
+
 ``bshd`` takes FlashAttention's (batch, seqlen, heads, head_dim) tensors and
 reads their strides in the kernel's order, so no transposed view is made.
+
+``forward_*`` return ``(out, lse)``; ``output_*`` return ``out`` alone, for
+callers that drop lse (the SDPA drop-in, ``flash_attn_func`` without
+``return_attn_probs``). Those skip lse's allocation (3.0 µs of a 19.7 µs
+call on the H200 host): the kernel writes lse into a per-device spare buffer
+that nobody reads (``spare_lse``), which only grows and is never freed, so a
+CUDA graph that captured its address stays valid.
+
+The launch goes through the compiled helper (``LoadedKernel.fast``,
+lazytriton/driver/fastlaunch.py) when it is built, else ``LoadedKernel.launch``.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import threading
 from typing import Any
 
 import torch
 
-from lazytriton import dispatch, runtime, tuning
+from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 
+# Per call: the checks that need no arithmetic, one lookup of everything the tensors' sizes and strides
+# decide (``describe``'s entry), the allocations, the pointers and the launch.
 _TEMPLATE = """
-def forward_{layout}(q, k, v, causal, scale):
-    if not (q.is_cuda and k.is_cuda and v.is_cuda) or q.requires_grad or k.requires_grad or v.requires_grad:
+def {name}(q, k, v, causal, scale, gqa=True):
+    if not ({device_check}) or q.requires_grad or k.requires_grad or v.requires_grad:
         return None
     dtype = q.dtype
-    if dtype not in DTYPES or k.dtype is not dtype or v.dtype is not dtype:
-        return None
     di = q.get_device()
-    if k.get_device() != di or v.get_device() != di:
+    if k.dtype is not dtype or v.dtype is not dtype or k.get_device() != di or v.get_device() != di:
         return None
-    qshape = q.shape
-    kshape = k.shape
-    if len(qshape) != 4 or len(kshape) != 4 or v.shape != kshape:
+    if not (causal is False or causal is True or type(causal) is str) or not (scale is None or type(scale) is float):
+        return None
+    plans = get_runtime().plans
+    call = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), dtype, di, causal, scale, gqa is True)
+    known = SHAPES.get(call)
+    out = empty_like(q)
+    if known is None or known[0] is not plans:
+        known = describe(*call, out.stride(), plans)
+        if known is None:
+            return None
+    {lse}
+    {pointers}
+    if known[5] and not ({pointer_or}) & 15:
+        launch = known[7] or plan_of(known, 7)
+    else:
+        launch = known[8] or plan_of(known, 8)
+    if launch is None:
+        return None
+    kernel, grid = launch
+    tails = known[4]
+    ints = {ints}
+    fast = kernel.fast
+    if fast is None:
+        kernel.launch(grid, raw_stream(di), ints, known[3], scratch_alloc)
+    else:
+        status = fast(grid[0], grid[1], grid[2], raw_stream(di), ints, known[3])
+        if status:
+            kernel.fail(status, grid)
+    return {result}
+"""
+
+# Once per (sizes, strides, dtype, device, causal, scale, gqa): the checks, the constant parameters, the memo keys.
+# The entry: [plans, lse template (forward_*; None for output_*), lse numel, floats, constant int runs,
+# strides aligned, (sq, hq, b), (kernel, grid) aligned, (kernel, grid) not aligned, memo key aligned,
+# memo key not aligned].
+_DESCRIBE = """
+def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, os, plans):
+    if dtype not in DTYPES or len(qshape) != 4 or len(kshape) != 4 or vshape != kshape:
         return None
     {unpack}
     if (bk != b or dk != d or not 1 < d <= MAX_HEAD_DIM or not 0 < hk <= hq or hq % hk or not 0 < sq <= INT32_MAX
             or not 0 < sk <= INT32_MAX or not 0 < b <= MAX_GRID_YZ or hq > MAX_GRID_YZ):
         return None
-    qs = q.stride()
-    ks = k.stride()
-    vs = v.stride()
-    if qs[3] != 1 or ks[3] != 1 or vs[3] != 1:
+    if qs[3] != 1 or ks[3] != 1 or vs[3] != 1 or not (gqa or hk == hq or hk == 1):
         return None
     {permute_in}
+    {permute_out}
     if causal is False:
         is_causal = False
         offset = 0
     elif causal is True:
         is_causal = True
         offset = 0
-    elif type(causal) is str and (causal == "top_left" or causal == "bottom_right"):
+    elif causal == "top_left" or causal == "bottom_right":
         is_causal = True
         offset = sk - sq if causal == "bottom_right" else 0
     else:
         return None
     if scale is None:
         scale = INV_SQRT[d]
-    elif type(scale) is not float or not -INF < scale < INF:
+    elif not -INF < scale < INF:
         return None
-    out = empty_like(q)
-    lse = q.new_empty((b, hq, sq), dtype=F32)  # 3.2 µs on the H200 host; torch.empty(device=q.device) 6.7
-    os = out.stride()
-    {permute_out}
-    ints = ({ints},)
-    aligned = {aligned}
+    {zero_pointers}
     index64 = {index64}
-    plan = get_runtime().plans.get((di, dtype, d, is_causal, aligned, index64, bucket_index(sq), bucket_index(sk)))
-    if plan is None:
-        return None
-    kernel, block_m = plan
-    kernel.launch(((sq + block_m - 1) // block_m, hq, b), raw_stream(di), ints, (scale, 0.0), scratch_alloc)
-    return out, lse
+    # binding.memo_key's key; (n - 1).bit_length() is tuning.bucket_index(n) for n >= 1 (tests/test_hot.py).
+    bucket_q = (sq - 1).bit_length()
+    bucket_k = (sk - 1).bit_length()
+    strides_aligned = {aligned}
+    entry = [plans, lse_template(di, b, hq, sq), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
+             None, None, (di, dtype, d, is_causal, True, index64, bucket_q, bucket_k),
+             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k)]
+    if len(SHAPES) >= MAX_SHAPES:
+        SHAPES.clear()
+    SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in, gqa)] = entry
+    return entry
 """
 
 _LAYOUTS = {
@@ -89,23 +143,193 @@ _LAYOUTS = {
              "qs = (qs[0], qs[2], qs[1])\n    ks = (ks[0], ks[2], ks[1])\n    vs = (vs[0], vs[2], vs[1])",
              "os = (os[0], os[2], os[1])"),
 }
+_LSE = {
+    "forward": ("lse = empty_like(known[1])  # see lse_template\n"
+                "    lse_ptr = lse.data_ptr()",
+                "out, lse"),
+    "output": ("spare = SPARE.get(di)\n"
+               "    if spare is None or spare[0] < known[2]:\n"
+               "        lse = spare_lse(di, known[2])  # alive in this frame until after the launch\n"
+               "        lse_ptr = lse.data_ptr()\n"
+               "    else:\n"
+               "        lse_ptr = spare[1]",
+               "out"),
+}
+MAX_SHAPES = 4096  # distinct (sizes, strides, ...) remembered; past it the table starts again
+# The floats of a plain call (no softcap), in FLASH_FWD.params order: written in as constants like the ints'.
+PLAIN_FLOATS = {"sm_scale": "scale", "softcap": "0.0"}
+_POINTER = re.compile(r"\b(\w+)\.data_ptr\(\)")
 
 
-def _generate(layout: str) -> Any:
+def _split(source: str) -> list[str]:
+    """The items of a generated ", "-joined expression list (commas inside brackets stay)."""
+    items, depth, current = [], 0, ""
+    for char in source:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [item for item in [*items, current.strip()] if item]
+
+
+def _int_runs() -> tuple[list[str], str, str]:
+    """(pointer names, the per-call ints expression, describe's constant runs) from the binding's plain ints.
+
+    Pointers (``t.data_ptr()``) are read per call; every other parameter is a
+    constant of the entry, kept in runs so the per-call tuple is a few concatenations.
+    """
+    groups: list[tuple[bool, list[str]]] = []  # (is pointer, items), consecutive items of one kind
+    for item in _split(binding.PLAIN_INTS_SOURCE):
+        found = _POINTER.fullmatch(item)
+        value = found.group(1) if found is not None else item
+        if groups and groups[-1][0] == (found is not None):
+            groups[-1][1].append(value)
+        else:
+            groups.append((found is not None, [value]))
+    names = [name for is_pointer, items in groups if is_pointer for name in items]
+    parts: list[str] = []
+    runs: list[str] = []
+    for is_pointer, items in groups:
+        if is_pointer:
+            parts.append("(" + ", ".join(f"{name}_ptr" for name in items) + ",)")
+        else:
+            parts.append(f"tails[{len(runs)}]")
+            runs.append("(" + ", ".join(items) + ",)")
+    pointers_in_aligned = set(_POINTER.findall(binding.ALIGNED_SOURCE))
+    if not pointers_in_aligned <= set(names):
+        raise RuntimeError(f"hot.py: aligned reads pointers {sorted(pointers_in_aligned)} that are not parameters")
+    return names, " + ".join(parts) if parts else "()", ", ".join(runs)
+
+
+def _floats_source() -> str:
+    missing = [name for name in binding.FLOAT_PARAMS if name not in PLAIN_FLOATS]
+    if missing:
+        raise RuntimeError(f"hot.py: no plain-call value for float parameter(s) {missing}; add them to PLAIN_FLOATS")
+    return ", ".join(PLAIN_FLOATS[name] for name in binding.FLOAT_PARAMS)
+
+
+_spare_lock = threading.Lock()
+SPARE: dict[int, tuple[int, int]] = {}  # device index -> (numel, address) of a float32 buffer for lse nobody reads
+_SPARE_KEPT: list[torch.Tensor] = []  # every spare buffer ever made: a captured graph may still write to one
+
+
+def spare_lse(device_index: int, numel: int) -> torch.Tensor:
+    """A float32 buffer of at least ``numel`` elements on the device for an lse nobody reads.
+
+    Outside a CUDA graph capture, the device's spare buffer grows (doubling)
+    and its address replaces the old one in ``SPARE``; old buffers are kept,
+    never freed, since a captured graph holds their address (in all at most
+    twice the largest). During a capture it returns a temporary tensor
+    instead, as the general path allocates one: the capture's pool orders its
+    reuse. Kernels on several streams may write the same spare buffer at
+    once: nobody reads it, and it is never freed.
+    """
+    if is_capturing():
+        return torch.empty(numel, dtype=torch.float32, device=torch.device("cuda", device_index))
+    with _spare_lock:
+        found = SPARE.get(device_index)
+        size = max(numel, 2 * found[0] if found is not None else 0)
+        buffer = torch.empty(size, dtype=torch.float32, device=torch.device("cuda", device_index))
+        _SPARE_KEPT.append(buffer)
+        SPARE[device_index] = (size, buffer.data_ptr())
+        return buffer
+
+
+def lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:
+    """A (batch, heads, seqlen) float32 tensor of one element, expanded: ``empty_like`` of it is a new lse.
+
+    ``empty_like`` of a tensor that is not dense gives contiguous strides, as
+    lse needs, and costs 1.6 µs on the H200 host where ``new_empty(shape,
+    dtype=)`` costs 3.0 (benchmarks/NOTES.md). The template holds 4 bytes.
+    """
+    one = torch.empty(1, dtype=torch.float32, device=torch.device("cuda", device_index))
+    return one.expand(batch, heads, seqlen)
+
+
+def plan_of(entry: list[Any], index: int) -> tuple[Any, tuple[int, int, int]] | None:
+    """An entry's (kernel, grid) for its memo key (index 7: aligned pointers, 8: not), once memoised.
+
+    The general path memoises the plan (``binding.plan``) on a first call;
+    until then this is None and the call takes the general path.
+    """
+    plan = entry[0].get(entry[index + 2])
+    if plan is None:
+        return None
+    kernel, block_m = plan
+    sq, hq, b = entry[6]
+    launch = (kernel, ((sq + block_m - 1) // block_m, hq, b))
+    entry[index] = launch
+    return launch
+
+
+is_capturing = torch.cuda.is_current_stream_capturing
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; binding.raw_stream's
+
+
+def source(layout: str, result: str, cuda: bool = True) -> str:
+    """The text of the warm path for a layout ("bhsd", "bshd") and result ("forward", "output"), and its describe."""
     unpack, permute_in, permute_out = _LAYOUTS[layout]
-    source = _TEMPLATE.format(layout=layout, unpack=unpack, permute_in=permute_in, permute_out=permute_out,
-                              ints=binding.PLAIN_INTS_SOURCE, aligned=binding.ALIGNED_SOURCE,
-                              index64=binding.INDEX64_SOURCE)
-    namespace: dict[str, Any] = {
-        "DTYPES": binding.DTYPES, "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,
+    lse, returned = _LSE[result]
+    names, ints, tails = _int_runs()
+    if "lse" not in names:
+        raise RuntimeError("hot.py: the binding's parameters no longer read lse.data_ptr()")
+    pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
+    aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
+    call = _TEMPLATE.format(
+        name=f"{result}_{layout}", device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True",
+        lse=lse, pointers=pointers, pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
+        ints=ints, result=returned)
+    describe = _DESCRIBE.format(
+        unpack=unpack, permute_in="qs_in, ks_in, vs_in, causal_in, scale_in = qs, ks, vs, causal, scale\n    "
+        + permute_in, permute_out=permute_out,
+        zero_pointers=" = ".join(f"{name}_ptr" for name in names) + " = 0  # describe's alignment: strides alone",
+        index64=binding.INDEX64_SOURCE, floats=_floats_source(), tails=tails,
+        aligned=_POINTER.sub(r"\1_ptr", binding.ALIGNED_SOURCE))
+    return call + describe
+
+
+def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None:
+    return None
+
+
+def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> Any:
+    """The warm-path function for a layout ("bhsd", "bshd") and result ("forward": (out, lse); "output": out).
+
+    ``cuda=False`` and ``namespace`` overrides serve the CPU tests and
+    benchmarks/profile_hot.py, which run this same text on CPU tensors with a
+    fake driver (there is no other use for them).
+    """
+    name = f"{result}_{layout}"
+    shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
+    scope: dict[str, Any] = {
+        "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,
+        "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
         "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
-        "get_runtime": runtime.get, "bucket_index": tuning.bucket_index, "raw_stream": binding.raw_stream,
-        "scratch_alloc": binding.scratch_alloc,
+        "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,
+        "scratch_alloc": binding.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
+        "lse_template": lse_template if result == "forward" else _no_template,
     }
-    exec(compile(source, f"<{FLASH_FWD.name} warm path: {layout}>", "exec"), namespace)  # noqa: S102 (our text)
-    return namespace[f"forward_{layout}"]
+    scope.update(namespace)
+    text = source(layout, result, cuda)
+    exec(compile(text, f"<{FLASH_FWD.name} warm path: {name}>", "exec"), scope)  # noqa: S102 (our own text)
+    return scope[name]
 
 
-forward_bhsd = _generate("bhsd")
-forward_bshd = _generate("bshd")
+# forward_bhsd, forward_bshd, output_bhsd, output_bshd: made on first use (compiling one costs ~1 ms, a
+# cold start's time, and a process uses one or two of them), then plain module attributes.
+_FUNCTIONS = {f"{result}_{layout}": (layout, result) for result in ("forward", "output") for layout in ("bhsd", "bshd")}
+_generate_lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FUNCTIONS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _generate_lock:
+        made = globals().get(name)
+        if made is None:
+            made = globals()[name] = generate(*_FUNCTIONS[name])
+    return made

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lazytriton.cache_format import Entry
+from lazytriton.driver import fastlaunch
 from lazytriton.driver.cdefs import CUDA_CDEF, HIP_CDEF, make_ffi
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ class _ArgBuffers:
 class LoadedKernel:
     """An entry loaded on one device, ready to launch."""
 
-    __slots__ = ("entry", "device_index", "function", "block", "shared", "_api", "_tls", "_n_ints", "_scratch")
+    __slots__ = ("entry", "device_index", "function", "block", "shared", "fast", "_api", "_tls", "_n_ints",
+                 "_scratch", "_launcher")
 
     def __init__(self, api: _GpuApi, entry: Entry, device_index: int, function: Any) -> None:
         self.entry = entry
@@ -86,9 +88,18 @@ class LoadedKernel:
         self._api = api
         self._tls = threading.local()
         self._n_ints = len(_slots(entry)[0])
-        sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
-        self._scratch = [(self._n_ints + h, sizes.get(name, 0)) for h, name in enumerate(entry.hidden_args)
-                         if sizes.get(name, 0) > 0]
+        sizes = [_scratch_size(entry, name) for name in entry.hidden_args]
+        self._scratch = [(self._n_ints + h, size) for h, size in enumerate(sizes) if size > 0]
+        # The compiled helper's launcher (fastlaunch.py), or None: the ABI-mode path below. ``fast`` is
+        # the same for callers that launch it themselves (the warm path), set only when the entry needs no
+        # scratch memory: fast(grid_x, grid_y, grid_z, stream, ints, floats) -> status,
+        # a status other than 0 to be passed to ``fail``.
+        try:
+            slots = fastlaunch.layout(entry.arg_types, sizes)
+        except fastlaunch.LayoutError:  # more parameters than the helper takes: the ABI path
+            slots = None
+        self._launcher = api.fast_launcher(self, slots) if slots is not None else None
+        self.fast = None if self._scratch else self._launcher
 
     def launch(self, grid: tuple[int, int, int], stream: int, ints: Sequence[int], floats: Sequence[float],
                scratch_alloc: Callable[[int, int], Any] | None = None) -> None:
@@ -97,6 +108,17 @@ class LoadedKernel:
         ``scratch_alloc(nbytes, device_index)`` returns device memory (an
         object with ``data_ptr()``) for entries that need scratch space.
         """
+        fast = self._launcher
+        if fast is not None:
+            keep = None
+            if self._scratch:
+                keep = self._scratch_memory(grid, scratch_alloc)
+                ints = (*ints, *(memory.data_ptr() for memory in keep))
+            status = fast(grid[0], grid[1], grid[2], stream, ints, floats)
+            del keep  # the allocator orders reuse after the launch on this stream
+            if status:
+                self.fail(status, grid)
+            return
         buffers = self._tls.__dict__.get("b")
         if buffers is None:
             buffers = self._tls.b = _ArgBuffers(self._api, self.entry)
@@ -109,17 +131,32 @@ class LoadedKernel:
         self._api.launch(self, grid, stream, buffers)
         del keep  # the allocator orders reuse after the launch on this stream
 
-    def _fill_scratch(self, buffers: _ArgBuffers, grid: tuple[int, int, int],
-                      scratch_alloc: Callable[[int, int], Any] | None) -> list[Any]:
+    def fail(self, status: int, grid: tuple[int, int, int]) -> None:
+        """Raise the DriverError for a status other than 0 from the compiled helper (``fast``)."""
+        call, error = fastlaunch.describe(status)
+        name = f"cuLaunchKernel({self.entry.name}, grid={grid})" if call == "cuLaunchKernel" else call
+        self._api.check(error, name)
+        raise DriverError(f"{name} failed with status {status}")  # check() raises for any error but 0
+
+    def _scratch_memory(self, grid: tuple[int, int, int], scratch_alloc: Callable[[int, int], Any] | None) -> list[Any]:
+        """One allocation per hidden scratch parameter of nonzero size, in slot order."""
         if scratch_alloc is None:
             raise DriverError(f"entry {self.entry.key} needs scratch memory; pass scratch_alloc")
         programs = grid[0] * grid[1] * grid[2] * self.entry.num_ctas
-        keep = []
-        for slot, size in self._scratch:
-            memory = scratch_alloc(programs * size, self.device_index)
-            keep.append(memory)
+        return [scratch_alloc(programs * size, self.device_index) for _, size in self._scratch]
+
+    def _fill_scratch(self, buffers: _ArgBuffers, grid: tuple[int, int, int],
+                      scratch_alloc: Callable[[int, int], Any] | None) -> list[Any]:
+        keep = self._scratch_memory(grid, scratch_alloc)
+        for (slot, _), memory in zip(self._scratch, keep, strict=True):
             buffers.ints[slot] = memory.data_ptr()
         return keep
+
+
+def _scratch_size(entry: Entry, name: str) -> int:
+    """Bytes per program of a hidden scratch parameter (0: passed as NULL)."""
+    sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
+    return sizes.get(name, 0)
 
 
 class _GpuApi:
@@ -128,6 +165,15 @@ class _GpuApi:
 
     def aux(self) -> Any:
         """Per-thread scratch the launch call needs (an out-parameter)."""
+        return None
+
+    def check(self, status: int, call: str) -> None:
+        """Raise a DriverError naming ``call`` for a status other than 0."""
+        if status != 0:
+            raise DriverError(f"{call} failed: error {status}")
+
+    def fast_launcher(self, kernel: LoadedKernel, slots: tuple[int, ...]) -> Callable[..., int] | None:
+        """The compiled helper's launcher for ``kernel``, or None for the ABI-mode path (the default)."""
         return None
 
     def load(self, entry: Entry, device_index: int) -> LoadedKernel:
@@ -140,16 +186,27 @@ class _GpuApi:
 class CudaApi(_GpuApi):
     """libcuda through cffi."""
 
-    def __init__(self) -> None:
+    def __init__(self, library: str = "libcuda.so.1") -> None:
         self.ffi = make_ffi("cuda", CUDA_CDEF)
         try:
-            self.lib = self.ffi.dlopen("libcuda.so.1")
+            self.lib = self.ffi.dlopen(library)
         except OSError as exc:
-            raise DriverError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from None
+            raise DriverError(f"cannot load the CUDA driver ({library}): {exc}") from None
         self._launch = self.lib.cuLaunchKernel
         self._ctx_get = self.lib.cuCtxGetCurrent
         self._contexts: dict[int, Any] = {}
         self.check(self.lib.cuInit(0), "cuInit")
+        self.driver_functions = tuple(self._address(name) for name in (
+            "cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
+
+    def _address(self, name: str) -> int:
+        return int(self.ffi.cast("uintptr_t", getattr(self.lib, name)))
+
+    def fast_launcher(self, kernel: LoadedKernel, slots: tuple[int, ...]) -> Callable[..., int] | None:
+        ctx = self._contexts[kernel.device_index][0]
+        return fastlaunch.launcher(fastlaunch.make_driver(*self.driver_functions),
+                                   int(self.ffi.cast("uintptr_t", kernel.function)),
+                                   int(self.ffi.cast("uintptr_t", ctx)), kernel.block, kernel.shared, slots)
 
     def check(self, status: int, call: str) -> None:
         if status != 0:

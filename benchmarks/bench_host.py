@@ -1,0 +1,170 @@
+"""Host time of one warm call, each public entry point beside its peers, in one run (GPU).
+
+Per call, on a tiny shape (1 x 2 x 16 x 64 bf16, so the host is what costs):
+``attn_fwd``, ``flash_attn_func`` and the SDPA drop-in through each launch
+path (the compiled helper, lazytriton/driver/fastlaunch.py, and cffi's ABI
+mode), beside ``torch.add``, torch's SDPA (default backend) and the same
+kernel through Triton's JIT. The target (issue 12): an eager warm call costs
+at most 1.5x torch.add's host time.
+
+Host time, not GPU time: each round times ``--calls`` calls (fewer than the
+driver's launch queue holds, so no launch waits for the GPU) and synchronises
+outside the timed span; the figure is the median over ``--rounds`` rounds,
+the providers' rounds interleaved so that a slow spell of the machine hits
+all of them. Builds the helper first if it is missing (``--no-build`` to
+skip), and says which launch path each row used.
+
+Usage: python benchmarks/bench_host.py [--csv PATH] [--rounds N] [--calls N] [--no-build] [--no-jit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from csvlog import append_rows
+
+import lazytriton
+from lazytriton import runtime
+from lazytriton.driver import fastlaunch
+
+FIELDS = ["benchmark", "provider", "mode", "value", "unit", "ratio_to_torch_add", "rounds", "calls", "gpu", "torch",
+          "triton", "lazytriton", "timestamp"]
+TARGET = 1.5
+HELPER, ABI = "compiled helper", "cffi ABI mode"
+
+
+def ensure_helper(build: bool) -> str:
+    """The helper's state, building it into the package folder when missing and ``build``."""
+    if fastlaunch.available():
+        return "installed"
+    if not build:
+        return "not built (--no-build)"
+    try:
+        from lazytriton.driver import fastlaunch_build
+
+        path = fastlaunch_build.build()
+    except Exception as exc:  # no compiler, no Python headers, read-only install
+        return f"build failed ({type(exc).__name__}: {exc})"
+    return f"built now: {path}" if fastlaunch.refresh() else f"built at {path} but it does not import"
+
+
+def entry_points(path: str) -> dict[str, Callable[[], object]]:
+    """The three public calls, warm, with kernels loaded under launch path ``path``."""
+    previous = fastlaunch.enable(path == HELPER)
+    try:
+        runtime.reset()  # kernels take the launch path of the setting they are loaded under
+        q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        calls: dict[str, Callable[[], object]] = {
+            "attn_fwd": lambda: lazytriton.attn_fwd(q, k, v),
+            "flash_attn_func": lambda: lazytriton.flash_attn_func(qb, kb, vb),
+            "lazytriton_sdpa": lambda: lazytriton.scaled_dot_product_attention(q, k, v),
+        }
+        for fn in calls.values():
+            fn()
+            fn()
+        kernel, _ = next(iter(runtime.get().plans.values()))
+        used = HELPER if kernel.fast is not None else ABI
+        if used != path:
+            raise SystemExit(f"asked for launch path {path!r}, the loaded kernel has {used!r}")
+        return calls
+    finally:
+        fastlaunch.enable(previous)
+
+
+def peers(with_jit: bool) -> dict[str, Callable[[], object]]:
+    q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    calls: dict[str, Callable[[], object]] = {
+        "torch_add": lambda: torch.add(q, q),
+        "sdpa_default": lambda: F.scaled_dot_product_attention(q, k, v),
+    }
+    if with_jit:
+        from bench_flash_fwd import triton_jit
+
+        calls["triton_jit"] = triton_jit(q, k, v, False)
+    return calls
+
+
+def measure(providers: dict[tuple[str, str], Callable[[], object]], rounds: int, calls: int) -> dict[
+        tuple[str, str], float]:
+    """Median over interleaved rounds of the host µs per call (launches never wait for the GPU)."""
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in providers}
+    for fn in providers.values():
+        for _ in range(100):
+            fn()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for key, fn in providers.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[key].append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "host.csv")
+    parser.add_argument("--rounds", type=int, default=41)
+    parser.add_argument("--calls", type=int, default=400, help="calls per round (stay under the launch queue)")
+    parser.add_argument("--no-build", action="store_true", help="do not build the launch helper if missing")
+    parser.add_argument("--no-jit", action="store_true", help="leave out Triton's JIT (no triton import)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_host needs a CUDA GPU", file=sys.stderr)
+        return 2
+    helper = ensure_helper(not args.no_build)
+    print(f"launch helper: {helper}")
+    paths = [HELPER, ABI] if fastlaunch.available() else [ABI]
+    started = time.perf_counter()
+    results: dict[tuple[str, str], float] = {}
+    adds: dict[str, float] = {}
+    jit = not args.no_jit
+    for path in paths:  # one runtime at a time: a reset drops the other path's kernels
+        providers = {(name, path): fn for name, fn in entry_points(path).items()}
+        providers.update({(name, "-"): fn for name, fn in peers(jit).items()})
+        measured = measure(providers, args.rounds, args.calls)
+        adds[path] = measured[("torch_add", "-")]
+        results.update({key: value for key, value in measured.items() if key[1] != "-" or path == paths[0]})
+        jit = False  # the peers are measured once (the first group); torch.add again in each group
+    triton_version = "-"
+    if not args.no_jit:
+        import triton
+
+        triton_version = triton.__version__
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton_version,
+            "lazytriton": lazytriton.__version__, "rounds": args.rounds, "calls": args.calls,
+            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+    def ratio(name: str, path: str, value: float) -> float:
+        return value / adds[path if path in adds else paths[0]]
+
+    append_rows(args.csv, FIELDS, ({**meta, "benchmark": "host", "provider": name, "mode": path,
+                                    "value": round(value, 2), "unit": "us_per_call",
+                                    "ratio_to_torch_add": round(ratio(name, path, value), 3)}
+                                   for (name, path), value in results.items()))
+    print(f"\nhost µs per warm call, median of {args.rounds} rounds x {args.calls} calls "
+          f"({time.perf_counter() - started:.0f} s; {meta['gpu']}, torch {meta['torch']}, triton {triton_version})")
+    print("ratios are to torch.add measured in the same group: " +
+          ", ".join(f"{path} {value:.2f} µs" for path, value in adds.items()))
+    print(f"{'call':<18} {'launch path':<16} {'host µs':>8} {'vs torch.add':>13}")
+    for (name, path), value in results.items():
+        r = ratio(name, path, value)
+        verdict = "" if path == "-" else ("  meets 1.5x" if r <= TARGET else "  over 1.5x")
+        print(f"{name:<18} {path:<16} {value:8.2f} {r:12.2f}x{verdict}")
+    print(f"rows appended to {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
