@@ -199,8 +199,8 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 /* Plans: a loaded kernel and what a launch needs, for one shape class.       */
 
 #define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
-#define LT__KERNEL_PARAMS 28       /* flash_fwd: 26 pointers and integers, then sm_scale and softcap */
-#define LT__KERNEL_INTS 26
+#define LT__KERNEL_PARAMS 30       /* flash_fwd: 28 pointers and integers, then sm_scale and softcap */
+#define LT__KERNEL_INTS 28
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
@@ -314,7 +314,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
     /* No sliding window (-1, -1) and no softcap (0): the C API's calls have neither. */
     int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
-        (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data,
+        (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1};

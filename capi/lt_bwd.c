@@ -11,8 +11,8 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 37           /* flash_bwd_dq: 35 pointers and integers, then sm_scale and softcap */
-#define LT__BWD_DKDV_PARAMS 37         /* flash_bwd_dkdv: 35 pointers and integers, then sm_scale and softcap */
+#define LT__BWD_DQ_PARAMS 39           /* flash_bwd_dq: 37 pointers and integers, then sm_scale and softcap */
+#define LT__BWD_DKDV_PARAMS 39         /* flash_bwd_dkdv: 37 pointers and integers, then sm_scale and softcap */
 #define LT__BWD_FLOATS 2
 
 /* ------------------------------------------------------------------------- */
@@ -249,7 +249,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
     int64_t dq_ints[LT__BWD_DQ_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
-        (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data,
+        (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data, c->cu_seqlens_q, c->cu_seqlens_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
@@ -257,7 +257,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
     int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
-        (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data,
+        (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data, c->cu_seqlens_q, c->cu_seqlens_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],

@@ -14,6 +14,7 @@ typedef struct {
     int aligned, index64, empty;
     int64_t offset;
     float scale;
+    int64_t cu_seqlens_q, cu_seqlens_k; /* the varlen kernels' pointers; 0 in a dense call */
 } lt__call;
 
 static const char *lt__dtype_name(int32_t dtype) {

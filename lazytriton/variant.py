@@ -159,8 +159,8 @@ class Variant:
 # flash_fwd's constexprs, passed to the kernel (false when absent, so variant
 # strings written before it keep their meaning: the pointer kernel). WINDOW
 # (sliding window) and SOFTCAP (logit softcapping) are constexprs of all three
-# attention kernels, absent meaning off, for the same reason.
-_FLAGS = ("ALIGN16", "INDEX64", "TMA", "WINDOW", "SOFTCAP")
+# attention kernels, absent meaning off, for the same reason; so is VARLEN (packed sequences).
+_FLAGS = ("ALIGN16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "VARLEN")
 _OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
 _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16
