@@ -138,6 +138,13 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     or a torch.compile trace is in progress.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (total_k, heads_k, head_dim), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"k has head dim {k.shape[2]} but q has head dim {q.shape[2]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]}) for GQA/MQA")
     cu_q, cu_k = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, q), _cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
     if cu_q.numel() != cu_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got {cu_q.numel()} and "
