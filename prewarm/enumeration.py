@@ -26,11 +26,12 @@ given, the groups are the default grid:
     index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
+    varlen    false (``--varlen`` adds true: packed sequences, VARLEN=true, seqlens as max_seqlen)
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, window, softcap, seqlen_q, seqlen_k. The window and softcap variants
-take the plain call's tile sizes (``dispatch.kernel_variant``).
+index64, window, softcap, varlen, seqlen_q, seqlen_k. The window, softcap and
+varlen variants take the plain call's tile sizes (``dispatch.kernel_variant``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Axes:
     index64: tuple[bool, ...] = (False,)
     window: tuple[bool, ...] = (False,)
     softcap: tuple[bool, ...] = (False,)
+    varlen: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -176,11 +178,12 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, axes.head_dims or DEFAULT_HEAD_DIMS,
                                                      axes.causal or DEFAULT_CAUSAL):
         buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
-        for aligned, index64, window, softcap, (seqlen_q, seqlen_k) in itertools.product(
-                axes.aligned, axes.index64, axes.window, axes.softcap, _seqlens(axes, buckets)):
+        for aligned, index64, window, softcap, varlen, (seqlen_q, seqlen_k) in itertools.product(
+                axes.aligned, axes.index64, axes.window, axes.softcap, axes.varlen, _seqlens(axes, buckets)):
             config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
-                                              config=config, index64=index64, window=window, softcap=softcap)
+                                              config=config, index64=index64, window=window, softcap=softcap,
+                                              varlen=varlen)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 

@@ -418,6 +418,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--target", help="sm_90, gfx942, ... (default: the GPU here, else sm_90)")
     ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
+    ex.add_argument("--varlen", action="store_true", help="packed sequences (flash_attn_varlen_func, VARLEN=true); "
+                    "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k")
     from lazytriton.cli.explain import cmd_explain  # it imports this module's report helpers
 
     ex.set_defaults(fn=_guarded(cmd_explain))

@@ -56,13 +56,14 @@ def explain_report(args: argparse.Namespace) -> Report:
     if args.seqlen_q < 1 or seqlen_k < 0:
         raise ValueError(f"--seqlen-q must be >= 1 and --seqlen-k >= 0, got {args.seqlen_q} and {seqlen_k}")
     kernel = getattr(args, "kernel", "flash_fwd")
+    varlen = bool(getattr(args, "varlen", False))
     kernels = explain_kernels(kernel)
     rt = None
     reports = []
     for name in kernels:
         config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
         variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                          args.seqlen_q, seqlen_k, index64=args.index64)
+                                          args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen)
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
@@ -70,6 +71,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
+            "varlen": varlen,
             "target": str(target), "target_source": how}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
@@ -108,7 +110,10 @@ def print_explain(report: Report) -> None:
     print(f"call     {call['kernel']} {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
           f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
           f"target={call['target']} ({call['target_source']})")
-    if call["causal"] == "bottom_right":
+    if call.get("varlen"):
+        print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
+              "buckets pick the tiles, and causal is bottom-right within each sequence")
+    elif call["causal"] == "bottom_right":
         print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
     several = len(report["kernels"]) > 1
     if several:
