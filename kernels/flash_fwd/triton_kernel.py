@@ -43,6 +43,24 @@ causal or not, aligned or not) and of the backward's eight is instruction for
 instruction what it was before them, apart from the three unused parameters
 in the signature and debug labels; the TMA variant's differs only in the
 numbering of one register.
+
+``VARLEN=true`` is FlashAttention-2's varlen call: Q, K, V and Out are packed
+(total_tokens, heads, head_dim) tensors, seen as one batch of total_tokens
+rows (the binding passes their (1, heads, total, head_dim) views), and
+``Cu_seqlens_q``/``Cu_seqlens_k`` hold each sequence's first row (batch + 1
+int32, cumulative). Program z is sequence ``batch``: it reads its start and
+length, offsets its base pointers by start x the row stride (the batch strides
+are not read), takes its own lengths as seqlen_q/seqlen_k and its own
+bottom-right offset len_k - len_q (the ``causal_offset`` parameter is not
+read), and a program whose query block starts past its sequence returns at
+once (the grid covers max_seqlen_q). Lse is (heads_q, total_q), FlashAttention
+2.4+'s varlen layout. Unbounded window sides come from the binding as
+max(total_q, total_k), which bounds no sequence. Off by default, it compiles
+away: with Triton 3.9 for sm_90, eleven variants of the three kernels (the
+dtypes, causal or not, aligned or not, head dims 64/80/128, TMA, window and
+softcap) assemble (ptxas of Triton 3.9, sm_90a) to the same SASS as before,
+instruction for instruction, apart from the constant-bank offsets of the
+parameters after the two new pointers.
 """
 
 import triton
