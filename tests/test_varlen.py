@@ -21,9 +21,8 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from conftest import gpu
 from test_flash_bwd import GRAD_FLOOR
-from test_flash_fwd import LSE_FLOOR, OUT_FLOOR
+from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu
 
 import lazytriton
 from lazytriton import dispatch
@@ -409,7 +408,7 @@ def test_flash_attn_varlen_func_is_exported_lazily() -> None:
 # On the GPU (the lead runs these on the H200)
 
 
-@gpu
+@on_gpu
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("head_dim", [64, 128, 80])
 @pytest.mark.parametrize(("causal", "window", "softcap"), [(False, NO_WINDOW, 0.0), (True, NO_WINDOW, 0.0),
