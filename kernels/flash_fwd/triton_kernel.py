@@ -58,9 +58,11 @@ once (the grid covers max_seqlen_q). Lse is (heads_q, total_q), FlashAttention
 max(total_q, total_k), which bounds no sequence. Off by default, it compiles
 away: with Triton 3.9 for sm_90, eleven variants of the three kernels (the
 dtypes, causal or not, aligned or not, head dims 64/80/128, TMA, window and
-softcap) assemble (ptxas of Triton 3.9, sm_90a) to the same SASS as before,
-instruction for instruction, apart from the constant-bank offsets of the
-parameters after the two new pointers.
+softcap) hold the same PTX instructions as before (registers and parameters
+renumbered, a few independent instructions in another order) and assemble
+(Triton 3.9's ptxas, sm_90a) to the same SASS, instruction for instruction,
+apart from the constant-bank offsets of the parameters after the two new
+pointers.
 """
 
 import triton
