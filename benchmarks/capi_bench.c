@@ -143,13 +143,14 @@ int main(int argc, char **argv) {
         die("cuModuleLoadData/GetFunction", r);
     if (g_shared > 48 * 1024 && (r = cu.func_set_attribute(g_function, 8, (int)g_shared)))
         die("cuFuncSetAttribute", r);
-    /* flash_fwd's parameters (kernels/flash_fwd/__init__.py): 26 ints (pointers, strides, sizes, causal offset,
-     * window left/right = -1/-1 for no window), then sm_scale and softcap (0 = off), then the hidden pointers. */
-    enum { N_INTS = 26 };
-    static int64_t ints[32];
+    /* flash_fwd's parameters (kernels/flash_fwd/__init__.py): 28 ints (pointers, the varlen pointers = 0 for a
+     * dense call, strides, sizes, causal offset, window left/right = -1/-1 for no window), then sm_scale and
+     * softcap (0 = off), then the hidden pointers. */
+    enum { N_INTS = 28 };
+    static int64_t ints[40];
     static float floats[2];
     static void *params[40];
-    int64_t values[N_INTS] = {(int64_t)at[0], (int64_t)at[1], (int64_t)at[2], (int64_t)at[3], (int64_t)at[4],
+    int64_t values[N_INTS] = {(int64_t)at[0], (int64_t)at[1], (int64_t)at[2], (int64_t)at[3], (int64_t)at[4], 0, 0,
                               h * s * d, s * d, d, h * s * d, s * d, d, h * s * d, s * d, d, h * s * d, s * d, d,
                               h * s, s, 1, s, s, d, 0, -1, -1};
     memcpy(ints, values, sizeof values);

@@ -47,6 +47,7 @@ typedef struct {
     int32_t aligned;
     int32_t index64;
     int32_t kernel;
+    int32_t varlen;
     int64_t seqlen_q;
     int64_t seqlen_k;
     uint64_t function;

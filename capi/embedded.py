@@ -156,7 +156,7 @@ def _host_tensor(view: Any) -> Any:
     """A torch tensor over the caller's host memory (no copy), with the view's sizes and strides."""
     import torch
 
-    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[view.dtype]
+    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32, 4: torch.int32}[view.dtype]
     sizes = tuple(int(view.sizes[i]) for i in range(view.ndim))
     strides = tuple(int(view.strides[i]) for i in range(view.ndim))
     if 0 in sizes:
@@ -167,6 +167,23 @@ def _host_tensor(view: Any) -> Any:
     return torch.frombuffer(buffer, dtype=dtype, count=extent).as_strided(sizes, strides)
 
 
+def _is_varlen(p: Any) -> bool:
+    """Whether a (version 2) params struct describes packed sequences (lt_check.c's lt__wants_varlen)."""
+    cu_q, cu_k = p.cu_seqlens_q, p.cu_seqlens_k
+    return bool(cu_q.data != _ffi.NULL or cu_k.data != _ffi.NULL or cu_q.ndim or cu_k.ndim)
+
+
+def _varlen_call(p: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """(cu_seqlens_q, cu_seqlens_k, the varlen binding's checked call), the values of the lengths included."""
+    from lazytriton.kernels.flash_fwd import varlen
+
+    cu_q, cu_k = _host_tensor(p.cu_seqlens_q), _host_tensor(p.cu_seqlens_k)
+    scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    call = varlen.check(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_k), p.causal == 2, scale,
+                        values=True)
+    return cu_q, cu_k, call
+
+
 def attn_fwd_cpu(p: Any) -> int:
     import torch
 
@@ -174,6 +191,15 @@ def attn_fwd_cpu(p: Any) -> int:
 
     q, k, v, out, lse = (_host_tensor(t) for t in (p.q, p.k, p.v, p.out, p.lse))
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    if _is_varlen(p):
+        from lazytriton.kernels.flash_fwd import varlen
+
+        cu_q, cu_k, call = _varlen_call(p, q, k, v)
+        with torch.no_grad():
+            result, logsumexp = varlen.forward(q, k, v, cu_q, cu_k, call)
+        out.copy_(result)
+        lse.copy_(logsumexp)
+        return OK
     with torch.no_grad():
         result, logsumexp = flash.attn_fwd(q, k, v, causal=_CAUSAL[p.causal], sm_scale=scale)
     out.copy_(result)
@@ -194,6 +220,16 @@ def attn_bwd_cpu(p: Any) -> int:
 
     q, k, v, out, lse, dout, dq, dk, dv = (_host_tensor(t) for t in (p.q, p.k, p.v, p.out, p.lse, p.dout, p.dq,
                                                                         p.dk, p.dv))
+    if _is_varlen(p):
+        from lazytriton.kernels.flash_fwd import varlen
+
+        cu_q, cu_k, vcall = _varlen_call(p, q, k, v)
+        varlen.check_grad(q, out, lse, dout)
+        with torch.no_grad():
+            for mine, got in zip((dq, dk, dv), varlen.backward(q, k, v, out, lse, dout, cu_q, cu_k, vcall),
+                                 strict=True):
+                mine.copy_(got)
+        return OK
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     call = fwd.check(q, k, v, _CAUSAL[p.causal], scale)
     bwd.check_grad(q, out, lse, dout, call)
@@ -239,8 +275,11 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 
 
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
-                 index64: bool, seqlen_q: int, seqlen_k: int) -> Any:
-    """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call."""
+                 index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False) -> Any:
+    """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call.
+
+    ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's).
+    """
     import torch
 
     from lazytriton.kernels.flash_fwd import binding as fwd
@@ -249,6 +288,11 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     target = Target("cuda", str(capability), 32)
     dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
     shape = fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim)  # dispatch reads no batch or heads
+    if varlen:
+        from lazytriton import dispatch
+
+        return dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], head_dim, causal, aligned, seqlen_q,
+                                       seqlen_k, index64=index64, varlen=True)
     if kernel == "flash_fwd":
         return fwd.variant(target, dtype, shape, causal, aligned, index64)
     from lazytriton.kernels.flash_bwd import binding as bwd
@@ -264,7 +308,7 @@ def plan(req: Any) -> int:
     if name is None:
         raise CapiError(INVALID_ARGUMENT, f"plan request for kernel {req.kernel}; expected one of {KERNELS}")
     variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
-                           bool(req.index64), req.seqlen_q, req.seqlen_k)
+                           bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen))
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
@@ -281,7 +325,7 @@ def plan(req: Any) -> int:
 # ---------------------------------------------------------------------------
 # lt_prewarm, lt_cache_stats
 
-_AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64")
+_AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen")
 _TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
 _FALSE = {"0", "false", "no", "off", "none"}
 
@@ -335,16 +379,20 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     causal = _flag(axes, "causal", False)
     aligned = _flag(axes, "aligned", True)
     index64 = _flag(axes, "index64", False)
+    varlen = _flag(axes, "varlen", False)
     target = known_target(axes["target"])
     if kernel == "flash_fwd":
         return (dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                           index64=index64, seqlen_k=seqlen_k),)
+                                           index64=index64, seqlen_k=seqlen_k, varlen=varlen),)
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
 
     dtype = {name: torch_dtype for torch_dtype, name in fwd.DTYPES.items()}.get(axes["dtype"])
     if dtype is None:
         raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
+    if varlen:
+        return tuple(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
+                                             seqlen_k, index64=index64, varlen=True) for name in dispatch.BWD_KERNELS)
     return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64)
 
 

@@ -67,6 +67,7 @@ typedef struct {
     int32_t aligned;      /* in */
     int32_t index64;      /* in */
     int32_t kernel;       /* in: LT__KERNEL_* */
+    int32_t varlen;       /* in: packed sequences (VARLEN=true); the seqlens are then max_seqlen_q/max_seqlen_k */
     int64_t seqlen_q;     /* in */
     int64_t seqlen_k;     /* in */
     uint64_t function;    /* out: CUfunction */
@@ -199,13 +200,13 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 /* Plans: a loaded kernel and what a launch needs, for one shape class.       */
 
 #define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
-#define LT__KERNEL_PARAMS 28       /* flash_fwd: 26 pointers and integers, then sm_scale and softcap */
-#define LT__KERNEL_INTS 26
+#define LT__KERNEL_PARAMS 30       /* flash_fwd: 28 pointers and integers, then sm_scale and softcap */
+#define LT__KERNEL_INTS 28
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
     int32_t kernel; /* LT__KERNEL_FWD, or LT__KERNEL_BWD_DQ for the backward's pair */
-    int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits;
+    int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits, varlen;
 } lt__plan_key;
 
 struct lt_plan {
@@ -224,16 +225,22 @@ static int32_t lt__bits(int64_t n) { /* (n - 1).bit_length(): the seqlen bucket 
     return bits;
 }
 
+/* The seqlens dispatch buckets: a packed call's max_seqlen_q/max_seqlen_k, a dense call's own. */
+static int64_t lt__dispatch_sq(const lt__call *c) { return c->varlen ? c->max_sq : c->sq; }
+static int64_t lt__dispatch_sk(const lt__call *c) { return c->varlen ? c->max_sk : c->sk; }
+
 static lt__plan_key lt__key_of(const lt__call *c) {
     lt__plan_key key = {LT__KERNEL_FWD, c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE,
-                        c->aligned, c->index64, lt__bits(c->sq), lt__bits(c->sk)};
+                        c->aligned, c->index64, lt__bits(lt__dispatch_sq(c)), lt__bits(lt__dispatch_sk(c)),
+                        c->varlen};
     return key;
 }
 
 static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
-    snprintf(buf, size, "%s, head dim %d, cuda:%d, %s, %s pointers and strides, %d-bit indexing",
+    snprintf(buf, size, "%s, head dim %d, cuda:%d, %s, %s pointers and strides, %d-bit indexing%s",
              lt__dtype_name(k->dtype), k->head_dim, k->device_index, k->causal ? "causal" : "not causal",
-             k->aligned ? "16-byte aligned" : "unaligned", k->index64 ? 64 : 32);
+             k->aligned ? "16-byte aligned" : "unaligned", k->index64 ? 64 : 32,
+             k->varlen ? ", packed sequences" : "");
 }
 
 /* Plans need device memory and work to do (what for depends on the caller: names the call to use instead). */
@@ -254,7 +261,8 @@ static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capa
     memset(req, 0, sizeof *req);
     req->device_index = c->device_index, req->capability = capability, req->dtype = c->dtype;
     req->head_dim = (int32_t)c->d, req->causal = c->causal != LT_CAUSAL_NONE, req->aligned = c->aligned;
-    req->index64 = c->index64, req->kernel = kernel, req->seqlen_q = c->sq, req->seqlen_k = c->sk;
+    req->index64 = c->index64, req->kernel = kernel, req->varlen = c->varlen;
+    req->seqlen_q = lt__dispatch_sq(c), req->seqlen_k = lt__dispatch_sk(c);
     if ((s = (lt_status)lt__py_plan(req)) != LT_OK)
         return s;
     req->variant[sizeof req->variant - 1] = '\0';
@@ -292,7 +300,7 @@ static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
 static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     if (c->device_type != LT_DEVICE_CUDA || c->device_index != k->device_index || c->dtype != k->dtype ||
         c->d != k->head_dim || (c->causal != LT_CAUSAL_NONE) != k->causal || (k->aligned && !c->aligned) ||
-        (c->index64 && !k->index64)) {
+        (c->index64 && !k->index64) || c->varlen != k->varlen) {
         char want[256], got[256];
         lt__plan_key call_key = lt__key_of(c);
         lt__describe(want, sizeof want, k);
@@ -308,13 +316,14 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     return LT_OK;
 }
 
-/* The launch: flash_fwd's parameters in its description's order (lazytriton.flash._kernel_args). */
+/* The launch: flash_fwd's parameters in its description's order (binding.c_initializer); p is lt__fwd_prepare's
+ * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. */
 static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
     /* No sliding window (-1, -1) and no softcap (0): the C API's calls have neither. */
     int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
-        (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data,
+        (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1};
@@ -326,9 +335,10 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
         params[i] = &floats[i - LT__KERNEL_INTS];
     for (uint32_t h = 0; h < plan->n_hidden; h++)
         params[LT__KERNEL_PARAMS + h] = &ints[LT__KERNEL_INTS + h]; /* zero: NULL scratch */
-    unsigned int grid_x = (unsigned int)((c->sq + plan->block_m - 1) / plan->block_m);
-    return lt__cu_launch(plan->function, plan->context, grid_x, (unsigned int)c->hq, (unsigned int)c->b,
-                         plan->block_threads, plan->shared_bytes, stream, params);
+    unsigned int grid_x = (unsigned int)((lt__dispatch_sq(c) + plan->block_m - 1) / plan->block_m);
+    return lt__cu_launch(plan->function, plan->context, grid_x, (unsigned int)c->hq,
+                         (unsigned int)(c->varlen ? c->batch : c->b), plan->block_threads, plan->shared_bytes, stream,
+                         params);
 }
 
 /* lt_attn_fwd's and lt_attn_bwd's plans, one per shape class and seqlen bucket (as the bindings' memo).
@@ -514,10 +524,12 @@ LT_API lt_status lt_tensor_init(lt_tensor *tensor, void *data, lt_dtype dtype, i
     return LT_OK;
 }
 
-LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *params, void *stream) {
+LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *user, void *stream) {
     lt__call c;
     lt_status s;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__check(params, &c)) != LT_OK)
+    lt_attn_fwd_params norm, view, *params = &view;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(user, &norm, &view)) != LT_OK ||
+        (s = lt__check(&view, &c)) != LT_OK)
         return s;
     if (c.empty)
         return LT_OK;
@@ -526,7 +538,7 @@ LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *params, void *stream) {
             lt__fill_no_keys(params, &c);
             return LT_OK;
         }
-        return (lt_status)lt__py_attn_fwd_cpu(params);
+        return (lt_status)lt__py_attn_fwd_cpu(&norm); /* the caller's layout: Python checks and packs it again */
     }
     if (c.sk == 0)
         return lt__fail(LT_ERROR_UNSUPPORTED, "seqlen_k = 0 on a GPU is not supported by the C API (there is no "
@@ -548,23 +560,27 @@ LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *params, void *stream) {
 LT_API lt_status lt_attn_fwd_plan(const lt_attn_fwd_params *params, lt_plan **plan) {
     lt__call c;
     lt_status s;
+    lt_attn_fwd_params norm, view;
     if (plan == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_fwd_plan: plan (the out pointer) is NULL");
     *plan = NULL;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__check(params, &c)) != LT_OK)
+    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(params, &norm, &view)) != LT_OK ||
+        (s = lt__check(&view, &c)) != LT_OK)
         return s;
     return lt__make_plan(&c, plan);
 }
 
-LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *params, void *stream) {
+LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *user, void *stream) {
     lt__call c;
     lt_status s;
+    lt_attn_fwd_params norm, view, *params = &view;
     if (plan == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_plan_launch: plan is NULL");
     if (plan->magic != LT__PLAN_MAGIC)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_launch: plan is not a live plan (destroyed, or not "
                         "made by lt_attn_fwd_plan)");
-    if ((s = lt__check(params, &c)) != LT_OK || (s = lt__check_key(&plan->key, &c)) != LT_OK)
+    if ((s = lt__fwd_prepare(user, &norm, &view)) != LT_OK || (s = lt__check(&view, &c)) != LT_OK ||
+        (s = lt__check_key(&plan->key, &c)) != LT_OK)
         return s;
     return lt__launch(plan, params, &c, stream);
 }

@@ -13,7 +13,8 @@
  * - Structs passed in carry their own size and version (struct_size =
  *   sizeof(the struct), version = its LT_*_VERSION macro); a struct of another
  *   size or version is refused with LT_ERROR_VERSION, never misread. The
- *   *_init() helpers fill both.
+ *   *_init() helpers fill both. A params struct of an older version (its
+ *   size and version) is still taken, and means what it meant then.
  * - The library embeds the CPython it was built with and starts it in
  *   lt_init(); the host program needs no Python of its own. Every Python
  *   exception becomes a status and a message: no call exits or aborts the
@@ -40,8 +41,8 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 1
-#define LT_ATTN_BWD_PARAMS_VERSION 1
+#define LT_ATTN_FWD_PARAMS_VERSION 2 /* 2: packed sequences (cu_seqlens_*); a version 1 struct is still taken */
+#define LT_ATTN_BWD_PARAMS_VERSION 2
 #define LT_STATS_VERSION 1
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -78,7 +79,8 @@ typedef enum {
 typedef enum {
     LT_DTYPE_FP16 = 1,
     LT_DTYPE_BF16 = 2,
-    LT_DTYPE_FP32 = 3
+    LT_DTYPE_FP32 = 3,
+    LT_DTYPE_INT32 = 4 /* cu_seqlens_q and cu_seqlens_k only */
 } lt_dtype;
 
 typedef enum {
@@ -136,7 +138,21 @@ typedef struct {
  *   v   the shape of k
  *   out the shape and dtype of q, written
  *   lse (batch, heads_q, seqlen_q) fp32, contiguous, written: the logsumexp
- * q, k, v and out take any strides with a contiguous last dim (stride 1). */
+ * q, k, v and out take any strides with a contiguous last dim (stride 1).
+ *
+ * Packed sequences (version 2, the C twin of flash_attn_varlen_func): with
+ * cu_seqlens_q.data and cu_seqlens_k.data set, sequence i is rows
+ * cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and cu_seqlens_k[i]:cu_seqlens_k[i + 1]
+ * of k and v, and the tensors are
+ *   q   (total_q, heads_q, head_dim), k and v (total_k, heads_k, head_dim), out like q
+ *   lse (heads_q, total_q) fp32, contiguous (FlashAttention-2's varlen layout)
+ *   cu_seqlens_q, cu_seqlens_k  LT_DTYPE_INT32, (batch + 1), contiguous, on q's device
+ * causal is LT_CAUSAL_NONE or LT_CAUSAL_BOTTOM_RIGHT (within each sequence).
+ * The values of cu_seqlens_* are not read on a GPU (they are device memory):
+ * as in FlashAttention-2 they must start at 0, not decrease, end at
+ * total_q/total_k, and max_seqlen_q/max_seqlen_k must be at least the longest
+ * sequence. On the CPU they are checked. Left zero (lt_attn_fwd_params_init),
+ * the call is dense; a version 1 struct (its smaller struct_size) is dense. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -148,6 +164,11 @@ typedef struct {
     int32_t causal;       /* lt_causal */
     uint32_t flags;       /* reserved: must be 0 */
     double sm_scale;      /* softmax scale; NaN: 1/sqrt(head_dim) (lt_attn_fwd_params_init sets NaN) */
+    /* Version 2: packed sequences (see above); zero for a dense call. */
+    lt_tensor cu_seqlens_q; /* int32 (batch + 1): cumulative query lengths */
+    lt_tensor cu_seqlens_k; /* int32 (batch + 1): cumulative key lengths */
+    int64_t max_seqlen_q;   /* >= the longest query sequence, >= 1 */
+    int64_t max_seqlen_k;   /* >= the longest key sequence, >= 1 */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:
@@ -161,7 +182,9 @@ typedef struct {
  *            unspecified
  * causal and sm_scale must be the forward's. Any strides with a contiguous
  * last dim for the 4-dim tensors. Rows that saw no key get zero gradients,
- * and so do keys that no query saw. */
+ * and so do keys that no query saw.
+ * Packed sequences (version 2): the forward's cu_seqlens_*, max_seqlen_*
+ * and layouts; dout and dq like q, dk and dv like k, delta (heads_q, total_q). */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
     uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
@@ -178,6 +201,11 @@ typedef struct {
     int32_t causal;       /* lt_causal */
     uint32_t flags;       /* reserved: must be 0 */
     double sm_scale;      /* softmax scale; NaN: 1/sqrt(head_dim) (lt_attn_bwd_params_init sets NaN) */
+    /* Version 2: packed sequences, as lt_attn_fwd_params; zero for a dense call. */
+    lt_tensor cu_seqlens_q;
+    lt_tensor cu_seqlens_k;
+    int64_t max_seqlen_q;
+    int64_t max_seqlen_k;
 } lt_attn_bwd_params;
 
 /* What the cache holds and what this process did (lt_cache_stats()). */
@@ -271,7 +299,7 @@ LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan);
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
- * seqlen_k, aligned=1, index64=0; kernel=flash_bwd for the backward's two
+ * seqlen_k, aligned=1, index64=0, varlen=0; kernel=flash_bwd for the backward's two
  * kernels, as lt_attn_bwd would choose them). All specs are parsed before
  * anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */

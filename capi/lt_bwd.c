@@ -11,16 +11,21 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 37           /* flash_bwd_dq: 35 pointers and integers, then sm_scale and softcap */
-#define LT__BWD_DKDV_PARAMS 37         /* flash_bwd_dkdv: 35 pointers and integers, then sm_scale and softcap */
+#define LT__BWD_DQ_PARAMS 39           /* flash_bwd_dq: 37 pointers and integers, then sm_scale and softcap */
+#define LT__BWD_DKDV_PARAMS 39         /* flash_bwd_dkdv: 37 pointers and integers, then sm_scale and softcap */
 #define LT__BWD_FLOATS 2
 
 /* ------------------------------------------------------------------------- */
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
 
+/* A version 1 struct: everything before the packed-sequence fields. */
+#define LT__BWD_PARAMS_V1_SIZE offsetof(lt_attn_bwd_params, cu_seqlens_q)
+
 static lt_status lt__check_bwd_struct(const lt_attn_bwd_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
+    if (p->struct_size == LT__BWD_PARAMS_V1_SIZE && p->version == 1)
+        return LT_OK; /* read as the dense call it always was */
     if (p->struct_size != sizeof(lt_attn_bwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for lt_attn_bwd_params: "
@@ -40,7 +45,31 @@ static lt_attn_fwd_params lt__fwd_view(const lt_attn_bwd_params *p) {
     f.struct_size = sizeof f, f.version = LT_ATTN_FWD_PARAMS_VERSION;
     f.q = p->q, f.k = p->k, f.v = p->v, f.out = p->out, f.lse = p->lse;
     f.causal = p->causal, f.flags = p->flags, f.sm_scale = p->sm_scale;
+    f.cu_seqlens_q = p->cu_seqlens_q, f.cu_seqlens_k = p->cu_seqlens_k;
+    f.max_seqlen_q = p->max_seqlen_q, f.max_seqlen_k = p->max_seqlen_k;
     return f;
+}
+
+/* As lt__fwd_prepare: the caller's struct as this version's in *norm, and in *view a packed call's ten tensors
+ * as the kernels' views (q, k, v, out, dout, dq, dk, dv: (1, heads, total, head_dim); lse, delta: (1, heads, total)). */
+static lt_status lt__bwd_prepare(const lt_attn_bwd_params *p, lt_attn_bwd_params *norm, lt_attn_bwd_params *view) {
+    lt_status s;
+    if ((s = lt__check_bwd_struct(p)) != LT_OK)
+        return s;
+    memset(norm, 0, sizeof *norm);
+    memcpy(norm, p, p->struct_size);
+    norm->struct_size = sizeof *norm, norm->version = LT_ATTN_BWD_PARAMS_VERSION;
+    *view = *norm;
+    if (!lt__wants_varlen(&norm->cu_seqlens_q, &norm->cu_seqlens_k))
+        return LT_OK;
+    lt_tensor *ts[8] = {&view->q, &view->k, &view->v, &view->out, &view->dout, &view->dq, &view->dk, &view->dv};
+    static const char *names[8] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+    for (int i = 0; i < 8; i++)
+        if ((s = lt__packed_view(names[i], ts[i], 0)) != LT_OK)
+            return s;
+    if ((s = lt__packed_view("lse", &view->lse, 1)) != LT_OK)
+        return s;
+    return lt__packed_view("delta", &view->delta, 1);
 }
 
 static const char *lt__device_name(int32_t device_type) { return device_type == LT_DEVICE_CPU ? "cpu" : "cuda"; }
@@ -249,7 +278,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
     int64_t dq_ints[LT__BWD_DQ_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
-        (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data,
+        (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data, c->cu_seqlens_q, c->cu_seqlens_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
@@ -257,7 +286,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
     int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
-        (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data,
+        (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data, c->cu_seqlens_q, c->cu_seqlens_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],
@@ -267,14 +296,14 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
     lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, floats, plan->dq.n_hidden);
     lt__bind(dkdv_params, dkdv_ints, LT__BWD_DKDV_PARAMS, floats, plan->dkdv.n_hidden);
     const lt__bwd_kernel *a = &plan->dq, *b = &plan->dkdv;
-    lt_status s = lt__cu_launch(a->function, plan->context, (unsigned int)((c->sq + a->tile - 1) / a->tile),
-                                (unsigned int)c->hq, (unsigned int)c->b, a->block_threads, a->shared_bytes, stream,
-                                dq_params);
+    unsigned int grid_z = (unsigned int)(c->varlen ? c->batch : c->b); /* a packed call: one z per sequence */
+    lt_status s = lt__cu_launch(a->function, plan->context,
+                                (unsigned int)((lt__dispatch_sq(c) + a->tile - 1) / a->tile), (unsigned int)c->hq,
+                                grid_z, a->block_threads, a->shared_bytes, stream, dq_params);
     if (s != LT_OK)
         return s;
-    return lt__cu_launch(b->function, plan->context, (unsigned int)((c->sk + b->tile - 1) / b->tile),
-                         (unsigned int)c->hk, (unsigned int)c->b, b->block_threads, b->shared_bytes, stream,
-                         dkdv_params);
+    return lt__cu_launch(b->function, plan->context, (unsigned int)((lt__dispatch_sk(c) + b->tile - 1) / b->tile),
+                         (unsigned int)c->hk, grid_z, b->block_threads, b->shared_bytes, stream, dkdv_params);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -304,15 +333,17 @@ static lt_status lt__bwd_no_work(const lt_attn_bwd_params *p, const lt__call *c)
     return LT_OK;
 }
 
-LT_API lt_status lt_attn_bwd(const lt_attn_bwd_params *params, void *stream) {
+LT_API lt_status lt_attn_bwd(const lt_attn_bwd_params *user, void *stream) {
     lt__call c;
     lt_status s;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__bwd_check(params, &c)) != LT_OK)
+    lt_attn_bwd_params norm, view, *params = &view;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__bwd_prepare(user, &norm, &view)) != LT_OK ||
+        (s = lt__bwd_check(&view, &c)) != LT_OK)
         return s;
     if (!lt__bwd_has_work(&c))
         return lt__bwd_no_work(params, &c);
     if (c.device_type == LT_DEVICE_CPU)
-        return (lt_status)lt__py_attn_bwd_cpu(params);
+        return (lt_status)lt__py_attn_bwd_cpu(&norm); /* the caller's layout: Python checks and packs it again */
     lt__plan_key key = lt__bwd_key_of(&c);
     lt_bwd_plan *plan = lt__memo_find(&key);
     if (plan != NULL)
@@ -330,23 +361,26 @@ LT_API lt_status lt_attn_bwd(const lt_attn_bwd_params *params, void *stream) {
 LT_API lt_status lt_attn_bwd_plan(const lt_attn_bwd_params *params, lt_bwd_plan **plan) {
     lt__call c;
     lt_status s;
+    lt_attn_bwd_params norm, view;
     if (plan == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_bwd_plan: plan (the out pointer) is NULL");
     *plan = NULL;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__bwd_check(params, &c)) != LT_OK)
+    if ((s = lt__require_init()) != LT_OK || (s = lt__bwd_prepare(params, &norm, &view)) != LT_OK ||
+        (s = lt__bwd_check(&view, &c)) != LT_OK)
         return s;
     return lt__make_bwd_plan(&c, plan);
 }
 
-LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_params *params, void *stream) {
+LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_params *user, void *stream) {
     lt__call c;
     lt_status s;
+    lt_attn_bwd_params norm, view, *params = &view;
     if (plan == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_bwd_plan_launch: plan is NULL");
     if (plan->magic != LT__BWD_PLAN_MAGIC)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_bwd_plan_launch: plan is not a live backward plan "
                         "(destroyed, or not made by lt_attn_bwd_plan)");
-    if ((s = lt__bwd_check(params, &c)) != LT_OK)
+    if ((s = lt__bwd_prepare(user, &norm, &view)) != LT_OK || (s = lt__bwd_check(params, &c)) != LT_OK)
         return s;
     if (!lt__bwd_has_work(&c)) /* checked first: a call without work has no alignment to compare */
         return lt__plannable(&c, "lt_attn_bwd");

@@ -14,6 +14,9 @@ typedef struct {
     int aligned, index64, empty;
     int64_t offset;
     float scale;
+    int64_t cu_seqlens_q, cu_seqlens_k; /* the varlen kernels' pointers; 0 in a dense call */
+    int varlen;                         /* packed sequences: b, sq, sk are 1, total_q, total_k (the kernels' view) */
+    int64_t batch, max_sq, max_sk;      /* varlen: the grid's z and the seqlens dispatch buckets */
 } lt__call;
 
 static const char *lt__dtype_name(int32_t dtype) {
@@ -25,9 +28,14 @@ static const char *lt__dtype_name(int32_t dtype) {
     }
 }
 
+/* A version 1 struct: everything before the packed-sequence fields. */
+#define LT__FWD_PARAMS_V1_SIZE offsetof(lt_attn_fwd_params, cu_seqlens_q)
+
 static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
+    if (p->struct_size == LT__FWD_PARAMS_V1_SIZE && p->version == 1)
+        return LT_OK; /* read as the dense call it always was */
     if (p->struct_size != sizeof(lt_attn_fwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu: rebuild against its "
@@ -61,6 +69,49 @@ static lt_status lt__check_tensor(const char *name, const lt_tensor *t, int32_t 
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s.device_index is %d; expected a CUDA ordinal >= 0 (0 on "
                         "the CPU)", name, t->device_index);
     return LT_OK;
+}
+
+/* Whether a call asks for packed sequences (a version 2 struct with either cu_seqlens tensor described). */
+static int lt__wants_varlen(const lt_tensor *cu_q, const lt_tensor *cu_k) {
+    return cu_q->data != NULL || cu_k->data != NULL || cu_q->ndim != 0 || cu_k->ndim != 0;
+}
+
+/* A packed (total, heads, head_dim) tensor as the kernels' (1, heads, total, head_dim) view; 2-dim lse
+ * (heads, total) as (1, heads, total). The batch stride is never read (the kernels start each sequence's rows
+ * at cu_seqlens[i] * the row stride): 0. */
+static lt_status lt__packed_view(const char *name, lt_tensor *t, int lse) {
+    lt_status s;
+    if ((s = lt__check_tensor(name, t, lse ? 2 : 3, lse ? "(heads_q, total_q) for packed sequences"
+                              : "(total_tokens, heads, head_dim) for packed sequences")) != LT_OK)
+        return s;
+    lt_tensor v = *t;
+    v.ndim = lse ? 3 : 4;
+    v.sizes[0] = 1, v.strides[0] = 0;
+    v.sizes[1] = t->sizes[lse ? 0 : 1], v.strides[1] = t->strides[lse ? 0 : 1];
+    v.sizes[2] = t->sizes[lse ? 1 : 0], v.strides[2] = t->strides[lse ? 1 : 0];
+    v.sizes[3] = lse ? 0 : t->sizes[2], v.strides[3] = lse ? 0 : t->strides[2];
+    *t = v;
+    return LT_OK;
+}
+
+/* The caller's struct as this version's (a version 1 struct zero-extended: dense), with struct_size and version
+ * checked; then, in *view, the packed tensors as the kernels' views (a dense call's view is *norm). */
+static lt_status lt__fwd_prepare(const lt_attn_fwd_params *p, lt_attn_fwd_params *norm, lt_attn_fwd_params *view) {
+    lt_status s;
+    if ((s = lt__check_struct(p)) != LT_OK)
+        return s;
+    memset(norm, 0, sizeof *norm);
+    memcpy(norm, p, p->struct_size);
+    norm->struct_size = sizeof *norm, norm->version = LT_ATTN_FWD_PARAMS_VERSION;
+    *view = *norm;
+    if (!lt__wants_varlen(&norm->cu_seqlens_q, &norm->cu_seqlens_k))
+        return LT_OK;
+    lt_tensor *ts[4] = {&view->q, &view->k, &view->v, &view->out};
+    static const char *names[4] = {"q", "k", "v", "out"};
+    for (int i = 0; i < 4; i++)
+        if ((s = lt__packed_view(names[i], ts[i], 0)) != LT_OK)
+            return s;
+    return lt__packed_view("lse", &view->lse, 1);
 }
 
 static int lt__same_sizes(const lt_tensor *a, const lt_tensor *b) {
@@ -161,7 +212,55 @@ static int64_t lt__last_offset(const lt_tensor *t, int64_t b, int64_t h, int64_t
     return sum;
 }
 
-/* Fill *c from params, or fail with the first problem found. */
+/* One of cu_seqlens_q/cu_seqlens_k: int32, (batch + 1), contiguous, on q's device, with data. */
+static lt_status lt__check_cu(const char *name, const lt_tensor *t, const lt_tensor *q) {
+    if (t->dtype != LT_DTYPE_INT32)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_INT32 (4)", name, t->dtype);
+    if (t->ndim != 1 || t->sizes[0] < 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s must be 1-dim with batch + 1 >= 1 entries, got ndim %d, sizes[0] %lld",
+                        name, t->ndim, (long long)t->sizes[0]);
+    if (t->sizes[0] > 1 && t->strides[0] != 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s.strides[0] is %lld; it must be contiguous (1)", name,
+                        (long long)t->strides[0]);
+    if (t->device_type != q->device_type || t->device_index != q->device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is not on q's device; all tensors of a call must be on one "
+                        "device", name);
+    if (t->data == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", name);
+    return LT_OK;
+}
+
+/* The packed-sequence part of a call (p holds the kernels' views): the cumulative lengths, max seqlens, causal. */
+static lt_status lt__check_varlen(const lt_attn_fwd_params *p, lt__call *c) {
+    lt_status s;
+    if ((s = lt__check_cu("cu_seqlens_q", &p->cu_seqlens_q, &p->q)) != LT_OK ||
+        (s = lt__check_cu("cu_seqlens_k", &p->cu_seqlens_k, &p->q)) != LT_OK)
+        return s;
+    if (p->cu_seqlens_q.sizes[0] != p->cu_seqlens_k.sizes[0])
+        return lt__fail(LT_ERROR_SHAPE, "cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got %lld "
+                        "and %lld", (long long)p->cu_seqlens_q.sizes[0], (long long)p->cu_seqlens_k.sizes[0]);
+    c->batch = p->cu_seqlens_q.sizes[0] - 1;
+    if (c->batch > 65535)
+        return lt__fail(LT_ERROR_SHAPE, "batch (cu_seqlens_q.sizes[0] - 1) is %lld; at most 65535",
+                        (long long)c->batch);
+    if (c->batch == 0 && (c->sq > 0 || c->sk > 0))
+        return lt__fail(LT_ERROR_SHAPE, "cu_seqlens_q has 1 entry (batch 0) but q has %lld and k %lld rows: its last "
+                        "entry must be the total", (long long)c->sq, (long long)c->sk);
+    const int64_t maxes[2] = {p->max_seqlen_q, p->max_seqlen_k};
+    static const char *max_names[2] = {"max_seqlen_q", "max_seqlen_k"};
+    for (int i = 0; i < 2; i++)
+        if (maxes[i] < 1 || maxes[i] > INT32_MAX)
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is %lld; expected 1..2147483647 (at least the longest "
+                            "sequence)", max_names[i], (long long)maxes[i]);
+    if (p->causal == LT_CAUSAL_TOP_LEFT)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "causal is LT_CAUSAL_TOP_LEFT; packed sequences take "
+                        "LT_CAUSAL_NONE or LT_CAUSAL_BOTTOM_RIGHT (within each sequence, as FlashAttention-2)");
+    c->varlen = 1, c->max_sq = p->max_seqlen_q, c->max_sk = p->max_seqlen_k;
+    c->cu_seqlens_q = (int64_t)(uintptr_t)p->cu_seqlens_q.data, c->cu_seqlens_k = (int64_t)(uintptr_t)p->cu_seqlens_k.data;
+    return LT_OK;
+}
+
+/* Fill *c from params (lt__fwd_prepare's view), or fail with the first problem found. */
 static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     lt_status s;
     memset(c, 0, sizeof *c);
@@ -180,6 +279,11 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     c->dtype = p->q.dtype, c->device_type = p->q.device_type, c->device_index = p->q.device_index;
     c->causal = p->causal;
     c->offset = p->causal == LT_CAUSAL_BOTTOM_RIGHT ? c->sk - c->sq : 0;
+    if (p->struct_size == sizeof *p && lt__wants_varlen(&p->cu_seqlens_q, &p->cu_seqlens_k)) {
+        if ((s = lt__check_varlen(p, c)) != LT_OK)
+            return s;
+        c->offset = 0; /* the kernels use each sequence's own len_k - len_q */
+    }
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     c->empty = c->b == 0 || c->hq == 0 || c->sq == 0;
     if (c->empty)

@@ -2,7 +2,8 @@
 
 No call waits for a compiler that could have run earlier.
 
-The attention functions: ``flash_attn_func`` (FlashAttention-2's signature),
+The attention functions: ``flash_attn_func`` and ``flash_attn_varlen_func``
+(FlashAttention-2's signatures),
 ``scaled_dot_product_attention`` (torch's), ``attn_fwd`` (the lower-level
 call, returning the logsumexp too) and ``preload`` (load kernels before a CUDA
 graph capture); their docstrings are in ``lazytriton.interface``.
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = ("flash", "runtime", "dispatch", "config", "compiler", "ops", "interface", "kvcache")
-_FUNCTIONS = ("flash_attn_func", "scaled_dot_product_attention", "attn_fwd", "preload", "CaptureError")
+_FUNCTIONS = ("flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention", "attn_fwd", "preload",
+              "CaptureError")
 _KVCACHE_FUNCTIONS = ("flash_attn_with_kvcache",)  # in lazytriton.kvcache
 # Subpackages whose source sits at the top of the repository (pyproject's package-dir).
 _CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")

@@ -227,6 +227,93 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     return (out, lse, None) if return_attn_probs else out
 
 
+def _varlen_unsupported(dropout_p: Any, alibi_slopes: Any) -> None:
+    """The varlen call's one refusal of what its kernels lack yet (lift it here when they have them)."""
+    _check_dropout("dropout_p", dropout_p)
+    _unsupported("alibi_slopes", alibi_slopes, None, "ALiBi")
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _NO_CAP,
+                           alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                           return_attn_probs: bool = False) -> Any:
+    """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
+
+    A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
+    sequences packed one after another, without padding; same arguments,
+    layouts and return values.
+
+    Args:
+        q: (total_q, heads_q, head_dim), float16, bfloat16 or float32, the
+            queries of every sequence one after another; any strides with a
+            contiguous last dim.
+        k: (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
+        v: same shape as k.
+        cu_seqlens_q: int32, (batch + 1,), contiguous, on q's device: the
+            cumulative query lengths; sequence i's queries are rows
+            cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q. cu_seqlens_q[0] must be 0,
+            the entries nondecreasing (empty sequences are allowed) and the
+            last one total_q.
+        cu_seqlens_k: the same for k and v (batch + 1 entries too, ending at total_k).
+        max_seqlen_q: an int >= the longest query sequence (and >= 1): it
+            sizes the grid and picks the kernel's tiles.
+        max_seqlen_k: the same for keys.
+        dropout_p: must be 0.0 for now (NotImplementedError otherwise).
+        softmax_scale: default 1/sqrt(head_dim).
+        causal: bottom-right aligned within each sequence, as in
+            FlashAttention 2.1+: query i of a sequence sees key j of the same
+            sequence when j <= i + len_k - len_q; a query that sees no key
+            outputs 0.
+        window_size: (left, right), FlashAttention-2's sliding window, per
+            sequence: query i sees key j when i + len_k - len_q - left <= j <=
+            i + len_k - len_q + right; -1 leaves a side unbounded; causal sets
+            right to 0.
+        softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
+            softcap) before the softmax.
+        alibi_slopes: must be None for now (NotImplementedError).
+        deterministic: accepted for compatibility; the backward is
+            deterministic either way (as ``flash_attn_func``'s).
+        return_attn_probs: if True, return ``(out, softmax_lse, None)``;
+            softmax_lse is float32 of shape (heads_q, total_q), FlashAttention
+            2.4+'s varlen layout (-inf for a query that sees no key, where
+            FlashAttention-2 writes +inf).
+
+    Returns:
+        ``out`` of q's shape and dtype, or ``(out, softmax_lse, None)``.
+
+    Differentiable with respect to any of q, k, v. Every argument is checked
+    before anything runs (a TypeError/ValueError naming it), the values of
+    cu_seqlens_q/cu_seqlens_k and max_seqlen_q/max_seqlen_k included, which
+    costs one device-to-host read of the two small tensors (a stream sync).
+    While a CUDA graph is being captured or torch.compile traces, that read is
+    impossible, and only shapes, dtypes and devices are checked: the values
+    are then the caller's to get right, as in FlashAttention-2, which never
+    checks them.
+
+    """
+    _varlen_unsupported(dropout_p, alibi_slopes)
+    _check_bool("deterministic", deterministic)
+    _check_bool("return_attn_probs", return_attn_probs)
+    from lazytriton.kernels.flash_fwd import varlen
+
+    direct = (_direct(q, k, v) and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor
+              and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+    # Through the op, the op checks the values (one device-to-host read per call, not two).
+    call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                        window_size, softcap, values=None if direct else False)
+    if direct:
+        out, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
+    else:
+        from lazytriton.ops_varlen import flash_varlen_fwd_op
+
+        c = call.call
+        out, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
+                                       causal, c.window_left, c.window_right, c.softcap)
+    return (out, lse, None) if return_attn_probs else out
+
+
 class SDPAError(ValueError, RuntimeError):
     """Misuse of ``scaled_dot_product_attention``: a ValueError, and the RuntimeError torch raises for it."""
 
@@ -404,5 +491,5 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
-__all__ = ["CaptureError", "SDPAError", "SDPATypeError", "always_through_op", "attn_fwd", "flash_attn_func", "preload",
-           "scaled_dot_product_attention"]
+__all__ = ["CaptureError", "SDPAError", "SDPATypeError", "always_through_op", "attn_fwd", "flash_attn_func",
+           "flash_attn_varlen_func", "preload", "scaled_dot_product_attention"]

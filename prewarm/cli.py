@@ -53,7 +53,7 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap",
-               "paged")
+               "paged", "varlen")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 
 
@@ -201,6 +201,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--paged", choices=tuple(_PAGED), default=None,
                       help="flash_decode's KV cache: paged (PAGED=true: a block table), contiguous, or both "
                            "(the default)")
+    axes.add_argument("--varlen", action="store_true",
+                      help="also build the packed-sequence (VARLEN=true) variants: flash_attn_varlen_func; the "
+                           "seqlens are then max_seqlen_q/max_seqlen_k")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -272,7 +275,8 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 index64=(False, True) if args.index64 else (False,),
                 window=(False, True) if args.window else (False,),
                 softcap=(False, True) if args.softcap else (False,),
-                paged=_PAGED[args.paged] if args.paged else None)
+                paged=_PAGED[args.paged] if args.paged else None,
+                varlen=(False, True) if args.varlen else (False,))
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

@@ -26,6 +26,7 @@ given, the groups are the default grid:
     index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
+    varlen    false (``--varlen`` adds true: packed sequences, VARLEN=true, seqlens as max_seqlen)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
 serves: dtype bf16 and fp16, head dims 64 and 128, a contiguous and a paged
@@ -37,8 +38,8 @@ and come back through the miss log.
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, window, softcap, seqlen_q, seqlen_k. The window and softcap variants
-take the plain call's tile sizes (``dispatch.kernel_variant``).
+index64, window, softcap, varlen, seqlen_q, seqlen_k. The window, softcap and
+varlen variants take the plain call's tile sizes (``dispatch.kernel_variant``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class Axes:
     window: tuple[bool, ...] = (False,)
     softcap: tuple[bool, ...] = (False,)
     paged: tuple[bool, ...] | None = None  # decoding kernels only; None: both
+    varlen: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -194,13 +196,14 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     for dtype, head_dim, causal in itertools.product(dtypes, head_dims, axes.causal or DEFAULT_CAUSAL):
         buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
-        for aligned, index64, window, softcap, is_paged, (seqlen_q, seqlen_k) in itertools.product(
-                axes.aligned, axes.index64, axes.window, axes.softcap, paged, seqlens):
+        varlens = (False,) if decode else axes.varlen  # decoding has no packed-sequence variant
+        for aligned, index64, window, softcap, is_paged, varlen, (seqlen_q, seqlen_k) in itertools.product(
+                axes.aligned, axes.index64, axes.window, axes.softcap, paged, varlens, seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
                                               config=config, index64=index64, window=window, softcap=softcap,
-                                              paged=is_paged)
+                                              paged=is_paged, varlen=varlen)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 

@@ -30,7 +30,7 @@ def _expected(name: str, t: dict[str, torch.Tensor], call: binding.Call) -> int 
             "Lse": t["lse"].data_ptr(), "stride_lb": t["lse"].stride(0), "stride_lh": t["lse"].stride(1),
             "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal_offset": call.offset,
             "sm_scale": call.scale, "window_left": call.window_left, "window_right": call.window_right,
-            "softcap": call.softcap}[name]
+            "softcap": call.softcap, "Cu_seqlens_q": 0, "Cu_seqlens_k": 0}[name]
 
 
 def test_pack_gives_every_parameter_of_the_description_in_order() -> None:
@@ -123,7 +123,7 @@ def test_interpreter_constexprs_and_grid() -> None:
     shape = binding.Shape(2, 3, 1, 33, 7, 40)
     constexprs = binding.interpreter_constexprs(shape, True)
     assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
-                          "TMA": False, "WINDOW": False, "SOFTCAP": False}
+                          "TMA": False, "WINDOW": False, "SOFTCAP": False, "VARLEN": False}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

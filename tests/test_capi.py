@@ -226,6 +226,115 @@ def test_library_inside_a_python_process(prefix: Path) -> None:
     assert _ok(_run([sys.executable, "-c", code])).split()[:2] == ["0", "True"]
 
 
+# Packed sequences through the C API on the CPU: a version 2 struct against the Python varlen call, a
+# version 1 struct (the old size) still taken as a dense call, and errors before anything runs.
+VARLEN_IN_PROCESS = """
+import ctypes, json, sys
+# lt_init before the host imports torch: the other order hangs in lt_init (the same with dense calls).
+dll = ctypes.CDLL(sys.argv[1])
+dll.lt_last_error.restype = ctypes.c_char_p
+assert dll.lt_init(None) == 0, dll.lt_last_error()
+import torch
+from cffi import FFI
+from lazytriton.capi import build
+import lazytriton
+
+# cffi lays the structs out from the header; ctypes calls the library (as a host program would, GIL released).
+ffi = FFI()
+ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
+
+class Lib:
+    def __getattr__(self, name):
+        fn = getattr(dll, name)
+        return lambda *args: fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData)
+                                  else a for a in args))
+
+lib = Lib()
+CODES = {torch.float32: 3, torch.int32: 4}
+
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 1, 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+
+def error():
+    return dll.lt_last_error().decode()
+
+torch.manual_seed(0)
+cq = torch.tensor([0, 3, 3, 20, 21], dtype=torch.int32)  # lengths 3, 0, 17, 1
+ck = torch.tensor([0, 5, 9, 18, 18], dtype=torch.int32)  # lengths 5, 4, 9, 0
+q, do = torch.randn(21, 4, 16), torch.randn(21, 4, 16)
+k, v = torch.randn(18, 2, 16), torch.randn(18, 2, 16)
+out, lse = torch.full_like(q, 7.0), torch.full((4, 21), 7.0)
+p = ffi.new("lt_attn_fwd_params *")
+lib.lt_attn_fwd_params_init(p)
+for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("cu_seqlens_q", cq), ("cu_seqlens_k", ck)):
+    describe(getattr(p, name), t)
+p.causal, p.max_seqlen_q, p.max_seqlen_k = 2, 17, 9
+report = {"fwd": lib.lt_attn_fwd(p, ffi.NULL), "fwd_error": error()}
+leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+want_out, want_lse, _ = lazytriton.flash_attn_varlen_func(*leaves, cq, ck, 17, 9, causal=True, return_attn_probs=True)
+report["out_equal"] = torch.equal(out, want_out.detach()) and torch.equal(lse, want_lse)
+
+g = ffi.new("lt_attn_bwd_params *")
+lib.lt_attn_bwd_params_init(g)
+grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
+delta = torch.empty(4, 21)
+for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", do), ("dq", grads[0]),
+                ("dk", grads[1]), ("dv", grads[2]), ("delta", delta), ("cu_seqlens_q", cq), ("cu_seqlens_k", ck)):
+    describe(getattr(g, name), t)
+g.causal, g.max_seqlen_q, g.max_seqlen_k = 2, 17, 9
+report["bwd"], report["bwd_error"] = lib.lt_attn_bwd(g, ffi.NULL), error()
+wanted = torch.autograd.grad(want_out, leaves, do)
+report["grads_equal"] = all(torch.equal(a, b) for a, b in zip(grads, wanted))
+
+def status_of(change):
+    bad = ffi.new("lt_attn_fwd_params *")
+    ffi.memmove(bad, p, ffi.sizeof("lt_attn_fwd_params"))
+    change(bad)
+    return [lib.lt_attn_fwd(bad, ffi.NULL), error()]
+
+decreasing = torch.tensor([0, 3, 2, 20, 21], dtype=torch.int32)
+report["errors"] = [
+    status_of(lambda b: setattr(b, "causal", 1)),
+    status_of(lambda b: setattr(b.cu_seqlens_k, "dtype", 3)),
+    status_of(lambda b: b.cu_seqlens_k.sizes.__setitem__(0, 4)),
+    status_of(lambda b: setattr(b, "max_seqlen_k", 0)),
+    status_of(lambda b: setattr(b.q, "ndim", 4)),
+    status_of(lambda b: setattr(b.cu_seqlens_q, "data", ffi.cast("void *", decreasing.data_ptr()))),
+]
+# A version 1 struct (the old size and version): the dense call it always was.
+qd, kd = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 7, 16)
+outd, lsed = torch.empty_like(qd), torch.empty(1, 2, 5)
+old = ffi.new("lt_attn_fwd_params *")
+lib.lt_attn_fwd_params_init(old)
+for name, t in (("q", qd), ("k", kd), ("v", kd), ("out", outd), ("lse", lsed)):
+    describe(getattr(old, name), t)
+old.struct_size, old.version = ffi.offsetof("lt_attn_fwd_params", "cu_seqlens_q"), 1
+old.cu_seqlens_q.ndim = 1  # past a version 1 struct's end: never read
+report["v1"] = lib.lt_attn_fwd(old, ffi.NULL)
+report["v1_equal"] = torch.equal(outd, lazytriton.attn_fwd(qd, kd, kd)[0])
+print(json.dumps(report))
+"""
+
+
+def test_packed_sequences_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
+    import json
+
+    out = _ok(_run([sys.executable, "-c", VARLEN_IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    assert (report["fwd"], report["bwd"]) == (0, 0), (report["fwd_error"], report["bwd_error"])
+    assert report["out_equal"] and report["grads_equal"]
+    expected = [(1, "causal is LT_CAUSAL_TOP_LEFT"), (4, "cu_seqlens_k.dtype is 3"),
+                (5, "must both have batch + 1 entries, got 5 and 4"), (1, "max_seqlen_k is 0"), (5, "q.ndim is 4"),
+                (1, "cu_seqlens_q must be nondecreasing")]
+    for (status, message), (want_status, needle) in zip(report["errors"], expected, strict=True):
+        assert status == want_status and needle in message, (status, message)
+    assert report["v1"] == 0 and report["v1_equal"]
+
+
 # Specs lt_prewarm must refuse with LT_ERROR_INVALID_ARGUMENT before compiling anything: a well-formed
 # variant string naming no fields (was a KeyError, LT_ERROR_PYTHON), axes out of range (compiled), an
 # unknown target, and a variant that cannot fit its target (the poisoned miss-log line).
@@ -331,6 +440,28 @@ def test_plan_variant_is_the_bindings_choice() -> None:
     assert (dq.kernel, dkdv.kernel) == ("flash_bwd_dq", "flash_bwd_dkdv")
     assert embedded.plan_variant("flash_fwd", 90, 2, 72, True, True, False, 300, 257) == fwd.variant(
         Target("cuda", "90", 32), torch.bfloat16, shape, True, True, False)
+
+
+def test_plan_variant_and_prewarm_specs_of_packed_sequences() -> None:
+    from lazytriton import dispatch
+    from lazytriton.kernels.flash_fwd import varlen
+    from lazytriton.target import Target
+
+    sm90 = Target("cuda", "90", 32)
+    want = dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 72, True, True, 300, 257, varlen=True)
+    assert embedded.plan_variant("flash_bwd_dkdv", 90, 2, 72, True, True, False, 300, 257, True) == want
+    assert want.get("VARLEN") is True and "VARLEN" not in str(
+        embedded.plan_variant("flash_bwd_dkdv", 90, 2, 72, True, True, False, 300, 257))
+    import torch
+
+    q = torch.empty(10, 2, 72, dtype=torch.bfloat16)
+    call = varlen.check(q, q, q, torch.tensor([0, 10], dtype=torch.int32), torch.tensor([0, 10], dtype=torch.int32),
+                        300, 257, causal=True)
+    assert varlen.variants(varlen.BACKWARD, sm90, torch.bfloat16, call, True, False)[1] == want  # the binding's
+    (fwd,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 varlen=1")
+    assert fwd.get("VARLEN") is True
+    both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 varlen=1")
+    assert [v.kernel for v in both] == list(dispatch.BWD_KERNELS) and all(v.get("VARLEN") is True for v in both)
 
 
 @pytest.mark.parametrize("kernel", ["flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"])

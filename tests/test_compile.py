@@ -39,7 +39,7 @@ def small_variant(target: str, dtype: str = "fp16", causal: bool = False, index6
 def expected_arg_types(dtype: str, index64: bool) -> tuple[str, ...]:
     """flash_fwd's runtime parameters, written out by hand (independent of the kernel description)."""
     index = "i64" if index64 else "i32"
-    return (f"*{dtype}",) * 4 + ("*fp32",) + (index,) * 14 + ("i32",) * 7 + ("fp32",) * 2
+    return (f"*{dtype}",) * 4 + ("*fp32",) + ("*i32",) * 2 + (index,) * 14 + ("i32",) * 7 + ("fp32",) * 2
 
 
 def check_elf(entry: Entry, target: Target) -> None:

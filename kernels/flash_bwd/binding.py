@@ -26,6 +26,7 @@ import torch
 
 from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid
+from lazytriton.kernels.flash_fwd import VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
 from lazytriton.variant import Variant
@@ -100,13 +101,13 @@ ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.aligned_params + FLASH_BWD_DKD
 
 
 def _generate_pack() -> Any:
-    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call) -> (dq_ints, dkdv_ints, aligned, index64)``.
+    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0) -> (dq_ints, dkdv_ints, aligned, index64)``.
 
     One generated function with both argument tuples written out, from the
     two descriptions. ``aligned``: every pointer 16-byte aligned and every
     outer stride a multiple of 16 (both kernels' aligned_params).
     ``index64``: some tensor's last element lies 2**31 or more elements past
-    its first.
+    its first. ``cu_q``, ``cu_k``: the varlen kernels' cu_seqlens pointers (0 when dense).
     """
     def ints(params: tuple[str, ...]) -> str:
         return ", ".join(PARAM_SOURCES[name][0] for name in params)
@@ -117,7 +118,7 @@ def _generate_pack() -> Any:
     extents = [extent(t, "hq", "sq") for t in ("q", "o", "do", "dq")]
     extents += [extent(t, "hk", "sk") for t in ("k", "v", "dk", "dv")]
     source = f"""
-def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call):
+def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0):
     b, hq, hk, sq, sk, d = call.shape
     offset = call.offset
     {_STRIDE_LOCALS}
@@ -163,7 +164,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
     padded = dispatch.padded_head_dim(shape.head_dim)
     return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
-            "WINDOW": window, "SOFTCAP": softcap}
+            "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False}
 
 
 def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -232,7 +233,8 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
 
 
-_N_POINTERS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*"))
+# The tensors Triton's launchers take as tensors (the cu_seqlens pointers follow them: 0 when dense).
+N_TENSORS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*")) - len(VARLEN_POINTERS)
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -248,9 +250,9 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     dq, dk, dv = grads
     floats = fwd.floats(call)
-    compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *dq_ints[_N_POINTERS:],
+    compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *dq_ints[N_TENSORS:],
                                                      *floats), constexprs)
-    compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *dkdv_ints[_N_POINTERS:],
+    compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *dkdv_ints[N_TENSORS:],
                                                          *floats), constexprs)
 
 
@@ -260,8 +262,8 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks."""
     dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
     if kernel == FLASH_BWD_DQ.name:
-        return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[_N_POINTERS:], *fwd.floats(call))
-    return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[_N_POINTERS:], *fwd.floats(call))
+        return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[N_TENSORS:], *fwd.floats(call))
+    return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[N_TENSORS:], *fwd.floats(call))
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,

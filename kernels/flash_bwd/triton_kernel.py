@@ -160,7 +160,7 @@ def _dq_block(
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q, K, V, Out, DO, Lse, Delta, DQ,
+    Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -172,6 +172,7 @@ def flash_bwd_dq_kernel(
     sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    VARLEN: tl.constexpr = False,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -180,12 +181,28 @@ def flash_bwd_dq_kernel(
     kv_head = head // group_size
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
 
+    if VARLEN:  # as the forward: sequence ``batch`` of the packed tensors
+        q_start = tl.load(Cu_seqlens_q + batch)
+        seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
+        k_start = tl.load(Cu_seqlens_k + batch)
+        seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
+        causal_offset = seqlen_k - seqlen_q
+        if start_m >= seqlen_q:
+            return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     rows_ok = offs_m < seqlen_q
     d_ok = offs_d < head_dim
 
+    if VARLEN:
+        Q = Q + q_start * stride_qs
+        DO = DO + q_start * stride_dos
+        Out = Out + q_start * stride_os
+        DQ = DQ + q_start * stride_dqs
+        K = K + k_start * stride_ks
+        V = V + k_start * stride_vs
+        batch = 0  # the batch strides are not used: each base above is its sequence's first row
     q = _load_tile(Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
                    rows_ok, d_ok, True, EVEN_D)
     do = _load_tile(DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
@@ -193,7 +210,10 @@ def flash_bwd_dq_kernel(
     o = _load_tile(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
                    rows_ok, d_ok, True, EVEN_D)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-    lse_offset = batch * stride_lb + head * stride_lh
+    if VARLEN:  # lse and delta: (heads_q, total_q)
+        lse_offset = head * stride_lh + q_start
+    else:
+        lse_offset = batch * stride_lb + head * stride_lh
     tl.store(Delta + lse_offset + offs_m, delta, mask=rows_ok)
     lse2 = _lse_log2(Lse + lse_offset, offs_m, rows_ok)
 
@@ -270,7 +290,7 @@ def _dkdv_block(
 
 @triton.jit
 def flash_bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV,
+    Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -282,12 +302,31 @@ def flash_bwd_dkdv_kernel(
     sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    VARLEN: tl.constexpr = False,
 ):
     # Low key blocks first: under a causal mask they are seen by the most queries.
     start_n = tl.program_id(0) * BLOCK_N
     kv_head = tl.program_id(1)
     batch = tl.program_id(2)
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+
+    if VARLEN:  # as the forward, over this sequence's key blocks
+        q_start = tl.load(Cu_seqlens_q + batch)
+        seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
+        k_start = tl.load(Cu_seqlens_k + batch)
+        seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
+        causal_offset = seqlen_k - seqlen_q
+        if start_n >= seqlen_k:
+            return
+        Q = Q + q_start * stride_qs
+        DO = DO + q_start * stride_dos
+        Lse = Lse + q_start
+        Delta = Delta + q_start
+        K = K + k_start * stride_ks
+        V = V + k_start * stride_vs
+        DK = DK + k_start * stride_dks
+        DV = DV + k_start * stride_dvs
+        batch = 0  # the batch strides are not used: each base above is its sequence's first row
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)

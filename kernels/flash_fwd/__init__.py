@@ -21,6 +21,16 @@ written only when true; their values are runtime parameters (``window_left``,
 ``window_right``, ``softcap``), so one binary serves every window and cap.
 The two new integers sit after the old ones and ``softcap`` after
 ``sm_scale``: integers first, floats last, as the C launchers lay them out.
+
+``VARLEN`` (FlashAttention-2's ``flash_attn_varlen_func``: packed
+(total_tokens, heads, head_dim) tensors and int32 cumulative lengths) is a
+flag too, written only when true. Its two pointers, ``Cu_seqlens_q`` and
+``Cu_seqlens_k`` (``VARLEN_POINTERS``), follow the kernel's last pointer
+(``Lse``), before the strides; a dense call passes 0 for both. With it, the
+grid's z is the sequence index, each program reads its sequence's start and
+length from them, and the batch strides and ``causal_offset`` are not read
+(the kernel uses each sequence's own len_k - len_q); the binding
+(``flash_fwd/varlen.py``) packs the tensors as one batch of total_tokens rows.
 """
 
 from __future__ import annotations
@@ -30,6 +40,11 @@ from lazytriton.kernels import KernelSpec
 _STRIDES = tuple(
     (f"stride_{t}{d}", "{index}") for t in ("q", "k", "v", "o") for d in ("b", "h", "s")
 ) + (("stride_lb", "{index}"), ("stride_lh", "{index}"))
+
+# Every attention kernel's last pointers (the backward's too): the varlen kernels' cumulative
+# lengths, 0 (unused) in a dense call. Not in aligned_params: a slice of a cu_seqlens tensor may
+# start anywhere, and two scalar loads gain nothing from the hint.
+VARLEN_POINTERS = (("Cu_seqlens_q", "*i32"), ("Cu_seqlens_k", "*i32"))
 
 # The scalar tail every attention kernel takes, in this order (the backward's too).
 SIZES = (
@@ -54,10 +69,11 @@ FLASH_FWD = KernelSpec(
         ("V", "*{dtype}"),
         ("Out", "*{dtype}"),
         ("Lse", "*fp32"),
+        *VARLEN_POINTERS,
         *_STRIDES,
         *SIZES,
     ),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

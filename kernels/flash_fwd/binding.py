@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lazytriton import dispatch, runtime, tuning
-from lazytriton.kernels.flash_fwd import FLASH_FWD
+from lazytriton.kernels.flash_fwd import FLASH_FWD, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.variant import Variant
 
@@ -260,8 +260,12 @@ def softmax_scale(scale: object, head_dim: int, name: str = "sm_scale") -> float
 # over ``pack``'s locals and a C expression over lazytriton.c's ``lt__launch``
 # locals. Lse is always a contiguous (batch, heads_q, seqlen_q) float32 tensor,
 # so both launchers derive its strides from the shape.
-# The lse strides and the scalar tail (``SIZES``), shared with the backward's binding.
+# The varlen pointers, the lse strides and the scalar tail (``SIZES``), shared with the backward's
+# binding. ``cu_q``/``cu_k`` are ``pack``'s optional arguments (0: a dense call; varlen.py passes
+# the cu_seqlens pointers) and the C launchers' checked call's fields (0 for a dense call).
 SHARED_SOURCES: dict[str, tuple[str, str]] = {
+    "Cu_seqlens_q": ("cu_q", "c->cu_seqlens_q"),
+    "Cu_seqlens_k": ("cu_k", "c->cu_seqlens_k"),
     "stride_lb": ("hq * sq", "c->hq * c->sq"),
     "stride_lh": ("sq", "c->sq"),
     "group_size": ("hq // hk", "c->hq / c->hk"),
@@ -293,9 +297,9 @@ INT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if not kind.startswit
 # stride a multiple of 16 (the description's aligned_params). INDEX64_SOURCE: some
 # tensor's last element lies 2**31 or more elements past its first.
 INTS_SOURCE = ", ".join(PARAM_SOURCES[name][0] for name in INT_PARAMS)
-# The same for a call without window (the warm path's only kind): its values written in as constants.
-PLAIN_INTS_SOURCE = ", ".join({"window_left": "-1", "window_right": "-1"}.get(name, PARAM_SOURCES[name][0])
-                              for name in INT_PARAMS)
+# The same for a dense call without window (the warm path's only kind): its values written in as constants.
+_PLAIN_CONSTANTS = {"window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0"}
+PLAIN_INTS_SOURCE = ", ".join(_PLAIN_CONSTANTS.get(name, PARAM_SOURCES[name][0]) for name in INT_PARAMS)
 ALIGNED_SOURCE = f"not ({' | '.join(PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)}) & 15"
 INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
         (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
@@ -305,15 +309,16 @@ INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
 
 
 def _generate_pack() -> Any:
-    """``pack(q, k, v, out, lse, call) -> (ints, aligned, index64)``, built from FLASH_FWD.params.
+    """``pack(q, k, v, out, lse, call, cu_q=0, cu_k=0) -> (ints, aligned, index64)``, from FLASH_FWD.params.
 
     One generated function with the tuple written out keeps the hot path at
     one call, not one per parameter (24 of them). ``aligned``: every pointer
     16-byte aligned and every outer stride a multiple of 16. ``index64``: some
     tensor's last element lies 2**31 or more elements past its first.
+    ``cu_q``, ``cu_k``: the varlen kernel's cu_seqlens pointers (0 when dense).
     """
     source = f"""
-def pack(q, k, v, out, lse, call):
+def pack(q, k, v, out, lse, call, cu_q=0, cu_k=0):
     b, hq, hk, sq, sk, d = call.shape
     offset = call.offset
     qs, ks, vs, os = q.stride(), k.stride(), v.stride(), out.stride()
@@ -376,7 +381,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     padded = dispatch.padded_head_dim(shape.head_dim)
     return {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
-            "TMA": False, "WINDOW": window, "SOFTCAP": softcap}
+            "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False}
 
 
 # ---------------------------------------------------------------------------
@@ -459,14 +464,15 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
 
-_N_POINTERS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
+# The tensors Triton's launchers take as tensors (the cu_seqlens pointers follow them: 0 when dense).
+N_TENSORS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*")) - len(VARLEN_POINTERS)
 
 
 def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                 call: Call) -> tuple[Any, ...]:
     """The runtime arguments as Triton's own launchers take them (tensors for pointers): interpreter, JIT."""
     ints = pack(q, k, v, out, lse, call)[0]
-    return (q, k, v, out, lse, *ints[_N_POINTERS:], *floats(call))
+    return (q, k, v, out, lse, *ints[N_TENSORS:], *floats(call))
 
 
 _warned_slow = False

@@ -43,6 +43,26 @@ causal or not, aligned or not) and of the backward's eight is instruction for
 instruction what it was before them, apart from the three unused parameters
 in the signature and debug labels; the TMA variant's differs only in the
 numbering of one register.
+
+``VARLEN=true`` is FlashAttention-2's varlen call: Q, K, V and Out are packed
+(total_tokens, heads, head_dim) tensors, seen as one batch of total_tokens
+rows (the binding passes their (1, heads, total, head_dim) views), and
+``Cu_seqlens_q``/``Cu_seqlens_k`` hold each sequence's first row (batch + 1
+int32, cumulative). Program z is sequence ``batch``: it reads its start and
+length, offsets its base pointers by start x the row stride (the batch strides
+are not read), takes its own lengths as seqlen_q/seqlen_k and its own
+bottom-right offset len_k - len_q (the ``causal_offset`` parameter is not
+read), and a program whose query block starts past its sequence returns at
+once (the grid covers max_seqlen_q). Lse is (heads_q, total_q), FlashAttention
+2.4+'s varlen layout. Unbounded window sides come from the binding as
+max(total_q, total_k), which bounds no sequence. Off by default, it compiles
+away: with Triton 3.9 for sm_90, eleven variants of the three kernels (the
+dtypes, causal or not, aligned or not, head dims 64/80/128, TMA, window and
+softcap) hold the same PTX instructions as before (registers and parameters
+renumbered, a few independent instructions in another order) and assemble
+(Triton 3.9's ptxas, sm_90a) to the same SASS, instruction for instruction,
+apart from the constant-bank offsets of the parameters after the two new
+pointers.
 """
 
 import triton
@@ -154,7 +174,7 @@ def _softmax_step(
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, Out, Lse,
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -164,7 +184,7 @@ def flash_fwd_kernel(
     sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr = False,
-    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -174,14 +194,28 @@ def flash_fwd_kernel(
     kv_head = head // group_size
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
 
+    if VARLEN:
+        # Sequence ``batch`` of the packed tensors: its rows, lengths and own bottom-right offset.
+        q_start = tl.load(Cu_seqlens_q + batch)
+        seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
+        k_start = tl.load(Cu_seqlens_k + batch)
+        seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
+        causal_offset = seqlen_k - seqlen_q
+        if start_m >= seqlen_q:
+            return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < seqlen_q
 
-    q_base = Q + batch * stride_qb + head * stride_qh
-    k_base = K + batch * stride_kb + kv_head * stride_kh
-    v_base = V + batch * stride_vb + kv_head * stride_vh
+    if VARLEN:
+        q_base = Q + q_start * stride_qs + head * stride_qh
+        k_base = K + k_start * stride_ks + kv_head * stride_kh
+        v_base = V + k_start * stride_vs + kv_head * stride_vh
+    else:
+        q_base = Q + batch * stride_qb + head * stride_qh
+        k_base = K + batch * stride_kb + kv_head * stride_kh
+        v_base = V + batch * stride_vb + kv_head * stride_vh
     if TMA:
         q_desc = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, head_dim], strides=[stride_qs, 1],
                                            block_shape=[BLOCK_M, BLOCK_D])
@@ -280,7 +314,10 @@ def flash_fwd_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
 
-    o_base = Out + batch * stride_ob + head * stride_oh
+    if VARLEN:
+        o_base = Out + q_start * stride_os + head * stride_oh
+    else:
+        o_base = Out + batch * stride_ob + head * stride_oh
     if TMA:
         # The store clips rows past seqlen_q and columns past head_dim.
         o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, head_dim], strides=[stride_os, 1],
@@ -292,4 +329,7 @@ def flash_fwd_kernel(
             tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
         else:
             tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
-    tl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)
+    if VARLEN:  # FlashAttention-2's varlen layout: (heads_q, total_q)
+        tl.store(Lse + head * stride_lh + q_start + offs_m, lse, mask=row_ok)
+    else:
+        tl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)

@@ -421,6 +421,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
     ex.add_argument("--page-size", type=int, default=None,
                     help="flash_decode: a paged cache with pages of this many keys (default: a contiguous cache)")
+    ex.add_argument("--varlen", action="store_true", help="packed sequences (flash_attn_varlen_func, VARLEN=true); "
+                    "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k")
     from lazytriton.cli.explain import cmd_explain  # it imports this module's report helpers
 
     ex.set_defaults(fn=_guarded(cmd_explain))

@@ -56,6 +56,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     if args.seqlen_q < 1 or seqlen_k < 0:
         raise ValueError(f"--seqlen-q must be >= 1 and --seqlen-k >= 0, got {args.seqlen_q} and {seqlen_k}")
     kernel = getattr(args, "kernel", "flash_fwd")
+    varlen = bool(getattr(args, "varlen", False))
     kernels = explain_kernels(kernel)
     rt = None
     reports = []
@@ -73,7 +74,7 @@ def explain_report(args: argparse.Namespace) -> Report:
             config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
                                                  seqlen_k)
             variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                              args.seqlen_q, seqlen_k, index64=args.index64)
+                                              args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen)
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
@@ -81,7 +82,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
-            "target": str(target), "target_source": how, **({"page_size": page} if page else {})}
+            "varlen": varlen, "target": str(target), "target_source": how, **({"page_size": page} if page else {})}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -124,7 +125,10 @@ def print_explain(report: Report) -> None:
               "seqlen_k the cache's length per sequence" + (f"; pages of {call['page_size']} keys"
                                                              if call.get("page_size") else "; a contiguous cache")
               + "; the combine runs only when a call splits its keys")
-    if call["causal"] == "bottom_right":
+    if call.get("varlen"):
+        print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
+              "buckets pick the tiles, and causal is bottom-right within each sequence")
+    elif call["causal"] == "bottom_right":
         print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
     several = len(report["kernels"]) > 1
     if several:

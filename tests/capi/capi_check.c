@@ -127,7 +127,7 @@ static void check_params_errors(const problem *p) {
     expect("null params", lt_attn_fwd(NULL, NULL), LT_ERROR_NULL_POINTER, "params is NULL");
 #define CASE(name, change, status, needle) do { bad = good; change; expect(name, lt_attn_fwd(&bad, NULL), status, needle); } while (0)
     CASE("struct size", bad.struct_size -= 8, LT_ERROR_VERSION, "struct_size");
-    CASE("struct version", bad.version = 2, LT_ERROR_VERSION, "version is 2");
+    CASE("struct version", bad.version = 9, LT_ERROR_VERSION, "version is 9");
     CASE("q dtype unknown", bad.q.dtype = 7, LT_ERROR_DTYPE, "q.dtype is 7");
     CASE("k dtype differs", bad.k.dtype = LT_DTYPE_FP16, LT_ERROR_DTYPE, "k.dtype is fp16 but q.dtype is fp32");
     CASE("lse dtype", (bad.lse.dtype = LT_DTYPE_FP16), LT_ERROR_DTYPE, "lse.dtype is fp16");
@@ -271,7 +271,7 @@ static void check_bwd_errors(const problem *p) {
 #define CASE(name, change, status, needle) do { bad = good; change; expect(name, lt_attn_bwd(&bad, NULL), status, needle); } while (0)
     CASE("bwd struct size", bad.struct_size = sizeof(lt_attn_fwd_params), LT_ERROR_VERSION,
          "lt_attn_bwd_params_init()");
-    CASE("bwd struct version", bad.version = 2, LT_ERROR_VERSION, "lt_attn_bwd_params version 1");
+    CASE("bwd struct version", bad.version = 9, LT_ERROR_VERSION, "lt_attn_bwd_params version 2");
     CASE("bwd q dtype unknown", bad.q.dtype = 7, LT_ERROR_DTYPE, "q.dtype is 7");
     CASE("bwd lse shape", bad.lse.sizes[2] = 5, LT_ERROR_SHAPE, "lse has shape");
     CASE("bwd out shape", bad.out.sizes[1] = 1, LT_ERROR_SHAPE, "out has shape");

@@ -1,0 +1,331 @@
+"""Host side of FlashAttention-2's varlen call: packed sequences on flash_fwd and flash_bwd with ``VARLEN=true``.
+
+``flash_attn_varlen_func`` takes packed (total_tokens, heads, head_dim)
+tensors and int32 cumulative lengths ``cu_seqlens_q``/``cu_seqlens_k``
+(batch + 1 entries, sequence i is rows cu[i]:cu[i + 1]). The kernels are the
+dense ones with the ``VARLEN`` flag: program z is the sequence, which reads
+its start and length from the cumulative lengths (kernels/flash_fwd/
+__init__.py). Everything else is the dense bindings' own machinery:
+
+- ``check`` turns the caller's arguments into one ``VarlenCall`` or raises a
+  ``TypeError``/``ValueError`` naming the argument before anything runs. The
+  values of the cumulative lengths (cu[0] == 0, nondecreasing, cu[-1] ==
+  total tokens, max_seqlen at least the longest sequence) need a
+  device-to-host read; it is skipped while a CUDA graph is being captured or
+  torch.compile traces (``values=False``), where only shapes, dtypes and
+  devices are checked and the caller answers for the values.
+- The packed tensors are handed to the dense ``pack`` as one batch of
+  total_tokens rows (views in the kernel's (batch, heads, seqlen, head_dim)
+  order, no copy), with the two cu_seqlens pointers: so the strides, the
+  alignment rule, the 64-bit index rule and the seqlen ints (total tokens,
+  which the kernels replace by each sequence's length) are the dense call's.
+- Grid, memo key and variant use ``kernel_shape``: (batch, max_seqlen_q,
+  max_seqlen_k), so dispatch picks tiles by the max_seqlen buckets, and the
+  memo key is the dense one marked ``"varlen"`` (never a dense call's plan).
+- The logsumexp is FlashAttention-2's varlen layout (>= 2.4): float32
+  (heads_q, total_q); a row whose sequence has no key gets output 0 and
+  logsumexp -inf (as lazytriton's dense call; FlashAttention-2 writes +inf).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from lazytriton import dispatch, runtime
+from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
+from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_fwd import FLASH_FWD
+from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.kernels.flash_fwd.binding import Call, Shape
+from lazytriton.variant import Variant
+
+MARK = "varlen"  # first item of a varlen call's memo keys (a dense call's never starts with it)
+
+
+class VarlenCall(NamedTuple):
+    """A checked varlen call: ``call`` in the pack's terms (one batch of total tokens) and the kernels' sizes."""
+
+    call: Call  # Shape(1, heads_q, heads_k, total_q, total_k, head_dim), causal, scale, window, softcap
+    batch: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def kernel_shape(self) -> Shape:
+        """(batch, heads, max_seqlen_q, max_seqlen_k): what the grid, dispatch and the memo key see."""
+        _, hq, hk, _, _, d = self.call.shape
+        return Shape(self.batch, hq, hk, self.max_seqlen_q, self.max_seqlen_k, d)
+
+
+# ---------------------------------------------------------------------------
+# Checks
+
+
+def _packed(name: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 3:
+        raise ValueError(f"{name} must have 3 dims (total_tokens, heads, head_dim), got shape {tuple(t.shape)}")
+    return t
+
+
+def kernel_view(t: torch.Tensor) -> torch.Tensor:
+    """A packed (total, heads, head_dim) tensor as the kernels' (1, heads, total, head_dim) view (no copy)."""
+    return t.unsqueeze(0).transpose(1, 2)
+
+
+def _cu_seqlens(name: str, cu: Any, q: torch.Tensor) -> torch.Tensor:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 1 entries, got shape {tuple(cu.shape)}")
+    if cu.stride(0) != 1 and cu.numel() > 1:
+        raise ValueError(f"{name} must be contiguous, got stride {cu.stride(0)}")
+    if cu.device != q.device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {q.device}; they must be on one device")
+    return cu
+
+
+def _max_seqlen(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 < value <= fwd.INT32_MAX:
+        raise ValueError(f"{name} must be in 1..{fwd.INT32_MAX}, got {value}")
+    return value
+
+
+def reading_values_is_safe(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
+    """Whether cu_seqlens may be read to the host now: not while capturing a CUDA graph or tracing."""
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor or t.device.type == "meta"
+                                            for t in (cu_q, cu_k)):
+        return False
+    return not (cu_q.is_cuda and fwd.is_capturing())
+
+
+def check_values(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int, max_seqlen_q: int,
+                 max_seqlen_k: int) -> None:
+    """The values of the cumulative lengths (one device-to-host read of both), or a ValueError naming the argument."""
+    both = torch.stack((cu_q, cu_k)).tolist()
+    for name, cu, total, max_name, max_seqlen in (("cu_seqlens_q", both[0], total_q, "max_seqlen_q", max_seqlen_q),
+                                                  ("cu_seqlens_k", both[1], total_k, "max_seqlen_k", max_seqlen_k)):
+        if cu[0] != 0:
+            raise ValueError(f"{name}[0] must be 0, got {cu[0]}")
+        lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
+        if any(n < 0 for n in lengths):
+            at = next(i for i, n in enumerate(lengths) if n < 0)
+            raise ValueError(f"{name} must be nondecreasing, got {name}[{at}] = {cu[at]} > {name}[{at + 1}] = "
+                             f"{cu[at + 1]}")
+        if cu[-1] != total:
+            raise ValueError(f"{name}[-1] must be the total number of tokens ({total}), got {cu[-1]}")
+        longest = max(lengths, default=0)
+        if longest > max_seqlen:
+            raise ValueError(f"{max_name} ({max_seqlen}) must be at least the longest sequence in {name} "
+                             f"({longest})")
+
+
+def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+          causal: Any = False, scale: Any = None, window: Any = fwd.NO_WINDOW, softcap: Any = 0.0,
+          values: bool | None = None) -> VarlenCall:
+    """The checked varlen call, or a TypeError/ValueError naming the argument.
+
+    ``causal``: a bool, aligned bottom-right within each sequence
+    (FlashAttention-2's rule). ``values``: check the values of the cumulative
+    lengths (a device-to-host read); None does so unless a CUDA graph capture
+    or a torch.compile trace is in progress.
+    """
+    q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (total_k, heads_k, head_dim), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"k has head dim {k.shape[2]} but q has head dim {q.shape[2]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]}) for GQA/MQA")
+    cu_q, cu_k = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, q), _cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got {cu_q.numel()} and "
+                         f"{cu_k.numel()}")
+    batch = cu_q.numel() - 1
+    if batch > fwd.MAX_GRID_YZ:
+        raise ValueError(f"batch (cu_seqlens_q has {batch} + 1 entries) must be at most {fwd.MAX_GRID_YZ}")
+    sq, sk = _max_seqlen("max_seqlen_q", max_seqlen_q), _max_seqlen("max_seqlen_k", max_seqlen_k)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    call = fwd.check(kernel_view(q), kernel_view(k), kernel_view(v), "bottom_right" if causal else False, scale,
+                     fwd.Names(scale="softmax_scale"), window, softcap)
+    call = call._replace(offset=0)  # the kernels use each sequence's own len_k - len_q
+    if values is None:
+        values = reading_values_is_safe(cu_q, cu_k)
+    if values:
+        check_values(cu_q, cu_k, q.shape[0], k.shape[0], sq, sk)
+    return VarlenCall(call, batch, sq, sk)
+
+
+def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any) -> None:
+    """Refuse ``do``/``out`` unless they match q's packed shape, dtype and device, and a wrong ``lse``."""
+    for name, t in (("do", do), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != q.dtype or t.device != q.device or t.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}, "
+                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+        if t.stride(-1) != 1 and t.shape[-1] > 1 and t.numel():
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+    expected = (q.shape[1], q.shape[0])
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor, got {type(lse).__name__}")
+    if lse.dtype != torch.float32 or lse.device != q.device or tuple(lse.shape) != expected:
+        raise ValueError(f"lse must be the forward's float32 logsumexp of shape {expected} (heads_q, total_q) on "
+                         f"{q.device}, got {lse.dtype} {tuple(lse.shape)} on {lse.device}")
+
+
+# ---------------------------------------------------------------------------
+# Memo keys, variants, constexprs
+
+
+def memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
+             index64: bool) -> tuple[Any, ...]:
+    """The forward's memo key: the dense one of the kernel shape, marked ``"varlen"``."""
+    call = vc.call
+    return (MARK, *fwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
+                                call.windowed, call.capped))
+
+
+def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
+                 index64: bool) -> tuple[Any, ...]:
+    """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"``."""
+    call = vc.call
+    return (MARK, *bwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
+                                call.windowed, call.capped))
+
+
+def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
+             index64: bool) -> tuple[Variant, ...]:
+    """The variants of ``kernels`` serving a varlen call (dispatch decides, by the max_seqlen buckets)."""
+    call, shape = vc.call, vc.kernel_shape
+    return tuple(dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], shape.head_dim, call.causal != "none",
+                                         aligned, shape.seqlen_q, shape.seqlen_k, index64=index64,
+                                         window=call.windowed, softcap=call.capped, varlen=True)
+                 for kernel in kernels)
+
+
+FORWARD = (FLASH_FWD.name,)
+BACKWARD = (FLASH_BWD_DQ.name, FLASH_BWD_DKDV.name)
+
+
+def _plan(rt: Any, key: tuple[Any, ...], kernels: tuple[str, ...], tile: tuple[str, ...], device: torch.device,
+          dtype: torch.dtype, vc: VarlenCall, aligned: bool, index64: bool) -> tuple[Any, ...]:
+    """(kernel, its grid tile, ...) for ``kernels``, memoised in ``rt.plans``; refused during a CUDA graph capture."""
+    chosen = variants(kernels, dispatch.target_of_device(device), dtype, vc, aligned, index64)
+    if fwd.is_capturing():
+        for variant in chosen:
+            if rt.loaded(variant, device.index) is None:
+                raise fwd.CaptureError(
+                    f"{variant} is not loaded on {device} and a CUDA graph is being captured, during which it can "
+                    "be neither loaded nor compiled; run the varlen call once with this shape (forward and "
+                    "backward) before the capture")
+    entry = tuple(item for variant, name in zip(chosen, tile, strict=True)
+                  for item in (rt.kernel(variant, device.index), int(variant.get(name))))
+    rt.plans[key] = entry
+    return entry
+
+
+# ---------------------------------------------------------------------------
+# Forward
+
+
+def empty_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs: out (q's packed shape and dtype) and lse, float32 (heads_q, total_q), FlashAttention-2's layout."""
+    return torch.empty_like(q), torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+            vc: VarlenCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a checked varlen call: the kernel on a GPU, the interpreter on CPU, empty on meta."""
+    out, lse = empty_outputs(q)
+    if out.numel() == 0 or q.device.type == "meta" or vc.batch == 0:
+        return out, lse
+    views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), lse.unsqueeze(0))
+    call = vc.call
+    ints, aligned, index64 = fwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
+    if q.device.type == "cpu":
+        from lazytriton import compiler
+
+        shape = vc.kernel_shape
+        fwd.warn_if_slow(shape)
+        constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped),
+                      "VARLEN": True}
+        args = (*views, cu_q, cu_k, *ints[fwd.N_TENSORS + 2:], *fwd.floats(call))
+        compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
+        return out, lse
+    device = q.device
+    rt = runtime.get()
+    key = memo_key(device.index, q.dtype, vc, aligned, index64)
+    found = rt.plans.get(key)
+    if found is None:
+        found = _plan(rt, key, FORWARD, ("BLOCK_M",), device, q.dtype, vc, aligned, index64)
+    kernel, block_m = found
+    kernel.launch(fwd.grid(vc.kernel_shape, block_m), fwd.raw_stream(device.index), ints, fwd.floats(call),
+                  fwd.scratch_alloc)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
+# Backward
+
+
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+             do: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, vc: VarlenCall) -> bwd.Grads:
+    """(dq, dk, dv) of a checked varlen call; rows that see no key and keys no row sees get zero gradients."""
+    grads = bwd.empty_grads(q, k, v)
+    if q.device.type == "meta":
+        return grads
+    if grads.dq.numel() == 0 or grads.dk.numel() == 0 or vc.batch == 0:
+        for g in grads:
+            g.zero_()
+        return grads
+    lse = lse if lse.is_contiguous() else lse.contiguous()
+    delta = torch.empty_like(lse)
+    views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), kernel_view(do), lse.unsqueeze(0),
+             delta.unsqueeze(0), *(kernel_view(g) for g in grads))
+    call, shape = vc.call, vc.kernel_shape
+    dq_ints, dkdv_ints, aligned, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
+    floats = fwd.floats(call)
+    if q.device.type == "cpu":
+        _interpret_backward(views, cu_q, cu_k, dq_ints, dkdv_ints, vc)
+        return grads
+    device = q.device
+    rt = runtime.get()
+    key = bwd_memo_key(device.index, q.dtype, vc, aligned, index64)
+    found = rt.plans.get(key)
+    if found is None:
+        found = _plan(rt, key, BACKWARD, ("BLOCK_M", "BLOCK_N"), device, q.dtype, vc, aligned, index64)
+    dq_kernel, block_m, dkdv_kernel, block_n = found
+    stream = fwd.raw_stream(device.index)
+    dq_grid, dkdv_grid = bwd.grids(shape, block_m, block_n)
+    dq_kernel.launch(dq_grid, stream, dq_ints, floats, fwd.scratch_alloc)
+    dkdv_kernel.launch(dkdv_grid, stream, dkdv_ints, floats, fwd.scratch_alloc)
+    return grads
+
+
+def _interpret_backward(views: tuple[torch.Tensor, ...], cu_q: torch.Tensor, cu_k: torch.Tensor,
+                        dq_ints: tuple[int, ...], dkdv_ints: tuple[int, ...], vc: VarlenCall) -> None:
+    """Both backward kernels through Triton's interpreter on CPU tensors (views in the kernels' order)."""
+    from lazytriton import compiler
+
+    q, k, v, out, do, lse, delta, dq, dk, dv = views
+    call, shape = vc.call, vc.kernel_shape
+    fwd.warn_if_slow(shape)
+    constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped),
+                  "VARLEN": True}
+    dq_grid, dkdv_grid = bwd.grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
+    floats = fwd.floats(call)
+    skip = bwd.N_TENSORS + 2
+    compiler.interpret(FLASH_BWD_DQ.name, dq_grid,
+                       (q, k, v, out, do, lse, delta, dq, cu_q, cu_k, *dq_ints[skip:], *floats), constexprs)
+    compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid,
+                       (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *dkdv_ints[skip:], *floats), constexprs)

@@ -1,0 +1,79 @@
+"""Varlen variants in the cache: they compile for a GPU target, prewarm's ``--varlen`` axis, ``cache explain
+--varlen``, and a JIT miss that ``prewarm --from-misses`` plans again.
+
+No GPU needed: Triton compiles for sm_90 here, and the interpreter (which
+compiles nothing) is not involved.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lazytriton import dispatch, runtime, tuning
+from lazytriton.cli import main as cli_main
+from lazytriton.target import Target
+
+SM90 = Target.parse("sm_90")
+
+
+@pytest.mark.parametrize("kernel", ["flash_fwd", *dispatch.BWD_KERNELS])
+def test_varlen_variants_compile_with_the_two_pointers_after_the_kernels_own(kernel: str) -> None:
+    from lazytriton.compiler import compile_variant
+    from lazytriton.kernels import get
+
+    variant = dispatch.kernel_variant(kernel, SM90, "bf16", 64, True, True, 2048, 2048, varlen=True, window=True)
+    entry = compile_variant(variant)
+    spec = get(kernel)
+    assert entry.binary[:4] == b"\x7fELF" and entry.variant == str(variant)
+    assert entry.arg_types == tuple(t for t in spec.signature("bf16", False).values() if t != "constexpr")
+    n_pointers = sum(1 for _, kind in spec.params if kind.startswith("*"))
+    assert entry.arg_types[n_pointers - 2:n_pointers] == ("*i32", "*i32")
+
+
+def test_prewarm_varlen_axis_adds_varlen_variants(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants
+
+    narrow = {"targets": (SM90,), "dtypes": ("bf16",), "head_dims": (128,), "causal": (True,), "seqlens_q": (2048,)}
+    table = tuning.tables_for(all_kernels())
+    plain = enumerate_variants(Axes(**narrow), table)
+    both = enumerate_variants(Axes(**narrow, varlen=(False, True)), table)
+    assert len(both) == 2 * len(plain) and {p.key for p in plain} < {p.key for p in both}
+    assert sum(p.variant.constexprs.get("VARLEN") is True for p in both) == len(plain)
+    common = ["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "128", "--causal", "causal",
+              "--seqlen-q", "2048", "--list"]
+    assert cli_main(common) == 0
+    listed_plain = capsys.readouterr().out.splitlines()
+    assert cli_main([*common, "--varlen"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 2 * len(listed_plain) and sum("VARLEN=true" in line for line in listed) == len(listed_plain)
+
+
+def test_cache_explain_describes_a_varlen_call(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["cache", "explain", "--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "4096", "--target", "sm_90",
+            "--causal", "bottom_right", "--kernel", "flash_bwd"]
+    assert cli_main([*args, "--varlen", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    wanted = [dispatch.kernel_variant(k, SM90, "bf16", 128, True, True, 4096, 4096, varlen=True)
+              for k in dispatch.BWD_KERNELS]
+    assert report["call"]["varlen"] is True
+    assert [k["variant"] for k in report["kernels"]] == [str(v) for v in wanted]
+    assert [k["key"] for k in report["kernels"]] == [v.key() for v in wanted]
+    assert cli_main([*args, "--varlen"]) == 0
+    assert "varlen: packed sequences (VARLEN=true)" in capsys.readouterr().out
+    assert cli_main([*args, "--json"]) == 0
+    assert all("VARLEN" not in k["variant"] for k in json.loads(capsys.readouterr().out)["kernels"])
+
+
+def test_a_varlen_jit_miss_is_logged_and_prewarm_from_misses_plans_it(
+        cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    variant = dispatch.kernel_variant("flash_fwd", SM90, "fp16", 16, True, True, 64, 64, varlen=True)
+    assert runtime.get().resolve(variant).source == "jit"
+    misses = cache_dir / "misses.jsonl"
+    logged = [json.loads(line)["variant"] for line in misses.read_text().splitlines()]
+    assert logged == [str(variant)]
+    assert cli_main(["prewarm", "--from-misses", str(misses), "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed == [f"{variant.key()} misses   {variant}"]
