@@ -153,7 +153,8 @@ def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = 
 def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                       seqlen_q: int, config: Config | None = None, index64: bool = False,
                       seqlen_k: int | None = None, table: tuning.Table | None = None,
-                      tma: bool | None = None, window: bool = False, softcap: bool = False) -> Variant:
+                      tma: bool | None = None, window: bool = False, softcap: bool = False, alibi: bool = False,
+                      bias: bool = False, dropout: bool = False) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -162,10 +163,12 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``config``, the tuning table (``table``, else the kernel's file) decides,
     then ``default_config``. ``tma``: read through TMA descriptors (None:
     ``flash_fwd_tma`` decides from target, dtype and alignment). ``window``,
-    ``softcap``: the call has a sliding window, a logit softcap.
+    ``softcap``: the call has a sliding window, a logit softcap; ``alibi``,
+    ``bias``, ``dropout``: ALiBi slopes, an additive bias (attn_mask), dropout.
     """
     return kernel_variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
-                          seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap)
+                          seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap,
+                          alibi, bias, dropout)
 
 
 # ---------------------------------------------------------------------------
@@ -237,7 +240,7 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                    seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
-                   softcap: bool = False) -> Variant:
+                   softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
 
     Every attention kernel has the same functional fields (padded head dim,
@@ -248,7 +251,9 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     and ``SOFTCAP=true`` (logit softcapping), on all three kernels, are
     likewise written only when set, so the strings of calls without them are
     what they were; the window and the cap themselves are runtime arguments.
-    The tile sizes are the plain call's (not tuned for windows).
+    The tile sizes are the plain call's (not tuned for windows). ``ALIBI``,
+    ``BIAS`` and ``DROPOUT`` (ALiBi slopes, an additive bias, dropout) are
+    such flags too, on all three kernels.
     """
     padded = padded_head_dim(head_dim)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
@@ -261,6 +266,9 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         functional["WINDOW"] = True
     if softcap:
         functional["SOFTCAP"] = True
+    for flag, on in (("ALIBI", alibi), ("BIAS", bias), ("DROPOUT", dropout)):
+        if on:
+            functional[flag] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 

@@ -18,6 +18,14 @@ written only when true; their values are runtime parameters (``window_left``,
 ``window_right``, ``softcap``), so one binary serves every window and cap.
 The two new integers sit after the old ones and ``softcap`` after
 ``sm_scale``: integers first, floats last, as the C launchers lay them out.
+
+``ALIBI`` (FlashAttention-2's ALiBi), ``BIAS`` (an additive bias: the SDPA
+drop-in's ``attn_mask``) and ``DROPOUT`` follow the same rule: flags written
+only when true, their data runtime arguments. Their pointers (``Alibi``,
+``Bias``, ``Philox``) follow the kernel's own, their integers (the slopes'
+batch stride, the bias's four strides, 0 on broadcast dims) the window's, and
+``dropout_p`` comes after ``softcap``. A call without them passes null
+pointers and zeros, which the kernels never read.
 """
 
 from __future__ import annotations
@@ -28,7 +36,13 @@ _STRIDES = tuple(
     (f"stride_{t}{d}", "{index}") for t in ("q", "k", "v", "o") for d in ("b", "h", "s")
 ) + (("stride_lb", "{index}"), ("stride_lh", "{index}"))
 
+# The score modifications' pointers, after each kernel's own: ALiBi slopes (float32,
+# (heads,) or (batch, heads)), the additive bias (q's dtype), the Philox [seed, offset].
+MOD_POINTERS = (("Alibi", "*fp32"), ("Bias", "*{dtype}"), ("Philox", "*i64"))
+
 # The scalar tail every attention kernel takes, in this order (the backward's too).
+# The bias strides are 64-bit in every variant: a broadcast bias costs nothing
+# to address, and a full one may span 2**31 elements where q, k and v do not.
 SIZES = (
     ("group_size", "i32"),
     ("seqlen_q", "i32"),
@@ -37,8 +51,14 @@ SIZES = (
     ("causal_offset", "i32"),
     ("window_left", "i32"),
     ("window_right", "i32"),
+    ("stride_alibi_b", "i32"),
+    ("stride_biasb", "i64"),
+    ("stride_biash", "i64"),
+    ("stride_biasm", "i64"),
+    ("stride_biasn", "i64"),
     ("sm_scale", "fp32"),
     ("softcap", "fp32"),
+    ("dropout_p", "fp32"),
 )
 
 FLASH_FWD = KernelSpec(
@@ -51,10 +71,12 @@ FLASH_FWD = KernelSpec(
         ("V", "*{dtype}"),
         ("Out", "*{dtype}"),
         ("Lse", "*fp32"),
+        *MOD_POINTERS,
         *_STRIDES,
         *SIZES,
     ),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "ALIBI", "BIAS",
+                "DROPOUT"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

@@ -79,7 +79,7 @@ def forward_{layout}(q, k, v, causal, scale):
     if plan is None:
         return None
     kernel, block_m = plan
-    kernel.launch(((sq + block_m - 1) // block_m, hq, b), raw_stream(di), ints, (scale, 0.0), scratch_alloc)
+    kernel.launch(((sq + block_m - 1) // block_m, hq, b), raw_stream(di), ints, (scale, 0.0, 0.0), scratch_alloc)
     return out, lse
 """
 
