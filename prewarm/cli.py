@@ -46,7 +46,8 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 # bottom_right build the same binary (CAUSAL=true): the alignment is a runtime offset.
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
-_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap")
+_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap",
+               "alibi", "dropout", "attn_mask")
 
 
 class UsageError(ValueError):
@@ -189,6 +190,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="also build the sliding-window (WINDOW=true) variants: window_size in the API")
     axes.add_argument("--softcap", action="store_true",
                       help="also build the logit-softcapping (SOFTCAP=true) variants: softcap > 0 in the API")
+    axes.add_argument("--alibi", action="store_true", help="also build the ALiBi (ALIBI=true) variants: alibi_slopes")
+    axes.add_argument("--dropout", action="store_true",
+                      help="also build the dropout (DROPOUT=true) variants: dropout_p > 0 in the API")
+    axes.add_argument("--attn-mask", action="store_true",
+                      help="also build the additive-bias (BIAS=true) variants: attn_mask in the SDPA drop-in")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -259,7 +265,10 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 aligned=(True, False) if args.unaligned else (True,),
                 index64=(False, True) if args.index64 else (False,),
                 window=(False, True) if args.window else (False,),
-                softcap=(False, True) if args.softcap else (False,))
+                softcap=(False, True) if args.softcap else (False,),
+                alibi=(False, True) if args.alibi else (False,),
+                dropout=(False, True) if args.dropout else (False,),
+                bias=(False, True) if args.attn_mask else (False,))
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

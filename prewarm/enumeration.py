@@ -26,11 +26,15 @@ given, the groups are the default grid:
     index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
+    alibi     false (``--alibi`` adds true: calls with ALiBi slopes, ALIBI=true)
+    dropout   false (``--dropout`` adds true: calls with dropout_p > 0, DROPOUT=true)
+    bias      false (``--attn-mask`` adds true: SDPA calls with an attn_mask, BIAS=true)
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, window, softcap, seqlen_q, seqlen_k. The window and softcap variants
-take the plain call's tile sizes (``dispatch.kernel_variant``).
+index64, window, softcap, alibi, dropout, bias, seqlen_q, seqlen_k. The
+variants with features take the plain call's tile sizes
+(``dispatch.kernel_variant``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ class Axes:
     index64: tuple[bool, ...] = (False,)
     window: tuple[bool, ...] = (False,)
     softcap: tuple[bool, ...] = (False,)
+    alibi: tuple[bool, ...] = (False,)
+    dropout: tuple[bool, ...] = (False,)
+    bias: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -176,11 +183,13 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     for dtype, head_dim, causal in itertools.product(axes.dtypes or DEFAULT_DTYPES, axes.head_dims or DEFAULT_HEAD_DIMS,
                                                      axes.causal or DEFAULT_CAUSAL):
         buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
-        for aligned, index64, window, softcap, (seqlen_q, seqlen_k) in itertools.product(
-                axes.aligned, axes.index64, axes.window, axes.softcap, _seqlens(axes, buckets)):
+        for aligned, index64, window, softcap, alibi, dropout, bias, (seqlen_q, seqlen_k) in itertools.product(
+                axes.aligned, axes.index64, axes.window, axes.softcap, axes.alibi, axes.dropout, axes.bias,
+                _seqlens(axes, buckets)):
             config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
-                                              config=config, index64=index64, window=window, softcap=softcap)
+                                              config=config, index64=index64, window=window, softcap=softcap,
+                                              alibi=alibi, bias=bias, dropout=dropout)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 

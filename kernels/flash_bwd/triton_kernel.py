@@ -331,14 +331,15 @@ def _dkdv_block(
             keep = keep & (offs_n[:, None] <= rows[None, :] + causal_offset + window_right)
         qk_t = tl.where(keep, qk_t, float("-inf"))
     p_t = tl.math.exp2(qk_t - lse2[None, :])
-    dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE)
-    if DROPOUT:  # dV = (P * Z / (1 - p))^T dO and dP = (dO V^T) * Z / (1 - p)
+    if DROPOUT:  # dV = (P * Z / (1 - p))^T dO, and below dP = (dO V^T) * Z / (1 - p)
         kept_t = _kept(seed, drop_rows, offs_n[:, None], dropout_p)
         rescale = 1.0 / (1.0 - dropout_p)
         dv = _dot(tl.where(kept_t, p_t * rescale, 0.0).to(do.dtype), do, dv, IEEE)
-        dp_t = tl.where(kept_t, dp_t * rescale, 0.0)
     else:
         dv = _dot(p_t.to(do.dtype), do, dv, IEEE)
+    dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE)
+    if DROPOUT:
+        dp_t = tl.where(kept_t, dp_t * rescale, 0.0)
     ds_t = p_t * (dp_t - delta[None, :])
     if SOFTCAP:
         ds_t = ds_t * grad_t

@@ -418,6 +418,10 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--target", help="sm_90, gfx942, ... (default: the GPU here, else sm_90)")
     ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
     ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
+    for flag, what in (("window", "a sliding window (window_size)"), ("softcap", "a logit softcap"),
+                       ("alibi", "ALiBi slopes (alibi_slopes)"), ("dropout", "dropout_p > 0"),
+                       ("attn-mask", "an attn_mask (the kernels' additive bias)")):
+        ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
     from lazytriton.cli.explain import cmd_explain  # it imports this module's report helpers
 
     ex.set_defaults(fn=_guarded(cmd_explain))
