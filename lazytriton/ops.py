@@ -111,13 +111,13 @@ def _flash_bwd_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
 
 # The features after (softmax_scale, causal), with their defaults: the inputs may stop early.
-_FEATURE_DEFAULTS = (-1, -1, 0.0, None, None, 0.0, None)
+_FEATURE_DEFAULTS: tuple[Any, ...] = (-1, -1, 0.0, None, None, 0.0, None)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, v, softmax_scale, causal, *given = inputs
-    window_left, window_right, softcap, alibi, bias, dropout_p, philox = (
-        *given, *_FEATURE_DEFAULTS[len(given):])
+    features: tuple[Any, ...] = (*given, *_FEATURE_DEFAULTS[len(given):])
+    window_left, window_right, softcap, alibi, bias, dropout_p, philox = features
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi, bias, philox)
     ctx.softmax_scale, ctx.causal = softmax_scale, causal

@@ -9,9 +9,10 @@ heads. The window masks as the forward's reference does; with a softcap,
 ``1 - tanh^2`` (the cap's derivative). ALiBi and a bias are added to the
 scores as the forward's reference adds them (no gradient of their own); with
 dropout's keep mask Z, FlashAttention-2's formulas: ``dV = (P Z / (1 - p))^T dO``,
-``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - rowsum(dO * O))``. Computed in the inputs' dtype for matrix products (float32 softmax)
-unless the caller upcasts, so the tests can measure both a same-precision
-reference and a float64 one.
+``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - rowsum(dO * O))``. Computed in
+the inputs' dtype for matrix products (float32 softmax) unless the caller
+upcasts, so the tests can measure both a same-precision reference and a
+float64 one.
 """
 
 from __future__ import annotations

@@ -133,8 +133,11 @@ def philox_uniform(seed: int, offsets: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_keep(philox: torch.Tensor, shape: tuple[int, int, int, int], dropout_p: float) -> torch.Tensor:
-    """The kernels' keep mask for (batch, heads_q, seqlen_q, seqlen_k): element (b, h, i, j) is kept when
-    ``tl.rand(seed, offset + ((b * heads_q + h) * seqlen_q + i) * seqlen_k + j) >= dropout_p``."""
+    """The kernels' keep mask for (batch, heads_q, seqlen_q, seqlen_k), from their [seed, offset] tensor.
+
+    Element (b, h, i, j) is kept when ``tl.rand(seed, offset + ((b * heads_q +
+    h) * seqlen_q + i) * seqlen_k + j) >= dropout_p`` (both in float32).
+    """
     seed, offset = (int(x) for x in philox.cpu())
     index = torch.arange(math.prod(shape), dtype=torch.int64) + offset
     kept = philox_uniform(seed, index) >= torch.tensor(dropout_p, dtype=torch.float32)

@@ -87,8 +87,10 @@ def _modified(qk, rows, cols, seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, 
 
 @triton.jit
 def _kept(seed, drop_rows, cols, dropout_p):
-    """Dropout's keep mask: element (b, h, i, j) survives when ``tl.rand(seed, offset + ((b * Hq + h) * Sq + i) * Sk
-    + j) >= p``; ``drop_rows`` is offset + ((b * Hq + h) * Sq + i) * Sk, in 64 bits."""
+    """Dropout's keep mask: (b, h, i, j) stays when ``tl.rand(seed, offset + ((b * Hq + h) * Sq + i) * Sk + j) >= p``.
+
+    ``drop_rows`` is offset + ((b * Hq + h) * Sq + i) * Sk, in 64 bits.
+    """
     return tl.rand(seed, drop_rows + cols) >= dropout_p
 
 

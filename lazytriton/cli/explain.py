@@ -59,10 +59,13 @@ def explain_report(args: argparse.Namespace) -> Report:
     kernels = explain_kernels(kernel)
     rt = None
     reports = []
+    flags = _features(args)
     for name in kernels:
         config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q, seqlen_k)
         variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                          args.seqlen_q, seqlen_k, index64=args.index64, **_features(args))
+                                          args.seqlen_q, seqlen_k, index64=args.index64, window=flags["window"],
+                                          softcap=flags["softcap"], alibi=flags["alibi"], bias=flags["bias"],
+                                          dropout=flags["dropout"])
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
@@ -70,7 +73,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
-            "target": str(target), "target_source": how, **_features(args)}
+            "target": str(target), "target_source": how, **flags}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -78,8 +81,10 @@ def explain_report(args: argparse.Namespace) -> Report:
 
 
 def _features(args: argparse.Namespace) -> dict[str, bool]:
-    """The feature flags of the described call (``--window``, ``--softcap``, ``--alibi``, ``--dropout``,
-    ``--attn-mask``), as ``dispatch.kernel_variant`` takes them (an attn_mask is the kernels' bias)."""
+    """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
+
+    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout`` and ``--attn-mask``.
+    """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
              ("bias", "attn_mask"))}
