@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 
 CaptureError = binding.CaptureError  # a call would load or compile a kernel during a CUDA graph capture
 
@@ -76,8 +76,8 @@ def _with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any
             and dropout_p == 0:
         return call
     p = _check_dropout(names.dropout, dropout_p)
-    philox = binding.draw_philox(q.device) if p > 0.0 else None
-    return binding.with_mods(call, q, alibi_slopes, bias, p, philox, names)
+    philox = score_mods.draw_philox(q.device) if p > 0.0 else None
+    return score_mods.with_mods(call, q, alibi_slopes, bias, p, philox, names)
 
 
 # The defaults. The warm path serves only calls without a window or softcap, and tests
@@ -416,7 +416,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
-            backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0) -> list[str]:
+            backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
+            alibi: bool = False, dropout: bool = False, attn_mask: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -437,6 +438,10 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             step's backward in a CUDA graph).
         window_size: as in ``attn_fwd``: calls with a window use their own kernels.
         softcap: as in ``attn_fwd``: calls with a softcap use their own kernels.
+        alibi: calls with ALiBi slopes use their own kernels.
+        dropout: calls with dropout_p > 0 use their own kernels (to capture
+            dropout in a CUDA graph, preload with ``dropout=True``).
+        attn_mask: SDPA calls with an attn_mask use their own kernels.
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -459,6 +464,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         tensors = [t.transpose(1, 2) for t in tensors]
     qt, kt = tensors
     call = binding.check(qt, kt, kt, causal, None, window=window_size, softcap=softcap)
+    call = _meta_mods(call, qt, _check_bool("alibi", alibi), _check_bool("dropout", dropout),
+                      _check_bool("attn_mask", attn_mask))
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
     out, lse = binding.empty_outputs(qt, call.shape)
     _, aligned, index64 = binding.pack(qt, kt, kt, out, lse, call)
@@ -471,6 +478,18 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, kt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64)]
     return loaded
+
+
+def _meta_mods(call: binding.Call, q: torch.Tensor, alibi: bool, dropout: bool, attn_mask: bool) -> binding.Call:
+    """``call`` with stand-in (meta) slopes, bias and Philox tensors for the flags asked: only the flags matter."""
+    if not (alibi or dropout or attn_mask):
+        return call
+    b, hq, _, sq, sk, _ = call.shape
+    meta = torch.device("meta")
+    return call._replace(alibi=torch.empty(hq, dtype=torch.float32, device=meta) if alibi else None,
+                         bias=torch.empty(1, dtype=q.dtype, device=meta).expand(b, hq, sq, sk) if attn_mask else None,
+                         dropout_p=0.5 if dropout else 0.0,
+                         philox=torch.empty(2, dtype=torch.int64, device=meta) if dropout else None)
 
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:

@@ -41,6 +41,7 @@ import torch
 
 from lazytriton.kernels.flash_bwd import binding as flash_bwd_binding
 from lazytriton.kernels.flash_fwd import binding as flash_fwd_binding
+from lazytriton.kernels.flash_fwd import score_mods
 
 _FEATURES = ("int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
              "Tensor? attn_bias=None, float dropout_p=0.0, Tensor? philox=None")
@@ -74,7 +75,7 @@ def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
                                    softcap=float(softcap))
     if alibi_slopes is None and attn_bias is None and dropout_p == 0.0:
         return call
-    return flash_fwd_binding.with_mods(call, q, alibi_slopes, attn_bias, float(dropout_p), philox)
+    return score_mods.with_mods(call, q, alibi_slopes, attn_bias, float(dropout_p), philox)
 
 
 @flash_fwd.register_fake

@@ -27,6 +27,7 @@ import torch
 from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid
 from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.kernels.flash_fwd import score_mods
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
 from lazytriton.variant import Variant
 
@@ -256,7 +257,7 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     dq, dk, dv = grads
     floats = fwd.floats(call)
-    mods = fwd.mod_tensors(call, q)
+    mods = score_mods.mod_tensors(call, q)
     compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *mods,
                                                      *dq_ints[_N_POINTERS:], *floats), constexprs)
     compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *mods,
@@ -268,7 +269,7 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                 call: Call) -> tuple[Any, ...]:
     """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks."""
     dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
-    mods = fwd.mod_tensors(call, q)
+    mods = score_mods.mod_tensors(call, q)
     if kernel == FLASH_BWD_DQ.name:
         return (q, k, v, out, do, lse, delta, grads.dq, *mods, *dq_ints[_N_POINTERS:], *fwd.floats(call))
     return (q, k, v, do, lse, delta, grads.dk, grads.dv, *mods, *dkdv_ints[_N_POINTERS:], *fwd.floats(call))

@@ -26,6 +26,11 @@ with ``P = exp(scale * Q K^T - lse)`` and ``dS = P * (dO V^T - delta)``.
 the same visibility rule and loop bounds (query blocks outside a key block's
 window are skipped in dK/dV), and with a cap ``S = softcap * tanh(scale * Q
 K^T / softcap)``, whose derivative multiplies dS by ``1 - tanh^2``.
+``ALIBI`` and ``BIAS`` add the forward's terms to the scores (no gradient of
+their own); ``DROPOUT`` regenerates the forward's mask Z from the same
+``Philox`` tensor and applies FlashAttention-2's formulas: ``dV = (P Z / (1 -
+p))^T dO``, ``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - delta)`` with delta
+= rowsum(dO * O) of the dropped output.
 The price of determinism is one more pair of matrix products than a fused
 kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 """

@@ -30,6 +30,7 @@ import torch
 from lazytriton import dispatch, runtime, tuning
 from lazytriton.kernels.flash_fwd import FLASH_FWD
 from lazytriton.kernels.flash_fwd import grid as _grid
+from lazytriton.kernels.flash_fwd.score_mods import mod_tensors
 from lazytriton.variant import Variant
 
 log = logging.getLogger("lazytriton.flash")
@@ -45,6 +46,7 @@ _CAUSAL_FAST = {False: "none", True: "top_left", "top_left": "top_left", "bottom
 # 2-core CI machine); warn once, since the CPU path is for checking, not speed.
 SLOW_CPU_WORK = 2**31
 
+
 class Shape(NamedTuple):
     """The sizes of one call, in the kernel's (batch, heads, seqlen, head_dim) terms."""
 
@@ -54,6 +56,7 @@ class Shape(NamedTuple):
     seqlen_q: int
     seqlen_k: int
     head_dim: int
+
 
 class Call(NamedTuple):
     """A checked call: its shape, causal mode, the kernel's causal offset, softmax scale, window and softcap.
@@ -93,6 +96,7 @@ class Call(NamedTuple):
         """The flags (ALIBI, BIAS, DROPOUT) of the kernel this call needs."""
         return (self.alibi is not None, self.bias is not None, self.dropout_p > 0.0)
 
+
 class Names(NamedTuple):
     """The caller's names for the arguments, so that errors speak the caller's language."""
 
@@ -107,10 +111,13 @@ class Names(NamedTuple):
     bias: str = "attn_mask"
     dropout: str = "dropout_p"
 
+
 NAMES = Names()
+
 
 # ---------------------------------------------------------------------------
 # Checks
+
 
 def _check_tensor(name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
@@ -122,6 +129,7 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
     return t
+
 
 def _fast_check(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> Call | None:
     """The common, valid call in as few tensor reads as possible; None sends it to the full check."""
@@ -152,10 +160,12 @@ def _fast_check(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> Call | None:
         return None
     return Call(Shape(b, hq, hk, sq, sk, d), mode, sk - sq if mode == "bottom_right" else 0, scale)
 
+
 NO_WINDOW = (-1, -1)
 NO_MODS = (False, False, False)  # Call.mods of a call without ALiBi, bias or dropout
 # With a window, the kernels compute row + offset +- window in 32 bits.
 MAX_WINDOWED_SEQLEN = 2**29
+
 
 def check(q: Any, k: Any, v: Any, causal: Any = False, scale: Any = None, names: Names = NAMES,
           window: Any = NO_WINDOW, softcap: Any = 0.0) -> Call:
@@ -171,6 +181,7 @@ def check(q: Any, k: Any, v: Any, causal: Any = False, scale: Any = None, names:
     if type(window) is tuple and window == NO_WINDOW and type(softcap) is float and softcap == 0.0:
         return call
     return with_features(call, window, softcap, names)
+
 
 def with_features(call: Call, window: Any, softcap: Any, names: Names = NAMES) -> Call:
     """``call`` with its sliding window and softcap checked and in the kernel's terms.
@@ -204,66 +215,6 @@ def with_features(call: Call, window: Any, softcap: Any, names: Names = NAMES) -
     return call._replace(offset=offset, window_left=min(left, full) if left >= 0 else full,
                          window_right=min(right, full) if right >= 0 else full, softcap=cap)
 
-def with_mods(call: Call, q: torch.Tensor, alibi: Any = None, bias: Any = None, dropout_p: Any = 0.0,
-              philox: Any = None, names: Names = NAMES) -> Call:
-    """``call`` with ALiBi slopes, an additive bias and dropout checked (a TypeError/ValueError naming each).
-
-    ``alibi``: float32 slopes of shape (heads_q,) or (batch, heads_q) on q's
-    device (FlashAttention-2's). ``bias``: q's dtype, exactly (batch, heads_q,
-    seqlen_q, seqlen_k) in the kernel's order, any strides (0 where it
-    broadcasts: the public functions expand, never copy); it gets no
-    gradient, so one that requires grad is refused. ``dropout_p`` in [0, 1);
-    above 0 it needs ``philox``, the int64 [seed, offset] pair on q's device
-    the kernels draw their mask from (``draw_philox``).
-    """
-    b, hq, _, sq, sk, _ = call.shape
-    if alibi is not None:
-        if not isinstance(alibi, torch.Tensor):
-            raise TypeError(f"{names.alibi} must be a torch.Tensor or None, got {type(alibi).__name__}")
-        if alibi.dtype != torch.float32:
-            raise TypeError(f"{names.alibi} must be float32, got {alibi.dtype}")
-        if tuple(alibi.shape) not in ((hq,), (b, hq)):
-            raise ValueError(f"{names.alibi} must have shape ({hq},) or ({b}, {hq}) (heads or batch x heads), got "
-                             f"{tuple(alibi.shape)}")
-        if alibi.device != q.device:
-            raise ValueError(f"{names.alibi} is on {alibi.device} but {names.q} is on {q.device}")
-        if alibi.stride(-1) != 1 and hq > 1:
-            alibi = alibi.contiguous()
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor):
-            raise TypeError(f"{names.bias} must be a torch.Tensor or None, got {type(bias).__name__}")
-        if bias.dtype != q.dtype:
-            raise TypeError(f"{names.bias} must have {names.q}'s dtype {q.dtype} (or be boolean), got {bias.dtype}")
-        if tuple(bias.shape) != (b, hq, sq, sk):
-            raise ValueError(f"{names.bias} must have shape {(b, hq, sq, sk)} here, got {tuple(bias.shape)}")
-        if bias.device != q.device:
-            raise ValueError(f"{names.bias} is on {bias.device} but {names.q} is on {q.device}")
-        if bias.requires_grad:
-            raise ValueError(f"{names.bias} requires grad, but lazytriton computes no gradient for it; pass "
-                             f"{names.bias}.detach() (or a boolean mask)")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"{names.dropout} must be a float, got {type(dropout_p).__name__}")
-    p = float(dropout_p)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{names.dropout} must be in [0, 1), got {dropout_p!r}")
-    if p > 0.0:
-        if (not isinstance(philox, torch.Tensor) or philox.dtype != torch.int64 or tuple(philox.shape) != (2,)
-                or philox.device != q.device):
-            raise ValueError(f"with {names.dropout} > 0, philox must be an int64 tensor [seed, offset] on "
-                             f"{q.device}, got {philox!r}")
-        philox = philox if philox.is_contiguous() else philox.contiguous()
-    else:
-        philox = None
-    return call._replace(alibi=alibi, bias=bias, dropout_p=p, philox=philox)
-
-def draw_philox(device: torch.device) -> torch.Tensor:
-    """A fresh [seed, offset] for dropout, drawn on ``device`` from torch's generator.
-
-    Drawn on the device, not the host: ``torch.manual_seed`` reproduces it,
-    and inside a CUDA graph capture torch's own graph-safe RNG makes each
-    replay draw anew. Both below 2**62, so offset + element index never wraps.
-    """
-    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
 
 def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names) -> Call:
     fast = _fast_check(q, k, v, causal, scale)
@@ -299,12 +250,14 @@ def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names
     return Call(Shape(b, hq, hk, sq, sk, d), mode, sk - sq if mode == "bottom_right" else 0,
                 softmax_scale(scale, d, names.scale))
 
+
 def causal_mode(causal: object, name: str = "causal") -> str:
     """``causal`` as one of dispatch.CAUSAL_MODES, or a ValueError naming ``name``."""
     try:
         return dispatch.causal_mode(causal)
     except ValueError:
         raise ValueError(f"{name} must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+
 
 def softmax_scale(scale: object, head_dim: int, name: str = "sm_scale") -> float:
     """The softmax scale: 1/sqrt(head_dim) for None, else a finite float."""
@@ -316,6 +269,7 @@ def softmax_scale(scale: object, head_dim: int, name: str = "sm_scale") -> float
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {scale}")
     return value
+
 
 # ---------------------------------------------------------------------------
 # Argument packing, generated from the parameter description
@@ -379,6 +333,7 @@ INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
         (b - 1) * vs[0] + (hk - 1) * vs[1] + (sk - 1) * vs[2],
         b * hq * sq - d) + d > {INT32_MAX}"""
 
+
 def _generate_pack() -> Any:
     """``pack(q, k, v, out, lse, call) -> (ints, aligned, index64)``, built from FLASH_FWD.params.
 
@@ -399,22 +354,28 @@ def pack(q, k, v, out, lse, call):
     exec(compile(source, f"<{FLASH_FWD.name} binding: pack>", "exec"), namespace)  # noqa: S102 (our own text)
     return namespace["pack"]
 
+
 pack = _generate_pack()
+
 
 def floats(call: Call) -> tuple[float, ...]:
     """The float parameters (after the ints, in the description's order: sm_scale, softcap, dropout_p)."""
     return (call.scale, call.softcap, call.dropout_p)
 
+
 def c_initializer() -> str:
     """The C launcher's integer-argument initializer, from the same table as ``pack`` (tested against it)."""
     return ", ".join(PARAM_SOURCES[name][1] for name in INT_PARAMS)
 
+
 # ---------------------------------------------------------------------------
 # Grid, memo key, variant
+
 
 def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
     """Programs: query blocks x query heads x batch."""
     return _grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m)
+
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
@@ -432,12 +393,14 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
         return key + (window, softcap, *mods)
     return key + (window, softcap) if window or softcap else key
 
+
 def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool,
             window: bool = False, softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS) -> Variant:
     """The variant that serves a call of this shape (dispatch decides)."""
     return dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
                                       index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
                                       alibi=mods[0], bias=mods[1], dropout=mods[2])
+
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
                            softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS) -> dict[str, Any]:
@@ -452,14 +415,18 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
             "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "ALIBI": mods[0], "BIAS": mods[1],
             "DROPOUT": mods[2]}
 
+
 # ---------------------------------------------------------------------------
 # Running it
+
 
 class CaptureError(RuntimeError):
     """A call would load or compile a kernel while a CUDA graph is being captured."""
 
+
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 µs; the public API ~3 µs
 is_capturing = torch.cuda.is_current_stream_capturing
+
 
 def raw_stream(device_index: int) -> int:
     """The current CUDA/HIP stream of a device, as the driver's handle."""
@@ -467,9 +434,11 @@ def raw_stream(device_index: int) -> int:
         return int(_GET_RAW_STREAM(device_index))
     return int(torch.cuda.current_stream(device_index).cuda_stream)
 
+
 def scratch_alloc(nbytes: int, device_index: int) -> torch.Tensor:
     """Scratch memory Triton's hidden parameters ask for (torch's allocator: graph-safe)."""
     return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_index))
+
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
@@ -490,6 +459,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     entry = (kernel, int(chosen.get("BLOCK_M")))
     rt.plans[key] = entry
     return entry
+
 
 def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                call: Call, variant: Variant | None = None) -> None:
@@ -516,6 +486,7 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), raw_stream(device.index),
                   ints, floats(call), scratch_alloc)
 
+
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                     call: Call) -> None:
     """Run the kernel through Triton's interpreter on CPU tensors."""
@@ -527,7 +498,9 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
+
 _N_POINTERS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
+
 
 def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                 call: Call) -> tuple[Any, ...]:
@@ -535,13 +508,9 @@ def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     ints = pack(q, k, v, out, lse, call)[0]
     return (q, k, v, out, lse, *mod_tensors(call, q), *ints[_N_POINTERS:], *floats(call))
 
-def mod_tensors(call: Call, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Alibi, Bias and Philox arguments for Triton's launchers: the call's, or empty stand-ins never read."""
-    return (torch.empty(0, dtype=torch.float32, device=q.device) if call.alibi is None else call.alibi,
-            torch.empty(0, dtype=q.dtype, device=q.device) if call.bias is None else call.bias,
-            torch.empty(0, dtype=torch.int64, device=q.device) if call.philox is None else call.philox)
 
 _warned_slow = False
+
 
 def warn_if_slow(shape: Shape) -> None:
     """Warn once per process when a CPU call through the interpreter may take minutes."""
@@ -552,11 +521,13 @@ def warn_if_slow(shape: Shape) -> None:
         log.warning("attention on CPU tensors of shape %s runs through Triton's interpreter and may take "
                     "minutes; the CPU path is for checking results, not for speed", tuple(shape))
 
+
 def empty_outputs(q: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
     """The outputs: out (q's shape, dtype and, for a dense q, strides), lse (batch, heads_q, seqlen_q) float32."""
     out = torch.empty_like(q)
     lse = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
     return out, lse
+
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a checked call: the kernel on a GPU, the interpreter on CPU, empty on meta."""
@@ -571,6 +542,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: Call) -> tu
     else:
         launch_gpu(q, k, v, out, lse, call)
     return out, lse
+
 
 def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool = True,
             index64: bool = False) -> Variant:

@@ -43,6 +43,31 @@ causal or not, aligned or not) and of the backward's eight is instruction for
 instruction what it was before them, apart from the three unused parameters
 in the signature and debug labels; the TMA variant's differs only in the
 numbering of one register.
+
+Three more flags modify the scores, each off by default:
+
+- ``ALIBI``: FlashAttention-2's ALiBi, ``s -= slope[b, h] * |i + seqlen_k -
+  seqlen_q - j|`` (``Alibi``: float32 slopes, ``stride_alibi_b`` 0 for one
+  slope per head), after the scale and the cap (its reference's order). The
+  same formula serves causal calls: over the visible keys it differs from
+  FlashAttention-2's causal form (``slope * j``) by a constant per row, so
+  out and the gradients are the same; lse is that of the formula above.
+- ``BIAS``: an additive bias (``Bias``, q's dtype, four 64-bit strides, 0 on
+  broadcast dims), added likewise: SDPA's ``attn_mask``. A bias of -inf can
+  hide every key of a row, so with it the unmasked blocks guard m = -inf too.
+- ``DROPOUT``: element (b, h, i, j) is kept when ``tl.rand(seed, offset +
+  ((b * Hq + h) * Sq + i) * Sk + j) >= dropout_p`` (64-bit index; ``Philox``
+  holds [seed, offset], drawn on the device by the caller), kept
+  probabilities are scaled by 1 / (1 - p) at the end, and l, m (so lse) are
+  those of the undropped scores. ``tl.rand`` is the same Philox 4x32-10 in
+  Triton 3.6 and 3.9 (random.py differs only in writing -x - 1 as ~x), and
+  the backward calls it with the same arguments, so it regenerates the mask.
+
+Off, they compile away: with Triton 3.9 for sm_90, the PTX of the plain
+variants above (and of the backward's) has the same instructions in the same
+order, apart from the eight new unused parameters, where the parameter loads
+sit, register numbers and debug information. All flags together compile for
+sm_90 with Triton 3.6 and 3.9 (TMA too).
 """
 
 import triton
