@@ -258,15 +258,15 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 
     lazytriton.c passes each kernel's integer parameters as its binding's
     ``c_initializer`` lists them (tests/test_binding.py and tests/test_capi.py
-    check the C text against it), then the two floats (sm_scale, softcap); this
-    checks the entry agrees.
+    check the C text against it), then the three floats (sm_scale, softcap,
+    dropout_p); this checks the entry agrees.
     """
     kinds = tuple(entry.arg_types)
     n_ints = len(int_params(kernel))
     ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:n_ints])
-    if len(kinds) != n_ints + 2 or not ints_ok or kinds[n_ints:] != ("fp32", "fp32"):
+    if len(kinds) != n_ints + 3 or not ints_ok or kinds[n_ints:] != ("fp32", "fp32", "fp32"):
         raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
-                                     f"{n_ints} pointers or integers, then two fp32")
+                                     f"{n_ints} pointers or integers, then three fp32")
     sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
     scratch = [name for name in entry.hidden_args if sizes.get(name, 0) > 0]
     if scratch or len(entry.hidden_args) > _MAX_HIDDEN:

@@ -11,9 +11,9 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 39           /* flash_bwd_dq: 37 pointers and integers, then sm_scale and softcap */
-#define LT__BWD_DKDV_PARAMS 39         /* flash_bwd_dkdv: 37 pointers and integers, then sm_scale and softcap */
-#define LT__BWD_FLOATS 2
+#define LT__BWD_DQ_PARAMS 48           /* flash_bwd_dq: 45 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DKDV_PARAMS 48         /* flash_bwd_dkdv: 45 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_FLOATS 3
 
 /* ------------------------------------------------------------------------- */
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
@@ -258,7 +258,7 @@ static lt_status lt__make_bwd_plan(const lt__call *c, lt_bwd_plan **out) {
     return LT_OK;
 }
 
-/* The parameter array of one kernel: its integer slots, the two floats, then NULL hidden scratch pointers. */
+/* The parameter array of one kernel: its integer slots, the three floats, then NULL hidden scratch pointers. */
 static void lt__bind(void **params, int64_t *ints, int n_params, float *floats, uint32_t n_hidden) {
     int n_ints = n_params - LT__BWD_FLOATS;
     for (int i = 0; i < n_ints; i++)
@@ -274,24 +274,25 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
                                 void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
     const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
-    /* No sliding window (-1, -1) and no softcap (0): the C API's calls have neither. */
+    /* No sliding window (-1, -1), softcap (0), ALiBi, bias or dropout (null pointers, zero strides, p = 0):
+       the C API's calls have none of them. */
     int64_t dq_ints[LT__BWD_DQ_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
-        (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data, c->cu_seqlens_q, c->cu_seqlens_k,
+        (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1};
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1, 0, 0, 0, 0, 0};
     int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
-        (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data, c->cu_seqlens_q, c->cu_seqlens_k,
+        (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1};
-    float floats[LT__BWD_FLOATS] = {c->scale, 0.0f};
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1, 0, 0, 0, 0, 0};
+    float floats[LT__BWD_FLOATS] = {c->scale, 0.0f, 0.0f};
     void *dq_params[LT__BWD_DQ_PARAMS + LT__MAX_HIDDEN], *dkdv_params[LT__BWD_DKDV_PARAMS + LT__MAX_HIDDEN];
     lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, floats, plan->dq.n_hidden);
     lt__bind(dkdv_params, dkdv_ints, LT__BWD_DKDV_PARAMS, floats, plan->dkdv.n_hidden);

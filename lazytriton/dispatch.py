@@ -159,8 +159,8 @@ def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = 
 def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                       seqlen_q: int, config: Config | None = None, index64: bool = False,
                       seqlen_k: int | None = None, table: tuning.Table | None = None,
-                      tma: bool | None = None, window: bool = False, softcap: bool = False,
-                      varlen: bool = False) -> Variant:
+                      tma: bool | None = None, window: bool = False, softcap: bool = False, alibi: bool = False,
+                      bias: bool = False, dropout: bool = False, varlen: bool = False) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -169,12 +169,13 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``config``, the tuning table (``table``, else the kernel's file) decides,
     then ``default_config``. ``tma``: read through TMA descriptors (None:
     ``flash_fwd_tma`` decides from target, dtype and alignment). ``window``,
-    ``softcap``: the call has a sliding window, a logit softcap; ``varlen``:
-    packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k).
+    ``softcap``: the call has a sliding window, a logit softcap; ``alibi``,
+    ``bias``, ``dropout``: ALiBi slopes, an additive bias (attn_mask), dropout;
+    ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k).
     """
     return kernel_variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
                           seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap,
-                          varlen)
+                          alibi=alibi, bias=bias, dropout=dropout, varlen=varlen)
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +254,8 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                    seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
-                   softcap: bool = False, paged: bool = False, varlen: bool = False) -> Variant:
+                   softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
+                   paged: bool = False, varlen: bool = False) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
 
     The decoding kernels (``DECODE_KERNELS``) go to ``decode_variant``, with
@@ -267,13 +269,16 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     and ``SOFTCAP=true`` (logit softcapping), on all three kernels, are
     likewise written only when set, so the strings of calls without them are
     what they were; the window and the cap themselves are runtime arguments.
-    The tile sizes are the plain call's (not tuned for windows). ``VARLEN=true``
+    The tile sizes are the plain call's (not tuned for windows). ``ALIBI``,
+    ``BIAS`` and ``DROPOUT`` (ALiBi slopes, an additive bias, dropout) are
+    such flags too, on all three kernels. ``VARLEN=true``
     (packed sequences, FlashAttention-2's varlen) likewise; its seqlens are
     the call's max_seqlen_q/max_seqlen_k, whose buckets pick the tiles.
     """
     if kernel in DECODE_KERNELS:
         return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
-                              index64=index64, table=table, paged=paged, window=window, softcap=softcap)
+                              index64=index64, table=table, paged=paged, window=window, softcap=softcap,
+                              alibi=alibi)
     padded = padded_head_dim(head_dim)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
     cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
@@ -285,8 +290,9 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         functional["WINDOW"] = True
     if softcap:
         functional["SOFTCAP"] = True
-    if varlen:
-        functional["VARLEN"] = True
+    for flag, on in (("ALIBI", alibi), ("BIAS", bias), ("DROPOUT", dropout), ("VARLEN", varlen)):
+        if on:
+            functional[flag] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 
 CaptureError = binding.CaptureError  # a call would load or compile a kernel during a CUDA graph capture
 
@@ -61,8 +61,23 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) 
     # carries the autograd formula (the backward kernels).
     from lazytriton.ops import flash_fwd_op
 
+    if call.alibi is None and call.bias is None and call.philox is None:
+        return flash_fwd_op(  # type: ignore[no-any-return]
+            q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap)
     return flash_fwd_op(  # type: ignore[no-any-return]
-        q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap)
+        q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap, call.alibi, call.bias,
+        call.dropout_p, call.philox)
+
+
+def _with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any, dropout_p: Any,
+               names: binding.Names) -> binding.Call:
+    """``call`` with ALiBi, a bias and dropout checked; dropout's Philox [seed, offset] drawn now, on q's device."""
+    if alibi_slopes is None and bias is None and (type(dropout_p) is float or type(dropout_p) is int) \
+            and dropout_p == 0:
+        return call
+    p = _check_dropout(names.dropout, dropout_p)
+    philox = score_mods.draw_philox(q.device) if p > 0.0 else None
+    return score_mods.with_mods(call, q, alibi_slopes, bias, p, philox, names)
 
 
 # The defaults. The warm path serves only calls without a window or softcap, and tests
@@ -73,7 +88,8 @@ _NO_CAP = 0.0
 
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool | str = False,
              sm_scale: float | None = None, window_size: tuple[int, int] = _NO_WINDOW,
-             softcap: float = _NO_CAP) -> tuple[torch.Tensor, torch.Tensor]:
+             softcap: float = _NO_CAP, alibi_slopes: torch.Tensor | None = None,
+             dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, FlashAttention-2 style, returning the logsumexp too.
 
     Args:
@@ -96,11 +112,14 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         softcap: if > 0, the scaled scores s become softcap * tanh(s /
             softcap) before the softmax (Gemma 2's logit softcapping, as
             FlashAttention-2 applies it). Default 0.0: off.
+        alibi_slopes: as in ``flash_attn_func`` (FlashAttention-2's ALiBi,
+            aligned bottom-right whatever ``causal`` says). Default None.
+        dropout_p: as in ``flash_attn_func``. Default 0.0.
 
     Returns:
         ``(out, lse)``: out has q's shape and dtype; lse is the float32
-        natural-log logsumexp of the scaled (and capped) scores, shape
-        (batch, heads_q, seqlen_q).
+        natural-log logsumexp of the scaled (and capped, ALiBi-biased)
+        scores before dropout, shape (batch, heads_q, seqlen_q).
 
     CUDA/ROCm tensors run a compiled kernel from the cache (compiled on first
     use if no tier holds it); CPU tensors run the same kernel through Triton's
@@ -117,12 +136,13 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 
     """
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
-            and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and _direct(q, k, v)):
+            and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and alibi_slopes is None
+            and dropout_p == 0.0 and _direct(q, k, v)):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
-    return _run(q, k, v, call)
+    return _run(q, k, v, _with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
 
 
 def _unsupported(name: str, value: Any, default: Any, what: str) -> None:
@@ -138,12 +158,12 @@ def _check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def _check_dropout(name: str, p: Any) -> None:
+def _check_dropout(name: str, p: Any) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(p).__name__}")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {p}")
-    _unsupported(name, float(p), 0.0, "dropout")
+    return float(p)
 
 
 def _check_bshd(name: str, t: Any) -> torch.Tensor:
@@ -169,8 +189,14 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             any strides with a contiguous last dim (no copy is made).
         k: (batch, seqlen_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
         v: same shape as k.
-        dropout_p: must be 0.0 for now (dropout is not implemented yet: any
-            other value raises NotImplementedError).
+        dropout_p: dropout probability in [0, 1), applied whenever it is > 0
+            (pass 0.0 for evaluation, as with FlashAttention). The mask comes
+            from Philox, seeded by a [seed, offset] pair drawn on q's device
+            from torch's generator at each call: ``torch.manual_seed``
+            reproduces it, a CUDA graph replays with fresh randomness, and
+            the backward regenerates the forward's mask. Kept probabilities
+            are scaled by 1 / (1 - dropout_p); softmax_lse is that of the
+            undropped scores.
         softmax_scale: default 1/sqrt(head_dim).
         causal: bottom-right aligned, as in FlashAttention 2.1+: query i sees
             key j when j <= i + seqlen_k - seqlen_q; a query that sees no key
@@ -181,7 +207,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             sets right to 0. Key blocks outside every window are skipped.
         softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
             softcap) before the softmax, as in FlashAttention-2.
-        alibi_slopes: must be None for now (NotImplementedError).
+        alibi_slopes: float32 (heads_q,) or (batch, heads_q): FlashAttention-2's
+            ALiBi, ``-slope * |i + seqlen_k - seqlen_q - j|`` added to the
+            scaled (and capped) scores. With ``causal`` the visible part is
+            FlashAttention-2's reference bias up to a per-row constant, so
+            out and the gradients are its; softmax_lse is that of the bias
+            above (FlashAttention-2's CUDA kernel adds ``slope * j`` instead,
+            whose lse differs by that constant). No gradient flows to it.
         deterministic: accepted for compatibility; lazytriton is deterministic
             either way. Its backward computes dQ and dK/dV in two kernels
             that each own the rows they write, with no atomic adds, so the
@@ -189,9 +221,10 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             therefore deterministic). The price is recomputing Q K^T once
             more than FlashAttention-2's atomic dQ (measured in
             benchmarks/NOTES.md).
-        return_attn_probs: if True, return ``(out, softmax_lse, None)`` as
-            FlashAttention-2 does without dropout (softmax_lse: float32,
-            (batch, heads_q, seqlen_q)).
+        return_attn_probs: if True, return ``(out, softmax_lse, None)``
+            (softmax_lse: float32, (batch, heads_q, seqlen_q)). The third
+            item, FlashAttention-2's S_dmask (its dropout mask and
+            probabilities, a testing aid), is always None here.
 
     Returns:
         ``out`` of shape (batch, seqlen_q, heads_q, head_dim) and q's dtype, or
@@ -215,14 +248,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                 return warm
     q, k, v = _check_bshd("q", q), _check_bshd("k", k), _check_bshd("v", v)
     _check_dropout("dropout_p", dropout_p)
-    _unsupported("alibi_slopes", alibi_slopes, None, "ALiBi")
     _check_bool("deterministic", deterministic)
     _check_bool("return_attn_probs", return_attn_probs)
     _check_bool("causal", causal)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
-    out, lse = _run(qt, kt, vt, call)
+    out, lse = _run(qt, kt, vt, _with_mods(call, qt, alibi_slopes, None, dropout_p, _FA_NAMES))
     out = out.transpose(1, 2)
     return (out, lse, None) if return_attn_probs else out
 
@@ -361,6 +393,41 @@ def _sdpa_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return to4(query, hq_out), to4(key, hk), to4(value, hk), out_shape
 
 
+def _sdpa_bias(attn_mask: Any, q4: torch.Tensor, out_shape: tuple[int, ...], seqlen_k: int,
+               is_causal: bool) -> torch.Tensor:
+    """SDPA's ``attn_mask`` as the kernel's additive bias: a (batch, heads, seqlen_q, seqlen_k) view of q's dtype.
+
+    A boolean mask becomes 0/-inf at its own size, then every broadcast dim
+    is an expanded (stride 0) view: nothing is materialised at full size.
+    """
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if is_causal:
+        raise ValueError("attn_mask and is_causal=True were both given; torch refuses the pair too (\"Explicit "
+                         "attn_mask should not be set when is_causal=True\"): fold the causal mask into attn_mask")
+    if attn_mask.dtype not in (torch.bool, torch.float32, q4.dtype):
+        raise TypeError(f"attn_mask must be boolean, float32 or query's dtype {q4.dtype}, got {attn_mask.dtype}")
+    if attn_mask.requires_grad:
+        raise ValueError("attn_mask requires grad, but lazytriton computes no gradient for the mask; pass "
+                         "attn_mask.detach()")
+    if attn_mask.device != q4.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q4.device}")
+    target = (*out_shape[:-1], seqlen_k)
+    try:
+        fits = torch.broadcast_shapes(attn_mask.shape, target) == target
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., heads, seqlen_q, "
+                         f"seqlen_k) = {target}")
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, dtype=q4.dtype, device=q4.device).masked_fill_(~attn_mask, float("-inf"))
+    else:
+        bias = attn_mask.to(q4.dtype)
+    b, h, sq, _ = q4.shape
+    return bias.expand(target).reshape(b, h, sq, seqlen_k)
+
+
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
@@ -379,8 +446,20 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         key: (..., heads_k, seqlen_k, head_dim).
         value: (..., heads_k, seqlen_k, head_dim): a value head dim different
             from the query's is not supported yet (NotImplementedError).
-        attn_mask: must be None for now (NotImplementedError).
-        dropout_p: must be 0.0 for now (NotImplementedError).
+        attn_mask: boolean (True: attend) or additive float mask,
+            broadcastable to (..., heads_q, seqlen_q, seqlen_k); a float mask
+            of another dtype than query's (float32 with half queries, as
+            torch allows) is converted to query's dtype first (an fp16 mask
+            turns values below -65504 into -inf). Broadcast dims are never
+            materialised; a boolean mask becomes an additive 0/-inf tensor
+            of its own size. A query whose keys are all masked gets output 0
+            (and zero gradients), as torch gives. No gradient flows to the
+            mask: one that requires grad raises ValueError (pass it
+            detached). Not together with ``is_causal`` (torch raises too).
+        dropout_p: dropout probability in [0, 1), applied whenever > 0 (as
+            torch's function does; pass 0.0 in evaluation): Philox seeded
+            from torch's generator on query's device, so ``torch.manual_seed``
+            reproduces it, but the mask is lazytriton's own, not torch's.
         is_causal: top-left causal mask.
         scale: default 1/sqrt(head_dim).
         enable_gqa: allow heads_k to divide heads_q (GQA/MQA).
@@ -402,7 +481,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                             f"{type(t).__name__}")
     _check_bool("is_causal", is_causal)
     _check_bool("enable_gqa", enable_gqa)
-    _unsupported("attn_mask", attn_mask, None, "an attention mask")
     try:  # misuse torch reports as a RuntimeError: ValueError/TypeError and RuntimeError here
         _check_dropout("dropout_p", dropout_p)
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -415,6 +493,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                       "kernels yet")
         q4, k4, v4, out_shape = _sdpa_layout(query, key, value, enable_gqa)
         call = binding.check(q4, k4, v4, is_causal, scale, _SDPA_NAMES)
+        bias = None if attn_mask is None else _sdpa_bias(attn_mask, q4, out_shape, key.shape[-2], is_causal)
+        call = _with_mods(call, q4, None, bias, dropout_p, _SDPA_NAMES)
     except SDPAError:
         raise
     except TypeError as exc:
@@ -427,7 +507,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
-            backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0) -> list[str]:
+            backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
+            alibi: bool = False, dropout: bool = False, attn_mask: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -448,6 +529,10 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             step's backward in a CUDA graph).
         window_size: as in ``attn_fwd``: calls with a window use their own kernels.
         softcap: as in ``attn_fwd``: calls with a softcap use their own kernels.
+        alibi: calls with ALiBi slopes use their own kernels.
+        dropout: calls with dropout_p > 0 use their own kernels (to capture
+            dropout in a CUDA graph, preload with ``dropout=True``).
+        attn_mask: SDPA calls with an attn_mask use their own kernels.
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -470,6 +555,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         tensors = [t.transpose(1, 2) for t in tensors]
     qt, kt = tensors
     call = binding.check(qt, kt, kt, causal, None, window=window_size, softcap=softcap)
+    call = _meta_mods(call, qt, _check_bool("alibi", alibi), _check_bool("dropout", dropout),
+                      _check_bool("attn_mask", attn_mask))
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
     out, lse = binding.empty_outputs(qt, call.shape)
     _, aligned, index64 = binding.pack(qt, kt, kt, out, lse, call)
@@ -482,6 +569,18 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, kt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64)]
     return loaded
+
+
+def _meta_mods(call: binding.Call, q: torch.Tensor, alibi: bool, dropout: bool, attn_mask: bool) -> binding.Call:
+    """``call`` with stand-in (meta) slopes, bias and Philox tensors for the flags asked: only the flags matter."""
+    if not (alibi or dropout or attn_mask):
+        return call
+    b, hq, _, sq, sk, _ = call.shape
+    meta = torch.device("meta")
+    return call._replace(alibi=torch.empty(hq, dtype=torch.float32, device=meta) if alibi else None,
+                         bias=torch.empty(1, dtype=q.dtype, device=meta).expand(b, hq, sq, sk) if attn_mask else None,
+                         dropout_p=0.5 if dropout else 0.0,
+                         philox=torch.empty(2, dtype=torch.int64, device=meta) if dropout else None)
 
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:

@@ -159,10 +159,10 @@ class Variant:
 # flash_fwd's constexprs, passed to the kernel (false when absent, so variant
 # strings written before it keep their meaning: the pointer kernel). WINDOW
 # (sliding window) and SOFTCAP (logit softcapping) are constexprs of all three
-# attention kernels, absent meaning off, for the same reason; so are VARLEN
-# (packed sequences), and PAGED (a block table) and ALIBI of the decoding
-# kernels (kernels/flash_decode).
-_FLAGS = ("ALIGN16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "VARLEN")
+# attention kernels, absent meaning off, for the same reason; so are ALIBI, BIAS
+# and DROPOUT (ALiBi slopes, an additive bias, dropout), VARLEN (packed
+# sequences), and PAGED (a block table) of the decoding kernels (kernels/flash_decode).
+_FLAGS = ("ALIGN16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN")
 _OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
 _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16

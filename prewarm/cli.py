@@ -53,7 +53,7 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap",
-               "paged", "varlen")
+               "paged", "varlen", "alibi", "dropout", "attn_mask")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 
 
@@ -204,6 +204,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--varlen", action="store_true",
                       help="also build the packed-sequence (VARLEN=true) variants: flash_attn_varlen_func; the "
                            "seqlens are then max_seqlen_q/max_seqlen_k")
+    axes.add_argument("--alibi", action="store_true", help="also build the ALiBi (ALIBI=true) variants: alibi_slopes")
+    axes.add_argument("--dropout", action="store_true",
+                      help="also build the dropout (DROPOUT=true) variants: dropout_p > 0 in the API")
+    axes.add_argument("--attn-mask", action="store_true",
+                      help="also build the additive-bias (BIAS=true) variants: attn_mask in the SDPA drop-in")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -276,7 +281,10 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 window=(False, True) if args.window else (False,),
                 softcap=(False, True) if args.softcap else (False,),
                 paged=_PAGED[args.paged] if args.paged else None,
-                varlen=(False, True) if args.varlen else (False,))
+                varlen=(False, True) if args.varlen else (False,),
+                alibi=(False, True) if args.alibi else (False,),
+                dropout=(False, True) if args.dropout else (False,),
+                bias=(False, True) if args.attn_mask else (False,))
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

@@ -27,6 +27,9 @@ given, the groups are the default grid:
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
     varlen    false (``--varlen`` adds true: packed sequences, VARLEN=true, seqlens as max_seqlen)
+    alibi     false (``--alibi`` adds true: calls with ALiBi slopes, ALIBI=true)
+    dropout   false (``--dropout`` adds true: calls with dropout_p > 0, DROPOUT=true)
+    bias      false (``--attn-mask`` adds true: SDPA calls with an attn_mask, BIAS=true)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
 serves: dtype bf16 and fp16, head dims 64 and 128, a contiguous and a paged
@@ -34,12 +37,14 @@ cache (``--paged`` picks one), and their seqlen_q is the query rows per
 key/value head (group size x seqlen_q), built at one per BLOCK_M class (16,
 32, 64 rows). Their paged variants take the default key tile, which fits
 pages of any multiple of 64 keys; smaller pages (16, 32) compile on first use
-and come back through the miss log.
+and come back through the miss log. They have no varlen, dropout or bias
+variants (ALiBi they have).
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, window, softcap, varlen, seqlen_q, seqlen_k. The window, softcap and
-varlen variants take the plain call's tile sizes (``dispatch.kernel_variant``).
+index64, window, softcap, paged, varlen, alibi, dropout, bias, seqlen_q,
+seqlen_k. The variants with features take the plain call's tile sizes
+(``dispatch.kernel_variant``).
 """
 
 from __future__ import annotations
@@ -93,6 +98,9 @@ class Axes:
     softcap: tuple[bool, ...] = (False,)
     paged: tuple[bool, ...] | None = None  # decoding kernels only; None: both
     varlen: tuple[bool, ...] = (False,)
+    alibi: tuple[bool, ...] = (False,)
+    dropout: tuple[bool, ...] = (False,)
+    bias: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -196,14 +204,17 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     for dtype, head_dim, causal in itertools.product(dtypes, head_dims, axes.causal or DEFAULT_CAUSAL):
         buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
-        varlens = (False,) if decode else axes.varlen  # decoding has no packed-sequence variant
-        for aligned, index64, window, softcap, is_paged, varlen, (seqlen_q, seqlen_k) in itertools.product(
-                axes.aligned, axes.index64, axes.window, axes.softcap, paged, varlens, seqlens):
+        off = (False,)
+        varlens, dropouts, biases = (off, off, off) if decode else (axes.varlen, axes.dropout, axes.bias)
+        for aligned, index64, window, softcap, is_paged, varlen, alibi, dropout, bias, (seqlen_q, seqlen_k) in \
+                itertools.product(axes.aligned, axes.index64, axes.window, axes.softcap, paged, varlens, axes.alibi,
+                                  dropouts, biases, seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
                                               config=config, index64=index64, window=window, softcap=softcap,
-                                              paged=is_paged, varlen=varlen)
+                                              paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
+                                              dropout=dropout)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 

@@ -10,7 +10,7 @@ import torch
 from conftest import REPO
 
 from lazytriton import dispatch, tuning
-from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
+from lazytriton.kernels.flash_fwd import FLASH_FWD, binding, score_mods
 from lazytriton.target import Target
 
 
@@ -26,11 +26,20 @@ def _expected(name: str, t: dict[str, torch.Tensor], call: binding.Call) -> int 
     stride = re.fullmatch(r"stride_([qkvo])([bhs])", name)
     if stride:
         return t[stride[1]].stride("bhs".index(stride[2]))
+    bias = re.fullmatch(r"stride_bias([bhmn])", name)
+    if bias:
+        return 0 if call.bias is None else call.bias.stride("bhmn".index(bias[1]))
+    if name == "stride_alibi_b":
+        return 0 if call.alibi is None or call.alibi.dim() == 1 else call.alibi.stride(0)
+    pointers = {"Alibi": call.alibi, "Bias": call.bias, "Philox": call.philox}
+    if name in pointers:
+        return 0 if pointers[name] is None else pointers[name].data_ptr()
     return {"Q": t["q"].data_ptr(), "K": t["k"].data_ptr(), "V": t["v"].data_ptr(), "Out": t["o"].data_ptr(),
             "Lse": t["lse"].data_ptr(), "stride_lb": t["lse"].stride(0), "stride_lh": t["lse"].stride(1),
             "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal_offset": call.offset,
             "sm_scale": call.scale, "window_left": call.window_left, "window_right": call.window_right,
-            "softcap": call.softcap, "Cu_seqlens_q": 0, "Cu_seqlens_k": 0}[name]
+            "softcap": call.softcap, "dropout_p": call.dropout_p, "Cu_seqlens_q": 0,
+            "Cu_seqlens_k": 0}[name]
 
 
 def test_pack_gives_every_parameter_of_the_description_in_order() -> None:
@@ -47,6 +56,16 @@ def test_pack_gives_every_parameter_of_the_description_in_order() -> None:
     assert binding.floats(call) == tuple(_expected(name, tensors, call) for name in binding.FLOAT_PARAMS)
     assert not index64
     assert not aligned  # odd strides: the ALIGN16 variant would be wrong
+    # The score modifications: pointers, the slopes' batch stride, the bias's strides (0 where broadcast), dropout_p.
+    bias = torch.randn(1, 4, 1, 7, dtype=q.dtype).expand(2, 4, 5, 7)
+    modded = score_mods.with_mods(call, q, torch.rand(2, 4), bias, 0.25, score_mods.draw_philox(q.device))
+    modded_ints = binding.pack(q, k, v, out, lse, modded)[0]
+    for name, value in zip(binding.INT_PARAMS, modded_ints, strict=True):
+        assert value == _expected(name, tensors, modded), name
+    assert binding.floats(modded) == (0.3, 0.0, 0.25)
+    named = dict(zip(binding.INT_PARAMS, modded_ints, strict=True))
+    assert (named["stride_biasb"], named["stride_biash"], named["stride_biasm"], named["stride_biasn"]) == (0, 7, 0, 1)
+    assert named["stride_alibi_b"] == 4
 
 
 def test_pack_passes_the_window_and_softcap_in_the_kernels_terms() -> None:
@@ -57,7 +76,7 @@ def test_pack_passes_the_window_and_softcap_in_the_kernels_terms() -> None:
     named = dict(zip(binding.INT_PARAMS, ints, strict=True))
     # FlashAttention's bottom-right offset; the unbounded right side as max(seqlen_q, seqlen_k)
     assert (named["causal_offset"], named["window_left"], named["window_right"]) == (2, 3, 7)
-    assert binding.floats(call) == (0.3, 2.5)
+    assert binding.floats(call) == (0.3, 2.5, 0.0)
     plain = binding.check(q, k, v, False, 0.3)
     assert dict(zip(binding.INT_PARAMS, binding.pack(q, k, v, out, lse, plain)[0], strict=True))["window_left"] == -1
 
@@ -123,7 +142,8 @@ def test_interpreter_constexprs_and_grid() -> None:
     shape = binding.Shape(2, 3, 1, 33, 7, 40)
     constexprs = binding.interpreter_constexprs(shape, True)
     assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
-                          "TMA": False, "WINDOW": False, "SOFTCAP": False, "VARLEN": False}
+                          "TMA": False, "WINDOW": False, "SOFTCAP": False, "VARLEN": False, "ALIBI": False,
+                          "BIAS": False, "DROPOUT": False}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

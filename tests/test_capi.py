@@ -402,11 +402,12 @@ def test_the_c_backward_launcher_passes_each_description_field_by_field(kernel: 
     names = embedded.int_params(kernel)
     c_items = _initializer(kernel.removeprefix("flash_bwd_"), macro)
     expected = [" ".join(item.split()) for item in bwd.c_initializer(kernel).split(", ")]
-    assert len(c_items) == len(names) == len(spec.params) - 2
+    assert len(c_items) == len(names) == len(spec.params) - 3
     for name, c_item, want in zip(names, c_items, expected, strict=True):
         assert c_item == want, f"lt_bwd.c passes {c_item!r} as {kernel}'s {name}; the binding says {want!r}"
-    assert [name for name, kind in spec.params if kind.startswith("fp")] == ["sm_scale", "softcap"]  # floats last
-    assert all(not kind.startswith("fp") for _, kind in spec.params[:-2])
+    floats = ["sm_scale", "softcap", "dropout_p"]
+    assert [name for name, kind in spec.params if kind.startswith("fp")] == floats  # floats last
+    assert all(not kind.startswith("fp") for _, kind in spec.params[:-3])
     defined = re.search(rf"#define {macro} (\d+)", BWD_SOURCE.read_text())
     assert defined and int(defined[1]) == len(spec.params)
 
@@ -467,7 +468,7 @@ def test_plan_variant_and_prewarm_specs_of_packed_sequences() -> None:
 @pytest.mark.parametrize("kernel", ["flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"])
 def test_check_launch_layout_per_kernel(kernel: str) -> None:
     n = len(embedded.int_params(kernel))
-    good = SimpleNamespace(key="k", arg_types=("*fp16",) * 8 + ("i32",) * (n - 8) + ("fp32", "fp32"), hidden_args=(),
+    good = SimpleNamespace(key="k", arg_types=("*fp16",) * 8 + ("i32",) * (n - 8) + ("fp32",) * 3, hidden_args=(),
                            global_scratch_size=0, profile_scratch_size=0)
     embedded.check_launch_layout(good, kernel)
     for bad in (good.arg_types[:-1], good.arg_types + ("fp32",), ("fp32",) + good.arg_types[1:]):

@@ -39,7 +39,10 @@ def small_variant(target: str, dtype: str = "fp16", causal: bool = False, index6
 def expected_arg_types(dtype: str, index64: bool) -> tuple[str, ...]:
     """flash_fwd's runtime parameters, written out by hand (independent of the kernel description)."""
     index = "i64" if index64 else "i32"
-    return (f"*{dtype}",) * 4 + ("*fp32",) + ("*i32",) * 2 + (index,) * 14 + ("i32",) * 7 + ("fp32",) * 2
+    mods = ("*fp32", f"*{dtype}", "*i64")  # Alibi, Bias, Philox (after the cu_seqlens pointers)
+    # ... then stride_alibi_b and the bias's four 64-bit strides, then sm_scale, softcap, dropout_p
+    return (f"*{dtype}",) * 4 + ("*fp32",) + ("*i32",) * 2 + mods + (index,) * 14 + ("i32",) * 8 + ("i64",) * 4 + \
+        ("fp32",) * 3
 
 
 def check_elf(entry: Entry, target: Target) -> None:
@@ -259,8 +262,8 @@ def test_launcher_gives_a_tma_entry_the_scratch_it_expects() -> None:
     api, asked = Api(), []
     kernel = gpu.LoadedKernel(api, entry, 0, None)
     launch_grid = grid(1000, 6, 2, int(variant.get("BLOCK_M")))
-    ints = tuple(range(1, len(entry.arg_types) - 1))  # all but the two floats (sm_scale, softcap)
-    kernel.launch(launch_grid, 0, ints, (0.125, 0.0), lambda n, dev: asked.append(n) or Memory())
+    ints = tuple(range(1, len(entry.arg_types) - 2))  # all but the three floats (sm_scale, softcap, dropout_p)
+    kernel.launch(launch_grid, 0, ints, (0.125, 0.0, 0.0), lambda n, dev: asked.append(n) or Memory())
     assert asked == [launch_grid[0] * launch_grid[1] * launch_grid[2] * entry.num_ctas * TMA_SCRATCH]
     assert api.scratch == [1 << 20], "global_scratch must reach the kernel's first hidden parameter"
 

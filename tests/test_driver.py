@@ -59,14 +59,15 @@ def test_flash_fwd_arguments_reach_the_driver_as_written() -> None:
     arg_types = tuple(t for t in spec.signature("bf16").values() if t != "constexpr")
     api = _FakeApi()
     kernel = gpu.LoadedKernel(api, _entry(arg_types), 0, None)
-    ints = tuple(range(1, len(arg_types) - 1))  # every parameter but the trailing fp32 sm_scale and softcap
-    ints = ints[:-3] + (-7, -1, -1)  # causal_offset may be negative, and so are window_left/right (-1: none)
-    kernel.launch((3, 2, 1), 1234, ints, (0.125, 2.5))
+    ints = tuple(range(1, len(arg_types) - 2))  # every parameter but the trailing sm_scale, softcap, dropout_p
+    # causal_offset may be negative, and so are window_left/right (-1: none); then the five strides of ALiBi/bias
+    ints = ints[:-8] + (-7, -1, -1) + ints[-5:]
+    kernel.launch((3, 2, 1), 1234, ints, (0.125, 2.5, 0.25))
     grid, stream, block, values = api.launches[0]
     assert (grid, stream, block) == ((3, 2, 1), 1234, 128)
     assert values[: len(ints)] == ints
-    assert values[len(ints):len(ints) + 2] == (0.125, 2.5)
-    assert values[len(ints) + 2:] == (0, 0)  # NULL scratch pointers
+    assert values[len(ints):len(ints) + 3] == (0.125, 2.5, 0.25)
+    assert values[len(ints) + 3:] == (0, 0)  # NULL scratch pointers
 
 
 def test_each_thread_gets_its_own_argument_buffers() -> None:

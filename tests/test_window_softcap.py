@@ -301,7 +301,9 @@ def test_op_schemas_and_fake_implementations() -> None:
 
     fwd_args = [a.name for a in ops.flash_fwd_op._schema.arguments]
     bwd_args = [a.name for a in ops.flash_bwd_op._schema.arguments]
-    assert fwd_args[-3:] == bwd_args[-3:] == ["window_left", "window_right", "softcap"]
+    window = fwd_args.index("window_left")
+    assert fwd_args[window:window + 3] == bwd_args[bwd_args.index("window_left"):][:3] == [
+        "window_left", "window_right", "softcap"]
     q, k, v = make_qkv(1, (4, 2), (7, 9), 16, torch.float32, seed=2)
     real = ops.flash_fwd_op(q, k, v, 0.25, "none", 2, 1, 1.5)
     real_grads = ops.flash_bwd_op(real[0], q, k, v, real[0], real[1], 0.25, "none", 2, 1, 1.5)
@@ -382,7 +384,8 @@ def test_window_and_softcap_variants_compile(kernel: str, target: str) -> None:
     spec = get(kernel)
     assert entry.name == spec.function and entry.variant == str(variant)
     assert entry.arg_types == tuple(t for t in spec.signature("bf16", False).values() if t != "constexpr")
-    assert entry.arg_types[-4:] == ("i32", "i32", "fp32", "fp32")  # window_left, window_right, sm_scale, softcap
+    assert entry.arg_types[-10:-8] == ("i32", "i32")  # window_left, window_right (then the ALiBi and bias strides)
+    assert entry.arg_types[-3:-1] == ("fp32", "fp32")  # sm_scale, softcap (then dropout_p)
     assert 0 < entry.shared <= SHARED_LIMIT[target]
 
 

@@ -6,22 +6,27 @@ block) and ``flash_bwd_dkdv`` (dK and dV; one program per key block of a
 key/value head). Their parameters follow the forward's conventions: pointers,
 then strides in (batch, head, seqlen) order, then sizes, then the one float.
 ``Lse`` and ``Delta`` are contiguous (batch, heads_q, seqlen_q) float32 and
-share ``stride_lb``/``stride_lh``. ``WINDOW`` and ``SOFTCAP`` are the
-forward's flags (written only when true) with the forward's runtime values, and so is
-``VARLEN``, with the forward's two pointers (``Cu_seqlens_q``, ``Cu_seqlens_k``) after
-each kernel's own pointers; with it ``Lse`` and ``Delta`` are (heads_q, total_q). ``ALIGN16`` variants may assume every
+share ``stride_lb``/``stride_lh``. ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``BIAS`` and
+``DROPOUT`` are the forward's flags (written only when true) with the
+forward's runtime values and pointers (the same ``Philox`` tensor regenerates
+the forward's dropout mask), and so is ``VARLEN``, with the forward's two
+pointers (``Cu_seqlens_q``, ``Cu_seqlens_k``) after each kernel's own
+pointers (then the score modifications'); with it ``Lse`` and ``Delta`` are
+(heads_q, total_q). ``ALIGN16`` variants may assume every
 pointer, stride and seqlen is a multiple of 16 (``aligned_params``).
 """
 
 from __future__ import annotations
 
 from lazytriton.kernels import KernelSpec
+from lazytriton.kernels.flash_fwd import MOD_POINTERS as _MOD_POINTERS
 from lazytriton.kernels.flash_fwd import SIZES as _SIZES
 from lazytriton.kernels.flash_fwd import VARLEN_POINTERS as _VARLEN_POINTERS
 
 FAMILY = "flash_bwd"
 MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
-_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP", "VARLEN")
+_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI", "BIAS",
+               "DROPOUT")
 
 
 # With ALIGN16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and
@@ -44,7 +49,7 @@ def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strid
         name=name,
         module=MODULE,
         function=function,
-        params=(*pointers, *_VARLEN_POINTERS, *strides, *_SIZES),
+        params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *strides, *_SIZES),
         constexprs=_CONSTEXPRS,
         aligned_params=tuple(p for p, _ in pointers) + tuple(s for s, _ in strides) + _ALIGNED_SIZES,
     )

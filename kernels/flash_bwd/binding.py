@@ -26,7 +26,7 @@ import torch
 
 from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid
-from lazytriton.kernels.flash_fwd import VARLEN_POINTERS
+from lazytriton.kernels.flash_fwd import VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
 from lazytriton.variant import Variant
@@ -121,6 +121,7 @@ def _generate_pack() -> Any:
 def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0):
     b, hq, hk, sq, sk, d = call.shape
     offset = call.offset
+    {fwd.MOD_LOCALS}
     {_STRIDE_LOCALS}
     aligned = not ({' | '.join(PARAM_SOURCES[name][0] for name in ALIGNED_PARAMS)}) & 15
     index64 = max({', '.join(extents)}, b * hq * sq - d) + d > {INT32_MAX}
@@ -145,26 +146,30 @@ def c_initializer(kernel: str) -> str:
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
-             index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, ...]:
+             index64: bool, window: bool = False, softcap: bool = False,
+             mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> tuple[Any, ...]:
     """The forward's memo key, marked with the family (both live in ``Runtime.plans``)."""
-    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap))
+    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods))
 
 
 def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
-             index64: bool, window: bool = False, softcap: bool = False) -> tuple[Variant, Variant]:
+             index64: bool, window: bool = False, softcap: bool = False,
+             mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> tuple[Variant, Variant]:
     """The (dq, dkdv) variants serving a call of this shape (dispatch decides)."""
     return tuple(  # type: ignore[return-value]
         dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
-                                shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap)
+                                shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap,
+                                alibi=mods[0], bias=mods[1], dropout=mods[2])
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
 
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
-                           softcap: bool = False) -> dict[str, Any]:
+                           softcap: bool = False, mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> dict[str, Any]:
     """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
     padded = dispatch.padded_head_dim(shape.head_dim)
     return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
-            "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False}
+            "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
+            "DROPOUT": mods[2]}
 
 
 def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -178,13 +183,15 @@ def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int
 
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
-         aligned: bool, index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, int, Any, int]:
+         aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
+         mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
     Refuses, during a CUDA graph capture, to load or compile either kernel
     (``CaptureError`` naming the variant), as the forward does.
     """
-    chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap)
+    chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
+                      mods)
     if fwd.is_capturing():
         for variant in chosen:
             if rt.loaded(variant, device.index) is None:
@@ -218,10 +225,12 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if forced is None:
         causal = call.causal != "none"
-        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
+        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
+                       call.mods)
         found = rt.plans.get(key)
         if found is None:
-            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
+            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
+                         call.mods)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
@@ -233,8 +242,11 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
 
 
-# The tensors Triton's launchers take as tensors (the cu_seqlens pointers follow them: 0 when dense).
-N_TENSORS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*")) - len(VARLEN_POINTERS)
+# Each kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
+# (0 when dense), then the score modifications' (tensors or None); _N_POINTERS counts them all.
+N_TENSORS = [name for name, _ in FLASH_BWD_DQ.params].index(VARLEN_POINTERS[0][0])
+_N_VARLEN_END = N_TENSORS + len(VARLEN_POINTERS)
+_N_POINTERS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*"))
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -246,14 +258,16 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     fwd.warn_if_slow(shape)
     delta = _delta(q, shape)
     dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
-    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped)
+    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods)
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     dq, dk, dv = grads
     floats = fwd.floats(call)
-    compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *dq_ints[N_TENSORS:],
-                                                     *floats), constexprs)
-    compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *dkdv_ints[N_TENSORS:],
-                                                         *floats), constexprs)
+    mods = score_mods.mod_tensors(call, q)
+    cu = dq_ints[N_TENSORS:_N_VARLEN_END]
+    compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *cu, *mods,
+                                                     *dq_ints[_N_POINTERS:], *floats), constexprs)
+    compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *cu, *mods,
+                                                         *dkdv_ints[_N_POINTERS:], *floats), constexprs)
 
 
 def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -261,9 +275,12 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                 call: Call) -> tuple[Any, ...]:
     """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks."""
     dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
+    mods = score_mods.mod_tensors(call, q)
     if kernel == FLASH_BWD_DQ.name:
-        return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[N_TENSORS:], *fwd.floats(call))
-    return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[N_TENSORS:], *fwd.floats(call))
+        return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[N_TENSORS:_N_VARLEN_END], *mods,
+                *dq_ints[_N_POINTERS:], *fwd.floats(call))
+    return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[N_TENSORS:_N_VARLEN_END], *mods,
+            *dkdv_ints[_N_POINTERS:], *fwd.floats(call))
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -294,8 +311,9 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
-    window, softcap = call.windowed, call.capped
-    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap), device, dtype, shape,
-         causal, aligned, index64, window, softcap)
-    return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap)
+    window, softcap, mods = call.windowed, call.capped, call.mods
+    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods), device, dtype,
+         shape, causal, aligned, index64, window, softcap, mods)
+    return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
+                    mods)
 

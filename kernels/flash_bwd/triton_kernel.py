@@ -26,6 +26,11 @@ with ``P = exp(scale * Q K^T - lse)`` and ``dS = P * (dO V^T - delta)``.
 the same visibility rule and loop bounds (query blocks outside a key block's
 window are skipped in dK/dV), and with a cap ``S = softcap * tanh(scale * Q
 K^T / softcap)``, whose derivative multiplies dS by ``1 - tanh^2``.
+``ALIBI`` and ``BIAS`` add the forward's terms to the scores (no gradient of
+their own); ``DROPOUT`` regenerates the forward's mask Z from the same
+``Philox`` tensor and applies FlashAttention-2's formulas: ``dV = (P Z / (1 -
+p))^T dO``, ``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - delta)`` with delta
+= rowsum(dO * O) of the dropped output.
 The price of determinism is one more pair of matrix products than a fused
 kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 """
@@ -87,6 +92,48 @@ def _window_range(start, window_lo, window_hi, end, full_end, BLOCK: tl.constexp
 
 
 @triton.jit
+def _mods(Alibi, Bias, Philox, batch, head, rows, seqlen_k, stride_lb, stride_lh, stride_alibi_b, stride_biasb,
+          stride_biash, stride_biasm, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr):
+    """(slope * log2 e, bias row pointers, Philox seed, dropout row offsets) for ``rows`` of one (batch, query head).
+
+    The forward's (``flash_fwd/triton_kernel.py``): rows is [M, 1] (dQ) or [1, M]
+    (dK/dV, transposed); zeros for what is off.
+    """
+    slope2 = 0.0
+    bias_rows = Bias
+    seed = 0
+    drop_rows = 0
+    if ALIBI:
+        slope2 = tl.load(Alibi + batch * stride_alibi_b + head) * LOG2E
+    if BIAS:
+        bias_rows = (Bias + batch.to(tl.int64) * stride_biasb + head.to(tl.int64) * stride_biash
+                     + rows.to(tl.int64) * stride_biasm)
+    if DROPOUT:
+        seed = tl.load(Philox)
+        drop_rows = tl.load(Philox + 1) + ((batch * stride_lb + head * stride_lh).to(tl.int64)
+                                           + rows.to(tl.int64)) * seqlen_k
+    return slope2, bias_rows, seed, drop_rows
+
+
+@triton.jit
+def _modified(qk, rows, cols, seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, ALIBI: tl.constexpr,
+              BIAS: tl.constexpr):
+    """The forward's: base-2 scores plus ALiBi's ``-slope * |i + seqlen_k - seqlen_q - j|`` and the bias (x log2 e)."""
+    if ALIBI:
+        qk = qk - slope2 * tl.abs(rows + (seqlen_k - seqlen_q) - cols).to(tl.float32)
+    if BIAS:
+        bias = tl.load(bias_rows + cols * stride_bn, mask=(rows < seqlen_q) & (cols < seqlen_k), other=0.0)
+        qk = qk + bias.to(tl.float32) * LOG2E
+    return qk
+
+
+@triton.jit
+def _kept(seed, drop_rows, cols, dropout_p):
+    """The forward's dropout keep mask, regenerated: ``tl.rand(seed, drop_rows + cols) >= p``."""
+    return tl.rand(seed, drop_rows + cols) >= dropout_p
+
+
+@triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
     """A @ b + acc: IEEE float32 products for fp32 inputs (tf32 would lose their precision)."""
     if IEEE:
@@ -131,17 +178,25 @@ def _lse_log2(Lse, rows, rows_ok):
 @triton.jit
 def _dq_block(
     dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
+    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
     EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
 ):
-    """DQ's share of keys [start_n, start_n + BLOCK_N), unscaled."""
+    """DQ's share of keys [start_n, start_n + BLOCK_N), unscaled.
+
+    ``mods``: (seqlen_q, slope * log2 e, bias row pointers, the bias's column
+    stride, Philox seed, dropout row offsets, dropout_p), as ``_mods`` gives them.
+    """
+    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
     cols = start_n + offs_n
     col_ok = cols < seqlen_k
     k = _load_tile(k_ptrs + start_n * stride_ks, col_ok, d_ok, MASKED, EVEN_D)
     v = _load_tile(v_ptrs + start_n * stride_vs, col_ok, d_ok, MASKED, EVEN_D)
     qk, grad = _scores(_dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE),
                        qk_scale, cap, SOFTCAP)
+    if ALIBI or BIAS:
+        qk = _modified(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, ALIBI,
+                       BIAS)
     if MASKED:
         keep = col_ok[None, :]
         if CAUSAL:
@@ -152,6 +207,8 @@ def _dq_block(
         qk = tl.where(keep, qk, float("-inf"))
     p = tl.math.exp2(qk - lse2[:, None])
     dp = _dot(do, tl.trans(v), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE)
+    if DROPOUT:  # dP = (dO V^T) * Z / (1 - p)
+        dp = tl.where(_kept(seed, drop_rows, cols[None, :], dropout_p), dp * (1.0 / (1.0 - dropout_p)), 0.0)
     ds = p * (dp - delta[:, None])
     if SOFTCAP:
         ds = ds * grad
@@ -160,7 +217,7 @@ def _dq_block(
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k,
+    Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -169,10 +226,12 @@ def flash_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqs,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
-    sm_scale, softcap,
+    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
+    ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -220,6 +279,10 @@ def flash_bwd_dq_kernel(
     k_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
     qk_scale, cap = _scales(sm_scale, softcap, SOFTCAP)
+    slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, batch, head, offs_m[:, None], seqlen_k,
+                                               stride_lb, stride_lh, stride_alibi_b, stride_biasb, stride_biash,
+                                               stride_biasm, ALIBI, BIAS, DROPOUT)
+    mods = (seqlen_q, slope2, bias_rows, stride_biasn, seed, drop_rows, dropout_p)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # Keys [0, full_end) are visible to every row of this block; [full_end, end)
@@ -239,15 +302,15 @@ def flash_bwd_dq_kernel(
         for start_n in range(begin, full_begin, BLOCK_N):
             dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                            seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                           EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP)
+                           mods, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
     for start_n in range(full_begin, full_end, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                        seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                       EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP)
+                       mods, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
     for start_n in range(full_end, end, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                        seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                       EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP)
+                       mods, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
 
     dq = dq * sm_scale
     _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
@@ -257,11 +320,17 @@ def flash_bwd_dq_kernel(
 @triton.jit
 def _dkdv_block(
     dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, start_m, offs_m, offs_n, d_ok,
-    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap,
+    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap, mods,
     EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
 ):
-    """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed."""
+    """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed.
+
+    ``mods``: (the pointers Alibi, Bias, Philox, batch, query head, seqlen_k, the
+    lse strides, the slopes' and the bias's strides, dropout_p), for ``_mods``.
+    """
+    (Alibi, Bias, Philox, batch, head, seqlen_k, stride_lb, stride_lh, stride_alibi_b, stride_biasb, stride_biash,
+     stride_biasm, stride_biasn, dropout_p) = mods
     rows = start_m + offs_m
     rows_ok = rows < seqlen_q
     q = _load_tile(q_ptrs + start_m * stride_qs, rows_ok, d_ok, True, EVEN_D)
@@ -270,6 +339,13 @@ def _dkdv_block(
     delta = tl.load(Delta + rows, mask=rows_ok, other=0.0)
     qk_t, grad_t = _scores(_dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE),
                            qk_scale, cap, SOFTCAP)
+    if ALIBI or BIAS or DROPOUT:
+        slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, batch, head, rows[None, :], seqlen_k,
+                                                   stride_lb, stride_lh, stride_alibi_b, stride_biasb, stride_biash,
+                                                   stride_biasm, ALIBI, BIAS, DROPOUT)
+    if ALIBI or BIAS:
+        qk_t = _modified(qk_t, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, slope2, bias_rows, stride_biasn,
+                         ALIBI, BIAS)
     if MASKED:  # the causal diagonal (key j is visible to query i when j <= i + causal_offset) and the window
         if CAUSAL:
             keep = offs_n[:, None] <= rows[None, :] + causal_offset
@@ -280,8 +356,15 @@ def _dkdv_block(
             keep = keep & (offs_n[:, None] <= rows[None, :] + causal_offset + window_right)
         qk_t = tl.where(keep, qk_t, float("-inf"))
     p_t = tl.math.exp2(qk_t - lse2[None, :])
-    dv = _dot(p_t.to(do.dtype), do, dv, IEEE)
+    if DROPOUT:  # dV = (P * Z / (1 - p))^T dO, and below dP = (dO V^T) * Z / (1 - p)
+        kept_t = _kept(seed, drop_rows, offs_n[:, None], dropout_p)
+        rescale = 1.0 / (1.0 - dropout_p)
+        dv = _dot(tl.where(kept_t, p_t * rescale, 0.0).to(do.dtype), do, dv, IEEE)
+    else:
+        dv = _dot(p_t.to(do.dtype), do, dv, IEEE)
     dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE)
+    if DROPOUT:
+        dp_t = tl.where(kept_t, dp_t * rescale, 0.0)
     ds_t = p_t * (dp_t - delta[None, :])
     if SOFTCAP:
         ds_t = ds_t * grad_t
@@ -290,7 +373,7 @@ def _dkdv_block(
 
 @triton.jit
 def flash_bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k,
+    Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -299,10 +382,12 @@ def flash_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvs,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
-    sm_scale, softcap,
+    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
+    ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
 ):
     # Low key blocks first: under a causal mask they are seen by the most queries.
     start_n = tl.program_id(0) * BLOCK_N
@@ -364,6 +449,8 @@ def flash_bwd_dkdv_kernel(
 
     for g in range(0, group_size):
         head = kv_head * group_size + g
+        mods = (Alibi, Bias, Philox, batch, head, seqlen_k, stride_lb, stride_lh, stride_alibi_b, stride_biasb,
+                stride_biash, stride_biasm, stride_biasn, dropout_p)
         q_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
         do_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
         lse_ptr = Lse + batch * stride_lb + head * stride_lh
@@ -371,16 +458,19 @@ def flash_bwd_dkdv_kernel(
         for start_m in range(begin, full_begin, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
                                  seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
-                                 cap, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP)
+                                 cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
+                                 DROPOUT)
         for start_m in range(full_begin, full_end, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
                                  seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
-                                 cap, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP)
+                                 cap, mods, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
+                                 DROPOUT)
         if WINDOW:
             for start_m in range(full_end, end, BLOCK_M):
                 dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
                                      d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                                     window_right, cap, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP)
+                                     window_right, cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
+                                 DROPOUT)
 
     dk = dk * sm_scale
     _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],

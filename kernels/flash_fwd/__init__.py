@@ -31,6 +31,14 @@ grid's z is the sequence index, each program reads its sequence's start and
 length from them, and the batch strides and ``causal_offset`` are not read
 (the kernel uses each sequence's own len_k - len_q); the binding
 (``flash_fwd/varlen.py``) packs the tensors as one batch of total_tokens rows.
+
+``ALIBI`` (FlashAttention-2's ALiBi), ``BIAS`` (an additive bias: the SDPA
+drop-in's ``attn_mask``) and ``DROPOUT`` follow the same rule: flags written
+only when true, their data runtime arguments. Their pointers (``Alibi``,
+``Bias``, ``Philox``) follow the kernel's own, their integers (the slopes'
+batch stride, the bias's four strides, 0 on broadcast dims) the window's, and
+``dropout_p`` comes after ``softcap``. A call without them passes null
+pointers and zeros, which the kernels never read.
 """
 
 from __future__ import annotations
@@ -46,7 +54,13 @@ _STRIDES = tuple(
 # start anywhere, and two scalar loads gain nothing from the hint.
 VARLEN_POINTERS = (("Cu_seqlens_q", "*i32"), ("Cu_seqlens_k", "*i32"))
 
+# The score modifications' pointers, after each kernel's own: ALiBi slopes (float32,
+# (heads,) or (batch, heads)), the additive bias (q's dtype), the Philox [seed, offset].
+MOD_POINTERS = (("Alibi", "*fp32"), ("Bias", "*{dtype}"), ("Philox", "*i64"))
+
 # The scalar tail every attention kernel takes, in this order (the backward's too).
+# The bias strides are 64-bit in every variant: a broadcast bias costs nothing
+# to address, and a full one may span 2**31 elements where q, k and v do not.
 SIZES = (
     ("group_size", "i32"),
     ("seqlen_q", "i32"),
@@ -55,8 +69,14 @@ SIZES = (
     ("causal_offset", "i32"),
     ("window_left", "i32"),
     ("window_right", "i32"),
+    ("stride_alibi_b", "i32"),
+    ("stride_biasb", "i64"),
+    ("stride_biash", "i64"),
+    ("stride_biasm", "i64"),
+    ("stride_biasn", "i64"),
     ("sm_scale", "fp32"),
     ("softcap", "fp32"),
+    ("dropout_p", "fp32"),
 )
 
 FLASH_FWD = KernelSpec(
@@ -70,10 +90,12 @@ FLASH_FWD = KernelSpec(
         ("Out", "*{dtype}"),
         ("Lse", "*fp32"),
         *VARLEN_POINTERS,
+        *MOD_POINTERS,
         *_STRIDES,
         *SIZES,
     ),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI",
+                "BIAS", "DROPOUT"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

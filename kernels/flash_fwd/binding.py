@@ -30,6 +30,7 @@ import torch
 from lazytriton import dispatch, runtime, tuning
 from lazytriton.kernels.flash_fwd import FLASH_FWD, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import grid as _grid
+from lazytriton.kernels.flash_fwd.score_mods import mod_tensors
 from lazytriton.variant import Variant
 
 log = logging.getLogger("lazytriton.flash")
@@ -73,6 +74,14 @@ class Call(NamedTuple):
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0
+    # The score modifications (``with_mods``): ALiBi slopes (float32, (heads_q,) or
+    # (batch, heads_q)), the additive bias as a (batch, heads_q, seqlen_q, seqlen_k)
+    # view of q's dtype (0 strides where it broadcasts), dropout's probability and
+    # its Philox [seed, offset] int64 tensor on q's device.
+    alibi: Any = None
+    bias: Any = None
+    dropout_p: float = 0.0
+    philox: Any = None
 
     @property
     def windowed(self) -> bool:
@@ -81,6 +90,11 @@ class Call(NamedTuple):
     @property
     def capped(self) -> bool:
         return self.softcap > 0.0
+
+    @property
+    def mods(self) -> tuple[bool, bool, bool]:
+        """The flags (ALIBI, BIAS, DROPOUT) of the kernel this call needs."""
+        return (self.alibi is not None, self.bias is not None, self.dropout_p > 0.0)
 
 
 class Names(NamedTuple):
@@ -93,6 +107,9 @@ class Names(NamedTuple):
     scale: str = "sm_scale"
     window: str = "window_size"
     softcap: str = "softcap"
+    alibi: str = "alibi_slopes"
+    bias: str = "attn_mask"
+    dropout: str = "dropout_p"
 
 
 NAMES = Names()
@@ -145,6 +162,7 @@ def _fast_check(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> Call | None:
 
 
 NO_WINDOW = (-1, -1)
+NO_MODS = (False, False, False)  # Call.mods of a call without ALiBi, bias or dropout
 # With a window, the kernels compute row + offset +- window in 32 bits.
 MAX_WINDOWED_SEQLEN = 2**29
 
@@ -275,9 +293,22 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "causal_offset": ("offset", "c->offset"),
     "window_left": ("call.window_left", "-1"),  # the C API has no window (-1: off) and no softcap (0)
     "window_right": ("call.window_right", "-1"),
+    # The C API has no score modifications either: null pointers, zero strides, dropout_p 0.
+    "Alibi": ("0 if alibi is None else alibi.data_ptr()", "0"),
+    "Bias": ("0 if bias is None else bias.data_ptr()", "0"),
+    "Philox": ("0 if philox is None else philox.data_ptr()", "0"),
+    "stride_alibi_b": ("0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)", "0"),
+    **{f"stride_bias{d}": (f"0 if bias is None else bias.stride({i})", "0") for i, d in enumerate("bhmn")},
     "sm_scale": ("scale", "scale"),
     "softcap": ("call.softcap", "0.0f"),
+    "dropout_p": ("call.dropout_p", "0.0f"),
 }
+# The lines ``pack`` functions start with, so that the sources above find their locals.
+MOD_LOCALS = "alibi, bias, philox = call.alibi, call.bias, call.philox"
+# A call without score modifications (the warm path's only kind): null pointers, zero strides.
+_PLAIN = {"window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0",
+          "Alibi": "0", "Bias": "0", "Philox": "0",
+          "stride_alibi_b": "0", **{f"stride_bias{d}": "0" for d in "bhmn"}}
 PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "Q": ("q.data_ptr()", "(int64_t)(uintptr_t)q->data"),
     "K": ("k.data_ptr()", "(int64_t)(uintptr_t)k->data"),
@@ -298,8 +329,8 @@ INT_PARAMS = tuple(name for name, kind in FLASH_FWD.params if not kind.startswit
 # tensor's last element lies 2**31 or more elements past its first.
 INTS_SOURCE = ", ".join(PARAM_SOURCES[name][0] for name in INT_PARAMS)
 # The same for a dense call without window (the warm path's only kind): its values written in as constants.
-_PLAIN_CONSTANTS = {"window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0"}
-PLAIN_INTS_SOURCE = ", ".join(_PLAIN_CONSTANTS.get(name, PARAM_SOURCES[name][0]) for name in INT_PARAMS)
+PLAIN_INTS_SOURCE = ", ".join(_PLAIN.get(name, PARAM_SOURCES[name][0]) for name in INT_PARAMS)
+
 ALIGNED_SOURCE = f"not ({' | '.join(PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)}) & 15"
 INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
         (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
@@ -321,6 +352,7 @@ def _generate_pack() -> Any:
 def pack(q, k, v, out, lse, call, cu_q=0, cu_k=0):
     b, hq, hk, sq, sk, d = call.shape
     offset = call.offset
+    {MOD_LOCALS}
     qs, ks, vs, os = q.stride(), k.stride(), v.stride(), out.stride()
     return ({INTS_SOURCE},), {ALIGNED_SOURCE}, {INDEX64_SOURCE}
 """
@@ -333,8 +365,8 @@ pack = _generate_pack()
 
 
 def floats(call: Call) -> tuple[float, ...]:
-    """The float parameters (after the ints, in the description's order: sm_scale, softcap)."""
-    return (call.scale, call.softcap)
+    """The float parameters (after the ints, in the description's order: sm_scale, softcap, dropout_p)."""
+    return (call.scale, call.softcap, call.dropout_p)
 
 
 def c_initializer() -> str:
@@ -352,27 +384,32 @@ def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
-             index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, ...]:
+             index64: bool, window: bool = False, softcap: bool = False,
+             mods: tuple[bool, bool, bool] = NO_MODS) -> tuple[Any, ...]:
     """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets.
 
     A windowed or softcapped call's key is longer (the two flags appended), so
     a plain call's key, which the warm path (hot.py) writes out, is unchanged
-    and never finds such a call's kernel.
+    and never finds such a call's kernel. ``mods`` (ALiBi, bias, dropout)
+    lengthens it again, so the keys of windowed and capped calls stay as they were.
     """
     key = (device_index, dtype, shape.head_dim, causal, aligned, index64,
            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+    if mods != NO_MODS:
+        return key + (window, softcap, *mods)
     return key + (window, softcap) if window or softcap else key
 
 
 def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool,
-            window: bool = False, softcap: bool = False) -> Variant:
+            window: bool = False, softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS) -> Variant:
     """The variant that serves a call of this shape (dispatch decides)."""
     return dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
-                                      index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap)
+                                      index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
+                                      alibi=mods[0], bias=mods[1], dropout=mods[2])
 
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
-                           softcap: bool = False) -> dict[str, Any]:
+                           softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS) -> dict[str, Any]:
     """Constexprs for Triton's interpreter on CPU tensors.
 
     Small tiles: the interpreter's cost is per program and per op, and tiles
@@ -381,7 +418,8 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     padded = dispatch.padded_head_dim(shape.head_dim)
     return {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
-            "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False}
+            "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
+            "DROPOUT": mods[2]}
 
 
 # ---------------------------------------------------------------------------
@@ -409,7 +447,8 @@ def scratch_alloc(nbytes: int, device_index: int) -> torch.Tensor:
 
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
-         aligned: bool, index64: bool, window: bool = False, softcap: bool = False) -> tuple[Any, int]:
+         aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
+         mods: tuple[bool, bool, bool] = NO_MODS) -> tuple[Any, int]:
     """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans``.
 
     During a CUDA graph capture, a kernel that is not loaded yet would touch
@@ -417,7 +456,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     first, naming the variant and the fix (``lazytriton.preload``).
     """
     found = dispatch.target_of_device(device)
-    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap)
+    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods)
     if is_capturing() and rt.loaded(chosen, device.index) is None:
         raise CaptureError(f"{chosen} is not loaded on {device} and a CUDA graph is being captured, during which "
                            "it can be neither loaded nor compiled; call lazytriton.preload(...) with this shape "
@@ -441,15 +480,17 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if variant is None:
         causal = call.causal != "none"
-        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
+        key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
+                       call.mods)
         found = rt.plans.get(key)
         if found is None:
-            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped)
+            found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
+                         call.mods)
     else:
         found = (rt.kernel(variant, device.index), int(variant.get("BLOCK_M")))
     kernel, block_m = found
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), raw_stream(device.index),
-                  ints, (call.scale, call.softcap), scratch_alloc)
+                  ints, floats(call), scratch_alloc)
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -459,20 +500,23 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
     shape = call.shape
     warn_if_slow(shape)
-    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped)
+    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods)
     args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
 
-# The tensors Triton's launchers take as tensors (the cu_seqlens pointers follow them: 0 when dense).
-N_TENSORS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*")) - len(VARLEN_POINTERS)
+# The kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
+# (0 when dense), then the score modifications' (tensors or None); _N_POINTERS counts them all.
+N_TENSORS = [name for name, _ in FLASH_FWD.params].index(VARLEN_POINTERS[0][0])
+_N_POINTERS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
 
 
 def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                 call: Call) -> tuple[Any, ...]:
     """The runtime arguments as Triton's own launchers take them (tensors for pointers): interpreter, JIT."""
     ints = pack(q, k, v, out, lse, call)[0]
-    return (q, k, v, out, lse, *ints[N_TENSORS:], *floats(call))
+    return (q, k, v, out, lse, *ints[N_TENSORS:N_TENSORS + len(VARLEN_POINTERS)], *mod_tensors(call, q),
+            *ints[_N_POINTERS:], *floats(call))
 
 
 _warned_slow = False
@@ -516,7 +560,7 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
-    key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped)
-    plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped)
+    key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods)
+    plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods)
     return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
-                   call.capped)
+                   call.capped, call.mods)

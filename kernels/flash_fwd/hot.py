@@ -157,7 +157,7 @@ _LSE = {
 }
 MAX_SHAPES = 4096  # distinct (sizes, strides, ...) remembered; past it the table starts again
 # The floats of a plain call (no softcap), in FLASH_FWD.params order: written in as constants like the ints'.
-PLAIN_FLOATS = {"sm_scale": "scale", "softcap": "0.0"}
+PLAIN_FLOATS = {"sm_scale": "scale", "softcap": "0.0", "dropout_p": "0.0"}
 _POINTER = re.compile(r"\b(\w+)\.data_ptr\(\)")
 
 

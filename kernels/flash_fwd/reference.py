@@ -5,7 +5,13 @@ key (output 0, logsumexp -inf). The sliding window and the softcap follow
 FlashAttention-2's own test reference (``construct_local_mask`` and
 ``attention_ref`` in its tests/test_flash_attn.py): the window is aligned
 bottom-right (top-left only for a top-left causal call), causal sets its
-right side to 0, and the cap applies to the scaled scores. Computed in the inputs' dtype unless the
+right side to 0, and the cap applies to the scaled scores. ALiBi follows its
+``attn_bias_from_alibi_slopes`` (non-causal form, ``-slope * |i + seqlen_k -
+seqlen_q - j|``, also under a causal mask) and is added, like an additive bias,
+after the cap. Dropout takes an explicit keep mask (``dropout_keep`` computes the
+kernels' own, a torch re-implementation of ``tl.rand``'s Philox): kept
+probabilities are scaled by 1 / (1 - p), and lse stays the undropped one.
+Computed in the inputs' dtype unless the
 caller upcasts, so the tests can measure both a same-precision reference and
 a float64 one.
 """
@@ -42,15 +48,28 @@ def visible(seqlen_q: int, seqlen_k: int, causal: bool | str = False, window_siz
     return keep
 
 
+def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
+    """FlashAttention-2's ALiBi bias, (batch or 1, heads, seqlen_q, seqlen_k): ``-slope * |i + sk - sq - j|``."""
+    slopes = slopes if slopes.dim() == 2 else slopes[None]
+    rows = torch.arange(seqlen_q, device=slopes.device)[:, None]
+    cols = torch.arange(seqlen_k, device=slopes.device)[None, :]
+    return -slopes[:, :, None, None] * (rows + seqlen_k - seqlen_q - cols).abs().to(slopes.dtype)
+
+
 def capped_scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float,
-                  causal: bool | str, window_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scaled, capped and masked scores (float32, float64 for float64 inputs), and tanh of the capped ones."""
+                  causal: bool | str, window_size: tuple[int, int], alibi_slopes: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scaled, capped, biased and masked scores (float32, float64 for float64 inputs), and tanh of the capped ones."""
     scores = q @ k.transpose(-1, -2)
     scores = (scores if q.dtype == torch.float64 else scores.float()) * scale
     tanh = None
     if softcap > 0:
         tanh = torch.tanh(scores / softcap)
         scores = tanh * softcap
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), q.shape[-2], k.shape[-2])
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     keep = visible(q.shape[-2], k.shape[-2], causal, window_size, q.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -59,16 +78,67 @@ def capped_scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool | str = False,
                         sm_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
-                        softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of softmax(q k^T * scale) v, with GQA, both causal alignments, windows and softcap."""
+                        softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                        bias: torch.Tensor | None = None, dropout_p: float = 0.0,
+                        keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of softmax(q k^T * scale) v, with GQA, both causal alignments, windows, softcap, ALiBi, a bias.
+
+    With ``keep`` (a boolean (batch, heads_q, seqlen_q, seqlen_k) mask),
+    dropout: probabilities outside it are zeroed, the others divided by 1 - dropout_p.
+    """
     hq, d = q.shape[1], q.shape[3]
     hk = k.shape[1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     if hq != hk:
         k = k.repeat_interleave(hq // hk, dim=1)
         v = v.repeat_interleave(hq // hk, dim=1)
-    scores = capped_scores(q, k, scale, softcap, causal, window_size)[0]
+    scores = capped_scores(q, k, scale, softcap, causal, window_size, alibi_slopes, bias)[0]
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # rows with no key: 0, not NaN
+    if keep is not None:
+        probs = probs * keep / (1.0 - dropout_p)
     out = (probs.to(v.dtype) @ v).to(q.dtype)
     return out, lse.float()
+
+
+# tl.rand's Philox 4x32-10 (triton/language/random.py, identical in Triton 3.6 and 3.9
+# apart from writing -x - 1 as ~x), on int64 tensors holding uint32 values.
+_M32 = 0xFFFFFFFF
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+_UNIFORM_SCALE = 4.6566127342e-10  # uint_to_uniform_float's for 32 bits
+
+
+def _mul_hi_lo(a: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of a * x for a constant a < 2**32, in 16-bit pieces so nothing overflows int64."""
+    t = a * (x & 0xFFFF)
+    u = a * (x >> 16)
+    return (u + (t >> 16)) >> 16, (((u & 0xFFFF) << 16) + t) & _M32
+
+
+def philox_uniform(seed: int, offsets: torch.Tensor) -> torch.Tensor:
+    """``tl.rand(seed, offsets)`` for int64 ``offsets`` (>= 0): float32 uniforms in [0, 1), bit for bit."""
+    c0, c1 = offsets & _M32, (offsets >> 32) & _M32
+    c2 = torch.zeros_like(c0)
+    c3 = torch.zeros_like(c0)
+    k0, k1 = seed & _M32, (seed >> 32) & _M32
+    for _ in range(10):
+        hi_b, lo_b = _mul_hi_lo(_ROUND_B, c2)
+        hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)
+        c0, c2, c1, c3 = hi_b ^ c1 ^ k0, hi_a ^ c3 ^ k1, lo_b, lo_a
+        k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
+    x = torch.where(c0 >= 2**31, c0 - 2**32, c0)  # as int32
+    x = torch.where(x < 0, -x - 1, x).to(torch.int32)
+    return x.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
+
+
+def dropout_keep(philox: torch.Tensor, shape: tuple[int, int, int, int], dropout_p: float) -> torch.Tensor:
+    """The kernels' keep mask for (batch, heads_q, seqlen_q, seqlen_k), from their [seed, offset] tensor.
+
+    Element (b, h, i, j) is kept when ``tl.rand(seed, offset + ((b * heads_q +
+    h) * seqlen_q + i) * seqlen_k + j) >= dropout_p`` (both in float32).
+    """
+    seed, offset = (int(x) for x in philox.cpu())
+    index = torch.arange(math.prod(shape), dtype=torch.int64) + offset
+    kept = philox_uniform(seed, index) >= torch.tensor(dropout_p, dtype=torch.float32)
+    return kept.reshape(shape).to(philox.device)

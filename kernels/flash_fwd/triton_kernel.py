@@ -63,6 +63,31 @@ renumbered, a few independent instructions in another order) and assemble
 (Triton 3.9's ptxas, sm_90a) to the same SASS, instruction for instruction,
 apart from the constant-bank offsets of the parameters after the two new
 pointers.
+
+Three more flags modify the scores, each off by default:
+
+- ``ALIBI``: FlashAttention-2's ALiBi, ``s -= slope[b, h] * |i + seqlen_k -
+  seqlen_q - j|`` (``Alibi``: float32 slopes, ``stride_alibi_b`` 0 for one
+  slope per head), after the scale and the cap (its reference's order). The
+  same formula serves causal calls: over the visible keys it differs from
+  FlashAttention-2's causal form (``slope * j``) by a constant per row, so
+  out and the gradients are the same; lse is that of the formula above.
+- ``BIAS``: an additive bias (``Bias``, q's dtype, four 64-bit strides, 0 on
+  broadcast dims), added likewise: SDPA's ``attn_mask``. A bias of -inf can
+  hide every key of a row, so with it the unmasked blocks guard m = -inf too.
+- ``DROPOUT``: element (b, h, i, j) is kept when ``tl.rand(seed, offset +
+  ((b * Hq + h) * Sq + i) * Sk + j) >= dropout_p`` (64-bit index; ``Philox``
+  holds [seed, offset], drawn on the device by the caller), kept
+  probabilities are scaled by 1 / (1 - p) at the end, and l, m (so lse) are
+  those of the undropped scores. ``tl.rand`` is the same Philox 4x32-10 in
+  Triton 3.6 and 3.9 (random.py differs only in writing -x - 1 as ~x), and
+  the backward calls it with the same arguments, so it regenerates the mask.
+
+Off, they compile away: with Triton 3.9 for sm_90, the PTX of the plain
+variants above (and of the backward's) has the same instructions in the same
+order, apart from the eight new unused parameters, where the parameter loads
+sit, register numbers and debug information. All flags together compile for
+sm_90 with Triton 3.6 and 3.9 (TMA too).
 """
 
 import triton
@@ -90,12 +115,38 @@ def _visible(keep, rows, cols, causal_offset, window_left, window_right, CAUSAL:
 
 
 @triton.jit
+def _modified(qk, rows, cols, seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, ALIBI: tl.constexpr,
+              BIAS: tl.constexpr):
+    """Base-2 scores plus ALiBi's ``-slope * |i + seqlen_k - seqlen_q - j|`` and the additive bias (both x log2 e).
+
+    rows and cols broadcast against qk ([M, 1] and [1, N], or transposed); ``bias_rows``
+    points at column 0 of each row's bias (64-bit offsets).
+    """
+    if ALIBI:
+        qk = qk - slope2 * tl.abs(rows + (seqlen_k - seqlen_q) - cols).to(tl.float32)
+    if BIAS:
+        bias = tl.load(bias_rows + cols * stride_bn, mask=(rows < seqlen_q) & (cols < seqlen_k), other=0.0)
+        qk = qk + bias.to(tl.float32) * LOG2E
+    return qk
+
+
+@triton.jit
+def _kept(seed, drop_rows, cols, dropout_p):
+    """Dropout's keep mask: (b, h, i, j) stays when ``tl.rand(seed, offset + ((b * Hq + h) * Sq + i) * Sk + j) >= p``.
+
+    ``drop_rows`` is offset + ((b * Hq + h) * Sq + i) * Sk, in 64 bits.
+    """
+    return tl.rand(seed, drop_rows + cols) >= dropout_p
+
+
+@triton.jit
 def _attend_block(
     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
     seqlen_k, head_dim, causal_offset, qk_scale,
-    stride_ks, stride_vs, window_left, window_right, cap,
+    stride_ks, stride_vs, window_left, window_right, cap, mods,
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr,
+    DROPOUT: tl.constexpr,
 ):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers."""
     cols = start_n + offs_n
@@ -117,32 +168,42 @@ def _attend_block(
             k = tl.load(k_ptrs + start_n * stride_ks, mask=d_ok[:, None], other=0.0)
             v = tl.load(v_ptrs + start_n * stride_vs, mask=d_ok[None, :], other=0.0)
     return _softmax_step(acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
-                         window_left, window_right, cap, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP)
+                         window_left, window_right, cap, mods, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
+                         BIAS, DROPOUT)
 
 
 @triton.jit
 def _attend_block_tma(
     acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap,
+    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     """The same step with K and V read through descriptors (rows past seqlen_k come back as zeros)."""
     k = k_desc.load([start_n, 0]).T
     v = v_desc.load([start_n, 0])
     return _softmax_step(acc, l_i, m_i, q, k, v, start_n + offs_n, offs_m, seqlen_k, causal_offset, qk_scale,
-                         window_left, window_right, cap, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP)
+                         window_left, window_right, cap, mods, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
+                         BIAS, DROPOUT)
 
 
 @triton.jit
 def _softmax_step(
-    acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap,
+    acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     """Scores of q against one (BLOCK_D, BLOCK_N) key tile k, then the online softmax update with v.
 
     With SOFTCAP, ``qk_scale`` is scale / softcap and ``cap`` is softcap * log2(e):
-    the scores become softcap * tanh(scale * s / softcap), in base 2.
+    the scores become softcap * tanh(scale * s / softcap), in base 2. ALIBI, BIAS,
+    DROPOUT and ``mods`` (seqlen_q, slope * log2 e, bias row
+    pointers, the bias's column stride, Philox seed, dropout row offsets,
+    dropout_p): ALiBi and the bias are added after the cap; dropout zeroes
+    probabilities after they entered the row sum, so l (and lse) are the
+    undropped ones.
     """
+    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
     if IEEE:
         qk = tl.dot(q, k, input_precision="ieee")
     else:
@@ -150,6 +211,9 @@ def _softmax_step(
     qk = qk * qk_scale
     if SOFTCAP:
         qk = _tanh(qk) * cap
+    if ALIBI or BIAS:
+        qk = _modified(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, ALIBI,
+                       BIAS)
     if MASKED:
         keep = _visible((cols < seqlen_k)[None, :], offs_m[:, None], cols[None, :], causal_offset, window_left,
                         window_right, CAUSAL, WINDOW)
@@ -158,12 +222,17 @@ def _softmax_step(
         # A row with no visible key so far keeps m = -inf; subtract 0 instead so
         # that exp2(-inf - -inf) never makes a NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    elif BIAS:  # a bias of -inf may hide every key of a row from an unmasked block too
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_sub = m_new
     p = tl.math.exp2(qk - m_sub[:, None])
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
+    if DROPOUT:
+        p = tl.where(_kept(seed, drop_rows, cols[None, :], dropout_p), p, 0.0)
     acc = acc * alpha[:, None]
     if IEEE:
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
@@ -173,18 +242,46 @@ def _softmax_step(
 
 
 @triton.jit
+def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, seqlen_k, stride_lb, stride_lh,
+          stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn, dropout_p,
+          ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr):
+    """What the score modifications need for rows ``offs_m`` of one (batch, query head), as ``_softmax_step`` takes it.
+
+    (seqlen_q, slope * log2 e, bias row pointers [M, 1], the bias's column stride,
+    Philox seed, dropout row offsets [M, 1] (64-bit), dropout_p); zeros for what is off.
+    """
+    slope2 = 0.0
+    bias_rows = Bias
+    seed = 0
+    drop_rows = 0
+    if ALIBI:
+        slope2 = tl.load(Alibi + batch * stride_alibi_b + head) * LOG2E
+    if BIAS:
+        bias_rows = (Bias + batch.to(tl.int64) * stride_biasb + head.to(tl.int64) * stride_biash
+                     + offs_m[:, None].to(tl.int64) * stride_biasm)
+    if DROPOUT:
+        seed = tl.load(Philox)
+        # The linear index of (batch, head, row, 0) in (B, Hq, Sq, Sk): the lse's offset is (b * Hq + h) * Sq.
+        lse_rows = (batch * stride_lb + head * stride_lh).to(tl.int64) + offs_m[:, None].to(tl.int64)
+        drop_rows = tl.load(Philox + 1) + lse_rows * seqlen_k
+    return (seqlen_q, slope2, bias_rows, stride_biasn, seed, drop_rows, dropout_p)
+
+
+@triton.jit
 def flash_fwd_kernel(
-    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k,
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
-    sm_scale, softcap,
+    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr = False,
     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
+    ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -240,6 +337,9 @@ def flash_fwd_kernel(
     else:
         qk_scale = sm_scale * LOG2E
         cap = qk_scale
+    mods = _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, seqlen_k, stride_lb, stride_lh,
+                 stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn, dropout_p,
+                 ALIBI, BIAS, DROPOUT)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -274,20 +374,20 @@ def flash_fwd_kernel(
             for start_n in range(begin, full_begin, BLOCK_N):
                 acc, l_i, m_i = _attend_block_tma(
                     acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, True, CAUSAL, IEEE, WINDOW,
-                    SOFTCAP,
+                    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, True, CAUSAL, IEEE, WINDOW,
+                    SOFTCAP, ALIBI, BIAS, DROPOUT,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block_tma(
                 acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, False, CAUSAL, IEEE, WINDOW,
-                SOFTCAP,
+                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, False, CAUSAL, IEEE, WINDOW,
+                SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block_tma(
                 acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, True, CAUSAL, IEEE, WINDOW,
-                SOFTCAP,
+                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, True, CAUSAL, IEEE, WINDOW,
+                SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
     else:
         if WINDOW:
@@ -295,23 +395,25 @@ def flash_fwd_kernel(
                 acc, l_i, m_i = _attend_block(
                     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                     seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                    cap, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP,
+                    cap, mods, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP,
+                cap, mods, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP,
+                cap, mods, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if DROPOUT:
+        out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
 
     if VARLEN:

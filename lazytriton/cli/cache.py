@@ -423,6 +423,10 @@ def add_parser(sub: Any) -> None:
                     help="flash_decode: a paged cache with pages of this many keys (default: a contiguous cache)")
     ex.add_argument("--varlen", action="store_true", help="packed sequences (flash_attn_varlen_func, VARLEN=true); "
                     "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k")
+    for flag, what in (("window", "a sliding window (window_size)"), ("softcap", "a logit softcap"),
+                       ("alibi", "ALiBi slopes (alibi_slopes)"), ("dropout", "dropout_p > 0"),
+                       ("attn-mask", "an attn_mask (the kernels' additive bias)")):
+        ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
     from lazytriton.cli.explain import cmd_explain  # it imports this module's report helpers
 
     ex.set_defaults(fn=_guarded(cmd_explain))

@@ -63,18 +63,22 @@ def explain_report(args: argparse.Namespace) -> Report:
     page = getattr(args, "page_size", None) or 0
     if page and (page < 0 or page % 16):
         raise ValueError(f"--page-size must be a positive multiple of 16, got {page}")
+    flags = _features(args)
     for name in kernels:
         if name in dispatch.DECODE_KERNELS:  # seqlen_q: query rows per key/value head; seqlen_k: the cache's length
             config, row = dispatch.decode_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
                                                  seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
             variant = dispatch.decode_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
                                               args.seqlen_q, seqlen_k, index64=args.index64, page_size=page,
-                                              paged=page > 0)
+                                              paged=page > 0, window=flags["window"], softcap=flags["softcap"],
+                                              alibi=flags["alibi"])
         else:
             config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
                                                  seqlen_k)
             variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                              args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen)
+                                              args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen,
+                                              window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
+                                              bias=flags["bias"], dropout=flags["dropout"])
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
@@ -82,11 +86,22 @@ def explain_report(args: argparse.Namespace) -> Report:
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
-            "varlen": varlen, "target": str(target), "target_source": how, **({"page_size": page} if page else {})}
+            "varlen": varlen, "target": str(target), "target_source": how, **flags,
+            **({"page_size": page} if page else {})}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
     return report
+
+
+def _features(args: argparse.Namespace) -> dict[str, bool]:
+    """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
+
+    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout`` and ``--attn-mask``.
+    """
+    return {name: bool(getattr(args, attr, False)) for name, attr in
+            (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
+             ("bias", "attn_mask"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
