@@ -72,3 +72,17 @@ esac
 case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $(nproc) in one run (issue 12: >= 0.8 a core)
   python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
 esac
+case " $* " in *" newtests "*)  # the GPU tests of the newest features (NEWTESTS overrides the list)
+  timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \
+    tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py} -m gpu -q -p no:cacheprovider 2>&1 \
+    | tee "$OUT/new_gpu_tests.log" | tail -12 ;;
+esac
+case " $* " in *" host "*)  # host time of a warm eager call per launch path, beside torch.add (builds the launch helper)
+  python3 benchmarks/bench_host.py --csv "$OUT/host.csv" 2>&1 | tee "$OUT/bench_host.log" | tail -16 ;;
+esac
+case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
+  python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;
+esac
+case " $* " in *" varlen "*)  # flash_attn_varlen_func on a mixed-length batch beside padded SDPA and the dense kernel
+  python3 benchmarks/bench_varlen.py --csv "$OUT/varlen.csv" ${VARLEN_ARGS:-} 2>&1 | tee "$OUT/bench_varlen.log" | tail -30 ;;
+esac

@@ -91,15 +91,16 @@ def test_flash_fwd_launch_reads_the_same_bytes_through_both_paths(fake_library: 
     arg_types = _flash_fwd_types()
     n_ints = sum(1 for t in arg_types if t != "fp32")
     ints = tuple(range(0x7F0000001000, 0x7F0000001000 + 5)) + tuple(range(6, n_ints + 1))
-    ints = ints[:-3] + (-7, -1, -1)  # a negative causal offset, no window
-    seen = _launch_both(fake_library, helper, monkeypatch, _entry(arg_types), (3, 2, 1), ints, (0.125, 2.5))
+    ints = ints[:-3] + (-7, -1, -1)  # negative values read back sign-extended
+    floats = (0.125, 2.5, 0.25, 4.0)[:len(arg_types) - n_ints]
+    seen = _launch_both(fake_library, helper, monkeypatch, _entry(arg_types), (3, 2, 1), ints, floats)
     (abi_params, abi_state), (fast_params, fast_state) = seen["abi"], seen["helper"]
     for i, (a, f) in enumerate(zip(abi_params, fast_params, strict=True)):
         assert a == f, f"parameter {i} ({arg_types[i] if i < len(arg_types) else 'hidden'}) differs"
     assert abi_state == fast_state
     values = [struct.unpack({4: "<i", 8: "<q"}[len(raw)], raw)[0] if kind != "fp32" else
               struct.unpack("<f", raw)[0] for raw, kind in zip(fast_params, arg_types, strict=False)]
-    assert tuple(values[:n_ints]) == ints and tuple(values[n_ints:]) == (0.125, 2.5)
+    assert tuple(values[:n_ints]) == ints and tuple(values[n_ints:]) == floats
     assert fast_params[len(arg_types):] == [bytes(8), bytes(8)]  # NULL scratch pointers, pointed at zeros
     assert fast_state["launches"] == 1 and fast_state["extra_null"] == 1
     assert (fast_state["grid_x"], fast_state["grid_y"], fast_state["grid_z"]) == (3, 2, 1)
