@@ -260,9 +260,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
 
 
 def _varlen_unsupported(dropout_p: Any, alibi_slopes: Any) -> None:
-    """The varlen call's one refusal of what its kernels lack yet (lift it here when they have them)."""
-    _check_dropout("dropout_p", dropout_p)
-    _unsupported("alibi_slopes", alibi_slopes, None, "ALiBi")
+    """The varlen call's one refusal of what its binding does not pass yet (lift it here when it does).
+
+    The kernels have ALiBi and dropout (the dense entry points use them); the
+    packed-sequence binding does not hand them over yet.
+    """
+    _unsupported("dropout_p", _check_dropout("dropout_p", dropout_p), 0.0, "dropout with packed sequences")
+    _unsupported("alibi_slopes", alibi_slopes, None, "ALiBi with packed sequences")
 
 
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

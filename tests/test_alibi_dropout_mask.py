@@ -538,12 +538,13 @@ def test_prewarm_axes_and_cache_explain_take_the_flags(capsys: pytest.CaptureFix
     from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants
 
     narrow = {"targets": (Target.parse("sm_90"),), "dtypes": ("bf16",), "head_dims": (64,), "causal": (False,),
-              "seqlens_q": (4096,)}
+              "seqlens_q": (4096,),
+              "kernels": ("flash_fwd", *dispatch.BWD_KERNELS)}  # decoding has no varlen, dropout or bias variants
     table = tuning.tables_for(all_kernels())
     plain = enumerate_variants(Axes(**narrow), table)
     every = enumerate_variants(Axes(**narrow, alibi=(False, True), dropout=(False, True), bias=(False, True)), table)
     assert len(every) == 8 * len(plain) and {p.key for p in plain} < {p.key for p in every}
-    common = ["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "none",
+    common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "none",
               "--seqlen-q", "4096", "--list"]
     assert cli_main(common) == 0
     listed_plain = capsys.readouterr().out.splitlines()

@@ -365,8 +365,9 @@ def test_pack_covers_every_new_parameter() -> None:
         assert (named["Cu_seqlens_q"], named["Cu_seqlens_k"]) == (cq.data_ptr(), ck.data_ptr())
     for spec in (FLASH_FWD, FLASH_BWD_DQ, FLASH_BWD_DKDV):
         names = [name for name, _ in spec.params]
-        last_pointer = max(i for i, (_, kind) in enumerate(spec.params) if kind.startswith("*{") or kind == "*fp32")
-        assert names[last_pointer + 1:last_pointer + 3] == ["Cu_seqlens_q", "Cu_seqlens_k"]
+        own = names.index("Alibi") - 2  # the kernel's own pointers, then the cu_seqlens, then the score mods'
+        assert all(kind.startswith("*") for _, kind in spec.params[:own]) and not names[own - 1].startswith("Cu")
+        assert names[own:own + 2] == ["Cu_seqlens_q", "Cu_seqlens_k"]
         assert "VARLEN" in spec.constexprs
 
 

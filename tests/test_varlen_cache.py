@@ -29,20 +29,22 @@ def test_varlen_variants_compile_with_the_two_pointers_after_the_kernels_own(ker
     spec = get(kernel)
     assert entry.binary[:4] == b"\x7fELF" and entry.variant == str(variant)
     assert entry.arg_types == tuple(t for t in spec.signature("bf16", False).values() if t != "constexpr")
-    n_pointers = sum(1 for _, kind in spec.params if kind.startswith("*"))
-    assert entry.arg_types[n_pointers - 2:n_pointers] == ("*i32", "*i32")
+    first = [name for name, _ in spec.params].index("Cu_seqlens_q")  # after the kernel's own pointers
+    assert all(kind.startswith("*") for _, kind in spec.params[:first])
+    assert entry.arg_types[first:first + 2] == ("*i32", "*i32")
 
 
 def test_prewarm_varlen_axis_adds_varlen_variants(capsys: pytest.CaptureFixture[str]) -> None:
     from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants
 
-    narrow = {"targets": (SM90,), "dtypes": ("bf16",), "head_dims": (128,), "causal": (True,), "seqlens_q": (2048,)}
+    narrow = {"targets": (SM90,), "dtypes": ("bf16",), "head_dims": (128,), "causal": (True,), "seqlens_q": (2048,),
+              "kernels": ("flash_fwd", *dispatch.BWD_KERNELS)}  # decoding has no varlen, dropout or bias variants
     table = tuning.tables_for(all_kernels())
     plain = enumerate_variants(Axes(**narrow), table)
     both = enumerate_variants(Axes(**narrow, varlen=(False, True)), table)
     assert len(both) == 2 * len(plain) and {p.key for p in plain} < {p.key for p in both}
     assert sum(p.variant.constexprs.get("VARLEN") is True for p in both) == len(plain)
-    common = ["prewarm", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "128", "--causal", "causal",
+    common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "128", "--causal", "causal",
               "--seqlen-q", "2048", "--list"]
     assert cli_main(common) == 0
     listed_plain = capsys.readouterr().out.splitlines()
