@@ -544,7 +544,8 @@ def test_prewarm_axes_and_cache_explain_take_the_flags(capsys: pytest.CaptureFix
     plain = enumerate_variants(Axes(**narrow), table)
     every = enumerate_variants(Axes(**narrow, alibi=(False, True), dropout=(False, True), bias=(False, True)), table)
     assert len(every) == 8 * len(plain) and {p.key for p in plain} < {p.key for p in every}
-    common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "64", "--causal", "none",
+    common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90",
+              "--dtype", "bf16", "--head-dim", "64", "--causal", "none",
               "--seqlen-q", "4096", "--list"]
     assert cli_main(common) == 0
     listed_plain = capsys.readouterr().out.splitlines()

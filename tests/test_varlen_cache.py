@@ -44,7 +44,8 @@ def test_prewarm_varlen_axis_adds_varlen_variants(capsys: pytest.CaptureFixture[
     both = enumerate_variants(Axes(**narrow, varlen=(False, True)), table)
     assert len(both) == 2 * len(plain) and {p.key for p in plain} < {p.key for p in both}
     assert sum(p.variant.constexprs.get("VARLEN") is True for p in both) == len(plain)
-    common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90", "--dtype", "bf16", "--head-dim", "128", "--causal", "causal",
+    common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90",
+              "--dtype", "bf16", "--head-dim", "128", "--causal", "causal",
               "--seqlen-q", "2048", "--list"]
     assert cli_main(common) == 0
     listed_plain = capsys.readouterr().out.splitlines()
