@@ -36,23 +36,20 @@ Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--l
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import math
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from csvlog import append_rows
+from csvlog import append_rows, run_meta
 
 import lazytriton
-from lazytriton.cli.timing import event_ms
+from lazytriton.cli.timing import median_ms
 from lazytriton.kvcache import trusted_indices
 
 FIELDS = ["kernel", "provider", "layout", "dtype", "head_dim", "batch", "heads_q", "heads_k", "cache_len",
@@ -232,18 +229,6 @@ def reference(t: Inputs) -> torch.Tensor:
     return torch.einsum("hn,hnd->hd", scores.softmax(-1), v)[None]
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    """Median ms: CUDA events on a GPU, the wall clock on the CPU (--quick)."""
-    if device.type == "cuda":
-        return event_ms(fn, warmup=warmup, reps=reps)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        began = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(times)
 
 
 def _brief(exc: BaseException) -> str:
@@ -257,7 +242,7 @@ def measure(case: Case, provider: str, t: Inputs, ref: torch.Tensor, device: tor
     try:
         fn = FACTORIES[provider](t)
         err = float((fn()[0].float() - ref).abs().max())
-        ms = time_ms(fn, device, args.warmup, args.reps)
+        ms = median_ms(fn, device.type == "cuda", args.warmup, args.reps)
         return Result(case, provider, ms, err, "ok" if err <= TOLERANCE else "wrong")
     except Exception as exc:  # a backend missing on this GPU, or a kernel that fails, is reported, not fatal
         return Result(case, provider, None, None, "failed", _brief(exc))
@@ -335,16 +320,6 @@ def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
         log(f"  {r.provider} {r.check} on {' '.join(r.case.label.split())}: {r.note or f'max error {r.max_err:.1e}'}")
 
 
-def run_meta(device: torch.device) -> dict[str, str]:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    return {"kernel": "flash_decode", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version, "lazytriton": lazytriton.__version__,
-            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -364,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_decode needs a CUDA GPU (or --quick, --list)", file=sys.stderr)
         return 2
     peak = H200_GB_S
-    meta = run_meta(device)
+    meta = run_meta("flash_decode", device)
     log(f"bench_decode on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, peak {peak:.0f} GB/s")
     results: list[Result] = []
     for index, case in enumerate(case_list):

@@ -42,27 +42,23 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import datetime as dt
 import gc
 import math
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from csvlog import append_rows
+from csvlog import append_rows, run_meta
 from grad_rule import Reference, check_grads, reference
 
-import lazytriton
 from lazytriton import dispatch, runtime
-from lazytriton.cli.timing import event_ms
+from lazytriton.cli.timing import median_ms
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -181,18 +177,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # Timing and checking
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    """Median of timed runs in ms: CUDA events on a GPU, the wall clock on the CPU (smoke mode)."""
-    for _ in range(warmup):
-        fn()
-    if device.type != "cuda":
-        times = []
-        for _ in range(reps):
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e3)
-        return statistics.median(times)
-    return event_ms(fn, warmup=0, reps=reps)
 
 
 # ---------------------------------------------------------------------------
@@ -358,7 +342,7 @@ def measure(case: Case, provider: str, mode: str, factory: Factory, tensors: Ten
         grads = fn()
         ok, err, note = check_grads(grads, ref) if ref is not None else (True, math.nan, "no reference")
         del grads
-        ms = time_ms(fn, device, args.warmup, args.reps)
+        ms = median_ms(fn, device.type == "cuda", args.warmup, args.reps)
         return Result(case, provider, mode, ms, err, "unchecked" if ref is None else "ok" if ok else "wrong", note)
     except Exception as exc:  # a backend missing on this GPU/torch, or a kernel that fails, is reported, not fatal
         return Result(case, provider, mode, None, None, "failed", _brief(exc))
@@ -487,16 +471,6 @@ def print_table(results: Sequence[Result], log: Log) -> None:
             log(f"  {provider} {mode} {check} on {' '.join(cases_text.split())}: {note}")
 
 
-def run_meta(device: torch.device) -> dict[str, str]:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    return {"kernel": "flash_bwd", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version, "lazytriton": lazytriton.__version__,
-            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 SMOKE_CASE = Case("bf16", 32, True, 64, 1, 2)
@@ -519,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_flash_bwd needs a CUDA GPU (or --cpu-smoke, --list)", file=sys.stderr)
         return 2
-    meta = run_meta(device)
+    meta = run_meta("flash_bwd", device)
     log(f"bench_flash_bwd: {len(case_list)} cases on {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}")
     if args.prewarm_jobs > 0 and {"lazytriton", "triton_jit"} & set(args.providers):
         try:

@@ -44,26 +44,23 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import datetime as dt
 import logging
 import math
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from csvlog import append_rows
+from csvlog import append_rows, run_meta
 
 import lazytriton
 from lazytriton import dispatch
-from lazytriton.cli.timing import event_ms
+from lazytriton.cli.timing import median_ms
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd import varlen
@@ -289,17 +286,6 @@ def check(got: Sequence[torch.Tensor], ref: Reference) -> tuple[bool, float, str
     return ok, worst, "; ".join(notes)
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    if device.type == "cuda":
-        return event_ms(fn, warmup=warmup, reps=reps)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        began = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(times)
 
 
 def measure(case: Case, provider: str, mode: str, b: Batch, ref: Reference, device: torch.device,
@@ -310,7 +296,8 @@ def measure(case: Case, provider: str, mode: str, b: Batch, ref: Reference, devi
         state = "unchecked" if by_design_unchecked(provider, case) else "ok" if ok else "wrong"
         if state == "unchecked":
             note = "padded batch without a key mask: attends the padding (work only)"
-        return Result(case, provider, mode, time_ms(fn, device, args.warmup, args.reps), err, state, note)
+        ms = median_ms(fn, device.type == "cuda", args.warmup, args.reps)
+        return Result(case, provider, mode, ms, err, state, note)
     except Exception as exc:  # a backend this torch/GPU lacks is reported, not fatal
         text = str(exc).strip().splitlines()
         return Result(case, provider, mode, None, None, "failed",
@@ -429,15 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         case_list = cases(args.head_dims, causals, lengths_of(args.sequences))
     if args.prewarm_jobs > 0:
         print(prewarm(case_list, device, args.prewarm_jobs), flush=True)
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    meta = {"kernel": "flash_varlen", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version, "lazytriton": lazytriton.__version__,
-            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    meta = run_meta("flash_varlen", device)
     results = []
     for index, case in enumerate(case_list):
         b = make_batch(case, device, seed=1000 + index)

@@ -27,3 +27,19 @@ def event_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def median_ms(fn: Callable[[], object], on_gpu: bool, warmup: int = 3, reps: int = 20) -> float:
+    """``event_ms`` on a GPU; on the CPU (the benchmarks' smoke runs) the median of wall-clock runs in ms."""
+    import time
+
+    if on_gpu:
+        return event_ms(fn, warmup=warmup, reps=reps)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        began = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times)
