@@ -192,13 +192,8 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     """
     chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
                       mods)
-    if fwd.is_capturing():
-        for variant in chosen:
-            if rt.loaded(variant, device.index) is None:
-                raise fwd.CaptureError(
-                    f"{variant} is not loaded on {device} and a CUDA graph is being captured, during which it can "
-                    "be neither loaded nor compiled; run the backward once with this shape (or call "
-                    "lazytriton.preload(..., backward=True)) before the capture")
+    fwd.refuse_loads_in_capture(rt, chosen, device, "run the backward once with this shape (or call "
+                                "lazytriton.preload(..., backward=True)) before the capture")
     dq_variant, dkdv_variant = chosen
     entry = (rt.kernel(dq_variant, device.index), int(dq_variant.get("BLOCK_M")),
              rt.kernel(dkdv_variant, device.index), int(dkdv_variant.get("BLOCK_N")))

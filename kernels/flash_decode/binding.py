@@ -196,7 +196,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
     one split and with several. During a capture, a kernel not loaded yet
     raises ``CaptureError`` naming it.
     """
-    from lazytriton.kernels.flash_fwd.binding import CaptureError
+    from lazytriton.kernels.flash_fwd.binding import refuse_loads_in_capture
 
     rt = runtime.get()
     key = memo_key(device.index, dtype, call, aligned, index64)
@@ -204,12 +204,8 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
     if found is not None:
         return found  # type: ignore[no-any-return]
     chosen = variants(dispatch.target_of_device(device), dtype, call, aligned, index64)
-    if torch.cuda.is_current_stream_capturing():
-        for variant in chosen:
-            if rt.loaded(variant, device.index) is None:
-                raise CaptureError(f"{variant} is not loaded on {device} and a CUDA graph is being captured, during "
-                                   "which it can be neither loaded nor compiled; run flash_attn_with_kvcache once "
-                                   "with this shape before the capture")
+    refuse_loads_in_capture(rt, chosen, device, "run flash_attn_with_kvcache once with this shape before the "
+                            "capture")
     split, combine = chosen
     entry = (rt.kernel(split, device.index), int(split.get("BLOCK_M")), int(split.get("BLOCK_N")),
              rt.kernel(combine, device.index), int(combine.get("BLOCK_M")))

@@ -434,6 +434,21 @@ _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 Â
 is_capturing = torch.cuda.is_current_stream_capturing
 
 
+def refuse_loads_in_capture(rt: Any, variants: Any, device: torch.device, fix: str) -> None:
+    """Raise ``CaptureError`` if a CUDA graph is being captured and one of ``variants`` is not loaded on ``device``.
+
+    Loading or compiling would touch the driver or the compiler inside the
+    capture; every family's plan asks this before it resolves its kernels.
+    ``fix`` tells the caller what to run before the capture.
+    """
+    if not is_capturing():
+        return
+    for chosen in variants:
+        if rt.loaded(chosen, device.index) is None:
+            raise CaptureError(f"{chosen} is not loaded on {device} and a CUDA graph is being captured, during "
+                               f"which it can be neither loaded nor compiled; {fix}")
+
+
 def raw_stream(device_index: int) -> int:
     """The current CUDA/HIP stream of a device, as the driver's handle."""
     if _GET_RAW_STREAM is not None:
@@ -457,10 +472,8 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     """
     found = dispatch.target_of_device(device)
     chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods)
-    if is_capturing() and rt.loaded(chosen, device.index) is None:
-        raise CaptureError(f"{chosen} is not loaded on {device} and a CUDA graph is being captured, during which "
-                           "it can be neither loaded nor compiled; call lazytriton.preload(...) with this shape "
-                           "(or run the call once) before the capture")
+    refuse_loads_in_capture(rt, (chosen,), device, "call lazytriton.preload(...) with this shape (or run the call "
+                            "once) before the capture")
     kernel = rt.kernel(chosen, device.index)
     entry = (kernel, int(chosen.get("BLOCK_M")))
     rt.plans[key] = entry

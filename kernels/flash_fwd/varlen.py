@@ -221,13 +221,8 @@ def _plan(rt: Any, key: tuple[Any, ...], kernels: tuple[str, ...], tile: tuple[s
           dtype: torch.dtype, vc: VarlenCall, aligned: bool, index64: bool) -> tuple[Any, ...]:
     """(kernel, its grid tile, ...) for ``kernels``, memoised in ``rt.plans``; refused during a CUDA graph capture."""
     chosen = variants(kernels, dispatch.target_of_device(device), dtype, vc, aligned, index64)
-    if fwd.is_capturing():
-        for variant in chosen:
-            if rt.loaded(variant, device.index) is None:
-                raise fwd.CaptureError(
-                    f"{variant} is not loaded on {device} and a CUDA graph is being captured, during which it can "
-                    "be neither loaded nor compiled; run the varlen call once with this shape (forward and "
-                    "backward) before the capture")
+    fwd.refuse_loads_in_capture(rt, chosen, device, "run the varlen call once with this shape (forward and "
+                                "backward) before the capture")
     entry = tuple(item for variant, name in zip(chosen, tile, strict=True)
                   for item in (rt.kernel(variant, device.index), int(variant.get(name))))
     rt.plans[key] = entry
