@@ -80,6 +80,9 @@ esac
 case " $* " in *" host "*)  # host time of a warm eager call per launch path, beside torch.add (builds the launch helper)
   python3 benchmarks/bench_host.py --csv "$OUT/host.csv" 2>&1 | tee "$OUT/bench_host.log" | tail -16 ;;
 esac
+case " $* " in *" hostparts "*)  # the warm call's host time part by part, and the driver's cost per kernel parameter
+  python3 benchmarks/probe_host_parts.py 2>&1 | tee "$OUT/host_parts.log" | tail -22 ;;
+esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;
 esac
