@@ -30,6 +30,7 @@ from typing import Any
 
 from lazytriton import dispatch, runtime, tuning
 from lazytriton.cli.timing import event_ms
+from lazytriton.driver.gpu import DriverError
 from lazytriton.fsutil import write_atomically
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -46,11 +47,20 @@ _NARROW = ((16, 64, 4, 3), (16, 128, 4, 3), (16, 32, 4, 3), (16, 64, 4, 4), (16,
 
 def candidates(dtype: str, head_dim: int, seqlen_q: int) -> list[dispatch.Config]:
     """Configs worth timing for a group (pure)."""
-    base = _NARROW if seqlen_q <= 16 else _WIDE
+    base: Sequence[tuple[int, int, int, int]] = _NARROW if seqlen_q <= 16 else _WIDE
+    if head_dim >= 256 or dtype == "fp32":  # large tiles do not fit in shared memory: small ones, or 2 stages
+        base = list(dict.fromkeys(
+            c for w in base for c in ((w, (*w[:3], 2)) if w[0] * w[1] <= 64 * 64 else ((*w[:3], 2),))
+            if c[0] * c[1] <= 128 * 64))
     configs = [dispatch.Config(*c) for c in base if c[0] <= max(16, tuning.bucket(seqlen_q))]
-    if head_dim >= 256 or dtype == "fp32":  # large tiles do not fit in shared memory
-        configs = [c for c in configs if c.block_m * c.block_n <= 64 * 64]
     return configs or [dispatch.Config(16, 32, 4, 2)]
+
+
+def fitting(variants: Sequence[Variant]) -> list[Variant]:
+    """The variants whose tiles fit their target's shared memory (prewarm's estimate), in order (pure)."""
+    from lazytriton.prewarm.limits import refusal
+
+    return [v for v in variants if refusal(v) is None]
 
 
 def write_table(path: Path, table: tuning.Table) -> None:
@@ -116,8 +126,9 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    plans = {(sq, sk): [dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c, seqlen_k=sk)
-                        for c in candidates(dtype, head_dim, sq)] for sq, sk in pairs}
+    plans = {(sq, sk): fitting([dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c,
+                                                           seqlen_k=sk) for c in candidates(dtype, head_dim, sq)])
+             for sq, sk in pairs}
     failures = compile_all([v for vs in plans.values() for v in vs], jobs)
     rows = []
     today = dt.date.today().isoformat()
@@ -134,7 +145,11 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
         for variant in variants:
             if str(variant) in failures:
                 continue
-            ms, err = _time_variant(variant, q, k, v, causal, ref, reps)
+            try:
+                ms, err = _time_variant(variant, q, k, v, causal, ref, reps)
+            except DriverError as exc:  # e.g. more shared memory than the estimate said: not a candidate
+                print(f"  skipped {variant.tuned} {dict(variant.options)}: {exc}", file=sys.stderr)
+                continue
             tflops = flops / ms / 1e9
             if err < 2e-2 and (best is None or tflops > best[0]):
                 best = (tflops, variant)
