@@ -120,6 +120,7 @@ def main() -> int:
         ("empty_like(lse template)", "part"): lambda: torch.empty_like(template),
         ("4x data_ptr", "part"): lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.data_ptr()),
         ("raw stream", "part"): lambda: stream_of(0),
+        ("is capturing", "part"): hot.is_capturing,
         ("launch alone (helper)", "part"): captured_launch(q, k, v),
         ("hot.output_bhsd", "warm fn"): lambda: hot.output_bhsd(q, k, v, False, None),
         ("hot.forward_bhsd", "warm fn"): lambda: hot.forward_bhsd(q, k, v, False, None),

@@ -375,6 +375,14 @@ def test_lse_stocks_are_per_stream_and_never_used_during_a_capture() -> None:
     assert again.untyped_storage().data_ptr() == on_one.untyped_storage().data_ptr(), "stream 1's stock goes on"
 
 
+def test_the_default_stream_skips_the_capture_check() -> None:
+    rt, stream, capturing = _Runtime(), [0], [True]  # a capture claimed on stream 0, which CUDA never captures
+    warm = _stocked_path(rt, stream, capturing)
+    q, k, v = make_qkv(1, (2, 2), (4, 4), 16, torch.float32)
+    _plan_for(rt, q, k, v)
+    assert warm(q, k, v, False, None)[1]._base is not None, "stream 0's stock, without asking"
+
+
 def test_a_big_lse_is_allocated_alone() -> None:
     rt, stream, capturing = _Runtime(), [1], [False]
     warm = _stocked_path(rt, stream, capturing)

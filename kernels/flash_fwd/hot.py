@@ -147,7 +147,7 @@ _LAYOUTS = {
 _LSE = {
     "forward": ("stream = raw_stream(di)\n"
                 "    stocks = known[1]  # see lse_stock\n"
-                "    if stocks is None or is_capturing():\n"
+                "    if stocks is None or (stream and is_capturing()):  # stream 0 is never captured\n"
                 "        lse = empty_like(known[11])  # see lse_template\n"
                 "    else:\n"
                 "        try:\n"
@@ -276,7 +276,9 @@ def lse_stocks(template: torch.Tensor | None) -> dict[int, list[torch.Tensor]] |
     rule is a plain tensor's: the block is reused after its last view dies,
     ordered on that stream. A block stays alive while any of its lse does,
     so a block is at most STOCK_BYTES. Never used during a CUDA graph
-    capture: a captured call's lse must come from the graph's own pool.
+    capture: a captured call's lse must come from the graph's own pool. The
+    capture check (a driver query, ~1 µs) is skipped on the legacy default
+    stream (raw handle 0), which CUDA never captures.
     """
     if template is None or STOCK_BYTES // (4 * template.numel() + 12) < MIN_STOCK:
         return None
