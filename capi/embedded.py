@@ -167,6 +167,9 @@ def _host_tensor(view: Any) -> Any:
     return torch.frombuffer(buffer, dtype=dtype, count=extent).as_strided(sizes, strides)
 
 
+host_tensor = _host_tensor  # the public name other halves use (embedded_kvcache.py)
+
+
 def _is_varlen(p: Any) -> bool:
     """Whether a (version 2) params struct describes packed sequences (lt_check.c's lt__wants_varlen)."""
     cu_q, cu_k = p.cu_seqlens_q, p.cu_seqlens_k
@@ -506,3 +509,6 @@ def attach(ffi: Any, lib: Any) -> None:
                      ("lt__py_cache_stats", cache_stats)):
         ffi.def_extern(name=name, error=PYTHON)(_guarded(fn))
     ffi.def_extern(name="lt__py_flush")(flush)
+    from lazytriton.capi import embedded_kvcache
+
+    embedded_kvcache.attach(ffi, _guarded)

@@ -172,6 +172,33 @@ def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     return tuple(values[name] for name in COMBINE_INT_PARAMS)
 
 
+# What capi/lt_kvcache.c passes for each integer parameter (p: the caller's lt_attn_kvcache_params, c: its checked
+# call, q/kc/vc/o: its tensors; tests/test_capi_kvcache.py compares the C initializers with these, field by field).
+_C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v_cache)", "Out": "LT__PTR(p->out)",
+            "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
+            "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
+            "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
+            **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
+               for i, d in enumerate("bsh")},
+            "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
+            "stride_ab": "p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0",
+            "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->d",
+            "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0", "seqlen_new": "c->seqlen_new",
+            "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
+            "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right"}
+_C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
+              "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
+              "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->d", "num_splits": "splits",
+              "n_rows": "n_rows"}
+
+
+def c_initializer(kernel: str) -> str:
+    """The C launcher's integer-argument initializer of one decoding kernel, in its description's order."""
+    if kernel == FLASH_DECODE_SPLIT.name:
+        return ", ".join(_C_SPLIT[name] for name in SPLIT_INT_PARAMS)
+    return ", ".join(_C_COMBINE[name] for name in COMBINE_INT_PARAMS)
+
+
 def floats(call: Call) -> tuple[float, float]:
     """The split kernel's float parameters: sm_scale, softcap."""
     return (call.scale, call.softcap)
