@@ -282,3 +282,21 @@ def test_the_planners_variants_are_a_python_calls() -> None:
         got = embedded_kvcache.plan_variants(90, 2, 64, call.causal, True, False, call.rows, call.capacity,
                                              call.page_size, call.windowed, softcap > 0, alibi is not None)
         assert got == want, (causal, window, softcap, paged)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_compiled_entries_take_what_the_c_launcher_passes(paged: bool,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Real sm_90 entries of both kernels (compiled here, cross-target): their parameter kinds are what
+    # lt_kvcache.c passes (the binding's integers, then two fp32 for the split kernel), no scratch memory.
+    from compiled_once import compiled, shared_dir
+
+    from lazytriton.capi.embedded import CapiError
+
+    split, combine = embedded_kvcache.plan_variants(90, 1, 64, False, True, False, 4, 4096, 256 if paged else 0,
+                                                    False, False, False)
+    for variant in (split, combine):
+        entry = compiled(variant, shared_dir(tmp_path_factory))
+        embedded_kvcache.check_launch_layout(entry, variant.kernel)
+    with pytest.raises(CapiError, match="the C launcher takes"):
+        embedded_kvcache.check_launch_layout(entry, split.kernel)  # the combine entry is not a split kernel
