@@ -165,6 +165,9 @@ static lt_status lt__kv_lengths(const lt_attn_kvcache_params *p, lt__kv_call *c)
                             "keys are written at each sequence's cached length");
         c->seqlen_new = ks[1];
     }
+    if (has_lens && p->cache_seqlen != -1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "cache_seqlens (a tensor) and cache_seqlen (%lld) are both given; "
+                        "leave cache_seqlen at -1 with a tensor", (long long)p->cache_seqlen);
     if (has_lens) {
         int64_t b[1] = {c->b};
         c->use_seqlens = 1, c->seqlen_const = -1;

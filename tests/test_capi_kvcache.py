@@ -158,6 +158,7 @@ report["errors"] = [
     bad(lambda p, t: describe(p.block_table, past)),
     bad(lambda p, t: setattr(p, "causal", 2)),
     bad(lambda p, t: (setattr(p.k, "device_type", 2), setattr(p.v, "device_type", 2))),
+    bad(lambda p, t: setattr(p, "cache_seqlen", 3)),
 ]
 # New keys on a GPU: refused after the checks, before anything is touched (no GPU needed to see it).
 def on_gpu(p, t):
@@ -183,7 +184,8 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
                 (1, "num_splits must be in 0..256"), (1, "softcap must be a finite value >= 0"),
                 (1, "k and v must be given together"), (4, "lse.dtype is 2"),
                 (5, "multiple of k_cache heads"), (1, "block_table[0, 0] = 99 points past the cache"),
-                (1, "causal is 2"), (1, "k is on cuda:0 but q is on cpu:0")]
+                (1, "causal is 2"), (1, "k is on cuda:0 but q is on cpu:0"),
+                (1, "cache_seqlens (a tensor) and cache_seqlen (3) are both given")]
     for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
         assert status == want and needle in message, (status, message, needle)
         assert untouched, message

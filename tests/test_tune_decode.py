@@ -266,3 +266,14 @@ def test_forced_variants_launch_as_a_call_with_the_heuristics_split_count(monkey
     assert [name for name, _, _ in log] == [str(split), str(combine)]
     assert log[0][1] == binding.split_grid(call.rows, 16, splits, 8, 1)
     assert log[1][1] == binding.combine_grid(32, 32), "the combine grid from the forced variant's BLOCK_M"
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_the_tuners_inputs_and_reference_agree_with_the_kernels(layout: str) -> None:
+    # What gpu_timer checks each candidate against, on the CPU: the interpreter's output is within MAX_ERROR.
+    case = Case(layout, 2, 40, 4, 2, 32, "fp32", page_size=16)
+    inputs = tune_decode.make_inputs(case, device="cpu")
+    t, call = inputs["t"], inputs["call"]
+    assert (t.block_table is not None) == (layout == "paged") and call.capacity == case.capacity
+    out, _ = binding.forward(t, call)
+    assert float((out[0, 0] - inputs["ref"]).abs().max()) < tune_decode.MAX_ERROR / 100

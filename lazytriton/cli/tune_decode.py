@@ -289,26 +289,29 @@ def rows_for(won: Won, cases: Sequence[Case], gpu: str, measured: str) -> list[t
 # On the GPU
 
 
-def make_inputs(case: Case, seed: int = 0) -> dict[str, Any]:
-    """GPU tensors of one case (bench_decode.py's: random cache, a random block table when paged) and the reference."""
+def make_inputs(case: Case, seed: int = 0, device: str = "cuda") -> dict[str, Any]:
+    """Tensors of one case (bench_decode.py's: random cache, a random block table when paged) and the reference.
+
+    The reference is batch element 0's output in float32, (heads_q, head_dim).
+    """
     import torch
 
     from lazytriton.kernels.flash_decode import checks
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     b, hk, d = case.batch, case.heads_k, case.head_dim
 
     def randn(*shape: int) -> Any:
-        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
     q = randn(b, 1, case.heads_q, d)
-    lens = torch.full((b,), case.cache_len, dtype=torch.int32, device="cuda")
+    lens = torch.full((b,), case.cache_len, dtype=torch.int32, device=device)
     table = None
     if case.paged:
         pages = case.capacity // case.page_size
         k_cache, v_cache = randn(b * pages, case.page_size, hk, d), randn(b * pages, case.page_size, hk, d)
-        table = torch.randperm(b * pages, generator=gen, device="cuda").reshape(b, pages).to(torch.int32)
+        table = torch.randperm(b * pages, generator=gen, device=device).reshape(b, pages).to(torch.int32)
         k0 = k_cache[table[0].long()].reshape(-1, hk, d)[:case.cache_len]
         v0 = v_cache[table[0].long()].reshape(-1, hk, d)[:case.cache_len]
     else:
