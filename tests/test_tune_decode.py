@@ -277,3 +277,37 @@ def test_the_tuners_inputs_and_reference_agree_with_the_kernels(layout: str) -> 
     assert (t.block_table is not None) == (layout == "paged") and call.capacity == case.capacity
     out, _ = binding.forward(t, call)
     assert float((out[0, 0] - inputs["ref"]).abs().max()) < tune_decode.MAX_ERROR / 100
+
+
+def test_the_command_line_tunes_the_bench_grid_into_the_table(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    # tune.main end to end with the GPU faked: the rows land in the table and dispatch serves them.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake H200")
+    monkeypatch.setattr(dispatch, "target_of_device", lambda device: SM90)
+    monkeypatch.setattr(binding, "sm_count", lambda device: 132)
+    monkeypatch.setattr(tune, "compile_all", lambda variants, jobs: {})
+    timed: list[Case] = []
+
+    def timer(reps: int) -> tune_decode.Timer:
+        def time_pair(case: Case, split: Variant, combine: Variant) -> tuple[float, float]:
+            timed.append(case)
+            return 1.0 + (split.get("num_warps") == 8) + split.get("num_stages") / 100, 0.0
+        return time_pair
+
+    monkeypatch.setattr(tune_decode, "gpu_timer", timer)
+    table = tmp_path / "flash_decode.csv"
+    assert tune.main(["--kernel", "flash_decode", "--dtype", "bf16", "--head-dim", "64,128", "--table",
+                      str(table)]) == 0
+    assert {(c.head_dim, c.layout, c.batch, c.cache_len) for c in timed} == {
+        (d, layout, b, n) for d in (64, 128) for layout in ("contiguous", "paged") for b in (1, 8, 32, 64)
+        for n in (1024, 4096, 16384, 32768)}
+    rows = tuning.Table.parse(table.read_text())
+    splits = [r for r in rows if r.kernel == SPLIT]
+    assert {(r.head_dim, r.seqlen_q, r.seqlen_k) for r in splits} == {
+        (d, 4, n) for d in (64, 128) for n in (1024, 4096, 16384, 32768)}
+    assert all(r.num_warps != 8 and r.num_stages == 2 and r.gpu == "fake H200" for r in splits)
+    case = Case("paged", 5, 20000, 32, 8, 128, "bf16")
+    chosen = tune_decode.variant_for(SPLIT, SM90, case, None, rows)
+    assert (chosen.get("num_stages"), chosen.get("PAGED")) == (2, True)
