@@ -319,7 +319,7 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     Decoding reads the whole cache once per call and is bound by memory, not
     by tensor cores, so the split kernel takes the smallest query tile a dot
     allows (16 rows: a GQA group of 4 with one query fills 4 of them) and key
-    tiles of 64 rows (128 at head dim <= 64, 32 at head dim 256 or fp32), 4 warps,
+    tiles of 64 rows (128 at head dim <= 64 contiguous, 32 at head dim 256 or fp32), 4 warps,
     3 stages of loads in flight where shared memory allows (2 on the 99 KiB
     targets and AMD). A paged call's BLOCK_N must divide its page size, so
     pages of 16 or 32 keys take tiles of 16 or 32. A paged call reads its
@@ -340,8 +340,9 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
         return Config(16, 16, 4, 1, waves)
     # Equal bytes per tile across head dims (16 KB of K and 16 KB of V per step at 16 bits): 128 keys at
     # head dim <= 64, 64 at 128, 32 at 256 or fp32 (registers). Until the table has rows (lazytriton tune
-    # --kernel flash_decode), head dim 64 read 8 KB tiles at 64 keys.
-    block_n = 32 if head_dim == 256 or dtype == "fp32" else 128 if head_dim <= 64 else 64
+    # --kernel flash_decode), head dim 64 read 8 KB tiles at 64 keys. A paged call keeps at most 64 keys, so
+    # that one default binary serves every page size that is a multiple of 64 (what prewarm plans).
+    block_n = 32 if head_dim == 256 or dtype == "fp32" else 128 if head_dim <= 64 and not paged else 64
     stages = 2 if hip or target.capability in _SMALL_SHARED_CUDA else 3
     if paged and not hip:
         stages = 5
