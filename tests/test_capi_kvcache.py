@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, gpu
 
 from lazytriton.capi import embedded_kvcache
 
@@ -302,3 +302,74 @@ def test_the_compiled_entries_take_what_the_c_launcher_passes(paged: bool,
         embedded_kvcache.check_launch_layout(entry, variant.kernel)
     with pytest.raises(CapiError, match="the C launcher takes"):
         embedded_kvcache.check_launch_layout(entry, split.kernel)  # the combine entry is not a split kernel
+
+
+GPU_IN_PROCESS = r"""
+import ctypes, json, sys
+dll = ctypes.CDLL(sys.argv[1])
+dll.lt_last_error.restype = ctypes.c_char_p
+assert dll.lt_init(None) == 0, dll.lt_last_error()
+import torch
+from cffi import FFI
+from lazytriton.capi import build
+import lazytriton
+
+ffi = FFI()
+ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
+CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}
+
+def call(name, *args):
+    fn = getattr(dll, name)
+    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
+
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 2, t.device.index or 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+
+report = {}
+torch.manual_seed(0)
+for paged in (False, True):
+    for batch, length in ((1, 4000), (16, 8192)):
+        for workspace in (False, True):
+            q = torch.randn(batch, 1, 32, 128, device="cuda").bfloat16()
+            if paged:
+                kc = torch.randn(batch * 32, 256, 8, 128, device="cuda").bfloat16()
+                table = torch.randperm(batch * 32, device="cuda").reshape(batch, 32).int()
+            else:
+                kc, table = torch.randn(batch, 8192, 8, 128, device="cuda").bfloat16(), None
+            vc = torch.randn_like(kc)
+            lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+            out, lse = torch.empty_like(q), torch.empty(batch, 32, 1, device="cuda")
+            p = ffi.new("lt_attn_kvcache_params *")
+            call("lt_attn_kvcache_params_init", p)
+            for name, t in (("q", q), ("k_cache", kc), ("v_cache", vc), ("cache_seqlens", lens), ("out", out),
+                            ("lse", lse)) + ((("block_table", table),) if paged else ()):
+                describe(getattr(p, name), t)
+            if workspace:
+                size = ctypes.c_size_t(0)
+                assert call("lt_attn_kvcache_workspace_size", p, ctypes.byref(size)) == 0
+                ws = torch.empty(size.value // 4, device="cuda")
+                describe(p.workspace, ws)
+            status = call("lt_attn_kvcache", p, ffi.NULL)
+            torch.cuda.synchronize()
+            want, want_lse = lazytriton.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
+                                                                return_softmax_lse=True,
+                                                                num_splits=0 if workspace else 1)
+            name = f"{'paged' if paged else 'contiguous'}-b{batch}-{length}-ws{int(workspace)}"
+            report[name] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
+                            float((lse - want_lse).abs().max())]
+print(json.dumps(report))
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -> None:
+    out = _ok(_run([sys.executable, "-c", GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    for name, (status, message, out_err, lse_err) in report.items():
+        assert status == 0, (name, message)
+        assert out_err < 2e-2 and lse_err < 1e-3, (name, out_err, lse_err)
