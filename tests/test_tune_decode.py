@@ -98,8 +98,9 @@ def test_sweeps_line_up_candidates_across_cases_and_cut_paged_tiles_to_the_page(
                                                                          tuning.Table(()))
     for a, b in zip(sweeps[SPLIT][contiguous], sweeps[SPLIT][paged], strict=True):
         assert b.get("PAGED") is True and b.get("BLOCK_N") == min(a.get("BLOCK_N"), 64)
-        assert (a.get("num_warps"), a.get("num_stages")) == (b.get("num_warps"), b.get("num_stages")) or a is \
-            sweeps[SPLIT][contiguous][0]
+        assert (a.get("num_warps"), a.get("num_stages")) == (b.get("num_warps"), b.get("num_stages"))
+    paged_default = tune_decode.variant_for(SPLIT, SM90, paged, None, tuning.Table(()))
+    assert paged_default in sweeps[SPLIT][paged], "the paged default (5 stages) is a candidate too"
     assert sweeps[COMBINE][contiguous] == sweeps[COMBINE][paged], "the combine kernel does not see the layout"
 
 

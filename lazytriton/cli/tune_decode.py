@@ -176,18 +176,24 @@ def cut_to_page(config: dispatch.Config, case: Case) -> dispatch.Config:
 
 def sweep_variants(target: Target, cases: Sequence[Case], table: tuning.Table | None = None
                    ) -> dict[str, dict[Case, list[Variant]]]:
-    """For each kernel and case: dispatch's current choice, then each candidate's variant (pure).
+    """For each kernel and case: each candidate's variant (pure); the combine kernel's list starts with dispatch's.
 
-    Index i of every case's list is the same candidate config (0: dispatch's
-    choice), so a candidate's times over the cases line up.
+    Index i of every case's list is the same candidate config, so a
+    candidate's times over the cases line up, and the row written for the
+    winner makes dispatch run exactly what was timed on every case. The
+    split kernel's current choice is not a candidate of its own: without a
+    row it differs by layout (the paged default takes 5 stages), which one
+    row cannot say; both defaults are among the candidates. The combine
+    kernel does not see the layout, so its current choice (index 0) is the
+    partner of the split sweep.
     """
     sweeps: dict[str, dict[Case, list[Variant]]] = {SPLIT: {}, COMBINE: {}}
     for case in cases:
-        for kernel in (SPLIT, COMBINE):
-            configs = candidates(kernel, target, case.dtype, case.head_dim, case.rows)
-            chosen = variant_for(kernel, target, case, None, table)
-            sweeps[kernel][case] = [chosen, *(variant_for(kernel, target, case, cut_to_page(c, case) if kernel == SPLIT
-                                                          else c) for c in configs)]
+        split = candidates(SPLIT, target, case.dtype, case.head_dim, case.rows)
+        sweeps[SPLIT][case] = [variant_for(SPLIT, target, case, cut_to_page(c, case)) for c in split]
+        combine = candidates(COMBINE, target, case.dtype, case.head_dim, case.rows)
+        sweeps[COMBINE][case] = [variant_for(COMBINE, target, case, None, table),
+                                 *(variant_for(COMBINE, target, case, c) for c in combine)]
     return sweeps
 
 
