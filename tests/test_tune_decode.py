@@ -181,6 +181,17 @@ def test_tune_bucket_takes_the_best_on_every_case_then_the_combine_on_the_cases_
     none = tune_decode.tune_bucket(grid, sweeps, lambda c, s, m: (1.0, 1.0), SLOTS)
     assert none is None, "no candidate correct on every case: no row"
 
+    # A candidate that fails to launch (more shared memory than the estimate) is skipped, not fatal.
+    from lazytriton.driver.gpu import DriverError
+
+    def refusing(case: Case, split: Variant, combine: Variant) -> tuple[float, float]:
+        if split == sweeps[SPLIT][case][n - 3]:
+            raise DriverError("cuLaunchKernel: too many resources requested for launch")
+        return timer(case, split, combine)
+
+    won = tune_decode.tune_bucket(grid, sweeps, refusing, SLOTS, frozenset({str(failed)}))
+    assert won is not None and all(won.split[c] == sweeps[SPLIT][c][n - 4] for c in grid)
+
 
 def test_rows_make_dispatch_pick_the_winners(tmp_path: Path) -> None:
     grid = cases()

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from lazytriton import dispatch, tuning
+from lazytriton.driver.gpu import DriverError
 from lazytriton.target import Target
 from lazytriton.variant import Variant
 
@@ -236,7 +237,12 @@ def _sweep(kernel: str, variants: dict[Case, list[Variant]], partner: dict[Case,
                 times[i].append(None)
                 continue
             pair = (variant, partner[case]) if kernel == SPLIT else (partner[case], variant)
-            ms, err = timer(case, *pair)
+            try:
+                ms, err = timer(case, *pair)
+            except DriverError as exc:  # e.g. more shared memory than the estimate said: not a candidate
+                print(f"  skipped {variant.tuned} {dict(variant.options)}: {exc}", file=sys.stderr)
+                times[i].append(None)
+                continue
             times[i].append(ms if err <= MAX_ERROR and math.isfinite(ms) else None)
     scores = score(times)
     ranked = sorted((s, i) for i, s in enumerate(scores) if s is not None)
