@@ -157,7 +157,7 @@ def analyse(attention_mask: torch.Tensor, batch: int, q_len: int, kv_len: int) -
         lo, count = rows[b][1], rows[b][2]
         hi = [f + c for f, c in zip(lo, count, strict=True)]
         segments = _segments(lo, hi)
-        if rows(segments) != list(zip(lo, hi, strict=True)):  # a bug here must never become a wrong result
+        if planned_rows(segments) != list(zip(lo, hi, strict=True)):  # a bug here must never become a wrong result
             raise NotImplementedError(f"lazytriton attention: the plan for sequence {b} does not reproduce its "
                                       "attention mask (a bug in lazytriton; please report it with the mask)")
         groups.append(Group(b, last, key_range, key_index, segments))
@@ -219,7 +219,7 @@ def _segments(lo: list[int], hi: list[int]) -> tuple[Segment, ...]:
     return tuple(segments)
 
 
-def rows(segments: tuple[Segment, ...]) -> list[tuple[int, int]]:
+def planned_rows(segments: tuple[Segment, ...]) -> list[tuple[int, int]]:
     """The keys [lo, hi) each query sees in these calls, by FlashAttention-2's rule (attn_fwd's docstring).
 
     Query r of a call with n queries and s keys sees key j when r + offset - left <= j <= r + offset +
