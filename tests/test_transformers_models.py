@@ -152,6 +152,17 @@ def test_gemma2_generate_left_padded_matches_eager(gemma2: torch.nn.Module, call
     assert any(c[5] == "varlen" and c[0][0] == 2 for c in calls), "decoding steps (a query a sequence) ran varlen"
 
 
+def test_gemma2_packed_documents_keep_the_per_sequence_plan(gemma2: torch.nn.Module, calls: list[Call]) -> None:
+    """Softcap on a mask that is not padding (two documents packed in a row): the SDPA drop-in has no softcap, so
+    the per-sequence plan runs it, one capped call per document and layer, as eager computes it."""
+    inputs = {"input_ids": IDS[:1], "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]]), "use_cache": False}
+    want = _logits(gemma2, "eager", **inputs)
+    torch.testing.assert_close(_logits(gemma2, "lazytriton", **inputs), want, atol=1e-5, rtol=1e-5)
+    assert [(c[5], c[0], c[4]) for c in calls] == [("dense", (1, 4, 3, 8), CAP)] * 4, calls
+    torch.testing.assert_close(want[:, 3:], _logits(gemma2, "eager", input_ids=IDS[:1, 3:], use_cache=False),
+                               atol=1e-5, rtol=1e-5)  # the mask did separate the documents
+
+
 def test_gemma3_left_padded_logits_match_sdpa(calls: list[Call]) -> None:
     """Gemma 3: sliding and full layers, no softcap, so SDPA is the reference (pad rows included)."""
     config = transformers.Gemma3TextConfig(
@@ -190,7 +201,8 @@ def test_mistral_generate_matches_sdpa(mistral: torch.nn.Module, padding: str, c
         return {"cache_implementation": cache}
 
     got = _generate(mistral, "lazytriton", padding, **kw())
-    _assert_same_generation(got, _generate(mistral, "sdpa", padding, **kw()), [1] if padding == "right_padded" else None)
+    rows = [1] if padding == "right_padded" else None
+    _assert_same_generation(got, _generate(mistral, "sdpa", padding, **kw()), rows)
     if cache == "full":
         assert caches[0].layers[0].keys.shape[2] > WINDOW + 1, "decoding steps saw more keys than the window"
 
