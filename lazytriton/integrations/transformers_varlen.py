@@ -205,4 +205,4 @@ def run_packed(found: Packed, query: torch.Tensor, key: torch.Tensor, value: tor
     packed = lazytriton.flash_attn_varlen_func(q, k, v, found.cu_seqlens_q, found.cu_seqlens_k, found.max_seqlen_q,
                                                found.max_seqlen_k, softmax_scale=scaling, causal=found.causal,
                                                window_size=found.window, **features)
-    return out.index_put(found.q_index, packed)
+    return out.index_put_(found.q_index, packed)  # in place on the fresh zeros: autograd records it
