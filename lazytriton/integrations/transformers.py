@@ -8,12 +8,12 @@ Usage::
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="lazytriton")
     model.set_attn_implementation("lazytriton")  # or switch a model already built
 
-Every attention layer then runs through ``lazytriton.attn_fwd``: unpadded and
-padded batches (left or right padding), prefill and generation with a KV
-cache (``DynamicCache`` or ``StaticCache``, their sliding-window layers
-included), bidirectional encoders with padding (BERT), grouped-query
-attention (key/value heads passed as they come, never repeated), the layer's
-``scaling``, sliding windows (Mistral, Qwen2's sliding layers, Gemma 2 and 3:
+Every attention layer then runs through lazytriton, one call per layer and
+forward (below): unpadded and padded batches (left or right padding),
+prefill and generation with a KV cache (``DynamicCache`` or ``StaticCache``,
+their sliding-window layers included), bidirectional encoders with padding
+(BERT), grouped-query attention (key/value heads passed as they come, never
+repeated), the layer's ``scaling``, sliding windows (Mistral, Qwen2's sliding layers, Gemma 2 and 3:
 the window transformers' masks draw, ``sliding_window`` keys up to and
 including the query's own) and attention logit softcapping (Gemma 2's
 ``softcap=``, passed to the kernels: FlashAttention-2's semantics, which are
@@ -44,12 +44,16 @@ one call:
   **one** ``flash_attn_varlen_func`` call on the packed tokens, or one dense
   ``attn_fwd`` call on a key slice where no sequence is padded
   (``transformers_varlen``: how the tokens and the window are inferred from
-  the mask, and checked against it element for element). Pad queries give
-  zeros: a left-padded one sees nothing (SDPA gives zeros too); a
-  right-padded one sees the real keys in SDPA but gives zeros here, as in
-  transformers' flash_attention_2 (its output feeds no real token).
-- any other mask (chunks, packed documents, a window across pads between
-  real keys, custom 4D masks, per-head or additive float masks): one call of
+  the mask, and checked against it element for element). A causal layer's
+  pad queries give zeros: a left-padded one sees nothing (SDPA gives zeros
+  too); a right-padded one sees the real keys in SDPA but gives zeros here,
+  as in transformers' flash_attention_2 (its output feeds no real token; a
+  right-padded prompt's first generated token comes from it, which
+  transformers warns is wrong). A bidirectional layer's pad queries are
+  packed too (SDPA's output).
+- any other mask (chunks, packed documents, several queries whose window
+  spans pads between real keys, custom 4D masks, per-head or additive float
+  masks): one call of
   the SDPA drop-in ``lazytriton.scaled_dot_product_attention`` with the mask
   as ``attn_mask``. That drop-in has no softcap, so a softcapped layer (Gemma
   2) with such a boolean mask runs the per-sequence plan of
@@ -61,7 +65,9 @@ transformers' masks draw, ``sliding_window`` keys up to and including the
 query's own) use the window kernels, their own cache entries (``prewarm
 --window``, ``--softcap``), only where the window cuts in. The analysis of a
 mask runs once per forward and mask (all layers share the mask object) and
-reads one small summary to the host.
+reads one small summary to the host (a sync); ``flash_attn_varlen_func``
+itself reads cu_seqlens to check them (a sync per layer, outside CUDA graph
+capture and torch.compile).
 
 Not supported (NotImplementedError): dropout > 0 (set ``model.eval()`` or
 ``attention_dropout=0``), attention sinks (``s_aux``/``sinks``),
