@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 import lazytriton
-
-NO_WINDOW = (-1, -1)  # lazytriton.attn_fwd's default: no sliding window
+from lazytriton.integrations.transformers_varlen import NO_WINDOW
 
 
 @dataclass(frozen=True)

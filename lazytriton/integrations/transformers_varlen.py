@@ -151,8 +151,11 @@ def _analyse(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, causal: bo
     wrong_, dense_, max_q, max_k, total_q, total_k, start_, stop_, left_, right_ = summary.tolist()  # one sync
     if wrong_ or min(left_, right_) < 0:
         return None
-    window = (-1 if left_ >= unbounded else left_, 0 if causal else (-1 if right_ >= unbounded else right_))
-    window = NO_WINDOW if window in (NO_WINDOW, (-1, 0)) else window  # plain kernels unless a window cuts in
+    left_ = -1 if left_ >= unbounded else left_
+    if causal:  # plain kernels unless a window cuts in (causal sets right to 0 anyway)
+        window = NO_WINDOW if left_ < 0 else (left_, 0)
+    else:  # here right = 0 is a window (a causal-shaped mask on a bidirectional layer)
+        window = (left_, -1 if right_ >= unbounded else right_)
     if dense_:
         return Dense(start_, stop_, causal, window)
     pad = torch.nn.functional.pad
