@@ -92,8 +92,11 @@ def _model_masks(draw: st.DrawFn) -> tuple[torch.Tensor, bool, torch.Tensor, boo
         else:
             rows.append([True] * n + [False] * (total - n) if style == "right" else [False] * (total - n) + [True] * n)
     padding = torch.tensor(rows, dtype=torch.bool)
+    # A 2D mask reaching past the tokens (a static cache's full length): the queries are not its last columns.
+    padding_2d = torch.cat((padding, torch.tensor(draw(st.sampled_from([[], [False], [True, False]]))).bool()
+                            .expand(batch, -1)), dim=1)
     mask = lt_transformers.mask(batch_size=batch, q_length=q_len, kv_length=total - kv_offset + empty,
-                                q_offset=past, kv_offset=kv_offset, mask_function=function, attention_mask=padding,
+                                q_offset=past, kv_offset=kv_offset, mask_function=function, attention_mask=padding_2d,
                                 allow_is_causal_skip=False)
     # One call is always possible without a window, and with one when the real keys have no pads between them.
     contiguous = style == "left" or (style == "right" and past == 0)

@@ -123,11 +123,28 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     kwargs.setdefault("allow_torch_fix", False)
     built: torch.Tensor | None = sdpa_mask(*args, **kwargs)
     padding, q_len = kwargs.get("attention_mask"), kwargs.get("q_length")
-    if (built is not None and isinstance(padding, torch.Tensor) and padding.dim() == 2 and isinstance(q_len, int)
-            and 0 < q_len <= padding.shape[1]):
-        # The queries are the last q_len tokens the 2D mask covers (a static cache's empty slots lie beyond it).
-        transformers_varlen.remember_queries(built, padding[:, -q_len:].to(torch.bool))
+    if built is not None and isinstance(padding, torch.Tensor) and padding.dim() == 2 and isinstance(q_len, int):
+        real = _real_queries(padding.to(torch.bool), q_len, kwargs)
+        if real is not None:
+            transformers_varlen.remember_queries(built, real)
     return built
+
+
+def _real_queries(padding: torch.Tensor, q_len: int, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """Which queries are real tokens, (batch, q_len) booleans: the 2D padding mask at the queries' positions.
+
+    Query i is the token at absolute position ``q_offset + i``, whose column in the 2D mask (absolute
+    positions, as transformers' own padding mask function reads it) says whether it is a pad. Usually the
+    last q_len columns, but not for every cache (a static cache's 2D mask may reach past the tokens, MTP and
+    speculative caches shift the queries). A position past the 2D mask (malformed input) counts as real: its
+    row is then checked against the mask like any other.
+    """
+    q_offset = kwargs.get("q_offset")
+    if not isinstance(q_offset, (int, torch.Tensor)):
+        return padding[:, -q_len:] if 0 < q_len <= padding.shape[1] else None
+    extended = torch.nn.functional.pad(padding, (0, q_len), value=True)
+    positions = (torch.arange(q_len, device=padding.device) + q_offset).clamp(0, extended.shape[1] - 1)
+    return extended.index_select(1, positions)
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
