@@ -157,7 +157,7 @@ def job_compile(args: argparse.Namespace) -> None:
     for dtype in ("bf16", "fp16"):
         for d in gluon.HEAD_DIMS:
             for causal in ("none", "top_left"):
-                for tiles in _tiles(args, d):
+                for tiles in tiles_for(args, d):
                     variant = gluon.variant(str(target), dtype, d, causal, True, False, 16384, 16384, tiles=tiles)
                     if variant is None or variant in seen:
                         continue
@@ -184,7 +184,7 @@ def job_check(args: argparse.Namespace, index: int) -> None:
     ref_out, ref_lse = _reference(torch, q, k, v, call)
     base_out, base_lse = binding.forward(q, k, v, call)  # the current flash_fwd, as dispatch serves it
     base = (float((base_out.float() - ref_out).abs().max()), float((base_lse - ref_lse).abs().max()))
-    for tiles in _tiles(args, d):
+    for tiles in tiles_for(args, d):
         variant = _gluon_variant(dispatch, binding, q, call, tiles)
         out, lse = _run(binding, q, k, v, call, variant)
         torch.cuda.synchronize()
@@ -205,7 +205,7 @@ def job_time(args: argparse.Namespace, index: int) -> None:
 
     from lazytriton.cli.timing import median_ms
 
-    dtype, d, causal, s = _time_shapes(args)[index]
+    dtype, d, causal, s = time_shapes(args)[index]
     b, h = 16384 // s, 2048 // d
     q, k, v = _tensors(torch, dtype, b, h, h, s, s, d, "bhsd")
     call = binding.check(q, k, v, causal)
@@ -220,7 +220,7 @@ def job_time(args: argparse.Namespace, index: int) -> None:
     out, lse = binding.empty_outputs(q, call.shape)
     providers: list[tuple[str, Any]] = [("cudnn", cudnn),
                                         ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call))]
-    for tiles in _tiles(args, d):
+    for tiles in tiles_for(args, d):
         try:
             variant = _gluon_variant(dispatch, binding, q, call, tiles)
         except ValueError as exc:
@@ -243,13 +243,13 @@ def job_time(args: argparse.Namespace, index: int) -> None:
                   flush=True)
 
 
-def _tiles(args: argparse.Namespace, d: int) -> list[tuple[int, int, int] | None]:
+def tiles_for(args: argparse.Namespace, d: int) -> list[tuple[int, int, int] | None]:
     from lazytriton.kernels.flash_fwd import gluon
 
     return list(gluon.CONFIGS) if args.sweep else [gluon.DEFAULT_TILES[d]]
 
 
-def _time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
+def time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
     seqlens = QUICK_SEQLENS if args.quick else SEQLENS
     shapes = [("bf16", d, causal, s) for d in (64, 128) for causal in (False, True) for s in seqlens]
     if not args.quick:
@@ -261,7 +261,7 @@ def _time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
 # Parent side: run each job in a child with a deadline, collect RESULT lines, print the table last
 
 
-def _child(args: argparse.Namespace, job: str, index: int, logfile: Path | None) -> list[dict[str, Any]]:
+def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | None) -> list[dict[str, Any]]:
     """Run one job in a fresh process; its RESULT lines, or one error record if it crashed or hung."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--job", job, "--index", str(index), "--reps",
            str(args.reps)] + (["--sweep"] if args.sweep else []) + (["--quick"] if args.quick else [])
@@ -284,7 +284,7 @@ def _child(args: argparse.Namespace, job: str, index: int, logfile: Path | None)
     return results
 
 
-def _check_line(r: dict[str, Any]) -> str:
+def check_line(r: dict[str, Any]) -> str:
     if "crash" in r:
         return f"check {CHECKS[r['index']]}: CRASHED or HUNG (exit {r['crash']})"
     verdict = "ok  " if r["ok"] else "FAIL"
@@ -293,7 +293,7 @@ def _check_line(r: dict[str, Any]) -> str:
             + (f"\n      {r['where']}" if r["where"] else ""))
 
 
-def _table(rows: list[dict[str, Any]]) -> list[str]:
+def table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per shape: TFLOP/s of cuDNN, flash_fwd, the best gluon tiling, and the ratios."""
     by_shape: dict[tuple, dict[str, Any]] = {}
     for r in rows:
@@ -357,7 +357,7 @@ def main() -> int:
     stages = args.only or ["compile", "check", "time"]
     summary: list[str] = []
     if "compile" in stages:
-        for r in _child(args, "compile", 0, logfile):
+        for r in run_child(args, "compile", 0, logfile):
             line = (f"compile {'ok  ' if r.get('ok') else 'FAIL'} {r.get('variant', '(crashed)')}: "
                     + (f"{r.get('s')} s, shared {r.get('shared')}, warps {r.get('num_warps')}, scratch "
                        f"{r.get('scratch')}, triton {r.get('triton')}" if r.get("ok") else str(r.get("error", r))))
@@ -365,14 +365,14 @@ def main() -> int:
             summary += [line] if not r.get("ok") else []
     if "check" in stages:
         for i in range(len(CHECKS)):
-            for r in _child(args, "check", i, logfile):
-                line = _check_line(r)
+            for r in run_child(args, "check", i, logfile):
+                line = check_line(r)
                 log(line, logfile)
                 summary += [line] if "FAIL" in line or "CRASH" in line else []
     rows: list[dict[str, Any]] = []
     if "time" in stages:
-        for i in range(len(_time_shapes(args))):
-            got = _child(args, "time", i, logfile)
+        for i in range(len(time_shapes(args))):
+            got = run_child(args, "time", i, logfile)
             for r in got:
                 log(f"time {json.dumps(r)}", logfile)
             rows += got
@@ -387,7 +387,7 @@ def main() -> int:
     log(f"== summary ({len(summary)} failures) ==", logfile)
     for line in summary:
         log(line, logfile)
-    for line in _table(rows):
+    for line in table(rows):
         log(line, logfile)
     return 1 if summary else 0
 

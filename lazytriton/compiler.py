@@ -124,7 +124,10 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     signature = spec.signature(variant.dtype, bool(variant.constexprs.get("INDEX64", False)))
     source_type: Any = ASTSource
     if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (flash_fwd_gluon) has its own source type
-        from triton.experimental.gluon._runtime import GluonASTSource
+        try:
+            from triton.experimental.gluon import GluonASTSource
+        except ImportError:  # Triton 3.6 has it only in its private module
+            from triton.experimental.gluon._runtime import GluonASTSource
 
         source_type = GluonASTSource
     source = source_type(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
