@@ -102,13 +102,13 @@ def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiles: tuple[
     b, hq, hk, sq, sk, d = call.shape
     target = dispatch.target_of_device(q.device)
     found = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
-                                             tiles=tiles)
+                                             tiles=tiles, scale=call.scale)
     if found is None:
         from lazytriton.kernels.flash_fwd import gluon
 
         tm, tn, _ = tiles or gluon.DEFAULT_TILES[d]
         raise ValueError("flash_fwd_gluon refuses this call: " + str(gluon.reason(
-            str(target), binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk, tm, tn)))
+            str(target), binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk, tm, tn, scale=call.scale)))
     return found
 
 
@@ -352,7 +352,8 @@ def main() -> int:
         triton_version = version("triton")
     except Exception:
         triton_version = "none"
-    log(f"probe_gluon: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton_version}, "
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (every child will fail)"
+    log(f"probe_gluon: {gpu}, torch {torch.__version__}, triton {triton_version}, "
         f"lazytriton {lazytriton.__version__}, cache {os.environ.get('LAZYTRITON_CACHE_DIR', '(default)')}", logfile)
     stages = args.only or ["compile", "check", "time"]
     summary: list[str] = []

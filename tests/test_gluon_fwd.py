@@ -95,6 +95,14 @@ def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str
     assert gluon.variant(target, dtype, head_dim, causal, aligned, index64, sq, sk, features) is None
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan")])
+def test_reason_refuses_a_softmax_scale_that_is_not_positive(scale: float) -> None:
+    got = gluon.reason("sm_90", "bf16", 128, "none", True, False, 4096, 4096, 128, 128, scale=scale)
+    assert got is not None and "not positive" in got
+    assert gluon_variant(scale=scale) is None
+    assert gluon_variant(scale=0.01) is not None
+
+
 @pytest.mark.parametrize("causal, sq, sk", [("none", 128, 128), ("top_left", 4096, 4096), ("top_left", 2048, 1024),
                                             ("bottom_right", 1024, 2048), ("bottom_right", 1024, 1024),
                                             ("none", 512, 1536)])

@@ -67,12 +67,13 @@ def stages(head_dim: int, block_n: int) -> int:
 
 
 def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
-           seqlen_k: int, block_m: int, block_n: int, features: bool = False) -> str | None:
+           seqlen_k: int, block_m: int, block_n: int, features: bool = False, scale: float = 1.0) -> str | None:
     """None if ``flash_fwd_gluon`` with tiles (block_m, block_n) computes this call exactly, else why not (pure).
 
     ``causal``: "none", "top_left" or "bottom_right". ``features``: the call
     has a window, softcap, ALiBi, bias, dropout or packed sequences, which
-    this kernel does not implement.
+    this kernel does not implement. ``scale``: the softmax scale, which must
+    be positive (the kernel scales each row's max once instead of every score).
     """
     if target not in TARGETS:
         return f"target {target} is not one of {TARGETS} (wgmma)"
@@ -86,13 +87,16 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
         return "window, softcap, ALiBi, bias, dropout and varlen are not implemented"
     if seqlen_q % block_m or seqlen_k % block_n or seqlen_q == 0:
         return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({block_m}, {block_n})"
+    if not scale > 0.0:
+        return f"softmax scale {scale} is not positive"
     if causal == "bottom_right" and seqlen_q > seqlen_k:
         return "bottom-right causal with seqlen_q > seqlen_k leaves rows without keys"
     return None
 
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
-            seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None) -> Variant | None:
+            seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None,
+            scale: float = 1.0) -> Variant | None:
     """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``CONFIGS`` (default
@@ -106,7 +110,8 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     block_m, block_n, num_warps = DEFAULT_TILES.get(head_dim, CONFIGS[0]) if tiles is None else tiles
     if (block_m, block_n, num_warps) not in CONFIGS:
         raise ValueError(f"tiles must be one of {CONFIGS} (BLOCK_M, BLOCK_N, num_warps), got {tiles!r}")
-    if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features):
+    if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features,
+              scale):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True, "INDEX64": False}
     return Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "BLOCK_N": block_n}),
