@@ -39,7 +39,8 @@ The pipeline, and why each choice:
   this program's (batch, head) (seqlen, head_dim) slice): the launcher takes
   no 128-byte CUtensorMap by value, and device-side descriptors need only
   Triton's hidden global scratch, which lazytriton's launcher allocates
-  (128 bytes a descriptor, 3 here, per program). Any (batch, head) strides work.
+  (128 bytes a descriptor, four here: Q, K, V and Out, so 512 bytes a
+  program). Any (batch, head) strides work.
 - **Async wgmma for both products.** QK^T reads Q and K from shared memory
   (K transposed by a permuted view, no copy); PV takes P from registers
   (FlashAttention-3's choice: P never goes through shared memory) and V
