@@ -16,8 +16,8 @@ says what happened:
    plus 1e-4. A failure prints where the error sits (batch, head, row, column,
    query block).
 3. ``time``: TFLOP/s (event-timed medians, ``lazytriton.cli.timing.median_ms``)
-   of flash_fwd_gluon (each of ``--tiles``, default: every config of
-   ``gluon.CONFIGS`` with ``--sweep``, else the default), the current
+   of flash_fwd_gluon (the default tiles with and without the producer
+   warp; every config of ``gluon.CONFIGS`` both ways with ``--sweep``), the current
    flash_fwd (dispatch's variant, as a call gets it) and SDPA's cuDNN
    backend, at FlashAttention's benchmark shapes (batch x seqlen = 16k,
    hidden 2048), each output checked against cuDNN's before it is timed.
@@ -98,15 +98,18 @@ def _tensors(torch: Any, dtype: str, b: int, hq: int, hk: int, sq: int, sk: int,
     return one(hq, sq), one(hk, sk), one(hk, sk)
 
 
-def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiles: tuple[int, int, int] | None) -> Any:
+Tiling = tuple[tuple[int, int, int], bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp
+
+
+def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tiling) -> Any:
     b, hq, hk, sq, sk, d = call.shape
     target = dispatch.target_of_device(q.device)
     found = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
-                                             tiles=tiles, scale=call.scale)
+                                             tiles=tiling[0], scale=call.scale, producer=tiling[1])
     if found is None:
         from lazytriton.kernels.flash_fwd import gluon
 
-        tm, tn, _ = tiles or gluon.DEFAULT_TILES[d]
+        tm, tn, _ = tiling[0]
         raise ValueError("flash_fwd_gluon refuses this call: " + str(gluon.reason(
             str(target), binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk, tm, tn, scale=call.scale)))
     return found
@@ -157,8 +160,9 @@ def job_compile(args: argparse.Namespace) -> None:
     for dtype in ("bf16", "fp16"):
         for d in gluon.HEAD_DIMS:
             for causal in ("none", "top_left"):
-                for tiles in tiles_for(args, d):
-                    variant = gluon.variant(str(target), dtype, d, causal, True, False, 16384, 16384, tiles=tiles)
+                for tiles, producer in tiles_for(args, d):
+                    variant = gluon.variant(str(target), dtype, d, causal, True, False, 16384, 16384, tiles=tiles,
+                                            producer=producer)
                     if variant is None or variant in seen:
                         continue
                     seen.add(variant)
@@ -184,15 +188,15 @@ def job_check(args: argparse.Namespace, index: int) -> None:
     ref_out, ref_lse = _reference(torch, q, k, v, call)
     base_out, base_lse = binding.forward(q, k, v, call)  # the current flash_fwd, as dispatch serves it
     base = (float((base_out.float() - ref_out).abs().max()), float((base_lse - ref_lse).abs().max()))
-    for tiles in tiles_for(args, d):
-        variant = _gluon_variant(dispatch, binding, q, call, tiles)
+    for tiling in tiles_for(args, d):
+        variant = _gluon_variant(dispatch, binding, q, call, tiling)
         out, lse = _run(binding, q, k, v, call, variant)
         torch.cuda.synchronize()
         err = (out.float() - ref_out).abs()
         got = (float(err.max()), float((lse - ref_lse).abs().max()))
         ok = all(math.isfinite(g) and g <= 2 * bb + 1e-4 for g, bb in zip(got, base, strict=True))
         where = "" if ok else _where(torch, err, int(variant.get("BLOCK_M")))
-        print("RESULT " + json.dumps({"shape": CHECKS[index], "tiles": list(tiles or ()), "variant": str(variant),
+        print("RESULT " + json.dumps({"shape": CHECKS[index], "tiles": label(tiling), "variant": str(variant),
                                       "ok": ok, "out_err": got[0], "lse_err": got[1], "base_out_err": base[0],
                                       "base_lse_err": base[1], "where": where}), flush=True)
 
@@ -220,13 +224,13 @@ def job_time(args: argparse.Namespace, index: int) -> None:
     out, lse = binding.empty_outputs(q, call.shape)
     providers: list[tuple[str, Any]] = [("cudnn", cudnn),
                                         ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call))]
-    for tiles in tiles_for(args, d):
+    for tiling in tiles_for(args, d):
         try:
-            variant = _gluon_variant(dispatch, binding, q, call, tiles)
+            variant = _gluon_variant(dispatch, binding, q, call, tiling)
         except ValueError as exc:
-            print(f"gluon {tiles}: {exc}", flush=True)
+            print(f"{label(tiling)}: {exc}", flush=True)
             continue
-        providers.append((f"gluon{list(tiles) if tiles else ''}",
+        providers.append((label(tiling),
                           lambda variant=variant: binding.launch_gpu(q, k, v, out, lse, call, variant=variant)))
     for name, fn in providers:
         try:
@@ -243,10 +247,17 @@ def job_time(args: argparse.Namespace, index: int) -> None:
                   flush=True)
 
 
-def tiles_for(args: argparse.Namespace, d: int) -> list[tuple[int, int, int] | None]:
+def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
+    """The gluon tilings a run checks and times: the default (or every config) with and without the producer."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    return list(gluon.CONFIGS) if args.sweep else [gluon.DEFAULT_TILES[d]]
+    return [(tiles, producer) for tiles in (gluon.CONFIGS if args.sweep else (gluon.DEFAULT_TILES[d],))
+            for producer in (False, True)]
+
+
+def label(tiling: Tiling) -> str:
+    """A tiling's name in the logs and the table: gluon[BLOCK_M, BLOCK_N, num_warps] (+producer)."""
+    return f"gluon{list(tiling[0])}" + ("+producer" if tiling[1] else "")
 
 
 def time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
@@ -288,7 +299,7 @@ def check_line(r: dict[str, Any]) -> str:
     if "crash" in r:
         return f"check {CHECKS[r['index']]}: CRASHED or HUNG (exit {r['crash']})"
     verdict = "ok  " if r["ok"] else "FAIL"
-    return (f"check {verdict} {tuple(r['shape'])} tiles {r['tiles']}: out err {r['out_err']:.2e} "
+    return (f"check {verdict} {tuple(r['shape'])} {r['tiles']}: out err {r['out_err']:.2e} "
             f"(flash_fwd {r['base_out_err']:.2e}), lse err {r['lse_err']:.2e} (flash_fwd {r['base_lse_err']:.2e})"
             + (f"\n      {r['where']}" if r["where"] else ""))
 

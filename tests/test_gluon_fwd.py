@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -49,7 +50,7 @@ def test_the_variant_is_complete_round_trips_and_keys_apart_from_flash_fwd() -> 
     v = gluon_variant(128, True)
     assert v is not None
     assert str(v) == ("flash_fwd_gluon:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=true,EVEN_D=true,INDEX64=false:"
-                      "BLOCK_M=128,BLOCK_N=128:num_stages=2,num_warps=8")
+                      "BLOCK_M=128,BLOCK_N=128,PRODUCER=false:num_stages=2,num_warps=8")
     assert check_fields(v) is v
     assert Variant.parse(str(v)) == v
     plain = dispatch.flash_fwd_variant(SM90, "bf16", 128, True, True, 4096, seqlen_k=4096)
@@ -66,7 +67,9 @@ def test_stages_follow_the_kernels_own_rule() -> None:
 def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"tiles must be one of .* got \(128, 128, 4\)"):
         gluon_variant(tiles=(128, 128, 4))  # BLOCK_M must be 16 x num_warps
-    assert gluon_variant(tiles=(64, 64, 4)).tuned == (("BLOCK_M", 64), ("BLOCK_N", 64))  # type: ignore[union-attr]
+    assert gluon_variant(tiles=(64, 64, 4)).tuned == (("BLOCK_M", 64), ("BLOCK_N", 64),  # type: ignore[union-attr]
+                                                      ("PRODUCER", False))
+    assert gluon_variant(producer=True).get("PRODUCER") is True  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------------------
@@ -124,20 +127,22 @@ def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
 # Real compiles for cuda:90 with the installed Triton, through lazytriton's compile path
 
 
-@pytest.mark.parametrize("head_dim, causal, tiles, shared", [
-    (64, True, (64, 64, 4), 57416),
-    (128, False, None, 163880),
+@pytest.mark.parametrize("head_dim, causal, tiles, producer, shared, warps", [
+    (64, True, (64, 64, 4), False, 57608, 4),
+    (128, False, None, False, 164040, 8),
+    (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
 ])
 def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim: int, causal: bool,
                                                                         tiles: tuple[int, int, int] | None,
-                                                                        shared: int) -> None:
+                                                                        producer: bool, shared: int,
+                                                                        warps: int) -> None:
     from lazytriton.compiler import compile_variant, triton_version
 
-    variant = gluon_variant(head_dim, causal, tiles=tiles)
+    variant = gluon_variant(head_dim, causal, tiles=tiles, producer=producer)
     assert variant is not None
     entry = compile_variant(variant)
     assert entry.kind == "cubin" and entry.binary
-    assert entry.num_warps == variant.get("num_warps")
+    assert entry.num_warps == warps
     assert entry.shared == shared  # the same under Triton 3.6.0 and 3.9.0 (measured)
     assert entry.global_scratch_size == 4 * 128  # four device-side TMA descriptors (Q, K, V, Out) a program
     assert entry.hidden_args == ("global_scratch", "profile_scratch")
@@ -146,8 +151,8 @@ def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim:
     assert entry.provenance.compiler_version == triton_version()
 
 
-def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
-    """The pipeline is what the source says: compiled by Triton for cuda:90, read from the PTX."""
+def sm90_ptx(variant: Variant) -> str:
+    """The PTX of a flash_fwd_gluon variant, compiled by the installed Triton for cuda:90."""
     import triton
     from triton.backends.compiler import GPUTarget
     try:
@@ -157,15 +162,20 @@ def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
 
     from lazytriton.variant import kernel_constexprs
 
-    variant = gluon_variant(128, True)
-    assert variant is not None
     spec = get("flash_fwd_gluon")
     fn = getattr(importlib.import_module(spec.module), spec.function)
     source = GluonASTSource(fn, spec.signature("bf16"), constexprs=kernel_constexprs(variant, spec.constexprs),
                             attrs={(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params)
                                    if name in spec.aligned_params})
-    options = {"num_warps": 8, "enable_fp_fusion": True}
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    options = {"num_warps": variant.get("num_warps"), "enable_fp_fusion": True}
+    return str(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"])
+
+
+def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
+    """The pipeline is what the source says: compiled by Triton for cuda:90, read from the PTX."""
+    variant = gluon_variant(128, True)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
     assert ptx.count("wgmma.mma_async") == 48  # QK^T and PV: 8 k-steps each, peeled block + 2 loops + last PV
     assert "wgmma.wait_group.sync.aligned 1;" in ptx  # the softmax waits for S_j only, PV_{j-1} still in flight
     assert ptx.count("cp.async.bulk.tensor.2d.shared") == 10  # Q, 2 stages x (K, V), the loops' K and V refills
@@ -186,7 +196,7 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 def test_every_probe_shape_is_one_the_kernel_takes(probe: ModuleType) -> None:
     for dtype, _, _, _, sq, sk, d, causal, _ in probe.CHECKS:
-        for tiles in gluon.CONFIGS:
+        for tiles in gluon.CONFIGS:  # with and without the producer warp: the same rule
             assert gluon.reason("sm_90", dtype, d, causal, True, False, sq, sk, tiles[0], tiles[1]) is None
     args = argparse.Namespace(quick=False)
     for dtype, d, causal, s in probe.time_shapes(args):
@@ -200,6 +210,7 @@ def test_the_table_gives_ratios_and_the_best_tiling(probe: ModuleType) -> None:
             {**shape, "provider": "gluon[64, 64, 4]", "tflops": None}, {"job": "time", "index": 3, "crash": 1}]
     lines = probe.table(rows)
     assert "0.90" in lines[1] and "1.12" in lines[1] and "gluon[128, 128, 8]" in lines[1]
+    assert probe.label(((128, 128, 8), True)) == "gluon[128, 128, 8]+producer"
     assert lines[-1].startswith("geomean gluon / cuDNN over 1 shapes: 0.900")
 
 
@@ -211,3 +222,14 @@ def test_a_crashing_child_is_reported_and_the_run_goes_on(probe: ModuleType, tmp
     assert got == [{"job": "check", "index": 0, "crash": 1}]
     assert "exited 1" in log.read_text()
     assert "CRASHED or HUNG" in probe.check_line(got[0])
+
+
+def test_the_producer_warp_loads_and_the_consumers_release_by_arrive() -> None:
+    variant = gluon_variant(128, True, producer=True)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
+    # Each release: the consumer partition's 256 threads meet, then one of them arrives on the empty barrier.
+    releases = re.findall(r"bar\.sync\s+0, 256;\n(?:[^\n]*\n){0,3}?\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)
+    assert len(releases) == ptx.count("mbarrier.arrive.shared::cta.b64") >= 3
+    assert ptx.count("wgmma.mma_async") == 48 and "ld.local" not in ptx

@@ -39,7 +39,7 @@ FLASH_FWD_GLUON = KernelSpec(
     module="lazytriton.kernels.flash_fwd.gluon_kernel",
     function="flash_fwd_gluon_kernel",
     params=FLASH_FWD.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER"),
     aligned_params=FLASH_FWD.aligned_params,
 )
 
@@ -96,7 +96,7 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None,
-            scale: float = 1.0) -> Variant | None:
+            scale: float = 1.0, producer: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``CONFIGS`` (default
@@ -104,6 +104,9 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     call (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64), so ``lazytriton cache
     explain`` reads both alike; num_stages records the kernel's own ring
     depth (``stages``), which Gluon does not take from the option.
+    ``producer``: one extra warp issues every K/V load (warp specialisation,
+    tuned field PRODUCER); the entry then runs num_warps + 4 warps (Triton
+    pads the one-warp partition to a warpgroup in the launch metadata).
     """
     from lazytriton.variant import Variant, pairs
 
@@ -114,5 +117,6 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
               scale):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True, "INDEX64": False}
-    return Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "BLOCK_N": block_n}),
+    tuned = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRODUCER": bool(producer)}
+    return Variant(NAME, target, dtype, pairs(functional), pairs(tuned),
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))

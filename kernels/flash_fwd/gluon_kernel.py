@@ -62,12 +62,25 @@ The pipeline, and why each choice:
 - **Output through shared memory and a TMA store**, reusing Q's buffer
   (Q is dead once the last QK^T has retired): saves 16-32 KiB.
 
-Not here yet (a second iteration, once the H200 has measured this one): a
-producer warp through ``gl.warp_specialize`` (same signature in 3.6 and 3.9)
-with setmaxnreg, ping-pong between two consumer warpgroups on different query
-tiles, and a persistent grid. Two CTAs of BLOCK_M 64 (4 warps) on one SM give
-the warp schedulers some of ping-pong's overlap for free where shared memory
-allows (head dim 64, or BLOCK_N 64): the probe sweeps that.
+- **A producer warp, optionally** (``PRODUCER=true``, warp
+  specialisation through ``gl.warp_specialize``, same signature in 3.6 and
+  3.9): one warp issues every K/V load, waiting on an "empty" mbarrier per
+  buffer that the consumer partition arrives on as soon as a buffer's last
+  wgmma has retired (K_j right after S_j, V_{j-1} after O). Gluon lowers a
+  partition's arrive as a bar.sync of its 256 threads and one thread's
+  arrive (read from the PTX), so one arrival per release is right. It takes
+  24 registers and the two consumer warpgroups 240 (setmaxnreg); the entry
+  runs 12 warps (the one-warp partition padded to a warpgroup). Without it
+  the consumers issue the refills themselves, after a CTA barrier that
+  Triton's shared-memory analysis inserts before each TMA write. Which is
+  faster is for the H200 to say (benchmarks/probe_gluon.py times both).
+
+Not here yet (a second iteration, once the H200 has measured this one):
+ping-pong between two consumer warpgroups on different query tiles (named
+barriers ordering their softmax against the other's wgmma), and a persistent
+grid. Two CTAs of BLOCK_M 64 (4 warps) on one SM give the warp schedulers
+some of ping-pong's overlap for free where shared memory and registers allow:
+the probe sweeps that.
 """
 
 from triton.experimental import gluon
@@ -127,9 +140,9 @@ def _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset,
 
 
 @gluon.jit
-def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, acc, m_i, l_i, p_prev,
-            offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-            STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, acc, m_i,
+            l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr):
     """One pipelined step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight, softmax of S_j under the PV."""
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     _wait_slot(k_bars, block, STAGES)
@@ -139,15 +152,98 @@ def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_b
     acc = warpgroup_mma(p_prev, v_bufs.index((block - 1) % STAGES), acc, is_async=True)
     # wgmma groups retire in issue order: one left outstanding means S_j is done, the PV may not be.
     s = warpgroup_mma_wait(1, deps=(s,))
+    if PRODUCER:  # K_j's buffer is free: the producer warp may refill it while the softmax runs
+        mbarrier.arrive(k_empty.index(block % STAGES), count=1)
     p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset, BLOCK_N, MASKED,
                                          CAUSAL)
     acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    # Both readers have retired: K_j's buffer takes K_{j+STAGES}, V_{j-1}'s takes V_{j-1+STAGES}.
-    _issue_load(k_desc, k_bars, k_bufs, block + STAGES, n_blocks, BLOCK_N, STAGES)
-    _issue_load(v_desc, v_bars, v_bufs, block - 1 + STAGES, n_blocks, BLOCK_N, STAGES)
+    if PRODUCER:
+        mbarrier.arrive(v_empty.index((block - 1) % STAGES), count=1)
+    else:  # both readers have retired: K_j's buffer takes K_{j+STAGES}, V_{j-1}'s takes V_{j-1+STAGES}
+        _issue_load(k_desc, k_bars, k_bufs, block + STAGES, n_blocks, BLOCK_N, STAGES)
+        _issue_load(v_desc, v_bars, v_bufs, block - 1 + STAGES, n_blocks, BLOCK_N, STAGES)
     p_prev = gl.convert_layout(p.to(q_smem.dtype), p_prev.type.layout)
     return acc, m_i, l_i, p_prev
+
+
+@gluon.jit
+def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr):
+    """The producer warp (PRODUCER=true): K and V tiles in block order, each once its buffer's last reader is done.
+
+    Block b reuses the buffer of block b - STAGES, whose release is the
+    (b // STAGES - 1)-th completion of that buffer's empty barrier: parity
+    ((b // STAGES) & 1) ^ 1, which a fresh barrier already shows for the
+    first STAGES blocks.
+    """
+    for block in range(n_blocks):
+        free = ((block // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(block % STAGES), free)
+        _issue_load(k_desc, k_bars, k_bufs, block, n_blocks, BLOCK_N, STAGES)
+        mbarrier.wait(v_empty.index(block % STAGES), free)
+        _issue_load(v_desc, v_bars, v_bufs, block, n_blocks, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, o_desc, lse_base,
+             start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             CAUSAL: gl.constexpr, PRODUCER: gl.constexpr):
+    """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue."""
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_D: gl.constexpr = q_smem.type.shape[1]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = q_smem.dtype
+    # wgmma accumulators: warps stacked along M (a warpgroup owns 64 rows), one instruction spans the tile's N.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    qk_scale = sm_scale * LOG2E
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, BLOCK_D], gl.float32, layout=o_layout)
+
+    # Block 0, peeled: its scores alone (nothing to overlap yet), always through the masked step.
+    mbarrier.wait(q_bar.index(0), 0)
+    _wait_slot(k_bars, 0, STAGES)
+    s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s0, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, BLOCK_N, True, CAUSAL)
+    if PRODUCER:
+        mbarrier.arrive(k_empty.index(0), count=1)
+    else:
+        _issue_load(k_desc, k_bars, k_bufs, STAGES, n_blocks, BLOCK_N, STAGES)
+    p_prev = gl.convert_layout(p.to(dtype), p_layout)
+
+    for block in range(1, n_full):
+        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
+                                        k_empty, v_empty, acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
+                                        s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER)
+    for block in range(gl.maximum(n_full, 1), n_blocks):
+        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
+                                        k_empty, v_empty, acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
+                                        s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER)
+
+    # The last block's PV, then the epilogue.
+    last = n_blocks - 1
+    _wait_slot(v_bars, last, STAGES)
+    acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
+    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / l_o[:, None]
+    lse = (m_i + gl.log2(l_i)) * LN2
+    gl.store(lse_base + offs_m, lse)
+    # Q's buffer is free (the last QK^T retired): the output tile goes out through it.
+    q_smem.store(out.to(dtype))
+    fence_async_shared()
+    _tma_store(o_desc, [start_m, 0], q_smem)
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -162,7 +258,7 @@ def flash_fwd_gluon_kernel(
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    CAUSAL: gl.constexpr, PRODUCER: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64 or 128)")
@@ -170,12 +266,6 @@ def flash_fwd_gluon_kernel(
     dtype: gl.constexpr = Q.dtype.element_ty
     STAGES: gl.constexpr = 3 if BLOCK_D <= 64 else 2
 
-    # wgmma accumulators: warps stacked along M (a warpgroup owns 64 rows), one instruction spans the tile's N.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, BLOCK_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
 
@@ -196,10 +286,14 @@ def flash_fwd_gluon_kernel(
     q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar.index(0), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)  # one arrive: the consumer partition's, after all its warps
+        mbarrier.init(v_empty.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
     # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal.
@@ -209,56 +303,27 @@ def flash_fwd_gluon_kernel(
         n_blocks = gl.minimum(n_blocks, (start_m + BLOCK_M + causal_offset + BLOCK_N - 1) // BLOCK_N)
         n_full = gl.minimum(n_full, (start_m + causal_offset + 1) // BLOCK_N)
 
+    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
+                                        [stride_os, 1], [BLOCK_M, BLOCK_D], q_layout)
+    lse_base = Lse + batch * stride_lb + head * stride_lh
     mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
     _tma_load(q_desc, [start_m, 0], q_bar.index(0), q_smem)
-    for i in gl.static_range(STAGES):
-        _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
-        _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
-
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    qk_scale = sm_scale * LOG2E
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BLOCK_M, BLOCK_D], gl.float32, layout=o_layout)
-
-    # Block 0, peeled: its scores alone (nothing to overlap yet), always through the masked step.
-    mbarrier.wait(q_bar.index(0), 0)
-    _wait_slot(k_bars, 0, STAGES)
-    s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s0, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s,))
-    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, BLOCK_N, True, CAUSAL)
-    _issue_load(k_desc, k_bars, k_bufs, STAGES, n_blocks, BLOCK_N, STAGES)
-    p_prev = gl.convert_layout(p.to(dtype), p_layout)
-
-    for block in range(1, n_full):
-        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
-                                        acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout,
-                                        BLOCK_N, STAGES, False, CAUSAL)
-    for block in range(gl.maximum(n_full, 1), n_blocks):
-        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
-                                        acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout,
-                                        BLOCK_N, STAGES, True, CAUSAL)
-
-    # The last block's PV, then the epilogue.
-    last = n_blocks - 1
-    _wait_slot(v_bars, last, STAGES)
-    acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
-    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    if PRODUCER:
+        # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
+        gl.warp_specialize([(_consume, (q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty,
+                                        v_empty, o_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
+                                        causal_offset, BLOCK_N, STAGES, CAUSAL, True)),
+                            (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
+                                        BLOCK_N, STAGES))], [1], [24])
+    else:
+        for i in gl.static_range(STAGES):
+            _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
+            _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
+        _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, o_desc, lse_base,
+                 start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, False)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
+        mbarrier.invalidate(k_empty.index(i))
+        mbarrier.invalidate(v_empty.index(i))
     mbarrier.invalidate(q_bar.index(0))
-
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = acc / l_o[:, None]
-    lse = (m_i + gl.log2(l_i)) * LN2
-    gl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse)
-
-    # Q's buffer is free (the last QK^T retired): the output tile goes out through it.
-    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
-                                        [stride_os, 1], [BLOCK_M, BLOCK_D], q_layout)
-    q_smem.store(out.to(dtype))
-    fence_async_shared()
-    _tma_store(o_desc, [start_m, 0], q_smem)
-    tma.store_wait(0)
