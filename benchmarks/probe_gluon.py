@@ -251,8 +251,9 @@ def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
     """The gluon tilings a run checks and times: the default (or every config) with and without the producer."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    return [(tiles, producer) for tiles in (gluon.CONFIGS if args.sweep else (gluon.DEFAULT_TILES[d],))
-            for producer in (False, True)]
+    every = [(tiles, producer) for tiles in (gluon.CONFIGS if args.sweep else (gluon.DEFAULT_TILES[d],))
+             for producer in (False, True)]
+    return [tiling for tiling in every if label(tiling) not in getattr(args, "skip", set())]
 
 
 def label(tiling: Tiling) -> str:
@@ -275,7 +276,8 @@ def time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
 def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | None) -> list[dict[str, Any]]:
     """Run one job in a fresh process; its RESULT lines, or one error record if it crashed or hung."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--job", job, "--index", str(index), "--reps",
-           str(args.reps)] + (["--sweep"] if args.sweep else []) + (["--quick"] if args.quick else [])
+           str(args.reps), "--skip", ",".join(sorted(args.skip))] + (["--sweep"] if args.sweep else []) + (
+           ["--quick"] if args.quick else [])
     began = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
@@ -293,6 +295,21 @@ def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | No
         log(f"[{job} {index}] exited {rc} after {time.perf_counter() - began:.0f} s; last lines:\n{tail}", logfile)
         results.append({"job": job, "index": index, "crash": rc})
     return results
+
+
+def suspects(args: argparse.Namespace, head_dim: int, results: list[dict[str, Any]]) -> set[str]:
+    """The tilings of one check child that failed, and the one it was running when it crashed or hung.
+
+    A child runs its tilings in ``tiles_for`` order and prints each result as
+    it goes, so the first tiling without a result is the one that faulted
+    (a fault poisons the CUDA context: the ones after it are not to blame).
+    """
+    bad = {r["tiles"] for r in results if "tiles" in r and not r["ok"]}
+    if any("crash" in r for r in results):
+        done = {r["tiles"] for r in results if "tiles" in r}
+        pending = [label(t) for t in tiles_for(args, head_dim) if label(t) not in done]
+        bad |= set(pending[:1])
+    return bad
 
 
 def check_line(r: dict[str, Any]) -> str:
@@ -336,9 +353,11 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=420.0, help="seconds a child may run (hangs end here)")
     parser.add_argument("--reps", type=int, default=30, help="timed runs per median")
     parser.add_argument("--only", choices=("compile", "check", "time"), action="append", help="stages to run")
+    parser.add_argument("--skip", default="", help="comma-separated gluon tilings not to run (as the table names them)")
     parser.add_argument("--job", choices=("compile", "check", "time"), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.skip = {name for name in args.skip.split(",") if name}
     if args.job == "compile":
         job_compile(args)
         return 0
@@ -377,10 +396,15 @@ def main() -> int:
             summary += [line] if not r.get("ok") else []
     if "check" in stages:
         for i in range(len(CHECKS)):
-            for r in run_child(args, "check", i, logfile):
+            got = run_child(args, "check", i, logfile)
+            for r in got:
                 line = check_line(r)
                 log(line, logfile)
                 summary += [line] if "FAIL" in line or "CRASH" in line else []
+            bad = suspects(args, CHECKS[i][6], got)
+            if bad - args.skip:
+                log(f"  not timed from here on (wrong, crashed or hung): {sorted(bad - args.skip)}", logfile)
+                args.skip |= bad
     rows: list[dict[str, Any]] = []
     if "time" in stages:
         for i in range(len(time_shapes(args))):

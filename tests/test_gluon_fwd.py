@@ -216,7 +216,7 @@ def test_the_table_gives_ratios_and_the_best_tiling(probe: ModuleType) -> None:
 
 def test_a_crashing_child_is_reported_and_the_run_goes_on(probe: ModuleType, tmp_path: Path) -> None:
     """On this GPU-less machine the check child fails at once: one crash record, no exception, logged."""
-    args = argparse.Namespace(deadline=300.0, reps=1, sweep=False, quick=True)
+    args = argparse.Namespace(deadline=300.0, reps=1, sweep=False, quick=True, skip=set())
     log = tmp_path / "probe.log"
     got = probe.run_child(args, "check", 0, log)
     assert got == [{"job": "check", "index": 0, "crash": 1}]
@@ -233,3 +233,15 @@ def test_the_producer_warp_loads_and_the_consumers_release_by_arrive() -> None:
     releases = re.findall(r"bar\.sync\s+0, 256;\n(?:[^\n]*\n){0,3}?\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)
     assert len(releases) == ptx.count("mbarrier.arrive.shared::cta.b64") >= 3
     assert ptx.count("wgmma.mma_async") == 48 and "ld.local" not in ptx
+
+
+def test_a_tiling_that_fails_or_faults_a_check_is_not_timed(probe: ModuleType) -> None:
+    args = argparse.Namespace(sweep=False, skip=set())
+    plain, producer = (probe.label(t) for t in probe.tiles_for(args, 128))
+    assert producer == "gluon[128, 128, 8]+producer"
+    crashed = [{"tiles": plain, "ok": True}, {"job": "check", "index": 0, "crash": -9}]
+    assert probe.suspects(args, 128, crashed) == {producer}  # it was running when the child died
+    wrong = [{"tiles": plain, "ok": False}, {"tiles": producer, "ok": True}]
+    assert probe.suspects(args, 128, wrong) == {plain}
+    args.skip = {plain}
+    assert [probe.label(t) for t in probe.tiles_for(args, 128)] == [producer]
