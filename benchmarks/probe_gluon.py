@@ -148,35 +148,33 @@ def _where(torch: Any, err: Any, block_m: int) -> str:
             f"{[round(float(x), 4) for x in by_block[:8]]}; NaNs {int(torch.isnan(err).sum())}")
 
 
-def job_compile(args: argparse.Namespace) -> None:
-    """Load (cache or JIT-compile) every gluon variant the run uses; print each entry's metadata or error."""
-    torch, dispatch, binding = _setup()
-    from lazytriton import runtime
+def compile_list(args: argparse.Namespace) -> list[Any]:
+    """Every gluon variant the run uses (sm_90), in a fixed order the compile shards split."""
     from lazytriton.kernels.flash_fwd import gluon
 
+    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer)
+             for dtype in ("bf16", "fp16") for d in gluon.HEAD_DIMS for causal in ("none", "top_left")
+             for tiles, producer in tiles_for(args, d)]
+    return list(dict.fromkeys(v for v in found if v is not None))
+
+
+def job_compile(args: argparse.Namespace, shard: int) -> None:
+    """Load (cache or JIT-compile) shard ``shard`` of ``compile_list``; print each entry's metadata or error."""
+    from lazytriton import runtime
+
     rt = runtime.get()
-    target = dispatch.target_of_device(torch.device("cuda"))
-    seen = set()
-    for dtype in ("bf16", "fp16"):
-        for d in gluon.HEAD_DIMS:
-            for causal in ("none", "top_left"):
-                for tiles, producer in tiles_for(args, d):
-                    variant = gluon.variant(str(target), dtype, d, causal, True, False, 16384, 16384, tiles=tiles,
-                                            producer=producer)
-                    if variant is None or variant in seen:
-                        continue
-                    seen.add(variant)
-                    began = time.perf_counter()
-                    try:
-                        entry = rt.kernel(variant, 0).entry
-                        meta = {"shared": entry.shared, "num_warps": entry.num_warps,
-                                "scratch": entry.global_scratch_size, "triton": entry.provenance.compiler_version}
-                        print("RESULT " + json.dumps({"variant": str(variant), "ok": True,
-                                                      "s": round(time.perf_counter() - began, 2), **meta}), flush=True)
-                    except Exception as exc:
-                        print(f"compile/load of {variant} failed:\n{traceback.format_exc()}", flush=True)
-                        print("RESULT " + json.dumps({"variant": str(variant), "ok": False,
-                                                      "error": f"{type(exc).__name__}: {str(exc)[:300]}"}), flush=True)
+    for variant in compile_list(args)[shard::args.jobs]:
+        began = time.perf_counter()
+        try:
+            entry = rt.kernel(variant, 0).entry
+            meta = {"shared": entry.shared, "num_warps": entry.num_warps, "scratch": entry.global_scratch_size,
+                    "triton": entry.provenance.compiler_version}
+            print("RESULT " + json.dumps({"variant": str(variant), "ok": True,
+                                          "s": round(time.perf_counter() - began, 2), **meta}), flush=True)
+        except Exception as exc:
+            print(f"compile/load of {variant} failed:\n{traceback.format_exc()}", flush=True)
+            print("RESULT " + json.dumps({"variant": str(variant), "ok": False,
+                                          "error": f"{type(exc).__name__}: {str(exc)[:300]}"}), flush=True)
 
 
 def job_check(args: argparse.Namespace, index: int) -> None:
@@ -276,8 +274,8 @@ def time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
 def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | None) -> list[dict[str, Any]]:
     """Run one job in a fresh process; its RESULT lines, or one error record if it crashed or hung."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--job", job, "--index", str(index), "--reps",
-           str(args.reps), "--skip", ",".join(sorted(args.skip))] + (["--sweep"] if args.sweep else []) + (
-           ["--quick"] if args.quick else [])
+           str(args.reps), "--jobs", str(args.jobs), "--skip", ",".join(sorted(args.skip))]
+    cmd += (["--sweep"] if args.sweep else []) + (["--quick"] if args.quick else [])
     began = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
@@ -350,8 +348,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="time seqlen 4k only")
     parser.add_argument("--sweep", action="store_true", help="check and time every gluon tiling, not the default")
-    parser.add_argument("--deadline", type=float, default=420.0, help="seconds a child may run (hangs end here)")
+    parser.add_argument("--deadline", type=float, default=180.0, help="seconds a child may run (hangs end here)")
     parser.add_argument("--reps", type=int, default=30, help="timed runs per median")
+    parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel compile processes")
     parser.add_argument("--only", choices=("compile", "check", "time"), action="append", help="stages to run")
     parser.add_argument("--skip", default="", help="comma-separated gluon tilings not to run (as the table names them)")
     parser.add_argument("--job", choices=("compile", "check", "time"), help=argparse.SUPPRESS)
@@ -359,7 +358,7 @@ def main() -> int:
     args = parser.parse_args()
     args.skip = {name for name in args.skip.split(",") if name}
     if args.job == "compile":
-        job_compile(args)
+        job_compile(args, args.index)
         return 0
     if args.job == "check":
         job_check(args, args.index)
@@ -386,9 +385,18 @@ def main() -> int:
     log(f"probe_gluon: {gpu}, torch {torch.__version__}, triton {triton_version}, "
         f"lazytriton {lazytriton.__version__}, cache {os.environ.get('LAZYTRITON_CACHE_DIR', '(default)')}", logfile)
     stages = args.only or ["compile", "check", "time"]
+    # Tilings an earlier run's checks found wrong, faulting or hanging (kept under $OUT) are not timed again.
+    skip_file = Path(out_dir) / "probe_gluon.skip" if out_dir else None
+    if "check" not in stages and skip_file is not None and skip_file.exists():
+        args.skip |= {name for name in skip_file.read_text().split("\n") if name}
+        log(f"skipping, as an earlier run's checks said: {sorted(args.skip)}", logfile)
     summary: list[str] = []
-    if "compile" in stages:
-        for r in run_child(args, "compile", 0, logfile):
+    if "compile" in stages:  # compile shards in parallel (one variant takes 3-10 s), each in its own process
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            shards = list(pool.map(lambda i: run_child(args, "compile", i, logfile), range(args.jobs)))
+        for r in (r for shard in shards for r in shard):
             line = (f"compile {'ok  ' if r.get('ok') else 'FAIL'} {r.get('variant', '(crashed)')}: "
                     + (f"{r.get('s')} s, shared {r.get('shared')}, warps {r.get('num_warps')}, scratch "
                        f"{r.get('scratch')}, triton {r.get('triton')}" if r.get("ok") else str(r.get("error", r))))
@@ -405,6 +413,8 @@ def main() -> int:
             if bad - args.skip:
                 log(f"  not timed from here on (wrong, crashed or hung): {sorted(bad - args.skip)}", logfile)
                 args.skip |= bad
+        if skip_file is not None:
+            skip_file.write_text("\n".join(sorted(args.skip)) + "\n")
     rows: list[dict[str, Any]] = []
     if "time" in stages:
         for i in range(len(time_shapes(args))):

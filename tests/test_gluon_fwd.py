@@ -216,7 +216,7 @@ def test_the_table_gives_ratios_and_the_best_tiling(probe: ModuleType) -> None:
 
 def test_a_crashing_child_is_reported_and_the_run_goes_on(probe: ModuleType, tmp_path: Path) -> None:
     """On this GPU-less machine the check child fails at once: one crash record, no exception, logged."""
-    args = argparse.Namespace(deadline=300.0, reps=1, sweep=False, quick=True, skip=set())
+    args = argparse.Namespace(deadline=300.0, reps=1, sweep=False, quick=True, skip=set(), jobs=1)
     log = tmp_path / "probe.log"
     got = probe.run_child(args, "check", 0, log)
     assert got == [{"job": "check", "index": 0, "crash": 1}]
@@ -245,3 +245,12 @@ def test_a_tiling_that_fails_or_faults_a_check_is_not_timed(probe: ModuleType) -
     assert probe.suspects(args, 128, wrong) == {plain}
     args.skip = {plain}
     assert [probe.label(t) for t in probe.tiles_for(args, 128)] == [producer]
+
+
+def test_the_compile_shards_cover_every_variant_once(probe: ModuleType) -> None:
+    args = argparse.Namespace(sweep=True, skip=set(), jobs=3)
+    every = probe.compile_list(args)
+    assert len(every) == 2 * 2 * 2 * len(gluon.CONFIGS) * 2  # dtypes x head dims x causal x tiles x producer
+    assert all(v.kernel == "flash_fwd_gluon" for v in every)
+    shards = [every[i::args.jobs] for i in range(args.jobs)]
+    assert sorted(map(str, sum(shards, []))) == sorted(map(str, every))
