@@ -86,8 +86,9 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD
+    from lazytriton.kernels.flash_fwd.gluon import FLASH_FWD_GLUON
 
-    return {spec.name: spec for spec in (FLASH_FWD, *FLASH_BWD_KERNELS, *FLASH_DECODE_KERNELS)}
+    return {spec.name: spec for spec in (FLASH_FWD, FLASH_FWD_GLUON, *FLASH_BWD_KERNELS, *FLASH_DECODE_KERNELS)}
 
 
 def get(kernel: str) -> KernelSpec:

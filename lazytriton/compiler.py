@@ -122,7 +122,15 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     options.setdefault("enable_fp_fusion", True)
     arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch
     signature = spec.signature(variant.dtype, bool(variant.constexprs.get("INDEX64", False)))
-    source = ASTSource(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
+    source_type: Any = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (flash_fwd_gluon) has its own source type
+        try:
+            from triton.experimental.gluon import GluonASTSource
+        except ImportError:  # Triton 3.6 has it only in its private module
+            from triton.experimental.gluon._runtime import GluonASTSource
+
+        source_type = GluonASTSource
+    source = source_type(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
     with TRITON_LOCK, _private_triton_cache():
         try:
             kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)

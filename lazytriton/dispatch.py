@@ -403,3 +403,23 @@ def target_of_device(device: Any) -> Target:
     if getattr(torch.version, "hip", None):
         return target_from_gcn_arch(props.gcnArchName)
     return target_from_cuda_capability(props.major, props.minor)
+
+
+# ---------------------------------------------------------------------------
+# flash_fwd_gluon: the Gluon (FlashAttention-3-style) Hopper forward, an alternative to flash_fwd
+# (kernels/flash_fwd/gluon.py has its rule). Not the default yet: the warm path's memo key
+# (binding.memo_key) sees seqlens through buckets, which do not tell a multiple of the tile from
+# its neighbours, so serving it from dispatch needs that bit in the key, and an H200 measurement
+# (benchmarks/probe_gluon.py) to say it wins. Until then it is launched by variant.
+GLUON_BY_DEFAULT = False
+
+
+def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,
+                            seqlen_q: int, seqlen_k: int, features: bool = False,
+                            tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
+                            producer: bool = False) -> Variant | None:
+    """The ``flash_fwd_gluon`` variant for a call, or None where it cannot serve it (pure; see its rule)."""
+    from lazytriton.kernels.flash_fwd import gluon
+
+    return gluon.variant(str(target), dtype, head_dim, causal_mode(causal), aligned, index64, seqlen_q, seqlen_k,
+                         features, tiles, scale, producer)
