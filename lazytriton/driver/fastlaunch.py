@@ -180,7 +180,7 @@ def pack_plan(driver: tuple[int, ...], function: int, context: int, block: int, 
               slots: Sequence[int], descriptors: Sequence[TensorDescMeta] = ()) -> bytes | bytearray:
     """The helper's plan for one loaded kernel: its C struct ``lt_plan``, the int16 slots, an ``lt_desc`` per
     descriptor; with descriptors, a bytearray whose tail is the helper's cache of encoded maps (zeros)."""
-    n_ints = sum(1 for slot in slots if slot >= 0)
+    n_ints = 1 + max((slot for slot in slots if slot >= 0), default=-1)  # a descriptor's base has no parameter
     n_floats = sum(1 for slot in slots if -MAX_PARAMS <= slot < 0)
     driver = tuple(driver) + (0,) * (5 - len(driver))
     header = struct.pack("<7Q2I4i", *driver, function, context, block, shared, len(slots), n_ints, n_floats,
