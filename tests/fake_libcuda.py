@@ -16,9 +16,9 @@ when they were encoded from the same arguments.
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 from pathlib import Path
-import struct
 from typing import Any
 
 SOURCE = r"""

@@ -59,10 +59,10 @@ class LayoutError(ValueError):
 
 def layout(arg_types: Sequence[str], scratch_sizes: Sequence[int],
            descriptors: Sequence[TensorDescMeta] = (), limit: bool = True) -> tuple[int, ...]:
-    """Where each compiled kernel parameter is read from: int slot (>= 0), float slot (-1 - j), NULL_SLOT
-    or a descriptor's map (DESC_SLOT - d).
+    """Where each compiled kernel parameter is read from.
 
-    Pointers and integers take int slots in order, fp32 float slots in order,
+    An int slot (>= 0), a float slot (-1 - j), NULL_SLOT or a descriptor's
+    map (DESC_SLOT - d). Pointers and integers take int slots in order, fp32 float slots in order,
     a host descriptor its map, then its sizes and strides from the 2r int slots
     after its base pointer's; then one entry per hidden scratch parameter:
     NULL_SLOT when its size is 0, else the next int slot (the caller appends
@@ -112,7 +112,7 @@ def descriptor_bases(slots: Sequence[int]) -> tuple[int, ...]:
 
 
 def encode_args(meta: TensorDescMeta, values: Sequence[int]) -> tuple[int, int, int, list[int], list[int], list[int]]:
-    """cuTensorMapEncodeTiled's arguments for one descriptor as Triton's fillTMADescriptorTiled builds them.
+    """The arguments of cuTensorMapEncodeTiled for one descriptor, as Triton's fillTMADescriptorTiled builds them.
 
     ``values``: base, sizes, strides (elements). Returns (host dtype, rank,
     base, globalDim, globalStrides in bytes, boxDim), innermost first; the
@@ -169,8 +169,10 @@ def path_name() -> str:
 
 def make_driver(launch: int, ctx_get_current: int, ctx_push: int, ctx_pop: int,
                 encode: int = 0) -> tuple[int, ...] | None:
-    """The addresses of the driver functions the helper calls (``encode``: cuTensorMapEncodeTiled, 0 when the
-    driver lacks it); None without the helper."""
+    """The addresses of the driver functions the helper calls; None without the helper.
+
+    ``encode`` is cuTensorMapEncodeTiled's, 0 when the driver lacks it.
+    """
     if _module() is None:
         return None
     return (launch, ctx_get_current, ctx_push, ctx_pop, encode)
@@ -178,8 +180,11 @@ def make_driver(launch: int, ctx_get_current: int, ctx_push: int, ctx_pop: int,
 
 def pack_plan(driver: tuple[int, ...], function: int, context: int, block: int, shared: int,
               slots: Sequence[int], descriptors: Sequence[TensorDescMeta] = ()) -> bytes | bytearray:
-    """The helper's plan for one loaded kernel: its C struct ``lt_plan``, the int16 slots, an ``lt_desc`` per
-    descriptor; with descriptors, a bytearray whose tail is the helper's cache of encoded maps (zeros)."""
+    """The helper's plan for one loaded kernel: its C struct ``lt_plan``, the int16 slots, an ``lt_desc`` each.
+
+    With descriptors the plan is a bytearray whose tail is the helper's cache
+    of encoded maps (zeros: empty).
+    """
     n_ints = 1 + max((slot for slot in slots if slot >= 0), default=-1)  # a descriptor's base has no parameter
     n_floats = sum(1 for slot in slots if -MAX_PARAMS <= slot < 0)
     driver = tuple(driver) + (0,) * (5 - len(driver))

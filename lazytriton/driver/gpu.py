@@ -247,8 +247,9 @@ class CudaApi(_GpuApi):
                               "descriptors cannot be encoded")
         ffi = self.ffi
         status = self.lib.cuTensorMapEncodeTiled(
-            out, dtype, rank, ffi.cast("void *", base), ffi.new("uint64_t[]", dims), ffi.new("uint64_t[]", strides or [0]),
-            ffi.new("uint32_t[]", box), ffi.new("uint32_t[]", [1] * rank), 0, swizzle, 2, 0)
+            out, dtype, rank, ffi.cast("void *", base), ffi.new("uint64_t[]", dims),
+            ffi.new("uint64_t[]", strides or [0]), ffi.new("uint32_t[]", box), ffi.new("uint32_t[]", [1] * rank),
+            0, swizzle, 2, 0)  # no interleave, L2 promotion 128B, zero fill: as Triton's fillTMADescriptorTiled
         if status != 0:
             self.check(status, f"cuTensorMapEncodeTiled(dtype={dtype}, rank={rank}, base={base:#x}, dims={dims}, "
                                f"byte strides={strides}, box={box}, swizzle={swizzle})")
