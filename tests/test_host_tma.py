@@ -322,3 +322,23 @@ def test_any_descriptor_metadata_decodes_to_an_entry_or_entry_error(items: list[
         return
     tensordesc.check(entry.arg_types, entry.tensordesc_meta)  # what decoded is what the launcher can take
     assert Entry.decode(entry.encode()) == entry
+
+
+def test_a_target_without_tma_is_refused_at_compile_time() -> None:
+    pytest.importorskip("triton")
+    from lazytriton.compiler import CompileError, compile_variant
+    from lazytriton.variant import Variant
+
+    # Without TMA Triton passes a descriptor as pointer, sizes, strides and flags, laid out differently by 3.6
+    # and 3.9: refused, never stored.
+    with pytest.raises(CompileError, match="need a target with TMA"):
+        compile_variant(Variant.parse(VARIANT.replace(":sm_90:", ":sm_80:")))
+
+
+def test_a_kernel_of_floats_and_null_scratch_only_takes_no_integers(fake_library: Path) -> None:
+    entry = replace(_entry(RECORDS[0]), arg_types=("fp32",), tensordesc_meta=())
+    kernel = gpu.CudaApi(str(fake_library)).load(entry, 0)
+    fake = Fake(fake_library)
+    fake.configure([4, 8, 8])
+    kernel.launch((1, 1, 1), 0, (), (2.0,))
+    assert fake.last_launch()[0] == [struct.pack("<f", 2.0), bytes(8), bytes(8)]

@@ -102,6 +102,14 @@ def layout(arg_types: Sequence[str], scratch_sizes: Sequence[int],
     return tuple(slots)
 
 
+def int_slots(slots: Sequence[int]) -> int:
+    """How many integers a launch takes (scratch pointers included): one past the highest int slot.
+
+    Not the count of int-slot parameters: a descriptor's base pointer has a slot but no parameter.
+    """
+    return 1 + max((slot for slot in slots if slot >= 0), default=-1)
+
+
 def descriptor_bases(slots: Sequence[int]) -> tuple[int, ...]:
     """The int slot of each descriptor's base pointer (its sizes and strides follow), from ``layout``'s slots."""
     bases = []
@@ -185,7 +193,7 @@ def pack_plan(driver: tuple[int, ...], function: int, context: int, block: int, 
     With descriptors the plan is a bytearray whose tail is the helper's cache
     of encoded maps (zeros: empty).
     """
-    n_ints = 1 + max((slot for slot in slots if slot >= 0), default=-1)  # a descriptor's base has no parameter
+    n_ints = int_slots(slots)
     n_floats = sum(1 for slot in slots if -MAX_PARAMS <= slot < 0)
     driver = tuple(driver) + (0,) * (5 - len(driver))
     header = struct.pack("<7Q2I4i", *driver, function, context, block, shared, len(slots), n_ints, n_floats,

@@ -50,7 +50,7 @@ class _ArgBuffers:
     def __init__(self, api: _GpuApi, slots: tuple[int, ...], n_descs: int) -> None:
         ffi = api.ffi
         self.aux = api.aux()
-        self.ints = ffi.new("int64_t[]", max(1, 1 + max(slots, default=0)))
+        self.ints = ffi.new("int64_t[]", max(1, fastlaunch.int_slots(slots)))
         self.floats = ffi.new("float[]", max(1, sum(1 for slot in slots if -fastlaunch.MAX_PARAMS <= slot < 0)))
         self.zero = ffi.new("int64_t *")
         self.maps = ffi.new("char[]", fastlaunch.MAP_BYTES * n_descs + 64)
@@ -95,7 +95,7 @@ class LoadedKernel:
             raise DriverError(f"entry {entry.key} takes host tensor descriptors, which only the CUDA driver encodes")
         hidden = self._slots[len(self._slots) - len(sizes):]
         self._scratch = [(slot, size) for slot, size in zip(hidden, sizes, strict=True) if size > 0]
-        self._n_ints = 1 + max(self._slots, default=-1) - len(self._scratch)
+        self._n_ints = fastlaunch.int_slots(self._slots) - len(self._scratch)
         self._descs = tuple(zip(fastlaunch.descriptor_bases(self._slots), entry.tensordesc_meta, strict=True))
         # The compiled helper's launcher (fastlaunch.py), or None: the ABI-mode path below. ``fast`` is
         # the same for callers that launch it themselves (the warm path), set only when the entry needs no
