@@ -265,6 +265,9 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
     dropout_p); this checks the entry agrees.
     """
     kinds = tuple(entry.arg_types)
+    if getattr(entry, "tensordesc_meta", ()) or any(kind.startswith("tensordesc") for kind in kinds):
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} takes host tensor descriptors, which the C API does not "
+                                     "encode yet (launch it from Python)")
     n_ints = len(int_params(kernel))
     ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:n_ints])
     if len(kinds) != n_ints + 3 or not ints_ok or kinds[n_ints:] != ("fp32", "fp32", "fp32"):
