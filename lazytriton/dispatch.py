@@ -160,7 +160,8 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
                       seqlen_q: int, config: Config | None = None, index64: bool = False,
                       seqlen_k: int | None = None, table: tuning.Table | None = None,
                       tma: bool | None = None, window: bool = False, softcap: bool = False, alibi: bool = False,
-                      bias: bool = False, dropout: bool = False, varlen: bool = False) -> Variant:
+                      bias: bool = False, dropout: bool = False, varlen: bool = False,
+                      head_dim_v: int = 0) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -171,11 +172,12 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``flash_fwd_tma`` decides from target, dtype and alignment). ``window``,
     ``softcap``: the call has a sliding window, a logit softcap; ``alibi``,
     ``bias``, ``dropout``: ALiBi slopes, an additive bias (attn_mask), dropout;
-    ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k).
+    ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k);
+    ``head_dim_v``: v's head dim where it differs from q's and k's (0: the same).
     """
     return kernel_variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
                           seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap,
-                          alibi=alibi, bias=bias, dropout=dropout, varlen=varlen)
+                          alibi=alibi, bias=bias, dropout=dropout, varlen=varlen, head_dim_v=head_dim_v)
 
 
 # ---------------------------------------------------------------------------
@@ -255,7 +257,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
                    softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
-                   paged: bool = False, varlen: bool = False) -> Variant:
+                   paged: bool = False, varlen: bool = False, head_dim_v: int = 0) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
 
     The decoding kernels (``DECODE_KERNELS``) go to ``decode_variant``, with
@@ -274,17 +276,30 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     such flags too, on all three kernels. ``VARLEN=true``
     (packed sequences, FlashAttention-2's varlen) likewise; its seqlens are
     the call's max_seqlen_q/max_seqlen_k, whose buckets pick the tiles.
+    ``head_dim_v`` (0: the same as ``head_dim``): v's head dim, as DeepSeek's
+    MLA has (q/k 192, v 128); where its padded size or evenness differs from
+    the q/k head dim's, ``BLOCK_DV``/``EVEN_DV`` say so (absent, they are
+    BLOCK_D's and EVEN_D's: the strings of equal-dim calls are unchanged),
+    and the tiles are those of the larger head dim.
     """
+    if head_dim_v and kernel in DECODE_KERNELS and head_dim_v != head_dim:
+        raise ValueError(f"the decoding kernels need v's head dim to equal q's and k's ({head_dim}), got "
+                         f"{head_dim_v}")
     if kernel in DECODE_KERNELS:
         return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
                               index64=index64, table=table, paged=paged, window=window, softcap=softcap,
                               alibi=alibi)
     padded = padded_head_dim(head_dim)
+    dv = head_dim_v or head_dim
+    padded_v = padded_head_dim(dv)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
-    cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
+    cfg = config or kernel_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
-    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma, head_dim == padded):
+    if (padded_v, dv == padded_v) != (padded, head_dim == padded):
+        functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
+    even = head_dim == padded and dv == padded_v
+    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma, even):
         functional["TMA"] = True  # written only when set: a pointer variant's string is what it was before TMA
     if window:
         functional["WINDOW"] = True

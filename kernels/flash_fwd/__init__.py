@@ -66,6 +66,7 @@ SIZES = (
     ("seqlen_q", "i32"),
     ("seqlen_k", "i32"),
     ("head_dim", "i32"),
+    ("head_dim_v", "i32"),
     ("causal_offset", "i32"),
     ("window_left", "i32"),
     ("window_right", "i32"),
@@ -95,7 +96,7 @@ FLASH_FWD = KernelSpec(
         *SIZES,
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI",
-                "BIAS", "DROPOUT"),
+                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

@@ -143,30 +143,39 @@ def _kept(seed, drop_rows, cols, dropout_p):
 def _attend_block(
     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
     seqlen_k, head_dim, causal_offset, qk_scale,
-    stride_ks, stride_vs, window_left, window_right, cap, mods,
+    stride_ks, stride_vs, window_left, window_right, cap, mods, offs_dv, head_dim_v,
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr,
-    DROPOUT: tl.constexpr,
+    DROPOUT: tl.constexpr, EVEN_DV: tl.constexpr,
 ):
-    """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers."""
+    """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers.
+
+    K's head dim is offs_d (head_dim, EVEN_D), V's offs_dv (head_dim_v, EVEN_DV).
+    """
     cols = start_n + offs_n
     if MASKED:
         col_ok = cols < seqlen_k
         if EVEN_D:
             k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
         else:
             d_ok = offs_d < head_dim
             k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        if EVEN_DV:
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
+        else:
+            dv_ok = offs_dv < head_dim_v
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
     else:
         if EVEN_D:
             k = tl.load(k_ptrs + start_n * stride_ks)
-            v = tl.load(v_ptrs + start_n * stride_vs)
         else:
             d_ok = offs_d < head_dim
             k = tl.load(k_ptrs + start_n * stride_ks, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vs, mask=d_ok[None, :], other=0.0)
+        if EVEN_DV:
+            v = tl.load(v_ptrs + start_n * stride_vs)
+        else:
+            dv_ok = offs_dv < head_dim_v
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=dv_ok[None, :], other=0.0)
     return _softmax_step(acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
                          window_left, window_right, cap, mods, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
                          BIAS, DROPOUT)
@@ -275,13 +284,14 @@ def flash_fwd_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr = False,
     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -303,6 +313,10 @@ def flash_fwd_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    # V's head dim (and Out's): BLOCK_DV/EVEN_DV, or BLOCK_D/EVEN_D's when 0 (callers that predate them).
+    BLOCK_V: tl.constexpr = BLOCK_DV if BLOCK_DV > 0 else BLOCK_D
+    EVEN_V: tl.constexpr = EVEN_DV if BLOCK_DV > 0 else EVEN_D
+    offs_dv = tl.arange(0, BLOCK_V)
     row_ok = offs_m < seqlen_q
 
     if VARLEN:
@@ -318,14 +332,14 @@ def flash_fwd_kernel(
                                            block_shape=[BLOCK_M, BLOCK_D])
         k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, head_dim], strides=[stride_ks, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, head_dim], strides=[stride_vs, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, head_dim_v], strides=[stride_vs, 1],
+                                           block_shape=[BLOCK_N, BLOCK_V])
         q = q_desc.load([start_m, 0])
     else:
         q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
         # K is read transposed, (BLOCK_D, BLOCK_N), so that q @ k needs no permute.
         k_ptrs = k_base + offs_n[None, :] * stride_ks + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :]
         if EVEN_D:
             q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
         else:
@@ -342,7 +356,7 @@ def flash_fwd_kernel(
                  ALIBI, BIAS, DROPOUT)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
 
     # Keys [0, full_end) are visible to every row of this block and need no
     # mask; keys [full_end, end) are the ragged tail and the causal diagonal.
@@ -395,19 +409,22 @@ def flash_fwd_kernel(
                 acc, l_i, m_i = _attend_block(
                     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                     seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                    cap, mods, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                    cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
+                    BIAS, DROPOUT, EVEN_V,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, mods, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS,
+                DROPOUT, EVEN_V,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, mods, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS,
+                DROPOUT, EVEN_V,
             )
 
     empty = l_i == 0.0
@@ -421,16 +438,16 @@ def flash_fwd_kernel(
     else:
         o_base = Out + batch * stride_ob + head * stride_oh
     if TMA:
-        # The store clips rows past seqlen_q and columns past head_dim.
-        o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, head_dim], strides=[stride_os, 1],
-                                           block_shape=[BLOCK_M, BLOCK_D])
+        # The store clips rows past seqlen_q and columns past head_dim_v.
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, head_dim_v], strides=[stride_os, 1],
+                                           block_shape=[BLOCK_M, BLOCK_V])
         o_desc.store([start_m, 0], out.to(Out.dtype.element_ty))
     else:
-        o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :]
-        if EVEN_D:
+        o_ptrs = o_base + offs_m[:, None] * stride_os + offs_dv[None, :]
+        if EVEN_V:
             tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
         else:
-            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < head_dim_v))
     if VARLEN:  # FlashAttention-2's varlen layout: (heads_q, total_q)
         tl.store(Lse + head * stride_lh + q_start + offs_m, lse, mask=row_ok)
     else:
