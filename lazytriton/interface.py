@@ -97,7 +97,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
             float16, bfloat16 or float32, any strides with a contiguous last dim.
         k: keys, shape (batch, heads_k, seqlen_k, head_dim); heads_q must be a
             multiple of heads_k (GQA; heads_k = 1 is MQA).
-        v: values, same shape as k.
+        v: values, shape (batch, heads_k, seqlen_k, head_dim_v): k's but for
+            the head dim, which may differ from q's (DeepSeek's MLA: 192 and 128).
         causal: False; True or "top_left" (key j is seen by query i when
             j <= i, SDPA's meaning); "bottom_right" (j <= i + seqlen_k -
             seqlen_q, FlashAttention's meaning). A query that sees no key gets
@@ -117,7 +118,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         dropout_p: as in ``flash_attn_func``. Default 0.0.
 
     Returns:
-        ``(out, lse)``: out has q's shape and dtype; lse is the float32
+        ``(out, lse)``: out has q's shape (but v's head dim) and dtype; lse is the float32
         natural-log logsumexp of the scaled (and capped, ALiBi-biased)
         scores before dropout, shape (batch, heads_q, seqlen_q).
 
@@ -188,7 +189,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         q: (batch, seqlen_q, heads_q, head_dim), float16, bfloat16 or float32,
             any strides with a contiguous last dim (no copy is made).
         k: (batch, seqlen_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
-        v: same shape as k.
+        v: k's shape but for the head dim, which may differ from q's
+            (head_dim_v; out then has it).
         dropout_p: dropout probability in [0, 1), applied whenever it is > 0
             (pass 0.0 for evaluation, as with FlashAttention). The mask comes
             from Philox, seeded by a [seed, offset] pair drawn on q's device
@@ -227,7 +229,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             probabilities, a testing aid), is always None here.
 
     Returns:
-        ``out`` of shape (batch, seqlen_q, heads_q, head_dim) and q's dtype, or
+        ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype, or
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
 
     Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it).
@@ -286,7 +288,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             queries of every sequence one after another; any strides with a
             contiguous last dim.
         k: (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
-        v: same shape as k.
+        v: k's shape but for the head dim, which may differ from q's
+            (head_dim_v; out then has it).
         cu_seqlens_q: int32, (batch + 1,), contiguous, on q's device: the
             cumulative query lengths; sequence i's queries are rows
             cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q. cu_seqlens_q[0] must be 0,
@@ -317,7 +320,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             FlashAttention-2 writes +inf).
 
     Returns:
-        ``out`` of q's shape and dtype, or ``(out, softmax_lse, None)``.
+        ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
 
     Differentiable with respect to any of q, k, v. Every argument is checked
     before anything runs (a TypeError/ValueError naming it), the values of
@@ -448,8 +451,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Args:
         query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32.
         key: (..., heads_k, seqlen_k, head_dim).
-        value: (..., heads_k, seqlen_k, head_dim): a value head dim different
-            from the query's is not supported yet (NotImplementedError).
+        value: (..., heads_k, seqlen_k, head_dim_v): its head dim may differ
+            from the query's (as torch allows; DeepSeek's MLA: 192 and 128).
         attn_mask: boolean (True: attend) or additive float mask,
             broadcastable to (..., heads_q, seqlen_q, seqlen_k); a float mask
             of another dtype than query's (float32 with half queries, as
@@ -469,7 +472,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         enable_gqa: allow heads_k to divide heads_q (GQA/MQA).
 
     Returns:
-        The attention output, (..., heads_q, seqlen_q, head_dim), query's dtype.
+        The attention output, (..., heads_q, seqlen_q, head_dim_v), query's dtype.
         Differentiable with respect to any of query, key, value (broadcast
         batch dims and heads get their gradients summed, as in torch).
 
@@ -491,10 +494,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             if t.dim() < 2:
                 raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape "
                                  f"{tuple(t.shape)}")
-        if value.shape[-1] != query.shape[-1] and key.shape[-1] == query.shape[-1]:
-            raise NotImplementedError(f"value has head dim {value.shape[-1]} but query has {query.shape[-1]}: a "
-                                      "value head dim different from the query's is not supported by lazytriton's "
-                                      "kernels yet")
         q4, k4, v4, out_shape = _sdpa_layout(query, key, value, enable_gqa)
         call = binding.check(q4, k4, v4, is_causal, scale, _SDPA_NAMES)
         bias = None if attn_mask is None else _sdpa_bias(attn_mask, q4, out_shape, key.shape[-2], is_causal)

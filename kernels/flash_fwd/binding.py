@@ -88,7 +88,7 @@ class Call(NamedTuple):
 
     @property
     def dv(self) -> int:
-        """v's (and out's) head dim."""
+        """The head dim of v (and out)."""
         return self.head_dim_v or self.shape.head_dim
 
     @property
@@ -584,8 +584,10 @@ def empty_like_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def empty_outputs(q: torch.Tensor, shape: Shape, head_dim_v: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The outputs: out (q's shape but v's head dim ``head_dim_v``, 0: q's; q's dtype and, for a dense q, stride
-    order), lse (batch, heads_q, seqlen_q) float32."""
+    """The outputs: out (q's shape, dtype and, for a dense q, stride order) and lse (batch, heads_q, seqlen_q) float32.
+
+    out's head dim is v's, ``head_dim_v`` (0: q's).
+    """
     out = empty_like_head_dim(q, head_dim_v or q.shape[-1])
     lse = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
     return out, lse
