@@ -511,7 +511,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
-            alibi: bool = False, dropout: bool = False, attn_mask: bool = False) -> list[str]:
+            alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
+            head_dim_v: int | None = None) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -536,6 +537,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         dropout: calls with dropout_p > 0 use their own kernels (to capture
             dropout in a CUDA graph, preload with ``dropout=True``).
         attn_mask: SDPA calls with an attn_mask use their own kernels.
+        head_dim_v: v's head dim where it differs from k's (None: k's).
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -557,19 +559,24 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     if layout == "bshd":
         tensors = [t.transpose(1, 2) for t in tensors]
     qt, kt = tensors
-    call = binding.check(qt, kt, kt, causal, None, window=window_size, softcap=softcap)
+    vt = kt
+    if head_dim_v is not None:
+        if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int):
+            raise TypeError(f"head_dim_v must be an int or None, got {type(head_dim_v).__name__}")
+        vt = binding.empty_like_head_dim(kt.to("meta"), head_dim_v)
+    call = binding.check(qt, kt, vt, causal, None, window=window_size, softcap=softcap)
     call = _meta_mods(call, qt, _check_bool("alibi", alibi), _check_bool("dropout", dropout),
                       _check_bool("attn_mask", attn_mask))
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
-    out, lse = binding.empty_outputs(qt, call.shape)
-    _, aligned, index64 = binding.pack(qt, kt, kt, out, lse, call)
+    out, lse = binding.empty_outputs(qt, call.shape, call.head_dim_v)
+    _, aligned, index64 = binding.pack(qt, kt, vt, out, lse, call)
     loaded = [str(binding.preload(device, dtype, call, aligned, index64))]
     if _check_bool("backward", backward):
         from lazytriton.kernels.flash_bwd import binding as bwd_binding
 
         # The backward's own rule (ALIGN16 there also needs seqlens divisible by 16), on the same meta tensors.
-        grads = bwd_binding.empty_grads(qt, kt, kt)
-        _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, kt, out, out, lse, lse, *grads, call)
+        grads = bwd_binding.empty_grads(qt, kt, vt)
+        _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64)]
     return loaded
 
