@@ -302,7 +302,7 @@ LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan);
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
- * seqlen_k, aligned=1, index64=0, varlen=0; kernel=flash_bwd for the backward's two
+ * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim); kernel=flash_bwd for the backward's two
  * kernels, as lt_attn_bwd would choose them). All specs are parsed before
  * anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */

@@ -31,6 +31,8 @@ their own); ``DROPOUT`` regenerates the forward's mask Z from the same
 ``Philox`` tensor and applies FlashAttention-2's formulas: ``dV = (P Z / (1 -
 p))^T dO``, ``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - delta)`` with delta
 = rowsum(dO * O) of the dropped output.
+``BLOCK_DV``/``EVEN_DV`` and ``head_dim_v`` are the forward's: v, out, dO and
+dV have v's head dim, q, k, dQ and dK have q's.
 The price of determinism is one more pair of matrix products than a fused
 kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 """

@@ -250,7 +250,7 @@ def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names
     if not 1 <= d <= dispatch.MAX_HEAD_DIM:
         raise ValueError(f"head dim ({names.q}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
     if not 1 <= dv <= dispatch.MAX_HEAD_DIM:
-        raise ValueError(f"v's head dim ({names.v}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {dv}")
+        raise ValueError(f"{names.v}'s head dim ({names.v}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {dv}")
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"{names.q} heads ({hq}) must be a multiple of {names.k}/{names.v} heads ({hk}) for "
                          "GQA/MQA")
@@ -443,7 +443,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     return {"BLOCK_M": 32, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
-            "DROPOUT": mods[2]}
+            "DROPOUT": mods[2], "BLOCK_D2": 0}
 
 
 # ---------------------------------------------------------------------------
@@ -577,7 +577,8 @@ def empty_like_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:
     """
     if head_dim == t.shape[-1]:
         return torch.empty_like(t)
-    outer = sorted(range(t.dim() - 1), key=lambda i: -t.stride(i))
+    strides = t.stride()
+    outer = sorted(range(t.dim() - 1), key=lambda i: -strides[i])
     sizes = [t.shape[i] for i in outer] + [head_dim]
     made = torch.empty(sizes, dtype=t.dtype, device=t.device)
     return made.permute([outer.index(i) for i in range(t.dim() - 1)] + [t.dim() - 1])

@@ -139,7 +139,7 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
     if k.shape[:2] != v.shape[:2]:
-        raise ValueError(f"k and v must have the same shape (total_k, heads_k) but for the head dim, got "
+        raise ValueError(f"k and v must have the same shape (total_k, heads_k, head_dim) but for v's head dim, got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"k has head dim {k.shape[2]} but q has head dim {q.shape[2]}")
