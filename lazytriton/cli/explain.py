@@ -65,7 +65,7 @@ def explain_report(args: argparse.Namespace) -> Report:
         raise ValueError(f"--page-size must be a positive multiple of 16, got {page}")
     flags = _features(args)
     head_dim_v = getattr(args, "head_dim_v", None) or args.head_dim
-    if not 1 <= head_dim_v <= dispatch.MAX_HEAD_DIM:
+    if head_dim_v != args.head_dim and not 1 <= head_dim_v <= dispatch.MAX_HEAD_DIM:
         raise ValueError(f"--head-dim-v must be in 1..{dispatch.MAX_HEAD_DIM}, got {head_dim_v}")
     dim_v = 0 if head_dim_v == args.head_dim else head_dim_v
     for name in kernels:
