@@ -48,6 +48,7 @@ typedef struct {
     int32_t index64;
     int32_t kernel;
     int32_t varlen;
+    int32_t head_dim_v;
     int64_t seqlen_q;
     int64_t seqlen_k;
     uint64_t function;

@@ -227,7 +227,7 @@ def attn_bwd_cpu(p: Any) -> int:
         from lazytriton.kernels.flash_fwd import varlen
 
         cu_q, cu_k, vcall = _varlen_call(p, q, k, v)
-        varlen.check_grad(q, out, lse, dout)
+        varlen.check_grad(q, out, lse, dout, vcall.call.head_dim_v)
         with torch.no_grad():
             for mine, got in zip((dq, dk, dv), varlen.backward(q, k, v, out, lse, dout, cu_q, cu_k, vcall),
                                  strict=True):
@@ -281,11 +281,13 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 
 
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
-                 index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False) -> Any:
+                 index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False, head_dim_v: int = 0) -> Any:
     """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call.
 
-    ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's).
+    ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's);
+    ``head_dim_v``: v's head dim (0 or ``head_dim``: the same).
     """
+    dim_v = 0 if head_dim_v == head_dim else head_dim_v
     import torch
 
     from lazytriton.kernels.flash_fwd import binding as fwd
@@ -298,12 +300,12 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
         from lazytriton import dispatch
 
         return dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], head_dim, causal, aligned, seqlen_q,
-                                       seqlen_k, index64=index64, varlen=True)
+                                       seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v)
     if kernel == "flash_fwd":
-        return fwd.variant(target, dtype, shape, causal, aligned, index64)
+        return fwd.variant(target, dtype, shape, causal, aligned, index64, head_dim_v=dim_v)
     from lazytriton.kernels.flash_bwd import binding as bwd
 
-    dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64)
+    dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64, head_dim_v=dim_v)
     return dq if kernel == "flash_bwd_dq" else dkdv
 
 
@@ -314,7 +316,7 @@ def plan(req: Any) -> int:
     if name is None:
         raise CapiError(INVALID_ARGUMENT, f"plan request for kernel {req.kernel}; expected one of {KERNELS}")
     variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
-                           bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen))
+                           bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen), req.head_dim_v)
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
@@ -331,7 +333,8 @@ def plan(req: Any) -> int:
 # ---------------------------------------------------------------------------
 # lt_prewarm, lt_cache_stats
 
-_AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen")
+_AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen",
+         "head_dim_v")
 _TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
 _FALSE = {"0", "false", "no", "off", "none"}
 
@@ -380,6 +383,8 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     if kernel not in ("flash_fwd", "flash_bwd"):
         raise ValueError(f"kernel={kernel!r}: expected flash_fwd or flash_bwd (the backward's two kernels)")
     head_dim = _int_axis(axes, "head_dim", 0, 1, dispatch.MAX_HEAD_DIM)
+    head_dim_v = _int_axis(axes, "head_dim_v", head_dim, 1, dispatch.MAX_HEAD_DIM)
+    dim_v = 0 if head_dim_v == head_dim else head_dim_v
     seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
     seqlen_k = _int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN)
     causal = _flag(axes, "causal", False)
@@ -389,7 +394,7 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     target = known_target(axes["target"])
     if kernel == "flash_fwd":
         return (dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                           index64=index64, seqlen_k=seqlen_k, varlen=varlen),)
+                                           index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v),)
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
 
@@ -398,8 +403,10 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
         raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
     if varlen:
         return tuple(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                             seqlen_k, index64=index64, varlen=True) for name in dispatch.BWD_KERNELS)
-    return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64)
+                                             seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v)
+                     for name in dispatch.BWD_KERNELS)
+    return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64,
+                        head_dim_v=dim_v)
 
 
 def parse_specs(text: str) -> tuple[Any, ...]:

@@ -68,6 +68,7 @@ typedef struct {
     int32_t index64;      /* in */
     int32_t kernel;       /* in: LT__KERNEL_* */
     int32_t varlen;       /* in: packed sequences (VARLEN=true); the seqlens are then max_seqlen_q/max_seqlen_k */
+    int32_t head_dim_v;   /* in: v's head dim (out's, dout's, dv's); may differ from head_dim */
     int64_t seqlen_q;     /* in */
     int64_t seqlen_k;     /* in */
     uint64_t function;    /* out: CUfunction */
@@ -200,13 +201,13 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 /* Plans: a loaded kernel and what a launch needs, for one shape class.       */
 
 #define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
-#define LT__KERNEL_PARAMS 39       /* flash_fwd: 36 pointers and integers, then sm_scale, softcap, dropout_p */
-#define LT__KERNEL_INTS 36
+#define LT__KERNEL_PARAMS 40       /* flash_fwd: 37 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__KERNEL_INTS 37
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
     int32_t kernel; /* LT__KERNEL_FWD, or LT__KERNEL_BWD_DQ for the backward's pair */
-    int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits, varlen;
+    int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits, varlen, head_dim_v;
 } lt__plan_key;
 
 struct lt_plan {
@@ -232,13 +233,13 @@ static int64_t lt__dispatch_sk(const lt__call *c) { return c->varlen ? c->max_sk
 static lt__plan_key lt__key_of(const lt__call *c) {
     lt__plan_key key = {LT__KERNEL_FWD, c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE,
                         c->aligned, c->index64, lt__bits(lt__dispatch_sq(c)), lt__bits(lt__dispatch_sk(c)),
-                        c->varlen};
+                        c->varlen, (int32_t)c->dv};
     return key;
 }
 
 static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
-    snprintf(buf, size, "%s, head dim %d, cuda:%d, %s, %s pointers and strides, %d-bit indexing%s",
-             lt__dtype_name(k->dtype), k->head_dim, k->device_index, k->causal ? "causal" : "not causal",
+    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides, %d-bit indexing%s",
+             lt__dtype_name(k->dtype), k->head_dim, k->head_dim_v, k->device_index, k->causal ? "causal" : "not causal",
              k->aligned ? "16-byte aligned" : "unaligned", k->index64 ? 64 : 32,
              k->varlen ? ", packed sequences" : "");
 }
@@ -261,7 +262,7 @@ static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capa
     memset(req, 0, sizeof *req);
     req->device_index = c->device_index, req->capability = capability, req->dtype = c->dtype;
     req->head_dim = (int32_t)c->d, req->causal = c->causal != LT_CAUSAL_NONE, req->aligned = c->aligned;
-    req->index64 = c->index64, req->kernel = kernel, req->varlen = c->varlen;
+    req->index64 = c->index64, req->kernel = kernel, req->varlen = c->varlen, req->head_dim_v = (int32_t)c->dv;
     req->seqlen_q = lt__dispatch_sq(c), req->seqlen_k = lt__dispatch_sk(c);
     if ((s = (lt_status)lt__py_plan(req)) != LT_OK)
         return s;
@@ -299,7 +300,7 @@ static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
 /* The call c against a plan's key (either direction's): LT_ERROR_PLAN_MISMATCH saying what both are. */
 static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     if (c->device_type != LT_DEVICE_CUDA || c->device_index != k->device_index || c->dtype != k->dtype ||
-        c->d != k->head_dim || (c->causal != LT_CAUSAL_NONE) != k->causal || (k->aligned && !c->aligned) ||
+        c->d != k->head_dim || c->dv != k->head_dim_v || (c->causal != LT_CAUSAL_NONE) != k->causal || (k->aligned && !c->aligned) ||
         (c->index64 && !k->index64) || c->varlen != k->varlen) {
         char want[256], got[256];
         lt__plan_key call_key = lt__key_of(c);
@@ -327,7 +328,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1, 0, 0, 0, 0, 0};
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, -1, -1, 0, 0, 0, 0, 0};
     float floats[LT__KERNEL_PARAMS - LT__KERNEL_INTS] = {c->scale, 0.0f, 0.0f};
     void *params[LT__KERNEL_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__KERNEL_INTS; i++)

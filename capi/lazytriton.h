@@ -136,8 +136,9 @@ typedef struct {
 /* One attention forward call, the C twin of lazytriton.flash.attn_fwd:
  *   q   (batch, heads_q, seqlen_q, head_dim)   fp16, bf16 or fp32
  *   k   (batch, heads_k, seqlen_k, head_dim)   heads_q a multiple of heads_k (GQA/MQA)
- *   v   the shape of k
- *   out the shape and dtype of q, written
+ *   v   (batch, heads_k, seqlen_k, head_dim_v)  k's shape but for the head dim, which may
+ *       differ from q's and k's (DeepSeek's MLA: 192 and 128); 1..256
+ *   out (batch, heads_q, seqlen_q, head_dim_v) the dtype of q, written
  *   lse (batch, heads_q, seqlen_q) fp32, contiguous, written: the logsumexp
  * q, k, v and out take any strides with a contiguous last dim (stride 1).
  *
@@ -145,7 +146,8 @@ typedef struct {
  * cu_seqlens_q.data and cu_seqlens_k.data set, sequence i is rows
  * cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and cu_seqlens_k[i]:cu_seqlens_k[i + 1]
  * of k and v, and the tensors are
- *   q   (total_q, heads_q, head_dim), k and v (total_k, heads_k, head_dim), out like q
+ *   q   (total_q, heads_q, head_dim), k (total_k, heads_k, head_dim),
+ *   v   (total_k, heads_k, head_dim_v), out (total_q, heads_q, head_dim_v)
  *   lse (heads_q, total_q) fp32, contiguous (FlashAttention-2's varlen layout)
  *   cu_seqlens_q, cu_seqlens_k  LT_DTYPE_INT32, (batch + 1), contiguous, on q's device
  * causal is LT_CAUSAL_NONE or LT_CAUSAL_BOTTOM_RIGHT (within each sequence).
@@ -177,7 +179,8 @@ typedef struct {
  *   out, lse the forward's outputs, as it wrote them
  *   dout     the gradient of out: out's shape and dtype
  *   dq       q's shape and dtype, written
- *   dk, dv   k's shape and dtype, written (GQA/MQA: summed over each group of query heads)
+ *   dk       k's shape and dtype, written (GQA/MQA: summed over each group of query heads)
+ *   dv       v's shape and dtype, written (likewise summed)
  *   delta    (batch, heads_q, seqlen_q) fp32, contiguous: workspace the caller
  *            provides, so that no call allocates; its contents afterwards are
  *            unspecified
@@ -185,7 +188,7 @@ typedef struct {
  * last dim for the 4-dim tensors. Rows that saw no key get zero gradients,
  * and so do keys that no query saw.
  * Packed sequences (version 2): the forward's cu_seqlens_*, max_seqlen_*
- * and layouts; dout and dq like q, dk and dv like k, delta (heads_q, total_q). */
+ * and layouts; dout like out, dq like q, dk like k, dv like v, delta (heads_q, total_q). */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
     uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
@@ -364,7 +367,7 @@ LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *pa
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
- * seqlen_k, aligned=1, index64=0, varlen=0; kernel=flash_bwd for the backward's two
+ * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim); kernel=flash_bwd for the backward's two
  * kernels, as lt_attn_bwd would choose them). All specs are parsed before
  * anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */

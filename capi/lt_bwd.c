@@ -11,8 +11,8 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 48           /* flash_bwd_dq: 45 pointers and integers, then sm_scale, softcap, dropout_p */
-#define LT__BWD_DKDV_PARAMS 48         /* flash_bwd_dkdv: 45 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DQ_PARAMS 49           /* flash_bwd_dq: 46 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DKDV_PARAMS 49         /* flash_bwd_dkdv: 46 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_FLOATS 3
 
 /* ------------------------------------------------------------------------- */
@@ -155,14 +155,15 @@ static int lt__bwd_aligned(const lt_attn_bwd_params *p, const lt__call *c) {
 static lt_status lt__bwd_index64(const lt_attn_bwd_params *p, lt__call *c) {
     const lt_tensor *ts[8] = {&p->q, &p->out, &p->dout, &p->dq, &p->k, &p->v, &p->dk, &p->dv};
     static const char *names[8] = {"q", "out", "dout", "dq", "k", "v", "dk", "dv"};
-    int64_t extent = c->b * c->hq * c->sq - c->d;
+    int64_t extent = c->b * c->hq * c->sq;
     for (int i = 0; i < 8; i++) {
         int64_t e = i < 4 ? lt__last_offset(ts[i], c->b, c->hq, c->sq) : lt__last_offset(ts[i], c->b, c->hk, c->sk);
         if (e < 0)
             return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", names[i]);
+        e += ts[i]->sizes[3];
         extent = e > extent ? e : extent;
     }
-    c->index64 = extent + c->d > INT32_MAX;
+    c->index64 = extent > INT32_MAX;
     return LT_OK;
 }
 
@@ -283,7 +284,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1, 0, 0, 0, 0, 0};
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, -1, -1, 0, 0, 0, 0, 0};
     int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
@@ -291,7 +292,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->offset, -1, -1, 0, 0, 0, 0, 0};
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, -1, -1, 0, 0, 0, 0, 0};
     float floats[LT__BWD_FLOATS] = {c->scale, 0.0f, 0.0f};
     void *dq_params[LT__BWD_DQ_PARAMS + LT__MAX_HIDDEN], *dkdv_params[LT__BWD_DKDV_PARAMS + LT__MAX_HIDDEN];
     lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, floats, plan->dq.n_hidden);

@@ -10,6 +10,7 @@
 
 typedef struct {
     int64_t b, hq, hk, sq, sk, d;
+    int64_t dv; /* v's head dim (out's, dout's, dv's): may differ from d, q's and k's */
     int32_t dtype, device_type, device_index, causal;
     int aligned, index64, empty;
     int64_t offset;
@@ -151,9 +152,10 @@ static lt_status lt__check_tensors(const lt_attn_fwd_params *p) {
 static lt_status lt__check_shapes(const lt_attn_fwd_params *p, lt__call *c) {
     const int64_t *qs = p->q.sizes, *ks = p->k.sizes;
     c->b = qs[0], c->hq = qs[1], c->sq = qs[2], c->d = qs[3];
-    c->hk = ks[1], c->sk = ks[2];
-    if (!lt__same_sizes(&p->k, &p->v))
-        return lt__fail(LT_ERROR_SHAPE, "k and v must have the same shape, got (%lld, %lld, %lld, %lld) and "
+    c->hk = ks[1], c->sk = ks[2], c->dv = p->v.sizes[3];
+    if (memcmp(ks, p->v.sizes, 3 * sizeof(int64_t)) != 0)
+        return lt__fail(LT_ERROR_SHAPE, "k and v must have the same shape but for the head dim, got (%lld, %lld, "
+                        "%lld, %lld) and "
                         "(%lld, %lld, %lld, %lld)", (long long)ks[0], (long long)ks[1], (long long)ks[2],
                         (long long)ks[3], (long long)p->v.sizes[0], (long long)p->v.sizes[1],
                         (long long)p->v.sizes[2], (long long)p->v.sizes[3]);
@@ -162,11 +164,11 @@ static lt_status lt__check_shapes(const lt_attn_fwd_params *p, lt__call *c) {
     if (ks[3] != c->d)
         return lt__fail(LT_ERROR_SHAPE, "k has head dim %lld but q has head dim %lld", (long long)ks[3],
                         (long long)c->d);
-    if (!lt__same_sizes(&p->q, &p->out))
-        return lt__fail(LT_ERROR_SHAPE, "out has shape (%lld, %lld, %lld, %lld); expected q's shape (%lld, %lld, "
-                        "%lld, %lld)", (long long)p->out.sizes[0], (long long)p->out.sizes[1],
-                        (long long)p->out.sizes[2], (long long)p->out.sizes[3], (long long)c->b, (long long)c->hq,
-                        (long long)c->sq, (long long)c->d);
+    const int64_t *os = p->out.sizes;
+    if (os[0] != c->b || os[1] != c->hq || os[2] != c->sq || os[3] != c->dv)
+        return lt__fail(LT_ERROR_SHAPE, "out has shape (%lld, %lld, %lld, %lld); expected q's shape with v's head "
+                        "dim (%lld, %lld, %lld, %lld)", (long long)os[0], (long long)os[1], (long long)os[2],
+                        (long long)os[3], (long long)c->b, (long long)c->hq, (long long)c->sq, (long long)c->dv);
     const int64_t *ls = p->lse.sizes;
     if (ls[0] != c->b || ls[1] != c->hq || ls[2] != c->sq)
         return lt__fail(LT_ERROR_SHAPE, "lse has shape (%lld, %lld, %lld); expected (batch, heads_q, seqlen_q) = "
@@ -175,6 +177,9 @@ static lt_status lt__check_shapes(const lt_attn_fwd_params *p, lt__call *c) {
     if (c->d < 1 || c->d > LT__MAX_HEAD_DIM)
         return lt__fail(LT_ERROR_HEAD_DIM, "head dim (q.sizes[3]) must be in 1..%d, got %lld", LT__MAX_HEAD_DIM,
                         (long long)c->d);
+    if (c->dv < 1 || c->dv > LT__MAX_HEAD_DIM)
+        return lt__fail(LT_ERROR_HEAD_DIM, "v's head dim (v.sizes[3]) must be in 1..%d, got %lld", LT__MAX_HEAD_DIM,
+                        (long long)c->dv);
     if (c->hk == 0 || c->hq % c->hk != 0)
         return lt__fail(LT_ERROR_SHAPE, "q heads (%lld) must be a multiple of k/v heads (%lld) for GQA/MQA",
                         (long long)c->hq, (long long)c->hk);
@@ -189,7 +194,7 @@ static lt_status lt__check_strides(const lt_attn_fwd_params *p, const lt__call *
     const lt_tensor *ts[4] = {&p->q, &p->k, &p->v, &p->out};
     static const char *names[4] = {"q", "k", "v", "out"};
     for (int i = 0; i < 4; i++)
-        if (ts[i]->strides[3] != 1 && c->d > 1)
+        if (ts[i]->strides[3] != 1 && ts[i]->sizes[3] > 1)
             return lt__fail(LT_ERROR_SHAPE, "%s.strides[3] is %lld; the last dim must be contiguous (stride 1)",
                             names[i], (long long)ts[i]->strides[3]);
     const int64_t expect[3] = {c->hq * c->sq, c->sq, 1};
@@ -300,8 +305,8 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     for (int i = 0; i < 4; i++)
         bits |= (uint64_t)(ts[i]->strides[0] | ts[i]->strides[1] | ts[i]->strides[2]);
     c->aligned = (bits & 15) == 0;
-    /* As lazytriton.flash._kernel_args: 64-bit offsets once a tensor spans 2**31 elements. */
-    int64_t extent = c->b * c->hq * c->sq - c->d;
+    /* As the binding's pack: 64-bit offsets once a tensor (or lse) spans 2**31 elements. */
+    int64_t extent = c->b * c->hq * c->sq;
     for (int i = 0; i < 4; i++) {
         if ((i == 1 || i == 2) && c->sk == 0)
             continue; /* k and v are not read */
@@ -310,9 +315,10 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
         if (e < 0)
             return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", i == 0 ? "q"
                             : i == 1 ? "k" : i == 2 ? "v" : "out");
+        e += ts[i]->sizes[3];
         extent = e > extent ? e : extent;
     }
-    c->index64 = extent + c->d > INT32_MAX;
+    c->index64 = extent > INT32_MAX;
     return LT_OK;
 }
 

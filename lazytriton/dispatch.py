@@ -30,6 +30,29 @@ def padded_head_dim(head_dim: int) -> int:
     raise ValueError(f"head dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
 
 
+# Split tiles for flash_fwd (issue 11, item 4): a head dim that is not a power of two
+# as two power-of-two chunks (96 = 64 + 32) instead of one padded tile (128). Off by
+# default until benchmarks/bench_split_d.py measures it against padding on the H200:
+# a caller opts in with split_d=True.
+SPLIT_BY_DEFAULT = False
+MIN_CHUNK = 16  # tl.dot's smallest inner dimension
+
+
+def split_head_dim(head_dim: int) -> tuple[int, int] | None:
+    """The two chunks (a power of two, then one of at least 16) that hold ``head_dim`` in less than its padded tile.
+
+    None where a split saves nothing: powers of two, and dims whose second chunk
+    would round up to the first (224 = 128 + 96 -> 128 + 128 = 256, as padded).
+    """
+    padded = padded_head_dim(head_dim)
+    first = 1 << (head_dim.bit_length() - 1)
+    rest = head_dim - first
+    if rest == 0 or first < MIN_CHUNK:
+        return None
+    second = max(MIN_CHUNK, 1 << (rest - 1).bit_length())
+    return (first, second) if first + second < padded else None
+
+
 def causal_mode(causal: object) -> str:
     """Normalise the ``causal`` argument: False, True (= top_left), "top_left", "bottom_right"."""
     if causal is False or causal is None:
@@ -160,7 +183,8 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
                       seqlen_q: int, config: Config | None = None, index64: bool = False,
                       seqlen_k: int | None = None, table: tuning.Table | None = None,
                       tma: bool | None = None, window: bool = False, softcap: bool = False, alibi: bool = False,
-                      bias: bool = False, dropout: bool = False, varlen: bool = False) -> Variant:
+                      bias: bool = False, dropout: bool = False, varlen: bool = False,
+                      head_dim_v: int = 0, split_d: bool | None = None) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -171,11 +195,14 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``flash_fwd_tma`` decides from target, dtype and alignment). ``window``,
     ``softcap``: the call has a sliding window, a logit softcap; ``alibi``,
     ``bias``, ``dropout``: ALiBi slopes, an additive bias (attn_mask), dropout;
-    ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k).
+    ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k);
+    ``head_dim_v``: v's head dim where it differs from q's and k's (0: the same);
+    ``split_d``: split tiles (``kernel_variant``).
     """
     return kernel_variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
                           seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap,
-                          alibi=alibi, bias=bias, dropout=dropout, varlen=varlen)
+                          alibi=alibi, bias=bias, dropout=dropout, varlen=varlen, head_dim_v=head_dim_v,
+                          split_d=split_d)
 
 
 # ---------------------------------------------------------------------------
@@ -255,7 +282,8 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
                    softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
-                   paged: bool = False, varlen: bool = False) -> Variant:
+                   paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
+                   split_d: bool | None = None) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
 
     The decoding kernels (``DECODE_KERNELS``) go to ``decode_variant``, with
@@ -274,17 +302,38 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     such flags too, on all three kernels. ``VARLEN=true``
     (packed sequences, FlashAttention-2's varlen) likewise; its seqlens are
     the call's max_seqlen_q/max_seqlen_k, whose buckets pick the tiles.
+    ``head_dim_v`` (0: the same as ``head_dim``): v's head dim, as DeepSeek's
+    MLA has (q/k 192, v 128); where its padded size or evenness differs from
+    the q/k head dim's, ``BLOCK_DV``/``EVEN_DV`` say so (absent, they are
+    BLOCK_D's and EVEN_D's: the strings of equal-dim calls are unchanged),
+    and the tiles are those of the larger head dim. ``split_d`` (flash_fwd
+    only; None: ``SPLIT_BY_DEFAULT``): split tiles (``split_head_dim``), with
+    BLOCK_D the first chunk and BLOCK_D2 the second, written only when set;
+    True where no split helps (a power of two, v's head dim another, TMA) is a
+    ValueError.
     """
+    if head_dim_v and kernel in DECODE_KERNELS and head_dim_v != head_dim:
+        raise ValueError(f"the decoding kernels need v's head dim to equal q's and k's ({head_dim}), got "
+                         f"{head_dim_v}")
     if kernel in DECODE_KERNELS:
         return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
                               index64=index64, table=table, paged=paged, window=window, softcap=softcap,
                               alibi=alibi)
     padded = padded_head_dim(head_dim)
+    dv = head_dim_v or head_dim
+    padded_v = padded_head_dim(dv)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
-    cfg = config or kernel_config(kernel, target, dtype, head_dim, causal, sq, sk, table)[0]
+    cfg = config or kernel_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, table)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
-    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma, head_dim == padded):
+    if (padded_v, dv == padded_v) != (padded, head_dim == padded):
+        functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
+    even = head_dim == padded and dv == padded_v
+    chunks = _split_chunks(kernel, head_dim, dv, tma, split_d)
+    if chunks is not None:
+        functional.update(BLOCK_D=chunks[0], EVEN_D=sum(chunks) == head_dim, BLOCK_D2=chunks[1])
+        even = False  # no TMA: the pointer kernel only
+    if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma, even):
         functional["TMA"] = True  # written only when set: a pointer variant's string is what it was before TMA
     if window:
         functional["WINDOW"] = True
@@ -294,6 +343,22 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         if on:
             functional[flag] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
+
+
+def _split_chunks(kernel: str, head_dim: int, head_dim_v: int, tma: bool | None,
+                  split_d: bool | None) -> tuple[int, int] | None:
+    """flash_fwd's split-tile chunks for a call, or None (padding); ``split_d=True`` where none helps: ValueError."""
+    wanted = SPLIT_BY_DEFAULT if split_d is None else split_d
+    if not wanted:
+        return None
+    chunks = split_head_dim(head_dim) if kernel == "flash_fwd" else None
+    if chunks is None or head_dim_v != head_dim or tma:
+        if split_d is None:
+            return None
+        raise ValueError(f"split_d=True needs flash_fwd, a head dim that two power-of-two chunks hold in less than "
+                         f"its padded tile (40, 72, 80, 96, 160, 192, ...), v's head dim equal to it and no TMA; got "
+                         f"{kernel}, head dim {head_dim}, v's {head_dim_v}, tma={tma}")
+    return chunks
 
 
 # ---------------------------------------------------------------------------

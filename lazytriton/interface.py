@@ -100,7 +100,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
             float16, bfloat16 or float32, any strides with a contiguous last dim.
         k: keys, shape (batch, heads_k, seqlen_k, head_dim); heads_q must be a
             multiple of heads_k (GQA; heads_k = 1 is MQA).
-        v: values, same shape as k.
+        v: values, shape (batch, heads_k, seqlen_k, head_dim_v): k's but for
+            the head dim, which may differ from q's (DeepSeek's MLA: 192 and 128).
         causal: False; True or "top_left" (key j is seen by query i when
             j <= i, SDPA's meaning); "bottom_right" (j <= i + seqlen_k -
             seqlen_q, FlashAttention's meaning). A query that sees no key gets
@@ -120,7 +121,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         dropout_p: as in ``flash_attn_func``. Default 0.0.
 
     Returns:
-        ``(out, lse)``: out has q's shape and dtype; lse is the float32
+        ``(out, lse)``: out has q's shape (but v's head dim) and dtype; lse is the float32
         natural-log logsumexp of the scaled (and capped, ALiBi-biased)
         scores before dropout, shape (batch, heads_q, seqlen_q).
 
@@ -191,7 +192,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         q: (batch, seqlen_q, heads_q, head_dim), float16, bfloat16 or float32,
             any strides with a contiguous last dim (no copy is made).
         k: (batch, seqlen_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
-        v: same shape as k.
+        v: k's shape but for the head dim, which may differ from q's
+            (head_dim_v; out then has it).
         dropout_p: dropout probability in [0, 1), applied whenever it is > 0
             (pass 0.0 for evaluation, as with FlashAttention). The mask comes
             from Philox, seeded by a [seed, offset] pair drawn on q's device
@@ -230,7 +232,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             probabilities, a testing aid), is always None here.
 
     Returns:
-        ``out`` of shape (batch, seqlen_q, heads_q, head_dim) and q's dtype, or
+        ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype, or
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
 
     Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it).
@@ -289,7 +291,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             queries of every sequence one after another; any strides with a
             contiguous last dim.
         k: (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
-        v: same shape as k.
+        v: k's shape but for the head dim, which may differ from q's
+            (head_dim_v; out then has it).
         cu_seqlens_q: int32, (batch + 1,), contiguous, on q's device: the
             cumulative query lengths; sequence i's queries are rows
             cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q. cu_seqlens_q[0] must be 0,
@@ -320,7 +323,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             FlashAttention-2 writes +inf).
 
     Returns:
-        ``out`` of q's shape and dtype, or ``(out, softmax_lse, None)``.
+        ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
 
     Differentiable with respect to any of q, k, v. Every argument is checked
     before anything runs (a TypeError/ValueError naming it), the values of
@@ -451,8 +454,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Args:
         query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32.
         key: (..., heads_k, seqlen_k, head_dim).
-        value: (..., heads_k, seqlen_k, head_dim): a value head dim different
-            from the query's is not supported yet (NotImplementedError).
+        value: (..., heads_k, seqlen_k, head_dim_v): its head dim may differ
+            from the query's (as torch allows; DeepSeek's MLA: 192 and 128).
         attn_mask: boolean (True: attend) or additive float mask,
             broadcastable to (..., heads_q, seqlen_q, seqlen_k); a float mask
             of another dtype than query's (float32 with half queries, as
@@ -472,7 +475,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         enable_gqa: allow heads_k to divide heads_q (GQA/MQA).
 
     Returns:
-        The attention output, (..., heads_q, seqlen_q, head_dim), query's dtype.
+        The attention output, (..., heads_q, seqlen_q, head_dim_v), query's dtype.
         Differentiable with respect to any of query, key, value (broadcast
         batch dims and heads get their gradients summed, as in torch).
 
@@ -494,10 +497,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             if t.dim() < 2:
                 raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape "
                                  f"{tuple(t.shape)}")
-        if value.shape[-1] != query.shape[-1] and key.shape[-1] == query.shape[-1]:
-            raise NotImplementedError(f"value has head dim {value.shape[-1]} but query has {query.shape[-1]}: a "
-                                      "value head dim different from the query's is not supported by lazytriton's "
-                                      "kernels yet")
         q4, k4, v4, out_shape = _sdpa_layout(query, key, value, enable_gqa)
         call = binding.check(q4, k4, v4, is_causal, scale, _SDPA_NAMES)
         bias = None if attn_mask is None else _sdpa_bias(attn_mask, q4, out_shape, key.shape[-2], is_causal)
@@ -515,7 +514,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
-            alibi: bool = False, dropout: bool = False, attn_mask: bool = False) -> list[str]:
+            alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
+            head_dim_v: int | None = None) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -540,6 +540,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         dropout: calls with dropout_p > 0 use their own kernels (to capture
             dropout in a CUDA graph, preload with ``dropout=True``).
         attn_mask: SDPA calls with an attn_mask use their own kernels.
+        head_dim_v: v's head dim where it differs from k's (None: k's).
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -561,19 +562,24 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     if layout == "bshd":
         tensors = [t.transpose(1, 2) for t in tensors]
     qt, kt = tensors
-    call = binding.check(qt, kt, kt, causal, None, window=window_size, softcap=softcap)
+    vt = kt
+    if head_dim_v is not None:
+        if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int):
+            raise TypeError(f"head_dim_v must be an int or None, got {type(head_dim_v).__name__}")
+        vt = binding.empty_like_head_dim(kt.to("meta"), head_dim_v)
+    call = binding.check(qt, kt, vt, causal, None, window=window_size, softcap=softcap)
     call = _meta_mods(call, qt, _check_bool("alibi", alibi), _check_bool("dropout", dropout),
                       _check_bool("attn_mask", attn_mask))
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
-    out, lse = binding.empty_outputs(qt, call.shape)
-    _, aligned, index64 = binding.pack(qt, kt, kt, out, lse, call)
+    out, lse = binding.empty_outputs(qt, call.shape, call.head_dim_v)
+    _, aligned, index64 = binding.pack(qt, kt, vt, out, lse, call)
     loaded = [str(binding.preload(device, dtype, call, aligned, index64))]
     if _check_bool("backward", backward):
         from lazytriton.kernels.flash_bwd import binding as bwd_binding
 
         # The backward's own rule (ALIGN16 there also needs seqlens divisible by 16), on the same meta tensors.
-        grads = bwd_binding.empty_grads(qt, kt, kt)
-        _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, kt, out, out, lse, lse, *grads, call)
+        grads = bwd_binding.empty_grads(qt, kt, vt)
+        _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64)]
     return loaded
 

@@ -84,7 +84,9 @@ def _flash_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
                     alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
                     dropout_p: float = 0.0, philox: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     b, hq, sq, d = q.shape
-    return flash_fwd_binding.empty_outputs(q, flash_fwd_binding.Shape(b, hq, k.shape[1], sq, k.shape[2], d))
+    dv = v.shape[-1]
+    return flash_fwd_binding.empty_outputs(q, flash_fwd_binding.Shape(b, hq, k.shape[1], sq, k.shape[2], d),
+                                           0 if dv == d else dv)
 
 
 @torch.library.custom_op("lazytriton::flash_bwd", mutates_args=(), schema=_FLASH_BWD_SCHEMA)

@@ -51,8 +51,9 @@ def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 
 @flash_varlen_fwd.register_fake
-def _flash_varlen_fwd_fake(q: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return varlen.empty_outputs(q)
+def _flash_varlen_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
+                           **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return varlen.empty_outputs(q, 0 if v.shape[-1] == q.shape[-1] else v.shape[-1])
 
 
 @torch.library.custom_op("lazytriton::flash_varlen_bwd", mutates_args=(), schema=_BWD_SCHEMA)
@@ -65,7 +66,7 @@ def flash_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         (window_left, window_right), float(softcap))
-    varlen.check_grad(q, out, lse, do)
+    varlen.check_grad(q, out, lse, do, call.call.head_dim_v)
     return tuple(varlen.backward(q, k, v, out, lse, do, cu_seqlens_q, cu_seqlens_k, call))  # type: ignore[return-value]
 
 

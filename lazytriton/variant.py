@@ -163,6 +163,12 @@ class Variant:
 # and DROPOUT (ALiBi slopes, an additive bias, dropout), VARLEN (packed
 # sequences), and PAGED (a block table) of the decoding kernels (kernels/flash_decode).
 _FLAGS = ("ALIGN16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN")
+# Fields that may be absent, meaning "the same as another field": the value head dim's tile and
+# evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
+# the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.
+_SAME_AS = {"BLOCK_DV": "BLOCK_D", "EVEN_DV": "EVEN_D"}
+# Tiles that may be absent, meaning 0 (off): flash_fwd's second head-dim chunk (split tiles).
+_ZERO_IF_ABSENT = ("BLOCK_D2",)
 _OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
 _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16
@@ -191,7 +197,8 @@ def check_fields(variant: Variant) -> Variant:
 
     spec = get(variant.kernel)  # ValueError names an unknown kernel
     constexprs = variant.constexprs
-    missing = [name for name in spec.constexprs if name not in constexprs and name not in _FLAGS]
+    missing = [name for name in spec.constexprs if name not in constexprs and name not in _FLAGS
+               and name not in _SAME_AS and name not in _ZERO_IF_ABSENT]
     missing += [name for name in _REQUIRED_OPTIONS if name not in dict(variant.options)]
     if missing:
         raise ValueError(f"variant {variant} lacks {', '.join(missing)} (a {variant.kernel} variant needs "
@@ -202,6 +209,9 @@ def check_fields(variant: Variant) -> Variant:
         raise ValueError(f"variant {variant} has unknown fields {', '.join(unknown)}")
     for name, value in constexprs.items():
         _check_constexpr(variant, name, value)
+    if constexprs.get("BLOCK_D2") and ("BLOCK_DV" in constexprs or constexprs.get("TMA") is True):
+        raise ValueError(f"variant {variant}: split tiles (BLOCK_D2) take neither TMA nor a value head dim of "
+                         "its own (BLOCK_DV)")
     if constexprs.get("TMA") is True:
         _check_tma(variant)
     for name, value in variant.options:
@@ -219,15 +229,22 @@ def _check_tma(variant: Variant) -> None:
 
     try:
         flash_fwd_tma(Target.parse(variant.target), variant.dtype, variant.constexprs.get("ALIGN16") is True, True,
-                      variant.constexprs.get("EVEN_D") is not False)
+                      variant.constexprs.get("EVEN_D") is not False
+                      and variant.constexprs.get("EVEN_DV") is not False)
     except ValueError as exc:
         raise ValueError(f"variant {variant}: {exc}") from None
 
 
 def kernel_constexprs(variant: Variant, names: tuple[str, ...]) -> dict[str, Value]:
-    """The values of a kernel's constexprs ``names`` in ``variant``, an absent flag as false (KeyError otherwise)."""
+    """The values of a kernel's constexprs ``names`` in ``variant``, an absent flag as false (KeyError otherwise).
+
+    An absent BLOCK_DV/EVEN_DV takes BLOCK_D's/EVEN_D's value (``_SAME_AS``), an absent BLOCK_D2 is 0.
+    """
     constexprs = variant.constexprs
-    return {name: constexprs.get(name, False) if name in _FLAGS else constexprs[name] for name in names}
+    return {name: constexprs.get(name, False) if name in _FLAGS
+            else constexprs.get(name, 0) if name in _ZERO_IF_ABSENT
+            else constexprs[name] if name in constexprs or name not in _SAME_AS else constexprs[_SAME_AS[name]]
+            for name in names}
 
 
 def check_key(key: object) -> str:

@@ -52,8 +52,8 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 # bottom_right build the same binary (CAUSAL=true): the alignment is a runtime offset.
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
-_AXIS_FLAGS = ("dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window", "softcap",
-               "paged", "varlen", "alibi", "dropout", "attn_mask")
+_AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
+               "softcap", "paged", "varlen", "alibi", "dropout", "attn_mask")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 
 
@@ -186,6 +186,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--dtype", type=_dtypes, action="extend", help="fp16,bf16,fp32")
     axes.add_argument("--head-dim", type=_ints(1, 256, "--head-dim"), action="extend",
                       help="1..256; built at the padded size (16, 32, 64, 128, 256), EVEN_D=false if it differs")
+    axes.add_argument("--head-dim-v", type=_ints(1, 256, "--head-dim-v"), action="extend",
+                      help="v's head dims, 1..256 (default: each --head-dim's own); a differing one builds "
+                           "BLOCK_DV/EVEN_DV variants (DeepSeek's MLA: --head-dim 192 --head-dim-v 128); the "
+                           "decoding kernels skip them")
     axes.add_argument("--causal", type=_causal, action="extend",
                       help="none,top_left,bottom_right (both causal modes build one binary; causal = top_left)")
     axes.add_argument("--seqlen-q", type=_ints(1, 2**31 - 1, "--seqlen-q"), action="extend",
@@ -273,6 +277,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
     axes = Axes(targets=tuple(Target.parse(t) for t in dict.fromkeys(args.target)), kernels=kernels,
                 dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
                 head_dims=tuple(dict.fromkeys(args.head_dim)) if args.head_dim else None,
+                head_dims_v=tuple(dict.fromkeys(args.head_dim_v)) if args.head_dim_v else None,
                 causal=tuple(dict.fromkeys(mode != "none" for mode in args.causal)) if args.causal else None,
                 seqlens_q=tuple(args.seqlen_q) if args.seqlen_q else None,
                 seqlens_k=tuple(args.seqlen_k) if args.seqlen_k else None,

@@ -101,6 +101,9 @@ class Axes:
     alibi: tuple[bool, ...] = (False,)
     dropout: tuple[bool, ...] = (False,)
     bias: tuple[bool, ...] = (False,)
+    # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's. The decoding
+    # kernels take only v's equal to q's, so they skip the other pairs.
+    head_dims_v: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -112,7 +115,7 @@ class Axes:
         for dtype in self.dtypes or ():
             if dtype not in DTYPES:
                 raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        for head_dim in self.head_dims or ():
+        for head_dim in (*(self.head_dims or ()), *(self.head_dims_v or ())):
             if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
                 raise ValueError(f"head dim must be an int in 1..{dispatch.MAX_HEAD_DIM}, got {head_dim!r}")
         for name in ("seqlens_q", "seqlens_k"):
@@ -201,20 +204,25 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     dtypes = axes.dtypes or (DECODE_DTYPES if decode else DEFAULT_DTYPES)
     head_dims = axes.head_dims or (DECODE_HEAD_DIMS if decode else DEFAULT_HEAD_DIMS)
     paged = (axes.paged or (False, True)) if decode else (False,)
-    for dtype, head_dim, causal in itertools.product(dtypes, head_dims, axes.causal or DEFAULT_CAUSAL):
-        buckets = in_table.get((dtype, dispatch.padded_head_dim(head_dim), causal))
+    for dtype, head_dim, head_dim_v, causal in itertools.product(dtypes, head_dims, axes.head_dims_v or (0,),
+                                                                 axes.causal or DEFAULT_CAUSAL):
+        head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
+        if decode and head_dim_v:
+            continue
+        tiles = max(head_dim, head_dim_v)  # dispatch's rule: the larger head dim's tiles
+        buckets = in_table.get((dtype, dispatch.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
         off = (False,)
         varlens, dropouts, biases = (off, off, off) if decode else (axes.varlen, axes.dropout, axes.bias)
         for aligned, index64, window, softcap, is_paged, varlen, alibi, dropout, bias, (seqlen_q, seqlen_k) in \
                 itertools.product(axes.aligned, axes.index64, axes.window, axes.softcap, paged, varlens, axes.alibi,
                                   dropouts, biases, seqlens):
-            config, row = dispatch.kernel_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table,
+            config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
                                               config=config, index64=index64, window=window, softcap=softcap,
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
-                                              dropout=dropout)
+                                              dropout=dropout, head_dim_v=head_dim_v)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
 
 

@@ -36,9 +36,9 @@ def _expected(name: str, t: dict[str, torch.Tensor], call: binding.Call) -> int 
         return 0 if pointers[name] is None else pointers[name].data_ptr()
     return {"Q": t["q"].data_ptr(), "K": t["k"].data_ptr(), "V": t["v"].data_ptr(), "Out": t["o"].data_ptr(),
             "Lse": t["lse"].data_ptr(), "stride_lb": t["lse"].stride(0), "stride_lh": t["lse"].stride(1),
-            "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal_offset": call.offset,
-            "sm_scale": call.scale, "window_left": call.window_left, "window_right": call.window_right,
-            "softcap": call.softcap, "dropout_p": call.dropout_p, "Cu_seqlens_q": 0,
+            "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "head_dim_v": call.dv,
+            "causal_offset": call.offset, "sm_scale": call.scale, "window_left": call.window_left,
+            "window_right": call.window_right, "softcap": call.softcap, "dropout_p": call.dropout_p, "Cu_seqlens_q": 0,
             "Cu_seqlens_k": 0}[name]
 
 
@@ -143,7 +143,7 @@ def test_interpreter_constexprs_and_grid() -> None:
     constexprs = binding.interpreter_constexprs(shape, True)
     assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
                           "TMA": False, "WINDOW": False, "SOFTCAP": False, "VARLEN": False, "ALIBI": False,
-                          "BIAS": False, "DROPOUT": False}
+                          "BIAS": False, "DROPOUT": False, "BLOCK_DV": 64, "EVEN_DV": False, "BLOCK_D2": 0}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

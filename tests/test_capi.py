@@ -567,3 +567,92 @@ def test_example_backward_on_gpu_with_and_without_plan(example: Path) -> None:
 def test_gpu_plans_and_mismatches(check_program: Path) -> None:
     out = _ok(_run([check_program, "gpu"]))
     assert "FAIL" not in out
+
+
+# A value head dim different from q's (DeepSeek's MLA: 192 and 128) through the C API on the CPU: v, out,
+# dout and dv with their own head dim, against the Python call; and what does not fit refused before it runs.
+HEAD_DIM_V_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + """
+torch.manual_seed(0)
+q, k, v, do = torch.randn(2, 4, 9, 40), torch.randn(2, 2, 13, 40), torch.randn(2, 2, 13, 72), torch.randn(2, 4, 9, 72)
+out, lse = torch.full_like(do, 7.0), torch.full((2, 4, 9), 7.0)
+p = ffi.new("lt_attn_fwd_params *")
+lib.lt_attn_fwd_params_init(p)
+for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+    describe(getattr(p, name), t)
+p.causal = 2
+report = {"fwd": lib.lt_attn_fwd(p, ffi.NULL), "fwd_error": error()}
+leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+want_out, want_lse = lazytriton.attn_fwd(*leaves, causal="bottom_right")
+report["out_equal"] = torch.equal(out, want_out.detach()) and torch.equal(lse, want_lse)
+g = ffi.new("lt_attn_bwd_params *")
+lib.lt_attn_bwd_params_init(g)
+grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
+delta = torch.empty(2, 4, 9)
+for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", do), ("dq", grads[0]),
+                ("dk", grads[1]), ("dv", grads[2]), ("delta", delta)):
+    describe(getattr(g, name), t)
+g.causal = 2
+report["bwd"], report["bwd_error"] = lib.lt_attn_bwd(g, ffi.NULL), error()
+report["grads_equal"] = all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(want_out, leaves, do)))
+
+def status_of(change):
+    bad = ffi.new("lt_attn_fwd_params *")
+    ffi.memmove(bad, p, ffi.sizeof("lt_attn_fwd_params"))
+    change(bad)
+    return [lib.lt_attn_fwd(bad, ffi.NULL), error()]
+
+report["errors"] = [
+    status_of(lambda b: b.out.sizes.__setitem__(3, 40)),
+    status_of(lambda b: b.v.sizes.__setitem__(2, 12)),
+    status_of(lambda b: (b.v.sizes.__setitem__(3, 300), b.out.sizes.__setitem__(3, 300))),
+]
+gq = ffi.new("lt_attn_bwd_params *")
+ffi.memmove(gq, g, ffi.sizeof("lt_attn_bwd_params"))
+gq.dv.sizes[3] = 40
+report["bwd_errors"] = [[lib.lt_attn_bwd(gq, ffi.NULL), error()]]
+print(json.dumps(report))
+"""
+
+
+def test_a_value_head_dim_of_its_own_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
+    import json
+
+    out = _ok(_run([sys.executable, "-c", HEAD_DIM_V_IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    assert (report["fwd"], report["bwd"]) == (0, 0), (report["fwd_error"], report["bwd_error"])
+    assert report["out_equal"] and report["grads_equal"]
+    expected = [(5, "out has shape (2, 4, 9, 40); expected q's shape with v's head dim (2, 4, 9, 72)"),
+                (5, "k and v must have the same shape but for the head dim"),
+                (6, "v's head dim (v.sizes[3]) must be in 1..256, got 300")]
+    for (status, message), (want_status, needle) in zip(report["errors"], expected, strict=True):
+        assert status == want_status and needle in message, (status, message)
+    (status, message), = report["bwd_errors"]
+    assert status == 5 and "dv has shape (2, 2, 13, 40); expected v's shape (2, 2, 13, 72)" in message
+
+
+def test_plan_variant_and_prewarm_specs_of_a_value_head_dim() -> None:
+    import torch
+
+    from lazytriton import dispatch
+    from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_fwd import binding as fwd
+    from lazytriton.target import Target
+
+    sm90 = Target("cuda", "90", 32)
+    shape = fwd.Shape(1, 1, 1, 300, 257, 192)
+    dq, dkdv = bwd.variants(sm90, torch.bfloat16, shape, True, True, False, head_dim_v=128)
+    assert embedded.plan_variant("flash_bwd_dq", 90, 2, 192, True, True, False, 300, 257, False, 128) == dq
+    assert embedded.plan_variant("flash_bwd_dkdv", 90, 2, 192, True, True, False, 300, 257, False, 128) == dkdv
+    mla = embedded.plan_variant("flash_fwd", 90, 2, 192, True, True, False, 300, 257, False, 128)
+    assert mla == fwd.variant(sm90, torch.bfloat16, shape, True, True, False, head_dim_v=128)
+    assert mla.get("BLOCK_DV") == 128
+    assert embedded.plan_variant("flash_fwd", 90, 2, 192, True, True, False, 300, 257, False, 192) == fwd.variant(
+        sm90, torch.bfloat16, shape, True, True, False)
+    (spec,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128")
+    assert spec.get("BLOCK_DV") == 128 and spec.get("BLOCK_D") == 256
+    both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128 varlen=1")
+    assert [v.kernel for v in both] == list(dispatch.BWD_KERNELS)
+    assert all(v.get("BLOCK_DV") == 128 and v.get("VARLEN") is True for v in both)
+    with pytest.raises(ValueError, match="head_dim_v='0'"):
+        embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=0")

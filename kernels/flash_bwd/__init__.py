@@ -26,7 +26,7 @@ from lazytriton.kernels.flash_fwd import VARLEN_POINTERS as _VARLEN_POINTERS
 FAMILY = "flash_bwd"
 MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI", "BIAS",
-               "DROPOUT")
+               "DROPOUT", "BLOCK_DV", "EVEN_DV")
 
 
 # With ALIGN16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and

@@ -45,11 +45,12 @@ class Grads(NamedTuple):
 def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any, call: Call, names: fwd.Names = fwd.NAMES) -> None:
     """Refuse ``do`` (the gradient of out), ``out`` or ``lse`` unless they match the checked call.
 
-    ``do`` and ``out`` must have q's shape (kernel order), dtype and device
-    and a contiguous last dim; ``lse`` must be the forward's float32
-    (batch, heads_q, seqlen_q) tensor.
+    ``do`` and ``out`` must have q's shape (kernel order) but v's head dim,
+    q's dtype and device and a contiguous last dim; ``lse`` must be the
+    forward's float32 (batch, heads_q, seqlen_q) tensor.
     """
-    b, hq, _, sq, _, d = call.shape
+    b, hq, _, sq, _, _ = call.shape
+    d = call.dv
     expected = (b, hq, sq, d)
     for name, t in (("do", do), ("out", out)):
         if not isinstance(t, torch.Tensor):
@@ -112,19 +113,20 @@ def _generate_pack() -> Any:
     def ints(params: tuple[str, ...]) -> str:
         return ", ".join(PARAM_SOURCES[name][0] for name in params)
 
-    def extent(t: str, h: str, s: str) -> str:
-        return f"(b - 1) * {t}s[0] + ({h} - 1) * {t}s[1] + ({s} - 1) * {t}s[2]"
+    def extent(t: str, h: str, s: str, last: str) -> str:
+        return f"(b - 1) * {t}s[0] + ({h} - 1) * {t}s[1] + ({s} - 1) * {t}s[2] + {last}"
 
-    extents = [extent(t, "hq", "sq") for t in ("q", "o", "do", "dq")]
-    extents += [extent(t, "hk", "sk") for t in ("k", "v", "dk", "dv")]
+    extents = [extent(t, "hq", "sq", "dim_v" if t in ("o", "do") else "d") for t in ("q", "o", "do", "dq")]
+    extents += [extent(t, "hk", "sk", "dim_v" if t in ("v", "dv") else "d") for t in ("k", "v", "dk", "dv")]
     source = f"""
 def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0):
     b, hq, hk, sq, sk, d = call.shape
+    dim_v = call.head_dim_v or d
     offset = call.offset
     {fwd.MOD_LOCALS}
     {_STRIDE_LOCALS}
     aligned = not ({' | '.join(PARAM_SOURCES[name][0] for name in ALIGNED_PARAMS)}) & 15
-    index64 = max({', '.join(extents)}, b * hq * sq - d) + d > {INT32_MAX}
+    index64 = max({', '.join(extents)}, b * hq * sq) > {INT32_MAX}
     return ({ints(DQ_INT_PARAMS)},), ({ints(DKDV_INT_PARAMS)},), aligned, index64
 """
     namespace: dict[str, Any] = {}
@@ -147,27 +149,28 @@ def c_initializer(kernel: str) -> str:
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
-             mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> tuple[Any, ...]:
+             mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0) -> tuple[Any, ...]:
     """The forward's memo key, marked with the family (both live in ``Runtime.plans``)."""
-    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods))
+    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods,
+                                  head_dim_v))
 
 
 def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
-             mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> tuple[Variant, Variant]:
+             mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0) -> tuple[Variant, Variant]:
     """The (dq, dkdv) variants serving a call of this shape (dispatch decides)."""
     return tuple(  # type: ignore[return-value]
         dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
                                 shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap,
-                                alibi=mods[0], bias=mods[1], dropout=mods[2])
+                                alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v)
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
 
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
-                           softcap: bool = False, mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> dict[str, Any]:
+                           softcap: bool = False, mods: tuple[bool, bool, bool] = fwd.NO_MODS,
+                           head_dim_v: int = 0) -> dict[str, Any]:
     """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
-    padded = dispatch.padded_head_dim(shape.head_dim)
-    return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
+    return {"BLOCK_M": 16, "BLOCK_N": 16, **fwd.head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
             "DROPOUT": mods[2]}
 
@@ -184,14 +187,14 @@ def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
-         mods: tuple[bool, bool, bool] = fwd.NO_MODS) -> tuple[Any, int, Any, int]:
+         mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
     Refuses, during a CUDA graph capture, to load or compile either kernel
     (``CaptureError`` naming the variant), as the forward does.
     """
     chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                      mods)
+                      mods, head_dim_v)
     fwd.refuse_loads_in_capture(rt, chosen, device, "run the backward once with this shape (or call "
                                 "lazytriton.preload(..., backward=True)) before the capture")
     dq_variant, dkdv_variant = chosen
@@ -221,11 +224,11 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     if forced is None:
         causal = call.causal != "none"
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods)
+                       call.mods, call.head_dim_v)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods)
+                         call.mods, call.head_dim_v)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
@@ -253,7 +256,8 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     fwd.warn_if_slow(shape)
     delta = _delta(q, shape)
     dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
-    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods)
+    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
+                                        call.head_dim_v)
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     dq, dk, dv = grads
     floats = fwd.floats(call)
@@ -306,9 +310,9 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
-    window, softcap, mods = call.windowed, call.capped, call.mods
-    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods), device, dtype,
-         shape, causal, aligned, index64, window, softcap, mods)
+    window, softcap, mods, dv = call.windowed, call.capped, call.mods, call.head_dim_v
+    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv), device, dtype,
+         shape, causal, aligned, index64, window, softcap, mods, dv)
     return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                    mods)
+                    mods, dv)
 

@@ -31,6 +31,8 @@ their own); ``DROPOUT`` regenerates the forward's mask Z from the same
 ``Philox`` tensor and applies FlashAttention-2's formulas: ``dV = (P Z / (1 -
 p))^T dO``, ``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - delta)`` with delta
 = rowsum(dO * O) of the dropped output.
+``BLOCK_DV``/``EVEN_DV`` and ``head_dim_v`` are the forward's: v, out, dO and
+dV have v's head dim, q, k, dQ and dK have q's.
 The price of determinism is one more pair of matrix products than a fused
 kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 """
@@ -178,11 +180,12 @@ def _lse_log2(Lse, rows, rows_ok):
 @triton.jit
 def _dq_block(
     dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
+    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods, dv_ok,
     EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+    EVEN_V: tl.constexpr,
 ):
-    """DQ's share of keys [start_n, start_n + BLOCK_N), unscaled.
+    """DQ's share of keys [start_n, start_n + BLOCK_N), unscaled (V's head dim: dv_ok, EVEN_V).
 
     ``mods``: (seqlen_q, slope * log2 e, bias row pointers, the bias's column
     stride, Philox seed, dropout row offsets, dropout_p), as ``_mods`` gives them.
@@ -191,7 +194,7 @@ def _dq_block(
     cols = start_n + offs_n
     col_ok = cols < seqlen_k
     k = _load_tile(k_ptrs + start_n * stride_ks, col_ok, d_ok, MASKED, EVEN_D)
-    v = _load_tile(v_ptrs + start_n * stride_vs, col_ok, d_ok, MASKED, EVEN_D)
+    v = _load_tile(v_ptrs + start_n * stride_vs, col_ok, dv_ok, MASKED, EVEN_V)
     qk, grad = _scores(_dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE),
                        qk_scale, cap, SOFTCAP)
     if ALIBI or BIAS:
@@ -225,13 +228,14 @@ def flash_bwd_dq_kernel(
     stride_dob, stride_doh, stride_dos,
     stride_dqb, stride_dqh, stride_dqs,
     stride_lb, stride_lh,
-    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -251,8 +255,13 @@ def flash_bwd_dq_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    # V's head dim (and Out's, dO's): BLOCK_DV/EVEN_DV, or BLOCK_D/EVEN_D's when 0 (callers that predate them).
+    BLOCK_V: tl.constexpr = BLOCK_DV if BLOCK_DV > 0 else BLOCK_D
+    EVEN_V: tl.constexpr = EVEN_DV if BLOCK_DV > 0 else EVEN_D
+    offs_dv = tl.arange(0, BLOCK_V)
     rows_ok = offs_m < seqlen_q
     d_ok = offs_d < head_dim
+    dv_ok = offs_dv < head_dim_v
 
     if VARLEN:
         Q = Q + q_start * stride_qs
@@ -264,10 +273,10 @@ def flash_bwd_dq_kernel(
         batch = 0  # the batch strides are not used: each base above is its sequence's first row
     q = _load_tile(Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
                    rows_ok, d_ok, True, EVEN_D)
-    do = _load_tile(DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
-                    rows_ok, d_ok, True, EVEN_D)
-    o = _load_tile(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-                   rows_ok, d_ok, True, EVEN_D)
+    do = _load_tile(DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :],
+                    rows_ok, dv_ok, True, EVEN_V)
+    o = _load_tile(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :],
+                   rows_ok, dv_ok, True, EVEN_V)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     if VARLEN:  # lse and delta: (heads_q, total_q)
         lse_offset = head * stride_lh + q_start
@@ -277,7 +286,7 @@ def flash_bwd_dq_kernel(
     lse2 = _lse_log2(Lse + lse_offset, offs_m, rows_ok)
 
     k_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
-    v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+    v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_dv[None, :]
     qk_scale, cap = _scales(sm_scale, softcap, SOFTCAP)
     slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, batch, head, offs_m[:, None], seqlen_k,
                                                stride_lb, stride_lh, stride_alibi_b, stride_biasb, stride_biash,
@@ -302,15 +311,15 @@ def flash_bwd_dq_kernel(
         for start_n in range(begin, full_begin, BLOCK_N):
             dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                            seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                           mods, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                           mods, dv_ok, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
     for start_n in range(full_begin, full_end, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                        seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                       mods, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                       mods, dv_ok, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
     for start_n in range(full_end, end, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                        seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                       mods, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                       mods, dv_ok, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
 
     dq = dq * sm_scale
     _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
@@ -320,9 +329,10 @@ def flash_bwd_dq_kernel(
 @triton.jit
 def _dkdv_block(
     dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, start_m, offs_m, offs_n, d_ok,
-    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap, mods,
+    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap, mods, dv_ok,
     EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+    EVEN_V: tl.constexpr,
 ):
     """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed.
 
@@ -334,7 +344,7 @@ def _dkdv_block(
     rows = start_m + offs_m
     rows_ok = rows < seqlen_q
     q = _load_tile(q_ptrs + start_m * stride_qs, rows_ok, d_ok, True, EVEN_D)
-    do = _load_tile(do_ptrs + start_m * stride_dos, rows_ok, d_ok, True, EVEN_D)
+    do = _load_tile(do_ptrs + start_m * stride_dos, rows_ok, dv_ok, True, EVEN_V)
     lse2 = _lse_log2(Lse, rows, rows_ok)
     delta = tl.load(Delta + rows, mask=rows_ok, other=0.0)
     qk_t, grad_t = _scores(_dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE),
@@ -381,13 +391,14 @@ def flash_bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dks,
     stride_dvb, stride_dvh, stride_dvs,
     stride_lb, stride_lh,
-    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True,
 ):
     # Low key blocks first: under a causal mask they are seen by the most queries.
     start_n = tl.program_id(0) * BLOCK_N
@@ -416,16 +427,20 @@ def flash_bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    BLOCK_V: tl.constexpr = BLOCK_DV if BLOCK_DV > 0 else BLOCK_D  # as in the dQ kernel
+    EVEN_V: tl.constexpr = EVEN_DV if BLOCK_DV > 0 else EVEN_D
+    offs_dv = tl.arange(0, BLOCK_V)
     cols_ok = offs_n < seqlen_k
     d_ok = offs_d < head_dim
+    dv_ok = offs_dv < head_dim_v
 
     k = _load_tile(K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
                    cols_ok, d_ok, True, EVEN_D)
-    v = _load_tile(V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
-                   cols_ok, d_ok, True, EVEN_D)
+    v = _load_tile(V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_dv[None, :],
+                   cols_ok, dv_ok, True, EVEN_V)
     qk_scale, cap = _scales(sm_scale, softcap, SOFTCAP)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
 
     # Queries [begin, full_begin) cross the causal diagonal of this key block and
     # are masked; queries [full_begin, seqlen_q) see all of its keys. Keys past
@@ -452,28 +467,28 @@ def flash_bwd_dkdv_kernel(
         mods = (Alibi, Bias, Philox, batch, head, seqlen_k, stride_lb, stride_lh, stride_alibi_b, stride_biasb,
                 stride_biash, stride_biasm, stride_biasn, dropout_p)
         q_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
-        do_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
+        do_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :]
         lse_ptr = Lse + batch * stride_lb + head * stride_lh
         delta_ptr = Delta + batch * stride_lb + head * stride_lh
         for start_m in range(begin, full_begin, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
                                  seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
-                                 cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
-                                 DROPOUT)
+                                 cap, mods, dv_ok, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
+                                 DROPOUT, EVEN_V)
         for start_m in range(full_begin, full_end, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
                                  seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
-                                 cap, mods, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
-                                 DROPOUT)
+                                 cap, mods, dv_ok, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
+                                 DROPOUT, EVEN_V)
         if WINDOW:
             for start_m in range(full_end, end, BLOCK_M):
                 dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
                                      d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                                     window_right, cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
-                                 DROPOUT)
+                                     window_right, cap, mods, dv_ok, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI,
+                                     BIAS, DROPOUT, EVEN_V)
 
     dk = dk * sm_scale
     _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
                 dk.to(DK.dtype.element_ty), cols_ok, d_ok, EVEN_D)
-    _store_tile(DV + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :],
-                dv.to(DV.dtype.element_ty), cols_ok, d_ok, EVEN_D)
+    _store_tile(DV + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvs + offs_dv[None, :],
+                dv.to(DV.dtype.element_ty), cols_ok, dv_ok, EVEN_V)

@@ -39,6 +39,17 @@ only when true, their data runtime arguments. Their pointers (``Alibi``,
 batch stride, the bias's four strides, 0 on broadcast dims) the window's, and
 ``dropout_p`` comes after ``softcap``. A call without them passes null
 pointers and zeros, which the kernels never read.
+
+``head_dim_v`` (after ``head_dim``, in every attention kernel's ``SIZES``) is
+v's head dim, which out, dout and dv share; it may differ from q's and k's
+``head_dim``. Its tile and evenness are the constexprs ``BLOCK_DV`` and
+``EVEN_DV``, which a variant holds only where they differ from ``BLOCK_D`` and
+``EVEN_D`` (``variant.kernel_constexprs`` fills in those values otherwise), so
+the strings of equal-dim variants are what they were.
+
+``BLOCK_D2`` (split tiles: the head dim in two power-of-two chunks, BLOCK_D
+then BLOCK_D2, instead of one padded tile) is written only when set; absent,
+it is 0 (padding), so every other variant's string is unchanged.
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ SIZES = (
     ("seqlen_q", "i32"),
     ("seqlen_k", "i32"),
     ("head_dim", "i32"),
+    ("head_dim_v", "i32"),
     ("causal_offset", "i32"),
     ("window_left", "i32"),
     ("window_right", "i32"),
@@ -95,7 +107,7 @@ FLASH_FWD = KernelSpec(
         *SIZES,
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI",
-                "BIAS", "DROPOUT"),
+                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

@@ -82,6 +82,14 @@ class Call(NamedTuple):
     bias: Any = None
     dropout_p: float = 0.0
     philox: Any = None
+    # v's head dim where it differs from q's and k's (``shape.head_dim``), else 0: out, dout and
+    # dv then have this last dim (DeepSeek's MLA: q/k 192, v 128).
+    head_dim_v: int = 0
+
+    @property
+    def dv(self) -> int:
+        """The head dim of v (and out)."""
+        return self.head_dim_v or self.shape.head_dim
 
     @property
     def windowed(self) -> bool:
@@ -230,16 +238,19 @@ def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names
     if q.device.type not in DEVICE_TYPES and q.device.type != "meta":
         raise ValueError(f"{names.q} must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
     b, hq, sq, d = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"{names.k} and {names.v} must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{names.k} and {names.v} must have the same shape but for the head dim, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
     bk, hk, sk, dk = k.shape
+    dv = v.shape[3]
     if bk != b:
         raise ValueError(f"{names.k} has batch {bk} but {names.q} has batch {b}")
     if dk != d:
         raise ValueError(f"{names.k} has head dim {dk} but {names.q} has head dim {d}")
     if not 1 <= d <= dispatch.MAX_HEAD_DIM:
         raise ValueError(f"head dim ({names.q}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
+    if not 1 <= dv <= dispatch.MAX_HEAD_DIM:
+        raise ValueError(f"{names.v}'s head dim ({names.v}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {dv}")
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"{names.q} heads ({hq}) must be a multiple of {names.k}/{names.v} heads ({hk}) for "
                          "GQA/MQA")
@@ -248,7 +259,7 @@ def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names
                          f"{tuple(q.shape)}, {names.k} {tuple(k.shape)}")
     mode = causal_mode(causal, names.causal)
     return Call(Shape(b, hq, hk, sq, sk, d), mode, sk - sq if mode == "bottom_right" else 0,
-                softmax_scale(scale, d, names.scale))
+                softmax_scale(scale, d, names.scale), head_dim_v=0 if dv == d else dv)
 
 
 def causal_mode(causal: object, name: str = "causal") -> str:
@@ -290,6 +301,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "seqlen_q": ("sq", "c->sq"),
     "seqlen_k": ("sk", "c->sk"),
     "head_dim": ("d", "c->d"),
+    "head_dim_v": ("dim_v", "c->dv"),
     "causal_offset": ("offset", "c->offset"),
     "window_left": ("call.window_left", "-1"),  # the C API has no window (-1: off) and no softcap (0)
     "window_right": ("call.window_right", "-1"),
@@ -306,7 +318,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
 # The lines ``pack`` functions start with, so that the sources above find their locals.
 MOD_LOCALS = "alibi, bias, philox = call.alibi, call.bias, call.philox"
 # A call without score modifications (the warm path's only kind): null pointers, zero strides.
-_PLAIN = {"window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0",
+_PLAIN = {"head_dim_v": "d", "window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0",
           "Alibi": "0", "Bias": "0", "Philox": "0",
           "stride_alibi_b": "0", **{f"stride_bias{d}": "0" for d in "bhmn"}}
 PARAM_SOURCES: dict[str, tuple[str, str]] = {
@@ -332,11 +344,11 @@ INTS_SOURCE = ", ".join(PARAM_SOURCES[name][0] for name in INT_PARAMS)
 PLAIN_INTS_SOURCE = ", ".join(_PLAIN.get(name, PARAM_SOURCES[name][0]) for name in INT_PARAMS)
 
 ALIGNED_SOURCE = f"not ({' | '.join(PARAM_SOURCES[name][0] for name in FLASH_FWD.aligned_params)}) & 15"
-INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2],
-        (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2],
-        (b - 1) * ks[0] + (hk - 1) * ks[1] + (sk - 1) * ks[2],
-        (b - 1) * vs[0] + (hk - 1) * vs[1] + (sk - 1) * vs[2],
-        b * hq * sq - d) + d > {INT32_MAX}"""
+INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2] + d,
+        (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2] + dim_v,
+        (b - 1) * ks[0] + (hk - 1) * ks[1] + (sk - 1) * ks[2] + d,
+        (b - 1) * vs[0] + (hk - 1) * vs[1] + (sk - 1) * vs[2] + dim_v,
+        b * hq * sq) > {INT32_MAX}"""
 
 
 def _generate_pack() -> Any:
@@ -351,6 +363,7 @@ def _generate_pack() -> Any:
     source = f"""
 def pack(q, k, v, out, lse, call, cu_q=0, cu_k=0):
     b, hq, hk, sq, sk, d = call.shape
+    dim_v = call.head_dim_v or d
     offset = call.offset
     {MOD_LOCALS}
     qs, ks, vs, os = q.stride(), k.stride(), v.stride(), out.stride()
@@ -385,41 +398,52 @@ def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
-             mods: tuple[bool, bool, bool] = NO_MODS) -> tuple[Any, ...]:
+             mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0) -> tuple[Any, ...]:
     """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets.
 
     A windowed or softcapped call's key is longer (the two flags appended), so
     a plain call's key, which the warm path (hot.py) writes out, is unchanged
     and never finds such a call's kernel. ``mods`` (ALiBi, bias, dropout)
     lengthens it again, so the keys of windowed and capped calls stay as they were.
+    ``head_dim_v`` (v's head dim where it differs, else 0) is appended with a tag.
     """
     key = (device_index, dtype, shape.head_dim, causal, aligned, index64,
            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+    if head_dim_v:
+        return key + (window, softcap, *mods, "head_dim_v", head_dim_v)
     if mods != NO_MODS:
         return key + (window, softcap, *mods)
     return key + (window, softcap) if window or softcap else key
 
 
 def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool,
-            window: bool = False, softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS) -> Variant:
+            window: bool = False, softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS,
+            head_dim_v: int = 0) -> Variant:
     """The variant that serves a call of this shape (dispatch decides)."""
     return dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
                                       index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
-                                      alibi=mods[0], bias=mods[1], dropout=mods[2])
+                                      alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v)
+
+
+def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
+    """BLOCK_D, EVEN_D, BLOCK_DV and EVEN_DV for the interpreter (v's head dim: ``head_dim_v``, 0 the same)."""
+    padded, padded_v = dispatch.padded_head_dim(head_dim), dispatch.padded_head_dim(head_dim_v or head_dim)
+    return {"BLOCK_D": padded, "EVEN_D": padded == head_dim, "BLOCK_DV": padded_v,
+            "EVEN_DV": padded_v == (head_dim_v or head_dim)}
 
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
-                           softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS) -> dict[str, Any]:
+                           softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS,
+                           head_dim_v: int = 0) -> dict[str, Any]:
     """Constexprs for Triton's interpreter on CPU tensors.
 
     Small tiles: the interpreter's cost is per program and per op, and tiles
     smaller than the test shapes exercise the unmasked loop as well as the tail.
     The pointer kernel (TMA=false): it runs wherever the CPU tensors came from.
     """
-    padded = dispatch.padded_head_dim(shape.head_dim)
-    return {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim, "CAUSAL": causal,
+    return {"BLOCK_M": 32, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
-            "DROPOUT": mods[2]}
+            "DROPOUT": mods[2], "BLOCK_D2": 0}
 
 
 # ---------------------------------------------------------------------------
@@ -463,7 +487,7 @@ def scratch_alloc(nbytes: int, device_index: int) -> torch.Tensor:
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
-         mods: tuple[bool, bool, bool] = NO_MODS) -> tuple[Any, int]:
+         mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0) -> tuple[Any, int]:
     """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans``.
 
     During a CUDA graph capture, a kernel that is not loaded yet would touch
@@ -471,7 +495,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     first, naming the variant and the fix (``lazytriton.preload``).
     """
     found = dispatch.target_of_device(device)
-    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods)
+    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v)
     refuse_loads_in_capture(rt, (chosen,), device, "call lazytriton.preload(...) with this shape (or run the call "
                             "once) before the capture")
     kernel = rt.kernel(chosen, device.index)
@@ -494,11 +518,11 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     if variant is None:
         causal = call.causal != "none"
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods)
+                       call.mods, call.head_dim_v)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods)
+                         call.mods, call.head_dim_v)
     else:
         found = (rt.kernel(variant, device.index), int(variant.get("BLOCK_M")))
     kernel, block_m = found
@@ -513,7 +537,8 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
     shape = call.shape
     warn_if_slow(shape)
-    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods)
+    constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
+                                        call.head_dim_v)
     args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
@@ -545,9 +570,26 @@ def warn_if_slow(shape: Shape) -> None:
                     "minutes; the CPU path is for checking results, not for speed", tuple(shape))
 
 
-def empty_outputs(q: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
-    """The outputs: out (q's shape, dtype and, for a dense q, strides), lse (batch, heads_q, seqlen_q) float32."""
-    out = torch.empty_like(q)
+def empty_like_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A tensor like ``t`` (dtype, device, the order of its strides) but with ``head_dim`` as its last dim.
+
+    With t's own last dim this is ``torch.empty_like(t)`` (t's strides for a dense t).
+    """
+    if head_dim == t.shape[-1]:
+        return torch.empty_like(t)
+    strides = t.stride()
+    outer = sorted(range(t.dim() - 1), key=lambda i: -strides[i])
+    sizes = [t.shape[i] for i in outer] + [head_dim]
+    made = torch.empty(sizes, dtype=t.dtype, device=t.device)
+    return made.permute([outer.index(i) for i in range(t.dim() - 1)] + [t.dim() - 1])
+
+
+def empty_outputs(q: torch.Tensor, shape: Shape, head_dim_v: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs: out (q's shape, dtype and, for a dense q, stride order) and lse (batch, heads_q, seqlen_q) float32.
+
+    out's head dim is v's, ``head_dim_v`` (0: q's).
+    """
+    out = empty_like_head_dim(q, head_dim_v or q.shape[-1])
     lse = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
     return out, lse
 
@@ -555,7 +597,7 @@ def empty_outputs(q: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Te
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a checked call: the kernel on a GPU, the interpreter on CPU, empty on meta."""
     shape = call.shape
-    out, lse = empty_outputs(q, shape)
+    out, lse = empty_outputs(q, shape, call.head_dim_v)
     if out.numel() == 0 or q.device.type == "meta":
         return out, lse
     if shape.seqlen_k == 0:
@@ -573,7 +615,8 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
-    key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods)
-    plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods)
+    dv = call.head_dim_v
+    key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv)
+    plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv)
     return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
-                   call.capped, call.mods)
+                   call.capped, call.mods, dv)

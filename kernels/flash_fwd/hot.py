@@ -107,6 +107,7 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
         return None
     {permute_in}
     {permute_out}
+    dim_v = d  # vshape == kshape: v's head dim is q's
     if causal is False:
         is_causal = False
         offset = 0

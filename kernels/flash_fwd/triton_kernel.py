@@ -83,6 +83,21 @@ Three more flags modify the scores, each off by default:
   Triton 3.6 and 3.9 (random.py differs only in writing -x - 1 as ~x), and
   the backward calls it with the same arguments, so it regenerates the mask.
 
+``BLOCK_DV``/``EVEN_DV`` (with the runtime ``head_dim_v``) are v's head dim,
+which may differ from q's and k's (DeepSeek's MLA: q/k 192, v 128): V is read,
+the accumulator held and Out written BLOCK_DV wide, masked at head_dim_v unless
+EVEN_DV. A variant writes them only where they differ from BLOCK_D/EVEN_D;
+absent, the compiler passes BLOCK_D's and EVEN_D's values (0, the default,
+means the same for callers that predate them), so equal-dim calls compile as
+before, with head_dim_v = head_dim.
+
+``BLOCK_D2`` > 0 (split tiles; 0, the default, pads) holds a head dim that is
+not a power of two in two power-of-two chunks instead of one padded tile: 96 =
+64 + 32, 160 = 128 + 32, 192 = 128 + 64, 80 = 64 + 16, 72 = 64 + 16 (the
+second chunk masked at head_dim, EVEN_D then false). BLOCK_D is the first
+chunk, whole; scores are q k + q2 k2 and V's chunks fill two accumulators.
+Pointer kernel only (not TMA), with v's head dim equal to q's.
+
 Off, they compile away: with Triton 3.9 for sm_90, the PTX of the plain
 variants above (and of the backward's) has the same instructions in the same
 order, apart from the eight new unused parameters, where the parameter loads
@@ -143,30 +158,39 @@ def _kept(seed, drop_rows, cols, dropout_p):
 def _attend_block(
     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
     seqlen_k, head_dim, causal_offset, qk_scale,
-    stride_ks, stride_vs, window_left, window_right, cap, mods,
+    stride_ks, stride_vs, window_left, window_right, cap, mods, offs_dv, head_dim_v,
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr,
-    DROPOUT: tl.constexpr,
+    DROPOUT: tl.constexpr, EVEN_DV: tl.constexpr,
 ):
-    """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers."""
+    """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers.
+
+    K's head dim is offs_d (head_dim, EVEN_D), V's offs_dv (head_dim_v, EVEN_DV).
+    """
     cols = start_n + offs_n
     if MASKED:
         col_ok = cols < seqlen_k
         if EVEN_D:
             k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
         else:
             d_ok = offs_d < head_dim
             k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        if EVEN_DV:
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
+        else:
+            dv_ok = offs_dv < head_dim_v
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
     else:
         if EVEN_D:
             k = tl.load(k_ptrs + start_n * stride_ks)
-            v = tl.load(v_ptrs + start_n * stride_vs)
         else:
             d_ok = offs_d < head_dim
             k = tl.load(k_ptrs + start_n * stride_ks, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vs, mask=d_ok[None, :], other=0.0)
+        if EVEN_DV:
+            v = tl.load(v_ptrs + start_n * stride_vs)
+        else:
+            dv_ok = offs_dv < head_dim_v
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=dv_ok[None, :], other=0.0)
     return _softmax_step(acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
                          window_left, window_right, cap, mods, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
                          BIAS, DROPOUT)
@@ -203,11 +227,23 @@ def _softmax_step(
     probabilities after they entered the row sum, so l (and lse) are the
     undropped ones.
     """
-    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
     if IEEE:
         qk = tl.dot(q, k, input_precision="ieee")
     else:
         qk = tl.dot(q, k)
+    p, alpha, l_i, m_new = _online(qk, l_i, m_i, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left,
+                                   window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+    return _accumulate(acc, alpha, p, v, IEEE), l_i, m_new
+
+
+@triton.jit
+def _online(
+    qk, l_i, m_i, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    """The online softmax over one block of raw scores qk: (p, alpha, l_i, m_new), ``_softmax_step``'s rules."""
+    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
     qk = qk * qk_scale
     if SOFTCAP:
         qk = _tanh(qk) * cap
@@ -233,12 +269,61 @@ def _softmax_step(
     l_i = l_i * alpha + tl.sum(p, 1)
     if DROPOUT:
         p = tl.where(_kept(seed, drop_rows, cols[None, :], dropout_p), p, 0.0)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _accumulate(acc, alpha, p, v, IEEE: tl.constexpr):
+    """The accumulator rescaled by alpha, plus p @ v."""
     acc = acc * alpha[:, None]
     if IEEE:
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
     else:
         acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_new
+    return acc
+
+
+@triton.jit
+def _attend_block_split(
+    acc, acc2, l_i, m_i, q, q2, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
+    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
+    EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    """``_attend_block`` with the head dim in two power-of-two chunks (``BLOCK_D2``): qk = q k + q2 k2.
+
+    The first chunk (BLOCK_D wide) is whole; the second (BLOCK_D2) is masked at
+    head_dim unless EVEN_D. V is split the same way into acc and acc2.
+    """
+    cols = start_n + offs_n
+    col_ok = cols < seqlen_k
+    if MASKED:
+        k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
+        if EVEN_D:
+            k2 = tl.load(k2_ptrs + start_n * stride_ks, mask=col_ok[None, :], other=0.0)
+            v2 = tl.load(v2_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
+        else:
+            k2 = tl.load(k2_ptrs + start_n * stride_ks, mask=col_ok[None, :] & d2_ok[:, None], other=0.0)
+            v2 = tl.load(v2_ptrs + start_n * stride_vs, mask=col_ok[:, None] & d2_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs + start_n * stride_ks)
+        v = tl.load(v_ptrs + start_n * stride_vs)
+        if EVEN_D:
+            k2 = tl.load(k2_ptrs + start_n * stride_ks)
+            v2 = tl.load(v2_ptrs + start_n * stride_vs)
+        else:
+            k2 = tl.load(k2_ptrs + start_n * stride_ks, mask=d2_ok[:, None], other=0.0)
+            v2 = tl.load(v2_ptrs + start_n * stride_vs, mask=d2_ok[None, :], other=0.0)
+    if IEEE:
+        qk = tl.dot(q, k, input_precision="ieee")
+        qk = tl.dot(q2, k2, qk, input_precision="ieee")
+    else:
+        qk = tl.dot(q, k)
+        qk = tl.dot(q2, k2, qk)
+    p, alpha, l_i, m_new = _online(qk, l_i, m_i, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left,
+                                   window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+    return _accumulate(acc, alpha, p, v, IEEE), _accumulate(acc2, alpha, p, v2, IEEE), l_i, m_new
 
 
 @triton.jit
@@ -275,13 +360,14 @@ def flash_fwd_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr = False,
     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -303,6 +389,10 @@ def flash_fwd_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    # V's head dim (and Out's): BLOCK_DV/EVEN_DV, or BLOCK_D/EVEN_D's when 0 (callers that predate them).
+    BLOCK_V: tl.constexpr = BLOCK_DV if BLOCK_DV > 0 else BLOCK_D
+    EVEN_V: tl.constexpr = EVEN_DV if BLOCK_DV > 0 else EVEN_D
+    offs_dv = tl.arange(0, BLOCK_V)
     row_ok = offs_m < seqlen_q
 
     if VARLEN:
@@ -318,18 +408,26 @@ def flash_fwd_kernel(
                                            block_shape=[BLOCK_M, BLOCK_D])
         k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, head_dim], strides=[stride_ks, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, head_dim], strides=[stride_vs, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, head_dim_v], strides=[stride_vs, 1],
+                                           block_shape=[BLOCK_N, BLOCK_V])
         q = q_desc.load([start_m, 0])
     else:
         q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
         # K is read transposed, (BLOCK_D, BLOCK_N), so that q @ k needs no permute.
         k_ptrs = k_base + offs_n[None, :] * stride_ks + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :]
         if EVEN_D:
             q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
         else:
             q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+        if BLOCK_D2 > 0:  # split tiles: head dims [BLOCK_D, BLOCK_D + BLOCK_D2), masked at head_dim (v's too)
+            offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+            d2_ok = offs_d2 < head_dim
+            q2 = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d2[None, :],
+                         mask=row_ok[:, None] & d2_ok[None, :], other=0.0)
+            k2_ptrs = k_base + offs_n[None, :] * stride_ks + offs_d2[:, None]
+            v2_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d2[None, :]
+            acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
 
     if SOFTCAP:
         qk_scale = sm_scale / softcap
@@ -342,7 +440,7 @@ def flash_fwd_kernel(
                  ALIBI, BIAS, DROPOUT)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
 
     # Keys [0, full_end) are visible to every row of this block and need no
     # mask; keys [full_end, end) are the ragged tail and the causal diagonal.
@@ -389,25 +487,48 @@ def flash_fwd_kernel(
                 seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, True, CAUSAL, IEEE, WINDOW,
                 SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
+    elif BLOCK_D2 > 0:
+        if WINDOW:
+            for start_n in range(begin, full_begin, BLOCK_N):
+                acc, acc2, l_i, m_i = _attend_block_split(
+                    acc, acc2, l_i, m_i, q, q2, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
+                    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
+                    EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                )
+        for start_n in range(full_begin, full_end, BLOCK_N):
+            acc, acc2, l_i, m_i = _attend_block_split(
+                acc, acc2, l_i, m_i, q, q2, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
+                seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
+                EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+            )
+        for start_n in range(full_end, end, BLOCK_N):
+            acc, acc2, l_i, m_i = _attend_block_split(
+                acc, acc2, l_i, m_i, q, q2, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
+                seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
+                EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+            )
     else:
         if WINDOW:
             for start_n in range(begin, full_begin, BLOCK_N):
                 acc, l_i, m_i = _attend_block(
                     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                     seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                    cap, mods, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                    cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
+                    BIAS, DROPOUT, EVEN_V,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, mods, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS,
+                DROPOUT, EVEN_V,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, mods, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS,
+                DROPOUT, EVEN_V,
             )
 
     empty = l_i == 0.0
@@ -421,16 +542,22 @@ def flash_fwd_kernel(
     else:
         o_base = Out + batch * stride_ob + head * stride_oh
     if TMA:
-        # The store clips rows past seqlen_q and columns past head_dim.
-        o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, head_dim], strides=[stride_os, 1],
-                                           block_shape=[BLOCK_M, BLOCK_D])
+        # The store clips rows past seqlen_q and columns past head_dim_v.
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, head_dim_v], strides=[stride_os, 1],
+                                           block_shape=[BLOCK_M, BLOCK_V])
         o_desc.store([start_m, 0], out.to(Out.dtype.element_ty))
     else:
-        o_ptrs = o_base + offs_m[:, None] * stride_os + offs_d[None, :]
-        if EVEN_D:
+        o_ptrs = o_base + offs_m[:, None] * stride_os + offs_dv[None, :]
+        if EVEN_V:
             tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
         else:
-            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < head_dim_v))
+        if BLOCK_D2 > 0:
+            out2 = acc2 / tl.where(empty, 1.0, l_i)[:, None]
+            if DROPOUT:
+                out2 = out2 * (1.0 / (1.0 - dropout_p))
+            tl.store(o_base + offs_m[:, None] * stride_os + offs_d2[None, :], out2.to(Out.dtype.element_ty),
+                     mask=row_ok[:, None] & d2_ok[None, :])
     if VARLEN:  # FlashAttention-2's varlen layout: (heads_q, total_q)
         tl.store(Lse + head * stride_lh + q_start + offs_m, lse, mask=row_ok)
     else:

@@ -138,9 +138,9 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     or a torch.compile trace is in progress.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape (total_k, heads_k, head_dim), got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+    if k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k and v must have the same shape (total_k, heads_k, head_dim) but for v's head dim, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"k has head dim {k.shape[2]} but q has head dim {q.shape[2]}")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
@@ -165,13 +165,17 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     return VarlenCall(call, batch, sq, sk)
 
 
-def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any) -> None:
-    """Refuse ``do``/``out`` unless they match q's packed shape, dtype and device, and a wrong ``lse``."""
+def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any, head_dim_v: int = 0) -> None:
+    """Refuse ``do``/``out`` unless they match q's packed shape, dtype and device, and a wrong ``lse``.
+
+    Their head dim is v's, ``head_dim_v`` (0: q's).
+    """
+    shape = (*q.shape[:2], head_dim_v or q.shape[2])
     for name, t in (("do", do), ("out", out)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != q.dtype or t.device != q.device or t.shape != q.shape:
-            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}, "
+        if t.dtype != q.dtype or t.device != q.device or tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have the output's shape {shape}, dtype {q.dtype} and device {q.device}, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")
         if t.stride(-1) != 1 and t.shape[-1] > 1 and t.numel():
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
@@ -192,7 +196,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, align
     """The forward's memo key: the dense one of the kernel shape, marked ``"varlen"``."""
     call = vc.call
     return (MARK, *fwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped))
+                                call.windowed, call.capped, head_dim_v=call.head_dim_v))
 
 
 def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -200,7 +204,7 @@ def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, a
     """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"``."""
     call = vc.call
     return (MARK, *bwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped))
+                                call.windowed, call.capped, head_dim_v=call.head_dim_v))
 
 
 def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -209,7 +213,8 @@ def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: Varl
     call, shape = vc.call, vc.kernel_shape
     return tuple(dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], shape.head_dim, call.causal != "none",
                                          aligned, shape.seqlen_q, shape.seqlen_k, index64=index64,
-                                         window=call.windowed, softcap=call.capped, varlen=True)
+                                         window=call.windowed, softcap=call.capped, varlen=True,
+                                         head_dim_v=call.head_dim_v)
                  for kernel in kernels)
 
 
@@ -233,15 +238,19 @@ def _plan(rt: Any, key: tuple[Any, ...], kernels: tuple[str, ...], tile: tuple[s
 # Forward
 
 
-def empty_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The outputs: out (q's packed shape and dtype) and lse, float32 (heads_q, total_q), FlashAttention-2's layout."""
-    return torch.empty_like(q), torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+def empty_outputs(q: torch.Tensor, head_dim_v: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs: out (q's packed shape and dtype) and lse, float32 (heads_q, total_q), FlashAttention-2's layout.
+
+    out's head dim is v's, ``head_dim_v`` (0: q's).
+    """
+    return (fwd.empty_like_head_dim(q, head_dim_v or q.shape[2]),
+            torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
             vc: VarlenCall) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a checked varlen call: the kernel on a GPU, the interpreter on CPU, empty on meta."""
-    out, lse = empty_outputs(q)
+    out, lse = empty_outputs(q, vc.call.head_dim_v)
     if out.numel() == 0 or q.device.type == "meta" or vc.batch == 0:
         return out, lse
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), lse.unsqueeze(0))
@@ -252,8 +261,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
 
         shape = vc.kernel_shape
         fwd.warn_if_slow(shape)
-        constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped),
-                      "VARLEN": True}
+        constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
+                                                   head_dim_v=call.head_dim_v), "VARLEN": True}
         args = (*views, cu_q, cu_k, *ints[fwd.N_TENSORS + 2:], *fwd.floats(call))
         compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
         return out, lse
@@ -315,8 +324,8 @@ def _interpret_backward(views: tuple[torch.Tensor, ...], cu_q: torch.Tensor, cu_
     q, k, v, out, do, lse, delta, dq, dk, dv = views
     call, shape = vc.call, vc.kernel_shape
     fwd.warn_if_slow(shape)
-    constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped),
-                  "VARLEN": True}
+    constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
+                                               head_dim_v=call.head_dim_v), "VARLEN": True}
     dq_grid, dkdv_grid = bwd.grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     floats = fwd.floats(call)
     skip = bwd.N_TENSORS + 2

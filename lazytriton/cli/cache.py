@@ -413,6 +413,7 @@ def add_parser(sub: Any) -> None:
                          "or one kernel (default: flash_fwd)")
     ex.add_argument("--dtype", choices=DTYPES, required=True)
     ex.add_argument("--head-dim", type=int, required=True)
+    ex.add_argument("--head-dim-v", type=int, default=None, help="v's head dim, if it differs from --head-dim")
     ex.add_argument("--seqlen-q", type=int, required=True)
     ex.add_argument("--seqlen-k", type=int, help="default: seqlen-q")
     ex.add_argument("--causal", choices=CAUSAL_MODES, default="none")

@@ -64,7 +64,14 @@ def explain_report(args: argparse.Namespace) -> Report:
     if page and (page < 0 or page % 16):
         raise ValueError(f"--page-size must be a positive multiple of 16, got {page}")
     flags = _features(args)
+    head_dim_v = getattr(args, "head_dim_v", None) or args.head_dim
+    if head_dim_v != args.head_dim and not 1 <= head_dim_v <= dispatch.MAX_HEAD_DIM:
+        raise ValueError(f"--head-dim-v must be in 1..{dispatch.MAX_HEAD_DIM}, got {head_dim_v}")
+    dim_v = 0 if head_dim_v == args.head_dim else head_dim_v
     for name in kernels:
+        if name in dispatch.DECODE_KERNELS and dim_v:
+            raise ValueError(f"--head-dim-v {head_dim_v} differs from --head-dim {args.head_dim}: the decoding "
+                             "kernels (flash_attn_with_kvcache) need them equal")
         if name in dispatch.DECODE_KERNELS:  # seqlen_q: query rows per key/value head; seqlen_k: the cache's length
             config, row = dispatch.decode_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
                                                  seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
@@ -73,17 +80,18 @@ def explain_report(args: argparse.Namespace) -> Report:
                                               paged=page > 0, window=flags["window"], softcap=flags["softcap"],
                                               alibi=flags["alibi"])
         else:
-            config, row = dispatch.kernel_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
-                                                 seqlen_k)
+            config, row = dispatch.kernel_config(name, target, args.dtype, max(args.head_dim, head_dim_v), causal,
+                                                 args.seqlen_q, seqlen_k)
             variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
                                               args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen,
                                               window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
-                                              bias=flags["bias"], dropout=flags["dropout"])
+                                              bias=flags["bias"], dropout=flags["dropout"], head_dim_v=dim_v)
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
                         "tuning": None if row is None else asdict(row), **tier_verdicts(rt, key)})
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
+            "head_dim_v": head_dim_v,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
             "varlen": varlen, "target": str(target), "target_source": how, **flags,
@@ -132,7 +140,8 @@ def tier_verdicts(rt: Any, key: str) -> Report:
 
 def print_explain(report: Report) -> None:
     call = report["call"]
-    print(f"call     {call['kernel']} {call['dtype']} head_dim={call['head_dim']} seqlen_q={call['seqlen_q']} "
+    dim_v = f" head_dim_v={call['head_dim_v']}" if call.get("head_dim_v", call["head_dim"]) != call["head_dim"] else ""
+    print(f"call     {call['kernel']} {call['dtype']} head_dim={call['head_dim']}{dim_v} seqlen_q={call['seqlen_q']} "
           f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
           f"target={call['target']} ({call['target_source']})")
     if call["kernel"].startswith("flash_decode"):

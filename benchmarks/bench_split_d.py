@@ -1,0 +1,253 @@
+"""Benchmark flash_fwd's split tiles against padding for head dims that are not powers of two.
+
+A head dim like 96 runs today in a 128-wide tile (``BLOCK_D`` = 128,
+``EVEN_D`` = false: a quarter of the matrix work is padding). Split tiles
+(``BLOCK_D2`` > 0, ``dispatch.split_head_dim``) hold it as 64 + 32. Both
+variants of one call are forced through the binding (``binding.launch_gpu``'s
+``variant``: launched exactly as a call launches them), for head dims 40, 72,
+80, 96, 160 and 192, causal or not, bf16 (``--dtype fp16`` too), seqlen 4k with
+batch x seqlen = 16k and heads x head dim ~ 2048 (FlashAttention's benchmark
+shapes). By default both use the tiles dispatch gives (the padded head dim's
+tuning row); ``--sweep`` also tries a few tile configs per variant and keeps
+the fastest of each (``padded_best``, ``split_best``), since the split kernel
+holds other tiles in registers.
+
+Correctness first: each variant's output (and logsumexp) is checked against
+a float32 reference (SDPA's math on float32 copies) with FlashAttention's rule
+against the same-dtype reference, before it is timed; a wrong one is reported
+and not timed. Then the median of CUDA-event-timed runs
+(``lazytriton.cli.timing.median_ms``) and TFLOP/s of the real head dim's work
+(4 * batch * heads * seqlen^2 * head_dim, halved if causal). Rows go to a
+long-format CSV (``csvlog``); a table of padded against split comes last.
+``--cpu-smoke`` runs tiny shapes through Triton's interpreter (numbers
+meaningless, the checks real).
+
+Usage: python benchmarks/bench_split_d.py [--csv PATH] [--dtype bf16,fp16] [--head-dims 96,192] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from csvlog import append_rows, run_meta
+
+from lazytriton import compiler, dispatch
+from lazytriton.cli.timing import median_ms
+from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
+from lazytriton.kernels.flash_fwd.reference import attention_reference
+from lazytriton.target import Target
+from lazytriton.variant import Variant, kernel_constexprs
+
+FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "block_d", "causal", "batch", "heads", "seqlen",
+          "config", "p50_ms", "tflops", "rel_err", "check", "gpu", "torch", "triton", "lazytriton", "timestamp"]
+HEAD_DIMS = (40, 72, 80, 96, 160, 192)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# The tile configs --sweep tries beside dispatch's (BLOCK_M, BLOCK_N, num_warps, num_stages).
+SWEEP = (dispatch.Config(128, 64, 8, 3), dispatch.Config(128, 128, 8, 3), dispatch.Config(128, 64, 4, 3),
+         dispatch.Config(64, 64, 4, 3), dispatch.Config(128, 32, 4, 4), dispatch.Config(64, 128, 8, 2))
+OUT_FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # tests/test_flash_fwd.py's
+
+
+@dataclass
+class Result:
+    provider: str
+    dtype: str
+    head_dim: int
+    block_d: str
+    causal: bool
+    shape: tuple[int, int, int]  # batch, heads, seqlen
+    config: str
+    ms: float | None
+    tflops: float | None
+    err: float | None
+    check: str
+
+
+def variants_of(target: Target, dtype: str, head_dim: int, causal: bool, seqlen: int,
+                sweep: bool) -> dict[str, list[Variant]]:
+    """The padded and split variants to time: dispatch's tiles, and with ``sweep`` the SWEEP configs too."""
+    found: dict[str, list[Variant]] = {}
+    for provider, split in (("padded", False), ("split", True)):
+        configs: list[dispatch.Config | None] = [None, *(SWEEP if sweep else ())]
+        found[provider] = [dispatch.kernel_variant("flash_fwd", target, dtype, head_dim, causal, True, seqlen, seqlen,
+                                                   config=c, split_d=split, tma=False)
+                           for c in configs]
+    return found
+
+
+def runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
+           variant: Variant) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """One forced variant: the binding's GPU launch, or the interpreter (small tiles) on the CPU."""
+    out, lse = binding.empty_outputs(q, call.shape)
+
+    def on_gpu() -> tuple[torch.Tensor, torch.Tensor]:
+        binding.launch_gpu(q, k, v, out, lse, call, variant)
+        return out, lse
+
+    def on_cpu() -> tuple[torch.Tensor, torch.Tensor]:
+        constexprs = {**kernel_constexprs(variant, FLASH_FWD.constexprs), "BLOCK_M": 32, "BLOCK_N": 16}
+        compiler.interpret(FLASH_FWD.name, binding.grid(call.shape, 32), binding.triton_args(q, k, v, out, lse, call),
+                           constexprs)
+        return out, lse
+
+    return on_gpu if q.is_cuda else on_cpu
+
+
+def check(got: tuple[torch.Tensor, torch.Tensor], exact: tuple[torch.Tensor, torch.Tensor],
+          same: tuple[torch.Tensor, torch.Tensor]) -> tuple[bool, float]:
+    """FlashAttention's rule for out (twice the same-dtype reference's error plus a floor) and lse; rel. error."""
+    out, lse = got
+    err = float((out.float() - exact[0]).abs().max())
+    same_err = float((same[0].float() - exact[0]).abs().max())
+    ok = bool(torch.isfinite(out).all()) and err <= 2 * same_err + OUT_FLOOR[out.dtype] * max(
+        1.0, float(exact[0].abs().max()))
+    ok = ok and float((lse - exact[1]).abs().max()) <= 2 * float((same[1] - exact[1]).abs().max()) + 1e-4
+    return ok, float((out.float() - exact[0]).norm() / exact[0].norm())
+
+
+def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               causal: bool) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """(float32 reference, same-dtype reference), each (out, lse); on the GPU by chunks of heads to bound memory."""
+    exact_parts, same_parts = [], []
+    for h in range(0, q.shape[1], 4):
+        qs, ks, vs = q[:, h:h + 4], k[:, h:h + 4], v[:, h:h + 4]
+        exact_parts.append(attention_reference(qs.float(), ks.float(), vs.float(), causal=causal))
+        same_parts.append(attention_reference(qs, ks, vs, causal=causal))
+    return (tuple(torch.cat(p, 1) for p in zip(*exact_parts, strict=True)),  # type: ignore[return-value]
+            tuple(torch.cat(p, 1) for p in zip(*same_parts, strict=True)))
+
+
+def measure(dtype_name: str, head_dim: int, causal: bool, seqlen: int, batch: int, device: torch.device,
+            args: argparse.Namespace) -> list[Result]:
+    dtype = DTYPES[dtype_name]
+    heads = max(1, 2048 // head_dim)
+    gen = torch.Generator(device=device).manual_seed(head_dim * 2 + causal)
+    q, k, v = (torch.randn(batch, heads, seqlen, head_dim, generator=gen, device=device).to(dtype)
+               for _ in range(3))
+    call = binding.check(q, k, v, causal)
+    exact, same = references(q, k, v, causal)
+    flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+    target = dispatch.target_of_device(device) if device.type == "cuda" else Target.parse("sm_90")
+    results = []
+    for provider, variants in variants_of(target, dtype_name, head_dim, causal, seqlen, args.sweep).items():
+        best: Result | None = None
+        for index, variant in enumerate(variants):
+            block_d = f"{variant.get('BLOCK_D')}" + (f"+{variant.get('BLOCK_D2')}" if provider == "split" else "")
+            config = "{}/{}/{}w/{}s".format(*(variant.get(n) for n in ("BLOCK_M", "BLOCK_N", "num_warps",
+                                                                         "num_stages")))
+            try:
+                fn = runner(q, k, v, call, variant)
+                ok, err = check(fn(), exact, same)
+                ms = median_ms(fn, device.type == "cuda", args.warmup, args.reps) if ok else None
+                r = Result(provider, dtype_name, head_dim, block_d, causal, (batch, heads, seqlen), config, ms,
+                           flops / ms / 1e9 if ms else None, err, "ok" if ok else "wrong")
+            except Exception as exc:  # a config that does not fit (shared memory) is reported, not fatal
+                r = Result(provider, dtype_name, head_dim, block_d, causal, (batch, heads, seqlen), config, None,
+                           None, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+            results.append(r)
+            shown = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s" if r.ms and r.tflops else ""
+            print(f"{dtype_name} d{head_dim} {'causal' if causal else 'full':<6} {provider:<6} {block_d:<7} "
+                  f"{config:<14} {r.check:<6} {shown}", flush=True)
+            if index and r.ms is not None and (best is None or best.ms is None or r.ms < best.ms):
+                best = r
+        if best is not None:
+            base = next(r for r in results if r.provider == provider)
+            if base.ms is None or (best.ms is not None and best.ms < base.ms):
+                results.append(Result(**{**best.__dict__, "provider": f"{provider}_best"}))
+            else:
+                results.append(Result(**{**base.__dict__, "provider": f"{provider}_best"}))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return results
+
+
+def csv_row(meta: dict[str, str], r: Result) -> dict[str, object]:
+    b, h, s = r.shape
+    return {**meta, "provider": r.provider, "mode": "fwd", "dtype": r.dtype, "head_dim": r.head_dim,
+            "block_d": r.block_d, "causal": r.causal, "batch": b, "heads": h, "seqlen": s, "config": r.config,
+            "p50_ms": "" if r.ms is None else round(r.ms, 4),
+            "tflops": "" if r.tflops is None else round(r.tflops, 1),
+            "rel_err": "" if r.err is None else f"{r.err:.1e}", "check": r.check}
+
+
+def _cell(r: Result | None) -> str:
+    return f"{r.tflops:12.0f}" if r is not None and r.tflops else f"{(r.check if r else '-')[:12]:>12}"
+
+
+def print_table(results: Sequence[Result]) -> None:
+    """Per dtype, head dim and causal mode: padded and split TFLOP/s (dispatch's tiles; the sweep's best too)."""
+    keys = sorted({(r.dtype, r.head_dim, r.causal) for r in results})
+    swept = any(r.provider.endswith("_best") for r in results)
+    cols = ["padded", "split"] + (["padded_best", "split_best"] if swept else [])
+    print("\nTFLOP/s (real head dim's work), flash_fwd, padded against split tiles")
+    print(f"{'dtype':<5} {'d':>4} {'causal':<6} " + " ".join(f"{c:>12}" for c in cols) + f" {'split/padded':>13}")
+    for dtype, d, causal in keys:
+        got = {r.provider: r for r in results if (r.dtype, r.head_dim, r.causal) == (dtype, d, causal)
+               and (r.provider in cols)}
+
+
+        pair = ("padded_best", "split_best") if swept else ("padded", "split")
+        a, b = got.get(pair[0]), got.get(pair[1])
+        ratio = f"{b.tflops / a.tflops:13.2f}" if a and b and a.tflops and b.tflops else f"{'-':>13}"
+        cells = " ".join(_cell(got.get(c)) for c in cols)
+        print(f"{dtype:<5} {d:>4} {'yes' if causal else 'no':<6} {cells} {ratio}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--csv", type=Path, default=Path(__file__).parent / "results" / "split_d.csv")
+    parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16,fp16")
+    parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
+    parser.add_argument("--causal", choices=("both", "causal", "full"), default="both")
+    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--sweep", action="store_true", help="also try SWEEP's tile configs, keep each one's best")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes through the interpreter (no GPU)")
+    args = parser.parse_args(argv)
+    args.dtypes = [d for d in args.dtype.split(",") if d]
+    args.head_dim_list = [int(d) for d in args.head_dims.split(",") if d]
+    if any(d not in DTYPES for d in args.dtypes) or any(dispatch.split_head_dim(d) is None
+                                                         for d in args.head_dim_list):
+        parser.error(f"--dtype takes {', '.join(DTYPES)}; --head-dims only dims a split shrinks "
+                     f"(e.g. {', '.join(map(str, HEAD_DIMS))})")
+    if args.seqlen < 1 or args.reps < 1 or args.warmup < 0:
+        parser.error("--seqlen and --reps must be >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run; exit status 1 if a split variant gave a wrong answer (a config that does not fit is no error), 2 without
+    a GPU."""
+    args = parse_args(argv)
+    causals = {"both": [False, True], "causal": [True], "full": [False]}[args.causal]
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        args.head_dim_list, args.dtypes, args.sweep = args.head_dim_list[:2], args.dtypes[:1], False
+        args.warmup, args.reps, seqlen, batch = 0, 1, 40, 1
+    elif not torch.cuda.is_available():
+        print("bench_split_d needs a CUDA GPU (or --cpu-smoke)", file=sys.stderr)
+        return 2
+    else:
+        device, seqlen = torch.device("cuda"), args.seqlen
+        batch = max(1, 16384 // seqlen)
+    meta = run_meta("flash_fwd", device)
+    results: list[Result] = []
+    for dtype in args.dtypes:
+        for d in args.head_dim_list:
+            for causal in causals:
+                found = measure(dtype, d, causal, seqlen, batch, device, args)
+                append_rows(args.csv, FIELDS, [csv_row(meta, r) for r in found])
+                results += found
+    print_table(results)
+    return 1 if any(r.check == "wrong" for r in results if r.provider == "split") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
