@@ -568,10 +568,10 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     if _check_bool("backward", backward):
         from lazytriton.kernels.flash_bwd import binding as bwd_binding
 
-        # The backward's own rule (ALIGN16 there also needs seqlens divisible by 16), on the same meta tensors.
+        # The backward's own rule (SEQ16 when the seqlens are multiples of 16 too), on the same meta tensors.
         grads = bwd_binding.empty_grads(qt, kt, kt)
-        _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, kt, out, out, lse, lse, *grads, call)
-        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64)]
+        _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, kt, out, out, lse, lse, *grads, call)
+        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16)]
     return loaded
 
 

@@ -197,10 +197,10 @@ def memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, align
 
 def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
                  index64: bool) -> tuple[Any, ...]:
-    """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"``."""
+    """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"`` (never SEQ16)."""
     call = vc.call
     return (MARK, *bwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped))
+                                call.windowed, call.capped, seq16=False))
 
 
 def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -288,7 +288,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), kernel_view(do), lse.unsqueeze(0),
              delta.unsqueeze(0), *(kernel_view(g) for g in grads))
     call, shape = vc.call, vc.kernel_shape
-    dq_ints, dkdv_ints, aligned, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
+    dq_ints, dkdv_ints, aligned, _, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
     floats = fwd.floats(call)
     if q.device.type == "cpu":
         _interpret_backward(views, cu_q, cu_k, dq_ints, dkdv_ints, vc)
