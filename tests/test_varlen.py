@@ -358,7 +358,7 @@ def test_pack_covers_every_new_parameter() -> None:
     assert dict(zip(fwd_binding.INT_PARAMS, dense, strict=True))["Cu_seqlens_q"] == 0
     grads = bwd_binding.empty_grads(a["q"], a["k"], a["v"])
     bviews = (*views[:3], views[3], views[3], lse.unsqueeze(0), lse.unsqueeze(0), *map(varlen.kernel_view, grads))
-    dq_ints, dkdv_ints, _, _ = bwd_binding.pack(*bviews, call.call, cq.data_ptr(), ck.data_ptr())
+    dq_ints, dkdv_ints, *_ = bwd_binding.pack(*bviews, call.call, cq.data_ptr(), ck.data_ptr())
     for spec, values in ((FLASH_BWD_DQ, dq_ints), (FLASH_BWD_DKDV, dkdv_ints)):
         named = dict(zip(bwd_binding.DQ_INT_PARAMS if spec is FLASH_BWD_DQ else bwd_binding.DKDV_INT_PARAMS, values,
                          strict=True))
