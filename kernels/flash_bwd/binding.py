@@ -102,10 +102,9 @@ SEQ_ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.seq_aligned_params + FLASH
 
 
 def _generate_pack() -> Any:
-    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0) -> (dq_ints, dkdv_ints, aligned, seq16,
-    index64)``.
+    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0)``: (dq_ints, dkdv_ints, flags...).
 
-    One generated function with both argument tuples written out, from the
+    The flags are ``aligned, seq16, index64``. One generated function with both argument tuples written out, from the
     two descriptions. ``aligned`` (ALIGN16): every pointer 16-byte aligned and
     every outer stride of the eight tensors a multiple of 16 (both kernels'
     aligned_params). ``seq16`` (SEQ16): that, a dense call, and the seqlens and
