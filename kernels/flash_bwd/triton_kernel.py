@@ -245,10 +245,10 @@ def flash_bwd_dq_kernel(
     drop_col = 0
 
     if VARLEN:  # as the forward: sequence ``batch`` of the packed tensors
-        drop_col = tl.load(Cu_seqlens_k + batch)
         q_start = tl.load(Cu_seqlens_q + batch)
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
         k_start = tl.load(Cu_seqlens_k + batch)
+        drop_col = k_start
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
         causal_offset = seqlen_k - seqlen_q
         if start_m >= seqlen_q:
@@ -407,10 +407,10 @@ def flash_bwd_dkdv_kernel(
 
     if VARLEN:  # as the forward, over this sequence's key blocks
         q_start = tl.load(Cu_seqlens_q + batch)
-        lse_start = q_start
-        drop_col = tl.load(Cu_seqlens_k + batch)
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
         k_start = tl.load(Cu_seqlens_k + batch)
+        lse_start = q_start
+        drop_col = k_start
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
         causal_offset = seqlen_k - seqlen_q
         if start_n >= seqlen_k:
