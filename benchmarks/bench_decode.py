@@ -8,7 +8,9 @@ written, over the median of CUDA-event-timed runs (``lazytriton.cli.timing
 The grid: one query per sequence, bf16, head dim 128, 32 query heads over 8
 key/value heads (GQA), every sequence of the batch at the cache's length,
 caches of 1k, 4k, 16k and 32k tokens, batch 1, 8, 32 and 64, a contiguous
-cache and a paged one (pages of 256 keys, a random block table). Providers:
+cache and a paged one (pages of 256 keys, a random block table); --head-dims
+and --heads widen it (``--head-dims 64,128`` is the grid ``lazytriton tune
+--kernel flash_decode --head-dim 64,128`` tunes). Providers:
 
 - ``lazytriton``: ``flash_attn_with_kvcache(q, k_cache, v_cache,
   cache_seqlens=..., block_table=...)``, the public call, inside
@@ -28,7 +30,7 @@ marked ``*``), or ``failed`` (did not run). Rows go to a long-format CSV
 the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
-       [--layouts contiguous,paged] [--page-size 256] [--warmup N] [--reps N]
+       [--layouts contiguous,paged] [--page-size 256] [--head-dims 128] [--heads 32/8] [--warmup N] [--reps N]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (one tiny case per layout on CPU: the interpreter, CI)
 """
@@ -79,7 +81,9 @@ class Case(NamedTuple):
     @property
     def label(self) -> str:
         length = f"{self.cache_len // 1024}k" if self.cache_len % 1024 == 0 else str(self.cache_len)
-        return f"{self.layout:<10} b{self.batch:<3} {length:>4}"
+        shape = "" if (self.head_dim, self.heads_q, self.heads_k) == (128, 32, 8) else \
+            f" d{self.head_dim} {self.heads_q}/{self.heads_k}"
+        return f"{self.layout:<10} b{self.batch:<3} {length:>4}{shape}"
 
 
 class Result(NamedTuple):
@@ -95,8 +99,10 @@ class Result(NamedTuple):
         return None if self.ms is None else self.case.bytes / self.ms / 1e6
 
 
-def cases(batches: Sequence[int], lengths: Sequence[int], layouts: Sequence[str], page_size: int) -> list[Case]:
-    return [Case(layout, b, n, page_size) for layout in layouts for n in lengths for b in batches]
+def cases(batches: Sequence[int], lengths: Sequence[int], layouts: Sequence[str], page_size: int,
+          head_dims: Sequence[int] = (128,), heads: Sequence[tuple[int, int]] = ((32, 8),)) -> list[Case]:
+    return [Case(layout, b, n, page_size, hq, hk, d) for d in head_dims for hq, hk in heads for layout in layouts
+            for n in lengths for b in batches]
 
 
 QUICK_CASES = [Case(layout, 2, 48, 16, 4, 2, 32) for layout in ("contiguous", "paged")]
@@ -126,6 +132,19 @@ def _layouts(text: str) -> list[str]:
     return values
 
 
+def _heads(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        q, _, k = item.partition("/")
+        if not (q.isdigit() and k.isdigit() and int(k) > 0 and int(q) % int(k) == 0):
+            raise argparse.ArgumentTypeError(f"--heads {text!r}: expected pairs like 32/8 (query heads a multiple "
+                                             "of key/value heads)")
+        pairs.append((int(q), int(k)))
+    if not pairs:
+        raise argparse.ArgumentTypeError(f"--heads {text!r}: expected pairs like 32/8")
+    return pairs
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "decode.csv")
@@ -133,6 +152,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lengths", type=_ints("--lengths", 16), default=[1024, 4096, 16384, 32768])
     parser.add_argument("--layouts", type=_layouts, default=["contiguous", "paged"])
     parser.add_argument("--page-size", type=int, default=256, help="keys per page of the paged cache (default 256)")
+    parser.add_argument("--head-dims", type=_ints("--head-dims", 1), default=[128],
+                        help="head dims, default 128 (64,128: the grid lazytriton tune --kernel flash_decode covers)")
+    parser.add_argument("--heads", type=_heads, default=[(32, 8)], help="query/key-value heads, default 32/8")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
@@ -330,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         device, case_list = torch.device("cpu"), QUICK_CASES
         args.warmup, args.reps = 0, 1
     else:
-        device, case_list = torch.device("cuda"), cases(args.batches, args.lengths, args.layouts, args.page_size)
+        device, case_list = torch.device("cuda"), cases(args.batches, args.lengths, args.layouts, args.page_size,
+                                                     args.head_dims, args.heads)
     if args.list:
         for case in case_list:
             print(f"{case.label}  {case.bytes / 1e9:.3f} GB per call")

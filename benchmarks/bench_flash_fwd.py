@@ -1,8 +1,9 @@
 """Benchmark lazytriton's attn_fwd beside its peers, measured in the same run.
 
 Throughput (TFLOP/s, median of event-timed runs) over bf16/fp16 x head dim
-64/128 x causal or not x seqlen 1k/4k/16k, with batch x seqlen = 16k and
-hidden = heads x head dim = 2048 (FlashAttention's benchmark shapes), for:
+(``--head-dims``, default 64/128/256) x causal or not x seqlen 1k/4k/16k, with
+batch x seqlen = 16k and hidden = heads x head dim = 2048 (FlashAttention's
+benchmark shapes; heads rounded down for head dims that do not divide it), for:
 
 - ``lazytriton``: ``lazytriton.flash.attn_fwd`` (cache-served cubin, cffi launch);
 - ``triton_jit``: the same kernel source, same config, launched through
@@ -13,7 +14,10 @@ Then the host cost of one call on a tiny shape (µs per call, wall clock over
 many calls, GPU work negligible). Every provider's output is checked against
 SDPA before it is timed. Rows go to a long-format CSV.
 
-Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--sweep]
+The table ends with issue 12's figures: the geomean against cuDNN by head dim
+and over the grid, and the lowest row.
+
+Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--sweep] [--head-dims 64,128,256]
 """
 
 from __future__ import annotations
@@ -113,10 +117,10 @@ def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[s
 
     seqlens = [1024, 4096] if args.quick else [1024, 4096, 16384]
     for dtype in (torch.bfloat16, torch.float16):
-        for d in (64, 128):
+        for d in args.head_dims:
             for causal in (False, True):
                 for s in seqlens:
-                    b, h = 16384 // s, 2048 // d
+                    b, h = 16384 // s, max(1, 2048 // d)
                     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
                     flops = 4 * b * h * s * s * d / (2 if causal else 1)
                     ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
@@ -175,6 +179,17 @@ def sweep(meta: dict[str, str]) -> None:
             print(f"hd{d} causal={causal} s={s}: {best}")
 
 
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _head_dims(text: str) -> list[int]:
+    dims = [int(part) for part in text.split(",") if part.strip()]
+    if not dims or any(not 1 <= d <= dispatch.MAX_HEAD_DIM for d in dims):
+        raise argparse.ArgumentTypeError(f"head dims must be in 1..{dispatch.MAX_HEAD_DIM}, got {text!r}")
+    return dims
+
+
 def print_table(rows: list[dict[str, object]]) -> None:
     fwd = [r for r in rows if r["mode"] == "fwd"]
     keys = sorted({(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]) for r in fwd},
@@ -187,6 +202,16 @@ def print_table(rows: list[dict[str, object]]) -> None:
         ratios = [vals[0] / x if x else math.nan for x in vals[1:]]
         label = f"{key[0][:4]} hd{key[1]} {'causal' if key[2] else 'full  '} {key[3] // 1024:>2}k"
         print(f"{label:<26}" + "".join(f"{x:>11.0f}" for x in vals) + "".join(f"{x:>8.2f}" for x in ratios))
+    vs_cudnn: dict[int, list[float]] = {}
+    for key in keys:
+        lt, cudnn = (float(by.get((*key, p), math.nan) or math.nan) for p in ("lazytriton", "sdpa_cudnn"))
+        if lt > 0 and cudnn > 0:
+            vs_cudnn.setdefault(int(key[1]), []).append(lt / cudnn)
+    every = [r for ratios in vs_cudnn.values() for r in ratios]
+    if every:
+        print("\nvs cuDNN (issue 12: geomean >= 1.0, no row below 0.9): " + "; ".join(
+            f"hd{d} {geomean(r):.3f} ({min(r):.2f}-{max(r):.2f})" for d, r in sorted(vs_cudnn.items()))
+            + f"; all {geomean(every):.3f}, lowest {min(every):.2f}")
     host = [r for r in rows if r["mode"] == "host"]
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 
@@ -196,6 +221,7 @@ def main() -> int:
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_fwd.csv")
     parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only")
     parser.add_argument("--sweep", action="store_true", help="also time candidate configs through Triton's JIT")
+    parser.add_argument("--head-dims", type=_head_dims, default=[64, 128, 256], help="default 64,128,256")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_flash_fwd needs a CUDA GPU", file=sys.stderr)

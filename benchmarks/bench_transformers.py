@@ -17,7 +17,11 @@ implementations:
   rest of that sequence is not compared;
 - **throughput**: prefill ms and generation tokens/s (all sequences' new
   tokens over the generate call's wall time, CUDA-synchronised, median of
-  ``--reps`` runs after a warmup run), for both.
+  ``--reps`` runs after a warmup run), for both;
+- **the path taken**: which lazytriton entry points a prefill and one
+  decoding step call, counted over all layers (a padded batch: one
+  ``flash_attn_varlen_func`` call per layer and forward, "varlen 2L" for L
+  layers; "dense" is ``attn_fwd``, "sdpa_mask" the SDPA drop-in with a mask).
 
 Rows go to a long-format CSV (default benchmarks/results/transformers.csv).
 The table comes last. ``--cpu-smoke`` runs a tiny float32 model on the CPU
@@ -30,6 +34,7 @@ Usage: python benchmarks/bench_transformers.py [--csv PATH] [--batch 8] [--new-t
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
 import statistics
 import sys
@@ -121,6 +126,33 @@ def generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: 
     return out, time.perf_counter() - t0
 
 
+def lazytriton_calls(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
+    """The lazytriton entry points a prefill and one decoding step call (all layers), e.g. "varlen 16"."""
+    import lazytriton
+
+    names = {"attn_fwd": "dense", "flash_attn_varlen_func": "varlen", "scaled_dot_product_attention": "sdpa_mask"}
+    counts: collections.Counter[str] = collections.Counter()
+    saved = {name: getattr(lazytriton, name) for name in names}
+
+    def counted(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[names[name]] += 1
+            return saved[name](*args, **kwargs)
+        return call
+
+    model.set_attn_implementation("lazytriton")
+    try:
+        for name in names:
+            setattr(lazytriton, name, counted(name))
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, do_sample=False,
+                           pad_token_id=PAD)
+    finally:
+        for name, function in saved.items():
+            setattr(lazytriton, name, function)
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
+
+
 def compare_tokens(ref: Any, got: Any, prompt_len: int, noise: float) -> tuple[int, int, list[str]]:
     """(tokens compared, tokens equal, divergences): a divergence at a tie (gap < noise) ends that row's comparison."""
     ref_tokens, got_tokens = ref.sequences[:, prompt_len:], got.sequences[:, prompt_len:]
@@ -168,6 +200,7 @@ def main(argv: list[str]) -> int:
         runs = [generate(model, impl, ids, mask, args.new_tokens, device) for _ in range(args.reps)]
         outs[impl] = runs[0][0]
         tok_s[impl] = args.batch * args.new_tokens / statistics.median(t for _, t in runs)
+    path = lazytriton_calls(model, ids, mask)
     compared, equal, notes = compare_tokens(outs["sdpa"], outs["lazytriton"], ids.shape[1], 2 * errors["sdpa"] + floor)
     tokens_ok = all("NOT" not in n for n in notes)
 
@@ -182,10 +215,12 @@ def main(argv: list[str]) -> int:
                                          ("prefill_ms", prefill_ms[impl], ""), ("gen_tokens_per_s", tok_s[impl], ""))]
     rows.append({**common, "impl": "lazytriton", "metric": "greedy_tokens_equal_of_compared",
                  "value": f"{equal}/{compared}", "check": "ok" if tokens_ok else "FAIL"})
+    rows.append({**common, "impl": "lazytriton", "metric": "calls_prefill_and_one_step", "value": path, "check": ""})
     append_rows(args.csv, FIELDS, rows)
 
     print(f"{cfg}, batch {args.batch} left-padded, prompts {args.min_len}-{args.max_len}, "
           f"{args.new_tokens} new tokens, {device}")
+    print(f"lazytriton calls in a prefill and one decoding step ({config.num_hidden_layers} layers): {path}")
     for note in notes:
         print("  divergence:", note)
     print(f"{'impl':<12}{'logits err':>12}{'prefill ms':>12}{'tokens/s':>12}")

@@ -33,7 +33,9 @@ case " $* " in *" hot "*)
   python3 -P benchmarks/profile_hot.py 2>&1 | tee "$OUT/hot.log" ;;
 esac
 case " $* " in *" tests "*)
-  python3 -P -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+  # pytest-xdist travels in .whl (wheels.sh .whl pytest-xdist execnet): 4 processes share the GPU and the cache.
+  timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest tests -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} \
+    --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | tail -32 ;;
 esac
 case " $* " in *" demo "*)
   lazytriton demo > "$OUT/demo1.log" 2>&1; lazytriton demo > "$OUT/demo2.log" 2>&1
@@ -79,6 +81,9 @@ case " $* " in *" newtests "*)  # the GPU tests of the newest features (NEWTESTS
 esac
 case " $* " in *" host "*)  # host time of a warm eager call per launch path, beside torch.add (builds the launch helper)
   python3 benchmarks/bench_host.py --csv "$OUT/host.csv" 2>&1 | tee "$OUT/bench_host.log" | tail -16 ;;
+esac
+case " $* " in *" hostparts "*)  # the warm call's host time part by part, and the driver's cost per kernel parameter
+  python3 benchmarks/probe_host_parts.py 2>&1 | tee "$OUT/host_parts.log" | tail -22 ;;
 esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;

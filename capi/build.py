@@ -1,7 +1,7 @@
 """Build liblazytriton.so with cffi's embedding mode and install it under a prefix.
 
 ``build(prefix)`` compiles ``lazytriton.c`` (the C API; it includes
-``lt_check.c`` and ``lt_bwd.c``) together with the
+``lt_check.c``, ``lt_bwd.c`` and ``lt_kvcache.c``) together with the
 wrappers cffi generates for the ``lt__py_*`` functions, links it against the
 libpython of the interpreter running the build, and installs::
 
@@ -58,6 +58,16 @@ typedef struct {
     char variant[512];
 } lt__plan_request;
 
+typedef struct {
+    int32_t device_index, dtype, head_dim, causal, aligned, index64, paged, window, softcap, alibi;
+    int64_t rows, capacity, page_size;
+    uint64_t split_function, combine_function;
+    uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
+    uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
+    int64_t slots, min_keys;
+    char variant[512];
+} lt__kvcache_plan_request;
+
 void lt__set_error(const char *message);
 
 extern "Python" static int lt__py_init(const lt_config *config);
@@ -67,6 +77,8 @@ extern "Python" static int lt__py_plan(lt__plan_request *request);
 extern "Python" static int lt__py_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
 extern "Python" static int lt__py_cache_stats(lt_stats *stats);
 extern "Python" static void lt__py_flush(void);
+extern "Python" static int lt__py_kvcache_plan(lt__kvcache_plan_request *request);
+extern "Python" static int lt__py_attn_kvcache_cpu(const lt_attn_kvcache_params *params);
 """
 
 # Runs once, in the embedded interpreter, when lt_init first starts it.
@@ -86,7 +98,7 @@ except BaseException as exc:
         return lib.LT_ERROR_PYTHON
 
     for _name in ("lt__py_init", "lt__py_attn_fwd_cpu", "lt__py_attn_bwd_cpu", "lt__py_plan", "lt__py_prewarm",
-                  "lt__py_cache_stats"):
+                  "lt__py_cache_stats", "lt__py_kvcache_plan", "lt__py_attn_kvcache_cpu"):
         ffi.def_extern(name=_name, error=lib.LT_ERROR_PYTHON)(_failed)
     ffi.def_extern(name="lt__py_flush")(lambda: None)
 """

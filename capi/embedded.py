@@ -167,6 +167,9 @@ def _host_tensor(view: Any) -> Any:
     return torch.frombuffer(buffer, dtype=dtype, count=extent).as_strided(sizes, strides)
 
 
+host_tensor = _host_tensor  # the public name other halves use (embedded_kvcache.py)
+
+
 def _is_varlen(p: Any) -> bool:
     """Whether a (version 2) params struct describes packed sequences (lt_check.c's lt__wants_varlen)."""
     cu_q, cu_k = p.cu_seqlens_q, p.cu_seqlens_k
@@ -262,6 +265,9 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
     dropout_p); this checks the entry agrees.
     """
     kinds = tuple(entry.arg_types)
+    if getattr(entry, "tensordesc_meta", ()) or any(kind.startswith("tensordesc") for kind in kinds):
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} takes host tensor descriptors, which the C API does not "
+                                     "encode yet (launch it from Python)")
     n_ints = len(int_params(kernel))
     ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:n_ints])
     if len(kinds) != n_ints + 3 or not ints_ok or kinds[n_ints:] != ("fp32", "fp32", "fp32"):
@@ -508,3 +514,6 @@ def attach(ffi: Any, lib: Any) -> None:
                      ("lt__py_cache_stats", cache_stats)):
         ffi.def_extern(name=name, error=PYTHON)(_guarded(fn))
     ffi.def_extern(name="lt__py_flush")(flush)
+    from lazytriton.capi import embedded_kvcache
+
+    embedded_kvcache.attach(ffi, _guarded)

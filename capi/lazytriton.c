@@ -632,3 +632,4 @@ LT_API lt_status lt_cache_stats(lt_stats *stats) {
 }
 
 #include "lt_bwd.c" /* the backward: its checks, plans, launch and API */
+#include "lt_kvcache.c" /* decoding over a KV cache: its checks, plans, launch and API */

@@ -44,6 +44,7 @@
 #define LT_ATTN_FWD_PARAMS_VERSION 2 /* 2: packed sequences (cu_seqlens_*); a version 1 struct is still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 2
 #define LT_STATS_VERSION 1
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 1
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -208,6 +209,54 @@ typedef struct {
     int64_t max_seqlen_k;
 } lt_attn_bwd_params;
 
+/* One decoding call, the C twin of lazytriton.flash_attn_with_kvcache (FlashAttention-2's, forward only).
+ * The layout is FlashAttention-2's kvcache one, (batch, seqlen, heads, head_dim), not lt_attn_fwd's:
+ *   q        (batch, seqlen_q, heads_q, head_dim)              fp16, bf16 or fp32
+ *   k_cache  (batch_cache, seqlen_cache, heads_k, head_dim), or with block_table a paged cache
+ *            (num_blocks, page_size, heads_k, head_dim), page_size a multiple of 16; q's dtype
+ *   v_cache  like k_cache
+ *   k, v     optional (batch, seqlen_new, heads_k, head_dim): new keys and values, written into the
+ *            caches in place at each sequence's cache length before attending (host memory only)
+ *   cache_seqlens    optional int32 (batch): each sequence's cached length before the new keys; without
+ *                    it, cache_seqlen (-1: the whole cache) holds for every sequence
+ *   cache_batch_idx  optional int32 (batch): the cache row of each sequence (not with block_table)
+ *   block_table      optional int32 (batch, max_blocks_per_seq): a paged cache
+ *   alibi_slopes     optional fp32 (heads_q) or (batch, heads_q)
+ *   out      q's shape and dtype, written
+ *   lse      fp32 (batch, heads_q, seqlen_q), contiguous, written: the logsumexp
+ *   workspace optional fp32, 1-dim, contiguous: the float32 partials of several splits on a GPU
+ *            (lt_attn_kvcache_workspace_size); without one, a GPU call runs one split
+ * An optional tensor is absent when its data is NULL and its ndim 0 (lt_attn_kvcache_params_init).
+ * Every tensor but the index ones takes any strides with a contiguous last dim; the index tensors, lse and
+ * workspace are contiguous. On a GPU the values of cache_seqlens, cache_batch_idx and block_table are not
+ * read (device memory; as in FlashAttention-2 they must point inside the cache); on the CPU they are checked.
+ * causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side unbounded. */
+typedef struct {
+    uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
+    uint32_t version;     /* LT_ATTN_KVCACHE_PARAMS_VERSION */
+    lt_tensor q;
+    lt_tensor k_cache;
+    lt_tensor v_cache;
+    lt_tensor k;
+    lt_tensor v;
+    lt_tensor cache_seqlens;
+    lt_tensor cache_batch_idx;
+    lt_tensor block_table;
+    lt_tensor alibi_slopes;
+    lt_tensor out;
+    lt_tensor lse;
+    lt_tensor workspace;
+    int64_t cache_seqlen;  /* without cache_seqlens: every sequence's cached length; -1 (the init): the whole cache */
+    int32_t causal;        /* 0 or 1 */
+    int32_t window_left;   /* -1 (the init): unbounded */
+    int32_t window_right;  /* -1 (the init): unbounded */
+    int32_t num_splits;    /* 0: a heuristic picks (FlashAttention-2's); 1..256 forces it */
+    uint32_t flags;        /* reserved: must be 0 */
+    uint32_t reserved;     /* must be 0 */
+    double sm_scale;       /* softmax scale; NaN (the init): 1/sqrt(head_dim) */
+    double softcap;        /* > 0: scores become softcap * tanh(score / softcap); 0 (the init): off */
+} lt_attn_kvcache_params;
+
 /* What the cache holds and what this process did (lt_cache_stats()). */
 typedef struct {
     uint32_t struct_size;      /* set by the caller: sizeof(lt_stats) */
@@ -295,6 +344,22 @@ LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_p
 
 /* Free a backward plan; NULL is accepted. */
 LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan);
+
+/* Fill *params with struct_size and version, sm_scale NaN, cache_seqlen -1, window (-1, -1), no split count,
+ * and empty (absent) tensors. */
+LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params);
+
+/* Decoding attention over a KV cache (flash_attn_with_kvcache): the split kernel and, when the keys are cut in
+ * several splits, the combine kernel, one after the other on stream. CUDA tensors: both launched from C (the
+ * plans, one per shape class, go through Python once), returns without waiting; new k/v on a GPU are
+ * LT_ERROR_UNSUPPORTED (append them to the cache first and pass the longer cache_seqlens). CPU tensors:
+ * computed before returning, through Triton's interpreter, the new keys written into the caches first. */
+LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *stream);
+
+/* The bytes of workspace a GPU call of params needs to run its split count (the forced num_splits, else the
+ * most the heuristic picks): 4 * batch * heads_q * seqlen_q * (head_dim + 1) * splits. A smaller workspace
+ * caps the splits at what fits (none: one split). */
+LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes);
 
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as

@@ -25,13 +25,16 @@ class KernelSpec:
     ``params`` lists every runtime parameter in order as ``(name, type)``;
     ``{dtype}`` in a type stands for the variant's dtype (``*{dtype}`` is a
     pointer to it) and ``{index}`` for the index type, ``i32`` unless the
-    variant has ``INDEX64=true``. ``aligned_params`` (pointers and the
-    tensors' strides) may be marked 16-divisible when the variant has
-    ``ALIGN16=true``; ``seq_aligned_params`` (sizes such as the seqlens, and
-    strides derived from them) when it has ``SEQ16=true``. Two flags, because
-    a packed (varlen) or odd-length call has aligned tensors but not aligned
-    seqlens, and should keep the first hints. ``constexprs`` are the constexpr
-    parameters, filled from the variant's functional and tuned fields.
+    variant has ``INDEX64=true``. A host tensor descriptor parameter is typed
+    ``tensordesc<{dtype}[1, 1, {BLOCK_N}, {BLOCK_D}]>``: names in braces other
+    than ``dtype`` and ``index`` are the variant's constexprs (its block shape).
+    ``aligned_params`` (pointers and the tensors' strides) may be marked
+    16-divisible when the variant has ``ALIGN16=true``; ``seq_aligned_params``
+    (sizes such as the seqlens, and strides derived from them) when it has
+    ``SEQ16=true``. Two flags, because a packed (varlen) or odd-length call has
+    aligned tensors but not aligned seqlens, and should keep the first hints.
+    ``constexprs`` are the constexpr parameters, filled from the variant's
+    functional and tuned fields.
     """
 
     name: str
@@ -50,10 +53,15 @@ class KernelSpec:
             raise FileNotFoundError(f"kernel source module {self.module} not found")
         return Path(spec.origin)
 
-    def signature(self, dtype: str, index64: bool = False) -> dict[str, str]:
-        """Triton's signature dict for this kernel at ``dtype``, constexprs included."""
+    def signature(self, dtype: str, index64: bool = False, constexprs: dict[str, object] | None = None
+                  ) -> dict[str, str]:
+        """Triton's signature dict for this kernel at ``dtype``, constexprs included.
+
+        ``constexprs`` fill the block shapes of descriptor parameter types (KeyError without them).
+        """
         index = "i64" if index64 else "i32"
-        sig = {name: kind.format(dtype=dtype, index=index) for name, kind in self.params}
+        values = {**(constexprs or {}), "dtype": dtype, "index": index}
+        sig = {name: kind.format(**values) for name, kind in self.params}
         sig.update({name: "constexpr" for name in self.constexprs})
         return sig
 
@@ -97,9 +105,13 @@ def family_of(kernel: str) -> str:
 def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
-    from lazytriton.kernels.flash_fwd import FLASH_FWD
+    from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
+    from lazytriton.kernels.flash_fwd.gluon import FLASH_FWD_GLUON
 
-    return {spec.name: spec for spec in (FLASH_FWD, *FLASH_BWD_KERNELS, *FLASH_DECODE_KERNELS)}
+    # flash_fwd_gluon and flash_fwd_host_tma are in no family: alternatives to flash_fwd, not kernels a call
+    # launches in order (prewarm enumerates families; dispatch picks the Gluon one by its own rule).
+    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, *FLASH_DECODE_KERNELS)
+    return {spec.name: spec for spec in specs}
 
 
 def get(kernel: str) -> KernelSpec:

@@ -22,7 +22,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from lazytriton.cache_format import Entry, Provenance
+from lazytriton.cache_format import Entry, Provenance, tensordesc
+from lazytriton.cache_format.tensordesc import TensorDescMeta
 from lazytriton.kernels import KernelSpec, get, source_fingerprint
 from lazytriton.target import Target
 from lazytriton.variant import LAUNCH_ABI, Variant, kernel_constexprs
@@ -87,6 +88,31 @@ def _attrs(spec: KernelSpec, variant: Variant) -> dict[tuple[int, ...], list[lis
     return {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params) if name in marked}
 
 
+def _expanded_count(arg_types: Sequence[str]) -> int:
+    """Parameters the compiled kernel takes for ``arg_types``: a host descriptor is a map, its shape and strides."""
+    return sum(1 + 2 * tensordesc.parse_type(kind)[1] if tensordesc.is_descriptor(kind) else 1 for kind in arg_types)
+
+
+def _descriptor_meta(variant: Variant, arg_types: tuple[str, ...], meta: Any) -> tuple[TensorDescMeta, ...]:
+    """The Entry's ``tensordesc_meta`` from Triton's: how the launcher encodes each host descriptor.
+
+    Without Triton's metadata (a target with no TMA) Triton passes a descriptor
+    as a pointer, shapes, strides and flags, in a layout that differs between
+    3.6 and 3.9: such kernels are refused rather than launched wrongly.
+    """
+    if not any(tensordesc.is_descriptor(kind) for kind in arg_types):
+        return ()
+    if not meta:
+        raise CompileError(f"{variant}: host tensor descriptors need a target with TMA (sm_90+); "
+                           "Triton gave no tensordesc_meta")
+    try:
+        metas = tuple(tensordesc.from_triton(item) for item in meta)
+        tensordesc.check(arg_types, metas)
+    except ValueError as exc:
+        raise CompileError(f"{variant}: {exc}") from None
+    return metas
+
+
 @contextlib.contextmanager
 def _private_triton_cache() -> Iterator[None]:
     """Point Triton's own cache at a throwaway dir: every compile is real, nothing leaks into ~/.triton."""
@@ -126,8 +152,16 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     options: dict[str, Any] = dict(variant.options)
     options.setdefault("enable_fp_fusion", True)
     arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch
-    signature = spec.signature(variant.dtype, bool(variant.constexprs.get("INDEX64", False)))
-    source = ASTSource(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
+    signature = spec.signature(variant.dtype, bool(variant.constexprs.get("INDEX64", False)), constexprs)
+    source_type: Any = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (flash_fwd_gluon) has its own source type
+        try:
+            from triton.experimental.gluon import GluonASTSource
+        except ImportError:  # Triton 3.6 has it only in its private module
+            from triton.experimental.gluon._runtime import GluonASTSource
+
+        source_type = GluonASTSource
+    source = source_type(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
     with TRITON_LOCK, _private_triton_cache():
         try:
             kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)
@@ -136,8 +170,10 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     md = kernel.metadata
     version = str(getattr(md, "triton_version", None) or triton.__version__)
     hidden = hidden_args_for(version)
+    arg_types = tuple(kind for kind in signature.values() if kind != "constexpr")
+    descriptors = _descriptor_meta(variant, arg_types, getattr(md, "tensordesc_meta", None))
     if target.backend == "cuda":
-        found = _ptx_param_count(kernel.asm["ptx"], md.name) - len(spec.params)
+        found = _ptx_param_count(kernel.asm["ptx"], md.name) - _expanded_count(arg_types)
         if found != len(hidden):
             raise CompileError(f"{variant}: PTX has {found} hidden parameters, "
                                f"Triton {version} should add {len(hidden)}")
@@ -156,8 +192,9 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
         global_scratch_align=getattr(md, "global_scratch_align", 1),
         profile_scratch_size=getattr(md, "profile_scratch_size", 0),
         profile_scratch_align=getattr(md, "profile_scratch_align", 1),
-        arg_types=tuple(kind for kind in signature.values() if kind != "constexpr"),
+        arg_types=arg_types,
         hidden_args=hidden,
+        tensordesc_meta=descriptors,
         provenance=Provenance(
             compiler="triton", compiler_version=version, source_fingerprint=source_fingerprint(variant.kernel),
             created=time.time(), launch_abi=LAUNCH_ABI,

@@ -345,7 +345,7 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     Decoding reads the whole cache once per call and is bound by memory, not
     by tensor cores, so the split kernel takes the smallest query tile a dot
     allows (16 rows: a GQA group of 4 with one query fills 4 of them) and key
-    tiles of 64 rows (32 at head dim 256 or fp32, for registers), 4 warps,
+    tiles of 64 rows (128 at head dim <= 64 contiguous, 32 at head dim 256 or fp32), 4 warps,
     3 stages of loads in flight where shared memory allows (2 on the 99 KiB
     targets and AMD). A paged call's BLOCK_N must divide its page size, so
     pages of 16 or 32 keys take tiles of 16 or 32. A paged call reads its
@@ -364,7 +364,11 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     waves = 2 if hip else 0
     if kernel == "flash_decode_combine":
         return Config(16, 16, 4, 1, waves)
-    block_n = 32 if head_dim == 256 or dtype == "fp32" else 64
+    # Equal bytes per tile across head dims (16 KB of K and 16 KB of V per step at 16 bits): 128 keys at
+    # head dim <= 64, 64 at 128, 32 at 256 or fp32 (registers). Until the table has rows (lazytriton tune
+    # --kernel flash_decode), head dim 64 read 8 KB tiles at 64 keys. A paged call keeps at most 64 keys, so
+    # that one default binary serves every page size that is a multiple of 64 (what prewarm plans).
+    block_n = 32 if head_dim == 256 or dtype == "fp32" else 128 if head_dim <= 64 and not paged else 64
     stages = 2 if hip or target.capability in _SMALL_SHARED_CUDA else 3
     if paged and not hip:
         stages = 5
@@ -425,3 +429,23 @@ def target_of_device(device: Any) -> Target:
     if getattr(torch.version, "hip", None):
         return target_from_gcn_arch(props.gcnArchName)
     return target_from_cuda_capability(props.major, props.minor)
+
+
+# ---------------------------------------------------------------------------
+# flash_fwd_gluon: the Gluon (FlashAttention-3-style) Hopper forward, an alternative to flash_fwd
+# (kernels/flash_fwd/gluon.py has its rule). Not the default yet: the warm path's memo key
+# (binding.memo_key) sees seqlens through buckets, which do not tell a multiple of the tile from
+# its neighbours, so serving it from dispatch needs that bit in the key, and an H200 measurement
+# (benchmarks/probe_gluon.py) to say it wins. Until then it is launched by variant.
+GLUON_BY_DEFAULT = False
+
+
+def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,
+                            seqlen_q: int, seqlen_k: int, features: bool = False,
+                            tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
+                            producer: bool = False) -> Variant | None:
+    """The ``flash_fwd_gluon`` variant for a call, or None where it cannot serve it (pure; see its rule)."""
+    from lazytriton.kernels.flash_fwd import gluon
+
+    return gluon.variant(str(target), dtype, head_dim, causal_mode(causal), aligned, index64, seqlen_q, seqlen_k,
+                         features, tiles, scale, producer)

@@ -4,11 +4,19 @@ Built with the system C compiler into a test's temporary folder (tests skip
 without one). ``configure(sizes)`` says how many bytes the fake reads behind
 each parameter pointer; ``last_launch()`` returns them with the grid, block,
 shared memory, stream, function and the context current during the launch.
+Each parameter is read into its own 128-byte record (a host descriptor's
+CUtensorMap is 128 bytes), with the pointer's address modulo 64.
+
+``cuTensorMapEncodeTiled`` is faked too: it counts its calls, records the
+last call's arguments (``encodes()``) and writes a map that is a fixed
+serialisation of those arguments (``fake_map``): two maps are equal exactly
+when they were encoded from the same arguments.
 """
 
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,8 +27,12 @@ SOURCE = r"""
 
 static int n_sizes;
 static int sizes[1024];
-static unsigned char seen[8 * 1024];
+static unsigned char seen[128 * 1024];
 static int seen_null[1024];
+static int seen_align[1024];
+static int64_t encodes[16 * 32];
+static int n_encodes;
+static int encode_status;
 static int64_t state[16];
 static void *stack[8];
 static int depth;
@@ -35,12 +47,49 @@ int fake_configure(int n, const int *param_sizes, int status) {
     memset(state, 0, sizeof state);
     current = NULL;
     depth = 0;
+    n_encodes = 0;
+    encode_status = 0;
+    return 0;
+}
+void fake_set_encode_status(int status) { encode_status = status; }
+int fake_encodes(int64_t *out) { memcpy(out, encodes, sizeof encodes); return n_encodes; }
+
+/* The map is the arguments, serialised: 11 bytes of dtype, rank, interleave, swizzle, l2, oob and the five
+   element strides, 5 zero bytes, the address, 5 dims, 4 byte strides (u64), 5 box dims (u32), "FAKE". */
+int cuTensorMapEncodeTiled(void *map, int dtype, uint32_t rank, void *address, const uint64_t *dims,
+                           const uint64_t *strides, const uint32_t *box, const uint32_t *element_strides,
+                           int interleave, int swizzle, int l2, int oob) {
+    unsigned char *m = map;
+    int64_t *rec = encodes + 32 * (n_encodes & 15);
+    n_encodes++;
+    memset(rec, 0, 32 * sizeof *rec);
+    rec[0] = dtype; rec[1] = rank; rec[2] = (int64_t)(uintptr_t)address; rec[3] = interleave; rec[4] = swizzle;
+    rec[5] = l2; rec[6] = oob; rec[7] = (int64_t)((uintptr_t)map % 64);
+    if (encode_status) return encode_status;
+    if (rank < 1 || rank > 5) return 1;
+    memset(m, 0, 128);
+    m[0] = (unsigned char)dtype; m[1] = (unsigned char)rank; m[2] = (unsigned char)interleave;
+    m[3] = (unsigned char)swizzle; m[4] = (unsigned char)l2; m[5] = (unsigned char)oob;
+    for (uint32_t i = 0; i < rank; i++) {
+        rec[8 + i] = (int64_t)dims[i]; rec[18 + i] = box[i]; rec[23 + i] = element_strides[i];
+        m[6 + i] = (unsigned char)element_strides[i];
+        memcpy(m + 24 + 8 * i, &dims[i], 8);
+        memcpy(m + 96 + 4 * i, &box[i], 4);
+    }
+    for (uint32_t i = 0; i + 1 < rank; i++) {
+        rec[13 + i] = (int64_t)strides[i];
+        memcpy(m + 64 + 8 * i, &strides[i], 8);
+    }
+    uint64_t addr = (uint64_t)(uintptr_t)address;
+    memcpy(m + 16, &addr, 8);
+    memcpy(m + 124, "FAKE", 4);
     return 0;
 }
 void fake_set_current(uintptr_t ctx) { current = (void *)ctx; }
-void fake_read(unsigned char *out, int *nulls, int64_t *out_state) {
+void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns) {
     memcpy(out, seen, sizeof seen);
     memcpy(nulls, seen_null, sizeof seen_null);
+    memcpy(aligns, seen_align, sizeof seen_align);
     memcpy(out_state, state, sizeof state);
 }
 
@@ -69,7 +118,8 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
     memset(seen, 0, sizeof seen);
     for (int i = 0; i < n_sizes; i++) {
         seen_null[i] = params[i] == NULL;
-        if (params[i] != NULL) memcpy(seen + 8 * i, params[i], (size_t)sizes[i]);
+        seen_align[i] = (int)((uintptr_t)params[i] % 64);
+        if (params[i] != NULL) memcpy(seen + 128 * i, params[i], (size_t)sizes[i]);
     }
     return launch_status;
 }
@@ -78,7 +128,9 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
 CDEF = """
 int fake_configure(int n, const int *param_sizes, int status);
 void fake_set_current(uintptr_t ctx);
-void fake_read(unsigned char *out, int *nulls, int64_t *out_state);
+void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns);
+void fake_set_encode_status(int status);
+int fake_encodes(int64_t *out);
 """
 
 STATE = ("launches", "pushes", "pops", "grid_x", "grid_y", "grid_z", "block_x", "block_yz", "shared", "stream",
@@ -114,12 +166,52 @@ class Fake:
     def set_current(self, ctx: int) -> None:
         self.lib.fake_set_current(ctx)
 
-    def last_launch(self) -> tuple[list[Any], dict[str, int]]:
-        """(each parameter's bytes, or None for a NULL pointer; the launch's state by name)."""
-        raw = self.ffi.new("unsigned char[]", 8 * 1024)
+    def set_encode_status(self, status: int) -> None:
+        """Make cuTensorMapEncodeTiled fail with ``status`` (0: succeed) until the next ``configure``."""
+        self.lib.fake_set_encode_status(status)
+
+    def last_launch(self, aligns: list[int] | None = None) -> tuple[list[Any], dict[str, int]]:
+        """(each parameter's bytes, or None for a NULL pointer; the launch's state by name).
+
+        ``aligns``, when given, receives each parameter pointer's address modulo 64.
+        """
+        raw = self.ffi.new("unsigned char[]", 128 * 1024)
         nulls = self.ffi.new("int[]", 1024)
         state = self.ffi.new("int64_t[]", 16)
-        self.lib.fake_read(raw, nulls, state)
+        align = self.ffi.new("int[]", 1024)
+        self.lib.fake_read(raw, nulls, state, align)
         data = bytes(self.ffi.buffer(raw))
-        params = [None if nulls[i] else data[8 * i:8 * i + size] for i, size in enumerate(self.sizes)]
+        params = [None if nulls[i] else data[128 * i:128 * i + size] for i, size in enumerate(self.sizes)]
+        if aligns is not None:
+            aligns[:] = [int(align[i]) for i in range(len(self.sizes))]
         return params, {name: int(state[i]) for i, name in enumerate(STATE)}
+
+    def encodes(self) -> tuple[int, list[dict[str, Any]]]:
+        """(cuTensorMapEncodeTiled calls since ``configure``, the last 16 calls' arguments, oldest first)."""
+        raw = self.ffi.new("int64_t[]", 16 * 32)
+        count = self.lib.fake_encodes(raw)
+        calls = []
+        for n in range(max(0, count - 16), count):
+            rec = [int(raw[32 * (n & 15) + j]) for j in range(32)]
+            rank = rec[1]
+            calls.append({"dtype": rec[0], "rank": rank, "address": rec[2], "interleave": rec[3], "swizzle": rec[4],
+                          "l2": rec[5], "oob": rec[6], "map_align": rec[7], "dims": rec[8:8 + rank],
+                          "strides": rec[13:13 + rank - 1], "box": rec[18:18 + rank],
+                          "element_strides": rec[23:23 + rank]})
+        return count, calls
+
+
+def fake_map(dtype: int, rank: int, address: int, dims: list[int], strides: list[int], box: list[int],
+             element_strides: list[int], interleave: int, swizzle: int, l2: int, oob: int) -> bytes:
+    """The 128 bytes the fake cuTensorMapEncodeTiled writes for these arguments (innermost first)."""
+    m = bytearray(128)
+    m[0:6] = bytes((dtype, rank, interleave, swizzle, l2, oob))
+    m[6:6 + rank] = bytes(element_strides)
+    m[16:24] = struct.pack("<Q", address)
+    for i in range(rank):
+        m[24 + 8 * i:32 + 8 * i] = struct.pack("<Q", dims[i])
+        m[96 + 4 * i:100 + 4 * i] = struct.pack("<I", box[i])
+    for i in range(rank - 1):
+        m[64 + 8 * i:72 + 8 * i] = struct.pack("<Q", strides[i])
+    m[124:128] = b"FAKE"
+    return bytes(m)

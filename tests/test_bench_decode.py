@@ -45,8 +45,18 @@ def test_the_grid_is_the_issues_decoding_grid(bench: ModuleType) -> None:
     assert bench.providers(case._replace(layout="contiguous")) == ["lazytriton", "sdpa"]
 
 
+def test_head_dims_and_heads_widen_the_grid(bench: ModuleType) -> None:
+    args = bench.parse_args(["--head-dims", "64,128", "--heads", "32/8,32/32", "--lengths", "1k"])
+    grid = bench.cases(args.batches, args.lengths, args.layouts, args.page_size, args.head_dims, args.heads)
+    assert len(grid) == 2 * 2 * 2 * 4
+    assert {(c.head_dim, c.heads_q, c.heads_k) for c in grid} == {(d, 32, k) for d in (64, 128) for k in (8, 32)}
+    assert "d64 32/32" in next(c for c in grid if c.head_dim == 64 and c.heads_k == 32).label
+    assert "d128" not in next(c for c in grid if c.head_dim == 128 and c.heads_k == 8).label
+
+
 @pytest.mark.parametrize("argv", [["--batches", "0"], ["--lengths", "4q"], ["--layouts", "ring"],
-                                  ["--page-size", "24"], ["--reps", "0"]])
+                                  ["--page-size", "24"], ["--reps", "0"], ["--heads", "32/5"],
+                                  ["--head-dims", "x"]])
 def test_bad_filters_are_refused(bench: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(argv)

@@ -18,6 +18,7 @@ import pytest
 from fake_libcuda import Fake, build
 from test_driver import _entry
 
+from lazytriton.cache_format.tensordesc import TensorDescMeta
 from lazytriton.driver import DriverError, fastlaunch, fastlaunch_build, gpu
 from lazytriton.kernels import get
 
@@ -175,9 +176,13 @@ def test_a_malformed_plan_is_refused_not_read(helper: Any) -> None:
     plan = fastlaunch.pack_plan((1, 2, 3, 4), 5, 6, 128, 0, (0, -1))
     with pytest.raises(ValueError, match="malformed plan"):
         helper.launch(plan[:-1], 1, 1, 1, 0, (1,), (1.0,))
-    bad_slot = fastlaunch.pack_plan((1, 2, 3, 4), 5, 6, 128, 0, (0, 7))  # int slot 7 of 2 ints
+    bad_slot = bytearray(fastlaunch.pack_plan((1, 2, 3, 4), 5, 6, 128, 0, (0, 7)))
+    struct.pack_into("<i", bad_slot, 7 * 8 + 2 * 4 + 4, 2)  # n_ints 2: int slot 7 of 2 ints
     with pytest.raises(ValueError, match="slot 7 of parameter 1"):
-        helper.launch(bad_slot, 1, 1, 1, 0, (1, 2), ())
+        helper.launch(bytes(bad_slot), 1, 1, 1, 0, (1, 2), ())
+    with pytest.raises(ValueError, match="malformed plan"):  # descriptors in an immutable plan: no cache to keep
+        helper.launch(bytes(fastlaunch.pack_plan((1, 2, 3, 4, 5), 5, 6, 128, 0, (fastlaunch.DESC_SLOT, 1, 2),
+                                                 (TensorDescMeta(0, 2, 6, (8,)),))), 1, 1, 1, 0, (1, 2, 3), ())
 
 
 def test_without_the_helper_launches_take_the_abi_path(fake_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:

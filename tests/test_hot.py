@@ -320,3 +320,85 @@ def test_sdpa_without_enable_gqa_is_served_only_for_equal_or_single_kv_heads() -
         q, k, v = make_qkv(1, heads, (16, 16), 32, torch.float32)
         assert (warm(q, k, v, False, None, gqa) is not None) == served, (heads, gqa)
     assert len(kernel.launches) == 3
+
+
+# ---------------------------------------------------------------------------
+# lse stocks: small lse tensors handed out from one allocation
+
+
+def _stocked_path(rt: _Runtime, stream: list[int], capturing: list[bool]) -> Callable[..., Any]:
+    return hot.generate("bhsd", "forward", cuda=False, get_runtime=lambda: rt, raw_stream=lambda di: stream[0],
+                        is_capturing=lambda: capturing[0],
+                        lse_template=lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s))
+
+
+def _plan_for(rt: _Runtime, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> _Recorder:
+    call = binding.check(q, k, v)
+    kernel = _Recorder(True)
+    for flag in (True, False):
+        rt.plans[binding.memo_key(-1, q.dtype, call.shape, False, flag, False)] = (kernel, 16)
+    return kernel
+
+
+def test_small_lse_tensors_come_from_one_block_each_aligned_and_apart() -> None:
+    rt, stream, capturing = _Runtime(), [0x5EED], [False]
+    warm = _stocked_path(rt, stream, capturing)
+    q, k, v = make_qkv(2, (3, 3), (5, 9), 16, torch.float32)  # lse (2, 3, 5): 30 floats, stepped to 32
+    kernel = _plan_for(rt, q, k, v)
+    per_block = min(hot.MAX_STOCK, hot.STOCK_BYTES // (4 * 32))
+    lses = [warm(q, k, v, False, None)[1] for _ in range(per_block + 3)]
+    assert len(kernel.launches) == per_block + 3
+    spans = sorted((t.data_ptr(), t.data_ptr() + 4 * t.numel()) for t in lses)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), "two lse tensors overlap"
+    assert all(t.shape == (2, 3, 5) and t.stride() == (15, 5, 1) and t.data_ptr() % 16 == 0 for t in lses)
+    blocks = {t.untyped_storage().data_ptr() for t in lses}
+    assert len(blocks) == 2, "one allocation per stock of lse tensors"
+    launched_lse = {launch[2][binding.INT_PARAMS.index("Lse")] for launch in kernel.launches}
+    assert launched_lse == {t.data_ptr() for t in lses}, "each call's kernel writes the lse it returns"
+
+
+def test_lse_stocks_are_per_stream_and_never_used_during_a_capture() -> None:
+    rt, stream, capturing = _Runtime(), [1], [False]
+    warm = _stocked_path(rt, stream, capturing)
+    q, k, v = make_qkv(1, (2, 2), (4, 4), 16, torch.float32)
+    _plan_for(rt, q, k, v)
+    on_one = warm(q, k, v, False, None)[1]
+    stream[0] = 2
+    on_two = warm(q, k, v, False, None)[1]
+    assert on_one.untyped_storage().data_ptr() != on_two.untyped_storage().data_ptr()
+    capturing[0] = True
+    captured = warm(q, k, v, False, None)[1]
+    assert captured._base is None and captured.untyped_storage().nbytes() == 4 * captured.numel()
+    stream[0] = 1
+    capturing[0] = False
+    again = warm(q, k, v, False, None)[1]
+    assert again.untyped_storage().data_ptr() == on_one.untyped_storage().data_ptr(), "stream 1's stock goes on"
+
+
+def test_the_default_stream_skips_the_capture_check() -> None:
+    rt, stream, capturing = _Runtime(), [0], [True]  # a capture claimed on stream 0, which CUDA never captures
+    warm = _stocked_path(rt, stream, capturing)
+    q, k, v = make_qkv(1, (2, 2), (4, 4), 16, torch.float32)
+    _plan_for(rt, q, k, v)
+    assert warm(q, k, v, False, None)[1]._base is not None, "stream 0's stock, without asking"
+
+
+def test_a_big_lse_is_allocated_alone() -> None:
+    rt, stream, capturing = _Runtime(), [1], [False]
+    warm = _stocked_path(rt, stream, capturing)
+    seqlen = hot.STOCK_BYTES // 4 // hot.MIN_STOCK  # (1, 1, seqlen): too big for MIN_STOCK in a block
+    q, k, v = make_qkv(1, (1, 1), (seqlen, 16), 16, torch.float32)
+    _plan_for(rt, q, k, v)
+    lse = warm(q, k, v, False, None)[1]
+    assert lse._base is None and lse.untyped_storage().nbytes() == 4 * seqlen
+
+
+@on_gpu
+def test_gpu_stocked_lse_tensors_keep_their_values() -> None:
+    """Many calls' lse tensors (more than a stock holds), kept alive together, each equal to its own call's."""
+    inputs = [make_qkv(1, (2, 2), (16, 16), 64, torch.bfloat16, device="cuda", seed=20 + i) for i in range(70)]
+    lazytriton.attn_fwd(*inputs[0])
+    results = [lazytriton.attn_fwd(*qkv) for qkv in inputs]
+    for qkv, (out, lse) in zip(inputs, results, strict=True):
+        expect_out, expect_lse = binding.forward(*qkv, binding.check(*qkv))  # the general path
+        assert torch.equal(out, expect_out) and torch.equal(lse, expect_lse)

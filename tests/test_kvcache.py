@@ -322,6 +322,8 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("q_dtype", _set("q", lambda a: a["q"].float()), TypeError, "k_cache has dtype"),
     ("q_rank", _set("q", lambda a: a["q"][0]), ValueError, "q must have 4 dims"),
     ("cache_shapes", _set("v_cache", lambda a: a["v_cache"][:-1]), ValueError, "same shape"),
+    ("head_dim_v", _set("v_cache", lambda a: a["v_cache"][..., :32]), ValueError,
+     "head_dim_v.*not supported by flash_attn_with_kvcache"),
     ("window_below_minus_one", lambda a: {**a, "window_size": (-2, 0)}, ValueError, "window_size"),
     ("window_not_pair", lambda a: {**a, "window_size": 3}, TypeError, "window_size"),
     ("softcap_negative", lambda a: {**a, "softcap": -1.0}, ValueError, "softcap"),

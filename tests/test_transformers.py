@@ -30,17 +30,29 @@ def model() -> transformers.LlamaForCausalLM:
     return transformers.LlamaForCausalLM(config).eval()
 
 
+Call = tuple[str, tuple[int, ...], object, object]
+
+
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], object]]:
-    """Records each lazytriton.attn_fwd call (query shape, causal), proving lazytriton ran."""
-    seen: list[tuple[tuple[int, ...], object]] = []
-    real = lazytriton.attn_fwd
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
+    """Records each lazytriton call the integration makes: (entry point, query shape, causal, window_size).
 
-    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
-        seen.append((tuple(q.shape), kw.get("causal")))
-        return real(q, k, v, **kw)  # type: ignore[arg-type]
+    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in).
+    """
+    seen: list[Call] = []
 
-    monkeypatch.setattr(lazytriton, "attn_fwd", spy)
+    def spy(kind: str, name: str) -> None:
+        real = getattr(lazytriton, name)
+
+        def recorded(q: torch.Tensor, *args: object, **kw: object) -> object:
+            seen.append((kind, tuple(q.shape), kw.get("causal"), kw.get("window_size")))
+            return real(q, *args, **kw)
+
+        monkeypatch.setattr(lazytriton, name, recorded)
+
+    for kind, name in (("dense", "attn_fwd"), ("varlen", "flash_attn_varlen_func"),
+                       ("sdpa", "scaled_dot_product_attention")):
+        spy(kind, name)
     return seen
 
 
@@ -58,49 +70,69 @@ MASKS = {
 }
 
 
+def _real(logits: torch.Tensor, padding: str) -> torch.Tensor:
+    """The logits of real tokens: a right-padded sequence's pad queries give zeros in lazytriton (as in
+    transformers' flash_attention_2), where SDPA lets them see the real keys; their output feeds no real token."""
+    return logits if MASKS[padding] is None else logits[MASKS[padding].bool()]
+
+
 @pytest.mark.parametrize("padding", list(MASKS))
-def test_logits_match_sdpa(model: torch.nn.Module, calls: list, padding: str) -> None:
+def test_logits_match_sdpa(model: torch.nn.Module, calls: list[Call], padding: str) -> None:
     inputs = {"input_ids": IDS}
     if MASKS[padding] is not None:
         inputs["attention_mask"] = MASKS[padding]
     want = _logits(model, "sdpa", **inputs)
     got = _logits(model, "lazytriton", **inputs)
-    # All positions, pad rows included: SDPA gives a fully masked query row zeros, and so does lazytriton;
-    # a right-padded pad query sees every real key, in both.
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    layers = model.config.num_hidden_layers
-    # One call per layer unpadded; padded: one per sequence, plus one for the pad queries of a right-padded
-    # sequence (they see every real key); the pad queries of a left-padded one get zeros without a launch.
-    expected = {"unpadded": 1, "left_padded": 2, "right_padded": 3}[padding]
-    assert len(calls) == expected * layers, calls
-
-
-def test_generate_left_padded_matches_sdpa(model: torch.nn.Module, calls: list) -> None:
-    mask = MASKS["left_padded"]
-    tokens = {}
-    for impl in ("sdpa", "lazytriton"):
-        model.set_attn_implementation(impl)
-        out = model.generate(input_ids=IDS, attention_mask=mask, max_new_tokens=5, do_sample=False,
-                             pad_token_id=PAD, output_scores=True, return_dict_in_generate=True)
-        tokens[impl] = out
-    assert torch.equal(tokens["lazytriton"].sequences, tokens["sdpa"].sequences)
-    for got, want in zip(tokens["lazytriton"].scores, tokens["sdpa"].scores, strict=True):
+    torch.testing.assert_close(_real(got, padding), _real(want, padding), atol=1e-5, rtol=1e-5)
+    if padding == "left_padded":  # pad rows too: a left-padded pad query sees no key, zeros in both
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert any(shape[2] == 1 for shape, _ in calls), "decoding steps (one query against the cache) ran lazytriton"
+    layers = model.config.num_hidden_layers
+    # One call per layer: dense on the batch unpadded, varlen on the packed real tokens (10 of 12) padded.
+    want_calls = ([("dense", (2, 4, 6, 8), True, None)] if padding == "unpadded"
+                  else [("varlen", (10, 4, 8), True, (-1, -1))])
+    assert calls == want_calls * layers
 
 
-@pytest.mark.parametrize("padding, cache", [("left_padded", "static"), ("right_padded", "dynamic")])
-def test_generate_static_cache_and_right_padding_match_sdpa(model: torch.nn.Module, padding: str, cache: str) -> None:
-    """A static cache (empty slots after the tokens) and right padding (pads between prompt and new tokens)."""
+def test_padded_batch_is_one_varlen_call_per_layer(calls: list[Call]) -> None:
+    """A deeper model, 3 sequences padded on either side: exactly one varlen call per layer, nothing else."""
+    lt_transformers.register()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=64, num_hidden_layers=4, vocab_size=100, pad_token_id=PAD)
+    llama = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 100, (3, 5), generator=torch.Generator().manual_seed(3))
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [0, 1, 1, 1, 1]])
+    want = _logits(llama, "sdpa", input_ids=ids, attention_mask=mask)
+    got = _logits(llama, "lazytriton", input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
+    assert calls == [("varlen", (10, 4, 8), True, (-1, -1))] * 4
+
+
+@pytest.mark.filterwarnings("ignore:.*right-padding was detected")
+@pytest.mark.parametrize("padding, cache", [("left_padded", "dynamic"), ("right_padded", "dynamic"),
+                                            ("left_padded", "static")])
+def test_generate_matches_sdpa(model: torch.nn.Module, calls: list[Call], padding: str, cache: str) -> None:
+    """Greedy tokens and scores; every forward (prefill, then each decoding step) is one varlen call per layer.
+
+    A static cache has empty slots after the tokens; right padding leaves pads between prompt and new tokens.
+    A right-padded prompt's first new token comes from its last position, a pad, whose attention output is zeros
+    in lazytriton (as in transformers' flash_attention_2) but not in SDPA: transformers warns that such
+    generation is wrong anyway; the unpadded row is compared there.
+    """
     outs = {}
     for impl in ("sdpa", "lazytriton"):
         model.set_attn_implementation(impl)
-        outs[impl] = model.generate(input_ids=IDS, attention_mask=MASKS[padding], max_new_tokens=3, do_sample=False,
+        outs[impl] = model.generate(input_ids=IDS, attention_mask=MASKS[padding], max_new_tokens=4, do_sample=False,
                                     pad_token_id=PAD, output_scores=True, return_dict_in_generate=True,
                                     cache_implementation=cache)
-    assert torch.equal(outs["lazytriton"].sequences, outs["sdpa"].sequences)
+    rows = [1] if padding == "right_padded" else [0, 1]
+    assert torch.equal(outs["lazytriton"].sequences[rows], outs["sdpa"].sequences[rows])
     for got, want in zip(outs["lazytriton"].scores, outs["sdpa"].scores, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[rows], want[rows], atol=1e-5, rtol=1e-5)
+    layers = model.config.num_hidden_layers
+    assert [c[0] for c in calls] == ["varlen"] * layers * 4, calls  # the prefill and 3 decoding steps
+    decoding = [c for c in calls if c[1][0] == 2]  # one query for each of the 2 sequences
+    assert len(decoding) == layers * 3, calls
 
 
 def _tiny(cls_config: type, cls_model: type, **extra: object) -> torch.nn.Module:
@@ -142,7 +174,7 @@ def test_sliding_window_matches_sdpa(window: int) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
-def test_chunked_prefill_with_dynamic_cache(model: torch.nn.Module, calls: list) -> None:
+def test_chunked_prefill_with_dynamic_cache(model: torch.nn.Module, calls: list[Call]) -> None:
     """Two chunks of 3 into a DynamicCache: q_len < kv_len with q_len > 1 (bottom-right causal)."""
     def logits(impl: str) -> torch.Tensor:
         model.set_attn_implementation(impl)
@@ -152,7 +184,8 @@ def test_chunked_prefill_with_dynamic_cache(model: torch.nn.Module, calls: list)
             return model(input_ids=IDS[:, 3:], past_key_values=cache, use_cache=True).logits
 
     torch.testing.assert_close(logits("lazytriton"), logits("sdpa"), atol=1e-5, rtol=1e-5)
-    assert (((2, 4, 3, 8), "bottom_right")) in calls  # the second chunk: one call for the whole batch
+    # The second chunk, unpadded: one dense call for the whole batch on the whole cache.
+    assert ("dense", (2, 4, 3, 8), "bottom_right", None) in calls
 
 
 def test_from_pretrained_with_attn_implementation(model: torch.nn.Module, tmp_path: object) -> None:
@@ -182,8 +215,8 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return out.transpose(1, 2)
 
 
-def test_attention_forward_gathers_keys_around_pads() -> None:
-    """Generation after right padding: the cache holds pads between the prompt and the new tokens."""
+def test_attention_forward_gathers_keys_around_pads(calls: list[Call]) -> None:
+    """Generation after right padding: the cache holds pads between the prompt and the new tokens (varlen)."""
     q, k, v = _qkv(2, 4, 2, 2, 7)
     valid = torch.tensor([[1, 1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
     causal = torch.arange(7)[None, :] <= torch.arange(5, 7)[:, None]  # queries are the last two positions
@@ -191,10 +224,11 @@ def test_attention_forward_gathers_keys_around_pads() -> None:
     got, weights = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
     assert weights is None
     torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
+    assert calls == [("varlen", (4, 4, 8), True, (-1, -1))]
 
 
-def test_attention_forward_reanalyses_a_mask_changed_in_place() -> None:
-    """The per-forward plan cache is keyed by the mask object and its version: an in-place edit is seen."""
+def test_attention_forward_reanalyses_a_mask_changed_in_place(calls: list[Call]) -> None:
+    """The per-forward analysis is cached by the mask object and its version: an in-place edit is seen."""
     q, k, v = _qkv(2, 2, 2, 4, 4)
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
     mask = (torch.ones(2, 4, dtype=torch.bool)[:, None, :] & causal[None])[:, None].clone()
@@ -202,21 +236,25 @@ def test_attention_forward_reanalyses_a_mask_changed_in_place() -> None:
         got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
         torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
     mask[1, :, 3, 1] = False  # query 3 of sequence 1 stops seeing key 1, keys 0 and 2 it still sees: a hole
-    with pytest.raises(NotImplementedError, match="query 3 of sequence 1"):
-        lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+    got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+    torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
     mask[1, :, 3, 1] = True
     mask[1, :, :, 0] = False  # key 0 is now a pad: sequence 1 is left-padded, its query 0 sees nothing
     got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
     torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
     assert torch.equal(got[1, 0], torch.zeros_like(got[1, 0]))  # a fully masked query: zeros, as SDPA's
+    # Unpadded twice (the second call from the cache), the hole, the left padding.
+    assert [c[0] for c in calls] == ["dense", "dense", "sdpa", "varlen"]
 
 
-def test_attention_forward_bidirectional_padding() -> None:
+def test_attention_forward_bidirectional_padding(calls: list[Call]) -> None:
+    """Every query is packed (pad rows see the real keys, as in SDPA), the real keys only: one varlen call."""
     q, k, v = _qkv(2, 2, 2, 5, 5)
     valid = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
     mask = valid[:, None, None, :].expand(2, 1, 5, 5)
     got, _ = lt_transformers.attention_forward(_Module(False), q, k, v, mask, scaling=0.3)
     torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
+    assert calls == [("varlen", (10, 2, 8), False, (-1, -1))]
 
 
 def test_attention_forward_no_mask_static_cache_prefill_and_decode() -> None:
@@ -228,37 +266,66 @@ def test_attention_forward_no_mask_static_cache_prefill_and_decode() -> None:
     torch.testing.assert_close(got, _sdpa(q[:, :, :1], k, v, None, False), atol=1e-5, rtol=1e-5)
 
 
-def test_attention_forward_is_differentiable_with_padding() -> None:
+@pytest.mark.parametrize("padding, kind", [("left", "varlen"), ("right", "sdpa")])
+def test_attention_forward_is_differentiable_with_padding(calls: list[Call], padding: str, kind: str) -> None:
+    """Gradients through the varlen call, and through the SDPA drop-in: a right-padded causal mask alone (not
+    from the mask function, so the pad queries are not known as such) is not plain padding, its pad query sees
+    keys before it."""
     q, k, v = (t.requires_grad_() for t in _qkv(2, 2, 1, 4, 4))
-    valid = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)  # right padding: a causal and a full run
+    valid = torch.tensor([[1, 1, 1, 0] if padding == "right" else [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
     mask = (valid[:, None, :] & torch.ones(4, 4, dtype=torch.bool).tril()[None])[:, None]
     got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
     grads = torch.autograd.grad(got.sum(), (q, k, v))
     want = torch.autograd.grad(_sdpa(q, k, v, mask, False).sum(), (q, k, v))
     for g, w in zip(grads, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    assert [c[0] for c in calls] == [kind]
 
 
-def test_custom_4d_mask_raises(model: torch.nn.Module) -> None:
-    model.set_attn_implementation("lazytriton")
+def test_custom_4d_mask_is_one_sdpa_call_per_layer(model: torch.nn.Module, calls: list[Call]) -> None:
     arbitrary = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(2)) > 0.5
     arbitrary[..., 0] = True
-    with pytest.raises(NotImplementedError, match="arbitrary masks are not supported"), torch.no_grad():
-        model(input_ids=IDS, attention_mask=arbitrary)
+    want = _logits(model, "sdpa", input_ids=IDS, attention_mask=arbitrary)
+    torch.testing.assert_close(_logits(model, "lazytriton", input_ids=IDS, attention_mask=arbitrary), want,
+                               atol=1e-5, rtol=1e-5)
+    assert [c[0] for c in calls] == ["sdpa"] * model.config.num_hidden_layers
 
 
-@pytest.mark.parametrize("case", ["hole", "float_mask", "per_head", "three_dims"])
-def test_unsupported_masks_raise(case: str) -> None:
-    q, k, v = _qkv(1, 2, 2, 4, 4)
+def test_packed_documents_are_one_sdpa_call_per_layer(model: torch.nn.Module, calls: list[Call]) -> None:
+    """Two documents packed in one row (position_ids restart): transformers draws a block-diagonal causal mask."""
+    inputs = {"input_ids": IDS[:1], "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]]), "use_cache": False}
+    want = _logits(model, "sdpa", **inputs)
+    torch.testing.assert_close(_logits(model, "lazytriton", **inputs), want, atol=1e-5, rtol=1e-5)
+    assert [c[0] for c in calls] == ["sdpa"] * model.config.num_hidden_layers
+    separate = _logits(model, "sdpa", input_ids=IDS[:1, 3:], use_cache=False)
+    torch.testing.assert_close(want[:, 3:], separate, atol=1e-5, rtol=1e-5)  # the mask did separate them
+
+
+@pytest.mark.parametrize("case", ["hole", "float_mask", "per_head"])
+def test_arbitrary_masks_match_sdpa(calls: list[Call], case: str) -> None:
+    q, k, v = _qkv(2, 2, 2, 4, 4)
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    float_mask = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(4))
+    float_mask[0, 0, 1:, 2] = float("-inf")
     masks = {
         "hole": (causal & ~torch.eye(4, dtype=torch.bool).roll(-1, 1))[None, None],  # query i skips key i - 1
-        "float_mask": torch.zeros(1, 1, 4, 4),
+        "float_mask": float_mask,  # additive
         "per_head": torch.stack([causal, causal.T])[None],
-        "three_dims": causal[None],
     }
-    with pytest.raises(NotImplementedError, match="lazytriton attention"):
-        lt_transformers.attention_forward(_Module(True), q, k, v, masks[case])
+    got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, masks[case], scaling=0.3)
+    torch.testing.assert_close(got, _sdpa(q, k, v, masks[case], False), atol=1e-5, rtol=1e-5)
+    assert [c[0] for c in calls] == ["sdpa"]
+
+
+def test_masks_refused() -> None:
+    """Softcap on a mask with holes (the SDPA drop-in has no softcap, the per-sequence plan no holes); 3 dims."""
+    q, k, v = _qkv(1, 2, 2, 4, 4)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    hole = (causal & ~torch.eye(4, dtype=torch.bool).roll(-1, 1))[None, None]
+    with pytest.raises(NotImplementedError, match="not supported together with softcap"):
+        lt_transformers.attention_forward(_Module(True), q, k, v, hole, softcap=2.0)
+    with pytest.raises(ValueError, match="attention_mask must have 4 dims"):
+        lt_transformers.attention_forward(_Module(True), q, k, v, causal[None])
 
 
 @pytest.mark.parametrize("kwargs", [{"dropout": 0.1}, {"s_aux": torch.zeros(2)},

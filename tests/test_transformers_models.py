@@ -20,6 +20,7 @@ from transformers import masking_utils  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton.integrations import transformers as lt_transformers  # noqa: E402
+from lazytriton.integrations import transformers_plan  # noqa: E402
 
 PAD = 0
 WINDOW = 3  # keys a query sees, its own included: shorter than the 6-token prompts
@@ -30,20 +31,30 @@ MASKS = {
     "left_padded": torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]),
     "right_padded": torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]),
 }
-Call = tuple[tuple[int, ...], tuple[int, ...], object, object, object]
+Call = tuple[tuple[int, ...], tuple[int, ...], object, object, object, str]
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
-    """Records each lazytriton.attn_fwd call (q shape, k shape, causal, window_size, softcap): lazytriton ran."""
+    """Records each lazytriton call (q shape, k shape, causal, window_size, softcap, entry point): lazytriton ran.
+
+    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in).
+    """
     seen: list[Call] = []
-    real = lazytriton.attn_fwd
 
-    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
-        seen.append((tuple(q.shape), tuple(k.shape), kw.get("causal"), kw.get("window_size"), kw.get("softcap")))
-        return real(q, k, v, **kw)  # type: ignore[arg-type]
+    def spy(kind: str, name: str) -> None:
+        real = getattr(lazytriton, name)
 
-    monkeypatch.setattr(lazytriton, "attn_fwd", spy)
+        def recorded(q: torch.Tensor, k: torch.Tensor, *args: object, **kw: object) -> object:
+            seen.append((tuple(q.shape), tuple(k.shape), kw.get("causal"), kw.get("window_size"), kw.get("softcap"),
+                         kind))
+            return real(q, k, *args, **kw)
+
+        monkeypatch.setattr(lazytriton, name, recorded)
+
+    for kind, name in (("dense", "attn_fwd"), ("varlen", "flash_attn_varlen_func"),
+                       ("sdpa", "scaled_dot_product_attention")):
+        spy(kind, name)
     return seen
 
 
@@ -83,7 +94,8 @@ def _inputs(padding: str) -> dict[str, torch.Tensor]:
 
 
 def _real(logits: torch.Tensor, padding: str) -> torch.Tensor:
-    """The logits of real tokens: eager gives a query that sees no key the mean of all values, SDPA and lazytriton 0."""
+    """The logits of real tokens: eager gives a query that sees no key the mean of all values, SDPA and lazytriton 0;
+    a right-padded sequence's pad queries see the real keys in SDPA and eager, give zeros in lazytriton."""
     mask = MASKS[padding]
     return logits if mask is None else logits[mask.bool()]
 
@@ -94,10 +106,13 @@ def _generate(model: torch.nn.Module, impl: str, padding: str, **kw: object) -> 
                           output_scores=True, return_dict_in_generate=True, **kw)
 
 
-def _assert_same_generation(got: object, want: object) -> None:
-    assert torch.equal(got.sequences, want.sequences)  # type: ignore[attr-defined]
+def _assert_same_generation(got: object, want: object, rows: list[int] | None = None) -> None:
+    """The same tokens and scores in ``rows`` (default all). A right-padded prompt's first new token comes from a
+    pad position (zeros in lazytriton, as in flash_attention_2): compare the unpadded row there."""
+    rows = rows or list(range(got.sequences.shape[0]))  # type: ignore[attr-defined]
+    assert torch.equal(got.sequences[rows], want.sequences[rows])  # type: ignore[attr-defined]
     for g, w in zip(got.scores, want.scores, strict=True):  # type: ignore[attr-defined]
-        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(g[rows], w[rows], atol=1e-5, rtol=1e-5)
 
 
 def test_gemma2_config_exercises_window_and_softcap(gemma2: torch.nn.Module) -> None:
@@ -124,16 +139,28 @@ def test_gemma2_logits_match_eager(gemma2: torch.nn.Module, calls: list[Call], p
     got = _logits(gemma2, "lazytriton", **_inputs(padding))
     torch.testing.assert_close(_real(got, padding), _real(want, padding), atol=1e-5, rtol=1e-5)
     assert {c[4] for c in calls} == {CAP}  # every call capped
-    windowed = [c for c in calls if c[3] is not None]
-    # The sliding layer: one call per sequence (the batch, unpadded), window (WINDOW - 1) keys back, causal.
-    assert len(windowed) == (1 if padding == "unpadded" else 2), calls
-    assert all(c[2] == "bottom_right" and c[3] == (WINDOW - 1, 0) for c in windowed), calls
+    # One call per layer: the full layer (no mask unpadded), then the sliding one, window (WINDOW - 1) keys back,
+    # causal: dense on the batch unpadded, varlen on the 10 real tokens padded.
+    causal = "bottom_right" if padding == "unpadded" else True
+    assert [c[5] for c in calls] == ["dense" if padding == "unpadded" else "varlen"] * 2, calls
+    assert [c[2:4] for c in calls if c[3] not in (None, (-1, -1))] == [(causal, (WINDOW - 1, 0))], calls
 
 
 def test_gemma2_generate_left_padded_matches_eager(gemma2: torch.nn.Module, calls: list[Call]) -> None:
     _assert_same_generation(_generate(gemma2, "lazytriton", "left_padded"),
                             _generate(gemma2, "eager", "left_padded"))
-    assert any(c[0][2] == 1 for c in calls), "decoding steps ran lazytriton"
+    assert any(c[5] == "varlen" and c[0][0] == 2 for c in calls), "decoding steps (a query a sequence) ran varlen"
+
+
+def test_gemma2_packed_documents_keep_the_per_sequence_plan(gemma2: torch.nn.Module, calls: list[Call]) -> None:
+    """Softcap on a mask that is not padding (two documents packed in a row): the SDPA drop-in has no softcap, so
+    the per-sequence plan runs it, one capped call per document and layer, as eager computes it."""
+    inputs = {"input_ids": IDS[:1], "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]]), "use_cache": False}
+    want = _logits(gemma2, "eager", **inputs)
+    torch.testing.assert_close(_logits(gemma2, "lazytriton", **inputs), want, atol=1e-5, rtol=1e-5)
+    assert [(c[5], c[0], c[4]) for c in calls] == [("dense", (1, 4, 3, 8), CAP)] * 4, calls
+    torch.testing.assert_close(want[:, 3:], _logits(gemma2, "eager", input_ids=IDS[:1, 3:], use_cache=False),
+                               atol=1e-5, rtol=1e-5)  # the mask did separate the documents
 
 
 def test_gemma3_left_padded_logits_match_sdpa(calls: list[Call]) -> None:
@@ -152,13 +179,12 @@ def test_gemma3_left_padded_logits_match_sdpa(calls: list[Call]) -> None:
 def test_mistral_logits_match_sdpa(mistral: torch.nn.Module, calls: list[Call], padding: str) -> None:
     want = _logits(mistral, "sdpa", **_inputs(padding))
     got = _logits(mistral, "lazytriton", **_inputs(padding))
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # pad rows too: zeros in both
-    # One call per sequence (the batch, unpadded); a right-padded sequence's pad queries see a shrinking window
-    # of the last real keys: a second, non-causal windowed call.
-    expected = {"unpadded": [("bottom_right", (2, 0))],
-                "left_padded": [("bottom_right", (2, 0))] * 2,
-                "right_padded": [("bottom_right", (2, 0)), (False, (0, -1)), ("bottom_right", (2, 0))]}[padding]
-    assert [c[2:4] for c in calls] == expected
+    torch.testing.assert_close(_real(got, padding), _real(want, padding), atol=1e-5, rtol=1e-5)
+    if padding != "right_padded":  # pad rows too: zeros in both
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # One call: dense on the batch unpadded, varlen on the 10 real tokens padded; the window cuts in.
+    expected = [("dense", "bottom_right", (2, 0))] if padding == "unpadded" else [("varlen", True, (2, 0))]
+    assert [(c[5], *c[2:4]) for c in calls] == expected
 
 
 @pytest.mark.filterwarnings("ignore:.*right-padding was detected")
@@ -175,7 +201,8 @@ def test_mistral_generate_matches_sdpa(mistral: torch.nn.Module, padding: str, c
         return {"cache_implementation": cache}
 
     got = _generate(mistral, "lazytriton", padding, **kw())
-    _assert_same_generation(got, _generate(mistral, "sdpa", padding, **kw()))
+    rows = [1] if padding == "right_padded" else None
+    _assert_same_generation(got, _generate(mistral, "sdpa", padding, **kw()), rows)
     if cache == "full":
         assert caches[0].layers[0].keys.shape[2] > WINDOW + 1, "decoding steps saw more keys than the window"
 
@@ -267,7 +294,7 @@ def test_attention_forward_windowed_masks_match_sdpa(case: str, calls: list[Call
     got, _ = lt_transformers.attention_forward(_Module(case != "bidirectional_window"), q, k, v, mask, scaling=0.3)
     torch.testing.assert_close(got, _sdpa(q, k, v, mask), atol=1e-5, rtol=1e-5)
     if case in ("unpadded", "cache_longer_than_window"):
-        assert [c[3] for c in calls if c[3] is not None], "the window reached the kernels"
+        assert [c[3] for c in calls if c[3] not in (None, (-1, -1))], "the window reached the kernels"
 
 
 def test_attention_forward_softcap_masked_and_unmasked(calls: list[Call]) -> None:
@@ -304,9 +331,9 @@ def _planned_mask(mask: torch.Tensor) -> torch.Tensor:
     """The dense mask the plan's calls attend with (the rows the plan derives from its calls' arguments)."""
     batch, _, q_len, kv_len = mask.shape
     out = torch.zeros(batch, q_len, kv_len, dtype=torch.bool)
-    for group in lt_transformers._analyse(mask, batch, q_len, kv_len):
+    for group in transformers_plan.analyse(mask, batch, q_len, kv_len):
         keys = (list(range(*group.key_range)) if group.key_range is not None else group.key_index.tolist())
-        for i, (lo, hi) in enumerate(lt_transformers._rows(group.segments)):
+        for i, (lo, hi) in enumerate(transformers_plan.planned_rows(group.segments)):
             out[group.first:group.last, i, keys[lo:hi]] = True
     return out[:, None]
 

@@ -95,8 +95,18 @@ def test_tune_candidates_fit_the_shape() -> None:
                 configs = tune.candidates(dtype, head_dim, sq)
                 assert configs
                 assert all(c.block_m <= max(16, tuning.bucket(sq)) for c in configs)
-                if head_dim == 256 or dtype == "fp32":
-                    assert all(c.block_m * c.block_n <= 64 * 64 for c in configs)
+                if head_dim == 256 or dtype == "fp32":  # small tiles, or larger ones with 2 stages
+                    assert all(c.block_m * c.block_n <= 64 * 64 or (c.block_m * c.block_n <= 128 * 64
+                                                                    and c.num_stages == 2) for c in configs)
+
+
+def test_tune_times_only_variants_whose_tiles_fit_shared_memory() -> None:
+    from lazytriton.prewarm.limits import refusal
+
+    made = [dispatch.flash_fwd_variant(SM90, "bf16", 256, False, True, 4096, config=c, seqlen_k=4096)
+            for c in (dispatch.Config(128, 128, 8, 3), dispatch.Config(64, 64, 4, 2), dispatch.Config(128, 128, 8, 4))]
+    assert [refusal(v) is None for v in made] == [False, True, False]
+    assert tune.fitting(made) == [made[1]]  # the estimate is a lower bound: launch failures are skipped too
 
 
 def test_tune_merge_replaces_only_the_same_buckets(tmp_path: Path) -> None:

@@ -37,6 +37,12 @@ from lazytriton.variant import Variant
 
 MAX_HEURISTIC_SPLITS = 128
 INTERPRETER_SMS = 4  # the CPU path's pretend GPU: a few splits, so the interpreter runs the combine too
+# Split programs the heuristic counts per SM. FlashAttention-2 fills 2 x the SMs ("we multiply number of
+# SMs by 2 to hard-code the fact that we're using 128 threads per block", flash_api.cpp set_params_splitkv);
+# the split kernel runs 4 warps (128 threads) in at most ~72 KB of shared memory, so 2 or 3 programs share an
+# SM, and one program per SM leaves a memory-bound loop with half the loads in flight. Was 1 before the
+# tuner existed (H200, bench_decode.py: 0.58x SDPA geomean; batch 16 x 8 heads = 128 programs ran unsplit).
+PROGRAMS_PER_SM = 2
 SPLIT_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_SPLIT.params if not kind.startswith("fp"))
 COMBINE_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_COMBINE.params if not kind.startswith("fp"))
 
@@ -79,11 +85,26 @@ def sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def splits_for(call: Call, block_m: int, block_n: int, sms: int) -> int:
+def min_split_keys(head_dim: int) -> int:
+    """The fewest keys a split is cut to on a GPU: FlashAttention-2's split block (256, 128 or 64 keys by head dim).
+
+    FlashAttention-2 counts a cache's blocks for its heuristic in these units
+    (``set_params_splitkv``: 256 keys at head dim <= 64, 128 at <= 128, else
+    64): a split then reads at least 32 KB of K and V per head (bf16), enough
+    to pipeline, and the combine kernel reads few partials. A 1k cache at head
+    dim 128 is cut in at most 8 splits (16 with 64-key blocks before).
+    """
+    return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+
+
+def splits_for(call: Call, block_m: int, block_n: int, sms: int, min_keys: int = 0) -> int:
     """The call's split count: ``num_splits`` if given, else ``choose_splits`` over the cache's capacity.
 
-    Either way at most as many as keep the float32 partials under 2**31
-    elements (the kernels index them in 32 bits).
+    ``sms``: the programs the GPU runs at once (``gpu_slots``); ``min_keys``:
+    the fewest keys worth a split of their own (``min_split_keys`` on a GPU;
+    0, one BLOCK_N, in the interpreter). Either way at most as many as keep
+    the float32 partials under 2**31 elements (the kernels index them in 32
+    bits).
     """
     most = max(1, checks.INT32_MAX // max(1, call.batch * call.heads_q * call.seqlen_q * call.head_dim))
     if call.num_splits:
@@ -92,7 +113,13 @@ def splits_for(call: Call, block_m: int, block_n: int, sms: int) -> int:
     keys = call.capacity
     if call.windowed:  # a window bounds what one query row block reads
         keys = min(keys, call.window_left + call.window_right + call.seqlen_q)
-    return min(choose_splits(programs, -(-keys // block_n), sms), most)
+    unit = max(block_n, min_keys)
+    return min(choose_splits(programs, -(-keys // unit), sms), most)
+
+
+def gpu_slots(device_index: int) -> int:
+    """The split programs a GPU runs at once, as the heuristic counts them: SMs x ``PROGRAMS_PER_SM``."""
+    return sm_count(device_index) * PROGRAMS_PER_SM
 
 
 # ---------------------------------------------------------------------------
@@ -143,6 +170,33 @@ def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
               "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.head_dim, "num_splits": splits,
               "n_rows": call.batch * call.heads_q * call.seqlen_q}
     return tuple(values[name] for name in COMBINE_INT_PARAMS)
+
+
+# What capi/lt_kvcache.c passes for each integer parameter (p: the caller's lt_attn_kvcache_params, c: its checked
+# call, q/kc/vc/o: its tensors; tests/test_capi_kvcache.py compares the C initializers with these, field by field).
+_C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v_cache)", "Out": "LT__PTR(p->out)",
+            "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
+            "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
+            "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
+            **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
+               for i, d in enumerate("bsh")},
+            "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
+            "stride_ab": "p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0",
+            "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->d",
+            "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0", "seqlen_new": "c->seqlen_new",
+            "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
+            "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right"}
+_C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
+              "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
+              "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->d", "num_splits": "splits",
+              "n_rows": "n_rows"}
+
+
+def c_initializer(kernel: str) -> str:
+    """The C launcher's integer-argument initializer of one decoding kernel, in its description's order."""
+    if kernel == FLASH_DECODE_SPLIT.name:
+        return ", ".join(_C_SPLIT[name] for name in SPLIT_INT_PARAMS)
+    return ", ".join(_C_COMBINE[name] for name in COMBINE_INT_PARAMS)
 
 
 def floats(call: Call) -> tuple[float, float]:
@@ -233,14 +287,26 @@ def _partials(lse: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor,
             torch.empty(rows, dtype=torch.float32, device=lse.device))
 
 
-def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
-    """Launch the cached kernels for a checked call on GPU tensors (the cache already appended)."""
+def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
+               forced: tuple[Variant, Variant] | None = None) -> None:
+    """Launch the cached kernels for a checked call on GPU tensors (the cache already appended).
+
+    ``forced``: the (split, combine) variants to run instead of dispatch's
+    (``lazytriton tune --kernel flash_decode`` times its candidates through
+    here, so a candidate runs exactly as a call would run it).
+    """
     from lazytriton.kernels.flash_fwd.binding import raw_stream, scratch_alloc
 
     device = t.q.device
-    aligned, index64 = layout_flags(t, out)
-    split_kernel, block_m, block_n, combine_kernel, combine_m = plan(device, t.q.dtype, call, aligned, index64)
-    splits = splits_for(call, block_m, block_n, sm_count(device.index))
+    if forced is None:
+        aligned, index64 = layout_flags(t, out)
+        split_kernel, block_m, block_n, combine_kernel, combine_m = plan(device, t.q.dtype, call, aligned, index64)
+    else:
+        rt = runtime.get()
+        split_kernel, combine_kernel = rt.kernel(forced[0], device.index), rt.kernel(forced[1], device.index)
+        block_m, block_n = int(forced[0].get("BLOCK_M")), int(forced[0].get("BLOCK_N"))
+        combine_m = int(forced[1].get("BLOCK_M"))
+    splits = splits_for(call, block_m, block_n, gpu_slots(device.index), min_split_keys(call.head_dim))
     part_out, part_lse = _partials(lse, call, splits)
     stream = raw_stream(device.index)
     split_kernel.launch(split_grid(call.rows, block_m, splits, call.heads_k, call.batch), stream,

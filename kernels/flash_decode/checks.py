@@ -147,6 +147,10 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     b, sq, hq, d = q.shape
     kc = _data("k_cache", t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
     vc = _data("v_cache", t.v_cache, q, "like k_cache")
+    if vc.dim() == 4 and kc.dim() == 4 and vc.shape[:3] == kc.shape[:3] and vc.shape[3] != kc.shape[3]:
+        raise ValueError(f"v_cache has head dim {vc.shape[3]} but k_cache has {kc.shape[3]}: a value head dim "
+                         f"different from the query/key head dim (head_dim_v) is not supported by "
+                         f"flash_attn_with_kvcache; the attention kernels take it")
     if vc.shape != kc.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(kc.shape)} and {tuple(vc.shape)}")
     rows_c, s_c, hk, dk = kc.shape

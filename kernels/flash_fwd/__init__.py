@@ -111,3 +111,33 @@ FLASH_FWD = KernelSpec(
 def grid(seqlen_q: int, heads_q: int, batch: int, block_m: int) -> tuple[int, int, int]:
     """Programs: query blocks x query heads x batch (y and z stay under 65536)."""
     return ((seqlen_q + block_m - 1) // block_m, heads_q, batch)
+
+
+# The forward with K and V read through host tensor descriptors (a probe variant, off by default: no
+# dispatch path selects it; benchmarks/probe_host_tma.py compiles and launches it). Each descriptor
+# parameter takes three things from the caller, in the integer arguments: the tensor's base pointer, its
+# four sizes (B, Hk, Sk, D), its four strides in elements; the launcher encodes the CUtensorMap.
+HOST_TMA_DESCRIPTOR = "tensordesc<{dtype}[1, 1, {BLOCK_N}, {BLOCK_D}]>"
+FLASH_FWD_HOST_TMA = KernelSpec(
+    name="flash_fwd_host_tma",
+    module="lazytriton.kernels.flash_fwd.triton_kernel",
+    function="flash_fwd_host_tma_kernel",
+    params=(
+        ("Q", "*{dtype}"),
+        ("K_desc", HOST_TMA_DESCRIPTOR),
+        ("V_desc", HOST_TMA_DESCRIPTOR),
+        ("Out", "*{dtype}"),
+        ("Lse", "*fp32"),
+        *((f"stride_{t}{d}", "i32") for t in ("q", "o") for d in ("b", "h", "s")),
+        ("stride_lb", "i32"),
+        ("stride_lh", "i32"),
+        ("group_size", "i32"),
+        ("seqlen_q", "i32"),
+        ("seqlen_k", "i32"),
+        ("head_dim", "i32"),
+        ("causal_offset", "i32"),
+        ("sm_scale", "fp32"),
+    ),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL"),
+    aligned_params=("Q", "Out", "Lse", "stride_qb", "stride_qh", "stride_qs", "stride_ob", "stride_oh", "stride_os"),
+)

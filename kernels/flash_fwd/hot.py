@@ -83,18 +83,18 @@ def {name}(q, k, v, causal, scale, gqa=True):
     ints = {ints}
     fast = kernel.fast
     if fast is None:
-        kernel.launch(grid, raw_stream(di), ints, known[3], scratch_alloc)
+        kernel.launch(grid, stream, ints, known[3], scratch_alloc)
     else:
-        status = fast(grid[0], grid[1], grid[2], raw_stream(di), ints, known[3])
+        status = fast(grid[0], grid[1], grid[2], stream, ints, known[3])
         if status:
             kernel.fail(status, grid)
     return {result}
 """
 
 # Once per (sizes, strides, dtype, device, causal, scale, gqa): the checks, the constant parameters, the memo keys.
-# The entry: [plans, lse template (forward_*; None for output_*), lse numel, floats, constant int runs,
+# The entry: [plans, lse stocks (forward_* with a small lse; else None), lse numel, floats, constant int runs,
 # strides aligned, (sq, hq, b), (kernel, grid) aligned, (kernel, grid) not aligned, memo key aligned,
-# memo key not aligned].
+# memo key not aligned, lse template (forward_*; None for output_*)].
 _DESCRIBE = """
 def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, os, plans):
     if dtype not in DTYPES or len(qshape) != 4 or len(kshape) != 4 or vshape != kshape:
@@ -128,9 +128,10 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
     bucket_q = (sq - 1).bit_length()
     bucket_k = (sk - 1).bit_length()
     strides_aligned = {aligned}
-    entry = [plans, lse_template(di, b, hq, sq), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
+    template = lse_template(di, b, hq, sq)
+    entry = [plans, lse_stocks(template), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
              None, None, (di, dtype, d, is_causal, True, index64, bucket_q, bucket_k),
-             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k)]
+             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k), template]
     if len(SHAPES) >= MAX_SHAPES:
         SHAPES.clear()
     SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in, gqa)] = entry
@@ -144,10 +145,19 @@ _LAYOUTS = {
              "os = (os[0], os[2], os[1])"),
 }
 _LSE = {
-    "forward": ("lse = empty_like(known[1])  # see lse_template\n"
+    "forward": ("stream = raw_stream(di)\n"
+                "    stocks = known[1]  # see lse_stock\n"
+                "    if stocks is None or (stream and is_capturing()):  # stream 0 is never captured\n"
+                "        lse = empty_like(known[11])  # see lse_template\n"
+                "    else:\n"
+                "        try:\n"
+                "            lse = stocks[stream].pop()\n"
+                "        except (KeyError, IndexError):\n"
+                "            lse = restock(stocks, known[11], stream)\n"
                 "    lse_ptr = lse.data_ptr()",
                 "out, lse"),
-    "output": ("spare = SPARE.get(di)\n"
+    "output": ("stream = raw_stream(di)\n"
+               "    spare = SPARE.get(di)\n"
                "    if spare is None or spare[0] < known[2]:\n"
                "        lse = spare_lse(di, known[2])  # alive in this frame until after the launch\n"
                "        lse_ptr = lse.data_ptr()\n"
@@ -249,6 +259,47 @@ def lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torc
     return one.expand(batch, heads, seqlen)
 
 
+# lse stocks: a forward_* call must return a new lse, and its allocation was 1.8 of attn_fwd's 11.2 µs on the
+# H200 host (benchmarks/probe_host_parts.py). For a small lse, one allocation of STOCK_BYTES is cut into up to
+# MAX_STOCK lse tensors at once (``unbind``: views of one block), handed out one per call: ~0.2 µs each.
+STOCK_BYTES = 64 << 10
+MAX_STOCK = 64
+MIN_STOCK = 4  # fewer lse per block than this: a plain allocation (the lse is big, the call is not host-bound)
+MAX_STREAMS = 8  # streams with a stock in one entry; past it the entry's stocks start again
+
+
+def lse_stocks(template: torch.Tensor | None) -> dict[int, list[torch.Tensor]] | None:
+    """An entry's lse stocks (stream -> lse tensors not yet handed out), or None when its lse is not small.
+
+    The tensors of a stock are views of one block, allocated on the stream
+    they are handed out on (the dict's key), so the caching allocator's
+    rule is a plain tensor's: the block is reused after its last view dies,
+    ordered on that stream. A block stays alive while any of its lse does,
+    so a block is at most STOCK_BYTES. Never used during a CUDA graph
+    capture: a captured call's lse must come from the graph's own pool. The
+    capture check (a driver query, ~1 µs) is skipped on the legacy default
+    stream (raw handle 0), which CUDA never captures.
+    """
+    if template is None or STOCK_BYTES // (4 * template.numel() + 12) < MIN_STOCK:
+        return None
+    return {}
+
+
+def restock(stocks: dict[int, list[torch.Tensor]], template: torch.Tensor, stream: int) -> torch.Tensor:
+    """A new lse for ``stream``, refilling its stock with the next ones from one allocation."""
+    numel = template.numel()
+    step = -(-numel // 4) * 4  # each lse starts 16-byte aligned: its pointer is part of the aligned plan's rule
+    count = min(MAX_STOCK, STOCK_BYTES // (4 * step))
+    block = torch.empty(count * step, dtype=torch.float32, device=template.device)
+    b, h, s = template.shape
+    fresh = list(block.as_strided((count, b, h, s), (step, h * s, s, 1)).unbind(0))
+    lse = fresh.pop()
+    if len(stocks) >= MAX_STREAMS and stream not in stocks:
+        stocks.clear()
+    stocks[stream] = fresh
+    return lse
+
+
 def plan_of(entry: list[Any], index: int) -> tuple[Any, tuple[int, int, int]] | None:
     """An entry's (kernel, grid) for its memo key (index 7: aligned pointers, 8: not), once memoised.
 
@@ -265,7 +316,15 @@ def plan_of(entry: list[Any], index: int) -> tuple[Any, tuple[int, int, int]] | 
     return launch
 
 
-is_capturing = torch.cuda.is_current_stream_capturing
+
+
+def _never_capturing() -> bool:
+    return False
+
+
+# The C function itself (~0.1 µs) where torch is built with CUDA/ROCm; a CPU build has a placeholder class
+# there (and torch 2.13's is_current_stream_capturing calls it): nothing is ever captured on one.
+is_capturing = torch._C._cuda_isCurrentStreamCapturing if torch.backends.cuda.is_built() else _never_capturing
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; binding.raw_stream's
 
 
@@ -311,7 +370,8 @@ def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> A
         "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
         "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,
         "scratch_alloc": binding.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
-        "lse_template": lse_template if result == "forward" else _no_template,
+        "lse_template": lse_template if result == "forward" else _no_template, "lse_stocks": lse_stocks,
+        "restock": restock, "is_capturing": is_capturing,
     }
     scope.update(namespace)
     text = source(layout, result, cuda)

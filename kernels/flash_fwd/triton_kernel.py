@@ -449,3 +449,74 @@ def flash_fwd_kernel(
         tl.store(Lse + head * stride_lh + q_start + offs_m, lse, mask=row_ok)
     else:
         tl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _attend_block_host_tma(
+    acc, l_i, m_i, q, K_desc, V_desc, batch, kv_head, start_n, offs_m, offs_n, seqlen_k, causal_offset, qk_scale,
+    mods, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One online-softmax step with K and V read through host descriptors (rows past seqlen_k are zeros)."""
+    k = K_desc.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, BLOCK_D).T
+    v = V_desc.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+    return _softmax_step(acc, l_i, m_i, q, k, v, start_n + offs_n, offs_m, seqlen_k, causal_offset, qk_scale,
+                         0, 0, qk_scale, mods, MASKED, CAUSAL, IEEE, False, False, False, False, False)
+
+
+@triton.jit
+def flash_fwd_host_tma_kernel(
+    Q, K_desc, V_desc, Out, Lse,
+    stride_qb, stride_qh, stride_qs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """The forward with K and V read through host tensor descriptors (a probe variant, off by default).
+
+    ``K_desc``/``V_desc`` are 4-D (B, Hk, Sk, D) descriptors with block
+    (1, 1, BLOCK_N, BLOCK_D), encoded by the launcher (``Entry.tensordesc_meta``):
+    any (batch, head, row) strides that are 16-byte multiples, each head's rows
+    past seqlen_k read as zeros. Q, Out and Lse go through pointers as in
+    ``flash_fwd_kernel``; no window, varlen, softcap, ALiBi, bias or dropout.
+    """
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    kv_head = head // group_size
+    IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen_q
+    d_ok = offs_d < head_dim
+    if EVEN_D:
+        d_ok = offs_d < BLOCK_D
+    q_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    qk_scale = sm_scale * LOG2E
+    mods = _mods(Q, Q, Q, batch, head, offs_m, seqlen_q, seqlen_k, stride_lb, stride_lh, 0, 0, 0, 0, 0, 0.0,
+                 False, False, False)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = seqlen_k
+    full_end = (seqlen_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        full_end = tl.minimum(full_end, (tl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
+    full_end = tl.minimum(full_end, end)
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_block_host_tma(acc, l_i, m_i, q, K_desc, V_desc, batch, kv_head, start_n, offs_m,
+                                               offs_n, seqlen_k, causal_offset, qk_scale, mods, BLOCK_N, BLOCK_D,
+                                               False, CAUSAL, IEEE)
+    for start_n in range(full_end, end, BLOCK_N):
+        acc, l_i, m_i = _attend_block_host_tma(acc, l_i, m_i, q, K_desc, V_desc, batch, kv_head, start_n, offs_m,
+                                               offs_n, seqlen_k, causal_offset, qk_scale, mods, BLOCK_N, BLOCK_D,
+                                               True, CAUSAL, IEEE)
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    o_ptrs = Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)

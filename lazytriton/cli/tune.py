@@ -14,6 +14,17 @@ benchmarks: hidden 2048 and batch x seqlen = 16k tokens.
 The backward's two kernels (flash_bwd_dq, flash_bwd_dkdv) get a row each,
 each chosen on its own time with the other kernel held fixed (see
 lazytriton/cli/tune_bwd.py); --kernel flash_bwd_dq tunes one of them only.
+
+The decoding kernels (--kernel flash_decode: flash_decode_split and
+flash_decode_combine) are tuned over a grid of serving shapes instead of
+seqlen pairs: one query per sequence, --heads (query/key-value heads),
+--lengths (cache lengths), --batches and --layouts (contiguous, paged with
+--page-size keys a page); each row serves every batch and layout of its
+bucket (see lazytriton/cli/tune_decode.py). --causal and --pairs do not
+apply to it. The grid of benchmarks/bench_decode.py, at head dims 64 and 128
+(a few minutes on an H200):
+
+    lazytriton tune --kernel flash_decode --dtype bf16 --head-dim 64,128
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from typing import Any
 
 from lazytriton import dispatch, runtime, tuning
 from lazytriton.cli.timing import event_ms
+from lazytriton.driver.gpu import DriverError
 from lazytriton.fsutil import write_atomically
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -46,11 +58,20 @@ _NARROW = ((16, 64, 4, 3), (16, 128, 4, 3), (16, 32, 4, 3), (16, 64, 4, 4), (16,
 
 def candidates(dtype: str, head_dim: int, seqlen_q: int) -> list[dispatch.Config]:
     """Configs worth timing for a group (pure)."""
-    base = _NARROW if seqlen_q <= 16 else _WIDE
+    base: Sequence[tuple[int, int, int, int]] = _NARROW if seqlen_q <= 16 else _WIDE
+    if head_dim >= 256 or dtype == "fp32":  # large tiles do not fit in shared memory: small ones, or 2 stages
+        base = list(dict.fromkeys(
+            c for w in base for c in ((w, (*w[:3], 2)) if w[0] * w[1] <= 64 * 64 else ((*w[:3], 2),))
+            if c[0] * c[1] <= 128 * 64))
     configs = [dispatch.Config(*c) for c in base if c[0] <= max(16, tuning.bucket(seqlen_q))]
-    if head_dim >= 256 or dtype == "fp32":  # large tiles do not fit in shared memory
-        configs = [c for c in configs if c.block_m * c.block_n <= 64 * 64]
     return configs or [dispatch.Config(16, 32, 4, 2)]
+
+
+def fitting(variants: Sequence[Variant]) -> list[Variant]:
+    """The variants whose tiles fit their target's shared memory (prewarm's estimate), in order (pure)."""
+    from lazytriton.prewarm.limits import refusal
+
+    return [v for v in variants if refusal(v) is None]
 
 
 def write_table(path: Path, table: tuning.Table) -> None:
@@ -116,8 +137,9 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    plans = {(sq, sk): [dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c, seqlen_k=sk)
-                        for c in candidates(dtype, head_dim, sq)] for sq, sk in pairs}
+    plans = {(sq, sk): fitting([dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c,
+                                                           seqlen_k=sk) for c in candidates(dtype, head_dim, sq)])
+             for sq, sk in pairs}
     failures = compile_all([v for vs in plans.values() for v in vs], jobs)
     rows = []
     today = dt.date.today().isoformat()
@@ -134,7 +156,11 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
         for variant in variants:
             if str(variant) in failures:
                 continue
-            ms, err = _time_variant(variant, q, k, v, causal, ref, reps)
+            try:
+                ms, err = _time_variant(variant, q, k, v, causal, ref, reps)
+            except DriverError as exc:  # e.g. more shared memory than the estimate said: not a candidate
+                print(f"  skipped {variant.tuned} {dict(variant.options)}: {exc}", file=sys.stderr)
+                continue
             tflops = flops / ms / 1e9
             if err < 2e-2 and (best is None or tflops > best[0]):
                 best = (tflops, variant)
@@ -169,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernel", type=_kernels, default=("flash_fwd",),
                         help="kernel families or kernels to tune, comma-separated: flash_fwd (default), flash_bwd "
-                             "(= flash_bwd_dq,flash_bwd_dkdv)")
+                             "(= flash_bwd_dq,flash_bwd_dkdv), flash_decode (= flash_decode_split,"
+                             "flash_decode_combine: both are tuned together)")
     parser.add_argument("--dtype", default="bf16,fp16", help="comma-separated: bf16, fp16, fp32")
     parser.add_argument("--head-dim", default="64,128", help="comma-separated head dims")
     parser.add_argument("--causal", default="both", choices=("both", "none", "causal"))
@@ -179,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the CSV to update (default: the family's user table, <cache dir>/tuning/<family>.csv "
                              "(flash_fwd.csv, flash_bwd.csv), which calls read over the shipped one; the shipped "
                              "tables are kernels/<family>/tuning.csv)")
+    _decode_args(parser)
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
@@ -202,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         for dtype in _csv_list(args.dtype):
             for head_dim in (int(h) for h in _csv_list(args.head_dim)):
-                for c in causal:
+                for c in ((False,) if family == "flash_decode" else causal):  # decoding: one query, never masked
                     group = tune_family_group(family, kernels, target, dtype, head_dim, c, pairs, args, gpu)
                     rows += group
                     save_rows(path, group)  # after each group: a killed run keeps what it measured
@@ -210,6 +238,60 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {len(rows)} rows ({math.fsum(r.tflops for r in rows) / max(1, len(rows)):.0f} "
           "TFLOP/s on average)")
     return 0
+
+
+def _ints(text: str) -> list[int]:
+    """Comma-separated positive ints, 4k = 4096 (argparse type)."""
+    try:
+        values = [int(x[:-1]) * 1024 if x.lower().endswith("k") else int(x) for x in _csv_list(text)]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (4k = 4096), got {text!r}")
+    return values
+
+
+def _heads(text: str) -> list[tuple[int, int]]:
+    """Comma-separated heads_q/heads_k pairs, heads_q a multiple of heads_k (argparse type)."""
+    pairs = []
+    for item in _csv_list(text):
+        q, _, k = item.partition("/")
+        if not (q.isdigit() and k.isdigit() and int(k) > 0 and int(q) % int(k) == 0):
+            raise argparse.ArgumentTypeError(f"--heads items must look like 32/8 (query heads a multiple of "
+                                             f"key/value heads), got {item!r}")
+        pairs.append((int(q), int(k)))
+    if not pairs:
+        raise argparse.ArgumentTypeError(f"--heads: expected pairs like 32/8, got {text!r}")
+    return pairs
+
+
+def _layouts(text: str) -> list[str]:
+    values = _csv_list(text)
+    if not values or not set(values) <= {"contiguous", "paged"}:
+        raise argparse.ArgumentTypeError(f"--layouts: expected a subset of contiguous,paged, got {text!r}")
+    return values
+
+
+def _page_size(text: str) -> int:
+    if not text.isdigit() or int(text) < 16 or int(text) % 16:
+        raise argparse.ArgumentTypeError(f"--page-size must be a positive multiple of 16, got {text!r}")
+    return int(text)
+
+
+def _decode_args(parser: argparse.ArgumentParser) -> None:
+    """The decoding grid's flags (--kernel flash_decode); defaults are bench_decode.py's grid."""
+    from lazytriton.cli import tune_decode as td
+
+    group = parser.add_argument_group("flash_decode's grid")
+    group.add_argument("--batches", type=_ints, default=list(td.DEFAULT_BATCHES), help="default 1,8,32,64")
+    group.add_argument("--lengths", type=_ints, default=list(td.DEFAULT_LENGTHS),
+                       help="cache lengths, default 1k,4k,16k,32k")
+    group.add_argument("--layouts", type=_layouts, default=["contiguous", "paged"])
+    group.add_argument("--heads", type=_heads, default=list(td.DEFAULT_HEADS),
+                       help="query/key-value heads, default 32/8 (each group size is a table bucket)")
+    group.add_argument("--page-size", type=_page_size, default=td.DEFAULT_PAGE, help="keys per page, default 256")
+    group.add_argument("--splits-report", action="store_true",
+                       help="also time forced split counts with the winners and print the heuristic's distance")
 
 
 def families_of(kernels: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -230,6 +312,17 @@ def tune_family_group(family: str, kernels: Sequence[str], target: Target, dtype
                       pairs: Sequence[tuple[int, int]], args: argparse.Namespace, gpu: str) -> list[tuning.Row]:
     if family == "flash_fwd":
         return tune_group(target, dtype, head_dim, causal, pairs, args.jobs, args.reps, gpu)
+    if family == "flash_decode":
+        import torch
+
+        from lazytriton.cli import tune_decode
+        from lazytriton.kernels.flash_decode import binding
+
+        cases = tune_decode.grid(dtype, head_dim, args.heads, args.batches, args.lengths, args.layouts,
+                                 args.page_size)
+        slots = binding.gpu_slots(torch.cuda.current_device())
+        return tune_decode.tune_group(target, dtype, head_dim, cases, args.jobs, args.reps, gpu, slots,
+                                      args.splits_report)
     from lazytriton.cli import tune_bwd
 
     return tune_bwd.tune_group(target, dtype, head_dim, causal, pairs, args.jobs, args.reps, gpu, kernels)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 MODULE = "lazytriton.driver._fastlaunch"
 
-# The plan a launcher holds, as ``fastlaunch.launcher`` packs it (struct "<6Q2I4i", then int16 slots).
+# The plan a launcher holds, as ``fastlaunch.launcher`` packs it (struct "<7Q2I4i", int16 slots, then per host
+# descriptor an lt_desc and, at the end, an lt_desc_cache each: the plan is then a bytearray the helper updates).
 C_SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,17 +41,87 @@ typedef int (*lt_cu_launch_t)(void *, unsigned int, unsigned int, unsigned int, 
 typedef int (*lt_cu_ctx_get_t)(void **);
 typedef int (*lt_cu_ctx_push_t)(void *);
 typedef int (*lt_cu_ctx_pop_t)(void **);
+typedef int (*lt_cu_encode_t)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *, const uint32_t *,
+                              const uint32_t *, int, int, int, int);
 
 typedef struct {
-    uint64_t launch, ctx_get_current, ctx_push, ctx_pop; /* driver function addresses */
+    uint64_t launch, ctx_get_current, ctx_push, ctx_pop, encode; /* driver function addresses (encode may be 0) */
     uint64_t function, context;                          /* CUfunction, the CUcontext it was loaded in */
     uint32_t block, shared;
-    int32_t n_params, n_ints, n_floats, reserved;
-} lt_plan; /* followed by int16_t layout[n_params] */
+    int32_t n_params, n_ints, n_floats, n_descs;
+} lt_plan; /* followed by int16_t layout[n_params], lt_desc[n_descs], lt_desc_cache[n_descs] */
+
+typedef struct {
+    int32_t base_slot, rank, swizzle, elem_size, dtype; /* dtype: CUtensorMapDataType */
+    uint32_t box[5];                                     /* innermost first */
+} lt_desc;
+
+typedef struct {
+    int64_t valid, key[11]; /* base, sizes, strides of the last encode (zeros past the rank) */
+    unsigned char map[128];
+} lt_desc_cache;
 
 #define LT_MAX_PARAMS 512
+#define LT_MAX_DESCS 16
 #define LT_NULL_SLOT (-32768)
+#define LT_DESC_SLOT (-16384)
 #define LT_PUSH_FAILED (1 << 24)
+#define LT_ENCODE_FAILED (2 << 24)
+
+/* The CUtensorMap of descriptor d, from the cache when its base, sizes and strides are those of the last
+   encode (the GIL is held: the cache is the plan's own bytearray), else from cuTensorMapEncodeTiled with the
+   arguments Triton's fillTMADescriptorTiled passes: dims innermost first, rank - 1 byte strides, element
+   strides 1, no interleave, L2 promotion 128B, zero fill. Returns 0, -1 (Python error set) or a CUDA error. */
+static int lt_encode(const lt_plan *plan, const lt_desc *desc, lt_desc_cache *cache, const int64_t *ints,
+                     unsigned char *out) {
+    int r = desc->rank;
+    if (r < 1 || r > 5 || desc->base_slot < 0 || desc->base_slot + 2 * r >= plan->n_ints) {
+        PyErr_SetString(PyExc_ValueError, "launch(): malformed plan (descriptor)");
+        return -1;
+    }
+    const int64_t *v = ints + desc->base_slot;
+    int64_t key[11] = {0};
+    key[0] = v[0];
+    for (int i = 0; i < r; i++) {
+        key[1 + i] = v[1 + i];
+        key[6 + i] = v[1 + r + i];
+    }
+    if (cache->valid && memcmp(cache->key, key, sizeof key) == 0) {
+        memcpy(out, cache->map, 128);
+        return 0;
+    }
+    if (v[2 * r] != 1) {
+        PyErr_Format(PyExc_ValueError, "launch(): a descriptor's innermost stride must be 1, got %lld",
+                     (long long)v[2 * r]);
+        return -1;
+    }
+    uint64_t dims[5], strides[5] = {0};
+    uint32_t element_strides[5] = {1, 1, 1, 1, 1};
+    for (int i = 0; i < r; i++) {
+        if (v[1 + i] <= 0 || v[1 + r + i] < 0) {
+            PyErr_Format(PyExc_ValueError, "launch(): descriptor sizes must be positive and strides >= 0");
+            return -1;
+        }
+        dims[i] = (uint64_t)v[r - i];
+    }
+    for (int i = 0; i + 1 < r; i++)
+        strides[i] = (uint64_t)v[2 * r - 1 - i] * (uint64_t)desc->elem_size;
+    if (plan->encode == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "launch(): the driver has no cuTensorMapEncodeTiled");
+        return -1;
+    }
+    int status = ((lt_cu_encode_t)(uintptr_t)plan->encode)(out, desc->dtype, (uint32_t)r, (void *)(uintptr_t)v[0],
+                                                           dims, strides, desc->box, element_strides, 0,
+                                                           desc->swizzle, 2, 0);
+    if (status != 0) {
+        cache->valid = 0;
+        return status;
+    }
+    memcpy(cache->key, key, sizeof key);
+    memcpy(cache->map, out, 128);
+    cache->valid = 1;
+    return 0;
+}
 
 static int lt_grid(PyObject *value, const char *name, unsigned int *out) {
     unsigned long v = PyLong_AsUnsignedLong(value);
@@ -65,33 +136,53 @@ static int lt_grid(PyObject *value, const char *name, unsigned int *out) {
 }
 
 /* launch(plan, grid_x, grid_y, grid_z, stream, ints, floats) -> status
+   plan: bytes, or a bytearray when the kernel takes host descriptors (its tail caches their encoded maps).
    layout[i] says where kernel parameter i lives: >= 0 an index into ints (pointers and integers, 8 bytes
    each; the driver reads 4 of an i32, the low half on little-endian hosts), -1 - j floats[j], LT_NULL_SLOT
-   a NULL pointer (a hidden scratch parameter of size 0). ints and floats must have the plan's lengths.
-   Status: 0, the CUDA error of cuLaunchKernel, or LT_PUSH_FAILED + that of cuCtxPushCurrent. */
+   a NULL pointer (a hidden scratch parameter of size 0), LT_DESC_SLOT - d the map of descriptor d (by value).
+   ints and floats must have the plan's lengths.
+   Status: 0, the CUDA error of cuLaunchKernel, LT_PUSH_FAILED + that of cuCtxPushCurrent, or
+   LT_ENCODE_FAILED + that of cuTensorMapEncodeTiled. */
 static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     lt_plan plan;
     int64_t ints[LT_MAX_PARAMS];
     float floats[LT_MAX_PARAMS];
     void *params[LT_MAX_PARAMS];
+    _Alignas(64) unsigned char maps[LT_MAX_DESCS][128];
     static const int64_t null_value = 0;
     unsigned int gx, gy, gz;
     if (nargs != 7) {
         PyErr_Format(PyExc_TypeError, "launch() takes 7 arguments (%zd given)", nargs);
         return NULL;
     }
-    if (!PyBytes_Check(args[0]) || PyBytes_GET_SIZE(args[0]) < (Py_ssize_t)sizeof plan) {
+    unsigned char *raw;
+    Py_ssize_t raw_size;
+    if (PyBytes_Check(args[0])) {
+        raw = (unsigned char *)PyBytes_AS_STRING(args[0]);
+        raw_size = PyBytes_GET_SIZE(args[0]);
+    } else if (PyByteArray_Check(args[0])) {
+        raw = (unsigned char *)PyByteArray_AS_STRING(args[0]);
+        raw_size = PyByteArray_GET_SIZE(args[0]);
+    } else {
+        raw = NULL;
+        raw_size = 0;
+    }
+    if (raw == NULL || raw_size < (Py_ssize_t)sizeof plan) {
         PyErr_SetString(PyExc_TypeError, "launch(): plan must be the bytes fastlaunch.launcher packs");
         return NULL;
     }
-    memcpy(&plan, PyBytes_AS_STRING(args[0]), sizeof plan);
+    memcpy(&plan, raw, sizeof plan);
     if (plan.n_params < 0 || plan.n_params > LT_MAX_PARAMS || plan.n_ints < 0 || plan.n_ints > LT_MAX_PARAMS ||
-        plan.n_floats < 0 || plan.n_floats > LT_MAX_PARAMS ||
-        PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)(sizeof plan + 2 * (size_t)plan.n_params)) {
+        plan.n_floats < 0 || plan.n_floats > LT_MAX_PARAMS || plan.n_descs < 0 || plan.n_descs > LT_MAX_DESCS ||
+        (plan.n_descs > 0 && !PyByteArray_Check(args[0])) ||
+        raw_size != (Py_ssize_t)(sizeof plan + 2 * (size_t)plan.n_params +
+                                 (sizeof(lt_desc) + sizeof(lt_desc_cache)) * (size_t)plan.n_descs)) {
         PyErr_SetString(PyExc_ValueError, "launch(): malformed plan");
         return NULL;
     }
-    const unsigned char *layout = (const unsigned char *)PyBytes_AS_STRING(args[0]) + sizeof plan;
+    const unsigned char *layout = raw + sizeof plan;
+    const unsigned char *descs = layout + 2 * (size_t)plan.n_params;
+    unsigned char *caches = (unsigned char *)descs + sizeof(lt_desc) * (size_t)plan.n_descs;
     if (lt_grid(args[1], "grid_x", &gx) || lt_grid(args[2], "grid_y", &gy) || lt_grid(args[3], "grid_z", &gz))
         return NULL;
     unsigned long long stream = PyLong_AsUnsignedLongLong(args[4]);
@@ -135,6 +226,27 @@ static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
         floats[i] = (float)value;
     }
     Py_DECREF(seq);
+    if (plan.n_descs > 0) { /* converting the arguments ran Python code: find the plan's bytes again */
+        raw = (unsigned char *)PyByteArray_AS_STRING(args[0]);
+        if (PyByteArray_GET_SIZE(args[0]) != raw_size) {
+            PyErr_SetString(PyExc_ValueError, "launch(): the plan changed size");
+            return NULL;
+        }
+        descs = raw + sizeof plan + 2 * (size_t)plan.n_params;
+        caches = (unsigned char *)descs + sizeof(lt_desc) * (size_t)plan.n_descs;
+    }
+    for (int32_t d = 0; d < plan.n_descs; d++) {
+        lt_desc desc;
+        lt_desc_cache cache;
+        memcpy(&desc, descs + sizeof desc * (size_t)d, sizeof desc);
+        memcpy(&cache, caches + sizeof cache * (size_t)d, sizeof cache);
+        int status = lt_encode(&plan, &desc, &cache, ints, maps[d]);
+        if (status < 0)
+            return NULL;
+        memcpy(caches + sizeof cache * (size_t)d, &cache, sizeof cache);
+        if (status > 0)
+            return PyLong_FromLong(status + LT_ENCODE_FAILED);
+    }
     for (int32_t i = 0; i < plan.n_params; i++) {
         int16_t slot;
         memcpy(&slot, layout + 2 * i, 2);
@@ -144,6 +256,8 @@ static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
             params[i] = (void *)&null_value;
         else if (slot < 0 && -1 - slot < plan.n_floats)
             params[i] = &floats[-1 - slot];
+        else if (slot <= LT_DESC_SLOT && LT_DESC_SLOT - slot < plan.n_descs)
+            params[i] = maps[LT_DESC_SLOT - slot];
         else {
             PyErr_Format(PyExc_ValueError, "launch(): malformed plan (slot %d of parameter %d)", slot, i);
             return NULL;
@@ -179,7 +293,7 @@ static struct PyModuleDef lt_module = {PyModuleDef_HEAD_INIT, "_fastlaunch", NUL
 
 PyMODINIT_FUNC PyInit__fastlaunch(void) {
     PyObject *module = PyModule_Create(&lt_module);
-    if (module != NULL && (PyModule_AddIntConstant(module, "PLAN_VERSION", 1) < 0 ||
+    if (module != NULL && (PyModule_AddIntConstant(module, "PLAN_VERSION", 2) < 0 ||
                            PyModule_AddIntConstant(module, "MAX_PARAMS", LT_MAX_PARAMS) < 0)) {
         Py_DECREF(module);
         return NULL;

@@ -2,9 +2,11 @@
 
 Launch metadata comes from the Entry alone: entry name, block size
 (warp size x num_warps), dynamic shared memory (the per-function limit is
-raised first when it exceeds 48 KiB), and the parameter layout: the kernel's
-own arguments, then the hidden scratch pointers Triton appends, passed as NULL
-when their size is 0 and allocated per launch otherwise.
+raised first when it exceeds 48 KiB), and the parameter layout
+(``fastlaunch.layout``): the kernel's own arguments, host tensor descriptors
+as their encoded 128-byte maps followed by their sizes and strides, then the
+hidden scratch pointers Triton appends, passed as NULL when their size is 0
+and allocated per launch otherwise.
 
 The HIP path mirrors the CUDA one call for call; it is built and type-checked
 here but has not run on an AMD GPU (none is available to this project).
@@ -27,57 +29,54 @@ if TYPE_CHECKING:
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 _DEFAULT_SHARED_LIMIT = 48 * 1024
-_INT_TYPES = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 
 
 class DriverError(RuntimeError):
     """A GPU driver call failed; the message names the call and the driver's error."""
 
 
-def _slots(entry: Entry) -> tuple[list[int], list[int]]:
-    """Map each kernel parameter to a slot in the int64 or the float array.
-
-    Pointers and integers go to int64 slots (the driver reads 4 bytes of an
-    i32 parameter: on little-endian hosts the low half, which holds the value,
-    negative values included); fp32 goes to float slots.
-    """
-    int_params, float_params = [], []
-    for i, kind in enumerate(entry.arg_types):
-        if kind.startswith("*") or kind in _INT_TYPES:
-            int_params.append(i)
-        elif kind == "fp32":
-            float_params.append(i)
-        else:
-            raise DriverError(f"entry {entry.key}: parameter type {kind!r} is not supported by the launcher")
-    return int_params, float_params
-
-
 class _ArgBuffers:
-    """One thread's argument storage: the arrays the params array points into."""
+    """One thread's argument storage: the arrays the params array points into.
 
-    __slots__ = ("ints", "floats", "params", "aux")
+    Pointers and integers live in int64 slots (the driver reads 4 bytes of an
+    i32 parameter: on little-endian hosts the low half, which holds the value,
+    negative values included), fp32 in float slots, each host descriptor's
+    encoded map in 128 bytes aligned to 64; ``keys`` holds the integers each
+    map was last encoded from.
+    """
 
-    def __init__(self, api: _GpuApi, entry: Entry) -> None:
+    __slots__ = ("ints", "floats", "params", "aux", "zero", "maps", "keys")
+
+    def __init__(self, api: _GpuApi, slots: tuple[int, ...], n_descs: int) -> None:
         ffi = api.ffi
         self.aux = api.aux()
-        int_params, float_params = _slots(entry)
-        n_hidden = len(entry.hidden_args)
-        self.ints = ffi.new("int64_t[]", len(int_params) + n_hidden)
-        self.floats = ffi.new("float[]", max(1, len(float_params)))
-        self.params = ffi.new("void *[]", len(entry.arg_types) + n_hidden)
-        for slot, param in enumerate(int_params):
-            self.params[param] = ffi.addressof(self.ints, slot)
-        for slot, param in enumerate(float_params):
-            self.params[param] = ffi.addressof(self.floats, slot)
-        for h in range(n_hidden):
-            self.params[len(entry.arg_types) + h] = ffi.addressof(self.ints, len(int_params) + h)
+        self.ints = ffi.new("int64_t[]", max(1, fastlaunch.int_slots(slots)))
+        self.floats = ffi.new("float[]", max(1, sum(1 for slot in slots if -fastlaunch.MAX_PARAMS <= slot < 0)))
+        self.zero = ffi.new("int64_t *")
+        self.maps = ffi.new("char[]", fastlaunch.MAP_BYTES * n_descs + 64)
+        self.keys: list[tuple[int, ...] | None] = [None] * n_descs
+        self.params = ffi.new("void *[]", max(1, len(slots)))
+        for i, slot in enumerate(slots):
+            if slot >= 0:
+                self.params[i] = ffi.addressof(self.ints, slot)
+            elif slot == fastlaunch.NULL_SLOT:
+                self.params[i] = self.zero
+            elif slot <= fastlaunch.DESC_SLOT:
+                self.params[i] = self.map(api, fastlaunch.DESC_SLOT - slot)
+            else:
+                self.params[i] = ffi.addressof(self.floats, -1 - slot)
+
+    def map(self, api: _GpuApi, d: int) -> Any:
+        """Descriptor ``d``'s 128 bytes, 64-byte aligned as a CUtensorMap is."""
+        offset = -int(api.ffi.cast("uintptr_t", self.maps)) % 64
+        return self.maps + offset + fastlaunch.MAP_BYTES * d
 
 
 class LoadedKernel:
     """An entry loaded on one device, ready to launch."""
 
     __slots__ = ("entry", "device_index", "function", "block", "shared", "fast", "_api", "_tls", "_n_ints",
-                 "_scratch", "_launcher")
+                 "_scratch", "_launcher", "_slots", "_descs")
 
     def __init__(self, api: _GpuApi, entry: Entry, device_index: int, function: Any) -> None:
         self.entry = entry
@@ -87,15 +86,23 @@ class LoadedKernel:
         self.shared = entry.shared
         self._api = api
         self._tls = threading.local()
-        self._n_ints = len(_slots(entry)[0])
         sizes = [_scratch_size(entry, name) for name in entry.hidden_args]
-        self._scratch = [(self._n_ints + h, size) for h, size in enumerate(sizes) if size > 0]
+        try:
+            self._slots = fastlaunch.layout(entry.arg_types, sizes, entry.tensordesc_meta, limit=False)
+        except fastlaunch.LayoutError as exc:
+            raise DriverError(f"entry {entry.key}: {exc}") from None
+        if entry.tensordesc_meta and not api.descriptors:
+            raise DriverError(f"entry {entry.key} takes host tensor descriptors, which only the CUDA driver encodes")
+        hidden = self._slots[len(self._slots) - len(sizes):]
+        self._scratch = [(slot, size) for slot, size in zip(hidden, sizes, strict=True) if size > 0]
+        self._n_ints = fastlaunch.int_slots(self._slots) - len(self._scratch)
+        self._descs = tuple(zip(fastlaunch.descriptor_bases(self._slots), entry.tensordesc_meta, strict=True))
         # The compiled helper's launcher (fastlaunch.py), or None: the ABI-mode path below. ``fast`` is
         # the same for callers that launch it themselves (the warm path), set only when the entry needs no
         # scratch memory: fast(grid_x, grid_y, grid_z, stream, ints, floats) -> status,
         # a status other than 0 to be passed to ``fail``.
         try:
-            slots = fastlaunch.layout(entry.arg_types, sizes)
+            slots: tuple[int, ...] | None = fastlaunch.layout(entry.arg_types, sizes, entry.tensordesc_meta)
         except fastlaunch.LayoutError:  # more parameters than the helper takes: the ABI path
             slots = None
         self._launcher = api.fast_launcher(self, slots) if slots is not None else None
@@ -121,15 +128,28 @@ class LoadedKernel:
             return
         buffers = self._tls.__dict__.get("b")
         if buffers is None:
-            buffers = self._tls.b = _ArgBuffers(self._api, self.entry)
+            buffers = self._tls.b = _ArgBuffers(self._api, self._slots, len(self._descs))
+        if len(ints) != self._n_ints:
+            raise ValueError(f"launch(): ints has {len(ints)} items; the kernel takes {self._n_ints}")
         buffers.ints[0:self._n_ints] = ints
         if floats:
             buffers.floats[0:len(floats)] = floats
+        if self._descs:
+            self._encode(buffers)
         keep = None
         if self._scratch:
             keep = self._fill_scratch(buffers, grid, scratch_alloc)
         self._api.launch(self, grid, stream, buffers)
         del keep  # the allocator orders reuse after the launch on this stream
+
+    def _encode(self, buffers: _ArgBuffers) -> None:
+        """Encode each descriptor's map whose base, sizes or strides differ from the last launch's (ABI path)."""
+        for d, (base, meta) in enumerate(self._descs):
+            key = tuple(buffers.ints[base:base + 1 + 2 * meta.rank])
+            if key != buffers.keys[d]:
+                buffers.keys[d] = None
+                self._api.encode(buffers.map(self._api, d), meta.swizzle, *fastlaunch.encode_args(meta, key))
+                buffers.keys[d] = key
 
     def fail(self, status: int, grid: tuple[int, int, int]) -> None:
         """Raise the DriverError for a status other than 0 from the compiled helper (``fast``)."""
@@ -162,6 +182,12 @@ def _scratch_size(entry: Entry, name: str) -> int:
 class _GpuApi:
     ffi: FFI
     lib: Any
+    descriptors = False  # whether ``encode`` builds host tensor descriptors (CUDA only)
+
+    def encode(self, out: Any, swizzle: int, dtype: int, rank: int, base: int, dims: list[int],
+               strides: list[int], box: list[int]) -> None:
+        """Write one CUtensorMap into ``out`` (128 bytes): cuTensorMapEncodeTiled's arguments, innermost first."""
+        raise DriverError("host tensor descriptors need the CUDA driver")
 
     def aux(self) -> Any:
         """Per-thread scratch the launch call needs (an out-parameter)."""
@@ -198,6 +224,11 @@ class CudaApi(_GpuApi):
         self.check(self.lib.cuInit(0), "cuInit")
         self.driver_functions = tuple(self._address(name) for name in (
             "cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
+        try:  # CUDA 12.0+ drivers; without it, descriptor kernels fail at launch with a clear error
+            self.driver_functions += (self._address("cuTensorMapEncodeTiled"),)
+        except (AttributeError, self.ffi.error):  # cffi: ffi.error for a symbol the library lacks
+            self.driver_functions += (0,)
+        self.descriptors = True
 
     def _address(self, name: str) -> int:
         return int(self.ffi.cast("uintptr_t", getattr(self.lib, name)))
@@ -206,7 +237,22 @@ class CudaApi(_GpuApi):
         ctx = self._contexts[kernel.device_index][0]
         return fastlaunch.launcher(fastlaunch.make_driver(*self.driver_functions),
                                    int(self.ffi.cast("uintptr_t", kernel.function)),
-                                   int(self.ffi.cast("uintptr_t", ctx)), kernel.block, kernel.shared, slots)
+                                   int(self.ffi.cast("uintptr_t", ctx)), kernel.block, kernel.shared, slots,
+                                   kernel.entry.tensordesc_meta)
+
+    def encode(self, out: Any, swizzle: int, dtype: int, rank: int, base: int, dims: list[int],
+               strides: list[int], box: list[int]) -> None:
+        if not self.driver_functions[4]:
+            raise DriverError("this CUDA driver has no cuTensorMapEncodeTiled (CUDA 12.0+): host tensor "
+                              "descriptors cannot be encoded")
+        ffi = self.ffi
+        status = self.lib.cuTensorMapEncodeTiled(
+            out, dtype, rank, ffi.cast("void *", base), ffi.new("uint64_t[]", dims),
+            ffi.new("uint64_t[]", strides or [0]), ffi.new("uint32_t[]", box), ffi.new("uint32_t[]", [1] * rank),
+            0, swizzle, 2, 0)  # no interleave, L2 promotion 128B, zero fill: as Triton's fillTMADescriptorTiled
+        if status != 0:
+            self.check(status, f"cuTensorMapEncodeTiled(dtype={dtype}, rank={rank}, base={base:#x}, dims={dims}, "
+                               f"byte strides={strides}, box={box}, swizzle={swizzle})")
 
     def check(self, status: int, call: str) -> None:
         if status != 0:

@@ -1,0 +1,442 @@
+"""Probe: flash_fwd_gluon (the Gluon, FlashAttention-3-style Hopper forward) on the H200, first iteration.
+
+Three stages, each shape in a child process of its own with a deadline, so a
+fault (an illegal address poisons the CUDA context) or a hang (a pipeline of
+mbarriers that never completes) costs that shape only; the run goes on and
+says what happened:
+
+1. ``compile``: every flash_fwd_gluon variant the later stages use, through
+   lazytriton's own path (``runtime.kernel``: cache or JIT), with the entry's
+   launch metadata or the full compile error.
+2. ``check``: O and lse of fresh random inputs against a float32 reference,
+   for several shapes (head dim 64/128, bf16/fp16, causal none/top-left/
+   bottom-right, GQA, a (B, S, H, D) transposed layout, seqlen_q != seqlen_k).
+   FlashAttention's rule: the error must be at most 2x that of a
+   same-precision kernel (the current flash_fwd) against the same reference,
+   plus 1e-4. A failure prints where the error sits (batch, head, row, column,
+   query block).
+3. ``time``: TFLOP/s (event-timed medians, ``lazytriton.cli.timing.median_ms``)
+   of flash_fwd_gluon (the default tiles with and without the producer
+   warp; every config of ``gluon.CONFIGS`` both ways with ``--sweep``), the current
+   flash_fwd (dispatch's variant, as a call gets it) and SDPA's cuDNN
+   backend, at FlashAttention's benchmark shapes (batch x seqlen = 16k,
+   hidden 2048), each output checked against cuDNN's before it is timed.
+
+Logs go to ``$OUT`` (``probe_gluon.log``, ``probe_gluon.csv``) when set; the
+summary table comes last. Usage:
+
+    python benchmarks/probe_gluon.py [--quick] [--sweep] [--deadline S]
+
+Needs an sm_90 GPU. Compiles with the installed Triton (3.6 on the H200 host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+GLUON = "flash_fwd_gluon"
+# (dtype, batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, causal, layout): layout "bhsd" is a
+# contiguous (B, H, S, D) tensor, "bshd" a transposed view of a contiguous (B, S, H, D) one.
+CHECKS = [
+    ("bf16", 2, 4, 4, 1024, 1024, 128, "none", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 128, "top_left", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 64, "none", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 64, "top_left", "bhsd"),
+    ("fp16", 1, 8, 8, 2048, 2048, 128, "top_left", "bhsd"),
+    ("fp16", 1, 8, 8, 2048, 2048, 64, "none", "bhsd"),
+    ("bf16", 1, 4, 4, 128, 128, 128, "top_left", "bhsd"),  # one block: only the peeled step and the last PV
+    ("bf16", 1, 4, 4, 512, 1536, 128, "bottom_right", "bhsd"),  # seqlen_q < seqlen_k, causal offset 1024
+    ("bf16", 1, 4, 4, 512, 1536, 64, "none", "bhsd"),
+    ("bf16", 2, 8, 2, 1024, 1024, 128, "top_left", "bhsd"),  # GQA, 4 query heads a key/value head
+    ("bf16", 2, 4, 4, 1024, 1024, 128, "top_left", "bshd"),  # (B, S, H, D) strides
+    ("bf16", 2, 4, 4, 1024, 1024, 64, "none", "bshd"),
+]
+SEQLENS = (1024, 4096, 16384)
+QUICK_SEQLENS = (4096,)
+
+
+def log(line: str, path: Path | None) -> None:
+    """Print a line and append it to the log under $OUT, if any."""
+    print(line, flush=True)
+    if path is not None:
+        with path.open("a") as f:
+            f.write(line + "\n")
+
+
+# ---------------------------------------------------------------------------
+# Child side: one job, results as "RESULT {json}" lines on stdout
+
+
+def _setup() -> tuple[Any, Any, Any]:
+    import torch
+
+    from lazytriton import dispatch
+    from lazytriton.kernels.flash_fwd import binding
+
+    return torch, dispatch, binding
+
+
+def _tensors(torch: Any, dtype: str, b: int, hq: int, hk: int, sq: int, sk: int, d: int, layout: str) -> tuple:
+    """Fresh random q, k, v on the GPU (a new seed each call)."""
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+    def one(h: int, s: int) -> Any:
+        if layout == "bshd":
+            return torch.randn(b, s, h, d, device="cuda", dtype=dt, generator=gen).transpose(1, 2)
+        return torch.randn(b, h, s, d, device="cuda", dtype=dt, generator=gen)
+
+    return one(hq, sq), one(hk, sk), one(hk, sk)
+
+
+Tiling = tuple[tuple[int, int, int], bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp
+
+
+def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tiling) -> Any:
+    b, hq, hk, sq, sk, d = call.shape
+    target = dispatch.target_of_device(q.device)
+    found = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
+                                             tiles=tiling[0], scale=call.scale, producer=tiling[1])
+    if found is None:
+        from lazytriton.kernels.flash_fwd import gluon
+
+        tm, tn, _ = tiling[0]
+        raise ValueError("flash_fwd_gluon refuses this call: " + str(gluon.reason(
+            str(target), binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk, tm, tn, scale=call.scale)))
+    return found
+
+
+def _run(binding: Any, q: Any, k: Any, v: Any, call: Any, variant: Any) -> tuple[Any, Any]:
+    out, lse = binding.empty_outputs(q, call.shape)
+    binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
+    return out, lse
+
+
+def _reference(torch: Any, q: Any, k: Any, v: Any, call: Any) -> tuple[Any, Any]:
+    """float32 attention and its logsumexp, one (batch, head) at a time to bound memory."""
+    b, hq, hk, sq, sk, d = call.shape
+    out = torch.empty(b, hq, sq, d, device="cuda", dtype=torch.float32)
+    lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
+    rows = torch.arange(sq, device="cuda")[:, None]
+    cols = torch.arange(sk, device="cuda")[None, :]
+    for i in range(b):
+        for h in range(hq):
+            s = (q[i, h].float() @ k[i, h // (hq // hk)].float().T) * call.scale
+            if call.causal != "none":
+                s = s.masked_fill(cols > rows + call.offset, float("-inf"))
+            lse[i, h] = torch.logsumexp(s, -1)
+            out[i, h] = torch.softmax(s, -1) @ v[i, h // (hq // hk)].float()
+    return out, lse
+
+
+def _where(torch: Any, err: Any, block_m: int) -> str:
+    """Where the largest error sits, and the mean error by query block (first 8)."""
+    idx = int(err.argmax())
+    b, h, s, d = err.shape
+    pos = (idx // (h * s * d), idx // (s * d) % h, idx // d % s, idx % d)
+    by_block = err.amax(dim=(0, 1, 3)).reshape(-1, block_m).amax(dim=1)
+    return (f"max at (b, h, row, col) {pos}, query block {pos[2] // block_m}; max by query block "
+            f"{[round(float(x), 4) for x in by_block[:8]]}; NaNs {int(torch.isnan(err).sum())}")
+
+
+def compile_list(args: argparse.Namespace) -> list[Any]:
+    """Every gluon variant the run uses (sm_90), in a fixed order the compile shards split."""
+    from lazytriton.kernels.flash_fwd import gluon
+
+    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer)
+             for dtype in ("bf16", "fp16") for d in gluon.HEAD_DIMS for causal in ("none", "top_left")
+             for tiles, producer in tiles_for(args, d)]
+    return list(dict.fromkeys(v for v in found if v is not None))
+
+
+def job_compile(args: argparse.Namespace, shard: int) -> None:
+    """Load (cache or JIT-compile) shard ``shard`` of ``compile_list``; print each entry's metadata or error."""
+    from lazytriton import runtime
+
+    rt = runtime.get()
+    for variant in compile_list(args)[shard::args.jobs]:
+        began = time.perf_counter()
+        try:
+            entry = rt.kernel(variant, 0).entry
+            meta = {"shared": entry.shared, "num_warps": entry.num_warps, "scratch": entry.global_scratch_size,
+                    "triton": entry.provenance.compiler_version}
+            print("RESULT " + json.dumps({"variant": str(variant), "ok": True,
+                                          "s": round(time.perf_counter() - began, 2), **meta}), flush=True)
+        except Exception as exc:
+            print(f"compile/load of {variant} failed:\n{traceback.format_exc()}", flush=True)
+            print("RESULT " + json.dumps({"variant": str(variant), "ok": False,
+                                          "error": f"{type(exc).__name__}: {str(exc)[:300]}"}), flush=True)
+
+
+def job_check(args: argparse.Namespace, index: int) -> None:
+    """O and lse of one CHECKS shape against float32, beside the current flash_fwd's error."""
+    torch, dispatch, binding = _setup()
+    dtype, b, hq, hk, sq, sk, d, causal, layout = CHECKS[index]
+    q, k, v = _tensors(torch, dtype, b, hq, hk, sq, sk, d, layout)
+    call = binding.check(q, k, v, causal if causal != "none" else False)
+    ref_out, ref_lse = _reference(torch, q, k, v, call)
+    base_out, base_lse = binding.forward(q, k, v, call)  # the current flash_fwd, as dispatch serves it
+    base = (float((base_out.float() - ref_out).abs().max()), float((base_lse - ref_lse).abs().max()))
+    for tiling in tiles_for(args, d):
+        variant = _gluon_variant(dispatch, binding, q, call, tiling)
+        out, lse = _run(binding, q, k, v, call, variant)
+        torch.cuda.synchronize()
+        err = (out.float() - ref_out).abs()
+        got = (float(err.max()), float((lse - ref_lse).abs().max()))
+        ok = all(math.isfinite(g) and g <= 2 * bb + 1e-4 for g, bb in zip(got, base, strict=True))
+        where = "" if ok else _where(torch, err, int(variant.get("BLOCK_M")))
+        print("RESULT " + json.dumps({"shape": CHECKS[index], "tiles": label(tiling), "variant": str(variant),
+                                      "ok": ok, "out_err": got[0], "lse_err": got[1], "base_out_err": base[0],
+                                      "base_lse_err": base[1], "where": where}), flush=True)
+
+
+def job_time(args: argparse.Namespace, index: int) -> None:
+    """TFLOP/s of cuDNN, the current flash_fwd and each gluon tiling at one benchmark shape."""
+    torch, dispatch, binding = _setup()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from lazytriton.cli.timing import median_ms
+
+    dtype, d, causal, s = time_shapes(args)[index]
+    b, h = 16384 // s, 2048 // d
+    q, k, v = _tensors(torch, dtype, b, h, h, s, s, d, "bhsd")
+    call = binding.check(q, k, v, causal)
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    shape = {"dtype": dtype, "head_dim": d, "causal": causal, "seqlen": s, "batch": b, "heads": h}
+
+    def cudnn() -> Any:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(q, k, v, is_causal=causal)
+
+    ref = cudnn().float()
+    out, lse = binding.empty_outputs(q, call.shape)
+    providers: list[tuple[str, Any]] = [("cudnn", cudnn),
+                                        ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call))]
+    for tiling in tiles_for(args, d):
+        try:
+            variant = _gluon_variant(dispatch, binding, q, call, tiling)
+        except ValueError as exc:
+            print(f"{label(tiling)}: {exc}", flush=True)
+            continue
+        providers.append((label(tiling),
+                          lambda variant=variant: binding.launch_gpu(q, k, v, out, lse, call, variant=variant)))
+    for name, fn in providers:
+        try:
+            result = fn()
+            torch.cuda.synchronize()
+            got = result if name == "cudnn" else out
+            rel = float((got.float() - ref).norm() / ref.norm())
+            ms = median_ms(fn, True, warmup=5, reps=args.reps) if rel < 2e-2 else float("nan")
+            print("RESULT " + json.dumps({**shape, "provider": name, "ms": ms, "rel_err": rel,
+                                          "tflops": flops / ms / 1e9 if ms == ms else None}), flush=True)
+        except Exception as exc:
+            print(f"{name} at {shape} failed:\n{traceback.format_exc()}", flush=True)
+            print("RESULT " + json.dumps({**shape, "provider": name, "error": f"{type(exc).__name__}: {exc}"[:300]}),
+                  flush=True)
+
+
+def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
+    """The gluon tilings a run checks and times: the default (or every config) with and without the producer."""
+    from lazytriton.kernels.flash_fwd import gluon
+
+    every = [(tiles, producer) for tiles in (gluon.CONFIGS if args.sweep else (gluon.DEFAULT_TILES[d],))
+             for producer in (False, True)]
+    return [tiling for tiling in every if label(tiling) not in getattr(args, "skip", set())]
+
+
+def label(tiling: Tiling) -> str:
+    """A tiling's name in the logs and the table: gluon[BLOCK_M, BLOCK_N, num_warps] (+producer)."""
+    return f"gluon{list(tiling[0])}" + ("+producer" if tiling[1] else "")
+
+
+def time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
+    seqlens = QUICK_SEQLENS if args.quick else SEQLENS
+    shapes = [("bf16", d, causal, s) for d in (64, 128) for causal in (False, True) for s in seqlens]
+    if not args.quick:
+        shapes += [("fp16", 128, causal, 4096) for causal in (False, True)]
+    return shapes
+
+
+# ---------------------------------------------------------------------------
+# Parent side: run each job in a child with a deadline, collect RESULT lines, print the table last
+
+
+def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | None) -> list[dict[str, Any]]:
+    """Run one job in a fresh process; its RESULT lines, or one error record if it crashed or hung."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--job", job, "--index", str(index), "--reps",
+           str(args.reps), "--jobs", str(args.jobs), "--skip", ",".join(sorted(args.skip))]
+    cmd += (["--sweep"] if args.sweep else []) + (["--quick"] if args.quick else [])
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
+        text, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        text, rc = text + f"\nTIMEOUT after {args.deadline} s (a hang: an mbarrier wait that never completes?)", -9
+    results = [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
+    for line in text.splitlines():
+        if not line.startswith("RESULT ") and logfile is not None:
+            with logfile.open("a") as f:
+                f.write(f"  [{job} {index}] {line}\n")
+    if rc != 0:
+        tail = "\n".join(text.strip().splitlines()[-25:])
+        log(f"[{job} {index}] exited {rc} after {time.perf_counter() - began:.0f} s; last lines:\n{tail}", logfile)
+        results.append({"job": job, "index": index, "crash": rc})
+    return results
+
+
+def suspects(args: argparse.Namespace, head_dim: int, results: list[dict[str, Any]]) -> set[str]:
+    """The tilings of one check child that failed, and the one it was running when it crashed or hung.
+
+    A child runs its tilings in ``tiles_for`` order and prints each result as
+    it goes, so the first tiling without a result is the one that faulted
+    (a fault poisons the CUDA context: the ones after it are not to blame).
+    """
+    bad = {r["tiles"] for r in results if "tiles" in r and not r["ok"]}
+    if any("crash" in r for r in results):
+        done = {r["tiles"] for r in results if "tiles" in r}
+        pending = [label(t) for t in tiles_for(args, head_dim) if label(t) not in done]
+        bad |= set(pending[:1])
+    return bad
+
+
+def check_line(r: dict[str, Any]) -> str:
+    if "crash" in r:
+        return f"check {CHECKS[r['index']]}: CRASHED or HUNG (exit {r['crash']})"
+    verdict = "ok  " if r["ok"] else "FAIL"
+    return (f"check {verdict} {tuple(r['shape'])} {r['tiles']}: out err {r['out_err']:.2e} "
+            f"(flash_fwd {r['base_out_err']:.2e}), lse err {r['lse_err']:.2e} (flash_fwd {r['base_lse_err']:.2e})"
+            + (f"\n      {r['where']}" if r["where"] else ""))
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per shape: TFLOP/s of cuDNN, flash_fwd, the best gluon tiling, and the ratios."""
+    by_shape: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if "provider" in r:
+            by_shape.setdefault((r["dtype"], r["head_dim"], r["causal"], r["seqlen"]), {})[r["provider"]] = r
+    lines = [f"{'dtype':5} {'hd':>3} {'causal':6} {'seqlen':>6} | {'cuDNN':>6} {'flash_fwd':>9} {'gluon':>6} | "
+             f"{'g/cuDNN':>7} {'g/ffwd':>6} | best gluon tiles"]
+    ratios = []
+    for (dtype, d, causal, s), got in sorted(by_shape.items()):
+        tflops = {name: float(r.get("tflops") or float("nan")) for name, r in got.items()}
+        gluons = {name: t for name, t in tflops.items() if name.startswith("gluon")}
+        best = max(gluons, key=lambda n: -1 if math.isnan(gluons[n]) else gluons[n], default="gluon")
+        nan = float("nan")
+        g, c, f = tflops.get(best, nan), tflops.get("cudnn", nan), tflops.get("flash_fwd", nan)
+        if g == g and c == c:
+            ratios.append(g / c)
+        lines.append(f"{dtype:5} {d:>3} {causal!s:6} {s:>6} | {c:6.0f} {f:9.0f} {g:6.0f} | {g / c:7.2f} "
+                     f"{g / f:6.2f} | {best}")
+    if ratios:
+        lines.append(f"geomean gluon / cuDNN over {len(ratios)} shapes: "
+                     f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="time seqlen 4k only")
+    parser.add_argument("--sweep", action="store_true", help="check and time every gluon tiling, not the default")
+    parser.add_argument("--deadline", type=float, default=180.0, help="seconds a child may run (hangs end here)")
+    parser.add_argument("--reps", type=int, default=30, help="timed runs per median")
+    parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel compile processes")
+    parser.add_argument("--only", choices=("compile", "check", "time"), action="append", help="stages to run")
+    parser.add_argument("--skip", default="", help="comma-separated gluon tilings not to run (as the table names them)")
+    parser.add_argument("--job", choices=("compile", "check", "time"), help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.skip = {name for name in args.skip.split(",") if name}
+    if args.job == "compile":
+        job_compile(args, args.index)
+        return 0
+    if args.job == "check":
+        job_check(args, args.index)
+        return 0
+    if args.job == "time":
+        job_time(args, args.index)
+        return 0
+
+    out_dir = os.environ.get("OUT")
+    logfile = Path(out_dir) / "probe_gluon.log" if out_dir else None
+    if logfile is not None:
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    import lazytriton
+
+    try:
+        from importlib.metadata import version
+
+        triton_version = version("triton")
+    except Exception:
+        triton_version = "none"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (every child will fail)"
+    log(f"probe_gluon: {gpu}, torch {torch.__version__}, triton {triton_version}, "
+        f"lazytriton {lazytriton.__version__}, cache {os.environ.get('LAZYTRITON_CACHE_DIR', '(default)')}", logfile)
+    stages = args.only or ["compile", "check", "time"]
+    # Tilings an earlier run's checks found wrong, faulting or hanging (kept under $OUT) are not timed again.
+    skip_file = Path(out_dir) / "probe_gluon.skip" if out_dir else None
+    if "check" not in stages and skip_file is not None and skip_file.exists():
+        args.skip |= {name for name in skip_file.read_text().split("\n") if name}
+        log(f"skipping, as an earlier run's checks said: {sorted(args.skip)}", logfile)
+    summary: list[str] = []
+    if "compile" in stages:  # compile shards in parallel (one variant takes 3-10 s), each in its own process
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            shards = list(pool.map(lambda i: run_child(args, "compile", i, logfile), range(args.jobs)))
+        for r in (r for shard in shards for r in shard):
+            line = (f"compile {'ok  ' if r.get('ok') else 'FAIL'} {r.get('variant', '(crashed)')}: "
+                    + (f"{r.get('s')} s, shared {r.get('shared')}, warps {r.get('num_warps')}, scratch "
+                       f"{r.get('scratch')}, triton {r.get('triton')}" if r.get("ok") else str(r.get("error", r))))
+            log(line, logfile)
+            summary += [line] if not r.get("ok") else []
+    if "check" in stages:
+        for i in range(len(CHECKS)):
+            got = run_child(args, "check", i, logfile)
+            for r in got:
+                line = check_line(r)
+                log(line, logfile)
+                summary += [line] if "FAIL" in line or "CRASH" in line else []
+            bad = suspects(args, CHECKS[i][6], got)
+            if bad - args.skip:
+                log(f"  not timed from here on (wrong, crashed or hung): {sorted(bad - args.skip)}", logfile)
+                args.skip |= bad
+        if skip_file is not None:
+            skip_file.write_text("\n".join(sorted(args.skip)) + "\n")
+    rows: list[dict[str, Any]] = []
+    if "time" in stages:
+        for i in range(len(time_shapes(args))):
+            got = run_child(args, "time", i, logfile)
+            for r in got:
+                log(f"time {json.dumps(r)}", logfile)
+            rows += got
+        if out_dir:
+            with (Path(out_dir) / "probe_gluon.csv").open("a") as f:
+                for r in rows:
+                    if "provider" in r:
+                        f.write(",".join(str(r.get(k)) for k in ("provider", "dtype", "head_dim", "causal",
+                                                                  "seqlen", "batch", "heads", "ms", "tflops",
+                                                                  "rel_err")) + f",{triton_version}\n")
+    log("", logfile)
+    log(f"== summary ({len(summary)} failures) ==", logfile)
+    for line in summary:
+        log(line, logfile)
+    for line in table(rows):
+        log(line, logfile)
+    return 1 if summary else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

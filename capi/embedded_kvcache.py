@@ -1,0 +1,138 @@
+"""The Python half of ``lt_attn_kvcache`` (capi/lt_kvcache.c): its planner and its host-memory call.
+
+``embedded.attach`` binds these to the library. The C half has checked every
+argument before they run. The planner resolves both decoding kernels through
+the binding (``binding.variants``, as a Python call of that shape class
+would), loads them on the device and answers what the C launch needs,
+including the split heuristic's inputs (``binding.gpu_slots``,
+``binding.min_split_keys``), so the C split count (lt_splits.c) is the
+binding's. The host-memory call runs ``binding.forward`` on the caller's
+memory (no copy): the value checks of the index tensors, the append of new
+keys into the caches, and the kernels through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lazytriton.capi.embedded import PYTHON, host_tensor
+
+KERNELS = ("flash_decode_split", "flash_decode_combine")
+# Parameter kinds the C launcher passes: the split kernel's integers then two fp32, the combine's integers only.
+_INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
+_MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
+
+_ffi: Any = None
+
+
+def _optional(view: Any) -> Any:
+    """A host tensor of an optional view, or None when absent (data NULL and ndim 0: lt_kvcache.c's lt__absent)."""
+    if view.data == _ffi.NULL and view.ndim == 0:
+        return None
+    return host_tensor(view)
+
+
+def inputs_of(p: Any) -> tuple[Any, Any, Any]:
+    """(Inputs over the caller's memory, out, lse) of an lt_attn_kvcache_params on host memory."""
+    from lazytriton.kernels.flash_decode import checks
+
+    q, k_cache, v_cache, out, lse = (host_tensor(t) for t in (p.q, p.k_cache, p.v_cache, p.out, p.lse))
+    k, v, lens, rows, table, slopes = (_optional(t) for t in (p.k, p.v, p.cache_seqlens, p.cache_batch_idx,
+                                                              p.block_table, p.alibi_slopes))
+    if lens is None and p.cache_seqlen >= 0:
+        lens = int(p.cache_seqlen)
+    return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes), out, lse
+
+
+def call_of(p: Any, t: Any) -> Any:
+    """The binding's checked Call of the params (the checks run again, in Python)."""
+    from lazytriton.kernels.flash_decode import checks
+
+    scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    return checks.check(t, scale, bool(p.causal), (int(p.window_left), int(p.window_right)), float(p.softcap),
+                        int(p.num_splits))
+
+
+def attn_kvcache_cpu(p: Any) -> int:
+    """lt_attn_kvcache on host memory: ``binding.forward`` (value checks, append, interpreter), out and lse copied."""
+    import torch
+
+    from lazytriton.kernels.flash_decode import binding
+
+    t, out, lse = inputs_of(p)
+    with torch.no_grad():
+        result, logsumexp = binding.forward(t, call_of(p, t))
+    out.copy_(result)
+    lse.copy_(logsumexp)
+    return 0
+
+
+def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool, index64: bool,
+                  rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool) -> Any:
+    """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call."""
+    import torch
+
+    from lazytriton.kernels.flash_decode import binding, checks
+    from lazytriton.target import Target
+
+    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
+    # Dispatch reads rows (heads_q // heads_k x seqlen_q) and the cache's capacity, never batch or heads.
+    call = checks.Call(1, rows, 1, 1, head_dim, 0, capacity, page_size, 1, capacity, causal, 1.0,
+                       window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi)
+    return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
+
+
+def check_launch_layout(entry: Any, kernel: str) -> None:
+    """Refuse an entry whose parameters lt_kvcache.c would not pass correctly (its binding's ints, then floats)."""
+    from lazytriton.capi.embedded import UNSUPPORTED, CapiError
+    from lazytriton.kernels.flash_decode import binding
+
+    ints = binding.SPLIT_INT_PARAMS if kernel == KERNELS[0] else binding.COMBINE_INT_PARAMS
+    floats = ("fp32", "fp32") if kernel == KERNELS[0] else ()
+    kinds = tuple(entry.arg_types)
+    if (len(kinds) != len(ints) + len(floats) or kinds[len(ints):] != floats
+            or not all(k.startswith("*") or k in _INT_KINDS for k in kinds[:len(ints)])):
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
+                                     f"{len(ints)} pointers or integers, then {len(floats)} fp32")
+    sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
+    if any(sizes.get(name, 0) > 0 for name in entry.hidden_args) or len(entry.hidden_args) > _MAX_HIDDEN:
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} needs scratch memory, which C plans do not allocate")
+
+
+def plan(req: Any) -> int:
+    """Resolve and load both kernels for the request's shape class; answer what lt_kvcache.c launches with."""
+    import torch
+
+    from lazytriton import runtime
+    from lazytriton.kernels.flash_decode import binding
+
+    props = torch.cuda.get_device_properties(req.device_index)
+    split, combine = plan_variants(props.major * 10 + props.minor, req.dtype, req.head_dim, bool(req.causal),
+                                   bool(req.aligned), bool(req.index64), req.rows, req.capacity, req.page_size,
+                                   bool(req.window), bool(req.softcap), bool(req.alibi))
+    rt = runtime.get()
+    loaded = []
+    for variant in (split, combine):
+        kernel = rt.kernel(variant, req.device_index)
+        check_launch_layout(kernel.entry, variant.kernel)
+        loaded.append(kernel)
+    s, c = loaded
+    req.split_function, req.combine_function = (int(_ffi.cast("uintptr_t", k.function)) for k in loaded)
+    req.split_threads, req.split_shared = s.block, s.shared
+    req.split_block_m, req.split_block_n = int(split.get("BLOCK_M")), int(split.get("BLOCK_N"))
+    req.split_hidden = len(s.entry.hidden_args)
+    req.combine_threads, req.combine_shared = c.block, c.shared
+    req.combine_block_m, req.combine_hidden = int(combine.get("BLOCK_M")), len(c.entry.hidden_args)
+    req.slots, req.min_keys = binding.gpu_slots(req.device_index), binding.min_split_keys(req.head_dim)
+    text = str(split).encode()[:511]
+    _ffi.memmove(req.variant, text, len(text))
+    return 0
+
+
+def attach(ffi: Any, guarded: Any) -> None:
+    """Bind ``lt__py_kvcache_plan`` and ``lt__py_attn_kvcache_cpu`` (``guarded`` maps exceptions to statuses)."""
+    global _ffi
+    _ffi = ffi
+    for name, fn in (("lt__py_kvcache_plan", plan), ("lt__py_attn_kvcache_cpu", attn_kvcache_cpu)):
+        ffi.def_extern(name=name, error=PYTHON)(guarded(fn))

@@ -1,0 +1,480 @@
+/*
+ * lt_kvcache.c: decoding over a KV cache in the C API: lt_attn_kvcache, its checks, plans and launch.
+ * Included at the end of lazytriton.c (one translation unit): it uses lt__fail, lt_check.c's tensor checks,
+ * the plan memo and lt__cu_launch.
+ *
+ * The checks are kernels/flash_decode/checks.py's (check: shapes, dtypes, devices, options), with messages
+ * that name the argument; the values of the index tensors are checked by Python on the CPU and not read on a
+ * GPU. The two kernels (kernels/flash_decode): flash_decode_split, then, with several splits, flash_decode_combine
+ * on the caller's workspace. Their integer arguments are the binding's (binding.c_initializer, tested field by
+ * field), and so are the variants (the planner calls binding.variants) and the split count (lt_splits.c).
+ */
+
+#include "lt_splits.c"
+
+#define LT__DECODE_SPLIT_PARAMS 39   /* flash_decode_split: 37 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_FLOATS 2
+#define LT__DECODE_COMBINE_PARAMS 12 /* flash_decode_combine: 12 pointers and integers */
+#define LT__MAX_WINDOWED (INT64_C(1) << 29)
+
+typedef struct {
+    int64_t b, hq, hk, sq, d, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
+    int64_t window_left, window_right, num_splits, workspace;
+    int32_t dtype, device_type, device_index;
+    int causal, alibi, softcap_on, use_seqlens, use_batch_idx, paged, aligned, index64;
+    float scale, softcap;
+} lt__kv_call;
+
+/* What lt_attn_kvcache asks the planner (embedded_kvcache.py) for, and its answer (also in build.py's cdef). */
+typedef struct {
+    int32_t device_index, dtype, head_dim, causal, aligned, index64, paged, window, softcap, alibi; /* in */
+    int64_t rows, capacity, page_size;                                                               /* in */
+    uint64_t split_function, combine_function;                                                        /* out */
+    uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
+    uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
+    int64_t slots, min_keys; /* the heuristic's inputs: SMs x programs per SM, the fewest keys a split takes */
+    char variant[512];
+} lt__kvcache_plan_request;
+
+static int lt__py_kvcache_plan(lt__kvcache_plan_request *request);
+static int lt__py_attn_kvcache_cpu(const lt_attn_kvcache_params *params);
+
+typedef struct {
+    uint32_t magic;
+    lt__plan_key key;
+    lt__CUcontext context;
+    lt__kvcache_plan_request r;
+} lt__kvcache_plan;
+
+#define LT__KVCACHE_PLAN_MAGIC 0x6c74706bu /* "ltpk" */
+#define LT__KERNEL_DECODE 3                /* a plan key's kernel: the decoding pair (not a planner code) */
+
+/* ------------------------------------------------------------------------- */
+/* Checks                                                                     */
+
+static int lt__absent(const lt_tensor *t) { return t->data == NULL && t->ndim == 0; }
+
+static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
+    if (p == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
+    if (p->struct_size != sizeof(lt_attn_kvcache_params))
+        return lt__fail(LT_ERROR_VERSION, "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for "
+                        "lt_attn_kvcache_params: rebuild against its lazytriton.h and fill params with "
+                        "lt_attn_kvcache_params_init()", p->struct_size, LT_VERSION_MAJOR, LT_VERSION_MINOR,
+                        LT_VERSION_PATCH, sizeof(lt_attn_kvcache_params));
+    if (p->version != LT_ATTN_KVCACHE_PARAMS_VERSION)
+        return lt__fail(LT_ERROR_VERSION, "params->version is %u but this lazytriton takes lt_attn_kvcache_params "
+                        "version %d", p->version, LT_ATTN_KVCACHE_PARAMS_VERSION);
+    return LT_OK;
+}
+
+static lt_status lt__kv_same_device(const char *name, const lt_tensor *t, const lt_tensor *q) {
+    if (t->device_type != q->device_type || t->device_index != q->device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all tensors of a call must "
+                        "be on one device", name, lt__device_name(t->device_type), t->device_index,
+                        lt__device_name(q->device_type), q->device_index);
+    return LT_OK;
+}
+
+/* q, the caches, k, v, out: a 4-dim float tensor of q's dtype and device with a contiguous last dim. */
+static lt_status lt__kv_data(const char *name, const lt_tensor *t, const lt_tensor *q, const char *layout) {
+    lt_status s;
+    if ((s = lt__check_tensor(name, t, 4, layout)) != LT_OK)
+        return s;
+    if (t != q && t->dtype != q->dtype)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but q.dtype is %s; they must match", name,
+                        lt__dtype_name(t->dtype), lt__dtype_name(q->dtype));
+    if (t->strides[3] != 1 && t->sizes[3] > 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s.strides[3] is %lld; the last dim must be contiguous (stride 1)", name,
+                        (long long)t->strides[3]);
+    return lt__kv_same_device(name, t, q);
+}
+
+/* An index or float32 tensor of given dtype and sizes (ndim of them), contiguous, on q's device. */
+static lt_status lt__kv_small(const char *name, const lt_tensor *t, const lt_tensor *q, int32_t dtype, int32_t ndim,
+                              const int64_t *sizes, const char *layout) {
+    if (t->dtype != dtype)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected %s", name, t->dtype,
+                        dtype == LT_DTYPE_INT32 ? "LT_DTYPE_INT32 (4)" : "LT_DTYPE_FP32 (3)");
+    int bad = t->ndim != ndim;
+    for (int i = 0; i < ndim && !bad; i++)
+        bad = sizes[i] >= 0 && t->sizes[i] != sizes[i];
+    if (bad)
+        return lt__fail(LT_ERROR_SHAPE, "%s must have shape %s; got ndim %d, sizes (%lld, %lld, %lld)", name, layout,
+                        t->ndim, (long long)t->sizes[0], (long long)t->sizes[1], (long long)t->sizes[2]);
+    int64_t expect = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (t->sizes[i] > 1 && t->strides[i] != expect)
+            return lt__fail(LT_ERROR_SHAPE, "%s must be contiguous; strides[%d] is %lld, expected %lld", name, i,
+                            (long long)t->strides[i], (long long)expect);
+        expect *= t->sizes[i];
+    }
+    return lt__kv_same_device(name, t, q);
+}
+
+/* The cache's layout: contiguous (cache_batch_idx or not) or paged; capacity and page size. */
+static lt_status lt__kv_layout(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    lt_status s;
+    int64_t rows_c = p->k_cache.sizes[0], s_c = p->k_cache.sizes[1], b1[1] = {c->b};
+    c->cache_rows = rows_c;
+    if (lt__absent(&p->block_table)) {
+        c->capacity = s_c;
+        if (lt__absent(&p->cache_batch_idx)) {
+            if (rows_c != c->b)
+                return lt__fail(LT_ERROR_SHAPE, "k_cache has batch %lld but q has batch %lld; pass cache_batch_idx "
+                                "to pick rows of a larger cache", (long long)rows_c, (long long)c->b);
+            return LT_OK;
+        }
+        c->use_batch_idx = 1;
+        return lt__kv_small("cache_batch_idx", &p->cache_batch_idx, &p->q, LT_DTYPE_INT32, 1, b1, "(batch,)");
+    }
+    if (!lt__absent(&p->cache_batch_idx))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "cache_batch_idx cannot be used with a paged cache (block_table): "
+                        "the block table picks each sequence's blocks");
+    int64_t table[2] = {c->b, -1};
+    if ((s = lt__kv_small("block_table", &p->block_table, &p->q, LT_DTYPE_INT32, 2, table,
+                          "(batch, max_blocks_per_seq)")) != LT_OK)
+        return s;
+    if (s_c <= 0 || s_c % 16)
+        return lt__fail(LT_ERROR_SHAPE, "with block_table, k_cache.sizes[1] is the page size and must be a positive "
+                        "multiple of 16, got %lld", (long long)s_c);
+    c->paged = 1, c->page_size = s_c, c->capacity = p->block_table.sizes[1] * s_c;
+    return LT_OK;
+}
+
+/* The new keys and values (k, v) and the cached lengths (cache_seqlens or cache_seqlen). */
+static lt_status lt__kv_lengths(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    lt_status s;
+    int has_lens = !lt__absent(&p->cache_seqlens);
+    if (lt__absent(&p->k) != lt__absent(&p->v))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "k and v must be given together (new keys and values) or both be "
+                        "absent");
+    if (!lt__absent(&p->k)) {
+        if ((s = lt__kv_data("k", &p->k, &p->q, "(batch, seqlen_new, heads_k, head_dim)")) != LT_OK ||
+            (s = lt__kv_data("v", &p->v, &p->q, "(batch, seqlen_new, heads_k, head_dim)")) != LT_OK)
+            return s;
+        if (!lt__same_sizes(&p->k, &p->v))
+            return lt__fail(LT_ERROR_SHAPE, "k and v must have the same shape");
+        const int64_t *ks = p->k.sizes;
+        if (ks[0] != c->b || ks[2] != c->hk || ks[3] != c->d)
+            return lt__fail(LT_ERROR_SHAPE, "k must have shape (%lld, seqlen_new, %lld, %lld) (q's batch, the cache's "
+                            "heads and head dim), got (%lld, %lld, %lld, %lld)", (long long)c->b, (long long)c->hk,
+                            (long long)c->d, (long long)ks[0], (long long)ks[1], (long long)ks[2], (long long)ks[3]);
+        if (!has_lens && p->cache_seqlen < 0)
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "k and v need cache_seqlens (or cache_seqlen >= 0): the new "
+                            "keys are written at each sequence's cached length");
+        c->seqlen_new = ks[1];
+    }
+    if (has_lens && p->cache_seqlen != -1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "cache_seqlens (a tensor) and cache_seqlen (%lld) are both given; "
+                        "leave cache_seqlen at -1 with a tensor", (long long)p->cache_seqlen);
+    if (has_lens) {
+        int64_t b[1] = {c->b};
+        c->use_seqlens = 1, c->seqlen_const = -1;
+        return lt__kv_small("cache_seqlens", &p->cache_seqlens, &p->q, LT_DTYPE_INT32, 1, b, "(batch,)");
+    }
+    if (p->cache_seqlen == -1) {
+        c->seqlen_const = c->capacity;
+        return LT_OK;
+    }
+    if (p->cache_seqlen < 0 || p->cache_seqlen > c->capacity - c->seqlen_new)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "cache_seqlen must be -1 (the whole cache) or in 0..%lld (the "
+                        "cache holds %lld keys per sequence, %lld of them new), got %lld",
+                        (long long)(c->capacity - c->seqlen_new), (long long)c->capacity, (long long)c->seqlen_new,
+                        (long long)p->cache_seqlen);
+    c->seqlen_const = p->cache_seqlen;
+    return LT_OK;
+}
+
+/* window and softcap in the kernels' terms (checks._features): causal bounds the right side at 0, an unbounded
+ * side is capacity + seqlen_q, no window is (-1, -1). */
+static lt_status lt__kv_features(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    int64_t left = p->window_left, right = p->window_right;
+    if (left < -1 || right < -1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "window sizes must be -1 (unbounded) or >= 0, got (%lld, %lld)",
+                        (long long)left, (long long)right);
+    if (!(isfinite(p->softcap) && p->softcap >= 0.0))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "softcap must be a finite value >= 0 (0 is off), got %g",
+                        p->softcap);
+    c->softcap = (float)p->softcap, c->softcap_on = p->softcap > 0.0;
+    c->window_left = c->window_right = -1;
+    if (p->causal)
+        right = 0;
+    if (left < 0 && (right < 0 || p->causal))
+        return LT_OK;
+    int64_t full = c->capacity + c->sq;
+    if (full >= LT__MAX_WINDOWED)
+        return lt__fail(LT_ERROR_SHAPE, "with a window, the cache's length plus seqlen_q must be below 2**29, got "
+                        "%lld", (long long)full);
+    c->window_left = left >= 0 ? (left < full ? left : full) : full;
+    c->window_right = right >= 0 ? (right < full ? right : full) : full;
+    return LT_OK;
+}
+
+static lt_status lt__kv_outputs(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    lt_status s;
+    if ((s = lt__kv_data("out", &p->out, &p->q, "(batch, seqlen_q, heads_q, head_dim)")) != LT_OK)
+        return s;
+    if (!lt__same_sizes(&p->out, &p->q))
+        return lt__fail(LT_ERROR_SHAPE, "out must have q's shape (%lld, %lld, %lld, %lld)", (long long)c->b,
+                        (long long)c->sq, (long long)c->hq, (long long)c->d);
+    int64_t lse[3] = {c->b, c->hq, c->sq};
+    if ((s = lt__kv_small("lse", &p->lse, &p->q, LT_DTYPE_FP32, 3, lse, "(batch, heads_q, seqlen_q)")) != LT_OK)
+        return s;
+    if (!lt__absent(&p->workspace)) {
+        int64_t any[1] = {-1};
+        if ((s = lt__kv_small("workspace", &p->workspace, &p->q, LT_DTYPE_FP32, 1, any, "(elements,)")) != LT_OK)
+            return s;
+        c->workspace = p->workspace.sizes[0];
+    }
+    if (!lt__absent(&p->alibi_slopes)) {
+        const lt_tensor *a = &p->alibi_slopes;
+        int64_t one[1] = {c->hq}, two[2] = {c->b, c->hq};
+        if ((s = a->ndim == 2 ? lt__kv_small("alibi_slopes", a, &p->q, LT_DTYPE_FP32, 2, two, "(heads_q,) or "
+                                             "(batch, heads_q)")
+                              : lt__kv_small("alibi_slopes", a, &p->q, LT_DTYPE_FP32, 1, one, "(heads_q,) or "
+                                             "(batch, heads_q)")) != LT_OK)
+            return s;
+        c->alibi = 1;
+    }
+    return LT_OK;
+}
+
+/* How far past its first element a tensor's last one lies (binding._extent); -1 past 2**62. */
+static int64_t lt__kv_extent(const lt_tensor *t) {
+    int64_t e = t->sizes[3] - 1, part;
+    for (int i = 0; i < 3; i++)
+        if (__builtin_mul_overflow(t->sizes[i] - 1, t->strides[i], &part) || __builtin_add_overflow(e, part, &e) ||
+            e > INT64_MAX / 2)
+            return -1;
+    return e;
+}
+
+/* Fill *c from params, or fail with the first problem found (checks.check's order where it matters). */
+static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    lt_status s;
+    memset(c, 0, sizeof *c);
+    if ((s = lt__kv_struct(p)) != LT_OK ||
+        (s = lt__kv_data("q", &p->q, &p->q, "(batch, seqlen_q, heads_q, head_dim)")) != LT_OK)
+        return s;
+    const char *cache = "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)";
+    if ((s = lt__kv_data("k_cache", &p->k_cache, &p->q, cache)) != LT_OK ||
+        (s = lt__kv_data("v_cache", &p->v_cache, &p->q, cache)) != LT_OK)
+        return s;
+    const int64_t *qs = p->q.sizes, *ks = p->k_cache.sizes, *vs = p->v_cache.sizes;
+    c->b = qs[0], c->sq = qs[1], c->hq = qs[2], c->d = qs[3], c->hk = ks[2];
+    if (vs[0] == ks[0] && vs[1] == ks[1] && vs[2] == ks[2] && vs[3] != ks[3])
+        return lt__fail(LT_ERROR_SHAPE, "v_cache has head dim %lld but k_cache has %lld: a value head dim different "
+                        "from the query/key head dim (head_dim_v) is not supported by lt_attn_kvcache",
+                        (long long)vs[3], (long long)ks[3]);
+    if (!lt__same_sizes(&p->k_cache, &p->v_cache))
+        return lt__fail(LT_ERROR_SHAPE, "k_cache and v_cache must have the same shape");
+    if (ks[3] != c->d)
+        return lt__fail(LT_ERROR_SHAPE, "k_cache has head dim %lld but q has head dim %lld", (long long)ks[3],
+                        (long long)c->d);
+    if (c->d < 1 || c->d > LT__MAX_HEAD_DIM)
+        return lt__fail(LT_ERROR_HEAD_DIM, "head dim (q.sizes[3]) must be in 1..%d, got %lld", LT__MAX_HEAD_DIM,
+                        (long long)c->d);
+    if (c->hk == 0 || c->hq % c->hk != 0)
+        return lt__fail(LT_ERROR_SHAPE, "q heads (%lld) must be a multiple of k_cache heads (%lld) for GQA/MQA",
+                        (long long)c->hq, (long long)c->hk);
+    if (p->causal != 0 && p->causal != 1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "causal is %d; expected 0 or 1 (bottom-right)", p->causal);
+    if ((s = lt__kv_layout(p, c)) != LT_OK || (s = lt__kv_lengths(p, c)) != LT_OK)
+        return s;
+    int64_t big = c->capacity + c->sq;
+    big = c->b * c->sq * c->hq > big ? c->b * c->sq * c->hq : big;
+    big = c->cache_rows * (ks[1] > 1 ? ks[1] : 1) > big ? c->cache_rows * (ks[1] > 1 ? ks[1] : 1) : big;
+    if (c->b > 65535 || c->hk > 65535 || big > INT32_MAX)
+        return lt__fail(LT_ERROR_SHAPE, "batch and heads_k must be <= 65535 and lengths < 2**31; got q (%lld, %lld, "
+                        "%lld, %lld)", (long long)c->b, (long long)c->sq, (long long)c->hq, (long long)c->d);
+    if (isinf(p->sm_scale))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "sm_scale is %g; expected a finite value, or NaN for "
+                        "1/sqrt(head_dim)", p->sm_scale);
+    if (p->num_splits < 0 || p->num_splits > 256)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "num_splits must be in 0..256 (0: the heuristic), got %d",
+                        p->num_splits);
+    if (p->flags != 0 || p->reserved != 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "flags and reserved must be 0, got 0x%x and 0x%x", p->flags,
+                        p->reserved);
+    if ((s = lt__kv_features(p, c)) != LT_OK || (s = lt__kv_outputs(p, c)) != LT_OK)
+        return s;
+    c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
+    c->num_splits = p->num_splits, c->causal = p->causal && c->sq > 1;
+    c->dtype = p->q.dtype, c->device_type = p->q.device_type, c->device_index = p->q.device_index;
+    const lt_tensor *data[11] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
+                                 &p->cache_seqlens, &p->cache_batch_idx, &p->block_table, &p->alibi_slopes};
+    static const char *names[11] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
+                                    "cache_batch_idx", "block_table", "alibi_slopes"};
+    for (int i = 0; i < 11; i++)
+        if (data[i]->data == NULL && data[i]->ndim != 0 && lt__numel(data[i]) > 0)
+            return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", names[i]);
+    if (c->workspace > 0 && p->workspace.data == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "workspace.data is NULL");
+    /* binding.layout_flags: pointers and outer strides of q, the caches and out; extents of q and the caches. */
+    const lt_tensor *ts[4] = {&p->q, &p->k_cache, &p->v_cache, &p->out};
+    uint64_t bits = 0;
+    int64_t extent = 0;
+    for (int i = 0; i < 4; i++) {
+        bits |= (uint64_t)(uintptr_t)ts[i]->data | (uint64_t)(ts[i]->strides[0] | ts[i]->strides[1] |
+                                                               ts[i]->strides[2]);
+        int64_t e = i < 3 ? lt__kv_extent(ts[i]) : 0;
+        if (e < 0)
+            return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", names[i]);
+        extent = e > extent ? e : extent;
+    }
+    c->aligned = (bits & 15) == 0, c->index64 = extent >= INT32_MAX;
+    return LT_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Plans: both kernels of a shape class, resolved once through the planner.   */
+
+static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
+    lt__plan_key key;
+    memset(&key, 0, sizeof key);
+    int32_t page_bits = c->paged ? lt__bits((c->page_size & -c->page_size) + 1) : 0; /* dispatch.page_block_limit */
+    key.kernel = LT__KERNEL_DECODE, key.device_index = c->device_index, key.dtype = c->dtype;
+    key.head_dim = (int32_t)c->d, key.causal = c->causal, key.aligned = c->aligned, key.index64 = c->index64;
+    key.sq_bits = lt__bits(c->hq / c->hk * c->sq), key.sk_bits = lt__bits(c->capacity);
+    key.varlen = c->paged | (c->window_left >= 0) << 1 | c->softcap_on << 2 | c->alibi << 3 | page_bits << 8;
+    return key;
+}
+
+static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) {
+    lt_status s;
+    lt__CUcontext context;
+    int32_t capability;
+    if ((s = lt__device_context(c->device_index, &context, &capability)) != LT_OK)
+        return s;
+    lt__kvcache_plan *plan = (lt__kvcache_plan *)calloc(1, sizeof *plan);
+    if (plan == NULL)
+        return lt__fail(LT_ERROR_INTERNAL, "out of memory");
+    lt__kvcache_plan_request *r = &plan->r;
+    r->device_index = c->device_index, r->dtype = c->dtype, r->head_dim = (int32_t)c->d, r->causal = c->causal;
+    r->aligned = c->aligned, r->index64 = c->index64, r->paged = c->paged, r->window = c->window_left >= 0;
+    r->softcap = c->softcap_on, r->alibi = c->alibi;
+    r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
+    if ((s = (lt_status)lt__py_kvcache_plan(r)) != LT_OK) {
+        free(plan);
+        return s;
+    }
+    r->variant[sizeof r->variant - 1] = '\0';
+    if (r->split_function == 0 || r->combine_function == 0 || r->split_block_m == 0 || r->split_block_n == 0 ||
+        r->combine_block_m == 0 || r->slots <= 0 || r->split_hidden > LT__MAX_HIDDEN ||
+        r->combine_hidden > LT__MAX_HIDDEN) {
+        s = lt__fail(LT_ERROR_INTERNAL, "the planner answered an unusable decoding plan for %s", r->variant);
+        free(plan);
+        return s;
+    }
+    plan->magic = LT__KVCACHE_PLAN_MAGIC, plan->key = lt__kv_key_of(c), plan->context = context;
+    *out = plan;
+    return LT_OK;
+}
+
+/* The split count: the heuristic's (or the forced one), capped by what the workspace holds. */
+static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c) {
+    const lt__kvcache_plan_request *r = &plan->r;
+    int64_t n = lt__splits_for(c->b, c->hq, c->hk, c->sq, c->d, c->capacity, c->window_left, c->window_right,
+                               c->num_splits, r->split_block_m, r->split_block_n, r->slots, r->min_keys);
+    int64_t per_split = c->b * c->hq * c->sq * (c->d + 1);
+    int64_t fits = per_split > 0 ? c->workspace / per_split : 0;
+    return n < fits ? n : (fits > 1 ? fits : 1);
+}
+
+#define LT__PTR(t) ((int64_t)(uintptr_t)(t).data)
+#define LT__OR_LSE(t) (lt__absent(&(t)) ? LT__PTR(p->lse) : LT__PTR(t))
+
+/* Both launches, each kernel's parameters in its description's order (binding.c_initializer). */
+static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
+                               void *stream) {
+    const lt__kvcache_plan_request *r = &plan->r;
+    int64_t splits = lt__kv_splits(plan, c), n_rows = c->b * c->hq * c->sq;
+    int64_t part_out = splits > 1 ? LT__PTR(p->workspace) : LT__PTR(p->lse);
+    int64_t part_lse = splits > 1 ? part_out + 4 * n_rows * splits * c->d : LT__PTR(p->lse);
+    const lt_tensor *q = &p->q, *kc = &p->k_cache, *vc = &p->v_cache, *o = &p->out;
+    int64_t split_ints[LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS + LT__MAX_HIDDEN] = {
+        LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
+        part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
+        LT__OR_LSE(p->alibi_slopes), q->strides[0], q->strides[1], q->strides[2], kc->strides[0], kc->strides[1],
+        kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
+        c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
+        c->hq / c->hk, c->hq, c->sq, c->d, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
+        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right};
+    float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
+    void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];
+    int n_ints = LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS;
+    for (int i = 0; i < n_ints; i++)
+        params[i] = &split_ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
+    for (int i = 0; i < LT__DECODE_SPLIT_FLOATS; i++)
+        params[n_ints + i] = &floats[i];
+    for (uint32_t h = 0; h < r->split_hidden; h++)
+        params[LT__DECODE_SPLIT_PARAMS + h] = &split_ints[n_ints + h]; /* zero: NULL scratch */
+    int64_t rows = c->hq / c->hk * c->sq;
+    lt_status s = lt__cu_launch((lt__CUfunction)(uintptr_t)r->split_function, plan->context,
+                                (unsigned int)(lt__ceil_div(rows, r->split_block_m) * splits), (unsigned int)c->hk,
+                                (unsigned int)c->b, r->split_threads, r->split_shared, stream, params);
+    if (s != LT_OK || splits == 1)
+        return s;
+    int64_t combine_ints[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN] = {
+        part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), o->strides[0], o->strides[1], o->strides[2], c->hq,
+        c->sq, c->d, splits, n_rows};
+    void *combine_params[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN];
+    for (int i = 0; i < LT__DECODE_COMBINE_PARAMS + (int)r->combine_hidden; i++)
+        combine_params[i] = &combine_ints[i];
+    return lt__cu_launch((lt__CUfunction)(uintptr_t)r->combine_function, plan->context,
+                         (unsigned int)lt__ceil_div(n_rows, r->combine_block_m), 1, 1, r->combine_threads,
+                         r->combine_shared, stream, combine_params);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The API.                                                                   */
+
+LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params) {
+    if (params == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_kvcache_params_init: params is NULL");
+    memset(params, 0, sizeof *params);
+    params->struct_size = sizeof *params, params->version = LT_ATTN_KVCACHE_PARAMS_VERSION;
+    params->cache_seqlen = -1, params->window_left = -1, params->window_right = -1;
+    params->sm_scale = NAN;
+    return LT_OK;
+}
+
+LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes) {
+    lt__kv_call c;
+    lt_status s;
+    if (bytes == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_kvcache_workspace_size: bytes (the out pointer) is NULL");
+    *bytes = 0;
+    if ((s = lt__kv_check(params, &c)) != LT_OK)
+        return s;
+    int64_t splits = c.num_splits > 0 ? c.num_splits : LT__MAX_HEURISTIC_SPLITS;
+    *bytes = (size_t)(4 * c.b * c.hq * c.sq * (c.d + 1) * splits);
+    return LT_OK;
+}
+
+LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *stream) {
+    lt__kv_call c;
+    lt_status s;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__kv_check(params, &c)) != LT_OK)
+        return s;
+    if (c.device_type == LT_DEVICE_CPU)
+        return (lt_status)lt__py_attn_kvcache_cpu(params);
+    if (c.seqlen_new > 0)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "new keys (k, v) on a GPU are not supported by lt_attn_kvcache: write "
+                        "them into the cache first (at each sequence's cached length) and pass the lengths with them");
+    if (c.b * c.hq * c.sq * c.d == 0)
+        return LT_OK;
+    lt__plan_key key = lt__kv_key_of(&c);
+    lt__kvcache_plan *plan = lt__memo_find(&key);
+    if (plan != NULL)
+        return lt__kv_launch(plan, params, &c, stream);
+    lt__kvcache_plan *made = NULL;
+    if ((s = lt__kv_make_plan(&c, &made)) != LT_OK)
+        return s;
+    plan = lt__memo_add(&key, made);
+    s = lt__kv_launch(plan != NULL ? plan : made, params, &c, stream);
+    if (plan != made)
+        free(made); /* another thread's plan was kept, or the table is full */
+    return s;
+}

@@ -1,0 +1,59 @@
+/*
+ * lt_splits.c: the split count of a decoding call, the C twin of kernels/flash_decode/binding.py's
+ * choose_splits and splits_for (FlashAttention-2's heuristic). Pure: no dependency but <stdint.h>, so
+ * tests/test_capi_kvcache.py compiles it alone and compares it with the Python functions over a grid.
+ * Included by lt_kvcache.c.
+ */
+#include <stdint.h>
+
+#define LT__MAX_HEURISTIC_SPLITS 128
+
+static int64_t lt__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static double lt__ceil(double x) {
+    double t = (double)(int64_t)x;
+    return t < x ? t + 1.0 : t;
+}
+
+/* choose_splits: how many splits fill `sms` program slots evenly (as binding.choose_splits). */
+static int64_t lt__choose_splits(int64_t programs, int64_t key_blocks, int64_t sms) {
+    if (programs <= 0 || key_blocks <= 1 || (double)programs >= 0.8 * (double)sms)
+        return 1;
+    int64_t limit = LT__MAX_HEURISTIC_SPLITS;
+    limit = sms < limit ? sms : limit;
+    limit = key_blocks < limit ? key_blocks : limit;
+    double best = 0.0;
+    for (int pass = 0; pass < 2; pass++) { /* first the best efficiency, then the smallest count within 85% of it */
+        for (int64_t n = 1; n <= limit; n++) {
+            if (n > 1 && lt__ceil_div(key_blocks, n) == lt__ceil_div(key_blocks, n - 1))
+                continue;
+            double waves = (double)(programs * n) / (double)sms;
+            double efficiency = waves / lt__ceil(waves);
+            if (pass == 0 && efficiency > best)
+                best = efficiency;
+            if (pass == 1 && efficiency >= 0.85 * best)
+                return n;
+        }
+    }
+    return 1;
+}
+
+/* splits_for: the forced count, else the heuristic over the keys one row block can see, in units of
+ * max(block_n, min_keys); at most as many as keep the partials under 2**31 elements. */
+static int64_t lt__splits_for(int64_t batch, int64_t heads_q, int64_t heads_k, int64_t seqlen_q, int64_t head_dim,
+                              int64_t capacity, int64_t window_left, int64_t window_right, int64_t forced,
+                              int64_t block_m, int64_t block_n, int64_t slots, int64_t min_keys) {
+    int64_t size = batch * heads_q * seqlen_q * head_dim;
+    int64_t most = INT32_MAX / (size > 1 ? size : 1);
+    most = most > 1 ? most : 1;
+    if (forced > 0)
+        return forced < most ? forced : most;
+    int64_t rows = heads_q / heads_k * seqlen_q;
+    int64_t programs = batch * heads_k * lt__ceil_div(rows, block_m);
+    int64_t keys = capacity;
+    if (window_left >= 0 && window_left + window_right + seqlen_q < keys)
+        keys = window_left + window_right + seqlen_q;
+    int64_t unit = block_n > min_keys ? block_n : min_keys;
+    int64_t n = lt__choose_splits(programs, lt__ceil_div(keys, unit), slots);
+    return n < most ? n : most;
+}

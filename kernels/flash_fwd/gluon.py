@@ -1,0 +1,122 @@
+"""``flash_fwd_gluon``: the Hopper forward written in Gluon (``gluon_kernel.py``), and when it may serve a call.
+
+Why a kernel of its own and not a ``GLUON=true`` flag on ``flash_fwd``: the
+compiler maps one kernel name to one source function, and a kernel's key
+covers the fingerprint of its one source file. A flag would have had to
+switch source modules inside ``flash_fwd`` and fold a second file into its
+fingerprint, which changes every existing ``flash_fwd`` key (every image
+built so far would miss). A kernel of its own keeps those keys, gets its own
+fingerprint, and still shares all of ``flash_fwd``'s host ABI: the same
+parameters (``FLASH_FWD.params``, so ``binding.pack`` packs its arguments and
+the C launcher's layout holds), the same grid (query blocks x heads x batch,
+BLOCK_M from the variant), the same outputs (out like q, lse (B, Hq, Sq)
+float32). The binding launches it as it launches flash_fwd
+(``binding.launch_gpu(..., variant=...)``). It is not in ``FAMILIES``
+(which lists the kernels each call launches, in order): it is an
+alternative to flash_fwd, not a second launch.
+
+``reason`` is the rule, pure: None when the kernel can serve a call, else
+why not. Dispatch asks it (``dispatch.flash_fwd_gluon_variant``).
+Its source compiles for sm_90 with Triton 3.6.0 and 3.9.0 (the two names
+Triton renamed between them are looked up once at import), so no variant
+here needs one Triton version in particular.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lazytriton.kernels import KernelSpec
+from lazytriton.kernels.flash_fwd import FLASH_FWD
+
+if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
+    from lazytriton.variant import Variant
+
+NAME = "flash_fwd_gluon"
+
+FLASH_FWD_GLUON = KernelSpec(
+    name=NAME,
+    module="lazytriton.kernels.flash_fwd.gluon_kernel",
+    function="flash_fwd_gluon_kernel",
+    params=FLASH_FWD.params,
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER"),
+    aligned_params=FLASH_FWD.aligned_params,
+)
+
+TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor this kernel's layouts
+DTYPES = ("fp16", "bf16")
+HEAD_DIMS = (64, 128)
+# (head dim) -> (BLOCK_M, BLOCK_N, num_warps): FlashAttention-3's forward tiles on H100 (128 x 128 at
+# head dims 64 and 128, two consumer warpgroups of 64 rows). Not yet measured on the H200:
+# benchmarks/probe_gluon.py sweeps CONFIGS and says which to keep.
+DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8)}
+# Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a
+# warpgroup owns 16 rows of a wgmma), BLOCK_N 64 or 128 (one wgmma instruction spans the tile).
+CONFIGS = ((128, 128, 8), (128, 64, 8), (64, 128, 4), (64, 64, 4))
+
+
+def stages(head_dim: int, block_n: int) -> int:
+    """K and V buffers in the kernel's ring: 3 when a K tile is at most 16 KiB, else 2 (the kernel's own rule).
+
+    Shared memory at 128 x 128 tiles: head dim 64, 3 stages, 112 KiB; head
+    dim 128, 2 stages, 160 KiB (Triton 3.6 and 3.9 for sm_90: 114760 and
+    163880 bytes); a third stage at head dim 128 would leave sm_90's 227 KiB
+    no room for a second CTA.
+    """
+    return 3 if head_dim * block_n <= 64 * 128 else 2
+
+
+def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
+           seqlen_k: int, block_m: int, block_n: int, features: bool = False, scale: float = 1.0) -> str | None:
+    """None if ``flash_fwd_gluon`` with tiles (block_m, block_n) computes this call exactly, else why not (pure).
+
+    ``causal``: "none", "top_left" or "bottom_right". ``features``: the call
+    has a window, softcap, ALiBi, bias, dropout or packed sequences, which
+    this kernel does not implement. ``scale``: the softmax scale, which must
+    be positive (the kernel scales each row's max once instead of every score).
+    """
+    if target not in TARGETS:
+        return f"target {target} is not one of {TARGETS} (wgmma)"
+    if dtype not in DTYPES:
+        return f"dtype {dtype} is not one of {DTYPES}"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
+    if not aligned or index64:
+        return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
+    if features:
+        return "window, softcap, ALiBi, bias, dropout and varlen are not implemented"
+    if seqlen_q % block_m or seqlen_k % block_n or seqlen_q == 0:
+        return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({block_m}, {block_n})"
+    if not scale > 0.0:
+        return f"softmax scale {scale} is not positive"
+    if causal == "bottom_right" and seqlen_q > seqlen_k:
+        return "bottom-right causal with seqlen_q > seqlen_k leaves rows without keys"
+    return None
+
+
+def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
+            seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None,
+            scale: float = 1.0, producer: bool = False) -> Variant | None:
+    """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
+
+    ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``CONFIGS`` (default
+    ``DEFAULT_TILES``). Its functional fields are flash_fwd's for the same
+    call (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64), so ``lazytriton cache
+    explain`` reads both alike; num_stages records the kernel's own ring
+    depth (``stages``), which Gluon does not take from the option.
+    ``producer``: one extra warp issues every K/V load (warp specialisation,
+    tuned field PRODUCER); the entry then runs num_warps + 4 warps (Triton
+    pads the one-warp partition to a warpgroup in the launch metadata).
+    """
+    from lazytriton.variant import Variant, pairs
+
+    block_m, block_n, num_warps = DEFAULT_TILES.get(head_dim, CONFIGS[0]) if tiles is None else tiles
+    if (block_m, block_n, num_warps) not in CONFIGS:
+        raise ValueError(f"tiles must be one of {CONFIGS} (BLOCK_M, BLOCK_N, num_warps), got {tiles!r}")
+    if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features,
+              scale):
+        return None
+    functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True, "INDEX64": False}
+    tuned = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRODUCER": bool(producer)}
+    return Variant(NAME, target, dtype, pairs(functional), pairs(tuned),
+                   pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))

@@ -1,0 +1,329 @@
+"""FlashAttention-3-style forward for Hopper (sm_90) in Gluon: the source of ``flash_fwd_gluon``.
+
+This is the only file the source fingerprint of ``flash_fwd_gluon`` covers,
+so everything the kernel calls lives here. It imports triton: only
+``lazytriton.compiler`` may import it. It compiles for ``cuda:90`` with
+Triton 3.6.0 (the GPU host) and 3.9.0 (CI) alike, from the same source: every
+name it uses exists in both (``tests/test_gluon_fwd.py`` compiles it under
+whichever is installed; the 3.6 venv of the brief runs the same test).
+
+Same parameters, grid, outputs and semantics as ``flash_fwd`` (the binding
+launches it unchanged): q (B, Hq, Sq, D), k and v (B, Hk, Sk, D), Out like q,
+Lse (B, Hq, Sq) float32 in natural log; query head h reads key/value head
+h // group_size; causal keeps key j for query i when j <= i + causal_offset.
+Program (x, h, b) computes query rows [x', x' + BLOCK_M) of (b, h), heaviest
+causal blocks first, as flash_fwd does.
+
+What it covers (dispatch.flash_fwd_gluon_reason enforces it; the rest keeps
+the Triton kernel): fp16/bf16, head dim 64 or 128 exactly (EVEN_D), every
+pointer 16-byte aligned and row strides multiples of 16 bytes (a TMA
+descriptor needs both), 32-bit offsets, seqlen_q a multiple of BLOCK_M and
+seqlen_k of BLOCK_N (no ragged tile: no bounds masks at all), causal_offset
+>= 0 (every row sees key 0, so no row is empty and m never stays -inf), no
+window, softcap, ALiBi, bias, dropout or varlen. Those parameters are taken
+(the shared ABI) and never read.
+
+The pipeline, and why each choice:
+
+- **TMA loads into a shared-memory ring.** Q is loaded once; K and V go
+  through ``STAGES`` buffers each (3 at head dim 64, 2 at 128: 160 KiB of
+  shared memory with Q at 128x128 tiles, under sm_90's 227 KiB; a third
+  stage at head dim 128 would leave no room for a second CTA or the output
+  tile and FlashAttention-3 uses 2 there). Each buffer has its own mbarrier;
+  ``mbarrier.expect`` + ``tma.async_copy_global_to_shared`` fill it, and the
+  consumer waits on the barrier's phase (block j uses buffer j % STAGES,
+  phase (j // STAGES) & 1). K and V have separate barriers because they are
+  consumed at different times (K by block j's QK^T, V by block j-1's PV), so
+  each is refilled as soon as its own reader has retired.
+- **Descriptors made on the device** (``tma.make_tensor_descriptor`` over
+  this program's (batch, head) (seqlen, head_dim) slice): the launcher takes
+  no 128-byte CUtensorMap by value, and device-side descriptors need only
+  Triton's hidden global scratch, which lazytriton's launcher allocates
+  (128 bytes a descriptor, four here: Q, K, V and Out, so 512 bytes a
+  program). Any (batch, head) strides work.
+- **Async wgmma for both products.** QK^T reads Q and K from shared memory
+  (K transposed by a permuted view, no copy); PV takes P from registers
+  (FlashAttention-3's choice: P never goes through shared memory) and V
+  from shared memory. The accumulators use an NVMMA (wgmma v3) layout with
+  warps stacked along M, so each warpgroup owns 64 query rows: num_warps 8
+  gives BLOCK_M 128 = two consumer warpgroups sharing each K/V tile.
+- **Softmax overlapped with the next wgmma** (FlashAttention-3's
+  intra-warpgroup pipelining): iteration j issues S_j = Q K_j^T, then
+  O += P_{j-1} V_{j-1}, waits only for S_j (``warpgroup_mma_wait(1)``:
+  wgmma groups retire in order) and runs the softmax of S_j while the PV
+  product of the previous block is still on the tensor cores; then it waits
+  for O, rescales it by alpha_j, and refills the two freed buffers with the
+  tiles STAGES blocks ahead. The first block is peeled (its softmax has no
+  PV to hide behind) and the last PV is issued after the loop.
+- **Unmasked and masked loops.** Keys [0, full_end) are visible to every
+  row of the block (no mask work); the causal diagonal blocks follow with
+  the mask. The peeled first block always takes the masked step (exact for
+  any block; it runs once).
+- **Output through shared memory and a TMA store**, reusing Q's buffer
+  (Q is dead once the last QK^T has retired): saves 16-32 KiB.
+
+- **A producer warp, optionally** (``PRODUCER=true``, warp
+  specialisation through ``gl.warp_specialize``, same signature in 3.6 and
+  3.9): one warp issues every K/V load, waiting on an "empty" mbarrier per
+  buffer that the consumer partition arrives on as soon as a buffer's last
+  wgmma has retired (K_j right after S_j, V_{j-1} after O). Gluon lowers a
+  partition's arrive as a bar.sync of its 256 threads and one thread's
+  arrive (read from the PTX), so one arrival per release is right. It takes
+  24 registers and the two consumer warpgroups 240 (setmaxnreg); the entry
+  runs 12 warps (the one-warp partition padded to a warpgroup). Without it
+  the consumers issue the refills themselves, after a CTA barrier that
+  Triton's shared-memory analysis inserts before each TMA write. Which is
+  faster is for the H200 to say (benchmarks/probe_gluon.py times both).
+
+Not here yet (a second iteration, once the H200 has measured this one):
+ping-pong between two consumer warpgroups on different query tiles (named
+barriers ordering their softmax against the other's wgmma), and a persistent
+grid. Two CTAs of BLOCK_M 64 (4 warps) on one SM give the warp schedulers
+some of ping-pong's overlap for free where shared memory and registers allow:
+the probe sweeps that.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# The two names Triton renamed between 3.6 and 3.9 (3.9 removed the old ones): TMA copies
+# global -> shared and shared -> global. Same arguments in both.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _issue_load(desc, bars, bufs, block, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA load of key block ``block`` into buffer ``block % STAGES`` (nothing past the last block)."""
+    slot = block % STAGES
+    bar = bars.index(slot)
+    live = block < n_blocks
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=live)
+    _tma_load(desc, [block * BLOCK_N, 0], bar, bufs.index(slot), pred=live)
+
+
+@gluon.jit
+def _wait_slot(bars, block, STAGES: gl.constexpr):
+    """Wait until key block ``block``'s tile has landed in its buffer."""
+    mbarrier.wait(bars.index(block % STAGES), (block // STAGES) & 1)
+
+
+@gluon.jit
+def _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset,
+                    BLOCK_N: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online softmax of one score tile in base 2: (p, alpha, m_new, l_new).
+
+    The row max is taken on the raw scores and scaled once per row, and p is
+    ``exp2(s * scale - m)`` (one FMA per element). MASKED applies the causal
+    mask (the tiles are whole, so no bounds mask); every row keeps a finite m
+    because causal_offset >= 0 lets every row see key 0, in the first block.
+    """
+    if MASKED and CAUSAL:
+        cols = block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+        keep = cols[None, :] <= (offs_m + causal_offset)[:, None]
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, acc, m_i,
+            l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr):
+    """One pipelined step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight, softmax of S_j under the PV."""
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    _wait_slot(k_bars, block, STAGES)
+    s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_bufs.index(block % STAGES).permute((1, 0)), s0, use_acc=False, is_async=True)
+    _wait_slot(v_bars, block - 1, STAGES)
+    acc = warpgroup_mma(p_prev, v_bufs.index((block - 1) % STAGES), acc, is_async=True)
+    # wgmma groups retire in issue order: one left outstanding means S_j is done, the PV may not be.
+    s = warpgroup_mma_wait(1, deps=(s,))
+    if PRODUCER:  # K_j's buffer is free: the producer warp may refill it while the softmax runs
+        mbarrier.arrive(k_empty.index(block % STAGES), count=1)
+    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset, BLOCK_N, MASKED,
+                                         CAUSAL)
+    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    if PRODUCER:
+        mbarrier.arrive(v_empty.index((block - 1) % STAGES), count=1)
+    else:  # both readers have retired: K_j's buffer takes K_{j+STAGES}, V_{j-1}'s takes V_{j-1+STAGES}
+        _issue_load(k_desc, k_bars, k_bufs, block + STAGES, n_blocks, BLOCK_N, STAGES)
+        _issue_load(v_desc, v_bars, v_bufs, block - 1 + STAGES, n_blocks, BLOCK_N, STAGES)
+    p_prev = gl.convert_layout(p.to(q_smem.dtype), p_prev.type.layout)
+    return acc, m_i, l_i, p_prev
+
+
+@gluon.jit
+def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr):
+    """The producer warp (PRODUCER=true): K and V tiles in block order, each once its buffer's last reader is done.
+
+    Block b reuses the buffer of block b - STAGES, whose release is the
+    (b // STAGES - 1)-th completion of that buffer's empty barrier: parity
+    ((b // STAGES) & 1) ^ 1, which a fresh barrier already shows for the
+    first STAGES blocks.
+    """
+    for block in range(n_blocks):
+        free = ((block // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(block % STAGES), free)
+        _issue_load(k_desc, k_bars, k_bufs, block, n_blocks, BLOCK_N, STAGES)
+        mbarrier.wait(v_empty.index(block % STAGES), free)
+        _issue_load(v_desc, v_bars, v_bufs, block, n_blocks, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, o_desc, lse_base,
+             start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             CAUSAL: gl.constexpr, PRODUCER: gl.constexpr):
+    """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue."""
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_D: gl.constexpr = q_smem.type.shape[1]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = q_smem.dtype
+    # wgmma accumulators: warps stacked along M (a warpgroup owns 64 rows), one instruction spans the tile's N.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    qk_scale = sm_scale * LOG2E
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, BLOCK_D], gl.float32, layout=o_layout)
+
+    # Block 0, peeled: its scores alone (nothing to overlap yet), always through the masked step.
+    mbarrier.wait(q_bar.index(0), 0)
+    _wait_slot(k_bars, 0, STAGES)
+    s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s0, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, BLOCK_N, True, CAUSAL)
+    if PRODUCER:
+        mbarrier.arrive(k_empty.index(0), count=1)
+    else:
+        _issue_load(k_desc, k_bars, k_bufs, STAGES, n_blocks, BLOCK_N, STAGES)
+    p_prev = gl.convert_layout(p.to(dtype), p_layout)
+
+    for block in range(1, n_full):
+        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
+                                        k_empty, v_empty, acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
+                                        s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER)
+    for block in range(gl.maximum(n_full, 1), n_blocks):
+        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
+                                        k_empty, v_empty, acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
+                                        s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER)
+
+    # The last block's PV, then the epilogue.
+    last = n_blocks - 1
+    _wait_slot(v_bars, last, STAGES)
+    acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
+    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / l_o[:, None]
+    lse = (m_i + gl.log2(l_i)) * LN2
+    gl.store(lse_base + offs_m, lse)
+    # Q's buffer is free (the last QK^T retired): the output tile goes out through it.
+    q_smem.store(out.to(dtype))
+    fence_async_shared()
+    _tma_store(o_desc, [start_m, 0], q_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def flash_fwd_gluon_kernel(
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    group_size, seqlen_q, seqlen_k, head_dim, causal_offset, window_left, window_right,
+    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    sm_scale, softcap, dropout_p,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
+    CAUSAL: gl.constexpr, PRODUCER: gl.constexpr,
+):
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64 or 128)")
+    gl.static_assert(BLOCK_M == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x num_warps")
+    dtype: gl.constexpr = Q.dtype.element_ty
+    STAGES: gl.constexpr = 3 if BLOCK_D <= 64 else 2
+
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
+
+    start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    head = gl.program_id(1)
+    batch = gl.program_id(2)
+    kv_head = head // group_size
+    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
+                                        [stride_qs, 1], [BLOCK_M, BLOCK_D], q_layout)
+    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
+                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, head_dim],
+                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], q_layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar.index(0), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)  # one arrive: the consumer partition's, after all its warps
+        mbarrier.init(v_empty.index(i), count=1)
+    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
+
+    # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal.
+    n_blocks = seqlen_k // BLOCK_N
+    n_full = n_blocks
+    if CAUSAL:
+        n_blocks = gl.minimum(n_blocks, (start_m + BLOCK_M + causal_offset + BLOCK_N - 1) // BLOCK_N)
+        n_full = gl.minimum(n_full, (start_m + causal_offset + 1) // BLOCK_N)
+
+    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
+                                        [stride_os, 1], [BLOCK_M, BLOCK_D], q_layout)
+    lse_base = Lse + batch * stride_lb + head * stride_lh
+    mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
+    _tma_load(q_desc, [start_m, 0], q_bar.index(0), q_smem)
+    if PRODUCER:
+        # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
+        gl.warp_specialize([(_consume, (q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty,
+                                        v_empty, o_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
+                                        causal_offset, BLOCK_N, STAGES, CAUSAL, True)),
+                            (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
+                                        BLOCK_N, STAGES))], [1], [24])
+    else:
+        for i in gl.static_range(STAGES):
+            _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
+            _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
+        _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, o_desc, lse_base,
+                 start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, False)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+        mbarrier.invalidate(k_empty.index(i))
+        mbarrier.invalidate(v_empty.index(i))
+    mbarrier.invalidate(q_bar.index(0))

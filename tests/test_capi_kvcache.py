@@ -1,0 +1,375 @@
+"""``lt_attn_kvcache``: the C API's decoding call (capi/lt_kvcache.c), on CPU through the library.
+
+The library is built once (module fixture, as tests/test_capi.py does); a
+Python process loads it with ctypes, lays the params struct out with cffi from
+the header, and compares the C call on host memory (Triton's interpreter)
+with ``lazytriton.flash_attn_with_kvcache`` on copies of the same tensors:
+the same out, lse and appended caches, bit for bit. Bad input gets a status
+and a message naming the argument, and leaves the caches untouched. The C
+launcher's arguments, its split count (lt_splits.c, compiled alone) and the
+planner's variants are checked against the binding's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, gpu
+
+from lazytriton.capi import embedded_kvcache
+
+KVCACHE_SOURCE = REPO / "capi" / "lt_kvcache.c"
+
+
+def _run(args: list[str | Path], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc (apt-get install gcc)")
+    where = tmp_path_factory.mktemp("capi-kvcache") / "prefix"
+    _ok(_run([sys.executable, "-m", "lazytriton.cli", "capi", "build", "--prefix", where]))
+    return where
+
+
+IN_PROCESS = r"""
+import ctypes, json, math, sys
+dll = ctypes.CDLL(sys.argv[1])
+dll.lt_last_error.restype = ctypes.c_char_p
+assert dll.lt_init(None) == 0, dll.lt_last_error()
+import torch
+from cffi import FFI
+from lazytriton.capi import build
+import lazytriton
+
+ffi = FFI()
+ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
+
+def call(name, *args):
+    fn = getattr(dll, name)
+    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
+
+CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4, torch.int64: 5}
+
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 1, 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+
+def error():
+    return dll.lt_last_error().decode()
+
+def params(tensors, **options):
+    p = ffi.new("lt_attn_kvcache_params *")
+    assert call("lt_attn_kvcache_params_init", p) == 0
+    for name, t in tensors.items():
+        describe(getattr(p, name), t)
+    for name, value in options.items():
+        setattr(p, name, value)
+    return p
+
+torch.manual_seed(0)
+report = {}
+
+def case(name, dtype, tensors, py, **options):
+    # C on the tensors, Python on clones: the same out, lse and caches afterwards, bit for bit.
+    clones = {n: t.clone() for n, t in tensors.items()}
+    b, sq, hq, d = tensors["q"].shape
+    out, lse = torch.full_like(tensors["q"], 7.0), torch.full((b, hq, sq), 7.0)
+    p = params({**tensors, "out": out, "lse": lse}, **options)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    want, want_lse = lazytriton.flash_attn_with_kvcache(clones["q"], clones["k_cache"], clones["v_cache"],
+                                                        clones.get("k"), clones.get("v"), return_softmax_lse=True,
+                                                        block_table=clones.get("block_table"),
+                                                        cache_batch_idx=clones.get("cache_batch_idx"),
+                                                        alibi_slopes=clones.get("alibi_slopes"),
+                                                        cache_seqlens=clones.get("cache_seqlens", py.get("lens")),
+                                                        **{k: v for k, v in py.items() if k != "lens"})
+    report[name] = {"status": status, "error": error() if status else "",
+                    "out": torch.equal(out, want), "lse": torch.equal(lse, want_lse),
+                    "caches": all(torch.equal(tensors[n], clones[n]) for n in ("k_cache", "v_cache")),
+                    "appended": "k" not in tensors or not torch.equal(tensors["k_cache"], k_before[name])}
+
+k_before = {}
+# Paged, GQA 4/2, new keys appended at per-sequence lengths, ALiBi per head, a forced split count.
+pages = torch.randn(12, 16, 2, 32), torch.randn(12, 16, 2, 32)
+table = torch.randperm(12, dtype=torch.int32)[:8].reshape(2, 4).contiguous()
+paged = {"q": torch.randn(2, 3, 4, 32), "k_cache": pages[0], "v_cache": pages[1], "k": torch.randn(2, 3, 2, 32),
+         "v": torch.randn(2, 3, 2, 32), "cache_seqlens": torch.tensor([5, 40], dtype=torch.int32),
+         "block_table": table, "alibi_slopes": torch.rand(4)}
+k_before["paged"] = pages[0].clone()
+case("paged", torch.float32, paged, {"causal": True, "num_splits": 3}, causal=1, num_splits=3)
+# Contiguous with cache_batch_idx, one query, a window, softcap, an int length for every sequence, bf16.
+cache = torch.randn(3, 50, 1, 64).bfloat16(), torch.randn(3, 50, 1, 64).bfloat16()
+contiguous = {"q": torch.randn(2, 1, 2, 64).bfloat16(), "k_cache": cache[0], "v_cache": cache[1],
+              "cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32)}
+case("contiguous", torch.bfloat16, contiguous, {"lens": 37, "window_size": (8, -1), "softcap": 5.0,
+                                                 "softmax_scale": 0.3},
+     cache_seqlen=37, window_left=8, softcap=5.0, sm_scale=0.3)
+# The whole cache, the heuristic's split count.
+whole = {"q": torch.randn(1, 1, 4, 16), "k_cache": torch.randn(1, 64, 4, 16), "v_cache": torch.randn(1, 64, 4, 16)}
+case("whole", torch.float32, whole, {})
+
+# The workspace a GPU call needs for its splits.
+size = ctypes.c_size_t(0)
+p = params({**whole, "out": torch.empty(1, 1, 4, 16), "lse": torch.empty(1, 4, 1)}, num_splits=5)
+report["workspace"] = [call("lt_attn_kvcache_workspace_size", p, ctypes.byref(size)), size.value]
+
+# Bad input: a status and a message naming the argument, the caches untouched.
+def bad(change, base=paged):
+    tensors = {n: t.clone() for n, t in base.items()}
+    b, sq, hq, d = tensors["q"].shape
+    p = params({**tensors, "out": torch.empty_like(tensors["q"]), "lse": torch.empty(b, hq, sq)}, causal=1)
+    keep = {n: tensors[n].clone() for n in ("k_cache", "v_cache")}
+    change(p, tensors)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    untouched = all(torch.equal(tensors[n], keep[n]) for n in keep)
+    return [status, error(), untouched]
+
+narrow = torch.randn(12, 16, 2, 16)
+int64_table = table.long()
+past = table.clone(); past[0, 0] = 99
+report["errors"] = [
+    bad(lambda p, t: setattr(p, "version", 99)),
+    bad(lambda p, t: setattr(p.k_cache, "dtype", 1)),
+    bad(lambda p, t: describe(p.v_cache, narrow)),
+    bad(lambda p, t: describe(p.block_table, int64_table)),
+    bad(lambda p, t: describe(p.cache_batch_idx, torch.zeros(2, dtype=torch.int32))),
+    bad(lambda p, t: setattr(p, "window_left", -2)),
+    bad(lambda p, t: setattr(p, "num_splits", 257)),
+    bad(lambda p, t: setattr(p, "softcap", -1.0)),
+    bad(lambda p, t: (setattr(p.v, "data", ffi.NULL), setattr(p.v, "ndim", 0))),
+    bad(lambda p, t: setattr(p.lse, "dtype", 2)),
+    bad(lambda p, t: p.q.sizes.__setitem__(2, 3)),
+    bad(lambda p, t: describe(p.block_table, past)),
+    bad(lambda p, t: setattr(p, "causal", 2)),
+    bad(lambda p, t: (setattr(p.k, "device_type", 2), setattr(p.v, "device_type", 2))),
+    bad(lambda p, t: setattr(p, "cache_seqlen", 3)),
+]
+# New keys on a GPU: refused after the checks, before anything is touched (no GPU needed to see it).
+def on_gpu(p, t):
+    for name in ("q", "k_cache", "v_cache", "k", "v", "cache_seqlens", "block_table", "alibi_slopes", "out", "lse"):
+        getattr(p, name).device_type = 2
+report["gpu_new_keys"] = bad(on_gpu)
+print(json.dumps(report))
+"""
+
+
+def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path) -> None:
+    out = _ok(_run([sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    for name in ("paged", "contiguous", "whole"):
+        r = report[name]
+        assert r["status"] == 0, (name, r["error"])
+        assert r["out"] and r["lse"] and r["caches"] and r["appended"], (name, r)
+    assert report["workspace"] == [0, 4 * 1 * 4 * 1 * 17 * 5]
+    expected = [(3, "version is 99"), (4, "k_cache.dtype is fp16 but q.dtype is fp32"),
+                (5, "head_dim_v) is not supported by lt_attn_kvcache"), (4, "block_table.dtype is 5"),
+                (1, "cache_batch_idx cannot be used with a paged cache"), (1, "window sizes must be -1"),
+                (1, "num_splits must be in 0..256"), (1, "softcap must be a finite value >= 0"),
+                (1, "k and v must be given together"), (4, "lse.dtype is 2"),
+                (5, "multiple of k_cache heads"), (1, "block_table[0, 0] = 99 points past the cache"),
+                (1, "causal is 2"), (1, "k is on cuda:0 but q is on cpu:0"),
+                (1, "cache_seqlens (a tensor) and cache_seqlen (3) are both given")]
+    for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
+        assert status == want and needle in message, (status, message, needle)
+        assert untouched, message
+    status, message, untouched = report["gpu_new_keys"]
+    assert status == 9 and "new keys (k, v) on a GPU" in message and untouched
+
+
+# ---------------------------------------------------------------------------
+# The C launcher against the binding (pure: reads lt_kvcache.c)
+
+
+def _initializer(name: str, macro: str) -> list[str]:
+    body = re.search(rf"int64_t {name}\[{macro}[^\]]*\] = \{{(.*?)\}};", KVCACHE_SOURCE.read_text(), re.S)
+    assert body, f"{name}'s initializer was not found in lt_kvcache.c"
+    return [" ".join(item.split()) for item in body[1].split(",")]
+
+
+@pytest.mark.parametrize(("kernel", "name", "macro"), [
+    ("flash_decode_split", "split_ints", "LT__DECODE_SPLIT_PARAMS"),
+    ("flash_decode_combine", "combine_ints", "LT__DECODE_COMBINE_PARAMS")])
+def test_the_c_launcher_passes_each_description_field_by_field(kernel: str, name: str, macro: str) -> None:
+    from lazytriton.kernels.flash_decode import FLASH_DECODE_COMBINE, FLASH_DECODE_SPLIT, binding
+
+    spec = {"flash_decode_split": FLASH_DECODE_SPLIT, "flash_decode_combine": FLASH_DECODE_COMBINE}[kernel]
+    c_items = _initializer(name, macro)
+    expected = binding.c_initializer(kernel).split(", ")
+    assert len(c_items) == len(expected) == len([k for _, k in spec.params if not k.startswith("fp")])
+    for param, c_item, want in zip((n for n, k in spec.params if not k.startswith("fp")), c_items, expected,
+                                   strict=True):
+        assert c_item == want, f"lt_kvcache.c passes {c_item!r} as {kernel}'s {param}; the binding says {want!r}"
+    defined = re.search(rf"#define {macro} (\d+)", KVCACHE_SOURCE.read_text())
+    assert defined and int(defined[1]) == len(spec.params)
+    assert [k for _, k in spec.params[len(c_items):]] == (["fp32", "fp32"] if kernel == "flash_decode_split" else [])
+
+
+SPLITS_MAIN = r"""
+#include <stdio.h>
+#include "lt_splits.c"
+int main(void) {
+    long long v[13];
+    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
+                 &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12]) == 13)
+        printf("%lld\n", (long long)lt__splits_for(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
+                                                   v[10], v[11], v[12]));
+    return 0;
+}
+"""
+
+
+def test_the_c_split_count_is_the_bindings(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    from lazytriton.kernels.flash_decode import binding, checks
+
+    source = tmp_path / "splits.c"
+    source.write_text(SPLITS_MAIN)
+    program = tmp_path / "splits"
+    _ok(_run(["gcc", "-O1", "-Wall", "-Werror", "-std=c99", f"-I{REPO / 'capi'}", "-o", program, source]))
+    rows, calls = [], []
+    for batch in (1, 3, 8, 16, 64):
+        for heads in ((32, 8), (4, 4), (64, 1)):
+            for sq in (1, 3):
+                for capacity in (16, 1000, 4096, 32768):
+                    for window in ((-1, -1), (100, 0)):
+                        for forced in (0, 7):
+                            for block_n, slots, min_keys in ((64, 264, 128), (16, 4, 0), (128, 228, 256)):
+                                call = checks.Call(batch, heads[0], heads[1], sq, 128, 0, capacity, 0, batch,
+                                                   capacity, False, 1.0, window[0], window[1], num_splits=forced)
+                                calls.append(binding.splits_for(call, 16, block_n, slots, min_keys))
+                                rows.append(f"{batch} {heads[0]} {heads[1]} {sq} 128 {capacity} {window[0]} "
+                                            f"{window[1]} {forced} 16 {block_n} {slots} {min_keys}")
+    result = subprocess.run([str(program)], input="\n".join(rows) + "\n", capture_output=True, text=True,
+                            timeout=60, check=True)
+    got = [int(x) for x in result.stdout.split()]
+    assert got == calls
+    assert len(set(calls)) > 5, "the grid exercises the heuristic, not one answer"
+
+
+def test_the_planners_variants_are_a_python_calls() -> None:
+    import torch
+
+    from lazytriton.kernels.flash_decode import binding, checks
+    from lazytriton.target import Target
+
+    sm90 = Target("cuda", "90", 32)
+    q = torch.empty(2, 3, 8, 64, dtype=torch.bfloat16, device="meta")
+    cache = torch.empty(10, 32, 2, 64, dtype=torch.bfloat16, device="meta")
+    table = torch.empty(2, 5, dtype=torch.int32, device="meta")
+    slopes = torch.empty(8, dtype=torch.float32, device="meta")
+    for causal, window, softcap, paged, alibi in ((False, (-1, -1), 0.0, True, None), (True, (16, -1), 2.0, True,
+                                                  slopes), (True, (-1, -1), 0.0, False, slopes)):
+        t = checks.Inputs(q, cache if paged else cache[:2], cache if paged else cache[:2], None, None, None, None,
+                          table if paged else None, alibi)
+        call = checks.check(t, None, causal, window, softcap)
+        want = binding.variants(sm90, torch.bfloat16, call, True, False)
+        got = embedded_kvcache.plan_variants(90, 2, 64, call.causal, True, False, call.rows, call.capacity,
+                                             call.page_size, call.windowed, softcap > 0, alibi is not None)
+        assert got == want, (causal, window, softcap, paged)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_compiled_entries_take_what_the_c_launcher_passes(paged: bool,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Real sm_90 entries of both kernels (compiled here, cross-target): their parameter kinds are what
+    # lt_kvcache.c passes (the binding's integers, then two fp32 for the split kernel), no scratch memory.
+    from compiled_once import compiled, shared_dir
+
+    from lazytriton.capi.embedded import CapiError
+
+    split, combine = embedded_kvcache.plan_variants(90, 1, 64, False, True, False, 4, 4096, 256 if paged else 0,
+                                                    False, False, False)
+    for variant in (split, combine):
+        entry = compiled(variant, shared_dir(tmp_path_factory))
+        embedded_kvcache.check_launch_layout(entry, variant.kernel)
+    with pytest.raises(CapiError, match="the C launcher takes"):
+        embedded_kvcache.check_launch_layout(entry, split.kernel)  # the combine entry is not a split kernel
+
+
+GPU_IN_PROCESS = r"""
+import ctypes, json, sys
+dll = ctypes.CDLL(sys.argv[1])
+dll.lt_last_error.restype = ctypes.c_char_p
+assert dll.lt_init(None) == 0, dll.lt_last_error()
+import torch
+from cffi import FFI
+from lazytriton.capi import build
+import lazytriton
+
+ffi = FFI()
+ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
+CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}
+
+def call(name, *args):
+    fn = getattr(dll, name)
+    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
+
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 2, t.device.index or 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+
+report = {}
+torch.manual_seed(0)
+for paged in (False, True):
+    for batch, length in ((1, 4000), (16, 8192)):
+        for workspace in (False, True):
+            q = torch.randn(batch, 1, 32, 128, device="cuda").bfloat16()
+            if paged:
+                kc = torch.randn(batch * 32, 256, 8, 128, device="cuda").bfloat16()
+                table = torch.randperm(batch * 32, device="cuda").reshape(batch, 32).int()
+            else:
+                kc, table = torch.randn(batch, 8192, 8, 128, device="cuda").bfloat16(), None
+            vc = torch.randn_like(kc)
+            lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+            out, lse = torch.empty_like(q), torch.empty(batch, 32, 1, device="cuda")
+            p = ffi.new("lt_attn_kvcache_params *")
+            call("lt_attn_kvcache_params_init", p)
+            for name, t in (("q", q), ("k_cache", kc), ("v_cache", vc), ("cache_seqlens", lens), ("out", out),
+                            ("lse", lse)) + ((("block_table", table),) if paged else ()):
+                describe(getattr(p, name), t)
+            if workspace:
+                size = ctypes.c_size_t(0)
+                assert call("lt_attn_kvcache_workspace_size", p, ctypes.byref(size)) == 0
+                ws = torch.empty(size.value // 4, device="cuda")
+                describe(p.workspace, ws)
+            status = call("lt_attn_kvcache", p, ffi.NULL)
+            torch.cuda.synchronize()
+            want, want_lse = lazytriton.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
+                                                                return_softmax_lse=True,
+                                                                num_splits=0 if workspace else 1)
+            name = f"{'paged' if paged else 'contiguous'}-b{batch}-{length}-ws{int(workspace)}"
+            report[name] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
+                            float((lse - want_lse).abs().max())]
+print(json.dumps(report))
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -> None:
+    out = _ok(_run([sys.executable, "-c", GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    for name, (status, message, out_err, lse_err) in report.items():
+        assert status == 0, (name, message)
+        assert out_err < 2e-2 and lse_err < 1e-3, (name, out_err, lse_err)

@@ -1,0 +1,256 @@
+"""flash_fwd_gluon on CPU: its registration, dispatch's rule, its parameter layout, and real sm_90 compiles.
+
+The kernel itself runs only on a Hopper GPU (Triton's interpreter does not
+run Gluon): benchmarks/probe_gluon.py checks its numbers on the H200. Here,
+the host side: the spec shares flash_fwd's parameters (so the binding packs
+its arguments unchanged), dispatch's rule refuses every call the kernel does
+not compute exactly, and the installed Triton (3.9 on CI; the same file runs
+under 3.6 in the brief's second venv) compiles it for cuda:90 through
+lazytriton's own compile path into an Entry with TMA, wgmma and mbarrier code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from conftest import REPO
+
+from lazytriton import dispatch
+from lazytriton.kernels import get, source_fingerprint
+from lazytriton.kernels.flash_fwd import FLASH_FWD, gluon
+from lazytriton.target import Target
+from lazytriton.variant import Variant, check_fields
+
+SM90 = Target.parse("sm_90")
+
+
+def gluon_variant(head_dim: int = 128, causal: object = False, sq: int = 4096, sk: int = 4096,
+                  dtype: str = "bf16", **kw: object) -> Variant | None:
+    return dispatch.flash_fwd_gluon_variant(SM90, dtype, head_dim, causal, True, False, sq, sk, **kw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# Registration and parameter layout
+
+
+def test_the_spec_shares_flash_fwds_parameters_and_has_its_own_source() -> None:
+    spec = get("flash_fwd_gluon")
+    assert spec.params == FLASH_FWD.params  # binding.pack, the grid and the C launcher's layout hold as they are
+    assert spec.aligned_params == FLASH_FWD.aligned_params
+    assert spec.source_path.name == "gluon_kernel.py"
+    assert source_fingerprint("flash_fwd_gluon") != source_fingerprint("flash_fwd")
+
+
+def test_the_variant_is_complete_round_trips_and_keys_apart_from_flash_fwd() -> None:
+    v = gluon_variant(128, True)
+    assert v is not None
+    assert str(v) == ("flash_fwd_gluon:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=true,EVEN_D=true,INDEX64=false:"
+                      "BLOCK_M=128,BLOCK_N=128,PRODUCER=false:num_stages=2,num_warps=8")
+    assert check_fields(v) is v
+    assert Variant.parse(str(v)) == v
+    plain = dispatch.flash_fwd_variant(SM90, "bf16", 128, True, True, 4096, seqlen_k=4096)
+    assert plain.kernel == "flash_fwd"  # not the default: dispatch's own choice is unchanged
+    assert v.functional == plain.functional  # the same call's functional fields, read alike by `cache explain`
+    assert v.key() != plain.key()
+
+
+def test_stages_follow_the_kernels_own_rule() -> None:
+    assert [gluon.stages(d, n) for d, n in ((64, 64), (64, 128), (128, 64), (128, 128))] == [3, 3, 3, 2]
+    assert gluon_variant(64).get("num_stages") == 3  # type: ignore[union-attr]
+
+
+def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"tiles must be one of .* got \(128, 128, 4\)"):
+        gluon_variant(tiles=(128, 128, 4))  # BLOCK_M must be 16 x num_warps
+    assert gluon_variant(tiles=(64, 64, 4)).tuned == (("BLOCK_M", 64), ("BLOCK_N", 64),  # type: ignore[union-attr]
+                                                      ("PRODUCER", False))
+    assert gluon_variant(producer=True).get("PRODUCER") is True  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------
+# Dispatch's rule: every call the kernel would not compute exactly goes to flash_fwd
+
+
+@pytest.mark.parametrize("target, dtype, head_dim, causal, aligned, index64, sq, sk, features, why", [
+    ("sm_80", "bf16", 128, "none", True, False, 4096, 4096, False, "target"),
+    ("sm_100", "bf16", 128, "none", True, False, 4096, 4096, False, "target"),
+    ("sm_90", "fp32", 128, "none", True, False, 4096, 4096, False, "dtype"),
+    ("sm_90", "bf16", 96, "none", True, False, 4096, 4096, False, "head dim"),
+    ("sm_90", "bf16", 256, "none", True, False, 4096, 4096, False, "head dim"),
+    ("sm_90", "bf16", 128, "none", False, False, 4096, 4096, False, "aligned"),
+    ("sm_90", "bf16", 128, "none", True, True, 4096, 4096, False, "32-bit"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, True, "not implemented"),
+    ("sm_90", "bf16", 128, "none", True, False, 4000, 4096, False, "multiples"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 4000, False, "multiples"),
+    ("sm_90", "bf16", 128, "none", True, False, 0, 4096, False, "positive"),
+    ("sm_90", "bf16", 128, "bottom_right", True, False, 2048, 1024, False, "without keys"),
+])
+def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str, head_dim: int, causal: str,
+                                                         aligned: bool, index64: bool, sq: int, sk: int,
+                                                         features: bool, why: str) -> None:
+    got = gluon.reason(target, dtype, head_dim, causal, aligned, index64, sq, sk, 128, 128, features)
+    assert got is not None and why in got
+    assert gluon.variant(target, dtype, head_dim, causal, aligned, index64, sq, sk, features) is None
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan")])
+def test_reason_refuses_a_softmax_scale_that_is_not_positive(scale: float) -> None:
+    got = gluon.reason("sm_90", "bf16", 128, "none", True, False, 4096, 4096, 128, 128, scale=scale)
+    assert got is not None and "not positive" in got
+    assert gluon_variant(scale=scale) is None
+    assert gluon_variant(scale=0.01) is not None
+
+
+@pytest.mark.parametrize("causal, sq, sk", [("none", 128, 128), ("top_left", 4096, 4096), ("top_left", 2048, 1024),
+                                            ("bottom_right", 1024, 2048), ("bottom_right", 1024, 1024),
+                                            ("none", 512, 1536)])
+def test_reason_takes_dense_tiled_calls(causal: str, sq: int, sk: int) -> None:
+    for dtype in gluon.DTYPES:
+        for head_dim in gluon.HEAD_DIMS:
+            assert gluon.reason("sm_90", dtype, head_dim, causal, True, False, sq, sk, 128, 128) is None
+
+
+def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
+    assert gluon_variant(causal=True) == gluon_variant(causal="top_left")
+    assert gluon_variant(causal=False).get("CAUSAL") is False  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="causal must be"):
+        gluon_variant(causal="upper")
+    assert dispatch.GLUON_BY_DEFAULT is False
+
+
+# ---------------------------------------------------------------------------
+# Real compiles for cuda:90 with the installed Triton, through lazytriton's compile path
+
+
+@pytest.mark.parametrize("head_dim, causal, tiles, producer, shared, warps", [
+    (64, True, (64, 64, 4), False, 57608, 4),
+    (128, False, None, False, 164040, 8),
+    (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
+])
+def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim: int, causal: bool,
+                                                                        tiles: tuple[int, int, int] | None,
+                                                                        producer: bool, shared: int,
+                                                                        warps: int) -> None:
+    from lazytriton.compiler import compile_variant, triton_version
+
+    variant = gluon_variant(head_dim, causal, tiles=tiles, producer=producer)
+    assert variant is not None
+    entry = compile_variant(variant)
+    assert entry.kind == "cubin" and entry.binary
+    assert entry.num_warps == warps
+    assert entry.shared == shared  # the same under Triton 3.6.0 and 3.9.0 (measured)
+    assert entry.global_scratch_size == 4 * 128  # four device-side TMA descriptors (Q, K, V, Out) a program
+    assert entry.hidden_args == ("global_scratch", "profile_scratch")
+    signature = FLASH_FWD.signature("bf16")
+    assert entry.arg_types == tuple(kind for kind in signature.values() if kind != "constexpr")
+    assert entry.provenance.compiler_version == triton_version()
+
+
+def sm90_ptx(variant: Variant) -> str:
+    """The PTX of a flash_fwd_gluon variant, compiled by the installed Triton for cuda:90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    try:
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:  # Triton 3.6
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+    from lazytriton.variant import kernel_constexprs
+
+    spec = get("flash_fwd_gluon")
+    fn = getattr(importlib.import_module(spec.module), spec.function)
+    source = GluonASTSource(fn, spec.signature("bf16"), constexprs=kernel_constexprs(variant, spec.constexprs),
+                            attrs={(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params)
+                                   if name in spec.aligned_params})
+    options = {"num_warps": variant.get("num_warps"), "enable_fp_fusion": True}
+    return str(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"])
+
+
+def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
+    """The pipeline is what the source says: compiled by Triton for cuda:90, read from the PTX."""
+    variant = gluon_variant(128, True)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    assert ptx.count("wgmma.mma_async") == 48  # QK^T and PV: 8 k-steps each, peeled block + 2 loops + last PV
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # the softmax waits for S_j only, PV_{j-1} still in flight
+    assert ptx.count("cp.async.bulk.tensor.2d.shared") == 10  # Q, 2 stages x (K, V), the loops' K and V refills
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx  # the output's TMA store
+    assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx  # no register spills
+
+
+# ---------------------------------------------------------------------------
+# The H200 probe's host side
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module("probe_gluon")
+
+
+def test_every_probe_shape_is_one_the_kernel_takes(probe: ModuleType) -> None:
+    for dtype, _, _, _, sq, sk, d, causal, _ in probe.CHECKS:
+        for tiles in gluon.CONFIGS:  # with and without the producer warp: the same rule
+            assert gluon.reason("sm_90", dtype, d, causal, True, False, sq, sk, tiles[0], tiles[1]) is None
+    args = argparse.Namespace(quick=False)
+    for dtype, d, causal, s in probe.time_shapes(args):
+        assert gluon.reason("sm_90", dtype, d, "top_left" if causal else "none", True, False, s, s, 128, 128) is None
+
+
+def test_the_table_gives_ratios_and_the_best_tiling(probe: ModuleType) -> None:
+    shape = {"dtype": "bf16", "head_dim": 128, "causal": True, "seqlen": 4096}
+    rows = [{**shape, "provider": "cudnn", "tflops": 500.0}, {**shape, "provider": "flash_fwd", "tflops": 400.0},
+            {**shape, "provider": "gluon[128, 128, 8]", "tflops": 450.0},
+            {**shape, "provider": "gluon[64, 64, 4]", "tflops": None}, {"job": "time", "index": 3, "crash": 1}]
+    lines = probe.table(rows)
+    assert "0.90" in lines[1] and "1.12" in lines[1] and "gluon[128, 128, 8]" in lines[1]
+    assert probe.label(((128, 128, 8), True)) == "gluon[128, 128, 8]+producer"
+    assert lines[-1].startswith("geomean gluon / cuDNN over 1 shapes: 0.900")
+
+
+def test_a_crashing_child_is_reported_and_the_run_goes_on(probe: ModuleType, tmp_path: Path) -> None:
+    """On this GPU-less machine the check child fails at once: one crash record, no exception, logged."""
+    args = argparse.Namespace(deadline=300.0, reps=1, sweep=False, quick=True, skip=set(), jobs=1)
+    log = tmp_path / "probe.log"
+    got = probe.run_child(args, "check", 0, log)
+    assert got == [{"job": "check", "index": 0, "crash": 1}]
+    assert "exited 1" in log.read_text()
+    assert "CRASHED or HUNG" in probe.check_line(got[0])
+
+
+def test_the_producer_warp_loads_and_the_consumers_release_by_arrive() -> None:
+    variant = gluon_variant(128, True, producer=True)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
+    # Each release: the consumer partition's 256 threads meet, then one of them arrives on the empty barrier.
+    releases = re.findall(r"bar\.sync\s+0, 256;\n(?:[^\n]*\n){0,3}?\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)
+    assert len(releases) == ptx.count("mbarrier.arrive.shared::cta.b64") >= 3
+    assert ptx.count("wgmma.mma_async") == 48 and "ld.local" not in ptx
+
+
+def test_a_tiling_that_fails_or_faults_a_check_is_not_timed(probe: ModuleType) -> None:
+    args = argparse.Namespace(sweep=False, skip=set())
+    plain, producer = (probe.label(t) for t in probe.tiles_for(args, 128))
+    assert producer == "gluon[128, 128, 8]+producer"
+    crashed = [{"tiles": plain, "ok": True}, {"job": "check", "index": 0, "crash": -9}]
+    assert probe.suspects(args, 128, crashed) == {producer}  # it was running when the child died
+    wrong = [{"tiles": plain, "ok": False}, {"tiles": producer, "ok": True}]
+    assert probe.suspects(args, 128, wrong) == {plain}
+    args.skip = {plain}
+    assert [probe.label(t) for t in probe.tiles_for(args, 128)] == [producer]
+
+
+def test_the_compile_shards_cover_every_variant_once(probe: ModuleType) -> None:
+    args = argparse.Namespace(sweep=True, skip=set(), jobs=3)
+    every = probe.compile_list(args)
+    assert len(every) == 2 * 2 * 2 * len(gluon.CONFIGS) * 2  # dtypes x head dims x causal x tiles x producer
+    assert all(v.kernel == "flash_fwd_gluon" for v in every)
+    shards = [every[i::args.jobs] for i in range(args.jobs)]
+    assert sorted(map(str, sum(shards, []))) == sorted(map(str, every))
