@@ -218,9 +218,9 @@ def triton_jit_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tens
     grads = bwd.empty_grads(q, k, v)
     delta = torch.empty((call.shape.batch, call.shape.heads_q, call.shape.seqlen_q), dtype=torch.float32,
                         device=q.device)
-    _, _, aligned, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
+    _, _, aligned, seq16, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
     target = dispatch.target_of_device(q.device) if q.device.type == "cuda" else target_from_cuda_capability(9, 0)
-    chosen = bwd.variants(target, q.dtype, call.shape, causal, aligned, index64)
+    chosen = bwd.variants(target, q.dtype, call.shape, causal, aligned, index64, seq16=seq16)
     grids = bwd.grids(call.shape, int(chosen[0].get("BLOCK_M")), int(chosen[1].get("BLOCK_N")))
     launches = []
     for spec, variant, grid in zip((FLASH_BWD_DQ, FLASH_BWD_DKDV), chosen, grids, strict=True):

@@ -46,9 +46,15 @@ EPOCH = 0.0  # every entry's provenance.created, as SOURCE_DATE_EPOCH=0 gives: b
 
 
 def scaling_plan(count: int, dtypes: tuple[str, ...], target: str = "sm_90") -> list[Planned]:
-    """``count`` variants spread evenly over the default plan's variants of ``dtypes`` (all of them if fewer)."""
+    """``count`` variants spread evenly over the default plan's variants of ``dtypes`` (all of them if fewer).
+
+    The backward's aligned variants count once (SEQ16, the binaries of the
+    ALIGN16 variants before the flags split), so the mix and the figures stay
+    comparable with earlier runs.
+    """
     pool = [p for p in enumerate_variants(Axes(targets=(Target.parse(target),)), tuning.tables_for(all_kernels()))
-            if p.variant.dtype in dtypes]
+            if p.variant.dtype in dtypes and not (p.variant.kernel.startswith("flash_bwd")
+                                                  and p.variant.constexprs.get("SEQ16") is not True)]
     if count >= len(pool):
         return pool
     return [pool[i * len(pool) // count] for i in range(count)]

@@ -317,14 +317,13 @@ def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int) -> str:
     target = dispatch.target_of_device(device)
     chosen = {}
     for case in case_list:
-        # The bindings' alignment rules: pointers and strides are aligned here (hidden 2048); the backward's
-        # also wants its seqlen ints (and lse strides) divisible by 16: the padded length, the packed total.
-        m, total = max(case.lengths), sum(case.lengths)
+        # The bindings' alignment rules: pointers and strides are aligned here (hidden 2048) (ALIGN16); the
+        # dense backward's SEQ16 follows from the padded length (bwd.variants), a packed call never has it.
+        m = max(case.lengths)
         dense = fwd.Shape(1, case.heads, case.heads, m, m, case.head_dim)
         for v in (fwd.variant(target, DTYPE, dense, case.causal, True, False),
-                  *bwd.variants(target, DTYPE, dense, case.causal, m % 16 == 0, False),
-                  *(dispatch.kernel_variant(k, target, "bf16", case.head_dim, case.causal,
-                                            k == "flash_fwd" or total % 16 == 0, m, m, varlen=True)
+                  *bwd.variants(target, DTYPE, dense, case.causal, True, False),
+                  *(dispatch.kernel_variant(k, target, "bf16", case.head_dim, case.causal, True, m, m, varlen=True)
                     for k in ("flash_fwd", *dispatch.BWD_KERNELS))):
             chosen[v.key()] = v
     folder = tempfile.mkdtemp(prefix="lt-bench-varlen-")

@@ -64,7 +64,7 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
     rt = runtime.get()
     grads = bwd.empty_grads(q, k, v)
     delta = torch.empty_like(lse)
-    dq_ints, dkdv_ints, _, _ = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
+    dq_ints, dkdv_ints, *_ = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
     stream = fwd.raw_stream(q.device.index)
     best: dict[str, float] = {}
     for kernel, variants in plans.items():

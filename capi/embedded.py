@@ -281,11 +281,14 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 
 
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
-                 index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False, head_dim_v: int = 0) -> Any:
+                 index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False, head_dim_v: int = 0,
+                 seq16: bool | None = None) -> Any:
     """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call.
 
     ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's);
     ``head_dim_v``: v's head dim (0 or ``head_dim``: the same).
+    ``seq16``: the backward's SEQ16 as lt_bwd.c found it (bit 1 of the request's ``aligned``); None:
+    dispatch's rule for the seqlens.
     """
     dim_v = 0 if head_dim_v == head_dim else head_dim_v
     import torch
@@ -305,7 +308,7 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
         return fwd.variant(target, dtype, shape, causal, aligned, index64, head_dim_v=dim_v)
     from lazytriton.kernels.flash_bwd import binding as bwd
 
-    dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64, head_dim_v=dim_v)
+    dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64, head_dim_v=dim_v, seq16=seq16)
     return dq if kernel == "flash_bwd_dq" else dkdv
 
 
@@ -315,8 +318,9 @@ def plan(req: Any) -> int:
     name = KERNELS.get(req.kernel)
     if name is None:
         raise CapiError(INVALID_ARGUMENT, f"plan request for kernel {req.kernel}; expected one of {KERNELS}")
-    variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
-                           bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen), req.head_dim_v)
+    variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned & 1),
+                           bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen), req.head_dim_v,
+                           seq16=bool(req.aligned & 2))
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))

@@ -64,7 +64,7 @@ typedef struct {
     int32_t dtype;        /* in: lt_dtype */
     int32_t head_dim;     /* in */
     int32_t causal;       /* in: 0 or 1 */
-    int32_t aligned;      /* in */
+    int32_t aligned;      /* in: bit 0 ALIGN16; bit 1 SEQ16 (backward kernels only, lt_bwd.c) */
     int32_t index64;      /* in */
     int32_t kernel;       /* in: LT__KERNEL_* */
     int32_t varlen;       /* in: packed sequences (VARLEN=true); the seqlens are then max_seqlen_q/max_seqlen_k */
@@ -238,9 +238,10 @@ static lt__plan_key lt__key_of(const lt__call *c) {
 }
 
 static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
-    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides, %d-bit indexing%s",
-             lt__dtype_name(k->dtype), k->head_dim, k->head_dim_v, k->device_index, k->causal ? "causal" : "not causal",
-             k->aligned ? "16-byte aligned" : "unaligned", k->index64 ? 64 : 32,
+    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s",
+             lt__dtype_name(k->dtype), k->head_dim, k->head_dim_v, k->device_index,
+             k->causal ? "causal" : "not causal", k->aligned ? "16-byte aligned" : "unaligned",
+             k->aligned & 2 ? ", seqlens multiples of 16" : "", k->index64 ? 64 : 32,
              k->varlen ? ", packed sequences" : "");
 }
 
@@ -300,7 +301,8 @@ static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
 /* The call c against a plan's key (either direction's): LT_ERROR_PLAN_MISMATCH saying what both are. */
 static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     if (c->device_type != LT_DEVICE_CUDA || c->device_index != k->device_index || c->dtype != k->dtype ||
-        c->d != k->head_dim || c->dv != k->head_dim_v || (c->causal != LT_CAUSAL_NONE) != k->causal || (k->aligned && !c->aligned) ||
+        c->d != k->head_dim || c->dv != k->head_dim_v || (c->causal != LT_CAUSAL_NONE) != k->causal ||
+        (k->aligned & ~c->aligned) ||
         (c->index64 && !k->index64) || c->varlen != k->varlen) {
         char want[256], got[256];
         lt__plan_key call_key = lt__key_of(c);

@@ -6,14 +6,16 @@
  * The two kernels (kernels/flash_bwd): flash_bwd_dq (delta, then dq; one
  * program per query block) and then flash_bwd_dkdv (dk and dv; one program
  * per key block of a key/value head), on one stream. Their integer arguments
- * are the binding's (binding.c_initializer, tested field by field), and so is
- * the alignment rule (binding.ALIGNED_PARAMS).
+ * are the binding's (binding.c_initializer, tested field by field), and so are
+ * the two alignment rules (binding.ALIGNED_PARAMS: ALIGN16, binding.SEQ_ALIGNED_PARAMS: SEQ16).
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
 #define LT__BWD_DQ_PARAMS 49           /* flash_bwd_dq: 46 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_DKDV_PARAMS 49         /* flash_bwd_dkdv: 46 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_FLOATS 3
+#define LT__ALIGN16 1 /* c->aligned's bits for the backward (lt__bwd_aligned) */
+#define LT__SEQ16 2
 
 /* ------------------------------------------------------------------------- */
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
@@ -134,7 +136,9 @@ static int64_t lt__numel(const lt_tensor *t) {
 /* The backward's work: the forward's call has some (not empty, keys to attend to). */
 static int lt__bwd_has_work(const lt__call *c) { return !c->empty && c->sk > 0; }
 
-/* Every pointer, stride and seqlen the two kernels take is a multiple of 16 (the binding's ALIGNED_PARAMS). */
+/* The call's alignment, as c->aligned holds it for the backward: bit 0 (ALIGN16) every pointer and every stride
+ * of the eight tensors is a multiple of 16 (the binding's ALIGNED_PARAMS); bit 1 (SEQ16) also, in a dense call,
+ * the seqlens and the lse/delta strides (SEQ_ALIGNED_PARAMS). */
 static int lt__bwd_aligned(const lt_attn_bwd_params *p, const lt__call *c) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
     const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
@@ -145,10 +149,12 @@ static int lt__bwd_aligned(const lt_attn_bwd_params *p, const lt__call *c) {
         q->strides[0] | q->strides[1] | q->strides[2] | k->strides[0] | k->strides[1] | k->strides[2] |
         v->strides[0] | v->strides[1] | v->strides[2] | o->strides[0] | o->strides[1] | o->strides[2] |
         dout->strides[0] | dout->strides[1] | dout->strides[2] | dq->strides[0] | dq->strides[1] | dq->strides[2] |
-        c->hq * c->sq | c->sq | c->sq | c->sk |
         (int64_t)(uintptr_t)dk->data | (int64_t)(uintptr_t)dv->data |
         dk->strides[0] | dk->strides[1] | dk->strides[2] | dv->strides[0] | dv->strides[1] | dv->strides[2]);
-    return (bits & 15) == 0;
+    uint64_t seq_bits = (uint64_t)(c->hq * c->sq | c->sq | c->sq | c->sk);
+    if (bits & 15)
+        return 0;
+    return (seq_bits & 15) == 0 && !c->varlen ? LT__ALIGN16 | LT__SEQ16 : LT__ALIGN16;
 }
 
 /* 64-bit offsets once some tensor spans 2**31 elements (the binding's pack: all eight 4-dim tensors). */

@@ -2,7 +2,7 @@
 
 A description names the source file of the ``@triton.jit`` function, its
 parameters in order (with their Triton types), which of them are constexprs
-and which may be assumed 16-divisible. It is pure data: importing this package
+and which may be assumed 16-divisible (under which flag). It is pure data: importing this package
 never imports triton. The sources themselves (``*/triton_kernel.py``) are read
 only by ``lazytriton.compiler``.
 """
@@ -28,9 +28,13 @@ class KernelSpec:
     variant has ``INDEX64=true``. A host tensor descriptor parameter is typed
     ``tensordesc<{dtype}[1, 1, {BLOCK_N}, {BLOCK_D}]>``: names in braces other
     than ``dtype`` and ``index`` are the variant's constexprs (its block shape).
-    ``aligned_params`` may be marked 16-divisible when the
-    variant has ``ALIGN16=true``. ``constexprs`` are the constexpr parameters,
-    filled from the variant's functional and tuned fields.
+    ``aligned_params`` (pointers and the tensors' strides) may be marked
+    16-divisible when the variant has ``ALIGN16=true``; ``seq_aligned_params``
+    (sizes such as the seqlens, and strides derived from them) when it has
+    ``SEQ16=true``. Two flags, because a packed (varlen) or odd-length call has
+    aligned tensors but not aligned seqlens, and should keep the first hints.
+    ``constexprs`` are the constexpr parameters, filled from the variant's
+    functional and tuned fields.
     """
 
     name: str
@@ -39,6 +43,7 @@ class KernelSpec:
     params: tuple[tuple[str, str], ...]
     constexprs: tuple[str, ...]
     aligned_params: tuple[str, ...]
+    seq_aligned_params: tuple[str, ...] = ()
 
     @property
     def source_path(self) -> Path:
@@ -63,14 +68,21 @@ class KernelSpec:
 
 @functools.cache
 def source_fingerprint(kernel: str) -> str:
-    """xxh3-64 of the kernel's source file, line endings normalised.
+    """xxh3-64 of the kernel's source file (line endings normalised) and of its description's typing and hints.
 
     The file holds the kernel and every ``@triton.jit`` function it calls, so
     any change to what it computes changes the fingerprint, and with it every
-    key of that kernel. Computed once per process.
+    key of that kernel. The description decides the binary too (parameter
+    types, which parameters are marked 16-divisible under ALIGN16 and SEQ16)
+    without touching the source: when ALIGN16 stopped covering flash_bwd's
+    seqlens, its ALIGN16 variants kept their strings, and entries compiled
+    with the old hints must miss, not serve an odd-length call. Computed once
+    per process.
     """
-    text = get(kernel).source_path.read_bytes().replace(b"\r\n", b"\n")
-    return xxhash.xxh3_64_hexdigest(text)
+    spec = get(kernel)
+    text = spec.source_path.read_bytes().replace(b"\r\n", b"\n")
+    described = repr((spec.params, spec.constexprs, spec.aligned_params, spec.seq_aligned_params)).encode()
+    return xxhash.xxh3_64_hexdigest(text + b"\0" + described)
 
 
 # Kernel families (one folder each under kernels/) and the kernels of each, in launch order.

@@ -78,9 +78,14 @@ def _check_signature(spec: KernelSpec, fn: Any) -> None:
 
 
 def _attrs(spec: KernelSpec, variant: Variant) -> dict[tuple[int, ...], list[list[Any]]]:
-    if not variant.constexprs.get("ALIGN16", False):
-        return {}
-    return {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params) if name in spec.aligned_params}
+    """``tt.divisibility 16`` on ``aligned_params`` under ALIGN16 and on ``seq_aligned_params`` under SEQ16."""
+    constexprs = variant.constexprs
+    marked: set[str] = set()
+    if constexprs.get("ALIGN16", False):
+        marked.update(spec.aligned_params)
+    if constexprs.get("SEQ16", False):
+        marked.update(spec.seq_aligned_params)
+    return {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params) if name in marked}
 
 
 def _expanded_count(arg_types: Sequence[str]) -> int:

@@ -258,6 +258,19 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
     return Config(dkdv.block_m, held, dkdv.num_warps, dkdv.num_stages, waves)
 
 
+def seq_aligned(kernel: str, aligned: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False) -> bool:
+    """SEQ16 for a call described by its sizes (pure): a backward kernel's seqlens are 16-divisible.
+
+    The backward's binding computes the same from what it passes (the seqlens
+    and the lse strides heads_q x seqlen_q and seqlen_q; its ``pack``); this is
+    the rule for callers that describe a call by its sizes (prewarm axes, the C
+    API's specs, ``cache explain``, tune). Only with ``aligned`` (ALIGN16), so a
+    call has one of three alignments; never for packed sequences, whose
+    kernels read each sequence's own length.
+    """
+    return kernel in BWD_KERNELS and bool(aligned) and not varlen and seqlen_q % 16 == 0 and seqlen_k % 16 == 0
+
+
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
                   seqlen_k: int, table: tuning.Table | None = None,
                   paged: bool = False) -> tuple[Config, tuning.Row | None]:
@@ -283,7 +296,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
                    softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
                    paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
-                   split_d: bool | None = None) -> Variant:
+                   split_d: bool | None = None, seq16: bool | None = None) -> Variant:
     """The variant of any kernel (``flash_fwd``, ``flash_bwd_dq``, ``flash_bwd_dkdv``) serving a call (pure).
 
     The decoding kernels (``DECODE_KERNELS``) go to ``decode_variant``, with
@@ -311,6 +324,12 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     BLOCK_D the first chunk and BLOCK_D2 the second, written only when set;
     True where no split helps (a power of two, v's head dim another, TMA) is a
     ValueError.
+
+    ``SEQ16=true`` (the backward kernels' seqlens and lse strides are
+    multiples of 16: more divisibility hints) is written only when set, and
+    only with ALIGN16: ``seq16`` None decides by ``seq_aligned`` from the
+    seqlens as given (not their buckets), which is why the backward's memo keys
+    carry it. The other kernels have no seqlen hints and ignore it.
     """
     if head_dim_v and kernel in DECODE_KERNELS and head_dim_v != head_dim:
         raise ValueError(f"the decoding kernels need v's head dim to equal q's and k's ({head_dim}), got "
@@ -335,6 +354,13 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         even = False  # no TMA: the pointer kernel only
     if kernel == "flash_fwd" and flash_fwd_tma(target, dtype, aligned, tma, even):
         functional["TMA"] = True  # written only when set: a pointer variant's string is what it was before TMA
+    if seq16 is None:
+        seq16 = seq_aligned(kernel, aligned, seqlen_q, seqlen_k, varlen)
+    if seq16 and kernel in BWD_KERNELS:
+        if not aligned or varlen:
+            raise ValueError(f"seq16=True needs an aligned call (ALIGN16) of dense sequences, got aligned={aligned}, "
+                             f"varlen={varlen}")
+        functional["SEQ16"] = True
     if window:
         functional["WINDOW"] = True
     if softcap:

@@ -149,13 +149,6 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     return _run(q, k, v, _with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
 
 
-def _unsupported(name: str, value: Any, default: Any, what: str) -> None:
-    changed = value is not None if default is None else value != default
-    if changed:
-        raise NotImplementedError(f"{name}={value!r}: {what} is not supported by lazytriton's kernels yet; "
-                                  f"leave {name} at {default!r}")
-
-
 def _check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -264,16 +257,6 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     return (out, lse, None) if return_attn_probs else out
 
 
-def _varlen_unsupported(dropout_p: Any, alibi_slopes: Any) -> None:
-    """The varlen call's one refusal of what its binding does not pass yet (lift it here when it does).
-
-    The kernels have ALiBi and dropout (the dense entry points use them); the
-    packed-sequence binding does not hand them over yet.
-    """
-    _unsupported("dropout_p", _check_dropout("dropout_p", dropout_p), 0.0, "dropout with packed sequences")
-    _unsupported("alibi_slopes", alibi_slopes, None, "ALiBi with packed sequences")
-
-
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                            softmax_scale: float | None = None, causal: bool = False,
@@ -302,7 +285,12 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         max_seqlen_q: an int >= the longest query sequence (and >= 1): it
             sizes the grid and picks the kernel's tiles.
         max_seqlen_k: the same for keys.
-        dropout_p: must be 0.0 for now (NotImplementedError otherwise).
+        dropout_p: dropout probability in [0, 1), as ``flash_attn_func``'s:
+            Philox seeded by a [seed, offset] pair drawn on q's device from
+            torch's generator at each call (``torch.manual_seed`` reproduces
+            it), the backward regenerating the forward's mask. Each element
+            of the packed batch has its own place in the mask: (head, packed
+            query row, packed key) of the (heads_q, total_q, total_k) scores.
         softmax_scale: default 1/sqrt(head_dim).
         causal: bottom-right aligned within each sequence, as in
             FlashAttention 2.1+: query i of a sequence sees key j of the same
@@ -314,7 +302,10 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             right to 0.
         softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
             softcap) before the softmax.
-        alibi_slopes: must be None for now (NotImplementedError).
+        alibi_slopes: float32 (heads_q,) or (batch, heads_q), batch being the
+            number of sequences: FlashAttention-2's ALiBi per sequence,
+            ``-slope * |i + len_k - len_q - j|`` within each sequence
+            (bottom-right), as ``flash_attn_func``'s. No gradient flows to it.
         deterministic: accepted for compatibility; the backward is
             deterministic either way (as ``flash_attn_func``'s).
         return_attn_probs: if True, return ``(out, softmax_lse, None)``;
@@ -335,7 +326,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     checks them.
 
     """
-    _varlen_unsupported(dropout_p, alibi_slopes)
+    p = _check_dropout("dropout_p", dropout_p)
     _check_bool("deterministic", deterministic)
     _check_bool("return_attn_probs", return_attn_probs)
     from lazytriton.kernels.flash_fwd import varlen
@@ -343,16 +334,21 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     direct = (_direct(q, k, v) and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor
               and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
     # Through the op, the op checks the values (one device-to-host read per call, not two).
+    philox = None
+    if p > 0.0 and isinstance(q, torch.Tensor):  # drawn only for a call whose q is a tensor: check names the rest
+        philox = score_mods.draw_philox(q.device)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                        window_size, softcap, values=None if direct else False)
+                        window_size, softcap, values=None if direct else False, alibi=alibi_slopes, dropout_p=p,
+                        philox=philox)
     if direct:
         out, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
         from lazytriton.ops_varlen import flash_varlen_fwd_op
 
         c = call.call
+        mods = () if c.alibi is None and c.philox is None else (c.alibi, c.dropout_p, c.philox)
         out, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
-                                       causal, c.window_left, c.window_right, c.softcap)
+                                       causal, c.window_left, c.window_right, c.softcap, *mods)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -577,10 +573,10 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     if _check_bool("backward", backward):
         from lazytriton.kernels.flash_bwd import binding as bwd_binding
 
-        # The backward's own rule (ALIGN16 there also needs seqlens divisible by 16), on the same meta tensors.
+        # The backward's own rule (SEQ16 when the seqlens are multiples of 16 too), on the same meta tensors.
         grads = bwd_binding.empty_grads(qt, kt, vt)
-        _, _, bwd_aligned, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
-        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64)]
+        _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
+        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16)]
     return loaded
 
 

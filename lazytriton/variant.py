@@ -154,15 +154,17 @@ class Variant:
         return xxhash.xxh3_128_hexdigest(self.canonical(source_fingerprint(self.kernel)))
 
 
-# Flags: boolean fields that may be absent, meaning false. ALIGN16 and INDEX64
-# are read by the compiler (parameter attributes and types); TMA is also one of
+# Flags: boolean fields that may be absent, meaning false. ALIGN16, SEQ16 and
+# INDEX64 are read by the compiler (parameter attributes and types: SEQ16 marks
+# the backward's seqlens and lse strides 16-divisible, and comes only with
+# ALIGN16, on kernels whose description has such parameters); TMA is also one of
 # flash_fwd's constexprs, passed to the kernel (false when absent, so variant
 # strings written before it keep their meaning: the pointer kernel). WINDOW
 # (sliding window) and SOFTCAP (logit softcapping) are constexprs of all three
 # attention kernels, absent meaning off, for the same reason; so are ALIBI, BIAS
 # and DROPOUT (ALiBi slopes, an additive bias, dropout), VARLEN (packed
 # sequences), and PAGED (a block table) of the decoding kernels (kernels/flash_decode).
-_FLAGS = ("ALIGN16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN")
+_FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.
@@ -214,6 +216,10 @@ def check_fields(variant: Variant) -> Variant:
                          "its own (BLOCK_DV)")
     if constexprs.get("TMA") is True:
         _check_tma(variant)
+    if constexprs.get("SEQ16") is True and (constexprs.get("ALIGN16") is not True or not spec.seq_aligned_params):
+        raise ValueError(f"variant {variant}: SEQ16=true needs ALIGN16=true and a kernel with seqlen hints "
+                         f"(the backward's), got ALIGN16={_format_value(constexprs.get('ALIGN16', False))} on "
+                         f"{variant.kernel}")
     for name, value in variant.options:
         low, high = _OPTIONS[name]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

@@ -22,7 +22,9 @@ given, the groups are the default grid:
     head dim  16, 32, 64, 128, 256 (the padded sizes; any 1..256 may be asked for)
     causal    none, causal (top_left and bottom_right share the causal binary)
     seqlen    the table's buckets for the group, else 16, 64, 4096
-    aligned   true (``--unaligned`` adds false)
+    aligned   true (``--unaligned`` adds false); for the backward kernels, true
+              is two variants: SEQ16 (dense calls whose seqlens are multiples
+              of 16) and ALIGN16 alone (any other length, and packed sequences)
     index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
@@ -214,16 +216,27 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
         off = (False,)
         varlens, dropouts, biases = (off, off, off) if decode else (axes.varlen, axes.dropout, axes.bias)
-        for aligned, index64, window, softcap, is_paged, varlen, alibi, dropout, bias, (seqlen_q, seqlen_k) in \
-                itertools.product(axes.aligned, axes.index64, axes.window, axes.softcap, paged, varlens, axes.alibi,
-                                  dropouts, biases, seqlens):
+        for (aligned, seq16), index64, window, softcap, is_paged, varlen, alibi, dropout, bias, (seqlen_q, seqlen_k) \
+                in itertools.product(_alignments(kernel, axes.aligned), axes.index64, axes.window, axes.softcap, paged,
+                                     varlens, axes.alibi, dropouts, biases, seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
                                               config=config, index64=index64, window=window, softcap=softcap,
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
-                                              dropout=dropout, head_dim_v=head_dim_v)
+                                              dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
+
+
+def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:
+    """(ALIGN16, SEQ16) pairs of the ``aligned`` axis: an aligned backward call has SEQ16 or not (its seqlens).
+
+    Both, so that an odd length (or packed sequences, which never have SEQ16)
+    with aligned tensors is served as well as 4096 is.
+    """
+    if kernel not in dispatch.BWD_KERNELS:
+        return tuple((a, False) for a in aligned)
+    return tuple(pair for a in aligned for pair in (((True, True), (True, False)) if a else ((False, False),)))
 
 
 def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:

@@ -413,13 +413,16 @@ def test_the_c_backward_launcher_passes_each_description_field_by_field(kernel: 
     assert defined and int(defined[1]) == len(spec.params)
 
 
-def test_the_c_backward_alignment_rule_is_the_bindings() -> None:
+@pytest.mark.parametrize(("variable", "params"), [("bits", "ALIGNED_PARAMS"), ("seq_bits", "SEQ_ALIGNED_PARAMS")])
+def test_the_c_backward_alignment_rules_are_the_bindings(variable: str, params: str) -> None:
+    """ALIGN16 (pointers, data strides) and SEQ16 (seqlens, lse strides): each C expression is the binding's."""
     from lazytriton.kernels.flash_bwd import binding as bwd
 
-    body = re.search(r"uint64_t bits = \(uint64_t\)\((.*?)\);", BWD_SOURCE.read_text(), re.S)
-    assert body, "lt__bwd_aligned's expression was not found in lt_bwd.c"
+    body = re.search(rf"uint64_t {variable} = \(uint64_t\)\((.*?)\);", BWD_SOURCE.read_text(), re.S)
+    assert body, f"lt__bwd_aligned's {variable} expression was not found in lt_bwd.c"
     c_items = [" ".join(item.split()) for item in body[1].split("|")]
-    assert c_items == [bwd.PARAM_SOURCES[name][1] for name in bwd.ALIGNED_PARAMS]
+    assert c_items == [bwd.PARAM_SOURCES[name][1] for name in getattr(bwd, params)]
+    assert "!c->varlen ? LT__ALIGN16 | LT__SEQ16 : LT__ALIGN16" in BWD_SOURCE.read_text()  # never for packed calls
 
 
 def test_the_c_kernel_codes_are_the_planners() -> None:

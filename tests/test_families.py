@@ -82,9 +82,11 @@ def test_the_default_grid_covers_every_backward_call_dispatch_can_make(target: T
 
 def test_the_backward_tables_rows_are_planned_and_every_call_in_their_group_served() -> None:
     plan = enumerate_variants(Axes((SM90,), kernels=BWD, dtypes=("bf16",), head_dims=(128,), causal=(False,)), TABLE)
-    from_table = sorted((p.variant.kernel, p.variant.get("BLOCK_M"), p.variant.get("BLOCK_N"))
-                        for p in plan if p.origin == "table")
-    assert from_table == [("flash_bwd_dkdv", 64, 128), ("flash_bwd_dq", 64, 64), ("flash_bwd_dq", 128, 64)]
+    from_table = sorted((p.variant.kernel, p.variant.get("BLOCK_M"), p.variant.get("BLOCK_N"),
+                         "SEQ16" in dict(p.variant.functional)) for p in plan if p.origin == "table")
+    # Each row twice: SEQ16 (seqlens multiples of 16) and ALIGN16 alone (other lengths, packed sequences).
+    assert from_table == [(k, m, n, seq16) for k, m, n in (("flash_bwd_dkdv", 64, 128), ("flash_bwd_dq", 64, 64),
+                                                           ("flash_bwd_dq", 128, 64)) for seq16 in (False, True)]
     keys = {p.key for p in plan}
     for kernel, sq, sk in itertools.product(BWD, CALL_SEQLENS, CALL_SEQLENS):
         assert dispatch.kernel_variant(kernel, SM90, "bf16", 128, False, True, sq, sk, table=TABLE).key() in keys
@@ -272,13 +274,13 @@ def test_a_backward_jit_miss_is_prewarmed_and_then_served_from_an_image_without_
 def test_prewarm_kernel_flash_bwd_builds_what_a_backward_selects(tmp_path: Path) -> None:
     out = tmp_path / "bwd.ltimg"
     built = prewarm("--target", "sm_90", *SMALL_BWD, "-j", "2", "--out", str(out))
-    assert "0 reused, 2 compiled, 0 failed" in built.stdout, built.stdout + built.stderr
+    assert "0 reused, 4 compiled, 0 failed" in built.stdout, built.stdout + built.stderr  # with and without SEQ16
     listed = prewarm("--target", "sm_90", *SMALL_BWD, "--list").stdout.split()
     with Image(out) as image:
         keys = list(image.keys())
         kernels = sorted(image.read(k).variant.split(":")[0] for k in keys)  # type: ignore[union-attr]
-    assert sorted(keys) == sorted(listed[0::3]) and kernels == sorted(BWD)
-    chosen = [dispatch.kernel_variant(k, SM90, "fp16", 16, False, True, 64, 64).key() for k in BWD]
+    assert sorted(keys) == sorted(listed[0::3]) and kernels == sorted(BWD * 2)
+    chosen = [dispatch.kernel_variant(k, SM90, "fp16", 16, False, True, n, n).key() for k in BWD for n in (64, 63)]
     assert sorted(chosen) == sorted(keys)
 
 

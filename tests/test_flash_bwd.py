@@ -314,7 +314,7 @@ def test_pack_covers_every_parameter_of_both_kernels() -> None:
     call = binding.check(q, k, v, "bottom_right", 0.5)
     grads = bwd_binding.empty_grads(q, k, v)
     delta = torch.empty_like(lse)
-    dq_ints, dkdv_ints, aligned, index64 = bwd_binding.pack(q, k, v, out, do, lse, delta, *grads, call)
+    dq_ints, dkdv_ints, aligned, seq16, index64 = bwd_binding.pack(q, k, v, out, do, lse, delta, *grads, call)
     for spec, ints in ((FLASH_BWD_DQ, dq_ints), (FLASH_BWD_DKDV, dkdv_ints)):
         names = [name for name, kind in spec.params if not kind.startswith("fp")]
         assert len(ints) == len(names)
@@ -322,7 +322,7 @@ def test_pack_covers_every_parameter_of_both_kernels() -> None:
         assert values["Q"] == q.data_ptr() and values["Lse"] == lse.data_ptr() and values["Delta"] == delta.data_ptr()
         assert values["causal_offset"] == 0 and values["seqlen_k"] == 6 and values["group_size"] == 1
         assert values["stride_qs"] == q.stride(2) and values["stride_lh"] == 6
-    assert index64 is False and isinstance(aligned, bool)
+    assert index64 is False and isinstance(aligned, bool) and seq16 is False  # seqlen 6
 
 
 # ---------------------------------------------------------------------------
@@ -391,12 +391,13 @@ def test_gpu_inductor_forward_and_backward() -> None:
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize(("seqlen", "aligned"), [(100, False), (128, True)])
+@pytest.mark.parametrize(("seqlen", "seq16"), [(100, False), (128, True)])
 def test_preload_backward_loads_the_variants_a_backward_will_use(monkeypatch: pytest.MonkeyPatch, seqlen: int,
-                                                                 aligned: bool) -> None:
-    """The backward's ALIGN16 also needs seqlens divisible by 16: preload asks for what the call will pick."""
-    asked: list[tuple[bool, bool]] = []
+                                                                 seq16: bool) -> None:
+    """The backward's SEQ16 needs seqlens divisible by 16, its ALIGN16 not: preload asks for what the call will pick."""
+    asked: list[tuple[bool, bool, bool]] = []
     monkeypatch.setattr(binding, "preload", lambda *args: "flash_fwd:...")
-    monkeypatch.setattr(bwd_binding, "preload", lambda device, dtype, call, al, i64: asked.append((al, i64)) or ())
+    monkeypatch.setattr(bwd_binding, "preload",
+                        lambda device, dtype, call, al, i64, s16: asked.append((al, i64, s16)) or ())
     lazytriton.preload((1, 2, seqlen, 64), (1, 2, seqlen, 64), device="cuda:0", backward=True)
-    assert asked == [(aligned, False)]
+    assert asked == [(True, False, seq16)]

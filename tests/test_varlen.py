@@ -267,9 +267,14 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"window_size": 3}, TypeError, "window_size must be a pair"),
     ({"softcap": -1.0}, ValueError, "softcap must be a finite float >= 0"),
     ({"softmax_scale": float("nan")}, ValueError, "softmax_scale must be finite"),
-    ({"dropout_p": 0.1}, NotImplementedError, "dropout_p=0.1"),
     ({"dropout_p": 1.5}, ValueError, r"dropout_p must be in \[0, 1\)"),
-    ({"alibi_slopes": torch.ones(4)}, NotImplementedError, "alibi_slopes="),
+    ({"dropout_p": -0.1}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ({"dropout_p": "0.1"}, TypeError, "dropout_p must be a float"),
+    ({"alibi_slopes": torch.ones(4, dtype=torch.float64)}, TypeError, "alibi_slopes must be float32"),
+    ({"alibi_slopes": torch.ones(2, 4)}, ValueError, r"alibi_slopes must have shape \(4,\) or \(3, 4\)"),
+    ({"alibi_slopes": torch.ones(3)}, ValueError, r"alibi_slopes must have shape \(4,\) or \(3, 4\)"),
+    ({"alibi_slopes": [1.0] * 4}, TypeError, "alibi_slopes must be a torch.Tensor or None"),
+    ({"alibi_slopes": torch.ones(4, device="meta")}, ValueError, "alibi_slopes is on meta"),
     ({"deterministic": 1}, TypeError, "deterministic must be a bool"),
     ({"return_attn_probs": None}, TypeError, "return_attn_probs must be a bool"),
 ]
@@ -358,7 +363,7 @@ def test_pack_covers_every_new_parameter() -> None:
     assert dict(zip(fwd_binding.INT_PARAMS, dense, strict=True))["Cu_seqlens_q"] == 0
     grads = bwd_binding.empty_grads(a["q"], a["k"], a["v"])
     bviews = (*views[:3], views[3], views[3], lse.unsqueeze(0), lse.unsqueeze(0), *map(varlen.kernel_view, grads))
-    dq_ints, dkdv_ints, _, _ = bwd_binding.pack(*bviews, call.call, cq.data_ptr(), ck.data_ptr())
+    dq_ints, dkdv_ints, *_ = bwd_binding.pack(*bviews, call.call, cq.data_ptr(), ck.data_ptr())
     for spec, values in ((FLASH_BWD_DQ, dq_ints), (FLASH_BWD_DKDV, dkdv_ints)):
         named = dict(zip(bwd_binding.DQ_INT_PARAMS if spec is FLASH_BWD_DQ else bwd_binding.DKDV_INT_PARAMS, values,
                          strict=True))

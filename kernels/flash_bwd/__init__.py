@@ -13,7 +13,10 @@ the forward's dropout mask), and so is ``VARLEN``, with the forward's two
 pointers (``Cu_seqlens_q``, ``Cu_seqlens_k``) after each kernel's own
 pointers (then the score modifications'); with it ``Lse`` and ``Delta`` are
 (heads_q, total_q). ``ALIGN16`` variants may assume every
-pointer, stride and seqlen is a multiple of 16 (``aligned_params``).
+pointer and every stride of the eight (b, h, s, d) tensors is a multiple of
+16 (``aligned_params``); ``SEQ16`` variants (dense calls only, always with
+``ALIGN16``) also the seqlens and the lse/delta strides, heads_q x seqlen_q
+and seqlen_q (``seq_aligned_params``).
 """
 
 from __future__ import annotations
@@ -29,18 +32,20 @@ _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "S
                "DROPOUT", "BLOCK_DV", "EVEN_DV")
 
 
-# With ALIGN16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and
-# seqlen_q) are multiples of 16 too: the row masks are then uniform over 16
-# rows and masked loads vectorise. Triton's JIT infers this for 4096 and ran
-# these kernels 10% faster than our entries without it (bench_flash_bwd.py,
-# H200, hd128 bf16: 369 against 330 TFLOP/s at 4k). Odd seqlens take the
-# unaligned variant.
-_ALIGNED_SIZES = ("seqlen_q", "seqlen_k")
+# With SEQ16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and
+# seqlen_q) are multiples of 16: the row masks are then uniform over 16 rows
+# and masked loads vectorise. Triton's JIT infers this for 4096 and ran these
+# kernels 10% faster than our entries without it (bench_flash_bwd.py, H200,
+# hd128 bf16: 369 against 330 TFLOP/s at 4k). It is a flag of its own, apart
+# from ALIGN16 (pointers and data strides): when one flag covered both, an odd
+# length or any varlen call lost every hint and ran 3x slower (130 against 389
+# TFLOP/s on the H200).
+_SEQ_SIZES = ("seqlen_q", "seqlen_k")
+_LSE_STRIDES = (("stride_lb", "{index}"), ("stride_lh", "{index}"))
 
 
 def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
-    return tuple((f"stride_{t}{d}", "{index}") for t in tensors for d in ("b", "h", "s")) + (
-        ("stride_lb", "{index}"), ("stride_lh", "{index}"))
+    return tuple((f"stride_{t}{d}", "{index}") for t in tensors for d in ("b", "h", "s"))
 
 
 def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strided: tuple[str, ...]) -> KernelSpec:
@@ -49,9 +54,10 @@ def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strid
         name=name,
         module=MODULE,
         function=function,
-        params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *strides, *_SIZES),
+        params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *strides, *_LSE_STRIDES, *_SIZES),
         constexprs=_CONSTEXPRS,
-        aligned_params=tuple(p for p, _ in pointers) + tuple(s for s, _ in strides) + _ALIGNED_SIZES,
+        aligned_params=tuple(p for p, _ in pointers) + tuple(s for s, _ in strides),
+        seq_aligned_params=tuple(s for s, _ in _LSE_STRIDES) + _SEQ_SIZES,
     )
 
 

@@ -99,16 +99,21 @@ def _int_params(spec: Any) -> tuple[str, ...]:
 DQ_INT_PARAMS = _int_params(FLASH_BWD_DQ)
 DKDV_INT_PARAMS = _int_params(FLASH_BWD_DKDV)
 ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.aligned_params + FLASH_BWD_DKDV.aligned_params))
+SEQ_ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.seq_aligned_params + FLASH_BWD_DKDV.seq_aligned_params))
 
 
 def _generate_pack() -> Any:
-    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0) -> (dq_ints, dkdv_ints, aligned, index64)``.
+    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0)``: (dq_ints, dkdv_ints, flags...).
 
-    One generated function with both argument tuples written out, from the
-    two descriptions. ``aligned``: every pointer 16-byte aligned and every
-    outer stride a multiple of 16 (both kernels' aligned_params).
-    ``index64``: some tensor's last element lies 2**31 or more elements past
-    its first. ``cu_q``, ``cu_k``: the varlen kernels' cu_seqlens pointers (0 when dense).
+    The flags are ``aligned, seq16, index64``. One generated function with both argument tuples written out, from the
+    two descriptions. ``aligned`` (ALIGN16): every pointer 16-byte aligned and
+    every outer stride of the eight tensors a multiple of 16 (both kernels'
+    aligned_params). ``seq16`` (SEQ16): that, a dense call, and the seqlens and
+    lse strides multiples of 16 (seq_aligned_params). ``index64``: some
+    tensor's last element lies 2**31 or more elements past its first.
+    ``cu_q``, ``cu_k``: the varlen kernels' cu_seqlens pointers (0 when dense);
+    the varlen kernels replace the seqlens by each sequence's own, so a packed
+    call never has SEQ16.
     """
     def ints(params: tuple[str, ...]) -> str:
         return ", ".join(PARAM_SOURCES[name][0] for name in params)
@@ -127,7 +132,8 @@ def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0):
     {_STRIDE_LOCALS}
     aligned = not ({' | '.join(PARAM_SOURCES[name][0] for name in ALIGNED_PARAMS)}) & 15
     index64 = max({', '.join(extents)}, b * hq * sq) > {INT32_MAX}
-    return ({ints(DQ_INT_PARAMS)},), ({ints(DKDV_INT_PARAMS)},), aligned, index64
+    seq16 = aligned and not cu_q and not ({' | '.join(PARAM_SOURCES[name][0] for name in SEQ_ALIGNED_PARAMS)}) & 15
+    return ({ints(DQ_INT_PARAMS)},), ({ints(DKDV_INT_PARAMS)},), aligned, seq16, index64
 """
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<{FAMILY} binding: pack>", "exec"), namespace)  # noqa: S102 (our own text)
@@ -147,22 +153,38 @@ def c_initializer(kernel: str) -> str:
 # Memo key, variants, grids
 
 
+def _seq16(seq16: bool | None, aligned: bool, shape: Shape) -> bool:
+    """``seq16`` as given (``pack``'s), else dispatch's rule for a dense call of ``shape``."""
+    if seq16 is None:
+        return dispatch.seq_aligned(FLASH_BWD_DQ.name, aligned, shape.seqlen_q, shape.seqlen_k)
+    return seq16
+
+
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
-             mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0) -> tuple[Any, ...]:
-    """The forward's memo key, marked with the family (both live in ``Runtime.plans``)."""
-    return (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods,
-                                  head_dim_v))
+             mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
+             seq16: bool | None = None) -> tuple[Any, ...]:
+    """The forward's memo key, marked with the family (both live in ``Runtime.plans``), and "SEQ16" when set.
+
+    The seqlens enter the forward's key only through their buckets, which
+    4095 and 4096 share; SEQ16 tells them apart. ``seq16`` None: dispatch's
+    rule for a dense call of ``shape`` (``dispatch.seq_aligned``).
+    """
+    key = (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods,
+                                 head_dim_v))
+    return key + ("SEQ16",) if _seq16(seq16, aligned, shape) else key
 
 
 def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
-             mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0) -> tuple[Variant, Variant]:
-    """The (dq, dkdv) variants serving a call of this shape (dispatch decides)."""
+             mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
+             seq16: bool | None = None) -> tuple[Variant, Variant]:
+    """The (dq, dkdv) variants serving a call of this shape (dispatch decides; ``seq16`` as in ``memo_key``)."""
+    seq16 = _seq16(seq16, aligned, shape)
     return tuple(  # type: ignore[return-value]
         dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
                                 shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap,
-                                alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v)
+                                alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v, seq16=seq16)
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
 
 
@@ -187,14 +209,15 @@ def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
-         mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0) -> tuple[Any, int, Any, int]:
+         mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
+         seq16: bool | None = None) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
     Refuses, during a CUDA graph capture, to load or compile either kernel
     (``CaptureError`` naming the variant), as the forward does.
     """
     chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                      mods, head_dim_v)
+                      mods, head_dim_v, seq16)
     fwd.refuse_loads_in_capture(rt, chosen, device, "run the backward once with this shape (or call "
                                 "lazytriton.preload(..., backward=True)) before the capture")
     dq_variant, dkdv_variant = chosen
@@ -217,18 +240,18 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
                do: torch.Tensor, grads: Grads, call: Call, forced: tuple[Variant, Variant] | None = None) -> None:
     """Launch both cached kernels for a checked call on GPU tensors (``forced``: tune's candidates)."""
     delta = _delta(q, call.shape)
-    dq_ints, dkdv_ints, aligned, index64 = pack(q, k, v, out, do, lse, delta, *grads, call)
+    dq_ints, dkdv_ints, aligned, seq16, index64 = pack(q, k, v, out, do, lse, delta, *grads, call)
     shape = call.shape
     device = q.device
     rt = runtime.get()
     if forced is None:
         causal = call.causal != "none"
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v)
+                       call.mods, call.head_dim_v, seq16)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v)
+                         call.mods, call.head_dim_v, seq16)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
@@ -255,7 +278,7 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     shape = call.shape
     fwd.warn_if_slow(shape)
     delta = _delta(q, shape)
-    dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
+    dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call)
     constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
                                         call.head_dim_v)
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
@@ -273,7 +296,7 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                 lse: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, grads: Grads,
                 call: Call) -> tuple[Any, ...]:
     """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks."""
-    dq_ints, dkdv_ints, _, _ = pack(q, k, v, out, do, lse, delta, *grads, call)
+    dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call)
     mods = score_mods.mod_tensors(call, q)
     if kernel == FLASH_BWD_DQ.name:
         return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[N_TENSORS:_N_VARLEN_END], *mods,
@@ -305,14 +328,18 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
 
 
 def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool = True,
-            index64: bool = False) -> tuple[Variant, Variant]:
-    """Load the two kernels a backward of this shape would use on ``device`` now; their variants."""
+            index64: bool = False, seq16: bool | None = None) -> tuple[Variant, Variant]:
+    """Load the two kernels a backward of this shape would use on ``device`` now; their variants.
+
+    ``seq16``: ``pack``'s; None, dispatch's rule for the shape (``dispatch.seq_aligned``).
+    """
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
     window, softcap, mods, dv = call.windowed, call.capped, call.mods, call.head_dim_v
-    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv), device, dtype,
-         shape, causal, aligned, index64, window, softcap, mods, dv)
+    seq16 = _seq16(seq16, aligned, shape)
+    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16), device,
+         dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16)
     return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                    mods, dv)
+                    mods, dv, seq16)
 

@@ -94,12 +94,14 @@ def _window_range(start, window_lo, window_hi, end, full_end, BLOCK: tl.constexp
 
 
 @triton.jit
-def _mods(Alibi, Bias, Philox, batch, head, rows, seqlen_k, stride_lb, stride_lh, stride_alibi_b, stride_biasb,
+def _mods(Alibi, Bias, Philox, batch, head, rows, lse_base, drop_k, drop_col, stride_alibi_b, stride_biasb,
           stride_biash, stride_biasm, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr):
     """(slope * log2 e, bias row pointers, Philox seed, dropout row offsets) for ``rows`` of one (batch, query head).
 
     The forward's (``flash_fwd/triton_kernel.py``): rows is [M, 1] (dQ) or [1, M]
-    (dK/dV, transposed); zeros for what is off.
+    (dK/dV, transposed); zeros for what is off. ``batch`` is the sequence (a
+    varlen call's too); dropout's index of (row, 0) is offset + (lse_base + row)
+    * drop_k + drop_col, the forward's (the packed scores' with VARLEN).
     """
     slope2 = 0.0
     bias_rows = Bias
@@ -112,8 +114,7 @@ def _mods(Alibi, Bias, Philox, batch, head, rows, seqlen_k, stride_lb, stride_lh
                      + rows.to(tl.int64) * stride_biasm)
     if DROPOUT:
         seed = tl.load(Philox)
-        drop_rows = tl.load(Philox + 1) + ((batch * stride_lb + head * stride_lh).to(tl.int64)
-                                           + rows.to(tl.int64)) * seqlen_k
+        drop_rows = tl.load(Philox + 1) + (lse_base.to(tl.int64) + rows.to(tl.int64)) * drop_k + drop_col
     return slope2, bias_rows, seed, drop_rows
 
 
@@ -243,11 +244,15 @@ def flash_bwd_dq_kernel(
     batch = tl.program_id(2)
     kv_head = head // group_size
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+    seq = batch  # the slopes' row, also with VARLEN
+    drop_k = seqlen_k  # dropout's keys per row: total_k with VARLEN (the forward's packed scores)
+    drop_col = 0
 
     if VARLEN:  # as the forward: sequence ``batch`` of the packed tensors
         q_start = tl.load(Cu_seqlens_q + batch)
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
         k_start = tl.load(Cu_seqlens_k + batch)
+        drop_col = k_start
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
         causal_offset = seqlen_k - seqlen_q
         if start_m >= seqlen_q:
@@ -288,9 +293,9 @@ def flash_bwd_dq_kernel(
     k_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_dv[None, :]
     qk_scale, cap = _scales(sm_scale, softcap, SOFTCAP)
-    slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, batch, head, offs_m[:, None], seqlen_k,
-                                               stride_lb, stride_lh, stride_alibi_b, stride_biasb, stride_biash,
-                                               stride_biasm, ALIBI, BIAS, DROPOUT)
+    slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, seq, head, offs_m[:, None], lse_offset, drop_k,
+                                               drop_col, stride_alibi_b, stride_biasb, stride_biash, stride_biasm,
+                                               ALIBI, BIAS, DROPOUT)
     mods = (seqlen_q, slope2, bias_rows, stride_biasn, seed, drop_rows, dropout_p)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
@@ -336,11 +341,12 @@ def _dkdv_block(
 ):
     """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed.
 
-    ``mods``: (the pointers Alibi, Bias, Philox, batch, query head, seqlen_k, the
-    lse strides, the slopes' and the bias's strides, dropout_p), for ``_mods``.
+    ``mods``: (the pointers Alibi, Bias, Philox, sequence, query head, seqlen_k,
+    dropout's lse_base, drop_k and drop_col, the slopes' and the bias's strides,
+    dropout_p), for ``_mods``.
     """
-    (Alibi, Bias, Philox, batch, head, seqlen_k, stride_lb, stride_lh, stride_alibi_b, stride_biasb, stride_biash,
-     stride_biasm, stride_biasn, dropout_p) = mods
+    (Alibi, Bias, Philox, batch, head, seqlen_k, lse_base, drop_k, drop_col, stride_alibi_b, stride_biasb,
+     stride_biash, stride_biasm, stride_biasn, dropout_p) = mods
     rows = start_m + offs_m
     rows_ok = rows < seqlen_q
     q = _load_tile(q_ptrs + start_m * stride_qs, rows_ok, d_ok, True, EVEN_D)
@@ -350,9 +356,9 @@ def _dkdv_block(
     qk_t, grad_t = _scores(_dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE),
                            qk_scale, cap, SOFTCAP)
     if ALIBI or BIAS or DROPOUT:
-        slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, batch, head, rows[None, :], seqlen_k,
-                                                   stride_lb, stride_lh, stride_alibi_b, stride_biasb, stride_biash,
-                                                   stride_biasm, ALIBI, BIAS, DROPOUT)
+        slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, batch, head, rows[None, :], lse_base, drop_k,
+                                                   drop_col, stride_alibi_b, stride_biasb, stride_biash, stride_biasm,
+                                                   ALIBI, BIAS, DROPOUT)
     if ALIBI or BIAS:
         qk_t = _modified(qk_t, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, slope2, bias_rows, stride_biasn,
                          ALIBI, BIAS)
@@ -405,11 +411,17 @@ def flash_bwd_dkdv_kernel(
     kv_head = tl.program_id(1)
     batch = tl.program_id(2)
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+    seq = batch  # the slopes' row, also with VARLEN
+    drop_k = seqlen_k  # dropout's keys per row: total_k with VARLEN (the forward's packed scores)
+    drop_col = 0
+    lse_start = 0
 
     if VARLEN:  # as the forward, over this sequence's key blocks
         q_start = tl.load(Cu_seqlens_q + batch)
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
         k_start = tl.load(Cu_seqlens_k + batch)
+        lse_start = q_start
+        drop_col = k_start
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
         causal_offset = seqlen_k - seqlen_q
         if start_n >= seqlen_k:
@@ -464,8 +476,8 @@ def flash_bwd_dkdv_kernel(
 
     for g in range(0, group_size):
         head = kv_head * group_size + g
-        mods = (Alibi, Bias, Philox, batch, head, seqlen_k, stride_lb, stride_lh, stride_alibi_b, stride_biasb,
-                stride_biash, stride_biasm, stride_biasn, dropout_p)
+        mods = (Alibi, Bias, Philox, seq, head, seqlen_k, batch * stride_lb + head * stride_lh + lse_start, drop_k,
+                drop_col, stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn, dropout_p)
         q_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
         do_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :]
         lse_ptr = Lse + batch * stride_lb + head * stride_lh

@@ -38,7 +38,13 @@ only when true, their data runtime arguments. Their pointers (``Alibi``,
 ``Bias``, ``Philox``) follow the kernel's own, their integers (the slopes'
 batch stride, the bias's four strides, 0 on broadcast dims) the window's, and
 ``dropout_p`` comes after ``softcap``. A call without them passes null
-pointers and zeros, which the kernels never read.
+pointers and zeros, which the kernels never read. With ``VARLEN`` the slopes'
+batch is the sequence, and dropout indexes the packed (1, heads_q, total_q,
+total_k) scores (``triton_kernel.py``).
+
+``ALIGN16`` here covers the pointers and the tensors' strides only, never the
+seqlens or the lse strides (the backward has a flag of its own for those,
+``SEQ16``): a packed or odd-length forward keeps every hint it has.
 
 ``head_dim_v`` (after ``head_dim``, in every attention kernel's ``SIZES``) is
 v's head dim, which out, dout and dv share; it may differ from q's and k's

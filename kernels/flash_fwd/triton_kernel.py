@@ -76,7 +76,10 @@ Three more flags modify the scores, each off by default:
   broadcast dims), added likewise: SDPA's ``attn_mask``. A bias of -inf can
   hide every key of a row, so with it the unmasked blocks guard m = -inf too.
 - ``DROPOUT``: element (b, h, i, j) is kept when ``tl.rand(seed, offset +
-  ((b * Hq + h) * Sq + i) * Sk + j) >= dropout_p`` (64-bit index; ``Philox``
+  ((b * Hq + h) * Sq + i) * Sk + j) >= dropout_p`` (64-bit index; with
+  ``VARLEN`` the same over the packed (1, Hq, total_q, total_k) scores, i and
+  j counted from the first packed row and key, so no two elements of the
+  batch share an index; ``Philox``
   holds [seed, offset], drawn on the device by the caller), kept
   probabilities are scaled by 1 / (1 - p) at the end, and l, m (so lse) are
   those of the undropped scores. ``tl.rand`` is the same Philox 4x32-10 in
@@ -327,13 +330,15 @@ def _attend_block_split(
 
 
 @triton.jit
-def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, seqlen_k, stride_lb, stride_lh,
+def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, lse_base, drop_k, drop_col,
           stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn, dropout_p,
           ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr):
     """What the score modifications need for rows ``offs_m`` of one (batch, query head), as ``_softmax_step`` takes it.
 
     (seqlen_q, slope * log2 e, bias row pointers [M, 1], the bias's column stride,
     Philox seed, dropout row offsets [M, 1] (64-bit), dropout_p); zeros for what is off.
+    Dropout's index of (row, 0) is offset + (lse_base + row) * drop_k + drop_col
+    (the lse's offset of row 0, the keys per row and the first key's column).
     """
     slope2 = 0.0
     bias_rows = Bias
@@ -347,8 +352,8 @@ def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, seqlen_k, stride_l
     if DROPOUT:
         seed = tl.load(Philox)
         # The linear index of (batch, head, row, 0) in (B, Hq, Sq, Sk): the lse's offset is (b * Hq + h) * Sq.
-        lse_rows = (batch * stride_lb + head * stride_lh).to(tl.int64) + offs_m[:, None].to(tl.int64)
-        drop_rows = tl.load(Philox + 1) + lse_rows * seqlen_k
+        lse_rows = lse_base.to(tl.int64) + offs_m[:, None].to(tl.int64)
+        drop_rows = tl.load(Philox + 1) + lse_rows * drop_k + drop_col
     return (seqlen_q, slope2, bias_rows, stride_biasn, seed, drop_rows, dropout_p)
 
 
@@ -379,6 +384,7 @@ def flash_fwd_kernel(
 
     if VARLEN:
         # Sequence ``batch`` of the packed tensors: its rows, lengths and own bottom-right offset.
+        total_k = seqlen_k
         q_start = tl.load(Cu_seqlens_q + batch)
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
         k_start = tl.load(Cu_seqlens_k + batch)
@@ -435,7 +441,15 @@ def flash_fwd_kernel(
     else:
         qk_scale = sm_scale * LOG2E
         cap = qk_scale
-    mods = _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, seqlen_k, stride_lb, stride_lh,
+    if VARLEN:  # dropout over the packed (1, Hq, total_q, total_k) scores
+        lse_base = head * stride_lh + q_start
+        drop_k = total_k
+        drop_col = k_start
+    else:
+        lse_base = batch * stride_lb + head * stride_lh
+        drop_k = seqlen_k
+        drop_col = 0
+    mods = _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, lse_base, drop_k, drop_col,
                  stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn, dropout_p,
                  ALIBI, BIAS, DROPOUT)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

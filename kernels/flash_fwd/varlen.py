@@ -25,6 +25,12 @@ __init__.py). Everything else is the dense bindings' own machinery:
 - The logsumexp is FlashAttention-2's varlen layout (>= 2.4): float32
   (heads_q, total_q); a row whose sequence has no key gets output 0 and
   logsumexp -inf (as lazytriton's dense call; FlashAttention-2 writes +inf).
+- ALiBi (slopes (heads_q,) or (batch, heads_q), one row per sequence,
+  bottom-right within each sequence) and dropout (the dense call's Philox
+  [seed, offset]) are the dense calls' score modifications (``score_mods``),
+  checked against the sequence count; the kernels index dropout's mask over
+  the packed (1, heads_q, total_q, total_k) scores, so every element of the
+  batch has its own index and the backward regenerates the forward's mask.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import torch
 from lazytriton import dispatch, runtime
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
-from lazytriton.kernels.flash_fwd import FLASH_FWD
+from lazytriton.kernels.flash_fwd import FLASH_FWD, MOD_POINTERS, VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import Call, Shape
 from lazytriton.variant import Variant
@@ -129,13 +135,15 @@ def check_values(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: 
 
 def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
           causal: Any = False, scale: Any = None, window: Any = fwd.NO_WINDOW, softcap: Any = 0.0,
-          values: bool | None = None) -> VarlenCall:
+          values: bool | None = None, alibi: Any = None, dropout_p: Any = 0.0, philox: Any = None) -> VarlenCall:
     """The checked varlen call, or a TypeError/ValueError naming the argument.
 
     ``causal``: a bool, aligned bottom-right within each sequence
     (FlashAttention-2's rule). ``values``: check the values of the cumulative
     lengths (a device-to-host read); None does so unless a CUDA graph capture
-    or a torch.compile trace is in progress.
+    or a torch.compile trace is in progress. ``alibi``, ``dropout_p`` and
+    ``philox`` as ``score_mods.with_mods`` takes them, the slopes' batch being
+    the number of sequences.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
     if k.shape[:2] != v.shape[:2]:
@@ -162,7 +170,13 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
         values = reading_values_is_safe(cu_q, cu_k)
     if values:
         check_values(cu_q, cu_k, q.shape[0], k.shape[0], sq, sk)
-    return VarlenCall(call, batch, sq, sk)
+    vc = VarlenCall(call, batch, sq, sk)
+    if alibi is None and (type(dropout_p) is float or type(dropout_p) is int) and dropout_p == 0:
+        return vc
+    # with_mods checks the slopes against the call's batch: the kernel shape's is the number of sequences.
+    modded = score_mods.with_mods(call._replace(shape=vc.kernel_shape), q, alibi, None, dropout_p, philox,
+                                  fwd.Names(scale="softmax_scale"))
+    return vc._replace(call=modded._replace(shape=call.shape))
 
 
 def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any, head_dim_v: int = 0) -> None:
@@ -196,15 +210,15 @@ def memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, align
     """The forward's memo key: the dense one of the kernel shape, marked ``"varlen"``."""
     call = vc.call
     return (MARK, *fwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped, head_dim_v=call.head_dim_v))
+                                call.windowed, call.capped, call.mods, call.head_dim_v))
 
 
 def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
                  index64: bool) -> tuple[Any, ...]:
-    """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"``."""
+    """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"`` (never SEQ16)."""
     call = vc.call
     return (MARK, *bwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped, head_dim_v=call.head_dim_v))
+                                call.windowed, call.capped, call.mods, call.head_dim_v, seq16=False))
 
 
 def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -213,12 +227,14 @@ def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: Varl
     call, shape = vc.call, vc.kernel_shape
     return tuple(dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], shape.head_dim, call.causal != "none",
                                          aligned, shape.seqlen_q, shape.seqlen_k, index64=index64,
-                                         window=call.windowed, softcap=call.capped, varlen=True,
-                                         head_dim_v=call.head_dim_v)
+                                         window=call.windowed, softcap=call.capped, alibi=call.mods[0],
+                                         dropout=call.mods[2], varlen=True, head_dim_v=call.head_dim_v)
                  for kernel in kernels)
 
 
 FORWARD = (FLASH_FWD.name,)
+# The pointers after each kernel's own that Triton's interpreter takes as tensors: cu_seqlens, then the mods'.
+_SKIP_POINTERS = len(VARLEN_POINTERS) + len(MOD_POINTERS)
 BACKWARD = (FLASH_BWD_DQ.name, FLASH_BWD_DKDV.name)
 
 
@@ -262,8 +278,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         shape = vc.kernel_shape
         fwd.warn_if_slow(shape)
         constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
-                                                   head_dim_v=call.head_dim_v), "VARLEN": True}
-        args = (*views, cu_q, cu_k, *ints[fwd.N_TENSORS + 2:], *fwd.floats(call))
+                                                   call.mods, call.head_dim_v), "VARLEN": True}
+        args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), *ints[_SKIP_POINTERS + fwd.N_TENSORS:],
+                *fwd.floats(call))
         compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
         return out, lse
     device = q.device
@@ -297,7 +314,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), kernel_view(do), lse.unsqueeze(0),
              delta.unsqueeze(0), *(kernel_view(g) for g in grads))
     call, shape = vc.call, vc.kernel_shape
-    dq_ints, dkdv_ints, aligned, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
+    dq_ints, dkdv_ints, aligned, _, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
     floats = fwd.floats(call)
     if q.device.type == "cpu":
         _interpret_backward(views, cu_q, cu_k, dq_ints, dkdv_ints, vc)
@@ -324,12 +341,13 @@ def _interpret_backward(views: tuple[torch.Tensor, ...], cu_q: torch.Tensor, cu_
     q, k, v, out, do, lse, delta, dq, dk, dv = views
     call, shape = vc.call, vc.kernel_shape
     fwd.warn_if_slow(shape)
-    constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
-                                               head_dim_v=call.head_dim_v), "VARLEN": True}
+    constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
+                                               call.head_dim_v), "VARLEN": True}
     dq_grid, dkdv_grid = bwd.grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     floats = fwd.floats(call)
-    skip = bwd.N_TENSORS + 2
+    skip = bwd.N_TENSORS + _SKIP_POINTERS
+    mods = score_mods.mod_tensors(call, q)
     compiler.interpret(FLASH_BWD_DQ.name, dq_grid,
-                       (q, k, v, out, do, lse, delta, dq, cu_q, cu_k, *dq_ints[skip:], *floats), constexprs)
+                       (q, k, v, out, do, lse, delta, dq, cu_q, cu_k, *mods, *dq_ints[skip:], *floats), constexprs)
     compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid,
-                       (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *dkdv_ints[skip:], *floats), constexprs)
+                       (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *mods, *dkdv_ints[skip:], *floats), constexprs)

@@ -94,7 +94,8 @@ def explain_report(args: argparse.Namespace) -> Report:
             "head_dim_v": head_dim_v,
             "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
-            "varlen": varlen, "target": str(target), "target_source": how, **flags,
+            "seq16": any(dispatch.seq_aligned(name, not args.unaligned, args.seqlen_q, seqlen_k, varlen)
+                         for name in kernels), "varlen": varlen, "target": str(target), "target_source": how, **flags,
             **({"page_size": page} if page else {})}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
@@ -154,6 +155,10 @@ def print_explain(report: Report) -> None:
               "buckets pick the tiles, and causal is bottom-right within each sequence")
     elif call["causal"] == "bottom_right":
         print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
+    if any(name in call["kernels"] for name in ("flash_bwd_dq", "flash_bwd_dkdv")) and call["aligned"]:
+        print("         backward: ALIGN16 marks pointers and strides 16-divisible; "
+              + ("SEQ16 also the seqlens and lse strides (both seqlens are multiples of 16)" if call["seq16"] else
+                 "no SEQ16 (a seqlen is not a multiple of 16, or packed sequences): the seqlens get no hint"))
     several = len(report["kernels"]) > 1
     if several:
         print(f"         a call launches {', then '.join(call['kernels'])}")

@@ -732,7 +732,7 @@ static int run_gpu(void) {
     }
     expect("init", lt_init(NULL), LT_OK, NULL);
     problem p, other;
-    /* Seqlens are multiples of 16: the backward's aligned variant also needs them (ALIGN16 covers seqlens). */
+    /* Seqlens are multiples of 16: the backward plans get SEQ16 on top of ALIGN16 (lt_bwd.c). */
     problem_make(&p, 2, 4, 2, 112, 144, 64, LT_CAUSAL_BOTTOM_RIGHT, 11);
     problem_make(&other, 1, 2, 1, 48, 304, 64, LT_CAUSAL_TOP_LEFT, 12); /* same shape class, other sizes */
     lt_attn_fwd_params params, params2, bad;
