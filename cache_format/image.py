@@ -70,16 +70,17 @@ _META_RESERVED = ("format", "codec", "level", "dict", "targets", "entries")
 DEFAULT_LEVEL = 19
 DEFAULT_DICT_BYTES = 1 << 20
 # The level at which training computes the dictionary's entropy statistics: it
-# compresses every sample once at this level, alone on one thread, after every
-# entry of a build is compiled. On 49 default sm_90 entries (11.9 MB, 2-core
+# compresses every sample once at this level, alone on one thread (then after
+# every entry of a build was compiled). On 49 default sm_90 entries (11.9 MB, 2-core
 # AMD EPYC, zstandard 0.25, 2026-11-30) level 19 trained in 9.2 s and level 3 in
 # 0.3 s, for images of 1,629,184 and 1,634,474 bytes (+0.3%): the 9 s were the
 # largest serial part of a parallel prewarm (benchmarks/NOTES.md, "Prewarm scaling").
 DICT_TRAIN_LEVEL = 3
 # The dictionary is trained on the first this many entries in key order (all
-# of a smaller image): a prewarm trains it, and compresses each entry as it is
-# built, while the rest still compile. Measured: SPEC.md, "Writing".
-DICT_SAMPLES = 64
+# of a smaller image), at most a quarter of their bytes: a prewarm trains it,
+# and compresses each entry as it is built, while the rest still compile.
+# Measured: SPEC.md, "Codec choice".
+DICT_SAMPLES = 32
 DICT_K = 8192
 DICT_D = 6
 _MIN_DICT_SAMPLES = 8
@@ -170,8 +171,8 @@ def choose_compression(samples: list[bytes], codec: str = "zstd-dict", level: in
     """The compression of an image whose first ``DICT_SAMPLES`` encoded entries in key order are ``samples``.
 
     (All of them if it holds fewer.) The dictionary is trained on them, at
-    most ``dict_bytes`` and an eighth of their bytes (a larger one costs more
-    than it saves, SPEC.md, "Codec choice"); too few to train on give plain zstd.
+    most ``dict_bytes`` and a quarter of their bytes (SPEC.md, "Codec
+    choice"); too few to train on give plain zstd.
     """
     codec_id = _CODEC_IDS.get(codec)
     if codec_id is None:
@@ -184,7 +185,7 @@ def choose_compression(samples: list[bytes], codec: str = "zstd-dict", level: in
         raise ValueError(f"samples must be at most DICT_SAMPLES={DICT_SAMPLES} entries, got {len(samples)}")
     dictionary = section = b""
     if codec_id == CODEC_ZSTD_DICT:
-        dictionary = train_dictionary(samples, min(dict_bytes, sum(map(len, samples)) // 8), k=dict_k, d=dict_d)
+        dictionary = train_dictionary(samples, min(dict_bytes, sum(map(len, samples)) // 4), k=dict_k, d=dict_d)
         if not dictionary:
             codec_id = CODEC_ZSTD  # too few entries to train on
         else:

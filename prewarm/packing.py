@@ -6,7 +6,7 @@ compressed at zstd level 19) came after the last compile, 1.55-1.65 s of a
 10.0 s build of 96 variants at -j 16 on the H200 host, while 15 of 16 cores
 idled (benchmarks/NOTES.md, "Prewarm scaling").
 
-The dictionary is now trained on the image's first ``DICT_SAMPLES`` entries
+The dictionary is now trained on the image's first ``DICT_SAMPLES`` (32) entries
 in key order alone (``cache_format.image.choose_compression``). A build knows
 its planned keys, so it compiles those samples first
 (``schedule.samples_first``), and ``Packer`` trains the dictionary the moment
@@ -42,13 +42,14 @@ from lazytriton.cache_format.image import (
 )
 
 # One compression thread per this many workers (at least one). An entry took
-# 0.057 s CPU to compress at level 19 and its compile 0.88 s CPU on average
-# (96 sm_90 variants, Triton 3.6, 2026-11-30, this 2-core machine): one thread
-# keeps up with about 15 workers once the dictionary exists, but the entries
-# built before it (the samples and what finished beside them, two thirds of
-# the bench plan) wait for it, so a thread per 4 workers clears that backlog
-# before the last compile ends (a simulation of the 16-core host).
-WORKERS_PER_THREAD = 4
+# 0.057 s CPU to compress at level 19 and its compile 1.2 s CPU on average (the
+# 96 bench variants, Triton 3.6 sm_90, this 2-core machine, 2026-11-30): one
+# thread keeps up with 20 workers once the dictionary exists, but the entries
+# built before it (the samples, and what finished beside them) wait for it.
+# In a simulation of the 16-core host (benchmarks/NOTES.md, "Prewarm scaling")
+# two threads cleared that backlog before the last compile, and one left 0.45 s
+# of it after; more than two changed nothing.
+WORKERS_PER_THREAD = 8
 # Left with more than this many blobs per thread still to compress at the end,
 # ``write`` leaves them to ``write_image``, which compresses over every core:
 # a new compressor costs about 0.2 s to load the dictionary, against 0.06 s a blob.

@@ -118,7 +118,7 @@ def test_a_packer_refuses_an_entry_given_twice_and_its_threads_follow_the_worker
     with Packer([], threads=1) as packer, pytest.raises(ValueError, match="given twice"):
         packer.add(ENTRIES[0])
         packer.add(ENTRIES[0])
-    assert [compression_threads(j) for j in (1, 4, 5, 16, 64)] == [1, 1, 2, 4, 16]
+    assert [compression_threads(j) for j in (1, 8, 9, 16, 64)] == [1, 1, 2, 2, 8]
 
 
 @settings(max_examples=40, deadline=None)
