@@ -47,7 +47,7 @@ from lazytriton.cache_format.image import (
 # thread keeps up with 20 workers once the dictionary exists, but the entries
 # built before it (the samples, and what finished beside them) wait for it.
 # In a simulation of the 16-core host (benchmarks/NOTES.md, "Prewarm scaling")
-# two threads cleared that backlog before the last compile, and one left 0.45 s
+# two threads cleared that backlog before the last compile, and one left 0.37 s
 # of it after; more than two changed nothing.
 WORKERS_PER_THREAD = 8
 # Left with more than this many blobs per thread still to compress at the end,
