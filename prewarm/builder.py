@@ -168,7 +168,7 @@ def _build_into(packer: Packer, plan: Sequence[Planned], jobs: int, report: Buil
                 cached: Callable[[str], Entry | None] | None) -> None:
     """Reuse, compile and write: each entry goes to ``packer`` as it is read, and the image is written from it."""
     for planned in plan:
-        entry = _read(planned.key, work, previous)
+        entry = None if planned.key in packer else _read(planned.key, work, previous)
         if entry is not None:
             packer.add(entry)
     if cached is not None:
@@ -211,6 +211,8 @@ def _build_into(packer: Packer, plan: Sequence[Planned], jobs: int, report: Buil
 
 def _add_built(packer: Packer, key: str, work: WorkDir) -> None:
     """Give ``packer`` the entry a worker (or the cache) just wrote; one unreadable now is left out of the image."""
+    if key in packer:  # a plan that names a variant twice
+        return
     entry = work.read(key)  # verified; a damaged file is removed, so a rerun builds it again
     if entry is None:
         packer.drop(key)
