@@ -6,8 +6,9 @@ Layout (all integers little-endian; SPEC.md, "Image (format version 1)", has it 
 
 The header holds the magic, format version, codec, entry count, the offset and
 length of each section, checksums of the index and of dictionary+meta, and a
-checksum of itself. The dictionary, trained on the image's own entries, is
-stored compressed and decompressed once, on the image's first read. The index
+checksum of itself. The dictionary, trained on the image's first
+``DICT_SAMPLES`` entries in key order, is stored compressed and decompressed
+once, on the image's first read. The index
 is an array of fixed 40-byte records sorted by key (16 raw key bytes, blob
 offset, stored length, raw length, xxh3-64 of the blob), read once at open
 and searched in memory: one entry is found, its blob read with ``pread``
@@ -29,9 +30,9 @@ import re
 import stat
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import xxhash
@@ -69,12 +70,17 @@ _META_RESERVED = ("format", "codec", "level", "dict", "targets", "entries")
 DEFAULT_LEVEL = 19
 DEFAULT_DICT_BYTES = 1 << 20
 # The level at which training computes the dictionary's entropy statistics: it
-# compresses every sample once at this level, alone on one thread, after every
-# entry of a build is compiled. On 49 default sm_90 entries (11.9 MB, 2-core
+# compresses every sample once at this level, alone on one thread (then after
+# every entry of a build was compiled). On 49 default sm_90 entries (11.9 MB, 2-core
 # AMD EPYC, zstandard 0.25, 2026-11-30) level 19 trained in 9.2 s and level 3 in
 # 0.3 s, for images of 1,629,184 and 1,634,474 bytes (+0.3%): the 9 s were the
 # largest serial part of a parallel prewarm (benchmarks/NOTES.md, "Prewarm scaling").
 DICT_TRAIN_LEVEL = 3
+# The dictionary is trained on the first this many entries in key order (all
+# of a smaller image), at most a quarter of their bytes: a prewarm trains it,
+# and compresses each entry as it is built, while the rest still compile.
+# Measured: SPEC.md, "Codec choice".
+DICT_SAMPLES = 32
 DICT_K = 8192
 DICT_D = 6
 _MIN_DICT_SAMPLES = 8
@@ -137,15 +143,66 @@ def _compressor(codec: int, level: int, dictionary: bytes) -> Any:
     return zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True)
 
 
-def _compress_all(codec: int, level: int, dictionary: bytes, raws: list[bytes], threads: int) -> list[bytes]:
+class Compression(NamedTuple):
+    """How an image's entries are compressed, chosen from its first ``DICT_SAMPLES`` entries alone.
+
+    So it can be chosen before the other entries exist (prewarm does, while
+    they compile); ``fits`` says whether it is what ``write_image`` chooses.
+    """
+
+    codec: int
+    level: int
+    dictionary: bytes
+    section: bytes  # the dictionary section: the dictionary, compressed
+    options: tuple[Any, ...]  # (codec name, level, dict_bytes, dict_k, dict_d) as asked for
+    samples: tuple[bytes, ...]  # the encoded entries it was chosen from, in key order
+
+    def fits(self, options: tuple[Any, ...], samples: list[bytes]) -> bool:
+        """Whether an image whose first encoded entries in key order are ``samples`` gets this for ``options``."""
+        return self.options == options and (options[0] != "zstd-dict" or list(self.samples) == samples)
+
+    def compressor(self) -> Any:
+        """A new compressor of one blob at a time, for one thread (its first blob loads the dictionary, ~0.2 s)."""
+        return _compressor(self.codec, self.level, self.dictionary)
+
+
+def choose_compression(samples: list[bytes], codec: str = "zstd-dict", level: int = DEFAULT_LEVEL,
+                       dict_bytes: int = DEFAULT_DICT_BYTES, dict_k: int = DICT_K, dict_d: int = DICT_D) -> Compression:
+    """The compression of an image whose first ``DICT_SAMPLES`` encoded entries in key order are ``samples``.
+
+    (All of them if it holds fewer.) The dictionary is trained on them, at
+    most ``dict_bytes`` and a quarter of their bytes (SPEC.md, "Codec
+    choice"); too few to train on give plain zstd.
+    """
+    codec_id = _CODEC_IDS.get(codec)
+    if codec_id is None:
+        raise ValueError(f"codec must be one of {sorted(_CODEC_IDS)}, got {codec!r}")
+    if not isinstance(level, int) or not 1 <= level <= 22:
+        raise ValueError(f"level must be a zstd level from 1 to 22, got {level!r}")
+    if not 0 <= dict_bytes <= MAX_DICT_BYTES:
+        raise ValueError(f"dict_bytes must be in [0, {MAX_DICT_BYTES}], got {dict_bytes}")
+    if len(samples) > DICT_SAMPLES:
+        raise ValueError(f"samples must be at most DICT_SAMPLES={DICT_SAMPLES} entries, got {len(samples)}")
+    dictionary = section = b""
+    if codec_id == CODEC_ZSTD_DICT:
+        dictionary = train_dictionary(samples, min(dict_bytes, sum(map(len, samples)) // 4), k=dict_k, d=dict_d)
+        if not dictionary:
+            codec_id = CODEC_ZSTD  # too few entries to train on
+        else:
+            section = _compressor(CODEC_ZSTD, DICT_SECTION_LEVEL, b"").compress(dictionary)
+    return Compression(codec_id, level if codec_id else 0, dictionary, section,
+                       (codec, level, dict_bytes, dict_k, dict_d), tuple(samples))
+
+
+def _compress_all(compression: Compression, raws: list[bytes], threads: int) -> list[bytes]:
     """Each raw entry compressed alone (a compressor per thread: they are not thread-safe)."""
-    if codec == CODEC_NONE:
+    if compression.codec == CODEC_NONE:
         return raws
     local = threading.local()
 
     def compress(raw: bytes) -> bytes:
         if not hasattr(local, "compressor"):
-            local.compressor = _compressor(codec, level, dictionary)
+            local.compressor = compression.compressor()
         return bytes(local.compressor.compress(raw))
 
     workers = max(1, min(threads or os.cpu_count() or 1, len(raws)))
@@ -187,38 +244,45 @@ def _encode_entries(entries: Iterable[Entry]) -> tuple[list[tuple[bytes, bytes]]
 
 def write_image(path: str | os.PathLike[str], entries: Iterable[Entry], *, level: int = DEFAULT_LEVEL,
                 dict_bytes: int = DEFAULT_DICT_BYTES, codec: str = "zstd-dict", dict_k: int = DICT_K,
-                dict_d: int = DICT_D, meta: dict[str, Any] | None = None, threads: int = 0) -> ImageInfo:
+                dict_d: int = DICT_D, meta: dict[str, Any] | None = None, threads: int = 0,
+                compression: Compression | None = None, blobs: Mapping[bytes, bytes] | None = None) -> ImageInfo:
     """Write ``entries`` (keys unique) to an image at ``path``, atomically (temp file, then rename).
 
-    Entries are stored in key order and the dictionary is trained on them in
-    that order with fixed parameters, so the same entries (in any order) give
-    the same bytes. ``meta`` adds fields to the image's meta map (not the
-    reserved ones). ``threads``: compression threads, 0 for one per core.
+    Entries are stored in key order and the dictionary is trained on the
+    first ``DICT_SAMPLES`` of them in that order with fixed parameters, so the
+    same entries (in any order) give the same bytes. ``meta`` adds fields to
+    the image's meta map (not the reserved ones). ``threads``: compression
+    threads, 0 for one per core.
+
+    ``compression`` and ``blobs`` let a caller that compressed entries ahead
+    (prewarm, while the rest compiled) pass that work on: ``compression`` is
+    used if it is the one these entries and options choose (``Compression.fits``),
+    else made again; ``blobs`` maps an encoded entry to its blob under that
+    compression (made by its ``compressor``); a missing blob is compressed
+    here. The bytes are the same either way.
     """
-    codec_id = _CODEC_IDS.get(codec)
-    if codec_id is None:
-        raise ValueError(f"codec must be one of {sorted(_CODEC_IDS)}, got {codec!r}")
-    if not isinstance(level, int) or not 1 <= level <= 22:
-        raise ValueError(f"level must be a zstd level from 1 to 22, got {level!r}")
-    if not 0 <= dict_bytes <= MAX_DICT_BYTES:
-        raise ValueError(f"dict_bytes must be in [0, {MAX_DICT_BYTES}], got {dict_bytes}")
     clash = sorted(set(meta or {}) & set(_META_RESERVED))
     if clash:
         raise ValueError(f"meta fields {clash} are reserved for the image itself")
     ordered, targets, binary_bytes = _encode_entries(entries)
     raws = [raw for _, raw in ordered]
-    dictionary = dict_section = b""
-    if codec_id == CODEC_ZSTD_DICT:
-        # A dictionary above an eighth of the entries' bytes costs more than it saves (SPEC.md, "Codec choice").
-        size = min(dict_bytes, sum(map(len, raws)) // 8)
-        dictionary = train_dictionary(raws, size, k=dict_k, d=dict_d)
-        if not dictionary:
-            codec_id = CODEC_ZSTD  # too few entries to train on
-        else:
-            dict_section = _compressor(CODEC_ZSTD, DICT_SECTION_LEVEL, b"").compress(dictionary)
-    blobs = _compress_all(codec_id, level, dictionary, raws, threads)
+    options, samples = (codec, level, dict_bytes, dict_k, dict_d), raws[:DICT_SAMPLES]
+    if compression is None or not compression.fits(options, samples):
+        compression, blobs = choose_compression(samples, *options), None
+    ready = blobs or {}
+    missing = [raw for raw in raws if raw not in ready]
+    made = dict(zip(missing, _compress_all(compression, missing, threads), strict=True))
+    stored = [ready[raw] if raw in ready else made[raw] for raw in raws]
+    return _write_sections(Path(path), ordered, stored, compression, targets, meta, binary_bytes)
+
+
+def _write_sections(path: Path, ordered: list[tuple[bytes, bytes]], blobs: list[bytes], compression: Compression,
+                    targets: set[str], meta: dict[str, Any] | None, binary_bytes: int) -> ImageInfo:
+    """Lay out header, dictionary section, blobs, index and meta (SPEC.md) and write them atomically."""
+    dictionary, dict_section, codec_id = compression.dictionary, compression.section, compression.codec
+    _, _, _, dict_k, dict_d = compression.options
     meta_record: dict[str, Any] = {
-        "format": FORMAT_VERSION, "codec": CODEC_NAMES[codec_id], "level": level if codec_id else 0,
+        "format": FORMAT_VERSION, "codec": CODEC_NAMES[codec_id], "level": compression.level,
         "dict": {"bytes": len(dictionary), "k": dict_k, "d": dict_d} if dictionary else {},
         "targets": sorted(targets), "entries": len(ordered), **(meta or {}),
     }
@@ -234,8 +298,8 @@ def write_image(path: str | os.PathLike[str], entries: Iterable[Entry], *, level
                           HEADER_SIZE, len(dict_section), index_offset, len(index), meta_offset, len(meta_bytes),
                           xxhash.xxh3_64_intdigest(index), xxhash.xxh3_64_intdigest(dict_section + meta_bytes), 0)
     header = header[:-8] + struct.pack("<Q", xxhash.xxh3_64_intdigest(header[:-8]))
-    write_atomically(Path(path), [header, dict_section, *blobs, index, meta_bytes])
-    return ImageInfo(Path(path), len(ordered), meta_offset + len(meta_bytes), sum(map(len, raws)),
+    write_atomically(path, [header, dict_section, *blobs, index, meta_bytes])
+    return ImageInfo(path, len(ordered), meta_offset + len(meta_bytes), sum(len(raw) for _, raw in ordered),
                      CODEC_NAMES[codec_id], binary_bytes, len(dictionary))
 
 

@@ -13,10 +13,16 @@ that built. No image is written when nothing built and something failed. The
 work directory is removed after a build with no failures (the image then
 holds it all), else kept so that a rerun retries only the failures.
 
+The image is compressed while the build runs (``packing``): the variants
+whose entries train its dictionary are compiled first, and each entry is
+compressed as it arrives, so that after the last compile only the last few
+blobs and the file itself are left.
+
 Same inputs, same image bytes: Triton's output was byte-identical across
 compiles (cubin and HSACO, checked for sm_90, sm_80 and gfx942 with Triton
-3.9), the image orders entries by key and trains its dictionary
-deterministically, and the image meta holds nothing time-dependent. The one
+3.9), the image orders entries by key and trains its dictionary on the
+first of them deterministically, whatever order they arrived in and
+whatever -j, and the image meta holds nothing time-dependent. The one
 field that differs is each entry's ``provenance.created``: set
 ``SOURCE_DATE_EPOCH`` and it is that time instead of the compile time.
 """
@@ -37,9 +43,10 @@ from lazytriton.cache_format import Entry
 from lazytriton.cache_format.image import Image, ImageError, ImageInfo, write_image
 from lazytriton.prewarm.enumeration import Planned
 from lazytriton.prewarm.limits import refusal
+from lazytriton.prewarm.packing import Packer, compression_threads
 from lazytriton.prewarm.pool import Limits, Result, compile_all
 from lazytriton.prewarm.progress import Progress
-from lazytriton.prewarm.schedule import longest_first
+from lazytriton.prewarm.schedule import longest_first, samples_first
 from lazytriton.prewarm.workdir import WorkDir, work_dir_for
 from lazytriton.record import replace
 
@@ -61,7 +68,8 @@ class BuildReport:
     compile_seconds: float = 0.0
     seconds: float = 0.0
     compile_times: dict[str, float] = field(default_factory=dict)  # key -> seconds its worker took (the bench reads it)
-    write_seconds: float = 0.0  # reading the built entries back and writing the image, after the last compile
+    write_seconds: float = 0.0  # from the last compile to the image on disk (what compression is left, the file)
+    compressed_early: int = 0  # entries compressed before the last compile ended (the bench prints it)
 
     @property
     def ok(self) -> bool:
@@ -143,16 +151,38 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
     work.clear_failures()
     report = BuildReport(out, work.path, planned=len(plan))
     previous = _open_previous(out)
-    built = {p.key for p in plan if _read(p.key, work, previous) is not None}
+    try:
+        with Packer((p.key for p in plan), compression_threads(jobs)) as packer:
+            _build_into(packer, plan, jobs, report, work, previous, created, stream, limits, cached)
+    finally:
+        if previous is not None:
+            previous.close()
+    if report.ok and not keep_work:
+        shutil.rmtree(work.path, ignore_errors=True)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _build_into(packer: Packer, plan: Sequence[Planned], jobs: int, report: BuildReport, work: WorkDir,
+                previous: Image | None, created: float | None, stream: TextIO, limits: Limits | None,
+                cached: Callable[[str], Entry | None] | None) -> None:
+    """Reuse, compile and write: each entry goes to ``packer`` as it is read, and the image is written from it."""
+    for planned in plan:
+        entry = None if planned.key in packer else _read(planned.key, work, previous)
+        if entry is not None:
+            packer.add(entry)
     if cached is not None:
-        copied = _copy_cached([p for p in plan if p.key not in built], cached, work, created)
+        copied = _copy_cached([p for p in plan if p.key not in packer], cached, work, created)
         report.from_cache = len(copied)
-        built |= copied
-    report.reused = len(built)
-    todo = _refuse([p for p in plan if p.key not in built], report, work, stream)
+        for key in copied:
+            _add_built(packer, key, work)
+    report.reused = len(packer)
+    todo = _refuse([p for p in plan if p.key not in packer], report, work, stream)
+    for planned, _ in report.failures:
+        packer.drop(planned.key)  # refused
     if report.reused:
-        stream.write(f"prewarm: {report.reused} of {len(plan)} variants already built (in {work.path} or {out}"
-                     f"{', or in the cache' if cached is not None else ''}); compiling {len(todo)}\n")
+        stream.write(f"prewarm: {report.reused} of {len(plan)} variants already built (in {work.path} or "
+                     f"{report.out}{', or in the cache' if cached is not None else ''}); compiling {len(todo)}\n")
     progress = Progress(len(todo), stream)
     if todo:
         progress.begin()
@@ -162,25 +192,32 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
         report.compile_times[planned.key] = result.seconds
         if result.error is None:
             report.compiled += 1
-            built.add(planned.key)
+            _add_built(packer, planned.key, work)
         else:
+            packer.drop(planned.key)
             report.failures.append((planned, result.error))
             work.record_failure(str(planned.variant), planned.key, result.error)
             progress.note(f"prewarm: FAILED {planned.variant} ({planned.origin}): {_brief(result.error)}")
         progress.step(failed=result.error is not None)
 
-    compile_all(longest_first(todo), jobs, work, created, on_result, limits)
+    compile_all(samples_first(longest_first(todo), packer.sample_keys()), jobs, work, created, on_result, limits)
     written = time.perf_counter()
-    entries = [e for e in (_read(p.key, work, previous) for p in plan if p.key in built) if e is not None]
+    report.compressed_early = packer.compressed
+    entries = packer.entries
     if entries or not report.failures:  # never an empty image for a build that failed
-        report.image = write_image(out, entries, meta=image_meta(entries))
+        report.image = packer.write(report.out, meta=image_meta(entries))
     report.write_seconds = time.perf_counter() - written
-    if previous is not None:
-        previous.close()
-    if report.ok and not keep_work:
-        shutil.rmtree(work.path, ignore_errors=True)
-    report.seconds = time.perf_counter() - start
-    return report
+
+
+def _add_built(packer: Packer, key: str, work: WorkDir) -> None:
+    """Give ``packer`` the entry a worker (or the cache) just wrote; one unreadable now is left out of the image."""
+    if key in packer:  # a plan that names a variant twice
+        return
+    entry = work.read(key)  # verified; a damaged file is removed, so a rerun builds it again
+    if entry is None:
+        packer.drop(key)
+    else:
+        packer.add(entry)
 
 
 def entries_of(source: Path) -> Iterator[Entry]:

@@ -98,7 +98,7 @@ def test_bench_quick_builds_byte_identical_images_at_j1_and_j2(tmp_path: Path) -
     assert "images identical" in proc.stdout  # the bench exits 1 when the two images differ
     rows = list(csv.DictReader(out_csv.open()))
     assert [r["metric"] for r in rows] == ["throughput", "throughput", "speedup", "speedup_per_core", "plan_bound",
-                                           "image_write", "image_write"]
+                                           "image_write", "image_write", "compile_sum_ratio"]
     assert all(r["mode"] == "scaling" and r["n"] == "3" and float(r["value"]) > 0 for r in rows)
 
 
