@@ -17,7 +17,9 @@ says what happened:
    query block).
 3. ``time``: TFLOP/s (event-timed medians, ``lazytriton.cli.timing.median_ms``)
    of flash_fwd_gluon (the default tiles with and without the producer
-   warp; every config of ``gluon.CONFIGS`` both ways with ``--sweep``), the current
+   warp, and ping-pong; with ``--sweep``, ``sweep_tilings``: every config of
+   ``gluon.CONFIGS``, the producer at 128 x 128 x 8, and every
+   ``gluon.PINGPONG_CONFIGS``), the current
    flash_fwd (dispatch's variant, as a call gets it) and SDPA's cuDNN
    backend, at FlashAttention's benchmark shapes (batch x seqlen = 16k,
    hidden 2048), each output checked against cuDNN's before it is timed.
@@ -98,14 +100,25 @@ def _tensors(torch: Any, dtype: str, b: int, hq: int, hk: int, sq: int, sk: int,
     return one(hq, sq), one(hk, sk), one(hk, sk)
 
 
-Tiling = tuple[tuple[int, int, int], bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp
+Tiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp, ping-pong
+
+
+def sweep_tilings() -> list[Tiling]:
+    """What ``--sweep`` checks and times: every config without the producer warp, the 128 x 128 x 8 one
+    with it (the H200 measured the producer slower at every 4-warp config: it costs those their second
+    CTA on an SM), and each ping-pong config (two consumer warpgroups taking turns, plus the producer)."""
+    from lazytriton.kernels.flash_fwd import gluon
+
+    return ([(tiles, False, False) for tiles in gluon.CONFIGS] + [((128, 128, 8), True, False)]
+            + [(tiles, True, True) for tiles in gluon.PINGPONG_CONFIGS])
 
 
 def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tiling) -> Any:
     b, hq, hk, sq, sk, d = call.shape
     target = dispatch.target_of_device(q.device)
     found = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
-                                             tiles=tiling[0], scale=call.scale, producer=tiling[1])
+                                             tiles=tiling[0], scale=call.scale, producer=tiling[1],
+                                             pingpong=tiling[2])
     if found is None:
         from lazytriton.kernels.flash_fwd import gluon
 
@@ -152,9 +165,10 @@ def compile_list(args: argparse.Namespace) -> list[Any]:
     """Every gluon variant the run uses (sm_90), in a fixed order the compile shards split."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer)
+    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer,
+                           pingpong=pingpong)
              for dtype in ("bf16", "fp16") for d in gluon.HEAD_DIMS for causal in ("none", "top_left")
-             for tiles, producer in tiles_for(args, d)]
+             for tiles, producer, pingpong in tiles_for(args, d)]
     return list(dict.fromkeys(v for v in found if v is not None))
 
 
@@ -246,16 +260,20 @@ def job_time(args: argparse.Namespace, index: int) -> None:
 
 
 def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
-    """The gluon tilings a run checks and times: the default (or every config) with and without the producer."""
+    """The gluon tilings a run checks and times: the default tiles with and without the producer warp, and
+    ping-pong; with ``--sweep``, ``sweep_tilings``."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    every = [(tiles, producer) for tiles in (gluon.CONFIGS if args.sweep else (gluon.DEFAULT_TILES[d],))
-             for producer in (False, True)]
+    every = sweep_tilings() if args.sweep else [(gluon.DEFAULT_TILES[d], False, False),
+                                                (gluon.DEFAULT_TILES[d], True, False),
+                                                (gluon.PINGPONG_CONFIGS[0], True, True)]
     return [tiling for tiling in every if label(tiling) not in getattr(args, "skip", set())]
 
 
 def label(tiling: Tiling) -> str:
-    """A tiling's name in the logs and the table: gluon[BLOCK_M, BLOCK_N, num_warps] (+producer)."""
+    """A tiling's name in the logs and the table: gluon[BLOCK_M, BLOCK_N, num_warps] (+producer, +pingpong)."""
+    if len(tiling) > 2 and tiling[2]:
+        return f"gluon{list(tiling[0])}+pingpong"
     return f"gluon{list(tiling[0])}" + ("+producer" if tiling[1] else "")
 
 

@@ -417,9 +417,9 @@ GLUON_BY_DEFAULT = False
 def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,
                             seqlen_q: int, seqlen_k: int, features: bool = False,
                             tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
-                            producer: bool = False) -> Variant | None:
+                            producer: bool = False, pingpong: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant for a call, or None where it cannot serve it (pure; see its rule)."""
     from lazytriton.kernels.flash_fwd import gluon
 
     return gluon.variant(str(target), dtype, head_dim, causal_mode(causal), aligned, index64, seqlen_q, seqlen_k,
-                         features, tiles, scale, producer)
+                         features, tiles, scale, producer, pingpong)

@@ -50,7 +50,7 @@ def test_the_variant_is_complete_round_trips_and_keys_apart_from_flash_fwd() -> 
     v = gluon_variant(128, True)
     assert v is not None
     assert str(v) == ("flash_fwd_gluon:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=true,EVEN_D=true,INDEX64=false:"
-                      "BLOCK_M=128,BLOCK_N=128,PRODUCER=false:num_stages=2,num_warps=8")
+                      "BLOCK_M=128,BLOCK_N=128,PINGPONG=false,PRODUCER=false:num_stages=2,num_warps=8")
     assert check_fields(v) is v
     assert Variant.parse(str(v)) == v
     plain = dispatch.flash_fwd_variant(SM90, "bf16", 128, True, True, 4096, seqlen_k=4096)
@@ -67,7 +67,7 @@ def test_stages_follow_the_kernels_own_rule() -> None:
 def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"tiles must be one of .* got \(128, 128, 4\)"):
         gluon_variant(tiles=(128, 128, 4))  # BLOCK_M must be 16 x num_warps
-    assert gluon_variant(tiles=(64, 64, 4)).tuned == (("BLOCK_M", 64), ("BLOCK_N", 64),  # type: ignore[union-attr]
+    assert gluon_variant(tiles=(64, 64, 4)).tuned == (("BLOCK_M", 64), ("BLOCK_N", 64), ("PINGPONG", False),  # type: ignore[union-attr]
                                                       ("PRODUCER", False))
     assert gluon_variant(producer=True).get("PRODUCER") is True  # type: ignore[union-attr]
 
@@ -127,18 +127,22 @@ def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
 # Real compiles for cuda:90 with the installed Triton, through lazytriton's compile path
 
 
-@pytest.mark.parametrize("head_dim, causal, tiles, producer, shared, warps", [
+@pytest.mark.parametrize("head_dim, causal, tiles, producer, shared, warps", [  # tiles "pingpong": its default
     (64, True, (64, 64, 4), False, 57608, 4),
     (128, False, None, False, 164040, 8),
     (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
+    (128, True, "pingpong", True, 164144, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
+    (64, False, "pingpong", True, 115056, 12),
 ])
 def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim: int, causal: bool,
-                                                                        tiles: tuple[int, int, int] | None,
+                                                                        tiles: tuple[int, int, int] | str | None,
                                                                         producer: bool, shared: int,
                                                                         warps: int) -> None:
     from lazytriton.compiler import compile_variant, triton_version
 
-    variant = gluon_variant(head_dim, causal, tiles=tiles, producer=producer)
+    pingpong = tiles == "pingpong"
+    variant = gluon_variant(head_dim, causal, tiles=None if pingpong else tiles, producer=producer,
+                            pingpong=pingpong)
     assert variant is not None
     entry = compile_variant(variant)
     assert entry.kind == "cubin" and entry.binary
@@ -237,20 +241,55 @@ def test_the_producer_warp_loads_and_the_consumers_release_by_arrive() -> None:
 
 def test_a_tiling_that_fails_or_faults_a_check_is_not_timed(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=False, skip=set())
-    plain, producer = (probe.label(t) for t in probe.tiles_for(args, 128))
-    assert producer == "gluon[128, 128, 8]+producer"
+    plain, producer, pingpong = (probe.label(t) for t in probe.tiles_for(args, 128))
+    assert producer == "gluon[128, 128, 8]+producer" and pingpong == "gluon[128, 128, 4]+pingpong"
     crashed = [{"tiles": plain, "ok": True}, {"job": "check", "index": 0, "crash": -9}]
     assert probe.suspects(args, 128, crashed) == {producer}  # it was running when the child died
-    wrong = [{"tiles": plain, "ok": False}, {"tiles": producer, "ok": True}]
+    wrong = [{"tiles": plain, "ok": False}, {"tiles": producer, "ok": True}, {"tiles": pingpong, "ok": True}]
     assert probe.suspects(args, 128, wrong) == {plain}
     args.skip = {plain}
-    assert [probe.label(t) for t in probe.tiles_for(args, 128)] == [producer]
+    assert [probe.label(t) for t in probe.tiles_for(args, 128)] == [producer, pingpong]
 
 
 def test_the_compile_shards_cover_every_variant_once(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=True, skip=set(), jobs=3)
     every = probe.compile_list(args)
-    assert len(every) == 2 * 2 * 2 * len(gluon.CONFIGS) * 2  # dtypes x head dims x causal x tiles x producer
+    # dtypes x head dims x causal x (every config, the producer at 128 x 128 x 8, each ping-pong config)
+    assert len(every) == 2 * 2 * 2 * (len(gluon.CONFIGS) + 1 + len(gluon.PINGPONG_CONFIGS))
+    assert sum(v.get("PINGPONG") for v in every) == 2 * 2 * 2 * len(gluon.PINGPONG_CONFIGS)
     assert all(v.kernel == "flash_fwd_gluon" for v in every)
     shards = [every[i::args.jobs] for i in range(args.jobs)]
     assert sorted(map(str, sum(shards, []))) == sorted(map(str, every))
+
+
+# ---------------------------------------------------------------------------
+# Ping-pong: two consumer warpgroups on the two halves of the query tile, taking turns
+
+
+def test_pingpong_variants_imply_the_producer_and_take_only_their_own_configs() -> None:
+    v = gluon_variant(128, True, pingpong=True)
+    assert v is not None
+    assert v.tuned == (("BLOCK_M", 128), ("BLOCK_N", 128), ("PINGPONG", True), ("PRODUCER", True))
+    assert v.get("num_warps") == 4  # each consumer warpgroup's warps; the entry runs 12
+    assert gluon_variant(64, False, pingpong=True, tiles=(128, 64, 4)).get("BLOCK_N") == 64  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"with pingpong, got \(128, 128, 8\)"):
+        gluon_variant(pingpong=True, tiles=(128, 128, 8))  # 2 x 8 warps would be 256 rows
+    assert gluon_variant(128, True, sq=4096 + 64, pingpong=True) is None  # the same rule: whole 128-row tiles
+
+
+def test_pingpong_ptx_alternates_the_two_warpgroups_by_mbarrier() -> None:
+    """Each warpgroup waits for its turn before its wgmmas and passes it after issuing them, on its own
+    named barrier (bar.sync 0 / 2, 128 threads), and both get 240 registers, the producer 24."""
+    variant = gluon_variant(128, True, pingpong=True)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    assert ptx.count("setmaxnreg.dec.sync.aligned.u32 \t240;") == 1  # the default partition (warpgroup 0)
+    assert ptx.count("setmaxnreg.inc.sync.aligned.u32 \t240;") == 1  # warpgroup 1
+    assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
+    assert ptx.count("wgmma.mma_async") == 96  # each warpgroup: the peeled block, 2 loops, the last PV
+    assert {int(n) for n in re.findall(r"bar\.sync\s+(\d+), 128;", ptx)} == {0, 2}  # one barrier a warpgroup
+    # Passing the turn follows the PV's commit in both loops: wgmma issued, then arrive, then wait for S only.
+    passes = re.findall(r"wgmma\.commit_group\.sync\.aligned;\n(?:[^\n]*\n){0,6}?\s*bar\.sync\s+[02], 128;\n"
+                        r"(?:[^\n]*\n){0,3}?\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)
+    assert len(passes) >= 8  # 2 warpgroups x (peeled, 2 loops, last PV) at least
+    assert "ld.local" not in ptx and "st.local" not in ptx

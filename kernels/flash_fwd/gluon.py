@@ -39,7 +39,7 @@ FLASH_FWD_GLUON = KernelSpec(
     module="lazytriton.kernels.flash_fwd.gluon_kernel",
     function="flash_fwd_gluon_kernel",
     params=FLASH_FWD.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG"),
     aligned_params=FLASH_FWD.aligned_params,
 )
 
@@ -53,6 +53,10 @@ DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8)}
 # Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a
 # warpgroup owns 16 rows of a wgmma), BLOCK_N 64 or 128 (one wgmma instruction spans the tile).
 CONFIGS = ((128, 128, 8), (128, 64, 8), (64, 128, 4), (64, 64, 4))
+# Ping-pong (PINGPONG=true, which implies the producer warp): two consumer warpgroups of num_warps
+# each own half of BLOCK_M (BLOCK_M = 2 x 16 x num_warps) and take turns to issue their wgmmas; the
+# entry runs 2 x num_warps + 4 warps. FlashAttention-3's forward schedule on H100.
+PINGPONG_CONFIGS = ((128, 128, 4), (128, 64, 4))
 
 
 def stages(head_dim: int, block_n: int) -> int:
@@ -96,7 +100,7 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None,
-            scale: float = 1.0, producer: bool = False) -> Variant | None:
+            scale: float = 1.0, producer: bool = False, pingpong: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``CONFIGS`` (default
@@ -107,16 +111,23 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     ``producer``: one extra warp issues every K/V load (warp specialisation,
     tuned field PRODUCER); the entry then runs num_warps + 4 warps (Triton
     pads the one-warp partition to a warpgroup in the launch metadata).
+    ``pingpong``: FlashAttention-3's ping-pong of two consumer warpgroups
+    (tuned field PINGPONG, with PRODUCER); ``tiles`` one of
+    ``PINGPONG_CONFIGS`` then.
     """
     from lazytriton.variant import Variant, pairs
 
     block_m, block_n, num_warps = DEFAULT_TILES.get(head_dim, CONFIGS[0]) if tiles is None else tiles
-    if (block_m, block_n, num_warps) not in CONFIGS:
-        raise ValueError(f"tiles must be one of {CONFIGS} (BLOCK_M, BLOCK_N, num_warps), got {tiles!r}")
+    if tiles is None and pingpong:
+        block_m, block_n, num_warps = PINGPONG_CONFIGS[0]
+    allowed = PINGPONG_CONFIGS if pingpong else CONFIGS
+    if (block_m, block_n, num_warps) not in allowed:
+        raise ValueError(f"tiles must be one of {allowed} (BLOCK_M, BLOCK_N, num_warps)"
+                         f"{' with pingpong' if pingpong else ''}, got {tiles!r}")
     if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features,
               scale):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True, "INDEX64": False}
-    tuned = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRODUCER": bool(producer)}
+    tuned = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PINGPONG": bool(pingpong), "PRODUCER": bool(producer or pingpong)}
     return Variant(NAME, target, dtype, pairs(functional), pairs(tuned),
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))
