@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 from conftest import REPO
 
 from lazytriton import dispatch
@@ -120,7 +121,51 @@ def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
     assert gluon_variant(causal=False).get("CAUSAL") is False  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="causal must be"):
         gluon_variant(causal="upper")
-    assert dispatch.GLUON_BY_DEFAULT is False
+
+
+# ---------------------------------------------------------------------------
+# Dispatch's default: GLUON_TABLE's rows, for calls whose memo key carries the gluon tail
+
+
+def test_the_table_rows_are_variants_the_kernel_takes() -> None:
+    for (dtype, head_dim, causal), (tiles, producer, pingpong) in dispatch.GLUON_TABLE.items():
+        assert dtype in gluon.DTYPES and head_dim in gluon.HEAD_DIMS
+        v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, 4096, 4096)
+        assert v is not None and v.get("CAUSAL") is causal
+        assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == tiles
+        assert (v.get("PRODUCER"), v.get("PINGPONG")) == (producer or pingpong, pingpong)
+
+
+def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
+    assert dispatch.GLUON_BY_DEFAULT is True
+    fits = dispatch.flash_fwd_gluon_fits
+    assert fits("bf16", 128, True, 0, 0.088, 4096, 4096)
+    assert not fits("bf16", 128, True, 0, 0.088, 4096 + 32, 4096)  # 64 x 64 tiles
+    assert not fits("bf16", 128, True, -64, 0.088, 4096, 4032)  # bottom-right, seqlen_q > seqlen_k
+    assert fits("bf16", 128, False, -64, 0.088, 4096, 4032)  # the offset means nothing without causal
+    assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
+    assert not fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # no row: flash_fwd measured faster
+    assert not fits("fp16", 128, False, 0, 0.088, 4096, 4096)  # not measured yet
+    assert fits("bf16", 64, False, 0, 0.125, 128, 64) and not fits("bf16", 64, False, 0, 0.125, 64, 64)
+
+
+def test_binding_serves_the_gluon_row_only_for_a_tailed_key_on_sm90_and_aligned() -> None:
+    from lazytriton.kernels.flash_fwd import binding
+
+    shape = binding.Shape(batch=2, heads_q=16, heads_k=16, seqlen_q=4096, seqlen_k=4096, head_dim=128)
+    got = binding.variant(SM90, torch.bfloat16, shape, True, True, False, gluon=True)
+    assert got.kernel == "flash_fwd_gluon" and got.get("BLOCK_M") == 64
+    for target, aligned, gluon_bit in ((SM90, False, True), (Target.parse("sm_80"), True, True),
+                                       (SM90, True, False)):
+        assert binding.variant(target, torch.bfloat16, shape, True, aligned, False,
+                               gluon=gluon_bit).kernel == "flash_fwd"
+
+
+def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
+    assert not dispatch.flash_fwd_gluon_fits("bf16", 128, True, 0, 0.088, 4096, 4096)
+    assert dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 128, True, True, False, 4096, 4096) is None
+    assert gluon_variant(128, True) is not None  # still launched by variant, as the probe does
 
 
 # ---------------------------------------------------------------------------
