@@ -128,6 +128,14 @@ def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tilin
     return found
 
 
+def _flash_fwd(dispatch: Any, binding: Any, q: Any, k: Any, v: Any, call: Any) -> Any:
+    """The Triton flash_fwd variant for the call, as dispatch served it before GLUON_TABLE (the baseline)."""
+    out, lse = binding.empty_outputs(q, call.shape)
+    _, aligned, index64 = binding.pack(q, k, v, out, lse, call)
+    return binding.variant(dispatch.target_of_device(q.device), q.dtype, call.shape, call.causal != "none",
+                           aligned, index64)
+
+
 def _run(binding: Any, q: Any, k: Any, v: Any, call: Any, variant: Any) -> tuple[Any, Any]:
     out, lse = binding.empty_outputs(q, call.shape)
     binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
@@ -198,7 +206,7 @@ def job_check(args: argparse.Namespace, index: int) -> None:
     q, k, v = _tensors(torch, dtype, b, hq, hk, sq, sk, d, layout)
     call = binding.check(q, k, v, causal if causal != "none" else False)
     ref_out, ref_lse = _reference(torch, q, k, v, call)
-    base_out, base_lse = binding.forward(q, k, v, call)  # the current flash_fwd, as dispatch serves it
+    base_out, base_lse = _run(binding, q, k, v, call, _flash_fwd(dispatch, binding, q, k, v, call))
     base = (float((base_out.float() - ref_out).abs().max()), float((base_lse - ref_lse).abs().max()))
     for tiling in tiles_for(args, d):
         variant = _gluon_variant(dispatch, binding, q, call, tiling)
@@ -234,8 +242,10 @@ def job_time(args: argparse.Namespace, index: int) -> None:
 
     ref = cudnn().float()
     out, lse = binding.empty_outputs(q, call.shape)
+    base = _flash_fwd(dispatch, binding, q, k, v, call)  # not dispatch's choice, which may be a GLUON_TABLE row
     providers: list[tuple[str, Any]] = [("cudnn", cudnn),
-                                        ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call))]
+                                        ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call,
+                                                                                 variant=base))]
     for tiling in tiles_for(args, d):
         try:
             variant = _gluon_variant(dispatch, binding, q, call, tiling)
@@ -362,6 +372,40 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def parse_label(name: str) -> Tiling:
+    """The tiling a ``label`` names (the inverse of ``label``)."""
+    tiles = tuple(int(x) for x in name[name.index("[") + 1:name.index("]")].split(","))
+    pingpong = name.endswith("+pingpong")
+    return (tiles[0], tiles[1], tiles[2]), pingpong or name.endswith("+producer"), pingpong
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """``dispatch.GLUON_TABLE`` rows from the timings: per (dtype, head dim, causal), the gluon tiling with
+    the best geomean over the timed seqlens, where that beats flash_fwd's (ready to paste; the rest keeps
+    flash_fwd). Comments: TFLOP/s gluon / flash_fwd / cuDNN, geomean over the seqlens."""
+    groups: dict[tuple[str, int, bool], dict[str, list[float]]] = {}
+    for r in rows:
+        if "provider" in r and r.get("tflops"):
+            group = groups.setdefault((r["dtype"], r["head_dim"], r["causal"]), {})
+            group.setdefault(r["provider"], []).append(float(r["tflops"]))
+
+    def geomean(xs: list[float]) -> float:
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    lines = []
+    for (dtype, d, causal), got in sorted(groups.items()):
+        n = len(got.get("flash_fwd", []))
+        whole = {name: geomean(xs) for name, xs in got.items() if len(xs) == n and n}  # timed at every seqlen
+        gluons = {name: t for name, t in whole.items() if name.startswith("gluon")}
+        if not gluons or "flash_fwd" not in whole:
+            continue
+        best = max(gluons, key=gluons.__getitem__)
+        if gluons[best] > whole["flash_fwd"]:
+            lines.append(f"    ({dtype!r}, {d}, {causal}): {parse_label(best)},  # {gluons[best]:.0f} / "
+                         f"{whole['flash_fwd']:.0f} / {whole.get('cudnn', float('nan')):.0f}".replace("'", '"'))
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="time seqlen 4k only")
@@ -452,6 +496,9 @@ def main() -> int:
     for line in summary:
         log(line, logfile)
     for line in table(rows):
+        log(line, logfile)
+    log("dispatch.GLUON_TABLE rows (gluon beats flash_fwd; shapes not listed keep flash_fwd):", logfile)
+    for line in table_rows(rows):
         log(line, logfile)
     return 1 if summary else 0
 

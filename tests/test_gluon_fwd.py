@@ -12,6 +12,7 @@ lazytriton's own compile path into an Entry with TMA, wgmma and mbarrier code.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import re
 from pathlib import Path
@@ -338,3 +339,21 @@ def test_pingpong_ptx_alternates_the_two_warpgroups_by_mbarrier() -> None:
                         r"(?:[^\n]*\n){0,3}?\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)
     assert len(passes) >= 8  # 2 warpgroups x (peeled, 2 loops, last PV) at least
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_the_probe_prints_table_rows_dispatch_takes(probe: ModuleType) -> None:
+    shape = {"dtype": "bf16", "head_dim": 128, "causal": True}
+    rows = [{**shape, "seqlen": s, "provider": name, "tflops": t}
+            for s, cudnn, ffwd, pp, plain in ((1024, 400.0, 300.0, 350.0, 360.0), (4096, 540.0, 400.0, 600.0, 380.0))
+            for name, t in (("cudnn", cudnn), ("flash_fwd", ffwd), ("gluon[128, 128, 4]+pingpong", pp),
+                            ("gluon[64, 64, 4]", plain))]
+    rows += [{**shape, "causal": False, "seqlen": 4096, "provider": name, "tflops": t}
+             for name, t in (("flash_fwd", 500.0), ("gluon[64, 64, 4]", 450.0))]  # flash_fwd wins: no row
+    (line,) = probe.table_rows(rows)
+    assert line.startswith('    ("bf16", 128, True): ((128, 128, 4), True, True),  # 458 / 346 / 465')
+    table = ast.literal_eval("{" + line + "\n}")  # it pastes into dispatch.GLUON_TABLE as it is
+    tiles, producer, pingpong = table[("bf16", 128, True)]
+    assert dispatch.flash_fwd_gluon_variant(SM90, "bf16", 128, True, True, False, 4096, 4096, tiles=tiles,
+                                            producer=producer, pingpong=pingpong) is not None
+    for tiling in probe.sweep_tilings():
+        assert probe.parse_label(probe.label(tiling)) == tiling
