@@ -16,7 +16,10 @@ float32). The binding launches it as it launches flash_fwd
 alternative to flash_fwd, not a second launch.
 
 ``reason`` is the rule, pure: None when the kernel can serve a call, else
-why not. Dispatch asks it (``dispatch.flash_fwd_gluon_variant``).
+why not. Dispatch asks it (``dispatch.flash_fwd_gluon_variant``), and serves
+the kernel by default for the (dtype, head dim, causal) rows of
+``dispatch.GLUON_TABLE`` (the H200 probe's winners over flash_fwd) to calls
+whose memo key carries ``binding.GLUON_TAIL`` (the tiles divide the seqlens).
 Its source compiles for sm_90 with Triton 3.6.0 and 3.9.0 (the two names
 Triton renamed between them are looked up once at import), so no variant
 here needs one Triton version in particular.
@@ -47,8 +50,9 @@ TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor th
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128)
 # (head dim) -> (BLOCK_M, BLOCK_N, num_warps): FlashAttention-3's forward tiles on H100 (128 x 128 at
-# head dims 64 and 128, two consumer warpgroups of 64 rows). Not yet measured on the H200:
-# benchmarks/probe_gluon.py sweeps CONFIGS and says which to keep.
+# head dims 64 and 128, two consumer warpgroups of 64 rows): what ``variant`` takes without tiles.
+# What dispatch serves is dispatch.GLUON_TABLE's (measured on the H200 by benchmarks/probe_gluon.py,
+# which sweeps CONFIGS and PINGPONG_CONFIGS).
 DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8)}
 # Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a
 # warpgroup owns 16 rows of a wgmma), BLOCK_N 64 or 128 (one wgmma instruction spans the tile).
