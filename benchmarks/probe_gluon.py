@@ -159,6 +159,27 @@ def _reference(torch: Any, q: Any, k: Any, v: Any, call: Any) -> tuple[Any, Any]
     return out, lse
 
 
+HANG_S = 30.0  # a launch still running after this long is an mbarrier wait that never completes
+
+
+def finish(torch: Any, what: str, limit: float = HANG_S) -> None:
+    """Wait for the GPU's work; if it is still running after ``limit`` s, say so and end the child at once.
+
+    A hung kernel would hold the child until the parent's deadline (minutes,
+    most of a 280 s run); ending it here costs ``limit`` s. The parent reads
+    the crash and blames the tiling without a result (``suspects``), so later
+    children skip it. os._exit: no cleanup may wait on the hung stream.
+    """
+    event = torch.cuda.Event()
+    event.record()
+    began = time.perf_counter()
+    while not event.query():
+        if time.perf_counter() - began > limit:
+            print(f"HANG: {what} still running after {limit:.0f} s; ending this child", flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+
+
 def _where(torch: Any, err: Any, block_m: int) -> str:
     """Where the largest error sits, and the mean error by query block (first 8)."""
     idx = int(err.argmax())
@@ -211,7 +232,7 @@ def job_check(args: argparse.Namespace, index: int) -> None:
     for tiling in tiles_for(args, d):
         variant = _gluon_variant(dispatch, binding, q, call, tiling)
         out, lse = _run(binding, q, k, v, call, variant)
-        torch.cuda.synchronize()
+        finish(torch, label(tiling))
         err = (out.float() - ref_out).abs()
         got = (float(err.max()), float((lse - ref_lse).abs().max()))
         ok = all(math.isfinite(g) and g <= 2 * bb + 1e-4 for g, bb in zip(got, base, strict=True))
@@ -257,7 +278,7 @@ def job_time(args: argparse.Namespace, index: int) -> None:
     for name, fn in providers:
         try:
             result = fn()
-            torch.cuda.synchronize()
+            finish(torch, name)
             got = result if name == "cudnn" else out
             rel = float((got.float() - ref).norm() / ref.norm())
             ms = median_ms(fn, True, warmup=5, reps=args.reps) if rel < 2e-2 else float("nan")
@@ -336,6 +357,15 @@ def suspects(args: argparse.Namespace, head_dim: int, results: list[dict[str, An
         pending = [label(t) for t in tiles_for(args, head_dim) if label(t) not in done]
         bad |= set(pending[:1])
     return bad
+
+
+def time_suspect(args: argparse.Namespace, head_dim: int, results: list[dict[str, Any]]) -> str | None:
+    """The gluon tiling a crashed time child was timing (its first without a result), or None."""
+    if not any("crash" in r for r in results):
+        return None
+    done = {r["provider"] for r in results if "provider" in r}
+    pending = [label(t) for t in tiles_for(args, head_dim) if label(t) not in done]
+    return pending[0] if pending else None
 
 
 def check_line(r: dict[str, Any]) -> str:
@@ -484,6 +514,10 @@ def main() -> int:
             for r in got:
                 log(f"time {json.dumps(r)}", logfile)
             rows += got
+            hung = time_suspect(args, time_shapes(args)[i][1], got)
+            if hung is not None:  # a child ends at a hang (finish): the tiling it was timing is not timed again
+                log(f"  not timed from here on (crashed or hung while timed): {hung}", logfile)
+                args.skip.add(hung)
         if out_dir:
             with (Path(out_dir) / "probe_gluon.csv").open("a") as f:
                 for r in rows:

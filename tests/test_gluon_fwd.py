@@ -357,3 +357,40 @@ def test_the_probe_prints_table_rows_dispatch_takes(probe: ModuleType) -> None:
                                             producer=producer, pingpong=pingpong) is not None
     for tiling in probe.sweep_tilings():
         assert probe.parse_label(probe.label(tiling)) == tiling
+
+
+def test_a_hung_launch_ends_its_child_within_the_limit(probe: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    class Event:
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def record(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return self.done
+
+    class Cuda:
+        done = False
+
+        def Event(self) -> Event:  # noqa: N802 (torch's name)
+            return Event(self.done)
+
+    fake = argparse.Namespace(cuda=Cuda())
+    exits: list[int] = []
+    monkeypatch.setattr(probe.os, "_exit", lambda code: exits.append(code) or (_ for _ in ()).throw(SystemExit(code)))
+    with pytest.raises(SystemExit):
+        probe.finish(fake, "gluon[128, 128, 4]+pingpong", limit=0.01)
+    assert exits == [3] and "HANG: gluon[128, 128, 4]+pingpong" in capsys.readouterr().out
+    fake.cuda.done = True
+    probe.finish(fake, "done at once", limit=0.01)  # returns
+
+
+def test_a_tiling_that_hangs_while_timed_is_not_timed_again(probe: ModuleType) -> None:
+    args = argparse.Namespace(sweep=True, skip=set())
+    names = [probe.label(t) for t in probe.tiles_for(args, 128)]
+    got = [{"provider": "cudnn"}, {"provider": "flash_fwd"}, *({"provider": n} for n in names[:-2]),
+           {"job": "time", "index": 2, "crash": 3}]
+    assert probe.time_suspect(args, 128, got) == names[-2] == "gluon[128, 128, 4]+pingpong"
+    assert probe.time_suspect(args, 128, got[:-1]) is None
