@@ -405,6 +405,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     key = (device_index, dtype, shape.head_dim, causal, aligned, index64,
            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
     if (offset is not None and not (window or softcap) and mods == NO_MODS and dtype in DTYPES
+            and getattr(shape, "head_dim_v", shape.head_dim) == shape.head_dim  # gluon: one head dim for all
             and dispatch.flash_fwd_gluon_fits(DTYPES[dtype], shape.head_dim, causal, offset, scale,
                                               shape.seqlen_q, shape.seqlen_k)):
         return key + GLUON_TAIL
