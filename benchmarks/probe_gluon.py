@@ -17,7 +17,9 @@ says what happened:
    query block).
 3. ``time``: TFLOP/s (event-timed medians, ``lazytriton.cli.timing.median_ms``)
    of flash_fwd_gluon (the default tiles with and without the producer
-   warp; every config of ``gluon.CONFIGS`` both ways with ``--sweep``), the current
+   warp, and ping-pong; with ``--sweep``, ``sweep_tilings``: every config of
+   ``gluon.CONFIGS``, the producer at 128 x 128 x 8, and every
+   ``gluon.PINGPONG_CONFIGS``), the current
    flash_fwd (dispatch's variant, as a call gets it) and SDPA's cuDNN
    backend, at FlashAttention's benchmark shapes (batch x seqlen = 16k,
    hidden 2048), each output checked against cuDNN's before it is timed.
@@ -98,14 +100,25 @@ def _tensors(torch: Any, dtype: str, b: int, hq: int, hk: int, sq: int, sk: int,
     return one(hq, sq), one(hk, sk), one(hk, sk)
 
 
-Tiling = tuple[tuple[int, int, int], bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp
+Tiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp, ping-pong
+
+
+def sweep_tilings() -> list[Tiling]:
+    """What ``--sweep`` checks and times: every config without the producer warp, the 128 x 128 x 8 one
+    with it (the H200 measured the producer slower at every 4-warp config: it costs those their second
+    CTA on an SM), and each ping-pong config (two consumer warpgroups taking turns, plus the producer)."""
+    from lazytriton.kernels.flash_fwd import gluon
+
+    return ([(tiles, False, False) for tiles in gluon.CONFIGS] + [((128, 128, 8), True, False)]
+            + [(tiles, True, True) for tiles in gluon.PINGPONG_CONFIGS])
 
 
 def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tiling) -> Any:
     b, hq, hk, sq, sk, d = call.shape
     target = dispatch.target_of_device(q.device)
     found = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
-                                             tiles=tiling[0], scale=call.scale, producer=tiling[1])
+                                             tiles=tiling[0], scale=call.scale, producer=tiling[1],
+                                             pingpong=tiling[2])
     if found is None:
         from lazytriton.kernels.flash_fwd import gluon
 
@@ -113,6 +126,14 @@ def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tilin
         raise ValueError("flash_fwd_gluon refuses this call: " + str(gluon.reason(
             str(target), binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk, tm, tn, scale=call.scale)))
     return found
+
+
+def _flash_fwd(dispatch: Any, binding: Any, q: Any, k: Any, v: Any, call: Any) -> Any:
+    """The Triton flash_fwd variant for the call, as dispatch served it before GLUON_TABLE (the baseline)."""
+    out, lse = binding.empty_outputs(q, call.shape)
+    _, aligned, index64 = binding.pack(q, k, v, out, lse, call)
+    return binding.variant(dispatch.target_of_device(q.device), q.dtype, call.shape, call.causal != "none",
+                           aligned, index64)
 
 
 def _run(binding: Any, q: Any, k: Any, v: Any, call: Any, variant: Any) -> tuple[Any, Any]:
@@ -138,6 +159,27 @@ def _reference(torch: Any, q: Any, k: Any, v: Any, call: Any) -> tuple[Any, Any]
     return out, lse
 
 
+HANG_S = 30.0  # a launch still running after this long is an mbarrier wait that never completes
+
+
+def finish(torch: Any, what: str, limit: float = HANG_S) -> None:
+    """Wait for the GPU's work; if it is still running after ``limit`` s, say so and end the child at once.
+
+    A hung kernel would hold the child until the parent's deadline (minutes,
+    most of a 280 s run); ending it here costs ``limit`` s. The parent reads
+    the crash and blames the tiling without a result (``suspects``), so later
+    children skip it. os._exit: no cleanup may wait on the hung stream.
+    """
+    event = torch.cuda.Event()
+    event.record()
+    began = time.perf_counter()
+    while not event.query():
+        if time.perf_counter() - began > limit:
+            print(f"HANG: {what} still running after {limit:.0f} s; ending this child", flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+
+
 def _where(torch: Any, err: Any, block_m: int) -> str:
     """Where the largest error sits, and the mean error by query block (first 8)."""
     idx = int(err.argmax())
@@ -152,9 +194,10 @@ def compile_list(args: argparse.Namespace) -> list[Any]:
     """Every gluon variant the run uses (sm_90), in a fixed order the compile shards split."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer)
+    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer,
+                           pingpong=pingpong)
              for dtype in ("bf16", "fp16") for d in gluon.HEAD_DIMS for causal in ("none", "top_left")
-             for tiles, producer in tiles_for(args, d)]
+             for tiles, producer, pingpong in tiles_for(args, d)]
     return list(dict.fromkeys(v for v in found if v is not None))
 
 
@@ -184,12 +227,12 @@ def job_check(args: argparse.Namespace, index: int) -> None:
     q, k, v = _tensors(torch, dtype, b, hq, hk, sq, sk, d, layout)
     call = binding.check(q, k, v, causal if causal != "none" else False)
     ref_out, ref_lse = _reference(torch, q, k, v, call)
-    base_out, base_lse = binding.forward(q, k, v, call)  # the current flash_fwd, as dispatch serves it
+    base_out, base_lse = _run(binding, q, k, v, call, _flash_fwd(dispatch, binding, q, k, v, call))
     base = (float((base_out.float() - ref_out).abs().max()), float((base_lse - ref_lse).abs().max()))
     for tiling in tiles_for(args, d):
         variant = _gluon_variant(dispatch, binding, q, call, tiling)
         out, lse = _run(binding, q, k, v, call, variant)
-        torch.cuda.synchronize()
+        finish(torch, label(tiling))
         err = (out.float() - ref_out).abs()
         got = (float(err.max()), float((lse - ref_lse).abs().max()))
         ok = all(math.isfinite(g) and g <= 2 * bb + 1e-4 for g, bb in zip(got, base, strict=True))
@@ -220,8 +263,10 @@ def job_time(args: argparse.Namespace, index: int) -> None:
 
     ref = cudnn().float()
     out, lse = binding.empty_outputs(q, call.shape)
+    base = _flash_fwd(dispatch, binding, q, k, v, call)  # not dispatch's choice, which may be a GLUON_TABLE row
     providers: list[tuple[str, Any]] = [("cudnn", cudnn),
-                                        ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call))]
+                                        ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call,
+                                                                                 variant=base))]
     for tiling in tiles_for(args, d):
         try:
             variant = _gluon_variant(dispatch, binding, q, call, tiling)
@@ -233,7 +278,7 @@ def job_time(args: argparse.Namespace, index: int) -> None:
     for name, fn in providers:
         try:
             result = fn()
-            torch.cuda.synchronize()
+            finish(torch, name)
             got = result if name == "cudnn" else out
             rel = float((got.float() - ref).norm() / ref.norm())
             ms = median_ms(fn, True, warmup=5, reps=args.reps) if rel < 2e-2 else float("nan")
@@ -246,16 +291,20 @@ def job_time(args: argparse.Namespace, index: int) -> None:
 
 
 def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
-    """The gluon tilings a run checks and times: the default (or every config) with and without the producer."""
+    """The gluon tilings a run checks and times: the default tiles with and without the producer warp, and
+    ping-pong; with ``--sweep``, ``sweep_tilings``."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    every = [(tiles, producer) for tiles in (gluon.CONFIGS if args.sweep else (gluon.DEFAULT_TILES[d],))
-             for producer in (False, True)]
+    every = sweep_tilings() if args.sweep else [(gluon.DEFAULT_TILES[d], False, False),
+                                                (gluon.DEFAULT_TILES[d], True, False),
+                                                (gluon.PINGPONG_CONFIGS[0], True, True)]
     return [tiling for tiling in every if label(tiling) not in getattr(args, "skip", set())]
 
 
 def label(tiling: Tiling) -> str:
-    """A tiling's name in the logs and the table: gluon[BLOCK_M, BLOCK_N, num_warps] (+producer)."""
+    """A tiling's name in the logs and the table: gluon[BLOCK_M, BLOCK_N, num_warps] (+producer, +pingpong)."""
+    if len(tiling) > 2 and tiling[2]:
+        return f"gluon{list(tiling[0])}+pingpong"
     return f"gluon{list(tiling[0])}" + ("+producer" if tiling[1] else "")
 
 
@@ -310,6 +359,15 @@ def suspects(args: argparse.Namespace, head_dim: int, results: list[dict[str, An
     return bad
 
 
+def time_suspect(args: argparse.Namespace, head_dim: int, results: list[dict[str, Any]]) -> str | None:
+    """The gluon tiling a crashed time child was timing (its first without a result), or None."""
+    if not any("crash" in r for r in results):
+        return None
+    done = {r["provider"] for r in results if "provider" in r}
+    pending = [label(t) for t in tiles_for(args, head_dim) if label(t) not in done]
+    return pending[0] if pending else None
+
+
 def check_line(r: dict[str, Any]) -> str:
     if "crash" in r:
         return f"check {CHECKS[r['index']]}: CRASHED or HUNG (exit {r['crash']})"
@@ -341,6 +399,40 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     if ratios:
         lines.append(f"geomean gluon / cuDNN over {len(ratios)} shapes: "
                      f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+    return lines
+
+
+def parse_label(name: str) -> Tiling:
+    """The tiling a ``label`` names (the inverse of ``label``)."""
+    tiles = tuple(int(x) for x in name[name.index("[") + 1:name.index("]")].split(","))
+    pingpong = name.endswith("+pingpong")
+    return (tiles[0], tiles[1], tiles[2]), pingpong or name.endswith("+producer"), pingpong
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """``dispatch.GLUON_TABLE`` rows from the timings: per (dtype, head dim, causal), the gluon tiling with
+    the best geomean over the timed seqlens, where that beats flash_fwd's (ready to paste; the rest keeps
+    flash_fwd). Comments: TFLOP/s gluon / flash_fwd / cuDNN, geomean over the seqlens."""
+    groups: dict[tuple[str, int, bool], dict[str, list[float]]] = {}
+    for r in rows:
+        if "provider" in r and r.get("tflops"):
+            group = groups.setdefault((r["dtype"], r["head_dim"], r["causal"]), {})
+            group.setdefault(r["provider"], []).append(float(r["tflops"]))
+
+    def geomean(xs: list[float]) -> float:
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    lines = []
+    for (dtype, d, causal), got in sorted(groups.items()):
+        n = len(got.get("flash_fwd", []))
+        whole = {name: geomean(xs) for name, xs in got.items() if len(xs) == n and n}  # timed at every seqlen
+        gluons = {name: t for name, t in whole.items() if name.startswith("gluon")}
+        if not gluons or "flash_fwd" not in whole:
+            continue
+        best = max(gluons, key=gluons.__getitem__)
+        if gluons[best] > whole["flash_fwd"]:
+            lines.append(f"    ({dtype!r}, {d}, {causal}): {parse_label(best)},  # {gluons[best]:.0f} / "
+                         f"{whole['flash_fwd']:.0f} / {whole.get('cudnn', float('nan')):.0f}".replace("'", '"'))
     return lines
 
 
@@ -422,6 +514,10 @@ def main() -> int:
             for r in got:
                 log(f"time {json.dumps(r)}", logfile)
             rows += got
+            hung = time_suspect(args, time_shapes(args)[i][1], got)
+            if hung is not None:  # a child ends at a hang (finish): the tiling it was timing is not timed again
+                log(f"  not timed from here on (crashed or hung while timed): {hung}", logfile)
+                args.skip.add(hung)
         if out_dir:
             with (Path(out_dir) / "probe_gluon.csv").open("a") as f:
                 for r in rows:
@@ -434,6 +530,9 @@ def main() -> int:
     for line in summary:
         log(line, logfile)
     for line in table(rows):
+        log(line, logfile)
+    log("dispatch.GLUON_TABLE rows (gluon beats flash_fwd; shapes not listed keep flash_fwd):", logfile)
+    for line in table_rows(rows):
         log(line, logfile)
     return 1 if summary else 0
 

@@ -498,19 +498,71 @@ def target_of_device(device: Any) -> Target:
 
 # ---------------------------------------------------------------------------
 # flash_fwd_gluon: the Gluon (FlashAttention-3-style) Hopper forward, an alternative to flash_fwd
-# (kernels/flash_fwd/gluon.py has its rule). Not the default yet: the warm path's memo key
-# (binding.memo_key) sees seqlens through buckets, which do not tell a multiple of the tile from
-# its neighbours, so serving it from dispatch needs that bit in the key, and an H200 measurement
-# (benchmarks/probe_gluon.py) to say it wins. Until then it is launched by variant.
-GLUON_BY_DEFAULT = False
+# (kernels/flash_fwd/gluon.py has its rule). Dispatch serves it by default where GLUON_TABLE has a
+# row for the call's (dtype, head dim, causal) and the call fits that row's tiles (flash_fwd_gluon_fits);
+# the rest keeps flash_fwd. The rows are the H200 probe's winners over flash_fwd
+# (benchmarks/probe_gluon.py --quick --sweep prints them ready to paste; bf16, seqlen 4k, batch x
+# seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, TFLOP/s gluon / flash_fwd / cuDNN in the comments).
+# Not measured (so not served): fp16 (same kernel, no timing yet) and bf16 head dim 64 causal (gluon
+# 350 < flash_fwd 380). The warm path's memo key carries whether a call fits (binding.memo_key's
+# GLUON_TAIL, computed once per shape), so a gluon plan is never used for a call its tiles do not divide.
+GluonTiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer, pingpong
+GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
+    ("bf16", 64, False): ((128, 64, 8), False, False),  # 435 / 420 / 465
+    ("bf16", 128, False): ((64, 64, 4), False, False),  # 532 / 480 / 647
+    ("bf16", 128, True): ((64, 64, 4), False, False),  # 464 / 407 / 537
+}
+# The master switch: False, dispatch never picks flash_fwd_gluon itself whatever GLUON_TABLE says (it is
+# then launched by variant only, as the probe and `lazytriton tune` do). Read when a shape is first
+# described: set it (or edit GLUON_TABLE) before the first call, or clear the runtime's plans after.
+GLUON_BY_DEFAULT = True
+
+
+def flash_fwd_gluon_default(dtype: str, head_dim: int, causal: bool) -> GluonTiling | None:
+    """GLUON_TABLE's tiling for (dtype, head dim, causal), or None where flash_fwd serves (reads the two globals)."""
+    if not GLUON_BY_DEFAULT:
+        return None
+    return GLUON_TABLE.get((dtype, head_dim, bool(causal)))
+
+
+def flash_fwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, scale: float, seqlen_q: int,
+                         seqlen_k: int) -> bool:
+    """Whether a plain call is one flash_fwd_gluon serves by default, as far as its shape says.
+
+    The part of ``gluon.reason`` that the memo key's buckets cannot see: a
+    table row, seqlens that are positive multiples of the row's tiles, a
+    positive softmax scale, a causal offset >= 0 (bottom-right with
+    seqlen_q > seqlen_k leaves rows without keys). Target, alignment and
+    64-bit offsets are in the key already; the plan checks them (``flash_fwd_gluon_default_variant``).
+    """
+    row = flash_fwd_gluon_default(dtype, head_dim, causal)
+    if row is None:
+        return False
+    block_m, block_n, _ = row[0]
+    return (0 < seqlen_q and seqlen_q % block_m == 0 and 0 < seqlen_k and seqlen_k % block_n == 0
+            and scale > 0.0 and (not causal or offset >= 0))
+
+
+def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+                                    index64: bool, seqlen_q: int, seqlen_k: int) -> Variant | None:
+    """The default flash_fwd_gluon variant for a call that ``flash_fwd_gluon_fits``, or None (flash_fwd serves).
+
+    None also where the target, alignment or 64-bit offsets rule the kernel out.
+    """
+    row = flash_fwd_gluon_default(dtype, head_dim, causal)
+    if row is None:
+        return None
+    tiles, producer, pingpong = row
+    return flash_fwd_gluon_variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64,
+                                   seqlen_q, seqlen_k, tiles=tiles, producer=producer, pingpong=pingpong)
 
 
 def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,
                             seqlen_q: int, seqlen_k: int, features: bool = False,
                             tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
-                            producer: bool = False) -> Variant | None:
+                            producer: bool = False, pingpong: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant for a call, or None where it cannot serve it (pure; see its rule)."""
     from lazytriton.kernels.flash_fwd import gluon
 
     return gluon.variant(str(target), dtype, head_dim, causal_mode(causal), aligned, index64, seqlen_q, seqlen_k,
-                         features, tiles, scale, producer)
+                         features, tiles, scale, producer, pingpong)

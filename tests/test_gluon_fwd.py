@@ -12,12 +12,14 @@ lazytriton's own compile path into an Entry with TMA, wgmma and mbarrier code.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import re
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 from conftest import REPO
 
 from lazytriton import dispatch
@@ -50,7 +52,7 @@ def test_the_variant_is_complete_round_trips_and_keys_apart_from_flash_fwd() -> 
     v = gluon_variant(128, True)
     assert v is not None
     assert str(v) == ("flash_fwd_gluon:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=true,EVEN_D=true,INDEX64=false:"
-                      "BLOCK_M=128,BLOCK_N=128,PRODUCER=false:num_stages=2,num_warps=8")
+                      "BLOCK_M=128,BLOCK_N=128,PINGPONG=false,PRODUCER=false:num_stages=2,num_warps=8")
     assert check_fields(v) is v
     assert Variant.parse(str(v)) == v
     plain = dispatch.flash_fwd_variant(SM90, "bf16", 128, True, True, 4096, seqlen_k=4096)
@@ -67,7 +69,7 @@ def test_stages_follow_the_kernels_own_rule() -> None:
 def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"tiles must be one of .* got \(128, 128, 4\)"):
         gluon_variant(tiles=(128, 128, 4))  # BLOCK_M must be 16 x num_warps
-    assert gluon_variant(tiles=(64, 64, 4)).tuned == (("BLOCK_M", 64), ("BLOCK_N", 64),  # type: ignore[union-attr]
+    assert gluon_variant(tiles=(64, 64, 4)).tuned == (("BLOCK_M", 64), ("BLOCK_N", 64), ("PINGPONG", False),  # type: ignore[union-attr]
                                                       ("PRODUCER", False))
     assert gluon_variant(producer=True).get("PRODUCER") is True  # type: ignore[union-attr]
 
@@ -120,25 +122,73 @@ def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
     assert gluon_variant(causal=False).get("CAUSAL") is False  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="causal must be"):
         gluon_variant(causal="upper")
-    assert dispatch.GLUON_BY_DEFAULT is False
+
+
+# ---------------------------------------------------------------------------
+# Dispatch's default: GLUON_TABLE's rows, for calls whose memo key carries the gluon tail
+
+
+def test_the_table_rows_are_variants_the_kernel_takes() -> None:
+    for (dtype, head_dim, causal), (tiles, producer, pingpong) in dispatch.GLUON_TABLE.items():
+        assert dtype in gluon.DTYPES and head_dim in gluon.HEAD_DIMS
+        v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, 4096, 4096)
+        assert v is not None and v.get("CAUSAL") is causal
+        assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == tiles
+        assert (v.get("PRODUCER"), v.get("PINGPONG")) == (producer or pingpong, pingpong)
+
+
+def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
+    assert dispatch.GLUON_BY_DEFAULT is True
+    fits = dispatch.flash_fwd_gluon_fits
+    assert fits("bf16", 128, True, 0, 0.088, 4096, 4096)
+    assert not fits("bf16", 128, True, 0, 0.088, 4096 + 32, 4096)  # 64 x 64 tiles
+    assert not fits("bf16", 128, True, -64, 0.088, 4096, 4032)  # bottom-right, seqlen_q > seqlen_k
+    assert fits("bf16", 128, False, -64, 0.088, 4096, 4032)  # the offset means nothing without causal
+    assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
+    assert not fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # no row: flash_fwd measured faster
+    assert not fits("fp16", 128, False, 0, 0.088, 4096, 4096)  # not measured yet
+    assert fits("bf16", 64, False, 0, 0.125, 128, 64) and not fits("bf16", 64, False, 0, 0.125, 64, 64)
+
+
+def test_binding_serves_the_gluon_row_only_for_a_tailed_key_on_sm90_and_aligned() -> None:
+    from lazytriton.kernels.flash_fwd import binding
+
+    shape = binding.Shape(batch=2, heads_q=16, heads_k=16, seqlen_q=4096, seqlen_k=4096, head_dim=128)
+    got = binding.variant(SM90, torch.bfloat16, shape, True, True, False, gluon=True)
+    assert got.kernel == "flash_fwd_gluon" and got.get("BLOCK_M") == 64
+    for target, aligned, gluon_bit in ((SM90, False, True), (Target.parse("sm_80"), True, True),
+                                       (SM90, True, False)):
+        assert binding.variant(target, torch.bfloat16, shape, True, aligned, False,
+                               gluon=gluon_bit).kernel == "flash_fwd"
+
+
+def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
+    assert not dispatch.flash_fwd_gluon_fits("bf16", 128, True, 0, 0.088, 4096, 4096)
+    assert dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 128, True, True, False, 4096, 4096) is None
+    assert gluon_variant(128, True) is not None  # still launched by variant, as the probe does
 
 
 # ---------------------------------------------------------------------------
 # Real compiles for cuda:90 with the installed Triton, through lazytriton's compile path
 
 
-@pytest.mark.parametrize("head_dim, causal, tiles, producer, shared, warps", [
+@pytest.mark.parametrize("head_dim, causal, tiles, producer, shared, warps", [  # tiles "pingpong": its default
     (64, True, (64, 64, 4), False, 57608, 4),
     (128, False, None, False, 164040, 8),
     (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
+    (128, True, "pingpong", True, 164144, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
+    (64, False, "pingpong", True, 115056, 12),
 ])
 def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim: int, causal: bool,
-                                                                        tiles: tuple[int, int, int] | None,
+                                                                        tiles: tuple[int, int, int] | str | None,
                                                                         producer: bool, shared: int,
                                                                         warps: int) -> None:
     from lazytriton.compiler import compile_variant, triton_version
 
-    variant = gluon_variant(head_dim, causal, tiles=tiles, producer=producer)
+    pingpong = tiles == "pingpong"
+    variant = gluon_variant(head_dim, causal, tiles=None if pingpong else tiles, producer=producer,
+                            pingpong=pingpong)
     assert variant is not None
     entry = compile_variant(variant)
     assert entry.kind == "cubin" and entry.binary
@@ -237,20 +287,110 @@ def test_the_producer_warp_loads_and_the_consumers_release_by_arrive() -> None:
 
 def test_a_tiling_that_fails_or_faults_a_check_is_not_timed(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=False, skip=set())
-    plain, producer = (probe.label(t) for t in probe.tiles_for(args, 128))
-    assert producer == "gluon[128, 128, 8]+producer"
+    plain, producer, pingpong = (probe.label(t) for t in probe.tiles_for(args, 128))
+    assert producer == "gluon[128, 128, 8]+producer" and pingpong == "gluon[128, 128, 4]+pingpong"
     crashed = [{"tiles": plain, "ok": True}, {"job": "check", "index": 0, "crash": -9}]
     assert probe.suspects(args, 128, crashed) == {producer}  # it was running when the child died
-    wrong = [{"tiles": plain, "ok": False}, {"tiles": producer, "ok": True}]
+    wrong = [{"tiles": plain, "ok": False}, {"tiles": producer, "ok": True}, {"tiles": pingpong, "ok": True}]
     assert probe.suspects(args, 128, wrong) == {plain}
     args.skip = {plain}
-    assert [probe.label(t) for t in probe.tiles_for(args, 128)] == [producer]
+    assert [probe.label(t) for t in probe.tiles_for(args, 128)] == [producer, pingpong]
 
 
 def test_the_compile_shards_cover_every_variant_once(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=True, skip=set(), jobs=3)
     every = probe.compile_list(args)
-    assert len(every) == 2 * 2 * 2 * len(gluon.CONFIGS) * 2  # dtypes x head dims x causal x tiles x producer
+    # dtypes x head dims x causal x (every config, the producer at 128 x 128 x 8, each ping-pong config)
+    assert len(every) == 2 * 2 * 2 * (len(gluon.CONFIGS) + 1 + len(gluon.PINGPONG_CONFIGS))
+    assert sum(v.get("PINGPONG") for v in every) == 2 * 2 * 2 * len(gluon.PINGPONG_CONFIGS)
     assert all(v.kernel == "flash_fwd_gluon" for v in every)
     shards = [every[i::args.jobs] for i in range(args.jobs)]
     assert sorted(map(str, sum(shards, []))) == sorted(map(str, every))
+
+
+# ---------------------------------------------------------------------------
+# Ping-pong: two consumer warpgroups on the two halves of the query tile, taking turns
+
+
+def test_pingpong_variants_imply_the_producer_and_take_only_their_own_configs() -> None:
+    v = gluon_variant(128, True, pingpong=True)
+    assert v is not None
+    assert v.tuned == (("BLOCK_M", 128), ("BLOCK_N", 128), ("PINGPONG", True), ("PRODUCER", True))
+    assert v.get("num_warps") == 4  # each consumer warpgroup's warps; the entry runs 12
+    assert gluon_variant(64, False, pingpong=True, tiles=(128, 64, 4)).get("BLOCK_N") == 64  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"with pingpong, got \(128, 128, 8\)"):
+        gluon_variant(pingpong=True, tiles=(128, 128, 8))  # 2 x 8 warps would be 256 rows
+    assert gluon_variant(128, True, sq=4096 + 64, pingpong=True) is None  # the same rule: whole 128-row tiles
+
+
+def test_pingpong_ptx_alternates_the_two_warpgroups_by_mbarrier() -> None:
+    """Each warpgroup waits for its turn before its wgmmas and passes it after issuing them, on its own
+    named barrier (bar.sync 0 / 2, 128 threads), and both get 240 registers, the producer 24."""
+    variant = gluon_variant(128, True, pingpong=True)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    assert ptx.count("setmaxnreg.dec.sync.aligned.u32 \t240;") == 1  # the default partition (warpgroup 0)
+    assert ptx.count("setmaxnreg.inc.sync.aligned.u32 \t240;") == 1  # warpgroup 1
+    assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
+    assert ptx.count("wgmma.mma_async") == 96  # each warpgroup: the peeled block, 2 loops, the last PV
+    assert {int(n) for n in re.findall(r"bar\.sync\s+(\d+), 128;", ptx)} == {0, 2}  # one barrier a warpgroup
+    # Passing the turn follows the PV's commit in both loops: wgmma issued, then arrive, then wait for S only.
+    passes = re.findall(r"wgmma\.commit_group\.sync\.aligned;\n(?:[^\n]*\n){0,6}?\s*bar\.sync\s+[02], 128;\n"
+                        r"(?:[^\n]*\n){0,3}?\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)
+    assert len(passes) >= 8  # 2 warpgroups x (peeled, 2 loops, last PV) at least
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_the_probe_prints_table_rows_dispatch_takes(probe: ModuleType) -> None:
+    shape = {"dtype": "bf16", "head_dim": 128, "causal": True}
+    rows = [{**shape, "seqlen": s, "provider": name, "tflops": t}
+            for s, cudnn, ffwd, pp, plain in ((1024, 400.0, 300.0, 350.0, 360.0), (4096, 540.0, 400.0, 600.0, 380.0))
+            for name, t in (("cudnn", cudnn), ("flash_fwd", ffwd), ("gluon[128, 128, 4]+pingpong", pp),
+                            ("gluon[64, 64, 4]", plain))]
+    rows += [{**shape, "causal": False, "seqlen": 4096, "provider": name, "tflops": t}
+             for name, t in (("flash_fwd", 500.0), ("gluon[64, 64, 4]", 450.0))]  # flash_fwd wins: no row
+    (line,) = probe.table_rows(rows)
+    assert line.startswith('    ("bf16", 128, True): ((128, 128, 4), True, True),  # 458 / 346 / 465')
+    table = ast.literal_eval("{" + line + "\n}")  # it pastes into dispatch.GLUON_TABLE as it is
+    tiles, producer, pingpong = table[("bf16", 128, True)]
+    assert dispatch.flash_fwd_gluon_variant(SM90, "bf16", 128, True, True, False, 4096, 4096, tiles=tiles,
+                                            producer=producer, pingpong=pingpong) is not None
+    for tiling in probe.sweep_tilings():
+        assert probe.parse_label(probe.label(tiling)) == tiling
+
+
+def test_a_hung_launch_ends_its_child_within_the_limit(probe: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    class Event:
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def record(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return self.done
+
+    class Cuda:
+        done = False
+
+        def Event(self) -> Event:  # noqa: N802 (torch's name)
+            return Event(self.done)
+
+    fake = argparse.Namespace(cuda=Cuda())
+    exits: list[int] = []
+    monkeypatch.setattr(probe.os, "_exit", lambda code: exits.append(code) or (_ for _ in ()).throw(SystemExit(code)))
+    with pytest.raises(SystemExit):
+        probe.finish(fake, "gluon[128, 128, 4]+pingpong", limit=0.01)
+    assert exits == [3] and "HANG: gluon[128, 128, 4]+pingpong" in capsys.readouterr().out
+    fake.cuda.done = True
+    probe.finish(fake, "done at once", limit=0.01)  # returns
+
+
+def test_a_tiling_that_hangs_while_timed_is_not_timed_again(probe: ModuleType) -> None:
+    args = argparse.Namespace(sweep=True, skip=set())
+    names = [probe.label(t) for t in probe.tiles_for(args, 128)]
+    got = [{"provider": "cudnn"}, {"provider": "flash_fwd"}, *({"provider": n} for n in names[:-2]),
+           {"job": "time", "index": 2, "crash": 3}]
+    assert probe.time_suspect(args, 128, got) == names[-2] == "gluon[128, 128, 4]+pingpong"
+    assert probe.time_suspect(args, 128, got[:-1]) is None

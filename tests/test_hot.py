@@ -198,6 +198,9 @@ CPU_CASES = [  # (layout, heads, seqlens, head dim, causal, scale, dtype, make n
     ("bhsd", (2, 2), (17, 33), 8, "top_left", None, torch.float16, True),
     ("bshd", (8, 2), (77, 513), 128, "bottom_right", None, torch.bfloat16, False),
     ("bshd", (2, 2), (64, 64), 256, False, 0.05, torch.float16, True),
+    # Shapes dispatch's flash_fwd_gluon rows take (their memo keys end in binding.GLUON_TAIL):
+    ("bhsd", (2, 2), (256, 512), 128, "bottom_right", None, torch.bfloat16, False),
+    ("bshd", (2, 1), (128, 128), 64, False, None, torch.bfloat16, False),
     ("bshd", (6, 3), (5, 9), 24, False, None, torch.float32, False),
 ]
 
@@ -226,7 +229,8 @@ def test_warm_path_launches_what_the_binding_packs(case: tuple[Any, ...], result
     kernel = _Recorder(fast)
     out0, lse0 = binding.empty_outputs(view(q), call.shape)
     _, aligned, index64 = binding.pack(view(q), view(k), view(v), out0, lse0, call)
-    rt.plans[binding.memo_key(-1, dtype, call.shape, call.causal != "none", aligned, index64)] = (kernel, 64)
+    rt.plans[binding.memo_key(-1, dtype, call.shape, call.causal != "none", aligned, index64, offset=call.offset,
+                              scale=call.scale)] = (kernel, 64)
     for _ in range(2):  # the first call describes the shape, the second is served from its entry
         served = warm(q, k, v, causal, scale)
         assert served is not None
@@ -402,3 +406,53 @@ def test_gpu_stocked_lse_tensors_keep_their_values() -> None:
     for qkv, (out, lse) in zip(inputs, results, strict=True):
         expect_out, expect_lse = binding.forward(*qkv, binding.check(*qkv))  # the general path
         assert torch.equal(out, expect_out) and torch.equal(lse, expect_lse)
+
+
+# ---------------------------------------------------------------------------
+# flash_fwd_gluon's bit in the memo key: a gluon plan never serves a shape its tiles do not divide
+
+
+def _key(sq: int, sk: int, causal: object = True, scale: float | None = None, d: int = 128,
+         dtype: torch.dtype = torch.bfloat16, **kw: Any) -> tuple[Any, ...]:
+    q, k, v = make_qkv(1, (2, 2), (sq, sk), d, dtype)
+    call = binding.check(q, k, v, causal, scale)
+    return binding.memo_key(-1, dtype, call.shape, call.causal != "none", True, False, offset=call.offset,
+                            scale=call.scale, **kw)
+
+
+def test_the_gluon_tail_marks_exactly_the_shapes_its_tiles_divide() -> None:
+    fits = _key(256, 512)  # bf16, head dim 128, causal: 64 x 64 tiles in dispatch.GLUON_TABLE
+    assert fits[-1:] == binding.GLUON_TAIL
+    assert _key(250, 512) == fits[:-1]  # a bucket-mate the tiles do not divide: no tail
+    assert _key(256, 500) == fits[:-1]
+    assert _key(512, 256, "bottom_right") != fits  # rows without keys (offset < 0): flash_fwd
+    assert _key(256, 512, "bottom_right")[-1:] == binding.GLUON_TAIL  # offset 256
+    assert _key(256, 512, scale=-0.1)[-1:] != binding.GLUON_TAIL  # the kernel needs a positive scale
+    assert _key(256, 512, d=64)[-1:] != binding.GLUON_TAIL  # head dim 64 causal: no row (flash_fwd wins there)
+    assert _key(256, 512, dtype=torch.float32)[-1:] != binding.GLUON_TAIL
+    assert _key(256, 512, window=True)[-2:] == (True, False)  # windowed keys as they were, never the tail
+    q, k, v = make_qkv(1, (2, 2), (256, 512), 128, torch.bfloat16)
+    call = binding.check(q, k, v, True)
+    assert binding.memo_key(-1, torch.bfloat16, call.shape, True, True, False) == fits[:-1]  # no offset: no tail
+
+
+def test_gluon_by_default_false_takes_every_tail_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lazytriton import dispatch
+
+    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
+    assert _key(256, 512)[-1:] != binding.GLUON_TAIL
+
+
+def test_the_warm_path_writes_the_gluon_tail_as_memo_key_does() -> None:
+    """A plan stored under the key without the tail is not served for a shape that fits: the warm path
+    asks for the tailed key (the general path's plan would be flash_fwd_gluon there)."""
+    rt, spare = _Runtime(), torch.empty(1 << 16, dtype=torch.float32)
+    warm = _cpu_paths(rt, spare)["forward_bhsd"]
+    q, k, v = make_qkv(1, (2, 2), (256, 512), 128, torch.bfloat16)
+    plain, tailed = _Recorder(True), _Recorder(True)
+    key = _key(256, 512)
+    rt.plans[key[:-1]] = (plain, 64)
+    assert warm(q, k, v, True, None) is None
+    rt.plans[key] = (tailed, 64)
+    assert warm(q, k, v, True, None) is not None
+    assert (len(plain.launches), len(tailed.launches)) == (0, 1)

@@ -396,9 +396,14 @@ def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
     return _grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m)
 
 
+# The memo key's last item for a call flash_fwd_gluon serves (see memo_key): a str, which no other key item is.
+GLUON_TAIL = ("gluon",)
+
+
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
-             mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0) -> tuple[Any, ...]:
+             mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0, offset: int | None = None,
+             scale: float = 0.0) -> tuple[Any, ...]:
     """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets.
 
     A windowed or softcapped call's key is longer (the two flags appended), so
@@ -406,11 +411,19 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     and never finds such a call's kernel. ``mods`` (ALiBi, bias, dropout)
     lengthens it again, so the keys of windowed and capped calls stay as they were.
     ``head_dim_v`` (v's head dim where it differs, else 0) is appended with a tag.
+    A plain call that ``dispatch.flash_fwd_gluon_fits`` (from its causal
+    ``offset`` and ``scale``; without an offset, never) gets ``GLUON_TAIL``
+    appended: the one key whose plan may be flash_fwd_gluon, which the buckets
+    alone cannot tell from a bucket-mate its tiles do not divide (hot.py appends the same).
     """
     key = (device_index, dtype, shape.head_dim, causal, aligned, index64,
            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
     if head_dim_v:
         return key + (window, softcap, *mods, "head_dim_v", head_dim_v)
+    if (offset is not None and not (window or softcap) and mods == NO_MODS and dtype in DTYPES
+            and dispatch.flash_fwd_gluon_fits(DTYPES[dtype], shape.head_dim, causal, offset, scale,
+                                              shape.seqlen_q, shape.seqlen_k)):
+        return key + GLUON_TAIL
     if mods != NO_MODS:
         return key + (window, softcap, *mods)
     return key + (window, softcap) if window or softcap else key
@@ -418,8 +431,17 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
 
 def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool,
             window: bool = False, softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS,
-            head_dim_v: int = 0) -> Variant:
-    """The variant that serves a call of this shape (dispatch decides)."""
+            head_dim_v: int = 0, gluon: bool = False) -> Variant:
+    """The variant that serves a call of this shape (dispatch decides).
+
+    ``gluon``: the call's memo key ends in ``GLUON_TAIL`` (it fits dispatch's
+    flash_fwd_gluon row): that kernel, where target and alignment allow it.
+    """
+    if gluon and not head_dim_v:
+        found = dispatch.flash_fwd_gluon_default_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned,
+                                                         index64, shape.seqlen_q, shape.seqlen_k)
+        if found is not None:
+            return found
     return dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
                                       index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
                                       alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v)
@@ -495,7 +517,8 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     first, naming the variant and the fix (``lazytriton.preload``).
     """
     found = dispatch.target_of_device(device)
-    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v)
+    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v,
+                     key[-1:] == GLUON_TAIL)
     refuse_loads_in_capture(rt, (chosen,), device, "call lazytriton.preload(...) with this shape (or run the call "
                             "once) before the capture")
     kernel = rt.kernel(chosen, device.index)
@@ -518,7 +541,7 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     if variant is None:
         causal = call.causal != "none"
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v)
+                       call.mods, call.head_dim_v, call.offset, call.scale)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
@@ -616,7 +639,8 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     causal = call.causal != "none"
     rt = runtime.get()
     dv = call.head_dim_v
-    key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv)
+    key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv,
+                   call.offset, call.scale)
     plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv)
     return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
-                   call.capped, call.mods, dv)
+                   call.capped, call.mods, dv, key[-1:] == GLUON_TAIL)

@@ -16,7 +16,10 @@ float32). The binding launches it as it launches flash_fwd
 alternative to flash_fwd, not a second launch.
 
 ``reason`` is the rule, pure: None when the kernel can serve a call, else
-why not. Dispatch asks it (``dispatch.flash_fwd_gluon_variant``).
+why not. Dispatch asks it (``dispatch.flash_fwd_gluon_variant``), and serves
+the kernel by default for the (dtype, head dim, causal) rows of
+``dispatch.GLUON_TABLE`` (the H200 probe's winners over flash_fwd) to calls
+whose memo key carries ``binding.GLUON_TAIL`` (the tiles divide the seqlens).
 Its source compiles for sm_90 with Triton 3.6.0 and 3.9.0 (the two names
 Triton renamed between them are looked up once at import), so no variant
 here needs one Triton version in particular.
@@ -39,7 +42,7 @@ FLASH_FWD_GLUON = KernelSpec(
     module="lazytriton.kernels.flash_fwd.gluon_kernel",
     function="flash_fwd_gluon_kernel",
     params=FLASH_FWD.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG"),
     aligned_params=FLASH_FWD.aligned_params,
 )
 
@@ -47,12 +50,17 @@ TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor th
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128)
 # (head dim) -> (BLOCK_M, BLOCK_N, num_warps): FlashAttention-3's forward tiles on H100 (128 x 128 at
-# head dims 64 and 128, two consumer warpgroups of 64 rows). Not yet measured on the H200:
-# benchmarks/probe_gluon.py sweeps CONFIGS and says which to keep.
+# head dims 64 and 128, two consumer warpgroups of 64 rows): what ``variant`` takes without tiles.
+# What dispatch serves is dispatch.GLUON_TABLE's (measured on the H200 by benchmarks/probe_gluon.py,
+# which sweeps CONFIGS and PINGPONG_CONFIGS).
 DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8)}
 # Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a
 # warpgroup owns 16 rows of a wgmma), BLOCK_N 64 or 128 (one wgmma instruction spans the tile).
 CONFIGS = ((128, 128, 8), (128, 64, 8), (64, 128, 4), (64, 64, 4))
+# Ping-pong (PINGPONG=true, which implies the producer warp): two consumer warpgroups of num_warps
+# each own half of BLOCK_M (BLOCK_M = 2 x 16 x num_warps) and take turns to issue their wgmmas; the
+# entry runs 2 x num_warps + 4 warps. FlashAttention-3's forward schedule on H100.
+PINGPONG_CONFIGS = ((128, 128, 4), (128, 64, 4))
 
 
 def stages(head_dim: int, block_n: int) -> int:
@@ -96,7 +104,7 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None,
-            scale: float = 1.0, producer: bool = False) -> Variant | None:
+            scale: float = 1.0, producer: bool = False, pingpong: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``CONFIGS`` (default
@@ -107,16 +115,23 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     ``producer``: one extra warp issues every K/V load (warp specialisation,
     tuned field PRODUCER); the entry then runs num_warps + 4 warps (Triton
     pads the one-warp partition to a warpgroup in the launch metadata).
+    ``pingpong``: FlashAttention-3's ping-pong of two consumer warpgroups
+    (tuned field PINGPONG, with PRODUCER); ``tiles`` one of
+    ``PINGPONG_CONFIGS`` then.
     """
     from lazytriton.variant import Variant, pairs
 
     block_m, block_n, num_warps = DEFAULT_TILES.get(head_dim, CONFIGS[0]) if tiles is None else tiles
-    if (block_m, block_n, num_warps) not in CONFIGS:
-        raise ValueError(f"tiles must be one of {CONFIGS} (BLOCK_M, BLOCK_N, num_warps), got {tiles!r}")
+    if tiles is None and pingpong:
+        block_m, block_n, num_warps = PINGPONG_CONFIGS[0]
+    allowed = PINGPONG_CONFIGS if pingpong else CONFIGS
+    if (block_m, block_n, num_warps) not in allowed:
+        raise ValueError(f"tiles must be one of {allowed} (BLOCK_M, BLOCK_N, num_warps)"
+                         f"{' with pingpong' if pingpong else ''}, got {tiles!r}")
     if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features,
               scale):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True, "INDEX64": False}
-    tuned = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PRODUCER": bool(producer)}
+    tuned = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PINGPONG": bool(pingpong), "PRODUCER": bool(producer or pingpong)}
     return Variant(NAME, target, dtype, pairs(functional), pairs(tuned),
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))

@@ -75,12 +75,24 @@ The pipeline, and why each choice:
   Triton's shared-memory analysis inserts before each TMA write. Which is
   faster is for the H200 to say (benchmarks/probe_gluon.py times both).
 
-Not here yet (a second iteration, once the H200 has measured this one):
-ping-pong between two consumer warpgroups on different query tiles (named
-barriers ordering their softmax against the other's wgmma), and a persistent
-grid. Two CTAs of BLOCK_M 64 (4 warps) on one SM give the warp schedulers
-some of ping-pong's overlap for free where shared memory and registers allow:
-the probe sweeps that.
+- **Ping-pong, optionally** (``PINGPONG=true``, with PRODUCER:
+  FlashAttention-3's schedule). Two consumer partitions of num_warps (4)
+  each own one half of the BLOCK_M = 128 query rows (Q loaded as two 64-row
+  TMA tiles), share every K/V tile (their empty barriers take one arrive from
+  each), and take turns to issue wgmmas: two mbarriers ``turn`` order them
+  (warpgroup 0 issues step s after warpgroup 1 issued step s - 1, warpgroup 1
+  issues step s after warpgroup 0 issued step s; a step is the pair
+  S_j = Q K_j^T, O += P_{j-1} V_{j-1}), so one's softmax runs while the
+  other's products hold the tensor cores, on top of the intra-warpgroup
+  overlap above. Both run the whole tile's block counts (they must run the
+  same steps to alternate): the upper half's extra causal block is masked,
+  exact since its rows have all seen key 0. Registers: 240 per consumer
+  thread, 24 for the producer (setmaxnreg; 504 of 512); each partition syncs
+  on its own named barrier (0 and 2, read from the PTX). The entry runs 12
+  warps. Without PINGPONG no ``turn`` barrier is allocated, so the other
+  tilings compile as before (same shared memory).
+
+Not here yet: a persistent grid.
 """
 
 from triton.experimental import gluon
@@ -119,6 +131,31 @@ def _wait_slot(bars, block, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _wait_turn(turn, step, WG: gl.constexpr, PINGPONG: gl.constexpr, FIRST: gl.constexpr):
+    """Ping-pong: wait until the other consumer warpgroup has issued its wgmmas of the step before ours.
+
+    Warpgroup 0's step s waits for warpgroup 1's arrive after its step s - 1
+    (turn[0]'s completion s - 1); warpgroup 1's step s waits for warpgroup 0's
+    arrive after its step s (turn[1]'s completion s). Strict alternation, so a
+    waiter is never two phases behind and the parity names the phase.
+    Warpgroup 0's first step waits for nobody.
+    """
+    if PINGPONG:
+        if WG == 0:
+            if not FIRST:
+                mbarrier.wait(turn.index(0), (step - 1) & 1)
+        else:
+            mbarrier.wait(turn.index(1), step & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: our wgmmas of this step are issued; the other warpgroup may issue its own."""
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
 def _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset,
                     BLOCK_N: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """Online softmax of one score tile in base 2: (p, alpha, m_new, l_new).
@@ -140,16 +177,22 @@ def _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset,
 
 
 @gluon.jit
-def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, acc, m_i,
-            l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-            STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr):
+def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc,
+            m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr,
+            WG: gl.constexpr, PINGPONG: gl.constexpr):
     """One pipelined step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight, softmax of S_j under the PV."""
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     _wait_slot(k_bars, block, STAGES)
+    if PINGPONG:  # both tiles in before taking the turn: the turn is held only while issuing
+        _wait_slot(v_bars, block - 1, STAGES)
+        _wait_turn(turn, block, WG, PINGPONG, False)
     s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
     s = warpgroup_mma(q_smem, k_bufs.index(block % STAGES).permute((1, 0)), s0, use_acc=False, is_async=True)
-    _wait_slot(v_bars, block - 1, STAGES)
+    if not PINGPONG:
+        _wait_slot(v_bars, block - 1, STAGES)
     acc = warpgroup_mma(p_prev, v_bufs.index((block - 1) % STAGES), acc, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
     # wgmma groups retire in issue order: one left outstanding means S_j is done, the PV may not be.
     s = warpgroup_mma_wait(1, deps=(s,))
     if PRODUCER:  # K_j's buffer is free: the producer warp may refill it while the softmax runs
@@ -186,13 +229,19 @@ def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n
 
 
 @gluon.jit
-def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, o_desc, lse_base,
-             start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             CAUSAL: gl.constexpr, PRODUCER: gl.constexpr):
-    """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue."""
+def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn, o_desc,
+             lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, WG: gl.constexpr,
+             PINGPONG: gl.constexpr):
+    """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue.
+
+    ``q_smem`` holds this partition's query rows [start_m, start_m + rows):
+    the whole tile, or with PINGPONG one warpgroup's 64 rows (``WG`` says
+    which), the other warpgroup running the same steps on the other half.
+    """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_D: gl.constexpr = q_smem.type.shape[1]
-    NUM_WARPS: gl.constexpr = gl.num_warps()
+    NUM_WARPS: gl.constexpr = BLOCK_M // 16  # this partition's warps (a warp owns 16 rows of a wgmma)
     dtype: gl.constexpr = q_smem.dtype
     # wgmma accumulators: warps stacked along M (a warpgroup owns 64 rows), one instruction spans the tile's N.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -210,8 +259,10 @@ def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_em
     # Block 0, peeled: its scores alone (nothing to overlap yet), always through the masked step.
     mbarrier.wait(q_bar.index(0), 0)
     _wait_slot(k_bars, 0, STAGES)
+    _wait_turn(turn, 0, WG, PINGPONG, True)
     s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
     s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s0, use_acc=False, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, BLOCK_N, True, CAUSAL)
     if PRODUCER:
@@ -222,17 +273,21 @@ def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_em
 
     for block in range(1, n_full):
         acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
-                                        k_empty, v_empty, acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
-                                        s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER)
+                                        k_empty, v_empty, turn, acc, m_i, l_i, p_prev, offs_m, qk_scale,
+                                        causal_offset, s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER, WG,
+                                        PINGPONG)
     for block in range(gl.maximum(n_full, 1), n_blocks):
         acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
-                                        k_empty, v_empty, acc, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
-                                        s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER)
+                                        k_empty, v_empty, turn, acc, m_i, l_i, p_prev, offs_m, qk_scale,
+                                        causal_offset, s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER, WG,
+                                        PINGPONG)
 
     # The last block's PV, then the epilogue.
     last = n_blocks - 1
     _wait_slot(v_bars, last, STAGES)
+    _wait_turn(turn, n_blocks, WG, PINGPONG, False)
     acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
     acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -258,15 +313,19 @@ def flash_fwd_gluon_kernel(
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
-    CAUSAL: gl.constexpr, PRODUCER: gl.constexpr,
+    CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64 or 128)")
-    gl.static_assert(BLOCK_M == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x num_warps")
+    gl.static_assert(not PINGPONG or PRODUCER, "PINGPONG needs PRODUCER: the producer warp loads for both warpgroups")
+    # PINGPONG: two consumer warpgroups (the entry's num_warps each), each owning half of the tile's rows.
+    WGS: gl.constexpr = 2 if PINGPONG else 1
+    ROWS: gl.constexpr = BLOCK_M // WGS
+    gl.static_assert(ROWS == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x warps (x 2)")
     dtype: gl.constexpr = Q.dtype.element_ty
     STAGES: gl.constexpr = 3 if BLOCK_D <= 64 else 2
 
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
 
     start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
@@ -274,13 +333,13 @@ def flash_fwd_gluon_kernel(
     batch = gl.program_id(2)
     kv_head = head // group_size
     q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
-                                        [stride_qs, 1], [BLOCK_M, BLOCK_D], q_layout)
+                                        [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
     k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
                                         [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
     v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, head_dim],
                                         [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], q_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [WGS, ROWS, BLOCK_D], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
@@ -292,11 +351,20 @@ def flash_fwd_gluon_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)  # one arrive: the consumer partition's, after all its warps
-        mbarrier.init(v_empty.index(i), count=1)
+        # One arrive per consumer partition (Gluon lowers it as all its warps meeting, then one thread's arrive).
+        mbarrier.init(k_empty.index(i), count=WGS)
+        mbarrier.init(v_empty.index(i), count=WGS)
+    if PINGPONG:  # turn[w]: warpgroup w may issue its next step's wgmmas
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+    else:
+        turn = k_empty  # never touched without ping-pong: no barrier of its own, the shared memory as it was
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
-    # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal.
+    # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal. With
+    # PINGPONG both warpgroups take the whole tile's counts (they must run the same steps to alternate):
+    # the upper half's extra diagonal block is masked, exact since every row has already seen key 0.
     n_blocks = seqlen_k // BLOCK_N
     n_full = n_blocks
     if CAUSAL:
@@ -304,26 +372,42 @@ def flash_fwd_gluon_kernel(
         n_full = gl.minimum(n_full, (start_m + causal_offset + 1) // BLOCK_N)
 
     o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
-                                        [stride_os, 1], [BLOCK_M, BLOCK_D], q_layout)
+                                        [stride_os, 1], [ROWS, BLOCK_D], q_layout)
     lse_base = Lse + batch * stride_lb + head * stride_lh
-    mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
-    _tma_load(q_desc, [start_m, 0], q_bar.index(0), q_smem)
-    if PRODUCER:
+    mbarrier.expect(q_bar.index(0), WGS * q_desc.block_type.nbytes)
+    for w in gl.static_range(WGS):
+        _tma_load(q_desc, [start_m + w * ROWS, 0], q_bar.index(0), q_smem.index(w))
+    if PINGPONG:
+        # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to
+        # issue their wgmmas, so one's softmax runs under the other's products; one warp loads for both.
+        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars,
+                                        k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
+                                        sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, True, 0, True)),
+                            (_consume, (q_smem.index(1), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars,
+                                        k_empty, v_empty, turn, o_desc, lse_base, start_m + ROWS, n_blocks,
+                                        n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, True, 1, True)),
+                            (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
+                                        BLOCK_N, STAGES))], [NUM_WARPS, 1], [240, 24])
+    elif PRODUCER:
         # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
-        gl.warp_specialize([(_consume, (q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty,
-                                        v_empty, o_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
-                                        causal_offset, BLOCK_N, STAGES, CAUSAL, True)),
+        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars,
+                                        k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
+                                        sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, True, 0, False)),
                             (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
                                         BLOCK_N, STAGES))], [1], [24])
     else:
         for i in gl.static_range(STAGES):
             _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
             _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
-        _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, o_desc, lse_base,
-                 start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, False)
+        _consume(q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn,
+                 o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL,
+                 False, 0, False)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
         mbarrier.invalidate(k_empty.index(i))
         mbarrier.invalidate(v_empty.index(i))
+    if PINGPONG:
+        for i in gl.static_range(2):
+            mbarrier.invalidate(turn.index(i))
     mbarrier.invalidate(q_bar.index(0))

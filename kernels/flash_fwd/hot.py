@@ -128,11 +128,13 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
     # binding.memo_key's key; (n - 1).bit_length() is tuning.bucket_index(n) for n >= 1 (tests/test_hot.py).
     bucket_q = (sq - 1).bit_length()
     bucket_k = (sk - 1).bit_length()
+    # binding.memo_key's GLUON_TAIL: this shape fits dispatch's flash_fwd_gluon row (its tiles divide it).
+    tail = GLUON_TAIL if gluon_fits(DTYPES[dtype], d, is_causal, offset, scale, sq, sk) else ()
     strides_aligned = {aligned}
     template = lse_template(di, b, hq, sq)
     entry = [plans, lse_stocks(template), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
-             None, None, (di, dtype, d, is_causal, True, index64, bucket_q, bucket_k),
-             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k), template]
+             None, None, (di, dtype, d, is_causal, True, index64, bucket_q, bucket_k) + tail,
+             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k) + tail, template]
     if len(SHAPES) >= MAX_SHAPES:
         SHAPES.clear()
     SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in, gqa)] = entry
@@ -366,7 +368,8 @@ def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> A
     shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
         "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,
-        "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "INT32_MAX": binding.INT32_MAX,
+        "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "GLUON_TAIL": binding.GLUON_TAIL,
+        "gluon_fits": dispatch.flash_fwd_gluon_fits, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
         "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
         "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,
