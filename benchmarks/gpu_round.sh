@@ -76,7 +76,7 @@ case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $
 esac
 case " $* " in *" newtests "*)  # the GPU tests of the newest features (NEWTESTS overrides the list)
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \
-    tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py} -m gpu -q -p no:cacheprovider 2>&1 \
+    tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
     | tee "$OUT/new_gpu_tests.log" | tail -12 ;;
 esac
 case " $* " in *" host "*)  # host time of a warm eager call per launch path, beside torch.add (builds the launch helper)
@@ -84,6 +84,16 @@ case " $* " in *" host "*)  # host time of a warm eager call per launch path, be
 esac
 case " $* " in *" hostparts "*)  # the warm call's host time part by part, and the driver's cost per kernel parameter
   python3 benchmarks/probe_host_parts.py 2>&1 | tee "$OUT/host_parts.log" | tail -22 ;;
+esac
+case " $* " in *" gluon "*)  # flash_fwd_gluon: compile, numerics against float32, every tiling timed beside flash_fwd and cuDNN
+  timeout ${GLUON_TIMEOUT:-280} python3 benchmarks/probe_gluon.py ${GLUON_ARGS:---quick --sweep} 2>&1 | tail -40 ;;
+esac
+case " $* " in *" hosttma "*)  # flash_fwd_host_tma: K/V through host tensor descriptors, beside the pointer kernel and cuDNN
+  timeout ${HOSTTMA_TIMEOUT:-200} python3 benchmarks/probe_host_tma.py ${HOSTTMA_ARGS:---quick} 2>&1 | tail -30 ;;
+esac
+case " $* " in *" splitd "*)  # non-power-of-two head dims: split tiles against padding
+  timeout ${SPLITD_TIMEOUT:-150} python3 benchmarks/bench_split_d.py --csv "$OUT/split_d.csv" ${SPLITD_ARGS:-} 2>&1 \
+    | tee "$OUT/bench_split_d.log" | tail -16 ;;
 esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;

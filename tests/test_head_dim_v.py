@@ -260,7 +260,7 @@ def test_varlen_refuses_values_of_another_length(no_launch: None) -> None:
 
 
 def test_the_kv_cache_call_refuses_a_differing_value_head_dim(no_launch: None) -> None:
-    with pytest.raises(ValueError, match="k_cache and v_cache must have the same shape"):
+    with pytest.raises(ValueError, match="head_dim_v"):  # its own message (kernels/flash_decode/checks.py)
         lazytriton.flash_attn_with_kvcache(_t(1, 1, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 32))
     with pytest.raises(ValueError, match="the decoding kernels need v's head dim to equal"):
         dispatch.kernel_variant("flash_decode_split", SM90, "fp16", 16, False, True, 1, 8, head_dim_v=32)
@@ -301,7 +301,8 @@ def test_memo_keys_and_bindings_variants_carry_the_value_head_dim() -> None:
     plain = fwd_binding.memo_key(0, F16, shape, False, True, False)
     mla = fwd_binding.memo_key(0, F16, shape, False, True, False, head_dim_v=128)
     assert plain != mla and plain == fwd_binding.memo_key(0, F16, shape, False, True, False, False, False)
-    assert bwd_binding.memo_key(0, F16, shape, False, True, False, head_dim_v=128)[1:] == mla
+    assert bwd_binding.memo_key(0, F16, shape, False, True, False, head_dim_v=128, seq16=False)[1:] == mla
+    assert bwd_binding.memo_key(0, F16, shape, False, True, False, head_dim_v=128)[1:] == (*mla, "SEQ16")
     assert fwd_binding.variant(SM90, F16, shape, False, True, False, head_dim_v=128).get("BLOCK_DV") == 128
     assert all(v.get("BLOCK_DV") == 128 for v in bwd_binding.variants(SM90, F16, shape, False, True, False,
                                                                       head_dim_v=128))
@@ -332,7 +333,8 @@ def test_prewarm_axis_head_dim_v(capsys: pytest.CaptureFixture[str]) -> None:
                 causal=(False,), seqlens_q=(4096,), seqlens_k=(4096,))
     planned = [str(p.variant) for p in enumerate_variants(axes, tuning.tables_for(kernels))]
     with_dv = [v for v in planned if "BLOCK_DV=128" in v]
-    assert sorted(v.split(":")[0] for v in with_dv) == ["flash_bwd_dkdv", "flash_bwd_dq", "flash_fwd"]
+    # the backward's two alignment forms each (SEQ16 or not: odd lengths are planned too)
+    assert sorted(v.split(":")[0] for v in with_dv) == ["flash_bwd_dkdv"] * 2 + ["flash_bwd_dq"] * 2 + ["flash_fwd"]
     decode = [v for v in planned if v.startswith("flash_decode_split")]
     assert len(decode) == 2 and not any("BLOCK_DV" in v for v in decode)  # the equal pair, paged or not
     common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90", "--dtype", "bf16", "--head-dim",
@@ -341,7 +343,7 @@ def test_prewarm_axis_head_dim_v(capsys: pytest.CaptureFixture[str]) -> None:
     plain = capsys.readouterr().out.splitlines()
     assert cli_main([*common, "--head-dim-v", "128"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert len(listed) == len(plain) == 3 and all("BLOCK_DV=128" in line for line in listed)
+    assert len(listed) == len(plain) == 5 and all("BLOCK_DV=128" in line for line in listed)  # fwd, 2 x (dq, dkdv)
     assert not any("BLOCK_DV" in line for line in plain)
     with pytest.raises(SystemExit):
         cli_main([*common, "--head-dim-v", "300"])
