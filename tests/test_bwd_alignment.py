@@ -197,8 +197,9 @@ def test_the_c_plan_request_carries_seq16_in_bit_1() -> None:
     both = bwd.variants(SM90, torch.bfloat16, shape, False, True, False)
     align16 = bwd.variants(SM90, torch.bfloat16, shape, False, True, False, seq16=False)
     for i, kernel in enumerate(("flash_bwd_dq", "flash_bwd_dkdv")):
-        assert embedded.plan_variant(kernel, 90, 2, 128, False, True, False, 4096, 4096, False, seq16=True) == both[i]
-        assert embedded.plan_variant(kernel, 90, 2, 128, False, True, False, 4096, 4096, False, seq16=False) == align16[i]
+        request = (kernel, 90, 2, 128, False, True, False, 4096, 4096, False)
+        assert embedded.plan_variant(*request, seq16=True) == both[i]
+        assert embedded.plan_variant(*request, seq16=False) == align16[i]
         assert embedded.plan_variant(kernel, 90, 2, 128, False, True, False, 4096, 4096) == both[i]  # the rule
 
 
