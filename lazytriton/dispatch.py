@@ -31,10 +31,11 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 # Split tiles for flash_fwd (issue 11, item 4): a head dim that is not a power of two
-# as two power-of-two chunks (96 = 64 + 32) instead of one padded tile (128). Off by
-# default until benchmarks/bench_split_d.py measures it against padding on the H200:
-# a caller opts in with split_d=True.
-SPLIT_BY_DEFAULT = False
+# as two power-of-two chunks (96 = 64 + 32) instead of one padded tile (128). On by
+# default since benchmarks/bench_split_d.py measured it on the H200 (bf16, 4k, Triton
+# 3.6, 2026-11-30): 1.42-2.22x the padded kernel's TFLOP/s at head dims 40, 72, 80,
+# 96, 160 and 192; split_d=False asks for padding.
+SPLIT_BY_DEFAULT = True
 MIN_CHUNK = 16  # tl.dot's smallest inner dimension
 
 
@@ -502,16 +503,20 @@ def target_of_device(device: Any) -> Target:
 # row for the call's (dtype, head dim, causal) and the call fits that row's tiles (flash_fwd_gluon_fits);
 # the rest keeps flash_fwd. The rows are the H200 probe's winners over flash_fwd
 # (benchmarks/probe_gluon.py --quick --sweep prints them ready to paste; bf16, seqlen 4k, batch x
-# seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, TFLOP/s gluon / flash_fwd / cuDNN in the comments).
-# Not measured (so not served): fp16 (same kernel, no timing yet) and bf16 head dim 64 causal (gluon
-# 350 < flash_fwd 380). The warm path's memo key carries whether a call fits (binding.memo_key's
-# GLUON_TAIL, computed once per shape), so a gluon plan is never used for a call its tiles do not divide.
+# seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, second round with the ping-pong tilings; TFLOP/s
+# gluon / flash_fwd / cuDNN in the comments). fp16 takes bf16's rows: the same kernel and tiles (the
+# probe checks its numerics; bench_flash_fwd.py times both dtypes through dispatch). Not served: head
+# dim 64 causal (gluon 347 < flash_fwd 373). The warm path's memo key carries whether a call fits
+# (binding.memo_key's GLUON_TAIL, computed once per shape), so a gluon plan is never used for a call
+# its tiles do not divide.
 GluonTiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer, pingpong
-GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
-    ("bf16", 64, False): ((128, 64, 8), False, False),  # 435 / 420 / 465
-    ("bf16", 128, False): ((64, 64, 4), False, False),  # 532 / 480 / 647
-    ("bf16", 128, True): ((64, 64, 4), False, False),  # 464 / 407 / 537
+_GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
+    (64, False): ((128, 64, 8), False, False),  # 437 / 421 / 469
+    (128, False): ((128, 128, 4), True, True),  # 592 / 440 / 647
+    (128, True): ((128, 128, 4), True, True),  # 492 / 407 / 543
 }
+GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
+    (dtype, d, causal): tiling for dtype in ("bf16", "fp16") for (d, causal), tiling in _GLUON_BF16.items()}
 # The master switch: False, dispatch never picks flash_fwd_gluon itself whatever GLUON_TABLE says (it is
 # then launched by variant only, as the probe and `lazytriton tune` do). Read when a shape is first
 # described: set it (or edit GLUON_TABLE) before the first call, or clear the runtime's plans after.

@@ -108,7 +108,7 @@ def test_flash_fwd_variant_fields(target_name: str) -> None:
             DTYPES, (1, 16, 40, 64, 96, 128, 200, 256), (False, True), (False, True), (1, 64, 4096), (False, True)):
         # An empty table: this checks the default path (test_tuning.py covers table rows).
         v = flash_fwd_variant(target, dtype, head_dim, causal, aligned, seqlen_q, index64=index64,
-                              table=tuning.Table(()))
+                              table=tuning.Table(()), split_d=False)  # padding (tests/test_split_d.py: split)
         padded = padded_head_dim(head_dim)
         cfg = default_config(target, dtype, padded, seqlen_q, causal)
         assert (v.kernel, v.target, v.dtype) == ("flash_fwd", target_name, dtype)

@@ -141,12 +141,12 @@ def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
     assert dispatch.GLUON_BY_DEFAULT is True
     fits = dispatch.flash_fwd_gluon_fits
     assert fits("bf16", 128, True, 0, 0.088, 4096, 4096)
-    assert not fits("bf16", 128, True, 0, 0.088, 4096 + 32, 4096)  # 64 x 64 tiles
-    assert not fits("bf16", 128, True, -64, 0.088, 4096, 4032)  # bottom-right, seqlen_q > seqlen_k
-    assert fits("bf16", 128, False, -64, 0.088, 4096, 4032)  # the offset means nothing without causal
+    assert not fits("bf16", 128, True, 0, 0.088, 4096 + 64, 4096)  # 128 x 128 tiles
+    assert not fits("bf16", 128, True, -128, 0.088, 4096, 3968)  # bottom-right, seqlen_q > seqlen_k
+    assert fits("bf16", 128, False, -128, 0.088, 4096, 3968)  # the offset means nothing without causal
     assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
     assert not fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # no row: flash_fwd measured faster
-    assert not fits("fp16", 128, False, 0, 0.088, 4096, 4096)  # not measured yet
+    assert fits("fp16", 128, False, 0, 0.088, 4096, 4096)  # bf16's rows
     assert fits("bf16", 64, False, 0, 0.125, 128, 64) and not fits("bf16", 64, False, 0, 0.125, 64, 64)
 
 
@@ -155,7 +155,7 @@ def test_binding_serves_the_gluon_row_only_for_a_tailed_key_on_sm90_and_aligned(
 
     shape = binding.Shape(batch=2, heads_q=16, heads_k=16, seqlen_q=4096, seqlen_k=4096, head_dim=128)
     got = binding.variant(SM90, torch.bfloat16, shape, True, True, False, gluon=True)
-    assert got.kernel == "flash_fwd_gluon" and got.get("BLOCK_M") == 64
+    assert got.kernel == "flash_fwd_gluon" and got.get("BLOCK_M") == 128 and got.get("PINGPONG") is True
     for target, aligned, gluon_bit in ((SM90, False, True), (Target.parse("sm_80"), True, True),
                                        (SM90, True, False)):
         assert binding.variant(target, torch.bfloat16, shape, True, aligned, False,

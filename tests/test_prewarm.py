@@ -113,10 +113,13 @@ def test_explicit_axes_padded_head_dims_unaligned_and_seqlens() -> None:
     axes = Axes((SM90,), FWD, dtypes=("fp16",), head_dims=(80, 96, 128), causal=(False,), seqlens_q=(100, 128),
                 aligned=(True, False))
     plan = enumerate_variants(axes, EMPTY)
-    flags = [(p.variant.get("BLOCK_D"), p.variant.get("EVEN_D"), p.variant.get("ALIGN16")) for p in plan]
-    # 80 and 96 share the padded, EVEN_D=false binary; 100 and 128 fall in the same seqlen bucket.
-    assert flags == [(128, False, True), (128, False, False), (128, True, True), (128, True, False)]
-    assert [p.variant.get("BLOCK_M") for p in plan] == [128] * 4
+    flags = [(p.variant.get("BLOCK_D"), dict(p.variant.functional).get("BLOCK_D2", 0), p.variant.get("EVEN_D"),
+              p.variant.get("ALIGN16")) for p in plan]
+    # 80 and 96 take split tiles (64 + 16, 64 + 32: dispatch.SPLIT_BY_DEFAULT); 100 and 128 fall in the same
+    # seqlen bucket.
+    assert flags == [(64, 16, True, True), (64, 16, True, False), (64, 32, True, True), (64, 32, True, False),
+                     (128, 0, True, True), (128, 0, True, False)]
+    assert [p.variant.get("BLOCK_M") for p in plan] == [128] * 6
 
 
 def test_index64_axis_adds_exactly_the_variants_large_tensors_select() -> None:
