@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 _LAZY = ("flash", "runtime", "dispatch", "config", "compiler", "ops", "interface", "kvcache")
 _FUNCTIONS = ("flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention", "attn_fwd", "preload",
               "CaptureError")
-_KVCACHE_FUNCTIONS = ("flash_attn_with_kvcache",)  # in lazytriton.kvcache
+_KVCACHE_FUNCTIONS = ("flash_attn_with_kvcache", "trusted_indices")  # in lazytriton.kvcache
 # Subpackages whose source sits at the top of the repository (pyproject's package-dir).
 _CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")
 

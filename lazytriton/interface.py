@@ -323,7 +323,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     While a CUDA graph is being captured or torch.compile traces, that read is
     impossible, and only shapes, dtypes and devices are checked: the values
     are then the caller's to get right, as in FlashAttention-2, which never
-    checks them.
+    checks them; likewise inside ``lazytriton.trusted_indices()``, for a
+    caller whose cu_seqlens are right by construction (no sync per call).
 
     """
     p = _check_dropout("dropout_p", dropout_p)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from lazytriton.kernels.flash_decode import binding, checks
-from lazytriton.kernels.flash_decode.checks import trusted_indices
+from lazytriton.kernels.trust import trusted_indices
 
 _is_compiling = torch.compiler.is_compiling
 _dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", lambda: None)

@@ -448,3 +448,28 @@ def test_gpu_mixed_lengths(dtype: torch.dtype, head_dim: int, causal: bool, wind
         for name, g, x, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
             check_rule(name, g, x, s, GRAD_FLOOR[dtype])
     assert math.isfinite(float(lse[~torch.isneginf(lse)].sum()))
+
+
+def test_trusted_indices_skip_the_cu_seqlens_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside trusted_indices() (this thread only) a varlen call does not read cu_seqlens to the host."""
+    import threading
+
+    from lazytriton.kernels.flash_fwd import varlen as varlen_binding
+
+    reads: list[int] = []
+    real = varlen_binding.check_values
+    monkeypatch.setattr(varlen_binding, "check_values", lambda *a: reads.append(1) or real(*a))
+    q = torch.randn(5, 2, 16)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    lazytriton.flash_attn_varlen_func(q, q, q, cu, cu, 3, 3)
+    assert len(reads) == 1
+    with lazytriton.trusted_indices():
+        lazytriton.flash_attn_varlen_func(q, q, q, cu, cu, 3, 3)
+        assert len(reads) == 1
+        other = threading.Thread(target=lambda: lazytriton.flash_attn_varlen_func(q, q, q, cu, cu, 3, 3))
+        other.start()
+        other.join()
+        assert len(reads) == 2, "another thread's call is not covered by this thread's trust"
+    bad = torch.tensor([0, 4, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        lazytriton.flash_attn_varlen_func(q, q, q, bad, bad, 3, 3)

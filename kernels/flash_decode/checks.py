@@ -15,13 +15,12 @@ captured (nothing can be read then) and inside ``trusted_indices()``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
 
 from lazytriton import dispatch
+from lazytriton.kernels.trust import indices_trusted
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 INT32_MAX = 2**31 - 1
@@ -279,28 +278,9 @@ def _features(call: Call, causal: bool, window: object, softcap: object) -> Call
 # ---------------------------------------------------------------------------
 # The index tensors' values
 
-_trusted = [False]  # trusted_indices() sets it
-
-
-@contextmanager
-def trusted_indices() -> Iterator[None]:
-    """Skip the value checks of cache_seqlens, block_table and cache_batch_idx in this block (no host sync).
-
-    For a serving loop whose index tensors are right by construction: a bad
-    value then reads or writes outside the cache (a device fault), as in
-    FlashAttention-2, instead of raising.
-    """
-    saved = _trusted[0]
-    _trusted[0] = True
-    try:
-        yield
-    finally:
-        _trusted[0] = saved
-
-
 def values_checked(t: Inputs) -> bool:
     """Whether ``check_values`` runs for these tensors: not inside ``trusted_indices()``, a capture, or on meta."""
-    if _trusted[0] or t.q.device.type == "meta":
+    if indices_trusted() or t.q.device.type == "meta":
         return False
     return not (t.q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 

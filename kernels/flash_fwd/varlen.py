@@ -45,6 +45,7 @@ from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_fwd import FLASH_FWD, MOD_POINTERS, VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import Call, Shape
+from lazytriton.kernels.trust import indices_trusted
 from lazytriton.variant import Variant
 
 MARK = "varlen"  # first item of a varlen call's memo keys (a dense call's never starts with it)
@@ -105,8 +106,10 @@ def _max_seqlen(name: str, value: Any) -> int:
 
 
 def reading_values_is_safe(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
-    """Whether cu_seqlens may be read to the host now: not while capturing a CUDA graph or tracing."""
-    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor or t.device.type == "meta"
+    """Whether cu_seqlens are read to the host now: not while capturing a CUDA graph or tracing, nor inside
+    ``trusted_indices()`` (kernels/trust.py: the caller built them right).
+    """
+    if indices_trusted() or torch.compiler.is_compiling() or any(type(t) is not torch.Tensor or t.device.type == "meta"
                                             for t in (cu_q, cu_k)):
         return False
     return not (cu_q.is_cuda and fwd.is_capturing())

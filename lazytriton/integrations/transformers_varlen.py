@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 import lazytriton
+from lazytriton.kernels.trust import trusted_indices
 
 NO_WINDOW = (-1, -1)
 _KEPT = 8  # masks remembered: one per attention type and forward, a few forwards in flight
@@ -205,7 +206,10 @@ def run_packed(found: Packed, query: torch.Tensor, key: torch.Tensor, value: tor
     q = query.transpose(1, 2)[found.q_index]  # (total_q, heads_q, head_dim): one gather, contiguous
     k = key.transpose(1, 2)[found.k_index]
     v = value.transpose(1, 2)[found.k_index]
-    packed = lazytriton.flash_attn_varlen_func(q, k, v, found.cu_seqlens_q, found.cu_seqlens_k, found.max_seqlen_q,
-                                               found.max_seqlen_k, softmax_scale=scaling, causal=found.causal,
-                                               window_size=found.window, **features)
+    # cu_seqlens come from the mask this forward already read once (the layout's one sync), so each layer's
+    # call skips its own read of them (kernels/trust.py): no device-to-host sync per layer.
+    with trusted_indices():
+        packed = lazytriton.flash_attn_varlen_func(q, k, v, found.cu_seqlens_q, found.cu_seqlens_k,
+                                                   found.max_seqlen_q, found.max_seqlen_k, softmax_scale=scaling,
+                                                   causal=found.causal, window_size=found.window, **features)
     return out.index_put_(found.q_index, packed)  # in place on the fresh zeros: autograd records it
