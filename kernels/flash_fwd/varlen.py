@@ -106,11 +106,14 @@ def _max_seqlen(name: str, value: Any) -> int:
 
 
 def reading_values_is_safe(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
-    """Whether cu_seqlens are read to the host now: not while capturing a CUDA graph or tracing, nor inside
+    """Whether cu_seqlens are read to the host now.
+
+    Not while capturing a CUDA graph or tracing, nor inside
     ``trusted_indices()`` (kernels/trust.py: the caller built them right).
     """
-    if indices_trusted() or torch.compiler.is_compiling() or any(type(t) is not torch.Tensor or t.device.type == "meta"
-                                            for t in (cu_q, cu_k)):
+    if indices_trusted() or torch.compiler.is_compiling():
+        return False
+    if any(type(t) is not torch.Tensor or t.device.type == "meta" for t in (cu_q, cu_k)):
         return False
     return not (cu_q.is_cuda and fwd.is_capturing())
 
