@@ -41,6 +41,9 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
+
+run_program, exit_ok = _run, _ok  # for the other C API test modules (test_capi_kvcache.py)
+
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A built and installed C API (through `lazytriton capi build`)."""

@@ -21,19 +21,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, gpu
+from test_capi import exit_ok, run_program
 
 from lazytriton.capi import embedded_kvcache
 
 KVCACHE_SOURCE = REPO / "capi" / "lt_kvcache.c"
-
-
-def _run(args: list[str | Path], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +33,7 @@ def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc (apt-get install gcc)")
     where = tmp_path_factory.mktemp("capi-kvcache") / "prefix"
-    _ok(_run([sys.executable, "-m", "lazytriton.cli", "capi", "build", "--prefix", where]))
+    exit_ok(run_program([sys.executable, "-m", "lazytriton.cli", "capi", "build", "--prefix", where], timeout=600))
     return where
 
 
@@ -170,7 +162,7 @@ print(json.dumps(report))
 
 
 def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path) -> None:
-    out = _ok(_run([sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
+    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
     for name in ("paged", "contiguous", "whole"):
@@ -243,7 +235,7 @@ def test_the_c_split_count_is_the_bindings(tmp_path: Path) -> None:
     source = tmp_path / "splits.c"
     source.write_text(SPLITS_MAIN)
     program = tmp_path / "splits"
-    _ok(_run(["gcc", "-O1", "-Wall", "-Werror", "-std=c99", f"-I{REPO / 'capi'}", "-o", program, source]))
+    exit_ok(run_program(["gcc", "-O1", "-Wall", "-Werror", "-std=c99", f"-I{REPO / 'capi'}", "-o", program, source]))
     rows, calls = [], []
     for batch in (1, 3, 8, 16, 64):
         for heads in ((32, 8), (4, 4), (64, 1)):
@@ -367,7 +359,7 @@ print(json.dumps(report))
 @gpu
 @pytest.mark.gpu
 def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -> None:
-    out = _ok(_run([sys.executable, "-c", GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
+    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
     for name, (status, message, out_err, lse_err) in report.items():
