@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Iterable, Sequence
 
 from lazytriton import dispatch, tuning
@@ -226,6 +227,25 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
+            if kernel == "flash_fwd" and not (window or softcap or varlen or alibi or dropout or bias or head_dim_v):
+                gluon = _gluon_twin(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
+                if gluon is not None:
+                    yield Planned(gluon, gluon.key(), "gluon table")
+
+
+def _gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
+                seqlen_q: int, seqlen_k: int) -> Variant | None:
+    """The flash_fwd_gluon variant dispatch serves a plain call of this shape with (GLUON_TABLE), or None.
+
+    An image must hold it beside flash_fwd's: a call that fits the table's
+    tiles runs it, and would otherwise compile it on first use.
+    """
+    offset = seqlen_k - seqlen_q if causal else 0  # prewarm's causal calls are FlashAttention's, bottom-right
+    if offset < 0 or not dispatch.flash_fwd_gluon_fits(dtype, head_dim, causal, offset, 1.0 / math.sqrt(head_dim),
+                                                       seqlen_q, seqlen_k):
+        return None
+    return dispatch.flash_fwd_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
+                                                    seqlen_k)
 
 
 def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:

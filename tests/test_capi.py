@@ -489,9 +489,10 @@ def test_check_launch_layout_per_kernel(kernel: str) -> None:
 
 def test_parse_spec_axes_and_variant_strings() -> None:
     variant = embedded.parse_spec("target=cuda:90, dtype=bf16 head_dim=80 causal=1 seqlen_q=4096 aligned=0")
-    assert (variant.target, variant.dtype, variant.get("BLOCK_D"), variant.get("CAUSAL")) == ("sm_90", "bf16", 128,
-                                                                                             True)
-    assert variant.get("ALIGN16") is False and variant.get("EVEN_D") is False
+    assert (variant.target, variant.dtype, variant.get("CAUSAL")) == ("sm_90", "bf16", True)
+    # head dim 80: split tiles (64 + 16; dispatch.SPLIT_BY_DEFAULT), which add up to it exactly
+    assert (variant.get("BLOCK_D"), variant.get("BLOCK_D2"), variant.get("EVEN_D")) == (64, 16, True)
+    assert variant.get("ALIGN16") is False
     assert embedded.parse_spec(str(variant)) == variant
     for bad, needle in (("target=sm_90 dtype=bf16", "lack head_dim"), ("target=sm_90 dtype=bf16 head_dim=64 x=1",
                                                                         "not an axis"),

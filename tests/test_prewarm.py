@@ -26,10 +26,10 @@ from conftest import run_python
 from lazytriton import dispatch, record, tuning
 from lazytriton.cache_format.image import Image
 from lazytriton.cli import main as cli_main
+from lazytriton.prewarm import enumeration
 from lazytriton.prewarm.enumeration import (
     DEFAULT_SEQLENS,
     Axes,
-    enumerate_variants,
     in_shard,
     parse_shard,
     select_shard,
@@ -43,6 +43,25 @@ SM90, SM80, GFX942 = Target.parse("sm_90"), Target.parse("sm_80"), Target.parse(
 FWD = ("flash_fwd",)  # these tests are of the forward's plan; tests/test_families.py has the backward's
 EMPTY = tuning.Table(())
 EPOCH = "1700000000"
+
+
+def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Any]:
+    """The plan without flash_fwd_gluon's twins (test_plan_holds_the_gluon_twin_of_each_call_it_serves has them)."""
+    return [p for p in enumeration.enumerate_variants(axes, table) if p.variant.kernel != "flash_fwd_gluon"]
+
+
+def test_plan_holds_the_gluon_twin_of_each_call_it_serves() -> None:
+    axes = Axes((SM90,), FWD, dtypes=("bf16",), head_dims=(64, 128), causal=(False, True), seqlens_q=(4096, 1000))
+    plan = enumeration.enumerate_variants(axes, EMPTY)
+    twins = [p for p in plan if p.variant.kernel == "flash_fwd_gluon"]
+    # hd64 causal has no GLUON_TABLE row, and 1000 is no multiple of the tiles: hd64 and hd128 non-causal, hd128
+    # causal at 4096, aligned only (the axis default is both alignments), each once.
+    assert sorted((v.variant.get("BLOCK_D"), v.variant.get("CAUSAL"), v.origin) for v in twins) == [
+        (64, False, "gluon table"), (128, False, "gluon table"), (128, True, "gluon table")]
+    for twin in twins:
+        fits = dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", int(twin.variant.get("BLOCK_D")),
+                                                        bool(twin.variant.get("CAUSAL")), True, False, 4096, 4096)
+        assert twin.variant == fits, "the variant dispatch serves the call with"
 EM_CUDA, EM_AMDGPU = 190, 224
 
 
