@@ -149,7 +149,7 @@ _LAYOUTS = {
 }
 _LSE = {
     "forward": ("stream = raw_stream(di)\n"
-                "    stocks = known[1]  # see lse_stock\n"
+                "    stocks = known[1]  # see lse_stocks\n"
                 "    if stocks is None or (stream and is_capturing()):  # stream 0 is never captured\n"
                 "        lse = empty_like(known[11])  # see lse_template\n"
                 "    else:\n"
@@ -264,7 +264,9 @@ def lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torc
 
 # lse stocks: a forward_* call must return a new lse, and its allocation was 1.8 of attn_fwd's 11.2 µs on the
 # H200 host (benchmarks/probe_host_parts.py). For a small lse, one allocation of STOCK_BYTES is cut into up to
-# MAX_STOCK lse tensors at once (``unbind``: views of one block), handed out one per call: ~0.2 µs each.
+# MAX_STOCK lse tensors at once (``unbind``: views of one block), handed out one per call. Measured on the
+# H200: attn_fwd 1.79-1.89x torch.add's host time before, 1.65x after (a view costs nearly an allocation's time;
+# what is saved is the allocator's own work). An lse handed out shares its storage with its stock-mates.
 STOCK_BYTES = 64 << 10
 MAX_STOCK = 64
 MIN_STOCK = 4  # fewer lse per block than this: a plain allocation (the lse is big, the call is not host-bound)
@@ -280,7 +282,7 @@ def lse_stocks(template: torch.Tensor | None) -> dict[int, list[torch.Tensor]] |
     ordered on that stream. A block stays alive while any of its lse does,
     so a block is at most STOCK_BYTES. Never used during a CUDA graph
     capture: a captured call's lse must come from the graph's own pool. The
-    capture check (a driver query, ~1 µs) is skipped on the legacy default
+    capture check (a driver query, 0.36 µs on the H200) is skipped on the legacy default
     stream (raw handle 0), which CUDA never captures.
     """
     if template is None or STOCK_BYTES // (4 * template.numel() + 12) < MIN_STOCK:
