@@ -28,6 +28,17 @@ def has_cuda() -> bool:
 gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; run on the GPU host (see README, 'GPU tests')")
 
 
+@pytest.fixture(scope="module")
+def fake_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake libcuda (tests/fake_libcuda.py) compiled once a module; skipped without a C compiler."""
+    from fake_libcuda import build
+
+    library = build(tmp_path_factory.mktemp("fakecuda"))
+    if library is None:
+        pytest.skip("no C compiler for the fake libcuda")
+    return library
+
+
 @pytest.fixture
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if anything would run a kernel (interpreter or GPU runtime)."""

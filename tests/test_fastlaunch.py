@@ -15,20 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_libcuda import Fake, build
+from fake_libcuda import Fake
 from test_driver import _entry
 
 from lazytriton.cache_format.tensordesc import TensorDescMeta
 from lazytriton.driver import DriverError, fastlaunch, fastlaunch_build, gpu
 from lazytriton.kernels import get
-
-
-@pytest.fixture(scope="module")
-def fake_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    library = build(tmp_path_factory.mktemp("fakecuda"))
-    if library is None:
-        pytest.skip("no C compiler for the fake libcuda")
-    return library
 
 
 @pytest.fixture(scope="module")

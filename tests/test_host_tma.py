@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 import pytest
 import xxhash
-from fake_libcuda import Fake, build, fake_map
+from fake_libcuda import Fake, fake_map
 from host_tma_fixture import VARIANT, compile_now, recorded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -118,13 +118,6 @@ def _expected(monkeypatch: pytest.MonkeyPatch, record: dict[str, Any], k_base: i
             struct.pack("<q", LSE), *(struct.pack("<i", s) for s in SCALARS), struct.pack("<f", 0.125),
             bytes(8), bytes(8)]
 
-
-@pytest.fixture(scope="module")
-def fake_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    library = build(tmp_path_factory.mktemp("fakecuda"))
-    if library is None:
-        pytest.skip("no C compiler for the fake libcuda")
-    return library
 
 
 def _load(fake_library: Path, module: Any, monkeypatch: pytest.MonkeyPatch, entry: Entry) -> gpu.LoadedKernel:
