@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,19 @@ def has_cuda() -> bool:
 
 
 gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; run on the GPU host (see README, 'GPU tests')")
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A built and installed C API (through `lazytriton capi build`), once a module; skipped without gcc."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc (apt-get install gcc)")
+    where = tmp_path_factory.mktemp("capi") / "prefix"
+    built = subprocess.run([sys.executable, "-m", "lazytriton.cli", "capi", "build", "--prefix", str(where)],
+                           capture_output=True, text=True, timeout=600, check=False)
+    assert built.returncode == 0 and "built" in built.stdout, (
+        f"exit {built.returncode}\nstdout:\n{built.stdout}\nstderr:\n{built.stderr}")
+    return where
 
 
 @pytest.fixture(scope="module")

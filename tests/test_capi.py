@@ -41,18 +41,7 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
-
 run_program, exit_ok = _run, _ok  # for the other C API test modules (test_capi_kvcache.py)
-
-@pytest.fixture(scope="module")
-def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A built and installed C API (through `lazytriton capi build`)."""
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc (apt-get install gcc)")
-    where = tmp_path_factory.mktemp("capi") / "prefix"
-    out = _ok(_run([sys.executable, "-m", "lazytriton.cli", "capi", "build", "--prefix", where]))
-    assert "built" in out
-    return where
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,6 @@ from lazytriton.capi import embedded_kvcache
 KVCACHE_SOURCE = REPO / "capi" / "lt_kvcache.c"
 
 
-@pytest.fixture(scope="module")
-def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc (apt-get install gcc)")
-    where = tmp_path_factory.mktemp("capi-kvcache") / "prefix"
-    exit_ok(run_program([sys.executable, "-m", "lazytriton.cli", "capi", "build", "--prefix", where], timeout=600))
-    return where
 
 
 IN_PROCESS = r"""
