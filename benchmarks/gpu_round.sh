@@ -72,7 +72,7 @@ case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, 
   cp benchmarks/results/flash_bwd.csv "$OUT/flash_bwd.csv" ;;
 esac
 case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $(nproc) in one run (issue 12: >= 0.8 a core)
-  python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
+  python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" ${PREWARM_ARGS:-} 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
 esac
 case " $* " in *" newtests "*)  # the GPU tests of the newest features (NEWTESTS overrides the list)
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \
@@ -94,6 +94,11 @@ esac
 case " $* " in *" splitd "*)  # non-power-of-two head dims: split tiles against padding
   timeout ${SPLITD_TIMEOUT:-150} python3 benchmarks/bench_split_d.py --csv "$OUT/split_d.csv" ${SPLITD_ARGS:-} 2>&1 \
     | tee "$OUT/bench_split_d.log" | tail -16 ;;
+esac
+case " $* " in *" tunedecode "*)  # flash_decode's table on this GPU (copy $OUT/decode_tuning.csv back to kernels/flash_decode/)
+  timeout ${TUNEDECODE_TIMEOUT:-200} lazytriton tune --kernel flash_decode --dtype ${TUNEDECODE_DTYPES:-bf16} --head-dim 64,128 \
+    -j "$(nproc)" --splits-report --table kernels/flash_decode/tuning.csv 2>&1 | tee "$OUT/tune_decode.log" | tail -30
+  cp kernels/flash_decode/tuning.csv "$OUT/decode_tuning.csv" ;;
 esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;
