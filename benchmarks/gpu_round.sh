@@ -100,6 +100,10 @@ case " $* " in *" tunedecode "*)  # flash_decode's table on this GPU (copy $OUT/
     -j "$(nproc)" --splits-report --table kernels/flash_decode/tuning.csv 2>&1 | tee "$OUT/tune_decode.log" | tail -30
   cp kernels/flash_decode/tuning.csv "$OUT/decode_tuning.csv" ;;
 esac
+case " $* " in *" warpspec "*)  # Triton's automatic warp specialisation (ws_probe_kernel.py) beside our forward and cuDNN
+  timeout ${WARPSPEC_TIMEOUT:-300} python3 benchmarks/probe_warp_spec.py --csv "$OUT/warp_spec.csv" ${WARPSPEC_ARGS:---quick} 2>&1 \
+    | tee "$OUT/warp_spec.log" | tail -16 ;;
+esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;
 esac
