@@ -72,3 +72,30 @@ def ws_fwd(Q, K, V, Out, sm_scale, Z, H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M:
         acc, l_i, m_i = _ws_inner(acc, l_i, m_i, q, dk, dv, base, 0, N_CTX, start_m, scale, BLOCK_M, BLOCK_N, False, WS)
     acc = acc / l_i[:, None]
     do.store([row0, 0], acc.to(Out.dtype.element_ty))
+
+
+@triton.jit
+def ws_fwd_persistent(Q, K, V, Out, sm_scale, Z, H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, WS: tl.constexpr, CAUSAL: tl.constexpr, CAUSAL_ONE_LOOP: tl.constexpr):
+    """``ws_fwd`` as a persistent kernel: as many programs as SMs, each walking tiles (heaviest rows first)."""
+    rows = Z * H * N_CTX
+    dq = tl.make_tensor_descriptor(Q, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    dk = tl.make_tensor_descriptor(K, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    dv = tl.make_tensor_descriptor(V, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    do = tl.make_tensor_descriptor(Out, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    scale = sm_scale * 1.4426950408889634
+    m_tiles = N_CTX // BLOCK_M
+    n_tiles = m_tiles * Z * H
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        off_hz = tile % (Z * H)
+        start_m = m_tiles - 1 - tile // (Z * H)  # the longest causal rows first
+        base = off_hz * N_CTX
+        row0 = base + start_m * BLOCK_M
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        q = dq.load([row0, 0])
+        hi = (start_m + 1) * BLOCK_M if CAUSAL else N_CTX
+        acc, l_i, m_i = _ws_inner(acc, l_i, m_i, q, dk, dv, base, 0, hi, start_m, scale, BLOCK_M, BLOCK_N, CAUSAL, WS)
+        acc = acc / l_i[:, None]
+        do.store([row0, 0], acc.to(Out.dtype.element_ty))
