@@ -34,7 +34,7 @@ import ws_probe_kernel  # noqa: E402
 from lazytriton.flash import attn_fwd  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
-TILINGS = ((128, 128, 4, 2), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 4, 2))
+TILINGS = ((128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 4, 3))  # 128x128 with 3 stages: out of shared memory with WS
 TOKENS = 16384
 HIDDEN = 2048
 
