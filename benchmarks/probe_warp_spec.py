@@ -98,7 +98,7 @@ def measure_shape(d: int, causal: bool, s: int) -> tuple[tuple, dict[str, tuple[
     print(f"d{d} causal={causal} {s}: " + ", ".join(f"{n} {t:.0f}" for n, t in tf.items()), flush=True)
     best = {kind: max((n for n in tf if n.split(" ")[0].replace("-1loop", "") == kind), key=tf.__getitem__,
                       default=None) for kind in ("plain", "ws", "plain-persistent", "ws-persistent")}
-    return (d, causal, s, tf["cudnn"], tf["lazytriton"], best), {
+    return (d, causal, s, tf["cudnn"], tf["lazytriton"], best, tf), {
         name: (ms, tf[name]) for name, ms in result.items()}
 
 
