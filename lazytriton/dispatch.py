@@ -139,10 +139,19 @@ def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, cau
 
 def flash_fwd_config(target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                      table: tuning.Table | None = None) -> tuple[Config, tuning.Row | None]:
-    """The config for a call from the tuning table, else the default; and the row used (or None)."""
+    """The config for a call from the tuning table, else the default; and the row used (or None).
+
+    A head dim that split tiles hold (96 = 64 + 32: ``split_head_dim``) has
+    rows of its own when ``lazytriton tune`` measured it; else it takes its
+    padded tile's rows (128's), as a padded call does.
+    """
     padded = padded_head_dim(head_dim)
     rows = tuning.table_for("flash_fwd") if table is None else table
-    row = tuning.lookup(rows, str(target), "flash_fwd", dtype, padded, causal, seqlen_q, seqlen_k)
+    row = None
+    if head_dim != padded:
+        row = tuning.lookup(rows, str(target), "flash_fwd", dtype, head_dim, causal, seqlen_q, seqlen_k)
+    if row is None:
+        row = tuning.lookup(rows, str(target), "flash_fwd", dtype, padded, causal, seqlen_q, seqlen_k)
     if row is None:
         return default_config(target, dtype, padded, seqlen_q, causal), None
     return Config(row.BLOCK_M, row.BLOCK_N, row.num_warps, row.num_stages, row.waves_per_eu), row

@@ -33,6 +33,7 @@ from lazytriton.record import fields, record
 
 T = TypeVar("T")
 
+MAX_ROW_HEAD_DIM = 512
 COLUMNS = ("target", "kernel", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k",
            "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "tflops", "gpu", "measured")
 
@@ -100,9 +101,11 @@ def parse_row(record: dict[str, str], where: str = "") -> Row:
         except ValueError:
             raise ValueError(f"tuning table{where}: column {f.name} has {raw!r}, expected {f.type}") from None
     row = Row(**values)  # type: ignore[arg-type]
-    for name in ("seqlen_q", "seqlen_k", "BLOCK_M", "BLOCK_N", "head_dim"):
+    for name in ("seqlen_q", "seqlen_k", "BLOCK_M", "BLOCK_N"):
         if not _is_pow2(getattr(row, name)):
             raise ValueError(f"tuning table{where}: {name}={getattr(row, name)} must be a power of two")
+    if not 0 < row.head_dim <= MAX_ROW_HEAD_DIM:  # a padded tile (a power of two) or a split head dim's own (96)
+        raise ValueError(f"tuning table{where}: head_dim={row.head_dim} must be in 1..{MAX_ROW_HEAD_DIM}")
     return row
 
 

@@ -50,6 +50,7 @@ def test_csv_round_trip_and_sorted_output() -> None:
 
 @pytest.mark.parametrize("change, message", [
     (("head_dim", "abc"), "column head_dim"),
+    (("head_dim", "0"), "head_dim=0 must be in 1..512"),
     (("causal", "maybe"), "column causal"),
     (("seqlen_q", "1000"), "seqlen_q=1000 must be a power of two"),
     (("BLOCK_M", "96"), "BLOCK_M=96 must be a power of two"),
@@ -75,6 +76,21 @@ def test_the_shipped_table_parses() -> None:
     for r in table:
         assert r.kernel == "flash_fwd" and str(Target.parse(r.target)) == r.target
         assert r.tflops > 0 and r.gpu and r.measured
+
+
+def test_a_split_head_dim_takes_its_own_rows_else_its_padded_tiles() -> None:
+    """96 (split tiles 64 + 32) reads rows tuned at 96 when there are some, else 128's; 100 (padded) reads 128's."""
+    target = Target.parse("sm_90")
+    at_128, at_96 = row(4096, 4096, 64), row(4096, 4096, 32, head_dim=96)
+    assert tuning.Table.parse(tuning.Table([at_96]).to_csv()).rows == (at_96,)  # a row at 96 is a valid row
+    config, used = dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, tuning.Table([at_128, at_96]))
+    assert used == at_96 and config.block_m == 32
+    variant = dispatch.flash_fwd_variant(target, "bf16", 96, False, True, 3000, seqlen_k=3000,
+                                         table=tuning.Table([at_128, at_96]))
+    assert (variant.get("BLOCK_M"), variant.get("BLOCK_D"), variant.get("BLOCK_D2")) == (32, 64, 32)
+    assert dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, tuning.Table([at_128]))[1] == at_128
+    assert dispatch.flash_fwd_config(target, "bf16", 100, False, 3000, 3000, tuning.Table([at_128, at_96]))[1] == at_128
+    assert dispatch.flash_fwd_config(target, "bf16", 128, False, 3000, 3000, tuning.Table([at_96]))[1] is None
 
 
 def test_dispatch_uses_the_row_else_the_default() -> None:

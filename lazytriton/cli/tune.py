@@ -168,7 +168,8 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
             print(f"  no candidate worked for {dtype} hd{head_dim} causal={causal} {sq}x{sk}", file=sys.stderr)
             continue
         tflops, variant = best
-        rows.append(tuning.Row(str(target), "flash_fwd", dtype, dispatch.padded_head_dim(head_dim), causal,
+        row_head_dim = head_dim if dict(variant.functional).get("BLOCK_D2") else dispatch.padded_head_dim(head_dim)
+        rows.append(tuning.Row(str(target), "flash_fwd", dtype, row_head_dim, causal,
                                tuning.bucket(sq), tuning.bucket(sk), int(variant.get("BLOCK_M")),
                                int(variant.get("BLOCK_N")), int(variant.get("num_warps")),
                                int(variant.get("num_stages")), 0, round(tflops, 1), gpu, today))
