@@ -97,6 +97,7 @@ ESTIMATED_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
 def estimate_shared(variant: Variant) -> int:
     """A lower bound, in bytes, of the shared memory a variant of ``ESTIMATED_KERNELS`` needs (module docstring)."""
     block_m, block_n, block_d = (int(variant.get(name)) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_D"))
+    block_d += int(dict(variant.functional).get("BLOCK_D2", 0))  # split tiles hold both chunks of every row
     tile = block_d * DTYPE_BYTES[variant.dtype]
     stages = max(1, int(variant.get("num_stages")) - 1)
     hip = Target.parse(variant.target).backend == "hip"
