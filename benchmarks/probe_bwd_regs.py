@@ -6,8 +6,12 @@ target (sm_90 by default), with Triton's own ptxas log switched on
 (``TRITON_DUMP_PTXAS_LOG``: Triton runs its bundled ptxas with ``-v``, 3.6 and
 3.9 alike). From that log: registers per thread, stack frame, spill stores and
 loads (bytes), and whether ptxas serialised the wgmma instructions for want of
-registers (its C7512 warning). Shared memory is the Entry's. Occupancy is an
-estimate of CTAs per SM from registers and from shared memory (``occupancy``).
+registers (its C7512 warning). From the cubin's SASS (Triton's bundled
+cuobjdump): which matrix instructions the kernel uses (``wgmma``: Hopper's
+HGMMA; ``mma``: the older HMMA, mma.sync) and how many local-memory loads and
+stores (LDL/STL: the spill code) it holds. Shared memory is the Entry's.
+Occupancy is an estimate of CTAs per SM from registers and from shared memory
+(``occupancy``).
 
 A variant that spills is slow on the GPU whatever its tiles promise: the dK/dV
 kernel at head dim 256 keeps two float32 accumulators of BLOCK_N x 256, which
@@ -105,6 +109,23 @@ def parse_ptxas(log: str, function: str | None = None) -> PtxasInfo:
     return PtxasInfo(name, f["registers"], f["stack"], f["spill_stores"], f["spill_loads"], name in serialized)
 
 
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def sass_ops(sass: str) -> dict[str, int]:
+    """Instructions per opcode (``HGMMA``, ``HMMA``, ``LDL``...; modifiers dropped) in a SASS listing (pure)."""
+    counts: dict[str, int] = {}
+    for op in _SASS_OP.findall(sass):
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def mma_kind(ops: dict[str, int]) -> str:
+    """``wgmma`` (HGMMA), ``mma`` (HMMA), both joined by ``+``, or ``none`` (IEEE fp32 dots use neither)."""
+    kinds = [name for op, name in (("HGMMA", "wgmma"), ("HMMA", "mma")) if ops.get(op)]
+    return "+".join(kinds) or "none"
+
+
 def occupancy(registers: int, num_warps: int, shared: int, limits: SmLimits | None = None) -> tuple[int, int, int]:
     """(CTAs per SM by registers, by shared memory, both) for one kernel (pure).
 
@@ -137,6 +158,24 @@ class Probe(NamedTuple):
     shared: int
     seconds: float
     error: str = ""
+    ops: dict[str, int] | None = None  # SASS opcode counts (``sass_ops``); None when cuobjdump was not there
+
+
+def _sass(cubin: bytes) -> str | None:
+    """The cubin's SASS from the cuobjdump Triton bundles; None where it has none."""
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    try:
+        tool = knobs.nvidia.cuobjdump.path
+    except (AttributeError, RuntimeError):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
 @contextlib.contextmanager
@@ -169,10 +208,12 @@ def probe(kernel: str, target: str, dtype: str, head_dim: int, causal: bool, seq
         with _ptxas_log() as log:
             entry = compile_variant(variant)
         info = parse_ptxas(log.getvalue(), entry.name)
+        sass = _sass(entry.binary)
     except Exception as exc:  # noqa: BLE001 (a variant that does not build is a row of the table)
         return Probe(kernel, dtype, head_dim, causal, m, n, w, s, None, 0, time.perf_counter() - start,
                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
-    return Probe(kernel, dtype, head_dim, causal, m, n, w, s, info, entry.shared, time.perf_counter() - start)
+    return Probe(kernel, dtype, head_dim, causal, m, n, w, s, info, entry.shared, time.perf_counter() - start,
+                 ops=None if sass is None else sass_ops(sass))
 
 
 def parse_config(text: str) -> tuple[str, Config]:
@@ -206,7 +247,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int, bool, Config | N
 
 
 HEADER = ("kernel", "dtype", "hd", "causal", "M/N/w/s", "regs", "stack", "spill_st", "spill_ld", "wgmma_ser",
-          "smem_KiB", "cta_regs", "cta_smem", "cta_sm", "warps_sm", "compile_s")
+          "mma", "ldl+stl", "smem_KiB", "cta_regs", "cta_smem", "cta_sm", "warps_sm", "compile_s")
 
 
 def table_row(p: Probe, limits: SmLimits) -> tuple[str, ...]:
@@ -218,7 +259,9 @@ def table_row(p: Probe, limits: SmLimits) -> tuple[str, ...]:
     by_regs, by_smem, ctas = occupancy(p.info.registers, p.num_warps, p.shared, limits)
     i = p.info
     return (*head, str(i.registers), str(i.stack), str(i.spill_stores), str(i.spill_loads),
-            "yes" if i.wgmma_serialized else "", f"{p.shared / 1024:.1f}", str(by_regs), str(by_smem), str(ctas),
+            "yes" if i.wgmma_serialized else "", "?" if p.ops is None else mma_kind(p.ops),
+            "?" if p.ops is None else str(p.ops.get("LDL", 0) + p.ops.get("STL", 0)), f"{p.shared / 1024:.1f}",
+            str(by_regs), str(by_smem), str(ctas),
             str(ctas * p.num_warps), f"{p.seconds:.1f}")
 
 

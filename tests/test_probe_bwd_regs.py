@@ -107,5 +107,31 @@ def test_table_row_of_a_failed_compile_says_so(probe: ModuleType) -> None:
     assert len(row) == len(probe.HEADER)
     assert dict(zip(probe.HEADER, row, strict=True)) | {"compile_s": ""} == {
         "kernel": "dq", "dtype": "bf16", "hd": "256", "causal": "0", "M/N/w/s": "64/32/4/1", "regs": "255",
-        "stack": "8", "spill_st": "4", "spill_ld": "4", "wgmma_ser": "yes", "smem_KiB": "96.0", "cta_regs": "2",
+        "stack": "8", "spill_st": "4", "spill_ld": "4", "wgmma_ser": "yes", "mma": "?", "ldl+stl": "?",
+        "smem_KiB": "96.0", "cta_regs": "2",
         "cta_smem": "2", "cta_sm": "2", "warps_sm": "8", "compile_s": ""}
+    with_sass = ok._replace(ops=probe.sass_ops(SASS))
+    assert probe.table_row(with_sass, probe.SmLimits())[10:12] == ("wgmma", "3")
+
+
+# Lines of `cuobjdump -sass` of dK/dV 64/64, 4 warps, 2 stages at head dim 256 (Triton 3.6), encodings cut.
+SASS = """\
+        /*0940*/              @!P3 LDG.E.128 R128, desc[UR4][R18.64] ;
+        /*0b80*/                   STL [R1], RZ ;
+        /*0cd0*/               @P3 LOP3.LUT R0, R0, 0x80, RZ, 0xfc, !PT ;
+        /*1d00*/              @!PT LDS RZ, [RZ] ;
+        /*3df0*/                   LDL R15, [R1+0x2e8] ;
+        /*3e10*/                   LDL R2, [R1+0x3f0] ;
+        /*5480*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*5ae0*/                   WARPGROUP.ARRIVE ;
+        /*5bd0*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR56], RZ, !UPT, gsb0 ;
+        /*5ce0*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR8], R152, gsb0 ;
+"""
+
+
+def test_sass_ops_count_opcodes_and_name_the_matrix_instructions(probe: ModuleType) -> None:
+    ops = probe.sass_ops(SASS)
+    assert ops == {"LDG": 1, "STL": 1, "LOP3": 1, "LDS": 1, "LDL": 2, "BAR": 1, "WARPGROUP": 1, "HGMMA": 2}
+    assert probe.mma_kind(ops) == "wgmma" and probe.mma_kind({"HGMMA": 3, "HMMA": 1}) == "wgmma+mma"
+    assert probe.mma_kind({"HMMA": 1}) == "mma"
+    assert probe.mma_kind({"FFMA": 9}) == "none"
