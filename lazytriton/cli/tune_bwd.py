@@ -47,9 +47,11 @@ _NARROW: Grid = ((16, 32, 4, 3), (16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2)
 
 # Head dim 256 (padded: 129-256), per kernel. dK/dV keeps two float32 accumulators of held x 256, which is
 # 256 registers a thread at 64 held rows and 4 warps before anything else: every _WIDE dK/dV candidate spilled
-# there (1.7-9 KB of spill stores a thread, wgmma serialised for want of registers), and the tuned 64/64/4/2
-# reached 106-159 TFLOP/s. These come from benchmarks/probe_bwd_regs.py (Triton 3.6, ptxas 12.8, sm_90, bf16,
-# 2026-12-01; spill stores in bytes non-causal/causal, shared memory in KiB, "mma" = mma.sync, else wgmma):
+# there (1.7-5.9 KB of spill stores a thread, 2.9-8.5 causal; wgmma serialised for want of registers; 64/128/8/2
+# and 64/64/4/3 need 256.5 and 257 KiB, over sm_90's 227, which the lower-bound estimate let through to fail at
+# launch), and the tuned 64/64/4/2 reached 106-159 TFLOP/s. These come from benchmarks/probe_bwd_regs.py
+# (Triton 3.6, ptxas 12.8, sm_90, bf16, 2026-12-01; spill stores in bytes non-causal/causal, shared memory in
+# KiB, "mma" = mma.sync, else wgmma):
 _LARGE_DKDV: Grid = (
     (64, 32, 8, 2),  # 255 regs, spill 28/168, 128
     (64, 32, 8, 3),  # spill 36/128, 160.5
@@ -60,7 +62,7 @@ _LARGE_DKDV: Grid = (
     (32, 32, 8, 3),  # mma, 218/246 regs, no spill, 98.5
     (32, 64, 8, 2),  # mma, spill 8/44, 100.5
     (32, 16, 8, 3),  # mma, 172/210 regs, no spill, 65
-    (64, 64, 4, 2),  # the tuned 2026-11-30 winner (spill 2544/4116, wgmma serialised): what the rest must beat
+    (64, 64, 4, 2),  # the tuned 2026-11-30 winner (spill 2544/3788, wgmma serialised): what the rest must beat
 )
 # dq holds one accumulator (held x 256): at 8 warps nothing spills. Left out: 4 warps at 128 held (4.1-4.5 KB of
 # spill stores), 128/64 and 64/64 at 3 stages (256 KiB: over the 227 an sm_90 block may have; refused at launch).
