@@ -65,7 +65,7 @@ _LARGE_DKDV: Grid = (
     (64, 64, 4, 2),  # the tuned 2026-11-30 winner (spill 2544/3788, wgmma serialised): what the rest must beat
 )
 # dq holds one accumulator (held x 256): at 8 warps nothing spills. Left out: 4 warps at 128 held (4.1-4.5 KB of
-# spill stores), 128/64 and 64/64 at 3 stages (256 KiB: over the 227 an sm_90 block may have; refused at launch).
+# spill stores), (128, 64, 8, 2) and (64, 64, 4, 3) (256 KiB: over sm_90's 227; refused at launch).
 _LARGE_DQ: Grid = (
     (128, 32, 8, 3),  # the tuned 2026-11-30 winner: 212/220 regs, no spill, 224
     (128, 32, 8, 2),  # 212/216 regs, 192
@@ -83,8 +83,9 @@ def proposed_large_default(kernel: str, target: Target) -> dispatch.Config:
     """The default this branch proposes for ``dispatch.bwd_default_config`` at head dim 256, fp16/bf16, CUDA.
 
     Not wired in (dispatch's backward is another branch's); the tune measures
-    it among the candidates. Today's default (dq 64/32/4/1, dK/dV 32/64/4/1)
-    spills on every CUDA target and does not fit sm_86/89/120's 99 KiB
+    it among the candidates. Configs are BLOCK_M/BLOCK_N/warps/stages (BLOCK_M
+    the query tile in both kernels). Today's default (dq 64/32/4/1, dK/dV 32/64/4/1)
+    spills on every CUDA target, and its dK/dV does not fit sm_86/89/120's 99 KiB
     (probe_bwd_regs.py, Triton 3.6, bf16): sm_90 dK/dV 1896 B of spill
     stores, wgmma serialised; sm_80 12164 B (ptxas fell back to 32
     registers); sm_86 112 KiB of shared memory. These do not spill, or
@@ -104,6 +105,7 @@ def proposed_large_default(kernel: str, target: Target) -> dispatch.Config:
     if kernel == "flash_bwd_dq":
         return dispatch.Config(64, 16 if small else 32, 8, 2)
     return dispatch.Config(32, 32 if small else 64, 8, 2)
+
 
 # time(dq variant, dkdv variant) -> (median ms of the pair, worst relative error of dq, dk, dv)
 Timer = Callable[[Variant, Variant], tuple[float, float]]
