@@ -7,9 +7,11 @@ sm_90, bf16 (this machine, 2026-12-01).
 
 from __future__ import annotations
 
+import csv
 import importlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -135,3 +137,17 @@ def test_sass_ops_count_opcodes_and_name_the_matrix_instructions(probe: ModuleTy
     assert probe.mma_kind(ops) == "wgmma" and probe.mma_kind({"HGMMA": 3, "HMMA": 1}) == "wgmma+mma"
     assert probe.mma_kind({"HMMA": 1}) == "mma"
     assert probe.mma_kind({"FFMA": 9}) == "none"
+
+
+def test_one_variant_end_to_end(probe: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real compile for sm_90 (Triton's ptxas log captured, SASS read) writes a full row to the CSV."""
+    out = tmp_path / "probe.csv"
+    probe.main(["--head-dims", "64", "--causal", "0", "--kernels", "dq", "--config", "dq:64/32/4/2",
+                "--csv", str(out)])
+    header, row = list(csv.reader(out.open()))
+    assert tuple(header) == probe.HEADER
+    got = dict(zip(header, row, strict=True))
+    assert got["kernel"] == "dq" and got["M/N/w/s"] == "64/32/4/2", got
+    assert 0 < int(got["regs"]) <= 255 and int(got["spill_st"]) >= 0, got
+    assert got["mma"] == "wgmma" and float(got["smem_KiB"]) > 0 and int(got["cta_sm"]) >= 1, got
+    assert "# Triton" in capsys.readouterr().out
