@@ -13,9 +13,12 @@ stores (LDL/STL: the spill code) it holds. Shared memory is the Entry's.
 Occupancy is an estimate of CTAs per SM from registers and from shared memory
 (``occupancy``).
 
-A variant that spills is slow on the GPU whatever its tiles promise: the dK/dV
-kernel at head dim 256 keeps two float32 accumulators of BLOCK_N x 256, which
-at BLOCK_N=64 and 4 warps is 256 registers a thread before anything else.
+Why: the dK/dV kernel at head dim 256 keeps two float32 accumulators of
+BLOCK_N x 256, which at BLOCK_N=64 and 4 warps is 256 registers a thread before
+anything else; its tuned tiles spilled kilobytes a thread and ptxas serialised
+their wgmma (benchmarks/NOTES.md, "backward hd256"). A few hundred bytes of
+spill are common in tiles that tuned well at head dims 64 and 128: the figures
+rank candidates, the GPU decides.
 
 Usage:
   python benchmarks/probe_bwd_regs.py --head-dims 64,128,256 --sweep        # tune_bwd's candidates
@@ -211,7 +214,7 @@ def probe(kernel: str, target: str, dtype: str, head_dim: int, causal: bool, seq
         sass = _sass(entry.binary)
     except Exception as exc:  # noqa: BLE001 (a variant that does not build is a row of the table)
         return Probe(kernel, dtype, head_dim, causal, m, n, w, s, None, 0, time.perf_counter() - start,
-                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+                     f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]}")
     return Probe(kernel, dtype, head_dim, causal, m, n, w, s, info, entry.shared, time.perf_counter() - start,
                  ops=None if sass is None else sass_ops(sass))
 
