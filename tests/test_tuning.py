@@ -226,6 +226,54 @@ def test_bwd_tune_candidates_fit_the_shape_and_the_target(kernel: str) -> None:
         tune_bwd.candidates("flash_fwd", SM90, "bf16", 128, 16, 16)
 
 
+@pytest.mark.parametrize("kernel", BWD)
+def test_bwd_tune_candidates_at_head_dim_256_are_few_and_use_8_warps(kernel: str) -> None:
+    """Head dim 256 (and the dims padded to it) takes its own list: the default first, at most 12 a kernel (a
+    tune of hd256, 2 dtypes x causal x 3 seqlens, fits in minutes), 8-warp configs, no held tile of 128 in dK/dV
+    (two 128 x 256 float32 accumulators spill at any warp count), and nothing over sm_90's shared memory."""
+    from lazytriton.cli import tune_bwd
+    from lazytriton.prewarm.limits import refusal
+
+    for dtype, head_dim, seqlen, causal in itertools.product(("bf16", "fp16"), (256, 192, 160),
+                                                             (1024, 4096, 16384), (False, True)):
+        configs = tune_bwd.candidates(kernel, SM90, dtype, head_dim, seqlen, seqlen)
+        assert configs[0] == dispatch.bwd_default_config(kernel, SM90, dtype, 256, seqlen, seqlen)
+        assert len(set(configs)) == len(configs) <= 12
+        assert any(c.num_warps == 8 for c in configs)
+        for c in configs:
+            v = dispatch.kernel_variant(kernel, SM90, dtype, head_dim, causal, True, seqlen, seqlen, config=c)
+            assert refusal(v) is None, v
+            held, streamed = (c.block_m, c.block_n) if kernel == "flash_bwd_dq" else (c.block_n, c.block_m)
+            if kernel == "flash_bwd_dkdv":
+                assert held <= 64, c
+            # Triton 3.6 allocated at most (2 held + 2 streamed x stages) tiles at 2-3 stages (probe_bwd_regs.py):
+            # bounded by 227 KiB, the launch cannot fail for shared memory (the default's 1 stage needs less).
+            if c.num_stages >= 2:
+                assert (2 * held + 2 * streamed * c.num_stages) * 256 * 2 <= 227 * 1024, c
+    # Head dim 128 keeps its list; the 256 list is not a superset of it.
+    assert tune_bwd.candidates(kernel, SM90, "bf16", 128, 4096, 4096) != tune_bwd.candidates(kernel, SM90, "bf16",
+                                                                                                 256, 4096, 4096)
+
+
+def test_bwd_large_default_proposal_is_a_candidate_and_fits() -> None:
+    from lazytriton.cli import tune_bwd
+    from lazytriton.prewarm.limits import refusal
+
+    for target in (SM90, Target.parse("sm_80"), Target.parse("sm_86")):
+        for kernel in BWD:
+            proposal = tune_bwd.proposed_large_default(kernel, target)
+            assert proposal.num_warps == 8
+            v = dispatch.kernel_variant(kernel, target, "bf16", 256, False, True, 4096, 4096, config=proposal)
+            assert refusal(v) is None
+            if target == SM90:
+                assert proposal in tune_bwd.candidates(kernel, target, "bf16", 256, 4096, 4096)
+    assert tune_bwd.proposed_large_default("flash_bwd_dkdv", Target.parse("sm_86")).block_n == 32
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        tune_bwd.proposed_large_default("flash_fwd", SM90)
+    with pytest.raises(ValueError, match="target must be a CUDA target"):
+        tune_bwd.proposed_large_default("flash_bwd_dq", Target.parse("gfx942"))
+
+
 def test_bwd_tune_times_each_kernel_with_its_partner_fixed(tmp_path: Path) -> None:
     from lazytriton.cli import tune, tune_bwd
 

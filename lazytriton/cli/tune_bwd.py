@@ -38,11 +38,74 @@ MAX_ERROR = 2e-2  # relative (Frobenius) error of each gradient against the floa
 # (held, streamed, num_warps, num_stages): "held" is the tile a program keeps (BLOCK_M query rows in dq,
 # BLOCK_N key rows in dK/dV), "streamed" the one its loop walks. A starting grid around Triton's
 # fused-attention tutorial (128 held x 32 streamed, 4 warps, 3 stages on Hopper) and FlashAttention-2's
-# Triton backward (64-128 square tiles, 4-8 warps); not yet measured here (no GPU on the build machines).
-_WIDE = ((128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 16, 4, 3),
+# Triton backward (64-128 square tiles, 4-8 warps), for head dims up to 128 (tuned on the H200, 2026-11-30).
+Grid = tuple[tuple[int, int, int, int], ...]
+_WIDE: Grid = ((128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 16, 4, 3),
          (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2))
 # Held tiles of 16 for programs with at most 16 rows of their own (decode-like dq, short-key dK/dV).
-_NARROW = ((16, 32, 4, 3), (16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2))
+_NARROW: Grid = ((16, 32, 4, 3), (16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2))
+
+# Head dim 256 (padded: 129-256), per kernel. dK/dV keeps two float32 accumulators of held x 256, which is
+# 256 registers a thread at 64 held rows and 4 warps before anything else: every _WIDE dK/dV candidate spilled
+# there (1.7-5.9 KB of spill stores a thread, 2.9-8.5 causal; wgmma serialised for want of registers; 64/128/8/2
+# and 64/64/4/3 need 256.5 and 257 KiB, over sm_90's 227, which the lower-bound estimate let through to fail at
+# launch), and the tuned 64/64/4/2 reached 106-159 TFLOP/s. These come from benchmarks/probe_bwd_regs.py
+# (Triton 3.6, ptxas 12.8, sm_90, bf16, 2026-12-01; spill stores in bytes non-causal/causal, shared memory in
+# KiB, "mma" = mma.sync, else wgmma):
+_LARGE_DKDV: Grid = (
+    (64, 32, 8, 2),  # 255 regs, spill 28/168, 128
+    (64, 32, 8, 3),  # spill 36/128, 160.5
+    (64, 64, 8, 2),  # FlashAttention-3's hd256 tiles (64 x 64, two warpgroups): spill 320/556, 192.5
+    (64, 16, 8, 2),  # 242 regs, no spill (16 causal), 96; wgmma N=16 is bound by shared-memory reads
+    (64, 16, 8, 3),  # 249 regs, spill 0/16, 112
+    (32, 32, 8, 2),  # mma, 194/213 regs, no spill, 66
+    (32, 32, 8, 3),  # mma, 218/246 regs, no spill, 98.5
+    (32, 64, 8, 2),  # mma, spill 8/44, 100.5
+    (32, 16, 8, 3),  # mma, 172/210 regs, no spill, 65
+    (64, 64, 4, 2),  # the tuned 2026-11-30 winner (spill 2544/3788, wgmma serialised): what the rest must beat
+)
+# dq holds one accumulator (held x 256): at 8 warps nothing spills. Left out: 4 warps at 128 held (4.1-4.5 KB of
+# spill stores), (128, 64, 8, 2) and (64, 64, 4, 3) (256 KiB: over sm_90's 227; refused at launch).
+_LARGE_DQ: Grid = (
+    (128, 32, 8, 3),  # the tuned 2026-11-30 winner: 212/220 regs, no spill, 224
+    (128, 32, 8, 2),  # 212/216 regs, 192
+    (128, 16, 8, 3),  # 206/183 regs, 176
+    (64, 64, 8, 2),  # 247/253 regs, 192
+    (64, 32, 8, 3),  # 196/200 regs, 160
+    (64, 32, 8, 2),  # 197/201 regs, 128
+    (64, 16, 8, 3),  # 175/178 regs, 112
+    (64, 16, 4, 3),  # 251/255 regs, no spill, 112: the only one with 2 CTAs an SM
+)
+LARGE_HEAD_DIM = 256  # padded head dims from here take the _LARGE lists
+
+
+def proposed_large_default(kernel: str, target: Target) -> dispatch.Config:
+    """The default this branch proposes for ``dispatch.bwd_default_config`` at head dim 256, fp16/bf16, CUDA.
+
+    Not wired in (dispatch's backward is another branch's); the tune measures
+    it among the candidates. Configs are BLOCK_M/BLOCK_N/warps/stages (BLOCK_M
+    the query tile in both kernels). Today's default (dq 64/32/4/1, dK/dV 32/64/4/1)
+    spills on every CUDA target, and its dK/dV does not fit sm_86/89/120's 99 KiB
+    (probe_bwd_regs.py, Triton 3.6, bf16): sm_90 dK/dV 1896 B of spill
+    stores, wgmma serialised; sm_80 12164 B (ptxas fell back to 32
+    registers); sm_86 112 KiB of shared memory. These do not spill, or
+    little: sm_90/sm_80 dq 64/32/8/2 (197/207 regs, 128/100 KiB) and dK/dV
+    32/64/8/2 (spill 28/8 B non-causal, 168/48 causal; 128/100 KiB); 99 KiB
+    targets dq 64/16/8/2 (166 regs, 82 KiB) and dK/dV 32/32/8/2 (191 regs,
+    66 KiB).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if target.backend != "cuda":
+        raise ValueError(f"target must be a CUDA target (no AMD proposal: nothing measured), got {target}")
+    from lazytriton.prewarm.limits import KNOWN_TARGETS
+
+    limits = KNOWN_TARGETS.get(str(target))
+    small = limits is not None and limits.shared < 128 * 1024  # sm_86, sm_89, sm_120: 99 KiB a block
+    if kernel == "flash_bwd_dq":
+        return dispatch.Config(64, 16 if small else 32, 8, 2)
+    return dispatch.Config(32, 32 if small else 64, 8, 2)
+
 
 # time(dq variant, dkdv variant) -> (median ms of the pair, worst relative error of dq, dk, dv)
 Timer = Callable[[Variant, Variant], tuple[float, float]]
@@ -61,21 +124,27 @@ def candidates(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q:
     tiles cannot fit the target's shared memory (``prewarm.limits.refusal``)
     is left out; dispatch's own choice without a table (the default) is
     always a candidate, so a tuned row is never slower than the default by
-    the measurement that chose it.
+    the measurement that chose it. Padded head dim 256 has lists of its own
+    (``_LARGE_DQ``, ``_LARGE_DKDV``: configs that do not spill, or little).
     """
     from lazytriton.prewarm.limits import refusal
 
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     rows = tuning.bucket(own_seqlen(kernel, seqlen_q, seqlen_k))
-    base = _NARROW if rows <= 16 else _WIDE
+    padded = dispatch.padded_head_dim(head_dim)
+    if rows <= 16:
+        base = _NARROW
+    elif padded >= LARGE_HEAD_DIM:
+        base = _LARGE_DQ if kernel == "flash_bwd_dq" else _LARGE_DKDV
+    else:
+        base = _WIDE
     configs = []
     for held, streamed, warps, stages in base:
         if held > max(16, rows):
             continue
         configs.append(dispatch.Config(held, streamed, warps, stages) if kernel == "flash_bwd_dq"
                        else dispatch.Config(streamed, held, warps, stages))
-    padded = dispatch.padded_head_dim(head_dim)
     default = dispatch.bwd_default_config(kernel, target, dtype, padded, seqlen_q, seqlen_k)
     if target.backend == "hip":
         configs = [dispatch.Config(c.block_m, c.block_n, c.num_warps, min(c.num_stages, 2), 2) for c in configs]
