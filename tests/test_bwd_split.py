@@ -20,7 +20,7 @@ from test_flash_bwd import check_grads, grads_of
 from test_flash_fwd import make_qkv, on_gpu
 
 import lazytriton
-from lazytriton import compiler, dispatch, runtime
+from lazytriton import compiler, dispatch, runtime, tuning
 from lazytriton.cli import tune_bwd
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
@@ -121,6 +121,18 @@ def test_tune_bwd_writes_a_split_winner_under_its_padded_head_dim() -> None:
         variant = dispatch.kernel_variant(FLASH_BWD_DQ.name, SM90, "bf16", d, False, True, 4096, 4096)
         assert variant.get("BLOCK_D2")
         assert tune_bwd.row_for(variant, 4096, 4096, 100.0, "test", "2026-12-01").head_dim == padded
+
+
+def test_prewarm_plans_the_split_backward_variants_calls_use() -> None:
+    from lazytriton.prewarm.enumeration import Axes, enumerate_variants
+
+    axes = Axes((SM90,), BWD, dtypes=("bf16",), head_dims=(96, 128), causal=(True,), seqlens_q=(4096,),
+                aligned=(True,))
+    plan = {str(p.variant) for p in enumerate_variants(axes, tuning.Table(()))}
+    calls = {str(dispatch.kernel_variant(kernel, SM90, "bf16", d, True, True, 4096, 4096, seq16=seq16,
+                                         table=tuning.Table(())))
+             for kernel in BWD for d in (96, 128) for seq16 in (True, False)}
+    assert plan == calls and sum("BLOCK_D=64,BLOCK_D2=32" in v for v in plan) == 4  # 2 kernels x SEQ16 or not
 
 
 # ---------------------------------------------------------------------------
