@@ -38,8 +38,11 @@ dim that is not a power of two held as two power-of-two chunks, BLOCK_D whole
 then BLOCK_D2 masked at head_dim unless EVEN_D (96 = 64 + 32, 72 = 64 + 16).
 Every tensor's head dim is split alike (v's equals q's there): scores are q k^T
 + q2 k2^T, dP is dO V^T + dO2 V2^T, and dQ, dK, dV each have two accumulators
-(``_dq_block_split``, ``_dkdv_block_split``); off, the kernels are the padded
-ones, statement for statement.
+(``_dq_block_split``, ``_dkdv_block_split``). Off, they compile away: with
+Triton 3.9 for sm_90, the PTX of padded variants (hd 96, 128, and 72 with
+window, softcap and dropout; both kernels) has the same instructions in the
+same order as before split tiles, apart from register numbers and debug
+information.
 The price of determinism is one more pair of matrix products than a fused
 kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 """
