@@ -1,4 +1,4 @@
-"""Benchmark flash_fwd's split tiles against padding for head dims that are not powers of two.
+"""Benchmark split tiles against padding for head dims that are not powers of two, forward and backward.
 
 A head dim like 96 runs today in a 128-wide tile (``BLOCK_D`` = 128,
 ``EVEN_D`` = false: a quarter of the matrix work is padding). Split tiles
@@ -22,7 +22,17 @@ long-format CSV (``csvlog``); a table of padded against split comes last.
 ``--cpu-smoke`` runs tiny shapes through Triton's interpreter (numbers
 meaningless, the checks real).
 
+The backward (``--mode bwd``, or ``both``, the default) times flash_bwd's two
+kernels (dq, then dK/dV) of one call, padded against split (``BLOCK_D2`` in
+both), forced through ``flash_bwd.binding.launch_gpu`` with dispatch's tiles
+(the padded head dim's tuning rows; ``--sweep`` is the forward's only), on the
+forward's out and lse. Each pair's dq, dk and dv are checked first against a
+float32 autograd reference with FlashAttention's rule (tests/test_flash_bwd.py's
+floors); TFLOP/s count FlashAttention's 2.5 times the forward's work. Its rows
+have mode ``bwd`` and kernel ``flash_bwd``.
+
 Usage: python benchmarks/bench_split_d.py [--csv PATH] [--dtype bf16,fp16] [--head-dims 96,192] [--sweep]
+       [--mode fwd|bwd|both]
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ from csvlog import append_rows, run_meta
 
 from lazytriton import compiler, dispatch
 from lazytriton.cli.timing import median_ms
+from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
+from lazytriton.kernels.flash_bwd import binding as bwd_binding
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 from lazytriton.kernels.flash_fwd.reference import attention_reference
 from lazytriton.target import Target
@@ -51,6 +63,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SWEEP = (dispatch.Config(128, 64, 8, 3), dispatch.Config(128, 128, 8, 3), dispatch.Config(128, 64, 4, 3),
          dispatch.Config(64, 64, 4, 3), dispatch.Config(128, 32, 4, 4), dispatch.Config(64, 128, 8, 2))
 OUT_FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # tests/test_flash_fwd.py's
+GRAD_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # tests/test_flash_bwd.py's
 
 
 @dataclass
@@ -66,6 +79,7 @@ class Result:
     tflops: float | None
     err: float | None
     check: str
+    mode: str = "fwd"
 
 
 def variants_of(target: Target, dtype: str, head_dim: int, causal: bool, seqlen: int,
@@ -167,9 +181,109 @@ def measure(dtype_name: str, head_dim: int, causal: bool, seqlen: int, batch: in
     return results
 
 
+# ---------------------------------------------------------------------------
+# The backward: flash_bwd_dq then flash_bwd_dkdv, padded against split
+
+
+def bwd_variants_of(target: Target, dtype: str, head_dim: int, causal: bool,
+                    seqlen: int) -> dict[str, tuple[Variant, Variant]]:
+    """The padded and split (dq, dkdv) pairs to time: dispatch's tiles, which are the padded head dim's for both."""
+    return {provider: tuple(dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, True,  # type: ignore
+                                                    seqlen, seqlen, split_d=split)
+                            for kernel in dispatch.BWD_KERNELS)
+            for provider, split in (("padded", False), ("split", True))}
+
+
+def bwd_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               do: torch.Tensor, call: binding.Call,
+               pair: tuple[Variant, Variant]) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """One forced (dq, dkdv) pair: the binding's GPU launch, or the interpreter (tiles of 16) on the CPU."""
+    grads = bwd_binding.empty_grads(q, k, v)
+
+    def on_gpu() -> tuple[torch.Tensor, ...]:
+        bwd_binding.launch_gpu(q, k, v, out, lse, do, grads, call, pair)
+        return tuple(grads)
+
+    def on_cpu() -> tuple[torch.Tensor, ...]:
+        delta = torch.empty(tuple(lse.shape), dtype=torch.float32)
+        for spec, variant, grid in zip((FLASH_BWD_DQ, FLASH_BWD_DKDV), pair, bwd_binding.grids(call.shape, 16, 16),
+                                       strict=True):
+            constexprs = {**kernel_constexprs(variant, spec.constexprs), "BLOCK_M": 16, "BLOCK_N": 16}
+            compiler.interpret(spec.name, grid, bwd_binding.triton_args(spec.name, q, k, v, out, lse, do, delta,
+                                                                        grads, call), constexprs)
+        return tuple(grads)
+
+    return on_gpu if q.is_cuda else on_cpu
+
+
+def bwd_references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                   causal: bool) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """(float32 reference, same-dtype reference) of (dq, dk, dv) through autograd, by chunks of heads."""
+    def grads(dtype: torch.dtype, h: int) -> tuple[torch.Tensor, ...]:
+        leaves = [t[:, h:h + 4].to(dtype).requires_grad_() for t in (q, k, v)]
+        out = attention_reference(*leaves, causal=causal)[0]
+        return torch.autograd.grad(out, leaves, do[:, h:h + 4].to(dtype))
+
+    exact = [grads(torch.float32, h) for h in range(0, q.shape[1], 4)]
+    same = [grads(q.dtype, h) for h in range(0, q.shape[1], 4)]
+    return (tuple(torch.cat(p, 1) for p in zip(*exact, strict=True)),
+            tuple(torch.cat(p, 1) for p in zip(*same, strict=True)))
+
+
+def bwd_check(got: tuple[torch.Tensor, ...], exact: tuple[torch.Tensor, ...],
+              same: tuple[torch.Tensor, ...]) -> tuple[bool, float]:
+    """FlashAttention's rule for each of dq, dk, dv (tests/test_flash_bwd.py's); the worst relative error."""
+    ok, worst = True, 0.0
+    for g, r, s in zip(got, exact, same, strict=True):
+        err = float((g.float() - r).abs().max())
+        floor = GRAD_FLOOR[g.dtype] * max(1.0, float(r.abs().max()))
+        ok = ok and bool(torch.isfinite(g).all()) and err <= 2 * float((s.float() - r).abs().max()) + floor
+        worst = max(worst, float((g.float() - r).norm() / r.norm().clamp_min(1e-30)))
+    return ok, worst
+
+
+def measure_bwd(dtype_name: str, head_dim: int, causal: bool, seqlen: int, batch: int, device: torch.device,
+                args: argparse.Namespace) -> list[Result]:
+    """Time the backward's padded and split pairs on one call (inputs as ``measure``'s, a random dO)."""
+    import lazytriton
+
+    dtype = DTYPES[dtype_name]
+    heads = max(1, 2048 // head_dim)
+    gen = torch.Generator(device=device).manual_seed(head_dim * 2 + causal + 1)
+    q, k, v, do = (torch.randn(batch, heads, seqlen, head_dim, generator=gen, device=device).to(dtype)
+                   for _ in range(4))
+    call = binding.check(q, k, v, causal)
+    out, lse = lazytriton.attn_fwd(q, k, v, causal=causal)
+    exact, same = bwd_references(q, k, v, do, causal)
+    flops = 2.5 * 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+    target = dispatch.target_of_device(device) if device.type == "cuda" else Target.parse("sm_90")
+    results = []
+    for provider, pair in bwd_variants_of(target, dtype_name, head_dim, causal, seqlen).items():
+        block_d = f"{pair[0].get('BLOCK_D')}" + (f"+{pair[0].get('BLOCK_D2')}" if provider == "split" else "")
+        config = "dq {}/{}/{}w/{}s dkdv {}/{}/{}w/{}s".format(
+            *(variant.get(n) for variant in pair for n in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")))
+        try:
+            fn = bwd_runner(q, k, v, out, lse, do, call, pair)
+            ok, err = bwd_check(fn(), exact, same)
+            ms = median_ms(fn, device.type == "cuda", args.warmup, args.reps) if ok else None
+            r = Result(provider, dtype_name, head_dim, block_d, causal, (batch, heads, seqlen), config, ms,
+                       flops / ms / 1e9 if ms else None, err, "ok" if ok else "wrong", "bwd")
+        except Exception as exc:  # a pair that does not fit (shared memory) is reported, not fatal
+            r = Result(provider, dtype_name, head_dim, block_d, causal, (batch, heads, seqlen), config, None, None,
+                       None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", "bwd")
+        results.append(r)
+        shown = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s" if r.ms and r.tflops else ""
+        print(f"bwd {dtype_name} d{head_dim} {'causal' if causal else 'full':<6} {provider:<6} {block_d:<7} "
+              f"{config:<34} {r.check:<6} {shown}", flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return results
+
+
 def csv_row(meta: dict[str, str], r: Result) -> dict[str, object]:
     b, h, s = r.shape
-    return {**meta, "provider": r.provider, "mode": "fwd", "dtype": r.dtype, "head_dim": r.head_dim,
+    return {**meta, "provider": r.provider, "mode": r.mode, "dtype": r.dtype, "head_dim": r.head_dim,
             "block_d": r.block_d, "causal": r.causal, "batch": b, "heads": h, "seqlen": s, "config": r.config,
             "p50_ms": "" if r.ms is None else round(r.ms, 4),
             "tflops": "" if r.tflops is None else round(r.tflops, 1),
@@ -180,12 +294,16 @@ def _cell(r: Result | None) -> str:
     return f"{r.tflops:12.0f}" if r is not None and r.tflops else f"{(r.check if r else '-')[:12]:>12}"
 
 
-def print_table(results: Sequence[Result]) -> None:
+def print_table(results: Sequence[Result], mode: str = "fwd") -> None:
     """Per dtype, head dim and causal mode: padded and split TFLOP/s (dispatch's tiles; the sweep's best too)."""
+    results = [r for r in results if r.mode == mode]
+    if not results:
+        return
     keys = sorted({(r.dtype, r.head_dim, r.causal) for r in results})
     swept = any(r.provider.endswith("_best") for r in results)
     cols = ["padded", "split"] + (["padded_best", "split_best"] if swept else [])
-    print("\nTFLOP/s (real head dim's work), flash_fwd, padded against split tiles")
+    kernel = "flash_fwd" if mode == "fwd" else "flash_bwd (dq + dK/dV)"
+    print(f"\nTFLOP/s (real head dim's work), {kernel}, padded against split tiles")
     print(f"{'dtype':<5} {'d':>4} {'causal':<6} " + " ".join(f"{c:>12}" for c in cols) + f" {'split/padded':>13}")
     for dtype, d, causal in keys:
         got = {r.provider: r for r in results if (r.dtype, r.head_dim, r.causal) == (dtype, d, causal)
@@ -206,7 +324,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     parser.add_argument("--causal", choices=("both", "causal", "full"), default="both")
     parser.add_argument("--seqlen", type=int, default=4096)
-    parser.add_argument("--sweep", action="store_true", help="also try SWEEP's tile configs, keep each one's best")
+    parser.add_argument("--sweep", action="store_true", help="also try SWEEP's tile configs, keep each one's best "
+                        "(forward only)")
+    parser.add_argument("--mode", choices=("fwd", "bwd", "both"), default="both",
+                        help="time the forward, the backward (flash_bwd's two kernels), or both")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes through the interpreter (no GPU)")
@@ -237,15 +358,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         device, seqlen = torch.device("cuda"), args.seqlen
         batch = max(1, 16384 // seqlen)
-    meta = run_meta("flash_fwd", device)
+    modes = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd")}[args.mode]
+    metas = {mode: run_meta("flash_fwd" if mode == "fwd" else "flash_bwd", device) for mode in modes}
     results: list[Result] = []
-    for dtype in args.dtypes:
-        for d in args.head_dim_list:
-            for causal in causals:
-                found = measure(dtype, d, causal, seqlen, batch, device, args)
-                append_rows(args.csv, FIELDS, [csv_row(meta, r) for r in found])
-                results += found
-    print_table(results)
+    for mode in modes:
+        for dtype in args.dtypes:
+            for d in args.head_dim_list:
+                for causal in causals:
+                    found = (measure if mode == "fwd" else measure_bwd)(dtype, d, causal, seqlen, batch, device, args)
+                    append_rows(args.csv, FIELDS, [csv_row(metas[mode], r) for r in found])
+                    results += found
+    for mode in modes:
+        print_table(results, mode)
     return 1 if any(r.check == "wrong" for r in results if r.provider == "split") else 0
 
 

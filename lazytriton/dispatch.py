@@ -30,12 +30,14 @@ def padded_head_dim(head_dim: int) -> int:
     raise ValueError(f"head dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
 
 
-# Split tiles for flash_fwd (issue 11, item 4): a head dim that is not a power of two
-# as two power-of-two chunks (96 = 64 + 32) instead of one padded tile (128). On by
-# default since benchmarks/bench_split_d.py measured it on the H200 (bf16, 4k, Triton
+# Split tiles (issue 11, item 4): a head dim that is not a power of two as two
+# power-of-two chunks (96 = 64 + 32) instead of one padded tile (128). On by default
+# since benchmarks/bench_split_d.py measured flash_fwd on the H200 (bf16, 4k, Triton
 # 3.6, 2026-11-30): 1.42-2.22x the padded kernel's TFLOP/s at head dims 40, 72, 80,
-# 96, 160 and 192; split_d=False asks for padding.
+# 96, 160 and 192; split_d=False asks for padding. The backward kernels split by the
+# same rule (their time against padding: bench_split_d.py --backward, to be measured).
 SPLIT_BY_DEFAULT = True
+SPLIT_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
 MIN_CHUNK = 16  # tl.dot's smallest inner dimension
 
 
@@ -330,10 +332,10 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     the q/k head dim's, ``BLOCK_DV``/``EVEN_DV`` say so (absent, they are
     BLOCK_D's and EVEN_D's: the strings of equal-dim calls are unchanged),
     and the tiles are those of the larger head dim. ``split_d`` (flash_fwd
-    only; None: ``SPLIT_BY_DEFAULT``): split tiles (``split_head_dim``), with
-    BLOCK_D the first chunk and BLOCK_D2 the second, written only when set;
-    True where no split helps (a power of two, v's head dim another, TMA) is a
-    ValueError.
+    and the backward kernels; None: ``SPLIT_BY_DEFAULT``): split tiles
+    (``split_chunks``), with BLOCK_D the first chunk and BLOCK_D2 the second,
+    written only when set; the tiles are the padded head dim's. True where no
+    split helps (a power of two, v's head dim another, TMA) is a ValueError.
 
     ``SEQ16=true`` (the backward kernels' seqlens and lse strides are
     multiples of 16: more divisibility hints) is written only when set, and
@@ -358,7 +360,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
     even = head_dim == padded and dv == padded_v
-    chunks = _split_chunks(kernel, head_dim, dv, tma, split_d)
+    chunks = split_chunks(kernel, head_dim, dv, tma, split_d)
     if chunks is not None:
         functional.update(BLOCK_D=chunks[0], EVEN_D=sum(chunks) == head_dim, BLOCK_D2=chunks[1])
         even = False  # no TMA: the pointer kernel only
@@ -381,19 +383,24 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 
-def _split_chunks(kernel: str, head_dim: int, head_dim_v: int, tma: bool | None,
-                  split_d: bool | None) -> tuple[int, int] | None:
-    """flash_fwd's split-tile chunks for a call, or None (padding); ``split_d=True`` where none helps: ValueError."""
+def split_chunks(kernel: str, head_dim: int, head_dim_v: int = 0, tma: bool | None = None,
+                 split_d: bool | None = None) -> tuple[int, int] | None:
+    """The split-tile chunks of a call of ``kernel``, or None (padding); ``split_d=True`` where none helps: ValueError.
+
+    flash_fwd and the backward kernels (``BWD_KERNELS``) have split tiles;
+    ``split_d`` None is ``SPLIT_BY_DEFAULT``; ``head_dim_v`` 0 is ``head_dim``.
+    """
     wanted = SPLIT_BY_DEFAULT if split_d is None else split_d
     if not wanted:
         return None
-    chunks = split_head_dim(head_dim) if kernel == "flash_fwd" else None
-    if chunks is None or head_dim_v != head_dim or tma:
+    chunks = split_head_dim(head_dim) if kernel in SPLIT_KERNELS else None
+    if chunks is None or (head_dim_v or head_dim) != head_dim or tma:
         if split_d is None:
             return None
-        raise ValueError(f"split_d=True needs flash_fwd, a head dim that two power-of-two chunks hold in less than "
-                         f"its padded tile (40, 72, 80, 96, 160, 192, ...), v's head dim equal to it and no TMA; got "
-                         f"{kernel}, head dim {head_dim}, v's {head_dim_v}, tma={tma}")
+        raise ValueError(f"split_d=True needs flash_fwd or a backward kernel ({', '.join(BWD_KERNELS)}), a head dim "
+                         f"that two power-of-two chunks hold in less than its padded tile (40, 72, 80, 96, 160, 192, "
+                         f"...), v's head dim equal to it and no TMA; got {kernel}, head dim {head_dim}, v's "
+                         f"{head_dim_v}, tma={tma}")
     return chunks
 
 

@@ -1,4 +1,4 @@
-"""Split tiles for head dims that are not powers of two (issue 11, item 4), in flash_fwd.
+"""Split tiles for head dims that are not powers of two (issue 11, item 4), in flash_fwd (backward: test_bwd_split).
 
 A head dim like 96 runs as two power-of-two chunks (64 + 32) instead of one
 padded 128-wide tile: ``BLOCK_D2`` > 0 selects it, off by default in dispatch
@@ -47,8 +47,9 @@ def test_split_tiles_are_the_default_padding_on_request_and_split_variants_say_s
     odd = dispatch.kernel_variant("flash_fwd", SM90, "fp16", 72, True, True, 128, 128, split_d=True)
     assert (odd.get("BLOCK_D"), odd.get("BLOCK_D2"), odd.get("EVEN_D")) == (64, 16, False)
     # split_d=None (dispatch's choice) never splits where it cannot; True there says why.
-    for kernel, d, extra in (("flash_fwd", 128, {}), ("flash_bwd_dq", 96, {}), ("flash_fwd", 96, {"head_dim_v": 64}),
-                             ("flash_fwd", 96, {"tma": True})):
+    # The backward kernels split too (tests/test_bwd_split.py).
+    for kernel, d, extra in (("flash_fwd", 128, {}), ("flash_bwd_dq", 128, {}), ("flash_fwd", 96, {"head_dim_v": 64}),
+                             ("flash_bwd_dkdv", 96, {"head_dim_v": 64}), ("flash_fwd", 96, {"tma": True})):
         with pytest.raises(ValueError, match="split_d=True needs flash_fwd"):
             dispatch.kernel_variant(kernel, SM90, "fp16", d, False, True, 128, 128, split_d=True, **extra)
         if "tma" not in extra:  # tma=None: dispatch may split 96 (no TMA for an odd tile), so only these

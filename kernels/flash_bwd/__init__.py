@@ -16,7 +16,9 @@ pointers (then the score modifications'); with it ``Lse`` and ``Delta`` are
 pointer and every stride of the eight (b, h, s, d) tensors is a multiple of
 16 (``aligned_params``); ``SEQ16`` variants (dense calls only, always with
 ``ALIGN16``) also the seqlens and the lse/delta strides, heads_q x seqlen_q
-and seqlen_q (``seq_aligned_params``).
+and seqlen_q (``seq_aligned_params``). ``BLOCK_D2`` is the forward's split
+tiles (the head dim as BLOCK_D then BLOCK_D2), written only when set; absent,
+it is 0 (padding), so the strings of padded variants are what they were.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from lazytriton.kernels.flash_fwd import VARLEN_POINTERS as _VARLEN_POINTERS
 FAMILY = "flash_bwd"
 MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI", "BIAS",
-               "DROPOUT", "BLOCK_DV", "EVEN_DV")
+               "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2")
 
 
 # With SEQ16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and

@@ -188,11 +188,29 @@ def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligne
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
 
 
+def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
+    """BLOCK_D, EVEN_D, BLOCK_DV, EVEN_DV and BLOCK_D2 as a compiled variant of dispatch's would have them.
+
+    Split tiles (``dispatch.split_chunks``: 96 = 64 + 32) where dispatch splits,
+    the padded tile otherwise; ``variant.kernel_constexprs`` fills a split
+    variant's absent BLOCK_DV/EVEN_DV with BLOCK_D's and EVEN_D's.
+    """
+    chunks = dispatch.split_chunks(FLASH_BWD_DQ.name, head_dim, head_dim_v)
+    if chunks is None:
+        return {**fwd.head_dim_constexprs(head_dim, head_dim_v), "BLOCK_D2": 0}
+    even = sum(chunks) == head_dim
+    return {"BLOCK_D": chunks[0], "EVEN_D": even, "BLOCK_DV": chunks[0], "EVEN_DV": even, "BLOCK_D2": chunks[1]}
+
+
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
                            softcap: bool = False, mods: tuple[bool, bool, bool] = fwd.NO_MODS,
                            head_dim_v: int = 0) -> dict[str, Any]:
-    """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
-    return {"BLOCK_M": 16, "BLOCK_N": 16, **fwd.head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
+    """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs.
+
+    The head dim's are dispatch's (``head_dim_constexprs``): split tiles where
+    a GPU call would run them.
+    """
+    return {"BLOCK_M": 16, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
             "DROPOUT": mods[2]}
 

@@ -33,6 +33,16 @@ p))^T dO``, ``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - delta)`` with delta
 = rowsum(dO * O) of the dropped output.
 ``BLOCK_DV``/``EVEN_DV`` and ``head_dim_v`` are the forward's: v, out, dO and
 dV have v's head dim, q, k, dQ and dK have q's.
+``BLOCK_D2`` > 0 is the forward's split tiles (0, the default, pads): a head
+dim that is not a power of two held as two power-of-two chunks, BLOCK_D whole
+then BLOCK_D2 masked at head_dim unless EVEN_D (96 = 64 + 32, 72 = 64 + 16).
+Every tensor's head dim is split alike (v's equals q's there): scores are q k^T
++ q2 k2^T, dP is dO V^T + dO2 V2^T, and dQ, dK, dV each have two accumulators
+(``_dq_block_split``, ``_dkdv_block_split``). Off, they compile away: with
+Triton 3.9 for sm_90, the PTX of padded variants (hd 96, 128, and 72 with
+window, softcap and dropout; both kernels) has the same instructions in the
+same order as before split tiles, apart from register numbers and debug
+information.
 The price of determinism is one more pair of matrix products than a fused
 kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 """
@@ -179,6 +189,41 @@ def _lse_log2(Lse, rows, rows_ok):
 
 
 @triton.jit
+def _dq_probs(
+    qk, cols, col_ok, offs_m, lse2, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    BIAS: tl.constexpr,
+):
+    """(P, the cap's factor of dS) of the raw products ``qk`` = Q K^T of keys ``cols`` (both chunks' with BLOCK_D2)."""
+    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
+    qk, grad = _scores(qk, qk_scale, cap, SOFTCAP)
+    if ALIBI or BIAS:
+        qk = _modified(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, ALIBI,
+                       BIAS)
+    if MASKED:
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        if WINDOW:
+            keep = keep & (cols[None, :] >= offs_m[:, None] + causal_offset - window_left)
+            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset + window_right)
+        qk = tl.where(keep, qk, float("-inf"))
+    return tl.math.exp2(qk - lse2[:, None]), grad
+
+
+@triton.jit
+def _dq_ds(p, grad, dp, delta, cols, mods, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
+    """The gradient of the scores, dS = P * (dP - delta) (times the cap's factor), from the raw dP = dO V^T."""
+    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
+    if DROPOUT:  # dP = (dO V^T) * Z / (1 - p)
+        dp = tl.where(_kept(seed, drop_rows, cols[None, :], dropout_p), dp * (1.0 / (1.0 - dropout_p)), 0.0)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * grad
+    return ds
+
+
+@triton.jit
 def _dq_block(
     dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
     seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods, dv_ok,
@@ -191,32 +236,44 @@ def _dq_block(
     ``mods``: (seqlen_q, slope * log2 e, bias row pointers, the bias's column
     stride, Philox seed, dropout row offsets, dropout_p), as ``_mods`` gives them.
     """
-    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
     cols = start_n + offs_n
     col_ok = cols < seqlen_k
     k = _load_tile(k_ptrs + start_n * stride_ks, col_ok, d_ok, MASKED, EVEN_D)
     v = _load_tile(v_ptrs + start_n * stride_vs, col_ok, dv_ok, MASKED, EVEN_V)
-    qk, grad = _scores(_dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE),
-                       qk_scale, cap, SOFTCAP)
-    if ALIBI or BIAS:
-        qk = _modified(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, ALIBI,
-                       BIAS)
-    if MASKED:
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
-        if WINDOW:
-            keep = keep & (cols[None, :] >= offs_m[:, None] + causal_offset - window_left)
-            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset + window_right)
-        qk = tl.where(keep, qk, float("-inf"))
-    p = tl.math.exp2(qk - lse2[:, None])
+    p, grad = _dq_probs(_dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE), cols,
+                        col_ok, offs_m, lse2, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods,
+                        MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS)
     dp = _dot(do, tl.trans(v), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE)
-    if DROPOUT:  # dP = (dO V^T) * Z / (1 - p)
-        dp = tl.where(_kept(seed, drop_rows, cols[None, :], dropout_p), dp * (1.0 / (1.0 - dropout_p)), 0.0)
-    ds = p * (dp - delta[:, None])
-    if SOFTCAP:
-        ds = ds * grad
+    ds = _dq_ds(p, grad, dp, delta, cols, mods, SOFTCAP, DROPOUT)
     return _dot(ds.to(k.dtype), k, dq, IEEE)
+
+
+@triton.jit
+def _dq_block_split(
+    dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
+    seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
+    EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    """``_dq_block`` with the head dim in two chunks (``BLOCK_D2``): Q K^T = q k^T + q2 k2^T, dQ's chunks dq, dq2.
+
+    The first chunk is whole; the second is masked at head_dim unless EVEN_D
+    (``d2_ok``). V's head dim is q's, split the same way.
+    """
+    cols = start_n + offs_n
+    col_ok = cols < seqlen_k
+    k = _load_tile(k_ptrs + start_n * stride_ks, col_ok, d2_ok, MASKED, True)
+    v = _load_tile(v_ptrs + start_n * stride_vs, col_ok, d2_ok, MASKED, True)
+    k2 = _load_tile(k2_ptrs + start_n * stride_ks, col_ok, d2_ok, MASKED, EVEN_D)
+    v2 = _load_tile(v2_ptrs + start_n * stride_vs, col_ok, d2_ok, MASKED, EVEN_D)
+    qk = _dot(q2, tl.trans(k2), _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE),
+              IEEE)
+    p, grad = _dq_probs(qk, cols, col_ok, offs_m, lse2, seqlen_k, causal_offset, qk_scale, window_left,
+                        window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS)
+    dp = _dot(do2, tl.trans(v2), _dot(do, tl.trans(v), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE),
+              IEEE)
+    ds = _dq_ds(p, grad, dp, delta, cols, mods, SOFTCAP, DROPOUT).to(k.dtype)
+    return _dot(ds, k, dq, IEEE), _dot(ds, k2, dq2, IEEE)
 
 
 @triton.jit
@@ -236,7 +293,7 @@ def flash_bwd_dq_kernel(
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
-    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True,
+    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -260,9 +317,11 @@ def flash_bwd_dq_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    # With split tiles (BLOCK_D2 > 0) the first chunk is whole: EVEN_D is the second's.
+    EVEN_1: tl.constexpr = True if BLOCK_D2 > 0 else EVEN_D
     # V's head dim (and Out's, dO's): BLOCK_DV/EVEN_DV, or BLOCK_D/EVEN_D's when 0 (callers that predate them).
     BLOCK_V: tl.constexpr = BLOCK_DV if BLOCK_DV > 0 else BLOCK_D
-    EVEN_V: tl.constexpr = EVEN_DV if BLOCK_DV > 0 else EVEN_D
+    EVEN_V: tl.constexpr = True if BLOCK_D2 > 0 else EVEN_DV if BLOCK_DV > 0 else EVEN_D
     offs_dv = tl.arange(0, BLOCK_V)
     rows_ok = offs_m < seqlen_q
     d_ok = offs_d < head_dim
@@ -277,12 +336,25 @@ def flash_bwd_dq_kernel(
         V = V + k_start * stride_vs
         batch = 0  # the batch strides are not used: each base above is its sequence's first row
     q = _load_tile(Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
-                   rows_ok, d_ok, True, EVEN_D)
+                   rows_ok, d_ok, True, EVEN_1)
     do = _load_tile(DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :],
                     rows_ok, dv_ok, True, EVEN_V)
     o = _load_tile(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :],
                    rows_ok, dv_ok, True, EVEN_V)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    if BLOCK_D2 > 0:  # split tiles: head dims [BLOCK_D, BLOCK_D + BLOCK_D2) of every tensor, masked at head_dim
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        d2_ok = offs_d2 < head_dim
+        q2 = _load_tile(Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d2[None, :],
+                        rows_ok, d2_ok, True, EVEN_D)
+        do2 = _load_tile(DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos
+                         + offs_d2[None, :], rows_ok, d2_ok, True, EVEN_D)
+        o2 = _load_tile(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_os + offs_d2[None, :],
+                        rows_ok, d2_ok, True, EVEN_D)
+        delta += tl.sum(do2.to(tl.float32) * o2.to(tl.float32), 1)
+        k2_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d2[None, :]
+        v2_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d2[None, :]
+        dq2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
     if VARLEN:  # lse and delta: (heads_q, total_q)
         lse_offset = head * stride_lh + q_start
     else:
@@ -314,47 +386,60 @@ def flash_bwd_dq_kernel(
                                                          causal_offset + window_right, end, full_end, BLOCK_N,
                                                          BLOCK_M)
         for start_n in range(begin, full_begin, BLOCK_N):
+            if BLOCK_D2 > 0:
+                dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs,
+                                          start_n, offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale,
+                                          stride_ks, stride_vs, window_left, window_right, cap, mods, EVEN_D, True,
+                                          CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+            else:
+                dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
+                               seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
+                               cap, mods, dv_ok, EVEN_1, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                               EVEN_V)
+    for start_n in range(full_begin, full_end, BLOCK_N):
+        if BLOCK_D2 > 0:
+            dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n,
+                                      offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
+                                      stride_vs, window_left, window_right, cap, mods, EVEN_D, False, CAUSAL, IEEE,
+                                      WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+        else:
             dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                            seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                           mods, dv_ok, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
-    for start_n in range(full_begin, full_end, BLOCK_N):
-        dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                       mods, dv_ok, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
+                           mods, dv_ok, EVEN_1, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
     for start_n in range(full_end, end, BLOCK_N):
-        dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-                       seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                       mods, dv_ok, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
+        if BLOCK_D2 > 0:
+            dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n,
+                                      offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
+                                      stride_vs, window_left, window_right, cap, mods, EVEN_D, True, CAUSAL, IEEE,
+                                      WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+        else:
+            dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
+                           seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
+                           mods, dv_ok, EVEN_1, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
 
     dq = dq * sm_scale
     _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
-                dq.to(DQ.dtype.element_ty), rows_ok, d_ok, EVEN_D)
+                dq.to(DQ.dtype.element_ty), rows_ok, d_ok, EVEN_1)
+    if BLOCK_D2 > 0:
+        dq2 = dq2 * sm_scale
+        _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d2[None, :],
+                    dq2.to(DQ.dtype.element_ty), rows_ok, d2_ok, EVEN_D)
 
 
 @triton.jit
-def _dkdv_block(
-    dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, start_m, offs_m, offs_n, d_ok,
-    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap, mods, dv_ok,
-    EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-    EVEN_V: tl.constexpr,
+def _dkdv_probs(
+    qk_t, rows, offs_n, lse2, seqlen_q, causal_offset, qk_scale, window_left, window_right, cap, mods,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    BIAS: tl.constexpr, DROPOUT: tl.constexpr,
 ):
-    """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed.
+    """(P^T as dV takes it, P^T, the cap's factor of dS, dropout's keep mask) of the raw products qk_t = K Q^T.
 
-    ``mods``: (the pointers Alibi, Bias, Philox, sequence, query head, seqlen_k,
-    dropout's lse_base, drop_k and drop_col, the slopes' and the bias's strides,
-    dropout_p), for ``_mods``.
+    With dropout, dV takes P * Z / (1 - p) and the mask is returned for dP;
+    without, the mask is P^T (unused).
     """
     (Alibi, Bias, Philox, batch, head, seqlen_k, lse_base, drop_k, drop_col, stride_alibi_b, stride_biasb,
      stride_biash, stride_biasm, stride_biasn, dropout_p) = mods
-    rows = start_m + offs_m
-    rows_ok = rows < seqlen_q
-    q = _load_tile(q_ptrs + start_m * stride_qs, rows_ok, d_ok, True, EVEN_D)
-    do = _load_tile(do_ptrs + start_m * stride_dos, rows_ok, dv_ok, True, EVEN_V)
-    lse2 = _lse_log2(Lse, rows, rows_ok)
-    delta = tl.load(Delta + rows, mask=rows_ok, other=0.0)
-    qk_t, grad_t = _scores(_dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE),
-                           qk_scale, cap, SOFTCAP)
+    qk_t, grad_t = _scores(qk_t, qk_scale, cap, SOFTCAP)
     if ALIBI or BIAS or DROPOUT:
         slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, batch, head, rows[None, :], lse_base, drop_k,
                                                    drop_col, stride_alibi_b, stride_biasb, stride_biash, stride_biasm,
@@ -372,19 +457,89 @@ def _dkdv_block(
             keep = keep & (offs_n[:, None] <= rows[None, :] + causal_offset + window_right)
         qk_t = tl.where(keep, qk_t, float("-inf"))
     p_t = tl.math.exp2(qk_t - lse2[None, :])
-    if DROPOUT:  # dV = (P * Z / (1 - p))^T dO, and below dP = (dO V^T) * Z / (1 - p)
+    if DROPOUT:  # dV = (P * Z / (1 - p))^T dO, and dP = (dO V^T) * Z / (1 - p) (``_dkdv_ds``)
         kept_t = _kept(seed, drop_rows, offs_n[:, None], dropout_p)
-        rescale = 1.0 / (1.0 - dropout_p)
-        dv = _dot(tl.where(kept_t, p_t * rescale, 0.0).to(do.dtype), do, dv, IEEE)
+        pv_t = tl.where(kept_t, p_t * (1.0 / (1.0 - dropout_p)), 0.0)
     else:
-        dv = _dot(p_t.to(do.dtype), do, dv, IEEE)
-    dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE)
+        kept_t = p_t
+        pv_t = p_t
+    return pv_t, p_t, grad_t, kept_t
+
+
+@triton.jit
+def _dkdv_ds(p_t, grad_t, kept_t, dp_t, delta, mods, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
+    """The transposed gradient of the scores, P^T * (dP^T - delta) (times the cap's factor), from V dO^T."""
+    (Alibi, Bias, Philox, batch, head, seqlen_k, lse_base, drop_k, drop_col, stride_alibi_b, stride_biasb,
+     stride_biash, stride_biasm, stride_biasn, dropout_p) = mods
     if DROPOUT:
-        dp_t = tl.where(kept_t, dp_t * rescale, 0.0)
+        dp_t = tl.where(kept_t, dp_t * (1.0 / (1.0 - dropout_p)), 0.0)
     ds_t = p_t * (dp_t - delta[None, :])
     if SOFTCAP:
         ds_t = ds_t * grad_t
+    return ds_t
+
+
+@triton.jit
+def _dkdv_block(
+    dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, start_m, offs_m, offs_n, d_ok,
+    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap, mods, dv_ok,
+    EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+    EVEN_V: tl.constexpr,
+):
+    """DK's (unscaled) and dV's shares of queries [start_m, start_m + BLOCK_M), computed transposed.
+
+    ``mods``: (the pointers Alibi, Bias, Philox, sequence, query head, seqlen_k,
+    dropout's lse_base, drop_k and drop_col, the slopes' and the bias's strides,
+    dropout_p), for ``_mods``.
+    """
+    rows = start_m + offs_m
+    rows_ok = rows < seqlen_q
+    q = _load_tile(q_ptrs + start_m * stride_qs, rows_ok, d_ok, True, EVEN_D)
+    do = _load_tile(do_ptrs + start_m * stride_dos, rows_ok, dv_ok, True, EVEN_V)
+    lse2 = _lse_log2(Lse, rows, rows_ok)
+    delta = tl.load(Delta + rows, mask=rows_ok, other=0.0)
+    pv_t, p_t, grad_t, kept_t = _dkdv_probs(
+        _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE), rows, offs_n, lse2,
+        seqlen_q, causal_offset, qk_scale, window_left, window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP,
+        ALIBI, BIAS, DROPOUT)
+    dv = _dot(pv_t.to(do.dtype), do, dv, IEEE)
+    dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE)
+    ds_t = _dkdv_ds(p_t, grad_t, kept_t, dp_t, delta, mods, SOFTCAP, DROPOUT)
     return _dot(ds_t.to(q.dtype), q, dk, IEEE), dv
+
+
+@triton.jit
+def _dkdv_block_split(
+    dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, Lse, Delta, start_m, offs_m, offs_n, d2_ok,
+    seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap, mods,
+    EVEN_D: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    """``_dkdv_block`` with the head dim in two chunks (``BLOCK_D2``): K Q^T = k q^T + k2 q2^T, dK's and dV's chunks.
+
+    The first chunk is whole; the second is masked at head_dim unless EVEN_D (``d2_ok``).
+    """
+    rows = start_m + offs_m
+    rows_ok = rows < seqlen_q
+    q = _load_tile(q_ptrs + start_m * stride_qs, rows_ok, d2_ok, True, True)
+    do = _load_tile(do_ptrs + start_m * stride_dos, rows_ok, d2_ok, True, True)
+    q2 = _load_tile(q2_ptrs + start_m * stride_qs, rows_ok, d2_ok, True, EVEN_D)
+    do2 = _load_tile(do2_ptrs + start_m * stride_dos, rows_ok, d2_ok, True, EVEN_D)
+    lse2 = _lse_log2(Lse, rows, rows_ok)
+    delta = tl.load(Delta + rows, mask=rows_ok, other=0.0)
+    qk_t = _dot(k2, tl.trans(q2), _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE),
+                IEEE)
+    pv_t, p_t, grad_t, kept_t = _dkdv_probs(qk_t, rows, offs_n, lse2, seqlen_q, causal_offset, qk_scale,
+                                            window_left, window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP,
+                                            ALIBI, BIAS, DROPOUT)
+    pv_t = pv_t.to(do.dtype)
+    dv = _dot(pv_t, do, dv, IEEE)
+    dv2 = _dot(pv_t, do2, dv2, IEEE)
+    dp_t = _dot(v2, tl.trans(do2), _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], dtype=tl.float32), IEEE),
+                IEEE)
+    ds_t = _dkdv_ds(p_t, grad_t, kept_t, dp_t, delta, mods, SOFTCAP, DROPOUT).to(q.dtype)
+    return _dot(ds_t, q, dk, IEEE), _dot(ds_t, q2, dk2, IEEE), dv, dv2
 
 
 @triton.jit
@@ -404,7 +559,7 @@ def flash_bwd_dkdv_kernel(
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
-    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True,
+    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
 ):
     # Low key blocks first: under a causal mask they are seen by the most queries.
     start_n = tl.program_id(0) * BLOCK_N
@@ -439,20 +594,30 @@ def flash_bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    BLOCK_V: tl.constexpr = BLOCK_DV if BLOCK_DV > 0 else BLOCK_D  # as in the dQ kernel
-    EVEN_V: tl.constexpr = EVEN_DV if BLOCK_DV > 0 else EVEN_D
+    EVEN_1: tl.constexpr = True if BLOCK_D2 > 0 else EVEN_D  # as in the dQ kernel
+    BLOCK_V: tl.constexpr = BLOCK_DV if BLOCK_DV > 0 else BLOCK_D
+    EVEN_V: tl.constexpr = True if BLOCK_D2 > 0 else EVEN_DV if BLOCK_DV > 0 else EVEN_D
     offs_dv = tl.arange(0, BLOCK_V)
     cols_ok = offs_n < seqlen_k
     d_ok = offs_d < head_dim
     dv_ok = offs_dv < head_dim_v
 
     k = _load_tile(K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
-                   cols_ok, d_ok, True, EVEN_D)
+                   cols_ok, d_ok, True, EVEN_1)
     v = _load_tile(V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_dv[None, :],
                    cols_ok, dv_ok, True, EVEN_V)
     qk_scale, cap = _scales(sm_scale, softcap, SOFTCAP)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    if BLOCK_D2 > 0:  # split tiles: head dims [BLOCK_D, BLOCK_D + BLOCK_D2) of every tensor, masked at head_dim
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        d2_ok = offs_d2 < head_dim
+        k2 = _load_tile(K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d2[None, :],
+                        cols_ok, d2_ok, True, EVEN_D)
+        v2 = _load_tile(V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d2[None, :],
+                        cols_ok, d2_ok, True, EVEN_D)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
+        dv2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
 
     # Queries [begin, full_begin) cross the causal diagonal of this key block and
     # are masked; queries [full_begin, seqlen_q) see all of its keys. Keys past
@@ -482,25 +647,52 @@ def flash_bwd_dkdv_kernel(
         do_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :]
         lse_ptr = Lse + batch * stride_lb + head * stride_lh
         delta_ptr = Delta + batch * stride_lb + head * stride_lh
+        if BLOCK_D2 > 0:
+            q2_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d2[None, :]
+            do2_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d2[None, :]
         for start_m in range(begin, full_begin, BLOCK_M):
-            dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
-                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
-                                 cap, mods, dv_ok, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
-                                 DROPOUT, EVEN_V)
-        for start_m in range(full_begin, full_end, BLOCK_M):
-            dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, d_ok,
-                                 seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
-                                 cap, mods, dv_ok, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS,
-                                 DROPOUT, EVEN_V)
-        if WINDOW:
-            for start_m in range(full_end, end, BLOCK_M):
+            if BLOCK_D2 > 0:
+                dk, dk2, dv, dv2 = _dkdv_block_split(
+                    dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, start_m,
+                    offs_m, offs_n, d2_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                    window_right, cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+            else:
                 dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
                                      d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                                     window_right, cap, mods, dv_ok, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                     BIAS, DROPOUT, EVEN_V)
+                                     window_right, cap, mods, dv_ok, EVEN_1, True, IEEE, CAUSAL, WINDOW, SOFTCAP,
+                                     ALIBI, BIAS, DROPOUT, EVEN_V)
+        for start_m in range(full_begin, full_end, BLOCK_M):
+            if BLOCK_D2 > 0:
+                dk, dk2, dv, dv2 = _dkdv_block_split(
+                    dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, start_m,
+                    offs_m, offs_n, d2_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                    window_right, cap, mods, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+            else:
+                dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
+                                     d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                                     window_right, cap, mods, dv_ok, EVEN_1, False, IEEE, CAUSAL, WINDOW, SOFTCAP,
+                                     ALIBI, BIAS, DROPOUT, EVEN_V)
+        if WINDOW:
+            for start_m in range(full_end, end, BLOCK_M):
+                if BLOCK_D2 > 0:
+                    dk, dk2, dv, dv2 = _dkdv_block_split(
+                        dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, start_m,
+                        offs_m, offs_n, d2_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                        window_right, cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                else:
+                    dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
+                                         d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                                         window_right, cap, mods, dv_ok, EVEN_1, True, IEEE, CAUSAL, WINDOW,
+                                         SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
 
     dk = dk * sm_scale
     _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
-                dk.to(DK.dtype.element_ty), cols_ok, d_ok, EVEN_D)
+                dk.to(DK.dtype.element_ty), cols_ok, d_ok, EVEN_1)
     _store_tile(DV + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvs + offs_dv[None, :],
                 dv.to(DV.dtype.element_ty), cols_ok, dv_ok, EVEN_V)
+    if BLOCK_D2 > 0:
+        dk2 = dk2 * sm_scale
+        _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d2[None, :],
+                    dk2.to(DK.dtype.element_ty), cols_ok, d2_ok, EVEN_D)
+        _store_tile(DV + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvs + offs_d2[None, :],
+                    dv2.to(DV.dtype.element_ty), cols_ok, d2_ok, EVEN_D)

@@ -187,8 +187,12 @@ def backward_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_di
 
 
 def row_for(variant: Variant, seqlen_q: int, seqlen_k: int, tflops: float, gpu: str, measured: str) -> tuning.Row:
-    """The tuning row that makes dispatch pick ``variant`` for calls in these seqlen buckets (pure)."""
-    return tuning.Row(variant.target, variant.kernel, variant.dtype, int(variant.get("BLOCK_D")),
+    """The tuning row that makes dispatch pick ``variant`` for calls in these seqlen buckets (pure).
+
+    Rows are keyed by the padded head dim, also for a split variant (BLOCK_D + BLOCK_D2: 64 + 32 -> 128).
+    """
+    block_d = int(variant.get("BLOCK_D")) + int(dict(variant.functional).get("BLOCK_D2", 0))
+    return tuning.Row(variant.target, variant.kernel, variant.dtype, dispatch.padded_head_dim(block_d),
                       bool(variant.get("CAUSAL")), tuning.bucket(seqlen_q), tuning.bucket(seqlen_k),
                       int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")), int(variant.get("num_warps")),
                       int(variant.get("num_stages")), int(dict(variant.options).get("waves_per_eu", 0)),
