@@ -259,11 +259,13 @@ def test_varlen_refuses_values_of_another_length(no_launch: None) -> None:
         lazytriton.flash_attn_varlen_func(_t(3, 2, 16), _t(3, 2, 16), _t(4, 2, 32), cu, cu, 3, 3)
 
 
-def test_the_kv_cache_call_refuses_a_differing_value_head_dim(no_launch: None) -> None:
-    with pytest.raises(ValueError, match="head_dim_v"):  # its own message (kernels/flash_decode/checks.py)
-        lazytriton.flash_attn_with_kvcache(_t(1, 1, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 32))
-    with pytest.raises(ValueError, match="the decoding kernels need v's head dim to equal"):
-        dispatch.kernel_variant("flash_decode_split", SM90, "fp16", 16, False, True, 1, 8, head_dim_v=32)
+def test_the_kv_cache_call_takes_a_differing_value_head_dim(no_launch: None) -> None:
+    # flash_attn_with_kvcache takes head_dim_v too (tests/test_kvcache_head_dim_v.py has its numerics).
+    with pytest.raises(ValueError, match=r"v must have shape \(1, 1, 2, 32\)"):
+        lazytriton.flash_attn_with_kvcache(_t(1, 1, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 32), k=_t(1, 1, 2, 16),
+                                           v=_t(1, 1, 2, 16), cache_seqlens=1)
+    split = dispatch.kernel_variant("flash_decode_split", SM90, "fp16", 16, False, True, 1, 8, head_dim_v=32)
+    assert (split.get("BLOCK_D"), split.get("BLOCK_DV")) == (16, 32)
 
 
 # ---------------------------------------------------------------------------
