@@ -336,9 +336,12 @@ def test_prewarm_axis_head_dim_v(capsys: pytest.CaptureFixture[str]) -> None:
     planned = [str(p.variant) for p in enumerate_variants(axes, tuning.tables_for(kernels))]
     with_dv = [v for v in planned if "BLOCK_DV=128" in v]
     # the backward's two alignment forms each (SEQ16 or not: odd lengths are planned too)
-    assert sorted(v.split(":")[0] for v in with_dv) == ["flash_bwd_dkdv"] * 2 + ["flash_bwd_dq"] * 2 + ["flash_fwd"]
+    # flash_attn_with_kvcache takes head_dim_v too: the decoding split kernel and kv_append (paged or not).
+    assert sorted(v.split(":")[0] for v in with_dv) == sorted(["flash_bwd_dkdv"] * 2 + ["flash_bwd_dq"] * 2
+                                                              + ["flash_fwd"] + ["flash_decode_split"] * 2
+                                                              + ["kv_append"] * 2)
     decode = [v for v in planned if v.startswith("flash_decode_split")]
-    assert len(decode) == 2 and not any("BLOCK_DV" in v for v in decode)  # the equal pair, paged or not
+    assert len(decode) == 4 and sum("BLOCK_DV" in v for v in decode) == 2  # each pair, paged or not
     common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90", "--dtype", "bf16", "--head-dim",
               "192", "--causal", "none", "--seqlen-q", "4096", "--list"]
     assert cli_main(common) == 0

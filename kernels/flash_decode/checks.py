@@ -171,7 +171,7 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     page_size, capacity = _layout(t, q, b, rows_c, s_c)
     seqlen_new = _new_keys(t, q, b, hk, d, dv)
     seqlen_const = _seqlens(t, q, b, capacity, seqlen_new)
-    if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, b * sq * hq, rows_c * max(s_c, 1)) > INT32_MAX:
+    if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, b * sq * hq, rows_c * max(s_c, 1), seqlen_new * hk) > INT32_MAX:
         raise ValueError(f"batch and heads_k must be <= {MAX_GRID_YZ} and lengths < 2**31; got q {tuple(q.shape)}, "
                          f"k_cache {tuple(kc.shape)}")
     scale = _scale(softmax_scale, d)
