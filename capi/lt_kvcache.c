@@ -341,14 +341,14 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     c->aligned = (bits & 15) == 0, c->index64 = extent >= INT32_MAX;
     if (c->seqlen_new > 0) { /* kv_append.binding.layout_flags: k, v and the caches */
         const lt_tensor *as[4] = {&p->k, &p->v, &p->k_cache, &p->v_cache};
+        static const char *as_names[4] = {"k", "v", "k_cache", "v_cache"};
         bits = 0, extent = 0;
         for (int i = 0; i < 4; i++) {
             bits |= (uint64_t)(uintptr_t)as[i]->data | (uint64_t)(as[i]->strides[0] | as[i]->strides[1] |
                                                                    as[i]->strides[2]);
             int64_t e = lt__kv_extent(as[i]);
             if (e < 0)
-                return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements",
-                                i == 0 ? "k" : "v");
+                return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", as_names[i]);
             extent = e > extent ? e : extent;
         }
         c->append_aligned = (bits & 15) == 0, c->append_index64 = extent >= INT32_MAX;

@@ -197,10 +197,17 @@ def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
     """
     plan: dict[str, Planned] = {}
     for target in axes.targets:
-        for kernel in axes.kernels or all_kernels():
+        for kernel in _with_append(axes.kernels or all_kernels()):
             for planned in _kernel_variants(axes, table, target, kernel):
                 plan.setdefault(planned.key, planned)
     return list(plan.values())
+
+
+def _with_append(kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels to plan: kv_append joins the decoding kernels (a call with new keys launches it first)."""
+    if "kv_append" in kernels or not any(k in dispatch.DECODE_KERNELS for k in kernels):
+        return kernels
+    return (*kernels, "kv_append")
 
 
 def _append_variants(axes: Axes, target: Target) -> Iterable[Planned]:
@@ -216,10 +223,9 @@ def _append_variants(axes: Axes, target: Target) -> Iterable[Planned]:
 
 
 def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
-    if kernel == "kv_append" or kernel == "flash_decode_split":  # planned wherever the decoding kernels are
+    if kernel == "kv_append":
         yield from _append_variants(axes, target)
-        if kernel == "kv_append":
-            return
+        return
     in_table = table_buckets(table, str(target), kernel)
     decode = kernel in dispatch.DECODE_KERNELS
     dtypes = axes.dtypes or (DECODE_DTYPES if decode else DEFAULT_DTYPES)
