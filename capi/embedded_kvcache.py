@@ -3,7 +3,9 @@
 ``embedded.attach`` binds these to the library. The C half has checked every
 argument before they run. The planner resolves both decoding kernels through
 the binding (``binding.variants``, as a Python call of that shape class
-would), loads them on the device and answers what the C launch needs,
+would), and for a call with new keys the append kernel (``kv_append.variant``,
+as ``kv_append.binding.plan`` would), loads them on the device and answers
+what the C launch needs,
 including the split heuristic's inputs (``binding.gpu_slots``,
 ``binding.min_split_keys``), so the C split count (lt_splits.c) is the
 binding's. The host-memory call runs ``binding.forward`` on the caller's
@@ -19,6 +21,7 @@ from typing import Any
 from lazytriton.capi.embedded import PYTHON, host_tensor
 
 KERNELS = ("flash_decode_split", "flash_decode_combine")
+APPEND = "kv_append"
 # Parameter kinds the C launcher passes: the split kernel's integers then two fp32, the combine's integers only.
 _INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 _MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
@@ -69,7 +72,8 @@ def attn_kvcache_cpu(p: Any) -> int:
 
 
 def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool, index64: bool,
-                  rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool) -> Any:
+                  rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
+                  head_dim_v: int = 0) -> Any:
     """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call."""
     import torch
 
@@ -79,16 +83,19 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
     dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
     # Dispatch reads rows (heads_q // heads_k x seqlen_q) and the cache's capacity, never batch or heads.
     call = checks.Call(1, rows, 1, 1, head_dim, 0, capacity, page_size, 1, capacity, causal, 1.0,
-                       window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi)
+                       window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
+                       head_dim_v=0 if head_dim_v == head_dim else head_dim_v)
     return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
 
 
 def check_launch_layout(entry: Any, kernel: str) -> None:
     """Refuse an entry whose parameters lt_kvcache.c would not pass correctly (its binding's ints, then floats)."""
     from lazytriton.capi.embedded import UNSUPPORTED, CapiError
+    from lazytriton.kernels import kv_append
     from lazytriton.kernels.flash_decode import binding
 
-    ints = binding.SPLIT_INT_PARAMS if kernel == KERNELS[0] else binding.COMBINE_INT_PARAMS
+    ints = {KERNELS[0]: binding.SPLIT_INT_PARAMS, KERNELS[1]: binding.COMBINE_INT_PARAMS,
+            APPEND: kv_append.INT_PARAMS}[kernel]
     floats = ("fp32", "fp32") if kernel == KERNELS[0] else ()
     kinds = tuple(entry.arg_types)
     if (len(kinds) != len(ints) + len(floats) or kinds[len(ints):] != floats
@@ -108,10 +115,13 @@ def plan(req: Any) -> int:
     from lazytriton.kernels.flash_decode import binding
 
     props = torch.cuda.get_device_properties(req.device_index)
-    split, combine = plan_variants(props.major * 10 + props.minor, req.dtype, req.head_dim, bool(req.causal),
-                                   bool(req.aligned), bool(req.index64), req.rows, req.capacity, req.page_size,
-                                   bool(req.window), bool(req.softcap), bool(req.alibi))
+    capability = props.major * 10 + props.minor
+    split, combine = plan_variants(capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
+                                   bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
+                                   bool(req.softcap), bool(req.alibi), req.head_dim_v)
     rt = runtime.get()
+    if req.append:
+        _plan_append(req, rt, capability)
     loaded = []
     for variant in (split, combine):
         kernel = rt.kernel(variant, req.device_index)
@@ -128,6 +138,28 @@ def plan(req: Any) -> int:
     text = str(split).encode()[:511]
     _ffi.memmove(req.variant, text, len(text))
     return 0
+
+
+def append_variant(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
+                   index64: bool) -> Any:
+    """The kv_append variant a C plan with new keys launches first (pure): ``kv_append.variant``, as in Python."""
+    from lazytriton.kernels import kv_append
+    from lazytriton.target import Target
+
+    dtype = {1: "fp16", 2: "bf16", 3: "fp32"}[dtype_code]
+    return kv_append.variant(Target("cuda", str(capability), 32), dtype, head_dim,
+                             0 if head_dim_v == head_dim else head_dim_v, paged, aligned, index64)
+
+
+def _plan_append(req: Any, rt: Any, capability: int) -> None:
+    """Load kv_append for the request and answer its launch fields."""
+    chosen = append_variant(capability, req.dtype, req.head_dim, req.head_dim_v, bool(req.paged),
+                            bool(req.append_aligned), bool(req.append_index64))
+    kernel = rt.kernel(chosen, req.device_index)
+    check_launch_layout(kernel.entry, APPEND)
+    req.append_function = int(_ffi.cast("uintptr_t", kernel.function))
+    req.append_threads, req.append_shared = kernel.block, kernel.shared
+    req.append_block_m, req.append_hidden = int(chosen.get("BLOCK_M")), len(kernel.entry.hidden_args)
 
 
 def attach(ffi: Any, guarded: Any) -> None:

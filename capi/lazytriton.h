@@ -217,15 +217,16 @@ typedef struct {
  *   q        (batch, seqlen_q, heads_q, head_dim)              fp16, bf16 or fp32
  *   k_cache  (batch_cache, seqlen_cache, heads_k, head_dim), or with block_table a paged cache
  *            (num_blocks, page_size, heads_k, head_dim), page_size a multiple of 16; q's dtype
- *   v_cache  like k_cache
- *   k, v     optional (batch, seqlen_new, heads_k, head_dim): new keys and values, written into the
- *            caches in place at each sequence's cache length before attending (host memory only)
+ *   v_cache  like k_cache, with a head dim of its own allowed (head_dim_v, as DeepSeek's MLA)
+ *   k, v     optional (batch, seqlen_new, heads_k, head_dim) and (..., head_dim_v): new keys and values,
+ *            written into the caches in place at each sequence's cache length before attending (on a GPU
+ *            by the kv_append kernel, on the caller's stream before the decoding kernels)
  *   cache_seqlens    optional int32 (batch): each sequence's cached length before the new keys; without
  *                    it, cache_seqlen (-1: the whole cache) holds for every sequence
  *   cache_batch_idx  optional int32 (batch): the cache row of each sequence (not with block_table)
  *   block_table      optional int32 (batch, max_blocks_per_seq): a paged cache
  *   alibi_slopes     optional fp32 (heads_q) or (batch, heads_q)
- *   out      q's shape and dtype, written
+ *   out      (batch, seqlen_q, heads_q, head_dim_v), q's dtype, written
  *   lse      fp32 (batch, heads_q, seqlen_q), contiguous, written: the logsumexp
  *   workspace optional fp32, 1-dim, contiguous: the float32 partials of several splits on a GPU
  *            (lt_attn_kvcache_workspace_size); without one, a GPU call runs one split
@@ -353,14 +354,14 @@ LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan);
 LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params);
 
 /* Decoding attention over a KV cache (flash_attn_with_kvcache): the split kernel and, when the keys are cut in
- * several splits, the combine kernel, one after the other on stream. CUDA tensors: both launched from C (the
- * plans, one per shape class, go through Python once), returns without waiting; new k/v on a GPU are
- * LT_ERROR_UNSUPPORTED (append them to the cache first and pass the longer cache_seqlens). CPU tensors:
- * computed before returning, through Triton's interpreter, the new keys written into the caches first. */
+ * several splits, the combine kernel, one after the other on stream; with new k/v, the kv_append kernel
+ * writes them into the caches first, on the same stream. CUDA tensors: all launched from C (the plans, one
+ * per shape class, go through Python once), returns without waiting. CPU tensors: computed before returning,
+ * through Triton's interpreter, the new keys written into the caches first. */
 LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *stream);
 
 /* The bytes of workspace a GPU call of params needs to run its split count (the forced num_splits, else the
- * most the heuristic picks): 4 * batch * heads_q * seqlen_q * (head_dim + 1) * splits. A smaller workspace
+ * most the heuristic picks): 4 * batch * heads_q * seqlen_q * (head_dim_v + 1) * splits. A smaller workspace
  * caps the splits at what fits (none: one split). */
 LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes);
 

@@ -5,23 +5,27 @@
  *
  * The checks are kernels/flash_decode/checks.py's (check: shapes, dtypes, devices, options), with messages
  * that name the argument; the values of the index tensors are checked by Python on the CPU and not read on a
- * GPU. The two kernels (kernels/flash_decode): flash_decode_split, then, with several splits, flash_decode_combine
- * on the caller's workspace. Their integer arguments are the binding's (binding.c_initializer, tested field by
- * field), and so are the variants (the planner calls binding.variants) and the split count (lt_splits.c).
+ * GPU. The kernels: with new keys, kv_append (kernels/kv_append) writes them into the caches first; then
+ * (kernels/flash_decode) flash_decode_split and, with several splits, flash_decode_combine on the caller's
+ * workspace, all on the caller's stream. Their integer arguments are the bindings' (c_initializer, tested field
+ * by field), and so are the variants (the planner calls the bindings) and the split count (lt_splits.c).
+ * v_cache, v and out may have a head dim of their own (head_dim_v).
  */
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 39   /* flash_decode_split: 37 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 40   /* flash_decode_split: 38 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 12 /* flash_decode_combine: 12 pointers and integers */
+#define LT__APPEND_PARAMS 28         /* kv_append: 28 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 
 typedef struct {
-    int64_t b, hq, hk, sq, d, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
+    int64_t b, hq, hk, sq, d, dv, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
     int64_t window_left, window_right, num_splits, workspace;
     int32_t dtype, device_type, device_index;
     int causal, alibi, softcap_on, use_seqlens, use_batch_idx, paged, aligned, index64;
+    int append_aligned, append_index64; /* kv_append's layout flags, over k, v and the caches */
     float scale, softcap;
 } lt__kv_call;
 
@@ -29,10 +33,13 @@ typedef struct {
 typedef struct {
     int32_t device_index, dtype, head_dim, causal, aligned, index64, paged, window, softcap, alibi; /* in */
     int64_t rows, capacity, page_size;                                                               /* in */
+    int32_t head_dim_v, append, append_aligned, append_index64; /* in: v's head dim; kv_append wanted, its flags */
     uint64_t split_function, combine_function;                                                        /* out */
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
     int64_t slots, min_keys; /* the heuristic's inputs: SMs x programs per SM, the fewest keys a split takes */
+    uint64_t append_function; /* out, with append: kv_append */
+    uint32_t append_threads, append_shared, append_block_m, append_hidden;
     char variant[512];
 } lt__kvcache_plan_request;
 
@@ -151,15 +158,18 @@ static lt_status lt__kv_lengths(const lt_attn_kvcache_params *p, lt__kv_call *c)
                         "absent");
     if (!lt__absent(&p->k)) {
         if ((s = lt__kv_data("k", &p->k, &p->q, "(batch, seqlen_new, heads_k, head_dim)")) != LT_OK ||
-            (s = lt__kv_data("v", &p->v, &p->q, "(batch, seqlen_new, heads_k, head_dim)")) != LT_OK)
+            (s = lt__kv_data("v", &p->v, &p->q, "(batch, seqlen_new, heads_k, head_dim_v)")) != LT_OK)
             return s;
-        if (!lt__same_sizes(&p->k, &p->v))
-            return lt__fail(LT_ERROR_SHAPE, "k and v must have the same shape");
-        const int64_t *ks = p->k.sizes;
+        const int64_t *ks = p->k.sizes, *vs = p->v.sizes;
         if (ks[0] != c->b || ks[2] != c->hk || ks[3] != c->d)
             return lt__fail(LT_ERROR_SHAPE, "k must have shape (%lld, seqlen_new, %lld, %lld) (q's batch, the cache's "
                             "heads and head dim), got (%lld, %lld, %lld, %lld)", (long long)c->b, (long long)c->hk,
                             (long long)c->d, (long long)ks[0], (long long)ks[1], (long long)ks[2], (long long)ks[3]);
+        if (vs[0] != c->b || vs[1] != ks[1] || vs[2] != c->hk || vs[3] != c->dv)
+            return lt__fail(LT_ERROR_SHAPE, "v must have shape (%lld, %lld, %lld, %lld) (k's batch, seqlen_new and "
+                            "heads, and v_cache's head dim), got (%lld, %lld, %lld, %lld)", (long long)c->b,
+                            (long long)ks[1], (long long)c->hk, (long long)c->dv, (long long)vs[0], (long long)vs[1],
+                            (long long)vs[2], (long long)vs[3]);
         if (!has_lens && p->cache_seqlen < 0)
             return lt__fail(LT_ERROR_INVALID_ARGUMENT, "k and v need cache_seqlens (or cache_seqlen >= 0): the new "
                             "keys are written at each sequence's cached length");
@@ -213,11 +223,13 @@ static lt_status lt__kv_features(const lt_attn_kvcache_params *p, lt__kv_call *c
 
 static lt_status lt__kv_outputs(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     lt_status s;
-    if ((s = lt__kv_data("out", &p->out, &p->q, "(batch, seqlen_q, heads_q, head_dim)")) != LT_OK)
+    if ((s = lt__kv_data("out", &p->out, &p->q, "(batch, seqlen_q, heads_q, head_dim_v)")) != LT_OK)
         return s;
-    if (!lt__same_sizes(&p->out, &p->q))
-        return lt__fail(LT_ERROR_SHAPE, "out must have q's shape (%lld, %lld, %lld, %lld)", (long long)c->b,
-                        (long long)c->sq, (long long)c->hq, (long long)c->d);
+    const int64_t *os = p->out.sizes;
+    if (os[0] != c->b || os[1] != c->sq || os[2] != c->hq || os[3] != c->dv)
+        return lt__fail(LT_ERROR_SHAPE, "out must have shape (%lld, %lld, %lld, %lld) (q's, with v_cache's head dim), "
+                        "got (%lld, %lld, %lld, %lld)", (long long)c->b, (long long)c->sq, (long long)c->hq,
+                        (long long)c->dv, (long long)os[0], (long long)os[1], (long long)os[2], (long long)os[3]);
     int64_t lse[3] = {c->b, c->hq, c->sq};
     if ((s = lt__kv_small("lse", &p->lse, &p->q, LT_DTYPE_FP32, 3, lse, "(batch, heads_q, seqlen_q)")) != LT_OK)
         return s;
@@ -262,19 +274,21 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         (s = lt__kv_data("v_cache", &p->v_cache, &p->q, cache)) != LT_OK)
         return s;
     const int64_t *qs = p->q.sizes, *ks = p->k_cache.sizes, *vs = p->v_cache.sizes;
-    c->b = qs[0], c->sq = qs[1], c->hq = qs[2], c->d = qs[3], c->hk = ks[2];
-    if (vs[0] == ks[0] && vs[1] == ks[1] && vs[2] == ks[2] && vs[3] != ks[3])
-        return lt__fail(LT_ERROR_SHAPE, "v_cache has head dim %lld but k_cache has %lld: a value head dim different "
-                        "from the query/key head dim (head_dim_v) is not supported by lt_attn_kvcache",
-                        (long long)vs[3], (long long)ks[3]);
-    if (!lt__same_sizes(&p->k_cache, &p->v_cache))
-        return lt__fail(LT_ERROR_SHAPE, "k_cache and v_cache must have the same shape");
+    c->b = qs[0], c->sq = qs[1], c->hq = qs[2], c->d = qs[3], c->hk = ks[2], c->dv = vs[3];
+    if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2])
+        return lt__fail(LT_ERROR_SHAPE, "v_cache must have k_cache's first three dims (%lld, %lld, %lld) (its head "
+                        "dim may differ: head_dim_v), got (%lld, %lld, %lld, %lld)", (long long)ks[0],
+                        (long long)ks[1], (long long)ks[2], (long long)vs[0], (long long)vs[1], (long long)vs[2],
+                        (long long)vs[3]);
     if (ks[3] != c->d)
         return lt__fail(LT_ERROR_SHAPE, "k_cache has head dim %lld but q has head dim %lld", (long long)ks[3],
                         (long long)c->d);
     if (c->d < 1 || c->d > LT__MAX_HEAD_DIM)
         return lt__fail(LT_ERROR_HEAD_DIM, "head dim (q.sizes[3]) must be in 1..%d, got %lld", LT__MAX_HEAD_DIM,
                         (long long)c->d);
+    if (c->dv < 1 || c->dv > LT__MAX_HEAD_DIM)
+        return lt__fail(LT_ERROR_HEAD_DIM, "v_cache's head dim (head_dim_v, v_cache.sizes[3]) must be in 1..%d, got "
+                        "%lld", LT__MAX_HEAD_DIM, (long long)c->dv);
     if (c->hk == 0 || c->hq % c->hk != 0)
         return lt__fail(LT_ERROR_SHAPE, "q heads (%lld) must be a multiple of k_cache heads (%lld) for GQA/MQA",
                         (long long)c->hq, (long long)c->hk);
@@ -285,6 +299,7 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     int64_t big = c->capacity + c->sq;
     big = c->b * c->sq * c->hq > big ? c->b * c->sq * c->hq : big;
     big = c->cache_rows * (ks[1] > 1 ? ks[1] : 1) > big ? c->cache_rows * (ks[1] > 1 ? ks[1] : 1) : big;
+    big = c->seqlen_new * c->hk > big ? c->seqlen_new * c->hk : big; /* kv_append's rows */
     if (c->b > 65535 || c->hk > 65535 || big > INT32_MAX)
         return lt__fail(LT_ERROR_SHAPE, "batch and heads_k must be <= 65535 and lengths < 2**31; got q (%lld, %lld, "
                         "%lld, %lld)", (long long)c->b, (long long)c->sq, (long long)c->hq, (long long)c->d);
@@ -324,6 +339,20 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         extent = e > extent ? e : extent;
     }
     c->aligned = (bits & 15) == 0, c->index64 = extent >= INT32_MAX;
+    if (c->seqlen_new > 0) { /* kv_append.binding.layout_flags: k, v and the caches */
+        const lt_tensor *as[4] = {&p->k, &p->v, &p->k_cache, &p->v_cache};
+        static const char *as_names[4] = {"k", "v", "k_cache", "v_cache"};
+        bits = 0, extent = 0;
+        for (int i = 0; i < 4; i++) {
+            bits |= (uint64_t)(uintptr_t)as[i]->data | (uint64_t)(as[i]->strides[0] | as[i]->strides[1] |
+                                                                   as[i]->strides[2]);
+            int64_t e = lt__kv_extent(as[i]);
+            if (e < 0)
+                return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", as_names[i]);
+            extent = e > extent ? e : extent;
+        }
+        c->append_aligned = (bits & 15) == 0, c->append_index64 = extent >= INT32_MAX;
+    }
     return LT_OK;
 }
 
@@ -338,6 +367,8 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.head_dim = (int32_t)c->d, key.causal = c->causal, key.aligned = c->aligned, key.index64 = c->index64;
     key.sq_bits = lt__bits(c->hq / c->hk * c->sq), key.sk_bits = lt__bits(c->capacity);
     key.varlen = c->paged | (c->window_left >= 0) << 1 | c->softcap_on << 2 | c->alibi << 3 | page_bits << 8;
+    key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
+    key.head_dim_v = (int32_t)c->dv;
     return key;
 }
 
@@ -355,6 +386,8 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->aligned = c->aligned, r->index64 = c->index64, r->paged = c->paged, r->window = c->window_left >= 0;
     r->softcap = c->softcap_on, r->alibi = c->alibi;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
+    r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
+    r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
     if ((s = (lt_status)lt__py_kvcache_plan(r)) != LT_OK) {
         free(plan);
         return s;
@@ -362,7 +395,8 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->variant[sizeof r->variant - 1] = '\0';
     if (r->split_function == 0 || r->combine_function == 0 || r->split_block_m == 0 || r->split_block_n == 0 ||
         r->combine_block_m == 0 || r->slots <= 0 || r->split_hidden > LT__MAX_HIDDEN ||
-        r->combine_hidden > LT__MAX_HIDDEN) {
+        r->combine_hidden > LT__MAX_HIDDEN ||
+        (r->append && (r->append_function == 0 || r->append_block_m == 0 || r->append_hidden > LT__MAX_HIDDEN))) {
         s = lt__fail(LT_ERROR_INTERNAL, "the planner answered an unusable decoding plan for %s", r->variant);
         free(plan);
         return s;
@@ -375,23 +409,50 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
 /* The split count: the heuristic's (or the forced one), capped by what the workspace holds. */
 static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c) {
     const lt__kvcache_plan_request *r = &plan->r;
-    int64_t n = lt__splits_for(c->b, c->hq, c->hk, c->sq, c->d, c->capacity, c->window_left, c->window_right,
+    int64_t n = lt__splits_for(c->b, c->hq, c->hk, c->sq, c->dv, c->capacity, c->window_left, c->window_right,
                                c->num_splits, r->split_block_m, r->split_block_n, r->slots, r->min_keys);
-    int64_t per_split = c->b * c->hq * c->sq * (c->d + 1);
+    int64_t per_split = c->b * c->hq * c->sq * (c->dv + 1);
     int64_t fits = per_split > 0 ? c->workspace / per_split : 0;
     return n < fits ? n : (fits > 1 ? fits : 1);
 }
 
 #define LT__PTR(t) ((int64_t)(uintptr_t)(t).data)
 #define LT__OR_LSE(t) (lt__absent(&(t)) ? LT__PTR(p->lse) : LT__PTR(t))
+#define LT__OR_K(t) (lt__absent(&(t)) ? LT__PTR(p->k) : LT__PTR(t))
 
-/* Both launches, each kernel's parameters in its description's order (binding.c_initializer). */
+/* kv_append: the new keys and values into the caches, its parameters in its description's order
+ * (kv_append.binding.c_initializer). */
+static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
+                               void *stream) {
+    const lt__kvcache_plan_request *r = &plan->r;
+    int64_t ints[LT__APPEND_PARAMS + LT__MAX_HIDDEN] = {
+        LT__PTR(p->k), LT__PTR(p->v), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__OR_K(p->cache_seqlens),
+        LT__OR_K(p->cache_batch_idx), LT__OR_K(p->block_table), p->k.strides[0], p->k.strides[1], p->k.strides[2],
+        p->v.strides[0], p->v.strides[1], p->v.strides[2], p->k_cache.strides[0], p->k_cache.strides[1],
+        p->k_cache.strides[2], p->v_cache.strides[0], p->v_cache.strides[1], p->v_cache.strides[2],
+        c->paged ? p->block_table.strides[0] : 0, c->hk, c->seqlen_new, c->d, c->dv,
+        c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens, c->use_batch_idx, c->page_size};
+    void *params[LT__APPEND_PARAMS + LT__MAX_HIDDEN];
+    for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
+        params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
+    return lt__cu_launch((lt__CUfunction)(uintptr_t)r->append_function, plan->context,
+                         (unsigned int)lt__ceil_div(c->seqlen_new * c->hk, r->append_block_m), (unsigned int)c->b, 1,
+                         r->append_threads, r->append_shared, stream, params);
+}
+
+/* The launches: kv_append (new keys), then both decoding kernels, each kernel's parameters in its description's
+ * order (binding.c_initializer). */
 static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
+    lt_status s;
+    if (c->seqlen_new > 0 && c->b * c->hk > 0 && (s = lt__kv_append(plan, p, c, stream)) != LT_OK)
+        return s;
+    if (c->b * c->hq * c->sq * c->dv == 0)
+        return LT_OK;
     int64_t splits = lt__kv_splits(plan, c), n_rows = c->b * c->hq * c->sq;
     int64_t part_out = splits > 1 ? LT__PTR(p->workspace) : LT__PTR(p->lse);
-    int64_t part_lse = splits > 1 ? part_out + 4 * n_rows * splits * c->d : LT__PTR(p->lse);
+    int64_t part_lse = splits > 1 ? part_out + 4 * n_rows * splits * c->dv : LT__PTR(p->lse);
     const lt_tensor *q = &p->q, *kc = &p->k_cache, *vc = &p->v_cache, *o = &p->out;
     int64_t split_ints[LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS + LT__MAX_HIDDEN] = {
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
@@ -399,7 +460,7 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         LT__OR_LSE(p->alibi_slopes), q->strides[0], q->strides[1], q->strides[2], kc->strides[0], kc->strides[1],
         kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
-        c->hq / c->hk, c->hq, c->sq, c->d, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
+        c->hq / c->hk, c->hq, c->sq, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
         c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
     void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];
@@ -411,14 +472,14 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     for (uint32_t h = 0; h < r->split_hidden; h++)
         params[LT__DECODE_SPLIT_PARAMS + h] = &split_ints[n_ints + h]; /* zero: NULL scratch */
     int64_t rows = c->hq / c->hk * c->sq;
-    lt_status s = lt__cu_launch((lt__CUfunction)(uintptr_t)r->split_function, plan->context,
-                                (unsigned int)(lt__ceil_div(rows, r->split_block_m) * splits), (unsigned int)c->hk,
-                                (unsigned int)c->b, r->split_threads, r->split_shared, stream, params);
+    s = lt__cu_launch((lt__CUfunction)(uintptr_t)r->split_function, plan->context,
+                      (unsigned int)(lt__ceil_div(rows, r->split_block_m) * splits), (unsigned int)c->hk,
+                      (unsigned int)c->b, r->split_threads, r->split_shared, stream, params);
     if (s != LT_OK || splits == 1)
         return s;
     int64_t combine_ints[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN] = {
         part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), o->strides[0], o->strides[1], o->strides[2], c->hq,
-        c->sq, c->d, splits, n_rows};
+        c->sq, c->dv, splits, n_rows};
     void *combine_params[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__DECODE_COMBINE_PARAMS + (int)r->combine_hidden; i++)
         combine_params[i] = &combine_ints[i];
@@ -449,7 +510,7 @@ LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *pa
     if ((s = lt__kv_check(params, &c)) != LT_OK)
         return s;
     int64_t splits = c.num_splits > 0 ? c.num_splits : LT__MAX_HEURISTIC_SPLITS;
-    *bytes = (size_t)(4 * c.b * c.hq * c.sq * (c.d + 1) * splits);
+    *bytes = (size_t)(4 * c.b * c.hq * c.sq * (c.dv + 1) * splits);
     return LT_OK;
 }
 
@@ -460,11 +521,8 @@ LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *str
         return s;
     if (c.device_type == LT_DEVICE_CPU)
         return (lt_status)lt__py_attn_kvcache_cpu(params);
-    if (c.seqlen_new > 0)
-        return lt__fail(LT_ERROR_UNSUPPORTED, "new keys (k, v) on a GPU are not supported by lt_attn_kvcache: write "
-                        "them into the cache first (at each sequence's cached length) and pass the lengths with them");
-    if (c.b * c.hq * c.sq * c.d == 0)
-        return LT_OK;
+    if (c.b * c.hq * c.sq * c.dv == 0 && (c.seqlen_new == 0 || c.b * c.hk == 0))
+        return LT_OK; /* nothing to attend and nothing to append */
     lt__plan_key key = lt__kv_key_of(&c);
     lt__kvcache_plan *plan = lt__memo_find(&key);
     if (plan != NULL)

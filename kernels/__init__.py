@@ -90,6 +90,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "flash_fwd": ("flash_fwd",),
     "flash_bwd": ("flash_bwd_dq", "flash_bwd_dkdv"),
     "flash_decode": ("flash_decode_split", "flash_decode_combine"),
+    "kv_append": ("kv_append",),  # flash_attn_with_kvcache's new keys, written before flash_decode runs
 }
 
 
@@ -107,10 +108,12 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
     from lazytriton.kernels.flash_fwd.gluon import FLASH_FWD_GLUON
+    from lazytriton.kernels.kv_append import KV_APPEND
 
     # flash_fwd_gluon and flash_fwd_host_tma are in no family: alternatives to flash_fwd, not kernels a call
     # launches in order (prewarm enumerates families; dispatch picks the Gluon one by its own rule).
-    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, *FLASH_DECODE_KERNELS)
+    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, *FLASH_DECODE_KERNELS,
+             KV_APPEND)
     return {spec.name: spec for spec in specs}
 
 

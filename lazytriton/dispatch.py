@@ -343,13 +343,10 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     seqlens as given (not their buckets), which is why the backward's memo keys
     carry it. The other kernels have no seqlen hints and ignore it.
     """
-    if head_dim_v and kernel in DECODE_KERNELS and head_dim_v != head_dim:
-        raise ValueError(f"the decoding kernels need v's head dim to equal q's and k's ({head_dim}), got "
-                         f"{head_dim_v}")
     if kernel in DECODE_KERNELS:
         return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
                               index64=index64, table=table, paged=paged, window=window, softcap=softcap,
-                              alibi=alibi)
+                              alibi=alibi, head_dim_v=head_dim_v)
     padded = padded_head_dim(head_dim)
     dv = head_dim_v or head_dim
     padded_v = padded_head_dim(dv)
@@ -477,7 +474,7 @@ def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, rows: int,
                    capacity: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
-                   window: bool = False, softcap: bool = False, alibi: bool = False) -> Variant:
+                   window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -487,14 +484,23 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     flags PAGED, WINDOW, SOFTCAP and ALIBI, written only when true; the
     combine kernel has only ALIGN16, BLOCK_D, EVEN_D and INDEX64 (it sees no
     scores). With one query a causal mask hides nothing: the binding asks for
-    CAUSAL=false then, so both share a binary.
+    CAUSAL=false then, so both share a binary. ``head_dim_v`` (0: the same
+    as ``head_dim``): v's head dim; the split kernel gets ``BLOCK_DV``/``EVEN_DV``
+    where its padded size or evenness differs (the attention kernels' rule) and
+    the tiles of the larger head dim; the combine kernel sees only outputs, so
+    its head dim is v's.
     """
-    padded = padded_head_dim(head_dim)
+    dv = head_dim_v or head_dim
+    if kernel == "flash_decode_combine":
+        head_dim = dv
+    padded, padded_v = padded_head_dim(head_dim), padded_head_dim(dv)
     sq, sk = tuning.bucket(rows), tuning.bucket(capacity)
-    cfg = config or decode_config(kernel, target, dtype, head_dim, causal, sq, sk, page_size, table,
+    cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
                                   paged and kernel == "flash_decode_split")[0]
     functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
                                          "INDEX64": bool(index64)}
+    if (padded_v, dv == padded_v) != (padded, head_dim == padded):
+        functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
     if kernel == "flash_decode_split":
         functional["CAUSAL"] = bool(causal)
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi)):

@@ -72,10 +72,13 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             block table, or (num_blocks, page_size, heads_k, head_dim) with
             one (a paged cache; page_size a multiple of 16). heads must be a
             multiple of heads_k (GQA; heads_k = 1 is MQA). q's dtype and device.
-        v_cache: like k_cache.
+        v_cache: like k_cache, but its head dim (head_dim_v) may differ from
+            q's and k's (DeepSeek's MLA: 192 and 128); out then has v's.
         k: optional (batch, seqlen_new, heads_k, head_dim): new keys, written
             into k_cache at cache_seqlens (needs cache_seqlens).
-        v: optional, like k: new values, written into v_cache.
+        v: optional (batch, seqlen_new, heads_k, head_dim_v): new values,
+            written into v_cache. On a GPU one kernel (kv_append) writes both,
+            on the current stream, before the attention.
         cache_seqlens: an int, an int32 tensor (batch,), or None: each
             sequence's length in the cache before the new keys (None: the
             whole cache). cache_seqlens + seqlen_new must not pass the cache's
@@ -113,7 +116,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             raises NotImplementedError; any other name is a TypeError.
 
     Returns:
-        out (batch, seqlen_q, heads, head_dim) in q's dtype, or (out,
+        out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
         softmax_lse) with return_softmax_lse.
 
     The values of cache_seqlens, block_table and cache_batch_idx are checked

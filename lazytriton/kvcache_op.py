@@ -65,7 +65,7 @@ def _flash_kvcache_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
                         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
                         alibi_slopes: torch.Tensor | None, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty((*q.shape[:3], v_cache.shape[-1]), dtype=q.dtype, device=q.device)  # v's head dim
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
     return out, lse
 

@@ -40,7 +40,10 @@ key/value head (group size x seqlen_q), built at one per BLOCK_M class (16,
 32, 64 rows). Their paged variants take the default key tile, which fits
 pages of any multiple of 64 keys; smaller pages (16, 32) compile on first use
 and come back through the miss log. They have no varlen, dropout or bias
-variants (ALiBi they have).
+variants (ALiBi they have). The append kernel (family ``kv_append``: new
+keys written into the cache before decoding) is planned with them, over
+their dtypes, head dims (and v's), layouts, alignments and index widths:
+one config, no seqlen axis.
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
@@ -104,8 +107,7 @@ class Axes:
     alibi: tuple[bool, ...] = (False,)
     dropout: tuple[bool, ...] = (False,)
     bias: tuple[bool, ...] = (False,)
-    # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's. The decoding
-    # kernels take only v's equal to q's, so they skip the other pairs.
+    # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -195,13 +197,35 @@ def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
     """
     plan: dict[str, Planned] = {}
     for target in axes.targets:
-        for kernel in axes.kernels or all_kernels():
+        for kernel in _with_append(axes.kernels or all_kernels()):
             for planned in _kernel_variants(axes, table, target, kernel):
                 plan.setdefault(planned.key, planned)
     return list(plan.values())
 
 
+def _with_append(kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels to plan: kv_append joins the decoding kernels (a call with new keys launches it first)."""
+    if "kv_append" in kernels or not any(k in dispatch.DECODE_KERNELS for k in kernels):
+        return kernels
+    return (*kernels, "kv_append")
+
+
+def _append_variants(axes: Axes, target: Target) -> Iterable[Planned]:
+    """kv_append's variants (one config) for the decoding grid: the new keys of every decoding call planned."""
+    from lazytriton.kernels import kv_append
+
+    for dtype, head_dim, head_dim_v, paged, aligned, index64 in itertools.product(
+            axes.dtypes or DECODE_DTYPES, axes.head_dims or DECODE_HEAD_DIMS, axes.head_dims_v or (0,),
+            axes.paged or (False, True), axes.aligned, axes.index64):
+        variant = kv_append.variant(target, dtype, head_dim, 0 if head_dim_v == head_dim else head_dim_v, paged,
+                                    aligned, index64)
+        yield Planned(variant, variant.key(), "default")
+
+
 def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
+    if kernel == "kv_append":
+        yield from _append_variants(axes, target)
+        return
     in_table = table_buckets(table, str(target), kernel)
     decode = kernel in dispatch.DECODE_KERNELS
     dtypes = axes.dtypes or (DECODE_DTYPES if decode else DEFAULT_DTYPES)
@@ -210,8 +234,6 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     for dtype, head_dim, head_dim_v, causal in itertools.product(dtypes, head_dims, axes.head_dims_v or (0,),
                                                                  axes.causal or DEFAULT_CAUSAL):
         head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
-        if decode and head_dim_v:
-            continue
         tiles = max(head_dim, head_dim_v)  # dispatch's rule: the larger head dim's tiles
         buckets = in_table.get((dtype, dispatch.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)

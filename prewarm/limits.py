@@ -117,7 +117,7 @@ def refusal(variant: Variant) -> str | None:
     is checked against the tile caps only.
     """
     for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D)):
-        value = int(variant.get(name))
+        value = int(variant.constexprs.get(name, 0))  # kv_append has no BLOCK_N (a copy, no key tile)
         if value > cap:
             return f"{name}={value} is over the cap of {cap}"
     limits = KNOWN_TARGETS.get(variant.target)

@@ -74,7 +74,8 @@ def case(name, dtype, tensors, py, **options):
     # C on the tensors, Python on clones: the same out, lse and caches afterwards, bit for bit.
     clones = {n: t.clone() for n, t in tensors.items()}
     b, sq, hq, d = tensors["q"].shape
-    out, lse = torch.full_like(tensors["q"], 7.0), torch.full((b, hq, sq), 7.0)
+    out = torch.full((b, sq, hq, tensors["v_cache"].shape[-1]), 7.0, dtype=tensors["q"].dtype)  # v's head dim
+    lse = torch.full((b, hq, sq), 7.0)
     p = params({**tensors, "out": out, "lse": lse}, **options)
     status = call("lt_attn_kvcache", p, ffi.NULL)
     want, want_lse = lazytriton.flash_attn_with_kvcache(clones["q"], clones["k_cache"], clones["v_cache"],
@@ -108,6 +109,16 @@ case("contiguous", torch.bfloat16, contiguous, {"lens": 37, "window_size": (8, -
 # The whole cache, the heuristic's split count.
 whole = {"q": torch.randn(1, 1, 4, 16), "k_cache": torch.randn(1, 64, 4, 16), "v_cache": torch.randn(1, 64, 4, 16)}
 case("whole", torch.float32, whole, {})
+# head_dim_v: v's head dim differs from q's and k's (64 and 32), paged with new keys; 96 and 64 contiguous.
+pages_v = torch.randn(12, 16, 2, 64), torch.randn(12, 16, 2, 32)
+mla = {"q": torch.randn(2, 2, 4, 64), "k_cache": pages_v[0], "v_cache": pages_v[1], "k": torch.randn(2, 2, 2, 64),
+       "v": torch.randn(2, 2, 2, 32), "cache_seqlens": torch.tensor([0, 62], dtype=torch.int32),
+       "block_table": table}
+k_before["head_dim_v_paged"] = pages_v[0].clone()
+case("head_dim_v_paged", torch.float32, mla, {"causal": True, "num_splits": 2}, causal=1, num_splits=2)
+wide = {"q": torch.randn(2, 1, 2, 96).half(), "k_cache": torch.randn(2, 40, 2, 96).half(),
+        "v_cache": torch.randn(2, 40, 2, 64).half(), "cache_seqlens": torch.tensor([40, 7], dtype=torch.int32)}
+case("head_dim_v_contiguous", torch.float16, wide, {})
 
 # The workspace a GPU call needs for its splits.
 size = ctypes.c_size_t(0)
@@ -118,7 +129,8 @@ report["workspace"] = [call("lt_attn_kvcache_workspace_size", p, ctypes.byref(si
 def bad(change, base=paged):
     tensors = {n: t.clone() for n, t in base.items()}
     b, sq, hq, d = tensors["q"].shape
-    p = params({**tensors, "out": torch.empty_like(tensors["q"]), "lse": torch.empty(b, hq, sq)}, causal=1)
+    out = torch.empty(b, sq, hq, tensors["v_cache"].shape[-1], dtype=tensors["q"].dtype)
+    p = params({**tensors, "out": out, "lse": torch.empty(b, hq, sq)}, causal=1)
     keep = {n: tensors[n].clone() for n in ("k_cache", "v_cache")}
     change(p, tensors)
     status = call("lt_attn_kvcache", p, ffi.NULL)
@@ -144,11 +156,15 @@ report["errors"] = [
     bad(lambda p, t: setattr(p, "causal", 2)),
     bad(lambda p, t: (setattr(p.k, "device_type", 2), setattr(p.v, "device_type", 2))),
     bad(lambda p, t: setattr(p, "cache_seqlen", 3)),
+    bad(lambda p, t: describe(p.out, torch.empty(2, 3, 4, 16))),
+    bad(lambda p, t: describe(p.v_cache, torch.randn(12, 16, 1, 32))),
+    bad(lambda p, t: describe(p.v_cache, torch.randn(12, 16, 2, 512))),
 ]
-# New keys on a GPU: refused after the checks, before anything is touched (no GPU needed to see it).
+# New keys on a GPU: checked like host memory, then planned (kv_append first); on a device that does not exist
+# (here, and on a GPU host alike) the plan fails after the checks, and nothing is touched.
 def on_gpu(p, t):
     for name in ("q", "k_cache", "v_cache", "k", "v", "cache_seqlens", "block_table", "alibi_slopes", "out", "lse"):
-        getattr(p, name).device_type = 2
+        getattr(p, name).device_type, getattr(p, name).device_index = 2, 99
 report["gpu_new_keys"] = bad(on_gpu)
 print(json.dumps(report))
 """
@@ -158,24 +174,28 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
     out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
-    for name in ("paged", "contiguous", "whole"):
+    for name in ("paged", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous"):
         r = report[name]
         assert r["status"] == 0, (name, r["error"])
         assert r["out"] and r["lse"] and r["caches"] and r["appended"], (name, r)
     assert report["workspace"] == [0, 4 * 1 * 4 * 1 * 17 * 5]
     expected = [(3, "version is 99"), (4, "k_cache.dtype is fp16 but q.dtype is fp32"),
-                (5, "head_dim_v) is not supported by lt_attn_kvcache"), (4, "block_table.dtype is 5"),
+                (5, "v must have shape (2, 3, 2, 16) (k's batch, seqlen_new and heads, and v_cache's head dim), "
+                    "got (2, 3, 2, 32)"), (4, "block_table.dtype is 5"),
                 (1, "cache_batch_idx cannot be used with a paged cache"), (1, "window sizes must be -1"),
                 (1, "num_splits must be in 0..256"), (1, "softcap must be a finite value >= 0"),
                 (1, "k and v must be given together"), (4, "lse.dtype is 2"),
                 (5, "multiple of k_cache heads"), (1, "block_table[0, 0] = 99 points past the cache"),
                 (1, "causal is 2"), (1, "k is on cuda:0 but q is on cpu:0"),
-                (1, "cache_seqlens (a tensor) and cache_seqlen (3) are both given")]
+                (1, "cache_seqlens (a tensor) and cache_seqlen (3) are both given"),
+                (5, "out must have shape (2, 3, 4, 32) (q's, with v_cache's head dim), got (2, 3, 4, 16)"),
+                (5, "v_cache must have k_cache's first three dims (12, 16, 2)"),
+                (6, "v_cache's head dim (head_dim_v, v_cache.sizes[3]) must be in 1..256, got 512")]
     for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
         assert status == want and needle in message, (status, message, needle)
         assert untouched, message
     status, message, untouched = report["gpu_new_keys"]
-    assert status == 9 and "new keys (k, v) on a GPU" in message and untouched
+    assert status == 8 and "new keys" not in message and untouched, (status, message)  # LT_ERROR_NO_GPU
 
 
 # ---------------------------------------------------------------------------
@@ -190,13 +210,16 @@ def _initializer(name: str, macro: str) -> list[str]:
 
 @pytest.mark.parametrize(("kernel", "name", "macro"), [
     ("flash_decode_split", "split_ints", "LT__DECODE_SPLIT_PARAMS"),
-    ("flash_decode_combine", "combine_ints", "LT__DECODE_COMBINE_PARAMS")])
+    ("flash_decode_combine", "combine_ints", "LT__DECODE_COMBINE_PARAMS"),
+    ("kv_append", "ints", "LT__APPEND_PARAMS")])
 def test_the_c_launcher_passes_each_description_field_by_field(kernel: str, name: str, macro: str) -> None:
-    from lazytriton.kernels.flash_decode import FLASH_DECODE_COMBINE, FLASH_DECODE_SPLIT, binding
+    from lazytriton.kernels import get
+    from lazytriton.kernels.flash_decode import binding
+    from lazytriton.kernels.kv_append import binding as append_binding
 
-    spec = {"flash_decode_split": FLASH_DECODE_SPLIT, "flash_decode_combine": FLASH_DECODE_COMBINE}[kernel]
+    spec = get(kernel)
     c_items = _initializer(name, macro)
-    expected = binding.c_initializer(kernel).split(", ")
+    expected = (append_binding.c_initializer() if kernel == "kv_append" else binding.c_initializer(kernel)).split(", ")
     assert len(c_items) == len(expected) == len([k for _, k in spec.params if not k.startswith("fp")])
     for param, c_item, want in zip((n for n, k in spec.params if not k.startswith("fp")), c_items, expected,
                                    strict=True):
@@ -252,6 +275,7 @@ def test_the_c_split_count_is_the_bindings(tmp_path: Path) -> None:
 def test_the_planners_variants_are_a_python_calls() -> None:
     import torch
 
+    from lazytriton.kernels import kv_append
     from lazytriton.kernels.flash_decode import binding, checks
     from lazytriton.target import Target
 
@@ -260,15 +284,24 @@ def test_the_planners_variants_are_a_python_calls() -> None:
     cache = torch.empty(10, 32, 2, 64, dtype=torch.bfloat16, device="meta")
     table = torch.empty(2, 5, dtype=torch.int32, device="meta")
     slopes = torch.empty(8, dtype=torch.float32, device="meta")
-    for causal, window, softcap, paged, alibi in ((False, (-1, -1), 0.0, True, None), (True, (16, -1), 2.0, True,
-                                                  slopes), (True, (-1, -1), 0.0, False, slopes)):
-        t = checks.Inputs(q, cache if paged else cache[:2], cache if paged else cache[:2], None, None, None, None,
+    v_cache = torch.empty(10, 32, 2, 32, dtype=torch.bfloat16, device="meta")  # head_dim_v 32
+    for causal, window, softcap, paged, alibi, dv in ((False, (-1, -1), 0.0, True, None, 64),
+                                                      (True, (16, -1), 2.0, True, slopes, 64),
+                                                      (True, (-1, -1), 0.0, False, slopes, 64),
+                                                      (False, (-1, -1), 0.0, True, None, 32),
+                                                      (True, (-1, -1), 0.0, False, slopes, 32)):
+        values = cache if dv == 64 else v_cache
+        t = checks.Inputs(q, cache if paged else cache[:2], values if paged else values[:2], None, None, None, None,
                           table if paged else None, alibi)
         call = checks.check(t, None, causal, window, softcap)
         want = binding.variants(sm90, torch.bfloat16, call, True, False)
         got = embedded_kvcache.plan_variants(90, 2, 64, call.causal, True, False, call.rows, call.capacity,
-                                             call.page_size, call.windowed, softcap > 0, alibi is not None)
-        assert got == want, (causal, window, softcap, paged)
+                                             call.page_size, call.windowed, softcap > 0, alibi is not None, dv)
+        assert got == want, (causal, window, softcap, paged, dv)
+        assert ("BLOCK_DV=32" in str(got[0])) == (dv == 32) and got[1].get("BLOCK_D") == dv
+        for aligned, index64 in ((True, False), (False, True)):
+            appended = embedded_kvcache.append_variant(90, 2, 64, dv, paged, aligned, index64)
+            assert appended == kv_append.variant(sm90, "bf16", 64, call.head_dim_v, paged, aligned, index64)
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -281,8 +314,9 @@ def test_the_compiled_entries_take_what_the_c_launcher_passes(paged: bool,
     from lazytriton.capi.embedded import CapiError
 
     split, combine = embedded_kvcache.plan_variants(90, 1, 64, False, True, False, 4, 4096, 256 if paged else 0,
-                                                    False, False, False)
-    for variant in (split, combine):
+                                                    False, False, False, 32 if paged else 64)
+    appended = embedded_kvcache.append_variant(90, 1, 64, 32 if paged else 64, paged, True, False)
+    for variant in (appended, split, combine):
         entry = compiled(variant, shared_dir(tmp_path_factory))
         embedded_kvcache.check_launch_layout(entry, variant.kernel)
     with pytest.raises(CapiError, match="the C launcher takes"):
@@ -345,6 +379,37 @@ for paged in (False, True):
             name = f"{'paged' if paged else 'contiguous'}-b{batch}-{length}-ws{int(workspace)}"
             report[name] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
                             float((lse - want_lse).abs().max())]
+# New keys appended by kv_append from C (contiguous with cache_batch_idx, and paged), v's head dim 64 or 128:
+# the caches after the call equal Python's bit for bit, out and lse within rounding.
+for paged, dv in ((False, 128), (True, 64), (False, 64)):
+    batch, hk, new = 4, 8, 3
+    q = torch.randn(batch, 2, 32, 128, device="cuda").bfloat16()
+    if paged:
+        kc = torch.randn(batch * 8, 64, hk, 128, device="cuda").bfloat16()
+        vc = torch.randn(batch * 8, 64, hk, dv, device="cuda").bfloat16()
+        index = {"block_table": torch.randperm(batch * 8, device="cuda").reshape(batch, 8).int()}
+    else:
+        kc = torch.randn(batch + 2, 512, hk, 128, device="cuda").bfloat16()
+        vc = torch.randn(batch + 2, 512, hk, dv, device="cuda").bfloat16()
+        index = {"cache_batch_idx": torch.randperm(batch + 2, device="cuda")[:batch].int()}
+    k = torch.randn(batch, new, hk, 128, device="cuda").bfloat16()
+    v = torch.randn(batch, new, hk, dv, device="cuda").bfloat16()
+    lens = torch.tensor([0, 100, 509, 7], dtype=torch.int32, device="cuda")
+    out, lse = torch.empty(batch, 2, 32, dv, device="cuda").bfloat16(), torch.empty(batch, 32, 2, device="cuda")
+    kc2, vc2 = kc.clone(), vc.clone()
+    p = ffi.new("lt_attn_kvcache_params *")
+    call("lt_attn_kvcache_params_init", p)
+    p.causal = 1
+    for name, t in (("q", q), ("k_cache", kc), ("v_cache", vc), ("k", k), ("v", v), ("cache_seqlens", lens),
+                    ("out", out), ("lse", lse), *index.items()):
+        describe(getattr(p, name), t)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    torch.cuda.synchronize()
+    want, want_lse = lazytriton.flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=lens, causal=True,
+                                                        return_softmax_lse=True, num_splits=1, **index)
+    name = f"append-{'paged' if paged else 'batch_idx'}-dv{dv}"
+    report[name] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
+                    float((lse - want_lse).abs().max()), torch.equal(kc, kc2) and torch.equal(vc, vc2)]
 print(json.dumps(report))
 """
 
@@ -355,6 +420,9 @@ def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -
     out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
-    for name, (status, message, out_err, lse_err) in report.items():
+    assert {name for name in report if name.startswith("append-")} == {"append-batch_idx-dv128", "append-paged-dv64",
+                                                                      "append-batch_idx-dv64"}
+    for name, (status, message, out_err, lse_err, *caches) in report.items():
         assert status == 0, (name, message)
         assert out_err < 2e-2 and lse_err < 1e-3, (name, out_err, lse_err)
+        assert caches in ([], [True]), (name, "the appended caches differ from Python's")

@@ -259,11 +259,13 @@ def test_varlen_refuses_values_of_another_length(no_launch: None) -> None:
         lazytriton.flash_attn_varlen_func(_t(3, 2, 16), _t(3, 2, 16), _t(4, 2, 32), cu, cu, 3, 3)
 
 
-def test_the_kv_cache_call_refuses_a_differing_value_head_dim(no_launch: None) -> None:
-    with pytest.raises(ValueError, match="head_dim_v"):  # its own message (kernels/flash_decode/checks.py)
-        lazytriton.flash_attn_with_kvcache(_t(1, 1, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 32))
-    with pytest.raises(ValueError, match="the decoding kernels need v's head dim to equal"):
-        dispatch.kernel_variant("flash_decode_split", SM90, "fp16", 16, False, True, 1, 8, head_dim_v=32)
+def test_the_kv_cache_call_takes_a_differing_value_head_dim(no_launch: None) -> None:
+    # flash_attn_with_kvcache takes head_dim_v too (tests/test_kvcache_head_dim_v.py has its numerics).
+    with pytest.raises(ValueError, match=r"v must have shape \(1, 1, 2, 32\)"):
+        lazytriton.flash_attn_with_kvcache(_t(1, 1, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 32), k=_t(1, 1, 2, 16),
+                                           v=_t(1, 1, 2, 16), cache_seqlens=1)
+    split = dispatch.kernel_variant("flash_decode_split", SM90, "fp16", 16, False, True, 1, 8, head_dim_v=32)
+    assert (split.get("BLOCK_D"), split.get("BLOCK_DV")) == (16, 32)
 
 
 # ---------------------------------------------------------------------------
@@ -334,9 +336,12 @@ def test_prewarm_axis_head_dim_v(capsys: pytest.CaptureFixture[str]) -> None:
     planned = [str(p.variant) for p in enumerate_variants(axes, tuning.tables_for(kernels))]
     with_dv = [v for v in planned if "BLOCK_DV=128" in v]
     # the backward's two alignment forms each (SEQ16 or not: odd lengths are planned too)
-    assert sorted(v.split(":")[0] for v in with_dv) == ["flash_bwd_dkdv"] * 2 + ["flash_bwd_dq"] * 2 + ["flash_fwd"]
+    # flash_attn_with_kvcache takes head_dim_v too: the decoding split kernel and kv_append (paged or not).
+    assert sorted(v.split(":")[0] for v in with_dv) == sorted(["flash_bwd_dkdv"] * 2 + ["flash_bwd_dq"] * 2
+                                                              + ["flash_fwd"] + ["flash_decode_split"] * 2
+                                                              + ["kv_append"] * 2)
     decode = [v for v in planned if v.startswith("flash_decode_split")]
-    assert len(decode) == 2 and not any("BLOCK_DV" in v for v in decode)  # the equal pair, paged or not
+    assert len(decode) == 4 and sum("BLOCK_DV" in v for v in decode) == 2  # each pair, paged or not
     common = ["prewarm", "--kernel", "flash_fwd,flash_bwd", "--target", "sm_90", "--dtype", "bf16", "--head-dim",
               "192", "--causal", "none", "--seqlen-q", "4096", "--list"]
     assert cli_main(common) == 0
@@ -355,7 +360,9 @@ def test_prewarm_axis_head_dim_v(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["call"]["head_dim_v"] == 128
     assert [k["kernel"] for k in report["kernels"]] == ["flash_bwd_dq", "flash_bwd_dkdv"]
     assert all("BLOCK_DV=128" in k["variant"] for k in report["kernels"])
-    assert cli_main([*explain[:4], "flash_decode", *explain[5:]]) != 0
+    assert cli_main([*explain[:4], "flash_decode", *explain[5:]]) == 0  # flash_attn_with_kvcache takes it too
+    decode = json.loads(capsys.readouterr().out)["kernels"]
+    assert "BLOCK_DV=128" in decode[0]["variant"] and "BLOCK_D=128," in decode[1]["variant"]  # combine: v's
 
 
 @pytest.mark.parametrize("kernel, dims, tma", [("flash_fwd", (192, 128), None), ("flash_fwd", (128, 64), True),

@@ -21,7 +21,7 @@ from conftest import run_python
 from lazytriton import dispatch, tuning
 from lazytriton.cache_format.image import Image
 from lazytriton.cli import main as cli_main
-from lazytriton.kernels import FAMILIES
+from lazytriton.kernels import FAMILIES, kv_append
 from lazytriton.prewarm.enumeration import Axes, enumerate_variants, variants_from_misses
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -34,7 +34,7 @@ EMPTY = tuning.Table(())
 def test_the_default_plan_serves_every_decoding_call_of_its_grid() -> None:
     plan = enumerate_variants(Axes((SM90,), kernels=DECODE), EMPTY)
     planned = {p.key for p in plan}
-    assert len(planned) == len(plan) and {p.variant.kernel for p in plan} == set(DECODE)
+    assert len(planned) == len(plan) and {p.variant.kernel for p in plan} == {*DECODE, "kv_append"}
     assert {p.variant.dtype for p in plan} == {"bf16", "fp16"}
     assert {p.variant.get("BLOCK_D") for p in plan} == {64, 128}
     split = [p.variant for p in plan if p.variant.kernel == "flash_decode_split"]
@@ -47,6 +47,8 @@ def test_the_default_plan_serves_every_decoding_call_of_its_grid() -> None:
             chosen = dispatch.decode_variant(kernel, SM90, dtype, head_dim, causal, True, rows, 32768,
                                              page_size=page, paged=page > 0, table=EMPTY)
             assert chosen.key() in planned, chosen
+        # A call with new keys launches kv_append first: planned with the decoding kernels.
+        assert kv_append.variant(SM90, dtype, head_dim, 0, page > 0, True, False).key() in planned
 
 
 def test_paged_narrows_the_plan_and_small_pages_take_small_tiles(capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,6 +94,11 @@ def test_explain_names_both_kernels_and_the_page(capsys: pytest.CaptureFixture[s
     assert "a contiguous cache" in out and "PAGED" not in out
     assert cli_main([*args, "--page-size", "24"]) == 2
     assert "--page-size must be a positive multiple of 16" in capsys.readouterr().err
+    appended = ["cache", "explain", "--kernel", "kv_append", "--dtype", "bf16", "--head-dim", "128", "--head-dim-v",
+                "64", "--seqlen-q", "1", "--page-size", "64", "--target", "sm_90", "--json"]
+    assert cli_main(appended) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["variant"] == str(kv_append.variant(SM90, "bf16", 128, 64, True, True, False))
 
 
 RESOLVE_DECODE = """

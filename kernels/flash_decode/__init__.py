@@ -4,7 +4,9 @@ The family ``flash_decode`` has two kernels, launched in this order on one
 stream: ``flash_decode_split`` (each program one query-row block x split of
 one key/value head of one batch; one split writes the output itself) and
 ``flash_decode_combine`` (merges the splits' float32 partials by their
-logsumexp; launched only when there are several splits). Parameters follow
+logsumexp; launched only when there are several splits). New keys and
+values, when a call has them, are written into the cache before both by
+the family ``kv_append`` (``kernels/kv_append``). Parameters follow
 the attention kernels' conventions: pointers, then strides (in the (batch,
 seqlen, heads) order of FlashAttention's layout), then sizes, then the two
 floats. Unused pointers (no cache_seqlens tensor, no cache_batch_idx, no block
@@ -18,6 +20,12 @@ written, as in the other attention kernels. ``ALIGN16`` variants may assume
 every pointer and outer stride of q, the cache and out is a multiple of 16
 (``aligned_params``); ``INDEX64`` makes the strides 64-bit (a paged cache
 pool easily spans 2**31 elements).
+
+A value head dim of its own (``head_dim_v``, DeepSeek's MLA) is the split
+kernel's ``BLOCK_DV``/``EVEN_DV``, written in a variant only where they differ
+from ``BLOCK_D``/``EVEN_D`` (``lazytriton.variant``'s rule for every attention
+kernel); the combine kernel sees only outputs, so its ``head_dim``, ``BLOCK_D``
+and ``EVEN_D`` are v's head dim.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("heads_q", "i32"),
         ("seqlen_q", "i32"),
         ("head_dim", "i32"),
+        ("head_dim_v", "i32"),
         ("seqlen_const", "i32"),
         ("seqlen_new", "i32"),
         ("use_seqlens", "i32"),
@@ -59,7 +68,8 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("sm_scale", "fp32"),
         ("softcap", "fp32"),
     ),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PAGED", "WINDOW", "SOFTCAP", "ALIBI"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
+                "SOFTCAP", "ALIBI"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
 )
 

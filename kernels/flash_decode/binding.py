@@ -11,7 +11,8 @@ through here:
   programs to fill the GPU's SMs without splitting what already fills them);
 - ``split_ints``/``combine_ints`` lay the integer arguments out in each
   description's order (``FLASH_DECODE_SPLIT.params``: tested against it);
-- ``forward`` appends k/v to the cache, then runs the split kernel and, with
+- ``forward`` appends k/v to the cache (``kv_append.binding.append``: one
+  launch of the ``kv_append`` kernel), then runs the split kernel and, with
   several splits, the combine kernel: cached binaries on a GPU, Triton's
   interpreter on the CPU, nothing on meta.
 """
@@ -33,6 +34,7 @@ from lazytriton.kernels.flash_decode import (
     split_grid,
 )
 from lazytriton.kernels.flash_decode.checks import Call, Inputs
+from lazytriton.kernels.kv_append import binding as kv_append
 from lazytriton.variant import Variant
 
 MAX_HEURISTIC_SPLITS = 128
@@ -106,7 +108,7 @@ def splits_for(call: Call, block_m: int, block_n: int, sms: int, min_keys: int =
     the float32 partials under 2**31 elements (the kernels index them in 32
     bits).
     """
-    most = max(1, checks.INT32_MAX // max(1, call.batch * call.heads_q * call.seqlen_q * call.head_dim))
+    most = max(1, checks.INT32_MAX // max(1, call.batch * call.heads_q * call.seqlen_q * call.value_dim))
     if call.num_splits:
         return min(call.num_splits, most)
     programs = call.batch * call.heads_k * -(-call.rows // block_m)
@@ -133,8 +135,8 @@ def _ptr(x: Any) -> int:
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
                  *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
-                 "group_size", "heads_q", "seqlen_q", "head_dim", "seqlen_const", "seqlen_new", "use_seqlens",
-                 "use_batch_idx", "page_size", "num_splits", "window_left", "window_right")
+                 "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
+                 "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right")
 if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side only)
     raise ImportError(f"split_ints writes {_SPLIT_LAYOUT}, the description has {SPLIT_INT_PARAMS}")
 
@@ -156,7 +158,8 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
             pointers(lse if slopes is None else slopes),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
-            call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, max(call.seqlen_const, 0),
+            call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, call.value_dim,
+            max(call.seqlen_const, 0),
             call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
             call.window_left, call.window_right)
 
@@ -167,7 +170,7 @@ def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     os = out.stride()
     values = {"OutPart": pointers(part_out), "LsePart": pointers(part_lse), "Out": pointers(out),
               "Lse": pointers(lse), "stride_ob": os[0], "stride_os": os[1], "stride_oh": os[2],
-              "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.head_dim, "num_splits": splits,
+              "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.value_dim, "num_splits": splits,
               "n_rows": call.batch * call.heads_q * call.seqlen_q}
     return tuple(values[name] for name in COMBINE_INT_PARAMS)
 
@@ -183,12 +186,13 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
             "stride_ab": "p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0",
             "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->d",
-            "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0", "seqlen_new": "c->seqlen_new",
+            "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
+            "seqlen_new": "c->seqlen_new",
             "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
             "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
               "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
-              "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->d", "num_splits": "splits",
+              "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->dv", "num_splits": "splits",
               "n_rows": "n_rows"}
 
 
@@ -224,8 +228,8 @@ def _extent(shape: Any, strides: Any) -> int:
 
 
 def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Variant, Variant]:
-    """The (split, combine) variants serving a call (dispatch decides)."""
-    common = dict(config=None, index64=index64, page_size=call.page_size)
+    """The (split, combine) variants serving a call (dispatch decides; the combine kernel's head dim is v's)."""
+    common = dict(config=None, index64=index64, page_size=call.page_size, head_dim_v=call.head_dim_v)
     split = dispatch.decode_variant(FLASH_DECODE_SPLIT.name, target, checks.DTYPES[dtype], call.head_dim, call.causal,
                                     aligned, call.rows, call.capacity, paged=call.paged, window=call.windowed,
                                     softcap=call.softcap > 0, alibi=call.alibi, **common)  # type: ignore[arg-type]
@@ -238,7 +242,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
     """Everything ``variants`` reads, the lengths through dispatch's buckets."""
     from lazytriton import tuning
 
-    return (FAMILY, device_index, dtype, call.head_dim, call.causal, aligned, index64,
+    return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
             dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi)
 
@@ -272,8 +276,8 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
 
 
 def empty_outputs(q: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    """out: q's shape and dtype, contiguous (batch, seqlen_q, heads, head_dim); lse: (batch, heads, seqlen_q), fp32."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    """out: q's dtype, contiguous (batch, seqlen_q, heads, head_dim_v); lse: (batch, heads, seqlen_q), fp32."""
+    out = torch.empty((*q.shape[:3], call.value_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((call.batch, call.heads_q, call.seqlen_q), dtype=torch.float32, device=q.device)
     return out, lse
 
@@ -283,7 +287,7 @@ def _partials(lse: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor,
     if splits == 1:
         return lse, lse
     rows = call.batch * call.heads_q * call.seqlen_q * splits
-    return (torch.empty(rows * call.head_dim, dtype=torch.float32, device=lse.device),
+    return (torch.empty(rows * call.value_dim, dtype=torch.float32, device=lse.device),
             torch.empty(rows, dtype=torch.float32, device=lse.device))
 
 
@@ -319,11 +323,12 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
 
 def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
     """(split, combine) constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
-    padded = dispatch.padded_head_dim(call.head_dim)
-    even = padded == call.head_dim
-    split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "CAUSAL": call.causal,
-             "PAGED": call.paged, "WINDOW": call.windowed, "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi}
-    return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded, "EVEN_D": even}
+    padded, padded_v = dispatch.padded_head_dim(call.head_dim), dispatch.padded_head_dim(call.value_dim)
+    even, even_v = padded == call.head_dim, padded_v == call.value_dim
+    split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "BLOCK_DV": padded_v,
+             "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
+             "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi}
+    return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v}
 
 
 def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
@@ -352,7 +357,7 @@ def forward(t: Inputs, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = empty_outputs(t.q, call)
     if t.q.device.type == "meta":
         return out, lse
-    checks.append(t, call)
+    kv_append.append(t, call)
     if out.numel() == 0:
         return out, lse
     if t.q.device.type == "cpu":

@@ -1,4 +1,4 @@
-"""Checks of a ``flash_attn_with_kvcache`` call, and the cache append that follows them.
+"""Checks of a ``flash_attn_with_kvcache`` call, before the cache append and the kernels that follow them.
 
 ``check`` turns the caller's tensors and options into one ``Call`` or raises
 a ``TypeError``/``ValueError`` naming the argument, the value and what was
@@ -8,8 +8,8 @@ length past the cache's end or a block table entry past the cache would make
 the kernel read, and the append write, outside the cache. On a GPU that read
 costs one host synchronisation, so it is skipped while a CUDA graph is being
 captured (nothing can be read then) and inside ``trusted_indices()``.
-``append`` writes the new keys and values into the cache with torch indexing
-(capture-safe, no host synchronisation); it runs only after both checks.
+The append of the new keys and values (``kernels/kv_append``) runs only after
+both checks.
 """
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ class Call(NamedTuple):
     softcap: float = 0.0
     alibi: bool = False
     num_splits: int = 0  # 0: the heuristic decides
+    head_dim_v: int = 0  # v's head dim where it differs from q's and k's (0: the same)
+
+    @property
+    def value_dim(self) -> int:
+        """The head dim of v and out (head_dim_v, or head_dim when they are equal)."""
+        return self.head_dim_v or self.head_dim
 
     @property
     def group(self) -> int:
@@ -145,32 +151,33 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
         raise ValueError(f"q must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
     b, sq, hq, d = q.shape
     kc = _data("k_cache", t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
-    vc = _data("v_cache", t.v_cache, q, "like k_cache")
-    if vc.dim() == 4 and kc.dim() == 4 and vc.shape[:3] == kc.shape[:3] and vc.shape[3] != kc.shape[3]:
-        raise ValueError(f"v_cache has head dim {vc.shape[3]} but k_cache has {kc.shape[3]}: a value head dim "
-                         f"different from the query/key head dim (head_dim_v) is not supported by "
-                         f"flash_attn_with_kvcache; the attention kernels take it")
-    if vc.shape != kc.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(kc.shape)} and {tuple(vc.shape)}")
+    vc = _data("v_cache", t.v_cache, q, "like k_cache, with its own head dim (head_dim_v)")
+    if vc.shape[:3] != kc.shape[:3]:
+        raise ValueError(f"v_cache must have k_cache's first three dims {tuple(kc.shape[:3])} (its head dim may "
+                         f"differ: head_dim_v), got {tuple(vc.shape)}")
     rows_c, s_c, hk, dk = kc.shape
+    dv = int(vc.shape[3])
     if dk != d:
         raise ValueError(f"k_cache has head dim {dk} but q has head dim {d}")
     if not 1 <= d <= dispatch.MAX_HEAD_DIM:
         raise ValueError(f"head dim (q.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
+    if not 1 <= dv <= dispatch.MAX_HEAD_DIM:
+        raise ValueError(f"v_cache's head dim (head_dim_v, v_cache.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, "
+                         f"got {dv}")
     if hk == 0 or hq % hk:
         raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hk}) for GQA/MQA")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     page_size, capacity = _layout(t, q, b, rows_c, s_c)
-    seqlen_new = _new_keys(t, q, b, hk, d)
+    seqlen_new = _new_keys(t, q, b, hk, d, dv)
     seqlen_const = _seqlens(t, q, b, capacity, seqlen_new)
-    if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, b * sq * hq, rows_c * max(s_c, 1)) > INT32_MAX:
+    if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, b * sq * hq, rows_c * max(s_c, 1), seqlen_new * hk) > INT32_MAX:
         raise ValueError(f"batch and heads_k must be <= {MAX_GRID_YZ} and lengths < 2**31; got q {tuple(q.shape)}, "
                          f"k_cache {tuple(kc.shape)}")
     scale = _scale(softmax_scale, d)
     splits = _int("num_splits", num_splits, 0, MAX_SPLITS)
     call = Call(b, hq, hk, sq, d, seqlen_new, capacity, page_size, rows_c, seqlen_const, causal and sq > 1, scale,
-                num_splits=splits)
+                num_splits=splits, head_dim_v=0 if dv == d else dv)
     if not (type(window_size) is tuple and window_size == (-1, -1) and type(softcap) is float and softcap == 0.0):
         call = _features(call, causal, window_size, softcap)  # the common call (neither) skips this
     if t.alibi_slopes is not None:
@@ -207,19 +214,20 @@ def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int) -> tuple[
     return s_c, table.shape[1] * s_c
 
 
-def _new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int) -> int:
+def _new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int, dv: int) -> int:
     """seqlen_new: the number of new keys per sequence (0 without k and v)."""
     if (t.k is None) != (t.v is None):
         raise ValueError("k and v must be given together (new keys and values) or both be None")
     if t.k is None:
         return 0
     k = _data("k", t.k, q, "(batch, seqlen_new, heads_k, head_dim)")
-    v = _data("v", t.v, q, "(batch, seqlen_new, heads_k, head_dim)")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    v = _data("v", t.v, q, "(batch, seqlen_new, heads_k, head_dim_v)")
     if (k.shape[0], k.shape[2], k.shape[3]) != (b, hk, d):
         raise ValueError(f"k must have shape ({b}, seqlen_new, {hk}, {d}) (q's batch, the cache's heads and head "
                          f"dim), got {tuple(k.shape)}")
+    if tuple(v.shape) != (b, k.shape[1], hk, dv):
+        raise ValueError(f"v must have shape ({b}, {k.shape[1]}, {hk}, {dv}) (k's batch, seqlen_new and heads, and "
+                         f"v_cache's head dim), got {tuple(v.shape)}")
     if t.cache_seqlens is None:
         raise ValueError("k and v need cache_seqlens: the new keys are written at cache_seqlens")
     return int(k.shape[1])
@@ -332,23 +340,3 @@ def _value_error(name: str, t: Inputs, call: Call) -> str:
     b, j = (int(x) for x in torch.nonzero(((table < 0) | (table >= call.cache_rows)) & used)[0])
     return (f"block_table[{b}, {j}] = {int(table[b, j])} points past the cache: blocks are 0..{call.cache_rows - 1} "
             f"(k_cache.shape[0]), and sequence {b} uses its first {int(lengths(t, call)[b])} keys")
-
-
-def append(t: Inputs, call: Call) -> None:
-    """Write k and v into the cache at cache_seqlens (through the block table when paged), in place."""
-    if t.k is None or t.v is None or call.seqlen_new == 0 or call.batch == 0:
-        return
-    device = t.q.device
-    steps = torch.arange(call.seqlen_new, device=device)
-    start = (t.cache_seqlens.long()[:, None] if isinstance(t.cache_seqlens, torch.Tensor)  # type: ignore[union-attr]
-             else call.seqlen_const)
-    positions = (steps[None, :] + start).expand(call.batch, -1)  # (batch, seqlen_new)
-    if call.paged:
-        blocks = t.block_table.long().gather(1, positions // call.page_size)  # type: ignore[union-attr]
-        index = (blocks, positions % call.page_size)
-    else:
-        rows = (t.cache_batch_idx.long() if t.cache_batch_idx is not None
-                else torch.arange(call.batch, device=device))
-        index = (rows[:, None].expand(-1, call.seqlen_new), positions)
-    t.k_cache.index_put_(index, t.k)
-    t.v_cache.index_put_(index, t.v)

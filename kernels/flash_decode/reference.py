@@ -41,16 +41,19 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                       alibi_slopes: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim)."""
+    """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim_v).
+
+    v_cache (and v) may have a head dim of their own (head_dim_v); the scale defaults to 1/sqrt(q's head dim).
+    """
     batch, sq, hq, d = q.shape
-    hk = k_cache.shape[2]
+    hk, dv = k_cache.shape[2], v_cache.shape[3]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     page = k_cache.shape[1] if block_table is not None else 0
     capacity = block_table.shape[1] * page if block_table is not None else k_cache.shape[1]
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     new = 0 if k is None else k.shape[1]
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = torch.zeros_like(q)
+    out = q.new_zeros((batch, sq, hq, dv))
     lse = torch.full((batch, hq, sq), float("-inf"), dtype=torch.float32)
     for b in range(batch):
         if cache_seqlens is None:
@@ -65,7 +68,7 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         length = cached + new
         rows, slots = _positions(page, block_table, row, b, 0, length)
         keys = k_cache[rows, slots] if length else k_cache.new_zeros((0, hk, d))  # (length, hk, d)
-        values = v_cache[rows, slots] if length else v_cache.new_zeros((0, hk, d))
+        values = v_cache[rows, slots] if length else v_cache.new_zeros((0, hk, dv))
         keys = keys.repeat_interleave(hq // hk, dim=1).transpose(0, 1)  # (hq, length, d)
         values = values.repeat_interleave(hq // hk, dim=1).transpose(0, 1)
         scores = (q[b].transpose(0, 1) @ keys.transpose(-1, -2)).to(work) * scale  # (hq, sq, length)

@@ -82,37 +82,43 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, BLOCK_N: t
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, rows_i, slopes,
-            length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
+def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, offs_dv, rows_i, slopes,
+            length, offset, head_dim, head_dim_v, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
             window_left, window_right, qk_scale, cap,
-            MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr,
-            WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, IEEE: tl.constexpr):
+            MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
+            CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+            IEEE: tl.constexpr):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2)."""
     cols = start_n + offs_n
     if PAGED:
         block = tl.load(BlockTable + start_n // page_size)
         rows = (start_n % page_size) + offs_n
         k_ptrs = K + block * stride_kb + k_base + rows[None, :] * stride_ks + offs_d[:, None]
-        v_ptrs = V + block * stride_vb + v_base + rows[:, None] * stride_vs + offs_d[None, :]
+        v_ptrs = V + block * stride_vb + v_base + rows[:, None] * stride_vs + offs_dv[None, :]
     else:
         k_ptrs = K + k_base + cols[None, :] * stride_ks + offs_d[:, None]
-        v_ptrs = V + v_base + cols[:, None] * stride_vs + offs_d[None, :]
+        v_ptrs = V + v_base + cols[:, None] * stride_vs + offs_dv[None, :]
     d_ok = offs_d < head_dim
+    dv_ok = offs_dv < head_dim_v
     if MASKED:
         col_ok = cols < length
         if EVEN_D:
             k = tl.load(k_ptrs, mask=col_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        if EVEN_DV:
+            v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
     else:
         if EVEN_D:
             k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
         else:
             k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        if EVEN_DV:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
     if IEEE:
         qk = tl.dot(q, k, input_precision="ieee")
     else:
@@ -155,10 +161,11 @@ def flash_decode_split_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_tb, stride_ab,
-    group_size, heads_q, seqlen_q, head_dim, seqlen_const, seqlen_new, use_seqlens, use_batch_idx,
+    group_size, heads_q, seqlen_q, head_dim, head_dim_v, seqlen_const, seqlen_new, use_seqlens, use_batch_idx,
     page_size, num_splits, window_left, window_right,
     sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
 ):
@@ -176,6 +183,8 @@ def flash_decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < head_dim_v
 
     q_ptrs = Q + batch * stride_qb + rows_i[:, None] * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
     if EVEN_D:
@@ -219,34 +228,35 @@ def flash_decode_split_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in range(lo, tl.minimum(full_begin, hi), BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, rows_i,
-                                slopes, length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb,
-                                stride_vb, window_left, window_right, qk_scale, cap,
-                                True, EVEN_D, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
+                                rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
+                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap,
+                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
     for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, rows_i,
-                                slopes, length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb,
-                                stride_vb, window_left, window_right, qk_scale, cap,
-                                False, EVEN_D, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
+                                rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
+                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap,
+                                False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
     for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, rows_i,
-                                slopes, length, offset, head_dim, page_size, stride_ks, stride_vs, stride_kb,
-                                stride_vb, window_left, window_right, qk_scale, cap,
-                                True, EVEN_D, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
+                                rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
+                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap,
+                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))  # base 2
     lse_rows = (batch * heads_q + heads) * seqlen_q + rows_i  # (batch, head, query), contiguous
     if num_splits == 1:
-        o_ptrs = Out + batch * stride_ob + rows_i[:, None] * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        o_ptrs = Out + batch * stride_ob + rows_i[:, None] * stride_os + heads[:, None] * stride_oh + offs_dv[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(Lse + lse_rows, lse2 * LN2, mask=row_ok)
     else:
         part = lse_rows * num_splits + split
-        tl.store(OutPart + part[:, None] * head_dim + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(OutPart + part[:, None] * head_dim_v + offs_dv[None, :], out,
+                 mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(LsePart + part, lse2, mask=row_ok)
 
 

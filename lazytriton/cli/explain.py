@@ -69,16 +69,20 @@ def explain_report(args: argparse.Namespace) -> Report:
         raise ValueError(f"--head-dim-v must be in 1..{dispatch.MAX_HEAD_DIM}, got {head_dim_v}")
     dim_v = 0 if head_dim_v == args.head_dim else head_dim_v
     for name in kernels:
-        if name in dispatch.DECODE_KERNELS and dim_v:
-            raise ValueError(f"--head-dim-v {head_dim_v} differs from --head-dim {args.head_dim}: the decoding "
-                             "kernels (flash_attn_with_kvcache) need them equal")
-        if name in dispatch.DECODE_KERNELS:  # seqlen_q: query rows per key/value head; seqlen_k: the cache's length
-            config, row = dispatch.decode_config(name, target, args.dtype, args.head_dim, causal, args.seqlen_q,
+        if name == "kv_append":  # one config: new keys written into a cache (page size: --page-size)
+            from lazytriton.kernels import kv_append
+
+            variant = kv_append.variant(target, args.dtype, args.head_dim, dim_v, page > 0, not args.unaligned,
+                                        args.index64)
+            config, row = dispatch.Config(int(variant.get("BLOCK_M")), 0, int(variant.get("num_warps")), 1), None
+        elif name in dispatch.DECODE_KERNELS:  # seqlen_q: query rows per kv head; seqlen_k: the cache's length
+            dim = max(args.head_dim, head_dim_v) if name == "flash_decode_split" else head_dim_v
+            config, row = dispatch.decode_config(name, target, args.dtype, dim, causal, args.seqlen_q,
                                                  seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
             variant = dispatch.decode_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
                                               args.seqlen_q, seqlen_k, index64=args.index64, page_size=page,
                                               paged=page > 0, window=flags["window"], softcap=flags["softcap"],
-                                              alibi=flags["alibi"])
+                                              alibi=flags["alibi"], head_dim_v=dim_v)
         else:
             config, row = dispatch.kernel_config(name, target, args.dtype, max(args.head_dim, head_dim_v), causal,
                                                  args.seqlen_q, seqlen_k)

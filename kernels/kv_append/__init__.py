@@ -1,0 +1,103 @@
+"""Description of the KV-cache append kernel (``triton_kernel.py``): new keys and values written into a cache.
+
+The family ``kv_append`` has one kernel, ``kv_append``: it writes
+``flash_attn_with_kvcache``'s new ``k`` (batch, seqlen_new, heads_k,
+head_dim) and ``v`` (batch, seqlen_new, heads_k, head_dim_v) into k_cache and
+v_cache at each sequence's cached length, where FlashAttention-2 puts them:
+key n of sequence b at position p = cache_seqlens[b] + n, row
+``cache_batch_idx[b]`` (or b) of a contiguous cache, or row ``p % page_size``
+of block ``block_table[b, p // page_size]`` of a paged one. It runs before
+the decoding kernels (``flash_decode``) on the same stream, on a GPU and in
+the C API (one launch, no torch indexing); on the CPU through Triton's
+interpreter. The index values were checked before (``flash_decode.checks``).
+
+Parameters follow the attention kernels' conventions: pointers, then strides
+in the (batch, seqlen, heads) order of FlashAttention's layout, then sizes.
+Unused pointers (no cache_seqlens tensor, no cache_batch_idx, no block table)
+get any valid pointer and a size that says so. ``PAGED`` is a flag (the page
+size is a runtime parameter); ``BLOCK_DV``/``EVEN_DV`` are written only when
+v's head dim pads differently from k's (``lazytriton.variant``'s rule);
+``ALIGN16`` and ``INDEX64`` are the attention kernels' (over k, v and the two
+caches). ``BLOCK_M`` is the (new key, head) rows one program copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lazytriton.kernels import KernelSpec
+
+FAMILY = "kv_append"
+MODULE = "lazytriton.kernels.kv_append.triton_kernel"
+# Rows of (new key, key/value head) per program, 4 warps, one stage: a copy, bound by memory, untuned (no GPU
+# measured it yet). 16 rows of head dim 128 at 16 bits are 4 KB of k and 4 KB of v per program, 32 bytes per
+# thread; a decoding step (one new key, 8 heads) is one program per sequence.
+BLOCK_M = 16
+NUM_WARPS = 4
+
+
+def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"stride_{t}{d}", "{index}") for t in tensors for d in ("b", "s", "h"))
+
+
+_STRIDES = _strides("k", "v", "kc", "vc")
+
+KV_APPEND = KernelSpec(
+    name="kv_append",
+    module=MODULE,
+    function="kv_append_kernel",
+    params=(
+        ("K", "*{dtype}"),
+        ("V", "*{dtype}"),
+        ("KCache", "*{dtype}"),
+        ("VCache", "*{dtype}"),
+        ("Seqlens", "*i32"),
+        ("BatchIdx", "*i32"),
+        ("BlockTable", "*i32"),
+        *_STRIDES,
+        ("stride_tb", "{index}"),
+        ("heads_k", "i32"),
+        ("seqlen_new", "i32"),
+        ("head_dim", "i32"),
+        ("head_dim_v", "i32"),
+        ("seqlen_const", "i32"),
+        ("use_seqlens", "i32"),
+        ("use_batch_idx", "i32"),
+        ("page_size", "i32"),
+    ),
+    constexprs=("BLOCK_M", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "PAGED"),
+    aligned_params=("K", "V", "KCache", "VCache") + tuple(name for name, _ in _STRIDES),
+)
+
+KERNELS = (KV_APPEND,)
+INT_PARAMS = tuple(name for name, _ in KV_APPEND.params)  # every parameter is a pointer or an integer
+
+
+def grid(seqlen_new: int, heads_k: int, batch: int, block_m: int) -> tuple[int, int, int]:
+    """Programs: blocks of BLOCK_M (new key, head) rows x batch (y stays under 65536: checked with the call)."""
+    return ((seqlen_new * heads_k + block_m - 1) // block_m, batch, 1)
+
+
+def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
+            index64: bool) -> Any:
+    """The kv_append variant serving a call (pure): one config for every shape (``BLOCK_M``, ``NUM_WARPS``).
+
+    ``head_dim_v`` 0 (or ``head_dim``): v's head dim is k's. The functional
+    fields are the attention kernels' (ALIGN16, BLOCK_D, EVEN_D, INDEX64,
+    BLOCK_DV/EVEN_DV where they differ) and PAGED, written only when true.
+    """
+    from lazytriton import dispatch
+    from lazytriton.variant import Variant, pairs
+
+    padded, dv = dispatch.padded_head_dim(head_dim), head_dim_v or head_dim
+    padded_v = dispatch.padded_head_dim(dv)
+    functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
+                                         "INDEX64": bool(index64)}
+    if (padded_v, dv == padded_v) != (padded, head_dim == padded):
+        functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
+    if paged:
+        functional["PAGED"] = True
+    options = {"num_warps": NUM_WARPS, "num_stages": 1}
+    if target.backend == "hip":
+        options["waves_per_eu"] = 2  # the decoding kernels' AMD default (dispatch.decode_default_config); untuned
+    return Variant(FAMILY, str(target), dtype, pairs(functional), pairs({"BLOCK_M": BLOCK_M}), pairs(options))

@@ -1,0 +1,134 @@
+"""Host side of kv_append: the one owner of the append kernel's launch ABI.
+
+Everything that launches ``kv_append`` (``flash_decode.binding.forward``, the
+C API's plans through ``c_initializer``) goes through here: ``ints`` lays
+the arguments out in the description's order, ``layout_flags`` reads the
+alignment and index width over k, v and the caches, ``plan`` loads the
+variant (memoised in the runtime's plans, refused during a CUDA graph capture
+if not loaded), and ``append`` runs it: the cached binary on a GPU, Triton's
+interpreter on the CPU. The call was checked before (``flash_decode.checks``:
+shapes and, unless trusted, the index values), so nothing here checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazytriton import dispatch, runtime
+from lazytriton.kernels.flash_decode.checks import DTYPES, INT32_MAX, Call, Inputs
+from lazytriton.kernels.kv_append import BLOCK_M, FAMILY, INT_PARAMS, KV_APPEND, grid, variant
+
+_LAYOUT = ("K", "V", "KCache", "VCache", "Seqlens", "BatchIdx", "BlockTable",
+           *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"), "stride_tb",
+           "heads_k", "seqlen_new", "head_dim", "head_dim_v", "seqlen_const", "use_seqlens", "use_batch_idx",
+           "page_size")
+if _LAYOUT != INT_PARAMS:  # pragma: no cover (an edit of one side only)
+    raise ImportError(f"ints writes {_LAYOUT}, the description has {INT_PARAMS}")
+
+
+def _ptr(x: Any) -> int:
+    return int(x.data_ptr())
+
+
+def ints(t: Inputs, call: Call, pointers: Any = _ptr) -> tuple[Any, ...]:
+    """The kernel's arguments in ``_LAYOUT``'s order (an absent index tensor: k, never read, and a 0 flag)."""
+    k, v = t.k, t.v
+    assert k is not None and v is not None  # the caller appends only with new keys
+    seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
+    rows, table = t.cache_batch_idx, t.block_table
+    ks, vs, kcs, vcs = k.stride(), v.stride(), t.k_cache.stride(), t.v_cache.stride()
+    return (pointers(k), pointers(v), pointers(t.k_cache), pointers(t.v_cache),
+            pointers(k if seqlens is None else seqlens), pointers(k if rows is None else rows),
+            pointers(k if table is None else table),
+            ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], kcs[0], kcs[1], kcs[2], vcs[0], vcs[1], vcs[2],
+            0 if table is None else table.stride(0),
+            call.heads_k, call.seqlen_new, call.head_dim, call.value_dim, max(call.seqlen_const, 0),
+            int(seqlens is not None), int(rows is not None), call.page_size)
+
+
+# What capi/lt_kvcache.c passes for each parameter (p: the caller's lt_attn_kvcache_params, c: its checked call;
+# tests/test_capi_kvcache.py compares the C initializer with these, field by field).
+_C = {"K": "LT__PTR(p->k)", "V": "LT__PTR(p->v)", "KCache": "LT__PTR(p->k_cache)", "VCache": "LT__PTR(p->v_cache)",
+      "Seqlens": "LT__OR_K(p->cache_seqlens)", "BatchIdx": "LT__OR_K(p->cache_batch_idx)",
+      "BlockTable": "LT__OR_K(p->block_table)",
+      **{f"stride_{n}{d}": f"p->{t}.strides[{i}]" for n, t in (("k", "k"), ("v", "v"), ("kc", "k_cache"),
+                                                               ("vc", "v_cache")) for i, d in enumerate("bsh")},
+      "stride_tb": "c->paged ? p->block_table.strides[0] : 0", "heads_k": "c->hk", "seqlen_new": "c->seqlen_new",
+      "head_dim": "c->d", "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
+      "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size"}
+
+
+def c_initializer() -> str:
+    """The C launcher's argument initializer of kv_append, in its description's order."""
+    return ", ".join(_C[name] for name in INT_PARAMS)
+
+
+def _extent(t: torch.Tensor) -> int:
+    shape, strides = t.shape, t.stride()
+    return sum((shape[i] - 1) * strides[i] for i in range(3)) + shape[3] - 1
+
+
+def layout_flags(t: Inputs) -> tuple[bool, bool]:
+    """(aligned, index64) over k, v and the caches: 16-byte aligned pointers and outer strides; 2**31 elements."""
+    tensors = (t.k, t.v, t.k_cache, t.v_cache)
+    bits = 0
+    for x in tensors:
+        s = x.stride()  # type: ignore[union-attr]
+        bits |= x.data_ptr() | s[0] | s[1] | s[2]  # type: ignore[union-attr]
+    return not bits & 15, max(_extent(x) for x in tensors) >= INT32_MAX  # type: ignore[arg-type]
+
+
+def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: bool, index64: bool
+             ) -> tuple[Any, ...]:
+    """Everything ``variant`` reads."""
+    return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.paged, aligned, index64)
+
+
+def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> Any:
+    """The loaded kernel, memoised in the runtime's plans; during a capture, an unloaded one raises CaptureError."""
+    from lazytriton.kernels.flash_fwd.binding import refuse_loads_in_capture
+
+    rt = runtime.get()
+    key = memo_key(device.index, dtype, call, aligned, index64)
+    found = rt.plans.get(key)
+    if found is not None:
+        return found
+    chosen = variant(dispatch.target_of_device(device), DTYPES[dtype], call.head_dim, call.head_dim_v, call.paged,
+                     aligned, index64)
+    refuse_loads_in_capture(rt, (chosen,), device, "run flash_attn_with_kvcache once with new keys of this shape "
+                            "before the capture")
+    kernel = rt.kernel(chosen, device.index)
+    rt.plans[key] = kernel
+    return kernel
+
+
+def interpreter_constexprs(call: Call) -> dict[str, Any]:
+    """The constexprs for Triton's interpreter (a small row tile, so several programs run on test shapes)."""
+    padded, padded_v = dispatch.padded_head_dim(call.head_dim), dispatch.padded_head_dim(call.value_dim)
+    return {"BLOCK_M": 4, "BLOCK_D": padded, "EVEN_D": padded == call.head_dim, "BLOCK_DV": padded_v,
+            "EVEN_DV": padded_v == call.value_dim, "PAGED": call.paged}
+
+
+def append(t: Inputs, call: Call) -> None:
+    """Write k and v into the caches at cache_seqlens (through the block table when paged), in place: one launch.
+
+    Runs only after ``flash_decode.checks`` passed the call (shapes and index values).
+    """
+    if t.k is None or t.v is None or call.seqlen_new == 0 or call.batch == 0 or call.heads_k == 0:
+        return
+    device = t.q.device
+    if device.type == "cpu":
+        from lazytriton import compiler
+
+        constexprs = interpreter_constexprs(call)
+        compiler.interpret(KV_APPEND.name, grid(call.seqlen_new, call.heads_k, call.batch, constexprs["BLOCK_M"]),
+                           ints(t, call, pointers=lambda x: x), constexprs)
+        return
+    from lazytriton.kernels.flash_fwd.binding import raw_stream, scratch_alloc
+
+    aligned, index64 = layout_flags(t)
+    kernel = plan(device, t.q.dtype, call, aligned, index64)
+    kernel.launch(grid(call.seqlen_new, call.heads_k, call.batch, BLOCK_M), raw_stream(device.index),
+                  ints(t, call), (), scratch_alloc)

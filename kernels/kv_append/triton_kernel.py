@@ -1,0 +1,70 @@
+"""The KV-cache append in Triton: ``kv_append_kernel`` writes new keys and values into a cache.
+
+This file is the kernel's source fingerprint. It imports triton: only
+``lazytriton.compiler`` may import it.
+
+One program per BLOCK_M rows of one sequence's (new key, key/value head)
+pairs, row r = n * heads_k + h (new key n, head h: k's own order, so a
+contiguous k is read in one sweep) x batch. Key n of sequence b lands at
+position p = start_b + n, start_b = ``Seqlens[b]`` (``seqlen_const`` without
+a Seqlens tensor): row ``BatchIdx[b]`` (or b) and slot p of a contiguous
+cache, or block ``BlockTable[b, p // page_size]`` and slot ``p % page_size``
+of a paged one (``PAGED``). k's head dim is BLOCK_D wide (EVEN_D: no column
+mask), v's BLOCK_DV (EVEN_DV). Nothing is read back: a plain copy.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kv_append_kernel(
+    K, V, KCache, VCache, Seqlens, BatchIdx, BlockTable,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_kcb, stride_kcs, stride_kch,
+    stride_vcb, stride_vcs, stride_vch,
+    stride_tb,
+    heads_k, seqlen_new, head_dim, head_dim_v, seqlen_const, use_seqlens, use_batch_idx, page_size,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_DV: tl.constexpr, PAGED: tl.constexpr = False,
+):
+    batch = tl.program_id(1)
+    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_r < seqlen_new * heads_k
+    step = offs_r // heads_k
+    head = offs_r % heads_k
+    if use_seqlens != 0:
+        start = tl.load(Seqlens + batch)
+    else:
+        start = seqlen_const
+    pos = start + step
+    if PAGED:
+        block = tl.load(BlockTable + batch * stride_tb + pos // page_size, mask=row_ok, other=0)
+        slot = pos % page_size
+        kc_rows = block * stride_kcb + slot * stride_kcs + head * stride_kch
+        vc_rows = block * stride_vcb + slot * stride_vcs + head * stride_vch
+    else:
+        cache_row = batch
+        if use_batch_idx != 0:
+            cache_row = tl.load(BatchIdx + batch)
+        kc_rows = cache_row * stride_kcb + pos * stride_kcs + head * stride_kch
+        vc_rows = cache_row * stride_vcb + pos * stride_vcs + head * stride_vch
+
+    offs_d = tl.arange(0, BLOCK_D)
+    k_rows = batch * stride_kb + step * stride_ks + head * stride_kh
+    if EVEN_D:
+        k_mask = row_ok[:, None]
+    else:
+        k_mask = row_ok[:, None] & (offs_d < head_dim)[None, :]
+    k = tl.load(K + k_rows[:, None] + offs_d[None, :], mask=k_mask)
+    tl.store(KCache + kc_rows[:, None] + offs_d[None, :], k, mask=k_mask)
+
+    offs_dv = tl.arange(0, BLOCK_DV)
+    v_rows = batch * stride_vb + step * stride_vs + head * stride_vh
+    if EVEN_DV:
+        v_mask = row_ok[:, None]
+    else:
+        v_mask = row_ok[:, None] & (offs_dv < head_dim_v)[None, :]
+    v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=v_mask)
+    tl.store(VCache + vc_rows[:, None] + offs_dv[None, :], v, mask=v_mask)
