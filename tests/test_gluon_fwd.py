@@ -62,8 +62,9 @@ def test_the_variant_is_complete_round_trips_and_keys_apart_from_flash_fwd() -> 
 
 
 def test_stages_follow_the_kernels_own_rule() -> None:
-    assert [gluon.stages(d, n) for d, n in ((64, 64), (64, 128), (128, 64), (128, 128))] == [3, 3, 3, 2]
+    assert [gluon.stages(d, n) for d, n in ((64, 64), (64, 128), (128, 64), (128, 128), (256, 64))] == [3, 3, 3, 2, 2]
     assert gluon_variant(64).get("num_stages") == 3  # type: ignore[union-attr]
+    assert gluon_variant(256).get("num_stages") == 2  # type: ignore[union-attr]
 
 
 def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
@@ -83,7 +84,7 @@ def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     ("sm_100", "bf16", 128, "none", True, False, 4096, 4096, False, "target"),
     ("sm_90", "fp32", 128, "none", True, False, 4096, 4096, False, "dtype"),
     ("sm_90", "bf16", 96, "none", True, False, 4096, 4096, False, "head dim"),
-    ("sm_90", "bf16", 256, "none", True, False, 4096, 4096, False, "head dim"),
+    ("sm_90", "bf16", 192, "none", True, False, 4096, 4096, False, "head dim"),
     ("sm_90", "bf16", 128, "none", False, False, 4096, 4096, False, "aligned"),
     ("sm_90", "bf16", 128, "none", True, True, 4096, 4096, False, "32-bit"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, True, "not implemented"),
@@ -114,7 +115,8 @@ def test_reason_refuses_a_softmax_scale_that_is_not_positive(scale: float) -> No
 def test_reason_takes_dense_tiled_calls(causal: str, sq: int, sk: int) -> None:
     for dtype in gluon.DTYPES:
         for head_dim in gluon.HEAD_DIMS:
-            assert gluon.reason("sm_90", dtype, head_dim, causal, True, False, sq, sk, 128, 128) is None
+            block_m, block_n, _ = gluon.DEFAULT_TILES[head_dim]
+            assert gluon.reason("sm_90", dtype, head_dim, causal, True, False, sq, sk, block_m, block_n) is None
 
 
 def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
@@ -245,12 +247,16 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def test_every_probe_shape_is_one_the_kernel_takes(probe: ModuleType) -> None:
+    args = argparse.Namespace(quick=False, sweep=True, skip=set())
     for dtype, _, _, _, sq, sk, d, causal, _ in probe.CHECKS:
-        for tiles in gluon.CONFIGS:  # with and without the producer warp: the same rule
+        for tiles, _, _ in probe.tiles_for(args, d):  # with and without the producer warp: the same rule
             assert gluon.reason("sm_90", dtype, d, causal, True, False, sq, sk, tiles[0], tiles[1]) is None
-    args = argparse.Namespace(quick=False)
     for dtype, d, causal, s in probe.time_shapes(args):
-        assert gluon.reason("sm_90", dtype, d, "top_left" if causal else "none", True, False, s, s, 128, 128) is None
+        for tiles, _, _ in probe.tiles_for(args, d):
+            assert gluon.reason("sm_90", dtype, d, "top_left" if causal else "none", True, False, s, s, tiles[0],
+                                tiles[1]) is None
+    assert {d for *_, d, _, _ in probe.CHECKS} == set(gluon.HEAD_DIMS)  # the checks cover every head dim
+    assert {d for _, d, _, _ in probe.time_shapes(argparse.Namespace(quick=True))} == set(gluon.HEAD_DIMS)
 
 
 def test_the_table_gives_ratios_and_the_best_tiling(probe: ModuleType) -> None:
@@ -300,9 +306,12 @@ def test_a_tiling_that_fails_or_faults_a_check_is_not_timed(probe: ModuleType) -
 def test_the_compile_shards_cover_every_variant_once(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=True, skip=set(), jobs=3)
     every = probe.compile_list(args)
-    # dtypes x head dims x causal x (every config, the producer at 128 x 128 x 8, each ping-pong config)
-    assert len(every) == 2 * 2 * 2 * (len(gluon.CONFIGS) + 1 + len(gluon.PINGPONG_CONFIGS))
-    assert sum(v.get("PINGPONG") for v in every) == 2 * 2 * 2 * len(gluon.PINGPONG_CONFIGS)
+    # dtypes x causal x head dims x (every config that fits, the producer at the default tiles, each ping-pong
+    # config that fits): head dim 256 keeps 128 x 64 x 8, 64 x 64 x 4 and ping-pong 128 x 64 x 4
+    per_head_dim = {d: len(gluon.configs(d)) + 1 + len(gluon.configs(d, pingpong=True)) for d in gluon.HEAD_DIMS}
+    assert per_head_dim == {64: 7, 128: 7, 256: 4}
+    assert len(every) == 2 * 2 * sum(per_head_dim.values())
+    assert sum(v.get("PINGPONG") for v in every) == 2 * 2 * (2 + 2 + 1)
     assert all(v.kernel == "flash_fwd_gluon" for v in every)
     shards = [every[i::args.jobs] for i in range(args.jobs)]
     assert sorted(map(str, sum(shards, []))) == sorted(map(str, every))

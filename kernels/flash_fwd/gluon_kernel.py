@@ -15,7 +15,7 @@ Program (x, h, b) computes query rows [x', x' + BLOCK_M) of (b, h), heaviest
 causal blocks first, as flash_fwd does.
 
 What it covers (dispatch.flash_fwd_gluon_reason enforces it; the rest keeps
-the Triton kernel): fp16/bf16, head dim 64 or 128 exactly (EVEN_D), every
+the Triton kernel): fp16/bf16, head dim 64, 128 or 256 exactly (EVEN_D), every
 pointer 16-byte aligned and row strides multiples of 16 bytes (a TMA
 descriptor needs both), 32-bit offsets, seqlen_q a multiple of BLOCK_M and
 seqlen_k of BLOCK_N (no ragged tile: no bounds masks at all), causal_offset
@@ -26,10 +26,19 @@ window, softcap, ALiBi, bias, dropout or varlen. Those parameters are taken
 The pipeline, and why each choice:
 
 - **TMA loads into a shared-memory ring.** Q is loaded once; K and V go
-  through ``STAGES`` buffers each (3 at head dim 64, 2 at 128: 160 KiB of
-  shared memory with Q at 128x128 tiles, under sm_90's 227 KiB; a third
-  stage at head dim 128 would leave no room for a second CTA or the output
-  tile and FlashAttention-3 uses 2 there). Each buffer has its own mbarrier;
+  through ``STAGES`` buffers each (3 when a K tile is at most 16 KiB, else
+  2: 160 KiB of shared memory with Q at head dim 128 and 128x128 tiles,
+  under sm_90's 227 KiB; a third stage there would leave no room for a
+  second CTA or the output tile and FlashAttention-3 uses 2 there; head
+  dim 256 takes 128x64 tiles, Q 64 KiB and four 32 KiB buffers, 192 KiB,
+  FlashAttention-3's hdim256 ring). A 256-wide row is 512 bytes, over the
+  128-byte swizzle span of one TMA box: Triton splits each copy into four
+  64-column boxes (issued by four warps, or all four by the producer warp),
+  one barrier and byte count for the whole tile as before. Registers at
+  head dim 256 (ptxas 13.4 -v, sm_90a): O is 64x256 fp32 per warpgroup,
+  128 a thread; 217 (247 causal) of 255 at 128x64x8, 240 per consumer
+  with the producer warp or ping-pong; no spills in any of them.
+  Each buffer has its own mbarrier;
   ``mbarrier.expect`` + ``tma.async_copy_global_to_shared`` fill it, and the
   consumer waits on the barrier's phase (block j uses buffer j % STAGES,
   phase (j // STAGES) & 1). K and V have separate barriers because they are
@@ -316,14 +325,15 @@ def flash_fwd_gluon_kernel(
     CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64 or 128)")
+    gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64, 128 or 256)")
     gl.static_assert(not PINGPONG or PRODUCER, "PINGPONG needs PRODUCER: the producer warp loads for both warpgroups")
     # PINGPONG: two consumer warpgroups (the entry's num_warps each), each owning half of the tile's rows.
     WGS: gl.constexpr = 2 if PINGPONG else 1
     ROWS: gl.constexpr = BLOCK_M // WGS
     gl.static_assert(ROWS == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x warps (x 2)")
     dtype: gl.constexpr = Q.dtype.element_ty
-    STAGES: gl.constexpr = 3 if BLOCK_D <= 64 else 2
+    # gluon.stages' rule: 3 when a K tile is at most 16 KiB (head dim 64; 128 at BLOCK_N 64), else 2.
+    STAGES: gl.constexpr = 3 if BLOCK_D * BLOCK_N <= 64 * 128 else 2
 
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
