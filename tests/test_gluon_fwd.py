@@ -181,6 +181,11 @@ def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyP
     (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
     (128, True, "pingpong", True, 164144, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
     (64, False, "pingpong", True, 115056, 12),
+    (128, False, (128, 64, 8), False, 131336, 8),  # a K tile of 16 KiB: 3 stages (gluon.stages)
+    (256, False, None, False, 196808, 8),  # 128 x 64 x 8: Q 64 KiB + 2 stages of 32 KiB K and V
+    (256, True, (128, 64, 8), True, 196812, 12),
+    (256, True, "pingpong", True, 196912, 12),  # ping-pong 128 x 64 x 4
+    (256, False, (64, 64, 4), False, 164040, 4),
 ])
 def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim: int, causal: bool,
                                                                         tiles: tuple[int, int, int] | str | None,
@@ -196,6 +201,8 @@ def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim:
     assert entry.kind == "cubin" and entry.binary
     assert entry.num_warps == warps
     assert entry.shared == shared  # the same under Triton 3.6.0 and 3.9.0 (measured)
+    block_m, block_n = variant.get("BLOCK_M"), variant.get("BLOCK_N")
+    assert 0 <= shared - gluon.shared_bytes(head_dim, block_m, block_n) <= gluon.SHARED_SLACK  # type: ignore[arg-type]
     assert entry.global_scratch_size == 4 * 128  # four device-side TMA descriptors (Q, K, V, Out) a program
     assert entry.hidden_args == ("global_scratch", "profile_scratch")
     signature = FLASH_FWD.signature("bf16")
@@ -403,3 +410,93 @@ def test_a_tiling_that_hangs_while_timed_is_not_timed_again(probe: ModuleType) -
            {"job": "time", "index": 2, "crash": 3}]
     assert probe.time_suspect(args, 128, got) == names[-2] == "gluon[128, 128, 4]+pingpong"
     assert probe.time_suspect(args, 128, got[:-1]) is None
+
+
+# ---------------------------------------------------------------------------
+# Head dim 256: FlashAttention-3's hdim256 tiles (BLOCK_M 128, BLOCK_N 64, 2 stages), fit and registers
+
+
+def test_head_dim_256_takes_only_the_tiles_that_fit_shared_memory() -> None:
+    assert gluon.configs(256) == ((128, 64, 8), (64, 64, 4))
+    assert gluon.configs(256, pingpong=True) == ((128, 64, 4),)
+    assert gluon.configs(128) == gluon.CONFIGS and gluon.configs(64, pingpong=True) == gluon.PINGPONG_CONFIGS
+    why = gluon.reason("sm_90", "bf16", 256, "none", True, False, 4096, 4096, 128, 128)
+    assert why is not None and "shared memory" in why and "327680" in why  # Q 64 KiB + 2 x 2 x 64 KiB
+    with pytest.raises(ValueError, match=r"at head dim 256, got \(128, 128, 8\)"):
+        gluon_variant(256, tiles=(128, 128, 8))
+    with pytest.raises(ValueError, match=r"at head dim 256 with pingpong, got \(128, 128, 4\)"):
+        gluon_variant(256, pingpong=True, tiles=(128, 128, 4))
+    v = gluon_variant(256, True)
+    assert v is not None and (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == (128, 64, 8)
+    assert v.get("BLOCK_D") == 256 and v.get("num_stages") == 2
+    pp = gluon_variant(256, True, pingpong=True)
+    assert pp is not None and (pp.get("BLOCK_M"), pp.get("BLOCK_N"), pp.get("num_warps")) == (128, 64, 4)
+    assert gluon_variant(256, sq=4096 + 64) is None  # whole 128-row query tiles
+    assert gluon_variant(256, sk=4096 + 64) is not None  # 64-key tiles
+
+
+def ptxas_report(ptx: str, tmp_path: Path) -> tuple[int, int, int]:
+    """(registers, spill stores, spill loads) of the PTX for sm_90a, from the installed Triton's own ptxas -v."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    source = tmp_path / "kernel.ptx"
+    source.write_text(ptx)
+    done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(source), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True, timeout=600, check=True)
+    log = done.stdout + done.stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert regs and spills, log
+    return int(regs[1]), int(spills[1]), int(spills[2])
+
+
+@pytest.mark.parametrize("tiles, producer, pingpong", [((128, 64, 8), False, False), ((128, 64, 8), True, False),
+                                                       ((128, 64, 4), True, True), ((64, 64, 4), False, False)])
+def test_head_dim_256_tilings_fit_the_registers_without_spills(tiles: tuple[int, int, int], producer: bool,
+                                                               pingpong: bool, tmp_path: Path) -> None:
+    """Every hd256 tiling the probe sweeps, causal (the most registers): O is 64 x 256 fp32 a warpgroup, 128
+    registers a thread. ptxas -v (Triton 3.9's 13.4; 3.6's bundled one alike): 217-247 of 255 without warp
+    specialisation; 168 at launch with it (setmaxnreg then gives each consumer 240); never a spill."""
+    variant = gluon_variant(256, True, tiles=tiles, producer=producer, pingpong=pingpong)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    regs, stores, loads = ptxas_report(ptx, tmp_path)
+    assert (stores, loads) == (0, 0)
+    assert regs <= (168 if producer else 255)
+    if producer:
+        assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx and ptx.count("setmaxnreg") >= 2
+    # A 512-byte row is over the 128-byte swizzle span of one TMA box: Triton issues 64-column boxes.
+    assert re.search(r"tensormap\.replace\.tile\.box_dim[^\n]*0x0, %r\d+;", ptx)
+    assert ptx.count("wgmma.mma_async") > 0 and "ld.local" not in ptx
+
+
+OTHER_TRITON = "LAZYTRITON_TEST_OTHER_TRITON_PYTHON"
+
+
+def test_head_dim_256_compiles_under_the_other_triton_too() -> None:
+    """The GPU host runs Triton 3.6 and CI 3.9: with ``$LAZYTRITON_TEST_OTHER_TRITON_PYTHON`` naming a Python
+    whose environment has the other version (and this checkout's lazytriton), each hd256 tiling compiles there
+    too, with the same shared memory. (This whole file also runs under either version as it is.)"""
+    import os
+    import subprocess
+
+    python = os.environ.get(OTHER_TRITON)
+    if not python:
+        pytest.skip(f"set {OTHER_TRITON} to a Python with the other Triton version (3.6 beside 3.9) to run this")
+    code = (
+        "from lazytriton.compiler import compile_variant, triton_version\n"
+        "from lazytriton.kernels.flash_fwd import gluon\n"
+        "for tiles, producer, pingpong in (((128, 64, 8), False, False), ((128, 64, 8), True, False),\n"
+        "                                  ((128, 64, 4), True, True), ((64, 64, 4), False, False)):\n"
+        "    v = gluon.variant('sm_90', 'bf16', 256, 'top_left', True, False, 4096, 4096, tiles=tiles,\n"
+        "                      producer=producer, pingpong=pingpong)\n"
+        "    print('ENTRY', triton_version(), tiles, pingpong, compile_variant(v).shared)\n")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=900, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.split(" ", 2) for line in done.stdout.splitlines() if line.startswith("ENTRY")]
+    from lazytriton.compiler import triton_version
+
+    assert len(lines) == 4 and all(version != triton_version() for _, version, _ in lines)
+    assert [int(line[2].rsplit(" ", 1)[1]) for line in lines] == [196808, 196812, 196912, 164040]
