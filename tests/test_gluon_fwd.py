@@ -411,3 +411,19 @@ def test_a_tiling_that_hangs_while_timed_is_not_timed_again(probe: ModuleType) -
     assert probe.time_suspect(args, 128, got) == names[-2] == "gluon[128, 128, 4]+pingpong"
     assert probe.time_suspect(args, 128, got[:-1]) is None
 
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_each_load_goes_out_before_the_next_descriptor_is_built(pingpong: bool) -> None:
+    """The prologue, in PTX order: Q's descriptor, Q's load, K's descriptor, K's load(s), V's, then Out's
+    descriptor last (only the epilogue needs it), so the GPU-scope fences of the later descriptors run while
+    Q, K and V are in flight; with the producer warp, block 0's K and V go out there too."""
+    variant = gluon_variant(128, True, pingpong=pingpong)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    prologue = ptx[:ptx.index("setmaxnreg.dec") if pingpong else ptx.index("wgmma.mma_async")]
+    events = re.findall(r"tensormap\.cp_fenceproxy|cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", prologue)
+    order = "".join("D" if e.startswith("tensormap") else "L" for e in events)
+    loads = 2 if pingpong else 1  # Q: one TMA tile a warpgroup
+    kv = 1 if pingpong else 2  # K/V tiles in the prologue: block 0 (producer), or the whole ring (2 stages)
+    assert order == "D" + "L" * loads + "D" + "L" * kv + "D" + "L" * kv + "D", order

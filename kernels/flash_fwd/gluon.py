@@ -128,7 +128,7 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
     if not fits(head_dim, block_m, block_n):
         return (f"tiles ({block_m}, {block_n}) at head dim {head_dim} need {shared_bytes(head_dim, block_m, block_n)}"
                 f" bytes of shared memory, over sm_90's {SM90_SHARED - SHARED_SLACK} for them")
-    if seqlen_q % block_m or seqlen_k % block_n or seqlen_q == 0:
+    if seqlen_q % block_m or seqlen_k % block_n or seqlen_q == 0 or seqlen_k == 0:
         return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({block_m}, {block_n})"
     if not scale > 0.0:
         return f"softmax scale {scale} is not positive"

@@ -227,9 +227,9 @@ def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n
     Block b reuses the buffer of block b - STAGES, whose release is the
     (b // STAGES - 1)-th completion of that buffer's empty barrier: parity
     ((b // STAGES) & 1) ^ 1, which a fresh barrier already shows for the
-    first STAGES blocks.
+    first STAGES blocks. Block 0 was loaded with Q (the kernel's prologue).
     """
-    for block in range(n_blocks):
+    for block in range(1, n_blocks):  # block 0's tiles went out with Q, before the partitions split
         free = ((block // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(block % STAGES), free)
         _issue_load(k_desc, k_bars, k_bufs, block, n_blocks, BLOCK_N, STAGES)
@@ -342,13 +342,6 @@ def flash_fwd_gluon_kernel(
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // group_size
-    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
-                                        [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
-    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
-                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, head_dim],
-                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
-
     q_smem = gl.allocate_shared_memory(dtype, [WGS, ROWS, BLOCK_D], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
@@ -381,12 +374,28 @@ def flash_fwd_gluon_kernel(
         n_blocks = gl.minimum(n_blocks, (start_m + BLOCK_M + causal_offset + BLOCK_N - 1) // BLOCK_N)
         n_full = gl.minimum(n_full, (start_m + causal_offset + 1) // BLOCK_N)
 
-    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
-                                        [stride_os, 1], [ROWS, BLOCK_D], q_layout)
-    lse_base = Lse + batch * stride_lb + head * stride_lh
+    # Each descriptor is written to global scratch and fenced (a release and an acquire at GPU scope, then
+    # a CTA barrier: read from the PTX), one after another. Each load goes out as soon as its own
+    # descriptor exists, so the later descriptors (Out's last, needed only by the epilogue) are built while
+    # Q, K and V are in flight: the prologue that short sequences and causal tiles pay on every CTA.
+    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
+                                        [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
     mbarrier.expect(q_bar.index(0), WGS * q_desc.block_type.nbytes)
     for w in gl.static_range(WGS):
         _tma_load(q_desc, [start_m + w * ROWS, 0], q_bar.index(0), q_smem.index(w))
+    # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
+    PRELOAD: gl.constexpr = 1 if PRODUCER else STAGES
+    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
+                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    for i in gl.static_range(PRELOAD):
+        _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
+    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, head_dim],
+                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    for i in gl.static_range(PRELOAD):
+        _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
+    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
+                                        [stride_os, 1], [ROWS, BLOCK_D], q_layout)
+    lse_base = Lse + batch * stride_lb + head * stride_lh
     if PINGPONG:
         # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to
         # issue their wgmmas, so one's softmax runs under the other's products; one warp loads for both.
@@ -406,9 +415,6 @@ def flash_fwd_gluon_kernel(
                             (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
                                         BLOCK_N, STAGES))], [1], [24])
     else:
-        for i in gl.static_range(STAGES):
-            _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
-            _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
         _consume(q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn,
                  o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL,
                  False, 0, False)
