@@ -91,6 +91,7 @@ def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     ("sm_90", "bf16", 128, "none", True, False, 4000, 4096, False, "multiples"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4000, False, "multiples"),
     ("sm_90", "bf16", 128, "none", True, False, 0, 4096, False, "positive"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 0, False, "positive"),  # no key block: nothing to wait for
     ("sm_90", "bf16", 128, "bottom_right", True, False, 2048, 1024, False, "without keys"),
 ])
 def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str, head_dim: int, causal: str,

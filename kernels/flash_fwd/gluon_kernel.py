@@ -49,7 +49,12 @@ The pipeline, and why each choice:
   no 128-byte CUtensorMap by value, and device-side descriptors need only
   Triton's hidden global scratch, which lazytriton's launcher allocates
   (128 bytes a descriptor, four here: Q, K, V and Out, so 512 bytes a
-  program). Any (batch, head) strides work.
+  program). Any (batch, head) strides work. Each one is written to that
+  scratch and fenced at GPU scope, one after another, on every CTA: so
+  each load is issued as soon as its own descriptor exists (Q's, then K's
+  tiles, then V's) and Out's descriptor, which only the epilogue needs,
+  is built last, while the tiles are in flight. This prologue weighs most
+  where a CTA has few key blocks: short sequences and causal tiles.
 - **Async wgmma for both products.** QK^T reads Q and K from shared memory
   (K transposed by a permuted view, no copy); PV takes P from registers
   (FlashAttention-3's choice: P never goes through shared memory) and V
