@@ -9,7 +9,7 @@ says what happened:
    lazytriton's own path (``runtime.kernel``: cache or JIT), with the entry's
    launch metadata or the full compile error.
 2. ``check``: O and lse of fresh random inputs against a float32 reference,
-   for several shapes (head dim 64/128, bf16/fp16, causal none/top-left/
+   for several shapes (head dim 64/128/256, bf16/fp16, causal none/top-left/
    bottom-right, GQA, a (B, S, H, D) transposed layout, seqlen_q != seqlen_k).
    FlashAttention's rule: the error must be at most 2x that of a
    same-precision kernel (the current flash_fwd) against the same reference,
@@ -18,8 +18,8 @@ says what happened:
 3. ``time``: TFLOP/s (event-timed medians, ``lazytriton.cli.timing.median_ms``)
    of flash_fwd_gluon (the default tiles with and without the producer
    warp, and ping-pong; with ``--sweep``, ``sweep_tilings``: every config of
-   ``gluon.CONFIGS``, the producer at 128 x 128 x 8, and every
-   ``gluon.PINGPONG_CONFIGS``), the current
+   ``gluon.configs(head_dim)``, the producer at the default tiles, and every
+   ping-pong config that fits), the current
    flash_fwd (dispatch's variant, as a call gets it) and SDPA's cuDNN
    backend, at FlashAttention's benchmark shapes (batch x seqlen = 16k,
    hidden 2048), each output checked against cuDNN's before it is timed.
@@ -61,9 +61,19 @@ CHECKS = [
     ("bf16", 2, 8, 2, 1024, 1024, 128, "top_left", "bhsd"),  # GQA, 4 query heads a key/value head
     ("bf16", 2, 4, 4, 1024, 1024, 128, "top_left", "bshd"),  # (B, S, H, D) strides
     ("bf16", 2, 4, 4, 1024, 1024, 64, "none", "bshd"),
+    # Head dim 256 (128 x 64 tiles, 2 stages, a 512-byte row split into four TMA boxes):
+    ("bf16", 2, 4, 4, 1024, 1024, 256, "none", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 256, "top_left", "bhsd"),
+    ("fp16", 1, 8, 8, 2048, 2048, 256, "top_left", "bhsd"),
+    ("bf16", 1, 4, 4, 128, 128, 256, "top_left", "bhsd"),  # one query block, two key blocks
+    ("bf16", 1, 4, 4, 512, 1536, 256, "bottom_right", "bhsd"),
+    ("bf16", 2, 8, 2, 1024, 1024, 256, "top_left", "bhsd"),  # GQA
+    ("bf16", 2, 4, 4, 1024, 1024, 256, "none", "bshd"),
 ]
 SEQLENS = (1024, 4096, 16384)
-QUICK_SEQLENS = (4096,)
+# --quick: 4k, and 1k, where the per-CTA prologue (four device-side descriptors, the pipeline's fill) weighs
+# most (head dim 128 at 1k: 0.72x cuDNN in the 2026-11-30 H200 run, 0.91x at 4k).
+QUICK_SEQLENS = (1024, 4096)
 
 
 def log(line: str, path: Path | None) -> None:
@@ -103,14 +113,19 @@ def _tensors(torch: Any, dtype: str, b: int, hq: int, hk: int, sq: int, sk: int,
 Tiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp, ping-pong
 
 
-def sweep_tilings() -> list[Tiling]:
-    """What ``--sweep`` checks and times: every config without the producer warp, the 128 x 128 x 8 one
-    with it (the H200 measured the producer slower at every 4-warp config: it costs those their second
-    CTA on an SM), and each ping-pong config (two consumer warpgroups taking turns, plus the producer)."""
+def sweep_tilings(head_dim: int | None = None) -> list[Tiling]:
+    """What ``--sweep`` checks and times at ``head_dim`` (every head dim's, once each, without it): every
+    config that fits without the producer warp, the default tiles with it (128 x 128 x 8; 128 x 64 x 8 at
+    head dim 256; the H200 measured the producer slower at every 4-warp config: it costs those their
+    second CTA on an SM), and each ping-pong config that fits (two consumer warpgroups taking turns, plus
+    the producer). ``gluon.configs`` leaves out the tiles over shared memory (BLOCK_N 128 at 256)."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    return ([(tiles, False, False) for tiles in gluon.CONFIGS] + [((128, 128, 8), True, False)]
-            + [(tiles, True, True) for tiles in gluon.PINGPONG_CONFIGS])
+    every: list[Tiling] = []
+    for d in gluon.HEAD_DIMS if head_dim is None else (head_dim,):
+        every += ([(tiles, False, False) for tiles in gluon.configs(d)] + [(gluon.DEFAULT_TILES[d], True, False)]
+                  + [(tiles, True, True) for tiles in gluon.configs(d, pingpong=True)])
+    return list(dict.fromkeys(every))
 
 
 def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tiling) -> Any:
@@ -295,9 +310,9 @@ def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
     ping-pong; with ``--sweep``, ``sweep_tilings``."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    every = sweep_tilings() if args.sweep else [(gluon.DEFAULT_TILES[d], False, False),
-                                                (gluon.DEFAULT_TILES[d], True, False),
-                                                (gluon.PINGPONG_CONFIGS[0], True, True)]
+    every = sweep_tilings(d) if args.sweep else [(gluon.DEFAULT_TILES[d], False, False),
+                                                 (gluon.DEFAULT_TILES[d], True, False),
+                                                 (gluon.configs(d, pingpong=True)[0], True, True)]
     return [tiling for tiling in every if label(tiling) not in getattr(args, "skip", set())]
 
 
@@ -310,7 +325,7 @@ def label(tiling: Tiling) -> str:
 
 def time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
     seqlens = QUICK_SEQLENS if args.quick else SEQLENS
-    shapes = [("bf16", d, causal, s) for d in (64, 128) for causal in (False, True) for s in seqlens]
+    shapes = [("bf16", d, causal, s) for d in (64, 128, 256) for causal in (False, True) for s in seqlens]
     if not args.quick:
         shapes += [("fp16", 128, causal, 4096) for causal in (False, True)]
     return shapes
@@ -438,7 +453,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="time seqlen 4k only")
+    parser.add_argument("--quick", action="store_true", help="time seqlens 1k and 4k only")
     parser.add_argument("--sweep", action="store_true", help="check and time every gluon tiling, not the default")
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds a child may run (hangs end here)")
     parser.add_argument("--reps", type=int, default=30, help="timed runs per median")

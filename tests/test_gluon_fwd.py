@@ -62,8 +62,9 @@ def test_the_variant_is_complete_round_trips_and_keys_apart_from_flash_fwd() -> 
 
 
 def test_stages_follow_the_kernels_own_rule() -> None:
-    assert [gluon.stages(d, n) for d, n in ((64, 64), (64, 128), (128, 64), (128, 128))] == [3, 3, 3, 2]
+    assert [gluon.stages(d, n) for d, n in ((64, 64), (64, 128), (128, 64), (128, 128), (256, 64))] == [3, 3, 3, 2, 2]
     assert gluon_variant(64).get("num_stages") == 3  # type: ignore[union-attr]
+    assert gluon_variant(256).get("num_stages") == 2  # type: ignore[union-attr]
 
 
 def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
@@ -83,13 +84,14 @@ def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     ("sm_100", "bf16", 128, "none", True, False, 4096, 4096, False, "target"),
     ("sm_90", "fp32", 128, "none", True, False, 4096, 4096, False, "dtype"),
     ("sm_90", "bf16", 96, "none", True, False, 4096, 4096, False, "head dim"),
-    ("sm_90", "bf16", 256, "none", True, False, 4096, 4096, False, "head dim"),
+    ("sm_90", "bf16", 192, "none", True, False, 4096, 4096, False, "head dim"),
     ("sm_90", "bf16", 128, "none", False, False, 4096, 4096, False, "aligned"),
     ("sm_90", "bf16", 128, "none", True, True, 4096, 4096, False, "32-bit"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, True, "not implemented"),
     ("sm_90", "bf16", 128, "none", True, False, 4000, 4096, False, "multiples"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4000, False, "multiples"),
     ("sm_90", "bf16", 128, "none", True, False, 0, 4096, False, "positive"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 0, False, "positive"),  # no key block: nothing to wait for
     ("sm_90", "bf16", 128, "bottom_right", True, False, 2048, 1024, False, "without keys"),
 ])
 def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str, head_dim: int, causal: str,
@@ -114,7 +116,8 @@ def test_reason_refuses_a_softmax_scale_that_is_not_positive(scale: float) -> No
 def test_reason_takes_dense_tiled_calls(causal: str, sq: int, sk: int) -> None:
     for dtype in gluon.DTYPES:
         for head_dim in gluon.HEAD_DIMS:
-            assert gluon.reason("sm_90", dtype, head_dim, causal, True, False, sq, sk, 128, 128) is None
+            block_m, block_n, _ = gluon.DEFAULT_TILES[head_dim]
+            assert gluon.reason("sm_90", dtype, head_dim, causal, True, False, sq, sk, block_m, block_n) is None
 
 
 def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
@@ -179,6 +182,11 @@ def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyP
     (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
     (128, True, "pingpong", True, 164144, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
     (64, False, "pingpong", True, 115056, 12),
+    (128, False, (128, 64, 8), False, 131336, 8),  # a K tile of 16 KiB: 3 stages (gluon.stages)
+    (256, False, None, False, 196808, 8),  # 128 x 64 x 8: Q 64 KiB + 2 stages of 32 KiB K and V
+    (256, True, (128, 64, 8), True, 196812, 12),
+    (256, True, "pingpong", True, 196912, 12),  # ping-pong 128 x 64 x 4
+    (256, False, (64, 64, 4), False, 164040, 4),
 ])
 def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim: int, causal: bool,
                                                                         tiles: tuple[int, int, int] | str | None,
@@ -194,6 +202,8 @@ def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim:
     assert entry.kind == "cubin" and entry.binary
     assert entry.num_warps == warps
     assert entry.shared == shared  # the same under Triton 3.6.0 and 3.9.0 (measured)
+    block_m, block_n = variant.get("BLOCK_M"), variant.get("BLOCK_N")
+    assert 0 <= shared - gluon.shared_bytes(head_dim, block_m, block_n) <= gluon.SHARED_SLACK  # type: ignore[arg-type]
     assert entry.global_scratch_size == 4 * 128  # four device-side TMA descriptors (Q, K, V, Out) a program
     assert entry.hidden_args == ("global_scratch", "profile_scratch")
     signature = FLASH_FWD.signature("bf16")
@@ -245,12 +255,16 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def test_every_probe_shape_is_one_the_kernel_takes(probe: ModuleType) -> None:
+    args = argparse.Namespace(quick=False, sweep=True, skip=set())
     for dtype, _, _, _, sq, sk, d, causal, _ in probe.CHECKS:
-        for tiles in gluon.CONFIGS:  # with and without the producer warp: the same rule
+        for tiles, _, _ in probe.tiles_for(args, d):  # with and without the producer warp: the same rule
             assert gluon.reason("sm_90", dtype, d, causal, True, False, sq, sk, tiles[0], tiles[1]) is None
-    args = argparse.Namespace(quick=False)
     for dtype, d, causal, s in probe.time_shapes(args):
-        assert gluon.reason("sm_90", dtype, d, "top_left" if causal else "none", True, False, s, s, 128, 128) is None
+        for tiles, _, _ in probe.tiles_for(args, d):
+            assert gluon.reason("sm_90", dtype, d, "top_left" if causal else "none", True, False, s, s, tiles[0],
+                                tiles[1]) is None
+    assert {d for *_, d, _, _ in probe.CHECKS} == set(gluon.HEAD_DIMS)  # the checks cover every head dim
+    assert {d for _, d, _, _ in probe.time_shapes(argparse.Namespace(quick=True))} == set(gluon.HEAD_DIMS)
 
 
 def test_the_table_gives_ratios_and_the_best_tiling(probe: ModuleType) -> None:
@@ -300,9 +314,12 @@ def test_a_tiling_that_fails_or_faults_a_check_is_not_timed(probe: ModuleType) -
 def test_the_compile_shards_cover_every_variant_once(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=True, skip=set(), jobs=3)
     every = probe.compile_list(args)
-    # dtypes x head dims x causal x (every config, the producer at 128 x 128 x 8, each ping-pong config)
-    assert len(every) == 2 * 2 * 2 * (len(gluon.CONFIGS) + 1 + len(gluon.PINGPONG_CONFIGS))
-    assert sum(v.get("PINGPONG") for v in every) == 2 * 2 * 2 * len(gluon.PINGPONG_CONFIGS)
+    # dtypes x causal x head dims x (every config that fits, the producer at the default tiles, each ping-pong
+    # config that fits): head dim 256 keeps 128 x 64 x 8, 64 x 64 x 4 and ping-pong 128 x 64 x 4
+    per_head_dim = {d: len(gluon.configs(d)) + 1 + len(gluon.configs(d, pingpong=True)) for d in gluon.HEAD_DIMS}
+    assert per_head_dim == {64: 7, 128: 7, 256: 4}
+    assert len(every) == 2 * 2 * sum(per_head_dim.values())
+    assert sum(v.get("PINGPONG") for v in every) == 2 * 2 * (2 + 2 + 1)
     assert all(v.kernel == "flash_fwd_gluon" for v in every)
     shards = [every[i::args.jobs] for i in range(args.jobs)]
     assert sorted(map(str, sum(shards, []))) == sorted(map(str, every))
@@ -394,3 +411,20 @@ def test_a_tiling_that_hangs_while_timed_is_not_timed_again(probe: ModuleType) -
            {"job": "time", "index": 2, "crash": 3}]
     assert probe.time_suspect(args, 128, got) == names[-2] == "gluon[128, 128, 4]+pingpong"
     assert probe.time_suspect(args, 128, got[:-1]) is None
+
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_each_load_goes_out_before_the_next_descriptor_is_built(pingpong: bool) -> None:
+    """The prologue, in PTX order: Q's descriptor, Q's load, K's descriptor, K's load(s), V's, then Out's
+    descriptor last (only the epilogue needs it), so the GPU-scope fences of the later descriptors run while
+    Q, K and V are in flight; with the producer warp, block 0's K and V go out there too."""
+    variant = gluon_variant(128, True, pingpong=pingpong)
+    assert variant is not None
+    ptx = sm90_ptx(variant)
+    prologue = ptx[:ptx.index("setmaxnreg.dec") if pingpong else ptx.index("wgmma.mma_async")]
+    events = re.findall(r"tensormap\.cp_fenceproxy|cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", prologue)
+    order = "".join("D" if e.startswith("tensormap") else "L" for e in events)
+    loads = 2 if pingpong else 1  # Q: one TMA tile a warpgroup
+    kv = 1 if pingpong else 2  # K/V tiles in the prologue: block 0 (producer), or the whole ring (2 stages)
+    assert order == "D" + "L" * loads + "D" + "L" * kv + "D" + "L" * kv + "D", order

@@ -48,19 +48,29 @@ FLASH_FWD_GLUON = KernelSpec(
 
 TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor this kernel's layouts
 DTYPES = ("fp16", "bf16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 # (head dim) -> (BLOCK_M, BLOCK_N, num_warps): FlashAttention-3's forward tiles on H100 (128 x 128 at
-# head dims 64 and 128, two consumer warpgroups of 64 rows): what ``variant`` takes without tiles.
+# head dims 64 and 128, two consumer warpgroups of 64 rows; 128 x 64 at head dim 256, where a 128-key
+# tile would not fit shared memory beside Q): what ``variant`` takes without tiles.
 # What dispatch serves is dispatch.GLUON_TABLE's (measured on the H200 by benchmarks/probe_gluon.py,
-# which sweeps CONFIGS and PINGPONG_CONFIGS).
-DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8)}
+# which sweeps ``configs``).
+DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8), 256: (128, 64, 8)}
 # Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a
 # warpgroup owns 16 rows of a wgmma), BLOCK_N 64 or 128 (one wgmma instruction spans the tile).
+# ``configs(head_dim)`` keeps those whose buffers fit shared memory at that head dim. Every tiling that
+# fits, at every head dim, causal or not, compiles for sm_90a under Triton 3.6 and 3.9 without a spill
+# (ptxas -v, 2026-12-01): at most 247 registers (hd256 128 x 64 x 8 causal) of 255 without warp
+# specialisation; with it 168 at launch, then 240 for each consumer (setmaxnreg).
 CONFIGS = ((128, 128, 8), (128, 64, 8), (64, 128, 4), (64, 64, 4))
 # Ping-pong (PINGPONG=true, which implies the producer warp): two consumer warpgroups of num_warps
 # each own half of BLOCK_M (BLOCK_M = 2 x 16 x num_warps) and take turns to issue their wgmmas; the
 # entry runs 2 x num_warps + 4 warps. FlashAttention-3's forward schedule on H100.
 PINGPONG_CONFIGS = ((128, 128, 4), (128, 64, 4))
+# sm_90's shared memory for one CTA (227 KiB, cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200), and
+# what the kernel takes beside its Q, K and V buffers (mbarriers and alignment: 200-304 bytes measured
+# under Triton 3.6 and 3.9, rounded up).
+SM90_SHARED = 232448
+SHARED_SLACK = 1024
 
 
 def stages(head_dim: int, block_n: int) -> int:
@@ -69,9 +79,34 @@ def stages(head_dim: int, block_n: int) -> int:
     Shared memory at 128 x 128 tiles: head dim 64, 3 stages, 112 KiB; head
     dim 128, 2 stages, 160 KiB (Triton 3.6 and 3.9 for sm_90: 114760 and
     163880 bytes); a third stage at head dim 128 would leave sm_90's 227 KiB
-    no room for a second CTA.
+    no room for a second CTA. Head dim 256 at 128 x 64 tiles: 2 stages, 192
+    KiB (FlashAttention-3's hdim256 choice: Q 64 KiB, each K or V stage 32 KiB).
     """
     return 3 if head_dim * block_n <= 64 * 128 else 2
+
+
+def shared_bytes(head_dim: int, block_m: int, block_n: int) -> int:
+    """The shared memory the kernel allocates at these tiles, within ``SHARED_SLACK`` (bf16 or fp16).
+
+    Q (BLOCK_M x D, reused for the output tile) and ``stages`` K and V
+    buffers (BLOCK_N x D each): ``tests/test_gluon_fwd.py`` compares it with
+    the compiled entries' shared memory.
+    """
+    return 2 * head_dim * (block_m + 2 * stages(head_dim, block_n) * block_n)
+
+
+def fits(head_dim: int, block_m: int, block_n: int) -> bool:
+    """Whether the kernel's buffers at these tiles fit sm_90's shared memory (``SM90_SHARED``)."""
+    return shared_bytes(head_dim, block_m, block_n) + SHARED_SLACK <= SM90_SHARED
+
+
+def configs(head_dim: int, pingpong: bool = False) -> tuple[tuple[int, int, int], ...]:
+    """The tiles the kernel takes at ``head_dim``: ``CONFIGS`` (or ``PINGPONG_CONFIGS``) whose buffers fit.
+
+    Head dim 256 keeps BLOCK_N 64 only: a 128-key K or V stage there is
+    64 KiB, and Q plus two stages of each would need 320 KiB.
+    """
+    return tuple(t for t in (PINGPONG_CONFIGS if pingpong else CONFIGS) if fits(head_dim, t[0], t[1]))
 
 
 def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
@@ -93,7 +128,10 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
         return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
     if features:
         return "window, softcap, ALiBi, bias, dropout and varlen are not implemented"
-    if seqlen_q % block_m or seqlen_k % block_n or seqlen_q == 0:
+    if not fits(head_dim, block_m, block_n):
+        return (f"tiles ({block_m}, {block_n}) at head dim {head_dim} need {shared_bytes(head_dim, block_m, block_n)}"
+                f" bytes of shared memory, over sm_90's {SM90_SHARED - SHARED_SLACK} for them")
+    if seqlen_q % block_m or seqlen_k % block_n or seqlen_q == 0 or seqlen_k == 0:
         return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({block_m}, {block_n})"
     if not scale > 0.0:
         return f"softmax scale {scale} is not positive"
@@ -107,9 +145,11 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
             scale: float = 1.0, producer: bool = False, pingpong: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
-    ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``CONFIGS`` (default
-    ``DEFAULT_TILES``). Its functional fields are flash_fwd's for the same
-    call (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64), so ``lazytriton cache
+    ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``configs(head_dim)``
+    (default ``DEFAULT_TILES``); a tiling outside ``CONFIGS``, or over
+    shared memory at this head dim, is a ValueError. Its functional fields
+    are flash_fwd's for the same call (ALIGN16, BLOCK_D, CAUSAL, EVEN_D,
+    INDEX64), so ``lazytriton cache
     explain`` reads both alike; num_stages records the kernel's own ring
     depth (``stages``), which Gluon does not take from the option.
     ``producer``: one extra warp issues every K/V load (warp specialisation,
@@ -117,17 +157,17 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     pads the one-warp partition to a warpgroup in the launch metadata).
     ``pingpong``: FlashAttention-3's ping-pong of two consumer warpgroups
     (tuned field PINGPONG, with PRODUCER); ``tiles`` one of
-    ``PINGPONG_CONFIGS`` then.
+    ``configs(head_dim, pingpong=True)`` then (default its first).
     """
     from lazytriton.variant import Variant, pairs
 
-    block_m, block_n, num_warps = DEFAULT_TILES.get(head_dim, CONFIGS[0]) if tiles is None else tiles
-    if tiles is None and pingpong:
-        block_m, block_n, num_warps = PINGPONG_CONFIGS[0]
-    allowed = PINGPONG_CONFIGS if pingpong else CONFIGS
-    if (block_m, block_n, num_warps) not in allowed:
-        raise ValueError(f"tiles must be one of {allowed} (BLOCK_M, BLOCK_N, num_warps)"
+    allowed = configs(head_dim, pingpong) if head_dim in HEAD_DIMS else PINGPONG_CONFIGS if pingpong else CONFIGS
+    if tiles is None:
+        tiles = allowed[0] if pingpong or head_dim not in DEFAULT_TILES else DEFAULT_TILES[head_dim]
+    if tuple(tiles) not in allowed:
+        raise ValueError(f"tiles must be one of {allowed} (BLOCK_M, BLOCK_N, num_warps) at head dim {head_dim}"
                          f"{' with pingpong' if pingpong else ''}, got {tiles!r}")
+    block_m, block_n, num_warps = tiles
     if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features,
               scale):
         return None

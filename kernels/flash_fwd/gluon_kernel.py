@@ -15,7 +15,7 @@ Program (x, h, b) computes query rows [x', x' + BLOCK_M) of (b, h), heaviest
 causal blocks first, as flash_fwd does.
 
 What it covers (dispatch.flash_fwd_gluon_reason enforces it; the rest keeps
-the Triton kernel): fp16/bf16, head dim 64 or 128 exactly (EVEN_D), every
+the Triton kernel): fp16/bf16, head dim 64, 128 or 256 exactly (EVEN_D), every
 pointer 16-byte aligned and row strides multiples of 16 bytes (a TMA
 descriptor needs both), 32-bit offsets, seqlen_q a multiple of BLOCK_M and
 seqlen_k of BLOCK_N (no ragged tile: no bounds masks at all), causal_offset
@@ -26,10 +26,19 @@ window, softcap, ALiBi, bias, dropout or varlen. Those parameters are taken
 The pipeline, and why each choice:
 
 - **TMA loads into a shared-memory ring.** Q is loaded once; K and V go
-  through ``STAGES`` buffers each (3 at head dim 64, 2 at 128: 160 KiB of
-  shared memory with Q at 128x128 tiles, under sm_90's 227 KiB; a third
-  stage at head dim 128 would leave no room for a second CTA or the output
-  tile and FlashAttention-3 uses 2 there). Each buffer has its own mbarrier;
+  through ``STAGES`` buffers each (3 when a K tile is at most 16 KiB, else
+  2: 160 KiB of shared memory with Q at head dim 128 and 128x128 tiles,
+  under sm_90's 227 KiB; a third stage there would leave no room for a
+  second CTA or the output tile and FlashAttention-3 uses 2 there; head
+  dim 256 takes 128x64 tiles, Q 64 KiB and four 32 KiB buffers, 192 KiB,
+  FlashAttention-3's hdim256 ring). A 256-wide row is 512 bytes, over the
+  128-byte swizzle span of one TMA box: Triton splits each copy into four
+  64-column boxes (issued by four warps, or all four by the producer warp),
+  one barrier and byte count for the whole tile as before. Registers at
+  head dim 256 (ptxas 13.4 -v, sm_90a): O is 64x256 fp32 per warpgroup,
+  128 a thread; 217 (247 causal) of 255 at 128x64x8, 240 per consumer
+  with the producer warp or ping-pong; no spills in any of them.
+  Each buffer has its own mbarrier;
   ``mbarrier.expect`` + ``tma.async_copy_global_to_shared`` fill it, and the
   consumer waits on the barrier's phase (block j uses buffer j % STAGES,
   phase (j // STAGES) & 1). K and V have separate barriers because they are
@@ -40,7 +49,12 @@ The pipeline, and why each choice:
   no 128-byte CUtensorMap by value, and device-side descriptors need only
   Triton's hidden global scratch, which lazytriton's launcher allocates
   (128 bytes a descriptor, four here: Q, K, V and Out, so 512 bytes a
-  program). Any (batch, head) strides work.
+  program). Any (batch, head) strides work. Each one is written to that
+  scratch and fenced at GPU scope, one after another, on every CTA: so
+  each load is issued as soon as its own descriptor exists (Q's, then K's
+  tiles, then V's) and Out's descriptor, which only the epilogue needs,
+  is built last, while the tiles are in flight. This prologue weighs most
+  where a CTA has few key blocks: short sequences and causal tiles.
 - **Async wgmma for both products.** QK^T reads Q and K from shared memory
   (K transposed by a permuted view, no copy); PV takes P from registers
   (FlashAttention-3's choice: P never goes through shared memory) and V
@@ -218,9 +232,9 @@ def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n
     Block b reuses the buffer of block b - STAGES, whose release is the
     (b // STAGES - 1)-th completion of that buffer's empty barrier: parity
     ((b // STAGES) & 1) ^ 1, which a fresh barrier already shows for the
-    first STAGES blocks.
+    first STAGES blocks. Block 0 was loaded with Q (the kernel's prologue).
     """
-    for block in range(n_blocks):
+    for block in range(1, n_blocks):  # block 0's tiles went out with Q, before the partitions split
         free = ((block // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(block % STAGES), free)
         _issue_load(k_desc, k_bars, k_bufs, block, n_blocks, BLOCK_N, STAGES)
@@ -316,14 +330,15 @@ def flash_fwd_gluon_kernel(
     CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64 or 128)")
+    gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64, 128 or 256)")
     gl.static_assert(not PINGPONG or PRODUCER, "PINGPONG needs PRODUCER: the producer warp loads for both warpgroups")
     # PINGPONG: two consumer warpgroups (the entry's num_warps each), each owning half of the tile's rows.
     WGS: gl.constexpr = 2 if PINGPONG else 1
     ROWS: gl.constexpr = BLOCK_M // WGS
     gl.static_assert(ROWS == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x warps (x 2)")
     dtype: gl.constexpr = Q.dtype.element_ty
-    STAGES: gl.constexpr = 3 if BLOCK_D <= 64 else 2
+    # gluon.stages' rule: 3 when a K tile is at most 16 KiB (head dim 64; 128 at BLOCK_N 64), else 2.
+    STAGES: gl.constexpr = 3 if BLOCK_D * BLOCK_N <= 64 * 128 else 2
 
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
@@ -332,13 +347,6 @@ def flash_fwd_gluon_kernel(
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // group_size
-    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
-                                        [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
-    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
-                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, head_dim],
-                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
-
     q_smem = gl.allocate_shared_memory(dtype, [WGS, ROWS, BLOCK_D], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
@@ -371,12 +379,28 @@ def flash_fwd_gluon_kernel(
         n_blocks = gl.minimum(n_blocks, (start_m + BLOCK_M + causal_offset + BLOCK_N - 1) // BLOCK_N)
         n_full = gl.minimum(n_full, (start_m + causal_offset + 1) // BLOCK_N)
 
-    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
-                                        [stride_os, 1], [ROWS, BLOCK_D], q_layout)
-    lse_base = Lse + batch * stride_lb + head * stride_lh
+    # Each descriptor is written to global scratch and fenced (a release and an acquire at GPU scope, then
+    # a CTA barrier: read from the PTX), one after another. Each load goes out as soon as its own
+    # descriptor exists, so the later descriptors (Out's last, needed only by the epilogue) are built while
+    # Q, K and V are in flight: the prologue that short sequences and causal tiles pay on every CTA.
+    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
+                                        [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
     mbarrier.expect(q_bar.index(0), WGS * q_desc.block_type.nbytes)
     for w in gl.static_range(WGS):
         _tma_load(q_desc, [start_m + w * ROWS, 0], q_bar.index(0), q_smem.index(w))
+    # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
+    PRELOAD: gl.constexpr = 1 if PRODUCER else STAGES
+    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
+                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    for i in gl.static_range(PRELOAD):
+        _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
+    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, head_dim],
+                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    for i in gl.static_range(PRELOAD):
+        _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
+    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
+                                        [stride_os, 1], [ROWS, BLOCK_D], q_layout)
+    lse_base = Lse + batch * stride_lb + head * stride_lh
     if PINGPONG:
         # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to
         # issue their wgmmas, so one's softmax runs under the other's products; one warp loads for both.
@@ -396,9 +420,6 @@ def flash_fwd_gluon_kernel(
                             (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
                                         BLOCK_N, STAGES))], [1], [24])
     else:
-        for i in gl.static_range(STAGES):
-            _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
-            _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
         _consume(q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn,
                  o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL,
                  False, 0, False)
