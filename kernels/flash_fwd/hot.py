@@ -36,6 +36,10 @@ CUDA graph that captured its address stays valid.
 
 The launch goes through the compiled helper (``LoadedKernel.fast``,
 lazytriton/driver/fastlaunch.py) when it is built, else ``LoadedKernel.launch``.
+When the C++ tail is built for the running torch too (lazytriton/driver/
+hotpath.py), the generated text hands it everything after the entry lookup
+(``run_cpp``: allocations, pointers, plan choice, launch; from the entry's
+``cpp_record``); the Python tail stays for what it declines.
 """
 
 from __future__ import annotations
@@ -142,8 +146,7 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
 """
 
 # The entry lookup of the Python tail (its out, allocated first, gives describe out's strides) and of the C++ one
-# (``run_cpp``, lazytriton/driver/_hotpath.cpp): it allocates out and lse itself, from the entry's record
-# (``cpp_record``); it returns None when its plan is not memoised yet, and the Python tail goes on.
+# (``run_cpp``): it allocates out and lse itself; None when its plan is not memoised yet: the Python tail goes on.
 _LOOKUP = """out = empty_like(q)
     if known is None or known[0] is not plans:
         known = describe(*call, out.stride(), plans)
@@ -277,30 +280,24 @@ def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None
     slots = [-1] * len(CPP_POINTERS)
     runs = iter(entry[4])
     for is_pointer, items in _int_groups():
-        if is_pointer:
-            for name in items:
-                slots[CPP_POINTERS.index(name)] = len(ints)
-                ints.append(0)
-        else:
-            ints.extend(next(runs))
+        for name in items if is_pointer else ():
+            slots[CPP_POINTERS.index(name)] = len(ints)
+            ints.append(0)
+        ints.extend(() if is_pointer else next(runs))
     mask = sum(1 << CPP_POINTERS.index(name) for name in _POINTER.findall(binding.ALIGNED_SOURCE))
-    plans, fails, grids = [], [], []
-    for launch in launches:
-        kernel, grid = launch if launch is not None else (None, (0, 0, 0))
-        plan = fastlaunch.plan_bytes(kernel.fast) if kernel is not None else None
-        if kernel is not None and plan is None:
-            entry[12] = False
-            return False
-        plans.append(plan)
-        fails.append(kernel.fail if kernel is not None else None)
-        grids.extend(grid)
+    kernels = [launch[0] if launch is not None else None for launch in launches]
+    plans = [fastlaunch.plan_bytes(kernel.fast) if kernel is not None else None for kernel in kernels]
+    grids = [n for launch in launches for n in (launch[1] if launch is not None else (0, 0, 0))]
     sq, hq, b = entry[6]
     try:
+        if any(kernel is not None and plan is None for kernel, plan in zip(kernels, plans, strict=True)):
+            raise ValueError("a kernel without the compiled helper's plan")
         template = (CPP_TEMPLATE.pack(b, hq, sq, *grids, entry[5], forward, len(ints), len(entry[3]), *slots, mask)
                     + struct.pack(f"<{len(ints)}q{len(entry[3])}f", *ints, *entry[3]))
-    except (struct.error, OverflowError):  # a scale past float32's range, say: the Python tail takes it
+    except (ValueError, OverflowError, struct.error):  # a scale past float32's range, say
         entry[12] = False
         return False
+    fails = [getattr(kernel, "fail", None) for kernel in kernels]
     record = (template, *plans, *fails)
     entry[12] = record
     return record
@@ -432,7 +429,8 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False) -> st
     aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
     call = _TEMPLATE.format(
         name=f"{result}_{layout}", device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True",
-        lookup=lookup, lse=lse, pointers=pointers, pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
+        lookup=lookup, lse=lse, pointers=pointers,
+        pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
         ints=ints, result=returned)
     describe = _DESCRIBE.format(
         unpack=unpack, permute_in="qs_in, ks_in, vs_in, causal_in, scale_in = qs, ks, vs, causal, scale\n    "
