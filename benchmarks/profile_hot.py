@@ -2,6 +2,8 @@
 
 On a GPU: each step of the real warm path, then the whole call through each
 launch path (the compiled helper and cffi's ABI mode) and through the op.
+Where the C++ tail is built (``python -m lazytriton.driver.hotpath_build``),
+the warm path is timed with it ("C++ tail") and without it.
 
 ``--cpu-fake``: no GPU needed (best of rounds: the CPU machine is shared). The warm path's own generated text
 (``hot.generate(cuda=False)``) runs on CPU tensors against a fake libcuda
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 
 from lazytriton import flash, ops, runtime
-from lazytriton.driver import fastlaunch
+from lazytriton.driver import fastlaunch, hotpath
 from lazytriton.kernels.flash_fwd import binding, hot
 
 
@@ -68,11 +70,18 @@ def gpu_steps() -> None:
         "kernel.launch (what the general path calls)": lambda: kernel.launch(grid, stream, ints, floats),
         "torch.add": lambda: torch.add(q, q),
     }
+    cpp = hotpath.module()
+    for name, with_cpp in (("Python tail", False), ("C++ tail", cpp)):
+        if with_cpp is not None:
+            forward = hot.generate("bhsd", "forward", cpp=with_cpp)
+            output = hot.generate("bhsd", "output", cpp=with_cpp)
+            steps[f"warm path, {name} (forward_bhsd)"] = lambda fn=forward: fn(q, k, v, False, None)
+            steps[f"warm path, {name} (output_bhsd)"] = lambda fn=output: fn(q, k, v, False, None)
     if kernel.fast is not None:
         fast = kernel.fast
         steps["kernel.fast (the helper, as the warm path calls it)"] = lambda: fast(
             grid[0], grid[1], grid[2], stream, ints, floats)
-    print(f"launch path: {fastlaunch.path_name()}")
+    print(f"launch path: {fastlaunch.path_name()}; C++ tail: {'built' if cpp is not None else 'not built'}")
     for name, fn in steps.items():
         print(f"{name:<56} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
 
@@ -99,7 +108,15 @@ def _fake_kernels(directory: Path) -> dict[str, Any]:
         previous = fastlaunch.enable(on)
         kernels[name] = gpu.CudaApi(str(library)).load(_entry(arg_types), 0)
         fastlaunch.enable(previous)
+    if "compiled helper" in kernels:  # the C++ tail launches the helper's plan: the same kernel
+        if hotpath.module() is not None:
+            kernels[CPP] = kernels["compiled helper"]
+        else:
+            print("the C++ tail is not built (python -m lazytriton.driver.hotpath_build): Python tail only")
     return kernels
+
+
+CPP = "C++ tail"  # the compiled helper's kernel, the warm path's tail in C++ (lazytriton/driver/_hotpath.cpp)
 
 
 def _cpu_lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:
@@ -125,7 +142,8 @@ def cpu_fake_rows() -> list[tuple[str, str, float]]:
             plans: dict[Any, Any] = {}
             scope = {"get_runtime": lambda plans=plans: _Plans(plans), "raw_stream": lambda di: 0,
                      "SPARE": {-1: (spare.numel(), spare.data_ptr())}}
-            cpu = {f"{r}_{layout}": hot.generate(layout, r, cuda=False, **scope, **(
+            cpp = hotpath.module() if path == CPP else False
+            cpu = {f"{r}_{layout}": hot.generate(layout, r, cuda=False, cpp=cpp, **scope, **(
                 {"lse_template": _cpu_lse_template} if r == "forward" else {}))
                 for r in ("forward", "output") for layout in ("bhsd", "bshd")}
             for key_q, key_k in ((q, k), (q.transpose(1, 2), k.transpose(1, 2))):  # fill the memo, both layouts
