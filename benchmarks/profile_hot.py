@@ -6,9 +6,10 @@ Where the C++ tail is built (``python -m lazytriton.driver.hotpath_build``),
 the warm path is timed with it ("C++ tail") and without it.
 
 ``--cpu-fake``: no GPU needed (best of interleaved rounds: the CPU machine is
-shared). The warm path's own generated text (``hot.generate(cuda=False)``) runs on CPU tensors against a fake libcuda
-(tests/fake_libcuda.py, compiled with the system C compiler) whose
-cuLaunchKernel only records its arguments, through the real ``CudaApi`` and
+shared). The warm path's own generated text (``hot.generate(cuda=False)``)
+runs on CPU tensors against a fake libcuda (tests/fake_libcuda.py, compiled
+with the system C compiler) whose cuLaunchKernel only records its
+arguments, through the real ``CudaApi`` and
 ``LoadedKernel``: everything but the driver's own time and the CUDA
 allocator. The public functions are timed with their warm path swapped for
 these CPU ones.
