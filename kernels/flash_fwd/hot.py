@@ -145,8 +145,8 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
     return entry
 """
 
-# The entry lookup of the Python tail (its out, allocated first, gives describe out's strides) and of the C++ one
-# (``run_cpp``): it allocates out and lse itself; None when its plan is not memoised yet: the Python tail goes on.
+# The entry lookup of the Python tail (its out gives describe out's strides) and of the C++ one (``run_cpp``: it
+# allocates out and lse itself; None when its plan is not memoised yet: the Python tail goes on).
 _LOOKUP = """out = empty_like(q)
     if known is None or known[0] is not plans:
         known = describe(*call, out.stride(), plans)
@@ -450,14 +450,13 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, **nam
 
     ``cuda=False`` and ``namespace`` overrides serve the CPU tests and
     benchmarks/profile_hot.py, which run this same text on CPU tensors with a
-    fake driver (there is no other use for them). The C++ tail is in the text
-    when its module is built for this torch and enabled
-    (lazytriton/driver/hotpath.py) and the compiled launch helper is there;
-    ``cpp``: False for none, or the module to use (tests/test_hotpath_cpp.py).
+    fake driver (there is no other use for them). The C++ tail is in the text when its module is built for this
+    torch and enabled (driver/hotpath.py) and the launch helper is there; ``cpp``: False, or the module to use.
     """
     name = f"{result}_{layout}"
-    if cpp is None:
+    if cpp is None:  # a module built from another _hotpath.cpp reads another template: not used until rebuilt
         cpp = hotpath.module() if fastlaunch.available() else None
+        cpp = cpp if getattr(cpp, "TEMPLATE", None) == CPP_TEMPLATE.format else None
     shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
         "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,

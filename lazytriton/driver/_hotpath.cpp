@@ -22,7 +22,7 @@ namespace {
 
 enum Pointer { Q, K, V, OUT, LSE, N_POINTERS };
 
-// The template of one describe entry (hot.py's TEMPLATE packs it: "<3q6I4i6h4x", 80 bytes), followed by
+// The template of one describe entry (hot.py's CPP_TEMPLATE packs it, LT_TEMPLATE_FORMAT), followed by
 // n_ints int64 values (the constant parameters; pointer slots hold 0) and n_floats float32 values.
 struct Template {
     int64_t lse_shape[3];              // (b, hq, sq)
@@ -33,6 +33,8 @@ struct Template {
     int16_t pointer_slot[N_POINTERS];  // the int slot taking q, k, v, out, lse's address; -1: none
     int16_t align_mask;                // bit p: pointer p enters the alignment rule (binding.ALIGNED_SOURCE)
 };
+#define LT_TEMPLATE_FORMAT "<3q6I4i6h4x"  // the module's TEMPLATE: hot.py uses it only when its own is the same
+static_assert(sizeof(Template) == 80, "Template must be what LT_TEMPLATE_FORMAT packs");
 
 // run(q, k, v, stream, lse_address, record) -> out | (out, lse) | None
 // record: (template bytes, plan aligned, plan not aligned, fail aligned, fail not aligned); a plan is
@@ -142,7 +144,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     PyObject *module = PyModule_Create(&module_def);
     if (module != nullptr && (PyModule_AddStringConstant(module, "TORCH_VERSION", LT_TORCH_VERSION) < 0 ||
                               PyModule_AddIntConstant(module, "PLAN_VERSION", LT_PLAN_VERSION) < 0 ||
-                              PyModule_AddIntConstant(module, "TEMPLATE_BYTES", sizeof(Template)) < 0)) {
+                              PyModule_AddStringConstant(module, "TEMPLATE", LT_TEMPLATE_FORMAT) < 0)) {
         Py_DECREF(module);
         return nullptr;
     }
