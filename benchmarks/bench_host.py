@@ -2,17 +2,18 @@
 
 Per call, on a tiny shape (1 x 2 x 16 x 64 bf16, so the host is what costs):
 ``attn_fwd``, ``flash_attn_func`` and the SDPA drop-in through each launch
-path (the compiled helper, lazytriton/driver/fastlaunch.py, and cffi's ABI
-mode), beside ``torch.add``, torch's SDPA (default backend) and the same
-kernel through Triton's JIT. The target (issue 12): an eager warm call costs
+path (the warm path's C++ tail, lazytriton/driver/_hotpath.cpp, the compiled
+helper, lazytriton/driver/fastlaunch.py, and cffi's ABI mode), beside
+``torch.add``, torch's SDPA (default backend) and the same kernel through
+Triton's JIT. The target (issue 12): an eager warm call costs
 at most 1.5x torch.add's host time.
 
 Host time, not GPU time: each round times ``--calls`` calls (fewer than the
 driver's launch queue holds, so no launch waits for the GPU) and synchronises
 outside the timed span; the figure is the median over ``--rounds`` rounds,
 the providers' rounds interleaved so that a slow spell of the machine hits
-all of them. Builds the helper first if it is missing (``--no-build`` to
-skip), and says which launch path each row used.
+all of them. Builds the helper and the C++ tail first if they are missing
+(``--no-build`` to skip), and says which launch path each row used.
 
 Usage: python benchmarks/bench_host.py [--csv PATH] [--rounds N] [--calls N] [--no-build] [--no-jit]
 """
@@ -33,12 +34,13 @@ from csvlog import append_rows
 
 import lazytriton
 from lazytriton import runtime
-from lazytriton.driver import fastlaunch
+from lazytriton.driver import fastlaunch, hotpath
+from lazytriton.kernels.flash_fwd import hot
 
 FIELDS = ["benchmark", "provider", "mode", "value", "unit", "ratio_to_torch_add", "rounds", "calls", "gpu", "torch",
           "triton", "lazytriton", "timestamp"]
 TARGET = 1.5
-HELPER, ABI = "compiled helper", "cffi ABI mode"
+HELPER, ABI, CPP = "compiled helper", "cffi ABI mode", "C++ tail"
 
 
 def ensure_helper(build: bool) -> str:
@@ -56,9 +58,26 @@ def ensure_helper(build: bool) -> str:
     return f"built now: {path}" if fastlaunch.refresh() else f"built at {path} but it does not import"
 
 
+def ensure_cpp(build: bool) -> str:
+    """The C++ tail's state, building it into the package folder when missing and ``build``."""
+    if hotpath.module() is not None:
+        return "installed"
+    if not build:
+        return "not built (--no-build)"
+    try:
+        from lazytriton.driver import hotpath_build
+
+        path = hotpath_build.build()
+    except Exception as exc:  # no C++ compiler, no torch headers (the message says which), read-only install
+        return f"build failed ({type(exc).__name__}: {exc})"
+    return f"built now: {path}" if hotpath.refresh() else f"built at {path} but it does not load"
+
+
 def entry_points(path: str) -> dict[str, Callable[[], object]]:
     """The three public calls, warm, with kernels loaded under launch path ``path``."""
-    previous = fastlaunch.enable(path == HELPER)
+    previous = fastlaunch.enable(path != ABI)
+    previous_cpp = hotpath.enable(path == CPP)
+    hot.regenerate()  # the warm paths are made again with the C++ tail or without it
     try:
         runtime.reset()  # kernels take the launch path of the setting they are loaded under
         q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -72,12 +91,13 @@ def entry_points(path: str) -> dict[str, Callable[[], object]]:
             fn()
             fn()
         kernel, _ = next(iter(runtime.get().plans.values()))
-        used = HELPER if kernel.fast is not None else ABI
+        used = ABI if kernel.fast is None else CPP if hotpath.module() is not None else HELPER
         if used != path:
             raise SystemExit(f"asked for launch path {path!r}, the loaded kernel has {used!r}")
         return calls
     finally:
         fastlaunch.enable(previous)
+        hotpath.enable(previous_cpp)
 
 
 def peers(with_jit: bool) -> dict[str, Callable[[], object]]:
@@ -117,7 +137,7 @@ def main() -> int:
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "host.csv")
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--calls", type=int, default=400, help="calls per round (stay under the launch queue)")
-    parser.add_argument("--no-build", action="store_true", help="do not build the launch helper if missing")
+    parser.add_argument("--no-build", action="store_true", help="do not build the helper or the C++ tail if missing")
     parser.add_argument("--no-jit", action="store_true", help="leave out Triton's JIT (no triton import)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -126,6 +146,11 @@ def main() -> int:
     helper = ensure_helper(not args.no_build)
     print(f"launch helper: {helper}")
     paths = [HELPER, ABI] if fastlaunch.available() else [ABI]
+    if fastlaunch.available():
+        cpp = ensure_cpp(not args.no_build)
+        print(f"C++ tail: {cpp}")
+        if hotpath.module() is not None:
+            paths.insert(0, CPP)
     started = time.perf_counter()
     results: dict[tuple[str, str], float] = {}
     adds: dict[str, float] = {}

@@ -9,7 +9,9 @@ against the whole:
 - four ``data_ptr()`` reads and the raw-stream read,
 - the launch alone (the compiled helper with one call's captured arguments),
 - the warm functions themselves (``hot.output_bhsd``, ``hot.forward_bhsd``)
-  and the public calls,
+  with their Python tail and with the C++ one (lazytriton/driver/_hotpath.cpp,
+  built here if missing), the C++ tail alone, and the public calls (which
+  take the C++ tail when it is built),
 - an empty kernel with N 8-byte parameters (hand-written PTX, loaded with
   cuModuleLoadData) launched through the same helper, N = 4 .. 64: the
   driver's cost per parameter, which says whether dropping the parameters a
@@ -28,11 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_host import ensure_helper, measure
+from bench_host import ensure_cpp, ensure_helper, measure
 
 import lazytriton
 from lazytriton import runtime
-from lazytriton.driver import fastlaunch
+from lazytriton.driver import fastlaunch, hotpath
 from lazytriton.kernels.flash_fwd import hot
 
 PARAM_COUNTS = (4, 16, 32, 48, 64)
@@ -82,13 +84,38 @@ def captured_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callab
     seen: list[tuple[Any, ...]] = []
     kernel.fast = lambda *args: seen.append(args) or fast(*args)
     try:
-        hot.output_bhsd(q, k, v, False, None)
+        hot.generate("bhsd", "output", cpp=False)(q, k, v, False, None)  # the Python tail calls kernel.fast
     finally:
         kernel.fast = fast
     if not seen:
         raise SystemExit("the warm path did not launch through the helper")
     args = seen[0]
     return lambda: fast(*args)
+
+
+def warm_tails(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[tuple[str, str], Callable[[], object]]:
+    """forward_bhsd and output_bhsd with the Python tail and (when built) the C++ one; the C++ tail alone."""
+    calls: dict[tuple[str, str], Callable[[], object]] = {}
+    cpp = hotpath.module()
+    for tail, module in (("Python tail", False), ("C++ tail", cpp)):
+        if module is None:
+            continue
+        for result in ("forward", "output"):
+            fn = hot.generate("bhsd", result, cpp=module)
+            calls[(f"hot.{result}_bhsd, {tail}", "warm fn")] = lambda fn=fn: fn(q, k, v, False, None)
+    if cpp is not None:
+        seen: list[tuple[Any, ...]] = []
+
+        def run(*args: Any) -> Any:
+            seen.append(args)
+            return cpp.run(*args)
+
+        hot.generate("bhsd", "forward", cpp=cpp, run_cpp=run)(q, k, v, False, None)
+        if not seen:
+            raise SystemExit("the warm path did not call the C++ tail")
+        args = seen[-1]
+        calls[("C++ tail alone (forward)", "part")] = lambda: cpp.run(*args)
+    return calls
 
 
 def main() -> int:
@@ -100,6 +127,8 @@ def main() -> int:
         print("probe_host_parts needs a CUDA GPU", file=sys.stderr)
         return 2
     print(f"launch helper: {ensure_helper(True)}")
+    print(f"C++ tail: {ensure_cpp(True)}")
+    hot.regenerate()
     fastlaunch.enable(True)
     runtime.reset()
     q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -122,8 +151,7 @@ def main() -> int:
         ("raw stream", "part"): lambda: stream_of(0),
         ("is capturing", "part"): hot.is_capturing,
         ("launch alone (helper)", "part"): captured_launch(q, k, v),
-        ("hot.output_bhsd", "warm fn"): lambda: hot.output_bhsd(q, k, v, False, None),
-        ("hot.forward_bhsd", "warm fn"): lambda: hot.forward_bhsd(q, k, v, False, None),
+        **warm_tails(q, k, v),
         ("attn_fwd", "public"): lambda: lazytriton.attn_fwd(q, k, v),
         ("flash_attn_func", "public"): lambda: lazytriton.flash_attn_func(qb, kb, vb),
         ("sdpa drop-in", "public"): lambda: lazytriton.scaled_dot_product_attention(q, k, v),

@@ -2,11 +2,14 @@
 
 On a GPU: each step of the real warm path, then the whole call through each
 launch path (the compiled helper and cffi's ABI mode) and through the op.
+Where the C++ tail is built (``python -m lazytriton.driver.hotpath_build``),
+the warm path is timed with it ("C++ tail") and without it.
 
-``--cpu-fake``: no GPU needed (best of rounds: the CPU machine is shared). The warm path's own generated text
-(``hot.generate(cuda=False)``) runs on CPU tensors against a fake libcuda
-(tests/fake_libcuda.py, compiled with the system C compiler) whose
-cuLaunchKernel only records its arguments, through the real ``CudaApi`` and
+``--cpu-fake``: no GPU needed (best of interleaved rounds: the CPU machine is
+shared). The warm path's own generated text (``hot.generate(cuda=False)``)
+runs on CPU tensors against a fake libcuda (tests/fake_libcuda.py, compiled
+with the system C compiler) whose cuLaunchKernel only records its
+arguments, through the real ``CudaApi`` and
 ``LoadedKernel``: everything but the driver's own time and the CUDA
 allocator. The public functions are timed with their warm path swapped for
 these CPU ones.
@@ -15,6 +18,7 @@ these CPU ones.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 
 from lazytriton import flash, ops, runtime
-from lazytriton.driver import fastlaunch
+from lazytriton.driver import fastlaunch, hotpath
 from lazytriton.kernels.flash_fwd import binding, hot
 
 
@@ -68,11 +72,18 @@ def gpu_steps() -> None:
         "kernel.launch (what the general path calls)": lambda: kernel.launch(grid, stream, ints, floats),
         "torch.add": lambda: torch.add(q, q),
     }
+    cpp = hotpath.module()
+    for name, with_cpp in (("Python tail", False), ("C++ tail", cpp)):
+        if with_cpp is not None:
+            forward = hot.generate("bhsd", "forward", cpp=with_cpp)
+            output = hot.generate("bhsd", "output", cpp=with_cpp)
+            steps[f"warm path, {name} (forward_bhsd)"] = lambda fn=forward: fn(q, k, v, False, None)
+            steps[f"warm path, {name} (output_bhsd)"] = lambda fn=output: fn(q, k, v, False, None)
     if kernel.fast is not None:
         fast = kernel.fast
         steps["kernel.fast (the helper, as the warm path calls it)"] = lambda: fast(
             grid[0], grid[1], grid[2], stream, ints, floats)
-    print(f"launch path: {fastlaunch.path_name()}")
+    print(f"launch path: {fastlaunch.path_name()}; C++ tail: {'built' if cpp is not None else 'not built'}")
     for name, fn in steps.items():
         print(f"{name:<56} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
 
@@ -99,7 +110,15 @@ def _fake_kernels(directory: Path) -> dict[str, Any]:
         previous = fastlaunch.enable(on)
         kernels[name] = gpu.CudaApi(str(library)).load(_entry(arg_types), 0)
         fastlaunch.enable(previous)
+    if "compiled helper" in kernels:  # the C++ tail launches the helper's plan: the same kernel
+        if hotpath.module() is not None:
+            kernels[CPP] = kernels["compiled helper"]
+        else:
+            print("the C++ tail is not built (python -m lazytriton.driver.hotpath_build): Python tail only")
     return kernels
+
+
+CPP = "C++ tail"  # the compiled helper's kernel, the warm path's tail in C++ (lazytriton/driver/_hotpath.cpp)
 
 
 def _cpu_lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:
@@ -111,21 +130,28 @@ class _Plans:
         self.plans = plans
 
 
-def cpu_fake_rows() -> list[tuple[str, str, float]]:
-    """(call, launch path, µs) of each public entry point's warm path on CPU tensors and the fake driver."""
+def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, float]]:
+    """(call, launch path, µs) of each public entry point's warm path on CPU tensors and the fake driver.
+
+    Best of ``rounds`` rounds, the rows interleaved within each round (a slow
+    spell of the shared machine hits every row); each row's warm functions
+    are swapped into ``hot`` before its timed span.
+    """
     from lazytriton import interface
 
     q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.bfloat16) for _ in range(3))
     qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     spare = torch.empty(4096, dtype=torch.float32)
-    rows = [("torch.add", "-", us(lambda: torch.add(q, q), best=True))]
+    providers: dict[tuple[str, str], tuple[dict[str, Any], Callable[[], object]]] = {
+        ("torch.add", "-"): ({}, lambda: torch.add(q, q))}
+    saved = {name: getattr(hot, name) for name in ("forward_bhsd", "forward_bshd", "output_bhsd", "output_bshd")}
     with tempfile.TemporaryDirectory() as tmp:
-        kernels = _fake_kernels(Path(tmp))
-        for path, kernel in kernels.items():
+        for path, kernel in _fake_kernels(Path(tmp)).items():
             plans: dict[Any, Any] = {}
             scope = {"get_runtime": lambda plans=plans: _Plans(plans), "raw_stream": lambda di: 0,
                      "SPARE": {-1: (spare.numel(), spare.data_ptr())}}
-            cpu = {f"{r}_{layout}": hot.generate(layout, r, cuda=False, **scope, **(
+            cpp = hotpath.module() if path == CPP else False
+            cpu = {f"{r}_{layout}": hot.generate(layout, r, cuda=False, cpp=cpp, **scope, **(
                 {"lse_template": _cpu_lse_template} if r == "forward" else {}))
                 for r in ("forward", "output") for layout in ("bhsd", "bshd")}
             for key_q, key_k in ((q, k), (q.transpose(1, 2), k.transpose(1, 2))):  # fill the memo, both layouts
@@ -133,23 +159,29 @@ def cpu_fake_rows() -> list[tuple[str, str, float]]:
                 out, lse = binding.empty_outputs(key_q, call.shape)
                 _, aligned, index64 = binding.pack(key_q, key_k, key_k, out, lse, call)
                 plans[binding.memo_key(-1, q.dtype, call.shape, False, aligned, index64)] = (kernel, 64)
-            saved = {name: getattr(hot, name) for name in cpu}
-            try:
-                for name, fn in cpu.items():
-                    setattr(hot, name, fn)
-                calls = {
-                    "hot.forward_bhsd": lambda fn=cpu["forward_bhsd"]: fn(q, k, v, False, None),
-                    "hot.output_bhsd": lambda fn=cpu["output_bhsd"]: fn(q, k, v, False, None),
-                    "attn_fwd": lambda: interface.attn_fwd(q, k, v),
-                    "flash_attn_func": lambda: interface.flash_attn_func(qb, kb, vb),
-                    "lazytriton_sdpa": lambda: interface.scaled_dot_product_attention(q, k, v),
-                }
-                assert all(fn() is not None for fn in calls.values())
-                rows += [(name, path, us(fn, best=True)) for name, fn in calls.items()]
-            finally:
-                for name, fn in saved.items():
-                    setattr(hot, name, fn)
-    return rows
+            providers.update({(name, path): (cpu, fn) for name, fn in {
+                "hot.forward_bhsd": lambda fn=cpu["forward_bhsd"]: fn(q, k, v, False, None),
+                "hot.output_bhsd": lambda fn=cpu["output_bhsd"]: fn(q, k, v, False, None),
+                "attn_fwd": lambda: interface.attn_fwd(q, k, v),
+                "flash_attn_func": lambda: interface.flash_attn_func(qb, kb, vb),
+                "lazytriton_sdpa": lambda: interface.scaled_dot_product_attention(q, k, v),
+            }.items()})
+        best = {key: math.inf for key in providers}
+        try:
+            for round_ in range(rounds + 1):  # round 0 warms up
+                for key, (cpu, fn) in providers.items():
+                    for name, warm in cpu.items():
+                        setattr(hot, name, warm)
+                    assert fn() is not None
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    if round_:
+                        best[key] = min(best[key], (time.perf_counter() - start) / calls * 1e6)
+        finally:
+            for name, fn in saved.items():
+                setattr(hot, name, fn)
+    return [(name, path, value) for (name, path), value in best.items()]
 
 
 def main() -> int:

@@ -36,18 +36,25 @@ CUDA graph that captured its address stays valid.
 
 The launch goes through the compiled helper (``LoadedKernel.fast``,
 lazytriton/driver/fastlaunch.py) when it is built, else ``LoadedKernel.launch``.
+When the C++ tail is built for the running torch too (lazytriton/driver/
+hotpath.py), the generated text hands it everything after the entry lookup
+(``run_cpp``: allocations, pointers, plan choice, launch; from the entry's
+``cpp_record``); the Python tail stays for what it declines.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import struct
 import threading
 from typing import Any
 
 import torch
 
 from lazytriton import dispatch, runtime
+from lazytriton.driver import fastlaunch, hotpath
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 
 # Per call: the checks that need no arithmetic, one lookup of everything the tensors' sizes and strides
@@ -65,11 +72,7 @@ def {name}(q, k, v, causal, scale, gqa=True):
     plans = get_runtime().plans
     call = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), dtype, di, causal, scale, gqa is True)
     known = SHAPES.get(call)
-    out = empty_like(q)
-    if known is None or known[0] is not plans:
-        known = describe(*call, out.stride(), plans)
-        if known is None:
-            return None
+    {lookup}
     {lse}
     {pointers}
     if known[5] and not ({pointer_or}) & 15:
@@ -94,7 +97,8 @@ def {name}(q, k, v, causal, scale, gqa=True):
 # Once per (sizes, strides, dtype, device, causal, scale, gqa): the checks, the constant parameters, the memo keys.
 # The entry: [plans, lse stocks (forward_* with a small lse; else None), lse numel, floats, constant int runs,
 # strides aligned, (sq, hq, b), (kernel, grid) aligned, (kernel, grid) not aligned, memo key aligned,
-# memo key not aligned, lse template (forward_*; None for output_*)].
+# memo key not aligned, lse template (forward_*; None for output_*), the C++ tail's record (``cpp_record``; None:
+# not made yet, False: not used for this entry)].
 _DESCRIBE = """
 def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, os, plans):
     if dtype not in DTYPES or len(qshape) != 4 or len(kshape) != 4 or vshape != kshape:
@@ -134,12 +138,35 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
     template = lse_template(di, b, hq, sq)
     entry = [plans, lse_stocks(template), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
              None, None, (di, dtype, d, is_causal, True, index64, bucket_q, bucket_k) + tail,
-             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k) + tail, template]
+             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k) + tail, template, None]
     if len(SHAPES) >= MAX_SHAPES:
         SHAPES.clear()
     SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in, gqa)] = entry
     return entry
 """
+
+# The entry lookup of the Python tail (its out gives describe out's strides) and of the C++ one (``run_cpp``: it
+# allocates out and lse itself; None when its plan is not memoised yet: the Python tail goes on).
+_LOOKUP = """out = empty_like(q)
+    if known is None or known[0] is not plans:
+        known = describe(*call, out.stride(), plans)
+        if known is None:
+            return None"""
+_LOOKUP_CPP = """if known is None or known[0] is not plans:
+        known = describe(*call, empty_like(q).stride(), plans)
+        if known is None:
+            return None
+    record = known[12]
+    if record is None:
+        record = cpp_record(known)
+    if record:
+        {lse}
+        done = run_cpp(q, k, v, stream, lse_ptr, record)
+        if done is not None:
+            return done
+        known[12] = None  # a plan not memoised yet: the record is made again once it is
+    out = empty_like(q)"""
+_LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = 0  # run_cpp allocates lse", "output": None}
 
 _LAYOUTS = {
     "bhsd": ("b, hq, sq, d = qshape\n    bk, hk, sk, dk = kshape", "", ""),
@@ -188,13 +215,9 @@ def _split(source: str) -> list[str]:
     return [item for item in [*items, current.strip()] if item]
 
 
-def _int_runs() -> tuple[list[str], str, str]:
-    """(pointer names, the per-call ints expression, describe's constant runs) from the binding's plain ints.
-
-    Pointers (``t.data_ptr()``) are read per call; every other parameter is a
-    constant of the entry, kept in runs so the per-call tuple is a few concatenations.
-    """
-    groups: list[tuple[bool, list[str]]] = []  # (is pointer, items), consecutive items of one kind
+def _int_groups() -> list[tuple[bool, list[str]]]:
+    """The binding's plain ints as (is pointer, items) runs: pointer names, or constant expressions."""
+    groups: list[tuple[bool, list[str]]] = []  # consecutive items of one kind
     for item in _split(binding.PLAIN_INTS_SOURCE):
         found = _POINTER.fullmatch(item)
         value = found.group(1) if found is not None else item
@@ -202,6 +225,16 @@ def _int_runs() -> tuple[list[str], str, str]:
             groups[-1][1].append(value)
         else:
             groups.append((found is not None, [value]))
+    return groups
+
+
+def _int_runs() -> tuple[list[str], str, str]:
+    """(pointer names, the per-call ints expression, describe's constant runs) from the binding's plain ints.
+
+    Pointers (``t.data_ptr()``) are read per call; every other parameter is a
+    constant of the entry, kept in runs so the per-call tuple is a few concatenations.
+    """
+    groups = _int_groups()
     names = [name for is_pointer, items in groups if is_pointer for name in items]
     parts: list[str] = []
     runs: list[str] = []
@@ -222,6 +255,52 @@ def _floats_source() -> str:
     if missing:
         raise RuntimeError(f"hot.py: no plain-call value for float parameter(s) {missing}; add them to PLAIN_FLOATS")
     return ", ".join(PLAIN_FLOATS[name] for name in binding.FLOAT_PARAMS)
+
+
+# The C++ tail's record of an entry (lazytriton/driver/_hotpath.cpp reads it): its Template struct, then the
+# constant ints (0 where a pointer goes) and the floats; the pointers in its order (enum Pointer).
+CPP_TEMPLATE = struct.Struct("<3q6I4i6h4x")  # lse shape, 2 grids, strides aligned, forward, counts, 5 slots, mask
+CPP_POINTERS = ("q", "k", "v", "out", "lse")
+
+
+def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None:
+    """The entry's record for ``run_cpp``: (template, plan aligned, plan not, fail aligned, fail not).
+
+    Written once per entry (and again when a plan is memoised later) from
+    describe's constant int runs, in ``binding.PLAIN_INTS_SOURCE`` order with
+    each pointer's slot, so the packing stays generated from the binding.
+    None while no plan is memoised; False (kept in the entry) when the C++
+    tail cannot launch it: a kernel without the compiled helper's plan (no
+    helper, scratch memory), or values a C int64/float/uint32 cannot hold.
+    """
+    launches = [entry[7] or plan_of(entry, 7), entry[8] or plan_of(entry, 8)]
+    if launches == [None, None]:
+        return None
+    ints: list[int] = []
+    slots = [-1] * len(CPP_POINTERS)
+    runs = iter(entry[4])
+    for is_pointer, items in _int_groups():
+        for name in items if is_pointer else ():
+            slots[CPP_POINTERS.index(name)] = len(ints)
+            ints.append(0)
+        ints.extend(() if is_pointer else next(runs))
+    mask = sum(1 << CPP_POINTERS.index(name) for name in _POINTER.findall(binding.ALIGNED_SOURCE))
+    kernels = [launch[0] if launch is not None else None for launch in launches]
+    plans = [fastlaunch.plan_bytes(kernel.fast) if kernel is not None else None for kernel in kernels]
+    grids = [n for launch in launches for n in (launch[1] if launch is not None else (0, 0, 0))]
+    sq, hq, b = entry[6]
+    try:
+        if any(kernel is not None and plan is None for kernel, plan in zip(kernels, plans, strict=True)):
+            raise ValueError("a kernel without the compiled helper's plan")
+        template = (CPP_TEMPLATE.pack(b, hq, sq, *grids, entry[5], forward, len(ints), len(entry[3]), *slots, mask)
+                    + struct.pack(f"<{len(ints)}q{len(entry[3])}f", *ints, *entry[3]))
+    except (ValueError, OverflowError, struct.error):  # a scale past float32's range, say
+        entry[12] = False
+        return False
+    fails = [getattr(kernel, "fail", None) for kernel in kernels]
+    record = (template, *plans, *fails)
+    entry[12] = record
+    return record
 
 
 _spare_lock = threading.Lock()
@@ -333,18 +412,25 @@ is_capturing = torch._C._cuda_isCurrentStreamCapturing if torch.backends.cuda.is
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; binding.raw_stream's
 
 
-def source(layout: str, result: str, cuda: bool = True) -> str:
-    """The text of the warm path for a layout ("bhsd", "bshd") and result ("forward", "output"), and its describe."""
+def source(layout: str, result: str, cuda: bool = True, cpp: bool = False) -> str:
+    """The text of the warm path for a layout ("bhsd", "bshd") and result ("forward", "output"), and its describe.
+
+    ``cpp``: with the C++ tail (``run_cpp``, ``cpp_record``) in front of the Python one.
+    """
     unpack, permute_in, permute_out = _LAYOUTS[layout]
     lse, returned = _LSE[result]
     names, ints, tails = _int_runs()
     if "lse" not in names:
         raise RuntimeError("hot.py: the binding's parameters no longer read lse.data_ptr()")
+    lookup = _LOOKUP
+    if cpp and set(names) <= set(CPP_POINTERS):  # else a pointer the C++ tail does not know: Python alone
+        lookup = _LOOKUP_CPP.format(lse=(_LSE_CPP[result] or lse).replace("\n    ", "\n        "))
     pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
     aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
     call = _TEMPLATE.format(
         name=f"{result}_{layout}", device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True",
-        lse=lse, pointers=pointers, pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
+        lookup=lookup, lse=lse, pointers=pointers,
+        pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
         ints=ints, result=returned)
     describe = _DESCRIBE.format(
         unpack=unpack, permute_in="qs_in, ks_in, vs_in, causal_in, scale_in = qs, ks, vs, causal, scale\n    "
@@ -359,14 +445,18 @@ def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None
     return None
 
 
-def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> Any:
+def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, **namespace: Any) -> Any:
     """The warm-path function for a layout ("bhsd", "bshd") and result ("forward": (out, lse); "output": out).
 
     ``cuda=False`` and ``namespace`` overrides serve the CPU tests and
     benchmarks/profile_hot.py, which run this same text on CPU tensors with a
-    fake driver (there is no other use for them).
+    fake driver (there is no other use for them). The C++ tail is in the text when its module is built for this
+    torch and enabled (driver/hotpath.py) and the launch helper is there; ``cpp``: False, or the module to use.
     """
     name = f"{result}_{layout}"
+    if cpp is None:  # a module built from another _hotpath.cpp reads another template: not used until rebuilt
+        cpp = hotpath.module() if fastlaunch.available() else None
+        cpp = cpp if getattr(cpp, "TEMPLATE", None) == CPP_TEMPLATE.format else None
     shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
         "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,
@@ -377,10 +467,11 @@ def generate(layout: str, result: str, cuda: bool = True, **namespace: Any) -> A
         "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,
         "scratch_alloc": binding.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
         "lse_template": lse_template if result == "forward" else _no_template, "lse_stocks": lse_stocks,
-        "restock": restock, "is_capturing": is_capturing,
+        "restock": restock, "is_capturing": is_capturing, "run_cpp": getattr(cpp, "run", None) if cpp else None,
+        "cpp_record": functools.partial(cpp_record, forward=result == "forward"),
     }
     scope.update(namespace)
-    text = source(layout, result, cuda)
+    text = source(layout, result, cuda, cpp=bool(cpp))
     exec(compile(text, f"<{FLASH_FWD.name} warm path: {name}>", "exec"), scope)  # noqa: S102 (our own text)
     return scope[name]
 
@@ -399,3 +490,10 @@ def __getattr__(name: str) -> Any:
         if made is None:
             made = globals()[name] = generate(*_FUNCTIONS[name])
     return made
+
+
+def regenerate() -> None:
+    """Make the warm paths again on their next use: after ``hotpath.enable`` or a build (benchmarks, tests)."""
+    with _generate_lock:
+        for name in _FUNCTIONS:
+            globals().pop(name, None)

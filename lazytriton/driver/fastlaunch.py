@@ -224,6 +224,15 @@ def launcher(driver: tuple[int, ...] | None, function: int, context: int, block:
     return functools.partial(module.launch, pack_plan(driver, function, context, block, shared, slots, descriptors))
 
 
+def plan_bytes(fast: Callable[..., int] | None) -> bytes | bytearray | None:
+    """The plan a launcher from ``launcher`` launches from (the C++ warm path launches the same bytes); else None."""
+    module = _module()
+    if isinstance(fast, functools.partial) and module is not None and fast.func is module.launch:
+        plan: bytes | bytearray = fast.args[0]
+        return plan
+    return None
+
+
 def describe(status: int) -> tuple[str, int]:
     """(which driver call failed, its CUDA error) for a helper status other than 0."""
     if status >= ENCODE_FAILED:

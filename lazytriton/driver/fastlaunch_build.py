@@ -29,12 +29,16 @@ from pathlib import Path
 MODULE = "lazytriton.driver._fastlaunch"
 
 # The plan a launcher holds, as ``fastlaunch.launcher`` packs it (struct "<7Q2I4i", int16 slots, then per host
-# descriptor an lt_desc and, at the end, an lt_desc_cache each: the plan is then a bytearray the helper updates).
-C_SOURCE = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+# descriptor an lt_desc and, at the end, an lt_desc_cache each: the plan is then a bytearray the helper updates),
+# and the launch from it: C that also compiles as C++, included by the C++ warm path (hotpath_build.py).
+PLAN_SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+#ifdef __cplusplus
+#define LT_ALIGN64 alignas(64)
+#else
+#define LT_ALIGN64 _Alignas(64)
+#endif
 
 typedef int (*lt_cu_launch_t)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                               unsigned int, unsigned int, uintptr_t, void **, void **);
@@ -123,118 +127,63 @@ static int lt_encode(const lt_plan *plan, const lt_desc *desc, lt_desc_cache *ca
     return 0;
 }
 
-static int lt_grid(PyObject *value, const char *name, unsigned int *out) {
-    unsigned long v = PyLong_AsUnsignedLong(value);
-    if (v == (unsigned long)-1 && PyErr_Occurred())
-        return -1;
-    if (v == 0 || v > 0x7fffffffUL) {
-        PyErr_Format(PyExc_ValueError, "%s must be in 1..2**31-1, got %lu", name, v);
+/* Reads and checks a plan's header: the bytes fastlaunch.pack_plan packs (a bytearray when it has descriptors). */
+static int lt_plan_read(PyObject *plan_obj, lt_plan *plan, unsigned char **raw, Py_ssize_t *raw_size) {
+    if (PyBytes_Check(plan_obj)) {
+        *raw = (unsigned char *)PyBytes_AS_STRING(plan_obj);
+        *raw_size = PyBytes_GET_SIZE(plan_obj);
+    } else if (PyByteArray_Check(plan_obj)) {
+        *raw = (unsigned char *)PyByteArray_AS_STRING(plan_obj);
+        *raw_size = PyByteArray_GET_SIZE(plan_obj);
+    } else {
+        *raw = NULL;
+        *raw_size = 0;
+    }
+    if (*raw == NULL || *raw_size < (Py_ssize_t)sizeof *plan) {
+        PyErr_SetString(PyExc_TypeError, "launch(): plan must be the bytes fastlaunch.launcher packs");
         return -1;
     }
-    *out = (unsigned int)v;
+    memcpy(plan, *raw, sizeof *plan);
+    if (plan->n_params < 0 || plan->n_params > LT_MAX_PARAMS || plan->n_ints < 0 || plan->n_ints > LT_MAX_PARAMS ||
+        plan->n_floats < 0 || plan->n_floats > LT_MAX_PARAMS || plan->n_descs < 0 || plan->n_descs > LT_MAX_DESCS ||
+        (plan->n_descs > 0 && !PyByteArray_Check(plan_obj)) ||
+        *raw_size != (Py_ssize_t)(sizeof *plan + 2 * (size_t)plan->n_params +
+                                  (sizeof(lt_desc) + sizeof(lt_desc_cache)) * (size_t)plan->n_descs)) {
+        PyErr_SetString(PyExc_ValueError, "launch(): malformed plan");
+        return -1;
+    }
     return 0;
 }
 
-/* launch(plan, grid_x, grid_y, grid_z, stream, ints, floats) -> status
-   plan: bytes, or a bytearray when the kernel takes host descriptors (its tail caches their encoded maps).
+/* Launches a plan's kernel with arguments already converted: ints and floats must have the plan's counts.
    layout[i] says where kernel parameter i lives: >= 0 an index into ints (pointers and integers, 8 bytes
    each; the driver reads 4 of an i32, the low half on little-endian hosts), -1 - j floats[j], LT_NULL_SLOT
    a NULL pointer (a hidden scratch parameter of size 0), LT_DESC_SLOT - d the map of descriptor d (by value).
-   ints and floats must have the plan's lengths.
-   Status: 0, the CUDA error of cuLaunchKernel, LT_PUSH_FAILED + that of cuCtxPushCurrent, or
-   LT_ENCODE_FAILED + that of cuTensorMapEncodeTiled. */
-static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+   Returns 0, the CUDA error of cuLaunchKernel, LT_PUSH_FAILED + that of cuCtxPushCurrent, LT_ENCODE_FAILED +
+   that of cuTensorMapEncodeTiled, or -1 with a Python error set. Runs no Python code: the plan's bytes stay put.
+   Shared by _fastlaunch (C) and _hotpath (C++): both compile this same text. */
+static long lt_plan_launch(PyObject *plan_obj, unsigned int gx, unsigned int gy, unsigned int gz, uintptr_t stream,
+                           const int64_t *ints, Py_ssize_t n_ints, const float *floats, Py_ssize_t n_floats) {
     lt_plan plan;
-    int64_t ints[LT_MAX_PARAMS];
-    float floats[LT_MAX_PARAMS];
     void *params[LT_MAX_PARAMS];
-    _Alignas(64) unsigned char maps[LT_MAX_DESCS][128];
+    LT_ALIGN64 unsigned char maps[LT_MAX_DESCS][128];
     static const int64_t null_value = 0;
-    unsigned int gx, gy, gz;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "launch() takes 7 arguments (%zd given)", nargs);
-        return NULL;
-    }
     unsigned char *raw;
     Py_ssize_t raw_size;
-    if (PyBytes_Check(args[0])) {
-        raw = (unsigned char *)PyBytes_AS_STRING(args[0]);
-        raw_size = PyBytes_GET_SIZE(args[0]);
-    } else if (PyByteArray_Check(args[0])) {
-        raw = (unsigned char *)PyByteArray_AS_STRING(args[0]);
-        raw_size = PyByteArray_GET_SIZE(args[0]);
-    } else {
-        raw = NULL;
-        raw_size = 0;
+    if (lt_plan_read(plan_obj, &plan, &raw, &raw_size) < 0)
+        return -1;
+    if (n_ints != plan.n_ints) {
+        PyErr_Format(PyExc_ValueError, "launch(): ints has %zd items; the kernel takes %d", n_ints, (int)plan.n_ints);
+        return -1;
     }
-    if (raw == NULL || raw_size < (Py_ssize_t)sizeof plan) {
-        PyErr_SetString(PyExc_TypeError, "launch(): plan must be the bytes fastlaunch.launcher packs");
-        return NULL;
-    }
-    memcpy(&plan, raw, sizeof plan);
-    if (plan.n_params < 0 || plan.n_params > LT_MAX_PARAMS || plan.n_ints < 0 || plan.n_ints > LT_MAX_PARAMS ||
-        plan.n_floats < 0 || plan.n_floats > LT_MAX_PARAMS || plan.n_descs < 0 || plan.n_descs > LT_MAX_DESCS ||
-        (plan.n_descs > 0 && !PyByteArray_Check(args[0])) ||
-        raw_size != (Py_ssize_t)(sizeof plan + 2 * (size_t)plan.n_params +
-                                 (sizeof(lt_desc) + sizeof(lt_desc_cache)) * (size_t)plan.n_descs)) {
-        PyErr_SetString(PyExc_ValueError, "launch(): malformed plan");
-        return NULL;
+    if (n_floats != plan.n_floats) {
+        PyErr_Format(PyExc_ValueError, "launch(): floats has %zd items; the kernel takes %d", n_floats,
+                     (int)plan.n_floats);
+        return -1;
     }
     const unsigned char *layout = raw + sizeof plan;
     const unsigned char *descs = layout + 2 * (size_t)plan.n_params;
     unsigned char *caches = (unsigned char *)descs + sizeof(lt_desc) * (size_t)plan.n_descs;
-    if (lt_grid(args[1], "grid_x", &gx) || lt_grid(args[2], "grid_y", &gy) || lt_grid(args[3], "grid_z", &gz))
-        return NULL;
-    unsigned long long stream = PyLong_AsUnsignedLongLong(args[4]);
-    if (stream == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[5], "launch(): ints must be a tuple or list");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    if (n != plan.n_ints) {
-        PyErr_Format(PyExc_ValueError, "launch(): ints has %zd items; the kernel takes %d", n, (int)plan.n_ints);
-        Py_DECREF(seq);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ints[i] = PyLong_AsLongLong(items[i]);
-        if (ints[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-    }
-    Py_DECREF(seq);
-    seq = PySequence_Fast(args[6], "launch(): floats must be a tuple or list");
-    if (seq == NULL)
-        return NULL;
-    n = PySequence_Fast_GET_SIZE(seq);
-    items = PySequence_Fast_ITEMS(seq);
-    if (n != plan.n_floats) {
-        PyErr_Format(PyExc_ValueError, "launch(): floats has %zd items; the kernel takes %d", n,
-                     (int)plan.n_floats);
-        Py_DECREF(seq);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        double value = PyFloat_AsDouble(items[i]);
-        if (value == -1.0 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        floats[i] = (float)value;
-    }
-    Py_DECREF(seq);
-    if (plan.n_descs > 0) { /* converting the arguments ran Python code: find the plan's bytes again */
-        raw = (unsigned char *)PyByteArray_AS_STRING(args[0]);
-        if (PyByteArray_GET_SIZE(args[0]) != raw_size) {
-            PyErr_SetString(PyExc_ValueError, "launch(): the plan changed size");
-            return NULL;
-        }
-        descs = raw + sizeof plan + 2 * (size_t)plan.n_params;
-        caches = (unsigned char *)descs + sizeof(lt_desc) * (size_t)plan.n_descs;
-    }
     for (int32_t d = 0; d < plan.n_descs; d++) {
         lt_desc desc;
         lt_desc_cache cache;
@@ -242,25 +191,25 @@ static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
         memcpy(&cache, caches + sizeof cache * (size_t)d, sizeof cache);
         int status = lt_encode(&plan, &desc, &cache, ints, maps[d]);
         if (status < 0)
-            return NULL;
+            return -1;
         memcpy(caches + sizeof cache * (size_t)d, &cache, sizeof cache);
         if (status > 0)
-            return PyLong_FromLong(status + LT_ENCODE_FAILED);
+            return status + LT_ENCODE_FAILED;
     }
     for (int32_t i = 0; i < plan.n_params; i++) {
         int16_t slot;
         memcpy(&slot, layout + 2 * i, 2);
         if (slot >= 0 && slot < plan.n_ints)
-            params[i] = &ints[slot];
+            params[i] = (void *)&ints[slot];
         else if (slot == LT_NULL_SLOT)
             params[i] = (void *)&null_value;
         else if (slot < 0 && -1 - slot < plan.n_floats)
-            params[i] = &floats[-1 - slot];
+            params[i] = (void *)&floats[-1 - slot];
         else if (slot <= LT_DESC_SLOT && LT_DESC_SLOT - slot < plan.n_descs)
             params[i] = maps[LT_DESC_SLOT - slot];
         else {
             PyErr_Format(PyExc_ValueError, "launch(): malformed plan (slot %d of parameter %d)", slot, i);
-            return NULL;
+            return -1;
         }
     }
     /* Without the GIL, as cffi calls the driver: a launch into a full queue waits for the GPU. */
@@ -280,7 +229,86 @@ static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
             ((lt_cu_ctx_pop_t)(uintptr_t)plan.ctx_pop)(&current);
     }
     Py_END_ALLOW_THREADS
-    return PyLong_FromLong(status);
+    return status;
+}
+"""
+
+# The Python-facing module of the helper: argument conversion, then lt_plan_launch.
+MODULE_SOURCE = r"""
+static int lt_grid(PyObject *value, const char *name, unsigned int *out) {
+    unsigned long v = PyLong_AsUnsignedLong(value);
+    if (v == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    if (v == 0 || v > 0x7fffffffUL) {
+        PyErr_Format(PyExc_ValueError, "%s must be in 1..2**31-1, got %lu", name, v);
+        return -1;
+    }
+    *out = (unsigned int)v;
+    return 0;
+}
+
+/* launch(plan, grid_x, grid_y, grid_z, stream, ints, floats) -> status (see lt_plan_launch).
+   plan: bytes, or a bytearray when the kernel takes host descriptors (its tail caches their encoded maps).
+   ints and floats must have the plan's lengths. */
+static PyObject *lt_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    lt_plan plan;
+    int64_t ints[LT_MAX_PARAMS];
+    float floats[LT_MAX_PARAMS];
+    unsigned int gx, gy, gz;
+    unsigned char *raw;
+    Py_ssize_t raw_size;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "launch() takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (lt_plan_read(args[0], &plan, &raw, &raw_size) < 0)
+        return NULL;
+    if (lt_grid(args[1], "grid_x", &gx) || lt_grid(args[2], "grid_y", &gy) || lt_grid(args[3], "grid_z", &gz))
+        return NULL;
+    unsigned long long stream = PyLong_AsUnsignedLongLong(args[4]);
+    if (stream == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *seq = PySequence_Fast(args[5], "launch(): ints must be a tuple or list");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n_ints = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (n_ints != plan.n_ints) {
+        PyErr_Format(PyExc_ValueError, "launch(): ints has %zd items; the kernel takes %d", n_ints, (int)plan.n_ints);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n_ints; i++) {
+        ints[i] = PyLong_AsLongLong(items[i]);
+        if (ints[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    seq = PySequence_Fast(args[6], "launch(): floats must be a tuple or list");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n_floats = PySequence_Fast_GET_SIZE(seq);
+    items = PySequence_Fast_ITEMS(seq);
+    if (n_floats != plan.n_floats) {
+        PyErr_Format(PyExc_ValueError, "launch(): floats has %zd items; the kernel takes %d", n_floats,
+                     (int)plan.n_floats);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n_floats; i++) {
+        double value = PyFloat_AsDouble(items[i]);
+        if (value == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        floats[i] = (float)value;
+    }
+    Py_DECREF(seq);
+    /* Converting the arguments may have run Python code (a resized bytearray): lt_plan_launch reads it again. */
+    long status = lt_plan_launch(args[0], gx, gy, gz, (uintptr_t)stream, ints, n_ints, floats, n_floats);
+    return status < 0 ? NULL : PyLong_FromLong(status);
 }
 
 static PyMethodDef lt_methods[] = {
@@ -301,6 +329,7 @@ PyMODINIT_FUNC PyInit__fastlaunch(void) {
     return module;
 }
 """
+C_SOURCE = "#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n" + PLAN_SOURCE + MODULE_SOURCE
 
 
 def build(directory: Path | None = None, verbose: bool = False) -> Path:

@@ -1,0 +1,152 @@
+// flash_fwd's warm-path tail in C++: allocate out (and lse), read the pointers, pick the plan, launch.
+//
+// kernels/flash_fwd/hot.py calls run() after its entry lookup, when this module is built for the running
+// torch (lazytriton/driver/hotpath.py loads it; python -m lazytriton.driver.hotpath_build builds it). Every
+// check that decides whether a call may come here stays in Python (hot.py's describe); run() trusts the
+// record hot.py made for the entry. What Python pays per torch call (~1.5 us on the H200 host for an
+// allocation, ~0.3 per data_ptr) is what this file saves.
+//
+// lt_plan.h is fastlaunch_build.PLAN_SOURCE, written beside this file at build time: the plan layout and the
+// launch (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "lt_plan.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+enum Pointer { Q, K, V, OUT, LSE, N_POINTERS };
+
+// The template of one describe entry (hot.py's CPP_TEMPLATE packs it, LT_TEMPLATE_FORMAT), followed by
+// n_ints int64 values (the constant parameters; pointer slots hold 0) and n_floats float32 values.
+struct Template {
+    int64_t lse_shape[3];              // (b, hq, sq)
+    uint32_t grid[2][3];               // [aligned, not aligned] (grid_x, grid_y, grid_z)
+    int32_t strides_aligned;           // the alignment rule's part the strides decide (describe)
+    int32_t forward;                   // 1: allocate lse, return (out, lse); 0: lse at lse_address, return out
+    int32_t n_ints, n_floats;
+    int16_t pointer_slot[N_POINTERS];  // the int slot taking q, k, v, out, lse's address; -1: none
+    int16_t align_mask;                // bit p: pointer p enters the alignment rule (binding.ALIGNED_SOURCE)
+};
+#define LT_TEMPLATE_FORMAT "<3q6I4i6h4x"  // the module's TEMPLATE: hot.py uses it only when its own is the same
+static_assert(sizeof(Template) == 80, "Template must be what LT_TEMPLATE_FORMAT packs");
+
+// run(q, k, v, stream, lse_address, record) -> out | (out, lse) | None
+// record: (template bytes, plan aligned, plan not aligned, fail aligned, fail not aligned); a plan is
+// fastlaunch.pack_plan's bytes, or None while the general path has not memoised it (run returns None: the
+// caller goes on in Python). fail is the kernel's LoadedKernel.fail, called with (status, grid) to raise.
+PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    HANDLE_TH_ERRORS  // a c10::Error becomes the Python exception torch raises for it (OutOfMemoryError, ...)
+    if (nargs != 6 || !PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) != 5 ||
+        !PyBytes_Check(PyTuple_GET_ITEM(args[5], 0))) {
+        PyErr_SetString(PyExc_TypeError, "run(q, k, v, stream, lse_address, record): hot.py's record expected");
+        return nullptr;
+    }
+    if (!THPVariable_CheckExact(args[0]) || !THPVariable_CheckExact(args[1]) || !THPVariable_CheckExact(args[2]))
+        Py_RETURN_NONE;  // a tensor subclass: hot.py's Python path (torch.empty_like dispatches on it)
+    PyObject *record = args[5];
+    PyObject *raw = PyTuple_GET_ITEM(record, 0);
+    Template t;
+    if (PyBytes_GET_SIZE(raw) < (Py_ssize_t)sizeof t) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed template");
+        return nullptr;
+    }
+    memcpy(&t, PyBytes_AS_STRING(raw), sizeof t);
+    if (t.n_ints < 0 || t.n_ints > LT_MAX_PARAMS || t.n_floats < 0 || t.n_floats > LT_MAX_PARAMS ||
+        PyBytes_GET_SIZE(raw) != (Py_ssize_t)(sizeof t + 8 * (size_t)t.n_ints + 4 * (size_t)t.n_floats)) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed template");
+        return nullptr;
+    }
+    unsigned long long stream = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long lse_address = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred())
+        return nullptr;
+    const at::Tensor &q = THPVariable_Unpack(args[0]);
+    const at::Tensor &k = THPVariable_Unpack(args[1]);
+    const at::Tensor &v = THPVariable_Unpack(args[2]);
+    at::Tensor out = at::empty_like(q);  // torch.empty_like(q): q's dtype and device, its strides when dense
+    at::Tensor lse;
+    if (t.forward) {  // on the current stream; during a capture, from the graph's pool
+        lse = at::empty({t.lse_shape[0], t.lse_shape[1], t.lse_shape[2]}, q.options().dtype(at::kFloat));
+        lse_address = (uintptr_t)lse.const_data_ptr();
+    }
+    int64_t address[N_POINTERS];
+    address[Q] = (int64_t)(uintptr_t)q.const_data_ptr();
+    address[K] = (int64_t)(uintptr_t)k.const_data_ptr();
+    address[V] = (int64_t)(uintptr_t)v.const_data_ptr();
+    address[OUT] = (int64_t)(uintptr_t)out.const_data_ptr();
+    address[LSE] = (int64_t)lse_address;
+    int64_t low_bits = 0;
+    for (int p = 0; p < N_POINTERS; p++)
+        if (t.align_mask & (1 << p))
+            low_bits |= address[p];
+    int which = t.strides_aligned && !(low_bits & 15) ? 0 : 1;
+    PyObject *plan = PyTuple_GET_ITEM(record, 1 + which);
+    if (plan == Py_None)
+        Py_RETURN_NONE;  // not memoised yet: hot.py's Python path, then the general path, fill it
+    int64_t ints[LT_MAX_PARAMS];
+    float floats[LT_MAX_PARAMS];
+    memcpy(ints, PyBytes_AS_STRING(raw) + sizeof t, 8 * (size_t)t.n_ints);
+    memcpy(floats, PyBytes_AS_STRING(raw) + sizeof t + 8 * (size_t)t.n_ints, 4 * (size_t)t.n_floats);
+    for (int p = 0; p < N_POINTERS; p++)
+        if (t.pointer_slot[p] >= 0 && t.pointer_slot[p] < t.n_ints)
+            ints[t.pointer_slot[p]] = address[p];
+    const uint32_t *grid = t.grid[which];
+    long status = lt_plan_launch(plan, grid[0], grid[1], grid[2], (uintptr_t)stream, ints, t.n_ints, floats,
+                                 t.n_floats);
+    if (status < 0)
+        return nullptr;
+    if (status > 0) {  // the kernel's fail raises the DriverError naming the call and the CUDA error
+        PyObject *raised = PyObject_CallFunction(PyTuple_GET_ITEM(record, 3 + which), "l(III)", status, grid[0],
+                                                 grid[1], grid[2]);
+        Py_XDECREF(raised);
+        if (raised != nullptr)
+            PyErr_Format(PyExc_RuntimeError, "launch failed with status %ld", status);
+        return nullptr;
+    }
+    if (!t.forward)
+        return THPVariable_Wrap(std::move(out));
+    PyObject *out_obj = THPVariable_Wrap(std::move(out));
+    PyObject *lse_obj = out_obj != nullptr ? THPVariable_Wrap(std::move(lse)) : nullptr;
+    if (lse_obj == nullptr) {
+        Py_XDECREF(out_obj);
+        return nullptr;
+    }
+    PyObject *pair = PyTuple_New(2);
+    if (pair == nullptr) {
+        Py_DECREF(out_obj);
+        Py_DECREF(lse_obj);
+        return nullptr;
+    }
+    PyTuple_SET_ITEM(pair, 0, out_obj);
+    PyTuple_SET_ITEM(pair, 1, lse_obj);
+    return pair;
+    END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef methods[] = {
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "run(q, k, v, stream, lse_address, record) -> out | (out, lse) | None: flash_fwd's warm-path tail"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hotpath", nullptr, -1, methods,
+                          nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    PyObject *module = PyModule_Create(&module_def);
+    if (module != nullptr && (PyModule_AddStringConstant(module, "TORCH_VERSION", LT_TORCH_VERSION) < 0 ||
+                              PyModule_AddIntConstant(module, "PLAN_VERSION", LT_PLAN_VERSION) < 0 ||
+                              PyModule_AddStringConstant(module, "TEMPLATE", LT_TEMPLATE_FORMAT) < 0)) {
+        Py_DECREF(module);
+        return nullptr;
+    }
+    return module;
+}

@@ -1,0 +1,98 @@
+"""flash_fwd's C++ warm-path tail (``_hotpath.cpp``), when it is built for exactly the running torch.
+
+``python -m lazytriton.driver.hotpath_build`` compiles it into this package's
+folder. A C++ extension is bound to the torch it was compiled against (its
+ABI, its symbols), so its file name carries that torch's version and only
+the file named for the running version is ever loaded; the module says the
+version again (``TORCH_VERSION``) and a mismatch is refused too. Anything
+else (not built, another torch, another plan layout) logs once and the warm
+path stays in Python (kernels/flash_fwd/hot.py), as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import importlib.util
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("lazytriton.driver")
+
+MODULE = "lazytriton.driver._hotpath"
+_enabled = [True]
+
+
+def file_name(torch_version: str) -> str:
+    """The built module's file name for one torch version (the version's odd characters as ``_``)."""
+    tag = re.sub(r"[^A-Za-z0-9.+-]", "_", torch_version)
+    return f"_hotpath.torch-{tag}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def load(directory: Path, torch_version: str, plan_version: int) -> Any:
+    """The module built for ``torch_version`` in ``directory``, or None (and one log line saying why).
+
+    Imports only the file named for that version, then checks what it says
+    it was built against: ``TORCH_VERSION`` and the launch plan's layout.
+    """
+    path = Path(directory) / file_name(torch_version)
+    if not path.is_file():
+        others = sorted(p.name for p in Path(directory).glob("_hotpath.torch-*") if p.suffix == ".so")
+        if others:
+            log.warning("the C++ warm path is built for another torch (%s), not torch %s: the Python warm path "
+                        "until it is rebuilt (python -m lazytriton.driver.hotpath_build)", ", ".join(others),
+                        torch_version)
+        else:
+            log.debug("the C++ warm path is not built (python -m lazytriton.driver.hotpath_build)")
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(MODULE, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no loader for {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as exc:  # built for another Python, a broken file
+        log.warning("the C++ warm path %s does not load (%s): the Python warm path", path, exc)
+        return None
+    built_for = getattr(module, "TORCH_VERSION", None)
+    if built_for != torch_version:
+        log.warning("the C++ warm path %s was built against torch %s, this is torch %s: not used", path, built_for,
+                    torch_version)
+        return None
+    if getattr(module, "PLAN_VERSION", None) != plan_version:
+        log.warning("the C++ warm path %s reads launch plan version %s, this lazytriton packs %s: not used until "
+                    "it is rebuilt", path, getattr(module, "PLAN_VERSION", None), plan_version)
+        return None
+    return module
+
+
+@functools.cache
+def _module() -> Any:
+    import torch
+
+    from lazytriton.driver import fastlaunch
+
+    return load(Path(__file__).resolve().parent, torch.__version__, fastlaunch.PLAN_VERSION)
+
+
+def module() -> Any:
+    """The loaded module for the running torch, or None (not built, another torch, or ``enable(False)``)."""
+    return _module() if _enabled[0] else None
+
+
+def enable(on: bool) -> bool:
+    """Use the C++ tail in warm paths generated from now on (when built); the previous setting (tests, benchmarks).
+
+    ``hot.regenerate()`` makes the warm paths again under the new setting.
+    """
+    previous = _enabled[0]
+    _enabled[0] = on
+    return previous
+
+
+def refresh() -> bool:
+    """Look for the module again (after ``hotpath_build.build()`` in this process); whether it loads now."""
+    _module.cache_clear()
+    return _module() is not None

@@ -1,0 +1,301 @@
+"""The C++ warm-path tail (lazytriton/driver/_hotpath.cpp) launches exactly what the Python tail launches.
+
+On CPU: the extension is built once for this session against the installed
+torch (a missing C++ compiler or header fails the test, with the build's own
+message). The warm path's generated text runs on CPU tensors (``cuda=False``)
+through the real ``CudaApi``, ``LoadedKernel`` and compiled launch helper on
+the fake libcuda (tests/fake_libcuda.py), once with the C++ tail and once
+without; the fake's record of each launch (every parameter's bytes, grid,
+block, stream) must agree, field by field, with ``binding.pack``. On a GPU:
+results and CUDA graph capture through the loaded module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fake_libcuda import Fake
+from fake_libcuda import build as build_fake
+from test_driver import _entry
+from test_flash_fwd import make_qkv, on_gpu
+from test_hot import CPU_CASES, _inputs
+
+import lazytriton
+from lazytriton import runtime
+from lazytriton.driver import DriverError, fastlaunch, fastlaunch_build, gpu, hotpath, hotpath_build
+from lazytriton.kernels import get
+from lazytriton.kernels.flash_fwd import binding, hot
+
+ARG_TYPES = tuple(t for t in get("flash_fwd").signature("bf16").values() if t != "constexpr")
+SIZES = [4 if t in ("i32", "fp32") else 8 for t in ARG_TYPES] + [8, 8]  # + the 2 hidden scratch pointers
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The extension, built once per session into a temporary folder; the test fails when it cannot be built."""
+    try:
+        return hotpath_build.build(tmp_path_factory.mktemp("hotpath"))
+    except hotpath_build.BuildError as exc:
+        pytest.fail(f"the C++ warm path must build here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def cpp(built: Path) -> Any:
+    module = hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION)
+    assert module is not None, f"{built} was built for this torch and must load"
+    return module
+
+
+@pytest.fixture(scope="module")
+def helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The compiled launch helper (its plans are what the C++ tail launches from), installed or built here."""
+    if fastlaunch.available():
+        return importlib.import_module(fastlaunch.MODULE)
+    path = fastlaunch_build.build(tmp_path_factory.mktemp("fastlaunch"))
+    spec = importlib.util.spec_from_file_location(fastlaunch.MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> Fake:
+    library = build_fake(tmp_path_factory.mktemp("fakecuda"))
+    if library is None:
+        pytest.fail("no C compiler for the fake libcuda")
+    made = Fake(library)
+    made.library = library  # type: ignore[attr-defined]
+    return made
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.plans: dict[Any, Any] = {}
+
+
+def _paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, result: str, layout: str,
+           spare: torch.Tensor) -> tuple[_Runtime, Any, dict[str, Any], list[Any]]:
+    """(runtime, kernel on the fake, {"python": fn, "cpp": fn}, what run_cpp returned) for one warm path."""
+    monkeypatch.setattr(fastlaunch, "_module", lambda: helper)
+    kernel = gpu.CudaApi(str(fake.library)).load(_entry(ARG_TYPES), 0)  # type: ignore[attr-defined]
+    assert fastlaunch.plan_bytes(kernel.fast) is not None
+    fake.configure(SIZES)
+    rt, served = _Runtime(), []
+
+    def run(*args: Any) -> Any:
+        done = cpp.run(*args)
+        served.append(done)
+        return done
+
+    scope = {"get_runtime": lambda: rt, "raw_stream": lambda di: 0x5EED,
+             "SPARE": {-1: (spare.numel(), spare.data_ptr())},
+             "lse_template": lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s)}
+    paths = {"python": hot.generate(layout, result, cuda=False, cpp=False, **scope),
+             "cpp": hot.generate(layout, result, cuda=False, cpp=cpp, **scope, run_cpp=run)}
+    return rt, kernel, paths, served
+
+
+def _launched(fake: Fake) -> tuple[list[int], list[float], dict[str, int]]:
+    """(ints, floats, state) of the fake's last launch, decoded by parameter type."""
+    params, state = fake.last_launch()
+    ints: list[int] = []
+    floats: list[float] = []
+    for kind, raw in zip(ARG_TYPES, params, strict=False):
+        if kind == "fp32":
+            floats.append(struct.unpack("<f", raw)[0])
+        else:
+            ints.append(struct.unpack("<i" if kind == "i32" else "<q", raw)[0])
+    return ints, floats, state
+
+
+def _plan(rt: _Runtime, kernel: Any, q: Any, k: Any, v: Any, call: Any, dtype: torch.dtype) -> tuple[bool, bool]:
+    """Memoise the plan under both alignments: block_m 64 when aligned, 32 when not (the grids tell them apart)."""
+    out0, lse0 = binding.empty_outputs(q, call.shape)
+    _, aligned, index64 = binding.pack(q, k, v, out0, lse0, call)
+    for flag, block_m in ((True, 64), (False, 32)):
+        rt.plans[binding.memo_key(-1, dtype, call.shape, call.causal != "none", flag, index64, offset=call.offset,
+                                  scale=call.scale)] = (kernel, block_m)
+    return aligned, index64
+
+
+@pytest.mark.parametrize("result", ["forward", "output"])
+@pytest.mark.parametrize("case", CPU_CASES, ids=str)
+def test_cpp_tail_launches_what_the_python_tail_launches(case: tuple[Any, ...], result: str, fake: Fake, helper: Any,
+                                                         cpp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, _, _, _, causal, scale, dtype, _ = case
+    q, k, v, view = _inputs(case)
+    spare = torch.empty(1 << 16, dtype=torch.float32)
+    rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, result, layout, spare)
+    call = binding.check(view(q), view(k), view(v), causal, scale)
+    _plan(rt, kernel, view(q), view(k), view(v), call, dtype)
+    seen = {}
+    for name, warm in paths.items():
+        for _ in range(2):  # the first call describes the shape, the second is served from its entry
+            done = warm(q, k, v, causal, scale)
+            assert done is not None
+        out, lse = done if result == "forward" else (done, None)
+        ints, floats, state = _launched(fake)
+        if lse is None:  # the spare buffer: what the kernel writes lse into when nobody reads it
+            lse = spare[:call.shape.batch * call.shape.heads_q * call.shape.seqlen_q].view(
+                call.shape.batch, call.shape.heads_q, call.shape.seqlen_q)
+        expected, _, _ = binding.pack(view(q), view(k), view(v), view(out), lse, call)
+        assert ints == list(expected), f"{name}: every int/pointer parameter, in FLASH_FWD.params order"
+        assert floats == [struct.unpack("<f", struct.pack("<f", x))[0] for x in binding.floats(call)], name
+        assert out.dtype == q.dtype and out.shape == q.shape
+        if result == "forward":
+            assert lse.shape == (call.shape.batch, call.shape.heads_q, call.shape.seqlen_q)
+            assert lse.dtype == torch.float32 and lse.is_contiguous()
+        state = {key: state[key] for key in ("grid_x", "grid_y", "grid_z", "block_x", "stream", "function")}
+        seen[name] = (out.stride(), state)
+    assert seen["cpp"] == seen["python"], "the same out strides (empty_like(q)'s) and the same launch"
+    assert len(served) == 2 and all(done is not None for done in served), "the C++ tail served every call"
+
+
+def test_cpp_tail_picks_the_unaligned_plan_for_an_unaligned_pointer(fake: Fake, helper: Any, cpp: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
+    base = torch.randn(2 * 64 * 64 + 1)
+    q = base[1:].view(1, 2, 64, 64)  # 4 bytes off: the pointer is not 16-byte aligned, the strides are
+    k = v = base[:-1].view(1, 2, 64, 64)
+    _plan(rt, kernel, k, k, v, binding.check(k, k, v), torch.float32)
+    grids = {}
+    for name, warm in paths.items():
+        for args in ((q, k, v), (k, k, v)):  # the same sizes and strides: one entry, both plans
+            warm(*args, False, None)
+            warm(*args, False, None)
+            grids[name, args[0] is q] = _launched(fake)[2]["grid_x"]
+    assert grids == {("python", True): 2, ("python", False): 1, ("cpp", True): 2, ("cpp", False): 1}
+    assert served[-1] is not None
+
+
+def test_cpp_tail_leaves_an_unmemoised_plan_to_the_python_tail(fake: Fake, helper: Any, cpp: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, "output", "bhsd", spare)
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
+    call = binding.check(q, k, v)
+    assert paths["cpp"](q, k, v, False, None) is None  # nothing memoised: the general path's turn
+    rt.plans[binding.memo_key(-1, torch.float32, call.shape, False, False, False)] = (kernel, 16)  # unaligned only
+    assert paths["cpp"](q, k, v, False, None) is None  # aligned pointers, no aligned plan: C++ None, Python None
+    assert served == [None]
+    rt.plans[binding.memo_key(-1, torch.float32, call.shape, False, True, False)] = (kernel, 16)
+    assert paths["cpp"](q, k, v, False, None) is not None
+    assert served[-1] is not None, "the record is made again once the plan is memoised"
+
+
+def test_cpp_tail_raises_the_launch_error_as_the_kernel_does(fake: Fake, helper: Any, cpp: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, _ = _paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
+    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
+    fake.configure(SIZES, status=700)
+    for warm in paths.values():
+        with pytest.raises(DriverError, match=r"cuLaunchKernel\(k, grid=\(1, 2, 1\)\) failed: CUDA error 700"):
+            warm(q, k, v, False, None)
+
+
+def test_cpp_tail_declines_tensor_subclasses(fake: Fake, helper: Any, cpp: Any,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
+    class Sub(torch.Tensor):
+        pass
+
+    q, k, v = (t.as_subclass(Sub) for t in make_qkv(1, (2, 2), (16, 16), 32, torch.float32))
+    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
+    out, _ = paths["cpp"](q, k, v, False, None)
+    assert served == [None] and type(out) is Sub, "torch.empty_like's own rules for a subclass: the Python tail"
+
+
+def test_a_module_built_for_another_torch_is_never_loaded(built: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    other = tmp_path / hotpath.file_name("2.11.0")
+    shutil.copyfile(built, other)  # what a build by torch 2.11 left behind
+    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):
+        assert hotpath.load(tmp_path, torch.__version__, fastlaunch.PLAN_VERSION) is None
+    assert "built for another torch" in caplog.text and torch.__version__ in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):  # the file's name lies: the module says
+        assert hotpath.load(tmp_path, "2.11.0", fastlaunch.PLAN_VERSION) is None
+    assert f"built against torch {torch.__version__}, this is torch 2.11.0" in caplog.text
+    assert hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION + 1) is None  # another plan layout
+
+
+def test_the_build_command_takes_torchs_abi_and_version() -> None:
+    argv = hotpath_build.command("g++", Path("/s/_hotpath.cpp"), Path("/o.so"), ["/inc"], ["/lib"], "2.11.0+cu128",
+                                 False, 2)
+    assert "-D_GLIBCXX_USE_CXX11_ABI=0" in argv and '-DLT_TORCH_VERSION="2.11.0+cu128"' in argv
+    assert {"-O2", "-std=c++17", "-ltorch", "-ltorch_cpu", "-lc10", "-ltorch_python"} <= set(argv)
+    with pytest.raises(hotpath_build.BuildError, match="torch version"):
+        hotpath_build.command("g++", Path("/s.cpp"), Path("/o.so"), [], [], '2.11"; rm -rf /', True, 2)
+
+
+def test_the_build_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cpp_extension, "include_paths", lambda *a, **k: ["/no/torch/include"])
+    with pytest.raises(hotpath_build.BuildError) as raised:
+        hotpath_build.toolchain()
+    assert "a C++ compiler" in str(raised.value) and "/no/torch/include" in str(raised.value)
+
+
+@on_gpu
+def test_gpu_cpp_tail_gives_the_python_tails_results_and_captures() -> None:
+    if hotpath.module() is None:
+        pytest.skip("the C++ warm path is not built for this torch (python -m lazytriton.driver.hotpath_build)")
+    if not fastlaunch.available():
+        pytest.skip("the launch helper is not built (python -m lazytriton.driver.fastlaunch_build)")
+    runtime.reset()
+    q, k, v = make_qkv(2, (4, 2), (300, 257), 64, torch.bfloat16, device="cuda", seed=11)
+    lazytriton.attn_fwd(q, k, v, causal="bottom_right")  # memoise the plan
+    lazytriton.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    served: list[Any] = []
+
+    def run(*args: Any) -> Any:
+        done = hotpath.module().run(*args)
+        served.append(done)
+        return done
+
+    results = {}
+    for name, cpp in (("python", False), ("cpp", hotpath.module())):
+        extra = {"run_cpp": run} if cpp else {}
+        forward = hot.generate("bhsd", "forward", cpp=cpp, **extra)
+        output = hot.generate("bhsd", "output", cpp=cpp, **extra)
+        results[name] = (forward(q, k, v, "bottom_right", None), output(q, k, v, False, None))
+    torch.cuda.synchronize()
+    assert served and all(done is not None for done in served)
+    (out_p, lse_p), sdpa_p = results["python"]
+    (out_c, lse_c), sdpa_c = results["cpp"]
+    assert torch.equal(out_p, out_c) and torch.equal(lse_p, lse_c) and torch.equal(sdpa_p, sdpa_c)
+    assert out_c.stride() == out_p.stride() and lse_c.stride() == lse_p.stride()
+
+    forward = hot.generate("bhsd", "forward", cpp=hotpath.module())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        forward(q, k, v, "bottom_right", None)
+        with torch.cuda.graph(graph):
+            captured = forward(q, k, v, "bottom_right", None)
+    torch.cuda.current_stream().wait_stream(stream)
+    fresh = make_qkv(2, (4, 2), (300, 257), 64, torch.bfloat16, device="cuda", seed=12)
+    for old, new in zip((q, k, v), fresh, strict=True):
+        old.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    expect_out, expect_lse = binding.forward(q, k, v, binding.check(q, k, v, "bottom_right"))
+    assert torch.equal(captured[0], expect_out) and torch.equal(captured[1], expect_lse)
+    runtime.reset()
