@@ -76,8 +76,10 @@ case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $
   python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" ${PREWARM_ARGS:-} 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
 esac
 case " $* " in *" newtests "*)  # the GPU tests of the newest features (NEWTESTS overrides the list)
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.driver.hotpath_build >/dev/null || true
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \
-    tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
+    tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py tests/test_bwd_split.py tests/test_kvcache_append.py \
+    tests/test_capi_kvcache.py tests/test_gluon_fwd_hd256.py tests/test_hotpath_cpp.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
     | tee "$OUT/new_gpu_tests.log" | tail -12 ;;
 esac
 case " $* " in *" host "*)  # host time of a warm eager call per launch path, beside torch.add (builds the launch helper)

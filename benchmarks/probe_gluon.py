@@ -27,7 +27,7 @@ says what happened:
 Logs go to ``$OUT`` (``probe_gluon.log``, ``probe_gluon.csv``) when set; the
 summary table comes last. Usage:
 
-    python benchmarks/probe_gluon.py [--quick] [--sweep] [--deadline S]
+    python benchmarks/probe_gluon.py [--quick] [--sweep] [--head-dims 64,128,256] [--deadline S]
 
 Needs an sm_90 GPU. Compiles with the installed Triton (3.6 on the H200 host).
 """
@@ -211,7 +211,7 @@ def compile_list(args: argparse.Namespace) -> list[Any]:
 
     found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer,
                            pingpong=pingpong)
-             for dtype in ("bf16", "fp16") for d in gluon.HEAD_DIMS for causal in ("none", "top_left")
+             for dtype in ("bf16", "fp16") for d in head_dims(args) for causal in ("none", "top_left")
              for tiles, producer, pingpong in tiles_for(args, d)]
     return list(dict.fromkeys(v for v in found if v is not None))
 
@@ -238,7 +238,7 @@ def job_compile(args: argparse.Namespace, shard: int) -> None:
 def job_check(args: argparse.Namespace, index: int) -> None:
     """O and lse of one CHECKS shape against float32, beside the current flash_fwd's error."""
     torch, dispatch, binding = _setup()
-    dtype, b, hq, hk, sq, sk, d, causal, layout = CHECKS[index]
+    dtype, b, hq, hk, sq, sk, d, causal, layout = checks(args)[index]
     q, k, v = _tensors(torch, dtype, b, hq, hk, sq, sk, d, layout)
     call = binding.check(q, k, v, causal if causal != "none" else False)
     ref_out, ref_lse = _reference(torch, q, k, v, call)
@@ -252,7 +252,7 @@ def job_check(args: argparse.Namespace, index: int) -> None:
         got = (float(err.max()), float((lse - ref_lse).abs().max()))
         ok = all(math.isfinite(g) and g <= 2 * bb + 1e-4 for g, bb in zip(got, base, strict=True))
         where = "" if ok else _where(torch, err, int(variant.get("BLOCK_M")))
-        print("RESULT " + json.dumps({"shape": CHECKS[index], "tiles": label(tiling), "variant": str(variant),
+        print("RESULT " + json.dumps({"shape": checks(args)[index], "tiles": label(tiling), "variant": str(variant),
                                       "ok": ok, "out_err": got[0], "lse_err": got[1], "base_out_err": base[0],
                                       "base_lse_err": base[1], "where": where}), flush=True)
 
@@ -323,10 +323,23 @@ def label(tiling: Tiling) -> str:
     return f"gluon{list(tiling[0])}" + ("+producer" if tiling[1] else "")
 
 
+def head_dims(args: argparse.Namespace) -> list[int]:
+    """The head dims this run covers (``--head-dims``; every one of gluon's by default)."""
+    from lazytriton.kernels.flash_fwd import gluon
+
+    chosen = getattr(args, "head_dims", "")  # the tests' namespaces leave it out
+    wanted = {int(d) for d in chosen.split(",") if d} if chosen else set(gluon.HEAD_DIMS)
+    return [d for d in gluon.HEAD_DIMS if d in wanted]
+
+
+def checks(args: argparse.Namespace) -> list[tuple[Any, ...]]:
+    return [case for case in CHECKS if case[6] in head_dims(args)]
+
+
 def time_shapes(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
     seqlens = QUICK_SEQLENS if args.quick else SEQLENS
-    shapes = [("bf16", d, causal, s) for d in (64, 128, 256) for causal in (False, True) for s in seqlens]
-    if not args.quick:
+    shapes = [("bf16", d, causal, s) for d in head_dims(args) for causal in (False, True) for s in seqlens]
+    if not args.quick and 128 in head_dims(args):
         shapes += [("fp16", 128, causal, 4096) for causal in (False, True)]
     return shapes
 
@@ -340,6 +353,7 @@ def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | No
     cmd = [sys.executable, str(Path(__file__).resolve()), "--job", job, "--index", str(index), "--reps",
            str(args.reps), "--jobs", str(args.jobs), "--skip", ",".join(sorted(args.skip))]
     cmd += (["--sweep"] if args.sweep else []) + (["--quick"] if args.quick else [])
+    cmd += ["--head-dims", args.head_dims] if getattr(args, "head_dims", "") else []
     began = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
@@ -383,9 +397,9 @@ def time_suspect(args: argparse.Namespace, head_dim: int, results: list[dict[str
     return pending[0] if pending else None
 
 
-def check_line(r: dict[str, Any]) -> str:
+def check_line(args: argparse.Namespace, r: dict[str, Any]) -> str:
     if "crash" in r:
-        return f"check {CHECKS[r['index']]}: CRASHED or HUNG (exit {r['crash']})"
+        return f"check {checks(args)[r['index']]}: CRASHED or HUNG (exit {r['crash']})"
     verdict = "ok  " if r["ok"] else "FAIL"
     return (f"check {verdict} {tuple(r['shape'])} {r['tiles']}: out err {r['out_err']:.2e} "
             f"(flash_fwd {r['base_out_err']:.2e}), lse err {r['lse_err']:.2e} (flash_fwd {r['base_lse_err']:.2e})"
@@ -459,6 +473,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=30, help="timed runs per median")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel compile processes")
     parser.add_argument("--only", choices=("compile", "check", "time"), action="append", help="stages to run")
+    parser.add_argument("--head-dims", default="", help="comma-separated head dims to compile, check and time "
+                        "(default: every one gluon serves)")
     parser.add_argument("--skip", default="", help="comma-separated gluon tilings not to run (as the table names them)")
     parser.add_argument("--job", choices=("compile", "check", "time"), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -510,13 +526,13 @@ def main() -> int:
             log(line, logfile)
             summary += [line] if not r.get("ok") else []
     if "check" in stages:
-        for i in range(len(CHECKS)):
+        for i in range(len(checks(args))):
             got = run_child(args, "check", i, logfile)
             for r in got:
-                line = check_line(r)
+                line = check_line(args, r)
                 log(line, logfile)
                 summary += [line] if "FAIL" in line or "CRASH" in line else []
-            bad = suspects(args, CHECKS[i][6], got)
+            bad = suspects(args, checks(args)[i][6], got)
             if bad - args.skip:
                 log(f"  not timed from here on (wrong, crashed or hung): {sorted(bad - args.skip)}", logfile)
                 args.skip |= bad

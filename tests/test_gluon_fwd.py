@@ -265,6 +265,9 @@ def test_every_probe_shape_is_one_the_kernel_takes(probe: ModuleType) -> None:
                                 tiles[1]) is None
     assert {d for *_, d, _, _ in probe.CHECKS} == set(gluon.HEAD_DIMS)  # the checks cover every head dim
     assert {d for _, d, _, _ in probe.time_shapes(argparse.Namespace(quick=True))} == set(gluon.HEAD_DIMS)
+    only = argparse.Namespace(quick=True, sweep=True, skip=set(), head_dims="256")  # --head-dims 256
+    assert {d for _, d, _, _ in probe.time_shapes(only)} == {256} == {case[6] for case in probe.checks(only)}
+    assert {v.get("BLOCK_D") for v in probe.compile_list(only)} == {256}
 
 
 def test_the_table_gives_ratios_and_the_best_tiling(probe: ModuleType) -> None:
@@ -285,7 +288,7 @@ def test_a_crashing_child_is_reported_and_the_run_goes_on(probe: ModuleType, tmp
     got = probe.run_child(args, "check", 0, log)
     assert got == [{"job": "check", "index": 0, "crash": 1}]
     assert "exited 1" in log.read_text()
-    assert "CRASHED or HUNG" in probe.check_line(got[0])
+    assert "CRASHED or HUNG" in probe.check_line(args, got[0])
 
 
 def test_the_producer_warp_loads_and_the_consumers_release_by_arrive() -> None:

@@ -12,6 +12,7 @@ results and CUDA graph capture through the loaded module.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import logging
@@ -203,6 +204,43 @@ def test_cpp_tail_raises_the_launch_error_as_the_kernel_does(fake: Fake, helper:
     for warm in paths.values():
         with pytest.raises(DriverError, match=r"cuLaunchKernel\(k, grid=\(1, 2, 1\)\) failed: CUDA error 700"):
             warm(q, k, v, False, None)
+
+
+def test_cpp_tail_hands_out_the_stocks_lse_and_checks_one_it_is_given(fake: Fake, helper: Any, cpp: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
+    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
+    (_, first), (_, second) = paths["cpp"](q, k, v, False, None), paths["cpp"](q, k, v, False, None)
+    assert all(done is not None for done in served), "the C++ tail served both calls"
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr(), "stock-mates: one block"
+    assert first.data_ptr() != second.data_ptr() and first.shape == (1, 2, 16) and first.is_contiguous()
+    assert second.data_ptr() in _launched(fake)[0], "the kernel writes the stock's lse"
+    (entry,) = paths["cpp"].__globals__["SHAPES"].values()
+    record = entry[12]
+    for bad in (torch.empty(1, 2, 15), torch.empty(1, 2, 16, dtype=torch.float64), torch.empty(1, 2, 32)[..., ::2]):
+        with pytest.raises(ValueError, match="lse is not a contiguous float32"):
+            cpp.run(q, k, v, 7, {7: [bad]}, record)
+    for bad in (1234, [torch.empty(1, 2, 16)]):
+        with pytest.raises(TypeError, match="lse must be the entry's stocks"):
+            cpp.run(q, k, v, 7, bad, record)
+    stocks: dict[int, list[torch.Tensor]] = {7: [], 8: [torch.empty(1, 2, 16)]}
+    refill = record[5]
+    record = (*record[:5], functools.partial(refill.func, stocks, *refill.args[1:]))
+    _, lse = cpp.run(q, k, v, 7, stocks, record)  # an empty stock: restocked, one handed out, the rest kept
+    assert lse.shape == (1, 2, 16) and len(stocks[7]) > 1 and all(t.shape == (1, 2, 16) for t in stocks[7])
+    assert lse.untyped_storage().data_ptr() == stocks[7][0].untyped_storage().data_ptr()
+    kept = stocks[8][0]
+    assert cpp.run(q, k, v, 8, stocks, record)[1] is kept and stocks[8] == [], "the stock's own tensor, popped"
+    out, lse = cpp.run(q, k, v, 0, None, record)  # None: allocated here
+    assert lse.shape == (1, 2, 16) and lse.dtype == torch.float32 and out.shape == q.shape
+    monkeypatch.setattr(hot, "CPP_LSE_STOCKS", False)  # bench_host's "C++ tail, lse allocated"
+    rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
+    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
+    (_, first), (_, second) = paths["cpp"](q, k, v, False, None), paths["cpp"](q, k, v, False, None)
+    assert len(served) == 2 and None not in served
+    assert first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr(), "two allocations"
 
 
 def test_cpp_tail_declines_tensor_subclasses(fake: Fake, helper: Any, cpp: Any,

@@ -166,7 +166,13 @@ _LOOKUP_CPP = """if known is None or known[0] is not plans:
             return done
         known[12] = None  # a plan not memoised yet: the record is made again once it is
     out = empty_like(q)"""
-_LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = 0  # run_cpp allocates lse", "output": None}
+# The forward's lse for run_cpp: its stocks (run_cpp pops one, see lse_stocks), or None: run_cpp allocates it (a
+# large lse; a capture's comes from the graph's pool). CPP_LSE_STOCKS False: run_cpp always allocates (at::empty);
+# benchmarks/bench_host.py times both ("C++ tail" and "C++ tail, lse allocated").
+CPP_LSE_STOCKS = True
+_LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = None if stream and is_capturing() else known[1]",
+            "forward_allocated": "stream = raw_stream(di)\n    lse_ptr = None  # run_cpp allocates lse",
+            "output": None}
 
 _LAYOUTS = {
     "bhsd": ("b, hq, sq, d = qshape\n    bk, hk, sk, dk = kshape", "", ""),
@@ -264,7 +270,7 @@ CPP_POINTERS = ("q", "k", "v", "out", "lse")
 
 
 def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None:
-    """The entry's record for ``run_cpp``: (template, plan aligned, plan not, fail aligned, fail not).
+    """The entry's record for ``run_cpp``: (template, plan aligned, plan not, fail aligned, fail not, restock).
 
     Written once per entry (and again when a plan is memoised later) from
     describe's constant int runs, in ``binding.PLAIN_INTS_SOURCE`` order with
@@ -298,7 +304,9 @@ def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None
         entry[12] = False
         return False
     fails = [getattr(kernel, "fail", None) for kernel in kernels]
-    record = (template, *plans, *fails)
+    stocks = entry[1]
+    refill = functools.partial(restock, stocks, entry[11]) if forward and stocks is not None else None
+    record = (template, *plans, *fails, refill)
     entry[12] = record
     return record
 
@@ -424,7 +432,8 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False) -> st
         raise RuntimeError("hot.py: the binding's parameters no longer read lse.data_ptr()")
     lookup = _LOOKUP
     if cpp and set(names) <= set(CPP_POINTERS):  # else a pointer the C++ tail does not know: Python alone
-        lookup = _LOOKUP_CPP.format(lse=(_LSE_CPP[result] or lse).replace("\n    ", "\n        "))
+        cpp_lse = _LSE_CPP["forward_allocated" if result == "forward" and not CPP_LSE_STOCKS else result]
+        lookup = _LOOKUP_CPP.format(lse=(cpp_lse or lse).replace("\n    ", "\n        "))
     pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
     aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
     call = _TEMPLATE.format(

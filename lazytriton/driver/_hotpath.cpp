@@ -36,15 +36,50 @@ struct Template {
 #define LT_TEMPLATE_FORMAT "<3q6I4i6h4x"  // the module's TEMPLATE: hot.py uses it only when its own is the same
 static_assert(sizeof(Template) == 80, "Template must be what LT_TEMPLATE_FORMAT packs");
 
-// run(q, k, v, stream, lse_address, record) -> out | (out, lse) | None
-// record: (template bytes, plan aligned, plan not aligned, fail aligned, fail not aligned); a plan is
+// A new reference, released when it goes out of scope (an early return, a C++ exception).
+struct Owned {
+    PyObject *p = nullptr;
+    ~Owned() { Py_XDECREF(p); }
+    PyObject *release() {
+        PyObject *q = p;
+        p = nullptr;
+        return q;
+    }
+};
+
+// The next lse of a forward_* entry's stock for this stream (hot.py's lse_stocks: dict stream -> list of lse
+// tensors, views of one block), popped here; an empty or missing stock is refilled by the record's restock
+// (hot.restock bound to the entry's stocks and lse template), called with the stream. A new reference, or
+// nullptr with an exception set.
+PyObject *next_lse(PyObject *stocks, PyObject *stream, PyObject *restock) {
+    PyObject *stock = PyDict_GetItemWithError(stocks, stream);  // borrowed
+    if (stock == nullptr && PyErr_Occurred())
+        return nullptr;
+    Py_ssize_t n = stock != nullptr && PyList_CheckExact(stock) ? PyList_GET_SIZE(stock) : 0;
+    if (n == 0)
+        return PyObject_CallOneArg(restock, stream);
+    PyObject *lse = PyList_GET_ITEM(stock, n - 1);
+    Py_INCREF(lse);
+    if (PyList_SetSlice(stock, n - 1, n, nullptr) < 0) {
+        Py_DECREF(lse);
+        return nullptr;
+    }
+    return lse;
+}
+
+// run(q, k, v, stream, lse, record) -> out | (out, lse) | None
+// lse: an output_* call passes the address (int) of a buffer nobody reads; a forward_* call passes the entry's
+// lse stocks (a dict, see next_lse), or None to have its lse allocated here (a large lse; during a capture,
+// from the graph's pool).
+// record: (template bytes, plan aligned, plan not aligned, fail aligned, fail not aligned, restock); a plan is
 // fastlaunch.pack_plan's bytes, or None while the general path has not memoised it (run returns None: the
 // caller goes on in Python). fail is the kernel's LoadedKernel.fail, called with (status, grid) to raise.
+// restock: see next_lse (None for an output_* entry).
 PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     HANDLE_TH_ERRORS  // a c10::Error becomes the Python exception torch raises for it (OutOfMemoryError, ...)
-    if (nargs != 6 || !PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) != 5 ||
+    if (nargs != 6 || !PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) != 6 ||
         !PyBytes_Check(PyTuple_GET_ITEM(args[5], 0))) {
-        PyErr_SetString(PyExc_TypeError, "run(q, k, v, stream, lse_address, record): hot.py's record expected");
+        PyErr_SetString(PyExc_TypeError, "run(q, k, v, stream, lse, record): hot.py's record expected");
         return nullptr;
     }
     if (!THPVariable_CheckExact(args[0]) || !THPVariable_CheckExact(args[1]) || !THPVariable_CheckExact(args[2]))
@@ -63,15 +98,37 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         return nullptr;
     }
     unsigned long long stream = PyLong_AsUnsignedLongLong(args[3]);
-    unsigned long long lse_address = PyLong_AsUnsignedLongLong(args[4]);
+    unsigned long long lse_address = t.forward ? 0 : PyLong_AsUnsignedLongLong(args[4]);
     if (PyErr_Occurred())
         return nullptr;
     const at::Tensor &q = THPVariable_Unpack(args[0]);
     const at::Tensor &k = THPVariable_Unpack(args[1]);
     const at::Tensor &v = THPVariable_Unpack(args[2]);
+    Owned stocked;  // a forward's lse from its stock, returned as is
+    if (t.forward && args[4] != Py_None) {
+        if (!PyDict_CheckExact(args[4])) {
+            PyErr_SetString(PyExc_TypeError, "run(): lse must be the entry's stocks (a dict) or None");
+            return nullptr;
+        }
+        stocked.p = next_lse(args[4], args[3], PyTuple_GET_ITEM(record, 5));
+        if (stocked.p == nullptr)
+            return nullptr;
+        // The kernel writes b * hq * sq floats there: hot.py's contract, checked (a few field reads).
+        if (!THPVariable_CheckExact(stocked.p)) {
+            PyErr_SetString(PyExc_TypeError, "run(): a stock's lse must be a tensor");
+            return nullptr;
+        }
+        const at::Tensor &given = THPVariable_Unpack(stocked.p);
+        if (given.scalar_type() != at::kFloat || given.device() != q.device() || !given.is_contiguous() ||
+            given.numel() != t.lse_shape[0] * t.lse_shape[1] * t.lse_shape[2]) {
+            PyErr_SetString(PyExc_ValueError, "run(): lse is not a contiguous float32 (b, hq, sq) tensor on q's device");
+            return nullptr;
+        }
+        lse_address = (uintptr_t)given.const_data_ptr();
+    }
     at::Tensor out = at::empty_like(q);  // torch.empty_like(q): q's dtype and device, its strides when dense
     at::Tensor lse;
-    if (t.forward) {  // on the current stream; during a capture, from the graph's pool
+    if (t.forward && stocked.p == nullptr) {  // on the current stream; during a capture, from the graph's pool
         lse = at::empty({t.lse_shape[0], t.lse_shape[1], t.lse_shape[2]}, q.options().dtype(at::kFloat));
         lse_address = (uintptr_t)lse.const_data_ptr();
     }
@@ -112,7 +169,9 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     if (!t.forward)
         return THPVariable_Wrap(std::move(out));
     PyObject *out_obj = THPVariable_Wrap(std::move(out));
-    PyObject *lse_obj = out_obj != nullptr ? THPVariable_Wrap(std::move(lse)) : nullptr;
+    PyObject *lse_obj = nullptr;
+    if (out_obj != nullptr)
+        lse_obj = stocked.p != nullptr ? stocked.release() : THPVariable_Wrap(std::move(lse));
     if (lse_obj == nullptr) {
         Py_XDECREF(out_obj);
         return nullptr;
@@ -131,7 +190,7 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 
 PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
-     "run(q, k, v, stream, lse_address, record) -> out | (out, lse) | None: flash_fwd's warm-path tail"},
+     "run(q, k, v, stream, lse, record) -> out | (out, lse) | None: flash_fwd's warm-path tail"},
     {nullptr, nullptr, 0, nullptr},
 };
 
