@@ -209,6 +209,7 @@ def test_cpp_tail_raises_the_launch_error_as_the_kernel_does(fake: Fake, helper:
 def test_cpp_tail_hands_out_the_stocks_lse_and_checks_one_it_is_given(fake: Fake, helper: Any, cpp: Any,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     spare = torch.empty(1 << 12, dtype=torch.float32)
+    monkeypatch.setattr(hot, "CPP_LSE_STOCKS", True)
     rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
     q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
     _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
@@ -235,7 +236,7 @@ def test_cpp_tail_hands_out_the_stocks_lse_and_checks_one_it_is_given(fake: Fake
     assert cpp.run(q, k, v, 8, stocks, record)[1] is kept and stocks[8] == [], "the stock's own tensor, popped"
     out, lse = cpp.run(q, k, v, 0, None, record)  # None: allocated here
     assert lse.shape == (1, 2, 16) and lse.dtype == torch.float32 and out.shape == q.shape
-    monkeypatch.setattr(hot, "CPP_LSE_STOCKS", False)  # bench_host's "hot.forward_bhsd, lse allocated"
+    monkeypatch.setattr(hot, "CPP_LSE_STOCKS", False)  # the default (bench_host's "hot.forward_bhsd, lse allocated")
     rt, kernel, paths, served = _paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
     _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
     (_, first), (_, second) = paths["cpp"](q, k, v, False, None), paths["cpp"](q, k, v, False, None)

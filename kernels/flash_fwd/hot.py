@@ -167,9 +167,12 @@ _LOOKUP_CPP = """if known is None or known[0] is not plans:
         known[12] = None  # a plan not memoised yet: the record is made again once it is
     out = empty_like(q)"""
 # The forward's lse for run_cpp: its stocks (run_cpp pops one, see lse_stocks), or None: run_cpp allocates it (a
-# large lse; a capture's comes from the graph's pool). CPP_LSE_STOCKS False: run_cpp always allocates (at::empty);
-# benchmarks/bench_host.py times both ("C++ tail" and "C++ tail, lse allocated").
-CPP_LSE_STOCKS = True
+# large lse; a capture's comes from the graph's pool). CPP_LSE_STOCKS False: run_cpp always allocates (at::empty).
+# Measured (H200 host, bench_host, 12-01): attn_fwd's cost over flash_attn_func's in the same group 1.71 µs with
+# stocks, 1.24 with at::empty; on CPU (profile_hot --cpu-fake) 6.53 against 6.17 µs. A stock's views cost about
+# what at::empty costs in C++ (in Python, an allocation costs more than a view: the Python tail keeps its stocks).
+# bench_host times both in one group ("hot.forward_bhsd, lse stocked" / "lse allocated").
+CPP_LSE_STOCKS = False
 _LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = None if stream and is_capturing() else known[1]",
             "forward_allocated": "stream = raw_stream(di)\n    lse_ptr = None  # run_cpp allocates lse",
             "output": None}
