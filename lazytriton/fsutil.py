@@ -22,18 +22,19 @@ def _umask() -> int:
     return mask
 
 
-def write_atomically(path: str | os.PathLike[str], parts: Iterable[bytes]) -> None:
+def write_atomically(path: str | os.PathLike[str], parts: Iterable[bytes], mode: int = 0o666) -> None:
     """Write ``parts`` to a temp file beside ``path``, fsync, rename over it, fsync the folder.
 
     A reader sees the old file or the whole new one, never a part, whatever
-    kills the writer; the file gets the usual 0666-less-umask mode (mkstemp's
-    0600 would hide a shipped image from other users).
+    kills the writer; the file gets ``mode`` less the umask (0666 by default:
+    mkstemp's 0600 would hide a shipped image from other users; 0777 for the
+    compiled helpers' shared objects).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, mode & ~_umask())
         with os.fdopen(fd, "wb") as f:
             for part in parts:
                 f.write(part)

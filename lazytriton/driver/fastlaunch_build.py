@@ -20,11 +20,11 @@ cache or shared folder. Without it, launches take the ABI-mode path
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from lazytriton import fsutil
 
 MODULE = "lazytriton.driver._fastlaunch"
 
@@ -354,15 +354,7 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
         command.run()
         built = Path(command.get_ext_fullpath(MODULE))  # type: ignore[attr-defined]
         target = target_dir / built.name
-        fd, partial = tempfile.mkstemp(prefix=f".{built.name}.", dir=target_dir)
-        try:
-            with os.fdopen(fd, "wb") as out, open(built, "rb") as src:
-                shutil.copyfileobj(src, out)
-            os.chmod(partial, 0o755)
-            os.replace(partial, target)
-        except BaseException:
-            Path(partial).unlink(missing_ok=True)
-            raise
+        fsutil.write_atomically(target, [built.read_bytes()], mode=0o777)  # a loader sees all of it or none
     return target
 
 

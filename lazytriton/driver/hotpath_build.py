@@ -26,6 +26,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from lazytriton import fsutil
 from lazytriton.driver import fastlaunch, fastlaunch_build, hotpath
 
 SOURCE = Path(__file__).with_name("_hotpath.cpp")
@@ -106,15 +107,7 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 (our command)
         if done.returncode != 0:
             raise BuildError(f"{compiler} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-        fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target_dir)
-        try:
-            with os.fdopen(fd, "wb") as out, open(built, "rb") as src:
-                shutil.copyfileobj(src, out)
-            os.chmod(partial, 0o755)
-            os.replace(partial, target)
-        except BaseException:
-            Path(partial).unlink(missing_ok=True)
-            raise
+        fsutil.write_atomically(target, [built.read_bytes()], mode=0o777)  # a loader sees all of it or none
     return target
 
 
