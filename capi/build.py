@@ -49,6 +49,8 @@ typedef struct {
     int32_t kernel;
     int32_t varlen;
     int32_t head_dim_v;
+    int32_t window;
+    int32_t softcap;
     int64_t seqlen_q;
     int64_t seqlen_k;
     uint64_t function;

@@ -176,14 +176,25 @@ def _is_varlen(p: Any) -> bool:
     return bool(cu_q.data != _ffi.NULL or cu_k.data != _ffi.NULL or cu_q.ndim or cu_k.ndim)
 
 
+def _features(p: Any) -> tuple[tuple[int, int], float]:
+    """A forward struct's (window_left, window_right) and softcap; the backward's struct has neither: off.
+
+    Version 3 fields: lt__fwd_prepare gives an older struct -1, -1 and 0.
+    """
+    if not hasattr(p, "window_left"):
+        return (-1, -1), 0.0
+    return (int(p.window_left), int(p.window_right)), float(p.softcap)
+
+
 def _varlen_call(p: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     """(cu_seqlens_q, cu_seqlens_k, the varlen binding's checked call), the values of the lengths included."""
     from lazytriton.kernels.flash_fwd import varlen
 
     cu_q, cu_k = _host_tensor(p.cu_seqlens_q), _host_tensor(p.cu_seqlens_k)
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    window, softcap = _features(p)
     call = varlen.check(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_k), p.causal == 2, scale,
-                        values=True)
+                        window=window, softcap=softcap, values=True)
     return cu_q, cu_k, call
 
 
@@ -203,8 +214,10 @@ def attn_fwd_cpu(p: Any) -> int:
         out.copy_(result)
         lse.copy_(logsumexp)
         return OK
+    window, softcap = _features(p)
     with torch.no_grad():
-        result, logsumexp = flash.attn_fwd(q, k, v, causal=_CAUSAL[p.causal], sm_scale=scale)
+        result, logsumexp = flash.attn_fwd(q, k, v, causal=_CAUSAL[p.causal], sm_scale=scale, window_size=window,
+                                           softcap=softcap)
     out.copy_(result)
     lse.copy_(logsumexp)
     return OK
@@ -282,13 +295,13 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
                  index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False, head_dim_v: int = 0,
-                 seq16: bool | None = None) -> Any:
+                 seq16: bool | None = None, window: bool = False, softcap: bool = False) -> Any:
     """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call.
 
     ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's);
     ``head_dim_v``: v's head dim (0 or ``head_dim``: the same).
     ``seq16``: the backward's SEQ16 as lt_bwd.c found it (bit 1 of the request's ``aligned``); None:
-    dispatch's rule for the seqlens.
+    dispatch's rule for the seqlens. ``window``, ``softcap``: the WINDOW and SOFTCAP variants.
     """
     dim_v = 0 if head_dim_v == head_dim else head_dim_v
     import torch
@@ -303,12 +316,14 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
         from lazytriton import dispatch
 
         return dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], head_dim, causal, aligned, seqlen_q,
-                                       seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v)
+                                       seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
+                                       softcap=softcap)
     if kernel == "flash_fwd":
-        return fwd.variant(target, dtype, shape, causal, aligned, index64, head_dim_v=dim_v)
+        return fwd.variant(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v)
     from lazytriton.kernels.flash_bwd import binding as bwd
 
-    dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64, head_dim_v=dim_v, seq16=seq16)
+    dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v,
+                            seq16=seq16)
     return dq if kernel == "flash_bwd_dq" else dkdv
 
 
@@ -320,7 +335,7 @@ def plan(req: Any) -> int:
         raise CapiError(INVALID_ARGUMENT, f"plan request for kernel {req.kernel}; expected one of {KERNELS}")
     variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned & 1),
                            bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen), req.head_dim_v,
-                           seq16=bool(req.aligned & 2))
+                           seq16=bool(req.aligned & 2), window=bool(req.window), softcap=bool(req.softcap))
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
@@ -338,7 +353,7 @@ def plan(req: Any) -> int:
 # lt_prewarm, lt_cache_stats
 
 _AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen",
-         "head_dim_v")
+         "head_dim_v", "window", "softcap")
 _TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
 _FALSE = {"0", "false", "no", "off", "none"}
 
@@ -395,10 +410,12 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     aligned = _flag(axes, "aligned", True)
     index64 = _flag(axes, "index64", False)
     varlen = _flag(axes, "varlen", False)
+    window, softcap = _flag(axes, "window", False), _flag(axes, "softcap", False)
     target = known_target(axes["target"])
     if kernel == "flash_fwd":
         return (dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                           index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v),)
+                                           index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v,
+                                           window=window, softcap=softcap),)
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
 
@@ -407,10 +424,11 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
         raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
     if varlen:
         return tuple(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                             seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v)
+                                             seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
+                                             softcap=softcap)
                      for name in dispatch.BWD_KERNELS)
     return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64,
-                        head_dim_v=dim_v)
+                        window, softcap, head_dim_v=dim_v)
 
 
 def parse_specs(text: str) -> tuple[Any, ...]:

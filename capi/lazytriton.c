@@ -12,6 +12,7 @@
  * checks, plans and launch) is lt_bwd.c, included at the end.
  */
 #include <dlfcn.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -69,6 +70,8 @@ typedef struct {
     int32_t kernel;       /* in: LT__KERNEL_* */
     int32_t varlen;       /* in: packed sequences (VARLEN=true); the seqlens are then max_seqlen_q/max_seqlen_k */
     int32_t head_dim_v;   /* in: v's head dim (out's, dout's, dv's); may differ from head_dim */
+    int32_t window;       /* in: a sliding window (WINDOW=true) */
+    int32_t softcap;      /* in: a softcap (SOFTCAP=true) */
     int64_t seqlen_q;     /* in */
     int64_t seqlen_k;     /* in */
     uint64_t function;    /* out: CUfunction */
@@ -208,6 +211,7 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 typedef struct {
     int32_t kernel; /* LT__KERNEL_FWD, or LT__KERNEL_BWD_DQ for the backward's pair */
     int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits, varlen, head_dim_v;
+    int32_t window, softcap; /* the WINDOW and SOFTCAP variants */
 } lt__plan_key;
 
 struct lt_plan {
@@ -233,16 +237,17 @@ static int64_t lt__dispatch_sk(const lt__call *c) { return c->varlen ? c->max_sk
 static lt__plan_key lt__key_of(const lt__call *c) {
     lt__plan_key key = {LT__KERNEL_FWD, c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE,
                         c->aligned, c->index64, lt__bits(lt__dispatch_sq(c)), lt__bits(lt__dispatch_sk(c)),
-                        c->varlen, (int32_t)c->dv};
+                        c->varlen, (int32_t)c->dv, c->window_left >= 0, c->softcap > 0.0f};
     return key;
 }
 
 static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
-    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s",
+    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s%s%s",
              lt__dtype_name(k->dtype), k->head_dim, k->head_dim_v, k->device_index,
              k->causal ? "causal" : "not causal", k->aligned ? "16-byte aligned" : "unaligned",
              k->aligned & 2 ? ", seqlens multiples of 16" : "", k->index64 ? 64 : 32,
-             k->varlen ? ", packed sequences" : "");
+             k->varlen ? ", packed sequences" : "", k->window ? ", sliding window" : "",
+             k->softcap ? ", softcap" : "");
 }
 
 /* Plans need device memory and work to do (what for depends on the caller: names the call to use instead). */
@@ -264,6 +269,7 @@ static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capa
     req->device_index = c->device_index, req->capability = capability, req->dtype = c->dtype;
     req->head_dim = (int32_t)c->d, req->causal = c->causal != LT_CAUSAL_NONE, req->aligned = c->aligned;
     req->index64 = c->index64, req->kernel = kernel, req->varlen = c->varlen, req->head_dim_v = (int32_t)c->dv;
+    req->window = c->window_left >= 0, req->softcap = c->softcap > 0.0f;
     req->seqlen_q = lt__dispatch_sq(c), req->seqlen_k = lt__dispatch_sk(c);
     if ((s = (lt_status)lt__py_plan(req)) != LT_OK)
         return s;
@@ -303,7 +309,8 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     if (c->device_type != LT_DEVICE_CUDA || c->device_index != k->device_index || c->dtype != k->dtype ||
         c->d != k->head_dim || c->dv != k->head_dim_v || (c->causal != LT_CAUSAL_NONE) != k->causal ||
         (k->aligned & ~c->aligned) ||
-        (c->index64 && !k->index64) || c->varlen != k->varlen) {
+        (c->index64 && !k->index64) || c->varlen != k->varlen || (c->window_left >= 0) != k->window ||
+        (c->softcap > 0.0f) != k->softcap) {
         char want[256], got[256];
         lt__plan_key call_key = lt__key_of(c);
         lt__describe(want, sizeof want, k);
@@ -323,15 +330,15 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
  * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. */
 static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
-    /* No sliding window (-1, -1), softcap (0), ALiBi, bias or dropout (null pointers, zero strides, p = 0):
-       the C API's calls have none of them. */
+    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0): the C API's calls have none of them. */
     int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, -1, -1, 0, 0, 0, 0, 0};
-    float floats[LT__KERNEL_PARAMS - LT__KERNEL_INTS] = {c->scale, 0.0f, 0.0f};
+        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
+        c->window_right, 0, 0, 0, 0, 0};
+    float floats[LT__KERNEL_PARAMS - LT__KERNEL_INTS] = {c->scale, c->softcap, 0.0f};
     void *params[LT__KERNEL_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__KERNEL_INTS; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
@@ -507,6 +514,7 @@ LT_API lt_status lt_attn_fwd_params_init(lt_attn_fwd_params *params) {
     params->struct_size = sizeof *params, params->version = LT_ATTN_FWD_PARAMS_VERSION;
     params->causal = LT_CAUSAL_NONE;
     params->sm_scale = NAN;
+    params->window_left = -1, params->window_right = -1; /* softcap 0: off */
     return LT_OK;
 }
 

@@ -41,7 +41,7 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 2 /* 2: packed sequences (cu_seqlens_*); a version 1 struct is still taken */
+#define LT_ATTN_FWD_PARAMS_VERSION 3 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; older structs are still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 2
 #define LT_STATS_VERSION 1
 #define LT_ATTN_KVCACHE_PARAMS_VERSION 1
@@ -155,7 +155,16 @@ typedef struct {
  * as in FlashAttention-2 they must start at 0, not decrease, end at
  * total_q/total_k, and max_seqlen_q/max_seqlen_k must be at least the longest
  * sequence. On the CPU they are checked. Left zero (lt_attn_fwd_params_init),
- * the call is dense; a version 1 struct (its smaller struct_size) is dense. */
+ * the call is dense; a version 1 struct (its smaller struct_size) is dense.
+ *
+ * Sliding window and softcap (version 3, FlashAttention-2's rule, as
+ * lazytriton.flash_attn_func's window_size and softcap): query i sees key j
+ * only when i + offset - window_left <= j <= i + offset + window_right, where
+ * offset = seqlen_k - seqlen_q (bottom-right; within each sequence when
+ * packed), or 0 with LT_CAUSAL_TOP_LEFT; -1 leaves a side unbounded, and a
+ * causal call's right side is 0. With softcap > 0 the scaled scores s become
+ * softcap * tanh(s / softcap) before the softmax (Gemma 2). A version 1 or 2
+ * struct has neither (window -1, -1; softcap 0). */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -172,6 +181,10 @@ typedef struct {
     lt_tensor cu_seqlens_k; /* int32 (batch + 1): cumulative key lengths */
     int64_t max_seqlen_q;   /* >= the longest query sequence, >= 1 */
     int64_t max_seqlen_k;   /* >= the longest key sequence, >= 1 */
+    /* Version 3: sliding window and softcap (see above); lt_attn_fwd_params_init sets -1, -1 and 0: off. */
+    int64_t window_left;  /* -1 (unbounded) or >= 0 */
+    int64_t window_right; /* -1 (unbounded) or >= 0; ignored (0) in a causal call */
+    double softcap;       /* 0: off; else > 0, finite as a float */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:

@@ -18,6 +18,8 @@ typedef struct {
     int64_t cu_seqlens_q, cu_seqlens_k; /* the varlen kernels' pointers; 0 in a dense call */
     int varlen;                         /* packed sequences: b, sq, sk are 1, total_q, total_k (the kernels' view) */
     int64_t batch, max_sq, max_sk;      /* varlen: the grid's z and the seqlens dispatch buckets */
+    int64_t window_left, window_right;  /* the kernel's window (binding.with_features): -1, -1 when off */
+    float softcap;                      /* 0: off */
 } lt__call;
 
 static const char *lt__dtype_name(int32_t dtype) {
@@ -29,14 +31,17 @@ static const char *lt__dtype_name(int32_t dtype) {
     }
 }
 
-/* A version 1 struct: everything before the packed-sequence fields. */
+/* A version 1 struct: everything before the packed-sequence fields; version 2: before the window. */
 #define LT__FWD_PARAMS_V1_SIZE offsetof(lt_attn_fwd_params, cu_seqlens_q)
+#define LT__FWD_PARAMS_V2_SIZE offsetof(lt_attn_fwd_params, window_left)
+#define LT__MAX_WINDOWED_SEQLEN (INT64_C(1) << 29) /* binding.MAX_WINDOWED_SEQLEN: 32-bit row +- window */
 
 static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
-    if (p->struct_size == LT__FWD_PARAMS_V1_SIZE && p->version == 1)
-        return LT_OK; /* read as the dense call it always was */
+    if ((p->struct_size == LT__FWD_PARAMS_V1_SIZE && p->version == 1) ||
+        (p->struct_size == LT__FWD_PARAMS_V2_SIZE && p->version == 2))
+        return LT_OK; /* read as the call it always was: no window, no softcap (and dense, version 1) */
     if (p->struct_size != sizeof(lt_attn_fwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu: rebuild against its "
@@ -103,6 +108,8 @@ static lt_status lt__fwd_prepare(const lt_attn_fwd_params *p, lt_attn_fwd_params
         return s;
     memset(norm, 0, sizeof *norm);
     memcpy(norm, p, p->struct_size);
+    if (p->struct_size < sizeof *norm) /* an older struct: no window (zeros would mean a window of 0) */
+        norm->window_left = -1, norm->window_right = -1;
     norm->struct_size = sizeof *norm, norm->version = LT_ATTN_FWD_PARAMS_VERSION;
     *view = *norm;
     if (!lt__wants_varlen(&norm->cu_seqlens_q, &norm->cu_seqlens_k))
@@ -265,6 +272,32 @@ static lt_status lt__check_varlen(const lt_attn_fwd_params *p, lt__call *c) {
     return LT_OK;
 }
 
+/* The window and softcap in the kernel's terms (binding.with_features): window_left/right -1 when off, else both
+ * bounded (an unbounded side reaches every key); a windowed dense call's offset is bottom-right unless top-left. */
+static lt_status lt__check_window(const lt_attn_fwd_params *p, lt__call *c) {
+    c->window_left = -1, c->window_right = -1;
+    if (p->window_left < -1 || p->window_right < -1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "window_left is %lld and window_right %lld; each must be -1 "
+                        "(unbounded) or >= 0", (long long)p->window_left, (long long)p->window_right);
+    if (!(p->softcap >= 0.0 && p->softcap <= FLT_MAX))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "softcap is %g; expected 0 (off) or a finite float > 0",
+                        p->softcap);
+    c->softcap = (float)p->softcap;
+    int64_t left = p->window_left, right = p->causal != LT_CAUSAL_NONE ? 0 : p->window_right;
+    if (left < 0 && (right < 0 || p->causal != LT_CAUSAL_NONE))
+        return LT_OK; /* no window beyond the causal mask */
+    if (c->sq >= LT__MAX_WINDOWED_SEQLEN || c->sk >= LT__MAX_WINDOWED_SEQLEN)
+        return lt__fail(LT_ERROR_SHAPE, "with a window, seqlens must be below 2**29; got seqlen_q %lld, seqlen_k "
+                        "%lld", (long long)c->sq, (long long)c->sk);
+    int64_t full = c->sq > c->sk ? c->sq : c->sk; /* reaches every key from every query: no bound */
+    full = full > 1 ? full : 1;
+    if (!c->varlen)
+        c->offset = p->causal == LT_CAUSAL_TOP_LEFT ? 0 : c->sk - c->sq;
+    c->window_left = left >= 0 && left < full ? left : full;
+    c->window_right = right >= 0 && right < full ? right : full;
+    return LT_OK;
+}
+
 /* Fill *c from params (lt__fwd_prepare's view), or fail with the first problem found. */
 static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     lt_status s;
@@ -290,6 +323,8 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
         c->offset = 0; /* the kernels use each sequence's own len_k - len_q */
     }
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
+    if ((s = lt__check_window(p, c)) != LT_OK)
+        return s;
     c->empty = c->b == 0 || c->hq == 0 || c->sq == 0;
     if (c->empty)
         return LT_OK;

@@ -326,14 +326,15 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
             return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", names[i]);
     if (c->workspace > 0 && p->workspace.data == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "workspace.data is NULL");
-    /* binding.layout_flags: pointers and outer strides of q, the caches and out; extents of q and the caches. */
+    /* binding.layout_flags: pointers, outer strides and extents of q, the caches and out (out spans more than q
+       when head_dim_v > head_dim). */
     const lt_tensor *ts[4] = {&p->q, &p->k_cache, &p->v_cache, &p->out};
     uint64_t bits = 0;
     int64_t extent = 0;
     for (int i = 0; i < 4; i++) {
         bits |= (uint64_t)(uintptr_t)ts[i]->data | (uint64_t)(ts[i]->strides[0] | ts[i]->strides[1] |
                                                                ts[i]->strides[2]);
-        int64_t e = i < 3 ? lt__kv_extent(ts[i]) : 0;
+        int64_t e = lt__kv_extent(ts[i]);
         if (e < 0)
             return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", names[i]);
         extent = e > extent ? e : extent;

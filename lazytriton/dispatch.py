@@ -35,7 +35,7 @@ def padded_head_dim(head_dim: int) -> int:
 # since benchmarks/bench_split_d.py measured flash_fwd on the H200 (bf16, 4k, Triton
 # 3.6, 2026-11-30): 1.42-2.22x the padded kernel's TFLOP/s at head dims 40, 72, 80,
 # 96, 160 and 192; split_d=False asks for padding. The backward kernels split by the
-# same rule (their time against padding: bench_split_d.py --backward, to be measured).
+# same rule (bench_split_d.py --mode bwd, H200 bf16 4k, 2026-12-01: 1.34-4.14x).
 SPLIT_BY_DEFAULT = True
 SPLIT_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
 MIN_CHUNK = 16  # tl.dot's smallest inner dimension
@@ -297,7 +297,11 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
                              paged=paged and kernel == "flash_decode_split")
     padded = padded_head_dim(head_dim)
     rows = tuning.table_for(kernel) if table is None else table
-    row = tuning.lookup(rows, str(target), kernel, dtype, padded, causal, seqlen_q, seqlen_k)
+    row = None
+    if head_dim != padded:  # a split head dim's own rows first (tune_bwd.row_for), as flash_fwd_config
+        row = tuning.lookup(rows, str(target), kernel, dtype, head_dim, causal, seqlen_q, seqlen_k)
+    if row is None:
+        row = tuning.lookup(rows, str(target), kernel, dtype, padded, causal, seqlen_q, seqlen_k)
     if row is None:
         return bwd_default_config(kernel, target, dtype, padded, seqlen_q, seqlen_k, causal), None
     return Config(row.BLOCK_M, row.BLOCK_N, row.num_warps, row.num_stages, row.waves_per_eu), row
@@ -334,7 +338,8 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     and the tiles are those of the larger head dim. ``split_d`` (flash_fwd
     and the backward kernels; None: ``SPLIT_BY_DEFAULT``): split tiles
     (``split_chunks``), with BLOCK_D the first chunk and BLOCK_D2 the second,
-    written only when set; the tiles are the padded head dim's. True where no
+    written only when set; the tiles are the split head dim's own tuning
+    rows where ``lazytriton tune`` wrote some, else the padded head dim's. True where no
     split helps (a power of two, v's head dim another, TMA) is a ValueError.
 
     ``SEQ16=true`` (the backward kernels' seqlens and lse strides are

@@ -116,10 +116,15 @@ def refusal(variant: Variant) -> str | None:
     missing from ``KNOWN_TARGETS``, or a kernel outside ``ESTIMATED_KERNELS``,
     is checked against the tile caps only.
     """
-    for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D)):
+    for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D),
+                      ("BLOCK_D2", MAX_BLOCK_D)):
         value = int(variant.constexprs.get(name, 0))  # kv_append has no BLOCK_N (a copy, no key tile)
         if value > cap:
             return f"{name}={value} is over the cap of {cap}"
+    block_d2 = int(variant.constexprs.get("BLOCK_D2", 0))
+    if block_d2 and block_d2 + int(variant.constexprs.get("BLOCK_D", 0)) > MAX_BLOCK_D:
+        total = block_d2 + int(variant.constexprs.get("BLOCK_D", 0))
+        return f"BLOCK_D + BLOCK_D2 = {total} is over the cap of {MAX_BLOCK_D}"
     limits = KNOWN_TARGETS.get(variant.target)
     if limits is None or variant.kernel not in ESTIMATED_KERNELS:
         return None

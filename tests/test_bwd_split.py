@@ -116,11 +116,28 @@ def test_interpreter_constexprs_follow_dispatch(monkeypatch: pytest.MonkeyPatch)
                                                    "EVEN_DV": False, "BLOCK_D2": 0}
 
 
-def test_tune_bwd_writes_a_split_winner_under_its_padded_head_dim() -> None:
+def test_tune_bwd_keys_a_split_winner_by_its_own_head_dim_and_never_changes_the_padded_calls() -> None:
+    """A split winner's tiles serve its head dim only: the padded tile's calls (hd128, and hd100, which pads to it)
+    keep theirs, whatever order the head dims were tuned in (the split width's shared-memory budget is not theirs)."""
+    sm86 = Target.parse("sm_86")
     for d, padded in ((96, 128), (40, 64), (192, 256)):
         variant = dispatch.kernel_variant(FLASH_BWD_DQ.name, SM90, "bf16", d, False, True, 4096, 4096)
         assert variant.get("BLOCK_D2")
-        assert tune_bwd.row_for(variant, 4096, 4096, 100.0, "test", "2026-12-01").head_dim == padded
+        assert tune_bwd.row_for(variant, 4096, 4096, 100.0, "test", "2026-12-01", d).head_dim == d
+        plain = dispatch.kernel_variant(FLASH_BWD_DQ.name, SM90, "bf16", padded, False, True, 4096, 4096)
+        assert tune_bwd.row_for(plain, 4096, 4096, 100.0, "test", "2026-12-01", padded).head_dim == padded
+    # A 96 winner that fits 96's split width on sm_86 (99 KiB) but would not fit hd128's tile there.
+    split = dispatch.kernel_variant(FLASH_BWD_DQ.name, sm86, "bf16", 96, False, True, 4096, 4096,
+                                    config=dispatch.Config(128, 64, 8, 3))
+    row = tune_bwd.row_for(split, 4096, 4096, 100.0, "test", "2026-12-01", 96)
+    table = tuning.Table((row,))
+    got = dispatch.kernel_variant(FLASH_BWD_DQ.name, sm86, "bf16", 96, False, True, 4096, 4096, table=table)
+    assert (got.get("BLOCK_M"), got.get("BLOCK_N"), got.get("num_warps"), got.get("num_stages")) == (128, 64, 8, 3)
+    for other in (128, 100):
+        served = dispatch.kernel_variant(FLASH_BWD_DQ.name, sm86, "bf16", other, False, True, 4096, 4096,
+                                         table=table)
+        assert served == dispatch.kernel_variant(FLASH_BWD_DQ.name, sm86, "bf16", other, False, True, 4096, 4096,
+                                                 table=tuning.Table(())), other
 
 
 def test_prewarm_plans_the_split_backward_variants_calls_use() -> None:

@@ -338,3 +338,12 @@ def test_gpu_cpp_tail_gives_the_python_tails_results_and_captures() -> None:
     expect_out, expect_lse = binding.forward(q, k, v, binding.check(q, k, v, "bottom_right"))
     assert torch.equal(captured[0], expect_out) and torch.equal(captured[1], expect_lse)
     runtime.reset()
+
+
+def test_a_module_with_another_calling_convention_is_left_unused(cpp: Any) -> None:
+    import types
+
+    assert hot.usable(cpp) and cpp.INTERFACE == hot.CPP_INTERFACE and cpp.TEMPLATE == hot.CPP_TEMPLATE.format
+    older = types.SimpleNamespace(TEMPLATE=cpp.TEMPLATE, INTERFACE=cpp.INTERFACE - 1, run=cpp.run)
+    assert not hot.usable(older), "an older _hotpath.cpp's build, same template, another run(): never called"
+    assert not hot.usable(types.SimpleNamespace(TEMPLATE=cpp.TEMPLATE, run=cpp.run)), "one that names none"

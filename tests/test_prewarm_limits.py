@@ -77,6 +77,12 @@ def test_the_poisoned_variant_and_other_oversized_tiles_are_refused_with_a_reaso
     why = refusal(wide)
     assert why is not None and "needs at least 384 KiB of shared memory" in why and "sm_90 has 227 KiB" in why
     assert refusal(Variant.parse(str(wide).replace("sm_90", "sm_12"))) is None, "unknown target: caps only"
+    split = str(dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 96, False, True, 4096)).replace("sm_90",
+                                                                                                          "sm_12")
+    assert "BLOCK_D2=32" in split and refusal(Variant.parse(split)) is None
+    huge = Variant.parse(split.replace("BLOCK_D2=32", "BLOCK_D2=65536"))
+    assert refusal(huge) == "BLOCK_D2=65536 is over the cap of 256"
+    assert "BLOCK_D + BLOCK_D2 = 320" in str(refusal(Variant.parse(split.replace("BLOCK_D2=32", "BLOCK_D2=256"))))
     assert set(KNOWN_TARGETS) >= {"sm_80", "sm_90", "gfx942", "gfx950"}
 
 

@@ -238,6 +238,9 @@ def test_tune_command_line_for_flash_decode(capsys: pytest.CaptureFixture[str]) 
         with pytest.raises(SystemExit):
             tune.main(["--kernel", "flash_decode", *bad])
     assert "--heads items must look like 32/8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one config, nothing to tune: refused before any compile
+        tune.main(["--kernel", "flash_decode,kv_append"])
+    assert "kv_append has no tiles to tune" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------

@@ -301,7 +301,7 @@ def test_bwd_tune_times_each_kernel_with_its_partner_fixed(tmp_path: Path) -> No
     assert list(only) == ["flash_bwd_dkdv"] and calls[-1][0] == str(dq[0])
 
     # The rows, written to the family's table, make dispatch pick exactly the winners.
-    rows = [tune_bwd.row_for(v, 4096, 4096, tflops, "test", "2026-11-30") for v, tflops in won.values()]
+    rows = [tune_bwd.row_for(v, 4096, 4096, tflops, "test", "2026-11-30", 128) for v, tflops in won.values()]
     path = tmp_path / "flash_bwd.csv"
     tune.save_rows(path, [bwd_row("flash_bwd_dq", 16, 16, 16, 16)])
     tune.save_rows(path, rows)

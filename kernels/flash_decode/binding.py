@@ -214,7 +214,9 @@ def layout_flags(t: Inputs, out: torch.Tensor) -> tuple[bool, bool]:
     qs, ks, vs, os = q.stride(), kc.stride(), vc.stride(), out.stride()
     aligned = not (q.data_ptr() | kc.data_ptr() | vc.data_ptr() | out.data_ptr() | qs[0] | qs[1] | qs[2] | ks[0]
                    | ks[1] | ks[2] | vs[0] | vs[1] | vs[2] | os[0] | os[1] | os[2]) & 15
-    index64 = max(_extent(q.shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs)) >= checks.INT32_MAX
+    # out counts too: with head_dim_v > head_dim it spans more than q.
+    index64 = max(_extent(q.shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs),
+                  _extent(out.shape, os)) >= checks.INT32_MAX
     return aligned, index64
 
 

@@ -303,8 +303,8 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "head_dim": ("d", "c->d"),
     "head_dim_v": ("dim_v", "c->dv"),
     "causal_offset": ("offset", "c->offset"),
-    "window_left": ("call.window_left", "-1"),  # the C API has no window (-1: off) and no softcap (0)
-    "window_right": ("call.window_right", "-1"),
+    "window_left": ("call.window_left", "c->window_left"),  # lt_check.c's lt__check_window: with_features's
+    "window_right": ("call.window_right", "c->window_right"),
     # The C API has no score modifications either: null pointers, zero strides, dropout_p 0.
     "Alibi": ("0 if alibi is None else alibi.data_ptr()", "0"),
     "Bias": ("0 if bias is None else bias.data_ptr()", "0"),
@@ -312,7 +312,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "stride_alibi_b": ("0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)", "0"),
     **{f"stride_bias{d}": (f"0 if bias is None else bias.stride({i})", "0") for i, d in enumerate("bhmn")},
     "sm_scale": ("scale", "scale"),
-    "softcap": ("call.softcap", "0.0f"),
+    "softcap": ("call.softcap", "c->softcap"),
     "dropout_p": ("call.dropout_p", "0.0f"),
 }
 # The lines ``pack`` functions start with, so that the sources above find their locals.

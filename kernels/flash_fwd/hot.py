@@ -269,6 +269,7 @@ def _floats_source() -> str:
 # The C++ tail's record of an entry (lazytriton/driver/_hotpath.cpp reads it): its Template struct, then the
 # constant ints (0 where a pointer goes) and the floats; the pointers in its order (enum Pointer).
 CPP_TEMPLATE = struct.Struct("<3q6I4i6h4x")  # lse shape, 2 grids, strides aligned, forward, counts, 5 slots, mask
+CPP_INTERFACE = 2  # run()'s calling convention: _hotpath.cpp's LT_INTERFACE
 CPP_POINTERS = ("q", "k", "v", "out", "lse")
 
 
@@ -457,6 +458,11 @@ def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None
     return None
 
 
+def usable(cpp: Any) -> bool:
+    """Whether a loaded C++ tail reads this file's records: the same template format and calling convention."""
+    return getattr(cpp, "TEMPLATE", None) == CPP_TEMPLATE.format and getattr(cpp, "INTERFACE", None) == CPP_INTERFACE
+
+
 def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, **namespace: Any) -> Any:
     """The warm-path function for a layout ("bhsd", "bshd") and result ("forward": (out, lse); "output": out).
 
@@ -468,7 +474,7 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, **nam
     name = f"{result}_{layout}"
     if cpp is None:  # a module built from another _hotpath.cpp reads another template: not used until rebuilt
         cpp = hotpath.module() if fastlaunch.available() else None
-        cpp = cpp if getattr(cpp, "TEMPLATE", None) == CPP_TEMPLATE.format else None
+        cpp = cpp if usable(cpp) else None
     shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
         "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,

@@ -186,9 +186,17 @@ def _kernels(text: str) -> tuple[str, ...]:
     from lazytriton.prewarm.enumeration import parse_kernels
 
     try:
-        return parse_kernels(text)
+        kernels = parse_kernels(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    untunable = [k for k in kernels if k in UNTUNED]
+    if untunable:
+        raise argparse.ArgumentTypeError(f"{', '.join(untunable)} has no tiles to tune (one config: a copy); "
+                                         "tunable: flash_fwd, flash_bwd, flash_decode")
+    return kernels
+
+
+UNTUNED = ("kv_append",)  # kernels whose one config serves every call
 
 
 def main(argv: list[str] | None = None) -> int:

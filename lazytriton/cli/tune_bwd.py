@@ -186,13 +186,17 @@ def backward_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_di
     return 2.5 * 4 * batch * heads * head_dim * pairs
 
 
-def row_for(variant: Variant, seqlen_q: int, seqlen_k: int, tflops: float, gpu: str, measured: str) -> tuning.Row:
+def row_for(variant: Variant, seqlen_q: int, seqlen_k: int, tflops: float, gpu: str, measured: str,
+            head_dim: int) -> tuning.Row:
     """The tuning row that makes dispatch pick ``variant`` for calls in these seqlen buckets (pure).
 
-    Rows are keyed by the padded head dim, also for a split variant (BLOCK_D + BLOCK_D2: 64 + 32 -> 128).
+    A split variant's row is keyed by the head dim it was tuned at (96), as the forward's: its tiles then serve
+    that head dim only, never the padded tile's calls (hd128 and every head dim padded to it), which its
+    shared-memory budget (the split width's) does not cover. A padded variant's row by its padded head dim.
     """
-    block_d = int(variant.get("BLOCK_D")) + int(dict(variant.functional).get("BLOCK_D2", 0))
-    return tuning.Row(variant.target, variant.kernel, variant.dtype, dispatch.padded_head_dim(block_d),
+    split = bool(dict(variant.functional).get("BLOCK_D2"))
+    return tuning.Row(variant.target, variant.kernel, variant.dtype,
+                      head_dim if split else dispatch.padded_head_dim(head_dim),
                       bool(variant.get("CAUSAL")), tuning.bucket(seqlen_q), tuning.bucket(seqlen_k),
                       int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")), int(variant.get("num_warps")),
                       int(variant.get("num_stages")), int(dict(variant.options).get("waves_per_eu", 0)),
@@ -292,7 +296,7 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
                       file=sys.stderr)
                 continue
             variant, tflops = won[kernel]
-            rows.append(row_for(variant, sq, sk, tflops, gpu, today))
+            rows.append(row_for(variant, sq, sk, tflops, gpu, today, head_dim))
             print(f"  {kernel} {dtype} hd{head_dim} causal={causal} {sq}x{sk}: {variant.tuned} "
                   f"{dict(variant.options)} backward {tflops:.0f} TFLOP/s")
     return rows

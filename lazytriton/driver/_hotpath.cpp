@@ -35,6 +35,10 @@ struct Template {
 };
 #define LT_TEMPLATE_FORMAT "<3q6I4i6h4x"  // the module's TEMPLATE: hot.py uses it only when its own is the same
 static_assert(sizeof(Template) == 80, "Template must be what LT_TEMPLATE_FORMAT packs");
+// run()'s calling convention (its arguments and the record's items): hot.py's CPP_INTERFACE must be the same, or
+// it leaves the module unused (one built from an older _hotpath.cpp, kept beside the package, until rebuilt).
+// 2: the record's sixth item (restock), a forward's lse argument the entry's stocks or None.
+#define LT_INTERFACE 2
 
 // A new reference, released when it goes out of scope (an early return, a C++ exception).
 struct Owned {
@@ -203,7 +207,8 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     PyObject *module = PyModule_Create(&module_def);
     if (module != nullptr && (PyModule_AddStringConstant(module, "TORCH_VERSION", LT_TORCH_VERSION) < 0 ||
                               PyModule_AddIntConstant(module, "PLAN_VERSION", LT_PLAN_VERSION) < 0 ||
-                              PyModule_AddStringConstant(module, "TEMPLATE", LT_TEMPLATE_FORMAT) < 0)) {
+                              PyModule_AddStringConstant(module, "TEMPLATE", LT_TEMPLATE_FORMAT) < 0 ||
+                              PyModule_AddIntConstant(module, "INTERFACE", LT_INTERFACE) < 0)) {
         Py_DECREF(module);
         return nullptr;
     }

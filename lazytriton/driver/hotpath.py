@@ -93,6 +93,10 @@ def enable(on: bool) -> bool:
 
 
 def refresh() -> bool:
-    """Look for the module again (after ``hotpath_build.build()`` in this process); whether it loads now."""
+    """Look for the module again (after ``hotpath_build.build()`` in this process); whether it loads now.
+
+    Only a first build takes effect in this process: CPython keeps an extension module it has loaded by its file's
+    path, so a module rebuilt over one already loaded is the new one only in a new process.
+    """
     _module.cache_clear()
     return _module() is not None

@@ -1,0 +1,128 @@
+"""The C API's sliding window and softcap (lt_attn_fwd_params version 3).
+
+Through the built library on CPU tensors (Triton's interpreter), in a fresh
+process as tests/test_capi.py does: the results equal the Python entry
+points' with the same window and softcap (dense, both causal alignments,
+packed sequences), an older struct (version 2) is read without a window
+whatever its memory holds past its end, and bad values are statuses naming
+them. The plan side (no GPU here): the variant a plan loads is the binding's
+windowed and capped one, and lt_prewarm's specs take the two axes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from test_capi import VARLEN_IN_PROCESS, _ok, _run
+
+from lazytriton import dispatch
+from lazytriton.capi import embedded
+from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.target import Target
+
+WINDOW_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + """
+torch.manual_seed(0)
+q, k, v = torch.randn(2, 4, 9, 16), torch.randn(2, 2, 13, 16), torch.randn(2, 2, 13, 16)
+report = {}
+
+def dense(causal, window, softcap, struct=None):
+    out, lse = torch.full((2, 4, 9, 16), 7.0), torch.full((2, 4, 9), 7.0)
+    p = ffi.new("lt_attn_fwd_params *")
+    lib.lt_attn_fwd_params_init(p)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        describe(getattr(p, name), t)
+    p.causal, p.window_left, p.window_right, p.softcap = causal, window[0], window[1], softcap
+    if struct is not None:
+        p.struct_size, p.version = struct
+    return lib.lt_attn_fwd(p, ffi.NULL), error(), out, lse
+
+cases = [(0, (3, 2), 0.0), (0, (-1, 4), 5.0), (1, (4, -1), 0.0), (2, (2, 7), 2.5), (0, (-1, -1), 5.0),
+         (2, (0, 0), 0.0)]
+names = {0: False, 1: "top_left", 2: "bottom_right"}
+report["dense"] = []
+for causal, window, softcap in cases:
+    status, message, out, lse = dense(causal, window, softcap)
+    want_out, want_lse = lazytriton.attn_fwd(q, k, v, causal=names[causal], window_size=window, softcap=softcap)
+    plain_out, _ = lazytriton.attn_fwd(q, k, v, causal=names[causal])
+    report["dense"].append([status, message, torch.equal(out, want_out) and torch.equal(lse, want_lse),
+                            torch.equal(out, plain_out)])
+
+# A version 2 struct ends before the window: whatever lies past its end is not read.
+v2 = ffi.offsetof("lt_attn_fwd_params", "window_left")
+status, message, out, lse = dense(0, (0, 0), 3.0, struct=(v2, 2))
+plain_out, plain_lse = lazytriton.attn_fwd(q, k, v)
+report["v2"] = [status, message, torch.equal(out, plain_out) and torch.equal(lse, plain_lse)]
+report["v3_short"] = list(dense(0, (0, 0), 0.0, struct=(v2, 3))[:2])
+
+report["errors"] = [list(dense(0, window, softcap)[:2]) for window, softcap in
+                    (((-2, 1), 0.0), ((1, -3), 0.0), ((-1, -1), -1.0), ((-1, -1), float("inf")),
+                     ((-1, -1), float("nan")), ((-1, -1), 1e39))]
+
+cq = torch.tensor([0, 3, 3, 20, 21], dtype=torch.int32)  # lengths 3, 0, 17, 1
+ck = torch.tensor([0, 5, 9, 18, 18], dtype=torch.int32)  # lengths 5, 4, 9, 0
+pq, pk, pv = torch.randn(21, 4, 16), torch.randn(18, 2, 16), torch.randn(18, 2, 16)
+out, lse = torch.full_like(pq, 7.0), torch.full((4, 21), 7.0)
+p = ffi.new("lt_attn_fwd_params *")
+lib.lt_attn_fwd_params_init(p)
+for name, t in (("q", pq), ("k", pk), ("v", pv), ("out", out), ("lse", lse), ("cu_seqlens_q", cq),
+                ("cu_seqlens_k", ck)):
+    describe(getattr(p, name), t)
+p.max_seqlen_q, p.max_seqlen_k, p.causal, p.window_left, p.window_right, p.softcap = 17, 9, 2, 3, -1, 4.0
+status = lib.lt_attn_fwd(p, ffi.NULL)
+want_out, want_lse, _ = lazytriton.flash_attn_varlen_func(pq, pk, pv, cq, ck, 17, 9, causal=True, window_size=(3, -1),
+                                                          softcap=4.0, return_attn_probs=True)
+report["varlen"] = [status, error(), torch.equal(out, want_out) and torch.equal(lse, want_lse)]
+print(json.dumps(report))
+"""
+
+
+def test_window_and_softcap_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
+    out = _ok(_run([sys.executable, "-c", WINDOW_IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    for status, message, equal, _ in report["dense"]:
+        assert status == 0 and equal, message
+    # Every case differs from the call without window and softcap: the values reach the kernel.
+    assert [row[3] for row in report["dense"]] == [False, False, False, False, False, False]
+    status, message, equal = report["v2"]
+    assert status == 0 and equal, message
+    status, message = report["v3_short"]
+    assert status == 3 and "struct_size" in message
+    expected = ["window_left is -2 and window_right 1", "window_left is 1 and window_right -3", "softcap is -1",
+                "softcap is inf", "softcap is nan", "softcap is 1e+39"]
+    for (status, message), needle in zip(report["errors"], expected, strict=True):
+        assert status == 1 and needle in message, (status, message)
+    status, message, equal = report["varlen"]
+    assert status == 0 and equal, message
+
+
+def _flag(variant: object, name: str) -> bool:
+    """A variant's flag (variants write only the flags that are set)."""
+    return dict(variant.functional).get(name, False) is True  # type: ignore[attr-defined]
+
+
+def test_a_windowed_capped_plan_loads_the_bindings_variant() -> None:
+    sm90 = Target("cuda", "90", 32)
+    shape = fwd.Shape(1, 1, 1, 300, 257, 128)
+    for window, softcap in ((True, False), (False, True), (True, True)):
+        chosen = embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257, window=window,
+                                       softcap=softcap)
+        assert chosen == fwd.variant(sm90, torch.bfloat16, shape, True, True, False, window, softcap)
+        assert (_flag(chosen, "WINDOW"), _flag(chosen, "SOFTCAP")) == (window, softcap)
+        packed = embedded.plan_variant("flash_fwd", 90, 2, 128, False, True, False, 300, 257, True, window=window,
+                                       softcap=softcap)
+        assert (_flag(packed, "VARLEN"), _flag(packed, "WINDOW"), _flag(packed, "SOFTCAP")) == (True, window, softcap)
+    assert embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257) == fwd.variant(
+        sm90, torch.bfloat16, shape, True, True, False)
+
+
+def test_prewarm_specs_take_the_window_and_softcap_axes() -> None:
+    (spec,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=128 window=1 softcap=1")
+    assert _flag(spec, "WINDOW") and _flag(spec, "SOFTCAP")
+    (plain,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=128")
+    assert not _flag(plain, "WINDOW") and not _flag(plain, "SOFTCAP")
+    both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 window=1")
+    assert [v.kernel for v in both] == list(dispatch.BWD_KERNELS) and all(_flag(v, "WINDOW") for v in both)
