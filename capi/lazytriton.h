@@ -312,7 +312,7 @@ LT_API lt_status lt_config_init(lt_config *config);
 LT_API lt_status lt_init(const lt_config *config);
 
 /* Fill *params with struct_size and version, sm_scale NaN (the default scale),
- * causal none and empty tensors. */
+ * causal none, no window (-1, -1), softcap 0 and empty tensors. */
 LT_API lt_status lt_attn_fwd_params_init(lt_attn_fwd_params *params);
 
 /* Describe a contiguous (row-major) tensor of ndim (1..4) dims. */
