@@ -15,7 +15,9 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+from conftest import gpu
 from test_capi import VARLEN_IN_PROCESS, _ok, _run
 
 from lazytriton import dispatch
@@ -97,6 +99,64 @@ def test_window_and_softcap_on_the_cpu_through_the_c_api(prefix: Path, cache_dir
         assert status == 1 and needle in message, (status, message)
     status, message, equal = report["varlen"]
     assert status == 0 and equal, message
+
+
+# The same through plans on the GPU: lt_attn_fwd (its memoised plan) and lt_attn_fwd_plan + lt_plan_launch, against
+# the Python call on the same device tensors (FlashAttention's rule would allow more; the same variant gives ~0).
+WINDOW_GPU_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + """
+torch.manual_seed(0)
+dev = torch.device("cuda", 0)
+q, k, v = (torch.randn(2, 8, s, 128, device=dev, dtype=torch.float16) for s in (300, 257, 257))
+report = {"cases": []}
+
+def describe_gpu(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}[t.dtype]
+    view.ndim, view.device_type, view.device_index = t.dim(), 2, 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+
+def params(causal, window, softcap, out, lse):
+    p = ffi.new("lt_attn_fwd_params *")
+    lib.lt_attn_fwd_params_init(p)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        describe_gpu(getattr(p, name), t)
+    p.causal, p.window_left, p.window_right, p.softcap = causal, window[0], window[1], softcap
+    return p
+
+names = {0: False, 1: "top_left", 2: "bottom_right"}
+for causal, window, softcap in ((0, (64, 32), 0.0), (2, (100, -1), 0.0), (0, (-1, -1), 20.0), (1, (50, -1), 10.0)):
+    want_out, want_lse = lazytriton.attn_fwd(q, k, v, causal=names[causal], window_size=window, softcap=softcap)
+    for planned in (False, True):
+        out, lse = torch.full_like(q, 7.0), torch.full((2, 8, 300), 7.0, device=dev)
+        p = params(causal, window, softcap, out, lse)
+        if planned:
+            plan = ffi.new("lt_plan **")
+            status = lib.lt_attn_fwd_plan(p, plan)
+            status = status or lib.lt_plan_launch(plan[0], p, ffi.NULL)
+        else:
+            status = lib.lt_attn_fwd(p, ffi.NULL)
+        torch.cuda.synchronize()
+        report["cases"].append([status, error(), (out - want_out).abs().max().item(),
+                                (lse - want_lse).abs().max().item()])
+        if planned and status == 0:
+            plain = params(causal, (-1, -1), 0.0, out, lse)  # outside the windowed/capped plan's shape class
+            report.setdefault("mismatch", [lib.lt_plan_launch(plan[0], plain, ffi.NULL), error()])
+print(json.dumps(report))
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_window_and_softcap_through_plans_on_the_gpu(prefix: Path, cache_dir: Path) -> None:
+    out = _ok(_run([sys.executable, "-c", WINDOW_GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    for status, message, out_err, lse_err in report["cases"]:
+        assert status == 0, message
+        assert out_err <= 2e-3 and lse_err <= 1e-4, (out_err, lse_err)
+    status, message = report["mismatch"]
+    assert status == 10 and "sliding window" in message, message
 
 
 def _flag(variant: object, name: str) -> bool:
