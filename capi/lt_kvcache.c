@@ -17,7 +17,7 @@
 #define LT__DECODE_SPLIT_PARAMS 40   /* flash_decode_split: 38 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 12 /* flash_decode_combine: 12 pointers and integers */
-#define LT__APPEND_PARAMS 28         /* kv_append: 28 pointers and integers */
+#define LT__APPEND_PARAMS 30         /* kv_append: 30 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 
 typedef struct {
@@ -432,7 +432,8 @@ static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcac
         p->v.strides[0], p->v.strides[1], p->v.strides[2], p->k_cache.strides[0], p->k_cache.strides[1],
         p->k_cache.strides[2], p->v_cache.strides[0], p->v_cache.strides[1], p->v_cache.strides[2],
         c->paged ? p->block_table.strides[0] : 0, c->hk, c->seqlen_new, c->d, c->dv,
-        c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens, c->use_batch_idx, c->page_size};
+        c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens, c->use_batch_idx, c->page_size, c->capacity,
+        c->cache_rows};
     void *params[LT__APPEND_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */

@@ -102,6 +102,43 @@ def test_appended_keys_land_where_flash_attention_2_puts_them(layout: str, dims:
     assert not torch.equal(mine.k_cache, t.k_cache), "something was written"
 
 
+@pytest.mark.parametrize(("layout", "bad"), [("contiguous", "start_past_end"), ("contiguous", "start_negative"),
+                                           ("batch_idx", "row_past_end"), ("batch_idx", "row_negative"),
+                                           ("page16", "block_past_end"), ("page16", "block_negative"),
+                                           ("page32", "start_past_end")])
+def test_index_values_nobody_checked_never_write_outside_the_caches(layout: str, bad: str) -> None:
+    """The C API's device memory, a graph's replays, ``trusted_indices``: out-of-range values write nothing.
+
+    Sequence 0 is good, sequence 1's value is out of range: the caches end as the append of sequence 0 alone.
+    """
+    args = make(layout, 2, (2, 2), 64, 32, 3, torch.float32, seed=11)
+    args["cache_seqlens"] = torch.tensor([0, 5], dtype=torch.int32)
+    capacity = 64 if layout.startswith("page") else CONTIGUOUS_LEN
+    if bad == "start_past_end":
+        args["cache_seqlens"][1] = capacity
+    elif bad == "start_negative":
+        args["cache_seqlens"][1] = -4
+    elif bad.startswith("row"):
+        args["cache_batch_idx"][1] = args["k_cache"].shape[0] if bad == "row_past_end" else -1
+    else:
+        args["block_table"][1] = args["k_cache"].shape[0] + 2 if bad == "block_past_end" else -1
+    t = inputs(args)
+    with pytest.raises(ValueError):  # a checked call refuses these values
+        checks.check_values(t, checks.check(t))
+    mine = t._replace(k_cache=t.k_cache.clone(), v_cache=t.v_cache.clone())
+    append_binding.append(mine, checks.check(t))
+    if layout == "contiguous":  # sequence 0 (start 0) alone: row 0, slots 0..2
+        alone = t._replace(k_cache=t.k_cache.clone(), v_cache=t.v_cache.clone())
+        alone.k_cache[0, :3], alone.v_cache[0, :3] = t.k[0], t.v[0]  # type: ignore[index]
+    else:
+        good = checks.Inputs(*(x[:1] if isinstance(x, torch.Tensor) and x is not t.k_cache and x is not t.v_cache
+                               else x for x in t))
+        alone = good._replace(k_cache=t.k_cache.clone(), v_cache=t.v_cache.clone())
+        append_binding.append(alone, checks.check(good))
+    assert not torch.equal(alone.k_cache, t.k_cache), "sequence 0 was written"
+    assert torch.equal(mine.k_cache, alone.k_cache) and torch.equal(mine.v_cache, alone.v_cache)
+
+
 @pytest.mark.parametrize("lens", ["int", "tensor"])
 def test_an_int_length_and_strided_new_keys(lens: str) -> None:
     args = make("page16", 3, (4, 2), 64, 32, 2, torch.float32, seed=7, lens=lens)
@@ -122,7 +159,8 @@ def test_the_description_the_arguments_and_the_variants_agree() -> None:
     t = inputs(args)
     ints = append_binding.ints(t, checks.check(t), pointers=lambda x: x)
     assert len(ints) == len(spec.params)
-    assert ints[-8:] == (2, 1, 64, 32, 0, 1, 1, 0)  # heads_k, seqlen_new, d, dv, seqlen_const, flags, page
+    # heads_k, seqlen_new, d, dv, seqlen_const, flags, page, capacity, cache rows (batch + 3 here)
+    assert ints[-10:] == (2, 1, 64, 32, 0, 1, 1, 0, CONTIGUOUS_LEN, 5)
     same = kv_append.variant(SM90, "bf16", 128, 0, False, True, False)
     assert "BLOCK_DV" not in str(same) and "PAGED" not in str(same)
     mla = kv_append.variant(SM90, "bf16", 192, 128, True, True, False)

@@ -9,7 +9,11 @@ key n of sequence b at position p = cache_seqlens[b] + n, row
 of block ``block_table[b, p // page_size]`` of a paged one. It runs before
 the decoding kernels (``flash_decode``) on the same stream, on a GPU and in
 the C API (one launch, no torch indexing); on the CPU through Triton's
-interpreter. The index values were checked before (``flash_decode.checks``).
+interpreter. The index values were checked before (``flash_decode.checks``)
+where they could be read; where not (device memory in the C API, a CUDA
+graph's replays, ``trusted_indices``), ``capacity`` and ``cache_rows`` bound
+every write: a key whose position, block or cache row is out of range is
+not written.
 
 Parameters follow the attention kernels' conventions: pointers, then strides
 in the (batch, seqlen, heads) order of FlashAttention's layout, then sizes.
@@ -64,6 +68,8 @@ KV_APPEND = KernelSpec(
         ("use_seqlens", "i32"),
         ("use_batch_idx", "i32"),
         ("page_size", "i32"),
+        ("capacity", "i32"),
+        ("cache_rows", "i32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "PAGED"),
     aligned_params=("K", "V", "KCache", "VCache") + tuple(name for name, _ in _STRIDES),

@@ -23,7 +23,7 @@ from lazytriton.kernels.kv_append import BLOCK_M, FAMILY, INT_PARAMS, KV_APPEND,
 _LAYOUT = ("K", "V", "KCache", "VCache", "Seqlens", "BatchIdx", "BlockTable",
            *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"), "stride_tb",
            "heads_k", "seqlen_new", "head_dim", "head_dim_v", "seqlen_const", "use_seqlens", "use_batch_idx",
-           "page_size")
+           "page_size", "capacity", "cache_rows")
 if _LAYOUT != INT_PARAMS:  # pragma: no cover (an edit of one side only)
     raise ImportError(f"ints writes {_LAYOUT}, the description has {INT_PARAMS}")
 
@@ -45,7 +45,7 @@ def ints(t: Inputs, call: Call, pointers: Any = _ptr) -> tuple[Any, ...]:
             ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], kcs[0], kcs[1], kcs[2], vcs[0], vcs[1], vcs[2],
             0 if table is None else table.stride(0),
             call.heads_k, call.seqlen_new, call.head_dim, call.value_dim, max(call.seqlen_const, 0),
-            int(seqlens is not None), int(rows is not None), call.page_size)
+            int(seqlens is not None), int(rows is not None), call.page_size, call.capacity, call.cache_rows)
 
 
 # What capi/lt_kvcache.c passes for each parameter (p: the caller's lt_attn_kvcache_params, c: its checked call;
@@ -57,7 +57,8 @@ _C = {"K": "LT__PTR(p->k)", "V": "LT__PTR(p->v)", "KCache": "LT__PTR(p->k_cache)
                                                                ("vc", "v_cache")) for i, d in enumerate("bsh")},
       "stride_tb": "c->paged ? p->block_table.strides[0] : 0", "heads_k": "c->hk", "seqlen_new": "c->seqlen_new",
       "head_dim": "c->d", "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
-      "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size"}
+      "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
+      "capacity": "c->capacity", "cache_rows": "c->cache_rows"}
 
 
 def c_initializer() -> str:

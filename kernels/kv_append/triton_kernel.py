@@ -11,6 +11,12 @@ a Seqlens tensor): row ``BatchIdx[b]`` (or b) and slot p of a contiguous
 cache, or block ``BlockTable[b, p // page_size]`` and slot ``p % page_size``
 of a paged one (``PAGED``). k's head dim is BLOCK_D wide (EVEN_D: no column
 mask), v's BLOCK_DV (EVEN_DV). Nothing is read back: a plain copy.
+
+A position outside ``[0, capacity)``, a block outside ``[0, cache_rows)``
+(num_blocks) or a cache row outside ``[0, cache_rows)`` (batch_cache) is not
+written: index values nobody checked (the C API's device memory, a CUDA
+graph's replays, ``trusted_indices``) cannot make the kernel write outside
+the caches. Checked calls never have such values.
 """
 
 import triton
@@ -25,7 +31,8 @@ def kv_append_kernel(
     stride_kcb, stride_kcs, stride_kch,
     stride_vcb, stride_vcs, stride_vch,
     stride_tb,
-    heads_k, seqlen_new, head_dim, head_dim_v, seqlen_const, use_seqlens, use_batch_idx, page_size,
+    heads_k, seqlen_new, head_dim, head_dim_v, seqlen_const, use_seqlens, use_batch_idx, page_size, capacity,
+    cache_rows,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_DV: tl.constexpr, PAGED: tl.constexpr = False,
 ):
@@ -39,8 +46,10 @@ def kv_append_kernel(
     else:
         start = seqlen_const
     pos = start + step
+    row_ok = row_ok & (pos >= 0) & (pos < capacity)
     if PAGED:
         block = tl.load(BlockTable + batch * stride_tb + pos // page_size, mask=row_ok, other=0)
+        row_ok = row_ok & (block >= 0) & (block < cache_rows)
         slot = pos % page_size
         kc_rows = block * stride_kcb + slot * stride_kcs + head * stride_kch
         vc_rows = block * stride_vcb + slot * stride_vcs + head * stride_vch
@@ -48,6 +57,8 @@ def kv_append_kernel(
         cache_row = batch
         if use_batch_idx != 0:
             cache_row = tl.load(BatchIdx + batch)
+        row_of = tl.zeros([BLOCK_M], dtype=tl.int32) + cache_row  # a vector: the interpreter masks with no scalar
+        row_ok = row_ok & (row_of >= 0) & (row_of < cache_rows)
         kc_rows = cache_row * stride_kcb + pos * stride_kcs + head * stride_kch
         vc_rows = cache_row * stride_vcb + pos * stride_vcs + head * stride_vch
 
