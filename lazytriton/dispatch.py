@@ -551,10 +551,20 @@ GLUON_BY_DEFAULT = True
 
 
 def flash_fwd_gluon_default(dtype: str, head_dim: int, causal: bool) -> GluonTiling | None:
-    """GLUON_TABLE's tiling for (dtype, head dim, causal), or None where flash_fwd serves (reads the two globals)."""
+    """GLUON_TABLE's tiling for (dtype, head dim, causal), or None where flash_fwd serves (reads the two globals).
+
+    A row whose tiles the kernel does not take at that head dim (``gluon.configs``: over sm_90's shared memory,
+    say 128 x 128 at 256) is not used: flash_fwd serves those calls, as without the row.
+    """
     if not GLUON_BY_DEFAULT:
         return None
-    return GLUON_TABLE.get((dtype, head_dim, bool(causal)))
+    row = GLUON_TABLE.get((dtype, head_dim, bool(causal)))
+    if row is None:
+        return None
+    from lazytriton.kernels.flash_fwd import gluon
+
+    tiles, _, pingpong = row
+    return row if tuple(tiles) in gluon.configs(head_dim, pingpong=pingpong) else None
 
 
 def flash_fwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, scale: float, seqlen_q: int,

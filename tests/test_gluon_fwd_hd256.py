@@ -217,3 +217,15 @@ def test_a_head_dim_256_row_serves_attn_fwd_on_gpu(monkeypatch: pytest.MonkeyPat
         out, lse = flash.attn_fwd(q, k, v, causal="bottom_right")
         check_attention(q, k, v, out, lse, causal="bottom_right")
     assert any(v.kernel == GLUON and v.get("BLOCK_D") == 256 for v in resolved), resolved
+
+
+def test_a_row_whose_tiles_do_not_fit_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """128 x 128 at head dim 256 needs 320 KiB: such a row is left out, and flash_fwd serves, never a ValueError."""
+    table = dict(dispatch.GLUON_TABLE)
+    table[("bf16", 256, False)] = ((128, 128, 8), False, False)
+    monkeypatch.setattr(dispatch, "GLUON_TABLE", table)
+    assert dispatch.flash_fwd_gluon_default("bf16", 256, False) is None
+    assert not dispatch.flash_fwd_gluon_fits("bf16", 256, False, 0, 0.0625, 4096, 4096)
+    assert dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 256, False, True, False, 4096, 4096) is None
+    table[("bf16", 256, False)] = HD256_ROW
+    assert dispatch.flash_fwd_gluon_default("bf16", 256, False) == HD256_ROW
