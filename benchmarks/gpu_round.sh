@@ -103,6 +103,12 @@ case " $* " in *" tunedecode "*)  # flash_decode's table on this GPU (copy $OUT/
     -j "$(nproc)" --splits-report --table kernels/flash_decode/tuning.csv 2>&1 | tee "$OUT/tune_decode.log" | tail -30
   cp kernels/flash_decode/tuning.csv "$OUT/decode_tuning.csv" ;;
 esac
+case " $* " in *" tunebwd "*)  # flash_bwd's table: hd256 (its own candidates) and split head dims (rows of their own)
+  timeout ${TUNEBWD_TIMEOUT:-420} lazytriton tune --kernel flash_bwd --dtype ${TUNEBWD_DTYPES:-bf16} \
+    --head-dim ${TUNEBWD_DIMS:-256,96,192} --causal both --pairs ${TUNEBWD_PAIRS:-4096x4096,16384x16384} -j "$(nproc)" \
+    --table kernels/flash_bwd/tuning.csv 2>&1 | tee "$OUT/tune_bwd.log" | tail -30
+  cp kernels/flash_bwd/tuning.csv "$OUT/bwd_tuning.csv" ;;
+esac
 case " $* " in *" warpspec "*)  # Triton's automatic warp specialisation (ws_probe_kernel.py) beside our forward and cuDNN
   timeout ${WARPSPEC_TIMEOUT:-300} python3 benchmarks/probe_warp_spec.py --csv "$OUT/warp_spec.csv" ${WARPSPEC_ARGS:---quick} 2>&1 \
     | tee "$OUT/warp_spec.log" | tail -16 ;;
