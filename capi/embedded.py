@@ -177,12 +177,10 @@ def _is_varlen(p: Any) -> bool:
 
 
 def _features(p: Any) -> tuple[tuple[int, int], float]:
-    """A forward struct's (window_left, window_right) and softcap; the backward's struct has neither: off.
+    """A forward or backward struct's (window_left, window_right) and softcap.
 
-    Version 3 fields: lt__fwd_prepare gives an older struct -1, -1 and 0.
+    Version 3 fields: lt__fwd_prepare and lt__bwd_prepare give an older struct -1, -1 and 0.
     """
-    if not hasattr(p, "window_left"):
-        return (-1, -1), 0.0
     return (int(p.window_left), int(p.window_right)), float(p.softcap)
 
 
@@ -247,7 +245,8 @@ def attn_bwd_cpu(p: Any) -> int:
                 mine.copy_(got)
         return OK
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
-    call = fwd.check(q, k, v, _CAUSAL[p.causal], scale)
+    window, softcap = _features(p)
+    call = fwd.check(q, k, v, _CAUSAL[p.causal], scale, window=window, softcap=softcap)
     bwd.check_grad(q, out, lse, dout, call)
     with torch.no_grad():
         bwd.run_interpreter(q, k, v, out, lse, dout, bwd.Grads(dq, dk, dv), call)

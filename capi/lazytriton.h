@@ -42,7 +42,7 @@
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
 #define LT_ATTN_FWD_PARAMS_VERSION 3 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; older structs are still taken */
-#define LT_ATTN_BWD_PARAMS_VERSION 2
+#define LT_ATTN_BWD_PARAMS_VERSION 3 /* 2: packed sequences; 3: sliding window, softcap; older structs are still taken */
 #define LT_STATS_VERSION 1
 #define LT_ATTN_KVCACHE_PARAMS_VERSION 1
 
@@ -201,7 +201,8 @@ typedef struct {
  * last dim for the 4-dim tensors. Rows that saw no key get zero gradients,
  * and so do keys that no query saw.
  * Packed sequences (version 2): the forward's cu_seqlens_*, max_seqlen_*
- * and layouts; dout like out, dq like q, dk like k, dv like v, delta (heads_q, total_q). */
+ * and layouts; dout like out, dq like q, dk like k, dv like v, delta (heads_q, total_q).
+ * Sliding window and softcap (version 3): the forward's, which they must be. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
     uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
@@ -223,6 +224,10 @@ typedef struct {
     lt_tensor cu_seqlens_k;
     int64_t max_seqlen_q;
     int64_t max_seqlen_k;
+    /* Version 3: the forward's window and softcap (lt_attn_bwd_params_init: -1, -1 and 0: off). */
+    int64_t window_left;
+    int64_t window_right;
+    double softcap;
 } lt_attn_bwd_params;
 
 /* One decoding call, the C twin of lazytriton.flash_attn_with_kvcache (FlashAttention-2's, forward only).
@@ -339,7 +344,7 @@ LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *p
 LT_API lt_status lt_plan_destroy(lt_plan *plan);
 
 /* Fill *params with struct_size and version, sm_scale NaN (the default scale),
- * causal none and empty tensors. */
+ * causal none, no window (-1, -1), softcap 0 and empty tensors. */
 LT_API lt_status lt_attn_bwd_params_init(lt_attn_bwd_params *params);
 
 /* Attention backward: dq, dk and dv from q, k, v, out, lse and dout. Two

@@ -20,14 +20,16 @@
 /* ------------------------------------------------------------------------- */
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
 
-/* A version 1 struct: everything before the packed-sequence fields. */
+/* A version 1 struct: everything before the packed-sequence fields; version 2: before the window. */
 #define LT__BWD_PARAMS_V1_SIZE offsetof(lt_attn_bwd_params, cu_seqlens_q)
+#define LT__BWD_PARAMS_V2_SIZE offsetof(lt_attn_bwd_params, window_left)
 
 static lt_status lt__check_bwd_struct(const lt_attn_bwd_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
-    if (p->struct_size == LT__BWD_PARAMS_V1_SIZE && p->version == 1)
-        return LT_OK; /* read as the dense call it always was */
+    if ((p->struct_size == LT__BWD_PARAMS_V1_SIZE && p->version == 1) ||
+        (p->struct_size == LT__BWD_PARAMS_V2_SIZE && p->version == 2))
+        return LT_OK; /* read as the call it always was: no window, no softcap (and dense, version 1) */
     if (p->struct_size != sizeof(lt_attn_bwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for lt_attn_bwd_params: "
@@ -49,7 +51,7 @@ static lt_attn_fwd_params lt__fwd_view(const lt_attn_bwd_params *p) {
     f.causal = p->causal, f.flags = p->flags, f.sm_scale = p->sm_scale;
     f.cu_seqlens_q = p->cu_seqlens_q, f.cu_seqlens_k = p->cu_seqlens_k;
     f.max_seqlen_q = p->max_seqlen_q, f.max_seqlen_k = p->max_seqlen_k;
-    f.window_left = -1, f.window_right = -1; /* the backward's struct has no window or softcap yet */
+    f.window_left = p->window_left, f.window_right = p->window_right, f.softcap = p->softcap;
     return f;
 }
 
@@ -61,6 +63,8 @@ static lt_status lt__bwd_prepare(const lt_attn_bwd_params *p, lt_attn_bwd_params
         return s;
     memset(norm, 0, sizeof *norm);
     memcpy(norm, p, p->struct_size);
+    if (p->struct_size < sizeof *norm) /* an older struct: no window (zeros would mean a window of 0) */
+        norm->window_left = -1, norm->window_right = -1;
     norm->struct_size = sizeof *norm, norm->version = LT_ATTN_BWD_PARAMS_VERSION;
     *view = *norm;
     if (!lt__wants_varlen(&norm->cu_seqlens_q, &norm->cu_seqlens_k))
@@ -282,8 +286,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
                                 void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
     const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
-    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0); the window and softcap are lt__check's
-       (off: the backward's struct has none yet). */
+    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0); the window and softcap are lt__check's. */
     int64_t dq_ints[LT__BWD_DQ_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
@@ -327,6 +330,7 @@ LT_API lt_status lt_attn_bwd_params_init(lt_attn_bwd_params *params) {
     params->struct_size = sizeof *params, params->version = LT_ATTN_BWD_PARAMS_VERSION;
     params->causal = LT_CAUSAL_NONE;
     params->sm_scale = NAN;
+    params->window_left = -1, params->window_right = -1; /* softcap 0: off */
     return LT_OK;
 }
 

@@ -77,6 +77,32 @@ status = lib.lt_attn_fwd(p, ffi.NULL)
 want_out, want_lse, _ = lazytriton.flash_attn_varlen_func(pq, pk, pv, cq, ck, 17, 9, causal=True, window_size=(3, -1),
                                                           softcap=4.0, return_attn_probs=True)
 report["varlen"] = [status, error(), torch.equal(out, want_out) and torch.equal(lse, want_lse)]
+
+# The backward (version 3): the forward's window and softcap, against autograd through the Python call.
+def backward(causal, window, softcap, struct=None, in_memory=None):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = lazytriton.attn_fwd(*leaves, causal=names[causal], window_size=window, softcap=softcap)
+    do = torch.randn_like(out)
+    want = torch.autograd.grad(out, leaves, do)
+    out, lse = out.detach(), lse.detach()
+    g = ffi.new("lt_attn_bwd_params *")
+    lib.lt_attn_bwd_params_init(g)
+    grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", do), ("dq", grads[0]),
+                    ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(2, 4, 9))):
+        describe(getattr(g, name), t)
+    g.causal, g.window_left, g.window_right, g.softcap = causal, window[0], window[1], softcap
+    if in_memory is not None:  # past a shorter struct's end: must not be read
+        g.window_left, g.window_right, g.softcap = in_memory
+    if struct is not None:
+        g.struct_size, g.version = struct
+    status = lib.lt_attn_bwd(g, ffi.NULL)
+    return [status, error(), all(torch.equal(a, b) for a, b in zip(grads, want))]
+
+report["bwd"] = [backward(causal, window, softcap) for causal, window, softcap in cases]
+# A version 2 backward struct: no window whatever lies past its end (its forward had none: the grads match).
+g2 = ffi.offsetof("lt_attn_bwd_params", "window_left")
+report["bwd_v2"] = backward(0, (-1, -1), 0.0, struct=(g2, 2), in_memory=(0, 0, 3.0))
 print(json.dumps(report))
 """
 
@@ -99,6 +125,8 @@ def test_window_and_softcap_on_the_cpu_through_the_c_api(prefix: Path, cache_dir
         assert status == 1 and needle in message, (status, message)
     status, message, equal = report["varlen"]
     assert status == 0 and equal, message
+    for status, message, equal in [*report["bwd"], report["bwd_v2"]]:
+        assert status == 0 and equal, message
 
 
 # The same through plans on the GPU: lt_attn_fwd (its memoised plan) and lt_attn_fwd_plan + lt_plan_launch, against
@@ -142,6 +170,22 @@ for causal, window, softcap in ((0, (64, 32), 0.0), (2, (100, -1), 0.0), (0, (-1
         if planned and status == 0:
             plain = params(causal, (-1, -1), 0.0, out, lse)  # outside the windowed/capped plan's shape class
             report.setdefault("mismatch", [lib.lt_plan_launch(plan[0], plain, ffi.NULL), error()])
+
+# The backward through its plan (lt_attn_bwd), windowed and capped, against autograd through the Python call.
+leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+out, lse = lazytriton.attn_fwd(*leaves, causal="bottom_right", window_size=(100, -1), softcap=20.0)
+do = torch.randn_like(out)
+want = torch.autograd.grad(out, leaves, do)
+g = ffi.new("lt_attn_bwd_params *")
+lib.lt_attn_bwd_params_init(g)
+grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
+for name, t in (("q", q), ("k", k), ("v", v), ("out", out.detach()), ("lse", lse.detach()), ("dout", do),
+                ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(2, 8, 300, device=dev))):
+    describe_gpu(getattr(g, name), t)
+g.causal, g.window_left, g.window_right, g.softcap = 2, 100, -1, 20.0
+status = lib.lt_attn_bwd(g, ffi.NULL)
+torch.cuda.synchronize()
+report["bwd"] = [status, error(), max((a - b).abs().max().item() for a, b in zip(grads, want))]
 print(json.dumps(report))
 """
 
@@ -157,6 +201,8 @@ def test_window_and_softcap_through_plans_on_the_gpu(prefix: Path, cache_dir: Pa
         assert out_err <= 2e-3 and lse_err <= 1e-4, (out_err, lse_err)
     status, message = report["mismatch"]
     assert status == 10 and "sliding window" in message, message
+    status, message, grad_err = report["bwd"]
+    assert status == 0 and grad_err <= 1e-2, (message, grad_err)
 
 
 def _flag(variant: object, name: str) -> bool:
