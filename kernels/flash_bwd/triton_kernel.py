@@ -277,6 +277,33 @@ def _dq_block_split(
 
 
 @triton.jit
+def _dq_range(
+    dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, lo, hi, offs_m, offs_n, d_ok, d2_ok,
+    dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
+    BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr, EVEN_D: tl.constexpr, EVEN_1: tl.constexpr,
+    EVEN_V: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    """(dq, dq2) after key blocks [lo, hi): ``_dq_block_split`` with split tiles (BLOCK_D2), else ``_dq_block``.
+
+    Without split tiles dq2, q2, do2, k2_ptrs, v2_ptrs and d2_ok are
+    placeholders, never read, and dq2 comes back as it was. The compiled code
+    is the inline loops' (PTX the same but for register numbers, Triton 3.9, sm_90).
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        if BLOCK_D2 > 0:
+            dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n,
+                                      offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
+                                      stride_vs, window_left, window_right, cap, mods, EVEN_D, MASKED, CAUSAL, IEEE,
+                                      WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+        else:
+            dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
+                           seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
+                           mods, dv_ok, EVEN_1, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
+    return dq, dq2
+
+
+@triton.jit
 def flash_bwd_dq_kernel(
     Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
     stride_qb, stride_qh, stride_qs,
@@ -370,6 +397,8 @@ def flash_bwd_dq_kernel(
                                                ALIBI, BIAS, DROPOUT)
     mods = (seqlen_q, slope2, bias_rows, stride_biasn, seed, drop_rows, dropout_p)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if BLOCK_D2 == 0:  # _dq_range's split arguments: placeholders, never read without split tiles
+        q2, do2, k2_ptrs, v2_ptrs, d2_ok, dq2 = q, do, k_ptrs, v_ptrs, d_ok, dq
 
     # Keys [0, full_end) are visible to every row of this block; [full_end, end)
     # are the ragged tail and the causal diagonal, masked.
@@ -385,37 +414,18 @@ def flash_bwd_dq_kernel(
         begin, full_begin, full_end, end = _window_range(start_m, causal_offset - window_left,
                                                          causal_offset + window_right, end, full_end, BLOCK_N,
                                                          BLOCK_M)
-        for start_n in range(begin, full_begin, BLOCK_N):
-            if BLOCK_D2 > 0:
-                dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs,
-                                          start_n, offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale,
-                                          stride_ks, stride_vs, window_left, window_right, cap, mods, EVEN_D, True,
-                                          CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
-            else:
-                dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-                               seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                               cap, mods, dv_ok, EVEN_1, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
-                               EVEN_V)
-    for start_n in range(full_begin, full_end, BLOCK_N):
-        if BLOCK_D2 > 0:
-            dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n,
-                                      offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
-                                      stride_vs, window_left, window_right, cap, mods, EVEN_D, False, CAUSAL, IEEE,
-                                      WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
-        else:
-            dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-                           seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                           mods, dv_ok, EVEN_1, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
-    for start_n in range(full_end, end, BLOCK_N):
-        if BLOCK_D2 > 0:
-            dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n,
-                                      offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
-                                      stride_vs, window_left, window_right, cap, mods, EVEN_D, True, CAUSAL, IEEE,
-                                      WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
-        else:
-            dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
-                           seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                           mods, dv_ok, EVEN_1, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
+        dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, begin, full_begin,
+                            offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
+                            stride_vs, window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1,
+                            EVEN_V, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+    dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, full_begin, full_end,
+                        offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
+                        window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, False,
+                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+    dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, full_end, end,
+                        offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
+                        window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True,
+                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
 
     dq = dq * sm_scale
     _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
@@ -543,6 +553,34 @@ def _dkdv_block_split(
 
 
 @triton.jit
+def _dkdv_range(
+    dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, lo, hi, offs_m, offs_n,
+    d_ok, d2_ok, dv_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap, mods,
+    BLOCK_M: tl.constexpr, BLOCK_D2: tl.constexpr, EVEN_D: tl.constexpr, EVEN_1: tl.constexpr,
+    EVEN_V: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    """(dk, dk2, dv, dv2) after query blocks [lo, hi): ``_dkdv_block_split`` with split tiles, else ``_dkdv_block``.
+
+    Without split tiles (BLOCK_D2 0) the split arguments are placeholders,
+    never read, and dk2, dv2 come back as they were. The compiled code is the
+    inline loops' (the same cubin, Triton 3.9, sm_90).
+    """
+    for start_m in range(lo, hi, BLOCK_M):
+        if BLOCK_D2 > 0:
+            dk, dk2, dv, dv2 = _dkdv_block_split(
+                dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, start_m,
+                offs_m, offs_n, d2_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                window_right, cap, mods, EVEN_D, MASKED, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+        else:
+            dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
+                                 d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
+                                 window_right, cap, mods, dv_ok, EVEN_1, MASKED, IEEE, CAUSAL, WINDOW, SOFTCAP,
+                                 ALIBI, BIAS, DROPOUT, EVEN_V)
+    return dk, dk2, dv, dv2
+
+
+@triton.jit
 def flash_bwd_dkdv_kernel(
     Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
     stride_qb, stride_qh, stride_qs,
@@ -618,6 +656,8 @@ def flash_bwd_dkdv_kernel(
                         cols_ok, d2_ok, True, EVEN_D)
         dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
         dv2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
+    else:  # _dkdv_range's split arguments: placeholders, never read without split tiles
+        k2, v2, d2_ok, dk2, dv2 = k, v, d_ok, dk, dv
 
     # Queries [begin, full_begin) cross the causal diagonal of this key block and
     # are masked; queries [full_begin, seqlen_q) see all of its keys. Keys past
@@ -650,40 +690,24 @@ def flash_bwd_dkdv_kernel(
         if BLOCK_D2 > 0:
             q2_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d2[None, :]
             do2_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d2[None, :]
-        for start_m in range(begin, full_begin, BLOCK_M):
-            if BLOCK_D2 > 0:
-                dk, dk2, dv, dv2 = _dkdv_block_split(
-                    dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, start_m,
-                    offs_m, offs_n, d2_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                    window_right, cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
-            else:
-                dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
-                                     d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                                     window_right, cap, mods, dv_ok, EVEN_1, True, IEEE, CAUSAL, WINDOW, SOFTCAP,
-                                     ALIBI, BIAS, DROPOUT, EVEN_V)
-        for start_m in range(full_begin, full_end, BLOCK_M):
-            if BLOCK_D2 > 0:
-                dk, dk2, dv, dv2 = _dkdv_block_split(
-                    dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, start_m,
-                    offs_m, offs_n, d2_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                    window_right, cap, mods, EVEN_D, False, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
-            else:
-                dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
-                                     d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                                     window_right, cap, mods, dv_ok, EVEN_1, False, IEEE, CAUSAL, WINDOW, SOFTCAP,
-                                     ALIBI, BIAS, DROPOUT, EVEN_V)
+        else:  # _dkdv_range's split arguments: placeholders, never read without split tiles
+            q2_ptrs, do2_ptrs = q_ptrs, do_ptrs
+        dk, dk2, dv, dv2 = _dkdv_range(dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr,
+                                       delta_ptr, begin, full_begin, offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_q,
+                                       causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap,
+                                       mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True, IEEE, CAUSAL, WINDOW,
+                                       SOFTCAP, ALIBI, BIAS, DROPOUT)
+        dk, dk2, dv, dv2 = _dkdv_range(dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr,
+                                       delta_ptr, full_begin, full_end, offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_q,
+                                       causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap,
+                                       mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, False, IEEE, CAUSAL, WINDOW,
+                                       SOFTCAP, ALIBI, BIAS, DROPOUT)
         if WINDOW:
-            for start_m in range(full_end, end, BLOCK_M):
-                if BLOCK_D2 > 0:
-                    dk, dk2, dv, dv2 = _dkdv_block_split(
-                        dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr, delta_ptr, start_m,
-                        offs_m, offs_n, d2_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                        window_right, cap, mods, EVEN_D, True, IEEE, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
-                else:
-                    dk, dv = _dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
-                                         d_ok, seqlen_q, causal_offset, qk_scale, stride_qs, stride_dos, window_left,
-                                         window_right, cap, mods, dv_ok, EVEN_1, True, IEEE, CAUSAL, WINDOW,
-                                         SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
+            dk, dk2, dv, dv2 = _dkdv_range(dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr,
+                                           delta_ptr, full_end, end, offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_q,
+                                           causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
+                                           cap, mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True, IEEE, CAUSAL,
+                                           WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
 
     dk = dk * sm_scale
     _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
