@@ -41,9 +41,11 @@ FIELDS = ["benchmark", "provider", "mode", "value", "unit", "ratio_to_torch_add"
           "triton", "lazytriton", "timestamp"]
 TARGET = 1.5
 HELPER, ABI, CPP = "compiled helper", "cffi ABI mode", "C++ tail"
-# In the C++ tail's group, its warm forward function called directly (no public wrapper), twice: the lse from the
-# entry's stock (hot.CPP_LSE_STOCKS True) and from at::empty (False); the same kernels, so one group, interleaved.
+# In the C++ tail's group, its warm forward function called directly (no public wrapper), three ways: the lse from
+# the entry's stock (hot.CPP_LSE_STOCKS True) or from at::empty (False, the default), and the latter with the stream
+# read in Python rather than by the C++ tail (where its module has STREAM_INSIDE); the same kernels, one group.
 FORWARD_STOCKED, FORWARD_ALLOCATED = "hot.forward_bhsd, lse stocked", "hot.forward_bhsd, lse allocated"
+FORWARD_PY_STREAM = "hot.forward_bhsd, lse allocated, stream from Python"
 
 
 def ensure_helper(build: bool) -> str:
@@ -92,9 +94,10 @@ def entry_points(path: str) -> dict[str, Callable[[], object]]:
         }
         if path == CPP:
             previous_stocks = hot.CPP_LSE_STOCKS
-            for name, stocked in ((FORWARD_STOCKED, True), (FORWARD_ALLOCATED, False)):
+            for name, stocked, inside in ((FORWARD_STOCKED, True, None), (FORWARD_ALLOCATED, False, None),
+                                          (FORWARD_PY_STREAM, False, False)):
                 hot.CPP_LSE_STOCKS = stocked
-                forward = hot.generate("bhsd", "forward")
+                forward = hot.generate("bhsd", "forward", stream_inside=inside)
                 calls[name] = lambda forward=forward: forward(q, k, v, False, None)
             hot.CPP_LSE_STOCKS = previous_stocks
         for fn in calls.values():
@@ -158,7 +161,7 @@ def main() -> int:
     paths = [HELPER, ABI] if fastlaunch.available() else [ABI]
     if fastlaunch.available():
         cpp = ensure_cpp(not args.no_build)
-        print(f"C++ tail: {cpp}")
+        print(f"C++ tail: {cpp}; reads the stream itself: {bool(getattr(hotpath.module(), 'STREAM_INSIDE', 0))}")
         if hotpath.module() is not None:
             paths.insert(0, CPP)
     started = time.perf_counter()
@@ -196,11 +199,11 @@ def main() -> int:
           f"({time.perf_counter() - started:.0f} s; {meta['gpu']}, torch {meta['torch']}, triton {triton_version})")
     print("ratios are to torch.add measured in the same group: " +
           ", ".join(f"{path if path != '-' else 'peers'} {value:.2f} µs" for path, value in adds.items()))
-    print(f"{'call':<31} {'launch path':<16} {'host µs':>8} {'vs torch.add':>13}")
+    print(f"{'call':<52} {'launch path':<16} {'host µs':>8} {'vs torch.add':>13}")
     for (name, path), value in results.items():
         r = ratio(name, path, value)
         verdict = "" if path == "-" else ("  meets 1.5x" if r <= TARGET else "  over 1.5x")
-        print(f"{name:<31} {path:<16} {value:8.2f} {r:12.2f}x{verdict}")
+        print(f"{name:<52} {path:<16} {value:8.2f} {r:12.2f}x{verdict}")
     print(f"rows appended to {args.csv}")
     return 0
 

@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ class _Runtime:
 
 
 def _paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, result: str, layout: str,
-           spare: torch.Tensor) -> tuple[_Runtime, Any, dict[str, Any], list[Any]]:
+           spare: torch.Tensor, stream_inside: bool = False) -> tuple[_Runtime, Any, dict[str, Any], list[Any]]:
     """(runtime, kernel on the fake, {"python": fn, "cpp": fn}, what run_cpp returned) for one warm path."""
     monkeypatch.setattr(fastlaunch, "_module", lambda: helper)
     kernel = gpu.CudaApi(str(fake.library)).load(_entry(ARG_TYPES), 0)  # type: ignore[attr-defined]
@@ -101,7 +102,8 @@ def _paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, r
              "SPARE": {-1: (spare.numel(), spare.data_ptr())},
              "lse_template": lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s)}
     paths = {"python": hot.generate(layout, result, cuda=False, cpp=False, **scope),
-             "cpp": hot.generate(layout, result, cuda=False, cpp=cpp, **scope, run_cpp=run)}
+             "cpp": hot.generate(layout, result, cuda=False, cpp=cpp, stream_inside=stream_inside, **scope,
+                                 run_cpp=run)}
     return rt, kernel, paths, served
 
 
@@ -347,3 +349,54 @@ def test_a_module_with_another_calling_convention_is_left_unused(cpp: Any) -> No
     older = types.SimpleNamespace(TEMPLATE=cpp.TEMPLATE, INTERFACE=cpp.INTERFACE - 1, run=cpp.run)
     assert not hot.usable(older), "an older _hotpath.cpp's build, same template, another run(): never called"
     assert not hot.usable(types.SimpleNamespace(TEMPLATE=cpp.TEMPLATE, run=cpp.run)), "one that names none"
+
+
+# torch's AOTInductor C shim, as a CUDA torch's libtorch_cuda exports it: here a fake one, global before a second
+# copy of the module loads (a CPU torch has none, so the module the other tests use reads no stream itself).
+STREAM_GETTER_C = r"""
+#include <stdint.h>
+int32_t aoti_torch_get_current_cuda_stream(int32_t device_index, void **stream) {
+    *stream = (void *)(uintptr_t)(0xC0FFEE00u + (uint32_t)(device_index + 1));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cpp_reading_the_stream(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import ctypes
+
+    if shutil.which("gcc") is None:
+        pytest.fail("no C compiler for the fake stream getter")
+    where = tmp_path_factory.mktemp("stream-getter")
+    (where / "getter.c").write_text(STREAM_GETTER_C)
+    library = where / "libgetter.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(library), str(where / "getter.c")], check=True)
+    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    copy = tmp_path_factory.mktemp("hotpath-copy")
+    shutil.copyfile(built, copy / built.name)  # another path: CPython runs its init again, which looks it up
+    module = hotpath.load(copy, torch.__version__, fastlaunch.PLAN_VERSION)
+    assert module is not None and module.STREAM_INSIDE == 1
+    return module
+
+
+@pytest.mark.parametrize("result", ["forward", "output"])
+def test_cpp_tail_reads_the_current_stream_itself_where_torch_offers_it(result: str, fake: Fake, helper: Any,
+                                                                        cpp: Any, cpp_reading_the_stream: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cpp.STREAM_INSIDE == 0, "this CPU torch has no libtorch_cuda"
+    text = hot.source("bhsd", result, cpp=True, stream_inside=True)
+    assert "raw_stream" not in text[:text.index("run_cpp(")], "no Python stream read before the C++ tail"
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, served = _paths(fake, helper, cpp_reading_the_stream, monkeypatch, result, "bhsd", spare,
+                                       stream_inside=True)
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
+    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
+    for _ in range(2):
+        assert paths["cpp"](q, k, v, False, None) is not None
+    assert served[-1] is not None, "the C++ tail served it"
+    assert _launched(fake)[2]["stream"] == 0xC0FFEE00, "the getter's stream for q's device (-1 on the CPU)"
+    (entry,) = paths["cpp"].__globals__["SHAPES"].values()
+    lse = 0 if result == "output" else None
+    assert cpp.run(q, k, v, None, lse, entry[12]) is None, "no getter: declined, the Python tail reads the stream"
+    assert _launched(fake)[2]["stream"] == 0xC0FFEE00

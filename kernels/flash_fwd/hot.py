@@ -176,6 +176,17 @@ CPP_LSE_STOCKS = False
 _LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = None if stream and is_capturing() else known[1]",
             "forward_allocated": "stream = raw_stream(di)\n    lse_ptr = None  # run_cpp allocates lse",
             "output": None}
+# With a module that reads the current stream itself (STREAM_INSIDE): no raw_stream call before run_cpp. The Python
+# tail, when run_cpp declines, reads it again (its own _LSE text).
+_LSE_CPP_INSIDE = {
+    "forward_allocated": "stream = None  # run_cpp reads the current stream\n    lse_ptr = None  # and allocates lse",
+    "output": ("stream = None  # run_cpp reads the current stream\n"
+               "    spare = SPARE.get(di)\n"
+               "    if spare is None or spare[0] < known[2]:\n"
+               "        lse = spare_lse(di, known[2])  # alive in this frame until after the launch\n"
+               "        lse_ptr = lse.data_ptr()\n"
+               "    else:\n"
+               "        lse_ptr = spare[1]")}
 
 _LAYOUTS = {
     "bhsd": ("b, hq, sq, d = qshape\n    bk, hk, sk, dk = kshape", "", ""),
@@ -269,7 +280,7 @@ def _floats_source() -> str:
 # The C++ tail's record of an entry (lazytriton/driver/_hotpath.cpp reads it): its Template struct, then the
 # constant ints (0 where a pointer goes) and the floats; the pointers in its order (enum Pointer).
 CPP_TEMPLATE = struct.Struct("<3q6I4i6h4x")  # lse shape, 2 grids, strides aligned, forward, counts, 5 slots, mask
-CPP_INTERFACE = 2  # run()'s calling convention: _hotpath.cpp's LT_INTERFACE
+CPP_INTERFACE = 3  # run()'s calling convention: _hotpath.cpp's LT_INTERFACE
 CPP_POINTERS = ("q", "k", "v", "out", "lse")
 
 
@@ -424,10 +435,11 @@ is_capturing = torch._C._cuda_isCurrentStreamCapturing if torch.backends.cuda.is
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; binding.raw_stream's
 
 
-def source(layout: str, result: str, cuda: bool = True, cpp: bool = False) -> str:
+def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, stream_inside: bool = False) -> str:
     """The text of the warm path for a layout ("bhsd", "bshd") and result ("forward", "output"), and its describe.
 
-    ``cpp``: with the C++ tail (``run_cpp``, ``cpp_record``) in front of the Python one.
+    ``cpp``: with the C++ tail (``run_cpp``, ``cpp_record``) in front of the Python one; ``stream_inside``: it
+    reads the current stream itself (its STREAM_INSIDE), so none is read before it (but with lse stocks).
     """
     unpack, permute_in, permute_out = _LAYOUTS[layout]
     lse, returned = _LSE[result]
@@ -436,7 +448,8 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False) -> st
         raise RuntimeError("hot.py: the binding's parameters no longer read lse.data_ptr()")
     lookup = _LOOKUP
     if cpp and set(names) <= set(CPP_POINTERS):  # else a pointer the C++ tail does not know: Python alone
-        cpp_lse = _LSE_CPP["forward_allocated" if result == "forward" and not CPP_LSE_STOCKS else result]
+        kind = "forward_allocated" if result == "forward" and not CPP_LSE_STOCKS else result
+        cpp_lse = _LSE_CPP_INSIDE[kind] if stream_inside and kind in _LSE_CPP_INSIDE else _LSE_CPP[kind]
         lookup = _LOOKUP_CPP.format(lse=(cpp_lse or lse).replace("\n    ", "\n        "))
     pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
     aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
@@ -463,13 +476,15 @@ def usable(cpp: Any) -> bool:
     return getattr(cpp, "TEMPLATE", None) == CPP_TEMPLATE.format and getattr(cpp, "INTERFACE", None) == CPP_INTERFACE
 
 
-def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, **namespace: Any) -> Any:
+def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, stream_inside: bool | None = None,
+             **namespace: Any) -> Any:
     """The warm-path function for a layout ("bhsd", "bshd") and result ("forward": (out, lse); "output": out).
 
     ``cuda=False`` and ``namespace`` overrides serve the CPU tests and
     benchmarks/profile_hot.py, which run this same text on CPU tensors with a
     fake driver (there is no other use for them). The C++ tail is in the text when its module is built for this
     torch and enabled (driver/hotpath.py) and the launch helper is there; ``cpp``: False, or the module to use.
+    ``stream_inside`` (None: the module's STREAM_INSIDE, on CUDA only): the C++ tail reads the current stream.
     """
     name = f"{result}_{layout}"
     if cpp is None:  # a module built from another _hotpath.cpp reads another template: not used until rebuilt
@@ -489,7 +504,9 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, **nam
         "cpp_record": functools.partial(cpp_record, forward=result == "forward"),
     }
     scope.update(namespace)
-    text = source(layout, result, cuda, cpp=bool(cpp))
+    if stream_inside is None:
+        stream_inside = cuda and bool(getattr(cpp, "STREAM_INSIDE", 0))
+    text = source(layout, result, cuda, cpp=bool(cpp), stream_inside=bool(cpp) and stream_inside)
     exec(compile(text, f"<{FLASH_FWD.name} warm path: {name}>", "exec"), scope)  # noqa: S102 (our own text)
     return scope[name]
 

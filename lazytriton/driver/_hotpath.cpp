@@ -10,6 +10,7 @@
 // launch (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
 
 #include "lt_plan.h"
 
@@ -38,7 +39,30 @@ static_assert(sizeof(Template) == 80, "Template must be what LT_TEMPLATE_FORMAT 
 // run()'s calling convention (its arguments and the record's items): hot.py's CPP_INTERFACE must be the same, or
 // it leaves the module unused (one built from an older _hotpath.cpp, kept beside the package, until rebuilt).
 // 2: the record's sixth item (restock), a forward's lse argument the entry's stocks or None.
-#define LT_INTERFACE 2
+// 3: the stream argument may be None: run() reads the current stream itself (STREAM_INSIDE).
+#define LT_INTERFACE 3
+
+// The current stream of a device without Python's torch._C._cuda_getCurrentRawStream (~0.3 us of a warm call):
+// torch's AOTInductor C shim, aoti_torch_get_current_cuda_stream(device_index, &stream) -> 0 on success, a
+// stable C ABI in libtorch_cuda (libtorch_hip on ROCm). Looked up once, when the module loads; absent (a CPU
+// torch, an older one), the caller passes the stream (STREAM_INSIDE is 0).
+typedef int32_t (*StreamGetter)(int32_t, void **);
+StreamGetter stream_getter = nullptr;
+
+StreamGetter find_stream_getter() {
+    const char *name = "aoti_torch_get_current_cuda_stream";
+    void *found = dlsym(RTLD_DEFAULT, name);
+    for (const char *library : {"libtorch_cuda.so", "libtorch_hip.so"}) {
+        if (found != nullptr)
+            break;
+        void *handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);  // torch loaded it: only its handle is taken
+        if (handle != nullptr) {
+            found = dlsym(handle, name);
+            dlclose(handle);  // NOLOAD took a reference; torch keeps the library loaded
+        }
+    }
+    return reinterpret_cast<StreamGetter>(found);
+}
 
 // A new reference, released when it goes out of scope (an early return, a C++ exception).
 struct Owned {
@@ -72,6 +96,8 @@ PyObject *next_lse(PyObject *stocks, PyObject *stream, PyObject *restock) {
 }
 
 // run(q, k, v, stream, lse, record) -> out | (out, lse) | None
+// stream: the raw stream handle (an int), or None: q's device's current stream, read here (STREAM_INSIDE; run
+// returns None, the Python path's turn, where it cannot be read).
 // lse: an output_* call passes the address (int) of a buffer nobody reads; a forward_* call passes the entry's
 // lse stocks (a dict, see next_lse), or None to have its lse allocated here (a large lse; during a capture,
 // from the graph's pool).
@@ -101,11 +127,19 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "run(): malformed template");
         return nullptr;
     }
-    unsigned long long stream = PyLong_AsUnsignedLongLong(args[3]);
+    const at::Tensor &q = THPVariable_Unpack(args[0]);
+    unsigned long long stream = 0;
+    if (args[3] == Py_None) {  // the current stream of q's device, read here (STREAM_INSIDE)
+        void *current = nullptr;
+        if (stream_getter == nullptr || stream_getter((int32_t)q.get_device(), &current) != 0)
+            Py_RETURN_NONE;  // hot.py's Python path reads it
+        stream = (uintptr_t)current;
+    } else {
+        stream = PyLong_AsUnsignedLongLong(args[3]);
+    }
     unsigned long long lse_address = t.forward ? 0 : PyLong_AsUnsignedLongLong(args[4]);
     if (PyErr_Occurred())
         return nullptr;
-    const at::Tensor &q = THPVariable_Unpack(args[0]);
     const at::Tensor &k = THPVariable_Unpack(args[1]);
     const at::Tensor &v = THPVariable_Unpack(args[2]);
     Owned stocked;  // a forward's lse from its stock, returned as is
@@ -204,8 +238,10 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hotpath", nullptr, -1, method
 }  // namespace
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
+    stream_getter = find_stream_getter();
     PyObject *module = PyModule_Create(&module_def);
     if (module != nullptr && (PyModule_AddStringConstant(module, "TORCH_VERSION", LT_TORCH_VERSION) < 0 ||
+                              PyModule_AddIntConstant(module, "STREAM_INSIDE", stream_getter != nullptr) < 0 ||
                               PyModule_AddIntConstant(module, "PLAN_VERSION", LT_PLAN_VERSION) < 0 ||
                               PyModule_AddStringConstant(module, "TEMPLATE", LT_TEMPLATE_FORMAT) < 0 ||
                               PyModule_AddIntConstant(module, "INTERFACE", LT_INTERFACE) < 0)) {

@@ -82,7 +82,7 @@ def command(compiler: str, source: Path, output: Path, includes: list[str], libr
             f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", f'-DLT_TORCH_VERSION="{torch_version}"',
             f"-DLT_PLAN_VERSION={plan_version}", *(f"-I{p}" for p in [str(source.parent), *includes]),
             str(source), "-o", str(output), *(f"-L{p}" for p in libraries),
-            *(f"-Wl,-rpath,{p}" for p in libraries), *(f"-l{name}" for name in LIBRARIES)]
+            *(f"-Wl,-rpath,{p}" for p in libraries), *(f"-l{name}" for name in LIBRARIES), "-ldl"]
 
 
 def build(directory: Path | None = None, verbose: bool = False) -> Path:
