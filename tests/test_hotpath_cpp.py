@@ -323,15 +323,17 @@ def test_gpu_cpp_tail_gives_the_python_tails_results_and_captures() -> None:
     assert torch.equal(out_p, out_c) and torch.equal(lse_p, lse_c) and torch.equal(sdpa_p, sdpa_c)
     assert out_c.stride() == out_p.stride() and lse_c.stride() == lse_p.stride()
 
-    forward = hot.generate("bhsd", "forward", cpp=hotpath.module())
+    forward = hot.generate("bhsd", "forward", cpp=hotpath.module(), run_cpp=run)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         forward(q, k, v, "bottom_right", None)
+        served.clear()
         with torch.cuda.graph(graph):
             captured = forward(q, k, v, "bottom_right", None)
     torch.cuda.current_stream().wait_stream(stream)
+    assert len(served) == 1 and served[0] is not None, "the captured call went through the C++ tail"
     fresh = make_qkv(2, (4, 2), (300, 257), 64, torch.bfloat16, device="cuda", seed=12)
     for old, new in zip((q, k, v), fresh, strict=True):
         old.copy_(new)
