@@ -7,6 +7,7 @@ rest is pure and tested with made-up inputs. Until the tuning table exists
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from lazytriton import tuning
@@ -561,10 +562,14 @@ def flash_fwd_gluon_default(dtype: str, head_dim: int, causal: bool) -> GluonTil
     row = GLUON_TABLE.get((dtype, head_dim, bool(causal)))
     if row is None:
         return None
+    return row if _gluon_takes(head_dim, tuple(row[0]), row[2]) else None
+
+
+@functools.cache  # per call of the general path (binding.memo_key): the kernel's rule, once per tiling
+def _gluon_takes(head_dim: int, tiles: tuple[int, int, int], pingpong: bool) -> bool:
     from lazytriton.kernels.flash_fwd import gluon
 
-    tiles, _, pingpong = row
-    return row if tuple(tiles) in gluon.configs(head_dim, pingpong=pingpong) else None
+    return tiles in gluon.configs(head_dim, pingpong=pingpong)
 
 
 def flash_fwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, scale: float, seqlen_q: int,
