@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import torch
 from fake_libcuda import Fake
-from fake_libcuda import build as build_fake
 from test_driver import _entry
 from test_flash_fwd import make_qkv, on_gpu
 from test_hot import CPU_CASES, _inputs
@@ -70,12 +69,9 @@ def helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory: pytest.TempPathFactory) -> Fake:
-    library = build_fake(tmp_path_factory.mktemp("fakecuda"))
-    if library is None:
-        pytest.fail("no C compiler for the fake libcuda")
-    made = Fake(library)
-    made.library = library  # type: ignore[attr-defined]
+def fake(fake_library: Path) -> Fake:
+    made = Fake(fake_library)
+    made.library = fake_library  # type: ignore[attr-defined]
     return made
 
 
