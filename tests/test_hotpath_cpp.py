@@ -340,13 +340,21 @@ def test_gpu_cpp_tail_gives_the_python_tails_results_and_captures() -> None:
     runtime.reset()
 
 
-def test_a_module_with_another_calling_convention_is_left_unused(cpp: Any) -> None:
+def test_a_module_with_another_calling_convention_is_left_unused(cpp: Any, helper: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     import types
 
     assert hot.usable(cpp) and cpp.INTERFACE == hot.CPP_INTERFACE and cpp.TEMPLATE == hot.CPP_TEMPLATE.format
     older = types.SimpleNamespace(TEMPLATE=cpp.TEMPLATE, INTERFACE=cpp.INTERFACE - 1, run=cpp.run)
     assert not hot.usable(older), "an older _hotpath.cpp's build, same template, another run(): never called"
     assert not hot.usable(types.SimpleNamespace(TEMPLATE=cpp.TEMPLATE, run=cpp.run)), "one that names none"
+    monkeypatch.setattr(fastlaunch, "_module", lambda: helper)
+    monkeypatch.setattr(hotpath, "module", lambda: older)
+    hot.warn_stale_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):
+        fn = hot.generate("bhsd", "forward", cuda=False)
+    assert fn.__globals__["run_cpp"] is None and "built from another _hotpath.cpp" in caplog.text
 
 
 # torch's AOTInductor C shim, as a CUDA torch's libtorch_cuda exports it: here a fake one, global before a second

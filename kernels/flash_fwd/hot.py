@@ -45,6 +45,7 @@ hotpath.py), the generated text hands it everything after the entry lookup
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import re
 import struct
@@ -471,6 +472,13 @@ def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None
     return None
 
 
+@functools.cache
+def warn_stale_once() -> None:
+    logging.getLogger("lazytriton.driver").warning(
+        "the C++ warm path was built from another _hotpath.cpp (its records or calling convention differ): the "
+        "Python warm path until it is rebuilt (python -m lazytriton.driver.hotpath_build)")
+
+
 def usable(cpp: Any) -> bool:
     """Whether a loaded C++ tail reads this file's records: the same template format and calling convention."""
     return getattr(cpp, "TEMPLATE", None) == CPP_TEMPLATE.format and getattr(cpp, "INTERFACE", None) == CPP_INTERFACE
@@ -489,7 +497,9 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
     name = f"{result}_{layout}"
     if cpp is None:  # a module built from another _hotpath.cpp reads another template: not used until rebuilt
         cpp = hotpath.module() if fastlaunch.available() else None
-        cpp = cpp if usable(cpp) else None
+        if cpp is not None and not usable(cpp):
+            warn_stale_once()
+            cpp = None
     shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
         "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,
