@@ -119,3 +119,7 @@ esac
 case " $* " in *" varlen "*)  # flash_attn_varlen_func on a mixed-length batch beside padded SDPA and the dense kernel
   python3 benchmarks/bench_varlen.py --csv "$OUT/varlen.csv" ${VARLEN_ARGS:-} 2>&1 | tee "$OUT/bench_varlen.log" | tail -30 ;;
 esac
+case " $* " in *" bwdatomic "*)  # probe: fused backward with atomic dQ (5 products) beside flash_bwd (7) and cuDNN
+  timeout ${BWDATOMIC_TIMEOUT:-260} python3 benchmarks/probe_bwd_atomic.py ${BWDATOMIC_ARGS:-} 2>&1 \
+    | tee "$OUT/bwd_atomic.log" | tail -16 ;;
+esac
