@@ -16,6 +16,12 @@ kernel instead: 7 matrix products against these 5, but no atomics and
 bitwise-reproducible gradients. ``delta = rowsum(dO * O)`` comes from
 ``delta_kernel`` first.
 
+``DQ_TMA``: dQ's tile goes to the accumulator as one bulk tensor reduction
+(``DQ_DESC``, a host tensor descriptor of the accumulator viewed as (B*Hq, Sq,
+D), block (1, BLOCK_M, D): TMA's ``cp.reduce.async.bulk.tensor``, which is how
+FlashAttention-3 adds dQ) instead of one ``red`` per element. GPU only: Triton's
+interpreter has no descriptor atomics.
+
 ``ROTATE``: without a causal mask every program of a head walks the same query
 blocks, so all of them add into the same dQ rows at once; rotated, program i
 starts at its own query block and wraps around, spreading the atomics over
@@ -49,8 +55,9 @@ def delta_kernel(Out, DO, Delta, stride_ob, stride_oh, stride_os, stride_dob, st
 
 
 @triton.jit
-def _fused_block(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n, seqlen_q,
-                 causal_offset, qk_scale, sm_scale, stride_qs, stride_dos, stride_dqs, MASKED: tl.constexpr):
+def _fused_block(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, bh, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
+                 seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos, stride_dqs, MASKED: tl.constexpr,
+                 DQ_TMA: tl.constexpr):
     rows = start_m + offs_m
     rows_ok = rows < seqlen_q
     q = tl.load(q_ptrs + start_m * stride_qs, mask=rows_ok[:, None], other=0.0)
@@ -67,29 +74,33 @@ def _fused_block(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, sta
     ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
     dk = tl.dot(ds_t, q, dk)
     dq = tl.dot(tl.trans(ds_t), k, tl.zeros([q.shape[0], k.shape[1]], dtype=tl.float32)) * sm_scale
-    tl.atomic_add(dq_ptrs + start_m * stride_dqs, dq, mask=rows_ok[:, None], sem="relaxed")
+    if DQ_TMA:  # one bulk reduction of the tile through shared memory (cp.reduce.async.bulk.tensor)
+        dq_desc.atomic_add([bh, start_m, 0], dq.reshape([1, q.shape[0], k.shape[1]]))
+    else:
+        tl.atomic_add(dq_ptrs + start_m * stride_dqs, dq, mask=rows_ok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, lo, hi, offs_m, offs_n, seqlen_q,
-                 causal_offset, qk_scale, sm_scale, stride_qs, stride_dos, stride_dqs, BLOCK_M: tl.constexpr,
-                 MASKED: tl.constexpr):
+def _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, bh, lse_ptr, delta_ptr, lo, hi, offs_m, offs_n,
+                 seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos, stride_dqs, BLOCK_M: tl.constexpr,
+                 MASKED: tl.constexpr, DQ_TMA: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
-        dk, dv = _fused_block(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, start_m, offs_m, offs_n,
-                              seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos, stride_dqs, MASKED)
+        dk, dv = _fused_block(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, bh, lse_ptr, delta_ptr, start_m, offs_m,
+                              offs_n, seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos, stride_dqs,
+                              MASKED, DQ_TMA)
     return dk, dv
 
 
 @triton.jit
 def fused_bwd_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, DQA,
+    Q, K, V, DO, Lse, Delta, DK, DV, DQA, DQ_DESC,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
     stride_dqb, stride_dqh, stride_dqs,
     group_size, heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-    ROTATE: tl.constexpr,
+    ROTATE: tl.constexpr, DQ_TMA: tl.constexpr = False,
 ):
     start_n = tl.program_id(0) * BLOCK_N
     kv_head = tl.program_id(1)
@@ -114,30 +125,31 @@ def fused_bwd_kernel(
         full_begin = tl.minimum(full_begin, seqlen_q)
     for g in range(0, group_size):
         head = kv_head * group_size + g
+        bh = batch * heads_q + head
         q_ptrs = Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
         do_ptrs = DO + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :]
         dq_ptrs = DQA + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :]
         lse_ptr = Lse + (batch * heads_q + head) * seqlen_q
         delta_ptr = Delta + (batch * heads_q + head) * seqlen_q
         if CAUSAL:
-            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, begin, full_begin,
-                                  offs_m, offs_n, seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos,
-                                  stride_dqs, BLOCK_M, True)
-            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, full_begin, seqlen_q,
-                                  offs_m, offs_n, seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos,
-                                  stride_dqs, BLOCK_M, False)
+            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, bh, lse_ptr, delta_ptr,
+                                  begin, full_begin, offs_m, offs_n, seqlen_q, causal_offset, qk_scale,
+                                  sm_scale, stride_qs, stride_dos, stride_dqs, BLOCK_M, True, DQ_TMA)
+            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, bh, lse_ptr, delta_ptr,
+                                  full_begin, seqlen_q, offs_m, offs_n, seqlen_q, causal_offset, qk_scale,
+                                  sm_scale, stride_qs, stride_dos, stride_dqs, BLOCK_M, False, DQ_TMA)
         elif ROTATE:
             pivot = ((start_n // BLOCK_M) * BLOCK_M) % (((seqlen_q + BLOCK_M - 1) // BLOCK_M) * BLOCK_M)
-            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, pivot, seqlen_q,
-                                  offs_m, offs_n, seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos,
-                                  stride_dqs, BLOCK_M, False)
-            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, 0, pivot,
-                                  offs_m, offs_n, seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos,
-                                  stride_dqs, BLOCK_M, False)
+            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, bh, lse_ptr, delta_ptr,
+                                  pivot, seqlen_q, offs_m, offs_n, seqlen_q, causal_offset, qk_scale,
+                                  sm_scale, stride_qs, stride_dos, stride_dqs, BLOCK_M, False, DQ_TMA)
+            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, bh, lse_ptr, delta_ptr,
+                                  0, pivot, offs_m, offs_n, seqlen_q, causal_offset, qk_scale,
+                                  sm_scale, stride_qs, stride_dos, stride_dqs, BLOCK_M, False, DQ_TMA)
         else:
-            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, 0, seqlen_q,
-                                  offs_m, offs_n, seqlen_q, causal_offset, qk_scale, sm_scale, stride_qs, stride_dos,
-                                  stride_dqs, BLOCK_M, False)
+            dk, dv = _fused_range(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, bh, lse_ptr, delta_ptr,
+                                  0, seqlen_q, offs_m, offs_n, seqlen_q, causal_offset, qk_scale,
+                                  sm_scale, stride_qs, stride_dos, stride_dqs, BLOCK_M, False, DQ_TMA)
     dk = dk * sm_scale
     tl.store(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=cols_ok[:, None])

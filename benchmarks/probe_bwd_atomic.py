@@ -41,11 +41,11 @@ from lazytriton.kernels.flash_fwd import binding as fwd  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # (BLOCK_N held keys, BLOCK_M streamed queries, warps, stages)
-TILINGS = {64: ((128, 64, 8, 2), (128, 64, 4, 2), (128, 32, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2)),
-           128: ((128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 8, 1), (64, 32, 4, 2))}
+TILINGS = {64: ((128, 64, 8, 2), (128, 32, 4, 2), (128, 64, 4, 2)),
+           128: ((128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2))}
 
 
-def fused_backward(q, k, v, out, lse, do, causal, tiling, rotate=True):
+def fused_backward(q, k, v, out, lse, do, causal, tiling, rotate=True, dq_tma=False):
     """A closure running the fused backward; returns (dq, dk, dv)."""
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
@@ -55,16 +55,22 @@ def fused_backward(q, k, v, out, lse, do, causal, tiling, rotate=True):
     dqa = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
     lse = lse.contiguous()
     grid = ((sk + block_n - 1) // block_n, hk, b)
+    if q.is_cuda:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        dq_desc = TensorDescriptor.from_tensor(dqa.view(b * hq, sq, d), [1, block_m, d])
+    else:
+        dq_desc = dqa  # the interpreter has no descriptor atomics: never read without DQ_TMA
 
     def run():
         dqa.zero_()
         probe.delta_kernel[((sq + 63) // 64, hq, b)](out, do, delta, *out.stride()[:3], *do.stride()[:3], sq, hq,
                                                      BLOCK_M=64, BLOCK_D=d)
         compiled = probe.fused_bwd_kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            q, k, v, do, lse, delta, dk, dv, dqa, dq_desc, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *dqa.stride()[:3],
             hq // hk, hq, sq, sk, sk - sq, d ** -0.5,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, CAUSAL=causal, ROTATE=rotate, num_warps=warps,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, CAUSAL=causal, ROTATE=rotate, DQ_TMA=dq_tma, num_warps=warps,
             num_stages=stages)
         run.info = f"{getattr(compiled, 'n_regs', '?')} regs, {getattr(compiled, 'n_spills', '?')} B spilled"
         return dqa.to(q.dtype), dk, dv
@@ -111,10 +117,13 @@ def run_case(dtype, d, causal, s, reps, on_gpu, log):
         dout = torch.empty_like(o).copy_(do)
         rows["cudnn"] = (event_ms(lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True), reps=reps), 0.0)
     for tiling in (TILINGS[d] if on_gpu else ((16, 16, 4, 1),)):
-        for rotate in ((False, True) if not causal and on_gpu else (True,)):
-            name = "fused " + "/".join(map(str, tiling)) + (" rot" if rotate and not causal else "")
+        kinds = [(rotate, False) for rotate in ((False, True) if not causal and on_gpu else (True,))]
+        kinds += [(True, True)] if on_gpu else []
+        for rotate, dq_tma in kinds:
+            name = ("fused " + "/".join(map(str, tiling)) + (" rot" if rotate and not causal else "")
+                    + (" tma" if dq_tma else ""))
             try:
-                run = fused_backward(q, k, v, out, lse, do, causal, tiling, rotate)
+                run = fused_backward(q, k, v, out, lse, do, causal, tiling, rotate, dq_tma)
                 worst = check([g[sl] for g in run()], ref, same)
                 ms = event_ms(run, reps=reps) if on_gpu else float("nan")
             except Exception as exc:  # noqa: BLE001 (a tiling that fails is reported, not fatal)
@@ -122,7 +131,7 @@ def run_case(dtype, d, causal, s, reps, on_gpu, log):
                 continue
             rows[name] = (ms, worst)
             log(f"  {label} {name}: {run.info}")
-    for name, (ms, worst) in rows.items():
+    for name, (ms, worst) in rows.items():  # noqa: B007
         log(f"  {label} {name:24s} {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  err/allowed {worst:.2f}")
     return label, rows, flops
 
