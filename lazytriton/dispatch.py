@@ -542,6 +542,9 @@ _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
     (64, False): ((128, 64, 8), False, False),  # 437 / 421 / 469
     (128, False): ((128, 128, 4), True, True),  # 592 / 440 / 647
     (128, True): ((128, 128, 4), True, True),  # 492 / 407 / 543
+    # 2026-12-01, `--head-dims 256`, mean of 1k and 4k: 1.28-1.58x flash_fwd, 0.88-1.04x cuDNN
+    (256, False): ((128, 64, 4), True, True),  # 594 / 393 / 609
+    (256, True): ((128, 64, 4), True, True),  # 443 / 317 / 462
 }
 GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
     (dtype, d, causal): tiling for dtype in ("bf16", "fp16") for (d, causal), tiling in _GLUON_BF16.items()}

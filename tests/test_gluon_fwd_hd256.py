@@ -156,10 +156,19 @@ def test_a_head_dim_256_row_reaches_the_memo_key_the_plan_and_prewarm() -> None:
                                                                                                             True)
 
 
-def test_without_a_row_head_dim_256_keeps_flash_fwd() -> None:
+def test_the_shipped_head_dim_256_rows_are_the_measured_ping_pong_tiles() -> None:
+    """benchmarks/probe_gluon.py --head-dims 256 (H200, 2026-12-01): 128 x 64, 4 warps a warpgroup, ping-pong."""
+    for dtype in ("bf16", "fp16"):
+        for causal in (False, True):
+            assert dispatch.GLUON_TABLE[(dtype, 256, causal)] == ((128, 64, 4), True, True)
+            assert dispatch.flash_fwd_gluon_fits(dtype, 256, causal, 0, 0.0625, 4096, 4096)
+
+
+def test_without_a_row_head_dim_256_keeps_flash_fwd(monkeypatch: pytest.MonkeyPatch) -> None:
     from lazytriton.kernels.flash_fwd import binding
 
-    assert not any(d == 256 for _, d, _ in dispatch.GLUON_TABLE)  # the lead fills it after measuring
+    monkeypatch.setattr(dispatch, "GLUON_TABLE", {key: row for key, row in dispatch.GLUON_TABLE.items()
+                                                  if key[1] != 256})
     assert not dispatch.flash_fwd_gluon_fits("bf16", 256, True, 0, 0.0625, 4096, 4096)
     shape = binding.Shape(batch=1, heads_q=8, heads_k=8, seqlen_q=4096, seqlen_k=4096, head_dim=256)
     assert binding.variant(SM90, torch.bfloat16, shape, True, True, False, gluon=True).kernel == "flash_fwd"
