@@ -123,3 +123,7 @@ case " $* " in *" bwdatomic "*)  # probe: fused backward with atomic dQ (5 produ
   timeout ${BWDATOMIC_TIMEOUT:-260} python3 benchmarks/probe_bwd_atomic.py ${BWDATOMIC_ARGS:-} 2>&1 \
     | tee "$OUT/bwd_atomic.log" | tail -16 ;;
 esac
+case " $* " in *" gluonbwd "*)  # probe: flash_bwd's dK/dV kernel in Gluon beside the Triton kernel and cuDNN
+  timeout ${GLUONBWD_TIMEOUT:-240} python3 benchmarks/probe_gluon_bwd.py ${GLUONBWD_ARGS:-} 2>&1 \
+    | tee "$OUT/gluon_bwd.log" | tail -16 ;;
+esac

@@ -1,0 +1,171 @@
+"""Probe: flash_bwd's dK/dV kernel in Gluon (``gluon_bwd_probe_kernel.py``) beside the Triton one and cuDNN.
+
+For each case (bf16, head dim 64/128, causal or not, 1k/4k/16k tokens; batch x
+seqlen = 16k, hidden 2048, bench_flash_bwd.py's shapes) the probe runs
+flash_bwd's two kernels through Triton's JIT with the variants dispatch serves
+(the dQ kernel also writes delta), then every Gluon dK/dV tiling on the same
+delta, checks dK and dV against the float32 reference on a slice
+(FlashAttention's rule: 3x the same-precision reference's error, plus a
+floor), and times each kernel alone (median of CUDA-event-timed runs) and
+cuDNN's whole backward. The table's "projected" column is the backward with
+the Gluon dK/dV kernel in place of the Triton one: dQ kernel + best Gluon
+dK/dV, in TFLOP/s (the backward counted as 2.5x the forward).
+
+Usage: python benchmarks/probe_gluon_bwd.py [--quick] [--head-dims 64,128] [--reps 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gluon_bwd_probe_kernel as probe  # noqa: E402
+
+from lazytriton import dispatch  # noqa: E402
+from lazytriton.cli.timing import event_ms  # noqa: E402
+from lazytriton.kernels.flash_bwd import (  # noqa: E402
+    FLASH_BWD_DKDV,
+    FLASH_BWD_DQ,
+    triton_kernel,  # noqa: E402
+)
+from lazytriton.kernels.flash_bwd import binding as bwd  # noqa: E402
+from lazytriton.kernels.flash_bwd.reference import attention_backward_reference  # noqa: E402
+from lazytriton.kernels.flash_fwd import binding as fwd  # noqa: E402
+
+# (BLOCK_N held keys = 16 x warps, BLOCK_M streamed queries, warps, stages, overlap)
+TILINGS = {64: ((128, 64, 8, 2, True), (128, 64, 8, 2, False), (128, 128, 8, 2, True), (64, 64, 4, 2, True),
+                (128, 64, 8, 3, True)),
+           128: ((128, 64, 8, 2, True), (128, 64, 8, 2, False), (128, 32, 8, 2, True), (64, 64, 4, 2, True),
+                 (128, 32, 8, 3, True))}
+
+
+def _alloc(size: int, alignment: int, stream: object) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def triton_kernels(q, k, v, out, lse, do, delta, grads, call, causal):
+    """(dq launch, dkdv launch): flash_bwd's kernels through Triton's JIT with dispatch's variants."""
+    _, _, aligned, seq16, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
+    chosen = bwd.variants(dispatch.target_of_device(q.device), q.dtype, call.shape, causal, aligned, index64,
+                          seq16=seq16)
+    grids = bwd.grids(call.shape, int(chosen[0].get("BLOCK_M")), int(chosen[1].get("BLOCK_N")))
+    launches = []
+    for spec, variant, grid in zip((FLASH_BWD_DQ, FLASH_BWD_DKDV), chosen, grids, strict=True):
+        constexprs = {name: value for name, value in variant.constexprs.items() if name in spec.constexprs}
+        args = bwd.triton_args(spec.name, q, k, v, out, lse, do, delta, grads, call)
+        kernel = getattr(triton_kernel, spec.function)[grid]
+        options = dict(variant.options)
+        launches.append(lambda kernel=kernel, args=args, c=constexprs, o=options: kernel(*args, **c, **o))
+    return launches
+
+
+def gluon_dkdv(q, k, v, lse, do, delta, causal, tiling):
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    block_n, block_m, warps, stages, overlap = tiling
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    grid = (sk // block_n, hk, b)
+
+    def run():
+        probe.gluon_bwd_dkdv_kernel[grid](
+            q, k, v, do, lse, delta, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+            *dk.stride()[:3], *dv.stride()[:3], hq // hk, hq, sq, sk, sk - sq, d ** -0.5,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, CAUSAL=causal, STAGES=stages, OVERLAP=overlap,
+            num_warps=warps)
+        return dk, dv
+    return run
+
+
+def check(got, ref, same):
+    worst = 0.0
+    for g, r, s in zip(got, ref, same, strict=True):
+        err = float((g.float() - r).abs().max())
+        worst = max(worst, err / (3 * float((s.float() - r).abs().max()) + 1e-3))
+    return worst
+
+
+def run_case(d, causal, s, reps, log):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h = max(1, 16384 // s), 2048 // d
+    gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
+    call = fwd.check(q, k, v, "bottom_right" if causal else False, None)
+    out, lse = fwd.forward(q, k, v, call)
+    lse = lse.contiguous()
+    sl = (slice(0, 1), slice(0, 2))
+    ref = attention_backward_reference(*(x[sl].float() for x in (q, k, v, do)), causal="bottom_right" if causal
+                                       else False)
+    same = attention_backward_reference(*(x[sl] for x in (q, k, v, do)), causal="bottom_right" if causal else False)
+    flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    label = f"bf16 hd{d} {'causal' if causal else 'full  '} {s // 1024}k"
+    grads = bwd.empty_grads(q, k, v)
+    delta = torch.empty((b, h, s), dtype=torch.float32, device="cuda")
+    dq_launch, dkdv_launch = triton_kernels(q, k, v, out, lse, do, delta, grads, call, causal)
+    dq_launch()
+    dkdv_launch()
+    rows = {"dq (triton)": event_ms(dq_launch, reps=reps), "dkdv (triton)": event_ms(dkdv_launch, reps=reps)}
+    log(f"  {label} triton dkdv err/allowed {check([grads.dk[sl], grads.dv[sl]], ref[1:], same[1:]):.2f}")
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    dout = torch.empty_like(o).copy_(do)
+    rows["cudnn bwd"] = event_ms(lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True), reps=reps)
+    best = None
+    for tiling in TILINGS[d]:
+        name = "gluon " + "/".join(str(int(x)) for x in tiling[:4]) + (" ovl" if tiling[4] else "")
+        try:
+            run = gluon_dkdv(q, k, v, lse, do, delta, causal, tiling)
+            dk, dv = run()
+            torch.cuda.synchronize()
+            worst = check([dk[sl], dv[sl]], ref[1:], same[1:])
+            ms = event_ms(run, reps=reps)
+        except Exception as exc:  # noqa: BLE001 (a tiling that fails is reported, not fatal)
+            log(f"  {label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        log(f"  {label} {name:22s} {ms:7.3f} ms  err/allowed {worst:.2f}")
+        if worst <= 1.0:
+            rows[name] = ms
+            if best is None or ms < rows[best]:
+                best = name
+        else:
+            log(f"  {label} {name}: WRONG")
+    for name, ms in rows.items():
+        log(f"  {label} {name:22s} {ms:7.3f} ms")
+    return label, rows, flops, best
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4k only")
+    parser.add_argument("--head-dims", default="128,64")
+    parser.add_argument("--seqlens", default="1024,4096,16384")
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args(argv)
+    import triton
+
+    triton.set_allocator(_alloc)  # device-side tensor descriptors' global scratch
+    seqlens = [4096] if args.quick else [int(x) for x in args.seqlens.split(",")]
+    summary = []
+    for d in (int(x) for x in args.head_dims.split(",")):
+        for causal in (False, True):
+            for s in seqlens:
+                summary.append(run_case(d, causal, s, args.reps, print))
+    print("\ncase                  | dq ms  dkdv ms gluon ms | flash_bwd cudnn projected TFLOP/s | dkdv gain  "
+          "proj/cudnn | best gluon")
+    for label, rows, flops, best in summary:
+        dq, dkdv, cudnn = rows["dq (triton)"], rows["dkdv (triton)"], rows["cudnn bwd"]
+        g = rows[best] if best else float("nan")
+        proj = dq + g
+        print(f"{label:21s} | {dq:6.3f} {dkdv:6.3f} {g:7.3f}  | {flops / (dq + dkdv) / 1e9:6.0f} "
+              f"{flops / cudnn / 1e9:6.0f} {flops / proj / 1e9:6.0f}             | {dkdv / g:5.2f}x   "
+              f"{cudnn / proj:5.2f}x     | {best}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
