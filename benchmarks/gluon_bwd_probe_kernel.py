@@ -29,10 +29,21 @@ gluon_kernel.py``):
   S^T_j and dP^T_j, then dV and dK of step j - 1, waits only for the first
   two and computes P^T_j and dS^T_j while the previous step's products run.
   Without it every step waits for all four.
+- ``FUSED_DQ`` (without OVERLAP): the fused backward, FlashAttention-3's
+  way. dS^T also goes to shared memory, a fifth wgmma reads it transposed for
+  the step's dQ share ``dS K`` (into a float32 accumulator ``DQA``, zeroed by
+  the caller), which goes out through shared memory as one TMA bulk reduction
+  (``cp.reduce.async.bulk.tensor``); the next step waits for it only before
+  it reuses that buffer. 5 products instead of flash_bwd's 7, no dQ kernel;
+  delta comes from a pre-pass. Triton 3.6's Gluon has the TMA reduction's op
+  but not its Python wrapper (3.9's ``tma.async_atomic_add``):
+  ``_tma_reduce_add_36`` builds the same op.
 """
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -42,6 +53,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@builtin
+def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
+    """Triton 3.9's ``tma.async_atomic_add`` for 3.6, whose Gluon lacks the wrapper but not the op it builds."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+# TMA's bulk reduction shared -> global (cp.reduce.async.bulk.tensor.add): 3.9's name, else the shim.
+_tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -78,10 +100,12 @@ def _probs(s, dp, lse_ptr, delta_ptr, start_m, offs_n, qk_scale, causal_offset, 
 
 @gluon.jit
 def _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta_ptr, dk, dv, it, n_steps,
-          n_masked, m_first, offs_n, qk_scale, causal_offset, s_layout: gl.constexpr, op_layout: gl.constexpr,
-          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+          n_masked, m_first, offs_n, qk_scale, causal_offset, dq_desc, ds_smem, dq_smem, sm_scale,
+          s_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+          STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FUSED_DQ: gl.constexpr):
     """dK and dV's shares of one query head: its query blocks m_first.., the first ``n_masked`` masked."""
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_D: gl.constexpr = k_smem.type.shape[1]
     dtype: gl.constexpr = k_smem.dtype
     for i in gl.static_range(STAGES):
         _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it + i, i, n_steps, m_first, BLOCK_M, STAGES)
@@ -135,32 +159,53 @@ def _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta
                            step < n_masked, BLOCK_M, CAUSAL)
             p_op = gl.convert_layout(p.to(dtype), op_layout)
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+            if FUSED_DQ:  # dS^T to shared memory: dQ's product reads it transposed
+                ds_smem.store(ds.to(dtype))
+                fence_async_shared()
             dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
             dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+            if FUSED_DQ:
+                dq0 = gl.zeros([BLOCK_M, BLOCK_D], dtype=gl.float32, layout=dq_layout)
+                dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq0, use_acc=False, is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+                tma.store_wait(0)  # the previous step's reduction has read dq_smem
+                dq_smem.store(dq * sm_scale)
+                fence_async_shared()
+                _tma_reduce_add(dq_desc, [(m_first + step) * BLOCK_M, 0], dq_smem)
+            else:
+                dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
             _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, cur + STAGES, step + STAGES, n_steps, m_first,
                        BLOCK_M, STAGES)
+    if FUSED_DQ:
+        tma.store_wait(0)
     return dk, dv, it + n_steps
 
 
 @gluon.jit
 def gluon_bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV,
+    Q, K, V, DO, Lse, Delta, DK, DV, DQA,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+    stride_dqb, stride_dqh, stride_dqs,
     group_size, heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr,
-    STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+    STAGES: gl.constexpr, OVERLAP: gl.constexpr, FUSED_DQ: gl.constexpr = False,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(BLOCK_N == 16 * NUM_WARPS, "each warp owns 16 key rows: BLOCK_N = 16 x warps")
+    gl.static_assert(not (FUSED_DQ and OVERLAP), "FUSED_DQ runs the plain schedule")
     dtype: gl.constexpr = Q.dtype.element_ty
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                        instr_shape=[16, BLOCK_D, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    # dQ's share [BLOCK_M, BLOCK_D]: one warpgroup over its rows, a second (8 warps) over half its columns.
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4],
+                                                        instr_shape=[16, BLOCK_D // (NUM_WARPS // 4), 16])
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], gl.float32)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
 
     start_n = gl.program_id(0) * BLOCK_N
@@ -170,6 +215,12 @@ def gluon_bwd_dkdv_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
+    if FUSED_DQ:
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_D], dq_smem_layout)
+    else:  # never touched without FUSED_DQ
+        ds_smem = k_smem
+        dq_smem = k_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar.index(0), count=1)
@@ -208,10 +259,16 @@ def gluon_bwd_dkdv_kernel(
         do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
                                              [stride_dos, 1], [BLOCK_M, BLOCK_D], q_layout)
         row = (batch * heads_q + head) * seqlen_q
+        if FUSED_DQ:
+            dq_desc = tma.make_tensor_descriptor(DQA + batch * stride_dqb + head * stride_dqh, [seqlen_q, BLOCK_D],
+                                                 [stride_dqs, 1], [BLOCK_M, BLOCK_D], dq_smem_layout)
+        else:
+            dq_desc = q_desc
         if n_steps > 0:
             dk, dv, it = _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, Lse + row, Delta + row, dk,
-                               dv, it, n_steps, n_masked, m_first, offs_n, qk_scale, causal_offset, s_layout,
-                               op_layout, BLOCK_M, STAGES, CAUSAL, OVERLAP)
+                               dv, it, n_steps, n_masked, m_first, offs_n, qk_scale, causal_offset, dq_desc, ds_smem,
+                               dq_smem, sm_scale, s_layout, op_layout, dq_layout, BLOCK_M, STAGES, CAUSAL, OVERLAP,
+                               FUSED_DQ)
 
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
