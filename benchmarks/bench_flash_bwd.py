@@ -387,8 +387,12 @@ def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int, log: Log
     for case in case_list:
         dtype = DTYPES[case.dtype]
         shape = fwd.Shape(case.batch, case.heads, case.heads, case.seqlen, case.seqlen, case.head_dim)
-        for variant in (fwd.variant(target, dtype, shape, case.causal, True, False),
-                        *bwd.variants(target, dtype, shape, case.causal, True, False)):
+        # The Gluon kernels where dispatch serves them (their tables; equal seqlens, so causal offset 0)
+        fwd_gluon = dispatch.flash_fwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0,
+                                                  case.head_dim ** -0.5, case.seqlen, case.seqlen)
+        bwd_gluon = dispatch.flash_bwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0, case.seqlen, case.seqlen)
+        for variant in (fwd.variant(target, dtype, shape, case.causal, True, False, gluon=fwd_gluon),
+                        *bwd.variants(target, dtype, shape, case.causal, True, False, gluon=bwd_gluon)):
             chosen[variant.key()] = variant
     plan = [Planned(variant, key, "bench_flash_bwd") for key, variant in chosen.items()]
     folder = tempfile.mkdtemp(prefix="lt-bench-bwd-")

@@ -548,9 +548,10 @@ _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
 }
 GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
     (dtype, d, causal): tiling for dtype in ("bf16", "fp16") for (d, causal), tiling in _GLUON_BF16.items()}
-# The master switch: False, dispatch never picks flash_fwd_gluon itself whatever GLUON_TABLE says (it is
-# then launched by variant only, as the probe and `lazytriton tune` do). Read when a shape is first
-# described: set it (or edit GLUON_TABLE) before the first call, or clear the runtime's plans after.
+# The master switch: False, dispatch never picks flash_fwd_gluon nor flash_bwd_dkdv_gluon (BWD_GLUON_TABLE,
+# below) itself whatever the tables say (they are then launched by variant only, as the probes and
+# `lazytriton tune` do). Read when a shape is first described: set it (or edit a table) before the first
+# call, or clear the runtime's plans after.
 GLUON_BY_DEFAULT = True
 
 
@@ -605,6 +606,55 @@ def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, c
     tiles, producer, pingpong = row
     return flash_fwd_gluon_variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64,
                                    seqlen_q, seqlen_k, tiles=tiles, producer=producer, pingpong=pingpong)
+
+
+# ---------------------------------------------------------------------------
+# flash_bwd_dkdv_gluon: the Gluon (FlashAttention-3-style) dK/dV kernel, an alternative to flash_bwd_dkdv
+# (kernels/flash_bwd/gluon.py has its rule). Served, under the same master switch GLUON_BY_DEFAULT, where
+# BWD_GLUON_TABLE has a row for the call's (dtype, head dim, causal), its tiles divide the seqlens and
+# seqlen_k reaches the row's minimum (flash_bwd_gluon_fits; the backward's memo key carries the answer,
+# binding.GLUON_TAIL). The rows are the H200 probe's winners over flash_bwd_dkdv (benchmarks/
+# probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-02; dK/dV kernel time, gluon / Triton): not served at head
+# dim 64 non-causal (0.78-1.00x), nor at 1k tokens (0.89-0.97x), hence the minimum. fp16 takes bf16's rows.
+BwdGluonTiling = tuple[tuple[int, int, int], bool, int]  # (BLOCK_N, BLOCK_M, num_warps), OVERLAP, min seqlen_k
+_BWD_GLUON_BF16: dict[tuple[int, bool], BwdGluonTiling] = {
+    (128, False): ((64, 64, 4), True, 2048),  # 4k 1.18x, 16k 1.13x
+    (128, True): ((64, 64, 4), True, 2048),  # 4k 1.06x, 16k 1.15x
+    (64, True): ((64, 64, 4), True, 2048),  # 4k 1.05-1.08x, 16k 1.15-1.17x
+}
+BWD_GLUON_TABLE: dict[tuple[str, int, bool], BwdGluonTiling] = {
+    (dtype, d, causal): row for dtype in ("bf16", "fp16") for (d, causal), row in _BWD_GLUON_BF16.items()}
+
+
+def flash_bwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether a plain backward call is one flash_bwd_dkdv_gluon serves by default, as far as its shape says.
+
+    A BWD_GLUON_TABLE row, seqlens that are positive multiples of its tiles, seqlen_k at least the row's
+    minimum, a causal offset >= 0. Target, alignment and 64-bit offsets are the plan's to check
+    (``flash_bwd_dkdv_gluon_default_variant``).
+    """
+    row = BWD_GLUON_TABLE.get((dtype, head_dim, bool(causal))) if GLUON_BY_DEFAULT else None
+    if row is None:
+        return False
+    (block_n, block_m, _), _, min_seqlen_k = row
+    return (0 < seqlen_q and seqlen_q % block_m == 0 and min_seqlen_k <= seqlen_k and seqlen_k % block_n == 0
+            and (not causal or offset >= 0))
+
+
+def flash_bwd_dkdv_gluon_default_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+                                         index64: bool, seqlen_q: int, seqlen_k: int) -> Variant | None:
+    """The flash_bwd_dkdv_gluon variant for a call that ``flash_bwd_gluon_fits``, or None (flash_bwd_dkdv serves).
+
+    None also where the target, alignment or 64-bit offsets rule the kernel out.
+    """
+    from lazytriton.kernels.flash_bwd import gluon
+
+    row = BWD_GLUON_TABLE.get((dtype, head_dim, bool(causal))) if GLUON_BY_DEFAULT else None
+    if row is None:
+        return None
+    tiles, overlap, _ = row
+    return gluon.variant(str(target), dtype, head_dim, "top_left" if causal else "none", aligned, index64, seqlen_q,
+                         seqlen_k, tiles, overlap)
 
 
 def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,

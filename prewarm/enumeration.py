@@ -249,8 +249,13 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
-            if kernel == "flash_fwd" and not (window or softcap or varlen or alibi or dropout or bias or head_dim_v):
+            plain = not (window or softcap or varlen or alibi or dropout or bias or head_dim_v)
+            if kernel == "flash_fwd" and plain:
                 gluon = _gluon_twin(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
+                if gluon is not None:
+                    yield Planned(gluon, gluon.key(), "gluon table")
+            if kernel == "flash_bwd_dkdv" and plain:
+                gluon = _bwd_gluon_twin(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
                 if gluon is not None:
                     yield Planned(gluon, gluon.key(), "gluon table")
 
@@ -268,6 +273,16 @@ def _gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned
         return None
     return dispatch.flash_fwd_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
                                                     seqlen_k)
+
+
+def _bwd_gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
+                    seqlen_q: int, seqlen_k: int) -> Variant | None:
+    """The flash_bwd_dkdv_gluon variant dispatch serves a plain backward of this shape with (BWD_GLUON_TABLE)."""
+    offset = seqlen_k - seqlen_q if causal else 0  # bottom-right, as _gluon_twin
+    if offset < 0 or not dispatch.flash_bwd_gluon_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
+        return None
+    return dispatch.flash_bwd_dkdv_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64,
+                                                         seqlen_q, seqlen_k)
 
 
 def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:

@@ -67,7 +67,15 @@ def test_kernel_flags_take_families_and_kernel_names() -> None:
 def test_the_default_grid_covers_every_backward_call_dispatch_can_make(target: Target) -> None:
     # bwd_default_config reads the class of seqlen_q for dq and of seqlen_k for dK/dV: every pair of call
     # seqlens must be served by a planned variant, and nothing is planned that no call selects.
-    plan = enumerate_variants(Axes((target,), kernels=BWD), EMPTY)
+    every = enumerate_variants(Axes((target,), kernels=BWD), EMPTY)
+    # flash_bwd_dkdv_gluon twins (sm_90, shapes that fit dispatch.BWD_GLUON_TABLE): the variant dispatch serves
+    twins = [p for p in every if p.variant.kernel == "flash_bwd_dkdv_gluon"]
+    assert bool(twins) == (str(target) == "sm_90") and {p.origin for p in twins} <= {"gluon table"}
+    for p in twins:
+        v = p.variant
+        assert v == dispatch.flash_bwd_dkdv_gluon_default_variant(target, v.dtype, v.get("BLOCK_D"), v.get("CAUSAL"),
+                                                                  True, False, 4096, 4096)
+    plan = [p for p in every if p.variant.kernel != "flash_bwd_dkdv_gluon"]
     planned = {p.key for p in plan}
     assert len(planned) == len(plan) and {p.variant.kernel for p in plan} == set(BWD)
     assert {p.origin for p in plan} == {"default"}
@@ -100,12 +108,15 @@ def test_every_family_is_planned_by_default_in_a_stable_order() -> None:
     # flash_fwd_gluon (in no family) is planned right after the flash_fwd variant it stands in for
     twins = [i for i, p in enumerate(planned) if p.variant.kernel == "flash_fwd_gluon"]
     assert twins and all(planned[i - 1].variant.kernel == "flash_fwd" for i in twins)
-    plan = [p for p in planned if p.variant.kernel != "flash_fwd_gluon"]
+    # flash_bwd_dkdv_gluon likewise right after the flash_bwd_dkdv variant it stands in for
+    bwd_twins = [i for i, p in enumerate(planned) if p.variant.kernel == "flash_bwd_dkdv_gluon"]
+    assert bwd_twins and all(planned[i - 1].variant.kernel == "flash_bwd_dkdv" for i in bwd_twins)
+    plan = [p for p in planned if p.variant.kernel not in ("flash_fwd_gluon", "flash_bwd_dkdv_gluon")]
     order = [(p.variant.target, p.variant.kernel) for p in plan]
     assert order == sorted(order, key=lambda tk: (["gfx942", "sm_90"].index(tk[0]), all_kernels().index(tk[1])))
     assert {k for _, k in order} == set(all_kernels())
     just_bwd = enumerate_variants(Axes((GFX942, SM90), kernels=BWD, dtypes=("fp16",), head_dims=(64,)), EMPTY)
-    assert just_bwd == [p for p in plan if p.variant.kernel in BWD]
+    assert just_bwd == [p for p in planned if p.variant.kernel in (*BWD, "flash_bwd_dkdv_gluon")]
 
 
 # --- limits -------------------------------------------------------------------------------------------------------

@@ -16,6 +16,13 @@ and the incoming gradient ``do``, and returns ``(dq, dk, dv)``:
 
 The two kernels write disjoint outputs and use no atomics, so the gradients
 are bitwise identical from run to run (see ``triton_kernel.py``).
+
+Where dispatch's ``BWD_GLUON_TABLE`` has a row for a plain call that its
+tiles divide (``gluon_fits``; the memo key then ends in ``GLUON_TAIL``), the
+dK/dV kernel is ``flash_bwd_dkdv_gluon`` (``gluon_kernel.py``, Hopper only),
+launched in flash_bwd_dkdv's place with the same arguments and grid; it too
+sums in a fixed order without atomics. The C API's backward plans
+(``capi/embedded.py``) keep flash_bwd_dkdv.
 """
 
 from __future__ import annotations
@@ -160,32 +167,65 @@ def _seq16(seq16: bool | None, aligned: bool, shape: Shape) -> bool:
     return seq16
 
 
+# The memo key's last item for a call flash_bwd_dkdv_gluon serves (see memo_key): the forward's tail.
+GLUON_TAIL = fwd.GLUON_TAIL
+
+
+def gluon_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool:
+    """Whether dispatch serves this checked call's dK/dV with flash_bwd_dkdv_gluon (``dispatch.flash_bwd_gluon_fits``).
+
+    Only a plain dense call: no window, softcap, ALiBi, bias, dropout or
+    head_dim_v (a varlen call has keys of its own, never this tail), aligned,
+    with 32-bit offsets.
+    """
+    shape = call.shape
+    return (aligned and not index64 and not (call.windowed or call.capped or call.head_dim_v)
+            and call.mods == fwd.NO_MODS and dtype in fwd.DTYPES
+            and dispatch.flash_bwd_gluon_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
+                                              shape.seqlen_q, shape.seqlen_k))
+
+
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-             seq16: bool | None = None) -> tuple[Any, ...]:
+             seq16: bool | None = None, gluon: bool = False) -> tuple[Any, ...]:
     """The forward's memo key, marked with the family (both live in ``Runtime.plans``), and "SEQ16" when set.
 
     The seqlens enter the forward's key only through their buckets, which
     4095 and 4096 share; SEQ16 tells them apart. ``seq16`` None: dispatch's
-    rule for a dense call of ``shape`` (``dispatch.seq_aligned``).
+    rule for a dense call of ``shape`` (``dispatch.seq_aligned``). ``gluon``
+    (``gluon_fits``) appends ``GLUON_TAIL``: the one key whose plan may run
+    flash_bwd_dkdv_gluon, which the buckets cannot tell from a bucket-mate its
+    tiles do not divide.
     """
     key = (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods,
                                  head_dim_v))
-    return key + ("SEQ16",) if _seq16(seq16, aligned, shape) else key
+    if _seq16(seq16, aligned, shape):
+        key += ("SEQ16",)
+    return key + GLUON_TAIL if gluon else key
 
 
 def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-             seq16: bool | None = None) -> tuple[Variant, Variant]:
-    """The (dq, dkdv) variants serving a call of this shape (dispatch decides; ``seq16`` as in ``memo_key``)."""
+             seq16: bool | None = None, gluon: bool = False) -> tuple[Variant, Variant]:
+    """The (dq, dkdv) variants serving a call of this shape (dispatch decides).
+
+    ``seq16`` and ``gluon`` as in ``memo_key``; with ``gluon`` the dK/dV
+    kernel is flash_bwd_dkdv_gluon where target and alignment allow it.
+    """
     seq16 = _seq16(seq16, aligned, shape)
-    return tuple(  # type: ignore[return-value]
+    chosen = tuple(
         dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
                                 shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap,
                                 alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v, seq16=seq16)
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
+    if gluon:
+        found = dispatch.flash_bwd_dkdv_gluon_default_variant(target, fwd.DTYPES[dtype], shape.head_dim, causal,
+                                                              aligned, index64, shape.seqlen_q, shape.seqlen_k)
+        if found is not None:
+            return chosen[0], found
+    return chosen  # type: ignore[return-value]
 
 
 def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
@@ -228,14 +268,14 @@ def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
          mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-         seq16: bool | None = None) -> tuple[Any, int, Any, int]:
+         seq16: bool | None = None, gluon: bool = False) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
     Refuses, during a CUDA graph capture, to load or compile either kernel
     (``CaptureError`` naming the variant), as the forward does.
     """
     chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                      mods, head_dim_v, seq16)
+                      mods, head_dim_v, seq16, gluon)
     fwd.refuse_loads_in_capture(rt, chosen, device, "run the backward once with this shape (or call "
                                 "lazytriton.preload(..., backward=True)) before the capture")
     dq_variant, dkdv_variant = chosen
@@ -264,12 +304,13 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if forced is None:
         causal = call.causal != "none"
+        gluon = gluon_fits(call, q.dtype, aligned, index64)
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v, seq16)
+                       call.mods, call.head_dim_v, seq16, gluon)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v, seq16)
+                         call.mods, call.head_dim_v, seq16, gluon)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
@@ -356,8 +397,9 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     rt = runtime.get()
     window, softcap, mods, dv = call.windowed, call.capped, call.mods, call.head_dim_v
     seq16 = _seq16(seq16, aligned, shape)
-    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16), device,
-         dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16)
+    gluon = gluon_fits(call, dtype, aligned, index64)
+    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon),
+         device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon)
     return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                    mods, dv, seq16)
+                    mods, dv, seq16, gluon)
 
