@@ -613,14 +613,16 @@ def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, c
 # (kernels/flash_bwd/gluon.py has its rule). Served, under the same master switch GLUON_BY_DEFAULT, where
 # BWD_GLUON_TABLE has a row for the call's (dtype, head dim, causal), its tiles divide the seqlens and
 # seqlen_k reaches the row's minimum (flash_bwd_gluon_fits; the backward's memo key carries the answer,
-# binding.GLUON_TAIL). The rows are the H200 probe's winners over flash_bwd_dkdv (benchmarks/
-# probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-02; dK/dV kernel time, gluon / Triton): not served at head
-# dim 64 non-causal (0.78-1.00x), nor at 1k tokens (0.89-0.97x), hence the minimum. fp16 takes bf16's rows.
+# binding.GLUON_TAIL). The rows are where it won in the whole backward: the probe (benchmarks/
+# probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-02) timed the dK/dV kernel alone, gluon over Triton, at
+# 1.06-1.18x for head dim 128 and head dim 64 causal from 4k tokens (0.78-0.97x at 1k and at head dim 64
+# non-causal, hence the minimum seqlen); then bench_flash_bwd.py served all three candidate rows, and only
+# head dim 128 non-causal gained over the same run's Triton kernels (lazytriton / Triton JIT, bf16 and fp16:
+# 4k 1.09x / 1.05x, 16k 1.06x / 1.06x). Head dim 128 causal was level (0.97-1.02x) and head dim 64 causal
+# lost (0.87-0.91x), so they keep flash_bwd_dkdv. fp16 takes bf16's row.
 BwdGluonTiling = tuple[tuple[int, int, int], bool, int]  # (BLOCK_N, BLOCK_M, num_warps), OVERLAP, min seqlen_k
 _BWD_GLUON_BF16: dict[tuple[int, bool], BwdGluonTiling] = {
-    (128, False): ((64, 64, 4), True, 2048),  # 4k 1.18x, 16k 1.13x
-    (128, True): ((64, 64, 4), True, 2048),  # 4k 1.06x, 16k 1.15x
-    (64, True): ((64, 64, 4), True, 2048),  # 4k 1.05-1.08x, 16k 1.15-1.17x
+    (128, False): ((64, 64, 4), True, 2048),
 }
 BWD_GLUON_TABLE: dict[tuple[str, int, bool], BwdGluonTiling] = {
     (dtype, d, causal): row for dtype in ("bf16", "fp16") for (d, causal), row in _BWD_GLUON_BF16.items()}

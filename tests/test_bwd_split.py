@@ -149,8 +149,6 @@ def test_prewarm_plans_the_split_backward_variants_calls_use() -> None:
     calls = {str(dispatch.kernel_variant(kernel, SM90, "bf16", d, True, True, 4096, 4096, seq16=seq16,
                                          table=tuning.Table(())))
              for kernel in BWD for d in (96, 128) for seq16 in (True, False)}
-    # hd128 causal 4096 also fits BWD_GLUON_TABLE: its Gluon dK/dV twin is planned beside flash_bwd_dkdv
-    calls.add(str(dispatch.flash_bwd_dkdv_gluon_default_variant(SM90, "bf16", 128, True, True, False, 4096, 4096)))
     assert plan == calls and sum("BLOCK_D=64,BLOCK_D2=32" in v for v in plan) == 4  # 2 kernels x SEQ16 or not
 
 

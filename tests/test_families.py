@@ -108,9 +108,7 @@ def test_every_family_is_planned_by_default_in_a_stable_order() -> None:
     # flash_fwd_gluon (in no family) is planned right after the flash_fwd variant it stands in for
     twins = [i for i, p in enumerate(planned) if p.variant.kernel == "flash_fwd_gluon"]
     assert twins and all(planned[i - 1].variant.kernel == "flash_fwd" for i in twins)
-    # flash_bwd_dkdv_gluon likewise right after the flash_bwd_dkdv variant it stands in for
-    bwd_twins = [i for i, p in enumerate(planned) if p.variant.kernel == "flash_bwd_dkdv_gluon"]
-    assert bwd_twins and all(planned[i - 1].variant.kernel == "flash_bwd_dkdv" for i in bwd_twins)
+    # flash_bwd_dkdv_gluon likewise (none at head dim 64: tests/test_gluon_bwd.py checks its place)
     plan = [p for p in planned if p.variant.kernel not in ("flash_fwd_gluon", "flash_bwd_dkdv_gluon")]
     order = [(p.variant.target, p.variant.kernel) for p in plan]
     assert order == sorted(order, key=lambda tk: (["gfx942", "sm_90"].index(tk[0]), all_kernels().index(tk[1])))

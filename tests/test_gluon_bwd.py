@@ -60,15 +60,17 @@ def test_the_spec_shares_flash_bwd_dkdvs_parameters_and_has_its_own_source() -> 
 
 
 def test_the_default_variant_is_complete_round_trips_and_keys_apart() -> None:
-    v = default(128, True)
+    v = default(128, False)
     assert v is not None
-    assert str(v) == ("flash_bwd_dkdv_gluon:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=true,EVEN_D=true,"
+    assert str(v) == ("flash_bwd_dkdv_gluon:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=false,EVEN_D=true,"
                       "INDEX64=false:BLOCK_M=64,BLOCK_N=64,OVERLAP=true:num_stages=2,num_warps=4")
     assert check_fields(v) is v and Variant.parse(str(v)) == v
-    triton = dispatch.kernel_variant("flash_bwd_dkdv", SM90, "bf16", 128, True, True, 4096, 4096)
+    triton = dispatch.kernel_variant("flash_bwd_dkdv", SM90, "bf16", 128, False, True, 4096, 4096)
     assert triton.kernel == "flash_bwd_dkdv" and v.key() != triton.key()
     assert kernel_constexprs(v, get(NAME).constexprs) == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 128,
-                                                          "EVEN_D": True, "CAUSAL": True, "OVERLAP": True}
+                                                          "EVEN_D": True, "CAUSAL": False, "OVERLAP": True}
+    causal = gluon.variant("sm_90", "bf16", 128, "bottom_right", True, False, 2048, 4096)
+    assert causal is not None and causal.get("CAUSAL") is True and default(128, True) is None  # no causal row
 
 
 def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
@@ -117,19 +119,17 @@ def test_the_table_rows_are_variants_the_kernel_takes() -> None:
         assert tiles in gluon.configs(head_dim)
         v = default(head_dim, causal, 4096, max(4096, min_seqlen_k), dtype)
         assert v is not None and v.get("OVERLAP") is overlap
-    assert ("bf16", 64, False) not in dispatch.BWD_GLUON_TABLE  # slower than flash_bwd_dkdv there
+    assert set(dispatch.BWD_GLUON_TABLE) == {(dtype, 128, False) for dtype in ("bf16", "fp16")}  # where it won
 
 
 @pytest.mark.parametrize("head_dim, causal, offset, sq, sk, fits", [
     (128, False, 0, 4096, 4096, True),
-    (128, True, 0, 2048, 2048, True),
-    (128, True, 1024, 1024, 2048, True),  # bottom-right, more keys than queries
-    (128, True, -1024, 2048, 1024, False),  # rows without keys
+    (128, True, 0, 2048, 2048, False),  # no row (level with flash_bwd_dkdv on the H200)
     (128, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k (the Triton kernel is faster at 1k)
     (128, False, 0, 4096 + 16, 4096, False),  # a ragged query tile
     (128, False, 0, 4096, 4096 + 16, False),  # a ragged key tile
-    (64, True, 0, 4096, 4096, True),
-    (64, False, 0, 4096, 4096, False),  # no row
+    (64, True, 0, 4096, 4096, False),  # no row (slower in the whole backward)
+    (64, False, 0, 4096, 4096, False),
     (96, True, 0, 4096, 4096, False),
 ])
 def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
@@ -149,13 +149,13 @@ def test_gluon_by_default_false_keeps_flash_bwd_dkdv(monkeypatch: pytest.MonkeyP
 
 def test_gluon_fits_takes_only_plain_aligned_calls() -> None:
     assert bwd.gluon_fits(plain_call(), torch.bfloat16, True, False)
-    assert bwd.gluon_fits(plain_call(causal="bottom_right", sq=2048, sk=4096), torch.float16, True, False)
+    assert bwd.gluon_fits(plain_call(sq=2048, sk=4096), torch.float16, True, False)
+    assert not bwd.gluon_fits(plain_call(causal="bottom_right", sq=2048, sk=4096), torch.float16, True, False)
     assert not bwd.gluon_fits(plain_call(), torch.bfloat16, False, False)  # unaligned
     assert not bwd.gluon_fits(plain_call(), torch.bfloat16, True, True)  # 64-bit offsets
     assert not bwd.gluon_fits(plain_call(), torch.float32, True, False)
     assert not bwd.gluon_fits(plain_call(window=(128, 128)), torch.bfloat16, True, False)
     assert not bwd.gluon_fits(plain_call(softcap=30.0), torch.bfloat16, True, False)
-    assert not bwd.gluon_fits(plain_call(causal="bottom_right", sq=4096, sk=2048), torch.bfloat16, True, False)
     assert not bwd.gluon_fits(plain_call(sq=1024, sk=1024), torch.bfloat16, True, False)
 
 
@@ -176,16 +176,19 @@ def test_the_memo_key_carries_the_tail_and_the_plan_follows_it() -> None:
         "flash_bwd_dq", "flash_bwd_dkdv"]  # unaligned
 
 
-def test_prewarm_plans_the_gluon_twin_beside_flash_bwd_dkdv() -> None:
+def test_prewarm_plans_the_gluon_twin_right_after_its_flash_bwd_dkdv() -> None:
     from lazytriton import tuning
     from lazytriton.prewarm import enumeration
 
     axes = enumeration.Axes((SM90,), ("flash_bwd_dq", "flash_bwd_dkdv"), dtypes=("bf16",), head_dims=(128,),
                             causal=(False, True), seqlens_q=(1024, 4096))
     twins = [p for p in enumeration.enumerate_variants(axes, tuning.Table(())) if p.variant.kernel == NAME]
-    assert {(p.variant.get("CAUSAL"), p.origin) for p in twins} == {(False, "gluon table"), (True, "gluon table")}
-    # 4096 only (1024 is under the rows' minimum), the variant dispatch serves, once per alignment pair
-    assert {p.variant for p in twins} == {default(128, False), default(128, True)}
+    assert {(p.variant.get("CAUSAL"), p.origin) for p in twins} == {(False, "gluon table")}  # the one row
+    # 4096 only (1024 is under the row's minimum), the variant dispatch serves, once per alignment pair
+    assert {p.variant for p in twins} == {default(128, False)}
+    planned = enumeration.enumerate_variants(axes, tuning.Table(()))
+    assert all(planned[i - 1].variant.kernel == "flash_bwd_dkdv" for i, p in enumerate(planned)
+               if p.variant.kernel == NAME)
 
 
 # ---------------------------------------------------------------------------
@@ -222,7 +225,7 @@ def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
     except ImportError:  # Triton 3.6
         from triton.experimental.gluon._runtime import GluonASTSource
 
-    variant = default(128, True)
+    variant = gluon.variant("sm_90", "bf16", 128, "top_left", True, False, 4096, 4096)  # causal: both loops' code
     assert variant is not None
     spec = get(NAME)
     fn = getattr(importlib.import_module(spec.module), spec.function)
@@ -291,15 +294,15 @@ def test_a_table_row_serves_the_backward_and_is_reproducible_on_gpu(monkeypatch:
         return resolve(self, variant)
 
     monkeypatch.setattr(runtime.Runtime, "resolve", spy)
-    q, k, v = make_qkv(1, (4, 2), (2048, 2048), 128, torch.bfloat16, "cuda", seed=2048)
+    q, k, v = make_qkv(1, (4, 2), (1024, 2048), 128, torch.bfloat16, "cuda", seed=2048)
     _sm90(q)
     do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
 
     def fa(*t: torch.Tensor) -> torch.Tensor:
-        return lazytriton.attn_fwd(*t, causal="bottom_right")[0]
+        return lazytriton.attn_fwd(*t)[0]
 
     first = grads_of(fa, q, k, v, do)
-    check_grads(q, k, v, do, first, causal="bottom_right")
+    check_grads(q, k, v, do, first)
     second = grads_of(fa, q, k, v, do)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))  # no atomics: deterministic
     assert any(r.kernel == NAME for r in resolved), resolved
