@@ -34,7 +34,8 @@ case " $* " in *" hot "*)
 esac
 case " $* " in *" tests "*)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.driver.hotpath_build || true
-  # pytest-xdist travels in .whl (wheels.sh .whl pytest-xdist execnet): 4 processes share the GPU and the cache.
+  # pytest-xdist travels in .whl (wheels.sh .whl pytest-xdist execnet zstandard; images need zstandard, which
+  # the host lacks): 4 processes share the GPU and the cache.
   timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest tests -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} \
     --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | tail -32 ;;
 esac

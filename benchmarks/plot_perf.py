@@ -264,7 +264,7 @@ def _draw_panel(ax: Axes, points: Mapping[Key, Point], panel: Key, seqlens: Sequ
     ax.minorticks_off()
     ax.grid(True, alpha=0.3)
     causal = "causal" if panel.causal else "non-causal"
-    ax.set_title(f"{dict(MODES)[panel.mode]}, head dim {panel.head_dim}, {causal}", fontsize=9)
+    ax.set_title(f"{dict(MODES)[panel.mode]}\nhead dim {panel.head_dim}, {causal}", fontsize=9)
 
 
 def draw(selected: Mapping[Key, Point], dtype: str, out: Path) -> None:
@@ -290,7 +290,7 @@ def draw(selected: Mapping[Key, Point], dtype: str, out: Path) -> None:
         axes[r][0].set_ylim(0, top * 1.08)  # shared by the row; from 0 so heights compare
         axes[r][0].set_ylabel("TFLOP/s")
     for ax in axes[-1]:
-        ax.set_xlabel("seqlen (batch x seqlen = 16k tokens)")
+        ax.set_xlabel("seqlen", fontsize=9)
     legend: dict[str, Artist] = {}
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -298,7 +298,8 @@ def draw(selected: Mapping[Key, Point], dtype: str, out: Path) -> None:
     fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=len(legend), frameon=False)
     gpu = next(iter(points.values())).gpu
     short = {v: k for k, v in DTYPES.items()}.get(dtype, dtype)
-    fig.suptitle(f"Attention TFLOP/s on the {gpu}, {short} (benchmarks/results, {_date_range(points.values())})")
+    fig.suptitle(f"Attention TFLOP/s on the {gpu}, {short}, batch x seqlen = 16k tokens, hidden 2048 "
+                 f"(benchmarks/results, {_date_range(points.values())})")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", metadata={"Software": None})
