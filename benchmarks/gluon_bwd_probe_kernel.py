@@ -1,43 +1,22 @@
-"""Probe kernel for issue 12's backward lever: flash_bwd's dK/dV kernel written in Gluon for Hopper.
+"""Probe kernel for issue 12's backward lever: the fused backward (dK, dV and atomic dQ) in Gluon for Hopper.
 
 Not served by lazytriton: ``benchmarks/probe_gluon_bwd.py`` launches it through
-Triton's JIT beside ``flash_bwd_dkdv`` (the Triton kernel it would replace; the
-dQ kernel stays) and cuDNN. The dK/dV kernel is 2/3 of the backward's time for
-4/7 of its products (benchmarks/NOTES.md), and the fused atomic-dQ kernel
-lost (NOTES, 12-02), so this asks whether hand-placed wgmma and TMA make the
-dK/dV kernel itself fast.
+Triton's JIT beside flash_bwd's kernels, the served Gluon dK/dV kernel
+(``flash_bwd_dkdv_gluon``, whose helpers this file reuses) and cuDNN.
 
-Scope of the probe: fp16/bf16, head dim 64 or 128 (EVEN_D), seqlens multiples
-of the tiles, causal_offset >= 0, q (B, Hq, Sq, D), k/v (B, Hk, Sk, D), any
-(batch, head) strides; ``Lse`` and ``Delta`` contiguous (B, Hq, Sq) float32
-(natural-log lse, delta = rowsum(dO * O)). One program per key block of one
-key/value head (GQA: it walks its group's query heads), as flash_bwd_dkdv.
+It is ``flash_bwd_dkdv_gluon``'s plain schedule plus dQ, FlashAttention-3's
+way: dS^T also goes to shared memory, a fifth wgmma reads it transposed for the
+step's dQ share ``dS K`` (into a float32 accumulator ``DQA``, zeroed by the
+caller), which goes out through shared memory as one TMA bulk reduction
+(``cp.reduce.async.bulk.tensor``); the next step waits for it only before it
+reuses that buffer. 5 products instead of flash_bwd's 7, no dQ kernel; delta
+comes from a pre-pass (``bwd_atomic_probe_kernel.delta_kernel``). Triton
+3.6's Gluon has the TMA reduction's op but not its Python wrapper (3.9's
+``tma.async_atomic_add``): ``_tma_reduce_add_36`` builds the same op.
 
-Everything in the transposed frame of that kernel (rows are the program's
-keys), with the forward Gluon kernel's machinery (``kernels/flash_fwd/
-gluon_kernel.py``):
-
-- K and V are loaded once by TMA into shared memory and stay there; Q and dO
-  stream through a ``STAGES``-deep TMA ring, one mbarrier per slot for both.
-- Four async wgmmas a step: ``S^T = K Q^T`` and ``dP^T = V dO^T`` read both
-  operands from shared memory (Q and dO transposed by permuted views);
-  ``dV += P^T dO`` and ``dK += dS^T Q`` take P^T and dS^T from registers
-  (never through shared memory) and dO, Q from the ring.
-- The accumulators' layout stacks warps along the keys: 4 warps own 64 key
-  rows, 8 warps 128 (two warpgroups sharing each Q/dO tile).
-- ``OVERLAP``: FlashAttention-3's intra-warpgroup overlap, step j issues
-  S^T_j and dP^T_j, then dV and dK of step j - 1, waits only for the first
-  two and computes P^T_j and dS^T_j while the previous step's products run.
-  Without it every step waits for all four.
-- ``FUSED_DQ`` (without OVERLAP): the fused backward, FlashAttention-3's
-  way. dS^T also goes to shared memory, a fifth wgmma reads it transposed for
-  the step's dQ share ``dS K`` (into a float32 accumulator ``DQA``, zeroed by
-  the caller), which goes out through shared memory as one TMA bulk reduction
-  (``cp.reduce.async.bulk.tensor``); the next step waits for it only before
-  it reuses that buffer. 5 products instead of flash_bwd's 7, no dQ kernel;
-  delta comes from a pre-pass. Triton 3.6's Gluon has the TMA reduction's op
-  but not its Python wrapper (3.9's ``tma.async_atomic_add``):
-  ``_tma_reduce_add_36`` builds the same op.
+Scope: fp16/bf16, head dim 64 or 128, seqlens multiples of the tiles, causal
+offset >= 0, dense (B, H, S, D) tensors with any (batch, head) strides, ``Lse``
+and ``Delta`` contiguous (B, Hq, Sq) float32.
 """
 
 from triton._C.libtriton import ir
@@ -51,6 +30,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from lazytriton.kernels.flash_bwd.gluon_kernel import issue_scores, load_step, step_probs
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -69,131 +50,54 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it, step, n_steps, m_first, BLOCK_M: gl.constexpr,
-               STAGES: gl.constexpr):
-    """Start the TMA loads of this head's query block ``m_first + step`` into ring slot ``it % STAGES``."""
-    slot = it % STAGES
-    bar = bars.index(slot)
-    live = step < n_steps
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
-    _tma_load(q_desc, [(m_first + step) * BLOCK_M, 0], bar, q_bufs.index(slot), pred=live)
-    _tma_load(do_desc, [(m_first + step) * BLOCK_M, 0], bar, do_bufs.index(slot), pred=live)
-
-
-@gluon.jit
-def _probs(s, dp, lse_ptr, delta_ptr, start_m, offs_n, qk_scale, causal_offset, masked, BLOCK_M: gl.constexpr,
-           CAUSAL: gl.constexpr):
-    """(P^T, dS^T) of one step from the raw S^T = K Q^T and dP^T = V dO^T (float32, the scores' layout).
-
-    ``masked`` (a runtime flag, causal only): the step crosses the diagonal.
-    """
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s.type.layout))
-    lse2 = gl.load(lse_ptr + offs_m) * LOG2E
-    delta = gl.load(delta_ptr + offs_m)
-    x = s * qk_scale - lse2[None, :]
-    if CAUSAL and masked:
-        x = gl.where(offs_n[:, None] <= (offs_m + causal_offset)[None, :], x, float("-inf"))
-    p = gl.exp2(x)
-    ds = p * (dp - delta[None, :])
-    return p, ds
-
-
-@gluon.jit
-def _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta_ptr, dk, dv, it, n_steps,
-          n_masked, m_first, offs_n, qk_scale, causal_offset, dq_desc, ds_smem, dq_smem, sm_scale,
-          s_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-          STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FUSED_DQ: gl.constexpr):
-    """dK and dV's shares of one query head: its query blocks m_first.., the first ``n_masked`` masked."""
+def _head_fused(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta_ptr, dk, dv, it, n_steps,
+                n_masked, m_first, offs_n, qk_scale, causal_offset, dq_desc, ds_smem, dq_smem, sm_scale,
+                s_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One query head's shares of dK and dV, and its query blocks' dQ shares reduced into the accumulator."""
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
     dtype: gl.constexpr = k_smem.dtype
     for i in gl.static_range(STAGES):
-        _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it + i, i, n_steps, m_first, BLOCK_M, STAGES)
+        load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it + i, i, n_steps, m_first, BLOCK_M, STAGES)
     zero = gl.zeros([BLOCK_N, BLOCK_M], dtype=gl.float32, layout=s_layout)
-    if OVERLAP:
-        # Step 0, peeled: its scores alone.
-        mbarrier.wait(bars.index(it % STAGES), (it // STAGES) & 1)
-        q_s = q_bufs.index(it % STAGES)
-        do_s = do_bufs.index(it % STAGES)
-        s = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-        dp = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+    for step in range(0, n_steps):
+        cur = it + step
+        s, dp, q_s, do_s = issue_scores(k_smem, v_smem, bars, q_bufs, do_bufs, cur, zero, STAGES)
         s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-        p, ds = _probs(s, dp, lse_ptr, delta_ptr, m_first * BLOCK_M, offs_n, qk_scale, causal_offset, n_masked > 0,
-                       BLOCK_M, CAUSAL)
-        p_prev = gl.convert_layout(p.to(dtype), op_layout)
-        ds_prev = gl.convert_layout(ds.to(dtype), op_layout)
-        for step in range(1, n_steps):
-            cur = it + step
-            prev = cur - 1
-            mbarrier.wait(bars.index(cur % STAGES), (cur // STAGES) & 1)
-            q_s = q_bufs.index(cur % STAGES)
-            do_s = do_bufs.index(cur % STAGES)
-            s = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-            dp = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-            dv = warpgroup_mma(p_prev, do_bufs.index(prev % STAGES), dv, is_async=True)
-            dk = warpgroup_mma(ds_prev, q_bufs.index(prev % STAGES), dk, is_async=True)
-            # Groups retire in issue order: two left outstanding means S^T_j and dP^T_j are done.
-            s, dp = warpgroup_mma_wait(2, deps=(s, dp))
-            p, ds = _probs(s, dp, lse_ptr, delta_ptr, (m_first + step) * BLOCK_M, offs_n, qk_scale, causal_offset,
+        p, ds = step_probs(s, dp, lse_ptr, delta_ptr, (m_first + step) * BLOCK_M, offs_n, qk_scale, causal_offset,
                            step < n_masked, BLOCK_M, CAUSAL)
-            dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv, dk, p_prev, ds_prev))
-            # The previous step's slot is free: it takes the block STAGES steps after it.
-            _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, prev + STAGES, step - 1 + STAGES, n_steps, m_first,
-                       BLOCK_M, STAGES)
-            p_prev = gl.convert_layout(p.to(dtype), op_layout)
-            ds_prev = gl.convert_layout(ds.to(dtype), op_layout)
-        last = it + n_steps - 1
-        dv = warpgroup_mma(p_prev, do_bufs.index(last % STAGES), dv, is_async=True)
-        dk = warpgroup_mma(ds_prev, q_bufs.index(last % STAGES), dk, is_async=True)
-        dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv, dk, p_prev, ds_prev))
-    else:
-        for step in range(0, n_steps):
-            cur = it + step
-            mbarrier.wait(bars.index(cur % STAGES), (cur // STAGES) & 1)
-            q_s = q_bufs.index(cur % STAGES)
-            do_s = do_bufs.index(cur % STAGES)
-            s = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-            dp = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-            p, ds = _probs(s, dp, lse_ptr, delta_ptr, (m_first + step) * BLOCK_M, offs_n, qk_scale, causal_offset,
-                           step < n_masked, BLOCK_M, CAUSAL)
-            p_op = gl.convert_layout(p.to(dtype), op_layout)
-            ds_op = gl.convert_layout(ds.to(dtype), op_layout)
-            if FUSED_DQ:  # dS^T to shared memory: dQ's product reads it transposed
-                ds_smem.store(ds.to(dtype))
-                fence_async_shared()
-            dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-            dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-            if FUSED_DQ:
-                dq0 = gl.zeros([BLOCK_M, BLOCK_D], dtype=gl.float32, layout=dq_layout)
-                dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq0, use_acc=False, is_async=True)
-                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-                tma.store_wait(0)  # the previous step's reduction has read dq_smem
-                dq_smem.store(dq * sm_scale)
-                fence_async_shared()
-                _tma_reduce_add(dq_desc, [(m_first + step) * BLOCK_M, 0], dq_smem)
-            else:
-                dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-            _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, cur + STAGES, step + STAGES, n_steps, m_first,
-                       BLOCK_M, STAGES)
-    if FUSED_DQ:
-        tma.store_wait(0)
+        p_op = gl.convert_layout(p.to(dtype), op_layout)
+        ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+        ds_smem.store(ds.to(dtype))  # dS^T to shared memory: dQ's product reads it transposed
+        fence_async_shared()
+        dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+        dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+        dq0 = gl.zeros([BLOCK_M, BLOCK_D], dtype=gl.float32, layout=dq_layout)
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq0, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+        tma.store_wait(0)  # the previous step's reduction has read dq_smem
+        dq_smem.store(dq * sm_scale)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [(m_first + step) * BLOCK_M, 0], dq_smem)
+        load_step(q_desc, do_desc, bars, q_bufs, do_bufs, cur + STAGES, step + STAGES, n_steps, m_first, BLOCK_M,
+                  STAGES)
+    tma.store_wait(0)
     return dk, dv, it + n_steps
 
 
 @gluon.jit
-def gluon_bwd_dkdv_kernel(
+def gluon_bwd_fused_kernel(
     Q, K, V, DO, Lse, Delta, DK, DV, DQA,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
     stride_dqb, stride_dqh, stride_dqs,
     group_size, heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr,
-    STAGES: gl.constexpr, OVERLAP: gl.constexpr, FUSED_DQ: gl.constexpr = False,
+    STAGES: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(BLOCK_N == 16 * NUM_WARPS, "each warp owns 16 key rows: BLOCK_N = 16 x warps")
-    gl.static_assert(not (FUSED_DQ and OVERLAP), "FUSED_DQ runs the plain schedule")
     dtype: gl.constexpr = Q.dtype.element_ty
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -215,12 +119,8 @@ def gluon_bwd_dkdv_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
-    if FUSED_DQ:
-        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_D], dq_smem_layout)
-    else:  # never touched without FUSED_DQ
-        ds_smem = k_smem
-        dq_smem = k_smem
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_D], dq_smem_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar.index(0), count=1)
@@ -259,16 +159,13 @@ def gluon_bwd_dkdv_kernel(
         do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
                                              [stride_dos, 1], [BLOCK_M, BLOCK_D], q_layout)
         row = (batch * heads_q + head) * seqlen_q
-        if FUSED_DQ:
-            dq_desc = tma.make_tensor_descriptor(DQA + batch * stride_dqb + head * stride_dqh, [seqlen_q, BLOCK_D],
-                                                 [stride_dqs, 1], [BLOCK_M, BLOCK_D], dq_smem_layout)
-        else:
-            dq_desc = q_desc
+        dq_desc = tma.make_tensor_descriptor(DQA + batch * stride_dqb + head * stride_dqh, [seqlen_q, BLOCK_D],
+                                             [stride_dqs, 1], [BLOCK_M, BLOCK_D], dq_smem_layout)
         if n_steps > 0:
-            dk, dv, it = _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, Lse + row, Delta + row, dk,
-                               dv, it, n_steps, n_masked, m_first, offs_n, qk_scale, causal_offset, dq_desc, ds_smem,
-                               dq_smem, sm_scale, s_layout, op_layout, dq_layout, BLOCK_M, STAGES, CAUSAL, OVERLAP,
-                               FUSED_DQ)
+            dk, dv, it = _head_fused(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, Lse + row, Delta + row,
+                                     dk, dv, it, n_steps, n_masked, m_first, offs_n, qk_scale, causal_offset, dq_desc,
+                                     ds_smem, dq_smem, sm_scale, s_layout, op_layout, dq_layout, BLOCK_M, STAGES,
+                                     CAUSAL)
 
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))

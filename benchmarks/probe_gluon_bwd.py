@@ -1,15 +1,18 @@
-"""Probe: flash_bwd's dK/dV kernel in Gluon (``gluon_bwd_probe_kernel.py``) beside the Triton one and cuDNN.
+"""Probe: the backward's Gluon kernels (the served dK/dV one, and a fused one with TMA-reduced dQ) beside cuDNN.
 
 For each case (bf16, head dim 64/128, causal or not, 1k/4k/16k tokens; batch x
 seqlen = 16k, hidden 2048, bench_flash_bwd.py's shapes) the probe runs
-flash_bwd's two kernels through Triton's JIT with the variants dispatch serves
-(the dQ kernel also writes delta), then every Gluon dK/dV tiling on the same
-delta, checks dK and dV against the float32 reference on a slice
-(FlashAttention's rule: 3x the same-precision reference's error, plus a
-floor), and times each kernel alone (median of CUDA-event-timed runs) and
-cuDNN's whole backward. The table's "projected" column is the backward with
-the Gluon dK/dV kernel in place of the Triton one: dQ kernel + best Gluon
-dK/dV, in TFLOP/s (the backward counted as 2.5x the forward).
+flash_bwd's two Triton kernels through Triton's JIT with the variants dispatch
+serves (the dQ kernel also writes delta), then on the same delta every tiling
+of ``flash_bwd_dkdv_gluon`` (kernels/flash_bwd/gluon_kernel.py, with its own
+ABI: flash_bwd_dkdv's arguments from the binding), then every tiling of the
+fused probe kernel (``gluon_bwd_probe_kernel.py``: the whole backward, dQ
+reduced by TMA, delta from a pre-pass). Each is checked against the float32
+reference on a slice (FlashAttention's rule: 3x the same-precision reference's
+error, plus a floor) and timed (median of CUDA-event-timed runs), beside
+cuDNN's whole backward. Two tables: the dK/dV kernel alone, with the backward
+it projects (dQ kernel + best Gluon dK/dV), and the fused backward whole, in
+TFLOP/s (the backward counted as 2.5x the forward).
 
 Usage: python benchmarks/probe_gluon_bwd.py [--quick] [--head-dims 64,128] [--reps 15]
 """
@@ -31,20 +34,17 @@ from lazytriton.cli.timing import event_ms  # noqa: E402
 from lazytriton.kernels.flash_bwd import (  # noqa: E402
     FLASH_BWD_DKDV,
     FLASH_BWD_DQ,
+    gluon_kernel,  # noqa: E402
     triton_kernel,  # noqa: E402
 )
 from lazytriton.kernels.flash_bwd import binding as bwd  # noqa: E402
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference  # noqa: E402
 from lazytriton.kernels.flash_fwd import binding as fwd  # noqa: E402
 
-# (BLOCK_N held keys = 16 x warps, BLOCK_M streamed queries, warps, stages, overlap)
-TILINGS = {64: ((128, 64, 8, 2, True), (128, 64, 8, 2, False), (128, 128, 8, 2, True), (64, 64, 4, 2, True),
-                (128, 64, 8, 3, True)),
-           128: ((128, 64, 8, 2, True), (128, 64, 8, 2, False), (128, 32, 8, 2, True), (64, 64, 4, 2, True),
-                 (128, 32, 8, 3, True))}
-
-
-# The fused kernel (FUSED_DQ: dQ by TMA reduction, 5 products): (BLOCK_N, BLOCK_M, warps, stages)
+# flash_bwd_dkdv_gluon: (BLOCK_N held keys = 16 x warps, BLOCK_M streamed queries, warps, OVERLAP)
+TILINGS = {64: ((128, 64, 8, True), (128, 64, 8, False), (128, 128, 8, True), (64, 64, 4, True)),
+           128: ((128, 64, 8, True), (128, 64, 8, False), (128, 32, 8, True), (64, 64, 4, True))}
+# The fused probe kernel (dQ by TMA reduction, 5 products): (BLOCK_N, BLOCK_M, warps, stages)
 FUSED_TILINGS = {64: ((64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 1)),
                  128: ((64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 2))}
 
@@ -69,31 +69,54 @@ def triton_kernels(q, k, v, out, lse, do, delta, grads, call, causal):
     return launches
 
 
-def gluon_dkdv(q, k, v, lse, do, delta, causal, tiling, out=None):
-    """The Gluon dK/dV kernel; with ``out`` (the forward's) the fused backward: delta, dQ by TMA reduction, cast."""
+def gluon_dkdv(q, k, v, out, lse, do, delta, call, causal, tiling):
+    """The served Gluon dK/dV kernel at ``tiling``, launched through Triton's JIT with flash_bwd_dkdv's arguments."""
+    block_n, block_m, warps, overlap = tiling
+    grads = bwd.empty_grads(q, k, v)
+    args = bwd.triton_args(FLASH_BWD_DKDV.name, q, k, v, out, lse, do, delta, grads, call)
+    kernel = gluon_kernel.flash_bwd_dkdv_gluon_kernel[bwd.dkdv_grid(k.shape[2], k.shape[1], k.shape[0], block_n)]
+
+    def run():
+        kernel(*args, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=q.shape[-1], EVEN_D=True, CAUSAL=causal,
+               OVERLAP=overlap, num_warps=warps)
+        return grads.dk, grads.dv
+    return run
+
+
+def fused_backward(q, k, v, out, lse, do, causal, tiling):
+    """The fused probe kernel as a whole backward: dQ's accumulator zeroed, delta, the kernel, dQ cast."""
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
-    block_n, block_m, warps, stages, overlap = tiling
-    fused = out is not None
+    block_n, block_m, warps, stages = tiling
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dqa = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device) if fused else dk
-    own_delta = torch.empty_like(delta) if fused else delta
+    dqa = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
+    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     grid = (sk // block_n, hk, b)
 
     def run():
-        if fused:
-            dqa.zero_()
-            bwd_atomic_probe_kernel.delta_kernel[((sq + 63) // 64, hq, b)](
-                out, do, own_delta, *out.stride()[:3], *do.stride()[:3], sq, hq, BLOCK_M=64, BLOCK_D=d)
-        probe.gluon_bwd_dkdv_kernel[grid](
-            q, k, v, do, lse, own_delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        dqa.zero_()
+        bwd_atomic_probe_kernel.delta_kernel[((sq + 63) // 64, hq, b)](
+            out, do, delta, *out.stride()[:3], *do.stride()[:3], sq, hq, BLOCK_M=64, BLOCK_D=d)
+        probe.gluon_bwd_fused_kernel[grid](
+            q, k, v, do, lse, delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *dqa.stride()[:3], hq // hk, hq, sq, sk, sk - sq,
-            d ** -0.5, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, CAUSAL=causal, STAGES=stages,
-            OVERLAP=overlap, FUSED_DQ=fused, num_warps=warps)
-        if fused:
-            return dqa.to(q.dtype), dk, dv
-        return dk, dv
+            d ** -0.5, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, CAUSAL=causal, STAGES=stages, num_warps=warps)
+        return dqa.to(q.dtype), dk, dv
     return run
+
+
+def _timed(label, name, run, sl, ref, same, reps, log):
+    """(ms, err/allowed) of a checked run, or None when it fails or breaks the rule (logged)."""
+    try:
+        got = run()
+        torch.cuda.synchronize()
+        worst = check([g[sl] for g in got], ref, same)
+        ms = event_ms(run, reps=reps)
+    except Exception as exc:  # noqa: BLE001 (a tiling that fails is reported, not fatal)
+        log(f"  {label} {name}: {type(exc).__name__}: {str(exc)[:300]}")
+        return None
+    log(f"  {label} {name:22s} {ms:7.3f} ms  err/allowed {worst:.2f}{'' if worst <= 1.0 else '  WRONG'}")
+    return ms if worst <= 1.0 else None
 
 
 def check(got, ref, same):
@@ -131,46 +154,20 @@ def run_case(d, causal, s, reps, log):
         o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
     dout = torch.empty_like(o).copy_(do)
     rows["cudnn bwd"] = event_ms(lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True), reps=reps)
-    best = None
-    for tiling in TILINGS[d]:
-        name = "gluon " + "/".join(str(int(x)) for x in tiling[:4]) + (" ovl" if tiling[4] else "")
-        try:
-            run = gluon_dkdv(q, k, v, lse, do, delta, causal, tiling)
-            dk, dv = run()
-            torch.cuda.synchronize()
-            worst = check([dk[sl], dv[sl]], ref[1:], same[1:])
-            ms = event_ms(run, reps=reps)
-        except Exception as exc:  # noqa: BLE001 (a tiling that fails is reported, not fatal)
-            log(f"  {label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
-            continue
-        log(f"  {label} {name:22s} {ms:7.3f} ms  err/allowed {worst:.2f}")
-        if worst <= 1.0:
-            rows[name] = ms
-            if best is None or ms < rows[best]:
-                best = name
-        else:
-            log(f"  {label} {name}: WRONG")
-    fused_best = None
-    for tiling in FUSED_TILINGS[d]:
-        name = "fused " + "/".join(str(int(x)) for x in tiling)
-        try:
-            run = gluon_dkdv(q, k, v, lse, do, delta, causal, (*tiling, False), out=out)
-            got = run()
-            torch.cuda.synchronize()
-            worst = check([g[sl] for g in got], ref, same)
-            ms = event_ms(run, reps=reps)
-        except Exception as exc:  # noqa: BLE001
-            log(f"  {label} {name}: {type(exc).__name__}: {str(exc)[:300]}")
-            continue
-        log(f"  {label} {name:22s} {ms:7.3f} ms  err/allowed {worst:.2f} (dq, dk, dv; whole backward)")
-        if worst <= 1.0:
-            rows[name] = ms
-            if fused_best is None or ms < rows[fused_best]:
-                fused_best = name
-        else:
-            log(f"  {label} {name}: WRONG")
-    for name, ms in rows.items():
-        log(f"  {label} {name:22s} {ms:7.3f} ms")
+    for kind, tilings in (("gluon", TILINGS[d]), ("fused", FUSED_TILINGS[d])):
+        for tiling in tilings:
+            if kind == "gluon":
+                name = "gluon " + "/".join(str(int(x)) for x in tiling[:3]) + (" ovl" if tiling[3] else "")
+                ms = _timed(label, name, gluon_dkdv(q, k, v, out, lse, do, delta, call, causal, tiling), sl, ref[1:],
+                            same[1:], reps, log)
+            else:
+                name = "fused " + "/".join(str(int(x)) for x in tiling)
+                ms = _timed(label, name, fused_backward(q, k, v, out, lse, do, causal, tiling), sl, ref, same, reps,
+                            log)
+            if ms is not None:
+                rows[name] = ms
+    best = min((n for n in rows if n.startswith("gluon ")), key=rows.__getitem__, default=None)
+    fused_best = min((n for n in rows if n.startswith("fused ")), key=rows.__getitem__, default=None)
     return label, rows, flops, best, fused_best
 
 

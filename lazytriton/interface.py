@@ -139,9 +139,12 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     ``lse`` is returned as a constant: no gradient flows through it.
 
     """
+    # _direct's test written out (a Python call saved, ~0.1 µs of the 1.5x torch.add budget); is_compiling
+    # before the dispatch-mode count, which dynamo cannot trace (it stops at is_compiling, True while tracing)
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and alibi_slopes is None
-            and dropout_p == 0.0 and _direct(q, k, v)):
+            and dropout_p == 0.0 and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]

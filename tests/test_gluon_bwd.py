@@ -236,6 +236,39 @@ def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
     assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
 
 
+def _probe(monkeypatch: pytest.MonkeyPatch, name: str) -> object:
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module(name)
+
+
+def test_the_probes_tilings_are_ones_the_kernel_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = _probe(monkeypatch, "probe_gluon_bwd")
+    for head_dim, tilings in probe.TILINGS.items():  # type: ignore[attr-defined]
+        assert all(tuple(t[:3]) in gluon.configs(head_dim) for t in tilings), head_dim
+
+
+def test_the_fused_probe_kernel_compiles_with_a_tma_reduction_of_dq(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/gluon_bwd_probe_kernel.py (the fused backward): dQ leaves by cp.reduce.async.bulk, not red."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    try:
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:  # Triton 3.6
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _probe(monkeypatch, "gluon_bwd_probe_kernel").gluon_bwd_fused_kernel  # type: ignore[attr-defined]
+    constexprs = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 128, "CAUSAL": True, "STAGES": 2}
+    signature = {name: "i32" for name in fn.arg_names}
+    signature.update({name: "*bf16" for name in ("Q", "K", "V", "DO", "DK", "DV")})
+    signature.update({name: "*fp32" for name in ("Lse", "Delta", "DQA")}, sm_scale="fp32")
+    signature.update({name: "constexpr" for name in constexprs})
+    ptx = triton.compile(GluonASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4}).asm["ptx"]
+    assert "cp.reduce.async.bulk.tensor" in ptx and "red.global" not in ptx
+
+
 # ---------------------------------------------------------------------------
 # On the GPU: gradients
 

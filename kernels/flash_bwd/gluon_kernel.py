@@ -65,7 +65,7 @@ STAGES = gl.constexpr(2)  # Q/dO ring depth (gluon.shared_bytes counts it)
 
 
 @gluon.jit
-def _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it, step, n_steps, m_first, BLOCK_M: gl.constexpr,
+def load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it, step, n_steps, m_first, BLOCK_M: gl.constexpr,
                STAGES: gl.constexpr):
     """Start the TMA loads of this head's query block ``m_first + step`` into ring slot ``it % STAGES``."""
     slot = it % STAGES
@@ -77,8 +77,8 @@ def _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it, step, n_steps, m_firs
 
 
 @gluon.jit
-def _probs(s, dp, lse_ptr, delta_ptr, start_m, offs_n, qk_scale, causal_offset, masked, BLOCK_M: gl.constexpr,
-           CAUSAL: gl.constexpr):
+def step_probs(s, dp, lse_ptr, delta_ptr, start_m, offs_n, qk_scale, causal_offset, masked,
+               BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """(P^T, dS^T) of one step from the raw S^T = K Q^T and dP^T = V dO^T (float32, the scores' layout).
 
     ``masked`` (a runtime flag, causal only): the step crosses the diagonal.
@@ -95,6 +95,17 @@ def _probs(s, dp, lse_ptr, delta_ptr, start_m, offs_n, qk_scale, causal_offset, 
 
 
 @gluon.jit
+def issue_scores(k_smem, v_smem, bars, q_bufs, do_bufs, it, zero, STAGES: gl.constexpr):
+    """Wait for ring step ``it``'s Q and dO tiles, then issue S^T = K Q^T and dP^T = V dO^T (async); both tiles too."""
+    mbarrier.wait(bars.index(it % STAGES), (it // STAGES) & 1)
+    q_s = q_bufs.index(it % STAGES)
+    do_s = do_bufs.index(it % STAGES)
+    s = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+    return s, dp, q_s, do_s
+
+
+@gluon.jit
 def _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta_ptr, dk, dv, it, n_steps,
           n_masked, m_first, offs_n, qk_scale, causal_offset, s_layout: gl.constexpr, op_layout: gl.constexpr,
           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
@@ -102,37 +113,29 @@ def _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
     dtype: gl.constexpr = k_smem.dtype
     for i in gl.static_range(STAGES):
-        _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it + i, i, n_steps, m_first, BLOCK_M, STAGES)
+        load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it + i, i, n_steps, m_first, BLOCK_M, STAGES)
     zero = gl.zeros([BLOCK_N, BLOCK_M], dtype=gl.float32, layout=s_layout)
     if OVERLAP:
         # Step 0, peeled: its scores alone.
-        mbarrier.wait(bars.index(it % STAGES), (it // STAGES) & 1)
-        q_s = q_bufs.index(it % STAGES)
-        do_s = do_bufs.index(it % STAGES)
-        s = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-        dp = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s, dp, q_s, do_s = issue_scores(k_smem, v_smem, bars, q_bufs, do_bufs, it, zero, STAGES)
         s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-        p, ds = _probs(s, dp, lse_ptr, delta_ptr, m_first * BLOCK_M, offs_n, qk_scale, causal_offset, n_masked > 0,
-                       BLOCK_M, CAUSAL)
+        p, ds = step_probs(s, dp, lse_ptr, delta_ptr, m_first * BLOCK_M, offs_n, qk_scale, causal_offset,
+                           n_masked > 0, BLOCK_M, CAUSAL)
         p_prev = gl.convert_layout(p.to(dtype), op_layout)
         ds_prev = gl.convert_layout(ds.to(dtype), op_layout)
         for step in range(1, n_steps):
             cur = it + step
             prev = cur - 1
-            mbarrier.wait(bars.index(cur % STAGES), (cur // STAGES) & 1)
-            q_s = q_bufs.index(cur % STAGES)
-            do_s = do_bufs.index(cur % STAGES)
-            s = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-            dp = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            s, dp, q_s, do_s = issue_scores(k_smem, v_smem, bars, q_bufs, do_bufs, cur, zero, STAGES)
             dv = warpgroup_mma(p_prev, do_bufs.index(prev % STAGES), dv, is_async=True)
             dk = warpgroup_mma(ds_prev, q_bufs.index(prev % STAGES), dk, is_async=True)
             # Groups retire in issue order: two left outstanding means S^T_j and dP^T_j are done.
             s, dp = warpgroup_mma_wait(2, deps=(s, dp))
-            p, ds = _probs(s, dp, lse_ptr, delta_ptr, (m_first + step) * BLOCK_M, offs_n, qk_scale, causal_offset,
-                           step < n_masked, BLOCK_M, CAUSAL)
+            p, ds = step_probs(s, dp, lse_ptr, delta_ptr, (m_first + step) * BLOCK_M, offs_n, qk_scale,
+                               causal_offset, step < n_masked, BLOCK_M, CAUSAL)
             dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv, dk, p_prev, ds_prev))
             # The previous step's slot is free: it takes the block STAGES steps after it.
-            _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, prev + STAGES, step - 1 + STAGES, n_steps, m_first,
+            load_step(q_desc, do_desc, bars, q_bufs, do_bufs, prev + STAGES, step - 1 + STAGES, n_steps, m_first,
                        BLOCK_M, STAGES)
             p_prev = gl.convert_layout(p.to(dtype), op_layout)
             ds_prev = gl.convert_layout(ds.to(dtype), op_layout)
@@ -143,20 +146,16 @@ def _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta
     else:
         for step in range(0, n_steps):
             cur = it + step
-            mbarrier.wait(bars.index(cur % STAGES), (cur // STAGES) & 1)
-            q_s = q_bufs.index(cur % STAGES)
-            do_s = do_bufs.index(cur % STAGES)
-            s = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-            dp = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            s, dp, q_s, do_s = issue_scores(k_smem, v_smem, bars, q_bufs, do_bufs, cur, zero, STAGES)
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-            p, ds = _probs(s, dp, lse_ptr, delta_ptr, (m_first + step) * BLOCK_M, offs_n, qk_scale, causal_offset,
-                           step < n_masked, BLOCK_M, CAUSAL)
+            p, ds = step_probs(s, dp, lse_ptr, delta_ptr, (m_first + step) * BLOCK_M, offs_n, qk_scale,
+                               causal_offset, step < n_masked, BLOCK_M, CAUSAL)
             p_op = gl.convert_layout(p.to(dtype), op_layout)
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
             dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
             dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
             dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-            _load_step(q_desc, do_desc, bars, q_bufs, do_bufs, cur + STAGES, step + STAGES, n_steps, m_first,
+            load_step(q_desc, do_desc, bars, q_bufs, do_bufs, cur + STAGES, step + STAGES, n_steps, m_first,
                        BLOCK_M, STAGES)
     return dk, dv, it + n_steps
 
