@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from lazytriton.kernels.flash_bwd.gluon_kernel import issue_scores, load_step, step_probs
+from lazytriton.kernels.flash_bwd.gluon_kernel import issue_scores, load_kv, load_step, query_steps, step_probs
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -128,23 +128,9 @@ def gluon_bwd_fused_kernel(
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
 
-    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, BLOCK_D],
-                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, BLOCK_D],
-                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    mbarrier.expect(kv_bar.index(0), 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
-    _tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
-
-    # Query blocks [m_first, m_full) cross this key block's causal diagonal (masked); the rest see every key.
-    n_m = seqlen_q // BLOCK_M
-    m_first = 0
-    m_full = 0
-    if CAUSAL:
-        m_first = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
-        m_full = gl.minimum((gl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0) + BLOCK_M - 1) // BLOCK_M, n_m)
-    n_steps = n_m - m_first
-    n_masked = m_full - m_first
+    load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
+            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+    m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
 
     qk_scale = sm_scale * LOG2E
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))

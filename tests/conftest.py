@@ -64,6 +64,20 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime.Runtime, "kernel", launched)
 
 
+@pytest.fixture
+def resolved(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every variant the runtime resolves (loads or compiles) during the test, in order."""
+    seen: list[Any] = []
+    resolve = runtime.Runtime.resolve
+
+    def spy(self: runtime.Runtime, variant: Any) -> object:
+        seen.append(variant)
+        return resolve(self, variant)
+
+    monkeypatch.setattr(runtime.Runtime, "resolve", spy)
+    return seen
+
+
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty cache dir for this test, through LAZYTRITON_CACHE_DIR."""

@@ -315,18 +315,8 @@ def test_forced_tilings_give_flash_bwd_dkdvs_gradients_on_gpu(tiles: tuple[int, 
 
 
 @on_gpu
-def test_a_table_row_serves_the_backward_and_is_reproducible_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_table_row_serves_the_backward_and_is_reproducible_on_gpu(resolved: list[Variant]) -> None:
     """A plain call that fits a row runs flash_bwd_dkdv_gluon through autograd, within the rule, bit for bit twice."""
-    from lazytriton import runtime
-
-    resolved: list[Variant] = []
-    resolve = runtime.Runtime.resolve
-
-    def spy(self: runtime.Runtime, variant: Variant) -> object:
-        resolved.append(variant)
-        return resolve(self, variant)
-
-    monkeypatch.setattr(runtime.Runtime, "resolve", spy)
     q, k, v = make_qkv(1, (4, 2), (1024, 2048), 128, torch.bfloat16, "cuda", seed=2048)
     _sm90(q)
     do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)

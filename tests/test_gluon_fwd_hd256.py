@@ -207,18 +207,9 @@ def test_head_dim_256_numerics_on_gpu(tiling: tuple[tuple[int, int, int], bool, 
 
 @on_gpu
 @pytest.mark.usefixtures("hd256_row")
-def test_a_head_dim_256_row_serves_attn_fwd_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_head_dim_256_row_serves_attn_fwd_on_gpu(resolved: list[Variant]) -> None:
     """With a GLUON_TABLE row at head dim 256, a plain call runs flash_fwd_gluon, cold and warm, within the rule."""
-    from lazytriton import flash, runtime
-
-    resolved: list[Variant] = []
-    resolve = runtime.Runtime.resolve
-
-    def spy(self: runtime.Runtime, variant: Variant) -> object:
-        resolved.append(variant)
-        return resolve(self, variant)
-
-    monkeypatch.setattr(runtime.Runtime, "resolve", spy)
+    from lazytriton import flash
     q, k, v = make_qkv(1, (4, 4), (384, 640), 256, torch.bfloat16, "cuda", seed_of("gluon256-row"))
     if str(dispatch.target_of_device(q.device)) != "sm_90":
         pytest.skip("flash_fwd_gluon is built for sm_90")

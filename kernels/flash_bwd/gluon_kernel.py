@@ -77,6 +77,37 @@ def load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it, step, n_steps, m_first
 
 
 @gluon.jit
+def load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar):
+    """Start the TMA loads of the program's K and V tiles (keys from ``start_n``) into their buffers, one barrier."""
+    BLOCK_N: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_D: gl.constexpr = k_smem.type.shape[1]
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, BLOCK_D], [stride_ks, 1], [BLOCK_N, BLOCK_D],
+                                        k_smem.type.layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, BLOCK_D], [stride_vs, 1], [BLOCK_N, BLOCK_D],
+                                        v_smem.type.layout)
+    mbarrier.expect(kv_bar.index(0), 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
+    _tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
+
+
+@gluon.jit
+def query_steps(start_n, causal_offset, seqlen_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                CAUSAL: gl.constexpr):
+    """(m_first, n_steps, n_masked): the query blocks the program's keys see, from m_first, the first masked.
+
+    Query blocks [m_first, m_first + n_masked) cross this key block's causal
+    diagonal (masked); the rest see every key.
+    """
+    n_m = seqlen_q // BLOCK_M
+    m_first = 0
+    m_full = 0
+    if CAUSAL:
+        m_first = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
+        m_full = gl.minimum((gl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0) + BLOCK_M - 1) // BLOCK_M, n_m)
+    return m_first, n_m - m_first, m_full - m_first
+
+
+@gluon.jit
 def step_probs(s, dp, lse_ptr, delta_ptr, start_m, offs_n, qk_scale, causal_offset, masked,
                BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """(P^T, dS^T) of one step from the raw S^T = K Q^T and dP^T = V dO^T (float32, the scores' layout).
@@ -203,23 +234,9 @@ def flash_bwd_dkdv_gluon_kernel(
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
-    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, BLOCK_D],
-                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, BLOCK_D],
-                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    mbarrier.expect(kv_bar.index(0), 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
-    _tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
-
-    # Query blocks [m_first, m_full) cross this key block's causal diagonal (masked); the rest see every key.
-    n_m = seqlen_q // BLOCK_M
-    m_first = 0
-    m_full = 0
-    if CAUSAL:
-        m_first = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
-        m_full = gl.minimum((gl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0) + BLOCK_M - 1) // BLOCK_M, n_m)
-    n_steps = n_m - m_first
-    n_masked = m_full - m_first
+    load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
+            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+    m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
 
     qk_scale = sm_scale * LOG2E
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
