@@ -614,7 +614,7 @@ def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, c
 # BWD_GLUON_TABLE has a row for the call's (dtype, head dim, causal), its tiles divide the seqlens and
 # seqlen_k reaches the row's minimum (flash_bwd_gluon_fits; the backward's memo key carries the answer,
 # binding.GLUON_TAIL). The rows are where it won in the whole backward: the probe (benchmarks/
-# probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-02) timed the dK/dV kernel alone, gluon over Triton, at
+# probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-01) timed the dK/dV kernel alone, gluon over Triton, at
 # 1.06-1.18x for head dim 128 and head dim 64 causal from 4k tokens (0.78-0.97x at 1k and at head dim 64
 # non-causal, hence the minimum seqlen); then bench_flash_bwd.py served all three candidate rows, and only
 # head dim 128 non-causal gained over the same run's Triton kernels (lazytriton / Triton JIT, bf16 and fp16:

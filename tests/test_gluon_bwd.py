@@ -114,7 +114,7 @@ def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str
 
 
 def test_the_table_rows_are_variants_the_kernel_takes() -> None:
-    assert dispatch.BWD_GLUON_TABLE  # measured rows (NOTES.md 12-02)
+    assert dispatch.BWD_GLUON_TABLE  # measured rows (NOTES.md 12-01)
     for (dtype, head_dim, causal), (tiles, overlap, min_seqlen_k) in dispatch.BWD_GLUON_TABLE.items():
         assert tiles in gluon.configs(head_dim)
         v = default(head_dim, causal, 4096, max(4096, min_seqlen_k), dtype)

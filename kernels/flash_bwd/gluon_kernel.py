@@ -41,10 +41,11 @@ program's keys), with the forward Gluon kernel's machinery
 - Causal: the steps that cross the diagonal come first and take the mask
   (a runtime flag per step); the rest see every key.
 
-Measured on the H200 against ``flash_bwd_dkdv`` (benchmarks/probe_gluon_bwd.py,
-bf16, NOTES.md 12-02): 1.06-1.18x at head dim 128 from 4k tokens and at head
-dim 64 causal, slower at 1k and at head dim 64 non-causal; dispatch serves it
-where its table (``dispatch.BWD_GLUON_TABLE``) says.
+Measured on the H200 (benchmarks/probe_gluon_bwd.py and bench_flash_bwd.py,
+NOTES.md 12-01): alone, 1.06-1.18x ``flash_bwd_dkdv`` at head dim 128 and at
+head dim 64 causal from 4k tokens, slower at 1k and at head dim 64
+non-causal; in the whole backward only head dim 128 non-causal gained
+(1.05-1.10x), so that is the one row of ``dispatch.BWD_GLUON_TABLE``.
 """
 
 from triton.experimental import gluon
