@@ -269,6 +269,20 @@ def test_the_fused_probe_kernel_compiles_with_a_tma_reduction_of_dq(monkeypatch:
     assert "cp.reduce.async.bulk.tensor" in ptx and "red.global" not in ptx
 
 
+def test_the_atomic_dq_probe_runs_and_checks_on_cpu() -> None:
+    """benchmarks/probe_bwd_atomic.py --cpu-smoke: the fused kernel with atomic dQ, interpreted, within the rule."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "probe_bwd_atomic.py"), "--cpu-smoke"],
+                          capture_output=True, text=True, timeout=600, check=False, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    checked = [line for line in done.stdout.splitlines() if "err/allowed" in line]
+    assert len(checked) == 4 and all(float(line.split()[-1]) <= 1.0 for line in checked), checked
+
+
 # ---------------------------------------------------------------------------
 # On the GPU: gradients
 
