@@ -218,6 +218,24 @@ def triton_jit_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tens
     grads = bwd.empty_grads(q, k, v)
     delta = torch.empty((call.shape.batch, call.shape.heads_q, call.shape.seqlen_q), dtype=torch.float32,
                         device=q.device)
+    launches = jit_launches(q, k, v, out, lse, do, delta, grads, call, causal)
+
+    def run() -> Sequence[torch.Tensor]:
+        for launch in launches:
+            launch()
+        return grads
+
+    return run
+
+
+def jit_launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 do: torch.Tensor, delta: torch.Tensor, grads: Any, call: Any,
+                 causal: bool) -> list[Callable[[], None]]:
+    """(dq launch, dK/dV launch): flash_bwd's two Triton kernels through Triton's JIT with dispatch's variants.
+
+    The dQ kernel writes ``delta``, which the dK/dV kernel reads; on the CPU
+    (no GPU target) the sm_90 variants' constexprs go through lazytriton's interpreter.
+    """
     _, _, aligned, seq16, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
     target = dispatch.target_of_device(q.device) if q.device.type == "cuda" else target_from_cuda_capability(9, 0)
     chosen = bwd.variants(target, q.dtype, call.shape, causal, aligned, index64, seq16=seq16)
@@ -227,13 +245,7 @@ def triton_jit_bwd(t: Tensors, causal: bool) -> Callable[[], Sequence[torch.Tens
         constexprs = {name: value for name, value in variant.constexprs.items() if name in spec.constexprs}
         args = bwd.triton_args(spec.name, q, k, v, out, lse, do, delta, grads, call)
         launches.append(_jit_launch(spec, grid, args, constexprs, dict(variant.options), q.device))
-
-    def run() -> Sequence[torch.Tensor]:
-        for launch in launches:
-            launch()
-        return grads
-
-    return run
+    return launches
 
 
 def _jit_launch(spec: Any, grid: tuple[int, int, int], args: tuple[Any, ...], constexprs: dict[str, Any],

@@ -28,15 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bwd_atomic_probe_kernel  # noqa: E402
 import gluon_bwd_probe_kernel as probe  # noqa: E402
+from bench_flash_bwd import jit_launches  # noqa: E402
 
-from lazytriton import dispatch  # noqa: E402
 from lazytriton.cli.timing import event_ms  # noqa: E402
-from lazytriton.kernels.flash_bwd import (  # noqa: E402
-    FLASH_BWD_DKDV,
-    FLASH_BWD_DQ,
-    gluon_kernel,  # noqa: E402
-    triton_kernel,  # noqa: E402
-)
+from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, gluon_kernel  # noqa: E402
 from lazytriton.kernels.flash_bwd import binding as bwd  # noqa: E402
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference  # noqa: E402
 from lazytriton.kernels.flash_fwd import binding as fwd  # noqa: E402
@@ -51,22 +46,6 @@ FUSED_TILINGS = {64: ((64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 1)),
 
 def _alloc(size: int, alignment: int, stream: object) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def triton_kernels(q, k, v, out, lse, do, delta, grads, call, causal):
-    """(dq launch, dkdv launch): flash_bwd's kernels through Triton's JIT with dispatch's variants."""
-    _, _, aligned, seq16, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
-    chosen = bwd.variants(dispatch.target_of_device(q.device), q.dtype, call.shape, causal, aligned, index64,
-                          seq16=seq16)
-    grids = bwd.grids(call.shape, int(chosen[0].get("BLOCK_M")), int(chosen[1].get("BLOCK_N")))
-    launches = []
-    for spec, variant, grid in zip((FLASH_BWD_DQ, FLASH_BWD_DKDV), chosen, grids, strict=True):
-        constexprs = {name: value for name, value in variant.constexprs.items() if name in spec.constexprs}
-        args = bwd.triton_args(spec.name, q, k, v, out, lse, do, delta, grads, call)
-        kernel = getattr(triton_kernel, spec.function)[grid]
-        options = dict(variant.options)
-        launches.append(lambda kernel=kernel, args=args, c=constexprs, o=options: kernel(*args, **c, **o))
-    return launches
 
 
 def gluon_dkdv(q, k, v, out, lse, do, delta, call, causal, tiling):
@@ -144,7 +123,7 @@ def run_case(d, causal, s, reps, log):
     label = f"bf16 hd{d} {'causal' if causal else 'full  '} {s // 1024}k"
     grads = bwd.empty_grads(q, k, v)
     delta = torch.empty((b, h, s), dtype=torch.float32, device="cuda")
-    dq_launch, dkdv_launch = triton_kernels(q, k, v, out, lse, do, delta, grads, call, causal)
+    dq_launch, dkdv_launch = jit_launches(q, k, v, out, lse, do, delta, grads, call, causal)
     dq_launch()
     dkdv_launch()
     rows = {"dq (triton)": event_ms(dq_launch, reps=reps), "dkdv (triton)": event_ms(dkdv_launch, reps=reps)}
