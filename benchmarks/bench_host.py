@@ -46,6 +46,8 @@ HELPER, ABI, CPP = "compiled helper", "cffi ABI mode", "C++ tail"
 # read in Python rather than by the C++ tail (where its module has STREAM_INSIDE); the same kernels, one group.
 FORWARD_STOCKED, FORWARD_ALLOCATED = "hot.forward_bhsd, lse stocked", "hot.forward_bhsd, lse allocated"
 FORWARD_PY_STREAM = "hot.forward_bhsd, lse allocated, stream from Python"
+# The entry lookup in Python rather than in C++ (hot.py's front, ``serve``; with STREAM_INSIDE only).
+FORWARD_PY_LOOKUP = "hot.forward_bhsd, lse allocated, lookup in Python"
 
 
 def ensure_helper(build: bool) -> str:
@@ -94,10 +96,12 @@ def entry_points(path: str) -> dict[str, Callable[[], object]]:
         }
         if path == CPP:
             previous_stocks = hot.CPP_LSE_STOCKS
-            for name, stocked, inside in ((FORWARD_STOCKED, True, None), (FORWARD_ALLOCATED, False, None),
-                                          (FORWARD_PY_STREAM, False, False)):
+            for name, stocked, inside, front in ((FORWARD_STOCKED, True, None, True),
+                                                 (FORWARD_ALLOCATED, False, None, True),
+                                                 (FORWARD_PY_LOOKUP, False, None, False),
+                                                 (FORWARD_PY_STREAM, False, False, True)):
                 hot.CPP_LSE_STOCKS = stocked
-                forward = hot.generate("bhsd", "forward", stream_inside=inside)
+                forward = hot.generate("bhsd", "forward", stream_inside=inside, with_front=front)
                 calls[name] = lambda forward=forward: forward(q, k, v, False, None)
             hot.CPP_LSE_STOCKS = previous_stocks
         for fn in calls.values():

@@ -369,7 +369,8 @@ int32_t aoti_torch_get_current_cuda_stream(int32_t device_index, void **stream) 
 
 
 @pytest.fixture(scope="module")
-def cpp_reading_the_stream(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def cpp_reading_the_stream(built: Path, cpp: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A second copy of the module, loaded after a fake getter is global (``cpp``, loaded first, finds none)."""
     import ctypes
 
     if shutil.which("gcc") is None:
@@ -406,3 +407,129 @@ def test_cpp_tail_reads_the_current_stream_itself_where_torch_offers_it(result: 
     lse = 0 if result == "output" else None
     assert cpp.run(q, k, v, None, lse, entry[12]) is None, "no getter: declined, the Python tail reads the stream"
     assert _launched(fake)[2]["stream"] == 0xC0FFEE00
+
+
+def _front_paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, result: str, layout: str,
+                 spare: torch.Tensor) -> tuple[_Runtime, Any, dict[str, Any], list[Any]]:
+    """_paths with the entry lookup in C++ (a module reading the stream itself): its serve() results recorded."""
+    served: list[Any] = []
+
+    def serve(*args: Any) -> Any:
+        done = cpp.serve(*args)
+        served.append(done)
+        return done
+
+    monkeypatch.setattr(hot, "generate", functools.partial(hot.generate, serve=serve))
+    rt, kernel, paths, _ = _paths(fake, helper, cpp, monkeypatch, result, layout, spare, stream_inside=True)
+    return rt, kernel, paths, served
+
+
+@pytest.mark.parametrize("result", ["forward", "output"])
+@pytest.mark.parametrize("case", CPU_CASES, ids=str)
+def test_front_serves_from_its_table_what_the_python_path_launches(case: tuple[Any, ...], result: str, fake: Fake,
+                                                                   helper: Any, cpp_reading_the_stream: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, _, _, _, causal, scale, dtype, _ = case
+    q, k, v, view = _inputs(case)
+    spare = torch.empty(1 << 16, dtype=torch.float32)
+    rt, kernel, paths, served = _front_paths(fake, helper, cpp_reading_the_stream, monkeypatch, result, layout, spare)
+    assert "done = serve(" in hot.source(layout, result, cpp=True, stream_inside=True)
+    assert "serve(" not in hot.source(layout, result, cpp=True, stream_inside=True, with_front=False)
+    _plan(rt, kernel, view(q), view(k), view(v), binding.check(view(q), view(k), view(v), causal, scale), dtype)
+    seen = {}
+    for name, warm in paths.items():
+        for _ in range(3):  # describe (and file the record), then twice from the C++ table
+            done = warm(q, k, v, causal, scale)
+            assert done is not None
+        out = done[0] if result == "forward" else done
+        ints, floats, state = _launched(fake)
+        assert ints[:4] == [t.data_ptr() for t in (q, k, v, out)], name
+        if result == "forward":  # a new lse at every call; the output path's is the spare buffer's, in both
+            assert ints[4] == done[1].data_ptr()
+            ints[4] = 0
+        assert state["stream"] == (0xC0FFEE00 if name == "cpp" else 0x5EED), "the getter's stream, read in C++"
+        state = {key: state[key] for key in ("grid_x", "grid_y", "grid_z", "block_x", "function")}
+        seen[name] = (ints[4:], floats, out.stride(), state)
+    assert seen["cpp"] == seen["python"], "every parameter but the input pointers and the stream"
+    assert [done is not None for done in served] == [False, True, True], "filed by the first call, then served"
+    assert len(paths["cpp"].__globals__["TABLE"]) == 1
+
+
+def test_front_declines_what_its_key_does_not_cover(fake: Fake, helper: Any, cpp_reading_the_stream: Any, cpp: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = cpp
+    cpp = cpp_reading_the_stream
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, served = _front_paths(fake, helper, cpp, monkeypatch, "output", "bhsd", spare)
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
+    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
+    warm = paths["cpp"]
+    warm(q, k, v, False, None)
+    scope = warm.__globals__
+    table, spares = scope["TABLE"], scope["SPARE"]
+
+    def serve(*args: Any, plans: Any = rt.plans, spare: Any = spares, cuda: bool = False) -> Any:
+        return cpp.serve(*args, table, plans, spare, cuda)
+
+    assert serve(q, k, v, False, None, True) is not None, "the filed call"
+
+    class Sub(torch.Tensor):
+        pass
+
+    grad = q.clone().requires_grad_()
+    declined = {
+        "q requires grad": (grad, k, v, False, None, True),
+        "a subclass": (q.as_subclass(Sub), k, v, False, None, True),
+        "k of another dtype": (q, k.double(), v, False, None, True),
+        "3 dims": (q[0], k[0], v[0], False, None, True),
+        "other strides": (q.transpose(2, 3).contiguous().transpose(2, 3), k, v, False, None, True),
+        "other sizes": (q[:, :, :8], k, v, False, None, True),
+        "causal not filed": (q, k, v, True, None, True),
+        "causal an int": (q, k, v, 1, None, True),
+        "causal another string": (q, k, v, "bogus", None, True),
+        "scale an int": (q, k, v, False, 1, True),
+        "scale nan": (q, k, v, False, float("nan"), True),
+        "gqa not a bool": (q, k, v, False, None, None),
+        "gqa False: another key": (q, k, v, False, None, False),
+    }
+    for why, args in declined.items():
+        assert serve(*args) is None, why
+    assert serve(q, k, v, False, None, True, cuda=True) is None, "CPU tensors where CUDA ones are required"
+    assert serve(q, k, v, False, None, True, plans={}) is None, "another runtime's plans"
+    assert serve(q, k, v, False, None, True, spare={}) is None, "no spare lse buffer for the device"
+    assert serve(q, k, v, False, None, True, spare={-1: (31, spare.data_ptr())}) is None, "a spare too small"
+    assert serve(q, k, v, False, None, True, spare={-1: (32, spare.data_ptr())}) is not None, "b * hq * sq = 32"
+    with pytest.raises(TypeError, match=r"serve\(q, k, v"):
+        cpp.serve(q, k, v, False, None, True, [], rt.plans, spares, False)
+    assert not plain.STREAM_INSIDE, "this CPU torch has no libtorch_cuda"
+    assert plain.serve(q, k, v, False, None, True, table, rt.plans, spares, False) is None, "no stream getter"
+
+
+def test_front_compares_the_whole_key_and_follows_the_runtime(fake: Fake, helper: Any, cpp_reading_the_stream: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    cpp = cpp_reading_the_stream
+    spare = torch.empty(1 << 12, dtype=torch.float32)
+    rt, kernel, paths, served = _front_paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
+    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
+    warm = paths["cpp"]
+    table = warm.__globals__["TABLE"]
+    warm(q, k, v, False, None)
+    assert warm(q, k, v, False, None) is not None and served[-1] is not None
+    ((hashed, (key, plans, record, numel)),) = table.items()
+    assert len(key) == 224 and plans is rt.plans and numel == 2 * 16
+    table[hashed] = (key[:-1] + bytes([key[-1] ^ 1]), plans, record, numel)  # same hash, another key: a collision
+    assert warm(q, k, v, False, None) is not None and served[-1] is None, "a miss: the Python path serves it"
+    assert table[hashed][0] == key, "and files it again"
+    assert warm(q, k, v, False, None) is not None and served[-1] is not None
+    rt.plans = dict(rt.plans)  # settings changed: the runtime's new plans dict (memoised again, here copied)
+    assert warm(q, k, v, False, None) is not None and served[-1] is None, "another runtime: described again"
+    assert warm(q, k, v, False, None) is not None and served[-1] is not None
+    assert table[hashed][1] is rt.plans
+    for size in (8, 4):  # the table starts again once it holds max entries
+        q2, k2, v2 = make_qkv(1, (2, 2), (size, size), 32, torch.float32)
+        assert cpp.remember(q2, k2, v2, False, None, True, table, rt.plans, record, 0, 2)
+    assert len(table) == 1
+    assert not cpp.remember(q[0], k[0], v[0], False, None, True, table, rt.plans, record, 0, 2), "no key: not filed"
+    with pytest.raises(TypeError, match=r"remember\(q, k, v"):
+        cpp.remember(q, k, v, False, None, True, table, rt.plans, ("not a record",), 0, 2)

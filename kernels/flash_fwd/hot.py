@@ -62,7 +62,7 @@ from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 # decide (``describe``'s entry), the allocations, the pointers and the launch.
 _TEMPLATE = """
 def {name}(q, k, v, causal, scale, gqa=True):
-    if not ({device_check}) or q.requires_grad or k.requires_grad or v.requires_grad:
+    {front}if not ({device_check}) or q.requires_grad or k.requires_grad or v.requires_grad:
         return None
     dtype = q.dtype
     di = q.get_device()
@@ -161,12 +161,20 @@ _LOOKUP_CPP = """if known is None or known[0] is not plans:
     if record is None:
         record = cpp_record(known)
     if record:
-        {lse}
+        {remember}{lse}
         done = run_cpp(q, k, v, stream, lse_ptr, record)
         if done is not None:
             return done
         known[12] = None  # a plan not memoised yet: the record is made again once it is
     out = empty_like(q)"""
+# The entry lookup in C++ (``serve``, with a module that reads the stream itself and allocates a forward's lse):
+# the keys of ``describe``'s entries read from the TensorImpls, the record found in TABLE (``remember`` files it on
+# the Python path, each time that path reaches the C++ tail) and run_cpp's tail; None: the Python path below.
+_FRONT = """done = serve(q, k, v, causal, scale, gqa, TABLE, get_runtime().plans, SPARE, CUDA)
+    if done is not None:
+        return done
+    """
+_REMEMBER = "remember(q, k, v, causal, scale, gqa, TABLE, plans, record, known[2], MAX_SHAPES)\n        "
 # The forward's lse for run_cpp: its stocks (run_cpp pops one, see lse_stocks), or None: run_cpp allocates it (a
 # large lse; a capture's comes from the graph's pool). CPP_LSE_STOCKS False: run_cpp always allocates (at::empty).
 # Measured (H200 host, bench_host, 12-01): attn_fwd's cost over flash_attn_func's in the same group 1.71 µs with
@@ -281,7 +289,7 @@ def _floats_source() -> str:
 # The C++ tail's record of an entry (lazytriton/driver/_hotpath.cpp reads it): its Template struct, then the
 # constant ints (0 where a pointer goes) and the floats; the pointers in its order (enum Pointer).
 CPP_TEMPLATE = struct.Struct("<3q6I4i6h4x")  # lse shape, 2 grids, strides aligned, forward, counts, 5 slots, mask
-CPP_INTERFACE = 3  # run()'s calling convention: _hotpath.cpp's LT_INTERFACE
+CPP_INTERFACE = 4  # run(), serve() and remember()'s calling convention: _hotpath.cpp's LT_INTERFACE
 CPP_POINTERS = ("q", "k", "v", "out", "lse")
 
 
@@ -436,26 +444,31 @@ is_capturing = torch._C._cuda_isCurrentStreamCapturing if torch.backends.cuda.is
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; binding.raw_stream's
 
 
-def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, stream_inside: bool = False) -> str:
+def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, stream_inside: bool = False,
+           with_front: bool = True) -> str:
     """The text of the warm path for a layout ("bhsd", "bshd") and result ("forward", "output"), and its describe.
 
     ``cpp``: with the C++ tail (``run_cpp``, ``cpp_record``) in front of the Python one; ``stream_inside``: it
-    reads the current stream itself (its STREAM_INSIDE), so none is read before it (but with lse stocks).
+    reads the current stream itself (its STREAM_INSIDE), so none is read before it (but with lse stocks), and
+    the entry lookup is in C++ too (``serve``; ``with_front=False`` leaves it out: bench_host times both).
     """
     unpack, permute_in, permute_out = _LAYOUTS[layout]
     lse, returned = _LSE[result]
     names, ints, tails = _int_runs()
     if "lse" not in names:
         raise RuntimeError("hot.py: the binding's parameters no longer read lse.data_ptr()")
-    lookup = _LOOKUP
+    lookup, front = _LOOKUP, ""
     if cpp and set(names) <= set(CPP_POINTERS):  # else a pointer the C++ tail does not know: Python alone
         kind = "forward_allocated" if result == "forward" and not CPP_LSE_STOCKS else result
-        cpp_lse = _LSE_CPP_INSIDE[kind] if stream_inside and kind in _LSE_CPP_INSIDE else _LSE_CPP[kind]
-        lookup = _LOOKUP_CPP.format(lse=(cpp_lse or lse).replace("\n    ", "\n        "))
+        inside = stream_inside and kind in _LSE_CPP_INSIDE
+        cpp_lse = _LSE_CPP_INSIDE[kind] if inside else _LSE_CPP[kind]
+        front = _FRONT if inside and with_front else ""
+        lookup = _LOOKUP_CPP.format(remember=_REMEMBER if front else "",
+                                    lse=(cpp_lse or lse).replace("\n    ", "\n        "))
     pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
     aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
     call = _TEMPLATE.format(
-        name=f"{result}_{layout}", device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True",
+        name=f"{result}_{layout}", front=front, device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True",
         lookup=lookup, lse=lse, pointers=pointers,
         pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
         ints=ints, result=returned)
@@ -485,14 +498,15 @@ def usable(cpp: Any) -> bool:
 
 
 def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, stream_inside: bool | None = None,
-             **namespace: Any) -> Any:
+             with_front: bool = True, **namespace: Any) -> Any:
     """The warm-path function for a layout ("bhsd", "bshd") and result ("forward": (out, lse); "output": out).
 
     ``cuda=False`` and ``namespace`` overrides serve the CPU tests and
     benchmarks/profile_hot.py, which run this same text on CPU tensors with a
     fake driver (there is no other use for them). The C++ tail is in the text when its module is built for this
     torch and enabled (driver/hotpath.py) and the launch helper is there; ``cpp``: False, or the module to use.
-    ``stream_inside`` (None: the module's STREAM_INSIDE, on CUDA only): the C++ tail reads the current stream.
+    ``stream_inside`` (None: the module's STREAM_INSIDE, on CUDA only): the C++ tail reads the current stream, and
+    then (unless ``with_front`` is False) the entry lookup is in C++ too.
     """
     name = f"{result}_{layout}"
     if cpp is None:  # a module built from another _hotpath.cpp reads another template: not used until rebuilt
@@ -511,12 +525,15 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
         "scratch_alloc": binding.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
         "lse_template": lse_template if result == "forward" else _no_template, "lse_stocks": lse_stocks,
         "restock": restock, "is_capturing": is_capturing, "run_cpp": getattr(cpp, "run", None) if cpp else None,
+        "serve": getattr(cpp, "serve", None) if cpp else None,
+        "remember": getattr(cpp, "remember", None) if cpp else None, "TABLE": {}, "CUDA": cuda,
         "cpp_record": functools.partial(cpp_record, forward=result == "forward"),
     }
     scope.update(namespace)
     if stream_inside is None:
         stream_inside = cuda and bool(getattr(cpp, "STREAM_INSIDE", 0))
-    text = source(layout, result, cuda, cpp=bool(cpp), stream_inside=bool(cpp) and stream_inside)
+    text = source(layout, result, cuda, cpp=bool(cpp), stream_inside=bool(cpp) and stream_inside,
+                  with_front=with_front)
     exec(compile(text, f"<{FLASH_FWD.name} warm path: {name}>", "exec"), scope)  # noqa: S102 (our own text)
     return scope[name]
 

@@ -40,7 +40,8 @@ static_assert(sizeof(Template) == 80, "Template must be what LT_TEMPLATE_FORMAT 
 // it leaves the module unused (one built from an older _hotpath.cpp, kept beside the package, until rebuilt).
 // 2: the record's sixth item (restock), a forward's lse argument the entry's stocks or None.
 // 3: the stream argument may be None: run() reads the current stream itself (STREAM_INSIDE).
-#define LT_INTERFACE 3
+// 4: serve() and remember(): the entry lookup in C++ (hot.py's front), beside run().
+#define LT_INTERFACE 4
 
 // The current stream of a device without Python's torch._C._cuda_getCurrentRawStream (~0.3 us of a warm call):
 // torch's AOTInductor C shim, aoti_torch_get_current_cuda_stream(device_index, &stream) -> 0 on success, a
@@ -105,16 +106,12 @@ PyObject *next_lse(PyObject *stocks, PyObject *stream, PyObject *restock) {
 // fastlaunch.pack_plan's bytes, or None while the general path has not memoised it (run returns None: the
 // caller goes on in Python). fail is the kernel's LoadedKernel.fail, called with (status, grid) to raise.
 // restock: see next_lse (None for an output_* entry).
-PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    HANDLE_TH_ERRORS  // a c10::Error becomes the Python exception torch raises for it (OutOfMemoryError, ...)
-    if (nargs != 6 || !PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) != 6 ||
-        !PyBytes_Check(PyTuple_GET_ITEM(args[5], 0))) {
-        PyErr_SetString(PyExc_TypeError, "run(q, k, v, stream, lse, record): hot.py's record expected");
-        return nullptr;
-    }
-    if (!THPVariable_CheckExact(args[0]) || !THPVariable_CheckExact(args[1]) || !THPVariable_CheckExact(args[2]))
-        Py_RETURN_NONE;  // a tensor subclass: hot.py's Python path (torch.empty_like dispatches on it)
-    PyObject *record = args[5];
+bool is_record(PyObject *record) {
+    return PyTuple_Check(record) && PyTuple_GET_SIZE(record) == 6 && PyBytes_Check(PyTuple_GET_ITEM(record, 0));
+}
+
+// run()'s work once its arguments are checked: args are q, k, v (exact tensors), stream, lse; record is_record.
+PyObject *tail(PyObject *const *args, PyObject *record) {
     PyObject *raw = PyTuple_GET_ITEM(record, 0);
     Template t;
     if (PyBytes_GET_SIZE(raw) < (Py_ssize_t)sizeof t) {
@@ -223,12 +220,218 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     PyTuple_SET_ITEM(pair, 0, out_obj);
     PyTuple_SET_ITEM(pair, 1, lse_obj);
     return pair;
+}
+
+PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    HANDLE_TH_ERRORS  // a c10::Error becomes the Python exception torch raises for it (OutOfMemoryError, ...)
+    if (nargs != 6 || !is_record(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "run(q, k, v, stream, lse, record): hot.py's record expected");
+        return nullptr;
+    }
+    if (!THPVariable_CheckExact(args[0]) || !THPVariable_CheckExact(args[1]) || !THPVariable_CheckExact(args[2]))
+        Py_RETURN_NONE;  // a tensor subclass: hot.py's Python path (torch.empty_like dispatches on it)
+    return tail(args, args[5]);
+    END_HANDLE_TH_ERRORS
+}
+
+// The entry lookup in C++ (hot.py's front): what hot.py's generated function keys its entries by (sizes and
+// strides of q, k, v; dtype; device; causal; scale; gqa), read from the TensorImpls into one fixed record and
+// hashed, instead of ~20 Python attribute reads and a tuple hash. The table is a dict owned by the generated
+// function: hash -> (key bytes, plans, record, lse numel), filled by remember() once the Python path has made an
+// entry's record; serve() finds it and runs the tail. The key bytes are compared whole (a hash collision is a
+// miss), and plans must be the runtime's current dict (a settings change starts the runtime again: a miss, and
+// the Python path describes the shape again). Anything serve() does not recognise is declined (None): the Python
+// path, which raises the errors and fills the table.
+struct Key {
+    int64_t sizes[3][4];
+    int64_t strides[3][4];
+    double scale;
+    int32_t dtype, device_type, device_index, causal, scale_none, gqa;
+};
+static_assert(sizeof(Key) == 224, "Key holds no padding: its bytes are its value");
+
+enum Causal { NOT_CAUSAL, CAUSAL, TOP_LEFT, BOTTOM_RIGHT };
+
+// The key of a call, or false where the Python path's own checks (hot.py's _TEMPLATE) would decline it: a tensor
+// subclass, a tensor not on CUDA (require_cuda), one that requires grad, dims other than 4, mixed dtypes or
+// devices, causal other than False/True/"top_left"/"bottom_right", scale other than None or a float, gqa not a bool.
+bool make_key(PyObject *const *args, bool require_cuda, Key *key) {
+    if (!THPVariable_CheckExact(args[0]) || !THPVariable_CheckExact(args[1]) || !THPVariable_CheckExact(args[2]))
+        return false;
+    memset(key, 0, sizeof *key);
+    const at::Tensor &q = THPVariable_Unpack(args[0]);
+    for (int i = 0; i < 3; i++) {
+        const at::Tensor &t = THPVariable_Unpack(args[i]);
+        if ((require_cuda && !t.is_cuda()) || t.requires_grad() || t.dim() != 4 ||
+            t.scalar_type() != q.scalar_type() || t.device() != q.device())
+            return false;
+        for (int d = 0; d < 4; d++) {
+            key->sizes[i][d] = t.sizes()[d];
+            key->strides[i][d] = t.strides()[d];
+        }
+    }
+    key->dtype = (int32_t)q.scalar_type();
+    key->device_type = (int32_t)q.device().type();
+    key->device_index = q.device().index();
+    PyObject *causal = args[3], *scale = args[4], *gqa = args[5];
+    if (causal == Py_False) {
+        key->causal = NOT_CAUSAL;
+    } else if (causal == Py_True) {
+        key->causal = CAUSAL;
+    } else if (PyUnicode_CheckExact(causal) && PyUnicode_CompareWithASCIIString(causal, "top_left") == 0) {
+        key->causal = TOP_LEFT;
+    } else if (PyUnicode_CheckExact(causal) && PyUnicode_CompareWithASCIIString(causal, "bottom_right") == 0) {
+        key->causal = BOTTOM_RIGHT;
+    } else {
+        return false;
+    }
+    if (scale == Py_None) {
+        key->scale_none = 1;
+    } else if (PyFloat_CheckExact(scale)) {
+        key->scale = PyFloat_AS_DOUBLE(scale);
+        if (key->scale != key->scale)  // nan: Python's path raises for it
+            return false;
+    } else {
+        return false;
+    }
+    if (gqa != Py_True && gqa != Py_False)
+        return false;
+    key->gqa = gqa == Py_True;
+    return true;
+}
+
+// FNV-1a over the key's 8-byte words, finished by a multiply-xorshift: the table's dict key (a Python int).
+PyObject *key_hash(const Key &key) {
+    uint64_t words[sizeof(Key) / 8];
+    memcpy(words, &key, sizeof key);
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t w : words)
+        h = (h ^ w) * 1099511628211ull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+int template_forward(PyObject *record) {
+    Template t;
+    PyObject *raw = PyTuple_GET_ITEM(record, 0);
+    if (PyBytes_GET_SIZE(raw) < (Py_ssize_t)sizeof t)
+        return -1;
+    memcpy(&t, PyBytes_AS_STRING(raw), sizeof t);
+    return t.forward != 0;
+}
+
+// serve(q, k, v, causal, scale, gqa, table, plans, spare, require_cuda) -> out | (out, lse) | None
+// spare: hot.py's SPARE (device index -> (numel, address) of the lse buffer nobody reads), for an output_* entry.
+// None: declined (not in the table, another runtime's plans, no stream getter, a spare too small, or the tail
+// declined): the caller goes on in Python.
+PyObject *serve(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    HANDLE_TH_ERRORS
+    if (nargs != 10 || !PyDict_CheckExact(args[6]) || !PyDict_CheckExact(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "serve(q, k, v, causal, scale, gqa, table, plans, spare, require_cuda)");
+        return nullptr;
+    }
+    if (stream_getter == nullptr)
+        Py_RETURN_NONE;  // the front is for modules that read the stream themselves
+    Key key;
+    if (!make_key(args, PyObject_IsTrue(args[9]) == 1, &key))
+        Py_RETURN_NONE;
+    Owned hash;
+    hash.p = key_hash(key);
+    if (hash.p == nullptr)
+        return nullptr;
+    PyObject *found = PyDict_GetItemWithError(args[6], hash.p);  // borrowed
+    if (found == nullptr) {
+        if (PyErr_Occurred())
+            return nullptr;
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 4 || PyTuple_GET_ITEM(found, 1) != args[7])
+        Py_RETURN_NONE;
+    PyObject *bytes = PyTuple_GET_ITEM(found, 0);
+    if (!PyBytes_CheckExact(bytes) || PyBytes_GET_SIZE(bytes) != (Py_ssize_t)sizeof key ||
+        memcmp(PyBytes_AS_STRING(bytes), &key, sizeof key) != 0)
+        Py_RETURN_NONE;
+    Owned held;  // the entry stays alive through the launch (which lets other threads run)
+    Py_INCREF(found);
+    held.p = found;
+    PyObject *record = PyTuple_GET_ITEM(found, 2);
+    int forward = is_record(record) ? template_forward(record) : -1;
+    if (forward < 0)
+        Py_RETURN_NONE;
+    Owned lse;
+    if (forward) {
+        Py_INCREF(Py_None);
+        lse.p = Py_None;  // the tail allocates it
+    } else {
+        long long needed = PyLong_AsLongLong(PyTuple_GET_ITEM(found, 3));
+        if (needed == -1 && PyErr_Occurred())
+            return nullptr;
+        Owned device;
+        device.p = PyLong_FromLong(key.device_index);
+        if (device.p == nullptr)
+            return nullptr;
+        PyObject *spare = PyDict_GetItemWithError(args[8], device.p);  // borrowed: (numel, address)
+        if (spare == nullptr && PyErr_Occurred())
+            return nullptr;
+        if (spare == nullptr || !PyTuple_CheckExact(spare) || PyTuple_GET_SIZE(spare) != 2)
+            Py_RETURN_NONE;
+        long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(spare, 0));
+        if (numel == -1 && PyErr_Occurred())
+            return nullptr;
+        if (numel < needed)
+            Py_RETURN_NONE;  // the Python path grows it
+        lse.p = PyTuple_GET_ITEM(spare, 1);
+        Py_INCREF(lse.p);
+    }
+    PyObject *tail_args[5] = {args[0], args[1], args[2], Py_None, lse.p};
+    return tail(tail_args, record);
+    END_HANDLE_TH_ERRORS
+}
+
+// remember(q, k, v, causal, scale, gqa, table, plans, record, lse numel, max entries) -> bool
+// Files the entry's record under the call's key (the table is cleared first once it holds max entries). False
+// when the call has no key (see make_key): nothing filed.
+PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    HANDLE_TH_ERRORS
+    if (nargs != 11 || !PyDict_CheckExact(args[6]) || !is_record(args[8]) || !PyLong_Check(args[9]) ||
+        !PyLong_Check(args[10])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "remember(q, k, v, causal, scale, gqa, table, plans, record, lse numel, max entries)");
+        return nullptr;
+    }
+    Key key;
+    if (!make_key(args, false, &key))
+        Py_RETURN_FALSE;
+    Owned hash, value;
+    hash.p = key_hash(key);
+    if (hash.p == nullptr)
+        return nullptr;
+    value.p = Py_BuildValue("(y#OOO)", reinterpret_cast<const char *>(&key), (Py_ssize_t)sizeof key, args[7],
+                            args[8], args[9]);
+    if (value.p == nullptr)
+        return nullptr;
+    long long most = PyLong_AsLongLong(args[10]);
+    if (most == -1 && PyErr_Occurred())
+        return nullptr;
+    if (PyDict_GET_SIZE(args[6]) >= most)
+        PyDict_Clear(args[6]);
+    if (PyDict_SetItem(args[6], hash.p, value.p) < 0)
+        return nullptr;
+    Py_RETURN_TRUE;
     END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(q, k, v, stream, lse, record) -> out | (out, lse) | None: flash_fwd's warm-path tail"},
+    {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL,
+     "serve(q, k, v, causal, scale, gqa, table, plans, spare, require_cuda) -> out | (out, lse) | None: "
+     "the entry lookup, then run()'s tail"},
+    {"remember", (PyCFunction)(void (*)(void))remember, METH_FASTCALL,
+     "remember(q, k, v, causal, scale, gqa, table, plans, record, lse numel, max entries) -> bool: "
+     "file an entry's record for serve()"},
     {nullptr, nullptr, 0, nullptr},
 };
 
