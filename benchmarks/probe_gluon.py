@@ -110,7 +110,12 @@ def _tensors(torch: Any, dtype: str, b: int, hq: int, hk: int, sq: int, sk: int,
     return one(hq, sq), one(hk, sk), one(hk, sk)
 
 
-Tiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer warp, ping-pong
+# (BLOCK_M, BLOCK_N, num_warps), producer warp, ping-pong[, query tiles a program walks (absent: 1)]
+Tiling = tuple[Any, ...]
+
+
+def q_tiles_of(tiling: Tiling) -> int:
+    return int(tiling[3]) if len(tiling) > 3 else 1
 
 
 def sweep_tilings(head_dim: int | None = None) -> list[Tiling]:
@@ -133,13 +138,14 @@ def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tilin
     target = dispatch.target_of_device(q.device)
     found = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
                                              tiles=tiling[0], scale=call.scale, producer=tiling[1],
-                                             pingpong=tiling[2])
+                                             pingpong=tiling[2], q_tiles=q_tiles_of(tiling))
     if found is None:
         from lazytriton.kernels.flash_fwd import gluon
 
         tm, tn, _ = tiling[0]
         raise ValueError("flash_fwd_gluon refuses this call: " + str(gluon.reason(
-            str(target), binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk, tm, tn, scale=call.scale)))
+            str(target), binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk, tm, tn, scale=call.scale,
+            q_tiles=q_tiles_of(tiling))))
     return found
 
 
@@ -209,10 +215,10 @@ def compile_list(args: argparse.Namespace) -> list[Any]:
     """Every gluon variant the run uses (sm_90), in a fixed order the compile shards split."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiles, producer=producer,
-                           pingpong=pingpong)
+    found = [gluon.variant("sm_90", dtype, d, causal, True, False, 16384, 16384, tiles=tiling[0],
+                           producer=tiling[1], pingpong=tiling[2], q_tiles=q_tiles_of(tiling))
              for dtype in ("bf16", "fp16") for d in head_dims(args) for causal in ("none", "top_left")
-             for tiles, producer, pingpong in tiles_for(args, d)]
+             for tiling in tiles_for(args, d)]
     return list(dict.fromkeys(v for v in found if v is not None))
 
 
@@ -245,7 +251,11 @@ def job_check(args: argparse.Namespace, index: int) -> None:
     base_out, base_lse = _run(binding, q, k, v, call, _flash_fwd(dispatch, binding, q, k, v, call))
     base = (float((base_out.float() - ref_out).abs().max()), float((base_lse - ref_lse).abs().max()))
     for tiling in tiles_for(args, d):
-        variant = _gluon_variant(dispatch, binding, q, call, tiling)
+        try:
+            variant = _gluon_variant(dispatch, binding, q, call, tiling)
+        except ValueError as exc:  # a program's rows (q_tiles x BLOCK_M) that do not divide this shape's
+            print(f"{label(tiling)}: {exc}", flush=True)
+            continue
         out, lse = _run(binding, q, k, v, call, variant)
         finish(torch, label(tiling))
         err = (out.float() - ref_out).abs()
@@ -313,13 +323,16 @@ def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
     every = sweep_tilings(d) if args.sweep else [(gluon.DEFAULT_TILES[d], False, False),
                                                  (gluon.DEFAULT_TILES[d], True, False),
                                                  (gluon.configs(d, pingpong=True)[0], True, True)]
+    for n in (int(x) for x in getattr(args, "q_tiles", "").split(",") if x):  # --q-tiles: ping-pong tilings that fit
+        every += [(tiles, True, True, n) for tiles in gluon.configs(d, pingpong=True, q_tiles=n)
+                  if (tiles, True, True) in every]
     return [tiling for tiling in every if label(tiling) not in getattr(args, "skip", set())]
 
 
 def label(tiling: Tiling) -> str:
     """A tiling's name in the logs and the table: gluon[BLOCK_M, BLOCK_N, num_warps] (+producer, +pingpong)."""
     if len(tiling) > 2 and tiling[2]:
-        return f"gluon{list(tiling[0])}+pingpong"
+        return f"gluon{list(tiling[0])}+pingpong" + (f"x{q_tiles_of(tiling)}" if q_tiles_of(tiling) > 1 else "")
     return f"gluon{list(tiling[0])}" + ("+producer" if tiling[1] else "")
 
 
@@ -354,6 +367,7 @@ def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | No
            str(args.reps), "--jobs", str(args.jobs), "--skip", ",".join(sorted(args.skip))]
     cmd += (["--sweep"] if args.sweep else []) + (["--quick"] if args.quick else [])
     cmd += ["--head-dims", args.head_dims] if getattr(args, "head_dims", "") else []
+    cmd += ["--q-tiles", args.q_tiles] if getattr(args, "q_tiles", "") else []
     began = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
@@ -434,8 +448,10 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def parse_label(name: str) -> Tiling:
     """The tiling a ``label`` names (the inverse of ``label``)."""
     tiles = tuple(int(x) for x in name[name.index("[") + 1:name.index("]")].split(","))
+    name, _, q_tiles = name.partition("x") if "+pingpongx" in name else (name, "", "")
     pingpong = name.endswith("+pingpong")
-    return (tiles[0], tiles[1], tiles[2]), pingpong or name.endswith("+producer"), pingpong
+    found = (tiles[0], tiles[1], tiles[2]), pingpong or name.endswith("+producer"), pingpong
+    return (*found, int(q_tiles)) if q_tiles else found
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[str]:
@@ -475,6 +491,8 @@ def main() -> int:
     parser.add_argument("--only", choices=("compile", "check", "time"), action="append", help="stages to run")
     parser.add_argument("--head-dims", default="", help="comma-separated head dims to compile, check and time "
                         "(default: every one gluon serves)")
+    parser.add_argument("--q-tiles", default="", help="comma-separated query tiles a program walks (2, 4, 8): each "
+                        "ping-pong tiling also with that many (short sequences)")
     parser.add_argument("--skip", default="", help="comma-separated gluon tilings not to run (as the table names them)")
     parser.add_argument("--job", choices=("compile", "check", "time"), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)

@@ -539,7 +539,10 @@ def target_of_device(device: Any) -> Target:
 # its tiles do not divide.
 GluonTiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer, pingpong
 _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
-    (64, False): ((128, 64, 8), False, False),  # 437 / 421 / 469
+    # 2026-12-01, third session, with the query tiles below (`--q-tiles 2,4,8`): ping-pong 128 x 128 x 4 walking
+    # 4 tiles a program, 1.03-1.08x flash_fwd at 4k-16k (436 / 423 / 434, 450 / 419 / 473), against the 128 x 64
+    # x 8 row it replaces (437 / 421 / 469 on 11-30); 8 tiles at 1k tie flash_fwd (326 / 329 / 399)
+    (64, False): ((128, 128, 4), True, True),
     (128, False): ((128, 128, 4), True, True),  # 592 / 440 / 647
     (128, True): ((128, 128, 4), True, True),  # 492 / 407 / 543
     # 2026-12-01, `--head-dims 256`, mean of 1k and 4k: 1.28-1.58x flash_fwd, 0.88-1.04x cuDNN
@@ -548,6 +551,34 @@ _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
 }
 GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
     (dtype, d, causal): tiling for dtype in ("bf16", "fp16") for (d, causal), tiling in _GLUON_BF16.items()}
+# Query tiles a program of a ping-pong row walks (gluon.variant's q_tiles), by seqlen_q: per (head dim, causal),
+# (largest seqlen_q, q_tiles) pairs, the first that holds; 1 where none does. The bounds are powers of two, so the
+# choice follows the memo key's seqlen bucket. The program makes its descriptors once and its producer warp loads
+# the next tile under the current one's last steps and epilogue: what short sequences lack (H200, bf16, probe_gluon
+# --q-tiles 2,4,8, 2026-12-01; TFLOP/s many tiles / one tile / cuDNN): hd128 1k 510 / 454 / 534 (4 tiles), causal
+# 331 / 286 / 360 (8: a program then holds a whole (batch, head), every program the same work). From 4k one tile
+# wins at hd128 (causal 16k: 8 tiles 393 against 645, the programs' work unequal).
+GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
+    (64, False): ((1024, 8), (1 << 31, 4)),
+    (128, False): ((1024, 4),),
+    (128, True): ((1024, 8),),
+}
+
+
+def gluon_q_tiles(head_dim: int, causal: bool, seqlen_q: int, block_m: int) -> int:
+    """The query tiles of ``block_m`` rows a program walks for ``seqlen_q`` (1: one a program).
+
+    GLUON_Q_TILES' count, halved until the program's rows divide seqlen_q
+    (which a multiple of ``block_m`` ends at 1).
+    """
+    tiles = 1
+    for most, count in GLUON_Q_TILES.get((head_dim, bool(causal)), ()):
+        if seqlen_q <= most:
+            tiles = count
+            break
+    while tiles > 1 and seqlen_q % (block_m * tiles):
+        tiles //= 2
+    return tiles
 # The master switch: False, dispatch never picks flash_fwd_gluon nor flash_bwd_dkdv_gluon (BWD_GLUON_TABLE,
 # below) itself whatever the tables say (they are then launched by variant only, as the probes and
 # `lazytriton tune` do). Read when a shape is first described: set it (or edit a table) before the first
@@ -574,6 +605,20 @@ def _gluon_takes(head_dim: int, tiles: tuple[int, int, int], pingpong: bool) -> 
     from lazytriton.kernels.flash_fwd import gluon
 
     return tiles in gluon.configs(head_dim, pingpong=pingpong)
+
+
+def flash_fwd_gluon_q_tiles(dtype: str, head_dim: int, causal: bool, offset: int, scale: float, seqlen_q: int,
+                            seqlen_k: int) -> int:
+    """0 where ``flash_fwd_gluon_fits`` says no, else the query tiles a program of the call's variant walks.
+
+    The memo key carries it (``binding.gluon_tail``): bucket-mates whose
+    seqlen_q takes another count (768 and 1024 at head dim 128: 2 and 4) get
+    keys, plans and grids of their own.
+    """
+    if not flash_fwd_gluon_fits(dtype, head_dim, causal, offset, scale, seqlen_q, seqlen_k):
+        return 0
+    row = GLUON_TABLE[(dtype, head_dim, bool(causal))]
+    return gluon_q_tiles(head_dim, causal, seqlen_q, row[0][0]) if row[2] else 1
 
 
 def flash_fwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, scale: float, seqlen_q: int,
@@ -604,8 +649,10 @@ def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, c
     if row is None:
         return None
     tiles, producer, pingpong = row
+    q_tiles = gluon_q_tiles(head_dim, causal, seqlen_q, tiles[0]) if pingpong else 1
     return flash_fwd_gluon_variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64,
-                                   seqlen_q, seqlen_k, tiles=tiles, producer=producer, pingpong=pingpong)
+                                   seqlen_q, seqlen_k, tiles=tiles, producer=producer, pingpong=pingpong,
+                                   q_tiles=q_tiles)
 
 
 # ---------------------------------------------------------------------------
@@ -662,9 +709,9 @@ def flash_bwd_dkdv_gluon_default_variant(target: Target, dtype: str, head_dim: i
 def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,
                             seqlen_q: int, seqlen_k: int, features: bool = False,
                             tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
-                            producer: bool = False, pingpong: bool = False) -> Variant | None:
+                            producer: bool = False, pingpong: bool = False, q_tiles: int = 1) -> Variant | None:
     """The ``flash_fwd_gluon`` variant for a call, or None where it cannot serve it (pure; see its rule)."""
     from lazytriton.kernels.flash_fwd import gluon
 
     return gluon.variant(str(target), dtype, head_dim, causal_mode(causal), aligned, index64, seqlen_q, seqlen_k,
-                         features, tiles, scale, producer, pingpong)
+                         features, tiles, scale, producer, pingpong, q_tiles)

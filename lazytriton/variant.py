@@ -169,8 +169,9 @@ _FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "A
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.
 _SAME_AS = {"BLOCK_DV": "BLOCK_D", "EVEN_DV": "EVEN_D"}
-# Tiles that may be absent, meaning 0 (off): flash_fwd's second head-dim chunk (split tiles).
-_ZERO_IF_ABSENT = ("BLOCK_D2",)
+# Tiles that may be absent, meaning 0 (off): flash_fwd's second head-dim chunk (split tiles), and
+# flash_fwd_gluon's query tiles per program (absent: its BLOCK_M rows are one tile).
+_ZERO_IF_ABSENT = ("BLOCK_D2", "BLOCK_TILES")
 _OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
 _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16

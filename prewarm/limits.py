@@ -116,9 +116,11 @@ def refusal(variant: Variant) -> str | None:
     missing from ``KNOWN_TARGETS``, or a kernel outside ``ESTIMATED_KERNELS``,
     is checked against the tile caps only.
     """
+    tiles = max(1, int(variant.constexprs.get("BLOCK_TILES", 0)))  # flash_fwd_gluon: BLOCK_M rows are that many tiles
     for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D),
                       ("BLOCK_D2", MAX_BLOCK_D)):
         value = int(variant.constexprs.get(name, 0))  # kv_append has no BLOCK_N (a copy, no key tile)
+        value = value // tiles if name == "BLOCK_M" else value  # the cap is on a tile
         if value > cap:
             return f"{name}={value} is over the cap of {cap}"
     block_d2 = int(variant.constexprs.get("BLOCK_D2", 0))

@@ -21,6 +21,7 @@ from types import ModuleType
 import pytest
 import torch
 from conftest import REPO
+from test_flash_fwd import check_attention, make_qkv, on_gpu, seed_of
 
 from lazytriton import dispatch
 from lazytriton.kernels import get, source_fingerprint
@@ -134,10 +135,40 @@ def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
 def test_the_table_rows_are_variants_the_kernel_takes() -> None:
     for (dtype, head_dim, causal), (tiles, producer, pingpong) in dispatch.GLUON_TABLE.items():
         assert dtype in gluon.DTYPES and head_dim in gluon.HEAD_DIMS
-        v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, 4096, 4096)
-        assert v is not None and v.get("CAUSAL") is causal
-        assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == tiles
-        assert (v.get("PRODUCER"), v.get("PINGPONG")) == (producer or pingpong, pingpong)
+        for seqlen in (1024, 4096, 16384):
+            v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, seqlen, seqlen)
+            assert v is not None and v.get("CAUSAL") is causal
+            q_tiles = dispatch.gluon_q_tiles(head_dim, causal, seqlen, tiles[0]) if pingpong else 1
+            assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == (tiles[0] * q_tiles, *tiles[1:])
+            assert v.constexprs.get("BLOCK_TILES", 1) == q_tiles  # absent for one tile: the strings as before
+            assert (v.get("PRODUCER"), v.get("PINGPONG")) == (producer or pingpong, pingpong)
+
+
+def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> None:
+    q_tiles = dispatch.flash_fwd_gluon_q_tiles
+    assert q_tiles("bf16", 128, False, 0, 0.088, 1024, 1024) == 4
+    assert q_tiles("bf16", 128, False, 0, 0.088, 768, 1024) == 2  # 6 tiles: 4 does not divide them, 2 does
+    assert q_tiles("bf16", 128, False, 0, 0.088, 640, 1024) == 1
+    assert q_tiles("bf16", 128, False, 0, 0.088, 4096, 4096) == 1
+    assert q_tiles("bf16", 128, True, 0, 0.088, 1024, 1024) == 8
+    assert q_tiles("fp16", 64, False, 0, 0.125, 16384, 16384) == 4
+    assert q_tiles("bf16", 128, False, 0, 0.088, 1000, 1024) == 0  # not a gluon call
+    assert q_tiles("bf16", 256, False, 0, 0.0625, 1024, 1024) == 1  # no entry: one tile
+    for (head_dim, causal), bounds in dispatch.GLUON_Q_TILES.items():
+        assert [most for most, _ in bounds] == sorted(most for most, _ in bounds)
+        for most, count in bounds:  # the memo key's buckets decide them; every count's buffers fit
+            assert most & (most - 1) == 0 and count in gluon.Q_TILES
+            for dtype in gluon.DTYPES:
+                tiles, _, pingpong = dispatch.GLUON_TABLE[(dtype, head_dim, causal)]
+                assert pingpong and tiles in gluon.configs(head_dim, pingpong=True, q_tiles=count)
+    with pytest.raises(ValueError, match="q_tiles must be one of"):
+        gluon.variant("sm_90", "bf16", 128, "none", True, False, 1024, 1024, tiles=(128, 128, 8), q_tiles=2)
+    with pytest.raises(ValueError, match="q_tiles must be one of"):
+        gluon.variant("sm_90", "bf16", 128, "none", True, False, 1024, 1024, pingpong=True, q_tiles=3)
+    assert gluon.variant("sm_90", "bf16", 128, "none", True, False, 768, 1024, pingpong=True, q_tiles=4) is None
+    assert "positive multiples of the tiles (512, 128)" in str(gluon.reason(
+        "sm_90", "bf16", 128, "none", True, False, 768, 1024, 128, 128, q_tiles=4))
+    assert not gluon.configs(256, pingpong=True, q_tiles=2), "two Q buffers of 64 KiB do not fit beside hd256's ring"
 
 
 def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
@@ -150,7 +181,8 @@ def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
     assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
     assert not fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # no row: flash_fwd measured faster
     assert fits("fp16", 128, False, 0, 0.088, 4096, 4096)  # bf16's rows
-    assert fits("bf16", 64, False, 0, 0.125, 128, 64) and not fits("bf16", 64, False, 0, 0.125, 64, 64)
+    assert fits("bf16", 64, False, 0, 0.125, 128, 128) and not fits("bf16", 64, False, 0, 0.125, 64, 128)
+    assert not fits("bf16", 64, False, 0, 0.125, 128, 64)
 
 
 def test_binding_serves_the_gluon_row_only_for_a_tailed_key_on_sm90_and_aligned() -> None:
@@ -181,7 +213,7 @@ def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyP
     (128, False, None, False, 164040, 8),
     (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
     (128, True, "pingpong", True, 164144, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
-    (64, False, "pingpong", True, 115056, 12),
+    (64, False, "pingpong", True, 115040, 12),
     (128, False, (128, 64, 8), False, 131336, 8),  # a K tile of 16 KiB: 3 stages (gluon.stages)
     (256, False, None, False, 196808, 8),  # 128 x 64 x 8: Q 64 KiB + 2 stages of 32 KiB K and V
     (256, True, (128, 64, 8), True, 196812, 12),
@@ -341,6 +373,61 @@ def test_pingpong_variants_imply_the_producer_and_take_only_their_own_configs() 
     with pytest.raises(ValueError, match=r"with pingpong, got \(128, 128, 8\)"):
         gluon_variant(pingpong=True, tiles=(128, 128, 8))  # 2 x 8 warps would be 256 rows
     assert gluon_variant(128, True, sq=4096 + 64, pingpong=True) is None  # the same rule: whole 128-row tiles
+
+
+def test_a_program_of_several_query_tiles_compiles_with_two_q_buffers_and_no_spill() -> None:
+    """BLOCK_TILES: the program's BLOCK_M rows are that many ping-pong tiles, walked in turn; its producer warp loads
+    every Q (two buffers, each released by both consumer partitions) and K/V tile of them through one ring."""
+    from lazytriton.compiler import compile_variant
+
+    for head_dim, causal, q_tiles in ((128, False, 4), (128, True, 8), (64, False, 2)):
+        variant = gluon.variant("sm_90", "bf16", head_dim, "top_left" if causal else "none", True, False, 1024, 1024,
+                                pingpong=True, q_tiles=q_tiles)
+        assert variant is not None and variant.get("BLOCK_M") == 128 * q_tiles
+        assert variant.constexprs["BLOCK_TILES"] == q_tiles
+        entry = compile_variant(variant)
+        shared = gluon.shared_bytes(head_dim, 128, 128, q_tiles)
+        assert 0 <= entry.shared - shared <= gluon.SHARED_SLACK and entry.num_warps == 12
+        assert entry.global_scratch_size == 4 * 128  # the four descriptors, once a program
+        ptx = sm90_ptx(variant)
+        assert "ld.local" not in ptx and "st.local" not in ptx
+        assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
+        # Each consumer: the peeled block's QK^T, one or two loops of QK^T + PV, the last PV (k-steps of 16).
+        steps = head_dim // 16 + 128 // 16
+        loops = 2 if causal else 1
+        assert ptx.count("wgmma.mma_async") == 2 * (head_dim // 16 + loops * steps + 128 // 16)
+        # The producer warp issues every load (Q's two halves, K, V), in its tile loop: none before the partitions.
+        head = ptx[:ptx.index("setmaxnreg")]
+        assert "cp.async.bulk.tensor.2d.shared" not in head and ptx.count("cp.async.bulk.tensor.2d.shared") >= 4
+        assert ptx.count("mbarrier.init.shared") >= 2 + 2 + 4 * gluon.stages(head_dim, 128) + 2
+    one = gluon.variant("sm_90", "bf16", 128, "none", True, False, 1024, 1024, pingpong=True)
+    assert one is not None and "BLOCK_TILES" not in one.constexprs, "one tile: the variant string as before"
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype, head_dim, causal, heads, seqlens, q_tiles", [
+    (torch.bfloat16, 128, True, (4, 4), (1024, 1024), 8),  # a program: the whole (batch, head)
+    (torch.float16, 128, False, (8, 2), (768, 1024), 2),  # GQA; 6 tiles: programs of 2
+    (torch.bfloat16, 128, "bottom_right", (2, 2), (512, 1536), 4),  # causal offset 1024
+    (torch.bfloat16, 64, False, (4, 4), (1024, 512), 8),
+    (torch.float16, 64, False, (2, 2), (2048, 2048), 4),
+], ids=str)
+def test_programs_of_several_query_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int, causal: bool | str,
+                                                                heads: tuple[int, int], seqlens: tuple[int, int],
+                                                                q_tiles: int, resolved: list[Variant]) -> None:
+    """dispatch.GLUON_Q_TILES' programs, served by a plain call cold and warm, within FlashAttention's rule."""
+    from lazytriton import flash, runtime
+
+    runtime.reset()  # plans memoised by another test would hide the variant from the resolve spy
+    q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed_of("gluon-tiles", head_dim, causal, seqlens))
+    if str(dispatch.target_of_device(q.device)) != "sm_90":
+        pytest.skip("flash_fwd_gluon is built for sm_90")
+    for _ in range(2):  # cold (plans the shape), then warm (the hot path's key carries the count)
+        out, lse = flash.attn_fwd(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+        check_attention(q, k, v, out, lse, causal=causal)
+    served = [v for v in resolved if v.kernel == "flash_fwd_gluon"]
+    assert served and served[-1].constexprs.get("BLOCK_TILES", 1) == q_tiles, served
 
 
 def test_pingpong_ptx_alternates_the_two_warpgroups_by_mbarrier() -> None:

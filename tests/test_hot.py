@@ -421,26 +421,30 @@ def _key(sq: int, sk: int, causal: object = True, scale: float | None = None, d:
 
 
 def test_the_gluon_tail_marks_exactly_the_shapes_its_tiles_divide() -> None:
-    fits = _key(256, 512)  # bf16, head dim 128, causal: 64 x 64 tiles in dispatch.GLUON_TABLE
-    assert fits[-1:] == binding.GLUON_TAIL
-    assert _key(250, 512) == fits[:-1]  # a bucket-mate the tiles do not divide: no tail
-    assert _key(256, 500) == fits[:-1]
-    assert _key(512, 256, "bottom_right") != fits  # rows without keys (offset < 0): flash_fwd
-    assert _key(256, 512, "bottom_right")[-1:] == binding.GLUON_TAIL  # offset 256
-    assert _key(256, 512, scale=-0.1)[-1:] != binding.GLUON_TAIL  # the kernel needs a positive scale
-    assert _key(256, 512, d=64)[-1:] != binding.GLUON_TAIL  # head dim 64 causal: no row (flash_fwd wins there)
-    assert _key(256, 512, dtype=torch.float32)[-1:] != binding.GLUON_TAIL
+    fits = _key(256, 512)  # bf16, head dim 128, causal: dispatch.GLUON_TABLE's ping-pong row, 128 x 128 tiles
+    assert fits[-2:] == binding.GLUON_TAIL + (2,), "a program walks 2 query tiles (GLUON_Q_TILES' 8, halved to divide)"
+    assert binding.gluon_key(fits) and _key(1024, 1024)[-2:] == binding.GLUON_TAIL + (8,)
+    assert _key(4096, 4096)[-1:] == binding.GLUON_TAIL, "one tile a program from 4k"
+    whole = _key(1024, 1024)  # its bucket-mates: each count of tiles has its own key (and plan, and grid)
+    assert _key(768, 1024) == whole[:-1] + (2,) and _key(640, 1024) == whole[:-2] + binding.GLUON_TAIL
+    assert _key(250, 512) == fits[:-2]  # a bucket-mate the tiles do not divide: no tail
+    assert _key(256, 500) == fits[:-2]
+    assert not binding.gluon_key(_key(512, 256, "bottom_right"))  # rows without keys (offset < 0): flash_fwd
+    assert binding.gluon_key(_key(256, 512, "bottom_right"))  # offset 256
+    assert not binding.gluon_key(_key(256, 512, scale=-0.1))  # the kernel needs a positive scale
+    assert not binding.gluon_key(_key(256, 512, d=64))  # head dim 64 causal: no row (flash_fwd wins there)
+    assert not binding.gluon_key(_key(256, 512, dtype=torch.float32))
     assert _key(256, 512, window=True)[-2:] == (True, False)  # windowed keys as they were, never the tail
     q, k, v = make_qkv(1, (2, 2), (256, 512), 128, torch.bfloat16)
     call = binding.check(q, k, v, True)
-    assert binding.memo_key(-1, torch.bfloat16, call.shape, True, True, False) == fits[:-1]  # no offset: no tail
+    assert binding.memo_key(-1, torch.bfloat16, call.shape, True, True, False) == fits[:-2]  # no offset: no tail
 
 
 def test_gluon_by_default_false_takes_every_tail_away(monkeypatch: pytest.MonkeyPatch) -> None:
     from lazytriton import dispatch
 
     monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
-    assert _key(256, 512)[-1:] != binding.GLUON_TAIL
+    assert not binding.gluon_key(_key(256, 512))
 
 
 def test_the_warm_path_writes_the_gluon_tail_as_memo_key_does() -> None:

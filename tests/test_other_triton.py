@@ -45,6 +45,7 @@ VARIANTS = [
     dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096),
     kv_append.variant(sm90, "bf16", 192, 128, True, True, False),
     dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
+    dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
     dispatch.flash_bwd_dkdv_gluon_default_variant(sm90, "bf16", 128, False, True, False, 4096, 4096),
 ]
 """

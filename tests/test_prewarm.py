@@ -54,14 +54,18 @@ def test_plan_holds_the_gluon_twin_of_each_call_it_serves() -> None:
     axes = Axes((SM90,), FWD, dtypes=("bf16",), head_dims=(64, 128), causal=(False, True), seqlens_q=(4096, 1000))
     plan = enumeration.enumerate_variants(axes, EMPTY)
     twins = [p for p in plan if p.variant.kernel == "flash_fwd_gluon"]
-    # hd64 causal has no GLUON_TABLE row, and 1000 is no multiple of the tiles: hd64 and hd128 non-causal, hd128
-    # causal at 4096, aligned only (the axis default is both alignments), each once.
-    assert sorted((v.variant.get("BLOCK_D"), v.variant.get("CAUSAL"), v.origin) for v in twins) == [
-        (64, False, "gluon table"), (128, False, "gluon table"), (128, True, "gluon table")]
+    # hd64 causal has no GLUON_TABLE row; 1000's bucket is 1024's, where the programs walk more query tiles
+    # (dispatch.GLUON_Q_TILES: BLOCK_M is a program's rows): hd64 and hd128 non-causal, hd128 causal, at 4096 and
+    # 1024, aligned only (the axis default is both alignments), each once.
+    assert sorted((v.variant.get("BLOCK_D"), v.variant.get("CAUSAL"), v.variant.get("BLOCK_M"), v.origin)
+                  for v in twins) == [(64, False, 512, "gluon table"), (64, False, 1024, "gluon table"),
+                                      (128, False, 128, "gluon table"), (128, False, 512, "gluon table"),
+                                      (128, True, 128, "gluon table"), (128, True, 1024, "gluon table")]
     for twin in twins:
-        fits = dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", int(twin.variant.get("BLOCK_D")),
-                                                        bool(twin.variant.get("CAUSAL")), True, False, 4096, 4096)
-        assert twin.variant == fits, "the variant dispatch serves the call with"
+        serves = {dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", int(twin.variant.get("BLOCK_D")),
+                                                           bool(twin.variant.get("CAUSAL")), True, False, s, s)
+                  for s in (4096, 1024)}
+        assert twin.variant in serves, "a variant dispatch serves a call of the plan with"
 EM_CUDA, EM_AMDGPU = 190, 224
 
 

@@ -396,8 +396,19 @@ def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
     return _grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m)
 
 
-# The memo key's last item for a call flash_fwd_gluon serves (see memo_key): a str, which no other key item is.
+# The memo key's last item for a call flash_fwd_gluon serves (see memo_key): a str, which no other key item is;
+# followed by the query tiles its programs walk where more than one (``gluon_tail``).
 GLUON_TAIL = ("gluon",)
+
+
+def gluon_tail(q_tiles: int) -> tuple[Any, ...]:
+    """The memo key's tail for ``dispatch.flash_fwd_gluon_q_tiles``' answer: none (0), GLUON_TAIL, or it and n."""
+    return () if not q_tiles else GLUON_TAIL if q_tiles == 1 else GLUON_TAIL + (q_tiles,)
+
+
+def gluon_key(key: tuple[Any, ...]) -> bool:
+    """Whether a memo key ends in a ``gluon_tail``: its plan may be flash_fwd_gluon."""
+    return key[-1:] == GLUON_TAIL or key[-2:-1] == GLUON_TAIL
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
@@ -420,10 +431,11 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
     if head_dim_v:
         return key + (window, softcap, *mods, "head_dim_v", head_dim_v)
-    if (offset is not None and not (window or softcap) and mods == NO_MODS and dtype in DTYPES
-            and dispatch.flash_fwd_gluon_fits(DTYPES[dtype], shape.head_dim, causal, offset, scale,
-                                              shape.seqlen_q, shape.seqlen_k)):
-        return key + GLUON_TAIL
+    if offset is not None and not (window or softcap) and mods == NO_MODS and dtype in DTYPES:
+        tail = gluon_tail(dispatch.flash_fwd_gluon_q_tiles(DTYPES[dtype], shape.head_dim, causal, offset, scale,
+                                                           shape.seqlen_q, shape.seqlen_k))
+        if tail:
+            return key + tail
     if mods != NO_MODS:
         return key + (window, softcap, *mods)
     return key + (window, softcap) if window or softcap else key
@@ -518,7 +530,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     """
     found = dispatch.target_of_device(device)
     chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v,
-                     key[-1:] == GLUON_TAIL)
+                     gluon_key(key))
     refuse_loads_in_capture(rt, (chosen,), device, "call lazytriton.preload(...) with this shape (or run the call "
                             "once) before the capture")
     kernel = rt.kernel(chosen, device.index)
@@ -643,4 +655,4 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
                    call.offset, call.scale)
     plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv)
     return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
-                   call.capped, call.mods, dv, key[-1:] == GLUON_TAIL)
+                   call.capped, call.mods, dv, gluon_key(key))

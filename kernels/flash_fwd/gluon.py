@@ -42,7 +42,7 @@ FLASH_FWD_GLUON = KernelSpec(
     module="lazytriton.kernels.flash_fwd.gluon_kernel",
     function="flash_fwd_gluon_kernel",
     params=FLASH_FWD.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG", "BLOCK_TILES"),
     aligned_params=FLASH_FWD.aligned_params,
 )
 
@@ -66,6 +66,8 @@ CONFIGS = ((128, 128, 8), (128, 64, 8), (64, 128, 4), (64, 64, 4))
 # each own half of BLOCK_M (BLOCK_M = 2 x 16 x num_warps) and take turns to issue their wgmmas; the
 # entry runs 2 x num_warps + 4 warps. FlashAttention-3's forward schedule on H100.
 PINGPONG_CONFIGS = ((128, 128, 4), (128, 64, 4))
+# Query tiles a program may walk (``variant``'s q_tiles; BLOCK_TILES in the variant when above 1).
+Q_TILES = (1, 2, 4, 8)
 # sm_90's shared memory for one CTA (227 KiB, cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200), and
 # what the kernel takes beside its Q, K and V buffers (mbarriers and alignment: 200-304 bytes measured
 # under Triton 3.6 and 3.9, rounded up).
@@ -85,38 +87,44 @@ def stages(head_dim: int, block_n: int) -> int:
     return 3 if head_dim * block_n <= 64 * 128 else 2
 
 
-def shared_bytes(head_dim: int, block_m: int, block_n: int) -> int:
+def shared_bytes(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> int:
     """The shared memory the kernel allocates at these tiles, within ``SHARED_SLACK`` (bf16 or fp16).
 
-    Q (BLOCK_M x D, reused for the output tile) and ``stages`` K and V
-    buffers (BLOCK_N x D each): ``tests/test_gluon_fwd.py`` compares it with
-    the compiled entries' shared memory.
+    Q (BLOCK_M x D, reused for the output tile; two such buffers when a
+    program walks ``q_tiles`` > 1 query tiles of ``block_m`` rows) and
+    ``stages`` K and V buffers (BLOCK_N x D each): ``tests/test_gluon_fwd.py``
+    compares it with the compiled entries' shared memory.
     """
-    return 2 * head_dim * (block_m + 2 * stages(head_dim, block_n) * block_n)
+    return 2 * head_dim * ((2 if q_tiles > 1 else 1) * block_m + 2 * stages(head_dim, block_n) * block_n)
 
 
-def fits(head_dim: int, block_m: int, block_n: int) -> bool:
+def fits(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> bool:
     """Whether the kernel's buffers at these tiles fit sm_90's shared memory (``SM90_SHARED``)."""
-    return shared_bytes(head_dim, block_m, block_n) + SHARED_SLACK <= SM90_SHARED
+    return shared_bytes(head_dim, block_m, block_n, q_tiles) + SHARED_SLACK <= SM90_SHARED
 
 
-def configs(head_dim: int, pingpong: bool = False) -> tuple[tuple[int, int, int], ...]:
+def configs(head_dim: int, pingpong: bool = False, q_tiles: int = 1) -> tuple[tuple[int, int, int], ...]:
     """The tiles the kernel takes at ``head_dim``: ``CONFIGS`` (or ``PINGPONG_CONFIGS``) whose buffers fit.
 
     Head dim 256 keeps BLOCK_N 64 only: a 128-key K or V stage there is
-    64 KiB, and Q plus two stages of each would need 320 KiB.
+    64 KiB, and Q plus two stages of each would need 320 KiB. ``q_tiles`` > 1
+    (several query tiles a program, ping-pong only) doubles Q's buffer.
     """
-    return tuple(t for t in (PINGPONG_CONFIGS if pingpong else CONFIGS) if fits(head_dim, t[0], t[1]))
+    if q_tiles > 1 and not pingpong:
+        return ()
+    return tuple(t for t in (PINGPONG_CONFIGS if pingpong else CONFIGS) if fits(head_dim, t[0], t[1], q_tiles))
 
 
 def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
-           seqlen_k: int, block_m: int, block_n: int, features: bool = False, scale: float = 1.0) -> str | None:
+           seqlen_k: int, block_m: int, block_n: int, features: bool = False, scale: float = 1.0,
+           q_tiles: int = 1) -> str | None:
     """None if ``flash_fwd_gluon`` with tiles (block_m, block_n) computes this call exactly, else why not (pure).
 
     ``causal``: "none", "top_left" or "bottom_right". ``features``: the call
     has a window, softcap, ALiBi, bias, dropout or packed sequences, which
     this kernel does not implement. ``scale``: the softmax scale, which must
     be positive (the kernel scales each row's max once instead of every score).
+    ``q_tiles``: query tiles a program walks (its rows: q_tiles x block_m).
     """
     if target not in TARGETS:
         return f"target {target} is not one of {TARGETS} (wgmma)"
@@ -128,11 +136,13 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
         return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
     if features:
         return "window, softcap, ALiBi, bias, dropout and varlen are not implemented"
-    if not fits(head_dim, block_m, block_n):
-        return (f"tiles ({block_m}, {block_n}) at head dim {head_dim} need {shared_bytes(head_dim, block_m, block_n)}"
-                f" bytes of shared memory, over sm_90's {SM90_SHARED - SHARED_SLACK} for them")
-    if seqlen_q % block_m or seqlen_k % block_n or seqlen_q == 0 or seqlen_k == 0:
-        return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({block_m}, {block_n})"
+    if not fits(head_dim, block_m, block_n, q_tiles):
+        return (f"tiles ({block_m}, {block_n}) at head dim {head_dim} need "
+                f"{shared_bytes(head_dim, block_m, block_n, q_tiles)} bytes of shared memory, over sm_90's "
+                f"{SM90_SHARED - SHARED_SLACK} for them")
+    rows = block_m * q_tiles  # a program's
+    if seqlen_q % rows or seqlen_k % block_n or seqlen_q == 0 or seqlen_k == 0:
+        return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({rows}, {block_n})"
     if not scale > 0.0:
         return f"softmax scale {scale} is not positive"
     if causal == "bottom_right" and seqlen_q > seqlen_k:
@@ -142,7 +152,7 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None,
-            scale: float = 1.0, producer: bool = False, pingpong: bool = False) -> Variant | None:
+            scale: float = 1.0, producer: bool = False, pingpong: bool = False, q_tiles: int = 1) -> Variant | None:
     """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``configs(head_dim)``
@@ -158,9 +168,17 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     ``pingpong``: FlashAttention-3's ping-pong of two consumer warpgroups
     (tuned field PINGPONG, with PRODUCER); ``tiles`` one of
     ``configs(head_dim, pingpong=True)`` then (default its first).
+    ``q_tiles`` (1, 2, 4 or 8; > 1 with ``pingpong`` only): each program walks
+    that many query tiles of BLOCK_M rows, one after another (the variant's
+    BLOCK_M, the grid's tile, is then q_tiles x BLOCK_M; BLOCK_TILES says how
+    many): the descriptors are made once a program, and the producer warp
+    loads the next tile's Q and key blocks under this tile's last steps and
+    epilogue. What short sequences gain (``dispatch.GLUON_SHORT``).
     """
     from lazytriton.variant import Variant, pairs
 
+    if q_tiles not in Q_TILES or (q_tiles > 1 and not pingpong):
+        raise ValueError(f"q_tiles must be one of {Q_TILES} (above 1 with pingpong only), got {q_tiles!r}")
     allowed = configs(head_dim, pingpong) if head_dim in HEAD_DIMS else PINGPONG_CONFIGS if pingpong else CONFIGS
     if tiles is None:
         tiles = allowed[0] if pingpong or head_dim not in DEFAULT_TILES else DEFAULT_TILES[head_dim]
@@ -169,9 +187,12 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
                          f"{' with pingpong' if pingpong else ''}, got {tiles!r}")
     block_m, block_n, num_warps = tiles
     if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features,
-              scale):
+              scale, q_tiles):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True, "INDEX64": False}
-    tuned = {"BLOCK_M": block_m, "BLOCK_N": block_n, "PINGPONG": bool(pingpong), "PRODUCER": bool(producer or pingpong)}
+    tuned = {"BLOCK_M": block_m * q_tiles, "BLOCK_N": block_n, "PINGPONG": bool(pingpong),
+             "PRODUCER": bool(producer or pingpong)}
+    if q_tiles > 1:  # absent: one tile a program, the strings of the variants before it
+        tuned["BLOCK_TILES"] = q_tiles
     return Variant(NAME, target, dtype, pairs(functional), pairs(tuned),
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))

@@ -106,7 +106,20 @@ The pipeline, and why each choice:
   warps. Without PINGPONG no ``turn`` barrier is allocated, so the other
   tilings compile as before (same shared memory).
 
-Not here yet: a persistent grid.
+- **Several query tiles a program, optionally** (``BLOCK_TILES`` = n > 1,
+  with PINGPONG; dispatch.GLUON_Q_TILES picks n for short sequences). The
+  program's BLOCK_M rows are n ping-pong tiles of BLOCK_M / n rows, walked
+  one after another: the four descriptors are made once, and the producer
+  warp loads every tile's Q (two buffers: tile t's in buffer t % 2, refilled
+  once both consumer partitions have released it, after tile t - 2's output
+  went out through it) and K/V tiles through one ring whose position and
+  phases run on across tiles, so the next tile's Q and first key blocks land
+  while this tile's last steps and epilogue run. The consumers release the
+  last V buffer of each tile too (a later tile's loads wait for it), and the
+  ping-pong steps count on across tiles (a tile of n_blocks key blocks takes
+  n_blocks + 1). The grid is unchanged (BLOCK_M is the program's rows), so the
+  binding and the C launcher launch it as any other variant. Not a persistent
+  grid over (batch, head): the program count still follows the shape.
 """
 
 from triton.experimental import gluon
@@ -192,31 +205,36 @@ def _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset,
 
 @gluon.jit
 def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc,
-            m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, g0, s0, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
             STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr,
             WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """One pipelined step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight, softmax of S_j under the PV."""
+    """One pipelined step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight, softmax of S_j under the PV.
+
+    ``g0``: the ring position of this tile's key block 0 (0 but in a program walking several query tiles,
+    BLOCK_TILES, where the ring and its phases run on across tiles); ``s0``: likewise for the ping-pong steps.
+    """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
-    _wait_slot(k_bars, block, STAGES)
+    ring = g0 + block
+    _wait_slot(k_bars, ring, STAGES)
     if PINGPONG:  # both tiles in before taking the turn: the turn is held only while issuing
-        _wait_slot(v_bars, block - 1, STAGES)
-        _wait_turn(turn, block, WG, PINGPONG, False)
-    s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_bufs.index(block % STAGES).permute((1, 0)), s0, use_acc=False, is_async=True)
+        _wait_slot(v_bars, ring - 1, STAGES)
+        _wait_turn(turn, s0 + block, WG, PINGPONG, False)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_bufs.index(ring % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
     if not PINGPONG:
-        _wait_slot(v_bars, block - 1, STAGES)
-    acc = warpgroup_mma(p_prev, v_bufs.index((block - 1) % STAGES), acc, is_async=True)
+        _wait_slot(v_bars, ring - 1, STAGES)
+    acc = warpgroup_mma(p_prev, v_bufs.index((ring - 1) % STAGES), acc, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
     # wgmma groups retire in issue order: one left outstanding means S_j is done, the PV may not be.
     s = warpgroup_mma_wait(1, deps=(s,))
     if PRODUCER:  # K_j's buffer is free: the producer warp may refill it while the softmax runs
-        mbarrier.arrive(k_empty.index(block % STAGES), count=1)
+        mbarrier.arrive(k_empty.index(ring % STAGES), count=1)
     p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset, BLOCK_N, MASKED,
                                          CAUSAL)
     acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     if PRODUCER:
-        mbarrier.arrive(v_empty.index((block - 1) % STAGES), count=1)
+        mbarrier.arrive(v_empty.index((ring - 1) % STAGES), count=1)
     else:  # both readers have retired: K_j's buffer takes K_{j+STAGES}, V_{j-1}'s takes V_{j-1+STAGES}
         _issue_load(k_desc, k_bars, k_bufs, block + STAGES, n_blocks, BLOCK_N, STAGES)
         _issue_load(v_desc, v_bars, v_bufs, block - 1 + STAGES, n_blocks, BLOCK_N, STAGES)
@@ -243,15 +261,96 @@ def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n
 
 
 @gluon.jit
-def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn, o_desc,
-             lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N: gl.constexpr,
+def _block_counts(tile_m, seqlen_k, causal_offset, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """(n_blocks, n_full) of the query tile at row ``tile_m``.
+
+    Key blocks [0, n_full) are visible to every row, [n_full, n_blocks) hold
+    the causal diagonal (both seqlen_k // BLOCK_N without CAUSAL).
+    """
+    n_blocks = seqlen_k // BLOCK_N
+    n_full = n_blocks
+    if CAUSAL:
+        n_blocks = gl.minimum(n_blocks, (tile_m + TILE_M + causal_offset + BLOCK_N - 1) // BLOCK_N)
+        n_full = gl.minimum(n_full, (tile_m + causal_offset + 1) // BLOCK_N)
+    return n_blocks, n_full
+
+
+@gluon.jit
+def _produce_tiles(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
+                   prog_m, seqlen_k, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer warp of a program walking TILES query tiles (BLOCK_TILES): each tile's Q, then its K and V tiles.
+
+    Q goes through two buffers (tile t in buffer t % 2, refilled once both consumer partitions released it
+    after tile t - 2's output went out through it), K and V through the one ring whose position runs on
+    across tiles (``g``), so the next tile's Q and first key blocks load under this tile's last steps and
+    epilogue. Every wait follows ``_produce``'s parity rule.
+    """
+    ROWS: gl.constexpr = TILE_M // WGS
+    g = 0
+    for t in range(TILES):
+        tile_m = prog_m + t * TILE_M
+        n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
+        buf = t % 2
+        mbarrier.wait(q_empty.index(buf), ((t // 2) & 1) ^ 1)
+        mbarrier.expect(q_bar.index(buf), WGS * q_desc.block_type.nbytes)
+        for w in gl.static_range(WGS):
+            _tma_load(q_desc, [tile_m + w * ROWS, 0], q_bar.index(buf), q_smem.index(buf * WGS + w))
+        for block in range(n_blocks):
+            ring = g + block
+            slot = ring % STAGES
+            free = ((ring // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), free)
+            mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [block * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot))
+            mbarrier.wait(v_empty.index(slot), free)
+            mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [block * BLOCK_N, 0], v_bars.index(slot), v_bufs.index(slot))
+        g += n_blocks
+
+
+@gluon.jit
+def _consume_tiles(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn,
+                   o_desc, lse_base, prog_m, seqlen_k, sm_scale, causal_offset, TILES: gl.constexpr,
+                   TILE_M: gl.constexpr, WGS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, WG: gl.constexpr):
+    """One ping-pong consumer partition of a program walking TILES query tiles: ``_consume`` for each tile.
+
+    Tile t's rows are in Q buffer t % 2 (released to the producer after the
+    tile's output went out through it); the ring position and the ping-pong
+    step count run on across tiles.
+    """
+    ROWS: gl.constexpr = TILE_M // WGS
+    g = 0
+    step = 0
+    for t in range(TILES):
+        tile_m = prog_m + t * TILE_M
+        n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
+        buf = t % 2
+        _consume(q_smem.index(buf * WGS + WG), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(buf), (t // 2) & 1,
+                 k_bars, v_bars, k_empty, v_empty, turn, o_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full,
+                 sm_scale, causal_offset, g, step, BLOCK_N, STAGES, CAUSAL, True, WG, True, False, True)
+        mbarrier.arrive(q_empty.index(buf), count=1)
+        g += n_blocks
+        step += n_blocks + 1
+
+
+@gluon.jit
+def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_ready, q_phase, k_bars, v_bars, k_empty, v_empty, turn,
+             o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, g0, s0, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, WG: gl.constexpr,
-             PINGPONG: gl.constexpr):
+             PINGPONG: gl.constexpr, FIRST: gl.constexpr = True, RELEASE_LAST: gl.constexpr = False):
     """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue.
 
     ``q_smem`` holds this partition's query rows [start_m, start_m + rows):
     the whole tile, or with PINGPONG one warpgroup's 64 rows (``WG`` says
     which), the other warpgroup running the same steps on the other half.
+    ``q_ready`` is Q's barrier, completing phase ``q_phase``. ``g0``/``s0``:
+    the ring position and ping-pong step of this tile's first block (0, but
+    in ``_consume_tiles``); FIRST: this is the program's first step (no turn
+    to wait for); RELEASE_LAST: the last V buffer is released to the
+    producer too (a next tile's loads need it).
     """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_D: gl.constexpr = q_smem.type.shape[1]
@@ -271,16 +370,16 @@ def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_em
     acc = gl.zeros([BLOCK_M, BLOCK_D], gl.float32, layout=o_layout)
 
     # Block 0, peeled: its scores alone (nothing to overlap yet), always through the masked step.
-    mbarrier.wait(q_bar.index(0), 0)
-    _wait_slot(k_bars, 0, STAGES)
-    _wait_turn(turn, 0, WG, PINGPONG, True)
-    s0 = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s0, use_acc=False, is_async=True)
+    mbarrier.wait(q_ready, q_phase)
+    _wait_slot(k_bars, g0, STAGES)
+    _wait_turn(turn, s0, WG, PINGPONG, FIRST)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_bufs.index(g0 % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, BLOCK_N, True, CAUSAL)
     if PRODUCER:
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     else:
         _issue_load(k_desc, k_bars, k_bufs, STAGES, n_blocks, BLOCK_N, STAGES)
     p_prev = gl.convert_layout(p.to(dtype), p_layout)
@@ -288,21 +387,23 @@ def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_em
     for block in range(1, n_full):
         acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
                                         k_empty, v_empty, turn, acc, m_i, l_i, p_prev, offs_m, qk_scale,
-                                        causal_offset, s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER, WG,
-                                        PINGPONG)
+                                        causal_offset, g0, s0, s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER,
+                                        WG, PINGPONG)
     for block in range(gl.maximum(n_full, 1), n_blocks):
         acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
                                         k_empty, v_empty, turn, acc, m_i, l_i, p_prev, offs_m, qk_scale,
-                                        causal_offset, s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER, WG,
-                                        PINGPONG)
+                                        causal_offset, g0, s0, s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER,
+                                        WG, PINGPONG)
 
     # The last block's PV, then the epilogue.
-    last = n_blocks - 1
+    last = g0 + n_blocks - 1
     _wait_slot(v_bars, last, STAGES)
-    _wait_turn(turn, n_blocks, WG, PINGPONG, False)
+    _wait_turn(turn, s0 + n_blocks, WG, PINGPONG, False)
     acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
     acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    if RELEASE_LAST:
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     out = acc / l_o[:, None]
@@ -327,14 +428,19 @@ def flash_fwd_gluon_kernel(
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
-    CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr,
+    CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr, BLOCK_TILES: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64, 128 or 256)")
     gl.static_assert(not PINGPONG or PRODUCER, "PINGPONG needs PRODUCER: the producer warp loads for both warpgroups")
+    # BLOCK_TILES (0 or 1: one): a program's BLOCK_M rows are BLOCK_TILES query tiles, walked in turn (PINGPONG only).
+    TILES: gl.constexpr = BLOCK_TILES if BLOCK_TILES > 1 else 1
+    gl.static_assert(TILES == 1 or PINGPONG, "BLOCK_TILES needs PINGPONG: its producer warp loads every tile's Q")
+    TILE_M: gl.constexpr = BLOCK_M // TILES
+    gl.static_assert(TILE_M * TILES == BLOCK_M, "BLOCK_M must be BLOCK_TILES whole tiles")
     # PINGPONG: two consumer warpgroups (the entry's num_warps each), each owning half of the tile's rows.
     WGS: gl.constexpr = 2 if PINGPONG else 1
-    ROWS: gl.constexpr = BLOCK_M // WGS
+    ROWS: gl.constexpr = TILE_M // WGS
     gl.static_assert(ROWS == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x warps (x 2)")
     dtype: gl.constexpr = Q.dtype.element_ty
     # gluon.stages' rule: 3 when a K tile is at most 16 KiB (head dim 64; 128 at BLOCK_N 64), else 2.
@@ -347,15 +453,23 @@ def flash_fwd_gluon_kernel(
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // group_size
-    q_smem = gl.allocate_shared_memory(dtype, [WGS, ROWS, BLOCK_D], q_layout)
+    QBUFS: gl.constexpr = 2 if TILES > 1 else 1  # tile t's Q in buffer t % 2: the next one loads under this one
+    q_smem = gl.allocate_shared_memory(dtype, [QBUFS * WGS, ROWS, BLOCK_D], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [QBUFS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar.index(0), count=1)
+    for i in gl.static_range(QBUFS):
+        mbarrier.init(q_bar.index(i), count=1)
+    if TILES > 1:  # q_empty[b]: both consumer partitions are done with Q buffer b (its output went out)
+        q_empty = gl.allocate_shared_memory(gl.int64, [QBUFS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(QBUFS):
+            mbarrier.init(q_empty.index(i), count=WGS)
+    else:
+        q_empty = q_bar  # never touched with one tile: no barrier of its own
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
@@ -373,11 +487,7 @@ def flash_fwd_gluon_kernel(
     # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal. With
     # PINGPONG both warpgroups take the whole tile's counts (they must run the same steps to alternate):
     # the upper half's extra diagonal block is masked, exact since every row has already seen key 0.
-    n_blocks = seqlen_k // BLOCK_N
-    n_full = n_blocks
-    if CAUSAL:
-        n_blocks = gl.minimum(n_blocks, (start_m + BLOCK_M + causal_offset + BLOCK_N - 1) // BLOCK_N)
-        n_full = gl.minimum(n_full, (start_m + causal_offset + 1) // BLOCK_N)
+    n_blocks, n_full = _block_counts(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
     # Each descriptor is written to global scratch and fenced (a release and an acquire at GPU scope, then
     # a CTA barrier: read from the PTX), one after another. Each load goes out as soon as its own
@@ -385,11 +495,12 @@ def flash_fwd_gluon_kernel(
     # Q, K and V are in flight: the prologue that short sequences and causal tiles pay on every CTA.
     q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
                                         [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
-    mbarrier.expect(q_bar.index(0), WGS * q_desc.block_type.nbytes)
-    for w in gl.static_range(WGS):
-        _tma_load(q_desc, [start_m + w * ROWS, 0], q_bar.index(0), q_smem.index(w))
+    if TILES == 1:  # with several tiles the producer warp loads every Q, K and V
+        mbarrier.expect(q_bar.index(0), WGS * q_desc.block_type.nbytes)
+        for w in gl.static_range(WGS):
+            _tma_load(q_desc, [start_m + w * ROWS, 0], q_bar.index(0), q_smem.index(w))
     # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
-    PRELOAD: gl.constexpr = 1 if PRODUCER else STAGES
+    PRELOAD: gl.constexpr = 0 if TILES > 1 else 1 if PRODUCER else STAGES
     k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
                                         [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
     for i in gl.static_range(PRELOAD):
@@ -401,28 +512,44 @@ def flash_fwd_gluon_kernel(
     o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
                                         [stride_os, 1], [ROWS, BLOCK_D], q_layout)
     lse_base = Lse + batch * stride_lb + head * stride_lh
-    if PINGPONG:
+    if TILES > 1:
+        # One program, TILES query tiles of TILE_M rows: the ping-pong schedule of each tile, the producer
+        # running ahead across tiles (the next Q and key blocks load under this tile's end and epilogue).
+        gl.warp_specialize([(_consume_tiles, (q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, q_empty, k_bars,
+                                              v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, seqlen_k,
+                                              sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES,
+                                              CAUSAL, 0)),
+                            (_consume_tiles, (q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, q_empty, k_bars,
+                                              v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, seqlen_k,
+                                              sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES,
+                                              CAUSAL, 1)),
+                            (_produce_tiles, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
+                                              k_bars, v_bars, k_empty, v_empty, start_m, seqlen_k, causal_offset,
+                                              TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL))], [NUM_WARPS, 1],
+                           [240, 24])
+    elif PINGPONG:
         # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to
         # issue their wgmmas, so one's softmax runs under the other's products; one warp loads for both.
-        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars,
-                                        k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
-                                        sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, True, 0, True)),
-                            (_consume, (q_smem.index(1), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars,
-                                        k_empty, v_empty, turn, o_desc, lse_base, start_m + ROWS, n_blocks,
-                                        n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, True, 1, True)),
+        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars,
+                                        v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
+                                        sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, True)),
+                            (_consume, (q_smem.index(1), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars,
+                                        v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m + ROWS, n_blocks,
+                                        n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 1,
+                                        True)),
                             (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
                                         BLOCK_N, STAGES))], [NUM_WARPS, 1], [240, 24])
     elif PRODUCER:
         # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
-        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars,
-                                        k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
-                                        sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL, True, 0, False)),
+        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars,
+                                        v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
+                                        sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, False)),
                             (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
                                         BLOCK_N, STAGES))], [1], [24])
     else:
-        _consume(q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn,
-                 o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, BLOCK_N, STAGES, CAUSAL,
-                 False, 0, False)
+        _consume(q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty,
+                 v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N,
+                 STAGES, CAUSAL, False, 0, False)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
@@ -431,4 +558,7 @@ def flash_fwd_gluon_kernel(
     if PINGPONG:
         for i in gl.static_range(2):
             mbarrier.invalidate(turn.index(i))
-    mbarrier.invalidate(q_bar.index(0))
+    for i in gl.static_range(QBUFS):
+        mbarrier.invalidate(q_bar.index(i))
+        if TILES > 1:
+            mbarrier.invalidate(q_empty.index(i))

@@ -133,8 +133,8 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
     # binding.memo_key's key; (n - 1).bit_length() is tuning.bucket_index(n) for n >= 1 (tests/test_hot.py).
     bucket_q = (sq - 1).bit_length()
     bucket_k = (sk - 1).bit_length()
-    # binding.memo_key's GLUON_TAIL: this shape fits dispatch's flash_fwd_gluon row (its tiles divide it).
-    tail = GLUON_TAIL if gluon_fits(DTYPES[dtype], d, is_causal, offset, scale, sq, sk) else ()
+    # binding.memo_key's gluon_tail: this shape fits dispatch's flash_fwd_gluon row (its tiles divide it).
+    tail = gluon_tail(gluon_q_tiles(DTYPES[dtype], d, is_causal, offset, scale, sq, sk))
     strides_aligned = {aligned}
     template = lse_template(di, b, hq, sq)
     entry = [plans, lse_stocks(template), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
@@ -468,8 +468,9 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, strea
     pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
     aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
     call = _TEMPLATE.format(
-        name=f"{result}_{layout}", front=front, device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True",
-        lookup=lookup, lse=lse, pointers=pointers,
+        name=f"{result}_{layout}", front=front,
+        device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True", lookup=lookup, lse=lse,
+        pointers=pointers,
         pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
         ints=ints, result=returned)
     describe = _DESCRIBE.format(
@@ -517,8 +518,8 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
     shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
         "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,
-        "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "GLUON_TAIL": binding.GLUON_TAIL,
-        "gluon_fits": dispatch.flash_fwd_gluon_fits, "INT32_MAX": binding.INT32_MAX,
+        "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "gluon_tail": binding.gluon_tail,
+        "gluon_q_tiles": dispatch.flash_fwd_gluon_q_tiles, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
         "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
         "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,
