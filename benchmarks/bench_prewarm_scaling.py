@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -88,6 +89,32 @@ def plan_bound(times: dict[str, float], jobs: int) -> tuple[float, float, float]
     return total, longest, total / max(longest, total / jobs) if total else 0.0
 
 
+def schedule_lines(report: BuildReport, plan: list[Planned], jobs: int, seconds: float) -> list[str]:
+    """Where -j N's wall clock went, from the build's spans: the workers' first answers (start-up and a first
+    compile), how busy the workers were, the idle time at the end, and the variants that finished last."""
+    spans = report.spans
+    if not spans:
+        return []
+    start = report.started
+    end = max(ended for _, _, ended in spans.values())
+    per_worker: dict[int, list[tuple[float, float]]] = {}
+    for worker, began, ended in spans.values():
+        per_worker.setdefault(worker, []).append((began, ended))
+    first = sorted(min(ended for _, ended in got) - start for got in per_worker.values())
+    busy = sum(ended - began for _, began, ended in spans.values()) / (len(per_worker) * (end - start))
+    tail = sorted(end - max(ended for _, ended in got) for got in per_worker.values())
+    last_handout = max(began for _, began, _ in spans.values()) - start
+    variants = {p.key: p.variant for p in plan}
+    lines = [f"  -j {jobs} schedule: {len(per_worker)} workers; first answers {first[0]:.2f}-{first[-1]:.2f} s after "
+             f"the start; workers busy {busy:.1%} of the compile span ({end - start:.2f} s of {seconds:.2f}); last "
+             f"variant handed out at {last_handout:.2f} s; idle at the end: median {statistics.median(tail):.2f} s, "
+             f"mean {statistics.fmean(tail):.2f} s"]
+    for key, (worker, began, ended) in sorted(spans.items(), key=lambda item: -item[1][2])[:3]:
+        lines.append(f"    finished at {ended - start:.2f} s: worker {worker}, handed out at {began - start:.2f} s, "
+                     f"{report.compile_times[key]:.2f} s compiling: {variants.get(key, key)}")
+    return lines
+
+
 def run(plan: list[Planned], jobs: int, capacity: float | None) -> list[dict[str, Any]]:
     """Build at -j 1 and -j ``jobs``, check the images are identical, print and return the rows."""
     results = {}
@@ -98,6 +125,8 @@ def run(plan: list[Planned], jobs: int, capacity: float | None) -> list[dict[str
         print(f"-j {j:>2}: {len(plan)} variants in {seconds:.1f} s = {len(plan) / seconds:.2f} variants/s; after "
               f"the last compile {report.write_seconds:.2f} s to the image on disk ({report.compressed_early} of "
               f"{len(plan)} entries compressed by then)", flush=True)
+        if j > 1:
+            print("\n".join(schedule_lines(report, plan, j, seconds)), flush=True)
     if results[1][2] != results[jobs][2]:
         raise SystemExit(f"the images built at -j 1 and -j {jobs} differ: a build's bytes must not depend on -j")
     speedup = results[1][0] / results[jobs][0]

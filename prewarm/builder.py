@@ -70,6 +70,9 @@ class BuildReport:
     compile_times: dict[str, float] = field(default_factory=dict)  # key -> seconds its worker took (the bench reads it)
     write_seconds: float = 0.0  # from the last compile to the image on disk (what compression is left, the file)
     compressed_early: int = 0  # entries compressed before the last compile ended (the bench prints it)
+    started: float = 0.0  # time.perf_counter() at the build's start
+    # key -> (worker, handed out, answer read), time.perf_counter(): the schedule as it ran (the bench reads it)
+    spans: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -149,7 +152,7 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
     out = Path(out)
     work = WorkDir(work_dir_for(out)).create()
     work.clear_failures()
-    report = BuildReport(out, work.path, planned=len(plan))
+    report = BuildReport(out, work.path, planned=len(plan), started=start)
     previous = _open_previous(out)
     try:
         with Packer((p.key for p in plan), compression_threads(jobs)) as packer:
@@ -190,6 +193,7 @@ def _build_into(packer: Packer, plan: Sequence[Planned], jobs: int, report: Buil
     def on_result(planned: Planned, result: Result) -> None:
         report.compile_seconds += result.seconds
         report.compile_times[planned.key] = result.seconds
+        report.spans[planned.key] = (result.worker, result.began, result.ended)
         if result.error is None:
             report.compiled += 1
             _add_built(packer, planned.key, work)

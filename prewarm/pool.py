@@ -37,7 +37,7 @@ from typing import Any
 
 from lazytriton.prewarm.enumeration import Planned
 from lazytriton.prewarm.workdir import WorkDir
-from lazytriton.record import record
+from lazytriton.record import record, replace
 
 _LOG_TAIL_BYTES = 2000
 _STOP_TIMEOUT_S = 10.0
@@ -72,11 +72,18 @@ def describe_bytes(n: int) -> str:
 
 @record
 class Result:
-    """How one variant's build ended: ``error`` is None when its entry was written."""
+    """How one variant's build ended: ``error`` is None when its entry was written.
+
+    ``worker``, ``began`` and ``ended``: which worker held it, and when (the
+    parent's ``time.perf_counter``) it was handed out and its answer read.
+    """
 
     key: str
     error: str | None
     seconds: float
+    worker: int = -1
+    began: float = 0.0
+    ended: float = 0.0
 
 
 def _collapse(text: str) -> str:
@@ -208,7 +215,7 @@ def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: floa
             now = time.perf_counter()
             for i, worker in enumerate(workers):
                 if worker.task is not None and worker.answers in ready:
-                    _finish(worker, on_result)
+                    _finish(worker, on_result, queue=queue)
                 elif worker.overdue(now):
                     _finish(worker, on_result, worker.time_out())
                 if not worker.alive and queue:
@@ -220,8 +227,15 @@ def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: floa
             worker.stop(kill=not finished)
 
 
-def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], result: Result | None = None) -> None:
+def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], result: Result | None = None,
+            queue: deque[Planned] | None = None) -> None:
+    """Read the held variant's answer (or take ``result``), hand the worker its next variant from ``queue`` if it
+    is alive, then report: the parent's bookkeeping (reading the entry, the image's packer) runs while the
+    worker already compiles."""
     result = result or worker.collect()
     planned, worker.task = worker.task, None
     assert planned is not None
+    result = replace(result, worker=worker.number, began=worker.started, ended=time.perf_counter())
+    if queue and worker.alive and not worker.assign(queue.popleft()):
+        _finish(worker, on_result)  # its pipe broke: it died before taking the variant
     on_result(planned, result)

@@ -165,3 +165,25 @@ def test_a_hanging_and_a_hungry_compile_are_stopped_and_the_build_goes_on(
     pid = int((tmp_path / f"{slow.key()}.pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the hanging worker was killed (and reaped)
+
+
+def test_a_worker_gets_its_next_variant_before_the_parents_bookkeeping(tmp_path: Path) -> None:
+    """compile_all hands the answering worker its next variant, then reports the answer (the build reads the entry
+    and packs it meanwhile); each result says which worker held it and when, and the build keeps the spans."""
+    import time
+
+    plan = [Planned(v, v.key(), "test") for v in (small(), small(causal=True), small(seqlen_q=16))]
+    reported: list[tuple[str, float, pool.Result]] = []
+
+    def on_result(planned: Planned, result: pool.Result) -> None:
+        reported.append((planned.key, time.perf_counter(), result))
+        time.sleep(0.05)  # bookkeeping the next compile runs beside
+
+    pool.compile_all(plan, 1, WorkDir(tmp_path / "work").create(), None, on_result)
+    assert [key for key, _, _ in reported] == [p.key for p in plan]
+    assert all(r.error is None and r.worker == 0 and r.began < r.ended <= at for _, at, r in reported)
+    for (_, at, _), (_, _, following) in zip(reported, reported[1:]):
+        assert following.began < at, "the next variant went out before the previous answer was reported"
+    report = builder.build(plan, tmp_path / "spans.ltimg", 2, stream=io.StringIO())
+    assert set(report.spans) == {p.key for p in plan} and report.started > 0
+    assert all(worker in (0, 1) and report.started <= began < ended for worker, began, ended in report.spans.values())
