@@ -229,9 +229,12 @@ def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: floa
 
 def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], result: Result | None = None,
             queue: deque[Planned] | None = None) -> None:
-    """Read the held variant's answer (or take ``result``), hand the worker its next variant from ``queue`` if it
-    is alive, then report: the parent's bookkeeping (reading the entry, the image's packer) runs while the
-    worker already compiles."""
+    """Read the held variant's answer (or take ``result``), hand the worker its next variant, then report.
+
+    The next variant comes from ``queue`` (if the worker is alive), so the
+    parent's bookkeeping (reading the entry, the image's packer) runs while
+    the worker already compiles.
+    """
     result = result or worker.collect()
     planned, worker.task = worker.task, None
     assert planned is not None

@@ -182,7 +182,7 @@ def test_a_worker_gets_its_next_variant_before_the_parents_bookkeeping(tmp_path:
     pool.compile_all(plan, 1, WorkDir(tmp_path / "work").create(), None, on_result)
     assert [key for key, _, _ in reported] == [p.key for p in plan]
     assert all(r.error is None and r.worker == 0 and r.began < r.ended <= at for _, at, r in reported)
-    for (_, at, _), (_, _, following) in zip(reported, reported[1:]):
+    for (_, at, _), (_, _, following) in zip(reported, reported[1:], strict=False):
         assert following.began < at, "the next variant went out before the previous answer was reported"
     report = builder.build(plan, tmp_path / "spans.ltimg", 2, stream=io.StringIO())
     assert set(report.spans) == {p.key for p in plan} and report.started > 0
