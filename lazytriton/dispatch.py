@@ -533,18 +533,16 @@ def target_of_device(device: Any) -> Target:
 # (benchmarks/probe_gluon.py --quick --sweep prints them ready to paste; bf16, seqlen 4k, batch x
 # seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, second round with the ping-pong tilings; TFLOP/s
 # gluon / flash_fwd / cuDNN in the comments). fp16 takes bf16's rows: the same kernel and tiles (the
-# probe checks its numerics; bench_flash_fwd.py times both dtypes through dispatch). Head dim 64 causal
-# only up to 1k tokens (GLUON_MAX_SEQLEN; from 4k flash_fwd 376 > gluon 371). The warm path's memo key
-# carries whether a call fits (binding.memo_key's gluon_tail, computed once per shape), so a gluon plan
-# is never used for a call its tiles do not divide.
+# probe checks its numerics; bench_flash_fwd.py times both dtypes through dispatch). Not served: head
+# dim 64 causal (gluon 347 < flash_fwd 373). The warm path's memo key carries whether a call fits
+# (binding.memo_key's GLUON_TAIL, computed once per shape), so a gluon plan is never used for a call
+# its tiles do not divide.
 GluonTiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer, pingpong
 _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
     # 2026-12-01, third session, with the query tiles below (`--q-tiles 2,4,8`): ping-pong 128 x 128 x 4 walking
     # 4 tiles a program, 1.03-1.08x flash_fwd at 4k-16k (436 / 423 / 434, 450 / 419 / 473), against the 128 x 64
     # x 8 row it replaces (437 / 421 / 469 on 11-30); 8 tiles at 1k tie flash_fwd (326 / 329 / 399)
     (64, False): ((128, 128, 4), True, True),
-    # 8 tiles a program at 1k (GLUON_Q_TILES; GLUON_MAX_SEQLEN keeps flash_fwd above): 260 / 251 / 293
-    (64, True): ((128, 128, 4), True, True),
     (128, False): ((128, 128, 4), True, True),  # 592 / 440 / 647
     (128, True): ((128, 128, 4), True, True),  # 492 / 407 / 543
     # 2026-12-01, `--head-dims 256`, mean of 1k and 4k: 1.28-1.58x flash_fwd, 0.88-1.04x cuDNN
@@ -562,14 +560,9 @@ GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
 # wins at hd128 (causal 16k: 8 tiles 393 against 645, the programs' work unequal).
 GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     (64, False): ((1024, 8), (1 << 31, 4)),
-    (64, True): ((1024, 8),),
     (128, False): ((1024, 4),),
     (128, True): ((1024, 8),),
 }
-
-
-# Rows served only up to a seqlen_q (a power of two: the memo key's bucket decides), flash_fwd above it.
-GLUON_MAX_SEQLEN: dict[tuple[int, bool], int] = {(64, True): 1024}
 
 
 def gluon_q_tiles(head_dim: int, causal: bool, seqlen_q: int, block_m: int) -> int:
@@ -639,7 +632,7 @@ def flash_fwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, s
     64-bit offsets are in the key already; the plan checks them (``flash_fwd_gluon_default_variant``).
     """
     row = flash_fwd_gluon_default(dtype, head_dim, causal)
-    if row is None or seqlen_q > GLUON_MAX_SEQLEN.get((head_dim, bool(causal)), seqlen_q):
+    if row is None:
         return False
     block_m, block_n, _ = row[0]
     return (0 < seqlen_q and seqlen_q % block_m == 0 and 0 < seqlen_k and seqlen_k % block_n == 0
@@ -653,7 +646,7 @@ def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, c
     None also where the target, alignment or 64-bit offsets rule the kernel out.
     """
     row = flash_fwd_gluon_default(dtype, head_dim, causal)
-    if row is None or seqlen_q > GLUON_MAX_SEQLEN.get((head_dim, bool(causal)), seqlen_q):
+    if row is None:
         return None
     tiles, producer, pingpong = row
     q_tiles = gluon_q_tiles(head_dim, causal, seqlen_q, tiles[0]) if pingpong else 1

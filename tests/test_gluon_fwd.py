@@ -137,9 +137,6 @@ def test_the_table_rows_are_variants_the_kernel_takes() -> None:
         assert dtype in gluon.DTYPES and head_dim in gluon.HEAD_DIMS
         for seqlen in (1024, 4096, 16384):
             v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, seqlen, seqlen)
-            if seqlen > dispatch.GLUON_MAX_SEQLEN.get((head_dim, causal), seqlen):  # flash_fwd's, above the bound
-                assert v is None and not dispatch.flash_fwd_gluon_fits(dtype, head_dim, causal, 0, 0.1, seqlen, seqlen)
-                continue
             assert v is not None and v.get("CAUSAL") is causal
             q_tiles = dispatch.gluon_q_tiles(head_dim, causal, seqlen, tiles[0]) if pingpong else 1
             assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == (tiles[0] * q_tiles, *tiles[1:])
@@ -157,9 +154,6 @@ def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> No
     assert q_tiles("fp16", 64, False, 0, 0.125, 16384, 16384) == 4
     assert q_tiles("bf16", 128, False, 0, 0.088, 1000, 1024) == 0  # not a gluon call
     assert q_tiles("bf16", 256, False, 0, 0.0625, 1024, 1024) == 1  # no entry: one tile
-    for (head_dim, causal), most in dispatch.GLUON_MAX_SEQLEN.items():
-        assert most & (most - 1) == 0
-        assert all((dtype, head_dim, causal) in dispatch.GLUON_TABLE for dtype in gluon.DTYPES)
     for (head_dim, causal), bounds in dispatch.GLUON_Q_TILES.items():
         assert [most for most, _ in bounds] == sorted(most for most, _ in bounds)
         for most, count in bounds:  # the memo key's buckets decide them; every count's buffers fit
@@ -185,8 +179,7 @@ def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
     assert not fits("bf16", 128, True, -128, 0.088, 4096, 3968)  # bottom-right, seqlen_q > seqlen_k
     assert fits("bf16", 128, False, -128, 0.088, 4096, 3968)  # the offset means nothing without causal
     assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
-    assert not fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # over GLUON_MAX_SEQLEN: flash_fwd measured faster
-    assert fits("bf16", 64, True, 0, 0.125, 1024, 1024) and not fits("bf16", 64, True, 0, 0.125, 2048, 2048)
+    assert not fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # no row: flash_fwd measured faster
     assert fits("fp16", 128, False, 0, 0.088, 4096, 4096)  # bf16's rows
     assert fits("bf16", 64, False, 0, 0.125, 128, 128) and not fits("bf16", 64, False, 0, 0.125, 64, 128)
     assert not fits("bf16", 64, False, 0, 0.125, 128, 64)
