@@ -38,6 +38,12 @@ from lazytriton.variant import Variant
 # plan (1.6-3.5 s against 0.4-3.1 for the rest), was estimated at 1.0x and handed out among the last.
 KERNEL_FACTOR = {"flash_fwd": 1.0, "flash_bwd_dq": 1.28, "flash_bwd_dkdv": 2.16, "flash_decode_split": 2.7,
                  "flash_decode_combine": 1.1}
+# flash_fwd_gluon, by (PINGPONG, CAUSAL), on the tile a program holds (BLOCK_M / BLOCK_TILES rows): fitted on 8 of
+# its variants compiled one at a time beside 4 flash_fwd ones (Triton 3.9, this machine, 2026-12-01; measured over
+# estimated time, flash_fwd's ratio 0.81-1.23): plain 0.61-0.84; ping-pong 1.22-1.43, causal 1.62-2.26 (two
+# consumer partitions and a producer, each with its loops). Without them the H200 bench's two longest compiles
+# (hd256 ping-pong causal, 3.7-3.9 s) were estimated at 2 s, handed out at 5.6 s of 10.6 and finished last.
+GLUON_FACTOR = {(False, False): 0.72, (False, True): 0.72, (True, False): 1.34, (True, True): 1.88}
 SCALE = {"16-bit": 0.119, "fp32": 0.0109}
 EXPONENT = {"16-bit": 0.29, "fp32": 0.88}
 UNKNOWN_SECONDS = 1.0  # about the median of the default plan's variants
@@ -52,9 +58,14 @@ def estimate_seconds(variant: Variant) -> float:
     except (KeyError, TypeError, ValueError):
         return UNKNOWN_SECONDS
     threads = max(1, warps) * _WARP_THREADS["hip" if variant.target.startswith("gfx") else "cuda"]
+    factor = KERNEL_FACTOR.get(variant.kernel, 1.0)
+    if variant.kernel == "flash_fwd_gluon":
+        constexprs = variant.constexprs
+        block_m //= max(1, int(constexprs.get("BLOCK_TILES", 1)))  # type: ignore[call-overload]
+        factor = GLUON_FACTOR[bool(constexprs.get("PINGPONG")), bool(constexprs.get("CAUSAL"))]
     per_thread = max(1.0, block_m * block_n * block_d / threads)
     kind = "fp32" if variant.dtype == "fp32" else "16-bit"
-    return SCALE[kind] * KERNEL_FACTOR.get(variant.kernel, 1.0) * per_thread ** EXPONENT[kind]
+    return SCALE[kind] * factor * per_thread ** EXPONENT[kind]
 
 
 def longest_first(todo: Sequence[Planned]) -> list[Planned]:

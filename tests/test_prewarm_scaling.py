@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from conftest import REPO
@@ -143,3 +144,25 @@ def test_a_worker_killed_mid_plan_costs_only_its_variant(tmp_path: Path, monkeyp
     with Image(out) as image:
         assert sorted(image.keys()) == sorted(p.key for p in plan[1:])
         assert all(image.read(key) is not None for key in image.keys())  # each entry verified
+
+
+def test_the_gluon_forward_is_estimated_by_its_tile_and_its_partitions() -> None:
+    """flash_fwd_gluon's ping-pong variants compile longer than their tile's volume says (GLUON_FACTOR); a program of
+    several query tiles is estimated by one tile (its BLOCK_M is the program's rows), so the longest go out first."""
+    from lazytriton import dispatch
+    from lazytriton.kernels.flash_fwd import gluon
+
+    sm90 = Target.parse("sm_90")
+
+    def fwd(head_dim: int, causal: bool, **kw: Any) -> Variant:
+        found = gluon.variant("sm_90", "bf16", head_dim, "top_left" if causal else "none", True, False, 16384, 16384,
+                              **kw)
+        assert found is not None
+        return found
+
+    longest = fwd(256, True, tiles=(128, 64, 4), pingpong=True)
+    assert estimate_seconds(longest) > 1.5 * estimate_seconds(
+        dispatch.kernel_variant("flash_fwd", sm90, "bf16", 256, True, True, 4096, 4096))
+    assert estimate_seconds(fwd(128, True, pingpong=True, q_tiles=8)) == estimate_seconds(fwd(128, True, pingpong=True))
+    assert estimate_seconds(fwd(128, True, pingpong=True)) > estimate_seconds(fwd(128, False, pingpong=True))
+    assert estimate_seconds(fwd(128, False, pingpong=True)) > estimate_seconds(fwd(128, False, tiles=(128, 128, 8)))
