@@ -465,16 +465,25 @@ def test_front_serves_from_its_table_what_the_python_path_launches(case: tuple[A
     assert len(paths["cpp"].__globals__["TABLE"]) == 1
 
 
-def test_front_declines_what_its_key_does_not_cover(fake: Fake, helper: Any, cpp_reading_the_stream: Any, cpp: Any,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    plain = cpp
-    cpp = cpp_reading_the_stream
+def _filed(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch,
+           result: str) -> tuple[_Runtime, Any, list[Any], tuple[torch.Tensor, ...]]:
+    """(runtime, the C++-fronted warm function, serve()'s results, (q, k, v)) after one call filed its record."""
     spare = torch.empty(1 << 12, dtype=torch.float32)
-    rt, kernel, paths, served = _front_paths(fake, helper, cpp, monkeypatch, "output", "bhsd", spare)
+    rt, kernel, paths, served = _front_paths(fake, helper, cpp, monkeypatch, result, "bhsd", spare)
     q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
     _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
     warm = paths["cpp"]
     warm(q, k, v, False, None)
+    warm.__globals__["SPARE_KEPT"] = spare  # alive as long as the function's scope
+    return rt, warm, served, (q, k, v)
+
+
+def test_front_declines_what_its_key_does_not_cover(fake: Fake, helper: Any, cpp_reading_the_stream: Any, cpp: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = cpp
+    cpp = cpp_reading_the_stream
+    rt, warm, served, (q, k, v) = _filed(fake, helper, cpp, monkeypatch, "output")
+    spare = warm.__globals__["SPARE_KEPT"]
     scope = warm.__globals__
     table, spares = scope["TABLE"], scope["SPARE"]
 
@@ -518,13 +527,8 @@ def test_front_declines_what_its_key_does_not_cover(fake: Fake, helper: Any, cpp
 def test_front_compares_the_whole_key_and_follows_the_runtime(fake: Fake, helper: Any, cpp_reading_the_stream: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     cpp = cpp_reading_the_stream
-    spare = torch.empty(1 << 12, dtype=torch.float32)
-    rt, kernel, paths, served = _front_paths(fake, helper, cpp, monkeypatch, "forward", "bhsd", spare)
-    q, k, v = make_qkv(1, (2, 2), (16, 16), 32, torch.float32)
-    _plan(rt, kernel, q, k, v, binding.check(q, k, v), torch.float32)
-    warm = paths["cpp"]
+    rt, warm, served, (q, k, v) = _filed(fake, helper, cpp, monkeypatch, "forward")
     table = warm.__globals__["TABLE"]
-    warm(q, k, v, False, None)
     assert warm(q, k, v, False, None) is not None and served[-1] is not None
     ((hashed, (key, plans, record, numel)),) = table.items()
     assert len(key) == 224 and plans is rt.plans and numel == 2 * 16
