@@ -1,7 +1,7 @@
 """Benchmark lazytriton's attention backward beside its peers, measured in the same run.
 
 Throughput (TFLOP/s, median of CUDA-event-timed runs after warmup) over
-bf16/fp16 x head dim 64/128 x causal or not x seqlen 1k/4k/16k, with
+bf16/fp16 x head dim 64/128/256 x causal or not x seqlen 1k/4k/16k, with
 batch x seqlen = 16k tokens and hidden = heads x head dim = 2048
 (FlashAttention's benchmark shapes, the same grid as bench_flash_fwd.py).
 Backward FLOPs are 2.5x the forward's 4*B*H*S*S*D (halved if causal),
@@ -32,7 +32,7 @@ the table comes last; with ``$OUT`` set, the printed report is also written
 to ``$OUT/bench_flash_bwd.log``.
 
 Usage: python benchmarks/bench_flash_bwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16]
-       [--head-dims 64,128] [--seqlens 1k,4k,16k] [--causal both|causal|full]
+       [--head-dims 64,128,256] [--seqlens 1k,4k,16k] [--causal both|causal|full]
        [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn] [--prewarm-jobs N] [--warmup N] [--reps N]
        python benchmarks/bench_flash_bwd.py --list        (the cases; no GPU needed)
        python benchmarks/bench_flash_bwd.py --cpu-smoke   (one tiny case on CPU: the interpreter, CI)
@@ -151,7 +151,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_bwd.csv")
     parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only (unless --seqlens is given)")
     parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES), help="bf16,fp16 (default both)")
-    parser.add_argument("--head-dims", type=_head_dims, default=[64, 128], help="default 64,128")
+    parser.add_argument("--head-dims", type=_head_dims, default=[64, 128, 256], help="default 64,128,256")
     parser.add_argument("--seqlens", type=_seqlens, default=None,
                         help="e.g. 1k,4k,16k (default; --quick: 1k,4k)")
     parser.add_argument("--causal", choices=tuple(CAUSALS), default="both")

@@ -34,9 +34,9 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
 
 def test_full_grid_is_the_forward_grid(bench: ModuleType) -> None:
     cases = bench.cases(**_grid(bench, bench.parse_args([])))
-    assert len(cases) == 24
+    assert len(cases) == 36
     assert {(c.dtype, c.head_dim, c.causal, c.seqlen) for c in cases} == {
-        (dt, d, causal, s) for dt in ("bf16", "fp16") for d in (64, 128) for causal in (False, True)
+        (dt, d, causal, s) for dt in ("bf16", "fp16") for d in (64, 128, 256) for causal in (False, True)
         for s in (1024, 4096, 16384)}
     for c in cases:
         assert c.batch * c.seqlen == 16384 and c.heads * c.head_dim == 2048
@@ -53,7 +53,7 @@ def _grid(bench: ModuleType, args: object) -> dict[str, object]:
 
 def test_quick_and_filters_select_subsets(bench: ModuleType) -> None:
     quick = bench.cases(**_grid(bench, bench.parse_args(["--quick"])))
-    assert len(quick) == 16 and {c.seqlen for c in quick} == {1024, 4096}
+    assert len(quick) == 24 and {c.seqlen for c in quick} == {1024, 4096}  # 2 dtypes x 3 head dims x 2 x 2
     args = bench.parse_args(["--dtypes", "fp16", "--head-dims", "128", "--seqlens", "4k,2048", "--causal", "causal"])
     assert [(c.dtype, c.head_dim, c.causal, c.seqlen) for c in bench.cases(**_grid(bench, args))] == [
         ("fp16", 128, True, 4096), ("fp16", 128, True, 2048)]
