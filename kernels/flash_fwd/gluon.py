@@ -173,7 +173,7 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     BLOCK_M, the grid's tile, is then q_tiles x BLOCK_M; BLOCK_TILES says how
     many): the descriptors are made once a program, and the producer warp
     loads the next tile's Q and key blocks under this tile's last steps and
-    epilogue. What short sequences gain (``dispatch.GLUON_SHORT``).
+    epilogue. What short sequences gain (``dispatch.GLUON_Q_TILES`` picks the count).
     """
     from lazytriton.variant import Variant, pairs
 
