@@ -31,7 +31,12 @@ import gluon_bwd_probe_kernel as probe  # noqa: E402
 from bench_flash_bwd import jit_launches  # noqa: E402
 
 from lazytriton.cli.timing import event_ms  # noqa: E402
-from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, gluon_kernel  # noqa: E402
+from lazytriton.kernels.flash_bwd import (  # noqa: E402
+    FLASH_BWD_DKDV,
+    fused,  # noqa: E402
+    fused_kernel,
+    gluon_kernel,
+)
 from lazytriton.kernels.flash_bwd import binding as bwd  # noqa: E402
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference  # noqa: E402
 from lazytriton.kernels.flash_fwd import binding as fwd  # noqa: E402
@@ -42,6 +47,13 @@ TILINGS = {64: ((128, 64, 8, True), (128, 64, 8, False), (128, 128, 8, True), (6
 # The fused probe kernel (dQ by TMA reduction, 5 products): (BLOCK_N, BLOCK_M, warps, stages)
 FUSED_TILINGS = {64: ((64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 1)),
                  128: ((64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 2))}
+# The served fused backward (kernels/flash_bwd/fused_kernel.py: flash_bwd_prep, then flash_bwd_fused_gluon,
+# 128 held keys, 2 consumer warpgroups and a producer warp): (BLOCK_M, PREFETCH)
+WS_TILINGS = {64: ((64, True), (64, False), (128, False), (128, True)),
+              128: ((64, False), (64, True))}
+
+
+WS_ONLY = False
 
 
 def _alloc(size: int, alignment: int, stream: object) -> torch.Tensor:
@@ -80,6 +92,28 @@ def fused_backward(q, k, v, out, lse, do, causal, tiling):
             q, k, v, do, lse, delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *dqa.stride()[:3], hq // hk, hq, sq, sk, sk - sq,
             d ** -0.5, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, CAUSAL=causal, STAGES=stages, num_warps=warps)
+        return dqa.to(q.dtype), dk, dv
+    return run
+
+
+def ws_backward(q, k, v, out, lse, do, causal, tiling):
+    """The served fused backward at ``tiling``: flash_bwd_prep (delta, zeroed accumulator), the kernel, dQ cast."""
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    block_m, prefetch = tiling
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dqa = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
+    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    prep_grid, grid = fused.grids(b, hq, hk, sq, sk)
+
+    def run():
+        fused_kernel.flash_bwd_prep_kernel[prep_grid](out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
+                                                      *delta.stride()[:2], hq, sq, BLOCK_M=fused.PREP_BLOCK_M,
+                                                      BLOCK_D=d)
+        fused_kernel.flash_bwd_fused_gluon_kernel[grid](
+            q, k, v, do, lse, delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2], hq // hk, hq, sq, sk, sk - sq,
+            d ** -0.5, BLOCK_M=block_m, BLOCK_D=d, CAUSAL=causal, PREFETCH=prefetch, num_warps=4)
         return dqa.to(q.dtype), dk, dv
     return run
 
@@ -133,9 +167,14 @@ def run_case(d, causal, s, reps, log):
         o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
     dout = torch.empty_like(o).copy_(do)
     rows["cudnn bwd"] = event_ms(lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True), reps=reps)
-    for kind, tilings in (("gluon", TILINGS[d]), ("fused", FUSED_TILINGS[d])):
+    kinds = (("ws", WS_TILINGS[d]),) if WS_ONLY else (("gluon", TILINGS[d]), ("fused", FUSED_TILINGS[d]),
+                                                           ("ws", WS_TILINGS[d]))
+    for kind, tilings in kinds:
         for tiling in tilings:
-            if kind == "gluon":
+            if kind == "ws":
+                name = "ws " + "/".join(str(int(x)) for x in tiling)
+                ms = _timed(label, name, ws_backward(q, k, v, out, lse, do, causal, tiling), sl, ref, same, reps, log)
+            elif kind == "gluon":
                 name = "gluon " + "/".join(str(int(x)) for x in tiling[:3]) + (" ovl" if tiling[3] else "")
                 ms = _timed(label, name, gluon_dkdv(q, k, v, out, lse, do, delta, call, causal, tiling), sl, ref[1:],
                             same[1:], reps, log)
@@ -146,7 +185,7 @@ def run_case(d, causal, s, reps, log):
             if ms is not None:
                 rows[name] = ms
     best = min((n for n in rows if n.startswith("gluon ")), key=rows.__getitem__, default=None)
-    fused_best = min((n for n in rows if n.startswith("fused ")), key=rows.__getitem__, default=None)
+    fused_best = min((n for n in rows if n.startswith(("fused ", "ws "))), key=rows.__getitem__, default=None)
     return label, rows, flops, best, fused_best
 
 
@@ -156,7 +195,10 @@ def main(argv=None):
     parser.add_argument("--head-dims", default="128,64")
     parser.add_argument("--seqlens", default="1024,4096,16384")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--ws-only", action="store_true", help="only the warp-specialised fused kernel's tilings")
     args = parser.parse_args(argv)
+    global WS_ONLY
+    WS_ONLY = args.ws_only
     import triton
 
     triton.set_allocator(_alloc)  # device-side tensor descriptors' global scratch
@@ -165,7 +207,7 @@ def main(argv=None):
     for d in (int(x) for x in args.head_dims.split(",")):
         for causal in (False, True):
             for s in seqlens:
-                summary.append(run_case(d, causal, s, args.reps, print))
+                summary.append(run_case(d, causal, s, args.reps, lambda m: print(m, flush=True)))
     print("\ncase                  | dq ms  dkdv ms gluon ms | flash_bwd cudnn projected TFLOP/s | dkdv gain  "
           "proj/cudnn | best gluon")
     for label, rows, flops, best, _ in summary:

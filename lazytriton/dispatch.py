@@ -706,6 +706,63 @@ def flash_bwd_dkdv_gluon_default_variant(target: Target, dtype: str, head_dim: i
                          seqlen_k, tiles, overlap)
 
 
+# ---------------------------------------------------------------------------
+# The fused backward (kernels/flash_bwd/fused.py: flash_bwd_prep, then flash_bwd_fused_gluon, FlashAttention-3's
+# warp-specialised backward with dQ summed by TMA reductions), in place of flash_bwd's two kernels, under the
+# same master switch GLUON_BY_DEFAULT, where BWD_FUSED_TABLE has a row for the call's (dtype, head dim, causal),
+# the tiles divide the seqlens and seqlen_k reaches the row's minimum (flash_bwd_fused_fits; the backward's memo
+# key carries the answer, binding.FUSED_TAIL). The rows are the H200 probe's winners (benchmarks/
+# probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-01, the whole backward with the prep kernel and the cast,
+# against flash_bwd's two kernels through Triton's JIT): head dim 128 1.22-1.31x non-causal, 1.10-1.27x causal
+# (BLOCK_M 64, lse and delta loaded after the scores); head dim 64 non-causal 1.22-1.24x from 4k with BLOCK_M 128
+# (0.90x at 1k), causal 1.00-1.17x from 4k with BLOCK_M 64 and the rows prefetched (0.93x at 1k). In
+# bench_flash_bwd.py's grid the 1k rows at head dim 128 lost to the two kernels (0.76-0.91x: the prep, the
+# accumulator's 4 bytes an element written, read and cast weigh most in the shortest backward), so every row
+# starts at 2k keys. fp16 takes bf16's rows.
+BwdFusedTiling = tuple[int, bool, int]  # BLOCK_M, PREFETCH, min seqlen_k
+_BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
+    (128, False): (64, False, 2048),
+    (128, True): (64, False, 2048),
+    (64, False): (128, False, 2048),
+    (64, True): (64, True, 2048),
+}
+BWD_FUSED_TABLE: dict[tuple[str, int, bool], BwdFusedTiling] = {
+    (dtype, d, causal): row for dtype in ("bf16", "fp16") for (d, causal), row in _BWD_FUSED_BF16.items()}
+
+
+def flash_bwd_fused_fits(dtype: str, head_dim: int, causal: bool, offset: int, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether a plain backward call is one the fused backward serves by default, as far as its shape says.
+
+    A BWD_FUSED_TABLE row, seqlens that are positive multiples of its tiles (BLOCK_M queries, 128 keys),
+    seqlen_k at least the row's minimum, a causal offset >= 0. Target, alignment and 64-bit offsets are the
+    plan's to check (``flash_bwd_fused_default_variants``).
+    """
+    from lazytriton.kernels.flash_bwd import fused
+
+    row = BWD_FUSED_TABLE.get((dtype, head_dim, bool(causal))) if GLUON_BY_DEFAULT else None
+    if row is None:
+        return False
+    block_m, _, min_seqlen_k = row
+    return (0 < seqlen_q and seqlen_q % block_m == 0 and min_seqlen_k <= seqlen_k
+            and seqlen_k % fused.BLOCK_N == 0 and (not causal or offset >= 0))
+
+
+def flash_bwd_fused_default_variants(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+                                     index64: bool, seqlen_q: int, seqlen_k: int) -> tuple[Variant, Variant] | None:
+    """The (flash_bwd_prep, flash_bwd_fused_gluon) variants for a call that ``flash_bwd_fused_fits``, or None.
+
+    None also where the target, alignment or 64-bit offsets rule the kernel out (flash_bwd's kernels serve).
+    """
+    from lazytriton.kernels.flash_bwd import fused
+
+    row = BWD_FUSED_TABLE.get((dtype, head_dim, bool(causal))) if GLUON_BY_DEFAULT else None
+    if row is None:
+        return None
+    block_m, prefetch, _ = row
+    return fused.variants(str(target), dtype, head_dim, "top_left" if causal else "none", aligned, index64,
+                          seqlen_q, seqlen_k, block_m, prefetch)
+
+
 def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,
                             seqlen_q: int, seqlen_k: int, features: bool = False,
                             tiles: tuple[int, int, int] | None = None, scale: float = 1.0,

@@ -258,6 +258,9 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                 gluon = _bwd_gluon_twin(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
                 if gluon is not None:
                     yield Planned(gluon, gluon.key(), "gluon table")
+                for fused in _bwd_fused_twins(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
+                                              seqlen_k):
+                    yield Planned(fused, fused.key(), "fused table")
 
 
 def _gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
@@ -283,6 +286,20 @@ def _bwd_gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, ali
         return None
     return dispatch.flash_bwd_dkdv_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64,
                                                          seqlen_q, seqlen_k)
+
+
+def _bwd_fused_twins(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
+                     seqlen_q: int, seqlen_k: int) -> tuple[Variant, ...]:
+    """The fused backward's two variants for a plain backward of this shape (BWD_FUSED_TABLE), or none.
+
+    (flash_bwd_prep, flash_bwd_fused_gluon): an image holds them beside
+    flash_bwd's, which deterministic mode runs.
+    """
+    offset = seqlen_k - seqlen_q if causal else 0  # bottom-right, as _gluon_twin
+    if offset < 0 or not dispatch.flash_bwd_fused_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
+        return ()
+    return dispatch.flash_bwd_fused_default_variants(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
+                                                     seqlen_k) or ()
 
 
 def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:

@@ -330,7 +330,19 @@ def test_forced_tilings_give_flash_bwd_dkdvs_gradients_on_gpu(tiles: tuple[int, 
 
 @on_gpu
 def test_a_table_row_serves_the_backward_and_is_reproducible_on_gpu(resolved: list[Variant]) -> None:
-    """A plain call that fits a row runs flash_bwd_dkdv_gluon through autograd, within the rule, bit for bit twice."""
+    """A plain call that fits a row runs flash_bwd_dkdv_gluon through autograd, within the rule, bit for bit twice.
+
+    In deterministic mode: otherwise the fused backward (test_fused_bwd.py) serves the call.
+    """
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _row_serves(resolved)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def _row_serves(resolved: list[Variant]) -> None:
     q, k, v = make_qkv(1, (4, 2), (1024, 2048), 128, torch.bfloat16, "cuda", seed=2048)
     _sm90(q)
     do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)

@@ -23,6 +23,14 @@ dK/dV kernel is ``flash_bwd_dkdv_gluon`` (``gluon_kernel.py``, Hopper only),
 launched in flash_bwd_dkdv's place with the same arguments and grid; it too
 sums in a fixed order without atomics. The C API's backward plans
 (``capi/embedded.py``) keep flash_bwd_dkdv.
+
+Where dispatch's ``BWD_FUSED_TABLE`` has a row for a plain call
+(``fused_fits``; the memo key then ends in ``FUSED_TAIL``), the backward is
+the fused one (``fused.py``, Hopper only): ``flash_bwd_prep`` (delta, dQ's
+zeroed float32 accumulator), ``flash_bwd_fused_gluon`` (dK, dV, and dQ's sums
+by TMA reductions), then the accumulator cast into dq. Its dQ sums in the
+order the programs run, so dQ is not bitwise reproducible: under
+``torch.use_deterministic_algorithms(True)`` the two kernels serve instead.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lazytriton import dispatch, runtime
-from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid
+from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid, fused
 from lazytriton.kernels.flash_fwd import VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
@@ -185,10 +193,29 @@ def gluon_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> 
                                               shape.seqlen_q, shape.seqlen_k))
 
 
+# The memo key's last item for a call the fused backward serves (see memo_key).
+FUSED_TAIL = ("FUSED",)
+
+
+def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool:
+    """Whether dispatch serves this checked call with the fused backward (``dispatch.flash_bwd_fused_fits``).
+
+    A plain dense call as for ``gluon_fits``, and deterministic algorithms
+    not asked for (``torch.use_deterministic_algorithms``): the fused
+    kernel's dQ sums arrive in any order.
+    """
+    shape = call.shape
+    return (aligned and not index64 and not (call.windowed or call.capped or call.head_dim_v)
+            and call.mods == fwd.NO_MODS and dtype in fwd.DTYPES
+            and dispatch.flash_bwd_fused_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
+                                              shape.seqlen_q, shape.seqlen_k)
+            and not torch.are_deterministic_algorithms_enabled())
+
+
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-             seq16: bool | None = None, gluon: bool = False) -> tuple[Any, ...]:
+             seq16: bool | None = None, gluon: bool = False, fused_: bool = False) -> tuple[Any, ...]:
     """The forward's memo key, marked with the family (both live in ``Runtime.plans``), and "SEQ16" when set.
 
     The seqlens enter the forward's key only through their buckets, which
@@ -196,12 +223,15 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     rule for a dense call of ``shape`` (``dispatch.seq_aligned``). ``gluon``
     (``gluon_fits``) appends ``GLUON_TAIL``: the one key whose plan may run
     flash_bwd_dkdv_gluon, which the buckets cannot tell from a bucket-mate its
-    tiles do not divide.
+    tiles do not divide. ``fused_`` (``fused_fits``) appends ``FUSED_TAIL``
+    instead: the key whose plan runs the fused backward.
     """
     key = (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods,
                                  head_dim_v))
     if _seq16(seq16, aligned, shape):
         key += ("SEQ16",)
+    if fused_:
+        return key + FUSED_TAIL
     return key + GLUON_TAIL if gluon else key
 
 
@@ -265,15 +295,33 @@ def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int
 # Running it
 
 
+def fused_variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
+                   index64: bool) -> tuple[Variant, Variant] | None:
+    """The (flash_bwd_prep, flash_bwd_fused_gluon) variants of a call ``fused_fits``, or None (target, alignment)."""
+    return dispatch.flash_bwd_fused_default_variants(target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
+                                                     index64, shape.seqlen_q, shape.seqlen_k)
+
+
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
          mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-         seq16: bool | None = None, gluon: bool = False) -> tuple[Any, int, Any, int]:
+         seq16: bool | None = None, gluon: bool = False, fused_: bool = False) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
-    Refuses, during a CUDA graph capture, to load or compile either kernel
+    With ``fused_`` (and a target that takes it): (flash_bwd_prep, its
+    BLOCK_M, flash_bwd_fused_gluon, 0); a BLOCK_N of 0 marks the fused plan.
+    Refuses, during a CUDA graph capture, to load or compile any kernel
     (``CaptureError`` naming the variant), as the forward does.
     """
+    if fused_:
+        pair = fused_variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+        if pair is not None:
+            fwd.refuse_loads_in_capture(rt, pair, device, "run the backward once with this shape (or call "
+                                        "lazytriton.preload(..., backward=True)) before the capture")
+            entry = (rt.kernel(pair[0], device.index), int(pair[0].get("BLOCK_M")), rt.kernel(pair[1], device.index),
+                     0)
+            rt.plans[key] = entry
+            return entry
     chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
                       mods, head_dim_v, seq16, gluon)
     fwd.refuse_loads_in_capture(rt, chosen, device, "run the backward once with this shape (or call "
@@ -304,22 +352,49 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if forced is None:
         causal = call.causal != "none"
-        gluon = gluon_fits(call, q.dtype, aligned, index64)
+        fused_ = fused_fits(call, q.dtype, aligned, index64)
+        gluon = not fused_ and gluon_fits(call, q.dtype, aligned, index64)
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v, seq16, gluon)
+                       call.mods, call.head_dim_v, seq16, gluon, fused_)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v, seq16, gluon)
+                         call.mods, call.head_dim_v, seq16, gluon, fused_)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
     dq_kernel, block_m, dkdv_kernel, block_n = found
     stream = fwd.raw_stream(device.index)
-    dq_grid_, dkdv_grid_ = grids(shape, block_m, block_n)
     floats = fwd.floats(call)
+    if block_n == 0:  # the fused plan
+        _launch_fused(dq_kernel, dkdv_kernel, stream, dq_ints, dkdv_ints, grads, call)
+        return
+    dq_grid_, dkdv_grid_ = grids(shape, block_m, block_n)
     dq_kernel.launch(dq_grid_, stream, dq_ints, floats, fwd.scratch_alloc)
     dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
+
+
+_PREP_INTS = tuple(name for name, kind in fused.FLASH_BWD_PREP.params if not kind.startswith("fp"))
+_FUSED_INTS = tuple(name for name, kind in fused.FLASH_BWD_FUSED_GLUON.params if not kind.startswith("fp"))
+
+
+def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...], dkdv_ints: tuple[int, ...],
+                  grads: Grads, call: Call) -> None:
+    """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``.
+
+    Both kernels' integer arguments are named in the two-kernel tuples
+    ``pack`` made (the same tensors, strides and sizes), plus the accumulator
+    and heads_q.
+    """
+    shape = call.shape
+    dqa = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim), dtype=torch.float32,
+                      device=grads.dq.device)
+    named = {**dict(zip(DQ_INT_PARAMS, dq_ints, strict=True)), **dict(zip(DKDV_INT_PARAMS, dkdv_ints, strict=True)),
+             "DQA": dqa.data_ptr(), "heads_q": shape.heads_q}
+    prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k)
+    prep.launch(prep_grid, stream, tuple(named[n] for n in _PREP_INTS), (), fwd.scratch_alloc)
+    kernel.launch(fused_grid, stream, tuple(named[n] for n in _FUSED_INTS), (call.scale,), fwd.scratch_alloc)
+    grads.dq.copy_(dqa)
 
 
 # Each kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
@@ -397,9 +472,15 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     rt = runtime.get()
     window, softcap, mods, dv = call.windowed, call.capped, call.mods, call.head_dim_v
     seq16 = _seq16(seq16, aligned, shape)
-    gluon = gluon_fits(call, dtype, aligned, index64)
-    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon),
-         device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon)
+    fused_ = fused_fits(call, dtype, aligned, index64)
+    gluon = not fused_ and gluon_fits(call, dtype, aligned, index64)
+    plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon,
+                      fused_),
+         device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon, fused_)
+    if fused_:
+        pair = fused_variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+        if pair is not None:
+            return pair
     return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
                     mods, dv, seq16, gluon)
 

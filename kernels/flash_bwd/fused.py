@@ -1,0 +1,133 @@
+"""``flash_bwd_fused_gluon`` and ``flash_bwd_prep``: the fused backward (``fused_kernel.py``), and its rule.
+
+Two kernels of their own (own source fingerprint, own ABI), in no family:
+where dispatch's ``BWD_FUSED_TABLE`` has a row for a plain call
+(``dispatch.flash_bwd_fused_fits``; the backward's memo key then ends in
+``binding.FUSED_TAIL``), the binding launches ``flash_bwd_prep`` (delta and
+dQ's zeroed float32 accumulator), then ``flash_bwd_fused_gluon`` (dK, dV and
+dQ's sums), then casts the accumulator into dq, in place of flash_bwd's two
+kernels. ``reason`` is the rule, pure: None when the fused kernel computes a
+call exactly, else why not. Its source compiles for sm_90 with Triton 3.6.0
+and 3.9.0 alike; the prep kernel is plain Triton (any target).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lazytriton.kernels import KernelSpec
+
+if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
+    from lazytriton.variant import Variant
+
+NAME = "flash_bwd_fused_gluon"
+PREP = "flash_bwd_prep"
+MODULE = "lazytriton.kernels.flash_bwd.fused_kernel"
+
+
+def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"stride_{t}{d}", "i32") for t in tensors for d in ("b", "h", "s"))
+
+
+_LSE_STRIDES = (("stride_lb", "i32"), ("stride_lh", "i32"))
+_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("DO", "*{dtype}"), ("Lse", "*fp32"),
+             ("Delta", "*fp32"), ("DK", "*{dtype}"), ("DV", "*{dtype}"), ("DQA", "*fp32"))
+_DATA_STRIDES = _strides("q", "k", "v", "do", "dk", "dv")
+
+FLASH_BWD_FUSED_GLUON = KernelSpec(
+    name=NAME,
+    module=MODULE,
+    function="flash_bwd_fused_gluon_kernel",
+    params=(*_POINTERS, *_DATA_STRIDES, *_LSE_STRIDES, ("group_size", "i32"), ("heads_q", "i32"),
+            ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("causal_offset", "i32"), ("sm_scale", "fp32")),
+    constexprs=("BLOCK_M", "BLOCK_D", "CAUSAL", "PREFETCH"),
+    # TMA needs them 16-byte aligned (the rule refuses the rest); the seqlens are multiples of the tiles.
+    aligned_params=tuple(p for p, _ in _POINTERS) + tuple(s for s, _ in _DATA_STRIDES),
+    seq_aligned_params=("seqlen_q", "seqlen_k"),
+)
+
+_PREP_STRIDES = _strides("o", "do")
+FLASH_BWD_PREP = KernelSpec(
+    name=PREP,
+    module=MODULE,
+    function="flash_bwd_prep_kernel",
+    params=(("Out", "*{dtype}"), ("DO", "*{dtype}"), ("Delta", "*fp32"), ("DQA", "*fp32"), *_PREP_STRIDES,
+            *_LSE_STRIDES, ("heads_q", "i32"), ("seqlen_q", "i32")),
+    constexprs=("BLOCK_M", "BLOCK_D"),
+    aligned_params=("Out", "DO", "Delta", "DQA") + tuple(s for s, _ in _PREP_STRIDES),
+)
+
+TARGETS = ("sm_90",)  # wgmma, TMA and setmaxnreg: Hopper's
+DTYPES = ("fp16", "bf16")
+# Two float32 accumulators of 64 x head dim a consumer thread: 128 registers at 128 of the 240 it has.
+HEAD_DIMS = (64, 128)
+BLOCK_N = 128  # keys a program holds (fused_kernel.BLOCK_N: two warpgroups of 64)
+BLOCK_MS = (64, 128)  # query rows a step (the N of the S^T product)
+STAGES = 2  # the Q/dO ring (fused_kernel.STAGES)
+PREP_BLOCK_M = 64
+SM90_SHARED = 232448  # sm_90's opt-in shared memory for one CTA
+SHARED_SLACK = 1024  # mbarriers and alignment
+
+
+def shared_bytes(head_dim: int, block_m: int) -> int:
+    """Shared memory the fused kernel allocates, within ``SHARED_SLACK``: K and V, the Q/dO ring, dS^T, dQ tiles."""
+    return 2 * (2 * BLOCK_N * head_dim + 2 * STAGES * block_m * head_dim + 2 * BLOCK_N * block_m) \
+        + 4 * 2 * block_m * head_dim // 2
+
+
+def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
+           seqlen_k: int, block_m: int, features: bool = False) -> str | None:
+    """None if ``flash_bwd_fused_gluon`` with ``block_m`` query rows a step computes this call exactly.
+
+    ``causal``: "none", "top_left" or "bottom_right". ``features``: the call
+    has a window, softcap, ALiBi, bias, dropout, packed sequences, split tiles
+    or a head_dim_v, which this kernel does not implement.
+    """
+    if target not in TARGETS:
+        return f"target {target} is not one of {TARGETS} (wgmma, TMA, setmaxnreg)"
+    if dtype not in DTYPES:
+        return f"dtype {dtype} is not one of {DTYPES}"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
+    if block_m not in BLOCK_MS:
+        return f"BLOCK_M {block_m} is not one of {BLOCK_MS}"
+    if shared_bytes(head_dim, block_m) + SHARED_SLACK > SM90_SHARED:
+        return f"BLOCK_M {block_m} at head dim {head_dim} needs more than sm_90's shared memory"
+    if not aligned or index64:
+        return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
+    if features:
+        return "window, softcap, ALiBi, bias, dropout, varlen, split tiles and head_dim_v are not implemented"
+    if seqlen_q % block_m or seqlen_k % BLOCK_N or seqlen_q == 0 or seqlen_k == 0:
+        return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({block_m}, {BLOCK_N})"
+    if causal == "bottom_right" and seqlen_q > seqlen_k:
+        return "bottom-right causal with seqlen_q > seqlen_k leaves rows without keys"
+    return None
+
+
+def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
+             seqlen_k: int, block_m: int = 64, prefetch: bool = False,
+             features: bool = False) -> tuple[Variant, Variant] | None:
+    """The (flash_bwd_prep, flash_bwd_fused_gluon) variants for a call, or None where ``reason`` refuses (pure).
+
+    ``block_m`` and ``prefetch`` are the fused kernel's tuned fields (BLOCK_M,
+    PREFETCH). Its functional fields are flash_bwd_dkdv's for a plain aligned
+    call (ALIGN16, BLOCK_D, CAUSAL, INDEX64, SEQ16), so ``cache explain``
+    reads them alike; num_stages records its ring's depth.
+    """
+    from lazytriton.variant import Variant, pairs
+
+    if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, features):
+        return None
+    functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "INDEX64": False,
+                  "SEQ16": True}
+    fused = Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "PREFETCH": bool(prefetch)}),
+                    pairs({"num_stages": STAGES, "num_warps": 4}))
+    prep = Variant(PREP, target, dtype, pairs({"ALIGN16": True, "BLOCK_D": head_dim, "INDEX64": False}),
+                   pairs({"BLOCK_M": PREP_BLOCK_M}), pairs({"num_stages": 1, "num_warps": 4}))
+    return prep, fused
+
+
+def grids(batch: int, heads_q: int, heads_k: int, seqlen_q: int, seqlen_k: int,
+          block_m: int = PREP_BLOCK_M) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(prep, fused) grids: query blocks x query heads x batch, then 128-key blocks x key/value heads x batch."""
+    return (((seqlen_q + block_m - 1) // block_m, heads_q, batch), (seqlen_k // BLOCK_N, heads_k, batch))

@@ -1,0 +1,327 @@
+"""The fused backward for Hopper (sm_90) in Gluon, warp-specialised as FlashAttention-3's: ``flash_bwd_fused_gluon``.
+
+This is the only file the source fingerprints of ``flash_bwd_fused_gluon``
+and ``flash_bwd_prep`` cover, so everything the two kernels call lives here
+(``load_kv`` and ``query_steps`` are copies of ``gluon_kernel.py``'s). It
+imports triton: only ``lazytriton.compiler`` may import it. It compiles for
+``cuda:90`` with Triton 3.6.0 (the GPU host) and 3.9.0 (CI) from one source.
+
+A backward in three launches on one stream (``binding.launch_gpu``):
+
+1. ``flash_bwd_prep`` (plain Triton): delta = rowsum(dO * O) into ``Delta``
+   and zeros into ``DQA``, dQ's float32 accumulator ((B, Hq, Sq, D),
+   contiguous), one program per query block of a query head.
+2. ``flash_bwd_fused_gluon``: one program per 128 keys of a key/value head,
+   summing its group's query heads (GQA) in a fixed order into dK and dV, and
+   adding each query block's share of dQ into ``DQA`` by TMA bulk reductions.
+   Five matrix products a step instead of the two-kernel backward's seven.
+3. ``dq.copy_(dqa)``: the accumulator cast to the gradient's dtype (torch).
+
+dQ's sums arrive in whatever order the programs run, so dQ is not bitwise
+reproducible from run to run (dK and dV are): under
+``torch.use_deterministic_algorithms(True)`` the binding keeps the two-kernel
+backward.
+
+The program's partitions (``gl.warp_specialize``):
+
+- **Two consumer warpgroups** (240 registers a thread, ``setmaxnreg``), each
+  owning 64 of the program's keys: its rows of S^T = K Q^T and dP^T = V dO^T
+  (both operands from shared memory), P^T and dS^T in registers, dS^T to its
+  half of a shared buffer, then dV += P^T dO (P^T from registers) and
+  dK += dS^T Q (dS^T from that buffer). dQ's share ``dS K`` contracts over
+  all 128 keys, so it waits for both halves of dS^T (an mbarrier of two
+  arrivals per buffer); each warpgroup then computes half of dQ's columns
+  (K's columns sliced in shared memory: FlashAttention-3's dQ layout at head
+  dim 128), scales it, and sends it through its own shared tile as one TMA
+  bulk reduction (``cp.reduce.async.bulk.tensor.add``). Two dS^T buffers: a
+  warpgroup writes buffer b at step j + 2 only after the other arrived at
+  step j + 1, which it does after its step-j dQ product retired.
+- **A producer warp** (24 registers): Q and dO tiles through a two-deep ring,
+  each slot released by both consumers (an empty barrier of two arrivals)
+  once its last reader (dV reads dO, dK reads Q) retired. Its descriptors are
+  made per query head of the group.
+- K and V are loaded once by TMA before the partitions split.
+
+``PREFETCH``: lse and delta of a step are loaded before its products are
+waited for (2 x BLOCK_M / 4 registers a thread), else after.
+
+What it covers (``fused.reason`` is the rule; the rest keeps the two-kernel
+backward): fp16/bf16, head dim 64 or 128 exactly, 16-byte aligned pointers
+and strides, 32-bit offsets, seqlen_q a multiple of BLOCK_M and seqlen_k of
+128, causal offset >= 0, no window, softcap, ALiBi, bias, dropout, varlen,
+split tiles or head_dim_v. ``Lse`` and ``Delta`` are (B, Hq, Sq) float32 with
+``stride_lb``/``stride_lh``.
+
+Measured on the H200 (benchmarks/probe_gluon_bwd.py, NOTES.md 12-01, bf16,
+the whole backward with the prep and the cast): 1.10-1.31x flash_bwd's two
+kernels at head dim 128, 1.17-1.24x at head dim 64 from 4k tokens.
+"""
+
+import triton
+import triton.language as tl
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# The name Triton renamed between 3.6 and 3.9 (3.9 removed the old one): TMA copy global -> shared.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@builtin
+def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
+    """Triton 3.9's ``tma.async_atomic_add`` for 3.6, whose Gluon lacks the wrapper but not the op it builds."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+# TMA's bulk reduction shared -> global (cp.reduce.async.bulk.tensor.add): 3.9's name, else the shim.
+_tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
+
+LOG2E = gl.constexpr(1.4426950408889634)
+WG_ROWS = gl.constexpr(64)  # keys a consumer warpgroup owns (4 warps x 16 rows of a wgmma)
+BLOCK_N = gl.constexpr(128)  # keys a program holds: two consumer warpgroups
+STAGES = gl.constexpr(2)  # the Q/dO ring's depth (fused.shared_bytes counts it)
+
+
+@triton.jit
+def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos,
+                          stride_lb, stride_lh, heads_q, seqlen_q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Delta = rowsum(dO * O) in float32, and zeros into the rows of dQ's accumulator, for one query block."""
+    start_m = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    ok = rows < seqlen_q
+    o = tl.load(Out + batch * stride_ob + head * stride_oh + rows[:, None] * stride_os + cols[None, :],
+                mask=ok[:, None], other=0.0)
+    do = tl.load(DO + batch * stride_dob + head * stride_doh + rows[:, None] * stride_dos + cols[None, :],
+                 mask=ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + batch * stride_lb + head * stride_lh + rows, delta, mask=ok)
+    dqa_rows = (batch * heads_q + head) * seqlen_q + rows
+    tl.store(DQA + dqa_rows[:, None] * BLOCK_D + cols[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+             mask=ok[:, None])
+
+
+@gluon.jit
+def load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar):
+    """Start the TMA loads of the program's K and V tiles (keys from ``start_n``) into their buffers, one barrier."""
+    ROWS: gl.constexpr = k_smem.type.shape[0]
+    COLS: gl.constexpr = k_smem.type.shape[1]
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, COLS], [stride_ks, 1], [ROWS, COLS], k_smem.type.layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, COLS], [stride_vs, 1], [ROWS, COLS], v_smem.type.layout)
+    mbarrier.expect(kv_bar.index(0), 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
+    _tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
+
+
+@gluon.jit
+def query_steps(start_n, causal_offset, seqlen_q, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr):
+    """(m_first, n_steps, n_masked): the query blocks keys [start_n, start_n + ROWS) see, from m_first.
+
+    Query blocks [m_first, m_first + n_masked) cross the keys' causal diagonal
+    (masked); the rest see every key.
+    """
+    n_m = seqlen_q // BLOCK_M
+    m_first = 0
+    m_full = 0
+    if CAUSAL:
+        m_first = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
+        m_full = gl.minimum((gl.maximum(start_n + ROWS - 1 - causal_offset, 0) + BLOCK_M - 1) // BLOCK_M, n_m)
+    return m_first, n_m - m_first, m_full - m_first
+
+
+@gluon.jit
+def _produce(Q, DO, q_bufs, do_bufs, full, empty, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+             batch, kv_head, group_size, seqlen_q, m_first, n_steps, BLOCK_M: gl.constexpr):
+    """The producer warp: every step's Q and dO tiles, over the group's query heads, once the slot is free."""
+    BLOCK_D: gl.constexpr = q_bufs.type.shape[2]
+    it = 0
+    for g in range(group_size):
+        head = kv_head * group_size + g
+        q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, BLOCK_D],
+                                            [stride_qs, 1], [BLOCK_M, BLOCK_D], q_bufs.type.layout)
+        do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
+                                             [stride_dos, 1], [BLOCK_M, BLOCK_D], do_bufs.type.layout)
+        for step in range(n_steps):
+            slot = it % STAGES
+            # Slot reuse: its (it // STAGES - 1)-th release; a fresh barrier shows that parity for the first lap.
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            bar = full.index(slot)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            _tma_load(q_desc, [(m_first + step) * BLOCK_M, 0], bar, q_bufs.index(slot))
+            _tma_load(do_desc, [(m_first + step) * BLOCK_M, 0], bar, do_bufs.index(slot))
+            it += 1
+
+
+@gluon.jit
+def _probs(s, dp, lse_ptr, delta_ptr, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
+           CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
+    """(P^T, dS^T) of one step from the raw S^T = K Q^T and dP^T = V dO^T (float32, the scores' layout).
+
+    With PREFETCH, ``lse2`` (lse x log2 e) and ``delta`` were loaded before
+    the products were waited for; else they are loaded here. ``masked``
+    (a runtime flag, causal only): the step crosses the diagonal.
+    """
+    BLOCK_M: gl.constexpr = s.type.shape[1]
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s.type.layout))
+    if not PREFETCH:
+        lse2 = gl.load(lse_ptr + offs_m) * LOG2E
+        delta = gl.load(delta_ptr + offs_m)
+    x = s * qk_scale - lse2[None, :]
+    if CAUSAL and masked:
+        x = gl.where(offs_n[:, None] <= (offs_m + causal_offset)[None, :], x, float("-inf"))
+    p = gl.exp2(x)
+    return p, p * (dp - delta[None, :])
+
+
+@gluon.jit
+def _consume(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem, kv_bar, full, empty, ds_ready, dqa_desc, Lse, Delta,
+             DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh,
+             batch, kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps,
+             n_masked, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
+    """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ."""
+    BLOCK_D: gl.constexpr = k_smem.type.shape[1]
+    COLS: gl.constexpr = BLOCK_D // 2
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, COLS, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    k_w = k_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
+    v_w = v_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
+    k_cols = k_smem.slice(WG * COLS, COLS, dim=1)  # dQ = dS K: this warpgroup's half of dQ's columns
+    qk_scale = sm_scale * LOG2E
+    offs_n = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
+    dk = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
+    dv = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
+    zero = gl.zeros([WG_ROWS, BLOCK_M], dtype=gl.float32, layout=s_layout)
+    zero_dq = gl.zeros([BLOCK_M, COLS], dtype=gl.float32, layout=dq_layout)
+    mbarrier.wait(kv_bar.index(0), 0)
+    it = 0  # ring steps so far, over the group's heads: the slots' and dS buffers' phases follow it
+    for g in range(group_size):
+        head = kv_head * group_size + g
+        lse_ptr = Lse + batch * stride_lb + head * stride_lh
+        delta_ptr = Delta + batch * stride_lb + head * stride_lh
+        dqa_row = (batch * heads_q + head) * seqlen_q
+        for step in range(0, n_steps):
+            cur = it + step
+            slot = cur % STAGES
+            buf = cur % 2
+            start_m = (m_first + step) * BLOCK_M
+            lse2 = 0.0
+            delta = 0.0
+            if PREFETCH:
+                offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                lse2 = gl.load(lse_ptr + offs_m) * LOG2E
+                delta = gl.load(delta_ptr + offs_m)
+            mbarrier.wait(full.index(slot), (cur // STAGES) & 1)
+            q_s = q_bufs.index(slot)
+            do_s = do_bufs.index(slot)
+            s = warpgroup_mma(k_w, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(v_w, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+            p, ds = _probs(s, dp, lse_ptr, delta_ptr, start_m, lse2, delta, offs_n, qk_scale, causal_offset,
+                           step < n_masked, CAUSAL, PREFETCH)
+            # dS^T to our half of buffer cur % 2, which step cur - 2's dQ products read last: ours retired
+            # then, the other warpgroup's before it arrived at step cur - 1's barrier, which we waited for.
+            ds_w = ds_bufs.index(buf).slice(WG * WG_ROWS, WG_ROWS, dim=0)
+            ds_w.store(ds.to(dtype))
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(buf), count=1)
+            p_op = gl.convert_layout(p.to(dtype), op_layout)
+            dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+            dk = warpgroup_mma(ds_w, q_s, dk, is_async=True)
+            mbarrier.wait(ds_ready.index(buf), (cur // 2) & 1)  # both halves of dS^T are in
+            dq = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+            dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
+            mbarrier.arrive(empty.index(slot), count=1)
+            tma.store_wait(0)  # the previous step's reduction has read our dQ tile
+            dq_smem.store(dq * sm_scale)
+            fence_async_shared()
+            _tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
+        it += n_steps
+    tma.store_wait(0)
+    rows = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
+    gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
+             (dk * sm_scale).to(dtype))
+    gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
+             dv.to(dtype))
+
+
+@gluon.jit
+def flash_bwd_fused_gluon_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV, DQA,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+    stride_lb, stride_lh,
+    group_size, heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale,
+    BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
+):
+    gl.static_assert(gl.num_warps() == 4, "the default partition is consumer warpgroup 0: launch with 4 warps")
+    COLS: gl.constexpr = BLOCK_D // 2
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, COLS], gl.float32)
+
+    start_n = gl.program_id(0) * BLOCK_N
+    kv_head = gl.program_id(1)
+    batch = gl.program_id(2)
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, COLS], dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar.index(0), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)
+    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
+
+    load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
+            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+    m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
+    # dQ's accumulator as one 2-D tensor of B x Hq x Sq rows: one descriptor serves every head of the group.
+    dqa_desc = tma.make_tensor_descriptor(DQA, [gl.num_programs(2) * heads_q * seqlen_q, BLOCK_D], [BLOCK_D, 1],
+                                          [BLOCK_M, COLS], dq_layout)
+    # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
+    gl.warp_specialize([
+        (_consume, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem.index(0), kv_bar, full, empty, ds_ready,
+                    dqa_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
+                    stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset,
+                    sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
+        (_consume, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem.index(1), kv_bar, full, empty, ds_ready,
+                    dqa_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
+                    stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset,
+                    sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
+        (_produce, (Q, DO, q_bufs, do_bufs, full, empty, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh,
+                    stride_dos, batch, kv_head, group_size, seqlen_q, m_first, n_steps, BLOCK_M)),
+    ], [4, 1], [240, 24])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(full.index(i))
+        mbarrier.invalidate(empty.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(ds_ready.index(i))
+    mbarrier.invalidate(kv_bar.index(0))

@@ -1,0 +1,278 @@
+"""The fused backward (flash_bwd_prep + flash_bwd_fused_gluon): registration, rule, table, keys, prewarm, compiles.
+
+The fused kernel runs only on a Hopper GPU (Triton's interpreter does not run
+Gluon): the GPU tests at the end check its gradients against the float64
+reference (FlashAttention's rule) through autograd, with GQA, causal offsets,
+fp16 and both head dims, and that deterministic mode keeps flash_bwd's two
+kernels, bit for bit. On the CPU: the specs match the kernels' signatures, the
+rule refuses every call the kernel would not compute exactly, the memo key and
+plans pick it only for calls that fit a row (and never in deterministic mode),
+prewarm plans both kernels, the prep kernel's delta and zeroed accumulator are
+checked through the interpreter, and the installed Triton compiles both for
+cuda:90 through lazytriton's compile path.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from test_flash_bwd import check_grads, grads_of
+from test_flash_fwd import make_qkv, on_gpu
+
+import lazytriton
+from lazytriton import dispatch
+from lazytriton.kernels import get, source_fingerprint
+from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import fused
+from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.prewarm import enumeration
+from lazytriton.target import Target
+from lazytriton.variant import Variant, check_fields, kernel_constexprs
+
+SM90 = Target.parse("sm_90")
+
+
+def pair(head_dim: int = 128, causal: bool = False, sq: int = 4096, sk: int = 4096,
+         dtype: str = "bf16") -> tuple[Variant, Variant] | None:
+    return dispatch.flash_bwd_fused_default_variants(SM90, dtype, head_dim, causal, True, False, sq, sk)
+
+
+def plain_call(sq: int = 4096, sk: int = 4096, head_dim: int = 128, causal: bool | str = False,
+               heads: tuple[int, int] = (2, 2), dtype: torch.dtype = torch.bfloat16, **kw: object) -> fwd.Call:
+    q = torch.empty(1, heads[0], sq, head_dim, dtype=dtype, device="meta")
+    k = torch.empty(1, heads[1], sk, head_dim, dtype=dtype, device="meta")
+    return fwd.check(q, k, k, causal, None, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def deterministic() -> Iterator[None]:
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+# ---------------------------------------------------------------------------
+# Registration, variants, the rule
+
+
+@pytest.mark.parametrize("name", [fused.NAME, fused.PREP])
+def test_each_spec_matches_its_kernels_signature_and_has_its_own_source(name: str) -> None:
+    spec = get(name)
+    assert spec.source_path.name == "fused_kernel.py"
+    fn = getattr(importlib.import_module(spec.module), spec.function)
+    assert list(fn.arg_names) == [n for n, _ in spec.params] + list(spec.constexprs)
+    assert source_fingerprint(name) not in (source_fingerprint("flash_bwd_dkdv"),
+                                            source_fingerprint("flash_bwd_dkdv_gluon"))
+    assert source_fingerprint(fused.NAME) != source_fingerprint(fused.PREP)  # the descriptions differ
+
+
+def test_the_default_pair_is_complete_round_trips_and_keys_apart() -> None:
+    found = pair(128, True)
+    assert found is not None
+    prep, kernel = found
+    assert str(kernel) == ("flash_bwd_fused_gluon:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=true,INDEX64=false,"
+                           "SEQ16=true:BLOCK_M=64,PREFETCH=false:num_stages=2,num_warps=4")
+    assert str(prep) == "flash_bwd_prep:sm_90:bf16:ALIGN16=true,BLOCK_D=128,INDEX64=false:BLOCK_M=64:num_stages=1," \
+                        "num_warps=4"
+    for v in found:
+        assert check_fields(v) is v and Variant.parse(str(v)) == v
+    assert kernel_constexprs(kernel, get(fused.NAME).constexprs) == {"BLOCK_M": 64, "BLOCK_D": 128, "CAUSAL": True,
+                                                                     "PREFETCH": False}
+    assert prep.key() != kernel.key() != pair(128, False)[1].key()  # type: ignore[index]
+
+
+@pytest.mark.parametrize("target, dtype, head_dim, causal, aligned, index64, sq, sk, block_m, features, why", [
+    ("sm_80", "bf16", 128, "none", True, False, 4096, 4096, 64, False, "target"),
+    ("sm_90", "fp32", 128, "none", True, False, 4096, 4096, 64, False, "dtype"),
+    ("sm_90", "bf16", 96, "none", True, False, 4096, 4096, 64, False, "head dim"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, 32, False, "BLOCK_M"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, 128, False, "shared memory"),
+    ("sm_90", "bf16", 128, "none", False, False, 4096, 4096, 64, False, "TMA"),
+    ("sm_90", "bf16", 128, "none", True, True, 4096, 4096, 64, False, "TMA"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, 64, True, "not implemented"),
+    ("sm_90", "bf16", 128, "none", True, False, 4000, 4096, 64, False, "multiples"),
+    ("sm_90", "bf16", 128, "none", True, False, 4096, 4032, 64, False, "multiples"),  # 4032 = 63 x 64, not x 128
+    ("sm_90", "bf16", 128, "bottom_right", True, False, 4096, 2048, 64, False, "rows without keys"),
+])
+def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str, head_dim: int, causal: str,
+                                                        aligned: bool, index64: bool, sq: int, sk: int, block_m: int,
+                                                        features: bool, why: str) -> None:
+    assert why in (fused.reason(target, dtype, head_dim, causal, aligned, index64, sq, sk, block_m, features) or "")
+    assert fused.variants(target, dtype, head_dim, causal, aligned, index64, sq, sk, block_m, False, features) is None
+    assert fused.reason("sm_90", "bf16", 128, "bottom_right", True, False, 2048, 4096, 64) is None
+
+
+def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> None:
+    for (dtype, head_dim, causal), (block_m, prefetch, _) in dispatch.BWD_FUSED_TABLE.items():
+        assert fused.shared_bytes(head_dim, block_m) + fused.SHARED_SLACK <= fused.SM90_SHARED
+        found = dispatch.flash_bwd_fused_default_variants(SM90, dtype, head_dim, causal, True, False, 4096, 4096)
+        assert found is not None and found[1].get("BLOCK_M") == block_m and found[1].get("PREFETCH") is prefetch
+
+
+@pytest.mark.parametrize("head_dim, causal, offset, sq, sk, fits", [
+    (128, False, 0, 2048, 2048, True),
+    (128, True, 0, 128, 2048, True),
+    (128, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: the two kernels win there
+    (128, False, 0, 2048, 2112, False),  # seqlen_k not a multiple of 128
+    (128, True, -64, 2112, 2048, False),  # rows without keys
+    (64, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: flash_bwd wins there
+    (64, False, 0, 4096, 4096, True),
+    (64, False, 0, 4032, 4096, False),  # BLOCK_M 128 does not divide seqlen_q
+    (256, False, 0, 4096, 4096, False),  # no row
+])
+def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
+                                                 fits: bool) -> None:
+    assert dispatch.flash_bwd_fused_fits("bf16", head_dim, causal, offset, sq, sk) is fits
+
+
+def test_the_grids_cover_the_query_blocks_and_the_128_key_blocks() -> None:
+    assert fused.grids(2, 8, 2, 1000, 4096) == ((16, 8, 2), (32, 2, 2))
+
+
+# ---------------------------------------------------------------------------
+# The binding: memo key and plans
+
+
+def test_the_memo_key_carries_the_fused_tail_for_a_call_that_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    call = plain_call(causal="bottom_right")
+    assert bwd.fused_fits(call, torch.bfloat16, True, False)
+    assert not bwd.fused_fits(call, torch.bfloat16, False, False) and not bwd.fused_fits(call, torch.float32, True,
+                                                                                          False)
+    assert not bwd.fused_fits(plain_call(softcap=5.0), torch.bfloat16, True, False)
+    key = bwd.memo_key(0, torch.bfloat16, call.shape, True, True, False, fused_=True)
+    assert key[-1:] == bwd.FUSED_TAIL and key[:-1] == bwd.memo_key(0, torch.bfloat16, call.shape, True, True, False)
+    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
+    assert not bwd.fused_fits(call, torch.bfloat16, True, False)
+
+
+def test_deterministic_mode_keeps_the_two_kernels(deterministic: None) -> None:
+    assert not bwd.fused_fits(plain_call(), torch.bfloat16, True, False)
+
+
+def test_the_plan_loads_the_prep_and_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded: list[Variant] = []
+
+    class FakeRuntime:
+        plans: dict[object, object] = {}
+        capturing = False
+
+        def kernel(self, variant: Variant, index: int | None) -> str:
+            loaded.append(variant)
+            return variant.kernel
+
+    monkeypatch.setattr(dispatch, "target_of_device", lambda device: SM90)
+    monkeypatch.setattr(fwd, "refuse_loads_in_capture", lambda *a: None)
+    call = plain_call()
+    rt = FakeRuntime()
+    entry = bwd.plan(rt, ("k",), torch.device("cuda", 0), torch.bfloat16, call.shape, False, True, False,
+                     fused_=True)
+    assert entry == (fused.PREP, fused.PREP_BLOCK_M, fused.NAME, 0) and rt.plans[("k",)] == entry
+    assert [v.kernel for v in loaded] == [fused.PREP, fused.NAME]
+
+
+def test_prewarm_plans_the_fused_pair_beside_flash_bwd() -> None:
+    from lazytriton import tuning
+
+    axes = enumeration.Axes((SM90,), ("flash_bwd_dq", "flash_bwd_dkdv"), dtypes=("bf16",), head_dims=(64, 128),
+                            causal=(True,), seqlens_q=(1024, 4096))
+    planned = enumeration.enumerate_variants(axes, tuning.Table(()))
+    pairs_ = {(p.variant.kernel, p.variant.get("BLOCK_D")) for p in planned if p.origin == "fused table"}
+    # 4096 only (1024 is under the rows' minimum); each pair once by key
+    assert pairs_ == {(fused.PREP, 128), (fused.NAME, 128), (fused.PREP, 64), (fused.NAME, 64)}
+    assert {p.variant for p in planned if p.origin == "fused table"} >= set(pair(128, True))  # type: ignore[arg-type]
+    kernels = [p.variant.kernel for p in planned]
+    assert kernels.index(fused.NAME) > kernels.index("flash_bwd_dkdv")
+
+
+# ---------------------------------------------------------------------------
+# The prep kernel through the interpreter, both kernels compiled for sm_90
+
+
+def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator() -> None:
+    from lazytriton import compiler
+
+    gen = torch.Generator().manual_seed(7)
+    b, h, s, d = 2, 3, 80, 64
+    out = torch.randn(b, s, h, d, generator=gen).to(torch.bfloat16).transpose(1, 2)  # bshd layout
+    do = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
+    delta = torch.full((b, h, s), float("nan"))
+    dqa = torch.full((b, h, s, d), float("nan"))
+    grid = fused.grids(b, h, h, s, 128)[0]
+    compiler.interpret(fused.PREP, grid, (out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
+                                          *delta.stride()[:2], h, s), {"BLOCK_M": fused.PREP_BLOCK_M, "BLOCK_D": d})
+    want = (out.float() * do.float()).sum(-1)
+    assert torch.allclose(delta, want, atol=1e-4, rtol=1e-5)
+    assert torch.equal(dqa, torch.zeros_like(dqa))
+
+
+@pytest.mark.parametrize("head_dim, causal, block_m, prefetch", [(128, "none", 64, False),
+                                                                 (64, "bottom_right", 64, True)])
+def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, block_m: int, prefetch: bool) -> None:
+    from lazytriton.compiler import compile_variant
+
+    found = fused.variants("sm_90", "bf16", head_dim, causal, True, False, 4096, 4096, block_m, prefetch)
+    assert found is not None
+    prep, kernel = (compile_variant(v) for v in found)
+    assert kernel.num_warps == 12  # consumer warpgroup 0, then warpgroup 1 and the producer warp (padded)
+    assert kernel.shared <= fused.shared_bytes(head_dim, block_m) + fused.SHARED_SLACK
+    assert kernel.global_scratch_size > 0  # device-side descriptors
+    assert prep.shared < 4096 and prep.num_warps == 4
+
+
+# ---------------------------------------------------------------------------
+# GPU
+
+
+def _sm90(q: torch.Tensor) -> None:
+    if str(dispatch.target_of_device(q.device)) != "sm_90":
+        pytest.skip("flash_bwd_fused_gluon is built for sm_90")
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype, causal, heads, seqlens, head_dim, layout", [
+    (torch.bfloat16, False, (4, 4), (256, 512), 128, "bhsd"),
+    (torch.bfloat16, "bottom_right", (8, 2), (256, 768), 128, "bshd"),  # GQA, causal offset 512
+    (torch.float16, True, (2, 2), (512, 512), 128, "bhsd"),
+    (torch.bfloat16, False, (4, 1), (2048, 2048), 64, "bshd"),  # MQA
+    (torch.float16, True, (2, 2), (2048, 2048), 64, "bhsd"),
+], ids=str)
+def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
+        resolved: list[Variant], dtype: torch.dtype, causal: bool | str, heads: tuple[int, int],
+        seqlens: tuple[int, int], head_dim: int, layout: str) -> None:
+    q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed=sum(seqlens) + head_dim)
+    _sm90(q)
+    do = torch.randn(q.shape, device="cuda").to(dtype)
+    if layout == "bshd":  # flash_attn_func's layout: strided (b, h, s) views
+        def fa(*t: torch.Tensor) -> torch.Tensor:
+            return lazytriton.flash_attn_func(*(x.transpose(1, 2) for x in t), causal=causal is not False
+                                              ).transpose(1, 2)
+        if causal is True:
+            pytest.skip("flash_attn_func's causal is bottom-right")
+    else:
+        def fa(*t: torch.Tensor) -> torch.Tensor:
+            return lazytriton.attn_fwd(*t, causal=causal)[0]
+    got = grads_of(fa, q, k, v, do)
+    check_grads(q, k, v, do, got, causal=causal)
+    assert any(r.kernel == fused.NAME for r in resolved), resolved
+
+
+@on_gpu
+def test_deterministic_mode_runs_the_two_kernels_bit_for_bit_on_gpu(resolved: list[Variant],
+                                                                    deterministic: None) -> None:
+    q, k, v = make_qkv(1, (4, 2), (1024, 2048), 128, torch.bfloat16, "cuda", seed=2048)
+    _sm90(q)
+    do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
+
+    def fa(*t: torch.Tensor) -> torch.Tensor:
+        return lazytriton.attn_fwd(*t)[0]
+
+    first = grads_of(fa, q, k, v, do)
+    check_grads(q, k, v, do, first)
+    assert all(torch.equal(a, b) for a, b in zip(first, grads_of(fa, q, k, v, do), strict=True))
+    assert not any(r.kernel == fused.NAME for r in resolved), resolved
