@@ -134,8 +134,11 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     TypeError/ValueError before any launch.
 
     Differentiable with respect to any of q, k, v: the backward runs
-    lazytriton's backward kernels (served from the same cache) and is
-    deterministic (bitwise-identical gradients from run to run; no atomics).
+    lazytriton's backward kernels (served from the same cache). The fused
+    backward that serves head dims 64 and 128 on sm_90 sums dQ with atomic
+    TMA reductions (last bits may differ from run to run); under
+    ``torch.use_deterministic_algorithms(True)`` the backward is bitwise
+    reproducible (two kernels, no atomics).
     ``lse`` is returned as a constant: no gradient flows through it.
 
     """
@@ -215,13 +218,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             out and the gradients are its; softmax_lse is that of the bias
             above (FlashAttention-2's CUDA kernel adds ``slope * j`` instead,
             whose lse differs by that constant). No gradient flows to it.
-        deterministic: accepted for compatibility; lazytriton is deterministic
-            either way. Its backward computes dQ and dK/dV in two kernels
-            that each own the rows they write, with no atomic adds, so the
-            gradients are bitwise identical from run to run (the default is
-            therefore deterministic). The price is recomputing Q K^T once
-            more than FlashAttention-2's atomic dQ (measured in
-            benchmarks/NOTES.md).
+        deterministic: accepted for compatibility, not yet read per call.
+            Under ``torch.use_deterministic_algorithms(True)`` the backward
+            computes dQ and dK/dV in two kernels that each own the rows
+            they write, with no atomic adds: bitwise identical gradients
+            from run to run. Otherwise, on sm_90 at head dims 64 and 128,
+            the fused backward sums dQ with atomic TMA reductions (faster;
+            dQ's last bits may vary).
         return_attn_probs: if True, return ``(out, softmax_lse, None)``
             (softmax_lse: float32, (batch, heads_q, seqlen_q)). The third
             item, FlashAttention-2's S_dmask (its dropout mask and
@@ -309,8 +312,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             number of sequences: FlashAttention-2's ALiBi per sequence,
             ``-slope * |i + len_k - len_q - j|`` within each sequence
             (bottom-right), as ``flash_attn_func``'s. No gradient flows to it.
-        deterministic: accepted for compatibility; the backward is
-            deterministic either way (as ``flash_attn_func``'s).
+        deterministic: accepted for compatibility, not yet read per call
+            (as ``flash_attn_func``'s: ``torch.use_deterministic_algorithms``
+            decides).
         return_attn_probs: if True, return ``(out, softmax_lse, None)``;
             softmax_lse is float32 of shape (heads_q, total_q), FlashAttention
             2.4+'s varlen layout (-inf for a query that sees no key, where

@@ -75,7 +75,17 @@ def test_the_default_grid_covers_every_backward_call_dispatch_can_make(target: T
         v = p.variant
         assert v == dispatch.flash_bwd_dkdv_gluon_default_variant(target, v.dtype, v.get("BLOCK_D"), v.get("CAUSAL"),
                                                                   True, False, 4096, 4096)
-    plan = [p for p in every if p.variant.kernel != "flash_bwd_dkdv_gluon"]
+    # The fused backward's pairs (sm_90, BWD_FUSED_TABLE): the variants dispatch serves those shapes with
+    fused_ = [p for p in every if p.variant.kernel in ("flash_bwd_prep", "flash_bwd_fused_gluon")]
+    assert bool(fused_) == (str(target) == "sm_90") and {p.origin for p in fused_} <= {"fused table"}
+    for p in fused_:
+        v = p.variant
+        causal = v.kernel == "flash_bwd_fused_gluon" and bool(v.get("CAUSAL"))
+        pair = dispatch.flash_bwd_fused_default_variants(target, v.dtype, v.get("BLOCK_D"), causal, True, False,
+                                                         4096, 4096)
+        assert pair is not None and v in pair
+    plan = [p for p in every if p.variant.kernel not in ("flash_bwd_dkdv_gluon", "flash_bwd_prep",
+                                                          "flash_bwd_fused_gluon")]
     planned = {p.key for p in plan}
     assert len(planned) == len(plan) and {p.variant.kernel for p in plan} == set(BWD)
     assert {p.origin for p in plan} == {"default"}
@@ -109,12 +119,14 @@ def test_every_family_is_planned_by_default_in_a_stable_order() -> None:
     twins = [i for i, p in enumerate(planned) if p.variant.kernel == "flash_fwd_gluon"]
     assert twins and all(planned[i - 1].variant.kernel == "flash_fwd" for i in twins)
     # flash_bwd_dkdv_gluon likewise (none at head dim 64: tests/test_gluon_bwd.py checks its place)
-    plan = [p for p in planned if p.variant.kernel not in ("flash_fwd_gluon", "flash_bwd_dkdv_gluon")]
+    # and the fused backward's two kernels (none at head dim 64 fp16 default seqlens under 2k: test_fused_bwd.py)
+    alternatives = ("flash_fwd_gluon", "flash_bwd_dkdv_gluon", "flash_bwd_prep", "flash_bwd_fused_gluon")
+    plan = [p for p in planned if p.variant.kernel not in alternatives]
     order = [(p.variant.target, p.variant.kernel) for p in plan]
     assert order == sorted(order, key=lambda tk: (["gfx942", "sm_90"].index(tk[0]), all_kernels().index(tk[1])))
     assert {k for _, k in order} == set(all_kernels())
     just_bwd = enumerate_variants(Axes((GFX942, SM90), kernels=BWD, dtypes=("fp16",), head_dims=(64,)), EMPTY)
-    assert just_bwd == [p for p in planned if p.variant.kernel in (*BWD, "flash_bwd_dkdv_gluon")]
+    assert just_bwd == [p for p in planned if p.variant.kernel in (*BWD, *alternatives[1:])]
 
 
 # --- limits -------------------------------------------------------------------------------------------------------
