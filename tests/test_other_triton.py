@@ -47,6 +47,7 @@ VARIANTS = [
     dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
     dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
     dispatch.flash_bwd_dkdv_gluon_default_variant(sm90, "bf16", 128, False, True, False, 4096, 4096),
+    *dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 128, True, True, False, 4096, 4096),
 ]
 """
 
@@ -73,7 +74,8 @@ def test_every_kernel_family_compiles_under_the_other_triton() -> None:
     assert isinstance(here, list) and len(there) == len(here) and None not in here
     kernels = {str(v).split(":")[0] for v in here}
     assert kernels == {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split", "flash_decode_combine",
-                       "kv_append", "flash_fwd_gluon", "flash_bwd_dkdv_gluon"}, "one of each family's kernels"
+                       "kv_append", "flash_fwd_gluon", "flash_bwd_dkdv_gluon", "flash_bwd_prep",
+                       "flash_bwd_fused_gluon"}, "one of each family's kernels"
     for variant, (name, version, arg_types, num_warps, has_binary) in zip(here, there, strict=True):
         assert name == str(variant) and version != triton_version() and has_binary, name
         if variant is here[0]:  # compiled here too: the same launch ABI under both versions
