@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from test_flash_bwd import GRAD_FLOOR, grads_of
-from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of
+from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of, twin_line
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import lazytriton
@@ -541,8 +541,8 @@ def test_prewarm_axes_and_cache_explain_take_the_flags(capsys: pytest.CaptureFix
               "seqlens_q": (4096,),
               "kernels": ("flash_fwd", *dispatch.BWD_KERNELS)}  # decoding has no varlen, dropout or bias variants
     table = tuning.tables_for(all_kernels())
-    def plan(axes: Axes) -> list[Any]:  # flash_fwd_gluon's twins serve plain calls only (tests/test_prewarm.py)
-        return [p for p in enumerate_variants(axes, table) if p.variant.kernel != "flash_fwd_gluon"]
+    def plan(axes: Axes) -> list[Any]:  # the Gluon twins serve plain calls only (tests/test_prewarm.py)
+        return [p for p in enumerate_variants(axes, table) if p.origin not in ("gluon table", "fused table")]
 
     plain = plan(Axes(**narrow))
     every = plan(Axes(**narrow, alibi=(False, True), dropout=(False, True), bias=(False, True)))
@@ -551,10 +551,10 @@ def test_prewarm_axes_and_cache_explain_take_the_flags(capsys: pytest.CaptureFix
               "--dtype", "bf16", "--head-dim", "64", "--causal", "none",
               "--seqlen-q", "4096", "--list"]
     assert cli_main(common) == 0
-    listed_plain = [line for line in capsys.readouterr().out.splitlines() if "flash_fwd_gluon" not in line]
+    listed_plain = [line for line in capsys.readouterr().out.splitlines() if not twin_line(line)]
     for flag, field in (("--alibi", "ALIBI=true"), ("--dropout", "DROPOUT=true"), ("--attn-mask", "BIAS=true")):
         assert cli_main([*common, flag]) == 0
-        listed = [line for line in capsys.readouterr().out.splitlines() if "flash_fwd_gluon" not in line]
+        listed = [line for line in capsys.readouterr().out.splitlines() if not twin_line(line)]
         assert len(listed) == 2 * len(listed_plain) and sum(field in line for line in listed) == len(listed_plain)
     explain = ["cache", "explain", "--json", "--dtype", "bf16", "--head-dim", "64", "--seqlen-q", "128",
                "--target", "sm_90", "--alibi", "--dropout", "--attn-mask"]

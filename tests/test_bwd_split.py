@@ -149,6 +149,9 @@ def test_prewarm_plans_the_split_backward_variants_calls_use() -> None:
     calls = {str(dispatch.kernel_variant(kernel, SM90, "bf16", d, True, True, 4096, 4096, seq16=seq16,
                                          table=tuning.Table(())))
              for kernel in BWD for d in (96, 128) for seq16 in (True, False)}
+    # hd128 (a plain call from 2k keys) is the fused backward's: prewarm plans its pair beside the two kernels
+    calls |= {str(v) for v in dispatch.flash_bwd_fused_default_variants(SM90, "bf16", 128, True, True, False, 4096,
+                                                                        4096) or ()}
     assert plan == calls and sum("BLOCK_D=64,BLOCK_D2=32" in v for v in plan) == 4  # 2 kernels x SEQ16 or not
 
 

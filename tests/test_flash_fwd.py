@@ -45,6 +45,19 @@ def on_gpu(test: Callable[..., None]) -> Callable[..., None]:
     return pytest.mark.gpu(skip(test))
 
 
+def skip_unless_sm90(q: torch.Tensor, kernel: str) -> None:
+    """Skip a GPU test of a Hopper-only kernel (Gluon: wgmma, TMA) on any other GPU, naming the kernel."""
+    from lazytriton import dispatch
+
+    if str(dispatch.target_of_device(q.device)) != "sm_90":
+        pytest.skip(f"{kernel} is built for sm_90")
+
+
+def twin_line(line: str) -> bool:
+    """A ``prewarm --list`` line of a Gluon twin (planned for plain calls only, beside the Triton kernels)."""
+    return any(f" {kernel}:" in line for kernel in ("flash_fwd_gluon", "flash_bwd_prep", "flash_bwd_fused_gluon"))
+
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 HEAD_DIMS = (16, 32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)

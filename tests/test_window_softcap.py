@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from test_flash_bwd import GRAD_FLOOR, grads_of
-from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, seed_of
+from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, seed_of, twin_line
 
 import lazytriton
 from lazytriton import dispatch
@@ -350,8 +350,8 @@ def test_prewarm_axes_add_window_and_softcap_variants(capsys: pytest.CaptureFixt
     narrow = {"targets": (Target.parse("sm_90"),), "kernels": attention, "dtypes": ("bf16",), "head_dims": (64,),
               "causal": (False,), "seqlens_q": (4096,)}
     table = tuning.tables_for(all_kernels())
-    def plan(axes: Axes) -> list[Any]:  # flash_fwd_gluon's twins serve plain calls only (tests/test_prewarm.py)
-        return [p for p in enumerate_variants(axes, table) if p.variant.kernel != "flash_fwd_gluon"]
+    def plan(axes: Axes) -> list[Any]:  # the Gluon twins serve plain calls only (tests/test_prewarm.py)
+        return [p for p in enumerate_variants(axes, table) if p.origin not in ("gluon table", "fused table")]
 
     plain = plan(Axes(**narrow))
     assert all("WINDOW" not in p.variant.constexprs and "SOFTCAP" not in p.variant.constexprs for p in plain)
@@ -362,9 +362,9 @@ def test_prewarm_axes_add_window_and_softcap_variants(capsys: pytest.CaptureFixt
     common = ["prewarm", "--target", "sm_90", "--kernel", "flash_fwd,flash_bwd", "--dtype", "bf16", "--head-dim",
               "64", "--causal", "none", "--seqlen-q", "4096", "--list"]
     assert cli_main(common) == 0
-    listed_plain = [line for line in capsys.readouterr().out.splitlines() if "flash_fwd_gluon" not in line]
+    listed_plain = [line for line in capsys.readouterr().out.splitlines() if not twin_line(line)]
     assert cli_main([*common, "--window"]) == 0
-    listed = [line for line in capsys.readouterr().out.splitlines() if "flash_fwd_gluon" not in line]
+    listed = [line for line in capsys.readouterr().out.splitlines() if not twin_line(line)]
     assert len(listed) == 2 * len(listed_plain) and sum("WINDOW=true" in line for line in listed) == len(listed_plain)
     assert not any("SOFTCAP" in line for line in listed)
 
