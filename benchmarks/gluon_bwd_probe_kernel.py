@@ -12,17 +12,15 @@ caller), which goes out through shared memory as one TMA bulk reduction
 reuses that buffer. 5 products instead of flash_bwd's 7, no dQ kernel; delta
 comes from a pre-pass (``bwd_atomic_probe_kernel.delta_kernel``). Triton
 3.6's Gluon has the TMA reduction's op but not its Python wrapper (3.9's
-``tma.async_atomic_add``): ``_tma_reduce_add_36`` builds the same op.
+``tma.async_atomic_add``): the served ``fused_kernel.tma_reduce_add`` builds it.
 
 Scope: fp16/bf16, head dim 64 or 128, seqlens multiples of the tiles, causal
 offset >= 0, dense (B, H, S, D) tensors with any (batch, head) strides, ``Lse``
 and ``Delta`` contiguous (B, Hq, Sq) float32.
 """
 
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -31,20 +29,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from lazytriton.kernels.flash_bwd.fused_kernel import tma_reduce_add
 from lazytriton.kernels.flash_bwd.gluon_kernel import issue_scores, load_kv, load_step, query_steps, step_probs
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-
-
-@builtin
-def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
-    """Triton 3.9's ``tma.async_atomic_add`` for 3.6, whose Gluon lacks the wrapper but not the op it builds."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
-
-
-# TMA's bulk reduction shared -> global (cp.reduce.async.bulk.tensor.add): 3.9's name, else the shim.
-_tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -79,7 +67,7 @@ def _head_fused(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr,
         tma.store_wait(0)  # the previous step's reduction has read dq_smem
         dq_smem.store(dq * sm_scale)
         fence_async_shared()
-        _tma_reduce_add(dq_desc, [(m_first + step) * BLOCK_M, 0], dq_smem)
+        tma_reduce_add(dq_desc, [(m_first + step) * BLOCK_M, 0], dq_smem)
         load_step(q_desc, do_desc, bars, q_bufs, do_bufs, cur + STAGES, step + STAGES, n_steps, m_first, BLOCK_M,
                   STAGES)
     tma.store_wait(0)

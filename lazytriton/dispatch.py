@@ -730,6 +730,11 @@ BWD_FUSED_TABLE: dict[tuple[str, int, bool], BwdFusedTiling] = {
     (dtype, d, causal): row for dtype in ("bf16", "fp16") for (d, causal), row in _BWD_FUSED_BF16.items()}
 
 
+def _bwd_fused_row(dtype: str, head_dim: int, causal: bool) -> BwdFusedTiling | None:
+    """BWD_FUSED_TABLE's row for (dtype, head dim, causal), or None (none, or GLUON_BY_DEFAULT off)."""
+    return BWD_FUSED_TABLE.get((dtype, head_dim, bool(causal))) if GLUON_BY_DEFAULT else None
+
+
 def flash_bwd_fused_fits(dtype: str, head_dim: int, causal: bool, offset: int, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether a plain backward call is one the fused backward serves by default, as far as its shape says.
 
@@ -739,7 +744,7 @@ def flash_bwd_fused_fits(dtype: str, head_dim: int, causal: bool, offset: int, s
     """
     from lazytriton.kernels.flash_bwd import fused
 
-    row = BWD_FUSED_TABLE.get((dtype, head_dim, bool(causal))) if GLUON_BY_DEFAULT else None
+    row = _bwd_fused_row(dtype, head_dim, causal)
     if row is None:
         return False
     block_m, _, min_seqlen_k = row
@@ -755,7 +760,7 @@ def flash_bwd_fused_default_variants(target: Target, dtype: str, head_dim: int, 
     """
     from lazytriton.kernels.flash_bwd import fused
 
-    row = BWD_FUSED_TABLE.get((dtype, head_dim, bool(causal))) if GLUON_BY_DEFAULT else None
+    row = _bwd_fused_row(dtype, head_dim, causal)
     if row is None:
         return None
     block_m, prefetch, _ = row

@@ -4,7 +4,8 @@ The fused kernel runs only on a Hopper GPU (Triton's interpreter does not run
 Gluon): the GPU tests at the end check its gradients against the float64
 reference (FlashAttention's rule) through autograd, with GQA, causal offsets,
 fp16 and both head dims, and that deterministic mode keeps flash_bwd's two
-kernels, bit for bit. On the CPU: the specs match the kernels' signatures, the
+kernels (tests/test_gluon_bwd.py's reproducibility test runs in that mode and
+checks it). On the CPU: the specs match the kernels' signatures, the
 rule refuses every call the kernel would not compute exactly, the memo key and
 plans pick it only for calls that fit a row (and never in deterministic mode),
 prewarm plans both kernels, the prep kernel's delta and zeroed accumulator are
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from test_flash_bwd import check_grads, grads_of
-from test_flash_fwd import make_qkv, on_gpu
+from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
 
 import lazytriton
 from lazytriton import dispatch
@@ -229,11 +230,6 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
 # GPU
 
 
-def _sm90(q: torch.Tensor) -> None:
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
-        pytest.skip("flash_bwd_fused_gluon is built for sm_90")
-
-
 @on_gpu
 @pytest.mark.parametrize("dtype, causal, heads, seqlens, head_dim, layout", [
     (torch.bfloat16, False, (4, 4), (256, 512), 128, "bhsd"),
@@ -246,7 +242,7 @@ def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
         resolved: list[Variant], dtype: torch.dtype, causal: bool | str, heads: tuple[int, int],
         seqlens: tuple[int, int], head_dim: int, layout: str) -> None:
     q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed=sum(seqlens) + head_dim)
-    _sm90(q)
+    skip_unless_sm90(q, fused.NAME)
     do = torch.randn(q.shape, device="cuda").to(dtype)
     if layout == "bshd":  # flash_attn_func's layout: strided (b, h, s) views
         def fa(*t: torch.Tensor) -> torch.Tensor:
@@ -260,19 +256,3 @@ def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
     got = grads_of(fa, q, k, v, do)
     check_grads(q, k, v, do, got, causal=causal)
     assert any(r.kernel == fused.NAME for r in resolved), resolved
-
-
-@on_gpu
-def test_deterministic_mode_runs_the_two_kernels_bit_for_bit_on_gpu(resolved: list[Variant],
-                                                                    deterministic: None) -> None:
-    q, k, v = make_qkv(1, (4, 2), (1024, 2048), 128, torch.bfloat16, "cuda", seed=2048)
-    _sm90(q)
-    do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
-
-    def fa(*t: torch.Tensor) -> torch.Tensor:
-        return lazytriton.attn_fwd(*t)[0]
-
-    first = grads_of(fa, q, k, v, do)
-    check_grads(q, k, v, do, first)
-    assert all(torch.equal(a, b) for a, b in zip(first, grads_of(fa, q, k, v, do), strict=True))
-    assert not any(r.kernel == fused.NAME for r in resolved), resolved

@@ -17,7 +17,7 @@ import importlib
 import pytest
 import torch
 from test_flash_bwd import check_grads, grads_of
-from test_flash_fwd import make_qkv, on_gpu
+from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
 
 import lazytriton
 from lazytriton import dispatch
@@ -287,11 +287,6 @@ def test_the_atomic_dq_probe_runs_and_checks_on_cpu() -> None:
 # On the GPU: gradients
 
 
-def _sm90(q: torch.Tensor) -> None:
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
-        pytest.skip("flash_bwd_dkdv_gluon is built for sm_90")
-
-
 @on_gpu
 @pytest.mark.parametrize("tiles, overlap", [(t, o) for t in gluon.CONFIGS for o in (True, False)], ids=str)
 @pytest.mark.parametrize("dtype, causal, heads, seqlens, head_dim", [
@@ -306,7 +301,7 @@ def test_forced_tilings_give_flash_bwd_dkdvs_gradients_on_gpu(tiles: tuple[int, 
                                                               head_dim: int) -> None:
     """Each tiling, forced through the binding in flash_bwd_dkdv's place, within FlashAttention's rule."""
     q, k, v = make_qkv(1, heads, seqlens, head_dim, dtype, "cuda", seed=sum(seqlens) + head_dim)
-    _sm90(q)
+    skip_unless_sm90(q, NAME)
     do = torch.randn(q.shape, device="cuda").to(dtype)
     call = fwd.check(q, k, v, causal)
     mode = "top_left" if causal is True else causal or "none"
@@ -332,7 +327,7 @@ def test_forced_tilings_give_flash_bwd_dkdvs_gradients_on_gpu(tiles: tuple[int, 
 def test_a_table_row_serves_the_backward_and_is_reproducible_on_gpu(resolved: list[Variant]) -> None:
     """A plain call that fits a row runs flash_bwd_dkdv_gluon through autograd, within the rule, bit for bit twice.
 
-    In deterministic mode: otherwise the fused backward (test_fused_bwd.py) serves the call.
+    In deterministic mode, which keeps the fused backward (test_fused_bwd.py) out: it would serve the call.
     """
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
@@ -344,7 +339,7 @@ def test_a_table_row_serves_the_backward_and_is_reproducible_on_gpu(resolved: li
 
 def _row_serves(resolved: list[Variant]) -> None:
     q, k, v = make_qkv(1, (4, 2), (1024, 2048), 128, torch.bfloat16, "cuda", seed=2048)
-    _sm90(q)
+    skip_unless_sm90(q, NAME)
     do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
 
     def fa(*t: torch.Tensor) -> torch.Tensor:
@@ -355,3 +350,4 @@ def _row_serves(resolved: list[Variant]) -> None:
     second = grads_of(fa, q, k, v, do)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))  # no atomics: deterministic
     assert any(r.kernel == NAME for r in resolved), resolved
+    assert not any(r.kernel == "flash_bwd_fused_gluon" for r in resolved), resolved

@@ -187,10 +187,14 @@ def gluon_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> 
     with 32-bit offsets.
     """
     shape = call.shape
+    return _plain(call, dtype, aligned, index64) and dispatch.flash_bwd_gluon_fits(
+        fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset, shape.seqlen_q, shape.seqlen_k)
+
+
+def _plain(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool:
+    """A plain dense 16-bit call the Gluon backward kernels can take: aligned, 32-bit offsets, no features."""
     return (aligned and not index64 and not (call.windowed or call.capped or call.head_dim_v)
-            and call.mods == fwd.NO_MODS and dtype in fwd.DTYPES
-            and dispatch.flash_bwd_gluon_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
-                                              shape.seqlen_q, shape.seqlen_k))
+            and call.mods == fwd.NO_MODS and dtype in fwd.DTYPES)
 
 
 # The memo key's last item for a call the fused backward serves (see memo_key).
@@ -205,8 +209,7 @@ def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> 
     kernel's dQ sums arrive in any order.
     """
     shape = call.shape
-    return (aligned and not index64 and not (call.windowed or call.capped or call.head_dim_v)
-            and call.mods == fwd.NO_MODS and dtype in fwd.DTYPES
+    return (_plain(call, dtype, aligned, index64)
             and dispatch.flash_bwd_fused_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
                                               shape.seqlen_q, shape.seqlen_k)
             and not torch.are_deterministic_algorithms_enabled())

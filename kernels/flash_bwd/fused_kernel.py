@@ -83,7 +83,8 @@ def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
 
 
 # TMA's bulk reduction shared -> global (cp.reduce.async.bulk.tensor.add): 3.9's name, else the shim.
-_tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
+# Public: benchmarks/gluon_bwd_probe_kernel.py uses it too.
+tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
 
 LOG2E = gl.constexpr(1.4426950408889634)
 WG_ROWS = gl.constexpr(64)  # keys a consumer warpgroup owns (4 warps x 16 rows of a wgmma)
@@ -251,7 +252,7 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem, kv_bar, full, em
             tma.store_wait(0)  # the previous step's reduction has read our dQ tile
             dq_smem.store(dq * sm_scale)
             fence_async_shared()
-            _tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
+            tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
         it += n_steps
     tma.store_wait(0)
     rows = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o_layout))
