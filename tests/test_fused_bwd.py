@@ -232,9 +232,10 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
 
 @on_gpu
 @pytest.mark.parametrize("dtype, causal, heads, seqlens, head_dim, layout", [
-    (torch.bfloat16, False, (4, 4), (256, 512), 128, "bhsd"),
-    (torch.bfloat16, "bottom_right", (8, 2), (256, 768), 128, "bshd"),  # GQA, causal offset 512
-    (torch.float16, True, (2, 2), (512, 512), 128, "bhsd"),
+    # Keys from 2048: the rows' minimum (BWD_FUSED_TABLE)
+    (torch.bfloat16, False, (4, 4), (256, 2048), 128, "bhsd"),
+    (torch.bfloat16, "bottom_right", (8, 2), (256, 2304), 128, "bshd"),  # GQA, causal offset 2048
+    (torch.float16, True, (2, 2), (2048, 2048), 128, "bhsd"),
     (torch.bfloat16, False, (4, 1), (2048, 2048), 64, "bshd"),  # MQA
     (torch.float16, True, (2, 2), (2048, 2048), 64, "bhsd"),
 ], ids=str)
