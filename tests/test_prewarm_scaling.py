@@ -167,3 +167,19 @@ def test_the_gluon_forward_is_estimated_by_its_tile_and_its_partitions() -> None
     assert estimate_seconds(fwd(128, True, pingpong=True, q_tiles=8)) == estimate_seconds(fwd(128, True, pingpong=True))
     assert estimate_seconds(fwd(128, True, pingpong=True)) > estimate_seconds(fwd(128, False, pingpong=True))
     assert estimate_seconds(fwd(128, False, pingpong=True)) > estimate_seconds(fwd(128, False, tiles=(128, 128, 8)))
+
+
+def test_the_fused_backward_is_estimated_by_its_held_keys_not_as_unknown() -> None:
+    """flash_bwd_fused_gluon (no BLOCK_N field: 128 held keys) compiles about twice as long as the forward of its
+    head dim, flash_bwd_prep (a row-wise pass) a fraction of it (schedule.HELD_KEYS, KERNEL_FACTOR)."""
+    from lazytriton import dispatch
+
+    sm90 = Target.parse("sm_90")
+    for head_dim in (64, 128):
+        forward = estimate_seconds(dispatch.kernel_variant("flash_fwd", sm90, "bf16", head_dim, False, True, 4096,
+                                                           4096))
+        found = dispatch.flash_bwd_fused_default_variants(sm90, "bf16", head_dim, False, True, False, 4096, 4096)
+        assert found is not None
+        prep, kernel = (estimate_seconds(v) for v in found)
+        assert UNKNOWN_SECONDS not in (prep, kernel)
+        assert kernel > 1.5 * forward and prep < 0.5 * forward
