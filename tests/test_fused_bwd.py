@@ -22,6 +22,7 @@ import pytest
 import torch
 from test_flash_bwd import check_grads, grads_of
 from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
+from test_gluon_bwd import plain_call
 
 import lazytriton
 from lazytriton import dispatch
@@ -39,13 +40,6 @@ SM90 = Target.parse("sm_90")
 def pair(head_dim: int = 128, causal: bool = False, sq: int = 4096, sk: int = 4096,
          dtype: str = "bf16") -> tuple[Variant, Variant] | None:
     return dispatch.flash_bwd_fused_default_variants(SM90, dtype, head_dim, causal, True, False, sq, sk)
-
-
-def plain_call(sq: int = 4096, sk: int = 4096, head_dim: int = 128, causal: bool | str = False,
-               heads: tuple[int, int] = (2, 2), dtype: torch.dtype = torch.bfloat16, **kw: object) -> fwd.Call:
-    q = torch.empty(1, heads[0], sq, head_dim, dtype=dtype, device="meta")
-    k = torch.empty(1, heads[1], sk, head_dim, dtype=dtype, device="meta")
-    return fwd.check(q, k, k, causal, None, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture

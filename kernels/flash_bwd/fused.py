@@ -57,9 +57,8 @@ FLASH_BWD_PREP = KernelSpec(
     aligned_params=("Out", "DO", "Delta", "DQA") + tuple(s for s, _ in _PREP_STRIDES),
 )
 
-TARGETS = ("sm_90",)  # wgmma, TMA and setmaxnreg: Hopper's
-DTYPES = ("fp16", "bf16")
-# Two float32 accumulators of 64 x head dim a consumer thread: 128 registers at 128 of the 240 it has.
+# Targets and dtypes are flash_bwd_dkdv_gluon's (its rule checks them). Head dims: two float32 accumulators
+# of 64 x head dim a consumer thread, 128 registers at 128 of the 240 it has.
 HEAD_DIMS = (64, 128)
 BLOCK_N = 128  # keys a program holds (fused_kernel.BLOCK_N: two warpgroups of 64)
 BLOCK_MS = (64, 128)  # query rows a step (the N of the S^T product)
@@ -83,25 +82,17 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
     has a window, softcap, ALiBi, bias, dropout, packed sequences, split tiles
     or a head_dim_v, which this kernel does not implement.
     """
-    if target not in TARGETS:
-        return f"target {target} is not one of {TARGETS} (wgmma, TMA, setmaxnreg)"
-    if dtype not in DTYPES:
-        return f"dtype {dtype} is not one of {DTYPES}"
+    from lazytriton.kernels.flash_bwd import gluon
+
     if head_dim not in HEAD_DIMS:
         return f"head dim {head_dim} is not one of {HEAD_DIMS}"
     if block_m not in BLOCK_MS:
         return f"BLOCK_M {block_m} is not one of {BLOCK_MS}"
     if shared_bytes(head_dim, block_m) + SHARED_SLACK > SM90_SHARED:
         return f"BLOCK_M {block_m} at head dim {head_dim} needs more than sm_90's shared memory"
-    if not aligned or index64:
-        return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
-    if features:
-        return "window, softcap, ALiBi, bias, dropout, varlen, split tiles and head_dim_v are not implemented"
-    if seqlen_q % block_m or seqlen_k % BLOCK_N or seqlen_q == 0 or seqlen_k == 0:
-        return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({block_m}, {BLOCK_N})"
-    if causal == "bottom_right" and seqlen_q > seqlen_k:
-        return "bottom-right causal with seqlen_q > seqlen_k leaves rows without keys"
-    return None
+    # The rest is flash_bwd_dkdv_gluon's rule (same target, dtypes, TMA, features, whole tiles, causal offset).
+    return gluon.reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, BLOCK_N, block_m,
+                        features)
 
 
 def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
