@@ -50,7 +50,8 @@ FUSED_TILINGS = {64: ((64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 1)),
 # The served fused backward (kernels/flash_bwd/fused_kernel.py: flash_bwd_prep, then flash_bwd_fused_gluon,
 # 128 held keys, 2 consumer warpgroups and a producer warp): (BLOCK_M, PREFETCH)
 WS_TILINGS = {64: ((64, True), (64, False), (128, False), (128, True)),
-              128: ((64, False), (64, True))}
+              128: ((64, False), (64, True)),
+              256: ((64, False), (64, True))}
 
 
 WS_ONLY = False
@@ -96,21 +97,25 @@ def fused_backward(q, k, v, out, lse, do, causal, tiling):
     return run
 
 
-def ws_backward(q, k, v, out, lse, do, causal, tiling):
-    """The served fused backward at ``tiling``: flash_bwd_prep (delta, zeroed accumulator), the kernel, dQ cast."""
+def ws_backward(q, k, v, out, lse, do, causal, tiling, kernel=None):
+    """The served fused backward at ``tiling``: flash_bwd_prep (delta, zeroed accumulator), the kernel, dQ cast.
+
+    ``kernel``: the fused kernel's JIT function (default: fused_kernel's, as Triton's JIT specialises it).
+    """
+    kernel = kernel or fused_kernel.flash_bwd_fused_gluon_kernel
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
     block_m, prefetch = tiling
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dqa = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    prep_grid, grid = fused.grids(b, hq, hk, sq, sk)
+    prep_grid, grid = fused.grids(b, hq, hk, sq, sk, d)
 
     def run():
         fused_kernel.flash_bwd_prep_kernel[prep_grid](out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
                                                       *delta.stride()[:2], hq, sq, BLOCK_M=fused.PREP_BLOCK_M,
                                                       BLOCK_D=d)
-        fused_kernel.flash_bwd_fused_gluon_kernel[grid](
+        kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2], hq // hk, hq, sq, sk, sk - sq,
             d ** -0.5, BLOCK_M=block_m, BLOCK_D=d, CAUSAL=causal, PREFETCH=prefetch, num_warps=4)

@@ -718,13 +718,20 @@ def flash_bwd_dkdv_gluon_default_variant(target: Target, dtype: str, head_dim: i
 # (0.90x at 1k), causal 1.00-1.17x from 4k with BLOCK_M 64 and the rows prefetched (0.93x at 1k). In
 # bench_flash_bwd.py's grid the 1k rows at head dim 128 lost to the two kernels (0.76-0.91x: the prep, the
 # accumulator's 4 bytes an element written, read and cast weigh most in the shortest backward), so every row
-# starts at 2k keys. fp16 takes bf16's rows.
+# started at 2k keys. Then the served entries were found slower than the JIT's (probe_fused_served.py: lse's
+# strides and the causal offset not marked divisible by 16); marked, the fused kernel beat the two at hd128 1k
+# too (0.98 against 1.11 ms non-causal, 0.81 against 0.85 causal), so hd128's rows start at 1k again; hd64's
+# stay at 2k (1.19 against 1.17 ms, 0.95 against 0.76 at 1k). Head dim 256 (64 keys a program, the
+# warpgroups split by columns; probe of 2026-12-01, 5th session): 1.44-2.19x the two kernels and 0.88-1.09x
+# cuDNN from 1k, lse and delta prefetched. fp16 takes bf16's rows.
 BwdFusedTiling = tuple[int, bool, int]  # BLOCK_M, PREFETCH, min seqlen_k
 _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
-    (128, False): (64, False, 2048),
-    (128, True): (64, False, 2048),
+    (128, False): (64, False, 1024),
+    (128, True): (64, False, 1024),
     (64, False): (128, False, 2048),
     (64, True): (64, True, 2048),
+    (256, False): (64, True, 1024),
+    (256, True): (64, True, 1024),
 }
 BWD_FUSED_TABLE: dict[tuple[str, int, bool], BwdFusedTiling] = {
     (dtype, d, causal): row for dtype in ("bf16", "fp16") for (d, causal), row in _BWD_FUSED_BF16.items()}
@@ -738,7 +745,7 @@ def _bwd_fused_row(dtype: str, head_dim: int, causal: bool) -> BwdFusedTiling | 
 def flash_bwd_fused_fits(dtype: str, head_dim: int, causal: bool, offset: int, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether a plain backward call is one the fused backward serves by default, as far as its shape says.
 
-    A BWD_FUSED_TABLE row, seqlens that are positive multiples of its tiles (BLOCK_M queries, 128 keys),
+    A BWD_FUSED_TABLE row, seqlens that are positive multiples of its tiles (BLOCK_M queries, ``fused.block_n``),
     seqlen_k at least the row's minimum, a causal offset >= 0. Target, alignment and 64-bit offsets are the
     plan's to check (``flash_bwd_fused_default_variants``).
     """
@@ -749,7 +756,7 @@ def flash_bwd_fused_fits(dtype: str, head_dim: int, causal: bool, offset: int, s
         return False
     block_m, _, min_seqlen_k = row
     return (0 < seqlen_q and seqlen_q % block_m == 0 and min_seqlen_k <= seqlen_k
-            and seqlen_k % fused.BLOCK_N == 0 and (not causal or offset >= 0))
+            and seqlen_k % fused.block_n(head_dim) == 0 and (not causal or offset >= 0))
 
 
 def flash_bwd_fused_default_variants(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,

@@ -45,12 +45,14 @@ KERNEL_FACTOR = {"flash_fwd": 1.0, "flash_bwd_dq": 1.28, "flash_bwd_dkdv": 2.16,
 # (hd256 ping-pong causal, 3.7-3.9 s) were estimated at 2 s, handed out at 5.6 s of 10.6 and finished last.
 GLUON_FACTOR = {(False, False): 0.72, (False, True): 0.72, (True, False): 1.34, (True, True): 1.88}
 # The fused backward's kernels have no BLOCK_N field: the keys a program holds (flash_bwd_fused_gluon: two
-# warpgroups of 64) or one (flash_bwd_prep: a row-wise pass). Factors fitted on its 8 variants of the default
+# warpgroups of 64, or 64 split by columns at head dim 256: WIDE_HELD_KEYS) or one (flash_bwd_prep: a row-wise
+# pass). Factors fitted on its 8 variants of the default
 # table (bf16, hd64/128, both causal modes) compiled twice beside 4 flash_fwd ones (Triton 3.6, this machine,
 # 2026-12-01; measured over estimated time relative to flash_fwd's): fused 1.38-1.55 (three partitions, five
 # products a step), prep 0.67-0.75. Without them both took UNKNOWN_SECONDS: the fused kernel, 1.6-1.8 s of
 # compile against flash_fwd's 0.7-1.1, was ranked with the median variant.
 HELD_KEYS = {"flash_bwd_fused_gluon": 128, "flash_bwd_prep": 1}
+WIDE_HELD_KEYS = {"flash_bwd_fused_gluon": 64}  # above head dim 128 (kernels/flash_bwd/fused.py: block_n)
 KERNEL_FACTOR.update({"flash_bwd_fused_gluon": 1.45, "flash_bwd_prep": 0.7})
 SCALE = {"16-bit": 0.119, "fp32": 0.0109}
 EXPONENT = {"16-bit": 0.29, "fp32": 0.88}
@@ -61,8 +63,9 @@ _WARP_THREADS = {"cuda": 32, "hip": 64}
 def estimate_seconds(variant: Variant) -> float:
     """A rough compile time of ``variant`` in seconds (module docstring): only its rank among others matters."""
     try:
-        block_n = HELD_KEYS[variant.kernel] if variant.kernel in HELD_KEYS else int(variant.get("BLOCK_N"))
         block_m, block_d, warps = (int(variant.get(name)) for name in ("BLOCK_M", "BLOCK_D", "num_warps"))
+        held = WIDE_HELD_KEYS if block_d > 128 and variant.kernel in WIDE_HELD_KEYS else HELD_KEYS
+        block_n = held[variant.kernel] if variant.kernel in held else int(variant.get("BLOCK_N"))
     except (KeyError, TypeError, ValueError):
         return UNKNOWN_SECONDS
     threads = max(1, warps) * _WARP_THREADS["hip" if variant.target.startswith("gfx") else "cuda"]

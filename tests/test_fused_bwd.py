@@ -94,6 +94,8 @@ def test_the_default_pair_is_complete_round_trips_and_keys_apart() -> None:
     ("sm_90", "bf16", 128, "none", True, False, 4000, 4096, 64, False, "multiples"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4032, 64, False, "multiples"),  # 4032 = 63 x 64, not x 128
     ("sm_90", "bf16", 128, "bottom_right", True, False, 4096, 2048, 64, False, "rows without keys"),
+    ("sm_90", "bf16", 256, "none", True, False, 4096, 4096, 128, False, "shared memory"),
+    ("sm_90", "bf16", 256, "none", True, False, 4096, 4064, 64, False, "multiples"),  # 63.5 x 64 keys
 ])
 def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str, head_dim: int, causal: str,
                                                         aligned: bool, index64: bool, sq: int, sk: int, block_m: int,
@@ -113,21 +115,26 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
 @pytest.mark.parametrize("head_dim, causal, offset, sq, sk, fits", [
     (128, False, 0, 2048, 2048, True),
     (128, True, 0, 128, 2048, True),
-    (128, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: the two kernels win there
+    (128, False, 0, 1024, 1024, True),
+    (128, False, 0, 512, 512, False),  # under the row's minimum seqlen_k: the two kernels win there
     (128, False, 0, 2048, 2112, False),  # seqlen_k not a multiple of 128
     (128, True, -64, 2112, 2048, False),  # rows without keys
     (64, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: flash_bwd wins there
     (64, False, 0, 4096, 4096, True),
     (64, False, 0, 4032, 4096, False),  # BLOCK_M 128 does not divide seqlen_q
-    (256, False, 0, 4096, 4096, False),  # no row
+    (256, False, 0, 1024, 1024, True),  # 64 keys a program at head dim 256
+    (256, True, 0, 1024, 1088, True),
+    (256, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
+    (96, False, 0, 4096, 4096, False),  # no row
 ])
 def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
                                                  fits: bool) -> None:
     assert dispatch.flash_bwd_fused_fits("bf16", head_dim, causal, offset, sq, sk) is fits
 
 
-def test_the_grids_cover_the_query_blocks_and_the_128_key_blocks() -> None:
-    assert fused.grids(2, 8, 2, 1000, 4096) == ((16, 8, 2), (32, 2, 2))
+def test_the_grids_cover_the_query_blocks_and_the_key_blocks_of_the_head_dim() -> None:
+    assert fused.grids(2, 8, 2, 1000, 4096, 128) == ((16, 8, 2), (32, 2, 2))
+    assert fused.grids(2, 8, 2, 1000, 4096, 256) == ((16, 8, 2), (64, 2, 2))  # 64 keys a program
 
 
 # ---------------------------------------------------------------------------
@@ -140,6 +147,7 @@ def test_the_memo_key_carries_the_fused_tail_for_a_call_that_fits(monkeypatch: p
     assert not bwd.fused_fits(call, torch.bfloat16, False, False) and not bwd.fused_fits(call, torch.float32, True,
                                                                                           False)
     assert not bwd.fused_fits(plain_call(softcap=5.0), torch.bfloat16, True, False)
+    assert not bwd.fused_fits(call, torch.bfloat16, True, False, seq16=False)  # lse's strides are marked /16
     key = bwd.memo_key(0, torch.bfloat16, call.shape, True, True, False, fused_=True)
     assert key[-1:] == bwd.FUSED_TAIL and key[:-1] == bwd.memo_key(0, torch.bfloat16, call.shape, True, True, False)
     monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
@@ -198,7 +206,7 @@ def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator() -> None:
     do = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
     delta = torch.full((b, h, s), float("nan"))
     dqa = torch.full((b, h, s, d), float("nan"))
-    grid = fused.grids(b, h, h, s, 128)[0]
+    grid = fused.grids(b, h, h, s, 128, d)[0]
     compiler.interpret(fused.PREP, grid, (out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
                                           *delta.stride()[:2], h, s), {"BLOCK_M": fused.PREP_BLOCK_M, "BLOCK_D": d})
     want = (out.float() * do.float()).sum(-1)
@@ -207,7 +215,8 @@ def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator() -> None:
 
 
 @pytest.mark.parametrize("head_dim, causal, block_m, prefetch", [(128, "none", 64, False),
-                                                                 (64, "bottom_right", 64, True)])
+                                                                 (64, "bottom_right", 64, True),
+                                                                 (256, "bottom_right", 64, True)])
 def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, block_m: int, prefetch: bool) -> None:
     from lazytriton.compiler import compile_variant
 
@@ -232,6 +241,10 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
     (torch.float16, True, (2, 2), (2048, 2048), 128, "bhsd"),
     (torch.bfloat16, False, (4, 1), (2048, 2048), 64, "bshd"),  # MQA
     (torch.float16, True, (2, 2), (2048, 2048), 64, "bhsd"),
+    # Head dim 256: 64 keys a program, from 1024 keys
+    (torch.bfloat16, False, (4, 2), (128, 1024), 256, "bhsd"),  # GQA
+    (torch.bfloat16, "bottom_right", (2, 2), (192, 1088), 256, "bshd"),  # causal offset 896
+    (torch.float16, True, (2, 2), (1024, 1024), 256, "bhsd"),
 ], ids=str)
 def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
         resolved: list[Variant], dtype: torch.dtype, causal: bool | str, heads: tuple[int, int],

@@ -201,15 +201,16 @@ def _plain(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool
 FUSED_TAIL = ("FUSED",)
 
 
-def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool:
+def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool, seq16: bool = True) -> bool:
     """Whether dispatch serves this checked call with the fused backward (``dispatch.flash_bwd_fused_fits``).
 
-    A plain dense call as for ``gluon_fits``, and deterministic algorithms
-    not asked for (``torch.use_deterministic_algorithms``): the fused
-    kernel's dQ sums arrive in any order.
+    A plain dense call as for ``gluon_fits``, with SEQ16 (lse's strides
+    multiples of 16: the fused kernel's entries are compiled so), and
+    deterministic algorithms not asked for (``torch.use_deterministic_algorithms``):
+    the fused kernel's dQ sums arrive in any order.
     """
     shape = call.shape
-    return (_plain(call, dtype, aligned, index64)
+    return (seq16 and _plain(call, dtype, aligned, index64)
             and dispatch.flash_bwd_fused_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
                                               shape.seqlen_q, shape.seqlen_k)
             and not torch.are_deterministic_algorithms_enabled())
@@ -355,7 +356,7 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if forced is None:
         causal = call.causal != "none"
-        fused_ = fused_fits(call, q.dtype, aligned, index64)
+        fused_ = fused_fits(call, q.dtype, aligned, index64, seq16)
         gluon = not fused_ and gluon_fits(call, q.dtype, aligned, index64)
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
                        call.mods, call.head_dim_v, seq16, gluon, fused_)
@@ -394,7 +395,8 @@ def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...],
                       device=grads.dq.device)
     named = {**dict(zip(DQ_INT_PARAMS, dq_ints, strict=True)), **dict(zip(DKDV_INT_PARAMS, dkdv_ints, strict=True)),
              "DQA": dqa.data_ptr(), "heads_q": shape.heads_q}
-    prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k)
+    prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k,
+                                        shape.head_dim)
     prep.launch(prep_grid, stream, tuple(named[n] for n in _PREP_INTS), (), fwd.scratch_alloc)
     kernel.launch(fused_grid, stream, tuple(named[n] for n in _FUSED_INTS), (call.scale,), fwd.scratch_alloc)
     grads.dq.copy_(dqa)
@@ -475,7 +477,7 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     rt = runtime.get()
     window, softcap, mods, dv = call.windowed, call.capped, call.mods, call.head_dim_v
     seq16 = _seq16(seq16, aligned, shape)
-    fused_ = fused_fits(call, dtype, aligned, index64)
+    fused_ = fused_fits(call, dtype, aligned, index64, seq16)
     gluon = not fused_ and gluon_fits(call, dtype, aligned, index64)
     plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon,
                       fused_),

@@ -41,9 +41,12 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     params=(*_POINTERS, *_DATA_STRIDES, *_LSE_STRIDES, ("group_size", "i32"), ("heads_q", "i32"),
             ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("causal_offset", "i32"), ("sm_scale", "fp32")),
     constexprs=("BLOCK_M", "BLOCK_D", "CAUSAL", "PREFETCH"),
-    # TMA needs them 16-byte aligned (the rule refuses the rest); the seqlens are multiples of the tiles.
+    # TMA needs them 16-byte aligned (the rule refuses the rest). The seqlens are multiples of the tiles (64 or
+    # more), so are the causal offset (their difference) and lse's and delta's strides (seqlen_q and heads x
+    # seqlen_q: the binding passes both contiguous). Marked, the lse and delta rows load as vectors: without the
+    # strides and the offset marked, the H200 probe (benchmarks/probe_fused_served.py) ran 5-13% slower.
     aligned_params=tuple(p for p, _ in _POINTERS) + tuple(s for s, _ in _DATA_STRIDES),
-    seq_aligned_params=("seqlen_q", "seqlen_k"),
+    seq_aligned_params=("seqlen_q", "seqlen_k", "causal_offset", *(s for s, _ in _LSE_STRIDES)),
 )
 
 _PREP_STRIDES = _strides("o", "do")
@@ -57,19 +60,30 @@ FLASH_BWD_PREP = KernelSpec(
     aligned_params=("Out", "DO", "Delta", "DQA") + tuple(s for s, _ in _PREP_STRIDES),
 )
 
-# Targets and dtypes are flash_bwd_dkdv_gluon's (its rule checks them). Head dims: two float32 accumulators
-# of 64 x head dim a consumer thread, 128 registers at 128 of the 240 it has.
-HEAD_DIMS = (64, 128)
-BLOCK_N = 128  # keys a program holds (fused_kernel.BLOCK_N: two warpgroups of 64)
-BLOCK_MS = (64, 128)  # query rows a step (the N of the S^T product)
-STAGES = 2  # the Q/dO ring (fused_kernel.STAGES)
+# Targets and dtypes are flash_bwd_dkdv_gluon's (its rule checks them). Head dims 64 and 128: two float32
+# accumulators of 64 keys x head dim a consumer thread, 128 registers at 128 of the 240 it has. Head dim 256:
+# the program holds 64 keys and each warpgroup half of dK's and dV's columns (fused_kernel's wide program).
+HEAD_DIMS = (64, 128, 256)
+BLOCK_N = 128  # keys a program holds at head dims 64 and 128 (fused_kernel.BLOCK_N: two warpgroups of 64)
+WIDE_BLOCK_N = 64  # at head dim 256 (fused_kernel.WIDE_KEYS)
+BLOCK_MS = (64, 128)  # query rows a step (the N of the S^T product; the M of S at head dim 256)
+STAGES = 2  # the Q/dO ring (fused_kernel.STAGES); at head dim 256 Q's alone, dO has one buffer
+WIDE_DQ_COLS = 64  # fused_kernel.WIDE_DQ_COLS
 PREP_BLOCK_M = 64
 SM90_SHARED = 232448  # sm_90's opt-in shared memory for one CTA
 SHARED_SLACK = 1024  # mbarriers and alignment
 
 
+def block_n(head_dim: int) -> int:
+    """Keys a program of the fused kernel holds at ``head_dim``: its grid's and seqlen_k's unit."""
+    return WIDE_BLOCK_N if head_dim > 128 else BLOCK_N
+
+
 def shared_bytes(head_dim: int, block_m: int) -> int:
     """Shared memory the fused kernel allocates, within ``SHARED_SLACK``: K and V, the Q/dO ring, dS^T, dQ tiles."""
+    if head_dim > 128:  # K, V; Q's ring and one dO tile; P^T and dS^T; a dQ tile a warpgroup
+        return 2 * (2 * WIDE_BLOCK_N * head_dim + (STAGES + 1) * block_m * head_dim + 2 * WIDE_BLOCK_N * block_m) \
+            + 4 * 2 * block_m * WIDE_DQ_COLS
     return 2 * (2 * BLOCK_N * head_dim + 2 * STAGES * block_m * head_dim + 2 * BLOCK_N * block_m) \
         + 4 * 2 * block_m * head_dim // 2
 
@@ -91,8 +105,8 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
     if shared_bytes(head_dim, block_m) + SHARED_SLACK > SM90_SHARED:
         return f"BLOCK_M {block_m} at head dim {head_dim} needs more than sm_90's shared memory"
     # The rest is flash_bwd_dkdv_gluon's rule (same target, dtypes, TMA, features, whole tiles, causal offset).
-    return gluon.reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, BLOCK_N, block_m,
-                        features)
+    return gluon.common_reason(target, dtype, causal, aligned, index64, seqlen_q, seqlen_k, block_n(head_dim),
+                               block_m, features)
 
 
 def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
@@ -118,7 +132,7 @@ def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool,
     return prep, fused
 
 
-def grids(batch: int, heads_q: int, heads_k: int, seqlen_q: int, seqlen_k: int,
+def grids(batch: int, heads_q: int, heads_k: int, seqlen_q: int, seqlen_k: int, head_dim: int,
           block_m: int = PREP_BLOCK_M) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(prep, fused) grids: query blocks x query heads x batch, then 128-key blocks x key/value heads x batch."""
-    return (((seqlen_q + block_m - 1) // block_m, heads_q, batch), (seqlen_k // BLOCK_N, heads_k, batch))
+    """(prep, fused) grids: query blocks x query heads x batch, then ``block_n`` keys x key/value heads x batch."""
+    return (((seqlen_q + block_m - 1) // block_m, heads_q, batch), (seqlen_k // block_n(head_dim), heads_k, batch))

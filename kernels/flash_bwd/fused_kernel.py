@@ -11,7 +11,7 @@ A backward in three launches on one stream (``binding.launch_gpu``):
 1. ``flash_bwd_prep`` (plain Triton): delta = rowsum(dO * O) into ``Delta``
    and zeros into ``DQA``, dQ's float32 accumulator ((B, Hq, Sq, D),
    contiguous), one program per query block of a query head.
-2. ``flash_bwd_fused_gluon``: one program per 128 keys of a key/value head,
+2. ``flash_bwd_fused_gluon``: one program per 128 keys (64 at head dim 256) of a key/value head,
    summing its group's query heads (GQA) in a fixed order into dK and dV, and
    adding each query block's share of dQ into ``DQA`` by TMA bulk reductions.
    Five matrix products a step instead of the two-kernel backward's seven.
@@ -42,19 +42,39 @@ The program's partitions (``gl.warp_specialize``):
   made per query head of the group.
 - K and V are loaded once by TMA before the partitions split.
 
+At head dim 256 (``_program_wide``) the program holds 64 keys, and the two
+consumer warpgroups split its work by keys, then by columns, as
+FlashAttention-3 does there:
+
+- each computes S = Q K^T and dP = dO V^T for 32 of the keys (query rows as
+  the wgmma's M), P and dS in registers, and writes its rows of P^T and dS^T
+  to shared memory; one mbarrier of two arrivals says both halves are in,
+  another that both warpgroups' products have read them (one buffer each);
+- then each accumulates its 128 columns of dV += P^T dO and dK += dS^T Q over
+  all 64 keys, and sends its 128 columns of dQ = dS K as two 64-column TMA
+  reductions, the second product issued after the first one's tile is out
+  (two in flight spilled);
+- the producer feeds Q through a two-deep ring and dO through one buffer (the
+  shared memory holds no second: 208 KB in all), released as soon as dV's
+  product retired, so the next dO loads under the next S product;
+- the consumers run one flat loop over the group's heads and steps: a nest
+  kept more registers live (512 bytes spilled, 30% slower on the H200).
+
 ``PREFETCH``: lse and delta of a step are loaded before its products are
 waited for (2 x BLOCK_M / 4 registers a thread), else after.
 
 What it covers (``fused.reason`` is the rule; the rest keeps the two-kernel
-backward): fp16/bf16, head dim 64 or 128 exactly, 16-byte aligned pointers
-and strides, 32-bit offsets, seqlen_q a multiple of BLOCK_M and seqlen_k of
-128, causal offset >= 0, no window, softcap, ALiBi, bias, dropout, varlen,
-split tiles or head_dim_v. ``Lse`` and ``Delta`` are (B, Hq, Sq) float32 with
-``stride_lb``/``stride_lh``.
+backward): fp16/bf16, head dim 64, 128 or 256 exactly, 16-byte aligned
+pointers and strides, 32-bit offsets, seqlen_q a multiple of BLOCK_M and
+seqlen_k of the keys a program holds (128, or 64 at head dim 256), causal
+offset >= 0, no window, softcap, ALiBi, bias, dropout, varlen, split tiles or
+head_dim_v. ``Lse`` and ``Delta`` are (B, Hq, Sq) float32 with
+``stride_lb``/``stride_lh`` (multiples of 16: the entries are compiled so).
 
 Measured on the H200 (benchmarks/probe_gluon_bwd.py, NOTES.md 12-01, bf16,
 the whole backward with the prep and the cast): 1.10-1.31x flash_bwd's two
-kernels at head dim 128, 1.17-1.24x at head dim 64 from 4k tokens.
+kernels at head dim 128, 1.17-1.24x at head dim 64 from 4k tokens, 1.44-2.19x
+at head dim 256 (0.88-1.09x cuDNN).
 """
 
 import triton
@@ -263,6 +283,205 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem, kv_bar, full, em
              dv.to(dtype))
 
 
+# ---------------------------------------------------------------------------
+# Head dim 256 (``BLOCK_D > 128``): dK and dV of 64 keys x 256 columns would take two 128-register accumulators
+# a thread, so the program holds 64 keys (WIDE_KEYS) and its two consumer warpgroups split the work as
+# FlashAttention-3 does at that head dim: S and dP by keys (32 each), dK, dV and dQ by columns (128 each), with
+# P^T and dS^T exchanged through shared memory. Shared memory: K and V (64 KB), a two-deep Q ring (64 KB), one
+# dO tile (32 KB: dV releases it first, and the step's S product runs under its next load), P^T and dS^T (16 KB),
+# and a 64 x 64 float32 dQ tile a warpgroup (32 KB): 208 KB.
+WIDE_KEYS = gl.constexpr(64)
+WIDE_DQ_COLS = gl.constexpr(64)  # dQ columns a TMA reduction carries (two a warpgroup a step)
+
+
+@gluon.jit
+def _produce_wide(Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh, stride_qs,
+                  stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q, m_first, n_steps,
+                  BLOCK_M: gl.constexpr):
+    """The producer warp at head dim 256: Q through its two-deep ring, dO through its one buffer."""
+    BLOCK_D: gl.constexpr = q_bufs.type.shape[2]
+    it = 0
+    for g in range(group_size):
+        head = kv_head * group_size + g
+        q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, BLOCK_D],
+                                            [stride_qs, 1], [BLOCK_M, BLOCK_D], q_bufs.type.layout)
+        do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
+                                             [stride_dos, 1], [BLOCK_M, BLOCK_D], do_smem.type.layout)
+        for step in range(n_steps):
+            row = (m_first + step) * BLOCK_M
+            slot = it % STAGES
+            mbarrier.wait(q_empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
+            mbarrier.wait(do_empty.index(0), (it & 1) ^ 1)
+            mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes)
+            _tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
+            it += 1
+
+
+@gluon.jit
+def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, kv_bar, q_full, q_empty, do_full,
+                  do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
+                  stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size, heads_q,
+                  seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr,
+                  CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
+    """A consumer warpgroup at head dim 256: S and dP of keys [32 WG, + 32), dK, dV, dQ of columns [128 WG, + 128)."""
+    BLOCK_D: gl.constexpr = k_smem.type.shape[1]
+    KEYS: gl.constexpr = WIDE_KEYS // 2
+    COLS: gl.constexpr = BLOCK_D // 2
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KEYS, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, COLS, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, WIDE_DQ_COLS, 16])
+    kt_w = k_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0))  # S = Q K^T: our keys
+    vt_w = v_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0))
+    pt_w = pt_smem.slice(WG * KEYS, KEYS, dim=0)
+    dst_w = dst_smem.slice(WG * KEYS, KEYS, dim=0)
+    ds = dst_smem.permute((1, 0))  # dQ = dS K over all 64 keys
+    qk_scale = sm_scale * LOG2E
+    offs_n = start_n + WG * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
+    dk = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
+    dv = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
+    mbarrier.wait(kv_bar.index(0), 0)
+    # One loop over the group's query heads and their steps (a nest keeps more registers live across it).
+    for cur in range(group_size * n_steps):
+        g = cur // n_steps
+        step = cur - g * n_steps
+        head = kv_head * group_size + g
+        lse_ptr = Lse + batch * stride_lb + head * stride_lh
+        delta_ptr = Delta + batch * stride_lb + head * stride_lh
+        dqa_row = (batch * heads_q + head) * seqlen_q
+        slot = cur % STAGES
+        start_m = (m_first + step) * BLOCK_M
+        q_s = q_bufs.index(slot)
+        mbarrier.wait(q_full.index(slot), (cur // STAGES) & 1)
+        zero = gl.zeros([BLOCK_M, KEYS], dtype=gl.float32, layout=s_layout)
+        s = warpgroup_mma(q_s, kt_w, zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_full.index(0), cur & 1)
+        dp = warpgroup_mma(do_smem, vt_w, zero, use_acc=False, is_async=True)
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        if PREFETCH:
+            lse2 = gl.load(lse_ptr + offs_m) * LOG2E
+            delta = gl.load(delta_ptr + offs_m)
+        s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+        if not PREFETCH:
+            lse2 = gl.load(lse_ptr + offs_m) * LOG2E
+            delta = gl.load(delta_ptr + offs_m)
+        x = s * qk_scale - lse2[:, None]
+        if CAUSAL and step < n_masked:
+            x = gl.where(offs_n[None, :] <= (offs_m + causal_offset)[:, None], x, float("-inf"))
+        p = gl.exp2(x)
+        dsv = p * (dp - delta[:, None])
+        # Our rows of P^T and dS^T, once both warpgroups' products of the previous step have read them.
+        mbarrier.wait(ps_free.index(0), (cur & 1) ^ 1)
+        pt_w.store(gl.permute(p.to(dtype), (1, 0)))
+        dst_w.store(gl.permute(dsv.to(dtype), (1, 0)))
+        fence_async_shared()
+        mbarrier.arrive(ps_ready.index(0), count=1)
+        mbarrier.wait(ps_ready.index(0), cur & 1)  # both halves are in
+        dv = warpgroup_mma(pt_smem, do_smem.slice(WG * COLS, COLS, dim=1), dv, is_async=True)
+        dk = warpgroup_mma(dst_smem, q_s.slice(WG * COLS, COLS, dim=1), dk, is_async=True)
+        zero_dq = gl.zeros([BLOCK_M, WIDE_DQ_COLS], dtype=gl.float32, layout=dq_layout)
+        dq0 = warpgroup_mma(ds, k_smem.slice(WG * COLS, WIDE_DQ_COLS, dim=1), zero_dq, use_acc=False,
+                            is_async=True)
+        dv = warpgroup_mma_wait(2, deps=(dv,))  # groups retire in order: dV's read dO
+        mbarrier.arrive(do_empty.index(0), count=1)
+        dk, dq0 = warpgroup_mma_wait(0, deps=(dk, dq0))
+        mbarrier.arrive(q_empty.index(slot), count=1)
+        tma.store_wait(0)
+        dq_smem.store(dq0 * sm_scale)
+        fence_async_shared()
+        tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
+        dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
+                            use_acc=False, is_async=True)
+        dq1 = warpgroup_mma_wait(0, deps=(dq1,))
+        mbarrier.arrive(ps_free.index(0), count=1)
+        tma.store_wait(0)
+        dq_smem.store(dq1 * sm_scale)
+        fence_async_shared()
+        tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS + WIDE_DQ_COLS], dq_smem)
+    tma.store_wait(0)
+    rows = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc_layout))
+    cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
+    gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
+             (dk * sm_scale).to(dtype))
+    gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
+             dv.to(dtype))
+
+
+@gluon.jit
+def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+                  stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
+                  stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
+                  heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
+                  BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
+    """``flash_bwd_fused_gluon``'s program at head dim 256: 64 keys, the warpgroups split by keys, then by columns."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_D], dtype)
+    pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_M], dtype)
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, WIDE_DQ_COLS], gl.float32)
+
+    start_n = gl.program_id(0) * WIDE_KEYS
+    kv_head = gl.program_id(1)
+    batch = gl.program_id(2)
+    k_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D], kv_layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], q_layout)
+    pt_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
+    dst_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, WIDE_DQ_COLS], dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ps_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ps_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar.index(0), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_full.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+    mbarrier.init(do_full.index(0), count=1)
+    mbarrier.init(do_empty.index(0), count=2)
+    mbarrier.init(ps_ready.index(0), count=2)
+    mbarrier.init(ps_free.index(0), count=2)
+    fence_async_shared()
+
+    load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
+            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+    m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, WIDE_KEYS, CAUSAL)
+    dqa_desc = tma.make_tensor_descriptor(DQA, [gl.num_programs(2) * heads_q * seqlen_q, BLOCK_D], [BLOCK_D, 1],
+                                          [BLOCK_M, WIDE_DQ_COLS], dq_layout)
+    gl.warp_specialize([
+        (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem.index(0), kv_bar, q_full,
+                         q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb,
+                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch,
+                         kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps,
+                         n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
+        (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem.index(1), kv_bar, q_full,
+                         q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb,
+                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch,
+                         kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps,
+                         n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
+        (_produce_wide, (Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh,
+                         stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q,
+                         m_first, n_steps, BLOCK_M)),
+    ], [4, 1], [240, 24])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(q_full.index(i))
+        mbarrier.invalidate(q_empty.index(i))
+    mbarrier.invalidate(do_full.index(0))
+    mbarrier.invalidate(do_empty.index(0))
+    mbarrier.invalidate(ps_ready.index(0))
+    mbarrier.invalidate(ps_free.index(0))
+    mbarrier.invalidate(kv_bar.index(0))
+
+
 @gluon.jit
 def flash_bwd_fused_gluon_kernel(
     Q, K, V, DO, Lse, Delta, DK, DV, DQA,
@@ -273,6 +492,25 @@ def flash_bwd_fused_gluon_kernel(
     BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     gl.static_assert(gl.num_warps() == 4, "the default partition is consumer warpgroup 0: launch with 4 warps")
+    if BLOCK_D > 128:
+        _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+                      stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
+                      stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
+                      heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL, PREFETCH)
+    else:
+        _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+                        stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
+                        stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
+                        heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL, PREFETCH)
+
+
+@gluon.jit
+def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+                    stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
+                    stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
+                    heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
+                    BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
+    """``flash_bwd_fused_gluon``'s program at head dims 64 and 128: 128 keys, 64 a consumer warpgroup."""
     COLS: gl.constexpr = BLOCK_D // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)

@@ -69,12 +69,18 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
     has a window, softcap, ALiBi, bias, dropout, packed sequences, split tiles
     or a head_dim_v, which this kernel does not implement.
     """
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
+    return common_reason(target, dtype, causal, aligned, index64, seqlen_q, seqlen_k, block_n, block_m, features)
+
+
+def common_reason(target: str, dtype: str, causal: str, aligned: bool, index64: bool, seqlen_q: int, seqlen_k: int,
+                  block_n: int, block_m: int, features: bool = False) -> str | None:
+    """``reason`` without the head dim: what Hopper's TMA-fed backward kernels (this one, the fused one) all need."""
     if target not in TARGETS:
         return f"target {target} is not one of {TARGETS} (wgmma)"
     if dtype not in DTYPES:
         return f"dtype {dtype} is not one of {DTYPES}"
-    if head_dim not in HEAD_DIMS:
-        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
     if not aligned or index64:
         return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
     if features:
