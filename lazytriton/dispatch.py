@@ -719,15 +719,16 @@ def flash_bwd_dkdv_gluon_default_variant(target: Target, dtype: str, head_dim: i
 # bench_flash_bwd.py's grid the 1k rows at head dim 128 lost to the two kernels (0.76-0.91x: the prep, the
 # accumulator's 4 bytes an element written, read and cast weigh most in the shortest backward), so every row
 # started at 2k keys. Then the served entries were found slower than the JIT's (probe_fused_served.py: lse's
-# strides and the causal offset not marked divisible by 16); marked, the fused kernel beat the two at hd128 1k
-# too (0.98 against 1.11 ms non-causal, 0.81 against 0.85 causal), so hd128's rows start at 1k again; hd64's
-# stay at 2k (1.19 against 1.17 ms, 0.95 against 0.76 at 1k). Head dim 256 (64 keys a program, the
+# strides and the causal offset not marked divisible by 16); marked, the probe had the fused kernel beat the
+# two at hd128 1k (0.98 against 1.11 ms non-causal, 0.81 against 0.85 causal), but the grid run with hd128's
+# rows from 1k lost there again (0.92x and 0.87x the two kernels through the JIT), so they stay at 2k, as hd64's
+# (1.19 against 1.17 ms, 0.95 against 0.76 at 1k in the probe). Head dim 256 (64 keys a program, the
 # warpgroups split by columns; probe of 2026-12-01, 5th session): 1.44-2.19x the two kernels and 0.88-1.09x
 # cuDNN from 1k, lse and delta prefetched. fp16 takes bf16's rows.
 BwdFusedTiling = tuple[int, bool, int]  # BLOCK_M, PREFETCH, min seqlen_k
 _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
-    (128, False): (64, False, 1024),
-    (128, True): (64, False, 1024),
+    (128, False): (64, False, 2048),
+    (128, True): (64, False, 2048),
     (64, False): (128, False, 2048),
     (64, True): (64, True, 2048),
     (256, False): (64, True, 1024),
