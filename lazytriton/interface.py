@@ -55,7 +55,9 @@ def always_through_op() -> Iterator[None]:
         _through_op[0] = saved
 
 
-def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
+         deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of a checked call; ``deterministic``: its backward bitwise reproducible (the op saves it)."""
     if _direct(q, k, v) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                              or v.requires_grad)):
         return binding.forward(q, k, v, call)
@@ -64,12 +66,12 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) 
     # carries the autograd formula (the backward kernels).
     from lazytriton.ops import flash_fwd_op
 
-    if call.alibi is None and call.bias is None and call.philox is None:
+    if call.alibi is None and call.bias is None and call.philox is None and not deterministic:
         return flash_fwd_op(  # type: ignore[no-any-return]
             q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap)
     return flash_fwd_op(  # type: ignore[no-any-return]
         q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap, call.alibi, call.bias,
-        call.dropout_p, call.philox)
+        call.dropout_p, call.philox, deterministic)
 
 
 def _with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any, dropout_p: Any,
@@ -135,10 +137,11 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 
     Differentiable with respect to any of q, k, v: the backward runs
     lazytriton's backward kernels (served from the same cache). The fused
-    backward that serves head dims 64 and 128 on sm_90 sums dQ with atomic
-    TMA reductions (last bits may differ from run to run); under
+    backward that serves head dims 64, 128 and 256 on sm_90 sums dQ with
+    atomic TMA reductions (last bits may differ from run to run); under
     ``torch.use_deterministic_algorithms(True)`` the backward is bitwise
-    reproducible (two kernels, no atomics).
+    reproducible (two kernels, no atomics), as is ``flash_attn_func``'s
+    with ``deterministic=True``.
     ``lse`` is returned as a constant: no gradient flows through it.
 
     """
@@ -218,13 +221,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             out and the gradients are its; softmax_lse is that of the bias
             above (FlashAttention-2's CUDA kernel adds ``slope * j`` instead,
             whose lse differs by that constant). No gradient flows to it.
-        deterministic: accepted for compatibility, not yet read per call.
-            Under ``torch.use_deterministic_algorithms(True)`` the backward
-            computes dQ and dK/dV in two kernels that each own the rows
-            they write, with no atomic adds: bitwise identical gradients
-            from run to run. Otherwise, on sm_90 at head dims 64 and 128,
-            the fused backward sums dQ with atomic TMA reductions (faster;
-            dQ's last bits may vary).
+        deterministic: if True (or under
+            ``torch.use_deterministic_algorithms(True)``) this call's
+            backward computes dQ and dK/dV in two kernels that each own the
+            rows they write, with no atomic adds: bitwise identical
+            gradients from run to run. Otherwise, on sm_90 at head dims 64,
+            128 and 256, the fused backward sums dQ with atomic TMA
+            reductions (faster; dQ's last bits may vary).
         return_attn_probs: if True, return ``(out, softmax_lse, None)``
             (softmax_lse: float32, (batch, heads_q, seqlen_q)). The third
             item, FlashAttention-2's S_dmask (its dropout mask and
@@ -258,7 +261,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
-    out, lse = _run(qt, kt, vt, _with_mods(call, qt, alibi_slopes, None, dropout_p, _FA_NAMES))
+    out, lse = _run(qt, kt, vt, _with_mods(call, qt, alibi_slopes, None, dropout_p, _FA_NAMES), deterministic)
     out = out.transpose(1, 2)
     return (out, lse, None) if return_attn_probs else out
 
@@ -312,9 +315,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             number of sequences: FlashAttention-2's ALiBi per sequence,
             ``-slope * |i + len_k - len_q - j|`` within each sequence
             (bottom-right), as ``flash_attn_func``'s. No gradient flows to it.
-        deterministic: accepted for compatibility, not yet read per call
-            (as ``flash_attn_func``'s: ``torch.use_deterministic_algorithms``
-            decides).
+        deterministic: accepted for compatibility: the varlen backward is
+            always bitwise reproducible (two kernels that each own the rows
+            they write; the fused backward takes no packed sequences).
         return_attn_probs: if True, return ``(out, softmax_lse, None)``;
             softmax_lse is float32 of shape (heads_q, total_q), FlashAttention
             2.4+'s varlen layout (-inf for a query that sees no key, where
@@ -519,7 +522,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
             alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
-            head_dim_v: int | None = None) -> list[str]:
+            head_dim_v: int | None = None, deterministic: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -536,7 +539,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         dtype: for shapes (default float16); taken from ``q`` when it is a tensor.
         device: for shapes (default the current CUDA device); taken from ``q``
             when it is a tensor.
-        backward: also load the two backward kernels (to capture a training
+        backward: also load the backward's kernels (to capture a training
             step's backward in a CUDA graph).
         window_size: as in ``attn_fwd``: calls with a window use their own kernels.
         softcap: as in ``attn_fwd``: calls with a softcap use their own kernels.
@@ -545,6 +548,9 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             dropout in a CUDA graph, preload with ``dropout=True``).
         attn_mask: SDPA calls with an attn_mask use their own kernels.
         head_dim_v: v's head dim where it differs from k's (None: k's).
+        deterministic: with ``backward``, the kernels of a deterministic
+            backward (``flash_attn_func(..., deterministic=True)``, or
+            ``torch.use_deterministic_algorithms(True)`` while it is on).
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -584,7 +590,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         # The backward's own rule (SEQ16 when the seqlens are multiples of 16 too), on the same meta tensors.
         grads = bwd_binding.empty_grads(qt, kt, vt)
         _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
-        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16)]
+        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16,
+                                                       _check_bool("deterministic", deterministic))]
     return loaded
 
 

@@ -2,7 +2,7 @@
 
 ``lazytriton::flash_fwd(q, k, v, softmax_scale, causal, window_left=-1,
 window_right=-1, softcap=0.0, alibi_slopes=None, attn_bias=None,
-dropout_p=0.0, philox=None) -> (out, lse)`` takes tensors in the kernel's
+dropout_p=0.0, philox=None, deterministic=False) -> (out, lse)`` takes tensors in the kernel's
 (batch, heads, seqlen, head_dim) order, any strides with a contiguous last
 dim (the public functions pass views, never copies), ``causal`` as one of
 "none", "top_left", "bottom_right", FlashAttention-2's sliding window (-1:
@@ -11,7 +11,8 @@ unbounded) and softcap (0.0: off), ALiBi slopes (float32, (heads_q,) or
 seqlen_k) view, broadcast dims with stride 0; no gradient) and dropout with
 its Philox [seed, offset] int64 tensor, drawn by the caller (so the op is a
 pure function of its inputs: a recomputation, as activation checkpointing
-does, drops the same elements). Its fake (meta)
+does, drops the same elements); ``deterministic`` is read by its backward only
+(bitwise reproducible gradients: no fused backward). Its fake (meta)
 implementation gives the exact shapes, dtypes and strides of the real one
 (both allocate through ``binding.empty_outputs``), so ``torch.compile``,
 ``torch.export`` and FakeTensor tracing see through it without running it.
@@ -22,11 +23,12 @@ dispatch is measured in benchmarks/NOTES.md.
 
 ``lazytriton::flash_bwd(do, q, k, v, out, lse, softmax_scale, causal,
 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-attn_bias=None, dropout_p=0.0, philox=None) -> (dq, dk, dv)`` is the
-backward (``kernels/flash_bwd``), registered as the forward op's autograd
-formula: the forward saves q, k, v, out and lse (and the slopes, bias and
-Philox tensor, so the backward regenerates the forward's dropout mask), and
-the backward runs the two backward kernels once for all three gradients. The
+attn_bias=None, dropout_p=0.0, philox=None, deterministic=False) -> (dq, dk,
+dv)`` is the backward (``kernels/flash_bwd``), registered as the forward op's
+autograd formula: the forward saves q, k, v, out and lse (and the slopes,
+bias and Philox tensor, so the backward regenerates the forward's dropout
+mask, and its ``deterministic``), and the backward runs its kernels once for
+all three gradients. The
 logsumexp output is marked non-differentiable: it comes back as a constant
 (``requires_grad`` False), so a loss through it alone raises torch's "does
 not require grad" error, and in a loss that also uses ``out`` its share is not
@@ -45,9 +47,10 @@ from lazytriton.kernels.flash_fwd import score_mods
 
 _FEATURES = ("int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
              "Tensor? attn_bias=None, float dropout_p=0.0, Tensor? philox=None")
-_FLASH_FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, float softmax_scale, str causal, {_FEATURES}) -> (Tensor, Tensor)"
+_FLASH_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, float softmax_scale, str causal, {_FEATURES}, "
+                     "bool deterministic=False) -> (Tensor, Tensor)")
 _FLASH_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, "
-                     f"str causal, {_FEATURES}) -> (Tensor, Tensor, Tensor)")
+                     f"str causal, {_FEATURES}, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -58,8 +61,9 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: str,
               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
               alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
-              dropout_p: float = 0.0, philox: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashAttention forward through the kernel cache: ``(out, lse)``."""
+              dropout_p: float = 0.0, philox: torch.Tensor | None = None,
+              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward through the kernel cache: ``(out, lse)``; ``deterministic`` is for its backward."""
     # Checked again here: the op can be called directly (torch.ops.lazytriton.flash_fwd),
     # and a compiler may hand it inputs laid out otherwise than the eager trace had them.
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
@@ -82,7 +86,8 @@ def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
 def _flash_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: str,
                     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                     alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
-                    dropout_p: float = 0.0, philox: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    dropout_p: float = 0.0, philox: torch.Tensor | None = None,
+                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     b, hq, sq, d = q.shape
     dv = v.shape[-1]
     return flash_fwd_binding.empty_outputs(q, flash_fwd_binding.Shape(b, hq, k.shape[1], sq, k.shape[2], d),
@@ -93,15 +98,19 @@ def _flash_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
 def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
               lse: torch.Tensor, softmax_scale: float, causal: str, window_left: int = -1, window_right: int = -1,
               softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
-              dropout_p: float = 0.0, philox: torch.Tensor | None = None,
+              dropout_p: float = 0.0, philox: torch.Tensor | None = None, deterministic: bool = False,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashAttention backward through the kernel cache: ``(dq, dk, dv)`` for the gradient ``do`` of ``out``."""
+    """FlashAttention backward through the kernel cache: ``(dq, dk, dv)`` for the gradient ``do`` of ``out``.
+
+    ``deterministic``: bitwise reproducible gradients (``binding.backward``'s).
+    """
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
     call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
                     dropout_p, philox)
     flash_bwd_binding.check_grad(q, out, lse, do, call)
-    return tuple(flash_bwd_binding.backward(q, k, v, out, lse, do, call))  # type: ignore[return-value]
+    return tuple(flash_bwd_binding.backward(q, k, v, out, lse, do, call,  # type: ignore[return-value]
+                                            deterministic=deterministic))
 
 
 @flash_bwd.register_fake
@@ -109,33 +118,34 @@ def _flash_bwd_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                     lse: torch.Tensor, softmax_scale: float, causal: str, window_left: int = -1,
                     window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                     attn_bias: torch.Tensor | None = None, dropout_p: float = 0.0,
-                    philox: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    philox: torch.Tensor | None = None,
+                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(flash_bwd_binding.empty_grads(q, k, v))  # type: ignore[return-value]
 
 
-# The features after (softmax_scale, causal), with their defaults: the inputs may stop early.
-_FEATURE_DEFAULTS: tuple[Any, ...] = (-1, -1, 0.0, None, None, 0.0, None)
+# The features after (softmax_scale, causal), then deterministic, with their defaults: the inputs may stop early.
+_FEATURE_DEFAULTS: tuple[Any, ...] = (-1, -1, 0.0, None, None, 0.0, None, False)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, v, softmax_scale, causal, *given = inputs
     features: tuple[Any, ...] = (*given, *_FEATURE_DEFAULTS[len(given):])
-    window_left, window_right, softcap, alibi, bias, dropout_p, philox = features
+    window_left, window_right, softcap, alibi, bias, dropout_p, philox, deterministic = features
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi, bias, philox)
-    ctx.softmax_scale, ctx.causal = softmax_scale, causal
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
     ctx.features = (window_left, window_right, softcap, dropout_p)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
     q, k, v, out, lse, alibi, bias, philox = ctx.saved_tensors
-    n_rest = len(ctx.needs_input_grad) - 3  # scale, causal and the features: no gradient
+    n_rest = len(ctx.needs_input_grad) - 3  # scale, causal, the features and deterministic: no gradient
     if grad_out is None:  # only lse was used, and it carries no gradient
         return (None,) * (3 + n_rest)
     window_left, window_right, softcap, dropout_p = ctx.features
     dq, dk, dv = flash_bwd_op(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, window_left, window_right,
-                              softcap, alibi, bias, dropout_p, philox)
+                              softcap, alibi, bias, dropout_p, philox, ctx.deterministic)
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * n_rest)
 

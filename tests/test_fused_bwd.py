@@ -157,6 +157,49 @@ def test_deterministic_mode_keeps_the_two_kernels(deterministic: None) -> None:
     assert not bwd.fused_fits(plain_call(), torch.bfloat16, True, False)
 
 
+def test_a_deterministic_call_keeps_the_two_kernels() -> None:
+    call = plain_call(causal="bottom_right")
+    assert bwd.fused_fits(call, torch.bfloat16, True, False)
+    assert not bwd.fused_fits(call, torch.bfloat16, True, False, deterministic=True)
+
+
+def test_preload_hands_deterministic_to_the_backward_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before a CUDA graph: ``preload(backward=True, deterministic=True)`` loads the deterministic backward's pair."""
+    seen: list[bool] = []
+    monkeypatch.setattr(fwd, "preload", lambda *args: "forward")
+    monkeypatch.setattr(bwd, "preload", lambda *args: seen.append(args[-1]) or ("dq", "dkdv"))
+    shape = (1, 2, 256, 64)
+    assert lazytriton.preload(shape, shape, device="cuda:0", backward=True, deterministic=True) == [
+        "forward", "dq", "dkdv"]
+    lazytriton.preload(shape, shape, device="cuda:0", backward=True)
+    assert seen == [True, False]
+    with pytest.raises(TypeError, match="deterministic"):
+        lazytriton.preload(shape, shape, device="cuda:0", backward=True, deterministic="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_flash_attn_func_carries_deterministic_to_its_backward(monkeypatch: pytest.MonkeyPatch, asked: bool) -> None:
+    """The op saves the call's ``deterministic`` and hands it to the binding's backward (CPU: the interpreter)."""
+    seen: list[bool] = []
+    real = bwd.backward
+
+    def spy(*args: object, deterministic: bool = False) -> bwd.Grads:
+        seen.append(deterministic)
+        return real(*args, deterministic=deterministic)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bwd, "backward", spy)
+    q, k, v = make_qkv(1, (2, 2), (16, 16), 16, torch.float32, "cpu", seed=5)
+    do = torch.randn(1, 2, 16, 16)
+
+    def fa(*t: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_func(*(x.transpose(1, 2) for x in t), causal=True,
+                                          deterministic=asked).transpose(1, 2)
+
+    got = grads_of(fa, q, k, v, do)
+    assert seen == [asked]
+    check_grads(q, k, v, do, got, causal="bottom_right")
+
+
 def test_the_plan_loads_the_prep_and_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     loaded: list[Variant] = []
 
@@ -263,3 +306,20 @@ def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
     got = grads_of(fa, q, k, v, do)
     check_grads(q, k, v, do, got, causal=causal)
     assert any(r.kernel == fused.NAME for r in resolved), resolved
+
+
+@on_gpu
+def test_a_deterministic_call_is_reproducible_bit_for_bit_on_gpu(resolved: list[Variant]) -> None:
+    """``flash_attn_func(deterministic=True)`` on a shape the fused table serves: the two kernels, bit for bit."""
+    q, k, v = make_qkv(1, (4, 2), (1024, 2048), 128, torch.bfloat16, "cuda", seed=11)
+    skip_unless_sm90(q, fused.NAME)
+    do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
+
+    def fa(*t: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_func(*(x.transpose(1, 2) for x in t), causal=True,
+                                          deterministic=True).transpose(1, 2)
+
+    first = grads_of(fa, q, k, v, do)
+    check_grads(q, k, v, do, first, causal="bottom_right")
+    assert all(torch.equal(a, b) for a, b in zip(first, grads_of(fa, q, k, v, do), strict=True))
+    assert not any(r.kernel == fused.NAME for r in resolved), resolved

@@ -30,7 +30,9 @@ the fused one (``fused.py``, Hopper only): ``flash_bwd_prep`` (delta, dQ's
 zeroed float32 accumulator), ``flash_bwd_fused_gluon`` (dK, dV, and dQ's sums
 by TMA reductions), then the accumulator cast into dq. Its dQ sums in the
 order the programs run, so dQ is not bitwise reproducible: under
-``torch.use_deterministic_algorithms(True)`` the two kernels serve instead.
+``torch.use_deterministic_algorithms(True)``, or for a call that asks
+(``backward(..., deterministic=True)``: ``flash_attn_func``'s argument), the
+two kernels serve instead.
 """
 
 from __future__ import annotations
@@ -201,16 +203,18 @@ def _plain(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool
 FUSED_TAIL = ("FUSED",)
 
 
-def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool, seq16: bool = True) -> bool:
+def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool, seq16: bool = True,
+               deterministic: bool = False) -> bool:
     """Whether dispatch serves this checked call with the fused backward (``dispatch.flash_bwd_fused_fits``).
 
     A plain dense call as for ``gluon_fits``, with SEQ16 (lse's strides
-    multiples of 16: the fused kernel's entries are compiled so), and
-    deterministic algorithms not asked for (``torch.use_deterministic_algorithms``):
+    multiples of 16: the fused kernel's entries are compiled so), and a
+    deterministic backward asked for neither by the call (``deterministic``:
+    ``flash_attn_func``'s) nor globally (``torch.use_deterministic_algorithms``):
     the fused kernel's dQ sums arrive in any order.
     """
     shape = call.shape
-    return (seq16 and _plain(call, dtype, aligned, index64)
+    return (seq16 and not deterministic and _plain(call, dtype, aligned, index64)
             and dispatch.flash_bwd_fused_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
                                               shape.seqlen_q, shape.seqlen_k)
             and not torch.are_deterministic_algorithms_enabled())
@@ -347,8 +351,13 @@ def _delta(q: torch.Tensor, shape: Shape) -> torch.Tensor:
 
 
 def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-               do: torch.Tensor, grads: Grads, call: Call, forced: tuple[Variant, Variant] | None = None) -> None:
-    """Launch both cached kernels for a checked call on GPU tensors (``forced``: tune's candidates)."""
+               do: torch.Tensor, grads: Grads, call: Call, forced: tuple[Variant, Variant] | None = None,
+               deterministic: bool = False) -> None:
+    """Launch the cached kernels for a checked call on GPU tensors (``forced``: tune's candidates).
+
+    ``deterministic``: bitwise reproducible gradients (flash_bwd's two
+    kernels, never the fused one), as under ``torch.use_deterministic_algorithms``.
+    """
     delta = _delta(q, call.shape)
     dq_ints, dkdv_ints, aligned, seq16, index64 = pack(q, k, v, out, do, lse, delta, *grads, call)
     shape = call.shape
@@ -356,7 +365,7 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     rt = runtime.get()
     if forced is None:
         causal = call.causal != "none"
-        fused_ = fused_fits(call, q.dtype, aligned, index64, seq16)
+        fused_ = fused_fits(call, q.dtype, aligned, index64, seq16, deterministic)
         gluon = not fused_ and gluon_fits(call, q.dtype, aligned, index64)
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
                        call.mods, call.head_dim_v, seq16, gluon, fused_)
@@ -445,11 +454,13 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-             do: torch.Tensor, call: Call) -> Grads:
+             do: torch.Tensor, call: Call, deterministic: bool = False) -> Grads:
     """(dq, dk, dv) of a checked call: the kernels on a GPU, the interpreter on CPU, empty on meta.
 
     ``out`` and ``lse`` are the forward's; ``do`` is the gradient of ``out``.
     Rows that see no key get zero gradients, and so do keys no query sees.
+    ``deterministic``: bitwise reproducible gradients on a GPU too (the
+    interpreter's always are).
     """
     grads = empty_grads(q, k, v)
     if q.device.type == "meta":
@@ -462,22 +473,26 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     if q.device.type == "cpu":
         run_interpreter(q, k, v, out, lse, do, grads, call)
     else:
-        launch_gpu(q, k, v, out, lse, do, grads, call)
+        launch_gpu(q, k, v, out, lse, do, grads, call, deterministic=deterministic)
     return grads
 
 
 def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool = True,
-            index64: bool = False, seq16: bool | None = None) -> tuple[Variant, Variant]:
+            index64: bool = False, seq16: bool | None = None,
+            deterministic: bool = False) -> tuple[Variant, Variant]:
     """Load the two kernels a backward of this shape would use on ``device`` now; their variants.
 
-    ``seq16``: ``pack``'s; None, dispatch's rule for the shape (``dispatch.seq_aligned``).
+    The two are flash_bwd's, or the fused pair (``flash_bwd_prep``,
+    ``flash_bwd_fused_gluon``) where it serves, which ``deterministic``
+    (``backward``'s) rules out. ``seq16``: ``pack``'s; None, dispatch's rule
+    for the shape (``dispatch.seq_aligned``).
     """
     shape = call.shape
     causal = call.causal != "none"
     rt = runtime.get()
     window, softcap, mods, dv = call.windowed, call.capped, call.mods, call.head_dim_v
     seq16 = _seq16(seq16, aligned, shape)
-    fused_ = fused_fits(call, dtype, aligned, index64, seq16)
+    fused_ = fused_fits(call, dtype, aligned, index64, seq16, deterministic)
     gluon = not fused_ and gluon_fits(call, dtype, aligned, index64)
     plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon,
                       fused_),
