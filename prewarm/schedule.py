@@ -46,11 +46,11 @@ KERNEL_FACTOR = {"flash_fwd": 1.0, "flash_bwd_dq": 1.28, "flash_bwd_dkdv": 2.16,
 GLUON_FACTOR = {(False, False): 0.72, (False, True): 0.72, (True, False): 1.34, (True, True): 1.88}
 # The fused backward's kernels have no BLOCK_N field: the keys a program holds (flash_bwd_fused_gluon: two
 # warpgroups of 64, or 64 split by columns at head dim 256: WIDE_HELD_KEYS) or one (flash_bwd_prep: a row-wise
-# pass). Factors fitted on its 8 variants of the default
-# table (bf16, hd64/128, both causal modes) compiled twice beside 4 flash_fwd ones (Triton 3.6, this machine,
-# 2026-12-01; measured over estimated time relative to flash_fwd's): fused 1.38-1.55 (three partitions, five
-# products a step), prep 0.67-0.75. Without them both took UNKNOWN_SECONDS: the fused kernel, 1.6-1.8 s of
-# compile against flash_fwd's 0.7-1.1, was ranked with the median variant.
+# pass). Factors fitted on its 8 variants of the default table (bf16, hd64/128, both causal modes) compiled
+# twice beside 4 flash_fwd ones (Triton 3.6, this machine, 2026-12-01; measured over estimated time relative to
+# flash_fwd's): fused 1.38-1.55 (three partitions, five products a step), prep 0.67-0.75. Without them both took
+# UNKNOWN_SECONDS: the fused kernel, 1.6-1.8 s of compile against flash_fwd's 0.7-1.1, was ranked with the
+# median variant. The hd256 program compiled in 1.1-2.4 s here (Triton 3.6), as hd128's: the same factor.
 HELD_KEYS = {"flash_bwd_fused_gluon": 128, "flash_bwd_prep": 1}
 WIDE_HELD_KEYS = {"flash_bwd_fused_gluon": 64}  # above head dim 128 (kernels/flash_bwd/fused.py: block_n)
 KERNEL_FACTOR.update({"flash_bwd_fused_gluon": 1.45, "flash_bwd_prep": 0.7})
