@@ -34,7 +34,10 @@ class KernelSpec:
     ``SEQ16=true``. Two flags, because a packed (varlen) or odd-length call has
     aligned tensors but not aligned seqlens, and should keep the first hints.
     ``constexprs`` are the constexpr parameters, filled from the variant's
-    functional and tuned fields.
+    functional and tuned fields. ``helpers`` names the other modules whose
+    ``@jit`` functions the kernel calls (``from ... import``): their sources
+    enter its fingerprint, and the interpreter imports them before loading
+    the kernel's file.
     """
 
     name: str
@@ -44,14 +47,17 @@ class KernelSpec:
     constexprs: tuple[str, ...]
     aligned_params: tuple[str, ...]
     seq_aligned_params: tuple[str, ...] = ()
+    helpers: tuple[str, ...] = ()
 
     @property
     def source_path(self) -> Path:
         """The kernel's source file, found without importing it."""
-        spec = importlib.util.find_spec(self.module)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"kernel source module {self.module} not found")
-        return Path(spec.origin)
+        return _module_path(self.module)
+
+    @property
+    def source_paths(self) -> tuple[Path, ...]:
+        """The files of what the kernel computes: its own, then its ``helpers``'."""
+        return (self.source_path, *(_module_path(name) for name in self.helpers))
 
     def signature(self, dtype: str, index64: bool = False, constexprs: dict[str, object] | None = None
                   ) -> dict[str, str]:
@@ -66,13 +72,22 @@ class KernelSpec:
         return sig
 
 
+def _module_path(module: str) -> Path:
+    """A module's source file, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"kernel source module {module} not found")
+    return Path(spec.origin)
+
+
 @functools.cache
 def source_fingerprint(kernel: str) -> str:
-    """xxh3-64 of the kernel's source file (line endings normalised) and of its description's typing and hints.
+    """xxh3-64 of the kernel's source files (line endings normalised) and of its description's typing and hints.
 
-    The file holds the kernel and every ``@triton.jit`` function it calls, so
-    any change to what it computes changes the fingerprint, and with it every
-    key of that kernel. The description decides the binary too (parameter
+    The files (``KernelSpec.source_paths``: its own, then its helpers') hold
+    the kernel and every ``@triton.jit`` function it calls, so any change to
+    what it computes changes the fingerprint, and with it every key of that
+    kernel. The description decides the binary too (parameter
     types, which parameters are marked 16-divisible under ALIGN16 and SEQ16)
     without touching the source: when ALIGN16 stopped covering flash_bwd's
     seqlens, its ALIGN16 variants kept their strings, and entries compiled
@@ -80,9 +95,9 @@ def source_fingerprint(kernel: str) -> str:
     per process.
     """
     spec = get(kernel)
-    text = spec.source_path.read_bytes().replace(b"\r\n", b"\n")
+    texts = [path.read_bytes().replace(b"\r\n", b"\n") for path in spec.source_paths]
     described = repr((spec.params, spec.constexprs, spec.aligned_params, spec.seq_aligned_params)).encode()
-    return xxhash.xxh3_64_hexdigest(text + b"\0" + described)
+    return xxhash.xxh3_64_hexdigest(b"\0".join((*texts, described)))
 
 
 # Kernel families (one folder each under kernels/) and the kernels of each, in launch order.

@@ -197,6 +197,12 @@ def _kernel_module(private: _Private, spec: KernelSpec) -> ModuleType:
     if module is None:
         from lazytriton.compiler import TRITON_LOCK
 
+        # The helper modules the file imports from (KernelSpec.helpers), imported for real first: one first
+        # imported inside the block, and importing triton.language, would stay in sys.modules bound to the
+        # private copy, for every later compile. (The fused backward's helpers are Gluon functions of the
+        # kernel the interpreter never runs; its file's plain kernel, flash_bwd_prep, calls none.)
+        for helper in spec.helpers:
+            importlib.import_module(helper)
         with TRITON_LOCK, _private_sys_modules(private.modules):
             file_spec = importlib.util.spec_from_file_location(f"_lazytriton_interpreted_{spec.name}",
                                                                spec.source_path)

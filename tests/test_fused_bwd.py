@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,6 +66,24 @@ def test_each_spec_matches_its_kernels_signature_and_has_its_own_source(name: st
     assert source_fingerprint(name) not in (source_fingerprint("flash_bwd_dkdv"),
                                             source_fingerprint("flash_bwd_dkdv_gluon"))
     assert source_fingerprint(fused.NAME) != source_fingerprint(fused.PREP)  # the descriptions differ
+
+
+def test_the_fingerprint_covers_the_helpers_the_fused_kernel_calls(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """load_kv and query_steps live in gluon_kernel.py: a change there must change the fused kernel's keys."""
+    from lazytriton import kernels, record
+
+    spec = get(fused.NAME)
+    assert [p.name for p in spec.source_paths] == ["fused_kernel.py", "gluon_kernel.py"]
+    assert [p.name for p in get(fused.PREP).source_paths] == ["fused_kernel.py"]  # it calls neither
+    fingerprint = source_fingerprint.__wrapped__  # type: ignore[attr-defined]
+    before = fingerprint(fused.NAME)
+    helper = tmp_path / "edited_helper.py"
+    helper.write_bytes(spec.source_paths[1].read_bytes() + b"\n# edited\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    edited = record.replace(spec, helpers=("edited_helper",))
+    monkeypatch.setattr(kernels, "get", lambda name: edited)
+    assert fingerprint(fused.NAME) != before
 
 
 def test_the_default_pair_is_complete_round_trips_and_keys_apart() -> None:

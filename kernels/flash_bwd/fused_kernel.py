@@ -1,8 +1,8 @@
 """The fused backward for Hopper (sm_90) in Gluon, warp-specialised as FlashAttention-3's: ``flash_bwd_fused_gluon``.
 
-This is the only file the source fingerprints of ``flash_bwd_fused_gluon``
-and ``flash_bwd_prep`` cover, so everything the two kernels call lives here
-(``load_kv`` and ``query_steps`` are copies of ``gluon_kernel.py``'s). It
+The source fingerprint of ``flash_bwd_prep`` covers this file, and that of
+``flash_bwd_fused_gluon`` this file and ``gluon_kernel.py``, whose
+``load_kv`` and ``query_steps`` it calls (the spec's ``helpers``). It
 imports triton: only ``lazytriton.compiler`` may import it. It compiles for
 ``cuda:90`` with Triton 3.6.0 (the GPU host) and 3.9.0 (CI) from one source.
 
@@ -91,6 +91,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from lazytriton.kernels.flash_bwd.gluon_kernel import load_kv, query_steps
+
 # The name Triton renamed between 3.6 and 3.9 (3.9 removed the old one): TMA copy global -> shared.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -131,34 +133,6 @@ def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, 
     dqa_rows = (batch * heads_q + head) * seqlen_q + rows
     tl.store(DQA + dqa_rows[:, None] * BLOCK_D + cols[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
              mask=ok[:, None])
-
-
-@gluon.jit
-def load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar):
-    """Start the TMA loads of the program's K and V tiles (keys from ``start_n``) into their buffers, one barrier."""
-    ROWS: gl.constexpr = k_smem.type.shape[0]
-    COLS: gl.constexpr = k_smem.type.shape[1]
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, COLS], [stride_ks, 1], [ROWS, COLS], k_smem.type.layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, COLS], [stride_vs, 1], [ROWS, COLS], v_smem.type.layout)
-    mbarrier.expect(kv_bar.index(0), 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
-    _tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
-
-
-@gluon.jit
-def query_steps(start_n, causal_offset, seqlen_q, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr):
-    """(m_first, n_steps, n_masked): the query blocks keys [start_n, start_n + ROWS) see, from m_first.
-
-    Query blocks [m_first, m_first + n_masked) cross the keys' causal diagonal
-    (masked); the rest see every key.
-    """
-    n_m = seqlen_q // BLOCK_M
-    m_first = 0
-    m_full = 0
-    if CAUSAL:
-        m_first = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
-        m_full = gl.minimum((gl.maximum(start_n + ROWS - 1 - causal_offset, 0) + BLOCK_M - 1) // BLOCK_M, n_m)
-    return m_first, n_m - m_first, m_full - m_first
 
 
 @gluon.jit
