@@ -91,10 +91,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from lazytriton.kernels.flash_bwd.gluon_kernel import load_kv, query_steps
-
-# The name Triton renamed between 3.6 and 3.9 (3.9 removed the old one): TMA copy global -> shared.
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+from lazytriton.kernels.flash_bwd.gluon_kernel import load_kv, query_steps, tma_load
 
 
 @builtin
@@ -153,8 +150,8 @@ def _produce(Q, DO, q_bufs, do_bufs, full, empty, stride_qb, stride_qh, stride_q
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
             bar = full.index(slot)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            _tma_load(q_desc, [(m_first + step) * BLOCK_M, 0], bar, q_bufs.index(slot))
-            _tma_load(do_desc, [(m_first + step) * BLOCK_M, 0], bar, do_bufs.index(slot))
+            tma_load(q_desc, [(m_first + step) * BLOCK_M, 0], bar, q_bufs.index(slot))
+            tma_load(do_desc, [(m_first + step) * BLOCK_M, 0], bar, do_bufs.index(slot))
             it += 1
 
 
@@ -286,10 +283,10 @@ def _produce_wide(Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, st
             slot = it % STAGES
             mbarrier.wait(q_empty.index(slot), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
+            tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
             mbarrier.wait(do_empty.index(0), (it & 1) ^ 1)
             mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes)
-            _tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
+            tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
             it += 1
 
 

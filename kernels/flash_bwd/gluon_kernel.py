@@ -59,7 +59,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 # The name Triton renamed between 3.6 and 3.9 (3.9 removed the old one): TMA copy global -> shared.
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# Public: fused_kernel.py loads with it too.
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)  # Q/dO ring depth (gluon.shared_bytes counts it)
@@ -73,8 +74,8 @@ def load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it, step, n_steps, m_first
     bar = bars.index(slot)
     live = step < n_steps
     mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
-    _tma_load(q_desc, [(m_first + step) * BLOCK_M, 0], bar, q_bufs.index(slot), pred=live)
-    _tma_load(do_desc, [(m_first + step) * BLOCK_M, 0], bar, do_bufs.index(slot), pred=live)
+    tma_load(q_desc, [(m_first + step) * BLOCK_M, 0], bar, q_bufs.index(slot), pred=live)
+    tma_load(do_desc, [(m_first + step) * BLOCK_M, 0], bar, do_bufs.index(slot), pred=live)
 
 
 @gluon.jit
@@ -87,8 +88,8 @@ def load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, start_n, k_smem, v_s
     v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, BLOCK_D], [stride_vs, 1], [BLOCK_N, BLOCK_D],
                                         v_smem.type.layout)
     mbarrier.expect(kv_bar.index(0), 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
-    _tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
+    tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
+    tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
 
 
 @gluon.jit
