@@ -240,6 +240,56 @@ def test_the_plan_loads_the_prep_and_the_fused_kernel(monkeypatch: pytest.Monkey
     assert [v.kernel for v in loaded] == [fused.PREP, fused.NAME]
 
 
+@pytest.mark.parametrize("gqa", [False, True])
+def test_the_fused_launch_passes_each_kernel_its_integers_by_name(monkeypatch: pytest.MonkeyPatch,
+                                                                  gqa: bool) -> None:
+    """``_launch_fused`` picks each kernel's integers by position from pack's tuples: the names must line up."""
+    launched: dict[str, tuple[tuple[int, int, int], tuple[int, ...], tuple[float, ...]]] = {}
+
+    class FakeKernel:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def launch(self, grid: tuple[int, int, int], stream: int, ints: tuple[int, ...],
+                   floats: tuple[float, ...], scratch_alloc: object) -> None:
+            launched[self.name] = (grid, ints, floats)
+
+    allocated: list[torch.Tensor] = []
+    real_empty = torch.empty
+
+    def empty(*args: object, **kwargs: object) -> torch.Tensor:
+        out = real_empty(*args, **kwargs)  # type: ignore[call-overload]
+        allocated.append(out)
+        return out
+
+    b, hq, hk, s, d = 2, 4, 2 if gqa else 4, 256, 64
+    q = torch.randn(b, s, hq, d, dtype=torch.bfloat16).transpose(1, 2)  # (B, H, S, D) views of a bshd layout
+    k, v = (torch.randn(b, s, hk, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    out, do = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(b, hq, s)
+    call = fwd.check(q, k, v, "bottom_right", 0.3)
+    grads = bwd.empty_grads(q, k, v)
+    delta = torch.empty(b, hq, s)
+    dq_ints, dkdv_ints, *_ = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
+    monkeypatch.setattr(torch, "empty", empty)
+    bwd._launch_fused(FakeKernel("prep"), FakeKernel("fused"), 0, dq_ints, dkdv_ints, grads, call)
+    (dqa,) = allocated
+    assert dqa.shape == (b, hq, s, d) and dqa.dtype == torch.float32
+    values = {"Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(), "Out": out.data_ptr(), "DO": do.data_ptr(),
+              "Lse": lse.data_ptr(), "Delta": delta.data_ptr(), "DK": grads.dk.data_ptr(),
+              "DV": grads.dv.data_ptr(), "DQA": dqa.data_ptr(), "heads_q": hq, "group_size": hq // hk,
+              "seqlen_q": s, "seqlen_k": s, "causal_offset": 0, "stride_lb": hq * s, "stride_lh": s}
+    for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", do), ("dk", grads.dk), ("dv", grads.dv)):
+        values.update({f"stride_{prefix}b": t.stride(0), f"stride_{prefix}h": t.stride(1),
+                       f"stride_{prefix}s": t.stride(2)})
+    for name, spec in (("prep", fused.FLASH_BWD_PREP), ("fused", fused.FLASH_BWD_FUSED_GLUON)):
+        grid, ints, floats = launched[name]
+        names = [n for n, kind in spec.params if not kind.startswith("fp")]
+        assert ints == tuple(values[n] for n in names), name
+    assert launched["fused"][2] == (0.3,) and launched["prep"][2] == ()
+    assert (launched["prep"][0], launched["fused"][0]) == fused.grids(b, hq, hk, s, s, d)
+
+
 def test_prewarm_plans_the_fused_pair_beside_flash_bwd() -> None:
     from lazytriton import tuning
 

@@ -37,6 +37,7 @@ two kernels serve instead.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import torch
@@ -387,27 +388,33 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
 
 
-_PREP_INTS = tuple(name for name, kind in fused.FLASH_BWD_PREP.params if not kind.startswith("fp"))
-_FUSED_INTS = tuple(name for name, kind in fused.FLASH_BWD_FUSED_GLUON.params if not kind.startswith("fp"))
+# ``_launch_fused`` takes both kernels' integers from one tuple: the two-kernel tuples ``pack`` made (the same
+# tensors, strides and sizes), then dQ's accumulator and heads_q. Each kernel's are picked by position (a name
+# both tuples hold has the same value in each: the first is taken).
+_FUSED_SOURCES = (*DQ_INT_PARAMS, *DKDV_INT_PARAMS, "DQA", "heads_q")
+
+
+def _picker(spec: Any) -> Any:
+    """A function from the ``_FUSED_SOURCES`` tuple to ``spec``'s integer arguments in order (both take several)."""
+    return operator.itemgetter(*(_FUSED_SOURCES.index(name) for name, kind in spec.params
+                                 if not kind.startswith("fp")))
+
+
+_PICK_PREP = _picker(fused.FLASH_BWD_PREP)
+_PICK_FUSED = _picker(fused.FLASH_BWD_FUSED_GLUON)
 
 
 def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...], dkdv_ints: tuple[int, ...],
                   grads: Grads, call: Call) -> None:
-    """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``.
-
-    Both kernels' integer arguments are named in the two-kernel tuples
-    ``pack`` made (the same tensors, strides and sizes), plus the accumulator
-    and heads_q.
-    """
+    """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``."""
     shape = call.shape
     dqa = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim), dtype=torch.float32,
                       device=grads.dq.device)
-    named = {**dict(zip(DQ_INT_PARAMS, dq_ints, strict=True)), **dict(zip(DKDV_INT_PARAMS, dkdv_ints, strict=True)),
-             "DQA": dqa.data_ptr(), "heads_q": shape.heads_q}
+    ints = (*dq_ints, *dkdv_ints, dqa.data_ptr(), shape.heads_q)
     prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k,
                                         shape.head_dim)
-    prep.launch(prep_grid, stream, tuple(named[n] for n in _PREP_INTS), (), fwd.scratch_alloc)
-    kernel.launch(fused_grid, stream, tuple(named[n] for n in _FUSED_INTS), (call.scale,), fwd.scratch_alloc)
+    prep.launch(prep_grid, stream, _PICK_PREP(ints), (), fwd.scratch_alloc)
+    kernel.launch(fused_grid, stream, _PICK_FUSED(ints), (call.scale,), fwd.scratch_alloc)
     grads.dq.copy_(dqa)
 
 
