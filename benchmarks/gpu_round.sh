@@ -60,6 +60,9 @@ esac
 case " $* " in *" interface "*)  # host cost eager vs op, a compiled model step, CUDA graph replay
   python3 benchmarks/bench_interface.py --csv "$OUT/interface.csv" 2>&1 | tee "$OUT/bench_interface.log" | tail -22 ;;
 esac
+case " $* " in *" bench "*|*" bwd "*)  # launches through the compiled helper, as a deployment that built it (README)
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 || echo "launch helper not built: ABI-mode launches" ;;
+esac
 case " $* " in *" bench "*)
   python3 benchmarks/bench_flash_fwd.py --csv "$OUT/flash_fwd.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
 esac
