@@ -81,12 +81,13 @@ def block_n(head_dim: int) -> int:
 
 
 def shared_bytes(head_dim: int, block_m: int) -> int:
-    """Shared memory the fused kernel allocates, within ``SHARED_SLACK``: K and V, the Q/dO ring, dS^T, dQ tiles."""
+    """Shared memory the fused kernel allocates, within ``SHARED_SLACK``: K and V, the ring, dS^T, dQ tiles."""
     if head_dim > 128:  # K, V; Q's ring and one dO tile; P^T and dS^T; a dQ tile a warpgroup
         return 2 * (2 * WIDE_BLOCK_N * head_dim + (STAGES + 1) * block_m * head_dim + 2 * WIDE_BLOCK_N * block_m) \
             + 4 * 2 * block_m * WIDE_DQ_COLS
+    # K, V; the ring's Q and dO tiles and lse and delta rows; two dS^T buffers; a dQ tile a warpgroup
     return 2 * (2 * BLOCK_N * head_dim + 2 * STAGES * block_m * head_dim + 2 * BLOCK_N * block_m) \
-        + 4 * 2 * block_m * head_dim // 2
+        + 4 * 2 * STAGES * block_m + 4 * 2 * block_m * head_dim // 2
 
 
 def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,

@@ -36,10 +36,15 @@ The program's partitions (``gl.warp_specialize``):
   bulk reduction (``cp.reduce.async.bulk.tensor.add``). Two dS^T buffers: a
   warpgroup writes buffer b at step j + 2 only after the other arrived at
   step j + 1, which it does after its step-j dQ product retired.
-- **A producer warp** (24 registers): Q and dO tiles through a two-deep ring,
-  each slot released by both consumers (an empty barrier of two arrivals)
-  once its last reader (dV reads dO, dK reads Q) retired. Its descriptors are
-  made per query head of the group.
+- **A producer warp** (24 registers): Q and dO tiles, and the step's lse and
+  delta rows (1-D tiles of BLOCK_M float32), through a two-deep ring, each
+  slot released by both consumers (an empty barrier of two arrivals) once its
+  last reader (dV reads dO, dK reads Q) retired. Its descriptors are made per
+  query head of the group. With keys as the products' M, a thread holds 16 of
+  a step's query columns, so lse and delta take 32 registers once read: from
+  global memory their load sat on each step's path after the scores (or held
+  those registers across the products, and spilled); from the ring they are
+  a shared-memory read (H200, 12-01: +6-11% at head dim 128, +2-11% at 64).
 - K and V are loaded once by TMA before the partitions split.
 
 At head dim 256 (``_program_wide``) the program holds 64 keys, and the two
@@ -60,8 +65,9 @@ FlashAttention-3 does there:
 - the consumers run one flat loop over the group's heads and steps: a nest
   kept more registers live (512 bytes spilled, 30% slower on the H200).
 
-``PREFETCH``: lse and delta of a step are loaded before its products are
-waited for (2 x BLOCK_M / 4 registers a thread), else after.
+``PREFETCH``: lse and delta of a step are read (from the ring at head dims 64
+and 128, from global memory at 256) before its products are waited for
+(2 x BLOCK_M / 4 registers a thread at 64 and 128), else after.
 
 What it covers (``fused.reason`` is the rule; the rest keeps the two-kernel
 backward): fp16/bf16, head dim 64, 128 or 256 exactly, 16-byte aligned
@@ -133,9 +139,14 @@ def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, 
 
 
 @gluon.jit
-def _produce(Q, DO, q_bufs, do_bufs, full, empty, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-             batch, kv_head, group_size, seqlen_q, m_first, n_steps, BLOCK_M: gl.constexpr):
-    """The producer warp: every step's Q and dO tiles, over the group's query heads, once the slot is free."""
+def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh, stride_qs,
+             stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size, seqlen_q, m_first,
+             n_steps, BLOCK_M: gl.constexpr):
+    """The producer warp: every step's Q, dO, lse and delta tiles, over the group's query heads, once the slot is free.
+
+    lse and delta come as 1-D tiles of BLOCK_M float32 per query head (rows
+    of ``stride_lb``/``stride_lh``, 16-byte aligned under the entries' SEQ16).
+    """
     BLOCK_D: gl.constexpr = q_bufs.type.shape[2]
     it = 0
     for g in range(group_size):
@@ -144,43 +155,46 @@ def _produce(Q, DO, q_bufs, do_bufs, full, empty, stride_qb, stride_qh, stride_q
                                             [stride_qs, 1], [BLOCK_M, BLOCK_D], q_bufs.type.layout)
         do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
                                              [stride_dos, 1], [BLOCK_M, BLOCK_D], do_bufs.type.layout)
+        lse_desc = tma.make_tensor_descriptor(Lse + batch * stride_lb + head * stride_lh, [seqlen_q], [1], [BLOCK_M],
+                                              lse_bufs.type.layout)
+        delta_desc = tma.make_tensor_descriptor(Delta + batch * stride_lb + head * stride_lh, [seqlen_q], [1],
+                                                [BLOCK_M], delta_bufs.type.layout)
         for step in range(n_steps):
             slot = it % STAGES
-            # Slot reuse: its (it // STAGES - 1)-th release; a fresh barrier shows that parity for the first lap.
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
             bar = full.index(slot)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            tma_load(q_desc, [(m_first + step) * BLOCK_M, 0], bar, q_bufs.index(slot))
-            tma_load(do_desc, [(m_first + step) * BLOCK_M, 0], bar, do_bufs.index(slot))
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            row = (m_first + step) * BLOCK_M
+            tma_load(q_desc, [row, 0], bar, q_bufs.index(slot))
+            tma_load(do_desc, [row, 0], bar, do_bufs.index(slot))
+            tma_load(lse_desc, [row], bar, lse_bufs.index(slot))
+            tma_load(delta_desc, [row], bar, delta_bufs.index(slot))
             it += 1
 
 
 @gluon.jit
-def _probs(s, dp, lse_ptr, delta_ptr, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
-           CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
+def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked, CAUSAL: gl.constexpr):
     """(P^T, dS^T) of one step from the raw S^T = K Q^T and dP^T = V dO^T (float32, the scores' layout).
 
-    With PREFETCH, ``lse2`` (lse x log2 e) and ``delta`` were loaded before
-    the products were waited for; else they are loaded here. ``masked``
-    (a runtime flag, causal only): the step crosses the diagonal.
+    ``lse2`` (lse x log2 e) and ``delta`` are the step's rows in the scores'
+    column layout. ``masked`` (a runtime flag, causal only): the step crosses
+    the diagonal.
     """
     BLOCK_M: gl.constexpr = s.type.shape[1]
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s.type.layout))
-    if not PREFETCH:
-        lse2 = gl.load(lse_ptr + offs_m) * LOG2E
-        delta = gl.load(delta_ptr + offs_m)
     x = s * qk_scale - lse2[None, :]
     if CAUSAL and masked:
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s.type.layout))
         x = gl.where(offs_n[:, None] <= (offs_m + causal_offset)[None, :], x, float("-inf"))
     p = gl.exp2(x)
     return p, p * (dp - delta[None, :])
 
 
 @gluon.jit
-def _consume(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem, kv_bar, full, empty, ds_ready, dqa_desc, Lse, Delta,
-             DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh,
-             batch, kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps,
-             n_masked, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
+def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_bar, full, empty, ds_ready,
+             dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+             group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+             BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
     """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ."""
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
     COLS: gl.constexpr = BLOCK_D // 2
@@ -204,29 +218,25 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem, kv_bar, full, em
     mbarrier.wait(kv_bar.index(0), 0)
     it = 0  # ring steps so far, over the group's heads: the slots' and dS buffers' phases follow it
     for g in range(group_size):
-        head = kv_head * group_size + g
-        lse_ptr = Lse + batch * stride_lb + head * stride_lh
-        delta_ptr = Delta + batch * stride_lb + head * stride_lh
-        dqa_row = (batch * heads_q + head) * seqlen_q
+        dqa_row = (batch * heads_q + kv_head * group_size + g) * seqlen_q
         for step in range(0, n_steps):
             cur = it + step
             slot = cur % STAGES
             buf = cur % 2
             start_m = (m_first + step) * BLOCK_M
-            lse2 = 0.0
-            delta = 0.0
-            if PREFETCH:
-                offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                lse2 = gl.load(lse_ptr + offs_m) * LOG2E
-                delta = gl.load(delta_ptr + offs_m)
             mbarrier.wait(full.index(slot), (cur // STAGES) & 1)
             q_s = q_bufs.index(slot)
             do_s = do_bufs.index(slot)
             s = warpgroup_mma(k_w, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
             dp = warpgroup_mma(v_w, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            if PREFETCH:
+                lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
+                delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-            p, ds = _probs(s, dp, lse_ptr, delta_ptr, start_m, lse2, delta, offs_n, qk_scale, causal_offset,
-                           step < n_masked, CAUSAL, PREFETCH)
+            if not PREFETCH:
+                lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
+                delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
+            p, ds = _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, step < n_masked, CAUSAL)
             # dS^T to our half of buffer cur % 2, which step cur - 2's dQ products read last: ours retired
             # then, the other warpgroup's before it arrived at step cur - 1's barrier, which we waited for.
             ds_w = ds_bufs.index(buf).slice(WG * WG_ROWS, WG_ROWS, dim=0)
@@ -496,6 +506,9 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
+    row_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M], gl.float32)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, COLS], dq_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
@@ -518,16 +531,17 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
                                           [BLOCK_M, COLS], dq_layout)
     # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
     gl.warp_specialize([
-        (_consume, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem.index(0), kv_bar, full, empty, ds_ready,
-                    dqa_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset,
-                    sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
-        (_consume, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_smem.index(1), kv_bar, full, empty, ds_ready,
-                    dqa_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset,
-                    sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
-        (_produce, (Q, DO, q_bufs, do_bufs, full, empty, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh,
-                    stride_dos, batch, kv_head, group_size, seqlen_q, m_first, n_steps, BLOCK_M)),
+        (_consume, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem.index(0), kv_bar, full,
+                    empty, ds_ready, dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
+                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n,
+                    m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
+        (_consume, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem.index(1), kv_bar, full,
+                    empty, ds_ready, dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
+                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n,
+                    m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
+        (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh,
+                    stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size,
+                    seqlen_q, m_first, n_steps, BLOCK_M)),
     ], [4, 1], [240, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(i))
