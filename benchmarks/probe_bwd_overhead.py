@@ -1,0 +1,123 @@
+"""Probe: what the fused backward spends outside its main kernel (flash_bwd_prep, dQ's cast, the host, the gaps).
+
+For bench_flash_bwd.py's shapes (bf16, batch x seqlen = 16k, hidden 2048), it times the served backward as the
+bench does (CUDA events around each call, so the host's time to the first launch counts), the host time of a
+call with the GPU idle, and lists the kernels it launches with their device times (torch.profiler); the rest
+of the total is outside the kernels. ``--fused-from N`` also times the fused backward where its table row
+starts above the seqlen. ``--parts`` times each part alone: flash_bwd_prep through Triton's JIT at several
+(BLOCK_M, warps), the accumulator's zero fill by torch and the cast ``dq.copy_(dqa)``, as GB/s.
+
+Usage: python benchmarks/probe_bwd_overhead.py [--head-dims 128,64] [--seqlens 1024,4096] [--fused-from 1024]
+[--parts]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+from lazytriton import dispatch
+from lazytriton.cli.timing import event_ms
+from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import fused, fused_kernel
+from lazytriton.kernels.flash_fwd import binding as fwd
+
+PREP_TILINGS = ((64, 4), (128, 4), (128, 8), (32, 4), (256, 8))
+
+
+def parts(q, out, do, reps):
+    """flash_bwd_prep's tilings, the zero fill and the cast, each alone."""
+    b, h, s, d = q.shape
+    n = b * h * s * d
+    dqa = torch.empty((b, h, s, d), dtype=torch.float32, device="cuda")
+    delta = torch.empty((b, h, s), dtype=torch.float32, device="cuda")
+    dq = torch.empty_like(q)
+    for bm, warps in PREP_TILINGS:
+        grid = ((s + bm - 1) // bm, h, b)
+
+        def prep(bm=bm, warps=warps, grid=grid):
+            fused_kernel.flash_bwd_prep_kernel[grid](out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
+                                                     *delta.stride()[:2], h, s, BLOCK_M=bm, BLOCK_D=d,
+                                                     num_warps=warps)
+        ms = event_ms(prep, reps=reps)
+        print(f"    prep BLOCK_M {bm:3d} warps {warps}: {ms:.3f} ms ({8 * n / ms / 1e6:.0f} GB/s)", flush=True)
+    ms = event_ms(dqa.zero_, reps=reps)
+    print(f"    dqa.zero_(): {ms:.3f} ms ({4 * n / ms / 1e6:.0f} GB/s)")
+    ms = event_ms(lambda: dq.copy_(dqa), reps=reps)
+    print(f"    dq.copy_(dqa): {ms:.3f} ms ({6 * n / ms / 1e6:.0f} GB/s)", flush=True)
+    print(f"    fused grid {fused.grids(b, h, h, s, s, d)[1]}")
+
+
+def run_case(d, s, causal, args):
+    b, h = max(1, 16384 // s), 2048 // d
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda").to(torch.bfloat16) for _ in range(4))
+    call = fwd.check(q, k, v, causal)
+    out, lse = fwd.forward(q, k, v, call)
+
+    def backward():
+        return bwd.backward(q, k, v, out, lse, do, call)
+
+    total = event_ms(backward, reps=args.reps)
+    print(f"hd{d} {s} causal={causal}: served backward {total:.3f} ms", flush=True)
+    row = dispatch.BWD_FUSED_TABLE.get(("bf16", d, causal))
+    if args.fused_from and row is not None and args.fused_from <= s < row[2]:
+        dispatch.BWD_FUSED_TABLE[("bf16", d, causal)] = (*row[:2], args.fused_from)
+        fused_ms = event_ms(backward, reps=args.reps)
+        dispatch.BWD_FUSED_TABLE[("bf16", d, causal)] = row
+        print(f"    fused from {args.fused_from}: {fused_ms:.3f} ms; the two kernels again "
+              f"{event_ms(backward, reps=args.reps):.3f} ms", flush=True)
+    host = []
+    for _ in range(30):  # host time of a call with the GPU idle: what the first event waits for
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        backward()
+        host.append((time.perf_counter() - began) * 1e3)
+    print(f"    host time of a call {statistics.median(host):.3f} ms (median of 30, GPU idle)")
+    if args.cprofile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(50):
+            backward()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            backward()
+        torch.cuda.synchronize()
+    busy = 0.0
+    for e in prof.key_averages():
+        ms = getattr(e, "device_time_total", 0) / 1e3 / 3
+        busy += ms
+        if ms > 0:
+            print(f"    {ms:8.3f} ms  x{e.count // 3}  {e.key[:70]}", flush=True)
+    print(f"    {busy:8.3f} ms  kernels in all; {total - busy:.3f} ms of the total outside them")
+    if args.parts:
+        parts(q, out, do, args.reps)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", default="128,64")
+    parser.add_argument("--seqlens", default="1024,4096")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--parts", action="store_true", help="also time prep's tilings, the zero fill and the cast")
+    parser.add_argument("--cprofile", action="store_true", help="also profile 50 calls' host time (cProfile)")
+    parser.add_argument("--fused-from", type=int, default=0,
+                        help="also time the fused backward where its table row starts above the seqlen, from this one")
+    args = parser.parse_args(argv)
+    for d in (int(x) for x in args.head_dims.split(",")):
+        for s in (int(x) for x in args.seqlens.split(",")):
+            for causal in (False, True):
+                run_case(d, s, causal, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
