@@ -32,6 +32,7 @@ import time
 from lazytriton.record import replace
 
 _PR_SET_PDEATHSIG = 1
+_ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): a process exec'd from here gets a fixed address layout
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -50,6 +51,30 @@ def limit_memory(max_bytes: int) -> None:
         if hard != resource.RLIM_INFINITY:
             max_bytes = min(max_bytes, hard)
         resource.setrlimit(resource.RLIMIT_AS, (max_bytes, hard))
+
+
+def fixed_layout_for_compilers() -> bool:
+    """Have the compilers this worker runs (ptxas) start with a fixed address layout; whether it took effect.
+
+    ptxas 12.8 and 12.9 (Triton 3.6's and 3.9's) compile flash_bwd_fused_gluon
+    at head dim 256 (``setmaxnreg``, warp-specialised) to one of two cubins
+    from the same PTX, by where its heap lands: 2 outputs in 8 runs each,
+    and one in 8 with address randomisation off (2026-12-01). A prewarm's
+    bytes must follow its inputs alone (the same image at -j 1 and -j 16), so
+    its workers turn randomisation off for what they exec (Linux's
+    personality flag, kept across fork and exec); the worker itself and
+    everything outside prewarm keep theirs. Elsewhere it does nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        personality = ctypes.CDLL(None, use_errno=True).personality
+        current = personality(0xFFFFFFFF)  # query
+        if current == -1:
+            return False
+        return personality(current | _ADDR_NO_RANDOMIZE) != -1
+    except (AttributeError, OSError):
+        return False
 
 
 def skip_triton_key() -> None:
@@ -92,6 +117,7 @@ def main(argv: list[str]) -> int:
     die_with_parent(int(parent_pid))
     limit_memory(int(memory))
     created = float(created_text) if created_text else None
+    fixed_layout_for_compilers()
     skip_triton_key()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the compiler's stdout joins stderr in the log

@@ -126,6 +126,26 @@ def test_a_worker_skips_tritons_install_hash_and_compiles_the_same_bytes() -> No
     assert report["same"] and report["key"].startswith("lazytriton-prewarm-worker-"), report
 
 
+FIXED_LAYOUT = """
+import json, subprocess
+from lazytriton.prewarm.worker import fixed_layout_for_compilers
+took = fixed_layout_for_compilers()
+child = subprocess.run(["cat", "/proc/self/personality"], capture_output=True, text=True, check=True).stdout
+print(json.dumps({"took": took, "child": int(child, 16)}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="personality(2) is Linux's")
+def test_a_worker_runs_its_compilers_with_a_fixed_address_layout() -> None:
+    """ptxas 12.8 compiles the fused backward at head dim 256 to one of two cubins by where its heap lands
+    (prewarm/worker.py): what a worker execs must start without address randomisation."""
+    proc = subprocess.run([sys.executable, "-c", FIXED_LAYOUT], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["took"] and report["child"] & 0x0040000, report  # ADDR_NO_RANDOMIZE, inherited by the exec
+
+
 def test_a_worker_killed_mid_plan_costs_only_its_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = longest_first(enumerate_variants(
         Axes(targets=(Target.parse("sm_90"),), kernels=("flash_fwd",), dtypes=("fp16",), head_dims=(16,),
