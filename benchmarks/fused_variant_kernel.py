@@ -23,7 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from lazytriton.kernels.flash_bwd.fused_kernel import _probs, _produce, tma_reduce_add
+from lazytriton.kernels.flash_bwd.fused_kernel import probs, produce, tma_reduce_add
 from lazytriton.kernels.flash_bwd.gluon_kernel import load_kv, query_steps
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -84,7 +84,7 @@ def _deferred_step(k_w, v_w, k_cols, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_b
     if not PREFETCH:
         lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
         delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
-    p, ds = _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, step < n_masked, CAUSAL)
+    p, ds = probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, step < n_masked, CAUSAL)
     ds_w = ds_bufs.index(buf).slice(WG * WG_ROWS, WG_ROWS, dim=0)
     ds_w.store(ds.to(dtype))
     fence_async_shared()
@@ -229,7 +229,7 @@ def flash_bwd_fused_gluon_kernel(
                              stride_dvb, stride_dvh, stride_dvs, batch, kv_head, group_size,
                              heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
                              BLOCK_M, CAUSAL, PREFETCH, 1, PINGPONG, FLAT)),
-        (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh,
+        (produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh,
                     stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size,
                     seqlen_q, m_first, n_steps, BLOCK_M)),
     ], [4, 1], [240, 24])

@@ -340,6 +340,48 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
     assert prep.shared < 4096 and prep.num_warps == 4
 
 
+def _fused_ptx(fn: object, head_dim: int, causal: bool, **flags: bool) -> str:
+    """PTX of a fused-kernel function (the served one or a probe's copy) for sm_90, bf16, BLOCK_M 64."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    try:
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:  # Triton 3.6
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = {"BLOCK_M": 64, "BLOCK_D": head_dim, "CAUSAL": causal, "PREFETCH": False, **flags}
+    names = fn.arg_names  # type: ignore[attr-defined]
+    signature = {name: "i32" for name in names}
+    signature.update({name: "*bf16" for name in ("Q", "K", "V", "DO", "DK", "DV")})
+    signature.update({name: "*fp32" for name in ("Lse", "Delta", "DQA")}, sm_scale="fp32")
+    signature.update({name: "constexpr" for name in constexprs})
+    source = GluonASTSource(fn, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+
+
+def test_the_narrow_program_brings_lse_and_delta_through_the_ring() -> None:
+    """At head dims 64/128 the producer loads each step's lse and delta rows by 1-D TMA with Q and dO (NOTES 12-01,
+    6th: their global loads sat on every step's path); hd256 keeps its global loads (rows as M: 2 a thread)."""
+    from lazytriton.kernels.flash_bwd import fused_kernel
+
+    fn = fused_kernel.flash_bwd_fused_gluon_kernel
+    assert "cp.async.bulk.tensor.1d.shared" in _fused_ptx(fn, 128, True)
+    assert "cp.async.bulk.tensor.1d.shared" not in _fused_ptx(fn, 256, False, PREFETCH=True)
+
+
+def test_the_decoupled_probe_kernel_still_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/fused_variant_kernel.py (dQ deferred a step, ping-pong) calls fused_kernel's producer and _probs."""
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    probe = importlib.import_module("fused_variant_kernel")
+    ptx = _fused_ptx(probe.flash_bwd_fused_gluon_kernel, 128, True, PINGPONG=True, FLAT=False)
+    assert "cp.reduce.async.bulk.tensor" in ptx and "mbarrier.try_wait.parity" in ptx
+    variants = importlib.import_module("probe_fused_variants")
+    assert variants.parse_variant("x=fused_variant_kernel.py:PINGPONG=1,FLAT=0") == (
+        "x", ("fused_variant_kernel.py", {"PINGPONG": 1, "FLAT": 0}))
+
+
 # ---------------------------------------------------------------------------
 # GPU
 
