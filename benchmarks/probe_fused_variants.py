@@ -1,12 +1,17 @@
-"""Probe: variants of the fused backward's narrow program (fused_variant_kernel.py) beside the served kernel and cuDNN.
+"""Probe: copies of the fused backward's kernel file, changed, beside the served kernel and cuDNN.
 
-For bench_flash_bwd.py's shapes (bf16, batch x seqlen = 16k, hidden 2048), every variant runs as a whole backward
-(flash_bwd_prep, the kernel, dQ's cast) through Triton's JIT with the served kernel's table tiling, is checked
-against the float32 reference on a slice (FlashAttention's rule), and is timed (median of CUDA-event-timed runs)
-beside the served kernel's JIT launch and cuDNN's backward. The table gives TFLOP/s (backward = 2.5 forwards).
+A variant is a kernel file (a copy of kernels/flash_bwd/fused_kernel.py with a change, untracked in benchmarks/: the
+device tool carries it) and the extra constexprs its kernel takes. For bench_flash_bwd.py's shapes (bf16, batch x
+seqlen = 16k, hidden 2048), every variant runs as a whole backward (flash_bwd_prep, the kernel, dQ's cast) through
+Triton's JIT with the served kernel's table tiling, is checked against the float32 reference on a slice
+(FlashAttention's rule), and is timed (median of CUDA-event-timed runs) beside the served kernel's JIT launch and
+cuDNN's backward. The table gives TFLOP/s (backward = 2.5 forwards).
 
 Usage: python benchmarks/probe_fused_variants.py [--head-dims 128,64] [--seqlens 4096,16384] [--reps 10]
-       [--causal both|causal|full] [--variant name=file.py[:FLAG=1,...]]...
+       [--causal both|causal|full] --variant name=file.py[:FLAG=1,...] [--variant ...]
+
+It measured (NOTES.md, 12-01 6th) the ring for lse and delta (landed), the dQ product deferred a step with or
+without ping-pong, causal grids walked heaviest first, and the slot released before dQ's product (not landed).
 """
 
 from __future__ import annotations
@@ -23,14 +28,9 @@ import probe_gluon_bwd  # noqa: E402
 
 from lazytriton import dispatch  # noqa: E402
 from lazytriton.cli.timing import event_ms  # noqa: E402
-from lazytriton.kernels.flash_bwd.reference import attention_backward_reference  # noqa: E402
-from lazytriton.kernels.flash_fwd import binding as fwd  # noqa: E402
 
-# name -> (the variant's kernel file, its extra constexprs); --variant replaces them
-VARIANTS = {"defer nest": ("fused_variant_kernel.py", {"PINGPONG": False, "FLAT": False}),
-            "defer flat": ("fused_variant_kernel.py", {"PINGPONG": False, "FLAT": True}),
-            "defer+pp nest": ("fused_variant_kernel.py", {"PINGPONG": True, "FLAT": False}),
-            "defer+pp flat": ("fused_variant_kernel.py", {"PINGPONG": True, "FLAT": True})}
+# name -> (a kernel file, its extra constexprs), from --variant
+VARIANTS: dict[str, tuple[str, dict[str, int]]] = {}
 
 
 def parse_variant(text: str) -> tuple[str, tuple[str, dict[str, int]]]:
@@ -63,18 +63,7 @@ class _With:
 def run_case(d, causal, s, reps, log):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    b, h = max(1, 16384 // s), 2048 // d
-    gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
-    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
-    call = fwd.check(q, k, v, "bottom_right" if causal else False, None)
-    out, lse = fwd.forward(q, k, v, call)
-    lse = lse.contiguous()
-    sl = (slice(0, 1), slice(0, 2))
-    mode = "bottom_right" if causal else False
-    ref = attention_backward_reference(*(x[sl].float() for x in (q, k, v, do)), causal=mode)
-    same = attention_backward_reference(*(x[sl] for x in (q, k, v, do)), causal=mode)
-    flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-    label = f"bf16 hd{d} {'causal' if causal else 'full  '} {s // 1024}k"
+    (q, k, v, do), _, out, lse, sl, ref, same, flops, label = probe_gluon_bwd.make_case(d, causal, s)
     block_m, prefetch, _ = dispatch.BWD_FUSED_TABLE[("bf16", d, causal)]
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -98,12 +87,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlens", default="4096,16384")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--causal", default="both", choices=("both", "causal", "full"))
-    parser.add_argument("--variant", action="append", default=[],
-                        help="name=file.py[:FLAG=1,...]: time this kernel file instead of the default variants")
+    parser.add_argument("--variant", action="append", required=True,
+                        help="name=file.py[:FLAG=1,...]: a kernel file to time (repeat for several)")
     args = parser.parse_args(argv)
-    if args.variant:
-        VARIANTS.clear()
-        VARIANTS.update(parse_variant(v) for v in args.variant)
+    VARIANTS.update(parse_variant(v) for v in args.variant)
     causals = {"both": (False, True), "causal": (True,), "full": (False,)}[args.causal]
     import triton
 

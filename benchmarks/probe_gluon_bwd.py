@@ -145,21 +145,28 @@ def check(got, ref, same):
     return worst
 
 
-def run_case(d, causal, s, reps, log):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+def make_case(d, causal, s):
+    """One case of the grid (bf16, batch x seqlen = 16k, hidden 2048): inputs, the forward's out and lse, the
+    float32 and same-precision references on a slice, the backward's FLOPs and a label."""
     b, h = max(1, 16384 // s), 2048 // d
     gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
     q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
     call = fwd.check(q, k, v, "bottom_right" if causal else False, None)
     out, lse = fwd.forward(q, k, v, call)
-    lse = lse.contiguous()
     sl = (slice(0, 1), slice(0, 2))
-    ref = attention_backward_reference(*(x[sl].float() for x in (q, k, v, do)), causal="bottom_right" if causal
-                                       else False)
-    same = attention_backward_reference(*(x[sl] for x in (q, k, v, do)), causal="bottom_right" if causal else False)
+    mode = "bottom_right" if causal else False
+    ref = attention_backward_reference(*(x[sl].float() for x in (q, k, v, do)), causal=mode)
+    same = attention_backward_reference(*(x[sl] for x in (q, k, v, do)), causal=mode)
     flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
     label = f"bf16 hd{d} {'causal' if causal else 'full  '} {s // 1024}k"
+    return (q, k, v, do), call, out, lse.contiguous(), sl, ref, same, flops, label
+
+
+def run_case(d, causal, s, reps, log):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    (q, k, v, do), call, out, lse, sl, ref, same, flops, label = make_case(d, causal, s)
+    b, h = q.shape[:2]
     grads = bwd.empty_grads(q, k, v)
     delta = torch.empty((b, h, s), dtype=torch.float32, device="cuda")
     dq_launch, dkdv_launch = jit_launches(q, k, v, out, lse, do, delta, grads, call, causal)

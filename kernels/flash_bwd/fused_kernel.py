@@ -139,14 +139,13 @@ def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, 
 
 
 @gluon.jit
-def produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh, stride_qs,
+def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh, stride_qs,
              stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size, seqlen_q, m_first,
              n_steps, BLOCK_M: gl.constexpr):
     """The producer warp: every step's Q, dO, lse and delta tiles, over the group's query heads, once the slot is free.
 
     lse and delta come as 1-D tiles of BLOCK_M float32 per query head (rows
     of ``stride_lb``/``stride_lh``, 16-byte aligned under the entries' SEQ16).
-    Public, as ``probs``: benchmarks/fused_variant_kernel.py calls both.
     """
     BLOCK_D: gl.constexpr = q_bufs.type.shape[2]
     it = 0
@@ -175,7 +174,7 @@ def produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empt
 
 
 @gluon.jit
-def probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked, CAUSAL: gl.constexpr):
+def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked, CAUSAL: gl.constexpr):
     """(P^T, dS^T) of one step from the raw S^T = K Q^T and dP^T = V dO^T (float32, the scores' layout).
 
     ``lse2`` (lse x log2 e) and ``delta`` are the step's rows in the scores'
@@ -237,7 +236,7 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_
             if not PREFETCH:
                 lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
                 delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
-            p, ds = probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, step < n_masked, CAUSAL)
+            p, ds = _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, step < n_masked, CAUSAL)
             # dS^T to our half of buffer cur % 2, which step cur - 2's dQ products read last: ours retired
             # then, the other warpgroup's before it arrived at step cur - 1's barrier, which we waited for.
             ds_w = ds_bufs.index(buf).slice(WG * WG_ROWS, WG_ROWS, dim=0)
@@ -540,7 +539,7 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
                     empty, ds_ready, dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
                     stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n,
                     m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
-        (produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh,
+        (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh,
                     stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size,
                     seqlen_q, m_first, n_steps, BLOCK_M)),
     ], [4, 1], [240, 24])
