@@ -56,10 +56,10 @@ def limit_memory(max_bytes: int) -> None:
 def fixed_layout_for_compilers() -> bool:
     """Have the compilers this worker runs (ptxas) start with a fixed address layout; whether it took effect.
 
-    ptxas 12.8 and 12.9 (Triton 3.6's and 3.9's) compile flash_bwd_fused_gluon
-    at head dim 256 (``setmaxnreg``, warp-specialised) to one of two cubins
-    from the same PTX, by where its heap lands: 2 outputs in 8 runs each,
-    and one in 8 with address randomisation off (2026-12-01). A prewarm's
+    ptxas 12.8 and 12.9 (Triton 3.6's and 3.9's) compile Triton 3.6's PTX of
+    flash_bwd_fused_gluon at head dim 256 (``setmaxnreg``, warp-specialised)
+    to one of two cubins, by where their heap lands: 2 outputs in 8 runs
+    each, and one in 8 with address randomisation off (2026-12-01). A prewarm's
     bytes must follow its inputs alone (the same image at -j 1 and -j 16), so
     its workers turn randomisation off for what they exec (Linux's
     personality flag, kept across fork and exec); the worker itself and
@@ -69,6 +69,7 @@ def fixed_layout_for_compilers() -> bool:
         return False
     try:
         personality = ctypes.CDLL(None, use_errno=True).personality
+        personality.argtypes, personality.restype = [ctypes.c_ulong], ctypes.c_int
         current = personality(0xFFFFFFFF)  # query
         if current == -1:
             return False

@@ -161,6 +161,7 @@ def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, emp
                                                 [BLOCK_M], delta_bufs.type.layout)
         for step in range(n_steps):
             slot = it % STAGES
+            # Slot reuse: its (it // STAGES - 1)-th release; a fresh barrier shows that parity for the first lap.
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
             bar = full.index(slot)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
