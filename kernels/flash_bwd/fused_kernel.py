@@ -97,7 +97,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from lazytriton.kernels.flash_bwd.gluon_kernel import load_kv, query_steps, tma_load
+from lazytriton.kernels.flash_bwd.gluon_kernel import kv_tile, load_kv, query_steps, tma_load
 
 
 @builtin
@@ -139,6 +139,18 @@ def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, 
 
 
 @gluon.jit
+def _q_do_descriptors(Q, DO, q_smem, do_smem, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+                      batch, head, seqlen_q, BLOCK_M: gl.constexpr):
+    """TMA descriptors of one query head's Q and dO, BLOCK_M rows a tile, laid out as ``q_smem`` and ``do_smem``."""
+    BLOCK_D: gl.constexpr = q_smem.type.shape[-1]
+    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, BLOCK_D],
+                                        [stride_qs, 1], [BLOCK_M, BLOCK_D], q_smem.type.layout)
+    do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
+                                         [stride_dos, 1], [BLOCK_M, BLOCK_D], do_smem.type.layout)
+    return q_desc, do_desc
+
+
+@gluon.jit
 def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh, stride_qs,
              stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size, seqlen_q, m_first,
              n_steps, BLOCK_M: gl.constexpr):
@@ -147,14 +159,11 @@ def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, emp
     lse and delta come as 1-D tiles of BLOCK_M float32 per query head (rows
     of ``stride_lb``/``stride_lh``, 16-byte aligned under the entries' SEQ16).
     """
-    BLOCK_D: gl.constexpr = q_bufs.type.shape[2]
     it = 0
     for g in range(group_size):
         head = kv_head * group_size + g
-        q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, BLOCK_D],
-                                            [stride_qs, 1], [BLOCK_M, BLOCK_D], q_bufs.type.layout)
-        do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
-                                             [stride_dos, 1], [BLOCK_M, BLOCK_D], do_bufs.type.layout)
+        q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_bufs, stride_qb, stride_qh, stride_qs, stride_dob,
+                                            stride_doh, stride_dos, batch, head, seqlen_q, BLOCK_M)
         lse_desc = tma.make_tensor_descriptor(Lse + batch * stride_lb + head * stride_lh, [seqlen_q], [1], [BLOCK_M],
                                               lse_bufs.type.layout)
         delta_desc = tma.make_tensor_descriptor(Delta + batch * stride_lb + head * stride_lh, [seqlen_q], [1],
@@ -281,14 +290,11 @@ def _produce_wide(Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, st
                   stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q, m_first, n_steps,
                   BLOCK_M: gl.constexpr):
     """The producer warp at head dim 256: Q through its two-deep ring, dO through its one buffer."""
-    BLOCK_D: gl.constexpr = q_bufs.type.shape[2]
     it = 0
     for g in range(group_size):
         head = kv_head * group_size + g
-        q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, BLOCK_D],
-                                            [stride_qs, 1], [BLOCK_M, BLOCK_D], q_bufs.type.layout)
-        do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
-                                             [stride_dos, 1], [BLOCK_M, BLOCK_D], do_smem.type.layout)
+        q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_smem, stride_qb, stride_qh, stride_qs, stride_dob,
+                                            stride_doh, stride_dos, batch, head, seqlen_q, BLOCK_M)
         for step in range(n_steps):
             row = (m_first + step) * BLOCK_M
             slot = it % STAGES
@@ -403,15 +409,10 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     """``flash_bwd_fused_gluon``'s program at head dim 256: 64 keys, the warpgroups split by keys, then by columns."""
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_D], dtype)
     pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_M], dtype)
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, WIDE_DQ_COLS], gl.float32)
 
-    start_n = gl.program_id(0) * WIDE_KEYS
-    kv_head = gl.program_id(1)
-    batch = gl.program_id(2)
-    k_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D], kv_layout)
+    start_n, kv_head, batch, k_smem, v_smem = kv_tile(dtype, WIDE_KEYS, BLOCK_D)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], q_layout)
     pt_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
@@ -496,15 +497,10 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     COLS: gl.constexpr = BLOCK_D // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, COLS], gl.float32)
 
-    start_n = gl.program_id(0) * BLOCK_N
-    kv_head = gl.program_id(1)
-    batch = gl.program_id(2)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
+    start_n, kv_head, batch, k_smem, v_smem = kv_tile(dtype, BLOCK_N, BLOCK_D)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     row_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M], gl.float32)

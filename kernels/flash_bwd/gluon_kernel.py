@@ -79,6 +79,18 @@ def load_step(q_desc, do_desc, bars, q_bufs, do_bufs, it, step, n_steps, m_first
 
 
 @gluon.jit
+def kv_tile(dtype: gl.constexpr, KEYS: gl.constexpr, BLOCK_D: gl.constexpr):
+    """(start_n, kv_head, batch, k_smem, v_smem): the program's key block, its K and V tiles in shared memory.
+
+    The tiles (KEYS x BLOCK_D each) are the program's first allocations; ``load_kv`` fills them.
+    """
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_D], dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_D], kv_layout)
+    return gl.program_id(0) * KEYS, gl.program_id(1), gl.program_id(2), k_smem, v_smem
+
+
+@gluon.jit
 def load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar):
     """Start the TMA loads of the program's K and V tiles (keys from ``start_n``) into their buffers, one barrier."""
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
@@ -220,13 +232,8 @@ def flash_bwd_dkdv_gluon_kernel(
                                                        instr_shape=[16, BLOCK_D, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
 
-    start_n = gl.program_id(0) * BLOCK_N
-    kv_head = gl.program_id(1)
-    batch = gl.program_id(2)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
+    start_n, kv_head, batch, k_smem, v_smem = kv_tile(dtype, BLOCK_N, BLOCK_D)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
