@@ -69,6 +69,23 @@ CHECKS = [
     ("bf16", 1, 4, 4, 512, 1536, 256, "bottom_right", "bhsd"),
     ("bf16", 2, 8, 2, 1024, 1024, 256, "top_left", "bhsd"),  # GQA
     ("bf16", 2, 4, 4, 1024, 1024, 256, "none", "bshd"),
+    # Split head dims (two chunks: 96 = 64 + 32, 192 = 128 + 64, ...; 72 = 64 + 16 with the second chunk
+    # zero-filled past the head dim) and a padded one (224 in 256's tile):
+    ("bf16", 2, 4, 4, 1024, 1024, 96, "none", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 96, "top_left", "bshd"),
+    ("fp16", 2, 8, 2, 1024, 1024, 96, "top_left", "bhsd"),
+    ("bf16", 1, 4, 4, 512, 1536, 96, "bottom_right", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 80, "none", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 80, "top_left", "bshd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 72, "top_left", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 160, "none", "bhsd"),
+    ("bf16", 2, 8, 2, 1024, 1024, 160, "top_left", "bshd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 192, "none", "bshd"),
+    ("fp16", 2, 4, 4, 1024, 1024, 192, "top_left", "bhsd"),
+    ("bf16", 1, 4, 4, 512, 1536, 192, "bottom_right", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 224, "none", "bhsd"),
+    ("bf16", 2, 4, 4, 1024, 1024, 224, "top_left", "bshd"),
+    ("fp16", 1, 4, 4, 512, 1536, 224, "bottom_right", "bhsd"),
 ]
 SEQLENS = (1024, 4096, 16384)
 # --quick: 4k, and 1k, where the per-CTA prologue (four device-side descriptors, the pipeline's fill) weighs
@@ -128,7 +145,7 @@ def sweep_tilings(head_dim: int | None = None) -> list[Tiling]:
 
     every: list[Tiling] = []
     for d in gluon.HEAD_DIMS if head_dim is None else (head_dim,):
-        every += ([(tiles, False, False) for tiles in gluon.configs(d)] + [(gluon.DEFAULT_TILES[d], True, False)]
+        every += ([(tiles, False, False) for tiles in gluon.configs(d)] + [(gluon.default_tiles(d), True, False)]
                   + [(tiles, True, True) for tiles in gluon.configs(d, pingpong=True)])
     return list(dict.fromkeys(every))
 
@@ -320,8 +337,8 @@ def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
     ping-pong; with ``--sweep``, ``sweep_tilings``."""
     from lazytriton.kernels.flash_fwd import gluon
 
-    every = sweep_tilings(d) if args.sweep else [(gluon.DEFAULT_TILES[d], False, False),
-                                                 (gluon.DEFAULT_TILES[d], True, False),
+    every = sweep_tilings(d) if args.sweep else [(gluon.default_tiles(d), False, False),
+                                                 (gluon.default_tiles(d), True, False),
                                                  (gluon.configs(d, pingpong=True)[0], True, True)]
     for n in (int(x) for x in getattr(args, "q_tiles", "").split(",") if x):  # --q-tiles: ping-pong tilings that fit
         every += [(tiles, True, True, n) for tiles in gluon.configs(d, pingpong=True, q_tiles=n)
@@ -337,12 +354,13 @@ def label(tiling: Tiling) -> str:
 
 
 def head_dims(args: argparse.Namespace) -> list[int]:
-    """The head dims this run covers (``--head-dims``; every one of gluon's by default)."""
+    """The head dims this run covers (``--head-dims``, in that order; gluon's tile widths by default)."""
     from lazytriton.kernels.flash_fwd import gluon
 
     chosen = getattr(args, "head_dims", "")  # the tests' namespaces leave it out
-    wanted = {int(d) for d in chosen.split(",") if d} if chosen else set(gluon.HEAD_DIMS)
-    return [d for d in gluon.HEAD_DIMS if d in wanted]
+    if not chosen:
+        return list(gluon.HEAD_DIMS)
+    return list(dict.fromkeys(int(d) for d in chosen.split(",") if d))
 
 
 def checks(args: argparse.Namespace) -> list[tuple[Any, ...]]:

@@ -548,6 +548,17 @@ _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
     # 2026-12-01, `--head-dims 256`, mean of 1k and 4k: 1.28-1.58x flash_fwd, 0.88-1.04x cuDNN
     (256, False): ((128, 64, 4), True, True),  # 594 / 393 / 609
     (256, True): ((128, 64, 4), True, True),  # 443 / 317 / 462
+    # Split and padded head dims (gluon.chunks), first rows: their padded tile's (to be measured)
+    (80, False): ((128, 128, 4), True, True),
+    (80, True): ((128, 128, 4), True, True),
+    (96, False): ((128, 128, 4), True, True),
+    (96, True): ((128, 128, 4), True, True),
+    (160, False): ((128, 64, 4), True, True),
+    (160, True): ((128, 64, 4), True, True),
+    (192, False): ((128, 64, 4), True, True),
+    (192, True): ((128, 64, 4), True, True),
+    (224, False): ((128, 64, 4), True, True),
+    (224, True): ((128, 64, 4), True, True),
 }
 GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
     (dtype, d, causal): tiling for dtype in ("bf16", "fp16") for (d, causal), tiling in _GLUON_BF16.items()}
@@ -572,7 +583,10 @@ def gluon_q_tiles(head_dim: int, causal: bool, seqlen_q: int, block_m: int) -> i
     (which a multiple of ``block_m`` ends at 1).
     """
     tiles = 1
-    for most, count in GLUON_Q_TILES.get((head_dim, bool(causal)), ()):
+    rows = GLUON_Q_TILES.get((head_dim, bool(causal)))
+    if rows is None:  # a split or padded head dim without rows of its own: its padded tile's
+        rows = GLUON_Q_TILES.get((padded_head_dim(head_dim), bool(causal)), ())
+    for most, count in rows:
         if seqlen_q <= most:
             tiles = count
             break

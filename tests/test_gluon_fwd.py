@@ -84,8 +84,9 @@ def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     ("sm_80", "bf16", 128, "none", True, False, 4096, 4096, False, "target"),
     ("sm_100", "bf16", 128, "none", True, False, 4096, 4096, False, "target"),
     ("sm_90", "fp32", 128, "none", True, False, 4096, 4096, False, "dtype"),
-    ("sm_90", "bf16", 96, "none", True, False, 4096, 4096, False, "head dim"),
-    ("sm_90", "bf16", 192, "none", True, False, 4096, 4096, False, "head dim"),
+    ("sm_90", "bf16", 100, "none", True, False, 4096, 4096, False, "head dim"),  # rows of 200 bytes: no TMA
+    ("sm_90", "bf16", 8, "none", True, False, 4096, 4096, False, "head dim"),  # under wgmma's k-step
+    ("sm_90", "bf16", 264, "none", True, False, 4096, 4096, False, "head dim"),
     ("sm_90", "bf16", 128, "none", False, False, 4096, 4096, False, "aligned"),
     ("sm_90", "bf16", 128, "none", True, True, 4096, 4096, False, "32-bit"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, True, "not implemented"),
@@ -134,7 +135,8 @@ def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
 
 def test_the_table_rows_are_variants_the_kernel_takes() -> None:
     for (dtype, head_dim, causal), (tiles, producer, pingpong) in dispatch.GLUON_TABLE.items():
-        assert dtype in gluon.DTYPES and head_dim in gluon.HEAD_DIMS
+        assert dtype in gluon.DTYPES and gluon.reason("sm_90", dtype, head_dim, "none", True, False, 4096, 4096,
+                                                      *tiles[:2]) is None
         for seqlen in (1024, 4096, 16384):
             v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, seqlen, seqlen)
             assert v is not None and v.get("CAUSAL") is causal
@@ -295,7 +297,10 @@ def test_every_probe_shape_is_one_the_kernel_takes(probe: ModuleType) -> None:
         for tiles, _, _ in probe.tiles_for(args, d):
             assert gluon.reason("sm_90", dtype, d, "top_left" if causal else "none", True, False, s, s, tiles[0],
                                 tiles[1]) is None
-    assert {d for *_, d, _, _ in probe.CHECKS} == set(gluon.HEAD_DIMS)  # the checks cover every head dim
+    # The checks cover every tile width and every head dim the table serves in split or padded tiles.
+    assert {d for *_, d, _, _ in probe.CHECKS} >= set(gluon.HEAD_DIMS) | {d for _, d, _ in dispatch.GLUON_TABLE}
+    split = argparse.Namespace(quick=True, sweep=False, skip=set(), head_dims="192,96")
+    assert probe.head_dims(split) == [192, 96] and {case[6] for case in probe.checks(split)} == {96, 192}
     assert {d for _, d, _, _ in probe.time_shapes(argparse.Namespace(quick=True))} == set(gluon.HEAD_DIMS)
     only = argparse.Namespace(quick=True, sweep=True, skip=set(), head_dims="256")  # --head-dims 256
     assert {d for _, d, _, _ in probe.time_shapes(only)} == {256} == {case[6] for case in probe.checks(only)}

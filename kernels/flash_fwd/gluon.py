@@ -42,19 +42,26 @@ FLASH_FWD_GLUON = KernelSpec(
     module="lazytriton.kernels.flash_fwd.gluon_kernel",
     function="flash_fwd_gluon_kernel",
     params=FLASH_FWD.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG", "BLOCK_TILES"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG", "BLOCK_TILES",
+                "BLOCK_D2"),
     aligned_params=FLASH_FWD.aligned_params,
 )
 
 TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor this kernel's layouts
 DTYPES = ("fp16", "bf16")
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256)  # the tiles' own widths (the probe's default head dims)
+# Every head dim from 16 to 256 that TMA can address (a multiple of 8: 16-byte rows) runs, in the tiles of
+# ``chunks``: a power of two in one tile; one that two power-of-two chunks hold in less than its padded tile
+# (dispatch.split_head_dim: 80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64) in two, with the
+# wgmmas of each product issued per chunk, so no work is padded; the rest (224, say) in its padded tile, the
+# descriptors' extent being the head dim (TMA reads zeros past it and the output store stops at it).
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 # (head dim) -> (BLOCK_M, BLOCK_N, num_warps): FlashAttention-3's forward tiles on H100 (128 x 128 at
 # head dims 64 and 128, two consumer warpgroups of 64 rows; 128 x 64 at head dim 256, where a 128-key
 # tile would not fit shared memory beside Q): what ``variant`` takes without tiles.
 # What dispatch serves is dispatch.GLUON_TABLE's (measured on the H200 by benchmarks/probe_gluon.py,
 # which sweeps ``configs``).
-DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8), 256: (128, 64, 8)}
+DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8), 256: (128, 64, 8)}  # other head dims: their padded tile's
 # Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a
 # warpgroup owns 16 rows of a wgmma), BLOCK_N 64 or 128 (one wgmma instruction spans the tile).
 # ``configs(head_dim)`` keeps those whose buffers fit shared memory at that head dim. Every tiling that
@@ -75,6 +82,35 @@ SM90_SHARED = 232448
 SHARED_SLACK = 1024
 
 
+def chunks(head_dim: int) -> tuple[int, int, bool]:
+    """(BLOCK_D, BLOCK_D2, EVEN_D): the kernel's head-dim tiles at ``head_dim`` (BLOCK_D2 0: one tile).
+
+    A power of two fills one tile; a head dim that split tiles hold (``dispatch.split_head_dim``) takes two
+    chunks, the second zero-filled past the head dim where it is not whole (72 = 64 + 16); the rest its padded
+    tile (EVEN_D false).
+    """
+    from lazytriton import dispatch
+
+    padded = dispatch.padded_head_dim(head_dim)
+    split = dispatch.split_head_dim(head_dim)
+    if head_dim == padded or split is None:
+        return padded, 0, head_dim == padded
+    return split[0], split[1], sum(split) == head_dim
+
+
+def width(head_dim: int) -> int:
+    """The columns the kernel's Q, K and V buffers hold a row in at ``head_dim`` (its chunks together)."""
+    block_d, block_d2, _ = chunks(head_dim)
+    return block_d + block_d2
+
+
+def default_tiles(head_dim: int) -> tuple[int, int, int]:
+    """``DEFAULT_TILES`` at ``head_dim``: its padded tile's."""
+    from lazytriton import dispatch
+
+    return DEFAULT_TILES[dispatch.padded_head_dim(head_dim)]
+
+
 def stages(head_dim: int, block_n: int) -> int:
     """K and V buffers in the kernel's ring: 3 when a K tile is at most 16 KiB, else 2 (the kernel's own rule).
 
@@ -83,8 +119,9 @@ def stages(head_dim: int, block_n: int) -> int:
     163880 bytes); a third stage at head dim 128 would leave sm_90's 227 KiB
     no room for a second CTA. Head dim 256 at 128 x 64 tiles: 2 stages, 192
     KiB (FlashAttention-3's hdim256 choice: Q 64 KiB, each K or V stage 32 KiB).
+    Split and padded head dims count their chunks' width (``width``).
     """
-    return 3 if head_dim * block_n <= 64 * 128 else 2
+    return 3 if width(head_dim) * block_n <= 64 * 128 else 2
 
 
 def shared_bytes(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> int:
@@ -95,7 +132,7 @@ def shared_bytes(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) ->
     ``stages`` K and V buffers (BLOCK_N x D each): ``tests/test_gluon_fwd.py``
     compares it with the compiled entries' shared memory.
     """
-    return 2 * head_dim * ((2 if q_tiles > 1 else 1) * block_m + 2 * stages(head_dim, block_n) * block_n)
+    return 2 * width(head_dim) * ((2 if q_tiles > 1 else 1) * block_m + 2 * stages(head_dim, block_n) * block_n)
 
 
 def fits(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> bool:
@@ -130,8 +167,8 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
         return f"target {target} is not one of {TARGETS} (wgmma)"
     if dtype not in DTYPES:
         return f"dtype {dtype} is not one of {DTYPES}"
-    if head_dim not in HEAD_DIMS:
-        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM or head_dim % 8:
+        return f"head dim {head_dim} is not a multiple of 8 in {MIN_HEAD_DIM}..{MAX_HEAD_DIM} (TMA's 16-byte rows)"
     if not aligned or index64:
         return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
     if features:
@@ -179,9 +216,10 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
 
     if q_tiles not in Q_TILES or (q_tiles > 1 and not pingpong):
         raise ValueError(f"q_tiles must be one of {Q_TILES} (above 1 with pingpong only), got {q_tiles!r}")
-    allowed = configs(head_dim, pingpong) if head_dim in HEAD_DIMS else PINGPONG_CONFIGS if pingpong else CONFIGS
+    takes = MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and not head_dim % 8
+    allowed = configs(head_dim, pingpong) if takes else PINGPONG_CONFIGS if pingpong else CONFIGS
     if tiles is None:
-        tiles = allowed[0] if pingpong or head_dim not in DEFAULT_TILES else DEFAULT_TILES[head_dim]
+        tiles = allowed[0] if pingpong or not takes else default_tiles(head_dim)
     if tuple(tiles) not in allowed:
         raise ValueError(f"tiles must be one of {allowed} (BLOCK_M, BLOCK_N, num_warps) at head dim {head_dim}"
                          f"{' with pingpong' if pingpong else ''}, got {tiles!r}")
@@ -189,7 +227,10 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, block_n, features,
               scale, q_tiles):
         return None
-    functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True, "INDEX64": False}
+    block_d, block_d2, even_d = chunks(head_dim)
+    functional = {"ALIGN16": True, "BLOCK_D": block_d, "CAUSAL": causal != "none", "EVEN_D": even_d, "INDEX64": False}
+    if block_d2:  # absent: one tile, the strings of the variants before split tiles
+        functional["BLOCK_D2"] = block_d2
     tuned = {"BLOCK_M": block_m * q_tiles, "BLOCK_N": block_n, "PINGPONG": bool(pingpong),
              "PRODUCER": bool(producer or pingpong)}
     if q_tiles > 1:  # absent: one tile a program, the strings of the variants before it

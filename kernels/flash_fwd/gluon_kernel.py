@@ -15,7 +15,9 @@ Program (x, h, b) computes query rows [x', x' + BLOCK_M) of (b, h), heaviest
 causal blocks first, as flash_fwd does.
 
 What it covers (dispatch.flash_fwd_gluon_reason enforces it; the rest keeps
-the Triton kernel): fp16/bf16, head dim 64, 128 or 256 exactly (EVEN_D), every
+the Triton kernel): fp16/bf16, any head dim from 16 to 256 that is a multiple
+of 8 (``gluon.chunks`` picks the tiles: one power-of-two tile, two chunks, or
+the padded tile; see "Head dims" below), every
 pointer 16-byte aligned and row strides multiples of 16 bytes (a TMA
 descriptor needs both), 32-bit offsets, seqlen_q a multiple of BLOCK_M and
 seqlen_k of BLOCK_N (no ragged tile: no bounds masks at all), causal_offset
@@ -73,6 +75,17 @@ The pipeline, and why each choice:
   row of the block (no mask work); the causal diagonal blocks follow with
   the mask. The peeled first block always takes the masked step (exact for
   any block; it runs once).
+- **Head dims** (BLOCK_D, BLOCK_D2, EVEN_D from ``gluon.chunks``). A
+  power of two is one tile. A head dim that two power-of-two chunks hold in
+  less than its padded tile (96 = 64 + 32, 192 = 128 + 64; Gluon's tensors
+  and shared buffers must have power-of-two shapes) has a second set of Q,
+  K, V buffers and descriptors for its columns [BLOCK_D, BLOCK_D + BLOCK_D2):
+  both chunks load on one barrier, S = Q K^T is two wgmmas into one
+  accumulator, O += P V two wgmmas into two (``acc2``), and each chunk goes
+  out through its own Q buffer. Nothing padded is multiplied. The others
+  (224) run in their padded tile. Every descriptor's extent is the head dim,
+  so TMA fills the columns past it with zeros (which add nothing to Q K^T
+  and make zero output columns) and the store never writes them.
 - **Output through shared memory and a TMA store**, reusing Q's buffer
   (Q is dead once the last QK^T has retired): saves 16-32 KiB.
 
@@ -142,13 +155,42 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _issue_load(desc, bars, bufs, block, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _load_tile(desc, desc2, bar, buf, buf2, row, SPLIT: gl.constexpr, pred=True):
+    """TMA-load the tile of ``row`` into ``buf`` (and with SPLIT its second head-dim chunk into ``buf2``) on ``bar``.
+
+    One barrier and one byte count for both chunks: a box that runs past the
+    head dim is zero-filled and still counts whole.
+    """
+    if SPLIT:
+        mbarrier.expect(bar, desc.block_type.nbytes + desc2.block_type.nbytes, pred=pred)
+        _tma_load(desc, [row, 0], bar, buf, pred=pred)
+        _tma_load(desc2, [row, 0], bar, buf2, pred=pred)
+    else:
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        _tma_load(desc, [row, 0], bar, buf, pred=pred)
+
+
+@gluon.jit
+def _load_q(q_desc, q2_desc, bar, q_smem, q2_smem, first, row, WGS: gl.constexpr, SPLIT: gl.constexpr):
+    """TMA-load a query tile's WGS row blocks (one a consumer warpgroup) into Q buffers ``first`` on, on ``bar``."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    if SPLIT:
+        mbarrier.expect(bar, WGS * (q_desc.block_type.nbytes + q2_desc.block_type.nbytes))
+    else:
+        mbarrier.expect(bar, WGS * q_desc.block_type.nbytes)
+    for w in gl.static_range(WGS):
+        _tma_load(q_desc, [row + w * ROWS, 0], bar, q_smem.index(first + w))
+        if SPLIT:
+            _tma_load(q2_desc, [row + w * ROWS, 0], bar, q2_smem.index(first + w))
+
+
+@gluon.jit
+def _issue_load(desc, desc2, bars, bufs, bufs2, block, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                SPLIT: gl.constexpr):
     """Start the TMA load of key block ``block`` into buffer ``block % STAGES`` (nothing past the last block)."""
     slot = block % STAGES
-    bar = bars.index(slot)
-    live = block < n_blocks
-    mbarrier.expect(bar, desc.block_type.nbytes, pred=live)
-    _tma_load(desc, [block * BLOCK_N, 0], bar, bufs.index(slot), pred=live)
+    _load_tile(desc, desc2, bars.index(slot), bufs.index(slot), bufs2.index(slot), block * BLOCK_N, SPLIT,
+               pred=block < n_blocks)
 
 
 @gluon.jit
@@ -204,47 +246,66 @@ def _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset,
 
 
 @gluon.jit
-def _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc,
-            m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, g0, s0, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-            STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr,
-            WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _scores(q_smem, q2_smem, k_buf, k2_buf, zero, SPLIT: gl.constexpr):
+    """Issue S = Q K^T (async): over the second head-dim chunk too with SPLIT, into the same accumulator."""
+    s = warpgroup_mma(q_smem, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if SPLIT:
+        s = warpgroup_mma(q2_smem, k2_buf.permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs,
+            k_bars, v_bars, k_empty, v_empty, turn, acc, acc2, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, g0,
+            s0, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+            CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+            SPLIT: gl.constexpr):
     """One pipelined step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight, softmax of S_j under the PV.
 
     ``g0``: the ring position of this tile's key block 0 (0 but in a program walking several query tiles,
     BLOCK_TILES, where the ring and its phases run on across tiles); ``s0``: likewise for the ping-pong steps.
+    With SPLIT each product is two wgmmas, one per head-dim chunk (acc2: O's second chunk).
     """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     ring = g0 + block
+    slot = ring % STAGES
+    prev = (ring - 1) % STAGES
     _wait_slot(k_bars, ring, STAGES)
     if PINGPONG:  # both tiles in before taking the turn: the turn is held only while issuing
         _wait_slot(v_bars, ring - 1, STAGES)
         _wait_turn(turn, s0 + block, WG, PINGPONG, False)
     zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_bufs.index(ring % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = _scores(q_smem, q2_smem, k_bufs.index(slot), k2_bufs.index(slot), zero, SPLIT)
     if not PINGPONG:
         _wait_slot(v_bars, ring - 1, STAGES)
-    acc = warpgroup_mma(p_prev, v_bufs.index((ring - 1) % STAGES), acc, is_async=True)
+    acc = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
+    if SPLIT:
+        acc2 = warpgroup_mma(p_prev, v2_bufs.index(prev), acc2, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
-    # wgmma groups retire in issue order: one left outstanding means S_j is done, the PV may not be.
-    s = warpgroup_mma_wait(1, deps=(s,))
+    # wgmma groups retire in issue order: the PV's left outstanding means S_j is done, the PV may not be.
+    s = warpgroup_mma_wait(2 if SPLIT else 1, deps=(s,))
     if PRODUCER:  # K_j's buffer is free: the producer warp may refill it while the softmax runs
-        mbarrier.arrive(k_empty.index(ring % STAGES), count=1)
+        mbarrier.arrive(k_empty.index(slot), count=1)
     p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset, BLOCK_N, MASKED,
                                          CAUSAL)
-    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    if SPLIT:
+        acc, acc2, p_prev = warpgroup_mma_wait(0, deps=(acc, acc2, p_prev))
+        acc2 = acc2 * gl.convert_layout(alpha, gl.SliceLayout(1, acc2.type.layout))[:, None]
+    else:
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     if PRODUCER:
-        mbarrier.arrive(v_empty.index((ring - 1) % STAGES), count=1)
+        mbarrier.arrive(v_empty.index(prev), count=1)
     else:  # both readers have retired: K_j's buffer takes K_{j+STAGES}, V_{j-1}'s takes V_{j-1+STAGES}
-        _issue_load(k_desc, k_bars, k_bufs, block + STAGES, n_blocks, BLOCK_N, STAGES)
-        _issue_load(v_desc, v_bars, v_bufs, block - 1 + STAGES, n_blocks, BLOCK_N, STAGES)
+        _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, block + STAGES, n_blocks, BLOCK_N, STAGES, SPLIT)
+        _issue_load(v_desc, v2_desc, v_bars, v_bufs, v2_bufs, block - 1 + STAGES, n_blocks, BLOCK_N, STAGES, SPLIT)
     p_prev = gl.convert_layout(p.to(q_smem.dtype), p_prev.type.layout)
-    return acc, m_i, l_i, p_prev
+    return acc, acc2, m_i, l_i, p_prev
 
 
 @gluon.jit
-def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr):
+def _produce(k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty, v_empty,
+             n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr):
     """The producer warp (PRODUCER=true): K and V tiles in block order, each once its buffer's last reader is done.
 
     Block b reuses the buffer of block b - STAGES, whose release is the
@@ -255,9 +316,9 @@ def _produce(k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n
     for block in range(1, n_blocks):  # block 0's tiles went out with Q, before the partitions split
         free = ((block // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(block % STAGES), free)
-        _issue_load(k_desc, k_bars, k_bufs, block, n_blocks, BLOCK_N, STAGES)
+        _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, block, n_blocks, BLOCK_N, STAGES, SPLIT)
         mbarrier.wait(v_empty.index(block % STAGES), free)
-        _issue_load(v_desc, v_bars, v_bufs, block, n_blocks, BLOCK_N, STAGES)
+        _issue_load(v_desc, v2_desc, v_bars, v_bufs, v2_bufs, block, n_blocks, BLOCK_N, STAGES, SPLIT)
 
 
 @gluon.jit
@@ -277,9 +338,10 @@ def _block_counts(tile_m, seqlen_k, causal_offset, TILE_M: gl.constexpr, BLOCK_N
 
 
 @gluon.jit
-def _produce_tiles(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty,
-                   prog_m, seqlen_k, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
+                   v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m, seqlen_k, causal_offset,
+                   TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
     """The producer warp of a program walking TILES query tiles (BLOCK_TILES): each tile's Q, then its K and V tiles.
 
     Q goes through two buffers (tile t in buffer t % 2, refilled once both consumer partitions released it
@@ -287,34 +349,32 @@ def _produce_tiles(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empt
     across tiles (``g``), so the next tile's Q and first key blocks load under this tile's last steps and
     epilogue. Every wait follows ``_produce``'s parity rule.
     """
-    ROWS: gl.constexpr = TILE_M // WGS
     g = 0
     for t in range(TILES):
         tile_m = prog_m + t * TILE_M
         n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         buf = t % 2
         mbarrier.wait(q_empty.index(buf), ((t // 2) & 1) ^ 1)
-        mbarrier.expect(q_bar.index(buf), WGS * q_desc.block_type.nbytes)
-        for w in gl.static_range(WGS):
-            _tma_load(q_desc, [tile_m + w * ROWS, 0], q_bar.index(buf), q_smem.index(buf * WGS + w))
+        _load_q(q_desc, q2_desc, q_bar.index(buf), q_smem, q2_smem, buf * WGS, tile_m, WGS, SPLIT)
         for block in range(n_blocks):
             ring = g + block
             slot = ring % STAGES
             free = ((ring // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), free)
-            mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [block * BLOCK_N, 0], k_bars.index(slot), k_bufs.index(slot))
+            _load_tile(k_desc, k2_desc, k_bars.index(slot), k_bufs.index(slot), k2_bufs.index(slot),
+                       block * BLOCK_N, SPLIT)
             mbarrier.wait(v_empty.index(slot), free)
-            mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [block * BLOCK_N, 0], v_bars.index(slot), v_bufs.index(slot))
+            _load_tile(v_desc, v2_desc, v_bars.index(slot), v_bufs.index(slot), v2_bufs.index(slot),
+                       block * BLOCK_N, SPLIT)
         g += n_blocks
 
 
 @gluon.jit
-def _consume_tiles(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn,
-                   o_desc, lse_base, prog_m, seqlen_k, sm_scale, causal_offset, TILES: gl.constexpr,
-                   TILE_M: gl.constexpr, WGS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, WG: gl.constexpr):
+def _consume_tiles(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar,
+                   q_empty, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base, prog_m, seqlen_k,
+                   sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
+                   SPLIT: gl.constexpr):
     """One ping-pong consumer partition of a program walking TILES query tiles: ``_consume`` for each tile.
 
     Tile t's rows are in Q buffer t % 2 (released to the producer after the
@@ -328,19 +388,29 @@ def _consume_tiles(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, q_empty, k_bar
         tile_m = prog_m + t * TILE_M
         n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         buf = t % 2
-        _consume(q_smem.index(buf * WGS + WG), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(buf), (t // 2) & 1,
-                 k_bars, v_bars, k_empty, v_empty, turn, o_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full,
-                 sm_scale, causal_offset, g, step, BLOCK_N, STAGES, CAUSAL, True, WG, True, False, True)
+        _consume(q_smem.index(buf * WGS + WG), q2_smem.index(buf * WGS + WG), k_desc, k2_desc, v_desc, v2_desc,
+                 k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(buf), (t // 2) & 1, k_bars, v_bars, k_empty, v_empty,
+                 turn, o_desc, o2_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full, sm_scale, causal_offset, g,
+                 step, BLOCK_N, STAGES, CAUSAL, True, WG, True, SPLIT, False, True)
         mbarrier.arrive(q_empty.index(buf), count=1)
         g += n_blocks
         step += n_blocks + 1
 
 
 @gluon.jit
-def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_ready, q_phase, k_bars, v_bars, k_empty, v_empty, turn,
-             o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, g0, s0, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, WG: gl.constexpr,
-             PINGPONG: gl.constexpr, FIRST: gl.constexpr = True, RELEASE_LAST: gl.constexpr = False):
+def _store_out(acc, l_o, q_smem, o_desc, start_m):
+    """O's chunk ``acc`` / l to the rows at ``start_m``, through ``q_smem`` (Q's buffer, free now) and a TMA store."""
+    q_smem.store((acc / l_o[:, None]).to(q_smem.dtype))
+    fence_async_shared()
+    _tma_store(o_desc, [start_m, 0], q_smem)
+
+
+@gluon.jit
+def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, q_ready, q_phase,
+             k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
+             causal_offset, g0, s0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+             PRODUCER: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, SPLIT: gl.constexpr,
+             FIRST: gl.constexpr = True, RELEASE_LAST: gl.constexpr = False):
     """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue.
 
     ``q_smem`` holds this partition's query rows [start_m, start_m + rows):
@@ -350,10 +420,13 @@ def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_ready, q_phase, k_bars, v
     the ring position and ping-pong step of this tile's first block (0, but
     in ``_consume_tiles``); FIRST: this is the program's first step (no turn
     to wait for); RELEASE_LAST: the last V buffer is released to the
-    producer too (a next tile's loads need it).
+    producer too (a next tile's loads need it). SPLIT: the head dim is two
+    chunks, the second in ``q2_smem``, ``k2_bufs``, ``v2_bufs`` and ``o2_desc``
+    (otherwise those are the first chunk's, never read).
     """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_D: gl.constexpr = q_smem.type.shape[1]
+    BLOCK_D2: gl.constexpr = q2_smem.type.shape[1]
     NUM_WARPS: gl.constexpr = BLOCK_M // 16  # this partition's warps (a warp owns 16 rows of a wgmma)
     dtype: gl.constexpr = q_smem.dtype
     # wgmma accumulators: warps stacked along M (a warpgroup owns 64 rows), one instruction spans the tile's N.
@@ -361,6 +434,8 @@ def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_ready, q_phase, k_bars, v
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                        instr_shape=[16, BLOCK_D, 16])
+    o2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, BLOCK_D2, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -368,51 +443,57 @@ def _consume(q_smem, k_desc, v_desc, k_bufs, v_bufs, q_ready, q_phase, k_bars, v
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, BLOCK_D], gl.float32, layout=o_layout)
+    acc2 = gl.zeros([BLOCK_M, BLOCK_D2], gl.float32, layout=o2_layout)  # SPLIT's; else never issued
 
     # Block 0, peeled: its scores alone (nothing to overlap yet), always through the masked step.
     mbarrier.wait(q_ready, q_phase)
     _wait_slot(k_bars, g0, STAGES)
     _wait_turn(turn, s0, WG, PINGPONG, FIRST)
     zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_bufs.index(g0 % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = _scores(q_smem, q2_smem, k_bufs.index(g0 % STAGES), k2_bufs.index(g0 % STAGES), zero, SPLIT)
     _pass_turn(turn, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, BLOCK_N, True, CAUSAL)
     if PRODUCER:
         mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     else:
-        _issue_load(k_desc, k_bars, k_bufs, STAGES, n_blocks, BLOCK_N, STAGES)
+        _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, STAGES, n_blocks, BLOCK_N, STAGES, SPLIT)
     p_prev = gl.convert_layout(p.to(dtype), p_layout)
 
     for block in range(1, n_full):
-        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
-                                        k_empty, v_empty, turn, acc, m_i, l_i, p_prev, offs_m, qk_scale,
-                                        causal_offset, g0, s0, s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER,
-                                        WG, PINGPONG)
+        acc, acc2, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc,
+                                              k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty, v_empty,
+                                              turn, acc, acc2, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
+                                              g0, s0, s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER, WG,
+                                              PINGPONG, SPLIT)
     for block in range(gl.maximum(n_full, 1), n_blocks):
-        acc, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars,
-                                        k_empty, v_empty, turn, acc, m_i, l_i, p_prev, offs_m, qk_scale,
-                                        causal_offset, g0, s0, s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER,
-                                        WG, PINGPONG)
+        acc, acc2, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc,
+                                              k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty, v_empty,
+                                              turn, acc, acc2, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
+                                              g0, s0, s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER, WG,
+                                              PINGPONG, SPLIT)
 
     # The last block's PV, then the epilogue.
     last = g0 + n_blocks - 1
     _wait_slot(v_bars, last, STAGES)
     _wait_turn(turn, s0 + n_blocks, WG, PINGPONG, False)
     acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
+    if SPLIT:
+        acc2 = warpgroup_mma(p_prev, v2_bufs.index(last % STAGES), acc2, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
-    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    if SPLIT:
+        acc, acc2, p_prev = warpgroup_mma_wait(0, deps=(acc, acc2, p_prev))
+    else:
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
     if RELEASE_LAST:
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = acc / l_o[:, None]
     lse = (m_i + gl.log2(l_i)) * LN2
     gl.store(lse_base + offs_m, lse)
-    # Q's buffer is free (the last QK^T retired): the output tile goes out through it.
-    q_smem.store(out.to(dtype))
-    fence_async_shared()
-    _tma_store(o_desc, [start_m, 0], q_smem)
+    # Q's buffers are free (the last QK^T retired): the output tile goes out through them.
+    _store_out(acc, gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), q_smem, o_desc, start_m)
+    if SPLIT:
+        _store_out(acc2, gl.convert_layout(l_i, gl.SliceLayout(1, o2_layout)), q2_smem, o2_desc, start_m)
     tma.store_wait(0)
 
 
@@ -429,10 +510,15 @@ def flash_fwd_gluon_kernel(
     sm_scale, softcap, dropout_p,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
     CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr, BLOCK_TILES: gl.constexpr,
+    BLOCK_D2: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    gl.static_assert(EVEN_D, "flash_fwd_gluon needs a head dim equal to its tile (64, 128 or 256)")
     gl.static_assert(not PINGPONG or PRODUCER, "PINGPONG needs PRODUCER: the producer warp loads for both warpgroups")
+    # BLOCK_D2 (0: none): the head dim's second chunk (split tiles: columns [BLOCK_D, BLOCK_D + BLOCK_D2)), in
+    # buffers and descriptors of its own. Without it, a head dim under BLOCK_D (EVEN_D false) is padded: the
+    # descriptors' extent is head_dim, so TMA loads zeros past it and the output store stops at it.
+    # EVEN_D (the tiles hold the head dim exactly) only describes the variant: TMA needs no masks either way.
+    SPLIT: gl.constexpr = BLOCK_D2 > 0
     # BLOCK_TILES (0 or 1: one): a program's BLOCK_M rows are BLOCK_TILES query tiles, walked in turn (PINGPONG only).
     TILES: gl.constexpr = BLOCK_TILES if BLOCK_TILES > 1 else 1
     gl.static_assert(TILES == 1 or PINGPONG, "BLOCK_TILES needs PINGPONG: its producer warp loads every tile's Q")
@@ -443,8 +529,9 @@ def flash_fwd_gluon_kernel(
     ROWS: gl.constexpr = TILE_M // WGS
     gl.static_assert(ROWS == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x warps (x 2)")
     dtype: gl.constexpr = Q.dtype.element_ty
-    # gluon.stages' rule: 3 when a K tile is at most 16 KiB (head dim 64; 128 at BLOCK_N 64), else 2.
-    STAGES: gl.constexpr = 3 if BLOCK_D * BLOCK_N <= 64 * 128 else 2
+    # gluon.stages' rule on the whole width: 3 when a K tile is at most 16 KiB (head dim 64; 128 at BLOCK_N 64),
+    # else 2.
+    STAGES: gl.constexpr = 3 if (BLOCK_D + BLOCK_D2) * BLOCK_N <= 64 * 128 else 2
 
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
@@ -457,6 +544,16 @@ def flash_fwd_gluon_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [QBUFS * WGS, ROWS, BLOCK_D], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
+    if SPLIT:
+        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D2], dtype)
+        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D2], dtype)
+        q2_smem = gl.allocate_shared_memory(dtype, [QBUFS * WGS, ROWS, BLOCK_D2], q2_layout)
+        k2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D2], kv2_layout)
+        v2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D2], kv2_layout)
+    else:  # never read: the first chunk's stand in, the shared memory as it was
+        q2_smem = q_smem
+        k2_bufs = k_bufs
+        v2_bufs = v_bufs
     q_bar = gl.allocate_shared_memory(gl.int64, [QBUFS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -492,64 +589,88 @@ def flash_fwd_gluon_kernel(
     # Each descriptor is written to global scratch and fenced (a release and an acquire at GPU scope, then
     # a CTA barrier: read from the PTX), one after another. Each load goes out as soon as its own
     # descriptor exists, so the later descriptors (Out's last, needed only by the epilogue) are built while
-    # Q, K and V are in flight: the prologue that short sequences and causal tiles pay on every CTA.
-    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
-                                        [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
+    # Q, K and V are in flight: the prologue that short sequences and causal tiles pay on every CTA. With
+    # SPLIT each tensor has a second descriptor, over its columns from BLOCK_D on (the base stays 16-byte
+    # aligned: BLOCK_D is a power of two of at least 16).
+    q_base = Q + batch * stride_qb + head * stride_qh
+    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
+    if SPLIT:
+        q2_desc = tma.make_tensor_descriptor(q_base + BLOCK_D, [seqlen_q, head_dim - BLOCK_D], [stride_qs, 1],
+                                             [ROWS, BLOCK_D2], q2_layout)
+    else:
+        q2_desc = q_desc
     if TILES == 1:  # with several tiles the producer warp loads every Q, K and V
-        mbarrier.expect(q_bar.index(0), WGS * q_desc.block_type.nbytes)
-        for w in gl.static_range(WGS):
-            _tma_load(q_desc, [start_m + w * ROWS, 0], q_bar.index(0), q_smem.index(w))
+        _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, start_m, WGS, SPLIT)
     # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
     PRELOAD: gl.constexpr = 0 if TILES > 1 else 1 if PRODUCER else STAGES
-    k_desc = tma.make_tensor_descriptor(K + batch * stride_kb + kv_head * stride_kh, [seqlen_k, head_dim],
-                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    if SPLIT:
+        k2_desc = tma.make_tensor_descriptor(k_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_ks, 1],
+                                             [BLOCK_N, BLOCK_D2], kv2_layout)
+    else:
+        k2_desc = k_desc
     for i in gl.static_range(PRELOAD):
-        _issue_load(k_desc, k_bars, k_bufs, i, n_blocks, BLOCK_N, STAGES)
-    v_desc = tma.make_tensor_descriptor(V + batch * stride_vb + kv_head * stride_vh, [seqlen_k, head_dim],
-                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
+        _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    if SPLIT:
+        v2_desc = tma.make_tensor_descriptor(v_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_vs, 1],
+                                             [BLOCK_N, BLOCK_D2], kv2_layout)
+    else:
+        v2_desc = v_desc
     for i in gl.static_range(PRELOAD):
-        _issue_load(v_desc, v_bars, v_bufs, i, n_blocks, BLOCK_N, STAGES)
-    o_desc = tma.make_tensor_descriptor(Out + batch * stride_ob + head * stride_oh, [seqlen_q, head_dim],
-                                        [stride_os, 1], [ROWS, BLOCK_D], q_layout)
+        _issue_load(v_desc, v2_desc, v_bars, v_bufs, v2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
+    o_base = Out + batch * stride_ob + head * stride_oh
+    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [ROWS, BLOCK_D], q_layout)
+    if SPLIT:
+        o2_desc = tma.make_tensor_descriptor(o_base + BLOCK_D, [seqlen_q, head_dim - BLOCK_D], [stride_os, 1],
+                                             [ROWS, BLOCK_D2], q2_layout)
+    else:
+        o2_desc = o_desc
     lse_base = Lse + batch * stride_lb + head * stride_lh
     if TILES > 1:
         # One program, TILES query tiles of TILE_M rows: the ping-pong schedule of each tile, the producer
         # running ahead across tiles (the next Q and key blocks load under this tile's end and epilogue).
-        gl.warp_specialize([(_consume_tiles, (q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, q_empty, k_bars,
-                                              v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, seqlen_k,
-                                              sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES,
-                                              CAUSAL, 0)),
-                            (_consume_tiles, (q_smem, k_desc, v_desc, k_bufs, v_bufs, q_bar, q_empty, k_bars,
-                                              v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, seqlen_k,
-                                              sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES,
-                                              CAUSAL, 1)),
-                            (_produce_tiles, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
-                                              k_bars, v_bars, k_empty, v_empty, start_m, seqlen_k, causal_offset,
-                                              TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL))], [NUM_WARPS, 1],
-                           [240, 24])
+        gl.warp_specialize([(_consume_tiles, (q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
+                                              v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn,
+                                              o_desc, o2_desc, lse_base, start_m, seqlen_k, sm_scale, causal_offset,
+                                              TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
+                            (_consume_tiles, (q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
+                                              v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn,
+                                              o_desc, o2_desc, lse_base, start_m, seqlen_k, sm_scale, causal_offset,
+                                              TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
+                            (_produce_tiles, (q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem,
+                                              k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars,
+                                              k_empty, v_empty, start_m, seqlen_k, causal_offset, TILES, TILE_M, WGS,
+                                              BLOCK_N, STAGES, CAUSAL, SPLIT))], [NUM_WARPS, 1], [240, 24])
     elif PINGPONG:
         # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to
         # issue their wgmmas, so one's softmax runs under the other's products; one warp loads for both.
-        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars,
-                                        v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
-                                        sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, True)),
-                            (_consume, (q_smem.index(1), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars,
-                                        v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m + ROWS, n_blocks,
-                                        n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 1,
-                                        True)),
-                            (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
-                                        BLOCK_N, STAGES))], [NUM_WARPS, 1], [240, 24])
+        gl.warp_specialize([(_consume, (q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs,
+                                        k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty,
+                                        turn, o_desc, o2_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
+                                        causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, True, SPLIT)),
+                            (_consume, (q_smem.index(1), q2_smem.index(1), k_desc, k2_desc, v_desc, v2_desc, k_bufs,
+                                        k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty,
+                                        turn, o_desc, o2_desc, lse_base, start_m + ROWS, n_blocks, n_full, sm_scale,
+                                        causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 1, True, SPLIT)),
+                            (_produce, (k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars,
+                                        v_bars, k_empty, v_empty, n_blocks, BLOCK_N, STAGES, SPLIT))],
+                           [NUM_WARPS, 1], [240, 24])
     elif PRODUCER:
         # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
-        gl.warp_specialize([(_consume, (q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars,
-                                        v_bars, k_empty, v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full,
-                                        sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, False)),
-                            (_produce, (k_desc, v_desc, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, n_blocks,
-                                        BLOCK_N, STAGES))], [1], [24])
+        gl.warp_specialize([(_consume, (q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs,
+                                        k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty,
+                                        turn, o_desc, o2_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
+                                        causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, False, SPLIT)),
+                            (_produce, (k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars,
+                                        v_bars, k_empty, v_empty, n_blocks, BLOCK_N, STAGES, SPLIT))], [1], [24])
     else:
-        _consume(q_smem.index(0), k_desc, v_desc, k_bufs, v_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty,
-                 v_empty, turn, o_desc, lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N,
-                 STAGES, CAUSAL, False, 0, False)
+        _consume(q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs,
+                 v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
+                 start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, False, 0, False,
+                 SPLIT)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
