@@ -117,7 +117,7 @@ def gluon_bwd_fused_kernel(
     fence_async_shared()
 
     load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
-            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+            stride_vs, seqlen_k, BLOCK_D, start_n, k_smem, v_smem, kv_bar)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
 
     qk_scale = sm_scale * LOG2E

@@ -104,7 +104,9 @@ def test_the_default_pair_is_complete_round_trips_and_keys_apart() -> None:
 @pytest.mark.parametrize("target, dtype, head_dim, causal, aligned, index64, sq, sk, block_m, features, why", [
     ("sm_80", "bf16", 128, "none", True, False, 4096, 4096, 64, False, "target"),
     ("sm_90", "fp32", 128, "none", True, False, 4096, 4096, 64, False, "dtype"),
-    ("sm_90", "bf16", 96, "none", True, False, 4096, 4096, 64, False, "head dim"),
+    ("sm_90", "bf16", 100, "none", True, False, 4096, 4096, 64, False, "head dim"),  # rows of 200 bytes: no TMA
+    ("sm_90", "bf16", 32, "none", True, False, 4096, 4096, 64, False, "head dim"),  # under 64's tile
+    ("sm_90", "bf16", 264, "none", True, False, 4096, 4096, 64, False, "head dim"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, 32, False, "BLOCK_M"),
     ("sm_90", "bf16", 128, "none", True, False, 4096, 4096, 128, False, "shared memory"),
     ("sm_90", "bf16", 128, "none", False, False, 4096, 4096, 64, False, "TMA"),
@@ -143,7 +145,10 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
     (256, False, 0, 1024, 1024, True),  # 64 keys a program at head dim 256
     (256, True, 0, 1024, 1088, True),
     (256, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
-    (96, False, 0, 4096, 4096, False),  # no row
+    (96, False, 0, 4096, 4096, True),  # 128's tile, padded
+    (96, False, 0, 1024, 1024, False),  # 128's row's minimum seqlen_k
+    (224, True, 0, 1024, 1024, True),  # 256's tile: 64 keys a program
+    (104, False, 0, 4096, 4096, False),  # no row
 ])
 def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
                                                  fits: bool) -> None:
@@ -262,7 +267,7 @@ def test_the_fused_launch_passes_each_kernel_its_integers_by_name(monkeypatch: p
         allocated.append(out)
         return out
 
-    b, hq, hk, s, d = 2, 4, 2 if gqa else 4, 256, 64
+    b, hq, hk, s, d = 2, 4, 2 if gqa else 4, 256, 56 if gqa else 64  # 56: 64's tile, padded
     q = torch.randn(b, s, hq, d, dtype=torch.bfloat16).transpose(1, 2)  # (B, H, S, D) views of a bshd layout
     k, v = (torch.randn(b, s, hk, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
     out, do = torch.randn_like(q), torch.randn_like(q)
@@ -274,11 +279,12 @@ def test_the_fused_launch_passes_each_kernel_its_integers_by_name(monkeypatch: p
     monkeypatch.setattr(torch, "empty", empty)
     bwd._launch_fused(FakeKernel("prep"), FakeKernel("fused"), 0, dq_ints, dkdv_ints, grads, call)
     (dqa,) = allocated
-    assert dqa.shape == (b, hq, s, d) and dqa.dtype == torch.float32
+    assert dqa.shape == (b, hq, s, 64) and dqa.dtype == torch.float32  # rows of the tile
     values = {"Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(), "Out": out.data_ptr(), "DO": do.data_ptr(),
               "Lse": lse.data_ptr(), "Delta": delta.data_ptr(), "DK": grads.dk.data_ptr(),
               "DV": grads.dv.data_ptr(), "DQA": dqa.data_ptr(), "heads_q": hq, "group_size": hq // hk,
-              "seqlen_q": s, "seqlen_k": s, "causal_offset": 0, "stride_lb": hq * s, "stride_lh": s}
+              "seqlen_q": s, "seqlen_k": s, "head_dim": d, "causal_offset": 0, "stride_lb": hq * s,
+              "stride_lh": s}
     for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", do), ("dk", grads.dk), ("dv", grads.dv)):
         values.update({f"stride_{prefix}b": t.stride(0), f"stride_{prefix}h": t.stride(1),
                        f"stride_{prefix}s": t.stride(2)})
@@ -308,18 +314,20 @@ def test_prewarm_plans_the_fused_pair_beside_flash_bwd() -> None:
 # The prep kernel through the interpreter, both kernels compiled for sm_90
 
 
-def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator() -> None:
+@pytest.mark.parametrize("d", [64, 40])  # 40: in 64's tile, O and dO read up to the head dim only
+def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator(d: int) -> None:
     from lazytriton import compiler
 
     gen = torch.Generator().manual_seed(7)
-    b, h, s, d = 2, 3, 80, 64
+    b, h, s, tile = 2, 3, 80, fused.tile(d)
     out = torch.randn(b, s, h, d, generator=gen).to(torch.bfloat16).transpose(1, 2)  # bshd layout
     do = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
     delta = torch.full((b, h, s), float("nan"))
-    dqa = torch.full((b, h, s, d), float("nan"))
+    dqa = torch.full((b, h, s, tile), float("nan"))  # rows of the tile (the binding's)
     grid = fused.grids(b, h, h, s, 128, d)[0]
     compiler.interpret(fused.PREP, grid, (out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
-                                          *delta.stride()[:2], h, s), {"BLOCK_M": fused.PREP_BLOCK_M, "BLOCK_D": d})
+                                          *delta.stride()[:2], h, s, d),
+                       {"BLOCK_M": fused.PREP_BLOCK_M, "BLOCK_D": tile})
     want = (out.float() * do.float()).sum(-1)
     assert torch.allclose(delta, want, atol=1e-4, rtol=1e-5)
     assert torch.equal(dqa, torch.zeros_like(dqa))
@@ -394,6 +402,13 @@ def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) 
     (torch.bfloat16, False, (4, 2), (128, 1024), 256, "bhsd"),  # GQA
     (torch.bfloat16, "bottom_right", (2, 2), (192, 1088), 256, "bshd"),  # causal offset 896
     (torch.float16, True, (2, 2), (1024, 1024), 256, "bhsd"),
+    # Padded head dims (fused.tile): 80 and 96 in 128's tile, 160 to 224 in 256's; dK and dV stop at the head
+    # dim (bshd: the next head's columns follow), dQ is the accumulator's first head_dim columns
+    (torch.bfloat16, False, (4, 4), (256, 2048), 96, "bhsd"),
+    (torch.float16, "bottom_right", (4, 2), (256, 2304), 80, "bshd"),
+    (torch.bfloat16, True, (2, 2), (1024, 1024), 224, "bhsd"),
+    (torch.bfloat16, False, (4, 2), (128, 2048), 192, "bshd"),
+    (torch.float16, True, (2, 2), (2048, 2048), 160, "bhsd"),
 ], ids=str)
 def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
         resolved: list[Variant], dtype: torch.dtype, causal: bool | str, heads: tuple[int, int],

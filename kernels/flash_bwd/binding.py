@@ -408,14 +408,14 @@ def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...],
                   grads: Grads, call: Call) -> None:
     """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``."""
     shape = call.shape
-    dqa = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim), dtype=torch.float32,
-                      device=grads.dq.device)
+    dqa = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim)), dtype=torch.float32,
+                      device=grads.dq.device)  # rows of the kernel's tile: a padded head dim's are wider
     ints = (*dq_ints, *dkdv_ints, dqa.data_ptr(), shape.heads_q)
     prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k,
                                         shape.head_dim)
     prep.launch(prep_grid, stream, _PICK_PREP(ints), (), fwd.scratch_alloc)
     kernel.launch(fused_grid, stream, _PICK_FUSED(ints), (call.scale,), fwd.scratch_alloc)
-    grads.dq.copy_(dqa)
+    grads.dq.copy_(dqa if dqa.shape[-1] == shape.head_dim else dqa[..., :shape.head_dim])
 
 
 # Each kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them

@@ -39,7 +39,8 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     module=MODULE,
     function="flash_bwd_fused_gluon_kernel",
     params=(*_POINTERS, *_DATA_STRIDES, *_LSE_STRIDES, ("group_size", "i32"), ("heads_q", "i32"),
-            ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("causal_offset", "i32"), ("sm_scale", "fp32")),
+            ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("head_dim", "i32"), ("causal_offset", "i32"),
+            ("sm_scale", "fp32")),
     constexprs=("BLOCK_M", "BLOCK_D", "CAUSAL", "PREFETCH"),
     # TMA needs them 16-byte aligned (the rule refuses the rest). The seqlens are multiples of the tiles (64 or
     # more), so are the causal offset (their difference) and lse's and delta's strides (seqlen_q and heads x
@@ -56,7 +57,7 @@ FLASH_BWD_PREP = KernelSpec(
     module=MODULE,
     function="flash_bwd_prep_kernel",
     params=(("Out", "*{dtype}"), ("DO", "*{dtype}"), ("Delta", "*fp32"), ("DQA", "*fp32"), *_PREP_STRIDES,
-            *_LSE_STRIDES, ("heads_q", "i32"), ("seqlen_q", "i32")),
+            *_LSE_STRIDES, ("heads_q", "i32"), ("seqlen_q", "i32"), ("head_dim", "i32")),
     constexprs=("BLOCK_M", "BLOCK_D"),
     aligned_params=("Out", "DO", "Delta", "DQA") + tuple(s for s, _ in _PREP_STRIDES),
 )
@@ -64,7 +65,12 @@ FLASH_BWD_PREP = KernelSpec(
 # Targets and dtypes are flash_bwd_dkdv_gluon's (its rule checks them). Head dims 64 and 128: two float32
 # accumulators of 64 keys x head dim a consumer thread, 128 registers at 128 of the 240 it has. Head dim 256:
 # the program holds 64 keys and each warpgroup half of dK's and dV's columns (fused_kernel's wide program).
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256)  # the tiles' widths
+# Other head dims run in their padded tile (``tile``): every descriptor's extent is the head dim, so TMA reads
+# zeros past it (nothing added to S, dP or the products), the dK and dV stores stop at it, and dQ's float32
+# accumulator is a tile wide (the binding copies its first head_dim columns). A multiple of 8 (TMA's 16-byte
+# rows) over 32: 40-64 in 64's tile, 72-128 in 128's, 136-256 in 256's.
+MIN_HEAD_DIM, MAX_HEAD_DIM = 40, 256
 BLOCK_N = 128  # keys a program holds at head dims 64 and 128 (fused_kernel.BLOCK_N: two warpgroups of 64)
 WIDE_BLOCK_N = 64  # at head dim 256 (fused_kernel.WIDE_KEYS)
 BLOCK_MS = (64, 128)  # query rows a step (the N of the S^T product; the M of S at head dim 256)
@@ -75,6 +81,13 @@ SM90_SHARED = 232448  # sm_90's opt-in shared memory for one CTA
 SHARED_SLACK = 1024  # mbarriers and alignment
 
 
+def tile(head_dim: int) -> int:
+    """The fused kernel's tile width (BLOCK_D) at ``head_dim``: its padded head dim."""
+    from lazytriton import dispatch
+
+    return dispatch.padded_head_dim(head_dim)
+
+
 def block_n(head_dim: int) -> int:
     """Keys a program of the fused kernel holds at ``head_dim``: its grid's and seqlen_k's unit."""
     return WIDE_BLOCK_N if head_dim > 128 else BLOCK_N
@@ -82,6 +95,7 @@ def block_n(head_dim: int) -> int:
 
 def shared_bytes(head_dim: int, block_m: int) -> int:
     """Shared memory the fused kernel allocates, within ``SHARED_SLACK``: K and V, the ring, dS^T, dQ tiles."""
+    head_dim = tile(head_dim)
     if head_dim > 128:  # K, V; Q's ring and one dO tile; P^T and dS^T; a dQ tile a warpgroup
         return 2 * (2 * WIDE_BLOCK_N * head_dim + (STAGES + 1) * block_m * head_dim + 2 * WIDE_BLOCK_N * block_m) \
             + 4 * 2 * block_m * WIDE_DQ_COLS
@@ -100,8 +114,8 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
     """
     from lazytriton.kernels.flash_bwd import gluon
 
-    if head_dim not in HEAD_DIMS:
-        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM or head_dim % 8:
+        return f"head dim {head_dim} is not a multiple of 8 in {MIN_HEAD_DIM}..{MAX_HEAD_DIM} (TMA's 16-byte rows)"
     if block_m not in BLOCK_MS:
         return f"BLOCK_M {block_m} is not one of {BLOCK_MS}"
     if shared_bytes(head_dim, block_m) + SHARED_SLACK > SM90_SHARED:
@@ -119,17 +133,18 @@ def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool,
     ``block_m`` and ``prefetch`` are the fused kernel's tuned fields (BLOCK_M,
     PREFETCH). Its functional fields are flash_bwd_dkdv's for a plain aligned
     call (ALIGN16, BLOCK_D, CAUSAL, INDEX64, SEQ16), so ``cache explain``
-    reads them alike; num_stages records its ring's depth.
+    reads them alike; num_stages records its ring's depth. A padded head dim
+    (224) has its tile's variants (256's): the head dim is an argument.
     """
     from lazytriton.variant import Variant, pairs
 
     if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, features):
         return None
-    functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "INDEX64": False,
+    functional = {"ALIGN16": True, "BLOCK_D": tile(head_dim), "CAUSAL": causal != "none", "INDEX64": False,
                   "SEQ16": True}
     fused = Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "PREFETCH": bool(prefetch)}),
                     pairs({"num_stages": STAGES, "num_warps": 4}))
-    prep = Variant(PREP, target, dtype, pairs({"ALIGN16": True, "BLOCK_D": head_dim, "INDEX64": False}),
+    prep = Variant(PREP, target, dtype, pairs({"ALIGN16": True, "BLOCK_D": tile(head_dim), "INDEX64": False}),
                    pairs({"BLOCK_M": PREP_BLOCK_M}), pairs({"num_stages": 1, "num_warps": 4}))
     return prep, fused
 

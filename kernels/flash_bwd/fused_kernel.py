@@ -119,18 +119,23 @@ STAGES = gl.constexpr(2)  # the Q/dO ring's depth (fused.shared_bytes counts it)
 
 @triton.jit
 def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos,
-                          stride_lb, stride_lh, heads_q, seqlen_q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Delta = rowsum(dO * O) in float32, and zeros into the rows of dQ's accumulator, for one query block."""
+                          stride_lb, stride_lh, heads_q, seqlen_q, head_dim, BLOCK_M: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+    """Delta = rowsum(dO * O) in float32, and zeros into the rows of dQ's accumulator, for one query block.
+
+    The accumulator's rows are BLOCK_D wide (the fused kernel's tile), O's and dO's ``head_dim`` (at most BLOCK_D).
+    """
     start_m = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
     batch = tl.program_id(2)
     rows = start_m + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     ok = rows < seqlen_q
+    inside = ok[:, None] & (cols < head_dim)[None, :]
     o = tl.load(Out + batch * stride_ob + head * stride_oh + rows[:, None] * stride_os + cols[None, :],
-                mask=ok[:, None], other=0.0)
+                mask=inside, other=0.0)
     do = tl.load(DO + batch * stride_dob + head * stride_doh + rows[:, None] * stride_dos + cols[None, :],
-                 mask=ok[:, None], other=0.0)
+                 mask=inside, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + batch * stride_lb + head * stride_lh + rows, delta, mask=ok)
     dqa_rows = (batch * heads_q + head) * seqlen_q + rows
@@ -140,20 +145,23 @@ def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, 
 
 @gluon.jit
 def _q_do_descriptors(Q, DO, q_smem, do_smem, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-                      batch, head, seqlen_q, BLOCK_M: gl.constexpr):
-    """TMA descriptors of one query head's Q and dO, BLOCK_M rows a tile, laid out as ``q_smem`` and ``do_smem``."""
+                      batch, head, seqlen_q, head_dim, BLOCK_M: gl.constexpr):
+    """TMA descriptors of one query head's Q and dO, BLOCK_M rows a tile, laid out as ``q_smem`` and ``do_smem``.
+
+    Their extent is ``head_dim``: a padded tile is zero-filled past it.
+    """
     BLOCK_D: gl.constexpr = q_smem.type.shape[-1]
-    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, BLOCK_D],
+    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
                                         [stride_qs, 1], [BLOCK_M, BLOCK_D], q_smem.type.layout)
-    do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, BLOCK_D],
+    do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, head_dim],
                                          [stride_dos, 1], [BLOCK_M, BLOCK_D], do_smem.type.layout)
     return q_desc, do_desc
 
 
 @gluon.jit
 def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh, stride_qs,
-             stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size, seqlen_q, m_first,
-             n_steps, BLOCK_M: gl.constexpr):
+             stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size, seqlen_q, head_dim,
+             m_first, n_steps, BLOCK_M: gl.constexpr):
     """The producer warp: every step's Q, dO, lse and delta tiles, over the group's query heads, once the slot is free.
 
     lse and delta come as 1-D tiles of BLOCK_M float32 per query head (rows
@@ -163,7 +171,7 @@ def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, emp
     for g in range(group_size):
         head = kv_head * group_size + g
         q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_bufs, stride_qb, stride_qh, stride_qs, stride_dob,
-                                            stride_doh, stride_dos, batch, head, seqlen_q, BLOCK_M)
+                                            stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
         lse_desc = tma.make_tensor_descriptor(Lse + batch * stride_lb + head * stride_lh, [seqlen_q], [1], [BLOCK_M],
                                               lse_bufs.type.layout)
         delta_desc = tma.make_tensor_descriptor(Delta + batch * stride_lb + head * stride_lh, [seqlen_q], [1],
@@ -203,7 +211,7 @@ def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
 @gluon.jit
 def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_bar, full, empty, ds_ready,
              dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
-             group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+             group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
              BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
     """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ."""
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
@@ -268,10 +276,11 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_
     tma.store_wait(0)
     rows = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
+    inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
     gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
-             (dk * sm_scale).to(dtype))
+             (dk * sm_scale).to(dtype), mask=inside)
     gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
-             dv.to(dtype))
+             dv.to(dtype), mask=inside)
 
 
 # ---------------------------------------------------------------------------
@@ -287,14 +296,14 @@ WIDE_DQ_COLS = gl.constexpr(64)  # dQ columns a TMA reduction carries (two a war
 
 @gluon.jit
 def _produce_wide(Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh, stride_qs,
-                  stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q, m_first, n_steps,
+                  stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q, head_dim, m_first, n_steps,
                   BLOCK_M: gl.constexpr):
     """The producer warp at head dim 256: Q through its two-deep ring, dO through its one buffer."""
     it = 0
     for g in range(group_size):
         head = kv_head * group_size + g
         q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_smem, stride_qb, stride_qh, stride_qs, stride_dob,
-                                            stride_doh, stride_dos, batch, head, seqlen_q, BLOCK_M)
+                                            stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
         for step in range(n_steps):
             row = (m_first + step) * BLOCK_M
             slot = it % STAGES
@@ -311,8 +320,8 @@ def _produce_wide(Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, st
 def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, kv_bar, q_full, q_empty, do_full,
                   do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
                   stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size, heads_q,
-                  seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr,
-                  CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
+                  seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+                  BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
     """A consumer warpgroup at head dim 256: S and dP of keys [32 WG, + 32), dK, dV, dQ of columns [128 WG, + 128)."""
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
     KEYS: gl.constexpr = WIDE_KEYS // 2
@@ -394,17 +403,18 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, k
     tma.store_wait(0)
     rows = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc_layout))
     cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
+    inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
     gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
-             (dk * sm_scale).to(dtype))
+             (dk * sm_scale).to(dtype), mask=inside)
     gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
-             dv.to(dtype))
+             dv.to(dtype), mask=inside)
 
 
 @gluon.jit
 def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
                   stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                   stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
-                  heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
+                  heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
                   BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
     """``flash_bwd_fused_gluon``'s program at head dim 256: 64 keys, the warpgroups split by keys, then by columns."""
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -436,7 +446,7 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     fence_async_shared()
 
     load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
-            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+            stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, WIDE_KEYS, CAUSAL)
     dqa_desc = tma.make_tensor_descriptor(DQA, [gl.num_programs(2) * heads_q * seqlen_q, BLOCK_D], [BLOCK_D, 1],
                                           [BLOCK_M, WIDE_DQ_COLS], dq_layout)
@@ -444,15 +454,15 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
         (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem.index(0), kv_bar, q_full,
                          q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb,
                          stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch,
-                         kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps,
-                         n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
+                         kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first,
+                         n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
         (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem.index(1), kv_bar, q_full,
                          q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb,
                          stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch,
-                         kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n, m_first, n_steps,
-                         n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
+                         kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first,
+                         n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
         (_produce_wide, (Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh,
-                         stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q,
+                         stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q, head_dim,
                          m_first, n_steps, BLOCK_M)),
     ], [4, 1], [240, 24])
     for i in gl.static_range(STAGES):
@@ -471,7 +481,7 @@ def flash_bwd_fused_gluon_kernel(
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
     stride_lb, stride_lh,
-    group_size, heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale,
+    group_size, heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     gl.static_assert(gl.num_warps() == 4, "the default partition is consumer warpgroup 0: launch with 4 warps")
@@ -479,19 +489,21 @@ def flash_bwd_fused_gluon_kernel(
         _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
                       stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                       stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
-                      heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL, PREFETCH)
+                      heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL,
+                      PREFETCH)
     else:
         _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
                         stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
-                        heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL, PREFETCH)
+                        heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL,
+                      PREFETCH)
 
 
 @gluon.jit
 def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
                     stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                     stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
-                    heads_q, seqlen_q, seqlen_k, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
+                    heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
                     BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
     """``flash_bwd_fused_gluon``'s program at head dims 64 and 128: 128 keys, 64 a consumer warpgroup."""
     COLS: gl.constexpr = BLOCK_D // 2
@@ -521,7 +533,7 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
     load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
-            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+            stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
     # dQ's accumulator as one 2-D tensor of B x Hq x Sq rows: one descriptor serves every head of the group.
     dqa_desc = tma.make_tensor_descriptor(DQA, [gl.num_programs(2) * heads_q * seqlen_q, BLOCK_D], [BLOCK_D, 1],
@@ -530,15 +542,15 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     gl.warp_specialize([
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem.index(0), kv_bar, full,
                     empty, ds_ready, dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n,
-                    m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
+                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale,
+                    start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem.index(1), kv_bar, full,
                     empty, ds_ready, dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, causal_offset, sm_scale, start_n,
-                    m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
+                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale,
+                    start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
         (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh,
                     stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size,
-                    seqlen_q, m_first, n_steps, BLOCK_M)),
+                    seqlen_q, head_dim, m_first, n_steps, BLOCK_M)),
     ], [4, 1], [240, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(i))

@@ -91,13 +91,16 @@ def kv_tile(dtype: gl.constexpr, KEYS: gl.constexpr, BLOCK_D: gl.constexpr):
 
 
 @gluon.jit
-def load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar):
-    """Start the TMA loads of the program's K and V tiles (keys from ``start_n``) into their buffers, one barrier."""
+def load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar):
+    """Start the TMA loads of the program's K and V tiles (keys from ``start_n``) into their buffers, one barrier.
+
+    The descriptors' extent is ``head_dim``: a tile wider than it (a padded head dim) is zero-filled past it.
+    """
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, BLOCK_D], [stride_ks, 1], [BLOCK_N, BLOCK_D],
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D],
                                         k_smem.type.layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, BLOCK_D], [stride_vs, 1], [BLOCK_N, BLOCK_D],
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D],
                                         v_smem.type.layout)
     mbarrier.expect(kv_bar.index(0), 2 * k_desc.block_type.nbytes)
     tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
@@ -244,7 +247,7 @@ def flash_bwd_dkdv_gluon_kernel(
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
     load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
-            stride_vs, seqlen_k, start_n, k_smem, v_smem, kv_bar)
+            stride_vs, seqlen_k, BLOCK_D, start_n, k_smem, v_smem, kv_bar)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
 
     qk_scale = sm_scale * LOG2E
