@@ -548,14 +548,18 @@ _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
     # 2026-12-01, `--head-dims 256`, mean of 1k and 4k: 1.28-1.58x flash_fwd, 0.88-1.04x cuDNN
     (256, False): ((128, 64, 4), True, True),  # 594 / 393 / 609
     (256, True): ((128, 64, 4), True, True),  # 443 / 317 / 462
-    # Split and padded head dims (gluon.chunks), first rows: their padded tile's (to be measured)
+    # Split and padded head dims (gluon.chunks), 2026-12-01 (7th session): ping-pong, the padded tile's tiles at
+    # 80, 96 and 224; `bench_flash_fwd.py --head-dims 80,96,160,192,224`, bf16 4k full / causal (lazytriton /
+    # flash_fwd's split tiles through the JIT / cuDNN): 80 423 / 352 (366 / 338 / 400 / 358), 96 478 / 405 (412 /
+    # 340 / 498 / 371), 224 642 / 507 (380 / 328 / 610 / 491). 160 at 128 x 128 (fits beside a 160-wide Q): 609 /
+    # 483 against 562 / 455 at 128 x 64 (probe_gluon --quick, 4k; cuDNN 558 / 415)
     (80, False): ((128, 128, 4), True, True),
     (80, True): ((128, 128, 4), True, True),
     (96, False): ((128, 128, 4), True, True),
     (96, True): ((128, 128, 4), True, True),
-    (160, False): ((128, 64, 4), True, True),
-    (160, True): ((128, 64, 4), True, True),
-    (192, False): ((128, 64, 4), True, True),
+    (160, False): ((128, 128, 4), True, True),
+    (160, True): ((128, 128, 4), True, True),
+    (192, False): ((128, 64, 4), True, True),  # 603 / 496 (cuDNN 658 / 548)
     (192, True): ((128, 64, 4), True, True),
     (224, False): ((128, 64, 4), True, True),
     (224, True): ((128, 64, 4), True, True),
@@ -573,6 +577,11 @@ GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     (64, False): ((1024, 8), (1 << 31, 4)),
     (128, False): ((1024, 4),),
     (128, True): ((1024, 8),),
+    # Head dim 192 at 1k (probe_gluon --q-tiles 2,4, 7th session): 2 tiles 417 / 286 against 365 / 272 for one,
+    # 4 tiles 379 / 269 (cuDNN 449 / 291); at 4k one tile (593 / 485 against 602 / 452). Other split and padded
+    # head dims take their padded tile's rows (gluon_q_tiles)
+    (192, False): ((1024, 2),),
+    (192, True): ((1024, 2),),
 }
 
 
