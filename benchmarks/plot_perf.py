@@ -29,8 +29,12 @@ The PNG is deterministic for a given CSV and matplotlib/FreeType install:
 fixed size and dpi, the Agg canvas, no pyplot state, and no ``Software``
 entry in the PNG metadata (matplotlib writes no time into a PNG).
 
+``--head-dims`` keeps the rows of those head dims only (the README draws
+64/128/256 in one figure and the split and padded ones in another); the
+figure widens with its panels.
+
 Usage: python benchmarks/plot_perf.py [--dtype bf16|fp16] [--out docs/perf_bf16.png]
-       [--fwd-csv PATH] [--bwd-csv PATH] [--gpu NAME]
+       [--fwd-csv PATH] [--bwd-csv PATH] [--gpu NAME] [--head-dims 64,128,256]
        python benchmarks/plot_perf.py --summary     (the markdown table; draws nothing)
 """
 
@@ -279,7 +283,8 @@ def draw(selected: Mapping[Key, Point], dtype: str, out: Path) -> None:
     panels = sorted({(k.head_dim, k.causal) for k in points})
     seqlens = sorted({k.seqlen for k in points})
     newest = _newest_runs(points)
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    # FIGSIZE holds six panels (three head dims); more widen the figure at the same width a panel.
+    fig = Figure(figsize=(max(FIGSIZE[0], FIGSIZE[0] * len(panels) / 6), FIGSIZE[1]), dpi=DPI)
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(MODES), len(panels), sharex=True, sharey="row", squeeze=False)
     for r, (mode, _) in enumerate(MODES):
@@ -313,13 +318,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bwd-csv", type=Path, default=RESULTS / "flash_bwd.csv")
     parser.add_argument("--gpu", default=None, help="plot this GPU's rows (default: the newest row's GPU)")
     parser.add_argument("--summary", action="store_true", help="print the geomean-ratio markdown table instead")
+    parser.add_argument("--head-dims", type=_head_dims, default=None,
+                        help="comma-separated head dims to draw or sum up (default: every one in the CSVs)")
     return parser.parse_args(argv)
+
+
+def _head_dims(text: str) -> frozenset[int]:
+    try:
+        dims = frozenset(int(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        dims = frozenset()
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"head dims must be positive integers, comma-separated; got {text!r}")
+    return dims
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rows = [row for path in (args.fwd_csv, args.bwd_csv) for row in read_rows(path)]
     selected = select_latest(rows, args.gpu or newest_gpu(rows))
+    if args.head_dims is not None:
+        selected = {k: p for k, p in selected.items() if k.head_dim in args.head_dims}
     if args.summary:
         print(summary_table(selected))
         return 0

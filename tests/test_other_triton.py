@@ -46,6 +46,8 @@ VARIANTS = [
     kv_append.variant(sm90, "bf16", 192, 128, True, True, False),
     dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
     dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
+    dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 192, True, True, False, 1024, 1024),  # split, 2 tiles
+    dispatch.flash_fwd_gluon_default_variant(sm90, "fp16", 224, False, True, False, 4096, 4096),  # padded
     dispatch.flash_bwd_dkdv_gluon_default_variant(sm90, "bf16", 128, False, True, False, 4096, 4096),
     *dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 128, True, True, False, 4096, 4096),
 ]

@@ -151,6 +151,19 @@ def test_the_script_draws_the_same_png_twice(plot: ModuleType, tmp_path: Path,
     with pytest.raises(ValueError, match="dtype='float16': no fwd/bwd points"):
         plot.main([*args, "--dtype", "fp16", "--out", str(tmp_path / "c.png")])
     assert not (tmp_path / "c.png").exists()
+    # --head-dims keeps those rows only: one head dim's panels, a narrower figure than both's is not asked for
+    assert plot.main([*args, "--head-dims", "128", "--out", str(tmp_path / "d.png")]) == 0
+    assert (tmp_path / "d.png").read_bytes() != data
+    capsys.readouterr()
+    assert plot.main([*args, "--summary"]) == 0
+    assert "| 12 |" in capsys.readouterr().out  # both head dims: 12 cases a ratio
+    assert plot.main([*args, "--summary", "--head-dims", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "| 6 |" in out and "| 12 |" not in out  # head dim 64's 6 cases (causal or not x 3 seqlens)
+    with pytest.raises(ValueError, match="no fwd/bwd points"):
+        plot.main([*args, "--head-dims", "96", "--out", str(tmp_path / "e.png")])
+    with pytest.raises(SystemExit):
+        plot.main([*args, "--head-dims", "x"])
 
 
 def test_a_csv_without_the_benchmark_columns_is_refused(plot: ModuleType, tmp_path: Path) -> None:

@@ -70,8 +70,11 @@ and 128, from global memory at 256) before its products are waited for
 (2 x BLOCK_M / 4 registers a thread at 64 and 128), else after.
 
 What it covers (``fused.reason`` is the rule; the rest keeps the two-kernel
-backward): fp16/bf16, head dim 64, 128 or 256 exactly, 16-byte aligned
-pointers and strides, 32-bit offsets, seqlen_q a multiple of BLOCK_M and
+backward): fp16/bf16, head dims 40 to 256 that are multiples of 8 (TMA's
+16-byte rows) in the tile of 64, 128 or 256 that holds them (``fused.tile``;
+``head_dim`` is an argument: the descriptors' extent, so TMA reads zeros past
+it, and the dK/dV stores' column mask; dQ's accumulator rows are the tile's
+width), 16-byte aligned pointers and strides, 32-bit offsets, seqlen_q a multiple of BLOCK_M and
 seqlen_k of the keys a program holds (128, or 64 at head dim 256), causal
 offset >= 0, no window, softcap, ALiBi, bias, dropout, varlen, split tiles or
 head_dim_v. ``Lse`` and ``Delta`` are (B, Hq, Sq) float32 with
