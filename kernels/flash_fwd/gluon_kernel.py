@@ -171,6 +171,24 @@ def _load_tile(desc, desc2, bar, buf, buf2, row, SPLIT: gl.constexpr, pred=True)
 
 
 @gluon.jit
+def _descriptors(base, rows, stride, head_dim, smem, smem2, SPLIT: gl.constexpr):
+    """TMA descriptors of the (rows, head_dim) slice at ``base``: tiles as ``smem``'s, then (SPLIT) ``smem2``'s.
+
+    The second covers the columns from the first's tile width on; without
+    SPLIT the first stands in for it (never read). The extent is the head
+    dim, so a tile reaching past it is zero-filled on loads and cut on stores.
+    """
+    BLOCK_ROWS: gl.constexpr = smem.type.shape[-2]
+    BLOCK_D: gl.constexpr = smem.type.shape[-1]
+    desc = tma.make_tensor_descriptor(base, [rows, head_dim], [stride, 1], [BLOCK_ROWS, BLOCK_D], smem.type.layout)
+    desc2 = desc
+    if SPLIT:
+        desc2 = tma.make_tensor_descriptor(base + BLOCK_D, [rows, head_dim - BLOCK_D], [stride, 1],
+                                           [BLOCK_ROWS, smem2.type.shape[-1]], smem2.type.layout)
+    return desc, desc2
+
+
+@gluon.jit
 def _load_q(q_desc, q2_desc, bar, q_smem, q2_smem, first, row, WGS: gl.constexpr, SPLIT: gl.constexpr):
     """TMA-load a query tile's WGS row blocks (one a consumer warpgroup) into Q buffers ``first`` on, on ``bar``."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -592,42 +610,22 @@ def flash_fwd_gluon_kernel(
     # Q, K and V are in flight: the prologue that short sequences and causal tiles pay on every CTA. With
     # SPLIT each tensor has a second descriptor, over its columns from BLOCK_D on (the base stays 16-byte
     # aligned: BLOCK_D is a power of two of at least 16).
-    q_base = Q + batch * stride_qb + head * stride_qh
-    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [ROWS, BLOCK_D], q_layout)
-    if SPLIT:
-        q2_desc = tma.make_tensor_descriptor(q_base + BLOCK_D, [seqlen_q, head_dim - BLOCK_D], [stride_qs, 1],
-                                             [ROWS, BLOCK_D2], q2_layout)
-    else:
-        q2_desc = q_desc
+    q_desc, q2_desc = _descriptors(Q + batch * stride_qb + head * stride_qh, seqlen_q, stride_qs, head_dim, q_smem,
+                                   q2_smem, SPLIT)
     if TILES == 1:  # with several tiles the producer warp loads every Q, K and V
         _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, start_m, WGS, SPLIT)
     # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
     PRELOAD: gl.constexpr = 0 if TILES > 1 else 1 if PRODUCER else STAGES
-    k_base = K + batch * stride_kb + kv_head * stride_kh
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    if SPLIT:
-        k2_desc = tma.make_tensor_descriptor(k_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_ks, 1],
-                                             [BLOCK_N, BLOCK_D2], kv2_layout)
-    else:
-        k2_desc = k_desc
+    k_desc, k2_desc = _descriptors(K + batch * stride_kb + kv_head * stride_kh, seqlen_k, stride_ks, head_dim,
+                                   k_bufs, k2_bufs, SPLIT)
     for i in gl.static_range(PRELOAD):
         _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
-    v_base = V + batch * stride_vb + kv_head * stride_vh
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    if SPLIT:
-        v2_desc = tma.make_tensor_descriptor(v_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_vs, 1],
-                                             [BLOCK_N, BLOCK_D2], kv2_layout)
-    else:
-        v2_desc = v_desc
+    v_desc, v2_desc = _descriptors(V + batch * stride_vb + kv_head * stride_vh, seqlen_k, stride_vs, head_dim,
+                                   v_bufs, v2_bufs, SPLIT)
     for i in gl.static_range(PRELOAD):
         _issue_load(v_desc, v2_desc, v_bars, v_bufs, v2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
-    o_base = Out + batch * stride_ob + head * stride_oh
-    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [ROWS, BLOCK_D], q_layout)
-    if SPLIT:
-        o2_desc = tma.make_tensor_descriptor(o_base + BLOCK_D, [seqlen_q, head_dim - BLOCK_D], [stride_os, 1],
-                                             [ROWS, BLOCK_D2], q2_layout)
-    else:
-        o2_desc = o_desc
+    o_desc, o2_desc = _descriptors(Out + batch * stride_ob + head * stride_oh, seqlen_q, stride_os, head_dim, q_smem,
+                                   q2_smem, SPLIT)
     lse_base = Lse + batch * stride_lb + head * stride_lh
     if TILES > 1:
         # One program, TILES query tiles of TILE_M rows: the ping-pong schedule of each tile, the producer
