@@ -64,6 +64,7 @@ def estimate_seconds(variant: Variant) -> float:
     """A rough compile time of ``variant`` in seconds (module docstring): only its rank among others matters."""
     try:
         block_m, block_d, warps = (int(variant.get(name)) for name in ("BLOCK_M", "BLOCK_D", "num_warps"))
+        block_d += int(variant.constexprs.get("BLOCK_D2", 0))  # type: ignore[call-overload]  # split: both chunks
         held = WIDE_HELD_KEYS if block_d > 128 and variant.kernel in WIDE_HELD_KEYS else HELD_KEYS
         block_n = held[variant.kernel] if variant.kernel in held else int(variant.get("BLOCK_N"))
     except (KeyError, TypeError, ValueError):

@@ -187,6 +187,11 @@ def test_the_gluon_forward_is_estimated_by_its_tile_and_its_partitions() -> None
     assert estimate_seconds(fwd(128, True, pingpong=True, q_tiles=8)) == estimate_seconds(fwd(128, True, pingpong=True))
     assert estimate_seconds(fwd(128, True, pingpong=True)) > estimate_seconds(fwd(128, False, pingpong=True))
     assert estimate_seconds(fwd(128, False, pingpong=True)) > estimate_seconds(fwd(128, False, tiles=(128, 128, 8)))
+    # Split head dims count both chunks: 96 = 64 + 32 between 64 and 128 at the same tiles, 192 = 128 + 64 over 128
+    assert estimate_seconds(fwd(64, False, pingpong=True)) < estimate_seconds(fwd(96, False, pingpong=True)) \
+        < estimate_seconds(fwd(128, False, pingpong=True))
+    assert estimate_seconds(fwd(192, False, tiles=(128, 64, 4), pingpong=True)) > estimate_seconds(
+        fwd(128, False, tiles=(128, 64, 4), pingpong=True))
 
 
 def test_the_fused_backward_is_estimated_by_its_held_keys_not_as_unknown() -> None:

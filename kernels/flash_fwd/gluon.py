@@ -196,7 +196,7 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     (default ``DEFAULT_TILES``); a tiling outside ``CONFIGS``, or over
     shared memory at this head dim, is a ValueError. Its functional fields
     are flash_fwd's for the same call (ALIGN16, BLOCK_D, CAUSAL, EVEN_D,
-    INDEX64), so ``lazytriton cache
+    INDEX64, and BLOCK_D2 for a split head dim: ``chunks``), so ``lazytriton cache
     explain`` reads both alike; num_stages records the kernel's own ring
     depth (``stages``), which Gluon does not take from the option.
     ``producer``: one extra warp issues every K/V load (warp specialisation,
