@@ -98,6 +98,11 @@ def chunks(head_dim: int) -> tuple[int, int, bool]:
     return split[0], split[1], sum(split) == head_dim
 
 
+def takes(head_dim: int) -> bool:
+    """Whether the kernel runs ``head_dim`` at all: a multiple of 8 (TMA's 16-byte rows) in MIN..MAX_HEAD_DIM."""
+    return MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and not head_dim % 8
+
+
 def width(head_dim: int) -> int:
     """The columns the kernel's Q, K and V buffers hold a row in at ``head_dim`` (its chunks together)."""
     block_d, block_d2, _ = chunks(head_dim)
@@ -167,7 +172,7 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
         return f"target {target} is not one of {TARGETS} (wgmma)"
     if dtype not in DTYPES:
         return f"dtype {dtype} is not one of {DTYPES}"
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM or head_dim % 8:
+    if not takes(head_dim):
         return f"head dim {head_dim} is not a multiple of 8 in {MIN_HEAD_DIM}..{MAX_HEAD_DIM} (TMA's 16-byte rows)"
     if not aligned or index64:
         return "TMA needs 16-byte aligned pointers and strides, and the kernel 32-bit offsets"
@@ -216,10 +221,10 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
 
     if q_tiles not in Q_TILES or (q_tiles > 1 and not pingpong):
         raise ValueError(f"q_tiles must be one of {Q_TILES} (above 1 with pingpong only), got {q_tiles!r}")
-    takes = MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and not head_dim % 8
-    allowed = configs(head_dim, pingpong) if takes else PINGPONG_CONFIGS if pingpong else CONFIGS
+    known = takes(head_dim)
+    allowed = configs(head_dim, pingpong) if known else PINGPONG_CONFIGS if pingpong else CONFIGS
     if tiles is None:
-        tiles = allowed[0] if pingpong or not takes else default_tiles(head_dim)
+        tiles = allowed[0] if pingpong or not known else default_tiles(head_dim)
     if tuple(tiles) not in allowed:
         raise ValueError(f"tiles must be one of {allowed} (BLOCK_M, BLOCK_N, num_warps) at head dim {head_dim}"
                          f"{' with pingpong' if pingpong else ''}, got {tiles!r}")
