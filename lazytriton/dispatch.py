@@ -761,7 +761,10 @@ _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     # before, full / causal: 96 4k 367 / 306 against 315 / 282, 16k 407 / 397 against 329 / 310; 80 16k 349 / 344
     # against 285 / 293; 192 4k 269 / 233 against 239 / 215; 224 (padded there too) 4k 315 / 258 against 105 /
     # 106. At 1k the split kernels keep 160 and 192 (213 / 122 against 169 / 128 at 160, 200 / 149 against 200 /
-    # 140 at 192): 2048 keys at least, as 80 and 96
+    # 140 at 192): 2048 keys at least, as 80 and 96. 160 and 192 then ran split in the wide program (fused.chunks;
+    # 12-01, 8th session): bf16 4k / 16k full 264 / 289 at 160 and 309 / 353 at 192 (cuDNN 269 / 257, 323 /
+    # 299); at 1k still no better than the split kernels (bf16 full / causal: 180 / 123 against 205 / 116 at 160,
+    # 202 / 132 against 203 / 150 at 192), so the rows keep 2048
     (80, False): (64, False, 2048),
     (80, True): (64, False, 2048),
     (96, False): (64, False, 2048),

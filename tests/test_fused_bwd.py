@@ -16,6 +16,7 @@ cuda:90 through lazytriton's compile path.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,8 +98,28 @@ def test_the_default_pair_is_complete_round_trips_and_keys_apart() -> None:
     for v in found:
         assert check_fields(v) is v and Variant.parse(str(v)) == v
     assert kernel_constexprs(kernel, get(fused.NAME).constexprs) == {"BLOCK_M": 64, "BLOCK_D": 128, "CAUSAL": True,
-                                                                     "PREFETCH": False}
+                                                                     "PREFETCH": False, "BLOCK_D2": 0}
     assert prep.key() != kernel.key() != pair(128, False)[1].key()  # type: ignore[index]
+
+
+@pytest.mark.parametrize("head_dim, chunks", [
+    (256, (256, 0)), (128, (128, 0)), (96, (128, 0)), (80, (128, 0)), (40, (64, 0)),  # one tile (padded or whole)
+    (160, (128, 32)), (192, (128, 64)), (176, (128, 64)),  # the wide program in two chunks (176: zero-filled)
+    (144, (256, 0)),  # 128 + 16: a warpgroup's half of the second chunk would be 8 columns
+    (224, (256, 0)),  # 128 + 96 rounds up to the padded tile
+])
+def test_the_wide_program_splits_the_head_dims_two_chunks_hold(head_dim: int, chunks: tuple[int, int]) -> None:
+    assert fused.chunks(head_dim) == chunks
+    assert fused.tile(head_dim) == dispatch.padded_head_dim(head_dim)  # dQ's accumulator rows
+    found = fused.variants("sm_90", "bf16", head_dim, "none", True, False, 4096, 4096)
+    assert found is not None
+    prep, kernel = found
+    assert (kernel.get("BLOCK_D"), kernel.constexprs.get("BLOCK_D2", 0)) == chunks
+    assert prep.get("BLOCK_D") == fused.tile(head_dim) and "BLOCK_D2" not in prep.constexprs
+    assert check_fields(kernel) is kernel and Variant.parse(str(kernel)) == kernel
+    if chunks[1]:  # its own key, beside the padded tile's variant
+        assert "BLOCK_D2=" in str(kernel)
+        assert kernel.key() != fused.variants("sm_90", "bf16", 256, "none", True, False, 4096, 4096)[1].key()  # type: ignore[index]
 
 
 @pytest.mark.parametrize("target, dtype, head_dim, causal, aligned, index64, sq, sk, block_m, features, why", [
@@ -148,6 +169,8 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
     (96, False, 0, 4096, 4096, True),  # 128's tile, padded
     (96, False, 0, 1024, 1024, False),  # 128's row's minimum seqlen_k
     (224, True, 0, 1024, 1024, True),  # 256's tile: 64 keys a program
+    (192, False, 0, 2048, 2048, True),  # split, 64 keys a program
+    (160, True, 0, 2048, 2112, True),
     (104, False, 0, 4096, 4096, False),  # no row
 ])
 def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
@@ -335,7 +358,9 @@ def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator(d: int) -> None
 
 @pytest.mark.parametrize("head_dim, causal, block_m, prefetch", [(128, "none", 64, False),
                                                                  (64, "bottom_right", 64, True),
-                                                                 (256, "bottom_right", 64, True)])
+                                                                 (256, "bottom_right", 64, True),
+                                                                 (192, "none", 64, True),  # split: 128 + 64
+                                                                 (160, "bottom_right", 64, False)])  # 128 + 32
 def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, block_m: int, prefetch: bool) -> None:
     from lazytriton.compiler import compile_variant
 
@@ -343,7 +368,8 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
     assert found is not None
     prep, kernel = (compile_variant(v) for v in found)
     assert kernel.num_warps == 12  # consumer warpgroup 0, then warpgroup 1 and the producer warp (padded)
-    assert kernel.shared <= fused.shared_bytes(head_dim, block_m) + fused.SHARED_SLACK
+    assert fused.shared_bytes(head_dim, block_m) <= kernel.shared <= fused.shared_bytes(head_dim, block_m) \
+        + fused.SHARED_SLACK
     assert kernel.global_scratch_size > 0  # device-side descriptors
     assert prep.shared < 4096 and prep.num_warps == 4
 
@@ -357,7 +383,7 @@ def _fused_ptx(fn: object, head_dim: int, causal: bool, **flags: bool) -> str:
     except ImportError:  # Triton 3.6
         from triton.experimental.gluon._runtime import GluonASTSource
 
-    constexprs = {"BLOCK_M": 64, "BLOCK_D": head_dim, "CAUSAL": causal, "PREFETCH": False, **flags}
+    constexprs = {"BLOCK_M": 64, "BLOCK_D": head_dim, "CAUSAL": causal, "PREFETCH": False, "BLOCK_D2": 0, **flags}
     names = fn.arg_names  # type: ignore[attr-defined]
     signature = {name: "i32" for name in names}
     signature.update({name: "*bf16" for name in ("Q", "K", "V", "DO", "DK", "DV")})
@@ -377,13 +403,24 @@ def test_the_narrow_program_brings_lse_and_delta_through_the_ring() -> None:
     assert "cp.async.bulk.tensor.1d.shared" not in _fused_ptx(fn, 256, False, PREFETCH=True)
 
 
-def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) -> None:
-    from conftest import REPO
+def _wgmma_columns(ptx: str) -> int:
+    """The wgmma instructions' N summed (each m64 x k16): the work the kernel's products issue."""
+    return sum(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
 
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    variants = importlib.import_module("probe_fused_variants")
-    assert variants.parse_variant("x=copy.py:EARLY=1,FLAT=0") == ("x", ("copy.py", {"EARLY": 1, "FLAT": 0}))
-    assert variants.parse_variant("head=head.py") == ("head", ("head.py", {}))
+
+@pytest.mark.parametrize("block_d2", [64, 32])
+def test_the_split_wide_program_multiplies_no_padded_column(block_d2: int) -> None:
+    """Head dims 192 and 160 in chunks (128 + 64, 128 + 32): every product (S, dP, dV, dK, dQ) issues its head-dim
+    chunks' columns only, 192/256 and 160/256 of the padded tile's (256) wgmma work, in accumulators as wide as a
+    warpgroup's half of each chunk."""
+    from lazytriton.kernels.flash_bwd import fused_kernel
+
+    fn = fused_kernel.flash_bwd_fused_gluon_kernel
+    split = _fused_ptx(fn, 128, False, BLOCK_D2=block_d2)
+    padded = _fused_ptx(fn, 256, False)
+    assert _wgmma_columns(split) * 256 == _wgmma_columns(padded) * (128 + block_d2)
+    assert f"m64n{block_d2 // 2}k16" in split and "m64n128k16" in padded and "m64n128k16" not in split
+    assert split.count("cp.reduce.async.bulk.tensor") == padded.count("cp.reduce.async.bulk.tensor")
 
 
 # ---------------------------------------------------------------------------
@@ -402,13 +439,16 @@ def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) 
     (torch.bfloat16, False, (4, 2), (128, 1024), 256, "bhsd"),  # GQA
     (torch.bfloat16, "bottom_right", (2, 2), (192, 1088), 256, "bshd"),  # causal offset 896
     (torch.float16, True, (2, 2), (1024, 1024), 256, "bhsd"),
-    # Padded head dims (fused.tile): 80 and 96 in 128's tile, 160 to 224 in 256's; dK and dV stop at the head
-    # dim (bshd: the next head's columns follow), dQ is the accumulator's first head_dim columns
+    # Padded head dims (fused.tile): 80 and 96 in 128's tile, 224 in 256's; dK and dV stop at the head dim
+    # (bshd: the next head's columns follow), dQ is the accumulator's first head_dim columns. 160 and 192: the
+    # wide program in two chunks (fused.chunks)
     (torch.bfloat16, False, (4, 4), (256, 2048), 96, "bhsd"),
     (torch.float16, "bottom_right", (4, 2), (256, 2304), 80, "bshd"),
     (torch.bfloat16, True, (2, 2), (1024, 1024), 224, "bhsd"),
     (torch.bfloat16, False, (4, 2), (128, 2048), 192, "bshd"),
     (torch.float16, True, (2, 2), (2048, 2048), 160, "bhsd"),
+    (torch.float16, "bottom_right", (4, 2), (128, 2112), 160, "bshd"),  # GQA, causal offset 1984
+    (torch.bfloat16, True, (2, 2), (2048, 2048), 192, "bhsd"),
 ], ids=str)
 def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
         resolved: list[Variant], dtype: torch.dtype, causal: bool | str, heads: tuple[int, int],
@@ -427,7 +467,9 @@ def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
             return lazytriton.attn_fwd(*t, causal=causal)[0]
     got = grads_of(fa, q, k, v, do)
     check_grads(q, k, v, do, got, causal=causal)
-    assert any(r.kernel == fused.NAME for r in resolved), resolved
+    served = [r for r in resolved if r.kernel == fused.NAME]
+    assert served and served[0].get("BLOCK_D") == fused.chunks(head_dim)[0], resolved
+    assert served[0].constexprs.get("BLOCK_D2", 0) == fused.chunks(head_dim)[1]
 
 
 @on_gpu

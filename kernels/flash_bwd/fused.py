@@ -41,7 +41,7 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     params=(*_POINTERS, *_DATA_STRIDES, *_LSE_STRIDES, ("group_size", "i32"), ("heads_q", "i32"),
             ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("head_dim", "i32"), ("causal_offset", "i32"),
             ("sm_scale", "fp32")),
-    constexprs=("BLOCK_M", "BLOCK_D", "CAUSAL", "PREFETCH"),
+    constexprs=("BLOCK_M", "BLOCK_D", "CAUSAL", "PREFETCH", "BLOCK_D2"),
     # TMA needs them 16-byte aligned (the rule refuses the rest). The seqlens are multiples of the tiles (64 or
     # more), so are the causal offset (their difference) and lse's and delta's strides (seqlen_q and heads x
     # seqlen_q: the binding passes both contiguous). Marked, the lse and delta rows load as vectors: without the
@@ -71,6 +71,9 @@ HEAD_DIMS = (64, 128, 256)  # the tiles' widths
 # accumulator is a tile wide (the binding copies its first head_dim columns). A multiple of 8 (TMA's 16-byte
 # rows) over 32: 40-64 in 64's tile, 72-128 in 128's, 136-256 in 256's.
 MIN_HEAD_DIM, MAX_HEAD_DIM = 40, 256
+# Head dims over 128 that two chunks hold in less than 256 columns (``chunks``: 160 = 128 + 32, 192 = 128 + 64) run
+# split instead, each chunk in tiles of its own (fused_kernel's BLOCK_D2), when the second is at least this wide.
+MIN_WIDE_CHUNK2 = 32
 BLOCK_N = 128  # keys a program holds at head dims 64 and 128 (fused_kernel.BLOCK_N: two warpgroups of 64)
 WIDE_BLOCK_N = 64  # at head dim 256 (fused_kernel.WIDE_KEYS)
 BLOCK_MS = (64, 128)  # query rows a step (the N of the S^T product; the M of S at head dim 256)
@@ -82,10 +85,27 @@ SHARED_SLACK = 1024  # mbarriers and alignment
 
 
 def tile(head_dim: int) -> int:
-    """The fused kernel's tile width (BLOCK_D) at ``head_dim``: its padded head dim."""
+    """The padded head dim of ``head_dim``: dQ's accumulator rows, and the tile a head dim not in ``chunks`` runs in."""
     from lazytriton import dispatch
 
     return dispatch.padded_head_dim(head_dim)
+
+
+def chunks(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D2): the fused kernel's head-dim tiles at ``head_dim`` (BLOCK_D2 0: one tile, ``tile``'s).
+
+    The wide program (head dims over 128) splits a head dim that two chunks
+    hold in less than 256 columns, the second at least ``MIN_WIDE_CHUNK2``
+    (a warpgroup takes half of each chunk's columns: 16 at least, for the
+    dQ reduction's and the wgmma's shapes): 160 = 128 + 32, 176 and 192 =
+    128 + 64. The rest runs in its padded tile.
+    """
+    from lazytriton import dispatch
+
+    split = dispatch.split_head_dim(head_dim) if head_dim > 128 else None
+    if split is None or split[1] < MIN_WIDE_CHUNK2:
+        return tile(head_dim), 0
+    return split
 
 
 def block_n(head_dim: int) -> int:
@@ -95,10 +115,11 @@ def block_n(head_dim: int) -> int:
 
 def shared_bytes(head_dim: int, block_m: int) -> int:
     """Shared memory the fused kernel allocates, within ``SHARED_SLACK``: K and V, the ring, dS^T, dQ tiles."""
-    head_dim = tile(head_dim)
-    if head_dim > 128:  # K, V; Q's ring and one dO tile; P^T and dS^T; a dQ tile a warpgroup
+    block_d, block_d2 = chunks(head_dim)
+    head_dim = block_d + block_d2
+    if head_dim > 128:  # K, V; Q's ring and one dO tile; P^T and dS^T; a dQ tile a warpgroup (and one a chunk)
         return 2 * (2 * WIDE_BLOCK_N * head_dim + (STAGES + 1) * block_m * head_dim + 2 * WIDE_BLOCK_N * block_m) \
-            + 4 * 2 * block_m * WIDE_DQ_COLS
+            + 4 * 2 * block_m * (WIDE_DQ_COLS + block_d2 // 2)
     # K, V; the ring's Q and dO tiles and lse and delta rows; two dS^T buffers; a dQ tile a warpgroup
     return 2 * (2 * BLOCK_N * head_dim + 2 * STAGES * block_m * head_dim + 2 * BLOCK_N * block_m) \
         + 4 * 2 * STAGES * block_m + 4 * 2 * block_m * head_dim // 2
@@ -134,14 +155,19 @@ def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool,
     PREFETCH). Its functional fields are flash_bwd_dkdv's for a plain aligned
     call (ALIGN16, BLOCK_D, CAUSAL, INDEX64, SEQ16), so ``cache explain``
     reads them alike; num_stages records its ring's depth. A padded head dim
-    (224) has its tile's variants (256's): the head dim is an argument.
+    (224) has its tile's variants (256's), a split one (160, 192) its chunks
+    (``chunks``: BLOCK_D2 written as flash_bwd_dkdv's): the head dim is an
+    argument. The prep kernel's BLOCK_D is ``tile``'s (dQ's accumulator rows).
     """
     from lazytriton.variant import Variant, pairs
 
     if reason(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k, block_m, features):
         return None
-    functional = {"ALIGN16": True, "BLOCK_D": tile(head_dim), "CAUSAL": causal != "none", "INDEX64": False,
+    block_d, block_d2 = chunks(head_dim)
+    functional = {"ALIGN16": True, "BLOCK_D": block_d, "CAUSAL": causal != "none", "INDEX64": False,
                   "SEQ16": True}
+    if block_d2:  # written only when set, as flash_bwd_dkdv's split variants
+        functional["BLOCK_D2"] = block_d2
     fused = Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "PREFETCH": bool(prefetch)}),
                     pairs({"num_stages": STAGES, "num_warps": 4}))
     prep = Variant(PREP, target, dtype, pairs({"ALIGN16": True, "BLOCK_D": tile(head_dim), "INDEX64": False}),

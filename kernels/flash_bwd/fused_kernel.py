@@ -65,6 +65,15 @@ FlashAttention-3 does there:
 - the consumers run one flat loop over the group's heads and steps: a nest
   kept more registers live (512 bytes spilled, 30% slower on the H200).
 
+Head dims 160 and 192 (``BLOCK_D2``: 128 + 32, 128 + 64) run in the wide
+program with the head dim in two chunks, as ``flash_fwd_gluon``'s split
+tiles: the second chunk of K, V, Q and dO in buffers of its own (loaded on
+the same barriers, through descriptors from column BLOCK_D on), S and dP two
+products each, and each warpgroup half of each chunk's columns (dK and dV in
+two accumulators, dQ's second chunk through a tile and descriptor of its
+own). No padded column is multiplied (the padded tile did 1.6x and 1.33x the
+work); dQ's accumulator rows stay the padded tile's.
+
 ``PREFETCH``: lse and delta of a step are read (from the ring at head dims 64
 and 128, from global memory at 256) before its products are waited for
 (2 x BLOCK_M / 4 registers a thread at 64 and 128), else after.
@@ -76,9 +85,9 @@ backward): fp16/bf16, head dims 40 to 256 that are multiples of 8 (TMA's
 it, and the dK/dV stores' column mask; dQ's accumulator rows are the tile's
 width), 16-byte aligned pointers and strides, 32-bit offsets, seqlen_q a multiple of BLOCK_M and
 seqlen_k of the keys a program holds (128, or 64 at head dim 256), causal
-offset >= 0, no window, softcap, ALiBi, bias, dropout, varlen, split tiles or
-head_dim_v. ``Lse`` and ``Delta`` are (B, Hq, Sq) float32 with
-``stride_lb``/``stride_lh`` (multiples of 16: the entries are compiled so).
+offset >= 0, no window, softcap, ALiBi, bias, dropout, varlen or head_dim_v.
+``Lse`` and ``Delta`` are (B, Hq, Sq) float32 with ``stride_lb``/``stride_lh``
+(multiples of 16: the entries are compiled so).
 
 Measured on the H200 (benchmarks/probe_gluon_bwd.py, NOTES.md 12-01, bf16,
 the whole backward with the prep and the cast): 1.10-1.31x flash_bwd's two
@@ -298,46 +307,78 @@ WIDE_DQ_COLS = gl.constexpr(64)  # dQ columns a TMA reduction carries (two a war
 
 
 @gluon.jit
-def _produce_wide(Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh, stride_qs,
-                  stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q, head_dim, m_first, n_steps,
-                  BLOCK_M: gl.constexpr):
-    """The producer warp at head dim 256: Q through its two-deep ring, dO through its one buffer."""
+def _produce_wide(Q, DO, q_bufs, do_smem, q2_bufs, do2_smem, q_full, q_empty, do_full, do_empty, stride_qb,
+                  stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q,
+                  head_dim, m_first, n_steps, BLOCK_M: gl.constexpr, SPLIT: gl.constexpr):
+    """The producer warp at head dim 256: Q through its two-deep ring, dO through its one buffer.
+
+    SPLIT: the head dim's second chunk (columns from Q's tile width on) into ``q2_bufs`` and ``do2_smem``, on the
+    same barriers (else they stand in for the first chunk's, never loaded).
+    """
+    BLOCK_D: gl.constexpr = q_bufs.type.shape[-1]
     it = 0
     for g in range(group_size):
         head = kv_head * group_size + g
         q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_smem, stride_qb, stride_qh, stride_qs, stride_dob,
                                             stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
+        q2_desc, do2_desc = q_desc, do_desc
+        if SPLIT:
+            q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_smem, stride_qb, stride_qh,
+                                                  stride_qs, stride_dob, stride_doh, stride_dos, batch, head,
+                                                  seqlen_q, head_dim - BLOCK_D, BLOCK_M)
         for step in range(n_steps):
             row = (m_first + step) * BLOCK_M
             slot = it % STAGES
             mbarrier.wait(q_empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes)
-            tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
+            if SPLIT:
+                mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes + q2_desc.block_type.nbytes)
+                tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
+                tma_load(q2_desc, [row, 0], q_full.index(slot), q2_bufs.index(slot))
+            else:
+                mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes)
+                tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
             mbarrier.wait(do_empty.index(0), (it & 1) ^ 1)
-            mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes)
-            tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
+            if SPLIT:
+                mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes + do2_desc.block_type.nbytes)
+                tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
+                tma_load(do2_desc, [row, 0], do_full.index(0), do2_smem)
+            else:
+                mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes)
+                tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
             it += 1
 
 
 @gluon.jit
-def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, kv_bar, q_full, q_empty, do_full,
-                  do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
-                  stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size, heads_q,
-                  seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
-                  BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
-    """A consumer warpgroup at head dim 256: S and dP of keys [32 WG, + 32), dK, dV, dQ of columns [128 WG, + 128)."""
+def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem, dq_smem,
+                  dq2_smem, kv_bar, q_full, q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, dqa2_desc, Lse,
+                  Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb,
+                  stride_lh, batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale,
+                  start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+                  PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
+    """A consumer warpgroup at head dim 256: S and dP of keys [32 WG, + 32), dK, dV, dQ of columns [128 WG, + 128).
+
+    SPLIT (two head-dim chunks, the second in the ``*2`` buffers): S and dP
+    are two products each, and the warpgroup's columns are half of each
+    chunk: dK and dV in two accumulators, dQ's first 64 columns as at 256
+    and its second chunk's through ``dq2_smem`` and ``dqa2_desc``.
+    """
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
     KEYS: gl.constexpr = WIDE_KEYS // 2
     COLS: gl.constexpr = BLOCK_D // 2
+    COLS2: gl.constexpr = k2_smem.type.shape[1] // 2  # SPLIT's; else never issued
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, COLS, 16])
+    acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                          instr_shape=[16, COLS2, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, WIDE_DQ_COLS, 16])
     kt_w = k_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0))  # S = Q K^T: our keys
     vt_w = v_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0))
+    kt2_w = k2_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0))
+    vt2_w = v2_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0))
     pt_w = pt_smem.slice(WG * KEYS, KEYS, dim=0)
     dst_w = dst_smem.slice(WG * KEYS, KEYS, dim=0)
     ds = dst_smem.permute((1, 0))  # dQ = dS K over all 64 keys
@@ -345,6 +386,8 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, k
     offs_n = start_n + WG * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
     dv = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
+    dk2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)  # SPLIT's
+    dv2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)
     mbarrier.wait(kv_bar.index(0), 0)
     # One loop over the group's query heads and their steps (a nest keeps more registers live across it).
     for cur in range(group_size * n_steps):
@@ -357,11 +400,16 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, k
         slot = cur % STAGES
         start_m = (m_first + step) * BLOCK_M
         q_s = q_bufs.index(slot)
+        q2_s = q2_bufs.index(slot)
         mbarrier.wait(q_full.index(slot), (cur // STAGES) & 1)
         zero = gl.zeros([BLOCK_M, KEYS], dtype=gl.float32, layout=s_layout)
         s = warpgroup_mma(q_s, kt_w, zero, use_acc=False, is_async=True)
+        if SPLIT:
+            s = warpgroup_mma(q2_s, kt2_w, s, is_async=True)
         mbarrier.wait(do_full.index(0), cur & 1)
         dp = warpgroup_mma(do_smem, vt_w, zero, use_acc=False, is_async=True)
+        if SPLIT:
+            dp = warpgroup_mma(do2_smem, vt2_w, dp, is_async=True)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         if PREFETCH:
             lse2 = gl.load(lse_ptr + offs_m) * LOG2E
@@ -383,26 +431,48 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, k
         mbarrier.arrive(ps_ready.index(0), count=1)
         mbarrier.wait(ps_ready.index(0), cur & 1)  # both halves are in
         dv = warpgroup_mma(pt_smem, do_smem.slice(WG * COLS, COLS, dim=1), dv, is_async=True)
+        if SPLIT:
+            dv2 = warpgroup_mma(pt_smem, do2_smem.slice(WG * COLS2, COLS2, dim=1), dv2, is_async=True)
         dk = warpgroup_mma(dst_smem, q_s.slice(WG * COLS, COLS, dim=1), dk, is_async=True)
+        if SPLIT:
+            dk2 = warpgroup_mma(dst_smem, q2_s.slice(WG * COLS2, COLS2, dim=1), dk2, is_async=True)
         zero_dq = gl.zeros([BLOCK_M, WIDE_DQ_COLS], dtype=gl.float32, layout=dq_layout)
         dq0 = warpgroup_mma(ds, k_smem.slice(WG * COLS, WIDE_DQ_COLS, dim=1), zero_dq, use_acc=False,
                             is_async=True)
-        dv = warpgroup_mma_wait(2, deps=(dv,))  # groups retire in order: dV's read dO
+        # Groups retire in order: dV's read dO.
+        if SPLIT:
+            dv, dv2 = warpgroup_mma_wait(3, deps=(dv, dv2))
+        else:
+            dv = warpgroup_mma_wait(2, deps=(dv,))
         mbarrier.arrive(do_empty.index(0), count=1)
-        dk, dq0 = warpgroup_mma_wait(0, deps=(dk, dq0))
+        if SPLIT:
+            dk, dk2, dq0 = warpgroup_mma_wait(0, deps=(dk, dk2, dq0))
+        else:
+            dk, dq0 = warpgroup_mma_wait(0, deps=(dk, dq0))
         mbarrier.arrive(q_empty.index(slot), count=1)
         tma.store_wait(0)
         dq_smem.store(dq0 * sm_scale)
         fence_async_shared()
         tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
-        dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
-                            use_acc=False, is_async=True)
-        dq1 = warpgroup_mma_wait(0, deps=(dq1,))
-        mbarrier.arrive(ps_free.index(0), count=1)
-        tma.store_wait(0)
-        dq_smem.store(dq1 * sm_scale)
-        fence_async_shared()
-        tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS + WIDE_DQ_COLS], dq_smem)
+        if SPLIT:  # dQ's second chunk: our half of its columns, through a tile of its own
+            zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
+            dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
+                                is_async=True)
+            dq1 = warpgroup_mma_wait(0, deps=(dq1,))
+            mbarrier.arrive(ps_free.index(0), count=1)
+            # dq2_smem's last reader, the previous step's second reduction, is done: store_wait(0) above.
+            dq2_smem.store(dq1 * sm_scale)
+            fence_async_shared()
+            tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
+        else:
+            dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
+                                use_acc=False, is_async=True)
+            dq1 = warpgroup_mma_wait(0, deps=(dq1,))
+            mbarrier.arrive(ps_free.index(0), count=1)
+            tma.store_wait(0)
+            dq_smem.store(dq1 * sm_scale)
+            fence_async_shared()
+            tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS + WIDE_DQ_COLS], dq_smem)
     tma.store_wait(0)
     rows = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc_layout))
     cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
@@ -411,6 +481,36 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem, k
              (dk * sm_scale).to(dtype), mask=inside)
     gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
              dv.to(dtype), mask=inside)
+    if SPLIT:
+        rows2 = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc2_layout))
+        cols2 = BLOCK_D + WG * COLS2 + gl.arange(0, COLS2, layout=gl.SliceLayout(0, acc2_layout))
+        inside2 = (cols2 < head_dim)[None, :]
+        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
+                 (dk2 * sm_scale).to(dtype), mask=inside2)
+        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
+                 dv2.to(dtype), mask=inside2)
+
+
+@gluon.jit
+def _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
+                   v2_smem, kv_bar):
+    """``load_kv`` for a head dim in two chunks: the second (columns from K's tile width on) into the ``*2`` tiles."""
+    KEYS: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_D: gl.constexpr = k_smem.type.shape[1]
+    BLOCK_D2: gl.constexpr = k2_smem.type.shape[1]
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [KEYS, BLOCK_D],
+                                        k_smem.type.layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [KEYS, BLOCK_D],
+                                        v_smem.type.layout)
+    k2_desc = tma.make_tensor_descriptor(k_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_ks, 1],
+                                         [KEYS, BLOCK_D2], k2_smem.type.layout)
+    v2_desc = tma.make_tensor_descriptor(v_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_vs, 1],
+                                         [KEYS, BLOCK_D2], v2_smem.type.layout)
+    mbarrier.expect(kv_bar.index(0), 2 * (k_desc.block_type.nbytes + k2_desc.block_type.nbytes))
+    tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
+    tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
+    tma_load(k2_desc, [start_n, 0], kv_bar.index(0), k2_smem)
+    tma_load(v2_desc, [start_n, 0], kv_bar.index(0), v2_smem)
 
 
 @gluon.jit
@@ -418,8 +518,15 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
                   stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                   stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
                   heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
-                  BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
-    """``flash_bwd_fused_gluon``'s program at head dim 256: 64 keys, the warpgroups split by keys, then by columns."""
+                  BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, BLOCK_D2: gl.constexpr):
+    """``flash_bwd_fused_gluon``'s program at head dim 256: 64 keys, the warpgroups split by keys, then by columns.
+
+    BLOCK_D2 > 0: the head dim in two chunks (160 = 128 + 32, 192 = 128 + 64), each in tiles of its own, so no
+    padded column is multiplied; dQ's accumulator rows stay 2 x BLOCK_D wide (the padded tile's, as the prep
+    kernel writes them).
+    """
+    SPLIT: gl.constexpr = BLOCK_D2 > 0
+    DQA_D: gl.constexpr = 2 * BLOCK_D if SPLIT else BLOCK_D  # the accumulator's row: the padded tile
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
     pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_M], dtype)
@@ -431,6 +538,21 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     pt_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
     dst_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, WIDE_DQ_COLS], dq_layout)
+    if SPLIT:
+        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2], dtype)
+        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_D2], dtype)
+        dq2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2 // 2], gl.float32)
+        k2_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D2], kv2_layout)
+        v2_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D2], kv2_layout)
+        q2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
+        do2_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D2], q2_layout)
+        dq2_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, BLOCK_D2 // 2], dq2_layout)
+    else:  # the first chunk's stand in (never read)
+        k2_smem = k_smem
+        v2_smem = v_smem
+        q2_bufs = q_bufs
+        do2_smem = do_smem
+        dq2_smem = dq_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -448,25 +570,36 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     mbarrier.init(ps_free.index(0), count=2)
     fence_async_shared()
 
-    load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
-            stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    if SPLIT:
+        _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
+                       v2_smem, kv_bar)
+    else:
+        load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, WIDE_KEYS, CAUSAL)
-    dqa_desc = tma.make_tensor_descriptor(DQA, [gl.num_programs(2) * heads_q * seqlen_q, BLOCK_D], [BLOCK_D, 1],
-                                          [BLOCK_M, WIDE_DQ_COLS], dq_layout)
+    dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
+    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, WIDE_DQ_COLS], dq_layout)
+    dqa2_desc = dqa_desc
+    if SPLIT:
+        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, BLOCK_D2 // 2],
+                                               dq2_smem.type.layout)
     gl.warp_specialize([
-        (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem.index(0), kv_bar, q_full,
-                         q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb,
-                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch,
-                         kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first,
-                         n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
-        (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, pt_smem, dst_smem, dq_smem.index(1), kv_bar, q_full,
-                         q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, Lse, Delta, DK, DV, stride_dkb,
-                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch,
-                         kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first,
-                         n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
-        (_produce_wide, (Q, DO, q_bufs, do_smem, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh,
-                         stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q, head_dim,
-                         m_first, n_steps, BLOCK_M)),
+        (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem,
+                         dq_smem.index(0), dq2_smem.index(0), kv_bar, q_full, q_empty, do_full, do_empty, ps_ready,
+                         ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size,
+                         heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+                         BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
+        (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem,
+                         dq_smem.index(1), dq2_smem.index(1), kv_bar, q_full, q_empty, do_full, do_empty, ps_ready,
+                         ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size,
+                         heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+                         BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
+        (_produce_wide, (Q, DO, q_bufs, do_smem, q2_bufs, do2_smem, q_full, q_empty, do_full, do_empty, stride_qb,
+                         stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size,
+                         seqlen_q, head_dim, m_first, n_steps, BLOCK_M, SPLIT)),
     ], [4, 1], [240, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(q_full.index(i))
@@ -486,14 +619,16 @@ def flash_bwd_fused_gluon_kernel(
     stride_lb, stride_lh,
     group_size, heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
+    BLOCK_D2: gl.constexpr,
 ):
     gl.static_assert(gl.num_warps() == 4, "the default partition is consumer warpgroup 0: launch with 4 warps")
-    if BLOCK_D > 128:
+    # BLOCK_D2 (0: none): the head dim's second chunk, columns [BLOCK_D, BLOCK_D + BLOCK_D2) (the wide program's).
+    if BLOCK_D + BLOCK_D2 > 128:
         _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
                       stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                       stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
                       heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL,
-                      PREFETCH)
+                      PREFETCH, BLOCK_D2)
     else:
         _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
                         stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
