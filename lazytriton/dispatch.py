@@ -764,7 +764,10 @@ _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     # 140 at 192): 2048 keys at least, as 80 and 96. 160 and 192 then ran split in the wide program (fused.chunks;
     # 12-01, 8th session): bf16 4k / 16k full 264 / 289 at 160 and 309 / 353 at 192 (cuDNN 269 / 257, 323 /
     # 299); at 1k still no better than the split kernels (bf16 full / causal: 180 / 123 against 205 / 116 at 160,
-    # 202 / 132 against 203 / 150 at 192), so the rows keep 2048
+    # 202 / 132 against 203 / 150 at 192), so the rows keep 2048. 80 and 96 split in the narrow program (same
+    # session): bf16 4k / 16k full 353 / 401 at 80 (was 310 / 349; cuDNN 349 / 362) and 372 / 432 at 96 (367 /
+    # 407; cuDNN 398 / 418); at 1k 228 / 137 at 80 and 244 / 149 at 96 against the split kernels' 230 / 192 and
+    # 271 / 202 (full / causal): 2048 keys at least there too
     (80, False): (64, False, 2048),
     (80, True): (64, False, 2048),
     (96, False): (64, False, 2048),

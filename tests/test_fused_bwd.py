@@ -103,12 +103,13 @@ def test_the_default_pair_is_complete_round_trips_and_keys_apart() -> None:
 
 
 @pytest.mark.parametrize("head_dim, chunks", [
-    (256, (256, 0)), (128, (128, 0)), (96, (128, 0)), (80, (128, 0)), (40, (64, 0)),  # one tile (padded or whole)
-    (160, (128, 32)), (192, (128, 64)), (176, (128, 64)),  # the wide program in two chunks (176: zero-filled)
-    (144, (256, 0)),  # 128 + 16: a warpgroup's half of the second chunk would be 8 columns
+    (256, (256, 0)), (128, (128, 0)), (64, (64, 0)),  # one whole tile
+    (96, (64, 32)), (80, (64, 16)), (72, (64, 16)),  # the narrow program in two chunks (72: zero-filled past it)
+    (160, (128, 32)), (192, (128, 64)), (144, (128, 16)), (176, (128, 64)),  # the wide program in two chunks
     (224, (256, 0)),  # 128 + 96 rounds up to the padded tile
+    (40, (64, 0)), (56, (64, 0)),  # 32 + 16 and 32 + 32: 32 is not one of the kernel's tiles
 ])
-def test_the_wide_program_splits_the_head_dims_two_chunks_hold(head_dim: int, chunks: tuple[int, int]) -> None:
+def test_the_kernel_splits_the_head_dims_two_chunks_hold(head_dim: int, chunks: tuple[int, int]) -> None:
     assert fused.chunks(head_dim) == chunks
     assert fused.tile(head_dim) == dispatch.padded_head_dim(head_dim)  # dQ's accumulator rows
     found = fused.variants("sm_90", "bf16", head_dim, "none", True, False, 4096, 4096)
@@ -119,7 +120,8 @@ def test_the_wide_program_splits_the_head_dims_two_chunks_hold(head_dim: int, ch
     assert check_fields(kernel) is kernel and Variant.parse(str(kernel)) == kernel
     if chunks[1]:  # its own key, beside the padded tile's variant
         assert "BLOCK_D2=" in str(kernel)
-        assert kernel.key() != fused.variants("sm_90", "bf16", 256, "none", True, False, 4096, 4096)[1].key()  # type: ignore[index]
+        padded = fused.variants("sm_90", "bf16", fused.tile(head_dim), "none", True, False, 4096, 4096)
+        assert padded is not None and kernel.key() != padded[1].key()
 
 
 @pytest.mark.parametrize("target, dtype, head_dim, causal, aligned, index64, sq, sk, block_m, features, why", [
@@ -360,7 +362,9 @@ def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator(d: int) -> None
                                                                  (64, "bottom_right", 64, True),
                                                                  (256, "bottom_right", 64, True),
                                                                  (192, "none", 64, True),  # split: 128 + 64
-                                                                 (160, "bottom_right", 64, False)])  # 128 + 32
+                                                                 (160, "bottom_right", 64, False),  # 128 + 32
+                                                                 (96, "none", 64, False),  # 64 + 32
+                                                                 (80, "bottom_right", 64, True)])  # 64 + 16
 def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, block_m: int, prefetch: bool) -> None:
     from lazytriton.compiler import compile_variant
 
@@ -408,19 +412,23 @@ def _wgmma_columns(ptx: str) -> int:
     return sum(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
 
 
-@pytest.mark.parametrize("block_d2", [64, 32])
-def test_the_split_wide_program_multiplies_no_padded_column(block_d2: int) -> None:
-    """Head dims 192 and 160 in chunks (128 + 64, 128 + 32): every product (S, dP, dV, dK, dQ) issues its head-dim
-    chunks' columns only, 192/256 and 160/256 of the padded tile's (256) wgmma work, in accumulators as wide as a
-    warpgroup's half of each chunk."""
+@pytest.mark.parametrize("block_d, block_d2", [(128, 64), (128, 32), (128, 16), (64, 32), (64, 16)])
+def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: int) -> None:
+    """A head dim in two chunks (192 = 128 + 64, ..., 80 = 64 + 16): every product (S, dP, dV, dK, dQ) issues its
+    chunks' columns only, (BLOCK_D + BLOCK_D2) / padded tile of the padded program's wgmma work, and no
+    accumulator as wide as the padded tile's."""
     from lazytriton.kernels.flash_bwd import fused_kernel
 
     fn = fused_kernel.flash_bwd_fused_gluon_kernel
-    split = _fused_ptx(fn, 128, False, BLOCK_D2=block_d2)
-    padded = _fused_ptx(fn, 256, False)
-    assert _wgmma_columns(split) * 256 == _wgmma_columns(padded) * (128 + block_d2)
-    assert f"m64n{block_d2 // 2}k16" in split and "m64n128k16" in padded and "m64n128k16" not in split
-    assert split.count("cp.reduce.async.bulk.tensor") == padded.count("cp.reduce.async.bulk.tensor")
+    split = _fused_ptx(fn, block_d, False, BLOCK_D2=block_d2)
+    padded = _fused_ptx(fn, 2 * block_d, False)
+    assert _wgmma_columns(split) * 2 * block_d == _wgmma_columns(padded) * (block_d + block_d2)
+    widest = max(int(n) for n in re.findall(r"\.m64n(\d+)k16", padded))
+    assert f"m64n{widest}k16" not in split  # dK/dV of the padded tile (wide: its half) are gone
+    # dQ's reductions: the narrow program adds one a step for the second chunk, the wide one sends it in place of
+    # its second 64 columns
+    more = 2 if block_d < 128 else 1
+    assert split.count("cp.reduce.async.bulk.tensor") == more * padded.count("cp.reduce.async.bulk.tensor")
 
 
 # ---------------------------------------------------------------------------
@@ -449,10 +457,22 @@ def test_the_split_wide_program_multiplies_no_padded_column(block_d2: int) -> No
     (torch.float16, True, (2, 2), (2048, 2048), 160, "bhsd"),
     (torch.float16, "bottom_right", (4, 2), (128, 2112), 160, "bshd"),  # GQA, causal offset 1984
     (torch.bfloat16, True, (2, 2), (2048, 2048), 192, "bhsd"),
+    (torch.bfloat16, True, (2, 2), (2048, 2048), 96, "bhsd"),
+    (torch.bfloat16, False, (4, 2), (128, 2048), 80, "bshd"),
+    # Split head dims without a table row (a row added for the test): second chunks zero-filled past the head dim
+    # (72 = 64 + 16, 176 = 128 + 64) and the wide program's 16-column second chunk (144 = 128 + 16). Each case's
+    # fused variant is its own (72 shares 80's chunks, so not its dtype): a variant a worker loaded before is not
+    # resolved again, and ``resolved`` would miss it
+    (torch.float16, False, (4, 2), (128, 2048), 72, "bshd"),
+    (torch.float16, True, (2, 2), (1024, 1024), 176, "bhsd"),
+    (torch.bfloat16, "bottom_right", (4, 2), (192, 1088), 144, "bshd"),
 ], ids=str)
 def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
-        resolved: list[Variant], dtype: torch.dtype, causal: bool | str, heads: tuple[int, int],
-        seqlens: tuple[int, int], head_dim: int, layout: str) -> None:
+        resolved: list[Variant], monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, causal: bool | str,
+        heads: tuple[int, int], seqlens: tuple[int, int], head_dim: int, layout: str) -> None:
+    key = (fwd.DTYPES[dtype], head_dim, causal is not False)
+    if key not in dispatch.BWD_FUSED_TABLE:
+        monkeypatch.setitem(dispatch.BWD_FUSED_TABLE, key, (64, False, 1024))
     q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed=sum(seqlens) + head_dim)
     skip_unless_sm90(q, fused.NAME)
     do = torch.randn(q.shape, device="cuda").to(dtype)

@@ -50,7 +50,8 @@ VARIANTS = [
     dispatch.flash_fwd_gluon_default_variant(sm90, "fp16", 224, False, True, False, 4096, 4096),  # padded
     dispatch.flash_bwd_dkdv_gluon_default_variant(sm90, "bf16", 128, False, True, False, 4096, 4096),
     *dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 128, True, True, False, 4096, 4096),
-    dispatch.flash_bwd_fused_default_variants(sm90, "fp16", 192, False, True, False, 4096, 4096)[1],  # split
+    dispatch.flash_bwd_fused_default_variants(sm90, "fp16", 192, False, True, False, 4096, 4096)[1],  # split, wide
+    dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 80, True, True, False, 4096, 4096)[1],  # split, narrow
 ]
 """
 

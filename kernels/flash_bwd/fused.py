@@ -71,9 +71,9 @@ HEAD_DIMS = (64, 128, 256)  # the tiles' widths
 # accumulator is a tile wide (the binding copies its first head_dim columns). A multiple of 8 (TMA's 16-byte
 # rows) over 32: 40-64 in 64's tile, 72-128 in 128's, 136-256 in 256's.
 MIN_HEAD_DIM, MAX_HEAD_DIM = 40, 256
-# Head dims over 128 that two chunks hold in less than 256 columns (``chunks``: 160 = 128 + 32, 192 = 128 + 64) run
-# split instead, each chunk in tiles of its own (fused_kernel's BLOCK_D2), when the second is at least this wide.
-MIN_WIDE_CHUNK2 = 32
+# Head dims that two chunks hold in less than the padded tile (``chunks``: 80 = 64 + 16, 96 = 64 + 32, 160 =
+# 128 + 32, 192 = 128 + 64) run split instead, each chunk in tiles of its own (fused_kernel's BLOCK_D2): no padded
+# column is multiplied.
 BLOCK_N = 128  # keys a program holds at head dims 64 and 128 (fused_kernel.BLOCK_N: two warpgroups of 64)
 WIDE_BLOCK_N = 64  # at head dim 256 (fused_kernel.WIDE_KEYS)
 BLOCK_MS = (64, 128)  # query rows a step (the N of the S^T product; the M of S at head dim 256)
@@ -94,16 +94,16 @@ def tile(head_dim: int) -> int:
 def chunks(head_dim: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_D2): the fused kernel's head-dim tiles at ``head_dim`` (BLOCK_D2 0: one tile, ``tile``'s).
 
-    The wide program (head dims over 128) splits a head dim that two chunks
-    hold in less than 256 columns, the second at least ``MIN_WIDE_CHUNK2``
-    (a warpgroup takes half of each chunk's columns: 16 at least, for the
-    dQ reduction's and the wgmma's shapes): 160 = 128 + 32, 176 and 192 =
-    128 + 64. The rest runs in its padded tile.
+    A head dim that two chunks hold in less than its padded tile, the first
+    one of the kernel's tiles (``dispatch.split_head_dim``: 80 = 64 + 16,
+    96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64; 72 = 64 + 16 and 176 =
+    128 + 64 with the second zero-filled past the head dim) runs split; the
+    rest (224, 40) in its padded tile.
     """
     from lazytriton import dispatch
 
-    split = dispatch.split_head_dim(head_dim) if head_dim > 128 else None
-    if split is None or split[1] < MIN_WIDE_CHUNK2:
+    split = dispatch.split_head_dim(head_dim)
+    if split is None or split[0] not in HEAD_DIMS:
         return tile(head_dim), 0
     return split
 
@@ -120,7 +120,7 @@ def shared_bytes(head_dim: int, block_m: int) -> int:
     if head_dim > 128:  # K, V; Q's ring and one dO tile; P^T and dS^T; a dQ tile a warpgroup (and one a chunk)
         return 2 * (2 * WIDE_BLOCK_N * head_dim + (STAGES + 1) * block_m * head_dim + 2 * WIDE_BLOCK_N * block_m) \
             + 4 * 2 * block_m * (WIDE_DQ_COLS + block_d2 // 2)
-    # K, V; the ring's Q and dO tiles and lse and delta rows; two dS^T buffers; a dQ tile a warpgroup
+    # K, V; the ring's Q and dO tiles and lse and delta rows; two dS^T buffers; a dQ tile a warpgroup (a chunk)
     return 2 * (2 * BLOCK_N * head_dim + 2 * STAGES * block_m * head_dim + 2 * BLOCK_N * block_m) \
         + 4 * 2 * STAGES * block_m + 4 * 2 * block_m * head_dim // 2
 
@@ -155,7 +155,7 @@ def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool,
     PREFETCH). Its functional fields are flash_bwd_dkdv's for a plain aligned
     call (ALIGN16, BLOCK_D, CAUSAL, INDEX64, SEQ16), so ``cache explain``
     reads them alike; num_stages records its ring's depth. A padded head dim
-    (224) has its tile's variants (256's), a split one (160, 192) its chunks
+    (224) has its tile's variants (256's), a split one (96, 192) its chunks
     (``chunks``: BLOCK_D2 written as flash_bwd_dkdv's): the head dim is an
     argument. The prep kernel's BLOCK_D is ``tile``'s (dQ's accumulator rows).
     """

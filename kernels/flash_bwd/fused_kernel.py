@@ -171,19 +171,27 @@ def _q_do_descriptors(Q, DO, q_smem, do_smem, stride_qb, stride_qh, stride_qs, s
 
 
 @gluon.jit
-def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh, stride_qs,
-             stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size, seqlen_q, head_dim,
-             m_first, n_steps, BLOCK_M: gl.constexpr):
+def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, q2_bufs, do2_bufs, lse_bufs, delta_bufs, full, empty, stride_qb,
+             stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head,
+             group_size, seqlen_q, head_dim, m_first, n_steps, BLOCK_M: gl.constexpr, SPLIT: gl.constexpr):
     """The producer warp: every step's Q, dO, lse and delta tiles, over the group's query heads, once the slot is free.
 
     lse and delta come as 1-D tiles of BLOCK_M float32 per query head (rows
     of ``stride_lb``/``stride_lh``, 16-byte aligned under the entries' SEQ16).
+    SPLIT: Q's and dO's second head-dim chunk too, into ``q2_bufs`` and
+    ``do2_bufs`` (else they stand in for the first's, never loaded).
     """
+    BLOCK_D: gl.constexpr = q_bufs.type.shape[-1]
     it = 0
     for g in range(group_size):
         head = kv_head * group_size + g
         q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_bufs, stride_qb, stride_qh, stride_qs, stride_dob,
                                             stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
+        q2_desc, do2_desc = q_desc, do_desc
+        if SPLIT:
+            q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_bufs, stride_qb, stride_qh,
+                                                  stride_qs, stride_dob, stride_doh, stride_dos, batch, head,
+                                                  seqlen_q, head_dim - BLOCK_D, BLOCK_M)
         lse_desc = tma.make_tensor_descriptor(Lse + batch * stride_lb + head * stride_lh, [seqlen_q], [1], [BLOCK_M],
                                               lse_bufs.type.layout)
         delta_desc = tma.make_tensor_descriptor(Delta + batch * stride_lb + head * stride_lh, [seqlen_q], [1],
@@ -193,11 +201,19 @@ def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, emp
             # Slot reuse: its (it // STAGES - 1)-th release; a fresh barrier shows that parity for the first lap.
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
             bar = full.index(slot)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            if SPLIT:
+                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                + q2_desc.block_type.nbytes + do2_desc.block_type.nbytes
+                                + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
             row = (m_first + step) * BLOCK_M
             tma_load(q_desc, [row, 0], bar, q_bufs.index(slot))
             tma_load(do_desc, [row, 0], bar, do_bufs.index(slot))
+            if SPLIT:
+                tma_load(q2_desc, [row, 0], bar, q2_bufs.index(slot))
+                tma_load(do2_desc, [row, 0], bar, do2_bufs.index(slot))
             tma_load(lse_desc, [row], bar, lse_bufs.index(slot))
             tma_load(delta_desc, [row], bar, delta_bufs.index(slot))
             it += 1
@@ -221,30 +237,49 @@ def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
 
 
 @gluon.jit
-def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_bar, full, empty, ds_ready,
-             dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
-             group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
-             BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr):
-    """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ."""
+def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs, ds_bufs,
+             dq_smem, dq2_smem, kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc, DK, DV, stride_dkb, stride_dkh,
+             stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim,
+             causal_offset, sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr,
+             CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
+    """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ.
+
+    SPLIT (two head-dim chunks, the second in the ``*2`` buffers): S^T and
+    dP^T are two products each, dK and dV two accumulators, and the
+    warpgroup's dQ columns half of each chunk's (the second chunk's through
+    ``dq2_smem`` and ``dqa2_desc``).
+    """
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
+    BLOCK_D2: gl.constexpr = k2_smem.type.shape[1]  # SPLIT's; else never issued
     COLS: gl.constexpr = BLOCK_D // 2
+    COLS2: gl.constexpr = BLOCK_D2 // 2
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_D, 16])
+    o2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_D2, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, COLS, 16])
+    dq2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, COLS2, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     k_w = k_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
     v_w = v_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
+    k2_w = k2_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
+    v2_w = v2_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
     k_cols = k_smem.slice(WG * COLS, COLS, dim=1)  # dQ = dS K: this warpgroup's half of dQ's columns
+    k2_cols = k2_smem.slice(WG * COLS2, COLS2, dim=1)
     qk_scale = sm_scale * LOG2E
     offs_n = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
     dk = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
     dv = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
+    dk2 = gl.zeros([WG_ROWS, BLOCK_D2], gl.float32, layout=o2_layout)  # SPLIT's
+    dv2 = gl.zeros([WG_ROWS, BLOCK_D2], gl.float32, layout=o2_layout)
     zero = gl.zeros([WG_ROWS, BLOCK_M], dtype=gl.float32, layout=s_layout)
     zero_dq = gl.zeros([BLOCK_M, COLS], dtype=gl.float32, layout=dq_layout)
+    zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=dq2_layout)
     mbarrier.wait(kv_bar.index(0), 0)
     it = 0  # ring steps so far, over the group's heads: the slots' and dS buffers' phases follow it
     for g in range(group_size):
@@ -257,8 +292,14 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_
             mbarrier.wait(full.index(slot), (cur // STAGES) & 1)
             q_s = q_bufs.index(slot)
             do_s = do_bufs.index(slot)
+            q2_s = q2_bufs.index(slot)
+            do2_s = do2_bufs.index(slot)
             s = warpgroup_mma(k_w, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            if SPLIT:
+                s = warpgroup_mma(k2_w, q2_s.permute((1, 0)), s, is_async=True)
             dp = warpgroup_mma(v_w, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            if SPLIT:
+                dp = warpgroup_mma(v2_w, do2_s.permute((1, 0)), dp, is_async=True)
             if PREFETCH:
                 lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
                 delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
@@ -275,15 +316,28 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_
             mbarrier.arrive(ds_ready.index(buf), count=1)
             p_op = gl.convert_layout(p.to(dtype), op_layout)
             dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+            if SPLIT:
+                dv2 = warpgroup_mma(p_op, do2_s, dv2, is_async=True)
             dk = warpgroup_mma(ds_w, q_s, dk, is_async=True)
+            if SPLIT:
+                dk2 = warpgroup_mma(ds_w, q2_s, dk2, is_async=True)
             mbarrier.wait(ds_ready.index(buf), (cur // 2) & 1)  # both halves of dS^T are in
-            dq = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
-            dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
+            ds_t = ds_bufs.index(buf).permute((1, 0))
+            dq = warpgroup_mma(ds_t, k_cols, zero_dq, use_acc=False, is_async=True)
+            if SPLIT:
+                dq2 = warpgroup_mma(ds_t, k2_cols, zero_dq2, use_acc=False, is_async=True)
+                dv, dv2, dk, dk2, dq, dq2, p_op = warpgroup_mma_wait(0, deps=(dv, dv2, dk, dk2, dq, dq2, p_op))
+            else:
+                dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
             mbarrier.arrive(empty.index(slot), count=1)
-            tma.store_wait(0)  # the previous step's reduction has read our dQ tile
+            tma.store_wait(0)  # the previous step's reductions have read our dQ tiles
             dq_smem.store(dq * sm_scale)
+            if SPLIT:
+                dq2_smem.store(dq2 * sm_scale)
             fence_async_shared()
             tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
+            if SPLIT:
+                tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
         it += n_steps
     tma.store_wait(0)
     rows = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o_layout))
@@ -293,6 +347,14 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_
              (dk * sm_scale).to(dtype), mask=inside)
     gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
              dv.to(dtype), mask=inside)
+    if SPLIT:
+        rows2 = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o2_layout))
+        cols2 = BLOCK_D + gl.arange(0, BLOCK_D2, layout=gl.SliceLayout(0, o2_layout))
+        inside2 = (cols2 < head_dim)[None, :]
+        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
+                 (dk2 * sm_scale).to(dtype), mask=inside2)
+        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
+                 dv2.to(dtype), mask=inside2)
 
 
 # ---------------------------------------------------------------------------
@@ -634,7 +696,7 @@ def flash_bwd_fused_gluon_kernel(
                         stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
                         heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL,
-                      PREFETCH)
+                        PREFETCH, BLOCK_D2)
 
 
 @gluon.jit
@@ -642,8 +704,14 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
                     stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                     stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
                     heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
-                    BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr):
-    """``flash_bwd_fused_gluon``'s program at head dims 64 and 128: 128 keys, 64 a consumer warpgroup."""
+                    BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, BLOCK_D2: gl.constexpr):
+    """``flash_bwd_fused_gluon``'s program at head dims 64 and 128: 128 keys, 64 a consumer warpgroup.
+
+    BLOCK_D2 > 0: the head dim in two chunks (80 = 64 + 16, 96 = 64 + 32), each in tiles of its own; dQ's
+    accumulator rows stay 2 x BLOCK_D wide (the padded tile's, as the prep kernel writes them).
+    """
+    SPLIT: gl.constexpr = BLOCK_D2 > 0
+    DQA_D: gl.constexpr = 2 * BLOCK_D if SPLIT else BLOCK_D  # the accumulator's row: the padded tile
     COLS: gl.constexpr = BLOCK_D // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
@@ -658,6 +726,21 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, COLS], dq_layout)
+    if SPLIT:
+        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2], dtype)
+        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D2], dtype)
+        dq2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2 // 2], gl.float32)
+        k2_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D2], kv2_layout)
+        v2_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D2], kv2_layout)
+        q2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
+        do2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
+        dq2_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, BLOCK_D2 // 2], dq2_layout)
+    else:  # the first chunk's stand in (never read)
+        k2_smem = k_smem
+        v2_smem = v_smem
+        q2_bufs = q_bufs
+        do2_bufs = do_bufs
+        dq2_smem = dq_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -670,25 +753,36 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
         mbarrier.init(ds_ready.index(i), count=2)
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
-    load_kv(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh, stride_ks,
-            stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    if SPLIT:
+        _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
+                       v2_smem, kv_bar)
+    else:
+        load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
     # dQ's accumulator as one 2-D tensor of B x Hq x Sq rows: one descriptor serves every head of the group.
-    dqa_desc = tma.make_tensor_descriptor(DQA, [gl.num_programs(2) * heads_q * seqlen_q, BLOCK_D], [BLOCK_D, 1],
-                                          [BLOCK_M, COLS], dq_layout)
+    dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
+    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, COLS], dq_layout)
+    dqa2_desc = dqa_desc
+    if SPLIT:
+        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, BLOCK_D2 // 2],
+                                               dq2_smem.type.layout)
     # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
     gl.warp_specialize([
-        (_consume, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem.index(0), kv_bar, full,
-                    empty, ds_ready, dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale,
-                    start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0)),
-        (_consume, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_bufs, dq_smem.index(1), kv_bar, full,
-                    empty, ds_ready, dqa_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale,
-                    start_n, m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1)),
-        (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, lse_bufs, delta_bufs, full, empty, stride_qb, stride_qh,
-                    stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head, group_size,
-                    seqlen_q, head_dim, m_first, n_steps, BLOCK_M)),
+        (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
+                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc,
+                    DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+                    group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
+                    n_masked, BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
+        (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
+                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc,
+                    DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+                    group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
+                    n_masked, BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
+        (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, q2_bufs, do2_bufs, lse_bufs, delta_bufs, full, empty,
+                    stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch,
+                    kv_head, group_size, seqlen_q, head_dim, m_first, n_steps, BLOCK_M, SPLIT)),
     ], [4, 1], [240, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(i))
