@@ -441,12 +441,15 @@ def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: in
     (torch.bfloat16, False, (4, 4), (256, 2048), 128, "bhsd"),
     (torch.bfloat16, "bottom_right", (8, 2), (256, 2304), 128, "bshd"),  # GQA, causal offset 2048
     (torch.float16, True, (2, 2), (2048, 2048), 128, "bhsd"),
+    # 10 (batch, head) pairs: causal programs run longest first 8 pairs at a time, then the last 2
+    (torch.bfloat16, True, (5, 5), (2048, 2048), 128, "bhsd"),
     (torch.bfloat16, False, (4, 1), (2048, 2048), 64, "bshd"),  # MQA
     (torch.float16, True, (2, 2), (2048, 2048), 64, "bhsd"),
     # Head dim 256: 64 keys a program, from 1024 keys
     (torch.bfloat16, False, (4, 2), (128, 1024), 256, "bhsd"),  # GQA
     (torch.bfloat16, "bottom_right", (2, 2), (192, 1088), 256, "bshd"),  # causal offset 896
     (torch.float16, True, (2, 2), (1024, 1024), 256, "bhsd"),
+    (torch.bfloat16, True, (5, 5), (1024, 1024), 256, "bhsd"),  # 10 pairs: longest first 8 at a time, then 2
     # Padded head dims (fused.tile): 80 and 96 in 128's tile, 224 in 256's; dK and dV stop at the head dim
     # (bshd: the next head's columns follow), dQ is the accumulator's first head_dim columns. 160 and 192: the
     # wide program in two chunks (fused.chunks)
