@@ -588,25 +588,89 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
 
 
 @gluon.jit
+def _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2: gl.constexpr):
+    """The second head-dim chunk's K, V, Q ring, dO buffers and two dQ tiles (a warpgroup's half of its columns).
+
+    Shaped as the first chunk's (``do_bufs`` a ring or one tile), BLOCK_D2
+    columns wide; with BLOCK_D2 0 the first chunk's buffers stand in (never
+    read).
+    """
+    dtype: gl.constexpr = k_smem.dtype
+    KEYS: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    if BLOCK_D2 > 0:
+        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2], dtype)
+        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_D2], dtype)
+        dq2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2 // 2], gl.float32)
+        k2_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_D2], kv2_layout)
+        v2_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_D2], kv2_layout)
+        q2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
+        if len(do_bufs.type.shape) == 3:
+            do2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
+        else:
+            do2_bufs = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D2], q2_layout)
+        dq2_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, BLOCK_D2 // 2], dq2_layout)
+    else:
+        k2_smem = k_smem
+        v2_smem = v_smem
+        q2_bufs = q_bufs
+        do2_bufs = do_bufs
+        dq2_smem = dq_smem
+    return k2_smem, v2_smem, q2_bufs, do2_bufs, dq2_smem
+
+
+@gluon.jit
+def _kv_descriptors(k_base, v_base, stride_ks, stride_vs, seqlen_k, columns, k_smem, v_smem):
+    """TMA descriptors of K's and V's (seqlen_k, ``columns``) slices at the bases, tiles as the buffers'."""
+    KEYS: gl.constexpr = k_smem.type.shape[0]
+    COLS: gl.constexpr = k_smem.type.shape[1]
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, columns], [stride_ks, 1], [KEYS, COLS], k_smem.type.layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, columns], [stride_vs, 1], [KEYS, COLS], v_smem.type.layout)
+    return k_desc, v_desc
+
+
+@gluon.jit
 def _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
                    v2_smem, kv_bar):
     """``load_kv`` for a head dim in two chunks: the second (columns from K's tile width on) into the ``*2`` tiles."""
-    KEYS: gl.constexpr = k_smem.type.shape[0]
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
-    BLOCK_D2: gl.constexpr = k2_smem.type.shape[1]
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [KEYS, BLOCK_D],
-                                        k_smem.type.layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [KEYS, BLOCK_D],
-                                        v_smem.type.layout)
-    k2_desc = tma.make_tensor_descriptor(k_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_ks, 1],
-                                         [KEYS, BLOCK_D2], k2_smem.type.layout)
-    v2_desc = tma.make_tensor_descriptor(v_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_vs, 1],
-                                         [KEYS, BLOCK_D2], v2_smem.type.layout)
+    k_desc, v_desc = _kv_descriptors(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, k_smem, v_smem)
+    k2_desc, v2_desc = _kv_descriptors(k_base + BLOCK_D, v_base + BLOCK_D, stride_ks, stride_vs, seqlen_k,
+                                       head_dim - BLOCK_D, k2_smem, v2_smem)
     mbarrier.expect(kv_bar.index(0), 2 * (k_desc.block_type.nbytes + k2_desc.block_type.nbytes))
     tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
     tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
     tma_load(k2_desc, [start_n, 0], kv_bar.index(0), k2_smem)
     tma_load(v2_desc, [start_n, 0], kv_bar.index(0), v2_smem)
+
+
+@gluon.jit
+def _load_kv_chunks(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
+                    v2_smem, kv_bar, SPLIT: gl.constexpr):
+    """``load_kv``, or with SPLIT ``_load_kv_split`` (the second head-dim chunk into ``k2_smem`` and ``v2_smem``)."""
+    if SPLIT:
+        _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
+                       v2_smem, kv_bar)
+    else:
+        load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
+
+
+@gluon.jit
+def _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D: gl.constexpr, SPLIT: gl.constexpr):
+    """The dQ accumulator as one 2-D tensor of B x Hq x Sq rows of DQA_D columns: one descriptor serves every head.
+
+    Its tiles are ``dq_smem``'s (then, SPLIT, a second descriptor's are
+    ``dq2_smem``'s; else the first stands in for it, never used).
+    """
+    BLOCK_M: gl.constexpr = dq_smem.type.shape[1]
+    dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
+    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq_smem.type.shape[2]],
+                                          dq_smem.type.layout)
+    dqa2_desc = dqa_desc
+    if SPLIT:
+        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq2_smem.type.shape[2]],
+                                               dq2_smem.type.layout)
+    return dqa_desc, dqa2_desc
 
 
 @gluon.jit
@@ -636,21 +700,7 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     pt_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
     dst_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, WIDE_DQ_COLS], dq_layout)
-    if SPLIT:
-        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2], dtype)
-        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_D2], dtype)
-        dq2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2 // 2], gl.float32)
-        k2_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D2], kv2_layout)
-        v2_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D2], kv2_layout)
-        q2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
-        do2_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D2], q2_layout)
-        dq2_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, BLOCK_D2 // 2], dq2_layout)
-    else:  # the first chunk's stand in (never read)
-        k2_smem = k_smem
-        v2_smem = v_smem
-        q2_bufs = q_bufs
-        do2_smem = do_smem
-        dq2_smem = dq_smem
+    k2_smem, v2_smem, q2_bufs, do2_smem, dq2_smem = _second_chunk(k_smem, v_smem, q_bufs, do_smem, dq_smem, BLOCK_D2)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -668,20 +718,10 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     mbarrier.init(ps_free.index(0), count=2)
     fence_async_shared()
 
-    k_base = K + batch * stride_kb + kv_head * stride_kh
-    v_base = V + batch * stride_vb + kv_head * stride_vh
-    if SPLIT:
-        _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
-                       v2_smem, kv_bar)
-    else:
-        load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
+    _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
+                    stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar, SPLIT)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, WIDE_KEYS, CAUSAL)
-    dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
-    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, WIDE_DQ_COLS], dq_layout)
-    dqa2_desc = dqa_desc
-    if SPLIT:
-        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, BLOCK_D2 // 2],
-                                               dq2_smem.type.layout)
+    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
     gl.warp_specialize([
         (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem,
                          dq_smem.index(0), dq2_smem.index(0), kv_bar, q_full, q_empty, do_full, do_empty, ps_ready,
@@ -764,21 +804,7 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, COLS], dq_layout)
-    if SPLIT:
-        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2], dtype)
-        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D2], dtype)
-        dq2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2 // 2], gl.float32)
-        k2_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D2], kv2_layout)
-        v2_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D2], kv2_layout)
-        q2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
-        do2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
-        dq2_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, BLOCK_D2 // 2], dq2_layout)
-    else:  # the first chunk's stand in (never read)
-        k2_smem = k_smem
-        v2_smem = v_smem
-        q2_bufs = q_bufs
-        do2_bufs = do_bufs
-        dq2_smem = dq_smem
+    k2_smem, v2_smem, q2_bufs, do2_bufs, dq2_smem = _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -791,21 +817,10 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
         mbarrier.init(ds_ready.index(i), count=2)
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
-    k_base = K + batch * stride_kb + kv_head * stride_kh
-    v_base = V + batch * stride_vb + kv_head * stride_vh
-    if SPLIT:
-        _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
-                       v2_smem, kv_bar)
-    else:
-        load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
+    _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
+                    stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar, SPLIT)
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
-    # dQ's accumulator as one 2-D tensor of B x Hq x Sq rows: one descriptor serves every head of the group.
-    dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
-    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, COLS], dq_layout)
-    dqa2_desc = dqa_desc
-    if SPLIT:
-        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, BLOCK_D2 // 2],
-                                               dq2_smem.type.layout)
+    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
     # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
     gl.warp_specialize([
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
