@@ -756,7 +756,8 @@ _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     (64, True): (64, True, 2048),
     (256, False): (64, True, 1024),
     (256, True): (64, True, 1024),
-    # Head dims in a padded tile (fused.tile: 80 and 96 in 128's, 160 to 224 in 256's), the tile's rows; H200,
+    # Head dims in a padded tile (then fused.tile: 80 and 96 in 128's, 160 to 224 in 256's; now 224 only, the rest
+    # in two chunks, fused.chunks), the tile's rows; H200,
     # bench_flash_bwd.py (12-01, 7th session), bf16 TFLOP/s fused against the two kernels' split tiles in the run
     # before, full / causal: 96 4k 367 / 306 against 315 / 282, 16k 407 / 397 against 329 / 310; 80 16k 349 / 344
     # against 285 / 293; 192 4k 269 / 233 against 239 / 215; 224 (padded there too) 4k 315 / 258 against 105 /

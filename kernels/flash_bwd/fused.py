@@ -130,8 +130,9 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
     """None if ``flash_bwd_fused_gluon`` with ``block_m`` query rows a step computes this call exactly.
 
     ``causal``: "none", "top_left" or "bottom_right". ``features``: the call
-    has a window, softcap, ALiBi, bias, dropout, packed sequences, split tiles
-    or a head_dim_v, which this kernel does not implement.
+    has a window, softcap, ALiBi, bias, dropout, packed sequences or a
+    head_dim_v, which this kernel does not implement (a head dim's split
+    chunks it takes by itself: ``chunks``).
     """
     from lazytriton.kernels.flash_bwd import gluon
 

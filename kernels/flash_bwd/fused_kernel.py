@@ -65,14 +65,19 @@ FlashAttention-3 does there:
 - the consumers run one flat loop over the group's heads and steps: a nest
   kept more registers live (512 bytes spilled, 30% slower on the H200).
 
-Head dims 160 and 192 (``BLOCK_D2``: 128 + 32, 128 + 64) run in the wide
-program with the head dim in two chunks, as ``flash_fwd_gluon``'s split
-tiles: the second chunk of K, V, Q and dO in buffers of its own (loaded on
-the same barriers, through descriptors from column BLOCK_D on), S and dP two
-products each, and each warpgroup half of each chunk's columns (dK and dV in
-two accumulators, dQ's second chunk through a tile and descriptor of its
-own). No padded column is multiplied (the padded tile did 1.6x and 1.33x the
-work); dQ's accumulator rows stay the padded tile's.
+Split head dims (``BLOCK_D2``, ``fused.chunks``: 80 = 64 + 16 and 96 =
+64 + 32 in the program of 64 and 128, 160 = 128 + 32 and 192 = 128 + 64 in
+the wide one) run in two chunks, as ``flash_fwd_gluon``'s split tiles: the
+second chunk of K, V, Q and dO in buffers of its own (``_second_chunk``,
+loaded on the same barriers through descriptors from column BLOCK_D on), S
+and dP two products each, dK and dV two accumulators (the wide program's
+warpgroups half of each chunk's columns), and each warpgroup's dQ half of
+each chunk's columns, the second through a tile and descriptor of its own.
+No padded column is multiplied (the padded tile did 1.33x to 1.6x the work);
+dQ's accumulator rows stay the padded tile's, as the prep kernel writes them.
+
+Causal grids run their key blocks longest first, a few (batch, head) pairs
+at a time (``_longest_first``).
 
 ``PREFETCH``: lse and delta of a step are read (from the ring at head dims 64
 and 128, from global memory at 256) before its products are waited for
@@ -80,11 +85,13 @@ and 128, from global memory at 256) before its products are waited for
 
 What it covers (``fused.reason`` is the rule; the rest keeps the two-kernel
 backward): fp16/bf16, head dims 40 to 256 that are multiples of 8 (TMA's
-16-byte rows) in the tile of 64, 128 or 256 that holds them (``fused.tile``;
-``head_dim`` is an argument: the descriptors' extent, so TMA reads zeros past
-it, and the dK/dV stores' column mask; dQ's accumulator rows are the tile's
-width), 16-byte aligned pointers and strides, 32-bit offsets, seqlen_q a multiple of BLOCK_M and
-seqlen_k of the keys a program holds (128, or 64 at head dim 256), causal
+16-byte rows), split (above) or in the tile of 64, 128 or 256 that holds
+them (``fused.tile``; ``head_dim`` is an argument: the descriptors' extent,
+so TMA reads zeros past it, and the dK/dV stores' column mask; dQ's
+accumulator rows are the padded tile's width), 16-byte aligned pointers and
+strides that are multiples of 16 elements (ALIGN16: so in practice head dims
+that are multiples of 16), 32-bit offsets, seqlen_q a multiple of BLOCK_M and
+seqlen_k of the keys a program holds (128, or 64 over head dim 128), causal
 offset >= 0, no window, softcap, ALiBi, bias, dropout, varlen or head_dim_v.
 ``Lse`` and ``Delta`` are (B, Hq, Sq) float32 with ``stride_lb``/``stride_lh``
 (multiples of 16: the entries are compiled so).
@@ -620,23 +627,20 @@ def _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2: gl.constex
 
 
 @gluon.jit
-def _kv_descriptors(k_base, v_base, stride_ks, stride_vs, seqlen_k, columns, k_smem, v_smem):
-    """TMA descriptors of K's and V's (seqlen_k, ``columns``) slices at the bases, tiles as the buffers'."""
-    KEYS: gl.constexpr = k_smem.type.shape[0]
-    COLS: gl.constexpr = k_smem.type.shape[1]
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, columns], [stride_ks, 1], [KEYS, COLS], k_smem.type.layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, columns], [stride_vs, 1], [KEYS, COLS], v_smem.type.layout)
-    return k_desc, v_desc
-
-
-@gluon.jit
 def _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
                    v2_smem, kv_bar):
     """``load_kv`` for a head dim in two chunks: the second (columns from K's tile width on) into the ``*2`` tiles."""
+    KEYS: gl.constexpr = k_smem.type.shape[0]
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
-    k_desc, v_desc = _kv_descriptors(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, k_smem, v_smem)
-    k2_desc, v2_desc = _kv_descriptors(k_base + BLOCK_D, v_base + BLOCK_D, stride_ks, stride_vs, seqlen_k,
-                                       head_dim - BLOCK_D, k2_smem, v2_smem)
+    BLOCK_D2: gl.constexpr = k2_smem.type.shape[1]
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [KEYS, BLOCK_D],
+                                        k_smem.type.layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [KEYS, BLOCK_D],
+                                        v_smem.type.layout)
+    k2_desc = tma.make_tensor_descriptor(k_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_ks, 1],
+                                         [KEYS, BLOCK_D2], k2_smem.type.layout)
+    v2_desc = tma.make_tensor_descriptor(v_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_vs, 1],
+                                         [KEYS, BLOCK_D2], v2_smem.type.layout)
     mbarrier.expect(kv_bar.index(0), 2 * (k_desc.block_type.nbytes + k2_desc.block_type.nbytes))
     tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
     tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
