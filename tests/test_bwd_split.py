@@ -149,10 +149,12 @@ def test_prewarm_plans_the_split_backward_variants_calls_use() -> None:
     calls = {str(dispatch.kernel_variant(kernel, SM90, "bf16", d, True, True, 4096, 4096, seq16=seq16,
                                          table=tuning.Table(())))
              for kernel in BWD for d in (96, 128) for seq16 in (True, False)}
-    # hd128 (a plain call from 2k keys) is the fused backward's: prewarm plans its pair beside the two kernels
-    calls |= {str(v) for v in dispatch.flash_bwd_fused_default_variants(SM90, "bf16", 128, True, True, False, 4096,
-                                                                        4096) or ()}
-    assert plan == calls and sum("BLOCK_D=64,BLOCK_D2=32" in v for v in plan) == 4  # 2 kernels x SEQ16 or not
+    # A plain call from 2k keys is the fused backward's: prewarm plans its pair beside the two kernels (hd96's
+    # fused kernel in its chunks too, its prep kernel 128's, as hd128's)
+    calls |= {str(v) for d in (96, 128)
+              for v in dispatch.flash_bwd_fused_default_variants(SM90, "bf16", d, True, True, False, 4096, 4096) or ()}
+    # 2 kernels x SEQ16 or not, and the fused kernel
+    assert plan == calls and sum("BLOCK_D=64,BLOCK_D2=32" in v for v in plan) == 5
 
 
 # ---------------------------------------------------------------------------
