@@ -407,6 +407,15 @@ def test_the_narrow_program_brings_lse_and_delta_through_the_ring() -> None:
     assert "cp.async.bulk.tensor.1d.shared" not in _fused_ptx(fn, 256, False, PREFETCH=True)
 
 
+def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    variants = importlib.import_module("probe_fused_variants")
+    assert variants.parse_variant("x=copy.py:EARLY=1,FLAT=0") == ("x", ("copy.py", {"EARLY": 1, "FLAT": 0}))
+    assert variants.parse_variant("head=head.py") == ("head", ("head.py", {}))
+
+
 def _wgmma_columns(ptx: str) -> int:
     """The wgmma instructions' N summed (each m64 x k16): the work the kernel's products issue."""
     return sum(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
@@ -450,9 +459,9 @@ def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: in
     (torch.bfloat16, "bottom_right", (2, 2), (192, 1088), 256, "bshd"),  # causal offset 896
     (torch.float16, True, (2, 2), (1024, 1024), 256, "bhsd"),
     (torch.bfloat16, True, (5, 5), (1024, 1024), 256, "bhsd"),  # 10 pairs: longest first 8 at a time, then 2
-    # Padded head dims (fused.tile): 80 and 96 in 128's tile, 224 in 256's; dK and dV stop at the head dim
-    # (bshd: the next head's columns follow), dQ is the accumulator's first head_dim columns. 160 and 192: the
-    # wide program in two chunks (fused.chunks)
+    # Head dims between the powers of two: 224 in 256's tile, 80, 96, 160 and 192 in two chunks (fused.chunks);
+    # dK and dV stop at the head dim (bshd: the next head's columns follow), dQ is the accumulator's first head_dim
+    # columns
     (torch.bfloat16, False, (4, 4), (256, 2048), 96, "bhsd"),
     (torch.float16, "bottom_right", (4, 2), (256, 2304), 80, "bshd"),
     (torch.bfloat16, True, (2, 2), (1024, 1024), 224, "bhsd"),
