@@ -43,7 +43,7 @@ def parts(q, out, do, reps):
 
         def prep(bm=bm, warps=warps, grid=grid):
             fused_kernel.flash_bwd_prep_kernel[grid](out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
-                                                     *delta.stride()[:2], h, s, BLOCK_M=bm, BLOCK_D=d,
+                                                     *delta.stride()[:2], h, s, d, BLOCK_M=bm, BLOCK_D=d,
                                                      num_warps=warps)
         ms = event_ms(prep, reps=reps)
         print(f"    prep BLOCK_M {bm:3d} warps {warps}: {ms:.3f} ms ({8 * n / ms / 1e6:.0f} GB/s)", flush=True)
