@@ -131,11 +131,3 @@ case " $* " in *" gluonbwd "*)  # probe: flash_bwd's dK/dV kernel in Gluon besid
   timeout ${GLUONBWD_TIMEOUT:-240} python3 benchmarks/probe_gluon_bwd.py ${GLUONBWD_ARGS:-} 2>&1 \
     | tee "$OUT/gluon_bwd.log" | tail -16 ;;
 esac
-case " $* " in *" persistent "*)  # the persistent fused backward: its GPU tests, then the A/B probe (PERSISTENT_ARGS;
-  # --head-kernel a copy of fused_kernel.py from before the change, untracked, beside it)
-  python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 || true
-  timeout ${PERSISTENT_TESTS_TIMEOUT:-240} python3 -P -m pytest tests/test_fused_bwd.py -m gpu -q -p no:cacheprovider \
-    -n ${GPU_TEST_WORKERS:-4} 2>&1 | tee "$OUT/persistent_tests.log" | tail -8
-  timeout ${PERSISTENT_TIMEOUT:-300} python3 benchmarks/probe_fused_persistent.py --log "$OUT/persistent.log" \
-    ${PERSISTENT_ARGS:-} 2>&1 | tail -30 ;;
-esac

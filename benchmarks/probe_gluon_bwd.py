@@ -97,34 +97,29 @@ def fused_backward(q, k, v, out, lse, do, causal, tiling):
     return run
 
 
-def ws_backward(q, k, v, out, lse, do, causal, tiling, kernel=None, programs=None):
+def ws_backward(q, k, v, out, lse, do, causal, tiling, kernel=None):
     """The served fused backward at ``tiling``: flash_bwd_prep (delta, zeroed accumulator), the kernel, dQ cast.
 
     ``kernel``: the fused kernel's JIT function (default: fused_kernel's, as Triton's JIT specialises it).
-    ``programs``: the persistent grid's programs (default the GPU's SMs, as served; the tile count: one a tile).
     """
     kernel = kernel or fused_kernel.flash_bwd_fused_gluon_kernel
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
     block_m, prefetch = tiling
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dqa = torch.empty((b, hq, sq, fused.tile(d)), dtype=torch.float32, device=q.device)
-    tiles = torch.zeros(1, dtype=torch.int32, device=q.device)
+    dqa = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    prep_grid, grid = fused.grids(b, hq, hk, sq, sk, d, sms if programs is None else programs)
-    block_d, block_d2 = fused.chunks(d)
+    prep_grid, grid = fused.grids(b, hq, hk, sq, sk, d)
 
     def run():
-        fused_kernel.flash_bwd_prep_kernel[prep_grid](out, do, delta, dqa, tiles, *out.stride()[:3],
-                                                      *do.stride()[:3], *delta.stride()[:2], hq, sq, d,
-                                                      BLOCK_M=fused.PREP_BLOCK_M, BLOCK_D=fused.tile(d))
+        fused_kernel.flash_bwd_prep_kernel[prep_grid](out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
+                                                      *delta.stride()[:2], hq, sq, BLOCK_M=fused.PREP_BLOCK_M,
+                                                      BLOCK_D=d)
         kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, dqa, tiles, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2], hq // hk, hq, b, sq, sk,
-            d, sk - sq, d ** -0.5, BLOCK_M=block_m, BLOCK_D=block_d, CAUSAL=causal, PREFETCH=prefetch,
-            BLOCK_D2=block_d2, num_warps=4)
-        return dqa[..., :d].to(q.dtype), dk, dv
+            q, k, v, do, lse, delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2], hq // hk, hq, sq, sk, sk - sq,
+            d ** -0.5, BLOCK_M=block_m, BLOCK_D=d, CAUSAL=causal, PREFETCH=prefetch, num_warps=4)
+        return dqa.to(q.dtype), dk, dv
     return run
 
 

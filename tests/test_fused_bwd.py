@@ -180,11 +180,9 @@ def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, of
     assert dispatch.flash_bwd_fused_fits("bf16", head_dim, causal, offset, sq, sk) is fits
 
 
-def test_the_grids_cover_the_query_blocks_and_the_tiles_of_the_head_dim() -> None:
-    assert fused.tiles(2, 2, 4096, 128) == 32 * 2 * 2 and fused.tiles(2, 2, 4096, 256) == 64 * 2 * 2  # 64 keys a tile
-    assert fused.grids(2, 8, 2, 1000, 4096, 128) == ((16, 8, 2), (128, 1, 1))  # a program a tile
-    assert fused.grids(2, 8, 2, 1000, 4096, 128, programs=132) == ((16, 8, 2), (128, 1, 1))  # fewer tiles than SMs
-    assert fused.grids(2, 8, 2, 1000, 4096, 256, programs=132) == ((16, 8, 2), (132, 1, 1))  # persistent
+def test_the_grids_cover_the_query_blocks_and_the_key_blocks_of_the_head_dim() -> None:
+    assert fused.grids(2, 8, 2, 1000, 4096, 128) == ((16, 8, 2), (32, 2, 2))
+    assert fused.grids(2, 8, 2, 1000, 4096, 256) == ((16, 8, 2), (64, 2, 2))  # 64 keys a program
 
 
 # ---------------------------------------------------------------------------
@@ -304,16 +302,14 @@ def test_the_fused_launch_passes_each_kernel_its_integers_by_name(monkeypatch: p
     delta = torch.empty(b, hq, s)
     dq_ints, dkdv_ints, *_ = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
     monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(fwd, "sm_count", lambda device: 3)
     bwd._launch_fused(FakeKernel("prep"), FakeKernel("fused"), 0, dq_ints, dkdv_ints, grads, call)
-    (scratch,) = allocated  # dQ's accumulator in rows of the tile, then the tile counter
-    size = b * hq * s * 64
-    assert scratch.shape == (size + 4,) and scratch.dtype == torch.float32
+    (dqa,) = allocated
+    assert dqa.shape == (b, hq, s, 64) and dqa.dtype == torch.float32  # rows of the tile
     values = {"Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(), "Out": out.data_ptr(), "DO": do.data_ptr(),
               "Lse": lse.data_ptr(), "Delta": delta.data_ptr(), "DK": grads.dk.data_ptr(),
-              "DV": grads.dv.data_ptr(), "DQA": scratch.data_ptr(), "Tiles": scratch.data_ptr() + 4 * size,
-              "heads_q": hq, "batches": b, "group_size": hq // hk, "seqlen_q": s, "seqlen_k": s, "head_dim": d,
-              "causal_offset": 0, "stride_lb": hq * s, "stride_lh": s}
+              "DV": grads.dv.data_ptr(), "DQA": dqa.data_ptr(), "heads_q": hq, "group_size": hq // hk,
+              "seqlen_q": s, "seqlen_k": s, "head_dim": d, "causal_offset": 0, "stride_lb": hq * s,
+              "stride_lh": s}
     for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", do), ("dk", grads.dk), ("dv", grads.dv)):
         values.update({f"stride_{prefix}b": t.stride(0), f"stride_{prefix}h": t.stride(1),
                        f"stride_{prefix}s": t.stride(2)})
@@ -322,8 +318,7 @@ def test_the_fused_launch_passes_each_kernel_its_integers_by_name(monkeypatch: p
         names = [n for n, kind in spec.params if not kind.startswith("fp")]
         assert ints == tuple(values[n] for n in names), name
     assert launched["fused"][2] == (0.3,) and launched["prep"][2] == ()
-    assert (launched["prep"][0], launched["fused"][0]) == fused.grids(b, hq, hk, s, s, d, programs=3)
-    assert launched["fused"][0] == (3, 1, 1)  # persistent: a program an SM, 4 or 8 tiles
+    assert (launched["prep"][0], launched["fused"][0]) == fused.grids(b, hq, hk, s, s, d)
 
 
 def test_prewarm_plans_the_fused_pair_beside_flash_bwd() -> None:
@@ -354,15 +349,13 @@ def test_the_prep_kernel_writes_delta_and_zeroes_the_accumulator(d: int) -> None
     do = torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16)
     delta = torch.full((b, h, s), float("nan"))
     dqa = torch.full((b, h, s, tile), float("nan"))  # rows of the tile (the binding's)
-    tiles = torch.full((1,), 12345, dtype=torch.int32)  # the fused kernel's counter, left over from a launch
     grid = fused.grids(b, h, h, s, 128, d)[0]
-    compiler.interpret(fused.PREP, grid, (out, do, delta, dqa, tiles, *out.stride()[:3], *do.stride()[:3],
+    compiler.interpret(fused.PREP, grid, (out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
                                           *delta.stride()[:2], h, s, d),
                        {"BLOCK_M": fused.PREP_BLOCK_M, "BLOCK_D": tile})
     want = (out.float() * do.float()).sum(-1)
     assert torch.allclose(delta, want, atol=1e-4, rtol=1e-5)
     assert torch.equal(dqa, torch.zeros_like(dqa))
-    assert int(tiles) == 0
 
 
 @pytest.mark.parametrize("head_dim, causal, block_m, prefetch", [(128, "none", 64, False),
@@ -398,7 +391,7 @@ def _fused_ptx(fn: object, head_dim: int, causal: bool, **flags: bool) -> str:
     names = fn.arg_names  # type: ignore[attr-defined]
     signature = {name: "i32" for name in names}
     signature.update({name: "*bf16" for name in ("Q", "K", "V", "DO", "DK", "DV")})
-    signature.update({name: "*fp32" for name in ("Lse", "Delta", "DQA")}, Tiles="*i32", sm_scale="fp32")
+    signature.update({name: "*fp32" for name in ("Lse", "Delta", "DQA")}, sm_scale="fp32")
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(fn, signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
@@ -490,8 +483,6 @@ def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
     key = (fwd.DTYPES[dtype], head_dim, causal is not False)
     if key not in dispatch.BWD_FUSED_TABLE:
         monkeypatch.setitem(dispatch.BWD_FUSED_TABLE, key, (64, False, 1024))
-    if heads != (5, 5):  # 7 programs, each taking 4 to 19 tiles; the 10 pairs run on every SM (160 tiles)
-        monkeypatch.setattr(fwd, "sm_count", lambda device: 7)
     q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed=sum(seqlens) + head_dim)
     skip_unless_sm90(q, fused.NAME)
     do = torch.randn(q.shape, device="cuda").to(dtype)

@@ -37,7 +37,6 @@ two kernels serve instead.
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any, NamedTuple
 
@@ -392,7 +391,7 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
 # ``_launch_fused`` takes both kernels' integers from one tuple: the two-kernel tuples ``pack`` made (the same
 # tensors, strides and sizes), then dQ's accumulator and heads_q. Each kernel's are picked by position (a name
 # both tuples hold has the same value in each: the first is taken).
-_FUSED_SOURCES = (*DQ_INT_PARAMS, *DKDV_INT_PARAMS, "DQA", "heads_q", "Tiles", "batches")
+_FUSED_SOURCES = (*DQ_INT_PARAMS, *DKDV_INT_PARAMS, "DQA", "heads_q")
 
 
 def _picker(spec: Any) -> Any:
@@ -409,14 +408,11 @@ def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...],
                   grads: Grads, call: Call) -> None:
     """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``."""
     shape = call.shape
-    device = grads.dq.device
-    dqa_shape = (shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim))  # a padded head dim's rows
-    size = math.prod(dqa_shape)
-    scratch = torch.empty(size + 4, dtype=torch.float32, device=device)  # the accumulator, then the tile counter
-    dqa = scratch[:size].view(dqa_shape)
-    ints = (*dq_ints, *dkdv_ints, scratch.data_ptr(), shape.heads_q, scratch.data_ptr() + 4 * size, shape.batch)
+    dqa = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim)), dtype=torch.float32,
+                      device=grads.dq.device)  # rows of the kernel's tile: a padded head dim's are wider
+    ints = (*dq_ints, *dkdv_ints, dqa.data_ptr(), shape.heads_q)
     prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k,
-                                        shape.head_dim, fwd.sm_count(device))
+                                        shape.head_dim)
     prep.launch(prep_grid, stream, _PICK_PREP(ints), (), fwd.scratch_alloc)
     kernel.launch(fused_grid, stream, _PICK_FUSED(ints), (call.scale,), fwd.scratch_alloc)
     grads.dq.copy_(dqa if dqa.shape[-1] == shape.head_dim else dqa[..., :shape.head_dim])

@@ -32,16 +32,15 @@ def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
 _LSE_STRIDES = (("stride_lb", "i32"), ("stride_lh", "i32"))
 _POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("DO", "*{dtype}"), ("Lse", "*fp32"),
              ("Delta", "*fp32"), ("DK", "*{dtype}"), ("DV", "*{dtype}"), ("DQA", "*fp32"))
-_TILES = ("Tiles", "*i32")  # the fused kernel's tile counter: the prep kernel zeroes it, its programs take tiles
 _DATA_STRIDES = _strides("q", "k", "v", "do", "dk", "dv")
 
 FLASH_BWD_FUSED_GLUON = KernelSpec(
     name=NAME,
     module=MODULE,
     function="flash_bwd_fused_gluon_kernel",
-    params=(*_POINTERS, _TILES, *_DATA_STRIDES, *_LSE_STRIDES, ("group_size", "i32"), ("heads_q", "i32"),
-            ("batches", "i32"), ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("head_dim", "i32"),
-            ("causal_offset", "i32"), ("sm_scale", "fp32")),
+    params=(*_POINTERS, *_DATA_STRIDES, *_LSE_STRIDES, ("group_size", "i32"), ("heads_q", "i32"),
+            ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("head_dim", "i32"), ("causal_offset", "i32"),
+            ("sm_scale", "fp32")),
     constexprs=("BLOCK_M", "BLOCK_D", "CAUSAL", "PREFETCH", "BLOCK_D2"),
     # TMA needs them 16-byte aligned (the rule refuses the rest). The seqlens are multiples of the tiles (64 or
     # more), so are the causal offset (their difference) and lse's and delta's strides (seqlen_q and heads x
@@ -57,7 +56,7 @@ FLASH_BWD_PREP = KernelSpec(
     name=PREP,
     module=MODULE,
     function="flash_bwd_prep_kernel",
-    params=(("Out", "*{dtype}"), ("DO", "*{dtype}"), ("Delta", "*fp32"), ("DQA", "*fp32"), _TILES, *_PREP_STRIDES,
+    params=(("Out", "*{dtype}"), ("DO", "*{dtype}"), ("Delta", "*fp32"), ("DQA", "*fp32"), *_PREP_STRIDES,
             *_LSE_STRIDES, ("heads_q", "i32"), ("seqlen_q", "i32"), ("head_dim", "i32")),
     constexprs=("BLOCK_M", "BLOCK_D"),
     aligned_params=("Out", "DO", "Delta", "DQA") + tuple(s for s, _ in _PREP_STRIDES),
@@ -177,19 +176,7 @@ def variants(target: str, dtype: str, head_dim: int, causal: str, aligned: bool,
     return prep, fused
 
 
-def tiles(batch: int, heads_k: int, seqlen_k: int, head_dim: int) -> int:
-    """The fused kernel's tiles: one per ``block_n`` keys of a (batch, key/value head)."""
-    return seqlen_k // block_n(head_dim) * heads_k * batch
-
-
 def grids(batch: int, heads_q: int, heads_k: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-          programs: int | None = None,
           block_m: int = PREP_BLOCK_M) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(prep, fused) grids: query blocks x query heads x batch, then the fused kernel's programs.
-
-    The fused kernel is persistent: each program takes tiles from the
-    launch's counter until none is left, so ``programs`` (the GPU's SMs: one
-    program fills one) of them run every tile; None, one program a tile.
-    """
-    count = tiles(batch, heads_k, seqlen_k, head_dim)
-    return (((seqlen_q + block_m - 1) // block_m, heads_q, batch), (min(count, programs or count), 1, 1))
+    """(prep, fused) grids: query blocks x query heads x batch, then ``block_n`` keys x key/value heads x batch."""
+    return (((seqlen_q + block_m - 1) // block_m, heads_q, batch), (seqlen_k // block_n(head_dim), heads_k, batch))

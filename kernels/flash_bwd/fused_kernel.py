@@ -116,7 +116,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from lazytriton.kernels.flash_bwd.gluon_kernel import load_kv, query_steps, tma_load
+from lazytriton.kernels.flash_bwd.gluon_kernel import kv_tile, load_kv, query_steps, tma_load
 
 
 @builtin
@@ -137,19 +137,16 @@ STAGES = gl.constexpr(2)  # the Q/dO ring's depth (fused.shared_bytes counts it)
 
 
 @triton.jit
-def flash_bwd_prep_kernel(Out, DO, Delta, DQA, Tiles, stride_ob, stride_oh, stride_os, stride_dob, stride_doh,
-                          stride_dos, stride_lb, stride_lh, heads_q, seqlen_q, head_dim, BLOCK_M: tl.constexpr,
+def flash_bwd_prep_kernel(Out, DO, Delta, DQA, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos,
+                          stride_lb, stride_lh, heads_q, seqlen_q, head_dim, BLOCK_M: tl.constexpr,
                           BLOCK_D: tl.constexpr):
     """Delta = rowsum(dO * O) in float32, and zeros into the rows of dQ's accumulator, for one query block.
 
     The accumulator's rows are BLOCK_D wide (the fused kernel's tile), O's and dO's ``head_dim`` (at most BLOCK_D).
-    The first program also zeroes ``Tiles``, the fused kernel's tile counter.
     """
     start_m = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
     batch = tl.program_id(2)
-    if start_m + head + batch == 0:
-        tl.store(Tiles, 0)
     rows = start_m + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     ok = rows < seqlen_q
@@ -170,79 +167,33 @@ LPT_BYTES = gl.constexpr(16 << 20)  # ... whose Q and dO (the rows the programs 
 
 
 @gluon.jit
-def _tile_count(heads_q, group_size, batches, seqlen_k, KEYS: gl.constexpr):
-    """(tiles, key blocks a head, key/value heads): a tile is one key block of one (batch, key/value head)."""
-    n_blocks = seqlen_k // KEYS
-    kv_heads = heads_q // group_size
-    return n_blocks * kv_heads * batches, n_blocks, kv_heads
+def _longest_first(KEYS: gl.constexpr, WIDTH: gl.constexpr, seqlen_q, group_size):
+    """(start_n, kv_head, batch) of this program in a causal grid: its key blocks longest first, a few heads at a time.
 
-
-@gluon.jit
-def _tile(t, n_blocks, kv_heads, batches, seqlen_q, group_size, KEYS: gl.constexpr, WIDTH: gl.constexpr,
-          CAUSAL: gl.constexpr):
-    """(start_n, kv_head, batch) of tile ``t``, the ``t``-th the launch's counter hands out.
-
-    Non-causal: key blocks fastest, then heads, then batches, so the tiles
-    running at once share their (batch, head)'s Q and dO rows in L2.
-    Causal, longest first: causal key blocks see fewer query blocks the later
-    they start (the first all of them, the last one or none), so the tiles
-    of up to ``LPT_HEADS`` (batch, head) pairs at a time come as key block 0
-    of each, then key block 1, ...: the last tiles handed out are the
-    shortest (LPT). The pairs in a group are as many as keep the Q and dO
-    rows their tiles read (``WIDTH`` columns of 2 bytes each, a group of
-    query heads per pair) within ``LPT_BYTES`` of L2: one pair at long
-    seqlens. H200, bf16 causal, 8 pairs at every seqlen (then one program a
-    tile): 4k +1.5-5% at head dims 64-128, 16k -1% at 128 and -5-6% at 192
-    and 256, where 8 heads' rows overflow L2 (NOTES 12-01, 8th).
+    Causal key blocks see fewer query blocks the later they start (the first
+    all of them, the last one or none). In the grid's own order (key blocks
+    fastest) each head's longest program comes a head's key blocks before
+    the end, so the last wave can hold a long one while the other SMs idle.
+    Here the programs of up to ``LPT_HEADS`` (batch, head) pairs at a time
+    run key block 0 of each, then key block 1, ...: the longest first (LPT).
+    The pairs in a group are as many as keep the Q and dO rows their
+    programs read (``WIDTH`` columns of 2 bytes each, a group of query heads
+    per pair) within ``LPT_BYTES`` of L2: one pair at long seqlens, which is
+    the grid's own order. H200, bf16 causal, 8 pairs at every seqlen: 4k
+    +1.5-5% at head dims 64-128, 16k -1% at 128 and -5-6% at 192 and 256,
+    where 8 heads' rows overflow L2 (NOTES 12-01, 8th). The grid is
+    unchanged: (key blocks, key/value heads, batch).
     """
-    if CAUSAL:
-        lpt = gl.maximum(gl.minimum(LPT_BYTES // (4 * WIDTH) // (seqlen_q * group_size), LPT_HEADS), 1)  # no overflow
-        first = (t // (lpt * n_blocks)) * lpt
-        size = gl.minimum(kv_heads * batches - first, lpt)
-        local = t - first * n_blocks
-        pair = first + local % size
-        block = local // size
-    else:
-        pair = t // n_blocks
-        block = t - pair * n_blocks
-    return block * KEYS, pair % kv_heads, pair // kv_heads
-
-
-TILE_FIELDS = gl.constexpr(8)  # a posted tile: start_n, kv_head, batch, m_first, n_steps, n_masked (and two unused)
-
-
-@gluon.jit
-def _post_tile(tile_smem, start_n, kv_head, batch, m_first, n_steps, n_masked):
-    """The producer: a tile's fields into ``tile_smem`` for the consumers (``n_steps`` -1: no tile, stop).
-
-    Written after the consumers arrived on ``kv_empty`` (having read the last
-    tile's) and before the arrival on the K/V barrier they wait for (release,
-    then their acquire), by the one thread that holds them all (the others'
-    copies are replicas, which Triton does not store). The consumers take
-    the fields rather than computing them from the tile's number: fewer
-    registers live across their steps.
-    """
-    layout: gl.constexpr = gl.BlockedLayout([TILE_FIELDS], [32], [gl.num_warps()], [0])  # one thread writes them
-    k = gl.arange(0, TILE_FIELDS, layout=layout)
-    fields = gl.where(k == 0, start_n, gl.where(k == 1, kv_head, gl.where(k == 2, batch, gl.where(
-        k == 3, m_first, gl.where(k == 4, n_steps, n_masked)))))
-    tile_smem.store(fields)
-
-
-@gluon.jit
-def _take_tile(tile_smem, CAUSAL: gl.constexpr):
-    """A consumer: (start_n, kv_head, batch, m_first, n_steps, n_masked) of the tile posted (``_post_tile``)."""
-    layout: gl.constexpr = gl.BlockedLayout([TILE_FIELDS], [32], [gl.num_warps()], [0])  # a thread holds them all
-    fields = tile_smem.load(layout)
-    k = gl.arange(0, TILE_FIELDS, layout=layout)
-    m_first = 0
-    n_masked = 0
-    if CAUSAL:  # else both 0, as constants (fewer registers)
-        m_first = gl.sum(gl.where(k == 3, fields, 0), axis=0)
-        n_masked = gl.sum(gl.where(k == 5, fields, 0), axis=0)
-    return (gl.sum(gl.where(k == 0, fields, 0), axis=0), gl.sum(gl.where(k == 1, fields, 0), axis=0),
-            gl.sum(gl.where(k == 2, fields, 0), axis=0), m_first, gl.sum(gl.where(k == 4, fields, 0), axis=0),
-            n_masked)
+    n_blocks = gl.num_programs(0)
+    heads = gl.num_programs(1)
+    pairs = heads * gl.num_programs(2)
+    lpt = gl.maximum(gl.minimum(LPT_BYTES // (4 * WIDTH) // (seqlen_q * group_size), LPT_HEADS), 1)  # no overflow
+    pid = gl.program_id(0) + n_blocks * (gl.program_id(1) + heads * gl.program_id(2))
+    first = (pid // (lpt * n_blocks)) * lpt
+    size = gl.minimum(pairs - first, lpt)
+    local = pid - first * n_blocks
+    pair = first + local % size
+    return (local // size) * KEYS, pair % heads, pair // heads
 
 
 @gluon.jit
@@ -261,81 +212,52 @@ def _q_do_descriptors(Q, DO, q_smem, do_smem, stride_qb, stride_qh, stride_qs, s
 
 
 @gluon.jit
-def _produce(Q, K, V, DO, Lse, Delta, Tiles, k_smem, v_smem, k2_smem, v2_smem, q_bufs, do_bufs, q2_bufs, do2_bufs,
-             lse_bufs, delta_bufs, tile_smem, kv_bar, kv_empty, full, empty, stride_qb, stride_qh, stride_qs,
-             stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-             stride_lb, stride_lh, group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset,
-             BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
-    """The producer warp: tiles from the counter, each one's K and V, then its steps' Q, dO, lse and delta tiles.
+def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, q2_bufs, do2_bufs, lse_bufs, delta_bufs, full, empty, stride_qb,
+             stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch, kv_head,
+             group_size, seqlen_q, head_dim, m_first, n_steps, BLOCK_M: gl.constexpr, SPLIT: gl.constexpr):
+    """The producer warp: every step's Q, dO, lse and delta tiles, over the group's query heads, once the slot is free.
 
-    A tile's K and V load once the consumers are done with the last tile's
-    (``kv_empty``), on ``kv_bar``, with the tile's number (``_post_tile``);
-    past the last tile it posts the stop. The ring's slots run on across
-    tiles and the group's query heads. lse and delta come as 1-D tiles of
-    BLOCK_M float32 per query head (rows of ``stride_lb``/``stride_lh``,
-    16-byte aligned under the entries' SEQ16). SPLIT: the second head-dim
-    chunk of K, V, Q and dO too, into the ``*2`` buffers (else they stand in
-    for the first's, never loaded).
+    lse and delta come as 1-D tiles of BLOCK_M float32 per query head (rows
+    of ``stride_lb``/``stride_lh``, 16-byte aligned under the entries' SEQ16).
+    SPLIT: Q's and dO's second head-dim chunk too, into ``q2_bufs`` and
+    ``do2_bufs`` (else they stand in for the first's, never loaded).
     """
     BLOCK_D: gl.constexpr = q_bufs.type.shape[-1]
-    WIDTH: gl.constexpr = BLOCK_D + k2_smem.type.shape[1] if SPLIT else BLOCK_D
-    n_tiles, n_blocks, kv_heads = _tile_count(heads_q, group_size, batches, seqlen_k, BLOCK_N)
     it = 0
-    i = 0
-    t = gl.atomic_add(Tiles, 1)
-    while t < n_tiles:
-        start_n, kv_head, batch = _tile(t, n_blocks, kv_heads, batches, seqlen_q, group_size, BLOCK_N, WIDTH, CAUSAL)
-        m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
-        mbarrier.wait(kv_empty.index(0), (i & 1) ^ 1)  # a fresh barrier shows that parity for the first tile
-        _post_tile(tile_smem, start_n, kv_head, batch, m_first, n_steps, n_masked)
-        _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
-                        stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar,
-                        SPLIT)
-        for g in range(group_size):
-            head = kv_head * group_size + g
-            q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_bufs, stride_qb, stride_qh, stride_qs, stride_dob,
-                                                stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
-            q2_desc, do2_desc = q_desc, do_desc
+    for g in range(group_size):
+        head = kv_head * group_size + g
+        q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_bufs, stride_qb, stride_qh, stride_qs, stride_dob,
+                                            stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
+        q2_desc, do2_desc = q_desc, do_desc
+        if SPLIT:
+            q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_bufs, stride_qb, stride_qh,
+                                                  stride_qs, stride_dob, stride_doh, stride_dos, batch, head,
+                                                  seqlen_q, head_dim - BLOCK_D, BLOCK_M)
+        lse_desc = tma.make_tensor_descriptor(Lse + batch * stride_lb + head * stride_lh, [seqlen_q], [1], [BLOCK_M],
+                                              lse_bufs.type.layout)
+        delta_desc = tma.make_tensor_descriptor(Delta + batch * stride_lb + head * stride_lh, [seqlen_q], [1],
+                                                [BLOCK_M], delta_bufs.type.layout)
+        for step in range(n_steps):
+            slot = it % STAGES
+            # Slot reuse: its (it // STAGES - 1)-th release; a fresh barrier shows that parity for the first lap.
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            bar = full.index(slot)
             if SPLIT:
-                q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_bufs, stride_qb,
-                                                      stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, batch,
-                                                      head, seqlen_q, head_dim - BLOCK_D, BLOCK_M)
-            lse_desc = tma.make_tensor_descriptor(Lse + batch * stride_lb + head * stride_lh, [seqlen_q], [1],
-                                                  [BLOCK_M], lse_bufs.type.layout)
-            delta_desc = tma.make_tensor_descriptor(Delta + batch * stride_lb + head * stride_lh, [seqlen_q], [1],
-                                                    [BLOCK_M], delta_bufs.type.layout)
-            for step in range(n_steps):
-                slot = it % STAGES
-                # Slot reuse: its (it // STAGES - 1)-th release; a fresh barrier shows that parity for the first lap.
-                mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-                bar = full.index(slot)
-                if SPLIT:
-                    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                                    + q2_desc.block_type.nbytes + do2_desc.block_type.nbytes
-                                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-                else:
-                    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-                row = (m_first + step) * BLOCK_M
-                tma_load(q_desc, [row, 0], bar, q_bufs.index(slot))
-                tma_load(do_desc, [row, 0], bar, do_bufs.index(slot))
-                if SPLIT:
-                    tma_load(q2_desc, [row, 0], bar, q2_bufs.index(slot))
-                    tma_load(do2_desc, [row, 0], bar, do2_bufs.index(slot))
-                tma_load(lse_desc, [row], bar, lse_bufs.index(slot))
-                tma_load(delta_desc, [row], bar, delta_bufs.index(slot))
-                it += 1
-        i += 1
-        t = gl.atomic_add(Tiles, 1)
-    _stop(tile_smem, kv_bar, kv_empty, i)
-
-
-@gluon.jit
-def _stop(tile_smem, kv_bar, kv_empty, i):
-    """The producer, past the last tile: the stop (-1 steps) on the K/V barrier, as a tile would come."""
-    mbarrier.wait(kv_empty.index(0), (i & 1) ^ 1)
-    _post_tile(tile_smem, 0, 0, 0, 0, -1, 0)
-    mbarrier.arrive(kv_bar.index(0), count=1)
+                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                + q2_desc.block_type.nbytes + do2_desc.block_type.nbytes
+                                + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            row = (m_first + step) * BLOCK_M
+            tma_load(q_desc, [row, 0], bar, q_bufs.index(slot))
+            tma_load(do_desc, [row, 0], bar, do_bufs.index(slot))
+            if SPLIT:
+                tma_load(q2_desc, [row, 0], bar, q2_bufs.index(slot))
+                tma_load(do2_desc, [row, 0], bar, do2_bufs.index(slot))
+            tma_load(lse_desc, [row], bar, lse_bufs.index(slot))
+            tma_load(delta_desc, [row], bar, delta_bufs.index(slot))
+            it += 1
 
 
 @gluon.jit
@@ -357,15 +279,12 @@ def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
 
 @gluon.jit
 def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs, ds_bufs,
-             dq_smem, dq2_smem, tile_smem, kv_bar, kv_empty, full, empty, ds_ready, dqa_desc, dqa2_desc, DK, DV,
-             stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, group_size, heads_q, batches,
-             seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
-             PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
-    """One consumer warpgroup, tile after tile: keys [start_n + 64 WG, + 64), their dK and dV, its columns of dQ.
+             dq_smem, dq2_smem, kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc, DK, DV, stride_dkb, stride_dkh,
+             stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim,
+             causal_offset, sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr,
+             CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
+    """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ.
 
-    Having read a tile's fields, it runs the tile's steps, arrives on
-    ``kv_empty`` (K and V are free for the next tile's loads, which run under
-    the dK and dV stores), stores dK and dV, and waits for the next tile's.
     SPLIT (two head-dim chunks, the second in the ``*2`` buffers): S^T and
     dP^T are two products each, dK and dV two accumulators, and the
     warpgroup's dQ columns half of each chunk's (the second chunk's through
@@ -394,96 +313,89 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_buf
     k_cols = k_smem.slice(WG * COLS, COLS, dim=1)  # dQ = dS K: this warpgroup's half of dQ's columns
     k2_cols = k2_smem.slice(WG * COLS2, COLS2, dim=1)
     qk_scale = sm_scale * LOG2E
+    offs_n = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
+    dk = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
+    dv = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
+    dk2 = gl.zeros([WG_ROWS, BLOCK_D2], gl.float32, layout=o2_layout)  # SPLIT's
+    dv2 = gl.zeros([WG_ROWS, BLOCK_D2], gl.float32, layout=o2_layout)
     zero = gl.zeros([WG_ROWS, BLOCK_M], dtype=gl.float32, layout=s_layout)
     zero_dq = gl.zeros([BLOCK_M, COLS], dtype=gl.float32, layout=dq_layout)
     zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=dq2_layout)
-    it = 0  # ring steps so far, over tiles and the group's heads: the slots' and dS buffers' phases follow it
-    i = 0  # tiles so far: the K/V barriers' phases
     mbarrier.wait(kv_bar.index(0), 0)
-    start_n, kv_head, batch, m_first, n_steps, n_masked = _take_tile(tile_smem, CAUSAL)
-    while n_steps >= 0:
-        offs_n = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
-        dk = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
-        dv = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
-        dk2 = gl.zeros([WG_ROWS, BLOCK_D2], gl.float32, layout=o2_layout)  # SPLIT's
-        dv2 = gl.zeros([WG_ROWS, BLOCK_D2], gl.float32, layout=o2_layout)
-        for g in range(group_size):
-            dqa_row = (batch * heads_q + kv_head * group_size + g) * seqlen_q
-            for step in range(0, n_steps):
-                cur = it + step
-                slot = cur % STAGES
-                buf = cur % 2
-                start_m = (m_first + step) * BLOCK_M
-                mbarrier.wait(full.index(slot), (cur // STAGES) & 1)
-                q_s = q_bufs.index(slot)
-                do_s = do_bufs.index(slot)
-                q2_s = q2_bufs.index(slot)
-                do2_s = do2_bufs.index(slot)
-                s = warpgroup_mma(k_w, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-                if SPLIT:
-                    s = warpgroup_mma(k2_w, q2_s.permute((1, 0)), s, is_async=True)
-                dp = warpgroup_mma(v_w, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-                if SPLIT:
-                    dp = warpgroup_mma(v2_w, do2_s.permute((1, 0)), dp, is_async=True)
-                if PREFETCH:
-                    lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
-                    delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
-                s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-                if not PREFETCH:
-                    lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
-                    delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
-                p, ds = _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, step < n_masked, CAUSAL)
-                # dS^T to our half of buffer cur % 2, which step cur - 2's dQ products read last: ours retired
-                # then, the other warpgroup's before it arrived at step cur - 1's barrier, which we waited for.
-                ds_w = ds_bufs.index(buf).slice(WG * WG_ROWS, WG_ROWS, dim=0)
-                ds_w.store(ds.to(dtype))
-                fence_async_shared()
-                mbarrier.arrive(ds_ready.index(buf), count=1)
-                p_op = gl.convert_layout(p.to(dtype), op_layout)
-                dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-                if SPLIT:
-                    dv2 = warpgroup_mma(p_op, do2_s, dv2, is_async=True)
-                dk = warpgroup_mma(ds_w, q_s, dk, is_async=True)
-                if SPLIT:
-                    dk2 = warpgroup_mma(ds_w, q2_s, dk2, is_async=True)
-                mbarrier.wait(ds_ready.index(buf), (cur // 2) & 1)  # both halves of dS^T are in
-                ds_t = ds_bufs.index(buf).permute((1, 0))
-                dq = warpgroup_mma(ds_t, k_cols, zero_dq, use_acc=False, is_async=True)
-                if SPLIT:
-                    dq2 = warpgroup_mma(ds_t, k2_cols, zero_dq2, use_acc=False, is_async=True)
-                    dv, dv2, dk, dk2, dq, dq2, p_op = warpgroup_mma_wait(0, deps=(dv, dv2, dk, dk2, dq, dq2, p_op))
-                else:
-                    dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
-                mbarrier.arrive(empty.index(slot), count=1)
-                tma.store_wait(0)  # the previous step's reductions have read our dQ tiles
-                dq_smem.store(dq * sm_scale)
-                if SPLIT:
-                    dq2_smem.store(dq2 * sm_scale)
-                fence_async_shared()
-                tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
-                if SPLIT:
-                    tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
-            it += n_steps
-        mbarrier.arrive(kv_empty.index(0), count=1)  # our last reads of K and V retired: the next tile's may load
-        rows = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o_layout))
-        cols = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
-        inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
-        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
-                 (dk * sm_scale).to(dtype), mask=inside)
-        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
-                 dv.to(dtype), mask=inside)
-        if SPLIT:
-            rows2 = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o2_layout))
-            cols2 = BLOCK_D + gl.arange(0, BLOCK_D2, layout=gl.SliceLayout(0, o2_layout))
-            inside2 = (cols2 < head_dim)[None, :]
-            gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
-                     (dk2 * sm_scale).to(dtype), mask=inside2)
-            gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
-                     dv2.to(dtype), mask=inside2)
-        i += 1
-        mbarrier.wait(kv_bar.index(0), i & 1)
-        start_n, kv_head, batch, m_first, n_steps, n_masked = _take_tile(tile_smem, CAUSAL)
-    tma.store_wait(0)  # the last reductions have read our dQ tiles
+    it = 0  # ring steps so far, over the group's heads: the slots' and dS buffers' phases follow it
+    for g in range(group_size):
+        dqa_row = (batch * heads_q + kv_head * group_size + g) * seqlen_q
+        for step in range(0, n_steps):
+            cur = it + step
+            slot = cur % STAGES
+            buf = cur % 2
+            start_m = (m_first + step) * BLOCK_M
+            mbarrier.wait(full.index(slot), (cur // STAGES) & 1)
+            q_s = q_bufs.index(slot)
+            do_s = do_bufs.index(slot)
+            q2_s = q2_bufs.index(slot)
+            do2_s = do2_bufs.index(slot)
+            s = warpgroup_mma(k_w, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            if SPLIT:
+                s = warpgroup_mma(k2_w, q2_s.permute((1, 0)), s, is_async=True)
+            dp = warpgroup_mma(v_w, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+            if SPLIT:
+                dp = warpgroup_mma(v2_w, do2_s.permute((1, 0)), dp, is_async=True)
+            if PREFETCH:
+                lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
+                delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
+            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+            if not PREFETCH:
+                lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, s_layout)) * LOG2E
+                delta = delta_bufs.index(slot).load(gl.SliceLayout(0, s_layout))
+            p, ds = _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, step < n_masked, CAUSAL)
+            # dS^T to our half of buffer cur % 2, which step cur - 2's dQ products read last: ours retired
+            # then, the other warpgroup's before it arrived at step cur - 1's barrier, which we waited for.
+            ds_w = ds_bufs.index(buf).slice(WG * WG_ROWS, WG_ROWS, dim=0)
+            ds_w.store(ds.to(dtype))
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(buf), count=1)
+            p_op = gl.convert_layout(p.to(dtype), op_layout)
+            dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+            if SPLIT:
+                dv2 = warpgroup_mma(p_op, do2_s, dv2, is_async=True)
+            dk = warpgroup_mma(ds_w, q_s, dk, is_async=True)
+            if SPLIT:
+                dk2 = warpgroup_mma(ds_w, q2_s, dk2, is_async=True)
+            mbarrier.wait(ds_ready.index(buf), (cur // 2) & 1)  # both halves of dS^T are in
+            ds_t = ds_bufs.index(buf).permute((1, 0))
+            dq = warpgroup_mma(ds_t, k_cols, zero_dq, use_acc=False, is_async=True)
+            if SPLIT:
+                dq2 = warpgroup_mma(ds_t, k2_cols, zero_dq2, use_acc=False, is_async=True)
+                dv, dv2, dk, dk2, dq, dq2, p_op = warpgroup_mma_wait(0, deps=(dv, dv2, dk, dk2, dq, dq2, p_op))
+            else:
+                dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
+            mbarrier.arrive(empty.index(slot), count=1)
+            tma.store_wait(0)  # the previous step's reductions have read our dQ tiles
+            dq_smem.store(dq * sm_scale)
+            if SPLIT:
+                dq2_smem.store(dq2 * sm_scale)
+            fence_async_shared()
+            tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
+            if SPLIT:
+                tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
+        it += n_steps
+    tma.store_wait(0)
+    rows = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
+    inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
+    gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
+             (dk * sm_scale).to(dtype), mask=inside)
+    gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
+             dv.to(dtype), mask=inside)
+    if SPLIT:
+        rows2 = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o2_layout))
+        cols2 = BLOCK_D + gl.arange(0, BLOCK_D2, layout=gl.SliceLayout(0, o2_layout))
+        inside2 = (cols2 < head_dim)[None, :]
+        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
+                 (dk2 * sm_scale).to(dtype), mask=inside2)
+        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
+                 dv2.to(dtype), mask=inside2)
 
 
 # ---------------------------------------------------------------------------
@@ -498,75 +410,56 @@ WIDE_DQ_COLS = gl.constexpr(64)  # dQ columns a TMA reduction carries (two a war
 
 
 @gluon.jit
-def _produce_wide(Q, K, V, DO, Tiles, k_smem, v_smem, k2_smem, v2_smem, q_bufs, do_smem, q2_bufs, do2_smem, tile_smem,
-                  kv_bar, kv_empty, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh, stride_qs, stride_kb,
-                  stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                  group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, BLOCK_M: gl.constexpr,
-                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
-    """The producer warp at head dim 256: tiles, K and V as ``_produce``'s; Q's ring of two, dO's one buffer.
+def _produce_wide(Q, DO, q_bufs, do_smem, q2_bufs, do2_smem, q_full, q_empty, do_full, do_empty, stride_qb,
+                  stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size, seqlen_q,
+                  head_dim, m_first, n_steps, BLOCK_M: gl.constexpr, SPLIT: gl.constexpr):
+    """The producer warp at head dim 256: Q through its two-deep ring, dO through its one buffer.
 
-    SPLIT: the head dim's second chunk (columns from Q's tile width on) into the ``*2`` buffers, on the same
-    barriers (else they stand in for the first chunk's, never loaded).
+    SPLIT: the head dim's second chunk (columns from Q's tile width on) into ``q2_bufs`` and ``do2_smem``, on the
+    same barriers (else they stand in for the first chunk's, never loaded).
     """
     BLOCK_D: gl.constexpr = q_bufs.type.shape[-1]
-    WIDTH: gl.constexpr = BLOCK_D + k2_smem.type.shape[1] if SPLIT else BLOCK_D
-    n_tiles, n_blocks, kv_heads = _tile_count(heads_q, group_size, batches, seqlen_k, WIDE_KEYS)
     it = 0
-    i = 0
-    t = gl.atomic_add(Tiles, 1)
-    while t < n_tiles:
-        start_n, kv_head, batch = _tile(t, n_blocks, kv_heads, batches, seqlen_q, group_size, WIDE_KEYS, WIDTH,
-                                        CAUSAL)
-        m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, WIDE_KEYS, CAUSAL)
-        mbarrier.wait(kv_empty.index(0), (i & 1) ^ 1)  # a fresh barrier shows that parity for the first tile
-        _post_tile(tile_smem, start_n, kv_head, batch, m_first, n_steps, n_masked)
-        _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
-                        stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar,
-                        SPLIT)
-        for g in range(group_size):
-            head = kv_head * group_size + g
-            q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_smem, stride_qb, stride_qh, stride_qs, stride_dob,
-                                                stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
-            q2_desc, do2_desc = q_desc, do_desc
+    for g in range(group_size):
+        head = kv_head * group_size + g
+        q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_smem, stride_qb, stride_qh, stride_qs, stride_dob,
+                                            stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
+        q2_desc, do2_desc = q_desc, do_desc
+        if SPLIT:
+            q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_smem, stride_qb, stride_qh,
+                                                  stride_qs, stride_dob, stride_doh, stride_dos, batch, head,
+                                                  seqlen_q, head_dim - BLOCK_D, BLOCK_M)
+        for step in range(n_steps):
+            row = (m_first + step) * BLOCK_M
+            slot = it % STAGES
+            mbarrier.wait(q_empty.index(slot), ((it // STAGES) & 1) ^ 1)
             if SPLIT:
-                q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_smem, stride_qb,
-                                                      stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, batch,
-                                                      head, seqlen_q, head_dim - BLOCK_D, BLOCK_M)
-            for step in range(n_steps):
-                row = (m_first + step) * BLOCK_M
-                slot = it % STAGES
-                mbarrier.wait(q_empty.index(slot), ((it // STAGES) & 1) ^ 1)
-                if SPLIT:
-                    mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes + q2_desc.block_type.nbytes)
-                    tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
-                    tma_load(q2_desc, [row, 0], q_full.index(slot), q2_bufs.index(slot))
-                else:
-                    mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes)
-                    tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
-                mbarrier.wait(do_empty.index(0), (it & 1) ^ 1)
-                if SPLIT:
-                    mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes + do2_desc.block_type.nbytes)
-                    tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
-                    tma_load(do2_desc, [row, 0], do_full.index(0), do2_smem)
-                else:
-                    mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes)
-                    tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
-                it += 1
-        i += 1
-        t = gl.atomic_add(Tiles, 1)
-    _stop(tile_smem, kv_bar, kv_empty, i)
+                mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes + q2_desc.block_type.nbytes)
+                tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
+                tma_load(q2_desc, [row, 0], q_full.index(slot), q2_bufs.index(slot))
+            else:
+                mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes)
+                tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
+            mbarrier.wait(do_empty.index(0), (it & 1) ^ 1)
+            if SPLIT:
+                mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes + do2_desc.block_type.nbytes)
+                tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
+                tma_load(do2_desc, [row, 0], do_full.index(0), do2_smem)
+            else:
+                mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes)
+                tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
+            it += 1
 
 
 @gluon.jit
 def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem, dq_smem,
-                  dq2_smem, tile_smem, kv_bar, kv_empty, q_full, q_empty, do_full, do_empty, ps_ready, ps_free,
-                  dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                  stride_dvs, stride_lb, stride_lh, group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim,
-                  causal_offset, sm_scale, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
-                  WG: gl.constexpr, SPLIT: gl.constexpr):
+                  dq2_smem, kv_bar, q_full, q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, dqa2_desc, Lse,
+                  Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb,
+                  stride_lh, batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale,
+                  start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+                  PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
     """A consumer warpgroup at head dim 256: S and dP of keys [32 WG, + 32), dK, dV, dQ of columns [128 WG, + 128).
 
-    Tile after tile, as ``_consume``.
     SPLIT (two head-dim chunks, the second in the ``*2`` buffers): S and dP
     are two products each, and the warpgroup's columns are half of each
     chunk: dK and dV in two accumulators, dQ's first 64 columns as at 256
@@ -593,122 +486,112 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
     dst_w = dst_smem.slice(WG * KEYS, KEYS, dim=0)
     ds = dst_smem.permute((1, 0))  # dQ = dS K over all 64 keys
     qk_scale = sm_scale * LOG2E
-    it = 0  # steps so far, over tiles and the group's heads: the ring's and the exchange's phases follow it
-    i = 0  # tiles so far: the K/V barriers' phases
+    offs_n = start_n + WG * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
+    dk = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
+    dv = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
+    dk2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)  # SPLIT's
+    dv2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)
     mbarrier.wait(kv_bar.index(0), 0)
-    start_n, kv_head, batch, m_first, n_steps, n_masked = _take_tile(tile_smem, CAUSAL)
-    while n_steps >= 0:
-        offs_n = start_n + WG * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
-        dk = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
-        dv = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
-        dk2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)  # SPLIT's
-        dv2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)
-        # One loop over the group's query heads and their steps (a nest keeps more registers live across it).
-        for c in range(group_size * n_steps):
-            g = c // n_steps
-            step = c - g * n_steps
-            cur = it + c
-            head = kv_head * group_size + g
-            lse_ptr = Lse + batch * stride_lb + head * stride_lh
-            delta_ptr = Delta + batch * stride_lb + head * stride_lh
-            dqa_row = (batch * heads_q + head) * seqlen_q
-            slot = cur % STAGES
-            start_m = (m_first + step) * BLOCK_M
-            q_s = q_bufs.index(slot)
-            q2_s = q2_bufs.index(slot)
-            mbarrier.wait(q_full.index(slot), (cur // STAGES) & 1)
-            zero = gl.zeros([BLOCK_M, KEYS], dtype=gl.float32, layout=s_layout)
-            s = warpgroup_mma(q_s, kt_w, zero, use_acc=False, is_async=True)
-            if SPLIT:
-                s = warpgroup_mma(q2_s, kt2_w, s, is_async=True)
-            mbarrier.wait(do_full.index(0), cur & 1)
-            dp = warpgroup_mma(do_smem, vt_w, zero, use_acc=False, is_async=True)
-            if SPLIT:
-                dp = warpgroup_mma(do2_smem, vt2_w, dp, is_async=True)
-            offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            if PREFETCH:
-                lse2 = gl.load(lse_ptr + offs_m) * LOG2E
-                delta = gl.load(delta_ptr + offs_m)
-            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-            if not PREFETCH:
-                lse2 = gl.load(lse_ptr + offs_m) * LOG2E
-                delta = gl.load(delta_ptr + offs_m)
-            x = s * qk_scale - lse2[:, None]
-            if CAUSAL and step < n_masked:
-                x = gl.where(offs_n[None, :] <= (offs_m + causal_offset)[:, None], x, float("-inf"))
-            p = gl.exp2(x)
-            dsv = p * (dp - delta[:, None])
-            # Our rows of P^T and dS^T, once both warpgroups' products of the previous step have read them.
-            mbarrier.wait(ps_free.index(0), (cur & 1) ^ 1)
-            pt_w.store(gl.permute(p.to(dtype), (1, 0)))
-            dst_w.store(gl.permute(dsv.to(dtype), (1, 0)))
-            fence_async_shared()
-            mbarrier.arrive(ps_ready.index(0), count=1)
-            mbarrier.wait(ps_ready.index(0), cur & 1)  # both halves are in
-            dv = warpgroup_mma(pt_smem, do_smem.slice(WG * COLS, COLS, dim=1), dv, is_async=True)
-            if SPLIT:
-                dv2 = warpgroup_mma(pt_smem, do2_smem.slice(WG * COLS2, COLS2, dim=1), dv2, is_async=True)
-            dk = warpgroup_mma(dst_smem, q_s.slice(WG * COLS, COLS, dim=1), dk, is_async=True)
-            if SPLIT:
-                dk2 = warpgroup_mma(dst_smem, q2_s.slice(WG * COLS2, COLS2, dim=1), dk2, is_async=True)
-            zero_dq = gl.zeros([BLOCK_M, WIDE_DQ_COLS], dtype=gl.float32, layout=dq_layout)
-            dq0 = warpgroup_mma(ds, k_smem.slice(WG * COLS, WIDE_DQ_COLS, dim=1), zero_dq, use_acc=False,
-                                is_async=True)
-            # Groups retire in order: dV's read dO.
-            if SPLIT:
-                dv, dv2 = warpgroup_mma_wait(3, deps=(dv, dv2))
-            else:
-                dv = warpgroup_mma_wait(2, deps=(dv,))
-            mbarrier.arrive(do_empty.index(0), count=1)
-            if SPLIT:
-                dk, dk2, dq0 = warpgroup_mma_wait(0, deps=(dk, dk2, dq0))
-            else:
-                dk, dq0 = warpgroup_mma_wait(0, deps=(dk, dq0))
-            mbarrier.arrive(q_empty.index(slot), count=1)
-            tma.store_wait(0)
-            dq_smem.store(dq0 * sm_scale)
-            fence_async_shared()
-            tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
-            if SPLIT:  # dQ's second chunk: our half of its columns, through a tile of its own
-                zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
-                dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
-                                    is_async=True)
-                dq1 = warpgroup_mma_wait(0, deps=(dq1,))
-                mbarrier.arrive(ps_free.index(0), count=1)
-                # dq2_smem's last reader, the previous step's second reduction, is done: store_wait(0) above.
-                dq2_smem.store(dq1 * sm_scale)
-                fence_async_shared()
-                tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
-            else:
-                dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
-                                    use_acc=False, is_async=True)
-                dq1 = warpgroup_mma_wait(0, deps=(dq1,))
-                mbarrier.arrive(ps_free.index(0), count=1)
-                tma.store_wait(0)
-                dq_smem.store(dq1 * sm_scale)
-                fence_async_shared()
-                tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS + WIDE_DQ_COLS], dq_smem)
-        it += group_size * n_steps
-        mbarrier.arrive(kv_empty.index(0), count=1)  # our last reads of K and V retired: the next tile's may load
-        rows = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc_layout))
-        cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
-        inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
-        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
-                 (dk * sm_scale).to(dtype), mask=inside)
-        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
-                 dv.to(dtype), mask=inside)
+    # One loop over the group's query heads and their steps (a nest keeps more registers live across it).
+    for cur in range(group_size * n_steps):
+        g = cur // n_steps
+        step = cur - g * n_steps
+        head = kv_head * group_size + g
+        lse_ptr = Lse + batch * stride_lb + head * stride_lh
+        delta_ptr = Delta + batch * stride_lb + head * stride_lh
+        dqa_row = (batch * heads_q + head) * seqlen_q
+        slot = cur % STAGES
+        start_m = (m_first + step) * BLOCK_M
+        q_s = q_bufs.index(slot)
+        q2_s = q2_bufs.index(slot)
+        mbarrier.wait(q_full.index(slot), (cur // STAGES) & 1)
+        zero = gl.zeros([BLOCK_M, KEYS], dtype=gl.float32, layout=s_layout)
+        s = warpgroup_mma(q_s, kt_w, zero, use_acc=False, is_async=True)
         if SPLIT:
-            rows2 = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc2_layout))
-            cols2 = BLOCK_D + WG * COLS2 + gl.arange(0, COLS2, layout=gl.SliceLayout(0, acc2_layout))
-            inside2 = (cols2 < head_dim)[None, :]
-            gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
-                     (dk2 * sm_scale).to(dtype), mask=inside2)
-            gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
-                     dv2.to(dtype), mask=inside2)
-        i += 1
-        mbarrier.wait(kv_bar.index(0), i & 1)
-        start_n, kv_head, batch, m_first, n_steps, n_masked = _take_tile(tile_smem, CAUSAL)
-    tma.store_wait(0)  # the last reductions have read our dQ tiles
+            s = warpgroup_mma(q2_s, kt2_w, s, is_async=True)
+        mbarrier.wait(do_full.index(0), cur & 1)
+        dp = warpgroup_mma(do_smem, vt_w, zero, use_acc=False, is_async=True)
+        if SPLIT:
+            dp = warpgroup_mma(do2_smem, vt2_w, dp, is_async=True)
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        if PREFETCH:
+            lse2 = gl.load(lse_ptr + offs_m) * LOG2E
+            delta = gl.load(delta_ptr + offs_m)
+        s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+        if not PREFETCH:
+            lse2 = gl.load(lse_ptr + offs_m) * LOG2E
+            delta = gl.load(delta_ptr + offs_m)
+        x = s * qk_scale - lse2[:, None]
+        if CAUSAL and step < n_masked:
+            x = gl.where(offs_n[None, :] <= (offs_m + causal_offset)[:, None], x, float("-inf"))
+        p = gl.exp2(x)
+        dsv = p * (dp - delta[:, None])
+        # Our rows of P^T and dS^T, once both warpgroups' products of the previous step have read them.
+        mbarrier.wait(ps_free.index(0), (cur & 1) ^ 1)
+        pt_w.store(gl.permute(p.to(dtype), (1, 0)))
+        dst_w.store(gl.permute(dsv.to(dtype), (1, 0)))
+        fence_async_shared()
+        mbarrier.arrive(ps_ready.index(0), count=1)
+        mbarrier.wait(ps_ready.index(0), cur & 1)  # both halves are in
+        dv = warpgroup_mma(pt_smem, do_smem.slice(WG * COLS, COLS, dim=1), dv, is_async=True)
+        if SPLIT:
+            dv2 = warpgroup_mma(pt_smem, do2_smem.slice(WG * COLS2, COLS2, dim=1), dv2, is_async=True)
+        dk = warpgroup_mma(dst_smem, q_s.slice(WG * COLS, COLS, dim=1), dk, is_async=True)
+        if SPLIT:
+            dk2 = warpgroup_mma(dst_smem, q2_s.slice(WG * COLS2, COLS2, dim=1), dk2, is_async=True)
+        zero_dq = gl.zeros([BLOCK_M, WIDE_DQ_COLS], dtype=gl.float32, layout=dq_layout)
+        dq0 = warpgroup_mma(ds, k_smem.slice(WG * COLS, WIDE_DQ_COLS, dim=1), zero_dq, use_acc=False,
+                            is_async=True)
+        # Groups retire in order: dV's read dO.
+        if SPLIT:
+            dv, dv2 = warpgroup_mma_wait(3, deps=(dv, dv2))
+        else:
+            dv = warpgroup_mma_wait(2, deps=(dv,))
+        mbarrier.arrive(do_empty.index(0), count=1)
+        if SPLIT:
+            dk, dk2, dq0 = warpgroup_mma_wait(0, deps=(dk, dk2, dq0))
+        else:
+            dk, dq0 = warpgroup_mma_wait(0, deps=(dk, dq0))
+        mbarrier.arrive(q_empty.index(slot), count=1)
+        tma.store_wait(0)
+        dq_smem.store(dq0 * sm_scale)
+        fence_async_shared()
+        tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
+        if SPLIT:  # dQ's second chunk: our half of its columns, through a tile of its own
+            zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
+            dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
+                                is_async=True)
+            dq1 = warpgroup_mma_wait(0, deps=(dq1,))
+            mbarrier.arrive(ps_free.index(0), count=1)
+            # dq2_smem's last reader, the previous step's second reduction, is done: store_wait(0) above.
+            dq2_smem.store(dq1 * sm_scale)
+            fence_async_shared()
+            tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
+        else:
+            dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
+                                use_acc=False, is_async=True)
+            dq1 = warpgroup_mma_wait(0, deps=(dq1,))
+            mbarrier.arrive(ps_free.index(0), count=1)
+            tma.store_wait(0)
+            dq_smem.store(dq1 * sm_scale)
+            fence_async_shared()
+            tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS + WIDE_DQ_COLS], dq_smem)
+    tma.store_wait(0)
+    rows = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc_layout))
+    cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
+    inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
+    gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
+             (dk * sm_scale).to(dtype), mask=inside)
+    gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
+             dv.to(dtype), mask=inside)
+    if SPLIT:
+        rows2 = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc2_layout))
+        cols2 = BLOCK_D + WG * COLS2 + gl.arange(0, COLS2, layout=gl.SliceLayout(0, acc2_layout))
+        inside2 = (cols2 < head_dim)[None, :]
+        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
+                 (dk2 * sm_scale).to(dtype), mask=inside2)
+        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
+                 dv2.to(dtype), mask=inside2)
 
 
 @gluon.jit
@@ -777,14 +660,14 @@ def _load_kv_chunks(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, st
 
 
 @gluon.jit
-def _dqa_descriptors(DQA, batches, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D: gl.constexpr, SPLIT: gl.constexpr):
+def _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D: gl.constexpr, SPLIT: gl.constexpr):
     """The dQ accumulator as one 2-D tensor of B x Hq x Sq rows of DQA_D columns: one descriptor serves every head.
 
     Its tiles are ``dq_smem``'s (then, SPLIT, a second descriptor's are
     ``dq2_smem``'s; else the first stands in for it, never used).
     """
     BLOCK_M: gl.constexpr = dq_smem.type.shape[1]
-    dqa_rows = batches * heads_q * seqlen_q
+    dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
     dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq_smem.type.shape[2]],
                                           dq_smem.type.layout)
     dqa2_desc = dqa_desc
@@ -795,12 +678,12 @@ def _dqa_descriptors(DQA, batches, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D: 
 
 
 @gluon.jit
-def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
                   stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
                   stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
-                  heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
+                  heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
                   BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, BLOCK_D2: gl.constexpr):
-    """``flash_bwd_fused_gluon``'s program at head dim 256: tiles of 64 keys; warpgroups split by keys, then columns.
+    """``flash_bwd_fused_gluon``'s program at head dim 256: 64 keys, the warpgroups split by keys, then by columns.
 
     BLOCK_D2 > 0: the head dim in two chunks (160 = 128 + 32, 192 = 128 + 64), each in tiles of its own, so no
     padded column is multiplied; dQ's accumulator rows stay 2 x BLOCK_D wide (the padded tile's, as the prep
@@ -810,21 +693,19 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride
     DQA_D: gl.constexpr = 2 * BLOCK_D if SPLIT else BLOCK_D  # the accumulator's row: the padded tile
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_D], dtype)
     pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_M], dtype)
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, WIDE_DQ_COLS], gl.float32)
 
-    k_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_D], kv_layout)
+    start_n, kv_head, batch, k_smem, v_smem = kv_tile(dtype, WIDE_KEYS, BLOCK_D)
+    if CAUSAL:
+        start_n, kv_head, batch = _longest_first(WIDE_KEYS, BLOCK_D + BLOCK_D2, seqlen_q, group_size)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], q_layout)
     pt_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
     dst_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, WIDE_DQ_COLS], dq_layout)
     k2_smem, v2_smem, q2_bufs, do2_smem, dq2_smem = _second_chunk(k_smem, v_smem, q_bufs, do_smem, dq_smem, BLOCK_D2)
-    tile_smem = _tile_buffer()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
@@ -832,7 +713,6 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride
     ps_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     ps_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar.index(0), count=1)
-    mbarrier.init(kv_empty.index(0), count=2)  # one arrive per consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(q_full.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
@@ -842,25 +722,26 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride
     mbarrier.init(ps_free.index(0), count=2)
     fence_async_shared()
 
-    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, batches, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
+    _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
+                    stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar, SPLIT)
+    m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, WIDE_KEYS, CAUSAL)
+    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
     gl.warp_specialize([
         (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem,
-                         dq_smem.index(0), dq2_smem.index(0), tile_smem, kv_bar, kv_empty, q_full, q_empty, do_full,
-                         do_empty, ps_ready, ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh,
-                         stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size, heads_q,
-                         batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, CAUSAL, PREFETCH,
-                         0, SPLIT)),
+                         dq_smem.index(0), dq2_smem.index(0), kv_bar, q_full, q_empty, do_full, do_empty, ps_ready,
+                         ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size,
+                         heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+                         BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
         (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem,
-                         dq_smem.index(1), dq2_smem.index(1), tile_smem, kv_bar, kv_empty, q_full, q_empty, do_full,
-                         do_empty, ps_ready, ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh,
-                         stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size, heads_q,
-                         batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, CAUSAL, PREFETCH,
-                         1, SPLIT)),
-        (_produce_wide, (Q, K, V, DO, Tiles, k_smem, v_smem, k2_smem, v2_smem, q_bufs, do_smem, q2_bufs, do2_smem,
-                         tile_smem, kv_bar, kv_empty, q_full, q_empty, do_full, do_empty, stride_qb, stride_qh,
-                         stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob,
-                         stride_doh, stride_dos, group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim,
-                         causal_offset, BLOCK_M, CAUSAL, SPLIT)),
+                         dq_smem.index(1), dq2_smem.index(1), kv_bar, q_full, q_empty, do_full, do_empty, ps_ready,
+                         ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size,
+                         heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+                         BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
+        (_produce_wide, (Q, DO, q_bufs, do_smem, q2_bufs, do2_smem, q_full, q_empty, do_full, do_empty, stride_qb,
+                         stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size,
+                         seqlen_q, head_dim, m_first, n_steps, BLOCK_M, SPLIT)),
     ], [4, 1], [240, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(q_full.index(i))
@@ -870,49 +751,41 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride
     mbarrier.invalidate(ps_ready.index(0))
     mbarrier.invalidate(ps_free.index(0))
     mbarrier.invalidate(kv_bar.index(0))
-    mbarrier.invalidate(kv_empty.index(0))
-
-
-@gluon.jit
-def _tile_buffer():
-    """The shared int32s through which the producer posts each tile's fields to the consumers (``_post_tile``)."""
-    return gl.allocate_shared_memory(gl.int32, [TILE_FIELDS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
 @gluon.jit
 def flash_bwd_fused_gluon_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles,
+    Q, K, V, DO, Lse, Delta, DK, DV, DQA,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
     stride_lb, stride_lh,
-    group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
+    group_size, heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
     BLOCK_D2: gl.constexpr,
 ):
     gl.static_assert(gl.num_warps() == 4, "the default partition is consumer warpgroup 0: launch with 4 warps")
     # BLOCK_D2 (0: none): the head dim's second chunk, columns [BLOCK_D, BLOCK_D + BLOCK_D2) (the wide program's).
     if BLOCK_D + BLOCK_D2 > 128:
-        _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride_qh, stride_qs, stride_kb,
-                      stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh,
-                      group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M,
-                      BLOCK_D, CAUSAL, PREFETCH, BLOCK_D2)
+        _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+                      stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
+                      stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
+                      heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL,
+                      PREFETCH, BLOCK_D2)
     else:
-        _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride_qh, stride_qs, stride_kb,
-                        stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                        stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh,
-                        group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
-                        BLOCK_M, BLOCK_D, CAUSAL, PREFETCH, BLOCK_D2)
+        _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+                        stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
+                        stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
+                        heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M, BLOCK_D, CAUSAL,
+                        PREFETCH, BLOCK_D2)
 
 
 @gluon.jit
-def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stride_qh, stride_qs, stride_kb,
-                    stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos,
-                    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh,
-                    group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
-                    BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr,
-                    BLOCK_D2: gl.constexpr):
-    """``flash_bwd_fused_gluon``'s program at head dims 64 and 128: tiles of 128 keys, 64 a consumer warpgroup.
+def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+                    stride_ks, stride_vb, stride_vh, stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb,
+                    stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, group_size,
+                    heads_q, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale, BLOCK_M: gl.constexpr,
+                    BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, BLOCK_D2: gl.constexpr):
+    """``flash_bwd_fused_gluon``'s program at head dims 64 and 128: 128 keys, 64 a consumer warpgroup.
 
     BLOCK_D2 > 0: the head dim in two chunks (80 = 64 + 16, 96 = 64 + 32), each in tiles of its own; dQ's
     accumulator rows stay 2 x BLOCK_D wide (the padded tile's, as the prep kernel writes them).
@@ -922,12 +795,12 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stri
     COLS: gl.constexpr = BLOCK_D // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, COLS], gl.float32)
 
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_layout)
+    start_n, kv_head, batch, k_smem, v_smem = kv_tile(dtype, BLOCK_N, BLOCK_D)
+    if CAUSAL:
+        start_n, kv_head, batch = _longest_first(BLOCK_N, BLOCK_D + BLOCK_D2, seqlen_q, group_size)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     row_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M], gl.float32)
@@ -936,14 +809,11 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stri
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, COLS], dq_layout)
     k2_smem, v2_smem, q2_bufs, do2_bufs, dq2_smem = _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2)
-    tile_smem = _tile_buffer()
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar.index(0), count=1)
-    mbarrier.init(kv_empty.index(0), count=2)  # one arrive per consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
@@ -951,24 +821,25 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stri
         mbarrier.init(ds_ready.index(i), count=2)
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
-    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, batches, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
-    # A tile whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
+    _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
+                    stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar, SPLIT)
+    m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
+    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
+    # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
     gl.warp_specialize([
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), tile_smem, kv_bar, kv_empty, full, empty, ds_ready,
-                    dqa_desc, dqa2_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
-                    BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
+                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc,
+                    DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+                    group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
+                    n_masked, BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), tile_smem, kv_bar, kv_empty, full, empty, ds_ready,
-                    dqa_desc, dqa2_desc, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                    stride_dvs, group_size, heads_q, batches, seqlen_q, seqlen_k, head_dim, causal_offset, sm_scale,
-                    BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
-        (_produce, (Q, K, V, DO, Lse, Delta, Tiles, k_smem, v_smem, k2_smem, v2_smem, q_bufs, do_bufs, q2_bufs,
-                    do2_bufs, lse_bufs, delta_bufs, tile_smem, kv_bar, kv_empty, full, empty, stride_qb, stride_qh,
-                    stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob,
-                    stride_doh, stride_dos, stride_lb, stride_lh, group_size, heads_q, batches, seqlen_q, seqlen_k,
-                    head_dim, causal_offset, BLOCK_M, CAUSAL, SPLIT)),
+                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc,
+                    DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+                    group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
+                    n_masked, BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
+        (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, q2_bufs, do2_bufs, lse_bufs, delta_bufs, full, empty,
+                    stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, stride_lb, stride_lh, batch,
+                    kv_head, group_size, seqlen_q, head_dim, m_first, n_steps, BLOCK_M, SPLIT)),
     ], [4, 1], [240, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(i))
@@ -976,4 +847,3 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, Tiles, stride_qb, stri
     for i in gl.static_range(2):
         mbarrier.invalidate(ds_ready.index(i))
     mbarrier.invalidate(kv_bar.index(0))
-    mbarrier.invalidate(kv_empty.index(0))

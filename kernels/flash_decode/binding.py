@@ -34,7 +34,6 @@ from lazytriton.kernels.flash_decode import (
     split_grid,
 )
 from lazytriton.kernels.flash_decode.checks import Call, Inputs
-from lazytriton.kernels.flash_fwd.binding import sm_count
 from lazytriton.kernels.kv_append import binding as kv_append
 from lazytriton.variant import Variant
 
@@ -80,6 +79,12 @@ def choose_splits(programs: int, key_blocks: int, sms: int, max_splits: int = MA
             efficiency[n] = waves / -(-waves // 1)
     best = max(efficiency.values())
     return next(n for n, eff in efficiency.items() if eff >= 0.85 * best)
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """The number of SMs (CUs on AMD) of a GPU, read once per device."""
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
 def min_split_keys(head_dim: int) -> int:

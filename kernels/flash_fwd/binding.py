@@ -21,7 +21,6 @@ Everything that launches ``flash_fwd`` (the torch op, the public functions,
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from typing import Any, NamedTuple
@@ -122,12 +121,6 @@ class Names(NamedTuple):
 
 
 NAMES = Names()
-
-
-@functools.cache
-def sm_count(device: Any) -> int:
-    """The number of SMs (CUs on AMD) of a GPU (a device or its index), read once per device."""
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 # ---------------------------------------------------------------------------
