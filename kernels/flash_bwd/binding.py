@@ -37,6 +37,7 @@ two kernels serve instead.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, NamedTuple
 
@@ -381,11 +382,16 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     stream = fwd.raw_stream(device.index)
     floats = fwd.floats(call)
     if block_n == 0:  # the fused plan
-        _launch_fused(dq_kernel, dkdv_kernel, stream, dq_ints, dkdv_ints, grads, call)
-        return
-    dq_grid_, dkdv_grid_ = grids(shape, block_m, block_n)
-    dq_kernel.launch(dq_grid_, stream, dq_ints, floats, fwd.scratch_alloc)
-    dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
+        launches = _launch_fused(dq_kernel, dkdv_kernel, stream, dq_ints, dkdv_ints, grads, call)
+    else:
+        dq_grid_, dkdv_grid_ = grids(shape, block_m, block_n)
+        dq_kernel.launch(dq_grid_, stream, dq_ints, floats, fwd.scratch_alloc)
+        dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
+        launches = ((dq_kernel, dq_grid_, dq_ints, DQ_INT_PARAMS, floats),
+                    (dkdv_kernel, dkdv_grid_, dkdv_ints, DKDV_INT_PARAMS, floats))
+    if forced is None and _plain(call, q.dtype, True, False):
+        _remember(rt, (q, k, v, out, do, lse, delta), grads, call, deterministic, (aligned, index64, seq16),
+                  (fused_, gluon), launches)
 
 
 # ``_launch_fused`` takes both kernels' integers from one tuple: the two-kernel tuples ``pack`` made (the same
@@ -402,20 +408,30 @@ def _picker(spec: Any) -> Any:
 
 _PICK_PREP = _picker(fused.FLASH_BWD_PREP)
 _PICK_FUSED = _picker(fused.FLASH_BWD_FUSED_GLUON)
+_PREP_INT_PARAMS = _int_params(fused.FLASH_BWD_PREP)
+_FUSED_INT_PARAMS = _int_params(fused.FLASH_BWD_FUSED_GLUON)
+# One launch as the warm path repeats it: (kernel, grid, integers, their parameters' names, floats).
+_Launch = tuple[Any, tuple[int, int, int], tuple[int, ...], tuple[str, ...], tuple[float, ...]]
 
 
 def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...], dkdv_ints: tuple[int, ...],
-                  grads: Grads, call: Call) -> None:
-    """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``."""
+                  grads: Grads, call: Call) -> tuple[_Launch, _Launch]:
+    """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``.
+
+    Returns both launches (kernel, grid, integers, their names, floats), for the warm path to repeat.
+    """
     shape = call.shape
     dqa = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim)), dtype=torch.float32,
                       device=grads.dq.device)  # rows of the kernel's tile: a padded head dim's are wider
     ints = (*dq_ints, *dkdv_ints, dqa.data_ptr(), shape.heads_q)
     prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k,
                                         shape.head_dim)
-    prep.launch(prep_grid, stream, _PICK_PREP(ints), (), fwd.scratch_alloc)
-    kernel.launch(fused_grid, stream, _PICK_FUSED(ints), (call.scale,), fwd.scratch_alloc)
+    prep_ints, fused_ints = _PICK_PREP(ints), _PICK_FUSED(ints)
+    prep.launch(prep_grid, stream, prep_ints, (), fwd.scratch_alloc)
+    kernel.launch(fused_grid, stream, fused_ints, (call.scale,), fwd.scratch_alloc)
     grads.dq.copy_(dqa if dqa.shape[-1] == shape.head_dim else dqa[..., :shape.head_dim])
+    return ((prep, prep_grid, prep_ints, _PREP_INT_PARAMS, ()),
+            (kernel, fused_grid, fused_ints, _FUSED_INT_PARAMS, (call.scale,)))
 
 
 # Each kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
@@ -460,6 +476,114 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             *dkdv_ints[_N_POINTERS:], *fwd.floats(call))
 
 
+# ---------------------------------------------------------------------------
+# The warm path: a plain dense call on a GPU whose geometry the general path served before. It repeats that
+# call's two launches with this call's pointers put in, without ``pack``, the memo key or the plan lookup, and
+# launches the first kernel before allocating the gradients the second writes (the fused plan's prep kernel
+# needs only delta and dQ's accumulator, one allocation here): on the H200 host a backward's Python ran 0.1-0.2
+# ms before its first launch, which a 1k-token backward (0.7-1.5 ms) waits for when the GPU is idle.
+
+WARM_TAG = "flash_bwd warm"  # the first item of the warm entries' keys in ``Runtime.plans`` (cleared with them)
+# The tensors whose pointers a launch's integers hold, by parameter name: put in per call.
+_CALL_POINTERS = frozenset(("Q", "K", "V", "Out", "DO", "Lse", "Delta", "DQ", "DK", "DV", "DQA"))
+
+
+class _Warm(NamedTuple):
+    """A geometry's launches: the flags the plan was chosen by, each launch's constant integers and pointer slots."""
+
+    flags: tuple[bool, bool, bool]  # aligned, index64, seq16 (``pack``'s)
+    tails: tuple[bool, bool]  # fused_, gluon: the memo key's tails, which dispatch's tables decide per call
+    launches: tuple[tuple[Any, tuple[int, int, int], tuple[int, ...], tuple[tuple[int, str], ...],
+                          tuple[float, ...]], ...]
+    delta: int  # delta's elements (B x Hq x Sq)
+    dqa: tuple[int, ...]  # dQ's float32 accumulator's shape (the fused plan), else ()
+
+
+def _warm_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+              do: torch.Tensor, call: Call, deterministic: bool) -> tuple[Any, ...]:
+    """A warm entry's key: the call, every input's strides, dtype, device, whether the pointers are 16-byte aligned."""
+    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | do.data_ptr() | lse.data_ptr()) & 15
+    return (WARM_TAG, call, q.stride(), k.stride(), v.stride(), out.stride(), do.stride(), lse.stride(), q.dtype,
+            q.get_device(), aligned, deterministic)
+
+
+def _remember(rt: Any, tensors: tuple[torch.Tensor, ...], grads: Grads, call: Call, deterministic: bool,
+              flags: tuple[bool, bool, bool], tails: tuple[bool, bool], launches: tuple[_Launch, ...]) -> None:
+    """Keep a plain call's launches for the warm path (``_warm_backward``), keyed by its geometry.
+
+    Not kept where the inputs' alignment is not the call's (a gradient or
+    delta unaligned: never from torch's allocator) or a pointer slot does not
+    hold its tensor's pointer (a layout the warm path would get wrong).
+    """
+    q, k, v, out, do, lse, delta = tensors
+    key = _warm_key(q, k, v, out, lse, do, call, deterministic)
+    if key[-2] != flags[0] or not lse.is_contiguous():
+        return
+    pointers = {"Q": q, "K": k, "V": v, "Out": out, "DO": do, "Lse": lse, "Delta": delta, "DQ": grads.dq,
+                "DK": grads.dk, "DV": grads.dv}
+    kept = []
+    dqa: tuple[int, ...] = ()
+    for kernel, grid, ints, names, floats in launches:
+        slots = tuple((i, name) for i, name in enumerate(names) if name in _CALL_POINTERS)
+        for i, name in slots:
+            if name == "DQA":
+                shape = call.shape
+                dqa = (shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim))
+            elif ints[i] != pointers[name].data_ptr():
+                return
+        kept.append((kernel, grid, ints, slots, floats))
+    rt.plans[key] = _Warm(flags, tails, tuple(kept), delta.numel(), dqa)
+
+
+def _fill(ints: tuple[int, ...], slots: tuple[tuple[int, str], ...], pointers: dict[str, int]) -> tuple[int, ...]:
+    """A launch's integers with this call's pointers in their slots."""
+    filled = list(ints)
+    for i, name in slots:
+        filled[i] = pointers[name]
+    return tuple(filled)
+
+
+def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   do: torch.Tensor, call: Call, deterministic: bool) -> Grads | None:
+    """The gradients of a warm call (see the section's comment), or None: the general path serves it.
+
+    None also where dispatch's tables would now choose another plan for it
+    (its fused or Gluon tail differs from the entry's), as the memo key
+    would tell the general path.
+    """
+    warm = runtime.get().plans.get(_warm_key(q, k, v, out, lse, do, call, deterministic))
+    if warm is None:
+        return None
+    aligned, index64, seq16 = warm.flags
+    fused_ = fused_fits(call, q.dtype, aligned, index64, seq16, deterministic)
+    if (fused_, not fused_ and gluon_fits(call, q.dtype, aligned, index64)) != warm.tails:
+        return None
+    device = q.device
+    stream = fwd.raw_stream(q.get_device())
+    pointers = {"Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(), "Out": out.data_ptr(), "DO": do.data_ptr(),
+                "Lse": lse.data_ptr()}
+    (first, first_grid, first_ints, first_slots, first_floats), second = warm.launches
+    if warm.dqa:  # the fused plan: delta and dQ's accumulator in one allocation, the prep kernel before the rest
+        scratch = torch.empty(warm.delta + math.prod(warm.dqa), dtype=torch.float32, device=device)
+        pointers["Delta"] = base = scratch.data_ptr()
+        pointers["DQA"] = base + 4 * warm.delta
+        first.launch(first_grid, stream, _fill(first_ints, first_slots, pointers), first_floats, fwd.scratch_alloc)
+        grads = empty_grads(q, k, v)
+    else:
+        delta = torch.empty(warm.delta, dtype=torch.float32, device=device)
+        grads = empty_grads(q, k, v)
+        pointers["Delta"] = delta.data_ptr()
+        pointers["DQ"] = grads.dq.data_ptr()
+        first.launch(first_grid, stream, _fill(first_ints, first_slots, pointers), first_floats, fwd.scratch_alloc)
+    pointers["DQ"], pointers["DK"], pointers["DV"] = grads.dq.data_ptr(), grads.dk.data_ptr(), grads.dv.data_ptr()
+    kernel, grid, ints, slots, floats = second
+    kernel.launch(grid, stream, _fill(ints, slots, pointers), floats, fwd.scratch_alloc)
+    if warm.dqa:
+        dqa = scratch[warm.delta:].view(warm.dqa)
+        grads.dq.copy_(dqa if warm.dqa[-1] == call.shape.head_dim else dqa[..., :call.shape.head_dim])
+    return grads
+
+
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
              do: torch.Tensor, call: Call, deterministic: bool = False) -> Grads:
     """(dq, dk, dv) of a checked call: the kernels on a GPU, the interpreter on CPU, empty on meta.
@@ -469,6 +593,10 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     ``deterministic``: bitwise reproducible gradients on a GPU too (the
     interpreter's always are).
     """
+    if q.is_cuda:
+        warm = _warm_backward(q, k, v, out, lse, do, call, deterministic)
+        if warm is not None:
+            return warm
     grads = empty_grads(q, k, v)
     if q.device.type == "meta":
         return grads
