@@ -100,7 +100,7 @@ def test_a_warm_call_launches_what_the_general_path_would(fake: dict[str, Any], 
     first = _inputs(layout, heads, 1)
     call = fwd.check(*first[:3], "bottom_right", 0.3)
     _general(fake, first, call)
-    assert any(key[0] == bwd.WARM_TAG for key in fake["rt"].plans)
+    assert len(fake["rt"].plans[bwd.WARM_TAG]) == 1
     second = _inputs(layout, heads, 2)  # the same geometry, other tensors
     q, k, v, out, do, lse = second
     start = len(fake["log"])
@@ -151,8 +151,19 @@ def test_a_call_with_features_is_never_warm(fake: dict[str, Any]) -> None:
     q, k, v, out, do, lse = tensors
     capped = fwd.check(q, k, v, False, None, softcap=5.0)
     _general(fake, tensors, capped)
-    assert not any(key[0] == bwd.WARM_TAG for key in fake["rt"].plans)
+    assert bwd.WARM_TAG not in fake["rt"].plans
     assert bwd._warm_backward(q, k, v, out, lse, do, capped, False) is None
+
+
+def test_the_warm_entries_are_bounded(fake: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A geometry is exact (seqlens, not buckets): a run of ever new shapes must not grow the entries forever."""
+    monkeypatch.setattr(bwd, "WARM_MAX", 3)
+    for s in (64, 128, 192, 256, 320):
+        q, k, v, out, do = (torch.randn(1, 2, s, 64).to(torch.bfloat16) for _ in range(5))
+        lse = torch.randn(1, 2, s)
+        _general(fake, (q, k, v, out, do, lse), fwd.check(q, k, v, False, None))
+        assert 1 <= len(fake["rt"].plans[bwd.WARM_TAG]) <= 3
+    assert bwd._warm_backward(q, k, v, out, lse, do, fwd.check(q, k, v, False, None), False) is not None
 
 
 @on_gpu

@@ -12,7 +12,10 @@ and the incoming gradient ``do``, and returns ``(dq, dk, dv)``:
 - ``memo_key`` is the forward's, marked with the family: both kernels see the
   same dispatch inputs (``dispatch.kernel_variant``);
 - ``backward`` allocates the gradients and runs both kernels: cached binaries
-  on a GPU, Triton's interpreter on the CPU.
+  on a GPU, Triton's interpreter on the CPU. A plain GPU call whose geometry
+  was served before takes the warm path (``_warm_backward``): the recorded
+  launches with the call's pointers put in, the first kernel launched before
+  the gradients are allocated.
 
 The two kernels write disjoint outputs and use no atomics, so the gradients
 are bitwise identical from run to run (see ``triton_kernel.py``).
@@ -483,7 +486,10 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 # needs only delta and dQ's accumulator, one allocation here): on the H200 host a backward's Python ran 0.1-0.2
 # ms before its first launch, which a 1k-token backward (0.7-1.5 ms) waits for when the GPU is idle.
 
-WARM_TAG = "flash_bwd warm"  # the first item of the warm entries' keys in ``Runtime.plans`` (cleared with them)
+# The warm entries live in one dict in ``Runtime.plans`` under this key (cleared with the plans), at most
+# WARM_MAX of them: a geometry is exact (seqlens, not their buckets), so a run of ever new shapes empties it.
+WARM_TAG = ("flash_bwd warm",)
+WARM_MAX = 1024
 # The tensors whose pointers a launch's integers hold, by parameter name: put in per call.
 _CALL_POINTERS = frozenset(("Q", "K", "V", "Out", "DO", "Lse", "Delta", "DQ", "DK", "DV", "DQA"))
 
@@ -503,7 +509,7 @@ def _warm_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
               do: torch.Tensor, call: Call, deterministic: bool) -> tuple[Any, ...]:
     """A warm entry's key: the call, every input's strides, dtype, device, whether the pointers are 16-byte aligned."""
     aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | do.data_ptr() | lse.data_ptr()) & 15
-    return (WARM_TAG, call, q.stride(), k.stride(), v.stride(), out.stride(), do.stride(), lse.stride(), q.dtype,
+    return (call, q.stride(), k.stride(), v.stride(), out.stride(), do.stride(), lse.stride(), q.dtype,
             q.get_device(), aligned, deterministic)
 
 
@@ -532,7 +538,10 @@ def _remember(rt: Any, tensors: tuple[torch.Tensor, ...], grads: Grads, call: Ca
             elif ints[i] != pointers[name].data_ptr():
                 return
         kept.append((kernel, grid, ints, slots, floats))
-    rt.plans[key] = _Warm(flags, tails, tuple(kept), delta.numel(), dqa)
+    entries = rt.plans.setdefault(WARM_TAG, {})
+    if len(entries) >= WARM_MAX:
+        entries.clear()
+    entries[key] = _Warm(flags, tails, tuple(kept), delta.numel(), dqa)
 
 
 def _fill(ints: tuple[int, ...], slots: tuple[tuple[int, str], ...], pointers: dict[str, int]) -> tuple[int, ...]:
@@ -551,8 +560,9 @@ def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     (its fused or Gluon tail differs from the entry's), as the memo key
     would tell the general path.
     """
-    warm = runtime.get().plans.get(_warm_key(q, k, v, out, lse, do, call, deterministic))
-    if warm is None:
+    entries = runtime.get().plans.get(WARM_TAG)
+    warm = entries and entries.get(_warm_key(q, k, v, out, lse, do, call, deterministic))
+    if not warm:
         return None
     aligned, index64, seq16 = warm.flags
     fused_ = fused_fits(call, q.dtype, aligned, index64, seq16, deterministic)
