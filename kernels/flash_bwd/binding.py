@@ -505,10 +505,18 @@ class _Warm(NamedTuple):
     dqa: tuple[int, ...]  # dQ's float32 accumulator's shape (the fused plan), else ()
 
 
+def _input_pointers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    do: torch.Tensor) -> dict[str, int]:
+    """The inputs' pointers by parameter name (read once a call: the key's alignment and the launches use them)."""
+    return {"Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(), "Out": out.data_ptr(), "DO": do.data_ptr(),
+            "Lse": lse.data_ptr()}
+
+
 def _warm_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-              do: torch.Tensor, call: Call, deterministic: bool) -> tuple[Any, ...]:
+              do: torch.Tensor, call: Call, deterministic: bool, pointers: dict[str, int]) -> tuple[Any, ...]:
     """A warm entry's key: the call, every input's strides, dtype, device, whether the pointers are 16-byte aligned."""
-    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | do.data_ptr() | lse.data_ptr()) & 15
+    aligned = not (pointers["Q"] | pointers["K"] | pointers["V"] | pointers["Out"] | pointers["DO"]
+                   | pointers["Lse"]) & 15
     return (call, q.stride(), k.stride(), v.stride(), out.stride(), do.stride(), lse.stride(), q.dtype,
             q.get_device(), aligned, deterministic)
 
@@ -522,7 +530,7 @@ def _remember(rt: Any, tensors: tuple[torch.Tensor, ...], grads: Grads, call: Ca
     hold its tensor's pointer (a layout the warm path would get wrong).
     """
     q, k, v, out, do, lse, delta = tensors
-    key = _warm_key(q, k, v, out, lse, do, call, deterministic)
+    key = _warm_key(q, k, v, out, lse, do, call, deterministic, _input_pointers(q, k, v, out, lse, do))
     if key[-2] != flags[0] or not lse.is_contiguous():
         return
     pointers = {"Q": q, "K": k, "V": v, "Out": out, "DO": do, "Lse": lse, "Delta": delta, "DQ": grads.dq,
@@ -561,7 +569,10 @@ def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     would tell the general path.
     """
     entries = runtime.get().plans.get(WARM_TAG)
-    warm = entries and entries.get(_warm_key(q, k, v, out, lse, do, call, deterministic))
+    if not entries:
+        return None
+    pointers = _input_pointers(q, k, v, out, lse, do)
+    warm = entries.get(_warm_key(q, k, v, out, lse, do, call, deterministic, pointers))
     if not warm:
         return None
     aligned, index64, seq16 = warm.flags
@@ -570,8 +581,6 @@ def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         return None
     device = q.device
     stream = fwd.raw_stream(q.get_device())
-    pointers = {"Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(), "Out": out.data_ptr(), "DO": do.data_ptr(),
-                "Lse": lse.data_ptr()}
     (first, first_grid, first_ints, first_slots, first_floats), second = warm.launches
     if warm.dqa:  # the fused plan: delta and dQ's accumulator in one allocation, the prep kernel before the rest
         scratch = torch.empty(warm.delta + math.prod(warm.dqa), dtype=torch.float32, device=device)
