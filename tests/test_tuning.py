@@ -230,16 +230,22 @@ def test_bwd_tune_candidates_fit_the_shape_and_the_target(kernel: str) -> None:
 def test_bwd_tune_candidates_at_head_dim_256_are_few_and_use_8_warps(kernel: str) -> None:
     """Head dim 256 (and the dims padded to it) takes its own list: the default first, at most 12 a kernel (a
     tune of hd256, 2 dtypes x causal x 3 seqlens, fits in minutes), 8-warp configs, no held tile of 128 in dK/dV
-    (two 128 x 256 float32 accumulators spill at any warp count), and nothing over sm_90's shared memory."""
+    (two 128 x 256 float32 accumulators spill at any warp count), and nothing over sm_90's shared memory. A split
+    head dim padded to it (160, 192) also gets the 4-warp tiles of head dim 128's list, at most 20."""
     from lazytriton.cli import tune_bwd
     from lazytriton.prewarm.limits import refusal
 
-    for dtype, head_dim, seqlen, causal in itertools.product(("bf16", "fp16"), (256, 192, 160),
+    for dtype, head_dim, seqlen, causal in itertools.product(("bf16", "fp16"), (256, 192, 160, 224),
                                                              (1024, 4096, 16384), (False, True)):
         configs = tune_bwd.candidates(kernel, SM90, dtype, head_dim, seqlen, seqlen)
         assert configs[0] == dispatch.bwd_default_config(kernel, SM90, dtype, 256, seqlen, seqlen)
-        assert len(set(configs)) == len(configs) <= 12
+        split = dispatch.split_head_dim(head_dim)
+        width = sum(split) if split else 256
+        assert len(set(configs)) == len(configs) <= (20 if split else 12)
         assert any(c.num_warps == 8 for c in configs)
+        # A split head dim's accumulators are its own width (160, 192): it also gets the 4-warp tiles of the
+        # head dims up to 128, which 256-wide accumulators would spill
+        assert (dispatch.Config(64, 64, 4, 3) in configs) == bool(split)
         for c in configs:
             v = dispatch.kernel_variant(kernel, SM90, dtype, head_dim, causal, True, seqlen, seqlen, config=c)
             assert refusal(v) is None, v
@@ -249,7 +255,7 @@ def test_bwd_tune_candidates_at_head_dim_256_are_few_and_use_8_warps(kernel: str
             # Triton 3.6 allocated at most (2 held + 2 streamed x stages) tiles at 2-3 stages (probe_bwd_regs.py):
             # bounded by 227 KiB, the launch cannot fail for shared memory (the default's 1 stage needs less).
             if c.num_stages >= 2:
-                assert (2 * held + 2 * streamed * c.num_stages) * 256 * 2 <= 227 * 1024, c
+                assert (2 * held + 2 * streamed * c.num_stages) * width * 2 <= 227 * 1024, c
     # Head dim 128 keeps its list; the 256 list is not a superset of it.
     assert tune_bwd.candidates(kernel, SM90, "bf16", 128, 4096, 4096) != tune_bwd.candidates(kernel, SM90, "bf16",
                                                                                                  256, 4096, 4096)

@@ -77,6 +77,10 @@ _LARGE_DQ: Grid = (
     (64, 16, 4, 3),  # 251/255 regs, no spill, 112: the only one with 2 CTAs an SM
 )
 LARGE_HEAD_DIM = 256  # padded head dims from here take the _LARGE lists
+SPLIT_DKDV_HELD = 64  # the most key rows a dK/dV candidate holds at a split head dim padded to LARGE_HEAD_DIM
+# ... and the shared memory its two held and two streamed tiles a stage may take (Triton 3.6 allocated at most
+# that, probe_bwd_regs.py), within sm_90's 227 KiB (``refusal``'s estimate is a lower bound)
+SPLIT_SHARED = 227 * 1024
 
 
 def proposed_large_default(kernel: str, target: Target) -> dispatch.Config:
@@ -125,7 +129,12 @@ def candidates(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q:
     is left out; dispatch's own choice without a table (the default) is
     always a candidate, so a tuned row is never slower than the default by
     the measurement that chose it. Padded head dim 256 has lists of its own
-    (``_LARGE_DQ``, ``_LARGE_DKDV``: configs that do not spill, or little).
+    (``_LARGE_DQ``, ``_LARGE_DKDV``: configs that do not spill, or little);
+    a split head dim padded to it (160 = 128 + 32, 192 = 128 + 64) holds
+    accumulators of its own width, not 256's, so it gets ``_WIDE``'s 4-warp
+    tiles as well (dK/dV's held at most ``SPLIT_DKDV_HELD``: two 128 x 192
+    float32 accumulators would spill at any warp count; none whose tiles
+    need more than ``SPLIT_SHARED``).
     """
     from lazytriton.prewarm.limits import refusal
 
@@ -137,6 +146,10 @@ def candidates(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q:
         base = _NARROW
     elif padded >= LARGE_HEAD_DIM:
         base = _LARGE_DQ if kernel == "flash_bwd_dq" else _LARGE_DKDV
+        split = dispatch.split_head_dim(head_dim)
+        if split is not None:  # 160, 192: accumulators of their width, not 256's; tiles whose ring fits
+            base = base + tuple(c for c in _WIDE if (kernel == "flash_bwd_dq" or c[0] <= SPLIT_DKDV_HELD)
+                                and (2 * c[0] + 2 * c[1] * c[3]) * sum(split) * 2 <= SPLIT_SHARED)
     else:
         base = _WIDE
     configs = []
