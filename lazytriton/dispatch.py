@@ -141,17 +141,22 @@ def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, cau
 
 
 def flash_fwd_config(target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
-                     table: tuning.Table | None = None) -> tuple[Config, tuning.Row | None]:
+                     table: tuning.Table | None = None, split: bool | None = None) -> tuple[Config, tuning.Row | None]:
     """The config for a call from the tuning table, else the default; and the row used (or None).
 
     A head dim that split tiles hold (96 = 64 + 32: ``split_head_dim``) has
     rows of its own when ``lazytriton tune`` measured it; else it takes its
-    padded tile's rows (128's), as a padded call does.
+    padded tile's rows (128's), as a padded call does. ``split``: whether the
+    variant runs in split tiles (None: as a call of this head dim does by
+    default, ``split_chunks``); its own rows are those of split variants
+    (``lazytriton tune`` keys a padded winner by its padded head dim), so a
+    padded call of it (``split_d=False``, or v's head dim another) takes the
+    padded tile's rows: the split tiles' shared memory is not its budget.
     """
     padded = padded_head_dim(head_dim)
     rows = tuning.table_for("flash_fwd") if table is None else table
     row = None
-    if head_dim != padded:
+    if _own_rows("flash_fwd", head_dim, split):
         row = tuning.lookup(rows, str(target), "flash_fwd", dtype, head_dim, causal, seqlen_q, seqlen_k)
     if row is None:
         row = tuning.lookup(rows, str(target), "flash_fwd", dtype, padded, causal, seqlen_q, seqlen_k)
@@ -284,22 +289,30 @@ def seq_aligned(kernel: str, aligned: bool, seqlen_q: int, seqlen_k: int, varlen
     return kernel in BWD_KERNELS and bool(aligned) and not varlen and seqlen_q % 16 == 0 and seqlen_k % 16 == 0
 
 
+def _own_rows(kernel: str, head_dim: int, split: bool | None) -> bool:
+    """Whether a call of ``kernel`` at ``head_dim`` looks up the head dim's own tuning rows (its split tiles')."""
+    if split is None:
+        split = split_chunks(kernel, head_dim) is not None
+    return split and head_dim != padded_head_dim(head_dim)
+
+
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
-                  seqlen_k: int, table: tuning.Table | None = None,
-                  paged: bool = False) -> tuple[Config, tuning.Row | None]:
+                  seqlen_k: int, table: tuning.Table | None = None, paged: bool = False,
+                  split: bool | None = None) -> tuple[Config, tuning.Row | None]:
     """The config of any kernel for a call: its tuning table's row, else its default; and the row used.
 
-    ``paged``: a decoding call on a paged cache (``decode_config``); other kernels ignore it.
+    ``paged``: a decoding call on a paged cache (``decode_config``); other kernels ignore it. ``split``:
+    whether the variant runs in split tiles (``flash_fwd_config``; None: as this head dim's call does by default).
     """
     if kernel == "flash_fwd":
-        return flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table)
+        return flash_fwd_config(target, dtype, head_dim, causal, seqlen_q, seqlen_k, table, split)
     if kernel in DECODE_KERNELS:
         return decode_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table=table,
                              paged=paged and kernel == "flash_decode_split")
     padded = padded_head_dim(head_dim)
     rows = tuning.table_for(kernel) if table is None else table
     row = None
-    if head_dim != padded:  # a split head dim's own rows first (tune_bwd.row_for), as flash_fwd_config
+    if _own_rows(kernel, head_dim, split):  # a split variant's own rows first (tune_bwd.row_for), as flash_fwd_config
         row = tuning.lookup(rows, str(target), kernel, dtype, head_dim, causal, seqlen_q, seqlen_k)
     if row is None:
         row = tuning.lookup(rows, str(target), kernel, dtype, padded, causal, seqlen_q, seqlen_k)
@@ -357,13 +370,14 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     dv = head_dim_v or head_dim
     padded_v = padded_head_dim(dv)
     sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
-    cfg = config or kernel_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, table)[0]
+    chunks = split_chunks(kernel, head_dim, dv, tma, split_d)
+    cfg = config or kernel_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, table,
+                                  split=chunks is not None)[0]
     functional = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "CAUSAL": bool(causal), "EVEN_D": head_dim == padded,
                   "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
     even = head_dim == padded and dv == padded_v
-    chunks = split_chunks(kernel, head_dim, dv, tma, split_d)
     if chunks is not None:
         functional.update(BLOCK_D=chunks[0], EVEN_D=sum(chunks) == head_dim, BLOCK_D2=chunks[1])
         even = False  # no TMA: the pointer kernel only
@@ -768,13 +782,16 @@ _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     # 202 / 132 against 203 / 150 at 192), so the rows keep 2048. 80 and 96 split in the narrow program (same
     # session): bf16 4k / 16k full 353 / 401 at 80 (was 310 / 349; cuDNN 349 / 362) and 372 / 432 at 96 (367 /
     # 407; cuDNN 398 / 418); at 1k 228 / 137 at 80 and 244 / 149 at 96 against the split kernels' 230 / 192 and
-    # 271 / 202 (full / causal): 2048 keys at least there too
+    # 271 / 202 (full / causal): 2048 keys at least there too. Then flash_bwd's split tiles got rows of their own
+    # (12-02, 10th session: `lazytriton tune --kernel flash_bwd --head-dim 80,96,160,192`, 1k-16k), and at 160 the
+    # two kernels beat the fused one at every seqlen, so 160 has no row: bench_flash_bwd.py, bf16 full / causal,
+    # TFLOP/s two kernels (through the JIT) against fused, cuDNN: 4k 320 / 293 against 266 / 234 (270 / 242), 16k
+    # 348 / 348 against 290 / 283 (266 / 261); fp16 alike. At 192 the fused one still wins from 4k (bf16 16k 350 /
+    # 325 against 320 / 303; 4k level), at 80 and 96 by 10-30%
     (80, False): (64, False, 2048),
     (80, True): (64, False, 2048),
     (96, False): (64, False, 2048),
     (96, True): (64, False, 2048),
-    (160, False): (64, True, 2048),
-    (160, True): (64, True, 2048),
     (192, False): (64, True, 2048),
     (192, True): (64, True, 2048),
     (224, False): (64, True, 1024),

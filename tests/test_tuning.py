@@ -16,8 +16,8 @@ HEADER = ",".join(tuning.COLUMNS)
 
 
 def row(sq: int, sk: int, block_m: int = 128, target: str = "sm_90", dtype: str = "bf16", head_dim: int = 128,
-        causal: bool = False) -> tuning.Row:
-    return tuning.Row(target, "flash_fwd", dtype, head_dim, causal, sq, sk, block_m, 64, 8, 3, 0, 400.0,
+        causal: bool = False, kernel: str = "flash_fwd") -> tuning.Row:
+    return tuning.Row(target, kernel, dtype, head_dim, causal, sq, sk, block_m, 64, 8, 3, 0, 400.0,
                       "NVIDIA H200", "2026-11-30")
 
 
@@ -91,6 +91,32 @@ def test_a_split_head_dim_takes_its_own_rows_else_its_padded_tiles() -> None:
     assert dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, tuning.Table([at_128]))[1] == at_128
     assert dispatch.flash_fwd_config(target, "bf16", 100, False, 3000, 3000, tuning.Table([at_128, at_96]))[1] == at_128
     assert dispatch.flash_fwd_config(target, "bf16", 128, False, 3000, 3000, tuning.Table([at_96]))[1] is None
+    # 96's rows are its split tiles': a padded call of 96 (split_d=False, or v's head dim another) takes 128's, whose
+    # shared-memory budget is its own; so does the config asked for a padded variant
+    table = tuning.Table([at_128, at_96])
+    assert dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, table, split=False)[1] == at_128
+    for dv, split_d in ((0, False), (64, None)):
+        padded = dispatch.kernel_variant("flash_fwd", target, "bf16", 96, False, True, 3000, 3000, table=table,
+                                         split_d=split_d, head_dim_v=dv)
+        assert (padded.get("BLOCK_M"), padded.get("BLOCK_D"), "BLOCK_D2" in str(padded)) == (64, 128, False)
+
+
+@pytest.mark.parametrize("kernel", ("flash_bwd_dq", "flash_bwd_dkdv"))
+def test_a_split_backward_head_dim_takes_its_own_rows_only_in_split_tiles(kernel: str) -> None:
+    """The backward's rows at 192 (tune_bwd keys split winners by their head dim) serve 192's split variants at every
+    seqlen (the nearest bucket); a padded 192 call (split_d=False, or DeepSeek's v head dim 128) takes 256's."""
+    target = Target.parse("sm_90")
+    at_256, at_192 = row(4096, 4096, 16, head_dim=256, kernel=kernel), row(1024, 1024, 32, head_dim=192, kernel=kernel)
+    table = tuning.Table([at_256, at_192])
+    for seqlen in (1024, 4096, 16384):
+        split = dispatch.kernel_variant(kernel, target, "bf16", 192, False, True, seqlen, seqlen, table=table)
+        assert (split.get("BLOCK_M"), split.get("BLOCK_D"), split.get("BLOCK_D2")) == (32, 128, 64)
+        for dv, split_d in ((0, False), (128, None)):
+            padded = dispatch.kernel_variant(kernel, target, "bf16", 192, False, True, seqlen, seqlen, table=table,
+                                             split_d=split_d, head_dim_v=dv)
+            assert (padded.get("BLOCK_M"), padded.get("BLOCK_D"), "BLOCK_D2" in str(padded)) == (16, 256, False)
+            assert dispatch.kernel_config(kernel, target, "bf16", 192, False, seqlen, seqlen, table,
+                                          split=False)[1] == at_256
 
 
 def test_dispatch_uses_the_row_else_the_default() -> None:

@@ -85,7 +85,8 @@ def explain_report(args: argparse.Namespace) -> Report:
                                               alibi=flags["alibi"], head_dim_v=dim_v)
         else:
             config, row = dispatch.kernel_config(name, target, args.dtype, max(args.head_dim, head_dim_v), causal,
-                                                 args.seqlen_q, seqlen_k)
+                                                 args.seqlen_q, seqlen_k,
+                                                 split=dispatch.split_chunks(name, args.head_dim, dim_v) is not None)
             variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
                                               args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen,
                                               window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
