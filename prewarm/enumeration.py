@@ -235,6 +235,7 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                                                  axes.causal or DEFAULT_CAUSAL):
         head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
         tiles = max(head_dim, head_dim_v)  # dispatch's rule: the larger head dim's tiles
+        split = kernel not in dispatch.DECODE_KERNELS and dispatch.split_chunks(kernel, head_dim, head_dim_v) is not None
         buckets = in_table.get((dtype, dispatch.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
         off = (False,)
@@ -243,7 +244,7 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                 in itertools.product(_alignments(kernel, axes.aligned), axes.index64, axes.window, axes.softcap, paged,
                                      varlens, axes.alibi, dropouts, biases, seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
-                                                 paged=is_paged)
+                                                 paged=is_paged, split=split)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
                                               config=config, index64=index64, window=window, softcap=softcap,
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
