@@ -247,7 +247,8 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
     misreading of that sweep, ran the whole backward at 146 TFLOP/s against
     345 in bench_flash_bwd.py.) The tuning table (kernels/flash_bwd/tuning.csv,
     ``lazytriton tune --kernel flash_bwd``) covers 1k-16k tokens for bf16/fp16
-    at head dims 64 and 128; these defaults serve the rest.
+    at head dims 64, 128 and 256 and the split head dims 80, 96, 160 and 192;
+    these defaults serve the rest.
     Head dim 256 and fp32 halve the tiles (registers and shared memory; fp32
     dots use no tensor cores); short sequences get tiles no longer than
     needed. AMD values are a guess (no AMD GPU here).
