@@ -235,7 +235,7 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                                                  axes.causal or DEFAULT_CAUSAL):
         head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
         tiles = max(head_dim, head_dim_v)  # dispatch's rule: the larger head dim's tiles
-        split = kernel not in dispatch.DECODE_KERNELS and dispatch.split_chunks(kernel, head_dim, head_dim_v) is not None
+        split = kernel not in dispatch.DECODE_KERNELS and bool(dispatch.split_chunks(kernel, head_dim, head_dim_v))
         buckets = in_table.get((dtype, dispatch.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
         off = (False,)
