@@ -22,7 +22,13 @@ times at -j N over that at -j 1 (what sharing the machine costs a compile),
 and the plan's own bound: the sum of the compile times at -j 1 over
 max(longest compile, sum / N).
 
+``--fork-ab R`` instead builds the plan at -j N only, R times with the
+pool's fork server and R times without (``LAZYTRITON_PREWARM_FORK=0``),
+alternating, and prints each build's wall time and its workers' first
+answers (from the build's start: worker start-up, imports, first compile).
+
 Usage: python benchmarks/bench_prewarm_scaling.py [--jobs N] [--count 96] [--dtypes fp16,bf16] [--csv PATH]
+       python benchmarks/bench_prewarm_scaling.py --fork-ab 3 [--jobs N] [--count 16] [--csv PATH]
        python benchmarks/bench_prewarm_scaling.py --quick [--csv PATH]   (CPU CI: 3 tiny variants, -j 1 and -j 2)
 """
 
@@ -89,6 +95,66 @@ def plan_bound(times: dict[str, float], jobs: int) -> tuple[float, float, float]
     return total, longest, total / max(longest, total / jobs) if total else 0.0
 
 
+def first_answers(report: BuildReport) -> list[tuple[float, float]]:
+    """Each worker's first answer, in seconds from the build's start, earliest first, with that variant's seconds
+    as its worker measured them (a fresh interpreter's first compile includes its imports of Triton; a forked
+    worker's does not)."""
+    per_worker: dict[int, tuple[float, float]] = {}
+    for key, (worker, _, ended) in report.spans.items():
+        first = (ended - report.started, report.compile_times[key])
+        per_worker[worker] = min(per_worker.get(worker, first), first)
+    return sorted(per_worker.values())
+
+
+def workers_line(report: BuildReport) -> str:
+    started = report.workers
+    if started is None:
+        return "  workers: none started"
+    server = "no fork server" if started.server_ready is None else \
+        f"fork server ready {started.server_ready:.2f} s after compile_all began"
+    return f"  workers: {started.forked} forked, {started.plain} fresh interpreters; {server}"
+
+
+def fork_ab(plan: list[Planned], jobs: int, repeats: int) -> list[dict[str, Any]]:
+    """Build ``plan`` at -j ``jobs`` with and without the fork server, alternating; print and return the rows."""
+    walls: dict[str, list[float]] = {"fork server": [], "plain": []}
+    firsts: dict[str, list[float]] = {"fork server": [], "plain": []}
+    ready: dict[str, list[float]] = {"fork server": [], "plain": []}
+    images = set()
+    for r in range(repeats):
+        for mode in (("fork server", "plain") if r % 2 == 0 else ("plain", "fork server")):
+            os.environ["LAZYTRITON_PREWARM_FORK"] = "1" if mode == "fork server" else "0"
+            with tempfile.TemporaryDirectory(prefix=f"bench-prewarm-fork-ab-{r}-") as tmp:
+                seconds, report, image = timed_build(plan, jobs, Path(tmp))
+            images.add(image)
+            first = first_answers(report)
+            walls[mode].append(seconds)
+            firsts[mode].append(statistics.fmean(answer for answer, _ in first))
+            ready[mode].append(statistics.fmean(took for _, took in first))
+            print(f"{mode:>11}, run {r + 1}: {seconds:.2f} s; first answers "
+                  + ", ".join(f"{answer:.2f} ({took:.2f} in the worker)" for answer, took in first) + " s",
+                  flush=True)
+            print(workers_line(report), flush=True)
+    os.environ.pop("LAZYTRITON_PREWARM_FORK", None)
+    if len(images) != 1:
+        raise SystemExit("the images built with and without the fork server differ")
+    rows = []
+    for mode in walls:
+        print(f"{mode:>11}: median {statistics.median(walls[mode]):.2f} s a build; workers' first answer (mean) "
+              f"median {statistics.median(firsts[mode]):.2f} s, of which in the worker (mean) median "
+              f"{statistics.median(ready[mode]):.2f} s ({repeats} builds at -j {jobs})")
+        slug = mode.replace(" ", "_")
+        rows += [{"metric": f"wall_{slug}", "value": round(statistics.median(walls[mode]), 3), "unit": "s",
+                  "detail": f"-j {jobs}, median of {repeats} builds"},
+                 {"metric": f"first_answer_{slug}", "value": round(statistics.median(firsts[mode]), 3), "unit": "s",
+                  "detail": f"-j {jobs}, median of {repeats} builds of the workers' mean first answer"},
+                 {"metric": f"first_variant_in_worker_{slug}", "value": round(statistics.median(ready[mode]), 3),
+                  "unit": "s", "detail": f"-j {jobs}, median of {repeats} builds of the mean seconds the workers "
+                                         "measured for their first variant (imports included in a fresh one)"}]
+    print("images identical")
+    return [{"provider": "prewarm", "mode": "fork_ab", "n": len(plan), **row} for row in rows]
+
+
 def schedule_lines(report: BuildReport, plan: list[Planned], jobs: int, seconds: float) -> list[str]:
     """Where -j N's wall clock went, from the build's spans: the workers' first answers (start-up and a first
     compile), how busy the workers were, the idle time at the end, and the variants that finished last."""
@@ -126,7 +192,7 @@ def run(plan: list[Planned], jobs: int, capacity: float | None) -> list[dict[str
               f"the last compile {report.write_seconds:.2f} s to the image on disk ({report.compressed_early} of "
               f"{len(plan)} entries compressed by then)", flush=True)
         if j > 1:
-            print("\n".join(schedule_lines(report, plan, j, seconds)), flush=True)
+            print("\n".join([*schedule_lines(report, plan, j, seconds), workers_line(report)]), flush=True)
     if results[1][2] != results[jobs][2]:
         raise SystemExit(f"the images built at -j 1 and -j {jobs} differ: a build's bytes must not depend on -j")
     speedup = results[1][0] / results[jobs][0]
@@ -164,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=96, help="variants in the plan (default 96)")
     parser.add_argument("--dtypes", default="fp16,bf16", help="dtypes the plan is drawn from (default fp16,bf16)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: 3 tiny variants at -j 1 and -j 2")
+    parser.add_argument("--fork-ab", type=int, default=0, metavar="R",
+                        help="build at -j N only, R times with the fork server and R times without, alternating")
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "prewarm.csv")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.count < 1:
@@ -172,9 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     plan = quick_plan() if args.quick else scaling_plan(args.count, tuple(args.dtypes.split(",")))
     if not plan:
         parser.error(f"--dtypes {args.dtypes}: no variant of the default plan has these dtypes")
-    print(f"prewarm scaling: {len(plan)} variants, -j 1 then -j {jobs}", flush=True)
-    capacity = None if args.quick else parallel_capacity(jobs)
-    rows = run(plan, jobs, capacity)
+    if args.fork_ab > 0:
+        print(f"prewarm fork server A/B: {len(plan)} variants at -j {jobs}, {args.fork_ab} builds each", flush=True)
+        rows = fork_ab(plan, jobs, args.fork_ab)
+    else:
+        print(f"prewarm scaling: {len(plan)} variants, -j 1 then -j {jobs}", flush=True)
+        capacity = None if args.quick else parallel_capacity(jobs)
+        rows = run(plan, jobs, capacity)
     kernels = "+".join(sorted({p.variant.kernel for p in plan}))
     append_rows(args.csv, FIELDS, [{**meta("none"), "kernel": kernels, **row} for row in rows])
     print(f"{len(rows)} rows appended to {args.csv}")

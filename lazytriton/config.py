@@ -25,6 +25,9 @@
 |                          |                                       | breaker opens and calls go on locally        |
 | ``LAZYTRITON_DEBUG``     | (none)                                | ``1``: the ``lazytriton`` command shows an   |
 |                          |                                       | error's traceback (read by the command only) |
+| ``LAZYTRITON_PREWARM_FORK`` | ``1`` (Linux; elsewhere never)     | ``0``: prewarm's compile workers start as    |
+|                          |                                       | fresh interpreters, not forked from its fork |
+|                          |                                       | server (read by each build, prewarm/pool.py) |
 
 Settings are read once, on first use (never at import), into a frozen
 ``Settings``; ``configure(**overrides)`` replaces them for the process (the
@@ -40,6 +43,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from lazytriton.record import field, record, replace
@@ -89,8 +93,9 @@ def _cache_max_bytes(value: object, what: str) -> int:
     return value
 
 
-def _bool_env(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
+def bool_env(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """A yes/no variable of ``environ`` (None: ``os.environ``): ``default`` if unset or blank; ValueError naming it."""
+    raw = (os.environ if environ is None else environ).get(name)
     if raw is None or raw.strip() == "":
         return default
     value = raw.strip().lower()
@@ -195,7 +200,7 @@ def _read_environment() -> Settings:
     raw_max = os.environ.get("LAZYTRITON_CACHE_MAX_BYTES", "").strip()
     return Settings(
         cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(),
-        jit=_bool_env("LAZYTRITON_JIT", True),
+        jit=bool_env("LAZYTRITON_JIT", True),
         log_level=level,
         images=images,
         shared=shared,

@@ -44,7 +44,7 @@ from lazytriton.cache_format.image import Image, ImageError, ImageInfo, write_im
 from lazytriton.prewarm.enumeration import Planned
 from lazytriton.prewarm.limits import refusal
 from lazytriton.prewarm.packing import Packer, compression_threads
-from lazytriton.prewarm.pool import Limits, Result, compile_all
+from lazytriton.prewarm.pool import Limits, Result, Started, compile_all
 from lazytriton.prewarm.progress import Progress
 from lazytriton.prewarm.schedule import longest_first, samples_first
 from lazytriton.prewarm.workdir import WorkDir, work_dir_for
@@ -73,6 +73,7 @@ class BuildReport:
     started: float = 0.0  # time.perf_counter() at the build's start
     # key -> (worker, handed out, answer read), time.perf_counter(): the schedule as it ran (the bench reads it)
     spans: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    workers: Started | None = None  # how the workers were started (forked from the fork server, or plain)
 
     @property
     def ok(self) -> bool:
@@ -204,7 +205,8 @@ def _build_into(packer: Packer, plan: Sequence[Planned], jobs: int, report: Buil
             progress.note(f"prewarm: FAILED {planned.variant} ({planned.origin}): {_brief(result.error)}")
         progress.step(failed=result.error is not None)
 
-    compile_all(samples_first(longest_first(todo), packer.sample_keys()), jobs, work, created, on_result, limits)
+    report.workers = compile_all(samples_first(longest_first(todo), packer.sample_keys()), jobs, work, created,
+                                 on_result, limits)
     written = time.perf_counter()
     report.compressed_early = packer.compressed
     entries = packer.entries

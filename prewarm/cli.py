@@ -32,7 +32,9 @@ An axis flag narrows that axis; --kernel takes families or kernel names.
 A killed run, run again, compiles only what it had not built (see OUT.work/).
 Exit status: 0 if everything built, 1 if some variant failed (the image holds
 the rest; OUT.work/failures.jsonl has the errors), 2 on a usage error. Set
-SOURCE_DATE_EPOCH for byte-identical images from the same inputs.
+SOURCE_DATE_EPOCH for byte-identical images from the same inputs. The compile
+workers are forked from one process that imported Triton once (Linux);
+LAZYTRITON_PREWARM_FORK=0 starts each as a fresh interpreter instead.
 """
 
 from __future__ import annotations
@@ -365,7 +367,12 @@ def _main(args: argparse.Namespace) -> int:
     if args.out is None:
         raise UsageError("--out FILE is required to build (or --list to print the plan)")
     from lazytriton.prewarm.builder import build
-    from lazytriton.prewarm.pool import Limits
+    from lazytriton.prewarm.pool import Limits, fork_server_wanted
+
+    try:  # before any work: a bad value is a usage error, not a build that stops half-way
+        fork_server_wanted(os.environ, True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
     limits = Limits()
     limits = Limits(limits.timeout if args.variant_timeout is None else args.variant_timeout,

@@ -1,10 +1,16 @@
 """Compile variants in N worker processes; a variant that fails costs only itself.
 
-Each worker is a fresh interpreter running ``lazytriton.prewarm.worker``
-(see there), fed one variant at a time over its stdin. Plain subprocesses,
-not ``multiprocessing``: a spawned multiprocessing child re-imports the
-caller's ``__main__``, which breaks a build started from a notebook, stdin or
-an unguarded script.
+Each worker runs ``lazytriton.prewarm.worker``'s loop (see there), fed one
+variant at a time over its stdin. It is forked from the call's fork server
+(``forkserver``: one process that imported Triton and the planned kernels'
+sources once), or, without fork (not Linux, ``LAZYTRITON_PREWARM_FORK=0``),
+is a fresh interpreter. A server that cannot start, refuses to fork (a
+thread, torch) or dies leaves fresh interpreters for the rest of the call, and
+a variant whose worker died with the server is handed out again, not failed:
+a build never fails because of the fork server. Plain subprocesses, not
+``multiprocessing``: a spawned multiprocessing child re-imports the caller's
+``__main__``, which breaks a build started from a notebook, stdin or an
+unguarded script.
 
 Why not ``concurrent.futures``: a compiler that crashes the process (LLVM
 aborts on a target it cannot select for) breaks a ProcessPoolExecutor and
@@ -14,30 +20,37 @@ printed, and a fresh worker takes its place.
 
 Each variant also has limits (``Limits``): the worker's address space is
 capped (``RLIMIT_AS``, set by the worker itself before it imports anything
-heavy, inherited by the assemblers it runs), and a variant still compiling
-after ``timeout`` seconds has its worker's whole process group killed and a
-fresh worker started. Either is that variant's failure, recorded like any
-other. One poisoned variant (a 1024 x 1024 tile once ran six minutes at 7.8
-GiB) then costs a bounded slice of the build, not the machine.
+heavy, or right after its fork, inherited by the assemblers it runs), and a
+variant still compiling after ``timeout`` seconds has its worker's whole
+process group killed and a fresh worker started. Either is that variant's
+failure, recorded like any other. One poisoned variant (a 1024 x 1024 tile
+once ran six minutes at 7.8 GiB) then costs a bounded slice of the build, not
+the machine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
+from lazytriton.config import bool_env
+from lazytriton.prewarm import forkserver
 from lazytriton.prewarm.enumeration import Planned
+from lazytriton.prewarm.forkserver import ForkedWorker, ForkServer, ServerGone
 from lazytriton.prewarm.workdir import WorkDir
 from lazytriton.record import record, replace
+
+log = logging.getLogger("lazytriton.prewarm")
 
 _LOG_TAIL_BYTES = 2000
 _STOP_TIMEOUT_S = 10.0
@@ -108,6 +121,11 @@ def _exit_reason(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _worker_args(work: WorkDir, created: float | None, limits: Limits) -> list[str]:
+    """A worker's arguments (``lazytriton.prewarm.worker``): WORK_DIR CREATED PARENT_PID MEMORY."""
+    return [str(work.path), "" if created is None else repr(created), str(os.getpid()), str(limits.memory)]
+
+
 def _child_env() -> dict[str, str]:
     """The environment of a worker: this one, with this process's import path (as multiprocessing passes it)."""
     path = [p for p in sys.path if p]
@@ -117,21 +135,36 @@ def _child_env() -> dict[str, str]:
 
 
 class _Worker:
-    """One worker process, its pipes, its log and the variant it holds."""
+    """One worker process, its pipes, its log and the variant it holds.
 
-    def __init__(self, number: int, work: WorkDir, created: float | None, limits: Limits) -> None:
+    Forked from ``server`` when there is one still usable, else a fresh
+    interpreter; either way the same loop (``worker.serve``) on the same pipes.
+    """
+
+    def __init__(self, number: int, work: WorkDir, created: float | None, limits: Limits,
+                 server: ForkServer | None = None) -> None:
         self.number = number
         self.log = work.worker_log(number)
         self.limits = limits
-        # Its own session: a timeout kills the worker and the assembler it may be running, as one group.
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE, str(work.path),
-                 "" if created is None else repr(created), str(os.getpid()), str(limits.memory)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=_child_env(),
-                start_new_session=True)
+        self.process: subprocess.Popen[str] | ForkedWorker = self._fork_from(server) or self._started(work, created)
         self.task: Planned | None = None
         self.started = 0.0
+
+    def _fork_from(self, server: ForkServer | None) -> ForkedWorker | None:
+        if server is None or not server.usable:
+            return None
+        try:
+            return server.spawn(self.number, self.log)
+        except ServerGone:  # logged by the server's handle: plain workers from now on
+            return None
+
+    def _started(self, work: WorkDir, created: float | None) -> subprocess.Popen[str]:
+        # Its own session: a timeout kills the worker and the assembler it may be running, as one group.
+        with open(self.log, "wb") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE, *_worker_args(work, created, self.limits)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True, bufsize=1,
+                env=_child_env(), start_new_session=True)
 
     @property
     def answers(self) -> Any:
@@ -146,8 +179,12 @@ class _Worker:
         except OSError:
             return False
 
-    def collect(self) -> Result:
-        """The answer for the held variant; a failure naming the cause if the worker died."""
+    def collect(self) -> Result | None:
+        """The answer for the held variant; a failure naming the cause if the worker died.
+
+        None if the worker was lost with its fork server (not the variant's
+        doing): the variant is handed out again, to a plain worker.
+        """
         assert self.task is not None
         line = ""
         with contextlib.suppress(OSError, ValueError):
@@ -157,6 +194,8 @@ class _Worker:
             return Result(answer["key"], answer["error"], answer["seconds"])
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(_STOP_TIMEOUT_S)
+        if isinstance(self.process, ForkedWorker) and self.process.lost:
+            return None  # it died with its fork server, whatever the variant would have done
         tail = ""
         with contextlib.suppress(OSError):
             tail = _collapse(self.log.read_bytes()[-_LOG_TAIL_BYTES:].decode(errors="replace"))
@@ -165,6 +204,10 @@ class _Worker:
             reason += f" (its memory limit: {describe_bytes(self.limits.memory)}, --variant-memory)"
         return Result(self.task.key, reason + (f"; its last output: {tail}" if tail else ""),
                       time.perf_counter() - self.started)
+
+    @property
+    def forked(self) -> bool:
+        return isinstance(self.process, ForkedWorker)
 
     @property
     def alive(self) -> bool:
@@ -181,64 +224,131 @@ class _Worker:
         return Result(self.task.key, f"timed out: still compiling after {seconds:.0f} s (the limit is "
                                      f"{self.limits.timeout:g} s, --variant-timeout); its worker was killed", seconds)
 
-    def stop(self, kill: bool) -> None:
+    def end_tasks(self) -> None:
+        """Close its task pipe: it exits once it has answered what it holds."""
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]
+
+    def stop(self, kill: bool) -> None:
+        self.end_tasks()
         if not kill:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(_STOP_TIMEOUT_S)
         if self.process.poll() is None:
-            with contextlib.suppress(OSError):  # the group: the worker and any assembler it started
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.kill()
+            if isinstance(self.process, subprocess.Popen):
+                with contextlib.suppress(OSError):  # the group: the worker and any assembler it started
+                    os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.kill()  # a forked one: its server kills the group, then reaps it
             self.process.wait()
         with contextlib.suppress(OSError):
             self.answers.close()
 
 
+def fork_server_wanted(environ: Mapping[str, str], platform_supported: bool) -> bool:
+    """Whether the pool forks its workers from a fork server.
+
+    ``LAZYTRITON_PREWARM_FORK`` (default on) and the platform
+    (``forkserver.supported``) decide; ValueError naming the variable for a
+    value that is not a yes or a no.
+    """
+    return bool_env("LAZYTRITON_PREWARM_FORK", True, environ) and platform_supported
+
+
+@record
+class Started:
+    """How ``compile_all`` started its workers: ``forked`` from its fork server, or ``plain`` interpreters.
+
+    ``server_ready``: the seconds from its start until the server had done its
+    imports (None: no server).
+    """
+
+    forked: int = 0
+    plain: int = 0
+    server_ready: float | None = None
+
+
+def _start_server(todo: Sequence[Planned], work: WorkDir, created: float | None, limits: Limits) -> ForkServer | None:
+    """A fork server that has imported what ``todo``'s compiles need; None (logged) if it cannot start."""
+    kernels = sorted({p.variant.kernel for p in todo})
+    try:
+        return ForkServer.start([*_worker_args(work, created, limits), WORKER_MODULE, *kernels],
+                                work.fork_server_log(), _child_env(), limits.timeout)
+    except ServerGone as exc:
+        log.warning("prewarm: the fork server could not start (%s); starting plain worker processes", exc)
+        return None
+
+
 def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: float | None,
-                on_result: Callable[[Planned, Result], None], limits: Limits | None = None) -> None:
-    """Build every variant of ``todo`` in ``jobs`` workers, calling ``on_result`` as each one ends."""
+                on_result: Callable[[Planned, Result], None], limits: Limits | None = None,
+                fork: bool | None = None) -> Started:
+    """Build every variant of ``todo`` in ``jobs`` workers, calling ``on_result`` as each one ends.
+
+    ``fork``: fork the workers from a fork server (None: ``fork_server_wanted``).
+    """
+    begun = time.perf_counter()
     limits = limits or Limits()
     queue = deque(todo)
-    workers = [_Worker(n, work, created, limits) for n in range(max(1, min(jobs, len(todo))))] if todo else []
+    count = max(1, min(jobs, len(todo))) if todo else 0
+    if fork is None:
+        fork = fork_server_wanted(os.environ, forkserver.supported())
+    server = _start_server(todo, work, created, limits) if count and fork else None
+    ready = None if server is None else time.perf_counter() - begun
+    workers: list[_Worker] = []
+    started: list[bool] = []
     finished = False
     try:
+        for number in range(count):  # each worker takes its first variant as it comes, not after the last one
+            workers.append(_Worker(number, work, created, limits, server))
+            started.append(workers[-1].forked)
+            if queue and not workers[-1].assign(queue.popleft()):
+                _finish(workers[-1], on_result, queue)  # its pipe broke: it died before taking the variant
         while queue or any(w.task is not None for w in workers):
             for worker in workers:
                 if worker.task is None and queue and not worker.assign(queue.popleft()):
-                    _finish(worker, on_result)  # its pipe broke: it died before taking the variant
+                    _finish(worker, on_result, queue)  # its pipe broke: it died before taking the variant
             busy = [w for w in workers if w.task is not None]
             now = time.perf_counter()
             left = min((w.started + limits.timeout - now for w in busy), default=0.0)
-            ready = set(wait([w.answers for w in busy], timeout=max(0.0, left))) if busy else set()
+            ready_answers = set(wait([w.answers for w in busy], timeout=max(0.0, left))) if busy else set()
             now = time.perf_counter()
             for i, worker in enumerate(workers):
-                if worker.task is not None and worker.answers in ready:
-                    _finish(worker, on_result, queue=queue)
+                if worker.task is not None and worker.answers in ready_answers:
+                    _finish(worker, on_result, queue, hand_out=True)
                 elif worker.overdue(now):
-                    _finish(worker, on_result, worker.time_out())
-                if not worker.alive and queue:
+                    _finish(worker, on_result, queue, worker.time_out())
+                if worker.task is None and not worker.alive and queue:  # one holding a variant: its answer first
                     worker.stop(kill=True)
-                    workers[i] = _Worker(worker.number, work, created, limits)
+                    workers[i] = _Worker(worker.number, work, created, limits, server)
+                    started.append(workers[i].forked)
         finished = True
     finally:
+        # All at once: a fresh interpreter takes 0.05-0.06 s to exit after its last compile (Triton 3.9, this
+        # 2-core machine, idle), which one stop after the other would add up at -j 16.
+        for worker in workers:
+            worker.end_tasks()
         for worker in workers:
             worker.stop(kill=not finished)
+        if server is not None:
+            server.close()
+    return Started(forked=sum(started), plain=len(started) - sum(started), server_ready=ready)
 
 
-def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], result: Result | None = None,
-            queue: deque[Planned] | None = None) -> None:
+def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], queue: deque[Planned],
+            result: Result | None = None, hand_out: bool = False) -> None:
     """Read the held variant's answer (or take ``result``), hand the worker its next variant, then report.
 
-    The next variant comes from ``queue`` (if the worker is alive), so the
-    parent's bookkeeping (reading the entry, the image's packer) runs while
-    the worker already compiles.
+    The next variant comes from ``queue`` (with ``hand_out``, if the worker is
+    alive), so the parent's bookkeeping (reading the entry, the image's
+    packer) runs while the worker already compiles. A variant whose worker
+    was lost with the fork server goes back to the front of ``queue``.
     """
     result = result or worker.collect()
     planned, worker.task = worker.task, None
     assert planned is not None
+    if result is None:
+        queue.appendleft(planned)
+        return
     result = replace(result, worker=worker.number, began=worker.started, ended=time.perf_counter())
-    if queue and worker.alive and not worker.assign(queue.popleft()):
-        _finish(worker, on_result)  # its pipe broke: it died before taking the variant
+    if hand_out and queue and worker.alive and not worker.assign(queue.popleft()):
+        _finish(worker, on_result, queue)  # its pipe broke: it died before taking the variant
     on_result(planned, result)

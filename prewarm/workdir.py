@@ -8,6 +8,7 @@
     failures.jsonl        one JSON object per variant that failed in this run:
                           {"variant", "key", "error"}
     logs/worker-N.log     what worker N's compiler printed for its current variant
+    logs/fork-server.log  what the pool's fork server printed (its imports' errors)
 
 A prewarm killed at any instant leaves only whole entry files behind (a stray
 ``*.tmp`` is ignored and removed on the next run), so running it again builds
@@ -111,3 +112,6 @@ class WorkDir:
 
     def worker_log(self, number: int) -> Path:
         return self.logs / f"worker-{number}.log"
+
+    def fork_server_log(self) -> Path:
+        return self.logs / "fork-server.log"

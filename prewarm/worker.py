@@ -1,5 +1,8 @@
 """A prewarm worker process: ``python -m lazytriton.prewarm.worker WORK_DIR CREATED PARENT_PID MEMORY``.
 
+Or the same loop (``serve``) in a process forked from the pool's fork server
+(``forkserver``), with Triton already imported.
+
 It reads one JSON task per line on stdin (``{"variant", "key"}``), compiles
 it with ``lazytriton.compiler.compile_variant``, writes the entry into the
 work directory itself (atomically: a parent killed a moment later loses
@@ -13,9 +16,10 @@ answers go to a private copy of the original stdout, which nothing else
 writes to. ``CREATED`` is SOURCE_DATE_EPOCH (or empty): the provenance time
 every entry gets, so that builds from the same inputs give the same bytes.
 ``MEMORY`` caps the worker's address space in bytes (``RLIMIT_AS``; 0: no
-cap), set first thing, so a compile that runs away fails with MemoryError
-(or LLVM aborts, and the pool records the dead worker and starts another)
-instead of taking the machine.
+cap), set first thing (in a forked worker, first thing after the fork, with
+Triton already imported), so a compile that runs away fails with
+MemoryError (or LLVM aborts, and the pool records the dead worker and starts
+another) instead of taking the machine.
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ _PR_SET_PDEATHSIG = 1
 _ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): a process exec'd from here gets a fixed address layout
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to kill this process when its parent dies: a killed prewarm leaves no compiler running."""
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Ask Linux to kill this process when its parent dies: a killed prewarm leaves no compiler running.
+
+    ``signum``: the signal it gets then (the fork server takes SIGTERM, to kill its workers' groups first).
+    """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent_pid:  # the parent died before the request took effect
         os._exit(1)
 
@@ -113,10 +120,15 @@ def build_one(text: str, key: str, work_path: str, created: float | None) -> Non
     WorkDir(work_path).write(entry)
 
 
-def main(argv: list[str]) -> int:
-    work_path, created_text, parent_pid, memory = argv
-    die_with_parent(int(parent_pid))
-    limit_memory(int(memory))
+def serve(work_path: str, created_text: str, parent_pid: int, memory: int) -> int:
+    """The worker's life: its limits, then one answer per task line on stdin until stdin ends.
+
+    Both kinds of worker run it: a fresh interpreter (``main``) and a process
+    forked from the pool's fork server (``forkserver``), whose parent is the
+    server. Stdin carries the tasks, stdout the answers, stderr is the log.
+    """
+    die_with_parent(parent_pid)
+    limit_memory(memory)
     created = float(created_text) if created_text else None
     fixed_layout_for_compilers()
     skip_triton_key()
@@ -134,11 +146,16 @@ def main(argv: list[str]) -> int:
         try:
             build_one(task["variant"], task["key"], work_path, created)
         except MemoryError:  # the allocation that failed was never made: this worker can go on
-            error = f"MemoryError: over the worker's memory limit of {int(memory) >> 20} MiB (--variant-memory)"
+            error = f"MemoryError: over the worker's memory limit of {memory >> 20} MiB (--variant-memory)"
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         answers.write(json.dumps({"key": task["key"], "error": error, "seconds": time.perf_counter() - start}) + "\n")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    work_path, created_text, parent_pid, memory = argv
+    return serve(work_path, created_text, int(parent_pid), int(memory))
 
 
 if __name__ == "__main__":

@@ -146,7 +146,10 @@ def test_a_worker_runs_its_compilers_with_a_fixed_address_layout() -> None:
     assert report["took"] and report["child"] & 0x0040000, report  # ADDR_NO_RANDOMIZE, inherited by the exec
 
 
-def test_a_worker_killed_mid_plan_costs_only_its_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fork", ["1", "0"])  # workers forked from the fork server, or plain interpreters
+def test_a_worker_killed_mid_plan_costs_only_its_variant(fork: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAZYTRITON_PREWARM_FORK", fork)
     plan = longest_first(enumerate_variants(
         Axes(targets=(Target.parse("sm_90"),), kernels=("flash_fwd",), dtypes=("fp16",), head_dims=(16,),
              causal=(False,)), tuning.tables_for(("flash_fwd",))))
@@ -156,6 +159,7 @@ def test_a_worker_killed_mid_plan_costs_only_its_variant(tmp_path: Path, monkeyp
     out, stream = tmp_path / "killed.ltimg", io.StringIO()
     report = builder.build(plan, out, 1, created=0.0, stream=stream)
     assert report.compiled == len(plan) - 1
+    assert report.workers is not None and report.workers.forked == (2 if fork == "1" else 0), report.workers
     [(failed, error)] = report.failures
     assert failed.key == killed.key and "killed by SIGKILL" in error
     assert f"FAILED {killed.variant}" in stream.getvalue()
