@@ -417,6 +417,16 @@ _FUSED_INT_PARAMS = _int_params(fused.FLASH_BWD_FUSED_GLUON)
 _Launch = tuple[Any, tuple[int, int, int], tuple[int, ...], tuple[str, ...], tuple[float, ...]]
 
 
+def _dqa_shape(shape: Shape) -> tuple[int, int, int, int]:
+    """The shape of dQ's float32 accumulator: rows of the fused kernel's tile (wider than a padded head dim)."""
+    return (shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim))
+
+
+def _cast_dq(grads: Grads, dqa: torch.Tensor, head_dim: int) -> None:
+    """Cast dQ's accumulator (its first ``head_dim`` columns) into ``grads.dq``."""
+    grads.dq.copy_(dqa if dqa.shape[-1] == head_dim else dqa[..., :head_dim])
+
+
 def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...], dkdv_ints: tuple[int, ...],
                   grads: Grads, call: Call) -> tuple[_Launch, _Launch]:
     """The fused backward: flash_bwd_prep, flash_bwd_fused_gluon, then dQ's accumulator cast into ``grads.dq``.
@@ -424,15 +434,14 @@ def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...],
     Returns both launches (kernel, grid, integers, their names, floats), for the warm path to repeat.
     """
     shape = call.shape
-    dqa = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim)), dtype=torch.float32,
-                      device=grads.dq.device)  # rows of the kernel's tile: a padded head dim's are wider
+    dqa = torch.empty(_dqa_shape(shape), dtype=torch.float32, device=grads.dq.device)
     ints = (*dq_ints, *dkdv_ints, dqa.data_ptr(), shape.heads_q)
     prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k,
                                         shape.head_dim)
     prep_ints, fused_ints = _PICK_PREP(ints), _PICK_FUSED(ints)
     prep.launch(prep_grid, stream, prep_ints, (), fwd.scratch_alloc)
     kernel.launch(fused_grid, stream, fused_ints, (call.scale,), fwd.scratch_alloc)
-    grads.dq.copy_(dqa if dqa.shape[-1] == shape.head_dim else dqa[..., :shape.head_dim])
+    _cast_dq(grads, dqa, shape.head_dim)
     return ((prep, prep_grid, prep_ints, _PREP_INT_PARAMS, ()),
             (kernel, fused_grid, fused_ints, _FUSED_INT_PARAMS, (call.scale,)))
 
@@ -541,8 +550,7 @@ def _remember(rt: Any, tensors: tuple[torch.Tensor, ...], grads: Grads, call: Ca
         slots = tuple((i, name) for i, name in enumerate(names) if name in _CALL_POINTERS)
         for i, name in slots:
             if name == "DQA":
-                shape = call.shape
-                dqa = (shape.batch, shape.heads_q, shape.seqlen_q, fused.tile(shape.head_dim))
+                dqa = _dqa_shape(call.shape)
             elif ints[i] != pointers[name].data_ptr():
                 return
         kept.append((kernel, grid, ints, slots, floats))
@@ -598,8 +606,7 @@ def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     kernel, grid, ints, slots, floats = second
     kernel.launch(grid, stream, _fill(ints, slots, pointers), floats, fwd.scratch_alloc)
     if warm.dqa:
-        dqa = scratch[warm.delta:].view(warm.dqa)
-        grads.dq.copy_(dqa if warm.dqa[-1] == call.shape.head_dim else dqa[..., :call.shape.head_dim])
+        _cast_dq(grads, scratch[warm.delta:].view(warm.dqa), call.shape.head_dim)
     return grads
 
 
