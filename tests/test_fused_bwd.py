@@ -71,7 +71,7 @@ def test_each_spec_matches_its_kernels_signature_and_has_its_own_source(name: st
 
 def test_the_fingerprint_covers_the_helpers_the_fused_kernel_calls(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
-    """load_kv and query_steps live in gluon_kernel.py: a change there must change the fused kernel's keys."""
+    """kv_tile and query_steps live in gluon_kernel.py: a change there must change the fused kernel's keys."""
     from lazytriton import kernels, record
 
     spec = get(fused.NAME)

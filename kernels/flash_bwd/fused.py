@@ -48,7 +48,7 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     # strides and the offset marked, the H200 probe (benchmarks/probe_fused_served.py) ran 5-13% slower.
     aligned_params=tuple(p for p, _ in _POINTERS) + tuple(s for s, _ in _DATA_STRIDES),
     seq_aligned_params=("seqlen_q", "seqlen_k", "causal_offset", *(s for s, _ in _LSE_STRIDES)),
-    helpers=("lazytriton.kernels.flash_bwd.gluon_kernel",),  # load_kv, query_steps
+    helpers=("lazytriton.kernels.flash_bwd.gluon_kernel",),  # kv_tile, query_steps, tma_load
 )
 
 _PREP_STRIDES = _strides("o", "do")

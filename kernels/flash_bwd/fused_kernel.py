@@ -2,7 +2,7 @@
 
 The source fingerprint of ``flash_bwd_prep`` covers this file, and that of
 ``flash_bwd_fused_gluon`` this file and ``gluon_kernel.py``, whose
-``load_kv`` and ``query_steps`` it calls (the spec's ``helpers``). It
+``kv_tile``, ``query_steps`` and ``tma_load`` it calls (the spec's ``helpers``). It
 imports triton: only ``lazytriton.compiler`` may import it. It compiles for
 ``cuda:90`` with Triton 3.6.0 (the GPU host) and 3.9.0 (CI) from one source.
 
@@ -45,7 +45,12 @@ The program's partitions (``gl.warp_specialize``):
   global memory their load sat on each step's path after the scores (or held
   those registers across the products, and spilled); from the ring they are
   a shared-memory read (H200, 12-01: +6-11% at head dim 128, +2-11% at 64).
-- K and V are loaded once by TMA before the partitions split.
+- K and V are loaded once by TMA, K by consumer warpgroup 0 and V by 1,
+  each making its own descriptor and dQ's (``_prologue_half``) while the
+  producer makes Q's and dO's: a descriptor made on the device costs
+  ~0.7 µs, and made in turn before the partitions split they put a
+  program's first step 5.3-7.5 µs after its start, 3.7-4.9 µs now (H200,
+  12-02, ``benchmarks/probe_fused_steps.py --trace``).
 
 At head dim 256 (``_program_wide``) the program holds 64 keys, and the two
 consumer warpgroups split its work by keys, then by columns, as
@@ -116,7 +121,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from lazytriton.kernels.flash_bwd.gluon_kernel import kv_tile, load_kv, query_steps, tma_load
+from lazytriton.kernels.flash_bwd.gluon_kernel import kv_tile, query_steps, tma_load
 
 
 @builtin
@@ -279,7 +284,8 @@ def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
 
 @gluon.jit
 def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs, ds_bufs,
-             dq_smem, dq2_smem, kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc, DK, DV, stride_dkb, stride_dkh,
+             dq_smem, dq2_smem, kv_bar, full, empty, ds_ready, DQA, kv_src, stride_kvs, kv_dst, kv2_dst, seqlen_k, DK,
+             DV, stride_dkb, stride_dkh,
              stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim,
              causal_offset, sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr,
              CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
@@ -321,6 +327,9 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_buf
     zero = gl.zeros([WG_ROWS, BLOCK_M], dtype=gl.float32, layout=s_layout)
     zero_dq = gl.zeros([BLOCK_M, COLS], dtype=gl.float32, layout=dq_layout)
     zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=dq2_layout)
+    _prologue_half(kv_src, stride_kvs, seqlen_k, head_dim, start_n, kv_dst, kv2_dst, kv_bar, SPLIT)
+    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem,
+                                           2 * BLOCK_D if SPLIT else BLOCK_D, SPLIT)
     mbarrier.wait(kv_bar.index(0), 0)
     it = 0  # ring steps so far, over the group's heads: the slots' and dS buffers' phases follow it
     for g in range(group_size):
@@ -453,7 +462,8 @@ def _produce_wide(Q, DO, q_bufs, do_smem, q2_bufs, do2_smem, q_full, q_empty, do
 
 @gluon.jit
 def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem, dq_smem,
-                  dq2_smem, kv_bar, q_full, q_empty, do_full, do_empty, ps_ready, ps_free, dqa_desc, dqa2_desc, Lse,
+                  dq2_smem, kv_bar, q_full, q_empty, do_full, do_empty, ps_ready, ps_free, DQA, kv_src, stride_kvs,
+                  kv_dst, kv2_dst, seqlen_k, Lse,
                   Delta, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb,
                   stride_lh, batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale,
                   start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
@@ -491,6 +501,9 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
     dv = gl.zeros([WIDE_KEYS, COLS], gl.float32, layout=acc_layout)
     dk2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)  # SPLIT's
     dv2 = gl.zeros([WIDE_KEYS, COLS2], gl.float32, layout=acc2_layout)
+    _prologue_half(kv_src, stride_kvs, seqlen_k, head_dim, start_n, kv_dst, kv2_dst, kv_bar, SPLIT)
+    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem,
+                                           2 * BLOCK_D if SPLIT else BLOCK_D, SPLIT)
     mbarrier.wait(kv_bar.index(0), 0)
     # One loop over the group's query heads and their steps (a nest keeps more registers live across it).
     for cur in range(group_size * n_steps):
@@ -627,52 +640,49 @@ def _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2: gl.constex
 
 
 @gluon.jit
-def _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
-                   v2_smem, kv_bar):
-    """``load_kv`` for a head dim in two chunks: the second (columns from K's tile width on) into the ``*2`` tiles."""
-    KEYS: gl.constexpr = k_smem.type.shape[0]
-    BLOCK_D: gl.constexpr = k_smem.type.shape[1]
-    BLOCK_D2: gl.constexpr = k2_smem.type.shape[1]
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [KEYS, BLOCK_D],
-                                        k_smem.type.layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [KEYS, BLOCK_D],
-                                        v_smem.type.layout)
-    k2_desc = tma.make_tensor_descriptor(k_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_ks, 1],
-                                         [KEYS, BLOCK_D2], k2_smem.type.layout)
-    v2_desc = tma.make_tensor_descriptor(v_base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_vs, 1],
-                                         [KEYS, BLOCK_D2], v2_smem.type.layout)
-    mbarrier.expect(kv_bar.index(0), 2 * (k_desc.block_type.nbytes + k2_desc.block_type.nbytes))
-    tma_load(k_desc, [start_n, 0], kv_bar.index(0), k_smem)
-    tma_load(v_desc, [start_n, 0], kv_bar.index(0), v_smem)
-    tma_load(k2_desc, [start_n, 0], kv_bar.index(0), k2_smem)
-    tma_load(v2_desc, [start_n, 0], kv_bar.index(0), v2_smem)
+def _prologue_half(base, stride_s, seqlen_k, head_dim, start_n, smem, smem2, kv_bar, SPLIT: gl.constexpr):
+    """A consumer warpgroup's share of its program's prologue: K's tiles (warpgroup 0) or V's (1) by TMA.
 
-
-@gluon.jit
-def _load_kv_chunks(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
-                    v2_smem, kv_bar, SPLIT: gl.constexpr):
-    """``load_kv``, or with SPLIT ``_load_kv_split`` (the second head-dim chunk into ``k2_smem`` and ``v2_smem``)."""
+    Its descriptor (and SPLIT's second chunk's, columns from the tile's width
+    on, into ``smem2``) is made here, so that the warpgroups and the
+    producer warp, which makes the Q and dO descriptors, make theirs at
+    once: a descriptor made on the device costs ~0.7 µs of its partition's
+    time, and the program's first step waits for K, V and Q (H200, 12-02,
+    benchmarks/probe_fused_steps.py --trace: made in turn before the
+    partitions split, they put the first Q tile 5.3-7.5 µs after a
+    program's start). ``kv_bar`` takes one arrival from each warpgroup.
+    """
+    KEYS: gl.constexpr = smem.type.shape[0]
+    BLOCK_D: gl.constexpr = smem.type.shape[1]
+    desc = tma.make_tensor_descriptor(base, [seqlen_k, head_dim], [stride_s, 1], [KEYS, BLOCK_D], smem.type.layout)
     if SPLIT:
-        _load_kv_split(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem,
-                       v2_smem, kv_bar)
+        BLOCK_D2: gl.constexpr = smem2.type.shape[1]
+        desc2 = tma.make_tensor_descriptor(base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_s, 1],
+                                           [KEYS, BLOCK_D2], smem2.type.layout)
+        mbarrier.expect(kv_bar.index(0), desc.block_type.nbytes + desc2.block_type.nbytes)
+        tma_load(desc, [start_n, 0], kv_bar.index(0), smem)
+        tma_load(desc2, [start_n, 0], kv_bar.index(0), smem2)
     else:
-        load_kv(k_base, v_base, stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, kv_bar)
+        mbarrier.expect(kv_bar.index(0), desc.block_type.nbytes)
+        tma_load(desc, [start_n, 0], kv_bar.index(0), smem)
 
 
 @gluon.jit
 def _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D: gl.constexpr, SPLIT: gl.constexpr):
-    """The dQ accumulator as one 2-D tensor of B x Hq x Sq rows of DQA_D columns: one descriptor serves every head.
+    """The dQ accumulator as one 2-D tensor of B x Hq x Sq rows: one descriptor serves every head.
 
-    Its tiles are ``dq_smem``'s (then, SPLIT, a second descriptor's are
-    ``dq2_smem``'s; else the first stands in for it, never used).
+    A row is DQA_D wide: the padded tile (twice the first chunk with SPLIT,
+    as the prep kernel writes it). The tiles are ``dq_smem``'s (then, SPLIT, a second
+    descriptor's are ``dq2_smem``'s; else the first stands in for it, never
+    used). Each consumer warpgroup makes its own, after its K or V load.
     """
-    BLOCK_M: gl.constexpr = dq_smem.type.shape[1]
+    BLOCK_M: gl.constexpr = dq_smem.type.shape[0]
     dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
-    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq_smem.type.shape[2]],
+    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq_smem.type.shape[1]],
                                           dq_smem.type.layout)
     dqa2_desc = dqa_desc
     if SPLIT:
-        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq2_smem.type.shape[2]],
+        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq2_smem.type.shape[1]],
                                                dq2_smem.type.layout)
     return dqa_desc, dqa2_desc
 
@@ -690,7 +700,6 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     kernel writes them).
     """
     SPLIT: gl.constexpr = BLOCK_D2 > 0
-    DQA_D: gl.constexpr = 2 * BLOCK_D if SPLIT else BLOCK_D  # the accumulator's row: the padded tile
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
     pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_M], dtype)
@@ -712,7 +721,7 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     do_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     ps_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     ps_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar.index(0), count=1)
+    mbarrier.init(kv_bar.index(0), count=2)  # K's and V's loads, one from each consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(q_full.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
@@ -722,23 +731,23 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     mbarrier.init(ps_free.index(0), count=2)
     fence_async_shared()
 
-    _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
-                    stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar, SPLIT)
+    # K (consumer warpgroup 0), V (1) and the dQ descriptors are the consumers' to load and make (_prologue_half).
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, WIDE_KEYS, CAUSAL)
-    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
     gl.warp_specialize([
         (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem,
                          dq_smem.index(0), dq2_smem.index(0), kv_bar, q_full, q_empty, do_full, do_empty, ps_ready,
-                         ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
-                         stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size,
-                         heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
-                         BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
+                         ps_free, DQA, k_base, stride_ks, k_smem, k2_smem, seqlen_k, Lse, Delta, DK, DV,
+                         stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh,
+                         batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n,
+                         m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
         (_consume_wide, (k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do2_smem, pt_smem, dst_smem,
                          dq_smem.index(1), dq2_smem.index(1), kv_bar, q_full, q_empty, do_full, do_empty, ps_ready,
-                         ps_free, dqa_desc, dqa2_desc, Lse, Delta, DK, DV, stride_dkb, stride_dkh, stride_dks,
-                         stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh, batch, kv_head, group_size,
-                         heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
-                         BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
+                         ps_free, DQA, v_base, stride_vs, v_smem, v2_smem, seqlen_k, Lse, Delta, DK, DV,
+                         stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_lb, stride_lh,
+                         batch, kv_head, group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n,
+                         m_first, n_steps, n_masked, BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
         (_produce_wide, (Q, DO, q_bufs, do_smem, q2_bufs, do2_smem, q_full, q_empty, do_full, do_empty, stride_qb,
                          stride_qh, stride_qs, stride_dob, stride_doh, stride_dos, batch, kv_head, group_size,
                          seqlen_q, head_dim, m_first, n_steps, BLOCK_M, SPLIT)),
@@ -791,7 +800,6 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     accumulator rows stay 2 x BLOCK_D wide (the padded tile's, as the prep kernel writes them).
     """
     SPLIT: gl.constexpr = BLOCK_D2 > 0
-    DQA_D: gl.constexpr = 2 * BLOCK_D if SPLIT else BLOCK_D  # the accumulator's row: the padded tile
     COLS: gl.constexpr = BLOCK_D // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
@@ -813,7 +821,7 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar.index(0), count=1)
+    mbarrier.init(kv_bar.index(0), count=2)  # K's and V's loads, one from each consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
@@ -821,20 +829,22 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
         mbarrier.init(ds_ready.index(i), count=2)
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
-    _load_kv_chunks(K + batch * stride_kb + kv_head * stride_kh, V + batch * stride_vb + kv_head * stride_vh,
-                    stride_ks, stride_vs, seqlen_k, head_dim, start_n, k_smem, v_smem, k2_smem, v2_smem, kv_bar, SPLIT)
+    # K (consumer warpgroup 0), V (1) and the dQ descriptors are the consumers' to load and make (_prologue_half).
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
     m_first, n_steps, n_masked = query_steps(start_n, causal_offset, seqlen_q, BLOCK_M, BLOCK_N, CAUSAL)
-    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D, SPLIT)
     # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
     gl.warp_specialize([
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc,
-                    DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), kv_bar, full, empty, ds_ready, DQA, k_base,
+                    stride_ks, k_smem, k2_smem, seqlen_k, DK, DV,
+                    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
                     group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
                     n_masked, BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), kv_bar, full, empty, ds_ready, dqa_desc, dqa2_desc,
-                    DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), kv_bar, full, empty, ds_ready, DQA, v_base,
+                    stride_vs, v_smem, v2_smem, seqlen_k, DK, DV,
+                    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
                     group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
                     n_masked, BLOCK_M, CAUSAL, PREFETCH, 1, SPLIT)),
         (_produce, (Q, DO, Lse, Delta, q_bufs, do_bufs, q2_bufs, do2_bufs, lse_bufs, delta_bufs, full, empty,
