@@ -59,7 +59,9 @@ def _stamp_sm(Trace):
         rep(f"CAUSAL, PREFETCH, {wg}, SPLIT)),", f"CAUSAL, PREFETCH, {wg}, SPLIT, Trace)),", 2)
     rep("m_first, n_steps, BLOCK_M, SPLIT)),", "m_first, n_steps, BLOCK_M, SPLIT, Trace)),", 2)
     rep("PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):",
-        "PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr, Trace):", 2)
+        "PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr, Trace):")
+    rep("WG: gl.constexpr,\n             SPLIT: gl.constexpr):",
+        "WG: gl.constexpr,\n             SPLIT: gl.constexpr, Trace):")
     rep("BLOCK_M: gl.constexpr, SPLIT: gl.constexpr):\n    \"\"\"The producer",
         "BLOCK_M: gl.constexpr, SPLIT: gl.constexpr, Trace):\n    \"\"\"The producer", 2)
     rep('''    mbarrier.wait(kv_bar.index(0), 0)
@@ -80,17 +82,22 @@ def _stamp_sm(Trace):
                     _stamp(Trace, 3)
 ''')
     rep('''    tma.store_wait(0)
-    rows = start_n''', '''    if WG == 0:
+    # dK and dV through''', '''    if WG == 0:
         _stamp(Trace, 4)
     tma.store_wait(0)
     if WG == 0:
         _stamp(Trace, 8)
-    rows = start_n''', 2)
+    # dK and dV through''', 2)
     rep('''                 dv2.to(dtype), mask=inside2)
 ''', '''                 dv2.to(dtype), mask=inside2)
     if WG == 0:
         _stamp(Trace, 5)
-''', 2)
+''')
+    rep('''row0, BLOCK_D, head_dim)
+''', '''row0, BLOCK_D, head_dim)
+    if WG == 0:
+        _stamp(Trace, 5)
+''')
     rep('''        for step in range(n_steps):
             slot = it % STAGES
             # Slot reuse''', '''        if g == 0:

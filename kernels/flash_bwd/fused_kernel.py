@@ -139,6 +139,33 @@ LOG2E = gl.constexpr(1.4426950408889634)
 WG_ROWS = gl.constexpr(64)  # keys a consumer warpgroup owns (4 warps x 16 rows of a wgmma)
 BLOCK_N = gl.constexpr(128)  # keys a program holds: two consumer warpgroups
 STAGES = gl.constexpr(2)  # the Q/dO ring's depth (fused.shared_bytes counts it)
+# A barrier of the calling partition's warps: 3.6's name, else 3.9's (which renamed it).
+_warps_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _store_tile(x, buf, base, stride_s, row0, col0, head_dim):
+    """``x`` (float32, a warpgroup's MMA layout) into a tile of the matrix at ``base``, through shared ``buf``.
+
+    The tile: rows [row0, + R) and columns [col0, + C), row stride
+    ``stride_s``, in ``buf``'s dtype. ``buf`` (R x C, shared, free for the warpgroup) takes ``x`` in the MMA's
+    layout and gives it back 16 bytes a thread, so that a warp stores whole
+    128-byte lines. Stored from the MMA's layout, each thread wrote 4 bytes
+    at a time through its own 64-bit addresses: 3.5-4.4 µs a program for
+    dK and dV (H200, 12-02, ``benchmarks/probe_fused_steps.py --trace``).
+    Columns from ``head_dim`` on (a padded tile's) stay unwritten.
+    """
+    R: gl.constexpr = x.type.shape[0]
+    C: gl.constexpr = x.type.shape[1]
+    VEC: gl.constexpr = 8  # 16 bytes of a 16-bit dtype
+    TPC: gl.constexpr = C // VEC if C // VEC < 32 else 32  # threads along a row
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TPC, TPC], [4, 1], [1, 0])
+    buf.store(x.to(buf.dtype))
+    _warps_barrier()
+    y = buf.load(layout)
+    rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, C, layout=gl.SliceLayout(0, layout))
+    gl.store(base + rows[:, None] * stride_s + cols[None, :], y, mask=(cols < head_dim)[None, :])
 
 
 @triton.jit
@@ -284,11 +311,11 @@ def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
 
 @gluon.jit
 def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs, ds_bufs,
-             dq_smem, dq2_smem, kv_bar, full, empty, ds_ready, DQA, kv_src, stride_kvs, kv_dst, kv2_dst, seqlen_k, DK,
-             DV, stride_dkb, stride_dkh,
-             stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head, group_size, heads_q, seqlen_q, head_dim,
-             causal_offset, sm_scale, start_n, m_first, n_steps, n_masked, BLOCK_M: gl.constexpr,
-             CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
+             dq_smem, dq2_smem, kv_bar, full, empty, ds_ready, done, DQA, kv_src, stride_kvs, kv_dst, kv2_dst,
+             seqlen_k, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
+             group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
+             BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr,
+             SPLIT: gl.constexpr):
     """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ.
 
     SPLIT (two head-dim chunks, the second in the ``*2`` buffers): S^T and
@@ -390,21 +417,24 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_buf
                 tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
         it += n_steps
     tma.store_wait(0)
-    rows = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
-    inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
-    gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
-             (dk * sm_scale).to(dtype), mask=inside)
-    gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
-             dv.to(dtype), mask=inside)
+    # dK and dV through the Q and dO ring (_store_tile), once both warpgroups' last products, which read it, retired.
+    mbarrier.arrive(done.index(0), count=1)
+    mbarrier.wait(done.index(0), 0)
+    dk_base = DK + batch * stride_dkb + kv_head * stride_dkh
+    dv_base = DV + batch * stride_dvb + kv_head * stride_dvh
+    row0 = start_n + WG * WG_ROWS
+    if WG == 0:
+        stage = q_bufs
+        stage2 = q2_bufs
+    else:
+        stage = do_bufs
+        stage2 = do2_bufs
+    _store_tile(dk * sm_scale, stage.index(0).slice(0, WG_ROWS, dim=0), dk_base, stride_dks, row0, 0, head_dim)
+    _store_tile(dv, stage.index(1).slice(0, WG_ROWS, dim=0), dv_base, stride_dvs, row0, 0, head_dim)
     if SPLIT:
-        rows2 = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, o2_layout))
-        cols2 = BLOCK_D + gl.arange(0, BLOCK_D2, layout=gl.SliceLayout(0, o2_layout))
-        inside2 = (cols2 < head_dim)[None, :]
-        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
-                 (dk2 * sm_scale).to(dtype), mask=inside2)
-        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
-                 dv2.to(dtype), mask=inside2)
+        _store_tile(dk2 * sm_scale, stage2.index(0).slice(0, WG_ROWS, dim=0), dk_base, stride_dks, row0, BLOCK_D,
+                    head_dim)
+        _store_tile(dv2, stage2.index(1).slice(0, WG_ROWS, dim=0), dv_base, stride_dvs, row0, BLOCK_D, head_dim)
 
 
 # ---------------------------------------------------------------------------
@@ -590,13 +620,14 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
             fence_async_shared()
             tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS + WIDE_DQ_COLS], dq_smem)
     tma.store_wait(0)
-    rows = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc_layout))
-    cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
-    inside = (cols < head_dim)[None, :]  # a padded tile's columns past the head dim stay unwritten
-    gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows[:, None] * stride_dks + cols[None, :],
-             (dk * sm_scale).to(dtype), mask=inside)
-    gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows[:, None] * stride_dvs + cols[None, :],
-             dv.to(dtype), mask=inside)
+    # dK and dV through our half of Q's ring's columns (_store_tile): its last readers were our own dK products and
+    # both warpgroups' last S products, the other's done before it arrived at the last step's ps_ready.
+    dk_base = DK + batch * stride_dkb + kv_head * stride_dkh
+    dv_base = DV + batch * stride_dvb + kv_head * stride_dvh
+    _store_tile(dk * sm_scale, q_bufs.index(0).slice(0, WIDE_KEYS, dim=0).slice(WG * COLS, COLS, dim=1), dk_base,
+                stride_dks, start_n, WG * COLS, head_dim)
+    _store_tile(dv, q_bufs.index(1).slice(0, WIDE_KEYS, dim=0).slice(WG * COLS, COLS, dim=1), dv_base, stride_dvs,
+                start_n, WG * COLS, head_dim)
     if SPLIT:
         rows2 = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc2_layout))
         cols2 = BLOCK_D + WG * COLS2 + gl.arange(0, COLS2, layout=gl.SliceLayout(0, acc2_layout))
@@ -821,12 +852,14 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar.index(0), count=2)  # K's and V's loads, one from each consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
+    mbarrier.init(done.index(0), count=2)  # both consumer warpgroups' steps are over
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
     # K (consumer warpgroup 0), V (1) and the dQ descriptors are the consumers' to load and make (_prologue_half).
@@ -836,13 +869,13 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
     gl.warp_specialize([
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), kv_bar, full, empty, ds_ready, DQA, k_base,
+                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), kv_bar, full, empty, ds_ready, done, DQA, k_base,
                     stride_ks, k_smem, k2_smem, seqlen_k, DK, DV,
                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
                     group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
                     n_masked, BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), kv_bar, full, empty, ds_ready, DQA, v_base,
+                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), kv_bar, full, empty, ds_ready, done, DQA, v_base,
                     stride_vs, v_smem, v2_smem, seqlen_k, DK, DV,
                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
                     group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
@@ -856,4 +889,5 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
         mbarrier.invalidate(empty.index(i))
     for i in gl.static_range(2):
         mbarrier.invalidate(ds_ready.index(i))
+    mbarrier.invalidate(done.index(0))
     mbarrier.invalidate(kv_bar.index(0))
