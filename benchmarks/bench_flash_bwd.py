@@ -1,6 +1,8 @@
 """Benchmark lazytriton's attention backward beside its peers, measured in the same run.
 
-Throughput (TFLOP/s, median of CUDA-event-timed runs after warmup) over
+Throughput (TFLOP/s, median of CUDA-event-timed runs after warmup; a case's
+providers timed in turns, one call of each a round, so that their ratios
+hold while the GPU's clock moves during the run) over
 bf16/fp16 x head dim 64/128/256 x causal or not x seqlen 1k/4k/16k, with
 batch x seqlen = 16k tokens and hidden = heads x head dim = 2048
 (FlashAttention's benchmark shapes, the same grid as bench_flash_fwd.py).
@@ -58,7 +60,7 @@ from csvlog import append_rows, run_meta
 from grad_rule import Reference, check_grads, reference
 
 from lazytriton import dispatch, runtime
-from lazytriton.cli.timing import median_ms
+from lazytriton.cli.timing import interleaved_ms, median_ms
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -363,6 +365,41 @@ def measure(case: Case, provider: str, mode: str, factory: Factory, tensors: Ten
         _release(device)
 
 
+def measure_turns(case: Case, mode: str, factories: dict[str, Factory], tensors: Tensors, ref: Reference | None,
+                  device: torch.device, args: argparse.Namespace) -> list[Result]:
+    """Every provider set up and its first result checked, then all timed in turns (``interleaved_ms``).
+
+    So a provider's ratio to another is measured over the same stretch of
+    the run. A provider that raises while set up or checked gets a
+    ``failed`` result; if the timing in turns raises, each is timed alone
+    (``measure``), so one failing provider does not take the others' times.
+    """
+    ready: dict[str, tuple[Callable[[], Sequence[torch.Tensor]], float, str, str]] = {}
+    failed: dict[str, Result] = {}
+    for name, factory in factories.items():
+        try:
+            fn = factory(tensors, case.causal)
+            grads = fn()
+            ok, err, note = check_grads(grads, ref) if ref is not None else (True, math.nan, "no reference")
+            del grads
+            ready[name] = (fn, err, "unchecked" if ref is None else "ok" if ok else "wrong", note)
+        except Exception as exc:  # reported, as measure does
+            failed[name] = Result(case, name, mode, None, None, "failed", _brief(exc))
+            _release(device)
+    try:
+        times = interleaved_ms([fn for fn, *_ in ready.values()], device.type == "cuda", args.warmup, args.reps)
+    except Exception:  # one of them failed while timed: time each alone
+        ready.clear()
+        _release(device)
+        return [failed.get(name) or measure(case, name, mode, factory, tensors, ref, device, args)
+                for name, factory in factories.items()]
+    timed = {name: Result(case, name, mode, ms, err, check, note)
+             for (name, (_, err, check, note)), ms in zip(ready.items(), times, strict=True)}
+    ready.clear()
+    _release(device)
+    return [timed.get(name) or failed[name] for name in factories]
+
+
 def run_case(index: int, case: Case, device: torch.device, args: argparse.Namespace, log: Log) -> list[Result]:
     torch.manual_seed(1000 + index)
     shape = (case.batch, case.heads, case.seqlen, case.head_dim)
@@ -376,8 +413,8 @@ def run_case(index: int, case: Case, device: torch.device, args: argparse.Namesp
     _release(device)
     results = []
     for mode in FLOPS_FACTOR:
-        for name, factory in providers(mode, args.providers).items():
-            r = measure(case, name, mode, factory, tensors, ref, device, args)
+        for r in measure_turns(case, mode, providers(mode, args.providers), tensors, ref, device, args):
+            name = r.provider
             shown = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s rel_err {r.rel_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {mode:<7} {name:<10} {r.check:<9} {shown} {r.note}".rstrip())
             results.append(r)

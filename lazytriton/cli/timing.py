@@ -8,7 +8,7 @@ the host's noise). Imports torch only when called.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 def event_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float:
@@ -43,3 +43,40 @@ def median_ms(fn: Callable[[], object], on_gpu: bool, warmup: int = 3, reps: int
         fn()
         times.append((time.perf_counter() - began) * 1e3)
     return statistics.median(times)
+
+
+def interleaved_ms(fns: Sequence[Callable[[], object]], on_gpu: bool, warmup: int = 3,
+                   reps: int = 20) -> list[float]:
+    """Each of ``fns``' median time in ms, timed in turns: each round runs every one of them once, in order.
+
+    A ratio between two of them then holds while the GPU's clock moves
+    during a run: a slow stretch falls on all of them alike, where one
+    function's whole series after the other's can fall in or out of it (H200,
+    12-02: the same 1k backward case's cuDNN time moved 10-15% between two
+    runs of the grid, one provider's series after the other's). Each call is
+    timed as ``event_ms`` times it on a GPU, by the wall clock on the CPU.
+    """
+    import time
+
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    if on_gpu:
+        import torch
+
+        torch.cuda.synchronize()
+    for _ in range(reps):
+        for fn, series in zip(fns, times, strict=True):
+            if on_gpu:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                series.append(start.elapsed_time(end))
+            else:
+                began = time.perf_counter()
+                fn()
+                series.append((time.perf_counter() - began) * 1e3)
+    return [statistics.median(series) for series in times]
