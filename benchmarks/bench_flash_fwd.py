@@ -1,6 +1,8 @@
 """Benchmark lazytriton's attn_fwd beside its peers, measured in the same run.
 
-Throughput (TFLOP/s, median of event-timed runs) over bf16/fp16 x head dim
+Throughput (TFLOP/s, median of event-timed runs; a case's providers timed in
+turns, one call of each a round, so that their ratios hold while the GPU's
+clock moves during the run) over bf16/fp16 x head dim
 (``--head-dims``, default 64/128/256) x causal or not x seqlen 1k/4k/16k, with
 batch x seqlen = 16k and hidden = heads x head dim = 2048 (FlashAttention's
 benchmark shapes; heads rounded down for head dims that do not divide it), for:
@@ -36,7 +38,7 @@ from csvlog import append_rows
 
 import lazytriton
 from lazytriton import dispatch, runtime
-from lazytriton.cli.timing import event_ms
+from lazytriton.cli.timing import event_ms, interleaved_ms
 from lazytriton.flash import attn_fwd
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 
@@ -47,6 +49,27 @@ FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", 
 def time_ms(fn: Callable[[], object], warmup: int = 5, reps: int = 30) -> float:
     """Median of event-timed runs, in ms."""
     return event_ms(fn, warmup, reps)
+
+
+def _turns(fns: dict[str, Callable[[], object]]) -> tuple[list[str], list[float]]:
+    """(names, ms): the providers of a case timed in turns (``interleaved_ms``, one call of each a round).
+
+    A ratio between two of them then holds while the GPU's clock moves during
+    the run. If a provider fails while timed, each is timed alone, a failing
+    one at NaN.
+    """
+    names = list(fns)
+    try:
+        return names, interleaved_ms([fns[n] for n in names], True, warmup=5, reps=30)
+    except Exception:
+        times = []
+        for name in names:
+            try:
+                times.append(time_ms(fns[name]))
+            except Exception as exc:
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+                times.append(math.nan)
+        return names, times
 
 
 def host_us(fn: Callable[[], object], calls: int = 2000) -> float:
@@ -124,17 +147,22 @@ def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[s
                     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
                     flops = 4 * b * h * s * s * d / (2 if causal else 1)
                     ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
-                    for name, fn in providers(q, k, v, causal).items():
+                    made = providers(q, k, v, causal)
+                    errs = {}
+                    for name, fn in made.items():
                         try:
-                            err = rel_err(fn(), ref)  # type: ignore[arg-type]
-                            ms = time_ms(fn) if err < 2e-2 else math.nan
+                            errs[name] = rel_err(fn(), ref)  # type: ignore[arg-type]
                         except Exception as exc:  # a backend missing on this GPU/torch is reported, not fatal
                             print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
-                            err, ms = math.nan, math.nan
+                            errs[name] = math.nan
+                    timed = {name: ms for name, ms in zip(
+                        *_turns({name: made[name] for name, err in errs.items() if err < 2e-2}), strict=True)}
+                    for name in made:
+                        ms = timed.get(name, math.nan)
                         rows.append({**meta, "provider": name, "mode": "fwd", "dtype": str(dtype).split(".")[-1],
                                      "head_dim": d, "causal": causal, "batch": b, "heads": h, "seqlen": s,
                                      "p50_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
-                                     "us_per_call": "", "rel_err": f"{err:.1e}"})
+                                     "us_per_call": "", "rel_err": f"{errs[name]:.1e}"})
 
 
 def host_cost(meta: dict[str, str], rows: list[dict[str, object]]) -> None:
