@@ -11,6 +11,27 @@ import statistics
 from collections.abc import Callable, Sequence
 
 
+def _one_event_ms(fn: Callable[[], object]) -> float:
+    """One call of ``fn`` between a pair of CUDA events on the current stream, in ms (waits for the end event)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def _one_wall_ms(fn: Callable[[], object]) -> float:
+    """One call of ``fn`` by the wall clock, in ms."""
+    import time
+
+    began = time.perf_counter()
+    fn()
+    return (time.perf_counter() - began) * 1e3
+
+
 def event_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float:
     """Median time of ``fn()`` on the GPU in ms, over ``reps`` event-timed runs after ``warmup`` untimed ones."""
     import torch
@@ -18,31 +39,16 @@ def event_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(_one_event_ms(fn) for _ in range(reps))
 
 
 def median_ms(fn: Callable[[], object], on_gpu: bool, warmup: int = 3, reps: int = 20) -> float:
     """``event_ms`` on a GPU; on the CPU (the benchmarks' smoke runs) the median of wall-clock runs in ms."""
-    import time
-
     if on_gpu:
         return event_ms(fn, warmup=warmup, reps=reps)
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        began = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(times)
+    return statistics.median(_one_wall_ms(fn) for _ in range(reps))
 
 
 def interleaved_ms(fns: Sequence[Callable[[], object]], on_gpu: bool, warmup: int = 3,
@@ -56,8 +62,6 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], on_gpu: bool, warmup: in
     runs of the grid, one provider's series after the other's). Each call is
     timed as ``event_ms`` times it on a GPU, by the wall clock on the CPU.
     """
-    import time
-
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -66,17 +70,8 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], on_gpu: bool, warmup: in
         import torch
 
         torch.cuda.synchronize()
+    one = _one_event_ms if on_gpu else _one_wall_ms
     for _ in range(reps):
         for fn, series in zip(fns, times, strict=True):
-            if on_gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                series.append(start.elapsed_time(end))
-            else:
-                began = time.perf_counter()
-                fn()
-                series.append((time.perf_counter() - began) * 1e3)
+            series.append(one(fn))
     return [statistics.median(series) for series in times]
