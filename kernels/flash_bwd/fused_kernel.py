@@ -2,9 +2,10 @@
 
 The source fingerprint of ``flash_bwd_prep`` covers this file, and that of
 ``flash_bwd_fused_gluon`` this file and ``gluon_kernel.py``, whose
-``kv_tile``, ``query_steps`` and ``tma_load`` it calls (the spec's ``helpers``). It
-imports triton: only ``lazytriton.compiler`` may import it. It compiles for
-``cuda:90`` with Triton 3.6.0 (the GPU host) and 3.9.0 (CI) from one source.
+``kv_tile``, ``query_steps`` and ``tma_load`` it calls (the spec's
+``helpers``). It imports triton: only ``lazytriton.compiler`` may import
+it. It compiles for ``cuda:90`` with Triton 3.6.0 (the GPU host) and 3.9.0
+(CI) from one source.
 
 A backward in three launches on one stream (``binding.launch_gpu``):
 
@@ -51,6 +52,8 @@ The program's partitions (``gl.warp_specialize``):
   ~0.7 µs, and made in turn before the partitions split they put a
   program's first step 5.3-7.5 µs after its start, 3.7-4.9 µs now (H200,
   12-02, ``benchmarks/probe_fused_steps.py --trace``).
+- dK and dV leave through the freed Q/dO ring (``_store_tile``), whole
+  128-byte lines a warp.
 
 At head dim 256 (``_program_wide``) the program holds 64 keys, and the two
 consumer warpgroups split its work by keys, then by columns, as
@@ -148,12 +151,13 @@ def _store_tile(x, buf, base, stride_s, row0, col0, head_dim):
     """``x`` (float32, a warpgroup's MMA layout) into a tile of the matrix at ``base``, through shared ``buf``.
 
     The tile: rows [row0, + R) and columns [col0, + C), row stride
-    ``stride_s``, in ``buf``'s dtype. ``buf`` (R x C, shared, free for the warpgroup) takes ``x`` in the MMA's
-    layout and gives it back 16 bytes a thread, so that a warp stores whole
-    128-byte lines. Stored from the MMA's layout, each thread wrote 4 bytes
-    at a time through its own 64-bit addresses: 3.5-4.4 µs a program for
-    dK and dV (H200, 12-02, ``benchmarks/probe_fused_steps.py --trace``).
-    Columns from ``head_dim`` on (a padded tile's) stay unwritten.
+    ``stride_s``, in ``buf``'s dtype. ``buf`` (R x C, shared, free for the
+    warpgroup) takes ``x`` in the MMA's layout and gives it back 16 bytes a
+    thread, so that a warp stores whole 128-byte lines. Stored from the MMA's
+    layout, each thread wrote 4 bytes at a time through its own 64-bit
+    addresses: 3.5-4.4 µs a program for dK and dV, 1.2-1.4 µs this way
+    (H200, 12-02, ``benchmarks/probe_fused_steps.py --trace``). Columns
+    from ``head_dim`` on (a padded tile's) stay unwritten.
     """
     R: gl.constexpr = x.type.shape[0]
     C: gl.constexpr = x.type.shape[1]
@@ -703,9 +707,10 @@ def _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D: gl.conste
     """The dQ accumulator as one 2-D tensor of B x Hq x Sq rows: one descriptor serves every head.
 
     A row is DQA_D wide: the padded tile (twice the first chunk with SPLIT,
-    as the prep kernel writes it). The tiles are ``dq_smem``'s (then, SPLIT, a second
-    descriptor's are ``dq2_smem``'s; else the first stands in for it, never
-    used). Each consumer warpgroup makes its own, after its K or V load.
+    as the prep kernel writes it). The tiles are ``dq_smem``'s (then, SPLIT,
+    a second descriptor's are ``dq2_smem``'s; else the first stands in for
+    it, never used). Each consumer warpgroup makes its own, after its K or V
+    load.
     """
     BLOCK_M: gl.constexpr = dq_smem.type.shape[0]
     dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
