@@ -43,19 +43,17 @@ Usage: python benchmarks/bench_flash_bwd.py [--csv PATH] [--quick] [--dtypes bf1
 from __future__ import annotations
 
 import argparse
-import atexit
 import gc
 import math
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from benchgrid import DTYPES, Case, add_grid_arguments, grid_of, parse_grid, prewarm
 from csvlog import append_rows, run_meta
 from grad_rule import Reference, check_grads, reference
 
@@ -68,31 +66,9 @@ from lazytriton.target import target_from_cuda_capability
 
 FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
           "tflops", "us_per_call", "rel_err", "check", "gpu", "torch", "triton", "lazytriton", "timestamp"]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-TOKENS, HIDDEN = 16384, 2048
 BWD_PROVIDERS = ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")
 FWD_BWD_PROVIDERS = ("lazytriton", "sdpa_flash", "sdpa_cudnn")
 FLOPS_FACTOR = {"bwd": 2.5, "fwd+bwd": 3.5}
-
-
-class Case(NamedTuple):
-    """One shape of the grid, in SDPA's (batch, heads, seqlen, head_dim) layout."""
-
-    dtype: str
-    head_dim: int
-    causal: bool
-    seqlen: int
-    batch: int
-    heads: int
-
-    @property
-    def fwd_flops(self) -> float:
-        return 4 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim / (2 if self.causal else 1)
-
-    @property
-    def label(self) -> str:
-        size = f"{self.seqlen // 1024}k" if self.seqlen % 1024 == 0 else str(self.seqlen)
-        return f"{self.dtype} hd{self.head_dim:<3} {'causal' if self.causal else 'full  '} {size:>3}"
 
 
 class Result(NamedTuple):
@@ -111,54 +87,14 @@ class Result(NamedTuple):
         return None if self.ms is None else self.case.fwd_flops * FLOPS_FACTOR[self.mode] / self.ms / 1e9
 
 
-def cases(dtypes: Sequence[str], head_dims: Sequence[int], causals: Sequence[bool], seqlens: Sequence[int],
-          tokens: int = TOKENS, hidden: int = HIDDEN) -> list[Case]:
-    """The grid: batch x seqlen = ``tokens``, heads x head dim = ``hidden``."""
-    return [Case(dtype, d, causal, s, max(1, tokens // s), max(1, hidden // d))
-            for dtype in dtypes for d in head_dims for causal in causals for s in seqlens]
-
-
 # ---------------------------------------------------------------------------
 # Arguments
-
-
-def _list(flag: str, parse: Callable[[str], Any], allowed: Callable[[Any], bool], expected: str) -> Any:
-    """An argparse type: a non-empty comma-separated list, each item parsed and allowed, else an error naming it."""
-    def convert(text: str) -> list[Any]:
-        try:
-            values = [parse(item.strip()) for item in text.split(",") if item.strip()]
-        except ValueError:
-            values = []
-        if not values or not all(allowed(value) for value in values):
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected {expected}")
-        return values
-
-    return convert
-
-
-def _seqlen(item: str) -> int:
-    return int(item[:-1]) * 1024 if item.lower().endswith("k") else int(item)
-
-
-_dtypes = _list("--dtypes", str, DTYPES.__contains__, f"a comma-separated subset of {list(DTYPES)}")
-_providers = _list("--providers", str, BWD_PROVIDERS.__contains__, f"a comma-separated subset of {BWD_PROVIDERS}")
-_head_dims = _list("--head-dims", int, lambda d: 1 <= d <= dispatch.MAX_HEAD_DIM,
-                   f"comma-separated head dims in 1..{dispatch.MAX_HEAD_DIM}")
-_seqlens = _list("--seqlens", _seqlen, lambda s: s >= 1, "comma-separated positive seqlens (1024 or 1k)")
-CAUSALS = {"both": [False, True], "full": [False], "causal": [True]}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_bwd.csv")
-    parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only (unless --seqlens is given)")
-    parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES), help="bf16,fp16 (default both)")
-    parser.add_argument("--head-dims", type=_head_dims, default=[64, 128, 256], help="default 64,128,256")
-    parser.add_argument("--seqlens", type=_seqlens, default=None,
-                        help="e.g. 1k,4k,16k (default; --quick: 1k,4k)")
-    parser.add_argument("--causal", choices=tuple(CAUSALS), default="both")
-    parser.add_argument("--providers", type=_providers, default=list(BWD_PROVIDERS),
-                        help=f"a subset of {','.join(BWD_PROVIDERS)} (default all)")
+    add_grid_arguments(parser, BWD_PROVIDERS)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--prewarm-jobs", type=int, default=os.cpu_count() or 1,
@@ -167,9 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="one tiny case on CPU (Triton's interpreter): checks the script runs end to end")
-    args = parser.parse_args(argv)
-    if args.seqlens is None:
-        args.seqlens = [1024, 4096] if args.quick else [1024, 4096, 16384]
+    args = parse_grid(parser, argv)
     if args.reps < 1 or args.warmup < 0:
         parser.error(f"--reps must be >= 1 and --warmup >= 0, got {args.reps} and {args.warmup}")
     return args
@@ -421,39 +355,6 @@ def run_case(index: int, case: Case, device: torch.device, args: argparse.Namesp
     return results
 
 
-def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int, log: Log) -> None:
-    """Compile lazytriton's variants of every case in ``jobs`` processes, into an image this run is served from.
-
-    Only to save time (the runtime compiles one at a time): a variant left
-    out, or a failed build, is compiled just in time by the first call.
-    """
-    from lazytriton import config
-    from lazytriton.prewarm.builder import build
-    from lazytriton.prewarm.enumeration import Planned
-
-    target = dispatch.target_of_device(device)
-    chosen = {}
-    for case in case_list:
-        dtype = DTYPES[case.dtype]
-        shape = fwd.Shape(case.batch, case.heads, case.heads, case.seqlen, case.seqlen, case.head_dim)
-        # The Gluon kernels where dispatch serves them (their tables; equal seqlens, so causal offset 0)
-        fwd_gluon = dispatch.flash_fwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0,
-                                                  case.head_dim ** -0.5, case.seqlen, case.seqlen)
-        bwd_gluon = dispatch.flash_bwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0, case.seqlen, case.seqlen)
-        for variant in (fwd.variant(target, dtype, shape, case.causal, True, False, gluon=fwd_gluon),
-                        *bwd.variants(target, dtype, shape, case.causal, True, False, gluon=bwd_gluon)):
-            chosen[variant.key()] = variant
-    plan = [Planned(variant, key, "bench_flash_bwd") for key, variant in chosen.items()]
-    folder = tempfile.mkdtemp(prefix="lt-bench-bwd-")
-    atexit.register(shutil.rmtree, folder, True)
-    image = Path(folder) / "bench_flash_bwd.ltimg"
-    report = build(plan, image, jobs, stream=sys.stderr)
-    if report.image is not None:
-        config.configure(images=[image, *config.settings().images])
-    log(f"prewarm: {len(plan)} variants, {report.compiled} compiled, {len(report.failures)} failed, "
-        f"{report.seconds:.1f} s with {jobs} processes{'' if report.image else ' (no image: compiled just in time)'}")
-
-
 # ---------------------------------------------------------------------------
 # Output
 
@@ -537,8 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device, case_list = torch.device("cpu"), [SMOKE_CASE]
         args.warmup, args.reps, args.prewarm_jobs = 1, 2, 0
     else:
-        device, case_list = torch.device("cuda"), cases(args.dtypes, args.head_dims, CAUSALS[args.causal],
-                                                        args.seqlens)
+        device, case_list = torch.device("cuda"), grid_of(args)
     if args.list:
         for case in case_list:
             print(f"{case.label}  batch {case.batch} heads {case.heads}")
@@ -550,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"bench_flash_bwd: {len(case_list)} cases on {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}")
     if args.prewarm_jobs > 0 and {"lazytriton", "triton_jit"} & set(args.providers):
         try:
-            prewarm(case_list, device, args.prewarm_jobs, log)
+            prewarm(case_list, device, args.prewarm_jobs, log, backward=True)
         except Exception as exc:
             log(f"prewarm failed, compiling just in time: {_brief(exc)}", err=True)
     results: list[Result] = []

@@ -12,31 +12,35 @@ benchmark shapes; heads rounded down for head dims that do not divide it), for:
   Triton's own JIT (``kernel[grid](...)``);
 - ``sdpa_flash`` and ``sdpa_cudnn``: torch SDPA pinned to one backend.
 
-Then the host cost of one call on a tiny shape (µs per call, wall clock over
-many calls, GPU work negligible). Every provider's output is checked against
-SDPA before it is timed. Rows go to a long-format CSV.
+Then (unless ``--no-host``) the host cost of one call on a tiny shape (µs per
+call, wall clock over many calls, GPU work negligible). Every provider's output is checked against
+SDPA before it is timed. Rows go to a long-format CSV, case by case. Before
+the grid, lazytriton's variants of every case are compiled in parallel into
+an image the run is served from (``--prewarm-jobs``, as bench_flash_bwd.py).
 
 The table ends with issue 12's figures: the geomean against cuDNN by head dim
 and over the grid, and the lowest row.
 
-Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--sweep] [--head-dims 64,128,256]
+Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16] [--head-dims 64,128,256]
+       [--seqlens 1k,4k,16k] [--causal both|causal|full] [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn]
+       [--prewarm-jobs N] [--no-host] [--sweep]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from csvlog import append_rows
+from benchgrid import DTYPES, add_grid_arguments, grid_of, parse_grid, prewarm
+from csvlog import append_rows, run_meta
 
-import lazytriton
 from lazytriton import dispatch, runtime
 from lazytriton.cli.timing import event_ms, interleaved_ms
 from lazytriton.flash import attn_fwd
@@ -124,45 +128,57 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def providers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict[str, Callable[[], object]]:
+FWD_PROVIDERS = ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")
+
+
+def providers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              selected: Sequence[str] = FWD_PROVIDERS) -> dict[str, Callable[[], object]]:
+    """The selected providers' calls on one case (Triton's JIT call built only if selected)."""
     from torch.nn.attention import SDPBackend
 
-    return {
-        "lazytriton": lambda: attn_fwd(q, k, v, causal=causal)[0],
-        "triton_jit": triton_jit(q, k, v, causal),
-        "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
-        "sdpa_cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
+    every: dict[str, Callable[[], Callable[[], object]]] = {
+        "lazytriton": lambda: lambda: attn_fwd(q, k, v, causal=causal)[0],
+        "triton_jit": lambda: triton_jit(q, k, v, causal),
+        "sdpa_flash": lambda: lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
+        "sdpa_cudnn": lambda: lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
     }
+    return {name: make() for name, make in every.items() if name in selected}
 
 
 def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[str, object]]) -> None:
+    """Every case of the grid: outputs checked against SDPA's flash backend, then the providers timed in turns.
+
+    A case's rows are appended to the CSV and printed as soon as it is timed,
+    so a run cut short keeps what it measured.
+    """
     from torch.nn.attention import SDPBackend
 
-    seqlens = [1024, 4096] if args.quick else [1024, 4096, 16384]
-    for dtype in (torch.bfloat16, torch.float16):
-        for d in args.head_dims:
-            for causal in (False, True):
-                for s in seqlens:
-                    b, h = 16384 // s, max(1, 2048 // d)
-                    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
-                    flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                    ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
-                    made = providers(q, k, v, causal)
-                    errs = {}
-                    for name, fn in made.items():
-                        try:
-                            errs[name] = rel_err(fn(), ref)  # type: ignore[arg-type]
-                        except Exception as exc:  # a backend missing on this GPU/torch is reported, not fatal
-                            print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
-                            errs[name] = math.nan
-                    timed = {name: ms for name, ms in zip(
-                        *_turns({name: made[name] for name, err in errs.items() if err < 2e-2}), strict=True)}
-                    for name in made:
-                        ms = timed.get(name, math.nan)
-                        rows.append({**meta, "provider": name, "mode": "fwd", "dtype": str(dtype).split(".")[-1],
-                                     "head_dim": d, "causal": causal, "batch": b, "heads": h, "seqlen": s,
-                                     "p50_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
-                                     "us_per_call": "", "rel_err": f"{errs[name]:.1e}"})
+    for index, case in enumerate(grid_of(args)):
+        torch.manual_seed(index)
+        dtype, shape = DTYPES[case.dtype], (case.batch, case.heads, case.seqlen, case.head_dim)
+        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+        ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, case.causal)
+        made = providers(q, k, v, case.causal, args.providers)
+        errs = {}
+        for name, fn in made.items():
+            try:
+                errs[name] = rel_err(fn(), ref)  # type: ignore[arg-type]
+            except Exception as exc:  # a backend missing on this GPU/torch is reported, not fatal
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+                errs[name] = math.nan
+        timed = dict(zip(*_turns({name: made[name] for name, err in errs.items() if err < 2e-2}), strict=True))
+        done = []
+        for name in made:
+            ms = timed.get(name, math.nan)
+            done.append({**meta, "provider": name, "mode": "fwd", "dtype": str(dtype).split(".")[-1],
+                         "head_dim": case.head_dim, "causal": case.causal, "batch": case.batch, "heads": case.heads,
+                         "seqlen": case.seqlen, "p50_ms": round(ms, 4), "tflops": round(case.fwd_flops / ms / 1e9, 1),
+                         "us_per_call": "", "rel_err": f"{errs[name]:.1e}"})
+        print(f"{case.label}  " + "  ".join(f"{r['provider']} {r['tflops']}" for r in done), flush=True)
+        append_rows(args.csv, FIELDS, done)
+        rows += done
+        del q, k, v, ref, made
+        torch.cuda.empty_cache()
 
 
 def host_cost(meta: dict[str, str], rows: list[dict[str, object]]) -> None:
@@ -211,13 +227,6 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _head_dims(text: str) -> list[int]:
-    dims = [int(part) for part in text.split(",") if part.strip()]
-    if not dims or any(not 1 <= d <= dispatch.MAX_HEAD_DIM for d in dims):
-        raise argparse.ArgumentTypeError(f"head dims must be in 1..{dispatch.MAX_HEAD_DIM}, got {text!r}")
-    return dims
-
-
 def print_table(rows: list[dict[str, object]]) -> None:
     fwd = [r for r in rows if r["mode"] == "fwd"]
     keys = sorted({(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]) for r in fwd},
@@ -244,27 +253,34 @@ def print_table(rows: list[dict[str, object]]) -> None:
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_fwd.csv")
-    parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only")
+    add_grid_arguments(parser, FWD_PROVIDERS)
+    parser.add_argument("--prewarm-jobs", type=int, default=os.cpu_count() or 1,
+                        help="compile lazytriton's variants of every case first, in this many processes, into an "
+                             "image the run is served from (0: compile each just in time)")
+    parser.add_argument("--no-host", action="store_true", help="skip the host cost of a call on a tiny shape")
     parser.add_argument("--sweep", action="store_true", help="also time candidate configs through Triton's JIT")
-    parser.add_argument("--head-dims", type=_head_dims, default=[64, 128, 256], help="default 64,128,256")
-    args = parser.parse_args()
+    args = parse_grid(parser, argv)
     if not torch.cuda.is_available():
         print("bench_flash_fwd needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
-
-    meta = {"kernel": "flash_fwd", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "lazytriton": lazytriton.__version__,
-            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    meta = run_meta("flash_fwd", torch.device("cuda"))
+    if args.prewarm_jobs > 0 and "lazytriton" in args.providers:
+        try:
+            prewarm(grid_of(args), torch.device("cuda"), args.prewarm_jobs, print, backward=False)
+        except Exception as exc:
+            print(f"prewarm failed, compiling just in time: {type(exc).__name__}: {exc}", file=sys.stderr)
     rows: list[dict[str, object]] = []
     throughput(args, meta, rows)
-    host_cost(meta, rows)
+    if not args.no_host:
+        host: list[dict[str, object]] = []
+        host_cost(meta, host)
+        append_rows(args.csv, FIELDS, host)
+        rows += host
     if args.sweep:
         sweep(meta)
-    append_rows(args.csv, FIELDS, rows)
     print(f"compiles by lazytriton in this run: {runtime.get().compiles}")
     print_table(rows)
     return 0

@@ -4,11 +4,12 @@ For bench_flash_bwd.py's shapes (bf16, batch x seqlen = 16k, hidden 2048), it ti
 bench does (CUDA events around each call, so the host's time to the first launch counts), the host time of a
 call with the GPU idle, and lists the kernels it launches with their device times (torch.profiler); the rest
 of the total is outside the kernels. ``--fused-from N`` also times the fused backward where its table row
-starts above the seqlen. ``--parts`` times each part alone: flash_bwd_prep through Triton's JIT at several
+starts above the seqlen, in turns with the two kernels (one call of each a round); ``--quiet`` then skips the
+host time and the kernel list. ``--parts`` times each part alone: flash_bwd_prep through Triton's JIT at several
 (BLOCK_M, warps), the accumulator's zero fill by torch and the cast ``dq.copy_(dqa)``, as GB/s.
 
 Usage: python benchmarks/probe_bwd_overhead.py [--head-dims 128,64] [--seqlens 1024,4096] [--fused-from 1024]
-[--parts]
+[--dtype bf16|fp16] [--parts] [--quiet]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 import torch
 
 from lazytriton import dispatch
-from lazytriton.cli.timing import event_ms
+from lazytriton.cli.timing import event_ms, interleaved_ms
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_bwd import fused, fused_kernel
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -56,7 +57,8 @@ def parts(q, out, do, reps):
 
 def run_case(d, s, causal, args):
     b, h = max(1, 16384 // s), 2048 // d
-    q, k, v, do = (torch.randn(b, h, s, d, device="cuda").to(torch.bfloat16) for _ in range(4))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda").to(dtype) for _ in range(4))
     call = fwd.check(q, k, v, causal)
     out, lse = fwd.forward(q, k, v, call)
 
@@ -65,13 +67,23 @@ def run_case(d, s, causal, args):
 
     total = event_ms(backward, reps=args.reps)
     print(f"hd{d} {s} causal={causal}: served backward {total:.3f} ms", flush=True)
-    row = dispatch.BWD_FUSED_TABLE.get(("bf16", d, causal))
+    key = (args.dtype, d, causal)
+    row = dispatch.BWD_FUSED_TABLE.get(key)
     if args.fused_from and row is not None and args.fused_from <= s < row[2]:
-        dispatch.BWD_FUSED_TABLE[("bf16", d, causal)] = (*row[:2], args.fused_from)
-        fused_ms = event_ms(backward, reps=args.reps)
-        dispatch.BWD_FUSED_TABLE[("bf16", d, causal)] = row
-        print(f"    fused from {args.fused_from}: {fused_ms:.3f} ms; the two kernels again "
-              f"{event_ms(backward, reps=args.reps):.3f} ms", flush=True)
+        def with_row(min_seqlen):
+            def run():
+                dispatch.BWD_FUSED_TABLE[key] = (*row[:2], min_seqlen)
+                try:
+                    return backward()
+                finally:
+                    dispatch.BWD_FUSED_TABLE[key] = row
+            return run
+
+        two, fused_ms = interleaved_ms([with_row(row[2]), with_row(args.fused_from)], True, warmup=5, reps=args.reps)
+        print(f"    in turns: the two kernels {two:.3f} ms, fused from {args.fused_from} {fused_ms:.3f} ms "
+              f"(fused / two {fused_ms / two:.3f})", flush=True)
+    if args.quiet:
+        return
     host = []
     for _ in range(30):  # host time of a call with the GPU idle: what the first event waits for
         torch.cuda.synchronize()
@@ -107,6 +119,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dims", default="128,64")
     parser.add_argument("--seqlens", default="1024,4096")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--quiet", action="store_true", help="only the served time and the A/B of --fused-from")
     parser.add_argument("--parts", action="store_true", help="also time prep's tilings, the zero fill and the cast")
     parser.add_argument("--cprofile", action="store_true", help="also profile 50 calls' host time (cProfile)")
     parser.add_argument("--fused-from", type=int, default=0,

@@ -33,7 +33,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
 
 
 def test_full_grid_is_the_forward_grid(bench: ModuleType) -> None:
-    cases = bench.cases(**_grid(bench, bench.parse_args([])))
+    cases = bench.grid_of(bench.parse_args([]))
     assert len(cases) == 36
     assert {(c.dtype, c.head_dim, c.causal, c.seqlen) for c in cases} == {
         (dt, d, causal, s) for dt in ("bf16", "fp16") for d in (64, 128, 256) for causal in (False, True)
@@ -46,16 +46,11 @@ def test_full_grid_is_the_forward_grid(bench: ModuleType) -> None:
     assert causal.fwd_flops == hd128_16k.fwd_flops / 2
 
 
-def _grid(bench: ModuleType, args: object) -> dict[str, object]:
-    return {"dtypes": args.dtypes, "head_dims": args.head_dims,  # type: ignore[attr-defined]
-            "causals": bench.CAUSALS[args.causal], "seqlens": args.seqlens}  # type: ignore[attr-defined]
-
-
 def test_quick_and_filters_select_subsets(bench: ModuleType) -> None:
-    quick = bench.cases(**_grid(bench, bench.parse_args(["--quick"])))
+    quick = bench.grid_of(bench.parse_args(["--quick"]))
     assert len(quick) == 24 and {c.seqlen for c in quick} == {1024, 4096}  # 2 dtypes x 3 head dims x 2 x 2
     args = bench.parse_args(["--dtypes", "fp16", "--head-dims", "128", "--seqlens", "4k,2048", "--causal", "causal"])
-    assert [(c.dtype, c.head_dim, c.causal, c.seqlen) for c in bench.cases(**_grid(bench, args))] == [
+    assert [(c.dtype, c.head_dim, c.causal, c.seqlen) for c in bench.grid_of(args)] == [
         ("fp16", 128, True, 4096), ("fp16", 128, True, 2048)]
     only = bench.parse_args(["--providers", "sdpa_cudnn,lazytriton"]).providers
     assert list(bench.providers("bwd", only)) == ["lazytriton", "sdpa_cudnn"]
