@@ -214,12 +214,12 @@ def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyP
     (64, True, (64, 64, 4), False, 57608, 4),
     (128, False, None, False, 164040, 8),
     (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
-    (128, True, "pingpong", True, 164144, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
-    (64, False, "pingpong", True, 115040, 12),
+    (128, True, "pingpong", True, 164328, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
+    (64, False, "pingpong", True, 115232, 12),
     (128, False, (128, 64, 8), False, 131336, 8),  # a K tile of 16 KiB: 3 stages (gluon.stages)
     (256, False, None, False, 196808, 8),  # 128 x 64 x 8: Q 64 KiB + 2 stages of 32 KiB K and V
     (256, True, (128, 64, 8), True, 196812, 12),
-    (256, True, "pingpong", True, 196912, 12),  # ping-pong 128 x 64 x 4
+    (256, True, "pingpong", True, 197096, 12),  # ping-pong 128 x 64 x 4
     (256, False, (64, 64, 4), False, 164040, 4),
 ])
 def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim: int, causal: bool,
@@ -238,7 +238,9 @@ def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim:
     assert entry.shared == shared  # the same under Triton 3.6.0 and 3.9.0 (measured)
     block_m, block_n = variant.get("BLOCK_M"), variant.get("BLOCK_N")
     assert 0 <= shared - gluon.shared_bytes(head_dim, block_m, block_n) <= gluon.SHARED_SLACK  # type: ignore[arg-type]
-    assert entry.global_scratch_size == 4 * 128  # four device-side TMA descriptors (Q, K, V, Out) a program
+    # Device-side TMA descriptors a program, 128 bytes each: Q, K, V and Out; with ping-pong each consumer
+    # warpgroup makes its own Q's and Out's (_consume_pingpong)
+    assert entry.global_scratch_size == (6 if pingpong else 4) * 128
     assert entry.hidden_args == ("global_scratch", "profile_scratch")
     signature = FLASH_FWD.signature("bf16")
     assert entry.arg_types == tuple(kind for kind in signature.values() if kind != "constexpr")
@@ -393,7 +395,7 @@ def test_a_program_of_several_query_tiles_compiles_with_two_q_buffers_and_no_spi
         entry = compile_variant(variant)
         shared = gluon.shared_bytes(head_dim, 128, 128, q_tiles)
         assert 0 <= entry.shared - shared <= gluon.SHARED_SLACK and entry.num_warps == 12
-        assert entry.global_scratch_size == 4 * 128  # the four descriptors, once a program
+        assert entry.global_scratch_size == 5 * 128  # Q, K, V (the producer's) and each consumer's Out, once
         ptx = sm90_ptx(variant)
         assert "ld.local" not in ptx and "st.local" not in ptx
         assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
@@ -509,17 +511,35 @@ def test_a_tiling_that_hangs_while_timed_is_not_timed_again(probe: ModuleType) -
 
 
 
-@pytest.mark.parametrize("pingpong", [False, True])
-def test_each_load_goes_out_before_the_next_descriptor_is_built(pingpong: bool) -> None:
-    """The prologue, in PTX order: Q's descriptor, Q's load, K's descriptor, K's load(s), V's, then Out's
-    descriptor last (only the epilogue needs it), so the GPU-scope fences of the later descriptors run while
-    Q, K and V are in flight; with the producer warp, block 0's K and V go out there too."""
-    variant = gluon_variant(128, True, pingpong=pingpong)
+def test_each_load_goes_out_before_the_next_descriptor_is_built() -> None:
+    """Without ping-pong the prologue, in PTX order, is Q's descriptor, Q's load, K's descriptor, K's loads, V's,
+    then Out's descriptor last (only the epilogue needs it), so the GPU-scope fences of the later descriptors run
+    while Q, K and V are in flight."""
+    variant = gluon_variant(128, True, pingpong=False)
     assert variant is not None
     ptx = sm90_ptx(variant)
-    prologue = ptx[:ptx.index("setmaxnreg.dec") if pingpong else ptx.index("wgmma.mma_async")]
-    events = re.findall(r"tensormap\.cp_fenceproxy|cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", prologue)
-    order = "".join("D" if e.startswith("tensormap") else "L" for e in events)
-    loads = 2 if pingpong else 1  # Q: one TMA tile a warpgroup
-    kv = 1 if pingpong else 2  # K/V tiles in the prologue: block 0 (producer), or the whole ring (2 stages)
-    assert order == "D" + "L" * loads + "D" + "L" * kv + "D" + "L" * kv + "D", order
+    prologue = ptx[:ptx.index("wgmma.mma_async")]
+    assert _descriptors_and_loads(prologue) == "DLDLLDLLD"  # K/V: the whole ring (2 stages)
+
+
+def _descriptors_and_loads(ptx: str) -> str:
+    """D for each descriptor made (its GPU-scope fence), L for each TMA load, in PTX order (a load's state space
+    is shared::cta from Triton 3.9, shared::cluster in 3.6)."""
+    events = re.findall(r"tensormap\.cp_fenceproxy|cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)
+    return "".join("D" if e.startswith("tensormap") else "L" for e in events)
+
+
+@pytest.mark.parametrize("q_tiles", [1, 8])
+def test_with_ping_pong_each_partition_makes_its_own_descriptors(q_tiles: int) -> None:
+    """Ping-pong: the partitions make their descriptors at once, none before they split (each ~0.7 µs, in
+    turn before the split they held every program's first step back). One tile: each consumer warpgroup makes
+    Q's, loads its half, then makes Out's; the producer K's, loads block 0, then V's. Several tiles: the
+    consumers make Out's alone, the producer Q's, K's and V's, each load going out before the next one."""
+    variant = gluon_variant(128, True, 1024, 1024, pingpong=True, q_tiles=q_tiles)
+    assert variant is not None and variant.constexprs.get("BLOCK_TILES", 1) == q_tiles
+    ptx = sm90_ptx(variant)
+    assert "tensormap.cp_fenceproxy" not in ptx[:ptx.index("setmaxnreg")]
+    order = _descriptors_and_loads(ptx)
+    consumers = "DLD" * 2 if q_tiles == 1 else "D" * 2
+    producer = r"DL+DL+" if q_tiles == 1 else r"DL+DL+DL+"
+    assert re.fullmatch(consumers + producer + "L*", order), order

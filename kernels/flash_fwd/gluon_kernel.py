@@ -365,16 +365,18 @@ def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2
     Q goes through two buffers (tile t in buffer t % 2, refilled once both consumer partitions released it
     after tile t - 2's output went out through it), K and V through the one ring whose position runs on
     across tiles (``g``), so the next tile's Q and first key blocks load under this tile's last steps and
-    epilogue. Every wait follows ``_produce``'s parity rule.
+    epilogue. Every wait follows ``_produce``'s parity rule. Tile 0's Q and key block 0 are loaded before
+    (``_produce_pingpong``).
     """
     g = 0
     for t in range(TILES):
         tile_m = prog_m + t * TILE_M
         n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         buf = t % 2
-        mbarrier.wait(q_empty.index(buf), ((t // 2) & 1) ^ 1)
-        _load_q(q_desc, q2_desc, q_bar.index(buf), q_smem, q2_smem, buf * WGS, tile_m, WGS, SPLIT)
-        for block in range(n_blocks):
+        if t > 0:  # tile 0's Q and key block 0 went out in _produce_pingpong, between its descriptors
+            mbarrier.wait(q_empty.index(buf), ((t // 2) & 1) ^ 1)
+            _load_q(q_desc, q2_desc, q_bar.index(buf), q_smem, q2_smem, buf * WGS, tile_m, WGS, SPLIT)
+        for block in range(1 - gl.minimum(t, 1), n_blocks):
             ring = g + block
             slot = ring % STAGES
             free = ((ring // STAGES) & 1) ^ 1
@@ -413,6 +415,69 @@ def _consume_tiles(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2
         mbarrier.arrive(q_empty.index(buf), count=1)
         g += n_blocks
         step += n_blocks + 1
+
+
+@gluon.jit
+def _produce_pingpong(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem,
+                      k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m,
+                      causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
+    """The ping-pong producer warp with its share of the prologue: K's and V's descriptors, and Q's with TILES > 1.
+
+    ``Q``, ``K``, ``V``: this program's (batch, head) bases. Each load goes
+    out as soon as its descriptor exists (Q's first tile, K's block 0, then
+    V's), while the consumer warpgroups make their own: a descriptor made on
+    the device costs ~0.7 µs of its partition's time, and made in turn before
+    the partitions split (four, eight with SPLIT) they held every program's
+    first step back (the backward's trace, benchmarks/probe_fused_steps.py).
+    With one tile the consumers load their own Q halves.
+    """
+    if TILES > 1:
+        q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+        _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, prog_m, WGS, SPLIT)
+    k_desc, k2_desc = _descriptors(K, seqlen_k, stride_ks, head_dim, k_bufs, k2_bufs, SPLIT)
+    _load_tile(k_desc, k2_desc, k_bars.index(0), k_bufs.index(0), k2_bufs.index(0), 0, SPLIT)
+    v_desc, v2_desc = _descriptors(V, seqlen_k, stride_vs, head_dim, v_bufs, v2_bufs, SPLIT)
+    _load_tile(v_desc, v2_desc, v_bars.index(0), v_bufs.index(0), v2_bufs.index(0), 0, SPLIT)
+    if TILES > 1:
+        _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
+                       v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m, seqlen_k, causal_offset,
+                       TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, SPLIT)
+    else:
+        n_blocks, n_full = _block_counts(prog_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
+        _produce(k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty,
+                 v_empty, n_blocks, BLOCK_N, STAGES, SPLIT)
+
+
+@gluon.jit
+def _consume_pingpong(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs,
+                      v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, prog_m,
+                      sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
+                      SPLIT: gl.constexpr):
+    """Ping-pong consumer warpgroup ``WG`` with its share of the prologue: Out's descriptors, and Q's with one tile.
+
+    With one tile a program, the warpgroup makes Q's descriptor and loads
+    its own half (barrier ``q_bar[WG]``), then makes Out's while Q and the
+    producer's K are in flight. The K/V descriptors ``_consume`` takes are
+    the producer's to use (PRODUCER): Out's stand in for them, never read.
+    """
+    ROWS: gl.constexpr = TILE_M // WGS
+    if TILES > 1:
+        o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+        _consume_tiles(q_smem, q2_smem, o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar,
+                       q_empty, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base, prog_m, seqlen_k,
+                       sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, WG, SPLIT)
+    else:
+        q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+        start_m = prog_m + WG * ROWS
+        _load_tile(q_desc, q2_desc, q_bar.index(WG), q_smem.index(WG), q2_smem.index(WG), start_m, SPLIT)
+        o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+        n_blocks, n_full = _block_counts(prog_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
+        _consume(q_smem.index(WG), q2_smem.index(WG), o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs, v_bufs,
+                 v2_bufs, q_bar.index(WG), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
+                 start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, WG, True,
+                 SPLIT)
 
 
 @gluon.jit
@@ -572,12 +637,15 @@ def flash_fwd_gluon_kernel(
         q2_smem = q_smem
         k2_bufs = k_bufs
         v2_bufs = v_bufs
-    q_bar = gl.allocate_shared_memory(gl.int64, [QBUFS, 1], mbarrier.MBarrierLayout())
+    # Q's barriers: with several tiles one a Q buffer (the producer loads both halves), with one tile and
+    # ping-pong one a warpgroup (each loads its own half), else one.
+    QBARS: gl.constexpr = 2 if PINGPONG else 1
+    q_bar = gl.allocate_shared_memory(gl.int64, [QBARS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(QBUFS):
+    for i in gl.static_range(QBARS):
         mbarrier.init(q_bar.index(i), count=1)
     if TILES > 1:  # q_empty[b]: both consumer partitions are done with Q buffer b (its output went out)
         q_empty = gl.allocate_shared_memory(gl.int64, [QBUFS, 1], mbarrier.MBarrierLayout())
@@ -599,76 +667,67 @@ def flash_fwd_gluon_kernel(
         turn = k_empty  # never touched without ping-pong: no barrier of its own, the shared memory as it was
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
-    # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal. With
-    # PINGPONG both warpgroups take the whole tile's counts (they must run the same steps to alternate):
-    # the upper half's extra diagonal block is masked, exact since every row has already seen key 0.
-    n_blocks, n_full = _block_counts(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
-
-    # Each descriptor is written to global scratch and fenced (a release and an acquire at GPU scope, then
-    # a CTA barrier: read from the PTX), one after another. Each load goes out as soon as its own
-    # descriptor exists, so the later descriptors (Out's last, needed only by the epilogue) are built while
-    # Q, K and V are in flight: the prologue that short sequences and causal tiles pay on every CTA. With
-    # SPLIT each tensor has a second descriptor, over its columns from BLOCK_D on (the base stays 16-byte
-    # aligned: BLOCK_D is a power of two of at least 16).
-    q_desc, q2_desc = _descriptors(Q + batch * stride_qb + head * stride_qh, seqlen_q, stride_qs, head_dim, q_smem,
-                                   q2_smem, SPLIT)
-    if TILES == 1:  # with several tiles the producer warp loads every Q, K and V
-        _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, start_m, WGS, SPLIT)
-    # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
-    PRELOAD: gl.constexpr = 0 if TILES > 1 else 1 if PRODUCER else STAGES
-    k_desc, k2_desc = _descriptors(K + batch * stride_kb + kv_head * stride_kh, seqlen_k, stride_ks, head_dim,
-                                   k_bufs, k2_bufs, SPLIT)
-    for i in gl.static_range(PRELOAD):
-        _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
-    v_desc, v2_desc = _descriptors(V + batch * stride_vb + kv_head * stride_vh, seqlen_k, stride_vs, head_dim,
-                                   v_bufs, v2_bufs, SPLIT)
-    for i in gl.static_range(PRELOAD):
-        _issue_load(v_desc, v2_desc, v_bars, v_bufs, v2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
-    o_desc, o2_desc = _descriptors(Out + batch * stride_ob + head * stride_oh, seqlen_q, stride_os, head_dim, q_smem,
-                                   q2_smem, SPLIT)
     lse_base = Lse + batch * stride_lb + head * stride_lh
-    if TILES > 1:
-        # One program, TILES query tiles of TILE_M rows: the ping-pong schedule of each tile, the producer
-        # running ahead across tiles (the next Q and key blocks load under this tile's end and epilogue).
-        gl.warp_specialize([(_consume_tiles, (q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
-                                              v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn,
-                                              o_desc, o2_desc, lse_base, start_m, seqlen_k, sm_scale, causal_offset,
-                                              TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
-                            (_consume_tiles, (q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
-                                              v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn,
-                                              o_desc, o2_desc, lse_base, start_m, seqlen_k, sm_scale, causal_offset,
-                                              TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
-                            (_produce_tiles, (q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem,
-                                              k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars,
-                                              k_empty, v_empty, start_m, seqlen_k, causal_offset, TILES, TILE_M, WGS,
-                                              BLOCK_N, STAGES, CAUSAL, SPLIT))], [NUM_WARPS, 1], [240, 24])
-    elif PINGPONG:
-        # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to
-        # issue their wgmmas, so one's softmax runs under the other's products; one warp loads for both.
-        gl.warp_specialize([(_consume, (q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs,
-                                        k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty,
-                                        turn, o_desc, o2_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
-                                        causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, True, SPLIT)),
-                            (_consume, (q_smem.index(1), q2_smem.index(1), k_desc, k2_desc, v_desc, v2_desc, k_bufs,
-                                        k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty,
-                                        turn, o_desc, o2_desc, lse_base, start_m + ROWS, n_blocks, n_full, sm_scale,
-                                        causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 1, True, SPLIT)),
-                            (_produce, (k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars,
-                                        v_bars, k_empty, v_empty, n_blocks, BLOCK_N, STAGES, SPLIT))],
-                           [NUM_WARPS, 1], [240, 24])
-    elif PRODUCER:
-        # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
-        gl.warp_specialize([(_consume, (q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs,
-                                        k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty,
-                                        turn, o_desc, o2_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
-                                        causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0, False, SPLIT)),
-                            (_produce, (k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars,
-                                        v_bars, k_empty, v_empty, n_blocks, BLOCK_N, STAGES, SPLIT))], [1], [24])
+    q_base = Q + batch * stride_qb + head * stride_qh
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    o_base = Out + batch * stride_ob + head * stride_oh
+    if PINGPONG:
+        # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to issue
+        # their wgmmas, so one's softmax runs under the other's products; one warp loads for both. Every
+        # descriptor is made in the partition that uses it, at once in the three (_produce_pingpong). With
+        # TILES > 1 a program walks TILES query tiles of TILE_M rows, the producer running ahead across tiles
+        # (the next Q and key blocks load under this tile's end and epilogue).
+        gl.warp_specialize([(_consume_pingpong, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                                 q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                                 k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                                 causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0,
+                                                 SPLIT)),
+                            (_consume_pingpong, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                                 q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                                 k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                                 causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1,
+                                                 SPLIT)),
+                            (_produce_pingpong, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
+                                                 seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
+                                                 v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
+                                                 causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL,
+                                                 SPLIT))], [NUM_WARPS, 1], [240, 24])
     else:
-        _consume(q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs,
-                 v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
-                 start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, False, 0, False,
-                 SPLIT)
+        # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal.
+        n_blocks, n_full = _block_counts(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+
+        # Each descriptor is written to global scratch and fenced (a release and an acquire at GPU scope, then
+        # a CTA barrier: read from the PTX), one after another. Each load goes out as soon as its own
+        # descriptor exists, so the later descriptors (Out's last, needed only by the epilogue) are built while
+        # Q, K and V are in flight. With SPLIT each tensor has a second descriptor, over its columns from BLOCK_D
+        # on (the base stays 16-byte aligned: BLOCK_D is a power of two of at least 16).
+        q_desc, q2_desc = _descriptors(q_base, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+        _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, start_m, WGS, SPLIT)
+        # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
+        PRELOAD: gl.constexpr = 1 if PRODUCER else STAGES
+        k_desc, k2_desc = _descriptors(k_base, seqlen_k, stride_ks, head_dim, k_bufs, k2_bufs, SPLIT)
+        for i in gl.static_range(PRELOAD):
+            _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
+        v_desc, v2_desc = _descriptors(v_base, seqlen_k, stride_vs, head_dim, v_bufs, v2_bufs, SPLIT)
+        for i in gl.static_range(PRELOAD):
+            _issue_load(v_desc, v2_desc, v_bars, v_bufs, v2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
+        o_desc, o2_desc = _descriptors(o_base, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+        if PRODUCER:
+            # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
+            gl.warp_specialize([(_consume, (q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc,
+                                            k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars,
+                                            k_empty, v_empty, turn, o_desc, o2_desc, lse_base, start_m, n_blocks,
+                                            n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0,
+                                            False, SPLIT)),
+                                (_produce, (k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs,
+                                            k_bars, v_bars, k_empty, v_empty, n_blocks, BLOCK_N, STAGES, SPLIT))],
+                               [1], [24])
+        else:
+            _consume(q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs,
+                     v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
+                     start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, False, 0,
+                     False, SPLIT)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
@@ -677,7 +736,8 @@ def flash_fwd_gluon_kernel(
     if PINGPONG:
         for i in gl.static_range(2):
             mbarrier.invalidate(turn.index(i))
-    for i in gl.static_range(QBUFS):
+    for i in gl.static_range(QBARS):
         mbarrier.invalidate(q_bar.index(i))
-        if TILES > 1:
+    if TILES > 1:
+        for i in gl.static_range(QBUFS):
             mbarrier.invalidate(q_empty.index(i))
