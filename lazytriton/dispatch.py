@@ -765,7 +765,10 @@ def flash_bwd_dkdv_gluon_default_variant(target: Target, dtype: str, head_dim: i
 # cuDNN from 1k, lse and delta prefetched. fp16 takes bf16's rows.
 BwdFusedTiling = tuple[int, bool, int]  # BLOCK_M, PREFETCH, min seqlen_k
 _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
-    (128, False): (64, False, 2048),
+    # Head dim 128 non-causal from 1k keys since 12-02 (12th session: with the parallel prologue and the staged
+    # dK/dV stores, probe_bwd_overhead.py --fused-from 1024, the two plans timed in turns, fused / two kernels
+    # 1.009 and 1.000 bf16, 0.973 and 0.957 fp16 over two runs); causal keeps 2k (1.07-1.10 at 1k)
+    (128, False): (64, False, 1024),
     (128, True): (64, False, 2048),
     (64, False): (128, False, 2048),
     (64, True): (64, True, 2048),

@@ -159,7 +159,9 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
 @pytest.mark.parametrize("head_dim, causal, offset, sq, sk, fits", [
     (128, False, 0, 2048, 2048, True),
     (128, True, 0, 128, 2048, True),
-    (128, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: the two kernels win there
+    (128, False, 0, 1024, 1024, True),  # from 1k keys (12-02)
+    (128, True, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: the two kernels win there
+    (128, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
     (128, False, 0, 2048, 2112, False),  # seqlen_k not a multiple of 128
     (128, True, -64, 2112, 2048, False),  # rows without keys
     (64, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: flash_bwd wins there
