@@ -237,7 +237,8 @@ def print_table(rows: list[dict[str, object]]) -> None:
         vals = [float(by.get((*key, p), math.nan) or math.nan) for p in
                 ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")]
         ratios = [vals[0] / x if x else math.nan for x in vals[1:]]
-        label = f"{key[0][:4]} hd{key[1]} {'causal' if key[2] else 'full  '} {key[3] // 1024:>2}k"
+        short = {"bfloat16": "bf16", "float16": "fp16"}.get(str(key[0]), str(key[0]))
+        label = f"{short} hd{key[1]} {'causal' if key[2] else 'full  '} {key[3] // 1024:>2}k"
         print(f"{label:<26}" + "".join(f"{x:>11.0f}" for x in vals) + "".join(f"{x:>8.2f}" for x in ratios))
     vs_cudnn: dict[int, list[float]] = {}
     for key in keys:
