@@ -50,13 +50,20 @@ The pipeline, and why each choice:
   this program's (batch, head) (seqlen, head_dim) slice): the launcher takes
   no 128-byte CUtensorMap by value, and device-side descriptors need only
   Triton's hidden global scratch, which lazytriton's launcher allocates
-  (128 bytes a descriptor, four here: Q, K, V and Out, so 512 bytes a
-  program). Any (batch, head) strides work. Each one is written to that
-  scratch and fenced at GPU scope, one after another, on every CTA: so
-  each load is issued as soon as its own descriptor exists (Q's, then K's
-  tiles, then V's) and Out's descriptor, which only the epilogue needs,
-  is built last, while the tiles are in flight. This prologue weighs most
-  where a CTA has few key blocks: short sequences and causal tiles.
+  (128 bytes a descriptor: Q, K, V and Out, twice each with SPLIT). Any
+  (batch, head) strides work. Each one is written to that scratch and
+  fenced at GPU scope, ~0.7 µs of its partition's time on the H200, on
+  every CTA: so each load is issued as soon as its own descriptor exists
+  (Q's, then K's tiles, then V's), and Out's descriptor, which only the
+  epilogue needs, is built last, while the tiles are in flight. With
+  ping-pong each partition makes the ones it uses, at once: each consumer
+  warpgroup Q's (loading its own half) and Out's, the producer warp K's and
+  V's (with several query tiles the producer makes Q's and loads every Q,
+  the consumers make Out's alone), so six descriptors a program (five with
+  several tiles). This prologue weighs most where a CTA has few key
+  blocks: short sequences and causal tiles (made in turn before the
+  partitions split, it cost the 1k causal rows at split head dims 5-8%:
+  benchmarks/NOTES.md, 12-02).
 - **Async wgmma for both products.** QK^T reads Q and K from shared memory
   (K transposed by a permuted view, no copy); PV takes P from registers
   (FlashAttention-3's choice: P never goes through shared memory) and V
@@ -390,34 +397,6 @@ def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2
 
 
 @gluon.jit
-def _consume_tiles(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar,
-                   q_empty, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base, prog_m, seqlen_k,
-                   sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
-                   SPLIT: gl.constexpr):
-    """One ping-pong consumer partition of a program walking TILES query tiles: ``_consume`` for each tile.
-
-    Tile t's rows are in Q buffer t % 2 (released to the producer after the
-    tile's output went out through it); the ring position and the ping-pong
-    step count run on across tiles.
-    """
-    ROWS: gl.constexpr = TILE_M // WGS
-    g = 0
-    step = 0
-    for t in range(TILES):
-        tile_m = prog_m + t * TILE_M
-        n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
-        buf = t % 2
-        _consume(q_smem.index(buf * WGS + WG), q2_smem.index(buf * WGS + WG), k_desc, k2_desc, v_desc, v2_desc,
-                 k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(buf), (t // 2) & 1, k_bars, v_bars, k_empty, v_empty,
-                 turn, o_desc, o2_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full, sm_scale, causal_offset, g,
-                 step, BLOCK_N, STAGES, CAUSAL, True, WG, True, SPLIT, False, True)
-        mbarrier.arrive(q_empty.index(buf), count=1)
-        g += n_blocks
-        step += n_blocks + 1
-
-
-@gluon.jit
 def _produce_pingpong(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem,
                       k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m,
                       causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
@@ -464,10 +443,22 @@ def _consume_pingpong(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim
     """
     ROWS: gl.constexpr = TILE_M // WGS
     if TILES > 1:
+        # ``_consume`` for each tile: tile t's rows are in Q buffer t % 2, released to the producer after the
+        # tile's output went out through it; the ring position and the ping-pong step count run on across tiles.
         o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
-        _consume_tiles(q_smem, q2_smem, o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar,
-                       q_empty, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base, prog_m, seqlen_k,
-                       sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, WG, SPLIT)
+        g = 0
+        step = 0
+        for t in range(TILES):
+            tile_m = prog_m + t * TILE_M
+            n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
+            buf = t % 2
+            _consume(q_smem.index(buf * WGS + WG), q2_smem.index(buf * WGS + WG), o_desc, o2_desc, o_desc, o2_desc,
+                     k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(buf), (t // 2) & 1, k_bars, v_bars, k_empty,
+                     v_empty, turn, o_desc, o2_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full, sm_scale,
+                     causal_offset, g, step, BLOCK_N, STAGES, CAUSAL, True, WG, True, SPLIT, False, True)
+            mbarrier.arrive(q_empty.index(buf), count=1)
+            g += n_blocks
+            step += n_blocks + 1
     else:
         q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
         start_m = prog_m + WG * ROWS
@@ -501,7 +492,7 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
     which), the other warpgroup running the same steps on the other half.
     ``q_ready`` is Q's barrier, completing phase ``q_phase``. ``g0``/``s0``:
     the ring position and ping-pong step of this tile's first block (0, but
-    in ``_consume_tiles``); FIRST: this is the program's first step (no turn
+    with several tiles a program); FIRST: this is the program's first step (no turn
     to wait for); RELEASE_LAST: the last V buffer is released to the
     producer too (a next tile's loads need it). SPLIT: the head dim is two
     chunks, the second in ``q2_smem``, ``k2_bufs``, ``v2_bufs`` and ``o2_desc``
