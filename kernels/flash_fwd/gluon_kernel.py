@@ -464,6 +464,8 @@ def _consume_pingpong(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim
         start_m = prog_m + WG * ROWS
         _load_tile(q_desc, q2_desc, q_bar.index(WG), q_smem.index(WG), q2_smem.index(WG), start_m, SPLIT)
         o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+        # Both warpgroups take the whole tile's block counts (they must run the same steps to alternate): the
+        # upper half's extra diagonal block is masked, exact since every row has already seen key 0.
         n_blocks, n_full = _block_counts(prog_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         _consume(q_smem.index(WG), q2_smem.index(WG), o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs, v_bufs,
                  v2_bufs, q_bar.index(WG), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
