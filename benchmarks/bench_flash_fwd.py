@@ -13,10 +13,12 @@ benchmark shapes; heads rounded down for head dims that do not divide it), for:
 - ``sdpa_flash`` and ``sdpa_cudnn``: torch SDPA pinned to one backend.
 
 Then (unless ``--no-host``) the host cost of one call on a tiny shape (µs per
-call, wall clock over many calls, GPU work negligible). Every provider's output is checked against
-SDPA before it is timed. Rows go to a long-format CSV, case by case. Before
-the grid, lazytriton's variants of every case are compiled in parallel into
-an image the run is served from (``--prewarm-jobs``, as bench_flash_bwd.py).
+call, wall clock over many calls, GPU work negligible). Every provider's
+output is checked against SDPA before it is timed. Rows go to a long-format
+CSV, case by case. Before the grid, lazytriton's variants of every case are
+compiled in parallel into an image the run is served from
+(``--prewarm-jobs``, as bench_flash_bwd.py). The grid and its filters are
+``benchgrid.py``'s.
 
 The table ends with issue 12's figures: the geomean against cuDNN by head dim
 and over the grid, and the lowest row.
