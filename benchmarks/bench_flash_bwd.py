@@ -97,9 +97,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_grid_arguments(parser, BWD_PROVIDERS)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--prewarm-jobs", type=int, default=os.cpu_count() or 1,
-                        help="compile lazytriton's variants of every case first, in this many processes, into an "
-                             "image the run is served from (0: compile each just in time)")
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="one tiny case on CPU (Triton's interpreter): checks the script runs end to end")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -260,9 +259,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_fwd.csv")
     add_grid_arguments(parser, FWD_PROVIDERS)
-    parser.add_argument("--prewarm-jobs", type=int, default=os.cpu_count() or 1,
-                        help="compile lazytriton's variants of every case first, in this many processes, into an "
-                             "image the run is served from (0: compile each just in time)")
     parser.add_argument("--no-host", action="store_true", help="skip the host cost of a call on a tiny shape")
     parser.add_argument("--sweep", action="store_true", help="also time candidate configs through Triton's JIT")
     args = parse_grid(parser, argv)

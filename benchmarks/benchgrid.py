@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import shutil
 import sys
 import tempfile
@@ -71,7 +72,7 @@ def parse_seqlen(item: str) -> int:
 
 
 def add_grid_arguments(parser: argparse.ArgumentParser, providers: Sequence[str]) -> None:
-    """--quick, --dtypes, --head-dims, --seqlens, --causal, --providers (a subset of ``providers``)."""
+    """--quick, --dtypes, --head-dims, --seqlens, --causal, --providers (a subset of ``providers``), --prewarm-jobs."""
     parser.add_argument("--quick", action="store_true", help="seqlens 1k and 4k only (unless --seqlens is given)")
     parser.add_argument("--dtypes", type=list_arg("--dtypes", str, DTYPES.__contains__,
                                                   f"a comma-separated subset of {list(DTYPES)}"),
@@ -86,6 +87,9 @@ def add_grid_arguments(parser: argparse.ArgumentParser, providers: Sequence[str]
     parser.add_argument("--providers", type=list_arg("--providers", str, providers.__contains__,
                                                      f"a comma-separated subset of {tuple(providers)}"),
                         default=list(providers), help=f"a subset of {','.join(providers)} (default all)")
+    parser.add_argument("--prewarm-jobs", type=int, default=os.cpu_count() or 1,
+                        help="compile lazytriton's variants of every case first, in this many processes, into an "
+                             "image the run is served from (0: compile each just in time)")
 
 
 def parse_grid(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
