@@ -107,19 +107,21 @@ def ws_backward(q, k, v, out, lse, do, causal, tiling, kernel=None):
     hk, sk = k.shape[1], k.shape[2]
     block_m, prefetch = tiling
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dqa = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
+    block_d, block_d2 = fused.chunks(d)  # a split or padded head dim as the binding runs it
+    dqa = torch.empty((b, hq, sq, fused.tile(d)), dtype=torch.float32, device=q.device)
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     prep_grid, grid = fused.grids(b, hq, hk, sq, sk, d)
 
     def run():
         fused_kernel.flash_bwd_prep_kernel[prep_grid](out, do, delta, dqa, *out.stride()[:3], *do.stride()[:3],
-                                                      *delta.stride()[:2], hq, sq, BLOCK_M=fused.PREP_BLOCK_M,
-                                                      BLOCK_D=d)
+                                                      *delta.stride()[:2], hq, sq, d, BLOCK_M=fused.PREP_BLOCK_M,
+                                                      BLOCK_D=fused.tile(d))
         kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dqa, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2], hq // hk, hq, sq, sk, sk - sq,
-            d ** -0.5, BLOCK_M=block_m, BLOCK_D=d, CAUSAL=causal, PREFETCH=prefetch, num_warps=4)
-        return dqa.to(q.dtype), dk, dv
+            *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2], hq // hk, hq, sq, sk, d,
+            sk - sq, d ** -0.5, BLOCK_M=block_m, BLOCK_D=block_d, CAUSAL=causal, PREFETCH=prefetch, BLOCK_D2=block_d2,
+            num_warps=4)
+        return dqa[..., :d].to(q.dtype), dk, dv
     return run
 
 
