@@ -33,3 +33,37 @@ def test_interleaved_ms_gives_each_its_own_median(monkeypatch: pytest.MonkeyPatc
 
 def test_interleaved_ms_of_nothing_is_nothing() -> None:
     assert interleaved_ms([], on_gpu=False, reps=4) == []
+
+
+def test_a_timed_gpu_call_starts_after_the_device_is_given_work_to_spin_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lead (``torch.cuda._sleep``) is enqueued before the start event, the call between the events: the
+    host's time to enqueue the call falls inside the spin, not between the events (fake CUDA, order only)."""
+    import torch
+
+    from lazytriton.cli import timing
+
+    order: list[str] = []
+    made: list[str] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.name = ("start", "end")[len(made) % 2]
+            made.append(self.name)
+
+        def record(self) -> None:
+            order.append(f"{self.name} recorded")
+
+        def synchronize(self) -> None:
+            order.append(f"{self.name} waited")
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            return 1.5
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append(f"spin {cycles}"))
+    assert timing.one_event_ms(lambda: order.append("call")) == 1.5
+    assert order == [f"spin {timing.LEAD_CYCLES}", "start recorded", "call", "end recorded", "end waited"]
+    order.clear()
+    assert timing.one_event_ms(lambda: order.append("call"), lead=False) == 1.5
+    assert order == ["start recorded", "call", "end recorded", "end waited"]
