@@ -33,6 +33,10 @@ class KernelSpec:
     (sizes such as the seqlens, and strides derived from them) when it has
     ``SEQ16=true``. Two flags, because a packed (varlen) or odd-length call has
     aligned tensors but not aligned seqlens, and should keep the first hints.
+    ``eight_params`` (the head dim where the kernel's rule takes multiples of
+    8 only: TMA's 16-byte rows) are marked 8-divisible in every variant, so
+    that a mask on them stays whole over 8 columns and 16-byte accesses stay
+    16-byte accesses.
     ``constexprs`` are the constexpr parameters, filled from the variant's
     functional and tuned fields. ``helpers`` names the other modules whose
     ``@jit`` functions the kernel calls (``from ... import``): their sources
@@ -48,6 +52,7 @@ class KernelSpec:
     aligned_params: tuple[str, ...]
     seq_aligned_params: tuple[str, ...] = ()
     helpers: tuple[str, ...] = ()
+    eight_params: tuple[str, ...] = ()
 
     @property
     def source_path(self) -> Path:
@@ -88,7 +93,8 @@ def source_fingerprint(kernel: str) -> str:
     the kernel and every ``@triton.jit`` function it calls, so any change to
     what it computes changes the fingerprint, and with it every key of that
     kernel. The description decides the binary too (parameter
-    types, which parameters are marked 16-divisible under ALIGN16 and SEQ16)
+    types, which parameters are marked 16-divisible under ALIGN16 and SEQ16,
+    which 8-divisible always)
     without touching the source: when ALIGN16 stopped covering flash_bwd's
     seqlens, its ALIGN16 variants kept their strings, and entries compiled
     with the old hints must miss, not serve an odd-length call. Computed once
@@ -96,7 +102,8 @@ def source_fingerprint(kernel: str) -> str:
     """
     spec = get(kernel)
     texts = [path.read_bytes().replace(b"\r\n", b"\n") for path in spec.source_paths]
-    described = repr((spec.params, spec.constexprs, spec.aligned_params, spec.seq_aligned_params)).encode()
+    hints = (spec.aligned_params, spec.seq_aligned_params) + ((spec.eight_params,) if spec.eight_params else ())
+    described = repr((spec.params, spec.constexprs, *hints)).encode()
     return xxhash.xxh3_64_hexdigest(b"\0".join((*texts, described)))
 
 

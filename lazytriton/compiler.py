@@ -77,15 +77,17 @@ def _check_signature(spec: KernelSpec, fn: Any) -> None:
                            f"{expected}")
 
 
-def _attrs(spec: KernelSpec, variant: Variant) -> dict[tuple[int, ...], list[list[Any]]]:
-    """``tt.divisibility 16`` on ``aligned_params`` under ALIGN16 and on ``seq_aligned_params`` under SEQ16."""
+def divisibility_hints(spec: KernelSpec, variant: Variant) -> dict[tuple[int, ...], list[list[Any]]]:
+    """Triton's ``attrs`` for ``variant``: ``tt.divisibility`` 16 on ``aligned_params`` under ALIGN16 and on
+    ``seq_aligned_params`` under SEQ16, 8 on ``eight_params`` always (unless marked 16)."""
     constexprs = variant.constexprs
     marked: set[str] = set()
     if constexprs.get("ALIGN16", False):
         marked.update(spec.aligned_params)
     if constexprs.get("SEQ16", False):
         marked.update(spec.seq_aligned_params)
-    return {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params) if name in marked}
+    return {(i,): [["tt.divisibility", 16 if name in marked else 8]] for i, (name, _) in enumerate(spec.params)
+            if name in marked or name in spec.eight_params}
 
 
 def _expanded_count(arg_types: Sequence[str]) -> int:
@@ -161,7 +163,7 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
             from triton.experimental.gluon._runtime import GluonASTSource
 
         source_type = GluonASTSource
-    source = source_type(fn, signature, constexprs=constexprs, attrs=_attrs(spec, variant))
+    source = source_type(fn, signature, constexprs=constexprs, attrs=divisibility_hints(spec, variant))
     with TRITON_LOCK, _private_triton_cache():
         try:
             kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)

@@ -121,7 +121,7 @@ def test_the_fingerprint_covers_the_hint_lists(monkeypatch: pytest.MonkeyPatch) 
 def _marked(spec: kernels.KernelSpec, variant: Variant) -> set[str]:
     from lazytriton import compiler
 
-    attrs = compiler._attrs(spec, variant)  # noqa: SLF001 (the compiler's own rule, tested directly)
+    attrs = compiler.divisibility_hints(spec, variant)
     assert all(value == [["tt.divisibility", 16]] for value in attrs.values())
     return {spec.params[i][0] for (i,) in attrs}
 

@@ -381,6 +381,36 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
     assert prep.shared < 4096 and prep.num_warps == 4
 
 
+def _sass(cubin: bytes, tmp_path: Path) -> str:
+    """The SASS of a cubin, by the cuobjdump that Triton ships."""
+    import subprocess
+
+    import triton.backends.nvidia as nvidia
+
+    path = tmp_path / "kernel.cubin"
+    path.write_bytes(cubin)
+    tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("head_dim", [128, 256, 192, 224])
+def test_the_served_kernels_move_rows_16_bytes_a_thread(head_dim: int, tmp_path: Path) -> None:
+    """head_dim is marked 8-divisible (``eight_params``: the rule takes multiples of 8 only), so the masked dK/dV
+    stores of the fused kernel and the prep kernel's masked O/dO loads are 16-byte accesses, as the JIT probes
+    that measured them compiled them; unmarked they were 2-byte ones (12-02: the kernel 869 µs a call in the
+    served backward at hd128 1k, 686 µs in the probe)."""
+    from lazytriton.compiler import compile_variant
+
+    found = fused.variants("sm_90", "bf16", head_dim, "none", True, False, 4096, 4096, 64, True)
+    assert found is not None
+    prep, kernel = (_sass(compile_variant(v).binary, tmp_path) for v in found)
+    stores = re.findall(r"STG\.E(\.[A-Z0-9]+)?", kernel)
+    assert stores and set(stores) <= {".128", ".64", ""}, sorted(set(stores))  # no .U16 / .16
+    assert ".128" in stores
+    loads = re.findall(r"LDG\.E(\.[A-Z0-9]+)?(\.CONSTANT)?", prep)
+    assert ".128" in {size for size, _ in loads} and not any(size in (".U16", ".16") for size, _ in loads)
+
+
 def _fused_ptx(fn: object, head_dim: int, causal: bool, **flags: bool) -> str:
     """PTX of a fused-kernel function (the served one or a probe's copy) for sm_90, bf16, BLOCK_M 64."""
     import triton

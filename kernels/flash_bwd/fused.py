@@ -49,6 +49,10 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     aligned_params=tuple(p for p, _ in _POINTERS) + tuple(s for s, _ in _DATA_STRIDES),
     seq_aligned_params=("seqlen_q", "seqlen_k", "causal_offset", *(s for s, _ in _LSE_STRIDES)),
     helpers=("lazytriton.kernels.flash_bwd.gluon_kernel",),  # kv_tile, query_steps, tma_load
+    # ``reason`` takes multiples of 8 only: marked, dK's and dV's masked stores (fused_kernel._store_tile) go out
+    # 16 bytes a thread, as they were measured to (unmarked they were 2-byte stores: the JIT probes mark every
+    # multiple of 16 themselves, the served kernel did not, 12-02)
+    eight_params=("head_dim",),
 )
 
 _PREP_STRIDES = _strides("o", "do")
@@ -60,6 +64,7 @@ FLASH_BWD_PREP = KernelSpec(
             *_LSE_STRIDES, ("heads_q", "i32"), ("seqlen_q", "i32"), ("head_dim", "i32")),
     constexprs=("BLOCK_M", "BLOCK_D"),
     aligned_params=("Out", "DO", "Delta", "DQA") + tuple(s for s, _ in _PREP_STRIDES),
+    eight_params=("head_dim",),  # launched in the fused plan only: O's and dO's masked loads 16 bytes wide
 )
 
 # Targets and dtypes are flash_bwd_dkdv_gluon's (its rule checks them). Head dims 64 and 128: two float32
