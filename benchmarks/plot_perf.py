@@ -29,12 +29,19 @@ The PNG is deterministic for a given CSV and matplotlib/FreeType install:
 fixed size and dpi, the Agg canvas, no pyplot state, and no ``Software``
 entry in the PNG metadata (matplotlib writes no time into a PNG).
 
+``--since`` (default ``DEVICE_TIME_SINCE``) leaves out points older than a
+timestamp: rows timed before 2026-12-02 07:00 UTC held each call's host
+latency (the device idled from the previous sync until the call's first
+launch; ``lazytriton.cli.timing.LEAD_CYCLES`` says what changed), so their
+ratios are not comparable with later rows' and are not drawn or summed.
+
 ``--head-dims`` keeps the rows of those head dims only (the README draws
 64/128/256 in one figure and the split and padded ones in another); the
 figure widens with its panels.
 
 Usage: python benchmarks/plot_perf.py [--dtype bf16|fp16] [--out docs/perf_bf16.png]
        [--fwd-csv PATH] [--bwd-csv PATH] [--gpu NAME] [--head-dims 64,128,256]
+       [--since 2026-12-02T07:00:00+00:00]
        python benchmarks/plot_perf.py --summary     (the markdown table; draws nothing)
 """
 
@@ -144,6 +151,18 @@ def _time(text: str) -> dt.datetime:
     """An ISO 8601 timestamp; one without a zone is taken as UTC (the benchmarks write UTC)."""
     value = dt.datetime.fromisoformat(text)
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+# The first run of the grids timed as lazytriton.cli.timing times calls since 12-02: the device busy while the
+# host enqueues each call, so the events hold device time only (before: its host latency too, 0.04-0.35 ms a call)
+DEVICE_TIME_SINCE = "2026-12-02T07:00:00+00:00"
+
+
+def _since(text: str) -> dt.datetime:
+    try:
+        return _time(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--since: expected an ISO 8601 timestamp, got {text!r}") from None
 
 
 def usable(row: Row) -> bool:
@@ -318,6 +337,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bwd-csv", type=Path, default=RESULTS / "flash_bwd.csv")
     parser.add_argument("--gpu", default=None, help="plot this GPU's rows (default: the newest row's GPU)")
     parser.add_argument("--summary", action="store_true", help="print the geomean-ratio markdown table instead")
+    parser.add_argument("--since", type=_since, default=_time(DEVICE_TIME_SINCE),
+                        help=f"leave out points older than this ISO 8601 timestamp (default {DEVICE_TIME_SINCE}: "
+                             "the first rows timed as device time only)")
     parser.add_argument("--head-dims", type=_head_dims, default=None,
                         help="comma-separated head dims to draw or sum up (default: every one in the CSVs)")
     return parser.parse_args(argv)
@@ -336,7 +358,7 @@ def _head_dims(text: str) -> frozenset[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rows = [row for path in (args.fwd_csv, args.bwd_csv) for row in read_rows(path)]
-    selected = select_latest(rows, args.gpu or newest_gpu(rows))
+    selected = {k: p for k, p in select_latest(rows, args.gpu or newest_gpu(rows)).items() if p.timestamp >= args.since}
     if args.head_dims is not None:
         selected = {k: p for k, p in selected.items() if k.head_dim in args.head_dims}
     if args.summary:

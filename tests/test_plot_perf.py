@@ -138,6 +138,12 @@ def test_the_script_draws_the_same_png_twice(plot: ModuleType, tmp_path: Path,
     fwd.append(_row("torch_add", "", mode="host", check=None))  # a host-cost row: no tflops, skipped
     args = ["--fwd-csv", str(_write(tmp_path / "fwd.csv", FWD_COLUMNS, fwd)),
             "--bwd-csv", str(_write(tmp_path / "bwd.csv", BWD_COLUMNS, bwd))]
+    # By default rows before plot.DEVICE_TIME_SINCE (timed with each call's host latency) are left out: all here
+    with pytest.raises(ValueError, match="no fwd/bwd points"):
+        plot.main([*args, "--out", str(tmp_path / "old.png")])
+    with pytest.raises(SystemExit):
+        plot.main([*args, "--since", "last week"])
+    args += ["--since", EARLY]
     pngs = [tmp_path / "a" / "perf.png", tmp_path / "b.png"]
     for png in pngs:
         assert plot.main([*args, "--out", str(png)]) == 0
