@@ -78,8 +78,12 @@ def _check_signature(spec: KernelSpec, fn: Any) -> None:
 
 
 def divisibility_hints(spec: KernelSpec, variant: Variant) -> dict[tuple[int, ...], list[list[Any]]]:
-    """Triton's ``attrs`` for ``variant``: ``tt.divisibility`` 16 on ``aligned_params`` under ALIGN16 and on
-    ``seq_aligned_params`` under SEQ16, 8 on ``eight_params`` always (unless marked 16)."""
+    """Triton's ``attrs`` for ``variant``: the divisibility its parameters may be assumed to have.
+
+    ``tt.divisibility`` 16 on ``aligned_params`` under ALIGN16 and on
+    ``seq_aligned_params`` under SEQ16; 8 on ``eight_params`` always (unless
+    marked 16).
+    """
     constexprs = variant.constexprs
     marked: set[str] = set()
     if constexprs.get("ALIGN16", False):
