@@ -411,6 +411,7 @@ def print_table(results: Sequence[Result], log: Log) -> None:
         pad = " " * 11 * len(names)
         log("geomean".ljust(24) + pad + "".join(_ratio(_geomean(ratios[p])) for p in peers))
         log("min".ljust(24) + pad + "".join(_ratio(min(ratios[p], default=math.nan)) for p in peers))
+        log("under 0.9 (issue 12)".ljust(24) + pad + "".join(f"{sum(x < 0.9 for x in ratios[p]):>9}" for p in peers))
     bad = [r for r in results if r.check != "ok"]
     if bad:
         log("\nnot ok (* failed the gradient check, timed anyway; ? unchecked; ratios use checked rows only):")

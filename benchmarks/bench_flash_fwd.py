@@ -250,7 +250,8 @@ def print_table(rows: list[dict[str, object]]) -> None:
     if every:
         print("\nvs cuDNN (issue 12: geomean >= 1.0, no row below 0.9): " + "; ".join(
             f"hd{d} {geomean(r):.3f} ({min(r):.2f}-{max(r):.2f})" for d, r in sorted(vs_cudnn.items()))
-            + f"; all {geomean(every):.3f}, lowest {min(every):.2f}")
+            + f"; all {geomean(every):.3f}, lowest {min(every):.2f}, {sum(r < 0.9 for r in every)} of {len(every)} "
+            "under 0.9")
     host = [r for r in rows if r["mode"] == "host"]
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 

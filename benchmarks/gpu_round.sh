@@ -76,6 +76,14 @@ case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, 
   OUT="$OUT" python3 benchmarks/bench_flash_bwd.py ${BWD_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log" | tail -62
   cp benchmarks/results/flash_bwd.csv "$OUT/flash_bwd.csv" ;;
 esac
+case " $* " in *" grids "*)  # issue 12's two grids, lazytriton against cuDNN over 8 head dims (device time, in turns)
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1; python3 -m lazytriton.driver.hotpath_build >/dev/null 2>&1
+  for bench in fwd bwd; do
+    timeout ${GRIDS_TIMEOUT:-280} python3 benchmarks/bench_flash_$bench.py --csv "$OUT/flash_$bench.csv" \
+      --head-dims 64,80,96,128,160,192,224,256 --providers lazytriton,sdpa_cudnn > "$OUT/grid_$bench.log" 2>&1
+  done
+  grep "vs cuDNN" "$OUT/grid_fwd.log"; grep -E "^TFLOP/s|^geomean|^min|^under" "$OUT/grid_bwd.log" ;;
+esac
 case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $(nproc) in one run (issue 12: >= 0.8 a core)
   python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" ${PREWARM_ARGS:-} 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
 esac

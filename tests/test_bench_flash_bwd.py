@@ -100,6 +100,21 @@ def test_table_reports_a_failed_provider_and_ratios(bench: ModuleType) -> None:
     assert "  sdpa_cudnn bwd failed on bf16 hd128 full 4k: RuntimeError: no cuDNN" in log.lines
 
 
+def test_table_counts_the_rows_under_issue_12s_line(bench: ModuleType) -> None:
+    """The count of cases under 0.9x a peer, per peer: 0.8x and 0.89x count, 0.9x and 1.5x do not."""
+    results = []
+    for seqlen, against_flash, against_cudnn in ((1024, 0.8, 1.5), (4096, 0.89, 0.9), (16384, 1.5, 0.85)):
+        case = bench.Case("bf16", 128, False, seqlen, 16384 // seqlen, 16)
+        ms = case.fwd_flops * 2.5 / 1e9 / 300
+        results += [bench.Result(case, "lazytriton", "bwd", ms, 1e-3, "ok"),
+                    bench.Result(case, "sdpa_flash", "bwd", ms * against_flash, 1e-3, "ok"),
+                    bench.Result(case, "sdpa_cudnn", "bwd", ms * against_cudnn, 1e-3, "ok")]
+    log = bench.Log()
+    bench.print_table(results, log)
+    under = next(line for line in log.lines if line.startswith("under 0.9"))
+    assert under.split()[-3:] == ["0", "2", "1"]  # triton_jit (no rows), sdpa_flash, sdpa_cudnn
+
+
 def test_cpu_smoke_runs_end_to_end(tmp_path: Path) -> None:
     """One tiny case on CPU: every provider either checked and timed or reported failed; rows and log written."""
     out_csv, out_dir = tmp_path / "flash_bwd.csv", tmp_path / "out"
