@@ -11,7 +11,7 @@ for round in $(seq "$rounds"); do
   pids=""
   for _ in $(seq "$burners"); do python3 -c "while True: pass" & pids="$pids $!"; done
   # shellcheck disable=SC2086
-  timeout 900 python3 -m pytest -q -p no:cacheprovider -n 2 $files 2>&1 | grep -E "^FAILED|^ERROR| passed| failed" \
+  timeout 900 python3 -m pytest -q -p no:cacheprovider -n 2 $files 2>&1 | grep -E "^FAILED|^ERROR|^[0-9]+ (passed|failed)" \
     | sed "s/^/round $round: /"
   # shellcheck disable=SC2086
   kill $pids 2>/dev/null; wait $pids 2>/dev/null

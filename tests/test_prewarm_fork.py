@@ -236,7 +236,9 @@ def test_a_server_that_dies_mid_build_hands_its_variants_to_plain_workers(
     with caplog.at_level(logging.WARNING, logger="lazytriton.prewarm"):
         started, results = run_pool(todo, 2, tmp_path / "work")
     assert {key: r.error for key, r in results.items()} == {p.key: None for p in todo}, "nothing failed"
-    assert started.forked == 2 and started.plain >= 1
+    # The second worker is forked only if the server lives until it is asked for it: on a loaded machine the first
+    # one may get todo[0] and kill the server before that (1 in ~8 runs beside busy loops, 12-02)
+    assert 1 <= started.forked <= 2 and started.plain >= 1
     assert facts(probe, todo[0].key)["ppid"] == os.getpid(), "the variant was built again, by a plain worker"
     assert "the fork server is gone" in caplog.text and "plain worker processes take over" in caplog.text
 
