@@ -233,13 +233,13 @@ def print_table(rows: list[dict[str, object]]) -> None:
     keys = sorted({(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]) for r in fwd},
                   key=lambda x: (str(x[0]), int(x[1]), bool(x[2]), int(x[3])))
     by = {(r["dtype"], r["head_dim"], r["causal"], r["seqlen"], r["provider"]): r["tflops"] for r in fwd}
+    short = {str(t).removeprefix("torch."): name for name, t in DTYPES.items()}  # the rows' dtype -> bf16, fp16
     print("\nTFLOP/s (fwd)             lazytriton triton_jit sdpa_flash sdpa_cudnn  lt/jit lt/flash lt/cudnn")
     for key in keys:
         vals = [float(by.get((*key, p), math.nan) or math.nan) for p in
                 ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")]
         ratios = [vals[0] / x if x else math.nan for x in vals[1:]]
-        short = {"bfloat16": "bf16", "float16": "fp16"}.get(str(key[0]), str(key[0]))
-        label = f"{short} hd{key[1]} {'causal' if key[2] else 'full  '} {key[3] // 1024:>2}k"
+        label = f"{short.get(str(key[0]), key[0])} hd{key[1]} {'causal' if key[2] else 'full  '} {key[3] // 1024:>2}k"
         print(f"{label:<26}" + "".join(f"{x:>11.0f}" for x in vals) + "".join(f"{x:>8.2f}" for x in ratios))
     vs_cudnn: dict[int, list[float]] = {}
     for key in keys:
