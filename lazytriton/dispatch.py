@@ -767,10 +767,14 @@ BwdFusedTiling = tuple[int, bool, int]  # BLOCK_M, PREFETCH, min seqlen_k
 _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     # Head dim 128 non-causal from 1k keys since 12-02 (12th session: with the parallel prologue and the staged
     # dK/dV stores, probe_bwd_overhead.py --fused-from 1024, the two plans timed in turns, fused / two kernels
-    # 1.009 and 1.000 bf16, 0.973 and 0.957 fp16 over two runs); causal keeps 2k (1.07-1.10 at 1k)
+    # 1.009 and 1.000 bf16, 0.973 and 0.957 fp16 over two runs); causal kept 2k then (1.07-1.10 at 1k).
+    # 12-02 (14th session), with head_dim marked 8-divisible (KernelSpec.eight_params: the dK/dV stores and the
+    # prep's loads 16 bytes wide), the same probe at 1k, fused / two kernels bf16 and fp16: hd128 causal 0.853 /
+    # 0.846, hd64 full 0.915 / 0.904 and hd192 causal 0.971 / 0.950 now start at 1k; hd64 causal 1.064 / 1.061,
+    # hd80 1.072 / 1.142 (full / causal, bf16), hd96 1.015 / 1.072 and hd192 full 1.101 / 1.130 keep 2k
     (128, False): (64, False, 1024),
-    (128, True): (64, False, 2048),
-    (64, False): (128, False, 2048),
+    (128, True): (64, False, 1024),
+    (64, False): (128, False, 1024),
     (64, True): (64, True, 2048),
     (256, False): (64, True, 1024),
     (256, True): (64, True, 1024),
@@ -797,7 +801,7 @@ _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     (96, False): (64, False, 2048),
     (96, True): (64, False, 2048),
     (192, False): (64, True, 2048),
-    (192, True): (64, True, 2048),
+    (192, True): (64, True, 1024),
     (224, False): (64, True, 1024),
     (224, True): (64, True, 1024),
 }

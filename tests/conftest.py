@@ -98,3 +98,13 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+def sass_of(cubin: bytes, tmp_path: Path) -> str:
+    """The SASS of a cubin, by the cuobjdump that Triton ships."""
+    import triton.backends.nvidia as nvidia
+
+    path = tmp_path / "kernel.cubin"
+    path.write_bytes(cubin)
+    tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), "-sass", str(path)], check=True, capture_output=True, text=True).stdout

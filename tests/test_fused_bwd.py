@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import sass_of
 from test_flash_bwd import check_grads, grads_of
 from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
 from test_gluon_bwd import plain_call
@@ -160,11 +161,13 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
     (128, False, 0, 2048, 2048, True),
     (128, True, 0, 128, 2048, True),
     (128, False, 0, 1024, 1024, True),  # from 1k keys (12-02)
-    (128, True, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: the two kernels win there
+    (128, True, 0, 1024, 1024, True),  # from 1k keys (12-02, 14th: the head dim hint)
+    (128, True, 0, 512, 512, False),  # under the row's minimum seqlen_k: the two kernels win there
     (128, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
     (128, False, 0, 2048, 2112, False),  # seqlen_k not a multiple of 128
     (128, True, -64, 2112, 2048, False),  # rows without keys
-    (64, False, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: flash_bwd wins there
+    (64, False, 0, 1024, 1024, True),  # from 1k keys (14th)
+    (64, True, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: flash_bwd wins there
     (64, False, 0, 4096, 4096, True),
     (64, False, 0, 4032, 4096, False),  # BLOCK_M 128 does not divide seqlen_q
     (256, False, 0, 1024, 1024, True),  # 64 keys a program at head dim 256
@@ -176,6 +179,8 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
     (192, False, 0, 2048, 2048, True),  # split, 64 keys a program
     (160, True, 0, 2048, 2112, False),  # no row: flash_bwd's split tiles win at 160 (12-02)
     (192, True, 0, 2048, 2112, True),
+    (192, True, 0, 1024, 1024, True),  # from 1k keys (14th)
+    (192, False, 0, 1024, 1024, False),  # full keeps 2k
     (104, False, 0, 4096, 4096, False),  # no row
 ])
 def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
@@ -381,18 +386,6 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
     assert prep.shared < 4096 and prep.num_warps == 4
 
 
-def _sass(cubin: bytes, tmp_path: Path) -> str:
-    """The SASS of a cubin, by the cuobjdump that Triton ships."""
-    import subprocess
-
-    import triton.backends.nvidia as nvidia
-
-    path = tmp_path / "kernel.cubin"
-    path.write_bytes(cubin)
-    tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
-    return subprocess.run([str(tool), "-sass", str(path)], check=True, capture_output=True, text=True).stdout
-
-
 @pytest.mark.parametrize("head_dim", [128, 256, 192, 224])
 def test_the_served_kernels_move_rows_16_bytes_a_thread(head_dim: int, tmp_path: Path) -> None:
     """head_dim is marked 8-divisible (``eight_params``: the rule takes multiples of 8 only), so the masked dK/dV
@@ -403,7 +396,7 @@ def test_the_served_kernels_move_rows_16_bytes_a_thread(head_dim: int, tmp_path:
 
     found = fused.variants("sm_90", "bf16", head_dim, "none", True, False, 4096, 4096, 64, True)
     assert found is not None
-    prep, kernel = (_sass(compile_variant(v).binary, tmp_path) for v in found)
+    prep, kernel = (sass_of(compile_variant(v).binary, tmp_path) for v in found)
     stores = re.findall(r"STG\.E(\.[A-Z0-9]+)?", kernel)
     assert stores and set(stores) <= {".128", ".64", ""}, sorted(set(stores))  # no .U16 / .16
     assert ".128" in stores
@@ -487,6 +480,10 @@ def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: in
     (torch.bfloat16, True, (5, 5), (2048, 2048), 128, "bhsd"),
     (torch.bfloat16, False, (4, 1), (2048, 2048), 64, "bshd"),  # MQA
     (torch.float16, True, (2, 2), (2048, 2048), 64, "bhsd"),
+    # The rows from 1k keys since the head dim hint (14th session)
+    (torch.float16, False, (4, 2), (1024, 1024), 64, "bhsd"),
+    (torch.bfloat16, True, (3, 3), (1024, 1024), 128, "bhsd"),
+    (torch.float16, True, (2, 2), (1024, 1024), 192, "bhsd"),
     # Head dim 256: 64 keys a program, from 1024 keys
     (torch.bfloat16, False, (4, 2), (128, 1024), 256, "bhsd"),  # GQA
     (torch.bfloat16, "bottom_right", (2, 2), (192, 1088), 256, "bshd"),  # causal offset 896

@@ -9,8 +9,12 @@ FlashAttention's rule (tests/test_flash_fwd.py's), and compiled for sm_90 here.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
+from conftest import sass_of
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR
 
 from lazytriton import compiler, dispatch
@@ -114,3 +118,19 @@ def test_split_variants_compile_for_sm_90(head_dim: int) -> None:
     variant = dispatch.kernel_variant("flash_fwd", SM90, "bf16", head_dim, True, True, 4096, 4096, split_d=True)
     entry = compiler.compile_variant(variant)
     assert entry.kind == "cubin" and entry.binary and entry.arg_types[:5] == ("*bf16",) * 4 + ("*fp32",)
+
+
+@pytest.mark.parametrize("kernel", ["flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"])
+@pytest.mark.parametrize("head_dim", [96, 160])
+def test_split_kernels_move_rows_16_bytes_a_thread_where_the_chunks_hold_the_head_dim(
+        kernel: str, head_dim: int, tmp_path: Path) -> None:
+    """EVEN_D (the chunks sum to the head dim): no access masked by column, so none is split into 2-byte ones.
+
+    Until 12-02 (14th session) flash_fwd loaded Q's second chunk and stored Out's masked at head_dim even so:
+    32 LDG.E.U16 and 32 STG.E.U16 a thread at 96 (SASS of the served entry).
+    """
+    variant = dispatch.kernel_variant(kernel, SM90, "bf16", head_dim, True, True, 1024, 1024)
+    assert variant.get("BLOCK_D2") and variant.get("EVEN_D") is True, variant
+    sass = sass_of(compiler.compile_variant(variant).binary, tmp_path)
+    sizes = {size for _, size in re.findall(r"\b(LDG|STG)\.E(\.[A-Z0-9]+)?", sass)}
+    assert ".128" in sizes and not sizes & {".U16", ".16", ".S16"}, sorted(sizes)

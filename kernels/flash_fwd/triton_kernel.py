@@ -429,8 +429,11 @@ def flash_fwd_kernel(
         if BLOCK_D2 > 0:  # split tiles: head dims [BLOCK_D, BLOCK_D + BLOCK_D2), masked at head_dim (v's too)
             offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
             d2_ok = offs_d2 < head_dim
-            q2 = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d2[None, :],
-                         mask=row_ok[:, None] & d2_ok[None, :], other=0.0)
+            if EVEN_D:  # the chunks hold the head dim: rows masked only, so a thread's columns stay whole
+                q2 = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d2[None, :], mask=row_ok[:, None], other=0.0)
+            else:
+                q2 = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d2[None, :],
+                             mask=row_ok[:, None] & d2_ok[None, :], other=0.0)
             k2_ptrs = k_base + offs_n[None, :] * stride_ks + offs_d2[:, None]
             v2_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d2[None, :]
             acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
@@ -570,8 +573,11 @@ def flash_fwd_kernel(
             out2 = acc2 / tl.where(empty, 1.0, l_i)[:, None]
             if DROPOUT:
                 out2 = out2 * (1.0 / (1.0 - dropout_p))
-            tl.store(o_base + offs_m[:, None] * stride_os + offs_d2[None, :], out2.to(Out.dtype.element_ty),
-                     mask=row_ok[:, None] & d2_ok[None, :])
+            o2_ptrs = o_base + offs_m[:, None] * stride_os + offs_d2[None, :]
+            if EVEN_D:
+                tl.store(o2_ptrs, out2.to(Out.dtype.element_ty), mask=row_ok[:, None])
+            else:
+                tl.store(o2_ptrs, out2.to(Out.dtype.element_ty), mask=row_ok[:, None] & d2_ok[None, :])
     if VARLEN:  # FlashAttention-2's varlen layout: (heads_q, total_q)
         tl.store(Lse + head * stride_lh + q_start + offs_m, lse, mask=row_ok)
     else:
