@@ -771,7 +771,8 @@ _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     # 12-02 (14th session), with head_dim marked 8-divisible (KernelSpec.eight_params: the dK/dV stores and the
     # prep's loads 16 bytes wide), the same probe at 1k, fused / two kernels bf16 and fp16: hd128 causal 0.853 /
     # 0.846, hd64 full 0.915 / 0.904 and hd192 causal 0.971 / 0.950 now start at 1k; hd64 causal 1.064 / 1.061,
-    # hd80 1.072 / 1.142 (full / causal, bf16), hd96 1.015 / 1.072 and hd192 full 1.101 / 1.130 keep 2k
+    # hd80 full 1.072 / 1.068 and causal 1.142 / 1.126, hd96 full 1.015 / 1.011 and causal 1.072 / 1.054, hd192
+    # full 1.101 / 1.130 keep 2k
     (128, False): (64, False, 1024),
     (128, True): (64, False, 1024),
     (64, False): (128, False, 1024),
