@@ -154,8 +154,10 @@ def test_a_build_compiles_the_samples_first_and_its_bytes_do_not_depend_on_j(tmp
         report = builder.build(plan, out, jobs, created=0.0, keep_work=True)
         assert report.ok and report.compiled == 3
         images[jobs] = out.read_bytes()
-        if jobs == 1:  # one worker: the order of the answers is the order handed out
-            assert list(report.compile_times)[:2] == sorted(p.key for p in plan)[:2]
+        if jobs == 1:  # one worker: the order of the answers is the order handed out, the two samples first
+            # (each part longest first, so the samples' own order is the estimate's, not their keys'; compared as
+            # a list it broke whenever a source change reordered the keys)
+            assert set(list(report.compile_times)[:2]) == set(sorted(p.key for p in plan)[:2])
     assert images[1] == images[2]
     work = WorkDir(work_dir_for(tmp_path / "j1.ltimg"))
     entries = [work.read(key) for key in work.keys()]
