@@ -9,7 +9,7 @@ host time and the kernel list. ``--parts`` times each part alone: flash_bwd_prep
 (BLOCK_M, warps), the accumulator's zero fill by torch and the cast ``dq.copy_(dqa)``, as GB/s.
 
 Usage: python benchmarks/probe_bwd_overhead.py [--head-dims 128,64] [--seqlens 1024,4096] [--fused-from 1024]
-[--dtype bf16|fp16] [--parts] [--quiet]
+[--row 64,1] [--dtype bf16|fp16] [--parts] [--quiet]
 """
 
 from __future__ import annotations
@@ -69,17 +69,22 @@ def run_case(d, s, causal, args):
     print(f"hd{d} {s} causal={causal}: served backward {total:.3f} ms", flush=True)
     key = (args.dtype, d, causal)
     row = dispatch.BWD_FUSED_TABLE.get(key)
-    if args.fused_from and row is not None and args.fused_from <= s < row[2]:
+    trial = row or (args.row and (*args.row, 1 << 30))  # a head dim without a row: --row's tiles, never served
+    if args.fused_from and trial and args.fused_from <= s < trial[2]:
         def with_row(min_seqlen):
             def run():
-                dispatch.BWD_FUSED_TABLE[key] = (*row[:2], min_seqlen)
+                dispatch.BWD_FUSED_TABLE[key] = (*trial[:2], min_seqlen)
                 try:
                     return backward()
                 finally:
-                    dispatch.BWD_FUSED_TABLE[key] = row
+                    if row is None:
+                        del dispatch.BWD_FUSED_TABLE[key]
+                    else:
+                        dispatch.BWD_FUSED_TABLE[key] = row
             return run
 
-        two, fused_ms = interleaved_ms([with_row(row[2]), with_row(args.fused_from)], True, warmup=5, reps=args.reps)
+        two, fused_ms = interleaved_ms([with_row(trial[2]), with_row(args.fused_from)], True, warmup=5,
+                                       reps=args.reps)
         print(f"    in turns: the two kernels {two:.3f} ms, fused from {args.fused_from} {fused_ms:.3f} ms "
               f"(fused / two {fused_ms / two:.3f})", flush=True)
     if args.quiet:
@@ -114,6 +119,14 @@ def run_case(d, s, causal, args):
         parts(q, out, do, args.reps)
 
 
+def parse_row(text: str) -> tuple[int, bool]:
+    """``--row``'s ``64,1`` -> (64, True): BLOCK_M and PREFETCH of a trial table row."""
+    block_m, _, prefetch = text.partition(",")
+    if not block_m.isdigit() or prefetch not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"expected BLOCK_M,PREFETCH such as 64,1, got {text!r}")
+    return int(block_m), prefetch == "1"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dims", default="128,64")
@@ -125,6 +138,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cprofile", action="store_true", help="also profile 50 calls' host time (cProfile)")
     parser.add_argument("--fused-from", type=int, default=0,
                         help="also time the fused backward where its table row starts above the seqlen, from this one")
+    parser.add_argument("--row", type=parse_row, default=None, metavar="BLOCK_M,PREFETCH",
+                        help="with --fused-from, the fused kernel's tiles where a head dim has no table row (160)")
     args = parser.parse_args(argv)
     for d in (int(x) for x in args.head_dims.split(",")):
         for s in (int(x) for x in args.seqlens.split(",")):

@@ -442,6 +442,17 @@ def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) 
     assert variants.parse_variant("head=head.py") == ("head", ("head.py", {}))
 
 
+def test_the_overhead_probe_parses_a_trial_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    probe = importlib.import_module("probe_bwd_overhead")
+    assert probe.parse_row("64,1") == (64, True) and probe.parse_row("128,0") == (128, False)
+    for bad in ("64", "64,2", "x,1", "64,true"):
+        with pytest.raises(Exception, match="BLOCK_M,PREFETCH"):
+            probe.parse_row(bad)
+
+
 def _wgmma_columns(ptx: str) -> int:
     """The wgmma instructions' N summed (each m64 x k16): the work the kernel's products issue."""
     return sum(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
