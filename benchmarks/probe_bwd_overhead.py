@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import statistics
 import sys
-import time
 
 import torch
+from probe_bwd_timing import host_us, kernel_us  # the script's folder is on sys.path
 
 from lazytriton import dispatch
 from lazytriton.cli.timing import event_ms, interleaved_ms
@@ -89,13 +88,8 @@ def run_case(d, s, causal, args):
               f"(fused / two {fused_ms / two:.3f})", flush=True)
     if args.quiet:
         return
-    host = []
-    for _ in range(30):  # host time of a call with the GPU idle: what the first event waits for
-        torch.cuda.synchronize()
-        began = time.perf_counter()
-        backward()
-        host.append((time.perf_counter() - began) * 1e3)
-    print(f"    host time of a call {statistics.median(host):.3f} ms (median of 30, GPU idle)")
+    # host time of a call with the GPU idle: what the first event waits for
+    print(f"    host time of a call {host_us(backward, 30) / 1e3:.3f} ms (median of 30, GPU idle)")
     if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()
@@ -104,16 +98,10 @@ def run_case(d, s, causal, args):
         prof.disable()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            backward()
-        torch.cuda.synchronize()
     busy = 0.0
-    for e in prof.key_averages():
-        ms = getattr(e, "device_time_total", 0) / 1e3 / 3
-        busy += ms
-        if ms > 0:
-            print(f"    {ms:8.3f} ms  x{e.count // 3}  {e.key[:70]}", flush=True)
+    for kernel, us in kernel_us(backward, 3):
+        busy += us / 1e3
+        print(f"    {us / 1e3:8.3f} ms  {kernel[:70]}", flush=True)
     print(f"    {busy:8.3f} ms  kernels in all; {total - busy:.3f} ms of the total outside them")
     if args.parts:
         parts(q, out, do, args.reps)
