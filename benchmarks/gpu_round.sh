@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
-# cold-start profile, C API (capi), benchmark, backward benchmark (bwd), transformers. Logs go to $OUT; the table comes last.
+# cold-start profile, C API (capi), benchmark, backward benchmark (bwd), transformers, the wide tiles (wide), the
+# forward Gluon GPU tests (fwdtests), issue 12's grids (grids). Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -76,13 +77,27 @@ case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, 
   OUT="$OUT" python3 benchmarks/bench_flash_bwd.py ${BWD_ARGS:-} 2>&1 | tee "$OUT/bench_bwd.log" | tail -62
   cp benchmarks/results/flash_bwd.csv "$OUT/flash_bwd.csv" ;;
 esac
+case " $* " in *" wide "*)  # flash_fwd_gluon's wide tiles (three consumer warpgroups): GPU tests, then the probe beside
+  # the served tilings (ping-pong), flash_fwd and cuDNN over WIDE_HEAD_DIMS (15th session: 64, then 80,96,160 with
+  # WIDE_ARGS=--quick, 1k and 4k only)
+  python3 -P -m pytest tests/test_gluon_fwd_wide.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/wide_tests.log" | tail -4
+  skip="gluon[128, 128, 8],gluon[128, 128, 8]+producer,gluon[128, 64, 8],gluon[128, 64, 8]+producer"
+  mkdir -p "$OUT/wide"
+  OUT="$OUT/wide" python3 benchmarks/probe_gluon.py --head-dims ${WIDE_HEAD_DIMS:-64} --wide ${WIDE_ARGS:-} \
+    --skip "$skip" 2>&1 | tail -26 ;;
+esac
+case " $* " in *" fwdtests "*)  # the forward Gluon kernel's GPU tests (all its tilings), 4 processes on the GPU
+  timeout ${TESTS_TIMEOUT:-300} python3 -P -m pytest tests/test_gluon_fwd.py tests/test_gluon_fwd_wide.py \
+    tests/test_gluon_fwd_split.py tests/test_gluon_fwd_hd256.py -m gpu -q -p no:cacheprovider -n 4 2>&1 \
+    | tee "$OUT/fwd_tests.log" | tail -6 ;;
+esac
 case " $* " in *" grids "*)  # issue 12's two grids, lazytriton against cuDNN over 8 head dims (device time, in turns)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1; python3 -m lazytriton.driver.hotpath_build >/dev/null 2>&1
-  for bench in fwd bwd; do
+  for bench in ${GRIDS_BENCHES:-fwd bwd}; do
     timeout ${GRIDS_TIMEOUT:-280} python3 benchmarks/bench_flash_$bench.py --csv "$OUT/flash_$bench.csv" \
       --head-dims 64,80,96,128,160,192,224,256 --providers lazytriton,sdpa_cudnn > "$OUT/grid_$bench.log" 2>&1
   done
-  grep "vs cuDNN" "$OUT/grid_fwd.log"; grep -E "^TFLOP/s|^geomean|^min|^under" "$OUT/grid_bwd.log" ;;
+  grep -s "vs cuDNN" "$OUT/grid_fwd.log"; grep -sE "^TFLOP/s|^geomean|^min|^under" "$OUT/grid_bwd.log" ;;
 esac
 case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $(nproc) in one run (issue 12: >= 0.8 a core)
   python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" ${PREWARM_ARGS:-} 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;

@@ -35,6 +35,7 @@ Needs an sm_90 GPU. Compiles with the installed Triton (3.6 on the H200 host).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -146,7 +147,8 @@ def sweep_tilings(head_dim: int | None = None) -> list[Tiling]:
     every: list[Tiling] = []
     for d in gluon.HEAD_DIMS if head_dim is None else (head_dim,):
         every += ([(tiles, False, False) for tiles in gluon.configs(d)] + [(gluon.default_tiles(d), True, False)]
-                  + [(tiles, True, True) for tiles in gluon.configs(d, pingpong=True)])
+                  + [(tiles, True, True) for tiles in gluon.configs(d, pingpong=True)]
+                  + [(tiles, True, False) for tiles in gluon.wide_configs(d)])
     return list(dict.fromkeys(every))
 
 
@@ -340,6 +342,8 @@ def tiles_for(args: argparse.Namespace, d: int) -> list[Tiling]:
     every = sweep_tilings(d) if args.sweep else [(gluon.default_tiles(d), False, False),
                                                  (gluon.default_tiles(d), True, False),
                                                  (gluon.configs(d, pingpong=True)[0], True, True)]
+    if getattr(args, "wide", False) and not args.sweep:  # --wide: three consumer warpgroups (gluon.WIDE_CONFIGS)
+        every += [(tiles, True, False) for tiles in gluon.wide_configs(d)]
     for n in (int(x) for x in getattr(args, "q_tiles", "").split(",") if x):  # --q-tiles: ping-pong tilings that fit
         every += [(tiles, True, True, n) for tiles in gluon.configs(d, pingpong=True, q_tiles=n)
                   if (tiles, True, True) in every]
@@ -386,6 +390,7 @@ def run_child(args: argparse.Namespace, job: str, index: int, logfile: Path | No
     cmd += (["--sweep"] if args.sweep else []) + (["--quick"] if args.quick else [])
     cmd += ["--head-dims", args.head_dims] if getattr(args, "head_dims", "") else []
     cmd += ["--q-tiles", args.q_tiles] if getattr(args, "q_tiles", "") else []
+    cmd += ["--wide"] if getattr(args, "wide", False) else []
     began = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
@@ -463,6 +468,17 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def parse_skip(text: str) -> set[str]:
+    """``--skip``'s labels: split at the commas outside brackets (a label's tiles are "[128, 128, 8]")."""
+    names, depth, start = set(), 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            names.add(text[start:i].strip())
+            start = i + 1
+    return names - {""}
+
+
 def parse_label(name: str) -> Tiling:
     """The tiling a ``label`` names (the inverse of ``label``)."""
     tiles = tuple(int(x) for x in name[name.index("[") + 1:name.index("]")].split(","))
@@ -511,11 +527,13 @@ def main() -> int:
                         "(default: every one gluon serves)")
     parser.add_argument("--q-tiles", default="", help="comma-separated query tiles a program walks (2, 4, 8): each "
                         "ping-pong tiling also with that many (short sequences)")
+    parser.add_argument("--wide", action="store_true", help="also the wide tiles: three consumer warpgroups of 64 "
+                        "rows without turns (gluon.WIDE_CONFIGS)")
     parser.add_argument("--skip", default="", help="comma-separated gluon tilings not to run (as the table names them)")
     parser.add_argument("--job", choices=("compile", "check", "time"), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.skip = {name for name in args.skip.split(",") if name}
+    args.skip = parse_skip(args.skip)
     if args.job == "compile":
         job_compile(args, args.index)
         return 0
@@ -586,12 +604,13 @@ def main() -> int:
                 log(f"  not timed from here on (crashed or hung while timed): {hung}", logfile)
                 args.skip.add(hung)
         if out_dir:
-            with (Path(out_dir) / "probe_gluon.csv").open("a") as f:
+            with (Path(out_dir) / "probe_gluon.csv").open("a", newline="") as f:
+                writer = csv.writer(f)  # quoted: a tiling's label has commas ("gluon[128, 128, 4]")
                 for r in rows:
                     if "provider" in r:
-                        f.write(",".join(str(r.get(k)) for k in ("provider", "dtype", "head_dim", "causal",
-                                                                  "seqlen", "batch", "heads", "ms", "tflops",
-                                                                  "rel_err")) + f",{triton_version}\n")
+                        writer.writerow([r.get(k) for k in ("provider", "dtype", "head_dim", "causal", "seqlen",
+                                                            "batch", "heads", "ms", "tflops", "rel_err")]
+                                        + [triton_version])
     log("", logfile)
     log(f"== summary ({len(summary)} failures) ==", logfile)
     for line in summary:

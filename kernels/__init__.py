@@ -37,6 +37,10 @@ class KernelSpec:
     8 only: TMA's 16-byte rows) are marked 8-divisible in every variant, so
     that a mask on them stays whole over 8 columns and 16-byte accesses stay
     16-byte accesses.
+    ``wide_blocks`` are the BLOCK_ constexprs that may also be three times
+    a power of two (a program of three power-of-two parts: flash_fwd_gluon's
+    BLOCK_M of three consumer warpgroups); every other BLOCK_ field is a
+    power of two.
     ``constexprs`` are the constexpr parameters, filled from the variant's
     functional and tuned fields. ``helpers`` names the other modules whose
     ``@jit`` functions the kernel calls (``from ... import``): their sources
@@ -53,6 +57,7 @@ class KernelSpec:
     seq_aligned_params: tuple[str, ...] = ()
     helpers: tuple[str, ...] = ()
     eight_params: tuple[str, ...] = ()
+    wide_blocks: tuple[str, ...] = ()
 
     @property
     def source_path(self) -> Path:

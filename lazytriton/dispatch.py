@@ -581,6 +581,21 @@ _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
 }
 GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
     (dtype, d, causal): tiling for dtype in ("bf16", "fp16") for (d, causal), tiling in _GLUON_BF16.items()}
+# The wide tiles (gluon.WIDE_CONFIGS: three consumer warpgroups of 64 rows, FlashAttention-3's at head dim 64) for
+# calls longer than a bound: per (dtype, head dim, causal), (largest seqlen_q that keeps GLUON_TABLE's row, or
+# flash_fwd where it has none; the tiles from there on). The bound is a power of two, so the choice follows the
+# memo key's seqlen bucket. H200, bf16, `probe_gluon.py --head-dims 64 --wide` (15th session), TFLOP/s of the
+# wide 192 x 128 x 4 / ping-pong 128 x 128 x 4 / flash_fwd / cuDNN: full 4k 480 / 424 / 429 / 482, 16k 529 / 462 /
+# 439 / 496; causal 4k 390 / 355 / 385 / 430, 16k 514 / 436 / 420 / 470. At 1k the wide tiles lose (full 350
+# against the served ping-pong x8's ~397; causal 182-218 against flash_fwd's 289): programs of a few key blocks,
+# each making eight descriptors, and 1024 rows in six programs of 192, the last one a third full. 192 x 64 x 4 lost
+# to 192 x 128 x 4 from 4k (433-472); at 80, 96 and 160 the wide tiles tied or lost to ping-pong.
+_GLUON_WIDE_BF16: dict[tuple[int, bool], tuple[int, tuple[int, int, int]]] = {
+    (64, False): (1024, (192, 128, 4)),
+    (64, True): (1024, (192, 128, 4)),
+}
+GLUON_WIDE: dict[tuple[str, int, bool], tuple[int, tuple[int, int, int]]] = {
+    (dtype, d, causal): row for dtype in ("bf16", "fp16") for (d, causal), row in _GLUON_WIDE_BF16.items()}
 # Query tiles a program of a ping-pong row walks (gluon.variant's q_tiles), by seqlen_q: per (head dim, causal),
 # (largest seqlen_q, q_tiles) pairs, the first that holds; 1 where none does. The bounds are powers of two, so the
 # choice follows the memo key's seqlen bucket. The program makes its descriptors once and its producer warp loads
@@ -624,25 +639,37 @@ def gluon_q_tiles(head_dim: int, causal: bool, seqlen_q: int, block_m: int) -> i
 GLUON_BY_DEFAULT = True
 
 
-def flash_fwd_gluon_default(dtype: str, head_dim: int, causal: bool) -> GluonTiling | None:
-    """GLUON_TABLE's tiling for (dtype, head dim, causal), or None where flash_fwd serves (reads the two globals).
+def flash_fwd_gluon_default(dtype: str, head_dim: int, causal: bool, seqlen_q: int = 0) -> GluonTiling | None:
+    """The tiling for (dtype, head dim, causal) at ``seqlen_q``, or None where flash_fwd serves (reads the globals).
 
-    A row whose tiles the kernel does not take at that head dim (``gluon.configs``: over sm_90's shared memory,
-    say 128 x 128 at 256) is not used: flash_fwd serves those calls, as without the row.
+    GLUON_WIDE's wide tiles past its bound, else GLUON_TABLE's row. A row whose tiles the kernel does not take at
+    that head dim (``gluon.configs``: over sm_90's shared memory, say 128 x 128 at 256) is not used: flash_fwd
+    serves those calls, as without the row.
     """
     if not GLUON_BY_DEFAULT:
         return None
+    wide = GLUON_WIDE.get((dtype, head_dim, bool(causal)))
     row = GLUON_TABLE.get((dtype, head_dim, bool(causal)))
+    if wide is not None and seqlen_q > wide[0]:
+        row = (wide[1], True, False)
     if row is None:
         return None
-    return row if _gluon_takes(head_dim, tuple(row[0]), row[2]) else None
+    return row if _gluon_takes(head_dim, tuple(row[0]), row[1], row[2]) else None
 
 
 @functools.cache  # per call of the general path (binding.memo_key): the kernel's rule, once per tiling
-def _gluon_takes(head_dim: int, tiles: tuple[int, int, int], pingpong: bool) -> bool:
+def _gluon_takes(head_dim: int, tiles: tuple[int, int, int], producer: bool, pingpong: bool) -> bool:
     from lazytriton.kernels.flash_fwd import gluon
 
-    return tiles in gluon.configs(head_dim, pingpong=pingpong)
+    wide = gluon.wide_configs(head_dim) if producer and not pingpong else ()
+    return tiles in gluon.configs(head_dim, pingpong=pingpong) + wide
+
+
+@functools.cache
+def _gluon_rows(block_m: int) -> int:
+    from lazytriton.kernels.flash_fwd import gluon
+
+    return gluon.whole_rows(block_m)
 
 
 def flash_fwd_gluon_q_tiles(dtype: str, head_dim: int, causal: bool, offset: int, scale: float, seqlen_q: int,
@@ -653,9 +680,9 @@ def flash_fwd_gluon_q_tiles(dtype: str, head_dim: int, causal: bool, offset: int
     seqlen_q takes another count (768 and 1024 at head dim 128: 2 and 4) get
     keys, plans and grids of their own.
     """
-    if not flash_fwd_gluon_fits(dtype, head_dim, causal, offset, scale, seqlen_q, seqlen_k):
+    row = flash_fwd_gluon_default(dtype, head_dim, causal, seqlen_q)
+    if row is None or not flash_fwd_gluon_fits(dtype, head_dim, causal, offset, scale, seqlen_q, seqlen_k):
         return 0
-    row = GLUON_TABLE[(dtype, head_dim, bool(causal))]
     return gluon_q_tiles(head_dim, causal, seqlen_q, row[0][0]) if row[2] else 1
 
 
@@ -664,16 +691,17 @@ def flash_fwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, s
     """Whether a plain call is one flash_fwd_gluon serves by default, as far as its shape says.
 
     The part of ``gluon.reason`` that the memo key's buckets cannot see: a
-    table row, seqlens that are positive multiples of the row's tiles, a
+    table row, seqlens that are positive multiples of the row's tiles (of one
+    warpgroup's rows for seqlen_q at the wide tiles: ``gluon.whole_rows``), a
     positive softmax scale, a causal offset >= 0 (bottom-right with
     seqlen_q > seqlen_k leaves rows without keys). Target, alignment and
     64-bit offsets are in the key already; the plan checks them (``flash_fwd_gluon_default_variant``).
     """
-    row = flash_fwd_gluon_default(dtype, head_dim, causal)
+    row = flash_fwd_gluon_default(dtype, head_dim, causal, seqlen_q)
     if row is None:
         return False
     block_m, block_n, _ = row[0]
-    return (0 < seqlen_q and seqlen_q % block_m == 0 and 0 < seqlen_k and seqlen_k % block_n == 0
+    return (0 < seqlen_q and seqlen_q % _gluon_rows(block_m) == 0 and 0 < seqlen_k and seqlen_k % block_n == 0
             and scale > 0.0 and (not causal or offset >= 0))
 
 
@@ -683,7 +711,7 @@ def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, c
 
     None also where the target, alignment or 64-bit offsets rule the kernel out.
     """
-    row = flash_fwd_gluon_default(dtype, head_dim, causal)
+    row = flash_fwd_gluon_default(dtype, head_dim, causal, seqlen_q)
     if row is None:
         return None
     tiles, producer, pingpong = row

@@ -177,12 +177,14 @@ _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16
 
 
-def _check_constexpr(variant: Variant, name: str, value: Value) -> None:
+def _check_constexpr(variant: Variant, name: str, value: Value, wide: bool = False) -> None:
+    """``wide``: the kernel's ``wide_blocks`` names this field, which may also be three times a power of two."""
     if name.startswith("BLOCK_"):
+        part = value // 3 if wide and isinstance(value, int) and value % 3 == 0 else value
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_BLOCK \
-                or value & (value - 1):
+                or part & (part - 1):  # type: ignore[operator]
             raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be a power of two "
-                             f"in 1..{_MAX_BLOCK}")
+                             f"{'(or three times one) ' if wide else ''}in 1..{_MAX_BLOCK}")
     elif not isinstance(value, bool):
         raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be true or false")
 
@@ -211,7 +213,7 @@ def check_fields(variant: Variant) -> Variant:
     if unknown:
         raise ValueError(f"variant {variant} has unknown fields {', '.join(unknown)}")
     for name, value in constexprs.items():
-        _check_constexpr(variant, name, value)
+        _check_constexpr(variant, name, value, name in spec.wide_blocks)
     if constexprs.get("BLOCK_D2") and ("BLOCK_DV" in constexprs or constexprs.get("TMA") is True):
         raise ValueError(f"variant {variant}: split tiles (BLOCK_D2) take neither TMA nor a value head dim of "
                          "its own (BLOCK_DV)")

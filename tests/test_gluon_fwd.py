@@ -140,10 +140,31 @@ def test_the_table_rows_are_variants_the_kernel_takes() -> None:
         for seqlen in (1024, 4096, 16384):
             v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, seqlen, seqlen)
             assert v is not None and v.get("CAUSAL") is causal
+            if seqlen > dispatch.GLUON_WIDE.get((dtype, head_dim, causal), (1 << 31,))[0]:
+                assert (v.get("BLOCK_M"), v.get("PRODUCER"), v.get("PINGPONG")) == (192, True, False)  # GLUON_WIDE's
+                continue
             q_tiles = dispatch.gluon_q_tiles(head_dim, causal, seqlen, tiles[0]) if pingpong else 1
             assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == (tiles[0] * q_tiles, *tiles[1:])
             assert v.constexprs.get("BLOCK_TILES", 1) == q_tiles  # absent for one tile: the strings as before
             assert (v.get("PRODUCER"), v.get("PINGPONG")) == (producer or pingpong, pingpong)
+
+
+def test_the_wide_rows_serve_past_their_bound_and_the_table_or_flash_fwd_up_to_it() -> None:
+    assert dispatch.GLUON_WIDE  # measured rows (NOTES.md, 15th session)
+    for (dtype, head_dim, causal), (most, tiles) in dispatch.GLUON_WIDE.items():
+        assert most & (most - 1) == 0 and tiles in gluon.wide_configs(head_dim)  # the memo key's buckets decide
+        longer = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, 2 * most,
+                                                          2 * most)
+        assert longer is not None and (longer.get("BLOCK_M"), longer.get("BLOCK_N")) == tiles[:2]
+        assert dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, 2 * most, 2 * most) == 1
+        assert dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 64, 2 * most) == 1
+        assert dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 32, 2 * most) == 0
+        up_to = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, most, most)
+        table = dispatch.GLUON_TABLE.get((dtype, head_dim, causal))
+        assert (up_to is None) == (table is None)  # hd64 causal: flash_fwd up to the bound
+        assert up_to is None or up_to.get("BLOCK_M") != 192
+    assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 0  # flash_fwd's
+    assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 4096, 4096) == 1  # the wide tiles'
 
 
 def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> None:
@@ -153,7 +174,8 @@ def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> No
     assert q_tiles("bf16", 128, False, 0, 0.088, 640, 1024) == 1
     assert q_tiles("bf16", 128, False, 0, 0.088, 4096, 4096) == 1
     assert q_tiles("bf16", 128, True, 0, 0.088, 1024, 1024) == 8
-    assert q_tiles("fp16", 64, False, 0, 0.125, 16384, 16384) == 4
+    assert q_tiles("fp16", 64, False, 0, 0.125, 1024, 1024) == 8
+    assert q_tiles("fp16", 64, False, 0, 0.125, 16384, 16384) == 1  # GLUON_WIDE's wide tiles
     assert q_tiles("bf16", 128, False, 0, 0.088, 1000, 1024) == 0  # not a gluon call
     assert q_tiles("bf16", 256, False, 0, 0.0625, 1024, 1024) == 1  # no entry: one tile
     for (head_dim, causal), bounds in dispatch.GLUON_Q_TILES.items():
@@ -181,7 +203,10 @@ def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
     assert not fits("bf16", 128, True, -128, 0.088, 4096, 3968)  # bottom-right, seqlen_q > seqlen_k
     assert fits("bf16", 128, False, -128, 0.088, 4096, 3968)  # the offset means nothing without causal
     assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
-    assert not fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # no row: flash_fwd measured faster
+    assert not fits("bf16", 64, True, 0, 0.125, 1024, 1024)  # no row: flash_fwd measured faster
+    assert fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # GLUON_WIDE's wide tiles from 2k on
+    assert fits("bf16", 64, True, 0, 0.125, 4096 + 64, 4096) and not fits("bf16", 64, True, 0, 0.125, 4096 + 32,
+                                                                          4096)  # whole warpgroups of 64 rows
     assert fits("fp16", 128, False, 0, 0.088, 4096, 4096)  # bf16's rows
     assert fits("bf16", 64, False, 0, 0.125, 128, 128) and not fits("bf16", 64, False, 0, 0.125, 64, 128)
     assert not fits("bf16", 64, False, 0, 0.125, 128, 64)
@@ -239,7 +264,7 @@ def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim:
     block_m, block_n = variant.get("BLOCK_M"), variant.get("BLOCK_N")
     assert 0 <= shared - gluon.shared_bytes(head_dim, block_m, block_n) <= gluon.SHARED_SLACK  # type: ignore[arg-type]
     # Device-side TMA descriptors a program, 128 bytes each: Q, K, V and Out; with ping-pong each consumer
-    # warpgroup makes its own Q's and Out's (_consume_pingpong)
+    # warpgroup makes its own Q's and Out's (_consume_part)
     assert entry.global_scratch_size == (6 if pingpong else 4) * 128
     assert entry.hidden_args == ("global_scratch", "profile_scratch")
     signature = FLASH_FWD.signature("bf16")
@@ -357,9 +382,11 @@ def test_the_compile_shards_cover_every_variant_once(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=True, skip=set(), jobs=3)
     every = probe.compile_list(args)
     # dtypes x causal x head dims x (every config that fits, the producer at the default tiles, each ping-pong
-    # config that fits): head dim 256 keeps 128 x 64 x 8, 64 x 64 x 4 and ping-pong 128 x 64 x 4
-    per_head_dim = {d: len(gluon.configs(d)) + 1 + len(gluon.configs(d, pingpong=True)) for d in gluon.HEAD_DIMS}
-    assert per_head_dim == {64: 7, 128: 7, 256: 4}
+    # config that fits, each wide config that fits): head dim 256 keeps 128 x 64 x 8, 64 x 64 x 4 and ping-pong
+    # 128 x 64 x 4; the wide tiles 192 x 128 x 4 and 192 x 64 x 4 at 64, 192 x 64 x 4 at 128
+    per_head_dim = {d: len(gluon.configs(d)) + 1 + len(gluon.configs(d, pingpong=True)) + len(gluon.wide_configs(d))
+                    for d in gluon.HEAD_DIMS}
+    assert per_head_dim == {64: 9, 128: 8, 256: 4}
     assert len(every) == 2 * 2 * sum(per_head_dim.values())
     assert sum(v.get("PINGPONG") for v in every) == 2 * 2 * (2 + 2 + 1)
     assert all(v.kernel == "flash_fwd_gluon" for v in every)
@@ -417,7 +444,7 @@ def test_a_program_of_several_query_tiles_compiles_with_two_q_buffers_and_no_spi
     (torch.float16, 128, False, (8, 2), (768, 1024), 2),  # GQA; 6 tiles: programs of 2
     (torch.bfloat16, 128, "bottom_right", (2, 2), (512, 1536), 4),  # causal offset 1024
     (torch.bfloat16, 64, False, (4, 4), (1024, 512), 8),
-    (torch.float16, 64, False, (2, 2), (2048, 2048), 4),
+    (torch.float16, 64, False, (2, 2), (1024, 2048), 8),  # longer queries take GLUON_WIDE's tiles
 ], ids=str)
 def test_programs_of_several_query_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int, causal: bool | str,
                                                                 heads: tuple[int, int], seqlens: tuple[int, int],
@@ -501,12 +528,20 @@ def test_a_hung_launch_ends_its_child_within_the_limit(probe: ModuleType, monkey
     probe.finish(fake, "done at once", limit=0.01)  # returns
 
 
+def test_skip_takes_labels_whose_tiles_have_commas(probe: ModuleType) -> None:
+    labels = ["gluon[128, 128, 8]", "gluon[192, 128, 4]+producer", "gluon[128, 128, 4]+pingpongx4"]
+    assert probe.parse_skip(",".join(labels)) == set(labels)  # as run_child hands it on
+    assert probe.parse_skip("") == set() and probe.parse_skip("gluon[64, 64, 4], ") == {"gluon[64, 64, 4]"}
+    assert {probe.label(probe.parse_label(name)) for name in labels} == set(labels)
+
+
 def test_a_tiling_that_hangs_while_timed_is_not_timed_again(probe: ModuleType) -> None:
     args = argparse.Namespace(sweep=True, skip=set())
     names = [probe.label(t) for t in probe.tiles_for(args, 128)]
-    got = [{"provider": "cudnn"}, {"provider": "flash_fwd"}, *({"provider": n} for n in names[:-2]),
+    crashed = names.index("gluon[128, 128, 4]+pingpong")
+    got = [{"provider": "cudnn"}, {"provider": "flash_fwd"}, *({"provider": n} for n in names[:crashed]),
            {"job": "time", "index": 2, "crash": 3}]
-    assert probe.time_suspect(args, 128, got) == names[-2] == "gluon[128, 128, 4]+pingpong"
+    assert probe.time_suspect(args, 128, got) == names[crashed]
     assert probe.time_suspect(args, 128, got[:-1]) is None
 
 

@@ -54,11 +54,12 @@ def test_plan_holds_the_gluon_twin_of_each_call_it_serves() -> None:
     axes = Axes((SM90,), FWD, dtypes=("bf16",), head_dims=(64, 128), causal=(False, True), seqlens_q=(4096, 1000))
     plan = enumeration.enumerate_variants(axes, EMPTY)
     twins = [p for p in plan if p.variant.kernel == "flash_fwd_gluon"]
-    # hd64 causal has no GLUON_TABLE row; 1000's bucket is 1024's, where the programs walk more query tiles
-    # (dispatch.GLUON_Q_TILES: BLOCK_M is a program's rows): hd64 and hd128 non-causal, hd128 causal, at 4096 and
-    # 1024, aligned only (the axis default is both alignments), each once.
+    # 1000's bucket is 1024's, where the programs walk more query tiles (dispatch.GLUON_Q_TILES: BLOCK_M is a
+    # program's rows); at 4096 hd64 takes GLUON_WIDE's 192-row tiles, causal too (no GLUON_TABLE row: flash_fwd at
+    # 1024). Aligned only (the axis default is both alignments), each once.
     assert sorted((v.variant.get("BLOCK_D"), v.variant.get("CAUSAL"), v.variant.get("BLOCK_M"), v.origin)
-                  for v in twins) == [(64, False, 512, "gluon table"), (64, False, 1024, "gluon table"),
+                  for v in twins) == [(64, False, 192, "gluon table"), (64, False, 1024, "gluon table"),
+                                      (64, True, 192, "gluon table"),
                                       (128, False, 128, "gluon table"), (128, False, 512, "gluon table"),
                                       (128, True, 128, "gluon table"), (128, True, 1024, "gluon table")]
     for twin in twins:

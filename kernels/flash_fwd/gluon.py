@@ -20,6 +20,8 @@ why not. Dispatch asks it (``dispatch.flash_fwd_gluon_variant``), and serves
 the kernel by default for the (dtype, head dim, causal) rows of
 ``dispatch.GLUON_TABLE`` (the H200 probe's winners over flash_fwd) to calls
 whose memo key carries ``binding.GLUON_TAIL`` (the tiles divide the seqlens).
+Past ``dispatch.GLUON_WIDE``'s bounds it serves the wide tiles
+(``WIDE_CONFIGS``: three consumer warpgroups) instead of the table's row.
 Its source compiles for sm_90 with Triton 3.6.0 and 3.9.0 (the two names
 Triton renamed between them are looked up once at import), so no variant
 here needs one Triton version in particular.
@@ -45,6 +47,7 @@ FLASH_FWD_GLUON = KernelSpec(
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG", "BLOCK_TILES",
                 "BLOCK_D2"),
     aligned_params=FLASH_FWD.aligned_params,
+    wide_blocks=("BLOCK_M",),  # WIDE_CONFIGS: 192 rows, three warpgroups of 64
 )
 
 TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor this kernel's layouts
@@ -73,6 +76,13 @@ CONFIGS = ((128, 128, 8), (128, 64, 8), (64, 128, 4), (64, 64, 4))
 # each own half of BLOCK_M (BLOCK_M = 2 x 16 x num_warps) and take turns to issue their wgmmas; the
 # entry runs 2 x num_warps + 4 warps. FlashAttention-3's forward schedule on H100.
 PINGPONG_CONFIGS = ((128, 128, 4), (128, 64, 4))
+# The wide tiles (FlashAttention-3's forward at head dim 64 on H100: 192 query rows): three consumer
+# warpgroups of num_warps (4) each own a third of BLOCK_M = 3 x 16 x num_warps and run without turns, beside
+# the producer warp (PRODUCER, not PINGPONG, one query tile a program); the entry runs 16 warps, 160
+# registers a consumer thread. 192 does not divide the usual seqlens, so the last program may reach past
+# seqlen_q, which must be a multiple of one warpgroup's rows (``whole_rows``): TMA reads zeros past it and
+# drops Out's rows there, and a warpgroup with no rows left only releases its buffers.
+WIDE_CONFIGS = ((192, 128, 4), (192, 64, 4))
 # Query tiles a program may walk (``variant``'s q_tiles; BLOCK_TILES in the variant when above 1).
 Q_TILES = (1, 2, 4, 8)
 # sm_90's shared memory for one CTA (227 KiB, cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200), and
@@ -157,6 +167,23 @@ def configs(head_dim: int, pingpong: bool = False, q_tiles: int = 1) -> tuple[tu
     return tuple(t for t in (PINGPONG_CONFIGS if pingpong else CONFIGS) if fits(head_dim, t[0], t[1], q_tiles))
 
 
+def wide_configs(head_dim: int) -> tuple[tuple[int, int, int], ...]:
+    """``WIDE_CONFIGS`` whose buffers fit at ``head_dim`` and whose consumers keep to 160 registers a thread.
+
+    A warpgroup's O holds width / 2 fp32 registers a thread, its scores and
+    the two P tiles BLOCK_N together: at most 160, and a width of at most
+    160 (ptxas 12.8 of Triton 3.6 for sm_90a, bf16: 64 / 128 and 160 / 64
+    spill nothing; 80 / 128 spills 64 bytes, 96 / 128 208, 192 / 64 280).
+    """
+    return tuple(t for t in WIDE_CONFIGS if fits(head_dim, t[0], t[1])
+                 and width(head_dim) <= 160 and width(head_dim) // 2 + t[1] <= 160)
+
+
+def whole_rows(block_m: int, q_tiles: int = 1) -> int:
+    """The rows seqlen_q must be a multiple of at these tiles: a program's, or one warpgroup's for the wide tiles."""
+    return block_m // 3 if block_m in {t[0] for t in WIDE_CONFIGS} else block_m * q_tiles
+
+
 def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
            seqlen_k: int, block_m: int, block_n: int, features: bool = False, scale: float = 1.0,
            q_tiles: int = 1) -> str | None:
@@ -182,7 +209,7 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
         return (f"tiles ({block_m}, {block_n}) at head dim {head_dim} need "
                 f"{shared_bytes(head_dim, block_m, block_n, q_tiles)} bytes of shared memory, over sm_90's "
                 f"{SM90_SHARED - SHARED_SLACK} for them")
-    rows = block_m * q_tiles  # a program's
+    rows = whole_rows(block_m, q_tiles)
     if seqlen_q % rows or seqlen_k % block_n or seqlen_q == 0 or seqlen_k == 0:
         return f"seqlens ({seqlen_q}, {seqlen_k}) must be positive multiples of the tiles ({rows}, {block_n})"
     if not scale > 0.0:
@@ -210,6 +237,8 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     ``pingpong``: FlashAttention-3's ping-pong of two consumer warpgroups
     (tuned field PINGPONG, with PRODUCER); ``tiles`` one of
     ``configs(head_dim, pingpong=True)`` then (default its first).
+    ``producer`` without ``pingpong`` also takes ``wide_configs(head_dim)``
+    (three consumer warpgroups; seqlen_q a multiple of 64: ``whole_rows``).
     ``q_tiles`` (1, 2, 4 or 8; > 1 with ``pingpong`` only): each program walks
     that many query tiles of BLOCK_M rows, one after another (the variant's
     BLOCK_M, the grid's tile, is then q_tiles x BLOCK_M; BLOCK_TILES says how
@@ -223,6 +252,8 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
         raise ValueError(f"q_tiles must be one of {Q_TILES} (above 1 with pingpong only), got {q_tiles!r}")
     known = takes(head_dim)
     allowed = configs(head_dim, pingpong) if known else PINGPONG_CONFIGS if pingpong else CONFIGS
+    if producer and not pingpong and q_tiles == 1:
+        allowed += wide_configs(head_dim) if known else WIDE_CONFIGS
     if tiles is None:
         tiles = allowed[0] if pingpong or not known else default_tiles(head_dim)
     if tuple(tiles) not in allowed:

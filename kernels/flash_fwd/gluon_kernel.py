@@ -126,6 +126,21 @@ The pipeline, and why each choice:
   warps. Without PINGPONG no ``turn`` barrier is allocated, so the other
   tilings compile as before (same shared memory).
 
+- **Three consumer warpgroups, optionally** (the wide tiles: BLOCK_M 192
+  at num_warps 4, with PRODUCER and without PINGPONG; FlashAttention-3's
+  forward at head dim 64). Three partitions of 64 rows each share every
+  K/V tile (the empty barriers take three arrives) and run without turns,
+  the warp schedulers interleaving their products and softmaxes; 160
+  registers a consumer thread (168 for the default partition), 24 for the
+  producer, 16 warps in all. K/V traffic a FLOP falls by a third against
+  128-row tiles. Each partition stops at its own rows' last key block
+  (causal: the lower rows' diagonal comes sooner) and then releases the
+  rest of the tile's blocks unread, each once it has landed, so the
+  producer's wait on its buffer holds. 192 rows do not divide the usual
+  seqlens: the last program reaches past seqlen_q (a multiple of 64), TMA
+  reads zeros for Q's rows there and drops Out's, and a partition with no
+  rows left makes no descriptor and only releases.
+
 - **Several query tiles a program, optionally** (``BLOCK_TILES`` = n > 1,
   with PINGPONG; dispatch.GLUON_Q_TILES picks n for short sequences). The
   program's BLOCK_M rows are n ping-pong tiles of BLOCK_M / n rows, walked
@@ -373,14 +388,14 @@ def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2
     after tile t - 2's output went out through it), K and V through the one ring whose position runs on
     across tiles (``g``), so the next tile's Q and first key blocks load under this tile's last steps and
     epilogue. Every wait follows ``_produce``'s parity rule. Tile 0's Q and key block 0 are loaded before
-    (``_produce_pingpong``).
+    (``_produce_part``).
     """
     g = 0
     for t in range(TILES):
         tile_m = prog_m + t * TILE_M
         n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         buf = t % 2
-        if t > 0:  # tile 0's Q and key block 0 went out in _produce_pingpong, between its descriptors
+        if t > 0:  # tile 0's Q and key block 0 went out in _produce_part, between its descriptors
             mbarrier.wait(q_empty.index(buf), ((t // 2) & 1) ^ 1)
             _load_q(q_desc, q2_desc, q_bar.index(buf), q_smem, q2_smem, buf * WGS, tile_m, WGS, SPLIT)
         for block in range(1 - gl.minimum(t, 1), n_blocks):
@@ -397,7 +412,7 @@ def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2
 
 
 @gluon.jit
-def _produce_pingpong(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem,
+def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem,
                       k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m,
                       causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
@@ -429,19 +444,21 @@ def _produce_pingpong(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen
 
 
 @gluon.jit
-def _consume_pingpong(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs,
+def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs,
                       v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, prog_m,
                       sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
                       SPLIT: gl.constexpr):
-    """Ping-pong consumer warpgroup ``WG`` with its share of the prologue: Out's descriptors, and Q's with one tile.
+    """Consumer warpgroup ``WG`` of ``WGS`` with its share of the prologue: Out's descriptors, and Q's with one tile.
 
-    With one tile a program, the warpgroup makes Q's descriptor and loads
-    its own half (barrier ``q_bar[WG]``), then makes Out's while Q and the
-    producer's K are in flight. The K/V descriptors ``_consume`` takes are
+    Two partitions take turns (ping-pong), three run freely (the wide
+    tiles). With one tile a program, the warpgroup makes Q's descriptor and
+    loads its own rows (barrier ``q_bar[WG]``), then makes Out's while Q and
+    the producer's K are in flight. The K/V descriptors ``_consume`` takes are
     the producer's to use (PRODUCER): Out's stand in for them, never read.
     """
     ROWS: gl.constexpr = TILE_M // WGS
+    PINGPONG: gl.constexpr = WGS == 2
     if TILES > 1:
         # ``_consume`` for each tile: tile t's rows are in Q buffer t % 2, released to the producer after the
         # tile's output went out through it; the ring position and the ping-pong step count run on across tiles.
@@ -459,7 +476,7 @@ def _consume_pingpong(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim
             mbarrier.arrive(q_empty.index(buf), count=1)
             g += n_blocks
             step += n_blocks + 1
-    else:
+    elif PINGPONG:
         q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
         start_m = prog_m + WG * ROWS
         _load_tile(q_desc, q2_desc, q_bar.index(WG), q_smem.index(WG), q2_smem.index(WG), start_m, SPLIT)
@@ -471,6 +488,38 @@ def _consume_pingpong(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim
                  v2_bufs, q_bar.index(WG), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
                  start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, WG, True,
                  SPLIT)
+    else:
+        # The wide tiles: partitions without turns, each on its own rows' key blocks (causal: fewer for the lower
+        # rows), then releasing the rest of the tile's blocks, which the producer loads for the others. The last
+        # program may reach past seqlen_q (a multiple of ROWS): a partition with no rows there only releases.
+        start_m = prog_m + WG * ROWS
+        n_tile, _ = _block_counts(prog_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
+        n_blocks, n_full = _block_counts(start_m, seqlen_k, causal_offset, ROWS, BLOCK_N, CAUSAL)
+        if start_m >= seqlen_q:
+            n_blocks = 0
+        if n_blocks > 0:
+            q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+            _load_tile(q_desc, q2_desc, q_bar.index(WG), q_smem.index(WG), q2_smem.index(WG), start_m, SPLIT)
+            o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+            _consume(q_smem.index(WG), q2_smem.index(WG), o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs,
+                     v_bufs, v2_bufs, q_bar.index(WG), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc,
+                     lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL,
+                     True, WG, False, SPLIT, True, True)
+        _release(k_bars, v_bars, k_empty, v_empty, n_blocks, n_tile, STAGES)
+
+
+@gluon.jit
+def _release(k_bars, v_bars, k_empty, v_empty, first, n_blocks, STAGES: gl.constexpr):
+    """Release key blocks [first, n_blocks) unread: each buffer once its tile has landed.
+
+    Waiting for the tile keeps each arrive in its own phase: the load of
+    block b went out only after block b - STAGES's release was complete.
+    """
+    for block in range(first, n_blocks):
+        _wait_slot(k_bars, block, STAGES)
+        mbarrier.arrive(k_empty.index(block % STAGES), count=1)
+        _wait_slot(v_bars, block, STAGES)
+        mbarrier.arrive(v_empty.index(block % STAGES), count=1)
 
 
 @gluon.jit
@@ -600,10 +649,15 @@ def flash_fwd_gluon_kernel(
     gl.static_assert(TILES == 1 or PINGPONG, "BLOCK_TILES needs PINGPONG: its producer warp loads every tile's Q")
     TILE_M: gl.constexpr = BLOCK_M // TILES
     gl.static_assert(TILE_M * TILES == BLOCK_M, "BLOCK_M must be BLOCK_TILES whole tiles")
-    # PINGPONG: two consumer warpgroups (the entry's num_warps each), each owning half of the tile's rows.
-    WGS: gl.constexpr = 2 if PINGPONG else 1
+    # Consumer partitions of the entry's num_warps each, each owning ROWS of the tile's rows: one, or with
+    # PINGPONG two taking turns, or three that run freely (TILE_M 192 at 4 warps: the wide tiles, PRODUCER).
+    WGS: gl.constexpr = TILE_M // (16 * NUM_WARPS)
     ROWS: gl.constexpr = TILE_M // WGS
-    gl.static_assert(ROWS == 16 * NUM_WARPS, "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x warps (x 2)")
+    gl.static_assert(ROWS * WGS == TILE_M and ROWS == 16 * NUM_WARPS,
+                     "each warp of a warpgroup owns 16 rows: BLOCK_M = 16 x warps x partitions")
+    gl.static_assert(WGS == 1 or PRODUCER, "several consumer partitions need PRODUCER: one warp loads for them")
+    gl.static_assert(WGS <= 3 and (PINGPONG == (WGS == 2)), "ping-pong is two partitions; three run without turns")
+    gl.static_assert(WGS < 3 or TILES == 1, "three partitions walk one query tile a program")
     dtype: gl.constexpr = Q.dtype.element_ty
     # gluon.stages' rule on the whole width: 3 when a K tile is at most 16 KiB (head dim 64; 128 at BLOCK_N 64),
     # else 2.
@@ -632,7 +686,7 @@ def flash_fwd_gluon_kernel(
         v2_bufs = v_bufs
     # Q's barriers: with several tiles one a Q buffer (the producer loads both halves), with one tile and
     # ping-pong one a warpgroup (each loads its own half), else one.
-    QBARS: gl.constexpr = 2 if PINGPONG else 1
+    QBARS: gl.constexpr = WGS if TILES == 1 else 2
     q_bar = gl.allocate_shared_memory(gl.int64, [QBARS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -665,23 +719,44 @@ def flash_fwd_gluon_kernel(
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
     o_base = Out + batch * stride_ob + head * stride_oh
-    if PINGPONG:
+    if WGS == 3:
+        # The wide tiles (FlashAttention-3's at head dim 64): three consumer warpgroups of 64 rows on every K/V
+        # tile, each on its own schedule (no turns: the warp schedulers interleave them), one warp loading for
+        # all three; 160 registers a consumer thread and 24 for the producer (504 of 512 a warpgroup's share).
+        gl.warp_specialize([(_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
+                            (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
+                            (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 2, SPLIT)),
+                            (_produce_part, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
+                                             seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
+                                             q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, SPLIT))],
+                           [NUM_WARPS, NUM_WARPS, 1], [160, 160, 24])
+    elif PINGPONG:
         # FlashAttention-3's schedule: warpgroup 0 (the default partition) and warpgroup 1 take turns to issue
         # their wgmmas, so one's softmax runs under the other's products; one warp loads for both. Every
-        # descriptor is made in the partition that uses it, at once in the three (_produce_pingpong). With
+        # descriptor is made in the partition that uses it, at once in the three (_produce_part). With
         # TILES > 1 a program walks TILES query tiles of TILE_M rows, the producer running ahead across tiles
         # (the next Q and key blocks load under this tile's end and epilogue).
-        gl.warp_specialize([(_consume_pingpong, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+        gl.warp_specialize([(_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                                  q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
                                                  k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
                                                  causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0,
                                                  SPLIT)),
-                            (_consume_pingpong, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                            (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                                  q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
                                                  k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
                                                  causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1,
                                                  SPLIT)),
-                            (_produce_pingpong, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
+                            (_produce_part, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
                                                  seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
                                                  v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
                                                  causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL,
