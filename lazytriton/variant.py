@@ -178,13 +178,17 @@ _MAX_BLOCK = 1 << 16
 
 
 def _check_constexpr(variant: Variant, name: str, value: Value, wide: bool = False) -> None:
-    """``wide``: the kernel's ``wide_blocks`` names this field, which may also be three times a power of two."""
+    """Refuse a constexpr value of the wrong kind (ValueError naming it).
+
+    ``wide``: the kernel's ``wide_blocks`` names this field, which may also be
+    three times a power of two of at least 16 (three parts of whole warps' rows).
+    """
     if name.startswith("BLOCK_"):
-        part = value // 3 if wide and isinstance(value, int) and value % 3 == 0 else value
+        part = value // 3 if wide and isinstance(value, int) and value % 3 == 0 and value >= 48 else value
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_BLOCK \
                 or part & (part - 1):  # type: ignore[operator]
             raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be a power of two "
-                             f"{'(or three times one) ' if wide else ''}in 1..{_MAX_BLOCK}")
+                             f"{'(or three times one of at least 16) ' if wide else ''}in 1..{_MAX_BLOCK}")
     elif not isinstance(value, bool):
         raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be true or false")
 

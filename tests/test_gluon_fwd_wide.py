@@ -43,6 +43,21 @@ def test_the_wide_variant_is_producer_without_pingpong_at_192_rows() -> None:
     assert Variant.parse(str(variant)) == variant
 
 
+def test_only_the_kernels_wide_block_may_be_three_times_a_power_of_two() -> None:
+    text = str(wide())
+    assert check_fields(Variant.parse(text)).get("BLOCK_M") == 192
+    assert check_fields(Variant.parse(text.replace("BLOCK_M=192", "BLOCK_M=48"))).get("BLOCK_M") == 48  # 3 x 16
+    for bad, name in ((text.replace("BLOCK_N=128", "BLOCK_N=192"), "BLOCK_N=192"),  # not a wide block
+                      (text.replace("BLOCK_M=192", "BLOCK_M=320"), "BLOCK_M=320"),  # 5 x 64
+                      (text.replace("BLOCK_M=192", "BLOCK_M=24"), "BLOCK_M=24")):  # 3 x 8: no whole warp's rows
+        with pytest.raises(ValueError, match=re.escape(name) + r" must be a power of two"):
+            check_fields(Variant.parse(bad))
+    plain = dispatch.flash_fwd_variant(SM90, "bf16", 64, False, True, 4096, seqlen_k=4096)
+    odd = str(plain).replace(f"BLOCK_M={plain.get('BLOCK_M')}", "BLOCK_M=192")
+    with pytest.raises(ValueError, match=r"BLOCK_M=192 must be a power of two in"):
+        check_fields(Variant.parse(odd))  # flash_fwd's BLOCK_M is one Triton tile
+
+
 def test_the_wide_tiles_need_the_producer_one_query_tile_and_no_pingpong() -> None:
     with pytest.raises(ValueError, match=r"tiles must be one of .* got \(192, 128, 4\)"):
         gluon.variant("sm_90", "bf16", 64, "none", True, False, 1024, 1024, tiles=(192, 128, 4))
