@@ -413,10 +413,10 @@ def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2
 
 @gluon.jit
 def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem,
-                      k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m,
-                      causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
-    """The ping-pong producer warp with its share of the prologue: K's and V's descriptors, and Q's with TILES > 1.
+                  k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m,
+                  causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
+    """The producer warp of 2 or 3 consumer partitions, with its prologue: K's, V's and (TILES > 1) Q's descriptors.
 
     ``Q``, ``K``, ``V``: this program's (batch, head) bases. Each load goes
     out as soon as its descriptor exists (Q's first tile, K's block 0, then
@@ -424,7 +424,7 @@ def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, 
     the device costs ~0.7 µs of its partition's time, and made in turn before
     the partitions split (four, eight with SPLIT) they held every program's
     first step back (the backward's trace, benchmarks/probe_fused_steps.py).
-    With one tile the consumers load their own Q halves.
+    With one tile the consumers load their own Q rows.
     """
     if TILES > 1:
         q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
@@ -445,10 +445,10 @@ def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, 
 
 @gluon.jit
 def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs,
-                      v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, prog_m,
-                      sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
-                      SPLIT: gl.constexpr):
+                  v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, prog_m,
+                  sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
+                  SPLIT: gl.constexpr):
     """Consumer warpgroup ``WG`` of ``WGS`` with its share of the prologue: Out's descriptors, and Q's with one tile.
 
     Two partitions take turns (ping-pong), three run freely (the wide
@@ -747,20 +747,18 @@ def flash_fwd_gluon_kernel(
         # TILES > 1 a program walks TILES query tiles of TILE_M rows, the producer running ahead across tiles
         # (the next Q and key blocks load under this tile's end and epilogue).
         gl.warp_specialize([(_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
-                                                 q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
-                                                 k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
-                                                 causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0,
-                                                 SPLIT)),
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
                             (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
-                                                 q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
-                                                 k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
-                                                 causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1,
-                                                 SPLIT)),
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
                             (_produce_part, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
-                                                 seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
-                                                 v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
-                                                 causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL,
-                                                 SPLIT))], [NUM_WARPS, 1], [240, 24])
+                                             seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
+                                             q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, SPLIT))],
+                           [NUM_WARPS, 1], [240, 24])
     else:
         # Key blocks [0, n_full) are visible to every row; [n_full, n_blocks) hold the causal diagonal.
         n_blocks, n_full = _block_counts(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
