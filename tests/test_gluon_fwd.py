@@ -192,7 +192,43 @@ def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> No
     assert gluon.variant("sm_90", "bf16", 128, "none", True, False, 768, 1024, pingpong=True, q_tiles=4) is None
     assert "positive multiples of the tiles (512, 128)" in str(gluon.reason(
         "sm_90", "bf16", 128, "none", True, False, 768, 1024, 128, 128, q_tiles=4))
-    assert not gluon.configs(256, pingpong=True, q_tiles=2), "two Q buffers of 64 KiB do not fit beside hd256's ring"
+    # Two Q buffers of 64 KiB do not fit beside hd256's ring: one does (q_buffers)
+    assert gluon.configs(256, pingpong=True, q_tiles=2) == ((128, 64, 4),)
+
+
+@pytest.mark.parametrize("head_dim, tiles, q_tiles, buffers", [
+    (128, (128, 128), 4, 2), (64, (128, 128), 8, 2), (192, (128, 64), 2, 2),  # the served rows: two, as before
+    (160, (128, 128), 4, 1), (256, (128, 64), 2, 1),  # two would pass sm_90's 227 KiB
+    (160, (128, 128), 1, 1), (128, (128, 128), 1, 1),  # one tile a program: one
+])
+def test_q_buffers_are_two_where_they_fit_beside_the_ring_else_one(head_dim: int, tiles: tuple[int, int],
+                                                                   q_tiles: int, buffers: int) -> None:
+    assert gluon.q_buffers(head_dim, *tiles, q_tiles) == buffers
+    ring = 2 * gluon.stages(head_dim, tiles[1]) * tiles[1]
+    assert gluon.shared_bytes(head_dim, *tiles, q_tiles) == 2 * gluon.width(head_dim) * (buffers * tiles[0] + ring)
+    assert gluon.fits(head_dim, *tiles, q_tiles)
+    if q_tiles > 1:
+        assert (tiles[0], tiles[1], 4) in gluon.configs(head_dim, pingpong=True, q_tiles=q_tiles)
+    assert (128, 128, 4) not in gluon.configs(192, pingpong=True, q_tiles=2)  # not even one Q buffer fits there
+
+
+def test_a_program_of_several_query_tiles_in_one_q_buffer_compiles_within_its_shared_memory() -> None:
+    """Head dim 160 at 128 x 128 walking 4 tiles: one Q buffer (two would need 245 KiB), refilled by the producer
+    once both consumers released it after a tile's output went out; one Q barrier and one q_empty barrier."""
+    from lazytriton.compiler import compile_variant
+
+    variant = gluon.variant("sm_90", "bf16", 160, "top_left", True, False, 1024, 1024, pingpong=True, q_tiles=4,
+                            tiles=(128, 128, 4))
+    assert variant is not None and variant.constexprs["BLOCK_TILES"] == 4
+    entry = compile_variant(variant)
+    assert 0 <= entry.shared - gluon.shared_bytes(160, 128, 128, 4) <= gluon.SHARED_SLACK
+    assert entry.shared + gluon.SHARED_SLACK <= gluon.SM90_SHARED < entry.shared + 2 * 160 * 128 * 2
+    ptx = sm90_ptx(variant)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    two = sm90_ptx(gluon.variant("sm_90", "bf16", 128, "top_left", True, False, 1024, 1024, pingpong=True,  # type: ignore[arg-type]
+                                 q_tiles=4, tiles=(128, 128, 4)))
+    # Barriers: one Q and one q_empty barrier fewer than with two buffers (same ring: 2 stages at both head dims)
+    assert ptx.count("mbarrier.init.shared") == two.count("mbarrier.init.shared") - 2
 
 
 def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
@@ -436,6 +472,36 @@ def test_a_program_of_several_query_tiles_compiles_with_two_q_buffers_and_no_spi
         assert ptx.count("mbarrier.init.shared") >= 2 + 2 + 4 * gluon.stages(head_dim, 128) + 2
     one = gluon.variant("sm_90", "bf16", 128, "none", True, False, 1024, 1024, pingpong=True)
     assert one is not None and "BLOCK_TILES" not in one.constexprs, "one tile: the variant string as before"
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype, head_dim, causal, seqlens, q_tiles", [
+    (torch.bfloat16, 160, True, (1024, 1024), 4),  # one Q buffer: 160 = 128 + 32 at 128 x 128
+    (torch.float16, 160, False, (512, 1024), 2),
+    (torch.bfloat16, 256, "bottom_right", (512, 1536), 2),  # 128 x 64, one 64 KiB Q buffer
+])
+def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
+        dtype: torch.dtype, head_dim: int, causal: bool | str, seqlens: tuple[int, int], q_tiles: int,
+        resolved: list[Variant], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GLUON_Q_TILES row where two Q buffers do not fit: the tiles share one, within FlashAttention's rule."""
+    from lazytriton import flash, runtime
+
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    tiles = dispatch.GLUON_TABLE.get((name, head_dim, causal is not False), ((128, 64, 4), True, True))
+    monkeypatch.setitem(dispatch.GLUON_TABLE, (name, head_dim, causal is not False), tiles)
+    monkeypatch.setitem(dispatch.GLUON_Q_TILES, (head_dim, causal is not False), ((1024, q_tiles),))
+    runtime.reset()
+    q, k, v = make_qkv(2, (4, 2), seqlens, head_dim, dtype, "cuda", seed_of("gluon-one-q", head_dim, causal, seqlens))
+    if str(dispatch.target_of_device(q.device)) != "sm_90":
+        pytest.skip("flash_fwd_gluon is built for sm_90")
+    for _ in range(2):
+        out, lse = flash.attn_fwd(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+        check_attention(q, k, v, out, lse, causal=causal)
+    served = [v for v in resolved if v.kernel == "flash_fwd_gluon"]
+    assert served and served[-1].constexprs.get("BLOCK_TILES") == q_tiles, served
+    assert gluon.q_buffers(head_dim, 128, served[-1].get("BLOCK_N"), q_tiles) == 1  # type: ignore[arg-type]
+    runtime.reset()
 
 
 @on_gpu

@@ -139,15 +139,31 @@ def stages(head_dim: int, block_n: int) -> int:
     return 3 if width(head_dim) * block_n <= 64 * 128 else 2
 
 
+def q_buffers(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> int:
+    """The Q buffers of ``block_m`` rows the kernel allocates (its own rule, ``QBUFS``).
+
+    One with one query tile a program. With several, two where both fit
+    beside the ring (the next tile's Q loads under this one's last steps),
+    else one: the next tile's Q then loads once this tile's output went out
+    through the buffer, and only its key blocks load ahead (head dim 160 at
+    128 x 128, 256 at 128 x 64, 192 at 128 x 128).
+    """
+    if q_tiles == 1:
+        return 1
+    two = 2 * width(head_dim) * (2 * block_m + 2 * stages(head_dim, block_n) * block_n)
+    return 2 if two + SHARED_SLACK <= SM90_SHARED else 1
+
+
 def shared_bytes(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> int:
     """The shared memory the kernel allocates at these tiles, within ``SHARED_SLACK`` (bf16 or fp16).
 
-    Q (BLOCK_M x D, reused for the output tile; two such buffers when a
+    Q (BLOCK_M x D, reused for the output tile; ``q_buffers`` of them when a
     program walks ``q_tiles`` > 1 query tiles of ``block_m`` rows) and
     ``stages`` K and V buffers (BLOCK_N x D each): ``tests/test_gluon_fwd.py``
     compares it with the compiled entries' shared memory.
     """
-    return 2 * width(head_dim) * ((2 if q_tiles > 1 else 1) * block_m + 2 * stages(head_dim, block_n) * block_n)
+    q = q_buffers(head_dim, block_m, block_n, q_tiles)
+    return 2 * width(head_dim) * (q * block_m + 2 * stages(head_dim, block_n) * block_n)
 
 
 def fits(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> bool:
@@ -160,7 +176,8 @@ def configs(head_dim: int, pingpong: bool = False, q_tiles: int = 1) -> tuple[tu
 
     Head dim 256 keeps BLOCK_N 64 only: a 128-key K or V stage there is
     64 KiB, and Q plus two stages of each would need 320 KiB. ``q_tiles`` > 1
-    (several query tiles a program, ping-pong only) doubles Q's buffer.
+    (several query tiles a program, ping-pong only) doubles Q's buffer where
+    that fits (``q_buffers``).
     """
     if q_tiles > 1 and not pingpong:
         return ()

@@ -145,11 +145,13 @@ The pipeline, and why each choice:
   with PINGPONG; dispatch.GLUON_Q_TILES picks n for short sequences). The
   program's BLOCK_M rows are n ping-pong tiles of BLOCK_M / n rows, walked
   one after another: the four descriptors are made once, and the producer
-  warp loads every tile's Q (two buffers: tile t's in buffer t % 2, refilled
-  once both consumer partitions have released it, after tile t - 2's output
-  went out through it) and K/V tiles through one ring whose position and
-  phases run on across tiles, so the next tile's Q and first key blocks land
-  while this tile's last steps and epilogue run. The consumers release the
+  warp loads every tile's Q (two buffers where both fit beside the ring:
+  tile t's in buffer t % 2, refilled once both consumer partitions have
+  released it, after tile t - 2's output went out through it; else one,
+  refilled once tile t - 1's output went out, as at head dim 160 in 128 x
+  128 tiles or 256) and K/V tiles through one ring whose position and
+  phases run on across tiles, so the next tile's first key blocks (and with
+  two buffers its Q) land while this tile's last steps and epilogue run. The consumers release the
   last V buffer of each tile too (a later tile's loads wait for it), and the
   ping-pong steps count on across tiles (a tile of n_blocks key blocks takes
   n_blocks + 1). The grid is unchanged (BLOCK_M is the program's rows), so the
@@ -384,19 +386,20 @@ def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
     """The producer warp of a program walking TILES query tiles (BLOCK_TILES): each tile's Q, then its K and V tiles.
 
-    Q goes through two buffers (tile t in buffer t % 2, refilled once both consumer partitions released it
-    after tile t - 2's output went out through it), K and V through the one ring whose position runs on
-    across tiles (``g``), so the next tile's Q and first key blocks load under this tile's last steps and
-    epilogue. Every wait follows ``_produce``'s parity rule. Tile 0's Q and key block 0 are loaded before
-    (``_produce_part``).
+    Q goes through QBUFS buffers (tile t in buffer t % QBUFS, refilled once both consumer partitions released
+    it after tile t - QBUFS's output went out through it), K and V through the one ring whose position runs on
+    across tiles (``g``), so the next tile's first key blocks (and with two buffers its Q) load under this
+    tile's last steps and epilogue. Every wait follows ``_produce``'s parity rule. Tile 0's Q and key block 0
+    are loaded before (``_produce_part``).
     """
+    QBUFS: gl.constexpr = q_smem.type.shape[0] // WGS
     g = 0
     for t in range(TILES):
         tile_m = prog_m + t * TILE_M
         n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
-        buf = t % 2
+        buf = t % QBUFS
         if t > 0:  # tile 0's Q and key block 0 went out in _produce_part, between its descriptors
-            mbarrier.wait(q_empty.index(buf), ((t // 2) & 1) ^ 1)
+            mbarrier.wait(q_empty.index(buf), ((t // QBUFS) & 1) ^ 1)
             _load_q(q_desc, q2_desc, q_bar.index(buf), q_smem, q2_smem, buf * WGS, tile_m, WGS, SPLIT)
         for block in range(1 - gl.minimum(t, 1), n_blocks):
             ring = g + block
@@ -460,17 +463,18 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
     ROWS: gl.constexpr = TILE_M // WGS
     PINGPONG: gl.constexpr = WGS == 2
     if TILES > 1:
-        # ``_consume`` for each tile: tile t's rows are in Q buffer t % 2, released to the producer after the
+        # ``_consume`` for each tile: tile t's rows are in Q buffer t % QBUFS, released to the producer after the
         # tile's output went out through it; the ring position and the ping-pong step count run on across tiles.
+        QBUFS: gl.constexpr = q_smem.type.shape[0] // WGS
         o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
         g = 0
         step = 0
         for t in range(TILES):
             tile_m = prog_m + t * TILE_M
             n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
-            buf = t % 2
+            buf = t % QBUFS
             _consume(q_smem.index(buf * WGS + WG), q2_smem.index(buf * WGS + WG), o_desc, o2_desc, o_desc, o2_desc,
-                     k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(buf), (t // 2) & 1, k_bars, v_bars, k_empty,
+                     k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(buf), (t // QBUFS) & 1, k_bars, v_bars, k_empty,
                      v_empty, turn, o_desc, o2_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full, sm_scale,
                      causal_offset, g, step, BLOCK_N, STAGES, CAUSAL, True, WG, True, SPLIT, False, True)
             mbarrier.arrive(q_empty.index(buf), count=1)
@@ -670,7 +674,10 @@ def flash_fwd_gluon_kernel(
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // group_size
-    QBUFS: gl.constexpr = 2 if TILES > 1 else 1  # tile t's Q in buffer t % 2: the next one loads under this one
+    # Q buffers (gluon.q_buffers' rule): with several tiles two where both fit beside the ring (tile t's Q in buffer
+    # t % 2: the next one loads under this one), else one; sm_90's 227 KiB less gluon.SHARED_SLACK.
+    TWO_Q_BYTES: gl.constexpr = 2 * (BLOCK_D + BLOCK_D2) * (2 * TILE_M + 2 * STAGES * BLOCK_N)
+    QBUFS: gl.constexpr = (2 if TWO_Q_BYTES <= 232448 - 1024 else 1) if TILES > 1 else 1
     q_smem = gl.allocate_shared_memory(dtype, [QBUFS * WGS, ROWS, BLOCK_D], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
@@ -684,9 +691,9 @@ def flash_fwd_gluon_kernel(
         q2_smem = q_smem
         k2_bufs = k_bufs
         v2_bufs = v_bufs
-    # Q's barriers: with several tiles one a Q buffer (the producer loads both halves), with one tile and
-    # ping-pong one a warpgroup (each loads its own half), else one.
-    QBARS: gl.constexpr = WGS if TILES == 1 else 2
+    # Q's barriers: with several tiles one a Q buffer (the producer loads both halves), with one tile one a
+    # consumer warpgroup (each loads its own rows).
+    QBARS: gl.constexpr = WGS if TILES == 1 else QBUFS
     q_bar = gl.allocate_shared_memory(gl.int64, [QBARS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
