@@ -474,6 +474,23 @@ def test_a_program_of_several_query_tiles_compiles_with_two_q_buffers_and_no_spi
     assert one is not None and "BLOCK_TILES" not in one.constexprs, "one tile: the variant string as before"
 
 
+def gluon_served(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | str,
+                 resolved: list[Variant]) -> list[Variant]:
+    """A plain call cold (it plans the shape) and warm, each within FlashAttention's rule: the gluon variants resolved.
+
+    Skips off sm_90 (flash_fwd_gluon is built for it).
+    """
+    from lazytriton import flash
+
+    if str(dispatch.target_of_device(q.device)) != "sm_90":
+        pytest.skip("flash_fwd_gluon is built for sm_90")
+    for _ in range(2):
+        out, lse = flash.attn_fwd(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+        check_attention(q, k, v, out, lse, causal=causal)
+    return [variant for variant in resolved if variant.kernel == "flash_fwd_gluon"]
+
+
 @on_gpu
 @pytest.mark.parametrize("dtype, head_dim, causal, seqlens, q_tiles", [
     (torch.bfloat16, 160, True, (1024, 1024), 4),  # one Q buffer: 160 = 128 + 32 at 128 x 128
@@ -484,7 +501,7 @@ def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
         dtype: torch.dtype, head_dim: int, causal: bool | str, seqlens: tuple[int, int], q_tiles: int,
         resolved: list[Variant], monkeypatch: pytest.MonkeyPatch) -> None:
     """A GLUON_Q_TILES row where two Q buffers do not fit: the tiles share one, within FlashAttention's rule."""
-    from lazytriton import flash, runtime
+    from lazytriton import runtime
 
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     tiles = dispatch.GLUON_TABLE.get((name, head_dim, causal is not False), ((128, 64, 4), True, True))
@@ -492,13 +509,7 @@ def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
     monkeypatch.setitem(dispatch.GLUON_Q_TILES, (head_dim, causal is not False), ((1024, q_tiles),))
     runtime.reset()
     q, k, v = make_qkv(2, (4, 2), seqlens, head_dim, dtype, "cuda", seed_of("gluon-one-q", head_dim, causal, seqlens))
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
-        pytest.skip("flash_fwd_gluon is built for sm_90")
-    for _ in range(2):
-        out, lse = flash.attn_fwd(q, k, v, causal=causal)
-        torch.cuda.synchronize()
-        check_attention(q, k, v, out, lse, causal=causal)
-    served = [v for v in resolved if v.kernel == "flash_fwd_gluon"]
+    served = gluon_served(q, k, v, causal, resolved)
     assert served and served[-1].constexprs.get("BLOCK_TILES") == q_tiles, served
     assert gluon.q_buffers(head_dim, 128, served[-1].get("BLOCK_N"), q_tiles) == 1  # type: ignore[arg-type]
     runtime.reset()

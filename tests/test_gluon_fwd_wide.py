@@ -18,8 +18,8 @@ import re
 
 import pytest
 import torch
-from test_flash_fwd import check_attention, make_qkv, on_gpu, seed_of
-from test_gluon_fwd import sm90_ptx
+from test_flash_fwd import make_qkv, on_gpu, seed_of
+from test_gluon_fwd import gluon_served, sm90_ptx
 
 from lazytriton import dispatch
 from lazytriton.kernels.flash_fwd import gluon
@@ -140,18 +140,12 @@ def test_the_wide_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int,
                                               tiles: tuple[int, int, int], resolved: list[Variant],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A GLUON_TABLE row with the wide tiles, served by a plain call cold and warm, within FlashAttention's rule."""
-    from lazytriton import flash, runtime
+    from lazytriton import runtime
 
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     monkeypatch.setitem(dispatch.GLUON_TABLE, (name, head_dim, causal is not False), (tiles, True, False))
     runtime.reset()  # plans memoised by another test would hide the variant from the resolve spy
     q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed_of("gluon-wide", head_dim, causal, seqlens))
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
-        pytest.skip("flash_fwd_gluon is built for sm_90")
-    for _ in range(2):
-        out, lse = flash.attn_fwd(q, k, v, causal=causal)
-        torch.cuda.synchronize()
-        check_attention(q, k, v, out, lse, causal=causal)
-    served = [v for v in resolved if v.kernel == "flash_fwd_gluon"]
+    served = gluon_served(q, k, v, causal, resolved)
     assert served and served[-1].get("BLOCK_M") == 192, served
     runtime.reset()
