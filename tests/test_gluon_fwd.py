@@ -605,6 +605,19 @@ def test_a_hung_launch_ends_its_child_within_the_limit(probe: ModuleType, monkey
     probe.finish(fake, "done at once", limit=0.01)  # returns
 
 
+def test_ptx_served_keeps_the_code_and_drops_where_the_source_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    ptx_served = importlib.import_module("ptx_served")
+    ptx = (".version 8.7\n\t.loc\t1 611 1\n\tmov.b32 \t%r1, 1;\n$L__BB0_3:\n\t// a comment\n\tbra.uni \t$L__BB0_3;\n"
+           "\t.section\t.debug_info\n.b8 224 // DW_AT_call_line\n")
+    moved = ptx.replace("611", "615").replace("224", "228").replace("BB0_3", "BB0_4")  # the source moved
+    assert ptx_served.code_of(ptx) == ptx_served.code_of(moved) and "mov.b32" in ptx_served.code_of(ptx)
+    assert ptx_served.code_of(ptx) != ptx_served.code_of(ptx.replace("%r1, 1", "%r1, 2"))
+    for head_dim, causal, seqlen in ptx_served.SERVED:  # every row it compiles is one dispatch serves
+        assert dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", head_dim, causal, True, False, seqlen,
+                                                        seqlen) is not None
+
+
 def test_skip_takes_labels_whose_tiles_have_commas(probe: ModuleType) -> None:
     labels = ["gluon[128, 128, 8]", "gluon[192, 128, 4]+producer", "gluon[128, 128, 4]+pingpongx4"]
     assert probe.parse_skip(",".join(labels)) == set(labels)  # as run_child hands it on
