@@ -681,7 +681,7 @@ def flash_fwd_gluon_q_tiles(dtype: str, head_dim: int, causal: bool, offset: int
     keys, plans and grids of their own.
     """
     row = flash_fwd_gluon_default(dtype, head_dim, causal, seqlen_q)
-    if row is None or not flash_fwd_gluon_fits(dtype, head_dim, causal, offset, scale, seqlen_q, seqlen_k):
+    if row is None or not _gluon_row_fits(row, causal, offset, scale, seqlen_q, seqlen_k):
         return 0
     return gluon_q_tiles(head_dim, causal, seqlen_q, row[0][0]) if row[2] else 1
 
@@ -697,7 +697,13 @@ def flash_fwd_gluon_fits(dtype: str, head_dim: int, causal: bool, offset: int, s
     seqlen_q > seqlen_k leaves rows without keys). Target, alignment and
     64-bit offsets are in the key already; the plan checks them (``flash_fwd_gluon_default_variant``).
     """
-    row = flash_fwd_gluon_default(dtype, head_dim, causal, seqlen_q)
+    return _gluon_row_fits(flash_fwd_gluon_default(dtype, head_dim, causal, seqlen_q), causal, offset, scale,
+                           seqlen_q, seqlen_k)
+
+
+def _gluon_row_fits(row: GluonTiling | None, causal: bool, offset: int, scale: float, seqlen_q: int,
+                    seqlen_k: int) -> bool:
+    """``flash_fwd_gluon_fits`` for the tiling ``flash_fwd_gluon_default`` gave (None: no)."""
     if row is None:
         return False
     block_m, block_n, _ = row[0]
