@@ -2,9 +2,9 @@
 
 FlashAttention-3 runs its forward at head dim 64 on H100 this way (192 x 128
 tiles, 16 warps, 160 registers a consumer thread). 192 rows do not divide the
-usual seqlens, so the grid's last program may reach past seqlen_q (a multiple
-of 64 here): TMA reads zeros for Q's rows past it and drops Out's, and a
-warpgroup with no rows left only releases the K/V buffers the others read.
+usual seqlens, so the tiles are laid out from seqlen_q down (a multiple of 64
+here): the grid's last program, the lowest rows, may start before row 0, and a
+warpgroup with no rows there only releases the K/V buffers the others read.
 With causal masking each warpgroup stops at its own rows' last key block and
 releases the rest of the tile's. On CPU: the variant's fields, the rule, and
 real sm_90 compiles (warps, shared memory, descriptors, registers, no spill

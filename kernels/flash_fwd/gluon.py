@@ -79,9 +79,9 @@ PINGPONG_CONFIGS = ((128, 128, 4), (128, 64, 4))
 # The wide tiles (FlashAttention-3's forward at head dim 64 on H100: 192 query rows): three consumer
 # warpgroups of num_warps (4) each own a third of BLOCK_M = 3 x 16 x num_warps and run without turns, beside
 # the producer warp (PRODUCER, not PINGPONG, one query tile a program); the entry runs 16 warps, 160
-# registers a consumer thread. 192 does not divide the usual seqlens, so the last program may reach past
-# seqlen_q, which must be a multiple of one warpgroup's rows (``whole_rows``): TMA reads zeros past it and
-# drops Out's rows there, and a warpgroup with no rows left only releases its buffers.
+# registers a consumer thread. 192 does not divide the usual seqlens, so the tiles are laid out from seqlen_q
+# down, which must be a multiple of one warpgroup's rows (``whole_rows``): the last program may start before row
+# 0, and a warpgroup with no rows there only releases its buffers.
 WIDE_CONFIGS = ((192, 128, 4), (192, 64, 4))
 # Query tiles a program may walk (``variant``'s q_tiles; BLOCK_TILES in the variant when above 1).
 Q_TILES = (1, 2, 4, 8)

@@ -137,9 +137,11 @@ The pipeline, and why each choice:
   (causal: the lower rows' diagonal comes sooner) and then releases the
   rest of the tile's blocks unread, each once it has landed, so the
   producer's wait on its buffer holds. 192 rows do not divide the usual
-  seqlens: the last program reaches past seqlen_q (a multiple of 64), TMA
-  reads zeros for Q's rows there and drops Out's, and a partition with no
-  rows left makes no descriptor and only releases.
+  seqlens, so the tiles are laid out from seqlen_q down (a multiple of 64):
+  the last program, the lowest rows, starts before row 0, and a partition
+  with no rows there makes no descriptor and only releases. Causal, that
+  program is the lightest; laid out from row 0 the ragged one held the
+  longest rows with a third of its warpgroups busy.
 
 - **Several query tiles a program, optionally** (``BLOCK_TILES`` = n > 1,
   with PINGPONG; dispatch.GLUON_Q_TILES picks n for short sequences). The
@@ -495,11 +497,12 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
     else:
         # The wide tiles: partitions without turns, each on its own rows' key blocks (causal: fewer for the lower
         # rows), then releasing the rest of the tile's blocks, which the producer loads for the others. The last
-        # program may reach past seqlen_q (a multiple of ROWS): a partition with no rows there only releases.
+        # program may start before row 0 (the tiles end at seqlen_q, a multiple of ROWS): a partition with no
+        # rows there only releases.
         start_m = prog_m + WG * ROWS
         n_tile, _ = _block_counts(prog_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         n_blocks, n_full = _block_counts(start_m, seqlen_k, causal_offset, ROWS, BLOCK_N, CAUSAL)
-        if start_m >= seqlen_q:
+        if start_m < 0:
             n_blocks = 0
         if n_blocks > 0:
             q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
@@ -670,7 +673,11 @@ def flash_fwd_gluon_kernel(
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
 
-    start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    if WGS == 3:  # the wide tiles end at seqlen_q, so a ragged program is the last one, the lowest rows (causal: the
+        # lightest), its lower warpgroups' rows before row 0; aligned at row 0 it was the heaviest, a third full
+        start_m = seqlen_q - (gl.program_id(0) + 1) * BLOCK_M
+    else:
+        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // group_size
