@@ -68,31 +68,6 @@ def test_stages_follow_the_kernels_own_rule() -> None:
     assert gluon_variant(256).get("num_stages") == 2  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("head_dim, tiles, q_tiles, lone, deep", [
-    (128, (128, 128), 1, 2, 3),  # Q 32 KiB + 3 x 64 KiB: 224 KiB, one CTA an SM anyway with two partitions
-    (192, (128, 64), 1, 2, 3),  # 48 + 3 x 48 = 192 KiB
-    (96, (128, 128), 4, 2, 3),  # two Q buffers (48 KiB) + 3 x 48
-    (192, (128, 64), 2, 2, 2),  # two Q buffers of 48 KiB come first: 96 + 3 x 48 would need 240 KiB
-    (160, (128, 128), 1, 2, 2), (256, (128, 64), 1, 2, 2),  # a third stage does not fit
-    (64, (128, 128), 8, 3, 3),  # already 3
-])
-def test_several_partitions_take_a_third_stage_where_it_fits_beside_the_q_buffers(
-        head_dim: int, tiles: tuple[int, int], q_tiles: int, lone: int, deep: int) -> None:
-    """A lone consumer keeps a ring that leaves its SM room for a second CTA; ping-pong and the wide tiles hold
-    their SM alone (240 or 160 registers a consumer thread), so their ring goes as deep as the buffers allow."""
-    assert gluon.stages(head_dim, tiles[1], tiles[0], q_tiles) == lone
-    assert gluon.stages(head_dim, tiles[1], tiles[0], q_tiles, parts=2) == deep
-    buffers = gluon.q_buffers(head_dim, *tiles, q_tiles)
-    assert gluon.shared_bytes(head_dim, *tiles, q_tiles, parts=2) == 2 * gluon.width(head_dim) * (
-        buffers * tiles[0] + 2 * deep * tiles[1])
-    assert gluon.shared_bytes(head_dim, *tiles, q_tiles, parts=2) + gluon.SHARED_SLACK <= gluon.SM90_SHARED
-    variant = gluon.variant("sm_90", "bf16", head_dim, "none", True, False, 1024, 1024, pingpong=True,
-                            q_tiles=q_tiles, tiles=(*tiles, 4))
-    assert variant is not None and variant.get("num_stages") == deep
-    plain = gluon.variant("sm_90", "bf16", head_dim, "none", True, False, 1024, 1024, tiles=(*tiles, 8))
-    assert plain is None or plain.get("num_stages") == lone
-
-
 def test_tiles_outside_the_kernels_configs_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"tiles must be one of .* got \(128, 128, 4\)"):
         gluon_variant(tiles=(128, 128, 4))  # BLOCK_M must be 16 x num_warps
@@ -300,7 +275,7 @@ def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyP
     (64, True, (64, 64, 4), False, 57608, 4),
     (128, False, None, False, 164040, 8),
     (128, True, None, True, 164044, 12),  # the producer warp's partition is padded to a warpgroup
-    (128, True, "pingpong", True, 229920, 12),  # 2 consumer warpgroups (4 warps each) + the producer's; 3 stages
+    (128, True, "pingpong", True, 164328, 12),  # 2 consumer warpgroups (4 warps each) + the producer's
     (64, False, "pingpong", True, 115232, 12),
     (128, False, (128, 64, 8), False, 131336, 8),  # a K tile of 16 KiB: 3 stages (gluon.stages)
     (256, False, None, False, 196808, 8),  # 128 x 64 x 8: Q 64 KiB + 2 stages of 32 KiB K and V
@@ -323,9 +298,7 @@ def test_compiles_for_sm90_into_an_entry_with_flash_fwds_launch_layout(head_dim:
     assert entry.num_warps == warps
     assert entry.shared == shared  # the same under Triton 3.6.0 and 3.9.0 (measured)
     block_m, block_n = variant.get("BLOCK_M"), variant.get("BLOCK_N")
-    parts = gluon.partitions((block_m, block_n, variant.get("num_warps")))  # type: ignore[arg-type]
-    assert parts == (2 if pingpong else 1)
-    assert 0 <= shared - gluon.shared_bytes(head_dim, block_m, block_n, parts=parts) <= gluon.SHARED_SLACK  # type: ignore[arg-type]
+    assert 0 <= shared - gluon.shared_bytes(head_dim, block_m, block_n) <= gluon.SHARED_SLACK  # type: ignore[arg-type]
     # Device-side TMA descriptors a program, 128 bytes each: Q, K, V and Out; with ping-pong each consumer
     # warpgroup makes its own Q's and Out's (_consume_part)
     assert entry.global_scratch_size == (6 if pingpong else 4) * 128

@@ -59,8 +59,6 @@ def test_the_variant_writes_the_chunks_as_flash_fwds_split_variant_does(head_dim
 def test_shared_memory_and_stages_count_both_chunks() -> None:
     # 96 = 64 + 32 at 128 x 128: a K tile of 24 KiB, so 2 stages; Q 24 KiB + 2 x 2 x 24 KiB.
     assert gluon.stages(96, 128) == 2 and gluon.shared_bytes(96, 128, 128) == 2 * 96 * (128 + 4 * 128)
-    # Ping-pong's two partitions hold the SM alone: 3 stages fit there, 168 KiB.
-    assert gluon.stages(96, 128, parts=2) == 3 and gluon.shared_bytes(96, 128, 128, parts=2) == 2 * 96 * (128 + 6 * 128)
     # 192 = 128 + 64 at 128 x 64: 2 stages, 144 KiB; 128 x 128 would need 240 KiB, so the configs leave it out.
     assert gluon.shared_bytes(192, 128, 64) == 2 * 192 * (128 + 4 * 64)
     assert (128, 128, 4) not in gluon.configs(192, pingpong=True) and (128, 64, 4) in gluon.configs(192, pingpong=True)
@@ -80,7 +78,7 @@ def test_split_and_padded_variants_compile_for_sm90_without_a_spill(head_dim: in
     assert variant is not None
     entry = compile_variant(variant)
     block_m, block_n, _ = gluon.configs(head_dim, pingpong=True, q_tiles=q_tiles)[0]
-    assert 0 <= entry.shared - gluon.shared_bytes(head_dim, block_m, block_n, q_tiles, parts=2) <= gluon.SHARED_SLACK
+    assert 0 <= entry.shared - gluon.shared_bytes(head_dim, block_m, block_n, q_tiles) <= gluon.SHARED_SLACK
     block_d, block_d2, _ = gluon.chunks(head_dim)
     assert entry.global_scratch_size == (2 if block_d2 else 1) * (6 if q_tiles == 1 else 5) * 128
     ptx = sm90_ptx(variant)

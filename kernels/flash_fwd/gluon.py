@@ -126,75 +126,48 @@ def default_tiles(head_dim: int) -> tuple[int, int, int]:
     return DEFAULT_TILES[dispatch.padded_head_dim(head_dim)]
 
 
-def partitions(tiles: tuple[int, int, int]) -> int:
-    """The consumer partitions at ``tiles`` (BLOCK_M, BLOCK_N, num_warps): 1, 2 (ping-pong) or 3 (the wide tiles)."""
-    return tiles[0] // (16 * tiles[2])
+def stages(head_dim: int, block_n: int) -> int:
+    """K and V buffers in the kernel's ring: 3 when a K tile is at most 16 KiB, else 2 (the kernel's own rule).
 
-
-def _lone_stages(head_dim: int, block_n: int) -> int:
-    """A lone consumer's ring (its CTA may share the SM): 3 when a K tile is at most 16 KiB, else 2."""
-    return 3 if width(head_dim) * block_n <= 64 * 128 else 2
-
-
-def stages(head_dim: int, block_n: int, block_m: int = 128, q_tiles: int = 1, parts: int = 1) -> int:
-    """K and V buffers in the kernel's ring (the kernel's own rule, ``STAGES``).
-
-    A lone consumer partition (``parts`` 1; its CTA may share the SM with
-    another): 3 when a K tile is at most 16 KiB, else 2. Shared memory at
-    128 x 128 tiles: head dim 64, 3 stages, 112 KiB; head dim 128, 2 stages,
-    160 KiB (Triton 3.6 and 3.9 for sm_90: 114760 and 163880 bytes), where a
-    third stage would leave no room for a second CTA. Head dim 256 at
-    128 x 64 tiles: 2 stages, 192 KiB (FlashAttention-3's hdim256 choice: Q
-    64 KiB, each K or V stage 32 KiB).
-
-    Two or three consumer partitions (ping-pong, the wide tiles) hold their
-    SM alone whatever their shared memory (their registers: 2 x 128 threads
-    x 240 or 3 x 128 x 160 of the SM's 64 K), so their ring is 3 deep
-    wherever three stages fit beside the Q buffers (``q_buffers``, which are
-    counted first, on the lone consumer's ring): head dim 128 at 128 x 128
-    (224 KiB), 192 at 128 x 64 with one query tile, 80 and 96 at 128 x 128.
+    Shared memory at 128 x 128 tiles: head dim 64, 3 stages, 112 KiB; head
+    dim 128, 2 stages, 160 KiB (Triton 3.6 and 3.9 for sm_90: 114760 and
+    163880 bytes); a third stage at head dim 128 would leave sm_90's 227 KiB
+    no room for a second CTA. Head dim 256 at 128 x 64 tiles: 2 stages, 192
+    KiB (FlashAttention-3's hdim256 choice: Q 64 KiB, each K or V stage 32 KiB).
     Split and padded head dims count their chunks' width (``width``).
     """
-    lone = _lone_stages(head_dim, block_n)
-    if parts < 2:
-        return lone
-    deep = 2 * width(head_dim) * (q_buffers(head_dim, block_m, block_n, q_tiles) * block_m + 2 * 3 * block_n)
-    return 3 if deep + SHARED_SLACK <= SM90_SHARED else lone
+    return 3 if width(head_dim) * block_n <= 64 * 128 else 2
 
 
 def q_buffers(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> int:
     """The Q buffers of ``block_m`` rows the kernel allocates (its own rule, ``QBUFS``).
 
     One with one query tile a program. With several, two where both fit
-    beside a lone consumer's ring (``stages``; the next tile's Q loads under
-    this one's last steps), else one: the next tile's Q then loads once this
-    tile's output went out through the buffer, and only its key blocks load
-    ahead (head dim 160 at 128 x 128, 256 at 128 x 64, 192 at 128 x 128).
+    beside the ring (the next tile's Q loads under this one's last steps),
+    else one: the next tile's Q then loads once this tile's output went out
+    through the buffer, and only its key blocks load ahead (head dim 160 at
+    128 x 128, 256 at 128 x 64, 192 at 128 x 128).
     """
     if q_tiles == 1:
         return 1
-    two = 2 * width(head_dim) * (2 * block_m + 2 * _lone_stages(head_dim, block_n) * block_n)
+    two = 2 * width(head_dim) * (2 * block_m + 2 * stages(head_dim, block_n) * block_n)
     return 2 if two + SHARED_SLACK <= SM90_SHARED else 1
 
 
-def shared_bytes(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1, parts: int = 1) -> int:
+def shared_bytes(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> int:
     """The shared memory the kernel allocates at these tiles, within ``SHARED_SLACK`` (bf16 or fp16).
 
     Q (BLOCK_M x D, reused for the output tile; ``q_buffers`` of them when a
     program walks ``q_tiles`` > 1 query tiles of ``block_m`` rows) and
-    ``stages`` K and V buffers (BLOCK_N x D each) for ``parts`` consumer
-    partitions: ``tests/test_gluon_fwd.py`` compares it with the compiled
-    entries' shared memory.
+    ``stages`` K and V buffers (BLOCK_N x D each): ``tests/test_gluon_fwd.py``
+    compares it with the compiled entries' shared memory.
     """
     q = q_buffers(head_dim, block_m, block_n, q_tiles)
-    return 2 * width(head_dim) * (q * block_m + 2 * stages(head_dim, block_n, block_m, q_tiles, parts) * block_n)
+    return 2 * width(head_dim) * (q * block_m + 2 * stages(head_dim, block_n) * block_n)
 
 
 def fits(head_dim: int, block_m: int, block_n: int, q_tiles: int = 1) -> bool:
-    """Whether the kernel's buffers at these tiles fit sm_90's shared memory (``SM90_SHARED``).
-
-    On a lone consumer's ring: the deeper ring of several partitions (``stages``) is taken only where it fits.
-    """
+    """Whether the kernel's buffers at these tiles fit sm_90's shared memory (``SM90_SHARED``)."""
     return shared_bytes(head_dim, block_m, block_n, q_tiles) + SHARED_SLACK <= SM90_SHARED
 
 
@@ -316,5 +289,4 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     if q_tiles > 1:  # absent: one tile a program, the strings of the variants before it
         tuned["BLOCK_TILES"] = q_tiles
     return Variant(NAME, target, dtype, pairs(functional), pairs(tuned),
-                   pairs({"num_stages": stages(head_dim, block_n, block_m, q_tiles, partitions(tiles)),
-                                  "num_warps": num_warps}))
+                   pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))

@@ -28,14 +28,12 @@ window, softcap, ALiBi, bias, dropout or varlen. Those parameters are taken
 The pipeline, and why each choice:
 
 - **TMA loads into a shared-memory ring.** Q is loaded once; K and V go
-  through ``STAGES`` buffers each. A lone consumer's ring is 3 deep when a
-  K tile is at most 16 KiB, else 2: 160 KiB of shared memory with Q at head
-  dim 128 and 128x128 tiles, under sm_90's 227 KiB, where a third stage
-  would leave no room for a second CTA; head dim 256 takes 128x64 tiles, Q
-  64 KiB and four 32 KiB buffers, 192 KiB, FlashAttention-3's hdim256 ring.
-  Ping-pong and the wide tiles hold their SM alone (their registers), so
-  their ring is 3 deep wherever it fits beside the Q buffers (head dim 128
-  at 128x128: 224 KiB; ``gluon.stages``). A 256-wide row is 512 bytes, over the
+  through ``STAGES`` buffers each (3 when a K tile is at most 16 KiB, else
+  2: 160 KiB of shared memory with Q at head dim 128 and 128x128 tiles,
+  under sm_90's 227 KiB; a third stage there would leave no room for a
+  second CTA or the output tile and FlashAttention-3 uses 2 there; head
+  dim 256 takes 128x64 tiles, Q 64 KiB and four 32 KiB buffers, 192 KiB,
+  FlashAttention-3's hdim256 ring). A 256-wide row is 512 bytes, over the
   128-byte swizzle span of one TMA box: Triton splits each copy into four
   64-column boxes (issued by four warps, or all four by the producer warp),
   one barrier and byte count for the whole tile as before. Registers at
@@ -668,16 +666,9 @@ def flash_fwd_gluon_kernel(
     gl.static_assert(WGS <= 3 and (PINGPONG == (WGS == 2)), "ping-pong is two partitions; three run without turns")
     gl.static_assert(WGS < 3 or TILES == 1, "three partitions walk one query tile a program")
     dtype: gl.constexpr = Q.dtype.element_ty
-    # Q buffers (gluon.q_buffers' rule): with several tiles two where both fit beside a lone consumer's ring (tile t's
-    # Q in buffer t % 2: the next one loads under this one), else one; sm_90's 227 KiB less gluon.SHARED_SLACK.
-    # The ring (gluon.stages' rule, on the whole width): a lone consumer's is 3 deep when a K tile is at most 16 KiB
-    # (head dim 64; 128 at BLOCK_N 64), else 2 (its CTA may share the SM); two or three partitions hold the SM
-    # alone (their registers), so theirs is 3 deep wherever that fits beside the Q buffers.
-    LONE_STAGES: gl.constexpr = 3 if (BLOCK_D + BLOCK_D2) * BLOCK_N <= 64 * 128 else 2
-    TWO_Q_BYTES: gl.constexpr = 2 * (BLOCK_D + BLOCK_D2) * (2 * TILE_M + 2 * LONE_STAGES * BLOCK_N)
-    QBUFS: gl.constexpr = (2 if TWO_Q_BYTES <= 232448 - 1024 else 1) if TILES > 1 else 1
-    DEEP_BYTES: gl.constexpr = 2 * (BLOCK_D + BLOCK_D2) * (QBUFS * TILE_M + 2 * 3 * BLOCK_N)
-    STAGES: gl.constexpr = 3 if WGS > 1 and DEEP_BYTES <= 232448 - 1024 else LONE_STAGES
+    # gluon.stages' rule on the whole width: 3 when a K tile is at most 16 KiB (head dim 64; 128 at BLOCK_N 64),
+    # else 2.
+    STAGES: gl.constexpr = 3 if (BLOCK_D + BLOCK_D2) * BLOCK_N <= 64 * 128 else 2
 
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
@@ -690,6 +681,10 @@ def flash_fwd_gluon_kernel(
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // group_size
+    # Q buffers (gluon.q_buffers' rule): with several tiles two where both fit beside the ring (tile t's Q in buffer
+    # t % 2: the next one loads under this one), else one; sm_90's 227 KiB less gluon.SHARED_SLACK.
+    TWO_Q_BYTES: gl.constexpr = 2 * (BLOCK_D + BLOCK_D2) * (2 * TILE_M + 2 * STAGES * BLOCK_N)
+    QBUFS: gl.constexpr = (2 if TWO_Q_BYTES <= 232448 - 1024 else 1) if TILES > 1 else 1
     q_smem = gl.allocate_shared_memory(dtype, [QBUFS * WGS, ROWS, BLOCK_D], q_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
