@@ -612,6 +612,10 @@ GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     # head dims take their padded tile's rows (gluon_q_tiles)
     (192, False): ((1024, 2),),
     (192, True): ((1024, 2),),
+    # Head dim 160 at 1k (probe_gluon --q-tiles 2,4,8, 16th session; one Q buffer, gluon.q_buffers): full 4 tiles
+    # 545 against 495 for one (x2 538, x8 397; cuDNN 496), causal 2 tiles 319 against 310 (x4 291; cuDNN 372)
+    (160, False): ((1024, 4),),
+    (160, True): ((1024, 2),),
 }
 
 

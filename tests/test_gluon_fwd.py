@@ -178,6 +178,9 @@ def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> No
     assert q_tiles("fp16", 64, False, 0, 0.125, 16384, 16384) == 1  # GLUON_WIDE's wide tiles
     assert q_tiles("bf16", 128, False, 0, 0.088, 1000, 1024) == 0  # not a gluon call
     assert q_tiles("bf16", 256, False, 0, 0.0625, 1024, 1024) == 1  # no entry: one tile
+    assert q_tiles("bf16", 160, False, 0, 0.079, 1024, 1024) == 4  # one Q buffer (gluon.q_buffers)
+    assert q_tiles("bf16", 160, True, 0, 0.079, 1024, 1024) == 2 and q_tiles("bf16", 160, True, 0, 0.079, 2048,
+                                                                             2048) == 1
     for (head_dim, causal), bounds in dispatch.GLUON_Q_TILES.items():
         assert [most for most, _ in bounds] == sorted(most for most, _ in bounds)
         for most, count in bounds:  # the memo key's buckets decide them; every count's buffers fit
