@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
 # cold-start profile, C API (capi), benchmark, backward benchmark (bwd), transformers, the wide tiles (wide), the
-# forward Gluon GPU tests (fwdtests), issue 12's grids (grids). Logs go to $OUT; the table comes last.
+# forward Gluon GPU tests (fwdtests), the fused backward's split head dims (bwdsplit), issue 12's grids (grids).
+# Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -90,6 +91,17 @@ case " $* " in *" fwdtests "*)  # the forward Gluon kernel's GPU tests (all its 
   timeout ${TESTS_TIMEOUT:-300} python3 -P -m pytest tests/test_gluon_fwd.py tests/test_gluon_fwd_wide.py \
     tests/test_gluon_fwd_split.py tests/test_gluon_fwd_hd256.py -m gpu -q -p no:cacheprovider -n 4 2>&1 \
     | tee "$OUT/fwd_tests.log" | tail -6 ;;
+esac
+case " $* " in *" bwdsplit "*)  # the fused backward at split head dims: its GPU tests, the served kernel beside a kernel
+  # file of before a change (BWDSPLIT_BEFORE, in benchmarks/, untracked: the device tool carries it), the fused plan
+  # from 1k keys against the two kernels
+  timeout ${BWDTESTS_TIMEOUT:-200} python3 -P -m pytest tests/test_fused_bwd.py -m gpu -q \
+    -p no:cacheprovider -n 4 2>&1 | tee "$OUT/bwd_tests.log" | tail -4
+  [ -n "${BWDSPLIT_BEFORE:-}" ] && timeout ${BWDSPLIT_TIMEOUT:-240} python3 benchmarks/probe_fused_variants.py \
+    --head-dims ${BWDSPLIT_HEAD_DIMS:-96,80} --seqlens 1024,4096,16384 --variant "before=$BWDSPLIT_BEFORE" 2>&1 \
+    | tee "$OUT/bwd_split.log" | tail -16
+  timeout 120 python3 benchmarks/probe_bwd_overhead.py --fused-from 1024 --head-dims ${BWDSPLIT_HEAD_DIMS:-96,80} \
+    --seqlens 1024 --quiet 2>&1 | tee "$OUT/bwd_from1k.log" | tail -8 ;;
 esac
 case " $* " in *" grids "*)  # issue 12's two grids, lazytriton against cuDNN over 8 head dims (device time, in turns)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1; python3 -m lazytriton.driver.hotpath_build >/dev/null 2>&1

@@ -471,10 +471,11 @@ def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: in
     assert _wgmma_columns(split) * 2 * block_d == _wgmma_columns(padded) * (block_d + block_d2)
     widest = max(int(n) for n in re.findall(r"\.m64n(\d+)k16", padded))
     assert f"m64n{widest}k16" not in split  # dK/dV of the padded tile (wide: its half) are gone
-    # dQ's reductions: the narrow program adds one a step for the second chunk, the wide one sends it in place of
-    # its second 64 columns
-    more = 2 if block_d < 128 else 1
-    assert split.count("cp.reduce.async.bulk.tensor") == more * padded.count("cp.reduce.async.bulk.tensor")
+    # dQ's reductions, as many as the padded program's: the narrow one's warpgroups send a chunk each (one product
+    # of the chunk's width), the wide one's the second chunk's half in place of its second 64 columns
+    assert split.count("cp.reduce.async.bulk.tensor") == padded.count("cp.reduce.async.bulk.tensor")
+    if block_d < 128:
+        assert f"m64n{block_d2 // 2}k16" not in split  # no product of half the second chunk's columns
 
 
 # ---------------------------------------------------------------------------

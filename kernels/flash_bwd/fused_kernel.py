@@ -338,22 +338,25 @@ def _probs(s, dp, start_m, lse2, delta, offs_n, qk_scale, causal_offset, masked,
 
 @gluon.jit
 def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs, ds_bufs,
-             dq_smem, dq2_smem, kv_bar, full, empty, ds_ready, done, DQA, kv_src, stride_kvs, kv_dst, kv2_dst,
+             dq_smem, kv_bar, full, empty, ds_ready, done, DQA, kv_src, stride_kvs, kv_dst, kv2_dst,
              seqlen_k, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
              group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps, n_masked,
              BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, WG: gl.constexpr,
              SPLIT: gl.constexpr):
     """One consumer warpgroup: keys [start_n + 64 WG, + 64) of the program, its dK and dV, its columns of dQ.
 
-    SPLIT (two head-dim chunks, the second in the ``*2`` buffers): S^T and
-    dP^T are two products each, dK and dV two accumulators, and the
-    warpgroup's dQ columns half of each chunk's (the second chunk's through
-    ``dq2_smem`` and ``dqa2_desc``).
+    dQ's columns go through ``dq_smem``, the warpgroup's tile: half of them,
+    or with SPLIT (two head-dim chunks, the second in the ``*2`` buffers) a
+    chunk's, warpgroup 0 the first, 1 the second. S^T and dP^T are then two
+    products each and dK and dV two accumulators, but dQ stays one product
+    and one TMA reduction a step: split into half of each chunk, it was two
+    of each, the second at 16 or 8 columns (80 = 64 + 16), each re-reading
+    dS^T's 16 KB from shared memory for a few columns of K.
     """
     BLOCK_D: gl.constexpr = k_smem.type.shape[1]
     BLOCK_D2: gl.constexpr = k2_smem.type.shape[1]  # SPLIT's; else never issued
-    COLS: gl.constexpr = BLOCK_D // 2
-    COLS2: gl.constexpr = BLOCK_D2 // 2
+    COLS: gl.constexpr = dq_smem.type.shape[1]  # dQ's columns this warpgroup computes
+    COL0: gl.constexpr = (BLOCK_D if WG == 1 else 0) if SPLIT else WG * COLS
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -363,15 +366,19 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_buf
                                                         instr_shape=[16, BLOCK_D2, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, COLS, 16])
-    dq2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, COLS2, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     k_w = k_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
     v_w = v_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
     k2_w = k2_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
     v2_w = v2_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
-    k_cols = k_smem.slice(WG * COLS, COLS, dim=1)  # dQ = dS K: this warpgroup's half of dQ's columns
-    k2_cols = k2_smem.slice(WG * COLS2, COLS2, dim=1)
+    # dQ = dS K: this warpgroup's columns of K (a chunk with SPLIT, else half of them)
+    if SPLIT:
+        if WG == 1:
+            k_cols = k2_smem
+        else:
+            k_cols = k_smem
+    else:
+        k_cols = k_smem.slice(WG * COLS, COLS, dim=1)
     qk_scale = sm_scale * LOG2E
     offs_n = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
     dk = gl.zeros([WG_ROWS, BLOCK_D], gl.float32, layout=o_layout)
@@ -380,10 +387,9 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_buf
     dv2 = gl.zeros([WG_ROWS, BLOCK_D2], gl.float32, layout=o2_layout)
     zero = gl.zeros([WG_ROWS, BLOCK_M], dtype=gl.float32, layout=s_layout)
     zero_dq = gl.zeros([BLOCK_M, COLS], dtype=gl.float32, layout=dq_layout)
-    zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=dq2_layout)
     _prologue_half(kv_src, stride_kvs, seqlen_k, head_dim, start_n, kv_dst, kv2_dst, kv_bar, SPLIT)
-    dqa_desc, dqa2_desc = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem,
-                                           2 * BLOCK_D if SPLIT else BLOCK_D, SPLIT)
+    dqa_desc, _ = _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq_smem, 2 * BLOCK_D if SPLIT else BLOCK_D,
+                                   False)
     mbarrier.wait(kv_bar.index(0), 0)
     it = 0  # ring steps so far, over the group's heads: the slots' and dS buffers' phases follow it
     for g in range(group_size):
@@ -429,19 +435,14 @@ def _consume(k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_buf
             ds_t = ds_bufs.index(buf).permute((1, 0))
             dq = warpgroup_mma(ds_t, k_cols, zero_dq, use_acc=False, is_async=True)
             if SPLIT:
-                dq2 = warpgroup_mma(ds_t, k2_cols, zero_dq2, use_acc=False, is_async=True)
-                dv, dv2, dk, dk2, dq, dq2, p_op = warpgroup_mma_wait(0, deps=(dv, dv2, dk, dk2, dq, dq2, p_op))
+                dv, dv2, dk, dk2, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dv2, dk, dk2, dq, p_op))
             else:
                 dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
             mbarrier.arrive(empty.index(slot), count=1)
-            tma.store_wait(0)  # the previous step's reductions have read our dQ tiles
+            tma.store_wait(0)  # the previous step's reduction has read our dQ tile
             dq_smem.store(dq * sm_scale)
-            if SPLIT:
-                dq2_smem.store(dq2 * sm_scale)
             fence_async_shared()
-            tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
-            if SPLIT:
-                tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
+            tma_reduce_add(dqa_desc, [dqa_row + start_m, COL0], dq_smem)
         it += n_steps
     tma.store_wait(0)
     # dK and dV through the Q and dO ring (_store_tile), once both warpgroups' last products, which read it, retired.
@@ -666,8 +667,8 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
 
 
 @gluon.jit
-def _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2: gl.constexpr):
-    """The second head-dim chunk's K, V, Q ring, dO buffers and two dQ tiles (a warpgroup's half of its columns).
+def _second_chunk(k_smem, v_smem, q_bufs, do_bufs, BLOCK_D2: gl.constexpr):
+    """The second head-dim chunk's K, V, Q ring and dO buffers.
 
     Shaped as the first chunk's (``do_bufs`` a ring or one tile), BLOCK_D2
     columns wide; with BLOCK_D2 0 the first chunk's buffers stand in (never
@@ -679,7 +680,6 @@ def _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2: gl.constex
     if BLOCK_D2 > 0:
         q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2], dtype)
         kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_D2], dtype)
-        dq2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D2 // 2], gl.float32)
         k2_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_D2], kv2_layout)
         v2_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_D2], kv2_layout)
         q2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
@@ -687,14 +687,19 @@ def _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2: gl.constex
             do2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D2], q2_layout)
         else:
             do2_bufs = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D2], q2_layout)
-        dq2_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, BLOCK_D2 // 2], dq2_layout)
     else:
         k2_smem = k_smem
         v2_smem = v_smem
         q2_bufs = q_bufs
         do2_bufs = do_bufs
-        dq2_smem = dq_smem
-    return k2_smem, v2_smem, q2_bufs, do2_bufs, dq2_smem
+    return k2_smem, v2_smem, q2_bufs, do2_bufs
+
+
+@gluon.jit
+def _dq_tiles(COUNT: gl.constexpr, BLOCK_M: gl.constexpr, COLS: gl.constexpr):
+    """COUNT float32 tiles of BLOCK_M x COLS in shared memory: dQ's shares on their way to a TMA reduction."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, COLS], gl.float32)
+    return gl.allocate_shared_memory(gl.float32, [COUNT, BLOCK_M, COLS], layout)
 
 
 @gluon.jit
@@ -762,7 +767,6 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
     pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDE_KEYS, BLOCK_M], dtype)
-    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, WIDE_DQ_COLS], gl.float32)
 
     start_n, kv_head, batch, k_smem, v_smem = kv_tile(dtype, WIDE_KEYS, BLOCK_D)
     if CAUSAL:
@@ -771,8 +775,12 @@ def _program_wide(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, st
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], q_layout)
     pt_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
     dst_smem = gl.allocate_shared_memory(dtype, [WIDE_KEYS, BLOCK_M], pt_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, WIDE_DQ_COLS], dq_layout)
-    k2_smem, v2_smem, q2_bufs, do2_smem, dq2_smem = _second_chunk(k_smem, v_smem, q_bufs, do_smem, dq_smem, BLOCK_D2)
+    dq_smem = _dq_tiles(2, BLOCK_M, WIDE_DQ_COLS)
+    k2_smem, v2_smem, q2_bufs, do2_smem = _second_chunk(k_smem, v_smem, q_bufs, do_smem, BLOCK_D2)
+    if BLOCK_D2 > 0:  # each warpgroup's half of the second chunk's columns
+        dq2_smem = _dq_tiles(2, BLOCK_M, BLOCK_D2 // 2)
+    else:
+        dq2_smem = dq_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -855,15 +863,14 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
                     BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, PREFETCH: gl.constexpr, BLOCK_D2: gl.constexpr):
     """``flash_bwd_fused_gluon``'s program at head dims 64 and 128: 128 keys, 64 a consumer warpgroup.
 
-    BLOCK_D2 > 0: the head dim in two chunks (80 = 64 + 16, 96 = 64 + 32), each in tiles of its own; dQ's
-    accumulator rows stay 2 x BLOCK_D wide (the padded tile's, as the prep kernel writes them).
+    BLOCK_D2 > 0: the head dim in two chunks (80 = 64 + 16, 96 = 64 + 32), each in tiles of its own, warpgroup 0
+    computing the first chunk's dQ columns and 1 the second's; dQ's accumulator rows stay 2 x BLOCK_D wide (the
+    padded tile's, as the prep kernel writes them).
     """
     SPLIT: gl.constexpr = BLOCK_D2 > 0
-    COLS: gl.constexpr = BLOCK_D // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], dtype)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, COLS], gl.float32)
 
     start_n, kv_head, batch, k_smem, v_smem = kv_tile(dtype, BLOCK_N, BLOCK_D)
     if CAUSAL:
@@ -874,8 +881,17 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, COLS], dq_layout)
-    k2_smem, v2_smem, q2_bufs, do2_bufs, dq2_smem = _second_chunk(k_smem, v_smem, q_bufs, do_bufs, dq_smem, BLOCK_D2)
+    k2_smem, v2_smem, q2_bufs, do2_bufs = _second_chunk(k_smem, v_smem, q_bufs, do_bufs, BLOCK_D2)
+    # A dQ tile a warpgroup: half of the columns each, or with SPLIT a chunk each (_consume)
+    if SPLIT:
+        dq_smem = _dq_tiles(1, BLOCK_M, BLOCK_D)
+        dq2_smem = _dq_tiles(1, BLOCK_M, BLOCK_D2)
+        dq_a = dq_smem.index(0)
+        dq_b = dq2_smem.index(0)
+    else:
+        dq_smem = _dq_tiles(2, BLOCK_M, BLOCK_D // 2)
+        dq_a = dq_smem.index(0)
+        dq_b = dq_smem.index(1)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -897,13 +913,13 @@ def _program_narrow(Q, K, V, DO, Lse, Delta, DK, DV, DQA, stride_qb, stride_qh, 
     # A program whose keys no query sees (causal) runs no step: its consumers store zero dK and dV.
     gl.warp_specialize([
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(0), dq2_smem.index(0), kv_bar, full, empty, ds_ready, done, DQA, k_base,
+                    ds_bufs, dq_a, kv_bar, full, empty, ds_ready, done, DQA, k_base,
                     stride_ks, k_smem, k2_smem, seqlen_k, DK, DV,
                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
                     group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
                     n_masked, BLOCK_M, CAUSAL, PREFETCH, 0, SPLIT)),
         (_consume, (k_smem, v_smem, q_bufs, do_bufs, k2_smem, v2_smem, q2_bufs, do2_bufs, lse_bufs, delta_bufs,
-                    ds_bufs, dq_smem.index(1), dq2_smem.index(1), kv_bar, full, empty, ds_ready, done, DQA, v_base,
+                    ds_bufs, dq_b, kv_bar, full, empty, ds_ready, done, DQA, v_base,
                     stride_vs, v_smem, v2_smem, seqlen_k, DK, DV,
                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, batch, kv_head,
                     group_size, heads_q, seqlen_q, head_dim, causal_offset, sm_scale, start_n, m_first, n_steps,
