@@ -834,11 +834,15 @@ _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
     # two kernels beat the fused one at every seqlen, so 160 has no row: bench_flash_bwd.py, bf16 full / causal,
     # TFLOP/s two kernels (through the JIT) against fused, cuDNN: 4k 320 / 293 against 266 / 234 (270 / 242), 16k
     # 348 / 348 against 290 / 283 (266 / 261); fp16 alike. At 192 the fused one still wins from 4k (bf16 16k 350 /
-    # 325 against 320 / 303; 4k level), at 80 and 96 by 10-30%
-    (80, False): (64, False, 2048),
+    # 325 against 320 / 303; 4k level), at 80 and 96 by 10-30%. 12-02 (16th session): the narrow program's dQ by
+    # chunk (one product and one reduction a warpgroup a step; ptxas 3.6 no longer spills there), bf16 TFLOP/s
+    # against the kernel before (probe_fused_variants.py): hd96 full 4k 491 / 406, 16k 515 / 435, causal 4k 422 /
+    # 361; hd80 full 4k 436 / 356, causal 16k 443 / 366; and at 1k, the two plans in turns (probe_bwd_overhead.py
+    # --fused-from 1024), fused / two kernels: hd96 full 0.865, causal 0.933, hd80 full 0.916, causal 1.000 (kept)
+    (80, False): (64, False, 1024),
     (80, True): (64, False, 2048),
-    (96, False): (64, False, 2048),
-    (96, True): (64, False, 2048),
+    (96, False): (64, False, 1024),
+    (96, True): (64, False, 1024),
     (192, False): (64, True, 2048),
     (192, True): (64, True, 1024),
     (224, False): (64, True, 1024),

@@ -173,8 +173,10 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
     (256, False, 0, 1024, 1024, True),  # 64 keys a program at head dim 256
     (256, True, 0, 1024, 1088, True),
     (256, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
-    (96, False, 0, 4096, 4096, True),  # 128's tile, padded
-    (96, False, 0, 1024, 1024, False),  # 128's row's minimum seqlen_k
+    (96, False, 0, 4096, 4096, True),  # split: 64 + 32
+    (96, False, 0, 1024, 1024, True),  # from 1k keys since dQ by chunk (16th)
+    (80, True, 0, 1024, 1024, False),  # causal 80 keeps 2k (a tie at 1k)
+    (80, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
     (224, True, 0, 1024, 1024, True),  # 256's tile: 64 keys a program
     (192, False, 0, 2048, 2048, True),  # split, 64 keys a program
     (160, True, 0, 2048, 2112, False),  # no row: flash_bwd's split tiles win at 160 (12-02)
@@ -496,6 +498,8 @@ def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: in
     (torch.float16, False, (4, 2), (1024, 1024), 64, "bhsd"),
     (torch.bfloat16, True, (3, 3), (1024, 1024), 128, "bhsd"),
     (torch.float16, True, (2, 2), (1024, 1024), 192, "bhsd"),
+    (torch.bfloat16, True, (2, 2), (1024, 1024), 96, "bhsd"),  # from 1k since dQ by chunk (16th session)
+    (torch.float16, False, (4, 2), (128, 1024), 80, "bshd"),
     # Head dim 256: 64 keys a program, from 1024 keys
     (torch.bfloat16, False, (4, 2), (128, 1024), 256, "bhsd"),  # GQA
     (torch.bfloat16, "bottom_right", (2, 2), (192, 1088), 256, "bshd"),  # causal offset 896
