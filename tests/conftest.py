@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,18 @@ def sass_of(cubin: bytes, tmp_path: Path) -> str:
     path.write_bytes(cubin)
     tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
     return subprocess.run([str(tool), "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+
+
+def ptxas_report(ptx: str, tmp_path: Path) -> tuple[int, int, int]:
+    """(registers, spill stores, spill loads) of the PTX for sm_90a, from the installed Triton's own ptxas -v."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    source = tmp_path / "kernel.ptx"
+    source.write_text(ptx)
+    done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(source), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True, timeout=600, check=True)
+    log = done.stdout + done.stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert regs and spills, log
+    return int(regs[1]), int(spills[1]), int(spills[2])

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import sass_of
+from conftest import ptxas_report, sass_of
 from test_flash_bwd import check_grads, grads_of
 from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
 from test_gluon_bwd import plain_call
@@ -478,6 +478,18 @@ def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: in
     assert split.count("cp.reduce.async.bulk.tensor") == padded.count("cp.reduce.async.bulk.tensor")
     if block_d < 128:
         assert f"m64n{block_d2 // 2}k16" not in split  # no product of half the second chunk's columns
+
+
+@pytest.mark.parametrize("block_d2, causal", [(32, False), (32, True), (16, True)])
+def test_the_narrow_split_programs_keep_their_registers(block_d2: int, causal: bool, tmp_path: Path) -> None:
+    """The served 96 = 64 + 32 and 80 = 64 + 16 programs (PREFETCH off) do not spill: with each warpgroup's dQ half
+    of both chunks (two products, two tiles) ptxas of Triton 3.6 spilled 88-204 bytes a thread in all of them, and
+    dQ by chunk made them 1.17-1.22x faster on the H200 (NOTES.md, 16th session)."""
+    from lazytriton.kernels.flash_bwd import fused_kernel
+
+    _, stores, loads = ptxas_report(_fused_ptx(fused_kernel.flash_bwd_fused_gluon_kernel, 64, causal,
+                                               BLOCK_D2=block_d2), tmp_path)
+    assert (stores, loads) == (0, 0)
 
 
 # ---------------------------------------------------------------------------

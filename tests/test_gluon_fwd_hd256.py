@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, ptxas_report
 from test_flash_fwd import check_attention, make_qkv, on_gpu, seed_of
 from test_gluon_fwd import SM90, gluon_variant, sm90_ptx
 
@@ -49,21 +49,6 @@ def test_head_dim_256_takes_only_the_tiles_that_fit_shared_memory() -> None:
     assert pp is not None and (pp.get("BLOCK_M"), pp.get("BLOCK_N"), pp.get("num_warps")) == (128, 64, 4)
     assert gluon_variant(256, sq=4096 + 64) is None  # whole 128-row query tiles
     assert gluon_variant(256, sk=4096 + 64) is not None  # 64-key tiles
-
-
-def ptxas_report(ptx: str, tmp_path: Path) -> tuple[int, int, int]:
-    """(registers, spill stores, spill loads) of the PTX for sm_90a, from the installed Triton's own ptxas -v."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    source = tmp_path / "kernel.ptx"
-    source.write_text(ptx)
-    done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(source), "-o", str(tmp_path / "k.cubin")],
-                          capture_output=True, text=True, timeout=600, check=True)
-    log = done.stdout + done.stderr
-    regs = re.search(r"Used (\d+) registers", log)
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert regs and spills, log
-    return int(regs[1]), int(spills[1]), int(spills[2])
 
 
 @pytest.mark.parametrize("tiles, producer, pingpong", [((128, 64, 8), False, False), ((128, 64, 8), True, False),
