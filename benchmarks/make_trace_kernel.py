@@ -98,13 +98,11 @@ def _stamp_sm(Trace):
     if WG == 0:
         _stamp(Trace, 5)
 ''')
-    rep('''        for step in range(n_steps):
-            slot = it % STAGES
-            # Slot reuse''', '''        if g == 0:
+    rep('''        it += any_step.to(gl.int32)
+''', '''        if g == 0:
             _stamp(Trace, 6)
-        for step in range(n_steps):
-            slot = it % STAGES
-            # Slot reuse''')
+        it += any_step.to(gl.int32)
+''')
     rep('''        for step in range(n_steps):
             row = (m_first + step) * BLOCK_M''', '''        if g == 0:
             _stamp(Trace, 6)

@@ -444,6 +444,20 @@ def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) 
     assert variants.parse_variant("head=head.py") == ("head", ("head.py", {}))
 
 
+def test_the_tracing_copy_of_the_fused_kernel_is_made_from_the_current_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_trace_kernel.py edits the kernel by exact strings: a change to the kernel that moves a traced line must
+    fail here, not when a GPU round needs the trace (it had, from the 12th session to the 16th)."""
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    maker = importlib.import_module("make_trace_kernel")
+    copy = maker.traced((REPO / "kernels" / "flash_bwd" / "fused_kernel.py").read_text())
+    for slot in (0, 1, 2, 3, 4, 5, 6, 8):
+        assert f"_stamp(Trace, {slot})" in copy
+    assert "_stamp_sm(Trace)" in copy
+    compile(copy, "fused_trace_kernel.py", "exec")  # it parses
+
+
 def test_the_overhead_probe_parses_a_trial_row(monkeypatch: pytest.MonkeyPatch) -> None:
     from conftest import REPO
 
