@@ -85,8 +85,9 @@ product and one TMA reduction each a step (half of each chunk, it was two
 of each, the second 16 or 8 columns wide: H200, 12-02, 1.17-1.22x at 4k
 and 16k, and ptxas of Triton 3.6 spilled 88-204 bytes a thread there); in
 the wide one each warpgroup sends half of each chunk's columns, the second
-through a tile and descriptor of its own. No padded column is multiplied (the padded tile did 1.33x to 1.6x the work);
-dQ's accumulator rows stay the padded tile's, as the prep kernel writes them.
+through a tile and descriptor of its own. No padded column is multiplied
+(the padded tile did 1.33x to 1.6x the work); dQ's accumulator rows stay
+the padded tile's, as the prep kernel writes them.
 
 Causal grids run their key blocks longest first, a few (batch, head) pairs
 at a time (``_longest_first``).
