@@ -88,8 +88,8 @@ def _stamp_sm(Trace):
     if WG == 0:
         _stamp(Trace, 8)
     # dK and dV through''', 2)
-    rep('''                 dv2.to(dtype), mask=inside2)
-''', '''                 dv2.to(dtype), mask=inside2)
+    rep('''        _store_tile(dv2, dq2_smem, dv_base, stride_dvs, start_n, BLOCK_D + WG * COLS2, head_dim)
+''', '''        _store_tile(dv2, dq2_smem, dv_base, stride_dvs, start_n, BLOCK_D + WG * COLS2, head_dim)
     if WG == 0:
         _stamp(Trace, 5)
 ''')

@@ -156,17 +156,19 @@ def _store_tile(x, buf, base, stride_s, row0, col0, head_dim):
     """``x`` (float32, a warpgroup's MMA layout) into a tile of the matrix at ``base``, through shared ``buf``.
 
     The tile: rows [row0, + R) and columns [col0, + C), row stride
-    ``stride_s``, in ``buf``'s dtype. ``buf`` (R x C, shared, free for the
-    warpgroup) takes ``x`` in the MMA's layout and gives it back 16 bytes a
-    thread, so that a warp stores whole 128-byte lines. Stored from the MMA's
-    layout, each thread wrote 4 bytes at a time through its own 64-bit
-    addresses: 3.5-4.4 µs a program for dK and dV, 1.2-1.4 µs this way
-    (H200, 12-02, ``benchmarks/probe_fused_steps.py --trace``). Columns
-    from ``head_dim`` on (a padded tile's) stay unwritten.
+    ``stride_s``, in ``base``'s dtype. ``buf`` (R x C, shared, free for the
+    warpgroup: of ``base``'s dtype, or a float32 tile) takes ``x`` in the
+    MMA's layout and gives it back 16 bytes a thread, so that a warp stores
+    whole lines: 16 bytes a thread from a 16-bit ``buf``, 8 from a float32
+    one. Stored from the MMA's layout, each thread wrote 4 bytes at a time
+    through its own 64-bit addresses: 3.5-4.4 µs a program for dK and dV,
+    1.2-1.4 µs this way (H200, 12-02, ``benchmarks/probe_fused_steps.py
+    --trace``). Columns from ``head_dim`` on (a padded tile's) stay
+    unwritten.
     """
     R: gl.constexpr = x.type.shape[0]
     C: gl.constexpr = x.type.shape[1]
-    VEC: gl.constexpr = 8  # 16 bytes of a 16-bit dtype
+    VEC: gl.constexpr = 128 // buf.dtype.primitive_bitwidth  # 16 bytes of the buffer's dtype
     TPC: gl.constexpr = C // VEC if C // VEC < 32 else 32  # threads along a row
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TPC, TPC], [4, 1], [1, 0])
     buf.store(x.to(buf.dtype))
@@ -174,7 +176,8 @@ def _store_tile(x, buf, base, stride_s, row0, col0, head_dim):
     y = buf.load(layout)
     rows = row0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, C, layout=gl.SliceLayout(0, layout))
-    gl.store(base + rows[:, None] * stride_s + cols[None, :], y, mask=(cols < head_dim)[None, :])
+    gl.store(base + rows[:, None] * stride_s + cols[None, :], y.to(base.dtype.element_ty),
+             mask=(cols < head_dim)[None, :])
 
 
 @triton.jit
@@ -618,30 +621,29 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
         zero_dq = gl.zeros([BLOCK_M, WIDE_DQ_COLS], dtype=gl.float32, layout=dq_layout)
         dq0 = warpgroup_mma(ds, k_smem.slice(WG * COLS, WIDE_DQ_COLS, dim=1), zero_dq, use_acc=False,
                             is_async=True)
+        if SPLIT:  # dQ's second chunk, our half of its columns, in the same group (its tile and descriptor its own)
+            zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
+            dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
+                                is_async=True)
         # Groups retire in order: dV's read dO.
         if SPLIT:
-            dv, dv2 = warpgroup_mma_wait(3, deps=(dv, dv2))
+            dv, dv2 = warpgroup_mma_wait(4, deps=(dv, dv2))
         else:
             dv = warpgroup_mma_wait(2, deps=(dv,))
         mbarrier.arrive(do_empty.index(0), count=1)
         if SPLIT:
-            dk, dk2, dq0 = warpgroup_mma_wait(0, deps=(dk, dk2, dq0))
+            dk, dk2, dq0, dq1 = warpgroup_mma_wait(0, deps=(dk, dk2, dq0, dq1))
+            mbarrier.arrive(ps_free.index(0), count=1)
         else:
             dk, dq0 = warpgroup_mma_wait(0, deps=(dk, dq0))
         mbarrier.arrive(q_empty.index(slot), count=1)
         tma.store_wait(0)
         dq_smem.store(dq0 * sm_scale)
+        if SPLIT:
+            dq2_smem.store(dq1 * sm_scale)
         fence_async_shared()
         tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
-        if SPLIT:  # dQ's second chunk: our half of its columns, through a tile of its own
-            zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
-            dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
-                                is_async=True)
-            dq1 = warpgroup_mma_wait(0, deps=(dq1,))
-            mbarrier.arrive(ps_free.index(0), count=1)
-            # dq2_smem's last reader, the previous step's second reduction, is done: store_wait(0) above.
-            dq2_smem.store(dq1 * sm_scale)
-            fence_async_shared()
+        if SPLIT:
             tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
         else:
             dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
@@ -661,14 +663,10 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
                 stride_dks, start_n, WG * COLS, head_dim)
     _store_tile(dv, q_bufs.index(1).slice(0, WIDE_KEYS, dim=0).slice(WG * COLS, COLS, dim=1), dv_base, stride_dvs,
                 start_n, WG * COLS, head_dim)
-    if SPLIT:
-        rows2 = start_n + gl.arange(0, WIDE_KEYS, layout=gl.SliceLayout(1, acc2_layout))
-        cols2 = BLOCK_D + WG * COLS2 + gl.arange(0, COLS2, layout=gl.SliceLayout(0, acc2_layout))
-        inside2 = (cols2 < head_dim)[None, :]
-        gl.store(DK + batch * stride_dkb + kv_head * stride_dkh + rows2[:, None] * stride_dks + cols2[None, :],
-                 (dk2 * sm_scale).to(dtype), mask=inside2)
-        gl.store(DV + batch * stride_dvb + kv_head * stride_dvh + rows2[:, None] * stride_dvs + cols2[None, :],
-                 dv2.to(dtype), mask=inside2)
+    if SPLIT:  # the second chunk's through our float32 tile of its dQ columns (WIDE_KEYS x COLS2, as dK2's)
+        _store_tile(dk2 * sm_scale, dq2_smem, dk_base, stride_dks, start_n, BLOCK_D + WG * COLS2, head_dim)
+        _warps_barrier()  # every warp has read dK2's tile back
+        _store_tile(dv2, dq2_smem, dv_base, stride_dvs, start_n, BLOCK_D + WG * COLS2, head_dim)
 
 
 @gluon.jit
