@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
 # cold-start profile, C API (capi), benchmark, backward benchmark (bwd), transformers, the wide tiles (wide), the
-# forward Gluon GPU tests (fwdtests), the fused backward's split head dims (bwdsplit), issue 12's grids (grids).
+# forward Gluon GPU tests (fwdtests), the fused backward's split head dims (bwdsplit) and its trace (bwdtrace),
+# issue 12's grids (grids).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -102,6 +103,15 @@ case " $* " in *" bwdsplit "*)  # the fused backward at split head dims: its GPU
     | tee "$OUT/bwd_split.log" | tail -16
   timeout 120 python3 benchmarks/probe_bwd_overhead.py --fused-from 1024 --head-dims ${BWDSPLIT_HEAD_DIMS:-96,80} \
     --seqlens 1024 --quiet 2>&1 | tee "$OUT/bwd_from1k.log" | tail -8 ;;
+esac
+case " $* " in *" bwdtrace "*)  # where the fused backward's programs spend their time, by phase (probe_fused_steps.py
+  # --trace, TRACE_HEAD_DIMS at 1k and 4k): the served kernel's tracing copy, made here, and TRACE_EXTRA's
+  # ("NAME=FILE ...": tracing copies made beforehand, in benchmarks/, untracked: the device tool carries them)
+  python3 benchmarks/make_trace_kernel.py >/dev/null
+  traces="--trace served=benchmarks/fused_trace_kernel.py"
+  for extra in ${TRACE_EXTRA:-}; do traces="$traces --trace $extra"; done
+  timeout ${TRACE_TIMEOUT:-200} python3 benchmarks/probe_fused_steps.py --head-dims ${TRACE_HEAD_DIMS:-192,256} \
+    --no-fit $traces 2>&1 | tee "$OUT/bwd_trace.log" | grep -A40 "^case" | tail -40 ;;
 esac
 case " $* " in *" grids "*)  # issue 12's two grids, lazytriton against cuDNN over 8 head dims (device time, in turns)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1; python3 -m lazytriton.driver.hotpath_build >/dev/null 2>&1
