@@ -621,29 +621,30 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
         zero_dq = gl.zeros([BLOCK_M, WIDE_DQ_COLS], dtype=gl.float32, layout=dq_layout)
         dq0 = warpgroup_mma(ds, k_smem.slice(WG * COLS, WIDE_DQ_COLS, dim=1), zero_dq, use_acc=False,
                             is_async=True)
-        if SPLIT:  # dQ's second chunk, our half of its columns, in the same group (its tile and descriptor its own)
-            zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
-            dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
-                                is_async=True)
         # Groups retire in order: dV's read dO.
         if SPLIT:
-            dv, dv2 = warpgroup_mma_wait(4, deps=(dv, dv2))
+            dv, dv2 = warpgroup_mma_wait(3, deps=(dv, dv2))
         else:
             dv = warpgroup_mma_wait(2, deps=(dv,))
         mbarrier.arrive(do_empty.index(0), count=1)
         if SPLIT:
-            dk, dk2, dq0, dq1 = warpgroup_mma_wait(0, deps=(dk, dk2, dq0, dq1))
-            mbarrier.arrive(ps_free.index(0), count=1)
+            dk, dk2, dq0 = warpgroup_mma_wait(0, deps=(dk, dk2, dq0))
         else:
             dk, dq0 = warpgroup_mma_wait(0, deps=(dk, dq0))
         mbarrier.arrive(q_empty.index(slot), count=1)
         tma.store_wait(0)
         dq_smem.store(dq0 * sm_scale)
-        if SPLIT:
-            dq2_smem.store(dq1 * sm_scale)
         fence_async_shared()
         tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
-        if SPLIT:
+        if SPLIT:  # dQ's second chunk: our half of its columns, through a tile of its own
+            zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
+            dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
+                                is_async=True)
+            dq1 = warpgroup_mma_wait(0, deps=(dq1,))
+            mbarrier.arrive(ps_free.index(0), count=1)
+            # dq2_smem's last reader, the previous step's second reduction, is done: store_wait(0) above.
+            dq2_smem.store(dq1 * sm_scale)
+            fence_async_shared()
             tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
         else:
             dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
