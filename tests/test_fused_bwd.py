@@ -72,12 +72,15 @@ def test_each_spec_matches_its_kernels_signature_and_has_its_own_source(name: st
 
 def test_the_fingerprint_covers_the_helpers_the_fused_kernel_calls(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
-    """kv_tile and query_steps live in gluon_kernel.py: a change there must change the fused kernel's keys."""
+    """kv_tile and query_steps live in gluon_kernel.py, the TMA copies in gluon_tma.py (the forward's too): a change
+    there must change the fused kernel's keys."""
     from lazytriton import kernels, record
+    from lazytriton.kernels.flash_fwd import gluon as fwd_gluon
 
     spec = get(fused.NAME)
-    assert [p.name for p in spec.source_paths] == ["fused_kernel.py", "gluon_kernel.py"]
+    assert [p.name for p in spec.source_paths] == ["fused_kernel.py", "gluon_kernel.py", "gluon_tma.py"]
     assert [p.name for p in get(fused.PREP).source_paths] == ["fused_kernel.py"]  # it calls neither
+    assert [p.name for p in get(fwd_gluon.NAME).source_paths] == ["gluon_kernel.py", "gluon_tma.py"]
     fingerprint = source_fingerprint.__wrapped__  # type: ignore[attr-defined]
     before = fingerprint(fused.NAME)
     helper = tmp_path / "edited_helper.py"
@@ -490,10 +493,26 @@ def test_the_split_programs_multiply_no_padded_column(block_d: int, block_d2: in
     widest = max(int(n) for n in re.findall(r"\.m64n(\d+)k16", padded))
     assert f"m64n{widest}k16" not in split  # dK/dV of the padded tile (wide: its half) are gone
     # dQ's reductions, as many as the padded program's: the narrow one's warpgroups send a chunk each (one product
-    # of the chunk's width), the wide one's the second chunk's half in place of its second 64 columns
-    assert split.count("cp.reduce.async.bulk.tensor") == padded.count("cp.reduce.async.bulk.tensor")
+    # of the chunk's width), the wide one's the second chunk's half in place of its second 64 columns; at 192 a
+    # warpgroup's first 64 columns go as two boxes of the descriptor both chunks share (_descriptors), one more
+    shared = 1 if block_d2 * 2 == 128 else 0
+    assert split.count("cp.reduce.async.bulk.tensor") == padded.count("cp.reduce.async.bulk.tensor") + 2 * shared
     if block_d < 128:
         assert f"m64n{block_d2 // 2}k16" not in split  # no product of half the second chunk's columns
+
+
+@pytest.mark.parametrize("block_d, block_d2, made", [(128, 64, 6), (128, 32, 12), (64, 32, 12), (64, 16, 12),
+                                                     (256, 0, 6), (128, 0, 8)])
+def test_a_second_chunk_of_one_swizzle_span_shares_its_descriptors(block_d: int, block_d2: int, made: int) -> None:
+    """At 192 = 128 + 64 the second chunk's rows are one 128-byte swizzle span, so its boxes tile the first chunk's
+    buffers too: K, V, Q, dO and dQ's accumulator each take one descriptor, as at 256 (six a program: K, V, two of
+    dQ's, Q and dO), not two. Each is made on the device at ~0.7 µs of its partition's time before the program's
+    first step (H200 trace, 17th session: K/V in 4.6-5.1 µs at 192 against 3.2-3.6 at 256). Other splits keep
+    a descriptor a chunk."""
+    from lazytriton.kernels.flash_bwd import fused_kernel
+
+    ptx = _fused_ptx(fused_kernel.flash_bwd_fused_gluon_kernel, block_d, True, BLOCK_D2=block_d2)
+    assert ptx.count("fence.proxy.tensormap::generic.acquire") == made
 
 
 @pytest.mark.parametrize("block_d2, causal", [(32, False), (32, True), (16, True)])
@@ -543,6 +562,7 @@ def test_the_narrow_split_programs_keep_their_registers(block_d2: int, causal: b
     (torch.float16, True, (2, 2), (2048, 2048), 160, "bhsd"),
     (torch.float16, "bottom_right", (4, 2), (128, 2112), 160, "bshd"),  # GQA, causal offset 1984
     (torch.bfloat16, True, (2, 2), (2048, 2048), 192, "bhsd"),
+    (torch.bfloat16, "bottom_right", (4, 2), (192, 1088), 192, "bshd"),  # one descriptor for both chunks (17th)
     (torch.bfloat16, True, (2, 2), (2048, 2048), 96, "bhsd"),
     (torch.bfloat16, False, (4, 2), (128, 2048), 80, "bshd"),
     # Split head dims without a table row (a row added for the test): a second chunk zero-filled past the head dim

@@ -48,7 +48,8 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     # strides and the offset marked, the H200 probe (benchmarks/probe_fused_served.py) ran 5-13% slower.
     aligned_params=tuple(p for p, _ in _POINTERS) + tuple(s for s, _ in _DATA_STRIDES),
     seq_aligned_params=("seqlen_q", "seqlen_k", "causal_offset", *(s for s, _ in _LSE_STRIDES)),
-    helpers=("lazytriton.kernels.flash_bwd.gluon_kernel",),  # kv_tile, query_steps, tma_load
+    # kv_tile, query_steps, tma_load; descriptors, copy_in
+    helpers=("lazytriton.kernels.flash_bwd.gluon_kernel", "lazytriton.kernels.gluon_tma"),
     # ``reason`` takes multiples of 8 only: marked, dK's and dV's masked stores (fused_kernel._store_tile) go out
     # 16 bytes a thread, as they were measured to (unmarked they were 2-byte stores: the JIT probes mark every
     # multiple of 16 themselves, the served kernel did not, 12-02)

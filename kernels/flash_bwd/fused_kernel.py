@@ -1,8 +1,9 @@
 """The fused backward for Hopper (sm_90) in Gluon, warp-specialised as FlashAttention-3's: ``flash_bwd_fused_gluon``.
 
 The source fingerprint of ``flash_bwd_prep`` covers this file, and that of
-``flash_bwd_fused_gluon`` this file and ``gluon_kernel.py``, whose
-``kv_tile``, ``query_steps`` and ``tma_load`` it calls (the spec's
+``flash_bwd_fused_gluon`` this file, ``gluon_kernel.py``, whose
+``kv_tile``, ``query_steps`` and ``tma_load`` it calls, and
+``kernels/gluon_tma.py`` (descriptors and copies; the spec's
 ``helpers``). It imports triton: only ``lazytriton.compiler`` may import
 it. It compiles for ``cuda:90`` with Triton 3.6.0 (the GPU host) and 3.9.0
 (CI) from one source.
@@ -117,10 +118,8 @@ at head dim 256 (0.88-1.09x cuDNN).
 
 import triton
 import triton.language as tl
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -130,18 +129,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from lazytriton.kernels.flash_bwd.gluon_kernel import kv_tile, query_steps, tma_load
-
-
-@builtin
-def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
-    """Triton 3.9's ``tma.async_atomic_add`` for 3.6, whose Gluon lacks the wrapper but not the op it builds."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
-
-
-# TMA's bulk reduction shared -> global (cp.reduce.async.bulk.tensor.add): 3.9's name, else the shim.
-# Public: benchmarks/gluon_bwd_probe_kernel.py uses it too.
-tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
+from lazytriton.kernels.gluon_tma import add_out, copy_in, descriptors, tma_reduce_add
 
 LOG2E = gl.constexpr(1.4426950408889634)
 WG_ROWS = gl.constexpr(64)  # keys a consumer warpgroup owns (4 warps x 16 rows of a wgmma)
@@ -241,18 +229,17 @@ def _longest_first(KEYS: gl.constexpr, WIDTH: gl.constexpr, seqlen_q, group_size
 
 
 @gluon.jit
-def _q_do_descriptors(Q, DO, q_smem, do_smem, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
-                      batch, head, seqlen_q, head_dim, BLOCK_M: gl.constexpr):
-    """TMA descriptors of one query head's Q and dO, BLOCK_M rows a tile, laid out as ``q_smem`` and ``do_smem``.
+def _q_do_descriptors(Q, DO, q_bufs, q2_bufs, stride_qb, stride_qh, stride_qs, stride_dob, stride_doh, stride_dos,
+                      batch, head, seqlen_q, head_dim, SPLIT: gl.constexpr):
+    """(q_desc, q2_desc, do_desc, do2_desc): one query head's Q and dO, tiles as ``q_bufs``' (``descriptors``).
 
-    Their extent is ``head_dim``: a padded tile is zero-filled past it.
+    dO's tiles are laid out as Q's. Their extent is ``head_dim``: a padded tile is zero-filled past it.
     """
-    BLOCK_D: gl.constexpr = q_smem.type.shape[-1]
-    q_desc = tma.make_tensor_descriptor(Q + batch * stride_qb + head * stride_qh, [seqlen_q, head_dim],
-                                        [stride_qs, 1], [BLOCK_M, BLOCK_D], q_smem.type.layout)
-    do_desc = tma.make_tensor_descriptor(DO + batch * stride_dob + head * stride_doh, [seqlen_q, head_dim],
-                                         [stride_dos, 1], [BLOCK_M, BLOCK_D], do_smem.type.layout)
-    return q_desc, do_desc
+    q_desc, q2_desc = descriptors(Q + batch * stride_qb + head * stride_qh, seqlen_q, head_dim, stride_qs, q_bufs,
+                                   q2_bufs, SPLIT)
+    do_desc, do2_desc = descriptors(DO + batch * stride_dob + head * stride_doh, seqlen_q, head_dim, stride_dos,
+                                     q_bufs, q2_bufs, SPLIT)
+    return q_desc, q2_desc, do_desc, do2_desc
 
 
 @gluon.jit
@@ -266,17 +253,12 @@ def _produce(Q, DO, Lse, Delta, q_bufs, do_bufs, q2_bufs, do2_bufs, lse_bufs, de
     SPLIT: Q's and dO's second head-dim chunk too, into ``q2_bufs`` and
     ``do2_bufs`` (else they stand in for the first's, never loaded).
     """
-    BLOCK_D: gl.constexpr = q_bufs.type.shape[-1]
     it = 0
     for g in range(group_size):
         head = kv_head * group_size + g
-        q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_bufs, stride_qb, stride_qh, stride_qs, stride_dob,
-                                            stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
-        q2_desc, do2_desc = q_desc, do_desc
-        if SPLIT:
-            q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_bufs, stride_qb, stride_qh,
-                                                  stride_qs, stride_dob, stride_doh, stride_dos, batch, head,
-                                                  seqlen_q, head_dim - BLOCK_D, BLOCK_M)
+        q_desc, q2_desc, do_desc, do2_desc = _q_do_descriptors(Q, DO, q_bufs, q2_bufs, stride_qb, stride_qh,
+                                                               stride_qs, stride_dob, stride_doh, stride_dos, batch,
+                                                               head, seqlen_q, head_dim, SPLIT)
         # The first step's Q and dO go out before lse's and delta's descriptors are made (~0.7 µs each, the
         # loads in flight meanwhile); its barrier expects all four tiles' bytes from the start.
         # (nothing with no step: no load may be left in flight at the program's end).
@@ -311,19 +293,19 @@ def _produce_q_do(q_desc, do_desc, q2_desc, do2_desc, q_bufs, do_bufs, q2_bufs, 
     false. Returns the slot.
     """
     STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_D: gl.constexpr = q_bufs.type.shape[2]
+    # Q's and dO's tiles, both chunks (SPLIT: the second's buffers are as wide as the first's otherwise, unused)
+    WIDTH: gl.constexpr = BLOCK_D + q2_bufs.type.shape[2] if SPLIT else BLOCK_D
+    TILES_BYTES: gl.constexpr = 2 * q_bufs.type.shape[1] * WIDTH * q_bufs.dtype.primitive_bitwidth // 8
     slot = it % STAGES
     mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1, pred=pred)
     bar = full.index(slot)
+    mbarrier.expect(bar, ROWS_BYTES + TILES_BYTES, pred=pred)
+    copy_in(q_desc, row, 0, bar, q_bufs.index(slot), pred=pred)
+    copy_in(do_desc, row, 0, bar, do_bufs.index(slot), pred=pred)
     if SPLIT:
-        mbarrier.expect(bar, ROWS_BYTES + q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                        + q2_desc.block_type.nbytes + do2_desc.block_type.nbytes, pred=pred)
-    else:
-        mbarrier.expect(bar, ROWS_BYTES + q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
-    tma_load(q_desc, [row, 0], bar, q_bufs.index(slot), pred=pred)
-    tma_load(do_desc, [row, 0], bar, do_bufs.index(slot), pred=pred)
-    if SPLIT:
-        tma_load(q2_desc, [row, 0], bar, q2_bufs.index(slot), pred=pred)
-        tma_load(do2_desc, [row, 0], bar, do2_bufs.index(slot), pred=pred)
+        copy_in(q2_desc, row, BLOCK_D, bar, q2_bufs.index(slot), pred=pred)
+        copy_in(do2_desc, row, BLOCK_D, bar, do2_bufs.index(slot), pred=pred)
     return slot
 
 
@@ -494,35 +476,27 @@ def _produce_wide(Q, DO, q_bufs, do_smem, q2_bufs, do2_smem, q_full, q_empty, do
     same barriers (else they stand in for the first chunk's, never loaded).
     """
     BLOCK_D: gl.constexpr = q_bufs.type.shape[-1]
+    WIDTH: gl.constexpr = BLOCK_D + q2_bufs.type.shape[-1] if SPLIT else BLOCK_D  # both chunks
+    TILE_BYTES: gl.constexpr = BLOCK_M * WIDTH * q_bufs.dtype.primitive_bitwidth // 8  # Q's or dO's, a step
     it = 0
     for g in range(group_size):
         head = kv_head * group_size + g
-        q_desc, do_desc = _q_do_descriptors(Q, DO, q_bufs, do_smem, stride_qb, stride_qh, stride_qs, stride_dob,
-                                            stride_doh, stride_dos, batch, head, seqlen_q, head_dim, BLOCK_M)
-        q2_desc, do2_desc = q_desc, do_desc
-        if SPLIT:
-            q2_desc, do2_desc = _q_do_descriptors(Q + BLOCK_D, DO + BLOCK_D, q2_bufs, do2_smem, stride_qb, stride_qh,
-                                                  stride_qs, stride_dob, stride_doh, stride_dos, batch, head,
-                                                  seqlen_q, head_dim - BLOCK_D, BLOCK_M)
+        q_desc, q2_desc, do_desc, do2_desc = _q_do_descriptors(Q, DO, q_bufs, q2_bufs, stride_qb, stride_qh,
+                                                               stride_qs, stride_dob, stride_doh, stride_dos, batch,
+                                                               head, seqlen_q, head_dim, SPLIT)
         for step in range(n_steps):
             row = (m_first + step) * BLOCK_M
             slot = it % STAGES
             mbarrier.wait(q_empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(q_full.index(slot), TILE_BYTES)
+            copy_in(q_desc, row, 0, q_full.index(slot), q_bufs.index(slot))
             if SPLIT:
-                mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes + q2_desc.block_type.nbytes)
-                tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
-                tma_load(q2_desc, [row, 0], q_full.index(slot), q2_bufs.index(slot))
-            else:
-                mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes)
-                tma_load(q_desc, [row, 0], q_full.index(slot), q_bufs.index(slot))
+                copy_in(q2_desc, row, BLOCK_D, q_full.index(slot), q2_bufs.index(slot))
             mbarrier.wait(do_empty.index(0), (it & 1) ^ 1)
+            mbarrier.expect(do_full.index(0), TILE_BYTES)
+            copy_in(do_desc, row, 0, do_full.index(0), do_smem)
             if SPLIT:
-                mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes + do2_desc.block_type.nbytes)
-                tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
-                tma_load(do2_desc, [row, 0], do_full.index(0), do2_smem)
-            else:
-                mbarrier.expect(do_full.index(0), do_desc.block_type.nbytes)
-                tma_load(do_desc, [row, 0], do_full.index(0), do_smem)
+                copy_in(do2_desc, row, BLOCK_D, do_full.index(0), do2_smem)
             it += 1
 
 
@@ -635,7 +609,7 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
         tma.store_wait(0)
         dq_smem.store(dq0 * sm_scale)
         fence_async_shared()
-        tma_reduce_add(dqa_desc, [dqa_row + start_m, WG * COLS], dq_smem)
+        add_out(dqa_desc, dqa_row + start_m, WG * COLS, dq_smem)
         if SPLIT:  # dQ's second chunk: our half of its columns, through a tile of its own
             zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
             dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
@@ -645,7 +619,7 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
             # dq2_smem's last reader, the previous step's second reduction, is done: store_wait(0) above.
             dq2_smem.store(dq1 * sm_scale)
             fence_async_shared()
-            tma_reduce_add(dqa2_desc, [dqa_row + start_m, BLOCK_D + WG * COLS2], dq2_smem)
+            add_out(dqa2_desc, dqa_row + start_m, BLOCK_D + WG * COLS2, dq2_smem)
         else:
             dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
                                 use_acc=False, is_async=True)
@@ -721,17 +695,12 @@ def _prologue_half(base, stride_s, seqlen_k, head_dim, start_n, smem, smem2, kv_
     """
     KEYS: gl.constexpr = smem.type.shape[0]
     BLOCK_D: gl.constexpr = smem.type.shape[1]
-    desc = tma.make_tensor_descriptor(base, [seqlen_k, head_dim], [stride_s, 1], [KEYS, BLOCK_D], smem.type.layout)
+    WIDTH: gl.constexpr = BLOCK_D + smem2.type.shape[1] if SPLIT else BLOCK_D  # both chunks
+    desc, desc2 = descriptors(base, seqlen_k, head_dim, stride_s, smem, smem2, SPLIT)
+    mbarrier.expect(kv_bar.index(0), KEYS * WIDTH * smem.dtype.primitive_bitwidth // 8)
+    copy_in(desc, start_n, 0, kv_bar.index(0), smem)
     if SPLIT:
-        BLOCK_D2: gl.constexpr = smem2.type.shape[1]
-        desc2 = tma.make_tensor_descriptor(base + BLOCK_D, [seqlen_k, head_dim - BLOCK_D], [stride_s, 1],
-                                           [KEYS, BLOCK_D2], smem2.type.layout)
-        mbarrier.expect(kv_bar.index(0), desc.block_type.nbytes + desc2.block_type.nbytes)
-        tma_load(desc, [start_n, 0], kv_bar.index(0), smem)
-        tma_load(desc2, [start_n, 0], kv_bar.index(0), smem2)
-    else:
-        mbarrier.expect(kv_bar.index(0), desc.block_type.nbytes)
-        tma_load(desc, [start_n, 0], kv_bar.index(0), smem)
+        copy_in(desc2, start_n, BLOCK_D, kv_bar.index(0), smem2)
 
 
 @gluon.jit
@@ -740,19 +709,11 @@ def _dqa_descriptors(DQA, heads_q, seqlen_q, dq_smem, dq2_smem, DQA_D: gl.conste
 
     A row is DQA_D wide: the padded tile (twice the first chunk with SPLIT,
     as the prep kernel writes it). The tiles are ``dq_smem``'s (then, SPLIT,
-    a second descriptor's are ``dq2_smem``'s; else the first stands in for
-    it, never used). Each consumer warpgroup makes its own, after its K or V
-    load.
+    a second descriptor's are ``dq2_smem``'s, or the first's boxes are
+    theirs: ``gluon_tma.descriptors``). Each consumer warpgroup makes its own, after
+    its K or V load.
     """
-    BLOCK_M: gl.constexpr = dq_smem.type.shape[0]
-    dqa_rows = gl.num_programs(2) * heads_q * seqlen_q
-    dqa_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq_smem.type.shape[1]],
-                                          dq_smem.type.layout)
-    dqa2_desc = dqa_desc
-    if SPLIT:
-        dqa2_desc = tma.make_tensor_descriptor(DQA, [dqa_rows, DQA_D], [DQA_D, 1], [BLOCK_M, dq2_smem.type.shape[1]],
-                                               dq2_smem.type.layout)
-    return dqa_desc, dqa2_desc
+    return descriptors(DQA, gl.num_programs(2) * heads_q * seqlen_q, DQA_D, DQA_D, dq_smem, dq2_smem, SPLIT)
 
 
 @gluon.jit

@@ -48,6 +48,7 @@ FLASH_FWD_GLUON = KernelSpec(
                 "BLOCK_D2"),
     aligned_params=FLASH_FWD.aligned_params,
     wide_blocks=("BLOCK_M",),  # WIDE_CONFIGS: 192 rows, three warpgroups of 64
+    helpers=("lazytriton.kernels.gluon_tma",),  # descriptors, copy_in, copy_out
 )
 
 TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor this kernel's layouts

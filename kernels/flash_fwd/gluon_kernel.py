@@ -171,10 +171,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from lazytriton.kernels.gluon_tma import copy_in, copy_out, descriptors
+
 # The two names Triton renamed between 3.6 and 3.9 (3.9 removed the old ones): TMA copies
 # global -> shared and shared -> global. Same arguments in both.
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -185,47 +185,28 @@ def _load_tile(desc, desc2, bar, buf, buf2, row, SPLIT: gl.constexpr, pred=True)
     """TMA-load the tile of ``row`` into ``buf`` (and with SPLIT its second head-dim chunk into ``buf2``) on ``bar``.
 
     One barrier and one byte count for both chunks: a box that runs past the
-    head dim is zero-filled and still counts whole.
+    head dim is zero-filled and still counts whole. The descriptors are
+    ``gluon_tma.descriptors``' (the second chunk at column BLOCK_D).
     """
+    BLOCK_D: gl.constexpr = buf.type.shape[1]
+    WIDTH: gl.constexpr = BLOCK_D + buf2.type.shape[1] if SPLIT else BLOCK_D
+    mbarrier.expect(bar, buf.type.shape[0] * WIDTH * buf.dtype.primitive_bitwidth // 8, pred=pred)
+    copy_in(desc, row, 0, bar, buf, pred=pred)
     if SPLIT:
-        mbarrier.expect(bar, desc.block_type.nbytes + desc2.block_type.nbytes, pred=pred)
-        _tma_load(desc, [row, 0], bar, buf, pred=pred)
-        _tma_load(desc2, [row, 0], bar, buf2, pred=pred)
-    else:
-        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-        _tma_load(desc, [row, 0], bar, buf, pred=pred)
-
-
-@gluon.jit
-def _descriptors(base, rows, stride, head_dim, smem, smem2, SPLIT: gl.constexpr):
-    """TMA descriptors of the (rows, head_dim) slice at ``base``: tiles as ``smem``'s, then (SPLIT) ``smem2``'s.
-
-    The second covers the columns from the first's tile width on; without
-    SPLIT the first stands in for it (never read). The extent is the head
-    dim, so a tile reaching past it is zero-filled on loads and cut on stores.
-    """
-    BLOCK_ROWS: gl.constexpr = smem.type.shape[-2]
-    BLOCK_D: gl.constexpr = smem.type.shape[-1]
-    desc = tma.make_tensor_descriptor(base, [rows, head_dim], [stride, 1], [BLOCK_ROWS, BLOCK_D], smem.type.layout)
-    desc2 = desc
-    if SPLIT:
-        desc2 = tma.make_tensor_descriptor(base + BLOCK_D, [rows, head_dim - BLOCK_D], [stride, 1],
-                                           [BLOCK_ROWS, smem2.type.shape[-1]], smem2.type.layout)
-    return desc, desc2
+        copy_in(desc2, row, BLOCK_D, bar, buf2, pred=pred)
 
 
 @gluon.jit
 def _load_q(q_desc, q2_desc, bar, q_smem, q2_smem, first, row, WGS: gl.constexpr, SPLIT: gl.constexpr):
     """TMA-load a query tile's WGS row blocks (one a consumer warpgroup) into Q buffers ``first`` on, on ``bar``."""
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    if SPLIT:
-        mbarrier.expect(bar, WGS * (q_desc.block_type.nbytes + q2_desc.block_type.nbytes))
-    else:
-        mbarrier.expect(bar, WGS * q_desc.block_type.nbytes)
+    ROWS: gl.constexpr = q_smem.type.shape[1]
+    BLOCK_D: gl.constexpr = q_smem.type.shape[2]
+    WIDTH: gl.constexpr = BLOCK_D + q2_smem.type.shape[2] if SPLIT else BLOCK_D
+    mbarrier.expect(bar, WGS * ROWS * WIDTH * q_smem.dtype.primitive_bitwidth // 8)
     for w in gl.static_range(WGS):
-        _tma_load(q_desc, [row + w * ROWS, 0], bar, q_smem.index(first + w))
+        copy_in(q_desc, row + w * ROWS, 0, bar, q_smem.index(first + w))
         if SPLIT:
-            _tma_load(q2_desc, [row + w * ROWS, 0], bar, q2_smem.index(first + w))
+            copy_in(q2_desc, row + w * ROWS, BLOCK_D, bar, q2_smem.index(first + w))
 
 
 @gluon.jit
@@ -432,11 +413,11 @@ def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, 
     With one tile the consumers load their own Q rows.
     """
     if TILES > 1:
-        q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+        q_desc, q2_desc = descriptors(Q, seqlen_q, head_dim, stride_qs, q_smem, q2_smem, SPLIT)
         _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, prog_m, WGS, SPLIT)
-    k_desc, k2_desc = _descriptors(K, seqlen_k, stride_ks, head_dim, k_bufs, k2_bufs, SPLIT)
+    k_desc, k2_desc = descriptors(K, seqlen_k, head_dim, stride_ks, k_bufs, k2_bufs, SPLIT)
     _load_tile(k_desc, k2_desc, k_bars.index(0), k_bufs.index(0), k2_bufs.index(0), 0, SPLIT)
-    v_desc, v2_desc = _descriptors(V, seqlen_k, stride_vs, head_dim, v_bufs, v2_bufs, SPLIT)
+    v_desc, v2_desc = descriptors(V, seqlen_k, head_dim, stride_vs, v_bufs, v2_bufs, SPLIT)
     _load_tile(v_desc, v2_desc, v_bars.index(0), v_bufs.index(0), v2_bufs.index(0), 0, SPLIT)
     if TILES > 1:
         _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
@@ -468,7 +449,7 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
         # ``_consume`` for each tile: tile t's rows are in Q buffer t % QBUFS, released to the producer after the
         # tile's output went out through it; the ring position and the ping-pong step count run on across tiles.
         QBUFS: gl.constexpr = q_smem.type.shape[0] // WGS
-        o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+        o_desc, o2_desc = descriptors(Out, seqlen_q, head_dim, stride_os, q_smem, q2_smem, SPLIT)
         g = 0
         step = 0
         for t in range(TILES):
@@ -483,10 +464,10 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
             g += n_blocks
             step += n_blocks + 1
     elif PINGPONG:
-        q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+        q_desc, q2_desc = descriptors(Q, seqlen_q, head_dim, stride_qs, q_smem, q2_smem, SPLIT)
         start_m = prog_m + WG * ROWS
         _load_tile(q_desc, q2_desc, q_bar.index(WG), q_smem.index(WG), q2_smem.index(WG), start_m, SPLIT)
-        o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+        o_desc, o2_desc = descriptors(Out, seqlen_q, head_dim, stride_os, q_smem, q2_smem, SPLIT)
         # Both warpgroups take the whole tile's block counts (they must run the same steps to alternate): the
         # upper half's extra diagonal block is masked, exact since every row has already seen key 0.
         n_blocks, n_full = _block_counts(prog_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
@@ -505,9 +486,9 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
         if start_m < 0:
             n_blocks = 0
         if n_blocks > 0:
-            q_desc, q2_desc = _descriptors(Q, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+            q_desc, q2_desc = descriptors(Q, seqlen_q, head_dim, stride_qs, q_smem, q2_smem, SPLIT)
             _load_tile(q_desc, q2_desc, q_bar.index(WG), q_smem.index(WG), q2_smem.index(WG), start_m, SPLIT)
-            o_desc, o2_desc = _descriptors(Out, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+            o_desc, o2_desc = descriptors(Out, seqlen_q, head_dim, stride_os, q_smem, q2_smem, SPLIT)
             _consume(q_smem.index(WG), q2_smem.index(WG), o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs,
                      v_bufs, v2_bufs, q_bar.index(WG), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc,
                      lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL,
@@ -530,11 +511,14 @@ def _release(k_bars, v_bars, k_empty, v_empty, first, n_blocks, STAGES: gl.const
 
 
 @gluon.jit
-def _store_out(acc, l_o, q_smem, o_desc, start_m):
-    """O's chunk ``acc`` / l to the rows at ``start_m``, through ``q_smem`` (Q's buffer, free now) and a TMA store."""
+def _store_out(acc, l_o, q_smem, o_desc, start_m, col):
+    """O's chunk ``acc`` / l to rows from ``start_m`` and columns from ``col``, through ``q_smem`` and a TMA store.
+
+    ``q_smem`` is Q's buffer, free now; ``o_desc`` is ``gluon_tma.descriptors``' (the second chunk at BLOCK_D).
+    """
     q_smem.store((acc / l_o[:, None]).to(q_smem.dtype))
     fence_async_shared()
-    _tma_store(o_desc, [start_m, 0], q_smem)
+    copy_out(o_desc, start_m, col, q_smem)
 
 
 @gluon.jit
@@ -623,9 +607,9 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
     lse = (m_i + gl.log2(l_i)) * LN2
     gl.store(lse_base + offs_m, lse)
     # Q's buffers are free (the last QK^T retired): the output tile goes out through them.
-    _store_out(acc, gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), q_smem, o_desc, start_m)
+    _store_out(acc, gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), q_smem, o_desc, start_m, 0)
     if SPLIT:
-        _store_out(acc2, gl.convert_layout(l_i, gl.SliceLayout(1, o2_layout)), q2_smem, o2_desc, start_m)
+        _store_out(acc2, gl.convert_layout(l_i, gl.SliceLayout(1, o2_layout)), q2_smem, o2_desc, start_m, BLOCK_D)
     tma.store_wait(0)
 
 
@@ -782,17 +766,17 @@ def flash_fwd_gluon_kernel(
         # descriptor exists, so the later descriptors (Out's last, needed only by the epilogue) are built while
         # Q, K and V are in flight. With SPLIT each tensor has a second descriptor, over its columns from BLOCK_D
         # on (the base stays 16-byte aligned: BLOCK_D is a power of two of at least 16).
-        q_desc, q2_desc = _descriptors(q_base, seqlen_q, stride_qs, head_dim, q_smem, q2_smem, SPLIT)
+        q_desc, q2_desc = descriptors(q_base, seqlen_q, head_dim, stride_qs, q_smem, q2_smem, SPLIT)
         _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, start_m, WGS, SPLIT)
         # With the producer warp, block 0's K and V are loaded here and the producer starts at block 1.
         PRELOAD: gl.constexpr = 1 if PRODUCER else STAGES
-        k_desc, k2_desc = _descriptors(k_base, seqlen_k, stride_ks, head_dim, k_bufs, k2_bufs, SPLIT)
+        k_desc, k2_desc = descriptors(k_base, seqlen_k, head_dim, stride_ks, k_bufs, k2_bufs, SPLIT)
         for i in gl.static_range(PRELOAD):
             _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
-        v_desc, v2_desc = _descriptors(v_base, seqlen_k, stride_vs, head_dim, v_bufs, v2_bufs, SPLIT)
+        v_desc, v2_desc = descriptors(v_base, seqlen_k, head_dim, stride_vs, v_bufs, v2_bufs, SPLIT)
         for i in gl.static_range(PRELOAD):
             _issue_load(v_desc, v2_desc, v_bars, v_bufs, v2_bufs, i, n_blocks, BLOCK_N, STAGES, SPLIT)
-        o_desc, o2_desc = _descriptors(o_base, seqlen_q, stride_os, head_dim, q_smem, q2_smem, SPLIT)
+        o_desc, o2_desc = descriptors(o_base, seqlen_q, head_dim, stride_os, q_smem, q2_smem, SPLIT)
         if PRODUCER:
             # One warp issues every K/V load (24 registers); the 2 consumer warpgroups get 240 each.
             gl.warp_specialize([(_consume, (q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc,
