@@ -410,21 +410,15 @@ def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, 
     the device costs ~0.7 µs of its partition's time, and made in turn before
     the partitions split (four, eight with SPLIT) they held every program's
     first step back (the backward's trace, benchmarks/probe_fused_steps.py).
-    With one tile the consumers load their own Q rows; with several the
-    producer loads every Q (its descriptor first) and the consumer
-    warpgroups block 0's K (0) and V (1), each through a descriptor of its
-    own, so that Q's and K's are made at once (H200, 17th session: made in
-    turn, K's block 0 went out ~1.4 µs after a program's start).
+    With one tile the consumers load their own Q rows.
     """
     if TILES > 1:
         q_desc, q2_desc = descriptors(Q, seqlen_q, head_dim, stride_qs, q_smem, q2_smem, SPLIT)
         _load_q(q_desc, q2_desc, q_bar.index(0), q_smem, q2_smem, 0, prog_m, WGS, SPLIT)
     k_desc, k2_desc = descriptors(K, seqlen_k, head_dim, stride_ks, k_bufs, k2_bufs, SPLIT)
-    if TILES == 1:  # with several tiles block 0's K and V are the consumers' to load (_consume_part)
-        _load_tile(k_desc, k2_desc, k_bars.index(0), k_bufs.index(0), k2_bufs.index(0), 0, SPLIT)
+    _load_tile(k_desc, k2_desc, k_bars.index(0), k_bufs.index(0), k2_bufs.index(0), 0, SPLIT)
     v_desc, v2_desc = descriptors(V, seqlen_k, head_dim, stride_vs, v_bufs, v2_bufs, SPLIT)
-    if TILES == 1:
-        _load_tile(v_desc, v2_desc, v_bars.index(0), v_bufs.index(0), v2_bufs.index(0), 0, SPLIT)
+    _load_tile(v_desc, v2_desc, v_bars.index(0), v_bufs.index(0), v2_bufs.index(0), 0, SPLIT)
     if TILES > 1:
         _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
                        v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m, seqlen_k, causal_offset,
@@ -436,8 +430,7 @@ def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, 
 
 
 @gluon.jit
-def _consume_part(Q, Out, KV, stride_qs, stride_os, stride_kvs, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem, k_bufs,
-                  k2_bufs,
+def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs,
                   v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, prog_m,
                   sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
@@ -447,11 +440,8 @@ def _consume_part(Q, Out, KV, stride_qs, stride_os, stride_kvs, seqlen_q, seqlen
     Two partitions take turns (ping-pong), three run freely (the wide
     tiles). With one tile a program, the warpgroup makes Q's descriptor and
     loads its own rows (barrier ``q_bar[WG]``), then makes Out's while Q and
-    the producer's K are in flight. With several tiles, it makes the
-    descriptor of ``KV`` (its base: K's for warpgroup 0, V's for 1, stride
-    ``stride_kvs``) and loads block 0 of it, then makes Out's. The K/V
-    descriptors ``_consume`` takes are the producer's to use (PRODUCER):
-    Out's stand in for them, never read.
+    the producer's K are in flight. The K/V descriptors ``_consume`` takes are
+    the producer's to use (PRODUCER): Out's stand in for them, never read.
     """
     ROWS: gl.constexpr = TILE_M // WGS
     PINGPONG: gl.constexpr = WGS == 2
@@ -459,14 +449,6 @@ def _consume_part(Q, Out, KV, stride_qs, stride_os, stride_kvs, seqlen_q, seqlen
         # ``_consume`` for each tile: tile t's rows are in Q buffer t % QBUFS, released to the producer after the
         # tile's output went out through it; the ring position and the ping-pong step count run on across tiles.
         QBUFS: gl.constexpr = q_smem.type.shape[0] // WGS
-        # Block 0's K (warpgroup 0) or V (1): ``KV`` is this warpgroup's base (the producer makes its own
-        # descriptors for the blocks after)
-        if WG == 0:
-            k_desc, k2_desc = descriptors(KV, seqlen_k, head_dim, stride_kvs, k_bufs, k2_bufs, SPLIT)
-            _load_tile(k_desc, k2_desc, k_bars.index(0), k_bufs.index(0), k2_bufs.index(0), 0, SPLIT)
-        else:
-            v_desc, v2_desc = descriptors(KV, seqlen_k, head_dim, stride_kvs, v_bufs, v2_bufs, SPLIT)
-            _load_tile(v_desc, v2_desc, v_bars.index(0), v_bufs.index(0), v2_bufs.index(0), 0, SPLIT)
         o_desc, o2_desc = descriptors(Out, seqlen_q, head_dim, stride_os, q_smem, q2_smem, SPLIT)
         g = 0
         step = 0
@@ -739,21 +721,18 @@ def flash_fwd_gluon_kernel(
         # The wide tiles (FlashAttention-3's at head dim 64): three consumer warpgroups of 64 rows on every K/V
         # tile, each on its own schedule (no turns: the warp schedulers interleave them), one warp loading for
         # all three; 160 registers a consumer thread and 24 for the producer (504 of 512 a warpgroup's share).
-        gl.warp_specialize([(_consume_part, (q_base, o_base, k_base, stride_qs, stride_os, stride_ks, seqlen_q,
-                                             seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
-                                             q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m,
-                                             sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0,
-                                             SPLIT)),
-                            (_consume_part, (q_base, o_base, v_base, stride_qs, stride_os, stride_vs, seqlen_q,
-                                             seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
-                                             q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m,
-                                             sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1,
-                                             SPLIT)),
-                            (_consume_part, (q_base, o_base, k_base, stride_qs, stride_os, stride_ks, seqlen_q,
-                                             seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
-                                             q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m,
-                                             sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 2,
-                                             SPLIT)),
+        gl.warp_specialize([(_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
+                            (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
+                            (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 2, SPLIT)),
                             (_produce_part, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
                                              seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
                                              q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
@@ -765,16 +744,14 @@ def flash_fwd_gluon_kernel(
         # descriptor is made in the partition that uses it, at once in the three (_produce_part). With
         # TILES > 1 a program walks TILES query tiles of TILE_M rows, the producer running ahead across tiles
         # (the next Q and key blocks load under this tile's end and epilogue).
-        gl.warp_specialize([(_consume_part, (q_base, o_base, k_base, stride_qs, stride_os, stride_ks, seqlen_q,
-                                             seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
-                                             q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m,
-                                             sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0,
-                                             SPLIT)),
-                            (_consume_part, (q_base, o_base, v_base, stride_qs, stride_os, stride_vs, seqlen_q,
-                                             seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
-                                             q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m,
-                                             sm_scale, causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1,
-                                             SPLIT)),
+        gl.warp_specialize([(_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
+                            (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
+                                             q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
+                                             k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
                             (_produce_part, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
                                              seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
                                              q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
