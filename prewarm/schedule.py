@@ -44,6 +44,12 @@ KERNEL_FACTOR = {"flash_fwd": 1.0, "flash_bwd_dq": 1.28, "flash_bwd_dkdv": 2.16,
 # consumer partitions and a producer, each with its loops). Without them the H200 bench's two longest compiles
 # (hd256 ping-pong causal, 3.7-3.9 s) were estimated at 2 s, handed out at 5.6 s of 10.6 and finished last.
 GLUON_FACTOR = {(False, False): 0.72, (False, True): 0.72, (True, False): 1.34, (True, True): 1.88}
+# Its wide tiles (three consumer partitions of 64 rows and a producer warp: BLOCK_M 192 at 4 warps, PINGPONG off),
+# by CAUSAL: fitted on their hd64 variants beside ping-pong hd128 and hd256 causal ones, compiled one at a time
+# (Triton 3.9, this machine, 2026-12-02, wall seconds with ptxas: wide causal 4.11, full 3.42, ping-pong 3.30 and
+# 4.26). Taken as plain they were estimated at 1.3 s: on the H200 (17th session, 96 variants at -j 16) they were
+# handed out at 7.9-8.2 s of 12.3, compiled 2.9-4.0 s and finished last, the workers idle 2 s (median) at the end.
+GLUON_WIDE_FACTOR = {False: 1.65, True: 1.98}
 # The fused backward's kernels have no BLOCK_N field: the keys a program holds (flash_bwd_fused_gluon: two
 # warpgroups of 64, or 64 split by columns at head dim 256: WIDE_HELD_KEYS) or one (flash_bwd_prep: a row-wise
 # pass). Factors fitted on its 8 variants of the default table (bf16, hd64/128, both causal modes) compiled
@@ -74,7 +80,11 @@ def estimate_seconds(variant: Variant) -> float:
     if variant.kernel == "flash_fwd_gluon":
         constexprs = variant.constexprs
         block_m //= max(1, int(constexprs.get("BLOCK_TILES", 1)))  # type: ignore[call-overload]
-        factor = GLUON_FACTOR[bool(constexprs.get("PINGPONG")), bool(constexprs.get("CAUSAL"))]
+        causal = bool(constexprs.get("CAUSAL"))
+        if block_m // (16 * max(1, warps)) == 3:  # three consumer partitions: the wide tiles
+            factor = GLUON_WIDE_FACTOR[causal]
+        else:
+            factor = GLUON_FACTOR[bool(constexprs.get("PINGPONG")), causal]
     per_thread = max(1.0, block_m * block_n * block_d / threads)
     kind = "fp32" if variant.dtype == "fp32" else "16-bit"
     return SCALE[kind] * factor * per_thread ** EXPONENT[kind]
