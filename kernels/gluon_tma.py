@@ -8,9 +8,11 @@ compiles with Triton 3.6.0 (the GPU host) and 3.9.0 (CI) from one source.
 A head dim held in two chunks (``BLOCK_D`` + ``BLOCK_D2``: Gluon's shapes
 are powers of two) has each chunk in buffers of its own. ``descriptors``
 gives the chunks' TMA descriptors over the whole row, the second chunk read
-at column BLOCK_D. Where the second chunk's row is one 128-byte swizzle span
-(192 = 128 + 64 in 16 bits; 32 float32 columns), its boxes tile the first
-chunk's buffer as well, so one descriptor serves both: ``copy_in`` and
+at column BLOCK_D. Where the second chunk's row is one span of its swizzle
+(192 = 128 + 64 in 16 bits and 32 float32 columns: 128 bytes; the forward's
+96 = 64 + 32 and 160 = 128 + 32, whose first chunk takes the second's
+64-byte swizzle) and the first chunk's buffer has the same swizzle, its
+boxes tile the first chunk's buffer as well, so one descriptor serves both: ``copy_in`` and
 ``copy_out`` move a buffer wider than the descriptor's box as boxes of its
 sub-slices (Triton splits a wide box the same way, at the same offsets). A
 descriptor made on the device is written to global scratch and fenced, ~0.7
@@ -48,15 +50,18 @@ def descriptors(base, rows, cols, stride, smem, smem2, SPLIT: gl.constexpr):
     ``stride`` is the row stride; the extent is ``cols``, so TMA zero-fills
     loads past it and stores stop at it. SPLIT: ``desc2`` reads the second
     chunk (``smem2``, at column ``smem``'s width) and covers the whole row;
-    where that chunk's row is one 128-byte swizzle span, ``desc`` is the same
-    descriptor (the first chunk then moves in its boxes). Without SPLIT the
-    first stands in for the second (never used).
+    where that chunk's row is one span of its swizzle and the first chunk's
+    buffer has the same swizzle, ``desc`` is the same descriptor (the first
+    chunk then moves in its boxes). Without SPLIT the first stands in for the
+    second (never used).
     """
     BLOCK_ROWS: gl.constexpr = smem.type.shape[-2]
     if SPLIT:
         desc2 = tma.make_tensor_descriptor(base, [rows, cols], [stride, 1], [BLOCK_ROWS, smem2.type.shape[-1]],
                                            smem2.type.layout)
-        if smem2.type.shape[-1] * smem2.dtype.primitive_bitwidth == 1024:
+        SWIZZLE: gl.constexpr = smem2.type.layout.swizzle_byte_width
+        if (smem2.type.shape[-1] * smem2.dtype.primitive_bitwidth == 8 * SWIZZLE
+                and smem.type.layout.swizzle_byte_width == SWIZZLE):
             desc = desc2
         else:
             desc = tma.make_tensor_descriptor(base, [rows, cols], [stride, 1], [BLOCK_ROWS, smem.type.shape[-1]],

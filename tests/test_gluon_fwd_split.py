@@ -80,9 +80,10 @@ def test_split_and_padded_variants_compile_for_sm90_without_a_spill(head_dim: in
     block_m, block_n, _ = gluon.configs(head_dim, pingpong=True, q_tiles=q_tiles)[0]
     assert 0 <= entry.shared - gluon.shared_bytes(head_dim, block_m, block_n, q_tiles) <= gluon.SHARED_SLACK
     block_d, block_d2, _ = gluon.chunks(head_dim)
-    # 192 = 128 + 64: the second chunk's rows are one 128-byte swizzle span, so one descriptor a tensor serves both
-    # chunks (kernels/gluon_tma.py: made on the device at ~0.7 µs each before the loads they serve)
-    shared = block_d2 * 2 == 128
+    # 192 = 128 + 64 and 96 = 64 + 32, 160 = 128 + 32: the second chunk's rows are one span of its swizzle (128 or
+    # 64 bytes), and the first chunk's buffers take that swizzle, so one descriptor a tensor serves both chunks
+    # (kernels/gluon_tma.py: made on the device at ~0.7 µs each before the loads they serve)
+    shared = block_d2 in (64, 32)
     per_tensor = 2 if block_d2 and not shared else 1
     assert entry.global_scratch_size == per_tensor * (6 if q_tiles == 1 else 5) * 128
     ptx = sm90_ptx(variant)
@@ -94,7 +95,7 @@ def test_split_and_padded_variants_compile_for_sm90_without_a_spill(head_dim: in
     loops = 2 if causal else 1
     assert ptx.count("wgmma.mma_async") == 2 * (qk + loops * (qk + pv) + pv)
     # Every chunk goes out through its own TMA store (the first in two boxes of the descriptor both chunks share).
-    stores = (2 if block_d2 else 1) + (1 if shared else 0)
+    stores = block_d // (block_d2 if shared else block_d) + (1 if block_d2 else 0)
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == 2 * stores
 
 

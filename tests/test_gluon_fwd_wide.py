@@ -115,7 +115,8 @@ def test_compiles_for_sm90_with_sixteen_warps_and_three_consumers_of_160_registe
     entry = compile_variant(variant)
     assert entry.num_warps == 16  # 3 consumer warpgroups + the producer warp's, padded to a warpgroup
     assert 0 <= entry.shared - gluon.shared_bytes(head_dim, 192, tiles[1]) <= gluon.SHARED_SLACK
-    descriptors = 2 if gluon.chunks(head_dim)[1] else 1
+    # one a tensor: 96 = 64 + 32 shares its descriptors between the chunks (kernels/gluon_tma.py, 17th session)
+    descriptors = 1
     assert entry.global_scratch_size == descriptors * 8 * 128  # each consumer Q's and Out's, the producer K's, V's
     ptx = sm90_ptx(variant)
     assert "ld.local" not in ptx and "st.local" not in ptx
