@@ -86,24 +86,16 @@ def copy_in(desc, row, col, bar, buf, pred=True):
 
 
 @gluon.jit
-def copy_out(desc, row, col, buf):
-    """TMA-store ``buf`` at (``row``, ``col``): one copy, or boxes of a narrower descriptor's width."""
+def copy_out(desc, row, col, buf, ADD: gl.constexpr = False):
+    """TMA-store ``buf`` at (``row``, ``col``), or with ADD reduce (add) it there.
+
+    One copy, or boxes of a narrower descriptor's width.
+    """
     W: gl.constexpr = desc.block_type.shape[1]
     C: gl.constexpr = buf.type.shape[1]
-    if W == C:
-        tma_store(desc, [row, col], buf)
-    else:
-        for c in gl.static_range(C // W):
-            tma_store(desc, [row, col + c * W], buf.slice(c * W, W, dim=1))
-
-
-@gluon.jit
-def add_out(desc, row, col, buf):
-    """TMA-reduce (add) ``buf`` into (``row``, ``col``): one copy, or boxes of a narrower descriptor's width."""
-    W: gl.constexpr = desc.block_type.shape[1]
-    C: gl.constexpr = buf.type.shape[1]
-    if W == C:
-        tma_reduce_add(desc, [row, col], buf)
-    else:
-        for c in gl.static_range(C // W):
-            tma_reduce_add(desc, [row, col + c * W], buf.slice(c * W, W, dim=1))
+    for c in gl.static_range(C // W):
+        box = buf if W == C else buf.slice(c * W, W, dim=1)
+        if ADD:
+            tma_reduce_add(desc, [row, col + c * W], box)
+        else:
+            tma_store(desc, [row, col + c * W], box)

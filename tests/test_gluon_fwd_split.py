@@ -68,9 +68,10 @@ def test_shared_memory_and_stages_count_both_chunks() -> None:
 @pytest.mark.parametrize("head_dim, causal, q_tiles", [(96, False, 1), (192, True, 1), (80, True, 8), (224, True, 1)])
 def test_split_and_padded_variants_compile_for_sm90_without_a_spill(head_dim: int, causal: bool,
                                                                     q_tiles: int) -> None:
-    """A split variant makes two descriptors a tensor (one at 192) and issues one wgmma a chunk; a padded one is its tile's
-    kernel with the head dim as the descriptors' extent. Descriptors a program (ping-pong): each consumer
-    warpgroup's Q (one tile) and Out, the producer's K and V (and Q with several tiles)."""
+    """A split variant makes two descriptors a tensor (one at 96, 160 and 192) and issues one wgmma a chunk; a
+    padded one is its tile's kernel with the head dim as the descriptors' extent. Descriptors a program
+    (ping-pong): each consumer warpgroup's Q (one tile) and Out, the producer's K and V (and Q with several
+    tiles)."""
     from lazytriton.compiler import compile_variant
 
     variant = gluon.variant("sm_90", "bf16", head_dim, "top_left" if causal else "none", True, False, 1024, 1024,

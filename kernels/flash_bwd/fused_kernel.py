@@ -129,7 +129,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from lazytriton.kernels.flash_bwd.gluon_kernel import kv_tile, query_steps, tma_load
-from lazytriton.kernels.gluon_tma import add_out, copy_in, descriptors, tma_reduce_add
+from lazytriton.kernels.gluon_tma import copy_in, copy_out, descriptors, tma_reduce_add
 
 LOG2E = gl.constexpr(1.4426950408889634)
 WG_ROWS = gl.constexpr(64)  # keys a consumer warpgroup owns (4 warps x 16 rows of a wgmma)
@@ -609,7 +609,7 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
         tma.store_wait(0)
         dq_smem.store(dq0 * sm_scale)
         fence_async_shared()
-        add_out(dqa_desc, dqa_row + start_m, WG * COLS, dq_smem)
+        copy_out(dqa_desc, dqa_row + start_m, WG * COLS, dq_smem, ADD=True)
         if SPLIT:  # dQ's second chunk: our half of its columns, through a tile of its own
             zero_dq2 = gl.zeros([BLOCK_M, COLS2], dtype=gl.float32, layout=acc2_layout)
             dq1 = warpgroup_mma(ds, k2_smem.slice(WG * COLS2, COLS2, dim=1), zero_dq2, use_acc=False,
@@ -619,7 +619,7 @@ def _consume_wide(k_smem, v_smem, q_bufs, do_smem, k2_smem, v2_smem, q2_bufs, do
             # dq2_smem's last reader, the previous step's second reduction, is done: store_wait(0) above.
             dq2_smem.store(dq1 * sm_scale)
             fence_async_shared()
-            add_out(dqa2_desc, dqa_row + start_m, BLOCK_D + WG * COLS2, dq2_smem)
+            copy_out(dqa2_desc, dqa_row + start_m, BLOCK_D + WG * COLS2, dq2_smem, ADD=True)
         else:
             dq1 = warpgroup_mma(ds, k_smem.slice(WG * COLS + WIDE_DQ_COLS, WIDE_DQ_COLS, dim=1), zero_dq,
                                 use_acc=False, is_async=True)

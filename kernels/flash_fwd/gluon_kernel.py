@@ -654,15 +654,12 @@ def flash_fwd_gluon_kernel(
     # else 2.
     STAGES: gl.constexpr = 3 if (BLOCK_D + BLOCK_D2) * BLOCK_N <= 64 * 128 else 2
 
-    if SPLIT and BLOCK_D2 * dtype.primitive_bitwidth == 512:
-        # 96 = 64 + 32 and 160 = 128 + 32: the second chunk's rows are 64 bytes, one span of its 64-byte swizzle;
-        # the first chunk's buffers take that swizzle too (conflict-free for wgmma as the 128-byte one), so one
-        # descriptor a tensor serves both chunks (gluon_tma.descriptors), as at 192
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D2], dtype)
-        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D2], dtype)
-    else:
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
-        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
+    # 96 = 64 + 32 and 160 = 128 + 32: the second chunk's rows are 64 bytes, one span of its 64-byte swizzle; the
+    # first chunk's buffers take that swizzle too (the layout of BLOCK_D2 columns; conflict-free for wgmma as the
+    # 128-byte one), so one descriptor a tensor serves both chunks (gluon_tma.descriptors), as at 192
+    LAYOUT_D: gl.constexpr = BLOCK_D2 if SPLIT and BLOCK_D2 * dtype.primitive_bitwidth == 512 else BLOCK_D
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, LAYOUT_D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, LAYOUT_D], dtype)
 
     if WGS == 3:  # the wide tiles end at seqlen_q, so a ragged program is the last one, the lowest rows (causal: the
         # lightest), its lower warpgroups' rows before row 0; aligned at row 0 it was the heaviest, a third full
