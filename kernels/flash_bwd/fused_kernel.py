@@ -78,7 +78,9 @@ Split head dims (``BLOCK_D2``, ``fused.chunks``: 80 = 64 + 16 and 96 =
 64 + 32 in the program of 64 and 128, 160 = 128 + 32 and 192 = 128 + 64 in
 the wide one) run in two chunks, as ``flash_fwd_gluon``'s split tiles: the
 second chunk of K, V, Q and dO in buffers of its own (``_second_chunk``,
-loaded on the same barriers through descriptors from column BLOCK_D on), S
+loaded on the same barriers from column BLOCK_D on; at 192 through the
+first chunk's descriptors, ``gluon_tma.descriptors``: 6 a program instead
+of 12, H200 17th session +4-8%), S
 and dP two products each, dK and dV two accumulators (the wide program's
 warpgroups half of each chunk's columns). dQ: in the narrow program
 warpgroup 0 computes the first chunk's columns and 1 the second's, one
