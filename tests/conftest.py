@@ -13,9 +13,14 @@ from typing import Any
 
 import pytest
 
-from lazytriton import compiler, config, runtime
-
 REPO = Path(__file__).resolve().parents[1]
+# The checkout's top-level folders kernels/, prewarm/, capi/ and cache_format/ are lazytriton's subpackages (pyproject's
+# package-dir), never top-level modules. `python3 -m pytest` (and each xdist worker) puts the working directory on
+# sys.path, where kernels/ would shadow Hugging Face's `kernels` package, which transformers imports since 5.25:
+# the checkout's root leaves the path before anything is imported from it (lazytriton itself comes from the install).
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != REPO]
+
+from lazytriton import compiler, config, runtime  # noqa: E402 (after the path is cleaned)
 
 
 def has_cuda() -> bool:

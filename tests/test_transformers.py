@@ -33,6 +33,17 @@ def model() -> transformers.LlamaForCausalLM:
 Call = tuple[str, tuple[int, ...], object, object]
 
 
+def test_the_name_kernels_is_not_the_checkouts_folder() -> None:
+    """transformers 5.25+ imports Hugging Face's ``kernels``; the checkout's kernels/ (lazytriton.kernels) must not
+    answer for it, whatever the working directory (tests/conftest.py takes the checkout's root off sys.path)."""
+    import importlib.util
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or not Path(spec.origin or repo).resolve().is_relative_to(repo), spec
+
+
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Records each lazytriton call the integration makes: (entry point, query shape, causal, window_size).
