@@ -525,6 +525,10 @@ def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
     (torch.bfloat16, 128, "bottom_right", (2, 2), (512, 1536), 4),  # causal offset 1024
     (torch.bfloat16, 64, False, (4, 4), (1024, 512), 8),
     (torch.float16, 64, False, (2, 2), (1024, 2048), 8),  # longer queries take GLUON_WIDE's tiles
+    # Causal programs of 2 tiles pair tile j with its mirror N - 1 - j (4 programs a head here, 4 key blocks apart)
+    (torch.bfloat16, 192, True, (4, 4), (1024, 1024), 2),
+    (torch.float16, 192, "bottom_right", (4, 2), (1024, 1536), 2),  # causal offset 512
+    (torch.bfloat16, 160, True, (2, 2), (1024, 1024), 2),
 ], ids=str)
 def test_programs_of_several_query_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int, causal: bool | str,
                                                                 heads: tuple[int, int], seqlens: tuple[int, int],

@@ -65,7 +65,8 @@ def test_shared_memory_and_stages_count_both_chunks() -> None:
     assert gluon.shared_bytes(224, 128, 64) == gluon.shared_bytes(256, 128, 64)  # the padded tile's buffers
 
 
-@pytest.mark.parametrize("head_dim, causal, q_tiles", [(96, False, 1), (192, True, 1), (80, True, 8), (224, True, 1)])
+@pytest.mark.parametrize("head_dim, causal, q_tiles", [(96, False, 1), (192, True, 1), (80, True, 8), (224, True, 1),
+                                                      (192, True, 2), (160, True, 2)])
 def test_split_and_padded_variants_compile_for_sm90_without_a_spill(head_dim: int, causal: bool,
                                                                     q_tiles: int) -> None:
     """A split variant makes two descriptors a tensor (one at 96, 160 and 192) and issues one wgmma a chunk; a

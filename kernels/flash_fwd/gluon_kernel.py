@@ -158,7 +158,12 @@ The pipeline, and why each choice:
   two buffers its Q) land while this tile's last steps and epilogue run. The consumers release the
   last V buffer of each tile too (a later tile's loads wait for it), and the
   ping-pong steps count on across tiles (a tile of n_blocks key blocks takes
-  n_blocks + 1). The grid is unchanged (BLOCK_M is the program's rows), so the
+  n_blocks + 1). Causal programs pair their tiles: program i of P walks
+  tiles [i n / 2, (i + 1) n / 2) and then their mirrors from the top (tile j
+  with tile P n - 1 - j, ``_tile_row``), so every program holds the same key
+  blocks; in order the highest tiles' programs held most (n = 2 at 1k: 30
+  key blocks against 6) and the grid's last wave waited on them. The grid is
+  unchanged (BLOCK_M is the program's rows), so the
   binding and the C launcher launch it as any other variant. Not a persistent
   grid over (batch, head): the program count still follows the shape.
 """
@@ -362,9 +367,25 @@ def _block_counts(tile_m, seqlen_k, causal_offset, TILE_M: gl.constexpr, BLOCK_N
 
 
 @gluon.jit
+def _tile_row(prog_m, t, seqlen_q, TILES: gl.constexpr, TILE_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """The first row of query tile ``t`` of a program walking TILES tiles from ``prog_m``.
+
+    Without CAUSAL the tiles follow each other. With it a program's first
+    TILES / 2 tiles are its own, from ``prog_m``, and the rest their mirrors
+    from the top (tile j's partner is tile N - 1 - j of seqlen_q's N), so
+    every program holds the same key blocks (flash_fwd_gluon_kernel's start rows).
+    """
+    row = prog_m + t * TILE_M
+    if CAUSAL:
+        if t >= TILES // 2:
+            row = seqlen_q - prog_m - (TILES - t) * TILE_M
+    return row
+
+
+@gluon.jit
 def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
-                   v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m, seqlen_k, causal_offset,
-                   TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr, BLOCK_N: gl.constexpr,
+                   v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m, seqlen_q, seqlen_k,
+                   causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
     """The producer warp of a program walking TILES query tiles (BLOCK_TILES): each tile's Q, then its K and V tiles.
 
@@ -377,7 +398,7 @@ def _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2
     QBUFS: gl.constexpr = q_smem.type.shape[0] // WGS
     g = 0
     for t in range(TILES):
-        tile_m = prog_m + t * TILE_M
+        tile_m = _tile_row(prog_m, t, seqlen_q, TILES, TILE_M, CAUSAL)
         n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         buf = t % QBUFS
         if t > 0:  # tile 0's Q and key block 0 went out in _produce_part, between its descriptors
@@ -420,8 +441,8 @@ def _produce_part(Q, K, V, stride_qs, stride_ks, stride_vs, seqlen_q, seqlen_k, 
     _load_tile(v_desc, v2_desc, v_bars.index(0), v_bufs.index(0), v2_bufs.index(0), 0, SPLIT)
     if TILES > 1:
         _produce_tiles(q_desc, q2_desc, k_desc, k2_desc, v_desc, v2_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs,
-                       v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m, seqlen_k, causal_offset,
-                       TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, SPLIT)
+                       v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, prog_m, seqlen_q, seqlen_k,
+                       causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, SPLIT)
     else:
         n_blocks, n_full = _block_counts(prog_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
         _produce(k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty,
@@ -452,7 +473,7 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
         g = 0
         step = 0
         for t in range(TILES):
-            tile_m = prog_m + t * TILE_M
+            tile_m = _tile_row(prog_m, t, seqlen_q, TILES, TILE_M, CAUSAL)
             n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
             buf = t % QBUFS
             _consume(q_smem.index(buf * WGS + WG), q2_smem.index(buf * WGS + WG), o_desc, o2_desc, o_desc, o2_desc,
@@ -663,6 +684,12 @@ def flash_fwd_gluon_kernel(
     if WGS == 3:  # the wide tiles end at seqlen_q, so a ragged program is the last one, the lowest rows (causal: the
         # lightest), its lower warpgroups' rows before row 0; aligned at row 0 it was the heaviest, a third full
         start_m = seqlen_q - (gl.program_id(0) + 1) * BLOCK_M
+    elif CAUSAL and TILES > 1:
+        # Programs of several causal query tiles pair tile j with tile N - 1 - j (_tile_row): program i of P
+        # walks tiles [i x TILES / 2, (i + 1) x TILES / 2) and their mirrors, so all P hold the same key blocks
+        # (a tile's count grows with its row). In order, program i's were [i x TILES, (i + 1) x TILES): the
+        # lowest a few blocks, the highest most, and the grid's last wave then waited on its heaviest programs.
+        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * (BLOCK_M // 2)
     else:
         start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
     head = gl.program_id(1)
