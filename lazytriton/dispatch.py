@@ -605,17 +605,37 @@ GLUON_WIDE: dict[tuple[str, int, bool], tuple[int, tuple[int, int, int]]] = {
 # wins at hd128 (causal 16k: 8 tiles 393 against 645, the programs' work unequal).
 GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     (64, False): ((1024, 8), (1 << 31, 4)),
-    (128, False): ((1024, 4),),
-    (128, True): ((1024, 8),),
+    # 18th session, causal programs paired (probe_gluon --quick --q-tiles 2,4,8; many / one / cuDNN): hd128 full 4k
+    # x4 687 / 658 / 673, causal 4k x4 600 / 561 / 573 (x2 589, x8 568), causal 1k x8 386 (x4 372); hd256 full 1k x2
+    # 613 / 606 / 622, 4k x2 754 / 748 / 729 (x4 759), causal 1k x2 454 / 417 / 449, 4k x2 683 / 622 / 598
+    (128, False): ((4096, 4),),
+    (128, True): ((1024, 8), (4096, 4)),
+    (256, False): ((4096, 2),),
+    (256, True): ((4096, 2),),
+    # The padded and split head dims took 128's and 256's rows; in the grid (18th session, bf16 / fp16 ratios to
+    # cuDNN, one tile -> those rows) 224 full lost at 1k and 4k with 2 tiles (0.98 -> 0.91, 1.04 -> 0.94), causal
+    # flat; 96 full 4k with 4 (1.06 -> 0.97), causal 4k -0.01-0.03; 80 causal 4k gained with 4 (1.03 -> 1.07), full
+    # 4k -0.01-0.02. So rows of their own: 128's before the 18th for 96 and 80 full, one tile at 224
+    (80, False): ((1024, 4),),
+    (80, True): ((1024, 8), (4096, 4)),
+    (96, False): ((1024, 4),),
+    (96, True): ((1024, 8),),
+    (224, False): (),
+    (224, True): (),
     # Head dim 192 at 1k (probe_gluon --q-tiles 2,4, 7th session): 2 tiles 417 / 286 against 365 / 272 for one,
     # 4 tiles 379 / 269 (cuDNN 449 / 291); at 4k one tile (593 / 485 against 602 / 452). Other split and padded
     # head dims take their padded tile's rows (gluon_q_tiles)
-    (192, False): ((1024, 2),),
-    (192, True): ((1024, 2),),
+    # 18th session, causal programs of several tiles paired (tile j with N - 1 - j: the same work in every program;
+    # probe_gluon --quick --q-tiles 2,4): 2 tiles win to 4k, full 1k 551 / 523 (x4 477; cuDNN 594), 4k 663 / 649
+    # (568; 695), causal 1k 407 / 366 (356; 444), 4k 594 / 556 (502; 596)
+    (192, False): ((4096, 2),),
+    (192, True): ((4096, 2),),
     # Head dim 160 at 1k (probe_gluon --q-tiles 2,4,8, 16th session; one Q buffer, gluon.q_buffers): full 4 tiles
-    # 545 against 495 for one (x2 538, x8 397; cuDNN 496), causal 2 tiles 319 against 310 (x4 291; cuDNN 372)
-    (160, False): ((1024, 4),),
-    (160, True): ((1024, 2),),
+    # 545 against 495 for one (x2 538, x8 397; cuDNN 496), causal 2 tiles 319 against 310 (x4 291; cuDNN 372).
+    # Paired (18th): full 1k x2 555 / x4 546 / one 529 (cuDNN 498), 4k 702 / 701 / 690 (588); causal 1k 371 / 356 /
+    # 338 (371), 4k 605 / 611 / 571 (507)
+    (160, False): ((1024, 4), (4096, 2)),
+    (160, True): ((4096, 2),),
 }
 
 

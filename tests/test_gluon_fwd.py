@@ -172,15 +172,20 @@ def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> No
     assert q_tiles("bf16", 128, False, 0, 0.088, 1024, 1024) == 4
     assert q_tiles("bf16", 128, False, 0, 0.088, 768, 1024) == 2  # 6 tiles: 4 does not divide them, 2 does
     assert q_tiles("bf16", 128, False, 0, 0.088, 640, 1024) == 1
-    assert q_tiles("bf16", 128, False, 0, 0.088, 4096, 4096) == 1
+    assert q_tiles("bf16", 128, False, 0, 0.088, 4096, 4096) == 4 and q_tiles("bf16", 128, True, 0, 0.088, 4096,
+                                                                               4096) == 4
+    assert q_tiles("bf16", 128, False, 0, 0.088, 8192, 8192) == 1
     assert q_tiles("bf16", 128, True, 0, 0.088, 1024, 1024) == 8
     assert q_tiles("fp16", 64, False, 0, 0.125, 1024, 1024) == 8
     assert q_tiles("fp16", 64, False, 0, 0.125, 16384, 16384) == 1  # GLUON_WIDE's wide tiles
     assert q_tiles("bf16", 128, False, 0, 0.088, 1000, 1024) == 0  # not a gluon call
-    assert q_tiles("bf16", 256, False, 0, 0.0625, 1024, 1024) == 1  # no entry: one tile
+    assert q_tiles("bf16", 256, False, 0, 0.0625, 1024, 1024) == 2 and q_tiles("bf16", 256, True, 0, 0.0625, 16384,
+                                                                                16384) == 1
     assert q_tiles("bf16", 160, False, 0, 0.079, 1024, 1024) == 4  # one Q buffer (gluon.q_buffers)
-    assert q_tiles("bf16", 160, True, 0, 0.079, 1024, 1024) == 2 and q_tiles("bf16", 160, True, 0, 0.079, 2048,
-                                                                             2048) == 1
+    assert q_tiles("bf16", 160, True, 0, 0.079, 1024, 1024) == 2 and q_tiles("bf16", 160, True, 0, 0.079, 4096,
+                                                                             4096) == 2
+    assert q_tiles("bf16", 160, False, 0, 0.079, 2048, 2048) == 2 and q_tiles("fp16", 192, True, 0, 0.072, 8192,
+                                                                              8192) == 1
     for (head_dim, causal), bounds in dispatch.GLUON_Q_TILES.items():
         assert [most for most, _ in bounds] == sorted(most for most, _ in bounds)
         for most, count in bounds:  # the memo key's buckets decide them; every count's buffers fit
@@ -254,7 +259,7 @@ def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
 def test_binding_serves_the_gluon_row_only_for_a_tailed_key_on_sm90_and_aligned() -> None:
     from lazytriton.kernels.flash_fwd import binding
 
-    shape = binding.Shape(batch=2, heads_q=16, heads_k=16, seqlen_q=4096, seqlen_k=4096, head_dim=128)
+    shape = binding.Shape(batch=2, heads_q=16, heads_k=16, seqlen_q=8192, seqlen_k=8192, head_dim=128)  # one tile
     got = binding.variant(SM90, torch.bfloat16, shape, True, True, False, gluon=True)
     assert got.kernel == "flash_fwd_gluon" and got.get("BLOCK_M") == 128 and got.get("PINGPONG") is True
     for target, aligned, gluon_bit in ((SM90, False, True), (Target.parse("sm_80"), True, True),

@@ -126,7 +126,8 @@ def test_a_head_dim_256_row_reaches_the_memo_key_the_plan_and_prewarm() -> None:
     q, k, v = make_qkv(1, (2, 2), (256, 512), 256, torch.bfloat16)
     call = binding.check(q, k, v, "bottom_right")
     key = binding.memo_key(-1, torch.bfloat16, call.shape, True, True, False, offset=call.offset, scale=call.scale)
-    assert key[-1:] == binding.GLUON_TAIL and key[2] == 256
+    assert key[-2:] == binding.gluon_tail(2) and key[2] == 256  # 2 query tiles a program (GLUON_Q_TILES)
+    assert binding.gluon_key(key)
     served = binding.variant(SM90, torch.bfloat16, call.shape, True, True, False, gluon=True)
     assert served == dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 256, True, True, False, 256, 512)
     assert (served.kernel, served.get("BLOCK_D"), served.get("BLOCK_N"), served.get("PINGPONG")) == (
