@@ -424,7 +424,8 @@ def test_the_gluon_tail_marks_exactly_the_shapes_its_tiles_divide() -> None:
     fits = _key(256, 512)  # bf16, head dim 128, causal: dispatch.GLUON_TABLE's ping-pong row, 128 x 128 tiles
     assert fits[-2:] == binding.GLUON_TAIL + (2,), "a program walks 2 query tiles (GLUON_Q_TILES' 8, halved to divide)"
     assert binding.gluon_key(fits) and _key(1024, 1024)[-2:] == binding.GLUON_TAIL + (8,)
-    assert _key(4096, 4096)[-1:] == binding.GLUON_TAIL, "one tile a program from 4k"
+    assert _key(4096, 4096)[-2:] == binding.GLUON_TAIL + (4,), "4 tiles a program at 4k (causal, paired)"
+    assert _key(8192, 8192)[-1:] == binding.GLUON_TAIL, "one tile a program from 8k"
     whole = _key(1024, 1024)  # its bucket-mates: each count of tiles has its own key (and plan, and grid)
     assert _key(768, 1024) == whole[:-1] + (2,) and _key(640, 1024) == whole[:-2] + binding.GLUON_TAIL
     assert _key(250, 512) == fits[:-2]  # a bucket-mate the tiles do not divide: no tail
