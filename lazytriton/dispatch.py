@@ -601,8 +601,10 @@ GLUON_WIDE: dict[tuple[str, int, bool], tuple[int, tuple[int, int, int]]] = {
 # choice follows the memo key's seqlen bucket. The program makes its descriptors once and its producer warp loads
 # the next tile under the current one's last steps and epilogue: what short sequences lack (H200, bf16, probe_gluon
 # --q-tiles 2,4,8, 2026-12-01; TFLOP/s many tiles / one tile / cuDNN): hd128 1k 510 / 454 / 534 (4 tiles), causal
-# 331 / 286 / 360 (8: a program then holds a whole (batch, head), every program the same work). From 4k one tile
-# wins at hd128 (causal 16k: 8 tiles 393 against 645, the programs' work unequal).
+# 331 / 286 / 360 (8: a program then holds a whole (batch, head), every program the same work). Causal programs
+# pair their tiles since the 18th session (flash_fwd_gluon_kernel's _tile_row), which made several tiles win to 4k
+# at 128, 160, 192 and 256; from 8k one tile (before pairing: hd128 causal 16k 8 tiles 393 against 645). A split or
+# padded head dim without rows of its own takes its padded tile's (gluon_q_tiles); 80, 96 and 224 have their own.
 GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     (64, False): ((1024, 8), (1 << 31, 4)),
     # 18th session, causal programs paired (probe_gluon --quick --q-tiles 2,4,8; many / one / cuDNN): hd128 full 4k
@@ -622,9 +624,8 @@ GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     (96, True): ((1024, 8),),
     (224, False): (),
     (224, True): (),
-    # Head dim 192 at 1k (probe_gluon --q-tiles 2,4, 7th session): 2 tiles 417 / 286 against 365 / 272 for one,
-    # 4 tiles 379 / 269 (cuDNN 449 / 291); at 4k one tile (593 / 485 against 602 / 452). Other split and padded
-    # head dims take their padded tile's rows (gluon_q_tiles)
+    # Head dim 192 at 1k (probe_gluon --q-tiles 2,4, 7th session, before pairing): 2 tiles 417 / 286 against 365 /
+    # 272 for one, 4 tiles 379 / 269 (cuDNN 449 / 291); at 4k one tile won then (593 / 485 against 602 / 452).
     # 18th session, causal programs of several tiles paired (tile j with N - 1 - j: the same work in every program;
     # probe_gluon --quick --q-tiles 2,4): 2 tiles win to 4k, full 1k 551 / 523 (x4 477; cuDNN 594), 4k 663 / 649
     # (568; 695), causal 1k 407 / 366 (356; 444), 4k 594 / 556 (502; 596)

@@ -372,8 +372,9 @@ def _tile_row(prog_m, t, seqlen_q, TILES: gl.constexpr, TILE_M: gl.constexpr, CA
 
     Without CAUSAL the tiles follow each other. With it a program's first
     TILES / 2 tiles are its own, from ``prog_m``, and the rest their mirrors
-    from the top (tile j's partner is tile N - 1 - j of seqlen_q's N), so
-    every program holds the same key blocks (flash_fwd_gluon_kernel's start rows).
+    from the top (tile j's partner is tile N - 1 - j of seqlen_q's N, a
+    multiple of the program's rows: gluon.reason), so every program holds the
+    same key blocks (flash_fwd_gluon_kernel's start rows).
     """
     row = prog_m + t * TILE_M
     if CAUSAL:
