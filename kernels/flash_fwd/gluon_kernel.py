@@ -121,8 +121,13 @@ The pipeline, and why each choice:
   S_j = Q K_j^T, O += P_{j-1} V_{j-1}), so one's softmax runs while the
   other's products hold the tensor cores, on top of the intra-warpgroup
   overlap above. Both run the whole tile's block counts (they must run the
-  same steps to alternate): the upper half's extra causal block is masked,
-  exact since its rows have all seen key 0. Registers: 240 per consumer
+  same steps to alternate). Causal, the tiles are 128 rows and the keys
+  come in blocks of BLOCK_N, both multiples of 128 apart, so at 128 x 128
+  warpgroup 0's rows see exactly the first half of the tile's last
+  (diagonal) block: it takes that block in a half step (64 keys: S, the
+  softmax and the last PV half as wide; up to a width of 96, where ptxas
+  3.6 keeps it without a spill). At 128 x 64 the upper half's last block is
+  masked whole, exact since its rows have all seen key 0. Registers: 240 per consumer
   thread, 24 for the producer (setmaxnreg; 504 of 512); each partition syncs
   on its own named barrier (0 and 2, read from the PTX). The entry runs 12
   warps. Without PINGPONG no ``turn`` barrier is allocated, so the other
@@ -155,7 +160,11 @@ The pipeline, and why each choice:
   refilled once tile t - 1's output went out, as at head dim 160 in 128 x
   128 tiles or 256) and K/V tiles through one ring whose position and
   phases run on across tiles, so the next tile's first key blocks (and with
-  two buffers its Q) land while this tile's last steps and epilogue run. The consumers release the
+  two buffers its Q) land while this tile's last steps and epilogue run.
+  With two Q buffers a consumer does not wait for its tile's output store
+  (out of its Q buffer) at the tile's end: it waits after the next tile's
+  first step, by when the store has read the buffer, and releases the
+  buffer then (with one, the next Q needs it at once). The consumers release the
   last V buffer of each tile too (a later tile's loads wait for it), and the
   ping-pong steps count on across tiles (a tile of n_blocks key blocks takes
   n_blocks + 1). Causal programs pair their tiles: program i of P walks
@@ -254,17 +263,19 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset,
-                    BLOCK_N: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """Online softmax of one score tile in base 2: (p, alpha, m_new, l_new).
+def _scores_softmax(s, m_i, l_i, offs_m, start_n, qk_scale, causal_offset, MASKED: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """Online softmax of one score tile in base 2, its first key ``start_n``: (p, alpha, m_new, l_new).
 
     The row max is taken on the raw scores and scaled once per row, and p is
     ``exp2(s * scale - m)`` (one FMA per element). MASKED applies the causal
     mask (the tiles are whole, so no bounds mask); every row keeps a finite m
-    because causal_offset >= 0 lets every row see key 0, in the first block.
+    because causal_offset >= 0 lets every row see key 0, in the first block
+    (a tile whose keys a row cannot see at all leaves its m and l as they were).
     """
     if MASKED and CAUSAL:
-        cols = block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+        KEYS: gl.constexpr = s.type.shape[1]
+        cols = start_n + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s.type.layout))
         keep = cols[None, :] <= (offs_m + causal_offset)[:, None]
         s = gl.where(keep, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
@@ -288,14 +299,17 @@ def _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, 
             k_bars, v_bars, k_empty, v_empty, turn, acc, acc2, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, g0,
             s0, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
             CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-            SPLIT: gl.constexpr):
+            SPLIT: gl.constexpr, KEYS: gl.constexpr = 0):
     """One pipelined step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in flight, softmax of S_j under the PV.
 
     ``g0``: the ring position of this tile's key block 0 (0 but in a program walking several query tiles,
     BLOCK_TILES, where the ring and its phases run on across tiles); ``s0``: likewise for the ping-pong steps.
-    With SPLIT each product is two wgmmas, one per head-dim chunk (acc2: O's second chunk).
+    With SPLIT each product is two wgmmas, one per head-dim chunk (acc2: O's second chunk). KEYS (0: all
+    BLOCK_N): the block's first KEYS keys alone (a half step, ``_consume``), in ``s_layout`` of that width; P
+    comes back that wide.
     """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    WIDTH: gl.constexpr = KEYS if KEYS > 0 else BLOCK_N
     ring = g0 + block
     slot = ring % STAGES
     prev = (ring - 1) % STAGES
@@ -303,8 +317,12 @@ def _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, 
     if PINGPONG:  # both tiles in before taking the turn: the turn is held only while issuing
         _wait_slot(v_bars, ring - 1, STAGES)
         _wait_turn(turn, s0 + block, WG, PINGPONG, False)
-    zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    s = _scores(q_smem, q2_smem, k_bufs.index(slot), k2_bufs.index(slot), zero, SPLIT)
+    zero = gl.zeros([BLOCK_M, WIDTH], dtype=gl.float32, layout=s_layout)
+    if KEYS > 0:
+        s = _scores(q_smem, q2_smem, k_bufs.index(slot).slice(0, KEYS), k2_bufs.index(slot).slice(0, KEYS), zero,
+                    SPLIT)
+    else:
+        s = _scores(q_smem, q2_smem, k_bufs.index(slot), k2_bufs.index(slot), zero, SPLIT)
     if not PINGPONG:
         _wait_slot(v_bars, ring - 1, STAGES)
     acc = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
@@ -315,7 +333,7 @@ def _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, 
     s = warpgroup_mma_wait(2 if SPLIT else 1, deps=(s,))
     if PRODUCER:  # K_j's buffer is free: the producer warp may refill it while the softmax runs
         mbarrier.arrive(k_empty.index(slot), count=1)
-    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block, qk_scale, causal_offset, BLOCK_N, MASKED,
+    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block * BLOCK_N, qk_scale, causal_offset, MASKED,
                                          CAUSAL)
     if SPLIT:
         acc, acc2, p_prev = warpgroup_mma_wait(0, deps=(acc, acc2, p_prev))
@@ -477,13 +495,18 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
             tile_m = _tile_row(prog_m, t, seqlen_q, TILES, TILE_M, CAUSAL)
             n_blocks, n_full = _block_counts(tile_m, seqlen_k, causal_offset, TILE_M, BLOCK_N, CAUSAL)
             buf = t % QBUFS
+            # With two Q buffers the tile's output store is waited for after the next tile's first step, which
+            # then releases its buffer (DEFER); with one the next Q needs the buffer at once.
             _consume(q_smem.index(buf * WGS + WG), q2_smem.index(buf * WGS + WG), o_desc, o2_desc, o_desc, o2_desc,
                      k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(buf), (t // QBUFS) & 1, k_bars, v_bars, k_empty,
                      v_empty, turn, o_desc, o2_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full, sm_scale,
-                     causal_offset, g, step, BLOCK_N, STAGES, CAUSAL, True, WG, True, SPLIT, False, True)
-            mbarrier.arrive(q_empty.index(buf), count=1)
+                     causal_offset, g, step, BLOCK_N, STAGES, CAUSAL, True, WG, True, SPLIT, False, True,
+                     q_empty.index((t + 1) % QBUFS), t > 0, QBUFS == 2)
+            if QBUFS == 1:
+                mbarrier.arrive(q_empty.index(buf), count=1)
             g += n_blocks
             step += n_blocks + 1
+        tma.store_wait(0)
     elif PINGPONG:
         q_desc, q2_desc = descriptors(Q, seqlen_q, head_dim, stride_qs, q_smem, q2_smem, SPLIT)
         start_m = prog_m + WG * ROWS
@@ -532,6 +555,29 @@ def _release(k_bars, v_bars, k_empty, v_empty, first, n_blocks, STAGES: gl.const
 
 
 @gluon.jit
+def _last_pv(p, v_buf, v2_buf, v_bars, v_empty, turn, acc, acc2, last, step, STAGES: gl.constexpr, WG: gl.constexpr,
+             PINGPONG: gl.constexpr, SPLIT: gl.constexpr, RELEASE_LAST: gl.constexpr):
+    """O += P V of the tile's last key block (ring position ``last``, ping-pong step ``step``), waited for.
+
+    ``v_buf``/``v2_buf``: that block's V buffers, or their first rows where P is narrower (a half step).
+    RELEASE_LAST: the buffer goes back to the producer (a later tile's loads need it).
+    """
+    _wait_slot(v_bars, last, STAGES)
+    _wait_turn(turn, step, WG, PINGPONG, False)
+    acc = warpgroup_mma(p, v_buf, acc, is_async=True)
+    if SPLIT:
+        acc2 = warpgroup_mma(p, v2_buf, acc2, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
+    if SPLIT:
+        acc, acc2, p = warpgroup_mma_wait(0, deps=(acc, acc2, p))
+    else:
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+    if RELEASE_LAST:
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+    return acc, acc2
+
+
+@gluon.jit
 def _store_out(acc, l_o, q_smem, o_desc, start_m, col):
     """O's chunk ``acc`` / l to rows from ``start_m`` and columns from ``col``, through ``q_smem`` and a TMA store.
 
@@ -547,7 +593,8 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
              k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base, start_m, n_blocks, n_full, sm_scale,
              causal_offset, g0, s0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
              PRODUCER: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, SPLIT: gl.constexpr,
-             FIRST: gl.constexpr = True, RELEASE_LAST: gl.constexpr = False):
+             FIRST: gl.constexpr = True, RELEASE_LAST: gl.constexpr = False, q_prev_empty=None, pending=False,
+             DEFER: gl.constexpr = False):
     """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue.
 
     ``q_smem`` holds this partition's query rows [start_m, start_m + rows):
@@ -559,7 +606,10 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
     to wait for); RELEASE_LAST: the last V buffer is released to the
     producer too (a next tile's loads need it). SPLIT: the head dim is two
     chunks, the second in ``q2_smem``, ``k2_bufs``, ``v2_bufs`` and ``o2_desc``
-    (otherwise those are the first chunk's, never read).
+    (otherwise those are the first chunk's, never read). DEFER: the output
+    store is left in flight; the previous tile's is waited for after this
+    tile's peeled step, and its Q buffer released on ``q_prev_empty`` where
+    there is one (``pending``): the caller waits for the last.
     """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_D: gl.constexpr = q_smem.type.shape[1]
@@ -590,40 +640,64 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
     s = _scores(q_smem, q2_smem, k_bufs.index(g0 % STAGES), k2_bufs.index(g0 % STAGES), zero, SPLIT)
     _pass_turn(turn, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
-    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, BLOCK_N, True, CAUSAL)
+    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, True, CAUSAL)
     if PRODUCER:
         mbarrier.arrive(k_empty.index(g0 % STAGES), count=1)
     else:
         _issue_load(k_desc, k2_desc, k_bars, k_bufs, k2_bufs, STAGES, n_blocks, BLOCK_N, STAGES, SPLIT)
+    if DEFER:  # the previous tile's output has been read out of its Q buffer by now: the producer may refill it
+        tma.store_wait(0)
+        mbarrier.arrive(q_prev_empty, count=1, pred=pending)
     p_prev = gl.convert_layout(p.to(dtype), p_layout)
 
+    # Causal ping-pong at 128 x 128 tiles: both warpgroups run the tile's block count, and warpgroup 0's rows see
+    # exactly the first half of the last (diagonal) block: seqlen_q and seqlen_k are multiples of 128, so the
+    # causal offset is too. Warpgroup 0 takes that block in a half step (HALF_N keys: its S product, softmax
+    # and PV half as wide) after the loops, where the tile has more than one block. Up to a width of 96: from
+    # 128 on ptxas spills with it (Triton 3.6: 28 / 72 bytes at 128 x 128 with 4 tiles).
+    HALF: gl.constexpr = (CAUSAL and PINGPONG and WG == 0 and BLOCK_N == 2 * BLOCK_M
+                          and BLOCK_D + (BLOCK_D2 if SPLIT else 0) <= 96)
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    n_loop = n_blocks
+    if HALF:
+        n_loop = gl.maximum(n_blocks - 1, 1)
     for block in range(1, n_full):
         acc, acc2, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc,
                                               k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty, v_empty,
                                               turn, acc, acc2, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
                                               g0, s0, s_layout, BLOCK_N, STAGES, False, CAUSAL, PRODUCER, WG,
                                               PINGPONG, SPLIT)
-    for block in range(gl.maximum(n_full, 1), n_blocks):
+    for block in range(gl.maximum(n_full, 1), n_loop):
         acc, acc2, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc,
                                               k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty, v_empty,
                                               turn, acc, acc2, m_i, l_i, p_prev, offs_m, qk_scale, causal_offset,
                                               g0, s0, s_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER, WG,
                                               PINGPONG, SPLIT)
 
-    # The last block's PV, then the epilogue.
+    # The last block's PV (of its first HALF_N keys after a half step), then the epilogue.
     last = g0 + n_blocks - 1
-    _wait_slot(v_bars, last, STAGES)
-    _wait_turn(turn, s0 + n_blocks, WG, PINGPONG, False)
-    acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
-    if SPLIT:
-        acc2 = warpgroup_mma(p_prev, v2_bufs.index(last % STAGES), acc2, is_async=True)
-    _pass_turn(turn, WG, PINGPONG)
-    if SPLIT:
-        acc, acc2, p_prev = warpgroup_mma_wait(0, deps=(acc, acc2, p_prev))
+    if HALF:
+        if n_blocks > 1:
+            h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                               instr_shape=[16, HALF_N, 16])
+            rows: gl.constexpr = gl.SliceLayout(1, h_layout)
+            acc, acc2, m_h, l_h, p_h = _attend(n_blocks - 1, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc,
+                                               v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty,
+                                               v_empty, turn, acc, acc2, gl.convert_layout(m_i, rows),
+                                               gl.convert_layout(l_i, rows), p_prev, gl.convert_layout(offs_m, rows),
+                                               qk_scale, causal_offset, g0, s0, h_layout, BLOCK_N, STAGES, True,
+                                               CAUSAL, PRODUCER, WG, PINGPONG, SPLIT, HALF_N)
+            m_i = gl.convert_layout(m_h, m_i.type.layout)
+            l_i = gl.convert_layout(l_h, l_i.type.layout)
+            acc, acc2 = _last_pv(p_h, v_bufs.index(last % STAGES).slice(0, HALF_N),
+                                 v2_bufs.index(last % STAGES).slice(0, HALF_N), v_bars, v_empty, turn, acc, acc2,
+                                 last, s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
+        else:
+            acc, acc2 = _last_pv(p_prev, v_bufs.index(last % STAGES), v2_bufs.index(last % STAGES), v_bars, v_empty,
+                                 turn, acc, acc2, last, s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
     else:
-        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
-    if RELEASE_LAST:
-        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+        acc, acc2 = _last_pv(p_prev, v_bufs.index(last % STAGES), v2_bufs.index(last % STAGES), v_bars, v_empty,
+                             turn, acc, acc2, last, s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
 
     lse = (m_i + gl.log2(l_i)) * LN2
     gl.store(lse_base + offs_m, lse)
@@ -631,7 +705,8 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
     _store_out(acc, gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), q_smem, o_desc, start_m, 0)
     if SPLIT:
         _store_out(acc2, gl.convert_layout(l_i, gl.SliceLayout(1, o2_layout)), q2_smem, o2_desc, start_m, BLOCK_D)
-    tma.store_wait(0)
+    if not DEFER:
+        tma.store_wait(0)
 
 
 @gluon.jit
