@@ -548,16 +548,20 @@ def target_of_device(device: Any) -> Target:
 # (benchmarks/probe_gluon.py --quick --sweep prints them ready to paste; bf16, seqlen 4k, batch x
 # seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, second round with the ping-pong tilings; TFLOP/s
 # gluon / flash_fwd / cuDNN in the comments). fp16 takes bf16's rows: the same kernel and tiles (the
-# probe checks its numerics; bench_flash_fwd.py times both dtypes through dispatch). Not served: head
-# dim 64 causal (gluon 347 < flash_fwd 373). The warm path's memo key carries whether a call fits
-# (binding.memo_key's GLUON_TAIL, computed once per shape), so a gluon plan is never used for a call
-# its tiles do not divide.
+# probe checks its numerics; bench_flash_fwd.py times both dtypes through dispatch). Head dim 64 causal was
+# not served until the 19th session (gluon 347 < flash_fwd 373 at 4k). The warm path's memo key carries
+# whether a call fits (binding.memo_key's GLUON_TAIL, computed once per shape), so a gluon plan is never
+# used for a call its tiles do not divide.
 GluonTiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer, pingpong
 _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
     # 2026-12-01, third session, with the query tiles below (`--q-tiles 2,4,8`): ping-pong 128 x 128 x 4 walking
     # 4 tiles a program, 1.03-1.08x flash_fwd at 4k-16k (436 / 423 / 434, 450 / 419 / 473), against the 128 x 64
     # x 8 row it replaces (437 / 421 / 469 on 11-30); 8 tiles at 1k tie flash_fwd (326 / 329 / 399)
     (64, False): ((128, 128, 4), True, True),
+    # 19th session: causal to 1k (GLUON_WIDE's bound), 8 query tiles a program, since warpgroup 0 takes its
+    # diagonal block in a half step and the output store is waited for a step later (probe_fwd_variants.py, bf16
+    # 1k: 303 against flash_fwd's 288 and the kernel's 287 before; cuDNN 328)
+    (64, True): ((128, 128, 4), True, True),
     (128, False): ((128, 128, 4), True, True),  # 592 / 440 / 647
     (128, True): ((128, 128, 4), True, True),  # 492 / 407 / 543
     # 2026-12-01, `--head-dims 256`, mean of 1k and 4k: 1.28-1.58x flash_fwd, 0.88-1.04x cuDNN
@@ -607,6 +611,7 @@ GLUON_WIDE: dict[tuple[str, int, bool], tuple[int, tuple[int, int, int]]] = {
 # padded head dim without rows of its own takes its padded tile's (gluon_q_tiles); 80, 96 and 224 have their own.
 GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     (64, False): ((1024, 8), (1 << 31, 4)),
+    (64, True): ((1024, 8),),  # GLUON_TABLE's causal row ends at 1k (GLUON_WIDE's bound)
     # 18th session, causal programs paired (probe_gluon --quick --q-tiles 2,4,8; many / one / cuDNN): hd128 full 4k
     # x4 687 / 658 / 673, causal 4k x4 600 / 561 / 573 (x2 589, x8 568), causal 1k x8 386 (x4 372); hd256 full 1k x2
     # 613 / 606 / 622, 4k x2 754 / 748 / 729 (x4 759), causal 1k x2 454 / 417 / 449, 4k x2 683 / 622 / 598

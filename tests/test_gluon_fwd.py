@@ -161,9 +161,9 @@ def test_the_wide_rows_serve_past_their_bound_and_the_table_or_flash_fwd_up_to_i
         assert dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 32, 2 * most) == 0
         up_to = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, most, most)
         table = dispatch.GLUON_TABLE.get((dtype, head_dim, causal))
-        assert (up_to is None) == (table is None)  # hd64 causal: flash_fwd up to the bound
+        assert (up_to is None) == (table is None)  # a row up to the bound (hd64 causal's since the 19th session)
         assert up_to is None or up_to.get("BLOCK_M") != 192
-    assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 0  # flash_fwd's
+    assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 8  # ping-pong x8
     assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 4096, 4096) == 1  # the wide tiles'
 
 
@@ -247,7 +247,8 @@ def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
     assert not fits("bf16", 128, True, -128, 0.088, 4096, 3968)  # bottom-right, seqlen_q > seqlen_k
     assert fits("bf16", 128, False, -128, 0.088, 4096, 3968)  # the offset means nothing without causal
     assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
-    assert not fits("bf16", 64, True, 0, 0.125, 1024, 1024)  # no row: flash_fwd measured faster
+    assert fits("bf16", 64, True, 0, 0.125, 1024, 1024)  # ping-pong to 1k (19th session)
+    assert not fits("bf16", 112, True, 0, 0.0945, 1024, 1024)  # no row: flash_fwd serves
     assert fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # GLUON_WIDE's wide tiles from 2k on
     assert fits("bf16", 64, True, 0, 0.125, 4096 + 64, 4096) and not fits("bf16", 64, True, 0, 0.125, 4096 + 32,
                                                                           4096)  # whole warpgroups of 64 rows
@@ -458,7 +459,7 @@ def test_a_program_of_several_query_tiles_compiles_with_two_q_buffers_and_no_spi
     every Q (two buffers, each released by both consumer partitions) and K/V tile of them through one ring."""
     from lazytriton.compiler import compile_variant
 
-    for head_dim, causal, q_tiles in ((128, False, 4), (128, True, 8), (64, False, 2)):
+    for head_dim, causal, q_tiles in ((128, False, 4), (128, True, 8), (64, False, 2), (64, True, 8)):
         variant = gluon.variant("sm_90", "bf16", head_dim, "top_left" if causal else "none", True, False, 1024, 1024,
                                 pingpong=True, q_tiles=q_tiles)
         assert variant is not None and variant.get("BLOCK_M") == 128 * q_tiles
@@ -470,10 +471,12 @@ def test_a_program_of_several_query_tiles_compiles_with_two_q_buffers_and_no_spi
         ptx = sm90_ptx(variant)
         assert "ld.local" not in ptx and "st.local" not in ptx
         assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx and "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
-        # Each consumer: the peeled block's QK^T, one or two loops of QK^T + PV, the last PV (k-steps of 16).
+        # Each consumer: the peeled block's QK^T, one or two loops of QK^T + PV, the last PV (k-steps of 16); causal
+        # up to a width of 96, warpgroup 0 also a half step's QK^T and PV and its half-wide last PV.
         steps = head_dim // 16 + 128 // 16
         loops = 2 if causal else 1
-        assert ptx.count("wgmma.mma_async") == 2 * (head_dim // 16 + loops * steps + 128 // 16)
+        half = steps + 64 // 16 if causal and head_dim <= 96 else 0
+        assert ptx.count("wgmma.mma_async") == 2 * (head_dim // 16 + loops * steps + 128 // 16) + half
         # The producer warp issues every load (Q's two halves, K, V), in its tile loop: none before the partitions.
         head = ptx[:ptx.index("setmaxnreg")]
         assert "cp.async.bulk.tensor.2d.shared" not in head and ptx.count("cp.async.bulk.tensor.2d.shared") >= 4
@@ -534,6 +537,10 @@ def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
     (torch.bfloat16, 192, True, (4, 4), (1024, 1024), 2),
     (torch.float16, 192, "bottom_right", (4, 2), (1024, 1536), 2),  # causal offset 512
     (torch.bfloat16, 160, True, (2, 2), (1024, 1024), 2),
+    # hd64 causal to 1k: warpgroup 0 takes its diagonal block in a half step (64 of 128 keys)
+    (torch.bfloat16, 64, True, (4, 4), (1024, 1024), 8),
+    (torch.float16, 64, "bottom_right", (4, 2), (1024, 1536), 8),  # GQA, causal offset 512
+    (torch.bfloat16, 64, True, (2, 2), (256, 256), 2),  # 8 tiles halved to 2: a program holds the (batch, head)
 ], ids=str)
 def test_programs_of_several_query_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int, causal: bool | str,
                                                                 heads: tuple[int, int], seqlens: tuple[int, int],

@@ -56,12 +56,13 @@ def test_plan_holds_the_gluon_twin_of_each_call_it_serves() -> None:
     twins = [p for p in plan if p.variant.kernel == "flash_fwd_gluon"]
     # 1000's bucket is 1024's, where the programs walk more query tiles (dispatch.GLUON_Q_TILES: BLOCK_M is a
     # program's rows; hd128 walks 4 at 4096 too, so full 1024 and 4096 share one variant); at 4096 hd64 takes
-    # GLUON_WIDE's 192-row tiles, causal too (no GLUON_TABLE row: flash_fwd at 1024). Aligned only (the axis
-    # default is both alignments), each once.
+    # GLUON_WIDE's 192-row tiles, causal too (ping-pong x8 at 1024, the 19th session's row). Aligned only (the
+    # axis default is both alignments), each once.
     assert sorted((v.variant.get("BLOCK_D"), v.variant.get("CAUSAL"), v.variant.get("BLOCK_M"), v.origin)
                   for v in twins) == [(64, False, 192, "gluon table"), (64, False, 1024, "gluon table"),
-                                      (64, True, 192, "gluon table"), (128, False, 512, "gluon table"),
-                                      (128, True, 512, "gluon table"), (128, True, 1024, "gluon table")]
+                                      (64, True, 192, "gluon table"), (64, True, 1024, "gluon table"),
+                                      (128, False, 512, "gluon table"), (128, True, 512, "gluon table"),
+                                      (128, True, 1024, "gluon table")]
     for twin in twins:
         serves = {dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", int(twin.variant.get("BLOCK_D")),
                                                            bool(twin.variant.get("CAUSAL")), True, False, s, s)
