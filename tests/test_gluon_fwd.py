@@ -541,6 +541,9 @@ def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
     (torch.bfloat16, 64, True, (4, 4), (1024, 1024), 8),
     (torch.float16, 64, "bottom_right", (4, 2), (1024, 1536), 8),  # GQA, causal offset 512
     (torch.bfloat16, 64, True, (2, 2), (256, 256), 2),  # 8 tiles halved to 2: a program holds the (batch, head)
+    # top-left causal with seqlen_q > seqlen_k: the tiles past seqlen_k see every key (no diagonal, no half step)
+    (torch.bfloat16, 64, True, (2, 2), (1024, 512), 8),
+    (torch.float16, 96, True, (4, 2), (1024, 256), 8),
 ], ids=str)
 def test_programs_of_several_query_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int, causal: bool | str,
                                                                 heads: tuple[int, int], seqlens: tuple[int, int],

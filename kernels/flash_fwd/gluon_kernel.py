@@ -650,17 +650,19 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
         mbarrier.arrive(q_prev_empty, count=1, pred=pending)
     p_prev = gl.convert_layout(p.to(dtype), p_layout)
 
-    # Causal ping-pong at 128 x 128 tiles: both warpgroups run the tile's block count, and warpgroup 0's rows see
-    # exactly the first half of the last (diagonal) block: seqlen_q and seqlen_k are multiples of 128, so the
-    # causal offset is too. Warpgroup 0 takes that block in a half step (HALF_N keys: its S product, softmax
-    # and PV half as wide) after the loops, where the tile has more than one block. Up to a width of 96: from
-    # 128 on ptxas spills with it (Triton 3.6: 28 / 72 bytes at 128 x 128 with 4 tiles).
+    # Causal ping-pong at 128 x 128 tiles: both warpgroups run the tile's block count, and where the tile holds
+    # the diagonal (its last block, n_full < n_blocks) warpgroup 0's rows see exactly that block's first half:
+    # seqlen_q and seqlen_k are multiples of 128, so the causal offset is too. Warpgroup 0 takes that block in a
+    # half step (HALF_N keys: its S product, softmax and PV half as wide) after the loops, where it is not the
+    # peeled block 0 (``half``). A tile past seqlen_k (top-left, seqlen_q > seqlen_k) sees every key: no half.
+    # Up to a width of 96: from 128 on ptxas spills with it (Triton 3.6: 28 / 72 bytes at 128 x 128, 4 tiles).
     HALF: gl.constexpr = (CAUSAL and PINGPONG and WG == 0 and BLOCK_N == 2 * BLOCK_M
                           and BLOCK_D + (BLOCK_D2 if SPLIT else 0) <= 96)
     HALF_N: gl.constexpr = BLOCK_N // 2
     n_loop = n_blocks
     if HALF:
-        n_loop = gl.maximum(n_blocks - 1, 1)
+        half = (n_blocks > 1) & (n_full < n_blocks)
+        n_loop = n_blocks - half.to(gl.int32)
     for block in range(1, n_full):
         acc, acc2, m_i, l_i, p_prev = _attend(block, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc,
                                               k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty, v_empty,
@@ -677,7 +679,7 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
     # The last block's PV (of its first HALF_N keys after a half step), then the epilogue.
     last = g0 + n_blocks - 1
     if HALF:
-        if n_blocks > 1:
+        if half:
             h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                                instr_shape=[16, HALF_N, 16])
             rows: gl.constexpr = gl.SliceLayout(1, h_layout)
