@@ -121,11 +121,11 @@ The pipeline, and why each choice:
   S_j = Q K_j^T, O += P_{j-1} V_{j-1}), so one's softmax runs while the
   other's products hold the tensor cores, on top of the intra-warpgroup
   overlap above. Both run the whole tile's block counts (they must run the
-  same steps to alternate). Causal, the tiles are 128 rows and the keys
-  come in blocks of BLOCK_N, both multiples of 128 apart, so at 128 x 128
-  warpgroup 0's rows see exactly the first half of the tile's last
-  (diagonal) block: it takes that block in a half step (64 keys: S, the
-  softmax and the last PV half as wide; up to a width of 96, where ptxas
+  same steps to alternate). Causal at 128 x 128, seqlen_q and seqlen_k are
+  multiples of 128 and so is the causal offset: where a tile holds the
+  diagonal (its last key block), warpgroup 0's rows see exactly that
+  block's first 64 keys, and it takes the block in a half step (S, the
+  softmax and the last PV over those keys; up to a width of 96, where ptxas
   3.6 keeps it without a spill). At 128 x 64 the upper half's last block is
   masked whole, exact since its rows have all seen key 0. Registers: 240 per consumer
   thread, 24 for the producer (setmaxnreg; 504 of 512); each partition syncs
@@ -660,6 +660,7 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
                           and BLOCK_D + (BLOCK_D2 if SPLIT else 0) <= 96)
     HALF_N: gl.constexpr = BLOCK_N // 2
     n_loop = n_blocks
+    half = False  # a Python bool where HALF is off: the tail's ``if half`` then compiles to its else alone
     if HALF:
         half = (n_blocks > 1) & (n_full < n_blocks)
         n_loop = n_blocks - half.to(gl.int32)
@@ -678,25 +679,21 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
 
     # The last block's PV (of its first HALF_N keys after a half step), then the epilogue.
     last = g0 + n_blocks - 1
-    if HALF:
-        if half:
-            h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                               instr_shape=[16, HALF_N, 16])
-            rows: gl.constexpr = gl.SliceLayout(1, h_layout)
-            acc, acc2, m_h, l_h, p_h = _attend(n_blocks - 1, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc,
-                                               v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty,
-                                               v_empty, turn, acc, acc2, gl.convert_layout(m_i, rows),
-                                               gl.convert_layout(l_i, rows), p_prev, gl.convert_layout(offs_m, rows),
-                                               qk_scale, causal_offset, g0, s0, h_layout, BLOCK_N, STAGES, True,
-                                               CAUSAL, PRODUCER, WG, PINGPONG, SPLIT, HALF_N)
-            m_i = gl.convert_layout(m_h, m_i.type.layout)
-            l_i = gl.convert_layout(l_h, l_i.type.layout)
-            acc, acc2 = _last_pv(p_h, v_bufs.index(last % STAGES).slice(0, HALF_N),
-                                 v2_bufs.index(last % STAGES).slice(0, HALF_N), v_bars, v_empty, turn, acc, acc2,
-                                 last, s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
-        else:
-            acc, acc2 = _last_pv(p_prev, v_bufs.index(last % STAGES), v2_bufs.index(last % STAGES), v_bars, v_empty,
-                                 turn, acc, acc2, last, s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
+    if half:
+        h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                           instr_shape=[16, HALF_N, 16])
+        rows: gl.constexpr = gl.SliceLayout(1, h_layout)
+        acc, acc2, m_h, l_h, p_h = _attend(n_blocks - 1, n_blocks, q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc,
+                                           k_bufs, k2_bufs, v_bufs, v2_bufs, k_bars, v_bars, k_empty, v_empty, turn,
+                                           acc, acc2, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows),
+                                           p_prev, gl.convert_layout(offs_m, rows), qk_scale, causal_offset, g0, s0,
+                                           h_layout, BLOCK_N, STAGES, True, CAUSAL, PRODUCER, WG, PINGPONG, SPLIT,
+                                           HALF_N)
+        m_i = gl.convert_layout(m_h, m_i.type.layout)
+        l_i = gl.convert_layout(l_h, l_i.type.layout)
+        acc, acc2 = _last_pv(p_h, v_bufs.index(last % STAGES).slice(0, HALF_N),
+                             v2_bufs.index(last % STAGES).slice(0, HALF_N), v_bars, v_empty, turn, acc, acc2, last,
+                             s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
     else:
         acc, acc2 = _last_pv(p_prev, v_bufs.index(last % STAGES), v2_bufs.index(last % STAGES), v_bars, v_empty,
                              turn, acc, acc2, last, s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
