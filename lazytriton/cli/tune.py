@@ -25,6 +25,13 @@ apply to it. The grid of benchmarks/bench_decode.py, at head dims 64 and 128
 (a few minutes on an H200):
 
     lazytriton tune --kernel flash_decode --dtype bf16 --head-dim 64,128
+
+--causal takes the causal modes of prewarm and cache explain (none,
+top_left, bottom_right; causal = top_left). A tuning row's causal is a flag:
+top_left and bottom_right run one binary, so either tunes the causal rows,
+timed bottom-right aligned (the pairs' seqlen_q <= seqlen_k).
+
+Exit status: 0 done; 1 the work failed (no GPU to time on); 2 a usage error.
 """
 
 from __future__ import annotations
@@ -182,6 +189,59 @@ def _csv_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+CAUSAL_MODES = dispatch.CAUSAL_MODES  # prewarm's and cache explain's spelling
+# "causal" is prewarm's alias of top_left; "both" (none,top_left) is read too, unlisted, for scripts that pass it.
+_CAUSAL_ALIASES = {"causal": "top_left", "both": "none,top_left"}
+
+
+def causal_flags(text: str) -> tuple[bool, ...]:
+    """The causal flags of the rows to tune for ``--causal`` (argparse type): comma-separated causal modes."""
+    flags = []
+    for item in _csv_list(text):
+        alias = _CAUSAL_ALIASES.get(item.lower())
+        if alias is not None:
+            print(f"tune: --causal {item} read as {alias}", file=sys.stderr)
+        for mode in (alias or item.lower()).split(","):
+            if mode not in CAUSAL_MODES:
+                raise argparse.ArgumentTypeError(f"--causal must be among {', '.join(CAUSAL_MODES)} "
+                                                 f"(or causal, an alias of top_left), got {item!r}")
+            flags.append(mode != "none")
+    if not flags:
+        raise argparse.ArgumentTypeError(f"--causal must be among {', '.join(CAUSAL_MODES)}, got {text!r}")
+    return tuple(dict.fromkeys(flags))
+
+
+def _dtypes(text: str) -> list[str]:
+    values = _csv_list(text)
+    bad = [v for v in values if v not in ("bf16", "fp16", "fp32")] or ([] if values else [text])
+    if bad:
+        raise argparse.ArgumentTypeError(f"--dtype must be among bf16, fp16, fp32, got {bad[0]!r}")
+    return values
+
+
+def _head_dims(text: str) -> list[int]:
+    values = _csv_list(text)
+    bad = [v for v in values if not v.isdigit() or not 1 <= int(v) <= dispatch.MAX_HEAD_DIM] or (
+        [] if values else [text])
+    if bad:
+        raise argparse.ArgumentTypeError(f"--head-dim must be integers in 1..{dispatch.MAX_HEAD_DIM}, "
+                                         f"got {bad[0]!r}")
+    return [int(v) for v in values]
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for item in _csv_list(text):
+        q, _, k = item.partition("x")
+        if not (q.isdigit() and k.isdigit() and int(q) > 0 and int(k) > 0):
+            raise argparse.ArgumentTypeError(f"--pairs items must look like 4096x4096 (positive seqlen_q x "
+                                             f"seqlen_k), got {item!r}")
+        pairs.append((int(q), int(k)))
+    if not pairs:
+        raise argparse.ArgumentTypeError(f"--pairs: expected pairs like 4096x4096, got {text!r}")
+    return pairs
+
+
 def _kernels(text: str) -> tuple[str, ...]:
     from lazytriton.prewarm.enumeration import parse_kernels
 
@@ -199,18 +259,22 @@ def _kernels(text: str) -> tuple[str, ...]:
 UNTUNED = ("kv_append",)  # kernels whose one config serves every call
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lazytriton tune`` parser: every flag is checked here, before anything needs a GPU."""
     parser = argparse.ArgumentParser(prog="lazytriton tune", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernel", type=_kernels, default=("flash_fwd",),
                         help="kernel families or kernels to tune, comma-separated: flash_fwd (default), flash_bwd "
                              "(= flash_bwd_dq,flash_bwd_dkdv), flash_decode (= flash_decode_split,"
                              "flash_decode_combine: both are tuned together)")
-    parser.add_argument("--dtype", default="bf16,fp16", help="comma-separated: bf16, fp16, fp32")
-    parser.add_argument("--head-dim", default="64,128", help="comma-separated head dims")
-    parser.add_argument("--causal", default="both", choices=("both", "none", "causal"))
-    parser.add_argument("--pairs", default=",".join(f"{q}x{k}" for q, k in DEFAULT_PAIRS),
-                        help="comma-separated seqlen_q x seqlen_k pairs, e.g. 16x4096,4096x4096")
+    parser.add_argument("--dtype", type=_dtypes, default=["bf16", "fp16"], help="comma-separated: bf16, fp16, fp32")
+    parser.add_argument("--head-dim", type=_head_dims, default=[64, 128], help="comma-separated head dims")
+    parser.add_argument("--causal", type=causal_flags, action="extend",
+                        help="none,top_left,bottom_right (default: none and causal; both causal modes tune one "
+                             "row; causal = top_left)")
+    parser.add_argument("--pairs", type=_pairs, default=list(DEFAULT_PAIRS),
+                        help="comma-separated seqlen_q x seqlen_k pairs, default "
+                             f"{','.join(f'{q}x{k}' for q, k in DEFAULT_PAIRS)}")
     parser.add_argument("--table", type=Path, default=None,
                         help="the CSV to update (default: the family's user table, <cache dir>/tuning/<family>.csv "
                              "(flash_fwd.csv, flash_bwd.csv), which calls read over the shipped one; the shipped "
@@ -218,29 +282,28 @@ def main(argv: list[str] | None = None) -> int:
     _decode_args(parser)
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--reps", type=int, default=20)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
-        print("lazytriton tune measures on a GPU and none is available", file=sys.stderr)
-        return 2
-    pairs = []
-    for item in _csv_list(args.pairs):
-        q, _, k = item.partition("x")
-        if not (q.isdigit() and k.isdigit()):
-            raise SystemExit(f"--pairs items must look like 4096x4096, got {item!r}")
-        pairs.append((int(q), int(k)))
+        print("lazytriton tune: no GPU here (torch.cuda.is_available() is False); tune times kernels on the GPU "
+              "it runs on", file=sys.stderr)
+        return 1
     target = dispatch.target_of_device(torch.cuda.current_device())
     gpu = torch.cuda.get_device_name()
-    causal = {"both": (False, True), "none": (False,), "causal": (True,)}[args.causal]
+    causal = tuple(dict.fromkeys(args.causal)) if args.causal else (False, True)
     rows: list[tuning.Row] = []
     for family, kernels in families_of(args.kernel).items():
         path = args.table or tuning.user_table_path(family)
         path.parent.mkdir(parents=True, exist_ok=True)
-        for dtype in _csv_list(args.dtype):
-            for head_dim in (int(h) for h in _csv_list(args.head_dim)):
+        for dtype in args.dtype:
+            for head_dim in args.head_dim:
                 for c in ((False,) if family == "flash_decode" else causal):  # decoding: one query, never masked
-                    group = tune_family_group(family, kernels, target, dtype, head_dim, c, pairs, args, gpu)
+                    group = tune_family_group(family, kernels, target, dtype, head_dim, c, args.pairs, args, gpu)
                     rows += group
                     save_rows(path, group)  # after each group: a killed run keeps what it measured
         print(f"{family}: {path}")
