@@ -88,3 +88,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["__version__", *_FUNCTIONS, *_KVCACHE_FUNCTIONS, *_LAZY]
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__``, found before it is imported) and the module's dunders, not its helpers."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__") and name.endswith("__"))})
