@@ -2,20 +2,26 @@
 
 A description names the source file of the ``@triton.jit`` function, its
 parameters in order (with their Triton types), which of them are constexprs
-and which may be assumed 16-divisible (under which flag). It is pure data: importing this package
-never imports triton. The sources themselves (``*/triton_kernel.py``) are read
-only by ``lazytriton.compiler``.
+and which may be assumed 16-divisible (under which flag). It is data (and,
+for a warp-specialised kernel, the function that counts the warps it
+launches): importing this package never imports triton. The sources
+themselves (``*/triton_kernel.py``) are read only by ``lazytriton.compiler``.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from lazytriton.record import record
+
+if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
+    from lazytriton.variant import Variant
 
 
 @record
@@ -46,6 +52,11 @@ class KernelSpec:
     ``@jit`` functions the kernel calls (``from ... import``): their sources
     enter its fingerprint, and the interpreter imports them before loading
     the kernel's file.
+    ``warps`` gives the warps an entry of a variant launches a block with,
+    for a warp-specialised kernel (Gluon's ``gl.warp_specialize``), whose
+    partitions together run more warps than the variant's ``num_warps`` (the
+    default partition's); None for every other kernel, which launches its
+    ``num_warps``. ``launched_warps`` answers for any variant.
     """
 
     name: str
@@ -58,6 +69,7 @@ class KernelSpec:
     helpers: tuple[str, ...] = ()
     eight_params: tuple[str, ...] = ()
     wide_blocks: tuple[str, ...] = ()
+    warps: Callable[[Variant], int] | None = None
 
     @property
     def source_path(self) -> Path:
@@ -145,6 +157,29 @@ def _specs() -> dict[str, KernelSpec]:
     specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
              FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND)
     return {spec.name: spec for spec in specs}
+
+
+def specialised_warps(default: int, workers: tuple[int, ...]) -> int:
+    """The warps of a ``gl.warp_specialize`` program whose partitions set their registers (``setmaxnreg``).
+
+    The default partition's ``default`` warps (the variant's num_warps), then
+    the ``workers``' warps together, padded to whole warpgroups of 4: Triton's
+    AllocateWarpGroups pass pads them so that every warp of a warpgroup is
+    there to give up registers. One producer warp beside 8 default warps: 12.
+    """
+    return default + -(-sum(workers) // 4) * 4
+
+
+def launched_warps(variant: Variant) -> int:
+    """The warps an entry of ``variant`` launches a block with, its metadata num_warps (ValueError: unknown kernel).
+
+    The variant's ``num_warps``, or what its kernel's ``KernelSpec.warps``
+    counts for a warp-specialised kernel. The launch itself takes the entry's
+    num_warps (``Entry.block_threads``); ``lazytriton cache verify`` and
+    ``cache import`` check that it is this count.
+    """
+    spec = get(variant.kernel)
+    return spec.warps(variant) if spec.warps is not None else int(variant.get("num_warps"))
 
 
 def get(kernel: str) -> KernelSpec:

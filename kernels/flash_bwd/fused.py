@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lazytriton.kernels import KernelSpec
+from lazytriton.kernels import KernelSpec, specialised_warps
 
 if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
     from lazytriton.variant import Variant
@@ -33,6 +33,15 @@ _LSE_STRIDES = (("stride_lb", "i32"), ("stride_lh", "i32"))
 _POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("DO", "*{dtype}"), ("Lse", "*fp32"),
              ("Delta", "*fp32"), ("DK", "*{dtype}"), ("DV", "*{dtype}"), ("DQA", "*fp32"))
 _DATA_STRIDES = _strides("q", "k", "v", "do", "dk", "dv")
+# The worker partitions of fused_kernel's ``gl.warp_specialize`` (both programs, narrow and wide): the second
+# consumer warpgroup and the producer warp; the first consumer warpgroup is the default partition (num_warps, 4).
+WORKER_WARPS = (4, 1)
+
+
+def warps(variant: Variant) -> int:
+    """The warps an entry of ``variant`` launches: num_warps and ``WORKER_WARPS`` (``specialised_warps``: 12)."""
+    return specialised_warps(int(variant.get("num_warps")), WORKER_WARPS)
+
 
 FLASH_BWD_FUSED_GLUON = KernelSpec(
     name=NAME,
@@ -54,6 +63,7 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     # 16 bytes a thread, as they were measured to (unmarked they were 2-byte stores: the JIT probes mark every
     # multiple of 16 themselves, the served kernel did not, 12-02)
     eight_params=("head_dim",),
+    warps=warps,  # warp-specialised: two consumer warpgroups and the producer warp
 )
 
 _PREP_STRIDES = _strides("o", "do")

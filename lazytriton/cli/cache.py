@@ -357,9 +357,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     added = present = 0
     failed = []
     for row in image_rows(args.file):
-        if row.entry is None:
+        problems = [row.problem] if row.entry is None else binary_problems(row.entry)  # verify's checks
+        if problems or row.entry is None:
             failed.append(row)
-            print(f"FAIL {row.key}: {row.problem}", file=sys.stderr)
+            for problem in problems:
+                print(f"FAIL {row.key}: {problem}", file=sys.stderr)
             continue
         held = rt.local.peek(row.key)
         if held is not None and held == row.entry.encode():

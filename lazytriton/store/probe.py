@@ -91,12 +91,15 @@ def launch_problems(entry: Entry) -> list[str]:
     """Why ``entry``'s launch metadata does not fit its variant, its key or its binary; empty when all agree.
 
     The variant string must hash (with the source fingerprint the entry
-    records) to the key it is stored under, its target and ``num_warps`` must
-    be the entry's, the warp size the target's; then the binary must have been
-    built for that many threads per block (``elf.check_launch``). A binary of
-    another tile size with the same block size and symbol is not told apart:
-    an ELF does not record its constexprs.
+    records) to the key it is stored under, its target must be the entry's,
+    the entry's ``num_warps`` the warps the variant launches
+    (``kernels.launched_warps``: its num_warps, or its partitions' for a
+    warp-specialised kernel), the warp size the target's; then the binary
+    must have been built for that many threads per block
+    (``elf.check_launch``). A binary of another tile size with the same block
+    size and symbol is not told apart: an ELF does not record its constexprs.
     """
+    from lazytriton.kernels import launched_warps
     from lazytriton.target import Target
     from lazytriton.variant import LAUNCH_ABI, Variant
 
@@ -114,8 +117,16 @@ def launch_problems(entry: Entry) -> list[str]:
     if variant.target != entry.target:
         problems.append(f"entry target {entry.target}, its variant's target {variant.target}")
     options = dict(variant.options)
-    if "num_warps" in options and options["num_warps"] != entry.num_warps:
-        problems.append(f"entry num_warps={entry.num_warps}, its variant's num_warps={options['num_warps']}")
+    if "num_warps" in options:
+        try:
+            warps = launched_warps(variant)
+        except ValueError:  # a kernel this build does not know launches its variant's num_warps
+            warps = int(options["num_warps"])
+        if warps != entry.num_warps and warps == options["num_warps"]:
+            problems.append(f"entry num_warps={entry.num_warps}, its variant's num_warps={warps}")
+        elif warps != entry.num_warps:
+            problems.append(f"entry num_warps={entry.num_warps}, its variant launches {warps} warps "
+                            f"(num_warps={options['num_warps']} and the kernel's partitions)")
     try:
         warp_size = Target.parse(entry.target).warp_size
         if entry.warp_size != warp_size:
