@@ -9,8 +9,8 @@
 | ``LAZYTRITON_JIT``       | ``1``                                 | ``0``: never compile; a miss raises          |
 |                          |                                       | ``KernelNotFound`` naming the variant        |
 | ``LAZYTRITON_CACHE_MAX_BYTES`` | ``4G``                        | bound on the local cache's size (``500M``,   |
-|                          |                                       | ``2G``, bytes): writes past it evict the     |
-|                          |                                       | least recently used entries                  |
+|                          |                                       | ``2G``, bytes; 1M to 1024T): writes past it  |
+|                          |                                       | evict the least recently used entries        |
 | ``LAZYTRITON_LOG_LEVEL`` | (none: the application's logging     | level of the ``lazytriton`` logger (DEBUG,   |
 |                          | decides; Python's default shows       | INFO, WARNING, ERROR, CRITICAL); with no     |
 |                          | WARNING and up)                       | logging configured, it logs to stderr        |
@@ -34,7 +34,8 @@ Settings are read once, on first use (never at import), into a frozen
 function-argument twins of the variables), and ``reset()`` re-reads the
 environment, which tests use. A bad value raises ``SettingsError`` (a
 ``ValueError``) naming the variable, the value and what was expected; the
-``lazytriton`` command reports it in one line, exit status 2.
+``lazytriton`` command reports it in one line, exit status 2. A path whose
+``~user`` cannot be expanded (no such user, no home) is such an error too.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ from pathlib import Path
 from lazytriton.record import field, record, replace
 
 DEFAULT_CACHE_MAX_BYTES = 4 << 30
+# The largest bound accepted: 1024T (2**50 bytes). diskcache keeps sizes in SQLite's signed 64-bit integers,
+# and a bound of 2**63 or more made the local tier unusable (an overflow); 2**50 leaves sums of sizes far
+# below that, and is past any disk.
+MAX_CACHE_MAX_BYTES = 1 << 50
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -76,11 +81,12 @@ class Settings:
 def parse_size(text: str, what: str) -> int:
     """A byte count such as ``1048576``, ``500M``, ``2G`` or ``1.5GiB`` (binary units); ValueError naming ``what``."""
     import re
+    from fractions import Fraction
 
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", text.strip(), re.I)
+    match = re.fullmatch(r"(\d{1,30}(?:\.\d{1,30})?)\s*([kmgt]?)(?:i?b)?", text.strip(), re.I)
     if match is None:
-        raise ValueError(f"{what} must be a size such as 500M or 2G, got {text!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        raise ValueError(f"{what} must be a size such as 500M or 2G, got {text[:80]!r}")
+    return int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])  # exact: no float overflow
 
 
 def _cache_max_bytes(value: object, what: str) -> int:
@@ -90,7 +96,20 @@ def _cache_max_bytes(value: object, what: str) -> int:
         raise TypeError(f"{what} must be a byte count (int) or a size string such as '2G', got {type(value).__name__}")
     if value < 1 << 20:
         raise ValueError(f"{what} must be at least 1M (one entry is up to a few hundred KiB), got {value}")
+    if value > MAX_CACHE_MAX_BYTES:
+        raise ValueError(f"{what} must be at most 1024T ({MAX_CACHE_MAX_BYTES} bytes: the local tier's index counts "
+                         f"sizes in 64-bit integers), got {value}")
     return value
+
+
+def expand_path(value: str | os.PathLike[str], what: str) -> Path:
+    """``value`` as a Path with ``~``/``~user`` expanded; ValueError naming ``what`` when that cannot be done."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # no such user, or no home directory to expand ~ to
+        head = os.fspath(value).split(os.sep, 1)[0]
+        raise ValueError(f"{what}: cannot expand {head!r} in {os.fspath(value)[:200]!r}: no home directory found "
+                         "for it; give an absolute path") from None
 
 
 def bool_env(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
@@ -108,8 +127,13 @@ def bool_env(name: str, default: bool, environ: Mapping[str, str] | None = None)
 
 def _default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "lazytriton"
+    if xdg:
+        return Path(xdg) / "lazytriton"
+    try:
+        return Path.home() / ".cache" / "lazytriton"
+    except RuntimeError:  # no HOME and no home directory for this user
+        raise ValueError("LAZYTRITON_CACHE_DIR is not set and there is no home directory for its default "
+                         "(~/.cache/lazytriton): set LAZYTRITON_CACHE_DIR or XDG_CACHE_HOME") from None
 
 
 def _shared_env() -> tuple[str | None, bytes | None, float]:
@@ -195,11 +219,12 @@ def _read_environment() -> Settings:
     cache_dir = os.environ.get("LAZYTRITON_CACHE_DIR", "").strip()
     raw_level = os.environ.get("LAZYTRITON_LOG_LEVEL", "").strip()
     level = check_log_level(raw_level, "LAZYTRITON_LOG_LEVEL") if raw_level else None
-    images = tuple(Path(p).expanduser() for p in os.environ.get("LAZYTRITON_IMAGES", "").split(":") if p.strip())
+    images = tuple(expand_path(p, "LAZYTRITON_IMAGES") for p in os.environ.get("LAZYTRITON_IMAGES", "").split(":")
+                   if p.strip())
     shared, signing_key, timeout_s = _shared_env()
     raw_max = os.environ.get("LAZYTRITON_CACHE_MAX_BYTES", "").strip()
     return Settings(
-        cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(),
+        cache_dir=expand_path(cache_dir, "LAZYTRITON_CACHE_DIR") if cache_dir else _default_cache_dir(),
         jit=bool_env("LAZYTRITON_JIT", True),
         log_level=level,
         images=images,
@@ -243,7 +268,7 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
     current = settings()
     changes: dict[str, object] = {}
     if cache_dir is not None:
-        changes["cache_dir"] = Path(cache_dir).expanduser()
+        changes["cache_dir"] = expand_path(cache_dir, "cache_dir")
     if jit is not None:
         if not isinstance(jit, bool):
             raise TypeError(f"jit must be a bool, got {type(jit).__name__}")
@@ -251,7 +276,7 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
     if cache_max_bytes is not None:
         changes["cache_max_bytes"] = _cache_max_bytes(cache_max_bytes, "cache_max_bytes")
     if images is not None:
-        changes["images"] = tuple(Path(p).expanduser() for p in images)
+        changes["images"] = tuple(expand_path(p, "images") for p in images)
     changes.update(_shared_changes(shared, signing_key, shared_timeout_ms))
     if log_level is not None:
         level = check_log_level(log_level, "log_level")

@@ -1,10 +1,11 @@
-"""Crash-safe file writes shared by the image writer, prewarm's work dir and ``lazytriton tune``."""
+"""Crash-safe file writes (the image writer, prewarm's work dir, ``lazytriton tune``) and bounded reads."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,3 +64,12 @@ def read_fd_bounded(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def describe_mode(mode: int) -> str:
+    """What a file that is not a regular one is, in words (``a FIFO``, ``a directory``, ...)."""
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return what
+    return "a regular file" if stat.S_ISREG(mode) else "not a file"

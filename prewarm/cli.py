@@ -249,7 +249,7 @@ def _source_date_epoch() -> float | None:
 
 def _plan(args: argparse.Namespace) -> list[Any]:
     from lazytriton import tuning
-    from lazytriton.prewarm.enumeration import Axes, enumerate_variants, select_shard, variants_from_misses
+    from lazytriton.prewarm.enumeration import Axes, enumerate_variants, select_shard, variants_from_miss_log
 
     if args.from_misses:
         given = [f"--{name.replace('_', '-')}" for name in _AXIS_FLAGS if getattr(args, name)]
@@ -259,10 +259,9 @@ def _plan(args: argparse.Namespace) -> list[Any]:
         plan: dict[str, Any] = {}
         for path in args.from_misses:
             try:
-                lines = path.read_text().splitlines()
+                found, problems = variants_from_miss_log(path)
             except OSError as exc:
                 raise UsageError(f"--from-misses {path}: cannot read it ({exc.strerror})") from None
-            found, problems = variants_from_misses(lines, str(path))
             for problem in problems:
                 print(f"prewarm: skipped {problem}", file=sys.stderr)
             for item in found:

@@ -58,8 +58,10 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from lazytriton import dispatch, tuning
+from lazytriton.misslog import Line, MissLog
 from lazytriton.prewarm.limits import refusal
 from lazytriton.record import record
 from lazytriton.target import Target
@@ -317,22 +319,47 @@ def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, boo
 def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:
     """The variants a miss log (JSON lines with a ``"variant"`` field) names, unique by key; and its bad lines.
 
-    A bad line (not JSON, no ``variant``, a variant that does not parse or
-    lacks a field its kernel needs) is reported as ``"FILE:LINE: reason"`` and
-    skipped; so is a variant that cannot fit its target (``limits.refusal``):
-    a miss log comes from another machine, and one poisoned line must not
-    hold a build for minutes. Blank lines are ignored.
+    A bad line (not JSON, nested too deeply, no ``variant``, a variant that
+    does not parse or lacks a field its kernel needs) is reported as
+    ``"FILE:LINE: reason"`` and skipped; so is a variant that cannot fit its
+    target (``limits.refusal``): a miss log comes from another machine, and
+    one poisoned line must not hold a build for minutes. Blank lines are ignored.
     """
+    return _plan_misses((Line(number, line) for number, line in enumerate(lines, 1)), where)
+
+
+def variants_from_miss_log(path: Path) -> tuple[list[Planned], list[str]]:
+    """``variants_from_misses`` of a miss log file, read within ``lazytriton.misslog``'s bounds.
+
+    A line that is not UTF-8 or over the line bound is one more bad line, and
+    a log cut at the byte bound adds a problem that says so.
+
+    OSError when it cannot be opened; ``misslog.NotRegularFile`` for a FIFO, a directory or a device.
+    """
+    with MissLog(path) as log:
+        plan, problems = _plan_misses(log, str(path))
+        if log.truncated:
+            problems.append(log.truncation_note())
+    return plan, problems
+
+
+def _plan_misses(lines: Iterable[Line], where: str) -> tuple[list[Planned], list[str]]:
     plan: dict[str, Planned] = {}
     problems: list[str] = []
-    for number, line in enumerate(lines, 1):
+    for number, line, problem in lines:
+        place = f"{where}:{number}"
+        if line is None:
+            problems.append(f"{place}: {problem}")
+            continue
         if not line.strip():
             continue
-        place = f"{where}:{number}"
         try:
             record = json.loads(line)
         except ValueError as exc:
             problems.append(f"{place}: not a JSON object ({exc})")
+            continue
+        except RecursionError:
+            problems.append(f"{place}: not a JSON object (nested too deeply)")
             continue
         text = record.get("variant") if isinstance(record, dict) else None
         if not isinstance(text, str):

@@ -194,6 +194,29 @@ def test_ls_lists_both_tiers_and_filters(cache_dir: Path, tmp_path: Path, cubin:
     assert "sm_90 " not in out and "1 entry\n" in out
 
 
+def test_ls_columns_line_up(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry,
+                            monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    long = record.replace(cubin, key=f"{7:032x}", variant="flash_bwd_fused_gluon:sm_90:bf16:::",
+                          binary=b"\x7fELF" + bytes(3 << 20))  # a long kernel name, a size in MiB
+    seed(cache_dir, cubin, long)
+    image = write_image(tmp_path / "images" / "amd.ltimg", [hsaco]).path
+    use_images(monkeypatch, image.parent)
+    status, out, _ = cli(capsys, "ls")
+    assert status == 0
+    header, *rows = out.splitlines()[:-1]
+    assert len(rows) == 3
+    by_key = {e.key: e for e in (cubin, hsaco, long)}
+    for row in rows:
+        [entry] = [e for key, e in by_key.items() if f" {key} " in row]
+        tier = "image" if entry is hsaco else "local"
+        cells = {"TARGET": entry.target, "KERNEL": entry.variant.split(":")[0], "TIER": tier, "KEY": entry.key,
+                 "VARIANT": entry.variant}
+        for column, cell in cells.items():
+            assert row.index(f"{cell} " if column != "VARIANT" else cell) == header.index(column), (column, out)
+        size = row.split()[2] + " " + row.split()[3]
+        assert row.index(size) + len(size) == header.index("SIZE") + len("SIZE"), out  # right-aligned
+
+
 def test_stats_counts_entries_bytes_hits_misses_compiles(
         cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco: Entry, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -387,6 +410,23 @@ def test_export_then_import(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco
     (tmp_path / "broken.ltimg").write_bytes(bytes(data))
     status, _, err = cli(capsys, "import", str(tmp_path / "broken.ltimg"))
     assert status == 1 and "image does not open" in err
+
+
+def test_export_takes_its_path_plainly_as_import_and_verify_do(cache_dir: Path, tmp_path: Path, cubin: Entry,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    seed(cache_dir, cubin)
+    status, out, err = cli(capsys, "export", str(tmp_path / "plain.ltimg"))
+    assert status == 0 and "wrote 1 entry (sm_90)" in out, err
+    status, out, _ = cli(capsys, "export", "--out", str(tmp_path / "out.ltimg"), "--target", "sm_90")
+    assert status == 0 and "wrote 1 entry (sm_90)" in out
+    for name in ("plain.ltimg", "out.ltimg"):
+        with Image(tmp_path / name) as image:
+            assert image.read(cubin.key) == cubin
+    status, _, err = cli(capsys, "export", str(tmp_path / "a.ltimg"), "--out", str(tmp_path / "b.ltimg"))
+    assert status == 2 and "give the image's path once" in err
+    status, _, err = cli(capsys, "export")
+    assert status == 2 and "PATH" in err
+    assert not (tmp_path / "a.ltimg").exists() and not (tmp_path / "b.ltimg").exists()
 
 
 # --- --json: one JSON object on stdout, the same report as the text ---------------------------------------------

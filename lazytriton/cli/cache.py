@@ -8,7 +8,7 @@
                              [--kernel flash_fwd|flash_bwd|flash_bwd_dq|flash_bwd_dkdv|flash_decode|...]
     lazytriton cache gc [--max-bytes 2G]    # least recently used entries go first; damaged rows, orphaned files
     lazytriton cache clear                  # entries, counters, miss log, compile locks
-    lazytriton cache export --out FILE [--target sm_90,...]
+    lazytriton cache export FILE [--target sm_90,...]   # --out FILE: the same
     lazytriton cache import FILE
 
 Exit status: 0 when all is well, 1 when something checked fails (a damaged
@@ -32,6 +32,7 @@ from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
 from lazytriton.cli import plural
+from lazytriton.misslog import MISS_LOG_MAX_BYTES, summarize
 from lazytriton.record import record
 from lazytriton.store.local import ORPHAN_GRACE_S, LocalTier
 
@@ -165,39 +166,43 @@ def emit(args: argparse.Namespace, report: Report, render: Callable[[Report], No
 
 
 def ls_report(rt: Any, tier: str, targets: set[str] | None) -> Report:
-    """The entries ``ls`` shows; a damaged one has target, kernel and variant None and says its ``problem``."""
-    entries = []
+    """The entries ``ls`` shows, and the images or databases that do not open (``problems``, no entry counted).
+
+    A damaged entry has target, kernel and variant None and says its ``problem``.
+    """
+    entries, problems = [], []
     for row in tier_rows(rt, tier):
         entry = row.entry
+        if entry is None and row.key == "-":  # an image or a database that does not open: no entry at all
+            problems.append({"tier": row.tier, "where": row.where, "problem": row.problem})
+            continue
         if targets is not None and (entry is None or entry.target not in targets):
             continue
         target, kernel, variant = (None, None, None) if entry is None else (
             entry.target, entry.variant.split(":", 1)[0], entry.variant)
         entries.append({"target": target, "kernel": kernel, "variant": variant, "bytes": row.size, "tier": row.tier,
                         "where": row.where, "key": row.key, "problem": row.problem if entry is None else None})
-    return {"entries": entries, "count": len(entries)}
+    return {"entries": entries, "count": len(entries), "problems": problems}
 
 
 def print_ls(report: Report) -> None:
-    print(f"{'TARGET':<8} {'KERNEL':<10} {'SIZE':>10} {'TIER':<6} {'KEY':<32} VARIANT")
+    """The entries as a table whose columns line up (each as wide as its widest cell), then the problems."""
+    rows = [("TARGET", "KERNEL", "SIZE", "TIER", "KEY", "VARIANT")]
     for e in report["entries"]:
-        variant = e["variant"] if e["problem"] is None else f"DAMAGED: {e['problem']}"
-        print(f"{e['target'] or '?':<8} {e['kernel'] or '?':<10} {human_bytes(e['bytes']):>10} {e['tier']:<6} "
-              f"{e['key']:<32} {variant}")
+        rows.append((e["target"] or "?", e["kernel"] or "?", human_bytes(e["bytes"]), e["tier"], e["key"],
+                     e["variant"] if e["problem"] is None else f"DAMAGED: {e['problem']}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        cells = [row[i].rjust(width) if i == 2 else row[i].ljust(width) for i, width in enumerate(widths)]
+        print(" ".join([*cells, row[5]]))
+    for problem in report["problems"]:
+        print(f"{problem['tier']} {problem['where']}: {problem['problem']}")
     print(plural(report["count"], "entry"))
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     emit(args, ls_report(open_runtime(), args.tier, parse_targets(args.target)), print_ls)
     return 0
-
-
-def _miss_count(rt: Any) -> int:
-    try:
-        with open(rt.miss_log, "rb") as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
-        return 0
 
 
 def stats_report(rt: Any) -> Report:
@@ -217,8 +222,9 @@ def stats_report(rt: Any) -> Report:
                        "problems": problems},
              "local": {"entries": local.entries, "bytes": local.bytes, "where": str(rt.local.directory),
                        "problem": rt.local.problem}}
+    miss_log = summarize(rt.miss_log)
     return {"tiers": tiers, "counters": {"hits": 0, "compiles": 0, "corrupt": 0, **rt.counters()},
-            "misses": _miss_count(rt)}
+            "misses": miss_log["lines"], "miss_log": miss_log}
 
 
 def print_stats(report: Report) -> None:
@@ -231,9 +237,15 @@ def print_stats(report: Report) -> None:
     print(f"{'local':<6} {local['entries']:>8} {human_bytes(local['bytes']):>10}  {local['where']}")
     if local["problem"] is not None:
         print(f"local tier unusable: its database cannot be opened ({local['problem']}); running from memory only")
-    print(f"hits {counters['hits']}, misses {report['misses']} (JIT compiles in the miss log), "
-          f"compiles {counters['compiles']}, corrupt {counters['corrupt']} "
+    miss_log = report["miss_log"]
+    print(f"hits {counters['hits']}, misses {report['misses']}{'' if miss_log['complete'] else '+'} "
+          f"(JIT compiles in the miss log), compiles {counters['compiles']}, corrupt {counters['corrupt']} "
           "(local counters, since the cache was created)")
+    if miss_log["problem"] is not None:
+        print(f"miss log {miss_log['where']}: {miss_log['problem']}")
+    elif not miss_log["complete"]:
+        print(f"miss log {miss_log['where']}: counted in its first {MISS_LOG_MAX_BYTES >> 20} MiB only "
+              "(the bound on a miss log)")
     others = {k: v for k, v in sorted(counters.items()) if k not in ("hits", "compiles", "corrupt")}
     if others:
         print("other counters: " + ", ".join(f"{k} {v}" for k, v in others.items()))
@@ -289,8 +301,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     rt = open_runtime()
     tier = rt.local
     if tier.problem is not None:
-        print(f"local tier {tier.directory} cannot be opened ({tier.problem}); `lazytriton cache clear` resets it",
-              file=sys.stderr)
+        print(f"local tier {tier.directory} cannot be opened ({tier.problem}); {_reset_advice(tier)}", file=sys.stderr)
         return 1
     before = tier.stats()
     damaged = tier.drop_damaged()
@@ -305,33 +316,66 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reset_advice(tier: LocalTier) -> str:
+    """How to make an unusable local tier usable again: ``cache clear``, or what the user must remove first."""
+    obstacles = tier.obstacles()
+    if obstacles:
+        return (f"{', '.join(map(str, obstacles))} is a directory where the database belongs; lazytriton never "
+                "removes a directory it did not make: move it away, then run `lazytriton cache clear`")
+    return "`lazytriton cache clear` resets it"
+
+
 def cmd_clear(args: argparse.Namespace) -> int:
-    """Remove the local tier's entries and counters, the miss log and the compile locks; images are untouched."""
+    """Remove the local tier's entries and counters, the miss log and the compile locks; images are untouched.
+
+    What is not lazytriton's to remove (a directory at the miss log's or at the
+    database's name) is left and named on stderr; exit status 1 when the local
+    tier stays unusable because of it.
+    """
     rt = open_runtime()
     cache_dir = rt.settings.cache_dir
     entries = rt.local.clear()
+    left = []
     misses = _remove_file(rt.miss_log)
+    if misses < 0:
+        left.append(f"{rt.miss_log} is a directory, not a miss log: left as it is")
     locks = 0
     lock_dir = cache_dir / "locks"
     if lock_dir.is_dir() and not lock_dir.is_symlink():
         for path in lock_dir.iterdir():
             if path.name.endswith(".lock") and not path.is_dir():
-                locks += _remove_file(path)
+                locks += max(_remove_file(path), 0)
     print(f"cleared {cache_dir}: {plural(entries, 'entry')} and the counters (local tier {rt.local.directory}), "
-          f"{'the' if misses else 'no'} miss log, {locks} compile locks; images are untouched")
+          f"{'the' if misses > 0 else 'no'} miss log, {locks} compile locks; images are untouched")
+    for line in left:
+        print(f"lazytriton cache clear: {line}", file=sys.stderr)
+    if rt.local.obstacles():
+        print(f"lazytriton cache clear: the local tier is still unusable: {_reset_advice(rt.local)}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _remove_file(path: Path) -> int:
-    """Unlink ``path`` (a link itself, never its target); 1 if it was there."""
+    """Unlink ``path`` (a link itself, never its target); 1 if it was there, 0 if not, -1 for a directory (left)."""
     try:
         path.unlink()
         return 1
     except FileNotFoundError:
         return 0
+    except IsADirectoryError:
+        return -1
+    except PermissionError:  # unlink(2) of a directory: EISDIR on Linux, EPERM on macOS
+        if path.is_dir() and not path.is_symlink():
+            return -1
+        raise
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.path is not None and args.out is not None and args.path != args.out:
+        raise ValueError(f"PATH {args.path} and --out {args.out} differ; give the image's path once")
+    out = args.path if args.path is not None else args.out
+    if out is None:
+        raise ValueError("PATH (the image file to write) is required: lazytriton cache export PATH")
     rt = open_runtime()
     targets = parse_targets(args.target)
     entries, damaged = [], 0
@@ -345,7 +389,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"nothing to export: the local tier {rt.local.directory} holds no entry"
               f"{' for ' + ','.join(sorted(targets)) if targets else ''}", file=sys.stderr)
         return 1
-    info = write_image(args.out, entries, meta={"source": "lazytriton cache export"})
+    info = write_image(out, entries, meta={"source": "lazytriton cache export"})
     print(f"wrote {plural(info.entries, 'entry')} ({', '.join(sorted({e.target for e in entries}))}) to {info.path}: "
           f"{human_bytes(info.stored_bytes)}, {info.stored_bytes / max(info.binary_bytes, 1):.3f} of the binaries' "
           f"{human_bytes(info.binary_bytes)} ({info.codec})")
@@ -444,7 +488,8 @@ def add_parser(sub: Any) -> None:
                                               "the compile locks (images are untouched)")
     clear.set_defaults(fn=_guarded(cmd_clear))
     export = commands.add_parser("export", help="write the local tier's entries to an image")
-    export.add_argument("--out", type=Path, required=True, help="the image file to write")
+    export.add_argument("path", nargs="?", type=Path, help="the image file to write")
+    export.add_argument("--out", type=Path, help="the same as PATH")
     export.add_argument("--target", help="only these targets, comma-separated")
     export.set_defaults(fn=_guarded(cmd_export))
     imp = commands.add_parser("import", help="copy an image's verified entries into the local tier")

@@ -16,14 +16,20 @@ least recently used first, ``CULL_LIMIT`` rows per write at most.
 
 A file no row references (a writer killed between its value file and its
 index row) is an orphan: diskcache never counts or removes it; ``sweep_orphans``
-does, once it is older than ``ORPHAN_GRACE_S``.
+does, once it is older than ``ORPHAN_GRACE_S``, and only files named as
+diskcache names them, never through a link (``local_disk.sweep_value_files``).
+
+Before SQLite opens anything, every file at a database's name (``cache.db``,
+``counters.db`` and their journals) must be a regular file or absent: SQLite
+would block for good opening a FIFO planted at ``cache.db-journal``. Anything
+else makes the tier unusable (memory only, one warning); ``clear`` removes it,
+except a directory, which lazytriton never deletes and names instead.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -32,6 +38,7 @@ from typing import Any
 
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.config import DEFAULT_CACHE_MAX_BYTES
+from lazytriton.fsutil import describe_mode
 from lazytriton.record import record
 from lazytriton.store import TierStats
 from lazytriton.variant import check_key
@@ -94,6 +101,12 @@ class LocalTier:
 
     def _store(self) -> Any:
         if self._cache is None and self._problem is None:
+            obstacle = self._database_obstacle()
+            if obstacle is not None:
+                self._problem = obstacle
+                self.warn_once("open", f"local cache {self.directory} unusable ({obstacle}); running from memory "
+                                       "only (`lazytriton cache clear` resets it)")
+                return None
             try:
                 import diskcache  # imported on first use: a process served from images never pays for it
 
@@ -111,6 +124,34 @@ class LocalTier:
                 self.warn_once("open", f"local cache {self.directory} unusable ({exc}); running from memory only "
                                        "(`lazytriton cache verify` checks it, `lazytriton cache clear` resets it)")
         return self._cache
+
+    def _database_obstacle(self) -> str | None:
+        """Why a file at one of the databases' names is not one SQLite may open, or None.
+
+        Checked with ``lstat`` before any connection: a FIFO would block the
+        open for good, a link would put the database elsewhere.
+        """
+        for name in _DATABASE_FILES:
+            try:
+                mode = os.lstat(self.directory / name).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                return f"{self.directory / name}: {exc.strerror}"
+            if not stat.S_ISREG(mode):
+                return f"{self.directory / name} is {describe_mode(mode)}, not a regular file"
+        return None
+
+    def obstacles(self) -> list[Path]:
+        """Directories at the databases' names: ``clear`` leaves them (lazytriton never made them), so they block."""
+        found = []
+        for name in _DATABASE_FILES:
+            try:
+                if stat.S_ISDIR(os.lstat(self.directory / name).st_mode):
+                    found.append(self.directory / name)
+            except OSError:
+                continue
+        return found
 
     @property
     def size_limit(self) -> int:
@@ -288,8 +329,9 @@ class LocalTier:
     def sweep_orphans(self, grace_s: float = ORPHAN_GRACE_S) -> tuple[int, int]:
         """Remove value files no row references, older than ``grace_s``; (files removed, their bytes).
 
-        Only files below the tier's directory, never through a link; the
-        databases at its top level are not value files.
+        Only files named as diskcache names value files, in its two levels of
+        two-hex-digit folders, never through a link (``sweep_value_files``);
+        any other file in the directory, the databases included, is left alone.
         """
         from lazytriton.store import local_disk
 
@@ -297,35 +339,14 @@ class LocalTier:
             return 0, 0
         root = str(self.directory)
         referenced = {row[4] for row in local_disk.index_rows(root, "WHERE filename IS NOT NULL")}
-        now, removed, freed = time.time(), 0, 0
-        for top in sorted(os.listdir(root)):
-            if top in _DATABASE_FILES or not os.path.isdir(os.path.join(root, top)) \
-                    or os.path.islink(os.path.join(root, top)):
-                continue
-            for folder, dirs, files in os.walk(os.path.join(root, top), topdown=False):
-                for name in files:
-                    path = os.path.join(folder, name)
-                    relative = os.path.relpath(path, root).replace(os.sep, "/")
-                    try:
-                        info = os.lstat(path)
-                        if relative in referenced or now - info.st_mtime < grace_s:
-                            continue
-                        os.unlink(path)
-                    except OSError:
-                        continue
-                    removed, freed = removed + 1, freed + info.st_size
-                for name in dirs:
-                    try:
-                        os.rmdir(os.path.join(folder, name))  # only when empty
-                    except OSError:
-                        pass
-        return removed, freed
+        return local_disk.sweep_value_files(root, referenced, grace_s, time.time())
 
     def clear(self) -> int:
         """Remove every entry, damaged rows and orphaned files included, and the counters; entries removed.
 
-        A database that cannot be opened is removed with its files, so the
-        next use starts afresh.
+        A database that cannot be opened is removed with its files (any
+        non-directory at the databases' names, a FIFO included), so the next
+        use starts afresh; a directory there is left (``obstacles`` names it).
         """
         store = self._store()
         removed = 0
@@ -333,12 +354,17 @@ class LocalTier:
             removed = int(store.clear())
             self.sweep_orphans(grace_s=0)
         else:
+            from lazytriton.store import local_disk
+
             self.close()
-            for name in ("cache.db", "cache.db-wal", "cache.db-shm", "cache.db-journal"):
-                _unlink(self.directory / name)
-            for child in self.directory.iterdir() if self.directory.is_dir() else ():
-                if len(child.name) == 2 and child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child, ignore_errors=True)
+            for name in _DATABASE_FILES:
+                path = self.directory / name
+                try:
+                    if not stat.S_ISDIR(os.lstat(path).st_mode):
+                        path.unlink()
+                except OSError:
+                    continue
+            local_disk.sweep_value_files(str(self.directory), set(), 0.0, time.time())
             self._problem = None
         self._clear_counters()
         return removed

@@ -13,7 +13,11 @@ any process that lists or reads it. ``RawDisk`` never unpickles anything:
 - a value file is read only under the name diskcache itself gives it (two hex
   folders, a hex name), without following a link, only when it is a regular
   file and within the entry size bound; a forged row naming another file makes
-  the row damaged, and dropping it removes no file outside the cache.
+  the row damaged, and dropping it removes no file outside the cache;
+- the orphan sweep (``sweep_value_files``) removes only regular files named as
+  diskcache names value files, in folders named as it names them, each folder
+  opened from its parent's descriptor without following a link: a cache dir
+  whose ``entries/`` already held other files, or a link in it, loses nothing.
 
 This module imports diskcache, so the tier imports it on first use only.
 """
@@ -39,6 +43,9 @@ MODE_NAMES = {0: "none", 1: "raw", 2: "binary", 3: "text", 4: "pickle"}
 
 # The names diskcache.Disk.filename gives value files: "ab/cd/<28 hex digits>.val".
 VALUE_FILE = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")
+_FOLDER = re.compile(r"[0-9a-f]{2}")
+_VALUE_NAME = re.compile(r"[0-9a-f]{28}\.val")
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class DamagedRow(Exception):
@@ -209,3 +216,81 @@ def row_bytes(directory: str, mode: Any, filename: Any, value: Any) -> bytes:
     if mode == MODE_BINARY and value is None:
         return read_value_file(directory, filename)
     raise DamagedRow(describe_value(mode, value))
+
+
+def sweep_value_files(directory: str, keep: set[str], grace_s: float, now: float) -> tuple[int, int]:
+    """Remove value files whose name is not in ``keep`` and that are ``grace_s`` old; (files removed, their bytes).
+
+    Only what diskcache writes: regular files named ``<28 hex>.val`` in
+    folders ``<2 hex>/<2 hex>``; nothing else in ``directory`` is looked at.
+    ``directory`` and each folder are opened without following a link (a
+    symlinked ``entries/`` or ``entries/ab`` is skipped whole), and files are
+    removed relative to their folder's descriptor, so a folder swapped for a
+    link meanwhile cannot redirect a removal. Emptied folders are removed.
+    """
+    try:
+        top = os.open(directory, _FOLDER_FLAGS)
+    except OSError:  # missing, or a link: nothing is swept through it
+        return 0, 0
+    removed = freed = 0
+    try:
+        for first in _folders(top):
+            outer = _open_folder(first, top)
+            if outer is None:
+                continue
+            try:
+                for second in _folders(outer):
+                    inner = _open_folder(second, outer)
+                    if inner is None:
+                        continue
+                    try:
+                        for name in _names(inner):
+                            if _VALUE_NAME.fullmatch(name) and f"{first}/{second}/{name}" not in keep:
+                                size = _unlink_if_old(name, inner, grace_s, now)
+                                removed, freed = removed + (size is not None), freed + (size or 0)
+                    finally:
+                        os.close(inner)
+                    _rmdir_if_empty(second, outer)
+            finally:
+                os.close(outer)
+            _rmdir_if_empty(first, top)
+    finally:
+        os.close(top)
+    return removed, freed
+
+
+def _names(folder: int) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def _folders(folder: int) -> list[str]:
+    return [name for name in _names(folder) if _FOLDER.fullmatch(name)]
+
+
+def _open_folder(name: str, parent: int) -> int | None:
+    try:
+        return os.open(name, _FOLDER_FLAGS, dir_fd=parent)
+    except OSError:  # a link (ELOOP), a file (ENOTDIR), gone
+        return None
+
+
+def _unlink_if_old(name: str, folder: int, grace_s: float, now: float) -> int | None:
+    """Unlink a regular file at least ``grace_s`` old; its size, or None when it stays."""
+    try:
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < grace_s:
+            return None
+        os.unlink(name, dir_fd=folder)
+    except OSError:
+        return None
+    return info.st_size
+
+
+def _rmdir_if_empty(name: str, parent: int) -> None:
+    try:
+        os.rmdir(name, dir_fd=parent)  # only when empty
+    except OSError:
+        pass
