@@ -1,10 +1,13 @@
 """Several nodes sharing one Redis: every kernel is compiled once for the whole cluster.
 
-    python examples/cluster/run_cluster.py [--nodes 4] [--phase jit|shard|both] [--redis redis://host:port/db]
+    python examples/cluster/run_cluster.py [--nodes 4] [--phase jit|shard|both] [--kernel flash_fwd]
+                                           [--redis redis://host:port/db] [--keep]
 
 Starts a redis-server on a free loopback port (unless ``--redis`` names one),
 then runs the nodes (processes, each with its own local cache dir) on the
-plan of ``lazytriton prewarm PLAN --list`` (a few small sm_90 variants: one per tuning-table row of that group):
+plan of ``lazytriton prewarm PLAN --list``: every kernel family's sm_90
+variants for fp16, head dim 64, causal or not (``--kernel`` narrows it to
+some families or kernels, e.g. ``--kernel flash_fwd`` for a quick try):
 
 - ``jit``: every node resolves every variant at once, in its own order. The
   compile leases make the cluster compile each key once: the node holding a
@@ -14,6 +17,9 @@ plan of ``lazytriton prewarm PLAN --list`` (a few small sm_90 variants: one per 
   ``LAZYTRITON_JIT=0`` resolve everything from Redis, compiling nothing.
 
 Entries are signed with a key made for the run (``LAZYTRITON_SIGNING_KEY``).
+Everything lives in one work dir (``$TMPDIR/lazytriton-cluster-*``: the
+nodes' caches, the shard images, Redis's folder), removed at the end, also
+after an error or Ctrl-C; ``--keep`` leaves it for a look.
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PLAN = ["--target", "sm_90", "--dtype", "fp16", "--head-dim", "64", "--causal", "none,causal"]
+PLAN = ["--target", "sm_90", "--dtype", "fp16", "--head-dim", "64", "--causal", "none,top_left"]
+
+
+def plan_args(kernels: str | None = None) -> list[str]:
+    """The prewarm flags of the example's plan: ``PLAN``, narrowed to ``kernels`` (prewarm's --kernel) if given."""
+    return [*PLAN, "--kernel", kernels] if kernels else list(PLAN)
 
 
 def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -57,9 +68,9 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("redis-server did not start")
 
 
-def plan(workdir: Path) -> Path:
-    """The variants of ``lazytriton prewarm PLAN --list``, one per line, in a file."""
-    listing = subprocess.run([sys.executable, "-m", "lazytriton.cli", "prewarm", *PLAN, "--list"], check=True,
+def plan(workdir: Path, flags: list[str]) -> Path:
+    """The variants of ``lazytriton prewarm FLAGS --list``, one per line, in a file."""
+    listing = subprocess.run([sys.executable, "-m", "lazytriton.cli", "prewarm", *flags, "--list"], check=True,
                              capture_output=True, text=True).stdout
     variants = [line.split()[-1] for line in listing.splitlines() if line.count(":") >= 5]
     path = workdir / "variants.txt"
@@ -68,16 +79,20 @@ def plan(workdir: Path) -> Path:
 
 
 def run_nodes(commands: list[list[str]], envs: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """Start all node processes at once; the last JSON line each prints."""
+    """Start all node processes at once; the last JSON line each prints (every node has ended on return)."""
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for cmd, env in zip(commands, envs, strict=True)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate()
+    try:
+        outputs = [proc.communicate() for proc in procs]
+    finally:  # interrupted: no node goes on writing into the work dir that is about to be removed
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (_, err) in zip(procs, outputs, strict=True):
         if proc.returncode != 0:
             raise SystemExit(f"a node failed:\n{err[-3000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
 
 def node_env(cache_dir: Path, shared: str, key: str, **extra: str) -> dict[str, str]:
@@ -106,13 +121,13 @@ def phase_jit(workdir: Path, url: str, variants: Path, nodes: int, key: str) -> 
     print_table(f"JIT: all nodes resolve every variant at once (once per key: {keys} compiles)", results, keys)
 
 
-def phase_shard(workdir: Path, url: str, variants: Path, nodes: int, key: str) -> None:
+def phase_shard(workdir: Path, url: str, variants: Path, nodes: int, key: str, flags: list[str]) -> None:
     shared = f"{url}?prefix=example-shard"
     builds = []
     for i in range(1, nodes + 1):
         image = workdir / "shard" / f"part{i}.ltimg"
         image.parent.mkdir(parents=True, exist_ok=True)
-        builds.append(["sh", "-c", f'"{sys.executable}" -m lazytriton.cli prewarm {" ".join(PLAN)} -j 1 '
+        builds.append(["sh", "-c", f'"{sys.executable}" -m lazytriton.cli prewarm {" ".join(flags)} -j 1 '
                        f'--shard {i}/{nodes} --out "{image}" >/dev/null && '
                        f'"{sys.executable}" "{HERE / "node.py"}" publish "{image}"'])
     envs = [node_env(workdir / "shard" / f"builder{i}", shared, key) for i in range(1, nodes + 1)]
@@ -124,26 +139,39 @@ def phase_shard(workdir: Path, url: str, variants: Path, nodes: int, key: str) -
     print_table("fresh nodes, LAZYTRITON_JIT=0: everything from the shards in Redis", results, 0)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--phase", choices=("jit", "shard", "both"), default="both")
+    parser.add_argument("--kernel", help="prewarm's --kernel: the kernel families or kernels of the plan "
+                                         "(default: every family; flash_fwd for a quick try)")
     parser.add_argument("--redis", help="use this Redis (redis://host:port/db) instead of starting one")
-    args = parser.parse_args()
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (caches, images) instead of removing it")
+    args = parser.parse_args(argv)
+    flags = plan_args(args.kernel)
     workdir = Path(tempfile.mkdtemp(prefix="lazytriton-cluster-"))
-    server, url = (None, args.redis) if args.redis else start_redis(workdir)
-    key = secrets.token_hex(16)
+    server = None
     try:
-        variants = plan(workdir)
-        print(f"Redis {url}; {args.nodes} nodes; {len(variants.read_text().split())} variants; work dir {workdir}")
+        if args.redis:
+            url = args.redis
+        else:
+            server, url = start_redis(workdir)
+        key = secrets.token_hex(16)
+        variants = plan(workdir, flags)
+        print(f"Redis {url}; {args.nodes} nodes; {len(variants.read_text().split())} variants; work dir {workdir}",
+              flush=True)
         if args.phase in ("jit", "both"):
             phase_jit(workdir, url, variants, args.nodes, key)
         if args.phase in ("shard", "both"):
-            phase_shard(workdir, url, variants, args.nodes, key)
+            phase_shard(workdir, url, variants, args.nodes, key, flags)
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)
             server.wait()
+        if args.keep:
+            print(f"work dir kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
