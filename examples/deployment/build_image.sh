@@ -10,7 +10,7 @@
 #                  variants are built too and merged into the same image
 #   JOBS           worker processes                   (default: all cores)
 #   SHARD          I/N: build one part of the set (CI matrix); merge the parts later
-#   PREWARM_ARGS   extra axis flags, e.g. "--dtype bf16 --head-dim 64,128"
+#   PREWARM_ARGS   extra axis flags; a quick try: "--dtype bf16 --head-dim 64,128 --kernel flash_fwd"
 #
 # Run it again after an interruption: it compiles only what it had not built.
 set -euo pipefail
@@ -26,8 +26,8 @@ mkdir -p "$(dirname "$OUT")"
 shard=()
 [ -n "${SHARD:-}" ] && shard=(--shard "$SHARD")
 
-# 1. Everything the tuning table covers for the targets, plus the default grid
-#    (fp16/bf16/fp32 x head dim 16..256 x causal or not x 3 seqlen classes).
+# 1. Every kernel family: its tuning table's rows for the targets, plus a default grid for the groups it
+#    lacks (lazytriton prewarm --help); PREWARM_ARGS narrows or widens it.
 # shellcheck disable=SC2086  # PREWARM_ARGS is a list of flags
 lazytriton prewarm --target "$TARGETS" ${PREWARM_ARGS:-} -j "$JOBS" "${shard[@]}" --out "$OUT"
 
