@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -297,3 +298,80 @@ def test_pyproject_triton_is_an_extra_with_bounds_and_the_license_is_spdx() -> N
     assert "setuptools>=77" in project["build-system"]["requires"]
     assert "py.typed" in project["tool"]["setuptools"]["package-data"]["lazytriton"]
     assert (REPO / "lazytriton" / "py.typed").is_file()
+
+
+# ---------------------------------------------------------------------------
+# The README: what a newcomer copies from it runs, and what it quotes is true
+
+
+README = REPO / "README.md"
+DOCS = (README, REPO / "benchmarks" / "README.md", *sorted((REPO / "examples").glob("*/README.md")))
+
+
+def _quick_start_snippet() -> str:
+    """The first Python block of the README's quick start."""
+    text = README.read_text()
+    start = text.index("## Quick start")
+    block = re.search(r"```python\n(.*?)```", text[start:text.index("\n## ", start + 1)], re.DOTALL)
+    assert block is not None, "the quick start has a Python snippet"
+    return block.group(1)
+
+
+def test_the_readme_quick_start_snippet_runs_on_cpu(tmp_path: Path) -> None:
+    snippet = _quick_start_snippet()
+    assert "cuda" not in snippet and len(snippet.splitlines()) <= 10, snippet
+    script = tmp_path / "first_call.py"
+    script.write_text(snippet)
+    # As a newcomer runs it: a script outside the checkout, CPU tensors only, an empty cache dir.
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env({"CUDA_VISIBLE_DEVICES": ""}),
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["out", "(1,", "2,", "16,", "64)", "dq", "(1,", "2,", "16,", "64)"], result.stdout
+
+
+def test_the_readme_two_commands_are_the_demo_and_cis_test_command() -> None:
+    text = README.read_text()
+    assert 'python3 -m pip install -e ".[jit]" && lazytriton demo' in text
+    ci_test = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if "-m pytest" in line]
+    assert ci_test == ["python3 -m pytest -n auto"], ci_test
+    assert f'python3 -m pip install -e ".[test]" && {ci_test[0]}' in text
+
+
+def _subcommands(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The subcommands ``lazytriton ARGV --help`` lists (its usage line's ``{a,b,c}``)."""
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    listed = re.search(r"\{([\w,]+)\}", capsys.readouterr().out)
+    assert listed is not None
+    return listed.group(1).split(",")
+
+
+def test_the_readme_names_the_commands_there_are(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(README.read_text().split())
+    for name in _subcommands([], capsys):
+        assert f"`{name}`" in text or f"`lazytriton {name}" in text or f"`{name} " in text, name
+    cache = _subcommands(["cache"], capsys)
+    assert f"`cache {'|'.join(cache)}`" in text, "the README lists every cache subcommand, in the parser's order"
+
+
+def test_the_readme_performance_tables_are_plot_perfs_summary() -> None:
+    text = README.read_text()
+    asked = re.findall(r"`plot_perf\.py --summary --head-dims ([\d,]+)`", text)
+    assert len(asked) == 2, asked
+    for head_dims in asked:
+        result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot_perf.py"), "--summary",
+                                 "--head-dims", head_dims], capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr
+        rows = [line for line in result.stdout.splitlines() if line.startswith("| forward") or
+                line.startswith("| backward")]
+        assert rows and all(row in text for row in rows), f"--head-dims {head_dims}: plot_perf.py gives\n" + \
+            "\n".join(rows)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_docs_links_name_files_of_the_checkout(doc: Path) -> None:
+    for target in re.findall(r"\]\(([^)#]+)\)", doc.read_text()):
+        if "://" in target:
+            continue
+        path = (doc.parent / target).resolve()
+        assert path.is_relative_to(REPO) and path.exists(), f"{doc.name} links {target}"
