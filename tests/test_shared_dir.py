@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -259,6 +260,33 @@ def test_lease_or_entry_waits_for_the_holder_then_takes_what_it_published(tmp_pa
     monkeypatch.setattr(lease_module.time, "sleep", publish_after_three_polls)
     got_lease, entry = lease_or_entry(waiter, KEY, timeout_s=60)
     assert got_lease is None and entry == make_entry(KEY) and len(polls) == 3
+
+
+@pytest.mark.parametrize(("lease_s", "bound_s"), [(30, 60), (1, 10)])  # two lease times, at least 10 s
+def test_a_lease_rewritten_forever_holds_a_miss_for_two_lease_times_at_most(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lease_s: float, bound_s: float) -> None:
+    # A co-tenant rewrites the lease file every 2 s (a new file each time, as a renewal): leases are unsigned,
+    # so a signing key changes nothing. Time passes only when the waiter sleeps (an injected clock).
+    tier = SharedDirTier(tmp_path, lease_s=lease_s, signing_key=SIGNING_KEY)
+    path = tier.lease_path(KEY)
+    path.parent.mkdir(parents=True)
+    now, written = [0.0], [0.0]
+
+    def rewrite() -> None:
+        temp = path.with_name(".planting")
+        temp.write_text(json.dumps({"owner": "co-tenant", "expires": time.time() + lease_s}))
+        os.replace(temp, path)
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if now[0] - written[0] >= 2:
+            rewrite()
+            written[0] = now[0]
+
+    rewrite()
+    monkeypatch.setattr(lease_module, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
+    assert lease_or_entry(tier, KEY, timeout_s=300) == (None, None)
+    assert bound_s <= now[0] <= bound_s + 1, f"the miss waited {now[0]:.0f} s on leases"
 
 
 def test_an_unusable_directory_gives_no_lease_and_no_error(tmp_path: Path) -> None:

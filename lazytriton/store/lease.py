@@ -9,6 +9,11 @@ A lease is an economy, never a safety device: two nodes that both end up
 compiling a key (a lease lost to a network partition, a shared tier that was
 down) publish the same bytes, atomically, and every read is verified. The
 worst a broken lease costs is a second compile.
+
+Leases are unsigned, so a renewal cannot be told from a co-tenant rewriting
+a lease forever: a miss waits on one key's leases for at most
+``WAIT_LEASES`` lease times in all (``WAIT_FLOOR_S`` at least), then
+compiles without one.
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ log = logging.getLogger("lazytriton.store.lease")
 DEFAULT_LEASE_S = 30.0
 # How often a node waiting for another's lease looks again (jittered +-50%).
 POLL_S = 0.05
+# The most a miss waits on one key's leases: WAIT_LEASES lease times, but at least WAIT_FLOOR_S (60 s at
+# the default 30 s lease). A holder killed mid-compile is taken over within one lease time of the wait's
+# start (its last renewal came before it), so that path still serves, with a margin the floor keeps for
+# short leases on a loaded machine; an honest compile that takes longer costs a second compile, nothing
+# worse; a lease rewritten forever costs this much, not the caller's timeout (300 s).
+WAIT_LEASES = 2
+WAIT_FLOOR_S = 10.0
 
 
 class LockUnavailable(Exception):
@@ -100,6 +112,7 @@ class LeaseTier(Protocol):
     """What a shared tier offers for compiling once across nodes."""
 
     name: str
+    lease_s: float
 
     def try_lease(self, key: str) -> Lease | None: ...
 
@@ -111,9 +124,11 @@ def lease_or_entry(tier: LeaseTier, key: str, timeout_s: float) -> tuple[Lease |
 
     Returns ``(lease, None)`` when this node is to compile, ``(None, entry)``
     when another node published it meanwhile, and ``(None, None)`` when the
-    tier cannot answer or the wait ran past ``timeout_s`` (compile anyway).
+    tier cannot answer or the wait ran past ``timeout_s`` or the bound on a
+    wait for leases (``WAIT_LEASES``), whichever is shorter (compile anyway).
     """
-    deadline = time.monotonic() + timeout_s
+    wait_s = min(timeout_s, max(WAIT_LEASES * tier.lease_s, WAIT_FLOOR_S))
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             lease = tier.try_lease(key)
@@ -123,8 +138,9 @@ def lease_or_entry(tier: LeaseTier, key: str, timeout_s: float) -> tuple[Lease |
         if lease is not None:
             return lease, None
         if time.monotonic() > deadline:
-            log.warning("compile lease for %s on %s held for over %.0f s; compiling without it",
-                        key, tier.name, timeout_s)
+            log.warning("compile lease for %s on %s held for over %.0f s (%s); compiling without it", key,
+                        tier.name, wait_s, "the wait's bound" if wait_s == timeout_s else
+                        "the bound on a wait for leases: they are unsigned, anyone may rewrite one")
             return None, None
         time.sleep(POLL_S * random.uniform(0.5, 1.5))
         # Look for the holder's entry before asking for the lease again: once it is published, the
