@@ -1,9 +1,9 @@
 """Build the compiled launch helper: ``python -m lazytriton.driver.fastlaunch_build``.
 
 The helper is a small CPython extension module (``lazytriton.driver._fastlaunch``,
-one ``METH_FASTCALL`` function), compiled with setuptools and the system C
-compiler as ``capi/build.py`` compiles liblazytriton, with no CUDA headers:
-the driver's functions reach it as addresses. It exists because cffi's ABI
+one ``METH_FASTCALL`` function), compiled by one command of the system C
+compiler (``$CC``, else cc, gcc or clang) against Python's headers, with no
+CUDA headers: the driver's functions reach it as addresses. It exists because cffi's ABI
 mode converts each of a launch's arguments through libffi (about 6.7 µs of a
 19.7 µs warm call on the H200 host). A cffi API-mode function was tried first:
 its generic conversion of the 26-int tuple still cost ~2 µs a call on the CPU
@@ -12,21 +12,33 @@ argument tuples with ``PyLong_AsLongLong``, builds ``void *params[]`` on its
 stack from the kernel's slot layout, checks the context and calls
 ``cuLaunchKernel``.
 
-The module is written into this package's folder (next to this file), as an
-install step would: the runtime imports it from there only, never from a
-cache or shared folder. Without it, launches take the ABI-mode path
-(``lazytriton.driver.fastlaunch`` decides).
+This command writes the module into this package's folder (next to this
+file), as an install step would; it takes precedence over a build in the
+cache dir, which the runtime makes by itself in the background on first GPU
+use (helpers.py). Without either, launches take the ABI-mode path
+(``lazytriton.driver.fastlaunch`` decides). When the build cannot run (no C
+compiler, no Python headers) it says exactly what is missing.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import os
+import shutil
+import subprocess
 import sys
-import tempfile
+import sysconfig
 from pathlib import Path
 
 from lazytriton import fsutil
 
 MODULE = "lazytriton.driver._fastlaunch"
+FILE_NAME = "_fastlaunch" + importlib.machinery.EXTENSION_SUFFIXES[0]  # the name an import of MODULE finds first
+
+
+class BuildError(RuntimeError):
+    """What the build lacks or what the compiler said, plainly."""
+
 
 # The plan a launcher holds, as ``fastlaunch.launcher`` packs it (struct "<7Q2I4i", int16 slots, then per host
 # descriptor an lt_desc and, at the end, an lt_desc_cache each: the plan is then a bytearray the helper updates),
@@ -332,34 +344,58 @@ PyMODINIT_FUNC PyInit__fastlaunch(void) {
 C_SOURCE = "#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n" + PLAN_SOURCE + MODULE_SOURCE
 
 
-def build(directory: Path | None = None, verbose: bool = False) -> Path:
+def find_compiler() -> str | None:
+    """``$CC``, else ``cc`` or ``gcc`` or ``clang`` on the PATH; None when there is none."""
+    wanted = os.environ.get("CC", "").strip()
+    if wanted:
+        return wanted if shutil.which(wanted.split()[0]) else None
+    return next((name for name in ("cc", "gcc", "clang") if shutil.which(name)), None)
+
+
+def command(compiler: str, source: Path, output: Path, include: str) -> list[str]:
+    """The one compiler command: -O2, C11 with GNU extensions, a shared object against Python's headers."""
+    return [*compiler.split(), "-O2", "-std=gnu11", "-Wall", "-shared", "-fPIC", f"-I{include}", str(source), "-o",
+            str(output)]
+
+
+def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o777) -> Path:
     """Compile the helper and install it into ``directory`` (default: this package's folder); its path.
 
     The file is written beside its final name and renamed (a running process
-    keeps the module it loaded).
+    keeps the module it loaded), with ``mode`` less the umask. BuildError
+    says what is missing or what the compiler printed.
     """
-    from setuptools import Distribution, Extension
+    import tempfile
 
-    target_dir = Path(directory) if directory is not None else Path(__file__).resolve().parent
+    compiler = find_compiler()
+    include = sysconfig.get_paths()["include"]
+    missing = []
+    if compiler is None:
+        missing.append("a C compiler: none of $CC, cc, gcc, clang on the PATH (e.g. apt-get install gcc)")
+    if not (Path(include) / "Python.h").is_file():
+        missing.append(f"Python's headers: no Python.h in {include} (e.g. apt-get install python3-dev)")
+    if compiler is None or missing:
+        raise BuildError("cannot build the launch helper; missing:\n  " + "\n  ".join(missing))
+    target = (Path(directory) if directory is not None else Path(__file__).resolve().parent) / FILE_NAME
     with tempfile.TemporaryDirectory(prefix="lazytriton-fastlaunch-") as tmp:
-        source = Path(tmp) / "fastlaunch.c"
+        source, built = Path(tmp) / "fastlaunch.c", Path(tmp) / FILE_NAME
         source.write_text(C_SOURCE)
-        extension = Extension(MODULE, sources=[str(source)], extra_compile_args=["-O2", "-std=gnu11", "-Wall"])
-        dist = Distribution({"name": "lazytriton-fastlaunch", "ext_modules": [extension]})
-        dist.verbose = verbose  # type: ignore[attr-defined]
-        command = dist.get_command_obj("build_ext")
-        command.build_lib = str(Path(tmp) / "lib")  # type: ignore[attr-defined]
-        command.build_temp = str(Path(tmp) / "temp")  # type: ignore[attr-defined]
-        command.ensure_finalized()
-        command.run()
-        built = Path(command.get_ext_fullpath(MODULE))  # type: ignore[attr-defined]
-        target = target_dir / built.name
-        fsutil.write_atomically(target, [built.read_bytes()], mode=0o777)  # a loader sees all of it or none
+        argv = command(compiler, source, built, include)
+        if verbose:
+            print(" ".join(argv))
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 (our command)
+        if done.returncode != 0:
+            raise BuildError(f"{compiler} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+        fsutil.write_atomically(target, [built.read_bytes()], mode=mode)  # a loader sees all of it or none
     return target
 
 
 def main() -> int:
-    print(build(verbose="-v" in sys.argv[1:]))
+    try:
+        print(build(verbose="-v" in sys.argv[1:]))
+    except BuildError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     return 0
 
 

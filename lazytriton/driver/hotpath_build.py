@@ -1,10 +1,12 @@
 """Build flash_fwd's C++ warm-path tail: ``python -m lazytriton.driver.hotpath_build``.
 
-An opt-in step, as ``fastlaunch_build`` is: it compiles ``_hotpath.cpp`` (a
-CPython extension using ATen, one ``METH_FASTCALL`` function) with the system
-C++ compiler against the running torch's headers and libraries, and installs
-it into this package's folder under a name carrying that torch's version
-(``hotpath.file_name``): another torch never loads it. What it saves: the
+It compiles ``_hotpath.cpp`` (a CPython extension using ATen, one
+``METH_FASTCALL`` function) with the system C++ compiler against the running
+torch's headers and libraries, and installs it into this package's folder
+under a name carrying that torch's version (``hotpath.file_name``): another
+torch never loads it. Without this step the runtime makes the same build
+into the cache dir in the background on first GPU use (helpers.py); the
+package's build takes precedence. What it saves: the
 warm call's allocations and pointer reads from Python (~1.5 µs per torch
 call on the H200 host, benchmarks/NOTES.md). No ninja, no setuptools: one
 compiler command. When something is missing (a C++ compiler, Python's or
@@ -85,10 +87,11 @@ def command(compiler: str, source: Path, output: Path, includes: list[str], libr
             *(f"-Wl,-rpath,{p}" for p in libraries), *(f"-l{name}" for name in LIBRARIES), "-ldl"]
 
 
-def build(directory: Path | None = None, verbose: bool = False) -> Path:
+def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o777) -> Path:
     """Compile and install the module into ``directory`` (default: this package's folder); its path.
 
-    Written beside its final name and renamed: a running process keeps the module it loaded.
+    Written beside its final name and renamed, with ``mode`` less the umask: a running process keeps the module it
+    loaded.
     """
     import torch
 
@@ -107,7 +110,7 @@ def build(directory: Path | None = None, verbose: bool = False) -> Path:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 (our command)
         if done.returncode != 0:
             raise BuildError(f"{compiler} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-        fsutil.write_atomically(target, [built.read_bytes()], mode=0o777)  # a loader sees all of it or none
+        fsutil.write_atomically(target, [built.read_bytes()], mode=mode)  # a loader sees all of it or none
     return target
 
 
