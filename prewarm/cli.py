@@ -35,6 +35,10 @@ the rest; OUT.work/failures.jsonl has the errors), 2 on a usage error. Set
 SOURCE_DATE_EPOCH for byte-identical images from the same inputs. The compile
 workers are forked from one process that imported Triton once (Linux);
 LAZYTRITON_PREWARM_FORK=0 starts each as a fresh interpreter instead.
+
+--helpers also builds the compiled launch helpers (a C compiler, and for the
+C++ warm path torch's headers) into the cache dir for this Python and torch:
+a deployment image that runs it starts on the fast launch path.
 """
 
 from __future__ import annotations
@@ -234,6 +238,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--variant-memory", type=parse_memory, default=None, metavar="BYTES",
                      help="address space of each worker, e.g. 4G (default: 4G; 0: no limit); a variant "
                           "over it fails")
+    run.add_argument("--helpers", nargs="?", const="", default=None, metavar="CACHE_DIR",
+                     help="build the compiled launch helpers for this Python and torch into the cache dir "
+                          "(LAZYTRITON_CACHE_DIR's, or CACHE_DIR: the one a deployment will run with), so that "
+                          "its first process launches through them; alone, or beside an image build")
     p.set_defaults(fn=main)
     return p
 
@@ -340,10 +348,39 @@ def _merge(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     """Run ``lazytriton prewarm`` with parsed arguments; the exit status."""
     try:
-        return _main(args)
+        if args.helpers is None:
+            return _main(args)
+        status = _build_helpers(args.helpers)
+        if not (args.merge or args.target or args.from_misses or args.list):
+            return status
+        return max(status, _main(args))
     except UsageError as exc:
         print(f"lazytriton prewarm: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _build_helpers(where: str) -> int:
+    """``--helpers``: build what the cache dir lacks for this Python and torch (waits for a background build)."""
+    from lazytriton import config
+    from lazytriton.driver import helpers, helpers_build
+
+    cache_dir = Path(where).expanduser() if where else config.settings().cache_dir
+    results = helpers_build.build(cache_dir, helpers.running_torch() or _import_torch())
+    for result in results:
+        print(f"helper {result.helper}: {result.message}: {result.path}")
+    failed = [result.helper for result in results if not result.ok]
+    if failed:
+        print(f"lazytriton prewarm: {plural(len(failed), 'helper')} not built ({', '.join(failed)}); calls launch "
+              "through the slower path", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _import_torch() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import functools
 import importlib
 import importlib.util
 import logging
+import os
 import shutil
 import struct
 import subprocess
@@ -31,7 +32,16 @@ from test_hot import CPU_CASES, _inputs
 
 import lazytriton
 from lazytriton import runtime
-from lazytriton.driver import DriverError, fastlaunch, fastlaunch_build, gpu, hotpath, hotpath_build
+from lazytriton.driver import (
+    DriverError,
+    fastlaunch,
+    fastlaunch_build,
+    gpu,
+    helpers,
+    helpers_build,
+    hotpath,
+    hotpath_build,
+)
 from lazytriton.kernels import get
 from lazytriton.kernels.flash_fwd import binding, hot
 
@@ -267,6 +277,57 @@ def test_a_module_built_for_another_torch_is_never_loaded(built: Path, tmp_path:
         assert hotpath.load(tmp_path, "2.11.0", fastlaunch.PLAN_VERSION) is None
     assert f"built against torch {torch.__version__}, this is torch 2.11.0" in caplog.text
     assert hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION + 1) is None  # another plan layout
+
+
+@pytest.fixture
+def cache_dir_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """No package-folder build of the C++ tail: the cache dir's is what a fresh process would load."""
+    monkeypatch.delenv(helpers.VARIABLE, raising=False)
+    monkeypatch.setattr(helpers, "PACKAGE_DIR", tmp_path / "package")
+    helpers.reset()
+    yield
+    helpers.reset()
+    monkeypatch.undo()
+    hotpath.refresh()
+
+
+def test_the_cpp_tail_is_loaded_from_the_cache_dir(built: Path, cache_dir: Path, cache_dir_only: None) -> None:
+    assert not hotpath.refresh(), "nothing in the package folder or the cache dir yet"
+    version = torch.__version__
+    assert helpers.make_folder(cache_dir, helpers.HOTPATH, version) is None
+    target = helpers.folder(cache_dir, helpers.HOTPATH, version) / hotpath.file_name(version)
+    shutil.copyfile(built, target)  # as the background builder leaves it
+    target.chmod(0o755)
+    assert hotpath.refresh() and hotpath.origin() == str(target)
+    assert hotpath.module().TORCH_VERSION == version
+    assert helpers.status(helpers.HOTPATH, cache_dir, version).state == helpers.CACHE
+    target.chmod(0o775)
+    assert not hotpath.refresh(), "writable by the group: refused"
+
+
+def test_the_background_builder_builds_the_cpp_tail_under_its_key(built: Path, cache_dir: Path, cache_dir_only: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def build(directory: Path, verbose: bool = False, mode: int = 0o777) -> Path:  # the session's build, not 60 s more
+        target = Path(directory) / hotpath.file_name(torch.__version__)
+        shutil.copyfile(built, target)
+        target.chmod(mode & 0o755)
+        return target
+
+    monkeypatch.setattr(hotpath_build, "build", build)
+    version = torch.__version__
+    where = helpers.folder(cache_dir, helpers.HOTPATH, version)
+    assert helpers.make_folder(cache_dir, helpers.HOTPATH, version) is None
+    lock = helpers.take_lock(where, blocking=False)
+    assert lock is not None
+    try:
+        other = helpers.key(helpers.HOTPATH, "2.11.0")  # a key the builder's own torch does not give
+        assert helpers_build.child(helpers.HOTPATH, cache_dir, other, lock) == 1
+        assert "whose key is" in (cache_dir / helpers.FOLDER / other / helpers.FAILED).read_text()
+        assert helpers_build.child(helpers.HOTPATH, cache_dir, where.name, lock) == 0
+    finally:
+        os.close(lock)
+    assert helpers.status(helpers.HOTPATH, cache_dir, version).state == helpers.CACHE
+    assert hotpath.refresh() and hotpath.origin() == str(where / hotpath.file_name(version))
 
 
 def test_the_build_command_takes_torchs_abi_and_version() -> None:

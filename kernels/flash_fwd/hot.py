@@ -37,8 +37,10 @@ CUDA graph that captured its address stays valid.
 The launch goes through the compiled helper (``LoadedKernel.fast``,
 lazytriton/driver/fastlaunch.py) when it is built, else ``LoadedKernel.launch``.
 When the C++ tail is built for the running torch too (lazytriton/driver/
-hotpath.py), the generated text hands it everything after the entry lookup
-(``run_cpp``: allocations, pointers, plan choice, launch; from the entry's
+hotpath.py: in the package folder, or in the cache dir by the background
+build of a process before this one, lazytriton/driver/helpers.py), the
+generated text hands it everything after the entry lookup (``run_cpp``:
+allocations, pointers, plan choice, launch; from the entry's
 ``cpp_record``); the Python tail stays for what it declines.
 """
 

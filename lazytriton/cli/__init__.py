@@ -92,7 +92,48 @@ def info_fields() -> dict[str, Any]:
         "shared": _redact(rt.settings.shared) if rt.settings.shared else None,
         "signing": bool(rt.settings.signing_key),
         "jit": rt.settings.jit,
+        **launch_fields(rt.settings.cache_dir),
     }
+
+
+HELPER_NAMES = {"fastlaunch": "launch helper", "hotpath": "C++ warm path"}
+
+
+def launch_fields(cache_dir: Any) -> dict[str, Any]:
+    """Which launch path a GPU call takes in this Python and why, and where each compiled helper stands."""
+    from lazytriton.driver import fastlaunch, helpers, hotpath
+
+    torch_version = helpers.running_torch()
+    states = {name: helpers.status(name, cache_dir, torch_version) for name in helpers.HELPERS}
+    loads = {"fastlaunch": states["fastlaunch"].state in (helpers.PACKAGE, helpers.CACHE) and fastlaunch.available(),
+             "hotpath": states["hotpath"].state in (helpers.PACKAGE, helpers.CACHE) and hotpath.module() is not None}
+    found = {name: {"state": state.state, "path": state.path, "detail": state.detail, "loads": loads[name]}
+             for name, state in states.items()}
+    torch = sys.modules.get("torch")
+    fast = states["fastlaunch"]
+    if torch is not None and getattr(torch.version, "hip", None):
+        path, why = "cffi ABI mode", "a HIP device: the compiled helpers launch through the CUDA driver only"
+    elif loads["fastlaunch"]:
+        path = "compiled helper" + (" + C++ warm path" if loads["hotpath"] else "")
+        why = f"the launch helper from the {fast.state} ({fast.path})"
+    elif fast.state in (helpers.PACKAGE, helpers.CACHE):
+        path, why = "cffi ABI mode", f"the launch helper {fast.path} does not load (a warning above says why)"
+    else:
+        path = "cffi ABI mode"
+        why = {helpers.BUILDING: f"the launch helper is building in the background (log: {fast.path})",
+               helpers.FAILED_STATE: f"the launch helper's build failed: {fast.detail} (see {fast.path})",
+               helpers.DISABLED: "LAZYTRITON_HELPERS=0: the compiled helpers are neither built nor loaded from the "
+                                 "cache dir",
+               helpers.REFUSED: f"the launch helper in the cache dir is refused: {fast.detail}",
+               }.get(fast.state, "the launch helper is not built yet: the first GPU use builds it in the background "
+                                 "for the next process (or: lazytriton prewarm --helpers)")
+    return {"launch_path": path, "launch_why": why, "helpers": found}
+
+
+def _helper_row(name: str, found: dict[str, Any]) -> str:
+    where = f" ({found['path']})" if found["path"] else ""
+    unusable = "; does not load" if found["state"] in ("package", "cache dir") and not found["loads"] else ""
+    return f"{HELPER_NAMES[name]}: {found['state']}: {found['detail']}{where}{unusable}"
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -117,6 +158,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("shared", fields["shared"] or "none (LAZYTRITON_SHARED)"),
         ("signing", "on" if fields["signing"] else "off (LAZYTRITON_SIGNING_KEY)"),
         ("jit", "on" if fields["jit"] else "off (LAZYTRITON_JIT=0)"),
+        ("launch", f"{fields['launch_path']}: {fields['launch_why']}" + ("" if fields["device"] else
+                                                                            " (on a CUDA GPU; none here)")),
+        *((("helpers" if i == 0 else ""), _helper_row(name, found)) for i, (name, found) in
+          enumerate(fields["helpers"].items())),
     ]
     for name, value in rows:
         print(f"{name:<11} {value}")

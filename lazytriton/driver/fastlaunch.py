@@ -1,12 +1,15 @@
 """The compiled launch helper, when it is built, and the slot layout it launches from.
 
 ``fastlaunch_build.py`` compiles ``lazytriton.driver._fastlaunch`` (a small
-CPython extension). With it, a launch is one C call that takes the integer and float
-argument tuples as they are, points ``params[i]`` at slot ``layout[i]`` and
-calls ``cuLaunchKernel`` (after the same context check as the ABI path).
-Without it (not built, no compiler where lazytriton was installed, a HIP
-device) ``LoadedKernel.launch`` fills its per-thread argument arrays through
-cffi's ABI mode as before: same parameters, same buffer contents, slower.
+CPython extension): into this package's folder when run as a command, or
+into the cache dir in the background on first GPU use (helpers.py), where it
+is looked for when the package has none. With it, a launch is one C call
+that takes the integer and float argument tuples as they are, points
+``params[i]`` at slot ``layout[i]`` and calls ``cuLaunchKernel`` (after the
+same context check as the ABI path).
+Without it (not built yet, no compiler, a HIP device) ``LoadedKernel.launch``
+fills its per-thread argument arrays through cffi's ABI mode: same
+parameters, same buffer contents, slower.
 
 ``layout`` is the one description both paths launch from: it comes from an
 Entry's ``arg_types``, hidden arguments and host descriptors alone, so it
@@ -26,9 +29,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
+import importlib.util
 import logging
 import struct
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from lazytriton.cache_format import tensordesc
@@ -141,19 +148,62 @@ def enable(on: bool) -> bool:
     return previous
 
 
+def _import_package() -> Any:
+    """The package's own build (``fastlaunch_build``), or None."""
+    try:
+        return importlib.import_module(MODULE)
+    except Exception as exc:  # not built, or built for another Python / cffi
+        log.debug("launch helper %s not in the package (%s)", MODULE, exc)
+        return None
+
+
+def import_file(where: str, path: Path) -> Any:
+    """The helper module from ``where`` (a path the loader opens); None, and one log line, if it does not import."""
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(MODULE, where)
+        spec = importlib.util.spec_from_file_location(MODULE, where, loader=loader)
+        if spec is None:
+            raise ImportError(f"no module spec for {where}")
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except Exception as exc:  # built for another Python, a broken file
+        log.warning("launch helper %s does not load (%s): launches go through cffi's ABI mode", path, exc)
+        return None
+    module.__file__ = str(path)
+    return module
+
+
+def _usable(module: Any) -> bool:
+    if module is None:
+        return False
+    if getattr(module, "PLAN_VERSION", 1) != PLAN_VERSION:  # built by an older lazytriton: another plan layout
+        log.warning("launch helper %s reads plan version %s, this lazytriton packs %s: not used (python -m "
+                    "lazytriton.driver.fastlaunch_build rebuilds it)", getattr(module, "__file__", MODULE),
+                    getattr(module, "PLAN_VERSION", 1), PLAN_VERSION)
+        return False
+    return True
+
+
 @functools.cache
 def _module() -> Any:
-    try:
-        module = importlib.import_module(MODULE)
-    except Exception as exc:  # not built, or built for another Python / cffi
-        log.debug("launch helper %s unavailable (%s): launches go through cffi's ABI mode", MODULE, exc)
-        return None
-    if getattr(module, "PLAN_VERSION", 1) != PLAN_VERSION:  # built by an older lazytriton: another plan layout
-        log.warning("launch helper %s reads plan version %s, this lazytriton packs %s: launches go through cffi's "
-                    "ABI mode until it is rebuilt (python -m lazytriton.driver.fastlaunch_build)", MODULE,
-                    getattr(module, "PLAN_VERSION", 1), PLAN_VERSION)
-        return None
-    return module
+    """The helper: the package's own build, else the cache dir's (helpers.py: trusted files only), else None."""
+    from lazytriton.driver import helpers
+
+    module = _import_package()
+    if _usable(module):
+        return module
+    module = helpers.load_cached(helpers.FASTLAUNCH, None, import_file)
+    if _usable(module):
+        sys.modules.setdefault(MODULE, module)
+        return module
+    log.debug("no launch helper: launches go through cffi's ABI mode")
+    return None
+
+
+def origin() -> str | None:
+    """Where the helper in use comes from: the file it was loaded from (package or cache dir), or None."""
+    module = _module()
+    return None if module is None else str(getattr(module, "__file__", MODULE))
 
 
 def refresh() -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lazytriton.cache_format import Entry
-from lazytriton.driver import fastlaunch
+from lazytriton.driver import fastlaunch, helpers
 from lazytriton.driver.cdefs import CUDA_CDEF, HIP_CDEF, make_ffi
 
 if TYPE_CHECKING:
@@ -358,8 +358,14 @@ class HipApi(_GpuApi):
 
 @functools.cache
 def cuda() -> CudaApi:
-    """The process's CUDA driver binding (loaded on first use)."""
-    return CudaApi()
+    """The process's CUDA driver binding (loaded on first use).
+
+    The first use is when the compiled helpers are looked for in the cache dir and, where one is missing, built
+    there in the background for the next process (helpers.py): a few ``stat`` calls, never a wait.
+    """
+    api = CudaApi()
+    helpers.on_first_use()
+    return api
 
 
 @functools.cache

@@ -1,12 +1,15 @@
 """flash_fwd's C++ warm-path tail (``_hotpath.cpp``), when it is built for exactly the running torch.
 
 ``python -m lazytriton.driver.hotpath_build`` compiles it into this package's
-folder. A C++ extension is bound to the torch it was compiled against (its
-ABI, its symbols), so its file name carries that torch's version and only
-the file named for the running version is ever loaded; the module says the
-version again (``TORCH_VERSION``) and a mismatch is refused too. Anything
-else (not built, another torch, another plan layout) logs once and the warm
-path stays in Python (kernels/flash_fwd/hot.py), as before.
+folder; without that build, the runtime builds it into the cache dir in the
+background on first GPU use and loads it from there in later processes
+(helpers.py: trusted files only). A C++ extension is bound to the torch it
+was compiled against (its ABI, its symbols), so its file name carries that
+torch's version and only the file named for the running version is ever
+loaded; the module says the version again (``TORCH_VERSION``) and a
+mismatch is refused too. Anything else (not built, another torch, another
+plan layout) logs once and the warm path stays in Python
+(kernels/flash_fwd/hot.py).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import functools
 import importlib.machinery
 import importlib.util
 import logging
-import re
 from pathlib import Path
 from typing import Any
+
+from lazytriton.driver import helpers
 
 log = logging.getLogger("lazytriton.driver")
 
@@ -27,8 +31,7 @@ _enabled = [True]
 
 def file_name(torch_version: str) -> str:
     """The built module's file name for one torch version (the version's odd characters as ``_``)."""
-    tag = re.sub(r"[^A-Za-z0-9.+-]", "_", torch_version)
-    return f"_hotpath.torch-{tag}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    return helpers.module_file(helpers.HOTPATH, torch_version)
 
 
 def load(directory: Path, torch_version: str, plan_version: int) -> Any:
@@ -47,15 +50,22 @@ def load(directory: Path, torch_version: str, plan_version: int) -> Any:
         else:
             log.debug("the C++ warm path is not built (python -m lazytriton.driver.hotpath_build)")
         return None
+    return load_file(str(path), path, torch_version, plan_version)
+
+
+def load_file(where: str, path: Path, torch_version: str, plan_version: int) -> Any:
+    """The module in ``where`` (a path the loader opens; ``path`` names it in messages), checked; or None."""
     try:
-        spec = importlib.util.spec_from_file_location(MODULE, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"no loader for {path}")
+        loader = importlib.machinery.ExtensionFileLoader(MODULE, where)
+        spec = importlib.util.spec_from_file_location(MODULE, where, loader=loader)
+        if spec is None:
+            raise ImportError(f"no loader for {where}")
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        loader.exec_module(module)
     except Exception as exc:  # built for another Python, a broken file
         log.warning("the C++ warm path %s does not load (%s): the Python warm path", path, exc)
         return None
+    module.__file__ = str(path)
     built_for = getattr(module, "TORCH_VERSION", None)
     if built_for != torch_version:
         log.warning("the C++ warm path %s was built against torch %s, this is torch %s: not used", path, built_for,
@@ -70,11 +80,29 @@ def load(directory: Path, torch_version: str, plan_version: int) -> Any:
 
 @functools.cache
 def _module() -> Any:
+    """The package's build for the running torch, else the cache dir's, else None."""
     import torch
 
     from lazytriton.driver import fastlaunch
 
-    return load(Path(__file__).resolve().parent, torch.__version__, fastlaunch.PLAN_VERSION)
+    here = Path(__file__).resolve().parent
+    version, plan = torch.__version__, fastlaunch.PLAN_VERSION
+    packaged = helpers.in_package(helpers.HOTPATH, version) is not None
+    if packaged:
+        module = load(here, version, plan)
+        if module is not None:
+            return module
+    module = helpers.load_cached(helpers.HOTPATH, version,
+                                 lambda where, path: load_file(where, path, version, plan))
+    if module is None and not packaged:
+        load(here, version, plan)  # says why there is none (another torch's build in the package, or none)
+    return module
+
+
+def origin() -> str | None:
+    """The file the C++ tail in use was loaded from (package or cache dir), or None."""
+    found = module()
+    return None if found is None else str(getattr(found, "__file__", MODULE))
 
 
 def module() -> Any:

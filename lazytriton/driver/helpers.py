@@ -1,0 +1,505 @@
+"""The compiled helpers in the cache dir: found there, trusted or refused, and built there in the background.
+
+Two compiled helpers make a warm call cheaper: the launch helper
+``_fastlaunch`` (plain C, fastlaunch.py) and flash_fwd's C++ warm-path tail
+``_hotpath`` (hotpath.py, bound to the torch it is built against). A helper
+built into this package's folder (``python -m lazytriton.driver.fastlaunch_build``,
+``hotpath_build``) takes precedence. Otherwise the first time a process sets
+up the CUDA driver (``gpu.cuda()``) ``on_first_use`` looks for each helper in
+the cache dir (a few ``stat`` calls) and, for one that is missing, starts its
+build in a detached background process (``helpers_build``, its own session,
+its output to a log file). No call waits for it: this process keeps the
+slower path, the next one loads the helper.
+
+The cache dir holds ``helpers/<key>/`` per helper, where the key names the
+helper, the Python ABI (the extension suffix), for the C++ tail the torch
+version, and a hash of the source text it is compiled from
+(``key``). In that folder: the module; ``build.lock``, held by the builder
+for its whole run (one builder per key: a process that cannot take it
+builds nothing); ``build.log``, the builder's output; and after a failure
+``failed`` (the error, bounded), which stops further attempts for that key.
+A new torch, Python or source is a new key and builds again;
+``lazytriton prewarm --helpers`` builds (and retries) in the foreground.
+
+Loading a helper runs code from disk, so the cache dir is trusted only as far
+as the user's own files: the module is loaded only when it is a regular file
+(no symlink) and it and every folder from the cache dir down to it are owned
+by the user or by root (a deployment image built as root, run as another
+user) and writable by nobody else. The checks and the load
+go through one chain of file descriptors (``openat`` without following
+links), so nothing can be swapped in between. Anything else is refused, with
+one log line. ``LAZYTRITON_HELPERS=0`` turns the cache dir's helpers off
+(neither built nor loaded); the package's own builds still load.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import functools
+import importlib.machinery
+import logging
+import os
+import re
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from lazytriton import config
+from lazytriton.driver import fastlaunch_build
+
+log = logging.getLogger("lazytriton.driver")
+
+FASTLAUNCH, HOTPATH = "fastlaunch", "hotpath"
+HELPERS = (FASTLAUNCH, HOTPATH)
+FOLDER = "helpers"  # under the cache dir
+LOCK, LOG, FAILED, REPORTED = "build.lock", "build.log", "failed", "failed.reported"
+MAX_FAILURE_BYTES = 16 << 10  # of the error kept in ``failed`` (its tail: a compiler's last lines say most)
+VARIABLE = "LAZYTRITON_HELPERS"
+RECIPE = 1  # the build commands' version (fastlaunch_build.command, hotpath_build.command): part of every key
+PACKAGE_DIR = Path(__file__).resolve().parent  # where the package's own builds are looked for
+HOTPATH_SOURCE = Path(__file__).with_name("_hotpath.cpp")
+BUILDER = "lazytriton.driver.helpers_build"
+DIR_MODE = 0o755  # folders and modules the builder makes: never writable by group or others, whatever the umask
+
+# States of one helper, as ``status`` and ``lazytriton info`` report them.
+PACKAGE, CACHE, REFUSED, BUILDING, FAILED_STATE, NOT_BUILT, DISABLED = (
+    "package", "cache dir", "refused", "building", "build failed", "not built", "disabled")
+
+
+class Status(NamedTuple):
+    """Where a helper stands: its state, the file it concerns (module, marker, log) or None, and why, in words."""
+
+    state: str
+    path: str | None
+    detail: str
+
+
+Spawn = Callable[[Sequence[str], str, int, int], None]  # (argv, cwd, log fd, lock fd): starts the builder
+
+
+_setting: list[Any] = [True, -1]  # LAZYTRITON_HELPERS's value and the config generation it was read under
+
+
+def enabled() -> bool:
+    """``LAZYTRITON_HELPERS`` (default on), read on first use and again after ``config.reset()``/``configure()``.
+
+    A bad value raises ``config.SettingsError`` naming the variable.
+    """
+    if _setting[1] != config.generation:
+        try:
+            value = config.bool_env(VARIABLE, True)
+        except ValueError as exc:
+            raise config.SettingsError(str(exc)) from None
+        _setting[:] = [value, config.generation]
+    return bool(_setting[0])
+
+
+def abi_tag() -> str:
+    """The running Python's extension ABI, e.g. ``cpython-312-x86_64-linux-gnu`` (from its extension suffix)."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return suffix.removeprefix(".").removesuffix(".so").removesuffix(".pyd") or "plain"
+
+
+def torch_tag(torch_version: str) -> str:
+    """A torch version as a file-name part (its odd characters as ``_``)."""
+    return re.sub(r"[^A-Za-z0-9.+-]", "_", torch_version)
+
+
+def module_file(helper: str, torch_version: str | None = None) -> str:
+    """The built module's file name: ``_fastlaunch<suffix>``, ``_hotpath.torch-<version><suffix>``."""
+    if helper == FASTLAUNCH:
+        return fastlaunch_build.FILE_NAME
+    if helper == HOTPATH:
+        if not torch_version:
+            raise ValueError("the C++ warm path's file name needs a torch version")
+        return f"_hotpath.torch-{torch_tag(torch_version)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {helper!r}")
+
+
+@functools.cache
+def source_hash(helper: str) -> str:
+    """A hash of the text ``helper`` is compiled from (with ``RECIPE``): a changed source is a new key."""
+    import xxhash
+
+    text = f"recipe {RECIPE}\n".encode()
+    if helper == FASTLAUNCH:
+        text += fastlaunch_build.C_SOURCE.encode()
+    elif helper == HOTPATH:
+        text += fastlaunch_build.PLAN_SOURCE.encode() + HOTPATH_SOURCE.read_bytes()
+    else:
+        raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {helper!r}")
+    return xxhash.xxh3_64_hexdigest(text)
+
+
+def key(helper: str, torch_version: str | None = None) -> str:
+    """The helper's folder under ``<cache dir>/helpers``: helper, Python ABI, [torch version,] source hash."""
+    parts = [helper, abi_tag()]
+    if helper == HOTPATH:
+        parts.append("torch" + torch_tag(torch_version or ""))
+    return "-".join([*parts, source_hash(helper)])
+
+
+def running_torch() -> str | None:
+    """The version of the torch this process has imported, or None (nothing here imports it)."""
+    torch = sys.modules.get("torch")
+    version = getattr(torch, "__version__", None)
+    return str(version) if version else None
+
+
+def wanted(torch_version: str | None) -> tuple[str, ...]:
+    """The helpers this process can use: the C++ tail only with torch (the warm path it serves imports torch)."""
+    return HELPERS if torch_version else (FASTLAUNCH,)
+
+
+def folder(cache_dir: Path, helper: str, torch_version: str | None = None) -> Path:
+    """``<cache dir>/helpers/<key>``."""
+    return Path(cache_dir) / FOLDER / key(helper, torch_version)
+
+
+def in_package(helper: str, torch_version: str | None = None) -> Path | None:
+    """The package's own build of ``helper`` (one ``stat``), or None."""
+    path = PACKAGE_DIR / module_file(helper, torch_version)
+    return path if path.is_file() else None
+
+
+# -- trust -----------------------------------------------------------------------------------------------------------
+
+ABSENT = ""  # _walk's problem when a part does not exist (nothing to refuse)
+
+
+def _owners() -> tuple[int, ...]:
+    """Owners whose files are trusted: the user, and root (who can change any of the user's files anyway)."""
+    return (os.geteuid(), 0)
+
+
+def problem_of(st: os.stat_result, path: Path, directory: bool) -> str | None:
+    """Why a file or folder is not trusted (pure, from its ``stat``), or None."""
+    if directory and not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a folder"
+    if not directory and not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_uid not in _owners():
+        return f"{path} is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root"
+    writable = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
+    if writable:
+        return f"{path} is writable by {' and '.join(writable)}"
+    return None
+
+
+def _walk(cache_dir: Path, parts: Sequence[str], last_is_file: bool) -> tuple[list[int], str | None]:
+    """Open the cache dir, then each part below it relative to the last (links never followed); (fds, problem).
+
+    problem: None when every step exists and is trusted, ``ABSENT`` when a
+    step does not exist, else why it is refused. The caller closes the fds.
+    """
+    fds: list[int] = []
+    path = Path(cache_dir)
+    try:
+        fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # the user named it: links followed
+        problem = problem_of(os.fstat(fds[-1]), path, True)
+        for i, name in enumerate(parts):
+            if problem is not None:
+                return fds, problem
+            path = path / name
+            is_file = last_is_file and i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if is_file else os.O_DIRECTORY)
+            fds.append(os.open(name, flags, dir_fd=fds[-1]))  # O_NONBLOCK: a FIFO opens at once, then is refused
+            problem = problem_of(os.fstat(fds[-1]), path, not is_file)
+        return fds, problem
+    except FileNotFoundError:
+        return fds, ABSENT
+    except OSError as exc:  # a link (ELOOP, or ENOTDIR for a link to a folder), a file for a folder, ...
+        with contextlib.suppress(OSError):
+            if fds and stat.S_ISLNK(os.lstat(path.name, dir_fd=fds[-1]).st_mode):
+                return fds, f"{path} is a symbolic link"
+        if exc.errno == errno.ENOTDIR:
+            return fds, f"{path} is not a folder"
+        return fds, f"{path} cannot be opened ({exc.strerror})"
+
+
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.warning("%s", message)
+
+
+def load_cached(helper: str, torch_version: str | None, load: Callable[[str, Path], Any]) -> Any:
+    """``load(where, path)`` on the cache dir's build of ``helper`` when it is there and trusted; else None.
+
+    ``where`` is the path to hand the dynamic loader: ``/proc/self/fd/N`` of
+    the descriptor the checks were made on (kept open for the life of the
+    process, so that no other file is ever loaded under that name), or the
+    plain path where /proc is missing. None, and one log line, when the file
+    is refused; None, silently, when it is not there or the setting is off.
+    """
+    if not enabled():
+        return None
+    try:
+        cache_dir = config.settings().cache_dir
+        name = module_file(helper, torch_version)
+        parts = (FOLDER, key(helper, torch_version), name)
+    except (ValueError, OSError) as exc:  # no torch version, an unreadable source: nothing to look for
+        log.debug("no cache-dir %s helper to look for (%s)", helper, exc)
+        return None
+    fds, problem = _walk(cache_dir, parts, last_is_file=True)
+    path = Path(cache_dir, *parts)
+    if problem is not None:
+        _close(fds)
+        if problem != ABSENT:
+            _say_once(f"not loading the compiled helper {path}: {problem} (only the user's own files, writable by "
+                      f"nobody else, are loaded from the cache dir)")
+        return None
+    _close(fds[:-1])
+    proc = f"/proc/self/fd/{fds[-1]}"
+    where = proc if os.path.exists(proc) else str(path)
+    if where != proc:
+        _close(fds[-1:])
+    return load(where, path)
+
+
+# -- state -----------------------------------------------------------------------------------------------------------
+
+def _lock_held(path: Path) -> bool:
+    """Whether a builder holds ``path``'s lock now (a try, released at once); False if there is no lock file."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def failure_text(marker: Path) -> str:
+    """The first line of a failure marker, at most 200 characters (a bounded read; one that will not open says so)."""
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"(unreadable: {exc.strerror})"
+    try:
+        from lazytriton.fsutil import read_fd_bounded
+
+        text = read_fd_bounded(fd, MAX_FAILURE_BYTES).decode("utf-8", "replace") if stat.S_ISREG(
+            os.fstat(fd).st_mode) else "(not a regular file)"
+    finally:
+        os.close(fd)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "(no message)")
+    return first if len(first) <= 200 else first[:200] + "..."
+
+
+def status(helper: str, cache_dir: Path, torch_version: str | None = None, probe_lock: bool = True) -> Status:
+    """Where ``helper`` stands for this Python (and torch), from the files alone (stat calls and a lock probe).
+
+    ``probe_lock=False``: the caller holds the key's lock itself (a probe would see it taken).
+    """
+    if helper == HOTPATH and not torch_version:
+        return Status(NOT_BUILT, None, "needs torch, which this process has not imported")
+    packaged = in_package(helper, torch_version)
+    if packaged is not None:
+        return Status(PACKAGE, str(packaged), "built into the package folder (takes precedence)")
+    if not enabled():
+        return Status(DISABLED, None, f"{VARIABLE}=0: not built or loaded from the cache dir")
+    where = folder(cache_dir, helper, torch_version)
+    name = module_file(helper, torch_version)
+    fds, problem = _walk(cache_dir, (FOLDER, where.name, name), last_is_file=True)
+    _close(fds)
+    if problem is None:
+        return Status(CACHE, str(where / name), "built for this Python and torch")
+    if problem != ABSENT:
+        return Status(REFUSED, str(where / name), problem)
+    if probe_lock and _lock_held(where / LOCK):
+        return Status(BUILDING, str(where / LOG), "building in the background")
+    if os.path.lexists(where / FAILED):
+        return Status(FAILED_STATE, str(where / FAILED), failure_text(where / FAILED))
+    return Status(NOT_BUILT, None, "the first GPU use builds it in the background")
+
+
+# -- the build on first use ------------------------------------------------------------------------------------------
+
+_started: set[str] = set()  # keys whose build this process started (or found taken): never started twice
+_first_use = threading.Lock()
+
+
+def python_executable() -> str | None:
+    """The interpreter to run the builder with, or None where this process is not a plain Python (embedded)."""
+    executable = sys.executable
+    if executable and re.fullmatch(r"python[0-9.]*", os.path.basename(executable)) and os.access(executable, os.X_OK):
+        return executable
+    return None
+
+
+def on_first_use(spawn: Spawn | None = None) -> list[str]:
+    """Start the background build of each helper this process could use and nobody has built; the keys started.
+
+    Called once, when the CUDA driver is first set up (``gpu.cuda()``).
+    Costs a few ``stat`` calls when the helpers are there or settled (built,
+    failed, refused, being built); never waits for a build. ``spawn`` starts
+    the builder (tests count its calls); by default a detached process.
+    """
+    if not enabled():
+        return []
+    cache_dir = config.settings().cache_dir
+    torch_version = running_torch()
+    started = []
+    with _first_use:
+        for helper in wanted(torch_version):
+            try:
+                state = status(helper, cache_dir, torch_version)
+            except OSError as exc:  # its source cannot be read: no key to build under
+                log.debug("not building the %s helper: %s", helper, exc)
+                continue
+            if state.state == FAILED_STATE:
+                report_failure(Path(str(state.path)), state.detail)
+            if state.state != NOT_BUILT:
+                continue
+            name = key(helper, torch_version)
+            try:
+                if name not in _started and _start(helper, cache_dir, torch_version, spawn or _spawn):
+                    started.append(name)
+            except OSError as exc:  # the lazy build is optional: a call never fails for it
+                _say_once(f"not building the compiled {helper} helper: {exc}")
+            _started.add(name)
+    return started
+
+
+def report_failure(marker: Path, detail: str) -> None:
+    """Log a failed build once: a warning from the first process that sees its marker, later only debug."""
+    try:
+        os.close(os.open(marker.with_name(REPORTED), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    except OSError:
+        log.debug("compiled helper build failed earlier: %s (%s)", detail, marker)
+        return
+    log.warning("building a compiled helper failed: %s; the slower launch path is used (not retried for this "
+                "torch, Python and source; the whole error: %s; lazytriton prewarm --helpers tries again)",
+                detail, marker)
+
+
+def make_folder(cache_dir: Path, helper: str, torch_version: str | None) -> str | None:
+    """Create ``helpers/<key>`` (mode 0755 less the umask); None when it and the folders above are trusted."""
+    target = folder(cache_dir, helper, torch_version)
+    try:
+        Path(cache_dir).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        for path in (target.parent, target):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, DIR_MODE)
+    except OSError as exc:
+        return f"cannot create {target} ({exc.strerror})"
+    fds, problem = _walk(cache_dir, (FOLDER, target.name), last_is_file=False)
+    _close(fds)
+    return problem or None
+
+
+def take_lock(where: Path, blocking: bool) -> int | None:
+    """The fd of ``where/build.lock`` with its exclusive lock held, or None when another process holds it."""
+    import fcntl
+
+    fd = os.open(where / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{where / LOCK} is not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _start(helper: str, cache_dir: Path, torch_version: str | None, spawn: Spawn) -> bool:
+    """Take the key's lock and hand it, with the log, to a builder; False when there is nothing to start."""
+    executable = python_executable()
+    if executable is None:
+        log.debug("not building the %s helper: this process is not a Python interpreter (%r)", helper, sys.executable)
+        return False
+    problem = make_folder(cache_dir, helper, torch_version)
+    if problem is not None:
+        _say_once(f"not building the compiled {helper} helper in the cache dir: {problem}")
+        return False
+    where = folder(cache_dir, helper, torch_version)
+    try:
+        lock_fd = take_lock(where, blocking=False)
+    except OSError as exc:
+        _say_once(f"not building the compiled {helper} helper: {where / LOCK}: {exc}")
+        return False
+    if lock_fd is None:
+        return False  # another process is building it
+    if status(helper, cache_dir, torch_version, probe_lock=False).state != NOT_BUILT:  # built or failed since we looked
+        os.close(lock_fd)
+        return False
+    try:
+        log_fd = os.open(where / LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        os.close(lock_fd)
+        _say_once(f"not building the compiled {helper} helper: {where / LOG}: {exc}")
+        return False
+    argv = [executable, "-m", BUILDER, "child", helper, str(cache_dir), "--key", where.name,
+            "--lock-fd", str(lock_fd)]
+    log.info("building the compiled %s helper in the background into %s (log: %s); this process keeps the slower "
+             "path, the next one loads it", helper, where, where / LOG)
+    spawn(argv, str(where), log_fd, lock_fd)
+    return True
+
+
+_spawned: list[threading.Event] = []  # set once each builder has been started (or failed to start)
+
+
+def _spawn(argv: Sequence[str], cwd: str, log_fd: int, lock_fd: int) -> None:
+    """Start the builder detached (its own session, stdio to the log) from a daemon thread, which then reaps it.
+
+    The builder inherits the lock's descriptor, so the lock is held until it
+    exits; this process closes its copies. The start (~10 ms: fork, exec)
+    happens off the caller's thread; a process that exits at once waits for
+    the start alone (``atexit``), so its build still runs.
+    """
+    env = dict(os.environ, **{VARIABLE: "0", "PYTHONUNBUFFERED": "1"})  # the builder never starts builds itself
+    started = threading.Event()
+
+    def run() -> None:
+        try:
+            process = subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log_fd,  # noqa: S603
+                                       stderr=subprocess.STDOUT, pass_fds=(lock_fd,), start_new_session=True,
+                                       env=env)
+        except OSError as exc:
+            log.warning("could not start the compiled helper's build (%s): %s", " ".join(argv), exc)
+            return
+        finally:
+            os.close(log_fd)
+            os.close(lock_fd)
+            started.set()
+        process.wait()
+
+    if not _spawned:
+        atexit.register(_wait_for_starts)
+    _spawned.append(started)
+    threading.Thread(target=run, name="lazytriton-helper-build", daemon=True).start()
+
+
+def _wait_for_starts() -> None:
+    for started in _spawned:
+        started.wait(10.0)  # bounded: an exit never hangs on it
+
+
+def reset() -> None:
+    """Forget what this process started and logged (tests: a fresh process, in this one)."""
+    _started.clear()
+    _say_once.cache_clear()
+    _setting[:] = [True, -1]
