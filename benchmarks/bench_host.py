@@ -12,8 +12,13 @@ Host time, not GPU time: each round times ``--calls`` calls (fewer than the
 driver's launch queue holds, so no launch waits for the GPU) and synchronises
 outside the timed span; the figure is the median over ``--rounds`` rounds,
 the providers' rounds interleaved so that a slow spell of the machine hits
-all of them. Builds the helper and the C++ tail first if they are missing
-(``--no-build`` to skip), and says which launch path each row used.
+all of them. Builds the helper and the C++ tail into the package folder
+first if they are missing (``--no-build`` to skip: then only what the
+runtime finds, in the package or the cache dir, is used, and the first GPU
+use builds what is missing in the background for the next process, as a
+fresh install does), and says which launch path each row used. Its last
+line names the fastest launch path this process had and attn_fwd's ratio on
+it (benchmarks/host_fresh.sh reads it).
 
 Usage: python benchmarks/bench_host.py [--csv PATH] [--rounds N] [--calls N] [--no-build] [--no-jit]
 """
@@ -33,8 +38,8 @@ import torch.nn.functional as F
 from csvlog import append_rows
 
 import lazytriton
-from lazytriton import runtime
-from lazytriton.driver import fastlaunch, hotpath
+from lazytriton import config, runtime
+from lazytriton.driver import fastlaunch, helpers, hotpath
 from lazytriton.kernels.flash_fwd import hot
 
 FIELDS = ["benchmark", "provider", "mode", "value", "unit", "ratio_to_torch_add", "rounds", "calls", "gpu", "torch",
@@ -53,7 +58,7 @@ FORWARD_PY_LOOKUP = "hot.forward_bhsd, lse allocated, lookup in Python"
 def ensure_helper(build: bool) -> str:
     """The helper's state, building it into the package folder when missing and ``build``."""
     if fastlaunch.available():
-        return "installed"
+        return f"installed: {fastlaunch.origin()}"
     if not build:
         return "not built (--no-build)"
     try:
@@ -68,7 +73,7 @@ def ensure_helper(build: bool) -> str:
 def ensure_cpp(build: bool) -> str:
     """The C++ tail's state, building it into the package folder when missing and ``build``."""
     if hotpath.module() is not None:
-        return "installed"
+        return f"installed: {hotpath.origin()}"
     if not build:
         return "not built (--no-build)"
     try:
@@ -209,6 +214,13 @@ def main() -> int:
         verdict = "" if path == "-" else ("  meets 1.5x" if r <= TARGET else "  over 1.5x")
         print(f"{name:<52} {path:<16} {value:8.2f} {r:12.2f}x{verdict}")
     print(f"rows appended to {args.csv}")
+    cache_dir = config.settings().cache_dir
+    for name in helpers.HELPERS:
+        state = helpers.status(name, cache_dir, torch.__version__)
+        print(f"{name} helper now: {state.state}: {state.detail}" + (f" ({state.path})" if state.path else ""))
+    best = paths[0]
+    print(f"this process: launch path {best}; attn_fwd {ratio('attn_fwd', best, results[('attn_fwd', best)]):.2f}x "
+          f"torch.add (target 1.2x)")
     return 0
 
 
