@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import gpu as on_gpu
 from conftest import run_python
 from fake_libcuda import Fake
 from test_driver import _entry
@@ -359,3 +360,30 @@ def test_the_build_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("CC", "no-such-compiler")
     with pytest.raises(fastlaunch_build.BuildError, match=r"a C compiler: none of \$CC"):
         fastlaunch_build.build(tmp_path)
+
+
+_GPU_CALL = """
+import torch, lazytriton
+from lazytriton import runtime
+from lazytriton.driver import fastlaunch
+q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16)
+lazytriton.attn_fwd(q, q, q)
+torch.cuda.synchronize()
+print(fastlaunch.available(), fastlaunch.origin(), [k.fast is not None for k in runtime.get().loaded_kernels()])
+"""
+
+
+@on_gpu
+def test_gpu_a_first_call_builds_the_launch_helper_for_the_next_process(cache_dir: Path) -> None:
+    if (Path(fastlaunch_build.__file__).parent / helpers.module_file(FAST)).is_file():
+        pytest.skip("the launch helper is built into the package folder here, which takes precedence")
+    env = {"LAZYTRITON_CACHE_DIR": str(cache_dir), helpers.VARIABLE: "1"}
+    first = run_python(_GPU_CALL, env=env)
+    assert first.returncode == 0 and first.stdout.startswith("False None [False"), first.stdout + first.stderr
+    where = helpers.folder(cache_dir, FAST)
+    held = helpers.take_lock(where, blocking=True)  # the background build has finished
+    assert held is not None
+    os.close(held)
+    second = run_python(_GPU_CALL, env=env)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.startswith(f"True {where / helpers.module_file(FAST)} [True"), second.stdout
