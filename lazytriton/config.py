@@ -28,6 +28,10 @@
 | ``LAZYTRITON_PREWARM_FORK`` | ``1`` (Linux; elsewhere never)     | ``0``: prewarm's compile workers start as    |
 |                          |                                       | fresh interpreters, not forked from its fork |
 |                          |                                       | server (read by each build, prewarm/pool.py) |
+| ``LAZYTRITON_HELPERS``   | ``1``                                 | ``0``: the compiled launch helpers are not   |
+|                          |                                       | built in the cache dir on first GPU use nor  |
+|                          |                                       | loaded from it (read by driver/helpers.py;   |
+|                          |                                       | builds in the package folder still load)     |
 
 Settings are read once, on first use (never at import), into a frozen
 ``Settings``; ``configure(**overrides)`` replaces them for the process (the
