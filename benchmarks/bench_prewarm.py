@@ -11,24 +11,37 @@ CPU (any machine), on one prewarm set (``--set``, prewarm's own axis flags):
   (``Image.read``), median over the entries, in µs.
 
 ``--cold-start`` (a CUDA host): the time from a new process's start to its
-first attention result (bf16 (4, 16, 2048, 128), causal, CUDA tensors,
-synchronized), each measured as a fresh subprocess from before its start to
+first result, each measured as a fresh subprocess from before its start to
 the moment its result is ready (a system-wide monotonic clock), median of
-``--reps``:
+``--reps``, for two scenarios (benchmarks/cold_start.py):
+
+- ``one_kernel``: one forward, bf16 (4, 16, 2048, 128) causal (1 variant);
+- ``working_set``: a Whisper-style encoder-decoder's attention, forward and
+  backward (8 variants on sm_90).
+
+Providers:
 
 - ``torch_init``: torch alone: the same randn inputs on CUDA, synchronized;
-- ``lazytriton_image``: ``attn_fwd`` served from an image (LAZYTRITON_IMAGES,
-  an empty cache dir, LAZYTRITON_JIT=0); the child checks that the kernel came
-  from the image with 0 compiles;
-- ``triton_jit_cold``: the same kernel and config through Triton's JIT
-  (``flash_fwd_kernel[grid](...)``) with an empty TRITON_CACHE_DIR;
-- ``triton_jit_warm``: the same, with a TRITON_CACHE_DIR a previous process filled.
+- ``lazytriton_image``: served from an image (LAZYTRITON_IMAGES, an empty
+  cache dir, LAZYTRITON_JIT=0); the child checks that every kernel came from
+  the image with 0 compiles;
+- ``triton_jit_cold`` (one_kernel): the same kernel and config through
+  Triton's own JIT (``fn[grid](...)``, arguments from the binding:
+  ``cold_start.triton_jit_call``) with an empty TRITON_CACHE_DIR;
+- ``triton_jit_warm`` (one_kernel): the same, with a TRITON_CACHE_DIR a
+  previous process filled;
+- ``lazytriton_jit`` (working_set): lazytriton with no image and an empty
+  cache dir: each variant compiled by Triton on first use.
 
-The figure that matters is lazytriton_image - torch_init: the cost beyond
-torch's own CUDA initialisation. Rows are appended to a long-format CSV.
+The figure that matters is the time after torch's CUDA initialisation (the
+inputs on the GPU, synchronized): targets 10 ms for one_kernel and 25 ms for
+working_set. Without ``--image`` the image is built here the way a deployment
+builds one: a first run of each scenario with JIT on records its misses, and
+``lazytriton prewarm --from-misses`` packs exactly those. Rows are appended
+to a long-format CSV.
 
 Usage: python benchmarks/bench_prewarm.py [--set "--target sm_90 --dtype bf16"] [--csv PATH]
-       python benchmarks/bench_prewarm.py --cold-start [--image IMG] [--reps 5]
+       python benchmarks/bench_prewarm.py --cold-start [--image IMG] [--keep-image PATH] [--reps 5] [--jit-reps 3]
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,13 +64,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import cold_start
+
 import lazytriton
 from lazytriton.cache_format.image import Image
 
 FIELDS = ["kernel", "provider", "mode", "metric", "value", "unit", "n", "detail", "host", "gpu", "torch", "triton",
           "lazytriton", "timestamp"]
 DEFAULT_SET = "--target sm_90 --dtype bf16,fp16 --head-dim 64,128"
-SHAPE = (4, 16, 2048, 128)  # batch, heads, seqlen, head dim of the cold-start call
 
 
 def prewarm(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -143,47 +158,69 @@ def size_and_load(path: Path, rows: list[dict[str, Any]], reps: int = 5) -> None
 
 # --- cold start (GPU) ------------------------------------------------------------------------------------------
 
-# Each child prints the monotonic time at which its first result is ready (CLOCK_MONOTONIC is system-wide).
-# Each also records when torch's own CUDA initialisation is done (inputs on the GPU,
-# synchronized): the time after that is what the attention call itself costs.
-INPUTS = f"""
-import os, time, json, torch
-q, k, v = (torch.randn({SHAPE}, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-torch.cuda.synchronize()
+# Each child prints the monotonic time at which its first result is ready (CLOCK_MONOTONIC is system-wide), and
+# when torch's own CUDA initialisation was done (inputs on the GPU, synchronized): the time after that is what
+# the attention calls themselves cost. The inputs are made before that mark (cold_start.py, imported first).
+_PREAMBLE = """
+import json, os, sys, time
+sys.path.insert(0, {bench_dir!r})
+import torch
+import cold_start
+"""
+_INPUTS = {
+    "one_kernel": "inputs = cold_start.call_inputs('cuda')\n",
+    "working_set": "inputs = cold_start.working_set_inputs('cuda')\n",
+}
+_READY = """torch.cuda.synchronize()
 inputs_ready = time.monotonic()
 """
-CHILD_TORCH = INPUTS + """
-print(json.dumps({"ready": time.monotonic(), "inputs": inputs_ready}))
+_TORCH = """print(json.dumps({"ready": time.monotonic(), "inputs": inputs_ready}))
 """
-CHILD_IMAGE = INPUTS + """
-from lazytriton import runtime
+_LAZYTRITON = """from lazytriton import runtime
 from lazytriton.flash import attn_fwd
 imported = time.monotonic()
-out, lse = attn_fwd(q, k, v, causal=True)
+if SCENARIO == "one_kernel":
+    results = attn_fwd(*inputs, causal=cold_start.CALL[1])
+else:
+    results = cold_start.working_set_step(inputs)
 returned = time.monotonic()
 torch.cuda.synchronize()
 ready = time.monotonic()
 rt = runtime.get()
 print(json.dumps({"ready": ready, "inputs": inputs_ready, "served": dict(rt.served), "compiles": rt.compiles,
-                  "finite": bool(out.isfinite().all()),
-                  "phases": {"import": imported - inputs_ready, "call": returned - imported,
-                             "gpu": ready - returned}}))
+                  "loaded": len(rt.loaded_kernels()), "finite": all(bool(t.isfinite().all()) for t in results),
+                  "phases": {"import": imported - inputs_ready, "call": returned - imported, "gpu": ready - returned}}))
 """
-CHILD_TRITON = INPUTS + """
-import math
-from lazytriton.kernels.flash_fwd.triton_kernel import flash_fwd_kernel
-cfg = json.loads(os.environ["BENCH_CONFIG"])
-b, h, s, d = q.shape
-out = torch.empty_like(q)
-lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
-grid = ((s + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], h, b)
-flash_fwd_kernel[grid](
-    q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], h * s, s, 1, s, s, d, 0,
-    1.0 / math.sqrt(d), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, EVEN_D=True, CAUSAL=True,
-    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+_TRITON = """from lazytriton.dispatch import target_of_device
+q, k, v = inputs
+fn, grid, args, constexprs, options, out, lse = cold_start.triton_jit_call(q, k, v, cold_start.CALL[1],
+                                                                           target_of_device(q.device))
+imported = time.monotonic()
+fn[grid](*args, **constexprs, **options)
+returned = time.monotonic()
 torch.cuda.synchronize()
-print(json.dumps({"ready": time.monotonic(), "inputs": inputs_ready, "finite": bool(out.isfinite().all())}))
+ready = time.monotonic()
+print(json.dumps({"ready": ready, "inputs": inputs_ready, "finite": bool(out.isfinite().all()),
+                  "phases": {"import": imported - inputs_ready, "call": returned - imported, "gpu": ready - returned}}))
 """
+# (scenario, provider) -> the child's code after its inputs are ready
+PROVIDERS = {
+    ("one_kernel", "torch_init"): _TORCH,
+    ("one_kernel", "lazytriton_image"): _LAZYTRITON,
+    ("one_kernel", "triton_jit_cold"): _TRITON,
+    ("one_kernel", "triton_jit_warm"): _TRITON,
+    ("working_set", "torch_init"): _TORCH,
+    ("working_set", "lazytriton_image"): _LAZYTRITON,
+    ("working_set", "lazytriton_jit"): _LAZYTRITON,
+}
+JIT_PROVIDERS = ("triton_jit_cold", "triton_jit_warm", "lazytriton_jit")  # run --jit-reps times (seconds each)
+TARGET_MS = {"one_kernel": 10.0, "working_set": 25.0}  # after torch's CUDA initialisation
+
+
+def child_code(scenario: str, provider: str) -> str:
+    """The Python source a fresh child process runs for one measurement."""
+    return (_PREAMBLE.format(bench_dir=str(Path(__file__).resolve().parent)) + f"SCENARIO = {scenario!r}\n"
+            + _INPUTS[scenario] + _READY + PROVIDERS[(scenario, provider)])
 
 
 def time_child(code: str, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
@@ -197,14 +234,24 @@ def time_child(code: str, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
     return report["ready"] - start, report
 
 
-def cold_start_image(target: str, image: Path | None, work: Path) -> Path:
-    """The image to serve the cold-start call: ``image``, else one prewarm builds for it here."""
-    if image is not None:
-        return image
+def _lazytriton_env(work: Path, name: str, image: Path | None) -> dict[str, str]:
+    """A child's settings: serve from ``image`` only (JIT off), or, without one, compile (JIT on); an empty cache."""
+    cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=work)
+    if image is None:
+        return {"LAZYTRITON_IMAGES": "", "LAZYTRITON_JIT": "1", "LAZYTRITON_CACHE_DIR": cache}
+    return {"LAZYTRITON_IMAGES": str(image), "LAZYTRITON_JIT": "0", "LAZYTRITON_CACHE_DIR": cache}
+
+
+def cold_start_image(work: Path) -> Path:
+    """An image of exactly what the scenarios load: each run once with JIT on, its misses packed by prewarm."""
+    logs = []
+    for scenario in _INPUTS:
+        env = _lazytriton_env(work, f"record-{scenario}", None)
+        _, report = time_child(child_code(scenario, "lazytriton_jit"), env)
+        print(f"{scenario}: {report['compiles']} variants compiled to record them")
+        logs += ["--from-misses", str(Path(env["LAZYTRITON_CACHE_DIR"]) / "misses.jsonl")]
     out = work / "cold.ltimg"
-    b, h, s, d = SHAPE
-    prewarm(["--target", target, "--dtype", "bf16", "--head-dim", str(d), "--causal", "causal",
-             "--seqlen-q", str(s), "--seqlen-k", str(s), "--out", str(out)])
+    prewarm([*logs, "--out", str(out)])
     return out
 
 
@@ -225,57 +272,77 @@ def compile_bytecode() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", *sorted(folders)], check=True, capture_output=True)
 
 
-def cold_start(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]) -> None:
+def _check_report(scenario: str, provider: str, report: dict[str, Any]) -> None:
+    if not report.get("finite", True):
+        raise SystemExit(f"{scenario} {provider}: the result holds non-finite values: {report}")
+    if provider == "lazytriton_image" and (report["compiles"] or set(report["served"]) - {"image", "memory"}):
+        raise SystemExit(f"{scenario}: not everything was served from the image (does it hold the scenario's "
+                         f"variants?): {report}")
+
+
+def _median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
+def measure_cold_start(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]) -> None:
     import torch
 
     from lazytriton import dispatch
 
     compile_bytecode()
     target = dispatch.target_of_device(0)
-    image = cold_start_image(str(target), args.image, work)
-    cfg = dispatch.flash_fwd_config(target, "bf16", SHAPE[3], True, SHAPE[2], SHAPE[2])[0]
-    config = json.dumps({"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps,
-                         "num_stages": cfg.num_stages})
+    image = args.image or cold_start_image(work)
+    if args.keep_image:
+        shutil.copyfile(image, args.keep_image)
     warm_cache = work / "triton-warm"
-    time_child(CHILD_TRITON, {"TRITON_CACHE_DIR": str(warm_cache), "BENCH_CONFIG": config})  # fills it
-    children = (("torch_init", CHILD_TORCH), ("lazytriton_image", CHILD_IMAGE),
-                ("triton_jit_cold", CHILD_TRITON), ("triton_jit_warm", CHILD_TRITON))
-    totals: dict[str, list[float]] = {name: [] for name, _ in children}
-    after: dict[str, list[float]] = {name: [] for name, _ in children}
-    phases: dict[str, list[float]] = {}  # lazytriton's share after torch's init: import, call (CPU), GPU wait
+    time_child(child_code("one_kernel", "triton_jit_warm"), {"TRITON_CACHE_DIR": str(warm_cache)})  # fills it
+    totals: dict[tuple[str, str], list[float]] = {case: [] for case in PROVIDERS}
+    after: dict[tuple[str, str], list[float]] = {case: [] for case in PROVIDERS}
+    phases: dict[tuple[str, str, str], list[float]] = {}  # import, call (host), gpu (synchronize)
     for rep in range(args.reps):  # round-robin, so drift on the host hits every provider alike
-        for name, code in children:
-            env = {"BENCH_CONFIG": config, "LAZYTRITON_IMAGES": str(image), "LAZYTRITON_JIT": "0",
-                   "LAZYTRITON_CACHE_DIR": str(work / f"empty-cache-{name}-{rep}"),
-                   "TRITON_CACHE_DIR": str(warm_cache if name == "triton_jit_warm" else work / f"cold-{rep}")}
-            seconds, report = time_child(code, env)
-            if name == "lazytriton_image" and (not report["served"].get("image") or report["compiles"]):
-                raise SystemExit(f"the cold-start call was not served from the image: {report}")
-            totals[name].append(seconds)
-            after[name].append(report["ready"] - report["inputs"])
+        for scenario, provider in PROVIDERS:
+            if provider in JIT_PROVIDERS and rep >= args.jit_reps:
+                continue
+            served = None if provider == "lazytriton_jit" else image
+            env = _lazytriton_env(work, f"{scenario}-{provider}-{rep}", served)
+            triton_cache = warm_cache if provider == "triton_jit_warm" else work / f"cold-{rep}-{scenario}"
+            env["TRITON_CACHE_DIR"] = str(triton_cache)
+            seconds, report = time_child(child_code(scenario, provider), env)
+            _check_report(scenario, provider, report)
+            totals[(scenario, provider)].append(seconds)
+            after[(scenario, provider)].append(report["ready"] - report["inputs"])
             for phase, value in report.get("phases", {}).items():
-                phases.setdefault(phase, []).append(value)
-    print(f"\ncold start on {torch.cuda.get_device_name(0)} ({target}), bf16 {SHAPE} causal, "
-          f"median of {args.reps} fresh processes:")
-    print(f"  {'provider':<18} {'start->result':>14} {'after torch CUDA init':>22}")
-    for name, _ in children:
-        total, beyond = statistics.median(totals[name]) * 1e3, statistics.median(after[name]) * 1e3
-        spread = f"min {min(totals[name]) * 1e3:.1f} max {max(totals[name]) * 1e3:.1f} ms"
-        rows.append({"provider": name, "mode": "cold_start", "metric": "start_to_first_result",
-                     "value": round(total, 1), "unit": "ms", "n": args.reps,
-                     "detail": f"bf16 {SHAPE} causal; {spread}"})
-        rows.append({"provider": name, "mode": "cold_start", "metric": "after_torch_cuda_init",
-                     "value": round(beyond, 1), "unit": "ms", "n": args.reps,
-                     "detail": "first result minus inputs synchronized on the GPU"})
-        print(f"  {name:<18} {total:11.1f} ms {beyond:19.1f} ms")
-    for phase, values in phases.items():
-        rows.append({"provider": "lazytriton_image", "mode": "cold_start", "metric": f"phase_{phase}",
-                     "value": round(statistics.median(values) * 1e3, 2), "unit": "ms", "n": args.reps,
-                     "detail": "import: lazytriton.flash; call: attn_fwd returns; gpu: synchronize"})
-    print("  lazytriton phases (median ms): "
-          + ", ".join(f"{phase} {statistics.median(values) * 1e3:.1f}" for phase, values in phases.items()))
-    beyond = statistics.median(after["lazytriton_image"]) * 1e3
-    print(f"lazytriton beyond torch's CUDA initialisation: {beyond:.1f} ms (target: at most 50 ms)")
+                phases.setdefault((scenario, provider, phase), []).append(value)
+            if provider == "lazytriton_image" and rep == 0:
+                print(f"{scenario}: {report['loaded']} kernels loaded from the image")
+    print(f"\ncold start on {torch.cuda.get_device_name(0)} ({target}), fresh processes; medians (min-max):")
+    for scenario in _INPUTS:
+        what = (f"bf16 {cold_start.CALL[0]} causal forward" if scenario == "one_kernel"
+                else "Whisper-style encoder-decoder attention, forward + backward")
+        print(f"\n{scenario}: {what}")
+        print(f"  {'provider':<18} {'start->result ms':>17} {'after torch CUDA init ms':>25}   phases (ms)")
+        for case in [case for case in PROVIDERS if case[0] == scenario]:
+            provider = case[1]
+            total, beyond = _median_ms(totals[case]), _median_ms(after[case])
+            spread = f"{min(after[case]) * 1e3:.1f}-{max(after[case]) * 1e3:.1f}"
+            parts = {phase: _median_ms(v) for (s, p, phase), v in phases.items() if (s, p) == case}
+            detail = f"{scenario}; after torch CUDA init {spread} ms"
+            rows.append({"kernel": scenario, "provider": provider, "mode": "cold_start",
+                         "metric": "start_to_first_result", "value": round(total, 1), "unit": "ms",
+                         "n": len(totals[case]), "detail": detail})
+            rows.append({"kernel": scenario, "provider": provider, "mode": "cold_start",
+                         "metric": "after_torch_cuda_init", "value": round(beyond, 1), "unit": "ms",
+                         "n": len(after[case]), "detail": detail})
+            rows += [{"kernel": scenario, "provider": provider, "mode": "cold_start", "metric": f"phase_{phase}",
+                      "value": round(value, 2), "unit": "ms", "n": len(after[case]),
+                      "detail": "import: until the launch; call: until it returns; gpu: synchronize"}
+                     for phase, value in parts.items()]
+            shown = ", ".join(f"{phase} {value:.1f}" for phase, value in parts.items())
+            print(f"  {provider:<18} {total:17.1f} {beyond:14.1f} ({spread:>11})   {shown}")
+        beyond = _median_ms(after[(scenario, "lazytriton_image")])
+        verdict = "met" if beyond <= TARGET_MS[scenario] else "NOT met"
+        print(f"  lazytriton beyond torch's CUDA initialisation: {beyond:.1f} ms "
+              f"(target: at most {TARGET_MS[scenario]:.0f} ms: {verdict})")
 
 
 def meta(gpu: str) -> dict[str, str]:
@@ -307,7 +374,10 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=None, help="the 'all cores' -j (default: all cores)")
     parser.add_argument("--cold-start", action="store_true", help="measure cold start on this CUDA host instead")
     parser.add_argument("--image", type=Path, default=None, help="--cold-start: serve from this image")
+    parser.add_argument("--keep-image", type=Path, default=None, help="--cold-start: copy the image served to here")
     parser.add_argument("--reps", type=int, default=5, help="--cold-start: fresh processes per measurement")
+    parser.add_argument("--jit-reps", type=int, default=3,
+                        help="--cold-start: fresh processes per JIT measurement (seconds each)")
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "prewarm.csv")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
@@ -319,7 +389,7 @@ def main() -> int:
                 print("--cold-start needs a CUDA GPU", file=sys.stderr)
                 return 2
             gpu = torch.cuda.get_device_name(0)
-            cold_start(args, Path(tmp), rows)
+            measure_cold_start(args, Path(tmp), rows)
         else:
             from lazytriton.prewarm.cli import default_jobs
 

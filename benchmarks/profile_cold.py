@@ -2,11 +2,25 @@
 
 Prints torch's CUDA init, the import of ``lazytriton.flash``, the first call
 until it returns and the GPU wait after it. With ``--profile`` the first call
-runs under cProfile (which slows the Python parts) and the top functions by
-own time follow. Serve it from an image with ``LAZYTRITON_IMAGES`` (and
-``LAZYTRITON_JIT=0``, so nothing compiles) and a shape the image holds:
+runs under cProfile (which slows the Python parts) and the top functions
+follow (``--sort``: tottime or cumtime). Serve it from an image with
+``LAZYTRITON_IMAGES`` (and ``LAZYTRITON_JIT=0``, so nothing compiles) that
+holds what the call loads:
 
-    python benchmarks/profile_cold.py --shape 4,16,2048,128 --causal [--profile]
+    python benchmarks/profile_cold.py [--shape 4,16,2048,128 --causal] [--profile]
+    python benchmarks/profile_cold.py --working-set [--profile]
+
+``--working-set`` runs a model's forward and backward instead of one call
+(``cold_start.WORKING_SET``: 8 variants on sm_90). The image that
+``bench_prewarm.py --cold-start --keep-image PATH`` serves holds both.
+
+``--fake-driver LIB`` needs no GPU: CPU tensors take the CUDA path up to the
+driver (dispatch for ``--target``, the image, the driver's load and launch)
+on a fake libcuda that runs nothing (tests/fake_libcuda.py builds one:
+``python -c "import sys; sys.path.insert(0, 'tests'); import fake_libcuda,
+pathlib; print(fake_libcuda.build(pathlib.Path('/tmp')))"``); the image must
+hold that target's variants. Times are wall and thread CPU (the second is
+steadier on a shared machine).
 """
 
 from __future__ import annotations
@@ -17,35 +31,60 @@ import pstats
 import sys
 import time
 
+import cold_start
 import torch
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--shape", default="1,2,128,64", help="batch,heads,seqlen,head_dim (bf16)")
-parser.add_argument("--causal", action="store_true")
+parser.add_argument("--shape", default="4,16,2048,128", help="batch,heads,seqlen,head_dim (bf16)")
+parser.add_argument("--causal", action="store_true", help="a causal call (the default shape's is)")
+parser.add_argument("--working-set", action="store_true", help="a model's forward and backward instead of one call")
+parser.add_argument("--fake-driver", metavar="LIB", default=None, help="CPU tensors, the CUDA path up to this libcuda")
+parser.add_argument("--target", default="sm_90", help="--fake-driver: the GPU target dispatch decides for")
 parser.add_argument("--profile", action="store_true", help="run the first call under cProfile")
+parser.add_argument("--sort", default="tottime", choices=("tottime", "cumtime"))
 parser.add_argument("--top", type=int, default=30)
 args = parser.parse_args()
 shape = tuple(int(x) for x in args.shape.split(","))
+causal = args.causal or args.shape == parser.get_default("shape")
+device = "cpu" if args.fake_driver else "cuda"
+
+
+def synchronize() -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
 
 t0 = time.perf_counter()
-q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-torch.cuda.synchronize()
-t1 = time.perf_counter()
+if args.working_set:
+    inputs = cold_start.working_set_inputs(device)
+else:
+    inputs = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(3)]
+synchronize()
+t1, c1 = time.perf_counter(), time.thread_time()
 from lazytriton import runtime  # noqa: E402
 from lazytriton.flash import attn_fwd  # noqa: E402
 
-t2 = time.perf_counter()
+t2, c2 = time.perf_counter(), time.thread_time()
+if args.fake_driver:
+    cold_start.route_to_fake_driver(args.fake_driver, args.target)
 profile = cProfile.Profile()
+t3, c3 = time.perf_counter(), time.thread_time()
 if args.profile:
     profile.enable()
-attn_fwd(q, k, v, causal=args.causal)
-t3 = time.perf_counter()
-torch.cuda.synchronize()
-t4 = time.perf_counter()
+if args.working_set:
+    cold_start.working_set_step(inputs)
+else:
+    attn_fwd(*inputs, causal=causal)
+t4, c4 = time.perf_counter(), time.thread_time()
+synchronize()
+t5 = time.perf_counter()
 profile.disable()
-print(f"torch CUDA init {1e3 * (t1 - t0):.1f} ms; import {1e3 * (t2 - t1):.1f} ms; first call {1e3 * (t3 - t2):.1f} ms"
-      f"{' (profiled)' if args.profile else ''}; GPU wait {1e3 * (t4 - t3):.1f} ms;"
-      f" served {dict(runtime.get().served)}; compiles {runtime.get().compiles};"
-      f" triton imported: {'triton' in sys.modules}")
+rt = runtime.get()
+print(f"{'CPU inputs' if args.fake_driver else 'torch CUDA init'} {1e3 * (t1 - t0):.1f} ms; "
+      f"import {1e3 * (t2 - t1):.1f} ms ({1e3 * (c2 - c1):.1f} CPU); "
+      f"first {'step' if args.working_set else 'call'} {1e3 * (t4 - t3):.1f} ms ({1e3 * (c4 - c3):.1f} CPU)"
+      f"{' (profiled)' if args.profile else ''}; GPU wait {1e3 * (t5 - t4):.1f} ms;"
+      f" served {dict(rt.served)}; compiles {rt.compiles}; loaded {len(rt.loaded_kernels())};"
+      f" triton imported: {'triton' in sys.modules}; torch._dynamo imported: {'torch._dynamo' in sys.modules}")
 if args.profile:
-    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+    pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)

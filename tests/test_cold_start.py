@@ -1,0 +1,135 @@
+"""The cold-start benchmarks on CPU: Triton's JIT baseline built from the binding, and the children's code.
+
+``bench_prewarm.py --cold-start`` needs a CUDA GPU; what it launches through
+Triton's own JIT (``cold_start.triton_jit_call``) is checked here: its
+argument list binds every parameter of the served kernel's JIT function (a
+parameter the kernel gains and the binding does not pack fails here, not on
+the GPU host), and the same call runs under Triton's interpreter and matches
+SDPA.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from conftest import REPO
+
+from lazytriton.kernels import get
+from lazytriton.target import Target
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+@pytest.fixture
+def cold_start(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    yield importlib.import_module("cold_start")
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    yield importlib.import_module("bench_prewarm")
+
+
+def test_triton_jit_baseline_binds_every_parameter_of_the_served_kernel(cold_start: ModuleType) -> None:
+    shape, causal = cold_start.CALL
+    q, k, v = (torch.empty(shape, dtype=torch.bfloat16, device="meta") for _ in range(3))
+    fn, grid, args, constexprs, options, out, lse = cold_start.triton_jit_call(q, k, v, causal, Target.parse("sm_90"))
+    spec = get("flash_fwd_gluon")
+    assert fn.fn.__name__ == spec.function  # what dispatch serves this call on sm_90: the baseline runs the same
+    signature = inspect.signature(fn.fn)
+    assert list(signature.parameters) == [name for name, _ in spec.params] + list(spec.constexprs)
+    bound = signature.bind(*args, **constexprs)  # TypeError if a parameter is missing or unknown
+    assert list(bound.arguments) == list(signature.parameters), "every parameter given, none left to its default"
+    assert set(options) == {"num_warps", "num_stages"} and grid[1:] == (shape[1], shape[0])
+    assert out.shape == shape and lse.shape == shape[:3]
+
+
+SCRIPT = """
+import sys, torch
+sys.path.insert(0, {benchmarks!r})
+import cold_start
+from lazytriton.target import Target
+torch.manual_seed(0)
+q, k, v = (torch.randn((1, 2, 64, 64), dtype=torch.float16) for _ in range(3))
+fn, grid, args, constexprs, options, out, lse = cold_start.triton_jit_call(q, k, v, True, Target.parse("sm_90"))
+fn[grid](*args, **constexprs, **options)
+ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+err = float((out.float() - ref).abs().max())
+assert type(fn).__name__ == "InterpretedFunction" and err < 1e-2, (type(fn), err)
+print("ok", err)
+"""
+
+
+def test_triton_jit_baseline_runs_under_the_interpreter_and_matches_sdpa() -> None:
+    # The bench's launch, fn[grid](*args, **constexprs, **options), in a process started with TRITON_INTERPRET=1
+    # (fp16: the plain interpreter multiplies bf16 as integers); the variant dispatch picks for sm_90.
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", SCRIPT.format(benchmarks=str(BENCHMARKS))], env=env,
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok")
+
+
+def test_every_child_is_valid_python_that_times_after_its_inputs(bench: ModuleType) -> None:
+    for scenario, provider in bench.PROVIDERS:
+        code = bench.child_code(scenario, provider)
+        compile(code, f"<{scenario} {provider}>", "exec")
+        assert code.index("inputs_ready = time.monotonic()") < code.index("json.dumps")
+        assert "import lazytriton" not in code.split("inputs_ready =")[0]  # nothing of ours before the mark
+
+
+def test_the_report_holds_both_scenarios_and_refuses_a_compile_from_an_image(bench: ModuleType,
+                                                                            tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            capsys: pytest.CaptureFixture[str],
+                                                                            ) -> None:
+    calls: list[dict[str, str]] = []
+
+    def child(code: str, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+        calls.append(env)
+        report: dict[str, Any] = {"ready": 10.008, "inputs": 10.0, "finite": True}
+        if "from lazytriton.flash import attn_fwd" in code:
+            report |= {"served": {"image": 8}, "compiles": 0, "loaded": 8,
+                       "phases": {"import": 0.004, "call": 0.003, "gpu": 0.001}}
+        return 0.5, report
+
+    monkeypatch.setattr(bench, "time_child", child)
+    monkeypatch.setattr(bench, "compile_bytecode", lambda: None)
+    monkeypatch.setattr("lazytriton.dispatch.target_of_device", lambda device: Target.parse("sm_90"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a fake GPU")
+    image = tmp_path / "given.ltimg"
+    image.write_bytes(b"")
+    args = bench.argparse.Namespace(image=image, keep_image=None, reps=2, jit_reps=1)
+    rows: list[dict[str, Any]] = []
+    bench.measure_cold_start(args, tmp_path, rows)
+    printed = capsys.readouterr().out
+    assert "one_kernel" in printed and "working_set" in printed and printed.count("target: at most") == 2
+    after = {(row["kernel"], row["provider"]): row["value"] for row in rows if row["metric"] == "after_torch_cuda_init"}
+    assert set(after) == set(bench.PROVIDERS) and after[("working_set", "lazytriton_image")] == 8.0
+    served = [env for env in calls if env.get("LAZYTRITON_IMAGES") == str(image)]
+    assert served and all(env["LAZYTRITON_JIT"] == "0" for env in served)
+
+    def compiled(code: str, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+        seconds, report = child(code, env)
+        if "served" in report:
+            report["compiles"] = 1
+        return seconds, report
+
+    monkeypatch.setattr(bench, "time_child", compiled)
+    with pytest.raises(SystemExit, match="not everything was served from the image"):
+        bench.measure_cold_start(args, tmp_path, [])
