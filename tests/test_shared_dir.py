@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sharedlib import SIGNING_KEY, count_renewals, make_entry
 
+from lazytriton.cache_format.envelope import seal
 from lazytriton.store import lease as lease_module
 from lazytriton.store import shared_dir
 from lazytriton.store.lease import LockUnavailable, lease_or_entry
@@ -73,11 +74,11 @@ def test_network_filesystem_races_are_retried(tmp_path: Path, monkeypatch: pytes
     tier.put(KEY, make_entry(KEY))
     real_open, failures = os.open, []
 
-    def flaky_open(path: Any, flags: int, *args: Any) -> int:
+    def flaky_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if str(path).endswith(".lte") and len(failures) < 2:
             failures.append(path)
             raise OSError(code, os.strerror(code), str(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(shared_dir.os, "open", flaky_open)
     assert tier.get(KEY) == make_entry(KEY)
@@ -90,7 +91,7 @@ def test_a_race_that_does_not_clear_is_a_miss_with_one_warning(
     tier = SharedDirTier(tmp_path)
     tier.put(KEY, make_entry(KEY))
 
-    def failing_open(path: Any, flags: int, *args: Any) -> int:
+    def failing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         raise OSError(code, os.strerror(code), str(path))
 
     monkeypatch.setattr(shared_dir.os, "open", failing_open)
@@ -108,7 +109,8 @@ def test_a_vanishing_file_is_a_quiet_miss(tmp_path: Path, monkeypatch: pytest.Mo
                                           caplog: pytest.LogCaptureFixture) -> None:
     tier = SharedDirTier(tmp_path)
     tier.put(KEY, make_entry(KEY))
-    monkeypatch.setattr(shared_dir.os, "open", lambda *a: (_ for _ in ()).throw(FileNotFoundError(errno.ENOENT, "")))
+    monkeypatch.setattr(shared_dir.os, "open",
+                        lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError(errno.ENOENT, "")))
     with caplog.at_level(logging.WARNING, "lazytriton"):
         assert tier.get(KEY) is None
     assert not caplog.records
@@ -150,6 +152,42 @@ def test_hostile_files_are_refused_without_blocking(tmp_path: Path, caplog: pyte
         assert tier.get(KEY) is None
     assert seen == ["rejected"], caplog.text
     assert KEY in caplog.text and ("not a" in caplog.text or "oversized" in caplog.text or "symbolic" in caplog.text)
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("link", ["entries/a1", "entries", "leases"])
+def test_a_folder_replaced_by_a_symlink_is_never_read_written_or_swept_through(tmp_path: Path, link: str) -> None:
+    root, outside = tmp_path / "shared", tmp_path / "outside"
+    stamp = time.time() - 7200
+    for folder in (outside, outside / "a1"):  # what entries/a1 or entries would lead to through the link
+        folder.mkdir(parents=True)
+        (folder / f"{KEY}.lte").write_bytes(seal(make_entry(KEY).encode(), None))
+        (folder / f".tmp-{KEY}-deadhost-1-000000000000").write_bytes(b"not the tier's")
+        (folder / f".tmp-{KEY}.lease-00000000beef").write_bytes(b"not the tier's")
+        for path in folder.iterdir():
+            os.utime(path, (stamp, stamp))
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    (root / link).symlink_to(outside / "a1" if link == "entries/a1" else outside, target_is_directory=True)
+    before = _tree(outside)
+    seen, count = counted()
+    tier = SharedDirTier(root, count=count)
+    if link == "leases":
+        with pytest.raises(LockUnavailable):
+            tier.try_lease(KEY)
+        assert tier.put(KEY, make_entry(KEY)) and tier.get(KEY) == make_entry(KEY)
+    else:
+        assert tier.get(KEY) is None and seen == ["rejected"], "read through a link"
+        assert not tier.put(KEY, make_entry(KEY)), "written through a link"
+        assert list(tier.keys()) == [] and tier.stats().entries == 0
+        lease = tier.try_lease(KEY)
+        assert lease is not None
+        lease.release()
+    tier.sweep_all(older_than_s=0)
+    assert _tree(outside) == before
+    assert (root / link).is_symlink()
 
 
 def test_temp_files_of_killed_writers_are_swept(tmp_path: Path) -> None:

@@ -24,10 +24,20 @@ Nothing in a lease file is trusted: whatever it claims, a lease expires at
 most the lease time after its file was written (mtime) or first seen by this
 node, whichever is earlier. Nodes that share a directory should therefore use
 the same ``lease_s``.
+
+Nor is any folder below the root: each level (``entries``, ``entries/<xx>``,
+``leases``) is opened from its parent's descriptor without following a link,
+and every file is opened, written, renamed, linked and removed relative to its
+folder's descriptor. A folder a co-tenant replaced by a symlink is refused
+(``NotAFolder``): a read through it is refused and counted, a write fails, a
+lease is unavailable, a sweep and a listing skip it; nothing is read, written
+or removed outside the root. The root itself is the deployment's setting, and
+may be a link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -64,6 +74,7 @@ RETRY_DELAYS_S = (0.001, 0.004, 0.016)
 STALE_TEMP_S = 3600.0
 SWEEP_EVERY = 64
 _MAX_LEASE_BYTES = 1024
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 T = TypeVar("T")
 
@@ -93,57 +104,40 @@ class NotAFile(OSError):
     """Something other than a regular file sits where an entry or lease should be (a link, a FIFO, ...)."""
 
 
-def read_bounded(path: Path, limit: int) -> bytes | None:
-    """At most ``limit + 1`` bytes of ``path`` (one more shows it is over), or None if it is not there.
+class NotAFolder(OSError):
+    """Something other than a folder (a symbolic link, a file) sits where a folder of the tier should be."""
 
-    Opened without following a symlink and without blocking (a FIFO planted
-    at an entry's name would otherwise hang the call); only a regular file is
-    read, else NotAFile.
+
+def read_with_stat(name: str | os.PathLike[str], limit: int,
+                   dir_fd: int | None = None) -> tuple[bytes, os.stat_result] | None:
+    """At most ``limit + 1`` bytes of ``name`` and the status of the file read; None if it is not there.
+
+    One byte more than ``limit`` shows the file is over it; the status is the
+    very file's (a lease's identity: inode and mtime). Opened relative to
+    ``dir_fd``, without following a symlink and without blocking (a FIFO
+    planted at an entry's name would otherwise hang the call); only a regular
+    file is read, else NotAFile.
     """
-    read = read_with_stat(path, limit)
-    return None if read is None else read[0]
-
-
-def read_with_stat(path: Path, limit: int) -> tuple[bytes, os.stat_result] | None:
-    """``read_bounded``, and the status of the very file read (a lease's identity: inode and mtime)."""
-    def read() -> tuple[bytes, os.stat_result]:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise NotAFile(errno.ELOOP, "a symbolic link, not a file", str(path)) from None
-            raise
-        try:
-            status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode):
-                raise NotAFile(errno.EINVAL, "not a regular file", str(path))
-            return read_fd_bounded(fd, limit), status
-        finally:
-            os.close(fd)
-
     try:
-        return retrying(read)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable; some filesystems cannot open a directory, which is fine."""
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotAFile(errno.ELOOP, "a symbolic link, not a file", str(name)) from None
+        raise
     try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise NotAFile(errno.EINVAL, "not a regular file", str(name))
+        return read_fd_bounded(fd, limit), status
     finally:
         os.close(fd)
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Create ``path`` (it must not exist), write ``data`` and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def write_file(name: str, data: bytes, dir_fd: int | None = None) -> None:
+    """Create ``name`` (it must not exist) relative to ``dir_fd``, write ``data`` and fsync it."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
@@ -151,6 +145,11 @@ def write_file(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)
 
 
 class SharedDirTier:
@@ -182,59 +181,86 @@ class SharedDirTier:
     def lease_path(self, key: str) -> Path:
         return self.root / "leases" / f"{check_key(key)}.lease"
 
+    @contextlib.contextmanager
+    def _folder(self, folder: Path, create: bool = False) -> Iterator[int]:
+        """A descriptor of ``folder`` (the root or below it), opened from the root one level at a time.
+
+        The root is opened as configured; each level below it without
+        following a link (NotAFolder for a link or a file). ``create`` makes
+        missing levels below the root, never the root itself: a missing root
+        is a network filesystem that is not mounted, and creating it would
+        hide the real one behind an empty local directory.
+        """
+        fd = os.open(self.root, _FOLDER_FLAGS)
+        try:
+            for part in folder.relative_to(self.root).parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, dir_fd=fd)
+                try:
+                    inner = os.open(part, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    raise NotAFolder(exc.errno, "a symbolic link or a file, not a folder of the tier",
+                                     str(folder)) from None
+                os.close(fd)
+                fd = inner
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _read(self, path: Path, limit: int) -> tuple[bytes, os.stat_result] | None:
+        """``read_with_stat`` of ``path`` through its folder's descriptor, retried; None if either is missing."""
+        def read() -> tuple[bytes, os.stat_result] | None:
+            with self._folder(path.parent) as fd:
+                return read_with_stat(path.name, limit, fd)
+
+        try:
+            return retrying(read)
+        except FileNotFoundError:
+            return None
+
     # --- entries ------------------------------------------------------------------------------------------------
 
     def get(self, key: str) -> Entry | None:
         """The verified entry for ``key``; a missing, racing, unreadable or refused one is a miss."""
         path = self.entry_path(key)
         try:
-            data = read_bounded(path, MAX_ENVELOPE_BYTES)
-        except NotAFile as exc:
+            read = self._read(path, MAX_ENVELOPE_BYTES)
+        except (NotAFile, NotAFolder) as exc:
             self.gate.refuse(key, "rejected", str(exc))
             return None
         except OSError as exc:
             self._warn_once("read", f"shared directory {self.root} read failed ({exc}); treated as a miss")
             return None
-        if data is None:
+        if read is None:
             return None
-        return self.gate.admit(key, data)
+        return self.gate.admit(key, read[0])
 
     def put(self, key: str, entry: Entry) -> bool:
         """Publish ``entry`` atomically (temp file, fsync, rename); on any failure log once and return False."""
         path = self.entry_path(key)
         data = seal(entry.encode(), self.signing_key)
-        temp = path.with_name(f"{TEMP_PREFIX}{key}-{owner_token().replace(':', '-')}")
+        temp = f"{TEMP_PREFIX}{key}-{owner_token().replace(':', '-')}"
         try:
-            self._make_dirs(path.parent)
-            write_file(temp, data)
-            retrying(partial(os.replace, temp, path))
+            with self._folder(path.parent, create=True) as fd:
+                try:
+                    write_file(temp, data, fd)
+                    retrying(partial(os.replace, temp, path.name, src_dir_fd=fd, dst_dir_fd=fd))
+                except OSError:
+                    _unlink(temp, fd)
+                    raise
+                with contextlib.suppress(OSError):  # make the rename durable where the filesystem allows it
+                    os.fsync(fd)
         except OSError as exc:
             self._warn_once("write", f"shared directory {self.root} write failed ({self._why(exc)}); "
                                      "entries are not shared with other nodes")
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
             return False
-        _fsync_dir(path.parent)
         self._puts += 1
         if self._puts % SWEEP_EVERY == 1:
             self.sweep_all()
         return True
-
-    def _make_dirs(self, directory: Path) -> None:
-        """Create ``directory`` and the levels between it and the root, never the root itself.
-
-        A root that is missing is a network filesystem that is not mounted:
-        creating it would hide the real one behind an empty local directory.
-        """
-        here = self.root
-        for part in directory.relative_to(self.root).parts:
-            here = here / part
-            try:
-                os.mkdir(here)
-            except FileExistsError:
-                pass
 
     def _why(self, exc: OSError) -> str:
         if isinstance(exc, FileNotFoundError) and not os.path.isdir(self.root):
@@ -246,17 +272,18 @@ class SharedDirTier:
         removed = 0
         now = time.time()
         try:
-            items = list(os.scandir(directory))
+            with self._folder(directory) as fd:
+                for name in os.listdir(fd):
+                    try:
+                        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        if (name.startswith(TEMP_PREFIX) and stat.S_ISREG(info.st_mode)
+                                and now - info.st_mtime >= older_than_s):
+                            os.unlink(name, dir_fd=fd)
+                            removed += 1
+                    except OSError:
+                        pass  # another node swept it first
         except OSError:
-            return 0  # the directory went away, or was never made
-        for item in items:
-            try:
-                if (item.name.startswith(TEMP_PREFIX) and item.is_file(follow_symlinks=False)
-                        and now - item.stat(follow_symlinks=False).st_mtime >= older_than_s):
-                    os.unlink(item.path)
-                    removed += 1
-            except OSError:
-                pass  # another node swept it first
+            return removed  # the directory went away, was never made, or is a link: not ours to sweep
         return removed
 
     def sweep_all(self, older_than_s: float = STALE_TEMP_S) -> int:
@@ -269,10 +296,7 @@ class SharedDirTier:
         compile that took seconds.
         """
         base = self.root / "entries"
-        try:
-            fanout = sorted(os.listdir(base))
-        except OSError:
-            fanout = []
+        fanout = self._list(base)
         removed = sum(self.sweep(base / sub, older_than_s) for sub in fanout
                       if len(sub) == 2 and all(c in "0123456789abcdef" for c in sub))
         return removed + self.sweep(self.root / "leases", older_than_s)
@@ -280,16 +304,8 @@ class SharedDirTier:
     def keys(self) -> Iterator[str]:
         """Keys of the published entries; temp files and anything that is not a key are skipped."""
         base = self.root / "entries"
-        try:
-            fanout = sorted(os.listdir(base))
-        except OSError:
-            return
-        for sub in fanout:
-            try:
-                names = sorted(os.listdir(base / sub))
-            except OSError:
-                continue
-            for file_name in names:
+        for sub in self._list(base):
+            for file_name in self._list(base / sub):
                 key = file_name[:-len(SUFFIX)] if file_name.endswith(SUFFIX) else ""
                 try:
                     check_key(key)
@@ -300,11 +316,21 @@ class SharedDirTier:
                 if key[:2] == sub:
                     yield key
 
+    def _list(self, folder: Path) -> list[str]:
+        """The names in ``folder``, sorted; none when it is missing, unreadable or a link."""
+        try:
+            with self._folder(folder) as fd:
+                return sorted(os.listdir(fd))
+        except OSError:
+            return []
+
     def stats(self) -> TierStats:
         count = size = 0
         for key in self.keys():
+            path = self.entry_path(key)
             try:
-                size += self.entry_path(key).stat().st_size
+                with self._folder(path.parent) as fd:
+                    size += os.stat(path.name, dir_fd=fd, follow_symlinks=False).st_size
                 count += 1
             except OSError:
                 continue
@@ -320,7 +346,8 @@ class SharedDirTier:
         path = self.lease_path(key)
         owner = owner_token()
         try:
-            self._make_dirs(path.parent)
+            with self._folder(path.parent, create=True):
+                pass
             for _ in range(3):  # a stale lease taken away, then a race for the freed name: a few rounds at most
                 held = self._read_lease(path)
                 expires = None if held is None else self._expiry(path, held)
@@ -343,29 +370,32 @@ class SharedDirTier:
 
     def _create_lease(self, path: Path, owner: str) -> bool:
         """Link a fully written lease file to ``path``; False if someone holds that name."""
-        temp = path.with_name(f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}")
-        write_file(temp, self._lease_record(owner))
-        try:
-            os.link(temp, path)
-            return True
-        except FileExistsError:
-            return False
-        except OSError:
-            # NFS may apply a link and lose the reply; the link count says whether it happened.
-            return os.stat(temp).st_nlink == 2
-        finally:
+        temp = f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}"
+        with self._folder(path.parent) as fd:
+            write_file(temp, self._lease_record(owner), fd)
             try:
-                os.unlink(temp)
+                os.link(temp, path.name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+                return True
+            except FileExistsError:
+                return False
             except OSError:
-                pass
+                # NFS may apply a link and lose the reply; the link count says whether it happened.
+                return os.stat(temp, dir_fd=fd, follow_symlinks=False).st_nlink == 2
+            finally:
+                _unlink(temp, fd)
 
     def _read_lease(self, path: Path) -> LeaseFile | None:
         """The lease file at ``path``, as found; None if there is none. Garbage has owner "?" and no claim."""
+        with self._folder(path.parent) as fd:
+            return self._read_lease_at(path.name, fd)
+
+    def _read_lease_at(self, name: str, fd: int) -> LeaseFile | None:
+        """``_read_lease`` of ``name`` in the folder open at ``fd``."""
         try:
-            read = read_with_stat(path, _MAX_LEASE_BYTES)
+            read = retrying(partial(read_with_stat, name, _MAX_LEASE_BYTES, fd))
         except NotAFile:  # a link, a FIFO, a directory: garbage, capped like any other, then renamed aside
             try:
-                read = b"", os.lstat(path)
+                read = b"", os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 return None
         if read is None:
@@ -397,43 +427,39 @@ class SharedDirTier:
 
     def _remove_if(self, path: Path, matches: Callable[[LeaseFile], bool]) -> bool:
         """Remove the lease at ``path`` if what it holds ``matches``; put back a lease that does not."""
-        aside = path.with_name(f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}.aside")
-        try:
-            retrying(partial(os.rename, path, aside))
-        except FileNotFoundError:
-            return False
-        try:
-            held = self._read_lease(aside)
-            if held is not None and matches(held):
-                return True
-            # It was renewed or retaken since we looked: give it back, unless a new lease took the name.
+        aside = f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}.aside"
+        with self._folder(path.parent) as fd:
             try:
-                os.link(aside, path)
-            except OSError:
-                log.warning("a compile lease at %s was displaced by a race; its holder will see it lost", path)
-            return False
-        finally:
+                retrying(partial(os.rename, path.name, aside, src_dir_fd=fd, dst_dir_fd=fd))
+            except FileNotFoundError:
+                return False
             try:
-                os.unlink(aside)
-            except OSError:
-                pass
+                held = self._read_lease_at(aside, fd)
+                if held is not None and matches(held):
+                    return True
+                # It was renewed or retaken since we looked: give it back, unless a new lease took the name.
+                try:
+                    os.link(aside, path.name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    log.warning("a compile lease at %s was displaced by a race; its holder will see it lost", path)
+                return False
+            finally:
+                _unlink(aside, fd)
 
     def _renew(self, path: Path, owner: str) -> bool:
         # Read, then replace: a takeover between the two is overwritten. It needs a holder that missed
         # every renewal for a whole lease time, and costs at most a second compile (see lease.py).
-        held = self._read_lease(path)
-        if held is None or held.owner != owner:
-            return False
-        temp = path.with_name(f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}")
-        try:
-            write_file(temp, self._lease_record(owner))
-            retrying(partial(os.replace, temp, path))
-        except OSError:
+        temp = f"{TEMP_PREFIX}{path.name}-{random.getrandbits(48):012x}"
+        with self._folder(path.parent) as fd:
+            held = self._read_lease_at(path.name, fd)
+            if held is None or held.owner != owner:
+                return False
             try:
-                os.unlink(temp)
+                write_file(temp, self._lease_record(owner), fd)
+                retrying(partial(os.replace, temp, path.name, src_dir_fd=fd, dst_dir_fd=fd))
             except OSError:
-                pass
-            raise
+                _unlink(temp, fd)
+                raise
         return True
 
     def _release(self, path: Path, owner: str) -> None:
