@@ -42,7 +42,9 @@ _PARAMS = {"file": ("lease_s",), "redis": ("lease_s", "prefix"), "rediss": ("lea
 
 
 class SharedTier(Tier, Protocol):
-    """A tier other nodes write too: the Tier protocol, compile leases, and a close."""
+    """A tier other nodes write too: the Tier protocol, compile leases (of ``lease_s`` seconds), and a close."""
+
+    lease_s: float
 
     def try_lease(self, key: str) -> Lease | None: ...
 
