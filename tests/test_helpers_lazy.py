@@ -142,7 +142,7 @@ def test_a_real_background_build_serves_the_next_process(cache_dir: Path) -> Non
         pytest.skip("no C compiler")
     if (Path(fastlaunch_build.__file__).parent / helpers.module_file(FAST)).is_file():
         pytest.skip("the launch helper is built into the package folder here, which takes precedence")
-    env = {"LAZYTRITON_CACHE_DIR": str(cache_dir)}
+    env = {"LAZYTRITON_CACHE_DIR": str(cache_dir), helpers.VARIABLE: "1"}
     first = run_python("from lazytriton.driver import helpers\nprint(helpers.on_first_use())", env=env)
     assert first.returncode == 0 and helpers.key(FAST) in first.stdout, first.stderr
     where = helpers.folder(cache_dir, FAST)
