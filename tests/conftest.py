@@ -90,6 +90,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     directory = tmp_path / "cache"
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(directory))
     monkeypatch.delenv("LAZYTRITON_JIT", raising=False)
+    monkeypatch.setenv("LAZYTRITON_HELPERS", "0")  # no background helper builds into each test's cache dir
     for name in ("LAZYTRITON_SHARED", "LAZYTRITON_SIGNING_KEY", "LAZYTRITON_SHARED_TIMEOUT_MS",
                  "LAZYTRITON_CACHE_MAX_BYTES"):
         monkeypatch.delenv(name, raising=False)  # a developer's shared tier or bound never leaks into a test
