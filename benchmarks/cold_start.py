@@ -58,13 +58,18 @@ def working_set_inputs(device: str) -> list[tuple[Any, ...]]:
 
 
 def working_set_step(inputs: list[tuple[Any, ...]]) -> list[Any]:
-    """Every forward of the working set, then one backward through all of them: the gradients of q, k, v."""
-    import torch
+    """Every forward of the working set, then one backward through all of them: the gradients of q, k, v.
 
+    The backward starts from a scalar loss, as a training step's does (the
+    gradient of each out is its ``grad``): ``torch.autograd.backward`` given
+    gradient tensors imports sympy on its first call (torch 2.13), a cost of
+    torch's that a step through ``loss.backward()`` never pays.
+    """
     from lazytriton.flash import attn_fwd
 
     outs = [attn_fwd(q, k, v, causal=causal)[0] for q, k, v, causal, _ in inputs]
-    torch.autograd.backward(outs, [grad for *_, grad in inputs])
+    loss = sum((out * grad).sum() for out, (*_, grad) in zip(outs, inputs, strict=True))
+    loss.backward()  # type: ignore[union-attr]
     return [t.grad for q, k, v, _, _ in inputs for t in (q, k, v)]
 
 

@@ -1,0 +1,68 @@
+"""Differentiable eager calls without the torch op: flash_fwd's forward and backward as an autograd Function.
+
+``lazytriton.ops`` registers the forward as a torch op with its autograd
+formula, which tracing (``torch.compile``, ``torch.export``, dispatch modes)
+needs. An eager call that needs gradients does not: this Function runs the
+same binding calls the op's forward and backward run (``binding.forward``,
+then ``flash_bwd``'s ``check_grad`` and ``backward``, with the forward's
+``deterministic``), and saves the same tensors. It skips the op's dispatch,
+whose first call in a process imports ``torch._dynamo`` (a torch op's kernel
+is wrapped in ``torch._disable_dynamo``: 1.35 s of thread CPU on the 2-core
+development machine), and the op's registration (``import lazytriton.ops``):
+a training process served from an image starts without either.
+
+The callers (``lazytriton.interface``) take it only for plain tensors with
+nothing tracing, as they take ``binding.forward`` for calls without
+gradients. As in the op, ``lse`` carries no gradient (``mark_non_differentiable``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazytriton.kernels.flash_bwd import binding as flash_bwd_binding
+from lazytriton.kernels.flash_fwd import binding as flash_fwd_binding
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy with a contiguous last dim if it has none (a gradient may come expanded: stride 0)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+class FlashAttention(torch.autograd.Function):
+    """``(out, lse)`` of a checked call, differentiable in q, k and v through lazytriton's backward kernels."""
+
+    @staticmethod
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: flash_fwd_binding.Call,
+                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return flash_fwd_binding.forward(q, k, v, call)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        q, k, v, call, deterministic = inputs
+        out, lse = output
+        # The score modifications' tensors go through save_for_backward too (saved-tensor hooks see them).
+        ctx.save_for_backward(q, k, v, out, lse, call.alibi, call.bias, call.philox)
+        ctx.call = call._replace(alibi=None, bias=None, philox=None)
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
+        if grad_out is None:  # only lse was used, and it carries no gradient
+            return None, None, None, None, None
+        q, k, v, out, lse, alibi, bias, philox = ctx.saved_tensors
+        call = ctx.call._replace(alibi=alibi, bias=bias, philox=philox)
+        do = last_dim_contiguous(grad_out)
+        flash_bwd_binding.check_grad(q, out, lse, do, call)
+        dq, dk, dv = flash_bwd_binding.backward(q, k, v, out, lse, do, call, deterministic=ctx.deterministic)
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        return dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: flash_fwd_binding.Call,
+              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of a checked eager call whose inputs require grad; ``deterministic`` is for its backward."""
+    return FlashAttention.apply(q, k, v, call, deterministic)  # type: ignore[no-any-return]
