@@ -45,7 +45,7 @@ MODE_NAMES = {0: "none", 1: "raw", 2: "binary", 3: "text", 4: "pickle"}
 VALUE_FILE = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")
 _FOLDER = re.compile(r"[0-9a-f]{2}")
 _VALUE_NAME = re.compile(r"[0-9a-f]{28}\.val")
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class DamagedRow(Exception):

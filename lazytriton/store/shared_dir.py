@@ -74,7 +74,7 @@ RETRY_DELAYS_S = (0.001, 0.004, 0.016)
 STALE_TEMP_S = 3600.0
 SWEEP_EVERY = 64
 _MAX_LEASE_BYTES = 1024
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 T = TypeVar("T")
 
