@@ -25,7 +25,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -82,31 +82,63 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+_BOOLS = {"0": False, "1": True, "false": False, "true": True}
+
+
+@functools.cache
+def _kinds() -> tuple[tuple[str, str], ...]:
+    """(name, type) of Row's fields, in order: computed once, not per row."""
+    return tuple((f.name, f.type) for f in fields(Row))
+
+
 def parse_row(record: dict[str, str], where: str = "") -> Row:
     """A Row from one CSV record; ValueError naming the column if anything is off."""
-    values: dict[str, object] = {}
-    for f in fields(Row):
-        raw = (record.get(f.name) or "").strip()
-        try:
-            if f.type == "bool":
-                if raw not in ("0", "1", "true", "false"):
-                    raise ValueError(raw)
-                values[f.name] = raw in ("1", "true")
-            elif f.type == "int":
-                values[f.name] = int(raw)
-            elif f.type == "float":
-                values[f.name] = float(raw)
-            else:
-                values[f.name] = raw
-        except ValueError:
-            raise ValueError(f"tuning table{where}: column {f.name} has {raw!r}, expected {f.type}") from None
-    row = Row(**values)  # type: ignore[arg-type]
+    return _parse_values([record.get(name) or "" for name, _ in _kinds()], where)
+
+
+def _bool(text: str) -> bool:
+    return _BOOLS[text.strip()]
+
+
+_CONVERTERS: dict[str, Callable[[str], object]] = {"int": int, "str": str.strip, "bool": _bool, "float": float}
+
+
+@functools.cache
+def _converters() -> tuple[Callable[[str], object], ...]:
+    return tuple(_CONVERTERS[kind] for _, kind in _kinds())
+
+
+def _parse_values(raws: list[str], where: str) -> Row:
+    """A Row from its fields' texts in field order (``parse_row``'s checks and messages)."""
+    try:  # int() and float() take surrounding blanks, as the checks below do after strip()
+        row = Row(*[convert(text) for convert, text in zip(_converters(), raws, strict=True)])
+    except (ValueError, KeyError):
+        row = _parse_slowly(raws, where)  # to name the column
     for name in ("seqlen_q", "seqlen_k", "BLOCK_M", "BLOCK_N"):
         if not _is_pow2(getattr(row, name)):
             raise ValueError(f"tuning table{where}: {name}={getattr(row, name)} must be a power of two")
     if not 0 < row.head_dim <= MAX_ROW_HEAD_DIM:  # a padded tile (a power of two) or a split head dim's own (96)
         raise ValueError(f"tuning table{where}: head_dim={row.head_dim} must be in 1..{MAX_ROW_HEAD_DIM}")
     return row
+
+
+def _parse_slowly(raws: list[str], where: str) -> Row:
+    """``_parse_values``' conversions field by field: ValueError naming the first column that does not convert."""
+    values: list[object] = []
+    for (name, kind), text in zip(_kinds(), raws, strict=True):
+        raw = text.strip()
+        try:
+            if kind == "int":
+                values.append(int(raw))
+            elif kind == "str":
+                values.append(raw)
+            elif kind == "bool":
+                values.append(_BOOLS[raw])
+            else:
+                values.append(float(raw))
+        except (ValueError, KeyError):
+            raise ValueError(f"tuning table{where}: column {name} has {raw!r}, expected {kind}") from None
+    return Row(*values)
 
 
 class Table:
@@ -125,11 +157,28 @@ class Table:
 
     @classmethod
     def parse(cls, text: str, where: str = "") -> Table:
-        reader = csv.DictReader(io.StringIO(text))
-        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        """The table in CSV ``text`` (a header naming ``COLUMNS``, in any order; blank lines skipped).
+
+        Read as ``csv.DictReader`` would (a short line's missing fields are
+        empty, a repeated column's last value counts) through ``csv.reader``:
+        the runtime reads two tables on a training step's first call.
+        """
+        reader = csv.reader(io.StringIO(text))
+        header = next(reader, [])
+        position = {name: i for i, name in enumerate(header)}
+        missing = set(COLUMNS) - set(position)
         if missing:
             raise ValueError(f"tuning table{where} lacks columns {sorted(missing)}")
-        return cls(parse_row(rec, f" {where} line {n + 2}") for n, rec in enumerate(reader))
+        order = [position[name] for name, _ in _kinds()]
+        width = len(header)
+        rows = []
+        for n, line in enumerate(reader):
+            if not line:
+                continue
+            if len(line) < width:
+                line += [""] * (width - len(line))
+            rows.append(_parse_values([line[i] for i in order], f" {where} line {n + 2}"))
+        return cls(rows)
 
     def to_csv(self) -> str:
         out = io.StringIO()
