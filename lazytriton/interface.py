@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 
 CaptureError = binding.CaptureError  # a call would load or compile a kernel during a CUDA graph capture
@@ -82,7 +83,7 @@ def _with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any
         return call
     p = _check_dropout(names.dropout, dropout_p)
     philox = score_mods.draw_philox(q.device) if p > 0.0 else None
-    return score_mods.with_mods(call, q, alibi_slopes, bias, p, philox, names)
+    return score_mods.with_mods(call, q, index_tensor(alibi_slopes), bias, p, philox, names)
 
 
 # The defaults. The warm path serves only calls without a window or softcap, and tests
@@ -285,7 +286,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         k: (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
         v: k's shape but for the head dim, which may differ from q's
             (head_dim_v; out then has it).
-        cu_seqlens_q: int32, (batch + 1,), contiguous, on q's device: the
+        cu_seqlens_q: int32, (batch + 1,), on q's device (a strided view is
+            copied, a subclass read as the tensor it holds): the
             cumulative query lengths; sequence i's queries are rows
             cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q. cu_seqlens_q[0] must be 0,
             the entries nondecreasing (empty sequences are allowed) and the
@@ -342,6 +344,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     _check_bool("return_attn_probs", return_attn_probs)
     from lazytriton.kernels.flash_fwd import varlen
 
+    # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes = (index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k),
+                                                index_tensor(alibi_slopes))
     direct = (_direct(q, k, v) and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor
               and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
     # Through the op, the op checks the values (one device-to-host read per call, not two).

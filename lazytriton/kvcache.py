@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from lazytriton.kernels.arguments import index_tensor, shown
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.trust import trusted_indices
 
@@ -32,19 +33,14 @@ def _direct(*tensors: Any) -> bool:
             and _dispatch_mode() is None)
 
 
-def _contiguous(t: Any) -> Any:
-    """Small index tensors as the kernels read them (stride 1 along their last dim); anything else as given."""
-    return t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
-
-
 def _refuse_unsupported(extra: dict[str, Any]) -> None:
     for name, value in extra.items():
         if name not in _UNSUPPORTED:
             raise TypeError(f"flash_attn_with_kvcache() got an unexpected keyword argument {name!r}")
         default = _UNSUPPORTED[name]
-        if (value is not None) if default is None else (value != default):
-            raise NotImplementedError(f"{name}={value!r}: rotary embeddings and cache_leftpad are not supported by "
-                                      f"lazytriton's flash_attn_with_kvcache; apply rotary to q and k before the "
+        if value is not default:  # None, or True (rotary_interleaved): singletons
+            raise NotImplementedError(f"{name}={shown(value)}: rotary embeddings and cache_leftpad are not supported "
+                                      f"by lazytriton's flash_attn_with_kvcache; apply rotary to q and k before the "
                                       f"call and leave {name} at {default!r}")
 
 
@@ -53,7 +49,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             cache_seqlens: torch.Tensor | int | None = None,
                             cache_batch_idx: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                             softmax_scale: float | None = None, causal: bool = False,
-                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            window_size: tuple[int, int] = checks.NO_WINDOW, softcap: float = 0.0,
                             alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, **unsupported: Any) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
@@ -119,7 +115,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
         softmax_lse) with return_softmax_lse.
 
-    The values of cache_seqlens, block_table and cache_batch_idx are checked
+    The index tensors (cache_seqlens, cache_batch_idx, block_table,
+    alibi_slopes) are read as plain contiguous tensors: a strided view is
+    copied first, a subclass read as the tensor it holds, so the values
+    checked are the values the kernels read. Their values are checked
     too (a length past the cache's end, a block past the cache, a row past
     the cache raise ValueError, and nothing is written): on a GPU that costs
     one host synchronisation per call, skipped while a CUDA graph is being
@@ -134,8 +133,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         _refuse_unsupported(unsupported)
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
+    # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
     cache_seqlens, cache_batch_idx, block_table, alibi_slopes = (
-        _contiguous(x) for x in (cache_seqlens, cache_batch_idx, block_table, alibi_slopes))
+        index_tensor(cache_seqlens), index_tensor(cache_batch_idx), index_tensor(block_table),
+        index_tensor(alibi_slopes))
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes)
     call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,

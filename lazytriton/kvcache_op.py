@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_decode import binding, checks
 
 _SCHEMA = ("(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
@@ -33,12 +34,18 @@ def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: tor
            v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, cache_seqlens_int: int,
            cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
            alibi_slopes: torch.Tensor | None) -> checks.Inputs:
-    """The binding's ``Inputs`` from the op's arguments."""
-    lens: torch.Tensor | int | None = cache_seqlens
+    """The binding's ``Inputs`` from the op's arguments, the index tensors plain and contiguous.
+
+    The kernels read the index tensors through their pointers: a strided
+    view (``x[::2]``) is copied and a subclass read as the tensor it holds
+    (``arguments.index_tensor``) before the checks, so the values checked are
+    the values read.
+    """
+    lens: torch.Tensor | int | None = index_tensor(cache_seqlens)
     if lens is None and cache_seqlens_int >= 0:
         lens = cache_seqlens_int
-    return checks.Inputs(q, k_cache, v_cache, k, v, lens, cache_batch_idx, block_table,  # type: ignore[arg-type]
-                         alibi_slopes)
+    return checks.Inputs(q, k_cache, v_cache, k, v, lens, index_tensor(cache_batch_idx),  # type: ignore[arg-type]
+                         index_tensor(block_table), index_tensor(alibi_slopes))
 
 
 @torch.library.custom_op("lazytriton::flash_kvcache", mutates_args=("k_cache", "v_cache"), schema=_SCHEMA)

@@ -20,7 +20,9 @@ cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, ...) ->
 Both check their arguments again (they can be called directly), the values
 of the cumulative lengths included, through one device-to-host read, unless
 a CUDA graph is being captured or torch.compile traces
-(``kernels/flash_fwd/varlen.py``).
+(``kernels/flash_fwd/varlen.py``). The cumulative lengths and the slopes are
+first made plain contiguous tensors (``kernels/arguments.py``): a subclass
+such as ``nn.Parameter`` is checked like the tensor it holds.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 
+from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_fwd import varlen
 
 _ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
@@ -42,6 +45,11 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
+def _indices(cu_q: Any, cu_k: Any, alibi: Any) -> tuple[Any, Any, Any]:
+    """The index tensors plain and contiguous (``arguments.index_tensor``): the values checked are those read."""
+    return index_tensor(cu_q), index_tensor(cu_k), index_tensor(alibi)
+
+
 @torch.library.custom_op("lazytriton::flash_varlen_fwd", mutates_args=(), schema=_FWD_SCHEMA)
 def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
@@ -50,6 +58,7 @@ def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      philox: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2's varlen forward through the kernel cache: ``(out, lse)``."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes = _indices(cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         (window_left, window_right), float(softcap), alibi=alibi_slopes, dropout_p=float(dropout_p),
                         philox=philox)
@@ -72,6 +81,7 @@ def flash_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     """FlashAttention-2's varlen backward through the kernel cache: ``(dq, dk, dv)`` for the gradient ``do``."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes = _indices(cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         (window_left, window_right), float(softcap), alibi=alibi_slopes, dropout_p=float(dropout_p),
                         philox=philox)

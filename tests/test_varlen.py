@@ -242,7 +242,8 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("cu_seqlens_q", lambda a: a["cu_seqlens_q"].long(), TypeError, "cu_seqlens_q must have dtype torch.int32"),
     ("cu_seqlens_k", lambda a: [0, 4, 10, 10], TypeError, "cu_seqlens_k must be a torch.Tensor"),
     ("cu_seqlens_q", lambda a: a["cu_seqlens_q"][None], ValueError, "cu_seqlens_q must be 1-D"),
-    ("cu_seqlens_k", lambda a: torch.zeros(8, dtype=torch.int32)[::2], ValueError, "cu_seqlens_k must be contiguous"),
+    ("cu_seqlens_k", lambda a: torch.zeros(8, dtype=torch.int32)[::2], ValueError,  # a view's values, copied
+     r"cu_seqlens_k\[-1\] must be the total number of tokens \(10\), got 0"),
     ("cu_seqlens_q", lambda a: a["cu_seqlens_q"].to("meta"), ValueError, "cu_seqlens_q is on meta"),
     ("cu_seqlens_k", lambda a: a["cu_seqlens_k"][:3], ValueError, "both have batch \\+ 1 entries, got 4 and 3"),
     ("cu_seqlens_q", lambda a: torch.tensor([1, 3, 3, 8], dtype=torch.int32), ValueError,

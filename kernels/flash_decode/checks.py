@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lazytriton import dispatch
+from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.trust import indices_trusted
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -28,6 +29,7 @@ MAX_GRID_YZ = 65535  # grid y (key/value heads) and z (batch) limits of CUDA and
 MAX_SPLITS = 256
 PAGE_MULTIPLE = 16  # page sizes are multiples of the smallest key tile
 MAX_WINDOWED_SEQLEN = 2**29  # with a window the kernel computes query + offset +- window in 32 bits
+NO_WINDOW = (-1, -1)  # window_size's default: the public function's, so that the common call is an identity test
 
 
 class Inputs(NamedTuple):
@@ -143,7 +145,7 @@ def _index(name: str, t: object, q: torch.Tensor, shape: tuple[int, ...], what: 
     return t
 
 
-def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size: Any = (-1, -1),
+def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size: Any = NO_WINDOW,
           softcap: Any = 0.0, num_splits: Any = 0) -> Call:
     """The checked call, or a TypeError/ValueError naming the argument (FlashAttention-2's names)."""
     q = _data("q", t.q, None, "(batch, seqlen_q, heads, head_dim)")
@@ -178,7 +180,9 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     splits = _int("num_splits", num_splits, 0, MAX_SPLITS)
     call = Call(b, hq, hk, sq, d, seqlen_new, capacity, page_size, rows_c, seqlen_const, causal and sq > 1, scale,
                 num_splits=splits, head_dim_v=0 if dv == d else dv)
-    if not (type(window_size) is tuple and window_size == (-1, -1) and type(softcap) is float and softcap == 0.0):
+    if not ((window_size is NO_WINDOW or (type(window_size) is tuple and all(type(w) is int for w in window_size)
+                                         and window_size == NO_WINDOW))
+            and type(softcap) is float and softcap == 0.0):
         call = _features(call, causal, window_size, softcap)  # the common call (neither) skips this
     if t.alibi_slopes is not None:
         slopes = t.alibi_slopes
@@ -254,7 +258,7 @@ def _scale(scale: object, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise TypeError(f"softmax_scale must be a finite float or None, got {scale!r}")
+        raise TypeError(f"softmax_scale must be a finite float or None, got {shown(scale)}")
     return float(scale)
 
 
@@ -262,7 +266,7 @@ def _features(call: Call, causal: bool, window: object, softcap: object) -> Call
     """``call`` with FlashAttention-2's window (causal: right = 0) and softcap in the kernels' terms."""
     if (not isinstance(window, (tuple, list)) or len(window) != 2
             or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"window_size must be a pair of ints (left, right), got {window!r}")
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {shown(window)}")
     left, right = window
     if left < -1 or right < -1:
         raise ValueError(f"window_size sizes must be -1 (unbounded) or >= 0, got {tuple(window)!r}")
