@@ -601,8 +601,9 @@ def warn_if_slow(shape: Shape) -> None:
     work = shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim
     if work >= SLOW_CPU_WORK and not _warned_slow:
         _warned_slow = True
-        log.warning("attention on CPU tensors of shape %s runs through Triton's interpreter and may take "
-                    "minutes; the CPU path is for checking results, not for speed", tuple(shape))
+        log.warning("attention on CPU tensors of %s runs through Triton's interpreter and may take minutes; "
+                    "the CPU path is for checking results, not for speed",
+                    ", ".join(f"{name} {size}" for name, size in zip(shape._fields, shape, strict=True)))
 
 
 def empty_like_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:

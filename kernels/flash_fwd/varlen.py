@@ -256,6 +256,24 @@ def _plan(rt: Any, key: tuple[Any, ...], kernels: tuple[str, ...], tile: tuple[s
     return entry
 
 
+def host_lengths(vc: VarlenCall, cu_q: torch.Tensor, cu_k: torch.Tensor) -> VarlenCall:
+    """``vc`` with max_seqlen_q/max_seqlen_k cut to the longest sequences, read from host cu_seqlens (no sync).
+
+    On the CPU the interpreter walks every program of the grid, and the grid
+    is sized by max_seqlen (a GPU call cannot read the lengths without a
+    sync): a valid but huge max_seqlen_q (2**31 - 1) with a few real tokens
+    would keep it busy for minutes. Each program reads its own sequence's
+    length from cu_seqlens, so a grid cut to the longest sequence computes
+    the same result. Never longer than the caller's max_seqlen.
+    """
+    if vc.batch == 0:
+        return vc
+    longest_q = int((cu_q[1:] - cu_q[:-1]).max())
+    longest_k = int((cu_k[1:] - cu_k[:-1]).max())
+    return vc._replace(max_seqlen_q=max(1, min(vc.max_seqlen_q, longest_q)),
+                       max_seqlen_k=max(1, min(vc.max_seqlen_k, longest_k)))
+
+
 # ---------------------------------------------------------------------------
 # Forward
 
@@ -281,6 +299,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
     if q.device.type == "cpu":
         from lazytriton import compiler
 
+        vc = host_lengths(vc, cu_q, cu_k)
         shape = vc.kernel_shape
         fwd.warn_if_slow(shape)
         constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
@@ -345,6 +364,7 @@ def _interpret_backward(views: tuple[torch.Tensor, ...], cu_q: torch.Tensor, cu_
     from lazytriton import compiler
 
     q, k, v, out, do, lse, delta, dq, dk, dv = views
+    vc = host_lengths(vc, cu_q, cu_k)
     call, shape = vc.call, vc.kernel_shape
     fwd.warn_if_slow(shape)
     constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
