@@ -1,7 +1,9 @@
 """``lazytriton cache explain``: for a described call, its variant, tuning row, key, and which tier serves it.
 
 Split from ``lazytriton.cli.cache`` (which registers the command): it shares
-that module's report-then-render shape, through ``emit``.
+that module's report-then-render shape, through ``emit``. A call the API
+would refuse is refused here too, by the API's own checks (``check_call``),
+and a ``--target`` must be one prewarm knows (``prewarm.limits.known_target``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from lazytriton.record import asdict
 
 
 def _explain_target(text: str | None) -> tuple[Any, str]:
+    from lazytriton.prewarm.limits import known_target
     from lazytriton.target import Target
 
     if text:
-        return Target.parse(text), "given"
+        return known_target(text), "given"  # prewarm's list: a target nothing can be built for is refused
     try:
         import torch
 
@@ -53,20 +56,18 @@ def explain_report(args: argparse.Namespace) -> Report:
     target, how = _explain_target(args.target)
     causal = dispatch.causal_mode(args.causal if args.causal != "none" else False) != "none"
     seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
-    if args.seqlen_q < 1 or seqlen_k < 0:
-        raise ValueError(f"--seqlen-q must be >= 1 and --seqlen-k >= 0, got {args.seqlen_q} and {seqlen_k}")
+    if args.seqlen_q < 1:  # a call without queries launches nothing: there is no kernel to explain
+        raise ValueError(f"--seqlen-q must be >= 1, got {args.seqlen_q}")
     kernel = getattr(args, "kernel", "flash_fwd")
     varlen = bool(getattr(args, "varlen", False))
     kernels = explain_kernels(kernel)
     rt = None
     reports = []
     page = getattr(args, "page_size", None) or 0
-    if page and (page < 0 or page % 16):
-        raise ValueError(f"--page-size must be a positive multiple of 16, got {page}")
     flags = _features(args)
-    head_dim_v = getattr(args, "head_dim_v", None) or args.head_dim
-    if head_dim_v != args.head_dim and not 1 <= head_dim_v <= dispatch.MAX_HEAD_DIM:
-        raise ValueError(f"--head-dim-v must be in 1..{dispatch.MAX_HEAD_DIM}, got {head_dim_v}")
+    head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
+    check_call(kernels, args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
+               flags)
     dim_v = 0 if head_dim_v == args.head_dim else head_dim_v
     for name in kernels:
         if name == "kv_append":  # one config: new keys written into a cache (page size: --page-size)
@@ -106,6 +107,74 @@ def explain_report(args: argparse.Namespace) -> Report:
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
     return report
+
+
+def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,
+               causal: str, varlen: bool, page: int, flags: dict[str, bool]) -> None:
+    """Refuse a described call the API would refuse, with the API's own checks: a ValueError saying why.
+
+    The call is built from meta tensors (shapes only, nothing allocated) and
+    given to the check its entry point runs: ``flash_fwd.binding.check`` for
+    the attention kernels, ``varlen.check`` for packed sequences (one
+    sequence of seqlen_q queries and seqlen_k keys), ``flash_decode.checks.check``
+    for decoding and the cache append (seqlen_q query rows of one key/value
+    head; a cache of seqlen_k keys, paged when ``page``; one new key with
+    kv_append). A window and a softcap are checked as set (their sizes do not
+    matter here); ALiBi, dropout and a mask change no shape rule.
+    """
+    import torch
+
+    from lazytriton import dispatch
+    from lazytriton.kernels.flash_decode import checks as decode
+    from lazytriton.kernels.flash_fwd import binding
+    from lazytriton.kernels.flash_fwd import varlen as packed
+
+    sizes = {"--head-dim": head_dim, "--head-dim-v": head_dim_v, "--seqlen-k": seqlen_k, "--page-size": page}
+    negative = next(((flag, n) for flag, n in sizes.items() if n < 0), None)
+    if negative is not None:
+        raise ValueError(f"{negative[0]} must be >= 0, got {negative[1]}")
+    torch_dtype = {name: t for t, name in binding.DTYPES.items()}[dtype]
+
+    def meta(*shape: int, of: torch.dtype = torch_dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=of, device="meta")
+
+    window = (1, 0) if flags["window"] else binding.NO_WINDOW
+    softcap = 1.0 if flags["softcap"] else 0.0
+    try:
+        if any(name in dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels):
+            _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
+                          window, softcap)
+        elif varlen:
+            cu = meta(2, of=torch.int32)
+            packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, head_dim_v),
+                         cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False)
+        else:
+            binding.check(meta(1, 1, seqlen_q, head_dim), meta(1, 1, seqlen_k, head_dim),
+                          meta(1, 1, seqlen_k, head_dim_v), False if causal == "none" else causal, None,
+                          window=window, softcap=softcap)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the API refuses this call: {exc}") from None
+
+
+def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: int, head_dim_v: int, seqlen_q: int,
+                  seqlen_k: int, causal: str, page: int, flags: dict[str, bool], window: tuple[int, int],
+                  softcap: float) -> None:
+    """``flash_decode.checks.check`` on a described decoding call (kv_append: with one new key)."""
+    import torch
+
+    append = "kv_append" in kernels
+    if page:
+        blocks = -(-max(seqlen_k, 1) // page)
+        cache = (blocks, page)
+        table = meta(1, blocks, of=torch.int32)
+    else:
+        cache, table = (1, max(seqlen_k, 1) if append else seqlen_k), None
+    new = (meta(1, 1, 1, head_dim), meta(1, 1, 1, head_dim_v)) if append else (None, None)
+    lens = max(seqlen_k - 1, 0) if append else None
+    slopes = meta(1, of=torch.float32) if flags["alibi"] else None
+    inputs = decode.Inputs(meta(1, seqlen_q, 1, head_dim), meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v),
+                           *new, lens, None, table, slopes)
+    decode.check(inputs, None, causal != "none", window, softcap)
 
 
 def _features(args: argparse.Namespace) -> dict[str, bool]:
