@@ -1,7 +1,7 @@
 """Build liblazytriton.so with cffi's embedding mode and install it under a prefix.
 
 ``build(prefix)`` compiles ``lazytriton.c`` (the C API; it includes
-``lt_check.c``, ``lt_bwd.c`` and ``lt_kvcache.c``) together with the
+``lt_check.c``, ``lt_alias.c``, ``lt_bwd.c`` and ``lt_kvcache.c``) together with the
 wrappers cffi generates for the ``lt__py_*`` functions, links it against the
 libpython of the interpreter running the build, and installs::
 

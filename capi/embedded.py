@@ -19,6 +19,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("lazytriton.capi")
@@ -57,11 +58,14 @@ class CapiError(Exception):
 def classify(exc: BaseException) -> tuple[int, str]:
     """The lt_status and message for an exception raised while serving a C call."""
     from lazytriton.compiler import CompileError
+    from lazytriton.config import SettingsError
     from lazytriton.driver import DriverError
     from lazytriton.runtime import KernelNotFound
 
     if isinstance(exc, CapiError):
         return exc.status, str(exc)
+    if isinstance(exc, SettingsError):  # a bad LAZYTRITON_* variable: the caller's setting, not a failure
+        return INVALID_ARGUMENT, str(exc)
     if isinstance(exc, KernelNotFound):
         return KERNEL_NOT_FOUND, str(exc)
     if isinstance(exc, CompileError):
@@ -108,6 +112,15 @@ def _text(pointer: Any, name: str) -> str | None:
 # lt_init
 
 
+def _expanded(path: str, name: str) -> str:
+    """``path`` with a leading ``~`` or ``~user`` expanded; a ValueError naming ``name`` when it cannot be."""
+    try:
+        return str(Path(path).expanduser())
+    except RuntimeError as exc:  # "~user" of no user here: pathlib's "Could not determine home directory."
+        raise ValueError(f"{name} is {path!r}, whose {path.split('/', 1)[0]!r} names no home directory here "
+                         f"({exc})") from None
+
+
 def settings_of(cfg: Any) -> dict[str, Any]:
     """configure() keyword arguments from an lt_config (pure, given the struct)."""
     changes: dict[str, Any] = {}
@@ -115,10 +128,10 @@ def settings_of(cfg: Any) -> dict[str, Any]:
     if cache_dir is not None:
         if not cache_dir.strip():
             raise ValueError("config.cache_dir is an empty string; pass NULL for the default")
-        changes["cache_dir"] = cache_dir
+        changes["cache_dir"] = _expanded(cache_dir, "config.cache_dir")
     images = _text(cfg.images, "config.images")
     if images is not None:
-        changes["images"] = [p for p in images.split(":") if p.strip()]
+        changes["images"] = [_expanded(p, "config.images") for p in images.split(":") if p.strip()]
     if cfg.log_level != 0:
         if cfg.log_level not in _LOG_LEVELS:
             raise ValueError(f"config.log_level is {cfg.log_level}; expected LT_LOG_DEFAULT (0), LT_LOG_DEBUG (10), "

@@ -199,6 +199,7 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 }
 
 #include "lt_check.c" /* lt__call, lt__check: every check of a call */
+#include "lt_alias.c" /* lt__check_writes: what a call writes owns its memory */
 
 /* ------------------------------------------------------------------------- */
 /* Plans: a loaded kernel and what a launch needs, for one shape class.       */
@@ -541,7 +542,7 @@ LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *user, void *stream) {
     lt_status s;
     lt_attn_fwd_params norm, view, *params = &view;
     if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(user, &norm, &view)) != LT_OK ||
-        (s = lt__check(&view, &c)) != LT_OK)
+        (s = lt__check(&view, &c)) != LT_OK || (s = lt__fwd_writes(&view)) != LT_OK)
         return s;
     if (c.empty)
         return LT_OK;
@@ -592,7 +593,7 @@ LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *u
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_launch: plan is not a live plan (destroyed, or not "
                         "made by lt_attn_fwd_plan)");
     if ((s = lt__fwd_prepare(user, &norm, &view)) != LT_OK || (s = lt__check(&view, &c)) != LT_OK ||
-        (s = lt__check_key(&plan->key, &c)) != LT_OK)
+        (s = lt__fwd_writes(&view)) != LT_OK || (s = lt__check_key(&plan->key, &c)) != LT_OK)
         return s;
     return lt__launch(plan, params, &c, stream);
 }

@@ -141,6 +141,10 @@ typedef struct {
  *   out (batch, heads_q, seqlen_q, head_dim_v) the dtype of q, written
  *   lse (batch, heads_q, seqlen_q) fp32, contiguous, written: the logsumexp
  * q, k, v and out take any strides with a contiguous last dim (stride 1).
+ * out and lse must own their memory: sharing an element with q, k, v, the
+ * cumulative lengths or each other (or out with itself: a stride of 0) is
+ * LT_ERROR_INVALID_ARGUMENT; so for the backward's dq, dk, dv and delta, and
+ * the decoding call's out, lse, workspace and (appending) caches.
  *
  * Packed sequences (version 2, the C twin of flash_attn_varlen_func): with
  * cu_seqlens_q.data and cu_seqlens_k.data set, sequence i is rows

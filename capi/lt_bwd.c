@@ -200,6 +200,12 @@ static lt_status lt__bwd_check(const lt_attn_bwd_params *p, lt__call *c) {
     if (work && p->delta.data == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "delta.data is NULL (the workspace: batch * heads_q * seqlen_q "
                         "floats)");
+    const lt__named outputs[4] = {{"dq", &p->dq}, {"dk", &p->dk}, {"dv", &p->dv}, {"delta", &p->delta}};
+    const lt__named inputs[8] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}, {"lse", &p->lse},
+                                 {"dout", &p->dout}, {"cu_seqlens_q", &p->cu_seqlens_q},
+                                 {"cu_seqlens_k", &p->cu_seqlens_k}};
+    if ((s = lt__check_writes(outputs, work ? 4 : 3, inputs, 8)) != LT_OK) /* no work: delta is not written */
+        return s;
     if (!work)
         return LT_OK;
     c->aligned = lt__bwd_aligned(p, c);

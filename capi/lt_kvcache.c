@@ -354,7 +354,15 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         }
         c->append_aligned = (bits & 15) == 0, c->append_index64 = extent >= INT32_MAX;
     }
-    return LT_OK;
+    /* What the call writes (out, lse, the workspace; the caches when it appends) owns its memory. */
+    int append = c->seqlen_new > 0;
+    const lt__named outputs[5] = {{"out", &p->out}, {"lse", &p->lse}, {"workspace", &p->workspace},
+                                  {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
+    const lt__named inputs[9] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
+                                 {"cache_batch_idx", &p->cache_batch_idx}, {"block_table", &p->block_table},
+                                 {"alibi_slopes", &p->alibi_slopes}, {"k_cache", &p->k_cache},
+                                 {"v_cache", &p->v_cache}};
+    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 7 : 9);
 }
 
 /* ------------------------------------------------------------------------- */
