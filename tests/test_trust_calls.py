@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import gpu
 
 import lazytriton
 from lazytriton import compiler
@@ -302,3 +303,62 @@ def test_explain_still_serves_what_the_api_takes(cache_dir: Any, capsys: pytest.
                  ["--head-dim", "64", "--seqlen-q", "128", "--target", "gfx942", "--window", "--softcap"]):
         assert cli_main([*EXPLAIN, *args]) == 0, (args, capsys.readouterr().err)
         assert "served by" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------
+# The same on the GPU: the cached kernels read the index tensors as the checks did
+
+
+def _to(args: dict[str, Any], device: str) -> dict[str, Any]:
+    return {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in args.items()}
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_strided_cache_seqlens_write_where_their_values_say() -> None:
+    lens = torch.tensor([3, 10**9, 5, 10**9], dtype=torch.int32, device="cuda")[::2]
+    args = _to(_kv_args(), "cuda")
+    args["cache_seqlens"] = lens
+    _op_call(args)
+    torch.cuda.synchronize()
+    assert _written_rows(args["k_cache"].cpu()) == [[3], [5]]
+    assert _written_rows(args["v_cache"].cpu()) == [[3], [5]]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["block_table", "alibi_slopes"])
+def test_gpu_strided_block_tables_and_slopes_are_read_as_their_values(which: str) -> None:
+    plain = _to(_paged_args(torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+                            torch.tensor([0.1, 0.3], dtype=torch.float32)), "cuda")
+    strided = dict(plain)
+    if which == "block_table":
+        strided["block_table"] = torch.tensor([[0, 7, 1, 7], [2, 7, 3, 7]], dtype=torch.int32, device="cuda")[:, ::2]
+    else:
+        strided["alibi_slopes"] = torch.tensor([0.1, 9.0, 0.3, 9.0], dtype=torch.float32, device="cuda")[::2]
+    want = lazytriton.flash_attn_with_kvcache(**plain, return_softmax_lse=True)
+    got = _op_call(strided, read=True)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["function", "op"])
+def test_gpu_parameter_cu_seqlens_are_value_checked(path: str) -> None:
+    args = _to(_varlen_args(), "cuda")
+    args["q"], args["k"], args["v"] = (args[n].half() for n in ("q", "k", "v"))
+    bad = torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda")
+    args["cu_seqlens_q"] = torch.nn.Parameter(bad, requires_grad=False)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\] must be the total number of tokens \(8\)"):
+        if path == "op":
+            from lazytriton.ops_varlen import flash_varlen_fwd_op
+
+            a = args
+            flash_varlen_fwd_op(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"], 5, 6, 0.25, False)
+        else:
+            lazytriton.flash_attn_varlen_func(**args)
+    args["cu_seqlens_q"] = torch.nn.Parameter(torch.tensor([0, 3, 8], dtype=torch.int32, device="cuda"),
+                                              requires_grad=False)
+    want = lazytriton.flash_attn_varlen_func(**{**args, "cu_seqlens_q": args["cu_seqlens_q"].detach().clone()})
+    torch.testing.assert_close(lazytriton.flash_attn_varlen_func(**args), want, rtol=0, atol=0)
