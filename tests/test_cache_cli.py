@@ -296,7 +296,7 @@ def test_explain_shows_the_tuning_row(monkeypatch: pytest.MonkeyPatch, capsys: p
 
 def test_explain_rejects_a_bad_call(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = cli(capsys, "explain", "--dtype", "fp16", "--head-dim", "300", "--seqlen-q", "16")
-    assert status == 2 and "head dim must be at most 256, got 300" in err
+    assert status == 2 and "head dim (q.shape[-1]) must be in 1..256, got 300" in err
     status, _, err = cli(capsys, "explain", "--dtype", "fp16", "--head-dim", "64", "--seqlen-q", "16",
                          "--target", "sm_0x")
     assert status == 2 and "sm_0x" in err
@@ -537,7 +537,7 @@ def test_explain_json(cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: 
     _, report, _ = cli_json(capsys, "explain", *CALL[:-2], "--target", "sm_80")
     assert report["served_by"] is None and report["tiers"][-1]["state"] == "off"
     status, out, err = cli(capsys, "explain", "--json", "--dtype", "fp16", "--head-dim", "300", "--seqlen-q", "16")
-    assert status == 2 and out == "" and "head dim must be at most 256, got 300" in err
+    assert status == 2 and out == "" and "head dim (q.shape[-1]) must be in 1..256, got 300" in err
 
 
 # --- explain for the backward family ---------------------------------------------------------------------------

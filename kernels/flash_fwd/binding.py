@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lazytriton import dispatch, runtime, tuning
+from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.flash_fwd import FLASH_FWD, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.kernels.flash_fwd.score_mods import mod_tensors
@@ -201,7 +202,7 @@ def with_features(call: Call, window: Any, softcap: Any, names: Names = NAMES) -
     """
     if (not isinstance(window, (tuple, list)) or len(window) != 2
             or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"{names.window} must be a pair of ints (left, right), got {window!r}")
+        raise TypeError(f"{names.window} must be a pair of ints (left, right), got {shown(window)}")
     left, right = window
     if left < -1 or right < -1:
         raise ValueError(f"{names.window} sizes must be -1 (unbounded) or >= 0, got {tuple(window)!r}")
@@ -267,7 +268,7 @@ def causal_mode(causal: object, name: str = "causal") -> str:
     try:
         return dispatch.causal_mode(causal)
     except ValueError:
-        raise ValueError(f"{name} must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+        raise ValueError(f"{name} must be False, True, 'top_left' or 'bottom_right', got {shown(causal)}") from None
 
 
 def softmax_scale(scale: object, head_dim: int, name: str = "sm_scale") -> float:
@@ -489,7 +490,22 @@ class CaptureError(RuntimeError):
 
 
 _GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 µs; the public API ~3 µs
-is_capturing = torch.cuda.is_current_stream_capturing
+is_capturing = torch.cuda.is_current_stream_capturing  # the current device's current stream
+current_device = getattr(torch._C, "_cuda_getDevice", None)  # torch's current CUDA device; None on a CPU build
+
+
+def capturing(device_index: int | None) -> bool:
+    """Whether a CUDA graph capture is underway on the current stream of GPU ``device_index``.
+
+    torch's ``is_capturing`` asks the current device's stream. A call on
+    another device (tensors on cuda:1 while cuda:0 is current, cuda:1's
+    stream being captured) asks its own device's, made current for the
+    question. None: the current device's.
+    """
+    if current_device is None or device_index is None or current_device() == device_index:
+        return is_capturing()
+    with torch.cuda.device(device_index):
+        return is_capturing()
 
 
 def refuse_loads_in_capture(rt: Any, variants: Any, device: torch.device, fix: str) -> None:
@@ -499,7 +515,7 @@ def refuse_loads_in_capture(rt: Any, variants: Any, device: torch.device, fix: s
     capture; every family's plan asks this before it resolves its kernels.
     ``fix`` tells the caller what to run before the capture.
     """
-    if not is_capturing():
+    if not capturing(device.index):
         return
     for chosen in variants:
         if rt.loaded(chosen, device.index) is None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lazytriton.kernels.arguments import shown
+
 if TYPE_CHECKING:
     from lazytriton.kernels.flash_fwd.binding import Call, Names
 
@@ -69,7 +71,7 @@ def with_mods(call: Call, q: torch.Tensor, alibi: Any = None, bias: Any = None, 
         if (not isinstance(philox, torch.Tensor) or philox.dtype != torch.int64 or tuple(philox.shape) != (2,)
                 or philox.device != q.device):
             raise ValueError(f"with {names.dropout} > 0, philox must be an int64 tensor [seed, offset] on "
-                             f"{q.device}, got {philox!r}")
+                             f"{q.device}, got {shown(philox)}")
         philox = philox if philox.is_contiguous() else philox.contiguous()
     else:
         philox = None
