@@ -11,8 +11,7 @@ to be as it was.
 
 The capture checks (whether a CUDA graph is being captured, which decides
 whether a call may load a kernel, take a stocked lse or read index values)
-must ask the call's device, not the current one: those tests need
-/tmp/h7/capture_device.diff and are marked xfail until it is applied.
+must ask the call's device, not the current one.
 
 tests/test_multi_gpu.py runs the same questions on real devices.
 """
@@ -47,9 +46,6 @@ ARG_TYPES = ("*fp16", "i32", "fp32")
 INTS, FLOATS = (16, 3), (1.5,)
 VARIANT = small_variant("sm_90")
 CALLS_PER_THREAD = 300
-CAPTURE_DIFF = "/tmp/h7/capture_device.diff"
-NEEDS_CAPTURE_DIFF = pytest.mark.xfail(
-    strict=True, reason=f"needs {CAPTURE_DIFF}: the capture checks ask the current device's stream, not the call's")
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +247,7 @@ def test_two_threads_drive_two_devices_at_once(api: gpu.CudaApi, fake: FakeDevic
 
 
 # ---------------------------------------------------------------------------
-# The capture checks ask the call's device (needs CAPTURE_DIFF)
+# The capture checks ask the call's device
 
 
 class _Devices:
@@ -312,7 +308,6 @@ def test_a_capture_on_the_current_device_refuses_its_loads(monkeypatch: pytest.M
     assert rt.loads == [] and devices.current == 0
 
 
-@NEEDS_CAPTURE_DIFF
 def test_a_capture_on_device_1_refuses_its_loads_while_device_0_is_current(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dispatch, "target_of_device", lambda device: Target.parse("sm_90"))
     devices = _devices(monkeypatch, current=0, captured=1)
@@ -324,7 +319,6 @@ def test_a_capture_on_device_1_refuses_its_loads_while_device_0_is_current(monke
     assert rt.loads == [0] and devices.current == 0, "nothing loaded on device 1; the current device is back"
 
 
-@NEEDS_CAPTURE_DIFF
 def test_a_call_on_another_device_than_the_current_one_takes_no_stocked_lse() -> None:
     rt = _Runtime()
     current = [-1]  # the CPU tensors' "device" (get_device() is -1)

@@ -291,10 +291,14 @@ def _features(call: Call, causal: bool, window: object, softcap: object) -> Call
 # The index tensors' values
 
 def values_checked(t: Inputs) -> bool:
-    """Whether ``check_values`` runs for these tensors: not inside ``trusted_indices()``, a capture, or on meta."""
+    """Whether ``check_values`` runs: not inside ``trusted_indices()``, a capture on q's device, or on meta."""
     if indices_trusted() or t.q.device.type == "meta":
         return False
-    return not (t.q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    if t.q.device.type != "cuda":
+        return True
+    from lazytriton.kernels.flash_fwd.binding import capturing  # as launch_gpu imports its helpers
+
+    return not capturing(t.q.get_device())
 
 
 def lengths(t: Inputs, call: Call) -> torch.Tensor:

@@ -184,7 +184,8 @@ _REMEMBER = "remember(q, k, v, causal, scale, gqa, TABLE, plans, record, known[2
 # what at::empty costs in C++ (in Python, an allocation costs more than a view: the Python tail keeps its stocks).
 # bench_host times both in one group ("hot.forward_bhsd, lse stocked" / "lse allocated").
 CPP_LSE_STOCKS = False
-_LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = None if stream and is_capturing() else known[1]",
+_LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = None if stream and (current_device() != di or "
+                       "is_capturing()) else known[1]",
             "forward_allocated": "stream = raw_stream(di)\n    lse_ptr = None  # run_cpp allocates lse",
             "output": None}
 # With a module that reads the current stream itself (STREAM_INSIDE): no raw_stream call before run_cpp. The Python
@@ -208,7 +209,7 @@ _LAYOUTS = {
 _LSE = {
     "forward": ("stream = raw_stream(di)\n"
                 "    stocks = known[1]  # see lse_stocks\n"
-                "    if stocks is None or (stream and is_capturing()):  # stream 0 is never captured\n"
+                "    if stocks is None or (stream and (current_device() != di or is_capturing())):  # see lse_stocks\n"
                 "        lse = empty_like(known[11])  # see lse_template\n"
                 "    else:\n"
                 "        try:\n"
@@ -353,7 +354,7 @@ def spare_lse(device_index: int, numel: int) -> torch.Tensor:
     reuse. Kernels on several streams may write the same spare buffer at
     once: nobody reads it, and it is never freed.
     """
-    if is_capturing():
+    if binding.capturing(device_index):
         return torch.empty(numel, dtype=torch.float32, device=torch.device("cuda", device_index))
     with _spare_lock:
         found = SPARE.get(device_index)
@@ -396,7 +397,9 @@ def lse_stocks(template: torch.Tensor | None) -> dict[int, list[torch.Tensor]] |
     so a block is at most STOCK_BYTES. Never used during a CUDA graph
     capture: a captured call's lse must come from the graph's own pool. The
     capture check (a driver query, 0.36 µs on the H200) is skipped on the legacy default
-    stream (raw handle 0), which CUDA never captures.
+    stream (raw handle 0), which CUDA never captures. It asks the current
+    device's stream, so a call on another device than the current one (whose
+    own stream may be in a capture) takes no stock either.
     """
     if template is None or STOCK_BYTES // (4 * template.numel() + 12) < MIN_STOCK:
         return None
@@ -488,6 +491,11 @@ def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None
     return None
 
 
+def _cpu_device() -> int:
+    """The current device where the warm path runs on CPU tensors (``cuda=False``): theirs, -1."""
+    return -1
+
+
 @functools.cache
 def warn_stale_once() -> None:
     logging.getLogger("lazytriton.driver").warning(
@@ -528,6 +536,7 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
         "scratch_alloc": binding.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
         "lse_template": lse_template if result == "forward" else _no_template, "lse_stocks": lse_stocks,
         "restock": restock, "is_capturing": is_capturing, "run_cpp": getattr(cpp, "run", None) if cpp else None,
+        "current_device": binding.current_device if cuda and binding.current_device else _cpu_device,
         "serve": getattr(cpp, "serve", None) if cpp else None,
         "remember": getattr(cpp, "remember", None) if cpp else None, "TABLE": {}, "CUDA": cuda,
         "cpp_record": functools.partial(cpp_record, forward=result == "forward"),

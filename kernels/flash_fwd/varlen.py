@@ -115,7 +115,7 @@ def reading_values_is_safe(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
         return False
     if any(type(t) is not torch.Tensor or t.device.type == "meta" for t in (cu_q, cu_k)):
         return False
-    return not (cu_q.is_cuda and fwd.is_capturing())
+    return not (cu_q.is_cuda and fwd.capturing(cu_q.get_device()))
 
 
 def check_values(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int, max_seqlen_q: int,
