@@ -27,7 +27,7 @@ import functools
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from lazytriton.record import fields, record
 
@@ -100,11 +100,11 @@ def _bool(text: str) -> bool:
     return _BOOLS[text.strip()]
 
 
-_CONVERTERS: dict[str, Callable[[str], object]] = {"int": int, "str": str.strip, "bool": _bool, "float": float}
+_CONVERTERS: dict[str, Callable[[str], Any]] = {"int": int, "str": str.strip, "bool": _bool, "float": float}
 
 
 @functools.cache
-def _converters() -> tuple[Callable[[str], object], ...]:
+def _converters() -> tuple[Callable[[str], Any], ...]:
     return tuple(_CONVERTERS[kind] for _, kind in _kinds())
 
 
@@ -124,7 +124,7 @@ def _parse_values(raws: list[str], where: str) -> Row:
 
 def _parse_slowly(raws: list[str], where: str) -> Row:
     """``_parse_values``' conversions field by field: ValueError naming the first column that does not convert."""
-    values: list[object] = []
+    values: list[Any] = []
     for (name, kind), text in zip(_kinds(), raws, strict=True):
         raw = text.strip()
         try:
