@@ -247,7 +247,7 @@ def cold_start_image(work: Path) -> Path:
     logs = []
     for scenario in _INPUTS:
         env = _lazytriton_env(work, f"record-{scenario}", None)
-        _, report = time_child(child_code(scenario, "lazytriton_jit"), env)
+        _, report = time_child(child_code(scenario, "lazytriton_image"), env)  # its code; JIT on, no image
         print(f"{scenario}: {report['compiles']} variants compiled to record them")
         logs += ["--from-misses", str(Path(env["LAZYTRITON_CACHE_DIR"]) / "misses.jsonl")]
     out = work / "cold.ltimg"

@@ -133,3 +133,29 @@ def test_the_report_holds_both_scenarios_and_refuses_a_compile_from_an_image(ben
     monkeypatch.setattr(bench, "time_child", compiled)
     with pytest.raises(SystemExit, match="not everything was served from the image"):
         bench.measure_cold_start(args, tmp_path, [])
+
+
+def test_the_image_is_built_from_the_scenarios_own_misses(bench: ModuleType, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each recording child (JIT on, an empty cache dir) leaves its miss log; prewarm --from-misses packs exactly
+    # the variants logged. Here the children are stand-ins that log one small variant each.
+    from lazytriton import dispatch
+
+    logged = [dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, causal, True, 16)
+              for causal in (False, True)]
+    children: list[dict[str, str]] = []
+
+    def child(code: str, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+        assert env["LAZYTRITON_JIT"] == "1" and env["LAZYTRITON_IMAGES"] == ""
+        variant = logged[len(children)]
+        children.append(env)
+        (Path(env["LAZYTRITON_CACHE_DIR"]) / "misses.jsonl").write_text(f'{{"variant": "{variant}"}}\n')
+        return 1.0, {"compiles": 1}
+
+    monkeypatch.setattr(bench, "time_child", child)
+    image = bench.cold_start_image(tmp_path)
+    from lazytriton.cache_format.image import Image
+
+    with Image(image) as built:
+        assert sorted(built.keys()) == sorted(v.key() for v in logged)
+    assert len(children) == 2
