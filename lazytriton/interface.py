@@ -59,9 +59,14 @@ def always_through_op() -> Iterator[None]:
 def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
          deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of a checked call; ``deterministic``: its backward bitwise reproducible (the op saves it)."""
-    if _direct(q, k, v) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                             or v.requires_grad)):
-        return binding.forward(q, k, v, call)
+    if _direct(q, k, v):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return binding.forward(q, k, v, call)
+        # Gradients wanted, nothing tracing: the op's forward and backward without its dispatch, whose first
+        # call imports torch._dynamo, nor its registration (lazytriton.eager).
+        from lazytriton.eager import attention
+
+        return attention(q, k, v, call, deterministic)
     # Registered on first use: torch's custom-op registration costs ~4 ms of import, which an eager
     # process served from an image never needs; dynamo traces this import like any other. The op
     # carries the autograd formula (the backward kernels).

@@ -550,10 +550,32 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
     return scope[name]
 
 
-# forward_bhsd, forward_bshd, output_bhsd, output_bshd: made on first use (compiling one costs ~1 ms, a
-# cold start's time, and a process uses one or two of them), then plain module attributes.
+# forward_bhsd, forward_bshd, output_bhsd, output_bshd: made when first used with a plan memoised (compiling
+# one costs 1.5-2 ms, a third of a cache-served first call, and a process uses one or two of them), then
+# plain module attributes. Until then a stand-in declines every call: with no plan in the runtime's memo
+# the warm path serves none, and the general path that takes the first call memoises one.
 _FUNCTIONS = {f"{result}_{layout}": (layout, result) for result in ("forward", "output") for layout in ("bhsd", "bshd")}
 _generate_lock = threading.Lock()
+
+
+def _made(name: str) -> Any:
+    """The warm-path function ``name``, generated now if it is not yet."""
+    with _generate_lock:
+        made = globals().get(name)
+        if made is None or getattr(made, "stand_in", False):
+            made = globals()[name] = generate(*_FUNCTIONS[name])
+    return made
+
+
+def _stand_in(name: str) -> Any:
+    def warm(q: Any, k: Any, v: Any, causal: Any, scale: Any, gqa: bool = True) -> Any:
+        rt = runtime.current()
+        if rt is None or not rt.plans or q.requires_grad or k.requires_grad or v.requires_grad:
+            return None  # nothing memoised yet, or a call the warm path declines (gradients): not made for it
+        return _made(name)(q, k, v, causal, scale, gqa)
+
+    warm.stand_in = True  # type: ignore[attr-defined]
+    return warm
 
 
 def __getattr__(name: str) -> Any:
@@ -562,7 +584,7 @@ def __getattr__(name: str) -> Any:
     with _generate_lock:
         made = globals().get(name)
         if made is None:
-            made = globals()[name] = generate(*_FUNCTIONS[name])
+            made = globals()[name] = _stand_in(name)
     return made
 
 
