@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# One round of GPU work (see README, "GPU"): install, GPU tests, demo twice,
-# cold-start profile, C API (capi), benchmark, backward benchmark (bwd), transformers, the wide tiles (wide), the
-# forward Gluon GPU tests (fwdtests), the fused backward's split head dims (bwdsplit) and its trace (bwdtrace),
-# issue 12's grids (grids).
+# One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
+# twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
+# image (verifyimages), the multi-GPU tests (devices), C API (capi), benchmarks (bench, bwd, grids, decode, ...),
+# transformers, and the probes' steps below.
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+# Not the checkout's root: its kernels/ folder would shadow Hugging Face's kernels package (transformers imports it).
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "editable install failed"; exit 1; }
 export LAZYTRITON_CACHE_DIR=${LAZYTRITON_CACHE_DIR:-/tmp/lt-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 case " $* " in *" coldstart "*)  # fresh process -> first result from an image: one kernel (target 10 ms after torch's
@@ -18,16 +19,32 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
   # As deployed: a regular (not editable) install with its .pyc files, run away from the checkout.
   repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
   cold_image=/tmp/lt-cold.ltimg; rm -f $cold_image
+  # The bench's children without the compiled helpers (each has a fresh cache dir: none builds any); the profiles
+  # after it with both helpers built into the installed package, as a deployment image has them.
   (cd /tmp && export PYTHONPATH=/tmp/lt-installed:/tmp/site
-   python3 "$repo/benchmarks/bench_prewarm.py" --cold-start ${COLDSTART_IMAGE:+--image $repo/$COLDSTART_IMAGE} \
+   LAZYTRITON_HELPERS=0 python3 "$repo/benchmarks/bench_prewarm.py" --cold-start ${COLDSTART_IMAGE:+--image $repo/$COLDSTART_IMAGE} \
      --keep-image $cold_image --reps ${COLDSTART_REPS:-5} --jit-reps ${COLDSTART_JIT_REPS:-3} --csv "$OUT/prewarm.csv" \
      2>&1 | tee "$OUT/coldstart.log" | tail -19
    python3 -X importtime -c "import torch; import lazytriton.flash" 2> "$OUT/importtime.log"
+   python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 && python3 -m lazytriton.driver.hotpath_build \
+     >/dev/null 2>&1 || echo "helpers not built into /tmp/lt-installed"
    export LAZYTRITON_IMAGES=$cold_image LAZYTRITON_JIT=0
    for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run$set \
      python3 "$repo/benchmarks/profile_cold.py" $set 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done; done
    for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-p$set python3 "$repo/benchmarks/profile_cold.py" \
      $set --profile --sort cumtime --top 60 >> "$OUT/profile_cold.log" 2>&1; done) ;;
+esac
+case " $* " in *" hostfresh "*)  # a fresh install as the README leaves it: bench_host --no-build twice, the helpers
+  # built in the background by the first process's first GPU use (before any step here builds them into the package)
+  OUT="$OUT" bash benchmarks/host_fresh.sh --remove-package-helpers 2>&1 | tee "$OUT/host_fresh.log" | tail -14 ;;
+esac
+case " $* " in *" verifyimages "*)  # every family for every target, built by this host's Triton, passes cache verify
+  timeout ${VERIFY_TIMEOUT:-300} python3 -P -m pytest tests/test_verify_images.py -q -p no:cacheprovider -rs 2>&1 \
+    | tee "$OUT/verify_images.log" | tail -4 ;;
+esac
+case " $* " in *" devices "*)  # every GPU of the host: the multi-GPU tests (their one-device part on one GPU)
+  timeout ${DEVICES_TIMEOUT:-300} python3 -P -m pytest tests/test_multi_gpu.py tests/test_devices.py -m gpu -q \
+    -p no:cacheprovider -rs 2>&1 | tee "$OUT/devices.log" | tail -8 ;;
 esac
 case " $* " in *" tune "*)  # fills kernels/flash_fwd/tuning.csv here; copy it back from $OUT
   timeout ${TUNE_TIMEOUT:-900} lazytriton tune -j "$(nproc)" 2>&1 | tee "$OUT/tune.log" | tail -45; cp kernels/flash_fwd/tuning.csv "$OUT/tuning.csv" ;;
