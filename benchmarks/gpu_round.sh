@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), C API (capi), benchmarks (bench, bwd, grids, decode, ...),
-# transformers, and the probes' steps below.
+# transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -97,12 +97,11 @@ case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, 
   cp benchmarks/results/flash_bwd.csv "$OUT/flash_bwd.csv" ;;
 esac
 case " $* " in *" wide "*)  # flash_fwd_gluon's wide tiles (three consumer warpgroups): GPU tests, then the probe beside
-  # the served tilings (ping-pong), flash_fwd and cuDNN over WIDE_HEAD_DIMS (15th session: 64, then 80,96,160 with
-  # WIDE_ARGS=--quick, 1k and 4k only)
+  # the served tilings (ping-pong), flash_fwd and cuDNN over WIDE_HEAD_DIMS (WIDE_ARGS=--quick: 1k and 4k only)
   python3 -P -m pytest tests/test_gluon_fwd_wide.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/wide_tests.log" | tail -4
   skip="gluon[128, 128, 8],gluon[128, 128, 8]+producer,gluon[128, 64, 8],gluon[128, 64, 8]+producer"
   mkdir -p "$OUT/wide"
-  OUT="$OUT/wide" python3 benchmarks/probe_gluon.py --head-dims ${WIDE_HEAD_DIMS:-64} --wide ${WIDE_ARGS:-} \
+  OUT="$OUT/wide" python3 experiments/probe_gluon.py --head-dims ${WIDE_HEAD_DIMS:-64} --wide ${WIDE_ARGS:-} \
     --skip "$skip" 2>&1 | tail -26 ;;
 esac
 case " $* " in *" fwdtests "*)  # the forward Gluon kernel's GPU tests (all its tilings), 4 processes on the GPU
@@ -111,23 +110,23 @@ case " $* " in *" fwdtests "*)  # the forward Gluon kernel's GPU tests (all its 
     | tee "$OUT/fwd_tests.log" | tail -6 ;;
 esac
 case " $* " in *" bwdsplit "*)  # the fused backward at split head dims: its GPU tests, the served kernel beside a kernel
-  # file of before a change (BWDSPLIT_BEFORE, in benchmarks/, untracked: the device tool carries it), the fused plan
+  # file of before a change (BWDSPLIT_BEFORE, in experiments/, untracked: the device tool carries it), the fused plan
   # from 1k keys against the two kernels
   timeout ${BWDTESTS_TIMEOUT:-200} python3 -P -m pytest tests/test_fused_bwd.py -m gpu -q \
     -p no:cacheprovider -n 4 2>&1 | tee "$OUT/bwd_tests.log" | tail -4
-  [ -n "${BWDSPLIT_BEFORE:-}" ] && timeout ${BWDSPLIT_TIMEOUT:-240} python3 benchmarks/probe_fused_variants.py \
+  [ -n "${BWDSPLIT_BEFORE:-}" ] && timeout ${BWDSPLIT_TIMEOUT:-240} python3 experiments/probe_fused_variants.py \
     --head-dims ${BWDSPLIT_HEAD_DIMS:-96,80} --seqlens 1024,4096,16384 --variant "before=$BWDSPLIT_BEFORE" 2>&1 \
     | tee "$OUT/bwd_split.log" | tail -16
-  timeout 120 python3 benchmarks/probe_bwd_overhead.py --fused-from 1024 --head-dims ${BWDSPLIT_HEAD_DIMS:-96,80} \
+  timeout 120 python3 experiments/probe_bwd_overhead.py --fused-from 1024 --head-dims ${BWDSPLIT_HEAD_DIMS:-96,80} \
     --seqlens 1024 --quiet 2>&1 | tee "$OUT/bwd_from1k.log" | tail -8 ;;
 esac
 case " $* " in *" bwdtrace "*)  # where the fused backward's programs spend their time, by phase (probe_fused_steps.py
   # --trace, TRACE_HEAD_DIMS at 1k and 4k): the served kernel's tracing copy, made here, and TRACE_EXTRA's
-  # ("NAME=FILE ...": tracing copies made beforehand, in benchmarks/, untracked: the device tool carries them)
-  python3 benchmarks/make_trace_kernel.py >/dev/null
-  traces="--trace served=benchmarks/fused_trace_kernel.py"
+  # ("NAME=FILE ...": tracing copies made beforehand, in experiments/, untracked: the device tool carries them)
+  python3 experiments/make_trace_kernel.py >/dev/null
+  traces="--trace served=experiments/fused_trace_kernel.py"
   for extra in ${TRACE_EXTRA:-}; do traces="$traces --trace $extra"; done
-  timeout ${TRACE_TIMEOUT:-200} python3 benchmarks/probe_fused_steps.py --head-dims ${TRACE_HEAD_DIMS:-192,256} \
+  timeout ${TRACE_TIMEOUT:-200} python3 experiments/probe_fused_steps.py --head-dims ${TRACE_HEAD_DIMS:-192,256} \
     --no-fit $traces 2>&1 | tee "$OUT/bwd_trace.log" | grep -A40 "^case" | tail -40 ;;
 esac
 case " $* " in *" grids "*)  # issue 12's two grids, lazytriton against cuDNN over 8 head dims (device time, in turns)
@@ -152,13 +151,13 @@ case " $* " in *" host "*)  # host time of a warm eager call per launch path, be
   python3 benchmarks/bench_host.py --csv "$OUT/host.csv" 2>&1 | tee "$OUT/bench_host.log" | tail -16 ;;
 esac
 case " $* " in *" hostparts "*)  # the warm call's host time part by part, and the driver's cost per kernel parameter
-  python3 benchmarks/probe_host_parts.py 2>&1 | tee "$OUT/host_parts.log" | tail -22 ;;
+  python3 experiments/probe_host_parts.py 2>&1 | tee "$OUT/host_parts.log" | tail -22 ;;
 esac
 case " $* " in *" gluon "*)  # flash_fwd_gluon: compile, numerics against float32, every tiling timed beside flash_fwd and cuDNN
-  timeout ${GLUON_TIMEOUT:-280} python3 benchmarks/probe_gluon.py ${GLUON_ARGS:---quick --sweep} 2>&1 | tail -40 ;;
+  timeout ${GLUON_TIMEOUT:-280} python3 experiments/probe_gluon.py ${GLUON_ARGS:---quick --sweep} 2>&1 | tail -40 ;;
 esac
 case " $* " in *" hosttma "*)  # flash_fwd_host_tma: K/V through host tensor descriptors, beside the pointer kernel and cuDNN
-  timeout ${HOSTTMA_TIMEOUT:-200} python3 benchmarks/probe_host_tma.py ${HOSTTMA_ARGS:---quick} 2>&1 | tail -30 ;;
+  timeout ${HOSTTMA_TIMEOUT:-200} python3 experiments/probe_host_tma.py ${HOSTTMA_ARGS:---quick} 2>&1 | tail -30 ;;
 esac
 case " $* " in *" splitd "*)  # non-power-of-two head dims: split tiles against padding
   timeout ${SPLITD_TIMEOUT:-150} python3 benchmarks/bench_split_d.py --csv "$OUT/split_d.csv" ${SPLITD_ARGS:-} 2>&1 \
@@ -175,10 +174,6 @@ case " $* " in *" tunebwd "*)  # flash_bwd's table: hd256 (its own candidates) a
     --table kernels/flash_bwd/tuning.csv 2>&1 | tee "$OUT/tune_bwd.log" | tail -30
   cp kernels/flash_bwd/tuning.csv "$OUT/bwd_tuning.csv" ;;
 esac
-case " $* " in *" warpspec "*)  # Triton's automatic warp specialisation (ws_probe_kernel.py) beside our forward and cuDNN
-  timeout ${WARPSPEC_TIMEOUT:-300} python3 benchmarks/probe_warp_spec.py --csv "$OUT/warp_spec.csv" ${WARPSPEC_ARGS:---quick} 2>&1 \
-    | tee "$OUT/warp_spec.log" | tail -16 ;;
-esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;
 esac
@@ -186,10 +181,10 @@ case " $* " in *" varlen "*)  # flash_attn_varlen_func on a mixed-length batch b
   python3 benchmarks/bench_varlen.py --csv "$OUT/varlen.csv" ${VARLEN_ARGS:-} 2>&1 | tee "$OUT/bench_varlen.log" | tail -30 ;;
 esac
 case " $* " in *" bwdatomic "*)  # probe: fused backward with atomic dQ (5 products) beside flash_bwd (7) and cuDNN
-  timeout ${BWDATOMIC_TIMEOUT:-260} python3 benchmarks/probe_bwd_atomic.py ${BWDATOMIC_ARGS:-} 2>&1 \
+  timeout ${BWDATOMIC_TIMEOUT:-260} python3 experiments/probe_bwd_atomic.py ${BWDATOMIC_ARGS:-} 2>&1 \
     | tee "$OUT/bwd_atomic.log" | tail -16 ;;
 esac
 case " $* " in *" gluonbwd "*)  # probe: flash_bwd's dK/dV kernel in Gluon beside the Triton kernel and cuDNN
-  timeout ${GLUONBWD_TIMEOUT:-240} python3 benchmarks/probe_gluon_bwd.py ${GLUONBWD_ARGS:-} 2>&1 \
+  timeout ${GLUONBWD_TIMEOUT:-240} python3 experiments/probe_gluon_bwd.py ${GLUONBWD_ARGS:-} 2>&1 \
     | tee "$OUT/gluon_bwd.log" | tail -16 ;;
 esac

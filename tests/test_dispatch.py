@@ -171,7 +171,7 @@ def test_tma_needs_a_head_dim_that_fills_its_tile() -> None:
 
 
 def test_flash_fwd_tma_default_is_off_until_measured() -> None:
-    # The lead flips TMA_BY_DEFAULT after benchmarks/probe_tma.py on the H200; until then no call changes kernel.
+    # The lead flips TMA_BY_DEFAULT after experiments/probe_tma.py on the H200; until then no call changes kernel.
     assert dispatch.TMA_BY_DEFAULT is False
     assert "TMA" not in dict(flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, True, True, 4096).functional)
 

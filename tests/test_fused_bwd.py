@@ -443,7 +443,7 @@ def test_the_narrow_program_brings_lse_and_delta_through_the_ring() -> None:
 def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) -> None:
     from conftest import REPO
 
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
     variants = importlib.import_module("probe_fused_variants")
     assert variants.parse_variant("x=copy.py:EARLY=1,FLAT=0") == ("x", ("copy.py", {"EARLY": 1, "FLAT": 0}))
     assert variants.parse_variant("head=head.py") == ("head", ("head.py", {}))
@@ -454,7 +454,7 @@ def test_the_tracing_copy_of_the_fused_kernel_is_made_from_the_current_source(mo
     fail here, not when a GPU round needs the trace (it had, from the 12th session to the 16th)."""
     from conftest import REPO
 
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
     maker = importlib.import_module("make_trace_kernel")
     copy = maker.traced((REPO / "kernels" / "flash_bwd" / "fused_kernel.py").read_text())
     for slot in (0, 1, 2, 3, 4, 5, 6, 8):
@@ -466,7 +466,7 @@ def test_the_tracing_copy_of_the_fused_kernel_is_made_from_the_current_source(mo
 def test_the_overhead_probe_parses_a_trial_row(monkeypatch: pytest.MonkeyPatch) -> None:
     from conftest import REPO
 
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
     probe = importlib.import_module("probe_bwd_overhead")
     assert probe.parse_row("64,1") == (64, True) and probe.parse_row("128,0") == (128, False)
     for bad in ("64", "64,2", "x,1", "64,true"):

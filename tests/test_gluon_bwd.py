@@ -3,7 +3,7 @@
 The kernel runs only on a Hopper GPU (Triton's interpreter does not run
 Gluon): the GPU tests at the end check its gradients against the float64
 reference (FlashAttention's rule) and against flash_bwd_dkdv, served by
-default and forced tiling by tiling; benchmarks/probe_gluon_bwd.py times it.
+default and forced tiling by tiling; experiments/probe_gluon_bwd.py times it.
 On the CPU: the spec shares flash_bwd_dkdv's parameters (the binding packs
 its arguments unchanged), the rule refuses every call it would not compute
 exactly, the memo key and plans pick it only for calls that fit its row, and
@@ -243,7 +243,7 @@ def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
 def _probe(monkeypatch: pytest.MonkeyPatch, name: str) -> object:
     from conftest import REPO
 
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
     return importlib.import_module(name)
 
 
@@ -254,7 +254,7 @@ def test_the_probes_tilings_are_ones_the_kernel_takes(monkeypatch: pytest.Monkey
 
 
 def test_the_fused_probe_kernel_compiles_with_a_tma_reduction_of_dq(monkeypatch: pytest.MonkeyPatch) -> None:
-    """benchmarks/gluon_bwd_probe_kernel.py (the fused backward): dQ leaves by cp.reduce.async.bulk, not red."""
+    """experiments/gluon_bwd_probe_kernel.py (the fused backward): dQ leaves by cp.reduce.async.bulk, not red."""
     import triton
     from triton.backends.compiler import GPUTarget
     try:
@@ -274,13 +274,13 @@ def test_the_fused_probe_kernel_compiles_with_a_tma_reduction_of_dq(monkeypatch:
 
 
 def test_the_atomic_dq_probe_runs_and_checks_on_cpu() -> None:
-    """benchmarks/probe_bwd_atomic.py --cpu-smoke: the fused kernel with atomic dQ, interpreted, within the rule."""
+    """experiments/probe_bwd_atomic.py --cpu-smoke: the fused kernel with atomic dQ, interpreted, within the rule."""
     import subprocess
     import sys
 
     from conftest import REPO
 
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "probe_bwd_atomic.py"), "--cpu-smoke"],
+    done = subprocess.run([sys.executable, str(REPO / "experiments" / "probe_bwd_atomic.py"), "--cpu-smoke"],
                           capture_output=True, text=True, timeout=600, check=False, cwd=REPO)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     checked = [line for line in done.stdout.splitlines() if "err/allowed" in line]

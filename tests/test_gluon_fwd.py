@@ -1,7 +1,7 @@
 """flash_fwd_gluon on CPU: its registration, dispatch's rule, its parameter layout, and real sm_90 compiles.
 
 The kernel itself runs only on a Hopper GPU (Triton's interpreter does not
-run Gluon): benchmarks/probe_gluon.py checks its numbers on the H200. Here,
+run Gluon): experiments/probe_gluon.py checks its numbers on the H200. Here,
 the host side: the spec shares flash_fwd's parameters (so the binding packs
 its arguments unchanged), dispatch's rule refuses every call the kernel does
 not compute exactly, and the installed Triton (3.9 on CI; the same file runs
@@ -356,7 +356,7 @@ def test_its_ptx_has_tma_loads_async_wgmma_and_mbarrier_waits() -> None:
 
 @pytest.fixture
 def probe(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
     return importlib.import_module("probe_gluon")
 
 
@@ -628,7 +628,7 @@ def test_a_hung_launch_ends_its_child_within_the_limit(probe: ModuleType, monkey
 
 
 def test_ptx_served_keeps_the_code_and_drops_where_the_source_was(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
     ptx_served = importlib.import_module("ptx_served")
     ptx = (".version 8.7\n\t.loc\t1 611 1\n\tmov.b32 \t%r1, 1;\n$L__BB0_3:\n\t// a comment\n\tbra.uni \t$L__BB0_3;\n"
            "\t.section\t.debug_info\n.b8 224 // DW_AT_call_line\n")

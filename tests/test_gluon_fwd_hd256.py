@@ -4,7 +4,7 @@ FlashAttention-3's hdim256 forward: BLOCK_M 128 (two consumer warpgroups of
 64 rows, or ping-pong), BLOCK_N 64, 2 stages: Q 64 KiB and four 32 KiB K/V
 buffers, 192 KiB of sm_90's 227; O is 64 x 256 fp32 a warpgroup, 128
 registers a thread. dispatch.GLUON_TABLE has no hd256 row until the H200
-sweep (benchmarks/probe_gluon.py --quick --sweep) says which tiling wins:
+sweep (experiments/probe_gluon.py --quick --sweep) says which tiling wins:
 the plumbing tests here patch one in. The GPU tests run on the H200 host.
 """
 
@@ -143,7 +143,7 @@ def test_a_head_dim_256_row_reaches_the_memo_key_the_plan_and_prewarm() -> None:
 
 
 def test_the_shipped_head_dim_256_rows_are_the_measured_ping_pong_tiles() -> None:
-    """benchmarks/probe_gluon.py --head-dims 256 (H200, 2026-12-01): 128 x 64, 4 warps a warpgroup, ping-pong."""
+    """experiments/probe_gluon.py --head-dims 256 (H200, 2026-12-01): 128 x 64, 4 warps a warpgroup, ping-pong."""
     for dtype in ("bf16", "fp16"):
         for causal in (False, True):
             assert dispatch.GLUON_TABLE[(dtype, 256, causal)] == ((128, 64, 4), True, True)
@@ -171,7 +171,7 @@ def test_without_a_row_head_dim_256_keeps_flash_fwd(monkeypatch: pytest.MonkeyPa
 ], ids=str)
 def test_head_dim_256_numerics_on_gpu(tiling: tuple[tuple[int, int, int], bool, bool], dtype: torch.dtype,
                                       causal: bool | str, heads: tuple[int, int], seqlens: tuple[int, int]) -> None:
-    """Each hd256 tiling, forced through the binding, under FlashAttention's rule (benchmarks/probe_gluon.py
+    """Each hd256 tiling, forced through the binding, under FlashAttention's rule (experiments/probe_gluon.py
     checks the same at the benchmark's sizes)."""
     from lazytriton.kernels.flash_fwd import binding
 

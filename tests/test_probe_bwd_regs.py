@@ -1,4 +1,4 @@
-"""benchmarks/probe_bwd_regs.py on CPU: its reading of ptxas -v logs, its occupancy estimate, its config syntax.
+"""experiments/probe_bwd_regs.py on CPU: its reading of ptxas -v logs, its occupancy estimate, its config syntax.
 
 The logs below are what Triton 3.9 (ptxas 12.9, "ptxas-blackwell") and
 Triton 3.6 (ptxas 12.8) printed for the backward's kernels at head dim 256,
@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 from conftest import REPO
 
-PROBE = REPO / "benchmarks" / "probe_bwd_regs.py"
+PROBE = REPO / "experiments" / "probe_bwd_regs.py"
 
 # dK/dV 64/64, 4 warps, 2 stages (Triton 3.9): spills, and the wgmma were serialised.
 LOG_SPILLING = """\

@@ -1,4 +1,4 @@
-"""benchmarks/probe_fwd_variants.py on CPU: what it loads and runs each variant at (its timing needs sm_90)."""
+"""experiments/probe_fwd_variants.py on CPU: what it loads and runs each variant at (its timing needs sm_90)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("probe_fwd_variants", REPO / "benchmarks" / "probe_fwd_variants.py")
+    spec = importlib.util.spec_from_file_location("probe_fwd_variants", REPO / "experiments" / "probe_fwd_variants.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["probe_fwd_variants"] = module

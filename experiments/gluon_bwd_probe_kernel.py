@@ -1,6 +1,6 @@
-"""Probe kernel for issue 12's backward lever: the fused backward (dK, dV and atomic dQ) in Gluon for Hopper.
+"""Probe kernel of the backward: the fused backward (dK, dV and atomic dQ) in Gluon for Hopper.
 
-Not served by lazytriton: ``benchmarks/probe_gluon_bwd.py`` launches it through
+Not served by lazytriton: ``experiments/probe_gluon_bwd.py`` launches it through
 Triton's JIT beside flash_bwd's kernels, the served Gluon dK/dV kernel
 (``flash_bwd_dkdv_gluon``, whose helpers this file reuses) and cuDNN.
 

@@ -14,7 +14,7 @@ cuDNN's whole backward. Two tables: the dK/dV kernel alone, with the backward
 it projects (dQ kernel + best Gluon dK/dV), and the fused backward whole, in
 TFLOP/s (the backward counted as 2.5x the forward).
 
-Usage: python benchmarks/probe_gluon_bwd.py [--quick] [--head-dims 64,128] [--reps 15]
+Usage: python experiments/probe_gluon_bwd.py [--quick] [--head-dims 64,128] [--reps 15]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # the benchmarks' helpers
 import bwd_atomic_probe_kernel  # noqa: E402
 import gluon_bwd_probe_kernel as probe  # noqa: E402
 from bench_flash_bwd import jit_launches  # noqa: E402

@@ -8,11 +8,8 @@ was (debug sections, ``.loc`` lines, comments, label names), and prints a short
 hash per variant; ``--save`` writes them, ``--compare`` says which differ from
 a saved set. Run it on the old source, then on the new (``git stash``):
 
-    python benchmarks/ptx_served.py --save /tmp/before.json
-    python benchmarks/ptx_served.py --compare /tmp/before.json
-
-The 15th session used it for the one-Q-buffer change (94a4c82): all nine the
-same under Triton 3.9.
+    python experiments/ptx_served.py --save /tmp/before.json
+    python experiments/ptx_served.py --compare /tmp/before.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ kernel, and their share of the backward's FLOPs as TFLOP/s (the whole
 backward counted as 2.5x the forward, FlashAttention's convention, attributed
 to each kernel by its share of the time).
 
-Usage: python benchmarks/sweep_flash_bwd.py [--jobs 16] [--cases bf16:128:0:4096,...] [--reps 20]
+Usage: python experiments/sweep_flash_bwd.py [--jobs 16] [--cases bf16:128:0:4096,...] [--reps 20]
 """
 
 from __future__ import annotations

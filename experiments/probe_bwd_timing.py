@@ -20,7 +20,7 @@ through ``torch.autograd.grad``) is timed
 ``--profile``: then each provider's calls again under torch.profiler, its
 kernels' device time a call (CUPTI's), so a row's time splits by kernel.
 
-Usage: python benchmarks/probe_bwd_timing.py [--cases fp16:224:causal:1024,...] [--reps 20] [--burst 20]
+Usage: python experiments/probe_bwd_timing.py [--cases fp16:224:causal:1024,...] [--reps 20] [--burst 20]
        [--profile]
 """
 
@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # the benchmarks' helpers
 import bench_flash_bwd  # noqa: E402
 from benchgrid import DTYPES, cases  # noqa: E402
 

@@ -21,9 +21,9 @@ spill are common in tiles that tuned well at head dims 64 and 128: the figures
 rank candidates, the GPU decides.
 
 Usage:
-  python benchmarks/probe_bwd_regs.py --head-dims 64,128,256 --sweep        # tune_bwd's candidates
-  python benchmarks/probe_bwd_regs.py --head-dims 256 --config dkdv:64/64/8/2 --config dq:128/32/8/3
-  PYTHONPATH=/path/to/triton-3.6 python benchmarks/probe_bwd_regs.py ...      # the GPU host's Triton
+  python experiments/probe_bwd_regs.py --head-dims 64,128,256 --sweep        # tune_bwd's candidates
+  python experiments/probe_bwd_regs.py --head-dims 256 --config dkdv:64/64/8/2 --config dq:128/32/8/3
+  PYTHONPATH=/path/to/triton-3.6 python experiments/probe_bwd_regs.py ...      # the GPU host's Triton
 
 A config is ``KERNEL:BLOCK_M/BLOCK_N/num_warps/num_stages`` (KERNEL dq or dkdv;
 BLOCK_M is the query tile and BLOCK_N the key tile in both kernels). Without

@@ -16,7 +16,7 @@ interpreter on one tiny fp16 shape per case and are checked only (Triton's
 own interpreter multiplies bf16 bit patterns as integers; lazytriton's copy
 fixes that, but runs only our kernel families).
 
-Usage: python benchmarks/probe_bwd_atomic.py [--quick] [--dtypes bf16] [--head-dims 64,128] [--reps 15]
+Usage: python experiments/probe_bwd_atomic.py [--quick] [--dtypes bf16] [--head-dims 64,128] [--reps 15]
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ against the whole:
   a kernel signature per feature set.
 
 A no-op lambda is timed too; each figure includes one Python call of that cost.
-Usage: python benchmarks/probe_host_parts.py [--rounds N] [--calls N]
+Usage: python experiments/probe_host_parts.py [--rounds N] [--calls N]
 """
 
 from __future__ import annotations
@@ -27,15 +27,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
-from bench_host import ensure_cpp, ensure_helper, measure
 
-import lazytriton
-from lazytriton import runtime
-from lazytriton.driver import fastlaunch, hotpath
-from lazytriton.kernels.flash_fwd import hot
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # the benchmarks' helpers
+from bench_host import ensure_cpp, ensure_helper, measure  # noqa: E402
+
+import lazytriton  # noqa: E402
+from lazytriton import runtime  # noqa: E402
+from lazytriton.driver import fastlaunch, hotpath  # noqa: E402
+from lazytriton.kernels.flash_fwd import hot  # noqa: E402
 
 PARAM_COUNTS = (4, 16, 32, 48, 64)
 

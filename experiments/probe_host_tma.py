@@ -1,13 +1,12 @@
 """Probe: flash_fwd_host_tma (K and V through host tensor descriptors) against the pointer kernel and cuDNN.
 
-Lever "TMA descriptors" of issue 12. FACTS.md measured about +20% over pointer
-loads for a forward with host descriptors on the H200; the device-side
-descriptors of ``TMA=true`` measured 0.93x (NOTES.md). This runs the
-host-descriptor kernel the way a call would: compiled through lazytriton's
-compile path (``runtime.get().kernel``: cache, else JIT), launched by
-lazytriton's own launcher, which encodes the two CUtensorMaps
-(``cuTensorMapEncodeTiled``) from (base, sizes, strides) and passes them by
-value.
+FACTS.md measured about +20% over pointer loads for a forward with host
+descriptors on the H200; the device-side descriptors of ``TMA=true``
+measured 0.93x (NOTES.md). This runs the host-descriptor kernel the way a
+call would: compiled through lazytriton's compile path
+(``runtime.get().kernel``: cache, else JIT), launched by lazytriton's own
+launcher, which encodes the two CUtensorMaps (``cuTensorMapEncodeTiled``)
+from (base, sizes, strides) and passes them by value.
 
 1. Numerics, per dtype x head dim x causal x config: B=2, H=4, seqlens 1000
    and 1024 (odd and even), against a float32 reference (SDPA math in fp32);
@@ -25,7 +24,7 @@ A shape or config that fails (compile, launch, numerics) is reported and the
 run goes on. The table comes last. With $OUT set, the log goes to
 $OUT/probe_host_tma.log and rows to $OUT/probe_host_tma.csv.
 
-Usage: python benchmarks/probe_host_tma.py [--quick]   (needs sm_90: TMA)
+Usage: python experiments/probe_host_tma.py [--quick]   (needs sm_90: TMA)
 """
 
 from __future__ import annotations

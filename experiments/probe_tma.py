@@ -10,7 +10,7 @@ found best for a host-descriptor TMA forward on the H200 (BLOCK_M 128, BLOCK_N
 64/128, 4 warps, 2-3 stages). Prints one table; ``--csv`` appends long-format
 rows (provider ``lazytriton_ptr`` / ``lazytriton_tma``).
 
-Usage: python benchmarks/probe_tma.py [--quick] [--sweep] [--csv PATH]
+Usage: python experiments/probe_tma.py [--quick] [--sweep] [--csv PATH]
 Needs an sm_90 GPU: TMA variants are built for sm_90 only.
 """
 
@@ -24,14 +24,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_flash_fwd import FIELDS, rel_err, time_ms
-from csvlog import append_rows
 
-import lazytriton
-from lazytriton import dispatch, runtime
-from lazytriton.kernels.flash_fwd import binding
-from lazytriton.prewarm.limits import refusal
-from lazytriton.variant import Variant
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # the benchmarks' helpers
+from bench_flash_fwd import FIELDS, rel_err, time_ms  # noqa: E402
+from csvlog import append_rows  # noqa: E402
+
+import lazytriton  # noqa: E402
+from lazytriton import dispatch, runtime  # noqa: E402
+from lazytriton.kernels.flash_fwd import binding  # noqa: E402
+from lazytriton.prewarm.limits import refusal  # noqa: E402
+from lazytriton.variant import Variant  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # FACTS.md: best host-descriptor TMA configs on the H200 (Triton 3.6): 128/64 at head dim 128, 128/128 at 64,

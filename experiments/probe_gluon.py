@@ -1,4 +1,4 @@
-"""Probe: flash_fwd_gluon (the Gluon, FlashAttention-3-style Hopper forward) on the H200, first iteration.
+"""Probe: flash_fwd_gluon (the Gluon, FlashAttention-3-style Hopper forward) on the H200.
 
 Three stages, each shape in a child process of its own with a deadline, so a
 fault (an illegal address poisons the CUDA context) or a hang (a pipeline of
@@ -27,7 +27,7 @@ says what happened:
 Logs go to ``$OUT`` (``probe_gluon.log``, ``probe_gluon.csv``) when set; the
 summary table comes last. Usage:
 
-    python benchmarks/probe_gluon.py [--quick] [--sweep] [--head-dims 64,128,256] [--deadline S]
+    python experiments/probe_gluon.py [--quick] [--sweep] [--head-dims 64,128,256] [--deadline S]
 
 Needs an sm_90 GPU. Compiles with the installed Triton (3.6 on the H200 host).
 """

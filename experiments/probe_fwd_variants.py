@@ -1,6 +1,6 @@
 """Probe: copies of the Gluon forward's kernel file, changed, beside the served forward and cuDNN.
 
-A variant is a kernel file (a copy of kernels/flash_fwd/gluon_kernel.py with a change, in benchmarks/: the device
+A variant is a kernel file (a copy of kernels/flash_fwd/gluon_kernel.py with a change, in experiments/: the device
 tool carries it, tracked or not). For bench_flash_fwd.py's shapes (bf16, batch x seqlen = 16k, hidden 2048), each
 variant runs through Triton's JIT with a ping-pong tiling (dispatch's row for the head dim, causal or not; the
 non-causal row's where dispatch has none, as at head dim 64 causal) and ``--q-tiles`` query tiles a program
@@ -9,7 +9,7 @@ non-causal row's where dispatch has none, as at head dim 64 causal) and ``--q-ti
 is timed (median of CUDA-event-timed runs, the providers' rounds interleaved) beside the served forward
 (``flash.attn_fwd``, whatever dispatch picks) and SDPA's cuDNN backend.
 
-Usage: python benchmarks/probe_fwd_variants.py [--head-dims 64,128] [--seqlens 1024,4096] [--causal both]
+Usage: python experiments/probe_fwd_variants.py [--head-dims 64,128] [--seqlens 1024,4096] [--causal both]
        [--q-tiles N] [--reps 30] [--rounds 3] --variant name=file.py [--variant ...]
 
 Needs an sm_90 GPU.
@@ -40,7 +40,7 @@ VARIANTS: dict[str, Any] = {}
 
 
 def load_kernel(path: str) -> Any:
-    """The ``flash_fwd_gluon_kernel`` of a kernel file (relative to benchmarks/ or absolute)."""
+    """The ``flash_fwd_gluon_kernel`` of a kernel file (relative to experiments/ or absolute)."""
     full = HERE / path
     spec = importlib.util.spec_from_file_location(f"fwd_variant_{full.stem}", full)
     assert spec is not None and spec.loader is not None, path

@@ -8,7 +8,7 @@ starts above the seqlen, in turns with the two kernels (one call of each a round
 host time and the kernel list. ``--parts`` times each part alone: flash_bwd_prep through Triton's JIT at several
 (BLOCK_M, warps), the accumulator's zero fill by torch and the cast ``dq.copy_(dqa)``, as GB/s.
 
-Usage: python benchmarks/probe_bwd_overhead.py [--head-dims 128,64] [--seqlens 1024,4096] [--fused-from 1024]
+Usage: python experiments/probe_bwd_overhead.py [--head-dims 128,64] [--seqlens 1024,4096] [--fused-from 1024]
 [--row 64,1] [--dtype bf16|fp16] [--parts] [--quiet]
 """
 

@@ -15,7 +15,7 @@ reduction out of shared memory, 5 dK and dV stored, 6 the producer's descriptors
 time goes, by phase, and the gap between one program's end and the next one's start on an SM. ``--variant
 NAME=FILE`` (repeatable): a copy with the served kernel's signature, timed beside it at 1k and 4k.
 
-Usage: python benchmarks/probe_fused_steps.py [--head-dims 256,128] [--reps 20] [--trace NAME=FILE]
+Usage: python experiments/probe_fused_steps.py [--head-dims 256,128] [--reps 20] [--trace NAME=FILE]
        [--variant NAME=FILE] [--no-fit]
 """
 

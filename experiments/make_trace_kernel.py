@@ -6,8 +6,8 @@ last dQ reduction out of shared memory (8), dK and dV stored (5) and the produce
 SM in 7. The edits are exact-string replacements: a change to the kernel that moves one of those lines fails here
 loudly (an AssertionError quoting it) rather than tracing the wrong spot.
 
-Usage: python benchmarks/make_trace_kernel.py [SRC [DST]]
-       (defaults: kernels/flash_bwd/fused_kernel.py, benchmarks/fused_trace_kernel.py)
+Usage: python experiments/make_trace_kernel.py [SRC [DST]]
+       (defaults: kernels/flash_bwd/fused_kernel.py, experiments/fused_trace_kernel.py)
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _stamp_sm(Trace):
 
 def main(argv: list[str]) -> int:
     src = Path(argv[0]) if argv else ROOT / "kernels" / "flash_bwd" / "fused_kernel.py"
-    dst = Path(argv[1]) if len(argv) > 1 else ROOT / "benchmarks" / "fused_trace_kernel.py"
+    dst = Path(argv[1]) if len(argv) > 1 else ROOT / "experiments" / "fused_trace_kernel.py"
     dst.write_text(traced(src.read_text()))
     print(f"{dst}: tracing copy of {src}")
     return 0

@@ -1,6 +1,6 @@
-"""Probe kernel for issue 12's backward lever: one dK/dV/dQ kernel with float32 atomic dQ (5 products, not 7).
+"""Probe kernel of the backward: one dK/dV/dQ kernel with float32 atomic dQ (5 products, not 7).
 
-Not served by lazytriton: ``benchmarks/probe_bwd_atomic.py`` launches it through
+Not served by lazytriton: ``experiments/probe_bwd_atomic.py`` launches it through
 Triton's JIT to measure what the fused backward gives on the H200 before it
 becomes a variant of ``flash_bwd``. Dense (B, H, S, D) tensors, head dim a
 power of two (EVEN_D), no score modifications; causal is bottom-right aligned

@@ -1,13 +1,13 @@
 """Probe: copies of the fused backward's kernel file, changed, beside the served kernel and cuDNN.
 
-A variant is a kernel file (a copy of kernels/flash_bwd/fused_kernel.py with a change, untracked in benchmarks/: the
+A variant is a kernel file (a copy of kernels/flash_bwd/fused_kernel.py with a change, untracked in experiments/: the
 device tool carries it) and the extra constexprs its kernel takes. For bench_flash_bwd.py's shapes (bf16, batch x
 seqlen = 16k, hidden 2048), every variant runs as a whole backward (flash_bwd_prep, the kernel, dQ's cast) through
 Triton's JIT with the served kernel's table tiling, is checked against the float32 reference on a slice
 (FlashAttention's rule), and is timed (median of CUDA-event-timed runs) beside the served kernel's JIT launch and
 cuDNN's backward. The table gives TFLOP/s (backward = 2.5 forwards).
 
-Usage: python benchmarks/probe_fused_variants.py [--head-dims 128,64] [--seqlens 4096,16384] [--reps 10]
+Usage: python experiments/probe_fused_variants.py [--head-dims 128,64] [--seqlens 4096,16384] [--reps 10]
        [--causal both|causal|full] --variant name=file.py[:FLAG=1,...] [--variant ...]
 
 It measured (NOTES.md, 12-01 6th) the ring for lse and delta (landed), the dQ product deferred a step with or
@@ -34,7 +34,7 @@ VARIANTS: dict[str, tuple[str, dict[str, int]]] = {}
 
 
 def parse_variant(text: str) -> tuple[str, tuple[str, dict[str, int]]]:
-    """``name=file.py[:FLAG=1,...]`` (the file relative to benchmarks/ or absolute) -> VARIANTS' item."""
+    """``name=file.py[:FLAG=1,...]`` (the file relative to experiments/ or absolute) -> VARIANTS' item."""
     name, _, rest = text.partition("=")
     path, _, flags = rest.partition(":")
     return name, (path, {k: int(v) for k, v in (f.split("=") for f in flags.split(",") if f)})

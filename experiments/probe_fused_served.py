@@ -7,7 +7,7 @@ with some ints left unspecialised), and lists the kernels the served backward la
 marked lse's strides and the causal offset divisible by 16, as the JIT does, and a loop nest over the group's
 heads costing 30% at head dim 256.
 
-Usage: python benchmarks/probe_fused_served.py [--head-dims 256,128] [--seqlens 1024,16384]
+Usage: python experiments/probe_fused_served.py [--head-dims 256,128] [--seqlens 1024,16384]
 """
 
 from __future__ import annotations
