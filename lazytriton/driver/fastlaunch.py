@@ -159,18 +159,13 @@ def _import_package() -> Any:
 
 def import_file(where: str, path: Path) -> Any:
     """The helper module from ``where`` (a path the loader opens); None, and one log line, if it does not import."""
+    from lazytriton.driver import helpers
+
     try:
-        loader = importlib.machinery.ExtensionFileLoader(MODULE, where)
-        spec = importlib.util.spec_from_file_location(MODULE, where, loader=loader)
-        if spec is None:
-            raise ImportError(f"no module spec for {where}")
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
+        return helpers.load_extension(MODULE, where, path)
     except Exception as exc:  # built for another Python, a broken file
         log.warning("launch helper %s does not load (%s): launches go through cffi's ABI mode", path, exc)
         return None
-    module.__file__ = str(path)
-    return module
 
 
 def _usable(module: Any) -> bool:

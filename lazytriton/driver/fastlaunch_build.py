@@ -380,14 +380,21 @@ def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o77
     with tempfile.TemporaryDirectory(prefix="lazytriton-fastlaunch-") as tmp:
         source, built = Path(tmp) / "fastlaunch.c", Path(tmp) / FILE_NAME
         source.write_text(C_SOURCE)
-        argv = command(compiler, source, built, include)
-        if verbose:
-            print(" ".join(argv))
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 (our command)
-        if done.returncode != 0:
-            raise BuildError(f"{compiler} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
-        fsutil.write_atomically(target, [built.read_bytes()], mode=mode)  # a loader sees all of it or none
+        compile_and_install(command(compiler, source, built, include), built, target, mode, verbose)
     return target
+
+
+def compile_and_install(argv: list[str], built: Path, target: Path, mode: int, verbose: bool) -> None:
+    """Run the compiler command ``argv`` (it writes ``built``), then install ``built`` as ``target`` atomically.
+
+    BuildError carries the compiler's last output when it fails.
+    """
+    if verbose:
+        print(" ".join(argv))
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 (our command)
+    if done.returncode != 0:
+        raise BuildError(f"{argv[0]} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    fsutil.write_atomically(target, [built.read_bytes()], mode=mode)  # a loader sees all of it or none
 
 
 def main() -> int:

@@ -39,6 +39,7 @@ import contextlib
 import errno
 import functools
 import importlib.machinery
+import importlib.util
 import logging
 import os
 import re
@@ -98,6 +99,22 @@ def enabled() -> bool:
             raise config.SettingsError(str(exc)) from None
         _setting[:] = [value, config.generation]
     return bool(_setting[0])
+
+
+def load_extension(name: str, where: str, path: Path) -> Any:
+    """Import the extension module ``name`` from ``where`` (a path the loader opens; ``path`` names it).
+
+    Raises what the import raises (built for another Python, a broken file);
+    the module's ``__file__`` is ``path``.
+    """
+    loader = importlib.machinery.ExtensionFileLoader(name, where)
+    spec = importlib.util.spec_from_file_location(name, where, loader=loader)
+    if spec is None:
+        raise ImportError(f"no module spec for {where}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    module.__file__ = str(path)
+    return module
 
 
 def abi_tag() -> str:

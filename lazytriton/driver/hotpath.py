@@ -15,8 +15,6 @@ plan layout) logs once and the warm path stays in Python
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -56,16 +54,10 @@ def load(directory: Path, torch_version: str, plan_version: int) -> Any:
 def load_file(where: str, path: Path, torch_version: str, plan_version: int) -> Any:
     """The module in ``where`` (a path the loader opens; ``path`` names it in messages), checked; or None."""
     try:
-        loader = importlib.machinery.ExtensionFileLoader(MODULE, where)
-        spec = importlib.util.spec_from_file_location(MODULE, where, loader=loader)
-        if spec is None:
-            raise ImportError(f"no loader for {where}")
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
+        module = helpers.load_extension(MODULE, where, path)
     except Exception as exc:  # built for another Python, a broken file
         log.warning("the C++ warm path %s does not load (%s): the Python warm path", path, exc)
         return None
-    module.__file__ = str(path)
     built_for = getattr(module, "TORCH_VERSION", None)
     if built_for != torch_version:
         log.warning("the C++ warm path %s was built against torch %s, this is torch %s: not used", path, built_for,

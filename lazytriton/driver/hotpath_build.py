@@ -22,13 +22,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
-from lazytriton import fsutil
 from lazytriton.driver import fastlaunch, fastlaunch_build, hotpath
 
 SOURCE = Path(__file__).with_name("_hotpath.cpp")
@@ -105,12 +103,10 @@ def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o77
         built = Path(tmp) / target.name
         argv = command(compiler, source, built, includes, libraries, torch.__version__,
                        bool(torch._C._GLIBCXX_USE_CXX11_ABI), fastlaunch.PLAN_VERSION)
-        if verbose:
-            print(" ".join(argv))
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 (our command)
-        if done.returncode != 0:
-            raise BuildError(f"{compiler} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-        fsutil.write_atomically(target, [built.read_bytes()], mode=mode)  # a loader sees all of it or none
+        try:
+            fastlaunch_build.compile_and_install(argv, built, target, mode, verbose)
+        except fastlaunch_build.BuildError as exc:
+            raise BuildError(str(exc)) from None
     return target
 
 
