@@ -130,3 +130,19 @@ def ptxas_report(ptx: str, tmp_path: Path) -> tuple[int, int, int]:
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert regs and spills, log
     return int(regs[1]), int(spills[1]), int(spills[2])
+
+
+@pytest.fixture(scope="session")
+def launch_helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The compiled launch helper: the installed one, or one built for this run (skip when it cannot be built)."""
+    import importlib
+
+    from lazytriton.driver import fastlaunch, fastlaunch_build, helpers
+
+    if fastlaunch.available():
+        return importlib.import_module(fastlaunch.MODULE)
+    try:
+        path = fastlaunch_build.build(tmp_path_factory.mktemp("fastlaunch"))
+    except Exception as exc:  # no compiler, no Python headers
+        pytest.skip(f"the launch helper cannot be built here: {exc}")
+    return helpers.load_extension(fastlaunch.MODULE, str(path), path)

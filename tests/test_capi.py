@@ -20,6 +20,36 @@ from conftest import REPO, gpu
 
 from lazytriton.capi import build, default_prefix, embedded
 
+# The start of a program that calls the C API in process through ctypes, as a host program would (GIL released):
+# lt_init before torch is imported; cffi lays the structs out from the header (sys.argv[2]); call() passes cffi
+# pointers; describe() fills an lt_tensor for a CPU tensor.
+IN_PROCESS_PRELUDE = r"""
+import ctypes, json, math, sys
+dll = ctypes.CDLL(sys.argv[1])
+dll.lt_last_error.restype = ctypes.c_char_p
+assert dll.lt_init(None) == 0, dll.lt_last_error()
+import torch
+from cffi import FFI
+from lazytriton.capi import build
+import lazytriton
+
+ffi = FFI()
+ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
+
+def call(name, *args):
+    fn = getattr(dll, name)
+    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
+
+CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4, torch.int64: 5}
+
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 1, 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+"""
+
+
 EXAMPLE = REPO / "examples" / "c"
 CHECK_SOURCE = REPO / "tests" / "capi" / "capi_check.c"
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (apt-get install gcc)")

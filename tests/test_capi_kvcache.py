@@ -21,40 +21,14 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, gpu
-from test_capi import exit_ok, run_program
+from test_capi import IN_PROCESS_PRELUDE, exit_ok, run_program
 
 from lazytriton.capi import embedded_kvcache
 
 KVCACHE_SOURCE = REPO / "capi" / "lt_kvcache.c"
 
 
-
-
-IN_PROCESS = r"""
-import ctypes, json, math, sys
-dll = ctypes.CDLL(sys.argv[1])
-dll.lt_last_error.restype = ctypes.c_char_p
-assert dll.lt_init(None) == 0, dll.lt_last_error()
-import torch
-from cffi import FFI
-from lazytriton.capi import build
-import lazytriton
-
-ffi = FFI()
-ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
-
-def call(name, *args):
-    fn = getattr(dll, name)
-    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
-
-CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4, torch.int64: 5}
-
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 1, 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-
+IN_PROCESS = IN_PROCESS_PRELUDE + r"""
 def error():
     return dll.lt_last_error().decode()
 

@@ -19,35 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_capi import exit_ok, run_program
+from test_capi import IN_PROCESS_PRELUDE, exit_ok, run_program
 
 from lazytriton.capi import build, embedded
 
-ALIASING = r"""
-import ctypes, json, sys
-dll = ctypes.CDLL(sys.argv[1])
-dll.lt_last_error.restype = ctypes.c_char_p
-assert dll.lt_init(None) == 0, dll.lt_last_error()
-import torch
-from cffi import FFI
-from lazytriton.capi import build
-import lazytriton
-
-ffi = FFI()
-ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
-
-def call(name, *args):
-    fn = getattr(dll, name)
-    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
-
-CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}
-
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 1, 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-
+ALIASING = IN_PROCESS_PRELUDE + r"""
 def run(kind, tensors, **options):
     p = ffi.new(f"lt_attn_{kind}_params *")
     assert call(f"lt_attn_{kind}_params_init", p) == 0

@@ -18,8 +18,6 @@ tests/test_multi_gpu.py runs the same questions on real devices.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import struct
 import threading
 from collections.abc import Iterator
@@ -37,7 +35,7 @@ from test_hot import _plan_for, _Recorder, _Runtime
 
 from lazytriton import dispatch, runtime
 from lazytriton.cache_format import Entry, Provenance
-from lazytriton.driver import DriverError, fastlaunch, fastlaunch_build, gpu
+from lazytriton.driver import DriverError, fastlaunch, gpu
 from lazytriton.kernels.flash_fwd import binding, hot
 from lazytriton.target import Target
 
@@ -66,20 +64,9 @@ def fake(devices_library: Path) -> Iterator[FakeDevices]:
     made.set_current(0)
 
 
-@pytest.fixture(scope="module")
-def helper_module(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The installed launch helper, or one built for this module (skip when it cannot be built)."""
-    if fastlaunch.available():
-        return importlib.import_module(fastlaunch.MODULE)
-    try:
-        path = fastlaunch_build.build(tmp_path_factory.mktemp("fastlaunch"))
-    except Exception as exc:  # no compiler, no setuptools
-        pytest.skip(f"the launch helper cannot be built here: {exc}")
-    spec = importlib.util.spec_from_file_location(fastlaunch.MODULE, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def helper_module(launch_helper: Any) -> Any:
+    return launch_helper
 
 
 @pytest.fixture(params=["abi", "helper"])

@@ -8,8 +8,6 @@ and context must be the same. Skipped without a C compiler.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import struct
 from pathlib import Path
 from typing import Any
@@ -19,24 +17,13 @@ from fake_libcuda import Fake
 from test_driver import _entry
 
 from lazytriton.cache_format.tensordesc import TensorDescMeta
-from lazytriton.driver import DriverError, fastlaunch, fastlaunch_build, gpu
+from lazytriton.driver import DriverError, fastlaunch, gpu
 from lazytriton.kernels import get
 
 
-@pytest.fixture(scope="module")
-def helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The installed helper module, or one built for this test run (skip when it cannot be built)."""
-    if fastlaunch.available():
-        return importlib.import_module(fastlaunch.MODULE)
-    try:
-        path = fastlaunch_build.build(tmp_path_factory.mktemp("fastlaunch"))
-    except Exception as exc:  # no compiler, no setuptools
-        pytest.skip(f"the launch helper cannot be built here: {exc}")
-    spec = importlib.util.spec_from_file_location(fastlaunch.MODULE, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def helper(launch_helper: Any) -> Any:
+    return launch_helper
 
 
 def _use_helper(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
