@@ -17,7 +17,6 @@ import importlib
 import os
 import re
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,12 +25,8 @@ from lazytriton.cache_format import Entry, Provenance, tensordesc
 from lazytriton.cache_format.tensordesc import TensorDescMeta
 from lazytriton.kernels import KernelSpec, get, source_fingerprint
 from lazytriton.target import Target
+from lazytriton.triton_lock import TRITON_LOCK
 from lazytriton.variant import LAUNCH_ABI, Variant, kernel_constexprs
-
-# Triton keeps global state (its knobs, TRITON_CACHE_DIR set below for the
-# length of a compile): one compile at a time per process. The interpreter takes
-# it too, once, while it loads its private copy of triton.language.
-TRITON_LOCK = threading.RLock()
 
 
 class CompileError(RuntimeError):

@@ -18,7 +18,7 @@ process started with ``TRITON_INTERPRET=1``.
 The copy is built once per process (0.24 s on a 2-core machine, Triton 3.9),
 and that is the one moment the process sees it: ``sys.modules`` holds the
 private modules instead of the real ones, and ``TRITON_INTERPRET`` reads 0,
-while they are imported. It happens under ``compiler.TRITON_LOCK``, so no
+while they are imported. It happens under ``triton_lock.TRITON_LOCK``, so no
 compile of lazytriton's runs meanwhile; a thread that imports a
 ``triton.language`` module for the first time in that instant could get the
 private one.
@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import Any
 
 from lazytriton.kernels import KernelSpec, get
+from lazytriton.triton_lock import TRITON_LOCK
 
 # One interpretation at a time (the interpreter's grid position is process-wide).
 _run_lock = threading.Lock()
@@ -183,8 +184,6 @@ def _install_fixes(interpreter: Any) -> None:
 def _private_copy() -> _Private:
     global _private
     if _private is None:
-        from lazytriton.compiler import TRITON_LOCK
-
         with _load_lock, TRITON_LOCK:
             if _private is None:
                 _private = _load_private()
@@ -195,8 +194,6 @@ def _kernel_module(private: _Private, spec: KernelSpec) -> ModuleType:
     """The kernel's module, loaded once more against the private ``triton.language``, its ``@jit`` interpreted."""
     module = private.kernels.get(spec.module)
     if module is None:
-        from lazytriton.compiler import TRITON_LOCK
-
         # The helper modules the file imports from (KernelSpec.helpers), imported for real first: one first
         # imported inside the block, and importing triton.language, would stay in sys.modules bound to the
         # private copy, for every later compile. (The fused backward's helpers are Gluon functions of the

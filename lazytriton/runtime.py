@@ -16,7 +16,7 @@ same key wait for that thread's result, or its error, which is not remembered
 (the next call tries again). Nothing one key does (a 10 s compile, a lease
 wait) delays a lookup of another key, in memory, an image or the local tier.
 Compiles of different keys run one at a time all the same, inside the compiler
-(Triton's global state, ``compiler.TRITON_LOCK``).
+(Triton's global state, ``triton_lock.TRITON_LOCK``).
 
 The runtime follows the settings: ``config.configure()`` and ``config.reset()``
 bump ``config.generation``, and ``get()`` builds a new runtime when the one it
