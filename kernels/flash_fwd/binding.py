@@ -31,6 +31,7 @@ from lazytriton import dispatch, runtime, tuning
 from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.flash_fwd import FLASH_FWD, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import grid as _grid
+from lazytriton.kernels.flash_fwd.names import NAMES, Names
 from lazytriton.kernels.flash_fwd.score_mods import mod_tensors
 from lazytriton.variant import Variant
 
@@ -104,24 +105,6 @@ class Call(NamedTuple):
     def mods(self) -> tuple[bool, bool, bool]:
         """The flags (ALIBI, BIAS, DROPOUT) of the kernel this call needs."""
         return (self.alibi is not None, self.bias is not None, self.dropout_p > 0.0)
-
-
-class Names(NamedTuple):
-    """The caller's names for the arguments, so that errors speak the caller's language."""
-
-    q: str = "q"
-    k: str = "k"
-    v: str = "v"
-    causal: str = "causal"
-    scale: str = "sm_scale"
-    window: str = "window_size"
-    softcap: str = "softcap"
-    alibi: str = "alibi_slopes"
-    bias: str = "attn_mask"
-    dropout: str = "dropout_p"
-
-
-NAMES = Names()
 
 
 # ---------------------------------------------------------------------------

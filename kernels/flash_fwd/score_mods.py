@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lazytriton.kernels.arguments import shown
+from lazytriton.kernels.flash_fwd.names import NAMES, Names
 
 if TYPE_CHECKING:
-    from lazytriton.kernels.flash_fwd.binding import Call, Names
+    from lazytriton.kernels.flash_fwd.binding import Call
 
 
 def with_mods(call: Call, q: torch.Tensor, alibi: Any = None, bias: Any = None, dropout_p: Any = 0.0,
@@ -33,10 +34,8 @@ def with_mods(call: Call, q: torch.Tensor, alibi: Any = None, bias: Any = None, 
     above 0 it needs ``philox``, the int64 [seed, offset] pair on q's device
     the kernels draw their mask from (``draw_philox``).
     """
-    if names is None:  # binding imports this module: its names are read when first needed
-        from lazytriton.kernels.flash_fwd import binding
-
-        names = binding.NAMES
+    if names is None:
+        names = NAMES
     b, hq, _, sq, sk, _ = call.shape
     if alibi is not None:
         if not isinstance(alibi, torch.Tensor):
