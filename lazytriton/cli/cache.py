@@ -21,7 +21,6 @@ instead (same exit status; errors stay one line on stderr).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
 from lazytriton.cli import plural
+from lazytriton.cli.report import Report, emit, image_paths, open_runtime
 from lazytriton.misslog import MISS_LOG_MAX_BYTES, summarize
 from lazytriton.record import record
 from lazytriton.store.local import ORPHAN_GRACE_S, LocalTier
@@ -74,18 +74,6 @@ class Row:
     size: int
     entry: Entry | None
     problem: str = ""
-
-
-def open_runtime() -> Any:
-    from lazytriton import runtime
-
-    return runtime.get()
-
-
-def image_paths(rt: Any) -> list[Path]:
-    from lazytriton.store.image import image_files
-
-    return image_files(rt.settings.images)
 
 
 def local_rows(tier: LocalTier) -> Iterator[Row]:
@@ -151,18 +139,7 @@ def tier_rows(rt: Any, tier: str = "all") -> list[Row]:
 
 
 # --- commands ---------------------------------------------------------------------------------------------------
-# ls, stats, verify and explain each compute one plain report (dicts, lists, str, int, bool, None) and then
-# render it: as text, or with --json as that report itself, so the two views can never disagree.
-
-Report = dict[str, Any]
-
-
-def emit(args: argparse.Namespace, report: Report, render: Callable[[Report], None]) -> None:
-    """Print ``report`` as one JSON object on one line (``--json``, sorted keys), else as text through ``render``."""
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        render(report)
+# Each report is computed once and rendered by ``report.emit`` (text, or itself with --json).
 
 
 def ls_report(rt: Any, tier: str, targets: set[str] | None) -> Report:
@@ -474,7 +451,7 @@ def add_parser(sub: Any) -> None:
                        ("alibi", "ALiBi slopes (alibi_slopes)"), ("dropout", "dropout_p > 0"),
                        ("attn-mask", "an attn_mask (the kernels' additive bias)")):
         ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
-    from lazytriton.cli.explain import cmd_explain  # it imports this module's report helpers
+    from lazytriton.cli.explain import cmd_explain
 
     ex.set_defaults(fn=_guarded(cmd_explain))
     for command in (ls, stats, verify, ex):

@@ -1,7 +1,7 @@
 """``lazytriton cache explain``: for a described call, its variant, tuning row, key, and which tier serves it.
 
-Split from ``lazytriton.cli.cache`` (which registers the command): it shares
-that module's report-then-render shape, through ``emit``. A call the API
+``lazytriton.cli.cache`` registers the command; like the other cache reports
+it computes one report and renders it through ``report.emit``. A call the API
 would refuse is refused here too, by the API's own checks (``check_call``),
 and a ``--target`` must be one prewarm knows (``prewarm.limits.known_target``).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lazytriton.cli.cache import Report, emit, image_paths, open_runtime
+from lazytriton.cli.report import Report, emit, image_paths, open_runtime
 from lazytriton.record import asdict
 
 
