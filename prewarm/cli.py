@@ -50,7 +50,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from lazytriton.cli import plural
+from lazytriton.cli.report import plural
 
 DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importing it to build the parser
 # --causal takes the causal modes of the API and of ``cache explain`` (dispatch.CAUSAL_MODES);

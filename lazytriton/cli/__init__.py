@@ -19,6 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import lazytriton
+from lazytriton.cli.report import plural as plural  # re-exported as lazytriton.cli.plural
 
 DESCRIPTION = """\
 Triton FlashAttention kernels served from a persistent cache, compiled ahead
@@ -35,16 +36,6 @@ README.md)."""
 
 JIT_EXTRA_HINT = "hint: install the compiler with: pip install 'lazytriton[jit]'"
 _MAX_MESSAGE = 600  # characters of an error message shown on its one line
-
-
-def plural(n: int, singular: str, plural_form: str | None = None) -> str:
-    """``1 entry``, ``2 entries``: a count and its noun in the right number."""
-    if n == 1:
-        return f"{n} {singular}"
-    if plural_form is None:
-        consonant_y = singular.endswith("y") and singular[-2:-1] not in ("a", "e", "i", "o", "u")
-        plural_form = singular[:-1] + "ies" if consonant_y else singular + "s"
-    return f"{n} {plural_form}"
 
 
 def _version_of(package: str) -> str | None:

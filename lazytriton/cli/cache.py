@@ -30,8 +30,7 @@ from lazytriton import config
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_binary
 from lazytriton.cache_format.image import Image, ImageError, write_image
-from lazytriton.cli import plural
-from lazytriton.cli.report import Report, emit, image_paths, open_runtime
+from lazytriton.cli.report import Report, emit, image_paths, open_runtime, plural
 from lazytriton.misslog import MISS_LOG_MAX_BYTES, summarize
 from lazytriton.record import record
 from lazytriton.store.local import ORPHAN_GRACE_S, LocalTier

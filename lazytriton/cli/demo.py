@@ -16,7 +16,7 @@ import time
 import torch
 
 from lazytriton import dispatch, runtime
-from lazytriton.cli import plural
+from lazytriton.cli.report import plural
 from lazytriton.flash import attn_fwd
 from lazytriton.target import Target
 

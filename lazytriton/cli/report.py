@@ -1,4 +1,4 @@
-"""What the ``cache`` reports share: the runtime they read, its images, and one way to print a report.
+"""What the commands' reports share: counted nouns, the runtime they read, its images, one way to print a report.
 
 ``ls``, ``stats``, ``verify`` and ``explain`` each compute one plain report (dicts, lists, str, int, bool,
 None) and then render it: as text, or with ``--json`` as that report itself, so the two views can never
@@ -14,6 +14,16 @@ from pathlib import Path
 from typing import Any
 
 Report = dict[str, Any]
+
+
+def plural(n: int, singular: str, plural_form: str | None = None) -> str:
+    """``1 entry``, ``2 entries``: a count and its noun in the right number."""
+    if n == 1:
+        return f"{n} {singular}"
+    if plural_form is None:
+        consonant_y = singular.endswith("y") and singular[-2:-1] not in ("a", "e", "i", "o", "u")
+        plural_form = singular[:-1] + "ies" if consonant_y else singular + "s"
+    return f"{n} {plural_form}"
 
 
 def open_runtime() -> Any:
