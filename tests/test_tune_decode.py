@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lazytriton import dispatch, tuning
-from lazytriton.cli import tune, tune_decode
+from lazytriton.cli import tune, tune_compile, tune_decode
 from lazytriton.cli.tune_decode import COMBINE, SPLIT, Case
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.target import Target
@@ -221,7 +221,7 @@ def test_tune_group_compiles_once_and_rows_each_bucket(monkeypatch: pytest.Monke
         compiled.extend(variants)
         return {}
 
-    monkeypatch.setattr(tune, "compile_all", compile_all)
+    monkeypatch.setattr(tune_compile, "compile_all", compile_all)
     monkeypatch.setattr(tune_decode, "gpu_timer",
                         lambda reps: lambda c, s, m: (1.0 + s.get("BLOCK_N") / 1000 + m.get("BLOCK_M") / 1e4, 0.0))
     grid = cases(lengths=(1024, 32768))
@@ -305,7 +305,7 @@ def test_the_command_line_tunes_the_bench_grid_into_the_table(monkeypatch: pytes
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake H200")
     monkeypatch.setattr(dispatch, "target_of_device", lambda device: SM90)
     monkeypatch.setattr(binding, "sm_count", lambda device: 132)
-    monkeypatch.setattr(tune, "compile_all", lambda variants, jobs: {})
+    monkeypatch.setattr(tune_compile, "compile_all", lambda variants, jobs: {})
     timed: list[Case] = []
 
     def timer(reps: int) -> tune_decode.Timer:

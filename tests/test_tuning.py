@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lazytriton import dispatch, tuning
-from lazytriton.cli import tune
+from lazytriton.cli import tune, tune_compile
 from lazytriton.target import Target
 from lazytriton.variant import Variant
 
@@ -174,7 +174,7 @@ def test_tune_compiles_through_the_runtime(tmp_path_factory: pytest.TempPathFact
     entry = compiled(variant, shared_dir(tmp_path_factory))
     monkeypatch.setattr(compiler, "compile_variant", lambda v, key=None: entry)
     runtime.reset()
-    text, error = tune._resolve(str(variant))
+    text, error = tune_compile._resolve(str(variant))
     assert (text, error) == (str(variant), "")
     rt = runtime.get()
     assert rt.local.get(variant.key()) is not None
@@ -370,7 +370,7 @@ def test_bwd_tune_group_compiles_times_and_rows_only_the_kernels_asked(monkeypat
     def timer(inputs: dict[str, object], reps: int) -> tune_bwd.Timer:
         return lambda dq, dkdv: (1.0 + dkdv.get("BLOCK_M") / 1000 + dq.get("BLOCK_N") / 1000, 1e-3)
 
-    monkeypatch.setattr(tune, "compile_all", compile_all)
+    monkeypatch.setattr(tune_compile, "compile_all", compile_all)
     monkeypatch.setattr(tune_bwd, "make_inputs", lambda *args: {"flops": 1e12})
     monkeypatch.setattr(tune_bwd, "gpu_timer", timer)
     pairs = [(4096, 4096), (16, 4096)]

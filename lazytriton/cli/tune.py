@@ -42,11 +42,11 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lazytriton import dispatch, runtime, tuning
+from lazytriton import dispatch, tuning
+from lazytriton.cli import tune_compile
 from lazytriton.cli.timing import event_ms
 from lazytriton.driver.gpu import DriverError
 from lazytriton.fsutil import write_atomically
@@ -86,34 +86,6 @@ def write_table(path: Path, table: tuning.Table) -> None:
     write_atomically(path, [table.to_csv().encode()])
 
 
-def _resolve(text: str) -> tuple[str, str]:
-    """Resolve one variant through the runtime (compile lock, lease, miss log, every tier); the error, if any."""
-    try:
-        runtime.get().resolve(Variant.parse(text))
-        return text, ""
-    except Exception as exc:
-        return text, f"{type(exc).__name__}: {str(exc)[:200]}"
-
-
-def compile_all(variants: Sequence[Variant], jobs: int) -> dict[str, str]:
-    """Compile what the cache lacks in ``jobs`` processes, each through its runtime; the failures by variant.
-
-    Each worker resolves exactly as a call does, so a candidate is compiled
-    under the key's file lock (and the shared tier's lease), stored in every
-    writable tier and recorded in the miss log; the parent then loads it from
-    the cache.
-    """
-    rt = runtime.get()
-    missing = [str(v) for v in variants if rt.chain.get(v.key()) is None]
-    failures: dict[str, str] = {}
-    if missing:
-        with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for text, error in pool.map(_resolve, missing):
-                if error:
-                    failures[text] = error
-    return failures
-
-
 def _reference(q: Any, k: Any, v: Any, causal: bool) -> Any:
     """Float32 reference output of the first batch element's first two heads."""
     from lazytriton.kernels.flash_fwd.reference import attention_reference
@@ -147,7 +119,7 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
     plans = {(sq, sk): fitting([dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c,
                                                            seqlen_k=sk) for c in candidates(dtype, head_dim, sq)])
              for sq, sk in pairs}
-    failures = compile_all([v for vs in plans.values() for v in vs], jobs)
+    failures = tune_compile.compile_all([v for vs in plans.values() for v in vs], jobs)
     rows = []
     today = dt.date.today().isoformat()
     for (sq, sk), variants in plans.items():

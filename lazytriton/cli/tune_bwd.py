@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lazytriton import dispatch, tuning
+from lazytriton.cli import tune_compile
 from lazytriton.cli.timing import event_ms
 from lazytriton.driver.gpu import DriverError
 from lazytriton.target import Target
@@ -292,12 +293,10 @@ def gpu_timer(inputs: dict[str, Any], reps: int) -> Timer:
 def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: Sequence[tuple[int, int]],
                jobs: int, reps: int, gpu: str, kernels: Sequence[str] = KERNELS) -> list[tuning.Row]:
     """Rows for one (dtype, head dim, causal) group of the backward: per seqlen pair, each kernel's winner."""
-    from lazytriton.cli.tune import compile_all
-
     sweeps = {pair: sweep_variants(target, dtype, head_dim, causal, *pair) for pair in pairs}
     # Every candidate of the kernels tuned, and the fixed partner of a kernel not tuned.
     needed = [v for s in sweeps.values() for kernel, vs in s.items() for v in (vs if kernel in kernels else vs[:1])]
-    failures = compile_all(needed, jobs)
+    failures = tune_compile.compile_all(needed, jobs)
     rows = []
     today = dt.date.today().isoformat()
     for (sq, sk), sweep in sweeps.items():

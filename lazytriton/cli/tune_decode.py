@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from lazytriton import dispatch, tuning
+from lazytriton.cli import tune_compile
 from lazytriton.driver.gpu import DriverError
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -393,11 +394,9 @@ def splits_report(won: Won, cases: Sequence[Case], slots: int, reps: int) -> Non
 def tune_group(target: Target, dtype: str, head_dim: int, cases: Sequence[Case], jobs: int, reps: int, gpu: str,
                slots: int, report: bool = False) -> list[tuning.Row]:
     """Rows for one (dtype, head dim) group: per bucket of the grid, the split and combine winners."""
-    from lazytriton.cli.tune import compile_all
-
     sweeps = sweep_variants(target, cases)
-    failures = compile_all(list(dict.fromkeys(v for vs in sweeps.values() for lst in vs.values() for v in lst)),
-                           jobs)
+    needed = list(dict.fromkeys(v for vs in sweeps.values() for lst in vs.values() for v in lst))
+    failures = tune_compile.compile_all(needed, jobs)
     timer = gpu_timer(reps)
     rows: list[tuning.Row] = []
     today = dt.date.today().isoformat()
