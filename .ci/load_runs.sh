@@ -6,7 +6,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}; burners=${2:-4}
 files="tests/test_prewarm.py tests/test_prewarm_scaling.py tests/test_prewarm_limits.py tests/test_prewarm_fork.py
-       tests/test_faults.py tests/test_timing.py tests/test_bench_flash_fwd.py tests/test_bench_flash_bwd.py"
+       tests/test_faults.py tests/test_timing.py tests/test_bench_flash_fwd.py tests/test_bench_flash_bwd.py
+       tests/test_helpers_lazy.py tests/test_trust_storage.py tests/test_shared_dir.py tests/test_redis_tier.py
+       tests/test_cold_start.py"
+[ -n "${LOAD_FILES:-}" ] && files=$LOAD_FILES  # a subset: LOAD_FILES="tests/a.py tests/b.py"
 for round in $(seq "$rounds"); do
   pids=""
   for _ in $(seq "$burners"); do python3 -c "while True: pass" & pids="$pids $!"; done
