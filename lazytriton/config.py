@@ -144,7 +144,7 @@ def _shared_env() -> tuple[str | None, bytes | None, float]:
     """LAZYTRITON_SHARED (validated), LAZYTRITON_SIGNING_KEY and LAZYTRITON_SHARED_TIMEOUT_MS."""
     shared = os.environ.get("LAZYTRITON_SHARED", "").strip() or None
     if shared is not None:  # the shared-tier code is imported only when a shared tier is named
-        from lazytriton.store.shared import parse_url
+        from lazytriton.store.shared_url import parse_url
 
         parse_url(shared)
     raw_key = os.environ.get("LAZYTRITON_SIGNING_KEY", "")
@@ -296,7 +296,7 @@ def configure(*, cache_dir: str | os.PathLike[str] | None = None, jit: bool | No
 def _shared_changes(shared: str | None, signing_key: str | bytes | None,
                     shared_timeout_ms: float | None) -> dict[str, object]:
     from lazytriton.cache_format.envelope import check_signing_key
-    from lazytriton.store.shared import parse_url
+    from lazytriton.store.shared_url import parse_url
 
     changes: dict[str, object] = {}
     if shared is not None:
