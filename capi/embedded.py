@@ -22,17 +22,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("lazytriton.capi")
+from lazytriton.capi.common import (
+    COMPILE,
+    CUDA,
+    INVALID_ARGUMENT,
+    KERNEL_NOT_FOUND,
+    NO_GPU,
+    OK,
+    PYTHON,
+    UNSUPPORTED,
+    CapiError,
+    host_tensor,
+)
 
-# lt_status values (lazytriton.h); attach() checks them against the library's.
-OK = 0
-INVALID_ARGUMENT = 1
-UNSUPPORTED = 9
-KERNEL_NOT_FOUND = 11
-COMPILE = 12
-CUDA = 13
-PYTHON = 14
-NO_GPU = 8
+log = logging.getLogger("lazytriton.capi")
 
 DTYPE_NAMES = {1: "fp16", 2: "bf16", 3: "fp32"}
 _LOG_LEVELS = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
@@ -45,14 +48,6 @@ KERNELS = {0: "flash_fwd", 1: "flash_bwd_dq", 2: "flash_bwd_dkdv"}
 
 _ffi: Any = None
 _lib: Any = None
-
-
-class CapiError(Exception):
-    """An error with the lt_status it maps to."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def classify(exc: BaseException) -> tuple[int, str]:
@@ -167,20 +162,7 @@ def init(cfg: Any) -> int:
 
 def _host_tensor(view: Any) -> Any:
     """A torch tensor over the caller's host memory (no copy), with the view's sizes and strides."""
-    import torch
-
-    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32, 4: torch.int32}[view.dtype]
-    sizes = tuple(int(view.sizes[i]) for i in range(view.ndim))
-    strides = tuple(int(view.strides[i]) for i in range(view.ndim))
-    if 0 in sizes:
-        return torch.empty(sizes, dtype=dtype)
-    extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
-    item = torch.empty((), dtype=dtype).element_size()
-    buffer = _ffi.buffer(_ffi.cast("char *", view.data), extent * item)
-    return torch.frombuffer(buffer, dtype=dtype, count=extent).as_strided(sizes, strides)
-
-
-host_tensor = _host_tensor  # the public name other halves use (embedded_kvcache.py)
+    return host_tensor(_ffi, view)
 
 
 def _is_varlen(p: Any) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lazytriton.capi.embedded import PYTHON, host_tensor
+from lazytriton.capi.common import PYTHON, UNSUPPORTED, CapiError, host_tensor
 
 KERNELS = ("flash_decode_split", "flash_decode_combine")
 APPEND = "kv_append"
@@ -33,14 +33,14 @@ def _optional(view: Any) -> Any:
     """A host tensor of an optional view, or None when absent (data NULL and ndim 0: lt_kvcache.c's lt__absent)."""
     if view.data == _ffi.NULL and view.ndim == 0:
         return None
-    return host_tensor(view)
+    return host_tensor(_ffi, view)
 
 
 def inputs_of(p: Any) -> tuple[Any, Any, Any]:
     """(Inputs over the caller's memory, out, lse) of an lt_attn_kvcache_params on host memory."""
     from lazytriton.kernels.flash_decode import checks
 
-    q, k_cache, v_cache, out, lse = (host_tensor(t) for t in (p.q, p.k_cache, p.v_cache, p.out, p.lse))
+    q, k_cache, v_cache, out, lse = (host_tensor(_ffi, t) for t in (p.q, p.k_cache, p.v_cache, p.out, p.lse))
     k, v, lens, rows, table, slopes = (_optional(t) for t in (p.k, p.v, p.cache_seqlens, p.cache_batch_idx,
                                                               p.block_table, p.alibi_slopes))
     if lens is None and p.cache_seqlen >= 0:
@@ -90,7 +90,6 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
 
 def check_launch_layout(entry: Any, kernel: str) -> None:
     """Refuse an entry whose parameters lt_kvcache.c would not pass correctly (its binding's ints, then floats)."""
-    from lazytriton.capi.embedded import UNSUPPORTED, CapiError
     from lazytriton.kernels import kv_append
     from lazytriton.kernels.flash_decode import binding
 
