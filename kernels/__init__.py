@@ -144,12 +144,12 @@ def family_of(kernel: str) -> str:
 @functools.cache
 def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
-    from lazytriton.kernels.flash_bwd.fused import FLASH_BWD_FUSED_GLUON, FLASH_BWD_PREP
-    from lazytriton.kernels.flash_bwd.gluon import FLASH_BWD_DKDV_GLUON
+    from lazytriton.kernels.flash_bwd.fused_spec import FLASH_BWD_FUSED_GLUON, FLASH_BWD_PREP
+    from lazytriton.kernels.flash_bwd.gluon_spec import FLASH_BWD_DKDV_GLUON
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
-    from lazytriton.kernels.flash_fwd.gluon import FLASH_FWD_GLUON
-    from lazytriton.kernels.kv_append import KV_APPEND
+    from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON
+    from lazytriton.kernels.kv_append.spec import KV_APPEND
 
     # flash_fwd_gluon, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels
     # (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's kernels, not

@@ -11,61 +11,26 @@ import functools
 from typing import Any
 
 from lazytriton import tuning
+
+# Geometry, re-exported: dispatch.padded_head_dim and the others are read through dispatch too.
+from lazytriton.geometry import CAUSAL_MODES as CAUSAL_MODES
+from lazytriton.geometry import HEAD_DIMS as HEAD_DIMS
+from lazytriton.geometry import MAX_HEAD_DIM as MAX_HEAD_DIM
+from lazytriton.geometry import MIN_CHUNK as MIN_CHUNK
+from lazytriton.geometry import causal_mode, padded_head_dim, split_head_dim
+from lazytriton.kernels.flash_fwd.tma import require_tma, tma_possible
 from lazytriton.record import record
 from lazytriton.target import Target, target_from_cuda_capability, target_from_gcn_arch
 from lazytriton.variant import Variant, pairs
 
-# Head dims are compiled at these sizes and the rest is masked: Triton's
-# tl.arange needs a power of two, so 80 and 96 run as 128 (25-38% of the
-# matrix work padded) until a split-tile kernel covers them.
-HEAD_DIMS = (16, 32, 64, 128, 256)
-MAX_HEAD_DIM = HEAD_DIMS[-1]
-CAUSAL_MODES = ("none", "top_left", "bottom_right")
-
-
-def padded_head_dim(head_dim: int) -> int:
-    """The compiled head dim that holds ``head_dim`` (the smallest not below it)."""
-    for size in HEAD_DIMS:
-        if head_dim <= size:
-            return size
-    raise ValueError(f"head dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
-
-
-# Split tiles (issue 11, item 4): a head dim that is not a power of two as two
-# power-of-two chunks (96 = 64 + 32) instead of one padded tile (128). On by default
-# since benchmarks/bench_split_d.py measured flash_fwd on the H200 (bf16, 4k, Triton
-# 3.6, 2026-11-30): 1.42-2.22x the padded kernel's TFLOP/s at head dims 40, 72, 80,
-# 96, 160 and 192; split_d=False asks for padding. The backward kernels split by the
-# same rule (bench_split_d.py --mode bwd, H200 bf16 4k, 2026-12-01: 1.34-4.14x).
+# Split tiles: a head dim that is not a power of two as two power-of-two chunks
+# (geometry.split_head_dim: 96 = 64 + 32) instead of one padded tile (128). On by
+# default since benchmarks/bench_split_d.py measured flash_fwd on the H200 (bf16, 4k,
+# Triton 3.6): 1.42-2.22x the padded kernel's TFLOP/s at head dims 40, 72, 80, 96,
+# 160 and 192; split_d=False asks for padding. The backward kernels split by the same
+# rule (bench_split_d.py --mode bwd, H200 bf16 4k: 1.34-4.14x).
 SPLIT_BY_DEFAULT = True
 SPLIT_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
-MIN_CHUNK = 16  # tl.dot's smallest inner dimension
-
-
-def split_head_dim(head_dim: int) -> tuple[int, int] | None:
-    """The two chunks (a power of two, then one of at least 16) that hold ``head_dim`` in less than its padded tile.
-
-    None where a split saves nothing: powers of two, and dims whose second chunk
-    would round up to the first (224 = 128 + 96 -> 128 + 128 = 256, as padded).
-    """
-    padded = padded_head_dim(head_dim)
-    first = 1 << (head_dim.bit_length() - 1)
-    rest = head_dim - first
-    if rest == 0 or first < MIN_CHUNK:
-        return None
-    second = max(MIN_CHUNK, 1 << (rest - 1).bit_length())
-    return (first, second) if first + second < padded else None
-
-
-def causal_mode(causal: object) -> str:
-    """Normalise the ``causal`` argument: False, True (= top_left), "top_left", "bottom_right"."""
-    if causal is False or causal is None:
-        return "none"
-    if causal is True:
-        return "top_left"
-    if isinstance(causal, str) and causal in CAUSAL_MODES:
-        return causal
-    raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
 
 
 def seqlen_class(seqlen_q: int) -> int:
@@ -181,19 +146,13 @@ def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = 
 
     ``tma=True`` where descriptors cannot work (unaligned, a target without
     TMA, or a head dim narrower than its tile: ``even_d`` false) is a
-    ValueError: the kernel would fault or write where it must not. The last
-    was measured on the H200 (Triton 3.6, 2026-11-30): with head dim 59 in a
-    64-wide tile, the descriptor store wrote into the columns past head dim
-    (tests/test_flash_fwd.py::test_tma_and_pointer_variants_on_gpu), though
-    both versions' interpreters clip them.
+    ValueError (``kernels.flash_fwd.tma.require_tma``).
     """
-    possible = target.backend == "cuda" and target.capability >= 90 and aligned and even_d
+    possible = tma_possible(target, aligned, even_d)
     if tma is None:
         return TMA_BY_DEFAULT and possible and str(target) in TMA_TARGETS and dtype in TMA_DTYPES
-    if tma and not possible:
-        raise ValueError(f"tma=True needs a CUDA target with TMA (sm_90+), an aligned call (16-byte base and "
-                         f"strides) and a power-of-two head dim of at least 16, got target {target}, "
-                         f"aligned={aligned}, even head dim={even_d}")
+    if tma:
+        require_tma(target, aligned, even_d)
     return bool(tma)
 
 

@@ -26,6 +26,8 @@ import msgpack
 import xxhash
 
 from lazytriton.kernels import source_fingerprint
+from lazytriton.keys import KEY_LEN as KEY_LEN  # re-exported: the key's form, variant.KEY_LEN
+from lazytriton.keys import check_key as check_key  # re-exported: variant.check_key
 from lazytriton.record import record
 from lazytriton.target import Target
 
@@ -39,8 +41,6 @@ Pairs = tuple[tuple[str, Value], ...]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _STR_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 DTYPES = ("fp16", "bf16", "fp32")
-KEY_LEN = 32  # hex digits of an xxh3-128 digest
-_KEY = re.compile(r"[0-9a-f]{32}")
 
 
 def _format_value(value: Value) -> str:
@@ -238,12 +238,11 @@ def check_fields(variant: Variant) -> Variant:
 
 def _check_tma(variant: Variant) -> None:
     """TMA=true only where descriptors work (a miss log or a hand-written string may say otherwise)."""
-    from lazytriton.dispatch import flash_fwd_tma
+    from lazytriton.kernels.flash_fwd.tma import require_tma
 
     try:
-        flash_fwd_tma(Target.parse(variant.target), variant.dtype, variant.constexprs.get("ALIGN16") is True, True,
-                      variant.constexprs.get("EVEN_D") is not False
-                      and variant.constexprs.get("EVEN_DV") is not False)
+        require_tma(Target.parse(variant.target), variant.constexprs.get("ALIGN16") is True,
+                    variant.constexprs.get("EVEN_D") is not False and variant.constexprs.get("EVEN_DV") is not False)
     except ValueError as exc:
         raise ValueError(f"variant {variant}: {exc}") from None
 
@@ -258,14 +257,3 @@ def kernel_constexprs(variant: Variant, names: tuple[str, ...]) -> dict[str, Val
             else constexprs.get(name, 0) if name in _ZERO_IF_ABSENT
             else constexprs[name] if name in constexprs or name not in _SAME_AS else constexprs[_SAME_AS[name]]
             for name in names}
-
-
-def check_key(key: object) -> str:
-    """Return ``key`` if it is a well-formed cache key, else raise ValueError.
-
-    Keys arrive from files and shared tiers: only 32 lowercase hex digits pass,
-    so a key can never name a path outside the cache.
-    """
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise ValueError(f"cache key must be {KEY_LEN} lowercase hex digits, got {key!r}")
-    return key

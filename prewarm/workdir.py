@@ -27,7 +27,7 @@ from pathlib import Path
 
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.fsutil import write_atomically
-from lazytriton.variant import check_key
+from lazytriton.keys import check_key
 
 log = logging.getLogger("lazytriton.prewarm")
 

@@ -15,68 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lazytriton.kernels import KernelSpec, specialised_warps
+from lazytriton import geometry
+from lazytriton.kernels.flash_bwd.fused_spec import FLASH_BWD_FUSED_GLUON as FLASH_BWD_FUSED_GLUON  # re-exported
+from lazytriton.kernels.flash_bwd.fused_spec import FLASH_BWD_PREP as FLASH_BWD_PREP  # re-exported
+from lazytriton.kernels.flash_bwd.fused_spec import MODULE as MODULE  # re-exported
+from lazytriton.kernels.flash_bwd.fused_spec import NAME, PREP
+from lazytriton.kernels.flash_bwd.fused_spec import WORKER_WARPS as WORKER_WARPS  # re-exported
+from lazytriton.kernels.flash_bwd.fused_spec import warps as warps  # re-exported
 
 if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
     from lazytriton.variant import Variant
-
-NAME = "flash_bwd_fused_gluon"
-PREP = "flash_bwd_prep"
-MODULE = "lazytriton.kernels.flash_bwd.fused_kernel"
-
-
-def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
-    return tuple((f"stride_{t}{d}", "i32") for t in tensors for d in ("b", "h", "s"))
-
-
-_LSE_STRIDES = (("stride_lb", "i32"), ("stride_lh", "i32"))
-_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("DO", "*{dtype}"), ("Lse", "*fp32"),
-             ("Delta", "*fp32"), ("DK", "*{dtype}"), ("DV", "*{dtype}"), ("DQA", "*fp32"))
-_DATA_STRIDES = _strides("q", "k", "v", "do", "dk", "dv")
-# The worker partitions of fused_kernel's ``gl.warp_specialize`` (both programs, narrow and wide): the second
-# consumer warpgroup and the producer warp; the first consumer warpgroup is the default partition (num_warps, 4).
-WORKER_WARPS = (4, 1)
-
-
-def warps(variant: Variant) -> int:
-    """The warps an entry of ``variant`` launches: num_warps and ``WORKER_WARPS`` (``specialised_warps``: 12)."""
-    return specialised_warps(int(variant.get("num_warps")), WORKER_WARPS)
-
-
-FLASH_BWD_FUSED_GLUON = KernelSpec(
-    name=NAME,
-    module=MODULE,
-    function="flash_bwd_fused_gluon_kernel",
-    params=(*_POINTERS, *_DATA_STRIDES, *_LSE_STRIDES, ("group_size", "i32"), ("heads_q", "i32"),
-            ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("head_dim", "i32"), ("causal_offset", "i32"),
-            ("sm_scale", "fp32")),
-    constexprs=("BLOCK_M", "BLOCK_D", "CAUSAL", "PREFETCH", "BLOCK_D2"),
-    # TMA needs them 16-byte aligned (the rule refuses the rest). The seqlens are multiples of the tiles (64 or
-    # more), so are the causal offset (their difference) and lse's and delta's strides (seqlen_q and heads x
-    # seqlen_q: the binding passes both contiguous). Marked, the lse and delta rows load as vectors: without the
-    # strides and the offset marked, the H200 probe (benchmarks/probe_fused_served.py) ran 5-13% slower.
-    aligned_params=tuple(p for p, _ in _POINTERS) + tuple(s for s, _ in _DATA_STRIDES),
-    seq_aligned_params=("seqlen_q", "seqlen_k", "causal_offset", *(s for s, _ in _LSE_STRIDES)),
-    # kv_tile, query_steps, tma_load; descriptors, copy_in
-    helpers=("lazytriton.kernels.flash_bwd.gluon_kernel", "lazytriton.kernels.gluon_tma"),
-    # ``reason`` takes multiples of 8 only: marked, dK's and dV's masked stores (fused_kernel._store_tile) go out
-    # 16 bytes a thread, as they were measured to (unmarked they were 2-byte stores: the JIT probes mark every
-    # multiple of 16 themselves, the served kernel did not, 12-02)
-    eight_params=("head_dim",),
-    warps=warps,  # warp-specialised: two consumer warpgroups and the producer warp
-)
-
-_PREP_STRIDES = _strides("o", "do")
-FLASH_BWD_PREP = KernelSpec(
-    name=PREP,
-    module=MODULE,
-    function="flash_bwd_prep_kernel",
-    params=(("Out", "*{dtype}"), ("DO", "*{dtype}"), ("Delta", "*fp32"), ("DQA", "*fp32"), *_PREP_STRIDES,
-            *_LSE_STRIDES, ("heads_q", "i32"), ("seqlen_q", "i32"), ("head_dim", "i32")),
-    constexprs=("BLOCK_M", "BLOCK_D"),
-    aligned_params=("Out", "DO", "Delta", "DQA") + tuple(s for s, _ in _PREP_STRIDES),
-    eight_params=("head_dim",),  # launched in the fused plan only: O's and dO's masked loads 16 bytes wide
-)
 
 # Targets and dtypes are flash_bwd_dkdv_gluon's (its rule checks them). Head dims 64 and 128: two float32
 # accumulators of 64 keys x head dim a consumer thread, 128 registers at 128 of the 240 it has. Head dim 256:
@@ -102,23 +50,19 @@ SHARED_SLACK = 1024  # mbarriers and alignment
 
 def tile(head_dim: int) -> int:
     """The padded head dim of ``head_dim``: dQ's accumulator rows, and the tile a head dim not in ``chunks`` runs in."""
-    from lazytriton import dispatch
-
-    return dispatch.padded_head_dim(head_dim)
+    return geometry.padded_head_dim(head_dim)
 
 
 def chunks(head_dim: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_D2): the fused kernel's head-dim tiles at ``head_dim`` (BLOCK_D2 0: one tile, ``tile``'s).
 
     A head dim that two chunks hold in less than its padded tile, the first
-    one of the kernel's tiles (``dispatch.split_head_dim``: 80 = 64 + 16,
+    one of the kernel's tiles (``geometry.split_head_dim``: 80 = 64 + 16,
     96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64; 72 = 64 + 16 and 176 =
     128 + 64 with the second zero-filled past the head dim) runs split; the
     rest (224, 40) in its padded tile.
     """
-    from lazytriton import dispatch
-
-    split = dispatch.split_head_dim(head_dim)
+    split = geometry.split_head_dim(head_dim)
     if split is None or split[0] not in HEAD_DIMS:
         return tile(head_dim), 0
     return split

@@ -21,23 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lazytriton.kernels import KernelSpec
-from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV
+from lazytriton.kernels.flash_bwd.gluon_spec import FLASH_BWD_DKDV_GLUON as FLASH_BWD_DKDV_GLUON  # re-exported
+from lazytriton.kernels.flash_bwd.gluon_spec import NAME
 
 if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
     from lazytriton.variant import Variant
-
-NAME = "flash_bwd_dkdv_gluon"
-
-FLASH_BWD_DKDV_GLUON = KernelSpec(
-    name=NAME,
-    module="lazytriton.kernels.flash_bwd.gluon_kernel",
-    function="flash_bwd_dkdv_gluon_kernel",
-    params=FLASH_BWD_DKDV.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "OVERLAP"),
-    aligned_params=FLASH_BWD_DKDV.aligned_params,
-    seq_aligned_params=FLASH_BWD_DKDV.seq_aligned_params,
-)
 
 TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's
 DTYPES = ("fp16", "bf16")

@@ -31,53 +31,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lazytriton.kernels import KernelSpec, specialised_warps
-from lazytriton.kernels.flash_fwd import FLASH_FWD
+from lazytriton import geometry
+from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON as FLASH_FWD_GLUON  # re-exported
+from lazytriton.kernels.flash_fwd.gluon_spec import NAME
+from lazytriton.kernels.flash_fwd.gluon_spec import warps as warps  # re-exported
 
 if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
     from lazytriton.variant import Variant
-
-NAME = "flash_fwd_gluon"
-
-
-def warps(variant: Variant) -> int:
-    """The warps an entry of ``variant`` launches: its partitions' (the kernel's own rule, ``WGS``).
-
-    A query tile (BLOCK_M / BLOCK_TILES rows) is 16 rows a warp of
-    ``num_warps``-warp consumer warpgroups: one without PRODUCER, which runs
-    alone (num_warps); with it the first is the default partition and the
-    others (ping-pong's second, the wide tiles' second and third) and the
-    producer warp are workers (``specialised_warps``): 128 x 128 x 8 with the
-    producer 12, ping-pong's 128 x 64 x 4 12, the wide 192 x 128 x 4 16.
-    """
-    constexprs = variant.constexprs
-    num_warps = int(variant.get("num_warps"))
-    if constexprs.get("PRODUCER") is not True:
-        return num_warps
-    tile_m = int(constexprs["BLOCK_M"]) // max(1, int(constexprs.get("BLOCK_TILES", 1)))
-    consumers = max(1, tile_m // (16 * num_warps))
-    return specialised_warps(num_warps, (num_warps,) * (consumers - 1) + (1,))
-
-
-FLASH_FWD_GLUON = KernelSpec(
-    name=NAME,
-    module="lazytriton.kernels.flash_fwd.gluon_kernel",
-    function="flash_fwd_gluon_kernel",
-    params=FLASH_FWD.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG", "BLOCK_TILES",
-                "BLOCK_D2"),
-    aligned_params=FLASH_FWD.aligned_params,
-    wide_blocks=("BLOCK_M",),  # WIDE_CONFIGS: 192 rows, three warpgroups of 64
-    helpers=("lazytriton.kernels.gluon_tma",),  # descriptors, copy_in, copy_out
-    warps=warps,  # warp-specialised with PRODUCER: more than num_warps
-)
 
 TARGETS = ("sm_90",)  # wgmma and TMA: Hopper's; sm_100 has neither wgmma nor this kernel's layouts
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256)  # the tiles' own widths (the probe's default head dims)
 # Every head dim from 16 to 256 that TMA can address (a multiple of 8: 16-byte rows) runs, in the tiles of
 # ``chunks``: a power of two in one tile; one that two power-of-two chunks hold in less than its padded tile
-# (dispatch.split_head_dim: 80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64) in two, with the
+# (geometry.split_head_dim: 80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64) in two, with the
 # wgmmas of each product issued per chunk, so no work is padded; the rest (224, say) in its padded tile, the
 # descriptors' extent being the head dim (TMA reads zeros past it and the output store stops at it).
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -117,14 +84,12 @@ SHARED_SLACK = 1024
 def chunks(head_dim: int) -> tuple[int, int, bool]:
     """(BLOCK_D, BLOCK_D2, EVEN_D): the kernel's head-dim tiles at ``head_dim`` (BLOCK_D2 0: one tile).
 
-    A power of two fills one tile; a head dim that split tiles hold (``dispatch.split_head_dim``) takes two
+    A power of two fills one tile; a head dim that split tiles hold (``geometry.split_head_dim``) takes two
     chunks, the second zero-filled past the head dim where it is not whole (72 = 64 + 16); the rest its padded
     tile (EVEN_D false).
     """
-    from lazytriton import dispatch
-
-    padded = dispatch.padded_head_dim(head_dim)
-    split = dispatch.split_head_dim(head_dim)
+    padded = geometry.padded_head_dim(head_dim)
+    split = geometry.split_head_dim(head_dim)
     if head_dim == padded or split is None:
         return padded, 0, head_dim == padded
     return split[0], split[1], sum(split) == head_dim
@@ -143,9 +108,7 @@ def width(head_dim: int) -> int:
 
 def default_tiles(head_dim: int) -> tuple[int, int, int]:
     """``DEFAULT_TILES`` at ``head_dim``: its padded tile's."""
-    from lazytriton import dispatch
-
-    return DEFAULT_TILES[dispatch.padded_head_dim(head_dim)]
+    return DEFAULT_TILES[geometry.padded_head_dim(head_dim)]
 
 
 def stages(head_dim: int, block_n: int) -> int:

@@ -29,54 +29,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from lazytriton.kernels import KernelSpec
+from lazytriton import geometry
+from lazytriton.kernels.kv_append.spec import FAMILY
+from lazytriton.kernels.kv_append.spec import INT_PARAMS as INT_PARAMS  # re-exported
+from lazytriton.kernels.kv_append.spec import KERNELS as KERNELS  # re-exported
+from lazytriton.kernels.kv_append.spec import KV_APPEND as KV_APPEND  # re-exported
+from lazytriton.kernels.kv_append.spec import MODULE as MODULE  # re-exported
 
-FAMILY = "kv_append"
-MODULE = "lazytriton.kernels.kv_append.triton_kernel"
 # Rows of (new key, key/value head) per program, 4 warps, one stage: a copy, bound by memory, untuned (no GPU
 # measured it yet). 16 rows of head dim 128 at 16 bits are 4 KB of k and 4 KB of v per program, 32 bytes per
 # thread; a decoding step (one new key, 8 heads) is one program per sequence.
 BLOCK_M = 16
 NUM_WARPS = 4
-
-
-def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
-    return tuple((f"stride_{t}{d}", "{index}") for t in tensors for d in ("b", "s", "h"))
-
-
-_STRIDES = _strides("k", "v", "kc", "vc")
-
-KV_APPEND = KernelSpec(
-    name="kv_append",
-    module=MODULE,
-    function="kv_append_kernel",
-    params=(
-        ("K", "*{dtype}"),
-        ("V", "*{dtype}"),
-        ("KCache", "*{dtype}"),
-        ("VCache", "*{dtype}"),
-        ("Seqlens", "*i32"),
-        ("BatchIdx", "*i32"),
-        ("BlockTable", "*i32"),
-        *_STRIDES,
-        ("stride_tb", "{index}"),
-        ("heads_k", "i32"),
-        ("seqlen_new", "i32"),
-        ("head_dim", "i32"),
-        ("head_dim_v", "i32"),
-        ("seqlen_const", "i32"),
-        ("use_seqlens", "i32"),
-        ("use_batch_idx", "i32"),
-        ("page_size", "i32"),
-        ("capacity", "i32"),
-        ("cache_rows", "i32"),
-    ),
-    constexprs=("BLOCK_M", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "PAGED"),
-    aligned_params=("K", "V", "KCache", "VCache") + tuple(name for name, _ in _STRIDES),
-)
-
-KERNELS = (KV_APPEND,)
-INT_PARAMS = tuple(name for name, _ in KV_APPEND.params)  # every parameter is a pointer or an integer
 
 
 def grid(seqlen_new: int, heads_k: int, batch: int, block_m: int) -> tuple[int, int, int]:
@@ -92,11 +56,10 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
     fields are the attention kernels' (ALIGN16, BLOCK_D, EVEN_D, INDEX64,
     BLOCK_DV/EVEN_DV where they differ) and PAGED, written only when true.
     """
-    from lazytriton import dispatch
     from lazytriton.variant import Variant, pairs
 
-    padded, dv = dispatch.padded_head_dim(head_dim), head_dim_v or head_dim
-    padded_v = dispatch.padded_head_dim(dv)
+    padded, dv = geometry.padded_head_dim(head_dim), head_dim_v or head_dim
+    padded_v = geometry.padded_head_dim(dv)
     functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
                                          "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):

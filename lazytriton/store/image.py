@@ -17,8 +17,8 @@ from pathlib import Path
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.image import Image, ImageError
+from lazytriton.keys import check_key
 from lazytriton.store import TierStats
-from lazytriton.variant import check_key
 
 log = logging.getLogger("lazytriton.store.image")
 

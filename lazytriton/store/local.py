@@ -39,9 +39,9 @@ from typing import Any
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.config import DEFAULT_CACHE_MAX_BYTES
 from lazytriton.fsutil import describe_mode
+from lazytriton.keys import check_key
 from lazytriton.record import record
 from lazytriton.store import TierStats
-from lazytriton.variant import check_key
 
 log = logging.getLogger("lazytriton.store.local")
 

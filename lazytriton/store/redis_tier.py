@@ -40,10 +40,10 @@ from urllib.parse import urlsplit
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, Rejected, check_signing_key, seal, unseal
+from lazytriton.keys import check_key
 from lazytriton.store import TierStats
 from lazytriton.store.gate import Counter, Gate
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease, LockUnavailable, owner_token
-from lazytriton.variant import check_key
 
 log = logging.getLogger("lazytriton.store.redis")
 

@@ -1,0 +1,51 @@
+"""Attention geometry: the head dims kernels compile, how a head dim splits into two tiles, the causal modes.
+
+Pure functions of their arguments, importing nothing of lazytriton: dispatch, the kernel families and their
+Gluon rules all read the same tiles from here.
+"""
+
+from __future__ import annotations
+
+# Head dims are compiled at these sizes and the rest is masked: Triton's
+# tl.arange needs a power of two, so 80 and 96 run as 128 (25-38% of the
+# matrix work padded) unless split tiles cover them (``split_head_dim``).
+HEAD_DIMS = (16, 32, 64, 128, 256)
+MAX_HEAD_DIM = HEAD_DIMS[-1]
+CAUSAL_MODES = ("none", "top_left", "bottom_right")
+MIN_CHUNK = 16  # tl.dot's smallest inner dimension
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The compiled head dim that holds ``head_dim`` (the smallest not below it)."""
+    for size in HEAD_DIMS:
+        if head_dim <= size:
+            return size
+    raise ValueError(f"head dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
+
+
+def split_head_dim(head_dim: int) -> tuple[int, int] | None:
+    """The two chunks (a power of two, then one of at least 16) that hold ``head_dim`` in less than its padded tile.
+
+    A head dim that is not a power of two runs as two power-of-two chunks
+    (96 = 64 + 32) instead of one padded tile (128). None where a split saves
+    nothing: powers of two, and dims whose second chunk would round up to the
+    first (224 = 128 + 96 -> 128 + 128 = 256, as padded).
+    """
+    padded = padded_head_dim(head_dim)
+    first = 1 << (head_dim.bit_length() - 1)
+    rest = head_dim - first
+    if rest == 0 or first < MIN_CHUNK:
+        return None
+    second = max(MIN_CHUNK, 1 << (rest - 1).bit_length())
+    return (first, second) if first + second < padded else None
+
+
+def causal_mode(causal: object) -> str:
+    """Normalise the ``causal`` argument: False, True (= top_left), "top_left", "bottom_right"."""
+    if causal is False or causal is None:
+        return "none"
+    if causal is True:
+        return "top_left"
+    if isinstance(causal, str) and causal in CAUSAL_MODES:
+        return causal
+    raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
