@@ -48,6 +48,7 @@ from typing import Any
 from lazytriton import dispatch, tuning
 from lazytriton.cli import tune_compile
 from lazytriton.cli.timing import event_ms
+from lazytriton.cli.tune_compile import compile_all as compile_all  # re-exported: lazytriton.cli.tune.compile_all
 from lazytriton.driver.gpu import DriverError
 from lazytriton.fsutil import write_atomically
 from lazytriton.target import Target
