@@ -195,7 +195,7 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
     BLOCK_M is the query tile and BLOCK_N the key tile in both kernels: the dQ
     kernel holds BLOCK_M query rows and streams keys, the dK/dV kernel holds
     BLOCK_N key rows and streams queries. CUDA choices from a sweep of each
-    kernel alone on the H200 (benchmarks/sweep_flash_bwd.py, Triton 3.6, bf16,
+    kernel alone on the H200 (experiments/sweep_flash_bwd.py, Triton 3.6, bf16,
     seqlen 4k, hidden 2048, 48 candidates a kernel, 2026-11-30), ms of the
     winner against the tutorial's 128-held x 32-streamed:
     head dim 128: dq 128/64, 8 warps, 3 stages (1.30 full, 0.75 causal; 1.50
@@ -504,7 +504,7 @@ def target_of_device(device: Any) -> Target:
 # (kernels/flash_fwd/gluon.py has its rule). Dispatch serves it by default where GLUON_TABLE has a
 # row for the call's (dtype, head dim, causal) and the call fits that row's tiles (flash_fwd_gluon_fits);
 # the rest keeps flash_fwd. The rows are the H200 probe's winners over flash_fwd
-# (benchmarks/probe_gluon.py --quick --sweep prints them ready to paste; bf16, seqlen 4k, batch x
+# (experiments/probe_gluon.py --quick --sweep prints them ready to paste; bf16, seqlen 4k, batch x
 # seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, second round with the ping-pong tilings; TFLOP/s
 # gluon / flash_fwd / cuDNN in the comments). fp16 takes bf16's rows: the same kernel and tiles (the
 # probe checks its numerics; bench_flash_fwd.py times both dtypes through dispatch). Head dim 64 causal was

@@ -47,7 +47,7 @@ FLASH_BWD_FUSED_GLUON = KernelSpec(
     # TMA needs them 16-byte aligned (the rule refuses the rest). The seqlens are multiples of the tiles (64 or
     # more), so are the causal offset (their difference) and lse's and delta's strides (seqlen_q and heads x
     # seqlen_q: the binding passes both contiguous). Marked, the lse and delta rows load as vectors: without the
-    # strides and the offset marked, the H200 probe (benchmarks/probe_fused_served.py) ran 5-13% slower.
+    # strides and the offset marked, the H200 probe (experiments/probe_fused_served.py) ran 5-13% slower.
     aligned_params=tuple(p for p, _ in _POINTERS) + tuple(s for s, _ in _DATA_STRIDES),
     seq_aligned_params=("seqlen_q", "seqlen_k", "causal_offset", *(s for s, _ in _LSE_STRIDES)),
     # kv_tile, query_steps, tma_load; descriptors, copy_in

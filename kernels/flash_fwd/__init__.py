@@ -126,7 +126,7 @@ def grid(seqlen_q: int, heads_q: int, batch: int, block_m: int) -> tuple[int, in
 
 
 # The forward with K and V read through host tensor descriptors (a probe variant, off by default: no
-# dispatch path selects it; benchmarks/probe_host_tma.py compiles and launches it). Each descriptor
+# dispatch path selects it; experiments/probe_host_tma.py compiles and launches it). Each descriptor
 # parameter takes three things from the caller, in the integer arguments: the tensor's base pointer, its
 # four sizes (B, Hk, Sk, D), its four strides in elements; the launcher encodes the CUtensorMap.
 HOST_TMA_DESCRIPTOR = "tensordesc<{dtype}[1, 1, {BLOCK_N}, {BLOCK_D}]>"

@@ -51,7 +51,7 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 # (head dim) -> (BLOCK_M, BLOCK_N, num_warps): FlashAttention-3's forward tiles on H100 (128 x 128 at
 # head dims 64 and 128, two consumer warpgroups of 64 rows; 128 x 64 at head dim 256, where a 128-key
 # tile would not fit shared memory beside Q): what ``variant`` takes without tiles.
-# What dispatch serves is dispatch.GLUON_TABLE's (measured on the H200 by benchmarks/probe_gluon.py,
+# What dispatch serves is dispatch.GLUON_TABLE's (measured on the H200 by experiments/probe_gluon.py,
 # which sweeps ``configs``).
 DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8), 256: (128, 64, 8)}  # other head dims: their padded tile's
 # Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a

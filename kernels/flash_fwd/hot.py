@@ -377,7 +377,7 @@ def lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torc
 
 
 # lse stocks: a forward_* call must return a new lse, and its allocation was 1.8 of attn_fwd's 11.2 µs on the
-# H200 host (benchmarks/probe_host_parts.py). For a small lse, one allocation of STOCK_BYTES is cut into up to
+# H200 host (experiments/probe_host_parts.py). For a small lse, one allocation of STOCK_BYTES is cut into up to
 # MAX_STOCK lse tensors at once (``unbind``: views of one block), handed out one per call. Measured on the
 # H200: attn_fwd 1.79-1.89x torch.add's host time before, 1.65x after (a view costs nearly an allocation's time;
 # what is saved is the allocator's own work). An lse handed out shares its storage with its stock-mates.

@@ -50,7 +50,7 @@ _NARROW: Grid = ((16, 32, 4, 3), (16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 2)
 # 256 registers a thread at 64 held rows and 4 warps before anything else: every _WIDE dK/dV candidate spilled
 # there (1.7-5.9 KB of spill stores a thread, 2.9-8.5 causal; wgmma serialised for want of registers; 64/128/8/2
 # and 64/64/4/3 need 256.5 and 257 KiB, over sm_90's 227, which the lower-bound estimate let through to fail at
-# launch), and the tuned 64/64/4/2 reached 106-159 TFLOP/s. These come from benchmarks/probe_bwd_regs.py
+# launch), and the tuned 64/64/4/2 reached 106-159 TFLOP/s. These come from experiments/probe_bwd_regs.py
 # (Triton 3.6, ptxas 12.8, sm_90, bf16, 2026-12-01; spill stores in bytes non-causal/causal, shared memory in
 # KiB, "mma" = mma.sync, else wgmma):
 _LARGE_DKDV: Grid = (
