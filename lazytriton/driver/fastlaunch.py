@@ -159,10 +159,10 @@ def _import_package() -> Any:
 
 def import_file(where: str, path: Path) -> Any:
     """The helper module from ``where`` (a path the loader opens); None, and one log line, if it does not import."""
-    from lazytriton.driver import helpers
+    from lazytriton.driver import trusted
 
     try:
-        return helpers.load_extension(MODULE, where, path)
+        return trusted.load_extension(MODULE, where, path)
     except Exception as exc:  # built for another Python, a broken file
         log.warning("launch helper %s does not load (%s): launches go through cffi's ABI mode", path, exc)
         return None

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from lazytriton import config
-from lazytriton.driver import fastlaunch_build
+from lazytriton.driver import fastlaunch_build, trusted
 
 log = logging.getLogger("lazytriton.driver")
 
@@ -99,22 +99,6 @@ def enabled() -> bool:
             raise config.SettingsError(str(exc)) from None
         _setting[:] = [value, config.generation]
     return bool(_setting[0])
-
-
-def load_extension(name: str, where: str, path: Path) -> Any:
-    """Import the extension module ``name`` from ``where`` (a path the loader opens; ``path`` names it).
-
-    Raises what the import raises (built for another Python, a broken file);
-    the module's ``__file__`` is ``path``.
-    """
-    loader = importlib.machinery.ExtensionFileLoader(name, where)
-    spec = importlib.util.spec_from_file_location(name, where, loader=loader)
-    if spec is None:
-        raise ImportError(f"no module spec for {where}")
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    module.__file__ = str(path)
-    return module
 
 
 def abi_tag() -> str:
@@ -188,67 +172,6 @@ def in_package(helper: str, torch_version: str | None = None) -> Path | None:
     return path if path.is_file() else None
 
 
-# -- trust -----------------------------------------------------------------------------------------------------------
-
-ABSENT = ""  # _walk's problem when a part does not exist (nothing to refuse)
-
-
-def _owners() -> tuple[int, ...]:
-    """Owners whose files are trusted: the user, and root (who can change any of the user's files anyway)."""
-    return (os.geteuid(), 0)
-
-
-def problem_of(st: os.stat_result, path: str | Path, directory: bool) -> str | None:
-    """Why a file or folder is not trusted (pure, from its ``stat``), or None."""
-    if directory and not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a folder"
-    if not directory and not stat.S_ISREG(st.st_mode):
-        return f"{path} is not a regular file"
-    if st.st_uid not in _owners():
-        return f"{path} is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root"
-    writable = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
-    if writable:
-        return f"{path} is writable by {' and '.join(writable)}"
-    return None
-
-
-def _walk(cache_dir: Path, parts: Sequence[str], last_is_file: bool) -> tuple[list[int], str | None]:
-    """Open the cache dir, then each part below it relative to the last (links never followed); (fds, problem).
-
-    problem: None when every step exists and is trusted, ``ABSENT`` when a
-    step does not exist, else why it is refused. The caller closes the fds.
-    """
-    fds: list[int] = []
-    path = os.fspath(cache_dir)
-    try:
-        fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))  # the user named it: links followed
-        problem = problem_of(os.fstat(fds[-1]), path, True)
-        for i, name in enumerate(parts):
-            if problem is not None:
-                return fds, problem
-            path = os.path.join(path, name)
-            is_file = last_is_file and i == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if is_file else os.O_DIRECTORY)
-            fds.append(os.open(name, flags, dir_fd=fds[-1]))  # O_NONBLOCK: a FIFO opens at once, then is refused
-            problem = problem_of(os.fstat(fds[-1]), path, not is_file)
-        return fds, problem
-    except FileNotFoundError:
-        return fds, ABSENT
-    except OSError as exc:  # a link (ELOOP, or ENOTDIR for a link to a folder), a file for a folder, ...
-        with contextlib.suppress(OSError):
-            if fds and stat.S_ISLNK(os.lstat(os.path.basename(path), dir_fd=fds[-1]).st_mode):
-                return fds, f"{path} is a symbolic link"
-        if exc.errno == errno.ENOTDIR:
-            return fds, f"{path} is not a folder"
-        return fds, f"{path} cannot be opened ({exc.strerror})"
-
-
-def _close(fds: Sequence[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
 @functools.cache
 def _say_once(message: str) -> None:
     log.warning("%s", message)
@@ -272,19 +195,19 @@ def load_cached(helper: str, torch_version: str | None, load: Callable[[str, Pat
     except (ValueError, OSError) as exc:  # no torch version, an unreadable source: nothing to look for
         log.debug("no cache-dir %s helper to look for (%s)", helper, exc)
         return None
-    fds, problem = _walk(cache_dir, parts, last_is_file=True)
+    fds, problem = trusted.walk(cache_dir, parts, last_is_file=True)
     path = Path(cache_dir, *parts)
     if problem is not None:
-        _close(fds)
-        if problem != ABSENT:
+        trusted.close_all(fds)
+        if problem != trusted.ABSENT:
             _say_once(f"not loading the compiled helper {path}: {problem} (only the user's own files, writable by "
                       f"nobody else, are loaded from the cache dir)")
         return None
-    _close(fds[:-1])
+    trusted.close_all(fds[:-1])
     proc = f"/proc/self/fd/{fds[-1]}"
     where = proc if os.path.exists(proc) else str(path)
     if where != proc:
-        _close(fds[-1:])
+        trusted.close_all(fds[-1:])
     return load(where, path)
 
 
@@ -338,11 +261,11 @@ def status(helper: str, cache_dir: Path, torch_version: str | None = None, probe
         return Status(DISABLED, None, f"{VARIABLE}=0: not built or loaded from the cache dir")
     where = folder(cache_dir, helper, torch_version)
     name = module_file(helper, torch_version)
-    fds, problem = _walk(cache_dir, (FOLDER, where.name, name), last_is_file=True)
-    _close(fds)
+    fds, problem = trusted.walk(cache_dir, (FOLDER, where.name, name), last_is_file=True)
+    trusted.close_all(fds)
     if problem is None:
         return Status(CACHE, str(where / name), "built for this Python and torch")
-    if problem != ABSENT:
+    if problem != trusted.ABSENT:
         return Status(REFUSED, str(where / name), problem)
     if probe_lock and _lock_held(where / LOCK):
         return Status(BUILDING, str(where / LOG), "building in the background")
@@ -424,8 +347,8 @@ def make_folder(cache_dir: Path, helper: str, torch_version: str | None) -> str 
                 os.mkdir(path, DIR_MODE)
     except OSError as exc:
         return f"cannot create {target} ({exc.strerror})"
-    fds, problem = _walk(cache_dir, (FOLDER, target.name), last_is_file=False)
-    _close(fds)
+    fds, problem = trusted.walk(cache_dir, (FOLDER, target.name), last_is_file=False)
+    trusted.close_all(fds)
     return problem or None
 
 

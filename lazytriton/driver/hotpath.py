@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lazytriton.driver import helpers
+from lazytriton.driver import helpers, trusted
 
 log = logging.getLogger("lazytriton.driver")
 
@@ -54,7 +54,7 @@ def load(directory: Path, torch_version: str, plan_version: int) -> Any:
 def load_file(where: str, path: Path, torch_version: str, plan_version: int) -> Any:
     """The module in ``where`` (a path the loader opens; ``path`` names it in messages), checked; or None."""
     try:
-        module = helpers.load_extension(MODULE, where, path)
+        module = trusted.load_extension(MODULE, where, path)
     except Exception as exc:  # built for another Python, a broken file
         log.warning("the C++ warm path %s does not load (%s): the Python warm path", path, exc)
         return None
