@@ -137,7 +137,7 @@ def launch_helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The compiled launch helper: the installed one, or one built for this run (skip when it cannot be built)."""
     import importlib
 
-    from lazytriton.driver import fastlaunch, fastlaunch_build, helpers
+    from lazytriton.driver import fastlaunch, fastlaunch_build, trusted
 
     if fastlaunch.available():
         return importlib.import_module(fastlaunch.MODULE)
@@ -145,4 +145,4 @@ def launch_helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
         path = fastlaunch_build.build(tmp_path_factory.mktemp("fastlaunch"))
     except Exception as exc:  # no compiler, no Python headers
         pytest.skip(f"the launch helper cannot be built here: {exc}")
-    return helpers.load_extension(fastlaunch.MODULE, str(path), path)
+    return trusted.load_extension(fastlaunch.MODULE, str(path), path)
