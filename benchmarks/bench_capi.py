@@ -32,8 +32,9 @@ from pathlib import Path
 from csvlog import append_rows
 
 import lazytriton
-from lazytriton import dispatch, runtime
+from lazytriton import runtime
 from lazytriton.capi import build
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import target_from_cuda_capability
 
 HERE = Path(__file__).resolve().parent
@@ -63,7 +64,7 @@ def _kernel_for(shape: tuple[int, int, int, int], cubin: Path) -> list[str]:
     api.check(api.lib.cuDeviceGetAttribute(minor, 76, device[0]), "cuDeviceGetAttribute")
     target = target_from_cuda_capability(major[0], minor[0])
     # As lazytriton.c: cuMemAlloc'd pointers and these strides are 16-byte aligned; the shape is far from 2**31.
-    variant = dispatch.flash_fwd_variant(target, "fp16", d, False, True, s, index64=False, seqlen_k=s)
+    variant = fwd_dispatch.flash_fwd_variant(target, "fp16", d, False, True, s, index64=False, seqlen_k=s)
     entry = runtime.get().resolve(variant).entry
     cubin.write_bytes(entry.binary)
     print(f"kernel: {variant}")

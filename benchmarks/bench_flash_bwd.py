@@ -57,7 +57,7 @@ from benchgrid import DTYPES, Case, add_grid_arguments, grid_of, parse_grid, pre
 from csvlog import append_rows, run_meta
 from grad_rule import Reference, check_grads, reference
 
-from lazytriton import dispatch, runtime
+from lazytriton import machine, runtime
 from lazytriton.cli.timing import interleaved_ms, median_ms
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
@@ -170,7 +170,7 @@ def jit_launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     (no GPU target) the sm_90 variants' constexprs go through lazytriton's interpreter.
     """
     _, _, aligned, seq16, index64 = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
-    target = dispatch.target_of_device(q.device) if q.device.type == "cuda" else target_from_cuda_capability(9, 0)
+    target = machine.target_of_device(q.device) if q.device.type == "cuda" else target_from_cuda_capability(9, 0)
     chosen = bwd.variants(target, q.dtype, call.shape, causal, aligned, index64, seq16=seq16)
     grids = bwd.grids(call.shape, int(chosen[0].get("BLOCK_M")), int(chosen[1].get("BLOCK_N")))
     launches = []

@@ -42,10 +42,11 @@ import torch.nn.functional as F
 from benchgrid import DTYPES, add_grid_arguments, grid_of, parse_grid, prewarm
 from csvlog import append_rows, run_meta
 
-from lazytriton import dispatch, runtime
+from lazytriton import machine, runtime
 from lazytriton.cli.timing import event_ms, interleaved_ms
 from lazytriton.flash import attn_fwd
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
+from lazytriton.tiles import Config
 
 FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "causal", "batch", "heads", "seqlen", "p50_ms",
           "tflops", "us_per_call", "rel_err", "gpu", "torch", "triton", "lazytriton", "timestamp"]
@@ -103,7 +104,7 @@ def sdpa(backend: object) -> Callable[..., torch.Tensor]:
 
 
 def triton_jit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-               config: dispatch.Config | None = None) -> Callable[[], torch.Tensor]:
+               config: Config | None = None) -> Callable[[], torch.Tensor]:
     """The same kernel source and config, launched through Triton's JIT (arguments from the binding)."""
     from lazytriton.kernels.flash_fwd.triton_kernel import flash_fwd_kernel
 
@@ -111,10 +112,10 @@ def triton_jit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     out, lse = binding.empty_outputs(q, call.shape)
     args = binding.triton_args(q, k, v, out, lse, call)
     _, aligned, index64 = binding.pack(q, k, v, out, lse, call)
-    variant = binding.variant(dispatch.target_of_device(q.device), q.dtype, call.shape, causal, aligned, index64)
+    variant = binding.variant(machine.target_of_device(q.device), q.dtype, call.shape, causal, aligned, index64)
     constexprs = {name: value for name, value in variant.constexprs.items() if name in FLASH_FWD.constexprs}
-    cfg = config or dispatch.Config(int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")),
-                                    int(variant.get("num_warps")), int(variant.get("num_stages")))
+    cfg = config or Config(int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")),
+                           int(variant.get("num_warps")), int(variant.get("num_stages")))
     constexprs.update(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     grid = binding.grid(call.shape, cfg.block_m)
 
@@ -207,7 +208,7 @@ def host_cost(meta: dict[str, str], rows: list[dict[str, object]]) -> None:
 
 def sweep(meta: dict[str, str]) -> None:
     """Time candidate configs of the kernel through Triton's JIT (to choose default_config)."""
-    candidates = [dispatch.Config(*c) for c in [
+    candidates = [Config(*c) for c in [
         (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 4, 3), (128, 64, 4, 2),
         (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 4), (64, 128, 4, 3)]]
     print("\nconfig sweep (bf16, TFLOP/s through Triton's JIT; BLOCK_M/BLOCK_N/warps/stages)")

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import xxhash
 
-from lazytriton import dispatch
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format import image as image_format
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
 from lazytriton.variant import Variant
 
@@ -59,8 +59,8 @@ def default_variants(target: str = "sm_90") -> list[Variant]:
         for head_dim in HEAD_DIMS:
             for causal in (False, True):
                 for seqlen_q in SEQLENS_Q:
-                    variant = dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, causal, True,
-                                                         seqlen_q, seqlen_k=seqlen_q)
+                    variant = fwd_dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, causal, True,
+                                                             seqlen_q, seqlen_k=seqlen_q)
                     by_key.setdefault(variant.key(), variant)
     return [by_key[key] for key in sorted(by_key)]
 

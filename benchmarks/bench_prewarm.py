@@ -287,10 +287,10 @@ def _median_ms(values: list[float]) -> float:
 def measure_cold_start(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]) -> None:
     import torch
 
-    from lazytriton import dispatch
+    from lazytriton import machine
 
     compile_bytecode()
-    target = dispatch.target_of_device(0)
+    target = machine.target_of_device(0)
     image = args.image or cold_start_image(work)
     if args.keep_image:
         shutil.copyfile(image, args.keep_image)

@@ -2,7 +2,7 @@
 
 A head dim like 96 runs today in a 128-wide tile (``BLOCK_D`` = 128,
 ``EVEN_D`` = false: a quarter of the matrix work is padding). Split tiles
-(``BLOCK_D2`` > 0, ``dispatch.split_head_dim``) hold it as 64 + 32. Both
+(``BLOCK_D2`` > 0, ``geometry.split_head_dim``) hold it as 64 + 32. Both
 variants of one call are forced through the binding (``binding.launch_gpu``'s
 ``variant``: launched exactly as a call launches them), for head dims 40, 72,
 80, 96, 160 and 192, causal or not, bf16 (``--dtype fp16`` too), seqlen 4k with
@@ -46,13 +46,16 @@ from pathlib import Path
 import torch
 from csvlog import append_rows, run_meta
 
-from lazytriton import compiler, dispatch
+from lazytriton import compiler, geometry, machine
 from lazytriton.cli.timing import median_ms
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 from lazytriton.kernels.flash_fwd.reference import attention_reference
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant, kernel_constexprs
 
 FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "block_d", "causal", "batch", "heads", "seqlen",
@@ -60,8 +63,8 @@ FIELDS = ["kernel", "provider", "mode", "dtype", "head_dim", "block_d", "causal"
 HEAD_DIMS = (40, 72, 80, 96, 160, 192)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # The tile configs --sweep tries beside dispatch's (BLOCK_M, BLOCK_N, num_warps, num_stages).
-SWEEP = (dispatch.Config(128, 64, 8, 3), dispatch.Config(128, 128, 8, 3), dispatch.Config(128, 64, 4, 3),
-         dispatch.Config(64, 64, 4, 3), dispatch.Config(128, 32, 4, 4), dispatch.Config(64, 128, 8, 2))
+SWEEP = (Config(128, 64, 8, 3), Config(128, 128, 8, 3), Config(128, 64, 4, 3),
+         Config(64, 64, 4, 3), Config(128, 32, 4, 4), Config(64, 128, 8, 2))
 OUT_FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # tests/test_flash_fwd.py's
 GRAD_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # tests/test_flash_bwd.py's
 
@@ -87,7 +90,7 @@ def variants_of(target: Target, dtype: str, head_dim: int, causal: bool, seqlen:
     """The padded and split variants to time: dispatch's tiles, and with ``sweep`` the SWEEP configs too."""
     found: dict[str, list[Variant]] = {}
     for provider, split in (("padded", False), ("split", True)):
-        configs: list[dispatch.Config | None] = [None, *(SWEEP if sweep else ())]
+        configs: list[Config | None] = [None, *(SWEEP if sweep else ())]
         found[provider] = [dispatch.kernel_variant("flash_fwd", target, dtype, head_dim, causal, True, seqlen, seqlen,
                                                    config=c, split_d=split, tma=False)
                            for c in configs]
@@ -146,7 +149,7 @@ def measure(dtype_name: str, head_dim: int, causal: bool, seqlen: int, batch: in
     call = binding.check(q, k, v, causal)
     exact, same = references(q, k, v, causal)
     flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-    target = dispatch.target_of_device(device) if device.type == "cuda" else Target.parse("sm_90")
+    target = machine.target_of_device(device) if device.type == "cuda" else Target.parse("sm_90")
     results = []
     for provider, variants in variants_of(target, dtype_name, head_dim, causal, seqlen, args.sweep).items():
         best: Result | None = None
@@ -190,7 +193,7 @@ def bwd_variants_of(target: Target, dtype: str, head_dim: int, causal: bool,
     """The padded and split (dq, dkdv) pairs to time: dispatch's tiles, which are the padded head dim's for both."""
     return {provider: tuple(dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, True,  # type: ignore
                                                     seqlen, seqlen, split_d=split)
-                            for kernel in dispatch.BWD_KERNELS)
+                            for kernel in bwd_dispatch.BWD_KERNELS)
             for provider, split in (("padded", False), ("split", True))}
 
 
@@ -256,7 +259,7 @@ def measure_bwd(dtype_name: str, head_dim: int, causal: bool, seqlen: int, batch
     out, lse = lazytriton.attn_fwd(q, k, v, causal=causal)
     exact, same = bwd_references(q, k, v, do, causal)
     flops = 2.5 * 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-    target = dispatch.target_of_device(device) if device.type == "cuda" else Target.parse("sm_90")
+    target = machine.target_of_device(device) if device.type == "cuda" else Target.parse("sm_90")
     results = []
     for provider, pair in bwd_variants_of(target, dtype_name, head_dim, causal, seqlen).items():
         block_d = f"{pair[0].get('BLOCK_D')}" + (f"+{pair[0].get('BLOCK_D2')}" if provider == "split" else "")
@@ -334,8 +337,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.dtypes = [d for d in args.dtype.split(",") if d]
     args.head_dim_list = [int(d) for d in args.head_dims.split(",") if d]
-    if any(d not in DTYPES for d in args.dtypes) or any(dispatch.split_head_dim(d) is None
-                                                         for d in args.head_dim_list):
+    if any(d not in DTYPES for d in args.dtypes) or any(geometry.split_head_dim(d) is None
+                                                        for d in args.head_dim_list):
         parser.error(f"--dtype takes {', '.join(DTYPES)}; --head-dims only dims a split shrinks "
                      f"(e.g. {', '.join(map(str, HEAD_DIMS))})")
     if args.seqlen < 1 or args.reps < 1 or args.warmup < 0:

@@ -59,9 +59,11 @@ import torch.nn.functional as F
 from csvlog import append_rows, run_meta
 
 import lazytriton
-from lazytriton import dispatch
+from lazytriton import geometry, machine
 from lazytriton.cli.timing import median_ms
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd import varlen
 from lazytriton.kernels.flash_fwd.reference import attention_reference
@@ -314,7 +316,7 @@ def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int) -> str:
     from lazytriton.prewarm.builder import build
     from lazytriton.prewarm.enumeration import Planned
 
-    target = dispatch.target_of_device(device)
+    target = machine.target_of_device(device)
     chosen = {}
     for case in case_list:
         # The bindings' alignment rules: pointers and strides are aligned here (hidden 2048) (ALIGN16); the
@@ -324,7 +326,7 @@ def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int) -> str:
         for v in (fwd.variant(target, DTYPE, dense, case.causal, True, False),
                   *bwd.variants(target, DTYPE, dense, case.causal, True, False),
                   *(dispatch.kernel_variant(k, target, "bf16", case.head_dim, case.causal, True, m, m, varlen=True)
-                    for k in ("flash_fwd", *dispatch.BWD_KERNELS))):
+                    for k in ("flash_fwd", *bwd_dispatch.BWD_KERNELS))):
             chosen[v.key()] = v
     folder = tempfile.mkdtemp(prefix="lt-bench-varlen-")
     atexit.register(shutil.rmtree, folder, True)
@@ -391,7 +393,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cpu-smoke", action="store_true", help="a tiny batch on CPU through the interpreter (CI)")
     args = parser.parse_args(argv)
     if args.sequences < 1 or args.reps < 1 or args.warmup < 0 or not all(
-            1 <= d <= dispatch.MAX_HEAD_DIM for d in args.head_dims):
+            1 <= d <= geometry.MAX_HEAD_DIM for d in args.head_dims):
         parser.error("--sequences and --reps must be >= 1, --warmup >= 0, head dims in 1..256")
     return args
 

@@ -19,7 +19,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import dispatch
+from lazytriton import geometry, machine
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENS, HIDDEN = 16384, 2048
@@ -77,8 +79,8 @@ def add_grid_arguments(parser: argparse.ArgumentParser, providers: Sequence[str]
     parser.add_argument("--dtypes", type=list_arg("--dtypes", str, DTYPES.__contains__,
                                                   f"a comma-separated subset of {list(DTYPES)}"),
                         default=list(DTYPES), help="bf16,fp16 (default both)")
-    parser.add_argument("--head-dims", type=list_arg("--head-dims", int, lambda d: 1 <= d <= dispatch.MAX_HEAD_DIM,
-                                                     f"comma-separated head dims in 1..{dispatch.MAX_HEAD_DIM}"),
+    parser.add_argument("--head-dims", type=list_arg("--head-dims", int, lambda d: 1 <= d <= geometry.MAX_HEAD_DIM,
+                                                     f"comma-separated head dims in 1..{geometry.MAX_HEAD_DIM}"),
                         default=[64, 128, 256], help="default 64,128,256")
     parser.add_argument("--seqlens", type=list_arg("--seqlens", parse_seqlen, lambda s: s >= 1,
                                                    "comma-separated positive seqlens (1024 or 1k)"),
@@ -119,18 +121,18 @@ def prewarm(case_list: Sequence[Case], device: torch.device, jobs: int, say: Cal
     from lazytriton.prewarm.builder import build
     from lazytriton.prewarm.enumeration import Planned
 
-    target = dispatch.target_of_device(device)
+    target = machine.target_of_device(device)
     chosen = {}
     for case in case_list:
         dtype = DTYPES[case.dtype]
         shape = fwd.Shape(case.batch, case.heads, case.heads, case.seqlen, case.seqlen, case.head_dim)
         # The Gluon kernels where dispatch serves them (their tables; equal seqlens, so causal offset 0)
-        fwd_gluon = dispatch.flash_fwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0,
-                                                  case.head_dim ** -0.5, case.seqlen, case.seqlen)
+        fwd_gluon = fwd_dispatch.flash_fwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0,
+                                                      case.head_dim ** -0.5, case.seqlen, case.seqlen)
         chosen_here = [fwd.variant(target, dtype, shape, case.causal, True, False, gluon=fwd_gluon)]
         if backward:
-            bwd_gluon = dispatch.flash_bwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0, case.seqlen,
-                                                      case.seqlen)
+            bwd_gluon = bwd_dispatch.flash_bwd_gluon_fits(case.dtype, case.head_dim, case.causal, 0, case.seqlen,
+                                                          case.seqlen)
             chosen_here += bwd.variants(target, dtype, shape, case.causal, True, False, gluon=bwd_gluon)
         for variant in chosen_here:
             chosen[variant.key()] = variant

@@ -113,14 +113,14 @@ def route_to_fake_driver(library: str, target: str = "sm_90") -> None:
 
     import torch
 
-    from lazytriton import dispatch, driver
+    from lazytriton import driver, machine
     from lazytriton.driver import gpu
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
     from lazytriton.target import Target
 
     found = Target.parse(target)
-    dispatch.target_of_device = lambda device: found
+    machine.target_of_device = lambda device: found
     fwd.is_capturing = lambda: False
     fwd.raw_stream = lambda device_index: 0
     fwd.scratch_alloc = lambda nbytes, device_index: torch.empty(nbytes, dtype=torch.uint8)

@@ -307,7 +307,7 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
     shape = fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim)  # dispatch reads no batch or heads
     if varlen:
-        from lazytriton import dispatch
+        from lazytriton.kernels import dispatch
 
         return dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], head_dim, causal, aligned, seqlen_q,
                                        seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
@@ -388,15 +388,18 @@ def _parse_axes(text: str) -> dict[str, str]:
 
 def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     """The variants of axes: flash_fwd's one, or flash_bwd's two (its binding's ``variants``)."""
-    from lazytriton import dispatch
+    from lazytriton import geometry
+    from lazytriton.kernels import dispatch
+    from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
     from lazytriton.prewarm.enumeration import MAX_SEQLEN
     from lazytriton.prewarm.limits import known_target
 
     kernel = axes.get("kernel", "flash_fwd")
     if kernel not in ("flash_fwd", "flash_bwd"):
         raise ValueError(f"kernel={kernel!r}: expected flash_fwd or flash_bwd (the backward's two kernels)")
-    head_dim = _int_axis(axes, "head_dim", 0, 1, dispatch.MAX_HEAD_DIM)
-    head_dim_v = _int_axis(axes, "head_dim_v", head_dim, 1, dispatch.MAX_HEAD_DIM)
+    head_dim = _int_axis(axes, "head_dim", 0, 1, geometry.MAX_HEAD_DIM)
+    head_dim_v = _int_axis(axes, "head_dim_v", head_dim, 1, geometry.MAX_HEAD_DIM)
     dim_v = 0 if head_dim_v == head_dim else head_dim_v
     seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
     seqlen_k = _int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN)
@@ -407,9 +410,9 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     window, softcap = _flag(axes, "window", False), _flag(axes, "softcap", False)
     target = known_target(axes["target"])
     if kernel == "flash_fwd":
-        return (dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                           index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v,
-                                           window=window, softcap=softcap),)
+        return (fwd_dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
+                                               index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v,
+                                               window=window, softcap=softcap),)
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
 
@@ -420,7 +423,7 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
         return tuple(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
                                              seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
                                              softcap=softcap)
-                     for name in dispatch.BWD_KERNELS)
+                     for name in bwd_dispatch.BWD_KERNELS)
     return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64,
                         window, softcap, head_dim_v=dim_v)
 

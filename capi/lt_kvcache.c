@@ -371,7 +371,7 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
 static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     lt__plan_key key;
     memset(&key, 0, sizeof key);
-    int32_t page_bits = c->paged ? lt__bits((c->page_size & -c->page_size) + 1) : 0; /* dispatch.page_block_limit */
+    int32_t page_bits = c->paged ? lt__bits((c->page_size & -c->page_size) + 1) : 0; /* flash_decode.dispatch.page_block_limit */
     key.kernel = LT__KERNEL_DECODE, key.device_index = c->device_index, key.dtype = c->dtype;
     key.head_dim = (int32_t)c->d, key.causal = c->causal, key.aligned = c->aligned, key.index64 = c->index64;
     key.sq_bits = lt__bits(c->hq / c->hk * c->sq), key.sk_bits = lt__bits(c->capacity);

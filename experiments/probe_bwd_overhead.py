@@ -22,9 +22,9 @@ import sys
 import torch
 from probe_bwd_timing import host_us, kernel_us  # the script's folder is on sys.path
 
-from lazytriton import dispatch
 from lazytriton.cli.timing import event_ms, interleaved_ms
 from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_bwd import fused, fused_kernel
 from lazytriton.kernels.flash_fwd import binding as fwd
 
@@ -67,19 +67,19 @@ def run_case(d, s, causal, args):
     total = event_ms(backward, reps=args.reps)
     print(f"hd{d} {s} causal={causal}: served backward {total:.3f} ms", flush=True)
     key = (args.dtype, d, causal)
-    row = dispatch.BWD_FUSED_TABLE.get(key)
+    row = bwd_dispatch.BWD_FUSED_TABLE.get(key)
     trial = row or (args.row and (*args.row, 1 << 30))  # a head dim without a row: --row's tiles, never served
     if args.fused_from and trial and args.fused_from <= s < trial[2]:
         def with_row(min_seqlen):
             def run():
-                dispatch.BWD_FUSED_TABLE[key] = (*trial[:2], min_seqlen)
+                bwd_dispatch.BWD_FUSED_TABLE[key] = (*trial[:2], min_seqlen)
                 try:
                     return backward()
                 finally:
                     if row is None:
-                        del dispatch.BWD_FUSED_TABLE[key]
+                        del bwd_dispatch.BWD_FUSED_TABLE[key]
                     else:
-                        dispatch.BWD_FUSED_TABLE[key] = row
+                        bwd_dispatch.BWD_FUSED_TABLE[key] = row
             return run
 
         two, fused_ms = interleaved_ms([with_row(trial[2]), with_row(args.fused_from)], True, warmup=5,

@@ -42,8 +42,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from lazytriton import dispatch
-from lazytriton.dispatch import Config
+from lazytriton.kernels import dispatch
+from lazytriton.tiles import Config
 
 KERNELS = ("flash_bwd_dq", "flash_bwd_dkdv")
 SHORT = {"dq": "flash_bwd_dq", "dkdv": "flash_bwd_dkdv"}

@@ -21,9 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import probe_gluon_bwd  # noqa: E402
 
-from lazytriton import dispatch  # noqa: E402
 from lazytriton.cli.timing import event_ms  # noqa: E402
 from lazytriton.kernels.flash_bwd import binding as bwd  # noqa: E402
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import binding as fwd  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
                                   bwd.backward(q, k, v, out, lse, do, call), reps=10)
                 jit = {p: event_ms(probe_gluon_bwd.ws_backward(q, k, v, out, lse.contiguous(), do, causal, (bm, p)),
                                    reps=10) for p in (False, True)}
-                pf = bool(dispatch.BWD_FUSED_TABLE.get(("bf16", d, causal), (0, False))[1])
+                pf = bool(bwd_dispatch.BWD_FUSED_TABLE.get(("bf16", d, causal), (0, False))[1])
                 for name, fn in unspecialised.items():
                     jit[name] = event_ms(probe_gluon_bwd.ws_backward(q, k, v, out, lse.contiguous(), do, causal,
                                                                      (bm, pf), fn), reps=10)

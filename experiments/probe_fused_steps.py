@@ -28,8 +28,8 @@ import sys
 
 import torch
 
-from lazytriton import dispatch
 from lazytriton.cli.timing import event_ms
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_bwd import fused, fused_kernel
 
 SEQLENS_Q = (128, 256, 512, 1024, 2048)
@@ -42,7 +42,7 @@ def _launch(d, b, h, sq, sk, causal, kernel=None, trace=None):
     kernel = kernel or fused_kernel.flash_bwd_fused_gluon_kernel
     extra = () if trace is None else (trace,)
     dt = torch.bfloat16
-    block_m, prefetch, _ = dispatch.BWD_FUSED_TABLE[("bf16", d, causal)]
+    block_m, prefetch, _ = bwd_dispatch.BWD_FUSED_TABLE[("bf16", d, causal)]
     q, do = (torch.randn(b, h, sq, d, device="cuda", dtype=dt) for _ in range(2))
     k, v = (torch.randn(b, h, sk, d, device="cuda", dtype=dt) for _ in range(2))
     lse = 4.0 + torch.rand(b, h, sq, device="cuda")

@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import probe_gluon_bwd  # noqa: E402
 
-from lazytriton import dispatch  # noqa: E402
 from lazytriton.cli.timing import event_ms  # noqa: E402
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 
 # name -> (a kernel file, its extra constexprs), from --variant
 VARIANTS: dict[str, tuple[str, dict[str, int]]] = {}
@@ -64,7 +64,7 @@ def run_case(d, causal, s, reps, log):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     (q, k, v, do), _, out, lse, sl, ref, same, flops, label = probe_gluon_bwd.make_case(d, causal, s)
-    block_m, prefetch, _ = dispatch.BWD_FUSED_TABLE[("bf16", d, causal)]
+    block_m, prefetch, _ = bwd_dispatch.BWD_FUSED_TABLE[("bf16", d, causal)]
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)

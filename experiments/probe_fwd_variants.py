@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
-from lazytriton import dispatch, flash
+from lazytriton import flash
 from lazytriton.cli.timing import event_ms
 from lazytriton.kernels.flash_fwd import binding, gluon
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd.gluon import FLASH_FWD_GLUON
 from lazytriton.variant import kernel_constexprs
 
@@ -53,13 +54,13 @@ def tiling_for(d: int, causal: bool, s: int, q_tiles: int) -> tuple[tuple[int, i
     """(tiles, query tiles a program) the variants run at: dispatch's ping-pong row for the shape, else the first
     ping-pong tiles that fit (``gluon.configs``) with the non-causal row's count (at head dim 64 causal flash_fwd
     serves to 1k and the wide tiles from there)."""
-    row = dispatch.flash_fwd_gluon_default("bf16", d, causal, s)
+    row = fwd_dispatch.flash_fwd_gluon_default("bf16", d, causal, s)
     if row is not None and row[2]:
         tiles = row[0]
-        count = dispatch.gluon_q_tiles(d, causal, s, tiles[0])
+        count = fwd_dispatch.gluon_q_tiles(d, causal, s, tiles[0])
     else:
         tiles = gluon.configs(d, pingpong=True)[0]
-        count = dispatch.gluon_q_tiles(d, False, s, tiles[0])
+        count = fwd_dispatch.gluon_q_tiles(d, False, s, tiles[0])
     return tiles, q_tiles or count
 
 

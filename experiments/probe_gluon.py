@@ -109,10 +109,10 @@ def log(line: str, path: Path | None) -> None:
 def _setup() -> tuple[Any, Any, Any]:
     import torch
 
-    from lazytriton import dispatch
     from lazytriton.kernels.flash_fwd import binding
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
-    return torch, dispatch, binding
+    return torch, fwd_dispatch, binding
 
 
 def _tensors(torch: Any, dtype: str, b: int, hq: int, hk: int, sq: int, sk: int, d: int, layout: str) -> tuple:
@@ -152,12 +152,14 @@ def sweep_tilings(head_dim: int | None = None) -> list[Tiling]:
     return list(dict.fromkeys(every))
 
 
-def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tiling) -> Any:
+def _gluon_variant(fwd_dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tiling) -> Any:
+    from lazytriton import machine
+
     b, hq, hk, sq, sk, d = call.shape
-    target = dispatch.target_of_device(q.device)
-    found = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
-                                             tiles=tiling[0], scale=call.scale, producer=tiling[1],
-                                             pingpong=tiling[2], q_tiles=q_tiles_of(tiling))
+    target = machine.target_of_device(q.device)
+    found = fwd_dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[q.dtype], d, call.causal, True, False, sq, sk,
+                                                 tiles=tiling[0], scale=call.scale, producer=tiling[1],
+                                                 pingpong=tiling[2], q_tiles=q_tiles_of(tiling))
     if found is None:
         from lazytriton.kernels.flash_fwd import gluon
 
@@ -168,11 +170,13 @@ def _gluon_variant(dispatch: Any, binding: Any, q: Any, call: Any, tiling: Tilin
     return found
 
 
-def _flash_fwd(dispatch: Any, binding: Any, q: Any, k: Any, v: Any, call: Any) -> Any:
+def _flash_fwd(fwd_dispatch: Any, binding: Any, q: Any, k: Any, v: Any, call: Any) -> Any:
     """The Triton flash_fwd variant for the call, as dispatch served it before GLUON_TABLE (the baseline)."""
     out, lse = binding.empty_outputs(q, call.shape)
     _, aligned, index64 = binding.pack(q, k, v, out, lse, call)
-    return binding.variant(dispatch.target_of_device(q.device), q.dtype, call.shape, call.causal != "none",
+    from lazytriton import machine
+
+    return binding.variant(machine.target_of_device(q.device), q.dtype, call.shape, call.causal != "none",
                            aligned, index64)
 
 
@@ -262,16 +266,16 @@ def job_compile(args: argparse.Namespace, shard: int) -> None:
 
 def job_check(args: argparse.Namespace, index: int) -> None:
     """O and lse of one CHECKS shape against float32, beside the current flash_fwd's error."""
-    torch, dispatch, binding = _setup()
+    torch, fwd_dispatch, binding = _setup()
     dtype, b, hq, hk, sq, sk, d, causal, layout = checks(args)[index]
     q, k, v = _tensors(torch, dtype, b, hq, hk, sq, sk, d, layout)
     call = binding.check(q, k, v, causal if causal != "none" else False)
     ref_out, ref_lse = _reference(torch, q, k, v, call)
-    base_out, base_lse = _run(binding, q, k, v, call, _flash_fwd(dispatch, binding, q, k, v, call))
+    base_out, base_lse = _run(binding, q, k, v, call, _flash_fwd(fwd_dispatch, binding, q, k, v, call))
     base = (float((base_out.float() - ref_out).abs().max()), float((base_lse - ref_lse).abs().max()))
     for tiling in tiles_for(args, d):
         try:
-            variant = _gluon_variant(dispatch, binding, q, call, tiling)
+            variant = _gluon_variant(fwd_dispatch, binding, q, call, tiling)
         except ValueError as exc:  # a program's rows (q_tiles x BLOCK_M) that do not divide this shape's
             print(f"{label(tiling)}: {exc}", flush=True)
             continue
@@ -288,7 +292,7 @@ def job_check(args: argparse.Namespace, index: int) -> None:
 
 def job_time(args: argparse.Namespace, index: int) -> None:
     """TFLOP/s of cuDNN, the current flash_fwd and each gluon tiling at one benchmark shape."""
-    torch, dispatch, binding = _setup()
+    torch, fwd_dispatch, binding = _setup()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -307,13 +311,13 @@ def job_time(args: argparse.Namespace, index: int) -> None:
 
     ref = cudnn().float()
     out, lse = binding.empty_outputs(q, call.shape)
-    base = _flash_fwd(dispatch, binding, q, k, v, call)  # not dispatch's choice, which may be a GLUON_TABLE row
+    base = _flash_fwd(fwd_dispatch, binding, q, k, v, call)  # not dispatch's choice, which may be a GLUON_TABLE row
     providers: list[tuple[str, Any]] = [("cudnn", cudnn),
                                         ("flash_fwd", lambda: binding.launch_gpu(q, k, v, out, lse, call,
                                                                                  variant=base))]
     for tiling in tiles_for(args, d):
         try:
-            variant = _gluon_variant(dispatch, binding, q, call, tiling)
+            variant = _gluon_variant(fwd_dispatch, binding, q, call, tiling)
         except ValueError as exc:
             print(f"{label(tiling)}: {exc}", flush=True)
             continue
@@ -489,7 +493,7 @@ def parse_label(name: str) -> Tiling:
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """``dispatch.GLUON_TABLE`` rows from the timings: per (dtype, head dim, causal), the gluon tiling with
+    """``flash_fwd.dispatch.GLUON_TABLE`` rows from the timings: per (dtype, head dim, causal), the gluon tiling with
     the best geomean over the timed seqlens, where that beats flash_fwd's (ready to paste; the rest keeps
     flash_fwd). Comments: TFLOP/s gluon / flash_fwd / cuDNN, geomean over the seqlens."""
     groups: dict[tuple[str, int, bool], dict[str, list[float]]] = {}
@@ -617,7 +621,7 @@ def main() -> int:
         log(line, logfile)
     for line in table(rows):
         log(line, logfile)
-    log("dispatch.GLUON_TABLE rows (gluon beats flash_fwd; shapes not listed keep flash_fwd):", logfile)
+    log("flash_fwd.dispatch.GLUON_TABLE rows (gluon beats flash_fwd; shapes not listed keep flash_fwd):", logfile)
     for line in table_rows(rows):
         log(line, logfile)
     return 1 if summary else 0

@@ -42,10 +42,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lazytriton import dispatch, driver, runtime
+from lazytriton import driver, machine, runtime
 from lazytriton.cli.timing import median_ms
 from lazytriton.driver import fastlaunch
 from lazytriton.kernels.flash_fwd import binding
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.variant import Variant
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -118,8 +119,8 @@ def time_shape(dtype: str, d: int, causal: bool, s: int, quick: bool) -> dict[st
         cudnn_ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), on_gpu=True)
     call = binding.check(q, k, v, causal)
     out_p, lse_p = binding.empty_outputs(q, call.shape)
-    target = dispatch.target_of_device(q.device)
-    ptr = dispatch.flash_fwd_variant(target, dtype, d, causal, True, s, seqlen_k=s)  # type: ignore[arg-type]
+    target = machine.target_of_device(q.device)
+    ptr = fwd_dispatch.flash_fwd_variant(target, dtype, d, causal, True, s, seqlen_k=s)  # type: ignore[arg-type]
     ptr_ms = median_ms(lambda: binding.launch_gpu(q, k, v, out_p, lse_p, call, ptr), on_gpu=True)
     row: dict[str, Any] = {"dtype": dtype, "d": d, "causal": causal, "seqlen": s, "cudnn": flops / cudnn_ms / 1e9,
                            "ptr": flops / ptr_ms / 1e9, "ptr_err": rel_err(out_p, ref), "tma": math.nan,

@@ -30,25 +30,30 @@ from bench_flash_fwd import FIELDS, rel_err, time_ms  # noqa: E402
 from csvlog import append_rows  # noqa: E402
 
 import lazytriton  # noqa: E402
-from lazytriton import dispatch, runtime  # noqa: E402
+from lazytriton import (
+    machine,
+    runtime,  # noqa: E402
+)
 from lazytriton.kernels.flash_fwd import binding  # noqa: E402
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm.limits import refusal  # noqa: E402
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # FACTS.md: best host-descriptor TMA configs on the H200 (Triton 3.6): 128/64 at head dim 128, 128/128 at 64,
 # 4 warps, 2-3 stages.
-SWEEP = (dispatch.Config(128, 64, 4, 2), dispatch.Config(128, 64, 4, 3), dispatch.Config(128, 128, 4, 2),
-         dispatch.Config(128, 128, 4, 3), dispatch.Config(128, 64, 8, 3))
+SWEEP = (Config(128, 64, 4, 2), Config(128, 64, 4, 3), Config(128, 128, 4, 2),
+         Config(128, 128, 4, 3), Config(128, 64, 8, 3))
 
 
 def variants(target: object, dtype: str, d: int, causal: bool, s: int, sweep: bool) -> list[tuple[Variant, Variant]]:
     """(pointer, TMA) pairs of one shape: dispatch's config, then the sweep's (those prewarm would not refuse)."""
-    configs: list[dispatch.Config | None] = [None, *(SWEEP if sweep else ())]
+    configs: list[Config | None] = [None, *(SWEEP if sweep else ())]
     pairs = []
     for config in configs:
-        ptr, tma = (dispatch.flash_fwd_variant(target, dtype, d, causal, True, s, config=config, seqlen_k=s,  # type: ignore[arg-type]
-                                               tma=flag) for flag in (False, True))
+        ptr, tma = (fwd_dispatch.flash_fwd_variant(target, dtype, d, causal, True, s, config=config, seqlen_k=s,  # type: ignore[arg-type]
+                                                   tma=flag) for flag in (False, True))
         if config is not None and (refusal(ptr) or refusal(tma) or ptr.tuned == pairs[0][0].tuned
                                    and ptr.options == pairs[0][0].options):
             continue
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    target = dispatch.target_of_device(torch.device("cuda"))
+    target = machine.target_of_device(torch.device("cuda"))
     if str(target) != "sm_90":
         print(f"TMA variants are built for sm_90; this GPU is {target}", file=sys.stderr)
         return 2

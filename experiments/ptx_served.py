@@ -41,13 +41,13 @@ def fingerprints() -> dict[str, str]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_gluon_fwd import sm90_ptx  # the tests' compile of a flash_fwd_gluon variant to PTX
 
-    from lazytriton import dispatch
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
     from lazytriton.target import Target
 
     found = {}
     for head_dim, causal, seqlen in SERVED:
-        variant = dispatch.flash_fwd_gluon_default_variant(Target.parse("sm_90"), "bf16", head_dim, causal, True,
-                                                           False, seqlen, seqlen)
+        variant = fwd_dispatch.flash_fwd_gluon_default_variant(Target.parse("sm_90"), "bf16", head_dim, causal, True,
+                                                               False, seqlen, seqlen)
         if variant is None:
             raise SystemExit(f"no served flash_fwd_gluon variant at head dim {head_dim}, causal {causal}, {seqlen}")
         found[str(variant)] = hashlib.sha256(code_of(sm90_ptx(variant)).encode()).hexdigest()[:16]

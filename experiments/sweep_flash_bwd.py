@@ -21,18 +21,21 @@ from typing import Any
 
 import torch
 
-from lazytriton import dispatch, runtime
+from lazytriton import machine, runtime
 from lazytriton.cli.timing import event_ms
 from lazytriton.cli.tune import compile_all
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
 from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def candidates(kernel: str, head_dim: int) -> list[dispatch.Config]:
+def candidates(kernel: str, head_dim: int) -> list[Config]:
     """Held tile x streamed tile x warps x stages (held = BLOCK_M for dq, BLOCK_N for dkdv)."""
     held = (64, 128)
     streamed = (32, 64) if head_dim >= 128 else (32, 64, 128)
@@ -40,7 +43,7 @@ def candidates(kernel: str, head_dim: int) -> list[dispatch.Config]:
     for h, s, w, st in itertools.product(held, streamed, (4, 8), (2, 3, 4)):
         if head_dim >= 256 and h * s > 64 * 64:
             continue
-        out.append(dispatch.Config(h, s, w, st) if kernel == "flash_bwd_dq" else dispatch.Config(s, h, w, st))
+        out.append(Config(h, s, w, st) if kernel == "flash_bwd_dq" else Config(s, h, w, st))
     return out
 
 
@@ -54,10 +57,10 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
     out, lse = fwd.forward(q, k, v, call)
     ref = attention_backward_reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), do[:1, :2].float(),
                                        causal="bottom_right" if causal else False)
-    target = dispatch.target_of_device(q.device)
+    target = machine.target_of_device(q.device)
     plans: dict[str, list[Variant]] = {
         kernel: [dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, True, seqlen, seqlen, config=c)
-                 for c in candidates(kernel, head_dim)] for kernel in dispatch.BWD_KERNELS}
+                 for c in candidates(kernel, head_dim)] for kernel in bwd_dispatch.BWD_KERNELS}
     failures = compile_all([vv for vs in plans.values() for vv in vs], jobs)
     flops = 2.5 * 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
     default = bwd.variants(target, torch_dtype, call.shape, causal, True, False)
@@ -69,7 +72,7 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
     best: dict[str, float] = {}
     for kernel, variants in plans.items():
         results = []
-        for variant in [*variants, default[dispatch.BWD_KERNELS.index(kernel)]]:
+        for variant in [*variants, default[bwd_dispatch.BWD_KERNELS.index(kernel)]]:
             if str(variant) in failures:
                 continue
             try:
@@ -96,7 +99,7 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
             got = grads.dq if kernel == "flash_bwd_dq" else grads.dk
             want = ref[0] if kernel == "flash_bwd_dq" else ref[1]
             err = float((got[:1, :2].float() - want).norm() / want.norm())
-            tag = " (default)" if variant == default[dispatch.BWD_KERNELS.index(kernel)] else ""
+            tag = " (default)" if variant == default[bwd_dispatch.BWD_KERNELS.index(kernel)] else ""
             results.append((ms, err, f"{bm}/{bn}/{variant.get('num_warps')}/{variant.get('num_stages')}{tag}"))
         results.sort()
         ok = [r for r in results if r[1] < 2e-2]

@@ -7,7 +7,7 @@ per (target, kernel, dtype, head dim, causal, seqlen_q bucket, seqlen_k
 bucket), with the TFLOP/s measured and the GPU and date that measured it
 (``lazytriton tune`` writes rows). Buckets
 are powers of two; a call takes the first bucket at or above its seqlen, else
-the last. A call the table does not cover gets ``dispatch.default_config``:
+the last. A call the table does not cover gets ``flash_fwd.dispatch.default_config``:
 never an error.
 
 ``lazytriton tune`` writes its rows to the user's table of the family,
@@ -72,7 +72,7 @@ def bucket(seqlen: int) -> int:
     """The power-of-two bucket a seqlen falls in (its ceiling power of two; 1 for 0 and 1).
 
     Dispatch sees a call's seqlens only through this function (see
-    ``dispatch.flash_fwd_variant``), so two calls in the same buckets get the
+    ``flash_fwd.dispatch.flash_fwd_variant``), so two calls in the same buckets get the
     same variant, and the memo key (``bucket_index``) may stand for them.
     """
     return 1 << bucket_index(seqlen)

@@ -53,10 +53,10 @@ from typing import Any
 from lazytriton.cli.report import plural
 
 DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importing it to build the parser
-# --causal takes the causal modes of the API and of ``cache explain`` (dispatch.CAUSAL_MODES);
+# --causal takes the causal modes of the API and of ``cache explain`` (geometry.CAUSAL_MODES);
 # "causal" is an alias of top_left, as ``causal=True`` is in the API. top_left and
 # bottom_right build the same binary (CAUSAL=true): the alignment is a runtime offset.
-CAUSAL_MODES = ("none", "top_left", "bottom_right")  # dispatch.CAUSAL_MODES, without importing it
+CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
                "softcap", "paged", "varlen", "alibi", "dropout", "attn_mask")

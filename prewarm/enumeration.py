@@ -60,7 +60,11 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from lazytriton import dispatch, tuning
+from lazytriton import geometry, tuning
+from lazytriton.kernels import attention, dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.misslog import Line, MissLog
 from lazytriton.prewarm.limits import refusal
 from lazytriton.record import record
@@ -69,7 +73,7 @@ from lazytriton.variant import DTYPES, Variant, check_fields
 
 KERNEL = "flash_fwd"  # the forward kernel, enumerated first
 DEFAULT_DTYPES: tuple[str, ...] = DTYPES
-DEFAULT_HEAD_DIMS: tuple[int, ...] = dispatch.HEAD_DIMS
+DEFAULT_HEAD_DIMS: tuple[int, ...] = geometry.HEAD_DIMS
 DEFAULT_CAUSAL: tuple[bool, ...] = (False, True)
 # One seqlen per default_config class: <= 16, <= 64 and > 64 query rows.
 DEFAULT_SEQLENS: tuple[int, ...] = (16, 64, 4096)
@@ -124,7 +128,7 @@ class Axes:
                 raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         for head_dim in (*(self.head_dims or ()), *(self.head_dims_v or ())):
             if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
-                raise ValueError(f"head dim must be an int in 1..{dispatch.MAX_HEAD_DIM}, got {head_dim!r}")
+                raise ValueError(f"head dim must be an int in 1..{geometry.MAX_HEAD_DIM}, got {head_dim!r}")
         for name in ("seqlens_q", "seqlens_k"):
             for seqlen in getattr(self, name) or ():
                 if isinstance(seqlen, bool) or not isinstance(seqlen, int) or not 1 <= seqlen <= MAX_SEQLEN:
@@ -171,7 +175,7 @@ def table_buckets(table: tuning.Table, target: str,
     """For each (dtype, head dim, causal) group of ``kernel`` for ``target`` in the table: its seqlen buckets."""
     found: dict[tuple[str, int, bool], tuple[set[int], set[int]]] = {}
     for row in table:
-        if row.target == target and row.kernel == kernel and row.head_dim in dispatch.HEAD_DIMS:
+        if row.target == target and row.kernel == kernel and row.head_dim in geometry.HEAD_DIMS:
             qs, ks = found.setdefault((row.dtype, row.head_dim, row.causal), (set(), set()))
             qs.add(row.seqlen_q)
             ks.add(row.seqlen_k)
@@ -207,7 +211,7 @@ def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
 
 def _with_append(kernels: tuple[str, ...]) -> tuple[str, ...]:
     """The kernels to plan: kv_append joins the decoding kernels (a call with new keys launches it first)."""
-    if "kv_append" in kernels or not any(k in dispatch.DECODE_KERNELS for k in kernels):
+    if "kv_append" in kernels or not any(k in decode_dispatch.DECODE_KERNELS for k in kernels):
         return kernels
     return (*kernels, "kv_append")
 
@@ -229,7 +233,7 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         yield from _append_variants(axes, target)
         return
     in_table = table_buckets(table, str(target), kernel)
-    decode = kernel in dispatch.DECODE_KERNELS
+    decode = kernel in decode_dispatch.DECODE_KERNELS
     dtypes = axes.dtypes or (DECODE_DTYPES if decode else DEFAULT_DTYPES)
     head_dims = axes.head_dims or (DECODE_HEAD_DIMS if decode else DEFAULT_HEAD_DIMS)
     paged = (axes.paged or (False, True)) if decode else (False,)
@@ -237,8 +241,8 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                                                  axes.causal or DEFAULT_CAUSAL):
         head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
         tiles = max(head_dim, head_dim_v)  # dispatch's rule: the larger head dim's tiles
-        split = kernel not in dispatch.DECODE_KERNELS and bool(dispatch.split_chunks(kernel, head_dim, head_dim_v))
-        buckets = in_table.get((dtype, dispatch.padded_head_dim(tiles), causal))
+        split = not decode and bool(attention.split_chunks(kernel, head_dim, head_dim_v))
+        buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
         off = (False,)
         varlens, dropouts, biases = (off, off, off) if decode else (axes.varlen, axes.dropout, axes.bias)
@@ -274,21 +278,21 @@ def _gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned
     tiles runs it, and would otherwise compile it on first use.
     """
     offset = seqlen_k - seqlen_q if causal else 0  # prewarm's causal calls are FlashAttention's, bottom-right
-    if offset < 0 or not dispatch.flash_fwd_gluon_fits(dtype, head_dim, causal, offset, 1.0 / math.sqrt(head_dim),
-                                                       seqlen_q, seqlen_k):
+    if offset < 0 or not fwd_dispatch.flash_fwd_gluon_fits(dtype, head_dim, causal, offset, 1.0 / math.sqrt(head_dim),
+                                                           seqlen_q, seqlen_k):
         return None
-    return dispatch.flash_fwd_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
-                                                    seqlen_k)
+    return fwd_dispatch.flash_fwd_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
+                                                        seqlen_k)
 
 
 def _bwd_gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
                     seqlen_q: int, seqlen_k: int) -> Variant | None:
     """The flash_bwd_dkdv_gluon variant dispatch serves a plain backward of this shape with (BWD_GLUON_TABLE)."""
     offset = seqlen_k - seqlen_q if causal else 0  # bottom-right, as _gluon_twin
-    if offset < 0 or not dispatch.flash_bwd_gluon_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
+    if offset < 0 or not bwd_dispatch.flash_bwd_gluon_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
         return None
-    return dispatch.flash_bwd_dkdv_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64,
-                                                         seqlen_q, seqlen_k)
+    return bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64,
+                                                             seqlen_q, seqlen_k)
 
 
 def _bwd_fused_twins(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
@@ -299,10 +303,10 @@ def _bwd_fused_twins(target: Target, dtype: str, head_dim: int, causal: bool, al
     flash_bwd's, which deterministic mode runs.
     """
     offset = seqlen_k - seqlen_q if causal else 0  # bottom-right, as _gluon_twin
-    if offset < 0 or not dispatch.flash_bwd_fused_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
+    if offset < 0 or not bwd_dispatch.flash_bwd_fused_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
         return ()
-    return dispatch.flash_bwd_fused_default_variants(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
-                                                     seqlen_k) or ()
+    return bwd_dispatch.flash_bwd_fused_default_variants(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
+                                                         seqlen_k) or ()
 
 
 def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:
@@ -311,7 +315,7 @@ def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, boo
     Both, so that an odd length (or packed sequences, which never have SEQ16)
     with aligned tensors is served as well as 4096 is.
     """
-    if kernel not in dispatch.BWD_KERNELS:
+    if kernel not in bwd_dispatch.BWD_KERNELS:
         return tuple((a, False) for a in aligned)
     return tuple(pair for a in aligned for pair in (((True, True), (True, False)) if a else ((False, False),)))
 

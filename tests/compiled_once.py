@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from lazytriton import dispatch
 from lazytriton.cache_format import Entry
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
-SMALL = dispatch.Config(64, 32, 4, 2)
+SMALL = Config(64, 32, 4, 2)
 
 
 def small_variant(target: str, causal: bool = False) -> Variant:
     """A quick-to-compile flash_fwd variant for ``target``."""
-    return dispatch.flash_fwd_variant(Target.parse(target), "fp16", 64, causal, True, 4096, config=SMALL)
+    return fwd_dispatch.flash_fwd_variant(Target.parse(target), "fp16", 64, causal, True, 4096, config=SMALL)
 
 
 def shared_dir(factory: pytest.TempPathFactory) -> Path:

@@ -25,17 +25,19 @@ from typing import Any
 import pytest
 import xxhash
 
-from lazytriton import dispatch, record
+from lazytriton import record
 from lazytriton.cache_format import Entry, Provenance
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.store.redis_tier import redis_available
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 TESTS = Path(__file__).resolve().parent
 REDIS_SERVER = shutil.which("redis-server")
 # The small sm_90 variant of test_cache.py: a real compile takes about a second.
-VARIANT = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096,
-                                     config=dispatch.Config(64, 32, 4, 2))
+VARIANT = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096,
+                                         config=Config(64, 32, 4, 2))
 SIGNING_KEY = b"deployment-key-0123456789abcdef"
 
 

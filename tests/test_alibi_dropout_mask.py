@@ -23,9 +23,10 @@ from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of, twin
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import lazytriton
-from lazytriton import dispatch
 from lazytriton.interface import SDPAError, SDPATypeError, always_through_op
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
 from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 from lazytriton.kernels.flash_fwd.reference import alibi_bias, attention_reference, dropout_keep
@@ -445,7 +446,7 @@ def test_the_op_refuses_a_bias_that_requires_grad_and_dropout_without_philox(mon
 
 def test_variants_gain_fields_only_when_on() -> None:
     target = Target.parse("sm_90")
-    for kernel in ("flash_fwd", *dispatch.BWD_KERNELS):
+    for kernel in ("flash_fwd", *bwd_dispatch.BWD_KERNELS):
         plain = dispatch.kernel_variant(kernel, target, "bf16", 128, True, True, 4096, 4096)
         assert not any(flag in str(plain) for flag in ("ALIBI", "BIAS", "DROPOUT"))
         for flag in ("alibi", "bias", "dropout"):
@@ -539,7 +540,7 @@ def test_prewarm_axes_and_cache_explain_take_the_flags(capsys: pytest.CaptureFix
 
     narrow = {"targets": (Target.parse("sm_90"),), "dtypes": ("bf16",), "head_dims": (64,), "causal": (False,),
               "seqlens_q": (4096,),
-              "kernels": ("flash_fwd", *dispatch.BWD_KERNELS)}  # decoding has no varlen, dropout or bias variants
+              "kernels": ("flash_fwd", *bwd_dispatch.BWD_KERNELS)}  # decoding has no varlen, dropout or bias variants
     table = tuning.tables_for(all_kernels())
     def plan(axes: Axes) -> list[Any]:  # the Gluon twins serve plain calls only (tests/test_prewarm.py)
         return [p for p in enumerate_variants(axes, table) if p.origin not in ("gluon table", "fused table")]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from lazytriton import dispatch, tuning
+from lazytriton import machine, tuning
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding, score_mods
 from lazytriton.target import Target
 
@@ -163,7 +163,7 @@ class _FakeRuntime:
 
 def test_a_capture_that_would_load_a_kernel_is_refused_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(binding, "is_capturing", lambda: True)
-    monkeypatch.setattr(dispatch, "target_of_device", lambda device: Target.parse("sm_90"))
+    monkeypatch.setattr(machine, "target_of_device", lambda device: Target.parse("sm_90"))
     rt = _FakeRuntime()
     shape = binding.Shape(1, 2, 2, 100, 100, 64)
     with pytest.raises(binding.CaptureError, match=r"flash_fwd:sm_90:bf16.*lazytriton\.preload"):

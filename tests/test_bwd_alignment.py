@@ -16,11 +16,12 @@ import pytest
 import torch
 import xxhash
 
-from lazytriton import dispatch, kernels, record
+from lazytriton import kernels, record
 from lazytriton.cli import main
-from lazytriton.kernels import source_fingerprint
+from lazytriton.kernels import dispatch, source_fingerprint
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import FLASH_FWD, varlen
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.prewarm.enumeration import Axes, enumerate_variants
@@ -55,7 +56,7 @@ def test_pack_computes_both_flags(seqlens: tuple[int, int], offset: int, cu: int
     assert _pack(*seqlens, offset, cu) == flags
     if not cu:  # dispatch's rule for calls described by their sizes agrees with the binding's
         aligned, seq16 = flags
-        assert dispatch.seq_aligned("flash_bwd_dq", aligned, *seqlens) is seq16
+        assert bwd_dispatch.seq_aligned("flash_bwd_dq", aligned, *seqlens) is seq16
 
 
 def test_a_varlen_backward_packs_aligned_without_seq16() -> None:

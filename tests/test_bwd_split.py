@@ -2,7 +2,7 @@
 
 A head dim like 96 runs as two power-of-two chunks (64 + 32) in both backward
 kernels, as in the forward (tests/test_split_d.py), where dispatch splits
-(``dispatch.SPLIT_BY_DEFAULT``). On CPU the public entry points run the
+(``attention.SPLIT_BY_DEFAULT``). On CPU the public entry points run the
 backward through Triton's interpreter with dispatch's head-dim constexprs
 (``flash_bwd.binding.head_dim_constexprs``), so these tests run the split
 kernels; numerics against a float64 reference with FlashAttention's rule
@@ -20,12 +20,15 @@ from test_flash_bwd import check_grads, grads_of
 from test_flash_fwd import make_qkv, on_gpu
 
 import lazytriton
-from lazytriton import compiler, dispatch, runtime, tuning
+from lazytriton import compiler, geometry, machine, runtime, tuning
 from lazytriton.cli import tune_bwd
+from lazytriton.kernels import attention, dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import binding
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant, check_fields, kernel_constexprs, pairs
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
@@ -114,7 +117,7 @@ def test_interpreter_constexprs_follow_dispatch(monkeypatch: pytest.MonkeyPatch)
         names = ("BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "BLOCK_D2")
         assert kernel_constexprs(variant, names) == {n: got[n] for n in names}, d
     assert bwd_binding.head_dim_constexprs(96, 64)["BLOCK_D2"] == 0
-    monkeypatch.setattr(dispatch, "SPLIT_BY_DEFAULT", False)
+    monkeypatch.setattr(attention, "SPLIT_BY_DEFAULT", False)
     assert bwd_binding.head_dim_constexprs(96) == {"BLOCK_D": 128, "EVEN_D": False, "BLOCK_DV": 128,
                                                    "EVEN_DV": False, "BLOCK_D2": 0}
 
@@ -131,7 +134,7 @@ def test_tune_bwd_keys_a_split_winner_by_its_own_head_dim_and_never_changes_the_
         assert tune_bwd.row_for(plain, 4096, 4096, 100.0, "test", "2026-12-01", padded).head_dim == padded
     # A 96 winner that fits 96's split width on sm_86 (99 KiB) but would not fit hd128's tile there.
     split = dispatch.kernel_variant(FLASH_BWD_DQ.name, sm86, "bf16", 96, False, True, 4096, 4096,
-                                    config=dispatch.Config(128, 64, 8, 3))
+                                    config=Config(128, 64, 8, 3))
     row = tune_bwd.row_for(split, 4096, 4096, 100.0, "test", "2026-12-01", 96)
     table = tuning.Table((row,))
     got = dispatch.kernel_variant(FLASH_BWD_DQ.name, sm86, "bf16", 96, False, True, 4096, 4096, table=table)
@@ -155,7 +158,8 @@ def test_prewarm_plans_the_split_backward_variants_calls_use() -> None:
     # A plain call from 2k keys is the fused backward's: prewarm plans its pair beside the two kernels (hd96's
     # fused kernel in its chunks too, its prep kernel 128's, as hd128's)
     calls |= {str(v) for d in (96, 128)
-              for v in dispatch.flash_bwd_fused_default_variants(SM90, "bf16", d, True, True, False, 4096, 4096) or ()}
+              for v in bwd_dispatch.flash_bwd_fused_default_variants(SM90, "bf16", d, True, True, False, 4096, 4096)
+              or ()}
     # 2 kernels x SEQ16 or not, and the fused kernel
     assert plan == calls and sum("BLOCK_D=64,BLOCK_D2=32" in v for v in plan) == 5
 
@@ -183,7 +187,7 @@ def test_flash_attn_func_gradients_follow_flashattentions_rule(head_dim: int, ca
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(head_dim)).to(dtype)
     got = grads_of(_fa2(causal), q, k, v, do)
     check_grads(q, k, v, do, got, causal="bottom_right" if causal else False)  # FlashAttention-2's causal
-    assert _split_runs(interpreted) == {name: dispatch.split_head_dim(head_dim)[1] for name in BWD}  # type: ignore
+    assert _split_runs(interpreted) == {name: geometry.split_head_dim(head_dim)[1] for name in BWD}  # type: ignore
 
 
 def test_attn_fwd_backward_top_left_with_more_queries_than_keys(interpreted: list[Any]) -> None:
@@ -200,7 +204,7 @@ def _both(fn: Callable[[], tuple[torch.Tensor, ...]],
     runtime.get().plans.clear()
     split = fn()
     with monkeypatch.context() as m:
-        m.setattr(dispatch, "SPLIT_BY_DEFAULT", False)
+        m.setattr(attention, "SPLIT_BY_DEFAULT", False)
         runtime.get().plans.clear()
         padded = fn()
     runtime.get().plans.clear()
@@ -275,8 +279,8 @@ def test_gpu_split_gradients(heads: tuple[int, int], seqlens: tuple[int, int], d
     do = torch.randn(q.shape, device="cuda").to(dtype)
     check_grads(q, k, v, do, grads_of(_fa2(causal), q, k, v, do), causal="bottom_right" if causal else False)
     call = binding.check(q, k, v, "bottom_right" if causal else False)
-    for variant in bwd_binding.variants(dispatch.target_of_device(q.device), dtype, call.shape, causal, True, False):
-        assert variant.get("BLOCK_D2") == dispatch.split_head_dim(head_dim)[1]  # type: ignore[index]
+    for variant in bwd_binding.variants(machine.target_of_device(q.device), dtype, call.shape, causal, True, False):
+        assert variant.get("BLOCK_D2") == geometry.split_head_dim(head_dim)[1]  # type: ignore[index]
 
 
 @on_gpu

@@ -21,15 +21,17 @@ import pytest
 from conftest import run_python
 
 import lazytriton.driver
-from lazytriton import config, dispatch, runtime
+from lazytriton import config, runtime
 from lazytriton.cache_format import Entry, EntryError, Provenance
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.runtime import KernelNotFound
 from lazytriton.store import Chain
 from lazytriton.store.local import LocalTier
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 
-VARIANT = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096,
-                                     config=dispatch.Config(64, 32, 4, 2))
+VARIANT = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096,
+                                         config=Config(64, 32, 4, 2))
 
 # Resolves VARIANT in a fresh process and prints what happened as one JSON line.
 RESOLVE = """
@@ -378,7 +380,10 @@ from lazytriton.variant import Variant
 resolved = runtime.get().resolve(Variant.parse(os.environ["VARIANT"]))
 import lazytriton.flash
 import lazytriton.cli
-import lazytriton.dispatch
+import lazytriton.kernels.dispatch
+import lazytriton.kernels.flash_fwd.dispatch
+import lazytriton.kernels.flash_bwd.dispatch
+import lazytriton.kernels.flash_decode.dispatch
 import lazytriton.kernels.flash_fwd
 print(json.dumps({"source": resolved.source, "attempts": attempts,
                   "loaded": sorted(m for m in sys.modules if m == "triton" or m.startswith("triton."))}))

@@ -17,12 +17,15 @@ import pytest
 from compiled_once import compiled, shared_dir, small_variant
 from conftest import run_python
 
-from lazytriton import config, dispatch, record, runtime, tuning
+from lazytriton import config, record, runtime, tuning
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.cache_format.elf import check_binary, cuda_sm, symbols
 from lazytriton.cache_format.image import Image, write_image
 from lazytriton.cli import main
 from lazytriton.cli.cache import parse_size
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.store.local import LocalTier
 from lazytriton.store.probe import ABSENT, DAMAGED, PRESENT, UNKNOWN, Probe, explain
 from lazytriton.target import Target
@@ -241,7 +244,7 @@ CALL = ("--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "4096", "--target"
 
 
 def explained_variant() -> tuple[str, str]:
-    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, False, True, 4096, seqlen_k=4096)
+    variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, False, True, 4096, seqlen_k=4096)
     return str(variant), variant.key()
 
 
@@ -547,7 +550,7 @@ BWD_CALL = ("--kernel", "flash_bwd", *CALL, "--seqlen-k", "8000")
 
 def bwd_variants() -> dict[str, Any]:
     return {kernel: dispatch.kernel_variant(kernel, Target.parse("sm_90"), "bf16", 128, False, True, 4096, 8000)
-            for kernel in dispatch.BWD_KERNELS}
+            for kernel in bwd_dispatch.BWD_KERNELS}
 
 
 def test_explain_the_backward_shows_both_kernels_and_the_tier_of_each(
@@ -574,7 +577,7 @@ def test_explain_the_backward_shows_both_kernels_and_the_tier_of_each(
 
     status, report, _ = cli_json(capsys, "explain", *BWD_CALL)
     assert status == 0 and report["call"]["kernel"] == "flash_bwd"
-    assert report["call"]["kernels"] == list(dispatch.BWD_KERNELS) and "variant" not in report
+    assert report["call"]["kernels"] == list(bwd_dispatch.BWD_KERNELS) and "variant" not in report
     by_kernel = {k["kernel"]: k for k in report["kernels"]}
     assert (by_kernel["flash_bwd_dq"]["variant"], by_kernel["flash_bwd_dq"]["key"]) == (str(dq), dq.key())
     assert by_kernel["flash_bwd_dq"]["served_by"] == "local" and by_kernel["flash_bwd_dq"]["tuning"] is None

@@ -470,7 +470,8 @@ def test_plan_variant_is_the_bindings_choice() -> None:
 
 
 def test_plan_variant_and_prewarm_specs_of_packed_sequences() -> None:
-    from lazytriton import dispatch
+    from lazytriton.kernels import dispatch
+    from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
     from lazytriton.kernels.flash_fwd import varlen
     from lazytriton.target import Target
 
@@ -488,7 +489,7 @@ def test_plan_variant_and_prewarm_specs_of_packed_sequences() -> None:
     (fwd,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 varlen=1")
     assert fwd.get("VARLEN") is True
     both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 varlen=1")
-    assert [v.kernel for v in both] == list(dispatch.BWD_KERNELS) and all(v.get("VARLEN") is True for v in both)
+    assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS) and all(v.get("VARLEN") is True for v in both)
 
 
 @pytest.mark.parametrize("kernel", ["flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"])
@@ -509,7 +510,7 @@ def test_check_launch_layout_per_kernel(kernel: str) -> None:
 def test_parse_spec_axes_and_variant_strings() -> None:
     variant = embedded.parse_spec("target=cuda:90, dtype=bf16 head_dim=80 causal=1 seqlen_q=4096 aligned=0")
     assert (variant.target, variant.dtype, variant.get("CAUSAL")) == ("sm_90", "bf16", True)
-    # head dim 80: split tiles (64 + 16; dispatch.SPLIT_BY_DEFAULT), which add up to it exactly
+    # head dim 80: split tiles (64 + 16; attention.SPLIT_BY_DEFAULT), which add up to it exactly
     assert (variant.get("BLOCK_D"), variant.get("BLOCK_D2"), variant.get("EVEN_D")) == (64, 16, True)
     assert variant.get("ALIGN16") is False
     assert embedded.parse_spec(str(variant)) == variant
@@ -660,8 +661,8 @@ def test_a_value_head_dim_of_its_own_on_the_cpu_through_the_c_api(prefix: Path, 
 def test_plan_variant_and_prewarm_specs_of_a_value_head_dim() -> None:
     import torch
 
-    from lazytriton import dispatch
     from lazytriton.kernels.flash_bwd import binding as bwd
+    from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
     from lazytriton.kernels.flash_fwd import binding as fwd
     from lazytriton.target import Target
 
@@ -678,7 +679,7 @@ def test_plan_variant_and_prewarm_specs_of_a_value_head_dim() -> None:
     (spec,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128")
     assert spec.get("BLOCK_DV") == 128 and spec.get("BLOCK_D") == 256
     both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128 varlen=1")
-    assert [v.kernel for v in both] == list(dispatch.BWD_KERNELS)
+    assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS)
     assert all(v.get("BLOCK_DV") == 128 and v.get("VARLEN") is True for v in both)
     with pytest.raises(ValueError, match="head_dim_v='0'"):
         embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=0")

@@ -20,8 +20,8 @@ import torch
 from conftest import gpu
 from test_capi import VARLEN_IN_PROCESS, _ok, _run
 
-from lazytriton import dispatch
 from lazytriton.capi import embedded
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.target import Target
 
@@ -232,4 +232,4 @@ def test_prewarm_specs_take_the_window_and_softcap_axes() -> None:
     (plain,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=128")
     assert not _flag(plain, "WINDOW") and not _flag(plain, "SOFTCAP")
     both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 window=1")
-    assert [v.kernel for v in both] == list(dispatch.BWD_KERNELS) and all(_flag(v, "WINDOW") for v in both)
+    assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS) and all(_flag(v, "WINDOW") for v in both)

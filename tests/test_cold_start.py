@@ -110,7 +110,7 @@ def test_the_report_holds_both_scenarios_and_refuses_a_compile_from_an_image(ben
 
     monkeypatch.setattr(bench, "time_child", child)
     monkeypatch.setattr(bench, "compile_bytecode", lambda: None)
-    monkeypatch.setattr("lazytriton.dispatch.target_of_device", lambda device: Target.parse("sm_90"))
+    monkeypatch.setattr("lazytriton.machine.target_of_device", lambda device: Target.parse("sm_90"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a fake GPU")
     image = tmp_path / "given.ltimg"
     image.write_bytes(b"")
@@ -139,9 +139,9 @@ def test_the_image_is_built_from_the_scenarios_own_misses(bench: ModuleType, tmp
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # Each recording child (JIT on, an empty cache dir) leaves its miss log; prewarm --from-misses packs exactly
     # the variants logged. Here the children are stand-ins that log one small variant each.
-    from lazytriton import dispatch
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
-    logged = [dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, causal, True, 16)
+    logged = [fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, causal, True, 16)
               for causal in (False, True)]
     children: list[dict[str, str]] = []
 

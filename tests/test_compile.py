@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from lazytriton import dispatch
+from lazytriton import geometry
 from lazytriton.cache_format import Entry
 from lazytriton.compiler import CompileError, compile_variant, triton_version
 from lazytriton.kernels import get, source_fingerprint
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import LAUNCH_ABI, Variant
 
 # Most shared memory one program may use (bytes): cudaDevAttrMaxSharedMemoryPerBlockOptin on
@@ -28,12 +30,12 @@ SHARED_LIMIT = {"sm_90": 232448, "sm_80": 166912, "gfx942": 65536, "gfx950": 163
 EM_CUDA, EM_AMDGPU = 190, 224
 AMDGPU_MACH = {"gfx942": 0x04C, "gfx950": 0x04F}
 
-SMALL = dispatch.Config(64, 32, 4, 2)
+SMALL = Config(64, 32, 4, 2)
 
 
 def small_variant(target: str, dtype: str = "fp16", causal: bool = False, index64: bool = False) -> Variant:
-    return dispatch.flash_fwd_variant(Target.parse(target), dtype, 64, causal, True, 4096, config=SMALL,
-                                      index64=index64)
+    return fwd_dispatch.flash_fwd_variant(Target.parse(target), dtype, 64, causal, True, 4096, config=SMALL,
+                                          index64=index64)
 
 
 def expected_arg_types(dtype: str, index64: bool) -> tuple[str, ...]:
@@ -110,18 +112,18 @@ def test_compile_takes_the_key_it_is_given() -> None:
 
 
 def test_compile_error_names_the_variant() -> None:
-    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096,
-                                         config=dispatch.Config(64, 32, 3, 2))  # 3 warps: not a power of two
+    variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096,
+                                             config=Config(64, 32, 3, 2))  # 3 warps: not a power of two
     with pytest.raises(CompileError, match="num_warps=3"):
         compile_variant(variant)
 
 
 def _default_variant(target: str, dtype: str, head_dim: int, causal: bool, seqlen_q: int = 4096) -> Variant:
-    return dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, causal, True, seqlen_q)
+    return fwd_dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, causal, True, seqlen_q)
 
 
 # Every default config the dispatcher gives sm_90 for long sequences (the largest tiles).
-SM90_DEFAULTS = list(itertools.product(("fp16", "bf16", "fp32"), dispatch.HEAD_DIMS, (False, True)))
+SM90_DEFAULTS = list(itertools.product(("fp16", "bf16", "fp32"), geometry.HEAD_DIMS, (False, True)))
 
 
 @pytest.mark.slow
@@ -161,13 +163,15 @@ def test_interpreting_then_compiling_in_one_process() -> None:
     lazytriton.interpreter runs it on a private copy, so a compile after a CPU call still works (and vice versa)."""
     import torch
 
-    from lazytriton import compiler, dispatch
+    from lazytriton import compiler
     from lazytriton.flash import attn_fwd
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+    from lazytriton.tiles import Config
 
     q, k, v = (torch.randn(1, 1, 20, 64) for _ in range(3))
     attn_fwd(q, k, v, causal=True)
-    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, True, True, 64,
-                                         config=dispatch.Config(64, 32, 4, 2))
+    variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, True, True, 64,
+                                             config=Config(64, 32, 4, 2))
     assert compiler.compile_variant(variant).binary[:4] == b"\x7fELF"
     out, _ = attn_fwd(q, k, v, causal=True)
     assert torch.isfinite(out).all()
@@ -182,9 +186,9 @@ TMA_SCRATCH = 4 * 128
 
 
 def tma_variant(dtype: str = "bf16", head_dim: int = 64, causal: bool = False, seqlen_q: int = 4096,
-                index64: bool = False, config: dispatch.Config | None = SMALL) -> Variant:
-    return dispatch.flash_fwd_variant(Target.parse("sm_90"), dtype, head_dim, causal, True, seqlen_q, config=config,
-                                      index64=index64, tma=True)
+                index64: bool = False, config: Config | None = SMALL) -> Variant:
+    return fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), dtype, head_dim, causal, True, seqlen_q, config=config,
+                                          index64=index64, tma=True)
 
 
 def check_tma_entry(entry: Entry, variant: Variant) -> None:
@@ -222,8 +226,8 @@ def test_tma_variant_compiles_with_global_scratch(shape: dict) -> None:
 
 
 def test_pointer_variant_needs_no_global_scratch() -> None:
-    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 64, False, True, 4096, config=SMALL,
-                                         tma=False)
+    variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 64, False, True, 4096, config=SMALL,
+                                             tma=False)
     entry = compile_variant(variant)
     check_entry(entry, variant)
     assert entry.global_scratch_size == 0
@@ -272,7 +276,7 @@ def test_launcher_gives_a_tma_entry_the_scratch_it_expects() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "head_dim", "causal"),
-                         list(itertools.product(("fp16", "bf16"), dispatch.HEAD_DIMS, (False, True))))
+                         list(itertools.product(("fp16", "bf16"), geometry.HEAD_DIMS, (False, True))))
 def test_sm90_default_configs_compile_and_fit_with_tma(dtype: str, head_dim: int, causal: bool) -> None:
     variant = tma_variant(dtype, head_dim, causal, config=None)
     check_tma_entry(compile_variant(variant), variant)

@@ -33,7 +33,7 @@ from test_driver import _entry
 from test_flash_fwd import make_qkv
 from test_hot import _plan_for, _Recorder, _Runtime
 
-from lazytriton import dispatch, runtime
+from lazytriton import machine, runtime
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.driver import DriverError, fastlaunch, gpu
 from lazytriton.kernels.flash_fwd import binding, hot
@@ -287,7 +287,7 @@ def _plan(rt: _LoadingRuntime, device: int) -> Any:
 
 
 def test_a_capture_on_the_current_device_refuses_its_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "target_of_device", lambda device: Target.parse("sm_90"))
+    monkeypatch.setattr(machine, "target_of_device", lambda device: Target.parse("sm_90"))
     devices = _devices(monkeypatch, current=0, captured=0)
     rt = _LoadingRuntime()
     with pytest.raises(binding.CaptureError, match="not loaded on cuda:0"):
@@ -296,7 +296,7 @@ def test_a_capture_on_the_current_device_refuses_its_loads(monkeypatch: pytest.M
 
 
 def test_a_capture_on_device_1_refuses_its_loads_while_device_0_is_current(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "target_of_device", lambda device: Target.parse("sm_90"))
+    monkeypatch.setattr(machine, "target_of_device", lambda device: Target.parse("sm_90"))
     devices = _devices(monkeypatch, current=0, captured=1)
     rt = _LoadingRuntime()
     _plan(rt, 0)  # device 0 is not being captured: its kernel loads

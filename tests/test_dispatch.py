@@ -6,9 +6,14 @@ import itertools
 
 import pytest
 
-from lazytriton import dispatch, tuning
-from lazytriton.dispatch import Config, causal_mode, default_config, flash_fwd_variant, padded_head_dim, seqlen_class
+from lazytriton import geometry, tuning
+from lazytriton.geometry import causal_mode, padded_head_dim
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+from lazytriton.kernels.flash_fwd.dispatch import default_config, flash_fwd_variant
 from lazytriton.target import Target
+from lazytriton.tiles import Config, seqlen_class
 from lazytriton.variant import Variant, check_fields
 
 TARGETS = ("sm_90", "sm_80", "gfx942", "gfx950")
@@ -19,10 +24,10 @@ SEQLENS = (1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 4096, 2**31 - 1)
 def test_padded_head_dim_every_size() -> None:
     for head_dim in range(1, 257):
         padded = padded_head_dim(head_dim)
-        assert padded in dispatch.HEAD_DIMS
+        assert padded in geometry.HEAD_DIMS
         assert padded >= head_dim
         assert padded & (padded - 1) == 0, "tl.arange needs a power of two"
-        smaller = [size for size in dispatch.HEAD_DIMS if size < padded]
+        smaller = [size for size in geometry.HEAD_DIMS if size < padded]
         assert not smaller or smaller[-1] < head_dim, f"{head_dim} is not padded to the smallest size"
     assert [padded_head_dim(d) for d in (1, 16, 17, 32, 33, 64, 65, 80, 96, 128, 129, 256)] == [
         16, 16, 32, 32, 64, 64, 128, 128, 128, 128, 256, 256]
@@ -74,7 +79,7 @@ def _check_sane(target: Target, dtype: str, head_dim: int, seqlen_q: int, cfg: C
 
 def test_default_config_never_errors() -> None:
     for name, dtype, head_dim, seqlen_q, causal in itertools.product(
-            TARGETS, DTYPES, dispatch.HEAD_DIMS, SEQLENS, (False, True)):
+            TARGETS, DTYPES, geometry.HEAD_DIMS, SEQLENS, (False, True)):
         target = Target.parse(name)
         _check_sane(target, dtype, head_dim, seqlen_q, default_config(target, dtype, head_dim, seqlen_q, causal))
 
@@ -84,7 +89,7 @@ def test_default_config_other_targets() -> None:
     for name in ("sm_75", "sm_86", "sm_100", "sm_120", "gfx90a", "gfx1100"):
         target = Target.parse(name)
         for dtype, head_dim, seqlen_q, causal in itertools.product(
-                DTYPES, dispatch.HEAD_DIMS, (1, 64, 4096), (False, True)):
+                DTYPES, geometry.HEAD_DIMS, (1, 64, 4096), (False, True)):
             _check_sane(target, dtype, head_dim, seqlen_q, default_config(target, dtype, head_dim, seqlen_q, causal))
 
 
@@ -114,7 +119,7 @@ def test_flash_fwd_variant_fields(target_name: str) -> None:
         assert (v.kernel, v.target, v.dtype) == ("flash_fwd", target_name, dtype)
         assert dict(v.functional) == {"ALIGN16": aligned, "BLOCK_D": padded, "CAUSAL": causal,
                                       "EVEN_D": head_dim == padded, "INDEX64": index64,
-                                      **({"TMA": True} if dispatch.flash_fwd_tma(target, dtype, aligned) else {})}
+                                      **({"TMA": True} if fwd_dispatch.flash_fwd_tma(target, dtype, aligned) else {})}
         assert all(type(value) is bool for name, value in v.functional if name != "BLOCK_D")
         assert dict(v.tuned) == {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
         assert dict(v.options) == cfg.options(target)
@@ -146,10 +151,10 @@ def test_flash_fwd_variant_rejects_head_dim() -> None:
 
 @pytest.mark.parametrize("by_default", [False, True])
 def test_flash_fwd_tma_rule(by_default: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "TMA_BY_DEFAULT", by_default)
+    monkeypatch.setattr(fwd_dispatch, "TMA_BY_DEFAULT", by_default)
     for target_name, dtype, aligned in itertools.product(TARGETS + ("sm_100", "sm_86"), DTYPES, (False, True)):
         expected = by_default and target_name == "sm_90" and dtype in ("fp16", "bf16") and aligned
-        assert dispatch.flash_fwd_tma(Target.parse(target_name), dtype, aligned) is expected, (target_name, dtype)
+        assert fwd_dispatch.flash_fwd_tma(Target.parse(target_name), dtype, aligned) is expected, (target_name, dtype)
         v = flash_fwd_variant(Target.parse(target_name), dtype, 128, False, aligned, 4096)
         assert dict(v.functional).get("TMA", False) is expected
 
@@ -157,9 +162,9 @@ def test_flash_fwd_tma_rule(by_default: bool, monkeypatch: pytest.MonkeyPatch) -
 def test_tma_needs_a_head_dim_that_fills_its_tile() -> None:
     # Measured on the H200 (Triton 3.6): a descriptor store with head dim 59 in a 64-wide tile wrote past head dim.
     sm90 = Target.parse("sm_90")
-    assert dispatch.flash_fwd_tma(sm90, "fp16", True, True, even_d=True) is True
+    assert fwd_dispatch.flash_fwd_tma(sm90, "fp16", True, True, even_d=True) is True
     with pytest.raises(ValueError, match="power-of-two head dim"):
-        dispatch.flash_fwd_tma(sm90, "fp16", True, True, even_d=False)
+        fwd_dispatch.flash_fwd_tma(sm90, "fp16", True, True, even_d=False)
     with pytest.raises(ValueError, match="power-of-two head dim"):
         flash_fwd_variant(sm90, "fp16", 59, False, True, 4096, tma=True)
     assert "TMA" in dict(flash_fwd_variant(sm90, "fp16", 64, False, True, 4096, tma=True).functional)
@@ -172,7 +177,7 @@ def test_tma_needs_a_head_dim_that_fills_its_tile() -> None:
 
 def test_flash_fwd_tma_default_is_off_until_measured() -> None:
     # The lead flips TMA_BY_DEFAULT after experiments/probe_tma.py on the H200; until then no call changes kernel.
-    assert dispatch.TMA_BY_DEFAULT is False
+    assert fwd_dispatch.TMA_BY_DEFAULT is False
     assert "TMA" not in dict(flash_fwd_variant(Target.parse("sm_90"), "bf16", 128, True, True, 4096).functional)
 
 
@@ -198,7 +203,7 @@ def test_flash_fwd_tma_refused_where_descriptors_cannot_work(target_name: str, a
 
 
 def test_backward_kernels_have_no_tma_field() -> None:
-    for kernel in dispatch.BWD_KERNELS:
+    for kernel in bwd_dispatch.BWD_KERNELS:
         v = dispatch.kernel_variant(kernel, Target.parse("sm_90"), "bf16", 128, True, True, 4096, 4096)
         assert "TMA" not in dict(v.functional)
 
@@ -206,14 +211,14 @@ def test_backward_kernels_have_no_tma_field() -> None:
 def test_flash_fwd_tma_follows_only_what_the_hot_memo_key_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     # The hot path memoises on (device, dtype, head dim, causal, aligned, index64, seqlen buckets): TMA must be
     # a function of those (the device gives the target), never of anything a warm call does not look at.
-    monkeypatch.setattr(dispatch, "TMA_BY_DEFAULT", True)
+    monkeypatch.setattr(fwd_dispatch, "TMA_BY_DEFAULT", True)
     sm90 = Target.parse("sm_90")
     for dtype, aligned, head_dim in itertools.product(DTYPES, (False, True), (16, 59, 128, 256)):
         seen = {dict(flash_fwd_variant(sm90, dtype, head_dim, causal, aligned, seqlen, index64=index64,
                                        seqlen_k=seqlen_k).functional).get("TMA", False)
                 for causal, seqlen, seqlen_k, index64 in itertools.product(
                     (False, True), (1, 100, 4096), (1, 5000), (False, True))}
-        assert seen == {dispatch.flash_fwd_tma(sm90, dtype, aligned, even_d=head_dim == padded_head_dim(head_dim))}
+        assert seen == {fwd_dispatch.flash_fwd_tma(sm90, dtype, aligned, even_d=head_dim == padded_head_dim(head_dim))}
 
 
 def test_check_fields_takes_tma_and_its_absence() -> None:

@@ -19,13 +19,16 @@ from conftest import run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lazytriton import dispatch, tuning
+from lazytriton import geometry, tuning
 from lazytriton.cache_format.image import Image
 from lazytriton.cli import main as cli_main
-from lazytriton.kernels import FAMILIES
+from lazytriton.kernels import FAMILIES, dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants, parse_kernels, variants_from_misses
 from lazytriton.prewarm.limits import KNOWN_TARGETS, estimate_shared, refusal
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant, check_fields
 
 SM90, SM80, SM86, GFX942 = (Target.parse(t) for t in ("sm_90", "sm_80", "sm_86", "gfx942"))
@@ -68,21 +71,21 @@ def test_the_default_grid_covers_every_backward_call_dispatch_can_make(target: T
     # bwd_default_config reads the class of seqlen_q for dq and of seqlen_k for dK/dV: every pair of call
     # seqlens must be served by a planned variant, and nothing is planned that no call selects.
     every = enumerate_variants(Axes((target,), kernels=BWD), EMPTY)
-    # flash_bwd_dkdv_gluon twins (sm_90, shapes that fit dispatch.BWD_GLUON_TABLE): the variant dispatch serves
+    # flash_bwd_dkdv_gluon twins (sm_90, shapes that fit BWD_GLUON_TABLE): the variant dispatch serves
     twins = [p for p in every if p.variant.kernel == "flash_bwd_dkdv_gluon"]
     assert bool(twins) == (str(target) == "sm_90") and {p.origin for p in twins} <= {"gluon table"}
     for p in twins:
         v = p.variant
-        assert v == dispatch.flash_bwd_dkdv_gluon_default_variant(target, v.dtype, v.get("BLOCK_D"), v.get("CAUSAL"),
-                                                                  True, False, 4096, 4096)
+        assert v == bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(target, v.dtype, v.get("BLOCK_D"),
+                                                                      v.get("CAUSAL"), True, False, 4096, 4096)
     # The fused backward's pairs (sm_90, BWD_FUSED_TABLE): the variants dispatch serves those shapes with
     fused_ = [p for p in every if p.variant.kernel in ("flash_bwd_prep", "flash_bwd_fused_gluon")]
     assert bool(fused_) == (str(target) == "sm_90") and {p.origin for p in fused_} <= {"fused table"}
     for p in fused_:
         v = p.variant
         causal = v.kernel == "flash_bwd_fused_gluon" and bool(v.get("CAUSAL"))
-        pair = dispatch.flash_bwd_fused_default_variants(target, v.dtype, v.get("BLOCK_D"), causal, True, False,
-                                                         4096, 4096)
+        pair = bwd_dispatch.flash_bwd_fused_default_variants(target, v.dtype, v.get("BLOCK_D"), causal, True, False,
+                                                             4096, 4096)
         assert pair is not None and v in pair
     plan = [p for p in every if p.variant.kernel not in ("flash_bwd_dkdv_gluon", "flash_bwd_prep",
                                                           "flash_bwd_fused_gluon")]
@@ -90,7 +93,7 @@ def test_the_default_grid_covers_every_backward_call_dispatch_can_make(target: T
     assert len(planned) == len(plan) and {p.variant.kernel for p in plan} == set(BWD)
     assert {p.origin for p in plan} == {"default"}
     selected = set()
-    for kernel, dtype, head_dim, causal in itertools.product(BWD, ("fp16", "bf16", "fp32"), dispatch.HEAD_DIMS,
+    for kernel, dtype, head_dim, causal in itertools.product(BWD, ("fp16", "bf16", "fp32"), geometry.HEAD_DIMS,
                                                              (False, True)):
         for sq, sk in itertools.product(CALL_SEQLENS, CALL_SEQLENS):
             selected.add(dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, True, sq, sk,
@@ -157,7 +160,7 @@ MEASURED_BWD = [
 
 def bwd_variant(kernel: str, target: str, dtype: str, head_dim: int, block_m: int, block_n: int,
                 stages: int) -> Variant:
-    config = dispatch.Config(block_m, block_n, 4, stages, 2)
+    config = Config(block_m, block_n, 4, stages, 2)
     return dispatch.kernel_variant(kernel, Target.parse(target), dtype, head_dim, False, True, 4096, 4096,
                                    config=config)
 
@@ -197,7 +200,7 @@ def small_bwd(kernel: str, causal: bool = False, seqlen: int = 64) -> Variant:
 
 
 def test_backward_variants_from_a_miss_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    dq, dkdv, fwd = small_bwd("flash_bwd_dq"), small_bwd("flash_bwd_dkdv"), dispatch.flash_fwd_variant(
+    dq, dkdv, fwd = small_bwd("flash_bwd_dq"), small_bwd("flash_bwd_dkdv"), fwd_dispatch.flash_fwd_variant(
         SM90, "fp16", 16, False, True, 64)
     poisoned = str(bwd_variant("flash_bwd_dq", "sm_90", "fp32", 256, 128, 128, 3))
     lines = [json.dumps({"variant": v}) for v in (str(dq), str(fwd), poisoned, str(dkdv),

@@ -47,9 +47,9 @@ def on_gpu(test: Callable[..., None]) -> Callable[..., None]:
 
 def skip_unless_sm90(q: torch.Tensor, kernel: str) -> None:
     """Skip a GPU test of a Hopper-only kernel (Gluon: wgmma, TMA) on any other GPU, naming the kernel."""
-    from lazytriton import dispatch
+    from lazytriton import machine
 
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
+    if str(machine.target_of_device(q.device)) != "sm_90":
         pytest.skip(f"{kernel} is built for sm_90")
 
 
@@ -683,21 +683,22 @@ TMA_GPU_CASES = [
 @pytest.mark.usefixtures("module_cache")
 def test_tma_and_pointer_variants_on_gpu(case: Case, layout: str) -> None:
     """The TMA and pointer variants of one config, forced through the binding, both under FlashAttention's rule."""
-    from lazytriton import dispatch
+    from lazytriton import geometry, machine
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
     q, k, v = aligned_qkv(case, layout, "cuda", seed_of("tma-gpu", case, layout))
     call = binding.check(q, k, v, case.causal)
-    target = dispatch.target_of_device(q.device)
+    target = machine.target_of_device(q.device)
     if str(target) != "sm_90":
         pytest.skip(f"TMA variants are built for sm_90, this GPU is {target}")
-    even_d = case.head_dim == dispatch.padded_head_dim(case.head_dim)
+    even_d = case.head_dim == geometry.padded_head_dim(case.head_dim)
     if not even_d:  # measured: the descriptor store wrote past head dim 59 of a 64-wide tile (Triton 3.6)
         with pytest.raises(ValueError, match="power-of-two head dim"):
-            dispatch.flash_fwd_variant(target, DTYPE_NAMES[case.dtype], case.head_dim, call.causal != "none", True,
-                                       call.shape.seqlen_q, seqlen_k=call.shape.seqlen_k, tma=True)
+            fwd_dispatch.flash_fwd_variant(target, DTYPE_NAMES[case.dtype], case.head_dim, call.causal != "none", True,
+                                           call.shape.seqlen_q, seqlen_k=call.shape.seqlen_k, tma=True)
     for tma in (False, True) if even_d else (False,):
-        variant = dispatch.flash_fwd_variant(target, DTYPE_NAMES[case.dtype], case.head_dim, call.causal != "none",
-                                             True, call.shape.seqlen_q, seqlen_k=call.shape.seqlen_k, tma=tma)
+        variant = fwd_dispatch.flash_fwd_variant(target, DTYPE_NAMES[case.dtype], case.head_dim, call.causal != "none",
+                                                 True, call.shape.seqlen_q, seqlen_k=call.shape.seqlen_k, tma=tma)
         out, lse, buffer = guarded_outputs(q)
         assert binding.pack(q, k, v, out, lse, call)[1], "the test's tensors must be aligned for TMA"
         binding.launch_gpu(q, k, v, out, lse, call, variant)

@@ -28,9 +28,10 @@ from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
 from test_gluon_bwd import plain_call
 
 import lazytriton
-from lazytriton import dispatch
+from lazytriton import geometry, machine
 from lazytriton.kernels import get, source_fingerprint
 from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_bwd import fused
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.prewarm import enumeration
@@ -42,7 +43,7 @@ SM90 = Target.parse("sm_90")
 
 def pair(head_dim: int = 128, causal: bool = False, sq: int = 4096, sk: int = 4096,
          dtype: str = "bf16") -> tuple[Variant, Variant] | None:
-    return dispatch.flash_bwd_fused_default_variants(SM90, dtype, head_dim, causal, True, False, sq, sk)
+    return bwd_dispatch.flash_bwd_fused_default_variants(SM90, dtype, head_dim, causal, True, False, sq, sk)
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def test_the_default_pair_is_complete_round_trips_and_keys_apart() -> None:
 ])
 def test_the_kernel_splits_the_head_dims_two_chunks_hold(head_dim: int, chunks: tuple[int, int]) -> None:
     assert fused.chunks(head_dim) == chunks
-    assert fused.tile(head_dim) == dispatch.padded_head_dim(head_dim)  # dQ's accumulator rows
+    assert fused.tile(head_dim) == geometry.padded_head_dim(head_dim)  # dQ's accumulator rows
     found = fused.variants("sm_90", "bf16", head_dim, "none", True, False, 4096, 4096)
     assert found is not None
     prep, kernel = found
@@ -154,9 +155,9 @@ def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str
 
 
 def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> None:
-    for (dtype, head_dim, causal), (block_m, prefetch, _) in dispatch.BWD_FUSED_TABLE.items():
+    for (dtype, head_dim, causal), (block_m, prefetch, _) in bwd_dispatch.BWD_FUSED_TABLE.items():
         assert fused.shared_bytes(head_dim, block_m) + fused.SHARED_SLACK <= fused.SM90_SHARED
-        found = dispatch.flash_bwd_fused_default_variants(SM90, dtype, head_dim, causal, True, False, 4096, 4096)
+        found = bwd_dispatch.flash_bwd_fused_default_variants(SM90, dtype, head_dim, causal, True, False, 4096, 4096)
         assert found is not None and found[1].get("BLOCK_M") == block_m and found[1].get("PREFETCH") is prefetch
 
 
@@ -190,7 +191,7 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
 ])
 def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
                                                  fits: bool) -> None:
-    assert dispatch.flash_bwd_fused_fits("bf16", head_dim, causal, offset, sq, sk) is fits
+    assert bwd_dispatch.flash_bwd_fused_fits("bf16", head_dim, causal, offset, sq, sk) is fits
 
 
 def test_the_grids_cover_the_query_blocks_and_the_key_blocks_of_the_head_dim() -> None:
@@ -211,7 +212,7 @@ def test_the_memo_key_carries_the_fused_tail_for_a_call_that_fits(monkeypatch: p
     assert not bwd.fused_fits(call, torch.bfloat16, True, False, seq16=False)  # lse's strides are marked /16
     key = bwd.memo_key(0, torch.bfloat16, call.shape, True, True, False, fused_=True)
     assert key[-1:] == bwd.FUSED_TAIL and key[:-1] == bwd.memo_key(0, torch.bfloat16, call.shape, True, True, False)
-    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
+    monkeypatch.setattr(bwd_dispatch, "GLUON_BY_DEFAULT", False)
     assert not bwd.fused_fits(call, torch.bfloat16, True, False)
 
 
@@ -273,7 +274,7 @@ def test_the_plan_loads_the_prep_and_the_fused_kernel(monkeypatch: pytest.Monkey
             loaded.append(variant)
             return variant.kernel
 
-    monkeypatch.setattr(dispatch, "target_of_device", lambda device: SM90)
+    monkeypatch.setattr(machine, "target_of_device", lambda device: SM90)
     monkeypatch.setattr(fwd, "refuse_loads_in_capture", lambda *a: None)
     call = plain_call()
     rt = FakeRuntime()
@@ -575,8 +576,8 @@ def test_the_fused_backward_serves_through_autograd_within_the_rule_on_gpu(
         resolved: list[Variant], monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, causal: bool | str,
         heads: tuple[int, int], seqlens: tuple[int, int], head_dim: int, layout: str) -> None:
     key = (fwd.DTYPES[dtype], head_dim, causal is not False)
-    if key not in dispatch.BWD_FUSED_TABLE:
-        monkeypatch.setitem(dispatch.BWD_FUSED_TABLE, key, (64, False, 1024))
+    if key not in bwd_dispatch.BWD_FUSED_TABLE:
+        monkeypatch.setitem(bwd_dispatch.BWD_FUSED_TABLE, key, (64, False, 1024))
     q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed=sum(seqlens) + head_dim)
     skip_unless_sm90(q, fused.NAME)
     do = torch.randn(q.shape, device="cuda").to(dtype)

@@ -20,10 +20,11 @@ from test_flash_bwd import check_grads, grads_of
 from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
 
 import lazytriton
-from lazytriton import dispatch
-from lazytriton.kernels import get, source_fingerprint
+from lazytriton import machine
+from lazytriton.kernels import dispatch, get, source_fingerprint
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, fused, gluon
 from lazytriton.kernels.flash_bwd import binding as bwd
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields, kernel_constexprs
@@ -35,7 +36,7 @@ NAME = "flash_bwd_dkdv_gluon"
 
 def default(head_dim: int = 128, causal: bool = False, sq: int = 4096, sk: int = 4096,
             dtype: str = "bf16") -> Variant | None:
-    return dispatch.flash_bwd_dkdv_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, sq, sk)
+    return bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, sq, sk)
 
 
 def plain_call(sq: int = 4096, sk: int = 4096, head_dim: int = 128, causal: bool | str = False,
@@ -114,12 +115,12 @@ def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str
 
 
 def test_the_table_rows_are_variants_the_kernel_takes() -> None:
-    assert dispatch.BWD_GLUON_TABLE  # measured rows (NOTES.md 12-01)
-    for (dtype, head_dim, causal), (tiles, overlap, min_seqlen_k) in dispatch.BWD_GLUON_TABLE.items():
+    assert bwd_dispatch.BWD_GLUON_TABLE  # measured rows (NOTES.md 12-01)
+    for (dtype, head_dim, causal), (tiles, overlap, min_seqlen_k) in bwd_dispatch.BWD_GLUON_TABLE.items():
         assert tiles in gluon.configs(head_dim)
         v = default(head_dim, causal, 4096, max(4096, min_seqlen_k), dtype)
         assert v is not None and v.get("OVERLAP") is overlap
-    assert set(dispatch.BWD_GLUON_TABLE) == {(dtype, 128, False) for dtype in ("bf16", "fp16")}  # where it won
+    assert set(bwd_dispatch.BWD_GLUON_TABLE) == {(dtype, 128, False) for dtype in ("bf16", "fp16")}  # where it won
 
 
 @pytest.mark.parametrize("head_dim, causal, offset, sq, sk, fits", [
@@ -134,12 +135,12 @@ def test_the_table_rows_are_variants_the_kernel_takes() -> None:
 ])
 def test_fits_is_the_rule_the_buckets_cannot_see(head_dim: int, causal: bool, offset: int, sq: int, sk: int,
                                                  fits: bool) -> None:
-    assert dispatch.flash_bwd_gluon_fits("bf16", head_dim, causal, offset, sq, sk) is fits
+    assert bwd_dispatch.flash_bwd_gluon_fits("bf16", head_dim, causal, offset, sq, sk) is fits
 
 
 def test_gluon_by_default_false_keeps_flash_bwd_dkdv(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
-    assert not dispatch.flash_bwd_gluon_fits("bf16", 128, False, 0, 4096, 4096)
+    monkeypatch.setattr(bwd_dispatch, "GLUON_BY_DEFAULT", False)
+    assert not bwd_dispatch.flash_bwd_gluon_fits("bf16", 128, False, 0, 4096, 4096)
     assert default() is None
 
 
@@ -314,7 +315,7 @@ def test_forced_tilings_give_flash_bwd_dkdvs_gradients_on_gpu(tiles: tuple[int, 
     if variant is None:
         pytest.skip(f"tiles {tiles} do not divide seqlens {seqlens}")
     out, lse = fwd.forward(q, k, v, call)
-    dq_variant, triton = bwd.variants(dispatch.target_of_device(q.device), dtype, call.shape, causal is not False,
+    dq_variant, triton = bwd.variants(machine.target_of_device(q.device), dtype, call.shape, causal is not False,
                                       True, False)
     want = bwd.empty_grads(q, k, v)
     bwd.launch_gpu(q, k, v, out, lse, do, want, call, forced=(dq_variant, triton))

@@ -23,9 +23,10 @@ import torch
 from conftest import REPO
 from test_flash_fwd import check_attention, make_qkv, on_gpu, seed_of
 
-from lazytriton import dispatch
+from lazytriton import machine
 from lazytriton.kernels import get, source_fingerprint
 from lazytriton.kernels.flash_fwd import FLASH_FWD, gluon
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
 
@@ -34,7 +35,7 @@ SM90 = Target.parse("sm_90")
 
 def gluon_variant(head_dim: int = 128, causal: object = False, sq: int = 4096, sk: int = 4096,
                   dtype: str = "bf16", **kw: object) -> Variant | None:
-    return dispatch.flash_fwd_gluon_variant(SM90, dtype, head_dim, causal, True, False, sq, sk, **kw)  # type: ignore[arg-type]
+    return fwd_dispatch.flash_fwd_gluon_variant(SM90, dtype, head_dim, causal, True, False, sq, sk, **kw)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------
@@ -56,7 +57,7 @@ def test_the_variant_is_complete_round_trips_and_keys_apart_from_flash_fwd() -> 
                       "BLOCK_M=128,BLOCK_N=128,PINGPONG=false,PRODUCER=false:num_stages=2,num_warps=8")
     assert check_fields(v) is v
     assert Variant.parse(str(v)) == v
-    plain = dispatch.flash_fwd_variant(SM90, "bf16", 128, True, True, 4096, seqlen_k=4096)
+    plain = fwd_dispatch.flash_fwd_variant(SM90, "bf16", 128, True, True, 4096, seqlen_k=4096)
     assert plain.kernel == "flash_fwd"  # not the default: dispatch's own choice is unchanged
     assert v.functional == plain.functional  # the same call's functional fields, read alike by `cache explain`
     assert v.key() != plain.key()
@@ -134,41 +135,41 @@ def test_dispatch_normalises_causal_as_flash_fwd_does() -> None:
 
 
 def test_the_table_rows_are_variants_the_kernel_takes() -> None:
-    for (dtype, head_dim, causal), (tiles, producer, pingpong) in dispatch.GLUON_TABLE.items():
+    for (dtype, head_dim, causal), (tiles, producer, pingpong) in fwd_dispatch.GLUON_TABLE.items():
         assert dtype in gluon.DTYPES and gluon.reason("sm_90", dtype, head_dim, "none", True, False, 4096, 4096,
                                                       *tiles[:2]) is None
         for seqlen in (1024, 4096, 16384):
-            v = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, seqlen, seqlen)
+            v = fwd_dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, seqlen, seqlen)
             assert v is not None and v.get("CAUSAL") is causal
-            if seqlen > dispatch.GLUON_WIDE.get((dtype, head_dim, causal), (1 << 31,))[0]:
+            if seqlen > fwd_dispatch.GLUON_WIDE.get((dtype, head_dim, causal), (1 << 31,))[0]:
                 assert (v.get("BLOCK_M"), v.get("PRODUCER"), v.get("PINGPONG")) == (192, True, False)  # GLUON_WIDE's
                 continue
-            q_tiles = dispatch.gluon_q_tiles(head_dim, causal, seqlen, tiles[0]) if pingpong else 1
+            q_tiles = fwd_dispatch.gluon_q_tiles(head_dim, causal, seqlen, tiles[0]) if pingpong else 1
             assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == (tiles[0] * q_tiles, *tiles[1:])
             assert v.constexprs.get("BLOCK_TILES", 1) == q_tiles  # absent for one tile: the strings as before
             assert (v.get("PRODUCER"), v.get("PINGPONG")) == (producer or pingpong, pingpong)
 
 
 def test_the_wide_rows_serve_past_their_bound_and_the_table_or_flash_fwd_up_to_it() -> None:
-    assert dispatch.GLUON_WIDE  # measured rows (NOTES.md, 15th session)
-    for (dtype, head_dim, causal), (most, tiles) in dispatch.GLUON_WIDE.items():
+    assert fwd_dispatch.GLUON_WIDE  # measured rows (NOTES.md, 15th session)
+    for (dtype, head_dim, causal), (most, tiles) in fwd_dispatch.GLUON_WIDE.items():
         assert most & (most - 1) == 0 and tiles in gluon.wide_configs(head_dim)  # the memo key's buckets decide
-        longer = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, 2 * most,
-                                                          2 * most)
+        longer = fwd_dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, 2 * most,
+                                                              2 * most)
         assert longer is not None and (longer.get("BLOCK_M"), longer.get("BLOCK_N")) == tiles[:2]
-        assert dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, 2 * most, 2 * most) == 1
-        assert dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 64, 2 * most) == 1
-        assert dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 32, 2 * most) == 0
-        up_to = dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, most, most)
-        table = dispatch.GLUON_TABLE.get((dtype, head_dim, causal))
+        assert fwd_dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, 2 * most, 2 * most) == 1
+        assert fwd_dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 64, 2 * most) == 1
+        assert fwd_dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 32, 2 * most) == 0
+        up_to = fwd_dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, most, most)
+        table = fwd_dispatch.GLUON_TABLE.get((dtype, head_dim, causal))
         assert (up_to is None) == (table is None)  # a row up to the bound (hd64 causal's since the 19th session)
         assert up_to is None or up_to.get("BLOCK_M") != 192
-    assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 8  # ping-pong x8
-    assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 4096, 4096) == 1  # the wide tiles'
+    assert fwd_dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 8  # ping-pong x8
+    assert fwd_dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 4096, 4096) == 1  # the wide tiles'
 
 
 def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> None:
-    q_tiles = dispatch.flash_fwd_gluon_q_tiles
+    q_tiles = fwd_dispatch.flash_fwd_gluon_q_tiles
     assert q_tiles("bf16", 128, False, 0, 0.088, 1024, 1024) == 4
     assert q_tiles("bf16", 128, False, 0, 0.088, 768, 1024) == 2  # 6 tiles: 4 does not divide them, 2 does
     assert q_tiles("bf16", 128, False, 0, 0.088, 640, 1024) == 1
@@ -186,12 +187,12 @@ def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> No
                                                                              4096) == 2
     assert q_tiles("bf16", 160, False, 0, 0.079, 2048, 2048) == 2 and q_tiles("fp16", 192, True, 0, 0.072, 8192,
                                                                               8192) == 1
-    for (head_dim, causal), bounds in dispatch.GLUON_Q_TILES.items():
+    for (head_dim, causal), bounds in fwd_dispatch.GLUON_Q_TILES.items():
         assert [most for most, _ in bounds] == sorted(most for most, _ in bounds)
         for most, count in bounds:  # the memo key's buckets decide them; every count's buffers fit
             assert most & (most - 1) == 0 and count in gluon.Q_TILES
             for dtype in gluon.DTYPES:
-                tiles, _, pingpong = dispatch.GLUON_TABLE[(dtype, head_dim, causal)]
+                tiles, _, pingpong = fwd_dispatch.GLUON_TABLE[(dtype, head_dim, causal)]
                 assert pingpong and tiles in gluon.configs(head_dim, pingpong=True, q_tiles=count)
     with pytest.raises(ValueError, match="q_tiles must be one of"):
         gluon.variant("sm_90", "bf16", 128, "none", True, False, 1024, 1024, tiles=(128, 128, 8), q_tiles=2)
@@ -240,8 +241,8 @@ def test_a_program_of_several_query_tiles_in_one_q_buffer_compiles_within_its_sh
 
 
 def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
-    assert dispatch.GLUON_BY_DEFAULT is True
-    fits = dispatch.flash_fwd_gluon_fits
+    assert fwd_dispatch.GLUON_BY_DEFAULT is True
+    fits = fwd_dispatch.flash_fwd_gluon_fits
     assert fits("bf16", 128, True, 0, 0.088, 4096, 4096)
     assert not fits("bf16", 128, True, 0, 0.088, 4096 + 64, 4096)  # 128 x 128 tiles
     assert not fits("bf16", 128, True, -128, 0.088, 4096, 3968)  # bottom-right, seqlen_q > seqlen_k
@@ -270,9 +271,9 @@ def test_binding_serves_the_gluon_row_only_for_a_tailed_key_on_sm90_and_aligned(
 
 
 def test_gluon_by_default_false_is_the_old_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
-    assert not dispatch.flash_fwd_gluon_fits("bf16", 128, True, 0, 0.088, 4096, 4096)
-    assert dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 128, True, True, False, 4096, 4096) is None
+    monkeypatch.setattr(fwd_dispatch, "GLUON_BY_DEFAULT", False)
+    assert not fwd_dispatch.flash_fwd_gluon_fits("bf16", 128, True, 0, 0.088, 4096, 4096)
+    assert fwd_dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 128, True, True, False, 4096, 4096) is None
     assert gluon_variant(128, True) is not None  # still launched by variant, as the probe does
 
 
@@ -370,7 +371,7 @@ def test_every_probe_shape_is_one_the_kernel_takes(probe: ModuleType) -> None:
             assert gluon.reason("sm_90", dtype, d, "top_left" if causal else "none", True, False, s, s, tiles[0],
                                 tiles[1]) is None
     # The checks cover every tile width and every head dim the table serves in split or padded tiles.
-    assert {d for *_, d, _, _ in probe.CHECKS} >= set(gluon.HEAD_DIMS) | {d for _, d, _ in dispatch.GLUON_TABLE}
+    assert {d for *_, d, _, _ in probe.CHECKS} >= set(gluon.HEAD_DIMS) | {d for _, d, _ in fwd_dispatch.GLUON_TABLE}
     split = argparse.Namespace(quick=True, sweep=False, skip=set(), head_dims="192,96")
     assert probe.head_dims(split) == [192, 96] and {case[6] for case in probe.checks(split)} == {96, 192}
     assert {d for _, d, _, _ in probe.time_shapes(argparse.Namespace(quick=True))} == set(gluon.HEAD_DIMS)
@@ -493,7 +494,7 @@ def gluon_served(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     """
     from lazytriton import flash
 
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
+    if str(machine.target_of_device(q.device)) != "sm_90":
         pytest.skip("flash_fwd_gluon is built for sm_90")
     for _ in range(2):
         out, lse = flash.attn_fwd(q, k, v, causal=causal)
@@ -515,9 +516,9 @@ def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
     from lazytriton import runtime
 
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    tiles = dispatch.GLUON_TABLE.get((name, head_dim, causal is not False), ((128, 64, 4), True, True))
-    monkeypatch.setitem(dispatch.GLUON_TABLE, (name, head_dim, causal is not False), tiles)
-    monkeypatch.setitem(dispatch.GLUON_Q_TILES, (head_dim, causal is not False), ((1024, q_tiles),))
+    tiles = fwd_dispatch.GLUON_TABLE.get((name, head_dim, causal is not False), ((128, 64, 4), True, True))
+    monkeypatch.setitem(fwd_dispatch.GLUON_TABLE, (name, head_dim, causal is not False), tiles)
+    monkeypatch.setitem(fwd_dispatch.GLUON_Q_TILES, (head_dim, causal is not False), ((1024, q_tiles),))
     runtime.reset()
     q, k, v = make_qkv(2, (4, 2), seqlens, head_dim, dtype, "cuda", seed_of("gluon-one-q", head_dim, causal, seqlens))
     served = gluon_served(q, k, v, causal, resolved)
@@ -548,12 +549,12 @@ def test_programs_of_several_query_tiles_in_one_q_buffer_serve_attn_fwd_on_gpu(
 def test_programs_of_several_query_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int, causal: bool | str,
                                                                 heads: tuple[int, int], seqlens: tuple[int, int],
                                                                 q_tiles: int, resolved: list[Variant]) -> None:
-    """dispatch.GLUON_Q_TILES' programs, served by a plain call cold and warm, within FlashAttention's rule."""
+    """GLUON_Q_TILES' programs, served by a plain call cold and warm, within FlashAttention's rule."""
     from lazytriton import flash, runtime
 
     runtime.reset()  # plans memoised by another test would hide the variant from the resolve spy
     q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed_of("gluon-tiles", head_dim, causal, seqlens))
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
+    if str(machine.target_of_device(q.device)) != "sm_90":
         pytest.skip("flash_fwd_gluon is built for sm_90")
     for _ in range(2):  # cold (plans the shape), then warm (the hot path's key carries the count)
         out, lse = flash.attn_fwd(q, k, v, causal=causal)
@@ -591,10 +592,10 @@ def test_the_probe_prints_table_rows_dispatch_takes(probe: ModuleType) -> None:
              for name, t in (("flash_fwd", 500.0), ("gluon[64, 64, 4]", 450.0))]  # flash_fwd wins: no row
     (line,) = probe.table_rows(rows)
     assert line.startswith('    ("bf16", 128, True): ((128, 128, 4), True, True),  # 458 / 346 / 465')
-    table = ast.literal_eval("{" + line + "\n}")  # it pastes into dispatch.GLUON_TABLE as it is
+    table = ast.literal_eval("{" + line + "\n}")  # it pastes into flash_fwd.dispatch.GLUON_TABLE as it is
     tiles, producer, pingpong = table[("bf16", 128, True)]
-    assert dispatch.flash_fwd_gluon_variant(SM90, "bf16", 128, True, True, False, 4096, 4096, tiles=tiles,
-                                            producer=producer, pingpong=pingpong) is not None
+    assert fwd_dispatch.flash_fwd_gluon_variant(SM90, "bf16", 128, True, True, False, 4096, 4096, tiles=tiles,
+                                                producer=producer, pingpong=pingpong) is not None
     for tiling in probe.sweep_tilings():
         assert probe.parse_label(probe.label(tiling)) == tiling
 
@@ -636,8 +637,8 @@ def test_ptx_served_keeps_the_code_and_drops_where_the_source_was(monkeypatch: p
     assert ptx_served.code_of(ptx) == ptx_served.code_of(moved) and "mov.b32" in ptx_served.code_of(ptx)
     assert ptx_served.code_of(ptx) != ptx_served.code_of(ptx.replace("%r1, 1", "%r1, 2"))
     for head_dim, causal, seqlen in ptx_served.SERVED:  # every row it compiles is one dispatch serves
-        assert dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", head_dim, causal, True, False, seqlen,
-                                                        seqlen) is not None
+        assert fwd_dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", head_dim, causal, True, False, seqlen,
+                                                            seqlen) is not None
 
 
 def test_skip_takes_labels_whose_tiles_have_commas(probe: ModuleType) -> None:

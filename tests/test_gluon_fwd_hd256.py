@@ -3,7 +3,7 @@
 FlashAttention-3's hdim256 forward: BLOCK_M 128 (two consumer warpgroups of
 64 rows, or ping-pong), BLOCK_N 64, 2 stages: Q 64 KiB and four 32 KiB K/V
 buffers, 192 KiB of sm_90's 227; O is 64 x 256 fp32 a warpgroup, 128
-registers a thread. dispatch.GLUON_TABLE has no hd256 row until the H200
+registers a thread. flash_fwd.dispatch.GLUON_TABLE has no hd256 row until the H200
 sweep (experiments/probe_gluon.py --quick --sweep) says which tiling wins:
 the plumbing tests here patch one in. The GPU tests run on the H200 host.
 """
@@ -21,7 +21,8 @@ from conftest import REPO, ptxas_report
 from test_flash_fwd import check_attention, make_qkv, on_gpu, seed_of
 from test_gluon_fwd import SM90, gluon_variant, sm90_ptx
 
-from lazytriton import dispatch
+from lazytriton import machine
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import gluon
 from lazytriton.variant import Variant
 
@@ -108,10 +109,10 @@ HD256_TILINGS = [((128, 64, 8), False, False), ((128, 64, 8), True, False), ((12
 
 @pytest.fixture
 def hd256_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    """dispatch.GLUON_TABLE with a head dim 256 row for both dtypes and causal modes (the rest as it is)."""
-    table = dict(dispatch.GLUON_TABLE)
+    """flash_fwd.dispatch.GLUON_TABLE with a head dim 256 row for both dtypes and causal modes (the rest as it is)."""
+    table = dict(fwd_dispatch.GLUON_TABLE)
     table.update({(dtype, 256, causal): HD256_ROW for dtype in gluon.DTYPES for causal in (False, True)})
-    monkeypatch.setattr(dispatch, "GLUON_TABLE", table)
+    monkeypatch.setattr(fwd_dispatch, "GLUON_TABLE", table)
 
 
 @pytest.mark.usefixtures("hd256_row")
@@ -120,7 +121,7 @@ def test_a_head_dim_256_row_reaches_the_memo_key_the_plan_and_prewarm() -> None:
     from lazytriton.kernels.flash_fwd import binding
     from lazytriton.prewarm import enumeration
 
-    fits = dispatch.flash_fwd_gluon_fits
+    fits = fwd_dispatch.flash_fwd_gluon_fits
     assert fits("bf16", 256, True, 0, 0.0625, 4096, 4096) and fits("fp16", 256, False, 0, 0.0625, 128, 64)
     assert not fits("bf16", 256, False, 0, 0.0625, 4096 + 64, 4096)  # 128-row query tiles
     q, k, v = make_qkv(1, (2, 2), (256, 512), 256, torch.bfloat16)
@@ -129,7 +130,7 @@ def test_a_head_dim_256_row_reaches_the_memo_key_the_plan_and_prewarm() -> None:
     assert key[-2:] == binding.gluon_tail(2) and key[2] == 256  # 2 query tiles a program (GLUON_Q_TILES)
     assert binding.gluon_key(key)
     served = binding.variant(SM90, torch.bfloat16, call.shape, True, True, False, gluon=True)
-    assert served == dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 256, True, True, False, 256, 512)
+    assert served == fwd_dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 256, True, True, False, 256, 512)
     assert (served.kernel, served.get("BLOCK_D"), served.get("BLOCK_N"), served.get("PINGPONG")) == (
         "flash_fwd_gluon", 256, 64, True)
     assert binding.variant(SM90, torch.bfloat16, call.shape, True, True, False).kernel == "flash_fwd"  # no tail
@@ -146,16 +147,16 @@ def test_the_shipped_head_dim_256_rows_are_the_measured_ping_pong_tiles() -> Non
     """experiments/probe_gluon.py --head-dims 256 (H200, 2026-12-01): 128 x 64, 4 warps a warpgroup, ping-pong."""
     for dtype in ("bf16", "fp16"):
         for causal in (False, True):
-            assert dispatch.GLUON_TABLE[(dtype, 256, causal)] == ((128, 64, 4), True, True)
-            assert dispatch.flash_fwd_gluon_fits(dtype, 256, causal, 0, 0.0625, 4096, 4096)
+            assert fwd_dispatch.GLUON_TABLE[(dtype, 256, causal)] == ((128, 64, 4), True, True)
+            assert fwd_dispatch.flash_fwd_gluon_fits(dtype, 256, causal, 0, 0.0625, 4096, 4096)
 
 
 def test_without_a_row_head_dim_256_keeps_flash_fwd(monkeypatch: pytest.MonkeyPatch) -> None:
     from lazytriton.kernels.flash_fwd import binding
 
-    monkeypatch.setattr(dispatch, "GLUON_TABLE", {key: row for key, row in dispatch.GLUON_TABLE.items()
-                                                  if key[1] != 256})
-    assert not dispatch.flash_fwd_gluon_fits("bf16", 256, True, 0, 0.0625, 4096, 4096)
+    monkeypatch.setattr(fwd_dispatch, "GLUON_TABLE", {key: row for key, row in fwd_dispatch.GLUON_TABLE.items()
+                                                      if key[1] != 256})
+    assert not fwd_dispatch.flash_fwd_gluon_fits("bf16", 256, True, 0, 0.0625, 4096, 4096)
     shape = binding.Shape(batch=1, heads_q=8, heads_k=8, seqlen_q=4096, seqlen_k=4096, head_dim=256)
     assert binding.variant(SM90, torch.bfloat16, shape, True, True, False, gluon=True).kernel == "flash_fwd"
 
@@ -177,13 +178,13 @@ def test_head_dim_256_numerics_on_gpu(tiling: tuple[tuple[int, int, int], bool, 
 
     q, k, v = make_qkv(2, heads, seqlens, 256, dtype, "cuda", seed_of("gluon256", tiling, causal, seqlens))
     call = binding.check(q, k, v, causal)
-    target = dispatch.target_of_device(q.device)
+    target = machine.target_of_device(q.device)
     if str(target) != "sm_90":
         pytest.skip(f"flash_fwd_gluon is built for sm_90, this GPU is {target}")
     tiles, producer, pingpong = tiling
-    variant = dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[dtype], 256, call.causal, True, False,
-                                               call.shape.seqlen_q, call.shape.seqlen_k, tiles=tiles,
-                                               scale=call.scale, producer=producer, pingpong=pingpong)
+    variant = fwd_dispatch.flash_fwd_gluon_variant(target, binding.DTYPES[dtype], 256, call.causal, True, False,
+                                                   call.shape.seqlen_q, call.shape.seqlen_k, tiles=tiles,
+                                                   scale=call.scale, producer=producer, pingpong=pingpong)
     assert variant is not None
     out, lse = binding.empty_outputs(q, call.shape)
     binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
@@ -197,7 +198,7 @@ def test_a_head_dim_256_row_serves_attn_fwd_on_gpu(resolved: list[Variant]) -> N
     """With a GLUON_TABLE row at head dim 256, a plain call runs flash_fwd_gluon, cold and warm, within the rule."""
     from lazytriton import flash
     q, k, v = make_qkv(1, (4, 4), (384, 640), 256, torch.bfloat16, "cuda", seed_of("gluon256-row"))
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
+    if str(machine.target_of_device(q.device)) != "sm_90":
         pytest.skip("flash_fwd_gluon is built for sm_90")
     for _ in range(2):  # cold (plans the shape), then warm
         out, lse = flash.attn_fwd(q, k, v, causal="bottom_right")
@@ -207,11 +208,11 @@ def test_a_head_dim_256_row_serves_attn_fwd_on_gpu(resolved: list[Variant]) -> N
 
 def test_a_row_whose_tiles_do_not_fit_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """128 x 128 at head dim 256 needs 320 KiB: such a row is left out, and flash_fwd serves, never a ValueError."""
-    table = dict(dispatch.GLUON_TABLE)
+    table = dict(fwd_dispatch.GLUON_TABLE)
     table[("bf16", 256, False)] = ((128, 128, 8), False, False)
-    monkeypatch.setattr(dispatch, "GLUON_TABLE", table)
-    assert dispatch.flash_fwd_gluon_default("bf16", 256, False) is None
-    assert not dispatch.flash_fwd_gluon_fits("bf16", 256, False, 0, 0.0625, 4096, 4096)
-    assert dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 256, False, True, False, 4096, 4096) is None
+    monkeypatch.setattr(fwd_dispatch, "GLUON_TABLE", table)
+    assert fwd_dispatch.flash_fwd_gluon_default("bf16", 256, False) is None
+    assert not fwd_dispatch.flash_fwd_gluon_fits("bf16", 256, False, 0, 0.0625, 4096, 4096)
+    assert fwd_dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 256, False, True, False, 4096, 4096) is None
     table[("bf16", 256, False)] = HD256_ROW
-    assert dispatch.flash_fwd_gluon_default("bf16", 256, False) == HD256_ROW
+    assert fwd_dispatch.flash_fwd_gluon_default("bf16", 256, False) == HD256_ROW

@@ -17,7 +17,8 @@ import torch
 from test_flash_fwd import check_attention, make_qkv, on_gpu, seed_of
 from test_gluon_fwd import sm90_ptx
 
-from lazytriton import dispatch
+from lazytriton import machine
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import gluon
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
@@ -41,15 +42,15 @@ def test_chunks_are_split_tiles_where_they_save_work_else_the_padded_tile(head_d
 
 @pytest.mark.parametrize("head_dim", [72, 80, 96, 160, 192, 224, 40])
 def test_the_variant_writes_the_chunks_as_flash_fwds_split_variant_does(head_dim: int) -> None:
-    variant = dispatch.flash_fwd_gluon_variant(SM90, "bf16", head_dim, True, True, False, 4096, 4096,
-                                               producer=True, pingpong=True)
+    variant = fwd_dispatch.flash_fwd_gluon_variant(SM90, "bf16", head_dim, True, True, False, 4096, 4096,
+                                                   producer=True, pingpong=True)
     assert variant is not None and check_fields(variant) is variant
     assert Variant.parse(str(variant)) == variant
     block_d, block_d2, even = gluon.chunks(head_dim)
     assert variant.get("BLOCK_D") == block_d and variant.get("EVEN_D") is even
     assert variant.constexprs.get("BLOCK_D2", 0) == block_d2
     if block_d2:  # flash_fwd's split variant has the same head-dim fields
-        plain = dispatch.flash_fwd_variant(SM90, "bf16", head_dim, True, True, 4096, seqlen_k=4096)
+        plain = fwd_dispatch.flash_fwd_variant(SM90, "bf16", head_dim, True, True, 4096, seqlen_k=4096)
         assert {k: plain.constexprs[k] for k in ("BLOCK_D", "BLOCK_D2", "EVEN_D")} == \
             {k: variant.constexprs[k] for k in ("BLOCK_D", "BLOCK_D2", "EVEN_D")}
     else:
@@ -127,7 +128,7 @@ def test_split_and_padded_head_dims_serve_attn_fwd_on_gpu(dtype: torch.dtype, he
     runtime.reset()  # plans memoised by another test would hide the variant from the resolve spy
     b = 2
     q, k, v = make_qkv(b, heads, seqlens, head_dim, dtype, "cuda", seed_of("gluon-split", head_dim, causal, seqlens))
-    if str(dispatch.target_of_device(q.device)) != "sm_90":
+    if str(machine.target_of_device(q.device)) != "sm_90":
         pytest.skip("flash_fwd_gluon is built for sm_90")
     for _ in range(2):  # cold (plans the shape), then warm
         out, lse = flash.attn_fwd(q, k, v, causal=causal)

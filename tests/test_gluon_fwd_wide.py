@@ -21,7 +21,7 @@ import torch
 from test_flash_fwd import make_qkv, on_gpu, seed_of
 from test_gluon_fwd import gluon_served, sm90_ptx
 
-from lazytriton import dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import gluon
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
@@ -52,7 +52,7 @@ def test_only_the_kernels_wide_block_may_be_three_times_a_power_of_two() -> None
                       (text.replace("BLOCK_M=192", "BLOCK_M=24"), "BLOCK_M=24")):  # 3 x 8: no whole warp's rows
         with pytest.raises(ValueError, match=re.escape(name) + r" must be a power of two"):
             check_fields(Variant.parse(bad))
-    plain = dispatch.flash_fwd_variant(SM90, "bf16", 64, False, True, 4096, seqlen_k=4096)
+    plain = fwd_dispatch.flash_fwd_variant(SM90, "bf16", 64, False, True, 4096, seqlen_k=4096)
     odd = str(plain).replace(f"BLOCK_M={plain.get('BLOCK_M')}", "BLOCK_M=192")
     with pytest.raises(ValueError, match=r"BLOCK_M=192 must be a power of two in"):
         check_fields(Variant.parse(odd))  # flash_fwd's BLOCK_M is one Triton tile
@@ -93,15 +93,15 @@ def test_the_wide_tiles_are_kept_where_their_buffers_fit_and_their_registers_do(
 
 def test_dispatch_serves_a_wide_row_for_seqlens_of_whole_warpgroups(monkeypatch: pytest.MonkeyPatch) -> None:
     row = ((192, 128, 4), True, False)
-    monkeypatch.setitem(dispatch.GLUON_TABLE, ("bf16", 64, True), row)
-    assert dispatch.flash_fwd_gluon_default("bf16", 64, True) == row
-    assert dispatch.flash_fwd_gluon_fits("bf16", 64, True, 0, 0.125, 1024, 1024)
-    assert not dispatch.flash_fwd_gluon_fits("bf16", 64, True, 0, 0.125, 1000, 1024)
-    assert dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 1
-    got = dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 64, True, True, False, 1024, 1024)
+    monkeypatch.setitem(fwd_dispatch.GLUON_TABLE, ("bf16", 64, True), row)
+    assert fwd_dispatch.flash_fwd_gluon_default("bf16", 64, True) == row
+    assert fwd_dispatch.flash_fwd_gluon_fits("bf16", 64, True, 0, 0.125, 1024, 1024)
+    assert not fwd_dispatch.flash_fwd_gluon_fits("bf16", 64, True, 0, 0.125, 1000, 1024)
+    assert fwd_dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 1
+    got = fwd_dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", 64, True, True, False, 1024, 1024)
     assert got is not None and got.get("BLOCK_M") == 192 and got.get("PINGPONG") is False
-    monkeypatch.setitem(dispatch.GLUON_TABLE, ("bf16", 256, True), ((192, 64, 4), True, False))
-    assert dispatch.flash_fwd_gluon_default("bf16", 256, True) is None  # over the registers: flash_fwd serves
+    monkeypatch.setitem(fwd_dispatch.GLUON_TABLE, ("bf16", 256, True), ((192, 64, 4), True, False))
+    assert fwd_dispatch.flash_fwd_gluon_default("bf16", 256, True) is None  # over the registers: flash_fwd serves
 
 
 @pytest.mark.parametrize("head_dim, causal, tiles", [(64, "none", (192, 128, 4)), (64, "top_left", (192, 128, 4)),
@@ -144,7 +144,7 @@ def test_the_wide_tiles_serve_attn_fwd_on_gpu(dtype: torch.dtype, head_dim: int,
     from lazytriton import runtime
 
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    monkeypatch.setitem(dispatch.GLUON_TABLE, (name, head_dim, causal is not False), (tiles, True, False))
+    monkeypatch.setitem(fwd_dispatch.GLUON_TABLE, (name, head_dim, causal is not False), (tiles, True, False))
     runtime.reset()  # plans memoised by another test would hide the variant from the resolve spy
     q, k, v = make_qkv(2, heads, seqlens, head_dim, dtype, "cuda", seed_of("gluon-wide", head_dim, causal, seqlens))
     served = gluon_served(q, k, v, causal, resolved)

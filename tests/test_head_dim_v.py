@@ -22,7 +22,8 @@ from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR
 
 import lazytriton
-from lazytriton import dispatch
+from lazytriton import geometry
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
 from lazytriton.kernels.flash_fwd import binding as fwd_binding
 from lazytriton.kernels.flash_fwd.reference import attention_reference
@@ -378,6 +379,6 @@ def test_variants_with_a_value_head_dim_compile_for_sm_90(kernel: str, dims: tup
 
     variant = dispatch.kernel_variant(kernel, SM90, "bf16", dims[0], True, True, 4096, 4096, tma=tma,
                                       head_dim_v=dims[1])
-    assert variant.get("BLOCK_DV") == dispatch.padded_head_dim(dims[1]) and (tma is None or variant.get("TMA"))
+    assert variant.get("BLOCK_DV") == geometry.padded_head_dim(dims[1]) and (tma is None or variant.get("TMA"))
     entry = compile_variant(variant)
     assert entry.kind == "cubin" and entry.binary

@@ -17,6 +17,7 @@ from test_flash_fwd import make_qkv, on_gpu
 import lazytriton
 from lazytriton import runtime, tuning
 from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
 
 def test_warm_path_declines_what_it_does_not_serve() -> None:
@@ -421,7 +422,7 @@ def _key(sq: int, sk: int, causal: object = True, scale: float | None = None, d:
 
 
 def test_the_gluon_tail_marks_exactly_the_shapes_its_tiles_divide() -> None:
-    fits = _key(256, 512)  # bf16, head dim 128, causal: dispatch.GLUON_TABLE's ping-pong row, 128 x 128 tiles
+    fits = _key(256, 512)  # bf16, head dim 128, causal: flash_fwd.dispatch.GLUON_TABLE's ping-pong row, 128 x 128 tiles
     assert fits[-2:] == binding.GLUON_TAIL + (2,), "a program walks 2 query tiles (GLUON_Q_TILES' 8, halved to divide)"
     assert binding.gluon_key(fits) and _key(1024, 1024)[-2:] == binding.GLUON_TAIL + (8,)
     assert _key(4096, 4096)[-2:] == binding.GLUON_TAIL + (4,), "4 tiles a program at 4k (causal, paired)"
@@ -443,9 +444,9 @@ def test_the_gluon_tail_marks_exactly_the_shapes_its_tiles_divide() -> None:
 
 
 def test_gluon_by_default_false_takes_every_tail_away(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lazytriton import dispatch
 
-    monkeypatch.setattr(dispatch, "GLUON_BY_DEFAULT", False)
+
+    monkeypatch.setattr(fwd_dispatch, "GLUON_BY_DEFAULT", False)
     assert not binding.gluon_key(_key(256, 512))
 
 

@@ -27,8 +27,9 @@ from conftest import gpu
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, seed_of
 
 import lazytriton
-from lazytriton import dispatch
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_decode.reference import kvcache_reference
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
@@ -431,8 +432,8 @@ def test_forced_splits_are_capped_by_the_partials_size() -> None:
                           (1, 32, 256, "bf16", 16, 32), (8, 48, 128, "fp16", 16, 16), (8, 0, 64, "fp32", 16, 32)])
 def test_decode_configs_fit_the_rows_and_the_page(rows: int, page: int, head_dim: int, dtype: str, block_m: int,
                                                   block_n: int) -> None:
-    cfg = dispatch.decode_default_config("flash_decode_split", Target.parse("sm_90"), dtype, head_dim, rows, page,
-                                         paged=page > 0)
+    cfg = decode_dispatch.decode_default_config("flash_decode_split", Target.parse("sm_90"), dtype, head_dim, rows,
+                                                page, paged=page > 0)
     assert (cfg.block_m, cfg.block_n) == (block_m, block_n)
     assert cfg.num_stages == (5 if page else 3)  # the block table's read takes a pipeline stage of its own
     if page:
@@ -441,20 +442,20 @@ def test_decode_configs_fit_the_rows_and_the_page(rows: int, page: int, head_dim
 
 def test_decode_variants_write_flags_only_when_set() -> None:
     sm90 = Target.parse("sm_90")
-    plain = dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, 4096)
+    plain = decode_dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, 4096)
     # The tile comes from kernels/flash_decode/tuning.csv's H200 row for this shape, when it has one.
     assert str(plain).startswith("flash_decode_split:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=false,EVEN_D=true,"
                                  "INDEX64=false:BLOCK_M=16,")
-    every = dispatch.decode_variant("flash_decode_split", sm90, "fp16", 40, True, False, 8, 100, page_size=16,
-                                    paged=True, window=True, softcap=True, alibi=True)
+    every = decode_dispatch.decode_variant("flash_decode_split", sm90, "fp16", 40, True, False, 8, 100, page_size=16,
+                                           paged=True, window=True, softcap=True, alibi=True)
     assert {name for name, value in every.functional if value is True} >= {"PAGED", "WINDOW", "SOFTCAP", "ALIBI"}
     assert every.get("BLOCK_N") == 16 and every.get("EVEN_D") is False and every.get("BLOCK_D") == 64
-    combine = dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096, paged=True)
+    combine = decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096, paged=True)
     assert "CAUSAL" not in dict(combine.functional) and "PAGED" not in dict(combine.functional)
     for v in (plain, every, combine):
         assert check_fields(Variant.parse(str(v))) == v
     assert dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, 4096, paged=True) == \
-        dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, 4096, paged=True)
+        decode_dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, 4096, paged=True)
 
 
 def test_one_query_shares_the_non_causal_binary() -> None:

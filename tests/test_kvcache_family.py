@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import run_python
 
-from lazytriton import dispatch, tuning
+from lazytriton import tuning
 from lazytriton.cache_format.image import Image
 from lazytriton.cli import main as cli_main
 from lazytriton.kernels import FAMILIES, kv_append
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.prewarm.enumeration import Axes, enumerate_variants, variants_from_misses
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -44,8 +45,8 @@ def test_the_default_plan_serves_every_decoding_call_of_its_grid() -> None:
     for dtype, head_dim, causal, rows, page in itertools.product(("bf16", "fp16"), (64, 128), (False, True),
                                                                  (1, 4, 16, 17, 32, 33, 64, 200), (0, 64, 256, 1024)):
         for kernel in DECODE:
-            chosen = dispatch.decode_variant(kernel, SM90, dtype, head_dim, causal, True, rows, 32768,
-                                             page_size=page, paged=page > 0, table=EMPTY)
+            chosen = decode_dispatch.decode_variant(kernel, SM90, dtype, head_dim, causal, True, rows, 32768,
+                                                    page_size=page, paged=page > 0, table=EMPTY)
             assert chosen.key() in planned, chosen
         # A call with new keys launches kv_append first: planned with the decoding kernels.
         assert kv_append.variant(SM90, dtype, head_dim, 0, page > 0, True, False).key() in planned
@@ -56,17 +57,17 @@ def test_paged_narrows_the_plan_and_small_pages_take_small_tiles(capsys: pytest.
     listed = [Variant.parse(line.split()[2]) for line in capsys.readouterr().out.splitlines()]
     split = [v for v in listed if v.kernel == "flash_decode_split"]
     assert split and all(dict(v.functional).get("PAGED") is True for v in split)
-    small = dispatch.decode_variant("flash_decode_split", SM90, "bf16", 128, False, True, 4, 4096, page_size=16,
-                                    paged=True)
+    small = decode_dispatch.decode_variant("flash_decode_split", SM90, "bf16", 128, False, True, 4, 4096, page_size=16,
+                                           paged=True)
     assert small.get("BLOCK_N") == 16 and small.key() not in {v.key() for v in listed}
     with pytest.raises(SystemExit):
         cli_main(["prewarm", "--target", "sm_90", "--paged", "sometimes", "--list"])
 
 
 def test_a_miss_log_of_decoding_variants_is_planned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    every = dispatch.decode_variant("flash_decode_split", SM90, "fp16", 40, True, False, 8, 100, page_size=32,
-                                    paged=True, window=True, softcap=True, alibi=True)
-    combine = dispatch.decode_variant("flash_decode_combine", SM90, "fp16", 40, True, False, 8, 100)
+    every = decode_dispatch.decode_variant("flash_decode_split", SM90, "fp16", 40, True, False, 8, 100, page_size=32,
+                                           paged=True, window=True, softcap=True, alibi=True)
+    combine = decode_dispatch.decode_variant("flash_decode_combine", SM90, "fp16", 40, True, False, 8, 100)
     lines = [json.dumps({"variant": str(v)}) for v in (every, combine)]
     lines.append(json.dumps({"variant": str(every).replace("BLOCK_M=16", "BLOCK_M=1024")}))
     plan, problems = variants_from_misses(lines, "m.jsonl")

@@ -16,7 +16,7 @@ from compiled_once import compiled, shared_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lazytriton import dispatch, record
+from lazytriton import record
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.elf import ElfError, check_launch, launch_facts, nv_info_attributes
 from lazytriton.cache_format.image import write_image
@@ -24,16 +24,18 @@ from lazytriton.cli import main
 from lazytriton.kernels import launched_warps
 from lazytriton.kernels.flash_bwd import fused
 from lazytriton.kernels.flash_bwd import gluon as bwd_gluon
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import gluon as fwd_gluon
 from lazytriton.store.local import LocalTier
 from lazytriton.store.probe import launch_problems
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 
 def variant(target: str, block_m: int, num_warps: int) -> Variant:
-    config = dispatch.Config(block_m, 32, num_warps, 2)
-    return dispatch.flash_fwd_variant(Target.parse(target), "fp16", 64, False, True, 4096, config=config)
+    config = Config(block_m, 32, num_warps, 2)
+    return fwd_dispatch.flash_fwd_variant(Target.parse(target), "fp16", 64, False, True, 4096, config=config)
 
 
 def gluon_fwd(tiles: tuple[int, int, int], producer: bool = False, pingpong: bool = False, q_tiles: int = 1,

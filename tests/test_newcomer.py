@@ -176,8 +176,9 @@ def test_the_library_leaves_an_applications_logger_level_alone() -> None:
 
 
 def test_a_jit_compile_at_debug_is_logged_to_stderr_when_no_logging_is_configured() -> None:
-    code = ("from lazytriton import dispatch, runtime\nfrom lazytriton.target import Target\n"
-            "variant = dispatch.flash_fwd_variant(Target.parse('sm_90'), 'fp16', 16, False, True, 16)\n"
+    code = ("from lazytriton import runtime\nfrom lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch\n"
+            "from lazytriton.target import Target\n"
+            "variant = fwd_dispatch.flash_fwd_variant(Target.parse('sm_90'), 'fp16', 16, False, True, 16)\n"
             "print(runtime.get().resolve(variant).source)")
     result = run_python(code, _env({"LAZYTRITON_LOG_LEVEL": "debug"}))
     assert result.returncode == 0, result.stderr

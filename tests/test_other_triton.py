@@ -25,8 +25,11 @@ OTHER_TRITON = "LAZYTRITON_TEST_OTHER_TRITON_PYTHON"
 
 # Variant strings are what a miss log or an image holds: built here, compiled there.
 VARIANTS = """
-from lazytriton import dispatch
-from lazytriton.kernels import kv_append
+
+from lazytriton.kernels import dispatch, kv_append
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
 
 sm90 = Target.parse("sm_90")
@@ -40,18 +43,18 @@ VARIANTS = [
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 96, True, True, 4096, 4096, softcap=True),
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 128, False, True, 4096, 4096, alibi=True, dropout=True,
                             varlen=True),
-    dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, True, True, 4, 4096, page_size=16, paged=True,
-                            window=True, softcap=True),
-    dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096),
+    decode_dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, True, True, 4, 4096, page_size=16,
+                                   paged=True, window=True, softcap=True),
+    decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096),
     kv_append.variant(sm90, "bf16", 192, 128, True, True, False),
-    dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
-    dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
-    dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 192, True, True, False, 1024, 1024),  # split, 2 tiles
-    dispatch.flash_fwd_gluon_default_variant(sm90, "fp16", 224, False, True, False, 4096, 4096),  # padded
-    dispatch.flash_bwd_dkdv_gluon_default_variant(sm90, "bf16", 128, False, True, False, 4096, 4096),
-    *dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 128, True, True, False, 4096, 4096),
-    dispatch.flash_bwd_fused_default_variants(sm90, "fp16", 192, False, True, False, 4096, 4096)[1],  # split, wide
-    dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 80, True, True, False, 4096, 4096)[1],  # split, narrow
+    fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
+    fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
+    fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 192, True, True, False, 1024, 1024),  # split, 2 tiles
+    fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "fp16", 224, False, True, False, 4096, 4096),  # padded
+    bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(sm90, "bf16", 128, False, True, False, 4096, 4096),
+    *bwd_dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 128, True, True, False, 4096, 4096),
+    bwd_dispatch.flash_bwd_fused_default_variants(sm90, "fp16", 192, False, True, False, 4096, 4096)[1],  # split, wide
+    bwd_dispatch.flash_bwd_fused_default_variants(sm90, "bf16", 80, True, True, False, 4096, 4096)[1],  # split, narrow
 ]
 """
 

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 from conftest import run_python
 
-from lazytriton import dispatch, record, tuning
+from lazytriton import geometry, record, tuning
 from lazytriton.cache_format.image import Image
 from lazytriton.cli import main as cli_main
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm import enumeration
 from lazytriton.prewarm.enumeration import (
     DEFAULT_SEQLENS,
@@ -54,7 +55,7 @@ def test_plan_holds_the_gluon_twin_of_each_call_it_serves() -> None:
     axes = Axes((SM90,), FWD, dtypes=("bf16",), head_dims=(64, 128), causal=(False, True), seqlens_q=(4096, 1000))
     plan = enumeration.enumerate_variants(axes, EMPTY)
     twins = [p for p in plan if p.variant.kernel == "flash_fwd_gluon"]
-    # 1000's bucket is 1024's, where the programs walk more query tiles (dispatch.GLUON_Q_TILES: BLOCK_M is a
+    # 1000's bucket is 1024's, where the programs walk more query tiles (flash_fwd.dispatch.GLUON_Q_TILES: BLOCK_M is a
     # program's rows; hd128 walks 4 at 4096 too, so full 1024 and 4096 share one variant); at 4096 hd64 takes
     # GLUON_WIDE's 192-row tiles, causal too (ping-pong x8 at 1024, the 19th session's row). Aligned only (the
     # axis default is both alignments), each once.
@@ -64,8 +65,8 @@ def test_plan_holds_the_gluon_twin_of_each_call_it_serves() -> None:
                                       (128, False, 512, "gluon table"), (128, True, 512, "gluon table"),
                                       (128, True, 1024, "gluon table")]
     for twin in twins:
-        serves = {dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", int(twin.variant.get("BLOCK_D")),
-                                                           bool(twin.variant.get("CAUSAL")), True, False, s, s)
+        serves = {fwd_dispatch.flash_fwd_gluon_default_variant(SM90, "bf16", int(twin.variant.get("BLOCK_D")),
+                                                               bool(twin.variant.get("CAUSAL")), True, False, s, s)
                   for s in (4096, 1024)}
         assert twin.variant in serves, "a variant dispatch serves a call of the plan with"
 EM_CUDA, EM_AMDGPU = 190, 224
@@ -96,10 +97,10 @@ def test_default_grid_covers_every_call_dispatch_can_make_at_a_padded_head_dim()
     assert len(planned) == len(plan), "deduplicated by key"
     assert {p.origin for p in plan} == {"default"}
     selected = set()
-    for dtype, head_dim, causal, sq in itertools.product(("fp16", "bf16", "fp32"), dispatch.HEAD_DIMS,
+    for dtype, head_dim, causal, sq in itertools.product(("fp16", "bf16", "fp32"), geometry.HEAD_DIMS,
                                                          (False, True), CALL_SEQLENS):
-        selected.add(dispatch.flash_fwd_variant(SM90, dtype, head_dim, causal, True, sq, seqlen_k=sq * 3,
-                                                table=EMPTY).key())
+        selected.add(fwd_dispatch.flash_fwd_variant(SM90, dtype, head_dim, causal, True, sq, seqlen_k=sq * 3,
+                                                    table=EMPTY).key())
     assert selected == planned, "the plan is exactly what dispatch selects: nothing missing, nothing extra"
     assert all(p.variant.target == "sm_90" and p.variant.get("ALIGN16") is True for p in plan)
 
@@ -112,11 +113,11 @@ def test_table_groups_are_built_at_their_rows_and_the_rest_at_the_default_classe
     assert {p.origin for p in causal} == {"table"}
     full = [p for p in plan if not p.variant.get("CAUSAL")]
     assert {p.origin for p in full} == {"default"}
-    assert len(full) == len({dispatch.default_config(SM90, "bf16", 128, s, False) for s in DEFAULT_SEQLENS})
+    assert len(full) == len({fwd_dispatch.default_config(SM90, "bf16", 128, s, False) for s in DEFAULT_SEQLENS})
     # Every call in the table's group, at any seqlens, is served by a planned variant.
     for sq, sk in itertools.product(CALL_SEQLENS, CALL_SEQLENS):
         for is_causal in (False, True):
-            v = dispatch.flash_fwd_variant(SM90, "bf16", 128, is_causal, True, sq, seqlen_k=sk, table=TABLE)
+            v = fwd_dispatch.flash_fwd_variant(SM90, "bf16", 128, is_causal, True, sq, seqlen_k=sk, table=TABLE)
             assert v.key() in {p.key for p in plan}, (sq, sk, is_causal)
     # The sm_80 row is not in an sm_90 plan, and is in an sm_80 one.
     sm80 = enumerate_variants(Axes((SM80,), kernels=FWD, dtypes=("bf16",), head_dims=(128,), causal=(True,)), TABLE)
@@ -140,7 +141,7 @@ def test_explicit_axes_padded_head_dims_unaligned_and_seqlens() -> None:
     plan = enumerate_variants(axes, EMPTY)
     flags = [(p.variant.get("BLOCK_D"), dict(p.variant.functional).get("BLOCK_D2", 0), p.variant.get("EVEN_D"),
               p.variant.get("ALIGN16")) for p in plan]
-    # 80 and 96 take split tiles (64 + 16, 64 + 32: dispatch.SPLIT_BY_DEFAULT); 100 and 128 fall in the same
+    # 80 and 96 take split tiles (64 + 16, 64 + 32: attention.SPLIT_BY_DEFAULT); 100 and 128 fall in the same
     # seqlen bucket.
     assert flags == [(64, 16, True, True), (64, 16, True, False), (64, 32, True, True), (64, 32, True, False),
                      (128, 0, True, True), (128, 0, True, False)]
@@ -156,8 +157,8 @@ def test_index64_axis_adds_exactly_the_variants_large_tensors_select() -> None:
     assert [p.key for p in wide if not p.variant.get("INDEX64")] == [p.key for p in narrow]
     for planned in wide:  # the same variant dispatch picks for a call whose tensors span 2**31 elements
         v = planned.variant
-        picked = dispatch.flash_fwd_variant(SM90, "bf16", 128, v.get("CAUSAL"), True, 4096, index64=v.get("INDEX64"),
-                                            seqlen_k=4096, table=TABLE)
+        picked = fwd_dispatch.flash_fwd_variant(SM90, "bf16", 128, v.get("CAUSAL"), True, 4096,
+                                                index64=v.get("INDEX64"), seqlen_k=4096, table=TABLE)
         assert picked.key() == planned.key
 
 
@@ -183,8 +184,8 @@ def test_bad_axes_name_the_axis_and_value(field: str, value: Any, match: str) ->
 
 
 def test_variants_from_misses_dedupes_and_reports_bad_lines() -> None:
-    a = dispatch.flash_fwd_variant(SM90, "fp16", 64, False, True, 4096)
-    b = dispatch.flash_fwd_variant(GFX942, "bf16", 128, True, True, 16)
+    a = fwd_dispatch.flash_fwd_variant(SM90, "fp16", 64, False, True, 4096)
+    b = fwd_dispatch.flash_fwd_variant(GFX942, "bf16", 128, True, True, 16)
     lines = [json.dumps({"variant": str(a), "key": a.key()}), "", json.dumps({"variant": str(b)}),
              json.dumps({"variant": str(a), "compile_s": 1.0}), "{not json", json.dumps(["variant"]),
              json.dumps({"variant": "flash_fwd:sm_90:fp16::"}), json.dumps({"variant": 7})]
@@ -280,7 +281,7 @@ def test_targets_are_checked_before_any_work(tmp_path: Path, capsys: pytest.Capt
 def test_causal_takes_the_api_and_explain_vocabulary(capsys: pytest.CaptureFixture[str]) -> None:
     from lazytriton.prewarm import cli
 
-    assert cli.CAUSAL_MODES == dispatch.CAUSAL_MODES, "one spelling of the causal modes everywhere"
+    assert cli.CAUSAL_MODES == geometry.CAUSAL_MODES, "one spelling of the causal modes everywhere"
 
     def listed(modes: str) -> set[str]:
         assert cli_main(["prewarm", "--target", "sm_90", *SMALL, "--causal", modes, "--list"]) == 0
@@ -405,7 +406,7 @@ def test_a_killed_prewarm_resumes_without_rebuilding_anything(tmp_path: Path) ->
 
 
 def test_a_failing_variant_is_recorded_and_the_rest_built(tmp_path: Path) -> None:
-    good = dispatch.flash_fwd_variant(SM90, "fp16", 16, False, True, 64)
+    good = fwd_dispatch.flash_fwd_variant(SM90, "fp16", 16, False, True, 64)
     bad = Variant.parse(str(good).replace("BLOCK_D=16", "BLOCK_D=8"))  # tl.dot needs K >= 16
     odd = str(good).replace("BLOCK_M=64", "BLOCK_M=48")  # not a power of two: refused before compiling
     # No Triton backend selects for sm_12: LLVM aborts the worker process (SIGABRT) instead of raising.
@@ -437,7 +438,7 @@ print(json.dumps({"sources": sources, "compiles": rt.compiles,
 
 
 def test_jit_then_prewarm_from_misses_then_zero_compiles(tmp_path: Path, cache_dir: Path) -> None:
-    variants = [str(dispatch.flash_fwd_variant(SM90, "fp16", 16, causal, True, 64)) for causal in (False, True)]
+    variants = [str(fwd_dispatch.flash_fwd_variant(SM90, "fp16", 16, causal, True, 64)) for causal in (False, True)]
     env = {"VARIANTS": json.dumps(variants)}
     first = run_python(RESOLVE, env)
     assert first.returncode == 0, first.stderr
@@ -464,10 +465,11 @@ def test_jit_then_prewarm_from_misses_then_zero_compiles(tmp_path: Path, cache_d
 BUILD_FROM_STDIN = """
 import io, json, sys
 from pathlib import Path
-from lazytriton import dispatch
+from lazytriton import geometry
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm import Planned, build
 from lazytriton.target import Target
-variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 16)
+variant = flash_fwd.dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 16)
 report = build([Planned(variant, variant.key(), "test")], Path(sys.argv[1]), 1, stream=io.StringIO())
 print(json.dumps({"compiled": report.compiled, "failures": [e for _, e in report.failures]}))
 """

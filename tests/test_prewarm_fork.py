@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import REPO
 
-from lazytriton import dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm import forkserver, pool
 from lazytriton.prewarm.enumeration import Planned
 from lazytriton.prewarm.workdir import WorkDir
@@ -72,7 +72,7 @@ UNSAFE = {"threads": "threading.Thread(target=threading.Event().wait, daemon=Tru
 
 def variants(n: int) -> list[Planned]:
     """``n`` distinct small variants (the probe compiles none of them)."""
-    found = [dispatch.flash_fwd_variant(SM90, "fp16", 16, causal, True, seqlen)
+    found = [fwd_dispatch.flash_fwd_variant(SM90, "fp16", 16, causal, True, seqlen)
              for causal in (False, True) for seqlen in (16, 64, 4096)]
     assert len({v.key() for v in found}) == len(found) >= n
     return [Planned(v, v.key(), "test") for v in found[:n]]
@@ -298,10 +298,10 @@ def test_killing_the_parent_leaves_no_worker_server_or_assembler_running(probe: 
 BUILD = """
 import io, json, sys
 from pathlib import Path
-from lazytriton import dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm import Planned, build
 from lazytriton.target import Target
-plan = [dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, causal, True, 64) for causal in (False, True)]
+plan = [fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, causal, True, 64) for causal in (False, True)]
 report = build([Planned(v, v.key(), "test") for v in plan], Path(sys.argv[1]), 2, created=0.0, stream=io.StringIO())
 print(json.dumps({"compiled": report.compiled, "failures": [e for _, e in report.failures],
                   "forked": report.workers.forked, "plain": report.workers.plain,

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from lazytriton import dispatch, tuning
+from lazytriton import tuning
 from lazytriton.cli import main as cli_main
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm import builder, pool
 from lazytriton.prewarm.enumeration import Axes, Planned, enumerate_variants, variants_from_misses
 from lazytriton.prewarm.limits import KNOWN_TARGETS, estimate_shared, known_target, refusal
 from lazytriton.prewarm.workdir import WorkDir, work_dir_for
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant, check_fields
 
 SM90 = Target.parse("sm_90")
@@ -30,7 +32,7 @@ POISONED = ("flash_fwd:sm_90:fp32:ALIGN16=true,BLOCK_D=256,CAUSAL=false,EVEN_D=t
 
 
 def small(causal: bool = False, seqlen_q: int = 64) -> Variant:
-    return dispatch.flash_fwd_variant(SM90, "fp16", 16, causal, True, seqlen_q)
+    return fwd_dispatch.flash_fwd_variant(SM90, "fp16", 16, causal, True, seqlen_q)
 
 
 # --- pure: targets, estimate, refusal ---------------------------------------------------------------------------
@@ -58,8 +60,8 @@ MEASURED = [("sm_90", "fp16", 128, 64, 128, 4, 163840), ("sm_90", "fp16", 64, 64
 @pytest.mark.parametrize(("target", "dtype", "block_m", "block_n", "block_d", "stages", "measured"), MEASURED)
 def test_the_estimate_is_a_lower_bound_of_what_triton_allocated(target: str, dtype: str, block_m: int, block_n: int,
                                                                  block_d: int, stages: int, measured: int) -> None:
-    config = dispatch.Config(block_m, block_n, 4, stages, 2)
-    variant = dispatch.flash_fwd_variant(Target.parse(target), dtype, block_d, False, True, 4096, config=config)
+    config = Config(block_m, block_n, 4, stages, 2)
+    variant = fwd_dispatch.flash_fwd_variant(Target.parse(target), dtype, block_d, False, True, 4096, config=config)
     assert measured // 2 <= estimate_shared(variant) <= measured  # never above; not uselessly far below
 
 
@@ -77,8 +79,8 @@ def test_the_poisoned_variant_and_other_oversized_tiles_are_refused_with_a_reaso
     why = refusal(wide)
     assert why is not None and "needs at least 384 KiB of shared memory" in why and "sm_90 has 227 KiB" in why
     assert refusal(Variant.parse(str(wide).replace("sm_90", "sm_12"))) is None, "unknown target: caps only"
-    split = str(dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 96, False, True, 4096)).replace("sm_90",
-                                                                                                          "sm_12")
+    split = str(fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "bf16", 96, False, True, 4096)).replace("sm_90",
+                                                                                                              "sm_12")
     assert "BLOCK_D2=32" in split and refusal(Variant.parse(split)) is None
     huge = Variant.parse(split.replace("BLOCK_D2=32", "BLOCK_D2=65536"))
     assert refusal(huge) == "BLOCK_D2=65536 is over the cap of 256"

@@ -108,11 +108,11 @@ def test_bench_quick_builds_byte_identical_images_at_j1_and_j2(tmp_path: Path) -
 
 SKIP_KEY = """
 import json, triton.runtime.cache as cache
-from lazytriton import dispatch
 from lazytriton.compiler import compile_variant
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm.worker import skip_triton_key
 from lazytriton.target import Target
-variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 64)
+variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 64)
 hashed = compile_variant(variant).binary
 skip_triton_key()
 print(json.dumps({"same": compile_variant(variant).binary == hashed, "key": cache.triton_key()}))
@@ -174,7 +174,7 @@ def test_a_worker_killed_mid_plan_costs_only_its_variant(fork: str, tmp_path: Pa
 def test_the_gluon_forward_is_estimated_by_its_tile_and_its_partitions() -> None:
     """flash_fwd_gluon's ping-pong variants compile longer than their tile's volume says (GLUON_FACTOR); a program of
     several query tiles is estimated by one tile (its BLOCK_M is the program's rows), so the longest go out first."""
-    from lazytriton import dispatch
+    from lazytriton.kernels import dispatch
     from lazytriton.kernels.flash_fwd import gluon
 
     sm90 = Target.parse("sm_90")
@@ -207,13 +207,14 @@ def test_the_gluon_forward_is_estimated_by_its_tile_and_its_partitions() -> None
 def test_the_fused_backward_is_estimated_by_its_held_keys_not_as_unknown() -> None:
     """flash_bwd_fused_gluon (no BLOCK_N field: 128 held keys) compiles about twice as long as the forward of its
     head dim, flash_bwd_prep (a row-wise pass) a fraction of it (schedule.HELD_KEYS, KERNEL_FACTOR)."""
-    from lazytriton import dispatch
+    from lazytriton.kernels import dispatch
+    from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 
     sm90 = Target.parse("sm_90")
     for head_dim in (64, 128):
         forward = estimate_seconds(dispatch.kernel_variant("flash_fwd", sm90, "bf16", head_dim, False, True, 4096,
                                                            4096))
-        found = dispatch.flash_bwd_fused_default_variants(sm90, "bf16", head_dim, False, True, False, 4096, 4096)
+        found = bwd_dispatch.flash_bwd_fused_default_variants(sm90, "bf16", head_dim, False, True, False, 4096, 4096)
         assert found is not None
         prep, kernel = (estimate_seconds(v) for v in found)
         assert UNKNOWN_SECONDS not in (prep, kernel)

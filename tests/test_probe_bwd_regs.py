@@ -91,7 +91,7 @@ def test_occupancy_by_registers_and_shared_memory(probe: ModuleType) -> None:
 
 
 def test_config_syntax(probe: ModuleType) -> None:
-    from lazytriton.dispatch import Config
+    from lazytriton.tiles import Config
 
     assert probe.parse_config("dq:128/32/8/3") == ("flash_bwd_dq", Config(128, 32, 8, 3))
     assert probe.parse_config("dkdv:64/32/8/2") == ("flash_bwd_dkdv", Config(64, 32, 8, 2))

@@ -32,19 +32,19 @@ def test_a_variant_file_gives_its_own_kernel_function(probe: ModuleType) -> None
 
 
 def test_variants_run_at_dispatchs_ping_pong_row_or_the_non_causal_ones(probe: ModuleType) -> None:
-    from lazytriton import dispatch
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
     tiles, q_tiles = probe.tiling_for(128, True, 4096, 0)
-    row = dispatch.flash_fwd_gluon_default("bf16", 128, True, 4096)
+    row = fwd_dispatch.flash_fwd_gluon_default("bf16", 128, True, 4096)
     assert row is not None and tiles == row[0]
-    assert q_tiles == dispatch.gluon_q_tiles(128, True, 4096, tiles[0])
+    assert q_tiles == fwd_dispatch.gluon_q_tiles(128, True, 4096, tiles[0])
     # Head dim 64 causal has no ping-pong row at 1k (flash_fwd serves): the non-causal row's tiles and count.
     tiles, q_tiles = probe.tiling_for(64, True, 1024, 0)
-    assert (tiles, q_tiles) == (dispatch.flash_fwd_gluon_default("bf16", 64, False, 1024)[0],  # type: ignore[index]
-                                dispatch.gluon_q_tiles(64, False, 1024, tiles[0]))
+    assert (tiles, q_tiles) == (fwd_dispatch.flash_fwd_gluon_default("bf16", 64, False, 1024)[0],  # type: ignore[index]
+                                fwd_dispatch.gluon_q_tiles(64, False, 1024, tiles[0]))
     assert probe.tiling_for(64, True, 1024, 2)[1] == 2
     # From 4k the wide tiles serve it (not ping-pong): the ping-pong tiles, the non-causal count.
-    assert probe.tiling_for(64, True, 4096, 0) == ((128, 128, 4), dispatch.gluon_q_tiles(64, False, 4096, 128))
+    assert probe.tiling_for(64, True, 4096, 0) == ((128, 128, 4), fwd_dispatch.gluon_q_tiles(64, False, 4096, 128))
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -142,7 +142,7 @@ def _seconds(fn: object) -> float:
 def test_the_launch_path_defines_no_dataclass_and_skips_the_cffi_package() -> None:
     """What the cold start (13.6 ms on the H200) depends on: nothing on a cache-served call's path pays for these."""
     code = ("import sys\n"
-            "import lazytriton.runtime, lazytriton.dispatch, lazytriton.driver.gpu, lazytriton.store.image\n"
+            "import lazytriton.runtime, lazytriton.kernels.dispatch, lazytriton.driver.gpu, lazytriton.store.image\n"
             "import lazytriton.tuning, lazytriton.config, lazytriton.cache_format\n"
             "from lazytriton.driver import cdefs\n"
             "cdefs.make_ffi('cuda', cdefs.CUDA_CDEF)\n"

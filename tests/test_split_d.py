@@ -17,7 +17,8 @@ import torch
 from conftest import sass_of
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR
 
-from lazytriton import compiler, dispatch
+from lazytriton import compiler, geometry
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding, score_mods
 from lazytriton.kernels.flash_fwd.reference import attention_reference
 from lazytriton.target import Target
@@ -29,9 +30,9 @@ SM90 = Target.parse("sm_90")
 def test_chunks_of_each_head_dim() -> None:
     want = {40: (32, 16), 72: (64, 16), 80: (64, 16), 96: (64, 32), 160: (128, 32), 192: (128, 64)}
     for d, chunks in want.items():
-        assert dispatch.split_head_dim(d) == chunks, d
+        assert geometry.split_head_dim(d) == chunks, d
     for d in (16, 24, 32, 64, 100, 128, 224, 256):  # powers of two, and dims a split does not shrink
-        assert dispatch.split_head_dim(d) is None, d
+        assert geometry.split_head_dim(d) is None, d
 
 
 def test_split_tiles_are_the_default_padding_on_request_and_split_variants_say_so() -> None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import has_cuda
 
-from lazytriton import dispatch, tuning
+from lazytriton import geometry, machine, tuning
 from lazytriton.cli import tune
 from lazytriton.target import Target
 
@@ -31,7 +31,7 @@ def groups(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[str, s
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake H200")
-    monkeypatch.setattr(dispatch, "target_of_device", lambda device: SM90)
+    monkeypatch.setattr(machine, "target_of_device", lambda device: SM90)
     seen: list[tuple[str, str, int, bool]] = []
 
     def record(family: str, kernels: Any, target: Target, dtype: str, head_dim: int, causal: bool,
@@ -90,7 +90,7 @@ def test_causal_takes_the_modes_of_prewarm_and_explain() -> None:
     assert tune.causal_flags("bottom_right") == (True,), "both causal modes run one binary: one row"
     assert tune.causal_flags("none,top_left,bottom_right") == (False, True)
     assert tune.causal_flags("BOTTOM_RIGHT, none") == (True, False)
-    assert set(tune.CAUSAL_MODES) == set(dispatch.CAUSAL_MODES)
+    assert set(tune.CAUSAL_MODES) == set(geometry.CAUSAL_MODES)
 
 
 def test_causal_reads_the_aliases_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:

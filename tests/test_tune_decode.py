@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from lazytriton import dispatch, tuning
+from lazytriton import machine, tuning
 from lazytriton.cli import tune, tune_compile, tune_decode
 from lazytriton.cli.tune_decode import COMBINE, SPLIT, Case
 from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 SM90 = Target.parse("sm_90")
@@ -53,11 +55,11 @@ def test_the_heuristic_fills_two_programs_per_sm_with_splits_of_flash_attention_
 
 
 def test_head_dim_64_reads_tiles_as_wide_in_bytes_as_head_dim_128() -> None:
-    wide = dispatch.decode_default_config(SPLIT, SM90, "bf16", 64, 4)
+    wide = decode_dispatch.decode_default_config(SPLIT, SM90, "bf16", 64, 4)
     assert (wide.block_m, wide.block_n) == (16, 128)
     # Paged: 64 keys, so the one default binary prewarm plans serves every page size that is a multiple of 64.
-    assert dispatch.decode_default_config(SPLIT, SM90, "bf16", 64, 4, 256, paged=True).block_n == 64
-    assert dispatch.decode_default_config(SPLIT, SM90, "fp32", 64, 4).block_n == 32
+    assert decode_dispatch.decode_default_config(SPLIT, SM90, "bf16", 64, 4, 256, paged=True).block_n == 64
+    assert decode_dispatch.decode_default_config(SPLIT, SM90, "fp32", 64, 4).block_n == 32
 
 
 # ---------------------------------------------------------------------------
@@ -67,15 +69,15 @@ def test_head_dim_64_reads_tiles_as_wide_in_bytes_as_head_dim_128() -> None:
 @pytest.mark.parametrize("target", ["sm_90", "sm_80", "sm_86", "gfx942"])
 def test_candidates_start_with_the_default_and_fit(target: str) -> None:
     t = Target.parse(target)
-    for kernel in dispatch.DECODE_KERNELS:
+    for kernel in decode_dispatch.DECODE_KERNELS:
         for dtype in ("bf16", "fp32"):
             for head_dim in (64, 128, 256):
                 for rows in (1, 4, 32, 64):
                     configs = tune_decode.candidates(kernel, t, dtype, head_dim, rows)
-                    assert configs[0] == dispatch.decode_default_config(kernel, t, dtype, head_dim, rows)
+                    assert configs[0] == decode_dispatch.decode_default_config(kernel, t, dtype, head_dim, rows)
                     assert len(set(configs)) == len(configs) > (5 if dtype == "bf16" and head_dim < 256 else 0)
                     if kernel == SPLIT:
-                        assert all(c.block_m == dispatch.decode_rows_class(rows) for c in configs)
+                        assert all(c.block_m == decode_dispatch.decode_rows_class(rows) for c in configs)
                         if head_dim == 256 or dtype == "fp32":
                             assert all(c.block_n <= 64 for c in configs)
                     if t.backend == "hip":
@@ -91,7 +93,7 @@ def test_sweeps_line_up_candidates_across_cases_and_cut_paged_tiles_to_the_page(
     sweeps = tune_decode.sweep_variants(SM90, grid, table=tuning.Table(()))
     contiguous, paged = grid[0], grid[2]
     assert paged.paged and not contiguous.paged
-    for kernel in dispatch.DECODE_KERNELS:
+    for kernel in decode_dispatch.DECODE_KERNELS:
         lists = [sweeps[kernel][c] for c in grid]
         assert len({len(x) for x in lists}) == 1
         assert sweeps[kernel][contiguous][0] == tune_decode.variant_for(kernel, SM90, contiguous, None,
@@ -233,7 +235,7 @@ def test_tune_group_compiles_once_and_rows_each_bucket(monkeypatch: pytest.Monke
 
 def test_tune_command_line_for_flash_decode(capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    assert tune.families_of(dispatch.DECODE_KERNELS) == {"flash_decode": dispatch.DECODE_KERNELS}
+    assert tune.families_of(decode_dispatch.DECODE_KERNELS) == {"flash_decode": decode_dispatch.DECODE_KERNELS}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert tune.main(["--kernel", "flash_decode", "--heads", "32/8,64/8", "--lengths", "1k,32k"]) == 1  # no GPU
     for bad in (["--heads", "32/5"], ["--lengths", "0"], ["--layouts", "ragged"], ["--page-size", "24"]):
@@ -276,8 +278,8 @@ def test_forced_variants_launch_as_a_call_with_the_heuristics_split_count(monkey
     t = checks.Inputs(q, kc, kc.clone())
     call = checks.check(t)
     out, lse = binding.empty_outputs(q, call)
-    split = tune_decode.variant_for(SPLIT, SM90, case, dispatch.Config(16, 128, 4, 3))
-    combine = tune_decode.variant_for(COMBINE, SM90, case, dispatch.Config(32, 16, 4, 1))
+    split = tune_decode.variant_for(SPLIT, SM90, case, Config(16, 128, 4, 3))
+    combine = tune_decode.variant_for(COMBINE, SM90, case, Config(32, 16, 4, 1))
     binding.launch_gpu(t, out, lse, call, forced=(split, combine))
     splits = tune_decode.case_splits(case, 16, 128, SLOTS)
     assert splits > 1
@@ -303,7 +305,7 @@ def test_the_command_line_tunes_the_bench_grid_into_the_table(monkeypatch: pytes
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake H200")
-    monkeypatch.setattr(dispatch, "target_of_device", lambda device: SM90)
+    monkeypatch.setattr(machine, "target_of_device", lambda device: SM90)
     monkeypatch.setattr(binding, "sm_count", lambda device: 132)
     monkeypatch.setattr(tune_compile, "compile_all", lambda variants, jobs: {})
     timed: list[Case] = []

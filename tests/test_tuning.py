@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from lazytriton import dispatch, tuning
+from lazytriton import geometry, tuning
 from lazytriton.cli import tune, tune_compile
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 HEADER = ",".join(tuning.COLUMNS)
@@ -83,18 +87,19 @@ def test_a_split_head_dim_takes_its_own_rows_else_its_padded_tiles() -> None:
     target = Target.parse("sm_90")
     at_128, at_96 = row(4096, 4096, 64), row(4096, 4096, 32, head_dim=96)
     assert tuning.Table.parse(tuning.Table([at_96]).to_csv()).rows == (at_96,)  # a row at 96 is a valid row
-    config, used = dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, tuning.Table([at_128, at_96]))
+    config, used = fwd_dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, tuning.Table([at_128, at_96]))
     assert used == at_96 and config.block_m == 32
-    variant = dispatch.flash_fwd_variant(target, "bf16", 96, False, True, 3000, seqlen_k=3000,
-                                         table=tuning.Table([at_128, at_96]))
+    variant = fwd_dispatch.flash_fwd_variant(target, "bf16", 96, False, True, 3000, seqlen_k=3000,
+                                             table=tuning.Table([at_128, at_96]))
     assert (variant.get("BLOCK_M"), variant.get("BLOCK_D"), variant.get("BLOCK_D2")) == (32, 64, 32)
-    assert dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, tuning.Table([at_128]))[1] == at_128
-    assert dispatch.flash_fwd_config(target, "bf16", 100, False, 3000, 3000, tuning.Table([at_128, at_96]))[1] == at_128
-    assert dispatch.flash_fwd_config(target, "bf16", 128, False, 3000, 3000, tuning.Table([at_96]))[1] is None
+    assert fwd_dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, tuning.Table([at_128]))[1] == at_128
+    both = tuning.Table([at_128, at_96])
+    assert fwd_dispatch.flash_fwd_config(target, "bf16", 100, False, 3000, 3000, both)[1] == at_128
+    assert fwd_dispatch.flash_fwd_config(target, "bf16", 128, False, 3000, 3000, tuning.Table([at_96]))[1] is None
     # 96's rows are its split tiles': a padded call of 96 (split_d=False, or v's head dim another) takes 128's, whose
     # shared-memory budget is its own; so does the config asked for a padded variant
     table = tuning.Table([at_128, at_96])
-    assert dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, table, split=False)[1] == at_128
+    assert fwd_dispatch.flash_fwd_config(target, "bf16", 96, False, 3000, 3000, table, split=False)[1] == at_128
     for dv, split_d in ((0, False), (64, None)):
         padded = dispatch.kernel_variant("flash_fwd", target, "bf16", 96, False, True, 3000, 3000, table=table,
                                          split_d=split_d, head_dim_v=dv)
@@ -122,12 +127,12 @@ def test_a_split_backward_head_dim_takes_its_own_rows_only_in_split_tiles(kernel
 def test_dispatch_uses_the_row_else_the_default() -> None:
     table = tuning.Table([row(4096, 4096, 64)])
     target = Target.parse("sm_90")
-    config, used = dispatch.flash_fwd_config(target, "bf16", 100, False, 3000, 3000, table)
+    config, used = fwd_dispatch.flash_fwd_config(target, "bf16", 100, False, 3000, 3000, table)
     assert used == row(4096, 4096, 64) and (config.block_m, config.num_warps) == (64, 8)
-    variant = dispatch.flash_fwd_variant(target, "bf16", 128, False, True, 3000, seqlen_k=3000, table=table)
+    variant = fwd_dispatch.flash_fwd_variant(target, "bf16", 128, False, True, 3000, seqlen_k=3000, table=table)
     assert variant.get("BLOCK_M") == 64
-    config, used = dispatch.flash_fwd_config(target, "fp16", 128, False, 3000, 3000, table)
-    assert used is None and config == dispatch.default_config(target, "fp16", 128, 3000, False)
+    config, used = fwd_dispatch.flash_fwd_config(target, "fp16", 128, False, 3000, 3000, table)
+    assert used is None and config == fwd_dispatch.default_config(target, "fp16", 128, 3000, False)
 
 
 def test_tune_candidates_fit_the_shape() -> None:
@@ -145,8 +150,8 @@ def test_tune_candidates_fit_the_shape() -> None:
 def test_tune_times_only_variants_whose_tiles_fit_shared_memory() -> None:
     from lazytriton.prewarm.limits import refusal
 
-    made = [dispatch.flash_fwd_variant(SM90, "bf16", 256, False, True, 4096, config=c, seqlen_k=4096)
-            for c in (dispatch.Config(128, 128, 8, 3), dispatch.Config(64, 64, 4, 2), dispatch.Config(128, 128, 8, 4))]
+    made = [fwd_dispatch.flash_fwd_variant(SM90, "bf16", 256, False, True, 4096, config=c, seqlen_k=4096)
+            for c in (Config(128, 128, 8, 3), Config(64, 64, 4, 2), Config(128, 128, 8, 4))]
     assert [refusal(v) is None for v in made] == [False, True, False]
     assert tune.fitting(made) == [made[1]]  # the estimate is a lower bound: launch failures are skipped too
 
@@ -188,17 +193,17 @@ def test_tune_writes_the_users_table_not_the_package(monkeypatch: pytest.MonkeyP
     row = tuning.Row("sm_90", "flash_fwd", "bf16", 128, False, 4096, 4096, 32, 32, 4, 2, 0, 1.0, "test", "2026-11-30")
     user.parent.mkdir(parents=True)
     user.write_text(tuning.Table([row]).to_csv())
-    config, used = dispatch.flash_fwd_config(Target.parse("sm_90"), "bf16", 128, False, 4096, 4096)
+    config, used = fwd_dispatch.flash_fwd_config(Target.parse("sm_90"), "bf16", 128, False, 4096, 4096)
     assert used == row and (config.block_m, config.block_n) == (32, 32), "the user's row wins over the shipped one"
     user.write_text("not,a,table\n")
     tuning._table_for.cache_clear()  # the tables are read once per process
-    config, used = dispatch.flash_fwd_config(Target.parse("sm_90"), "bf16", 128, False, 4096, 4096)
+    config, used = fwd_dispatch.flash_fwd_config(Target.parse("sm_90"), "bf16", 128, False, 4096, 4096)
     assert used is not None and used.gpu != "test", "a damaged user table leaves the shipped one serving"
 
 
 # --- the backward family: its table, its rows, its tuner ------------------------------------------------------
 
-BWD = dispatch.BWD_KERNELS
+BWD = bwd_dispatch.BWD_KERNELS
 SM90 = Target.parse("sm_90")
 
 
@@ -240,7 +245,7 @@ def test_bwd_tune_candidates_fit_the_shape_and_the_target(kernel: str) -> None:
         for dtype, head_dim, (sq, sk) in itertools.product(("bf16", "fp32"), (64, 128, 256),
                                                            ((1, 4096), (4096, 1), (100, 100), (4096, 4096))):
             configs = tune_bwd.candidates(kernel, target, dtype, head_dim, sq, sk)
-            assert configs[0] == dispatch.bwd_default_config(kernel, target, dtype, head_dim, sq, sk)
+            assert configs[0] == bwd_dispatch.bwd_default_config(kernel, target, dtype, head_dim, sq, sk)
             assert len(set(configs)) == len(configs) > 0
             rows = tuning.bucket(sq if kernel == "flash_bwd_dq" else sk)
             for c in configs[1:]:
@@ -264,14 +269,14 @@ def test_bwd_tune_candidates_at_head_dim_256_are_few_and_use_8_warps(kernel: str
     for dtype, head_dim, seqlen, causal in itertools.product(("bf16", "fp16"), (256, 192, 160, 224),
                                                              (1024, 4096, 16384), (False, True)):
         configs = tune_bwd.candidates(kernel, SM90, dtype, head_dim, seqlen, seqlen)
-        assert configs[0] == dispatch.bwd_default_config(kernel, SM90, dtype, 256, seqlen, seqlen)
-        split = dispatch.split_head_dim(head_dim)
+        assert configs[0] == bwd_dispatch.bwd_default_config(kernel, SM90, dtype, 256, seqlen, seqlen)
+        split = geometry.split_head_dim(head_dim)
         width = sum(split) if split else 256
         assert len(set(configs)) == len(configs) <= (20 if split else 12)
         assert any(c.num_warps == 8 for c in configs)
         # A split head dim's accumulators are its own width (160, 192): it also gets the 4-warp tiles of the
         # head dims up to 128, which 256-wide accumulators would spill
-        assert (dispatch.Config(64, 64, 4, 3) in configs) == bool(split)
+        assert (Config(64, 64, 4, 3) in configs) == bool(split)
         for c in configs:
             v = dispatch.kernel_variant(kernel, SM90, dtype, head_dim, causal, True, seqlen, seqlen, config=c)
             assert refusal(v) is None, v

@@ -10,7 +10,8 @@ import xxhash
 from conftest import run_python
 
 import lazytriton.variant as variant_module
-from lazytriton import dispatch, record
+from lazytriton import record
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target, target_from_cuda_capability, target_from_gcn_arch
 from lazytriton.variant import KEY_LEN, LAUNCH_ABI, Variant, check_key, pairs
 
@@ -67,7 +68,7 @@ def test_dispatch_variants_round_trip() -> None:
             for head_dim in (1, 48, 64, 80, 256):
                 for causal in (False, True):
                     aligned = head_dim % 8 == 0
-                    v = dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, causal, aligned, 500)
+                    v = fwd_dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, causal, aligned, 500)
                     assert Variant.parse(str(v)) == v
                     assert str(Variant.parse(str(v))) == str(v)
 
@@ -236,7 +237,7 @@ def test_key_changes_when_any_field_changes(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_keys_of_all_dispatch_variants_are_distinct() -> None:
     variants = {
-        dispatch.flash_fwd_variant(Target.parse(t), dt, hd, c, a, sq, index64=i)
+        fwd_dispatch.flash_fwd_variant(Target.parse(t), dt, hd, c, a, sq, index64=i)
         for t in ("sm_90", "sm_80", "gfx942", "gfx950") for dt in ("fp16", "bf16", "fp32")
         for hd in (16, 32, 48, 64, 128, 256) for c in (False, True) for a in (False, True) for sq in (1, 64, 4096)
         for i in (False, True)
@@ -354,6 +355,6 @@ def test_check_fields_passes_every_dispatch_variant() -> None:
     for target in ("sm_90", "sm_80", "gfx942"):
         for dtype in ("fp16", "fp32"):
             for head_dim in (1, 80, 256):
-                v = dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, True, False, 16, index64=True)
+                v = fwd_dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, True, False, 16, index64=True)
                 assert variant_module.check_fields(v) is v
     assert variant_module.check_fields(Variant.parse(BASE)) == Variant.parse(BASE)  # INDEX64 may be absent

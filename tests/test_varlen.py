@@ -25,7 +25,7 @@ from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu
 
 import lazytriton
-from lazytriton import dispatch
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
 from lazytriton.kernels.flash_fwd import FLASH_FWD, varlen

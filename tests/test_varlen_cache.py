@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from lazytriton import dispatch, runtime, tuning
+from lazytriton import runtime, tuning
 from lazytriton.cli import main as cli_main
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.target import Target
 
 SM90 = Target.parse("sm_90")
 
 
-@pytest.mark.parametrize("kernel", ["flash_fwd", *dispatch.BWD_KERNELS])
+@pytest.mark.parametrize("kernel", ["flash_fwd", *bwd_dispatch.BWD_KERNELS])
 def test_varlen_variants_compile_with_the_two_pointers_after_the_kernels_own(kernel: str) -> None:
     from lazytriton.compiler import compile_variant
     from lazytriton.kernels import get
@@ -38,7 +40,7 @@ def test_prewarm_varlen_axis_adds_varlen_variants(capsys: pytest.CaptureFixture[
     from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants
 
     narrow = {"targets": (SM90,), "dtypes": ("bf16",), "head_dims": (128,), "causal": (True,), "seqlens_q": (2048,),
-              "kernels": ("flash_fwd", *dispatch.BWD_KERNELS)}  # decoding has no varlen, dropout or bias variants
+              "kernels": ("flash_fwd", *bwd_dispatch.BWD_KERNELS)}  # decoding has no varlen, dropout or bias variants
     table = tuning.tables_for(all_kernels())
     plain = enumerate_variants(Axes(**narrow), table)
     both = enumerate_variants(Axes(**narrow, varlen=(False, True)), table)
@@ -64,7 +66,7 @@ def test_cache_explain_describes_a_varlen_call(cache_dir: Path, capsys: pytest.C
     assert cli_main([*args, "--varlen", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     wanted = [dispatch.kernel_variant(k, SM90, "bf16", 128, True, True, 4096, 4096, varlen=True)
-              for k in dispatch.BWD_KERNELS]
+              for k in bwd_dispatch.BWD_KERNELS]
     assert report["call"]["varlen"] is True
     assert [k["variant"] for k in report["kernels"]] == [str(v) for v in wanted]
     assert [k["key"] for k in report["kernels"]] == [v.key() for v in wanted]

@@ -19,7 +19,7 @@ from test_flash_fwd import LSE_FLOOR, OUT_FLOOR
 from test_varlen import check_rule, cu, seed_of
 
 import lazytriton
-from lazytriton import dispatch
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_fwd import score_mods, varlen
 from lazytriton.kernels.flash_fwd.reference import attention_reference, dropout_keep
 from lazytriton.target import Target

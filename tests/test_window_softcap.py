@@ -22,11 +22,13 @@ from test_flash_bwd import GRAD_FLOOR, grads_of
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, seed_of, twin_line
 
 import lazytriton
-from lazytriton import dispatch
 from lazytriton.interface import always_through_op
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
 from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd.reference import attention_reference, visible
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
@@ -253,7 +255,7 @@ def test_the_call_holds_the_window_in_the_kernels_terms() -> None:
 
 def test_variants_gain_fields_only_when_on() -> None:
     target = Target.parse("sm_90")
-    for kernel in ("flash_fwd", *dispatch.BWD_KERNELS):
+    for kernel in ("flash_fwd", *bwd_dispatch.BWD_KERNELS):
         # 4095: no SEQ16 in the backward's strings, so SOFTCAP sorts right after INDEX64
         plain = dispatch.kernel_variant(kernel, target, "bf16", 128, True, True, 4095, 4095)
         assert "WINDOW" not in str(plain) and "SOFTCAP" not in str(plain)
@@ -346,7 +348,7 @@ def test_prewarm_axes_add_window_and_softcap_variants(capsys: pytest.CaptureFixt
     from lazytriton.prewarm.enumeration import Axes, all_kernels, enumerate_variants
 
     # The attention kernels (the decoding family's combine kernel has no window or cap: one variant for all).
-    attention = ("flash_fwd", *dispatch.BWD_KERNELS)
+    attention = ("flash_fwd", *bwd_dispatch.BWD_KERNELS)
     narrow = {"targets": (Target.parse("sm_90"),), "kernels": attention, "dtypes": ("bf16",), "head_dims": (64,),
               "causal": (False,), "seqlens_q": (4096,)}
     table = tuning.tables_for(all_kernels())
@@ -374,7 +376,7 @@ def test_prewarm_axes_add_window_and_softcap_variants(capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
-@pytest.mark.parametrize("kernel", ["flash_fwd", *dispatch.BWD_KERNELS])
+@pytest.mark.parametrize("kernel", ["flash_fwd", *bwd_dispatch.BWD_KERNELS])
 def test_window_and_softcap_variants_compile(kernel: str, target: str) -> None:
     from test_compile import SHARED_LIMIT, check_elf
 
@@ -396,8 +398,8 @@ def test_window_and_softcap_variants_compile(kernel: str, target: str) -> None:
 def test_tma_variant_with_window_and_softcap_compiles() -> None:
     from lazytriton.compiler import compile_variant
 
-    variant = dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096, tma=True, window=True,
-                                         softcap=True)
+    variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, False, True, 4096, tma=True,
+                                             window=True, softcap=True)
     assert variant.get("TMA") is True and variant.get("WINDOW") is True
     entry = compile_variant(variant)
     assert entry.global_scratch_size > 0 and entry.binary[:4] == b"\x7fELF"

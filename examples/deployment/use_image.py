@@ -35,11 +35,12 @@ def on_gpu() -> None:
 
 
 def without_gpu(target: str) -> None:
-    from lazytriton import dispatch, runtime
+    from lazytriton import runtime
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
     from lazytriton.target import Target
 
     for _, _, s, d, causal in SHAPES:
-        variant = dispatch.flash_fwd_variant(Target.parse(target), "bf16", d, causal, True, s, seqlen_k=s)
+        variant = fwd_dispatch.flash_fwd_variant(Target.parse(target), "bf16", d, causal, True, s, seqlen_k=s)
         runtime.get().resolve(variant)
 
 

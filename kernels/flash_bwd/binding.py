@@ -46,8 +46,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import dispatch, runtime
+from lazytriton import machine, runtime
+from lazytriton.kernels import attention, dispatch
 from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid, fused
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
@@ -178,7 +180,7 @@ def c_initializer(kernel: str) -> str:
 def _seq16(seq16: bool | None, aligned: bool, shape: Shape) -> bool:
     """``seq16`` as given (``pack``'s), else dispatch's rule for a dense call of ``shape``."""
     if seq16 is None:
-        return dispatch.seq_aligned(FLASH_BWD_DQ.name, aligned, shape.seqlen_q, shape.seqlen_k)
+        return bwd_dispatch.seq_aligned(FLASH_BWD_DQ.name, aligned, shape.seqlen_q, shape.seqlen_k)
     return seq16
 
 
@@ -194,7 +196,7 @@ def gluon_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> 
     with 32-bit offsets.
     """
     shape = call.shape
-    return _plain(call, dtype, aligned, index64) and dispatch.flash_bwd_gluon_fits(
+    return _plain(call, dtype, aligned, index64) and bwd_dispatch.flash_bwd_gluon_fits(
         fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset, shape.seqlen_q, shape.seqlen_k)
 
 
@@ -210,7 +212,7 @@ FUSED_TAIL = ("FUSED",)
 
 def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool, seq16: bool = True,
                deterministic: bool = False) -> bool:
-    """Whether dispatch serves this checked call with the fused backward (``dispatch.flash_bwd_fused_fits``).
+    """Whether dispatch serves this checked call with the fused backward (``flash_bwd.dispatch.flash_bwd_fused_fits``).
 
     A plain dense call as for ``gluon_fits``, with SEQ16 (lse's strides
     multiples of 16: the fused kernel's entries are compiled so), and a
@@ -220,8 +222,8 @@ def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool, seq
     """
     shape = call.shape
     return (seq16 and not deterministic and _plain(call, dtype, aligned, index64)
-            and dispatch.flash_bwd_fused_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
-                                              shape.seqlen_q, shape.seqlen_k)
+            and bwd_dispatch.flash_bwd_fused_fits(fwd.DTYPES[dtype], shape.head_dim, call.causal != "none", call.offset,
+                                                  shape.seqlen_q, shape.seqlen_k)
             and not torch.are_deterministic_algorithms_enabled())
 
 
@@ -233,7 +235,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
 
     The seqlens enter the forward's key only through their buckets, which
     4095 and 4096 share; SEQ16 tells them apart. ``seq16`` None: dispatch's
-    rule for a dense call of ``shape`` (``dispatch.seq_aligned``). ``gluon``
+    rule for a dense call of ``shape`` (``flash_bwd.dispatch.seq_aligned``). ``gluon``
     (``gluon_fits``) appends ``GLUON_TAIL``: the one key whose plan may run
     flash_bwd_dkdv_gluon, which the buckets cannot tell from a bucket-mate its
     tiles do not divide. ``fused_`` (``fused_fits``) appends ``FUSED_TAIL``
@@ -264,8 +266,8 @@ def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligne
                                 alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v, seq16=seq16)
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
     if gluon:
-        found = dispatch.flash_bwd_dkdv_gluon_default_variant(target, fwd.DTYPES[dtype], shape.head_dim, causal,
-                                                              aligned, index64, shape.seqlen_q, shape.seqlen_k)
+        found = bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(target, fwd.DTYPES[dtype], shape.head_dim, causal,
+                                                                  aligned, index64, shape.seqlen_q, shape.seqlen_k)
         if found is not None:
             return chosen[0], found
     return chosen  # type: ignore[return-value]
@@ -274,11 +276,11 @@ def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligne
 def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
     """BLOCK_D, EVEN_D, BLOCK_DV, EVEN_DV and BLOCK_D2 as a compiled variant of dispatch's would have them.
 
-    Split tiles (``dispatch.split_chunks``: 96 = 64 + 32) where dispatch splits,
+    Split tiles (``attention.split_chunks``: 96 = 64 + 32) where dispatch splits,
     the padded tile otherwise; ``variant.kernel_constexprs`` fills a split
     variant's absent BLOCK_DV/EVEN_DV with BLOCK_D's and EVEN_D's.
     """
-    chunks = dispatch.split_chunks(FLASH_BWD_DQ.name, head_dim, head_dim_v)
+    chunks = attention.split_chunks(FLASH_BWD_DQ.name, head_dim, head_dim_v)
     if chunks is None:
         return {**fwd.head_dim_constexprs(head_dim, head_dim_v), "BLOCK_D2": 0}
     even = sum(chunks) == head_dim
@@ -311,8 +313,8 @@ def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int
 def fused_variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
                    index64: bool) -> tuple[Variant, Variant] | None:
     """The (flash_bwd_prep, flash_bwd_fused_gluon) variants of a call ``fused_fits``, or None (target, alignment)."""
-    return dispatch.flash_bwd_fused_default_variants(target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
-                                                     index64, shape.seqlen_q, shape.seqlen_k)
+    return bwd_dispatch.flash_bwd_fused_default_variants(target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
+                                                         index64, shape.seqlen_q, shape.seqlen_k)
 
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
@@ -327,7 +329,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     (``CaptureError`` naming the variant), as the forward does.
     """
     if fused_:
-        pair = fused_variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+        pair = fused_variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64)
         if pair is not None:
             fwd.refuse_loads_in_capture(rt, pair, device, "run the backward once with this shape (or call "
                                         "lazytriton.preload(..., backward=True)) before the capture")
@@ -335,7 +337,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
                      0)
             rt.plans[key] = entry
             return entry
-    chosen = variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
+    chosen = variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
                       mods, head_dim_v, seq16, gluon)
     fwd.refuse_loads_in_capture(rt, chosen, device, "run the backward once with this shape (or call "
                                 "lazytriton.preload(..., backward=True)) before the capture")
@@ -646,7 +648,7 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     The two are flash_bwd's, or the fused pair (``flash_bwd_prep``,
     ``flash_bwd_fused_gluon``) where it serves, which ``deterministic``
     (``backward``'s) rules out. ``seq16``: ``pack``'s; None, dispatch's rule
-    for the shape (``dispatch.seq_aligned``).
+    for the shape (``flash_bwd.dispatch.seq_aligned``).
     """
     shape = call.shape
     causal = call.causal != "none"
@@ -659,9 +661,9 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
                       fused_),
          device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon, fused_)
     if fused_:
-        pair = fused_variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64)
+        pair = fused_variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64)
         if pair is not None:
             return pair
-    return variants(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
+    return variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
                     mods, dv, seq16, gluon)
 

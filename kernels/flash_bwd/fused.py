@@ -2,7 +2,7 @@
 
 Two kernels of their own (own source fingerprint, own ABI), in no family:
 where dispatch's ``BWD_FUSED_TABLE`` has a row for a plain call
-(``dispatch.flash_bwd_fused_fits``; the backward's memo key then ends in
+(``flash_bwd.dispatch.flash_bwd_fused_fits``; the backward's memo key then ends in
 ``binding.FUSED_TAIL``), the binding launches ``flash_bwd_prep`` (delta and
 dQ's zeroed float32 accumulator), then ``flash_bwd_fused_gluon`` (dK, dV and
 dQ's sums), then casts the accumulator into dq, in place of flash_bwd's two

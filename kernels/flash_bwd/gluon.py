@@ -11,7 +11,7 @@ writes delta). It is in no family: an alternative to a kernel, not a launch.
 
 ``reason`` is the rule, pure: None when the kernel computes a call exactly,
 else why not. Dispatch serves the kernel for the rows of
-``dispatch.BWD_GLUON_TABLE`` (the H200 probe's winners over flash_bwd_dkdv)
+``flash_bwd.dispatch.BWD_GLUON_TABLE`` (the H200 probe's winners over flash_bwd_dkdv)
 to calls whose memo key carries ``binding.GLUON_TAIL`` (the tiles divide the
 seqlens, and the seqlens reach the row's minimum). Its source compiles for
 sm_90 with Triton 3.6.0 and 3.9.0 alike.

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import dispatch, runtime
+from lazytriton import geometry, machine, runtime
 from lazytriton.kernels.flash_decode import (
     FAMILY,
     FLASH_DECODE_COMBINE,
@@ -33,6 +33,7 @@ from lazytriton.kernels.flash_decode import (
     combine_grid,
     split_grid,
 )
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_decode.checks import Call, Inputs
 from lazytriton.kernels.kv_append import binding as kv_append
 from lazytriton.variant import Variant
@@ -232,11 +233,12 @@ def _extent(shape: Any, strides: Any) -> int:
 def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Variant, Variant]:
     """The (split, combine) variants serving a call (dispatch decides; the combine kernel's head dim is v's)."""
     common = dict(config=None, index64=index64, page_size=call.page_size, head_dim_v=call.head_dim_v)
-    split = dispatch.decode_variant(FLASH_DECODE_SPLIT.name, target, checks.DTYPES[dtype], call.head_dim, call.causal,
-                                    aligned, call.rows, call.capacity, paged=call.paged, window=call.windowed,
-                                    softcap=call.softcap > 0, alibi=call.alibi, **common)  # type: ignore[arg-type]
-    combine = dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim, False,
-                                      aligned, call.rows, call.capacity, **common)  # type: ignore[arg-type]
+    split = decode_dispatch.decode_variant(FLASH_DECODE_SPLIT.name, target, checks.DTYPES[dtype], call.head_dim,
+                                           call.causal, aligned, call.rows, call.capacity, paged=call.paged,
+                                           window=call.windowed, softcap=call.softcap > 0, alibi=call.alibi,
+                                           **common)  # type: ignore[arg-type]
+    combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
+                                             False, aligned, call.rows, call.capacity, **common)  # type: ignore[arg-type]
     return split, combine
 
 
@@ -246,7 +248,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
 
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
-            dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi)
+            decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi)
 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
@@ -263,7 +265,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
     found = rt.plans.get(key)
     if found is not None:
         return found  # type: ignore[no-any-return]
-    chosen = variants(dispatch.target_of_device(device), dtype, call, aligned, index64)
+    chosen = variants(machine.target_of_device(device), dtype, call, aligned, index64)
     refuse_loads_in_capture(rt, chosen, device, "run flash_attn_with_kvcache once with this shape before the "
                             "capture")
     split, combine = chosen
@@ -325,7 +327,7 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
 
 def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
     """(split, combine) constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
-    padded, padded_v = dispatch.padded_head_dim(call.head_dim), dispatch.padded_head_dim(call.value_dim)
+    padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_head_dim(call.value_dim)
     even, even_v = padded == call.head_dim, padded_v == call.value_dim
     split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "BLOCK_DV": padded_v,
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import dispatch
+from lazytriton import geometry
 from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.trust import indices_trusted
 
@@ -161,10 +161,10 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     dv = int(vc.shape[3])
     if dk != d:
         raise ValueError(f"k_cache has head dim {dk} but q has head dim {d}")
-    if not 1 <= d <= dispatch.MAX_HEAD_DIM:
-        raise ValueError(f"head dim (q.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
-    if not 1 <= dv <= dispatch.MAX_HEAD_DIM:
-        raise ValueError(f"v_cache's head dim (head_dim_v, v_cache.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, "
+    if not 1 <= d <= geometry.MAX_HEAD_DIM:
+        raise ValueError(f"head dim (q.shape[-1]) must be in 1..{geometry.MAX_HEAD_DIM}, got {d}")
+    if not 1 <= dv <= geometry.MAX_HEAD_DIM:
+        raise ValueError(f"v_cache's head dim (head_dim_v, v_cache.shape[-1]) must be in 1..{geometry.MAX_HEAD_DIM}, "
                          f"got {dv}")
     if hk == 0 or hq % hk:
         raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hk}) for GQA/MQA")

@@ -11,7 +11,7 @@ Triton's JIT, which passes them as i32).
 the pointer kernel (``TMA=false``), and dispatch writes it only when true, so
 pointer variants keep the strings they had before it. ``TMA=true`` needs
 ``ALIGN16=true`` and a CUDA target with a tensor memory accelerator (sm_90+);
-dispatch decides (``dispatch.flash_fwd_tma``). It also needs a head dim that
+dispatch decides (``flash_fwd.dispatch.flash_fwd_tma``). It also needs a head dim that
 fills its tile (``EVEN_D``): on the H200 with Triton 3.6, a descriptor store
 with head dim 59 in a 64-wide tile wrote into the columns past head dim,
 though the interpreters clip them.

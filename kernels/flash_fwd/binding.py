@@ -27,9 +27,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import dispatch, runtime, tuning
+from lazytriton import geometry, machine, runtime, tuning
 from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.flash_fwd import FLASH_FWD, VARLEN_POINTERS
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.kernels.flash_fwd.names import NAMES, Names
 from lazytriton.kernels.flash_fwd.score_mods import mod_tensors
@@ -137,7 +138,7 @@ def _fast_check(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> Call | None:
         return None
     b, hq, sq, d = qshape
     bk, hk, sk, dk = kshape
-    if bk != b or dk != d or not 0 < d <= dispatch.MAX_HEAD_DIM or hk == 0 or hq % hk:
+    if bk != b or dk != d or not 0 < d <= geometry.MAX_HEAD_DIM or hk == 0 or hq % hk:
         return None
     if (q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1) and d > 1:
         return None
@@ -231,10 +232,10 @@ def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names
         raise ValueError(f"{names.k} has batch {bk} but {names.q} has batch {b}")
     if dk != d:
         raise ValueError(f"{names.k} has head dim {dk} but {names.q} has head dim {d}")
-    if not 1 <= d <= dispatch.MAX_HEAD_DIM:
-        raise ValueError(f"head dim ({names.q}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {d}")
-    if not 1 <= dv <= dispatch.MAX_HEAD_DIM:
-        raise ValueError(f"{names.v}'s head dim ({names.v}.shape[-1]) must be in 1..{dispatch.MAX_HEAD_DIM}, got {dv}")
+    if not 1 <= d <= geometry.MAX_HEAD_DIM:
+        raise ValueError(f"head dim ({names.q}.shape[-1]) must be in 1..{geometry.MAX_HEAD_DIM}, got {d}")
+    if not 1 <= dv <= geometry.MAX_HEAD_DIM:
+        raise ValueError(f"{names.v}'s head dim ({names.v}.shape[-1]) must be in 1..{geometry.MAX_HEAD_DIM}, got {dv}")
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"{names.q} heads ({hq}) must be a multiple of {names.k}/{names.v} heads ({hk}) for "
                          "GQA/MQA")
@@ -247,9 +248,9 @@ def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names
 
 
 def causal_mode(causal: object, name: str = "causal") -> str:
-    """``causal`` as one of dispatch.CAUSAL_MODES, or a ValueError naming ``name``."""
+    """``causal`` as one of geometry.CAUSAL_MODES, or a ValueError naming ``name``."""
     try:
-        return dispatch.causal_mode(causal)
+        return geometry.causal_mode(causal)
     except ValueError:
         raise ValueError(f"{name} must be False, True, 'top_left' or 'bottom_right', got {shown(causal)}") from None
 
@@ -406,7 +407,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     and never finds such a call's kernel. ``mods`` (ALiBi, bias, dropout)
     lengthens it again, so the keys of windowed and capped calls stay as they were.
     ``head_dim_v`` (v's head dim where it differs, else 0) is appended with a tag.
-    A plain call that ``dispatch.flash_fwd_gluon_fits`` (from its causal
+    A plain call that ``flash_fwd.dispatch.flash_fwd_gluon_fits`` (from its causal
     ``offset`` and ``scale``; without an offset, never) gets ``GLUON_TAIL``
     appended: the one key whose plan may be flash_fwd_gluon, which the buckets
     alone cannot tell from a bucket-mate its tiles do not divide (hot.py appends the same).
@@ -416,8 +417,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     if head_dim_v:
         return key + (window, softcap, *mods, "head_dim_v", head_dim_v)
     if offset is not None and not (window or softcap) and mods == NO_MODS and dtype in DTYPES:
-        tail = gluon_tail(dispatch.flash_fwd_gluon_q_tiles(DTYPES[dtype], shape.head_dim, causal, offset, scale,
-                                                           shape.seqlen_q, shape.seqlen_k))
+        tail = gluon_tail(fwd_dispatch.flash_fwd_gluon_q_tiles(DTYPES[dtype], shape.head_dim, causal, offset, scale,
+                                                               shape.seqlen_q, shape.seqlen_k))
         if tail:
             return key + tail
     if mods != NO_MODS:
@@ -434,18 +435,18 @@ def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned
     flash_fwd_gluon row): that kernel, where target and alignment allow it.
     """
     if gluon and not head_dim_v:
-        found = dispatch.flash_fwd_gluon_default_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned,
-                                                         index64, shape.seqlen_q, shape.seqlen_k)
+        found = fwd_dispatch.flash_fwd_gluon_default_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned,
+                                                             index64, shape.seqlen_q, shape.seqlen_k)
         if found is not None:
             return found
-    return dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
-                                      index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
-                                      alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v)
+    return fwd_dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
+                                          index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
+                                          alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v)
 
 
 def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
     """BLOCK_D, EVEN_D, BLOCK_DV and EVEN_DV for the interpreter (v's head dim: ``head_dim_v``, 0 the same)."""
-    padded, padded_v = dispatch.padded_head_dim(head_dim), dispatch.padded_head_dim(head_dim_v or head_dim)
+    padded, padded_v = geometry.padded_head_dim(head_dim), geometry.padded_head_dim(head_dim_v or head_dim)
     return {"BLOCK_D": padded, "EVEN_D": padded == head_dim, "BLOCK_DV": padded_v,
             "EVEN_DV": padded_v == (head_dim_v or head_dim)}
 
@@ -527,7 +528,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     the driver (module load) or the compiler; that raises ``CaptureError``
     first, naming the variant and the fix (``lazytriton.preload``).
     """
-    found = dispatch.target_of_device(device)
+    found = machine.target_of_device(device)
     chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v,
                      gluon_key(key))
     refuse_loads_in_capture(rt, (chosen,), device, "call lazytriton.preload(...) with this shape (or run the call "
@@ -654,5 +655,5 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv,
                    call.offset, call.scale)
     plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv)
-    return variant(dispatch.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
+    return variant(machine.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
                    call.capped, call.mods, dv, gluon_key(key))

@@ -16,11 +16,11 @@ float32). The binding launches it as it launches flash_fwd
 alternative to flash_fwd, not a second launch.
 
 ``reason`` is the rule, pure: None when the kernel can serve a call, else
-why not. Dispatch asks it (``dispatch.flash_fwd_gluon_variant``), and serves
+why not. Dispatch asks it (``flash_fwd.dispatch.flash_fwd_gluon_variant``), and serves
 the kernel by default for the (dtype, head dim, causal) rows of
-``dispatch.GLUON_TABLE`` (the H200 probe's winners over flash_fwd) to calls
+``flash_fwd.dispatch.GLUON_TABLE`` (the H200 probe's winners over flash_fwd) to calls
 whose memo key carries ``binding.GLUON_TAIL`` (the tiles divide the seqlens).
-Past ``dispatch.GLUON_WIDE``'s bounds it serves the wide tiles
+Past ``flash_fwd.dispatch.GLUON_WIDE``'s bounds it serves the wide tiles
 (``WIDE_CONFIGS``: three consumer warpgroups) instead of the table's row.
 Its source compiles for sm_90 with Triton 3.6.0 and 3.9.0 (the two names
 Triton renamed between them are looked up once at import), so no variant
@@ -51,7 +51,7 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 # (head dim) -> (BLOCK_M, BLOCK_N, num_warps): FlashAttention-3's forward tiles on H100 (128 x 128 at
 # head dims 64 and 128, two consumer warpgroups of 64 rows; 128 x 64 at head dim 256, where a 128-key
 # tile would not fit shared memory beside Q): what ``variant`` takes without tiles.
-# What dispatch serves is dispatch.GLUON_TABLE's (measured on the H200 by experiments/probe_gluon.py,
+# What dispatch serves is flash_fwd.dispatch.GLUON_TABLE's (measured on the H200 by experiments/probe_gluon.py,
 # which sweeps ``configs``).
 DEFAULT_TILES = {64: (128, 128, 8), 128: (128, 128, 8), 256: (128, 64, 8)}  # other head dims: their padded tile's
 # Every (BLOCK_M, BLOCK_N, num_warps) the kernel takes: BLOCK_M = 16 x num_warps (each warp of a
@@ -246,7 +246,7 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     BLOCK_M, the grid's tile, is then q_tiles x BLOCK_M; BLOCK_TILES says how
     many): the descriptors are made once a program, and the producer warp
     loads the next tile's Q and key blocks under this tile's last steps and
-    epilogue. What short sequences gain (``dispatch.GLUON_Q_TILES`` picks the count).
+    epilogue. What short sequences gain (``flash_fwd.dispatch.GLUON_Q_TILES`` picks the count).
     """
     from lazytriton.variant import Variant, pairs
 

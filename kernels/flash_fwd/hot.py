@@ -56,9 +56,10 @@ from typing import Any
 
 import torch
 
-from lazytriton import dispatch, runtime
+from lazytriton import geometry, runtime
 from lazytriton.driver import fastlaunch, hotpath
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
 # Per call: the checks that need no arithmetic, one lookup of everything the tensors' sizes and strides
 # decide (``describe``'s entry), the allocations, the pointers and the launch.
@@ -528,8 +529,8 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
     shapes: dict[tuple[Any, ...], list[Any]] = {}  # this function's entries (``describe``)
     scope: dict[str, Any] = {
         "SHAPES": shapes, "MAX_SHAPES": MAX_SHAPES, "plan_of": plan_of, "DTYPES": binding.DTYPES,
-        "MAX_HEAD_DIM": dispatch.MAX_HEAD_DIM, "gluon_tail": binding.gluon_tail,
-        "gluon_q_tiles": dispatch.flash_fwd_gluon_q_tiles, "INT32_MAX": binding.INT32_MAX,
+        "MAX_HEAD_DIM": geometry.MAX_HEAD_DIM, "gluon_tail": binding.gluon_tail,
+        "gluon_q_tiles": fwd_dispatch.flash_fwd_gluon_q_tiles, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
         "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
         "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,

@@ -1,6 +1,6 @@
 """Where flash_fwd's TMA descriptors can work at all: the hard part of the TMA rule.
 
-Dispatch adds its policy on top (``dispatch.flash_fwd_tma``: off by default, sm_90 and fp16/bf16 only);
+Dispatch adds its policy on top (``flash_fwd.dispatch.flash_fwd_tma``: off by default, sm_90 and fp16/bf16 only);
 a variant string that says ``TMA=true`` is checked against this part (``variant.check``).
 """
 

@@ -39,7 +39,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import dispatch, runtime
+from lazytriton import machine, runtime
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_fwd import FLASH_FWD, MOD_POINTERS, VARLEN_POINTERS, score_mods
@@ -247,7 +248,7 @@ BACKWARD = (FLASH_BWD_DQ.name, FLASH_BWD_DKDV.name)
 def _plan(rt: Any, key: tuple[Any, ...], kernels: tuple[str, ...], tile: tuple[str, ...], device: torch.device,
           dtype: torch.dtype, vc: VarlenCall, aligned: bool, index64: bool) -> tuple[Any, ...]:
     """(kernel, its grid tile, ...) for ``kernels``, memoised in ``rt.plans``; refused during a CUDA graph capture."""
-    chosen = variants(kernels, dispatch.target_of_device(device), dtype, vc, aligned, index64)
+    chosen = variants(kernels, machine.target_of_device(device), dtype, vc, aligned, index64)
     fwd.refuse_loads_in_capture(rt, chosen, device, "run the varlen call once with this shape (forward and "
                                 "backward) before the capture")
     entry = tuple(item for variant, name in zip(chosen, tile, strict=True)

@@ -68,5 +68,5 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
         functional["PAGED"] = True
     options = {"num_warps": NUM_WARPS, "num_stages": 1}
     if target.backend == "hip":
-        options["waves_per_eu"] = 2  # the decoding kernels' AMD default (dispatch.decode_default_config); untuned
+        options["waves_per_eu"] = 2  # the decoding kernels' AMD default (decode_default_config); untuned
     return Variant(FAMILY, str(target), dtype, pairs(functional), pairs({"BLOCK_M": BLOCK_M}), pairs(options))

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import dispatch, runtime
+from lazytriton import geometry, machine, runtime
 from lazytriton.kernels.flash_decode.checks import DTYPES, INT32_MAX, Call, Inputs
 from lazytriton.kernels.kv_append import BLOCK_M, FAMILY, INT_PARAMS, KV_APPEND, grid, variant
 
@@ -96,7 +96,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
     found = rt.plans.get(key)
     if found is not None:
         return found
-    chosen = variant(dispatch.target_of_device(device), DTYPES[dtype], call.head_dim, call.head_dim_v, call.paged,
+    chosen = variant(machine.target_of_device(device), DTYPES[dtype], call.head_dim, call.head_dim_v, call.paged,
                      aligned, index64)
     refuse_loads_in_capture(rt, (chosen,), device, "run flash_attn_with_kvcache once with new keys of this shape "
                             "before the capture")
@@ -107,7 +107,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
 
 def interpreter_constexprs(call: Call) -> dict[str, Any]:
     """The constexprs for Triton's interpreter (a small row tile, so several programs run on test shapes)."""
-    padded, padded_v = dispatch.padded_head_dim(call.head_dim), dispatch.padded_head_dim(call.value_dim)
+    padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_head_dim(call.value_dim)
     return {"BLOCK_M": 4, "BLOCK_D": padded, "EVEN_D": padded == call.head_dim, "BLOCK_DV": padded_v,
             "EVEN_DV": padded_v == call.value_dim, "PAGED": call.paged}
 

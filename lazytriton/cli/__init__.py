@@ -53,7 +53,7 @@ def _device() -> tuple[str | None, str | None, str]:
         return None, None, "none (torch not installed)"
     if not torch.cuda.is_available():
         return None, None, "none (CPU only: calls on CPU tensors run through Triton's interpreter)"
-    from lazytriton.dispatch import target_of_device
+    from lazytriton.machine import target_of_device
 
     index = torch.cuda.current_device()
     return f"cuda:{index} {torch.cuda.get_device_name(index)}", str(target_of_device(index)), ""

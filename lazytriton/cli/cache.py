@@ -411,7 +411,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 def add_parser(sub: Any) -> None:
     """Register ``cache`` and its subcommands on the ``lazytriton`` parser's subparsers."""
-    from lazytriton.dispatch import CAUSAL_MODES
+    from lazytriton.geometry import CAUSAL_MODES
     from lazytriton.kernels import FAMILIES
     from lazytriton.variant import DTYPES
 

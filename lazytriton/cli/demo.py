@@ -15,9 +15,12 @@ import time
 
 import torch
 
-from lazytriton import dispatch, runtime
+from lazytriton import machine, runtime
 from lazytriton.cli.report import plural
 from lazytriton.flash import attn_fwd
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
 
 
@@ -50,7 +53,7 @@ def run_cpu() -> int:
     b, h, s, d, causal = 1, 4, 128, 64, True
     print(f"no GPU used: the cache is shown on the {target} entry a GPU would launch; "
           "the numbers come from Triton's interpreter")
-    variant = dispatch.flash_fwd_variant(target, "bf16", d, causal, True, s)
+    variant = fwd_dispatch.flash_fwd_variant(target, "bf16", d, causal, True, s)
     print(f"variant: {variant}")
     cold = rt.resolve(variant)
     print(f"cold lookup: {cold.seconds * 1e3:9.2f} ms  served by {_source_label(cold.source)}")
@@ -76,7 +79,7 @@ def _backward_cpu(rt: runtime.Runtime, target: Target, q: torch.Tensor, k: torch
     from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
 
     b, h, s, d = q.shape
-    for kernel in dispatch.BWD_KERNELS:
+    for kernel in bwd_dispatch.BWD_KERNELS:
         variant = dispatch.kernel_variant(kernel, target, "bf16", d, causal, True, s, s)
         cold, warm = rt.resolve(variant), rt.resolve(variant)
         print(f"backward {kernel}: cold {cold.seconds * 1e3:.2f} ms ({_source_label(cold.source)}), "
@@ -102,7 +105,7 @@ def run_gpu() -> int:
     q, k, v = (torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16) for _ in range(3))
     torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # CUDA and cuBLAS init, off the clock
     torch.cuda.synchronize()
-    print(f"GPU: {torch.cuda.get_device_name(device)} ({dispatch.target_of_device(device)})")
+    print(f"GPU: {torch.cuda.get_device_name(device)} ({machine.target_of_device(device)})")
     for label in ("cold", "warm"):
         before = dict(rt.served)
         start = time.perf_counter()

@@ -25,7 +25,7 @@ def _explain_target(text: str | None) -> tuple[Any, str]:
         import torch
 
         if torch.cuda.is_available():
-            from lazytriton.dispatch import target_of_device
+            from lazytriton.machine import target_of_device
 
             return target_of_device(torch.cuda.current_device()), "detected"
     except ImportError:
@@ -51,10 +51,14 @@ def explain_report(args: argparse.Namespace) -> Report:
     (None: the default), tiers and ``served_by``. A single kernel's report
     (``flash_fwd``, the default) also carries those fields at the top level.
     """
-    from lazytriton import dispatch
+    from lazytriton import geometry
+    from lazytriton.kernels import attention, dispatch
+    from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+    from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+    from lazytriton.tiles import Config
 
     target, how = _explain_target(args.target)
-    causal = dispatch.causal_mode(args.causal if args.causal != "none" else False) != "none"
+    causal = geometry.causal_mode(args.causal if args.causal != "none" else False) != "none"
     seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
     if args.seqlen_q < 1:  # a call without queries launches nothing: there is no kernel to explain
         raise ValueError(f"--seqlen-q must be >= 1, got {args.seqlen_q}")
@@ -75,19 +79,20 @@ def explain_report(args: argparse.Namespace) -> Report:
 
             variant = kv_append.variant(target, args.dtype, args.head_dim, dim_v, page > 0, not args.unaligned,
                                         args.index64)
-            config, row = dispatch.Config(int(variant.get("BLOCK_M")), 0, int(variant.get("num_warps")), 1), None
-        elif name in dispatch.DECODE_KERNELS:  # seqlen_q: query rows per kv head; seqlen_k: the cache's length
+            config, row = Config(int(variant.get("BLOCK_M")), 0, int(variant.get("num_warps")), 1), None
+        elif name in decode_dispatch.DECODE_KERNELS:  # seqlen_q: query rows per kv head; seqlen_k: the cache's length
             dim = max(args.head_dim, head_dim_v) if name == "flash_decode_split" else head_dim_v
-            config, row = dispatch.decode_config(name, target, args.dtype, dim, causal, args.seqlen_q,
-                                                 seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
-            variant = dispatch.decode_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                              args.seqlen_q, seqlen_k, index64=args.index64, page_size=page,
-                                              paged=page > 0, window=flags["window"], softcap=flags["softcap"],
-                                              alibi=flags["alibi"], head_dim_v=dim_v)
+            config, row = decode_dispatch.decode_config(name, target, args.dtype, dim, causal, args.seqlen_q,
+                                                        seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
+            variant = decode_dispatch.decode_variant(name, target, args.dtype, args.head_dim, causal,
+                                                     not args.unaligned, args.seqlen_q, seqlen_k, index64=args.index64,
+                                                     page_size=page, paged=page > 0, window=flags["window"],
+                                                     softcap=flags["softcap"],
+                                                     alibi=flags["alibi"], head_dim_v=dim_v)
         else:
             config, row = dispatch.kernel_config(name, target, args.dtype, max(args.head_dim, head_dim_v), causal,
                                                  args.seqlen_q, seqlen_k,
-                                                 split=dispatch.split_chunks(name, args.head_dim, dim_v) is not None)
+                                                 split=attention.split_chunks(name, args.head_dim, dim_v) is not None)
             variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
                                               args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen,
                                               window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
@@ -98,9 +103,9 @@ def explain_report(args: argparse.Namespace) -> Report:
                         "tuning": None if row is None else asdict(row), **tier_verdicts(rt, key)})
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "head_dim_v": head_dim_v,
-            "padded_head_dim": dispatch.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
+            "padded_head_dim": geometry.padded_head_dim(args.head_dim), "seqlen_q": args.seqlen_q,
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
-            "seq16": any(dispatch.seq_aligned(name, not args.unaligned, args.seqlen_q, seqlen_k, varlen)
+            "seq16": any(bwd_dispatch.seq_aligned(name, not args.unaligned, args.seqlen_q, seqlen_k, varlen)
                          for name in kernels), "varlen": varlen, "target": str(target), "target_source": how, **flags,
             **({"page_size": page} if page else {})}
     report: Report = {"call": call, "kernels": reports}
@@ -124,8 +129,8 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     """
     import torch
 
-    from lazytriton import dispatch
     from lazytriton.kernels.flash_decode import checks as decode
+    from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
     from lazytriton.kernels.flash_fwd import binding
     from lazytriton.kernels.flash_fwd import varlen as packed
 
@@ -141,7 +146,7 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     window = (1, 0) if flags["window"] else binding.NO_WINDOW
     softcap = 1.0 if flags["softcap"] else 0.0
     try:
-        if any(name in dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels):
+        if any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels):
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
                           window, softcap)
         elif varlen:

@@ -45,13 +45,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lazytriton import dispatch, tuning
+from lazytriton import geometry, machine, tuning
 from lazytriton.cli import tune_compile
 from lazytriton.cli.timing import event_ms
 from lazytriton.cli.tune_compile import compile_all as compile_all  # re-exported: lazytriton.cli.tune.compile_all
 from lazytriton.driver.gpu import DriverError
 from lazytriton.fsutil import write_atomically
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 DEFAULT_PAIRS = ((16, 4096), (128, 128), (1024, 1024), (4096, 4096), (16384, 16384))
@@ -64,15 +66,15 @@ _WIDE = ((128, 64, 8, 4), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (6
 _NARROW = ((16, 64, 4, 3), (16, 128, 4, 3), (16, 32, 4, 3), (16, 64, 4, 4), (16, 128, 8, 3))
 
 
-def candidates(dtype: str, head_dim: int, seqlen_q: int) -> list[dispatch.Config]:
+def candidates(dtype: str, head_dim: int, seqlen_q: int) -> list[Config]:
     """Configs worth timing for a group (pure)."""
     base: Sequence[tuple[int, int, int, int]] = _NARROW if seqlen_q <= 16 else _WIDE
     if head_dim >= 256 or dtype == "fp32":  # large tiles do not fit in shared memory: small ones, or 2 stages
         base = list(dict.fromkeys(
             c for w in base for c in ((w, (*w[:3], 2)) if w[0] * w[1] <= 64 * 64 else ((*w[:3], 2),))
             if c[0] * c[1] <= 128 * 64))
-    configs = [dispatch.Config(*c) for c in base if c[0] <= max(16, tuning.bucket(seqlen_q))]
-    return configs or [dispatch.Config(16, 32, 4, 2)]
+    configs = [Config(*c) for c in base if c[0] <= max(16, tuning.bucket(seqlen_q))]
+    return configs or [Config(16, 32, 4, 2)]
 
 
 def fitting(variants: Sequence[Variant]) -> list[Variant]:
@@ -117,8 +119,8 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    plans = {(sq, sk): fitting([dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c,
-                                                           seqlen_k=sk) for c in candidates(dtype, head_dim, sq)])
+    plans = {(sq, sk): fitting([fwd_dispatch.flash_fwd_variant(target, dtype, head_dim, causal, True, sq, config=c,
+                                                               seqlen_k=sk) for c in candidates(dtype, head_dim, sq)])
              for sq, sk in pairs}
     failures = tune_compile.compile_all([v for vs in plans.values() for v in vs], jobs)
     rows = []
@@ -148,7 +150,7 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
             print(f"  no candidate worked for {dtype} hd{head_dim} causal={causal} {sq}x{sk}", file=sys.stderr)
             continue
         tflops, variant = best
-        row_head_dim = head_dim if dict(variant.functional).get("BLOCK_D2") else dispatch.padded_head_dim(head_dim)
+        row_head_dim = head_dim if dict(variant.functional).get("BLOCK_D2") else geometry.padded_head_dim(head_dim)
         rows.append(tuning.Row(str(target), "flash_fwd", dtype, row_head_dim, causal,
                                tuning.bucket(sq), tuning.bucket(sk), int(variant.get("BLOCK_M")),
                                int(variant.get("BLOCK_N")), int(variant.get("num_warps")),
@@ -162,7 +164,7 @@ def _csv_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-CAUSAL_MODES = dispatch.CAUSAL_MODES  # prewarm's and cache explain's spelling
+CAUSAL_MODES = geometry.CAUSAL_MODES  # prewarm's and cache explain's spelling
 # "causal" is prewarm's alias of top_left; "both" (none,top_left) is read too, unlisted, for scripts that pass it.
 _CAUSAL_ALIASES = {"causal": "top_left", "both": "none,top_left"}
 
@@ -194,10 +196,10 @@ def _dtypes(text: str) -> list[str]:
 
 def _head_dims(text: str) -> list[int]:
     values = _csv_list(text)
-    bad = [v for v in values if not v.isdigit() or not 1 <= int(v) <= dispatch.MAX_HEAD_DIM] or (
+    bad = [v for v in values if not v.isdigit() or not 1 <= int(v) <= geometry.MAX_HEAD_DIM] or (
         [] if values else [text])
     if bad:
-        raise argparse.ArgumentTypeError(f"--head-dim must be integers in 1..{dispatch.MAX_HEAD_DIM}, "
+        raise argparse.ArgumentTypeError(f"--head-dim must be integers in 1..{geometry.MAX_HEAD_DIM}, "
                                          f"got {bad[0]!r}")
     return [int(v) for v in values]
 
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print("lazytriton tune: no GPU here (torch.cuda.is_available() is False); tune times kernels on the GPU "
               "it runs on", file=sys.stderr)
         return 1
-    target = dispatch.target_of_device(torch.cuda.current_device())
+    target = machine.target_of_device(torch.cuda.current_device())
     gpu = torch.cuda.get_device_name()
     causal = tuple(dict.fromkeys(args.causal)) if args.causal else (False, True)
     rows: list[tuning.Row] = []

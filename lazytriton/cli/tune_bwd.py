@@ -26,14 +26,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lazytriton import dispatch, tuning
+from lazytriton import geometry, tuning
 from lazytriton.cli import tune_compile
 from lazytriton.cli.timing import event_ms
 from lazytriton.driver.gpu import DriverError
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
-KERNELS = dispatch.BWD_KERNELS
+KERNELS = bwd_dispatch.BWD_KERNELS
 MAX_ERROR = 2e-2  # relative (Frobenius) error of each gradient against the float32 reference
 
 # (held, streamed, num_warps, num_stages): "held" is the tile a program keeps (BLOCK_M query rows in dq,
@@ -84,8 +87,8 @@ SPLIT_DKDV_HELD = 64  # the most key rows a dK/dV candidate holds at a split hea
 SPLIT_SHARED = 227 * 1024
 
 
-def proposed_large_default(kernel: str, target: Target) -> dispatch.Config:
-    """The default this branch proposes for ``dispatch.bwd_default_config`` at head dim 256, fp16/bf16, CUDA.
+def proposed_large_default(kernel: str, target: Target) -> Config:
+    """The default this branch proposes for ``flash_bwd.dispatch.bwd_default_config`` at head dim 256, fp16/bf16, CUDA.
 
     Not wired in (dispatch's backward is another branch's); the tune measures
     it among the candidates. Configs are BLOCK_M/BLOCK_N/warps/stages (BLOCK_M
@@ -108,8 +111,8 @@ def proposed_large_default(kernel: str, target: Target) -> dispatch.Config:
     limits = KNOWN_TARGETS.get(str(target))
     small = limits is not None and limits.shared < 128 * 1024  # sm_86, sm_89, sm_120: 99 KiB a block
     if kernel == "flash_bwd_dq":
-        return dispatch.Config(64, 16 if small else 32, 8, 2)
-    return dispatch.Config(32, 32 if small else 64, 8, 2)
+        return Config(64, 16 if small else 32, 8, 2)
+    return Config(32, 32 if small else 64, 8, 2)
 
 
 # time(dq variant, dkdv variant) -> (median ms of the pair, worst relative error of dq, dk, dv)
@@ -122,7 +125,7 @@ def own_seqlen(kernel: str, seqlen_q: int, seqlen_k: int) -> int:
 
 
 def candidates(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q: int,
-               seqlen_k: int) -> list[dispatch.Config]:
+               seqlen_k: int) -> list[Config]:
     """Configs worth timing for one kernel and shape (pure).
 
     Held tiles are no longer than the rows a program holds; a config whose
@@ -142,12 +145,12 @@ def candidates(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     rows = tuning.bucket(own_seqlen(kernel, seqlen_q, seqlen_k))
-    padded = dispatch.padded_head_dim(head_dim)
+    padded = geometry.padded_head_dim(head_dim)
     if rows <= 16:
         base = _NARROW
     elif padded >= LARGE_HEAD_DIM:
         base = _LARGE_DQ if kernel == "flash_bwd_dq" else _LARGE_DKDV
-        split = dispatch.split_head_dim(head_dim)
+        split = geometry.split_head_dim(head_dim)
         if split is not None:  # 160, 192: accumulators of their width, not 256's; tiles whose ring fits
             base = base + tuple(c for c in _WIDE if (kernel == "flash_bwd_dq" or c[0] <= SPLIT_DKDV_HELD)
                                 and (2 * c[0] + 2 * c[1] * c[3]) * sum(split) * 2 <= SPLIT_SHARED)
@@ -157,18 +160,18 @@ def candidates(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q:
     for held, streamed, warps, stages in base:
         if held > max(16, rows):
             continue
-        configs.append(dispatch.Config(held, streamed, warps, stages) if kernel == "flash_bwd_dq"
-                       else dispatch.Config(streamed, held, warps, stages))
-    default = dispatch.bwd_default_config(kernel, target, dtype, padded, seqlen_q, seqlen_k)
+        configs.append(Config(held, streamed, warps, stages) if kernel == "flash_bwd_dq"
+                       else Config(streamed, held, warps, stages))
+    default = bwd_dispatch.bwd_default_config(kernel, target, dtype, padded, seqlen_q, seqlen_k)
     if target.backend == "hip":
-        configs = [dispatch.Config(c.block_m, c.block_n, c.num_warps, min(c.num_stages, 2), 2) for c in configs]
+        configs = [Config(c.block_m, c.block_n, c.num_warps, min(c.num_stages, 2), 2) for c in configs]
     fitting = [c for c in dict.fromkeys(configs)
                if refusal(_variant(kernel, target, dtype, head_dim, False, seqlen_q, seqlen_k, c)) is None]
     return [default, *(c for c in fitting if c != default)]
 
 
 def _variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
-             config: dispatch.Config | None, table: tuning.Table | None = None) -> Variant:
+             config: Config | None, table: tuning.Table | None = None) -> Variant:
     return dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, True, seqlen_q, seqlen_k, config=config,
                                    table=table)
 
@@ -210,7 +213,7 @@ def row_for(variant: Variant, seqlen_q: int, seqlen_k: int, tflops: float, gpu: 
     """
     split = bool(dict(variant.functional).get("BLOCK_D2"))
     return tuning.Row(variant.target, variant.kernel, variant.dtype,
-                      head_dim if split else dispatch.padded_head_dim(head_dim),
+                      head_dim if split else geometry.padded_head_dim(head_dim),
                       bool(variant.get("CAUSAL")), tuning.bucket(seqlen_q), tuning.bucket(seqlen_k),
                       int(variant.get("BLOCK_M")), int(variant.get("BLOCK_N")), int(variant.get("num_warps")),
                       int(variant.get("num_stages")), int(dict(variant.options).get("waves_per_eu", 0)),

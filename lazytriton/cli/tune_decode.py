@@ -40,20 +40,22 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from lazytriton import dispatch, tuning
+from lazytriton import geometry, tuning
 from lazytriton.cli import tune_compile
 from lazytriton.driver.gpu import DriverError
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.target import Target
+from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
-SPLIT, COMBINE = dispatch.DECODE_KERNELS
+SPLIT, COMBINE = decode_dispatch.DECODE_KERNELS
 MAX_ERROR = 2e-2  # max abs error of batch 0's output against a float32 reference (bench_decode.py's rule)
 DEFAULT_BATCHES = (1, 8, 32, 64)
 DEFAULT_LENGTHS = (1024, 4096, 16384, 32768)
 DEFAULT_HEADS = ((32, 8),)  # bench_decode.py's GQA (Llama-3-8B); add 32/32 (MHA) or 64/8 for other buckets
 DEFAULT_PAGE = 256
 
-# (BLOCK_N, num_warps, num_stages) of the split kernel, BLOCK_M fixed by the rows (dispatch.decode_rows_class).
+# (BLOCK_N, num_warps, num_stages) of the split kernel, BLOCK_M fixed by the rows (decode_rows_class).
 # Around the default (64, 4, 3; paged 5 stages): key tiles of 32-256 keys (16-64 KB of K and V a step at head dim
 # 128), 2-8 warps, 2-5 stages. Not measured yet: this is the grid the first run on the H200 measures.
 _SPLIT = ((64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 4, 5), (64, 8, 3), (64, 2, 3), (128, 4, 2), (128, 4, 3),
@@ -123,7 +125,7 @@ def by_bucket(cases: Sequence[Case]) -> dict[tuple[int, int], list[Case]]:
     return groups
 
 
-def _fits(target: Target, dtype: str, head_dim: int, cfg: dispatch.Config) -> bool:
+def _fits(target: Target, dtype: str, head_dim: int, cfg: Config) -> bool:
     """Whether the split kernel's K and V stages fit the target's shared memory (a lower bound; unknown: yes)."""
     from lazytriton.prewarm.limits import KNOWN_TARGETS
 
@@ -132,48 +134,49 @@ def _fits(target: Target, dtype: str, head_dim: int, cfg: dispatch.Config) -> bo
         return True
     size = 4 if dtype == "fp32" else 2
     buffers = max(1, cfg.num_stages - 1)
-    return buffers * 2 * cfg.block_n * dispatch.padded_head_dim(head_dim) * size <= limits.shared
+    return buffers * 2 * cfg.block_n * geometry.padded_head_dim(head_dim) * size <= limits.shared
 
 
-def candidates(kernel: str, target: Target, dtype: str, head_dim: int, rows: int) -> list[dispatch.Config]:
+def candidates(kernel: str, target: Target, dtype: str, head_dim: int, rows: int) -> list[Config]:
     """Configs worth timing for one kernel and rows bucket (pure): dispatch's default first, then the grid.
 
     Split tiles wider than 64 keys are left out at head dim 256 and fp32
     (registers), and any whose K/V stages cannot fit the target's shared
     memory; AMD gets at most 2 stages and waves_per_eu 2, as its default.
     """
-    if kernel not in dispatch.DECODE_KERNELS:
-        raise ValueError(f"kernel must be one of {dispatch.DECODE_KERNELS}, got {kernel!r}")
-    padded = dispatch.padded_head_dim(head_dim)
-    default = dispatch.decode_default_config(kernel, target, dtype, padded, rows)
+    if kernel not in decode_dispatch.DECODE_KERNELS:
+        raise ValueError(f"kernel must be one of {decode_dispatch.DECODE_KERNELS}, got {kernel!r}")
+    padded = geometry.padded_head_dim(head_dim)
+    default = decode_dispatch.decode_default_config(kernel, target, dtype, padded, rows)
     hip = target.backend == "hip"
     waves = 2 if hip else 0
     if kernel == COMBINE:
-        configs = [dispatch.Config(m, n, w, 1, waves) for m, n, w in _COMBINE]
+        configs = [Config(m, n, w, 1, waves) for m, n, w in _COMBINE]
     else:
-        block_m = dispatch.decode_rows_class(rows)
+        block_m = decode_dispatch.decode_rows_class(rows)
         wide = padded == 256 or dtype == "fp32"
-        configs = [dispatch.Config(block_m, n, w, min(s, 2) if hip else s, waves) for n, w, s in _SPLIT
+        configs = [Config(block_m, n, w, min(s, 2) if hip else s, waves) for n, w, s in _SPLIT
                    if not (wide and n > 64)]
         configs = [c for c in configs if _fits(target, dtype, padded, c)]
     return [default, *(c for c in dict.fromkeys(configs) if c != default)]
 
 
-def variant_for(kernel: str, target: Target, case: Case, config: dispatch.Config | None,
+def variant_for(kernel: str, target: Target, case: Case, config: Config | None,
                 table: tuning.Table | None = None) -> Variant:
     """The variant a call of ``case`` runs with ``config`` (None: dispatch's choice), aligned and 32-bit (pure)."""
     page = case.page_size if case.paged else 0
-    return dispatch.decode_variant(kernel, target, case.dtype, case.head_dim, False, True, case.rows, case.capacity,
-                                   config=config, table=table, page_size=page, paged=case.paged and kernel == SPLIT)
+    return decode_dispatch.decode_variant(kernel, target, case.dtype, case.head_dim, False, True, case.rows,
+                                          case.capacity, config=config, table=table, page_size=page,
+                                          paged=case.paged and kernel == SPLIT)
 
 
-def cut_to_page(config: dispatch.Config, case: Case) -> dispatch.Config:
+def cut_to_page(config: Config, case: Case) -> Config:
     """A split config as dispatch serves it to ``case``: BLOCK_N no wider than the page allows."""
     if not case.paged:
         return config
-    limit = dispatch.page_block_limit(case.page_size)
-    return dispatch.Config(config.block_m, min(config.block_n, limit), config.num_warps, config.num_stages,
-                           config.waves_per_eu)
+    limit = decode_dispatch.page_block_limit(case.page_size)
+    return Config(config.block_m, min(config.block_n, limit), config.num_warps, config.num_stages,
+                  config.waves_per_eu)
 
 
 def sweep_variants(target: Target, cases: Sequence[Case], table: tuning.Table | None = None

@@ -1,0 +1,70 @@
+"""Any kernel's variant and config for a call described by its sizes: the kernel's family answers.
+
+Prewarm, ``cache explain``, tune and the C API describe calls by their sizes and ask here. The family comes
+from the registry (``kernels.FAMILIES``), and its ``dispatch`` module has ``variant`` and ``kernel_config``
+with the signatures below; a new family adds its folder and its line in the registry, nothing here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+
+from lazytriton import tuning
+from lazytriton.kernels import family_of
+from lazytriton.target import Target
+from lazytriton.tiles import Config
+from lazytriton.variant import Variant
+
+
+@functools.cache
+def family_dispatch(kernel: str) -> ModuleType:
+    """The ``dispatch`` module of ``kernel``'s family (ValueError: an unknown kernel, or one without choices)."""
+    family = family_of(kernel)
+    try:
+        return importlib.import_module(f"{__package__}.{family}.dispatch")
+    except ModuleNotFoundError:
+        raise ValueError(f"kernel {kernel!r} has no dispatch rules (its family {family} chooses its variant "
+                         "in its binding)") from None
+
+
+def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
+                  seqlen_k: int, table: tuning.Table | None = None, paged: bool = False,
+                  split: bool | None = None) -> tuple[Config, tuning.Row | None]:
+    """The config of any kernel for a call: its tuning table's row, else its default; and the row used.
+
+    ``paged``: a decoding call on a paged cache; ``split``: whether the
+    variant runs in split tiles (None: as this head dim's call does by default).
+    """
+    return family_dispatch(kernel).kernel_config(  # type: ignore[no-any-return]
+        kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table, paged, split)
+
+
+def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+                   seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
+                   table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
+                   softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
+                   paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
+                   split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+    """The variant of any kernel serving a call (pure, given the table).
+
+    Every attention kernel has the same functional fields (padded head dim,
+    causal, EVEN_D, ALIGN16, INDEX64) and sees seqlens only through their
+    buckets, so the hot paths' memo keys may stand for them. The feature flags
+    (``window``, ``softcap``, ``alibi``, ``bias``, ``dropout``, ``varlen``;
+    ``paged`` for the decoding kernels) are written ``NAME=true`` only when
+    set, so the strings of calls without them are unchanged; the window and the
+    cap themselves are runtime arguments, and the tiles are the plain call's.
+    Varlen seqlens are the call's max_seqlen_q/max_seqlen_k. ``head_dim_v``
+    (0: ``head_dim``): v's head dim (DeepSeek's MLA: q/k 192, v 128); the
+    tiles are those of the larger head dim. ``split_d``: split tiles
+    (``kernels.attention.split_chunks``). Each family adds its own: flash_fwd's
+    ``tma`` (``kernels.flash_fwd.dispatch``), the backward's ``seq16``
+    (``kernels.flash_bwd.dispatch``); the decoding kernels read ``seqlen_q`` as
+    query rows per key/value head and ``seqlen_k`` as the cache's capacity
+    (``kernels.flash_decode.dispatch``).
+    """
+    return family_dispatch(kernel).variant(  # type: ignore[no-any-return]
+        kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64, table, tma, window,
+        softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16)

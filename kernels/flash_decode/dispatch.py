@@ -1,0 +1,145 @@
+"""flash_decode's choices: the split and combine kernels' default tiles, their tuning rows, and their variants.
+
+Pure, given the tuning table. Prewarm, ``cache explain`` and tune describe a decoding call by its query rows
+per key/value head and its cache capacity, as the binding does.
+"""
+
+from __future__ import annotations
+
+from lazytriton import tuning
+from lazytriton.geometry import padded_head_dim
+from lazytriton.target import Target
+from lazytriton.tiles import SMALL_SHARED_CUDA, Config
+from lazytriton.variant import Variant, pairs
+
+DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
+
+
+def decode_rows_class(rows: int) -> int:
+    """BLOCK_M for ``rows`` packed query rows per key/value head (group size x seqlen_q): 16, 32 or 64."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+
+
+def page_block_limit(page_size: int) -> int:
+    """The largest BLOCK_N that divides ``page_size`` (its largest power-of-two divisor); 0 (contiguous): none."""
+    return page_size & -page_size if page_size > 0 else 1 << 30
+
+
+def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int, rows: int,
+                          page_size: int = 0, paged: bool = False) -> Config:
+    """A sane decoding config when the tuning table has no row (it never errors). Untuned: no GPU measured it yet.
+
+    Decoding reads the whole cache once per call and is bound by memory, not
+    by tensor cores, so the split kernel takes the smallest query tile a dot
+    allows (16 rows: a GQA group of 4 with one query fills 4 of them) and key
+    tiles of 64 rows (128 at head dim <= 64 contiguous, 32 at head dim 256 or fp32), 4 warps,
+    3 stages of loads in flight where shared memory allows (2 on the 99 KiB
+    targets and AMD). A paged call's BLOCK_N must divide its page size, so
+    pages of 16 or 32 keys take tiles of 16 or 32. A paged call reads its
+    block table inside the loop, and Triton's pipeliner gives that read a
+    stage of its own: at 3 (and 4) stages the K and V tiles get one buffer,
+    at 5 two, as the contiguous kernel has at 3 (Triton 3.9's TTGIR for
+    sm_90, bf16, head dim 128: 71696 bytes of shared memory at 5 stages,
+    38928 at 3 and 4; 71680 for the contiguous kernel at 3). So paged calls
+    on CUDA take 5 stages (at most 76 KB, under the 99 KiB targets' limit).
+    Not measured on a GPU yet. The combine kernel reads 16 rows x 16 splits
+    of logsumexp at a time.
+    """
+    if kernel not in DECODE_KERNELS:
+        raise ValueError(f"kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
+    hip = target.backend == "hip"
+    waves = 2 if hip else 0
+    if kernel == "flash_decode_combine":
+        return Config(16, 16, 4, 1, waves)
+    # Equal bytes per tile across head dims (16 KB of K and 16 KB of V per step at 16 bits): 128 keys at
+    # head dim <= 64, 64 at 128, 32 at 256 or fp32 (registers). Until the table has rows (lazytriton tune
+    # --kernel flash_decode), head dim 64 read 8 KB tiles at 64 keys. A paged call keeps at most 64 keys, so
+    # that one default binary serves every page size that is a multiple of 64 (what prewarm plans).
+    block_n = 32 if head_dim == 256 or dtype == "fp32" else 128 if head_dim <= 64 and not paged else 64
+    stages = 2 if hip or target.capability in SMALL_SHARED_CUDA else 3
+    if paged and not hip:
+        stages = 5
+    return Config(decode_rows_class(rows), min(block_n, page_block_limit(page_size)), 4, stages, waves)
+
+
+def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, rows: int, capacity: int,
+                  page_size: int = 0, table: tuning.Table | None = None,
+                  paged: bool = False) -> tuple[Config, tuning.Row | None]:
+    """A decoding kernel's config: its tuning row (rows: seqlen_q column, cache capacity: seqlen_k), else the default.
+
+    A row's BLOCK_N is cut down to what the page size allows.
+    """
+    padded = padded_head_dim(head_dim)
+    rows_table = tuning.table_for(kernel) if table is None else table
+    row = tuning.lookup(rows_table, str(target), kernel, dtype, padded, causal, rows, capacity)
+    if row is None:
+        return decode_default_config(kernel, target, dtype, padded, rows, page_size, paged), None
+    limit = page_block_limit(page_size) if kernel == "flash_decode_split" else 1 << 30
+    return Config(min(row.BLOCK_M, 64), min(row.BLOCK_N, limit), row.num_warps, row.num_stages,
+                  row.waves_per_eu), row
+
+
+def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, rows: int,
+                   capacity: int, config: Config | None = None, index64: bool = False,
+                   table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
+                   window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0) -> Variant:
+    """The variant of a decoding kernel serving a call (pure, given the table).
+
+    ``rows``: query rows per key/value head (group size x seqlen_q), seen
+    through their bucket; ``capacity``: the cache's length per sequence
+    (table lookup only). The split kernel's functional fields are the
+    attention kernels' (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64) plus the
+    flags PAGED, WINDOW, SOFTCAP and ALIBI, written only when true; the
+    combine kernel has only ALIGN16, BLOCK_D, EVEN_D and INDEX64 (it sees no
+    scores). With one query a causal mask hides nothing: the binding asks for
+    CAUSAL=false then, so both share a binary. ``head_dim_v`` (0: the same
+    as ``head_dim``): v's head dim; the split kernel gets ``BLOCK_DV``/``EVEN_DV``
+    where its padded size or evenness differs (the attention kernels' rule) and
+    the tiles of the larger head dim; the combine kernel sees only outputs, so
+    its head dim is v's.
+    """
+    dv = head_dim_v or head_dim
+    if kernel == "flash_decode_combine":
+        head_dim = dv
+    padded, padded_v = padded_head_dim(head_dim), padded_head_dim(dv)
+    sq, sk = tuning.bucket(rows), tuning.bucket(capacity)
+    cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
+                                  paged and kernel == "flash_decode_split")[0]
+    functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
+                                         "INDEX64": bool(index64)}
+    if (padded_v, dv == padded_v) != (padded, head_dim == padded):
+        functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
+    if kernel == "flash_decode_split":
+        functional["CAUSAL"] = bool(causal)
+        for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi)):
+            if flag:
+                functional[name] = True
+    return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
+
+
+def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
+                  seqlen_k: int, table: tuning.Table | None = None, paged: bool = False,
+                  split: bool | None = None) -> tuple[Config, tuning.Row | None]:
+    """``kernels.dispatch.kernel_config`` for this family: ``decode_config`` (``paged`` for the split kernel only).
+
+    ``seqlen_q`` is the query rows per key/value head and ``seqlen_k`` the cache's capacity; ``split`` does not
+    apply (no split tiles).
+    """
+    return decode_config(kernel, target, dtype, head_dim, causal, seqlen_q, seqlen_k, table=table,
+                         paged=paged and kernel == "flash_decode_split")
+
+
+def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+            seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
+            table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
+            softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
+            paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
+            split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+    """``kernels.dispatch.kernel_variant`` for the decoding kernels: ``decode_variant``.
+
+    With a page size that BLOCK_N divides (prewarm's view of them). ``tma``,
+    ``bias``, ``dropout``, ``varlen``, ``split_d`` and ``seq16`` do not apply.
+    """
+    return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
+                          index64=index64, table=table, paged=paged, window=window, softcap=softcap, alibi=alibi,
+                          head_dim_v=head_dim_v)
