@@ -137,7 +137,7 @@ def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, fl
     spell of the shared machine hits every row); each row's warm functions
     are swapped into ``hot`` before its timed span.
     """
-    from lazytriton import interface
+    from lazytriton import interface, sdpa
 
     q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.bfloat16) for _ in range(3))
     qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))
@@ -164,7 +164,7 @@ def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, fl
                 "hot.output_bhsd": lambda fn=cpu["output_bhsd"]: fn(q, k, v, False, None),
                 "attn_fwd": lambda: interface.attn_fwd(q, k, v),
                 "flash_attn_func": lambda: interface.flash_attn_func(qb, kb, vb),
-                "lazytriton_sdpa": lambda: interface.scaled_dot_product_attention(q, k, v),
+                "lazytriton_sdpa": lambda: sdpa.scaled_dot_product_attention(q, k, v),
             }.items()})
         best = {key: math.inf for key in providers}
         try:

@@ -51,3 +51,17 @@ def shown(value: Any) -> str:
         return f"({inner})" if type(value) is tuple else f"[{inner}]"
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_dropout(name: str, p: Any) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(p).__name__}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+    return float(p)

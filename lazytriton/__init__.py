@@ -6,7 +6,8 @@ The attention functions: ``flash_attn_func`` and ``flash_attn_varlen_func``
 (FlashAttention-2's signatures),
 ``scaled_dot_product_attention`` (torch's), ``attn_fwd`` (the lower-level
 call, returning the logsumexp too) and ``preload`` (load kernels before a CUDA
-graph capture); their docstrings are in ``lazytriton.interface``.
+graph capture); their docstrings are in ``lazytriton.interface`` (SDPA's in
+``lazytriton.sdpa``, the KV-cache call's in ``lazytriton.kvcache``).
 
 ``import lazytriton`` is light: it imports neither torch nor triton until an
 attention function is first looked up (then torch), and triton only when
@@ -25,10 +26,11 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY = ("flash", "runtime", "dispatch", "config", "compiler", "ops", "interface", "kvcache")
-_FUNCTIONS = ("flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention", "attn_fwd", "preload",
-              "CaptureError")
-_KVCACHE_FUNCTIONS = ("flash_attn_with_kvcache", "trusted_indices")  # in lazytriton.kvcache
+_LAZY = ("flash", "runtime", "config", "compiler", "ops", "interface", "kvcache")
+# The public functions and the modules that define them (and hold their docstrings).
+_HOMES = {"flash_attn_func": "interface", "flash_attn_varlen_func": "interface", "attn_fwd": "interface",
+          "preload": "interface", "CaptureError": "interface", "scaled_dot_product_attention": "sdpa",
+          "flash_attn_with_kvcache": "kvcache", "trusted_indices": "kvcache"}
 # Subpackages whose source sits at the top of the repository (pyproject's package-dir).
 _CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")
 
@@ -75,10 +77,8 @@ _map_checkout_folders()
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FUNCTIONS:
-        value = getattr(importlib.import_module("lazytriton.interface"), name)
-    elif name in _KVCACHE_FUNCTIONS:
-        value = getattr(importlib.import_module("lazytriton.kvcache"), name)
+    if name in _HOMES:
+        value = getattr(importlib.import_module(f"lazytriton.{_HOMES[name]}"), name)
     elif name in _LAZY:
         value = importlib.import_module(f"lazytriton.{name}")
     else:
@@ -87,7 +87,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["__version__", *_FUNCTIONS, *_KVCACHE_FUNCTIONS, *_LAZY]
+__all__ = ["__version__", *_HOMES, *_LAZY]
 
 
 def __dir__() -> list[str]:

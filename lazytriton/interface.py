@@ -7,7 +7,7 @@ functions, which alone carry the long docstrings. Each checks its arguments
 turns its layout into the kernel's (batch, heads, seqlen, head_dim) with
 views, never copies, and calls the op; an eager call with plain tensors and
 nothing tracing goes to the binding directly, which skips the op's dispatch
-(``_direct``; cost of each measured in benchmarks/NOTES.md).
+(``direct``; cost of each measured in benchmarks/NOTES.md).
 
 ``import lazytriton`` does not import this module (it imports torch): the
 names are re-exported lazily by ``lazytriton/__init__.py``.
@@ -21,13 +21,12 @@ from typing import Any
 
 import torch
 
-from lazytriton.kernels.arguments import index_tensor
+from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
 from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 
 CaptureError = binding.CaptureError  # a call would load or compile a kernel during a CUDA graph capture
 
 _FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
-_SDPA_NAMES = binding.Names(q="query", k="key", v="value", causal="is_causal", scale="scale")
 _is_compiling = torch.compiler.is_compiling
 # How many dispatch modes are active (C, ~30 ns; torch.utils._python_dispatch._get_current_dispatch_mode reads
 # the same stack from Python, ~0.2 µs).
@@ -39,7 +38,7 @@ _Tensor = torch.Tensor
 _through_op = [False]  # always_through_op() sets it
 
 
-def _direct(q: Any, k: Any, v: Any) -> bool:
+def direct(q: Any, k: Any, v: Any) -> bool:
     """True when the op's dispatch adds nothing: plain tensors, nothing tracing, no dispatch mode."""
     return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and not _is_compiling()
             and not _dispatch_modes() and not _through_op[0])
@@ -56,10 +55,10 @@ def always_through_op() -> Iterator[None]:
         _through_op[0] = saved
 
 
-def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
          deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of a checked call; ``deterministic``: its backward bitwise reproducible (the op saves it)."""
-    if _direct(q, k, v):
+    if direct(q, k, v):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             return binding.forward(q, k, v, call)
         # Gradients wanted, nothing tracing: the op's forward and backward without its dispatch, whose first
@@ -80,13 +79,13 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
         call.dropout_p, call.philox, deterministic)
 
 
-def _with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any, dropout_p: Any,
+def with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any, dropout_p: Any,
                names: binding.Names) -> binding.Call:
     """``call`` with ALiBi, a bias and dropout checked; dropout's Philox [seed, offset] drawn now, on q's device."""
     if alibi_slopes is None and bias is None and (type(dropout_p) is float or type(dropout_p) is int) \
             and dropout_p == 0:
         return call
-    p = _check_dropout(names.dropout, dropout_p)
+    p = check_dropout(names.dropout, dropout_p)
     philox = score_mods.draw_philox(q.device) if p > 0.0 else None
     return score_mods.with_mods(call, q, index_tensor(alibi_slopes), bias, p, philox, names)
 
@@ -151,7 +150,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     ``lse`` is returned as a constant: no gradient flows through it.
 
     """
-    # _direct's test written out (a Python call saved, ~0.1 µs of the 1.5x torch.add budget); is_compiling
+    # direct's test written out (a Python call saved, ~0.1 µs of the 1.5x torch.add budget); is_compiling
     # before the dispatch-mode count, which dynamo cannot trace (it stops at is_compiling, True while tracing)
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and alibi_slopes is None
@@ -161,21 +160,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
-    return _run(q, k, v, _with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
-
-
-def _check_dropout(name: str, p: Any) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(p).__name__}")
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {p}")
-    return float(p)
+    return run(q, k, v, with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
 
 
 def _check_bshd(name: str, t: Any) -> torch.Tensor:
@@ -250,7 +235,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             and (softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
             and type(deterministic) is bool and type(return_attn_probs) is bool
-            and _direct(q, k, v)):
+            and direct(q, k, v)):
         if return_attn_probs:
             warm = hot.forward_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
             if warm is not None:
@@ -260,14 +245,14 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             if warm is not None:
                 return warm
     q, k, v = _check_bshd("q", q), _check_bshd("k", k), _check_bshd("v", v)
-    _check_dropout("dropout_p", dropout_p)
-    _check_bool("deterministic", deterministic)
-    _check_bool("return_attn_probs", return_attn_probs)
-    _check_bool("causal", causal)
+    check_dropout("dropout_p", dropout_p)
+    check_bool("deterministic", deterministic)
+    check_bool("return_attn_probs", return_attn_probs)
+    check_bool("causal", causal)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
-    out, lse = _run(qt, kt, vt, _with_mods(call, qt, alibi_slopes, None, dropout_p, _FA_NAMES), deterministic)
+    out, lse = run(qt, kt, vt, with_mods(call, qt, alibi_slopes, None, dropout_p, _FA_NAMES), deterministic)
     out = out.transpose(1, 2)
     return (out, lse, None) if return_attn_probs else out
 
@@ -344,24 +329,24 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     caller whose cu_seqlens are right by construction (no sync per call).
 
     """
-    p = _check_dropout("dropout_p", dropout_p)
-    _check_bool("deterministic", deterministic)
-    _check_bool("return_attn_probs", return_attn_probs)
+    p = check_dropout("dropout_p", dropout_p)
+    check_bool("deterministic", deterministic)
+    check_bool("return_attn_probs", return_attn_probs)
     from lazytriton.kernels.flash_fwd import varlen
 
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
     cu_seqlens_q, cu_seqlens_k, alibi_slopes = (index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k),
                                                 index_tensor(alibi_slopes))
-    direct = (_direct(q, k, v) and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor
+    eager = (direct(q, k, v) and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor
               and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
     # Through the op, the op checks the values (one device-to-host read per call, not two).
     philox = None
     if p > 0.0 and isinstance(q, torch.Tensor):  # drawn only for a call whose q is a tensor: check names the rest
         philox = score_mods.draw_philox(q.device)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                        window_size, softcap, values=None if direct else False, alibi=alibi_slopes, dropout_p=p,
+                        window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
                         philox=philox)
-    if direct:
+    if eager:
         out, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
         from lazytriton.ops_varlen import flash_varlen_fwd_op
@@ -371,161 +356,6 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         out, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
                                        causal, c.window_left, c.window_right, c.softcap, *mods)
     return (out, lse, None) if return_attn_probs else out
-
-
-class SDPAError(ValueError, RuntimeError):
-    """Misuse of ``scaled_dot_product_attention``: a ValueError, and the RuntimeError torch raises for it."""
-
-
-class SDPATypeError(TypeError, RuntimeError):
-    """A wrong type in ``scaled_dot_product_attention``: a TypeError, and the RuntimeError torch raises for it."""
-
-
-def _sdpa_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
-    """q, k, v as (batch, heads, seqlen, head_dim) views, and the output's shape.
-
-    Dims before the last three (-3 is heads) are batch dims; they broadcast as
-    in torch, and are flattened into one (a view where the strides allow it,
-    else a copy). Heads broadcast too (a key/value head count of 1 is MQA, no
-    copy); with ``enable_gqa`` the key/value heads may divide the query heads.
-    """
-    def heads(t: torch.Tensor) -> int:
-        return t.shape[-3] if t.dim() >= 3 else 1
-
-    try:
-        batch = tuple(torch.broadcast_shapes(*(t.shape[:-3] for t in (query, key, value))))
-    except RuntimeError as exc:
-        raise SDPAError(f"the batch dims of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
-                        f"{tuple(value.shape)} do not broadcast: {exc}") from None
-    hq, hk, hv = heads(query), heads(key), heads(value)
-    if hk != hv:
-        raise SDPAError(f"key has {hk} heads but value has {hv}; they must match")
-    if enable_gqa:
-        if hk == 0 or hq % hk:
-            raise SDPAError(f"with enable_gqa=True the heads of key and value ({hk}) must divide the heads of "
-                            f"query ({hq})")
-    elif hk not in (hq, 1) and hq != 1:
-        raise SDPAError(f"query has {hq} heads but key and value have {hk}: the sizes must match (or be 1); "
-                        "for grouped-query attention pass enable_gqa=True")
-    hq_out = hq if enable_gqa or hk == 1 else max(hq, hk)
-
-    def to4(t: torch.Tensor, h: int) -> torch.Tensor:
-        t3 = t if t.dim() >= 3 else t.unsqueeze(0)
-        target = (*batch, h, *t3.shape[-2:])
-        full = t3 if tuple(t3.shape) == target else t3.expand(target)
-        return full if full.dim() == 4 else full.reshape(-1, h, *t3.shape[-2:])
-
-    out_shape = (*batch, hq_out, query.shape[-2], value.shape[-1]) if query.dim() >= 3 else tuple(query.shape)
-    return to4(query, hq_out), to4(key, hk), to4(value, hk), out_shape
-
-
-def _sdpa_bias(attn_mask: Any, q4: torch.Tensor, out_shape: tuple[int, ...], seqlen_k: int,
-               is_causal: bool) -> torch.Tensor:
-    """SDPA's ``attn_mask`` as the kernel's additive bias: a (batch, heads, seqlen_q, seqlen_k) view of q's dtype.
-
-    A boolean mask becomes 0/-inf at its own size, then every broadcast dim
-    is an expanded (stride 0) view: nothing is materialised at full size.
-    """
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if is_causal:
-        raise ValueError("attn_mask and is_causal=True were both given; torch refuses the pair too (\"Explicit "
-                         "attn_mask should not be set when is_causal=True\"): fold the causal mask into attn_mask")
-    if attn_mask.dtype not in (torch.bool, torch.float32, q4.dtype):
-        raise TypeError(f"attn_mask must be boolean, float32 or query's dtype {q4.dtype}, got {attn_mask.dtype}")
-    if attn_mask.requires_grad:
-        raise ValueError("attn_mask requires grad, but lazytriton computes no gradient for the mask; pass "
-                         "attn_mask.detach()")
-    if attn_mask.device != q4.device:
-        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q4.device}")
-    target = (*out_shape[:-1], seqlen_k)
-    try:
-        fits = torch.broadcast_shapes(attn_mask.shape, target) == target
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., heads, seqlen_q, "
-                         f"seqlen_k) = {target}")
-    if attn_mask.dtype == torch.bool:
-        bias = torch.zeros(attn_mask.shape, dtype=q4.dtype, device=q4.device).masked_fill_(~attn_mask, float("-inf"))
-    else:
-        bias = attn_mask.to(q4.dtype)
-    b, h, sq, _ = q4.shape
-    return bias.expand(target).reshape(b, h, sq, seqlen_k)
-
-
-def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
-    """``torch.nn.functional.scaled_dot_product_attention``, served from lazytriton's kernel cache.
-
-    A drop-in for torch's function: same arguments, same layout
-    (..., heads, seqlen, head_dim), same semantics: ``is_causal`` is top-left
-    aligned (query i sees key j when j <= i), the batch dims and a key/value
-    head count of 1 broadcast, grouped-query attention only with
-    ``enable_gqa=True``, and misuse that torch reports with a RuntimeError
-    raises an error that is both that RuntimeError and a ValueError/TypeError
-    naming the argument (``SDPAError``, ``SDPATypeError``).
-
-    Args:
-        query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32.
-        key: (..., heads_k, seqlen_k, head_dim).
-        value: (..., heads_k, seqlen_k, head_dim_v): its head dim may differ
-            from the query's (as torch allows; DeepSeek's MLA: 192 and 128).
-        attn_mask: boolean (True: attend) or additive float mask,
-            broadcastable to (..., heads_q, seqlen_q, seqlen_k); a float mask
-            of another dtype than query's (float32 with half queries, as
-            torch allows) is converted to query's dtype first (an fp16 mask
-            turns values below -65504 into -inf). Broadcast dims are never
-            materialised; a boolean mask becomes an additive 0/-inf tensor
-            of its own size. A query whose keys are all masked gets output 0
-            (and zero gradients), as torch gives. No gradient flows to the
-            mask: one that requires grad raises ValueError (pass it
-            detached). Not together with ``is_causal`` (torch raises too).
-        dropout_p: dropout probability in [0, 1), applied whenever > 0 (as
-            torch's function does; pass 0.0 in evaluation): Philox seeded
-            from torch's generator on query's device, so ``torch.manual_seed``
-            reproduces it, but the mask is lazytriton's own, not torch's.
-        is_causal: top-left causal mask.
-        scale: default 1/sqrt(head_dim).
-        enable_gqa: allow heads_k to divide heads_q (GQA/MQA).
-
-    Returns:
-        The attention output, (..., heads_q, seqlen_q, head_dim_v), query's dtype.
-        Differentiable with respect to any of query, key, value (broadcast
-        batch dims and heads get their gradients summed, as in torch).
-
-    """
-    if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool
-            and _direct(query, key, value)):  # the warm path checks the rest (4 dims, heads, head dims)
-        warm = hot.output_bhsd(query, key, value, is_causal, scale, enable_gqa)
-        if warm is not None:
-            return warm  # type: ignore[no-any-return]
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):  # argument types: a TypeError, as torch's own
-            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "
-                            f"{type(t).__name__}")
-    _check_bool("is_causal", is_causal)
-    _check_bool("enable_gqa", enable_gqa)
-    try:  # misuse torch reports as a RuntimeError: ValueError/TypeError and RuntimeError here
-        _check_dropout("dropout_p", dropout_p)
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if t.dim() < 2:
-                raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape "
-                                 f"{tuple(t.shape)}")
-        q4, k4, v4, out_shape = _sdpa_layout(query, key, value, enable_gqa)
-        call = binding.check(q4, k4, v4, is_causal, scale, _SDPA_NAMES)
-        bias = None if attn_mask is None else _sdpa_bias(attn_mask, q4, out_shape, key.shape[-2], is_causal)
-        call = _with_mods(call, q4, None, bias, dropout_p, _SDPA_NAMES)
-    except SDPAError:
-        raise
-    except TypeError as exc:
-        raise SDPATypeError(str(exc)) from None
-    except ValueError as exc:
-        raise SDPAError(str(exc)) from None
-    out = _run(q4, k4, v4, call)[0]
-    return out if out.shape == out_shape else out.reshape(out_shape)
 
 
 def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
@@ -588,20 +418,20 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             raise TypeError(f"head_dim_v must be an int or None, got {type(head_dim_v).__name__}")
         vt = binding.empty_like_head_dim(kt.to("meta"), head_dim_v)
     call = binding.check(qt, kt, vt, causal, None, window=window_size, softcap=softcap)
-    call = _meta_mods(call, qt, _check_bool("alibi", alibi), _check_bool("dropout", dropout),
-                      _check_bool("attn_mask", attn_mask))
+    call = _meta_mods(call, qt, check_bool("alibi", alibi), check_bool("dropout", dropout),
+                      check_bool("attn_mask", attn_mask))
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
     out, lse = binding.empty_outputs(qt, call.shape, call.head_dim_v)
     _, aligned, index64 = binding.pack(qt, kt, vt, out, lse, call)
     loaded = [str(binding.preload(device, dtype, call, aligned, index64))]
-    if _check_bool("backward", backward):
+    if check_bool("backward", backward):
         from lazytriton.kernels.flash_bwd import binding as bwd_binding
 
         # The backward's own rule (SEQ16 when the seqlens are multiples of 16 too), on the same meta tensors.
         grads = bwd_binding.empty_grads(qt, kt, vt)
         _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16,
-                                                       _check_bool("deterministic", deterministic))]
+                                                       check_bool("deterministic", deterministic))]
     return loaded
 
 
@@ -624,5 +454,4 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
-__all__ = ["CaptureError", "SDPAError", "SDPATypeError", "always_through_op", "attn_fwd", "flash_attn_func",
-           "flash_attn_varlen_func", "preload", "scaled_dot_product_attention"]
+__all__ = ["CaptureError", "always_through_op", "attn_fwd", "flash_attn_func", "flash_attn_varlen_func", "preload"]

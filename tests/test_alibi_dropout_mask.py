@@ -23,13 +23,14 @@ from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of, twin
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import lazytriton
-from lazytriton.interface import SDPAError, SDPATypeError, always_through_op
+from lazytriton.interface import always_through_op
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_bwd.reference import attention_backward_reference
 from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 from lazytriton.kernels.flash_fwd.reference import alibi_bias, attention_reference, dropout_keep
+from lazytriton.sdpa import SDPAError, SDPATypeError
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
 

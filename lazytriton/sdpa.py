@@ -1,0 +1,179 @@
+"""``scaled_dot_product_attention``: torch's SDPA signature over the forward's binding.
+
+The layout work (batch dims and heads broadcast as torch's, the output's
+shape) and the ``attn_mask`` as an additive bias are here; the call itself
+goes the way ``lazytriton.interface``'s functions go (``interface.run``:
+the binding directly when nothing traces, else the torch op).
+``import lazytriton`` does not import this module: ``lazytriton/__init__.py``
+re-exports its names lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazytriton import interface
+from lazytriton.kernels.arguments import check_bool, check_dropout
+from lazytriton.kernels.flash_fwd import binding, hot
+
+NAMES = binding.Names(q="query", k="key", v="value", causal="is_causal", scale="scale")
+
+
+class SDPAError(ValueError, RuntimeError):
+    """Misuse of ``scaled_dot_product_attention``: a ValueError, and the RuntimeError torch raises for it."""
+
+
+class SDPATypeError(TypeError, RuntimeError):
+    """A wrong type in ``scaled_dot_product_attention``: a TypeError, and the RuntimeError torch raises for it."""
+
+
+def layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """q, k, v as (batch, heads, seqlen, head_dim) views, and the output's shape.
+
+    Dims before the last three (-3 is heads) are batch dims; they broadcast as
+    in torch, and are flattened into one (a view where the strides allow it,
+    else a copy). Heads broadcast too (a key/value head count of 1 is MQA, no
+    copy); with ``enable_gqa`` the key/value heads may divide the query heads.
+    """
+    def heads(t: torch.Tensor) -> int:
+        return t.shape[-3] if t.dim() >= 3 else 1
+
+    try:
+        batch = tuple(torch.broadcast_shapes(*(t.shape[:-3] for t in (query, key, value))))
+    except RuntimeError as exc:
+        raise SDPAError(f"the batch dims of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                        f"{tuple(value.shape)} do not broadcast: {exc}") from None
+    hq, hk, hv = heads(query), heads(key), heads(value)
+    if hk != hv:
+        raise SDPAError(f"key has {hk} heads but value has {hv}; they must match")
+    if enable_gqa:
+        if hk == 0 or hq % hk:
+            raise SDPAError(f"with enable_gqa=True the heads of key and value ({hk}) must divide the heads of "
+                            f"query ({hq})")
+    elif hk not in (hq, 1) and hq != 1:
+        raise SDPAError(f"query has {hq} heads but key and value have {hk}: the sizes must match (or be 1); "
+                        "for grouped-query attention pass enable_gqa=True")
+    hq_out = hq if enable_gqa or hk == 1 else max(hq, hk)
+
+    def to4(t: torch.Tensor, h: int) -> torch.Tensor:
+        t3 = t if t.dim() >= 3 else t.unsqueeze(0)
+        target = (*batch, h, *t3.shape[-2:])
+        full = t3 if tuple(t3.shape) == target else t3.expand(target)
+        return full if full.dim() == 4 else full.reshape(-1, h, *t3.shape[-2:])
+
+    out_shape = (*batch, hq_out, query.shape[-2], value.shape[-1]) if query.dim() >= 3 else tuple(query.shape)
+    return to4(query, hq_out), to4(key, hk), to4(value, hk), out_shape
+
+
+def additive_bias(attn_mask: Any, q4: torch.Tensor, out_shape: tuple[int, ...], seqlen_k: int,
+               is_causal: bool) -> torch.Tensor:
+    """SDPA's ``attn_mask`` as the kernel's additive bias: a (batch, heads, seqlen_q, seqlen_k) view of q's dtype.
+
+    A boolean mask becomes 0/-inf at its own size, then every broadcast dim
+    is an expanded (stride 0) view: nothing is materialised at full size.
+    """
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if is_causal:
+        raise ValueError("attn_mask and is_causal=True were both given; torch refuses the pair too (\"Explicit "
+                         "attn_mask should not be set when is_causal=True\"): fold the causal mask into attn_mask")
+    if attn_mask.dtype not in (torch.bool, torch.float32, q4.dtype):
+        raise TypeError(f"attn_mask must be boolean, float32 or query's dtype {q4.dtype}, got {attn_mask.dtype}")
+    if attn_mask.requires_grad:
+        raise ValueError("attn_mask requires grad, but lazytriton computes no gradient for the mask; pass "
+                         "attn_mask.detach()")
+    if attn_mask.device != q4.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q4.device}")
+    target = (*out_shape[:-1], seqlen_k)
+    try:
+        fits = torch.broadcast_shapes(attn_mask.shape, target) == target
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., heads, seqlen_q, "
+                         f"seqlen_k) = {target}")
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, dtype=q4.dtype, device=q4.device).masked_fill_(~attn_mask, float("-inf"))
+    else:
+        bias = attn_mask.to(q4.dtype)
+    b, h, sq, _ = q4.shape
+    return bias.expand(target).reshape(b, h, sq, seqlen_k)
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``, served from lazytriton's kernel cache.
+
+    A drop-in for torch's function: same arguments, same layout
+    (..., heads, seqlen, head_dim), same semantics: ``is_causal`` is top-left
+    aligned (query i sees key j when j <= i), the batch dims and a key/value
+    head count of 1 broadcast, grouped-query attention only with
+    ``enable_gqa=True``, and misuse that torch reports with a RuntimeError
+    raises an error that is both that RuntimeError and a ValueError/TypeError
+    naming the argument (``SDPAError``, ``SDPATypeError``).
+
+    Args:
+        query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32.
+        key: (..., heads_k, seqlen_k, head_dim).
+        value: (..., heads_k, seqlen_k, head_dim_v): its head dim may differ
+            from the query's (as torch allows; DeepSeek's MLA: 192 and 128).
+        attn_mask: boolean (True: attend) or additive float mask,
+            broadcastable to (..., heads_q, seqlen_q, seqlen_k); a float mask
+            of another dtype than query's (float32 with half queries, as
+            torch allows) is converted to query's dtype first (an fp16 mask
+            turns values below -65504 into -inf). Broadcast dims are never
+            materialised; a boolean mask becomes an additive 0/-inf tensor
+            of its own size. A query whose keys are all masked gets output 0
+            (and zero gradients), as torch gives. No gradient flows to the
+            mask: one that requires grad raises ValueError (pass it
+            detached). Not together with ``is_causal`` (torch raises too).
+        dropout_p: dropout probability in [0, 1), applied whenever > 0 (as
+            torch's function does; pass 0.0 in evaluation): Philox seeded
+            from torch's generator on query's device, so ``torch.manual_seed``
+            reproduces it, but the mask is lazytriton's own, not torch's.
+        is_causal: top-left causal mask.
+        scale: default 1/sqrt(head_dim).
+        enable_gqa: allow heads_k to divide heads_q (GQA/MQA).
+
+    Returns:
+        The attention output, (..., heads_q, seqlen_q, head_dim_v), query's dtype.
+        Differentiable with respect to any of query, key, value (broadcast
+        batch dims and heads get their gradients summed, as in torch).
+
+    """
+    if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool
+            and interface.direct(query, key, value)):  # the warm path checks the rest (4 dims, heads, head dims)
+        warm = hot.output_bhsd(query, key, value, is_causal, scale, enable_gqa)
+        if warm is not None:
+            return warm  # type: ignore[no-any-return]
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):  # argument types: a TypeError, as torch's own
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "
+                            f"{type(t).__name__}")
+    check_bool("is_causal", is_causal)
+    check_bool("enable_gqa", enable_gqa)
+    try:  # misuse torch reports as a RuntimeError: ValueError/TypeError and RuntimeError here
+        check_dropout("dropout_p", dropout_p)
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dim() < 2:
+                raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape "
+                                 f"{tuple(t.shape)}")
+        q4, k4, v4, out_shape = layout(query, key, value, enable_gqa)
+        call = binding.check(q4, k4, v4, is_causal, scale, NAMES)
+        bias = None if attn_mask is None else additive_bias(attn_mask, q4, out_shape, key.shape[-2], is_causal)
+        call = interface.with_mods(call, q4, None, bias, dropout_p, NAMES)
+    except SDPAError:
+        raise
+    except TypeError as exc:
+        raise SDPATypeError(str(exc)) from None
+    except ValueError as exc:
+        raise SDPAError(str(exc)) from None
+    out = interface.run(q4, k4, v4, call)[0]
+    return out if out.shape == out_shape else out.reshape(out_shape)
+
+
+__all__ = ["SDPAError", "SDPATypeError", "scaled_dot_product_attention"]
