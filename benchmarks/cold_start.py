@@ -113,7 +113,7 @@ def route_to_fake_driver(library: str, target: str = "sm_90") -> None:
 
     import torch
 
-    from lazytriton import driver, machine
+    from lazytriton import driver, launch, machine
     from lazytriton.driver import gpu
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
@@ -121,9 +121,9 @@ def route_to_fake_driver(library: str, target: str = "sm_90") -> None:
 
     found = Target.parse(target)
     machine.target_of_device = lambda device: found
-    fwd.is_capturing = lambda: False
-    fwd.raw_stream = lambda device_index: 0
-    fwd.scratch_alloc = lambda nbytes, device_index: torch.empty(nbytes, dtype=torch.uint8)
+    launch.is_capturing = lambda: False
+    launch.raw_stream = lambda device_index: 0
+    launch.scratch_alloc = lambda nbytes, device_index: torch.empty(nbytes, dtype=torch.uint8)
     fwd.run_interpreter = fwd.launch_gpu
     bwd.run_interpreter = bwd.launch_gpu
     gpu.cuda = functools.cache(lambda: gpu.CudaApi(library))

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import flash, ops, runtime
+from lazytriton import flash, launch, ops, runtime
 from lazytriton.driver import fastlaunch, hotpath
 from lazytriton.kernels.flash_fwd import binding, hot
 
@@ -57,7 +57,7 @@ def gpu_steps() -> None:
     ints, _, _ = binding.pack(q, k, v, out, lse, call)
     kernel, block_m = next(iter(runtime.get().plans.values()))
     grid = binding.grid(call.shape, block_m)
-    stream = binding.raw_stream(0)
+    stream = launch.raw_stream(0)
     floats = binding.floats(call)
     steps: dict[str, Callable[[], object]] = {
         "full attn_fwd": lambda: flash.attn_fwd(q, k, v),
@@ -68,7 +68,7 @@ def gpu_steps() -> None:
         "empty lse (new_empty)": lambda: q.new_empty((1, 2, 16), dtype=torch.float32),
         "runtime.get().plans": lambda: runtime.get().plans,
         "pack": lambda: binding.pack(q, k, v, out, lse, call),
-        "raw stream": lambda: binding.raw_stream(0),
+        "raw stream": lambda: launch.raw_stream(0),
         "kernel.launch (what the general path calls)": lambda: kernel.launch(grid, stream, ints, floats),
         "torch.add": lambda: torch.add(q, q),
     }

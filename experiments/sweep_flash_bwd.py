@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from lazytriton import launch as launching
 from lazytriton import machine, runtime
 from lazytriton.cli.timing import event_ms
 from lazytriton.cli.tune import compile_all
@@ -68,7 +69,7 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
     grads = bwd.empty_grads(q, k, v)
     delta = torch.empty_like(lse)
     dq_ints, dkdv_ints, *_ = bwd.pack(q, k, v, out, do, lse, delta, *grads, call)
-    stream = fwd.raw_stream(q.device.index)
+    stream = launching.raw_stream(q.device.index)
     best: dict[str, float] = {}
     for kernel, variants in plans.items():
         results = []
@@ -84,13 +85,13 @@ def run_case(dtype: str, head_dim: int, causal: bool, seqlen: int, jobs: int, re
             dq_grid, dkdv_grid = bwd.grids(call.shape, bm, bn)
             if kernel == "flash_bwd_dq":
                 def launch(loaded: Any = loaded, grid: Any = dq_grid) -> None:
-                    loaded.launch(grid, stream, dq_ints, fwd.floats(call), fwd.scratch_alloc)
+                    loaded.launch(grid, stream, dq_ints, fwd.floats(call), launching.scratch_alloc)
             else:
                 # dkdv reads delta, which the dq kernel writes: run the default dq once first.
                 bwd.launch_gpu(q, k, v, out, lse, do, grads, call, forced=(default[0], default[1]))
 
                 def launch(loaded: Any = loaded, grid: Any = dkdv_grid) -> None:
-                    loaded.launch(grid, stream, dkdv_ints, fwd.floats(call), fwd.scratch_alloc)
+                    loaded.launch(grid, stream, dkdv_ints, fwd.floats(call), launching.scratch_alloc)
             try:
                 ms = event_ms(launch, reps=reps)
             except Exception as exc:  # noqa: BLE001

@@ -23,8 +23,7 @@ import torch
 
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
 from lazytriton.kernels.flash_fwd import binding, hot, score_mods
-
-CaptureError = binding.CaptureError  # a call would load or compile a kernel during a CUDA graph capture
+from lazytriton.launch import CaptureError as CaptureError  # re-exported: lazytriton.CaptureError
 
 _FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
 _is_compiling = torch.compiler.is_compiling

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from lazytriton import machine, tuning
+from lazytriton import launch, machine, tuning
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding, score_mods
 from lazytriton.target import Target
 
@@ -162,14 +162,14 @@ class _FakeRuntime:
 
 
 def test_a_capture_that_would_load_a_kernel_is_refused_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(binding, "is_capturing", lambda: True)
+    monkeypatch.setattr(launch, "is_capturing", lambda: True)
     monkeypatch.setattr(machine, "target_of_device", lambda device: Target.parse("sm_90"))
     rt = _FakeRuntime()
     shape = binding.Shape(1, 2, 2, 100, 100, 64)
-    with pytest.raises(binding.CaptureError, match=r"flash_fwd:sm_90:bf16.*lazytriton\.preload"):
+    with pytest.raises(launch.CaptureError, match=r"flash_fwd:sm_90:bf16.*lazytriton\.preload"):
         binding.plan(rt, ("k",), torch.device("cuda", 0), torch.bfloat16, shape, False, True, False)
     assert rt.kernel_calls == 0 and not rt.plans
-    assert issubclass(binding.CaptureError, RuntimeError)
+    assert issubclass(launch.CaptureError, RuntimeError)
 
 
 def test_slow_cpu_calls_warn_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -33,7 +33,7 @@ from test_driver import _entry
 from test_flash_fwd import make_qkv
 from test_hot import _plan_for, _Recorder, _Runtime
 
-from lazytriton import machine, runtime
+from lazytriton import launch, machine, runtime
 from lazytriton.cache_format import Entry, Provenance
 from lazytriton.driver import DriverError, fastlaunch, gpu
 from lazytriton.kernels.flash_fwd import binding, hot
@@ -275,8 +275,8 @@ class _LoadingRuntime:
 
 def _devices(monkeypatch: pytest.MonkeyPatch, current: int, captured: int) -> _Devices:
     devices = _Devices(current, captured)
-    monkeypatch.setattr(binding, "is_capturing", devices.is_capturing)
-    monkeypatch.setattr(binding, "current_device", devices.current_device, raising=False)
+    monkeypatch.setattr(launch, "is_capturing", devices.is_capturing)
+    monkeypatch.setattr(launch, "current_device", devices.current_device, raising=False)
     monkeypatch.setattr(torch.cuda, "device", devices.device)
     return devices
 
@@ -290,7 +290,7 @@ def test_a_capture_on_the_current_device_refuses_its_loads(monkeypatch: pytest.M
     monkeypatch.setattr(machine, "target_of_device", lambda device: Target.parse("sm_90"))
     devices = _devices(monkeypatch, current=0, captured=0)
     rt = _LoadingRuntime()
-    with pytest.raises(binding.CaptureError, match="not loaded on cuda:0"):
+    with pytest.raises(launch.CaptureError, match="not loaded on cuda:0"):
         _plan(rt, 0)
     assert rt.loads == [] and devices.current == 0
 
@@ -301,7 +301,7 @@ def test_a_capture_on_device_1_refuses_its_loads_while_device_0_is_current(monke
     rt = _LoadingRuntime()
     _plan(rt, 0)  # device 0 is not being captured: its kernel loads
     assert rt.loads == [0]
-    with pytest.raises(binding.CaptureError, match="not loaded on cuda:1"):
+    with pytest.raises(launch.CaptureError, match="not loaded on cuda:1"):
         _plan(rt, 1)
     assert rt.loads == [0] and devices.current == 0, "nothing loaded on device 1; the current device is back"
 

@@ -20,7 +20,7 @@ from test_flash_fwd import check_attention, make_qkv, on_gpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lazytriton
-from lazytriton import interface, runtime
+from lazytriton import interface, launch, runtime
 from lazytriton.kernels.flash_fwd import binding
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
@@ -324,7 +324,7 @@ def test_gpu_capture_of_an_unloaded_kernel_raises_clearly() -> None:
     runtime.reset()
     q, k, v = make_qkv(1, (2, 2), (3000, 3000), 32, torch.float16, device="cuda", seed=3)  # a bucket no test loads
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(binding.CaptureError, match=r"lazytriton\.preload"):
+    with pytest.raises(launch.CaptureError, match=r"lazytriton\.preload"):
         with torch.cuda.graph(graph):
             lazytriton.attn_fwd(q, k, v)
     torch.cuda.synchronize()

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import machine, runtime
+from lazytriton import launch, machine, runtime
 from lazytriton.kernels import attention, dispatch
 from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid, fused
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
@@ -328,24 +328,16 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     Refuses, during a CUDA graph capture, to load or compile any kernel
     (``CaptureError`` naming the variant), as the forward does.
     """
-    if fused_:
-        pair = fused_variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64)
+    def choose(target: Any) -> launch.Choice:
+        pair = fused_variants(target, dtype, shape, causal, aligned, index64) if fused_ else None
         if pair is not None:
-            fwd.refuse_loads_in_capture(rt, pair, device, "run the backward once with this shape (or call "
-                                        "lazytriton.preload(..., backward=True)) before the capture")
-            entry = (rt.kernel(pair[0], device.index), int(pair[0].get("BLOCK_M")), rt.kernel(pair[1], device.index),
-                     0)
-            rt.plans[key] = entry
-            return entry
-    chosen = variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                      mods, head_dim_v, seq16, gluon)
-    fwd.refuse_loads_in_capture(rt, chosen, device, "run the backward once with this shape (or call "
-                                "lazytriton.preload(..., backward=True)) before the capture")
-    dq_variant, dkdv_variant = chosen
-    entry = (rt.kernel(dq_variant, device.index), int(dq_variant.get("BLOCK_M")),
-             rt.kernel(dkdv_variant, device.index), int(dkdv_variant.get("BLOCK_N")))
-    rt.plans[key] = entry
-    return entry
+            return ((pair[0], ("BLOCK_M",)), (pair[1], (0,)))
+        dq_variant, dkdv_variant = variants(target, dtype, shape, causal, aligned, index64, window, softcap, mods,
+                                            head_dim_v, seq16, gluon)
+        return ((dq_variant, ("BLOCK_M",)), (dkdv_variant, ("BLOCK_N",)))
+
+    return launch.plan(rt, key, device, choose, "run the backward once with this shape (or call "  # type: ignore[return-value]
+                       "lazytriton.preload(..., backward=True)) before the capture")
 
 
 def empty_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Grads:
@@ -384,14 +376,14 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
     dq_kernel, block_m, dkdv_kernel, block_n = found
-    stream = fwd.raw_stream(device.index)
+    stream = launch.raw_stream(device.index)
     floats = fwd.floats(call)
     if block_n == 0:  # the fused plan
         launches = _launch_fused(dq_kernel, dkdv_kernel, stream, dq_ints, dkdv_ints, grads, call)
     else:
         dq_grid_, dkdv_grid_ = grids(shape, block_m, block_n)
-        dq_kernel.launch(dq_grid_, stream, dq_ints, floats, fwd.scratch_alloc)
-        dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, fwd.scratch_alloc)
+        dq_kernel.launch(dq_grid_, stream, dq_ints, floats, launch.scratch_alloc)
+        dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, launch.scratch_alloc)
         launches = ((dq_kernel, dq_grid_, dq_ints, DQ_INT_PARAMS, floats),
                     (dkdv_kernel, dkdv_grid_, dkdv_ints, DKDV_INT_PARAMS, floats))
     if forced is None and _plain(call, q.dtype, True, False):
@@ -441,8 +433,8 @@ def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...],
     prep_grid, fused_grid = fused.grids(shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k,
                                         shape.head_dim)
     prep_ints, fused_ints = _PICK_PREP(ints), _PICK_FUSED(ints)
-    prep.launch(prep_grid, stream, prep_ints, (), fwd.scratch_alloc)
-    kernel.launch(fused_grid, stream, fused_ints, (call.scale,), fwd.scratch_alloc)
+    prep.launch(prep_grid, stream, prep_ints, (), launch.scratch_alloc)
+    kernel.launch(fused_grid, stream, fused_ints, (call.scale,), launch.scratch_alloc)
     _cast_dq(grads, dqa, shape.head_dim)
     return ((prep, prep_grid, prep_ints, _PREP_INT_PARAMS, ()),
             (kernel, fused_grid, fused_ints, _FUSED_INT_PARAMS, (call.scale,)))
@@ -590,23 +582,23 @@ def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     if (fused_, not fused_ and gluon_fits(call, q.dtype, aligned, index64)) != warm.tails:
         return None
     device = q.device
-    stream = fwd.raw_stream(q.get_device())
+    stream = launch.raw_stream(q.get_device())
     (first, first_grid, first_ints, first_slots, first_floats), second = warm.launches
     if warm.dqa:  # the fused plan: delta and dQ's accumulator in one allocation, the prep kernel before the rest
         scratch = torch.empty(warm.delta + math.prod(warm.dqa), dtype=torch.float32, device=device)
         pointers["Delta"] = base = scratch.data_ptr()
         pointers["DQA"] = base + 4 * warm.delta
-        first.launch(first_grid, stream, _fill(first_ints, first_slots, pointers), first_floats, fwd.scratch_alloc)
+        first.launch(first_grid, stream, _fill(first_ints, first_slots, pointers), first_floats, launch.scratch_alloc)
         grads = empty_grads(q, k, v)
     else:
         delta = torch.empty(warm.delta, dtype=torch.float32, device=device)
         grads = empty_grads(q, k, v)
         pointers["Delta"] = delta.data_ptr()
         pointers["DQ"] = grads.dq.data_ptr()
-        first.launch(first_grid, stream, _fill(first_ints, first_slots, pointers), first_floats, fwd.scratch_alloc)
+        first.launch(first_grid, stream, _fill(first_ints, first_slots, pointers), first_floats, launch.scratch_alloc)
     pointers["DQ"], pointers["DK"], pointers["DV"] = grads.dq.data_ptr(), grads.dk.data_ptr(), grads.dv.data_ptr()
     kernel, grid, ints, slots, floats = second
-    kernel.launch(grid, stream, _fill(ints, slots, pointers), floats, fwd.scratch_alloc)
+    kernel.launch(grid, stream, _fill(ints, slots, pointers), floats, launch.scratch_alloc)
     if warm.dqa:
         _cast_dq(grads, scratch[warm.delta:].view(warm.dqa), call.shape.head_dim)
     return grads

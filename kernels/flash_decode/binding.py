@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import geometry, machine, runtime
+from lazytriton import geometry, launch, runtime
 from lazytriton.kernels.flash_decode import (
     FAMILY,
     FLASH_DECODE_COMBINE,
@@ -258,21 +258,17 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
     one split and with several. During a capture, a kernel not loaded yet
     raises ``CaptureError`` naming it.
     """
-    from lazytriton.kernels.flash_fwd.binding import refuse_loads_in_capture
-
     rt = runtime.get()
     key = memo_key(device.index, dtype, call, aligned, index64)
     found = rt.plans.get(key)
     if found is not None:
         return found  # type: ignore[no-any-return]
-    chosen = variants(machine.target_of_device(device), dtype, call, aligned, index64)
-    refuse_loads_in_capture(rt, chosen, device, "run flash_attn_with_kvcache once with this shape before the "
-                            "capture")
-    split, combine = chosen
-    entry = (rt.kernel(split, device.index), int(split.get("BLOCK_M")), int(split.get("BLOCK_N")),
-             rt.kernel(combine, device.index), int(combine.get("BLOCK_M")))
-    rt.plans[key] = entry
-    return entry
+
+    def choose(target: Any) -> launch.Choice:
+        split, combine = variants(target, dtype, call, aligned, index64)
+        return ((split, ("BLOCK_M", "BLOCK_N")), (combine, ("BLOCK_M",)))
+
+    return launch.plan(rt, key, device, choose, "run flash_attn_with_kvcache once with this shape before the capture")
 
 
 # ---------------------------------------------------------------------------
@@ -303,8 +299,6 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
     (``lazytriton tune --kernel flash_decode`` times its candidates through
     here, so a candidate runs exactly as a call would run it).
     """
-    from lazytriton.kernels.flash_fwd.binding import raw_stream, scratch_alloc
-
     device = t.q.device
     if forced is None:
         aligned, index64 = layout_flags(t, out)
@@ -316,13 +310,13 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
         combine_m = int(forced[1].get("BLOCK_M"))
     splits = splits_for(call, block_m, block_n, gpu_slots(device.index), min_split_keys(call.head_dim))
     part_out, part_lse = _partials(lse, call, splits)
-    stream = raw_stream(device.index)
+    stream = launch.raw_stream(device.index)
     split_kernel.launch(split_grid(call.rows, block_m, splits, call.heads_k, call.batch), stream,
-                        split_ints(t, out, lse, part_out, part_lse, call, splits), floats(call), scratch_alloc)
+                        split_ints(t, out, lse, part_out, part_lse, call, splits), floats(call), launch.scratch_alloc)
     if splits > 1:
         n_rows = call.batch * call.heads_q * call.seqlen_q
         combine_kernel.launch(combine_grid(n_rows, combine_m), stream,
-                              combine_ints(part_out, part_lse, out, lse, call, splits), (), scratch_alloc)
+                              combine_ints(part_out, part_lse, out, lse, call, splits), (), launch.scratch_alloc)
 
 
 def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import geometry
+from lazytriton import geometry, launch
 from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.trust import indices_trusted
 
@@ -296,9 +296,7 @@ def values_checked(t: Inputs) -> bool:
         return False
     if t.q.device.type != "cuda":
         return True
-    from lazytriton.kernels.flash_fwd.binding import capturing  # as launch_gpu imports its helpers
-
-    return not capturing(t.q.get_device())
+    return not launch.capturing(t.q.get_device())
 
 
 def lengths(t: Inputs, call: Call) -> torch.Tensor:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import geometry, machine, runtime, tuning
+from lazytriton import geometry, launch, machine, runtime, tuning
 from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.flash_fwd import FLASH_FWD, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
@@ -469,74 +469,21 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
 # Running it
 
 
-class CaptureError(RuntimeError):
-    """A call would load or compile a kernel while a CUDA graph is being captured."""
-
-
-_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 µs; the public API ~3 µs
-is_capturing = torch.cuda.is_current_stream_capturing  # the current device's current stream
-current_device = getattr(torch._C, "_cuda_getDevice", None)  # torch's current CUDA device; None on a CPU build
-
-
-def capturing(device_index: int | None) -> bool:
-    """Whether a CUDA graph capture is underway on the current stream of GPU ``device_index``.
-
-    torch's ``is_capturing`` asks the current device's stream. A call on
-    another device (tensors on cuda:1 while cuda:0 is current, cuda:1's
-    stream being captured) asks its own device's, made current for the
-    question. None: the current device's.
-    """
-    if current_device is None or device_index is None or current_device() == device_index:
-        return is_capturing()
-    with torch.cuda.device(device_index):
-        return is_capturing()
-
-
-def refuse_loads_in_capture(rt: Any, variants: Any, device: torch.device, fix: str) -> None:
-    """Raise ``CaptureError`` if a CUDA graph is being captured and one of ``variants`` is not loaded on ``device``.
-
-    Loading or compiling would touch the driver or the compiler inside the
-    capture; every family's plan asks this before it resolves its kernels.
-    ``fix`` tells the caller what to run before the capture.
-    """
-    if not capturing(device.index):
-        return
-    for chosen in variants:
-        if rt.loaded(chosen, device.index) is None:
-            raise CaptureError(f"{chosen} is not loaded on {device} and a CUDA graph is being captured, during "
-                               f"which it can be neither loaded nor compiled; {fix}")
-
-
-def raw_stream(device_index: int) -> int:
-    """The current CUDA/HIP stream of a device, as the driver's handle."""
-    if _GET_RAW_STREAM is not None:
-        return int(_GET_RAW_STREAM(device_index))
-    return int(torch.cuda.current_stream(device_index).cuda_stream)
-
-
-def scratch_alloc(nbytes: int, device_index: int) -> torch.Tensor:
-    """Scratch memory Triton's hidden parameters ask for (torch's allocator: graph-safe)."""
-    return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device_index))
-
-
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
          mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0) -> tuple[Any, int]:
-    """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans``.
+    """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans`` (``launch.plan``).
 
     During a CUDA graph capture, a kernel that is not loaded yet would touch
     the driver (module load) or the compiler; that raises ``CaptureError``
     first, naming the variant and the fix (``lazytriton.preload``).
     """
-    found = machine.target_of_device(device)
-    chosen = variant(found, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v,
-                     gluon_key(key))
-    refuse_loads_in_capture(rt, (chosen,), device, "call lazytriton.preload(...) with this shape (or run the call "
-                            "once) before the capture")
-    kernel = rt.kernel(chosen, device.index)
-    entry = (kernel, int(chosen.get("BLOCK_M")))
-    rt.plans[key] = entry
-    return entry
+    def choose(target: Any) -> launch.Choice:
+        return ((variant(target, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v,
+                         gluon_key(key)), ("BLOCK_M",)),)
+
+    return launch.plan(rt, key, device, choose, "call lazytriton.preload(...) with this shape (or run the call "
+                       "once) before the capture")  # type: ignore[return-value]
 
 
 def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -561,8 +508,8 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     else:
         found = (rt.kernel(variant, device.index), int(variant.get("BLOCK_M")))
     kernel, block_m = found
-    kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), raw_stream(device.index),
-                  ints, floats(call), scratch_alloc)
+    kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), launch.raw_stream(device.index),
+                  ints, floats(call), launch.scratch_alloc)
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,

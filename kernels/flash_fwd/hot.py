@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import geometry, runtime
+from lazytriton import geometry, launch, runtime
 from lazytriton.driver import fastlaunch, hotpath
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
@@ -355,7 +355,7 @@ def spare_lse(device_index: int, numel: int) -> torch.Tensor:
     reuse. Kernels on several streams may write the same spare buffer at
     once: nobody reads it, and it is never freed.
     """
-    if binding.capturing(device_index):
+    if launch.capturing(device_index):
         return torch.empty(numel, dtype=torch.float32, device=torch.device("cuda", device_index))
     with _spare_lock:
         found = SPARE.get(device_index)
@@ -447,7 +447,7 @@ def _never_capturing() -> bool:
 # The C function itself (~0.1 µs) where torch is built with CUDA/ROCm; a CPU build has a placeholder class
 # there (and torch 2.13's is_current_stream_capturing calls it): nothing is ever captured on one.
 is_capturing = torch._C._cuda_isCurrentStreamCapturing if torch.backends.cuda.is_built() else _never_capturing
-_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; binding.raw_stream's
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, ~0.3 µs; launch.raw_stream's
 
 
 def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, stream_inside: bool = False,
@@ -533,11 +533,11 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
         "gluon_q_tiles": fwd_dispatch.flash_fwd_gluon_q_tiles, "INT32_MAX": binding.INT32_MAX,
         "MAX_GRID_YZ": binding.MAX_GRID_YZ, "INV_SQRT": [0.0] + [1.0 / math.sqrt(d) for d in range(1, 257)],
         "INF": math.inf, "F32": torch.float32, "empty_like": torch.empty_like,
-        "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or binding.raw_stream,
-        "scratch_alloc": binding.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
+        "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or launch.raw_stream,
+        "scratch_alloc": launch.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
         "lse_template": lse_template if result == "forward" else _no_template, "lse_stocks": lse_stocks,
         "restock": restock, "is_capturing": is_capturing, "run_cpp": getattr(cpp, "run", None) if cpp else None,
-        "current_device": binding.current_device if cuda and binding.current_device else _cpu_device,
+        "current_device": launch.current_device if cuda and launch.current_device else _cpu_device,
         "serve": getattr(cpp, "serve", None) if cpp else None,
         "remember": getattr(cpp, "remember", None) if cpp else None, "TABLE": {}, "CUDA": cuda,
         "cpp_record": functools.partial(cpp_record, forward=result == "forward"),

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lazytriton import machine, runtime
+from lazytriton import launch, runtime
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
@@ -116,7 +116,7 @@ def reading_values_is_safe(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
         return False
     if any(type(t) is not torch.Tensor or t.device.type == "meta" for t in (cu_q, cu_k)):
         return False
-    return not (cu_q.is_cuda and fwd.capturing(cu_q.get_device()))
+    return not (cu_q.is_cuda and launch.capturing(cu_q.get_device()))
 
 
 def check_values(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int, max_seqlen_q: int,
@@ -248,13 +248,12 @@ BACKWARD = (FLASH_BWD_DQ.name, FLASH_BWD_DKDV.name)
 def _plan(rt: Any, key: tuple[Any, ...], kernels: tuple[str, ...], tile: tuple[str, ...], device: torch.device,
           dtype: torch.dtype, vc: VarlenCall, aligned: bool, index64: bool) -> tuple[Any, ...]:
     """(kernel, its grid tile, ...) for ``kernels``, memoised in ``rt.plans``; refused during a CUDA graph capture."""
-    chosen = variants(kernels, machine.target_of_device(device), dtype, vc, aligned, index64)
-    fwd.refuse_loads_in_capture(rt, chosen, device, "run the varlen call once with this shape (forward and "
-                                "backward) before the capture")
-    entry = tuple(item for variant, name in zip(chosen, tile, strict=True)
-                  for item in (rt.kernel(variant, device.index), int(variant.get(name))))
-    rt.plans[key] = entry
-    return entry
+    def choose(target: Any) -> launch.Choice:
+        return tuple((variant, (name,)) for variant, name in zip(variants(kernels, target, dtype, vc, aligned,
+                                                                          index64), tile, strict=True))
+
+    return launch.plan(rt, key, device, choose, "run the varlen call once with this shape (forward and backward) "
+                       "before the capture")
 
 
 def host_lengths(vc: VarlenCall, cu_q: torch.Tensor, cu_k: torch.Tensor) -> VarlenCall:
@@ -316,8 +315,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
     if found is None:
         found = _plan(rt, key, FORWARD, ("BLOCK_M",), device, q.dtype, vc, aligned, index64)
     kernel, block_m = found
-    kernel.launch(fwd.grid(vc.kernel_shape, block_m), fwd.raw_stream(device.index), ints, fwd.floats(call),
-                  fwd.scratch_alloc)
+    kernel.launch(fwd.grid(vc.kernel_shape, block_m), launch.raw_stream(device.index), ints, fwd.floats(call),
+                  launch.scratch_alloc)
     return out, lse
 
 
@@ -352,10 +351,10 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     if found is None:
         found = _plan(rt, key, BACKWARD, ("BLOCK_M", "BLOCK_N"), device, q.dtype, vc, aligned, index64)
     dq_kernel, block_m, dkdv_kernel, block_n = found
-    stream = fwd.raw_stream(device.index)
+    stream = launch.raw_stream(device.index)
     dq_grid, dkdv_grid = bwd.grids(shape, block_m, block_n)
-    dq_kernel.launch(dq_grid, stream, dq_ints, floats, fwd.scratch_alloc)
-    dkdv_kernel.launch(dkdv_grid, stream, dkdv_ints, floats, fwd.scratch_alloc)
+    dq_kernel.launch(dq_grid, stream, dq_ints, floats, launch.scratch_alloc)
+    dkdv_kernel.launch(dkdv_grid, stream, dkdv_ints, floats, launch.scratch_alloc)
     return grads
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import geometry, machine, runtime
+from lazytriton import geometry, launch, runtime
 from lazytriton.kernels.flash_decode.checks import DTYPES, INT32_MAX, Call, Inputs
 from lazytriton.kernels.kv_append import BLOCK_M, FAMILY, INT_PARAMS, KV_APPEND, grid, variant
 
@@ -89,20 +89,17 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> Any:
     """The loaded kernel, memoised in the runtime's plans; during a capture, an unloaded one raises CaptureError."""
-    from lazytriton.kernels.flash_fwd.binding import refuse_loads_in_capture
-
     rt = runtime.get()
     key = memo_key(device.index, dtype, call, aligned, index64)
     found = rt.plans.get(key)
-    if found is not None:
-        return found
-    chosen = variant(machine.target_of_device(device), DTYPES[dtype], call.head_dim, call.head_dim_v, call.paged,
-                     aligned, index64)
-    refuse_loads_in_capture(rt, (chosen,), device, "run flash_attn_with_kvcache once with new keys of this shape "
+    if found is None:
+        def choose(target: Any) -> launch.Choice:
+            return ((variant(target, DTYPES[dtype], call.head_dim, call.head_dim_v, call.paged, aligned, index64),
+                     ()),)
+
+        found = launch.plan(rt, key, device, choose, "run flash_attn_with_kvcache once with new keys of this shape "
                             "before the capture")
-    kernel = rt.kernel(chosen, device.index)
-    rt.plans[key] = kernel
-    return kernel
+    return found[0]
 
 
 def interpreter_constexprs(call: Call) -> dict[str, Any]:
@@ -127,9 +124,7 @@ def append(t: Inputs, call: Call) -> None:
         compiler.interpret(KV_APPEND.name, grid(call.seqlen_new, call.heads_k, call.batch, constexprs["BLOCK_M"]),
                            ints(t, call, pointers=lambda x: x), constexprs)
         return
-    from lazytriton.kernels.flash_fwd.binding import raw_stream, scratch_alloc
-
     aligned, index64 = layout_flags(t)
     kernel = plan(device, t.q.dtype, call, aligned, index64)
-    kernel.launch(grid(call.seqlen_new, call.heads_k, call.batch, BLOCK_M), raw_stream(device.index),
-                  ints(t, call), (), scratch_alloc)
+    kernel.launch(grid(call.seqlen_new, call.heads_k, call.batch, BLOCK_M), launch.raw_stream(device.index),
+                  ints(t, call), (), launch.scratch_alloc)
