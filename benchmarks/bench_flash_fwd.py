@@ -194,8 +194,8 @@ def host_cost(meta: dict[str, str], rows: list[dict[str, object]]) -> None:
         "sdpa_default": lambda: F.scaled_dot_product_attention(q, k, v),
         "torch_add": lambda: torch.add(q, q),
     }
-    # The providers' rounds interleaved, each provider's best round kept: one after the other, a slow spell of the
-    # host fell on some of them (12-02, 17th session: torch.add 6.29 µs in one run, 8.9-10.3 in the two before)
+    # The providers' rounds interleaved, each provider's best round kept: timed one after the other, a slow spell of
+    # the host falls on some of them only (H200 host, 12-02: torch.add 6.29 µs in one run, 8.9-10.3 in two others)
     best = {name: math.inf for name in providers}
     for _ in range(5):
         for name, fn in providers.items():

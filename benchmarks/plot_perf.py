@@ -32,7 +32,7 @@ entry in the PNG metadata (matplotlib writes no time into a PNG).
 ``--since`` (default ``DEVICE_TIME_SINCE``) leaves out points older than a
 timestamp: rows timed before 2026-12-02 07:00 UTC held each call's host
 latency (the device idled from the previous sync until the call's first
-launch; ``lazytriton.cli.timing.LEAD_CYCLES`` says what changed), so their
+launch; ``lazytriton.cli.timing.LEAD_CYCLES`` says why), so their
 ratios are not comparable with later rows' and are not drawn or summed.
 
 ``--head-dims`` keeps the rows of those head dims only (the README draws
@@ -153,8 +153,8 @@ def _time(text: str) -> dt.datetime:
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
-# The first run of the grids timed as lazytriton.cli.timing times calls since 12-02: the device busy while the
-# host enqueues each call, so the events hold device time only (before: its host latency too, 0.04-0.35 ms a call)
+# Rows from this time on are timed as lazytriton.cli.timing times calls: the device busy while the host enqueues
+# each call, so the events hold device time only; older rows hold the call's host latency too (0.04-0.35 ms a call)
 DEVICE_TIME_SINCE = "2026-12-02T07:00:00+00:00"
 
 

@@ -32,7 +32,7 @@ from lazytriton.prewarm.enumeration import Planned
 from lazytriton.variant import Variant
 
 # Per-kernel factor: the backward kernels hold more dots per loop (dq three, dK/dV four; the forward two).
-# The decoding kernels came later: fitted as the geometric mean of measured over estimated time relative
+# The decoding kernels' factors: the geometric mean of measured over estimated time relative
 # to the forward's, on the bench plan's 24 split and 2 combine variants (Triton 3.6, CPU seconds, this
 # machine, 2026-11-30; log-space spread 0.14). Without them the split kernel, the longest of the bench
 # plan (1.6-3.5 s against 0.4-3.1 for the rest), was estimated at 1.0x and handed out among the last.
@@ -47,7 +47,7 @@ GLUON_FACTOR = {(False, False): 0.72, (False, True): 0.72, (True, False): 1.34, 
 # Its wide tiles (three consumer partitions of 64 rows and a producer warp: BLOCK_M 192 at 4 warps, PINGPONG off),
 # by CAUSAL: fitted on their hd64 variants beside ping-pong hd128 and hd256 causal ones, compiled one at a time
 # (Triton 3.9, this machine, 2026-12-02, wall seconds with ptxas: wide causal 4.11, full 3.42, ping-pong 3.30 and
-# 4.26). Taken as plain they were estimated at 1.3 s: on the H200 (17th session, 96 variants at -j 16) they were
+# 4.26). Taken as plain they were estimated at 1.3 s: on the H200 (2026-12-02, 96 variants at -j 16) they were
 # handed out at 7.9-8.2 s of 12.3, compiled 2.9-4.0 s and finished last, the workers idle 2 s (median) at the end.
 GLUON_WIDE_FACTOR = {False: 1.65, True: 1.98}
 # The fused backward's kernels have no BLOCK_N field: the keys a program holds (flash_bwd_fused_gluon: two

@@ -28,7 +28,7 @@ from test_flash_fwd import make_qkv, on_gpu, skip_unless_sm90
 from test_gluon_bwd import plain_call
 
 import lazytriton
-from lazytriton import geometry, machine
+from lazytriton import geometry, launch, machine
 from lazytriton.kernels import get, source_fingerprint
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
@@ -165,12 +165,12 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
     (128, False, 0, 2048, 2048, True),
     (128, True, 0, 128, 2048, True),
     (128, False, 0, 1024, 1024, True),  # from 1k keys (12-02)
-    (128, True, 0, 1024, 1024, True),  # from 1k keys (12-02, 14th: the head dim hint)
+    (128, True, 0, 1024, 1024, True),  # from 1k keys (the head dim hint, 12-02)
     (128, True, 0, 512, 512, False),  # under the row's minimum seqlen_k: the two kernels win there
     (128, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
     (128, False, 0, 2048, 2112, False),  # seqlen_k not a multiple of 128
     (128, True, -64, 2112, 2048, False),  # rows without keys
-    (64, False, 0, 1024, 1024, True),  # from 1k keys (14th)
+    (64, False, 0, 1024, 1024, True),  # from 1k keys (the head dim hint)
     (64, True, 0, 1024, 1024, False),  # under the row's minimum seqlen_k: flash_bwd wins there
     (64, False, 0, 4096, 4096, True),
     (64, False, 0, 4032, 4096, False),  # BLOCK_M 128 does not divide seqlen_q
@@ -178,14 +178,14 @@ def test_every_table_row_is_a_pair_the_kernel_takes_within_shared_memory() -> No
     (256, True, 0, 1024, 1088, True),
     (256, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
     (96, False, 0, 4096, 4096, True),  # split: 64 + 32
-    (96, False, 0, 1024, 1024, True),  # from 1k keys since dQ by chunk (16th)
+    (96, False, 0, 1024, 1024, True),  # from 1k keys (dQ by chunk)
     (80, True, 0, 1024, 1024, False),  # causal 80 keeps 2k (a tie at 1k)
     (80, False, 0, 512, 512, False),  # under the row's minimum seqlen_k
     (224, True, 0, 1024, 1024, True),  # 256's tile: 64 keys a program
     (192, False, 0, 2048, 2048, True),  # split, 64 keys a program
     (160, True, 0, 2048, 2112, False),  # no row: flash_bwd's split tiles win at 160 (12-02)
     (192, True, 0, 2048, 2112, True),
-    (192, True, 0, 1024, 1024, True),  # from 1k keys (14th)
+    (192, True, 0, 1024, 1024, True),  # from 1k keys (the head dim hint)
     (192, False, 0, 1024, 1024, False),  # full keeps 2k
     (104, False, 0, 4096, 4096, False),  # no row
 ])
@@ -275,7 +275,7 @@ def test_the_plan_loads_the_prep_and_the_fused_kernel(monkeypatch: pytest.Monkey
             return variant.kernel
 
     monkeypatch.setattr(machine, "target_of_device", lambda device: SM90)
-    monkeypatch.setattr(fwd, "refuse_loads_in_capture", lambda *a: None)
+    monkeypatch.setattr(launch, "refuse_loads_in_capture", lambda *a: None)
     call = plain_call()
     rt = FakeRuntime()
     entry = bwd.plan(rt, ("k",), torch.device("cuda", 0), torch.bfloat16, call.shape, False, True, False,
@@ -396,16 +396,16 @@ def test_both_kernels_compile_for_sm90_into_entries(head_dim: int, causal: str, 
 def test_the_served_kernels_move_rows_16_bytes_a_thread(head_dim: int, tmp_path: Path) -> None:
     """head_dim is marked 8-divisible (``eight_params``: the rule takes multiples of 8 only), so the masked dK/dV
     stores of the fused kernel and the prep kernel's masked O/dO loads are 16-byte accesses, as the JIT probes
-    that measured them compiled them; unmarked they were 2-byte ones (12-02: the kernel 869 µs a call in the
-    served backward at hd128 1k, 686 µs in the probe)."""
+    that measured them compiled them; unmarked they compile to 2-byte ones (H200, 12-02: the kernel 869 µs a call in
+    the served backward at hd128 1k against 686 µs in the probe)."""
     from lazytriton.compiler import compile_variant
 
     found = fused.variants("sm_90", "bf16", head_dim, "none", True, False, 4096, 4096, 64, True)
     assert found is not None
     prep, kernel = (sass_of(compile_variant(v).binary, tmp_path) for v in found)
     stores = re.findall(r"STG\.E(\.[A-Z0-9]+)?", kernel)
-    # No .U16 / .16, nor 4 bytes a thread from the MMA's layout (the split wide program's second chunk of dK and dV
-    # until the 17th session); 8-byte ones from the float32 tiles that stage it
+    # No .U16 / .16, nor 4 bytes a thread from the MMA's layout; 8-byte ones where the split wide program stages its
+    # second chunk of dK and dV through a float32 tile
     assert stores and set(stores) <= {".128", ".64"}, sorted(set(stores))
     assert ".128" in stores
     loads = re.findall(r"LDG\.E(\.[A-Z0-9]+)?(\.CONSTANT)?", prep)
@@ -432,8 +432,9 @@ def _fused_ptx(fn: object, head_dim: int, causal: bool, **flags: bool) -> str:
 
 
 def test_the_narrow_program_brings_lse_and_delta_through_the_ring() -> None:
-    """At head dims 64/128 the producer loads each step's lse and delta rows by 1-D TMA with Q and dO (NOTES 12-01,
-    6th: their global loads sat on every step's path); hd256 keeps its global loads (rows as M: 2 a thread)."""
+    """At head dims 64/128 the producer loads each step's lse and delta rows by 1-D TMA with Q and dO (NOTES.md,
+    2026-12-01: loaded from global memory they sit on every step's path); hd256 keeps its global loads (rows as M:
+    2 a thread)."""
     from lazytriton.kernels.flash_bwd import fused_kernel
 
     fn = fused_kernel.flash_bwd_fused_gluon_kernel
@@ -452,7 +453,7 @@ def test_the_variant_probe_parses_its_variants(monkeypatch: pytest.MonkeyPatch) 
 
 def test_the_tracing_copy_of_the_fused_kernel_is_made_from_the_current_source(monkeypatch: pytest.MonkeyPatch) -> None:
     """make_trace_kernel.py edits the kernel by exact strings: a change to the kernel that moves a traced line must
-    fail here, not when a GPU round needs the trace (it had, from the 12th session to the 16th)."""
+    fail here, not when a GPU round needs the trace."""
     from conftest import REPO
 
     monkeypatch.syspath_prepend(str(REPO / "experiments"))
@@ -508,8 +509,8 @@ def test_a_second_chunk_of_one_swizzle_span_shares_its_descriptors(block_d: int,
     """At 192 = 128 + 64 the second chunk's rows are one 128-byte swizzle span, so its boxes tile the first chunk's
     buffers too: K, V, Q, dO and dQ's accumulator each take one descriptor, as at 256 (six a program: K, V, two of
     dQ's, Q and dO), not two. Each is made on the device at ~0.7 µs of its partition's time before the program's
-    first step (H200 trace, 17th session: K/V in 4.6-5.1 µs at 192 against 3.2-3.6 at 256). Other splits keep
-    a descriptor a chunk."""
+    first step (H200 trace, 2026-12-02, a descriptor a chunk: K/V in 4.6-5.1 µs at 192 against 3.2-3.6 at 256).
+    Other splits keep a descriptor a chunk."""
     from lazytriton.kernels.flash_bwd import fused_kernel
 
     ptx = _fused_ptx(fused_kernel.flash_bwd_fused_gluon_kernel, block_d, True, BLOCK_D2=block_d2)
@@ -520,7 +521,7 @@ def test_a_second_chunk_of_one_swizzle_span_shares_its_descriptors(block_d: int,
 def test_the_narrow_split_programs_keep_their_registers(block_d2: int, causal: bool, tmp_path: Path) -> None:
     """The served 96 = 64 + 32 and 80 = 64 + 16 programs (PREFETCH off) do not spill: with each warpgroup's dQ half
     of both chunks (two products, two tiles) ptxas of Triton 3.6 spilled 88-204 bytes a thread in all of them, and
-    dQ by chunk made them 1.17-1.22x faster on the H200 (NOTES.md, 16th session)."""
+    dQ by chunk made them 1.17-1.22x faster on the H200 (NOTES.md, 2026-12-02)."""
     from lazytriton.kernels.flash_bwd import fused_kernel
 
     _, stores, loads = ptxas_report(_fused_ptx(fused_kernel.flash_bwd_fused_gluon_kernel, 64, causal,
@@ -542,11 +543,11 @@ def test_the_narrow_split_programs_keep_their_registers(block_d2: int, causal: b
     (torch.bfloat16, True, (5, 5), (2048, 2048), 128, "bhsd"),
     (torch.bfloat16, False, (4, 1), (2048, 2048), 64, "bshd"),  # MQA
     (torch.float16, True, (2, 2), (2048, 2048), 64, "bhsd"),
-    # The rows from 1k keys since the head dim hint (14th session)
+    # The rows from 1k keys (BWD_FUSED_TABLE)
     (torch.float16, False, (4, 2), (1024, 1024), 64, "bhsd"),
     (torch.bfloat16, True, (3, 3), (1024, 1024), 128, "bhsd"),
     (torch.float16, True, (2, 2), (1024, 1024), 192, "bhsd"),
-    (torch.bfloat16, True, (2, 2), (1024, 1024), 96, "bhsd"),  # from 1k since dQ by chunk (16th session)
+    (torch.bfloat16, True, (2, 2), (1024, 1024), 96, "bhsd"),  # from 1k keys (dQ by chunk)
     (torch.float16, False, (4, 2), (128, 1024), 80, "bshd"),
     # Head dim 256: 64 keys a program, from 1024 keys
     (torch.bfloat16, False, (4, 2), (128, 1024), 256, "bhsd"),  # GQA
@@ -563,7 +564,7 @@ def test_the_narrow_split_programs_keep_their_registers(block_d2: int, causal: b
     (torch.float16, True, (2, 2), (2048, 2048), 160, "bhsd"),
     (torch.float16, "bottom_right", (4, 2), (128, 2112), 160, "bshd"),  # GQA, causal offset 1984
     (torch.bfloat16, True, (2, 2), (2048, 2048), 192, "bhsd"),
-    (torch.bfloat16, "bottom_right", (4, 2), (192, 1088), 192, "bshd"),  # one descriptor for both chunks (17th)
+    (torch.bfloat16, "bottom_right", (4, 2), (192, 1088), 192, "bshd"),  # one descriptor for both chunks
     (torch.bfloat16, True, (2, 2), (2048, 2048), 96, "bhsd"),
     (torch.bfloat16, False, (4, 2), (128, 2048), 80, "bshd"),
     # Split head dims without a table row (a row added for the test): a second chunk zero-filled past the head dim

@@ -146,12 +146,12 @@ def test_the_table_rows_are_variants_the_kernel_takes() -> None:
                 continue
             q_tiles = fwd_dispatch.gluon_q_tiles(head_dim, causal, seqlen, tiles[0]) if pingpong else 1
             assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == (tiles[0] * q_tiles, *tiles[1:])
-            assert v.constexprs.get("BLOCK_TILES", 1) == q_tiles  # absent for one tile: the strings as before
+            assert v.constexprs.get("BLOCK_TILES", 1) == q_tiles  # absent for one tile: no field in the string
             assert (v.get("PRODUCER"), v.get("PINGPONG")) == (producer or pingpong, pingpong)
 
 
 def test_the_wide_rows_serve_past_their_bound_and_the_table_or_flash_fwd_up_to_it() -> None:
-    assert fwd_dispatch.GLUON_WIDE  # measured rows (NOTES.md, 15th session)
+    assert fwd_dispatch.GLUON_WIDE  # measured rows (NOTES.md, 2026-12-02)
     for (dtype, head_dim, causal), (most, tiles) in fwd_dispatch.GLUON_WIDE.items():
         assert most & (most - 1) == 0 and tiles in gluon.wide_configs(head_dim)  # the memo key's buckets decide
         longer = fwd_dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, 2 * most,
@@ -162,7 +162,7 @@ def test_the_wide_rows_serve_past_their_bound_and_the_table_or_flash_fwd_up_to_i
         assert fwd_dispatch.flash_fwd_gluon_q_tiles(dtype, head_dim, causal, 0, 0.1, most + 32, 2 * most) == 0
         up_to = fwd_dispatch.flash_fwd_gluon_default_variant(SM90, dtype, head_dim, causal, True, False, most, most)
         table = fwd_dispatch.GLUON_TABLE.get((dtype, head_dim, causal))
-        assert (up_to is None) == (table is None)  # a row up to the bound (hd64 causal's since the 19th session)
+        assert (up_to is None) == (table is None)  # a row up to the bound (hd64 causal's too)
         assert up_to is None or up_to.get("BLOCK_M") != 192
     assert fwd_dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 1024, 1024) == 8  # ping-pong x8
     assert fwd_dispatch.flash_fwd_gluon_q_tiles("bf16", 64, True, 0, 0.125, 4096, 4096) == 1  # the wide tiles'
@@ -206,7 +206,7 @@ def test_query_tiles_follow_the_seqlen_bucket_and_divide_a_programs_rows() -> No
 
 
 @pytest.mark.parametrize("head_dim, tiles, q_tiles, buffers", [
-    (128, (128, 128), 4, 2), (64, (128, 128), 8, 2), (192, (128, 64), 2, 2),  # the served rows: two, as before
+    (128, (128, 128), 4, 2), (64, (128, 128), 8, 2), (192, (128, 64), 2, 2),  # the served rows: two
     (160, (128, 128), 4, 1), (256, (128, 64), 2, 1),  # two would pass sm_90's 227 KiB
     (160, (128, 128), 1, 1), (128, (128, 128), 1, 1),  # one tile a program: one
 ])
@@ -248,7 +248,7 @@ def test_fits_is_the_rule_the_buckets_cannot_see() -> None:
     assert not fits("bf16", 128, True, -128, 0.088, 4096, 3968)  # bottom-right, seqlen_q > seqlen_k
     assert fits("bf16", 128, False, -128, 0.088, 4096, 3968)  # the offset means nothing without causal
     assert not fits("bf16", 128, False, 0, 0.0, 4096, 4096)
-    assert fits("bf16", 64, True, 0, 0.125, 1024, 1024)  # ping-pong to 1k (19th session)
+    assert fits("bf16", 64, True, 0, 0.125, 1024, 1024)  # ping-pong to 1k (GLUON_WIDE's bound)
     assert not fits("bf16", 112, True, 0, 0.0945, 1024, 1024)  # no row: flash_fwd serves
     assert fits("bf16", 64, True, 0, 0.125, 4096, 4096)  # GLUON_WIDE's wide tiles from 2k on
     assert fits("bf16", 64, True, 0, 0.125, 4096 + 64, 4096) and not fits("bf16", 64, True, 0, 0.125, 4096 + 32,
@@ -679,8 +679,8 @@ def _descriptors_and_loads(ptx: str) -> str:
 
 @pytest.mark.parametrize("q_tiles", [1, 8])
 def test_with_ping_pong_each_partition_makes_its_own_descriptors(q_tiles: int) -> None:
-    """Ping-pong: the partitions make their descriptors at once, none before they split (each ~0.7 µs, in
-    turn before the split they held every program's first step back). One tile: each consumer warpgroup makes
+    """Ping-pong: the partitions make their descriptors at once, none before they split (each ~0.7 µs: made in
+    turn before the split, they would hold every program's first step back). One tile: each consumer warpgroup makes
     Q's, loads its half, then makes Out's; the producer K's, loads block 0, then V's. Several tiles: the
     consumers make Out's alone, the producer Q's, K's and V's, each load going out before the next one."""
     variant = gluon_variant(128, True, 1024, 1024, pingpong=True, q_tiles=q_tiles)

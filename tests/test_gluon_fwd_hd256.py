@@ -3,9 +3,10 @@
 FlashAttention-3's hdim256 forward: BLOCK_M 128 (two consumer warpgroups of
 64 rows, or ping-pong), BLOCK_N 64, 2 stages: Q 64 KiB and four 32 KiB K/V
 buffers, 192 KiB of sm_90's 227; O is 64 x 256 fp32 a warpgroup, 128
-registers a thread. flash_fwd.dispatch.GLUON_TABLE has no hd256 row until the H200
-sweep (experiments/probe_gluon.py --quick --sweep) says which tiling wins:
-the plumbing tests here patch one in. The GPU tests run on the H200 host.
+registers a thread. flash_fwd.dispatch.GLUON_TABLE's hd256 rows are the H200
+sweep's winner (experiments/probe_gluon.py --head-dims 256, 2026-12-01); the
+plumbing tests here patch a row in, so they hold whatever the table ships.
+The GPU tests run on the H200 host.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def test_head_dim_256_compiles_under_the_other_triton_too() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Head dim 256 end to end: what a GLUON_TABLE row for it (the lead's, after the H200 sweep) would serve
+# Head dim 256 end to end: what a GLUON_TABLE row for it serves (the fixture sets the row)
 
 HD256_ROW = ((128, 64, 4), True, True)  # ping-pong 128 x 64 x 4: made up here, not a measurement
 HD256_TILINGS = [((128, 64, 8), False, False), ((128, 64, 8), True, False), ((128, 64, 4), True, True),

@@ -434,10 +434,10 @@ def test_the_gluon_tail_marks_exactly_the_shapes_its_tiles_divide() -> None:
     assert not binding.gluon_key(_key(512, 256, "bottom_right"))  # rows without keys (offset < 0): flash_fwd
     assert binding.gluon_key(_key(256, 512, "bottom_right"))  # offset 256
     assert not binding.gluon_key(_key(256, 512, scale=-0.1))  # the kernel needs a positive scale
-    assert binding.gluon_key(_key(256, 512, d=64))  # head dim 64 causal: ping-pong to 1k (19th session)
+    assert binding.gluon_key(_key(256, 512, d=64))  # head dim 64 causal: ping-pong to 1k (GLUON_WIDE's bound)
     assert not binding.gluon_key(_key(256, 512, d=112))  # no row at 112: flash_fwd
     assert not binding.gluon_key(_key(256, 512, dtype=torch.float32))
-    assert _key(256, 512, window=True)[-2:] == (True, False)  # windowed keys as they were, never the tail
+    assert _key(256, 512, window=True)[-2:] == (True, False)  # windowed keys never carry the tail
     q, k, v = make_qkv(1, (2, 2), (256, 512), 128, torch.bfloat16)
     call = binding.check(q, k, v, True)
     assert binding.memo_key(-1, torch.bfloat16, call.shape, True, True, False) == fits[:-2]  # no offset: no tail

@@ -57,7 +57,7 @@ def test_plan_holds_the_gluon_twin_of_each_call_it_serves() -> None:
     twins = [p for p in plan if p.variant.kernel == "flash_fwd_gluon"]
     # 1000's bucket is 1024's, where the programs walk more query tiles (flash_fwd.dispatch.GLUON_Q_TILES: BLOCK_M is a
     # program's rows; hd128 walks 4 at 4096 too, so full 1024 and 4096 share one variant); at 4096 hd64 takes
-    # GLUON_WIDE's 192-row tiles, causal too (ping-pong x8 at 1024, the 19th session's row). Aligned only (the
+    # GLUON_WIDE's 192-row tiles, causal too (ping-pong x8 at 1024, GLUON_TABLE's row). Aligned only (the
     # axis default is both alignments), each once.
     assert sorted((v.variant.get("BLOCK_D"), v.variant.get("CAUSAL"), v.variant.get("BLOCK_M"), v.origin)
                   for v in twins) == [(64, False, 192, "gluon table"), (64, False, 1024, "gluon table"),
@@ -465,11 +465,10 @@ def test_jit_then_prewarm_from_misses_then_zero_compiles(tmp_path: Path, cache_d
 BUILD_FROM_STDIN = """
 import io, json, sys
 from pathlib import Path
-from lazytriton import geometry
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm import Planned, build
 from lazytriton.target import Target
-variant = flash_fwd.dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 16)
+variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 16, False, True, 16)
 report = build([Planned(variant, variant.key(), "test")], Path(sys.argv[1]), 1, stream=io.StringIO())
 print(json.dumps({"compiled": report.compiled, "failures": [e for _, e in report.failures]}))
 """

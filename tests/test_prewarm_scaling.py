@@ -196,7 +196,7 @@ def test_the_gluon_forward_is_estimated_by_its_tile_and_its_partitions() -> None
         < estimate_seconds(fwd(128, False, pingpong=True))
     assert estimate_seconds(fwd(192, False, tiles=(128, 64, 4), pingpong=True)) > estimate_seconds(
         fwd(128, False, tiles=(128, 64, 4), pingpong=True))
-    # The wide tiles (three consumer partitions, 17th session): ranked with the ping-pong causal ones, not as plain
+    # The wide tiles (three consumer partitions, GLUON_WIDE_FACTOR): ranked with the ping-pong causal ones, not as plain
     wide = fwd(64, True, tiles=(192, 128, 4), producer=True)
     assert wide.get("BLOCK_M") == 192 and not wide.constexprs.get("PINGPONG")
     assert 0.8 < estimate_seconds(wide) / estimate_seconds(longest) < 1.2

@@ -127,8 +127,8 @@ def test_split_kernels_move_rows_16_bytes_a_thread_where_the_chunks_hold_the_hea
         kernel: str, head_dim: int, tmp_path: Path) -> None:
     """EVEN_D (the chunks sum to the head dim): no access masked by column, so none is split into 2-byte ones.
 
-    Until 12-02 (14th session) flash_fwd loaded Q's second chunk and stored Out's masked at head_dim even so:
-    32 LDG.E.U16 and 32 STG.E.U16 a thread at 96 (SASS of the served entry).
+    Masked at head_dim, flash_fwd's loads of Q's second chunk and stores of Out's compile to 32 LDG.E.U16 and
+    32 STG.E.U16 a thread at 96 (SASS of the served entry, 2026-12-02).
     """
     variant = dispatch.kernel_variant(kernel, SM90, "bf16", head_dim, True, True, 1024, 1024)
     assert variant.get("BLOCK_D2") and variant.get("EVEN_D") is True, variant

@@ -37,12 +37,11 @@ def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, s
     and 0.88); dkdv 32/64, 4 warps, 3 stages (2.70 full, 1.57 causal; 6.04
     and 3.50: 128 held key rows spill registers at head dim 128).
     head dim 64: dq 64/64, 4 warps, 3 stages (1.44; 1.52); dkdv 128/64, 4
-    warps, 2 stages (2.67; 2.80). (64/128 at 4 warps, chosen first by a
-    misreading of that sweep, ran the whole backward at 146 TFLOP/s against
-    345 in bench_flash_bwd.py.) The tuning table (kernels/flash_bwd/tuning.csv,
-    ``lazytriton tune --kernel flash_bwd``) covers 1k-16k tokens for bf16/fp16
-    at head dims 64, 128 and 256 and the split head dims 80, 96, 160 and 192;
-    these defaults serve the rest.
+    warps, 2 stages (2.67; 2.80). (64/128 at 4 warps ran the whole backward
+    at 146 TFLOP/s against 345 in bench_flash_bwd.py.) The tuning table
+    (kernels/flash_bwd/tuning.csv, ``lazytriton tune --kernel flash_bwd``)
+    covers 1k-16k tokens for bf16/fp16 at head dims 64, 128 and 256 and the
+    split head dims 80, 96, 160 and 192; these defaults serve the rest.
     Head dim 256 and fp32 halve the tiles (registers and shared memory; fp32
     dots use no tensor cores); short sequences get tiles no longer than
     needed. AMD values are a guess (no AMD GPU here).
@@ -131,7 +130,7 @@ def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool
 # binding.GLUON_TAIL). The rows are where it won in the whole backward: the probe (benchmarks/
 # probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-01) timed the dK/dV kernel alone, gluon over Triton, at
 # 1.06-1.18x for head dim 128 and head dim 64 causal from 4k tokens (0.78-0.97x at 1k and at head dim 64
-# non-causal, hence the minimum seqlen); then bench_flash_bwd.py served all three candidate rows, and only
+# non-causal, hence the minimum seqlen). Served through bench_flash_bwd.py, of the three candidate rows only
 # head dim 128 non-causal gained over the same run's Triton kernels (lazytriton / Triton JIT, bf16 and fp16:
 # 4k 1.09x / 1.05x, 16k 1.06x / 1.06x). Head dim 128 causal was level (0.97-1.02x) and head dim 64 causal
 # lost (0.87-0.91x), so they keep flash_bwd_dkdv. fp16 takes bf16's row.
@@ -181,54 +180,38 @@ def flash_bwd_dkdv_gluon_default_variant(target: Target, dtype: str, head_dim: i
 # probe_gluon_bwd.py, bf16, Triton 3.6, 2026-12-01, the whole backward with the prep kernel and the cast,
 # against flash_bwd's two kernels through Triton's JIT): head dim 128 1.22-1.31x non-causal, 1.10-1.27x causal
 # (BLOCK_M 64, lse and delta loaded after the scores); head dim 64 non-causal 1.22-1.24x from 4k with BLOCK_M 128
-# (0.90x at 1k), causal 1.00-1.17x from 4k with BLOCK_M 64 and the rows prefetched (0.93x at 1k). In
-# bench_flash_bwd.py's grid the 1k rows at head dim 128 lost to the two kernels (0.76-0.91x: the prep, the
-# accumulator's 4 bytes an element written, read and cast weigh most in the shortest backward), so every row
-# started at 2k keys. Then the served entries were found slower than the JIT's (probe_fused_served.py: lse's
-# strides and the causal offset not marked divisible by 16); marked, the probe had the fused kernel beat the
-# two at hd128 1k (0.98 against 1.11 ms non-causal, 0.81 against 0.85 causal), but the grid run with hd128's
-# rows from 1k lost there again (0.92x and 0.87x the two kernels through the JIT), so they stay at 2k, as hd64's
-# (1.19 against 1.17 ms, 0.95 against 0.76 at 1k in the probe). Head dim 256 (64 keys a program, the
-# warpgroups split by columns; probe of 2026-12-01, 5th session): 1.44-2.19x the two kernels and 0.88-1.09x
-# cuDNN from 1k, lse and delta prefetched. fp16 takes bf16's rows.
+# (0.90x at 1k), causal 1.00-1.17x from 4k with BLOCK_M 64 and the rows prefetched (0.93x at 1k). Head dim 256
+# (64 keys a program, the warpgroups split by columns; probe of 2026-12-01): 1.44-2.19x the two kernels and
+# 0.88-1.09x cuDNN from 1k, lse and delta prefetched. At 1k keys the prep and the accumulator's 4 bytes an element
+# (written, read and cast) weigh most, so a row starts at 1k keys only where the fused plan is faster there, the
+# two plans timed in turns (the rows' comments); else at 2k. fp16 takes bf16's rows.
 BwdFusedTiling = tuple[int, bool, int]  # BLOCK_M, PREFETCH, min seqlen_k
 _BWD_FUSED_BF16: dict[tuple[int, bool], BwdFusedTiling] = {
-    # Head dim 128 non-causal from 1k keys since 12-02 (12th session: with the parallel prologue and the staged
-    # dK/dV stores, probe_bwd_overhead.py --fused-from 1024, the two plans timed in turns, fused / two kernels
-    # 1.009 and 1.000 bf16, 0.973 and 0.957 fp16 over two runs); causal kept 2k then (1.07-1.10 at 1k).
-    # 12-02 (14th session), with head_dim marked 8-divisible (KernelSpec.eight_params: the dK/dV stores and the
-    # prep's loads 16 bytes wide), the same probe at 1k, fused / two kernels bf16 and fp16: hd128 causal 0.853 /
-    # 0.846, hd64 full 0.915 / 0.904 and hd192 causal 0.971 / 0.950 now start at 1k; hd64 causal 1.064 / 1.061,
-    # hd80 full 1.072 / 1.068 and causal 1.142 / 1.126, hd96 full 1.015 / 1.011 and causal 1.072 / 1.054, hd192
-    # full 1.101 / 1.130 keep 2k
+    # Time fused / two kernels at 1k keys, bf16 / fp16 (H200, probe_bwd_overhead.py --fused-from 1024: the two plans
+    # timed in turns, 2026-12-02). From 1k: hd128 full 1.009 and 1.000 bf16, 0.973 and 0.957 fp16 over two runs; with
+    # head_dim marked 8-divisible (KernelSpec.eight_params: the dK/dV stores and the prep's loads 16 bytes wide)
+    # hd128 causal 0.853 / 0.846, hd64 full 0.915 / 0.904, hd192 causal 0.971 / 0.950. From 2k: hd64 causal 1.064 /
+    # 1.061, hd192 full 1.101 / 1.130 (80 and 96: below)
     (128, False): (64, False, 1024),
     (128, True): (64, False, 1024),
     (64, False): (128, False, 1024),
     (64, True): (64, True, 2048),
     (256, False): (64, True, 1024),
     (256, True): (64, True, 1024),
-    # Head dims in a padded tile (then fused.tile: 80 and 96 in 128's, 160 to 224 in 256's; now 224 only, the rest
-    # in two chunks, fused.chunks), the tile's rows; H200,
-    # bench_flash_bwd.py (12-01, 7th session), bf16 TFLOP/s fused against the two kernels' split tiles in the run
-    # before, full / causal: 96 4k 367 / 306 against 315 / 282, 16k 407 / 397 against 329 / 310; 80 16k 349 / 344
-    # against 285 / 293; 192 4k 269 / 233 against 239 / 215; 224 (padded there too) 4k 315 / 258 against 105 /
-    # 106. At 1k the split kernels keep 160 and 192 (213 / 122 against 169 / 128 at 160, 200 / 149 against 200 /
-    # 140 at 192): 2048 keys at least, as 80 and 96. 160 and 192 then ran split in the wide program (fused.chunks;
-    # 12-01, 8th session): bf16 4k / 16k full 264 / 289 at 160 and 309 / 353 at 192 (cuDNN 269 / 257, 323 /
-    # 299); at 1k still no better than the split kernels (bf16 full / causal: 180 / 123 against 205 / 116 at 160,
-    # 202 / 132 against 203 / 150 at 192), so the rows keep 2048. 80 and 96 split in the narrow program (same
-    # session): bf16 4k / 16k full 353 / 401 at 80 (was 310 / 349; cuDNN 349 / 362) and 372 / 432 at 96 (367 /
-    # 407; cuDNN 398 / 418); at 1k 228 / 137 at 80 and 244 / 149 at 96 against the split kernels' 230 / 192 and
-    # 271 / 202 (full / causal): 2048 keys at least there too. Then flash_bwd's split tiles got rows of their own
-    # (12-02, 10th session: `lazytriton tune --kernel flash_bwd --head-dim 80,96,160,192`, 1k-16k), and at 160 the
-    # two kernels beat the fused one at every seqlen, so 160 has no row: bench_flash_bwd.py, bf16 full / causal,
-    # TFLOP/s two kernels (through the JIT) against fused, cuDNN: 4k 320 / 293 against 266 / 234 (270 / 242), 16k
-    # 348 / 348 against 290 / 283 (266 / 261); fp16 alike. At 192 the fused one still wins from 4k (bf16 16k 350 /
-    # 325 against 320 / 303; 4k level), at 80 and 96 by 10-30%. 12-02 (16th session): the narrow program's dQ by
-    # chunk (one product and one reduction a warpgroup a step; ptxas 3.6 no longer spills there), bf16 TFLOP/s
-    # against the kernel before (probe_fused_variants.py): hd96 full 4k 491 / 406, 16k 515 / 435, causal 4k 422 /
-    # 361; hd80 full 4k 436 / 356, causal 16k 443 / 366; and at 1k, the two plans in turns (probe_bwd_overhead.py
-    # --fused-from 1024), fused / two kernels: hd96 full 0.865, causal 0.933, hd80 full 0.916, causal 1.000 (kept)
+    # Head dims between the powers of two: 224 in 256's padded tile (fused.tile), 80 and 96 in two chunks in the
+    # narrow program, 192 in the wide one (fused.chunks). H200, bf16 TFLOP/s, full / causal. 224, bench_flash_bwd.py
+    # (2026-12-01): 4k 315 / 258 against the two kernels' 105 / 106 (padded there too). Split (2026-12-01), 4k / 16k
+    # full: 353 / 401 at 80 (310 / 349 in 128's padded tile; cuDNN 349 / 362), 372 / 432 at 96 (367 / 407; cuDNN
+    # 398 / 418), 309 / 353 at 192 (cuDNN 323 / 299). Against flash_bwd's split tiles with tuned rows (`lazytriton
+    # tune --kernel flash_bwd --head-dim 80,96,160,192`, 1k-16k; bench_flash_bwd.py, 2026-12-02, the two kernels
+    # through the JIT) the fused program wins at 80 and 96 by 10-30%, at 192 from 4k
+    # (16k 350 / 325 against 320 / 303; 4k level); at 160 it loses at every seqlen, so 160 has no row (two kernels
+    # against fused, cuDNN: 4k 320 / 293 against 266 / 234 (270 / 242), 16k 348 / 348 against 290 / 283 (266 /
+    # 261); fp16 alike). The narrow program computes dQ by chunk (one product and one reduction a warpgroup a step,
+    # which ptxas 3.6 compiles without spills), bf16 TFLOP/s against each warpgroup taking half of each chunk
+    # (probe_fused_variants.py, 2026-12-02): hd96 full 4k 491 / 406, 16k 515 / 435, causal 4k 422 / 361; hd80 full
+    # 4k 436 / 356, causal 16k 443 / 366; at 1k, the two plans in turns (probe_bwd_overhead.py --fused-from 1024),
+    # fused / two kernels: hd96 full 0.865, causal 0.933, hd80 full 0.916, causal 1.000 (level: from 2k)
     (80, False): (64, False, 1024),
     (80, True): (64, False, 2048),
     (96, False): (64, False, 1024),

@@ -52,9 +52,8 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     if kernel == "flash_decode_combine":
         return Config(16, 16, 4, 1, waves)
     # Equal bytes per tile across head dims (16 KB of K and 16 KB of V per step at 16 bits): 128 keys at
-    # head dim <= 64, 64 at 128, 32 at 256 or fp32 (registers). Until the table has rows (lazytriton tune
-    # --kernel flash_decode), head dim 64 read 8 KB tiles at 64 keys. A paged call keeps at most 64 keys, so
-    # that one default binary serves every page size that is a multiple of 64 (what prewarm plans).
+    # head dim <= 64, 64 at 128, 32 at 256 or fp32 (registers). A paged call keeps at most 64 keys, so that one
+    # default binary serves every page size that is a multiple of 64 (what prewarm plans).
     block_n = 32 if head_dim == 256 or dtype == "fp32" else 128 if head_dim <= 64 and not paged else 64
     stages = 2 if hip or target.capability in SMALL_SHARED_CUDA else 3
     if paged and not hip:

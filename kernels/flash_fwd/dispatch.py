@@ -148,29 +148,28 @@ def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool
 # row for the call's (dtype, head dim, causal) and the call fits that row's tiles (flash_fwd_gluon_fits);
 # the rest keeps flash_fwd. The rows are the H200 probe's winners over flash_fwd
 # (experiments/probe_gluon.py --quick --sweep prints them ready to paste; bf16, seqlen 4k, batch x
-# seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, second round with the ping-pong tilings; TFLOP/s
-# gluon / flash_fwd / cuDNN in the comments). fp16 takes bf16's rows: the same kernel and tiles (the
-# probe checks its numerics; bench_flash_fwd.py times both dtypes through dispatch). Head dim 64 causal was
-# not served until the 19th session (gluon 347 < flash_fwd 373 at 4k). The warm path's memo key carries
-# whether a call fits (binding.memo_key's GLUON_TAIL, computed once per shape), so a gluon plan is never
-# used for a call its tiles do not divide.
+# seqlen 16k, hidden 2048, Triton 3.6, 2026-11-30, with the ping-pong tilings; TFLOP/s gluon / flash_fwd /
+# cuDNN in the comments). fp16 takes bf16's rows: the same kernel and tiles (the probe checks its numerics;
+# bench_flash_fwd.py times both dtypes through dispatch). The warm path's memo key carries whether a call fits
+# (binding.memo_key's GLUON_TAIL, computed once per shape), so a gluon plan is never used for a call its tiles do
+# not divide.
 GluonTiling = tuple[tuple[int, int, int], bool, bool]  # (BLOCK_M, BLOCK_N, num_warps), producer, pingpong
 _GLUON_BF16: dict[tuple[int, bool], GluonTiling] = {
-    # 2026-12-01, third session, with the query tiles below (`--q-tiles 2,4,8`): ping-pong 128 x 128 x 4 walking
-    # 4 tiles a program, 1.03-1.08x flash_fwd at 4k-16k (436 / 423 / 434, 450 / 419 / 473), against the 128 x 64
-    # x 8 row it replaces (437 / 421 / 469 on 11-30); 8 tiles at 1k tie flash_fwd (326 / 329 / 399)
+    # 2026-12-01, with the query tiles below (`--q-tiles 2,4,8`): ping-pong 128 x 128 x 4 walking 4 tiles a
+    # program, 1.03-1.08x flash_fwd at 4k-16k (436 / 423 / 434, 450 / 419 / 473; 128 x 64 x 8 437 / 421 / 469 on
+    # 11-30); 8 tiles at 1k tie flash_fwd (326 / 329 / 399)
     (64, False): ((128, 128, 4), True, True),
-    # 19th session: causal to 1k (GLUON_WIDE's bound), 8 query tiles a program, since warpgroup 0 takes its
-    # diagonal block in a half step and the output store is waited for a step later (probe_fwd_variants.py, bf16
-    # 1k: 303 against flash_fwd's 288 and the kernel's 287 before; cuDNN 328)
+    # Causal to 1k (GLUON_WIDE's bound), 8 query tiles a program: warpgroup 0 takes its diagonal block in a half
+    # step and the output store is waited for a step later (probe_fwd_variants.py, bf16 1k, 2026-12-04: 303 against
+    # flash_fwd's 288, 287 without the half step and the deferred wait; cuDNN 328)
     (64, True): ((128, 128, 4), True, True),
     (128, False): ((128, 128, 4), True, True),  # 592 / 440 / 647
     (128, True): ((128, 128, 4), True, True),  # 492 / 407 / 543
     # 2026-12-01, `--head-dims 256`, mean of 1k and 4k: 1.28-1.58x flash_fwd, 0.88-1.04x cuDNN
     (256, False): ((128, 64, 4), True, True),  # 594 / 393 / 609
     (256, True): ((128, 64, 4), True, True),  # 443 / 317 / 462
-    # Split and padded head dims (gluon.chunks), 2026-12-01 (7th session): ping-pong, the padded tile's tiles at
-    # 80, 96 and 224; `bench_flash_fwd.py --head-dims 80,96,160,192,224`, bf16 4k full / causal (lazytriton /
+    # Split and padded head dims (gluon.chunks), 2026-12-01: ping-pong, the padded tile's tiles at 80, 96 and 224;
+    # `bench_flash_fwd.py --head-dims 80,96,160,192,224`, bf16 4k full / causal (lazytriton /
     # flash_fwd's split tiles through the JIT / cuDNN): 80 423 / 352 (366 / 338 / 400 / 358), 96 478 / 405 (412 /
     # 340 / 498 / 371), 224 642 / 507 (380 / 328 / 610 / 491). 160 at 128 x 128 (fits beside a 160-wide Q): 609 /
     # 483 against 562 / 455 at 128 x 64 (probe_gluon --quick, 4k; cuDNN 558 / 415)
@@ -190,7 +189,7 @@ GLUON_TABLE: dict[tuple[str, int, bool], GluonTiling] = {
 # The wide tiles (gluon.WIDE_CONFIGS: three consumer warpgroups of 64 rows, FlashAttention-3's at head dim 64) for
 # calls longer than a bound: per (dtype, head dim, causal), (largest seqlen_q that keeps GLUON_TABLE's row, or
 # flash_fwd where it has none; the tiles from there on). The bound is a power of two, so the choice follows the
-# memo key's seqlen bucket. H200, bf16, `probe_gluon.py --head-dims 64 --wide` (15th session), TFLOP/s of the
+# memo key's seqlen bucket. H200, bf16, `probe_gluon.py --head-dims 64 --wide` (2026-12-02), TFLOP/s of the
 # wide 192 x 128 x 4 / ping-pong 128 x 128 x 4 / flash_fwd / cuDNN: full 4k 480 / 424 / 429 / 482, 16k 529 / 462 /
 # 439 / 496; causal 4k 390 / 355 / 385 / 430, 16k 514 / 436 / 420 / 470. At 1k the wide tiles lose (full 350
 # against the served ping-pong x8's ~397; causal 182-218 against flash_fwd's 289): programs of a few key blocks,
@@ -208,40 +207,40 @@ GLUON_WIDE: dict[tuple[str, int, bool], tuple[int, tuple[int, int, int]]] = {
 # the next tile under the current one's last steps and epilogue: what short sequences lack (H200, bf16, probe_gluon
 # --q-tiles 2,4,8, 2026-12-01; TFLOP/s many tiles / one tile / cuDNN): hd128 1k 510 / 454 / 534 (4 tiles), causal
 # 331 / 286 / 360 (8: a program then holds a whole (batch, head), every program the same work). Causal programs
-# pair their tiles since the 18th session (flash_fwd_gluon_kernel's _tile_row), which made several tiles win to 4k
-# at 128, 160, 192 and 256; from 8k one tile (before pairing: hd128 causal 16k 8 tiles 393 against 645). A split or
-# padded head dim without rows of its own takes its padded tile's (gluon_q_tiles); 80, 96 and 224 have their own.
+# pair their tiles (tile j with N - 1 - j, flash_fwd_gluon_kernel's _tile_row: the same key blocks in every
+# program), so several tiles win to 4k at 128, 160, 192 and 256 (2026-12-04); from 8k one tile (hd128 causal 16k,
+# tiles unpaired: 8 tiles 393 against one's 645). A split or padded head dim without rows of its own takes its
+# padded tile's (gluon_q_tiles); 80, 96 and 224 have their own.
 GLUON_Q_TILES: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {
     (64, False): ((1024, 8), (1 << 31, 4)),
     (64, True): ((1024, 8),),  # GLUON_TABLE's causal row ends at 1k (GLUON_WIDE's bound)
-    # 18th session, causal programs paired (probe_gluon --quick --q-tiles 2,4,8; many / one / cuDNN): hd128 full 4k
+    # 2026-12-04, causal programs paired (probe_gluon --quick --q-tiles 2,4,8; many / one / cuDNN): hd128 full 4k
     # x4 687 / 658 / 673, causal 4k x4 600 / 561 / 573 (x2 589, x8 568), causal 1k x8 386 (x4 372); hd256 full 1k x2
     # 613 / 606 / 622, 4k x2 754 / 748 / 729 (x4 759), causal 1k x2 454 / 417 / 449, 4k x2 683 / 622 / 598
     (128, False): ((4096, 4),),
     (128, True): ((1024, 8), (4096, 4)),
     (256, False): ((4096, 2),),
     (256, True): ((4096, 2),),
-    # The padded and split head dims took 128's and 256's rows; in the grid (18th session, bf16 / fp16 ratios to
-    # cuDNN, one tile -> those rows) 224 full lost at 1k and 4k with 2 tiles (0.98 -> 0.91, 1.04 -> 0.94), causal
-    # flat; 96 full 4k with 4 (1.06 -> 0.97), causal 4k -0.01-0.03; 80 causal 4k gained with 4 (1.03 -> 1.07), full
-    # 4k -0.01-0.02. So rows of their own: 128's before the 18th for 96 and 80 full, one tile at 224
+    # 80, 96 and 224: rows of their own. With their padded tile's rows (128's, 256's) against one tile, the grid
+    # (2026-12-04, bf16 / fp16 ratios to cuDNN) had 224 full lose at 1k and 4k with 2 tiles (0.98 -> 0.91, 1.04 ->
+    # 0.94), causal flat; 96 full 4k with 4 (1.06 -> 0.97), causal 4k -0.01-0.03; 80 causal 4k gain with 4 (1.03 ->
+    # 1.07), full 4k -0.01-0.02. So one tile at 224, 128's rows at 80 causal, several tiles to 1k only at 96 and at
+    # 80 full
     (80, False): ((1024, 4),),
     (80, True): ((1024, 8), (4096, 4)),
     (96, False): ((1024, 4),),
     (96, True): ((1024, 8),),
     (224, False): (),
     (224, True): (),
-    # Head dim 192 at 1k (probe_gluon --q-tiles 2,4, 7th session, before pairing): 2 tiles 417 / 286 against 365 /
-    # 272 for one, 4 tiles 379 / 269 (cuDNN 449 / 291); at 4k one tile won then (593 / 485 against 602 / 452).
-    # 18th session, causal programs of several tiles paired (tile j with N - 1 - j: the same work in every program;
-    # probe_gluon --quick --q-tiles 2,4): 2 tiles win to 4k, full 1k 551 / 523 (x4 477; cuDNN 594), 4k 663 / 649
-    # (568; 695), causal 1k 407 / 366 (356; 444), 4k 594 / 556 (502; 596)
+    # Head dim 192, causal programs paired (2026-12-04, probe_gluon --quick --q-tiles 2,4; 2 tiles / one): 2 tiles
+    # win to 4k, full 1k 551 / 523 (x4 477; cuDNN 594), 4k 663 / 649 (568; 695), causal 1k 407 / 366 (356; 444), 4k
+    # 594 / 556 (502; 596)
     (192, False): ((4096, 2),),
     (192, True): ((4096, 2),),
-    # Head dim 160 at 1k (probe_gluon --q-tiles 2,4,8, 16th session; one Q buffer, gluon.q_buffers): full 4 tiles
-    # 545 against 495 for one (x2 538, x8 397; cuDNN 496), causal 2 tiles 319 against 310 (x4 291; cuDNN 372).
-    # Paired (18th): full 1k x2 555 / x4 546 / one 529 (cuDNN 498), 4k 702 / 701 / 690 (588); causal 1k 371 / 356 /
-    # 338 (371), 4k 605 / 611 / 571 (507)
+    # Head dim 160 (one Q buffer, gluon.q_buffers), probe_gluon --q-tiles 2,4,8 at 1k (2026-12-02): full 4 tiles 545
+    # against 495 for one (x2 538, x8 397; cuDNN 496), causal 2 tiles 319 against 310 (x4 291; cuDNN 372). Causal
+    # programs paired (2026-12-04): full 1k x2 555 / x4 546 / one 529 (cuDNN 498), 4k 702 / 701 / 690 (588); causal
+    # 1k 371 / 356 / 338 (371), 4k 605 / 611 / 571 (507)
     (160, False): ((1024, 4), (4096, 2)),
     (160, True): ((4096, 2),),
 }

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 # The device spins this many cycles before each timed call (about 1 ms at the H200's 1.98 GHz, more at lower
 # clocks), so the host enqueues the start event, the call's launches and the end event while it is busy, and the
-# events hold the call's device time alone. Without it the device sat idle from the previous sync until the call's
-# first launch, and the pair held the host's time to get there as well: H200, 12-02 (probe_bwd_timing.py), a 1k
+# events hold the call's device time alone. Without it the device idles from the previous sync until the call's
+# first launch, and the pair holds the host's time to get there as well: H200, 12-02 (probe_bwd_timing.py), a 1k
 # backward's cuDNN time 0.96 ms timed so against 0.74 queued back to back (autograd and cuDNN's plan: 0.16-0.35 ms of
 # host a call), lazytriton's 1.10 against 1.03.
 LEAD_CYCLES = 2_000_000
