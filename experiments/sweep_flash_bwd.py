@@ -2,7 +2,7 @@
 
 For each case (dtype, head dim, causal, seqlen; batch x seqlen = 16k, hidden
 2048) every candidate of ``flash_bwd_dq`` and of ``flash_bwd_dkdv`` is
-compiled in parallel through the runtime (``lazytriton.cli.tune.compile_all``:
+compiled in parallel through the runtime (``lazytriton.cli.tune.common.compile_all``:
 lock, lease, tiers, miss log), checked against the float32 reference, and
 timed alone (median of event-timed launches). Prints the best few per
 kernel, and their share of the backward's FLOPs as TFLOP/s (the whole
@@ -24,7 +24,7 @@ import torch
 from lazytriton import launch as launching
 from lazytriton import machine, runtime
 from lazytriton.cli.timing import event_ms
-from lazytriton.cli.tune import compile_all
+from lazytriton.cli.tune.common import compile_all
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch

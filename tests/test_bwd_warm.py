@@ -18,7 +18,7 @@ from test_flash_bwd import check_grads, grads_of
 from test_flash_fwd import make_qkv, on_gpu
 
 import lazytriton
-from lazytriton import runtime
+from lazytriton import launch, runtime
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_bwd import fused
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -57,7 +57,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(runtime, "get", lambda: state["rt"])
     monkeypatch.setattr(bwd, "plan", plan)
-    monkeypatch.setattr(fwd, "raw_stream", lambda device_index: 7)
+    monkeypatch.setattr(launch, "raw_stream", lambda device_index: 7)
     monkeypatch.setattr(bwd, "fused_fits", lambda *args, **kwargs: state["fused"] and not args[5])
     return state
 

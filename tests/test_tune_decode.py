@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from lazytriton import machine, tuning
-from lazytriton.cli import tune, tune_compile, tune_decode
-from lazytriton.cli.tune_decode import COMBINE, SPLIT, Case
+from lazytriton.cli import tune
+from lazytriton.cli.tune import common
+from lazytriton.cli.tune import flash_decode as tune_decode
+from lazytriton.cli.tune.flash_decode import COMBINE, SPLIT, Case
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.target import Target
@@ -207,7 +209,7 @@ def test_rows_make_dispatch_pick_the_winners(tmp_path: Path) -> None:
     assert all((r.seqlen_q, r.seqlen_k, r.causal, r.head_dim) == (4, 4096, False, 128) for r in rows)
     assert all(r.tflops > 0 and r.gpu == "test GPU" for r in rows)
     path = tmp_path / "flash_decode.csv"
-    tune.save_rows(path, rows)
+    common.save_rows(path, rows)
     table = tuning.Table.parse(path.read_text())
     for case in grid:  # a call in the bucket (another batch, a length in the same bucket) runs the winners
         call_case = case._replace(batch=3, cache_len=3000)
@@ -223,7 +225,7 @@ def test_tune_group_compiles_once_and_rows_each_bucket(monkeypatch: pytest.Monke
         compiled.extend(variants)
         return {}
 
-    monkeypatch.setattr(tune_compile, "compile_all", compile_all)
+    monkeypatch.setattr(common, "compile_all", compile_all)
     monkeypatch.setattr(tune_decode, "gpu_timer",
                         lambda reps: lambda c, s, m: (1.0 + s.get("BLOCK_N") / 1000 + m.get("BLOCK_M") / 1e4, 0.0))
     grid = cases(lengths=(1024, 32768))
@@ -260,8 +262,7 @@ class _Kernel:
 
 
 def test_forced_variants_launch_as_a_call_with_the_heuristics_split_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lazytriton import runtime
-    from lazytriton.kernels.flash_fwd import binding as fwd
+    from lazytriton import launch, runtime
 
     log: list[tuple[str, Any, Any]] = []
 
@@ -271,7 +272,7 @@ def test_forced_variants_launch_as_a_call_with_the_heuristics_split_count(monkey
 
     monkeypatch.setattr(runtime, "get", lambda: FakeRuntime())
     monkeypatch.setattr(binding, "sm_count", lambda device: 132)
-    monkeypatch.setattr(fwd, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(launch, "raw_stream", lambda device: 0)
     case = Case("contiguous", 1, 4096, 32, 8, 128, "bf16")
     q = torch.zeros(1, 1, 32, 128, dtype=torch.bfloat16)
     kc = torch.zeros(1, 4096, 8, 128, dtype=torch.bfloat16)
@@ -307,7 +308,7 @@ def test_the_command_line_tunes_the_bench_grid_into_the_table(monkeypatch: pytes
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake H200")
     monkeypatch.setattr(machine, "target_of_device", lambda device: SM90)
     monkeypatch.setattr(binding, "sm_count", lambda device: 132)
-    monkeypatch.setattr(tune_compile, "compile_all", lambda variants, jobs: {})
+    monkeypatch.setattr(common, "compile_all", lambda variants, jobs: {})
     timed: list[Case] = []
 
     def timer(reps: int) -> tune_decode.Timer:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from lazytriton import geometry, tuning
-from lazytriton.cli import tune, tune_compile
+from lazytriton.cli import tune
+from lazytriton.cli.tune import common
+from lazytriton.cli.tune import flash_fwd as tune_fwd
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
@@ -139,7 +141,7 @@ def test_tune_candidates_fit_the_shape() -> None:
     for dtype in ("bf16", "fp16", "fp32"):
         for head_dim in (64, 128, 256):
             for sq in (1, 16, 100, 4096):
-                configs = tune.candidates(dtype, head_dim, sq)
+                configs = tune_fwd.candidates(dtype, head_dim, sq)
                 assert configs
                 assert all(c.block_m <= max(16, tuning.bucket(sq)) for c in configs)
                 if head_dim == 256 or dtype == "fp32":  # small tiles, or larger ones with 2 stages
@@ -153,7 +155,7 @@ def test_tune_times_only_variants_whose_tiles_fit_shared_memory() -> None:
     made = [fwd_dispatch.flash_fwd_variant(SM90, "bf16", 256, False, True, 4096, config=c, seqlen_k=4096)
             for c in (Config(128, 128, 8, 3), Config(64, 64, 4, 2), Config(128, 128, 8, 4))]
     assert [refusal(v) is None for v in made] == [False, True, False]
-    assert tune.fitting(made) == [made[1]]  # the estimate is a lower bound: launch failures are skipped too
+    assert common.fitting(made) == [made[1]]  # the estimate is a lower bound: launch failures are skipped too
 
 
 def test_tune_merge_replaces_only_the_same_buckets(tmp_path: Path) -> None:
@@ -163,7 +165,7 @@ def test_tune_merge_replaces_only_the_same_buckets(tmp_path: Path) -> None:
     assert tuning.lookup(merged, "sm_90", "flash_fwd", "bf16", 128, False, 4096, 4096).BLOCK_M == 128
     assert tuning.lookup(merged, "sm_90", "flash_fwd", "fp16", 128, False, 4096, 4096).BLOCK_M == 64
     path = tmp_path / "tuning.csv"
-    tune.write_table(path, merged)
+    common.write_table(path, merged)
     assert tuning.Table.parse(path.read_text()).to_csv() == merged.to_csv()
     assert [p.name for p in tmp_path.iterdir()] == ["tuning.csv"]
 
@@ -179,7 +181,7 @@ def test_tune_compiles_through_the_runtime(tmp_path_factory: pytest.TempPathFact
     entry = compiled(variant, shared_dir(tmp_path_factory))
     monkeypatch.setattr(compiler, "compile_variant", lambda v, key=None: entry)
     runtime.reset()
-    text, error = tune_compile._resolve(str(variant))
+    text, error = common._resolve(str(variant))
     assert (text, error) == (str(variant), "")
     rt = runtime.get()
     assert rt.local.get(variant.key()) is not None
@@ -238,7 +240,7 @@ def test_dispatch_reads_each_backward_kernels_own_rows_from_the_users_table(cach
 
 @pytest.mark.parametrize("kernel", BWD)
 def test_bwd_tune_candidates_fit_the_shape_and_the_target(kernel: str) -> None:
-    from lazytriton.cli import tune_bwd
+    from lazytriton.cli.tune import flash_bwd as tune_bwd
     from lazytriton.prewarm.limits import refusal
 
     for target in (SM90, Target.parse("sm_80"), Target.parse("sm_86"), Target.parse("gfx942")):
@@ -263,7 +265,7 @@ def test_bwd_tune_candidates_at_head_dim_256_are_few_and_use_8_warps(kernel: str
     tune of hd256, 2 dtypes x causal x 3 seqlens, fits in minutes), 8-warp configs, no held tile of 128 in dK/dV
     (two 128 x 256 float32 accumulators spill at any warp count), and nothing over sm_90's shared memory. A split
     head dim padded to it (160, 192) also gets the 4-warp tiles of head dim 128's list, at most 20."""
-    from lazytriton.cli import tune_bwd
+    from lazytriton.cli.tune import flash_bwd as tune_bwd
     from lazytriton.prewarm.limits import refusal
 
     for dtype, head_dim, seqlen, causal in itertools.product(("bf16", "fp16"), (256, 192, 160, 224),
@@ -293,7 +295,7 @@ def test_bwd_tune_candidates_at_head_dim_256_are_few_and_use_8_warps(kernel: str
 
 
 def test_bwd_large_default_proposal_is_a_candidate_and_fits() -> None:
-    from lazytriton.cli import tune_bwd
+    from lazytriton.cli.tune import flash_bwd as tune_bwd
     from lazytriton.prewarm.limits import refusal
 
     for target in (SM90, Target.parse("sm_80"), Target.parse("sm_86")):
@@ -312,7 +314,7 @@ def test_bwd_large_default_proposal_is_a_candidate_and_fits() -> None:
 
 
 def test_bwd_tune_times_each_kernel_with_its_partner_fixed(tmp_path: Path) -> None:
-    from lazytriton.cli import tune, tune_bwd
+    from lazytriton.cli.tune import flash_bwd as tune_bwd
 
     sweeps = tune_bwd.sweep_variants(SM90, "bf16", 128, False, 4096, 4096, table=tuning.Table(()))
     dq, dkdv = sweeps["flash_bwd_dq"], sweeps["flash_bwd_dkdv"]
@@ -340,8 +342,8 @@ def test_bwd_tune_times_each_kernel_with_its_partner_fixed(tmp_path: Path) -> No
     # The rows, written to the family's table, make dispatch pick exactly the winners.
     rows = [tune_bwd.row_for(v, 4096, 4096, tflops, "test", "2026-11-30", 128) for v, tflops in won.values()]
     path = tmp_path / "flash_bwd.csv"
-    tune.save_rows(path, [bwd_row("flash_bwd_dq", 16, 16, 16, 16)])
-    tune.save_rows(path, rows)
+    common.save_rows(path, [bwd_row("flash_bwd_dq", 16, 16, 16, 16)])
+    common.save_rows(path, rows)
     table = tuning.Table.parse(path.read_text())
     assert len(table) == 3, "the other bucket's row is kept"
     for kernel, (variant, _) in won.items():
@@ -364,7 +366,7 @@ def test_tune_kernel_flag(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
 
 
 def test_bwd_tune_group_compiles_times_and_rows_only_the_kernels_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lazytriton.cli import tune_bwd
+    from lazytriton.cli.tune import flash_bwd as tune_bwd
 
     compiled: list[Variant] = []
 
@@ -375,7 +377,7 @@ def test_bwd_tune_group_compiles_times_and_rows_only_the_kernels_asked(monkeypat
     def timer(inputs: dict[str, object], reps: int) -> tune_bwd.Timer:
         return lambda dq, dkdv: (1.0 + dkdv.get("BLOCK_M") / 1000 + dq.get("BLOCK_N") / 1000, 1e-3)
 
-    monkeypatch.setattr(tune_compile, "compile_all", compile_all)
+    monkeypatch.setattr(common, "compile_all", compile_all)
     monkeypatch.setattr(tune_bwd, "make_inputs", lambda *args: {"flops": 1e12})
     monkeypatch.setattr(tune_bwd, "gpu_timer", timer)
     pairs = [(4096, 4096), (16, 4096)]

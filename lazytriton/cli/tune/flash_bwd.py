@@ -20,6 +20,7 @@ Everything but the timing is pure (``candidates``, ``sweep_variants``,
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import sys
@@ -27,8 +28,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lazytriton import geometry, tuning
-from lazytriton.cli import tune_compile
 from lazytriton.cli.timing import event_ms
+from lazytriton.cli.tune import common
 from lazytriton.driver.gpu import DriverError
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
@@ -299,7 +300,7 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
     sweeps = {pair: sweep_variants(target, dtype, head_dim, causal, *pair) for pair in pairs}
     # Every candidate of the kernels tuned, and the fixed partner of a kernel not tuned.
     needed = [v for s in sweeps.values() for kernel, vs in s.items() for v in (vs if kernel in kernels else vs[:1])]
-    failures = tune_compile.compile_all(needed, jobs)
+    failures = common.compile_all(needed, jobs)
     rows = []
     today = dt.date.today().isoformat()
     for (sq, sk), sweep in sweeps.items():
@@ -315,3 +316,9 @@ def tune_group(target: Target, dtype: str, head_dim: int, causal: bool, pairs: S
             print(f"  {kernel} {dtype} hd{head_dim} causal={causal} {sq}x{sk}: {variant.tuned} "
                   f"{dict(variant.options)} backward {tflops:.0f} TFLOP/s")
     return rows
+
+
+def tune(kernels: Sequence[str], target: Target, dtype: str, head_dim: int, causal: bool,
+         args: argparse.Namespace, gpu: str) -> list[tuning.Row]:
+    """The rows for one (dtype, head dim, causal) group of ``lazytriton tune``: ``kernels``' winners."""
+    return tune_group(target, dtype, head_dim, causal, args.pairs, args.jobs, args.reps, gpu, kernels)

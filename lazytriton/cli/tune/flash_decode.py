@@ -34,6 +34,7 @@ tested on CPU (tests/test_tune_decode.py).
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import sys
@@ -41,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from lazytriton import geometry, tuning
-from lazytriton.cli import tune_compile
+from lazytriton.cli.tune import common
 from lazytriton.driver.gpu import DriverError
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.target import Target
@@ -399,7 +400,7 @@ def tune_group(target: Target, dtype: str, head_dim: int, cases: Sequence[Case],
     """Rows for one (dtype, head dim) group: per bucket of the grid, the split and combine winners."""
     sweeps = sweep_variants(target, cases)
     needed = list(dict.fromkeys(v for vs in sweeps.values() for lst in vs.values() for v in lst))
-    failures = tune_compile.compile_all(needed, jobs)
+    failures = common.compile_all(needed, jobs)
     timer = gpu_timer(reps)
     rows: list[tuning.Row] = []
     today = dt.date.today().isoformat()
@@ -418,3 +419,70 @@ def tune_group(target: Target, dtype: str, head_dim: int, cases: Sequence[Case],
         if report:
             splits_report(won, bucket_cases, slots, reps)
     return rows
+
+
+CAUSAL_APPLIES = False  # one query a sequence: a causal mask hides nothing, so the rows are causal=False only
+
+
+def tune(kernels: Sequence[str], target: Target, dtype: str, head_dim: int, causal: bool,
+         args: argparse.Namespace, gpu: str) -> list[tuning.Row]:
+    """The rows for one (dtype, head dim) group of ``lazytriton tune``, over the grid of its flags."""
+    import torch
+
+    from lazytriton.kernels.flash_decode import binding
+
+    cases = grid(dtype, head_dim, args.heads, args.batches, args.lengths, args.layouts, args.page_size)
+    slots = binding.gpu_slots(torch.cuda.current_device())
+    return tune_group(target, dtype, head_dim, cases, args.jobs, args.reps, gpu, slots, args.splits_report)
+
+
+def _ints(text: str) -> list[int]:
+    """Comma-separated positive ints, 4k = 4096 (argparse type)."""
+    try:
+        values = [int(x[:-1]) * 1024 if x.lower().endswith("k") else int(x) for x in common.csv_list(text)]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (4k = 4096), got {text!r}")
+    return values
+
+
+def _heads(text: str) -> list[tuple[int, int]]:
+    """Comma-separated heads_q/heads_k pairs, heads_q a multiple of heads_k (argparse type)."""
+    pairs = []
+    for item in common.csv_list(text):
+        q, _, k = item.partition("/")
+        if not (q.isdigit() and k.isdigit() and int(k) > 0 and int(q) % int(k) == 0):
+            raise argparse.ArgumentTypeError(f"--heads items must look like 32/8 (query heads a multiple of "
+                                             f"key/value heads), got {item!r}")
+        pairs.append((int(q), int(k)))
+    if not pairs:
+        raise argparse.ArgumentTypeError(f"--heads: expected pairs like 32/8, got {text!r}")
+    return pairs
+
+
+def _layouts(text: str) -> list[str]:
+    values = common.csv_list(text)
+    if not values or not set(values) <= {"contiguous", "paged"}:
+        raise argparse.ArgumentTypeError(f"--layouts: expected a subset of contiguous,paged, got {text!r}")
+    return values
+
+
+def _page_size(text: str) -> int:
+    if not text.isdigit() or int(text) < 16 or int(text) % 16:
+        raise argparse.ArgumentTypeError(f"--page-size must be a positive multiple of 16, got {text!r}")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The decoding grid's flags (--kernel flash_decode); defaults are bench_decode.py's grid."""
+    group = parser.add_argument_group("flash_decode's grid")
+    group.add_argument("--batches", type=_ints, default=list(DEFAULT_BATCHES), help="default 1,8,32,64")
+    group.add_argument("--lengths", type=_ints, default=list(DEFAULT_LENGTHS),
+                       help="cache lengths, default 1k,4k,16k,32k")
+    group.add_argument("--layouts", type=_layouts, default=["contiguous", "paged"])
+    group.add_argument("--heads", type=_heads, default=list(DEFAULT_HEADS),
+                       help="query/key-value heads, default 32/8 (each group size is a table bucket)")
+    group.add_argument("--page-size", type=_page_size, default=DEFAULT_PAGE, help="keys per page, default 256")
+    group.add_argument("--splits-report", action="store_true",
+                       help="also time forced split counts with the winners and print the heuristic's distance")
