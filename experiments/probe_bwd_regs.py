@@ -231,7 +231,7 @@ def parse_config(text: str) -> tuple[str, Config]:
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, int, bool, Config | None]]:
     """(kernel, dtype, head dim, causal, config) of every variant to probe, in print order."""
-    from lazytriton.cli import tune_bwd
+    from lazytriton.cli.tune import flash_bwd as tune_bwd
     from lazytriton.target import Target
 
     explicit = [parse_config(text) for text in args.config]

@@ -30,6 +30,7 @@ from lazytriton.keys import KEY_LEN as KEY_LEN  # re-exported: the key's form, v
 from lazytriton.keys import check_key as check_key  # re-exported: variant.check_key
 from lazytriton.record import record
 from lazytriton.target import Target
+from lazytriton.tma import require_tma
 
 # Bump when the way entries are launched changes (parameter order, hidden
 # arguments, grid convention): old entries then miss instead of misbehaving.
@@ -238,8 +239,6 @@ def check_fields(variant: Variant) -> Variant:
 
 def _check_tma(variant: Variant) -> None:
     """TMA=true only where descriptors work (a miss log or a hand-written string may say otherwise)."""
-    from lazytriton.kernels.flash_fwd.tma import require_tma
-
     try:
         require_tma(Target.parse(variant.target), variant.constexprs.get("ALIGN16") is True,
                     variant.constexprs.get("EVEN_D") is not False and variant.constexprs.get("EVEN_DV") is not False)

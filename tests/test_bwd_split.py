@@ -21,7 +21,7 @@ from test_flash_fwd import make_qkv, on_gpu
 
 import lazytriton
 from lazytriton import compiler, geometry, machine, runtime, tuning
-from lazytriton.cli import tune_bwd
+from lazytriton.cli.tune import flash_bwd as tune_bwd
 from lazytriton.kernels import attention, dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd_binding

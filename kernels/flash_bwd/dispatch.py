@@ -23,6 +23,7 @@ BWD_KERNELS = ("flash_bwd_dq", "flash_bwd_dkdv")
 # first call, or clear the runtime's plans after.
 GLUON_BY_DEFAULT = True
 
+
 def bwd_default_config(kernel: str, target: Target, dtype: str, head_dim: int, seqlen_q: int,
                        seqlen_k: int, causal: bool = False) -> Config:
     """A sane backward config when the tuning table has no row (it never errors).
@@ -82,6 +83,7 @@ def seq_aligned(kernel: str, aligned: bool, seqlen_q: int, seqlen_k: int, varlen
     """
     return kernel in BWD_KERNELS and bool(aligned) and not varlen and seqlen_q % 16 == 0 and seqlen_k % 16 == 0
 
+
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
                   seqlen_k: int, table: tuning.Table | None = None, paged: bool = False,
                   split: bool | None = None) -> tuple[Config, tuning.Row | None]:
@@ -121,6 +123,7 @@ def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool
     return attention.variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64,
                              table, tma, split_d, head_dim_v, kernel_config, seq16_field, window=window,
                              softcap=softcap, alibi=alibi, bias=bias, dropout=dropout, varlen=varlen)
+
 
 # ---------------------------------------------------------------------------
 # flash_bwd_dkdv_gluon: the Gluon (FlashAttention-3-style) dK/dV kernel, an alternative to flash_bwd_dkdv

@@ -384,6 +384,9 @@ def grid(shape: Shape, block_m: int) -> tuple[int, int, int]:
 # The memo key's last item for a call flash_fwd_gluon serves (see memo_key): a str, which no other key item is;
 # followed by the query tiles its programs walk where more than one (``gluon_tail``).
 GLUON_TAIL = ("gluon",)
+# A call's memo key begins with these fields, in this order (``memo_key``); the warm path (hot.py) writes the
+# same key out from this tuple, so a plan one memoises is the plan the other finds.
+PLAIN_KEY = ("device_index", "dtype", "head_dim", "causal", "aligned", "index64", "bucket_q", "bucket_k")
 
 
 def gluon_tail(q_tiles: int) -> tuple[Any, ...]:

@@ -14,9 +14,9 @@ from lazytriton import tuning
 from lazytriton.geometry import causal_mode, padded_head_dim
 from lazytriton.kernels import attention
 from lazytriton.kernels.flash_fwd import gluon
-from lazytriton.kernels.flash_fwd.tma import require_tma, tma_possible
 from lazytriton.target import Target
 from lazytriton.tiles import SMALL_SHARED_CUDA, Config, seqlen_class
+from lazytriton.tma import require_tma, tma_possible
 from lazytriton.variant import Variant
 
 
@@ -56,6 +56,7 @@ def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, cau
         cfg = Config(block_m, min(cfg.block_n, 64), 4, cfg.num_stages, cfg.waves_per_eu)
     return cfg
 
+
 def flash_fwd_config(target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                      table: tuning.Table | None = None, split: bool | None = None) -> tuple[Config, tuning.Row | None]:
     """The config for a call from the tuning table, else ``default_config``; and the row used (or None).
@@ -89,7 +90,7 @@ def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = 
 
     ``tma=True`` where descriptors cannot work (unaligned, a target without
     TMA, or a head dim narrower than its tile: ``even_d`` false) is a
-    ValueError (````tma.require_tma````).
+    ValueError (``lazytriton.tma.require_tma``).
     """
     possible = tma_possible(target, aligned, even_d)
     if tma is None:
@@ -97,6 +98,7 @@ def flash_fwd_tma(target: Target, dtype: str, aligned: bool, tma: bool | None = 
     if tma:
         require_tma(target, aligned, even_d)
     return bool(tma)
+
 
 def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                       seqlen_q: int, config: Config | None = None, index64: bool = False,
@@ -122,6 +124,7 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
                    seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap,
                    alibi=alibi, bias=bias, dropout=dropout, varlen=varlen, head_dim_v=head_dim_v, split_d=split_d)
 
+
 def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
             seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
             table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
@@ -141,6 +144,7 @@ def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool
     return attention.variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64,
                              table, tma, split_d, head_dim_v, kernel_config, tma_field, window=window, softcap=softcap,
                              alibi=alibi, bias=bias, dropout=dropout, varlen=varlen)
+
 
 # ---------------------------------------------------------------------------
 # flash_fwd_gluon: the Gluon (FlashAttention-3-style) Hopper forward, an alternative to flash_fwd

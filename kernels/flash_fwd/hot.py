@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from lazytriton import geometry, launch, runtime
-from lazytriton.driver import fastlaunch, hotpath
+from lazytriton.driver import fastlaunch, hotpath, hotpath_record
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
@@ -79,30 +79,71 @@ def {name}(q, k, v, causal, scale, gqa=True):
     {lookup}
     {lse}
     {pointers}
-    if known[5] and not ({pointer_or}) & 15:
-        launch = known[7] or plan_of(known, 7)
+    if known[strides_aligned] and not ({pointer_or}) & 15:
+        launch = known[launch_aligned] or plan_of(known, launch_aligned)
     else:
-        launch = known[8] or plan_of(known, 8)
+        launch = known[launch_unaligned] or plan_of(known, launch_unaligned)
     if launch is None:
         return None
     kernel, grid = launch
-    tails = known[4]
+    tails = known[tails]
     ints = {ints}
     fast = kernel.fast
     if fast is None:
-        kernel.launch(grid, stream, ints, known[3], scratch_alloc)
+        kernel.launch(grid, stream, ints, known[floats], scratch_alloc)
     else:
-        status = fast(grid[0], grid[1], grid[2], stream, ints, known[3])
+        status = fast(grid[0], grid[1], grid[2], stream, ints, known[floats])
         if status:
             kernel.fail(status, grid)
     return {result}
 """
 
-# Once per (sizes, strides, dtype, device, causal, scale, gqa): the checks, the constant parameters, the memo keys.
-# The entry: [plans, lse stocks (forward_* with a small lse; else None), lse numel, floats, constant int runs,
-# strides aligned, (sq, hq, b), (kernel, grid) aligned, (kernel, grid) not aligned, memo key aligned,
-# memo key not aligned, lse template (forward_*; None for output_*), the C++ tail's record (``cpp_record``; None:
-# not made yet, False: not used for this entry)].
+# The entry ``describe`` makes once per (sizes, strides, dtype, device, causal, scale, gqa), read on every call: its
+# fields in order, each with the expression describe fills it with. This is the one place that orders them: the
+# templates name a field (``known[floats]``), written out as its index when the text is generated (``indexed``),
+# and ``cpp_record`` and ``plan_of`` take the indices from ``FIELD``.
+ENTRY: dict[str, str] = {
+    "plans": "plans",  # the runtime's plans when the entry was made: a cleared runtime makes the entry again
+    "lse_stocks": "lse_stocks(template)",  # forward_* with a small lse: lse tensors made ahead; else None
+    "lse_numel": "b * hq * sq",
+    "floats": "({floats},)",  # the kernel's float parameters
+    "tails": "({tails},)",  # the constant runs of its int parameters (binding.PLAIN_INTS_SOURCE's order)
+    "strides_aligned": "strides_aligned",  # the alignment rule's part the strides decide
+    "dims": "(sq, hq, b)",
+    "launch_aligned": "None",  # (kernel, grid) for 16-byte aligned pointers, once its plan is memoised
+    "launch_unaligned": "None",  # and for the others
+    "key_aligned": "",  # binding.memo_key's, for aligned pointers (_key_source, from binding.PLAIN_KEY)
+    "key_unaligned": "",  # and for the others
+    "lse_template": "template",  # forward_*: the lse an allocation copies; None for output_*
+    "cpp_record": "None",  # the C++ tail's record (``cpp_record``); None: not made yet, False: not used here
+}
+# describe's names of binding.PLAIN_KEY's fields (aligned is a constant of each key).
+_KEY_NAMES = {"device_index": "di", "dtype": "dtype", "head_dim": "d", "causal": "is_causal", "index64": "index64",
+              "bucket_q": "bucket_q", "bucket_k": "bucket_k"}
+
+
+def _key_source(aligned: bool) -> str:
+    """The expression in describe of ``binding.memo_key``'s key for a plain call with ``aligned`` pointers."""
+    fields = (str(aligned) if name == "aligned" else _KEY_NAMES[name] for name in binding.PLAIN_KEY)
+    return f"({', '.join(fields)}) + tail"
+
+
+ENTRY.update(key_aligned=_key_source(True), key_unaligned=_key_source(False))
+FIELD = {name: index for index, name in enumerate(ENTRY)}
+_KEY_AFTER_LAUNCH = FIELD["key_aligned"] - FIELD["launch_aligned"]  # each launch's memo key, as far on
+assert _KEY_AFTER_LAUNCH == FIELD["key_unaligned"] - FIELD["launch_unaligned"]
+_FIELD_NAME = re.compile(r"known\[([a-z_]+)\]|plan_of\(known, ([a-z_]+)\)")
+
+
+def indexed(text: str) -> str:
+    """``text`` with each entry field it names (``known[floats]``, ``plan_of(known, launch_aligned)``) as its index."""
+    def index(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return match.group(0).replace(name, str(FIELD[name]))
+
+    return _FIELD_NAME.sub(index, text)
+
+
 _DESCRIBE = """
 def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, os, plans):
     if dtype not in DTYPES or len(qshape) != 4 or len(kshape) != 4 or vshape != kshape:
@@ -140,9 +181,7 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
     tail = gluon_tail(gluon_q_tiles(DTYPES[dtype], d, is_causal, offset, scale, sq, sk))
     strides_aligned = {aligned}
     template = lse_template(di, b, hq, sq)
-    entry = [plans, lse_stocks(template), b * hq * sq, ({floats},), ({tails},), strides_aligned, (sq, hq, b),
-             None, None, (di, dtype, d, is_causal, True, index64, bucket_q, bucket_k) + tail,
-             (di, dtype, d, is_causal, False, index64, bucket_q, bucket_k) + tail, template, None]
+    entry = [{entry}]
     if len(SHAPES) >= MAX_SHAPES:
         SHAPES.clear()
     SHAPES[(qshape, kshape, vshape, qs_in, ks_in, vs_in, dtype, di, causal_in, scale_in, gqa)] = entry
@@ -152,15 +191,15 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
 # The entry lookup of the Python tail (its out gives describe out's strides) and of the C++ one (``run_cpp``: it
 # allocates out and lse itself; None when its plan is not memoised yet: the Python tail goes on).
 _LOOKUP = """out = empty_like(q)
-    if known is None or known[0] is not plans:
+    if known is None or known[plans] is not plans:
         known = describe(*call, out.stride(), plans)
         if known is None:
             return None"""
-_LOOKUP_CPP = """if known is None or known[0] is not plans:
+_LOOKUP_CPP = """if known is None or known[plans] is not plans:
         known = describe(*call, empty_like(q).stride(), plans)
         if known is None:
             return None
-    record = known[12]
+    record = known[cpp_record]
     if record is None:
         record = cpp_record(known)
     if record:
@@ -168,7 +207,7 @@ _LOOKUP_CPP = """if known is None or known[0] is not plans:
         done = run_cpp(q, k, v, stream, lse_ptr, record)
         if done is not None:
             return done
-        known[12] = None  # a plan not memoised yet: the record is made again once it is
+        known[cpp_record] = None  # a plan not memoised yet: the record is made again once it is
     out = empty_like(q)"""
 # The entry lookup in C++ (``serve``, with a module that reads the stream itself and allocates a forward's lse):
 # the keys of ``describe``'s entries read from the TensorImpls, the record found in TABLE (``remember`` files it on
@@ -177,7 +216,7 @@ _FRONT = """done = serve(q, k, v, causal, scale, gqa, TABLE, get_runtime().plans
     if done is not None:
         return done
     """
-_REMEMBER = "remember(q, k, v, causal, scale, gqa, TABLE, plans, record, known[2], MAX_SHAPES)\n        "
+_REMEMBER = "remember(q, k, v, causal, scale, gqa, TABLE, plans, record, known[lse_numel], MAX_SHAPES)\n        "
 # The forward's lse for run_cpp: its stocks (run_cpp pops one, see lse_stocks), or None: run_cpp allocates it (a
 # large lse; a capture's comes from the graph's pool). CPP_LSE_STOCKS False: run_cpp always allocates (at::empty).
 # Measured (H200 host, bench_host, 12-01): attn_fwd's cost over flash_attn_func's in the same group 1.71 µs with
@@ -186,7 +225,7 @@ _REMEMBER = "remember(q, k, v, causal, scale, gqa, TABLE, plans, record, known[2
 # bench_host times both in one group ("hot.forward_bhsd, lse stocked" / "lse allocated").
 CPP_LSE_STOCKS = False
 _LSE_CPP = {"forward": "stream = raw_stream(di)\n    lse_ptr = None if stream and (current_device() != di or "
-                       "is_capturing()) else known[1]",
+                       "is_capturing()) else known[lse_stocks]",
             "forward_allocated": "stream = raw_stream(di)\n    lse_ptr = None  # run_cpp allocates lse",
             "output": None}
 # With a module that reads the current stream itself (STREAM_INSIDE): no raw_stream call before run_cpp. The Python
@@ -195,8 +234,8 @@ _LSE_CPP_INSIDE = {
     "forward_allocated": "stream = None  # run_cpp reads the current stream\n    lse_ptr = None  # and allocates lse",
     "output": ("stream = None  # run_cpp reads the current stream\n"
                "    spare = SPARE.get(di)\n"
-               "    if spare is None or spare[0] < known[2]:\n"
-               "        lse = spare_lse(di, known[2])  # alive in this frame until after the launch\n"
+               "    if spare is None or spare[0] < known[lse_numel]:\n"
+               "        lse = spare_lse(di, known[lse_numel])  # alive in this frame until after the launch\n"
                "        lse_ptr = lse.data_ptr()\n"
                "    else:\n"
                "        lse_ptr = spare[1]")}
@@ -209,20 +248,20 @@ _LAYOUTS = {
 }
 _LSE = {
     "forward": ("stream = raw_stream(di)\n"
-                "    stocks = known[1]  # see lse_stocks\n"
+                "    stocks = known[lse_stocks]  # see lse_stocks\n"
                 "    if stocks is None or (stream and (current_device() != di or is_capturing())):  # see lse_stocks\n"
-                "        lse = empty_like(known[11])  # see lse_template\n"
+                "        lse = empty_like(known[lse_template])  # see lse_template\n"
                 "    else:\n"
                 "        try:\n"
                 "            lse = stocks[stream].pop()\n"
                 "        except (KeyError, IndexError):\n"
-                "            lse = restock(stocks, known[11], stream)\n"
+                "            lse = restock(stocks, known[lse_template], stream)\n"
                 "    lse_ptr = lse.data_ptr()",
                 "out, lse"),
     "output": ("stream = raw_stream(di)\n"
                "    spare = SPARE.get(di)\n"
-               "    if spare is None or spare[0] < known[2]:\n"
-               "        lse = spare_lse(di, known[2])  # alive in this frame until after the launch\n"
+               "    if spare is None or spare[0] < known[lse_numel]:\n"
+               "        lse = spare_lse(di, known[lse_numel])  # alive in this frame until after the launch\n"
                "        lse_ptr = lse.data_ptr()\n"
                "    else:\n"
                "        lse_ptr = spare[1]",
@@ -307,12 +346,13 @@ def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None
     tail cannot launch it: a kernel without the compiled helper's plan (no
     helper, scratch memory), or values a C int64/float/uint32 cannot hold.
     """
-    launches = [entry[7] or plan_of(entry, 7), entry[8] or plan_of(entry, 8)]
+    aligned, unaligned = FIELD["launch_aligned"], FIELD["launch_unaligned"]
+    launches = [entry[aligned] or plan_of(entry, aligned), entry[unaligned] or plan_of(entry, unaligned)]
     if launches == [None, None]:
         return None
     ints: list[int] = []
     slots = [-1] * len(CPP_POINTERS)
-    runs = iter(entry[4])
+    runs = iter(entry[FIELD["tails"]])
     for is_pointer, items in _int_groups():
         for name in items if is_pointer else ():
             slots[CPP_POINTERS.index(name)] = len(ints)
@@ -322,20 +362,25 @@ def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None
     kernels = [launch[0] if launch is not None else None for launch in launches]
     plans = [fastlaunch.plan_bytes(kernel.fast) if kernel is not None else None for kernel in kernels]
     grids = [n for launch in launches for n in (launch[1] if launch is not None else (0, 0, 0))]
-    sq, hq, b = entry[6]
+    sq, hq, b = entry[FIELD["dims"]]
+    floats = entry[FIELD["floats"]]
     try:
         if any(kernel is not None and plan is None for kernel, plan in zip(kernels, plans, strict=True)):
             raise ValueError("a kernel without the compiled helper's plan")
-        template = (CPP_TEMPLATE.pack(b, hq, sq, *grids, entry[5], forward, len(ints), len(entry[3]), *slots, mask)
-                    + struct.pack(f"<{len(ints)}q{len(entry[3])}f", *ints, *entry[3]))
+        template = (CPP_TEMPLATE.pack(b, hq, sq, *grids, entry[FIELD["strides_aligned"]], forward, len(ints),
+                                      len(floats), *slots, mask)
+                    + struct.pack(f"<{len(ints)}q{len(floats)}f", *ints, *floats))
     except (ValueError, OverflowError, struct.error):  # a scale past float32's range, say
-        entry[12] = False
+        entry[FIELD["cpp_record"]] = False
         return False
     fails = [getattr(kernel, "fail", None) for kernel in kernels]
-    stocks = entry[1]
-    refill = functools.partial(restock, stocks, entry[11]) if forward and stocks is not None else None
-    record = (template, *plans, *fails, refill)
-    entry[12] = record
+    stocks = entry[FIELD["lse_stocks"]]
+    refill = (functools.partial(restock, stocks, entry[FIELD["lse_template"]]) if forward and stocks is not None
+              else None)
+    fields = {"template": template, "plan_aligned": plans[0], "plan_unaligned": plans[1], "fail_aligned": fails[0],
+              "fail_unaligned": fails[1], "restock": refill}
+    record = tuple(fields[name] for name in hotpath_record.RECORD)
+    entry[FIELD["cpp_record"]] = record
     return record
 
 
@@ -423,16 +468,18 @@ def restock(stocks: dict[int, list[torch.Tensor]], template: torch.Tensor, strea
 
 
 def plan_of(entry: list[Any], index: int) -> tuple[Any, tuple[int, int, int]] | None:
-    """An entry's (kernel, grid) for its memo key (index 7: aligned pointers, 8: not), once memoised.
+    """An entry's (kernel, grid) for its memo key, once memoised, kept at ``index`` in the entry.
 
-    The general path memoises the plan (``binding.plan``) on a first call;
-    until then this is None and the call takes the general path.
+    ``index`` is ``FIELD["launch_aligned"]`` (aligned pointers) or
+    ``FIELD["launch_unaligned"]``. The general path memoises the plan
+    (``binding.plan``) on a first call; until then this is None and the call
+    takes the general path.
     """
-    plan = entry[0].get(entry[index + 2])
+    plan = entry[FIELD["plans"]].get(entry[index + _KEY_AFTER_LAUNCH])
     if plan is None:
         return None
     kernel, block_m = plan
-    sq, hq, b = entry[6]
+    sq, hq, b = entry[FIELD["dims"]]
     launch = (kernel, ((sq + block_m - 1) // block_m, hq, b))
     entry[index] = launch
     return launch
@@ -479,13 +526,14 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, strea
         pointers=pointers,
         pointer_or=" | ".join(f"{name}_ptr" for name in aligned_pointers) or "0",
         ints=ints, result=returned)
+    entry = ", ".join(ENTRY.values()).format(floats=_floats_source(), tails=tails)
     describe = _DESCRIBE.format(
-        unpack=unpack, permute_in="qs_in, ks_in, vs_in, causal_in, scale_in = qs, ks, vs, causal, scale\n    "
-        + permute_in, permute_out=permute_out,
+        entry=entry, unpack=unpack,
+        permute_in="qs_in, ks_in, vs_in, causal_in, scale_in = qs, ks, vs, causal, scale\n    " + permute_in,
+        permute_out=permute_out,
         zero_pointers=" = ".join(f"{name}_ptr" for name in names) + " = 0  # describe's alignment: strides alone",
-        index64=binding.INDEX64_SOURCE, floats=_floats_source(), tails=tails,
-        aligned=_POINTER.sub(r"\1_ptr", binding.ALIGNED_SOURCE))
-    return call + describe
+        index64=binding.INDEX64_SOURCE, aligned=_POINTER.sub(r"\1_ptr", binding.ALIGNED_SOURCE))
+    return indexed(call + describe)
 
 
 def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None:

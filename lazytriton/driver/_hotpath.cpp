@@ -7,12 +7,17 @@
 // allocation, ~0.3 per data_ptr) is what this file saves.
 //
 // lt_plan.h is fastlaunch_build.PLAN_SOURCE, written beside this file at build time: the plan layout and the
-// launch (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles.
+// launch (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles. lt_record.h is
+// hotpath_record.header(): the index of each field of the record run() reads (LT_RECORD_*).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
 
 #include "lt_plan.h"
+#include "lt_record.h"
+static_assert(LT_RECORD_PLAN_UNALIGNED == LT_RECORD_PLAN_ALIGNED + 1
+                  && LT_RECORD_FAIL_UNALIGNED == LT_RECORD_FAIL_ALIGNED + 1,
+              "run() reads a kernel's plan and fail at the aligned field plus which (0: aligned, 1: not)");
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -107,12 +112,13 @@ PyObject *next_lse(PyObject *stocks, PyObject *stream, PyObject *restock) {
 // caller goes on in Python). fail is the kernel's LoadedKernel.fail, called with (status, grid) to raise.
 // restock: see next_lse (None for an output_* entry).
 bool is_record(PyObject *record) {
-    return PyTuple_Check(record) && PyTuple_GET_SIZE(record) == 6 && PyBytes_Check(PyTuple_GET_ITEM(record, 0));
+    return PyTuple_Check(record) && PyTuple_GET_SIZE(record) == LT_RECORD_SIZE
+           && PyBytes_Check(PyTuple_GET_ITEM(record, LT_RECORD_TEMPLATE));
 }
 
 // run()'s work once its arguments are checked: args are q, k, v (exact tensors), stream, lse; record is_record.
 PyObject *tail(PyObject *const *args, PyObject *record) {
-    PyObject *raw = PyTuple_GET_ITEM(record, 0);
+    PyObject *raw = PyTuple_GET_ITEM(record, LT_RECORD_TEMPLATE);
     Template t;
     if (PyBytes_GET_SIZE(raw) < (Py_ssize_t)sizeof t) {
         PyErr_SetString(PyExc_ValueError, "run(): malformed template");
@@ -145,7 +151,7 @@ PyObject *tail(PyObject *const *args, PyObject *record) {
             PyErr_SetString(PyExc_TypeError, "run(): lse must be the entry's stocks (a dict) or None");
             return nullptr;
         }
-        stocked.p = next_lse(args[4], args[3], PyTuple_GET_ITEM(record, 5));
+        stocked.p = next_lse(args[4], args[3], PyTuple_GET_ITEM(record, LT_RECORD_RESTOCK));
         if (stocked.p == nullptr)
             return nullptr;
         // The kernel writes b * hq * sq floats there: hot.py's contract, checked (a few field reads).
@@ -178,7 +184,7 @@ PyObject *tail(PyObject *const *args, PyObject *record) {
         if (t.align_mask & (1 << p))
             low_bits |= address[p];
     int which = t.strides_aligned && !(low_bits & 15) ? 0 : 1;
-    PyObject *plan = PyTuple_GET_ITEM(record, 1 + which);
+    PyObject *plan = PyTuple_GET_ITEM(record, LT_RECORD_PLAN_ALIGNED + which);
     if (plan == Py_None)
         Py_RETURN_NONE;  // not memoised yet: hot.py's Python path, then the general path, fill it
     int64_t ints[LT_MAX_PARAMS];
@@ -194,8 +200,8 @@ PyObject *tail(PyObject *const *args, PyObject *record) {
     if (status < 0)
         return nullptr;
     if (status > 0) {  // the kernel's fail raises the DriverError naming the call and the CUDA error
-        PyObject *raised = PyObject_CallFunction(PyTuple_GET_ITEM(record, 3 + which), "l(III)", status, grid[0],
-                                                 grid[1], grid[2]);
+        PyObject *fail = PyTuple_GET_ITEM(record, LT_RECORD_FAIL_ALIGNED + which);
+        PyObject *raised = PyObject_CallFunction(fail, "l(III)", status, grid[0], grid[1], grid[2]);
         Py_XDECREF(raised);
         if (raised != nullptr)
             PyErr_Format(PyExc_RuntimeError, "launch failed with status %ld", status);
@@ -315,7 +321,7 @@ PyObject *key_hash(const Key &key) {
 
 int template_forward(PyObject *record) {
     Template t;
-    PyObject *raw = PyTuple_GET_ITEM(record, 0);
+    PyObject *raw = PyTuple_GET_ITEM(record, LT_RECORD_TEMPLATE);
     if (PyBytes_GET_SIZE(raw) < (Py_ssize_t)sizeof t)
         return -1;
     memcpy(&t, PyBytes_AS_STRING(raw), sizeof t);

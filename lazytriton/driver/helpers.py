@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from lazytriton import config
-from lazytriton.driver import fastlaunch_build, trusted
+from lazytriton.driver import fastlaunch_build, hotpath_record, trusted
 
 log = logging.getLogger("lazytriton.driver")
 
@@ -135,7 +135,8 @@ def source_hash(helper: str) -> str:
     if helper == FASTLAUNCH:
         text += fastlaunch_build.C_SOURCE.encode()
     elif helper == HOTPATH:
-        text += fastlaunch_build.PLAN_SOURCE.encode() + HOTPATH_SOURCE.read_bytes()
+        text += (fastlaunch_build.PLAN_SOURCE.encode() + hotpath_record.header().encode()
+                 + HOTPATH_SOURCE.read_bytes())
     else:
         raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {helper!r}")
     return xxhash.xxh3_64_hexdigest(text)

@@ -27,7 +27,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from lazytriton.driver import fastlaunch, fastlaunch_build, hotpath
+from lazytriton.driver import fastlaunch, fastlaunch_build, hotpath, hotpath_record
 
 SOURCE = Path(__file__).with_name("_hotpath.cpp")
 LIBRARIES = ("c10", "torch", "torch_cpu", "torch_python")
@@ -100,6 +100,7 @@ def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o77
         source = Path(tmp) / SOURCE.name
         shutil.copyfile(SOURCE, source)
         (Path(tmp) / "lt_plan.h").write_text(fastlaunch_build.PLAN_SOURCE)
+        (Path(tmp) / "lt_record.h").write_text(hotpath_record.header())
         built = Path(tmp) / target.name
         argv = command(compiler, source, built, includes, libraries, torch.__version__,
                        bool(torch._C._GLIBCXX_USE_CXX11_ABI), fastlaunch.PLAN_VERSION)

@@ -1,7 +1,7 @@
-"""Where flash_fwd's TMA descriptors can work at all: the hard part of the TMA rule.
+"""Where TMA (tensor memory accelerator) descriptors can work at all: the hardware's part of every TMA rule.
 
-Dispatch adds its policy on top (``flash_fwd.dispatch.flash_fwd_tma``: off by default, sm_90 and fp16/bf16 only);
-a variant string that says ``TMA=true`` is checked against this part (``variant.check``).
+A kernel family's dispatch adds its policy on top (when it reads through descriptors by default); a variant
+string that says ``TMA=true`` is checked against this part (``variant.check_fields``).
 """
 
 from __future__ import annotations
