@@ -23,11 +23,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-CHILD = """
-import os, sys
+# The checkout first on sys.path, and no editable install's finder (it would map lazytriton.kernels and the other
+# folders to the installed checkout whatever lazytriton's own path).
+ONLY = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
 sys.path.insert(0, sys.argv[1])
-import lazytriton
-assert lazytriton.__file__.startswith(sys.argv[1]), lazytriton.__file__
+import lazytriton, lazytriton.kernels, lazytriton.compiler
+for module in (lazytriton, lazytriton.kernels, lazytriton.compiler):
+    assert module.__file__.startswith(sys.argv[1]), module.__file__
+"""
+
+CHILD = ONLY + """
 import xxhash
 from lazytriton.compiler import compile_variant
 from lazytriton.variant import Variant
@@ -38,9 +45,7 @@ for line in open(sys.argv[2]):
           list(entry.arg_types), variant, flush=True)
 """
 
-DEFAULTS = """
-import sys
-sys.path.insert(0, sys.argv[1])
+DEFAULTS = ONLY + """
 src = open(sys.argv[1] + "/tests/test_other_triton.py").read()
 start = src.index('VARIANTS = \"\"\"') + len('VARIANTS = \"\"\"')
 namespace = {}

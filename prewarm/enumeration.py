@@ -56,15 +56,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from lazytriton import geometry, tuning
 from lazytriton.kernels import attention, dispatch
-from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
-from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
-from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.misslog import Line, MissLog
 from lazytriton.prewarm.limits import refusal
 from lazytriton.record import record
@@ -77,10 +73,6 @@ DEFAULT_HEAD_DIMS: tuple[int, ...] = geometry.HEAD_DIMS
 DEFAULT_CAUSAL: tuple[bool, ...] = (False, True)
 # One seqlen per default_config class: <= 16, <= 64 and > 64 query rows.
 DEFAULT_SEQLENS: tuple[int, ...] = (16, 64, 4096)
-# The decoding kernels' defaults (module docstring): one query-row count per BLOCK_M class.
-DECODE_DTYPES: tuple[str, ...] = ("bf16", "fp16")
-DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128)
-DECODE_ROWS: tuple[int, ...] = (16, 32, 64)
 MAX_SEQLEN = 2**31 - 1
 
 
@@ -203,52 +195,59 @@ def enumerate_variants(axes: Axes, table: tuning.Table) -> list[Planned]:
     """
     plan: dict[str, Planned] = {}
     for target in axes.targets:
-        for kernel in _with_append(axes.kernels or all_kernels()):
+        for kernel in _with_companions(axes.kernels or all_kernels()):
             for planned in _kernel_variants(axes, table, target, kernel):
                 plan.setdefault(planned.key, planned)
     return list(plan.values())
 
 
-def _with_append(kernels: tuple[str, ...]) -> tuple[str, ...]:
-    """The kernels to plan: kv_append joins the decoding kernels (a call with new keys launches it first)."""
-    if "kv_append" in kernels or not any(k in decode_dispatch.DECODE_KERNELS for k in kernels):
-        return kernels
-    return (*kernels, "kv_append")
+def _with_companions(kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels to plan, with each family's ``PREWARM_WITH`` (the decoding kernels bring kv_append).
 
-
-def _append_variants(axes: Axes, target: Target) -> Iterable[Planned]:
-    """kv_append's variants (one config) for the decoding grid: the new keys of every decoding call planned."""
-    from lazytriton.kernels import kv_append
-
-    for dtype, head_dim, head_dim_v, paged, aligned, index64 in itertools.product(
-            axes.dtypes or DECODE_DTYPES, axes.head_dims or DECODE_HEAD_DIMS, axes.head_dims_v or (0,),
-            axes.paged or (False, True), axes.aligned, axes.index64):
-        variant = kv_append.variant(target, dtype, head_dim, 0 if head_dim_v == head_dim else head_dim_v, paged,
-                                    aligned, index64)
-        yield Planned(variant, variant.key(), "default")
+    A decoding call with new keys launches kv_append first, so an image of decoding kernels holds it too.
+    """
+    extra = [k for kernel in kernels for k in getattr(dispatch.family_dispatch(kernel), "PREWARM_WITH", ())
+             if k not in kernels]
+    return (*kernels, *dict.fromkeys(extra))
 
 
 def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
-    if kernel == "kv_append":
-        yield from _append_variants(axes, target)
+    """``kernel``'s planned variants for ``target``: its family's ``dispatch`` answers, with its prewarm hooks.
+
+    A family's dispatch module may set ``PREWARM_DTYPES``, ``PREWARM_HEAD_DIMS`` and ``PREWARM_SEQLENS`` (its
+    default grid), ``PREWARM_PAGED`` (a paged axis), ``PREWARM_FEATURES`` (the feature flags its calls take;
+    absent: all), ``PREWARM_WITH`` (kernels planned with it) and define ``prewarm_alignments`` (its (ALIGN16,
+    SEQ16) pairs), ``prewarm_twins`` (the variants a plain call of a shape runs beside the kernel's) or
+    ``prewarm_variants`` (its whole plan, for a family with one config).
+    """
+    rules = dispatch.family_dispatch(kernel)
+    dtypes = axes.dtypes or getattr(rules, "PREWARM_DTYPES", DEFAULT_DTYPES)
+    head_dims = axes.head_dims or getattr(rules, "PREWARM_HEAD_DIMS", DEFAULT_HEAD_DIMS)
+    paged = (axes.paged or (False, True)) if getattr(rules, "PREWARM_PAGED", False) else (False,)
+    if hasattr(rules, "prewarm_variants"):
+        for variant in rules.prewarm_variants(target, dtypes, head_dims, axes.head_dims_v or (0,), paged,
+                                              axes.aligned, axes.index64):
+            yield Planned(variant, variant.key(), "default")
         return
     in_table = table_buckets(table, str(target), kernel)
-    decode = kernel in decode_dispatch.DECODE_KERNELS
-    dtypes = axes.dtypes or (DECODE_DTYPES if decode else DEFAULT_DTYPES)
-    head_dims = axes.head_dims or (DECODE_HEAD_DIMS if decode else DEFAULT_HEAD_DIMS)
-    paged = (axes.paged or (False, True)) if decode else (False,)
+    features = getattr(rules, "PREWARM_FEATURES", None)
+
+    def feature(name: str) -> tuple[bool, ...]:
+        return getattr(axes, name) if features is None or name in features else (False,)  # type: ignore[no-any-return]
+
+    alignments = getattr(rules, "prewarm_alignments", lambda kernel, aligned: tuple((a, False) for a in aligned))
+    twins = getattr(rules, "prewarm_twins", None)
     for dtype, head_dim, head_dim_v, causal in itertools.product(dtypes, head_dims, axes.head_dims_v or (0,),
                                                                  axes.causal or DEFAULT_CAUSAL):
         head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
         tiles = max(head_dim, head_dim_v)  # dispatch's rule: the larger head dim's tiles
-        split = not decode and bool(attention.split_chunks(kernel, head_dim, head_dim_v))
+        split = bool(attention.split_chunks(kernel, head_dim, head_dim_v))
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
-        seqlens = _seqlens(axes, buckets, DECODE_ROWS if decode else DEFAULT_SEQLENS)
-        off = (False,)
-        varlens, dropouts, biases = (off, off, off) if decode else (axes.varlen, axes.dropout, axes.bias)
+        seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
         for (aligned, seq16), index64, window, softcap, is_paged, varlen, alibi, dropout, bias, (seqlen_q, seqlen_k) \
-                in itertools.product(_alignments(kernel, axes.aligned), axes.index64, axes.window, axes.softcap, paged,
-                                     varlens, axes.alibi, dropouts, biases, seqlens):
+                in itertools.product(alignments(kernel, axes.aligned), axes.index64, feature("window"),
+                                     feature("softcap"), paged, feature("varlen"), feature("alibi"),
+                                     feature("dropout"), feature("bias"), seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
@@ -257,67 +256,9 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or head_dim_v)
-            if kernel == "flash_fwd" and plain:
-                gluon = _gluon_twin(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
-                if gluon is not None:
-                    yield Planned(gluon, gluon.key(), "gluon table")
-            if kernel == "flash_bwd_dkdv" and plain:
-                gluon = _bwd_gluon_twin(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
-                if gluon is not None:
-                    yield Planned(gluon, gluon.key(), "gluon table")
-                for fused in _bwd_fused_twins(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
-                                              seqlen_k):
-                    yield Planned(fused, fused.key(), "fused table")
-
-
-def _gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
-                seqlen_q: int, seqlen_k: int) -> Variant | None:
-    """The flash_fwd_gluon variant dispatch serves a plain call of this shape with (GLUON_TABLE), or None.
-
-    An image must hold it beside flash_fwd's: a call that fits the table's
-    tiles runs it, and would otherwise compile it on first use.
-    """
-    offset = seqlen_k - seqlen_q if causal else 0  # prewarm's causal calls are FlashAttention's, bottom-right
-    if offset < 0 or not fwd_dispatch.flash_fwd_gluon_fits(dtype, head_dim, causal, offset, 1.0 / math.sqrt(head_dim),
-                                                           seqlen_q, seqlen_k):
-        return None
-    return fwd_dispatch.flash_fwd_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
-                                                        seqlen_k)
-
-
-def _bwd_gluon_twin(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
-                    seqlen_q: int, seqlen_k: int) -> Variant | None:
-    """The flash_bwd_dkdv_gluon variant dispatch serves a plain backward of this shape with (BWD_GLUON_TABLE)."""
-    offset = seqlen_k - seqlen_q if causal else 0  # bottom-right, as _gluon_twin
-    if offset < 0 or not bwd_dispatch.flash_bwd_gluon_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
-        return None
-    return bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64,
-                                                             seqlen_q, seqlen_k)
-
-
-def _bwd_fused_twins(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
-                     seqlen_q: int, seqlen_k: int) -> tuple[Variant, ...]:
-    """The fused backward's two variants for a plain backward of this shape (BWD_FUSED_TABLE), or none.
-
-    (flash_bwd_prep, flash_bwd_fused_gluon): an image holds them beside
-    flash_bwd's, which deterministic mode runs.
-    """
-    offset = seqlen_k - seqlen_q if causal else 0  # bottom-right, as _gluon_twin
-    if offset < 0 or not bwd_dispatch.flash_bwd_fused_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
-        return ()
-    return bwd_dispatch.flash_bwd_fused_default_variants(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
-                                                         seqlen_k) or ()
-
-
-def _alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:
-    """(ALIGN16, SEQ16) pairs of the ``aligned`` axis: an aligned backward call has SEQ16 or not (its seqlens).
-
-    Both, so that an odd length (or packed sequences, which never have SEQ16)
-    with aligned tensors is served as well as 4096 is.
-    """
-    if kernel not in bwd_dispatch.BWD_KERNELS:
-        return tuple((a, False) for a in aligned)
-    return tuple(pair for a in aligned for pair in (((True, True), (True, False)) if a else ((False, False),)))
+            for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
+                                 if plain and twins is not None else ()):
+                yield Planned(twin, twin.key(), origin)
 
 
 def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:

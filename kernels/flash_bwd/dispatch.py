@@ -260,3 +260,35 @@ def flash_bwd_fused_default_variants(target: Target, dtype: str, head_dim: int, 
     block_m, prefetch, _ = row
     return fused.variants(str(target), dtype, head_dim, "top_left" if causal else "none", aligned, index64,
                           seqlen_q, seqlen_k, block_m, prefetch)
+
+
+def prewarm_alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:
+    """(ALIGN16, SEQ16) pairs of prewarm's ``aligned`` axis: an aligned backward call has SEQ16 or not.
+
+    Both, so that an odd length (or packed sequences, which never have SEQ16)
+    with aligned tensors is served as well as 4096 is.
+    """
+    return tuple(pair for a in aligned for pair in (((True, True), (True, False)) if a else ((False, False),)))
+
+
+def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+                  index64: bool, seqlen_q: int, seqlen_k: int) -> list[tuple[Variant, str]]:
+    """The variants beside the two kernels' that a plain backward of this shape runs, for prewarm.
+
+    With ``flash_bwd_dkdv``: the Gluon dK/dV kernel (``BWD_GLUON_TABLE``) and
+    the fused backward's two kernels (``BWD_FUSED_TABLE``; an image holds them
+    beside flash_bwd's, which deterministic mode runs). Causal calls are
+    bottom-right, as the forward's.
+    """
+    offset = seqlen_k - seqlen_q if causal else 0
+    if kernel != "flash_bwd_dkdv" or offset < 0:
+        return []
+    twins: list[tuple[Variant, str]] = []
+    if flash_bwd_gluon_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
+        found = flash_bwd_dkdv_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
+                                                     seqlen_k)
+        twins += [] if found is None else [(found, "gluon table")]
+    if flash_bwd_fused_fits(dtype, head_dim, causal, offset, seqlen_q, seqlen_k):
+        pair = flash_bwd_fused_default_variants(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
+        twins += [(variant, "fused table") for variant in pair or ()]
+    return twins

@@ -142,3 +142,15 @@ def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool
     return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
                           index64=index64, table=table, paged=paged, window=window, softcap=softcap, alibi=alibi,
                           head_dim_v=head_dim_v)
+
+
+# Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
+# contiguous and a paged cache, one query-row count per BLOCK_M class (seqlen_q stands for query rows per
+# key/value head: group size x seqlen_q). Their calls have no varlen, dropout or bias variants; a call with new
+# keys launches kv_append first, so it is planned with them.
+PREWARM_DTYPES = ("bf16", "fp16")
+PREWARM_HEAD_DIMS = (64, 128)
+PREWARM_SEQLENS = (16, 32, 64)
+PREWARM_PAGED = True
+PREWARM_FEATURES = ("window", "softcap", "alibi")
+PREWARM_WITH = ("kv_append",)

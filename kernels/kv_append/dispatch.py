@@ -1,0 +1,47 @@
+"""kv_append's choice: one config for every call (``kv_append.variant``), in ``kernels.dispatch``'s terms.
+
+Prewarm plans it with the decoding kernels (``flash_decode.dispatch.PREWARM_WITH``): over their dtypes, head
+dims (and v's), layouts, alignments and index widths, with no seqlen axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+from lazytriton import tuning
+from lazytriton.kernels import kv_append
+from lazytriton.target import Target
+from lazytriton.tiles import Config
+from lazytriton.variant import Variant
+
+PREWARM_DTYPES = ("bf16", "fp16")  # the decoding kernels' (flash_decode.dispatch.PREWARM_*)
+PREWARM_HEAD_DIMS = (64, 128)
+PREWARM_PAGED = True
+
+
+def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
+                  seqlen_k: int, table: tuning.Table | None = None, paged: bool = False,
+                  split: bool | None = None) -> tuple[Config, tuning.Row | None]:
+    """Nothing to choose: kv_append has one config for every call (``kv_append.BLOCK_M``), no tuning rows."""
+    raise ValueError("kv_append has one config for every call (kv_append.variant): nothing to look up")
+
+
+def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
+                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool]) -> list[Variant]:
+    """kv_append's variants for prewarm's axes: one a (dtype, head dims, layout, alignment, index width)."""
+    return [kv_append.variant(target, dtype, head_dim, 0 if dim_v == head_dim else dim_v, is_paged, is_aligned,
+                              wide)
+            for dtype, head_dim, dim_v, is_paged, is_aligned, wide in itertools.product(
+                dtypes, head_dims, head_dims_v, paged, aligned, index64)]
+
+
+def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
+            seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
+            table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
+            softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
+            paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
+            split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+    """``kernels.dispatch.kernel_variant`` for kv_append: ``kv_append.variant`` (only the layout fields apply)."""
+    return kv_append.variant(target, dtype, head_dim, 0 if head_dim_v == head_dim else head_dim_v, paged, aligned,
+                             index64)
