@@ -336,8 +336,8 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
                                             head_dim_v, seq16, gluon)
         return ((dq_variant, ("BLOCK_M",)), (dkdv_variant, ("BLOCK_N",)))
 
-    return launch.plan(rt, key, device, choose, "run the backward once with this shape (or call "  # type: ignore[return-value]
-                       "lazytriton.preload(..., backward=True)) before the capture")
+    return launch.plan(rt, key, device, choose, "run the backward once with this shape (or call "
+                       "lazytriton.preload(..., backward=True)) before the capture")  # type: ignore[return-value]
 
 
 def empty_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Grads:

@@ -268,10 +268,10 @@ def gluon_q_tiles(head_dim: int, causal: bool, seqlen_q: int, block_m: int) -> i
     while tiles > 1 and seqlen_q % (block_m * tiles):
         tiles //= 2
     return tiles
-# The master switch: False, dispatch never picks flash_fwd_gluon nor flash_bwd_dkdv_gluon (BWD_GLUON_TABLE,
-# below) itself whatever the tables say (they are then launched by variant only, as the probes and
-# `lazytriton tune` do). Read when a shape is first described: set it (or edit a table) before the first
-# call, or clear the runtime's plans after.
+# The forward's switch of the Gluon kernel: False, dispatch never picks flash_fwd_gluon itself whatever the tables
+# say (it is then launched by variant only, as the probes and `lazytriton tune` do; the backward has its own,
+# flash_bwd.dispatch.GLUON_BY_DEFAULT). Read when a shape is first described: set it (or edit a table) before the
+# first call, or clear the runtime's plans after.
 GLUON_BY_DEFAULT = True
 
 
