@@ -221,8 +221,8 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     ``prewarm_variants`` (its whole plan, for a family with one config).
     """
     rules = dispatch.family_dispatch(kernel)
-    dtypes = tuple(axes.dtypes or getattr(rules, "PREWARM_DTYPES", DEFAULT_DTYPES))
-    head_dims = tuple(axes.head_dims or getattr(rules, "PREWARM_HEAD_DIMS", DEFAULT_HEAD_DIMS))
+    dtypes: tuple[str, ...] = axes.dtypes or tuple(getattr(rules, "PREWARM_DTYPES", DEFAULT_DTYPES))
+    head_dims: tuple[int, ...] = axes.head_dims or tuple(getattr(rules, "PREWARM_HEAD_DIMS", DEFAULT_HEAD_DIMS))
     paged = (axes.paged or (False, True)) if getattr(rules, "PREWARM_PAGED", False) else (False,)
     if hasattr(rules, "prewarm_variants"):
         for variant in rules.prewarm_variants(target, dtypes, head_dims, axes.head_dims_v or (0,), paged,
