@@ -2,7 +2,7 @@
 
 Per call, on a tiny shape (1 x 2 x 16 x 64 bf16, so the host is what costs):
 ``attn_fwd``, ``flash_attn_func`` and the SDPA drop-in through each launch
-path (the warm path's C++ tail, lazytriton/driver/_hotpath.cpp, the compiled
+path (the warm path's C++ tail, kernels/flash_fwd/_hotpath.cpp, the compiled
 helper, lazytriton/driver/fastlaunch.py, and cffi's ABI mode), beside
 ``torch.add``, torch's SDPA (default backend) and the same kernel through
 Triton's JIT. The target (issue 12): an eager warm call costs
@@ -39,8 +39,8 @@ from csvlog import append_rows
 
 import lazytriton
 from lazytriton import config, runtime
-from lazytriton.driver import fastlaunch, helpers, hotpath
-from lazytriton.kernels.flash_fwd import hot
+from lazytriton.driver import fastlaunch, helpers
+from lazytriton.kernels.flash_fwd import hot, hotpath
 
 FIELDS = ["benchmark", "provider", "mode", "value", "unit", "ratio_to_torch_add", "rounds", "calls", "gpu", "torch",
           "triton", "lazytriton", "timestamp"]
@@ -77,7 +77,7 @@ def ensure_cpp(build: bool) -> str:
     if not build:
         return "not built (--no-build)"
     try:
-        from lazytriton.driver import hotpath_build
+        from lazytriton.kernels.flash_fwd import hotpath_build
 
         path = hotpath_build.build()
     except Exception as exc:  # no C++ compiler, no torch headers (the message says which), read-only install
@@ -215,7 +215,7 @@ def main() -> int:
         print(f"{name:<52} {path:<16} {value:8.2f} {r:12.2f}x{verdict}")
     print(f"rows appended to {args.csv}")
     cache_dir = config.settings().cache_dir
-    for name in helpers.HELPERS:
+    for name in helpers.registry():
         state = helpers.status(name, cache_dir, torch.__version__)
         print(f"{name} helper now: {state.state}: {state.detail}" + (f" ({state.path})" if state.path else ""))
     best = paths[0]

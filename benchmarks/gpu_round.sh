@@ -26,7 +26,7 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
      --keep-image $cold_image --reps ${COLDSTART_REPS:-5} --jit-reps ${COLDSTART_JIT_REPS:-3} --csv "$OUT/prewarm.csv" \
      2>&1 | tee "$OUT/coldstart.log" | tail -19
    python3 -X importtime -c "import torch; import lazytriton.flash" 2> "$OUT/importtime.log"
-   python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 && python3 -m lazytriton.driver.hotpath_build \
+   python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_fwd.hotpath_build \
      >/dev/null 2>&1 || echo "helpers not built into /tmp/lt-installed"
    export LAZYTRITON_IMAGES=$cold_image LAZYTRITON_JIT=0
    for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run$set \
@@ -53,7 +53,7 @@ case " $* " in *" hot "*)
   python3 -P benchmarks/profile_hot.py 2>&1 | tee "$OUT/hot.log" ;;
 esac
 case " $* " in *" tests "*)
-  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.driver.hotpath_build || true
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build || true
   # pytest-xdist travels in .whl (wheels.sh .whl pytest-xdist execnet zstandard; images need zstandard, which
   # the host lacks): 4 processes share the GPU and the cache.
   timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest tests -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} \
@@ -130,7 +130,7 @@ case " $* " in *" bwdtrace "*)  # where the fused backward's programs spend thei
     --no-fit $traces 2>&1 | tee "$OUT/bwd_trace.log" | grep -A40 "^case" | tail -40 ;;
 esac
 case " $* " in *" grids "*)  # issue 12's two grids, lazytriton against cuDNN over 8 head dims (device time, in turns)
-  python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1; python3 -m lazytriton.driver.hotpath_build >/dev/null 2>&1
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1; python3 -m lazytriton.kernels.flash_fwd.hotpath_build >/dev/null 2>&1
   for bench in ${GRIDS_BENCHES:-fwd bwd}; do
     timeout ${GRIDS_TIMEOUT:-280} python3 benchmarks/bench_flash_$bench.py --csv "$OUT/flash_$bench.csv" \
       --head-dims 64,80,96,128,160,192,224,256 --providers lazytriton,sdpa_cudnn > "$OUT/grid_$bench.log" 2>&1
@@ -141,7 +141,7 @@ case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $
   python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" ${PREWARM_ARGS:-} 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
 esac
 case " $* " in *" newtests "*)  # the GPU tests of the newest features (NEWTESTS overrides the list)
-  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.driver.hotpath_build >/dev/null || true
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build >/dev/null || true
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \
     tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py tests/test_bwd_split.py tests/test_kvcache_append.py \
     tests/test_capi_kvcache.py tests/test_gluon_fwd_hd256.py tests/test_hotpath_cpp.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \

@@ -9,7 +9,7 @@
 #   bash benchmarks/host_fresh.sh [--remove-package-helpers] [bench_host.py arguments...]
 # A helper built into the package folder (python -m lazytriton.driver.fastlaunch_build / hotpath_build) takes
 # precedence over the cache dir's, so the script stops when one is there; --remove-package-helpers deletes those
-# build outputs (lazytriton/driver/_fastlaunch*.so, _hotpath*.so) first.
+# build outputs (lazytriton/driver/_fastlaunch*.so, kernels/flash_fwd/_hotpath*.so) first.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -d .whl ]; then  # the GPU host: the wheels it lacks travel in .whl, installed as benchmarks/gpu_round.sh does
@@ -19,7 +19,7 @@ if [ -d .whl ]; then  # the GPU host: the wheels it lacks travel in .whl, instal
 fi
 remove=0
 if [ "${1:-}" = --remove-package-helpers ]; then remove=1; shift; fi
-packaged=$(ls lazytriton/driver/_fastlaunch*.so lazytriton/driver/_hotpath*.so 2>/dev/null)
+packaged=$(ls lazytriton/driver/_fastlaunch*.so kernels/flash_fwd/_hotpath*.so 2>/dev/null)
 if [ -n "$packaged" ]; then
   if [ $remove = 0 ]; then
     echo "package-folder helpers present (they take precedence; not a fresh install): $packaged" >&2

@@ -2,7 +2,7 @@
 
 On a GPU: each step of the real warm path, then the whole call through each
 launch path (the compiled helper and cffi's ABI mode) and through the op.
-Where the C++ tail is built (``python -m lazytriton.driver.hotpath_build``),
+Where the C++ tail is built (``python -m lazytriton.kernels.flash_fwd.hotpath_build``),
 the warm path is timed with it ("C++ tail") and without it.
 
 ``--cpu-fake``: no GPU needed (best of interleaved rounds: the CPU machine is
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from lazytriton import flash, launch, ops, runtime
-from lazytriton.driver import fastlaunch, hotpath
-from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.driver import fastlaunch
+from lazytriton.kernels.flash_fwd import binding, hot, hotpath
 
 
 def us(fn: Callable[[], object], calls: int = 2000, rounds: int = 15, sync: Callable[[], None] = lambda: None,
@@ -114,11 +114,11 @@ def _fake_kernels(directory: Path) -> dict[str, Any]:
         if hotpath.module() is not None:
             kernels[CPP] = kernels["compiled helper"]
         else:
-            print("the C++ tail is not built (python -m lazytriton.driver.hotpath_build): Python tail only")
+            print("the C++ tail is not built (python -m lazytriton.kernels.flash_fwd.hotpath_build): Python tail only")
     return kernels
 
 
-CPP = "C++ tail"  # the compiled helper's kernel, the warm path's tail in C++ (lazytriton/driver/_hotpath.cpp)
+CPP = "C++ tail"  # the compiled helper's kernel, the warm path's tail in C++ (kernels/flash_fwd/_hotpath.cpp)
 
 
 def _cpu_lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:

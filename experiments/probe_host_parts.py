@@ -9,7 +9,7 @@ against the whole:
 - four ``data_ptr()`` reads and the raw-stream read,
 - the launch alone (the compiled helper with one call's captured arguments),
 - the warm functions themselves (``hot.output_bhsd``, ``hot.forward_bhsd``)
-  with their Python tail and with the C++ one (lazytriton/driver/_hotpath.cpp,
+  with their Python tail and with the C++ one (kernels/flash_fwd/_hotpath.cpp,
   built here if missing), the C++ tail alone, and the public calls (which
   take the C++ tail when it is built),
 - an empty kernel with N 8-byte parameters (hand-written PTX, loaded with
@@ -37,8 +37,11 @@ from bench_host import ensure_cpp, ensure_helper, measure  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton import runtime  # noqa: E402
-from lazytriton.driver import fastlaunch, hotpath  # noqa: E402
-from lazytriton.kernels.flash_fwd import hot  # noqa: E402
+from lazytriton.driver import fastlaunch  # noqa: E402
+from lazytriton.kernels.flash_fwd import (
+    hot,  # noqa: E402
+    hotpath,
+)
 
 PARAM_COUNTS = (4, 16, 32, 48, 64)
 

@@ -133,6 +133,11 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Compiled helpers a family brings (``lazytriton.driver.helpers`` builds and loads them as it does its own launch
+# helper): the modules whose ``HELPER`` describes each. flash_fwd's C++ warm-path tail (hot.py runs it).
+COMPILED_HELPERS: tuple[str, ...] = ("lazytriton.kernels.flash_fwd.hotpath",)
+
+
 def family_of(kernel: str) -> str:
     """The family a kernel belongs to (its folder under kernels/)."""
     for family, kernels in FAMILIES.items():

@@ -29,6 +29,7 @@ from test_driver import _entry
 
 from lazytriton import cli, config
 from lazytriton.driver import fastlaunch, fastlaunch_build, gpu, helpers, helpers_build
+from lazytriton.kernels.flash_fwd import hotpath
 
 FAST = helpers.FASTLAUNCH
 
@@ -109,8 +110,8 @@ def test_first_gpu_use_starts_one_background_build_per_missing_helper(fake_libra
     monkeypatch.setattr(gpu, "CudaApi", functools.partial(gpu.CudaApi, str(fake_library)))
     monkeypatch.setattr(helpers, "running_torch", lambda: "2.11.0+cu130")  # a process that imported torch
     assert gpu.cuda() is gpu.cuda()
-    keys = [helpers.key(FAST), helpers.key(helpers.HOTPATH, "2.11.0+cu130")]
-    assert [call[4] for call in spawns.calls] == [FAST, helpers.HOTPATH]
+    keys = [helpers.key(FAST), helpers.key(hotpath.NAME, "2.11.0+cu130")]
+    assert [call[4] for call in spawns.calls] == [FAST, hotpath.NAME]
     assert [call[call.index("--key") + 1] for call in spawns.calls] == keys
     assert spawns.calls[0][:4] == [sys.executable, "-m", helpers.BUILDER, "child"]
     assert helpers.on_first_use() == []  # the same process never starts a key twice
@@ -279,11 +280,11 @@ def test_the_setting_turns_the_cache_dir_helpers_off(cache_dir: Path, built_help
 
 
 def test_the_key_follows_python_torch_and_source() -> None:
-    fast, hot = helpers.key(FAST), helpers.key(helpers.HOTPATH, "2.11.0+cu130")
+    fast, hot = helpers.key(FAST), helpers.key(hotpath.NAME, "2.11.0+cu130")
     assert fast.startswith(f"fastlaunch-{helpers.abi_tag()}-") and helpers.abi_tag() in hot
-    assert "-torch2.11.0+cu130-" in hot and helpers.key(helpers.HOTPATH, "2.12.0") != hot
+    assert "-torch2.11.0+cu130-" in hot and helpers.key(hotpath.NAME, "2.12.0") != hot
     assert helpers.key(FAST) == fast and "/" not in fast + hot
-    assert helpers.module_file(helpers.HOTPATH, "2.11.0+cu130").startswith("_hotpath.torch-2.11.0+cu130.")
+    assert helpers.module_file(hotpath.NAME, "2.11.0+cu130").startswith("_hotpath.torch-2.11.0+cu130.")
     with pytest.raises(ValueError, match="helper must be one of"):
         helpers.module_file("other")
 
@@ -330,7 +331,7 @@ def test_info_says_which_launch_path_and_why(cache_dir: Path, built_helper: Path
 def test_prewarm_helpers_builds_into_a_named_cache_dir_and_says_what_failed(
         tmp_path: Path, built_helper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         ) -> None:
-    from lazytriton.driver import hotpath_build
+    from lazytriton.kernels.flash_fwd import hotpath_build
 
     def no_headers(*args: Any, **kwargs: Any) -> Path:
         raise hotpath_build.BuildError("cannot build the C++ warm path; missing:\n  torch's C++ headers")

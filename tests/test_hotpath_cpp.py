@@ -1,4 +1,4 @@
-"""The C++ warm-path tail (lazytriton/driver/_hotpath.cpp) launches exactly what the Python tail launches.
+"""The C++ warm-path tail (kernels/flash_fwd/_hotpath.cpp) launches exactly what the Python tail launches.
 
 On CPU: the extension is built once for this session against the installed
 torch (a missing C++ compiler or header fails the test, with the build's own
@@ -39,11 +39,9 @@ from lazytriton.driver import (
     gpu,
     helpers,
     helpers_build,
-    hotpath,
-    hotpath_build,
 )
 from lazytriton.kernels import get
-from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import binding, hot, hotpath, hotpath_build
 
 ARG_TYPES = tuple(t for t in get("flash_fwd").signature("bf16").values() if t != "constexpr")
 SIZES = [4 if t in ("i32", "fp32") else 8 for t in ARG_TYPES] + [8, 8]  # + the 2 hidden scratch pointers
@@ -294,13 +292,13 @@ def cache_dir_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_the_cpp_tail_is_loaded_from_the_cache_dir(built: Path, cache_dir: Path, cache_dir_only: None) -> None:
     assert not hotpath.refresh(), "nothing in the package folder or the cache dir yet"
     version = torch.__version__
-    assert helpers.make_folder(cache_dir, helpers.HOTPATH, version) is None
-    target = helpers.folder(cache_dir, helpers.HOTPATH, version) / hotpath.file_name(version)
+    assert helpers.make_folder(cache_dir, hotpath.NAME, version) is None
+    target = helpers.folder(cache_dir, hotpath.NAME, version) / hotpath.file_name(version)
     shutil.copyfile(built, target)  # as the background builder leaves it
     target.chmod(0o755)
     assert hotpath.refresh() and hotpath.origin() == str(target)
     assert hotpath.module().TORCH_VERSION == version
-    assert helpers.status(helpers.HOTPATH, cache_dir, version).state == helpers.CACHE
+    assert helpers.status(hotpath.NAME, cache_dir, version).state == helpers.CACHE
     target.chmod(0o775)
     assert not hotpath.refresh(), "writable by the group: refused"
 
@@ -315,18 +313,18 @@ def test_the_background_builder_builds_the_cpp_tail_under_its_key(built: Path, c
 
     monkeypatch.setattr(hotpath_build, "build", build)
     version = torch.__version__
-    where = helpers.folder(cache_dir, helpers.HOTPATH, version)
-    assert helpers.make_folder(cache_dir, helpers.HOTPATH, version) is None
+    where = helpers.folder(cache_dir, hotpath.NAME, version)
+    assert helpers.make_folder(cache_dir, hotpath.NAME, version) is None
     lock = helpers.take_lock(where, blocking=False)
     assert lock is not None
     try:
-        other = helpers.key(helpers.HOTPATH, "2.11.0")  # a key the builder's own torch does not give
-        assert helpers_build.child(helpers.HOTPATH, cache_dir, other, lock) == 1
+        other = helpers.key(hotpath.NAME, "2.11.0")  # a key the builder's own torch does not give
+        assert helpers_build.child(hotpath.NAME, cache_dir, other, lock) == 1
         assert "whose key is" in (cache_dir / helpers.FOLDER / other / helpers.FAILED).read_text()
-        assert helpers_build.child(helpers.HOTPATH, cache_dir, where.name, lock) == 0
+        assert helpers_build.child(hotpath.NAME, cache_dir, where.name, lock) == 0
     finally:
         os.close(lock)
-    assert helpers.status(helpers.HOTPATH, cache_dir, version).state == helpers.CACHE
+    assert helpers.status(hotpath.NAME, cache_dir, version).state == helpers.CACHE
     assert hotpath.refresh() and hotpath.origin() == str(where / hotpath.file_name(version))
 
 
@@ -353,7 +351,8 @@ def test_the_build_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None
 @on_gpu
 def test_gpu_cpp_tail_gives_the_python_tails_results_and_captures() -> None:
     if hotpath.module() is None:
-        pytest.skip("the C++ warm path is not built for this torch (python -m lazytriton.driver.hotpath_build)")
+        pytest.skip("the C++ warm path is not built for this torch "
+                    "(python -m lazytriton.kernels.flash_fwd.hotpath_build)")
     if not fastlaunch.available():
         pytest.skip("the launch helper is not built (python -m lazytriton.driver.fastlaunch_build)")
     runtime.reset()

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from lazytriton import tuning
-from lazytriton.driver import hotpath_record
-from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import binding, hot, hotpath_record
 
 CPP = hot.hotpath.__file__.replace("hotpath.py", "_hotpath.cpp")
 

@@ -57,8 +57,8 @@ from typing import Any
 import torch
 
 from lazytriton import geometry, launch, runtime
-from lazytriton.driver import fastlaunch, hotpath, hotpath_record
-from lazytriton.kernels.flash_fwd import FLASH_FWD, binding
+from lazytriton.driver import fastlaunch
+from lazytriton.kernels.flash_fwd import FLASH_FWD, binding, hotpath, hotpath_record
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
 # Per call: the checks that need no arithmetic, one lookup of everything the tensors' sizes and strides
@@ -329,7 +329,7 @@ def _floats_source() -> str:
     return ", ".join(PLAIN_FLOATS[name] for name in binding.FLOAT_PARAMS)
 
 
-# The C++ tail's record of an entry (lazytriton/driver/_hotpath.cpp reads it): its Template struct, then the
+# The C++ tail's record of an entry (kernels/flash_fwd/_hotpath.cpp reads it): its Template struct, then the
 # constant ints (0 where a pointer goes) and the floats; the pointers in its order (enum Pointer).
 CPP_TEMPLATE = struct.Struct("<3q6I4i6h4x")  # lse shape, 2 grids, strides aligned, forward, counts, 5 slots, mask
 CPP_INTERFACE = 4  # run(), serve() and remember()'s calling convention: _hotpath.cpp's LT_INTERFACE
@@ -549,7 +549,7 @@ def _cpu_device() -> int:
 def warn_stale_once() -> None:
     logging.getLogger("lazytriton.driver").warning(
         "the C++ warm path was built from another _hotpath.cpp (its records or calling convention differ): the "
-        "Python warm path until it is rebuilt (python -m lazytriton.driver.hotpath_build)")
+        "Python warm path until it is rebuilt (python -m lazytriton.kernels.flash_fwd.hotpath_build)")
 
 
 def usable(cpp: Any) -> bool:
@@ -564,7 +564,7 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
     ``cuda=False`` and ``namespace`` overrides serve the CPU tests and
     benchmarks/profile_hot.py, which run this same text on CPU tensors with a
     fake driver (there is no other use for them). The C++ tail is in the text when its module is built for this
-    torch and enabled (driver/hotpath.py) and the launch helper is there; ``cpp``: False, or the module to use.
+    torch and enabled (hotpath.py) and the launch helper is there; ``cpp``: False, or the module to use.
     ``stream_inside`` (None: the module's STREAM_INSIDE, on CUDA only): the C++ tail reads the current stream, and
     then (unless ``with_front`` is False) the entry lookup is in C++ too.
     """

@@ -92,10 +92,11 @@ HELPER_NAMES = {"fastlaunch": "launch helper", "hotpath": "C++ warm path"}
 
 def launch_fields(cache_dir: Any) -> dict[str, Any]:
     """Which launch path a GPU call takes in this Python and why, and where each compiled helper stands."""
-    from lazytriton.driver import fastlaunch, helpers, hotpath
+    from lazytriton.driver import fastlaunch, helpers
+    from lazytriton.kernels.flash_fwd import hotpath
 
     torch_version = helpers.running_torch()
-    states = {name: helpers.status(name, cache_dir, torch_version) for name in helpers.HELPERS}
+    states = {name: helpers.status(name, cache_dir, torch_version) for name in helpers.registry()}
     loads = {"fastlaunch": states["fastlaunch"].state in (helpers.PACKAGE, helpers.CACHE) and fastlaunch.available(),
              "hotpath": states["hotpath"].state in (helpers.PACKAGE, helpers.CACHE) and hotpath.module() is not None}
     found = {name: {"state": state.state, "path": state.path, "detail": state.detail, "loads": loads[name]}

@@ -1,10 +1,12 @@
 """The compiled helpers in the cache dir: found there, trusted or refused, and built there in the background.
 
-Two compiled helpers make a warm call cheaper: the launch helper
-``_fastlaunch`` (plain C, fastlaunch.py) and flash_fwd's C++ warm-path tail
-``_hotpath`` (hotpath.py, bound to the torch it is built against). A helper
-built into this package's folder (``python -m lazytriton.driver.fastlaunch_build``,
-``hotpath_build``) takes precedence. Otherwise the first time a process sets
+Compiled helpers make a warm call cheaper: the driver's launch helper
+``_fastlaunch`` (plain C, fastlaunch.py), and those a kernel family registers
+(``kernels.COMPILED_HELPERS``: flash_fwd's C++ warm-path tail ``_hotpath``,
+bound to the torch it is built against). Each is described by a ``Helper``
+(``registry``). A helper built into its package folder (``python -m
+lazytriton.driver.fastlaunch_build``, the family's build command) takes
+precedence. Otherwise the first time a process sets
 up the CUDA driver (``gpu.cuda()``) ``on_first_use`` looks for each helper in
 the cache dir (a few ``stat`` calls) and, for one that is missing, starts its
 build in a detached background process (``helpers_build``, its own session,
@@ -52,19 +54,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from lazytriton import config
-from lazytriton.driver import fastlaunch_build, hotpath_record, trusted
+from lazytriton.driver import fastlaunch_build, trusted
 
 log = logging.getLogger("lazytriton.driver")
 
-FASTLAUNCH, HOTPATH = "fastlaunch", "hotpath"
-HELPERS = (FASTLAUNCH, HOTPATH)
+FASTLAUNCH = "fastlaunch"
 FOLDER = "helpers"  # under the cache dir
 LOCK, LOG, FAILED, REPORTED = "build.lock", "build.log", "failed", "failed.reported"
 MAX_FAILURE_BYTES = 16 << 10  # of the error kept in ``failed`` (its tail: a compiler's last lines say most)
 VARIABLE = "LAZYTRITON_HELPERS"
-RECIPE = 1  # the build commands' version (fastlaunch_build.command, hotpath_build.command): part of every key
-PACKAGE_DIR = Path(__file__).resolve().parent  # where the package's own builds are looked for
-HOTPATH_SOURCE = Path(__file__).with_name("_hotpath.cpp")
+RECIPE = 1  # the build commands' version (fastlaunch_build.command and the families'): part of every key
+PACKAGE_DIR = Path(__file__).resolve().parent  # where the package's own launch helper is looked for
 BUILDER = "lazytriton.driver.helpers_build"
 DIR_MODE = 0o755  # folders and modules the builder makes: never writable by group or others, whatever the umask
 
@@ -82,6 +82,55 @@ class Status(NamedTuple):
 
 
 Spawn = Callable[[Sequence[str], str, int, int], None]  # (argv, cwd, log fd, lock fd): starts the builder
+
+
+class Helper(NamedTuple):
+    """A compiled helper: how its file is named, what it is compiled from, and how it is built and checked.
+
+    ``needs_torch``: bound to the torch it is built against (its file name
+    and key carry torch's version; a process without torch neither builds nor
+    loads it). ``package_dir``: where its package build is looked for.
+    ``file_name(torch_version)``; ``source()``: the bytes it is compiled from
+    (its key's hash); ``compile_into(folder, torch_version)``: build it there
+    and check that it loads as the runtime loads it, its path (an exception
+    says why not; None for the launch helper, which ``helpers_build`` builds
+    itself). The builder imports the module that describes it.
+    """
+
+    name: str
+    needs_torch: bool
+    package_dir: Path
+    file_name: Callable[[str | None], str]
+    source: Callable[[], bytes]
+    compile_into: Callable[[Path, str | None], Path] | None
+
+
+FASTLAUNCH_HELPER = Helper(FASTLAUNCH, False, PACKAGE_DIR, lambda torch_version: fastlaunch_build.FILE_NAME,
+                           lambda: fastlaunch_build.C_SOURCE.encode(), None)
+
+
+@functools.cache
+def registry() -> dict[str, Helper]:
+    """Every compiled helper by name: the driver's launch helper, then each family's (``kernels.COMPILED_HELPERS``).
+
+    A family's helper is described by the ``HELPER`` of the module its entry
+    names, imported here (on first GPU use, by ``lazytriton info``, by the builder).
+    """
+    from lazytriton.kernels import COMPILED_HELPERS
+
+    found = {FASTLAUNCH: FASTLAUNCH_HELPER}
+    for module in COMPILED_HELPERS:
+        helper: Helper = importlib.import_module(module).HELPER
+        found[helper.name] = helper
+    return found
+
+
+def described(helper: str) -> Helper:
+    """The description of ``helper`` by name (ValueError: no such helper)."""
+    found = registry().get(helper)
+    if found is None:
+        raise ValueError(f"helper must be one of {', '.join(registry())}, got {helper!r}")
+    return found
 
 
 _setting: list[Any] = [True, -1]  # LAZYTRITON_HELPERS's value and the config generation it was read under
@@ -117,13 +166,10 @@ def torch_tag(torch_version: str) -> str:
 
 def module_file(helper: str, torch_version: str | None = None) -> str:
     """The built module's file name: ``_fastlaunch<suffix>``, ``_hotpath.torch-<version><suffix>``."""
-    if helper == FASTLAUNCH:
-        return fastlaunch_build.FILE_NAME
-    if helper == HOTPATH:
-        if not torch_version:
-            raise ValueError("the C++ warm path's file name needs a torch version")
-        return f"_hotpath.torch-{torch_tag(torch_version)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {helper!r}")
+    found = described(helper)
+    if found.needs_torch and not torch_version:
+        raise ValueError(f"the {helper} helper's file name needs a torch version")
+    return found.file_name(torch_version)
 
 
 @functools.cache
@@ -131,21 +177,13 @@ def source_hash(helper: str) -> str:
     """A hash of the text ``helper`` is compiled from (with ``RECIPE``): a changed source is a new key."""
     import xxhash
 
-    text = f"recipe {RECIPE}\n".encode()
-    if helper == FASTLAUNCH:
-        text += fastlaunch_build.C_SOURCE.encode()
-    elif helper == HOTPATH:
-        text += (fastlaunch_build.PLAN_SOURCE.encode() + hotpath_record.header().encode()
-                 + HOTPATH_SOURCE.read_bytes())
-    else:
-        raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {helper!r}")
-    return xxhash.xxh3_64_hexdigest(text)
+    return xxhash.xxh3_64_hexdigest(f"recipe {RECIPE}\n".encode() + described(helper).source())
 
 
 def key(helper: str, torch_version: str | None = None) -> str:
     """The helper's folder under ``<cache dir>/helpers``: helper, Python ABI, [torch version,] source hash."""
     parts = [helper, abi_tag()]
-    if helper == HOTPATH:
+    if described(helper).needs_torch:
         parts.append("torch" + torch_tag(torch_version or ""))
     return "-".join([*parts, source_hash(helper)])
 
@@ -158,8 +196,8 @@ def running_torch() -> str | None:
 
 
 def wanted(torch_version: str | None) -> tuple[str, ...]:
-    """The helpers this process can use: the C++ tail only with torch (the warm path it serves imports torch)."""
-    return HELPERS if torch_version else (FASTLAUNCH,)
+    """The helpers this process can use: one bound to torch only with torch (what it serves imports torch)."""
+    return tuple(name for name, helper in registry().items() if torch_version or not helper.needs_torch)
 
 
 def folder(cache_dir: Path, helper: str, torch_version: str | None = None) -> Path:
@@ -169,7 +207,7 @@ def folder(cache_dir: Path, helper: str, torch_version: str | None = None) -> Pa
 
 def in_package(helper: str, torch_version: str | None = None) -> Path | None:
     """The package's own build of ``helper`` (one ``stat``), or None."""
-    path = PACKAGE_DIR / module_file(helper, torch_version)
+    path = described(helper).package_dir / module_file(helper, torch_version)
     return path if path.is_file() else None
 
 
@@ -253,7 +291,7 @@ def status(helper: str, cache_dir: Path, torch_version: str | None = None, probe
 
     ``probe_lock=False``: the caller holds the key's lock itself (a probe would see it taken).
     """
-    if helper == HOTPATH and not torch_version:
+    if described(helper).needs_torch and not torch_version:
         return Status(NOT_BUILT, None, "needs torch, which this process has not imported")
     packaged = in_package(helper, torch_version)
     if packaged is not None:

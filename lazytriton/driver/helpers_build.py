@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from lazytriton import fsutil
-from lazytriton.driver import fastlaunch, fastlaunch_build, helpers, hotpath, hotpath_build
+from lazytriton.driver import fastlaunch, fastlaunch_build, helpers
 
 
 class Result(NamedTuple):
@@ -38,22 +38,27 @@ class Result(NamedTuple):
     message: str
 
 
-def compile_into(helper: str, where: Path, torch_version: str | None) -> Path:
-    """Build ``helper`` into ``where`` and check that it loads as the runtime will load it; its path."""
-    if helper == helpers.FASTLAUNCH:
-        path = fastlaunch_build.build(where, mode=helpers.DIR_MODE)
-        module = fastlaunch.import_file(str(path), path)  # as the runtime loads it
-        loads = module is not None and getattr(module, "PLAN_VERSION", None) == fastlaunch.PLAN_VERSION
-    else:
-        if torch_version is None:
-            raise hotpath_build.BuildError("the C++ warm path needs torch")
-        path = hotpath_build.build(where, mode=helpers.DIR_MODE)
-        loads = hotpath.load_file(str(path), path, torch_version, fastlaunch.PLAN_VERSION) is not None
+def fastlaunch_into(where: Path) -> Path:
+    """Build the launch helper into ``where`` and check that it loads as the runtime will load it; its path."""
+    path = fastlaunch_build.build(where, mode=helpers.DIR_MODE)
+    module = fastlaunch.import_file(str(path), path)  # as the runtime loads it
+    loads = module is not None and getattr(module, "PLAN_VERSION", None) == fastlaunch.PLAN_VERSION
+    return loaded_or_removed(path, loads)
+
+
+def loaded_or_removed(path: Path, loads: bool) -> Path:
+    """``path`` if the module built there loads as the runtime loads it; else removed, and a RuntimeError."""
     if not loads:
         with contextlib.suppress(OSError):
             path.unlink()
         raise RuntimeError(f"{path} was built but does not load in this Python (see the lines above)")
     return path
+
+
+def compile_into(helper: str, where: Path, torch_version: str | None) -> Path:
+    """Build ``helper`` into ``where`` (the launch helper here, another by its description's ``compile_into``)."""
+    build = helpers.described(helper).compile_into
+    return fastlaunch_into(where) if build is None else build(where, torch_version)
 
 
 def build_locked(helper: str, cache_dir: Path, torch_version: str | None) -> Result:
@@ -80,11 +85,11 @@ def build_locked(helper: str, cache_dir: Path, torch_version: str | None) -> Res
 def child(helper: str, cache_dir: Path, key: str, lock_fd: int) -> int:
     """The background builder: ``helpers._start`` took the lock, this process holds it (``lock_fd``) until it exits."""
     del lock_fd  # held by inheritance: nothing to do with it but keep it open until this process exits
-    if helper not in helpers.HELPERS or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", key):
+    if helper not in helpers.registry() or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", key):
         print(f"bad arguments: helper {helper!r}, key {key!r}", file=sys.stderr)
         return 2
     torch_version = None
-    if helper == helpers.HOTPATH:
+    if helpers.described(helper).needs_torch:
         import torch
 
         torch_version = torch.__version__
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
     started = sub.add_parser("child", help="the background builder (started by the runtime)")
-    started.add_argument("helper", choices=helpers.HELPERS)
+    started.add_argument("helper", choices=tuple(helpers.registry()))
     started.add_argument("cache_dir", type=Path)
     started.add_argument("--key", required=True)
     started.add_argument("--lock-fd", type=int, required=True)

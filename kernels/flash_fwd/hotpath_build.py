@@ -1,4 +1,4 @@
-"""Build flash_fwd's C++ warm-path tail: ``python -m lazytriton.driver.hotpath_build``.
+"""Build flash_fwd's C++ warm-path tail: ``python -m lazytriton.kernels.flash_fwd.hotpath_build``.
 
 It compiles ``_hotpath.cpp`` (a CPython extension using ATen, one
 ``METH_FASTCALL`` function) with the system C++ compiler against the running
@@ -27,7 +27,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from lazytriton.driver import fastlaunch, fastlaunch_build, hotpath, hotpath_record
+from lazytriton.driver import fastlaunch, fastlaunch_build, helpers
+from lazytriton.kernels.flash_fwd import hotpath_record
 
 SOURCE = Path(__file__).with_name("_hotpath.cpp")
 LIBRARIES = ("c10", "torch", "torch_cpu", "torch_python")
@@ -95,7 +96,7 @@ def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o77
 
     compiler, includes, libraries = toolchain()
     target_dir = Path(directory) if directory is not None else Path(__file__).resolve().parent
-    target = target_dir / hotpath.file_name(torch.__version__)
+    target = target_dir / helpers.module_file(hotpath_record.NAME, torch.__version__)
     with tempfile.TemporaryDirectory(prefix="lazytriton-hotpath-") as tmp:
         source = Path(tmp) / SOURCE.name
         shutil.copyfile(SOURCE, source)

@@ -1,35 +1,64 @@
 """flash_fwd's C++ warm-path tail (``_hotpath.cpp``), when it is built for exactly the running torch.
 
-``python -m lazytriton.driver.hotpath_build`` compiles it into this package's
-folder; without that build, the runtime builds it into the cache dir in the
-background on first GPU use and loads it from there in later processes
-(helpers.py: trusted files only). A C++ extension is bound to the torch it
+``python -m lazytriton.kernels.flash_fwd.hotpath_build`` compiles it into
+this folder; without that build, the runtime builds it into the cache dir in
+the background on first GPU use and loads it from there in later processes
+(``lazytriton.driver.helpers``: trusted files only; ``HELPER`` describes it
+there, registered in ``kernels.COMPILED_HELPERS``). A C++ extension is bound to the torch it
 was compiled against (its ABI, its symbols), so its file name carries that
 torch's version and only the file named for the running version is ever
 loaded; the module says the version again (``TORCH_VERSION``) and a
 mismatch is refused too. Anything else (not built, another torch, another
 plan layout) logs once and the warm path stays in Python
-(kernels/flash_fwd/hot.py).
+(hot.py).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import logging
 from pathlib import Path
 from typing import Any
 
 from lazytriton.driver import helpers, trusted
+from lazytriton.kernels.flash_fwd import hotpath_record
 
 log = logging.getLogger("lazytriton.driver")
 
-MODULE = "lazytriton.driver._hotpath"
+NAME = hotpath_record.NAME
+MODULE = "lazytriton.kernels.flash_fwd._hotpath"
+SOURCE = Path(__file__).with_name("_hotpath.cpp")
 _enabled = [True]
 
 
-def file_name(torch_version: str) -> str:
+def file_name(torch_version: str | None) -> str:
     """The built module's file name for one torch version (the version's odd characters as ``_``)."""
-    return helpers.module_file(helpers.HOTPATH, torch_version)
+    if not torch_version:
+        raise ValueError("the C++ warm path's file name needs a torch version")
+    return f"_hotpath.torch-{helpers.torch_tag(torch_version)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def source() -> bytes:
+    """What the helper is compiled from: the launch plan's header, the record's header and ``_hotpath.cpp``."""
+    from lazytriton.driver import fastlaunch_build
+
+    return fastlaunch_build.PLAN_SOURCE.encode() + hotpath_record.header().encode() + SOURCE.read_bytes()
+
+
+def compile_into(where: Path, torch_version: str | None) -> Path:
+    """Build the C++ tail into ``where`` and check that it loads as the runtime loads it; its path."""
+    from lazytriton.driver import fastlaunch, helpers_build
+    from lazytriton.kernels.flash_fwd import hotpath_build
+
+    if torch_version is None:
+        raise hotpath_build.BuildError("the C++ warm path needs torch")
+    path = hotpath_build.build(where, mode=helpers.DIR_MODE)
+    loads = load_file(str(path), path, torch_version, fastlaunch.PLAN_VERSION) is not None
+    return helpers_build.loaded_or_removed(path, loads)
+
+
+HELPER = helpers.Helper(NAME, True, Path(__file__).resolve().parent, file_name, source, compile_into)
 
 
 def load(directory: Path, torch_version: str, plan_version: int) -> Any:
@@ -43,10 +72,10 @@ def load(directory: Path, torch_version: str, plan_version: int) -> Any:
         others = sorted(p.name for p in Path(directory).glob("_hotpath.torch-*") if p.suffix == ".so")
         if others:
             log.warning("the C++ warm path is built for another torch (%s), not torch %s: the Python warm path "
-                        "until it is rebuilt (python -m lazytriton.driver.hotpath_build)", ", ".join(others),
+                        "until it is rebuilt (python -m lazytriton.kernels.flash_fwd.hotpath_build)", ", ".join(others),
                         torch_version)
         else:
-            log.debug("the C++ warm path is not built (python -m lazytriton.driver.hotpath_build)")
+            log.debug("the C++ warm path is not built (python -m lazytriton.kernels.flash_fwd.hotpath_build)")
         return None
     return load_file(str(path), path, torch_version, plan_version)
 
@@ -79,12 +108,12 @@ def _module() -> Any:
 
     here = Path(__file__).resolve().parent
     version, plan = torch.__version__, fastlaunch.PLAN_VERSION
-    packaged = helpers.in_package(helpers.HOTPATH, version) is not None
+    packaged = helpers.in_package(NAME, version) is not None
     if packaged:
         module = load(here, version, plan)
         if module is not None:
             return module
-    module = helpers.load_cached(helpers.HOTPATH, version,
+    module = helpers.load_cached(NAME, version,
                                  lambda where, path: load_file(where, path, version, plan))
     if module is None and not packaged:
         load(here, version, plan)  # says why there is none (another torch's build in the package, or none)

@@ -1,7 +1,7 @@
 // flash_fwd's warm-path tail in C++: allocate out (and lse), read the pointers, pick the plan, launch.
 //
 // kernels/flash_fwd/hot.py calls run() after its entry lookup, when this module is built for the running
-// torch (lazytriton/driver/hotpath.py loads it; python -m lazytriton.driver.hotpath_build builds it). Every
+// torch (hotpath.py loads it; python -m lazytriton.kernels.flash_fwd.hotpath_build builds it). Every
 // check that decides whether a call may come here stays in Python (hot.py's describe); run() trusts the
 // record hot.py made for the entry. What Python pays per torch call (~1.5 us on the H200 host for an
 // allocation, ~0.3 per data_ptr) is what this file saves.
