@@ -14,6 +14,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
+from conftest import gpu  # noqa: E402
+
 import lazytriton  # noqa: E402
 from lazytriton.integrations import transformers as lt_transformers  # noqa: E402
 
@@ -123,9 +125,10 @@ def test_padded_batch_is_one_varlen_call_per_layer(calls: list[Call]) -> None:
 @pytest.mark.parametrize("padding, cache", [("left_padded", "dynamic"), ("right_padded", "dynamic"),
                                             ("left_padded", "static")])
 def test_generate_matches_sdpa(model: torch.nn.Module, calls: list[Call], padding: str, cache: str) -> None:
-    """Greedy tokens and scores; every forward (prefill, then each decoding step) is one varlen call per layer.
+    """Greedy tokens and scores; the prefill is one varlen call per layer, each decoding step one SDPA call.
 
-    A static cache has empty slots after the tokens; right padding leaves pads between prompt and new tokens.
+    A decoding step's mask becomes an additive bias (nothing read back to the host); a static cache has empty
+    slots after the tokens (masked there); right padding leaves pads between prompt and new tokens.
     A right-padded prompt's first new token comes from its last position, a pad, whose attention output is zeros
     in lazytriton (as in transformers' flash_attention_2) but not in SDPA: transformers warns that such
     generation is wrong anyway; the unpadded row is compared there.
@@ -141,8 +144,8 @@ def test_generate_matches_sdpa(model: torch.nn.Module, calls: list[Call], paddin
     for got, want in zip(outs["lazytriton"].scores, outs["sdpa"].scores, strict=True):
         torch.testing.assert_close(got[rows], want[rows], atol=1e-5, rtol=1e-5)
     layers = model.config.num_hidden_layers
-    assert [c[0] for c in calls] == ["varlen"] * layers * 4, calls  # the prefill and 3 decoding steps
-    decoding = [c for c in calls if c[1][0] == 2]  # one query for each of the 2 sequences
+    assert [c[0] for c in calls] == ["varlen"] * layers + ["sdpa"] * layers * 3, calls  # the prefill, 3 steps
+    decoding = [c for c in calls if c[1][:3] == (2, 4, 1)]  # one query for each of the 2 sequences
     assert len(decoding) == layers * 3, calls
 
 
@@ -275,6 +278,79 @@ def test_attention_forward_no_mask_static_cache_prefill_and_decode() -> None:
     torch.testing.assert_close(got, _sdpa(q, k, v, None, True), atol=1e-5, rtol=1e-5)
     got, _ = lt_transformers.attention_forward(_Module(True), q[:, :, :1], k, v, None, scaling=0.3)
     torch.testing.assert_close(got, _sdpa(q[:, :, :1], k, v, None, False), atol=1e-5, rtol=1e-5)
+
+
+def _host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records each read of a tensor's values back to the host made from lazytriton's code (the fake GPU's sync).
+
+    On a GPU each of these (``item``, ``tolist``, ``bool``, ``int``, ``float``, ``cpu``, ``numpy``, ``nonzero``)
+    waits for the device; on CPU they are plain calls, so they are counted where lazytriton's modules make them.
+    """
+    import sys as _sys
+
+    reads: list[str] = []
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *args: object, _real: object = real, _name: str = name,
+                    **kwargs: object) -> object:
+            caller = _sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("lazytriton"):
+                reads.append(f"{_name} in {caller}")
+            return _real(self, *args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+@pytest.mark.parametrize("case", ["left", "right", "hole", "static"])
+def test_a_decoding_step_reads_nothing_back_to_the_host(calls: list[Call], monkeypatch: pytest.MonkeyPatch,
+                                                         case: str) -> None:
+    """One query a sequence against a cache, whatever the mask: one SDPA call, no device-to-host read, SDPA's
+    output; every layer of the forward reuses the bias made for the mask object."""
+    q, k, v = _qkv(2, 4, 2, 1, 7)
+    valid = {"left": [[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]],
+             "right": [[1, 1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1, 1]],
+             "hole": [[1, 0, 1, 0, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1]],
+             "static": [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]]}[case]  # a static cache's empty slots
+    mask = torch.tensor(valid, dtype=torch.bool)[:, None, None, :]
+    want = _sdpa(q, k, v, mask, False)
+    reads = _host_reads(monkeypatch)
+    for _ in range(2):  # two layers of one forward: the same mask object
+        got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert reads == [], reads
+    assert [c[0] for c in calls] == ["sdpa", "sdpa"]
+
+
+def test_the_host_read_counter_sees_a_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counter of the test above is not blind: a prefill's padding analysis reads one summary back."""
+    q, k, v = _qkv(2, 2, 2, 4, 4)
+    valid = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    mask = (valid[:, None, :] & torch.ones(4, 4, dtype=torch.bool).tril()[None])[:, None]
+    reads = _host_reads(monkeypatch)
+    lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+    assert "tolist in lazytriton.integrations.transformers_varlen" in reads, reads  # the summary, one read
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_a_decoding_step_never_synchronises() -> None:
+    """On the GPU, torch's sync debug mode raises at any synchronisation inside the attention function."""
+    q, k, v = (t.cuda().to(torch.bfloat16) for t in _qkv(8, 16, 4, 1, 512))
+    valid = torch.ones(8, 512, dtype=torch.bool, device="cuda")
+    valid[0, :100] = False  # left padding
+    mask = valid[:, None, None, :]
+    lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)  # loads the kernel
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = _sdpa(q.float(), k.float(), v.float(), mask, False)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("padding, kind", [("left", "varlen"), ("right", "sdpa")])

@@ -51,6 +51,12 @@ one call:
   right-padded prompt's first generated token comes from it, which
   transformers warns is wrong). A bidirectional layer's pad queries are
   packed too (SDPA's output).
+- a decoding step (one query a sequence) with a boolean mask and no softcap:
+  **one** call of the SDPA drop-in with the mask as an additive bias, made
+  once per forward and mask (every layer reuses it). Nothing is read back to
+  the host, whatever the mask (left or right padding, holes, a static
+  cache's empty slots), so a decoding step never waits for the GPU and can
+  be captured in a CUDA graph; the keys are read in place from the cache.
 - any other mask (chunks, packed documents, several queries whose window
   spans pads between real keys, custom 4D masks, per-head or additive float
   masks): one call of
@@ -65,9 +71,9 @@ transformers' masks draw, ``sliding_window`` keys up to and including the
 query's own) use the window kernels, their own cache entries (``prewarm
 --window``, ``--softcap``), only where the window cuts in. The analysis of a
 mask runs once per forward and mask (all layers share the mask object) and
-reads one small summary to the host (a sync); ``flash_attn_varlen_func``
-itself reads cu_seqlens to check them (a sync per layer, outside CUDA graph
-capture and torch.compile).
+reads one small summary to the host (a sync): a prefill and a softcapped
+decoding step pay it once per forward; each layer's ``flash_attn_varlen_func``
+call then trusts the cu_seqlens the analysis made (no sync per layer).
 
 Not supported (NotImplementedError): dropout > 0 (set ``model.eval()`` or
 ``attention_dropout=0``), attention sinks (``s_aux``/``sinks``),
@@ -79,6 +85,7 @@ with transformers 5.24 (Llama, BERT, Mistral, Qwen2, Gemma 2 and 3).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -166,6 +173,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = _unmasked(module_causal, query, key, value, scaling, kwargs.get("sliding_window"), features)
         return out.transpose(1, 2).contiguous(), None
     batch, _, q_len = query.shape[:3]
+    if q_len == 1 and not features and _one_boolean_mask(attention_mask):
+        out = _arbitrary(query, key, value, _decoding_bias(attention_mask, query.dtype), scaling)
+        return out.transpose(1, 2).contiguous(), None
     found = transformers_varlen.layout(attention_mask, batch, q_len, key.shape[2], module_causal)
     if isinstance(found, transformers_varlen.Packed):
         return transformers_varlen.run_packed(found, query, key, value, scaling, features), None
@@ -176,6 +186,33 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     else:
         out = _arbitrary(query, key, value, attention_mask, scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _one_boolean_mask(mask: torch.Tensor) -> bool:
+    """Whether ``mask`` is one boolean (batch, 1, q_len, kv_len) mask for every head (the mask function's)."""
+    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
+
+
+# A decoding step's additive bias for each live mask object: (weak reference, version, dtype, bias). Every layer of a
+# forward gets the same mask object, so the bias is made once a forward. Replaced, never mutated; weak references.
+_biases: list[tuple[weakref.ReferenceType[torch.Tensor], int, torch.dtype, torch.Tensor]] = []
+_KEPT = 8
+
+
+def _decoding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``mask`` as an additive bias of ``dtype``: 0 where it attends, -inf elsewhere (made on the mask's device).
+
+    Device work only: nothing is read back to the host. Cached for the mask
+    object, its version (an in-place edit makes it again) and the dtype.
+    """
+    global _biases
+    for ref, version, kind, bias in _biases:
+        if ref() is mask and version == mask._version and kind == dtype:
+            return bias
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    live = [entry for entry in _biases if entry[0]() is not None][-(_KEPT - 1):]
+    _biases = [*live, (weakref.ref(mask), mask._version, dtype, bias)]
+    return bias
 
 
 def _check_supported(dropout: float, position_bias: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
