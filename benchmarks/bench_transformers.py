@@ -20,8 +20,9 @@ implementations:
   ``--reps`` runs after a warmup run), for both;
 - **the path taken**: which lazytriton entry points a prefill and one
   decoding step call, counted over all layers (a padded batch: one
-  ``flash_attn_varlen_func`` call per layer and forward, "varlen 2L" for L
-  layers; "dense" is ``attn_fwd``, "sdpa_mask" the SDPA drop-in with a mask).
+  ``flash_attn_varlen_func`` call per layer in the prefill and one SDPA
+  drop-in call with the mask as a bias per layer in a decoding step, "varlen L
+  + sdpa_mask L" for L layers; "dense" is ``attn_fwd``).
 
 Rows go to a long-format CSV (default benchmarks/results/transformers.csv).
 The table comes last. ``--cpu-smoke`` runs a tiny float32 model on the CPU
@@ -127,7 +128,7 @@ def generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: 
 
 
 def lazytriton_calls(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
-    """The lazytriton entry points a prefill and one decoding step call (all layers), e.g. "varlen 16"."""
+    """The lazytriton entry points a prefill and one decoding step call (all layers), e.g. "varlen 8 + sdpa_mask 8"."""
     import lazytriton
 
     names = {"attn_fwd": "dense", "flash_attn_varlen_func": "varlen", "scaled_dot_product_attention": "sdpa_mask"}
