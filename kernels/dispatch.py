@@ -12,7 +12,8 @@ import importlib
 from types import ModuleType
 
 from lazytriton import tuning
-from lazytriton.kernels import family_of
+from lazytriton.kernels import attention, family_of
+from lazytriton.record import record
 from lazytriton.target import Target
 from lazytriton.tiles import Config
 from lazytriton.variant import Variant
@@ -68,3 +69,53 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     return family_dispatch(kernel).variant(  # type: ignore[no-any-return]
         kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64, table, tma, window,
         softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16)
+
+
+@record
+class Described:
+    """A call described by its sizes, as ``lazytriton cache explain`` takes it: what every family's choice reads.
+
+    ``seqlen_q``/``seqlen_k``: the attention kernels' seqlens (max_seqlen with
+    ``varlen``); for the decoding kernels, query rows per key/value head and the
+    cache's length. ``head_dim_v``: v's head dim (``head_dim`` when the same).
+    ``page_size``: a paged cache's keys a page (0: contiguous). The flags are
+    the feature flags of ``kernel_variant`` (``bias``: SDPA's attn_mask).
+    """
+
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    aligned: bool
+    index64: bool
+    seqlen_q: int
+    seqlen_k: int
+    varlen: bool = False
+    page_size: int = 0
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    bias: bool = False
+    dropout: bool = False
+
+
+def choice(kernel: str, target: Target, call: Described) -> tuple[Variant, Config, tuning.Row | None]:
+    """The variant of ``kernel`` serving ``call``, its config and the tuning row it came from (None: the default).
+
+    A family's ``dispatch`` answers with its ``explained`` where it has one
+    (the decoding kernels read a page size; kv_append has one config); the
+    attention kernels' way otherwise.
+    """
+    rules = family_dispatch(kernel)
+    explained = getattr(rules, "explained", None)
+    if explained is not None:
+        return explained(kernel, target, call)  # type: ignore[no-any-return]
+    dim_v = 0 if call.head_dim_v == call.head_dim else call.head_dim_v
+    config, row = kernel_config(kernel, target, call.dtype, max(call.head_dim, call.head_dim_v), call.causal,
+                                call.seqlen_q, call.seqlen_k,
+                                split=attention.split_chunks(kernel, call.head_dim, dim_v) is not None)
+    variant = kernel_variant(kernel, target, call.dtype, call.head_dim, call.causal, call.aligned, call.seqlen_q,
+                             call.seqlen_k, index64=call.index64, varlen=call.varlen, window=call.window,
+                             softcap=call.softcap, alibi=call.alibi, bias=call.bias, dropout=call.dropout,
+                             head_dim_v=dim_v)
+    return variant, config, row

@@ -6,6 +6,8 @@ per key/value head and its cache capacity, as the binding does.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lazytriton import tuning
 from lazytriton.geometry import padded_head_dim
 from lazytriton.target import Target
@@ -154,3 +156,20 @@ PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
 PREWARM_FEATURES = ("window", "softcap", "alibi")
 PREWARM_WITH = ("kv_append",)
+
+
+def explained(kernel: str, target: Target, call: Any) -> tuple[Variant, Config, tuning.Row | None]:
+    """``kernels.dispatch.choice`` for a decoding kernel: its variant for the call's page size, config and row.
+
+    The split kernel's tiles are those of the larger head dim; the combine kernel sees only outputs (v's).
+    """
+    split = kernel == "flash_decode_split"
+    dim = max(call.head_dim, call.head_dim_v) if split else call.head_dim_v
+    config, row = decode_config(kernel, target, call.dtype, dim, call.causal, call.seqlen_q, call.seqlen_k,
+                                call.page_size, paged=call.page_size > 0 and split)
+    dim_v = 0 if call.head_dim_v == call.head_dim else call.head_dim_v
+    variant = decode_variant(kernel, target, call.dtype, call.head_dim, call.causal, call.aligned, call.seqlen_q,
+                             call.seqlen_k, index64=call.index64, page_size=call.page_size,
+                             paged=call.page_size > 0, window=call.window, softcap=call.softcap, alibi=call.alibi,
+                             head_dim_v=dim_v)
+    return variant, config, row

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import Any
 
 from lazytriton import tuning
 from lazytriton.kernels import kv_append
@@ -45,3 +46,11 @@ def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool
     """``kernels.dispatch.kernel_variant`` for kv_append: ``kv_append.variant`` (only the layout fields apply)."""
     return kv_append.variant(target, dtype, head_dim, 0 if head_dim_v == head_dim else head_dim_v, paged, aligned,
                              index64)
+
+
+def explained(kernel: str, target: Target, call: Any) -> tuple[Variant, Config, tuning.Row | None]:
+    """``kernels.dispatch.choice`` for kv_append: its one variant (paged with a page size) and that config."""
+    variant = kv_append.variant(target, call.dtype, call.head_dim,
+                                0 if call.head_dim_v == call.head_dim else call.head_dim_v, call.page_size > 0,
+                                call.aligned, call.index64)
+    return variant, Config(int(variant.get("BLOCK_M")), 0, int(variant.get("num_warps")), 1), None

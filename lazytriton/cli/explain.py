@@ -52,10 +52,8 @@ def explain_report(args: argparse.Namespace) -> Report:
     (``flash_fwd``, the default) also carries those fields at the top level.
     """
     from lazytriton import geometry
-    from lazytriton.kernels import attention, dispatch
+    from lazytriton.kernels import dispatch
     from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
-    from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
-    from lazytriton.tiles import Config
 
     target, how = _explain_target(args.target)
     causal = geometry.causal_mode(args.causal if args.causal != "none" else False) != "none"
@@ -72,31 +70,10 @@ def explain_report(args: argparse.Namespace) -> Report:
     head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
     check_call(kernels, args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
                flags)
-    dim_v = 0 if head_dim_v == args.head_dim else head_dim_v
-    for name in kernels:
-        if name == "kv_append":  # one config: new keys written into a cache (page size: --page-size)
-            from lazytriton.kernels import kv_append
-
-            variant = kv_append.variant(target, args.dtype, args.head_dim, dim_v, page > 0, not args.unaligned,
-                                        args.index64)
-            config, row = Config(int(variant.get("BLOCK_M")), 0, int(variant.get("num_warps")), 1), None
-        elif name in decode_dispatch.DECODE_KERNELS:  # seqlen_q: query rows per kv head; seqlen_k: the cache's length
-            dim = max(args.head_dim, head_dim_v) if name == "flash_decode_split" else head_dim_v
-            config, row = decode_dispatch.decode_config(name, target, args.dtype, dim, causal, args.seqlen_q,
-                                                        seqlen_k, page, paged=page > 0 and name == "flash_decode_split")
-            variant = decode_dispatch.decode_variant(name, target, args.dtype, args.head_dim, causal,
-                                                     not args.unaligned, args.seqlen_q, seqlen_k, index64=args.index64,
-                                                     page_size=page, paged=page > 0, window=flags["window"],
-                                                     softcap=flags["softcap"],
-                                                     alibi=flags["alibi"], head_dim_v=dim_v)
-        else:
-            config, row = dispatch.kernel_config(name, target, args.dtype, max(args.head_dim, head_dim_v), causal,
-                                                 args.seqlen_q, seqlen_k,
-                                                 split=attention.split_chunks(name, args.head_dim, dim_v) is not None)
-            variant = dispatch.kernel_variant(name, target, args.dtype, args.head_dim, causal, not args.unaligned,
-                                              args.seqlen_q, seqlen_k, index64=args.index64, varlen=varlen,
-                                              window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
-                                              bias=flags["bias"], dropout=flags["dropout"], head_dim_v=dim_v)
+    described = dispatch.Described(args.dtype, args.head_dim, head_dim_v, causal, not args.unaligned, args.index64,
+                                   args.seqlen_q, seqlen_k, varlen, page, **flags)
+    for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
+        variant, config, row = dispatch.choice(name, target, described)
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
