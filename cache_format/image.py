@@ -59,16 +59,17 @@ MAX_META_BYTES = 1 << 20
 _META_BOUNDS = {"max_bin_len": 0, "max_str_len": 4096, "max_array_len": 4096, "max_map_len": 256, "max_ext_len": 0}
 _META_RESERVED = ("format", "codec", "level", "dict", "targets", "entries")
 
-# Chosen by measurement on the default sm_90 prewarm set (74 entries, 12.1 MiB
-# of cubins, 2-core AMD EPYC; benchmarks/bench_image_codecs.py, table in
-# SPEC.md, "Codec choice"): zstd level 19 with a 1 MiB dictionary trained by
-# fastCOVER (k=8192, d=6) on the image's own entries, stored compressed: 0.147
-# of the binaries' bytes and 0.11 ms median to find, decompress and verify one
-# entry. Plain zstd-19: 0.184; a 64 KiB dictionary: 0.167; 2 MiB: 0.140 but
-# 2.4 ms to open and read a first entry; LZMA-9 per entry: 0.155 at 1.1 ms a
-# read. Level 22 stores the same bytes as 19, more slowly.
+# Chosen by measurement (table in SPEC.md, "Codec choice"): zstd level 19 with
+# a 256 KiB dictionary trained by fastCOVER (k=8192, d=6) on the image's own
+# entries, stored compressed. Every process pays the dictionary's load before
+# its first kernel: on the sm_90 flash_fwd prewarm image (111 entries, 23.1 MiB
+# of cubins, 2-core AMD EPYC, a fresh process's CPU time to open the image and
+# read one entry) 2.85 ms at 256 KiB against 4.85 ms at 1 MiB, for 0.153 of the
+# binaries' bytes against 0.139 (+10%). Plain zstd-19: 0.184; a 64 KiB
+# dictionary: 0.167; LZMA-9 per entry: 0.155 at 1.1 ms a read. Level 22 stores
+# the same bytes as 19, more slowly.
 DEFAULT_LEVEL = 19
-DEFAULT_DICT_BYTES = 1 << 20
+DEFAULT_DICT_BYTES = 256 << 10
 # The level at which training computes the dictionary's entropy statistics: it
 # compresses every sample once at this level, alone on one thread (then after
 # every entry of a build was compiled). On 49 default sm_90 entries (11.9 MB, 2-core
