@@ -282,9 +282,11 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             the entries nondecreasing (empty sequences are allowed) and the
             last one total_q.
         cu_seqlens_k: the same for k and v (batch + 1 entries too, ending at total_k).
-        max_seqlen_q: an int >= the longest query sequence (and >= 1): it
-            sizes the grid and picks the kernel's tiles.
-        max_seqlen_k: the same for keys.
+        max_seqlen_q: an int >= the longest query sequence: it sizes the
+            grid and picks the kernel's tiles. 0 (every sequence empty)
+            launches nothing.
+        max_seqlen_k: the same for keys; 0 gives every query output 0 (and
+            logsumexp -inf, zero gradients), with nothing launched.
         dropout_p: dropout probability in [0, 1), as ``flash_attn_func``'s:
             Philox seeded by a [seed, offset] pair drawn on q's device from
             torch's generator at each call (``torch.manual_seed`` reproduces

@@ -253,7 +253,8 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("cu_seqlens_q", lambda a: torch.tensor([0, 3, 3, 7], dtype=torch.int32), ValueError,
      r"cu_seqlens_q\[-1\] must be the total number of tokens \(8\)"),
     ("max_seqlen_q", lambda a: 4, ValueError, r"max_seqlen_q \(4\) must be at least the longest sequence"),
-    ("max_seqlen_k", lambda a: 0, ValueError, "max_seqlen_k must be in 1.."),
+    ("max_seqlen_k", lambda a: 0, ValueError, r"max_seqlen_k \(0\) must be at least the longest sequence"),
+    ("max_seqlen_k", lambda a: -1, ValueError, "max_seqlen_k must be in 0.."),
     ("max_seqlen_q", lambda a: 5.0, TypeError, "max_seqlen_q must be an int"),
     ("max_seqlen_k", lambda a: True, TypeError, "max_seqlen_k must be an int"),
     ("q", lambda a: a["q"][None], ValueError, "q must have 3 dims"),
@@ -342,6 +343,26 @@ def test_empty_batches_and_tokens() -> None:
     assert (out == 0).all() and torch.isneginf(lse).all()
     (dq,) = torch.autograd.grad(out.sum(), (q,))
     assert (dq == 0).all()
+
+
+def test_a_max_seqlen_of_0_means_every_sequence_is_empty() -> None:
+    """FlashAttention allows max_seqlen 0: no query (nothing to compute), or no key (every query gets 0, lse -inf)."""
+    q = torch.randn(0, 2, 16)
+    empty = torch.zeros(3, dtype=torch.int32)  # two sequences, both empty
+    out, lse, _ = lazytriton.flash_attn_varlen_func(q, q, q, empty, empty, 0, 0, return_attn_probs=True)
+    assert out.shape == (0, 2, 16) and lse.shape == (2, 0)
+    q = torch.randn(5, 4, 16, requires_grad=True)
+    k = torch.randn(0, 2, 16, requires_grad=True)
+    v = torch.randn(0, 2, 8, requires_grad=True)
+    cq = torch.tensor([0, 2, 5], dtype=torch.int32)
+    for causal in (False, True):
+        out, lse, _ = lazytriton.flash_attn_varlen_func(q, k, v, cq, empty, 3, 0, causal=causal,
+                                                        return_attn_probs=True)
+        assert out.shape == (5, 4, 8) and (out == 0).all() and torch.isneginf(lse).all()
+        dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
+        assert (dq == 0).all() and dk.shape == k.shape and dv.shape == v.shape
+    with pytest.raises(ValueError, match=r"max_seqlen_q \(0\) must be at least the longest sequence"):
+        lazytriton.flash_attn_varlen_func(q, k, v, cq, empty, 0, 0)
 
 
 # ---------------------------------------------------------------------------

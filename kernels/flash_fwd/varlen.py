@@ -99,10 +99,11 @@ def _cu_seqlens(name: str, cu: Any, q: torch.Tensor) -> torch.Tensor:
 
 
 def _max_seqlen(name: str, value: Any) -> int:
+    """A max_seqlen: 0 (every sequence empty, as FlashAttention allows) to INT32_MAX."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 0 < value <= fwd.INT32_MAX:
-        raise ValueError(f"{name} must be in 1..{fwd.INT32_MAX}, got {value}")
+    if not 0 <= value <= fwd.INT32_MAX:
+        raise ValueError(f"{name} must be in 0..{fwd.INT32_MAX}, got {value}")
     return value
 
 
@@ -293,6 +294,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
     out, lse = empty_outputs(q, vc.call.head_dim_v)
     if out.numel() == 0 or q.device.type == "meta" or vc.batch == 0:
         return out, lse
+    if vc.max_seqlen_q == 0 or vc.max_seqlen_k == 0:  # no query, or no key to see: nothing to launch
+        return out.zero_(), lse.fill_(float("-inf"))
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), lse.unsqueeze(0))
     call = vc.call
     ints, aligned, index64 = fwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
@@ -330,7 +333,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     grads = bwd.empty_grads(q, k, v)
     if q.device.type == "meta":
         return grads
-    if grads.dq.numel() == 0 or grads.dk.numel() == 0 or vc.batch == 0:
+    if grads.dq.numel() == 0 or grads.dk.numel() == 0 or vc.batch == 0 or 0 in (vc.max_seqlen_q, vc.max_seqlen_k):
         for g in grads:
             g.zero_()
         return grads
