@@ -191,7 +191,7 @@ print(json.dumps({"ready": ready, "inputs": inputs_ready, "served": dict(rt.serv
                   "loaded": len(rt.loaded_kernels()), "finite": all(bool(t.isfinite().all()) for t in results),
                   "phases": {"import": imported - inputs_ready, "call": returned - imported, "gpu": ready - returned}}))
 """
-_TRITON = """from lazytriton.dispatch import target_of_device
+_TRITON = """from lazytriton.machine import target_of_device
 q, k, v = inputs
 fn, grid, args, constexprs, options, out, lse = cold_start.triton_jit_call(q, k, v, cold_start.CALL[1],
                                                                            target_of_device(q.device))

@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import io
+import re
 import tokenize
 from pathlib import Path
 
@@ -82,3 +85,55 @@ def test_the_core_names_no_kernel_family(path: Path) -> None:
     found = family_names_in_code(path.read_text())
     assert not found, (f"{path.relative_to(REPO)} names a kernel family in its code (the core reaches families "
                        f"through the registry, kernels.FAMILIES): {found}")
+
+
+# ``from lazytriton.x import a, b`` / ``import lazytriton.x`` / ``python3 -m lazytriton.x``, also inside the code
+# strings that benchmarks and probes hand to child processes.
+_NAMED = re.compile(r"(?:\bfrom\s+(lazytriton(?:\.\w+)*)\s+import\s+\(?([\w ,]+)|\bimport\s+(lazytriton(?:\.\w+)+)"
+                    r"|-m\s+(lazytriton(?:\.\w+)+))")
+
+
+def _named_modules(text: str) -> list[tuple[str, tuple[str, ...]]]:
+    found = []
+    for from_module, names, imported, run in _NAMED.findall(text):
+        if from_module:
+            found.append((from_module, tuple(n.split(" as ")[0].strip() for n in names.split(",") if n.strip())))
+        else:
+            found.append((imported or run, ()))
+    return found
+
+
+def _exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent missing, or not a package
+        return False
+
+
+def _missing(module: str, names: tuple[str, ...]) -> list[str]:
+    if not _exists(module):
+        return [module]
+    loaded = importlib.import_module(module) if names else None
+    return [f"{module}.{name}" for name in names if not hasattr(loaded, name) and not _exists(f"{module}.{name}")]
+
+
+def test_the_name_check_sees_a_moved_name() -> None:
+    text = 'code = "from lazytriton.dispatch import target_of_device"\nfrom lazytriton.machine import nothing_here\n'
+    assert [m for module, names in _named_modules(text) for m in _missing(module, names)] == [
+        "lazytriton.dispatch", "lazytriton.machine.nothing_here"]
+
+
+# Tests whose texts name made-up modules on purpose.
+_MADE_UP = {"tests/test_house.py", "tests/test_import_cycles.py"}
+_TOOLS = sorted(p for folder in ("benchmarks", "experiments", "examples", "tests", "docs")
+                for p in (REPO / folder).rglob("*")
+                if p.suffix in {".py", ".sh", ".md"} and "__pycache__" not in p.parts
+                and str(p.relative_to(REPO)) not in _MADE_UP)
+
+
+@pytest.mark.parametrize("path", _TOOLS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_lazytriton_name_a_tool_or_doc_imports_exists(path: Path) -> None:
+    """Benchmarks, probes, tests and docs name lazytriton's modules, often in strings run by a child process,
+    which no import check of this suite reaches: each named module and name exists."""
+    missing = [m for module, names in _named_modules(path.read_text()) for m in _missing(module, names)]
+    assert not missing, missing
