@@ -18,6 +18,12 @@ implementations:
 - **throughput**: prefill ms and generation tokens/s (all sequences' new
   tokens over the generate call's wall time, CUDA-synchronised, median of
   ``--reps`` runs after a warmup run), for both;
+- **the cache** (``--cache``): transformers' ``DynamicCache`` (default), or
+  a ``StaticCache`` whose decoding steps ``generate`` compiles with
+  ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs; on
+  the CPU smoke the "eager" backend, which still traces the whole graph);
+  each implementation compiles afresh (``torch._dynamo.reset``) and its
+  warmup run pays the compile;
 - **the path taken**: which lazytriton entry points a prefill and one
   decoding step call, counted over all layers (a padded batch: one
   ``flash_attn_varlen_func`` call per layer in the prefill and one SDPA
@@ -29,7 +35,11 @@ The table comes last. ``--cpu-smoke`` runs a tiny float32 model on the CPU
 through Triton's interpreter (CI): the same code path, small shapes.
 
 Usage: python benchmarks/bench_transformers.py [--csv PATH] [--batch 8] [--new-tokens 64] [--reps 3]
-       python benchmarks/bench_transformers.py --cpu-smoke
+                                             [--cache dynamic|static] [--min-len 64 --max-len 512]
+       python benchmarks/bench_transformers.py --cpu-smoke [--cache static]
+
+Long context: ``--min-len 8192 --max-len 32768 --batch 1`` (and ``--batch 4``); the model's position table
+grows with the prompts.
 """
 
 from __future__ import annotations
@@ -59,6 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                   help="static: a StaticCache, decoding steps compiled (reduce-overhead, fullgraph)")
     p.add_argument("--floor", type=float, default=None, help="absolute floor of the logits rule (default: by dtype)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny float32 model on the CPU (interpreter)")
     return p.parse_args(argv)
@@ -74,7 +86,8 @@ def build_model(args: argparse.Namespace, device: str, dtype: torch.dtype) -> An
     else:
         config = transformers.LlamaConfig(hidden_size=2048, num_attention_heads=16, num_key_value_heads=4,
                                           intermediate_size=5632, num_hidden_layers=args.layers, vocab_size=32000,
-                                          pad_token_id=PAD, max_position_embeddings=4096)
+                                          pad_token_id=PAD,
+                                          max_position_embeddings=max(4096, args.max_len + args.new_tokens))
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.float32).eval()
     return model, config
 
@@ -116,13 +129,29 @@ def timed_prefill(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, 
     return statistics.median(times[1:]) * 1e3
 
 
-def generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: int, device: str) -> tuple[Any, float]:
+def cache_kwargs(cache: str, device: str) -> dict[str, Any]:
+    """``generate``'s arguments for the cache: none for a DynamicCache; a StaticCache with compiled decoding steps."""
+    if cache == "dynamic":
+        return {}
+    import transformers
+
+    if device == "cuda":
+        compile_config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+    else:  # the CPU smoke: dynamo traces the whole step, nothing is generated to compile
+        compile_config = transformers.CompileConfig(fullgraph=True, mode=None, backend="eager")
+        compile_config._compile_all_devices = True
+    return {"cache_implementation": "static", "compile_config": compile_config}
+
+
+def generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: int, device: str,
+             cache: str = "dynamic") -> tuple[Any, float]:
     model.set_attn_implementation(impl)
     sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, pad_token_id=PAD, output_scores=True, return_dict_in_generate=True)
+                             do_sample=False, pad_token_id=PAD, output_scores=True, return_dict_in_generate=True,
+                             **cache_kwargs(cache, device))
     sync(device)
     return out, time.perf_counter() - t0
 
@@ -197,8 +226,9 @@ def main(argv: list[str]) -> int:
     outs, tok_s, prefill_ms = {}, {}, {}
     for impl in ("sdpa", "lazytriton"):
         prefill_ms[impl] = timed_prefill(model, impl, ids, mask, args.reps, device)
-        generate(model, impl, ids, mask, args.new_tokens, device)  # warmup
-        runs = [generate(model, impl, ids, mask, args.new_tokens, device) for _ in range(args.reps)]
+        torch._dynamo.reset()  # a compiled step is the implementation's own
+        generate(model, impl, ids, mask, args.new_tokens, device, args.cache)  # warmup (and compile)
+        runs = [generate(model, impl, ids, mask, args.new_tokens, device, args.cache) for _ in range(args.reps)]
         outs[impl] = runs[0][0]
         tok_s[impl] = args.batch * args.new_tokens / statistics.median(t for _, t in runs)
     path = lazytriton_calls(model, ids, mask)
@@ -206,7 +236,8 @@ def main(argv: list[str]) -> int:
     tokens_ok = all("NOT" not in n for n in notes)
 
     cfg = (f"llama h{config.hidden_size} heads {config.num_attention_heads}/{config.num_key_value_heads} "
-           f"layers {config.num_hidden_layers} {str(dtype).removeprefix('torch.')}")
+           f"layers {config.num_hidden_layers} {str(dtype).removeprefix('torch.')} {args.cache} cache"
+           f"{' compiled' if args.cache == 'static' else ''} prompts {args.min_len}-{args.max_len}")
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     common = {"time": stamp, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "torch": torch.__version__, "transformers": transformers.__version__, "config": cfg, "batch": args.batch}
@@ -219,8 +250,7 @@ def main(argv: list[str]) -> int:
     rows.append({**common, "impl": "lazytriton", "metric": "calls_prefill_and_one_step", "value": path, "check": ""})
     append_rows(args.csv, FIELDS, rows)
 
-    print(f"{cfg}, batch {args.batch} left-padded, prompts {args.min_len}-{args.max_len}, "
-          f"{args.new_tokens} new tokens, {device}")
+    print(f"{cfg}, batch {args.batch} left-padded, {args.new_tokens} new tokens, {device}")
     print(f"lazytriton calls in a prefill and one decoding step ({config.num_hidden_layers} layers): {path}")
     for note in notes:
         print("  divergence:", note)

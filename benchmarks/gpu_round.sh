@@ -88,8 +88,13 @@ case " $* " in *" bench "*)
 esac
 case " $* " in *" transformers "*)  # needs carry [".whl-hf"]: transformers' wheels (benchmarks/README: wheels.sh .whl-hf transformers)
   python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl >/dev/null 2>&1 || echo "no .whl-hf"
-  PYTHONPATH=$PYTHONPATH:/tmp/site-hf python3 benchmarks/bench_transformers.py --csv "$OUT/transformers.csv" ${HF_ARGS:-} 2>&1 \
-    | tee "$OUT/bench_transformers.log" | tail -8 ;;
+  # HF_CONFIGS: ';'-separated argument sets, one run each (default: a dynamic cache, a static cache with compiled
+  # decoding steps, a long prompt at batch 1)
+  IFS=';' read -ra hf_configs <<< "${HF_CONFIGS:- ;--cache static;--min-len 8192 --max-len 32768 --batch 1 --new-tokens 32 --reps 2}"
+  for hf_args in "${hf_configs[@]}"; do
+    PYTHONPATH=$PYTHONPATH:/tmp/site-hf timeout ${HF_TIMEOUT:-300} python3 benchmarks/bench_transformers.py \
+      --csv "$OUT/transformers.csv" $hf_args ${HF_ARGS:-} 2>&1 | tee -a "$OUT/bench_transformers.log" | tail -6
+  done ;;
 esac
 case " $* " in *" bwd "*)  # backward (bwd, fwd+bwd): lazytriton, Triton's JIT, SDPA flash and cuDNN; BWD_ARGS=--quick ...
   # Rows are appended to this tree's benchmarks/results/flash_bwd.csv, which is then copied whole to $OUT.

@@ -18,10 +18,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
 
-def test_cpu_smoke_writes_every_row_and_passes_its_checks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_cpu_smoke_writes_every_row_and_passes_its_checks(tmp_path: Path, cache: str) -> None:
+    """With a static cache, generate traces each decoding step whole (fullgraph) through the integration."""
     out = tmp_path / "transformers.csv"
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_transformers.py"), "--cpu-smoke",
-                             "--csv", str(out)], capture_output=True, text=True, timeout=600)
+                             "--cache", cache, "--csv", str(out)], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = list(csv.DictReader(out.open()))
     metrics = {(r["impl"], r["metric"]) for r in rows}
@@ -32,3 +34,4 @@ def test_cpu_smoke_writes_every_row_and_passes_its_checks(tmp_path: Path) -> Non
     assert compared == 3 * 4 and equal == compared  # float32: the same greedy tokens everywhere
     assert all(r["check"] in ("ok", "") for r in rows)
     assert "tokens/s lazytriton/sdpa" in result.stdout
+    assert all(f"{cache} cache" in r["config"] for r in rows)

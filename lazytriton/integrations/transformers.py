@@ -203,9 +203,13 @@ def _decoding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``mask`` as an additive bias of ``dtype``: 0 where it attends, -inf elsewhere (made on the mask's device).
 
     Device work only: nothing is read back to the host. Cached for the mask
-    object, its version (an in-place edit makes it again) and the dtype.
+    object, its version (an in-place edit makes it again) and the dtype; made
+    in the graph under ``torch.compile`` (the compiler fuses it, and a cache
+    of Python objects would break the graph).
     """
     global _biases
+    if torch.compiler.is_compiling():
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
     for ref, version, kind, bias in _biases:
         if ref() is mask and version == mask._version and kind == dtype:
             return bias
