@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,7 +81,7 @@ class KernelSpec:
         """The files of what the kernel computes: its own, then its ``helpers``'."""
         return (self.source_path, *(_module_path(name) for name in self.helpers))
 
-    def signature(self, dtype: str, index64: bool = False, constexprs: dict[str, object] | None = None
+    def signature(self, dtype: str, index64: bool = False, constexprs: Mapping[str, object] | None = None
                   ) -> dict[str, str]:
         """Triton's signature dict for this kernel at ``dtype``, constexprs included.
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from lazytriton import tuning
 from lazytriton.geometry import padded_head_dim, split_head_dim
+from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import Config
 from lazytriton.variant import Variant, pairs
@@ -113,24 +114,24 @@ def add_flags(fields: dict[str, bool | int], **flags: bool) -> dict[str, bool | 
     return fields
 
 
-def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, seqlen_q: int,
-            seqlen_k: int, config: Config | None, index64: bool, table: tuning.Table | None, tma: bool | None,
-            split_d: bool | None, head_dim_v: int,
+def variant(kernel: str, target: Target, request: Request,
             config_of: Callable[..., tuple[Config, tuning.Row | None]],
-            own_fields: Callable[[dict[str, bool | int], bool], None], **flags: bool) -> Variant:
-    """The variant of an attention kernel serving a call (pure, given the table).
+            own_fields: Callable[[dict[str, bool | int], bool], None]) -> Variant:
+    """The variant of an attention kernel serving ``request`` (pure, given the table).
 
-    ``config`` (None: ``config_of``, the family's table-then-default choice at
-    the seqlens' buckets and the larger head dim); ``own_fields(fields, even)``
-    adds the family's fields; ``flags`` (window, softcap, alibi, bias,
-    dropout, varlen) are written ``NAME=true`` only when on.
+    ``request.config`` (None: ``config_of``, the family's table-then-default
+    choice at the seqlens' buckets and the larger head dim);
+    ``own_fields(fields, even)`` adds the family's fields; the feature flags
+    (window, softcap, alibi, bias, dropout, varlen) are written ``NAME=true``
+    only when on.
     """
-    dv = head_dim_v or head_dim
-    sq, sk = tuning.bucket(seqlen_q), tuning.bucket(seqlen_k)
-    chunks = split_chunks(kernel, head_dim, dv, tma, split_d)
-    cfg = config or config_of(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, table,
-                              split=chunks is not None)[0]
-    fields, even = functional(head_dim, dv, causal, aligned, index64, chunks)
+    dv = request.head_dim_v or request.head_dim
+    sq, sk = tuning.bucket(request.seqlen_q), tuning.bucket(request.seqlen_k)
+    chunks = split_chunks(kernel, request.head_dim, dv, request.tma, request.split_d)
+    cfg = request.config or config_of(kernel, target, request.dtype, max(request.head_dim, dv), request.causal, sq,
+                                      sk, request.table, split=chunks is not None)[0]
+    fields, even = functional(request.head_dim, dv, request.causal, request.aligned, request.index64, chunks)
     own_fields(fields, even)
-    add_flags(fields, **flags)
-    return Variant(kernel, str(target), dtype, pairs(fields), pairs(cfg.tuned()), pairs(cfg.options(target)))
+    add_flags(fields, window=request.window, softcap=request.softcap, alibi=request.alibi, bias=request.bias,
+              dropout=request.dropout, varlen=request.varlen)
+    return Variant(kernel, str(target), request.dtype, pairs(fields), pairs(cfg.tuned()), pairs(cfg.options(target)))

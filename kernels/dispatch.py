@@ -1,8 +1,9 @@
 """Any kernel's variant and config for a call described by its sizes: the kernel's family answers.
 
 Prewarm, ``cache explain``, tune and the C API describe calls by their sizes and ask here. The family comes
-from the registry (``kernels.FAMILIES``), and its ``dispatch`` module has ``variant`` and ``kernel_config``
-with the signatures below; a new family adds its folder and its line in the registry, nothing here.
+from the registry (``kernels.FAMILIES``), and its ``dispatch`` module has ``variant(kernel, target, request)``
+(the call as one ``kernels.request.Request``) and ``kernel_config`` with ``kernel_config``'s signature below; a
+new family adds its folder and its line in the registry, nothing here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import ModuleType
 
 from lazytriton import tuning
 from lazytriton.kernels import attention, family_of
-from lazytriton.record import record
+from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import Config
 from lazytriton.variant import Variant
@@ -48,7 +49,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
                    paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
                    split_d: bool | None = None, seq16: bool | None = None) -> Variant:
-    """The variant of any kernel serving a call (pure, given the table).
+    """The variant of any kernel serving a call (pure, given the table): its family's ``variant`` of the ``Request``.
 
     Every attention kernel has the same functional fields (padded head dim,
     causal, EVEN_D, ALIGN16, INDEX64) and sees seqlens only through their
@@ -57,65 +58,34 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     ``paged`` for the decoding kernels) are written ``NAME=true`` only when
     set, so the strings of calls without them are unchanged; the window and the
     cap themselves are runtime arguments, and the tiles are the plain call's.
-    Varlen seqlens are the call's max_seqlen_q/max_seqlen_k. ``head_dim_v``
-    (0: ``head_dim``): v's head dim (DeepSeek's MLA: q/k 192, v 128); the
-    tiles are those of the larger head dim. ``split_d``: split tiles
-    (``kernels.attention.split_chunks``). Each family adds its own: flash_fwd's
-    ``tma`` (``kernels.flash_fwd.dispatch``), the backward's ``seq16``
-    (``kernels.flash_bwd.dispatch``); the decoding kernels read ``seqlen_q`` as
-    query rows per key/value head and ``seqlen_k`` as the cache's capacity
-    (``kernels.flash_decode.dispatch``).
+    The tiles of a call whose v has another head dim (``head_dim_v``, DeepSeek's
+    MLA: q/k 192, v 128) are those of the larger head dim. Each family adds its
+    own: flash_fwd's ``tma`` (``kernels.flash_fwd.dispatch``), the backward's
+    ``seq16`` (``kernels.flash_bwd.dispatch``); the decoding kernels read
+    ``seqlen_q`` as query rows per key/value head and ``seqlen_k`` as the
+    cache's capacity (``kernels.flash_decode.dispatch``). ``Request`` says what
+    each argument means.
     """
-    return family_dispatch(kernel).variant(  # type: ignore[no-any-return]
-        kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64, table, tma, window,
-        softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16)
+    request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64, table, tma, window,
+                      softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16)
+    return family_dispatch(kernel).variant(kernel, target, request)  # type: ignore[no-any-return]
 
 
-@record
-class Described:
-    """A call described by its sizes, as ``lazytriton cache explain`` takes it: what every family's choice reads.
-
-    ``seqlen_q``/``seqlen_k``: the attention kernels' seqlens (max_seqlen with
-    ``varlen``); for the decoding kernels, query rows per key/value head and the
-    cache's length. ``head_dim_v``: v's head dim (``head_dim`` when the same).
-    ``page_size``: a paged cache's keys a page (0: contiguous). The flags are
-    the feature flags of ``kernel_variant`` (``bias``: SDPA's attn_mask).
-    """
-
-    dtype: str
-    head_dim: int
-    head_dim_v: int
-    causal: bool
-    aligned: bool
-    index64: bool
-    seqlen_q: int
-    seqlen_k: int
-    varlen: bool = False
-    page_size: int = 0
-    window: bool = False
-    softcap: bool = False
-    alibi: bool = False
-    bias: bool = False
-    dropout: bool = False
-
-
-def choice(kernel: str, target: Target, call: Described) -> tuple[Variant, Config, tuning.Row | None]:
+def choice(kernel: str, target: Target, call: Request) -> tuple[Variant, Config, tuning.Row | None]:
     """The variant of ``kernel`` serving ``call``, its config and the tuning row it came from (None: the default).
 
-    A family's ``dispatch`` answers with its ``explained`` where it has one
-    (the decoding kernels read a page size; kv_append has one config); the
-    attention kernels' way otherwise.
+    ``lazytriton cache explain`` describes its call as a ``Request`` with v's
+    head dim and, for a paged cache, its page size. A family's ``dispatch``
+    answers with its ``explained`` where it has one (the decoding kernels read
+    the page size; kv_append has one config); the attention kernels' way
+    otherwise: the config of the larger head dim, in split tiles where the
+    head dim's default call has them.
     """
     rules = family_dispatch(kernel)
     explained = getattr(rules, "explained", None)
     if explained is not None:
         return explained(kernel, target, call)  # type: ignore[no-any-return]
-    dim_v = 0 if call.head_dim_v == call.head_dim else call.head_dim_v
-    config, row = kernel_config(kernel, target, call.dtype, max(call.head_dim, call.head_dim_v), call.causal,
-                                call.seqlen_q, call.seqlen_k,
-                                split=attention.split_chunks(kernel, call.head_dim, dim_v) is not None)
-    variant = kernel_variant(kernel, target, call.dtype, call.head_dim, call.causal, call.aligned, call.seqlen_q,
-                             call.seqlen_k, index64=call.index64, varlen=call.varlen, window=call.window,
-                             softcap=call.softcap, alibi=call.alibi, bias=call.bias, dropout=call.dropout,
-                             head_dim_v=dim_v)
-    return variant, config, row
+    dim_v = call.head_dim_v or call.head_dim
+    config, row = kernel_config(kernel, target, call.dtype, max(call.head_dim, dim_v), call.causal, call.seqlen_q,
+                                call.seqlen_k, split=attention.split_chunks(kernel, call.head_dim, dim_v) is not None)
+    return rules.variant(kernel, target, call), config, row

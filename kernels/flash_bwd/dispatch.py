@@ -12,6 +12,7 @@ from __future__ import annotations
 from lazytriton import tuning
 from lazytriton.kernels import attention
 from lazytriton.kernels.flash_bwd import fused, gluon
+from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import SMALL_SHARED_CUDA, Config, seqlen_class
 from lazytriton.variant import Variant
@@ -96,22 +97,20 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
                                                                     seqlen_k, causal))
 
 
-def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-            seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
-            table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
-            softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
-            paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
-            split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+def variant(kernel: str, target: Target, request: Request) -> Variant:
     """``kernels.dispatch.kernel_variant`` for the backward's two kernels: the attention kernels' fields and SEQ16.
 
     ``SEQ16=true`` (the seqlens and lse strides are multiples of 16: more
     divisibility hints) is written only when set, and only with ALIGN16:
     ``seq16`` None decides by ``seq_aligned`` from the seqlens as given (not
     their buckets), which is why the backward's memo keys carry it. ``paged``
-    does not apply; ``tma`` only refuses split tiles (these kernels have no TMA).
+    and ``page_size`` do not apply; ``tma`` only refuses split tiles (these
+    kernels have no TMA).
     """
+    aligned, varlen = request.aligned, request.varlen
+    seq16 = request.seq16
     if seq16 is None:
-        seq16 = seq_aligned(kernel, aligned, seqlen_q, seqlen_k, varlen)
+        seq16 = seq_aligned(kernel, aligned, request.seqlen_q, request.seqlen_k, varlen)
 
     def seq16_field(fields: dict[str, bool | int], even: bool) -> None:
         if seq16 and kernel in BWD_KERNELS:
@@ -120,9 +119,7 @@ def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool
                                  f"aligned={aligned}, varlen={varlen}")
             fields["SEQ16"] = True
 
-    return attention.variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64,
-                             table, tma, split_d, head_dim_v, kernel_config, seq16_field, window=window,
-                             softcap=softcap, alibi=alibi, bias=bias, dropout=dropout, varlen=varlen)
+    return attention.variant(kernel, target, request, kernel_config, seq16_field)
 
 
 # ---------------------------------------------------------------------------

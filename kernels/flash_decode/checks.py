@@ -40,7 +40,7 @@ class Inputs(NamedTuple):
     v_cache: torch.Tensor
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
-    cache_seqlens: torch.Tensor | None = None
+    cache_seqlens: torch.Tensor | int | None = None
     cache_batch_idx: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
     alibi_slopes: torch.Tensor | None = None
@@ -301,7 +301,7 @@ def values_checked(t: Inputs) -> bool:
 
 def lengths(t: Inputs, call: Call) -> torch.Tensor:
     """Each sequence's key count after the append, int64 (batch,), on q's device."""
-    if t.cache_seqlens is None or call.seqlen_const >= 0:
+    if not isinstance(t.cache_seqlens, torch.Tensor) or call.seqlen_const >= 0:
         return torch.full((call.batch,), call.seqlen_const + call.seqlen_new, dtype=torch.int64, device=t.q.device)
     return t.cache_seqlens.long() + call.seqlen_new
 

@@ -6,10 +6,9 @@ per key/value head and its cache capacity, as the binding does.
 
 from __future__ import annotations
 
-from typing import Any
-
 from lazytriton import tuning
 from lazytriton.geometry import padded_head_dim
+from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import SMALL_SHARED_CUDA, Config
 from lazytriton.variant import Variant, pairs
@@ -130,20 +129,18 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
                          paged=paged and kernel == "flash_decode_split")
 
 
-def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-            seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
-            table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
-            softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
-            paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
-            split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+def variant(kernel: str, target: Target, request: Request) -> Variant:
     """``kernels.dispatch.kernel_variant`` for the decoding kernels: ``decode_variant``.
 
-    With a page size that BLOCK_N divides (prewarm's view of them). ``tma``,
-    ``bias``, ``dropout``, ``varlen``, ``split_d`` and ``seq16`` do not apply.
+    At ``request.page_size`` (0: a page size BLOCK_N divides, prewarm's view
+    of a paged call). ``tma``, ``bias``, ``dropout``, ``varlen``, ``split_d``
+    and ``seq16`` do not apply.
     """
-    return decode_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config=config,
-                          index64=index64, table=table, paged=paged, window=window, softcap=softcap, alibi=alibi,
-                          head_dim_v=head_dim_v)
+    return decode_variant(kernel, target, request.dtype, request.head_dim, request.causal, request.aligned,
+                          request.seqlen_q, request.seqlen_k, config=request.config, index64=request.index64,
+                          table=request.table, page_size=request.page_size, paged=request.paged,
+                          window=request.window, softcap=request.softcap, alibi=request.alibi,
+                          head_dim_v=request.head_dim_v)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -158,18 +155,14 @@ PREWARM_FEATURES = ("window", "softcap", "alibi")
 PREWARM_WITH = ("kv_append",)
 
 
-def explained(kernel: str, target: Target, call: Any) -> tuple[Variant, Config, tuning.Row | None]:
+def explained(kernel: str, target: Target, call: Request) -> tuple[Variant, Config, tuning.Row | None]:
     """``kernels.dispatch.choice`` for a decoding kernel: its variant for the call's page size, config and row.
 
     The split kernel's tiles are those of the larger head dim; the combine kernel sees only outputs (v's).
     """
     split = kernel == "flash_decode_split"
-    dim = max(call.head_dim, call.head_dim_v) if split else call.head_dim_v
+    dim_v = call.head_dim_v or call.head_dim
+    dim = max(call.head_dim, dim_v) if split else dim_v
     config, row = decode_config(kernel, target, call.dtype, dim, call.causal, call.seqlen_q, call.seqlen_k,
-                                call.page_size, paged=call.page_size > 0 and split)
-    dim_v = 0 if call.head_dim_v == call.head_dim else call.head_dim_v
-    variant = decode_variant(kernel, target, call.dtype, call.head_dim, call.causal, call.aligned, call.seqlen_q,
-                             call.seqlen_k, index64=call.index64, page_size=call.page_size,
-                             paged=call.page_size > 0, window=call.window, softcap=call.softcap, alibi=call.alibi,
-                             head_dim_v=dim_v)
-    return variant, config, row
+                                call.page_size, paged=call.paged and split)
+    return variant(kernel, target, call), config, row

@@ -15,6 +15,7 @@ from lazytriton import tuning
 from lazytriton.geometry import causal_mode, padded_head_dim
 from lazytriton.kernels import attention
 from lazytriton.kernels.flash_fwd import gluon
+from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import SMALL_SHARED_CUDA, Config, seqlen_class
 from lazytriton.tma import require_tma, tma_possible
@@ -121,30 +122,24 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``head_dim_v``: v's head dim where it differs from q's and k's (0: the same);
     ``split_d``: split tiles (``variant``).
     """
-    return variant("flash_fwd", target, dtype, head_dim, causal, aligned, seqlen_q,
-                   seqlen_q if seqlen_k is None else seqlen_k, config, index64, table, tma, window, softcap,
-                   alibi=alibi, bias=bias, dropout=dropout, varlen=varlen, head_dim_v=head_dim_v, split_d=split_d)
+    request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_q if seqlen_k is None else seqlen_k, config,
+                      index64, table, tma, window, softcap, alibi, bias, dropout, varlen=varlen,
+                      head_dim_v=head_dim_v, split_d=split_d)
+    return variant("flash_fwd", target, request)
 
 
-def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-            seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
-            table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
-            softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
-            paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
-            split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+def variant(kernel: str, target: Target, request: Request) -> Variant:
     """``kernels.dispatch.kernel_variant`` for flash_fwd: the attention kernels' fields, and TMA.
 
     ``TMA=true`` where ``flash_fwd_tma`` says so, written only when set (a
-    pointer variant's string has no TMA field). ``paged`` and ``seq16`` do not
-    apply to this kernel.
+    pointer variant's string has no TMA field). ``paged``, ``page_size`` and
+    ``seq16`` do not apply to this kernel.
     """
     def tma_field(fields: dict[str, bool | int], even: bool) -> None:
-        if flash_fwd_tma(target, dtype, aligned, tma, even):
+        if flash_fwd_tma(target, request.dtype, request.aligned, request.tma, even):
             fields["TMA"] = True
 
-    return attention.variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64,
-                             table, tma, split_d, head_dim_v, kernel_config, tma_field, window=window, softcap=softcap,
-                             alibi=alibi, bias=bias, dropout=dropout, varlen=varlen)
+    return attention.variant(kernel, target, request, kernel_config, tma_field)
 
 
 # ---------------------------------------------------------------------------

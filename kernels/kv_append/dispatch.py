@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import Any
 
 from lazytriton import tuning
 from lazytriton.kernels import kv_append
+from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import Config
 from lazytriton.variant import Variant
@@ -37,20 +37,14 @@ def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[
                 dtypes, head_dims, head_dims_v, paged, aligned, index64)]
 
 
-def variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-            seqlen_q: int, seqlen_k: int, config: Config | None = None, index64: bool = False,
-            table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
-            softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
-            paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
-            split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+def variant(kernel: str, target: Target, request: Request) -> Variant:
     """``kernels.dispatch.kernel_variant`` for kv_append: ``kv_append.variant`` (only the layout fields apply)."""
-    return kv_append.variant(target, dtype, head_dim, 0 if head_dim_v == head_dim else head_dim_v, paged, aligned,
-                             index64)
+    dim_v = 0 if request.head_dim_v == request.head_dim else request.head_dim_v
+    return kv_append.variant(target, request.dtype, request.head_dim, dim_v, request.paged, request.aligned,
+                             request.index64)
 
 
-def explained(kernel: str, target: Target, call: Any) -> tuple[Variant, Config, tuning.Row | None]:
-    """``kernels.dispatch.choice`` for kv_append: its one variant (paged with a page size) and that config."""
-    variant = kv_append.variant(target, call.dtype, call.head_dim,
-                                0 if call.head_dim_v == call.head_dim else call.head_dim_v, call.page_size > 0,
-                                call.aligned, call.index64)
-    return variant, Config(int(variant.get("BLOCK_M")), 0, int(variant.get("num_warps")), 1), None
+def explained(kernel: str, target: Target, call: Request) -> tuple[Variant, Config, tuning.Row | None]:
+    """``kernels.dispatch.choice`` for kv_append: its one variant and that config (no tuning row)."""
+    found = variant(kernel, target, call)
+    return found, Config(int(found.get("BLOCK_M")), 0, int(found.get("num_warps")), 1), None

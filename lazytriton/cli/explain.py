@@ -54,6 +54,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     from lazytriton import geometry
     from lazytriton.kernels import dispatch
     from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
+    from lazytriton.kernels.request import Request
 
     target, how = _explain_target(args.target)
     causal = geometry.causal_mode(args.causal if args.causal != "none" else False) != "none"
@@ -70,8 +71,10 @@ def explain_report(args: argparse.Namespace) -> Report:
     head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
     check_call(kernels, args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
                flags)
-    described = dispatch.Described(args.dtype, args.head_dim, head_dim_v, causal, not args.unaligned, args.index64,
-                                   args.seqlen_q, seqlen_k, varlen, page, **flags)
+    described = Request(args.dtype, args.head_dim, causal, not args.unaligned, args.seqlen_q, seqlen_k,
+                        index64=args.index64, window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
+                        bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
+                        head_dim_v=head_dim_v, page_size=page)
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         variant, config, row = dispatch.choice(name, target, described)
         rt = rt or open_runtime()

@@ -1,0 +1,63 @@
+"""A call of a kernel described by its sizes and flags: what a family's choice of variant reads.
+
+``kernels.dispatch.kernel_variant`` builds one ``Request`` from its keywords and gives it to the kernel's family
+(``variant(kernel, target, request)`` in its ``dispatch``); ``lazytriton cache explain`` builds one from its
+flags and asks ``kernels.dispatch.choice``. A leaf: the families and ``kernels.dispatch`` import it, it imports
+only the record decorator.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lazytriton.record import record
+
+if TYPE_CHECKING:
+    from lazytriton import tuning
+    from lazytriton.tiles import Config
+
+
+@record
+class Request:
+    """A call described by its sizes and flags, in ``kernels.dispatch.kernel_variant``'s order of arguments.
+
+    ``seqlen_q``/``seqlen_k``: the attention kernels' seqlens (max_seqlen_q and
+    max_seqlen_k with ``varlen``); the decoding kernels read them as query rows
+    per key/value head (group size x seqlen_q) and the cache's length per
+    sequence. ``aligned``: every pointer 16-byte aligned and every outer stride
+    a multiple of 16 (ALIGN16); ``index64``: some tensor spans 2**31 elements
+    or more. ``config`` None: the family's tuning table (``table``, else the
+    kernel's file), then its default. The feature flags (``window``,
+    ``softcap``, ``alibi``, ``bias``: SDPA's attn_mask, ``dropout``, ``paged``:
+    a decoding call on a paged cache, ``varlen``: packed sequences) are written
+    ``NAME=true`` in a variant only when set. ``head_dim_v``: v's head dim (0
+    or ``head_dim``: the same). ``split_d``: split tiles
+    (``kernels.attention.split_chunks``; None: the head dim's default). The
+    families' own: flash_fwd's ``tma`` (None: its rule decides), the
+    backward's ``seq16`` (None: from the seqlens as given), and the decoding
+    kernels' ``page_size`` (a paged cache's keys a page, which BLOCK_N must
+    divide; 0: a contiguous cache, or with ``paged`` a page size every BLOCK_N
+    divides, as prewarm plans them).
+    """
+
+    dtype: str
+    head_dim: int
+    causal: bool
+    aligned: bool
+    seqlen_q: int
+    seqlen_k: int
+    config: Config | None = None
+    index64: bool = False
+    table: tuning.Table | None = None
+    tma: bool | None = None
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    bias: bool = False
+    dropout: bool = False
+    paged: bool = False
+    varlen: bool = False
+    head_dim_v: int = 0
+    split_d: bool | None = None
+    seq16: bool | None = None
+    page_size: int = 0
