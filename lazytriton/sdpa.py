@@ -150,6 +150,18 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         warm = hot.output_bhsd(query, key, value, is_causal, scale, enable_gqa)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
+    return masked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+           dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool,
+           softcap: float = 0.0) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with every argument checked, and a ``softcap`` torch's signature lacks.
+
+    ``softcap`` > 0 caps the scaled scores (softcap * tanh(s / softcap)) before
+    the mask's bias is added: the order of transformers' "eager" attention
+    (Gemma 2), which SDPA cannot express.
+    """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):  # argument types: a TypeError, as torch's own
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not "
@@ -163,7 +175,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                 raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape "
                                  f"{tuple(t.shape)}")
         q4, k4, v4, out_shape = layout(query, key, value, enable_gqa)
-        call = binding.check(q4, k4, v4, is_causal, scale, NAMES)
+        call = binding.check(q4, k4, v4, is_causal, scale, NAMES, softcap=softcap)
         bias = None if attn_mask is None else additive_bias(attn_mask, q4, out_shape, key.shape[-2], is_causal)
         call = interface.with_mods(call, q4, None, bias, dropout_p, NAMES)
     except SDPAError:

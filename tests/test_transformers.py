@@ -50,22 +50,26 @@ def test_the_name_kernels_is_not_the_checkouts_folder() -> None:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Records each lazytriton call the integration makes: (entry point, query shape, causal, window_size).
 
-    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in).
+    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in),
+    "masked" (the drop-in's body with a softcap, ``sdpa.masked``).
     """
+    from lazytriton import sdpa
+
     seen: list[Call] = []
 
-    def spy(kind: str, name: str) -> None:
-        real = getattr(lazytriton, name)
+    def spy(kind: str, module: object, name: str) -> None:
+        real = getattr(module, name)
 
         def recorded(q: torch.Tensor, *args: object, **kw: object) -> object:
-            seen.append((kind, tuple(q.shape), kw.get("causal"), kw.get("window_size")))
+            if sys._getframe(1).f_globals.get("__name__") != "lazytriton.sdpa":  # not the drop-in's own body
+                seen.append((kind, tuple(q.shape), kw.get("causal"), kw.get("window_size")))
             return real(q, *args, **kw)
 
-        monkeypatch.setattr(lazytriton, name, recorded)
+        monkeypatch.setattr(module, name, recorded)
 
-    for kind, name in (("dense", "attn_fwd"), ("varlen", "flash_attn_varlen_func"),
-                       ("sdpa", "scaled_dot_product_attention")):
-        spy(kind, name)
+    for kind, module, name in (("dense", lazytriton, "attn_fwd"), ("varlen", lazytriton, "flash_attn_varlen_func"),
+                               ("sdpa", lazytriton, "scaled_dot_product_attention"), ("masked", sdpa, "masked")):
+        spy(kind, module, name)
     return seen
 
 
@@ -229,6 +233,16 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return out.transpose(1, 2)
 
 
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+           softcap: float) -> torch.Tensor:
+    """transformers' "eager" attention in float64: scores scaled, capped, then masked; (batch, q_len, heads, d)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = softcap * torch.tanh(q.double() @ k.transpose(-1, -2) * scale / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v).to(q.dtype).transpose(1, 2)
+
+
 def test_attention_forward_gathers_keys_around_pads(calls: list[Call]) -> None:
     """Generation after right padding: the cache holds pads between the prompt and the new tokens (varlen)."""
     q, k, v = _qkv(2, 4, 2, 2, 7)
@@ -303,24 +317,32 @@ def _host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
-@pytest.mark.parametrize("case", ["left", "right", "hole", "static"])
+@pytest.mark.parametrize("case", ["left", "right", "hole", "static", "softcap"])
 def test_a_decoding_step_reads_nothing_back_to_the_host(calls: list[Call], monkeypatch: pytest.MonkeyPatch,
                                                          case: str) -> None:
     """One query a sequence against a cache, whatever the mask: one SDPA call, no device-to-host read, SDPA's
-    output; every layer of the forward reuses the bias made for the mask object."""
+    output; every layer of the forward reuses the bias made for the mask object. With a softcap (Gemma 2), the
+    drop-in's body caps the scores before the mask (eager's order)."""
     q, k, v = _qkv(2, 4, 2, 1, 7)
     valid = {"left": [[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]],
              "right": [[1, 1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1, 1]],
              "hole": [[1, 0, 1, 0, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1]],
-             "static": [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]]}[case]  # a static cache's empty slots
+             "static": [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]],  # a static cache's empty slots
+             "softcap": [[0, 1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]]}[case]
     mask = torch.tensor(valid, dtype=torch.bool)[:, None, None, :]
-    want = _sdpa(q, k, v, mask, False)
+    features = {"softcap": 0.5} if case == "softcap" else {}
+    if features:
+        q = q * 8  # scores well past the cap
+        want = _eager(q, k, v, mask, 0.3, 0.5)
+        assert not torch.allclose(want, _sdpa(q, k, v, mask, False), atol=1e-2), "the cap changes the result"
+    else:
+        want = _sdpa(q, k, v, mask, False)
     reads = _host_reads(monkeypatch)
     for _ in range(2):  # two layers of one forward: the same mask object
-        got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+        got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3, **features)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert reads == [], reads
-    assert [c[0] for c in calls] == ["sdpa", "sdpa"]
+    assert [c[0] for c in calls] == (["masked"] * 2 if features else ["sdpa", "sdpa"])
 
 
 def test_the_host_read_counter_sees_a_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,9 +51,10 @@ one call:
   right-padded prompt's first generated token comes from it, which
   transformers warns is wrong). A bidirectional layer's pad queries are
   packed too (SDPA's output).
-- a decoding step (one query a sequence) with a boolean mask and no softcap:
-  **one** call of the SDPA drop-in with the mask as an additive bias, made
-  once per forward and mask (every layer reuses it). Nothing is read back to
+- a decoding step (one query a sequence) with a boolean mask: **one** call
+  of the SDPA drop-in with the mask as an additive bias, made once per
+  forward and mask (every layer reuses it); with a softcap, the drop-in's
+  body with the cap applied before the bias (``sdpa.masked``). Nothing is read back to
   the host, whatever the mask (left or right padding, holes, a static
   cache's empty slots), so a decoding step never waits for the GPU and can
   be captured in a CUDA graph; the keys are read in place from the cache.
@@ -71,8 +72,8 @@ transformers' masks draw, ``sliding_window`` keys up to and including the
 query's own) use the window kernels, their own cache entries (``prewarm
 --window``, ``--softcap``), only where the window cuts in. The analysis of a
 mask runs once per forward and mask (all layers share the mask object) and
-reads one small summary to the host (a sync): a prefill and a softcapped
-decoding step pay it once per forward; each layer's ``flash_attn_varlen_func``
+reads one small summary to the host (a sync): a prefill pays it once per
+forward, a decoding step never; each layer's ``flash_attn_varlen_func``
 call then trusts the cu_seqlens the analysis made (no sync per layer).
 
 Not supported (NotImplementedError): dropout > 0 (set ``model.eval()`` or
@@ -91,6 +92,7 @@ from typing import Any
 import torch
 
 import lazytriton
+from lazytriton import sdpa
 from lazytriton.integrations import transformers_plan, transformers_varlen
 
 NAME = "lazytriton"
@@ -173,8 +175,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = _unmasked(module_causal, query, key, value, scaling, kwargs.get("sliding_window"), features)
         return out.transpose(1, 2).contiguous(), None
     batch, _, q_len = query.shape[:3]
-    if q_len == 1 and not features and _one_boolean_mask(attention_mask):
-        out = _arbitrary(query, key, value, _decoding_bias(attention_mask, query.dtype), scaling)
+    if q_len == 1 and _one_boolean_mask(attention_mask):
+        out = _arbitrary(query, key, value, _decoding_bias(attention_mask, query.dtype), scaling, features)
         return out.transpose(1, 2).contiguous(), None
     found = transformers_varlen.layout(attention_mask, batch, q_len, key.shape[2], module_causal)
     if isinstance(found, transformers_varlen.Packed):
@@ -267,10 +269,16 @@ def _window(sliding_window: int | None, kv_len: int, causal: bool) -> tuple[int,
 
 
 def _arbitrary(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
-               scaling: float | None) -> torch.Tensor:
-    """Any other mask, boolean (True = attend) or additive float: one call of the SDPA drop-in with ``attn_mask``."""
+               scaling: float | None, features: dict[str, Any] | None = None) -> torch.Tensor:
+    """Any other mask, boolean (True = attend) or additive float: one call of the SDPA drop-in with ``attn_mask``.
+
+    With a softcap (``features``), the drop-in's checked body with the cap
+    applied before the mask's bias (``sdpa.masked``), as "eager" does.
+    """
     if attention_mask.dim() != 4:
         raise ValueError(f"attention_mask must have 4 dims (batch, heads, q_len, kv_len), got shape "
                          f"{tuple(attention_mask.shape)}")
+    if features:
+        return sdpa.masked(query, key, value, attention_mask, 0.0, False, scaling, True, **features)
     return lazytriton.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
                                                    enable_gqa=True)
