@@ -41,11 +41,11 @@ def inputs_of(p: Any) -> tuple[Any, Any, Any]:
     from lazytriton.kernels.flash_decode import checks
 
     q, k_cache, v_cache, out, lse = (host_tensor(_ffi, t) for t in (p.q, p.k_cache, p.v_cache, p.out, p.lse))
-    k, v, lens, rows, table, slopes = (_optional(t) for t in (p.k, p.v, p.cache_seqlens, p.cache_batch_idx,
-                                                              p.block_table, p.alibi_slopes))
+    k, v, lens, rows, table, slopes, pads = (_optional(t) for t in (p.k, p.v, p.cache_seqlens, p.cache_batch_idx,
+                                                                    p.block_table, p.alibi_slopes, p.cache_leftpad))
     if lens is None and p.cache_seqlen >= 0:
         lens = int(p.cache_seqlen)
-    return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes), out, lse
+    return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes, pads), out, lse
 
 
 def call_of(p: Any, t: Any) -> Any:
@@ -73,7 +73,7 @@ def attn_kvcache_cpu(p: Any) -> int:
 
 def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool, index64: bool,
                   rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
-                  head_dim_v: int = 0) -> Any:
+                  head_dim_v: int = 0, leftpad: bool = False) -> Any:
     """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call."""
     import torch
 
@@ -84,7 +84,7 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
     # Dispatch reads rows (heads_q // heads_k x seqlen_q) and the cache's capacity, never batch or heads.
     call = checks.Call(1, rows, 1, 1, head_dim, 0, capacity, page_size, 1, capacity, causal, 1.0,
                        window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
-                       head_dim_v=0 if head_dim_v == head_dim else head_dim_v)
+                       head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad)
     return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
 
 
@@ -117,7 +117,7 @@ def plan(req: Any) -> int:
     capability = props.major * 10 + props.minor
     split, combine = plan_variants(capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
                                    bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
-                                   bool(req.softcap), bool(req.alibi), req.head_dim_v)
+                                   bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad))
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)

@@ -44,7 +44,7 @@
 #define LT_ATTN_FWD_PARAMS_VERSION 3 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; older structs are still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 3 /* 2: packed sequences; 3: sliding window, softcap; older structs are still taken */
 #define LT_STATS_VERSION 1
-#define LT_ATTN_KVCACHE_PARAMS_VERSION 1
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 2 /* 2: cache_leftpad; a version 1 struct is still taken (no left pad) */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -248,15 +248,21 @@ typedef struct {
  *   cache_batch_idx  optional int32 (batch): the cache row of each sequence (not with block_table)
  *   block_table      optional int32 (batch, max_blocks_per_seq): a paged cache
  *   alibi_slopes     optional fp32 (heads_q) or (batch, heads_q)
+ *   cache_leftpad    optional int32 (batch) (version 2): where each sequence's keys start in the cache
+ *                    (FlashAttention's cache_leftpad); sequence b sees positions cache_leftpad[b] ..
+ *                    its length - 1, positions stay absolute (new keys still land at its cached length), and
+ *                    0 <= cache_leftpad[b] <= its cached length. Keys before it are never read (whatever
+ *                    its value: one out of range reads nothing outside the keys)
  *   out      (batch, seqlen_q, heads_q, head_dim_v), q's dtype, written
  *   lse      fp32 (batch, heads_q, seqlen_q), contiguous, written: the logsumexp
  *   workspace optional fp32, 1-dim, contiguous: the float32 partials of several splits on a GPU
  *            (lt_attn_kvcache_workspace_size); without one, a GPU call runs one split
  * An optional tensor is absent when its data is NULL and its ndim 0 (lt_attn_kvcache_params_init).
  * Every tensor but the index ones takes any strides with a contiguous last dim; the index tensors, lse and
- * workspace are contiguous. On a GPU the values of cache_seqlens, cache_batch_idx and block_table are not
- * read (device memory; as in FlashAttention-2 they must point inside the cache); on the CPU they are checked.
- * causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side unbounded. */
+ * workspace are contiguous. On a GPU the values of cache_seqlens, cache_batch_idx, block_table and
+ * cache_leftpad are not read (device memory; as in FlashAttention-2 they must point inside the cache); on the
+ * CPU they are checked. causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side
+ * unbounded. A version 1 struct (its smaller struct_size, version 1) is the same call without cache_leftpad. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
     uint32_t version;     /* LT_ATTN_KVCACHE_PARAMS_VERSION */
@@ -281,6 +287,8 @@ typedef struct {
     uint32_t reserved;     /* must be 0 */
     double sm_scale;       /* softmax scale; NaN (the init): 1/sqrt(head_dim) */
     double softcap;        /* > 0: scores become softcap * tanh(score / softcap); 0 (the init): off */
+    /* Version 2: a left-padded cache (absent, the init: each sequence's keys start at position 0). */
+    lt_tensor cache_leftpad;
 } lt_attn_kvcache_params;
 
 /* What the cache holds and what this process did (lt_cache_stats()). */

@@ -9,22 +9,25 @@
  * (kernels/flash_decode) flash_decode_split and, with several splits, flash_decode_combine on the caller's
  * workspace, all on the caller's stream. Their integer arguments are the bindings' (c_initializer, tested field
  * by field), and so are the variants (the planner calls the bindings) and the split count (lt_splits.c).
- * v_cache, v and out may have a head dim of their own (head_dim_v).
+ * v_cache, v and out may have a head dim of their own (head_dim_v). A version 1 params struct (before
+ * cache_leftpad) is taken as the same call without a left pad: every function reads the caller's struct through
+ * lt__kv_prepare, which copies it into this version's, zero-extended.
  */
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 40   /* flash_decode_split: 38 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 41   /* flash_decode_split: 39 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 12 /* flash_decode_combine: 12 pointers and integers */
 #define LT__APPEND_PARAMS 30         /* kv_append: 30 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
+#define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
 
 typedef struct {
     int64_t b, hq, hk, sq, d, dv, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
     int64_t window_left, window_right, num_splits, workspace;
     int32_t dtype, device_type, device_index;
-    int causal, alibi, softcap_on, use_seqlens, use_batch_idx, paged, aligned, index64;
+    int causal, alibi, softcap_on, use_seqlens, use_batch_idx, paged, aligned, index64, leftpad;
     int append_aligned, append_index64; /* kv_append's layout flags, over k, v and the caches */
     float scale, softcap;
 } lt__kv_call;
@@ -34,6 +37,7 @@ typedef struct {
     int32_t device_index, dtype, head_dim, causal, aligned, index64, paged, window, softcap, alibi; /* in */
     int64_t rows, capacity, page_size;                                                               /* in */
     int32_t head_dim_v, append, append_aligned, append_index64; /* in: v's head dim; kv_append wanted, its flags */
+    int32_t leftpad;                                            /* in: cache_leftpad given (LEFTPAD=true) */
     uint64_t split_function, combine_function;                                                        /* out */
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
@@ -64,6 +68,8 @@ static int lt__absent(const lt_tensor *t) { return t->data == NULL && t->ndim ==
 static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
+    if (p->struct_size == LT__KV_PARAMS_V1_SIZE && p->version == 1)
+        return LT_OK; /* read as the call it always was: no left pad */
     if (p->struct_size != sizeof(lt_attn_kvcache_params))
         return lt__fail(LT_ERROR_VERSION, "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for "
                         "lt_attn_kvcache_params: rebuild against its lazytriton.h and fill params with "
@@ -72,6 +78,17 @@ static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
     if (p->version != LT_ATTN_KVCACHE_PARAMS_VERSION)
         return lt__fail(LT_ERROR_VERSION, "params->version is %u but this lazytriton takes lt_attn_kvcache_params "
                         "version %d", p->version, LT_ATTN_KVCACHE_PARAMS_VERSION);
+    return LT_OK;
+}
+
+/* The caller's struct as this version's in *norm (an older one zero-extended: its new tensors absent). */
+static lt_status lt__kv_prepare(const lt_attn_kvcache_params *p, lt_attn_kvcache_params *norm) {
+    lt_status s;
+    if ((s = lt__kv_struct(p)) != LT_OK)
+        return s;
+    memset(norm, 0, sizeof *norm);
+    memcpy(norm, p, p->struct_size);
+    norm->struct_size = sizeof *norm, norm->version = LT_ATTN_KVCACHE_PARAMS_VERSION;
     return LT_OK;
 }
 
@@ -249,6 +266,12 @@ static lt_status lt__kv_outputs(const lt_attn_kvcache_params *p, lt__kv_call *c)
             return s;
         c->alibi = 1;
     }
+    if (!lt__absent(&p->cache_leftpad)) {
+        int64_t b[1] = {c->b};
+        if ((s = lt__kv_small("cache_leftpad", &p->cache_leftpad, &p->q, LT_DTYPE_INT32, 1, b, "(batch,)")) != LT_OK)
+            return s;
+        c->leftpad = 1;
+    }
     return LT_OK;
 }
 
@@ -262,12 +285,12 @@ static int64_t lt__kv_extent(const lt_tensor *t) {
     return e;
 }
 
-/* Fill *c from params, or fail with the first problem found (checks.check's order where it matters). */
+/* Fill *c from params (this version's struct: lt__kv_prepare's), or fail with the first problem found
+ * (checks.check's order where it matters). */
 static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     lt_status s;
     memset(c, 0, sizeof *c);
-    if ((s = lt__kv_struct(p)) != LT_OK ||
-        (s = lt__kv_data("q", &p->q, &p->q, "(batch, seqlen_q, heads_q, head_dim)")) != LT_OK)
+    if ((s = lt__kv_data("q", &p->q, &p->q, "(batch, seqlen_q, heads_q, head_dim)")) != LT_OK)
         return s;
     const char *cache = "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)";
     if ((s = lt__kv_data("k_cache", &p->k_cache, &p->q, cache)) != LT_OK ||
@@ -317,11 +340,12 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     c->num_splits = p->num_splits, c->causal = p->causal && c->sq > 1;
     c->dtype = p->q.dtype, c->device_type = p->q.device_type, c->device_index = p->q.device_index;
-    const lt_tensor *data[11] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
-                                 &p->cache_seqlens, &p->cache_batch_idx, &p->block_table, &p->alibi_slopes};
-    static const char *names[11] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
-                                    "cache_batch_idx", "block_table", "alibi_slopes"};
-    for (int i = 0; i < 11; i++)
+    const lt_tensor *data[12] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
+                                 &p->cache_seqlens, &p->cache_batch_idx, &p->block_table, &p->alibi_slopes,
+                                 &p->cache_leftpad};
+    static const char *names[12] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
+                                    "cache_batch_idx", "block_table", "alibi_slopes", "cache_leftpad"};
+    for (int i = 0; i < 12; i++)
         if (data[i]->data == NULL && data[i]->ndim != 0 && lt__numel(data[i]) > 0)
             return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", names[i]);
     if (c->workspace > 0 && p->workspace.data == NULL)
@@ -358,11 +382,11 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     int append = c->seqlen_new > 0;
     const lt__named outputs[5] = {{"out", &p->out}, {"lse", &p->lse}, {"workspace", &p->workspace},
                                   {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
-    const lt__named inputs[9] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
-                                 {"cache_batch_idx", &p->cache_batch_idx}, {"block_table", &p->block_table},
-                                 {"alibi_slopes", &p->alibi_slopes}, {"k_cache", &p->k_cache},
-                                 {"v_cache", &p->v_cache}};
-    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 7 : 9);
+    const lt__named inputs[10] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
+                                  {"cache_batch_idx", &p->cache_batch_idx}, {"block_table", &p->block_table},
+                                  {"alibi_slopes", &p->alibi_slopes}, {"cache_leftpad", &p->cache_leftpad},
+                                  {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
+    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 8 : 10);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -377,6 +401,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.sq_bits = lt__bits(c->hq / c->hk * c->sq), key.sk_bits = lt__bits(c->capacity);
     key.varlen = c->paged | (c->window_left >= 0) << 1 | c->softcap_on << 2 | c->alibi << 3 | page_bits << 8;
     key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
+    key.varlen |= c->leftpad << 7;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -393,7 +418,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     lt__kvcache_plan_request *r = &plan->r;
     r->device_index = c->device_index, r->dtype = c->dtype, r->head_dim = (int32_t)c->d, r->causal = c->causal;
     r->aligned = c->aligned, r->index64 = c->index64, r->paged = c->paged, r->window = c->window_left >= 0;
-    r->softcap = c->softcap_on, r->alibi = c->alibi;
+    r->softcap = c->softcap_on, r->alibi = c->alibi, r->leftpad = c->leftpad;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
@@ -467,8 +492,8 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     int64_t split_ints[LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS + LT__MAX_HIDDEN] = {
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
-        LT__OR_LSE(p->alibi_slopes), q->strides[0], q->strides[1], q->strides[2], kc->strides[0], kc->strides[1],
-        kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
+        LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), q->strides[0], q->strides[1], q->strides[2],
+        kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         c->hq / c->hk, c->hq, c->sq, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
         c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right};
@@ -513,21 +538,24 @@ LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params) {
 
 LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes) {
     lt__kv_call c;
+    lt_attn_kvcache_params norm;
     lt_status s;
     if (bytes == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_kvcache_workspace_size: bytes (the out pointer) is NULL");
     *bytes = 0;
-    if ((s = lt__kv_check(params, &c)) != LT_OK)
+    if ((s = lt__kv_prepare(params, &norm)) != LT_OK || (s = lt__kv_check(&norm, &c)) != LT_OK)
         return s;
     int64_t splits = c.num_splits > 0 ? c.num_splits : LT__MAX_HEURISTIC_SPLITS;
     *bytes = (size_t)(4 * c.b * c.hq * c.sq * (c.dv + 1) * splits);
     return LT_OK;
 }
 
-LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *stream) {
+LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *user, void *stream) {
     lt__kv_call c;
+    lt_attn_kvcache_params norm, *params = &norm;
     lt_status s;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__kv_check(params, &c)) != LT_OK)
+    if ((s = lt__require_init()) != LT_OK || (s = lt__kv_prepare(user, &norm)) != LT_OK ||
+        (s = lt__kv_check(params, &c)) != LT_OK)
         return s;
     if (c.device_type == LT_DEVICE_CPU)
         return (lt_status)lt__py_attn_kvcache_cpu(params);

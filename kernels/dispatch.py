@@ -48,7 +48,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    table: tuning.Table | None = None, tma: bool | None = None, window: bool = False,
                    softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
                    paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
-                   split_d: bool | None = None, seq16: bool | None = None) -> Variant:
+                   split_d: bool | None = None, seq16: bool | None = None, leftpad: bool = False) -> Variant:
     """The variant of any kernel serving a call (pure, given the table): its family's ``variant`` of the ``Request``.
 
     Every attention kernel has the same functional fields (padded head dim,
@@ -61,13 +61,14 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     The tiles of a call whose v has another head dim (``head_dim_v``, DeepSeek's
     MLA: q/k 192, v 128) are those of the larger head dim. Each family adds its
     own: flash_fwd's ``tma`` (``kernels.flash_fwd.dispatch``), the backward's
-    ``seq16`` (``kernels.flash_bwd.dispatch``); the decoding kernels read
+    ``seq16`` (``kernels.flash_bwd.dispatch``), the decoding kernels'
+    ``leftpad`` (cache_leftpad); the decoding kernels read
     ``seqlen_q`` as query rows per key/value head and ``seqlen_k`` as the
     cache's capacity (``kernels.flash_decode.dispatch``). ``Request`` says what
     each argument means.
     """
     request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64, table, tma, window,
-                      softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16)
+                      softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16, leftpad=leftpad)
     return family_dispatch(kernel).variant(kernel, target, request)  # type: ignore[no-any-return]
 
 

@@ -37,7 +37,8 @@ class Request:
     backward's ``seq16`` (None: from the seqlens as given), and the decoding
     kernels' ``page_size`` (a paged cache's keys a page, which BLOCK_N must
     divide; 0: a contiguous cache, or with ``paged`` a page size every BLOCK_N
-    divides, as prewarm plans them).
+    divides, as prewarm plans them) and ``leftpad`` (a decoding call with
+    cache_leftpad, LEFTPAD=true).
     """
 
     dtype: str
@@ -61,3 +62,4 @@ class Request:
     split_d: bool | None = None
     seq16: bool | None = None
     page_size: int = 0
+    leftpad: bool = False

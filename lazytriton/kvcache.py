@@ -24,7 +24,7 @@ _is_compiling = torch.compiler.is_compiling
 _dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", lambda: None)
 _Tensor = torch.Tensor
 # FlashAttention-2 arguments lazytriton's kernels do not implement, and the value that means "not used".
-_UNSUPPORTED = {"rotary_cos": None, "rotary_sin": None, "rotary_interleaved": True, "cache_leftpad": None}
+_UNSUPPORTED = {"rotary_cos": None, "rotary_sin": None, "rotary_interleaved": True}
 
 
 def _direct(*tensors: Any) -> bool:
@@ -39,9 +39,9 @@ def _refuse_unsupported(extra: dict[str, Any]) -> None:
             raise TypeError(f"flash_attn_with_kvcache() got an unexpected keyword argument {name!r}")
         default = _UNSUPPORTED[name]
         if value is not default:  # None, or True (rotary_interleaved): singletons
-            raise NotImplementedError(f"{name}={shown(value)}: rotary embeddings and cache_leftpad are not supported "
-                                      f"by lazytriton's flash_attn_with_kvcache; apply rotary to q and k before the "
-                                      f"call and leave {name} at {default!r}")
+            raise NotImplementedError(f"{name}={shown(value)}: rotary embeddings are not supported by lazytriton's "
+                                      f"flash_attn_with_kvcache; apply rotary to q and k before the call and leave "
+                                      f"{name} at {default!r}")
 
 
 def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -51,15 +51,17 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             softmax_scale: float | None = None, causal: bool = False,
                             window_size: tuple[int, int] = checks.NO_WINDOW, softcap: float = 0.0,
                             alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
-                            return_softmax_lse: bool = False, **unsupported: Any) -> Any:
+                            return_softmax_lse: bool = False, cache_leftpad: torch.Tensor | None = None,
+                            **unsupported: Any) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
     place*, at positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1
     of each sequence b (through its block table when paged); attention then
-    runs over the cache's first cache_seqlens[b] + seqlen_new keys. The cache
-    must be large enough to hold the new keys (pre-allocate it at the maximum
-    length and track lengths with cache_seqlens).
+    runs over the cache's first cache_seqlens[b] + seqlen_new keys (from
+    cache_leftpad[b] on, with cache_leftpad). The cache must be large enough
+    to hold the new keys (pre-allocate it at the maximum length and track
+    lengths with cache_seqlens).
 
     Args:
         q: (batch, seqlen_q, heads, head_dim), float16, bfloat16 or float32,
@@ -106,21 +108,34 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             the GPU); n >= 1 forces n (1: no split; at most 256).
         return_softmax_lse: also return the float32 logsumexp of the scaled
             scores, (batch, heads, seqlen_q).
-        **unsupported: FlashAttention-2's rotary_cos, rotary_sin,
-            rotary_interleaved and cache_leftpad are not supported: passing
-            rotary_cos/rotary_sin/cache_leftpad (or rotary_interleaved=False)
-            raises NotImplementedError; any other name is a TypeError.
+        cache_leftpad: optional int32 (batch,), FlashAttention's: the index
+            where each sequence's cache starts (a left-padded batch). Sequence
+            b's keys are then cache positions cache_leftpad[b] ..
+            cache_seqlens[b] + seqlen_new - 1; new keys are still written at
+            cache_seqlens[b], and positions stay absolute, so the causal
+            mask, the window and ALiBi's distances are those of the call
+            without it (keys before cache_leftpad[b] are simply not seen,
+            nor read: the pad may hold anything). 0 <= cache_leftpad[b] <=
+            cache_seqlens[b] (the whole cache's length without
+            cache_seqlens); equal, a sequence sees its new keys only, none
+            without them (out 0, lse -inf). With a block table, the pages
+            wholly before cache_leftpad[b] are never read.
+        **unsupported: FlashAttention-2's rotary_cos, rotary_sin and
+            rotary_interleaved are not supported: passing
+            rotary_cos/rotary_sin (or rotary_interleaved=False) raises
+            NotImplementedError; any other name is a TypeError.
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
         softmax_lse) with return_softmax_lse.
 
     The index tensors (cache_seqlens, cache_batch_idx, block_table,
-    alibi_slopes) are read as plain contiguous tensors: a strided view is
-    copied first, a subclass read as the tensor it holds, so the values
-    checked are the values the kernels read. Their values are checked
-    too (a length past the cache's end, a block past the cache, a row past
-    the cache raise ValueError, and nothing is written): on a GPU that costs
+    alibi_slopes, cache_leftpad) are read as plain contiguous tensors: a
+    strided view is copied first, a subclass read as the tensor it holds, so
+    the values checked are the values the kernels read. Their values are
+    checked too (a length past the cache's end, a block past the cache, a row
+    past the cache, a left pad past the cached length raise ValueError, and
+    nothing is written): on a GPU that costs
     one host synchronisation per call, skipped while a CUDA graph is being
     captured and inside ``lazytriton.kvcache.trusted_indices()``. CUDA/ROCm
     tensors run cached kernels (compiled on first use if no tier holds them);
@@ -134,13 +149,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
-    cache_seqlens, cache_batch_idx, block_table, alibi_slopes = (
+    cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad = (
         index_tensor(cache_seqlens), index_tensor(cache_batch_idx), index_tensor(block_table),
-        index_tensor(alibi_slopes))
-    t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes)
+        index_tensor(alibi_slopes), index_tensor(cache_leftpad))
+    t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
+                      cache_leftpad)
     call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
-                     block_table, alibi_slopes)
+                     block_table, alibi_slopes, cache_leftpad)
     if _direct(q, k_cache, v_cache, k, v, *index_tensors):
         out, lse = binding.forward(t, call)
     else:
@@ -149,7 +165,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         op = flash_kvcache_read_op if k is None else flash_kvcache_op  # a read declares no mutation
         lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
         out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
-                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits)
+                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -164,8 +164,10 @@ class Variant:
 # (sliding window) and SOFTCAP (logit softcapping) are constexprs of all three
 # attention kernels, absent meaning off, for the same reason; so are ALIBI, BIAS
 # and DROPOUT (ALiBi slopes, an additive bias, dropout), VARLEN (packed
-# sequences), and PAGED (a block table) of the decoding kernels (kernels/flash_decode).
-_FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN")
+# sequences), and PAGED (a block table) and LEFTPAD (cache_leftpad: each sequence's
+# first key) of the decoding kernels (kernels/flash_decode).
+_FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN",
+          "LEFTPAD")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.

@@ -59,7 +59,7 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
-               "softcap", "paged", "varlen", "alibi", "dropout", "attn_mask")
+               "softcap", "paged", "varlen", "alibi", "dropout", "attn_mask", "leftpad")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 
 
@@ -219,6 +219,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="also build the dropout (DROPOUT=true) variants: dropout_p > 0 in the API")
     axes.add_argument("--attn-mask", action="store_true",
                       help="also build the additive-bias (BIAS=true) variants: attn_mask in the SDPA drop-in")
+    axes.add_argument("--leftpad", action="store_true",
+                      help="also build the left-padded cache (LEFTPAD=true) variants of flash_decode: cache_leftpad "
+                           "in flash_attn_with_kvcache")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -298,7 +301,8 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 varlen=(False, True) if args.varlen else (False,),
                 alibi=(False, True) if args.alibi else (False,),
                 dropout=(False, True) if args.dropout else (False,),
-                bias=(False, True) if args.attn_mask else (False,))
+                bias=(False, True) if args.attn_mask else (False,),
+                leftpad=(False, True) if args.leftpad else (False,))
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

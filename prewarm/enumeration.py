@@ -32,6 +32,7 @@ given, the groups are the default grid:
     alibi     false (``--alibi`` adds true: calls with ALiBi slopes, ALIBI=true)
     dropout   false (``--dropout`` adds true: calls with dropout_p > 0, DROPOUT=true)
     bias      false (``--attn-mask`` adds true: SDPA calls with an attn_mask, BIAS=true)
+    leftpad   false (``--leftpad`` adds true: decoding calls with cache_leftpad, LEFTPAD=true)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
 serves: dtype bf16 and fp16, head dims 64 and 128, a contiguous and a paged
@@ -40,15 +41,15 @@ key/value head (group size x seqlen_q), built at one per BLOCK_M class (16,
 32, 64 rows). Their paged variants take the default key tile, which fits
 pages of any multiple of 64 keys; smaller pages (16, 32) compile on first use
 and come back through the miss log. They have no varlen, dropout or bias
-variants (ALiBi they have). The append kernel (family ``kv_append``: new
+variants (ALiBi they have), and they alone have left-padded ones (leftpad). The append kernel (family ``kv_append``: new
 keys written into the cache before decoding) is planned with them, over
 their dtypes, head dims (and v's), layouts, alignments and index widths:
 one config, no seqlen axis.
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, window, softcap, paged, varlen, alibi, dropout, bias, seqlen_q,
-seqlen_k. The variants with features take the plain call's tile sizes
+index64, window, softcap, paged, varlen, alibi, dropout, bias, leftpad,
+seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
 (``dispatch.kernel_variant``).
 """
 
@@ -105,6 +106,7 @@ class Axes:
     alibi: tuple[bool, ...] = (False,)
     dropout: tuple[bool, ...] = (False,)
     bias: tuple[bool, ...] = (False,)
+    leftpad: tuple[bool, ...] = (False,)  # decoding kernels only (cache_leftpad)
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
 
@@ -244,18 +246,20 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         split = bool(attention.split_chunks(kernel, head_dim, head_dim_v))
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
-        for (aligned, seq16), index64, window, softcap, is_paged, varlen, alibi, dropout, bias, (seqlen_q, seqlen_k) \
-                in itertools.product(alignments(kernel, axes.aligned), axes.index64, feature("window"),
-                                     feature("softcap"), paged, feature("varlen"), feature("alibi"),
-                                     feature("dropout"), feature("bias"), seqlens):
+        for ((aligned, seq16), index64, window, softcap, is_paged, varlen, alibi, dropout, bias, leftpad,
+             (seqlen_q, seqlen_k)) in itertools.product(alignments(kernel, axes.aligned), axes.index64,
+                                                        feature("window"), feature("softcap"), paged,
+                                                        feature("varlen"), feature("alibi"), feature("dropout"),
+                                                        feature("bias"), feature("leftpad"), seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
                                               config=config, index64=index64, window=window, softcap=softcap,
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
-                                              dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen)
+                                              dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen,
+                                              leftpad=leftpad)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
-            plain = not (window or softcap or varlen or alibi or dropout or bias or head_dim_v)
+            plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or head_dim_v)
             for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
                                  if plain and twins is not None else ()):
                 yield Planned(twin, twin.key(), origin)

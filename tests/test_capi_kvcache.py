@@ -4,8 +4,10 @@ The library is built once (module fixture, as tests/test_capi.py does); a
 Python process loads it with ctypes, lays the params struct out with cffi from
 the header, and compares the C call on host memory (Triton's interpreter)
 with ``lazytriton.flash_attn_with_kvcache`` on copies of the same tensors:
-the same out, lse and appended caches, bit for bit. Bad input gets a status
-and a message naming the argument, and leaves the caches untouched. The C
+the same out, lse and appended caches, bit for bit (a left-padded cache
+too, and a version 1 struct, which has no cache_leftpad, as the same call
+without it). Bad input gets a status and a message naming the argument, and
+leaves the caches untouched. The C
 launcher's arguments, its split count (lt_splits.c, compiled alone) and the
 planner's variants are checked against the binding's.
 """
@@ -44,19 +46,22 @@ def params(tensors, **options):
 torch.manual_seed(0)
 report = {}
 
-def case(name, dtype, tensors, py, **options):
+def case(name, dtype, tensors, py, before_call=None, **options):
     # C on the tensors, Python on clones: the same out, lse and caches afterwards, bit for bit.
     clones = {n: t.clone() for n, t in tensors.items()}
     b, sq, hq, d = tensors["q"].shape
     out = torch.full((b, sq, hq, tensors["v_cache"].shape[-1]), 7.0, dtype=tensors["q"].dtype)  # v's head dim
     lse = torch.full((b, hq, sq), 7.0)
     p = params({**tensors, "out": out, "lse": lse}, **options)
+    if before_call is not None:
+        before_call(p)
     status = call("lt_attn_kvcache", p, ffi.NULL)
     want, want_lse = lazytriton.flash_attn_with_kvcache(clones["q"], clones["k_cache"], clones["v_cache"],
                                                         clones.get("k"), clones.get("v"), return_softmax_lse=True,
                                                         block_table=clones.get("block_table"),
                                                         cache_batch_idx=clones.get("cache_batch_idx"),
                                                         alibi_slopes=clones.get("alibi_slopes"),
+                                                        cache_leftpad=clones.get("cache_leftpad"),
                                                         cache_seqlens=clones.get("cache_seqlens", py.get("lens")),
                                                         **{k: v for k, v in py.items() if k != "lens"})
     report[name] = {"status": status, "error": error() if status else "",
@@ -93,6 +98,30 @@ case("head_dim_v_paged", torch.float32, mla, {"causal": True, "num_splits": 2}, 
 wide = {"q": torch.randn(2, 1, 2, 96).half(), "k_cache": torch.randn(2, 40, 2, 96).half(),
         "v_cache": torch.randn(2, 40, 2, 64).half(), "cache_seqlens": torch.tensor([40, 7], dtype=torch.int32)}
 case("head_dim_v_contiguous", torch.float16, wide, {})
+# A left-padded cache (version 2's cache_leftpad): contiguous and paged, new keys, causal, several splits; one
+# sequence's pad at its cached length (it sees only its new keys).
+lp_cache = torch.randn(2, 50, 2, 32), torch.randn(2, 50, 2, 32)
+leftpad = {"q": torch.randn(2, 2, 4, 32), "k_cache": lp_cache[0], "v_cache": lp_cache[1],
+           "k": torch.randn(2, 2, 2, 32), "v": torch.randn(2, 2, 2, 32),
+           "cache_seqlens": torch.tensor([30, 12], dtype=torch.int32),
+           "cache_leftpad": torch.tensor([25, 12], dtype=torch.int32), "alibi_slopes": torch.rand(2, 4)}
+k_before["leftpad"] = lp_cache[0].clone()
+case("leftpad", torch.float32, leftpad, {"causal": True, "num_splits": 2}, causal=1, num_splits=2)
+lp_pages = torch.randn(12, 16, 2, 32), torch.randn(12, 16, 2, 32)
+lp_paged = {"q": torch.randn(2, 1, 4, 32), "k_cache": lp_pages[0], "v_cache": lp_pages[1],
+            "k": torch.randn(2, 1, 2, 32), "v": torch.randn(2, 1, 2, 32),
+            "cache_seqlens": torch.tensor([5, 50], dtype=torch.int32), "block_table": table,
+            "cache_leftpad": torch.tensor([0, 37], dtype=torch.int32)}
+k_before["leftpad_paged"] = lp_pages[0].clone()
+case("leftpad_paged", torch.float32, lp_paged, {"window_size": (20, 0), "num_splits": 3}, window_left=20,
+     window_right=0, num_splits=3)
+# A version 1 struct (no cache_leftpad field): taken, and a left pad described past its end is not read.
+unread_pads = torch.tensor([40, 40], dtype=torch.int32)
+def as_version_1(p):
+    describe(p.cache_leftpad, unread_pads)
+    p.struct_size, p.version = ffi.offsetof("lt_attn_kvcache_params", "cache_leftpad"), 1
+case("version_1", torch.bfloat16, {n: t.clone() for n, t in contiguous.items()}, {"lens": 37}, as_version_1,
+     cache_seqlen=37)
 
 # The workspace a GPU call needs for its splits.
 size = ctypes.c_size_t(0)
@@ -112,6 +141,8 @@ def bad(change, base=paged):
     return [status, error(), untouched]
 
 narrow = torch.randn(12, 16, 2, 16)
+pads_int64, pads_3 = torch.tensor([1, 2]), torch.zeros(3, dtype=torch.int32)
+pads_past = torch.tensor([1, 41], dtype=torch.int32)
 int64_table = table.long()
 past = table.clone(); past[0, 0] = 99
 report["errors"] = [
@@ -133,6 +164,10 @@ report["errors"] = [
     bad(lambda p, t: describe(p.out, torch.empty(2, 3, 4, 16))),
     bad(lambda p, t: describe(p.v_cache, torch.randn(12, 16, 1, 32))),
     bad(lambda p, t: describe(p.v_cache, torch.randn(12, 16, 2, 512))),
+    bad(lambda p, t: describe(p.cache_leftpad, pads_int64)),
+    bad(lambda p, t: describe(p.cache_leftpad, pads_3)),
+    bad(lambda p, t: describe(p.cache_leftpad, pads_past)),
+    bad(lambda p, t: setattr(p, "struct_size", ffi.offsetof("lt_attn_kvcache_params", "cache_leftpad"))),
 ]
 # New keys on a GPU: checked like host memory, then planned (kv_append first); on a device that does not exist
 # (here, and on a GPU host alike) the plan fails after the checks, and nothing is touched.
@@ -148,7 +183,8 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
     out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
-    for name in ("paged", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous"):
+    for name in ("paged", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous", "leftpad",
+                 "leftpad_paged", "version_1"):
         r = report[name]
         assert r["status"] == 0, (name, r["error"])
         assert r["out"] and r["lse"] and r["caches"] and r["appended"], (name, r)
@@ -164,7 +200,9 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
                 (1, "cache_seqlens (a tensor) and cache_seqlen (3) are both given"),
                 (5, "out must have shape (2, 3, 4, 32) (q's, with v_cache's head dim), got (2, 3, 4, 16)"),
                 (5, "v_cache must have k_cache's first three dims (12, 16, 2)"),
-                (6, "v_cache's head dim (head_dim_v, v_cache.sizes[3]) must be in 1..256, got 512")]
+                (6, "v_cache's head dim (head_dim_v, v_cache.sizes[3]) must be in 1..256, got 512"),
+                (4, "cache_leftpad.dtype is 5"), (5, "cache_leftpad must have shape (batch,)"),
+                (1, "cache_leftpad[1] = 41: must be in 0..40"), (3, "params->struct_size is")]
     for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
         assert status == want and needle in message, (status, message, needle)
         assert untouched, message
@@ -384,6 +422,37 @@ for paged, dv in ((False, 128), (True, 64), (False, 64)):
     name = f"append-{'paged' if paged else 'batch_idx'}-dv{dv}"
     report[name] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
                     float((lse - want_lse).abs().max()), torch.equal(kc, kc2) and torch.equal(vc, vc2)]
+# A left-padded cache (cache_leftpad) from C, contiguous and paged, with the workspace's splits.
+for paged in (False, True):
+    batch = 8
+    q = torch.randn(batch, 1, 32, 128, device="cuda").bfloat16()
+    if paged:
+        kc = torch.randn(batch * 32, 256, 8, 128, device="cuda").bfloat16()
+        index = {"block_table": torch.randperm(batch * 32, device="cuda").reshape(batch, 32).int()}
+    else:
+        kc, index = torch.randn(batch, 8192, 8, 128, device="cuda").bfloat16(), {}
+    vc = torch.randn_like(kc)
+    lens = torch.randint(1, 8192, (batch,), device="cuda").int()
+    pads = torch.minimum((torch.rand(batch, device="cuda") * lens).int(), lens)
+    pads[0] = lens[0]
+    out, lse = torch.empty_like(q), torch.empty(batch, 32, 1, device="cuda")
+    p = ffi.new("lt_attn_kvcache_params *")
+    call("lt_attn_kvcache_params_init", p)
+    for name, t in (("q", q), ("k_cache", kc), ("v_cache", vc), ("cache_seqlens", lens), ("cache_leftpad", pads),
+                    ("out", out), ("lse", lse), *index.items()):
+        describe(getattr(p, name), t)
+    size = ctypes.c_size_t(0)
+    assert call("lt_attn_kvcache_workspace_size", p, ctypes.byref(size)) == 0
+    ws = torch.empty(size.value // 4, device="cuda")
+    describe(p.workspace, ws)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    torch.cuda.synchronize()
+    want, want_lse = lazytriton.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_leftpad=pads,
+                                                        return_softmax_lse=True, **index)
+    finite = torch.isfinite(want_lse)
+    report[f"leftpad-{'paged' if paged else 'contiguous'}"] = [
+        status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
+        float((lse[finite] - want_lse[finite]).abs().max()), torch.equal(torch.isfinite(lse), finite)]
 print(json.dumps(report))
 """
 
@@ -396,7 +465,8 @@ def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -
     report = json.loads(out.splitlines()[-1])
     assert {name for name in report if name.startswith("append-")} == {"append-batch_idx-dv128", "append-paged-dv64",
                                                                       "append-batch_idx-dv64"}
+    assert {"leftpad-contiguous", "leftpad-paged"} <= set(report)
     for name, (status, message, out_err, lse_err, *caches) in report.items():
         assert status == 0, (name, message)
         assert out_err < 2e-2 and lse_err < 1e-3, (name, out_err, lse_err)
-        assert caches in ([], [True]), (name, "the appended caches differ from Python's")
+        assert caches in ([], [True]), (name, "the appended caches (or the rows without keys) differ from Python's")

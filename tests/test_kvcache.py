@@ -345,8 +345,6 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("lse_flag", lambda a: {**a, "return_softmax_lse": 1}, TypeError, "return_softmax_lse"),
     ("rotary_cos", lambda a: {**a, "rotary_cos": torch.ones(64, 32)}, NotImplementedError, "rotary_cos"),
     ("rotary_sin", lambda a: {**a, "rotary_sin": torch.ones(64, 32)}, NotImplementedError, "not supported"),
-    ("cache_leftpad", lambda a: {**a, "cache_leftpad": torch.zeros(2, dtype=torch.int32)}, NotImplementedError,
-     "cache_leftpad"),
     ("unknown_kwarg", lambda a: {**a, "dropout_p": 0.1}, TypeError, "unexpected keyword argument 'dropout_p'"),
     ("batch_idx_with_table", _set("cache_batch_idx", lambda a: torch.zeros(2, dtype=torch.int32)), ValueError,
      "cache_batch_idx cannot be used with a paged cache"),
@@ -384,8 +382,7 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(monkeypatch: pytes
         return t.q, t.q
 
     monkeypatch.setattr(binding, "forward", forward)
-    lazytriton.flash_attn_with_kvcache(**_valid(), rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
-                                       cache_leftpad=None)
+    lazytriton.flash_attn_with_kvcache(**_valid(), rotary_cos=None, rotary_sin=None, rotary_interleaved=True)
     assert len(seen) == 1
 
 

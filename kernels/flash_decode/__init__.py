@@ -10,11 +10,13 @@ the family ``kv_append`` (``kernels/kv_append``). Parameters follow
 the attention kernels' conventions: pointers, then strides (in the (batch,
 seqlen, heads) order of FlashAttention's layout), then sizes, then the two
 floats. Unused pointers (no cache_seqlens tensor, no cache_batch_idx, no block
-table, no ALiBi) get any valid pointer and a size that says so.
+table, no ALiBi, no cache_leftpad) get any valid pointer and a size or flag
+that says so.
 
-``PAGED`` (a block table), ``WINDOW``, ``SOFTCAP`` and ``ALIBI`` are flags,
-written in a variant only when true; their values (page size, window bounds,
-cap, slopes) are runtime parameters, so one binary serves every page size
+``PAGED`` (a block table), ``WINDOW``, ``SOFTCAP``, ``ALIBI`` and ``LEFTPAD``
+(cache_leftpad: each sequence's first key, ``LeftPad``) are flags, written in
+a variant only when true; their values (page size, window bounds, cap, slopes,
+left pads) are runtime parameters, so one binary serves every page size
 that BLOCK_N divides, every window and every cap. ``CAUSAL`` is always
 written, as in the other attention kernels. ``ALIGN16`` variants may assume
 every pointer and outer stride of q, the cache and out is a multiple of 16
@@ -42,7 +44,7 @@ def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
 
 _SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
                    ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
-                   ("BlockTable", "*i32"), ("Alibi", "*fp32"))
+                   ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"))
 _SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"))
 
 FLASH_DECODE_SPLIT = KernelSpec(
@@ -69,7 +71,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("softcap", "fp32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
-                "SOFTCAP", "ALIBI"),
+                "SOFTCAP", "ALIBI", "LEFTPAD"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
 )
 

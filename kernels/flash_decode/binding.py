@@ -135,7 +135,7 @@ def _ptr(x: Any) -> int:
 
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
-                 *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
+                 "LeftPad", *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
                  "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right")
 if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side only)
@@ -151,12 +151,12 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
     valid pointer) and the flag or size that says so.
     """
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
-    table, slopes, rows = t.block_table, t.alibi_slopes, t.cache_batch_idx
+    table, slopes, rows, pads = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad
     qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
     return (pointers(t.q), pointers(t.k_cache), pointers(t.v_cache), pointers(out), pointers(lse),
             pointers(part_out), pointers(part_lse), pointers(lse if seqlens is None else seqlens),
             pointers(lse if rows is None else rows), pointers(lse if table is None else table),
-            pointers(lse if slopes is None else slopes),
+            pointers(lse if slopes is None else slopes), pointers(lse if pads is None else pads),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
             call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, call.value_dim,
@@ -182,6 +182,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
             "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
             "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
+            "LeftPad": "LT__OR_LSE(p->cache_leftpad)",
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
@@ -236,7 +237,7 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
     split = decode_dispatch.decode_variant(FLASH_DECODE_SPLIT.name, target, checks.DTYPES[dtype], call.head_dim,
                                            call.causal, aligned, call.rows, call.capacity, paged=call.paged,
                                            window=call.windowed, softcap=call.softcap > 0, alibi=call.alibi,
-                                           **common)  # type: ignore[arg-type]
+                                           leftpad=call.leftpad, **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, **common)  # type: ignore[arg-type]
     return split, combine
@@ -248,7 +249,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
 
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
-            decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi)
+            decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
+            call.leftpad)
 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
@@ -325,7 +327,7 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
     even, even_v = padded == call.head_dim, padded_v == call.value_dim
     split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "BLOCK_DV": padded_v,
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
-             "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi}
+             "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v}
 
 

@@ -3,9 +3,11 @@
 ``check`` turns the caller's tensors and options into one ``Call`` or raises
 a ``TypeError``/``ValueError`` naming the argument, the value and what was
 expected, reading shapes, dtypes and devices only. ``check_values`` then reads
-the index tensors' values (cache_seqlens, block_table, cache_batch_idx): a
-length past the cache's end or a block table entry past the cache would make
-the kernel read, and the append write, outside the cache. On a GPU that read
+the index tensors' values (cache_seqlens, cache_batch_idx, cache_leftpad,
+block_table): a length past the cache's end or a block table entry past the
+cache would make the kernel read, and the append write, outside the cache; a
+left pad past a sequence's cached length has no meaning (its new keys would
+land before its first key). On a GPU that read
 costs one host synchronisation, so it is skipped while a CUDA graph is being
 captured (nothing can be read then) and inside ``trusted_indices()``.
 The append of the new keys and values (``kernels/kv_append``) runs only after
@@ -44,6 +46,7 @@ class Inputs(NamedTuple):
     cache_batch_idx: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
     alibi_slopes: torch.Tensor | None = None
+    cache_leftpad: torch.Tensor | None = None
 
 
 class Call(NamedTuple):
@@ -56,7 +59,8 @@ class Call(NamedTuple):
     off, else both sides bounded (an unbounded side is capacity + seqlen_q,
     which bounds nothing), right 0 when causal and windowed. ``causal`` is
     False for one query (bottom-right, one query sees every key: the mask
-    hides nothing).
+    hides nothing). ``leftpad``: a cache_leftpad tensor is given (each
+    sequence's keys start there; positions stay absolute).
     """
 
     batch: int
@@ -77,6 +81,7 @@ class Call(NamedTuple):
     alibi: bool = False
     num_splits: int = 0  # 0: the heuristic decides
     head_dim_v: int = 0  # v's head dim where it differs from q's and k's (0: the same)
+    leftpad: bool = False
 
     @property
     def value_dim(self) -> int:
@@ -192,6 +197,9 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
         if tuple(slopes.shape) not in ((hq,), (b, hq)):
             raise ValueError(f"alibi_slopes must have shape ({hq},) or ({b}, {hq}), got {tuple(slopes.shape)}")
         call = call._replace(alibi=True)
+    if t.cache_leftpad is not None:
+        _index("cache_leftpad", t.cache_leftpad, q, (b,), "(batch,)")
+        call = call._replace(leftpad=True)
     return call
 
 
@@ -315,19 +323,35 @@ def check_values(t: Inputs, call: Call) -> None:
     if t.cache_batch_idx is not None:
         rows = t.cache_batch_idx
         problems.append(((rows < 0) | (rows >= call.cache_rows)).any())
+    if t.cache_leftpad is not None:
+        problems.append(_bad_leftpad(t, call).any())
     if t.block_table is not None:
-        pages = torch.arange(t.block_table.shape[1], device=t.q.device)[None, :]
-        used = pages * call.page_size < lengths(t, call)[:, None]
-        problems.append((((t.block_table < 0) | (t.block_table >= call.cache_rows)) & used).any())
+        problems.append((((t.block_table < 0) | (t.block_table >= call.cache_rows)) & _used_pages(t, call)).any())
     if not problems:
         return
     found = torch.stack(problems).tolist()  # the one synchronisation
     names = [n for n, given in (("cache_seqlens", isinstance(t.cache_seqlens, torch.Tensor)),
                                 ("cache_batch_idx", t.cache_batch_idx is not None),
+                                ("cache_leftpad", t.cache_leftpad is not None),
                                 ("block_table", t.block_table is not None)) if given]
     for name, bad in zip(names, found, strict=True):
         if bad:
             raise ValueError(_value_error(name, t, call))
+
+
+def _bad_leftpad(t: Inputs, call: Call) -> torch.Tensor:
+    """Which sequences' left pads are outside 0..cached length (cache_seqlens, before the new keys), (batch,)."""
+    pads = t.cache_leftpad.long()  # type: ignore[union-attr]
+    return (pads < 0) | (pads > lengths(t, call) - call.seqlen_new)
+
+
+def _used_pages(t: Inputs, call: Call) -> torch.Tensor:
+    """(batch, max_blocks) bool: the pages holding some key of [left pad, length) (the only ones read or written)."""
+    pages = torch.arange(t.block_table.shape[1], device=t.q.device)[None, :]  # type: ignore[union-attr]
+    used = pages * call.page_size < lengths(t, call)[:, None]
+    if t.cache_leftpad is not None:
+        used &= (pages + 1) * call.page_size > t.cache_leftpad.long()[:, None]
+    return used
 
 
 def _value_error(name: str, t: Inputs, call: Call) -> str:
@@ -341,8 +365,16 @@ def _value_error(name: str, t: Inputs, call: Call) -> str:
         rows = t.cache_batch_idx.long()  # type: ignore[union-attr]
         bad = int(torch.nonzero((rows < 0) | (rows >= call.cache_rows))[0, 0])
         return f"cache_batch_idx[{bad}] = {int(rows[bad])}: must be in 0..{call.cache_rows - 1} (k_cache's batch)"
+    if name == "cache_leftpad":
+        pads = t.cache_leftpad.long()  # type: ignore[union-attr]
+        bad = int(torch.nonzero(_bad_leftpad(t, call))[0, 0])
+        cached = int(lengths(t, call)[bad]) - call.seqlen_new
+        return (f"cache_leftpad[{bad}] = {int(pads[bad])}: must be in 0..{cached} (sequence {bad}'s keys start "
+                f"there, and it holds {cached} cached keys before the new ones)")
     table = t.block_table.long()  # type: ignore[union-attr]
-    used = torch.arange(table.shape[1], device=table.device)[None, :] * call.page_size < lengths(t, call)[:, None]
-    b, j = (int(x) for x in torch.nonzero(((table < 0) | (table >= call.cache_rows)) & used)[0])
+    b, j = (int(x) for x in torch.nonzero(((table < 0) | (table >= call.cache_rows)) & _used_pages(t, call))[0])
+    length = int(lengths(t, call)[b])
+    keys = (f"its first {length} keys" if t.cache_leftpad is None
+            else f"its keys {int(t.cache_leftpad[b])}..{length - 1}")
     return (f"block_table[{b}, {j}] = {int(table[b, j])} points past the cache: blocks are 0..{call.cache_rows - 1} "
-            f"(k_cache.shape[0]), and sequence {b} uses its first {int(lengths(t, call)[b])} keys")
+            f"(k_cache.shape[0]), and sequence {b} uses {keys}")

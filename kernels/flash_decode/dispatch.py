@@ -82,14 +82,16 @@ def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, rows: int,
                    capacity: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
-                   window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0) -> Variant:
+                   window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
+                   leftpad: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
     through their bucket; ``capacity``: the cache's length per sequence
     (table lookup only). The split kernel's functional fields are the
     attention kernels' (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64) plus the
-    flags PAGED, WINDOW, SOFTCAP and ALIBI, written only when true; the
+    flags PAGED, WINDOW, SOFTCAP, ALIBI and LEFTPAD (cache_leftpad), written
+    only when true; the
     combine kernel has only ALIGN16, BLOCK_D, EVEN_D and INDEX64 (it sees no
     scores). With one query a causal mask hides nothing: the binding asks for
     CAUSAL=false then, so both share a binary. ``head_dim_v`` (0: the same
@@ -111,7 +113,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
     if kernel == "flash_decode_split":
         functional["CAUSAL"] = bool(causal)
-        for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi)):
+        for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
+                           ("LEFTPAD", leftpad)):
             if flag:
                 functional[name] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
@@ -140,7 +143,7 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           request.seqlen_q, request.seqlen_k, config=request.config, index64=request.index64,
                           table=request.table, page_size=request.page_size, paged=request.paged,
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
-                          head_dim_v=request.head_dim_v)
+                          head_dim_v=request.head_dim_v, leftpad=request.leftpad)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -151,7 +154,7 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad")
 PREWARM_WITH = ("kv_append",)
 
 

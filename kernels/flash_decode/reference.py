@@ -7,8 +7,13 @@ sequence (through its block table when paged); sequence b then has len_b =
 cache_seqlens[b] + seqlen_new keys, gathered from its cache row (or its
 blocks), and query i sees key j when j < len_b and, causal, j <= i + len_b -
 seqlen_q, and, with a window, i + len_b - seqlen_q - left <= j <= i + len_b -
-seqlen_q + right. Scores are scaled, capped (softcap), then ALiBi's -slope *
-|i + len_b - seqlen_q - j| is added (FlashAttention-2's order). Products run
+seqlen_q + right, and, with cache_leftpad, j >= cache_leftpad[b]. That last
+bound is FlashAttention's ``key_leftpad`` worked out in absolute positions:
+its reference shifts the key columns and seqlen_k by the pad (j - pad
+against i + (len_b - pad) - seqlen_q), which leaves every other bound and
+ALiBi's distance as they are without it. Scores are scaled, capped
+(softcap), then ALiBi's -slope * |i + len_b - seqlen_q - j| is added
+(FlashAttention-2's order). Products run
 in the inputs' dtype (float64 inputs give the float64 reference), the
 softmax in float32 or float64; a query that sees no key gets 0 and lse -inf.
 Nothing passed in is modified: the caches come back updated as copies.
@@ -39,7 +44,7 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       cache_batch_idx: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                       softmax_scale: float | None = None, causal: bool = False,
                       window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                      alibi_slopes: torch.Tensor | None = None
+                      alibi_slopes: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim_v).
 
@@ -87,6 +92,8 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             keep &= cols <= diag + right
         if left >= 0:
             keep &= cols >= diag - left
+        if cache_leftpad is not None:
+            keep &= cols >= int(cache_leftpad[b])
         scores = scores.masked_fill(~keep, float("-inf"))
         row_lse = torch.logsumexp(scores, dim=-1)  # (hq, sq)
         probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)

@@ -25,7 +25,8 @@ several write float32 partials (out normalised by its own sum, and its lse in
 base 2) to OutPart/LsePart for the combine kernel.
 
 Visibility is FlashAttention-2's, aligned bottom-right per batch (offset =
-len_b - Sq): key j is seen by query i when j < len_b, and with ``CAUSAL``
+len_b - Sq): key j is seen by query i when j < len_b, with ``LEFTPAD`` when
+j >= ``LeftPad[b]`` (the cache's first key: cache_leftpad), with ``CAUSAL``
 when j <= i + offset, and with ``WINDOW`` when i + offset - window_left <= j
 <= i + offset + window_right (the binding bounds an unbounded side).
 ``SOFTCAP`` caps the scaled scores (softcap * tanh(s / softcap)), then
@@ -53,13 +54,14 @@ def _tanh(x):
 
 
 @triton.jit
-def _key_range(i_lo, i_hi, length, offset, window_left, window_right, BLOCK_N: tl.constexpr,
-               CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LEFTPAD: tl.constexpr):
     """(begin, full_begin, full_end, end) of the keys queries i_lo..i_hi see.
 
     Blocks from ``begin`` (a multiple of BLOCK_N) to ``end`` hold every key
     some row sees; those in [full_begin, full_end) (multiples of BLOCK_N) are
-    seen by every row and need no mask.
+    seen by every row and need no mask. With ``LEFTPAD`` no key before
+    ``leftpad`` is seen: the block holding it is masked, those before it skipped.
     """
     end = length
     full_end = length
@@ -73,6 +75,9 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, BLOCK_N: t
         full_end = tl.minimum(full_end, tl.maximum(i_lo + offset + window_right + 1, 0))
         begin = tl.maximum(i_lo + offset - window_left, 0)
         full_begin = tl.maximum(i_hi + offset - window_left, 0)
+    if LEFTPAD:
+        begin = tl.maximum(begin, leftpad)
+        full_begin = tl.maximum(full_begin, leftpad)
     begin = (begin // BLOCK_N) * BLOCK_N
     full_begin = ((full_begin + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
     full_end = tl.maximum((tl.minimum(full_end, end) // BLOCK_N) * BLOCK_N, begin)
@@ -84,10 +89,10 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, BLOCK_N: t
 @triton.jit
 def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, offs_dv, rows_i, slopes,
             length, offset, head_dim, head_dim_v, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
-            window_left, window_right, qk_scale, cap,
+            window_left, window_right, qk_scale, cap, leftpad,
             MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-            IEEE: tl.constexpr):
+            IEEE: tl.constexpr, LEFTPAD: tl.constexpr):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2)."""
     cols = start_n + offs_n
     if PAGED:
@@ -102,6 +107,8 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
     dv_ok = offs_dv < head_dim_v
     if MASKED:
         col_ok = cols < length
+        if LEFTPAD:  # the pad before the cache's first key is never read (it may hold anything)
+            col_ok = col_ok & (cols >= leftpad)
         if EVEN_D:
             k = tl.load(k_ptrs, mask=col_ok[None, :], other=0.0)
         else:
@@ -131,6 +138,8 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
         qk = qk - (slopes * LOG2E)[:, None] * tl.abs(diag - cols[None, :]).to(tl.float32)
     if MASKED:
         keep = (cols < length)[None, :] & (rows_i >= 0)[:, None]
+        if LEFTPAD:
+            keep = keep & (cols[None, :] >= leftpad)
         if CAUSAL:
             keep = keep & (cols[None, :] <= diag)
         if WINDOW:
@@ -155,7 +164,7 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
 
 @triton.jit
 def flash_decode_split_kernel(
-    Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi,
+    Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -167,7 +176,7 @@ def flash_decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -216,10 +225,13 @@ def flash_decode_split_kernel(
         qk_scale = sm_scale * LOG2E
         cap = qk_scale
 
+    leftpad = length * 0
+    if LEFTPAD:
+        leftpad = tl.load(LeftPad + batch)
     i_lo = start_m // group_size
     i_hi = (tl.minimum(start_m + BLOCK_M, n_rows) - 1) // group_size
-    begin, full_begin, full_end, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right,
-                                                  BLOCK_N, CAUSAL, WINDOW)
+    begin, full_begin, full_end, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad,
+                                                  BLOCK_N, CAUSAL, WINDOW, LEFTPAD)
     # This split's chunk: whole blocks, the range cut evenly in num_splits.
     n_blocks = (end - begin + BLOCK_N - 1) // BLOCK_N
     per_split = (n_blocks + num_splits - 1) // num_splits
@@ -232,18 +244,18 @@ def flash_decode_split_kernel(
     for start_n in range(lo, tl.minimum(full_begin, hi), BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
-                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap,
-                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
+                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD)
     for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
-                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap,
-                                False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
+                                False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD)
     for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
-                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap,
-                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE)
+                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
+                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

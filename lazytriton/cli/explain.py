@@ -74,7 +74,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     described = Request(args.dtype, args.head_dim, causal, not args.unaligned, args.seqlen_q, seqlen_k,
                         index64=args.index64, window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
-                        head_dim_v=head_dim_v, page_size=page)
+                        head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         variant, config, row = dispatch.choice(name, target, described)
         rt = rt or open_runtime()
@@ -105,7 +105,8 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     for decoding and the cache append (seqlen_q query rows of one key/value
     head; a cache of seqlen_k keys, paged when ``page``; one new key with
     kv_append). A window and a softcap are checked as set (their sizes do not
-    matter here); ALiBi, dropout and a mask change no shape rule.
+    matter here); ALiBi, dropout and a mask change no shape rule. A left pad
+    (cache_leftpad) is the decoding call's alone.
     """
     import torch
 
@@ -125,8 +126,12 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
 
     window = (1, 0) if flags["window"] else binding.NO_WINDOW
     softcap = 1.0 if flags["softcap"] else 0.0
+    decoding = any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels)
+    if flags["leftpad"] and not decoding:
+        raise ValueError(f"--leftpad is flash_attn_with_kvcache's cache_leftpad: only flash_decode and kv_append "
+                         f"take it, not {', '.join(kernels)}")
     try:
-        if any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels):
+        if decoding:
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
                           window, softcap)
         elif varlen:
@@ -157,19 +162,20 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     new = (meta(1, 1, 1, head_dim), meta(1, 1, 1, head_dim_v)) if append else (None, None)
     lens = max(seqlen_k - 1, 0) if append else None
     slopes = meta(1, of=torch.float32) if flags["alibi"] else None
+    pads = meta(1, of=torch.int32) if flags["leftpad"] else None
     inputs = decode.Inputs(meta(1, seqlen_q, 1, head_dim), meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v),
-                           *new, lens, None, table, slopes)
+                           *new, lens, None, table, slopes, pads)
     decode.check(inputs, None, causal != "none", window, softcap)
 
 
 def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
-    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout`` and ``--attn-mask``.
+    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask`` and ``--leftpad``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
-             ("bias", "attn_mask"))}
+             ("bias", "attn_mask"), ("leftpad", "leftpad"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -208,6 +214,7 @@ def print_explain(report: Report) -> None:
         print("         flash_decode: seqlen_q counts query rows per key/value head (group size x seqlen_q), "
               "seqlen_k the cache's length per sequence" + (f"; pages of {call['page_size']} keys"
                                                              if call.get("page_size") else "; a contiguous cache")
+              + ("; left-padded (cache_leftpad, LEFTPAD=true)" if call.get("leftpad") else "")
               + "; the combine runs only when a call splits its keys")
     if call.get("varlen"):
         print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
