@@ -130,6 +130,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "flash_bwd": ("flash_bwd_dq", "flash_bwd_dkdv"),
     "flash_decode": ("flash_decode_split", "flash_decode_combine"),
     "kv_append": ("kv_append",),  # flash_attn_with_kvcache's new keys, written before flash_decode runs
+    "flash_combine": ("flash_combine",),  # flash_attn_combine: partial results over key chunks merged
 }
 
 
@@ -151,6 +152,7 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
     from lazytriton.kernels.flash_bwd.fused_spec import FLASH_BWD_FUSED_GLUON, FLASH_BWD_PREP
     from lazytriton.kernels.flash_bwd.gluon_spec import FLASH_BWD_DKDV_GLUON
+    from lazytriton.kernels.flash_combine.spec import FLASH_COMBINE
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
     from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON
@@ -160,7 +162,7 @@ def _specs() -> dict[str, KernelSpec]:
     # (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's kernels, not
     # kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by rule).
     specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
-             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND)
+             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE)
     return {spec.name: spec for spec in specs}
 
 
