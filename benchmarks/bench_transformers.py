@@ -26,9 +26,9 @@ implementations:
   warmup run pays the compile;
 - **the path taken**: which lazytriton entry points a prefill and one
   decoding step call, counted over all layers (a padded batch: one
-  ``flash_attn_varlen_func`` call per layer in the prefill and one SDPA
-  drop-in call with the mask as a bias per layer in a decoding step, "varlen L
-  + sdpa_mask L" for L layers; "dense" is ``attn_fwd``).
+  ``flash_attn_varlen_func`` call per layer in the prefill and one masked
+  call per layer in a decoding step, "decoding_step L, varlen L" for L
+  layers; "dense" is ``attn_fwd``, "sdpa_mask" the SDPA drop-in).
 
 Rows go to a long-format CSV (default benchmarks/results/transformers.csv).
 The table comes last. ``--cpu-smoke`` runs a tiny float32 model on the CPU
@@ -157,29 +157,32 @@ def generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: 
 
 
 def lazytriton_calls(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
-    """The lazytriton entry points a prefill and one decoding step call (all layers), e.g. "varlen 8 + sdpa_mask 8"."""
+    """The lazytriton entry points a prefill and one decoding step call (all layers): "decoding_step 8, varlen 8"."""
     import lazytriton
+    from lazytriton.integrations import transformers as lt_transformers
 
-    names = {"attn_fwd": "dense", "flash_attn_varlen_func": "varlen", "scaled_dot_product_attention": "sdpa_mask"}
+    names = {(lazytriton, "attn_fwd"): "dense", (lazytriton, "flash_attn_varlen_func"): "varlen",
+             (lazytriton, "scaled_dot_product_attention"): "sdpa_mask",
+             (lt_transformers, "decoding_step"): "decoding_step"}
     counts: collections.Counter[str] = collections.Counter()
-    saved = {name: getattr(lazytriton, name) for name in names}
+    saved = {where: getattr(*where) for where in names}
 
-    def counted(name: str) -> Any:
+    def counted(where: tuple[Any, str]) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            counts[names[name]] += 1
-            return saved[name](*args, **kwargs)
+            counts[names[where]] += 1
+            return saved[where](*args, **kwargs)
         return call
 
     model.set_attn_implementation("lazytriton")
     try:
-        for name in names:
-            setattr(lazytriton, name, counted(name))
+        for module, name in names:
+            setattr(module, name, counted((module, name)))
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, do_sample=False,
                            pad_token_id=PAD)
     finally:
-        for name, function in saved.items():
-            setattr(lazytriton, name, function)
+        for (module, name), function in saved.items():
+            setattr(module, name, function)
     return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_flash_fwd import check_attention, make_qkv, on_gpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -351,3 +353,17 @@ def test_gpu_inductor(mode: str | None) -> None:
             got = compiled(q, k, v)
         want = model(q, k, v)
     assert torch.allclose(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=4), min_size=1, max_size=4))
+def test_sdpa_broadcast_shapes_is_torchs(shapes: list[list[int]]) -> None:
+    """The drop-in's own broadcast of concrete sizes gives torch.broadcast_shapes' answer, or None where torch
+    raises."""
+    from lazytriton import sdpa
+
+    try:
+        want: tuple[int, ...] | None = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        want = None
+    assert sdpa.broadcast_shapes(*(tuple(s) for s in shapes)) == want

@@ -51,7 +51,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Records each lazytriton call the integration makes: (entry point, query shape, causal, window_size).
 
     The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in),
-    "masked" (the drop-in's body with a softcap, ``sdpa.masked``).
+    "masked" (the drop-in's body with a softcap, ``sdpa.masked``), "decoding" (a decoding step's masked call).
     """
     from lazytriton import sdpa
 
@@ -68,7 +68,8 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
         monkeypatch.setattr(module, name, recorded)
 
     for kind, module, name in (("dense", lazytriton, "attn_fwd"), ("varlen", lazytriton, "flash_attn_varlen_func"),
-                               ("sdpa", lazytriton, "scaled_dot_product_attention"), ("masked", sdpa, "masked")):
+                               ("sdpa", lazytriton, "scaled_dot_product_attention"), ("masked", sdpa, "masked"),
+                               ("decoding", lt_transformers, "decoding_step")):
         spy(kind, module, name)
     return seen
 
@@ -148,7 +149,7 @@ def test_generate_matches_sdpa(model: torch.nn.Module, calls: list[Call], paddin
     for got, want in zip(outs["lazytriton"].scores, outs["sdpa"].scores, strict=True):
         torch.testing.assert_close(got[rows], want[rows], atol=1e-5, rtol=1e-5)
     layers = model.config.num_hidden_layers
-    assert [c[0] for c in calls] == ["varlen"] * layers + ["sdpa"] * layers * 3, calls  # the prefill, 3 steps
+    assert [c[0] for c in calls] == ["varlen"] * layers + ["decoding"] * layers * 3, calls  # the prefill, 3 steps
     decoding = [c for c in calls if c[1][:3] == (2, 4, 1)]  # one query for each of the 2 sequences
     assert len(decoding) == layers * 3, calls
 
@@ -342,7 +343,7 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(calls: list[Call], monke
         got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3, **features)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert reads == [], reads
-    assert [c[0] for c in calls] == (["masked"] * 2 if features else ["sdpa", "sdpa"])
+    assert [c[0] for c in calls] == ["decoding", "decoding"]
 
 
 def test_the_host_read_counter_sees_a_read(monkeypatch: pytest.MonkeyPatch) -> None:

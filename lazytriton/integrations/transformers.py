@@ -87,12 +87,12 @@ with transformers 5.24 (Llama, BERT, Mistral, Qwen2, Gemma 2 and 3).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 import lazytriton
-from lazytriton import sdpa
+from lazytriton import interface, sdpa
 from lazytriton.integrations import transformers_plan, transformers_varlen
 
 NAME = "lazytriton"
@@ -176,8 +176,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return out.transpose(1, 2).contiguous(), None
     batch, _, q_len = query.shape[:3]
     if q_len == 1 and _one_boolean_mask(attention_mask):
-        out = _arbitrary(query, key, value, _decoding_bias(attention_mask, query.dtype), scaling, features)
-        return out.transpose(1, 2).contiguous(), None
+        return decoding_step(query, key, value, attention_mask, scaling, features).transpose(1, 2).contiguous(), None
     found = transformers_varlen.layout(attention_mask, batch, q_len, key.shape[2], module_causal)
     if isinstance(found, transformers_varlen.Packed):
         return transformers_varlen.run_packed(found, query, key, value, scaling, features), None
@@ -195,30 +194,62 @@ def _one_boolean_mask(mask: torch.Tensor) -> bool:
     return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
 
 
-# A decoding step's additive bias for each live mask object: (weak reference, version, dtype, bias). Every layer of a
-# forward gets the same mask object, so the bias is made once a forward. Replaced, never mutated; weak references.
-_biases: list[tuple[weakref.ReferenceType[torch.Tensor], int, torch.dtype, torch.Tensor]] = []
+class _Decoding(NamedTuple):
+    """A decoding step's additive bias for one live mask object, and the checked calls that ran with it."""
+
+    mask: weakref.ReferenceType[torch.Tensor]
+    version: int
+    dtype: torch.dtype
+    bias: torch.Tensor
+    calls: dict[tuple[Any, ...], Any]  # (sizes, strides, device, scale, cap) -> sdpa.prepared's call
+
+
+# Every layer of a forward gets the same mask object, so its bias is made once a forward, and the checks of a
+# layer's call (shapes, strides, the bias) run once a layout: the other layers run the checked call again.
+# Replaced, never mutated; weak references to the masks.
+_decodings: list[_Decoding] = []
 _KEPT = 8
 
 
-def _decoding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``mask`` as an additive bias of ``dtype``: 0 where it attends, -inf elsewhere (made on the mask's device).
+def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                  scaling: float | None, features: dict[str, Any]) -> torch.Tensor:
+    """One query a sequence against a cache under a boolean (batch, 1, 1, kv_len) mask: (batch, heads, 1, d_v).
 
-    Device work only: nothing is read back to the host. Cached for the mask
-    object, its version (an in-place edit makes it again) and the dtype; made
-    in the graph under ``torch.compile`` (the compiler fuses it, and a cache
-    of Python objects would break the graph).
+    The mask as an additive bias (0 where it attends, -inf elsewhere), made on
+    the mask's device: nothing is read back to the host. Cached for the mask
+    object, its version (an in-place edit makes it again) and the dtype, with
+    the call checked for each layout that ran with it, so each further layer
+    of the forward launches its kernel without the checks; made in the graph
+    under ``torch.compile`` (the compiler fuses it, and a cache of Python
+    objects would break the graph).
     """
-    global _biases
     if torch.compiler.is_compiling():
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
-    for ref, version, kind, bias in _biases:
-        if ref() is mask and version == mask._version and kind == dtype:
-            return bias
+        bias = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+        return _arbitrary(query, key, value, bias, scaling, features)
+    entry = _decoding(mask, query.dtype)
+    layout = (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), query.device,
+              scaling, features.get("softcap"))
+    call = entry.calls.get(layout)
+    if call is None:
+        q4, k4, v4, call, out_shape = sdpa.prepared(query, key, value, entry.bias, 0.0, False, scaling, True,
+                                                    **features)
+        if q4 is not query or k4 is not key or v4 is not value:  # broadcast batch dims: views of their own
+            out = interface.run(q4, k4, v4, call)[0]
+            return out if out.shape == out_shape else out.reshape(out_shape)
+        entry.calls[layout] = call
+    return interface.run(query, key, value, call)[0]
+
+
+def _decoding(mask: torch.Tensor, dtype: torch.dtype) -> _Decoding:
+    """The cache entry of ``mask`` (its object, version and ``dtype``), made with its bias if there is none."""
+    global _decodings
+    for entry in _decodings:
+        if entry.mask() is mask and entry.version == mask._version and entry.dtype == dtype:
+            return entry
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    live = [entry for entry in _biases if entry[0]() is not None][-(_KEPT - 1):]
-    _biases = [*live, (weakref.ref(mask), mask._version, dtype, bias)]
-    return bias
+    entry = _Decoding(weakref.ref(mask), mask._version, dtype, bias, {})
+    _decodings = [*[e for e in _decodings if e.mask() is not None][-(_KEPT - 1):], entry]
+    return entry
 
 
 def _check_supported(dropout: float, position_bias: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
