@@ -8,9 +8,11 @@ written, over the median of CUDA-event-timed runs (``lazytriton.cli.timing
 The grid: one query per sequence, bf16, head dim 128, 32 query heads over 8
 key/value heads (GQA), every sequence of the batch at the cache's length,
 caches of 1k, 4k, 16k and 32k tokens, batch 1, 8, 32 and 64, a contiguous
-cache and a paged one (pages of 256 keys, a random block table); --head-dims
-and --heads widen it (``--head-dims 64,128`` is the grid ``lazytriton tune
---kernel flash_decode --head-dim 64,128`` tunes). Providers:
+cache and a paged one (pages of 256 keys, a random block table); --head-dims,
+--heads and --page-size (``--page-size 1,16,256``: a paged case per size;
+pages no key tile divides, such as 1, run the gathered kernel) widen it
+(``--head-dims 64,128`` is the grid ``lazytriton tune --kernel flash_decode
+--head-dim 64,128`` tunes). Providers:
 
 - ``lazytriton``: ``flash_attn_with_kvcache(q, k_cache, v_cache,
   cache_seqlens=..., block_table=...)``, the public call, inside
@@ -30,9 +32,10 @@ marked ``*``), or ``failed`` (did not run). Rows go to a long-format CSV
 the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
-       [--layouts contiguous,paged] [--page-size 256] [--head-dims 128] [--heads 32/8] [--warmup N] [--reps N]
+       [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
+       [--reps N]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
-       python benchmarks/bench_decode.py --quick    (one tiny case per layout on CPU: the interpreter, CI)
+       python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class Case(NamedTuple):
         length = f"{self.cache_len // 1024}k" if self.cache_len % 1024 == 0 else str(self.cache_len)
         shape = "" if (self.head_dim, self.heads_q, self.heads_k) == (128, 32, 8) else \
             f" d{self.head_dim} {self.heads_q}/{self.heads_k}"
-        return f"{self.layout:<10} b{self.batch:<3} {length:>4}{shape}"
+        page = f" p{self.page_size}" if self.layout == "paged" and self.page_size != 256 else ""
+        return f"{self.layout:<10} b{self.batch:<3} {length:>4}{shape}{page}"
 
 
 class Result(NamedTuple):
@@ -99,13 +103,16 @@ class Result(NamedTuple):
         return None if self.ms is None else self.case.bytes / self.ms / 1e6
 
 
-def cases(batches: Sequence[int], lengths: Sequence[int], layouts: Sequence[str], page_size: int,
+def cases(batches: Sequence[int], lengths: Sequence[int], layouts: Sequence[str], page_sizes: Sequence[int],
           head_dims: Sequence[int] = (128,), heads: Sequence[tuple[int, int]] = ((32, 8),)) -> list[Case]:
-    return [Case(layout, b, n, page_size, hq, hk, d) for d in head_dims for hq, hk in heads for layout in layouts
-            for n in lengths for b in batches]
+    """The grid: a paged case per page size, one contiguous case (its page size unused: the first)."""
+    return [Case(layout, b, n, page, hq, hk, d) for d in head_dims for hq, hk in heads for layout in layouts
+            for page in (page_sizes if layout == "paged" else page_sizes[:1]) for n in lengths for b in batches]
 
 
-QUICK_CASES = [Case(layout, 2, 48, 16, 4, 2, 32) for layout in ("contiguous", "paged")]
+# A contiguous case, a paged one and a paged one no key tile divides (pages of 3 keys: the gathered kernel).
+QUICK_CASES = [Case(layout, 2, 48, page, 4, 2, 32)
+               for layout, page in (("contiguous", 16), ("paged", 16), ("paged", 3))]
 
 
 # ---------------------------------------------------------------------------
@@ -151,7 +158,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batches", type=_ints("--batches", 1), default=[1, 8, 32, 64])
     parser.add_argument("--lengths", type=_ints("--lengths", 16), default=[1024, 4096, 16384, 32768])
     parser.add_argument("--layouts", type=_layouts, default=["contiguous", "paged"])
-    parser.add_argument("--page-size", type=int, default=256, help="keys per page of the paged cache (default 256)")
+    parser.add_argument("--page-size", type=_ints("--page-size", 1), default=[256],
+                        help="keys per page of the paged cache, comma-separated (default 256; 1,16: SGLang's "
+                             "pages of 1 key, gathered, beside pages of 16)")
     parser.add_argument("--head-dims", type=_ints("--head-dims", 1), default=[128],
                         help="head dims, default 128 (64,128: the grid lazytriton tune --kernel flash_decode covers)")
     parser.add_argument("--heads", type=_heads, default=[(32, 8)], help="query/key-value heads, default 32/8")
@@ -159,11 +168,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
     parser.add_argument("--quick", action="store_true",
-                        help="one tiny case per layout on CPU (Triton's interpreter): checks the script end to end")
+                        help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
+                             "keys): checks the script end to end")
     args = parser.parse_args(argv)
-    if args.reps < 1 or args.warmup < 0 or args.page_size < 16 or args.page_size % 16:
-        parser.error(f"--reps must be >= 1, --warmup >= 0 and --page-size a multiple of 16, got {args.reps}, "
-                     f"{args.warmup} and {args.page_size}")
+    if args.reps < 1 or args.warmup < 0:
+        parser.error(f"--reps must be >= 1 and --warmup >= 0, got {args.reps} and {args.warmup}")
     return args
 
 
@@ -320,7 +329,7 @@ def _speedup(lt: Result | None, other: Result | None) -> float:
 def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
     """Per case: GB/s of each provider, lazytriton's share of the peak, and its speedup over each peer."""
     by = {(r.case, r.provider): r for r in results}
-    log(f"\nGB/s (peak {peak:.0f})".ljust(24) + "".join(f"{p:>12}" for p in PROVIDERS) + f"{'lt % peak':>10}"
+    log(f"\nGB/s (peak {peak:.0f})".ljust(28) + "".join(f"{p:>12}" for p in PROVIDERS) + f"{'lt % peak':>10}"
         + f"{'x sdpa':>8}{'x gather':>9}")
     speedups: dict[str, list[float]] = {"sdpa": [], "sdpa_gather": []}
     for case in dict.fromkeys(r.case for r in results):
@@ -332,11 +341,11 @@ def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
             if not math.isnan(x):
                 speedups[peer].append(x)
             row.append(f"{x:>8.2f}" if not math.isnan(x) else f"{'-':>8}")
-        log(f"{case.label:<23}" + "".join(f"{_cell(by.get((case, p))):>12}" for p in PROVIDERS) + frac
+        log(f"{case.label:<27}" + "".join(f"{_cell(by.get((case, p))):>12}" for p in PROVIDERS) + frac
             + row[0] + " " + row[1])
     for name, fn in (("geomean", lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))), ("min", min)):
         cells = [f"{fn(xs):>8.2f}" if xs else f"{'-':>8}" for xs in speedups.values()]
-        log(name.ljust(23) + " " * (12 * len(PROVIDERS) + 10) + cells[0] + " " + cells[1])
+        log(name.ljust(27) + " " * (12 * len(PROVIDERS) + 10) + cells[0] + " " + cells[1])
     bad = [r for r in results if r.check != "ok"]
     for r in bad:
         log(f"  {r.provider} {r.check} on {' '.join(r.case.label.split())}: {r.note or f'max error {r.max_err:.1e}'}")

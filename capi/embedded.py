@@ -179,15 +179,25 @@ def _features(p: Any) -> tuple[tuple[int, int], float]:
     return (int(p.window_left), int(p.window_right)), float(p.softcap)
 
 
+def _used(view: Any) -> Any:
+    """A version 4 struct's seqused_q or seqused_k as a tensor, or None when absent (lt_check.c's lt__given)."""
+    return None if view.data == _ffi.NULL and not view.ndim else _host_tensor(view)
+
+
 def _varlen_call(p: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
-    """(cu_seqlens_q, cu_seqlens_k, the varlen binding's checked call), the values of the lengths included."""
+    """(cu_seqlens_q, cu_seqlens_k, the varlen binding's checked call), the values of the lengths included.
+
+    With seqused_q/seqused_k (version 4 fields; lt__fwd_prepare and lt__bwd_prepare leave an older struct's
+    absent), the call carries them.
+    """
     from lazytriton.kernels.flash_fwd import varlen
 
     cu_q, cu_k = _host_tensor(p.cu_seqlens_q), _host_tensor(p.cu_seqlens_k)
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     window, softcap = _features(p)
     call = varlen.check(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_k), p.causal == 2, scale,
-                        window=window, softcap=softcap, values=True)
+                        window=window, softcap=softcap, values=True, seqused_q=_used(p.seqused_q),
+                        seqused_k=_used(p.seqused_k))
     return cu_q, cu_k, call
 
 
@@ -289,10 +299,12 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
                  index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False, head_dim_v: int = 0,
-                 seq16: bool | None = None, window: bool = False, softcap: bool = False) -> Any:
+                 seq16: bool | None = None, window: bool = False, softcap: bool = False,
+                 seqused: tuple[bool, bool] = (False, False)) -> Any:
     """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call.
 
-    ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's);
+    ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's),
+    with ``seqused`` (SEQUSED_Q, SEQUSED_K: their used lengths);
     ``head_dim_v``: v's head dim (0 or ``head_dim``: the same).
     ``seq16``: the backward's SEQ16 as lt_bwd.c found it (bit 1 of the request's ``aligned``); None:
     dispatch's rule for the seqlens. ``window``, ``softcap``: the WINDOW and SOFTCAP variants.
@@ -311,7 +323,7 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
 
         return dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], head_dim, causal, aligned, seqlen_q,
                                        seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
-                                       softcap=softcap)
+                                       softcap=softcap, seqused_q=seqused[0], seqused_k=seqused[1])
     if kernel == "flash_fwd":
         return fwd.variant(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v)
     from lazytriton.kernels.flash_bwd import binding as bwd
@@ -327,9 +339,11 @@ def plan(req: Any) -> int:
     name = KERNELS.get(req.kernel)
     if name is None:
         raise CapiError(INVALID_ARGUMENT, f"plan request for kernel {req.kernel}; expected one of {KERNELS}")
+    # req.varlen: bit 0 packed sequences, bits 1 and 2 their used lengths (lazytriton.c's lt__varlen_bits)
     variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned & 1),
-                           bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen), req.head_dim_v,
-                           seq16=bool(req.aligned & 2), window=bool(req.window), softcap=bool(req.softcap))
+                           bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen & 1), req.head_dim_v,
+                           seq16=bool(req.aligned & 2), window=bool(req.window), softcap=bool(req.softcap),
+                           seqused=(bool(req.varlen & 2), bool(req.varlen & 4)))
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
@@ -347,7 +361,7 @@ def plan(req: Any) -> int:
 # lt_prewarm, lt_cache_stats
 
 _AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen",
-         "head_dim_v", "window", "softcap")
+         "head_dim_v", "window", "softcap", "seqused_q", "seqused_k")
 _TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
 _FALSE = {"0", "false", "no", "off", "none"}
 
@@ -408,11 +422,15 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     index64 = _flag(axes, "index64", False)
     varlen = _flag(axes, "varlen", False)
     window, softcap = _flag(axes, "window", False), _flag(axes, "softcap", False)
+    used_q, used_k = _flag(axes, "seqused_q", False), _flag(axes, "seqused_k", False)
+    if (used_q or used_k) and not varlen:
+        raise ValueError("seqused_q=1 and seqused_k=1 need varlen=1 (they cut the spans of packed sequences)")
     target = known_target(axes["target"])
     if kernel == "flash_fwd":
         return (fwd_dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
                                                index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v,
-                                               window=window, softcap=softcap),)
+                                               window=window, softcap=softcap, seqused_q=used_q,
+                                               seqused_k=used_k),)
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
 
@@ -422,7 +440,7 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     if varlen:
         return tuple(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
                                              seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
-                                             softcap=softcap)
+                                             softcap=softcap, seqused_q=used_q, seqused_k=used_k)
                      for name in bwd_dispatch.BWD_KERNELS)
     return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64,
                         window, softcap, head_dim_v=dim_v)

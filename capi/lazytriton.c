@@ -68,7 +68,8 @@ typedef struct {
     int32_t aligned;      /* in: bit 0 ALIGN16; bit 1 SEQ16 (backward kernels only, lt_bwd.c) */
     int32_t index64;      /* in */
     int32_t kernel;       /* in: LT__KERNEL_* */
-    int32_t varlen;       /* in: packed sequences (VARLEN=true); the seqlens are then max_seqlen_q/max_seqlen_k */
+    int32_t varlen;       /* in: bit 0 packed sequences (VARLEN=true; the seqlens are then max_seqlen_q/max_seqlen_k),
+                             bit 1 SEQUSED_Q, bit 2 SEQUSED_K (lt__varlen_bits) */
     int32_t head_dim_v;   /* in: v's head dim (out's, dout's, dv's); may differ from head_dim */
     int32_t window;       /* in: a sliding window (WINDOW=true) */
     int32_t softcap;      /* in: a softcap (SOFTCAP=true) */
@@ -205,12 +206,13 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 /* Plans: a loaded kernel and what a launch needs, for one shape class.       */
 
 #define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
-#define LT__KERNEL_PARAMS 40       /* flash_fwd: 37 pointers and integers, then sm_scale, softcap, dropout_p */
-#define LT__KERNEL_INTS 37
+#define LT__KERNEL_PARAMS 42       /* flash_fwd: 39 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__KERNEL_INTS 39
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
     int32_t kernel; /* LT__KERNEL_FWD, or LT__KERNEL_BWD_DQ for the backward's pair */
+    /* varlen: lt__varlen_bits (packed sequences, and their used lengths) */
     int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits, varlen, head_dim_v;
     int32_t window, softcap; /* the WINDOW and SOFTCAP variants */
 } lt__plan_key;
@@ -235,20 +237,26 @@ static int32_t lt__bits(int64_t n) { /* (n - 1).bit_length(): the seqlen bucket 
 static int64_t lt__dispatch_sq(const lt__call *c) { return c->varlen ? c->max_sq : c->sq; }
 static int64_t lt__dispatch_sk(const lt__call *c) { return c->varlen ? c->max_sk : c->sk; }
 
+/* Packed sequences (bit 0) and, with them, the used lengths (bit 1 SEQUSED_Q, bit 2 SEQUSED_K): a plan key's and
+ * a plan request's varlen field. */
+static int32_t lt__varlen_bits(const lt__call *c) {
+    return c->varlen | (c->seqused_q != 0) << 1 | (c->seqused_k != 0) << 2;
+}
+
 static lt__plan_key lt__key_of(const lt__call *c) {
     lt__plan_key key = {LT__KERNEL_FWD, c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE,
                         c->aligned, c->index64, lt__bits(lt__dispatch_sq(c)), lt__bits(lt__dispatch_sk(c)),
-                        c->varlen, (int32_t)c->dv, c->window_left >= 0, c->softcap > 0.0f};
+                        lt__varlen_bits(c), (int32_t)c->dv, c->window_left >= 0, c->softcap > 0.0f};
     return key;
 }
 
 static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
-    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s%s%s",
+    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s%s%s%s%s",
              lt__dtype_name(k->dtype), k->head_dim, k->head_dim_v, k->device_index,
              k->causal ? "causal" : "not causal", k->aligned ? "16-byte aligned" : "unaligned",
              k->aligned & 2 ? ", seqlens multiples of 16" : "", k->index64 ? 64 : 32,
-             k->varlen ? ", packed sequences" : "", k->window ? ", sliding window" : "",
-             k->softcap ? ", softcap" : "");
+             k->varlen ? ", packed sequences" : "", k->varlen & 2 ? ", seqused_q" : "",
+             k->varlen & 4 ? ", seqused_k" : "", k->window ? ", sliding window" : "", k->softcap ? ", softcap" : "");
 }
 
 /* Plans need device memory and work to do (what for depends on the caller: names the call to use instead). */
@@ -269,7 +277,7 @@ static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capa
     memset(req, 0, sizeof *req);
     req->device_index = c->device_index, req->capability = capability, req->dtype = c->dtype;
     req->head_dim = (int32_t)c->d, req->causal = c->causal != LT_CAUSAL_NONE, req->aligned = c->aligned;
-    req->index64 = c->index64, req->kernel = kernel, req->varlen = c->varlen, req->head_dim_v = (int32_t)c->dv;
+    req->index64 = c->index64, req->kernel = kernel, req->varlen = lt__varlen_bits(c), req->head_dim_v = (int32_t)c->dv;
     req->window = c->window_left >= 0, req->softcap = c->softcap > 0.0f;
     req->seqlen_q = lt__dispatch_sq(c), req->seqlen_k = lt__dispatch_sk(c);
     if ((s = (lt_status)lt__py_plan(req)) != LT_OK)
@@ -310,7 +318,7 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     if (c->device_type != LT_DEVICE_CUDA || c->device_index != k->device_index || c->dtype != k->dtype ||
         c->d != k->head_dim || c->dv != k->head_dim_v || (c->causal != LT_CAUSAL_NONE) != k->causal ||
         (k->aligned & ~c->aligned) ||
-        (c->index64 && !k->index64) || c->varlen != k->varlen || (c->window_left >= 0) != k->window ||
+        (c->index64 && !k->index64) || lt__varlen_bits(c) != k->varlen || (c->window_left >= 0) != k->window ||
         (c->softcap > 0.0f) != k->softcap) {
         char want[256], got[256];
         lt__plan_key call_key = lt__key_of(c);
@@ -335,6 +343,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
     int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
+        c->seqused_q, c->seqused_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,

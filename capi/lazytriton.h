@@ -41,8 +41,8 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 3 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; older structs are still taken */
-#define LT_ATTN_BWD_PARAMS_VERSION 3 /* 2: packed sequences; 3: sliding window, softcap; older structs are still taken */
+#define LT_ATTN_FWD_PARAMS_VERSION 4 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
+#define LT_ATTN_BWD_PARAMS_VERSION 4 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
 #define LT_STATS_VERSION 1
 #define LT_ATTN_KVCACHE_PARAMS_VERSION 2 /* 2: cache_leftpad; a version 1 struct is still taken (no left pad) */
 
@@ -81,7 +81,7 @@ typedef enum {
     LT_DTYPE_FP16 = 1,
     LT_DTYPE_BF16 = 2,
     LT_DTYPE_FP32 = 3,
-    LT_DTYPE_INT32 = 4 /* cu_seqlens_q and cu_seqlens_k only */
+    LT_DTYPE_INT32 = 4 /* cu_seqlens_q, cu_seqlens_k, seqused_q and seqused_k only */
 } lt_dtype;
 
 typedef enum {
@@ -168,7 +168,17 @@ typedef struct {
  * packed), or 0 with LT_CAUSAL_TOP_LEFT; -1 leaves a side unbounded, and a
  * causal call's right side is 0. With softcap > 0 the scaled scores s become
  * softcap * tanh(s / softcap) before the softmax (Gemma 2). A version 1 or 2
- * struct has neither (window -1, -1; softcap 0). */
+ * struct has neither (window -1, -1; softcap 0).
+ *
+ * Used lengths (version 4, packed sequences only: FlashAttention-3's seqused_q and seqused_k, as
+ * lazytriton.flash_attn_varlen_func's): with seqused_q.data set, LT_DTYPE_INT32, (batch), contiguous, on
+ * q's device, sequence i's queries are only the first seqused_q[i] rows of its cu_seqlens_q span; likewise
+ * seqused_k for its keys. Causal and window alignment use the used lengths (bottom-right with
+ * seqlen_q = seqused_q[i], seqlen_k = seqused_k[i]). The rest of a span is never read; its rows of out
+ * are written 0 and of lse -inf (and by lt_attn_bwd, of dq, dk and dv 0). max_seqlen_q/max_seqlen_k stay at
+ * least the longest cu_seqlens span, used or not. As cu_seqlens, their values (0 <= seqused <= the span's
+ * length) are checked on the CPU and not read on a GPU. Left zero (absent), or in a version 1 to 3 struct,
+ * every row of each span is used. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -189,6 +199,9 @@ typedef struct {
     int64_t window_left;  /* -1 (unbounded) or >= 0 */
     int64_t window_right; /* -1 (unbounded) or >= 0; ignored (0) in a causal call */
     double softcap;       /* 0: off; else > 0, finite as a float */
+    /* Version 4: used lengths of packed sequences (see above); absent (data NULL, ndim 0) when zero. */
+    lt_tensor seqused_q;  /* int32 (batch): the used queries of each cu_seqlens_q span */
+    lt_tensor seqused_k;  /* int32 (batch): the used keys of each cu_seqlens_k span */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:
@@ -206,7 +219,9 @@ typedef struct {
  * and so do keys that no query saw.
  * Packed sequences (version 2): the forward's cu_seqlens_*, max_seqlen_*
  * and layouts; dout like out, dq like q, dk like k, dv like v, delta (heads_q, total_q).
- * Sliding window and softcap (version 3): the forward's, which they must be. */
+ * Sliding window and softcap (version 3): the forward's, which they must be.
+ * Used lengths (version 4): the forward's seqused_q/seqused_k; dq rows past seqused_q and dk, dv rows past
+ * seqused_k are written 0. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
     uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
@@ -232,13 +247,16 @@ typedef struct {
     int64_t window_left;
     int64_t window_right;
     double softcap;
+    /* Version 4: the forward's used lengths (absent when zero). */
+    lt_tensor seqused_q;
+    lt_tensor seqused_k;
 } lt_attn_bwd_params;
 
 /* One decoding call, the C twin of lazytriton.flash_attn_with_kvcache (FlashAttention-2's, forward only).
  * The layout is FlashAttention-2's kvcache one, (batch, seqlen, heads, head_dim), not lt_attn_fwd's:
  *   q        (batch, seqlen_q, heads_q, head_dim)              fp16, bf16 or fp32
  *   k_cache  (batch_cache, seqlen_cache, heads_k, head_dim), or with block_table a paged cache
- *            (num_blocks, page_size, heads_k, head_dim), page_size a multiple of 16; q's dtype
+ *            (num_blocks, page_size, heads_k, head_dim), page_size >= 1 (any size); q's dtype
  *   v_cache  like k_cache, with a head dim of its own allowed (head_dim_v, as DeepSeek's MLA)
  *   k, v     optional (batch, seqlen_new, heads_k, head_dim) and (..., head_dim_v): new keys and values,
  *            written into the caches in place at each sequence's cache length before attending (on a GPU
@@ -398,9 +416,9 @@ LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *pa
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
- * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim); kernel=flash_bwd for the backward's two
- * kernels, as lt_attn_bwd would choose them). All specs are parsed before
- * anything is compiled. *compiled and *cached (either may be NULL) count the kernels
+ * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim), window=0, softcap=0, and with varlen=1
+ * seqused_q=0 and seqused_k=0; kernel=flash_bwd for the backward's two kernels, as lt_attn_bwd would choose them).
+ * All specs are parsed before anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */
 LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);
 

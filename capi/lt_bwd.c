@@ -11,8 +11,8 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 49           /* flash_bwd_dq: 46 pointers and integers, then sm_scale, softcap, dropout_p */
-#define LT__BWD_DKDV_PARAMS 49         /* flash_bwd_dkdv: 46 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DQ_PARAMS 51           /* flash_bwd_dq: 48 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DKDV_PARAMS 51         /* flash_bwd_dkdv: 48 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_FLOATS 3
 #define LT__ALIGN16 1 /* c->aligned's bits for the backward (lt__bwd_aligned) */
 #define LT__SEQ16 2
@@ -20,16 +20,19 @@
 /* ------------------------------------------------------------------------- */
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
 
-/* A version 1 struct: everything before the packed-sequence fields; version 2: before the window. */
+/* A version 1 struct: everything before the packed-sequence fields; version 2: before the window; version 3:
+ * before the used lengths. */
 #define LT__BWD_PARAMS_V1_SIZE offsetof(lt_attn_bwd_params, cu_seqlens_q)
 #define LT__BWD_PARAMS_V2_SIZE offsetof(lt_attn_bwd_params, window_left)
+#define LT__BWD_PARAMS_V3_SIZE offsetof(lt_attn_bwd_params, seqused_q)
 
 static lt_status lt__check_bwd_struct(const lt_attn_bwd_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
     if ((p->struct_size == LT__BWD_PARAMS_V1_SIZE && p->version == 1) ||
-        (p->struct_size == LT__BWD_PARAMS_V2_SIZE && p->version == 2))
-        return LT_OK; /* read as the call it always was: no window, no softcap (and dense, version 1) */
+        (p->struct_size == LT__BWD_PARAMS_V2_SIZE && p->version == 2) ||
+        (p->struct_size == LT__BWD_PARAMS_V3_SIZE && p->version == 3))
+        return LT_OK; /* read as the call it always was: no seqused (no window, no softcap before 3; dense, 1) */
     if (p->struct_size != sizeof(lt_attn_bwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for lt_attn_bwd_params: "
@@ -52,6 +55,7 @@ static lt_attn_fwd_params lt__fwd_view(const lt_attn_bwd_params *p) {
     f.cu_seqlens_q = p->cu_seqlens_q, f.cu_seqlens_k = p->cu_seqlens_k;
     f.max_seqlen_q = p->max_seqlen_q, f.max_seqlen_k = p->max_seqlen_k;
     f.window_left = p->window_left, f.window_right = p->window_right, f.softcap = p->softcap;
+    f.seqused_q = p->seqused_q, f.seqused_k = p->seqused_k;
     return f;
 }
 
@@ -63,7 +67,7 @@ static lt_status lt__bwd_prepare(const lt_attn_bwd_params *p, lt_attn_bwd_params
         return s;
     memset(norm, 0, sizeof *norm);
     memcpy(norm, p, p->struct_size);
-    if (p->struct_size < sizeof *norm) /* an older struct: no window (zeros would mean a window of 0) */
+    if (p->struct_size <= LT__BWD_PARAMS_V2_SIZE) /* no window (zeros would mean a window of 0) */
         norm->window_left = -1, norm->window_right = -1;
     norm->struct_size = sizeof *norm, norm->version = LT_ATTN_BWD_PARAMS_VERSION;
     *view = *norm;
@@ -201,10 +205,11 @@ static lt_status lt__bwd_check(const lt_attn_bwd_params *p, lt__call *c) {
         return lt__fail(LT_ERROR_NULL_POINTER, "delta.data is NULL (the workspace: batch * heads_q * seqlen_q "
                         "floats)");
     const lt__named outputs[4] = {{"dq", &p->dq}, {"dk", &p->dk}, {"dv", &p->dv}, {"delta", &p->delta}};
-    const lt__named inputs[8] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}, {"lse", &p->lse},
-                                 {"dout", &p->dout}, {"cu_seqlens_q", &p->cu_seqlens_q},
-                                 {"cu_seqlens_k", &p->cu_seqlens_k}};
-    if ((s = lt__check_writes(outputs, work ? 4 : 3, inputs, 8)) != LT_OK) /* no work: delta is not written */
+    const lt__named inputs[10] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}, {"lse", &p->lse},
+                                  {"dout", &p->dout}, {"cu_seqlens_q", &p->cu_seqlens_q},
+                                  {"cu_seqlens_k", &p->cu_seqlens_k}, {"seqused_q", &p->seqused_q},
+                                  {"seqused_k", &p->seqused_k}};
+    if ((s = lt__check_writes(outputs, work ? 4 : 3, inputs, 10)) != LT_OK) /* no work: delta is not written */
         return s;
     if (!work)
         return LT_OK;
@@ -297,6 +302,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
         (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
+        c->seqused_q, c->seqused_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
@@ -306,6 +312,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
         (int64_t)(uintptr_t)dk->data, (int64_t)(uintptr_t)dv->data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
+        c->seqused_q, c->seqused_k,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],

@@ -16,6 +16,7 @@ typedef struct {
     int64_t offset;
     float scale;
     int64_t cu_seqlens_q, cu_seqlens_k; /* the varlen kernels' pointers; 0 in a dense call */
+    int64_t seqused_q, seqused_k;       /* the varlen kernels' used-length pointers; 0 when absent */
     int varlen;                         /* packed sequences: b, sq, sk are 1, total_q, total_k (the kernels' view) */
     int64_t batch, max_sq, max_sk;      /* varlen: the grid's z and the seqlens dispatch buckets */
     int64_t window_left, window_right;  /* the kernel's window (binding.with_features): -1, -1 when off */
@@ -31,17 +32,20 @@ static const char *lt__dtype_name(int32_t dtype) {
     }
 }
 
-/* A version 1 struct: everything before the packed-sequence fields; version 2: before the window. */
+/* A version 1 struct: everything before the packed-sequence fields; version 2: before the window; version 3:
+ * before the used lengths. */
 #define LT__FWD_PARAMS_V1_SIZE offsetof(lt_attn_fwd_params, cu_seqlens_q)
 #define LT__FWD_PARAMS_V2_SIZE offsetof(lt_attn_fwd_params, window_left)
+#define LT__FWD_PARAMS_V3_SIZE offsetof(lt_attn_fwd_params, seqused_q)
 #define LT__MAX_WINDOWED_SEQLEN (INT64_C(1) << 29) /* binding.MAX_WINDOWED_SEQLEN: 32-bit row +- window */
 
 static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
     if ((p->struct_size == LT__FWD_PARAMS_V1_SIZE && p->version == 1) ||
-        (p->struct_size == LT__FWD_PARAMS_V2_SIZE && p->version == 2))
-        return LT_OK; /* read as the call it always was: no window, no softcap (and dense, version 1) */
+        (p->struct_size == LT__FWD_PARAMS_V2_SIZE && p->version == 2) ||
+        (p->struct_size == LT__FWD_PARAMS_V3_SIZE && p->version == 3))
+        return LT_OK; /* read as the call it always was: no seqused (no window, no softcap before 3; dense, 1) */
     if (p->struct_size != sizeof(lt_attn_fwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu: rebuild against its "
@@ -108,7 +112,7 @@ static lt_status lt__fwd_prepare(const lt_attn_fwd_params *p, lt_attn_fwd_params
         return s;
     memset(norm, 0, sizeof *norm);
     memcpy(norm, p, p->struct_size);
-    if (p->struct_size < sizeof *norm) /* an older struct: no window (zeros would mean a window of 0) */
+    if (p->struct_size <= LT__FWD_PARAMS_V2_SIZE) /* no window (zeros would mean a window of 0) */
         norm->window_left = -1, norm->window_right = -1;
     norm->struct_size = sizeof *norm, norm->version = LT_ATTN_FWD_PARAMS_VERSION;
     *view = *norm;
@@ -242,6 +246,29 @@ static lt_status lt__check_cu(const char *name, const lt_tensor *t, const lt_ten
     return LT_OK;
 }
 
+/* Whether a call gives one of seqused_q/seqused_k (a version 4 struct with it described). */
+static int lt__given(const lt_tensor *t) { return t->data != NULL || t->ndim != 0; }
+
+/* One of seqused_q/seqused_k, given: int32, (batch), contiguous, on q's device, with data; *pointer its data. */
+static lt_status lt__check_used(const char *name, const lt_tensor *t, const lt_tensor *q, int64_t batch,
+                                int64_t *pointer) {
+    if (t->dtype != LT_DTYPE_INT32)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_INT32 (4)", name, t->dtype);
+    if (t->ndim != 1 || t->sizes[0] != batch)
+        return lt__fail(LT_ERROR_SHAPE, "%s must be 1-dim with batch = %lld entries (one used length per sequence), "
+                        "got ndim %d, sizes[0] %lld", name, (long long)batch, t->ndim, (long long)t->sizes[0]);
+    if (t->sizes[0] > 1 && t->strides[0] != 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s.strides[0] is %lld; it must be contiguous (1)", name,
+                        (long long)t->strides[0]);
+    if (t->device_type != q->device_type || t->device_index != q->device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is not on q's device; all tensors of a call must be on one "
+                        "device", name);
+    if (t->data == NULL && batch > 0)
+        return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", name);
+    *pointer = (int64_t)(uintptr_t)t->data;
+    return LT_OK;
+}
+
 /* The packed-sequence part of a call (p holds the kernels' views): the cumulative lengths, max seqlens, causal. */
 static lt_status lt__check_varlen(const lt_attn_fwd_params *p, lt__call *c) {
     lt_status s;
@@ -269,6 +296,12 @@ static lt_status lt__check_varlen(const lt_attn_fwd_params *p, lt__call *c) {
                         "LT_CAUSAL_NONE or LT_CAUSAL_BOTTOM_RIGHT (within each sequence, as FlashAttention-2)");
     c->varlen = 1, c->max_sq = p->max_seqlen_q, c->max_sk = p->max_seqlen_k;
     c->cu_seqlens_q = (int64_t)(uintptr_t)p->cu_seqlens_q.data, c->cu_seqlens_k = (int64_t)(uintptr_t)p->cu_seqlens_k.data;
+    if (lt__given(&p->seqused_q) && (s = lt__check_used("seqused_q", &p->seqused_q, &p->q, c->batch,
+                                                        &c->seqused_q)) != LT_OK)
+        return s;
+    if (lt__given(&p->seqused_k) && (s = lt__check_used("seqused_k", &p->seqused_k, &p->q, c->batch,
+                                                        &c->seqused_k)) != LT_OK)
+        return s;
     return LT_OK;
 }
 
@@ -321,6 +354,10 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
         if ((s = lt__check_varlen(p, c)) != LT_OK)
             return s;
         c->offset = 0; /* the kernels use each sequence's own len_k - len_q */
+    } else if (p->struct_size == sizeof *p && (lt__given(&p->seqused_q) || lt__given(&p->seqused_k))) {
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is given but the call is dense: seqused_q/seqused_k cut the "
+                        "spans of packed sequences (give cu_seqlens_q and cu_seqlens_k)",
+                        lt__given(&p->seqused_q) ? "seqused_q" : "seqused_k");
     }
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     if ((s = lt__check_window(p, c)) != LT_OK)

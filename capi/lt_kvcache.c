@@ -159,9 +159,9 @@ static lt_status lt__kv_layout(const lt_attn_kvcache_params *p, lt__kv_call *c) 
     if ((s = lt__kv_small("block_table", &p->block_table, &p->q, LT_DTYPE_INT32, 2, table,
                           "(batch, max_blocks_per_seq)")) != LT_OK)
         return s;
-    if (s_c <= 0 || s_c % 16)
-        return lt__fail(LT_ERROR_SHAPE, "with block_table, k_cache.sizes[1] is the page size and must be a positive "
-                        "multiple of 16, got %lld", (long long)s_c);
+    if (s_c < 1) /* any size: pages no key tile divides are read key by key (flash_decode.dispatch.page_gather) */
+        return lt__fail(LT_ERROR_SHAPE, "with block_table, k_cache.sizes[1] is the page size and must be >= 1 (keys "
+                        "a page), got %lld", (long long)s_c);
     c->paged = 1, c->page_size = s_c, c->capacity = p->block_table.sizes[1] * s_c;
     return LT_OK;
 }
@@ -395,7 +395,8 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
 static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     lt__plan_key key;
     memset(&key, 0, sizeof key);
-    int32_t page_bits = c->paged ? lt__bits((c->page_size & -c->page_size) + 1) : 0; /* flash_decode.dispatch.page_block_limit */
+    /* flash_decode.dispatch.page_block_limit: it caps BLOCK_N and, under 16, sets PAGE_GATHER */
+    int32_t page_bits = c->paged ? lt__bits((c->page_size & -c->page_size) + 1) : 0;
     key.kernel = LT__KERNEL_DECODE, key.device_index = c->device_index, key.dtype = c->dtype;
     key.head_dim = (int32_t)c->d, key.causal = c->causal, key.aligned = c->aligned, key.index64 = c->index64;
     key.sq_bits = lt__bits(c->hq / c->hk * c->sq), key.sk_bits = lt__bits(c->capacity);

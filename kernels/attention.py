@@ -122,9 +122,13 @@ def variant(kernel: str, target: Target, request: Request,
     ``request.config`` (None: ``config_of``, the family's table-then-default
     choice at the seqlens' buckets and the larger head dim);
     ``own_fields(fields, even)`` adds the family's fields; the feature flags
-    (window, softcap, alibi, bias, dropout, varlen) are written ``NAME=true``
-    only when on.
+    (window, softcap, alibi, bias, dropout, varlen, and with varlen seqused_q
+    and seqused_k) are written ``NAME=true`` only when on; seqused without
+    varlen is a ValueError.
     """
+    if (request.seqused_q or request.seqused_k) and not request.varlen:
+        raise ValueError(f"seqused_q/seqused_k need packed sequences (varlen=True), got seqused_q="
+                         f"{request.seqused_q}, seqused_k={request.seqused_k}, varlen=False")
     dv = request.head_dim_v or request.head_dim
     sq, sk = tuning.bucket(request.seqlen_q), tuning.bucket(request.seqlen_k)
     chunks = split_chunks(kernel, request.head_dim, dv, request.tma, request.split_d)
@@ -133,5 +137,6 @@ def variant(kernel: str, target: Target, request: Request,
     fields, even = functional(request.head_dim, dv, request.causal, request.aligned, request.index64, chunks)
     own_fields(fields, even)
     add_flags(fields, window=request.window, softcap=request.softcap, alibi=request.alibi, bias=request.bias,
-              dropout=request.dropout, varlen=request.varlen)
+              dropout=request.dropout, varlen=request.varlen, seqused_q=request.seqused_q,
+              seqused_k=request.seqused_k)
     return Variant(kernel, str(target), request.dtype, pairs(fields), pairs(cfg.tuned()), pairs(cfg.options(target)))

@@ -36,9 +36,13 @@ class Request:
     families' own: flash_fwd's ``tma`` (None: its rule decides), the
     backward's ``seq16`` (None: from the seqlens as given), and the decoding
     kernels' ``page_size`` (a paged cache's keys a page, which BLOCK_N must
-    divide; 0: a contiguous cache, or with ``paged`` a page size every BLOCK_N
-    divides, as prewarm plans them) and ``leftpad`` (a decoding call with
-    cache_leftpad, LEFTPAD=true).
+    divide, or, where no key tile does, whose keys are gathered one page at a
+    time, PAGE_GATHER=true; 0: a contiguous cache, or with ``paged`` a page
+    size every BLOCK_N divides, as prewarm plans them by default) and
+    ``leftpad`` (a decoding call with cache_leftpad, LEFTPAD=true).
+    ``seqused_q``/``seqused_k``: a packed call (``varlen``) with
+    FlashAttention-3's used lengths (SEQUSED_Q=true, SEQUSED_K=true), which
+    only the Triton attention kernels take.
     """
 
     dtype: str
@@ -63,3 +67,5 @@ class Request:
     seq16: bool | None = None
     page_size: int = 0
     leftpad: bool = False
+    seqused_q: bool = False
+    seqused_k: bool = False

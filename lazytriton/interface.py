@@ -261,7 +261,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            softmax_scale: float | None = None, causal: bool = False,
                            window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _NO_CAP,
                            alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
-                           return_attn_probs: bool = False) -> Any:
+                           return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
+                           seqused_k: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -315,14 +316,24 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             softmax_lse is float32 of shape (heads_q, total_q), FlashAttention
             2.4+'s varlen layout (-inf for a query that sees no key, where
             FlashAttention-2 writes +inf).
+        seqused_q: FlashAttention-3's (vLLM's keyword): None, or int32
+            (batch,) on q's device; sequence i's queries are then the first
+            seqused_q[i] rows of its cu_seqlens_q span (0 <= seqused_q[i] <=
+            its length), whose causal/window alignment and ALiBi use that
+            length. The rest of the span is never read (it may hold anything):
+            its rows of out are 0, of softmax_lse -inf, of dq 0.
+        seqused_k: the same for keys: sequence i sees the first seqused_k[i]
+            keys of its cu_seqlens_k span; the rest is never read and gets dk
+            and dv 0. With either, max_seqlen_q/max_seqlen_k stay at least
+            the longest cu_seqlens span, used or not.
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
 
     Differentiable with respect to any of q, k, v. Every argument is checked
     before anything runs (a TypeError/ValueError naming it), the values of
-    cu_seqlens_q/cu_seqlens_k and max_seqlen_q/max_seqlen_k included, which
-    costs one device-to-host read of the two small tensors (a stream sync).
+    cu_seqlens_q/cu_seqlens_k, seqused_q/seqused_k and max_seqlen_q/max_seqlen_k
+    included, which costs one device-to-host read of the small tensors (a stream sync).
     While a CUDA graph is being captured or torch.compile traces, that read is
     impossible, and only shapes, dtypes and devices are checked: the values
     are then the caller's to get right, as in FlashAttention-2, which never
@@ -338,22 +349,26 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
     cu_seqlens_q, cu_seqlens_k, alibi_slopes = (index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k),
                                                 index_tensor(alibi_slopes))
+    seqused_q, seqused_k = index_tensor(seqused_q), index_tensor(seqused_k)
     eager = (direct(q, k, v) and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor
-              and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+             and all(t is None or type(t) is _Tensor for t in (seqused_q, seqused_k))
+             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
     # Through the op, the op checks the values (one device-to-host read per call, not two).
     philox = None
     if p > 0.0 and isinstance(q, torch.Tensor):  # drawn only for a call whose q is a tensor: check names the rest
         philox = score_mods.draw_philox(q.device)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
-                        philox=philox)
+                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k)
     if eager:
         out, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
         from lazytriton.ops_varlen import flash_varlen_fwd_op
 
         c = call.call
-        mods = () if c.alibi is None and c.philox is None else (c.alibi, c.dropout_p, c.philox)
+        mods: tuple[Any, ...] = (c.alibi, c.dropout_p, c.philox, seqused_q, seqused_k)
+        if seqused_q is None and seqused_k is None:
+            mods = () if c.alibi is None and c.philox is None else mods[:3]
         out, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
                                        causal, c.window_left, c.window_right, c.softcap, *mods)
     return (out, lse, None) if return_attn_probs else out

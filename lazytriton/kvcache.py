@@ -68,8 +68,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             any strides with a contiguous last dim.
         k_cache: (batch_cache, seqlen_cache, heads_k, head_dim) without a
             block table, or (num_blocks, page_size, heads_k, head_dim) with
-            one (a paged cache; page_size a multiple of 16). heads must be a
-            multiple of heads_k (GQA; heads_k = 1 is MQA). q's dtype and device.
+            one (a paged cache; page_size >= 1: pages of 16 keys or any
+            multiple read a key tile a page, other sizes, such as 1 key a
+            page, each key's page). heads must be a multiple of heads_k
+            (GQA; heads_k = 1 is MQA). q's dtype and device.
         v_cache: like k_cache, but its head dim (head_dim_v) may differ from
             q's and k's (DeepSeek's MLA: 192 and 128); out then has v's.
         k: optional (batch, seqlen_new, heads_k, head_dim): new keys, written
@@ -87,7 +89,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             new keys a shared row keeps is undefined (as in FlashAttention-2).
             Not with a block table.
         block_table: optional int32 (batch, max_blocks_per_seq): the cache
-            blocks of each sequence, in order (a paged cache).
+            blocks of each sequence, in order (a paged cache). Entries past
+            a sequence's last key (and, with cache_leftpad, wholly before its
+            first) are never read: they may hold anything, -1 included.
         softmax_scale: default 1/sqrt(head_dim).
         causal: aligned bottom-right: query i sees key j when j <= i +
             cache_seqlens + seqlen_new - seqlen_q. A query that sees no key

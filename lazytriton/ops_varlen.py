@@ -2,15 +2,17 @@
 
 ``lazytriton::flash_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
 max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left=-1,
-window_right=-1, softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox=None)
--> (out, lse)`` takes FlashAttention-2's packed
+window_right=-1, softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox=None,
+seqused_q=None, seqused_k=None) -> (out, lse)`` takes FlashAttention-2's packed
 (total_tokens, heads, head_dim) tensors and int32 cumulative lengths;
 ``causal`` is a bool, aligned bottom-right within each sequence. ``out`` has
 q's shape; ``lse`` is float32 (heads_q, total_q), FlashAttention-2's varlen
 layout. The fakes allocate through the binding's own ``empty_outputs`` and
 ``empty_grads``, so their shapes, dtypes and strides are the real ones.
 ``alibi_slopes`` and ``philox`` (dropout's int64 [seed, offset], drawn by the
-caller) are the dense op's (``lazytriton.ops``); they get no gradient.
+caller) are the dense op's (``lazytriton.ops``); ``seqused_q``/``seqused_k``
+are FlashAttention-3's used lengths (``kernels/flash_fwd/varlen.py``); none
+of them gets a gradient.
 
 ``lazytriton::flash_varlen_bwd(do, q, k, v, out, lse, cu_seqlens_q,
 cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, ...) ->
@@ -18,7 +20,7 @@ cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, ...) ->
 ``lazytriton.ops`` does for the dense op; ``lse`` is non-differentiable.
 
 Both check their arguments again (they can be called directly), the values
-of the cumulative lengths included, through one device-to-host read, unless
+of the cumulative lengths and seqused included, through one device-to-host read, unless
 a CUDA graph is being captured or torch.compile traces
 (``kernels/flash_fwd/varlen.py``). The cumulative lengths and the slopes are
 first made plain contiguous tensors (``kernels/arguments.py``): a subclass
@@ -36,7 +38,7 @@ from lazytriton.kernels.flash_fwd import varlen
 
 _ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
          "bool causal, int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
-         "float dropout_p=0.0, Tensor? philox=None")
+         "float dropout_p=0.0, Tensor? philox=None, Tensor? seqused_q=None, Tensor? seqused_k=None")
 _FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_ARGS}) -> (Tensor, Tensor)"
 _BWD_SCHEMA = f"(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ARGS}) -> (Tensor, Tensor, Tensor)"
 
@@ -45,9 +47,9 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-def _indices(cu_q: Any, cu_k: Any, alibi: Any) -> tuple[Any, Any, Any]:
+def _indices(*tensors: Any) -> tuple[Any, ...]:
     """The index tensors plain and contiguous (``arguments.index_tensor``): the values checked are those read."""
-    return index_tensor(cu_q), index_tensor(cu_k), index_tensor(alibi)
+    return tuple(index_tensor(t) for t in tensors)
 
 
 @torch.library.custom_op("lazytriton::flash_varlen_fwd", mutates_args=(), schema=_FWD_SCHEMA)
@@ -55,13 +57,15 @@ def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                      causal: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0,
-                     philox: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     philox: torch.Tensor | None = None, seqused_q: torch.Tensor | None = None,
+                     seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2's varlen forward through the kernel cache: ``(out, lse)``."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes = _indices(cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes, seqused_q, seqused_k = _indices(cu_seqlens_q, cu_seqlens_k,
+                                                                              alibi_slopes, seqused_q, seqused_k)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         (window_left, window_right), float(softcap), alibi=alibi_slopes, dropout_p=float(dropout_p),
-                        philox=philox)
+                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k)
     return varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
 
 
@@ -76,15 +80,17 @@ def flash_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
                      max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int = -1,
                      window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-                     dropout_p: float = 0.0,
-                     philox: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     dropout_p: float = 0.0, philox: torch.Tensor | None = None,
+                     seqused_q: torch.Tensor | None = None,
+                     seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's varlen backward through the kernel cache: ``(dq, dk, dv)`` for the gradient ``do``."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes = _indices(cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes, seqused_q, seqused_k = _indices(cu_seqlens_q, cu_seqlens_k,
+                                                                              alibi_slopes, seqused_q, seqused_k)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         (window_left, window_right), float(softcap), alibi=alibi_slopes, dropout_p=float(dropout_p),
-                        philox=philox)
+                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k)
     varlen.check_grad(q, out, lse, do, call.call.head_dim_v)
     return tuple(varlen.backward(q, k, v, out, lse, do, cu_seqlens_q, cu_seqlens_k, call))  # type: ignore[return-value]
 
@@ -96,25 +102,26 @@ def _flash_varlen_bwd_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
 
 
 # The arguments after (cu_seqlens_q, cu_seqlens_k), with their defaults: the inputs may stop early.
-_REST_DEFAULTS: tuple[Any, ...] = (None, None, None, None, -1, -1, 0.0, None, 0.0, None)
+_REST_DEFAULTS: tuple[Any, ...] = (None, None, None, None, -1, -1, 0.0, None, 0.0, None, None, None)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, v, cu_q, cu_k, *given = inputs
-    *scalars, alibi, dropout_p, philox = (*given, *_REST_DEFAULTS[len(given):])
+    *scalars, alibi, dropout_p, philox, used_q, used_k = (*given, *_REST_DEFAULTS[len(given):])
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, philox)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, philox, used_q, used_k)
     ctx.rest = (*scalars, dropout_p)  # max_seqlen_q, max_seqlen_k, scale, causal, window, softcap, dropout_p
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
-    q, k, v, out, lse, cu_q, cu_k, alibi, philox = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, alibi, philox, used_q, used_k = ctx.saved_tensors
     n_rest = len(ctx.needs_input_grad) - 3  # the cumulative lengths, the scalars and the mods: no gradient
     if grad_out is None:  # only lse was used, and it carries no gradient
         return (None,) * (3 + n_rest)
     *scalars, dropout_p = ctx.rest
-    dq, dk, dv = flash_varlen_bwd_op(grad_out, q, k, v, out, lse, cu_q, cu_k, *scalars, alibi, dropout_p, philox)
+    dq, dk, dv = flash_varlen_bwd_op(grad_out, q, k, v, out, lse, cu_q, cu_k, *scalars, alibi, dropout_p, philox,
+                                     used_q, used_k)
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * n_rest)
 

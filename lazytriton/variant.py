@@ -164,10 +164,13 @@ class Variant:
 # (sliding window) and SOFTCAP (logit softcapping) are constexprs of all three
 # attention kernels, absent meaning off, for the same reason; so are ALIBI, BIAS
 # and DROPOUT (ALiBi slopes, an additive bias, dropout), VARLEN (packed
-# sequences), and PAGED (a block table) and LEFTPAD (cache_leftpad: each sequence's
-# first key) of the decoding kernels (kernels/flash_decode).
+# sequences) with SEQUSED_Q and SEQUSED_K (each sequence's used query and key
+# lengths, FlashAttention-3's seqused_q/seqused_k: only with VARLEN), and PAGED
+# (a block table), LEFTPAD (cache_leftpad: each sequence's first key) and
+# PAGE_GATHER (pages the key tile does not divide: each key's page read from the
+# table) of the decoding kernels (kernels/flash_decode).
 _FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN",
-          "LEFTPAD")
+          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.
@@ -226,6 +229,13 @@ def check_fields(variant: Variant) -> Variant:
                          "its own (BLOCK_DV)")
     if constexprs.get("TMA") is True:
         _check_tma(variant)
+    if constexprs.get("PAGE_GATHER") is True and constexprs.get("PAGED") is not True:
+        raise ValueError(f"variant {variant}: PAGE_GATHER=true (each key's page read from the block table) needs "
+                         "PAGED=true")
+    used = [name for name in ("SEQUSED_Q", "SEQUSED_K") if constexprs.get(name) is True]
+    if used and constexprs.get("VARLEN") is not True:
+        raise ValueError(f"variant {variant}: {' and '.join(f'{name}=true' for name in used)} needs VARLEN=true "
+                         "(seqused_q/seqused_k cut packed sequences)")
     if constexprs.get("SEQ16") is True and (constexprs.get("ALIGN16") is not True or not spec.seq_aligned_params):
         raise ValueError(f"variant {variant}: SEQ16=true needs ALIGN16=true and a kernel with seqlen hints "
                          f"(the backward's), got ALIGN16={_format_value(constexprs.get('ALIGN16', False))} on "

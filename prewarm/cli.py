@@ -9,6 +9,8 @@ Typical runs:
     lazytriton prewarm --target sm_90 --kernel flash_bwd --list
     # the decoding kernels (flash_attn_with_kvcache), for a paged cache only
     lazytriton prewarm --target sm_90 --kernel flash_decode --paged paged --list
+    # ... with pages of 1 key (SGLang's radix cache) and of 16 keys
+    lazytriton prewarm --target sm_90 --kernel flash_decode --paged paged --page-size 1,16 --list
     # a few axes only; --list prints the plan and builds nothing
     lazytriton prewarm --target sm_90 --dtype bf16 --head-dim 64,80,128 --causal top_left --list
     # exactly what a production run compiled just in time
@@ -26,7 +28,9 @@ of seqlen_q for flash_fwd and flash_bwd_dq, of seqlen_k for flash_bwd_dkdv).
 The decoding family (flash_decode = flash_decode_split and
 flash_decode_combine) defaults to bf16/fp16 x head dim 64/128 x causal
 none/top_left x a contiguous and a paged cache, at 16, 32 and 64 query rows
-per key/value head (group size x seqlen_q: its three BLOCK_M classes).
+per key/value head (group size x seqlen_q: its three BLOCK_M classes), its
+paged variants serving pages of any multiple of 64 keys (--page-size plans
+the page sizes a deployment uses).
 An axis flag narrows that axis; --kernel takes families or kernel names.
 
 A killed run, run again, compiles only what it had not built (see OUT.work/).
@@ -59,7 +63,7 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
-               "softcap", "paged", "varlen", "alibi", "dropout", "attn_mask", "leftpad")
+               "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "leftpad", "page_size")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 
 
@@ -211,9 +215,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--paged", choices=tuple(_PAGED), default=None,
                       help="flash_decode's KV cache: paged (PAGED=true: a block table), contiguous, or both "
                            "(the default)")
+    axes.add_argument("--page-size", type=_ints(1, 2**31 - 1, "--page-size"), action="extend",
+                      help="flash_decode's paged cache: its keys a page (1 for SGLang's radix cache; default: pages "
+                           "of any multiple of 64). Pages of 16 or 32 take tiles of 16 or 32; pages no key tile "
+                           "divides (1, 2, 4, 8, 12...) the gathered variant (PAGE_GATHER=true) that serves them all")
     axes.add_argument("--varlen", action="store_true",
                       help="also build the packed-sequence (VARLEN=true) variants: flash_attn_varlen_func; the "
                            "seqlens are then max_seqlen_q/max_seqlen_k")
+    axes.add_argument("--seqused", action="store_true",
+                      help="with --varlen, also build the packed variants with seqused_q, seqused_k or both "
+                           "(SEQUSED_Q=true, SEQUSED_K=true): FlashAttention-3's (vLLM's) used lengths")
     axes.add_argument("--alibi", action="store_true", help="also build the ALiBi (ALIBI=true) variants: alibi_slopes")
     axes.add_argument("--dropout", action="store_true",
                       help="also build the dropout (DROPOUT=true) variants: dropout_p > 0 in the API")
@@ -282,10 +293,14 @@ def _plan(args: argparse.Namespace) -> list[Any]:
         return select_shard(list(plan.values()), args.shard)
     if not args.target:
         raise UsageError("--target is required (e.g. --target sm_90,gfx942), unless --from-misses or --merge")
+    if args.seqused and not args.varlen:
+        raise UsageError("--seqused builds packed-sequence variants (seqused_q/seqused_k): give --varlen too")
     from lazytriton.prewarm.enumeration import all_kernels
     from lazytriton.target import Target
 
     kernels = tuple(k for k in all_kernels() if k in args.kernel) if args.kernel else all_kernels()
+    if args.page_size and args.paged == "contiguous":
+        raise UsageError("--page-size describes a paged cache; --paged contiguous plans none")
     axes = Axes(targets=tuple(Target.parse(t) for t in dict.fromkeys(args.target)), kernels=kernels,
                 dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
                 head_dims=tuple(dict.fromkeys(args.head_dim)) if args.head_dim else None,
@@ -299,10 +314,12 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 softcap=(False, True) if args.softcap else (False,),
                 paged=_PAGED[args.paged] if args.paged else None,
                 varlen=(False, True) if args.varlen else (False,),
+                seqused=(False, True) if args.seqused else (False,),
                 alibi=(False, True) if args.alibi else (False,),
                 dropout=(False, True) if args.dropout else (False,),
                 bias=(False, True) if args.attn_mask else (False,),
-                leftpad=(False, True) if args.leftpad else (False,))
+                leftpad=(False, True) if args.leftpad else (False,),
+                page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None)
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

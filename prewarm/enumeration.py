@@ -29,18 +29,24 @@ given, the groups are the default grid:
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
     varlen    false (``--varlen`` adds true: packed sequences, VARLEN=true, seqlens as max_seqlen)
+    seqused   false (``--seqused`` adds true: packed calls with FlashAttention-3's seqused_q, seqused_k or both,
+              SEQUSED_Q=true and SEQUSED_K=true; only where varlen is true)
     alibi     false (``--alibi`` adds true: calls with ALiBi slopes, ALIBI=true)
     dropout   false (``--dropout`` adds true: calls with dropout_p > 0, DROPOUT=true)
     bias      false (``--attn-mask`` adds true: SDPA calls with an attn_mask, BIAS=true)
     leftpad   false (``--leftpad`` adds true: decoding calls with cache_leftpad, LEFTPAD=true)
+    page size pages of any multiple of 64 keys (``--page-size`` gives the decoding kernels' page sizes)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
 serves: dtype bf16 and fp16, head dims 64 and 128, a contiguous and a paged
 cache (``--paged`` picks one), and their seqlen_q is the query rows per
 key/value head (group size x seqlen_q), built at one per BLOCK_M class (16,
 32, 64 rows). Their paged variants take the default key tile, which fits
-pages of any multiple of 64 keys; smaller pages (16, 32) compile on first use
-and come back through the miss log. They have no varlen, dropout or bias
+pages of any multiple of 64 keys; ``--page-size`` plans the pages a
+deployment uses instead: pages of 16 or 32 keys take tiles of 16 or 32, and
+pages no key tile divides (1, 2, 4, 8 keys, or 12, 24...) the one gathered
+variant (PAGE_GATHER=true) that serves them all. Pages not planned compile on
+first use and come back through the miss log. They have no varlen, dropout or bias
 variants (ALiBi they have), and they alone have left-padded ones (leftpad). The append kernel (family ``kv_append``: new
 keys written into the cache before decoding) is planned with them, over
 their dtypes, head dims (and v's), layouts, alignments and index widths:
@@ -48,8 +54,8 @@ one config, no seqlen axis.
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, window, softcap, paged, varlen, alibi, dropout, bias, leftpad,
-seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
+index64, window, softcap, paged (then page size), varlen (then seqused), alibi, dropout, bias,
+leftpad, seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
 (``dispatch.kernel_variant``).
 """
 
@@ -103,12 +109,15 @@ class Axes:
     softcap: tuple[bool, ...] = (False,)
     paged: tuple[bool, ...] | None = None  # decoding kernels only; None: both
     varlen: tuple[bool, ...] = (False,)
+    seqused: tuple[bool, ...] = (False,)  # packed calls with seqused_q/seqused_k (with varlen)
     alibi: tuple[bool, ...] = (False,)
     dropout: tuple[bool, ...] = (False,)
     bias: tuple[bool, ...] = (False,)
     leftpad: tuple[bool, ...] = (False,)  # decoding kernels only (cache_leftpad)
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
+    # The paged cache's keys a page (decoding kernels only); None: a page size every default BLOCK_N divides.
+    page_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -123,6 +132,9 @@ class Axes:
         for head_dim in (*(self.head_dims or ()), *(self.head_dims_v or ())):
             if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
                 raise ValueError(f"head dim must be an int in 1..{geometry.MAX_HEAD_DIM}, got {head_dim!r}")
+        for page in self.page_sizes or ():
+            if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_SEQLEN:
+                raise ValueError(f"page sizes must be ints in 1..{MAX_SEQLEN} (keys a page), got {page!r}")
         for name in ("seqlens_q", "seqlens_k"):
             for seqlen in getattr(self, name) or ():
                 if isinstance(seqlen, bool) or not isinstance(seqlen, int) or not 1 <= seqlen <= MAX_SEQLEN:
@@ -213,11 +225,18 @@ def _with_companions(kernels: tuple[str, ...]) -> tuple[str, ...]:
     return (*kernels, *dict.fromkeys(extra))
 
 
+def _packed(varlen: tuple[bool, ...], seqused: tuple[bool, ...]) -> tuple[tuple[bool, bool, bool], ...]:
+    """The (varlen, seqused_q, seqused_k) modes: dense and packed calls, the packed ones also with seqused."""
+    used = ((False, False), (True, False), (False, True), (True, True)) if True in seqused else ((False, False),)
+    return tuple((packed, *pair) for packed in varlen for pair in (used if packed else used[:1]))
+
+
 def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
     """``kernel``'s planned variants for ``target``: its family's ``dispatch`` answers, with its prewarm hooks.
 
     A family's dispatch module may set ``PREWARM_DTYPES``, ``PREWARM_HEAD_DIMS`` and ``PREWARM_SEQLENS`` (its
-    default grid), ``PREWARM_PAGED`` (a paged axis), ``PREWARM_FEATURES`` (the feature flags its calls take;
+    default grid), ``PREWARM_PAGED`` (a paged axis, at ``axes.page_sizes``), ``PREWARM_FEATURES`` (the feature
+    flags its calls take;
     absent: all), ``PREWARM_WITH`` (kernels planned with it) and define ``prewarm_alignments`` (its (ALIGN16,
     SEQ16) pairs), ``prewarm_twins`` (the variants a plain call of a shape runs beside the kernel's) or
     ``prewarm_variants`` (its whole plan, for a family with one config).
@@ -226,6 +245,7 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     dtypes: tuple[str, ...] = axes.dtypes or tuple(getattr(rules, "PREWARM_DTYPES", DEFAULT_DTYPES))
     head_dims: tuple[int, ...] = axes.head_dims or tuple(getattr(rules, "PREWARM_HEAD_DIMS", DEFAULT_HEAD_DIMS))
     paged = (axes.paged or (False, True)) if getattr(rules, "PREWARM_PAGED", False) else (False,)
+    layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]
     if hasattr(rules, "prewarm_variants"):
         for variant in rules.prewarm_variants(target, dtypes, head_dims, axes.head_dims_v or (0,), paged,
                                               axes.aligned, axes.index64):
@@ -246,10 +266,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         split = bool(attention.split_chunks(kernel, head_dim, head_dim_v))
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
-        for ((aligned, seq16), index64, window, softcap, is_paged, varlen, alibi, dropout, bias, leftpad,
-             (seqlen_q, seqlen_k)) in itertools.product(alignments(kernel, axes.aligned), axes.index64,
-                                                        feature("window"), feature("softcap"), paged,
-                                                        feature("varlen"), feature("alibi"), feature("dropout"),
+        for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout, bias,
+             leftpad, (seqlen_q, seqlen_k)) in itertools.product(alignments(kernel, axes.aligned), axes.index64,
+                                                        feature("window"), feature("softcap"), layouts,
+                                                        _packed(feature("varlen"), feature("seqused")),
+                                                        feature("alibi"), feature("dropout"),
                                                         feature("bias"), feature("leftpad"), seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
@@ -257,7 +278,8 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               config=config, index64=index64, window=window, softcap=softcap,
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen,
-                                              leftpad=leftpad)
+                                              leftpad=leftpad, page_size=page, seqused_q=used[0],
+                                              seqused_k=used[1])
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or head_dim_v)
             for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)

@@ -54,8 +54,17 @@ def test_head_dims_and_heads_widen_the_grid(bench: ModuleType) -> None:
     assert "d128" not in next(c for c in grid if c.head_dim == 128 and c.heads_k == 8).label
 
 
+def test_page_sizes_give_a_paged_case_each(bench: ModuleType) -> None:
+    """``--page-size 1,16``: pages of 1 key (gathered) beside pages of 16, one contiguous case."""
+    args = bench.parse_args(["--page-size", "1,16", "--batches", "8", "--lengths", "32k"])
+    grid = bench.cases(args.batches, args.lengths, args.layouts, args.page_size)
+    assert [(c.layout, c.page_size) for c in grid] == [("contiguous", 1), ("paged", 1), ("paged", 16)]
+    assert [c.label.split()[-1] for c in grid] == ["32k", "p1", "p16"]
+    assert bench.Case("paged", 8, 4096).label == "paged      b8     4k"  # pages of 256: no suffix
+
+
 @pytest.mark.parametrize("argv", [["--batches", "0"], ["--lengths", "4q"], ["--layouts", "ring"],
-                                  ["--page-size", "24"], ["--reps", "0"], ["--heads", "32/5"],
+                                  ["--page-size", "0"], ["--reps", "0"], ["--heads", "32/5"],
                                   ["--head-dims", "x"]])
 def test_bad_filters_are_refused(bench: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

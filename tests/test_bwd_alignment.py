@@ -140,10 +140,11 @@ def test_attrs_mark_exactly_each_flags_parameters(spec: kernels.KernelSpec) -> N
     assert by_flags[(True, 4096)] == pointers | strides | seq  # the same hints as ALIGN16 had before the split
     assert by_flags[(True, 4095)] == pointers | strides
     assert by_flags[(False, 4096)] == set()
-    # Indices, as Triton sees them: the pointers first, then the strides after the varlen and score-mod pointers.
+    # Indices, as Triton sees them: the pointers first, then the strides after the varlen, score-mod and seqused
+    # pointers.
     names = [name for name, _ in spec.params]
-    assert sorted(names.index(n) for n in by_flags[(True, 4095)]) == [*range(8), *range(13, 31)]
-    assert sorted(names.index(n) for n in seq) == [31, 32, 34, 35]
+    assert sorted(names.index(n) for n in by_flags[(True, 4095)]) == [*range(8), *range(15, 33)]
+    assert sorted(names.index(n) for n in seq) == [33, 34, 36, 37]
 
 
 def test_the_forward_has_no_seqlen_coupling() -> None:

@@ -358,6 +358,105 @@ def test_packed_sequences_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: 
     assert report["v1"] == 0 and report["v1_equal"]
 
 
+# FlashAttention-3's seqused_q/seqused_k through the C API on the CPU: a version 4 struct against the Python
+# call (out, lse and the gradients start at 7.0, so the unused rows' 0 and -inf are the call's writes), a
+# version 3 struct (its smaller size) still taken as the call without them, and errors before anything runs.
+SEQUSED_IN_PROCESS = IN_PROCESS_PRELUDE + r"""
+def error():
+    return dll.lt_last_error().decode()
+
+torch.manual_seed(0)
+cq = torch.tensor([0, 3, 3, 20, 21], dtype=torch.int32)  # spans 3, 0, 17, 1
+ck = torch.tensor([0, 5, 9, 18, 18], dtype=torch.int32)  # spans 5, 4, 9, 0
+uq = torch.tensor([2, 0, 11, 1], dtype=torch.int32)
+uk = torch.tensor([5, 1, 4, 0], dtype=torch.int32)
+q, do = torch.randn(21, 4, 16), torch.randn(21, 4, 16)
+k, v = torch.randn(18, 2, 16), torch.randn(18, 2, 16)
+report = {}
+
+def forward(version):
+    out, lse = torch.full_like(q, 7.0), torch.full((4, 21), 7.0)
+    p = ffi.new("lt_attn_fwd_params *")
+    call("lt_attn_fwd_params_init", p)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("cu_seqlens_q", cq),
+                    ("cu_seqlens_k", ck), ("seqused_q", uq), ("seqused_k", uk)):
+        describe(getattr(p, name), t)
+    p.causal, p.max_seqlen_q, p.max_seqlen_k = 2, 17, 9
+    if version == 3:  # the seqused fields lie past a version 3 struct's end: never read
+        p.struct_size, p.version = ffi.offsetof("lt_attn_fwd_params", "seqused_q"), 3
+    return p, out, lse, [call("lt_attn_fwd", p, ffi.NULL), error()]
+
+def backward(version, out, lse):
+    g = ffi.new("lt_attn_bwd_params *")
+    call("lt_attn_bwd_params_init", g)
+    grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", do), ("dq", grads[0]),
+                    ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(4, 21)), ("cu_seqlens_q", cq),
+                    ("cu_seqlens_k", ck), ("seqused_q", uq), ("seqused_k", uk)):
+        describe(getattr(g, name), t)
+    g.causal, g.max_seqlen_q, g.max_seqlen_k = 2, 17, 9
+    if version == 3:
+        g.struct_size, g.version = ffi.offsetof("lt_attn_bwd_params", "seqused_q"), 3
+    return grads, [call("lt_attn_bwd", g, ffi.NULL), error()]
+
+for version, used in ((4, {"seqused_q": uq, "seqused_k": uk}), (3, {})):
+    p, out, lse, report[f"fwd{version}"] = forward(version)
+    grads, report[f"bwd{version}"] = backward(version, out, lse)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want_out, want_lse, _ = lazytriton.flash_attn_varlen_func(*leaves, cq, ck, 17, 9, causal=True,
+                                                              return_attn_probs=True, **used)
+    wanted = torch.autograd.grad(want_out, leaves, do)
+    report[f"equal{version}"] = (torch.equal(out, want_out.detach()) and torch.equal(lse, want_lse)
+                                 and all(torch.equal(a, b) for a, b in zip(grads, wanted)))
+unused_q = torch.cat([torch.arange(n) >= u for n, u in zip((3, 0, 17, 1), uq.tolist())])
+unused_k = torch.cat([torch.arange(n) >= u for n, u in zip((5, 4, 9, 0), uk.tolist())])
+p, out, lse, _ = forward(4)
+grads, _ = backward(4, out, lse)
+report["unused"] = bool((out[unused_q] == 0).all() and torch.isneginf(lse[:, unused_q]).all()
+                        and (grads[0][unused_q] == 0).all() and (grads[1][unused_k] == 0).all()
+                        and (grads[2][unused_k] == 0).all() and unused_q.any() and unused_k.any())
+
+def status_of(change):
+    bad = ffi.new("lt_attn_fwd_params *")
+    ffi.memmove(bad, p, ffi.sizeof("lt_attn_fwd_params"))
+    change(bad)
+    return [call("lt_attn_fwd", bad, ffi.NULL), error()]
+
+too_long = torch.tensor([2, 1, 11, 1], dtype=torch.int32)
+dense_q, dense_out = torch.randn(1, 2, 5, 16), torch.empty(1, 2, 5, 16)
+
+def dense(b):
+    for name, t in (("q", dense_q), ("k", dense_q), ("v", dense_q), ("out", dense_out),
+                    ("lse", torch.empty(1, 2, 5))):
+        describe(getattr(b, name), t)
+    b.cu_seqlens_q, b.cu_seqlens_k = ffi.new("lt_tensor *")[0], ffi.new("lt_tensor *")[0]
+
+report["errors"] = [
+    status_of(lambda b: setattr(b.seqused_q, "dtype", 3)),
+    status_of(lambda b: b.seqused_k.sizes.__setitem__(0, 5)),
+    status_of(lambda b: setattr(b.seqused_q, "data", ffi.cast("void *", too_long.data_ptr()))),
+    status_of(dense),
+]
+print(json.dumps(report))
+"""
+
+
+def test_seqused_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
+    import json
+
+    out = _ok(_run([sys.executable, "-c", SEQUSED_IN_PROCESS, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"]))
+    report = json.loads(out.splitlines()[-1])
+    for version in (4, 3):
+        assert report[f"fwd{version}"][0] == 0 and report[f"bwd{version}"][0] == 0, report
+        assert report[f"equal{version}"], f"version {version}: the C call differs from the Python one"
+    assert report["unused"], "unused rows: out 0, lse -inf, dq 0; unused keys: dk, dv 0"
+    expected = [(4, "seqused_q.dtype is 3"), (5, "seqused_k must be 1-dim with batch = 4 entries"),
+                (1, "seqused_q[1] = 1: must be in 0..0"), (1, "seqused_q is given but the call is dense")]
+    for (status, message), (want_status, needle) in zip(report["errors"], expected, strict=True):
+        assert status == want_status and needle in message, (status, message)
+
+
 # Specs lt_prewarm must refuse with LT_ERROR_INVALID_ARGUMENT before compiling anything: a well-formed
 # variant string naming no fields (was a KeyError, LT_ERROR_PYTHON), axes out of range (compiled), an
 # unknown target, and a variant that cannot fit its target (the poisoned miss-log line).

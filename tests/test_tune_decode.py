@@ -240,7 +240,7 @@ def test_tune_command_line_for_flash_decode(capsys: pytest.CaptureFixture[str],
     assert tune.families_of(decode_dispatch.DECODE_KERNELS) == {"flash_decode": decode_dispatch.DECODE_KERNELS}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert tune.main(["--kernel", "flash_decode", "--heads", "32/8,64/8", "--lengths", "1k,32k"]) == 1  # no GPU
-    for bad in (["--heads", "32/5"], ["--lengths", "0"], ["--layouts", "ragged"], ["--page-size", "24"]):
+    for bad in (["--heads", "32/5"], ["--lengths", "0"], ["--layouts", "ragged"], ["--page-size", "0"]):
         with pytest.raises(SystemExit):
             tune.main(["--kernel", "flash_decode", *bad])
     assert "--heads items must look like 32/8" in capsys.readouterr().err

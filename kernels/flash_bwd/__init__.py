@@ -12,7 +12,9 @@ forward's runtime values and pointers (the same ``Philox`` tensor regenerates
 the forward's dropout mask), and so is ``VARLEN``, with the forward's two
 pointers (``Cu_seqlens_q``, ``Cu_seqlens_k``) after each kernel's own
 pointers (then the score modifications'); with it ``Lse`` and ``Delta`` are
-(heads_q, total_q). ``ALIGN16`` variants may assume every
+(heads_q, total_q). ``SEQUSED_Q``/``SEQUSED_K`` are the forward's used lengths,
+with its two pointers (``Seqused_q``, ``Seqused_k``) after the score
+modifications'. ``ALIGN16`` variants may assume every
 pointer and every stride of the eight (b, h, s, d) tensors is a multiple of
 16 (``aligned_params``); ``SEQ16`` variants (dense calls only, always with
 ``ALIGN16``) also the seqlens and the lse/delta strides, heads_q x seqlen_q
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 from lazytriton.kernels import KernelSpec
 from lazytriton.kernels.flash_fwd import MOD_POINTERS as _MOD_POINTERS
+from lazytriton.kernels.flash_fwd import SEQUSED_POINTERS as _SEQUSED_POINTERS
 from lazytriton.kernels.flash_fwd import SIZES as _SIZES
 from lazytriton.kernels.flash_fwd import VARLEN_POINTERS as _VARLEN_POINTERS
 
 FAMILY = "flash_bwd"
 MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI", "BIAS",
-               "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2")
+               "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2", "SEQUSED_Q", "SEQUSED_K")
 
 
 # With SEQ16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and
@@ -56,7 +59,7 @@ def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strid
         name=name,
         module=MODULE,
         function=function,
-        params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *strides, *_LSE_STRIDES, *_SIZES),
+        params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *_SEQUSED_POINTERS, *strides, *_LSE_STRIDES, *_SIZES),
         constexprs=_CONSTEXPRS,
         aligned_params=tuple(p for p, _ in pointers) + tuple(s for s, _ in strides),
         seq_aligned_params=tuple(s for s, _ in _LSE_STRIDES) + _SEQ_SIZES,

@@ -50,7 +50,7 @@ from lazytriton import launch, machine, runtime
 from lazytriton.kernels import attention, dispatch
 from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid, fused
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
-from lazytriton.kernels.flash_fwd import VARLEN_POINTERS, score_mods
+from lazytriton.kernels.flash_fwd import SEQUSED_POINTERS, VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
 from lazytriton.variant import Variant
@@ -127,7 +127,7 @@ SEQ_ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.seq_aligned_params + FLASH
 
 
 def _generate_pack() -> Any:
-    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0)``: (dq_ints, dkdv_ints, flags...).
+    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0, used_q=0, used_k=0)``: ints, flags.
 
     The flags are ``aligned, seq16, index64``. One generated function with both argument tuples written out, from the
     two descriptions. ``aligned`` (ALIGN16): every pointer 16-byte aligned and
@@ -137,7 +137,8 @@ def _generate_pack() -> Any:
     tensor's last element lies 2**31 or more elements past its first.
     ``cu_q``, ``cu_k``: the varlen kernels' cu_seqlens pointers (0 when dense);
     the varlen kernels replace the seqlens by each sequence's own, so a packed
-    call never has SEQ16.
+    call never has SEQ16. ``used_q``, ``used_k``: their seqused pointers (0 without them).
+    The ints are (dq_ints, dkdv_ints).
     """
     def ints(params: tuple[str, ...]) -> str:
         return ", ".join(PARAM_SOURCES[name][0] for name in params)
@@ -148,7 +149,7 @@ def _generate_pack() -> Any:
     extents = [extent(t, "hq", "sq", "dim_v" if t in ("o", "do") else "d") for t in ("q", "o", "do", "dq")]
     extents += [extent(t, "hk", "sk", "dim_v" if t in ("v", "dv") else "d") for t in ("k", "v", "dk", "dv")]
     source = f"""
-def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0):
+def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0, used_q=0, used_k=0):
     b, hq, hk, sq, sk, d = call.shape
     dim_v = call.head_dim_v or d
     offset = call.offset
@@ -297,7 +298,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     return {"BLOCK_M": 16, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
-            "DROPOUT": mods[2]}
+            "DROPOUT": mods[2], "SEQUSED_Q": False, "SEQUSED_K": False}
 
 
 def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -441,10 +442,12 @@ def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...],
 
 
 # Each kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
-# (0 when dense), then the score modifications' (tensors or None); _N_POINTERS counts them all.
+# (0 when dense), then the score modifications' (tensors or None), then the seqused pointers (0 without
+# them); _N_POINTERS counts them all.
 N_TENSORS = [name for name, _ in FLASH_BWD_DQ.params].index(VARLEN_POINTERS[0][0])
 _N_VARLEN_END = N_TENSORS + len(VARLEN_POINTERS)
 _N_POINTERS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*"))
+_N_SEQUSED = _N_POINTERS - len(SEQUSED_POINTERS)
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -464,9 +467,9 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     mods = score_mods.mod_tensors(call, q)
     cu = dq_ints[N_TENSORS:_N_VARLEN_END]
     compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *cu, *mods,
-                                                     *dq_ints[_N_POINTERS:], *floats), constexprs)
+                                                     *dq_ints[_N_SEQUSED:], *floats), constexprs)
     compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *cu, *mods,
-                                                         *dkdv_ints[_N_POINTERS:], *floats), constexprs)
+                                                         *dkdv_ints[_N_SEQUSED:], *floats), constexprs)
 
 
 def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -477,9 +480,9 @@ def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     mods = score_mods.mod_tensors(call, q)
     if kernel == FLASH_BWD_DQ.name:
         return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[N_TENSORS:_N_VARLEN_END], *mods,
-                *dq_ints[_N_POINTERS:], *fwd.floats(call))
+                *dq_ints[_N_SEQUSED:], *fwd.floats(call))
     return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[N_TENSORS:_N_VARLEN_END], *mods,
-            *dkdv_ints[_N_POINTERS:], *fwd.floats(call))
+            *dkdv_ints[_N_SEQUSED:], *fwd.floats(call))
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,8 @@ and row strides multiples of 16 bytes (TMA), 32-bit offsets, seqlen_q a
 multiple of BLOCK_M and seqlen_k of BLOCK_N (no ragged tile, so no bounds
 masks), causal_offset >= 0 (every query sees key 0: no row has an empty
 softmax), no window, softcap, ALiBi, bias, dropout, varlen, split tiles or
-head_dim_v. Those parameters are taken (the shared ABI) and never read.
+head_dim_v (nor varlen's seqused lengths). Those parameters are taken (the shared
+ABI) and never read.
 
 The pipeline, in the transposed frame of ``flash_bwd_dkdv`` (rows are the
 program's keys), with the forward Gluon kernel's machinery
@@ -211,7 +212,7 @@ def _head(k_smem, v_smem, q_desc, do_desc, bars, q_bufs, do_bufs, lse_ptr, delta
 
 @gluon.jit
 def flash_bwd_dkdv_gluon_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
+    Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,

@@ -31,6 +31,11 @@ their own); ``DROPOUT`` regenerates the forward's mask Z from the same
 ``Philox`` tensor and applies FlashAttention-2's formulas: ``dV = (P Z / (1 -
 p))^T dO``, ``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - delta)`` with delta
 = rowsum(dO * O) of the dropped output.
+``SEQUSED_Q``/``SEQUSED_K`` (with ``VARLEN``) are the forward's used lengths:
+queries and keys past them are never read; dQ rows past seqused_q are 0 (their
+lse reads as +inf, so P = 0) and dK/dV rows past seqused_k are zeroed, both
+stored to the span's end (the grids cover the spans), a block of unused rows or
+keys only visiting nothing.
 ``BLOCK_DV``/``EVEN_DV`` and ``head_dim_v`` are the forward's: v, out, dO and
 dV have v's head dim, q, k, dQ and dK have q's.
 ``BLOCK_D2`` > 0 is the forward's split tiles (0, the default, pads): a head
@@ -305,7 +310,7 @@ def _dq_range(
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
+    Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -321,6 +326,7 @@ def flash_bwd_dq_kernel(
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -338,8 +344,13 @@ def flash_bwd_dq_kernel(
         k_start = tl.load(Cu_seqlens_k + batch)
         drop_col = k_start
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
+        span_q = seqlen_q  # the rows of dQ this sequence's programs write, used or not
+        if SEQUSED_Q:
+            seqlen_q = tl.load(Seqused_q + batch)
+        if SEQUSED_K:
+            seqlen_k = tl.load(Seqused_k + batch)
         causal_offset = seqlen_k - seqlen_q
-        if start_m >= seqlen_q:
+        if start_m >= span_q:
             return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -403,6 +414,8 @@ def flash_bwd_dq_kernel(
     # Keys [0, full_end) are visible to every row of this block; [full_end, end)
     # are the ragged tail and the causal diagonal, masked.
     end = seqlen_k
+    if SEQUSED_Q:  # a block of unused rows only: no key to visit
+        end = tl.where(start_m < seqlen_q, end, 0)
     full_end = (seqlen_k // BLOCK_N) * BLOCK_N
     if CAUSAL:
         end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
@@ -427,6 +440,8 @@ def flash_bwd_dq_kernel(
                         window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True,
                         CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
 
+    if SEQUSED_Q:  # rows past the used length hold 0 (their lse reads as +inf): stored to the span's end
+        rows_ok = offs_m < span_q
     dq = dq * sm_scale
     _store_tile(DQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
                 dq.to(DQ.dtype.element_ty), rows_ok, d_ok, EVEN_1)
@@ -582,7 +597,7 @@ def _dkdv_range(
 
 @triton.jit
 def flash_bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
+    Q, K, V, DO, Lse, Delta, DK, DV, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -598,6 +613,7 @@ def flash_bwd_dkdv_kernel(
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
 ):
     # Low key blocks first: under a causal mask they are seen by the most queries.
     start_n = tl.program_id(0) * BLOCK_N
@@ -616,8 +632,13 @@ def flash_bwd_dkdv_kernel(
         lse_start = q_start
         drop_col = k_start
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
+        span_k = seqlen_k  # the rows of dK and dV this sequence's programs write, used or not
+        if SEQUSED_Q:
+            seqlen_q = tl.load(Seqused_q + batch)
+        if SEQUSED_K:
+            seqlen_k = tl.load(Seqused_k + batch)
         causal_offset = seqlen_k - seqlen_q
-        if start_n >= seqlen_k:
+        if start_n >= span_k:
             return
         Q = Q + q_start * stride_qs
         DO = DO + q_start * stride_dos
@@ -679,7 +700,10 @@ def flash_bwd_dkdv_kernel(
                                                          window_left - causal_offset, end, full_end, BLOCK_M,
                                                          BLOCK_N)
 
-    for g in range(0, group_size):
+    groups = group_size
+    if SEQUSED_K:  # a block of unused keys only: no query to visit
+        groups = tl.where(start_n < seqlen_k, group_size, 0)
+    for g in range(0, groups):
         head = kv_head * group_size + g
         mods = (Alibi, Bias, Philox, seq, head, seqlen_k, batch * stride_lb + head * stride_lh + lse_start, drop_k,
                 drop_col, stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn, dropout_p)
@@ -709,6 +733,13 @@ def flash_bwd_dkdv_kernel(
                                            cap, mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True, IEEE, CAUSAL,
                                            WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
 
+    if SEQUSED_K:  # keys past the used length get zero gradients, stored to the span's end
+        dk = tl.where(cols_ok[:, None], dk, 0.0)
+        dv = tl.where(cols_ok[:, None], dv, 0.0)
+        if BLOCK_D2 > 0:
+            dk2 = tl.where(cols_ok[:, None], dk2, 0.0)
+            dv2 = tl.where(cols_ok[:, None], dv2, 0.0)
+        cols_ok = offs_n < span_k
     dk = dk * sm_scale
     _store_tile(DK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
                 dk.to(DK.dtype.element_ty), cols_ok, d_ok, EVEN_1)

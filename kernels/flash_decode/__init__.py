@@ -17,7 +17,10 @@ that says so.
 (cache_leftpad: each sequence's first key, ``LeftPad``) are flags, written in
 a variant only when true; their values (page size, window bounds, cap, slopes,
 left pads) are runtime parameters, so one binary serves every page size
-that BLOCK_N divides, every window and every cap. ``CAUSAL`` is always
+that BLOCK_N divides, every window and every cap. ``PAGE_GATHER`` (with
+``PAGED``) serves the pages BLOCK_N does not divide, of any size: each key
+finds its own page in the block table (``dispatch.page_gather`` says which
+page sizes take it), so one binary serves all of them. ``CAUSAL`` is always
 written, as in the other attention kernels. ``ALIGN16`` variants may assume
 every pointer and outer stride of q, the cache and out is a multiple of 16
 (``aligned_params``); ``INDEX64`` makes the strides 64-bit (a paged cache
@@ -71,7 +74,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("softcap", "fp32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
-                "SOFTCAP", "ALIBI", "LEFTPAD"),
+                "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
 )
 

@@ -244,7 +244,11 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
-    """Everything ``variants`` reads, the lengths through dispatch's buckets."""
+    """Everything ``variants`` reads, the lengths through dispatch's buckets.
+
+    The page size through ``page_block_limit``: its largest power-of-two
+    divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
+    """
     from lazytriton import tuning
 
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
@@ -327,7 +331,8 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
     even, even_v = padded == call.head_dim, padded_v == call.value_dim
     split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "BLOCK_DV": padded_v,
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
-             "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad}
+             "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
+             "PAGE_GATHER": decode_dispatch.page_gather(call.page_size)}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v}
 
 

@@ -29,7 +29,6 @@ DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 INT32_MAX = 2**31 - 1
 MAX_GRID_YZ = 65535  # grid y (key/value heads) and z (batch) limits of CUDA and HIP
 MAX_SPLITS = 256
-PAGE_MULTIPLE = 16  # page sizes are multiples of the smallest key tile
 MAX_WINDOWED_SEQLEN = 2**29  # with a window the kernel computes query + offset +- window in 32 bits
 NO_WINDOW = (-1, -1)  # window_size's default: the public function's, so that the common call is an identity test
 
@@ -220,9 +219,9 @@ def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int) -> tuple[
     _same_place("block_table", table, q, torch.int32)
     if table.shape[0] != b:
         raise ValueError(f"block_table has {table.shape[0]} rows but q has batch {b}")
-    if s_c == 0 or s_c % PAGE_MULTIPLE:
-        raise ValueError(f"with block_table, k_cache.shape[1] is the page size and must be a positive multiple of "
-                         f"{PAGE_MULTIPLE}, got {s_c}")
+    if s_c < 1:  # any size serves: pages no key tile divides are read key by key (dispatch.page_gather)
+        raise ValueError(f"with block_table, k_cache.shape[1] is the page size and must be >= 1 (keys a page), "
+                         f"got {s_c}")
     return s_c, table.shape[1] * s_c
 
 

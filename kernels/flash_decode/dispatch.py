@@ -14,6 +14,7 @@ from lazytriton.tiles import SMALL_SHARED_CUDA, Config
 from lazytriton.variant import Variant, pairs
 
 DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
+MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
 
 
 def decode_rows_class(rows: int) -> int:
@@ -26,6 +27,26 @@ def page_block_limit(page_size: int) -> int:
     return page_size & -page_size if page_size > 0 else 1 << 30
 
 
+def page_gather(page_size: int) -> bool:
+    """Whether a paged cache of ``page_size`` keys a page is read key by key (PAGE_GATHER=true).
+
+    A key block read through one block-table entry must lie in one page, so
+    its BLOCK_N must divide the page size. Pages no key tile divides (their
+    largest power-of-two divisor is under ``MIN_BLOCK_N``: 1, 2, 4 or 8 keys,
+    or 12, 24, 100...) have no such tile: each key's page is read from the
+    table instead, at the tiles of a paged call. 0 (a contiguous cache): no.
+    """
+    return page_size > 0 and page_block_limit(page_size) < MIN_BLOCK_N
+
+
+def key_block_limit(page_size: int) -> int:
+    """The widest BLOCK_N the split kernel may take at ``page_size``: what divides the page, unless it is gathered.
+
+    Contiguous caches (0) and gathered pages (``page_gather``) set no limit.
+    """
+    return 1 << 30 if page_gather(page_size) else page_block_limit(page_size)
+
+
 def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int, rows: int,
                           page_size: int = 0, paged: bool = False) -> Config:
     """A sane decoding config when the tuning table has no row (it never errors). Untuned: no GPU measured it yet.
@@ -36,7 +57,8 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     tiles of 64 rows (128 at head dim <= 64 contiguous, 32 at head dim 256 or fp32), 4 warps,
     3 stages of loads in flight where shared memory allows (2 on the 99 KiB
     targets and AMD). A paged call's BLOCK_N must divide its page size, so
-    pages of 16 or 32 keys take tiles of 16 or 32. A paged call reads its
+    pages of 16 or 32 keys take tiles of 16 or 32; pages no tile divides are
+    gathered (``page_gather``) at the tiles of pages of 64. A paged call reads its
     block table inside the loop, and Triton's pipeliner gives that read a
     stage of its own: at 3 (and 4) stages the K and V tiles get one buffer,
     at 5 two, as the contiguous kernel has at 3 (Triton 3.9's TTGIR for
@@ -59,7 +81,7 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     stages = 2 if hip or target.capability in SMALL_SHARED_CUDA else 3
     if paged and not hip:
         stages = 5
-    return Config(decode_rows_class(rows), min(block_n, page_block_limit(page_size)), 4, stages, waves)
+    return Config(decode_rows_class(rows), min(block_n, key_block_limit(page_size)), 4, stages, waves)
 
 
 def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, rows: int, capacity: int,
@@ -67,14 +89,14 @@ def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
                   paged: bool = False) -> tuple[Config, tuning.Row | None]:
     """A decoding kernel's config: its tuning row (rows: seqlen_q column, cache capacity: seqlen_k), else the default.
 
-    A row's BLOCK_N is cut down to what the page size allows.
+    A row's BLOCK_N is cut down to what the page size allows (``key_block_limit``).
     """
     padded = padded_head_dim(head_dim)
     rows_table = tuning.table_for(kernel) if table is None else table
     row = tuning.lookup(rows_table, str(target), kernel, dtype, padded, causal, rows, capacity)
     if row is None:
         return decode_default_config(kernel, target, dtype, padded, rows, page_size, paged), None
-    limit = page_block_limit(page_size) if kernel == "flash_decode_split" else 1 << 30
+    limit = key_block_limit(page_size) if kernel == "flash_decode_split" else 1 << 30
     return Config(min(row.BLOCK_M, 64), min(row.BLOCK_N, limit), row.num_warps, row.num_stages,
                   row.waves_per_eu), row
 
@@ -90,8 +112,10 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     through their bucket; ``capacity``: the cache's length per sequence
     (table lookup only). The split kernel's functional fields are the
     attention kernels' (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64) plus the
-    flags PAGED, WINDOW, SOFTCAP, ALIBI and LEFTPAD (cache_leftpad), written
-    only when true; the
+    flags PAGED, WINDOW, SOFTCAP, ALIBI, LEFTPAD (cache_leftpad) and
+    PAGE_GATHER (a paged call at a ``page_size`` no key tile divides), written
+    only when true; a given ``config``'s BLOCK_N is cut to what ``page_size``
+    allows, as a tuning row's is. The
     combine kernel has only ALIGN16, BLOCK_D, EVEN_D and INDEX64 (it sees no
     scores). With one query a causal mask hides nothing: the binding asks for
     CAUSAL=false then, so both share a binary. ``head_dim_v`` (0: the same
@@ -105,16 +129,19 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         head_dim = dv
     padded, padded_v = padded_head_dim(head_dim), padded_head_dim(dv)
     sq, sk = tuning.bucket(rows), tuning.bucket(capacity)
+    split = kernel == "flash_decode_split"
     cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
-                                  paged and kernel == "flash_decode_split")[0]
+                                  paged and split)[0]
+    if split and paged and cfg.block_n > key_block_limit(page_size):
+        cfg = Config(cfg.block_m, key_block_limit(page_size), cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
     functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
                                          "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
-    if kernel == "flash_decode_split":
+    if split:
         functional["CAUSAL"] = bool(causal)
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
-                           ("LEFTPAD", leftpad)):
+                           ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size))):
             if flag:
                 functional[name] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
@@ -135,9 +162,10 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 def variant(kernel: str, target: Target, request: Request) -> Variant:
     """``kernels.dispatch.kernel_variant`` for the decoding kernels: ``decode_variant``.
 
-    At ``request.page_size`` (0: a page size BLOCK_N divides, prewarm's view
-    of a paged call). ``tma``, ``bias``, ``dropout``, ``varlen``, ``split_d``
-    and ``seq16`` do not apply.
+    At ``request.page_size`` (0: a page size BLOCK_N divides, prewarm's
+    default view of a paged call; one no key tile divides: PAGE_GATHER).
+    ``tma``, ``bias``, ``dropout``, ``varlen``, ``split_d`` and ``seq16`` do
+    not apply.
     """
     return decode_variant(kernel, target, request.dtype, request.head_dim, request.causal, request.aligned,
                           request.seqlen_q, request.seqlen_k, config=request.config, index64=request.index64,
@@ -147,7 +175,8 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
-# contiguous and a paged cache, one query-row count per BLOCK_M class (seqlen_q stands for query rows per
+# contiguous and a paged cache (pages of any multiple of 64 keys; prewarm's --page-size plans others, such as
+# the gathered pages of 1 key), one query-row count per BLOCK_M class (seqlen_q stands for query rows per
 # key/value head: group size x seqlen_q). Their calls have no varlen, dropout or bias variants; a call with new
 # keys launches kv_append first, so it is planned with them.
 PREWARM_DTYPES = ("bf16", "fp16")

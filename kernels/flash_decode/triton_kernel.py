@@ -20,6 +20,10 @@ cut in ``num_splits`` chunks of whole BLOCK_N blocks from the length of this
 batch's own range (never from the cache's capacity, so a short sequence in a
 long cache spreads over every split). With ``PAGED`` a block starts at a
 multiple of BLOCK_N, which divides page_size: a block never straddles pages.
+Pages BLOCK_N does not divide (smaller, or not a multiple of it) take
+``PAGE_GATHER`` too: each key of a block finds its own page in the table
+(a vector load, masked to the keys the rows may see, so a table entry of a
+page the sequence does not use is never read).
 One split writes out and the natural-log logsumexp straight to Out and Lse;
 several write float32 partials (out normalised by its own sum, and its lse in
 base 2) to OutPart/LsePart for the combine kernel.
@@ -92,10 +96,18 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
             window_left, window_right, qk_scale, cap, leftpad,
             MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-            IEEE: tl.constexpr, LEFTPAD: tl.constexpr):
+            IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2)."""
     cols = start_n + offs_n
-    if PAGED:
+    if PAGE_GATHER:  # the block spans pages: each key's page (only those of keys in [leftpad, length) are read)
+        if MASKED:
+            blocks = tl.load(BlockTable + cols // page_size, mask=(cols < length) & (cols >= leftpad), other=0)
+        else:
+            blocks = tl.load(BlockTable + cols // page_size)
+        rows = cols % page_size
+        k_ptrs = K + blocks[None, :] * stride_kb + k_base + rows[None, :] * stride_ks + offs_d[:, None]
+        v_ptrs = V + blocks[:, None] * stride_vb + v_base + rows[:, None] * stride_vs + offs_dv[None, :]
+    elif PAGED:
         block = tl.load(BlockTable + start_n // page_size)
         rows = (start_n % page_size) + offs_n
         k_ptrs = K + block * stride_kb + k_base + rows[None, :] * stride_ks + offs_d[:, None]
@@ -177,6 +189,7 @@ def flash_decode_split_kernel(
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
+    PAGE_GATHER: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -245,17 +258,20 @@ def flash_decode_split_kernel(
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD)
+                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD,
+                                PAGE_GATHER)
     for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD)
+                                False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD,
+                                PAGE_GATHER)
     for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD)
+                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD,
+                                PAGE_GATHER)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

@@ -32,6 +32,14 @@ length from them, and the batch strides and ``causal_offset`` are not read
 (the kernel uses each sequence's own len_k - len_q); the binding
 (``flash_fwd/varlen.py``) packs the tensors as one batch of total_tokens rows.
 
+``SEQUSED_Q`` and ``SEQUSED_K`` (FlashAttention-3's ``seqused_q``/``seqused_k``,
+with ``VARLEN`` only) are flags too, written only when true: each sequence's
+used query and key lengths, read from ``Seqused_q``/``Seqused_k``
+(``SEQUSED_POINTERS``, int32, one per sequence, after the score
+modifications' pointers; 0 for a call without them), cut its cu_seqlens span
+to its first used rows; the rest of the span is written as rows that see no
+key (``triton_kernel.py``).
+
 ``ALIBI`` (FlashAttention-2's ALiBi), ``BIAS`` (an additive bias: the SDPA
 drop-in's ``attn_mask``) and ``DROPOUT`` follow the same rule: flags written
 only when true, their data runtime arguments. Their pointers (``Alibi``,
@@ -75,6 +83,10 @@ VARLEN_POINTERS = (("Cu_seqlens_q", "*i32"), ("Cu_seqlens_k", "*i32"))
 # (heads,) or (batch, heads)), the additive bias (q's dtype), the Philox [seed, offset].
 MOD_POINTERS = (("Alibi", "*fp32"), ("Bias", "*{dtype}"), ("Philox", "*i64"))
 
+# The varlen kernels' used lengths (FlashAttention-3's seqused_q/seqused_k: int32, one per
+# sequence), after the score modifications' pointers; 0 (unused) unless SEQUSED_Q/SEQUSED_K.
+SEQUSED_POINTERS = (("Seqused_q", "*i32"), ("Seqused_k", "*i32"))
+
 # The scalar tail every attention kernel takes, in this order (the backward's too).
 # The bias strides are 64-bit in every variant: a broadcast bias costs nothing
 # to address, and a full one may span 2**31 elements where q, k and v do not.
@@ -109,11 +121,12 @@ FLASH_FWD = KernelSpec(
         ("Lse", "*fp32"),
         *VARLEN_POINTERS,
         *MOD_POINTERS,
+        *SEQUSED_POINTERS,
         *_STRIDES,
         *SIZES,
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI",
-                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2"),
+                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2", "SEQUSED_Q", "SEQUSED_K"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

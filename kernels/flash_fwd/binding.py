@@ -29,7 +29,7 @@ import torch
 
 from lazytriton import geometry, launch, machine, runtime, tuning
 from lazytriton.kernels.arguments import shown
-from lazytriton.kernels.flash_fwd import FLASH_FWD, VARLEN_POINTERS
+from lazytriton.kernels.flash_fwd import FLASH_FWD, SEQUSED_POINTERS, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.kernels.flash_fwd.names import NAMES, Names
@@ -275,11 +275,14 @@ def softmax_scale(scale: object, head_dim: int, name: str = "sm_scale") -> float
 # locals. Lse is always a contiguous (batch, heads_q, seqlen_q) float32 tensor,
 # so both launchers derive its strides from the shape.
 # The varlen pointers, the lse strides and the scalar tail (``SIZES``), shared with the backward's
-# binding. ``cu_q``/``cu_k`` are ``pack``'s optional arguments (0: a dense call; varlen.py passes
-# the cu_seqlens pointers) and the C launchers' checked call's fields (0 for a dense call).
+# binding. ``cu_q``/``cu_k`` and ``used_q``/``used_k`` are ``pack``'s optional arguments (0: a dense
+# call, or one without seqused; varlen.py passes the cu_seqlens and seqused pointers) and the C
+# launchers' checked call's fields (0 for a dense call).
 SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "Cu_seqlens_q": ("cu_q", "c->cu_seqlens_q"),
     "Cu_seqlens_k": ("cu_k", "c->cu_seqlens_k"),
+    "Seqused_q": ("used_q", "c->seqused_q"),
+    "Seqused_k": ("used_k", "c->seqused_k"),
     "stride_lb": ("hq * sq", "c->hq * c->sq"),
     "stride_lh": ("sq", "c->sq"),
     "group_size": ("hq // hk", "c->hq / c->hk"),
@@ -304,7 +307,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
 MOD_LOCALS = "alibi, bias, philox = call.alibi, call.bias, call.philox"
 # A call without score modifications (the warm path's only kind): null pointers, zero strides.
 _PLAIN = {"head_dim_v": "d", "window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0",
-          "Alibi": "0", "Bias": "0", "Philox": "0",
+          "Seqused_q": "0", "Seqused_k": "0", "Alibi": "0", "Bias": "0", "Philox": "0",
           "stride_alibi_b": "0", **{f"stride_bias{d}": "0" for d in "bhmn"}}
 PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "Q": ("q.data_ptr()", "(int64_t)(uintptr_t)q->data"),
@@ -337,16 +340,17 @@ INDEX64_SOURCE = f"""max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2] +
 
 
 def _generate_pack() -> Any:
-    """``pack(q, k, v, out, lse, call, cu_q=0, cu_k=0) -> (ints, aligned, index64)``, from FLASH_FWD.params.
+    """``pack(q, k, v, out, lse, call, cu_q=0, cu_k=0, used_q=0, used_k=0) -> (ints, aligned, index64)``.
 
     One generated function with the tuple written out keeps the hot path at
     one call, not one per parameter (24 of them). ``aligned``: every pointer
     16-byte aligned and every outer stride a multiple of 16. ``index64``: some
     tensor's last element lies 2**31 or more elements past its first.
-    ``cu_q``, ``cu_k``: the varlen kernel's cu_seqlens pointers (0 when dense).
+    ``cu_q``, ``cu_k``: the varlen kernel's cu_seqlens pointers (0 when dense);
+    ``used_q``, ``used_k``: its seqused pointers (0 without them). Generated from FLASH_FWD.params.
     """
     source = f"""
-def pack(q, k, v, out, lse, call, cu_q=0, cu_k=0):
+def pack(q, k, v, out, lse, call, cu_q=0, cu_k=0, used_q=0, used_k=0):
     b, hq, hk, sq, sk, d = call.shape
     dim_v = call.head_dim_v or d
     offset = call.offset
@@ -465,7 +469,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     return {"BLOCK_M": 32, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
-            "DROPOUT": mods[2], "BLOCK_D2": 0}
+            "DROPOUT": mods[2], "BLOCK_D2": 0, "SEQUSED_Q": False, "SEQUSED_K": False}
 
 
 # ---------------------------------------------------------------------------
@@ -529,9 +533,11 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
 
 # The kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
-# (0 when dense), then the score modifications' (tensors or None); _N_POINTERS counts them all.
+# (0 when dense), then the score modifications' (tensors or None), then the seqused pointers (0 without
+# them); _N_POINTERS counts them all.
 N_TENSORS = [name for name, _ in FLASH_FWD.params].index(VARLEN_POINTERS[0][0])
 _N_POINTERS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
+_N_SEQUSED = _N_POINTERS - len(SEQUSED_POINTERS)
 
 
 def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -539,7 +545,7 @@ def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     """The runtime arguments as Triton's own launchers take them (tensors for pointers): interpreter, JIT."""
     ints = pack(q, k, v, out, lse, call)[0]
     return (q, k, v, out, lse, *ints[N_TENSORS:N_TENSORS + len(VARLEN_POINTERS)], *mod_tensors(call, q),
-            *ints[_N_POINTERS:], *floats(call))
+            *ints[_N_SEQUSED:], *floats(call))
 
 
 _warned_slow = False

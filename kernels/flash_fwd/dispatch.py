@@ -107,7 +107,8 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
                       seqlen_k: int | None = None, table: tuning.Table | None = None,
                       tma: bool | None = None, window: bool = False, softcap: bool = False, alibi: bool = False,
                       bias: bool = False, dropout: bool = False, varlen: bool = False,
-                      head_dim_v: int = 0, split_d: bool | None = None) -> Variant:
+                      head_dim_v: int = 0, split_d: bool | None = None, seqused_q: bool = False,
+                      seqused_k: bool = False) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -120,11 +121,12 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``bias``, ``dropout``: ALiBi slopes, an additive bias (attn_mask), dropout;
     ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k);
     ``head_dim_v``: v's head dim where it differs from q's and k's (0: the same);
-    ``split_d``: split tiles (``variant``).
+    ``split_d``: split tiles (``variant``); ``seqused_q``, ``seqused_k``: a
+    packed call with FlashAttention-3's used lengths.
     """
     request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_q if seqlen_k is None else seqlen_k, config,
                       index64, table, tma, window, softcap, alibi, bias, dropout, varlen=varlen,
-                      head_dim_v=head_dim_v, split_d=split_d)
+                      head_dim_v=head_dim_v, split_d=split_d, seqused_q=seqused_q, seqused_k=seqused_k)
     return variant("flash_fwd", target, request)
 
 

@@ -22,8 +22,8 @@ pointer 16-byte aligned and row strides multiples of 16 bytes (a TMA
 descriptor needs both), 32-bit offsets, seqlen_q a multiple of BLOCK_M and
 seqlen_k of BLOCK_N (no ragged tile: no bounds masks at all), causal_offset
 >= 0 (every row sees key 0, so no row is empty and m never stays -inf), no
-window, softcap, ALiBi, bias, dropout or varlen. Those parameters are taken
-(the shared ABI) and never read.
+window, softcap, ALiBi, bias, dropout or varlen (nor its seqused lengths). Those
+parameters are taken (the shared ABI) and never read.
 
 The pipeline, and why each choice:
 
@@ -710,7 +710,7 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
 
 @gluon.jit
 def flash_fwd_gluon_kernel(
-    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,

@@ -64,6 +64,16 @@ renumbered, a few independent instructions in another order) and assemble
 apart from the constant-bank offsets of the parameters after the two new
 pointers.
 
+``SEQUSED_Q``/``SEQUSED_K`` (with ``VARLEN``; FlashAttention-3's
+``seqused_q``/``seqused_k``) read sequence ``batch``'s used lengths from
+``Seqused_q``/``Seqused_k`` (int32, one per sequence): its queries are the
+first seqused_q[batch] rows of its cu_seqlens span and its keys the first
+seqused_k[batch], and those lengths are its seqlen_q/seqlen_k (loop bounds,
+masks, the bottom-right offset, ALiBi's). Keys past the used length are never
+read. Rows past it are written as a row that sees no key (out 0, lse -inf),
+to the span's end: the grid covers the spans (max_seqlen_q), and a block of
+such rows only visits no key.
+
 Three more flags modify the scores, each off by default:
 
 - ``ALIBI``: FlashAttention-2's ALiBi, ``s -= slope[b, h] * |i + seqlen_k -
@@ -359,7 +369,7 @@ def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, lse_base, drop_k, 
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox,
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -373,6 +383,7 @@ def flash_fwd_kernel(
     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -389,8 +400,13 @@ def flash_fwd_kernel(
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
         k_start = tl.load(Cu_seqlens_k + batch)
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
+        span_q = seqlen_q  # the rows this sequence's programs write, used or not
+        if SEQUSED_Q:
+            seqlen_q = tl.load(Seqused_q + batch)
+        if SEQUSED_K:
+            seqlen_k = tl.load(Seqused_k + batch)
         causal_offset = seqlen_k - seqlen_q
-        if start_m >= seqlen_q:
+        if start_m >= span_q:
             return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -479,6 +495,8 @@ def flash_fwd_kernel(
         end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset + window_right, 0))
         right_limit = tl.maximum(start_m + causal_offset + window_right + 1, 0)
         full_end = tl.minimum(full_end, (right_limit // BLOCK_N) * BLOCK_N)
+    if SEQUSED_Q:  # a block of unused rows only: no key to visit
+        end = tl.where(start_m < seqlen_q, end, 0)
     full_end = tl.minimum(full_end, end)
     if WINDOW:
         full_end = tl.maximum(full_end, begin)
@@ -548,6 +566,14 @@ def flash_fwd_kernel(
                 DROPOUT, EVEN_V,
             )
 
+    if SEQUSED_Q:  # rows past the used length: a row that sees no key (out 0, lse -inf), stored to the span's end
+        unused = offs_m >= seqlen_q
+        acc = tl.where(unused[:, None], 0.0, acc)
+        if BLOCK_D2 > 0:
+            acc2 = tl.where(unused[:, None], 0.0, acc2)
+        l_i = tl.where(unused, 0.0, l_i)
+        seqlen_q = span_q
+        row_ok = offs_m < seqlen_q
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DROPOUT:

@@ -25,6 +25,15 @@ __init__.py). Everything else is the dense bindings' own machinery:
 - The logsumexp is FlashAttention-2's varlen layout (>= 2.4): float32
   (heads_q, total_q); a row whose sequence has no key gets output 0 and
   logsumexp -inf (as lazytriton's dense call; FlashAttention-2 writes +inf).
+- FlashAttention-3's ``seqused_q``/``seqused_k`` (int32, one per sequence,
+  optional): sequence i's queries are the first seqused_q[i] rows of its
+  cu_seqlens span and its keys the first seqused_k[i] (the kernels'
+  ``SEQUSED_Q``/``SEQUSED_K``); its causal and window alignment and ALiBi
+  use those lengths. The rest of a span is never read (garbage there cannot
+  leak); its rows of out get 0 and of lse -inf (a row that sees no key), its
+  rows of dq, dk and dv 0. Their values (0 <= seqused <= the span) are
+  checked with the cumulative lengths, in the same read; max_seqlen_q and
+  max_seqlen_k stay at least the longest span, which the grids cover.
 - ALiBi (slopes (heads_q,) or (batch, heads_q), one row per sequence,
   bottom-right within each sequence) and dropout (the dense call's Philox
   [seed, offset]) are the dense calls' score modifications (``score_mods``),
@@ -43,7 +52,7 @@ from lazytriton import launch, runtime
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
-from lazytriton.kernels.flash_fwd import FLASH_FWD, MOD_POINTERS, VARLEN_POINTERS, score_mods
+from lazytriton.kernels.flash_fwd import FLASH_FWD, MOD_POINTERS, SEQUSED_POINTERS, VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd.binding import Call, Shape
 from lazytriton.kernels.trust import indices_trusted
@@ -59,6 +68,14 @@ class VarlenCall(NamedTuple):
     batch: int
     max_seqlen_q: int
     max_seqlen_k: int
+    # FlashAttention-3's used lengths: int32 (batch,) tensors on q's device, or None (the whole span is used).
+    seqused_q: Any = None
+    seqused_k: Any = None
+
+    @property
+    def used(self) -> tuple[bool, bool]:
+        """The kernels' SEQUSED_Q and SEQUSED_K flags."""
+        return (self.seqused_q is not None, self.seqused_k is not None)
 
     @property
     def kernel_shape(self) -> Shape:
@@ -98,6 +115,24 @@ def _cu_seqlens(name: str, cu: Any, q: torch.Tensor) -> torch.Tensor:
     return cu
 
 
+def _seqused(name: str, t: Any, batch: int, q: torch.Tensor) -> torch.Tensor | None:
+    """One of seqused_q/seqused_k: None, or an int32 (batch,) tensor, contiguous, on q's device."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32 or None, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {t.dtype}")
+    if tuple(t.shape) != (batch,):
+        raise ValueError(f"{name} must have shape (batch,) = ({batch},), one used length per sequence, got shape "
+                         f"{tuple(t.shape)}")
+    if t.stride(0) != 1 and batch > 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must be on one device")
+    return t
+
+
 def _max_seqlen(name: str, value: Any) -> int:
     """A max_seqlen: 0 (every sequence empty, as FlashAttention allows) to INT32_MAX."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -107,25 +142,37 @@ def _max_seqlen(name: str, value: Any) -> int:
     return value
 
 
-def reading_values_is_safe(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
-    """Whether cu_seqlens are read to the host now.
+def reading_values_is_safe(cu_q: torch.Tensor, cu_k: torch.Tensor, *used: torch.Tensor | None) -> bool:
+    """Whether cu_seqlens (and the seqused tensors given, None for absent) are read to the host now.
 
     Not while capturing a CUDA graph or tracing, nor inside
     ``trusted_indices()`` (kernels/trust.py: the caller built them right).
     """
     if indices_trusted() or torch.compiler.is_compiling():
         return False
-    if any(type(t) is not torch.Tensor or t.device.type == "meta" for t in (cu_q, cu_k)):
+    given = (cu_q, cu_k, *(t for t in used if t is not None))
+    if any(type(t) is not torch.Tensor or t.device.type == "meta" for t in given):
         return False
     return not (cu_q.is_cuda and launch.capturing(cu_q.get_device()))
 
 
 def check_values(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int, max_seqlen_q: int,
-                 max_seqlen_k: int) -> None:
-    """The values of the cumulative lengths (one device-to-host read of both), or a ValueError naming the argument."""
-    both = torch.stack((cu_q, cu_k)).tolist()
-    for name, cu, total, max_name, max_seqlen in (("cu_seqlens_q", both[0], total_q, "max_seqlen_q", max_seqlen_q),
-                                                  ("cu_seqlens_k", both[1], total_k, "max_seqlen_k", max_seqlen_k)):
+                 max_seqlen_k: int, used_q: torch.Tensor | None = None, used_k: torch.Tensor | None = None) -> None:
+    """The values of the cumulative lengths and seqused (one device-to-host read), or a ValueError naming it.
+
+    ``used_q``/``used_k`` (seqused_q/seqused_k, None: absent): each in
+    0..the length of its sequence's span.
+    """
+    read = torch.cat([t for t in (cu_q, cu_k, used_q, used_k) if t is not None]).tolist()
+    n = cu_q.numel()  # batch + 1; each seqused tensor has batch values
+    rest = read[2 * n:]
+    used_values: list[list[int] | None] = []
+    for t in (used_q, used_k):
+        used_values.append(None if t is None else rest[:n - 1])
+        rest = rest[0 if t is None else n - 1:]
+    for name, cu, total, max_name, max_seqlen, used in (
+            ("cu_seqlens_q", read[:n], total_q, "max_seqlen_q", max_seqlen_q, used_values[0]),
+            ("cu_seqlens_k", read[n:2 * n], total_k, "max_seqlen_k", max_seqlen_k, used_values[1])):
         if cu[0] != 0:
             raise ValueError(f"{name}[0] must be 0, got {cu[0]}")
         lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
@@ -139,19 +186,31 @@ def check_values(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: 
         if longest > max_seqlen:
             raise ValueError(f"{max_name} ({max_seqlen}) must be at least the longest sequence in {name} "
                              f"({longest})")
+        if used is not None:
+            _check_used(f"seqused_{name[-1]}", used, lengths, name)
+
+
+def _check_used(name: str, used: list[int], lengths: list[int], cu_name: str) -> None:
+    """The values of seqused: sequence i uses 0..lengths[i] of its span (ValueError naming the first that does not)."""
+    bad = next((i for i, (n, span) in enumerate(zip(used, lengths, strict=True)) if not 0 <= n <= span), None)
+    if bad is not None:
+        raise ValueError(f"{name}[{bad}] = {used[bad]}: must be in 0..{lengths[bad]} (sequence {bad}'s length in "
+                         f"{cu_name})")
 
 
 def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
           causal: Any = False, scale: Any = None, window: Any = fwd.NO_WINDOW, softcap: Any = 0.0,
-          values: bool | None = None, alibi: Any = None, dropout_p: Any = 0.0, philox: Any = None) -> VarlenCall:
+          values: bool | None = None, alibi: Any = None, dropout_p: Any = 0.0, philox: Any = None,
+          seqused_q: Any = None, seqused_k: Any = None) -> VarlenCall:
     """The checked varlen call, or a TypeError/ValueError naming the argument.
 
-    ``causal``: a bool, aligned bottom-right within each sequence
-    (FlashAttention-2's rule). ``values``: check the values of the cumulative
-    lengths (a device-to-host read); None does so unless a CUDA graph capture
+    ``causal``: a bool, aligned bottom-right within each sequence (FlashAttention-2's rule, with
+    seqused's lengths where given). ``values``: check the values of the cumulative
+    lengths and seqused (a device-to-host read); None does so unless a CUDA graph capture
     or a torch.compile trace is in progress. ``alibi``, ``dropout_p`` and
     ``philox`` as ``score_mods.with_mods`` takes them, the slopes' batch being
-    the number of sequences.
+    the number of sequences. ``seqused_q``, ``seqused_k``: FlashAttention-3's
+    used lengths, int32 (batch,) tensors on q's device, or None.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
     if k.shape[:2] != v.shape[:2]:
@@ -168,6 +227,7 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     batch = cu_q.numel() - 1
     if batch > fwd.MAX_GRID_YZ:
         raise ValueError(f"batch (cu_seqlens_q has {batch} + 1 entries) must be at most {fwd.MAX_GRID_YZ}")
+    used_q, used_k = _seqused("seqused_q", seqused_q, batch, q), _seqused("seqused_k", seqused_k, batch, q)
     sq, sk = _max_seqlen("max_seqlen_q", max_seqlen_q), _max_seqlen("max_seqlen_k", max_seqlen_k)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -175,10 +235,10 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
                      fwd.Names(scale="softmax_scale"), window, softcap)
     call = call._replace(offset=0)  # the kernels use each sequence's own len_k - len_q
     if values is None:
-        values = reading_values_is_safe(cu_q, cu_k)
+        values = reading_values_is_safe(cu_q, cu_k, used_q, used_k)
     if values:
-        check_values(cu_q, cu_k, q.shape[0], k.shape[0], sq, sk)
-    vc = VarlenCall(call, batch, sq, sk)
+        check_values(cu_q, cu_k, q.shape[0], k.shape[0], sq, sk, used_q, used_k)
+    vc = VarlenCall(call, batch, sq, sk, used_q, used_k)
     if alibi is None and (type(dropout_p) is float or type(dropout_p) is int) and dropout_p == 0:
         return vc
     # with_mods checks the slopes against the call's batch: the kernel shape's is the number of sequences.
@@ -213,12 +273,17 @@ def check_grad(q: torch.Tensor, out: Any, lse: Any, do: Any, head_dim_v: int = 0
 # Memo keys, variants, constexprs
 
 
+def _used_tail(vc: VarlenCall) -> tuple[Any, ...]:
+    """A memo key's tail for seqused: none without it (the keys of calls without seqused are unchanged)."""
+    return ("seqused", *vc.used) if vc.seqused_q is not None or vc.seqused_k is not None else ()
+
+
 def memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
              index64: bool) -> tuple[Any, ...]:
-    """The forward's memo key: the dense one of the kernel shape, marked ``"varlen"``."""
+    """The forward's memo key: the dense one of the kernel shape, marked ``"varlen"`` (and seqused's flags)."""
     call = vc.call
     return (MARK, *fwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped, call.mods, call.head_dim_v))
+                                call.windowed, call.capped, call.mods, call.head_dim_v), *_used_tail(vc))
 
 
 def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -226,7 +291,7 @@ def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, a
     """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"`` (never SEQ16)."""
     call = vc.call
     return (MARK, *bwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped, call.mods, call.head_dim_v, seq16=False))
+                                call.windowed, call.capped, call.mods, call.head_dim_v, seq16=False), *_used_tail(vc))
 
 
 def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -236,13 +301,14 @@ def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: Varl
     return tuple(dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], shape.head_dim, call.causal != "none",
                                          aligned, shape.seqlen_q, shape.seqlen_k, index64=index64,
                                          window=call.windowed, softcap=call.capped, alibi=call.mods[0],
-                                         dropout=call.mods[2], varlen=True, head_dim_v=call.head_dim_v)
+                                         dropout=call.mods[2], varlen=True, head_dim_v=call.head_dim_v,
+                                         seqused_q=vc.used[0], seqused_k=vc.used[1])
                  for kernel in kernels)
 
 
 FORWARD = (FLASH_FWD.name,)
-# The pointers after each kernel's own that Triton's interpreter takes as tensors: cu_seqlens, then the mods'.
-_SKIP_POINTERS = len(VARLEN_POINTERS) + len(MOD_POINTERS)
+# The pointers after each kernel's own that Triton's interpreter takes as tensors: cu_seqlens, the mods', seqused.
+_SKIP_POINTERS = len(VARLEN_POINTERS) + len(MOD_POINTERS) + len(SEQUSED_POINTERS)
 BACKWARD = (FLASH_BWD_DQ.name, FLASH_BWD_DKDV.name)
 
 
@@ -275,6 +341,16 @@ def host_lengths(vc: VarlenCall, cu_q: torch.Tensor, cu_k: torch.Tensor) -> Varl
                        max_seqlen_k=max(1, min(vc.max_seqlen_k, longest_k)))
 
 
+def _used(vc: VarlenCall) -> tuple[Any, Any, dict[str, bool]]:
+    """The seqused pointers as ``pack`` and Triton's interpreter take them (0 when absent) and their constexprs."""
+    used_q, used_k = (0 if t is None else t for t in (vc.seqused_q, vc.seqused_k))
+    return used_q, used_k, {"VARLEN": True, "SEQUSED_Q": vc.used[0], "SEQUSED_K": vc.used[1]}
+
+
+def _pointer(t: Any) -> int:
+    return t if isinstance(t, int) else t.data_ptr()
+
+
 # ---------------------------------------------------------------------------
 # Forward
 
@@ -298,7 +374,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         return out.zero_(), lse.fill_(float("-inf"))
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), lse.unsqueeze(0))
     call = vc.call
-    ints, aligned, index64 = fwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
+    used_q, used_k, flags = _used(vc)
+    ints, aligned, index64 = fwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr(), _pointer(used_q),
+                                      _pointer(used_k))
     if q.device.type == "cpu":
         from lazytriton import compiler
 
@@ -306,9 +384,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         shape = vc.kernel_shape
         fwd.warn_if_slow(shape)
         constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
-                                                   call.mods, call.head_dim_v), "VARLEN": True}
-        args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), *ints[_SKIP_POINTERS + fwd.N_TENSORS:],
-                *fwd.floats(call))
+                                                   call.mods, call.head_dim_v), **flags}
+        args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), used_q, used_k,
+                *ints[_SKIP_POINTERS + fwd.N_TENSORS:], *fwd.floats(call))
         compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
         return out, lse
     device = q.device
@@ -342,7 +420,9 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), kernel_view(do), lse.unsqueeze(0),
              delta.unsqueeze(0), *(kernel_view(g) for g in grads))
     call, shape = vc.call, vc.kernel_shape
-    dq_ints, dkdv_ints, aligned, _, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr())
+    used_q, used_k, _ = _used(vc)
+    dq_ints, dkdv_ints, aligned, _, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr(),
+                                                       _pointer(used_q), _pointer(used_k))
     floats = fwd.floats(call)
     if q.device.type == "cpu":
         _interpret_backward(views, cu_q, cu_k, dq_ints, dkdv_ints, vc)
@@ -370,13 +450,14 @@ def _interpret_backward(views: tuple[torch.Tensor, ...], cu_q: torch.Tensor, cu_
     vc = host_lengths(vc, cu_q, cu_k)
     call, shape = vc.call, vc.kernel_shape
     fwd.warn_if_slow(shape)
+    used_q, used_k, flags = _used(vc)
     constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
-                                               call.head_dim_v), "VARLEN": True}
+                                               call.head_dim_v), **flags}
     dq_grid, dkdv_grid = bwd.grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     floats = fwd.floats(call)
     skip = bwd.N_TENSORS + _SKIP_POINTERS
-    mods = score_mods.mod_tensors(call, q)
+    pointers = (cu_q, cu_k, *score_mods.mod_tensors(call, q), used_q, used_k)
     compiler.interpret(FLASH_BWD_DQ.name, dq_grid,
-                       (q, k, v, out, do, lse, delta, dq, cu_q, cu_k, *mods, *dq_ints[skip:], *floats), constexprs)
+                       (q, k, v, out, do, lse, delta, dq, *pointers, *dq_ints[skip:], *floats), constexprs)
     compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid,
-                       (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *mods, *dkdv_ints[skip:], *floats), constexprs)
+                       (q, k, v, do, lse, delta, dk, dv, *pointers, *dkdv_ints[skip:], *floats), constexprs)

@@ -446,6 +446,10 @@ def add_parser(sub: Any) -> None:
                     help="flash_decode: a paged cache with pages of this many keys (default: a contiguous cache)")
     ex.add_argument("--varlen", action="store_true", help="packed sequences (flash_attn_varlen_func, VARLEN=true); "
                     "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k")
+    for flag in ("seqused-q", "seqused-k"):
+        ex.add_argument(f"--{flag}", action="store_true",
+                        help=f"with --varlen: the call gives {flag.replace('-', '_')} (FlashAttention-3's used "
+                             f"lengths, SEQUSED_{flag[-1].upper()}=true)")
     for flag, what in (("window", "a sliding window (window_size)"), ("softcap", "a logit softcap"),
                        ("alibi", "ALiBi slopes (alibi_slopes)"), ("dropout", "dropout_p > 0"),
                        ("attn-mask", "an attn_mask (the kernels' additive bias)"),

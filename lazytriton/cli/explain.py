@@ -74,6 +74,7 @@ def explain_report(args: argparse.Namespace) -> Report:
     described = Request(args.dtype, args.head_dim, causal, not args.unaligned, args.seqlen_q, seqlen_k,
                         index64=args.index64, window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
+                        seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         variant, config, row = dispatch.choice(name, target, described)
@@ -115,6 +116,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     from lazytriton.kernels.flash_fwd import binding
     from lazytriton.kernels.flash_fwd import varlen as packed
 
+    used = [f"--{name.replace('_', '-')}" for name in ("seqused_q", "seqused_k") if flags.get(name)]
+    if used and not varlen:
+        raise ValueError(f"{' and '.join(used)} need --varlen: seqused_q/seqused_k cut the spans of packed sequences")
     sizes = {"--head-dim": head_dim, "--head-dim-v": head_dim_v, "--seqlen-k": seqlen_k, "--page-size": page}
     negative = next(((flag, n) for flag, n in sizes.items() if n < 0), None)
     if negative is not None:
@@ -136,8 +140,11 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
                           window, softcap)
         elif varlen:
             cu = meta(2, of=torch.int32)
+            one = meta(1, of=torch.int32)
             packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, head_dim_v),
-                         cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False)
+                         cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False,
+                         seqused_q=one if flags.get("seqused_q") else None,
+                         seqused_k=one if flags.get("seqused_k") else None)
         else:
             binding.check(meta(1, 1, seqlen_q, head_dim), meta(1, 1, seqlen_k, head_dim),
                           meta(1, 1, seqlen_k, head_dim_v), False if causal == "none" else causal, None,
@@ -171,11 +178,12 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
 def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
-    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask`` and ``--leftpad``.
+    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--leftpad``,
+    ``--seqused-q`` and ``--seqused-k``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
-             ("bias", "attn_mask"), ("leftpad", "leftpad"))}
+             ("bias", "attn_mask"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"), ("seqused_k", "seqused_k"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -211,14 +219,21 @@ def print_explain(report: Report) -> None:
           f"seqlen_k={call['seqlen_k']} causal={call['causal']} {'aligned' if call['aligned'] else 'unaligned'} "
           f"target={call['target']} ({call['target_source']})")
     if call["kernel"].startswith("flash_decode"):
+        gathered = any("PAGE_GATHER=true" in kernel["variant"] for kernel in report["kernels"])
         print("         flash_decode: seqlen_q counts query rows per key/value head (group size x seqlen_q), "
-              "seqlen_k the cache's length per sequence" + (f"; pages of {call['page_size']} keys"
-                                                             if call.get("page_size") else "; a contiguous cache")
+              "seqlen_k the cache's length per sequence"
+              + (f"; pages of {call['page_size']} key{'s' if call['page_size'] > 1 else ''}" if call.get("page_size")
+                 else "; a contiguous cache")
+              + ("; no key tile divides the page: each key's page is read from the block table (PAGE_GATHER=true)"
+                 if gathered else "")
               + ("; left-padded (cache_leftpad, LEFTPAD=true)" if call.get("leftpad") else "")
               + "; the combine runs only when a call splits its keys")
     if call.get("varlen"):
         print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
-              "buckets pick the tiles, and causal is bottom-right within each sequence")
+              "buckets pick the tiles, and causal is bottom-right within each sequence"
+              + "".join(f"; {name} (SEQUSED_{name[-1].upper()}=true): each sequence uses the first {name}[i] "
+                        f"{'queries' if name[-1] == 'q' else 'keys'} of its span"
+                        for name in ("seqused_q", "seqused_k") if call.get(name)))
     elif call["causal"] == "bottom_right":
         print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
     if any(name in call["kernels"] for name in ("flash_bwd_dq", "flash_bwd_dkdv")) and call["aligned"]:

@@ -11,7 +11,8 @@ serve batch 1 and batch 64, a contiguous and a paged cache: each bucket's
 candidates are timed on every case of the grid that falls in it (layouts x
 batches), and the winner is the candidate with the smallest geometric mean
 of its time over the case's best time (no case may be wrong). A paged case
-caps BLOCK_N at its page size, as dispatch does.
+caps BLOCK_N at its page size, as dispatch does (pages no key tile divides
+are gathered, PAGE_GATHER=true, and cap nothing).
 
 The split kernel is swept first with the combine kernel at dispatch's
 current choice, then the combine kernel with the split kernel at the winner,
@@ -175,7 +176,7 @@ def cut_to_page(config: Config, case: Case) -> Config:
     """A split config as dispatch serves it to ``case``: BLOCK_N no wider than the page allows."""
     if not case.paged:
         return config
-    limit = decode_dispatch.page_block_limit(case.page_size)
+    limit = decode_dispatch.key_block_limit(case.page_size)
     return Config(config.block_m, min(config.block_n, limit), config.num_warps, config.num_stages,
                   config.waves_per_eu)
 
@@ -469,8 +470,8 @@ def _layouts(text: str) -> list[str]:
 
 
 def _page_size(text: str) -> int:
-    if not text.isdigit() or int(text) < 16 or int(text) % 16:
-        raise argparse.ArgumentTypeError(f"--page-size must be a positive multiple of 16, got {text!r}")
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--page-size must be a positive integer (keys a page), got {text!r}")
     return int(text)
 
 
