@@ -16,7 +16,10 @@ rows, sequence by sequence: out and lse at most twice the same-dtype
 reference's error, the gradients three times (FlashAttention-3's factor), plus
 the dtype's floor. Small shapes through Triton's interpreter, with spans past
 the interpreter's tiles (32 query rows forward, 16 backward, 16 keys), so that
-whole blocks of unused rows and keys occur.
+whole blocks of unused rows and keys occur. Also: ALiBi, dropout (each used
+element keeps its bit of the packed mask), the descriptor (TMA) forward, the
+checks, torch.compile, variants and memo keys, prewarm, ``cache explain`` and
+the C API's specs (its calls are in tests/test_capi.py).
 """
 
 from __future__ import annotations
@@ -120,9 +123,13 @@ def _used_rows(spans: tuple[int, ...], used: tuple[int, ...]) -> torch.Tensor:
         torch.zeros(0, dtype=torch.bool)
 
 
-def _reference(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               slopes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of the used rows of the packed q, k, v only, sequence by sequence (lse: (heads_q, used rows))."""
+def _reference(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None,
+               keep: torch.Tensor | None = None, dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of the used rows of the packed q, k, v only, sequence by sequence (lse: (heads_q, used rows)).
+
+    ``keep``: dropout's mask over the packed (1, heads_q, total_q, total_k) scores; each sequence's used rows
+    and keys take their block of it.
+    """
     outs, lses = [], []
     cq, ck = cu(case.spans_q).tolist(), cu(case.spans_k).tolist()
     used_q, used_k = case.lengths()
@@ -130,8 +137,10 @@ def _reference(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         qs = q[cq[i]:cq[i] + used_q[i]].transpose(0, 1)[None]
         ks, vs = (t[ck[i]:ck[i] + used_k[i]].transpose(0, 1)[None] for t in (k, v))
         sl = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[i])
+        block = None if keep is None else keep[:, :, cq[i]:cq[i] + used_q[i], ck[i]:ck[i] + used_k[i]]
         out, lse = attention_reference(qs, ks, vs, causal="bottom_right" if case.causal else False,
-                                       window_size=case.window, softcap=case.softcap, alibi_slopes=sl)
+                                       window_size=case.window, softcap=case.softcap, alibi_slopes=sl,
+                                       dropout_p=dropout_p, keep=block)
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
     return torch.cat(outs), torch.cat(lses, dim=1)
@@ -181,6 +190,37 @@ def test_used_rows_follow_flashattentions_rule_and_unused_ones_are_zero(case: Ca
     for name, g, x, s, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), exact_grads, same_grads, (rows_q, rows_k, rows_k),
                                    strict=True):
         _within(name, g[rows], x[rows], s[rows], GRAD_FLOOR[case.dtype], 3)
+
+
+def test_dropout_keeps_each_elements_packed_mask_bit() -> None:
+    """With dropout, sequence i's used rows and keys take their block of the packed mask, as without seqused."""
+    from lazytriton.kernels.flash_fwd import score_mods
+    from lazytriton.kernels.flash_fwd.reference import dropout_keep
+
+    case = Case(F32, 16, (2, 1), True, NO_WINDOW, 0.0, "none", (9, 20, 3), (12, 6, 19), (5, 20, 0), (12, 2, 10))
+    inputs = _inputs(case)
+    q, k, v, do = (inputs[n] for n in ("q", "k", "v", "do"))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(7)
+    out = lazytriton.flash_attn_varlen_func(*leaves, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], 20, 19,
+                                            dropout_p=0.3, causal=True, seqused_q=inputs["seqused_q"],
+                                            seqused_k=inputs["seqused_k"])
+    dq, dk, dv = torch.autograd.grad(out, leaves, do)
+    torch.manual_seed(7)  # the pair the call drew
+    keep = dropout_keep(score_mods.draw_philox(torch.device("cpu")), (1, 2, sum(case.spans_q), sum(case.spans_k)),
+                        0.3)
+    rows_q, rows_k = _used_rows(case.spans_q, case.lengths()[0]), _used_rows(case.spans_k, case.lengths()[1])
+    assert (out[~rows_q] == 0).all() and (dq[~rows_q] == 0).all() and (dk[~rows_k] == 0).all()
+    exact_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    exact_out, _ = _reference(case, *exact_leaves, None, keep, 0.3)
+    exact = torch.autograd.grad(exact_out, exact_leaves, do[rows_q].double())
+    same_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    same_out, _ = _reference(case, *same_leaves, None, keep, 0.3)
+    same = torch.autograd.grad(same_out, same_leaves, do[rows_q])
+    _within("out", out[rows_q], exact_out.detach(), same_out.detach(), OUT_FLOOR[F32], 2)
+    for name, g, x, s, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), exact, same, (rows_q, rows_k, rows_k),
+                                   strict=True):
+        _within(name, g[rows], x[rows], s[rows], GRAD_FLOOR[F32], 3)
 
 
 def test_the_kernels_write_the_unused_rows(monkeypatch: pytest.MonkeyPatch) -> None:
