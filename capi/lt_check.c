@@ -229,18 +229,26 @@ static int64_t lt__last_offset(const lt_tensor *t, int64_t b, int64_t h, int64_t
 }
 
 /* One of cu_seqlens_q/cu_seqlens_k: int32, (batch + 1), contiguous, on q's device, with data. */
-static lt_status lt__check_cu(const char *name, const lt_tensor *t, const lt_tensor *q) {
-    if (t->dtype != LT_DTYPE_INT32)
-        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_INT32 (4)", name, t->dtype);
-    if (t->ndim != 1 || t->sizes[0] < 1)
-        return lt__fail(LT_ERROR_SHAPE, "%s must be 1-dim with batch + 1 >= 1 entries, got ndim %d, sizes[0] %lld",
-                        name, t->ndim, (long long)t->sizes[0]);
+/* An int32 index vector's layout: contiguous, on q's device. */
+static lt_status lt__check_index_layout(const char *name, const lt_tensor *t, const lt_tensor *q) {
     if (t->sizes[0] > 1 && t->strides[0] != 1)
         return lt__fail(LT_ERROR_SHAPE, "%s.strides[0] is %lld; it must be contiguous (1)", name,
                         (long long)t->strides[0]);
     if (t->device_type != q->device_type || t->device_index != q->device_index)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is not on q's device; all tensors of a call must be on one "
                         "device", name);
+    return LT_OK;
+}
+
+static lt_status lt__check_cu(const char *name, const lt_tensor *t, const lt_tensor *q) {
+    if (t->dtype != LT_DTYPE_INT32)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_INT32 (4)", name, t->dtype);
+    if (t->ndim != 1 || t->sizes[0] < 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s must be 1-dim with batch + 1 >= 1 entries, got ndim %d, sizes[0] %lld",
+                        name, t->ndim, (long long)t->sizes[0]);
+    lt_status layout = lt__check_index_layout(name, t, q);
+    if (layout != LT_OK)
+        return layout;
     if (t->data == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", name);
     return LT_OK;
@@ -257,12 +265,9 @@ static lt_status lt__check_used(const char *name, const lt_tensor *t, const lt_t
     if (t->ndim != 1 || t->sizes[0] != batch)
         return lt__fail(LT_ERROR_SHAPE, "%s must be 1-dim with batch = %lld entries (one used length per sequence), "
                         "got ndim %d, sizes[0] %lld", name, (long long)batch, t->ndim, (long long)t->sizes[0]);
-    if (t->sizes[0] > 1 && t->strides[0] != 1)
-        return lt__fail(LT_ERROR_SHAPE, "%s.strides[0] is %lld; it must be contiguous (1)", name,
-                        (long long)t->strides[0]);
-    if (t->device_type != q->device_type || t->device_index != q->device_index)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is not on q's device; all tensors of a call must be on one "
-                        "device", name);
+    lt_status layout = lt__check_index_layout(name, t, q);
+    if (layout != LT_OK)
+        return layout;
     if (t->data == NULL && batch > 0)
         return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", name);
     *pointer = (int64_t)(uintptr_t)t->data;
