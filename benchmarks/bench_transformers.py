@@ -35,7 +35,7 @@ The table comes last. ``--cpu-smoke`` runs a tiny float32 model on the CPU
 through Triton's interpreter (CI): the same code path, small shapes.
 
 Usage: python benchmarks/bench_transformers.py [--csv PATH] [--batch 8] [--new-tokens 64] [--reps 3]
-                                             [--cache dynamic|static] [--min-len 64 --max-len 512]
+                                             [--cache dynamic|static] [--min-len 64 --max-len 512] [--profile 25]
        python benchmarks/bench_transformers.py --cpu-smoke [--cache static]
 
 Long context: ``--min-len 8192 --max-len 32768 --batch 1`` (and ``--batch 4``); the model's position table
@@ -73,6 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="static: a StaticCache, decoding steps compiled (reduce-overhead, fullgraph)")
     p.add_argument("--floor", type=float, default=None, help="absolute floor of the logits rule (default: by dtype)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny float32 model on the CPU (interpreter)")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="after the timing, profile one generate call per implementation (torch.profiler) and print "
+                        "its ROWS costliest ops by self CPU time and by self device time")
     return p.parse_args(argv)
 
 
@@ -156,6 +159,22 @@ def generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: 
     return out, time.perf_counter() - t0
 
 
+def profile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, args: argparse.Namespace,
+                     device: str) -> None:
+    """One generate call under torch.profiler: where its host and device time go, op by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        generate(model, impl, ids, mask, args.new_tokens, device, args.cache)
+    table = prof.key_averages()
+    print(f"--- profile of one generate call, {impl}: by self CPU time")
+    print(table.table(sort_by="self_cpu_time_total", row_limit=args.profile, max_name_column_width=60))
+    if device == "cuda":
+        print(f"--- profile of one generate call, {impl}: by self device time")
+        print(table.table(sort_by="self_cuda_time_total", row_limit=args.profile, max_name_column_width=60))
+
+
 def lazytriton_calls(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
     """The lazytriton entry points a prefill and one decoding step call (all layers): "decoding_step 8, varlen 8"."""
     import lazytriton
@@ -234,6 +253,9 @@ def main(argv: list[str]) -> int:
         runs = [generate(model, impl, ids, mask, args.new_tokens, device, args.cache) for _ in range(args.reps)]
         outs[impl] = runs[0][0]
         tok_s[impl] = args.batch * args.new_tokens / statistics.median(t for _, t in runs)
+    if args.profile:
+        for impl in ("sdpa", "lazytriton"):
+            profile_generate(model, impl, ids, mask, args, device)
     path = lazytriton_calls(model, ids, mask)
     compared, equal, notes = compare_tokens(outs["sdpa"], outs["lazytriton"], ids.shape[1], 2 * errors["sdpa"] + floor)
     tokens_ok = all("NOT" not in n for n in notes)
