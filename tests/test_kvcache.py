@@ -137,6 +137,13 @@ def check_against_reference(args: dict[str, Any], got: tuple[torch.Tensor, ...],
     same_out, same_lse, same_k, same_v = kvcache_reference(**args, **opts)
     assert torch.equal(k_cache, same_k) and torch.equal(v_cache, same_v), "the new keys/values landed elsewhere"
     assert torch.equal(same_k.double(), ref_k) and torch.equal(same_v.double(), ref_v)
+    check_out_lse((out, lse), (ref_out, ref_lse), (same_out, same_lse))
+
+
+def check_out_lse(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor],
+                  same: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """FlashAttention's rule for (out, lse) against the float64 reference ``ref`` and the same-dtype one ``same``."""
+    (out, lse), (ref_out, ref_lse), (same_out, same_lse) = got, ref, same
     floor = OUT_FLOOR[out.dtype] * max(1.0, float(ref_out.abs().max()) if ref_out.numel() else 0.0)
     out_err, same_err = max_err(out, ref_out), max_err(same_out, ref_out)
     assert out_err <= 2 * same_err + floor, f"out: max error {out_err:.3g} > 2 x {same_err:.3g} + {floor:.3g}"

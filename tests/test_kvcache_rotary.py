@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import gpu
-from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, seed_of
-from test_kvcache import Case, make_inputs, max_err
+from test_flash_fwd import OUT_FLOOR, seed_of
+from test_kvcache import Case, check_out_lse, make_inputs, max_err
 
 import lazytriton
 from lazytriton.cli import main as cli_main
@@ -71,14 +71,7 @@ def check_rotary(args: dict[str, Any], got: tuple[torch.Tensor, ...], **opts: An
     k_floor = OUT_FLOOR[k_cache.dtype] * max(1.0, float(ref_k.abs().max()))
     k_err, same_k_err = max_err(k_cache, ref_k), max_err(same_k, ref_k)
     assert k_err <= 2 * same_k_err + k_floor, f"k_cache: max error {k_err:.3g} > 2 x {same_k_err:.3g}"
-    floor = OUT_FLOOR[out.dtype] * max(1.0, float(ref_out.abs().max()) if ref_out.numel() else 0.0)
-    out_err, same_err = max_err(out, ref_out), max_err(same_out, ref_out)
-    assert out_err <= 2 * same_err + floor, f"out: max error {out_err:.3g} > 2 x {same_err:.3g} + {floor:.3g}"
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), seen), "rows without keys must have lse -inf, and only they"
-    lse_err, same_lse_err = max_err(lse[seen], ref_lse[seen]), max_err(same_lse[seen], ref_lse[seen])
-    lse_floor = LSE_FLOOR * max(1.0, float(ref_lse[seen].abs().max()) if seen.any() else 0.0)
-    assert lse_err <= 2 * same_lse_err + lse_floor, f"lse: max error {lse_err:.3g} > 2 x {same_lse_err:.3g}"
+    check_out_lse((out, lse), (ref_out, ref_lse), (same_out, same_lse))
 
 
 def run(args: dict[str, Any], **opts: Any) -> tuple[torch.Tensor, ...]:
