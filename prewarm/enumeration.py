@@ -51,8 +51,9 @@ variant (PAGE_GATHER=true) that serves them all. Pages not planned compile on
 first use and come back through the miss log. They have no varlen, dropout or bias
 variants (ALiBi they have), and they alone have left-padded ones (leftpad). The append kernel (family ``kv_append``: new
 keys written into the cache before decoding) is planned with them, over
-their dtypes, head dims (and v's), layouts, alignments and index widths:
-one config, no seqlen axis.
+their dtypes, head dims (and v's), layouts, alignments, index widths and
+rotary modes: one config, no seqlen axis. Rotary variants (``rotary``) are the
+split kernel's and kv_append's alone.
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,

@@ -476,6 +476,19 @@ for paged, dv in ((False, 128), (True, 64), (False, 64)):
     name = f"append-{'paged' if paged else 'batch_idx'}-dv{dv}"
     report[name] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
                     float((lse - want_lse).abs().max()), torch.equal(kc, kc2) and torch.equal(vc, vc2)]
+    # The same call with rotary (version 3): the keys rotated by kv_append, q by the split kernel, in C as in Python.
+    angles = torch.rand(520, 32 if paged else 64, device="cuda") * 6.28
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    describe(p.rotary_cos, cos)
+    describe(p.rotary_sin, sin)
+    p.rotary_interleaved = int(paged)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    torch.cuda.synchronize()
+    want, want_lse = lazytriton.flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=lens, causal=True,
+                                                        return_softmax_lse=True, num_splits=1, rotary_cos=cos,
+                                                        rotary_sin=sin, rotary_interleaved=bool(paged), **index)
+    report[f"rotary-{name}"] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
+                                float((lse - want_lse).abs().max()), torch.equal(kc, kc2) and torch.equal(vc, vc2)]
 # A left-padded cache (cache_leftpad) from C, contiguous and paged, with the workspace's splits.
 for paged in (False, True):
     batch = 8
@@ -520,6 +533,9 @@ def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -
     assert {name for name in report if name.startswith("append-")} == {"append-batch_idx-dv128", "append-paged-dv64",
                                                                       "append-batch_idx-dv64"}
     assert {"leftpad-contiguous", "leftpad-paged"} <= set(report)
+    assert {name for name in report if name.startswith("rotary-")} == {"rotary-append-batch_idx-dv128",
+                                                                      "rotary-append-paged-dv64",
+                                                                      "rotary-append-batch_idx-dv64"}
     for name, (status, message, out_err, lse_err, *caches) in report.items():
         assert status == 0, (name, message)
         assert out_err < 2e-2 and lse_err < 1e-3, (name, out_err, lse_err)
