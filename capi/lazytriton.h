@@ -263,8 +263,10 @@ typedef struct {
  *            by the kv_append kernel, on the caller's stream before the decoding kernels)
  *   cache_seqlens    optional int32 (batch): each sequence's cached length before the new keys; without
  *                    it, cache_seqlen (-1: the whole cache) holds for every sequence
- *   cache_batch_idx  optional int32 (batch): the cache row of each sequence (not with block_table)
- *   block_table      optional int32 (batch, max_blocks_per_seq): a paged cache
+ *   cache_batch_idx  optional int32 (batch): the cache row of each sequence, or with block_table its
+ *                    row of the table (FlashAttention-3's)
+ *   block_table      optional int32 (batch, max_blocks_per_seq), or (table_rows, max_blocks_per_seq)
+ *                    with cache_batch_idx: a paged cache
  *   alibi_slopes     optional fp32 (heads_q) or (batch, heads_q)
  *   cache_leftpad    optional int32 (batch) (version 2): where each sequence's keys start in the cache
  *                    (FlashAttention's cache_leftpad); sequence b sees positions cache_leftpad[b] ..

@@ -158,13 +158,19 @@ static lt_status lt__kv_layout(const lt_attn_kvcache_params *p, lt__kv_call *c) 
         c->use_batch_idx = 1;
         return lt__kv_small("cache_batch_idx", &p->cache_batch_idx, &p->q, LT_DTYPE_INT32, 1, b1, "(batch,)");
     }
-    if (!lt__absent(&p->cache_batch_idx))
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "cache_batch_idx cannot be used with a paged cache (block_table): "
-                        "the block table picks each sequence's blocks");
-    int64_t table[2] = {c->b, -1};
+    /* With cache_batch_idx, each sequence's row of the table (FlashAttention-3's): the table has any rows. */
+    int picked = !lt__absent(&p->cache_batch_idx);
+    int64_t table[2] = {picked ? -1 : c->b, -1};
     if ((s = lt__kv_small("block_table", &p->block_table, &p->q, LT_DTYPE_INT32, 2, table,
-                          "(batch, max_blocks_per_seq)")) != LT_OK)
+                          picked ? "(table_rows, max_blocks_per_seq)" : "(batch, max_blocks_per_seq)")) != LT_OK)
         return s;
+    if (picked) {
+        if (p->block_table.sizes[0] < 1)
+            return lt__fail(LT_ERROR_SHAPE, "block_table has no rows but cache_batch_idx picks rows of it");
+        c->use_batch_idx = 1;
+        if ((s = lt__kv_small("cache_batch_idx", &p->cache_batch_idx, &p->q, LT_DTYPE_INT32, 1, b1, "(batch,)")) != LT_OK)
+            return s;
+    }
     if (s_c < 1) /* any size: pages no key tile divides are read key by key (flash_decode.dispatch.page_gather) */
         return lt__fail(LT_ERROR_SHAPE, "with block_table, k_cache.sizes[1] is the page size and must be >= 1 (keys "
                         "a page), got %lld", (long long)s_c);

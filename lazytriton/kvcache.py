@@ -81,10 +81,13 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             end (seqlen_cache, or max_blocks_per_seq x page_size).
         cache_batch_idx: optional int32 (batch,): the row of a contiguous
             cache each sequence uses (default 0..batch-1; then batch_cache must
-            equal batch). If rows repeat and k/v are given, which sequence's
-            new keys a shared row keeps is undefined (as in FlashAttention-2).
-            Not with a block table.
-        block_table: optional int32 (batch, max_blocks_per_seq): the cache
+            equal batch), or with a block table the row of the table holding
+            its blocks (FlashAttention-3's; the table may then have any
+            number of rows). If rows repeat and k/v are given, which
+            sequence's new keys a shared row keeps is undefined (as in
+            FlashAttention).
+        block_table: optional int32 (batch, max_blocks_per_seq), or
+            (table_rows, max_blocks_per_seq) with cache_batch_idx: the cache
             blocks of each sequence, in order (a paged cache). Entries past
             a sequence's last key (and, with cache_leftpad, wholly before its
             first) are never read: they may hold anything, -1 included.

@@ -82,6 +82,15 @@ paged = {"q": torch.randn(2, 3, 4, 32), "k_cache": pages[0], "v_cache": pages[1]
          "block_table": table, "alibi_slopes": torch.rand(4)}
 k_before["paged"] = pages[0].clone()
 case("paged", torch.float32, paged, {"causal": True, "num_splits": 3}, causal=1, num_splits=3)
+# Paged with cache_batch_idx (FlashAttention-3's): each sequence's row of a 5-row table, new keys appended there.
+wide_table = torch.randperm(12, dtype=torch.int32)[:10].reshape(5, 2).contiguous()
+picked_pages = torch.randn(12, 16, 2, 32), torch.randn(12, 16, 2, 32)
+picked = {"q": torch.randn(2, 2, 4, 32), "k_cache": picked_pages[0], "v_cache": picked_pages[1],
+          "k": torch.randn(2, 2, 2, 32), "v": torch.randn(2, 2, 2, 32),
+          "cache_seqlens": torch.tensor([20, 3], dtype=torch.int32), "block_table": wide_table,
+          "cache_batch_idx": torch.tensor([3, 0], dtype=torch.int32)}
+k_before["paged_batch_idx"] = picked_pages[0].clone()
+case("paged_batch_idx", torch.float32, picked, {"causal": True, "num_splits": 2}, causal=1, num_splits=2)
 # Contiguous with cache_batch_idx, one query, a window, softcap, an int length for every sequence, bf16.
 cache = torch.randn(3, 50, 1, 64).bfloat16(), torch.randn(3, 50, 1, 64).bfloat16()
 contiguous = {"q": torch.randn(2, 1, 2, 64).bfloat16(), "k_cache": cache[0], "v_cache": cache[1],
@@ -185,7 +194,7 @@ report["errors"] = [
     bad(lambda p, t: setattr(p.k_cache, "dtype", 1)),
     bad(lambda p, t: describe(p.v_cache, narrow)),
     bad(lambda p, t: describe(p.block_table, int64_table)),
-    bad(lambda p, t: describe(p.cache_batch_idx, torch.zeros(2, dtype=torch.int32))),
+    bad(lambda p, t: describe(p.cache_batch_idx, torch.zeros(3, dtype=torch.int32))),
     bad(lambda p, t: setattr(p, "window_left", -2)),
     bad(lambda p, t: setattr(p, "num_splits", 257)),
     bad(lambda p, t: setattr(p, "softcap", -1.0)),
@@ -229,7 +238,7 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
     out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
-    for name in ("paged", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous", "leftpad",
+    for name in ("paged", "paged_batch_idx", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous", "leftpad",
                  "leftpad_paged", "version_1", "rotary", "rotary_seqlens", "version_2"):
         r = report[name]
         assert r["status"] == 0, (name, r["error"])
@@ -238,7 +247,7 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
     expected = [(3, "version is 99"), (4, "k_cache.dtype is fp16 but q.dtype is fp32"),
                 (5, "v must have shape (2, 3, 2, 16) (k's batch, seqlen_new and heads, and v_cache's head dim), "
                     "got (2, 3, 2, 32)"), (4, "block_table.dtype is 5"),
-                (1, "cache_batch_idx cannot be used with a paged cache"), (1, "window sizes must be -1"),
+                (5, "cache_batch_idx must have shape (batch,)"), (1, "window sizes must be -1"),
                 (1, "num_splits must be in 0..256"), (1, "softcap must be a finite value >= 0"),
                 (1, "k and v must be given together"), (4, "lse.dtype is 2"),
                 (5, "multiple of k_cache heads"), (1, "block_table[0, 0] = 99 points past the cache"),

@@ -285,6 +285,35 @@ def test_a_compiled_read_copies_no_cache() -> None:
     assert "clone" not in graphs[0] and "copy_" not in graphs[0], graphs[0]
 
 
+def _picked_rows(args: dict[str, Any], rows: list[int], table_rows: int,
+                 bad_block: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The call with its block table spread over a ``table_rows``-row table, sequence b's at row rows[b]
+    (cache_batch_idx); the other rows point past the cache (never read); ``bad_block``: an entry set past it."""
+    table = torch.full((table_rows, args["block_table"].shape[1]), 10**6, dtype=torch.int32)
+    table[rows] = args["block_table"]
+    if bad_block is not None:
+        table[bad_block] = args["k_cache"].shape[0]
+    return {**args, "block_table": table, "cache_batch_idx": torch.tensor(rows, dtype=torch.int32)}
+
+
+@pytest.mark.parametrize(("layout", "new", "splits", "dtype"),
+                         [("page16", 3, 3, torch.float32), ("page5", 2, 2, torch.float16), ("page16", 0, 1,
+                                                                                          torch.bfloat16)])
+def test_cache_batch_idx_picks_each_sequences_row_of_the_block_table(layout: str, new: int, splits: int,
+                                                                      dtype: torch.dtype) -> None:
+    # FlashAttention-3's: with a block table, cache_batch_idx[b] is sequence b's row of the table (which may have
+    # any number of rows); the new keys land in that row's blocks, and the attention reads them.
+    case = Case(dtype, 64, 2, (4, 2), new, layout, "tensor", True, (-1, -1), 0.0, "", splits)
+    args = _picked_rows(make_inputs(case, batch=3, seed=11), [4, 0, 2], 6)
+    got = run(args, causal=True, num_splits=splits)
+    check_against_reference(args, got, causal=True)
+    plain = {k: v for k, v in args.items() if k != "cache_batch_idx"}
+    plain["block_table"] = args["block_table"][[4, 0, 2]].contiguous()
+    same = run(plain, causal=True, num_splits=splits)
+    for a, b in zip(got, same, strict=True):
+        assert torch.equal(a, b), "a picked row must give the call on that row's table"
+
+
 # ---------------------------------------------------------------------------
 # Bad input: an error naming the argument, before anything is written or launched
 
@@ -355,8 +384,13 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("rotary_sin_alone", lambda a: {**a, "rotary_sin": torch.ones(64, 16, dtype=torch.float16)}, ValueError,
      "got only rotary_sin"),
     ("unknown_kwarg", lambda a: {**a, "dropout_p": 0.1}, TypeError, "unexpected keyword argument 'dropout_p'"),
-    ("batch_idx_with_table", _set("cache_batch_idx", lambda a: torch.zeros(2, dtype=torch.int32)), ValueError,
-     "cache_batch_idx cannot be used with a paged cache"),
+    ("table_rows_without_batch_idx", _set("block_table", lambda a: a["block_table"].repeat(2, 1)), ValueError,
+     "block_table has 4 rows but q has batch 2; pass cache_batch_idx"),
+    ("table_batch_idx_past_rows", _set("cache_batch_idx", lambda a: torch.tensor([0, 2], dtype=torch.int32)),
+     ValueError, r"cache_batch_idx\[1\] = 2: must be in 0..1 \(block_table's rows\)"),
+    ("table_batch_idx_shape", _set("cache_batch_idx", lambda a: torch.zeros(3, dtype=torch.int32)), ValueError,
+     "cache_batch_idx must have shape"),
+    ("table_picked_row_past_cache", lambda a: _picked_rows(a, [0, 2], 3, bad_block=(2, 0)), ValueError, r"block_table\[2, 0\] = 24 points past the cache: .* sequence 1 \(its row, cache_batch_idx\[1\]\)"),
 ]
 BAD_CONTIGUOUS: list[tuple[str, Any, type[Exception], str]] = [
     ("batch_idx_past_cache", _set("cache_batch_idx", lambda a: torch.tensor([0, 4], dtype=torch.int32)), ValueError,

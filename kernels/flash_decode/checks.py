@@ -287,13 +287,16 @@ def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int) -> tuple[
         else:
             _index("cache_batch_idx", t.cache_batch_idx, q, (b,), "(batch,)")
         return 0, s_c
-    if t.cache_batch_idx is not None:
-        raise ValueError("cache_batch_idx cannot be used with a paged cache (block_table): the block table picks "
-                         "each sequence's blocks")
     table = _tensor("block_table", t.block_table, 2, "(batch, max_blocks_per_seq)")
     _same_place("block_table", table, q, torch.int32)
-    if table.shape[0] != b:
-        raise ValueError(f"block_table has {table.shape[0]} rows but q has batch {b}")
+    if t.cache_batch_idx is None:
+        if table.shape[0] != b:
+            raise ValueError(f"block_table has {table.shape[0]} rows but q has batch {b}; pass cache_batch_idx to "
+                             "pick rows of a larger table")
+    else:  # FlashAttention-3's: each sequence's row of the table (its blocks), any number of rows
+        _index("cache_batch_idx", t.cache_batch_idx, q, (b,), "(batch,)")
+        if table.shape[0] < 1:
+            raise ValueError("block_table has no rows but cache_batch_idx picks rows of it")
     if s_c < 1:  # any size serves: pages no key tile divides are read key by key (dispatch.page_gather)
         raise ValueError(f"with block_table, k_cache.shape[1] is the page size and must be >= 1 (keys a page), "
                          f"got {s_c}")
@@ -395,12 +398,12 @@ def check_values(t: Inputs, call: Call) -> None:
         lens = t.cache_seqlens.long()
         problems.append(((lens < 0) | (lens + call.seqlen_new > call.capacity)).any())
     if t.cache_batch_idx is not None:
-        rows = t.cache_batch_idx
-        problems.append(((rows < 0) | (rows >= call.cache_rows)).any())
+        problems.append(_bad_rows(t, call).any())
     if t.cache_leftpad is not None:
         problems.append(_bad_leftpad(t, call).any())
     if t.block_table is not None:
-        problems.append((((t.block_table < 0) | (t.block_table >= call.cache_rows)) & _used_pages(t, call)).any())
+        table = _tables(t)
+        problems.append((((table < 0) | (table >= call.cache_rows)) & _used_pages(t, call)).any())
     rotary_positions = call.rotary and (call.rotary_seqlens or isinstance(t.cache_seqlens, torch.Tensor))
     if rotary_positions:
         problems.append(_bad_rotary(t, call).any())
@@ -416,6 +419,26 @@ def check_values(t: Inputs, call: Call) -> None:
     for name, bad in zip(names, found, strict=True):
         if bad:
             raise ValueError(_value_error(name, t, call))
+
+
+def _row_count(t: Inputs, call: Call) -> int:
+    """How many rows cache_batch_idx picks from: the block table's with one, else k_cache's batch."""
+    return call.cache_rows if t.block_table is None else t.block_table.shape[0]
+
+
+def _bad_rows(t: Inputs, call: Call) -> torch.Tensor:
+    """Which sequences' cache_batch_idx is outside 0..rows - 1, (batch,)."""
+    rows = t.cache_batch_idx.long()  # type: ignore[union-attr]
+    return (rows < 0) | (rows >= _row_count(t, call))
+
+
+def _tables(t: Inputs) -> torch.Tensor:
+    """(batch, max_blocks): each sequence's row of the block table, cache_batch_idx's (clamped: checked apart)."""
+    table = t.block_table
+    assert table is not None
+    if t.cache_batch_idx is None:
+        return table
+    return table.index_select(0, t.cache_batch_idx.long().clamp(0, table.shape[0] - 1))
 
 
 def _bad_leftpad(t: Inputs, call: Call) -> torch.Tensor:
@@ -454,9 +477,10 @@ def _value_error(name: str, t: Inputs, call: Call) -> str:
         return (f"cache_seqlens[{bad}] = {int(lens[bad])}: must be in 0..{call.capacity - call.seqlen_new} (the cache "
                 f"holds {call.capacity} keys per sequence, {call.seqlen_new} of them new)")
     if name == "cache_batch_idx":
-        rows = t.cache_batch_idx.long()  # type: ignore[union-attr]
-        bad = int(torch.nonzero((rows < 0) | (rows >= call.cache_rows))[0, 0])
-        return f"cache_batch_idx[{bad}] = {int(rows[bad])}: must be in 0..{call.cache_rows - 1} (k_cache's batch)"
+        bad = int(torch.nonzero(_bad_rows(t, call))[0, 0])
+        of = "k_cache's batch" if t.block_table is None else "block_table's rows"
+        return (f"cache_batch_idx[{bad}] = {int(t.cache_batch_idx[bad])}: must be in "  # type: ignore[index]
+                f"0..{_row_count(t, call) - 1} ({of})")
     if name == "cache_leftpad":
         pads = t.cache_leftpad.long()  # type: ignore[union-attr]
         bad = int(torch.nonzero(_bad_leftpad(t, call))[0, 0])
@@ -472,10 +496,12 @@ def _value_error(name: str, t: Inputs, call: Call) -> str:
         return (f"rotary_cos has {call.seqlen_ro} positions (seqlen_ro) but sequence {bad} rotates positions "
                 f"{base}..{base + span - 1} (cache_seqlens[{bad}] = {base}): seqlen_ro must be at least "
                 f"{base + span}")
-    table = t.block_table.long()  # type: ignore[union-attr]
+    table = _tables(t).long()
     b, j = (int(x) for x in torch.nonzero(((table < 0) | (table >= call.cache_rows)) & _used_pages(t, call))[0])
     length = int(lengths(t, call)[b])
     keys = (f"its first {length} keys" if t.cache_leftpad is None
             else f"its keys {int(t.cache_leftpad[b])}..{length - 1}")
-    return (f"block_table[{b}, {j}] = {int(table[b, j])} points past the cache: blocks are 0..{call.cache_rows - 1} "
-            f"(k_cache.shape[0]), and sequence {b} uses {keys}")
+    row = b if t.cache_batch_idx is None else int(t.cache_batch_idx[b])
+    whose = "" if t.cache_batch_idx is None else f" (its row, cache_batch_idx[{b}])"
+    return (f"block_table[{row}, {j}] = {int(table[b, j])} points past the cache: blocks are "
+            f"0..{call.cache_rows - 1} (k_cache.shape[0]), and sequence {b}{whose} uses {keys}")

@@ -31,17 +31,18 @@ import math
 import torch
 
 
-def _rows(table: torch.Tensor | None, batch_idx: torch.Tensor | None, b: int) -> int:
+def _rows(batch_idx: torch.Tensor | None, b: int) -> int:
+    """Sequence b's cache row, or its row of the block table with one."""
     return b if batch_idx is None else int(batch_idx[b])
 
 
-def _positions(page_size: int, table: torch.Tensor | None, row: int, b: int, start: int, count: int
+def _positions(page_size: int, table: torch.Tensor | None, row: int, start: int, count: int
                ) -> tuple[list[int], list[int]]:
-    """(cache row, slot) of key positions start .. start + count - 1 of sequence b."""
+    """(cache row, slot) of key positions start .. start + count - 1 of the sequence of cache or table row ``row``."""
     positions = range(start, start + count)
     if table is None:
         return [row] * count, list(positions)
-    return [int(table[b, p // page_size]) for p in positions], [p % page_size for p in positions]
+    return [int(table[row, p // page_size]) for p in positions], [p % page_size for p in positions]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -96,7 +97,7 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             cached = capacity
         else:
             cached = int(cache_seqlens[b]) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
-        row = _rows(block_table, cache_batch_idx, b)
+        row = _rows(cache_batch_idx, b)
         queries = q[b]
         if k is not None and v is not None:
             keys_new = k[b]
@@ -105,11 +106,11 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                 keys_new = rotate(keys_new, rotary_cos, rotary_sin, torch.arange(new) + base, rotary_interleaved)
                 steps = torch.arange(sq) if per_query else torch.zeros(sq, dtype=torch.long)
                 queries = rotate(queries, rotary_cos, rotary_sin, steps + base, rotary_interleaved)
-            rows, slots = _positions(page, block_table, row, b, cached, new)
+            rows, slots = _positions(page, block_table, row, cached, new)
             for n, (r, s) in enumerate(zip(rows, slots, strict=True)):
                 k_cache[r, s], v_cache[r, s] = keys_new[n], v[b, n]
         length = cached + new
-        rows, slots = _positions(page, block_table, row, b, 0, length)
+        rows, slots = _positions(page, block_table, row, 0, length)
         keys = k_cache[rows, slots] if length else k_cache.new_zeros((0, hk, d))  # (length, hk, d)
         values = v_cache[rows, slots] if length else v_cache.new_zeros((0, hk, dv))
         keys = keys.repeat_interleave(hq // hk, dim=1).transpose(0, 1)  # (hq, length, d)

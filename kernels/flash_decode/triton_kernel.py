@@ -8,8 +8,8 @@ imports triton: only ``lazytriton.compiler`` may import it.
 Layout is FlashAttention-2's kvcache one: q and out (B, Sq, Hq, D); the cache
 either contiguous (B_cache, S_cache, Hk, D), row ``BatchIdx[b]`` (or b) for
 batch b, or paged (num_blocks, page_size, Hk, D), key position p of batch b
-at row ``p % page_size`` of block ``BlockTable[b, p // page_size]``
-(``PAGED=true``). New keys are already in the cache when these kernels run
+at row ``p % page_size`` of block ``BlockTable[r, p // page_size]``, r =
+``BatchIdx[b]`` (or b) (``PAGED=true``). New keys are already in the cache when these kernels run
 (the binding appends them first): batch b has ``len_b = Seqlens[b] +
 seqlen_new`` keys (``seqlen_const + seqlen_new`` without a Seqlens tensor).
 
@@ -240,13 +240,13 @@ def flash_decode_split_kernel(
     offset = length - seqlen_q
     k_base = kv_head * stride_kh
     v_base = kv_head * stride_vh
+    cache_row = batch  # the sequence's cache row, or with PAGED its row of the block table
+    if use_batch_idx != 0:
+        cache_row = tl.load(BatchIdx + batch)
     if not PAGED:
-        cache_row = batch
-        if use_batch_idx != 0:
-            cache_row = tl.load(BatchIdx + batch)
         k_base += cache_row * stride_kb
         v_base += cache_row * stride_vb
-    table = BlockTable + batch * stride_tb
+    table = BlockTable + cache_row * stride_tb
     slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
     if ALIBI:
         slopes = tl.load(Alibi + batch * stride_ab + heads, mask=row_ok, other=0.0)

@@ -4,9 +4,9 @@ The family ``kv_append`` has one kernel, ``kv_append``: it writes
 ``flash_attn_with_kvcache``'s new ``k`` (batch, seqlen_new, heads_k,
 head_dim) and ``v`` (batch, seqlen_new, heads_k, head_dim_v) into k_cache and
 v_cache at each sequence's cached length, where FlashAttention-2 puts them:
-key n of sequence b at position p = cache_seqlens[b] + n, row
+key n of sequence b at position p = cache_seqlens[b] + n, row r =
 ``cache_batch_idx[b]`` (or b) of a contiguous cache, or row ``p % page_size``
-of block ``block_table[b, p // page_size]`` of a paged one. It runs before
+of block ``block_table[r, p // page_size]`` of a paged one. It runs before
 the decoding kernels (``flash_decode``) on the same stream, on a GPU and in
 the C API (one launch, no torch indexing); on the CPU through Triton's
 interpreter. The index values were checked before (``flash_decode.checks``)

@@ -21,12 +21,12 @@ def append_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
     steps = torch.arange(seqlen_new, device=device)
     start = cache_seqlens.long()[:, None] if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
     positions = (steps[None, :] + start).expand(batch, -1)  # (batch, seqlen_new)
-    if block_table is not None:
+    rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=device)
+    if block_table is not None:  # rows of the block table
         page_size = k_cache.shape[1]
-        blocks = block_table.long().gather(1, positions // page_size)
+        blocks = block_table.long()[rows].gather(1, positions // page_size)
         index = (blocks, positions % page_size)
     else:
-        rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=device)
         index = (rows[:, None].expand(-1, seqlen_new), positions)
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)

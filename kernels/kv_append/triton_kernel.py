@@ -7,9 +7,9 @@ One program per BLOCK_M rows of one sequence's (new key, key/value head)
 pairs, row r = n * heads_k + h (new key n, head h: k's own order, so a
 contiguous k is read in one sweep) x batch. Key n of sequence b lands at
 position p = start_b + n, start_b = ``Seqlens[b]`` (``seqlen_const`` without
-a Seqlens tensor): row ``BatchIdx[b]`` (or b) and slot p of a contiguous
-cache, or block ``BlockTable[b, p // page_size]`` and slot ``p % page_size``
-of a paged one (``PAGED``). k's head dim is BLOCK_D wide (EVEN_D: no column
+a Seqlens tensor): row r = ``BatchIdx[b]`` (or b) and slot p of a contiguous
+cache, or block ``BlockTable[r, p // page_size]`` and slot ``p % page_size``
+of a paged one (``PAGED``: r picks the sequence's row of the block table). k's head dim is BLOCK_D wide (EVEN_D: no column
 mask), v's BLOCK_DV (EVEN_DV). Nothing is read back: a plain copy, but for
 ``ROTARY``: key n is rotated on its way in (``rotary.rotate``, its first
 ``rotary_dim`` columns, ``ROTARY_INTERLEAVED`` pairs or halves) at position
@@ -55,7 +55,10 @@ def kv_append_kernel(
     pos = start + step
     row_ok = row_ok & (pos >= 0) & (pos < capacity)
     if PAGED:
-        block = tl.load(BlockTable + batch * stride_tb + pos // page_size, mask=row_ok, other=0)
+        table_row = batch
+        if use_batch_idx != 0:
+            table_row = tl.load(BatchIdx + batch)
+        block = tl.load(BlockTable + table_row * stride_tb + pos // page_size, mask=row_ok, other=0)
         row_ok = row_ok & (block >= 0) & (block < cache_rows)
         slot = pos % page_size
         kc_rows = block * stride_kcb + slot * stride_kcs + head * stride_kch
