@@ -238,8 +238,8 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
     out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
-    for name in ("paged", "paged_batch_idx", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous", "leftpad",
-                 "leftpad_paged", "version_1", "rotary", "rotary_seqlens", "version_2"):
+    for name in ("paged", "paged_batch_idx", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous",
+                 "leftpad", "leftpad_paged", "version_1", "rotary", "rotary_seqlens", "version_2"):
         r = report[name]
         assert r["status"] == 0, (name, r["error"])
         assert r["out"] and r["lse"] and r["caches"] and r["appended"], (name, r)

@@ -390,7 +390,8 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
      ValueError, r"cache_batch_idx\[1\] = 2: must be in 0..1 \(block_table's rows\)"),
     ("table_batch_idx_shape", _set("cache_batch_idx", lambda a: torch.zeros(3, dtype=torch.int32)), ValueError,
      "cache_batch_idx must have shape"),
-    ("table_picked_row_past_cache", lambda a: _picked_rows(a, [0, 2], 3, bad_block=(2, 0)), ValueError, r"block_table\[2, 0\] = 24 points past the cache: .* sequence 1 \(its row, cache_batch_idx\[1\]\)"),
+    ("table_picked_row_past_cache", lambda a: _picked_rows(a, [0, 2], 3, bad_block=(2, 0)), ValueError,
+     r"block_table\[2, 0\] = 24 points past the cache: .* sequence 1 \(its row, cache_batch_idx\[1\]\)"),
 ]
 BAD_CONTIGUOUS: list[tuple[str, Any, type[Exception], str]] = [
     ("batch_idx_past_cache", _set("cache_batch_idx", lambda a: torch.tensor([0, 4], dtype=torch.int32)), ValueError,

@@ -9,8 +9,9 @@ contiguous k is read in one sweep) x batch. Key n of sequence b lands at
 position p = start_b + n, start_b = ``Seqlens[b]`` (``seqlen_const`` without
 a Seqlens tensor): row r = ``BatchIdx[b]`` (or b) and slot p of a contiguous
 cache, or block ``BlockTable[r, p // page_size]`` and slot ``p % page_size``
-of a paged one (``PAGED``: r picks the sequence's row of the block table). k's head dim is BLOCK_D wide (EVEN_D: no column
-mask), v's BLOCK_DV (EVEN_DV). Nothing is read back: a plain copy, but for
+of a paged one (``PAGED``: r picks the sequence's row of the block table).
+k's head dim is BLOCK_D wide (EVEN_D: no column mask), v's BLOCK_DV
+(EVEN_DV). Nothing is read back: a plain copy, but for
 ``ROTARY``: key n is rotated on its way in (``rotary.rotate``, its first
 ``rotary_dim`` columns, ``ROTARY_INTERLEAVED`` pairs or halves) at position
 base + n, base = ``RotarySeqlens[b]`` with ``use_rotary_seqlens``, else
