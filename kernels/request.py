@@ -42,7 +42,9 @@ class Request:
     ``leftpad`` (a decoding call with cache_leftpad, LEFTPAD=true).
     ``seqused_q``/``seqused_k``: a packed call (``varlen``) with
     FlashAttention-3's used lengths (SEQUSED_Q=true, SEQUSED_K=true), which
-    only the Triton attention kernels take.
+    only the Triton attention kernels take. ``sinks``: attention sinks (gpt-oss's:
+    one logit a query head in every row's denominator, SINKS=true), which the
+    forward kernels and the decoding kernels take.
     """
 
     dtype: str
@@ -69,3 +71,4 @@ class Request:
     leftpad: bool = False
     seqused_q: bool = False
     seqused_k: bool = False
+    sinks: bool = False

@@ -168,9 +168,10 @@ class Variant:
 # lengths, FlashAttention-3's seqused_q/seqused_k: only with VARLEN), and PAGED
 # (a block table), LEFTPAD (cache_leftpad: each sequence's first key) and
 # PAGE_GATHER (pages the key tile does not divide: each key's page read from the
-# table) of the decoding kernels (kernels/flash_decode).
+# table) of the decoding kernels (kernels/flash_decode); SINKS (attention sinks: one logit a query head in
+# every row's denominator) of the forward kernels and the decoding kernels.
 _FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN",
-          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K")
+          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K", "SINKS")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.

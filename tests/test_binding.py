@@ -31,7 +31,7 @@ def _expected(name: str, t: dict[str, torch.Tensor], call: binding.Call) -> int 
         return 0 if call.bias is None else call.bias.stride("bhmn".index(bias[1]))
     if name == "stride_alibi_b":
         return 0 if call.alibi is None or call.alibi.dim() == 1 else call.alibi.stride(0)
-    pointers = {"Alibi": call.alibi, "Bias": call.bias, "Philox": call.philox}
+    pointers = {"Alibi": call.alibi, "Bias": call.bias, "Philox": call.philox, "Sinks": call.sinks}
     if name in pointers:
         return 0 if pointers[name] is None else pointers[name].data_ptr()
     return {"Q": t["q"].data_ptr(), "K": t["k"].data_ptr(), "V": t["v"].data_ptr(), "Out": t["o"].data_ptr(),
