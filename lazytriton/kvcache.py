@@ -18,6 +18,7 @@ import torch
 
 from lazytriton.kernels.arguments import index_tensor, shown
 from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.kernels.trust import trusted_indices
 
 _is_compiling = torch.compiler.is_compiling
@@ -52,6 +53,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             window_size: tuple[int, int] = checks.NO_WINDOW, softcap: float = 0.0,
                             alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, cache_leftpad: torch.Tensor | None = None,
+                            sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None,
                             **unsupported: Any) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
@@ -124,6 +126,12 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             cache_seqlens); equal, a sequence sees its new keys only, none
             without them (out 0, lse -inf). With a block table, the pages
             wholly before cache_leftpad[b] are never read.
+        sinks: optional float32 (heads,): attention sinks (gpt-oss's), one
+            logit a query head, compared with the scaled (capped) scores: it
+            joins every row's softmax denominator and lse once (with several
+            splits, in their merge) and adds no value; a query that sees no
+            key outputs 0 with lse the sink.
+        s_aux: ``sinks``' other name (vLLM's FlashAttention-3 fork); pass one.
         **unsupported: FlashAttention-2's rotary_cos, rotary_sin and
             rotary_interleaved are not supported: passing
             rotary_cos/rotary_sin (or rotary_interleaved=False) raises
@@ -153,14 +161,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
-    cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad = (
+    cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad, sinks = (
         index_tensor(cache_seqlens), index_tensor(cache_batch_idx), index_tensor(block_table),
-        index_tensor(alibi_slopes), index_tensor(cache_leftpad))
+        index_tensor(alibi_slopes), index_tensor(cache_leftpad), index_tensor(attention_sinks.given(sinks, s_aux)))
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                      cache_leftpad)
+                      cache_leftpad, sinks)
     call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
-                     block_table, alibi_slopes, cache_leftpad)
+                     block_table, alibi_slopes, cache_leftpad, sinks)
     if _direct(q, k_cache, v_cache, k, v, *index_tensors):
         out, lse = binding.forward(t, call)
     else:
@@ -169,7 +177,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         op = flash_kvcache_read_op if k is None else flash_kvcache_op  # a read declares no mutation
         lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
         out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
-                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad)
+                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad,
+                      sinks)
     return (out, lse) if return_softmax_lse else out
 
 

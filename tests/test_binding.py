@@ -144,7 +144,7 @@ def test_interpreter_constexprs_and_grid() -> None:
     assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
                           "TMA": False, "WINDOW": False, "SOFTCAP": False, "VARLEN": False, "ALIBI": False,
                           "BIAS": False, "DROPOUT": False, "BLOCK_DV": 64, "EVEN_DV": False, "BLOCK_D2": 0,
-                          "SEQUSED_Q": False, "SEQUSED_K": False}
+                          "SEQUSED_Q": False, "SEQUSED_K": False, "SINKS": False}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

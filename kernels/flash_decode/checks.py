@@ -46,6 +46,7 @@ class Inputs(NamedTuple):
     block_table: torch.Tensor | None = None
     alibi_slopes: torch.Tensor | None = None
     cache_leftpad: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
 
 
 class Call(NamedTuple):
@@ -59,7 +60,9 @@ class Call(NamedTuple):
     which bounds nothing), right 0 when causal and windowed. ``causal`` is
     False for one query (bottom-right, one query sees every key: the mask
     hides nothing). ``leftpad``: a cache_leftpad tensor is given (each
-    sequence's keys start there; positions stay absolute).
+    sequence's keys start there; positions stay absolute). ``sinks``: attention
+    sinks are given (float32 (heads_q,): one logit a query head in every row's
+    denominator, joined once: with several splits in the merge).
     """
 
     batch: int
@@ -81,6 +84,7 @@ class Call(NamedTuple):
     num_splits: int = 0  # 0: the heuristic decides
     head_dim_v: int = 0  # v's head dim where it differs from q's and k's (0: the same)
     leftpad: bool = False
+    sinks: bool = False
 
     @property
     def value_dim(self) -> int:
@@ -199,6 +203,14 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     if t.cache_leftpad is not None:
         _index("cache_leftpad", t.cache_leftpad, q, (b,), "(batch,)")
         call = call._replace(leftpad=True)
+    if t.sinks is not None:
+        if not isinstance(t.sinks, torch.Tensor):
+            raise TypeError(f"sinks must be a torch.Tensor or None, got {type(t.sinks).__name__}")
+        _same_place("sinks", t.sinks, q, torch.float32)
+        if tuple(t.sinks.shape) != (hq,):
+            raise ValueError(f"sinks must have shape ({hq},) (one logit a query head of q), got "
+                             f"{tuple(t.sinks.shape)}")
+        call = call._replace(sinks=True)
     return call
 
 
