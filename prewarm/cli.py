@@ -63,7 +63,8 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
-               "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "leftpad", "page_size")
+               "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "leftpad", "sinks",
+               "page_size")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 
 
@@ -233,6 +234,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--leftpad", action="store_true",
                       help="also build the left-padded cache (LEFTPAD=true) variants of flash_decode: cache_leftpad "
                            "in flash_attn_with_kvcache")
+    axes.add_argument("--sinks", action="store_true",
+                      help="also build the attention-sink (SINKS=true) variants of the forward kernels (the Gluon "
+                           "forward's too) and flash_decode: sinks (s_aux) in the API; the backward takes none")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -319,6 +323,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 dropout=(False, True) if args.dropout else (False,),
                 bias=(False, True) if args.attn_mask else (False,),
                 leftpad=(False, True) if args.leftpad else (False,),
+                sinks=(False, True) if args.sinks else (False,),
                 page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None)
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 

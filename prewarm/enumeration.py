@@ -35,6 +35,8 @@ given, the groups are the default grid:
     dropout   false (``--dropout`` adds true: calls with dropout_p > 0, DROPOUT=true)
     bias      false (``--attn-mask`` adds true: SDPA calls with an attn_mask, BIAS=true)
     leftpad   false (``--leftpad`` adds true: decoding calls with cache_leftpad, LEFTPAD=true)
+    sinks     false (``--sinks`` adds true: calls with attention sinks, SINKS=true: the forward kernels, with the
+              Gluon forward's twins, and the decoding kernels; the backward kernels take none)
     page size pages of any multiple of 64 keys (``--page-size`` gives the decoding kernels' page sizes)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
@@ -55,7 +57,7 @@ one config, no seqlen axis.
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
 index64, window, softcap, paged (then page size), varlen (then seqused), alibi, dropout, bias,
-leftpad, seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
+leftpad, sinks, seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
 (``dispatch.kernel_variant``).
 """
 
@@ -114,6 +116,7 @@ class Axes:
     dropout: tuple[bool, ...] = (False,)
     bias: tuple[bool, ...] = (False,)
     leftpad: tuple[bool, ...] = (False,)  # decoding kernels only (cache_leftpad)
+    sinks: tuple[bool, ...] = (False,)  # attention sinks: the families whose PREWARM_FEATURES name them, and flash_fwd
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
     # The paged cache's keys a page (decoding kernels only); None: a page size every default BLOCK_N divides.
@@ -267,11 +270,12 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
         for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout, bias,
-             leftpad, (seqlen_q, seqlen_k)) in itertools.product(alignments(kernel, axes.aligned), axes.index64,
+             leftpad, sinks, (seqlen_q, seqlen_k)) in itertools.product(alignments(kernel, axes.aligned), axes.index64,
                                                         feature("window"), feature("softcap"), layouts,
                                                         _packed(feature("varlen"), feature("seqused")),
                                                         feature("alibi"), feature("dropout"),
-                                                        feature("bias"), feature("leftpad"), seqlens):
+                                                        feature("bias"), feature("leftpad"), feature("sinks"),
+                                                        seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
@@ -279,10 +283,13 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen,
                                               leftpad=leftpad, page_size=page, seqused_q=used[0],
-                                              seqused_k=used[1])
+                                              seqused_k=used[1], sinks=sinks)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or head_dim_v)
-            for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
+            # A call with sinks runs the twins that carry them (the Gluon forward's: prewarm_twins' sinks).
+            extra = {"sinks": True} if sinks else {}
+            for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k,
+                                       **extra)
                                  if plain and twins is not None else ()):
                 yield Planned(twin, twin.key(), origin)
 

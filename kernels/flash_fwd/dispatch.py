@@ -371,18 +371,19 @@ def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: s
 
 
 def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-                  index64: bool, seqlen_q: int, seqlen_k: int) -> list[tuple[Variant, str]]:
+                  index64: bool, seqlen_q: int, seqlen_k: int, sinks: bool = False) -> list[tuple[Variant, str]]:
     """The variants beside ``kernel``'s that a plain call of this shape runs, for prewarm: the Gluon forward's.
 
     An image must hold the flash_fwd_gluon variant ``GLUON_TABLE`` serves
     beside flash_fwd's: a call that fits the table's tiles runs it, and would
     otherwise compile it on first use. Prewarm's causal calls are
     FlashAttention's (bottom-right), so a causal offset is seqlen_k - seqlen_q.
+    ``sinks``: the call has attention sinks, which the Gluon forward carries (SINKS=true).
     """
     offset = seqlen_k - seqlen_q if causal else 0
     if offset < 0 or not flash_fwd_gluon_fits(dtype, head_dim, causal, offset, 1.0 / math.sqrt(head_dim), seqlen_q,
                                               seqlen_k):
         return []
     gluon_variant = flash_fwd_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
-                                                    seqlen_k)
+                                                    seqlen_k, sinks)
     return [] if gluon_variant is None else [(gluon_variant, "gluon table")]
