@@ -16,9 +16,9 @@
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 41   /* flash_decode_split: 39 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 42   /* flash_decode_split: 40 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
-#define LT__DECODE_COMBINE_PARAMS 12 /* flash_decode_combine: 12 pointers and integers */
+#define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
 #define LT__APPEND_PARAMS 30         /* kv_append: 30 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
@@ -493,7 +493,8 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     int64_t split_ints[LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS + LT__MAX_HIDDEN] = {
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
-        LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), q->strides[0], q->strides[1], q->strides[2],
+        LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__PTR(p->lse), q->strides[0], q->strides[1],
+        q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         c->hq / c->hk, c->hq, c->sq, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
@@ -514,8 +515,8 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     if (s != LT_OK || splits == 1)
         return s;
     int64_t combine_ints[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN] = {
-        part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), o->strides[0], o->strides[1], o->strides[2], c->hq,
-        c->sq, c->dv, splits, n_rows};
+        part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), LT__PTR(p->lse), o->strides[0], o->strides[1],
+        o->strides[2], c->hq, c->sq, c->dv, splits, n_rows};
     void *combine_params[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__DECODE_COMBINE_PARAMS + (int)r->combine_hidden; i++)
         combine_params[i] = &combine_ints[i];

@@ -184,7 +184,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
             "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
             "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
-            "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "Sinks": "LT__OR_LSE(p->sinks)",
+            "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "Sinks": "LT__PTR(p->lse)",  # the C API has no sinks
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
@@ -195,7 +195,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
             "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
-              "Sinks": "LT__OR_LSE(p->sinks)",
+              "Sinks": "LT__PTR(p->lse)",
               "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
               "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->dv", "num_splits": "splits",
               "n_rows": "n_rows"}
