@@ -23,7 +23,11 @@ pages no key tile divides, such as 1, run the gathered kernel) widen it
   layout (for a paged case: the cache gathered once, outside the timing);
 - ``sdpa_gather`` (paged only): the gather of each sequence's blocks plus
   SDPA, timed together: what a paged cache costs a caller without a paged
-  kernel.
+  kernel;
+- ``lazytriton_sinks`` (with ``--sinks``): the lazytriton call with attention
+  sinks (one float32 logit a query head, gpt-oss's), checked against the
+  reference with them; the table then ends with its time over the same
+  call's without sinks.
 
 Each provider's first output is checked against a float32 reference of
 batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
@@ -33,7 +37,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
-       [--reps N]
+       [--reps N] [--sinks]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -62,6 +66,7 @@ FIELDS = ["kernel", "provider", "layout", "dtype", "head_dim", "batch", "heads_q
           "timestamp"]
 H200_GB_S = 4800.0  # HBM3e, NVIDIA's datasheet
 PROVIDERS = ("lazytriton", "sdpa", "sdpa_gather")
+SINKS = "lazytriton_sinks"  # --sinks: lazytriton's call with attention sinks
 TOLERANCE = 2e-2
 
 
@@ -167,6 +172,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
+    parser.add_argument("--sinks", action="store_true",
+                        help="also time lazytriton's call with attention sinks (provider lazytriton_sinks)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -188,6 +195,7 @@ class Inputs(NamedTuple):
     table: torch.Tensor | None  # int32 (batch, len / page), a random permutation of the blocks
     k_sdpa: torch.Tensor  # (batch, heads_k, len, d): the same keys in SDPA's layout
     v_sdpa: torch.Tensor
+    sinks: torch.Tensor  # float32 (heads_q,): the attention sinks of lazytriton_sinks
 
 
 def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
@@ -208,7 +216,8 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
         k_cache, v_cache = randn(b, n, hk, d), randn(b, n, hk, d)
         table = None
         k_sdpa, v_sdpa = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
-    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa)
+    sinks = torch.randn(case.heads_q, generator=gen, device=device)
+    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, sinks)
 
 
 def gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -223,6 +232,15 @@ def lazytriton_call(t: Inputs) -> Callable[[], torch.Tensor]:
         with trusted_indices():
             return lazytriton.flash_attn_with_kvcache(t.q, t.k_cache, t.v_cache, cache_seqlens=t.lens,
                                                      block_table=t.table)  # type: ignore[no-any-return]
+
+    return run
+
+
+def lazytriton_sinks_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        with trusted_indices():
+            return lazytriton.flash_attn_with_kvcache(t.q, t.k_cache, t.v_cache, cache_seqlens=t.lens,
+                                                     block_table=t.table, sinks=t.sinks)  # type: ignore[no-any-return]
 
     return run
 
@@ -243,20 +261,24 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 
 
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
-    "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call}
+    "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
+    SINKS: lazytriton_sinks_call}
 
 
-def providers(case: Case) -> list[str]:
-    return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"]
+def providers(case: Case, sinks: bool = False) -> list[str]:
+    chosen = [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"]
+    return [*chosen, SINKS] if sinks else chosen
 
 
-def reference(t: Inputs) -> torch.Tensor:
-    """Batch element 0's output in float32, from the SDPA-layout keys: (1, heads_q, head_dim)."""
+def reference(t: Inputs, sinks: bool = False) -> torch.Tensor:
+    """Batch element 0's output in float32, from the SDPA-layout keys: (1, heads_q, head_dim); ``sinks``: with t's."""
     q = t.q[0, 0].float()  # (heads_q, d)
     group = q.shape[0] // t.k_sdpa.shape[1]
     k = t.k_sdpa[0].float().repeat_interleave(group, 0)  # (heads_q, len, d)
     v = t.v_sdpa[0].float().repeat_interleave(group, 0)
     scores = torch.einsum("hd,hnd->hn", q, k) / math.sqrt(q.shape[-1])
+    if sinks:  # one more column, dropped after the softmax
+        return torch.einsum("hn,hnd->hd", torch.cat([scores, t.sinks[:, None]], -1).softmax(-1)[:, :-1], v)[None]
     return torch.einsum("hn,hnd->hd", scores.softmax(-1), v)[None]
 
 
@@ -346,6 +368,14 @@ def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
     for name, fn in (("geomean", lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))), ("min", min)):
         cells = [f"{fn(xs):>8.2f}" if xs else f"{'-':>8}" for xs in speedups.values()]
         log(name.ljust(27) + " " * (12 * len(PROVIDERS) + 10) + cells[0] + " " + cells[1])
+    sunk = []  # time with sinks over time without, per case where both ran
+    for case in dict.fromkeys(r.case for r in results):
+        with_sinks, plain = by.get((case, SINKS)), by.get((case, "lazytriton"))
+        if with_sinks is not None and plain is not None and with_sinks.ms and plain.ms:
+            sunk.append(with_sinks.ms / plain.ms)
+    if sunk:
+        log(f"with sinks / without (time of the same call): geomean "
+            f"{math.exp(sum(map(math.log, sunk)) / len(sunk)):.3f}, highest {max(sunk):.3f} over {len(sunk)} cases")
     bad = [r for r in results if r.check != "ok"]
     for r in bad:
         log(f"  {r.provider} {r.check} on {' '.join(r.case.label.split())}: {r.note or f'max error {r.max_err:.1e}'}")
@@ -376,9 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[Result] = []
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index)
-        ref = reference(t)
-        for provider in providers(case):
-            r = measure(case, provider, t, ref, device, args)
+        refs = {False: reference(t), True: reference(t, sinks=True) if args.sinks else None}
+        for provider in providers(case, args.sinks):
+            r = measure(case, provider, t, refs[provider == SINKS], device, args)  # type: ignore[arg-type]
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
             results.append(r)
@@ -388,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.empty_cache()
     append_rows(args.csv, FIELDS, (csv_row(r, meta, peak) for r in results))
     print_table(results, peak, log)
-    failed = [r for r in results if r.provider == "lazytriton" and r.check != "ok"]
+    failed = [r for r in results if r.provider in ("lazytriton", SINKS) and r.check != "ok"]
     return 1 if failed else 0
 
 
