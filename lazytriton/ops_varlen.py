@@ -89,15 +89,29 @@ def flash_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      seqused_q: torch.Tensor | None = None,
                      seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's varlen backward through the kernel cache: ``(dq, dk, dv)`` for the gradient ``do``."""
+    return tuple(_run_backward(do, q, k, v, out, lse, None, cu_seqlens_q, cu_seqlens_k,  # type: ignore[return-value]
+                               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                               alibi_slopes, dropout_p, philox, seqused_q, seqused_k)[0])
+
+
+def _run_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, sinks: torch.Tensor | None, cu_seqlens_q: torch.Tensor,
+                  cu_seqlens_k: torch.Tensor, *rest: Any) -> tuple[Any, torch.Tensor | None]:
+    """Both backward ops' body: the call checked again, then ``(grads, dsinks)`` (dsinks None without sinks).
+
+    ``rest``: max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+    alibi_slopes, dropout_p, philox, seqused_q, seqused_k, as the schemas order them.
+    """
+    max_q, max_k, scale, causal, left, right, softcap, alibi, dropout_p, philox, used_q, used_k = rest
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes, seqused_q, seqused_k = _indices(cu_seqlens_q, cu_seqlens_k,
-                                                                              alibi_slopes, seqused_q, seqused_k)
-    call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                        (window_left, window_right), float(softcap), alibi=alibi_slopes, dropout_p=float(dropout_p),
-                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k)
+    cu_q, cu_k, alibi, used_q, used_k = _indices(cu_seqlens_q, cu_seqlens_k, alibi, used_q, used_k)
+    call = varlen.check(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, (left, right), float(softcap), alibi=alibi,
+                        dropout_p=float(dropout_p), philox=philox, seqused_q=used_q, seqused_k=used_k, sinks=sinks)
     varlen.check_grad(q, out, lse, do, call.call.head_dim_v)
-    return tuple(varlen.backward(q, k, v, out, lse, do, cu_seqlens_q, cu_seqlens_k, call))  # type: ignore[return-value]
+    if sinks is None:
+        return varlen.backward(q, k, v, out, lse, do, cu_q, cu_k, call), None
+    return varlen.sinks_backward(q, k, v, out, lse, do, cu_q, cu_k, call)
 
 
 @flash_varlen_bwd.register_fake
@@ -116,15 +130,9 @@ def flash_varlen_bwd_sinks(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                            seqused_k: torch.Tensor | None = None,
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The varlen backward of a call with attention sinks: ``(dq, dk, dv, dsinks)``."""
-    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes, seqused_q, seqused_k = _indices(cu_seqlens_q, cu_seqlens_k,
-                                                                              alibi_slopes, seqused_q, seqused_k)
-    call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                        (window_left, window_right), float(softcap), alibi=alibi_slopes, dropout_p=float(dropout_p),
-                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks)
-    varlen.check_grad(q, out, lse, do, call.call.head_dim_v)
-    grads, dsinks = varlen.sinks_backward(q, k, v, out, lse, do, cu_seqlens_q, cu_seqlens_k, call)
+    grads, dsinks = _run_backward(do, q, k, v, out, lse, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                                  dropout_p, philox, seqused_q, seqused_k)
     return (*grads, dsinks)
 
 

@@ -435,8 +435,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     ``sinks`` (attention sinks) puts ``SINKS_TAG`` after the first eight fields,
     before any other: no key without it changes, and none with it is a plain call's.
     """
-    key = (device_index, dtype, shape.head_dim, causal, aligned, index64,
-           tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+    key: tuple[Any, ...] = (device_index, dtype, shape.head_dim, causal, aligned, index64,
+                            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
     if sinks:
         key += SINKS_TAG
     if head_dim_v:
