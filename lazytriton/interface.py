@@ -400,7 +400,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
             alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
-            head_dim_v: int | None = None, deterministic: bool = False) -> list[str]:
+            head_dim_v: int | None = None, deterministic: bool = False, sinks: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -429,6 +429,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         deterministic: with ``backward``, the kernels of a deterministic
             backward (``flash_attn_func(..., deterministic=True)``, or
             ``torch.use_deterministic_algorithms(True)`` while it is on).
+        sinks: calls with attention sinks use their own forward kernels.
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -458,6 +459,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     call = binding.check(qt, kt, vt, causal, None, window=window_size, softcap=softcap)
     call = _meta_mods(call, qt, check_bool("alibi", alibi), check_bool("dropout", dropout),
                       check_bool("attn_mask", attn_mask))
+    if check_bool("sinks", sinks):  # a stand-in: only the flag matters
+        call = call._replace(sinks=torch.empty(call.shape.heads_q, device="meta"))
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
     out, lse = binding.empty_outputs(qt, call.shape, call.head_dim_v)
     _, aligned, index64 = binding.pack(qt, kt, vt, out, lse, call)

@@ -437,6 +437,8 @@ def _gpu_inputs(b: int, s: int, h: int, d: int, dtype: torch.dtype,
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_forward_with_sinks_at_real_sizes_the_gluon_kernel_on_sm90(head_dim: int, causal: bool) -> None:
     q, k, v, sinks = _gpu_inputs(2, 4096, 8, head_dim, BF16, seed_of(head_dim, causal))
+    loaded = lazytriton.preload(q, k, causal="bottom_right" if causal else False, layout="bshd", sinks=True)
+    assert loaded and all("SINKS=true" in variant for variant in loaded)
     out, lse, _ = lazytriton.flash_attn_func(q, k, v, causal=causal, sinks=sinks, return_attn_probs=True)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     exact_out, exact_lse = attention_reference(qt.float(), kt.float(), vt.float(), causal="bottom_right" if causal
