@@ -31,7 +31,10 @@ cache_seqlens = length - 1, then the attention) and ``lazytriton_rotary``
 (the same call with rotary_cos/rotary_sin over the whole head dim,
 rotary_interleaved=True or False: the key rotated by kv_append, q by the split
 kernel), and a table of their times: rotary over the same step without it, per
-case, with its geomean and max (the goal: within 1.10).
+case, with its geomean and max (the goal: within 1.10). ``--sinks`` adds
+``lazytriton_sinks``: the lazytriton call with attention sinks (one float32
+logit a query head, gpt-oss's), checked against the reference with them; the
+table then ends with its time over the same call's without sinks.
 
 Each provider's first output is checked against a float32 reference of
 batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
@@ -41,7 +44,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
-       [--reps N] [--rotary interleaved|halves]
+       [--reps N] [--rotary interleaved|halves] [--sinks]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -73,6 +76,7 @@ PROVIDERS = ("lazytriton", "sdpa", "sdpa_gather")
 # With --rotary: a decoding step with its new key, without and with rotary.
 ROTARY_PROVIDERS = ("lazytriton_append", "lazytriton_rotary")
 ROTARY_GOAL = 1.10  # rotary's time over the same step without it
+SINKS = "lazytriton_sinks"  # --sinks: lazytriton's call with attention sinks
 TOLERANCE = 2e-2
 
 
@@ -181,6 +185,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rotary", choices=("interleaved", "halves"), default=None,
                         help="also time the decoding step with its new key without and with rotary_cos/rotary_sin "
                              "(rotary_interleaved=True: interleaved; False: halves), and their ratio")
+    parser.add_argument("--sinks", action="store_true",
+                        help="also time lazytriton's call with attention sinks (provider lazytriton_sinks)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -203,6 +209,7 @@ class Inputs(NamedTuple):
     k_sdpa: torch.Tensor  # (batch, heads_k, len, d): the same keys in SDPA's layout
     v_sdpa: torch.Tensor
     rotary: tuple[torch.Tensor, torch.Tensor, bool] | None = None  # cos, sin (len, head_dim / 2), interleaved
+    sinks: torch.Tensor | None = None  # float32 (heads_q,): the attention sinks of lazytriton_sinks
 
 
 def make_inputs(case: Case, device: torch.device, seed: int, rotary: str | None = None) -> Inputs:
@@ -227,7 +234,8 @@ def make_inputs(case: Case, device: torch.device, seed: int, rotary: str | None 
     if rotary is not None:
         angles = torch.rand(n, d // 2, generator=gen, device=device) * 2 * math.pi
         tables = (angles.cos().to(case.dtype), angles.sin().to(case.dtype), rotary == "interleaved")
-    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, tables)
+    sinks = torch.randn(case.heads_q, generator=gen, device=device)
+    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, tables, sinks)
 
 
 def gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -263,6 +271,15 @@ def step_call(t: Inputs, rotary: bool) -> Callable[[], torch.Tensor]:
     return run
 
 
+def lazytriton_sinks_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        with trusted_indices():
+            return lazytriton.flash_attn_with_kvcache(t.q, t.k_cache, t.v_cache, cache_seqlens=t.lens,
+                                                     block_table=t.table, sinks=t.sinks)  # type: ignore[no-any-return]
+
+    return run
+
+
 def sdpa_call(t: Inputs) -> Callable[[], torch.Tensor]:
     q = t.q.transpose(1, 2)
     return lambda: F.scaled_dot_product_attention(q, t.k_sdpa, t.v_sdpa, enable_gqa=True).transpose(1, 2)
@@ -280,12 +297,13 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
     "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
-    "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True)}
+    "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True),
+    SINKS: lazytriton_sinks_call}
 
 
-def providers(case: Case, rotary: bool = False) -> list[str]:
+def providers(case: Case, rotary: bool = False, sinks: bool = False) -> list[str]:
     return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + \
-        (list(ROTARY_PROVIDERS) if rotary else [])
+        (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else [])
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -300,7 +318,8 @@ def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
 def reference(t: Inputs, provider: str = "lazytriton") -> torch.Tensor:
     """Batch element 0's output in float32, from the SDPA-layout keys: (1, heads_q, head_dim).
 
-    ``lazytriton_rotary``: q and the new (last) key rotated at position length - 1, in the inputs' dtype.
+    ``lazytriton_rotary``: q and the new (last) key rotated at position length - 1, in the inputs' dtype;
+    ``lazytriton_sinks``: with t's sinks (one more column of the softmax, dropped after it).
     """
     q = t.q[0, 0].float()  # (heads_q, d)
     group = q.shape[0] // t.k_sdpa.shape[1]
@@ -313,6 +332,8 @@ def reference(t: Inputs, provider: str = "lazytriton") -> torch.Tensor:
     k = keys.repeat_interleave(group, 0)  # (heads_q, len, d)
     v = t.v_sdpa[0].float().repeat_interleave(group, 0)
     scores = torch.einsum("hd,hnd->hn", q, k) / math.sqrt(q.shape[-1])
+    if provider == SINKS and t.sinks is not None:
+        return torch.einsum("hn,hnd->hd", torch.cat([scores, t.sinks[:, None]], -1).softmax(-1)[:, :-1], v)[None]
     return torch.einsum("hn,hnd->hd", scores.softmax(-1), v)[None]
 
 
@@ -402,6 +423,14 @@ def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
     for name, fn in (("geomean", _geomean), ("min", min)):
         cells = [f"{fn(xs):>8.2f}" if xs else f"{'-':>8}" for xs in speedups.values()]
         log(name.ljust(27) + " " * (12 * len(PROVIDERS) + 10) + cells[0] + " " + cells[1])
+    sunk = []  # time with sinks over time without, per case where both ran
+    for case in dict.fromkeys(r.case for r in results):
+        with_sinks, plain = by.get((case, SINKS)), by.get((case, "lazytriton"))
+        if with_sinks is not None and plain is not None and with_sinks.ms and plain.ms:
+            sunk.append(with_sinks.ms / plain.ms)
+    if sunk:
+        log(f"with sinks / without (time of the same call): geomean {_geomean(sunk):.3f}, highest {max(sunk):.3f} "
+            f"over {len(sunk)} cases")
     bad = [r for r in results if r.check != "ok"]
     for r in bad:
         log(f"  {r.provider} {r.check} on {' '.join(r.case.label.split())}: {r.note or f'max error {r.max_err:.1e}'}")
@@ -457,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[Result] = []
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index, args.rotary)
-        for provider in providers(case, args.rotary is not None):
+        for provider in providers(case, args.rotary is not None, args.sinks):
             r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())

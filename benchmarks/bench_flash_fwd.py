@@ -10,7 +10,11 @@ benchmark shapes; heads rounded down for head dims that do not divide it), for:
 - ``lazytriton``: ``lazytriton.flash.attn_fwd`` (cache-served cubin, cffi launch);
 - ``triton_jit``: the same kernel source, same config, launched through
   Triton's own JIT (``kernel[grid](...)``);
-- ``sdpa_flash`` and ``sdpa_cudnn``: torch SDPA pinned to one backend.
+- ``sdpa_flash`` and ``sdpa_cudnn``: torch SDPA pinned to one backend;
+- ``lazytriton_sinks`` (with ``--sinks``): the same ``attn_fwd`` call with
+  attention sinks (one float32 logit a query head, gpt-oss's), checked
+  against SDPA's output rescaled by the sink's share of each row; the table
+  then ends with its throughput over the same call's without sinks.
 
 Then (unless ``--no-host``) the host cost of one call on a tiny shape (µs per
 call, wall clock over many calls, GPU work negligible). Every provider's
@@ -25,7 +29,7 @@ and over the grid, and the lowest row.
 
 Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16] [--head-dims 64,128,256]
        [--seqlens 1k,4k,16k] [--causal both|causal|full] [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn]
-       [--prewarm-jobs N] [--no-host] [--sweep]
+       [--prewarm-jobs N] [--no-host] [--sweep] [--sinks]
 """
 
 from __future__ import annotations
@@ -133,18 +137,32 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 FWD_PROVIDERS = ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")
 
 
+SINKS_PROVIDER = "lazytriton_sinks"  # --sinks: attn_fwd with attention sinks
+
+
 def providers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-              selected: Sequence[str] = FWD_PROVIDERS) -> dict[str, Callable[[], object]]:
-    """The selected providers' calls on one case (Triton's JIT call built only if selected)."""
+              selected: Sequence[str] = FWD_PROVIDERS,
+              sinks: torch.Tensor | None = None) -> dict[str, Callable[[], object]]:
+    """The selected providers' calls on one case (Triton's JIT call built only if selected); with ``sinks``, theirs."""
     from torch.nn.attention import SDPBackend
 
     every: dict[str, Callable[[], Callable[[], object]]] = {
         "lazytriton": lambda: lambda: attn_fwd(q, k, v, causal=causal)[0],
+        SINKS_PROVIDER: lambda: lambda: attn_fwd(q, k, v, causal=causal, sinks=sinks)[0],
         "triton_jit": lambda: triton_jit(q, k, v, causal),
         "sdpa_flash": lambda: lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
         "sdpa_cudnn": lambda: lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
     }
-    return {name: make() for name, make in every.items() if name in selected}
+    chosen = (*selected, SINKS_PROVIDER) if sinks is not None else selected
+    return {name: make() for name, make in every.items() if name in chosen}
+
+
+def sunk_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, ref: torch.Tensor,
+                   sinks: torch.Tensor) -> torch.Tensor:
+    """SDPA's output with the sinks: each row scaled by Z / (Z + exp(sink)), Z from lazytriton's plain lse."""
+    lse = attn_fwd(q, k, v, causal=causal)[1]
+    share = torch.exp(lse - torch.logaddexp(lse, sinks[None, :, None]))
+    return (ref.float() * share[..., None]).to(ref.dtype)
 
 
 def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[str, object]]) -> None:
@@ -160,11 +178,13 @@ def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[s
         dtype, shape = DTYPES[case.dtype], (case.batch, case.heads, case.seqlen, case.head_dim)
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
         ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, case.causal)
-        made = providers(q, k, v, case.causal, args.providers)
+        sinks = torch.randn(case.heads, device="cuda") if args.sinks else None
+        made = providers(q, k, v, case.causal, args.providers, sinks)
         errs = {}
         for name, fn in made.items():
             try:
-                errs[name] = rel_err(fn(), ref)  # type: ignore[arg-type]
+                want = ref if name != SINKS_PROVIDER else sunk_reference(q, k, v, case.causal, ref, sinks)
+                errs[name] = rel_err(fn(), want)  # type: ignore[arg-type]
             except Exception as exc:  # a backend missing on this GPU/torch is reported, not fatal
                 print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
                 errs[name] = math.nan
@@ -258,6 +278,13 @@ def print_table(rows: list[dict[str, object]]) -> None:
             f"hd{d} {geomean(r):.3f} ({min(r):.2f}-{max(r):.2f})" for d, r in sorted(vs_cudnn.items()))
             + f"; all {geomean(every):.3f}, lowest {min(every):.2f}, {sum(r < 0.9 for r in every)} of {len(every)} "
             "under 0.9")
+    sunk = {key: float(by.get((*key, SINKS_PROVIDER), math.nan) or math.nan) / float(
+        by.get((*key, "lazytriton"), math.nan) or math.nan) for key in keys if (*key, SINKS_PROVIDER) in by}
+    if sunk:
+        print("\nwith sinks / without (TFLOP/s of the same attn_fwd call): " + "; ".join(
+            f"{short.get(str(k[0]), k[0])} hd{k[1]} {'causal' if k[2] else 'full'} {k[3] // 1024}k {r:.3f}"
+            for k, r in sunk.items())
+            + f"; lowest {min(sunk.values()):.3f}, geomean {geomean(list(sunk.values())):.3f}")
     host = [r for r in rows if r["mode"] == "host"]
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 
@@ -268,6 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_grid_arguments(parser, FWD_PROVIDERS)
     parser.add_argument("--no-host", action="store_true", help="skip the host cost of a call on a tiny shape")
     parser.add_argument("--sweep", action="store_true", help="also time candidate configs through Triton's JIT")
+    parser.add_argument("--sinks", action="store_true",
+                        help="also time attn_fwd with attention sinks (provider lazytriton_sinks) beside lazytriton's "
+                             "same call without them")
     args = parse_grid(parser, argv)
     if not torch.cuda.is_available():
         print("bench_flash_fwd needs a CUDA GPU", file=sys.stderr)

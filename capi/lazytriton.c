@@ -206,8 +206,8 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 /* Plans: a loaded kernel and what a launch needs, for one shape class.       */
 
 #define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
-#define LT__KERNEL_PARAMS 42       /* flash_fwd: 39 pointers and integers, then sm_scale, softcap, dropout_p */
-#define LT__KERNEL_INTS 39
+#define LT__KERNEL_PARAMS 43       /* flash_fwd: 40 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__KERNEL_INTS 40
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
@@ -339,11 +339,11 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
  * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. */
 static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
-    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0): the C API's calls have none of them. */
+    /* No ALiBi, bias, dropout or sinks (null pointers, zero strides, p = 0): the C API's calls have none of them. */
     int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
-        c->seqused_q, c->seqused_k,
+        c->seqused_q, c->seqused_k, 0,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,

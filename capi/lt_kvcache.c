@@ -17,9 +17,9 @@
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 48   /* flash_decode_split: 46 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 49   /* flash_decode_split: 47 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
-#define LT__DECODE_COMBINE_PARAMS 12 /* flash_decode_combine: 12 pointers and integers */
+#define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
 #define LT__APPEND_PARAMS 36         /* kv_append: 36 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
@@ -573,7 +573,7 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
-        LT__OR_LSE(p->rotary_seqlens), q->strides[0], q->strides[1], q->strides[2],
+        LT__OR_LSE(p->rotary_seqlens), LT__PTR(p->lse), q->strides[0], q->strides[1], q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         c->hq / c->hk, c->hq, c->sq, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
@@ -595,8 +595,8 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     if (s != LT_OK || splits == 1)
         return s;
     int64_t combine_ints[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN] = {
-        part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), o->strides[0], o->strides[1], o->strides[2], c->hq,
-        c->sq, c->dv, splits, n_rows};
+        part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), LT__PTR(p->lse), o->strides[0], o->strides[1],
+        o->strides[2], c->hq, c->sq, c->dv, splits, n_rows};
     void *combine_params[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__DECODE_COMBINE_PARAMS + (int)r->combine_hidden; i++)
         combine_params[i] = &combine_ints[i];

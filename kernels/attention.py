@@ -26,6 +26,8 @@ from lazytriton.variant import Variant, pairs
 # rule (bench_split_d.py --mode bwd, H200 bf16 4k: 1.34-4.14x).
 SPLIT_BY_DEFAULT = True
 SPLIT_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
+# The attention kernels that take attention sinks (SINKS): the forward's.
+SINKS_KERNELS = ("flash_fwd",)
 
 
 def split_chunks(kernel: str, head_dim: int, head_dim_v: int = 0, tma: bool | None = None,
@@ -123,12 +125,16 @@ def variant(kernel: str, target: Target, request: Request,
     choice at the seqlens' buckets and the larger head dim);
     ``own_fields(fields, even)`` adds the family's fields; the feature flags
     (window, softcap, alibi, bias, dropout, varlen, and with varlen seqused_q
-    and seqused_k) are written ``NAME=true`` only when on; seqused without
-    varlen is a ValueError.
+    and seqused_k, sinks) are written ``NAME=true`` only when on; seqused without
+    varlen is a ValueError, and so are sinks on a kernel that does not take them
+    (the backward's: the sink reaches its gradients through the lse alone).
     """
     if (request.seqused_q or request.seqused_k) and not request.varlen:
         raise ValueError(f"seqused_q/seqused_k need packed sequences (varlen=True), got seqused_q="
                          f"{request.seqused_q}, seqused_k={request.seqused_k}, varlen=False")
+    if request.sinks and kernel not in SINKS_KERNELS:
+        raise ValueError(f"sinks (SINKS=true) are taken by {', '.join(SINKS_KERNELS)} only, got {kernel}: the "
+                         "backward reads the forward's lse, which holds them")
     dv = request.head_dim_v or request.head_dim
     sq, sk = tuning.bucket(request.seqlen_q), tuning.bucket(request.seqlen_k)
     chunks = split_chunks(kernel, request.head_dim, dv, request.tma, request.split_d)
@@ -138,5 +144,5 @@ def variant(kernel: str, target: Target, request: Request,
     own_fields(fields, even)
     add_flags(fields, window=request.window, softcap=request.softcap, alibi=request.alibi, bias=request.bias,
               dropout=request.dropout, varlen=request.varlen, seqused_q=request.seqused_q,
-              seqused_k=request.seqused_k)
+              seqused_k=request.seqused_k, sinks=request.sinks)
     return Variant(kernel, str(target), request.dtype, pairs(fields), pairs(cfg.tuned()), pairs(cfg.options(target)))

@@ -46,7 +46,9 @@ class Request:
     ``rotary``).
     ``seqused_q``/``seqused_k``: a packed call (``varlen``) with
     FlashAttention-3's used lengths (SEQUSED_Q=true, SEQUSED_K=true), which
-    only the Triton attention kernels take.
+    only the Triton attention kernels take. ``sinks``: attention sinks (gpt-oss's:
+    one logit a query head in every row's denominator, SINKS=true), which the
+    forward kernels and the decoding kernels take.
     """
 
     dtype: str
@@ -75,3 +77,4 @@ class Request:
     seqused_k: bool = False
     rotary: bool = False
     rotary_interleaved: bool = False
+    sinks: bool = False

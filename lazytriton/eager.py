@@ -14,6 +14,8 @@ a training process served from an image starts without either.
 The callers (``lazytriton.interface``) take it only for plain tensors with
 nothing tracing, as they take ``binding.forward`` for calls without
 gradients. As in the op, ``lse`` carries no gradient (``mark_non_differentiable``).
+A call with attention sinks (``call.sinks``) takes them as an input too, and
+its backward gives their gradient (``flash_bwd``'s ``sinks_backward``).
 """
 
 from __future__ import annotations
@@ -32,37 +34,46 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 class FlashAttention(torch.autograd.Function):
-    """``(out, lse)`` of a checked call, differentiable in q, k and v through lazytriton's backward kernels."""
+    """``(out, lse)`` of a checked call, differentiable in q, k, v (and its sinks) through lazytriton's backward."""
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: flash_fwd_binding.Call,
-                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        return flash_fwd_binding.forward(q, k, v, call)
+                deterministic: bool, sinks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return flash_fwd_binding.forward(q, k, v, call._replace(sinks=sinks))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-        q, k, v, call, deterministic = inputs
+        q, k, v, call, deterministic, sinks = inputs
         out, lse = output
         # The score modifications' tensors go through save_for_backward too (saved-tensor hooks see them).
-        ctx.save_for_backward(q, k, v, out, lse, call.alibi, call.bias, call.philox)
-        ctx.call = call._replace(alibi=None, bias=None, philox=None)
+        ctx.save_for_backward(q, k, v, out, lse, call.alibi, call.bias, call.philox, sinks)
+        ctx.call = call._replace(alibi=None, bias=None, philox=None, sinks=None)
         ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
         if grad_out is None:  # only lse was used, and it carries no gradient
-            return None, None, None, None, None
-        q, k, v, out, lse, alibi, bias, philox = ctx.saved_tensors
-        call = ctx.call._replace(alibi=alibi, bias=bias, philox=philox)
+            return None, None, None, None, None, None
+        q, k, v, out, lse, alibi, bias, philox, sinks = ctx.saved_tensors
+        call = ctx.call._replace(alibi=alibi, bias=bias, philox=philox, sinks=sinks)
         do = last_dim_contiguous(grad_out)
         flash_bwd_binding.check_grad(q, out, lse, do, call)
-        dq, dk, dv = flash_bwd_binding.backward(q, k, v, out, lse, do, call, deterministic=ctx.deterministic)
+        dsinks = None
+        if sinks is None:
+            dq, dk, dv = flash_bwd_binding.backward(q, k, v, out, lse, do, call, deterministic=ctx.deterministic)
+        else:
+            (dq, dk, dv), dsinks = flash_bwd_binding.sinks_backward(q, k, v, out, lse, do, call, ctx.deterministic)
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        return dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None
+        return (dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None,
+                dsinks if ctx.needs_input_grad[5] else None)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: flash_fwd_binding.Call,
               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of a checked eager call whose inputs require grad; ``deterministic`` is for its backward."""
-    return FlashAttention.apply(q, k, v, call, deterministic)  # type: ignore[no-any-return]
+    """``(out, lse)`` of a checked eager call whose inputs require grad; ``deterministic`` is for its backward.
+
+    The call's sinks are an input of their own, so a gradient reaches them.
+    """
+    return FlashAttention.apply(q, k, v, call._replace(sinks=None), deterministic,  # type: ignore[no-any-return]
+                                call.sinks)

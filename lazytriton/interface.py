@@ -23,6 +23,7 @@ import torch
 
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
 from lazytriton.kernels.flash_fwd import binding, hot, score_mods
+from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.launch import CaptureError as CaptureError  # re-exported: lazytriton.CaptureError
 
 _FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
@@ -58,7 +59,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
          deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of a checked call; ``deterministic``: its backward bitwise reproducible (the op saves it)."""
     if direct(q, k, v):
-        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                             or (call.sinks is not None and call.sinks.requires_grad))):
             return binding.forward(q, k, v, call)
         # Gradients wanted, nothing tracing: the op's forward and backward without its dispatch, whose first
         # call imports torch._dynamo, nor its registration (lazytriton.eager).
@@ -70,12 +72,12 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
     # carries the autograd formula (the backward kernels).
     from lazytriton.ops import flash_fwd_op
 
-    if call.alibi is None and call.bias is None and call.philox is None and not deterministic:
+    if call.alibi is None and call.bias is None and call.philox is None and not deterministic and call.sinks is None:
         return flash_fwd_op(  # type: ignore[no-any-return]
             q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap)
     return flash_fwd_op(  # type: ignore[no-any-return]
         q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap, call.alibi, call.bias,
-        call.dropout_p, call.philox, deterministic)
+        call.dropout_p, call.philox, deterministic, call.sinks)
 
 
 def with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any, dropout_p: Any,
@@ -98,7 +100,8 @@ _NO_CAP = 0.0
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool | str = False,
              sm_scale: float | None = None, window_size: tuple[int, int] = _NO_WINDOW,
              softcap: float = _NO_CAP, alibi_slopes: torch.Tensor | None = None,
-             dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+             dropout_p: float = 0.0, sinks: torch.Tensor | None = None,
+             s_aux: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, FlashAttention-2 style, returning the logsumexp too.
 
     Args:
@@ -125,11 +128,13 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         alibi_slopes: as in ``flash_attn_func`` (FlashAttention-2's ALiBi,
             aligned bottom-right whatever ``causal`` says). Default None.
         dropout_p: as in ``flash_attn_func``. Default 0.0.
+        sinks: as in ``flash_attn_func``. Default None.
+        s_aux: ``sinks``' other name, as in ``flash_attn_func``.
 
     Returns:
         ``(out, lse)``: out has q's shape (but v's head dim) and dtype; lse is the float32
         natural-log logsumexp of the scaled (and capped, ALiBi-biased)
-        scores before dropout, shape (batch, heads_q, seqlen_q).
+        scores before dropout (and the sink), shape (batch, heads_q, seqlen_q).
 
     CUDA/ROCm tensors run a compiled kernel from the cache (compiled on first
     use if no tier holds it); CPU tensors run the same kernel through Triton's
@@ -153,12 +158,13 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     # before the dispatch-mode count, which dynamo cannot trace (it stops at is_compiling, True while tracing)
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and alibi_slopes is None
-            and dropout_p == 0.0 and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
-            and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
+            and dropout_p == 0.0 and sinks is None and s_aux is None and type(q) is _Tensor and type(k) is _Tensor
+            and type(v) is _Tensor and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
+    call = attention_sinks.with_sinks(call, q, attention_sinks.given(sinks, s_aux))
     return run(q, k, v, with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
 
 
@@ -174,7 +180,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     softmax_scale: float | None = None, causal: bool = False,
                     window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _NO_CAP,
                     alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
-                    return_attn_probs: bool = False) -> Any:
+                    return_attn_probs: bool = False, sinks: torch.Tensor | None = None,
+                    s_aux: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_func``: same arguments, same layout,
@@ -222,6 +229,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             (softmax_lse: float32, (batch, heads_q, seqlen_q)). The third
             item, FlashAttention-2's S_dmask (its dropout mask and
             probabilities, a testing aid), is always None here.
+        sinks: attention sinks (gpt-oss's): float32 (heads_q,) on q's device,
+            one logit a query head, compared with the scaled (capped) scores:
+            it joins every row's softmax denominator and softmax_lse, and adds
+            no value (a query that sees no key outputs 0, lse the sink).
+            Differentiable. Default None.
+        s_aux: ``sinks``' other name (vLLM's FlashAttention-3 fork, transformers'
+            attention interface); pass one of the two.
 
     Returns:
         ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype, or
@@ -230,7 +244,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it).
 
     """
-    if (type(causal) is bool and dropout_p == 0.0 and alibi_slopes is None
+    if (type(causal) is bool and dropout_p == 0.0 and alibi_slopes is None and sinks is None and s_aux is None
             and (softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
             and type(deterministic) is bool and type(return_attn_probs) is bool
@@ -251,6 +265,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
+    call = attention_sinks.with_sinks(call, qt, attention_sinks.given(sinks, s_aux), _FA_NAMES)
     out, lse = run(qt, kt, vt, with_mods(call, qt, alibi_slopes, None, dropout_p, _FA_NAMES), deterministic)
     out = out.transpose(1, 2)
     return (out, lse, None) if return_attn_probs else out
@@ -262,7 +277,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _NO_CAP,
                            alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                            return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
-                           seqused_k: torch.Tensor | None = None) -> Any:
+                           seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                           s_aux: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -326,6 +342,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             keys of its cu_seqlens_k span; the rest is never read and gets dk
             and dv 0. With either, max_seqlen_q/max_seqlen_k stay at least
             the longest cu_seqlens span, used or not.
+        sinks: as ``flash_attn_func``'s; rows past seqused_q then get
+            softmax_lse the sink.
+        s_aux: ``sinks``' other name, as in ``flash_attn_func``.
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -350,25 +369,28 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     cu_seqlens_q, cu_seqlens_k, alibi_slopes = (index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k),
                                                 index_tensor(alibi_slopes))
     seqused_q, seqused_k = index_tensor(seqused_q), index_tensor(seqused_k)
+    sinks = attention_sinks.given(sinks, s_aux)
     eager = (direct(q, k, v) and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor
              and all(t is None or type(t) is _Tensor for t in (seqused_q, seqused_k))
-             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                   or (isinstance(sinks, _Tensor) and sinks.requires_grad))))
     # Through the op, the op checks the values (one device-to-host read per call, not two).
     philox = None
     if p > 0.0 and isinstance(q, torch.Tensor):  # drawn only for a call whose q is a tensor: check names the rest
         philox = score_mods.draw_philox(q.device)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
-                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k)
+                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks)
     if eager:
         out, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
         from lazytriton.ops_varlen import flash_varlen_fwd_op
 
         c = call.call
-        mods: tuple[Any, ...] = (c.alibi, c.dropout_p, c.philox, seqused_q, seqused_k)
-        if seqused_q is None and seqused_k is None:
-            mods = () if c.alibi is None and c.philox is None else mods[:3]
+        mods: tuple[Any, ...] = (c.alibi, c.dropout_p, c.philox, seqused_q, seqused_k, c.sinks)
+        if c.sinks is None:
+            mods = mods[:5] if seqused_q is not None or seqused_k is not None else () \
+                if c.alibi is None and c.philox is None else mods[:3]
         out, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
                                        causal, c.window_left, c.window_right, c.softcap, *mods)
     return (out, lse, None) if return_attn_probs else out
@@ -378,7 +400,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
             alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
-            head_dim_v: int | None = None, deterministic: bool = False) -> list[str]:
+            head_dim_v: int | None = None, deterministic: bool = False, sinks: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -407,6 +429,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         deterministic: with ``backward``, the kernels of a deterministic
             backward (``flash_attn_func(..., deterministic=True)``, or
             ``torch.use_deterministic_algorithms(True)`` while it is on).
+        sinks: calls with attention sinks use their own forward kernels.
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -436,6 +459,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     call = binding.check(qt, kt, vt, causal, None, window=window_size, softcap=softcap)
     call = _meta_mods(call, qt, check_bool("alibi", alibi), check_bool("dropout", dropout),
                       check_bool("attn_mask", attn_mask))
+    if check_bool("sinks", sinks):  # a stand-in: only the flag matters
+        call = call._replace(sinks=torch.empty(call.shape.heads_q, device="meta"))
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
     out, lse = binding.empty_outputs(qt, call.shape, call.head_dim_v)
     _, aligned, index64 = binding.pack(qt, kt, vt, out, lse, call)

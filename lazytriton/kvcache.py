@@ -18,6 +18,7 @@ import torch
 
 from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.kernels.trust import trusted_indices
 
 _is_compiling = torch.compiler.is_compiling
@@ -40,7 +41,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, cache_leftpad: torch.Tensor | None = None,
                             rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
-                            rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None) -> Any:
+                            rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None,
+                            sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
@@ -138,6 +140,12 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         rotary_seqlens: optional int32 (batch,), FlashAttention-3's: each
             sequence's first rotary position, in place of cache_seqlens (the
             keys still land at cache_seqlens). Only with rotary_cos.
+        sinks: optional float32 (heads,): attention sinks (gpt-oss's), one
+            logit a query head, compared with the scaled (capped) scores: it
+            joins every row's softmax denominator and lse once (with several
+            splits, in their merge) and adds no value; a query that sees no
+            key outputs 0 with lse the sink.
+        s_aux: ``sinks``' other name (vLLM's FlashAttention-3 fork); pass one.
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
@@ -162,15 +170,15 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
-    cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad = (
+    cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad, sinks = (
         index_tensor(cache_seqlens), index_tensor(cache_batch_idx), index_tensor(block_table),
-        index_tensor(alibi_slopes), index_tensor(cache_leftpad))
+        index_tensor(alibi_slopes), index_tensor(cache_leftpad), index_tensor(attention_sinks.given(sinks, s_aux)))
     rotary = (index_tensor(rotary_cos), index_tensor(rotary_sin), index_tensor(rotary_seqlens))
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                      cache_leftpad, *rotary)
+                      cache_leftpad, *rotary, sinks)
     call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
-                     block_table, alibi_slopes, cache_leftpad)
+                     block_table, alibi_slopes, cache_leftpad, sinks)
     if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary):
         out, lse = binding.forward(t, call)
     else:
@@ -180,7 +188,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
         out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
                       causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad,
-                      *rotary[:2], rotary_interleaved, rotary[2])
+                      *rotary[:2], rotary_interleaved, rotary[2], sinks)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -2,7 +2,7 @@
 
 ``lazytriton::flash_fwd(q, k, v, softmax_scale, causal, window_left=-1,
 window_right=-1, softcap=0.0, alibi_slopes=None, attn_bias=None,
-dropout_p=0.0, philox=None, deterministic=False) -> (out, lse)`` takes tensors in the kernel's
+dropout_p=0.0, philox=None, deterministic=False, sinks=None) -> (out, lse)`` takes tensors in the kernel's
 (batch, heads, seqlen, head_dim) order, any strides with a contiguous last
 dim (the public functions pass views, never copies), ``causal`` as one of
 "none", "top_left", "bottom_right", FlashAttention-2's sliding window (-1:
@@ -12,7 +12,8 @@ seqlen_k) view, broadcast dims with stride 0; no gradient) and dropout with
 its Philox [seed, offset] int64 tensor, drawn by the caller (so the op is a
 pure function of its inputs: a recomputation, as activation checkpointing
 does, drops the same elements); ``deterministic`` is read by its backward only
-(bitwise reproducible gradients: no fused backward). Its fake (meta)
+(bitwise reproducible gradients: no fused backward); ``sinks`` are attention
+sinks (float32, (heads_q,): one logit a query head in every row's denominator). Its fake (meta)
 implementation gives the exact shapes, dtypes and strides of the real one
 (both allocate through ``binding.empty_outputs``), so ``torch.compile``,
 ``torch.export`` and FakeTensor tracing see through it without running it.
@@ -32,7 +33,10 @@ all three gradients. The
 logsumexp output is marked non-differentiable: it comes back as a constant
 (``requires_grad`` False), so a loss through it alone raises torch's "does
 not require grad" error, and in a loss that also uses ``out`` its share is not
-differentiated.
+differentiated. A call with sinks differentiates through
+``lazytriton::flash_bwd_sinks`` instead, which takes them after ``lse`` and
+returns their gradient fourth: (dq, dk, dv, dsinks), from the delta its first
+kernel writes (no pass over K or V of its own).
 """
 
 from __future__ import annotations
@@ -44,13 +48,17 @@ import torch
 from lazytriton.kernels.flash_bwd import binding as flash_bwd_binding
 from lazytriton.kernels.flash_fwd import binding as flash_fwd_binding
 from lazytriton.kernels.flash_fwd import score_mods
+from lazytriton.kernels.flash_fwd import sinks as fwd_sinks
 
 _FEATURES = ("int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
              "Tensor? attn_bias=None, float dropout_p=0.0, Tensor? philox=None")
 _FLASH_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, float softmax_scale, str causal, {_FEATURES}, "
-                     "bool deterministic=False) -> (Tensor, Tensor)")
+                     "bool deterministic=False, Tensor? sinks=None) -> (Tensor, Tensor)")
 _FLASH_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, "
                      f"str causal, {_FEATURES}, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+_FLASH_BWD_SINKS_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor sinks, "
+                           f"float softmax_scale, str causal, {_FEATURES}, bool deterministic=False) "
+                           "-> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -62,21 +70,23 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
               alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
               dropout_p: float = 0.0, philox: torch.Tensor | None = None,
-              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              deterministic: bool = False, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward through the kernel cache: ``(out, lse)``; ``deterministic`` is for its backward."""
     # Checked again here: the op can be called directly (torch.ops.lazytriton.flash_fwd),
     # and a compiler may hand it inputs laid out otherwise than the eager trace had them.
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
-                    dropout_p, philox)
+                    dropout_p, philox, sinks)
     return flash_fwd_binding.forward(q, k, v, call)
 
 
 def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: str,
              window_left: int, window_right: int, softcap: float, alibi_slopes: torch.Tensor | None,
-             attn_bias: torch.Tensor | None, dropout_p: float, philox: torch.Tensor | None) -> Any:
+             attn_bias: torch.Tensor | None, dropout_p: float, philox: torch.Tensor | None,
+             sinks: torch.Tensor | None = None) -> Any:
     call = flash_fwd_binding.check(q, k, v, causal, softmax_scale, window=(window_left, window_right),
                                    softcap=float(softcap))
+    call = fwd_sinks.with_sinks(call, q, sinks)
     if alibi_slopes is None and attn_bias is None and dropout_p == 0.0:
         return call
     return score_mods.with_mods(call, q, alibi_slopes, attn_bias, float(dropout_p), philox)
@@ -87,7 +97,8 @@ def _flash_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
                     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                     alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
                     dropout_p: float = 0.0, philox: torch.Tensor | None = None,
-                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    deterministic: bool = False,
+                    sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     b, hq, sq, d = q.shape
     dv = v.shape[-1]
     return flash_fwd_binding.empty_outputs(q, flash_fwd_binding.Shape(b, hq, k.shape[1], sq, k.shape[2], d),
@@ -123,31 +134,65 @@ def _flash_bwd_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return tuple(flash_bwd_binding.empty_grads(q, k, v))  # type: ignore[return-value]
 
 
-# The features after (softmax_scale, causal), then deterministic, with their defaults: the inputs may stop early.
-_FEATURE_DEFAULTS: tuple[Any, ...] = (-1, -1, 0.0, None, None, 0.0, None, False)
+@torch.library.custom_op("lazytriton::flash_bwd_sinks", mutates_args=(), schema=_FLASH_BWD_SINKS_SCHEMA)
+def flash_bwd_sinks(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, sinks: torch.Tensor, softmax_scale: float, causal: str, window_left: int = -1,
+                    window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                    attn_bias: torch.Tensor | None = None, dropout_p: float = 0.0,
+                    philox: torch.Tensor | None = None, deterministic: bool = False,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of a call with attention sinks: ``(dq, dk, dv, dsinks)`` (``flash_bwd``'s, and the sinks')."""
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
+    call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
+                    dropout_p, philox, sinks)
+    flash_bwd_binding.check_grad(q, out, lse, do, call)
+    grads, dsinks = flash_bwd_binding.sinks_backward(q, k, v, out, lse, do, call, deterministic)
+    return (*grads, dsinks)
+
+
+@flash_bwd_sinks.register_fake
+def _flash_bwd_sinks_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                          lse: torch.Tensor, sinks: torch.Tensor, softmax_scale: float, causal: str,
+                          window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                          alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
+                          dropout_p: float = 0.0, philox: torch.Tensor | None = None, deterministic: bool = False,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (*flash_bwd_binding.empty_grads(q, k, v), torch.empty_like(sinks))
+
+
+# The features after (softmax_scale, causal), then deterministic and sinks, with their defaults: the inputs
+# may stop early.
+_FEATURE_DEFAULTS: tuple[Any, ...] = (-1, -1, 0.0, None, None, 0.0, None, False, None)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, v, softmax_scale, causal, *given = inputs
     features: tuple[Any, ...] = (*given, *_FEATURE_DEFAULTS[len(given):])
-    window_left, window_right, softcap, alibi, bias, dropout_p, philox, deterministic = features
+    window_left, window_right, softcap, alibi, bias, dropout_p, philox, deterministic, sinks = features
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi, bias, philox)
+    ctx.save_for_backward(q, k, v, out, lse, alibi, bias, philox, sinks)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
     ctx.features = (window_left, window_right, softcap, dropout_p)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
-    q, k, v, out, lse, alibi, bias, philox = ctx.saved_tensors
+    q, k, v, out, lse, alibi, bias, philox, sinks = ctx.saved_tensors
     n_rest = len(ctx.needs_input_grad) - 3  # scale, causal, the features and deterministic: no gradient
     if grad_out is None:  # only lse was used, and it carries no gradient
         return (None,) * (3 + n_rest)
     window_left, window_right, softcap, dropout_p = ctx.features
-    dq, dk, dv = flash_bwd_op(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, window_left, window_right,
-                              softcap, alibi, bias, dropout_p, philox, ctx.deterministic)
+    features = (window_left, window_right, softcap, alibi, bias, dropout_p, philox, ctx.deterministic)
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
-    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * n_rest)
+    if sinks is None:
+        dq, dk, dv = flash_bwd_op(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *features)
+        return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * n_rest)
+    # Given sinks, every input was given: they are the last.
+    dq, dk, dv, dsinks = flash_bwd_sinks_op(grad_out, q, k, v, out, lse, sinks, ctx.softmax_scale, ctx.causal,
+                                            *features)
+    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * (n_rest - 1),
+            dsinks if ctx.needs_input_grad[-1] else None)
 
 
 flash_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -155,3 +200,4 @@ flash_fwd.register_autograd(_backward, setup_context=_setup_context)
 # The overload itself: calling it skips CustomOpDef's Python wrapper (measured in NOTES.md).
 flash_fwd_op = torch.ops.lazytriton.flash_fwd.default
 flash_bwd_op = torch.ops.lazytriton.flash_bwd.default
+flash_bwd_sinks_op = torch.ops.lazytriton.flash_bwd_sinks.default

@@ -169,9 +169,10 @@ class Variant:
 # (a block table), LEFTPAD (cache_leftpad: each sequence's first key),
 # PAGE_GATHER (pages the key tile does not divide: each key's page read from the
 # table) and ROTARY with ROTARY_INTERLEAVED (rotary_cos/rotary_sin: pairs, else
-# halves; also kv_append's) of the decoding kernels (kernels/flash_decode).
+# halves; also kv_append's) of the decoding kernels (kernels/flash_decode); SINKS (attention sinks: one logit a
+# query head in every row's denominator) of the forward kernels and the decoding kernels.
 _FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN",
-          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K", "ROTARY", "ROTARY_INTERLEAVED")
+          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K", "ROTARY", "ROTARY_INTERLEAVED", "SINKS")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.

@@ -500,7 +500,7 @@ def test_op_schemas_fakes_and_the_op_path() -> None:
     from lazytriton import ops
 
     names = ["alibi_slopes", "attn_bias", "dropout_p", "philox", "deterministic"]
-    assert [a.name for a in ops.flash_fwd_op._schema.arguments][-5:] == names
+    assert [a.name for a in ops.flash_fwd_op._schema.arguments][-6:] == [*names, "sinks"]
     assert [a.name for a in ops.flash_bwd_op._schema.arguments][-5:] == names
     q, k, v = make_qkv(1, (4, 2), (7, 9), 16, torch.float32, seed=2)
     slopes, bias = torch.rand(4), torch.randn(1, 1, 7, 9).expand(1, 4, 7, 9)

@@ -31,7 +31,7 @@ def _expected(name: str, t: dict[str, torch.Tensor], call: binding.Call) -> int 
         return 0 if call.bias is None else call.bias.stride("bhmn".index(bias[1]))
     if name == "stride_alibi_b":
         return 0 if call.alibi is None or call.alibi.dim() == 1 else call.alibi.stride(0)
-    pointers = {"Alibi": call.alibi, "Bias": call.bias, "Philox": call.philox}
+    pointers = {"Alibi": call.alibi, "Bias": call.bias, "Philox": call.philox, "Sinks": call.sinks}
     if name in pointers:
         return 0 if pointers[name] is None else pointers[name].data_ptr()
     return {"Q": t["q"].data_ptr(), "K": t["k"].data_ptr(), "V": t["v"].data_ptr(), "Out": t["o"].data_ptr(),
@@ -144,7 +144,7 @@ def test_interpreter_constexprs_and_grid() -> None:
     assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
                           "TMA": False, "WINDOW": False, "SOFTCAP": False, "VARLEN": False, "ALIBI": False,
                           "BIAS": False, "DROPOUT": False, "BLOCK_DV": 64, "EVEN_DV": False, "BLOCK_D2": 0,
-                          "SEQUSED_Q": False, "SEQUSED_K": False}
+                          "SEQUSED_Q": False, "SEQUSED_K": False, "SINKS": False}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

@@ -52,6 +52,7 @@ from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, d
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import SEQUSED_POINTERS, VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.kernels.flash_fwd import sinks as fwd_sinks
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
 from lazytriton.variant import Variant
 
@@ -352,13 +353,14 @@ def _delta(q: torch.Tensor, shape: Shape) -> torch.Tensor:
 
 def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                do: torch.Tensor, grads: Grads, call: Call, forced: tuple[Variant, Variant] | None = None,
-               deterministic: bool = False) -> None:
+               deterministic: bool = False, delta: torch.Tensor | None = None) -> None:
     """Launch the cached kernels for a checked call on GPU tensors (``forced``: tune's candidates).
 
     ``deterministic``: bitwise reproducible gradients (flash_bwd's two
     kernels, never the fused one), as under ``torch.use_deterministic_algorithms``.
+    ``delta``: where the first kernel writes rowsum(dO * O) (``backward``'s); None: a tensor of its own.
     """
-    delta = _delta(q, call.shape)
+    delta = _delta(q, call.shape) if delta is None else delta
     dq_ints, dkdv_ints, aligned, seq16, index64 = pack(q, k, v, out, do, lse, delta, *grads, call)
     shape = call.shape
     device = q.device
@@ -387,7 +389,7 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         dkdv_kernel.launch(dkdv_grid_, stream, dkdv_ints, floats, launch.scratch_alloc)
         launches = ((dq_kernel, dq_grid_, dq_ints, DQ_INT_PARAMS, floats),
                     (dkdv_kernel, dkdv_grid_, dkdv_ints, DKDV_INT_PARAMS, floats))
-    if forced is None and _plain(call, q.dtype, True, False):
+    if forced is None and _plain(call, q.dtype, True, False) and call.sinks is None:
         _remember(rt, (q, k, v, out, do, lse, delta), grads, call, deterministic, (aligned, index64, seq16),
                   (fused_, gluon), launches)
 
@@ -451,13 +453,13 @@ _N_SEQUSED = _N_POINTERS - len(SEQUSED_POINTERS)
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                    do: torch.Tensor, grads: Grads, call: Call) -> None:
-    """Run both kernels through Triton's interpreter on CPU tensors."""
+                    do: torch.Tensor, grads: Grads, call: Call, delta: torch.Tensor | None = None) -> None:
+    """Run both kernels through Triton's interpreter on CPU tensors (``delta`` as ``launch_gpu`` takes it)."""
     from lazytriton import compiler
 
     shape = call.shape
     fwd.warn_if_slow(shape)
-    delta = _delta(q, shape)
+    delta = _delta(q, shape) if delta is None else delta
     dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call)
     constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
                                         call.head_dim_v)
@@ -608,15 +610,18 @@ def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-             do: torch.Tensor, call: Call, deterministic: bool = False) -> Grads:
+             do: torch.Tensor, call: Call, deterministic: bool = False,
+             delta: torch.Tensor | None = None) -> Grads:
     """(dq, dk, dv) of a checked call: the kernels on a GPU, the interpreter on CPU, empty on meta.
 
     ``out`` and ``lse`` are the forward's; ``do`` is the gradient of ``out``.
     Rows that see no key get zero gradients, and so do keys no query sees.
     ``deterministic``: bitwise reproducible gradients on a GPU too (the
-    interpreter's always are).
+    interpreter's always are). ``delta``: a float32 (batch, heads_q, seqlen_q)
+    tensor the backward writes rowsum(dO * O) into, for the sinks' gradient
+    (``sinks_backward``); a call with it takes the general path.
     """
-    if q.is_cuda:
+    if q.is_cuda and delta is None:
         warm = _warm_backward(q, k, v, out, lse, do, call, deterministic)
         if warm is not None:
             return warm
@@ -624,15 +629,27 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     if q.device.type == "meta":
         return grads
     if grads.dq.numel() == 0 or grads.dk.numel() == 0:
-        for g in grads:
+        for g in grads if delta is None else (*grads, delta):
             g.zero_()
         return grads
     lse = lse if lse.is_contiguous() else lse.contiguous()
     if q.device.type == "cpu":
-        run_interpreter(q, k, v, out, lse, do, grads, call)
+        run_interpreter(q, k, v, out, lse, do, grads, call, delta)
     else:
-        launch_gpu(q, k, v, out, lse, do, grads, call, deterministic=deterministic)
+        launch_gpu(q, k, v, out, lse, do, grads, call, deterministic=deterministic, delta=delta)
     return grads
+
+
+def sinks_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   do: torch.Tensor, call: Call, deterministic: bool = False) -> tuple[Grads, torch.Tensor]:
+    """``backward`` and the gradient of the call's sinks (float32, (heads_q,)), from the delta it wrote.
+
+    d(sinks)_h = -sum over batch and rows of exp(sink_h - lse) * delta
+    (``flash_fwd.sinks.grad``): no pass over K or V beyond the backward's own.
+    """
+    delta = _delta(q, call.shape)
+    grads = backward(q, k, v, out, lse, do, call, deterministic, delta)
+    return grads, fwd_sinks.grad(call.sinks, lse, delta, 1)
 
 
 def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool = True,

@@ -268,6 +268,11 @@ def prewarm_alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bo
     return tuple(pair for a in aligned for pair in (((True, True), (True, False)) if a else ((False, False),)))
 
 
+# The feature flags prewarm plans the backward kernels with: all but attention sinks, which reach the backward
+# through the forward's lse alone (its variants are the plain call's).
+PREWARM_FEATURES = ("window", "softcap", "varlen", "seqused", "alibi", "dropout", "bias", "leftpad")
+
+
 def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
                   index64: bool, seqlen_q: int, seqlen_k: int) -> list[tuple[Variant, str]]:
     """The variants beside the two kernels' that a plain backward of this shape runs, for prewarm.

@@ -30,6 +30,11 @@ every pointer and outer stride of q, the cache and out is a multiple of 16
 (``aligned_params``); ``INDEX64`` makes the strides 64-bit (a paged cache
 pool easily spans 2**31 elements).
 
+``SINKS`` (attention sinks: float32, one logit a query head, ``Sinks``; any
+valid pointer without them) is a flag of both kernels, written only when true:
+the split kernel adds the sink when it writes the output itself (one split),
+the combine kernel when it merges several.
+
 A value head dim of its own (``head_dim_v``, DeepSeek's MLA) is the split
 kernel's ``BLOCK_DV``/``EVEN_DV``, written in a variant only where they differ
 from ``BLOCK_D``/``EVEN_D`` (``lazytriton.variant``'s rule for every attention
@@ -52,7 +57,7 @@ def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
 _SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
                    ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
                    ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"), ("RotaryCos", "*{dtype}"),
-                   ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"))
+                   ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"), ("Sinks", "*fp32"))
 _SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"))
 
 FLASH_DECODE_SPLIT = KernelSpec(
@@ -83,7 +88,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("softcap", "fp32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
-                "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED"),
+                "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary",),
 )
@@ -99,6 +104,7 @@ FLASH_DECODE_COMBINE = KernelSpec(
         ("LsePart", "*fp32"),
         ("Out", "*{dtype}"),
         ("Lse", "*fp32"),
+        ("Sinks", "*fp32"),
         *_COMBINE_STRIDES,
         ("heads_q", "i32"),
         ("seqlen_q", "i32"),
@@ -106,7 +112,7 @@ FLASH_DECODE_COMBINE = KernelSpec(
         ("num_splits", "i32"),
         ("n_rows", "i32"),
     ),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "SINKS"),
     aligned_params=("Out",) + tuple(name for name, _ in _COMBINE_STRIDES),
 )
 

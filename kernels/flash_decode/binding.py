@@ -135,7 +135,7 @@ def _ptr(x: Any) -> int:
 
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
-                 "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens",
+                 "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks",
                  *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
                  "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right",
@@ -153,7 +153,7 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
     valid pointer) and the flag or size that says so.
     """
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
-    table, slopes, rows, pads = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad
+    table, slopes, rows, pads, sinks = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad, t.sinks
     cos, sin, bases = t.rotary_cos, t.rotary_sin, t.rotary_seqlens
     qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
     return (pointers(t.q), pointers(t.k_cache), pointers(t.v_cache), pointers(out), pointers(lse),
@@ -162,6 +162,7 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
             pointers(lse if slopes is None else slopes), pointers(lse if pads is None else pads),
             pointers(t.q if cos is None else cos), pointers(t.q if sin is None else sin),
             pointers(lse if bases is None else bases),
+            pointers(lse if sinks is None else sinks),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
             call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, call.value_dim,
@@ -172,11 +173,12 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
 
 
 def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: Call,
-                 splits: int, pointers: Any = _ptr) -> tuple[Any, ...]:
-    """The combine kernel's integer arguments."""
+                 splits: int, pointers: Any = _ptr, sinks: torch.Tensor | None = None) -> tuple[Any, ...]:
+    """The combine kernel's integer arguments (``sinks``: the call's, else ``lse`` stands in, unread)."""
     os = out.stride()
     values = {"OutPart": pointers(part_out), "LsePart": pointers(part_lse), "Out": pointers(out),
-              "Lse": pointers(lse), "stride_ob": os[0], "stride_os": os[1], "stride_oh": os[2],
+              "Lse": pointers(lse), "Sinks": pointers(lse if sinks is None else sinks),
+              "stride_ob": os[0], "stride_os": os[1], "stride_oh": os[2],
               "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.value_dim, "num_splits": splits,
               "n_rows": call.batch * call.heads_q * call.seqlen_q}
     return tuple(values[name] for name in COMBINE_INT_PARAMS)
@@ -190,6 +192,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
             "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",
             "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "LT__OR_LSE(p->rotary_seqlens)",
+            "Sinks": "LT__PTR(p->lse)",  # the C API has no sinks
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
@@ -202,6 +205,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
             "rotary_per_query": "c->rotary_per_query"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
+              "Sinks": "LT__PTR(p->lse)",
               "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
               "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->dv", "num_splits": "splits",
               "n_rows": "n_rows"}
@@ -247,10 +251,11 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            call.causal, aligned, call.rows, call.capacity, paged=call.paged,
                                            window=call.windowed, softcap=call.softcap > 0, alibi=call.alibi,
                                            leftpad=call.leftpad, rotary=call.rotary,
-                                           rotary_interleaved=call.rotary_interleaved,
+                                           rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
                                            **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
-                                             False, aligned, call.rows, call.capacity, **common)  # type: ignore[arg-type]
+                                             False, aligned, call.rows, call.capacity, sinks=call.sinks,
+                                             **common)  # type: ignore[arg-type]
     return split, combine
 
 
@@ -259,13 +264,17 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
 
     The page size through ``page_block_limit``: its largest power-of-two
     divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
+    Sinks lengthen it (``SINKS_TAG``): a key without them is unchanged.
     """
     from lazytriton import tuning
 
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
             decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
-            call.leftpad, call.rotary, call.rotary_interleaved)
+            call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()))
+
+
+SINKS_TAG = ("sinks",)  # the memo key's last item for a call with attention sinks
 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
@@ -333,7 +342,8 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
     if splits > 1:
         n_rows = call.batch * call.heads_q * call.seqlen_q
         combine_kernel.launch(combine_grid(n_rows, combine_m), stream,
-                              combine_ints(part_out, part_lse, out, lse, call, splits), (), launch.scratch_alloc)
+                              combine_ints(part_out, part_lse, out, lse, call, splits, sinks=t.sinks), (),
+                              launch.scratch_alloc)
 
 
 def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -344,8 +354,8 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
-             "ROTARY_INTERLEAVED": call.rotary_interleaved}
-    return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v}
+             "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks}
+    return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v, "SINKS": call.sinks}
 
 
 def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
@@ -361,7 +371,8 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call)
     if splits > 1:
         n_rows = call.batch * call.heads_q * call.seqlen_q
         compiler.interpret(FLASH_DECODE_COMBINE.name, combine_grid(n_rows, 16),
-                           combine_ints(part_out, part_lse, out, lse, call, splits, pointers=lambda x: x), combine_c)
+                           combine_ints(part_out, part_lse, out, lse, call, splits, pointers=lambda x: x,
+                                        sinks=t.sinks), combine_c)
 
 
 def forward(t: Inputs, call: Call) -> tuple[torch.Tensor, torch.Tensor]:

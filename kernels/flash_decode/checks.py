@@ -50,6 +50,7 @@ class Inputs(NamedTuple):
     rotary_cos: torch.Tensor | None = None
     rotary_sin: torch.Tensor | None = None
     rotary_seqlens: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
 
 
 class Call(NamedTuple):
@@ -68,7 +69,9 @@ class Call(NamedTuple):
     (``rotary_interleaved``) or halves, over ``seqlen_ro`` positions from each
     sequence's base (its cache_seqlens, or its ``rotary_seqlens`` when that
     tensor is given); ``rotary_per_query``: query i sits at base + i (causal
-    or a window, FlashAttention's rule), else every query at base.
+    or a window, FlashAttention's rule), else every query at base. ``sinks``:
+    attention sinks are given (float32 (heads_q,): one logit a query head in
+    every row's denominator, joined once: with several splits in the merge).
     """
 
     batch: int
@@ -95,6 +98,7 @@ class Call(NamedTuple):
     seqlen_ro: int = 0
     rotary_per_query: bool = False
     rotary_seqlens: bool = False
+    sinks: bool = False
 
     @property
     def value_dim(self) -> int:
@@ -222,6 +226,14 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     if t.cache_leftpad is not None:
         _index("cache_leftpad", t.cache_leftpad, q, (b,), "(batch,)")
         call = call._replace(leftpad=True)
+    if t.sinks is not None:
+        if not isinstance(t.sinks, torch.Tensor):
+            raise TypeError(f"sinks must be a torch.Tensor or None, got {type(t.sinks).__name__}")
+        _same_place("sinks", t.sinks, q, torch.float32)
+        if tuple(t.sinks.shape) != (hq,):
+            raise ValueError(f"sinks must have shape ({hq},) (one logit a query head of q), got "
+                             f"{tuple(t.sinks.shape)}")
+        call = call._replace(sinks=True)
     if not isinstance(rotary_interleaved, bool):
         raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
     if t.rotary_cos is not None or t.rotary_sin is not None or t.rotary_seqlens is not None:

@@ -105,7 +105,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    capacity: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
-                   leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False) -> Variant:
+                   leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
+                   sinks: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -124,7 +125,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     as ``head_dim``): v's head dim; the split kernel gets ``BLOCK_DV``/``EVEN_DV``
     where its padded size or evenness differs (the attention kernels' rule) and
     the tiles of the larger head dim; the combine kernel sees only outputs, so
-    its head dim is v's.
+    its head dim is v's. ``sinks`` (attention sinks) is SINKS=true on both
+    kernels, written only when set: one split adds them, the combine the rest.
     """
     dv = head_dim_v or head_dim
     if kernel == "flash_decode_combine":
@@ -147,6 +149,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                            ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved)):
             if flag:
                 functional[name] = True
+    if sinks:
+        functional["SINKS"] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 
@@ -175,7 +179,7 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           table=request.table, page_size=request.page_size, paged=request.paged,
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
-                          rotary_interleaved=request.rotary_interleaved)
+                          rotary_interleaved=request.rotary_interleaved, sinks=request.sinks)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -187,7 +191,7 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "sinks")
 PREWARM_WITH = ("kv_append",)
 
 

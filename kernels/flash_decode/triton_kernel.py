@@ -46,6 +46,14 @@ FlashAttention's rotary embedding of its first ``rotary_dim`` columns,
 ``rotary_per_query``, else base (every query), base = ``RotarySeqlens[b]``
 with ``use_rotary_seqlens``, else the cached length len_b - seqlen_new (the
 new keys were rotated at the same positions by ``kv_append``).
+``SINKS`` (attention sinks: gpt-oss's, FlashAttention-3 forks' ``s_aux``)
+reads each query head's float32 sink logit from ``Sinks``: it joins the
+row's denominator and lse once and adds no value, a raw logit beside the
+scaled (capped, ALiBi-biased) scores. With one split the split kernel adds it
+in its epilogue (``_with_sink``); with several, the splits' partials leave
+it out and the combine kernel counts it once, as one more partial of lse =
+the sink and out 0. A query that sees no key then gets out 0 and lse = its
+sink.
 
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
 flattened (batch, query head, query) rows. First the total lse over the
@@ -186,9 +194,27 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
 
 
 @triton.jit
+def _with_sink(m_i, l_i, sink):
+    """The epilogue's (divisor of acc, base-2 lse) with the sink logit ``sink`` (natural log) in the denominator.
+
+    flash_fwd's rule: the divisor is the whole denominator in m_i's terms,
+    l / alpha, never NaN (inf, so out 0, where alpha underflows or the row has
+    neither a key nor a sink, whose lse is -inf).
+    """
+    sink2 = sink * LOG2E
+    m_f = tl.maximum(m_i, sink2)
+    m_sub = tl.where(m_f == float("-inf"), 0.0, m_f)
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_f = l_i * alpha + tl.math.exp2(sink2 - m_sub)
+    none = l_f == 0.0
+    lse2 = tl.where(none, float("-inf"), m_f + tl.math.log2(tl.where(none, 1.0, l_f)))
+    return tl.where(none, 1.0, l_f) / alpha, lse2
+
+
+@triton.jit
 def flash_decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad, RotaryCos, RotarySin,
-    RotarySeqlens,
+    RotarySeqlens, Sinks,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -202,6 +228,7 @@ def flash_decode_split_kernel(
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
     PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
+    SINKS: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -297,6 +324,9 @@ def flash_decode_split_kernel(
     lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))  # base 2
     lse_rows = (batch * heads_q + heads) * seqlen_q + rows_i  # (batch, head, query), contiguous
     if num_splits == 1:
+        if SINKS:  # one split: the sink joins here (with several, in the combine kernel)
+            div, lse2 = _with_sink(m_i, l_i, tl.load(Sinks + heads, mask=row_ok, other=0.0))
+            out = acc / div[:, None]
         o_ptrs = Out + batch * stride_ob + rows_i[:, None] * stride_os + heads[:, None] * stride_oh + offs_dv[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(Lse + lse_rows, lse2 * LN2, mask=row_ok)
@@ -309,10 +339,11 @@ def flash_decode_split_kernel(
 
 @triton.jit
 def flash_decode_combine_kernel(
-    OutPart, LsePart, Out, Lse,
+    OutPart, LsePart, Out, Lse, Sinks,
     stride_ob, stride_os, stride_oh,
     heads_q, seqlen_q, head_dim, num_splits, n_rows,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    SINKS: tl.constexpr = False,
 ):
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_r < n_rows
@@ -323,6 +354,10 @@ def flash_decode_combine_kernel(
     # The total lse (base 2) over the splits, BLOCK_N at a time, online.
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if SINKS:  # the sink: one more partial, lse the sink's and out 0 (m -inf with a sink of -inf: it adds 0)
+        head = (offs_r // seqlen_q) % heads_q
+        m = tl.load(Sinks + head, mask=row_ok, other=0.0) * LOG2E
+        total = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_N):
         s_ok = (s0 + offs_s) < num_splits
         lse = tl.load(LsePart + offs_r[:, None] * num_splits + s0 + offs_s[None, :],

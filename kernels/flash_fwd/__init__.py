@@ -40,6 +40,11 @@ modifications' pointers; 0 for a call without them), cut its cu_seqlens span
 to its first used rows; the rest of the span is written as rows that see no
 key (``triton_kernel.py``).
 
+``SINKS`` (attention sinks: gpt-oss's, FlashAttention-3 forks' ``s_aux``) is a flag
+too, written only when true: ``Sinks`` (``SINKS_POINTERS``, float32, one logit per
+query head, after the used lengths; 0 for a call without them) joins every row's
+softmax denominator once, in the epilogue, and the lse; it adds no value.
+
 ``ALIBI`` (FlashAttention-2's ALiBi), ``BIAS`` (an additive bias: the SDPA
 drop-in's ``attn_mask``) and ``DROPOUT`` follow the same rule: flags written
 only when true, their data runtime arguments. Their pointers (``Alibi``,
@@ -87,6 +92,11 @@ MOD_POINTERS = (("Alibi", "*fp32"), ("Bias", "*{dtype}"), ("Philox", "*i64"))
 # sequence), after the score modifications' pointers; 0 (unused) unless SEQUSED_Q/SEQUSED_K.
 SEQUSED_POINTERS = (("Seqused_q", "*i32"), ("Seqused_k", "*i32"))
 
+# The forward kernels' attention sinks (gpt-oss's; FlashAttention-3 forks' ``s_aux``: float32, one logit
+# per query head), after the used lengths; 0 (unused) unless SINKS. The backward kernels take none: the
+# sink enters their gradients only through the forward's lse.
+SINKS_POINTERS = (("Sinks", "*fp32"),)
+
 # The scalar tail every attention kernel takes, in this order (the backward's too).
 # The bias strides are 64-bit in every variant: a broadcast bias costs nothing
 # to address, and a full one may span 2**31 elements where q, k and v do not.
@@ -122,11 +132,12 @@ FLASH_FWD = KernelSpec(
         *VARLEN_POINTERS,
         *MOD_POINTERS,
         *SEQUSED_POINTERS,
+        *SINKS_POINTERS,
         *_STRIDES,
         *SIZES,
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI",
-                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2", "SEQUSED_Q", "SEQUSED_K"),
+                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2", "SEQUSED_Q", "SEQUSED_K", "SINKS"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),

@@ -29,9 +29,10 @@ import torch
 
 from lazytriton import geometry, launch, machine, runtime, tuning
 from lazytriton.kernels.arguments import shown
-from lazytriton.kernels.flash_fwd import FLASH_FWD, SEQUSED_POINTERS, VARLEN_POINTERS
+from lazytriton.kernels.flash_fwd import FLASH_FWD, SEQUSED_POINTERS, SINKS_POINTERS, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import grid as _grid
+from lazytriton.kernels.flash_fwd import sinks as _sinks
 from lazytriton.kernels.flash_fwd.names import NAMES, Names
 from lazytriton.kernels.flash_fwd.score_mods import mod_tensors
 from lazytriton.variant import Variant
@@ -88,6 +89,9 @@ class Call(NamedTuple):
     # v's head dim where it differs from q's and k's (``shape.head_dim``), else 0: out, dout and
     # dv then have this last dim (DeepSeek's MLA: q/k 192, v 128).
     head_dim_v: int = 0
+    # Attention sinks (``sinks.with_sinks``): float32 (heads_q,) on q's device, one logit a query
+    # head in every row's denominator (the kernels' SINKS), or None.
+    sinks: Any = None
 
     @property
     def dv(self) -> int:
@@ -106,6 +110,11 @@ class Call(NamedTuple):
     def mods(self) -> tuple[bool, bool, bool]:
         """The flags (ALIBI, BIAS, DROPOUT) of the kernel this call needs."""
         return (self.alibi is not None, self.bias is not None, self.dropout_p > 0.0)
+
+    @property
+    def sunk(self) -> bool:
+        """The kernels' SINKS flag: the call has attention sinks."""
+        return self.sinks is not None
 
 
 # ---------------------------------------------------------------------------
@@ -297,6 +306,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "Alibi": ("0 if alibi is None else alibi.data_ptr()", "0"),
     "Bias": ("0 if bias is None else bias.data_ptr()", "0"),
     "Philox": ("0 if philox is None else philox.data_ptr()", "0"),
+    "Sinks": ("0 if sinks is None else sinks.data_ptr()", "0"),  # the C API has no sinks either
     "stride_alibi_b": ("0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)", "0"),
     **{f"stride_bias{d}": (f"0 if bias is None else bias.stride({i})", "0") for i, d in enumerate("bhmn")},
     "sm_scale": ("scale", "scale"),
@@ -304,10 +314,10 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "dropout_p": ("call.dropout_p", "0.0f"),
 }
 # The lines ``pack`` functions start with, so that the sources above find their locals.
-MOD_LOCALS = "alibi, bias, philox = call.alibi, call.bias, call.philox"
+MOD_LOCALS = "alibi, bias, philox, sinks = call.alibi, call.bias, call.philox, call.sinks"
 # A call without score modifications (the warm path's only kind): null pointers, zero strides.
 _PLAIN = {"head_dim_v": "d", "window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0",
-          "Seqused_q": "0", "Seqused_k": "0", "Alibi": "0", "Bias": "0", "Philox": "0",
+          "Seqused_q": "0", "Seqused_k": "0", "Sinks": "0", "Alibi": "0", "Bias": "0", "Philox": "0",
           "stride_alibi_b": "0", **{f"stride_bias{d}": "0" for d in "bhmn"}}
 PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "Q": ("q.data_ptr()", "(int64_t)(uintptr_t)q->data"),
@@ -393,6 +403,10 @@ GLUON_TAIL = ("gluon",)
 PLAIN_KEY = ("device_index", "dtype", "head_dim", "causal", "aligned", "index64", "bucket_q", "bucket_k")
 
 
+# The memo key's item for a call with attention sinks (``memo_key``): a str, as GLUON_TAIL's.
+SINKS_TAG = ("sinks",)
+
+
 def gluon_tail(q_tiles: int) -> tuple[Any, ...]:
     """The memo key's tail for ``dispatch.flash_fwd_gluon_q_tiles``' answer: none (0), GLUON_TAIL, or it and n."""
     return () if not q_tiles else GLUON_TAIL if q_tiles == 1 else GLUON_TAIL + (q_tiles,)
@@ -406,7 +420,7 @@ def gluon_key(key: tuple[Any, ...]) -> bool:
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0, offset: int | None = None,
-             scale: float = 0.0) -> tuple[Any, ...]:
+             scale: float = 0.0, sinks: bool = False) -> tuple[Any, ...]:
     """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets.
 
     A windowed or softcapped call's key is longer (the two flags appended), so
@@ -418,9 +432,13 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     ``offset`` and ``scale``; without an offset, never) gets ``GLUON_TAIL``
     appended: the one key whose plan may be flash_fwd_gluon, which the buckets
     alone cannot tell from a bucket-mate its tiles do not divide (hot.py appends the same).
+    ``sinks`` (attention sinks) puts ``SINKS_TAG`` after the first eight fields,
+    before any other: no key without it changes, and none with it is a plain call's.
     """
-    key = (device_index, dtype, shape.head_dim, causal, aligned, index64,
-           tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+    key: tuple[Any, ...] = (device_index, dtype, shape.head_dim, causal, aligned, index64,
+                            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
+    if sinks:
+        key += SINKS_TAG
     if head_dim_v:
         return key + (window, softcap, *mods, "head_dim_v", head_dim_v)
     if offset is not None and not (window or softcap) and mods == NO_MODS and dtype in DTYPES:
@@ -435,20 +453,22 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
 
 def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool,
             window: bool = False, softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS,
-            head_dim_v: int = 0, gluon: bool = False) -> Variant:
+            head_dim_v: int = 0, gluon: bool = False, sinks: bool = False) -> Variant:
     """The variant that serves a call of this shape (dispatch decides).
 
     ``gluon``: the call's memo key ends in ``GLUON_TAIL`` (it fits dispatch's
     flash_fwd_gluon row): that kernel, where target and alignment allow it.
+    ``sinks``: attention sinks (SINKS=true on either kernel).
     """
     if gluon and not head_dim_v:
         found = fwd_dispatch.flash_fwd_gluon_default_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned,
-                                                             index64, shape.seqlen_q, shape.seqlen_k)
+                                                             index64, shape.seqlen_q, shape.seqlen_k, sinks)
         if found is not None:
             return found
     return fwd_dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
                                           index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
-                                          alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v)
+                                          alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v,
+                                          sinks=sinks)
 
 
 def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
@@ -460,7 +480,7 @@ def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
                            softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS,
-                           head_dim_v: int = 0) -> dict[str, Any]:
+                           head_dim_v: int = 0, sinks: bool = False) -> dict[str, Any]:
     """Constexprs for Triton's interpreter on CPU tensors.
 
     Small tiles: the interpreter's cost is per program and per op, and tiles
@@ -469,7 +489,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     return {"BLOCK_M": 32, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
-            "DROPOUT": mods[2], "BLOCK_D2": 0, "SEQUSED_Q": False, "SEQUSED_K": False}
+            "DROPOUT": mods[2], "BLOCK_D2": 0, "SEQUSED_Q": False, "SEQUSED_K": False, "SINKS": sinks}
 
 
 # ---------------------------------------------------------------------------
@@ -478,7 +498,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
-         mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0) -> tuple[Any, int]:
+         mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0, sinks: bool = False) -> tuple[Any, int]:
     """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans`` (``launch.plan``).
 
     During a CUDA graph capture, a kernel that is not loaded yet would touch
@@ -487,7 +507,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     """
     def choose(target: Any) -> launch.Choice:
         return ((variant(target, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v,
-                         gluon_key(key)), ("BLOCK_M",)),)
+                         gluon_key(key), sinks), ("BLOCK_M",)),)
 
     return launch.plan(rt, key, device, choose, "call lazytriton.preload(...) with this shape (or run the call "
                        "once) before the capture")  # type: ignore[return-value]
@@ -507,11 +527,11 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     if variant is None:
         causal = call.causal != "none"
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v, call.offset, call.scale)
+                       call.mods, call.head_dim_v, call.offset, call.scale, call.sunk)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v)
+                         call.mods, call.head_dim_v, call.sunk)
     else:
         found = (rt.kernel(variant, device.index), int(variant.get("BLOCK_M")))
     kernel, block_m = found
@@ -527,17 +547,18 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     shape = call.shape
     warn_if_slow(shape)
     constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
-                                        call.head_dim_v)
+                                        call.head_dim_v, call.sunk)
     args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
 
 # The kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
 # (0 when dense), then the score modifications' (tensors or None), then the seqused pointers (0 without
-# them); _N_POINTERS counts them all.
+# them), then the sinks (a tensor); _N_POINTERS counts them all.
 N_TENSORS = [name for name, _ in FLASH_FWD.params].index(VARLEN_POINTERS[0][0])
 _N_POINTERS = sum(1 for _, kind in FLASH_FWD.params if kind.startswith("*"))
-_N_SEQUSED = _N_POINTERS - len(SEQUSED_POINTERS)
+_N_SINKS = _N_POINTERS - len(SINKS_POINTERS)
+_N_SEQUSED = _N_SINKS - len(SEQUSED_POINTERS)
 
 
 def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -545,7 +566,7 @@ def triton_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     """The runtime arguments as Triton's own launchers take them (tensors for pointers): interpreter, JIT."""
     ints = pack(q, k, v, out, lse, call)[0]
     return (q, k, v, out, lse, *ints[N_TENSORS:N_TENSORS + len(VARLEN_POINTERS)], *mod_tensors(call, q),
-            *ints[_N_SEQUSED:], *floats(call))
+            *ints[_N_SEQUSED:_N_SINKS], _sinks.argument(call, q), *ints[_N_POINTERS:], *floats(call))
 
 
 _warned_slow = False
@@ -593,7 +614,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: Call) -> tu
     if out.numel() == 0 or q.device.type == "meta":
         return out, lse
     if shape.seqlen_k == 0:
-        return out.zero_(), lse.fill_(float("-inf"))
+        return out.zero_(), _sinks.lse_of_no_key(call, lse, 1)
     if q.device.type == "cpu":
         run_interpreter(q, k, v, out, lse, call)
     else:
@@ -609,7 +630,8 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     rt = runtime.get()
     dv = call.head_dim_v
     key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv,
-                   call.offset, call.scale)
-    plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv)
+                   call.offset, call.scale, call.sunk)
+    plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv,
+         call.sunk)
     return variant(machine.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
-                   call.capped, call.mods, dv, gluon_key(key))
+                   call.capped, call.mods, dv, gluon_key(key), call.sunk)

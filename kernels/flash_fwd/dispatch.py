@@ -108,7 +108,7 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
                       tma: bool | None = None, window: bool = False, softcap: bool = False, alibi: bool = False,
                       bias: bool = False, dropout: bool = False, varlen: bool = False,
                       head_dim_v: int = 0, split_d: bool | None = None, seqused_q: bool = False,
-                      seqused_k: bool = False) -> Variant:
+                      seqused_k: bool = False, sinks: bool = False) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -122,11 +122,12 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k);
     ``head_dim_v``: v's head dim where it differs from q's and k's (0: the same);
     ``split_d``: split tiles (``variant``); ``seqused_q``, ``seqused_k``: a
-    packed call with FlashAttention-3's used lengths.
+    packed call with FlashAttention-3's used lengths; ``sinks``: attention sinks.
     """
     request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_q if seqlen_k is None else seqlen_k, config,
                       index64, table, tma, window, softcap, alibi, bias, dropout, varlen=varlen,
-                      head_dim_v=head_dim_v, split_d=split_d, seqused_q=seqused_q, seqused_k=seqused_k)
+                      head_dim_v=head_dim_v, split_d=split_d, seqused_q=seqused_q, seqused_k=seqused_k,
+                      sinks=sinks)
     return variant("flash_fwd", target, request)
 
 
@@ -341,10 +342,12 @@ def _gluon_row_fits(row: GluonTiling | None, causal: bool, offset: int, scale: f
 
 
 def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-                                    index64: bool, seqlen_q: int, seqlen_k: int) -> Variant | None:
+                                    index64: bool, seqlen_q: int, seqlen_k: int,
+                                    sinks: bool = False) -> Variant | None:
     """The default flash_fwd_gluon variant for a call that ``flash_fwd_gluon_fits``, or None (flash_fwd serves).
 
-    None also where the target, alignment or 64-bit offsets rule the kernel out.
+    None also where the target, alignment or 64-bit offsets rule the kernel out. ``sinks``: the
+    call has attention sinks, which the kernel carries (SINKS=true) on the same tiles.
     """
     row = flash_fwd_gluon_default(dtype, head_dim, causal, seqlen_q)
     if row is None:
@@ -353,32 +356,34 @@ def flash_fwd_gluon_default_variant(target: Target, dtype: str, head_dim: int, c
     q_tiles = gluon_q_tiles(head_dim, causal, seqlen_q, tiles[0]) if pingpong else 1
     return flash_fwd_gluon_variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64,
                                    seqlen_q, seqlen_k, tiles=tiles, producer=producer, pingpong=pingpong,
-                                   q_tiles=q_tiles)
+                                   q_tiles=q_tiles, sinks=sinks)
 
 
 
 def flash_fwd_gluon_variant(target: Target, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool,
                             seqlen_q: int, seqlen_k: int, features: bool = False,
                             tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
-                            producer: bool = False, pingpong: bool = False, q_tiles: int = 1) -> Variant | None:
+                            producer: bool = False, pingpong: bool = False, q_tiles: int = 1,
+                            sinks: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant for a call, or None where it cannot serve it (pure; see its rule)."""
     return gluon.variant(str(target), dtype, head_dim, causal_mode(causal), aligned, index64, seqlen_q, seqlen_k,
-                         features, tiles, scale, producer, pingpong, q_tiles)
+                         features, tiles, scale, producer, pingpong, q_tiles, sinks)
 
 
 def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,
-                  index64: bool, seqlen_q: int, seqlen_k: int) -> list[tuple[Variant, str]]:
+                  index64: bool, seqlen_q: int, seqlen_k: int, sinks: bool = False) -> list[tuple[Variant, str]]:
     """The variants beside ``kernel``'s that a plain call of this shape runs, for prewarm: the Gluon forward's.
 
     An image must hold the flash_fwd_gluon variant ``GLUON_TABLE`` serves
     beside flash_fwd's: a call that fits the table's tiles runs it, and would
     otherwise compile it on first use. Prewarm's causal calls are
     FlashAttention's (bottom-right), so a causal offset is seqlen_k - seqlen_q.
+    ``sinks``: the call has attention sinks, which the Gluon forward carries (SINKS=true).
     """
     offset = seqlen_k - seqlen_q if causal else 0
     if offset < 0 or not flash_fwd_gluon_fits(dtype, head_dim, causal, offset, 1.0 / math.sqrt(head_dim), seqlen_q,
                                               seqlen_k):
         return []
     gluon_variant = flash_fwd_gluon_default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q,
-                                                    seqlen_k)
+                                                    seqlen_k, sinks)
     return [] if gluon_variant is None else [(gluon_variant, "gluon table")]

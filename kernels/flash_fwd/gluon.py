@@ -223,7 +223,8 @@ def reason(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, i
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None,
-            scale: float = 1.0, producer: bool = False, pingpong: bool = False, q_tiles: int = 1) -> Variant | None:
+            scale: float = 1.0, producer: bool = False, pingpong: bool = False, q_tiles: int = 1,
+            sinks: bool = False) -> Variant | None:
     """The ``flash_fwd_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``configs(head_dim)``
@@ -247,6 +248,8 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     many): the descriptors are made once a program, and the producer warp
     loads the next tile's Q and key blocks under this tile's last steps and
     epilogue. What short sequences gain (``flash_fwd.dispatch.GLUON_Q_TILES`` picks the count).
+    ``sinks``: attention sinks (SINKS=true, written only when set), which the
+    kernel carries in its epilogue.
     """
     from lazytriton.variant import Variant, pairs
 
@@ -269,6 +272,8 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     functional = {"ALIGN16": True, "BLOCK_D": block_d, "CAUSAL": causal != "none", "EVEN_D": even_d, "INDEX64": False}
     if block_d2:  # absent: one tile, the strings of the variants before split tiles
         functional["BLOCK_D2"] = block_d2
+    if sinks:
+        functional["SINKS"] = True
     tuned = {"BLOCK_M": block_m * q_tiles, "BLOCK_N": block_n, "PINGPONG": bool(pingpong),
              "PRODUCER": bool(producer or pingpong)}
     if q_tiles > 1:  # absent: one tile a program, the strings of the variants before it

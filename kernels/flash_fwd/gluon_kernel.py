@@ -25,6 +25,11 @@ seqlen_k of BLOCK_N (no ragged tile: no bounds masks at all), causal_offset
 window, softcap, ALiBi, bias, dropout or varlen (nor its seqused lengths). Those
 parameters are taken (the shared ABI) and never read.
 
+``SINKS`` (flash_fwd's flag: gpt-oss's attention sinks) is the one feature it
+carries: each consumer warpgroup's epilogue puts its query head's sink logit
+(``Sinks``, float32) into its rows' denominator and lse (``_with_sink``); the
+pipeline is untouched. Off (absent from a variant), it compiles away.
+
 The pipeline, and why each choice:
 
 - **TMA loads into a shared-memory ring.** Q is loaded once; K and V go
@@ -286,6 +291,20 @@ def _scores_softmax(s, m_i, l_i, offs_m, start_n, qk_scale, causal_offset, MASKE
 
 
 @gluon.jit
+def _with_sink(m_i, l_i, sink):
+    """(divisor of acc, lse) with the sink logit ``sink`` (natural log) in each row's denominator.
+
+    m_i is finite here (every row sees key 0), so the max with the sink is too; the divisor is
+    the denominator in m_i's terms, l_i + exp2(sink2 - m_i), written as l / alpha.
+    """
+    sink2 = sink * LOG2E
+    m_f = gl.maximum(m_i, sink2)
+    alpha = gl.exp2(m_i - m_f)
+    l_f = l_i * alpha + gl.exp2(sink2 - m_f)
+    return l_f / alpha, (m_f + gl.log2(l_f)) * LN2
+
+
+@gluon.jit
 def _scores(q_smem, q2_smem, k_buf, k2_buf, zero, SPLIT: gl.constexpr):
     """Issue S = Q K^T (async): over the second head-dim chunk too with SPLIT, into the same accumulator."""
     s = warpgroup_mma(q_smem, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -473,7 +492,7 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
                   v_bufs, v2_bufs, q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, turn, lse_base, prog_m,
                   sm_scale, causal_offset, TILES: gl.constexpr, TILE_M: gl.constexpr, WGS: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
-                  SPLIT: gl.constexpr):
+                  SPLIT: gl.constexpr, sink, SINKS: gl.constexpr):
     """Consumer warpgroup ``WG`` of ``WGS`` with its share of the prologue: Out's descriptors, and Q's with one tile.
 
     Two partitions take turns (ping-pong), three run freely (the wide
@@ -501,7 +520,7 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
                      k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(buf), (t // QBUFS) & 1, k_bars, v_bars, k_empty,
                      v_empty, turn, o_desc, o2_desc, lse_base, tile_m + WG * ROWS, n_blocks, n_full, sm_scale,
                      causal_offset, g, step, BLOCK_N, STAGES, CAUSAL, True, WG, True, SPLIT, False, True,
-                     q_empty.index((t + 1) % QBUFS), t > 0, QBUFS == 2)
+                     q_empty.index((t + 1) % QBUFS), t > 0, QBUFS == 2, sink=sink, SINKS=SINKS)
             if QBUFS == 1:
                 mbarrier.arrive(q_empty.index(buf), count=1)
             g += n_blocks
@@ -518,7 +537,7 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
         _consume(q_smem.index(WG), q2_smem.index(WG), o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs, v_bufs,
                  v2_bufs, q_bar.index(WG), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
                  start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, WG, True,
-                 SPLIT)
+                 SPLIT, sink=sink, SINKS=SINKS)
     else:
         # The wide tiles: partitions without turns, each on its own rows' key blocks (causal: fewer for the lower
         # rows), then releasing the rest of the tile's blocks, which the producer loads for the others. The last
@@ -536,7 +555,7 @@ def _consume_part(Q, Out, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
             _consume(q_smem.index(WG), q2_smem.index(WG), o_desc, o2_desc, o_desc, o2_desc, k_bufs, k2_bufs,
                      v_bufs, v2_bufs, q_bar.index(WG), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc,
                      lse_base, start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL,
-                     True, WG, False, SPLIT, True, True)
+                     True, WG, False, SPLIT, True, True, sink=sink, SINKS=SINKS)
         _release(k_bars, v_bars, k_empty, v_empty, n_blocks, n_tile, STAGES)
 
 
@@ -594,7 +613,7 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
              causal_offset, g0, s0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
              PRODUCER: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, SPLIT: gl.constexpr,
              FIRST: gl.constexpr = True, RELEASE_LAST: gl.constexpr = False, q_prev_empty=None, pending=False,
-             DEFER: gl.constexpr = False):
+             DEFER: gl.constexpr = False, sink=None, SINKS: gl.constexpr = False):
     """The consumer warpgroups: Q's scores against every key block, the online softmax, O, and the epilogue.
 
     ``q_smem`` holds this partition's query rows [start_m, start_m + rows):
@@ -609,7 +628,8 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
     (otherwise those are the first chunk's, never read). DEFER: the output
     store is left in flight; the previous tile's is waited for after this
     tile's peeled step, and its Q buffer released on ``q_prev_empty`` where
-    there is one (``pending``): the caller waits for the last.
+    there is one (``pending``): the caller waits for the last. SINKS: ``sink`` points at this
+    head's sink logit, which joins the rows' denominator and lse in the epilogue.
     """
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_D: gl.constexpr = q_smem.type.shape[1]
@@ -698,7 +718,10 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
         acc, acc2 = _last_pv(p_prev, v_bufs.index(last % STAGES), v2_bufs.index(last % STAGES), v_bars, v_empty,
                              turn, acc, acc2, last, s0 + n_blocks, STAGES, WG, PINGPONG, SPLIT, RELEASE_LAST)
 
-    lse = (m_i + gl.log2(l_i)) * LN2
+    if SINKS:  # l_i becomes the divisor of acc
+        l_i, lse = _with_sink(m_i, l_i, gl.load(sink + offs_m * 0))
+    else:
+        lse = (m_i + gl.log2(l_i)) * LN2
     gl.store(lse_base + offs_m, lse)
     # Q's buffers are free (the last QK^T retired): the output tile goes out through them.
     _store_out(acc, gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), q_smem, o_desc, start_m, 0)
@@ -710,7 +733,7 @@ def _consume(q_smem, q2_smem, k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs,
 
 @gluon.jit
 def flash_fwd_gluon_kernel(
-    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k, Sinks,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -721,7 +744,7 @@ def flash_fwd_gluon_kernel(
     sm_scale, softcap, dropout_p,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
     CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr, BLOCK_TILES: gl.constexpr,
-    BLOCK_D2: gl.constexpr,
+    BLOCK_D2: gl.constexpr, SINKS: gl.constexpr = False,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(not PINGPONG or PRODUCER, "PINGPONG needs PRODUCER: the producer warp loads for both warpgroups")
@@ -818,6 +841,10 @@ def flash_fwd_gluon_kernel(
     fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first arrive
 
     lse_base = Lse + batch * stride_lb + head * stride_lh
+    if SINKS:  # this head's sink logit, read in the consumers' epilogue
+        sink = Sinks + head
+    else:  # never read
+        sink = lse_base
     q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
@@ -829,15 +856,18 @@ def flash_fwd_gluon_kernel(
         gl.warp_specialize([(_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                              q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
                                              k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
-                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT, sink,
+                                             SINKS)),
                             (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                              q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
                                              k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
-                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT, sink,
+                                             SINKS)),
                             (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                              q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
                                              k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
-                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 2, SPLIT)),
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 2, SPLIT, sink,
+                                             SINKS)),
                             (_produce_part, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
                                              seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
                                              q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
@@ -852,11 +882,13 @@ def flash_fwd_gluon_kernel(
         gl.warp_specialize([(_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                              q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
                                              k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
-                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT)),
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 0, SPLIT, sink,
+                                             SINKS)),
                             (_consume_part, (q_base, o_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                              q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar, q_empty,
                                              k_bars, v_bars, k_empty, v_empty, turn, lse_base, start_m, sm_scale,
-                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT)),
+                                             causal_offset, TILES, TILE_M, WGS, BLOCK_N, STAGES, CAUSAL, 1, SPLIT, sink,
+                                             SINKS)),
                             (_produce_part, (q_base, k_base, v_base, stride_qs, stride_ks, stride_vs, seqlen_q,
                                              seqlen_k, head_dim, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, v2_bufs,
                                              q_bar, q_empty, k_bars, v_bars, k_empty, v_empty, start_m,
@@ -888,7 +920,7 @@ def flash_fwd_gluon_kernel(
                                             k_bufs, k2_bufs, v_bufs, v2_bufs, q_bar.index(0), 0, k_bars, v_bars,
                                             k_empty, v_empty, turn, o_desc, o2_desc, lse_base, start_m, n_blocks,
                                             n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, True, 0,
-                                            False, SPLIT)),
+                                            False, SPLIT, True, False, q_bar.index(0), False, False, sink, SINKS)),
                                 (_produce, (k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs, v2_bufs,
                                             k_bars, v_bars, k_empty, v_empty, n_blocks, BLOCK_N, STAGES, SPLIT))],
                                [1], [24])
@@ -896,7 +928,7 @@ def flash_fwd_gluon_kernel(
             _consume(q_smem.index(0), q2_smem.index(0), k_desc, k2_desc, v_desc, v2_desc, k_bufs, k2_bufs, v_bufs,
                      v2_bufs, q_bar.index(0), 0, k_bars, v_bars, k_empty, v_empty, turn, o_desc, o2_desc, lse_base,
                      start_m, n_blocks, n_full, sm_scale, causal_offset, 0, 0, BLOCK_N, STAGES, CAUSAL, False, 0,
-                     False, SPLIT)
+                     False, SPLIT, sink=sink, SINKS=SINKS)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))

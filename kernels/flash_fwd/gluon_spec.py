@@ -42,7 +42,7 @@ FLASH_FWD_GLUON = KernelSpec(
     function="flash_fwd_gluon_kernel",
     params=FLASH_FWD.params,
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "PRODUCER", "PINGPONG", "BLOCK_TILES",
-                "BLOCK_D2"),
+                "BLOCK_D2", "SINKS"),
     aligned_params=FLASH_FWD.aligned_params,
     wide_blocks=("BLOCK_M",),  # WIDE_CONFIGS: 192 rows, three warpgroups of 64
     helpers=("lazytriton.kernels.gluon_tma",),  # descriptors, copy_in, copy_out

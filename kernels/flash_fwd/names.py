@@ -23,6 +23,7 @@ class Names(NamedTuple):
     alibi: str = "alibi_slopes"
     bias: str = "attn_mask"
     dropout: str = "dropout_p"
+    sinks: str = "sinks"
 
 
 NAMES = Names()

@@ -11,6 +11,10 @@ seqlen_q - j|``, also under a causal mask) and is added, like an additive bias,
 after the cap. Dropout takes an explicit keep mask (``dropout_keep`` computes the
 kernels' own, a torch re-implementation of ``tl.rand``'s Philox): kept
 probabilities are scaled by 1 / (1 - p), and lse stays the undropped one.
+Attention sinks follow FlashAttention-3's reference (``attention_ref`` in
+hopper/test_util.py of vLLM's fork, ``s_aux``) and transformers' gpt-oss eager
+attention: one more column of scores, the head's raw sink logit after the
+scale, cap and masks, in the softmax, dropped before the product with v.
 Computed in the inputs' dtype unless the
 caller upcasts, so the tests can measure both a same-precision reference and
 a float64 one.
@@ -80,11 +84,14 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
                         sm_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                         bias: torch.Tensor | None = None, dropout_p: float = 0.0,
-                        keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        keep: torch.Tensor | None = None,
+                        sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of softmax(q k^T * scale) v, with GQA, both causal alignments, windows, softcap, ALiBi, a bias.
 
     With ``keep`` (a boolean (batch, heads_q, seqlen_q, seqlen_k) mask),
     dropout: probabilities outside it are zeroed, the others divided by 1 - dropout_p.
+    ``sinks`` ((heads_q,)): each head's sink logit joins every row's softmax
+    (and lse) and adds no value; differentiable, for the tests' dsinks.
     """
     hq, d = q.shape[1], q.shape[3]
     hk = k.shape[1]
@@ -93,8 +100,12 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         k = k.repeat_interleave(hq // hk, dim=1)
         v = v.repeat_interleave(hq // hk, dim=1)
     scores = capped_scores(q, k, scale, softcap, causal, window_size, alibi_slopes, bias)[0]
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)], -1)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # rows with no key: 0, not NaN
+    if sinks is not None:
+        probs = probs[..., :-1]
     if keep is not None:
         probs = probs * keep / (1.0 - dropout_p)
     out = (probs.to(v.dtype) @ v).to(q.dtype)

@@ -74,6 +74,14 @@ read. Rows past it are written as a row that sees no key (out 0, lse -inf),
 to the span's end: the grid covers the spans (max_seqlen_q), and a block of
 such rows only visits no key.
 
+``SINKS`` (gpt-oss's attention sinks; FlashAttention-3 forks' ``s_aux``)
+reads one float32 logit a query head from ``Sinks``, a raw logit beside the
+scaled (capped, biased) scores: it joins each row's denominator once, in the
+epilogue (``_with_sink``), and contributes no value, so out_i = sum_j
+exp(s_ij) v_j / (sum_j exp(s_ij) + exp(sink)) and lse_i = log(sum_j exp(s_ij)
++ exp(sink)). A row that sees no key gets out 0 and lse = sink (so do rows
+past ``SEQUSED_Q``'s length); a sink of -inf is none. The loop is untouched.
+
 Three more flags modify the scores, each off by default:
 
 - ``ALIBI``: FlashAttention-2's ALiBi, ``s -= slope[b, h] * |i + seqlen_k -
@@ -340,6 +348,25 @@ def _attend_block_split(
 
 
 @triton.jit
+def _with_sink(m_i, l_i, sink):
+    """The epilogue's (divisor of acc, lse) with the sink logit ``sink`` (natural log) in the denominator.
+
+    m_i and l_i are the row's base-2 max and sum (m_i -inf: no key seen). The
+    divisor is the whole denominator rescaled to m_i's terms, l_i +
+    exp2(sink2 - m_i), written as l / alpha so that it is never NaN: inf (out
+    0) where alpha underflows or the row has neither a key nor a sink, whose lse is -inf.
+    """
+    sink2 = sink * LOG2E
+    m_f = tl.maximum(m_i, sink2)
+    m_sub = tl.where(m_f == float("-inf"), 0.0, m_f)
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_f = l_i * alpha + tl.math.exp2(sink2 - m_sub)
+    none = l_f == 0.0
+    lse = tl.where(none, float("-inf"), (m_f + tl.math.log2(tl.where(none, 1.0, l_f))) * LN2)
+    return tl.where(none, 1.0, l_f) / alpha, lse
+
+
+@triton.jit
 def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, lse_base, drop_k, drop_col,
           stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn, dropout_p,
           ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr):
@@ -369,7 +396,7 @@ def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, lse_base, drop_k, 
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k, Sinks,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -383,7 +410,7 @@ def flash_fwd_kernel(
     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
-    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, SINKS: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -572,13 +599,19 @@ def flash_fwd_kernel(
         if BLOCK_D2 > 0:
             acc2 = tl.where(unused[:, None], 0.0, acc2)
         l_i = tl.where(unused, 0.0, l_i)
+        if SINKS:
+            m_i = tl.where(unused, float("-inf"), m_i)
         seqlen_q = span_q
         row_ok = offs_m < seqlen_q
+    if SINKS:  # l_i becomes the divisor of acc (never 0), the lse the sink's
+        l_i, sink_lse = _with_sink(m_i, l_i, tl.load(Sinks + head))
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    if SINKS:
+        lse = sink_lse
 
     if VARLEN:
         o_base = Out + q_start * stride_os + head * stride_oh

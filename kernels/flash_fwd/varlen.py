@@ -40,6 +40,10 @@ __init__.py). Everything else is the dense bindings' own machinery:
   checked against the sequence count; the kernels index dropout's mask over
   the packed (1, heads_q, total_q, total_k) scores, so every element of the
   batch has its own index and the backward regenerates the forward's mask.
+- Attention sinks (``sinks``: float32 (heads_q,), the dense calls', ``SINKS``)
+  join every row's denominator and lse; a row that sees no key gets out 0 and
+  lse = its head's sink. ``sinks_backward`` gives their gradient from the
+  delta the backward's first kernel writes.
 """
 
 from __future__ import annotations
@@ -52,8 +56,16 @@ from lazytriton import launch, runtime
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd
-from lazytriton.kernels.flash_fwd import FLASH_FWD, MOD_POINTERS, SEQUSED_POINTERS, VARLEN_POINTERS, score_mods
+from lazytriton.kernels.flash_fwd import (
+    FLASH_FWD,
+    MOD_POINTERS,
+    SEQUSED_POINTERS,
+    SINKS_POINTERS,
+    VARLEN_POINTERS,
+    score_mods,
+)
 from lazytriton.kernels.flash_fwd import binding as fwd
+from lazytriton.kernels.flash_fwd import sinks as fwd_sinks
 from lazytriton.kernels.flash_fwd.binding import Call, Shape
 from lazytriton.kernels.trust import indices_trusted
 from lazytriton.variant import Variant
@@ -201,7 +213,7 @@ def _check_used(name: str, used: list[int], lengths: list[int], cu_name: str) ->
 def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
           causal: Any = False, scale: Any = None, window: Any = fwd.NO_WINDOW, softcap: Any = 0.0,
           values: bool | None = None, alibi: Any = None, dropout_p: Any = 0.0, philox: Any = None,
-          seqused_q: Any = None, seqused_k: Any = None) -> VarlenCall:
+          seqused_q: Any = None, seqused_k: Any = None, sinks: Any = None) -> VarlenCall:
     """The checked varlen call, or a TypeError/ValueError naming the argument.
 
     ``causal``: a bool, aligned bottom-right within each sequence (FlashAttention-2's rule, with
@@ -210,7 +222,8 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     or a torch.compile trace is in progress. ``alibi``, ``dropout_p`` and
     ``philox`` as ``score_mods.with_mods`` takes them, the slopes' batch being
     the number of sequences. ``seqused_q``, ``seqused_k``: FlashAttention-3's
-    used lengths, int32 (batch,) tensors on q's device, or None.
+    used lengths, int32 (batch,) tensors on q's device, or None. ``sinks``:
+    attention sinks, float32 (heads_q,) on q's device, or None.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
     if k.shape[:2] != v.shape[:2]:
@@ -233,7 +246,7 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     call = fwd.check(kernel_view(q), kernel_view(k), kernel_view(v), "bottom_right" if causal else False, scale,
                      fwd.Names(scale="softmax_scale"), window, softcap)
-    call = call._replace(offset=0)  # the kernels use each sequence's own len_k - len_q
+    call = fwd_sinks.with_sinks(call._replace(offset=0), q, sinks)  # offset: each sequence's own len_k - len_q
     if values is None:
         values = reading_values_is_safe(cu_q, cu_k, used_q, used_k)
     if values:
@@ -283,7 +296,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, align
     """The forward's memo key: the dense one of the kernel shape, marked ``"varlen"`` (and seqused's flags)."""
     call = vc.call
     return (MARK, *fwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped, call.mods, call.head_dim_v), *_used_tail(vc))
+                                call.windowed, call.capped, call.mods, call.head_dim_v, sinks=call.sunk),
+            *_used_tail(vc))
 
 
 def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -296,19 +310,25 @@ def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, a
 
 def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
              index64: bool) -> tuple[Variant, ...]:
-    """The variants of ``kernels`` serving a varlen call (dispatch decides, by the max_seqlen buckets)."""
+    """The variants of ``kernels`` serving a varlen call (dispatch decides, by the max_seqlen buckets).
+
+    The call's sinks are the forward's flag (the backward kernels read them through the lse).
+    """
     call, shape = vc.call, vc.kernel_shape
     return tuple(dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], shape.head_dim, call.causal != "none",
                                          aligned, shape.seqlen_q, shape.seqlen_k, index64=index64,
                                          window=call.windowed, softcap=call.capped, alibi=call.mods[0],
                                          dropout=call.mods[2], varlen=True, head_dim_v=call.head_dim_v,
-                                         seqused_q=vc.used[0], seqused_k=vc.used[1])
+                                         seqused_q=vc.used[0], seqused_k=vc.used[1],
+                                         sinks=call.sunk and kernel in FORWARD)
                  for kernel in kernels)
 
 
 FORWARD = (FLASH_FWD.name,)
-# The pointers after each kernel's own that Triton's interpreter takes as tensors: cu_seqlens, the mods', seqused.
+# The pointers after each kernel's own that Triton's interpreter takes as tensors: cu_seqlens, the mods', seqused;
+# the forward's sinks after them.
 _SKIP_POINTERS = len(VARLEN_POINTERS) + len(MOD_POINTERS) + len(SEQUSED_POINTERS)
+_SKIP_FWD_POINTERS = _SKIP_POINTERS + len(SINKS_POINTERS)
 BACKWARD = (FLASH_BWD_DQ.name, FLASH_BWD_DKDV.name)
 
 
@@ -371,7 +391,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
     if out.numel() == 0 or q.device.type == "meta" or vc.batch == 0:
         return out, lse
     if vc.max_seqlen_q == 0 or vc.max_seqlen_k == 0:  # no query, or no key to see: nothing to launch
-        return out.zero_(), lse.fill_(float("-inf"))
+        return out.zero_(), fwd_sinks.lse_of_no_key(vc.call, lse, 0)
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), lse.unsqueeze(0))
     call = vc.call
     used_q, used_k, flags = _used(vc)
@@ -384,9 +404,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         shape = vc.kernel_shape
         fwd.warn_if_slow(shape)
         constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
-                                                   call.mods, call.head_dim_v), **flags}
-        args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), used_q, used_k,
-                *ints[_SKIP_POINTERS + fwd.N_TENSORS:], *fwd.floats(call))
+                                                   call.mods, call.head_dim_v, call.sunk), **flags}
+        args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), used_q, used_k, fwd_sinks.argument(call, q),
+                *ints[_SKIP_FWD_POINTERS + fwd.N_TENSORS:], *fwd.floats(call))
         compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
         return out, lse
     device = q.device
@@ -405,18 +425,34 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
 # Backward
 
 
+def sinks_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   do: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                   vc: VarlenCall) -> tuple[bwd.Grads, torch.Tensor]:
+    """``backward`` and the gradient of the call's sinks, from the delta its first kernel writes.
+
+    Rows past seqused_q, which the kernels skip, keep delta 0: they add nothing.
+    """
+    delta = torch.zeros(lse.shape, dtype=torch.float32, device=lse.device)
+    grads = backward(q, k, v, out, lse, do, cu_q, cu_k, vc, delta)
+    return grads, fwd_sinks.grad(vc.call.sinks, lse, delta, 0)
+
+
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-             do: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, vc: VarlenCall) -> bwd.Grads:
-    """(dq, dk, dv) of a checked varlen call; rows that see no key and keys no row sees get zero gradients."""
+             do: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, vc: VarlenCall,
+             delta: torch.Tensor | None = None) -> bwd.Grads:
+    """(dq, dk, dv) of a checked varlen call; rows that see no key and keys no row sees get zero gradients.
+
+    ``delta``: a float32 (heads_q, total_q) tensor the first kernel writes rowsum(dO * O) into (``sinks_backward``).
+    """
     grads = bwd.empty_grads(q, k, v)
     if q.device.type == "meta":
         return grads
     if grads.dq.numel() == 0 or grads.dk.numel() == 0 or vc.batch == 0 or 0 in (vc.max_seqlen_q, vc.max_seqlen_k):
-        for g in grads:
+        for g in grads if delta is None else (*grads, delta):
             g.zero_()
         return grads
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    delta = torch.empty_like(lse)
+    delta = torch.empty_like(lse) if delta is None else delta
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), kernel_view(do), lse.unsqueeze(0),
              delta.unsqueeze(0), *(kernel_view(g) for g in grads))
     call, shape = vc.call, vc.kernel_shape

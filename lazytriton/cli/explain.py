@@ -12,7 +12,10 @@ import argparse
 from typing import Any
 
 from lazytriton.cli.report import Report, emit, image_paths, open_runtime
-from lazytriton.record import asdict
+from lazytriton.record import asdict, replace
+
+# The backward's kernels, whose variants a call's sinks leave as they are.
+BACKWARD_KERNELS = ("flash_bwd_dq", "flash_bwd_dkdv")
 
 
 def _explain_target(text: str | None) -> tuple[Any, str]:
@@ -77,9 +80,11 @@ def explain_report(args: argparse.Namespace) -> Report:
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
                         seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
-                        rotary=rotary != "none", rotary_interleaved=rotary == "interleaved")
+                        rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
-        variant, config, row = dispatch.choice(name, target, described)
+        # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
+        request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
+        variant, config, row = dispatch.choice(name, target, request)
         rt = rt or open_runtime()
         key = variant.key()
         reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
@@ -111,13 +116,15 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     matter here); ALiBi, dropout and a mask change no shape rule. A left pad
     (cache_leftpad) and rotary embeddings (``rotary``: a ``geometry.ROTARY_MODES``
     mode; rotary_cos/rotary_sin over every head dim column, with one new key,
-    as rotary needs) are the decoding call's alone.
+    as rotary needs) are the decoding call's alone. Sinks (one per query head)
+    are checked as given, on the call's one head.
     """
     import torch
 
     from lazytriton.kernels.flash_decode import checks as decode
     from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
     from lazytriton.kernels.flash_fwd import binding
+    from lazytriton.kernels.flash_fwd import sinks as attention_sinks
     from lazytriton.kernels.flash_fwd import varlen as packed
 
     used = [f"--{name.replace('_', '-')}" for name in ("seqused_q", "seqused_k") if flags.get(name)]
@@ -133,6 +140,7 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
         return torch.empty(shape, dtype=of, device="meta")
 
     window = (1, 0) if flags["window"] else binding.NO_WINDOW
+    sinks = meta(1, of=torch.float32) if flags["sinks"] else None
     softcap = 1.0 if flags["softcap"] else 0.0
     decoding = any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels)
     if flags["leftpad"] and not decoding:
@@ -151,11 +159,12 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
             packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, head_dim_v),
                          cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False,
                          seqused_q=one if flags.get("seqused_q") else None,
-                         seqused_k=one if flags.get("seqused_k") else None)
+                         seqused_k=one if flags.get("seqused_k") else None, sinks=sinks)
         else:
-            binding.check(meta(1, 1, seqlen_q, head_dim), meta(1, 1, seqlen_k, head_dim),
-                          meta(1, 1, seqlen_k, head_dim_v), False if causal == "none" else causal, None,
-                          window=window, softcap=softcap)
+            q = meta(1, 1, seqlen_q, head_dim)
+            call = binding.check(q, meta(1, 1, seqlen_k, head_dim), meta(1, 1, seqlen_k, head_dim_v),
+                                 False if causal == "none" else causal, None, window=window, softcap=softcap)
+            attention_sinks.with_sinks(call, q, sinks)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the API refuses this call: {exc}") from None
 
@@ -178,8 +187,9 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     slopes = meta(1, of=torch.float32) if flags["alibi"] else None
     pads = meta(1, of=torch.int32) if flags["leftpad"] else None
     tables = ((meta(max(seqlen_k, 1) + seqlen_q, head_dim // 2),) * 2 if rotary != "none" else (None, None))
+    sinks = meta(1, of=torch.float32) if flags["sinks"] else None
     inputs = decode.Inputs(meta(1, seqlen_q, 1, head_dim), meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v),
-                           *new, lens, None, table, slopes, pads, *tables)
+                           *new, lens, None, table, slopes, pads, *tables, sinks=sinks)
     decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved")
 
 
@@ -187,11 +197,12 @@ def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
     From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--leftpad``,
-    ``--seqused-q`` and ``--seqused-k``.
+    ``--seqused-q``, ``--seqused-k`` and ``--sinks``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
-             ("bias", "attn_mask"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"), ("seqused_k", "seqused_k"))}
+             ("bias", "attn_mask"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"), ("seqused_k", "seqused_k"),
+             ("sinks", "sinks"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -248,6 +259,11 @@ def print_explain(report: Report) -> None:
                         for name in ("seqused_q", "seqused_k") if call.get(name)))
     elif call["causal"] == "bottom_right":
         print("         bottom_right runs the causal variant with a runtime offset (seqlen_k - seqlen_q)")
+    if call.get("sinks"):
+        print("         sinks (SINKS=true): one logit a query head joins every row's denominator and lse, in the "
+              "epilogue; the Gluon forward carries them too (a call its table serves runs flash_fwd_gluon with "
+              "SINKS=true); the decoding kernels add them once (one split, or the combine); the backward's "
+              "kernels take none (the sinks reach them through the lse)")
     if any(name in call["kernels"] for name in ("flash_bwd_dq", "flash_bwd_dkdv")) and call["aligned"]:
         print("         backward: ALIGN16 marks pointers and strides 16-divisible; "
               + ("SEQ16 also the seqlens and lse strides (both seqlens are multiples of 16)" if call["seq16"] else
