@@ -17,6 +17,7 @@ import torch
 from lazytriton import interface
 from lazytriton.kernels.arguments import check_bool, check_dropout
 from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 
 NAMES = binding.Names(q="query", k="key", v="value", causal="is_causal", scale="scale")
 
@@ -171,15 +172,19 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
            dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool,
-           softcap: float = 0.0) -> torch.Tensor:
-    """``scaled_dot_product_attention`` with every argument checked, and a ``softcap`` torch's signature lacks.
+           softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with every argument checked, and a ``softcap`` and ``sinks`` torch's
+    signature lacks.
 
     ``softcap`` > 0 caps the scaled scores (softcap * tanh(s / softcap)) before
     the mask's bias is added: the order of transformers' "eager" attention
-    (Gemma 2), which SDPA cannot express.
+    (Gemma 2), which SDPA cannot express. ``sinks``: float32 (heads of
+    query,), attention sinks (gpt-oss's), one logit a query head joining
+    every row's denominator after the mask (differentiable).
     """
     q4, k4, v4, call, out_shape = prepared(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                            softcap)
+    call = with_sinks(call, q4, sinks)
     out = interface.run(q4, k4, v4, call)[0]
     return out if out.shape == out_shape else out.reshape(out_shape)
 
@@ -217,6 +222,18 @@ def prepared(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_m
     except ValueError as exc:
         raise SDPAError(str(exc)) from None
     return q4, k4, v4, call, out_shape
+
+
+def with_sinks(call: binding.Call, q4: torch.Tensor, sinks: torch.Tensor | None) -> binding.Call:
+    """``prepared``'s call with attention sinks (float32 (heads of query,), checked), or as it is without them."""
+    if sinks is None:
+        return call
+    try:
+        return attention_sinks.with_sinks(call, q4, sinks, NAMES)
+    except TypeError as exc:
+        raise SDPATypeError(str(exc)) from None
+    except ValueError as exc:
+        raise SDPAError(str(exc)) from None
 
 
 __all__ = ["SDPAError", "SDPATypeError", "scaled_dot_product_attention"]

@@ -438,7 +438,7 @@ def test_masks_refused() -> None:
         lt_transformers.attention_forward(_Module(True), q, k, v, causal[None])
 
 
-@pytest.mark.parametrize("kwargs", [{"dropout": 0.1}, {"s_aux": torch.zeros(2)},
+@pytest.mark.parametrize("kwargs", [{"dropout": 0.1}, {"indices": torch.zeros(2)},
                                     {"position_bias": torch.zeros(1, 2, 4, 4)}])
 def test_unsupported_features_raise(kwargs: dict) -> None:
     q, k, v = _qkv(1, 2, 2, 4, 4)

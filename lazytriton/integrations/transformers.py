@@ -76,12 +76,16 @@ reads one small summary to the host (a sync): a prefill pays it once per
 forward, a decoding step never; each layer's ``flash_attn_varlen_func``
 call then trusts the cu_seqlens the analysis made (no sync per layer).
 
+Attention sinks (gpt-oss passes each layer's as ``s_aux``) go to every path
+above as the kernels' ``sinks`` (float32; a bf16 parameter is converted, its
+gradient kept).
+
 Not supported (NotImplementedError): dropout > 0 (set ``model.eval()`` or
-``attention_dropout=0``), attention sinks (``s_aux``/``sinks``),
+``attention_dropout=0``),
 ``position_bias`` (T5-style relative bias), sparse ``indices``, softcap with
 a mask whose queries see keys with holes. The data-dependent mask analysis
 makes ``torch.compile`` break the graph at each layer with a mask. Tested
-with transformers 5.24 (Llama, BERT, Mistral, Qwen2, Gemma 2 and 3).
+with transformers 5.24-5.25 (Llama, BERT, Mistral, Qwen2, Gemma 2 and 3, gpt-oss).
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ from lazytriton.integrations import transformers_plan, transformers_varlen
 NAME = "lazytriton"
 # Keyword arguments some models pass to their attention function that change the math and that lazytriton
 # does not implement yet; SDPA ignores them, lazytriton refuses them.
-_UNSUPPORTED_KWARGS = ("s_aux", "sinks", "indices", "block_indices")
+_UNSUPPORTED_KWARGS = ("indices", "block_indices")
 _NO_WINDOW = transformers_varlen.NO_WINDOW  # lazytriton.attn_fwd's default: no sliding window
 
 
@@ -170,6 +174,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     _check_supported(dropout, position_bias, kwargs)
     softcap = kwargs.get("softcap")
     features: dict[str, Any] = {} if softcap is None else {"softcap": softcap}  # None (and 0.0): off
+    sinks = _sinks(kwargs)
+    if sinks is not None:
+        features["sinks"] = sinks
     module_causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     if attention_mask is None:
         out = _unmasked(module_causal, query, key, value, scaling, kwargs.get("sliding_window"), features)
@@ -182,11 +189,30 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return transformers_varlen.run_packed(found, query, key, value, scaling, features), None
     if isinstance(found, transformers_varlen.Dense):
         out = transformers_varlen.run_dense(found, query, key, value, scaling, features)
-    elif features:  # the SDPA drop-in has no softcap
+    elif "softcap" in features:  # the SDPA drop-in has no softcap
         out = transformers_plan.attention(query, key, value, attention_mask, scaling, features)
     else:
-        out = _arbitrary(query, key, value, attention_mask, scaling)
+        out = _arbitrary(query, key, value, attention_mask, scaling, features)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _sinks(kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The layer's attention sinks (gpt-oss passes its ``sinks`` parameter as ``s_aux``), float32, or None.
+
+    The kernels take float32 sinks; a bf16 parameter is converted here (the
+    conversion is differentiable, so its gradient reaches the parameter).
+    """
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = kwargs.get("sinks")
+    elif kwargs.get("sinks") is not None:
+        raise TypeError("lazytriton attention: s_aux and sinks are two names of one argument (attention sinks): "
+                        "pass one of them")
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"lazytriton attention: s_aux (attention sinks) must be a tensor, got {type(sinks).__name__}")
+    return sinks if sinks.dtype == torch.float32 else sinks.float()
 
 
 def _one_boolean_mask(mask: torch.Tensor) -> bool:
@@ -227,17 +253,20 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
         bias = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(~mask, float("-inf"))
         return _arbitrary(query, key, value, bias, scaling, features)
     entry = _decoding(mask, query.dtype)
+    softcap, sinks = features.get("softcap"), features.get("sinks")
     layout = (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), query.device,
-              scaling, features.get("softcap"))
+              scaling, softcap)
     call = entry.calls.get(layout)
     if call is None:
+        capped = {} if softcap is None else {"softcap": softcap}
         q4, k4, v4, call, out_shape = sdpa.prepared(query, key, value, entry.bias, 0.0, False, scaling, True,
-                                                    **features)
+                                                    **capped)
         if q4 is not query or k4 is not key or v4 is not value:  # broadcast batch dims: views of their own
-            out = interface.run(q4, k4, v4, call)[0]
+            out = interface.run(q4, k4, v4, sdpa.with_sinks(call, q4, sinks))[0]
             return out if out.shape == out_shape else out.reshape(out_shape)
         entry.calls[layout] = call
-    return interface.run(query, key, value, call)[0]
+    # Each layer has sinks of its own: the cached call holds none, each call gets its layer's (a cheap check).
+    return interface.run(query, key, value, sdpa.with_sinks(call, query, sinks))[0]
 
 
 def _decoding(mask: torch.Tensor, dtype: torch.dtype) -> _Decoding:
@@ -303,8 +332,9 @@ def _arbitrary(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, atte
                scaling: float | None, features: dict[str, Any] | None = None) -> torch.Tensor:
     """Any other mask, boolean (True = attend) or additive float: one call of the SDPA drop-in with ``attn_mask``.
 
-    With a softcap (``features``), the drop-in's checked body with the cap
-    applied before the mask's bias (``sdpa.masked``), as "eager" does.
+    With a softcap or sinks (``features``), the drop-in's checked body with
+    them (``sdpa.masked``): the cap applied before the mask's bias, as
+    "eager" does, the sinks after it.
     """
     if attention_mask.dim() != 4:
         raise ValueError(f"attention_mask must have 4 dims (batch, heads, q_len, kv_len), got shape "
