@@ -173,8 +173,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
            dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool,
            softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """``scaled_dot_product_attention`` with every argument checked, and a ``softcap`` and ``sinks`` torch's
-    signature lacks.
+    """``scaled_dot_product_attention`` with every argument checked, and the ``softcap`` and ``sinks`` it lacks.
 
     ``softcap`` > 0 caps the scaled scores (softcap * tanh(s / softcap)) before
     the mask's bias is added: the order of transformers' "eager" attention
