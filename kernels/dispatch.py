@@ -49,7 +49,8 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
                    paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
                    split_d: bool | None = None, seq16: bool | None = None, leftpad: bool = False,
-                   page_size: int = 0, seqused_q: bool = False, seqused_k: bool = False) -> Variant:
+                   page_size: int = 0, seqused_q: bool = False, seqused_k: bool = False,
+                   bias_grad: bool = False) -> Variant:
     """The variant of any kernel serving a call (pure, given the table): its family's ``variant`` of the ``Request``.
 
     Every attention kernel has the same functional fields (padded head dim,
@@ -67,14 +68,15 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     keys, which cap BLOCK_N or, where no key tile divides them, set
     PAGE_GATHER; 0: a page every BLOCK_N divides), the attention kernels'
     ``seqused_q`` and ``seqused_k`` (with ``varlen``: FlashAttention-3's used
-    lengths, SEQUSED_Q and SEQUSED_K, written only when set); the decoding kernels read
+    lengths, SEQUSED_Q and SEQUSED_K, written only when set), the backward's
+    ``bias_grad`` (with ``bias``: flash_bwd_dq's BIAS_GRAD); the decoding kernels read
     ``seqlen_q`` as query rows per key/value head and ``seqlen_k`` as the
     cache's capacity (``kernels.flash_decode.dispatch``). ``Request`` says what
     each argument means.
     """
     request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64, table, tma, window,
                       softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16, page_size=page_size,
-                      leftpad=leftpad, seqused_q=seqused_q, seqused_k=seqused_k)
+                      leftpad=leftpad, seqused_q=seqused_q, seqused_k=seqused_k, bias_grad=bias_grad)
     return family_dispatch(kernel).variant(kernel, target, request)  # type: ignore[no-any-return]
 
 

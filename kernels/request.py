@@ -42,7 +42,10 @@ class Request:
     ``leftpad`` (a decoding call with cache_leftpad, LEFTPAD=true).
     ``seqused_q``/``seqused_k``: a packed call (``varlen``) with
     FlashAttention-3's used lengths (SEQUSED_Q=true, SEQUSED_K=true), which
-    only the Triton attention kernels take.
+    only the Triton attention kernels take. ``bias_grad``: a backward call
+    with a bias (``bias``) whose gradient it also computes (BIAS_GRAD=true on
+    flash_bwd_dq, the kernel that writes it; every other kernel of the call
+    has the bias call's variant).
     """
 
     dtype: str
@@ -69,3 +72,4 @@ class Request:
     leftpad: bool = False
     seqused_q: bool = False
     seqused_k: bool = False
+    bias_grad: bool = False
