@@ -58,7 +58,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
          deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of a checked call; ``deterministic``: its backward bitwise reproducible (the op saves it)."""
     if direct(q, k, v):
-        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                             or (call.bias is not None and call.bias.requires_grad))):
             return binding.forward(q, k, v, call)
         # Gradients wanted, nothing tracing: the op's forward and backward without its dispatch, whose first
         # call imports torch._dynamo, nor its registration (lazytriton.eager).
