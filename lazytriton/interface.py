@@ -379,7 +379,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
             alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
-            head_dim_v: int | None = None, deterministic: bool = False) -> list[str]:
+            head_dim_v: int | None = None, deterministic: bool = False, bias_grad: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -408,6 +408,9 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         deterministic: with ``backward``, the kernels of a deterministic
             backward (``flash_attn_func(..., deterministic=True)``, or
             ``torch.use_deterministic_algorithms(True)`` while it is on).
+        bias_grad: with ``backward`` and ``attn_mask``, the kernels of a
+            backward that also computes the mask's gradient (an attn_mask
+            that requires grad).
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -448,7 +451,10 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         grads = bwd_binding.empty_grads(qt, kt, vt)
         _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16,
-                                                       check_bool("deterministic", deterministic))]
+                                                       check_bool("deterministic", deterministic),
+                                                       check_bool("bias_grad", bias_grad))]
+    elif check_bool("bias_grad", bias_grad):
+        raise ValueError("bias_grad=True describes the backward: pass backward=True (and attn_mask=True)")
     return loaded
 
 

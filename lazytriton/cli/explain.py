@@ -75,7 +75,7 @@ def explain_report(args: argparse.Namespace) -> Report:
                         index64=args.index64, window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
                         seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
-                        head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"])
+                        head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"], bias_grad=flags["bias_grad"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         variant, config, row = dispatch.choice(name, target, described)
         rt = rt or open_runtime()
@@ -131,6 +131,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     window = (1, 0) if flags["window"] else binding.NO_WINDOW
     softcap = 1.0 if flags["softcap"] else 0.0
     decoding = any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels)
+    if flags["bias_grad"] and not (flags["bias"] and not varlen):
+        raise ValueError("--bias-grad is the gradient of an attn_mask: it needs --attn-mask, on dense sequences "
+                         "(no --varlen)")
     if flags["leftpad"] and not decoding:
         raise ValueError(f"--leftpad is flash_attn_with_kvcache's cache_leftpad: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
@@ -178,12 +181,13 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
 def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
-    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--leftpad``,
-    ``--seqused-q`` and ``--seqused-k``.
+    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--bias-grad``,
+    ``--leftpad``, ``--seqused-q`` and ``--seqused-k``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
-             ("bias", "attn_mask"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"), ("seqused_k", "seqused_k"))}
+             ("bias", "attn_mask"), ("bias_grad", "bias_grad"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"),
+             ("seqused_k", "seqused_k"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -240,6 +244,10 @@ def print_explain(report: Report) -> None:
         print("         backward: ALIGN16 marks pointers and strides 16-divisible; "
               + ("SEQ16 also the seqlens and lse strides (both seqlens are multiples of 16)" if call["seq16"] else
                  "no SEQ16 (a seqlen is not a multiple of 16, or packed sequences): the seqlens get no hint"))
+    if call.get("bias_grad"):
+        print("         bias gradient: flash_bwd_dq writes dS, the mask's gradient, from the tiles its dQ loop "
+              "computes (BIAS_GRAD=true); a call with a bias runs flash_bwd's two Triton kernels, never the fused or "
+              "Gluon backward, which take no bias")
     several = len(report["kernels"]) > 1
     if several:
         print(f"         a call launches {', then '.join(call['kernels'])}")
