@@ -419,6 +419,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if check_bool("bias_grad", bias_grad) and not check_bool("backward", backward):
+        raise ValueError("bias_grad=True describes the backward: pass backward=True (and attn_mask=True)")
     shapes = [t if isinstance(t, torch.Tensor) else _shape(name, t) for name, t in (("q", q), ("k", k))]
     if isinstance(q, torch.Tensor):
         dtype, device = q.dtype, q.device
@@ -452,9 +454,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16,
                                                        check_bool("deterministic", deterministic),
-                                                       check_bool("bias_grad", bias_grad))]
-    elif check_bool("bias_grad", bias_grad):
-        raise ValueError("bias_grad=True describes the backward: pass backward=True (and attn_mask=True)")
+                                                       bias_grad)]
     return loaded
 
 
