@@ -39,13 +39,19 @@ MASK_SHAPES = ((SQ, SK), (1, SK), (SQ, 1), (H, SQ, SK), (1, H, SQ, SK), (B, 1, S
                (B, 1, 1, SK), (H, 1, 1), (1, 1))
 
 
+def _torchs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, do: torch.Tensor,
+            backend: SDPBackend = SDPBackend.MATH, **kwargs: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """(out, (dq, dk, dv, dmask)) of torch's SDPA on one backend, in the inputs' dtypes."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, mask)]
+    with sdpa_kernel(backend):
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], **kwargs)
+    return out, torch.autograd.grad(out, leaves, do)
+
+
 def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, do: torch.Tensor,
            **kwargs: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """(out, (dq, dk, dv, dmask)) of torch's math SDPA in float64."""
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v, mask)]
-    with sdpa_kernel(SDPBackend.MATH):
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], **kwargs)
-    return out, torch.autograd.grad(out, leaves, do.double())
+    return _torchs(*(t.double() for t in (q, k, v, mask, do)), **kwargs)
 
 
 def _ours(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, do: torch.Tensor,
@@ -145,11 +151,7 @@ def test_half_precision_follows_flash_attentions_rule(dtype: torch.dtype, mask_d
     do = torch.randn(B, H, SQ, D, generator=torch.Generator().manual_seed(13)).to(dtype)
     out, got = _ours(q, k, v, mask, do, enable_gqa=True)
     _, exact = _exact(q, k, v, mask, do, enable_gqa=True)
-    same_leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
-    with sdpa_kernel(SDPBackend.MATH):
-        same_out = torch.nn.functional.scaled_dot_product_attention(*same_leaves[:3], attn_mask=same_leaves[3],
-                                                                    enable_gqa=True)
-    same = torch.autograd.grad(same_out, same_leaves, do)
+    _, same = _torchs(q, k, v, mask, do, enable_gqa=True)
     assert got[3].dtype == mask_dtype and got[3].shape == mask.shape
     for name, g, e, s in zip(("dq", "dk", "dv", "dmask"), got, exact, same, strict=True):
         _assert_rule(name, g, e, s, GRAD_FLOOR[dtype])  # type: ignore[arg-type]
@@ -374,10 +376,7 @@ def test_gpu_mask_gradient_against_the_mem_efficient_backend(dtype: torch.dtype,
     mask = torch.randn(shape, device="cuda", dtype=dtype)
     do = torch.randn(q.shape, device="cuda", dtype=dtype)
     _, got = _ours(q, k, v, mask, do)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
-    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-        peer_out = torch.nn.functional.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3])
-    peer = torch.autograd.grad(peer_out, leaves, do)
+    _, peer = _torchs(q, k, v, mask, do, SDPBackend.EFFICIENT_ATTENTION)
     _, exact = _exact(q, k, v, mask, do)
     for name, g, e, s in zip(("dq", "dk", "dv", "dmask"), got, exact, peer, strict=True):
         _assert_rule(name, g, e, s, GRAD_FLOOR[dtype])  # type: ignore[arg-type]
@@ -390,11 +389,7 @@ def test_gpu_ragged_gqa_and_float32_mask() -> None:
     mask = torch.randn(8, 500, 777, device="cuda")
     do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
     _, got = _ours(q, k, v, mask, do, enable_gqa=True)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
-    with sdpa_kernel(SDPBackend.MATH):
-        same_out = torch.nn.functional.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3],
-                                                                    enable_gqa=True)
-    same = torch.autograd.grad(same_out, leaves, do)
+    _, same = _torchs(q, k, v, mask, do, enable_gqa=True)
     _, exact = _exact(q, k, v, mask, do, enable_gqa=True)
     assert got[3].dtype == torch.float32
     for name, g, e, s in zip(("dq", "dk", "dv", "dmask"), got, exact, same, strict=True):
