@@ -240,7 +240,7 @@ def check_fields(variant: Variant) -> Variant:
     if constexprs.get("BIAS_GRAD") is True and ("BIAS_GRAD" not in spec.constexprs or constexprs.get("BIAS") is not True
                                                 or constexprs.get("VARLEN") is True):
         raise ValueError(f"variant {variant}: BIAS_GRAD=true (the bias's gradient) needs BIAS=true on a dense call "
-                         f"of a kernel that writes it (flash_bwd_dq), got {variant.kernel}")
+                         f"of a kernel whose description has it, got {variant.kernel}")
     if constexprs.get("SEQ16") is True and (constexprs.get("ALIGN16") is not True or not spec.seq_aligned_params):
         raise ValueError(f"variant {variant}: SEQ16=true needs ALIGN16=true and a kernel with seqlen hints "
                          f"(the backward's), got ALIGN16={_format_value(constexprs.get('ALIGN16', False))} on "
