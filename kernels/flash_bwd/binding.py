@@ -411,11 +411,11 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         gluon = not fused_ and gluon_fits(call, q.dtype, aligned, index64)
         bias_grad = dbias is not None
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad)
+                       call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad)
+                         call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
@@ -734,7 +734,8 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
         raise ValueError("bias_grad=True needs a call with a bias (attn_mask)")
     plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon,
                       fused_, bias_grad),
-         device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon, fused_, bias_grad)
+         device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon, fused_,
+         bias_grad=bias_grad)
     if fused_:
         pair = fused_variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64)
         if pair is not None:
