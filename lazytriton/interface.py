@@ -454,7 +454,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16,
                                                        check_bool("deterministic", deterministic),
-                                                       bias_grad)]
+                                                       bias_grad=bias_grad)]
     return loaded
 
 

@@ -230,7 +230,7 @@ def test_preload_hands_deterministic_to_the_backward_plan(monkeypatch: pytest.Mo
     """Before a CUDA graph: ``preload(backward=True, deterministic=True)`` loads the deterministic backward's pair."""
     seen: list[bool] = []
     monkeypatch.setattr(fwd, "preload", lambda *args: "forward")
-    monkeypatch.setattr(bwd, "preload", lambda *args: seen.append(args[-1]) or ("dq", "dkdv"))
+    monkeypatch.setattr(bwd, "preload", lambda *args, **kwargs: seen.append(args[-1]) or ("dq", "dkdv"))
     shape = (1, 2, 256, 64)
     assert lazytriton.preload(shape, shape, device="cuda:0", backward=True, deterministic=True) == [
         "forward", "dq", "dkdv"]
