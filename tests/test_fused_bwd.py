@@ -246,9 +246,9 @@ def test_flash_attn_func_carries_deterministic_to_its_backward(monkeypatch: pyte
     seen: list[bool] = []
     real = bwd.backward
 
-    def spy(*args: object, deterministic: bool = False) -> bwd.Grads:
+    def spy(*args: object, deterministic: bool = False, **kwargs: object) -> bwd.Grads:
         seen.append(deterministic)
-        return real(*args, deterministic=deterministic)  # type: ignore[arg-type]
+        return real(*args, deterministic=deterministic, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(bwd, "backward", spy)
     q, k, v = make_qkv(1, (2, 2), (16, 16), 16, torch.float32, "cpu", seed=5)
