@@ -11,7 +11,7 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 51           /* flash_bwd_dq: 48 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DQ_PARAMS 55           /* flash_bwd_dq: 52 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_DKDV_PARAMS 51         /* flash_bwd_dkdv: 48 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_FLOATS 3
 #define LT__ALIGN16 1 /* c->aligned's bits for the backward (lt__bwd_aligned) */
@@ -297,16 +297,17 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
                                 void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
     const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
-    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0); the window and softcap are lt__check's. */
+    /* No ALiBi, bias, bias gradient or dropout (null pointers, zero strides, p = 0); the window and softcap are
+     * lt__check's. */
     int64_t dq_ints[LT__BWD_DQ_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
         (int64_t)(uintptr_t)p->delta.data, (int64_t)(uintptr_t)dq->data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
-        c->seqused_q, c->seqused_k,
+        c->seqused_q, c->seqused_k, 0,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
-        c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
+        c->hq * c->sq, c->sq, 0, 0, 0, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
         c->window_right, 0, 0, 0, 0, 0};
     int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,

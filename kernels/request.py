@@ -48,7 +48,10 @@ class Request:
     FlashAttention-3's used lengths (SEQUSED_Q=true, SEQUSED_K=true), which
     only the Triton attention kernels take. ``sinks``: attention sinks (gpt-oss's:
     one logit a query head in every row's denominator, SINKS=true), which the
-    forward kernels and the decoding kernels take.
+    forward kernels and the decoding kernels take. ``bias_grad``: a backward call
+    with a bias (``bias``) whose gradient it also computes (BIAS_GRAD=true on
+    flash_bwd_dq, the kernel that writes it; every other kernel of the call
+    has the bias call's variant).
     """
 
     dtype: str
@@ -78,3 +81,4 @@ class Request:
     rotary: bool = False
     rotary_interleaved: bool = False
     sinks: bool = False
+    bias_grad: bool = False

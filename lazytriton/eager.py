@@ -14,8 +14,10 @@ a training process served from an image starts without either.
 The callers (``lazytriton.interface``) take it only for plain tensors with
 nothing tracing, as they take ``binding.forward`` for calls without
 gradients. As in the op, ``lse`` carries no gradient (``mark_non_differentiable``).
-A call with attention sinks (``call.sinks``) takes them as an input too, and
-its backward gives their gradient (``flash_bwd``'s ``sinks_backward``).
+The call's bias is an input of its own, so that one which requires grad gets
+its gradient (the backward's ``dbias``, as the op's ``bias_grad``); so are
+its attention sinks (``call.sinks``), whose gradient the backward gives too
+(``flash_bwd``'s ``sinks_backward``).
 """
 
 from __future__ import annotations
@@ -34,16 +36,17 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 class FlashAttention(torch.autograd.Function):
-    """``(out, lse)`` of a checked call, differentiable in q, k, v (and its sinks) through lazytriton's backward."""
+    """``(out, lse)`` of a checked call, differentiable in q, k, v, its bias (``call.bias``) and its sinks."""
 
     @staticmethod
-    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: flash_fwd_binding.Call,
-                deterministic: bool, sinks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                call: flash_fwd_binding.Call, deterministic: bool,
+                sinks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return flash_fwd_binding.forward(q, k, v, call._replace(sinks=sinks))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-        q, k, v, call, deterministic, sinks = inputs
+        q, k, v, _, call, deterministic, sinks = inputs
         out, lse = output
         # The score modifications' tensors go through save_for_backward too (saved-tensor hooks see them).
         ctx.save_for_backward(q, k, v, out, lse, call.alibi, call.bias, call.philox, sinks)
@@ -54,26 +57,29 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
         if grad_out is None:  # only lse was used, and it carries no gradient
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         q, k, v, out, lse, alibi, bias, philox, sinks = ctx.saved_tensors
         call = ctx.call._replace(alibi=alibi, bias=bias, philox=philox, sinks=sinks)
         do = last_dim_contiguous(grad_out)
         flash_bwd_binding.check_grad(q, out, lse, do, call)
+        need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
+        dbias = flash_bwd_binding.empty_bias_grad(q, call) if need_bias else None
         dsinks = None
         if sinks is None:
-            dq, dk, dv = flash_bwd_binding.backward(q, k, v, out, lse, do, call, deterministic=ctx.deterministic)
+            dq, dk, dv = flash_bwd_binding.backward(q, k, v, out, lse, do, call, deterministic=ctx.deterministic,
+                                                    dbias=dbias)
         else:
-            (dq, dk, dv), dsinks = flash_bwd_binding.sinks_backward(q, k, v, out, lse, do, call, ctx.deterministic)
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        return (dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None,
-                dsinks if ctx.needs_input_grad[5] else None)
+            (dq, dk, dv), dsinks = flash_bwd_binding.sinks_backward(q, k, v, out, lse, do, call, ctx.deterministic,
+                                                                    dbias)
+        return (dq if need_q else None, dk if need_k else None, dv if need_v else None, dbias, None, None,
+                dsinks if ctx.needs_input_grad[6] else None)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: flash_fwd_binding.Call,
               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of a checked eager call whose inputs require grad; ``deterministic`` is for its backward.
 
-    The call's sinks are an input of their own, so a gradient reaches them.
+    The call's bias and sinks are inputs of their own, so a gradient reaches them.
     """
-    return FlashAttention.apply(q, k, v, call._replace(sinks=None), deterministic,  # type: ignore[no-any-return]
-                                call.sinks)
+    return FlashAttention.apply(q, k, v, call.bias, call._replace(sinks=None),  # type: ignore[no-any-return]
+                                deterministic, call.sinks)

@@ -60,7 +60,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
     """``(out, lse)`` of a checked call; ``deterministic``: its backward bitwise reproducible (the op saves it)."""
     if direct(q, k, v):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                             or (call.sinks is not None and call.sinks.requires_grad))):
+                                             or (call.sinks is not None and call.sinks.requires_grad)
+                                             or (call.bias is not None and call.bias.requires_grad))):
             return binding.forward(q, k, v, call)
         # Gradients wanted, nothing tracing: the op's forward and backward without its dispatch, whose first
         # call imports torch._dynamo, nor its registration (lazytriton.eager).
@@ -400,7 +401,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
             alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
-            head_dim_v: int | None = None, deterministic: bool = False, sinks: bool = False) -> list[str]:
+            head_dim_v: int | None = None, deterministic: bool = False, sinks: bool = False,
+            bias_grad: bool = False) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -430,6 +432,9 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             backward (``flash_attn_func(..., deterministic=True)``, or
             ``torch.use_deterministic_algorithms(True)`` while it is on).
         sinks: calls with attention sinks use their own forward kernels.
+        bias_grad: with ``backward`` and ``attn_mask``, the kernels of a
+            backward that also computes the mask's gradient (an attn_mask
+            that requires grad).
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -438,6 +443,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if check_bool("bias_grad", bias_grad) and not check_bool("backward", backward):
+        raise ValueError("bias_grad=True describes the backward: pass backward=True (and attn_mask=True)")
     shapes = [t if isinstance(t, torch.Tensor) else _shape(name, t) for name, t in (("q", q), ("k", k))]
     if isinstance(q, torch.Tensor):
         dtype, device = q.dtype, q.device
@@ -472,7 +479,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         grads = bwd_binding.empty_grads(qt, kt, vt)
         _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
         loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16,
-                                                       check_bool("deterministic", deterministic))]
+                                                       check_bool("deterministic", deterministic),
+                                                       bias_grad=bias_grad)]
     return loaded
 
 

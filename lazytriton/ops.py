@@ -8,7 +8,7 @@ dim (the public functions pass views, never copies), ``causal`` as one of
 "none", "top_left", "bottom_right", FlashAttention-2's sliding window (-1:
 unbounded) and softcap (0.0: off), ALiBi slopes (float32, (heads_q,) or
 (batch, heads_q)), an additive bias (q's dtype, a (batch, heads_q, seqlen_q,
-seqlen_k) view, broadcast dims with stride 0; no gradient) and dropout with
+seqlen_k) view, broadcast dims with stride 0; differentiable) and dropout with
 its Philox [seed, offset] int64 tensor, drawn by the caller (so the op is a
 pure function of its inputs: a recomputation, as activation checkpointing
 does, drops the same elements); ``deterministic`` is read by its backward only
@@ -24,19 +24,24 @@ dispatch is measured in benchmarks/NOTES.md.
 
 ``lazytriton::flash_bwd(do, q, k, v, out, lse, softmax_scale, causal,
 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-attn_bias=None, dropout_p=0.0, philox=None, deterministic=False) -> (dq, dk,
-dv)`` is the backward (``kernels/flash_bwd``), registered as the forward op's
-autograd formula: the forward saves q, k, v, out and lse (and the slopes,
-bias and Philox tensor, so the backward regenerates the forward's dropout
-mask, and its ``deterministic``), and the backward runs its kernels once for
-all three gradients. The
+attn_bias=None, dropout_p=0.0, philox=None, deterministic=False,
+bias_grad=False) -> (dq, dk, dv, dbias)`` is the backward
+(``kernels/flash_bwd``), registered as the forward op's autograd formula: the
+forward saves q, k, v, out and lse (and the slopes, bias and Philox tensor, so
+the backward regenerates the forward's dropout mask, and its
+``deterministic``), and the backward runs its kernels once for all the
+gradients. With ``bias_grad`` (the forward's ``attn_bias`` requires grad),
+``dbias`` is the bias's gradient, (batch, heads_q, seqlen_q, seqlen_k) of q's
+dtype (``flash_bwd.binding.empty_bias_grad``: last dim padded to 16), which
+autograd sums over the dims the caller's mask broadcasts along; without it,
+an empty tensor. The
 logsumexp output is marked non-differentiable: it comes back as a constant
 (``requires_grad`` False), so a loss through it alone raises torch's "does
 not require grad" error, and in a loss that also uses ``out`` its share is not
 differentiated. A call with sinks differentiates through
 ``lazytriton::flash_bwd_sinks`` instead, which takes them after ``lse`` and
-returns their gradient fourth: (dq, dk, dv, dsinks), from the delta its first
-kernel writes (no pass over K or V of its own).
+returns their gradient last: (dq, dk, dv, dbias, dsinks), from the delta its
+first kernel writes (no pass over K or V of its own).
 """
 
 from __future__ import annotations
@@ -55,10 +60,13 @@ _FEATURES = ("int window_left=-1, int window_right=-1, float softcap=0.0, Tensor
 _FLASH_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, float softmax_scale, str causal, {_FEATURES}, "
                      "bool deterministic=False, Tensor? sinks=None) -> (Tensor, Tensor)")
 _FLASH_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, "
-                     f"str causal, {_FEATURES}, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+                     f"str causal, {_FEATURES}, bool deterministic=False, bool bias_grad=False) "
+                     "-> (Tensor, Tensor, Tensor, Tensor)")
 _FLASH_BWD_SINKS_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor sinks, "
-                           f"float softmax_scale, str causal, {_FEATURES}, bool deterministic=False) "
-                           "-> (Tensor, Tensor, Tensor, Tensor)")
+                           f"float softmax_scale, str causal, {_FEATURES}, bool deterministic=False, "
+                           "bool bias_grad=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+# attn_bias's position among the forward op's inputs (its gradient's, in the autograd formula's answer).
+_BIAS_INPUT = 9
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -110,18 +118,30 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
               lse: torch.Tensor, softmax_scale: float, causal: str, window_left: int = -1, window_right: int = -1,
               softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
               dropout_p: float = 0.0, philox: torch.Tensor | None = None, deterministic: bool = False,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashAttention backward through the kernel cache: ``(dq, dk, dv)`` for the gradient ``do`` of ``out``.
+              bias_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention backward through the kernel cache: ``(dq, dk, dv, dbias)`` for the gradient ``do`` of ``out``.
 
-    ``deterministic``: bitwise reproducible gradients (``binding.backward``'s).
+    ``deterministic``: bitwise reproducible gradients (``binding.backward``'s);
+    ``bias_grad``: ``dbias`` is ``attn_bias``'s gradient (else empty).
     """
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
     call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
                     dropout_p, philox)
     flash_bwd_binding.check_grad(q, out, lse, do, call)
-    return tuple(flash_bwd_binding.backward(q, k, v, out, lse, do, call,  # type: ignore[return-value]
-                                            deterministic=deterministic))
+    dbias = _bias_grad(q, call, bias_grad)
+    dq, dk, dv = flash_bwd_binding.backward(q, k, v, out, lse, do, call, deterministic=deterministic,
+                                            dbias=dbias if bias_grad else None)
+    return dq, dk, dv, dbias
+
+
+def _bias_grad(q: torch.Tensor, call: Any, bias_grad: bool) -> torch.Tensor:
+    """The op's ``dbias`` output before the kernels write it: ``empty_bias_grad``'s, or an empty tensor."""
+    if not bias_grad:
+        return q.new_empty(0)
+    if call.bias is None:
+        raise ValueError("bias_grad=True needs attn_bias (the bias whose gradient it computes)")
+    return flash_bwd_binding.empty_bias_grad(q, call)
 
 
 @flash_bwd.register_fake
@@ -129,9 +149,13 @@ def _flash_bwd_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                     lse: torch.Tensor, softmax_scale: float, causal: str, window_left: int = -1,
                     window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                     attn_bias: torch.Tensor | None = None, dropout_p: float = 0.0,
-                    philox: torch.Tensor | None = None,
-                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(flash_bwd_binding.empty_grads(q, k, v))  # type: ignore[return-value]
+                    philox: torch.Tensor | None = None, deterministic: bool = False,
+                    bias_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = flash_bwd_binding.empty_grads(q, k, v)
+    call = flash_fwd_binding.Call(flash_fwd_binding.Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2],
+                                                          q.shape[3]), causal, 0, softmax_scale,
+                                  window_left, window_right, softcap, bias=attn_bias)
+    return dq, dk, dv, _bias_grad(q, call, bias_grad)
 
 
 @torch.library.custom_op("lazytriton::flash_bwd_sinks", mutates_args=(), schema=_FLASH_BWD_SINKS_SCHEMA)
@@ -139,16 +163,18 @@ def flash_bwd_sinks(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                     lse: torch.Tensor, sinks: torch.Tensor, softmax_scale: float, causal: str, window_left: int = -1,
                     window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                     attn_bias: torch.Tensor | None = None, dropout_p: float = 0.0,
-                    philox: torch.Tensor | None = None, deterministic: bool = False,
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of a call with attention sinks: ``(dq, dk, dv, dsinks)`` (``flash_bwd``'s, and the sinks')."""
+                    philox: torch.Tensor | None = None, deterministic: bool = False, bias_grad: bool = False,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of a call with attention sinks: ``(dq, dk, dv, dbias, dsinks)`` (``flash_bwd``'s, the sinks')."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
     call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
                     dropout_p, philox, sinks)
     flash_bwd_binding.check_grad(q, out, lse, do, call)
-    grads, dsinks = flash_bwd_binding.sinks_backward(q, k, v, out, lse, do, call, deterministic)
-    return (*grads, dsinks)
+    dbias = _bias_grad(q, call, bias_grad)
+    grads, dsinks = flash_bwd_binding.sinks_backward(q, k, v, out, lse, do, call, deterministic,
+                                                     dbias if bias_grad else None)
+    return (*grads, dbias, dsinks)
 
 
 @flash_bwd_sinks.register_fake
@@ -157,8 +183,11 @@ def _flash_bwd_sinks_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                           window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                           alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
                           dropout_p: float = 0.0, philox: torch.Tensor | None = None, deterministic: bool = False,
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (*flash_bwd_binding.empty_grads(q, k, v), torch.empty_like(sinks))
+                          bias_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                            torch.Tensor]:
+    dbias = _flash_bwd_fake(do, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+                            alibi_slopes, attn_bias, dropout_p, philox, deterministic, bias_grad)[3]
+    return (*flash_bwd_binding.empty_grads(q, k, v), dbias, torch.empty_like(sinks))
 
 
 # The features after (softmax_scale, causal), then deterministic and sinks, with their defaults: the inputs
@@ -184,15 +213,20 @@ def _backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | 
         return (None,) * (3 + n_rest)
     window_left, window_right, softcap, dropout_p = ctx.features
     features = (window_left, window_right, softcap, alibi, bias, dropout_p, philox, ctx.deterministic)
+    need_bias = len(ctx.needs_input_grad) > _BIAS_INPUT and ctx.needs_input_grad[_BIAS_INPUT] and bias is not None
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
+    rest: list[Any] = [None] * n_rest
     if sinks is None:
-        dq, dk, dv = flash_bwd_op(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *features)
-        return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * n_rest)
-    # Given sinks, every input was given: they are the last.
-    dq, dk, dv, dsinks = flash_bwd_sinks_op(grad_out, q, k, v, out, lse, sinks, ctx.softmax_scale, ctx.causal,
-                                            *features)
-    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * (n_rest - 1),
-            dsinks if ctx.needs_input_grad[-1] else None)
+        dq, dk, dv, dbias = flash_bwd_op(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *features,
+                                         need_bias)
+    else:  # given sinks, every input was given: they are the last
+        dq, dk, dv, dbias, dsinks = flash_bwd_sinks_op(grad_out, q, k, v, out, lse, sinks, ctx.softmax_scale,
+                                                       ctx.causal, *features, need_bias)
+        if ctx.needs_input_grad[-1]:
+            rest[-1] = dsinks
+    if need_bias:
+        rest[_BIAS_INPUT - 3] = dbias
+    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *rest)
 
 
 flash_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -95,6 +95,15 @@ def additive_bias(attn_mask: Any, q4: torch.Tensor, out_shape: tuple[int, ...], 
 
     A boolean mask becomes 0/-inf at its own size, then every broadcast dim
     is an expanded (stride 0) view: nothing is materialised at full size.
+    A float mask that requires grad stays in the graph (its conversion,
+    expand and reshape are autograd's): the backward's gradient of the bias,
+    dS at (batch, heads, seqlen_q, seqlen_k) as torch's mem-efficient
+    backend materialises its grad_bias, comes back summed over every dim the
+    mask broadcasts along and in the mask's dtype. That sum is one torch
+    reduction of a tensor each of whose tiles the dQ kernel wrote once, not
+    float32 atomics into the mask's size: it keeps the backward bitwise
+    reproducible (flash_bwd's kernels use no atomics) and needs no zeroed
+    accumulator nor a pass to cast it, at the memory torch's own backend takes.
     """
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
@@ -103,9 +112,6 @@ def additive_bias(attn_mask: Any, q4: torch.Tensor, out_shape: tuple[int, ...], 
                          "attn_mask should not be set when is_causal=True\"): fold the causal mask into attn_mask")
     if attn_mask.dtype not in (torch.bool, torch.float32, q4.dtype):
         raise TypeError(f"attn_mask must be boolean, float32 or query's dtype {q4.dtype}, got {attn_mask.dtype}")
-    if attn_mask.requires_grad:
-        raise ValueError("attn_mask requires grad, but lazytriton computes no gradient for the mask; pass "
-                         "attn_mask.detach()")
     if attn_mask.device != q4.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q4.device}")
     target = (*out_shape[:-1], seqlen_k)
@@ -145,9 +151,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             turns values below -65504 into -inf). Broadcast dims are never
             materialised; a boolean mask becomes an additive 0/-inf tensor
             of its own size. A query whose keys are all masked gets output 0
-            (and zero gradients), as torch gives. No gradient flows to the
-            mask: one that requires grad raises ValueError (pass it
-            detached). Not together with ``is_causal`` (torch raises too).
+            (and zero gradients), as torch gives. A float mask that
+            requires grad gets its gradient, as torch's mem-efficient backend
+            gives it (dS, summed over the dims it broadcasts along, in its
+            own dtype; 0 where it is -inf and on rows with every key
+            masked). Not together with ``is_causal`` (torch raises too).
         dropout_p: dropout probability in [0, 1), applied whenever > 0 (as
             torch's function does; pass 0.0 in evaluation): Philox seeded
             from torch's generator on query's device, so ``torch.manual_seed``
@@ -158,8 +166,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     Returns:
         The attention output, (..., heads_q, seqlen_q, head_dim_v), query's dtype.
-        Differentiable with respect to any of query, key, value (broadcast
-        batch dims and heads get their gradients summed, as in torch).
+        Differentiable with respect to any of query, key, value and a float
+        attn_mask (broadcast batch dims and heads get their gradients
+        summed, as in torch).
 
     """
     if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool

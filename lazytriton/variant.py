@@ -170,9 +170,10 @@ class Variant:
 # PAGE_GATHER (pages the key tile does not divide: each key's page read from the
 # table) and ROTARY with ROTARY_INTERLEAVED (rotary_cos/rotary_sin: pairs, else
 # halves; also kv_append's) of the decoding kernels (kernels/flash_decode); SINKS (attention sinks: one logit a
-# query head in every row's denominator) of the forward kernels and the decoding kernels.
+# query head in every row's denominator) of the forward kernels and the decoding kernels. BIAS_GRAD (the bias's
+# gradient written by the backward's dQ kernel, with BIAS) is flash_bwd_dq's alone.
 _FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN",
-          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K", "ROTARY", "ROTARY_INTERLEAVED", "SINKS")
+          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K", "ROTARY", "ROTARY_INTERLEAVED", "SINKS", "BIAS_GRAD")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.
@@ -238,6 +239,10 @@ def check_fields(variant: Variant) -> Variant:
     if used and constexprs.get("VARLEN") is not True:
         raise ValueError(f"variant {variant}: {' and '.join(f'{name}=true' for name in used)} needs VARLEN=true "
                          "(seqused_q/seqused_k cut packed sequences)")
+    if constexprs.get("BIAS_GRAD") is True and ("BIAS_GRAD" not in spec.constexprs or constexprs.get("BIAS") is not True
+                                                or constexprs.get("VARLEN") is True):
+        raise ValueError(f"variant {variant}: BIAS_GRAD=true (the bias's gradient) needs BIAS=true on a dense call "
+                         f"of a kernel whose description has it, got {variant.kernel}")
     if constexprs.get("SEQ16") is True and (constexprs.get("ALIGN16") is not True or not spec.seq_aligned_params):
         raise ValueError(f"variant {variant}: SEQ16=true needs ALIGN16=true and a kernel with seqlen hints "
                          f"(the backward's), got ALIGN16={_format_value(constexprs.get('ALIGN16', False))} on "

@@ -63,7 +63,8 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
-               "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "leftpad", "rotary", "sinks",
+               "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "bias_grad", "leftpad",
+               "rotary", "sinks",
                "page_size")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 # --rotary's choices: the rotary modes planned beside the calls without rotary (geometry.ROTARY_MODES).
@@ -234,6 +235,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="also build the dropout (DROPOUT=true) variants: dropout_p > 0 in the API")
     axes.add_argument("--attn-mask", action="store_true",
                       help="also build the additive-bias (BIAS=true) variants: attn_mask in the SDPA drop-in")
+    axes.add_argument("--bias-grad", action="store_true",
+                      help="with --attn-mask, also build flash_bwd_dq's variants that write the mask's gradient "
+                           "(BIAS_GRAD=true): an attn_mask that requires grad")
     axes.add_argument("--leftpad", action="store_true",
                       help="also build the left-padded cache (LEFTPAD=true) variants of flash_decode: cache_leftpad "
                            "in flash_attn_with_kvcache")
@@ -329,6 +333,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 alibi=(False, True) if args.alibi else (False,),
                 dropout=(False, True) if args.dropout else (False,),
                 bias=(False, True) if args.attn_mask else (False,),
+                bias_grad=(False, True) if args.bias_grad else (False,),
                 leftpad=(False, True) if args.leftpad else (False,),
                 rotary=_ROTARY[args.rotary] if args.rotary else ("none",),
                 sinks=(False, True) if args.sinks else (False,),

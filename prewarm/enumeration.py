@@ -34,6 +34,8 @@ given, the groups are the default grid:
     alibi     false (``--alibi`` adds true: calls with ALiBi slopes, ALIBI=true)
     dropout   false (``--dropout`` adds true: calls with dropout_p > 0, DROPOUT=true)
     bias      false (``--attn-mask`` adds true: SDPA calls with an attn_mask, BIAS=true)
+    bias_grad false (``--bias-grad`` adds true: with bias, dense backward calls that also write the mask's
+              gradient, BIAS_GRAD=true on flash_bwd_dq; the other kernels' variants are the bias call's)
     leftpad   false (``--leftpad`` adds true: decoding calls with cache_leftpad, LEFTPAD=true)
     rotary    none (``--rotary`` adds interleaved, halves or both: decoding calls with rotary_cos/rotary_sin,
               ROTARY=true and, interleaved, ROTARY_INTERLEAVED=true, on the split kernel and kv_append)
@@ -59,9 +61,9 @@ split kernel's and kv_append's alone.
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
-index64, window, softcap, paged (then page size), varlen (then seqused), alibi, dropout, bias,
-leftpad, rotary, sinks, seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
-(``dispatch.kernel_variant``).
+index64, window, softcap, paged (then page size), varlen (then seqused), alibi, dropout, bias
+(then bias_grad), leftpad, rotary, sinks, seqlen_q, seqlen_k. The variants with features take the
+plain call's tile sizes (``dispatch.kernel_variant``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class Axes:
     alibi: tuple[bool, ...] = (False,)
     dropout: tuple[bool, ...] = (False,)
     bias: tuple[bool, ...] = (False,)
+    bias_grad: tuple[bool, ...] = (False,)  # with bias, dense calls only (the mask's gradient: BIAS_GRAD)
     leftpad: tuple[bool, ...] = (False,)  # decoding kernels only (cache_leftpad)
     rotary: tuple[str, ...] = ("none",)  # decoding kernels and kv_append only: geometry.ROTARY_MODES
     sinks: tuple[bool, ...] = (False,)  # attention sinks: the families whose PREWARM_FEATURES name them, and flash_fwd
@@ -242,6 +245,11 @@ def _packed(varlen: tuple[bool, ...], seqused: tuple[bool, ...]) -> tuple[tuple[
     return tuple((packed, *pair) for packed in varlen for pair in (used if packed else used[:1]))
 
 
+def _biased(bias: tuple[bool, ...], bias_grad: tuple[bool, ...]) -> tuple[tuple[bool, bool], ...]:
+    """The (bias, bias_grad) modes: calls without and with a bias, those with one also wanting its gradient."""
+    return tuple((b, grad) for b in bias for grad in ((False, True) if b and True in bias_grad else (False,)))
+
+
 def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
     """``kernel``'s planned variants for ``target``: its family's ``dispatch`` answers, with its prewarm hooks.
 
@@ -278,11 +286,14 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         split = bool(attention.split_chunks(kernel, head_dim, head_dim_v))
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
-        for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout, bias,
-             leftpad, rotary, sinks, (seqlen_q, seqlen_k)) in itertools.product(
+        for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout,
+             (bias, bias_grad), leftpad, rotary, sinks, (seqlen_q, seqlen_k)) in itertools.product(
                 alignments(kernel, axes.aligned), axes.index64, feature("window"), feature("softcap"), layouts,
-                _packed(feature("varlen"), feature("seqused")), feature("alibi"), feature("dropout"), feature("bias"),
-                feature("leftpad"), feature("rotary"), feature("sinks"), seqlens):
+                _packed(feature("varlen"), feature("seqused")), feature("alibi"), feature("dropout"),
+                _biased(feature("bias"), feature("bias_grad")), feature("leftpad"), feature("rotary"),
+                feature("sinks"), seqlens):
+            if bias_grad and varlen:  # the mask's gradient is the SDPA drop-in's: dense calls only
+                continue
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
@@ -291,7 +302,8 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen,
                                               leftpad=leftpad, page_size=page, seqused_q=used[0],
                                               seqused_k=used[1], rotary=rotary != "none",
-                                              rotary_interleaved=rotary == "interleaved", sinks=sinks)
+                                              rotary_interleaved=rotary == "interleaved", sinks=sinks,
+                                              bias_grad=bias_grad)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or rotary != "none"
                          or head_dim_v)

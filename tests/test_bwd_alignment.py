@@ -132,6 +132,9 @@ def test_attrs_mark_exactly_each_flags_parameters(spec: kernels.KernelSpec) -> N
     tensors = ("q", "k", "v", "o", "do", "dq") if spec is FLASH_BWD_DQ else ("q", "k", "v", "do", "dk", "dv")
     pointers = {name for name, kind in spec.params[:8]}
     strides = {f"stride_{t}{d}" for t in tensors for d in "bhs"}
+    if spec is FLASH_BWD_DQ:  # the bias gradient's (BIAS_GRAD; 0 without it), allocated aligned by the binding
+        pointers.add("DBias")
+        strides |= {f"stride_dbias{d}" for d in "bhm"}
     seq = {"stride_lb", "stride_lh", "seqlen_q", "seqlen_k"}
     by_flags = {}
     for aligned, sq in ((True, 4096), (True, 4095), (False, 4096)):
@@ -141,10 +144,14 @@ def test_attrs_mark_exactly_each_flags_parameters(spec: kernels.KernelSpec) -> N
     assert by_flags[(True, 4095)] == pointers | strides
     assert by_flags[(False, 4096)] == set()
     # Indices, as Triton sees them: the pointers first, then the strides after the varlen, score-mod and seqused
-    # pointers.
+    # pointers (and flash_bwd_dq's bias gradient pointer, its strides after the lse strides).
     names = [name for name, _ in spec.params]
-    assert sorted(names.index(n) for n in by_flags[(True, 4095)]) == [*range(8), *range(15, 33)]
-    assert sorted(names.index(n) for n in seq) == [33, 34, 36, 37]
+    if spec is FLASH_BWD_DQ:
+        assert sorted(names.index(n) for n in by_flags[(True, 4095)]) == [*range(8), *range(15, 34), 36, 37, 38]
+        assert sorted(names.index(n) for n in seq) == [34, 35, 40, 41]
+    else:
+        assert sorted(names.index(n) for n in by_flags[(True, 4095)]) == [*range(8), *range(15, 33)]
+        assert sorted(names.index(n) for n in seq) == [33, 34, 36, 37]
 
 
 def test_the_forward_has_no_seqlen_coupling() -> None:

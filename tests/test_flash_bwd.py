@@ -398,6 +398,7 @@ def test_preload_backward_loads_the_variants_a_backward_will_use(monkeypatch: py
     asked: list[tuple[bool, bool, bool, bool]] = []
     monkeypatch.setattr(binding, "preload", lambda *args: "flash_fwd:...")
     monkeypatch.setattr(bwd_binding, "preload",
-                        lambda device, dtype, call, al, i64, s16, det: asked.append((al, i64, s16, det)) or ())
+                        lambda device, dtype, call, al, i64, s16, det, bias_grad=False:
+                        asked.append((al, i64, s16, det)) or ())
     lazytriton.preload((1, 2, seqlen, 64), (1, 2, seqlen, 64), device="cuda:0", backward=True)
     assert asked == [(True, False, seq16, False)]  # not deterministic unless asked (test_fused_bwd.py)

@@ -230,7 +230,7 @@ def test_preload_hands_deterministic_to_the_backward_plan(monkeypatch: pytest.Mo
     """Before a CUDA graph: ``preload(backward=True, deterministic=True)`` loads the deterministic backward's pair."""
     seen: list[bool] = []
     monkeypatch.setattr(fwd, "preload", lambda *args: "forward")
-    monkeypatch.setattr(bwd, "preload", lambda *args: seen.append(args[-1]) or ("dq", "dkdv"))
+    monkeypatch.setattr(bwd, "preload", lambda *args, **kwargs: seen.append(args[-1]) or ("dq", "dkdv"))
     shape = (1, 2, 256, 64)
     assert lazytriton.preload(shape, shape, device="cuda:0", backward=True, deterministic=True) == [
         "forward", "dq", "dkdv"]
@@ -246,9 +246,9 @@ def test_flash_attn_func_carries_deterministic_to_its_backward(monkeypatch: pyte
     seen: list[bool] = []
     real = bwd.backward
 
-    def spy(*args: object, deterministic: bool = False) -> bwd.Grads:
+    def spy(*args: object, deterministic: bool = False, **kwargs: object) -> bwd.Grads:
         seen.append(deterministic)
-        return real(*args, deterministic=deterministic)  # type: ignore[arg-type]
+        return real(*args, deterministic=deterministic, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(bwd, "backward", spy)
     q, k, v = make_qkv(1, (2, 2), (16, 16), 16, torch.float32, "cpu", seed=5)

@@ -21,6 +21,11 @@ pointer and every stride of the eight (b, h, s, d) tensors is a multiple of
 and seqlen_q (``seq_aligned_params``). ``BLOCK_D2`` is the forward's split
 tiles (the head dim as BLOCK_D then BLOCK_D2), written only when set; absent,
 it is 0 (padding), so the strings of padded variants are what they were.
+``BIAS_GRAD`` (``flash_bwd_dq`` only, with ``BIAS``, written only when true)
+stores the bias's gradient dS into ``DBias`` (q's dtype, (batch, heads_q,
+seqlen_q, seqlen_k) with 64-bit strides ``stride_dbias{b,h,m}`` and a
+contiguous last dim), the pointer after the seqused pointers and its strides
+after the lse strides; 0 without it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ FAMILY = "flash_bwd"
 MODULE = "lazytriton.kernels.flash_bwd.triton_kernel"
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI", "BIAS",
                "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2", "SEQUSED_Q", "SEQUSED_K")
+# flash_bwd_dq's bias gradient: its pointer (after the seqused pointers) and strides (after the lse strides).
+# The strides are 64-bit as the bias's are; the binding allocates the gradient with its last dim padded to a
+# multiple of 16 (torch's mem-efficient backend pads its grad_bias the same way), so they take ALIGN16's hints.
+DBIAS_POINTER = (("DBias", "*{dtype}"),)
+DBIAS_STRIDES = (("stride_dbiasb", "i64"), ("stride_dbiash", "i64"), ("stride_dbiasm", "i64"))
 
 
 # With SEQ16 the seqlens (and so the lse/delta strides, heads_q x seqlen_q and
@@ -53,15 +63,18 @@ def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
     return tuple((f"stride_{t}{d}", "{index}") for t in tensors for d in ("b", "h", "s"))
 
 
-def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strided: tuple[str, ...]) -> KernelSpec:
+def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strided: tuple[str, ...],
+          bias_grad: bool = False) -> KernelSpec:
     strides = _strides(*strided)
+    dbias, dbias_strides = (DBIAS_POINTER, DBIAS_STRIDES) if bias_grad else ((), ())
     return KernelSpec(
         name=name,
         module=MODULE,
         function=function,
-        params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *_SEQUSED_POINTERS, *strides, *_LSE_STRIDES, *_SIZES),
-        constexprs=_CONSTEXPRS,
-        aligned_params=tuple(p for p, _ in pointers) + tuple(s for s, _ in strides),
+        params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *_SEQUSED_POINTERS, *dbias, *strides, *_LSE_STRIDES,
+                *dbias_strides, *_SIZES),
+        constexprs=_CONSTEXPRS + (("BIAS_GRAD",) if bias_grad else ()),
+        aligned_params=tuple(p for p, _ in (*pointers, *dbias)) + tuple(s for s, _ in (*strides, *dbias_strides)),
         seq_aligned_params=tuple(s for s, _ in _LSE_STRIDES) + _SEQ_SIZES,
     )
 
@@ -71,6 +84,7 @@ FLASH_BWD_DQ = _spec(
     (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("DO", "*{dtype}"),
      ("Lse", "*fp32"), ("Delta", "*fp32"), ("DQ", "*{dtype}")),
     ("q", "k", "v", "o", "do", "dq"),
+    bias_grad=True,
 )
 
 FLASH_BWD_DKDV = _spec(

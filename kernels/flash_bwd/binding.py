@@ -48,7 +48,17 @@ import torch
 
 from lazytriton import launch, machine, runtime
 from lazytriton.kernels import attention, dispatch
-from lazytriton.kernels.flash_bwd import FAMILY, FLASH_BWD_DKDV, FLASH_BWD_DQ, dkdv_grid, dq_grid, fused
+from lazytriton.kernels.arguments import shown
+from lazytriton.kernels.flash_bwd import (
+    DBIAS_POINTER,
+    DBIAS_STRIDES,
+    FAMILY,
+    FLASH_BWD_DKDV,
+    FLASH_BWD_DQ,
+    dkdv_grid,
+    dq_grid,
+    fused,
+)
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import SEQUSED_POINTERS, VARLEN_POINTERS, score_mods
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -108,6 +118,9 @@ PARAM_SOURCES: dict[str, tuple[str, str]] = {
        for t, c in _TENSORS.items()},
     "Lse": ("lse.data_ptr()", "(int64_t)(uintptr_t)p->lse.data"),
     "Delta": ("delta.data_ptr()", "(int64_t)(uintptr_t)p->delta.data"),
+    # flash_bwd_dq's bias gradient (BIAS_GRAD): the C API's backward has no bias, so none.
+    "DBias": ("0 if dbias is None else dbias.data_ptr()", "0"),
+    **{f"stride_dbias{d}": (f"0 if dbias is None else dbias.stride({i})", "0") for i, d in enumerate("bhm")},
     **{f"stride_{t}{d}": (f"{t}s[{i}]", f"{c}->strides[{i}]") for t, c in _TENSORS.items()
        for i, d in enumerate("bhs")},
     **fwd.SHARED_SOURCES,
@@ -123,12 +136,18 @@ def _int_params(spec: Any) -> tuple[str, ...]:
 
 DQ_INT_PARAMS = _int_params(FLASH_BWD_DQ)
 DKDV_INT_PARAMS = _int_params(FLASH_BWD_DKDV)
-ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.aligned_params + FLASH_BWD_DKDV.aligned_params))
+# The bias gradient's pointer and strides take ALIGN16's hints too, but never decide it: ``check_bias_grad``
+# holds them to 16 (``empty_bias_grad`` allocates them so), and the C API has no bias gradient.
+_DBIAS_PARAMS = tuple(name for name, _ in (*DBIAS_POINTER, *DBIAS_STRIDES))
+ALIGNED_PARAMS = tuple(name for name in dict.fromkeys(FLASH_BWD_DQ.aligned_params + FLASH_BWD_DKDV.aligned_params)
+                       if name not in _DBIAS_PARAMS)
 SEQ_ALIGNED_PARAMS = tuple(dict.fromkeys(FLASH_BWD_DQ.seq_aligned_params + FLASH_BWD_DKDV.seq_aligned_params))
 
 
 def _generate_pack() -> Any:
-    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0, used_q=0, used_k=0)``: ints, flags.
+    """``pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0, used_q=0, used_k=0, dbias=None)``.
+
+    Returns the ints and flags.
 
     The flags are ``aligned, seq16, index64``. One generated function with both argument tuples written out, from the
     two descriptions. ``aligned`` (ALIGN16): every pointer 16-byte aligned and
@@ -139,6 +158,7 @@ def _generate_pack() -> Any:
     ``cu_q``, ``cu_k``: the varlen kernels' cu_seqlens pointers (0 when dense);
     the varlen kernels replace the seqlens by each sequence's own, so a packed
     call never has SEQ16. ``used_q``, ``used_k``: their seqused pointers (0 without them).
+    ``dbias``: the bias's gradient flash_bwd_dq writes (``empty_bias_grad``; None without BIAS_GRAD).
     The ints are (dq_ints, dkdv_ints).
     """
     def ints(params: tuple[str, ...]) -> str:
@@ -150,7 +170,7 @@ def _generate_pack() -> Any:
     extents = [extent(t, "hq", "sq", "dim_v" if t in ("o", "do") else "d") for t in ("q", "o", "do", "dq")]
     extents += [extent(t, "hk", "sk", "dim_v" if t in ("v", "dv") else "d") for t in ("k", "v", "dk", "dv")]
     source = f"""
-def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0, used_q=0, used_k=0):
+def pack(q, k, v, o, do, lse, delta, dq, dk, dv, call, cu_q=0, cu_k=0, used_q=0, used_k=0, dbias=None):
     b, hq, hk, sq, sk, d = call.shape
     dim_v = call.head_dim_v or d
     offset = call.offset
@@ -232,7 +252,8 @@ def fused_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool, seq
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-             seq16: bool | None = None, gluon: bool = False, fused_: bool = False) -> tuple[Any, ...]:
+             seq16: bool | None = None, gluon: bool = False, fused_: bool = False,
+             bias_grad: bool = False) -> tuple[Any, ...]:
     """The forward's memo key, marked with the family (both live in ``Runtime.plans``), and "SEQ16" when set.
 
     The seqlens enter the forward's key only through their buckets, which
@@ -241,12 +262,15 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     (``gluon_fits``) appends ``GLUON_TAIL``: the one key whose plan may run
     flash_bwd_dkdv_gluon, which the buckets cannot tell from a bucket-mate its
     tiles do not divide. ``fused_`` (``fused_fits``) appends ``FUSED_TAIL``
-    instead: the key whose plan runs the fused backward.
+    instead: the key whose plan runs the fused backward. ``bias_grad`` (a
+    call with a bias that also wants its gradient: BIAS_GRAD) appends "BIAS_GRAD".
     """
     key = (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods,
                                  head_dim_v))
     if _seq16(seq16, aligned, shape):
         key += ("SEQ16",)
+    if bias_grad:
+        key += ("BIAS_GRAD",)
     if fused_:
         return key + FUSED_TAIL
     return key + GLUON_TAIL if gluon else key
@@ -255,17 +279,19 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
 def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-             seq16: bool | None = None, gluon: bool = False) -> tuple[Variant, Variant]:
+             seq16: bool | None = None, gluon: bool = False, bias_grad: bool = False) -> tuple[Variant, Variant]:
     """The (dq, dkdv) variants serving a call of this shape (dispatch decides).
 
     ``seq16`` and ``gluon`` as in ``memo_key``; with ``gluon`` the dK/dV
     kernel is flash_bwd_dkdv_gluon where target and alignment allow it.
+    ``bias_grad``: flash_bwd_dq's BIAS_GRAD variant (it writes the bias's gradient).
     """
     seq16 = _seq16(seq16, aligned, shape)
     chosen = tuple(
         dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
                                 shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap,
-                                alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v, seq16=seq16)
+                                alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v, seq16=seq16,
+                                bias_grad=bias_grad)
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
     if gluon:
         found = bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(target, fwd.DTYPES[dtype], shape.head_dim, causal,
@@ -322,7 +348,8 @@ def fused_variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
          mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-         seq16: bool | None = None, gluon: bool = False, fused_: bool = False) -> tuple[Any, int, Any, int]:
+         seq16: bool | None = None, gluon: bool = False, fused_: bool = False,
+         bias_grad: bool = False) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
     With ``fused_`` (and a target that takes it): (flash_bwd_prep, its
@@ -335,7 +362,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
         if pair is not None:
             return ((pair[0], ("BLOCK_M",)), (pair[1], (0,)))
         dq_variant, dkdv_variant = variants(target, dtype, shape, causal, aligned, index64, window, softcap, mods,
-                                            head_dim_v, seq16, gluon)
+                                            head_dim_v, seq16, gluon, bias_grad)
         return ((dq_variant, ("BLOCK_M",)), (dkdv_variant, ("BLOCK_N",)))
 
     return launch.plan(rt, key, device, choose, "run the backward once with this shape (or call "
@@ -347,21 +374,37 @@ def empty_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Grads:
     return Grads(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
 
 
+def empty_bias_grad(q: torch.Tensor, call: Call) -> torch.Tensor:
+    """The bias's gradient flash_bwd_dq writes (BIAS_GRAD): (batch, heads_q, seqlen_q, seqlen_k) of q's dtype.
+
+    Its last dim is padded to a multiple of 16 (a view of the first seqlen_k
+    columns), as torch's mem-efficient backend allocates its grad_bias, so
+    every stride takes ALIGN16's hints. Zeros where the kernel skips tiles
+    (a causal mask or a window: their keys are never seen, their gradient is
+    0); elsewhere every element is written once.
+    """
+    b, hq, _, sq, sk, _ = call.shape
+    full = torch.zeros if call.causal != "none" or call.windowed else torch.empty
+    return full((b, hq, sq, -(-sk // 16) * 16), dtype=q.dtype, device=q.device)[..., :sk]
+
+
 def _delta(q: torch.Tensor, shape: Shape) -> torch.Tensor:
     return torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
 
 
 def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                do: torch.Tensor, grads: Grads, call: Call, forced: tuple[Variant, Variant] | None = None,
-               deterministic: bool = False, delta: torch.Tensor | None = None) -> None:
+               deterministic: bool = False, delta: torch.Tensor | None = None,
+               dbias: torch.Tensor | None = None) -> None:
     """Launch the cached kernels for a checked call on GPU tensors (``forced``: tune's candidates).
 
     ``deterministic``: bitwise reproducible gradients (flash_bwd's two
     kernels, never the fused one), as under ``torch.use_deterministic_algorithms``.
     ``delta``: where the first kernel writes rowsum(dO * O) (``backward``'s); None: a tensor of its own.
+    ``dbias``: the bias's gradient (``empty_bias_grad``), written by flash_bwd_dq's BIAS_GRAD variant.
     """
     delta = _delta(q, call.shape) if delta is None else delta
-    dq_ints, dkdv_ints, aligned, seq16, index64 = pack(q, k, v, out, do, lse, delta, *grads, call)
+    dq_ints, dkdv_ints, aligned, seq16, index64 = pack(q, k, v, out, do, lse, delta, *grads, call, dbias=dbias)
     shape = call.shape
     device = q.device
     rt = runtime.get()
@@ -369,12 +412,13 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         causal = call.causal != "none"
         fused_ = fused_fits(call, q.dtype, aligned, index64, seq16, deterministic)
         gluon = not fused_ and gluon_fits(call, q.dtype, aligned, index64)
+        bias_grad = dbias is not None
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v, seq16, gluon, fused_)
+                       call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v, seq16, gluon, fused_)
+                         call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
@@ -445,22 +489,30 @@ def _launch_fused(prep: Any, kernel: Any, stream: int, dq_ints: tuple[int, ...],
 
 # Each kernel's own tensors, which Triton's launchers take as tensors: the cu_seqlens pointers follow them
 # (0 when dense), then the score modifications' (tensors or None), then the seqused pointers (0 without
-# them); _N_POINTERS counts them all.
+# them), then flash_bwd_dq's bias gradient (a tensor with BIAS_GRAD, else 0). The positions are both kernels'.
 N_TENSORS = [name for name, _ in FLASH_BWD_DQ.params].index(VARLEN_POINTERS[0][0])
 _N_VARLEN_END = N_TENSORS + len(VARLEN_POINTERS)
-_N_POINTERS = sum(1 for _, kind in FLASH_BWD_DQ.params if kind.startswith("*"))
-_N_SEQUSED = _N_POINTERS - len(SEQUSED_POINTERS)
+_N_SEQUSED = [name for name, _ in FLASH_BWD_DQ.params].index(SEQUSED_POINTERS[0][0])
+_N_DBIAS = DQ_INT_PARAMS.index("DBias")
+
+
+def _dq_pointers(dq_ints: tuple[int, ...], dbias: torch.Tensor | None) -> tuple[Any, ...]:
+    """flash_bwd_dq's integers from the seqused pointers on, with the bias gradient as a tensor where it has one."""
+    if dbias is None:
+        return dq_ints[_N_SEQUSED:]
+    return (*dq_ints[_N_SEQUSED:_N_DBIAS], dbias, *dq_ints[_N_DBIAS + 1:])
 
 
 def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                    do: torch.Tensor, grads: Grads, call: Call, delta: torch.Tensor | None = None) -> None:
-    """Run both kernels through Triton's interpreter on CPU tensors (``delta`` as ``launch_gpu`` takes it)."""
+                    do: torch.Tensor, grads: Grads, call: Call, delta: torch.Tensor | None = None,
+                    dbias: torch.Tensor | None = None) -> None:
+    """Run both kernels through Triton's interpreter on CPU tensors (``delta``, ``dbias``: ``launch_gpu``'s)."""
     from lazytriton import compiler
 
     shape = call.shape
     fwd.warn_if_slow(shape)
     delta = _delta(q, shape) if delta is None else delta
-    dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call)
+    dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call, dbias=dbias)
     constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
                                         call.head_dim_v)
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
@@ -469,20 +521,24 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     mods = score_mods.mod_tensors(call, q)
     cu = dq_ints[N_TENSORS:_N_VARLEN_END]
     compiler.interpret(FLASH_BWD_DQ.name, dq_grid_, (q, k, v, out, do, lse, delta, dq, *cu, *mods,
-                                                     *dq_ints[_N_SEQUSED:], *floats), constexprs)
+                                                     *_dq_pointers(dq_ints, dbias), *floats),
+                       {**constexprs, "BIAS_GRAD": dbias is not None})
     compiler.interpret(FLASH_BWD_DKDV.name, dkdv_grid_, (q, k, v, do, lse, delta, dk, dv, *cu, *mods,
                                                          *dkdv_ints[_N_SEQUSED:], *floats), constexprs)
 
 
 def triton_args(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, grads: Grads,
-                call: Call) -> tuple[Any, ...]:
-    """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks."""
-    dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call)
+                call: Call, dbias: torch.Tensor | None = None) -> tuple[Any, ...]:
+    """One kernel's runtime arguments as Triton's own launchers take them (tensors for pointers): benchmarks.
+
+    ``dbias``: flash_bwd_dq's bias gradient (BIAS_GRAD), as for ``launch_gpu``.
+    """
+    dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call, dbias=dbias)
     mods = score_mods.mod_tensors(call, q)
     if kernel == FLASH_BWD_DQ.name:
         return (q, k, v, out, do, lse, delta, grads.dq, *dq_ints[N_TENSORS:_N_VARLEN_END], *mods,
-                *dq_ints[_N_SEQUSED:], *fwd.floats(call))
+                *_dq_pointers(dq_ints, dbias), *fwd.floats(call))
     return (q, k, v, do, lse, delta, grads.dk, grads.dv, *dkdv_ints[N_TENSORS:_N_VARLEN_END], *mods,
             *dkdv_ints[_N_SEQUSED:], *fwd.floats(call))
 
@@ -611,7 +667,7 @@ def _warm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
              do: torch.Tensor, call: Call, deterministic: bool = False,
-             delta: torch.Tensor | None = None) -> Grads:
+             delta: torch.Tensor | None = None, dbias: torch.Tensor | None = None) -> Grads:
     """(dq, dk, dv) of a checked call: the kernels on a GPU, the interpreter on CPU, empty on meta.
 
     ``out`` and ``lse`` are the forward's; ``do`` is the gradient of ``out``.
@@ -619,9 +675,15 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     ``deterministic``: bitwise reproducible gradients on a GPU too (the
     interpreter's always are). ``delta``: a float32 (batch, heads_q, seqlen_q)
     tensor the backward writes rowsum(dO * O) into, for the sinks' gradient
-    (``sinks_backward``); a call with it takes the general path.
+    (``sinks_backward``); a call with it takes the general path. ``dbias``: for
+    a call with a bias, its gradient is also written there
+    (``empty_bias_grad``'s tensor: dS, each element once, by flash_bwd_dq's
+    BIAS_GRAD variant; no atomics, so it is bitwise reproducible too); a call
+    with it takes the general path.
     """
-    if q.is_cuda and delta is None:
+    if dbias is not None:
+        check_bias_grad(q, call, dbias)
+    elif q.is_cuda and delta is None:
         warm = _warm_backward(q, k, v, out, lse, do, call, deterministic)
         if warm is not None:
             return warm
@@ -629,38 +691,58 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     if q.device.type == "meta":
         return grads
     if grads.dq.numel() == 0 or grads.dk.numel() == 0:
-        for g in grads if delta is None else (*grads, delta):
+        for g in (*grads, *(() if delta is None else (delta,)), *(() if dbias is None else (dbias,))):
             g.zero_()
         return grads
     lse = lse if lse.is_contiguous() else lse.contiguous()
     if q.device.type == "cpu":
-        run_interpreter(q, k, v, out, lse, do, grads, call, delta)
+        run_interpreter(q, k, v, out, lse, do, grads, call, delta, dbias)
     else:
-        launch_gpu(q, k, v, out, lse, do, grads, call, deterministic=deterministic, delta=delta)
+        launch_gpu(q, k, v, out, lse, do, grads, call, deterministic=deterministic, delta=delta, dbias=dbias)
     return grads
 
 
 def sinks_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                   do: torch.Tensor, call: Call, deterministic: bool = False) -> tuple[Grads, torch.Tensor]:
-    """``backward`` and the gradient of the call's sinks (float32, (heads_q,)), from the delta it wrote.
+                   do: torch.Tensor, call: Call, deterministic: bool = False,
+                   dbias: torch.Tensor | None = None) -> tuple[Grads, torch.Tensor]:
+    """``backward`` (``dbias`` as it takes it) and the sinks' gradient (float32, (heads_q,)) from its delta.
 
     d(sinks)_h = -sum over batch and rows of exp(sink_h - lse) * delta
     (``flash_fwd.sinks.grad``): no pass over K or V beyond the backward's own.
     """
     delta = _delta(q, call.shape)
-    grads = backward(q, k, v, out, lse, do, call, deterministic, delta)
+    grads = backward(q, k, v, out, lse, do, call, deterministic, delta, dbias)
     return grads, fwd_sinks.grad(call.sinks, lse, delta, 1)
+
+
+def check_bias_grad(q: torch.Tensor, call: Call, dbias: Any) -> None:
+    """Refuse a bias gradient ``backward`` cannot write: a call without a bias, or not ``empty_bias_grad``'s.
+
+    Its shape (batch, heads_q, seqlen_q, seqlen_k), q's dtype and device, a
+    contiguous last dim, and a 16-byte aligned pointer and outer strides that
+    are multiples of 16 (ALIGN16's hints cover them).
+    """
+    if call.bias is None:
+        raise ValueError("dbias (the bias's gradient) was given for a call without a bias")
+    b, hq, _, sq, sk, _ = call.shape
+    if not isinstance(dbias, torch.Tensor) or dbias.dtype != q.dtype or dbias.device != q.device \
+            or tuple(dbias.shape) != (b, hq, sq, sk) or (dbias.stride(-1) != 1 and sk > 1) \
+            or (dbias.data_ptr() | dbias.stride(0) | dbias.stride(1) | dbias.stride(2)) & 15:
+        raise ValueError(f"dbias must be a {q.dtype} tensor of shape {(b, hq, sq, sk)} on {q.device} with a "
+                         f"contiguous last dim and 16-aligned strides (binding.empty_bias_grad's), got "
+                         f"{shown(dbias)}")
 
 
 def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool = True,
             index64: bool = False, seq16: bool | None = None,
-            deterministic: bool = False) -> tuple[Variant, Variant]:
+            deterministic: bool = False, bias_grad: bool = False) -> tuple[Variant, Variant]:
     """Load the two kernels a backward of this shape would use on ``device`` now; their variants.
 
     The two are flash_bwd's, or the fused pair (``flash_bwd_prep``,
     ``flash_bwd_fused_gluon``) where it serves, which ``deterministic``
     (``backward``'s) rules out. ``seq16``: ``pack``'s; None, dispatch's rule
-    for the shape (``flash_bwd.dispatch.seq_aligned``).
+    for the shape (``flash_bwd.dispatch.seq_aligned``). ``bias_grad``: a
+    call with a bias whose gradient is wanted (flash_bwd_dq's BIAS_GRAD variant).
     """
     shape = call.shape
     causal = call.causal != "none"
@@ -669,13 +751,16 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     seq16 = _seq16(seq16, aligned, shape)
     fused_ = fused_fits(call, dtype, aligned, index64, seq16, deterministic)
     gluon = not fused_ and gluon_fits(call, dtype, aligned, index64)
+    if bias_grad and not mods[1]:
+        raise ValueError("bias_grad=True needs a call with a bias (attn_mask)")
     plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon,
-                      fused_),
-         device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon, fused_)
+                      fused_, bias_grad),
+         device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon, fused_,
+         bias_grad=bias_grad)
     if fused_:
         pair = fused_variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64)
         if pair is not None:
             return pair
     return variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                    mods, dv, seq16, gluon)
+                    mods, dv, seq16, gluon, bias_grad)
 

@@ -105,10 +105,16 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
     ``seq16`` None decides by ``seq_aligned`` from the seqlens as given (not
     their buckets), which is why the backward's memo keys carry it. ``paged``
     and ``page_size`` do not apply; ``tma`` only refuses split tiles (these
-    kernels have no TMA).
+    kernels have no TMA). ``bias_grad`` (a call with a bias that wants its
+    gradient) writes ``BIAS_GRAD=true`` on flash_bwd_dq, the kernel that
+    computes it (dS, from the tiles its dQ loop computes); flash_bwd_dkdv's
+    variant is the bias call's. Never without ``bias``, nor with ``varlen``.
     """
     aligned, varlen = request.aligned, request.varlen
     seq16 = request.seq16
+    if request.bias_grad and (not request.bias or varlen):
+        raise ValueError(f"bias_grad=True (the bias's gradient) needs a dense call with a bias, got bias="
+                         f"{request.bias}, varlen={varlen}")
     if seq16 is None:
         seq16 = seq_aligned(kernel, aligned, request.seqlen_q, request.seqlen_k, varlen)
 
@@ -118,6 +124,8 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                 raise ValueError(f"seq16=True needs an aligned call (ALIGN16) of dense sequences, got "
                                  f"aligned={aligned}, varlen={varlen}")
             fields["SEQ16"] = True
+        if request.bias_grad and kernel == "flash_bwd_dq":
+            fields["BIAS_GRAD"] = True
 
     return attention.variant(kernel, target, request, kernel_config, seq16_field)
 
@@ -270,7 +278,7 @@ def prewarm_alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bo
 
 # The feature flags prewarm plans the backward kernels with: all but attention sinks, which reach the backward
 # through the forward's lse alone (its variants are the plain call's).
-PREWARM_FEATURES = ("window", "softcap", "varlen", "seqused", "alibi", "dropout", "bias", "leftpad")
+PREWARM_FEATURES = ("window", "softcap", "varlen", "seqused", "alibi", "dropout", "bias", "bias_grad", "leftpad")
 
 
 def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,

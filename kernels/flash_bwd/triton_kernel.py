@@ -31,6 +31,12 @@ their own); ``DROPOUT`` regenerates the forward's mask Z from the same
 ``Philox`` tensor and applies FlashAttention-2's formulas: ``dV = (P Z / (1 -
 p))^T dO``, ``dP = (dO V^T) Z / (1 - p)``, ``dS = P (dP - delta)`` with delta
 = rowsum(dO * O) of the dropped output.
+``BIAS_GRAD`` (with ``BIAS``, dense calls; dQ's kernel only) stores the bias's
+gradient: dS = P (dP - delta) itself, before a cap's factor (the bias is added
+after the cap), each (query block, key block) tile of it once, from the tile
+dQ's loop computes anyway, into ``DBias`` (batch, heads_q, seqlen_q, seqlen_k),
+contiguous in its last dim; tiles the loop skips (causal, window) are not
+written.
 ``SEQUSED_Q``/``SEQUSED_K`` (with ``VARLEN``) are the forward's used lengths:
 queries and keys past them are never read; dQ rows past seqused_q are 0 (their
 lse reads as +inf, so P = 0) and dK/dV rows past seqused_k are zeroed, both
@@ -200,7 +206,7 @@ def _dq_probs(
     BIAS: tl.constexpr,
 ):
     """(P, the cap's factor of dS) of the raw products ``qk`` = Q K^T of keys ``cols`` (both chunks' with BLOCK_D2)."""
-    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
+    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p, dbias_rows = mods
     qk, grad = _scores(qk, qk_scale, cap, SOFTCAP)
     if ALIBI or BIAS:
         qk = _modified(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, ALIBI,
@@ -217,12 +223,20 @@ def _dq_probs(
 
 
 @triton.jit
-def _dq_ds(p, grad, dp, delta, cols, mods, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
-    """The gradient of the scores, dS = P * (dP - delta) (times the cap's factor), from the raw dP = dO V^T."""
-    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
+def _dq_ds(p, grad, dp, delta, rows, cols, seqlen_k, mods, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+           BIAS_GRAD: tl.constexpr):
+    """The gradient of the scores, dS = P * (dP - delta) (times the cap's factor), from the raw dP = dO V^T.
+
+    With BIAS_GRAD, dS before the cap's factor is also stored as the bias's
+    gradient at (rows, cols) (``mods``' last item: DBias's row pointers).
+    """
+    seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p, dbias_rows = mods
     if DROPOUT:  # dP = (dO V^T) * Z / (1 - p)
         dp = tl.where(_kept(seed, drop_rows, cols[None, :], dropout_p), dp * (1.0 / (1.0 - dropout_p)), 0.0)
     ds = p * (dp - delta[:, None])
+    if BIAS_GRAD:
+        tl.store(dbias_rows + cols[None, :], ds.to(dbias_rows.dtype.element_ty),
+                 mask=(rows[:, None] < seqlen_q) & (cols[None, :] < seqlen_k))
     if SOFTCAP:
         ds = ds * grad
     return ds
@@ -234,12 +248,13 @@ def _dq_block(
     seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods, dv_ok,
     EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-    EVEN_V: tl.constexpr,
+    EVEN_V: tl.constexpr, BIAS_GRAD: tl.constexpr,
 ):
     """DQ's share of keys [start_n, start_n + BLOCK_N), unscaled (V's head dim: dv_ok, EVEN_V).
 
     ``mods``: (seqlen_q, slope * log2 e, bias row pointers, the bias's column
-    stride, Philox seed, dropout row offsets, dropout_p), as ``_mods`` gives them.
+    stride, Philox seed, dropout row offsets, dropout_p), as ``_mods`` gives them,
+    then the bias gradient's row pointers (BIAS_GRAD).
     """
     cols = start_n + offs_n
     col_ok = cols < seqlen_k
@@ -249,7 +264,7 @@ def _dq_block(
                         col_ok, offs_m, lse2, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods,
                         MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS)
     dp = _dot(do, tl.trans(v), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE)
-    ds = _dq_ds(p, grad, dp, delta, cols, mods, SOFTCAP, DROPOUT)
+    ds = _dq_ds(p, grad, dp, delta, offs_m, cols, seqlen_k, mods, SOFTCAP, DROPOUT, BIAS_GRAD)
     return _dot(ds.to(k.dtype), k, dq, IEEE)
 
 
@@ -259,6 +274,7 @@ def _dq_block_split(
     seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
     EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
 ):
     """``_dq_block`` with the head dim in two chunks (``BLOCK_D2``): Q K^T = q k^T + q2 k2^T, dQ's chunks dq, dq2.
 
@@ -277,7 +293,7 @@ def _dq_block_split(
                         window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS)
     dp = _dot(do2, tl.trans(v2), _dot(do, tl.trans(v), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE),
               IEEE)
-    ds = _dq_ds(p, grad, dp, delta, cols, mods, SOFTCAP, DROPOUT).to(k.dtype)
+    ds = _dq_ds(p, grad, dp, delta, offs_m, cols, seqlen_k, mods, SOFTCAP, DROPOUT, BIAS_GRAD).to(k.dtype)
     return _dot(ds, k, dq, IEEE), _dot(ds, k2, dq2, IEEE)
 
 
@@ -287,7 +303,7 @@ def _dq_range(
     dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
     BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr, EVEN_D: tl.constexpr, EVEN_1: tl.constexpr,
     EVEN_V: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr, DROPOUT: tl.constexpr, BIAS_GRAD: tl.constexpr,
 ):
     """(dq, dq2) after key blocks [lo, hi): ``_dq_block_split`` with split tiles (BLOCK_D2), else ``_dq_block``.
 
@@ -300,17 +316,18 @@ def _dq_range(
             dq, dq2 = _dq_block_split(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n,
                                       offs_m, offs_n, d2_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
                                       stride_vs, window_left, window_right, cap, mods, EVEN_D, MASKED, CAUSAL, IEEE,
-                                      WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                                      WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
         else:
             dq = _dq_block(dq, q, do, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, d_ok,
                            seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap,
-                           mods, dv_ok, EVEN_1, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V)
+                           mods, dv_ok, EVEN_1, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, EVEN_V,
+                           BIAS_GRAD)
     return dq, dq2
 
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k,
+    Q, K, V, Out, DO, Lse, Delta, DQ, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k, DBias,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -318,6 +335,7 @@ def flash_bwd_dq_kernel(
     stride_dob, stride_doh, stride_dos,
     stride_dqb, stride_dqh, stride_dqs,
     stride_lb, stride_lh,
+    stride_dbiasb, stride_dbiash, stride_dbiasm,
     group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
@@ -326,7 +344,7 @@ def flash_bwd_dq_kernel(
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
-    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, BIAS_GRAD: tl.constexpr = False,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -406,7 +424,11 @@ def flash_bwd_dq_kernel(
     slope2, bias_rows, seed, drop_rows = _mods(Alibi, Bias, Philox, seq, head, offs_m[:, None], lse_offset, drop_k,
                                                drop_col, stride_alibi_b, stride_biasb, stride_biash, stride_biasm,
                                                ALIBI, BIAS, DROPOUT)
-    mods = (seqlen_q, slope2, bias_rows, stride_biasn, seed, drop_rows, dropout_p)
+    dbias_rows = DBias
+    if BIAS_GRAD:
+        dbias_rows = (DBias + batch.to(tl.int64) * stride_dbiasb + head.to(tl.int64) * stride_dbiash
+                      + offs_m[:, None].to(tl.int64) * stride_dbiasm)
+    mods = (seqlen_q, slope2, bias_rows, stride_biasn, seed, drop_rows, dropout_p, dbias_rows)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if BLOCK_D2 == 0:  # _dq_range's split arguments: placeholders, never read without split tiles
         q2, do2, k2_ptrs, v2_ptrs, d2_ok, dq2 = q, do, k_ptrs, v_ptrs, d_ok, dq
@@ -430,15 +452,15 @@ def flash_bwd_dq_kernel(
         dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, begin, full_begin,
                             offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
                             stride_vs, window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1,
-                            EVEN_V, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                            EVEN_V, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
     dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, full_begin, full_end,
                         offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
                         window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, False,
-                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
     dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, full_end, end,
                         offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
                         window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True,
-                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
 
     if SEQUSED_Q:  # rows past the used length hold 0 (their lse reads as +inf): stored to the span's end
         rows_ok = offs_m < span_q

@@ -29,8 +29,10 @@ def with_mods(call: Call, q: torch.Tensor, alibi: Any = None, bias: Any = None, 
     ``alibi``: float32 slopes of shape (heads_q,) or (batch, heads_q) on q's
     device (FlashAttention-2's). ``bias``: q's dtype, exactly (batch, heads_q,
     seqlen_q, seqlen_k) in the kernel's order, any strides (0 where it
-    broadcasts: the public functions expand, never copy); it gets no
-    gradient, so one that requires grad is refused. ``dropout_p`` in [0, 1);
+    broadcasts: the public functions expand, never copy); one that requires
+    grad gets its gradient from the backward (flash_bwd_dq's BIAS_GRAD)
+    through the autograd of the callers that pass it as an input
+    (``lazytriton.eager``, ``lazytriton.ops``). ``dropout_p`` in [0, 1);
     above 0 it needs ``philox``, the int64 [seed, offset] pair on q's device
     the kernels draw their mask from (``draw_philox``).
     """
@@ -58,9 +60,6 @@ def with_mods(call: Call, q: torch.Tensor, alibi: Any = None, bias: Any = None, 
             raise ValueError(f"{names.bias} must have shape {(b, hq, sq, sk)} here, got {tuple(bias.shape)}")
         if bias.device != q.device:
             raise ValueError(f"{names.bias} is on {bias.device} but {names.q} is on {q.device}")
-        if bias.requires_grad:
-            raise ValueError(f"{names.bias} requires grad, but lazytriton computes no gradient for it; pass "
-                             f"{names.bias}.detach() (or a boolean mask)")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"{names.dropout} must be a float, got {type(dropout_p).__name__}")
     p = float(dropout_p)

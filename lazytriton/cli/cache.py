@@ -453,6 +453,8 @@ def add_parser(sub: Any) -> None:
     for flag, what in (("window", "a sliding window (window_size)"), ("softcap", "a logit softcap"),
                        ("alibi", "ALiBi slopes (alibi_slopes)"), ("dropout", "dropout_p > 0"),
                        ("attn-mask", "an attn_mask (the kernels' additive bias)"),
+                       ("bias-grad", "with --attn-mask: a mask that requires grad (flash_bwd_dq writes its "
+                                     "gradient, BIAS_GRAD=true)"),
                        ("leftpad", "flash_decode: a left-padded cache (cache_leftpad)"),
                        ("sinks", "attention sinks (sinks/s_aux: SINKS=true on the forward and decoding kernels)")):
         ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")

@@ -80,7 +80,8 @@ def explain_report(args: argparse.Namespace) -> Report:
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
                         seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
-                        rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"])
+                        rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
+                        bias_grad=flags["bias_grad"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
@@ -143,6 +144,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     sinks = meta(1, of=torch.float32) if flags["sinks"] else None
     softcap = 1.0 if flags["softcap"] else 0.0
     decoding = any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels)
+    if flags["bias_grad"] and not (flags["bias"] and not varlen):
+        raise ValueError("--bias-grad is the gradient of an attn_mask: it needs --attn-mask, on dense sequences "
+                         "(no --varlen)")
     if flags["leftpad"] and not decoding:
         raise ValueError(f"--leftpad is flash_attn_with_kvcache's cache_leftpad: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
@@ -196,13 +200,13 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
 def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
-    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--leftpad``,
-    ``--seqused-q``, ``--seqused-k`` and ``--sinks``.
+    From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--bias-grad``,
+    ``--leftpad``, ``--seqused-q``, ``--seqused-k`` and ``--sinks``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
-             ("bias", "attn_mask"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"), ("seqused_k", "seqused_k"),
-             ("sinks", "sinks"))}
+             ("bias", "attn_mask"), ("bias_grad", "bias_grad"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"),
+             ("seqused_k", "seqused_k"), ("sinks", "sinks"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -268,6 +272,10 @@ def print_explain(report: Report) -> None:
         print("         backward: ALIGN16 marks pointers and strides 16-divisible; "
               + ("SEQ16 also the seqlens and lse strides (both seqlens are multiples of 16)" if call["seq16"] else
                  "no SEQ16 (a seqlen is not a multiple of 16, or packed sequences): the seqlens get no hint"))
+    if call.get("bias_grad"):
+        print("         bias gradient: flash_bwd_dq writes dS, the mask's gradient, from the tiles its dQ loop "
+              "computes (BIAS_GRAD=true); a call with a bias runs flash_bwd's two Triton kernels, never the fused or "
+              "Gluon backward, which take no bias")
     several = len(report["kernels"]) > 1
     if several:
         print(f"         a call launches {', then '.join(call['kernels'])}")
