@@ -1,0 +1,40 @@
+"""Build the C API's native core, ``liblazytriton_native.so``: images served with no Python in the process.
+
+``build(directory)`` compiles ``capi/native/*.c`` with the system C compiler
+into ``directory/liblazytriton_native.so``, linking libzstd, libdl and
+libpthread (xxhash is header-only, ``XXH_INLINE_ALL``), never libpython. It
+needs ``zstd.h`` and ``xxhash.h`` (Debian: ``apt-get install libzstd-dev
+libxxhash-dev``). Its interface is ``capi/lazytriton_native.h``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NATIVE = HERE / "native"
+LIBRARY = "liblazytriton_native.so"
+FLAGS = ["-std=gnu99", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra"]
+LIBS = ["-lzstd", "-ldl", "-lpthread"]
+
+
+def compiler() -> str:
+    """The C compiler; RuntimeError naming what to install without one."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("building liblazytriton_native.so needs a C compiler (apt-get install gcc)")
+    return cc
+
+
+def build(directory: Path, extra_flags: tuple[str, ...] = ()) -> Path:
+    """``directory/liblazytriton_native.so``, compiled now; RuntimeError with the compiler's output on failure."""
+    directory.mkdir(parents=True, exist_ok=True)
+    library = directory / LIBRARY
+    sources = [str(path) for path in sorted(NATIVE.glob("*.c"))]
+    command = [compiler(), *FLAGS, *extra_flags, f"-I{NATIVE}", *sources, *LIBS, "-o", str(library)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"building {LIBRARY} failed:\n{' '.join(command)}\n{done.stderr}")
+    return library
