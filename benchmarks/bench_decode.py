@@ -25,6 +25,14 @@ pages no key tile divides, such as 1, run the gathered kernel) widen it
   SDPA, timed together: what a paged cache costs a caller without a paged
   kernel.
 
+``--rotary interleaved`` (or ``halves``) adds two providers, a decoding step
+with its new key: ``lazytriton_append`` (k and v of one token appended at
+cache_seqlens = length - 1, then the attention) and ``lazytriton_rotary``
+(the same call with rotary_cos/rotary_sin over the whole head dim,
+rotary_interleaved=True or False: the key rotated by kv_append, q by the split
+kernel), and a table of their times: rotary over the same step without it, per
+case, with its geomean and max (the goal: within 1.10).
+
 Each provider's first output is checked against a float32 reference of
 batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
 marked ``*``), or ``failed`` (did not run). Rows go to a long-format CSV
@@ -33,7 +41,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
-       [--reps N]
+       [--reps N] [--rotary interleaved|halves]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -62,6 +70,9 @@ FIELDS = ["kernel", "provider", "layout", "dtype", "head_dim", "batch", "heads_q
           "timestamp"]
 H200_GB_S = 4800.0  # HBM3e, NVIDIA's datasheet
 PROVIDERS = ("lazytriton", "sdpa", "sdpa_gather")
+# With --rotary: a decoding step with its new key, without and with rotary.
+ROTARY_PROVIDERS = ("lazytriton_append", "lazytriton_rotary")
+ROTARY_GOAL = 1.10  # rotary's time over the same step without it
 TOLERANCE = 2e-2
 
 
@@ -167,6 +178,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
+    parser.add_argument("--rotary", choices=("interleaved", "halves"), default=None,
+                        help="also time the decoding step with its new key without and with rotary_cos/rotary_sin "
+                             "(rotary_interleaved=True: interleaved; False: halves), and their ratio")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -188,9 +202,10 @@ class Inputs(NamedTuple):
     table: torch.Tensor | None  # int32 (batch, len / page), a random permutation of the blocks
     k_sdpa: torch.Tensor  # (batch, heads_k, len, d): the same keys in SDPA's layout
     v_sdpa: torch.Tensor
+    rotary: tuple[torch.Tensor, torch.Tensor, bool] | None = None  # cos, sin (len, head_dim / 2), interleaved
 
 
-def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+def make_inputs(case: Case, device: torch.device, seed: int, rotary: str | None = None) -> Inputs:
     gen = torch.Generator(device=device).manual_seed(seed)
     b, n, hk, d = case.batch, case.cache_len, case.heads_k, case.head_dim
 
@@ -208,7 +223,11 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
         k_cache, v_cache = randn(b, n, hk, d), randn(b, n, hk, d)
         table = None
         k_sdpa, v_sdpa = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
-    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa)
+    tables = None
+    if rotary is not None:
+        angles = torch.rand(n, d // 2, generator=gen, device=device) * 2 * math.pi
+        tables = (angles.cos().to(case.dtype), angles.sin().to(case.dtype), rotary == "interleaved")
+    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, tables)
 
 
 def gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -223,6 +242,23 @@ def lazytriton_call(t: Inputs) -> Callable[[], torch.Tensor]:
         with trusted_indices():
             return lazytriton.flash_attn_with_kvcache(t.q, t.k_cache, t.v_cache, cache_seqlens=t.lens,
                                                      block_table=t.table)  # type: ignore[no-any-return]
+
+    return run
+
+
+def step_call(t: Inputs, rotary: bool) -> Callable[[], torch.Tensor]:
+    """The decoding step with its new key: the last cached key and value appended again at length - 1 (so the
+    cache is what it was), with or without rotary (the new key then rotated: every call writes the same)."""
+    k_new = t.k_sdpa[:, :, -1:].transpose(1, 2).contiguous()  # (batch, 1, heads_k, d)
+    v_new = t.v_sdpa[:, :, -1:].transpose(1, 2).contiguous()
+    lens = t.lens - 1
+    cos, sin, interleaved = t.rotary if rotary and t.rotary is not None else (None, None, True)
+
+    def run() -> torch.Tensor:
+        with trusted_indices():
+            return lazytriton.flash_attn_with_kvcache(  # type: ignore[no-any-return]
+                t.q, t.k_cache, t.v_cache, k_new, v_new, cache_seqlens=lens, block_table=t.table, rotary_cos=cos,
+                rotary_sin=sin, rotary_interleaved=interleaved)
 
     return run
 
@@ -243,18 +279,38 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 
 
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
-    "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call}
+    "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
+    "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True)}
 
 
-def providers(case: Case) -> list[str]:
-    return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"]
+def providers(case: Case, rotary: bool = False) -> list[str]:
+    return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + \
+        (list(ROTARY_PROVIDERS) if rotary else [])
 
 
-def reference(t: Inputs) -> torch.Tensor:
-    """Batch element 0's output in float32, from the SDPA-layout keys: (1, heads_q, head_dim)."""
+def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """x (..., d) rotated at one position (cos, sin: (d / 2,)), FlashAttention's rule, in float32."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def reference(t: Inputs, provider: str = "lazytriton") -> torch.Tensor:
+    """Batch element 0's output in float32, from the SDPA-layout keys: (1, heads_q, head_dim).
+
+    ``lazytriton_rotary``: q and the new (last) key rotated at position length - 1, in the inputs' dtype.
+    """
     q = t.q[0, 0].float()  # (heads_q, d)
     group = q.shape[0] // t.k_sdpa.shape[1]
-    k = t.k_sdpa[0].float().repeat_interleave(group, 0)  # (heads_q, len, d)
+    keys = t.k_sdpa[0].float()  # (heads_k, len, d)
+    if provider == "lazytriton_rotary" and t.rotary is not None:
+        cos, sin, interleaved = (t.rotary[0][-1].float(), t.rotary[1][-1].float(), t.rotary[2])
+        q = rotated(q, cos, sin, interleaved).to(t.q.dtype).float()
+        keys = keys.clone()
+        keys[:, -1] = rotated(keys[:, -1], cos, sin, interleaved).to(t.q.dtype).float()
+    k = keys.repeat_interleave(group, 0)  # (heads_q, len, d)
     v = t.v_sdpa[0].float().repeat_interleave(group, 0)
     scores = torch.einsum("hd,hnd->hn", q, k) / math.sqrt(q.shape[-1])
     return torch.einsum("hn,hnd->hd", scores.softmax(-1), v)[None]
@@ -343,7 +399,7 @@ def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
             row.append(f"{x:>8.2f}" if not math.isnan(x) else f"{'-':>8}")
         log(f"{case.label:<27}" + "".join(f"{_cell(by.get((case, p))):>12}" for p in PROVIDERS) + frac
             + row[0] + " " + row[1])
-    for name, fn in (("geomean", lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))), ("min", min)):
+    for name, fn in (("geomean", _geomean), ("min", min)):
         cells = [f"{fn(xs):>8.2f}" if xs else f"{'-':>8}" for xs in speedups.values()]
         log(name.ljust(27) + " " * (12 * len(PROVIDERS) + 10) + cells[0] + " " + cells[1])
     bad = [r for r in results if r.check != "ok"]
@@ -351,6 +407,31 @@ def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
         log(f"  {r.provider} {r.check} on {' '.join(r.case.label.split())}: {r.note or f'max error {r.max_err:.1e}'}")
 
 
+
+
+def _geomean(xs: Sequence[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def print_rotary(results: Sequence[Result], log: Log) -> None:
+    """Per case: the step's time without and with rotary, and their ratio; the geomean and max ratio."""
+    by = {(r.case, r.provider): r for r in results}
+    ratios = []
+    log("\nrotary (ms)".ljust(28) + f"{'append':>10}{'rotary':>10}{'ratio':>8}")
+    for case in dict.fromkeys(r.case for r in results):
+        plain, rotary = by.get((case, "lazytriton_append")), by.get((case, "lazytriton_rotary"))
+        if plain is None or rotary is None:
+            continue
+        ratio = rotary.ms / plain.ms if plain.ms and rotary.ms else math.nan
+        if not math.isnan(ratio):
+            ratios.append(ratio)
+        cells = [f"{x.ms:>10.4f}" if x.ms is not None else f"{'failed':>10}" for x in (plain, rotary)]
+        log(f"{case.label:<27}" + "".join(cells) + (f"{ratio:>8.3f}" if not math.isnan(ratio) else f"{'-':>8}"))
+    if ratios:
+        worst = max(ratios)
+        log(f"{'geomean':<27}{'':>20}{_geomean(ratios):>8.3f}")
+        log(f"{'max':<27}{'':>20}{worst:>8.3f}  ({'within' if worst <= ROTARY_GOAL else 'over'} "
+            f"{ROTARY_GOAL:.2f})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -375,10 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"bench_decode on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, peak {peak:.0f} GB/s")
     results: list[Result] = []
     for index, case in enumerate(case_list):
-        t = make_inputs(case, device, 1000 + index)
-        ref = reference(t)
-        for provider in providers(case):
-            r = measure(case, provider, t, ref, device, args)
+        t = make_inputs(case, device, 1000 + index, args.rotary)
+        for provider in providers(case, args.rotary is not None):
+            r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
             results.append(r)
@@ -388,7 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.empty_cache()
     append_rows(args.csv, FIELDS, (csv_row(r, meta, peak) for r in results))
     print_table(results, peak, log)
-    failed = [r for r in results if r.provider == "lazytriton" and r.check != "ok"]
+    if args.rotary is not None:
+        print_rotary(results, log)
+    failed = [r for r in results if r.provider.startswith("lazytriton") and r.check != "ok"]
     return 1 if failed else 0
 
 

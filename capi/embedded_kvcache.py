@@ -41,11 +41,12 @@ def inputs_of(p: Any) -> tuple[Any, Any, Any]:
     from lazytriton.kernels.flash_decode import checks
 
     q, k_cache, v_cache, out, lse = (host_tensor(_ffi, t) for t in (p.q, p.k_cache, p.v_cache, p.out, p.lse))
-    k, v, lens, rows, table, slopes, pads = (_optional(t) for t in (p.k, p.v, p.cache_seqlens, p.cache_batch_idx,
-                                                                    p.block_table, p.alibi_slopes, p.cache_leftpad))
+    k, v, lens, rows, table, slopes, pads, cos, sin, bases = (
+        _optional(t) for t in (p.k, p.v, p.cache_seqlens, p.cache_batch_idx, p.block_table, p.alibi_slopes,
+                               p.cache_leftpad, p.rotary_cos, p.rotary_sin, p.rotary_seqlens))
     if lens is None and p.cache_seqlen >= 0:
         lens = int(p.cache_seqlen)
-    return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes, pads), out, lse
+    return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes, pads, cos, sin, bases), out, lse
 
 
 def call_of(p: Any, t: Any) -> Any:
@@ -54,7 +55,7 @@ def call_of(p: Any, t: Any) -> Any:
 
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     return checks.check(t, scale, bool(p.causal), (int(p.window_left), int(p.window_right)), float(p.softcap),
-                        int(p.num_splits))
+                        int(p.num_splits), bool(p.rotary_interleaved))
 
 
 def attn_kvcache_cpu(p: Any) -> int:
@@ -73,7 +74,8 @@ def attn_kvcache_cpu(p: Any) -> int:
 
 def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool, index64: bool,
                   rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
-                  head_dim_v: int = 0, leftpad: bool = False) -> Any:
+                  head_dim_v: int = 0, leftpad: bool = False, rotary: bool = False,
+                  rotary_interleaved: bool = False) -> Any:
     """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call."""
     import torch
 
@@ -84,7 +86,8 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
     # Dispatch reads rows (heads_q // heads_k x seqlen_q) and the cache's capacity, never batch or heads.
     call = checks.Call(1, rows, 1, 1, head_dim, 0, capacity, page_size, 1, capacity, causal, 1.0,
                        window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
-                       head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad)
+                       head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad,
+                       rotary_dim=2 if rotary else 0, rotary_interleaved=rotary and rotary_interleaved)
     return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
 
 
@@ -117,7 +120,8 @@ def plan(req: Any) -> int:
     capability = props.major * 10 + props.minor
     split, combine = plan_variants(capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
                                    bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
-                                   bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad))
+                                   bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad),
+                                   bool(req.rotary), bool(req.rotary_interleaved))
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)
@@ -140,20 +144,22 @@ def plan(req: Any) -> int:
 
 
 def append_variant(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
-                   index64: bool) -> Any:
+                   index64: bool, rotary: bool = False, rotary_interleaved: bool = False) -> Any:
     """The kv_append variant a C plan with new keys launches first (pure): ``kv_append.variant``, as in Python."""
     from lazytriton.kernels import kv_append
     from lazytriton.target import Target
 
     dtype = {1: "fp16", 2: "bf16", 3: "fp32"}[dtype_code]
     return kv_append.variant(Target("cuda", str(capability), 32), dtype, head_dim,
-                             0 if head_dim_v == head_dim else head_dim_v, paged, aligned, index64)
+                             0 if head_dim_v == head_dim else head_dim_v, paged, aligned, index64, rotary,
+                             rotary_interleaved)
 
 
 def _plan_append(req: Any, rt: Any, capability: int) -> None:
     """Load kv_append for the request and answer its launch fields."""
     chosen = append_variant(capability, req.dtype, req.head_dim, req.head_dim_v, bool(req.paged),
-                            bool(req.append_aligned), bool(req.append_index64))
+                            bool(req.append_aligned), bool(req.append_index64), bool(req.rotary),
+                            bool(req.rotary_interleaved))
     kernel = rt.kernel(chosen, req.device_index)
     check_launch_layout(kernel.entry, APPEND)
     req.append_function = int(_ffi.cast("uintptr_t", kernel.function))

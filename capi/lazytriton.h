@@ -44,7 +44,7 @@
 #define LT_ATTN_FWD_PARAMS_VERSION 4 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 4 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
 #define LT_STATS_VERSION 1
-#define LT_ATTN_KVCACHE_PARAMS_VERSION 2 /* 2: cache_leftpad; a version 1 struct is still taken (no left pad) */
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 3 /* 2: cache_leftpad; 3: rotary embeddings; older structs are still taken */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -271,16 +271,26 @@ typedef struct {
  *                    its length - 1, positions stay absolute (new keys still land at its cached length), and
  *                    0 <= cache_leftpad[b] <= its cached length. Keys before it are never read (whatever
  *                    its value: one out of range reads nothing outside the keys)
+ *   rotary_cos       optional (seqlen_ro, rotary_dim / 2), q's dtype, contiguous (version 3): FlashAttention's
+ *                    rotary embedding, applied inside the kernels: new key j of sequence b is rotated at
+ *                    position base_b + j on its way into the cache, query i at base_b + i when causal or a
+ *                    window side is bounded within the cache, else at base_b; base_b is cache_seqlens[b]
+ *                    (rotary_seqlens[b] with that tensor). Its first rotary_dim columns (any even width up to
+ *                    head_dim) are rotated. Needs k, v and rotary_sin
+ *   rotary_sin       optional, rotary_cos's shape, dtype and device (version 3): the sines
+ *   rotary_seqlens   optional int32 (batch) (version 3): each sequence's first rotary position (FlashAttention-3's)
+ *   rotary_interleaved  1 (the init): rotate pairs (0, 1), (2, 3)...; 0: column j with j + rotary_dim / 2
  *   out      (batch, seqlen_q, heads_q, head_dim_v), q's dtype, written
  *   lse      fp32 (batch, heads_q, seqlen_q), contiguous, written: the logsumexp
  *   workspace optional fp32, 1-dim, contiguous: the float32 partials of several splits on a GPU
  *            (lt_attn_kvcache_workspace_size); without one, a GPU call runs one split
  * An optional tensor is absent when its data is NULL and its ndim 0 (lt_attn_kvcache_params_init).
  * Every tensor but the index ones takes any strides with a contiguous last dim; the index tensors, lse and
- * workspace are contiguous. On a GPU the values of cache_seqlens, cache_batch_idx, block_table and
- * cache_leftpad are not read (device memory; as in FlashAttention-2 they must point inside the cache); on the
- * CPU they are checked. causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side
- * unbounded. A version 1 struct (its smaller struct_size, version 1) is the same call without cache_leftpad. */
+ * workspace are contiguous. On a GPU the values of cache_seqlens, cache_batch_idx, block_table,
+ * cache_leftpad and rotary_seqlens are not read (device memory; as in FlashAttention-2 they must point inside
+ * the cache, and rotary positions inside rotary_cos: one outside is left unrotated); on the CPU they are checked.
+ * causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side unbounded. A version 1
+ * or 2 struct (its smaller struct_size and its version) is the same call without what later versions add. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
     uint32_t version;     /* LT_ATTN_KVCACHE_PARAMS_VERSION */
@@ -307,6 +317,12 @@ typedef struct {
     double softcap;        /* > 0: scores become softcap * tanh(score / softcap); 0 (the init): off */
     /* Version 2: a left-padded cache (absent, the init: each sequence's keys start at position 0). */
     lt_tensor cache_leftpad;
+    /* Version 3: rotary embeddings (rotary_cos and rotary_sin absent, the init: none). */
+    lt_tensor rotary_cos;
+    lt_tensor rotary_sin;
+    lt_tensor rotary_seqlens;
+    int32_t rotary_interleaved; /* 1 (the init) or 0 */
+    uint32_t reserved3;         /* must be 0 */
 } lt_attn_kvcache_params;
 
 /* What the cache holds and what this process did (lt_cache_stats()). */

@@ -10,18 +10,20 @@
  * workspace, all on the caller's stream. Their integer arguments are the bindings' (c_initializer, tested field
  * by field), and so are the variants (the planner calls the bindings) and the split count (lt_splits.c).
  * v_cache, v and out may have a head dim of their own (head_dim_v). A version 1 params struct (before
- * cache_leftpad) is taken as the same call without a left pad: every function reads the caller's struct through
- * lt__kv_prepare, which copies it into this version's, zero-extended.
+ * cache_leftpad) is taken as the same call without a left pad, a version 2 one (before the rotary tables) as
+ * the same call without rotary: every function reads the caller's struct through lt__kv_prepare, which copies it
+ * into this version's, zero-extended.
  */
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 41   /* flash_decode_split: 39 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 48   /* flash_decode_split: 46 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 12 /* flash_decode_combine: 12 pointers and integers */
-#define LT__APPEND_PARAMS 30         /* kv_append: 30 pointers and integers */
+#define LT__APPEND_PARAMS 36         /* kv_append: 36 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
+#define LT__KV_PARAMS_V2_SIZE offsetof(lt_attn_kvcache_params, rotary_cos)    /* version 2: before the rotary tables */
 
 typedef struct {
     int64_t b, hq, hk, sq, d, dv, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
@@ -29,6 +31,8 @@ typedef struct {
     int32_t dtype, device_type, device_index;
     int causal, alibi, softcap_on, use_seqlens, use_batch_idx, paged, aligned, index64, leftpad;
     int append_aligned, append_index64; /* kv_append's layout flags, over k, v and the caches */
+    int64_t rotary_dim, seqlen_ro;      /* rotary: the columns rotated (0: none) and the tables' positions */
+    int rotary_interleaved, rotary_seqlens, rotary_per_query;
     float scale, softcap;
 } lt__kv_call;
 
@@ -38,6 +42,7 @@ typedef struct {
     int64_t rows, capacity, page_size;                                                               /* in */
     int32_t head_dim_v, append, append_aligned, append_index64; /* in: v's head dim; kv_append wanted, its flags */
     int32_t leftpad;                                            /* in: cache_leftpad given (LEFTPAD=true) */
+    int32_t rotary, rotary_interleaved; /* in: rotary tables given (ROTARY=true), pairs (ROTARY_INTERLEAVED=true) */
     uint64_t split_function, combine_function;                                                        /* out */
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
@@ -68,8 +73,9 @@ static int lt__absent(const lt_tensor *t) { return t->data == NULL && t->ndim ==
 static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
-    if (p->struct_size == LT__KV_PARAMS_V1_SIZE && p->version == 1)
-        return LT_OK; /* read as the call it always was: no left pad */
+    if ((p->struct_size == LT__KV_PARAMS_V1_SIZE && p->version == 1) ||
+        (p->struct_size == LT__KV_PARAMS_V2_SIZE && p->version == 2))
+        return LT_OK; /* read as the call it always was: no left pad (version 1), no rotary (1 and 2) */
     if (p->struct_size != sizeof(lt_attn_kvcache_params))
         return lt__fail(LT_ERROR_VERSION, "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for "
                         "lt_attn_kvcache_params: rebuild against its lazytriton.h and fill params with "
@@ -275,6 +281,66 @@ static lt_status lt__kv_outputs(const lt_attn_kvcache_params *p, lt__kv_call *c)
     return LT_OK;
 }
 
+/* Rotary embeddings (checks._rotary): the tables' shape and dtype, new keys, and the positions when they are
+ * known here (cache_seqlen; a tensor's values are not read on a GPU: the kernels leave a position past the
+ * tables unrotated). */
+static lt_status lt__kv_rotary(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    lt_status s;
+    int has_cos = !lt__absent(&p->rotary_cos), has_sin = !lt__absent(&p->rotary_sin);
+    if (!has_cos && !has_sin) {
+        if (!lt__absent(&p->rotary_seqlens))
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "rotary_seqlens needs rotary_cos and rotary_sin: it is the "
+                            "base of their positions");
+        return LT_OK;
+    }
+    if (has_cos != has_sin)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "rotary_cos and rotary_sin must be given together, got only %s",
+                        has_cos ? "rotary_cos" : "rotary_sin");
+    const lt__named tables[2] = {{"rotary_cos", &p->rotary_cos}, {"rotary_sin", &p->rotary_sin}};
+    int64_t any[2] = {-1, -1};
+    for (int i = 0; i < 2; i++) {
+        if (tables[i].t->dtype != p->q.dtype)
+            return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but q.dtype is %s; they must match", tables[i].name,
+                            lt__dtype_name(tables[i].t->dtype), lt__dtype_name(p->q.dtype));
+        if ((s = lt__kv_small(tables[i].name, tables[i].t, &p->q, p->q.dtype, 2, any,
+                              "(seqlen_ro, rotary_dim / 2)")) != LT_OK)
+            return s;
+    }
+    const int64_t *cs = p->rotary_cos.sizes, *ss = p->rotary_sin.sizes;
+    if (ss[0] != cs[0] || ss[1] != cs[1])
+        return lt__fail(LT_ERROR_SHAPE, "rotary_sin must have rotary_cos's shape (%lld, %lld) (seqlen_ro, rotary_dim "
+                        "/ 2), got (%lld, %lld)", (long long)cs[0], (long long)cs[1], (long long)ss[0],
+                        (long long)ss[1]);
+    if (cs[1] < 1 || 2 * cs[1] > c->d)
+        return lt__fail(LT_ERROR_SHAPE, "rotary_dim (2 x rotary_cos.sizes[1]) must be in 2..%lld (q's head dim), got "
+                        "%lld", (long long)c->d, (long long)(2 * cs[1]));
+    if (cs[0] > INT32_MAX / cs[1])
+        return lt__fail(LT_ERROR_SHAPE, "rotary_cos must have fewer than 2**31 elements, got (%lld, %lld)",
+                        (long long)cs[0], (long long)cs[1]);
+    if (lt__absent(&p->k))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "rotary_cos and rotary_sin need new keys (k and v): they rotate "
+                        "the new keys and q at the new keys' positions (FlashAttention's rule)");
+    if (p->rotary_interleaved != 0 && p->rotary_interleaved != 1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "rotary_interleaved must be 0 or 1, got %d", p->rotary_interleaved);
+    int local = (p->window_left >= 0 && p->window_left < c->capacity) ||
+                (p->window_right >= 0 && p->window_right < c->capacity);
+    c->rotary_dim = 2 * cs[1], c->seqlen_ro = cs[0], c->rotary_interleaved = p->rotary_interleaved;
+    c->rotary_per_query = c->sq > 1 && (p->causal || local);
+    int64_t q_span = c->rotary_per_query ? c->sq : (c->sq < 1 ? c->sq : 1);
+    int64_t span = c->seqlen_new > q_span ? c->seqlen_new : q_span;
+    if (!lt__absent(&p->rotary_seqlens)) {
+        int64_t b[1] = {c->b};
+        c->rotary_seqlens = 1;
+        return lt__kv_small("rotary_seqlens", &p->rotary_seqlens, &p->q, LT_DTYPE_INT32, 1, b, "(batch,)");
+    }
+    if (c->seqlen_const >= 0 && c->seqlen_const + span > c->seqlen_ro)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "rotary_cos has %lld positions (seqlen_ro) but the call rotates "
+                        "positions %lld..%lld (cache_seqlen = %lld): seqlen_ro must be at least %lld",
+                        (long long)c->seqlen_ro, (long long)c->seqlen_const, (long long)(c->seqlen_const + span - 1),
+                        (long long)c->seqlen_const, (long long)(c->seqlen_const + span));
+    return LT_OK;
+}
+
 /* How far past its first element a tensor's last one lies (binding._extent); -1 past 2**62. */
 static int64_t lt__kv_extent(const lt_tensor *t) {
     int64_t e = t->sizes[3] - 1, part;
@@ -332,20 +398,22 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     if (p->num_splits < 0 || p->num_splits > 256)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "num_splits must be in 0..256 (0: the heuristic), got %d",
                         p->num_splits);
-    if (p->flags != 0 || p->reserved != 0)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "flags and reserved must be 0, got 0x%x and 0x%x", p->flags,
-                        p->reserved);
-    if ((s = lt__kv_features(p, c)) != LT_OK || (s = lt__kv_outputs(p, c)) != LT_OK)
+    if (p->flags != 0 || p->reserved != 0 || p->reserved3 != 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "flags, reserved and reserved3 must be 0, got 0x%x, 0x%x and 0x%x",
+                        p->flags, p->reserved, p->reserved3);
+    if ((s = lt__kv_features(p, c)) != LT_OK || (s = lt__kv_outputs(p, c)) != LT_OK ||
+        (s = lt__kv_rotary(p, c)) != LT_OK)
         return s;
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     c->num_splits = p->num_splits, c->causal = p->causal && c->sq > 1;
     c->dtype = p->q.dtype, c->device_type = p->q.device_type, c->device_index = p->q.device_index;
-    const lt_tensor *data[12] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
+    const lt_tensor *data[15] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
                                  &p->cache_seqlens, &p->cache_batch_idx, &p->block_table, &p->alibi_slopes,
-                                 &p->cache_leftpad};
-    static const char *names[12] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
-                                    "cache_batch_idx", "block_table", "alibi_slopes", "cache_leftpad"};
-    for (int i = 0; i < 12; i++)
+                                 &p->cache_leftpad, &p->rotary_cos, &p->rotary_sin, &p->rotary_seqlens};
+    static const char *names[15] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
+                                    "cache_batch_idx", "block_table", "alibi_slopes", "cache_leftpad",
+                                    "rotary_cos", "rotary_sin", "rotary_seqlens"};
+    for (int i = 0; i < 15; i++)
         if (data[i]->data == NULL && data[i]->ndim != 0 && lt__numel(data[i]) > 0)
             return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", names[i]);
     if (c->workspace > 0 && p->workspace.data == NULL)
@@ -382,11 +450,13 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     int append = c->seqlen_new > 0;
     const lt__named outputs[5] = {{"out", &p->out}, {"lse", &p->lse}, {"workspace", &p->workspace},
                                   {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
-    const lt__named inputs[10] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
+    const lt__named inputs[13] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
                                   {"cache_batch_idx", &p->cache_batch_idx}, {"block_table", &p->block_table},
                                   {"alibi_slopes", &p->alibi_slopes}, {"cache_leftpad", &p->cache_leftpad},
-                                  {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
-    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 8 : 10);
+                                  {"rotary_cos", &p->rotary_cos}, {"rotary_sin", &p->rotary_sin},
+                                  {"rotary_seqlens", &p->rotary_seqlens}, {"k_cache", &p->k_cache},
+                                  {"v_cache", &p->v_cache}};
+    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 11 : 13);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -402,7 +472,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.sq_bits = lt__bits(c->hq / c->hk * c->sq), key.sk_bits = lt__bits(c->capacity);
     key.varlen = c->paged | (c->window_left >= 0) << 1 | c->softcap_on << 2 | c->alibi << 3 | page_bits << 8;
     key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
-    key.varlen |= c->leftpad << 7;
+    key.varlen |= c->leftpad << 7 | (c->rotary_dim > 0) << 16 | c->rotary_interleaved << 17;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -420,6 +490,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->device_index = c->device_index, r->dtype = c->dtype, r->head_dim = (int32_t)c->d, r->causal = c->causal;
     r->aligned = c->aligned, r->index64 = c->index64, r->paged = c->paged, r->window = c->window_left >= 0;
     r->softcap = c->softcap_on, r->alibi = c->alibi, r->leftpad = c->leftpad;
+    r->rotary = c->rotary_dim > 0, r->rotary_interleaved = c->rotary_interleaved;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
@@ -454,6 +525,7 @@ static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c)
 #define LT__PTR(t) ((int64_t)(uintptr_t)(t).data)
 #define LT__OR_LSE(t) (lt__absent(&(t)) ? LT__PTR(p->lse) : LT__PTR(t))
 #define LT__OR_K(t) (lt__absent(&(t)) ? LT__PTR(p->k) : LT__PTR(t))
+#define LT__OR_Q(t) (lt__absent(&(t)) ? LT__PTR(p->q) : LT__PTR(t))
 
 /* kv_append: the new keys and values into the caches, its parameters in its description's order
  * (kv_append.binding.c_initializer). */
@@ -462,12 +534,13 @@ static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcac
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t ints[LT__APPEND_PARAMS + LT__MAX_HIDDEN] = {
         LT__PTR(p->k), LT__PTR(p->v), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__OR_K(p->cache_seqlens),
-        LT__OR_K(p->cache_batch_idx), LT__OR_K(p->block_table), p->k.strides[0], p->k.strides[1], p->k.strides[2],
+        LT__OR_K(p->cache_batch_idx), LT__OR_K(p->block_table), LT__OR_K(p->rotary_cos), LT__OR_K(p->rotary_sin),
+        LT__OR_K(p->rotary_seqlens), p->k.strides[0], p->k.strides[1], p->k.strides[2],
         p->v.strides[0], p->v.strides[1], p->v.strides[2], p->k_cache.strides[0], p->k_cache.strides[1],
         p->k_cache.strides[2], p->v_cache.strides[0], p->v_cache.strides[1], p->v_cache.strides[2],
         c->paged ? p->block_table.strides[0] : 0, c->hk, c->seqlen_new, c->d, c->dv,
         c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens, c->use_batch_idx, c->page_size, c->capacity,
-        c->cache_rows};
+        c->cache_rows, c->rotary_dim, c->seqlen_ro, c->rotary_seqlens};
     void *params[LT__APPEND_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
@@ -493,11 +566,13 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     int64_t split_ints[LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS + LT__MAX_HIDDEN] = {
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
-        LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), q->strides[0], q->strides[1], q->strides[2],
+        LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
+        LT__OR_LSE(p->rotary_seqlens), q->strides[0], q->strides[1], q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         c->hq / c->hk, c->hq, c->sq, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
-        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right};
+        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, c->rotary_dim,
+        c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
     void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];
     int n_ints = LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS;
@@ -533,7 +608,7 @@ LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params) {
     memset(params, 0, sizeof *params);
     params->struct_size = sizeof *params, params->version = LT_ATTN_KVCACHE_PARAMS_VERSION;
     params->cache_seqlen = -1, params->window_left = -1, params->window_right = -1;
-    params->sm_scale = NAN;
+    params->sm_scale = NAN, params->rotary_interleaved = 1;
     return LT_OK;
 }
 

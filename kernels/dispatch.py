@@ -49,7 +49,8 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    softcap: bool = False, alibi: bool = False, bias: bool = False, dropout: bool = False,
                    paged: bool = False, varlen: bool = False, head_dim_v: int = 0,
                    split_d: bool | None = None, seq16: bool | None = None, leftpad: bool = False,
-                   page_size: int = 0, seqused_q: bool = False, seqused_k: bool = False) -> Variant:
+                   page_size: int = 0, seqused_q: bool = False, seqused_k: bool = False, rotary: bool = False,
+                   rotary_interleaved: bool = False) -> Variant:
     """The variant of any kernel serving a call (pure, given the table): its family's ``variant`` of the ``Request``.
 
     Every attention kernel has the same functional fields (padded head dim,
@@ -63,7 +64,8 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     MLA: q/k 192, v 128) are those of the larger head dim. Each family adds its
     own: flash_fwd's ``tma`` (``kernels.flash_fwd.dispatch``), the backward's
     ``seq16`` (``kernels.flash_bwd.dispatch``), the decoding kernels'
-    ``leftpad`` (cache_leftpad) and ``page_size`` (with ``paged``: the page's
+    ``leftpad`` (cache_leftpad), ``rotary`` and ``rotary_interleaved`` (rotary_cos
+    and rotary_sin, pairs or halves: also kv_append's) and ``page_size`` (with ``paged``: the page's
     keys, which cap BLOCK_N or, where no key tile divides them, set
     PAGE_GATHER; 0: a page every BLOCK_N divides), the attention kernels'
     ``seqused_q`` and ``seqused_k`` (with ``varlen``: FlashAttention-3's used
@@ -74,7 +76,8 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     """
     request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_k, config, index64, table, tma, window,
                       softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16, page_size=page_size,
-                      leftpad=leftpad, seqused_q=seqused_q, seqused_k=seqused_k)
+                      leftpad=leftpad, seqused_q=seqused_q, seqused_k=seqused_k, rotary=rotary,
+                      rotary_interleaved=rotary_interleaved)
     return family_dispatch(kernel).variant(kernel, target, request)  # type: ignore[no-any-return]
 
 

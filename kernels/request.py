@@ -40,6 +40,10 @@ class Request:
     time, PAGE_GATHER=true; 0: a contiguous cache, or with ``paged`` a page
     size every BLOCK_N divides, as prewarm plans them by default) and
     ``leftpad`` (a decoding call with cache_leftpad, LEFTPAD=true).
+    ``rotary``/``rotary_interleaved``: a decoding call with rotary_cos and
+    rotary_sin, rotating pairs or halves (ROTARY=true, ROTARY_INTERLEAVED=true
+    on the split kernel and kv_append; ``rotary_interleaved`` counts only with
+    ``rotary``).
     ``seqused_q``/``seqused_k``: a packed call (``varlen``) with
     FlashAttention-3's used lengths (SEQUSED_Q=true, SEQUSED_K=true), which
     only the Triton attention kernels take.
@@ -69,3 +73,5 @@ class Request:
     leftpad: bool = False
     seqused_q: bool = False
     seqused_k: bool = False
+    rotary: bool = False
+    rotary_interleaved: bool = False

@@ -1,4 +1,4 @@
-"""Attention geometry: the head dims kernels compile, how a head dim splits into two tiles, the causal modes.
+"""Attention geometry: the head dims kernels compile, how a head dim splits into two tiles, causal and rotary modes.
 
 Pure functions of their arguments, importing nothing of lazytriton: dispatch, the kernel families and their
 Gluon rules all read the same tiles from here.
@@ -13,6 +13,9 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIMS[-1]
 CAUSAL_MODES = ("none", "top_left", "bottom_right")
 MIN_CHUNK = 16  # tl.dot's smallest inner dimension
+# flash_attn_with_kvcache's rotary embedding, as prewarm and cache explain name it: none, rotary_interleaved=True
+# (pairs of columns: ROTARY=true, ROTARY_INTERLEAVED=true), rotary_interleaved=False (GPT-NeoX's halves: ROTARY=true).
+ROTARY_MODES = ("none", "interleaved", "halves")
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -49,3 +52,10 @@ def causal_mode(causal: object) -> str:
     if isinstance(causal, str) and causal in CAUSAL_MODES:
         return causal
     raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+
+
+def rotary_flags(mode: str) -> tuple[bool, bool]:
+    """(rotary, rotary_interleaved) of a rotary mode (``ROTARY_MODES``)."""
+    if mode not in ROTARY_MODES:
+        raise ValueError(f"rotary mode must be one of {ROTARY_MODES}, got {mode!r}")
+    return mode != "none", mode == "interleaved"

@@ -23,10 +23,13 @@ compile of lazytriton's runs meanwhile; a thread that imports a
 ``triton.language`` module for the first time in that instant could get the
 private one.
 
-Two fixes of Triton's interpreter are installed on the private copy, for good:
+Three fixes of Triton's interpreter are installed on the private copy, for good:
 
 - ``tl.dot`` on bf16: the interpreter keeps bf16 as uint16 and would multiply
   the bit patterns as integers; bf16 operands are widened to float32 first.
+- float32 to bf16 (``x.to(tl.bfloat16)``): the interpreter keeps the top 16
+  bits (rounding toward zero, a bias of half a unit on every value rounded);
+  it rounds to nearest, ties to even, as a GPU's conversion does.
 - Loop bounds such as ``tl.minimum(a, b)`` are one-element arrays under Triton
   3.6, and ``int()`` of those fails in ``range()``; ``__index__`` squeezes them
   (3.9 does so itself).
@@ -155,7 +158,7 @@ def _interpret_jit_functions(private: _Private, module: ModuleType) -> None:
 
 
 def _install_fixes(interpreter: Any) -> None:
-    """Fix bf16 ``tl.dot`` and Triton 3.6's one-element loop bounds, on the private interpreter only."""
+    """Fix bf16 ``tl.dot``, float32 to bf16 rounding and Triton 3.6's one-element loop bounds (the private copy)."""
     import numpy as np
 
     tl = interpreter.tl
@@ -172,6 +175,18 @@ def _install_fixes(interpreter: Any) -> None:
         return create_dot(widen(a), widen(b), d, *args)
 
     builder.create_dot = create_dot_bf16
+    create_fp_trunc = builder.create_fp_trunc
+
+    def create_fp_trunc_bf16(src: Any, dst_type: Any) -> Any:
+        if not (src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16):
+            return create_fp_trunc(src, dst_type)
+        values = np.asarray(src.data, dtype=np.float32)
+        bits = values.view(np.uint32)
+        nearest = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        quiet = ((bits >> 16) | 0x40).astype(np.uint16)  # a NaN stays a NaN
+        return interpreter.TensorHandle(np.where(np.isnan(values), quiet, nearest), tl.bfloat16)
+
+    builder.create_fp_trunc = create_fp_trunc_bf16
     patch_tensor = interpreter._patch_lang_tensor
 
     def patch_tensor_index(tensor: Any, scope: Any) -> None:
@@ -190,22 +205,57 @@ def _private_copy() -> _Private:
     return _private
 
 
+def _load_file(private: _Private, name: str, path: Any, twins: dict[int, Any] | None = None) -> ModuleType:
+    """A source file loaded as a new module against the private ``triton.language``, its ``@jit`` interpreted.
+
+    ``twins``: interpreted functions to bind instead of the real ``@jit`` functions it imported (by their id).
+    """
+    with TRITON_LOCK, _private_sys_modules(private.modules):
+        file_spec = importlib.util.spec_from_file_location(f"_lazytriton_interpreted_{name}", path)
+        module = importlib.util.module_from_spec(file_spec)  # type: ignore[arg-type]
+        file_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    for attr, value in list(vars(module).items()):
+        if twins and id(value) in twins:
+            setattr(module, attr, twins[id(value)])
+    _interpret_jit_functions(private, module)
+    return module
+
+
+def _helper_twins(private: _Private, helpers: Sequence[str]) -> dict[int, Any]:
+    """The interpreted twins of the helpers' plain Triton ``@jit`` functions, by the id of the real one.
+
+    A kernel file imports its helpers' functions from the real modules (bound
+    to the real ``triton.language``, which the interpreter must not patch);
+    each helper with plain ``@jit`` functions is loaded once more against the
+    private copy, and the kernel's names for them are pointed at its twins.
+    Gluon functions (``gluon.jit``: a JITFunction subclass) are left alone:
+    the interpreter never runs the Gluon kernels.
+    """
+    from triton.runtime.jit import JITFunction
+
+    twins: dict[int, Any] = {}
+    for helper in helpers:
+        real = importlib.import_module(helper)
+        plain = {name: value for name, value in vars(real).items() if type(value) is JITFunction}
+        if not plain:
+            continue
+        module = private.kernels.get(helper)
+        if module is None:
+            module = private.kernels[helper] = _load_file(private, helper, real.__file__)
+        twins.update((id(value), getattr(module, name)) for name, value in plain.items())
+    return twins
+
+
 def _kernel_module(private: _Private, spec: KernelSpec) -> ModuleType:
     """The kernel's module, loaded once more against the private ``triton.language``, its ``@jit`` interpreted."""
     module = private.kernels.get(spec.module)
     if module is None:
         # The helper modules the file imports from (KernelSpec.helpers), imported for real first: one first
         # imported inside the block, and importing triton.language, would stay in sys.modules bound to the
-        # private copy, for every later compile. (The fused backward's helpers are Gluon functions of the
-        # kernel the interpreter never runs; its file's plain kernel, flash_bwd_prep, calls none.)
-        for helper in spec.helpers:
-            importlib.import_module(helper)
-        with TRITON_LOCK, _private_sys_modules(private.modules):
-            file_spec = importlib.util.spec_from_file_location(f"_lazytriton_interpreted_{spec.name}",
-                                                               spec.source_path)
-            module = importlib.util.module_from_spec(file_spec)  # type: ignore[arg-type]
-            file_spec.loader.exec_module(module)  # type: ignore[union-attr]
-        _interpret_jit_functions(private, module)
+        # private copy, for every later compile. Their plain @jit functions get interpreted twins of their own
+        # (_helper_twins); the fused backward's helpers are Gluon functions of a kernel the interpreter never
+        # runs (its file's plain kernel, flash_bwd_prep, calls none).
+        module = _load_file(private, spec.name, spec.source_path, _helper_twins(private, spec.helpers))
         private.kernels[spec.module] = module
     return module
 

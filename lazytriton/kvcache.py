@@ -16,32 +16,19 @@ from typing import Any
 
 import torch
 
-from lazytriton.kernels.arguments import index_tensor, shown
+from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.trust import trusted_indices
 
 _is_compiling = torch.compiler.is_compiling
 _dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", lambda: None)
 _Tensor = torch.Tensor
-# FlashAttention-2 arguments lazytriton's kernels do not implement, and the value that means "not used".
-_UNSUPPORTED = {"rotary_cos": None, "rotary_sin": None, "rotary_interleaved": True}
 
 
 def _direct(*tensors: Any) -> bool:
     """True when the op's dispatch adds nothing: plain tensors, nothing tracing, no dispatch mode."""
     return (all(t is None or type(t) is _Tensor for t in tensors) and not _is_compiling()
             and _dispatch_mode() is None)
-
-
-def _refuse_unsupported(extra: dict[str, Any]) -> None:
-    for name, value in extra.items():
-        if name not in _UNSUPPORTED:
-            raise TypeError(f"flash_attn_with_kvcache() got an unexpected keyword argument {name!r}")
-        default = _UNSUPPORTED[name]
-        if value is not default:  # None, or True (rotary_interleaved): singletons
-            raise NotImplementedError(f"{name}={shown(value)}: rotary embeddings are not supported by lazytriton's "
-                                      f"flash_attn_with_kvcache; apply rotary to q and k before the call and leave "
-                                      f"{name} at {default!r}")
 
 
 def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -52,7 +39,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             window_size: tuple[int, int] = checks.NO_WINDOW, softcap: float = 0.0,
                             alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, cache_leftpad: torch.Tensor | None = None,
-                            **unsupported: Any) -> Any:
+                            rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                            rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
@@ -62,6 +50,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     cache_leftpad[b] on, with cache_leftpad). The cache must be large enough
     to hold the new keys (pre-allocate it at the maximum length and track
     lengths with cache_seqlens).
+
+    With rotary_cos and rotary_sin (FlashAttention's rotary embedding, inside
+    the kernels), new key j of sequence b is rotated at position
+    cache_seqlens[b] + j on its way into the cache, and q as the attention
+    loads it: query i at cache_seqlens[b] + i when causal or local (a window
+    side bounded within the cache), else every query at cache_seqlens[b].
+    rotary_seqlens (FlashAttention-3's) replaces cache_seqlens as that base.
+    Positions are absolute: cache_leftpad does not shift them.
 
     Args:
         q: (batch, seqlen_q, heads, head_dim), float16, bfloat16 or float32,
@@ -124,21 +120,33 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             cache_seqlens); equal, a sequence sees its new keys only, none
             without them (out 0, lse -inf). With a block table, the pages
             wholly before cache_leftpad[b] are never read.
-        **unsupported: FlashAttention-2's rotary_cos, rotary_sin and
-            rotary_interleaved are not supported: passing
-            rotary_cos/rotary_sin (or rotary_interleaved=False) raises
-            NotImplementedError; any other name is a TypeError.
+        rotary_cos: optional (seqlen_ro, rotary_dim / 2), q's dtype and
+            device: the cosines of each position's angles. The first
+            rotary_dim columns of q and of the new keys are rotated, the rest
+            kept; rotary_dim may be any even width up to head_dim
+            (FlashAttention asks for a multiple of 16). Needs k and v (as in
+            FlashAttention) and rotary_sin; seqlen_ro must cover every
+            position rotated (ValueError otherwise). Rotated in float32,
+            rounded once to q's dtype, as FlashAttention's kernels do.
+        rotary_sin: optional, rotary_cos's shape, dtype and device: the sines.
+        rotary_interleaved: True (the default): pairs of columns (0, 1), (2,
+            3), ...; False: column j with j + rotary_dim / 2 (GPT-NeoX's
+            halves). Only read with rotary_cos.
+        rotary_seqlens: optional int32 (batch,), FlashAttention-3's: each
+            sequence's first rotary position, in place of cache_seqlens (the
+            keys still land at cache_seqlens). Only with rotary_cos.
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
         softmax_lse) with return_softmax_lse.
 
     The index tensors (cache_seqlens, cache_batch_idx, block_table,
-    alibi_slopes, cache_leftpad) are read as plain contiguous tensors: a
-    strided view is copied first, a subclass read as the tensor it holds, so
-    the values checked are the values the kernels read. Their values are
-    checked too (a length past the cache's end, a block past the cache, a row
-    past the cache, a left pad past the cached length raise ValueError, and
+    alibi_slopes, cache_leftpad, rotary_seqlens) and the rotary tables are
+    read as plain contiguous tensors: a strided view is copied first, a
+    subclass read as the tensor it holds, so the values checked are the values
+    the kernels read. Their values are checked too (a length past the cache's
+    end, a block past the cache, a row past the cache, a left pad past the
+    cached length, a rotary position past seqlen_ro raise ValueError, and
     nothing is written): on a GPU that costs
     one host synchronisation per call, skipped while a CUDA graph is being
     captured and inside ``lazytriton.kvcache.trusted_indices()``. CUDA/ROCm
@@ -148,20 +156,19 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     the op ``torch.ops.lazytriton.flash_kvcache``. Not differentiable.
 
     """
-    if unsupported:
-        _refuse_unsupported(unsupported)
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
     cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad = (
         index_tensor(cache_seqlens), index_tensor(cache_batch_idx), index_tensor(block_table),
         index_tensor(alibi_slopes), index_tensor(cache_leftpad))
+    rotary = (index_tensor(rotary_cos), index_tensor(rotary_sin), index_tensor(rotary_seqlens))
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                      cache_leftpad)
-    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits)
+                      cache_leftpad, *rotary)
+    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
                      block_table, alibi_slopes, cache_leftpad)
-    if _direct(q, k_cache, v_cache, k, v, *index_tensors):
+    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary):
         out, lse = binding.forward(t, call)
     else:
         from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
@@ -169,7 +176,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         op = flash_kvcache_read_op if k is None else flash_kvcache_op  # a read declares no mutation
         lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
         out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
-                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad)
+                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad,
+                      *rotary[:2], rotary_interleaved, rotary[2])
     return (out, lse) if return_softmax_lse else out
 
 

@@ -3,9 +3,10 @@
 ``lazytriton::flash_kvcache(q, k_cache, v_cache, k, v, cache_seqlens,
 cache_seqlens_int, cache_batch_idx, block_table, softmax_scale, causal,
 window_left, window_right, softcap, alibi_slopes, num_splits,
-cache_leftpad=None) -> (out, lse)`` takes FlashAttention's layout and
-arguments (``cache_seqlens`` as a tensor, or else ``cache_seqlens_int``: an
-int >= 0, -1 for None, the whole cache). It
+cache_leftpad=None, rotary_cos=None, rotary_sin=None,
+rotary_interleaved=True, rotary_seqlens=None) -> (out, lse)`` takes
+FlashAttention's layout and arguments (``cache_seqlens`` as a tensor, or else
+``cache_seqlens_int``: an int >= 0, -1 for None, the whole cache). It
 writes k and v into k_cache and v_cache in place, so both caches are declared
 mutated (``Tensor(a!)``): ``torch.compile`` functionalises the write and keeps
 it ordered before the attention. A call without k and v goes to
@@ -28,13 +29,16 @@ from lazytriton.kernels.flash_decode import binding, checks
 _SCHEMA = ("(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
            "int cache_seqlens_int, Tensor? cache_batch_idx, Tensor? block_table, float softmax_scale, bool causal, "
            "int window_left, int window_right, float softcap, Tensor? alibi_slopes, int num_splits, "
-           "Tensor? cache_leftpad=None) -> (Tensor, Tensor)")
+           "Tensor? cache_leftpad=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, "
+           "bool rotary_interleaved=True, Tensor? rotary_seqlens=None) -> (Tensor, Tensor)")
 
 
 def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
            v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, cache_seqlens_int: int,
            cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
-           alibi_slopes: torch.Tensor | None, cache_leftpad: torch.Tensor | None = None) -> checks.Inputs:
+           alibi_slopes: torch.Tensor | None, cache_leftpad: torch.Tensor | None = None,
+           rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+           rotary_seqlens: torch.Tensor | None = None) -> checks.Inputs:
     """The binding's ``Inputs`` from the op's arguments, the index tensors plain and contiguous.
 
     The kernels read the index tensors through their pointers: a strided
@@ -46,7 +50,8 @@ def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: tor
     if lens is None and cache_seqlens_int >= 0:
         lens = cache_seqlens_int
     return checks.Inputs(q, k_cache, v_cache, k, v, lens, index_tensor(cache_batch_idx),  # type: ignore[arg-type]
-                         index_tensor(block_table), index_tensor(alibi_slopes), index_tensor(cache_leftpad))
+                         index_tensor(block_table), index_tensor(alibi_slopes), index_tensor(cache_leftpad),
+                         index_tensor(rotary_cos), index_tensor(rotary_sin), index_tensor(rotary_seqlens))
 
 
 @torch.library.custom_op("lazytriton::flash_kvcache", mutates_args=("k_cache", "v_cache"), schema=_SCHEMA)
@@ -55,16 +60,19 @@ def flash_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None, softmax_scale: float,
                   causal: bool, window_left: int, window_right: int, softcap: float,
                   alibi_slopes: torch.Tensor | None, num_splits: int,
-                  cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  cache_leftpad: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
+                  rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
+                  rotary_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Append k/v to the cache, then attend: ``(out, lse)`` (checked again: the op can be called directly)."""
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
-               alibi_slopes, cache_leftpad)
-    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits)
+               alibi_slopes, cache_leftpad, rotary_cos, rotary_sin, rotary_seqlens)
+    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits, rotary_interleaved)
 
 
 def _run(t: checks.Inputs, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-         num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    call = checks.check(t, softmax_scale, causal, (window_left, window_right), softcap, num_splits)
+         num_splits: int, rotary_interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    call = checks.check(t, softmax_scale, causal, (window_left, window_right), softcap, num_splits,
+                        rotary_interleaved)
     return binding.forward(t, call)
 
 
@@ -74,7 +82,9 @@ def _flash_kvcache_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
                         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
                         alibi_slopes: torch.Tensor | None, num_splits: int,
-                        cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        cache_leftpad: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
+                        rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
+                        rotary_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty((*q.shape[:3], v_cache.shape[-1]), dtype=q.dtype, device=q.device)  # v's head dim
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
     return out, lse
@@ -89,7 +99,9 @@ def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None, softmax_scale: float,
                        causal: bool, window_left: int, window_right: int, softcap: float,
                        alibi_slopes: torch.Tensor | None, num_splits: int,
-                       cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       cache_leftpad: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
+                       rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
+                       rotary_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The same call without new keys: nothing is written, so nothing is declared mutated.
 
     A compiled graph then needs no functional copy of the caches (declared
@@ -99,8 +111,8 @@ def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     if k is not None or v is not None:
         raise ValueError("lazytriton::flash_kvcache_read takes no k/v; lazytriton::flash_kvcache appends them")
     t = inputs(q, k_cache, v_cache, None, None, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
-               alibi_slopes, cache_leftpad)
-    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits)
+               alibi_slopes, cache_leftpad, rotary_cos, rotary_sin, rotary_seqlens)
+    return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits, rotary_interleaved)
 
 
 flash_kvcache_read.register_fake(_flash_kvcache_fake)

@@ -166,11 +166,12 @@ class Variant:
 # and DROPOUT (ALiBi slopes, an additive bias, dropout), VARLEN (packed
 # sequences) with SEQUSED_Q and SEQUSED_K (each sequence's used query and key
 # lengths, FlashAttention-3's seqused_q/seqused_k: only with VARLEN), and PAGED
-# (a block table), LEFTPAD (cache_leftpad: each sequence's first key) and
+# (a block table), LEFTPAD (cache_leftpad: each sequence's first key),
 # PAGE_GATHER (pages the key tile does not divide: each key's page read from the
-# table) of the decoding kernels (kernels/flash_decode).
+# table) and ROTARY with ROTARY_INTERLEAVED (rotary_cos/rotary_sin: pairs, else
+# halves; also kv_append's) of the decoding kernels (kernels/flash_decode).
 _FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN",
-          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K")
+          "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K", "ROTARY", "ROTARY_INTERLEAVED")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.

@@ -63,8 +63,12 @@ DTYPES = ("fp16", "bf16", "fp32")  # lazytriton.variant.DTYPES, without importin
 CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, without importing it
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
-               "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "leftpad", "page_size")
+               "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "leftpad", "rotary",
+               "page_size")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
+# --rotary's choices: the rotary modes planned beside the calls without rotary (geometry.ROTARY_MODES).
+_ROTARY = {"interleaved": ("none", "interleaved"), "halves": ("none", "halves"),
+           "both": ("none", "interleaved", "halves")}
 
 
 class UsageError(ValueError):
@@ -233,6 +237,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--leftpad", action="store_true",
                       help="also build the left-padded cache (LEFTPAD=true) variants of flash_decode: cache_leftpad "
                            "in flash_attn_with_kvcache")
+    axes.add_argument("--rotary", choices=tuple(_ROTARY), default=None,
+                      help="also build the rotary (ROTARY=true) variants of flash_decode's split kernel and kv_append: "
+                           "rotary_cos/rotary_sin in flash_attn_with_kvcache, rotary_interleaved=True (interleaved: "
+                           "ROTARY_INTERLEAVED=true), False (halves, GPT-NeoX's) or both")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -319,6 +327,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 dropout=(False, True) if args.dropout else (False,),
                 bias=(False, True) if args.attn_mask else (False,),
                 leftpad=(False, True) if args.leftpad else (False,),
+                rotary=_ROTARY[args.rotary] if args.rotary else ("none",),
                 page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None)
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 

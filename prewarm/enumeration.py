@@ -35,6 +35,8 @@ given, the groups are the default grid:
     dropout   false (``--dropout`` adds true: calls with dropout_p > 0, DROPOUT=true)
     bias      false (``--attn-mask`` adds true: SDPA calls with an attn_mask, BIAS=true)
     leftpad   false (``--leftpad`` adds true: decoding calls with cache_leftpad, LEFTPAD=true)
+    rotary    none (``--rotary`` adds interleaved, halves or both: decoding calls with rotary_cos/rotary_sin,
+              ROTARY=true and, interleaved, ROTARY_INTERLEAVED=true, on the split kernel and kv_append)
     page size pages of any multiple of 64 keys (``--page-size`` gives the decoding kernels' page sizes)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
@@ -49,13 +51,14 @@ variant (PAGE_GATHER=true) that serves them all. Pages not planned compile on
 first use and come back through the miss log. They have no varlen, dropout or bias
 variants (ALiBi they have), and they alone have left-padded ones (leftpad). The append kernel (family ``kv_append``: new
 keys written into the cache before decoding) is planned with them, over
-their dtypes, head dims (and v's), layouts, alignments and index widths:
-one config, no seqlen axis.
+their dtypes, head dims (and v's), layouts, alignments, index widths and
+rotary modes: one config, no seqlen axis. Rotary variants (``rotary``) are the
+split kernel's and kv_append's alone.
 
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
 index64, window, softcap, paged (then page size), varlen (then seqused), alibi, dropout, bias,
-leftpad, seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
+leftpad, rotary, seqlen_q, seqlen_k. The variants with features take the plain call's tile sizes
 (``dispatch.kernel_variant``).
 """
 
@@ -65,6 +68,7 @@ import itertools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from lazytriton import geometry, tuning
 from lazytriton.kernels import attention, dispatch
@@ -114,6 +118,7 @@ class Axes:
     dropout: tuple[bool, ...] = (False,)
     bias: tuple[bool, ...] = (False,)
     leftpad: tuple[bool, ...] = (False,)  # decoding kernels only (cache_leftpad)
+    rotary: tuple[str, ...] = ("none",)  # decoding kernels and kv_append only: geometry.ROTARY_MODES
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
     # The paged cache's keys a page (decoding kernels only); None: a page size every default BLOCK_N divides.
@@ -132,6 +137,9 @@ class Axes:
         for head_dim in (*(self.head_dims or ()), *(self.head_dims_v or ())):
             if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
                 raise ValueError(f"head dim must be an int in 1..{geometry.MAX_HEAD_DIM}, got {head_dim!r}")
+        for mode in self.rotary:
+            if mode not in geometry.ROTARY_MODES:
+                raise ValueError(f"rotary modes must be among {geometry.ROTARY_MODES}, got {mode!r}")
         for page in self.page_sizes or ():
             if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_SEQLEN:
                 raise ValueError(f"page sizes must be ints in 1..{MAX_SEQLEN} (keys a page), got {page!r}")
@@ -248,14 +256,15 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]
     if hasattr(rules, "prewarm_variants"):
         for variant in rules.prewarm_variants(target, dtypes, head_dims, axes.head_dims_v or (0,), paged,
-                                              axes.aligned, axes.index64):
+                                              axes.aligned, axes.index64, axes.rotary):
             yield Planned(variant, variant.key(), "default")
         return
     in_table = table_buckets(table, str(target), kernel)
     features = getattr(rules, "PREWARM_FEATURES", None)
 
-    def feature(name: str) -> tuple[bool, ...]:
-        return getattr(axes, name) if features is None or name in features else (False,)  # type: ignore[no-any-return]
+    def feature(name: str) -> tuple[Any, ...]:
+        off = ("none",) if name == "rotary" else (False,)
+        return getattr(axes, name) if features is None or name in features else off  # type: ignore[no-any-return]
 
     alignments = getattr(rules, "prewarm_alignments", lambda kernel, aligned: tuple((a, False) for a in aligned))
     twins = getattr(rules, "prewarm_twins", None)
@@ -267,11 +276,10 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
         for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout, bias,
-             leftpad, (seqlen_q, seqlen_k)) in itertools.product(alignments(kernel, axes.aligned), axes.index64,
-                                                        feature("window"), feature("softcap"), layouts,
-                                                        _packed(feature("varlen"), feature("seqused")),
-                                                        feature("alibi"), feature("dropout"),
-                                                        feature("bias"), feature("leftpad"), seqlens):
+             leftpad, rotary, (seqlen_q, seqlen_k)) in itertools.product(
+                alignments(kernel, axes.aligned), axes.index64, feature("window"), feature("softcap"), layouts,
+                _packed(feature("varlen"), feature("seqused")), feature("alibi"), feature("dropout"), feature("bias"),
+                feature("leftpad"), feature("rotary"), seqlens):
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
@@ -279,9 +287,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen,
                                               leftpad=leftpad, page_size=page, seqused_q=used[0],
-                                              seqused_k=used[1])
+                                              seqused_k=used[1], rotary=rotary != "none",
+                                              rotary_interleaved=rotary == "interleaved")
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
-            plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or head_dim_v)
+            plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or rotary != "none"
+                         or head_dim_v)
             for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
                                  if plain and twins is not None else ()):
                 yield Planned(twin, twin.key(), origin)

@@ -104,3 +104,33 @@ def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert all(r["kernel"] == "flash_decode" and float(r["p50_ms"]) > 0 and r["gb_s"] for r in rows)
     log = (out_dir / "bench_decode.log").read_text()
     assert "GB/s (peak 4800)" in log and log.splitlines()[-1].startswith("min")
+
+
+def test_rotary_adds_the_step_without_and_with_it(bench: ModuleType) -> None:
+    args = bench.parse_args(["--rotary", "halves"])
+    case = bench.Case("paged", 8, 4096)
+    assert bench.providers(case, args.rotary is not None)[-2:] == ["lazytriton_append", "lazytriton_rotary"]
+    assert bench.providers(case) == ["lazytriton", "sdpa", "sdpa_gather"]
+    other = bench.Case("contiguous", 8, 4096)
+    results = [bench.Result(case, "lazytriton_append", 1.0, 1e-3, "ok"),
+               bench.Result(case, "lazytriton_rotary", 1.05, 1e-3, "ok"),
+               bench.Result(other, "lazytriton_append", 2.0, 1e-3, "ok"),
+               bench.Result(other, "lazytriton_rotary", 2.4, 1e-3, "ok")]
+    log = bench.Log()
+    bench.print_rotary(results, log)
+    assert next(line for line in log.lines if line.startswith("paged      b8")).split()[-1] == "1.050"
+    assert log.lines[-1].split()[:2] == ["max", "1.200"] and "(over 1.10)" in log.lines[-1]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rotary", "neox"])
+
+
+def test_quick_rotary_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """The step's reference rotates q and the new key: a call that skipped the rotation would be ``wrong``."""
+    out_csv = tmp_path / "decode.csv"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--rotary", "interleaved", "--csv", str(out_csv)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = list(csv.DictReader(out_csv.open()))
+    assert {r["provider"] for r in rows if r["check"] == "ok"} >= {"lazytriton_append", "lazytriton_rotary"}
+    assert all(r["check"] == "ok" for r in rows)
+    assert "rotary (ms)" in proc.stdout and proc.stdout.splitlines()[-1].startswith("max")

@@ -5,8 +5,9 @@ Python process loads it with ctypes, lays the params struct out with cffi from
 the header, and compares the C call on host memory (Triton's interpreter)
 with ``lazytriton.flash_attn_with_kvcache`` on copies of the same tensors:
 the same out, lse and appended caches, bit for bit (a left-padded cache
-too, and a version 1 struct, which has no cache_leftpad, as the same call
-without it). Bad input gets a status and a message naming the argument, and
+too, rotary embeddings with and without rotary_seqlens, and a version 1
+struct, which has no cache_leftpad, and a version 2 one, which has no rotary
+tables, as the same call without them). Bad input gets a status and a message naming the argument, and
 leaves the caches untouched. The C
 launcher's arguments, its split count (lt_splits.c, compiled alone) and the
 planner's variants are checked against the binding's.
@@ -62,6 +63,9 @@ def case(name, dtype, tensors, py, before_call=None, **options):
                                                         cache_batch_idx=clones.get("cache_batch_idx"),
                                                         alibi_slopes=clones.get("alibi_slopes"),
                                                         cache_leftpad=clones.get("cache_leftpad"),
+                                                        rotary_cos=clones.get("rotary_cos"),
+                                                        rotary_sin=clones.get("rotary_sin"),
+                                                        rotary_seqlens=clones.get("rotary_seqlens"),
                                                         cache_seqlens=clones.get("cache_seqlens", py.get("lens")),
                                                         **{k: v for k, v in py.items() if k != "lens"})
     report[name] = {"status": status, "error": error() if status else "",
@@ -122,6 +126,32 @@ def as_version_1(p):
     p.struct_size, p.version = ffi.offsetof("lt_attn_kvcache_params", "cache_leftpad"), 1
 case("version_1", torch.bfloat16, {n: t.clone() for n, t in contiguous.items()}, {"lens": 37}, as_version_1,
      cache_seqlen=37)
+# Rotary embeddings (version 3): the new keys rotated by kv_append, q by the split kernel. Paged, causal, halves of
+# a part of the head dim; contiguous, pairs, FlashAttention-3's rotary_seqlens and a left pad.
+angles = torch.rand(80, 12) * 6.28
+ro_pages = torch.randn(12, 16, 2, 32), torch.randn(12, 16, 2, 32)
+rotary = {**paged, "k_cache": ro_pages[0], "v_cache": ro_pages[1], "rotary_cos": angles.cos(),
+          "rotary_sin": angles.sin()}
+k_before["rotary"] = ro_pages[0].clone()
+case("rotary", torch.float32, rotary, {"causal": True, "num_splits": 2, "rotary_interleaved": False}, causal=1,
+     num_splits=2, rotary_interleaved=0)
+ro_cache = torch.randn(2, 50, 2, 32).half(), torch.randn(2, 50, 2, 32).half()
+rotary_bases = {**{n: t.half() for n, t in leftpad.items() if n not in ("cache_seqlens", "cache_leftpad",
+                                                                        "alibi_slopes")},
+                "k_cache": ro_cache[0], "v_cache": ro_cache[1], "cache_seqlens": leftpad["cache_seqlens"],
+                "cache_leftpad": leftpad["cache_leftpad"], "rotary_cos": torch.rand(70, 16).half(),
+                "rotary_sin": torch.rand(70, 16).half(), "rotary_seqlens": torch.tensor([60, 3], dtype=torch.int32)}
+k_before["rotary_seqlens"] = ro_cache[0].clone()
+case("rotary_seqlens", torch.float16, rotary_bases, {"window_size": (6, -1)}, window_left=6)
+# A version 2 struct (no rotary fields): taken, and rotary tables described past its end are not read.
+def as_version_2(p):
+    describe(p.rotary_cos, angles)
+    describe(p.rotary_sin, angles)
+    p.struct_size, p.version = ffi.offsetof("lt_attn_kvcache_params", "rotary_cos"), 2
+version_2 = {**{n: t.clone() for n, t in leftpad.items()}, "cache_seqlens": torch.tensor([20, 8], dtype=torch.int32),
+             "cache_leftpad": torch.tensor([3, 0], dtype=torch.int32)}
+k_before["version_2"] = version_2["k_cache"].clone()
+case("version_2", torch.float32, version_2, {"causal": True}, as_version_2, causal=1)
 
 # The workspace a GPU call needs for its splits.
 size = ctypes.c_size_t(0)
@@ -143,6 +173,11 @@ def bad(change, base=paged):
 narrow = torch.randn(12, 16, 2, 16)
 pads_int64, pads_3 = torch.tensor([1, 2]), torch.zeros(3, dtype=torch.int32)
 pads_past = torch.tensor([1, 41], dtype=torch.int32)
+cos16, sin16, wide_cos = angles.cos().half(), angles.sin()[:, :8].contiguous(), torch.ones(80, 20)
+bases_past = torch.tensor([0, 79], dtype=torch.int32)
+def tables(p, cos, sin):
+    describe(p.rotary_cos, cos)
+    describe(p.rotary_sin, sin)
 int64_table = table.long()
 past = table.clone(); past[0, 0] = 99
 report["errors"] = [
@@ -168,6 +203,17 @@ report["errors"] = [
     bad(lambda p, t: describe(p.cache_leftpad, pads_3)),
     bad(lambda p, t: describe(p.cache_leftpad, pads_past)),
     bad(lambda p, t: setattr(p, "struct_size", ffi.offsetof("lt_attn_kvcache_params", "cache_leftpad"))),
+    bad(lambda p, t: describe(p.rotary_cos, angles)),
+    bad(lambda p, t: tables(p, cos16, angles)),
+    bad(lambda p, t: tables(p, angles, sin16)),
+    bad(lambda p, t: tables(p, wide_cos, wide_cos)),
+    bad(lambda p, t: (tables(p, angles, angles), setattr(p.k, "data", ffi.NULL), setattr(p.k, "ndim", 0),
+                      setattr(p.v, "data", ffi.NULL), setattr(p.v, "ndim", 0))),
+    bad(lambda p, t: (tables(p, angles, angles), setattr(p, "rotary_interleaved", 2))),
+    bad(lambda p, t: (tables(p, angles[:41], angles[:41]))),
+    bad(lambda p, t: (tables(p, angles, angles), describe(p.rotary_seqlens, bases_past))),
+    bad(lambda p, t: describe(p.rotary_seqlens, bases_past)),
+    bad(lambda p, t: setattr(p, "reserved3", 1)),
 ]
 # New keys on a GPU: checked like host memory, then planned (kv_append first); on a device that does not exist
 # (here, and on a GPU host alike) the plan fails after the checks, and nothing is touched.
@@ -184,7 +230,7 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
                     prefix / "include/lazytriton.h"]))
     report = json.loads(out.splitlines()[-1])
     for name in ("paged", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous", "leftpad",
-                 "leftpad_paged", "version_1"):
+                 "leftpad_paged", "version_1", "rotary", "rotary_seqlens", "version_2"):
         r = report[name]
         assert r["status"] == 0, (name, r["error"])
         assert r["out"] and r["lse"] and r["caches"] and r["appended"], (name, r)
@@ -202,7 +248,15 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
                 (5, "v_cache must have k_cache's first three dims (12, 16, 2)"),
                 (6, "v_cache's head dim (head_dim_v, v_cache.sizes[3]) must be in 1..256, got 512"),
                 (4, "cache_leftpad.dtype is 5"), (5, "cache_leftpad must have shape (batch,)"),
-                (1, "cache_leftpad[1] = 41: must be in 0..40"), (3, "params->struct_size is")]
+                (1, "cache_leftpad[1] = 41: must be in 0..40"), (3, "params->struct_size is"),
+                (1, "rotary_cos and rotary_sin must be given together, got only rotary_cos"),
+                (4, "rotary_cos.dtype is fp16 but q.dtype is fp32"),
+                (5, "rotary_sin must have rotary_cos's shape (80, 12) (seqlen_ro, rotary_dim / 2), got (80, 8)"),
+                (5, "rotary_dim (2 x rotary_cos.sizes[1]) must be in 2..32 (q's head dim), got 40"),
+                (1, "rotary_cos and rotary_sin need new keys (k and v)"), (1, "rotary_interleaved must be 0 or 1"),
+                (1, "rotary_cos has 41 positions (seqlen_ro) but sequence 1 rotates positions 40..42"),
+                (1, "rotary_seqlens[1] = 79: must be in 0..77"), (1, "rotary_seqlens needs rotary_cos and rotary_sin"),
+                (1, "flags, reserved and reserved3 must be 0")]
     for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
         assert status == want and needle in message, (status, message, needle)
         assert untouched, message
@@ -422,6 +476,19 @@ for paged, dv in ((False, 128), (True, 64), (False, 64)):
     name = f"append-{'paged' if paged else 'batch_idx'}-dv{dv}"
     report[name] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
                     float((lse - want_lse).abs().max()), torch.equal(kc, kc2) and torch.equal(vc, vc2)]
+    # The same call with rotary (version 3): the keys rotated by kv_append, q by the split kernel, in C as in Python.
+    angles = torch.rand(520, 32 if paged else 64, device="cuda") * 6.28
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    describe(p.rotary_cos, cos)
+    describe(p.rotary_sin, sin)
+    p.rotary_interleaved = int(paged)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    torch.cuda.synchronize()
+    want, want_lse = lazytriton.flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=lens, causal=True,
+                                                        return_softmax_lse=True, num_splits=1, rotary_cos=cos,
+                                                        rotary_sin=sin, rotary_interleaved=bool(paged), **index)
+    report[f"rotary-{name}"] = [status, dll.lt_last_error().decode(), float((out.float() - want.float()).abs().max()),
+                                float((lse - want_lse).abs().max()), torch.equal(kc, kc2) and torch.equal(vc, vc2)]
 # A left-padded cache (cache_leftpad) from C, contiguous and paged, with the workspace's splits.
 for paged in (False, True):
     batch = 8
@@ -466,6 +533,9 @@ def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -
     assert {name for name in report if name.startswith("append-")} == {"append-batch_idx-dv128", "append-paged-dv64",
                                                                       "append-batch_idx-dv64"}
     assert {"leftpad-contiguous", "leftpad-paged"} <= set(report)
+    assert {name for name in report if name.startswith("rotary-")} == {"rotary-append-batch_idx-dv128",
+                                                                      "rotary-append-paged-dv64",
+                                                                      "rotary-append-batch_idx-dv64"}
     for name, (status, message, out_err, lse_err, *caches) in report.items():
         assert status == 0, (name, message)
         assert out_err < 2e-2 and lse_err < 1e-3, (name, out_err, lse_err)

@@ -137,6 +137,13 @@ def check_against_reference(args: dict[str, Any], got: tuple[torch.Tensor, ...],
     same_out, same_lse, same_k, same_v = kvcache_reference(**args, **opts)
     assert torch.equal(k_cache, same_k) and torch.equal(v_cache, same_v), "the new keys/values landed elsewhere"
     assert torch.equal(same_k.double(), ref_k) and torch.equal(same_v.double(), ref_v)
+    check_out_lse((out, lse), (ref_out, ref_lse), (same_out, same_lse))
+
+
+def check_out_lse(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor],
+                  same: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """FlashAttention's rule for (out, lse) against the float64 reference ``ref`` and the same-dtype one ``same``."""
+    (out, lse), (ref_out, ref_lse), (same_out, same_lse) = got, ref, same
     floor = OUT_FLOOR[out.dtype] * max(1.0, float(ref_out.abs().max()) if ref_out.numel() else 0.0)
     out_err, same_err = max_err(out, ref_out), max_err(same_out, ref_out)
     assert out_err <= 2 * same_err + floor, f"out: max error {out_err:.3g} > 2 x {same_err:.3g} + {floor:.3g}"
@@ -343,8 +350,10 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("splits_bool", lambda a: {**a, "num_splits": True}, TypeError, "num_splits"),
     ("splits_huge", lambda a: {**a, "num_splits": 10**6}, ValueError, "num_splits"),
     ("lse_flag", lambda a: {**a, "return_softmax_lse": 1}, TypeError, "return_softmax_lse"),
-    ("rotary_cos", lambda a: {**a, "rotary_cos": torch.ones(64, 32)}, NotImplementedError, "rotary_cos"),
-    ("rotary_sin", lambda a: {**a, "rotary_sin": torch.ones(64, 32)}, NotImplementedError, "not supported"),
+    ("rotary_cos_alone", lambda a: {**a, "rotary_cos": torch.ones(64, 16, dtype=torch.float16)}, ValueError,
+     "rotary_cos and rotary_sin must be given together, got only rotary_cos"),
+    ("rotary_sin_alone", lambda a: {**a, "rotary_sin": torch.ones(64, 16, dtype=torch.float16)}, ValueError,
+     "got only rotary_sin"),
     ("unknown_kwarg", lambda a: {**a, "dropout_p": 0.1}, TypeError, "unexpected keyword argument 'dropout_p'"),
     ("batch_idx_with_table", _set("cache_batch_idx", lambda a: torch.zeros(2, dtype=torch.int32)), ValueError,
      "cache_batch_idx cannot be used with a paged cache"),
@@ -374,7 +383,7 @@ def test_bad_input_is_refused_before_anything_runs(name: str, change: Any, error
         assert torch.equal(args[n], t), f"{n} was written despite the error"
 
 
-def test_unsupported_arguments_at_their_defaults_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rotary_arguments_at_their_defaults_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
 
     def forward(t: checks.Inputs, call: checks.Call) -> tuple[torch.Tensor, torch.Tensor]:
@@ -382,8 +391,11 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(monkeypatch: pytes
         return t.q, t.q
 
     monkeypatch.setattr(binding, "forward", forward)
-    lazytriton.flash_attn_with_kvcache(**_valid(), rotary_cos=None, rotary_sin=None, rotary_interleaved=True)
-    assert len(seen) == 1
+    lazytriton.flash_attn_with_kvcache(**_valid())
+    lazytriton.flash_attn_with_kvcache(**_valid(), rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                                       rotary_seqlens=None)
+    lazytriton.flash_attn_with_kvcache(**_valid(), rotary_interleaved=False)  # read only with rotary_cos
+    assert seen[0] == seen[1] == seen[2] and not seen[0].rotary
 
 
 def test_trusted_indices_skip_the_value_checks(monkeypatch: pytest.MonkeyPatch) -> None:

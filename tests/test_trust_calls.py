@@ -253,12 +253,12 @@ def test_the_slow_cpu_warning_labels_each_number(monkeypatch: pytest.MonkeyPatch
 BIG = torch.arange(5000.0) + 12345.0
 
 
-@pytest.mark.parametrize("options", [{"rotary_cos": BIG}, {"rotary_sin": BIG}, {"cache_leftpad": BIG.int()},
+@pytest.mark.parametrize("options", [{"rotary_cos": BIG, "rotary_sin": BIG}, {"cache_leftpad": BIG.int()},
                                      {"window_size": BIG}, {"softmax_scale": BIG}, {"softcap": BIG},
                                      {"num_splits": BIG}, {"window_size": (BIG, BIG)}])
 def test_kvcache_errors_show_tensors_by_shape_not_values(no_launch: None, options: dict[str, Any]) -> None:
     args = _kv_args()
-    with pytest.raises((TypeError, ValueError, NotImplementedError)) as info:
+    with pytest.raises((TypeError, ValueError)) as info:
         lazytriton.flash_attn_with_kvcache(**args, **options)
     message = str(info.value)
     assert "12345" not in message and len(message) < 400, message

@@ -10,13 +10,17 @@ the family ``kv_append`` (``kernels/kv_append``). Parameters follow
 the attention kernels' conventions: pointers, then strides (in the (batch,
 seqlen, heads) order of FlashAttention's layout), then sizes, then the two
 floats. Unused pointers (no cache_seqlens tensor, no cache_batch_idx, no block
-table, no ALiBi, no cache_leftpad) get any valid pointer and a size or flag
-that says so.
+table, no ALiBi, no cache_leftpad, no rotary tables) get any valid pointer
+and a size or flag that says so.
 
-``PAGED`` (a block table), ``WINDOW``, ``SOFTCAP``, ``ALIBI`` and ``LEFTPAD``
-(cache_leftpad: each sequence's first key, ``LeftPad``) are flags, written in
-a variant only when true; their values (page size, window bounds, cap, slopes,
-left pads) are runtime parameters, so one binary serves every page size
+``PAGED`` (a block table), ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``LEFTPAD``
+(cache_leftpad: each sequence's first key, ``LeftPad``) and ``ROTARY`` with
+``ROTARY_INTERLEAVED`` (the query rotated as it is loaded: rotary_cos and
+rotary_sin, ``RotaryCos``/``RotarySin``, pairs or halves) are flags, written
+in a variant only when true; their values (page size, window bounds, cap,
+slopes, left pads, the rotary tables, their width and length, the positions'
+base ``RotarySeqlens`` and whether each query has its own) are runtime
+parameters, so one binary serves every page size
 that BLOCK_N divides, every window and every cap. ``PAGE_GATHER`` (with
 ``PAGED``) serves the pages BLOCK_N does not divide, of any size: each key
 finds its own page in the block table (``dispatch.page_gather`` says which
@@ -47,7 +51,8 @@ def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
 
 _SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
                    ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
-                   ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"))
+                   ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"), ("RotaryCos", "*{dtype}"),
+                   ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"))
 _SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"))
 
 FLASH_DECODE_SPLIT = KernelSpec(
@@ -70,12 +75,17 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("num_splits", "i32"),
         ("window_left", "i32"),
         ("window_right", "i32"),
+        ("rotary_dim", "i32"),
+        ("seqlen_ro", "i32"),
+        ("use_rotary_seqlens", "i32"),
+        ("rotary_per_query", "i32"),
         ("sm_scale", "fp32"),
         ("softcap", "fp32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
-                "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER"),
+                "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
+    helpers=("lazytriton.kernels.rotary",),
 )
 
 _COMBINE_STRIDES = _strides("o")

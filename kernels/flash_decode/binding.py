@@ -135,9 +135,11 @@ def _ptr(x: Any) -> int:
 
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
-                 "LeftPad", *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
+                 "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens",
+                 *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
-                 "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right")
+                 "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right",
+                 "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "rotary_per_query")
 if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side only)
     raise ImportError(f"split_ints writes {_SPLIT_LAYOUT}, the description has {SPLIT_INT_PARAMS}")
 
@@ -152,17 +154,21 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
     """
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
     table, slopes, rows, pads = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad
+    cos, sin, bases = t.rotary_cos, t.rotary_sin, t.rotary_seqlens
     qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
     return (pointers(t.q), pointers(t.k_cache), pointers(t.v_cache), pointers(out), pointers(lse),
             pointers(part_out), pointers(part_lse), pointers(lse if seqlens is None else seqlens),
             pointers(lse if rows is None else rows), pointers(lse if table is None else table),
             pointers(lse if slopes is None else slopes), pointers(lse if pads is None else pads),
+            pointers(t.q if cos is None else cos), pointers(t.q if sin is None else sin),
+            pointers(lse if bases is None else bases),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
             call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, call.value_dim,
             max(call.seqlen_const, 0),
             call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
-            call.window_left, call.window_right)
+            call.window_left, call.window_right, call.rotary_dim, call.seqlen_ro, int(call.rotary_seqlens),
+            int(call.rotary_per_query))
 
 
 def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: Call,
@@ -182,7 +188,8 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
             "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
             "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
-            "LeftPad": "LT__OR_LSE(p->cache_leftpad)",
+            "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",
+            "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "LT__OR_LSE(p->rotary_seqlens)",
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
@@ -191,7 +198,9 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
             "seqlen_new": "c->seqlen_new",
             "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
-            "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right"}
+            "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right",
+            "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
+            "rotary_per_query": "c->rotary_per_query"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
               "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
               "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->dv", "num_splits": "splits",
@@ -237,7 +246,9 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
     split = decode_dispatch.decode_variant(FLASH_DECODE_SPLIT.name, target, checks.DTYPES[dtype], call.head_dim,
                                            call.causal, aligned, call.rows, call.capacity, paged=call.paged,
                                            window=call.windowed, softcap=call.softcap > 0, alibi=call.alibi,
-                                           leftpad=call.leftpad, **common)  # type: ignore[arg-type]
+                                           leftpad=call.leftpad, rotary=call.rotary,
+                                           rotary_interleaved=call.rotary_interleaved,
+                                           **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, **common)  # type: ignore[arg-type]
     return split, combine
@@ -254,7 +265,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
             decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
-            call.leftpad)
+            call.leftpad, call.rotary, call.rotary_interleaved)
 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
@@ -332,7 +343,8 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
     split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "BLOCK_DV": padded_v,
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
-             "PAGE_GATHER": decode_dispatch.page_gather(call.page_size)}
+             "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
+             "ROTARY_INTERLEAVED": call.rotary_interleaved}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v}
 
 

@@ -4,10 +4,11 @@
 a ``TypeError``/``ValueError`` naming the argument, the value and what was
 expected, reading shapes, dtypes and devices only. ``check_values`` then reads
 the index tensors' values (cache_seqlens, cache_batch_idx, cache_leftpad,
-block_table): a length past the cache's end or a block table entry past the
-cache would make the kernel read, and the append write, outside the cache; a
-left pad past a sequence's cached length has no meaning (its new keys would
-land before its first key). On a GPU that read
+block_table, rotary_seqlens): a length past the cache's end or a block table
+entry past the cache would make the kernel read, and the append write,
+outside the cache; a left pad past a sequence's cached length has no meaning
+(its new keys would land before its first key); a rotary position outside
+rotary_cos/rotary_sin has no angle. On a GPU that read
 costs one host synchronisation, so it is skipped while a CUDA graph is being
 captured (nothing can be read then) and inside ``trusted_indices()``.
 The append of the new keys and values (``kernels/kv_append``) runs only after
@@ -46,6 +47,9 @@ class Inputs(NamedTuple):
     block_table: torch.Tensor | None = None
     alibi_slopes: torch.Tensor | None = None
     cache_leftpad: torch.Tensor | None = None
+    rotary_cos: torch.Tensor | None = None
+    rotary_sin: torch.Tensor | None = None
+    rotary_seqlens: torch.Tensor | None = None
 
 
 class Call(NamedTuple):
@@ -59,7 +63,12 @@ class Call(NamedTuple):
     which bounds nothing), right 0 when causal and windowed. ``causal`` is
     False for one query (bottom-right, one query sees every key: the mask
     hides nothing). ``leftpad``: a cache_leftpad tensor is given (each
-    sequence's keys start there; positions stay absolute).
+    sequence's keys start there; positions stay absolute). ``rotary_dim``:
+    the columns rotary_cos/rotary_sin rotate (0: no rotary), pairs
+    (``rotary_interleaved``) or halves, over ``seqlen_ro`` positions from each
+    sequence's base (its cache_seqlens, or its ``rotary_seqlens`` when that
+    tensor is given); ``rotary_per_query``: query i sits at base + i (causal
+    or a window, FlashAttention's rule), else every query at base.
     """
 
     batch: int
@@ -81,6 +90,11 @@ class Call(NamedTuple):
     num_splits: int = 0  # 0: the heuristic decides
     head_dim_v: int = 0  # v's head dim where it differs from q's and k's (0: the same)
     leftpad: bool = False
+    rotary_dim: int = 0
+    rotary_interleaved: bool = False
+    seqlen_ro: int = 0
+    rotary_per_query: bool = False
+    rotary_seqlens: bool = False
 
     @property
     def value_dim(self) -> int:
@@ -103,6 +117,15 @@ class Call(NamedTuple):
     @property
     def windowed(self) -> bool:
         return self.window_left >= 0
+
+    @property
+    def rotary(self) -> bool:
+        return self.rotary_dim > 0
+
+    @property
+    def rotary_span(self) -> int:
+        """How many positions from its base a sequence rotates: its new keys', and its queries' (one when shared)."""
+        return max(self.seqlen_new, self.seqlen_q if self.rotary_per_query else min(self.seqlen_q, 1))
 
 
 def _tensor(name: str, t: object, dims: int, what: str) -> torch.Tensor:
@@ -150,7 +173,7 @@ def _index(name: str, t: object, q: torch.Tensor, shape: tuple[int, ...], what: 
 
 
 def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size: Any = NO_WINDOW,
-          softcap: Any = 0.0, num_splits: Any = 0) -> Call:
+          softcap: Any = 0.0, num_splits: Any = 0, rotary_interleaved: Any = True) -> Call:
     """The checked call, or a TypeError/ValueError naming the argument (FlashAttention-2's names)."""
     q = _data("q", t.q, None, "(batch, seqlen_q, heads, head_dim)")
     if q.device.type not in ("cuda", "cpu", "meta"):
@@ -199,6 +222,58 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     if t.cache_leftpad is not None:
         _index("cache_leftpad", t.cache_leftpad, q, (b,), "(batch,)")
         call = call._replace(leftpad=True)
+    if not isinstance(rotary_interleaved, bool):
+        raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
+    if t.rotary_cos is not None or t.rotary_sin is not None or t.rotary_seqlens is not None:
+        call = _rotary(t, q, call, window_size, rotary_interleaved)
+    return call
+
+
+def _rotary(t: Inputs, q: torch.Tensor, call: Call, window: tuple[int, int], interleaved: bool) -> Call:
+    """``call`` with FlashAttention's rotary embedding: the tables' shape, and the positions when they are known.
+
+    As in FlashAttention, rotary needs new keys (the keys it rotates are the
+    new ones) and queries sit at base + i when the call is causal or local
+    (FlashAttention-2's rule: a window side bounded within the cache),
+    else all at base. rotary_dim may be any even width up to the head dim
+    (FlashAttention asks for a multiple of 16).
+    """
+    cos, sin = t.rotary_cos, t.rotary_sin
+    if cos is None and sin is None:
+        raise ValueError("rotary_seqlens needs rotary_cos and rotary_sin: it is the base of their positions")
+    if cos is None or sin is None:
+        raise ValueError(f"rotary_cos and rotary_sin must be given together, got only "
+                         f"{'rotary_cos' if sin is None else 'rotary_sin'}")
+    for name, table in (("rotary_cos", cos), ("rotary_sin", sin)):
+        table = _tensor(name, table, 2, "(seqlen_ro, rotary_dim / 2)")
+        _same_place(name, table, q)
+        if table.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {table.dtype} but q has {q.dtype}; they must match")
+        if not table.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {table.stride()}")
+    if sin.shape != cos.shape:
+        raise ValueError(f"rotary_sin must have rotary_cos's shape {tuple(cos.shape)} (seqlen_ro, rotary_dim / 2), "
+                         f"got {tuple(sin.shape)}")
+    seqlen_ro, half = (int(n) for n in cos.shape)
+    if not 1 <= 2 * half <= call.head_dim:
+        raise ValueError(f"rotary_dim (2 x rotary_cos.shape[1]) must be in 2..{call.head_dim} (q's head dim), got "
+                         f"{2 * half}")
+    if seqlen_ro * half > INT32_MAX:
+        raise ValueError(f"rotary_cos must have fewer than 2**31 elements, got shape {tuple(cos.shape)}")
+    if t.k is None:
+        raise ValueError("rotary_cos and rotary_sin need new keys (k and v): they rotate the new keys and q at the "
+                         "new keys' positions (FlashAttention's rule); rotate q yourself for a call without them")
+    left, right = window
+    local = 0 <= left < call.capacity or 0 <= right < call.capacity
+    call = call._replace(rotary_dim=2 * half, rotary_interleaved=interleaved, seqlen_ro=seqlen_ro,
+                         rotary_per_query=call.seqlen_q > 1 and (call.causal or local),
+                         rotary_seqlens=t.rotary_seqlens is not None)
+    if t.rotary_seqlens is not None:
+        _index("rotary_seqlens", t.rotary_seqlens, q, (call.batch,), "(batch,)")
+    elif call.seqlen_const >= 0 and call.seqlen_const + call.rotary_span > seqlen_ro:
+        raise ValueError(f"rotary_cos has {seqlen_ro} positions (seqlen_ro) but the call rotates positions "
+                         f"{call.seqlen_const}..{call.seqlen_const + call.rotary_span - 1} (cache_seqlens = "
+                         f"{call.seqlen_const}): seqlen_ro must be at least {call.seqlen_const + call.rotary_span}")
     return call
 
 
@@ -326,13 +401,18 @@ def check_values(t: Inputs, call: Call) -> None:
         problems.append(_bad_leftpad(t, call).any())
     if t.block_table is not None:
         problems.append((((t.block_table < 0) | (t.block_table >= call.cache_rows)) & _used_pages(t, call)).any())
+    rotary_positions = call.rotary and (call.rotary_seqlens or isinstance(t.cache_seqlens, torch.Tensor))
+    if rotary_positions:
+        problems.append(_bad_rotary(t, call).any())
     if not problems:
         return
     found = torch.stack(problems).tolist()  # the one synchronisation
     names = [n for n, given in (("cache_seqlens", isinstance(t.cache_seqlens, torch.Tensor)),
                                 ("cache_batch_idx", t.cache_batch_idx is not None),
                                 ("cache_leftpad", t.cache_leftpad is not None),
-                                ("block_table", t.block_table is not None)) if given]
+                                ("block_table", t.block_table is not None),
+                                ("rotary_seqlens" if call.rotary_seqlens else "rotary_cos", rotary_positions))
+             if given]
     for name, bad in zip(names, found, strict=True):
         if bad:
             raise ValueError(_value_error(name, t, call))
@@ -342,6 +422,19 @@ def _bad_leftpad(t: Inputs, call: Call) -> torch.Tensor:
     """Which sequences' left pads are outside 0..cached length (cache_seqlens, before the new keys), (batch,)."""
     pads = t.cache_leftpad.long()  # type: ignore[union-attr]
     return (pads < 0) | (pads > lengths(t, call) - call.seqlen_new)
+
+
+def _rotary_base(t: Inputs, call: Call) -> torch.Tensor:
+    """Each sequence's first rotary position, int64 (batch,): rotary_seqlens, else cache_seqlens."""
+    if call.rotary_seqlens:
+        return t.rotary_seqlens.long()  # type: ignore[union-attr]
+    return lengths(t, call) - call.seqlen_new
+
+
+def _bad_rotary(t: Inputs, call: Call) -> torch.Tensor:
+    """Which sequences rotate a position outside rotary_cos/rotary_sin's 0..seqlen_ro - 1, (batch,)."""
+    base = _rotary_base(t, call)
+    return (base < 0) | (base + call.rotary_span > call.seqlen_ro)
 
 
 def _used_pages(t: Inputs, call: Call) -> torch.Tensor:
@@ -370,6 +463,15 @@ def _value_error(name: str, t: Inputs, call: Call) -> str:
         cached = int(lengths(t, call)[bad]) - call.seqlen_new
         return (f"cache_leftpad[{bad}] = {int(pads[bad])}: must be in 0..{cached} (sequence {bad}'s keys start "
                 f"there, and it holds {cached} cached keys before the new ones)")
+    if name in ("rotary_seqlens", "rotary_cos"):
+        bad = int(torch.nonzero(_bad_rotary(t, call))[0, 0])
+        base, span = int(_rotary_base(t, call)[bad]), call.rotary_span
+        if name == "rotary_seqlens":
+            return (f"rotary_seqlens[{bad}] = {base}: must be in 0..{call.seqlen_ro - span} (rotary_cos holds "
+                    f"{call.seqlen_ro} positions, and sequence {bad} rotates {span} from its base)")
+        return (f"rotary_cos has {call.seqlen_ro} positions (seqlen_ro) but sequence {bad} rotates positions "
+                f"{base}..{base + span - 1} (cache_seqlens[{bad}] = {base}): seqlen_ro must be at least "
+                f"{base + span}")
     table = t.block_table.long()  # type: ignore[union-attr]
     b, j = (int(x) for x in torch.nonzero(((table < 0) | (table >= call.cache_rows)) & _used_pages(t, call))[0])
     length = int(lengths(t, call)[b])

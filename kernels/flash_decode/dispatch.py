@@ -105,15 +105,17 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    capacity: int, config: Config | None = None, index64: bool = False,
                    table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
-                   leftpad: bool = False) -> Variant:
+                   leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
     through their bucket; ``capacity``: the cache's length per sequence
     (table lookup only). The split kernel's functional fields are the
     attention kernels' (ALIGN16, BLOCK_D, CAUSAL, EVEN_D, INDEX64) plus the
-    flags PAGED, WINDOW, SOFTCAP, ALIBI, LEFTPAD (cache_leftpad) and
-    PAGE_GATHER (a paged call at a ``page_size`` no key tile divides), written
+    flags PAGED, WINDOW, SOFTCAP, ALIBI, LEFTPAD (cache_leftpad),
+    PAGE_GATHER (a paged call at a ``page_size`` no key tile divides) and
+    ROTARY with ROTARY_INTERLEAVED (the query rotated by rotary_cos/rotary_sin,
+    pairs or halves; ``rotary_interleaved`` counts only with ``rotary``), written
     only when true; a given ``config``'s BLOCK_N is cut to what ``page_size``
     allows, as a tuning row's is. The
     combine kernel has only ALIGN16, BLOCK_D, EVEN_D and INDEX64 (it sees no
@@ -141,7 +143,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     if split:
         functional["CAUSAL"] = bool(causal)
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
-                           ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size))):
+                           ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size)),
+                           ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved)):
             if flag:
                 functional[name] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
@@ -171,7 +174,8 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           request.seqlen_q, request.seqlen_k, config=request.config, index64=request.index64,
                           table=request.table, page_size=request.page_size, paged=request.paged,
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
-                          head_dim_v=request.head_dim_v, leftpad=request.leftpad)
+                          head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
+                          rotary_interleaved=request.rotary_interleaved)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -183,7 +187,7 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary")
 PREWARM_WITH = ("kv_append",)
 
 

@@ -13,7 +13,12 @@ its reference shifts the key columns and seqlen_k by the pad (j - pad
 against i + (len_b - pad) - seqlen_q), which leaves every other bound and
 ALiBi's distance as they are without it. Scores are scaled, capped
 (softcap), then ALiBi's -slope * |i + len_b - seqlen_q - j| is added
-(FlashAttention-2's order). Products run
+(FlashAttention-2's order). With rotary_cos and rotary_sin, FlashAttention's rotary embedding
+(``flash_attn.layers.rotary.apply_rotary_emb``, written out in ``rotate``)
+turns new key j of sequence b, at position base_b + j, before it lands, and
+query i at base_b + i when causal or local (a window side in 0..capacity - 1,
+FlashAttention-2's rule), else at base_b; base_b = rotary_seqlens[b], else
+cache_seqlens[b] (absolute: cache_leftpad does not move it). Products run
 in the inputs' dtype (float64 inputs give the float64 reference), the
 softmax in float32 or float64; a query that sees no key gets 0 and lse -inf.
 Nothing passed in is modified: the caches come back updated as copies.
@@ -39,12 +44,36 @@ def _positions(page_size: int, table: torch.Tensor | None, row: int, b: int, sta
     return [int(table[b, p // page_size]) for p in positions], [p % page_size for p in positions]
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+           interleaved: bool) -> torch.Tensor:
+    """``x`` (n, heads, d) with its first 2 x cos.shape[1] columns rotated at ``positions`` (n,).
+
+    FlashAttention's ``apply_rotary_emb``: pairs (0, 1), (2, 3)... when
+    ``interleaved``, else column j with j + rotary_dim / 2; in float64 for
+    float64 inputs, else in float32 rounded once to x's dtype (as
+    FlashAttention's kernels and its Triton ``apply_rotary`` do).
+    """
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dim = 2 * cos.shape[1]
+    c, s = cos[positions].to(work)[:, None, :], sin[positions].to(work)[:, None, :]  # (n, 1, rotary_dim / 2)
+    part = x[..., :dim].to(work)
+    if interleaved:
+        x1, x2 = part[..., 0::2], part[..., 1::2]
+        turned = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    else:
+        x1, x2 = part[..., :dim // 2], part[..., dim // 2:]
+        turned = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return torch.cat((turned.to(x.dtype), x[..., dim:]), dim=-1)
+
+
 def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
                       v: torch.Tensor | None = None, cache_seqlens: torch.Tensor | int | None = None,
                       cache_batch_idx: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                       softmax_scale: float | None = None, causal: bool = False,
                       window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                      alibi_slopes: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None
+                      alibi_slopes: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                      rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                      rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim_v).
 
@@ -56,6 +85,8 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     page = k_cache.shape[1] if block_table is not None else 0
     capacity = block_table.shape[1] * page if block_table is not None else k_cache.shape[1]
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    left, right = window_size
+    per_query = causal or 0 <= left < capacity or 0 <= right < capacity
     new = 0 if k is None else k.shape[1]
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_zeros((batch, sq, hq, dv))
@@ -66,17 +97,24 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         else:
             cached = int(cache_seqlens[b]) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
         row = _rows(block_table, cache_batch_idx, b)
+        queries = q[b]
         if k is not None and v is not None:
+            keys_new = k[b]
+            if rotary_cos is not None and rotary_sin is not None:
+                base = cached if rotary_seqlens is None else int(rotary_seqlens[b])
+                keys_new = rotate(keys_new, rotary_cos, rotary_sin, torch.arange(new) + base, rotary_interleaved)
+                steps = torch.arange(sq) if per_query else torch.zeros(sq, dtype=torch.long)
+                queries = rotate(queries, rotary_cos, rotary_sin, steps + base, rotary_interleaved)
             rows, slots = _positions(page, block_table, row, b, cached, new)
             for n, (r, s) in enumerate(zip(rows, slots, strict=True)):
-                k_cache[r, s], v_cache[r, s] = k[b, n], v[b, n]
+                k_cache[r, s], v_cache[r, s] = keys_new[n], v[b, n]
         length = cached + new
         rows, slots = _positions(page, block_table, row, b, 0, length)
         keys = k_cache[rows, slots] if length else k_cache.new_zeros((0, hk, d))  # (length, hk, d)
         values = v_cache[rows, slots] if length else v_cache.new_zeros((0, hk, dv))
         keys = keys.repeat_interleave(hq // hk, dim=1).transpose(0, 1)  # (hq, length, d)
         values = values.repeat_interleave(hq // hk, dim=1).transpose(0, 1)
-        scores = (q[b].transpose(0, 1) @ keys.transpose(-1, -2)).to(work) * scale  # (hq, sq, length)
+        scores = (queries.transpose(0, 1) @ keys.transpose(-1, -2)).to(work) * scale  # (hq, sq, length)
         if softcap > 0:
             scores = torch.tanh(scores / softcap) * softcap
         diag = torch.arange(sq)[:, None] + length - sq
@@ -85,11 +123,8 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
             scores = scores - slopes.to(work)[:, None, None] * (diag - cols).abs().to(work)
         keep = torch.ones(sq, length, dtype=torch.bool)
-        left, right = window_size
-        if causal:
-            right = 0
-        if right >= 0:
-            keep &= cols <= diag + right
+        if causal or right >= 0:
+            keep &= cols <= diag + (0 if causal else right)
         if left >= 0:
             keep &= cols >= diag - left
         if cache_leftpad is not None:

@@ -1,7 +1,9 @@
 """Split-KV decoding attention in Triton: the two kernels of ``flash_decode``.
 
 This file is the source fingerprint of both kernels, so everything they call
-lives here. It imports triton: only ``lazytriton.compiler`` may import it.
+lives here, but for the rotary embedding the split kernel shares with
+kv_append (``kernels/rotary.py``, its helper: in its fingerprint too). It
+imports triton: only ``lazytriton.compiler`` may import it.
 
 Layout is FlashAttention-2's kvcache one: q and out (B, Sq, Hq, D); the cache
 either contiguous (B_cache, S_cache, Hk, D), row ``BatchIdx[b]`` (or b) for
@@ -38,6 +40,13 @@ when j <= i + offset, and with ``WINDOW`` when i + offset - window_left <= j
 through ``stride_ab`` 0 or Hq): FlashAttention-2's order. A query that sees
 no key gets output 0 and logsumexp -inf.
 
+``ROTARY`` rotates each row's query as it is loaded (``rotary.rotate``:
+FlashAttention's rotary embedding of its first ``rotary_dim`` columns,
+``ROTARY_INTERLEAVED`` pairs or halves) at position base + i with
+``rotary_per_query``, else base (every query), base = ``RotarySeqlens[b]``
+with ``use_rotary_seqlens``, else the cached length len_b - seqlen_new (the
+new keys were rotated at the same positions by ``kv_append``).
+
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
 flattened (batch, query head, query) rows. First the total lse over the
 splits (BLOCK_N of them per step, online), then out = sum over splits of
@@ -46,6 +55,8 @@ exp(lse_s - lse) * out_s: exact, no rescaling of the partial sums.
 
 import triton
 import triton.language as tl
+
+from lazytriton.kernels.rotary import rotate
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -176,20 +187,21 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
 
 @triton.jit
 def flash_decode_split_kernel(
-    Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad,
+    Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad, RotaryCos, RotarySin,
+    RotarySeqlens,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_tb, stride_ab,
     group_size, heads_q, seqlen_q, head_dim, head_dim_v, seqlen_const, seqlen_new, use_seqlens, use_batch_idx,
-    page_size, num_splits, window_left, window_right,
+    page_size, num_splits, window_left, window_right, rotary_dim, seqlen_ro, use_rotary_seqlens, rotary_per_query,
     sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
-    PAGE_GATHER: tl.constexpr = False,
+    PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -208,7 +220,8 @@ def flash_decode_split_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < head_dim_v
 
-    q_ptrs = Q + batch * stride_qb + rows_i[:, None] * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
+    q_rows = Q + batch * stride_qb + rows_i * stride_qs + heads * stride_qh
+    q_ptrs = q_rows[:, None] + offs_d[None, :]
     if EVEN_D:
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     else:
@@ -218,6 +231,12 @@ def flash_decode_split_kernel(
         length = tl.load(Seqlens + batch) + seqlen_new
     else:
         length = seqlen_const + seqlen_new
+    if ROTARY:
+        base = length - seqlen_new
+        if use_rotary_seqlens != 0:
+            base = tl.load(RotarySeqlens + batch)
+        q = rotate(q, q_rows, row_ok, base + rows_i * rotary_per_query, offs_d, RotaryCos, RotarySin, rotary_dim,
+                   seqlen_ro, ROTARY_INTERLEAVED)
     offset = length - seqlen_q
     k_base = kv_head * stride_kh
     v_base = kv_head * stride_vh

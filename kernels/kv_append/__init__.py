@@ -17,9 +17,12 @@ not written.
 
 Parameters follow the attention kernels' conventions: pointers, then strides
 in the (batch, seqlen, heads) order of FlashAttention's layout, then sizes.
-Unused pointers (no cache_seqlens tensor, no cache_batch_idx, no block table)
-get any valid pointer and a size that says so. ``PAGED`` is a flag (the page
-size is a runtime parameter); ``BLOCK_DV``/``EVEN_DV`` are written only when
+Unused pointers (no cache_seqlens tensor, no cache_batch_idx, no block table,
+no rotary tables) get any valid pointer and a size that says so. ``PAGED`` is
+a flag (the page size is a runtime parameter); so are ``ROTARY`` and
+``ROTARY_INTERLEAVED`` (each new key rotated on its way in by rotary_cos and
+rotary_sin, pairs or halves; their width, length and the positions' base
+``RotarySeqlens`` are runtime parameters); ``BLOCK_DV``/``EVEN_DV`` are written only when
 v's head dim pads differently from k's (``lazytriton.variant``'s rule);
 ``ALIGN16`` and ``INDEX64`` are the attention kernels' (over k, v and the two
 caches). ``BLOCK_M`` is the (new key, head) rows one program copies.
@@ -49,12 +52,13 @@ def grid(seqlen_new: int, heads_k: int, batch: int, block_m: int) -> tuple[int, 
 
 
 def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
-            index64: bool) -> Any:
+            index64: bool, rotary: bool = False, rotary_interleaved: bool = False) -> Any:
     """The kv_append variant serving a call (pure): one config for every shape (``BLOCK_M``, ``NUM_WARPS``).
 
     ``head_dim_v`` 0 (or ``head_dim``): v's head dim is k's. The functional
     fields are the attention kernels' (ALIGN16, BLOCK_D, EVEN_D, INDEX64,
-    BLOCK_DV/EVEN_DV where they differ) and PAGED, written only when true.
+    BLOCK_DV/EVEN_DV where they differ), PAGED, ROTARY and ROTARY_INTERLEAVED
+    (``rotary_interleaved`` counts only with ``rotary``), written only when true.
     """
     from lazytriton.variant import Variant, pairs
 
@@ -64,8 +68,9 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
                                          "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
-    if paged:
-        functional["PAGED"] = True
+    for name, flag in (("PAGED", paged), ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved)):
+        if flag:
+            functional[name] = True
     options = {"num_warps": NUM_WARPS, "num_stages": 1}
     if target.backend == "hip":
         options["waves_per_eu"] = 2  # the decoding kernels' AMD default (decode_default_config); untuned

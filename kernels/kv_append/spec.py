@@ -29,6 +29,9 @@ KV_APPEND = KernelSpec(
         ("Seqlens", "*i32"),
         ("BatchIdx", "*i32"),
         ("BlockTable", "*i32"),
+        ("RotaryCos", "*{dtype}"),
+        ("RotarySin", "*{dtype}"),
+        ("RotarySeqlens", "*i32"),
         *_STRIDES,
         ("stride_tb", "{index}"),
         ("heads_k", "i32"),
@@ -41,9 +44,13 @@ KV_APPEND = KernelSpec(
         ("page_size", "i32"),
         ("capacity", "i32"),
         ("cache_rows", "i32"),
+        ("rotary_dim", "i32"),
+        ("seqlen_ro", "i32"),
+        ("use_rotary_seqlens", "i32"),
     ),
-    constexprs=("BLOCK_M", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "PAGED"),
+    constexprs=("BLOCK_M", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "PAGED", "ROTARY", "ROTARY_INTERLEAVED"),
     aligned_params=("K", "V", "KCache", "VCache") + tuple(name for name, _ in _STRIDES),
+    helpers=("lazytriton.kernels.rotary",),
 )
 
 KERNELS = (KV_APPEND,)

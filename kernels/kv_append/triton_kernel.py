@@ -1,7 +1,7 @@
 """The KV-cache append in Triton: ``kv_append_kernel`` writes new keys and values into a cache.
 
-This file is the kernel's source fingerprint. It imports triton: only
-``lazytriton.compiler`` may import it.
+This file, with its helper ``kernels/rotary.py``, is the kernel's source
+fingerprint. It imports triton: only ``lazytriton.compiler`` may import it.
 
 One program per BLOCK_M rows of one sequence's (new key, key/value head)
 pairs, row r = n * heads_k + h (new key n, head h: k's own order, so a
@@ -10,7 +10,11 @@ position p = start_b + n, start_b = ``Seqlens[b]`` (``seqlen_const`` without
 a Seqlens tensor): row ``BatchIdx[b]`` (or b) and slot p of a contiguous
 cache, or block ``BlockTable[b, p // page_size]`` and slot ``p % page_size``
 of a paged one (``PAGED``). k's head dim is BLOCK_D wide (EVEN_D: no column
-mask), v's BLOCK_DV (EVEN_DV). Nothing is read back: a plain copy.
+mask), v's BLOCK_DV (EVEN_DV). Nothing is read back: a plain copy, but for
+``ROTARY``: key n is rotated on its way in (``rotary.rotate``, its first
+``rotary_dim`` columns, ``ROTARY_INTERLEAVED`` pairs or halves) at position
+base + n, base = ``RotarySeqlens[b]`` with ``use_rotary_seqlens``, else
+start_b (FlashAttention's: the position the key is written at).
 
 A position outside ``[0, capacity)``, a block outside ``[0, cache_rows)``
 (num_blocks) or a cache row outside ``[0, cache_rows)`` (batch_cache) is not
@@ -22,19 +26,22 @@ the caches. Checked calls never have such values.
 import triton
 import triton.language as tl
 
+from lazytriton.kernels.rotary import rotate
+
 
 @triton.jit
 def kv_append_kernel(
-    K, V, KCache, VCache, Seqlens, BatchIdx, BlockTable,
+    K, V, KCache, VCache, Seqlens, BatchIdx, BlockTable, RotaryCos, RotarySin, RotarySeqlens,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcs, stride_kch,
     stride_vcb, stride_vcs, stride_vch,
     stride_tb,
     heads_k, seqlen_new, head_dim, head_dim_v, seqlen_const, use_seqlens, use_batch_idx, page_size, capacity,
-    cache_rows,
+    cache_rows, rotary_dim, seqlen_ro, use_rotary_seqlens,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_DV: tl.constexpr, PAGED: tl.constexpr = False,
+    EVEN_DV: tl.constexpr, PAGED: tl.constexpr = False, ROTARY: tl.constexpr = False,
+    ROTARY_INTERLEAVED: tl.constexpr = False,
 ):
     batch = tl.program_id(1)
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -69,6 +76,11 @@ def kv_append_kernel(
     else:
         k_mask = row_ok[:, None] & (offs_d < head_dim)[None, :]
     k = tl.load(K + k_rows[:, None] + offs_d[None, :], mask=k_mask)
+    if ROTARY:
+        if use_rotary_seqlens != 0:
+            start = tl.load(RotarySeqlens + batch)
+        k = rotate(k, K + k_rows, row_ok, start + step, offs_d, RotaryCos, RotarySin, rotary_dim, seqlen_ro,
+                   ROTARY_INTERLEAVED)
     tl.store(KCache + kc_rows[:, None] + offs_d[None, :], k, mask=k_mask)
 
     offs_dv = tl.arange(0, BLOCK_DV)

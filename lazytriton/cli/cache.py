@@ -411,7 +411,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 def add_parser(sub: Any) -> None:
     """Register ``cache`` and its subcommands on the ``lazytriton`` parser's subparsers."""
-    from lazytriton.geometry import CAUSAL_MODES
+    from lazytriton.geometry import CAUSAL_MODES, ROTARY_MODES
     from lazytriton.kernels import FAMILIES
     from lazytriton.variant import DTYPES
 
@@ -455,6 +455,9 @@ def add_parser(sub: Any) -> None:
                        ("attn-mask", "an attn_mask (the kernels' additive bias)"),
                        ("leftpad", "flash_decode: a left-padded cache (cache_leftpad)")):
         ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
+    ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
+                    help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "
+                         "(interleaved) or False (halves, GPT-NeoX's)")
     from lazytriton.cli.explain import cmd_explain
 
     ex.set_defaults(fn=_guarded(cmd_explain))

@@ -68,14 +68,16 @@ def explain_report(args: argparse.Namespace) -> Report:
     reports = []
     page = getattr(args, "page_size", None) or 0
     flags = _features(args)
+    rotary = getattr(args, "rotary", "none")
     head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
     check_call(kernels, args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
-               flags)
+               flags, rotary)
     described = Request(args.dtype, args.head_dim, causal, not args.unaligned, args.seqlen_q, seqlen_k,
                         index64=args.index64, window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
                         seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
-                        head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"])
+                        head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
+                        rotary=rotary != "none", rotary_interleaved=rotary == "interleaved")
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         variant, config, row = dispatch.choice(name, target, described)
         rt = rt or open_runtime()
@@ -88,7 +90,7 @@ def explain_report(args: argparse.Namespace) -> Report:
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
             "seq16": any(bwd_dispatch.seq_aligned(name, not args.unaligned, args.seqlen_q, seqlen_k, varlen)
                          for name in kernels), "varlen": varlen, "target": str(target), "target_source": how, **flags,
-            **({"page_size": page} if page else {})}
+            "rotary": rotary, **({"page_size": page} if page else {})}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -96,7 +98,7 @@ def explain_report(args: argparse.Namespace) -> Report:
 
 
 def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,
-               causal: str, varlen: bool, page: int, flags: dict[str, bool]) -> None:
+               causal: str, varlen: bool, page: int, flags: dict[str, bool], rotary: str = "none") -> None:
     """Refuse a described call the API would refuse, with the API's own checks: a ValueError saying why.
 
     The call is built from meta tensors (shapes only, nothing allocated) and
@@ -107,7 +109,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     head; a cache of seqlen_k keys, paged when ``page``; one new key with
     kv_append). A window and a softcap are checked as set (their sizes do not
     matter here); ALiBi, dropout and a mask change no shape rule. A left pad
-    (cache_leftpad) is the decoding call's alone.
+    (cache_leftpad) and rotary embeddings (``rotary``: a ``geometry.ROTARY_MODES``
+    mode; rotary_cos/rotary_sin over every head dim column, with one new key,
+    as rotary needs) are the decoding call's alone.
     """
     import torch
 
@@ -134,10 +138,13 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     if flags["leftpad"] and not decoding:
         raise ValueError(f"--leftpad is flash_attn_with_kvcache's cache_leftpad: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
+    if rotary != "none" and not decoding:
+        raise ValueError(f"--rotary is flash_attn_with_kvcache's rotary_cos/rotary_sin: only flash_decode and "
+                         f"kv_append take it, not {', '.join(kernels)}")
     try:
         if decoding:
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
-                          window, softcap)
+                          window, softcap, rotary)
         elif varlen:
             cu = meta(2, of=torch.int32)
             one = meta(1, of=torch.int32)
@@ -155,11 +162,11 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
 
 def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: int, head_dim_v: int, seqlen_q: int,
                   seqlen_k: int, causal: str, page: int, flags: dict[str, bool], window: tuple[int, int],
-                  softcap: float) -> None:
-    """``flash_decode.checks.check`` on a described decoding call (kv_append: with one new key)."""
+                  softcap: float, rotary: str) -> None:
+    """``flash_decode.checks.check`` on a described decoding call (kv_append, or rotary: with one new key)."""
     import torch
 
-    append = "kv_append" in kernels
+    append = "kv_append" in kernels or rotary != "none"
     if page:
         blocks = -(-max(seqlen_k, 1) // page)
         cache = (blocks, page)
@@ -170,9 +177,10 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     lens = max(seqlen_k - 1, 0) if append else None
     slopes = meta(1, of=torch.float32) if flags["alibi"] else None
     pads = meta(1, of=torch.int32) if flags["leftpad"] else None
+    tables = ((meta(max(seqlen_k, 1) + seqlen_q, head_dim // 2),) * 2 if rotary != "none" else (None, None))
     inputs = decode.Inputs(meta(1, seqlen_q, 1, head_dim), meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v),
-                           *new, lens, None, table, slopes, pads)
-    decode.check(inputs, None, causal != "none", window, softcap)
+                           *new, lens, None, table, slopes, pads, *tables)
+    decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved")
 
 
 def _features(args: argparse.Namespace) -> dict[str, bool]:
@@ -227,6 +235,10 @@ def print_explain(report: Report) -> None:
               + ("; no key tile divides the page: each key's page is read from the block table (PAGE_GATHER=true)"
                  if gathered else "")
               + ("; left-padded (cache_leftpad, LEFTPAD=true)" if call.get("leftpad") else "")
+              + (f"; rotary embeddings ({call['rotary']}: ROTARY=true"
+                 + (", ROTARY_INTERLEAVED=true" if call["rotary"] == "interleaved" else "")
+                 + ", q rotated in the split kernel, new keys in kv_append)" if call.get("rotary", "none") != "none"
+                 else "")
               + "; the combine runs only when a call splits its keys")
     if call.get("varlen"):
         print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
