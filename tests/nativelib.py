@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from lazytriton.capi.native_tables import header
+from lazytriton.tuning import Table
+
 REPO = Path(__file__).resolve().parents[1]
 NATIVE = REPO / "capi" / "native"
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
@@ -54,15 +57,19 @@ def sanitizers_work(cc: str, directory: Path) -> bool:
     return ran.returncode == 0
 
 
-def build_driver(directory: Path) -> tuple[Path, bool]:
-    """native_dump built into ``directory``, and whether it is sanitized."""
+def build_driver(directory: Path, name: str = "native_dump", table: Table | None = None) -> tuple[Path, bool]:
+    """``tests/capi/<name>.c`` built with the native core into ``directory``, and whether it is sanitized.
+
+    ``table``: the tuning rows lt_tables.h holds (None: the attention kernels' tables, as a build takes them).
+    """
     cc = need_toolchain()
     sanitized = sanitizers_work(cc, directory)
-    program = directory / "native_dump"
+    program = directory / name
+    (directory / "lt_tables.h").write_text(header(table))
     sources = [str(path) for path in sorted(NATIVE.glob("*.c"))]
     command = [cc, "-std=c99", "-Wall", "-Wextra", "-Werror", "-g", "-O1", *(SANITIZE if sanitized else []),
-               f"-I{NATIVE}", *sources, str(REPO / "tests" / "capi" / "native_dump.c"), "-lzstd", "-lpthread",
-               "-o", str(program)]
+               f"-I{NATIVE}", f"-I{directory}", *sources, str(REPO / "tests" / "capi" / f"{name}.c"), "-lzstd",
+               "-lpthread", "-o", str(program)]
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     assert built.returncode == 0, f"{' '.join(command)}\n{built.stderr}"
     return program, sanitized

@@ -144,4 +144,43 @@ int ltn_image_contains(const ltn_image *image, const char *key, ltn_error *err);
    LTN_IO or LTN_NOMEM. Thread-safe. */
 int ltn_image_read(ltn_image *image, const char *key, ltn_entry *out, ltn_error *err);
 
+/* ---- the choice of an attention kernel's variant, and its key (lt_choice.c) --------------------------- */
+
+enum { LTN_KERNEL_FWD = 0, LTN_KERNEL_BWD_DQ = 1, LTN_KERNEL_BWD_DKDV = 2 };
+
+/* A call of flash_fwd or a backward kernel as the C API's plans describe it (lazytriton.c's plan request). */
+typedef struct {
+    int32_t kernel;       /* LTN_KERNEL_* */
+    int32_t capability;   /* the CUDA device's compute capability, e.g. 90 */
+    int32_t dtype;        /* lt_dtype: 1 fp16, 2 bf16, 3 fp32 */
+    int32_t head_dim, head_dim_v; /* head_dim_v 0: head_dim */
+    int32_t causal, aligned, seq16, index64, window, softcap;
+    int32_t varlen, seqused_q, seqused_k; /* seqused_*: only with varlen (a dense call's are ignored) */
+    int64_t seqlen_q, seqlen_k; /* a packed call's max_seqlen_q, max_seqlen_k */
+} ltn_attn_request;
+
+typedef struct {
+    char name[16];
+    int32_t is_bool;
+    int64_t value;
+} ltn_variant_field;
+
+#define LTN_MAX_FIELDS 24
+typedef struct {
+    char kernel[32], target[16], dtype[8];
+    ltn_variant_field fields[3][LTN_MAX_FIELDS]; /* functional, tuned, options: each sorted by name */
+    int32_t n_fields[3];
+} ltn_variant;
+
+/* The variant serving r (capi/embedded.py's plan_variant): LTN_OK, or LTN_ARGUMENT with a message. */
+int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err);
+/* A field's value (bools 0/1), or absent. */
+int64_t ltn_variant_get(const ltn_variant *v, const char *name, int64_t absent);
+/* The one-line string (Variant.__str__): 0, or -1 when size is too small. */
+int ltn_variant_string(const ltn_variant *v, char *out, size_t size);
+/* The cache key (Variant.key): 0, or -1 for a kernel the tables do not know. */
+int ltn_variant_key(const ltn_variant *v, char hex[33]);
+/* The kernel's source fingerprint (kernels.source_fingerprint when the library was built), or NULL. */
+const char *ltn_source_fingerprint(const char *kernel);
+
 #endif
