@@ -181,7 +181,9 @@ def make_builder() -> object:
         library_dirs=[libdir] if libdir else [],
         libraries=["dl", "m", "pthread"],
         extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
-        extra_link_args=[f"-Wl,-rpath,{libdir}", f"-Wl,-soname,{LIBRARY}"] if libdir else [f"-Wl,-soname,{LIBRARY}"],
+        # -Bsymbolic: the library's calls of its own functions stay its own when liblazytriton_native.so, which
+        # exports the same names, opens it as its JIT fallback
+        extra_link_args=([f"-Wl,-rpath,{libdir}"] if libdir else []) + [f"-Wl,-soname,{LIBRARY}", "-Wl,-Bsymbolic"],
     )
     ffibuilder.embedding_init_code(INIT_CODE)
     return ffibuilder

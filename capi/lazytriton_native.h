@@ -10,13 +10,15 @@
  *
  * The library: liblazytriton_native.so (capi/native_build.py builds it); it
  * links libzstd, libdl and libpthread, never libpython. Its statuses are
- * lazytriton.h's lt_status values, plus the two below.
+ * lazytriton.h's lt_status values (LT_MISS and LT_ERROR_IMAGE are its own).
  */
 #ifndef LAZYTRITON_NATIVE_H
 #define LAZYTRITON_NATIVE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "lazytriton.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_NATIVE_API __attribute__((visibility("default")))
@@ -27,10 +29,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Statuses beyond lazytriton.h's lt_status (the same int values space; 0 is LT_OK). */
-#define LT_MISS 16        /* no open image holds the kernel (and the JIT fallback is not allowed) */
-#define LT_ERROR_IMAGE 17 /* an image that cannot be opened, or whose entry is damaged */
 
 typedef struct lt_kernel lt_kernel;
 
@@ -64,7 +62,8 @@ LT_NATIVE_API int lt_kernel_get_info(const lt_kernel *kernel, lt_kernel_info *in
 LT_NATIVE_API int lt_kernel_launch(const lt_kernel *kernel, const uint32_t grid[3], void *stream, void **args,
                                    size_t n_args);
 LT_NATIVE_API void lt_kernel_destroy(lt_kernel *kernel);
-/* The calling thread's last error message of the functions above. */
+/* The calling thread's last error message of the functions above (lt_last_error in liblazytriton_native.so says
+   the same). */
 LT_NATIVE_API const char *lt_native_last_error(void);
 
 #ifdef __cplusplus

@@ -18,8 +18,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE / "native"
 LIBRARY = "liblazytriton_native.so"
-FLAGS = ["-std=gnu99", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra"]
-LIBS = ["-lzstd", "-ldl", "-lpthread"]
+FRONT = HERE / "lt_front.c"  # lazytriton.h's API over the native core (includes lazytriton.c)
+FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra"]
+LIBS = ["-lzstd", "-ldl", "-lpthread", "-lm"]
 
 
 def compiler() -> str:
@@ -44,9 +45,9 @@ def build(directory: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     write_tables(directory)
     library = directory / LIBRARY
-    sources = [str(path) for path in sorted(NATIVE.glob("*.c"))]
-    command = [compiler(), *FLAGS, *extra_flags, f"-I{NATIVE}", f"-I{directory}", *sources, *LIBS, "-o",
-               str(library)]
+    sources = [str(path) for path in sorted(NATIVE.glob("*.c"))] + [str(FRONT)]
+    command = [compiler(), *FLAGS, *extra_flags, f"-I{NATIVE}", f"-I{HERE}", f"-I{directory}", *sources, *LIBS,
+               "-o", str(library)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"building {LIBRARY} failed:\n{' '.join(command)}\n{done.stderr}")

@@ -180,6 +180,13 @@ int64_t ltn_variant_get(const ltn_variant *v, const char *name, int64_t absent);
 int ltn_variant_string(const ltn_variant *v, char *out, size_t size);
 /* The cache key (Variant.key): 0, or -1 for a kernel the tables do not know. */
 int ltn_variant_key(const ltn_variant *v, char hex[33]);
+/* Whether a loaded kernel (lazytriton_native.h's lt_kernel) takes n_ints pointers or integers, then n_floats fp32:
+   LT_OK with its CUfunction, context and hidden parameter count, else LT_ERROR_UNSUPPORTED with a message. */
+struct lt_kernel;
+int ltn_kernel_layout(const struct lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function,
+                      void **context, uint32_t *n_hidden);
+/* Entries in the open images, all together. */
+uint64_t ltn_images_entries(void);
 /* The kernel's source fingerprint (kernels.source_fingerprint when the library was built), or NULL. */
 const char *ltn_source_fingerprint(const char *kernel);
 

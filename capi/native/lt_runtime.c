@@ -25,11 +25,15 @@ static __thread char native_error[2048];
 
 const char *lt_native_last_error(void) { return native_error; }
 
+/* Where else a message goes: the C API's lt_last_error in liblazytriton_native.so (lt_front.c defines it). */
+__attribute__((weak)) void ltn_note_error(const char *message) { (void)message; }
+
 static int fail(int status, const char *format, ...) {
     va_list args;
     va_start(args, format);
     vsnprintf(native_error, sizeof native_error, format, args);
     va_end(args);
+    ltn_note_error(native_error);
     return status;
 }
 
@@ -77,6 +81,15 @@ int lt_open_images(const char *paths) {
 }
 
 int lt_images_count(void) { return n_images; }
+
+uint64_t ltn_images_entries(void) {
+    uint64_t total = 0;
+    pthread_rwlock_rdlock(&images_lock);
+    for (int i = 0; i < n_images; i++)
+        total += ltn_image_count(images[i]);
+    pthread_rwlock_unlock(&images_lock);
+    return total;
+}
 
 /* ---- libcuda, through dlopen ---------------------------------------------------------------------------- */
 
@@ -155,6 +168,8 @@ enum { FUNC_MAX_DYNAMIC_SHARED = 8, STATIC_SHARED_LIMIT = 48 * 1024, MAX_ARGS = 
 struct lt_kernel {
     void *function, *context;
     uint32_t grid_block, shared, n_args, n_hidden, num_warps, warp_size;
+    uint32_t n_leading_ints, n_trailing_fp32; /* parameters that are pointers or integers from the first on; fp32
+                                                 ones from the last back */
     char key[33];
     char *variant, *name, *image;
 };
@@ -298,6 +313,27 @@ static int load_function(const ltn_entry *e, int32_t device_index, lt_kernel *k)
     return status;
 }
 
+/* A parameter the C API passes from an int64 (capi/embedded.py's check_launch_layout): a pointer or an integer. */
+static int int_param(const ltn_str *type) {
+    static const char *const kinds[] = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"};
+    if (type->s[0] == '*')
+        return 1;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (strcmp(type->s, kinds[i]) == 0)
+            return 1;
+    return 0;
+}
+
+int ltn_kernel_layout(const lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function, void **context,
+                      uint32_t *n_hidden) {
+    if (k->n_args != n_ints + n_floats || k->n_leading_ints < n_ints || k->n_trailing_fp32 < n_floats)
+        return fail(LT_ERROR_UNSUPPORTED, "entry %s has %u parameters (%u pointers or integers first, %u fp32 last); "
+                    "the C API's launcher passes %u pointers or integers, then %u fp32", k->key, k->n_args,
+                    k->n_leading_ints, k->n_trailing_fp32, n_ints, n_floats);
+    *function = k->function, *context = k->context, *n_hidden = k->n_hidden;
+    return LT_OK;
+}
+
 int lt_kernel_load(const char *key, const char *variant, int32_t device_index, lt_kernel **out) {
     if (key == NULL || out == NULL)
         return fail(LT_ERROR_NULL_POINTER, "lt_kernel_load: key and out must not be NULL");
@@ -322,6 +358,11 @@ int lt_kernel_load(const char *key, const char *variant, int32_t device_index, l
         k->shared = entry.shared;
         k->n_args = entry.n_arg_types;
         k->n_hidden = entry.n_hidden_args;
+        while (k->n_leading_ints < entry.n_arg_types && int_param(&entry.arg_types[k->n_leading_ints]))
+            k->n_leading_ints++;
+        while (k->n_trailing_fp32 < entry.n_arg_types &&
+               strcmp(entry.arg_types[entry.n_arg_types - 1 - k->n_trailing_fp32].s, "fp32") == 0)
+            k->n_trailing_fp32++;
         if (k->variant == NULL || k->name == NULL || k->image == NULL)
             status = fail(LT_ERROR_INTERNAL, "out of memory");
         else
