@@ -46,8 +46,8 @@ def build(directory: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     write_tables(directory)
     library = directory / LIBRARY
     sources = [str(path) for path in sorted(NATIVE.glob("*.c"))] + [str(FRONT)]
-    command = [compiler(), *FLAGS, *extra_flags, f"-I{NATIVE}", f"-I{HERE}", f"-I{directory}", *sources, *LIBS,
-               "-o", str(library)]
+    command = [compiler(), *FLAGS, f"-Wl,-soname,{LIBRARY}", *extra_flags, f"-I{NATIVE}", f"-I{HERE}",
+               f"-I{directory}", *sources, *LIBS, "-o", str(library)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"building {LIBRARY} failed:\n{' '.join(command)}\n{done.stderr}")
