@@ -113,3 +113,26 @@ class Driver:
         code = self.process.wait(timeout=60)
         stderr = self.process.stderr.read() if self.process.stderr else ""
         assert code == 0, f"native reader exited {code} at the end (a leak report?):\n{stderr[-4000:]}"
+
+
+def build_program(directory: Path, name: str) -> dict[str, Path]:
+    """The native library, the fake libcuda (``driver/libcuda.so.1``) and ``tests/capi/<name>.c`` linked to it.
+
+    Built into ``directory``: {"library", "driver", "program"}.
+    """
+    from fake_libcuda import build as build_fake
+
+    from lazytriton.capi import native_build
+
+    cc = need_toolchain()
+    library = native_build.build(directory / "lib")
+    fake = build_fake(directory)
+    assert fake is not None
+    driver = directory / "driver"
+    driver.mkdir()
+    (driver / "libcuda.so.1").symlink_to(fake)
+    program = directory / name
+    subprocess.run([cc, "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror",
+                    f"-I{REPO / 'capi'}", str(REPO / "tests" / "capi" / f"{name}.c"), f"-L{library.parent}",
+                    "-llazytriton_native", f"-Wl,-rpath,{library.parent}", "-ldl", "-o", str(program)], check=True)
+    return {"library": library, "driver": driver, "program": program}

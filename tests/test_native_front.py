@@ -20,13 +20,12 @@ from typing import Any
 
 import pytest
 import torch
-from fake_libcuda import build as build_fake
-from nativelib import need_toolchain
+from nativelib import build_program
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.entry import Provenance
 from lazytriton.cache_format.image import write_image
-from lazytriton.capi import build, embedded, native_build
+from lazytriton.capi import build, embedded
 from lazytriton.kernels.flash_fwd import reference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,19 +36,7 @@ SQ, SK, HQ, D = 300, 500, 4, 128
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The native library, the fake libcuda as libcuda.so.1, and native_front linked against the library."""
-    cc = need_toolchain()
-    directory = tmp_path_factory.mktemp("native-front")
-    library = native_build.build(directory / "lib")
-    fake = build_fake(directory)
-    assert fake is not None
-    driver = directory / "driver"
-    driver.mkdir()
-    (driver / "libcuda.so.1").symlink_to(fake)
-    program = directory / "native_front"
-    subprocess.run([cc, "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror",
-                    f"-I{REPO / 'capi'}", str(REPO / "tests" / "capi" / "native_front.c"), f"-L{library.parent}",
-                    "-llazytriton_native", f"-Wl,-rpath,{library.parent}", "-ldl", "-o", str(program)], check=True)
-    return {"library": library, "driver": driver, "program": program}
+    return build_program(tmp_path_factory.mktemp("native-front"), "native_front")
 
 
 def call_variant(causal: bool) -> Any:

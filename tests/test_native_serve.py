@@ -19,12 +19,10 @@ import pytest
 import test_decoders_property as props
 import xxhash
 from compiled_once import compiled, shared_dir, small_variant
-from fake_libcuda import build as build_fake
-from nativelib import need_toolchain
+from nativelib import build_program
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.image import write_image
-from lazytriton.capi import native_build
 from lazytriton.prewarm.enumeration import variants_from_miss_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,19 +32,7 @@ LT_MISS, LT_ERROR_IMAGE, LT_ERROR_INVALID_ARGUMENT = 16, 17, 1
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The library, the fake libcuda as libcuda.so.1, and the program linked against the library."""
-    cc = need_toolchain()
-    directory = tmp_path_factory.mktemp("native-serve")
-    library = native_build.build(directory / "lib")
-    fake = build_fake(directory)
-    assert fake is not None
-    driver_dir = directory / "driver"
-    driver_dir.mkdir()
-    (driver_dir / "libcuda.so.1").symlink_to(fake)
-    program = directory / "native_launch"
-    subprocess.run([cc, "-std=c99", "-Wall", "-Werror", f"-I{REPO / 'capi'}", str(REPO / "tests" / "capi" /
-                    "native_launch.c"), f"-L{library.parent}", "-llazytriton_native",
-                    f"-Wl,-rpath,{library.parent}", "-ldl", "-o", str(program)], check=True)
-    return {"library": library, "driver": driver_dir, "program": program, "root": directory}
+    return build_program(tmp_path_factory.mktemp("native-serve"), "native_launch")
 
 
 @pytest.fixture(scope="module")

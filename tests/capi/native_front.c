@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "lazytriton.h"
+#include "native_json.h"
 
 static double now_us(void) {
     struct timespec t;
@@ -22,18 +23,6 @@ static double now_us(void) {
     return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; s && *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", *s);
-        else
-            putchar(*s);
-    }
-    putchar('"');
-}
 
 static uint16_t bf16(float x) {
     uint32_t bits;
@@ -89,32 +78,17 @@ int main(int argc, char **argv) {
     int (*configure)(int, const int *, int) = fake ? (int (*)(int, const int *, int))dlsym(fake, "fake_configure") : NULL;
     void (*read)(unsigned char *, int *, long long *, int *) =
         fake ? (void (*)(unsigned char *, int *, long long *, int *))dlsym(fake, "fake_read") : NULL;
-    if (configure != NULL) {
-        int sizes[44];
-        for (int i = 0; i < 44; i++)
-            sizes[i] = i >= 39 && i < 42 ? 4 : 8;
+    int sizes[44]; /* 39 pointers and integers passed as int64, 3 floats, 2 hidden pointers */
+    for (int i = 0; i < 44; i++)
+        sizes[i] = i >= 39 && i < 42 ? 4 : 8;
+    if (configure != NULL)
         configure(44, sizes, 0);
-    }
     int status = lt_attn_fwd(&p, (void *)0x5EA);
     double took = now_us() - start;
     printf(",\"fwd\":%d,\"first_launch_us\":%.1f,\"error\":", status, took);
     json_str(status == LT_OK ? "" : lt_last_error());
-    if (read != NULL && status == LT_OK) {
-        static unsigned char seen[128 * 1024];
-        int nulls[1024], aligns[1024];
-        long long state[16];
-        read(seen, nulls, state, aligns);
-        printf(",\"state\":[");
-        for (int i = 0; i < 13; i++)
-            printf("%s%lld", i ? "," : "", state[i]);
-        printf("],\"params\":[");
-        for (int i = 0; i < 44; i++) {
-            long long v = 0;
-            memcpy(&v, seen + 128 * i, i >= 39 && i < 42 ? 4 : 8);
-            printf("%s%lld", i ? "," : "", nulls[i] ? -1LL : v);
-        }
-        printf("]");
-    }
+    if (read != NULL && status == LT_OK)
+        print_fake_launch(read, 44, sizes);
     lt_stats stats;
     memset(&stats, 0, sizeof stats);
     stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
