@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import gpu
 
 from lazytriton.capi import build
 
@@ -81,6 +82,7 @@ def test_the_dockerfile_copies_only_what_its_build_commands_make(installed: Path
         assert source in made or local.is_file(), f"{source}: not made by the build stage's commands"
 
 
+@gpu
 @pytest.mark.gpu
 def test_on_a_gpu_the_misses_prewarmed_are_then_served_natively(example: Path, tmp_path: Path) -> None:
     """Native only, the example's GPU calls miss and are logged; prewarmed from that log, they are served and match."""
