@@ -29,6 +29,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from lazytriton.capi import native_build
 from lazytriton.record import record
 
 HERE = Path(__file__).resolve().parent
@@ -181,7 +182,9 @@ def make_builder() -> object:
         library_dirs=[libdir] if libdir else [],
         libraries=["dl", "m", "pthread"],
         extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
-        extra_link_args=[f"-Wl,-rpath,{libdir}", f"-Wl,-soname,{LIBRARY}"] if libdir else [f"-Wl,-soname,{LIBRARY}"],
+        # -Bsymbolic: the library's calls of its own functions stay its own when liblazytriton_native.so, which
+        # exports the same names, opens it as its JIT fallback
+        extra_link_args=([f"-Wl,-rpath,{libdir}"] if libdir else []) + [f"-Wl,-soname,{LIBRARY}", "-Wl,-Bsymbolic"],
     )
     ffibuilder.embedding_init_code(INIT_CODE)
     return ffibuilder
@@ -211,27 +214,32 @@ def _install(source: Path | str, data: bytes | None, target: Path, mode: int = 0
         raise
 
 
-def installed_files(prefix: Path) -> tuple[Path, Path, Path, Path, Path]:
-    """The files ``build(prefix)`` installs: library, header, .pc, CMake config and its version file."""
+def installed_files(prefix: Path) -> tuple[Path, ...]:
+    """The files ``build(prefix)`` installs: both libraries, their headers and .pc files, the CMake config files."""
     prefix = Path(prefix).expanduser().resolve()
     cmake_dir = prefix / "lib" / "cmake" / "lazytriton"
     return (prefix / "lib" / LIBRARY, prefix / "include" / "lazytriton.h",
             prefix / "lib" / "pkgconfig" / "lazytriton.pc",
-            cmake_dir / "lazytritonConfig.cmake", cmake_dir / "lazytritonConfigVersion.cmake")
+            cmake_dir / "lazytritonConfig.cmake", cmake_dir / "lazytritonConfigVersion.cmake",
+            prefix / "lib" / native_build.LIBRARY, prefix / "include" / "lazytriton_native.h",
+            prefix / "lib" / "pkgconfig" / "lazytriton-native.pc")
 
 
 def build(prefix: Path, verbose: bool = False) -> Installed:
-    """Compile liblazytriton.so and install it, its header, .pc and CMake files under ``prefix``."""
+    """Compile liblazytriton.so and liblazytriton_native.so and install them, their headers, .pc and CMake files."""
     prefix = Path(prefix).expanduser().resolve()
     major, minor, patch = version()
     values = {"PREFIX": str(prefix), "VERSION": f"{major}.{minor}.{patch}", "MAJOR": str(major)}
-    library, header, pkg_config, cmake_config, cmake_version = installed_files(prefix)
+    library, header, pkg_config, cmake_config, cmake_version, native, native_header, native_pc = installed_files(prefix)
     with tempfile.TemporaryDirectory(prefix="lazytriton-capi-") as tmp:
         ffibuilder = make_builder()
         built = Path(ffibuilder.compile(tmpdir=tmp, target=LIBRARY, verbose=verbose))  # type: ignore[attr-defined]
         _install(built, None, library, 0o755)
+        _install(native_build.build(Path(tmp) / "native"), None, native, 0o755)
     _install(HERE / "lazytriton.h", None, header)
+    _install(HERE / "lazytriton_native.h", None, native_header)
     _install("", _render((HERE / "lazytriton.pc.in").read_text(), values).encode(), pkg_config)
+    _install("", _render((HERE / "lazytriton-native.pc.in").read_text(), values).encode(), native_pc)
     for target in (cmake_config, cmake_version):
         _install("", _render((HERE / f"{target.name}.in").read_text(), values).encode(), target)
     return Installed(prefix, library, header, pkg_config, cmake_config)

@@ -27,7 +27,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     installed = build.build(prefix, verbose=args.verbose)
     print(f"built {installed.library} in {time.perf_counter() - start:.1f} s")
-    for path in (installed.header, installed.pkg_config, installed.cmake_config):
+    for path in (installed.header, installed.pkg_config, installed.cmake_config, *build.installed_files(prefix)[5:]):
         print(f"installed {path}")
     print("\n".join(_usage_lines(installed.prefix)))
     return 0

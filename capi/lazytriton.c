@@ -402,73 +402,17 @@ static void *lt__memo_add(const lt__plan_key *key, void *plan) {
 }
 
 /* ------------------------------------------------------------------------- */
-/* The embedded interpreter.                                                  */
+/* lt_init's state, and what it starts: the embedded interpreter (lt_python.c) */
+/* in liblazytriton.so, the images in liblazytriton_native.so (lt_front.c).   */
 
 static pthread_mutex_t lt__init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int lt__python_state; /* 0: not started, 1: running, -1: failed (for good) */
-static char lt__python_error[1024];
 static int lt__initialized;  /* lt_init succeeded (atomic) */
 
-/* Registered only when this library started the interpreter (which nothing
- * finalizes): a host that runs Python flushes through Python's own atexit. */
-static void lt__at_exit(void) {
-    if (__atomic_load_n(&lt__python_state, __ATOMIC_ACQUIRE) == 1 && Py_IsInitialized())
-        lt__py_flush(); /* counters kept in memory (cache hits) */
-}
-
-/* Start the interpreter the library was built with (its venv too), unless the
- * host process already runs one. Called under lt__init_lock. */
-static lt_status lt__start_python(void) {
-    if (lt__python_state == 1)
-        return LT_OK;
-    if (lt__python_state == -1)
-        return lt__fail(LT_ERROR_PYTHON, "%s", lt__python_error);
-    if (LT__LIBPYTHON[0] != '\0') /* extension modules need libpython's symbols global */
-        dlopen(LT__LIBPYTHON, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
-    int started_here = !Py_IsInitialized();
-    if (started_here) {
-        PyConfig config;
-        PyConfig_InitPythonConfig(&config);
-        config.install_signal_handlers = 0; /* the host's signals stay the host's */
-        config.parse_argv = 0;
-        const char *env = getenv("PYTHONPATH");
-        size_t size = (env ? strlen(env) : 0) + sizeof LT__PYTHONPATH + 2;
-        char *path = (char *)malloc(size);
-        PyStatus status = PyStatus_Ok();
-        if (path == NULL) {
-            status = PyStatus_NoMemory();
-        } else {
-            snprintf(path, size, "%s%s%s", env ? env : "", env && env[0] && LT__PYTHONPATH[0] ? ":" : "",
-                     LT__PYTHONPATH);
-            if (LT__PYTHON_EXECUTABLE[0] != '\0')
-                status = PyConfig_SetBytesString(&config, &config.program_name, LT__PYTHON_EXECUTABLE);
-            if (!PyStatus_Exception(status) && path[0] != '\0')
-                status = PyConfig_SetBytesString(&config, &config.pythonpath_env, path);
-            free(path);
-        }
-        if (!PyStatus_Exception(status))
-            status = Py_InitializeFromConfig(&config);
-        PyConfig_Clear(&config);
-        if (PyStatus_Exception(status)) {
-            snprintf(lt__python_error, sizeof lt__python_error, "the embedded Python (%s) failed to start: %s%s%s",
-                     LT__PYTHON_EXECUTABLE, status.func ? status.func : "", status.func ? ": " : "",
-                     status.err_msg ? status.err_msg : "unknown error");
-            lt__python_state = -1;
-            return lt__fail(LT_ERROR_PYTHON, "%s", lt__python_error);
-        }
-        PyEval_SaveThread(); /* release the GIL: each call takes it */
-    }
-    if (cffi_start_python() != 0) {
-        snprintf(lt__python_error, sizeof lt__python_error, "lazytriton's embedded module failed to initialise "
-                 "in the Python of %s (its traceback went to stderr)", LT__PYTHON_EXECUTABLE);
-        lt__python_state = -1;
-        return lt__fail(LT_ERROR_PYTHON, "%s", lt__python_error);
-    }
-    __atomic_store_n(&lt__python_state, 1, __ATOMIC_RELEASE);
-    if (started_here)
-        atexit(lt__at_exit);
-    return LT_OK;
-}
+#ifndef LT__NATIVE_FRONT
+#include "lt_python.c" /* lt__start_python: the embedded interpreter */
+#else
+static lt_status lt__start_python(void); /* lt_front.c's: nothing to start */
+#endif
 
 static lt_status lt__require_init(void) {
     if (!__atomic_load_n(&lt__initialized, __ATOMIC_ACQUIRE))
@@ -654,3 +598,18 @@ LT_API lt_status lt_cache_stats(lt_stats *stats) {
 
 #include "lt_bwd.c" /* the backward: its checks, plans, launch and API */
 #include "lt_kvcache.c" /* decoding over a KV cache: its checks, plans, launch and API */
+
+#ifndef LT__NATIVE_FRONT
+/* What liblazytriton_native.so calls, through dlsym, for a kernel its images do not hold (its JIT fallback):
+ * this library's planner of one kernel, after lt_init. Not part of lazytriton.h: the request structs are
+ * the two libraries' shared private interface, compiled from this same file. */
+__attribute__((visibility("default"))) int lt__embedded_plan(lt__plan_request *request) {
+    lt_status s = lt__require_init();
+    return s != LT_OK ? s : lt__py_plan(request);
+}
+
+__attribute__((visibility("default"))) int lt__embedded_kvcache_plan(lt__kvcache_plan_request *request) {
+    lt_status s = lt__require_init();
+    return s != LT_OK ? s : lt__py_kvcache_plan(request);
+}
+#endif

@@ -74,7 +74,9 @@ typedef enum {
     LT_ERROR_COMPILE = 12,         /* the JIT compile failed */
     LT_ERROR_CUDA = 13,            /* a CUDA driver call failed */
     LT_ERROR_PYTHON = 14,          /* the embedded Python failed to start, or raised unexpectedly */
-    LT_ERROR_INTERNAL = 15         /* a bug in lazytriton: please report it with the message */
+    LT_ERROR_INTERNAL = 15,        /* a bug in lazytriton: please report it with the message */
+    LT_MISS = 16,                  /* liblazytriton_native.so: no image holds the kernel, and no JIT fallback */
+    LT_ERROR_IMAGE = 17            /* liblazytriton_native.so: an image that cannot be opened, or a damaged entry */
 } lt_status;
 
 typedef enum {

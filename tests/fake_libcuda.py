@@ -95,7 +95,10 @@ void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns) 
 
 int cuInit(unsigned int flags) { return 0; }
 int cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
-int cuDeviceGetAttribute(int *value, int attribute, int device) { *value = 232448; return 0; }
+int cuDeviceGetAttribute(int *value, int attribute, int device) {  /* compute capability 9.0 (75, 76), else 232448 */
+    *value = attribute == 75 ? 9 : attribute == 76 ? 0 : 232448;
+    return 0;
+}
 int cuDevicePrimaryCtxRetain(void **ctx, int device) { *ctx = (void *)(uintptr_t)(0xC000 + device); return 0; }
 int cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
 int cuCtxPushCurrent_v2(void *ctx) { state[1]++; stack[depth++ & 7] = current; current = ctx; return 0; }

@@ -119,9 +119,8 @@ def test_entry_valid_checksum_over_any_msgpack_value(value: Any) -> None:
     assert decode_entry(with_header(msgpack.packb(value, use_bin_type=True))) is None
 
 
-@PROPERTY
-@given(st.sampled_from(sorted(RECORD_FIELDS)), values, st.sampled_from(["replace", "drop", "bytes-key", "extra"]))
-def test_entry_wrong_type_in_every_field(name: str, value: Any, how: str) -> None:
+def mutated_fields(name: str, value: Any, how: str) -> dict[Any, Any]:
+    """The valid entry's fields with ``name`` replaced by ``value``, dropped, keyed by bytes, or ``value`` added."""
     fields = dict(RECORD_FIELDS)
     if how == "replace":
         fields[name] = value
@@ -129,9 +128,15 @@ def test_entry_wrong_type_in_every_field(name: str, value: Any, how: str) -> Non
         del fields[name]
     elif how == "bytes-key":
         fields[name.encode()] = fields.pop(name)
-    else:
+    elif how == "extra":
         fields["zz_" + name] = value
-    decoded = decode_entry(with_header(msgpack.packb(fields, use_bin_type=True)))
+    return fields
+
+
+@PROPERTY
+@given(st.sampled_from(sorted(RECORD_FIELDS)), values, st.sampled_from(["replace", "drop", "bytes-key", "extra"]))
+def test_entry_wrong_type_in_every_field(name: str, value: Any, how: str) -> None:
+    decoded = decode_entry(with_header(msgpack.packb(mutated_fields(name, value, how), use_bin_type=True)))
     assert decoded is None or (how == "replace" and decoded.key == ENTRY.key)
 
 

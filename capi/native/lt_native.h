@@ -1,0 +1,193 @@
+/*
+ * lt_native.h: the native core's internal interface (no Python): statuses,
+ * errors, the bounded msgpack reader, entries and images.
+ *
+ * Every byte read from an image is untrusted: sizes are bounded before they
+ * are allocated, offsets checked before they are read, and any byte sequence
+ * gives a status and a message, never a crash. The formats are those of
+ * cache_format/SPEC.md; the checks are the Python readers' (cache_format/
+ * entry.py, image.py, tensordesc.py), so that an image or entry the Python
+ * side refuses the C side refuses too, and the other way round
+ * (tests/test_native_image.py holds both to it).
+ */
+#ifndef LT_NATIVE_H
+#define LT_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    LTN_OK = 0,
+    LTN_ABSENT = 1,   /* the image does not hold the key */
+    LTN_DAMAGED = 2,  /* bytes that are not a valid image or entry (Python: ImageError, EntryError) */
+    LTN_IO = 3,       /* the file cannot be opened or read (Python: OSError) */
+    LTN_NOMEM = 4,    /* an allocation within the format's bounds failed */
+    LTN_ARGUMENT = 5  /* a key that is not 32 lowercase hex digits, a NULL (Python: ValueError) */
+} ltn_status;
+
+#define LTN_ERROR_SIZE 640
+typedef struct {
+    char message[LTN_ERROR_SIZE];
+} ltn_error;
+
+/* Writes the message (printf format) into err (may be NULL) and returns status. */
+int ltn_fail(ltn_error *err, int status, const char *format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+uint64_t ltn_xxh3_64(const void *data, size_t size);
+
+/* ---- msgpack, bounded (the limits msgpack-python's unpackb takes) ------- */
+
+typedef struct {
+    uint32_t max_str, max_bin, max_array, max_map, max_ext;
+} ltn_mp_bounds;
+
+typedef enum {
+    LTN_MP_NIL, LTN_MP_BOOL, LTN_MP_UINT, LTN_MP_NEGATIVE, LTN_MP_FLOAT,
+    LTN_MP_STR, LTN_MP_BIN, LTN_MP_ARRAY, LTN_MP_MAP, LTN_MP_EXT
+} ltn_mp_type;
+
+typedef struct {
+    ltn_mp_type type;
+    uint64_t u;         /* BOOL 0/1; UINT the value; NEGATIVE the int64's bits; STR/BIN/EXT bytes; ARRAY/MAP items */
+    double f;           /* FLOAT */
+    const uint8_t *ptr; /* STR/BIN/EXT: the bytes */
+} ltn_mp_value;
+
+typedef struct {
+    const uint8_t *p, *end;
+    const ltn_mp_bounds *bounds;
+    const char *error; /* why the last call failed */
+} ltn_mp_reader;
+
+/* The next value's head (a container's item count, not its items): 0, or -1 with r->error. A str is
+   checked to be UTF-8 (strict, as Python decodes it); every length against the bounds. */
+int ltn_mp_head(ltn_mp_reader *r, ltn_mp_value *v);
+/* Checks and skips one whole value, containers nested at most 1024 deep (msgpack-python's stack); map keys
+   must be str or bin (strict_map_key). 0, or -1 with r->error. */
+int ltn_mp_skip(ltn_mp_reader *r);
+/* Whether data holds exactly one valid value within bounds (msgpack-python's unpackb succeeds): 0 or -1. */
+int ltn_mp_check(const uint8_t *data, size_t size, const ltn_mp_bounds *bounds, ltn_mp_type *top, const char **why);
+
+/* ---- entries (SPEC.md "Entry") ----------------------------------------- */
+
+#define LTN_ENTRY_HEADER 24
+#define LTN_MAX_ENTRY_BYTES (64u << 20)
+#define LTN_MAX_RANK 5
+
+typedef struct {
+    const char *s; /* NUL-terminated copy (the string may hold NUL itself: len is its length) */
+    uint32_t len;
+} ltn_str;
+
+typedef struct {
+    uint32_t swizzle, elem_size, elem_type, rank;
+    uint32_t block_size[LTN_MAX_RANK];
+} ltn_tensordesc;
+
+typedef struct {
+    uint32_t format_version; /* 1, or 2 with host descriptors */
+    ltn_str key, variant, target, kind, name;
+    const uint8_t *binary;
+    size_t binary_size;
+    uint32_t num_warps, num_ctas, warp_size, shared;
+    uint32_t global_scratch_size, global_scratch_align, profile_scratch_size, profile_scratch_align;
+    uint32_t n_arg_types, n_hidden_args, n_tensordesc;
+    const ltn_str *arg_types, *hidden_args;
+    const ltn_tensordesc *tensordesc;
+    ltn_str compiler, compiler_version, source_fingerprint;
+    double created;
+    uint32_t launch_abi;
+    void *owned_data_; /* the entry's bytes (binary points into them) */
+    void *arena_;      /* the strings and arrays */
+} ltn_entry;
+
+/* Decodes an entry's bytes, taking ownership of data (malloc'd; freed here on failure). expected_key (32
+   characters, or NULL) must be the key it holds. On LTN_OK, free with ltn_entry_free. */
+int ltn_entry_decode_owned(uint8_t *data, size_t size, const char *expected_key, ltn_entry *out, ltn_error *err);
+/* The same on a copy of data. */
+int ltn_entry_decode(const uint8_t *data, size_t size, const char *expected_key, ltn_entry *out, ltn_error *err);
+void ltn_entry_free(ltn_entry *entry);
+
+/* Whether arg_types and the descriptors agree (tensordesc.check): 0, or -1 with a message in err. */
+int ltn_tensordesc_check(const ltn_str *arg_types, uint32_t n_arg_types, const ltn_tensordesc *metas,
+                         uint32_t n_metas, ltn_error *err);
+
+/* ---- images (SPEC.md "Image") ------------------------------------------ */
+
+#define LTN_IMAGE_HEADER 96
+#define LTN_IMAGE_RECORD 40
+#define LTN_MAX_DICT_BYTES (16u << 20)
+#define LTN_MAX_META_BYTES (1u << 20)
+/* The C reader's own bound on the entry count (Python has none): an index of 40 MiB. Hostile headers could
+   otherwise ask for an index the size of a sparse file. */
+#define LTN_MAX_IMAGE_ENTRIES (1u << 20)
+
+typedef struct ltn_image ltn_image;
+
+/* Opens and checks an image (header, sections, index and dictionary+meta checksums, meta). */
+int ltn_image_open(const char *path, ltn_image **out, ltn_error *err);
+void ltn_image_close(ltn_image *image);
+const char *ltn_image_path(const ltn_image *image);
+uint32_t ltn_image_count(const ltn_image *image);
+uint32_t ltn_image_codec(const ltn_image *image); /* 0 none, 1 zstd, 2 zstd with a dictionary */
+/* The key of index record i (in index order) as 32 hex digits and a NUL. */
+void ltn_image_key_at(const ltn_image *image, uint32_t i, char hex[33]);
+/* Index records out of key order (a lookup could miss them): how many. */
+uint32_t ltn_image_misordered(const ltn_image *image);
+/* Whether the image holds key: LTN_OK, LTN_ABSENT, or LTN_ARGUMENT for a key that is not 32 lowercase hex. */
+int ltn_image_contains(const ltn_image *image, const char *key, ltn_error *err);
+/* The verified entry of key: LTN_OK (free it with ltn_entry_free), LTN_ABSENT, LTN_ARGUMENT, LTN_DAMAGED,
+   LTN_IO or LTN_NOMEM. Thread-safe. */
+int ltn_image_read(ltn_image *image, const char *key, ltn_entry *out, ltn_error *err);
+
+/* ---- the choice of an attention kernel's variant, and its key (lt_choice.c) --------------------------- */
+
+enum { LTN_KERNEL_FWD = 0, LTN_KERNEL_BWD_DQ = 1, LTN_KERNEL_BWD_DKDV = 2 };
+
+/* A call of flash_fwd or a backward kernel as the C API's plans describe it (lazytriton.c's plan request). */
+typedef struct {
+    int32_t kernel;       /* LTN_KERNEL_* */
+    int32_t capability;   /* the CUDA device's compute capability, e.g. 90 */
+    int32_t dtype;        /* lt_dtype: 1 fp16, 2 bf16, 3 fp32 */
+    int32_t head_dim, head_dim_v; /* head_dim_v 0: head_dim */
+    int32_t causal, aligned, seq16, index64, window, softcap;
+    int32_t varlen, seqused_q, seqused_k; /* seqused_*: only with varlen (a dense call's are ignored) */
+    int64_t seqlen_q, seqlen_k; /* a packed call's max_seqlen_q, max_seqlen_k */
+} ltn_attn_request;
+
+typedef struct {
+    char name[16];
+    int32_t is_bool;
+    int64_t value;
+} ltn_variant_field;
+
+#define LTN_MAX_FIELDS 24
+typedef struct {
+    char kernel[32], target[16], dtype[8];
+    ltn_variant_field fields[3][LTN_MAX_FIELDS]; /* functional, tuned, options: each sorted by name */
+    int32_t n_fields[3];
+} ltn_variant;
+
+/* The variant serving r (capi/embedded.py's plan_variant): LTN_OK, or LTN_ARGUMENT with a message. */
+int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err);
+/* A field's value (bools 0/1), or absent. */
+int64_t ltn_variant_get(const ltn_variant *v, const char *name, int64_t absent);
+/* The one-line string (Variant.__str__): 0, or -1 when size is too small. */
+int ltn_variant_string(const ltn_variant *v, char *out, size_t size);
+/* The cache key (Variant.key): 0, or -1 for a kernel the tables do not know. */
+int ltn_variant_key(const ltn_variant *v, char hex[33]);
+/* Whether a loaded kernel (lazytriton_native.h's lt_kernel) takes n_ints pointers or integers, then n_floats fp32:
+   LT_OK with its CUfunction, context and hidden parameter count, else LT_ERROR_UNSUPPORTED with a message. */
+struct lt_kernel;
+int ltn_kernel_layout(const struct lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function,
+                      void **context, uint32_t *n_hidden);
+/* Entries in the open images, all together. */
+uint64_t ltn_images_entries(void);
+/* The kernel's source fingerprint (kernels.source_fingerprint when the library was built), or NULL. */
+const char *ltn_source_fingerprint(const char *kernel);
+
+#endif

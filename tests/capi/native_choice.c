@@ -1,0 +1,37 @@
+/*
+ * native_choice: the native core's choice of variant and key, one call a line (tests/test_native_choice.py).
+ *
+ * Each line of stdin: kernel capability dtype head_dim head_dim_v causal aligned seq16 index64 window softcap
+ * varlen seqused_q seqused_k seqlen_q seqlen_k. Each answer, one line: "ok VARIANT KEY" or "error MESSAGE".
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "lt_native.h"
+
+int main(void) {
+    char line[512];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        ltn_attn_request r;
+        long long sq = 0, sk = 0;
+        memset(&r, 0, sizeof r);
+        int n = sscanf(line, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %lld %lld", &r.kernel, &r.capability,
+                       &r.dtype, &r.head_dim, &r.head_dim_v, &r.causal, &r.aligned, &r.seq16, &r.index64, &r.window,
+                       &r.softcap, &r.varlen, &r.seqused_q, &r.seqused_k, &sq, &sk);
+        if (n != 16) {
+            printf("error bad request line\n");
+            continue;
+        }
+        r.seqlen_q = sq, r.seqlen_k = sk;
+        ltn_variant v;
+        ltn_error err;
+        char text[1024], key[33];
+        if (ltn_attn_variant(&r, &v, &err) != LTN_OK)
+            printf("error %s\n", err.message);
+        else if (ltn_variant_string(&v, text, sizeof text) != 0 || ltn_variant_key(&v, key) != 0)
+            printf("error no string or key\n");
+        else
+            printf("ok %s %s\n", text, key);
+    }
+    return 0;
+}

@@ -1,0 +1,107 @@
+"""The native core's choice of variant and key against Python's, field by field, over thousands of calls.
+
+``capi/native/lt_choice.c`` (with the tables ``capi/native_tables.py`` generates) must give every call of the C
+API's plans (``embedded.plan_variant``: flash_fwd, flash_bwd_dq and flash_bwd_dkdv; dense and packed, each head
+dim and value head dim, causal, alignment, SEQ16, 64-bit indexing, window, softcap, used lengths, seqlens in and
+between the tuning buckets, every target the tables and defaults tell apart) the same variant string and the same
+key, and refuse the calls Python refuses. On CPU, built with ASan and UBSan where they run.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+from nativelib import SANITIZER_ENV, build_driver
+
+from lazytriton import tuning
+from lazytriton.capi import embedded
+from lazytriton.kernels import dispatch
+from lazytriton.target import Target
+
+KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
+CAPABILITIES = (75, 80, 86, 89, 90, 100, 120)
+DTYPES = {1: "fp16", 2: "bf16", 3: "fp32"}
+HEAD_DIMS = (8, 16, 24, 32, 40, 48, 59, 64, 72, 80, 96, 100, 112, 128, 144, 160, 192, 200, 224, 255, 256)
+SEQLENS = (1, 2, 15, 16, 17, 64, 100, 128, 500, 1024, 1025, 2048, 4096, 5000, 16384, 20000, 65536, 1 << 20)
+
+
+def calls(count: int, seed: int) -> list[tuple[int, ...]]:
+    """``count`` calls (native_choice's fields in order), every axis drawn, the tuned head dims and seqlens often."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        head_dim = rng.choice(HEAD_DIMS) if rng.random() < 0.7 else rng.randint(1, 256)
+        head_dim_v = head_dim if rng.random() < 0.6 else rng.choice((rng.choice(HEAD_DIMS), rng.randint(1, 256)))
+        varlen = int(rng.random() < 0.3)
+        used = (rng.random() < 0.3, rng.random() < 0.3) if varlen or rng.random() < 0.05 else (False, False)
+        aligned = int(rng.random() < 0.6)
+        seqlens = [rng.choice(SEQLENS) if rng.random() < 0.6 else rng.randint(1, 70000) for _ in range(2)]
+        out.append((rng.randrange(3), rng.choice(CAPABILITIES), rng.choice((1, 2, 3)), head_dim, head_dim_v,
+                    int(rng.random() < 0.5), aligned, int(rng.random() < 0.5), int(rng.random() < 0.2),
+                    int(rng.random() < 0.2), int(rng.random() < 0.2), varlen, int(used[0]), int(used[1]),
+                    *seqlens))
+    return out
+
+
+def python_choice(call: tuple[int, ...]) -> str:
+    """``ok VARIANT KEY`` as the C API's Python planner chooses, or ``error`` where it refuses the call."""
+    kernel, capability, dtype, head_dim, head_dim_v, causal, aligned, seq16, index64, window, softcap, varlen, \
+        used_q, used_k, seqlen_q, seqlen_k = call
+    try:
+        variant = embedded.plan_variant(KERNELS[kernel], capability, dtype, head_dim, bool(causal), bool(aligned),
+                                        bool(index64), seqlen_q, seqlen_k, bool(varlen), head_dim_v,
+                                        seq16=bool(seq16), window=bool(window), softcap=bool(softcap),
+                                        seqused=(bool(used_q), bool(used_k)))
+    except ValueError:
+        return "error"
+    return f"ok {variant} {variant.key()}"
+
+
+def native_choice(program: Path, lines: list[tuple[int, ...]]) -> list[str]:
+    text = "".join(" ".join(map(str, call)) + "\n" for call in lines)
+    done = subprocess.run([str(program)], input=text, capture_output=True, text=True, timeout=600,
+                          env=SANITIZER_ENV | {"PATH": "/usr/bin:/bin"}, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    answers = done.stdout.splitlines()
+    assert len(answers) == len(lines), done.stderr[-4000:]
+    return answers
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    built, _ = build_driver(tmp_path_factory.mktemp("choice"), "native_choice")
+    return built
+
+
+def test_every_axis_gives_python_s_variant_and_key(program: Path) -> None:
+    lines = calls(4000, seed=20261205)
+    answers = native_choice(program, lines)
+    served = 0
+    for call, answer in zip(lines, answers, strict=True):
+        expected = python_choice(call)
+        if expected == "error":
+            assert answer.startswith("error "), f"{call}: Python refuses it, C answered {answer}"
+        else:
+            assert answer == expected, f"{call}:\n C      {answer}\n Python {expected}"
+            served += 1
+    assert served > 3000  # the refusals (seqused without varlen, SEQ16 unaligned) are the few
+
+
+def test_a_table_row_flows_to_c(tmp_path: Path) -> None:
+    """A tuning row the generator is given is the one C serves: a new row needs no edit of the C code."""
+    row = tuning.parse_row({"target": "sm_90", "kernel": "flash_fwd", "dtype": "bf16", "head_dim": "128",
+                            "causal": "0", "seqlen_q": "4096", "seqlen_k": "4096", "BLOCK_M": "32", "BLOCK_N": "16",
+                            "num_warps": "2", "num_stages": "5", "waves_per_eu": "0", "tflops": "1",
+                            "gpu": "test", "measured": "2026-12-05"})
+    table = tuning.Table([row])
+    built, _ = build_driver(tmp_path, "native_choice", table)
+    lines = [(0, 90, 2, 128, 128, causal, 1, 0, 0, 0, 0, 0, 0, 0, sq, sk)
+             for causal in (0, 1) for sq in (100, 4096, 9000) for sk in (1, 4096, 70000)]
+    for call, answer in zip(lines, native_choice(built, lines), strict=True):
+        variant = dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "bf16", 128, bool(call[5]), True,
+                                          call[14], call[15], table=table)
+        assert answer == f"ok {variant} {variant.key()}"
+        assert ("BLOCK_M=32,BLOCK_N=16" in answer) == (not call[5])
