@@ -48,7 +48,9 @@ class Request:
     FlashAttention-3's used lengths (SEQUSED_Q=true, SEQUSED_K=true), which
     only the Triton attention kernels take. ``sinks``: attention sinks (gpt-oss's:
     one logit a query head in every row's denominator, SINKS=true), which the
-    forward kernels and the decoding kernels take.
+    forward kernels and the decoding kernels take. ``varlen_q``: a decoding call
+    whose queries are packed by cu_seqlens_q (VARLEN_Q=true on the split kernel;
+    ``seqlen_q`` then counts the longest sequence's rows).
     """
 
     dtype: str
@@ -78,3 +80,4 @@ class Request:
     rotary: bool = False
     rotary_interleaved: bool = False
     sinks: bool = False
+    varlen_q: bool = False
