@@ -278,7 +278,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                            return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                            seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                           s_aux: torch.Tensor | None = None) -> Any:
+                           s_aux: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                           num_splits: int = 0, out: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -286,80 +287,76 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     layouts and return values.
 
     Args:
-        q: (total_q, heads_q, head_dim), float16, bfloat16 or float32, the
-            queries of every sequence one after another; any strides with a
-            contiguous last dim.
+        q: (total_q, heads_q, head_dim), float16, bfloat16 or float32, the queries of every sequence one after
+            another; any strides with a contiguous last dim.
         k: (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
-        v: k's shape but for the head dim, which may differ from q's
-            (head_dim_v; out then has it).
-        cu_seqlens_q: int32, (batch + 1,), on q's device (a strided view is
-            copied, a subclass read as the tensor it holds): the
-            cumulative query lengths; sequence i's queries are rows
-            cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q. cu_seqlens_q[0] must be 0,
-            the entries nondecreasing (empty sequences are allowed) and the
-            last one total_q.
+        v: k's shape but for the head dim, which may differ from q's (head_dim_v; out then has it).
+        cu_seqlens_q: int32, (batch + 1,), on q's device (a strided view is copied, a subclass read as the tensor it
+            holds): the cumulative query lengths; sequence i's queries are rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of
+            q. cu_seqlens_q[0] must be 0, the entries nondecreasing (empty sequences are allowed) and the last one
+            total_q.
         cu_seqlens_k: the same for k and v (batch + 1 entries too, ending at total_k).
-        max_seqlen_q: an int >= the longest query sequence: it sizes the
-            grid and picks the kernel's tiles. 0 (every sequence empty)
-            launches nothing.
-        max_seqlen_k: the same for keys; 0 gives every query output 0 (and
-            logsumexp -inf, zero gradients), with nothing launched.
-        dropout_p: dropout probability in [0, 1), as ``flash_attn_func``'s:
-            Philox seeded by a [seed, offset] pair drawn on q's device from
-            torch's generator at each call (``torch.manual_seed`` reproduces
-            it), the backward regenerating the forward's mask. Each element
-            of the packed batch has its own place in the mask: (head, packed
-            query row, packed key) of the (heads_q, total_q, total_k) scores.
+        max_seqlen_q: an int >= the longest query sequence: it sizes the grid and picks the kernel's tiles. 0 (every
+            sequence empty) launches nothing.
+        max_seqlen_k: the same for keys; 0 gives every query output 0 (and logsumexp -inf, zero gradients), with
+            nothing launched.
+        dropout_p: dropout probability in [0, 1), as ``flash_attn_func``'s: Philox seeded by a [seed, offset] pair
+            drawn on q's device from torch's generator at each call (``torch.manual_seed`` reproduces it), the
+            backward regenerating the forward's mask. Each element of the packed batch has its own place in the mask:
+            (head, packed query row, packed key) of the (heads_q, total_q, total_k) scores.
         softmax_scale: default 1/sqrt(head_dim).
-        causal: bottom-right aligned within each sequence, as in
-            FlashAttention 2.1+: query i of a sequence sees key j of the same
-            sequence when j <= i + len_k - len_q; a query that sees no key
-            outputs 0.
-        window_size: (left, right), FlashAttention-2's sliding window, per
-            sequence: query i sees key j when i + len_k - len_q - left <= j <=
-            i + len_k - len_q + right; -1 leaves a side unbounded; causal sets
-            right to 0.
-        softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
-            softcap) before the softmax.
-        alibi_slopes: float32 (heads_q,) or (batch, heads_q), batch being the
-            number of sequences: FlashAttention-2's ALiBi per sequence,
-            ``-slope * |i + len_k - len_q - j|`` within each sequence
-            (bottom-right), as ``flash_attn_func``'s. No gradient flows to it.
-        deterministic: accepted for compatibility: the varlen backward is
-            always bitwise reproducible (two kernels that each own the rows
-            they write; the fused backward takes no packed sequences).
-        return_attn_probs: if True, return ``(out, softmax_lse, None)``;
-            softmax_lse is float32 of shape (heads_q, total_q), FlashAttention
-            2.4+'s varlen layout (-inf for a query that sees no key, where
-            FlashAttention-2 writes +inf).
-        seqused_q: FlashAttention-3's (vLLM's keyword): None, or int32
-            (batch,) on q's device; sequence i's queries are then the first
-            seqused_q[i] rows of its cu_seqlens_q span (0 <= seqused_q[i] <=
-            its length), whose causal/window alignment and ALiBi use that
-            length. The rest of the span is never read (it may hold anything):
-            its rows of out are 0, of softmax_lse -inf, of dq 0.
-        seqused_k: the same for keys: sequence i sees the first seqused_k[i]
-            keys of its cu_seqlens_k span; the rest is never read and gets dk
-            and dv 0. With either, max_seqlen_q/max_seqlen_k stay at least
-            the longest cu_seqlens span, used or not.
-        sinks: as ``flash_attn_func``'s; rows past seqused_q then get
-            softmax_lse the sink.
+        causal: bottom-right aligned within each sequence, as in FlashAttention 2.1+: query i of a sequence sees key j
+            of the same sequence when j <= i + len_k - len_q; a query that sees no key outputs 0.
+        window_size: (left, right), FlashAttention-2's sliding window, per sequence: query i sees key j when i + len_k
+            - len_q - left <= j <= i + len_k - len_q + right; -1 leaves a side unbounded; causal sets right to 0.
+        softcap: if > 0, scores s (already scaled) become softcap * tanh(s / softcap) before the softmax.
+        alibi_slopes: float32 (heads_q,) or (batch, heads_q), batch being the number of sequences: FlashAttention-2's
+            ALiBi per sequence, ``-slope * |i + len_k - len_q - j|`` within each sequence (bottom-right), as
+            ``flash_attn_func``'s. No gradient flows to it.
+        deterministic: accepted for compatibility: the varlen backward is always bitwise reproducible (two kernels
+            that each own the rows they write; the fused backward takes no packed sequences).
+        return_attn_probs: if True, return ``(out, softmax_lse, None)``; softmax_lse is float32 of shape (heads_q,
+            total_q), FlashAttention 2.4+'s varlen layout (-inf for a query that sees no key, where FlashAttention-2
+            writes +inf).
+        seqused_q: FlashAttention-3's (vLLM's keyword): None, or int32 (batch,) on q's device; sequence i's queries
+            are then the first seqused_q[i] rows of its cu_seqlens_q span (0 <= seqused_q[i] <= its length), whose
+            causal/window alignment and ALiBi use that length. The rest of the span is never read (it may hold
+            anything): its rows of out are 0, of softmax_lse -inf, of dq 0.
+        seqused_k: the same for keys: sequence i sees the first seqused_k[i] keys of its cu_seqlens_k span; the rest
+            is never read and gets dk and dv 0. With either, max_seqlen_q/max_seqlen_k stay at least the longest
+            cu_seqlens span, used or not.
+        sinks: as ``flash_attn_func``'s; rows past seqused_q then get softmax_lse the sink.
         s_aux: ``sinks``' other name, as in ``flash_attn_func``.
+        block_table: FlashAttention-3's and vLLM's paged form (forward only): k and v are then the paged KV caches
+            (num_blocks, page_size, heads_k, head_dim), cu_seqlens_k must be None and seqused_k gives each
+            sequence's key count; the decoding kernels serve it (``lazytriton.kvcache_varlen.paged_varlen``).
+        num_splits: with block_table, how many pieces each sequence's keys are cut into (0: a heuristic; at most
+            256); without it, checked and not used (the packed-keys kernel does not split keys).
+        out: optional, vLLM's: a tensor of the output's shape, dtype and device that the output is written into
+            (and returned).
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
 
-    Differentiable with respect to any of q, k, v. Every argument is checked
-    before anything runs (a TypeError/ValueError naming it), the values of
-    cu_seqlens_q/cu_seqlens_k, seqused_q/seqused_k and max_seqlen_q/max_seqlen_k
-    included, which costs one device-to-host read of the small tensors (a stream sync).
-    While a CUDA graph is being captured or torch.compile traces, that read is
-    impossible, and only shapes, dtypes and devices are checked: the values
-    are then the caller's to get right, as in FlashAttention-2, which never
-    checks them; likewise inside ``lazytriton.trusted_indices()``, for a
-    caller whose cu_seqlens are right by construction (no sync per call).
+    Differentiable with respect to any of q, k, v. Every argument is checked before anything runs (a
+    TypeError/ValueError naming it), the values of cu_seqlens_q/cu_seqlens_k, seqused_q/seqused_k and
+    max_seqlen_q/max_seqlen_k included, which costs one device-to-host read of the small tensors (a stream sync).
+    While a CUDA graph is being captured or torch.compile traces, that read is impossible, and only shapes, dtypes and
+    devices are checked: the values are then the caller's to get right, as in FlashAttention-2, which never checks
+    them; likewise inside ``lazytriton.trusted_indices()``, for a caller whose cu_seqlens are right by construction
+    (no sync per call).
 
     """
+    if block_table is not None or out is not None or num_splits != 0:
+        from lazytriton import kvcache_varlen
+
+        if block_table is not None:
+            return kvcache_varlen.paged_varlen(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
+                softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out)
+        kvcache_varlen.check_splits_and_out(num_splits, out, q, v)
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
     check_bool("return_attn_probs", return_attn_probs)
@@ -382,7 +379,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                         window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
                         philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks)
     if eager:
-        out, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
+        res, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
         from lazytriton.ops_varlen import flash_varlen_fwd_op
 
@@ -391,9 +388,11 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         if c.sinks is None:
             mods = mods[:5] if seqused_q is not None or seqused_k is not None else () \
                 if c.alibi is None and c.philox is None else mods[:3]
-        out, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
+        res, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
                                        causal, c.window_left, c.window_right, c.softcap, *mods)
-    return (out, lse, None) if return_attn_probs else out
+    if out is not None:  # the caller's tensor (checked above)
+        res = out.copy_(res)
+    return (res, lse, None) if return_attn_probs else res
 
 
 def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,

@@ -174,6 +174,93 @@ def test_every_sequence_empty_or_max_seqlen_q_above_the_longest() -> None:
 
 
 # ---------------------------------------------------------------------------
+# flash_attn_varlen_func with a block table: vLLM's calling convention
+
+
+def varlen_func_args(args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's call of the same batch: k and v the paged caches, cu_seqlens_k None, seqused_k the lengths."""
+    return {"q": args["q"], "k": args["k_cache"], "v": args["v_cache"], "cu_seqlens_q": args["cu_seqlens_q"],
+            "cu_seqlens_k": None, "max_seqlen_q": args["max_seqlen_q"],
+            "max_seqlen_k": int(args["cache_seqlens"].max()), "seqused_k": args["cache_seqlens"],
+            "block_table": args["block_table"], **({"alibi_slopes": args["alibi_slopes"]}
+                                                   if "alibi_slopes" in args else {})}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.layout.startswith("page") and not c.new], ids=str)
+def test_the_varlen_func_form_is_the_kvcache_form(case: Case) -> None:
+    args = make_inputs(case, seed_of("varlen", str(case)))
+    sinks = torch.randn(case.heads[0], generator=torch.Generator().manual_seed(2))
+    want, want_lse = lazytriton.flash_attn_with_kvcache(**args, **options(case), num_splits=case.splits,
+                                                        sinks=sinks, return_softmax_lse=True)
+    out = torch.full_like(want, float("nan"))
+    got, lse, none = lazytriton.flash_attn_varlen_func(**varlen_func_args(args), **options(case), s_aux=sinks,
+                                                       num_splits=case.splits, return_attn_probs=True, out=out)
+    assert got is out and none is None
+    assert torch.equal(got, want) and torch.equal(lse, want_lse)
+    assert torch.equal(lazytriton.flash_attn_varlen_func(**varlen_func_args(args), **options(case), sinks=sinks,
+                                                         num_splits=case.splits), want)
+
+
+def test_the_varlen_func_form_traces_with_torch_compile() -> None:
+    torch._dynamo.reset()
+    args = make_inputs(Case(torch.float32, (4, 2), "page16", 0, True, (-1, -1), 0.0, False, 2), seed=11)
+    call = varlen_func_args(args)
+
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, used: torch.Tensor,
+             table: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        lazytriton.flash_attn_varlen_func(q * 2, k, v, cu, None, 5, 40, causal=True, seqused_k=used,
+                                          block_table=table, num_splits=2, out=out)
+        return out + 1
+
+    inputs = (call["q"], call["k"], call["v"], call["cu_seqlens_q"], call["seqused_k"], call["block_table"])
+    want = step(*inputs)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(*inputs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+VARLEN_BAD: list[tuple[str, Any, type[Exception], str]] = [
+    ("cu_seqlens_k", lambda a: {**a, "cu_seqlens_k": a["cu_seqlens_q"]}, ValueError, "cu_seqlens_k must be None"),
+    ("no_seqused_k", lambda a: {**a, "seqused_k": None}, ValueError, "block_table needs seqused_k"),
+    ("seqused_k_int", lambda a: {**a, "seqused_k": 3}, TypeError, "seqused_k must be an int32 tensor"),
+    ("seqused_k_int64", lambda a: {**a, "seqused_k": a["seqused_k"].long()}, TypeError, "seqused_k must be"),
+    ("seqused_k_past_end", lambda a: {**a, "seqused_k": torch.full((5,), 99, dtype=torch.int32)}, ValueError,
+     r"seqused_k\[0\] = 99"),
+    ("seqused_q", lambda a: {**a, "seqused_q": a["seqused_k"]}, ValueError, "seqused_q is not taken"),
+    ("dropout", lambda a: {**a, "dropout_p": 0.1}, ValueError, "dropout_p must be 0 with block_table"),
+    ("max_seqlen_k", lambda a: {**a, "max_seqlen_k": -1}, TypeError, "max_seqlen_k must be an int >= 0"),
+    ("num_splits", lambda a: {**a, "num_splits": 300}, ValueError, "num_splits must be in 0..256"),
+    ("out_shape", lambda a: {**a, "out": torch.empty(3, 4, 32)}, ValueError, "out must have shape"),
+    ("out_dtype", lambda a: {**a, "out": torch.empty(10, 4, 32)}, TypeError, "out must be torch.float16"),
+    ("grad", lambda a: {**a, "q": a["q"].float().requires_grad_(), "k": a["k"].float(), "v": a["v"].float()},
+     ValueError, "forward only"),
+    ("k_heads", lambda a: {**a, "k": a["k"][:, :, :1].contiguous()}, ValueError, "k \\(the paged cache\\)"),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "error", "match"), VARLEN_BAD, ids=[b[0] for b in VARLEN_BAD])
+def test_bad_varlen_func_input_is_refused_before_anything_runs(name: str, change: Any, error: type[Exception],
+                                                               match: str) -> None:
+    args = {**varlen_func_args(_valid()), "causal": True}
+    before = (args["k"].clone(), args["v"].clone())
+    with pytest.raises(error, match=match):
+        lazytriton.flash_attn_varlen_func(**change(args))
+    assert torch.equal(args["k"], before[0]) and torch.equal(args["v"], before[1])
+
+
+def test_num_splits_and_out_without_a_block_table() -> None:
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(7, 2, 16, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    want = lazytriton.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, causal=True)
+    out = torch.empty_like(want)
+    assert lazytriton.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, causal=True, num_splits=1, out=out) is out
+    assert torch.equal(out, want)
+    with pytest.raises(TypeError, match="num_splits must be an int"):
+        lazytriton.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, num_splits=1.0)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
 # Bad input: refused before anything runs
 
 
