@@ -17,7 +17,7 @@
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 49   /* flash_decode_split: 47 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 50   /* flash_decode_split: 48 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
 #define LT__APPEND_PARAMS 36         /* kv_append: 36 pointers and integers */
@@ -573,7 +573,8 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
-        LT__OR_LSE(p->rotary_seqlens), LT__PTR(p->lse), q->strides[0], q->strides[1], q->strides[2],
+        LT__OR_LSE(p->rotary_seqlens), LT__PTR(p->lse), LT__PTR(p->lse), q->strides[0], q->strides[1],
+        q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         c->hq / c->hk, c->hq, c->sq, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,

@@ -52,6 +52,9 @@ class Request:
     with a bias (``bias``) whose gradient it also computes (BIAS_GRAD=true on
     flash_bwd_dq, the kernel that writes it; every other kernel of the call
     has the bias call's variant).
+    forward kernels and the decoding kernels take. ``varlen_q``: a decoding call
+    whose queries are packed by cu_seqlens_q (VARLEN_Q=true on the split kernel;
+    ``seqlen_q`` then counts the longest sequence's rows).
     """
 
     dtype: str
@@ -82,3 +85,4 @@ class Request:
     rotary_interleaved: bool = False
     sinks: bool = False
     bias_grad: bool = False
+    varlen_q: bool = False

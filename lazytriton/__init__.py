@@ -9,7 +9,8 @@ call, returning the logsumexp too), ``flash_attn_with_kvcache`` (decoding),
 ``flash_attn_combine`` (FlashAttention-3's merge of attention over key chunks)
 and ``preload`` (load kernels before a CUDA graph capture); their docstrings
 are in ``lazytriton.interface`` (SDPA's in ``lazytriton.sdpa``, the KV-cache
-call's in ``lazytriton.kvcache``, the combine's in ``lazytriton.combine``).
+call's in ``lazytriton.kvcache``, the combine's in ``lazytriton.combine``,
+``preload``'s in ``lazytriton.preloading``).
 
 ``import lazytriton`` is light: it imports neither torch nor triton until an
 attention function is first looked up (then torch), and triton only when
@@ -31,7 +32,7 @@ __version__ = "0.1.0"
 _LAZY = ("flash", "runtime", "config", "compiler", "ops", "interface", "kvcache", "combine")
 # The public functions and the modules that define them (and hold their docstrings).
 _HOMES = {"flash_attn_func": "interface", "flash_attn_varlen_func": "interface", "attn_fwd": "interface",
-          "preload": "interface", "CaptureError": "interface", "scaled_dot_product_attention": "sdpa",
+          "preload": "preloading", "CaptureError": "interface", "scaled_dot_product_attention": "sdpa",
           "flash_attn_with_kvcache": "kvcache", "trusted_indices": "kvcache", "flash_attn_combine": "combine"}
 # Subpackages whose source sits at the top of the repository (pyproject's package-dir).
 _CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")

@@ -1,7 +1,7 @@
 """The public attention functions: FlashAttention-2's and SDPA's signatures, and the lower-level ``attn_fwd``.
 
 Layering is FlashAttention-2's: the torch op (``lazytriton.ops``, with its
-fake twin), then (from the backward issue on) autograd on it, then these thin
+fake twin), then autograd on it, then these thin
 functions, which alone carry the long docstrings. Each checks its arguments
 (a ``TypeError``/``ValueError`` naming the argument before anything runs),
 turns its layout into the kernel's (batch, heads, seqlen, head_dim) with
@@ -279,7 +279,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                            return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                            seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                           s_aux: torch.Tensor | None = None) -> Any:
+                           s_aux: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                           num_splits: int = 0, out: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -287,80 +288,76 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     layouts and return values.
 
     Args:
-        q: (total_q, heads_q, head_dim), float16, bfloat16 or float32, the
-            queries of every sequence one after another; any strides with a
-            contiguous last dim.
+        q: (total_q, heads_q, head_dim), float16, bfloat16 or float32, the queries of every sequence one after
+            another; any strides with a contiguous last dim.
         k: (total_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
-        v: k's shape but for the head dim, which may differ from q's
-            (head_dim_v; out then has it).
-        cu_seqlens_q: int32, (batch + 1,), on q's device (a strided view is
-            copied, a subclass read as the tensor it holds): the
-            cumulative query lengths; sequence i's queries are rows
-            cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q. cu_seqlens_q[0] must be 0,
-            the entries nondecreasing (empty sequences are allowed) and the
-            last one total_q.
+        v: k's shape but for the head dim, which may differ from q's (head_dim_v; out then has it).
+        cu_seqlens_q: int32, (batch + 1,), on q's device (a strided view is copied, a subclass read as the tensor it
+            holds): the cumulative query lengths; sequence i's queries are rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of
+            q. cu_seqlens_q[0] must be 0, the entries nondecreasing (empty sequences are allowed) and the last one
+            total_q.
         cu_seqlens_k: the same for k and v (batch + 1 entries too, ending at total_k).
-        max_seqlen_q: an int >= the longest query sequence: it sizes the
-            grid and picks the kernel's tiles. 0 (every sequence empty)
-            launches nothing.
-        max_seqlen_k: the same for keys; 0 gives every query output 0 (and
-            logsumexp -inf, zero gradients), with nothing launched.
-        dropout_p: dropout probability in [0, 1), as ``flash_attn_func``'s:
-            Philox seeded by a [seed, offset] pair drawn on q's device from
-            torch's generator at each call (``torch.manual_seed`` reproduces
-            it), the backward regenerating the forward's mask. Each element
-            of the packed batch has its own place in the mask: (head, packed
-            query row, packed key) of the (heads_q, total_q, total_k) scores.
+        max_seqlen_q: an int >= the longest query sequence: it sizes the grid and picks the kernel's tiles. 0 (every
+            sequence empty) launches nothing.
+        max_seqlen_k: the same for keys; 0 gives every query output 0 (and logsumexp -inf, zero gradients), with
+            nothing launched.
+        dropout_p: dropout probability in [0, 1), as ``flash_attn_func``'s: Philox seeded by a [seed, offset] pair
+            drawn on q's device from torch's generator at each call (``torch.manual_seed`` reproduces it), the
+            backward regenerating the forward's mask. Each element of the packed batch has its own place in the mask:
+            (head, packed query row, packed key) of the (heads_q, total_q, total_k) scores.
         softmax_scale: default 1/sqrt(head_dim).
-        causal: bottom-right aligned within each sequence, as in
-            FlashAttention 2.1+: query i of a sequence sees key j of the same
-            sequence when j <= i + len_k - len_q; a query that sees no key
-            outputs 0.
-        window_size: (left, right), FlashAttention-2's sliding window, per
-            sequence: query i sees key j when i + len_k - len_q - left <= j <=
-            i + len_k - len_q + right; -1 leaves a side unbounded; causal sets
-            right to 0.
-        softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
-            softcap) before the softmax.
-        alibi_slopes: float32 (heads_q,) or (batch, heads_q), batch being the
-            number of sequences: FlashAttention-2's ALiBi per sequence,
-            ``-slope * |i + len_k - len_q - j|`` within each sequence
-            (bottom-right), as ``flash_attn_func``'s. No gradient flows to it.
-        deterministic: accepted for compatibility: the varlen backward is
-            always bitwise reproducible (two kernels that each own the rows
-            they write; the fused backward takes no packed sequences).
-        return_attn_probs: if True, return ``(out, softmax_lse, None)``;
-            softmax_lse is float32 of shape (heads_q, total_q), FlashAttention
-            2.4+'s varlen layout (-inf for a query that sees no key, where
-            FlashAttention-2 writes +inf).
-        seqused_q: FlashAttention-3's (vLLM's keyword): None, or int32
-            (batch,) on q's device; sequence i's queries are then the first
-            seqused_q[i] rows of its cu_seqlens_q span (0 <= seqused_q[i] <=
-            its length), whose causal/window alignment and ALiBi use that
-            length. The rest of the span is never read (it may hold anything):
-            its rows of out are 0, of softmax_lse -inf, of dq 0.
-        seqused_k: the same for keys: sequence i sees the first seqused_k[i]
-            keys of its cu_seqlens_k span; the rest is never read and gets dk
-            and dv 0. With either, max_seqlen_q/max_seqlen_k stay at least
-            the longest cu_seqlens span, used or not.
-        sinks: as ``flash_attn_func``'s; rows past seqused_q then get
-            softmax_lse the sink.
+        causal: bottom-right aligned within each sequence, as in FlashAttention 2.1+: query i of a sequence sees key j
+            of the same sequence when j <= i + len_k - len_q; a query that sees no key outputs 0.
+        window_size: (left, right), FlashAttention-2's sliding window, per sequence: query i sees key j when i + len_k
+            - len_q - left <= j <= i + len_k - len_q + right; -1 leaves a side unbounded; causal sets right to 0.
+        softcap: if > 0, scores s (already scaled) become softcap * tanh(s / softcap) before the softmax.
+        alibi_slopes: float32 (heads_q,) or (batch, heads_q), batch being the number of sequences: FlashAttention-2's
+            ALiBi per sequence, ``-slope * |i + len_k - len_q - j|`` within each sequence (bottom-right), as
+            ``flash_attn_func``'s. No gradient flows to it.
+        deterministic: accepted for compatibility: the varlen backward is always bitwise reproducible (two kernels
+            that each own the rows they write; the fused backward takes no packed sequences).
+        return_attn_probs: if True, return ``(out, softmax_lse, None)``; softmax_lse is float32 of shape (heads_q,
+            total_q), FlashAttention 2.4+'s varlen layout (-inf for a query that sees no key, where FlashAttention-2
+            writes +inf).
+        seqused_q: FlashAttention-3's (vLLM's keyword): None, or int32 (batch,) on q's device; sequence i's queries
+            are then the first seqused_q[i] rows of its cu_seqlens_q span (0 <= seqused_q[i] <= its length), whose
+            causal/window alignment and ALiBi use that length. The rest of the span is never read (it may hold
+            anything): its rows of out are 0, of softmax_lse -inf, of dq 0.
+        seqused_k: the same for keys: sequence i sees the first seqused_k[i] keys of its cu_seqlens_k span; the rest
+            is never read and gets dk and dv 0. With either, max_seqlen_q/max_seqlen_k stay at least the longest
+            cu_seqlens span, used or not.
+        sinks: as ``flash_attn_func``'s; rows past seqused_q then get softmax_lse the sink.
         s_aux: ``sinks``' other name, as in ``flash_attn_func``.
+        block_table: FlashAttention-3's and vLLM's paged form (forward only): k and v are then the paged KV caches
+            (num_blocks, page_size, heads_k, head_dim), cu_seqlens_k must be None and seqused_k gives each
+            sequence's key count; the decoding kernels serve it (``lazytriton.kvcache_varlen.paged_varlen``).
+        num_splits: with block_table, how many pieces each sequence's keys are cut into (0: a heuristic; at most
+            256); without it, checked and not used (the packed-keys kernel does not split keys).
+        out: optional, vLLM's: a tensor of the output's shape, dtype and device that the output is written into
+            (and returned).
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
 
-    Differentiable with respect to any of q, k, v. Every argument is checked
-    before anything runs (a TypeError/ValueError naming it), the values of
-    cu_seqlens_q/cu_seqlens_k, seqused_q/seqused_k and max_seqlen_q/max_seqlen_k
-    included, which costs one device-to-host read of the small tensors (a stream sync).
-    While a CUDA graph is being captured or torch.compile traces, that read is
-    impossible, and only shapes, dtypes and devices are checked: the values
-    are then the caller's to get right, as in FlashAttention-2, which never
-    checks them; likewise inside ``lazytriton.trusted_indices()``, for a
-    caller whose cu_seqlens are right by construction (no sync per call).
+    Differentiable with respect to any of q, k, v. Every argument is checked before anything runs (a
+    TypeError/ValueError naming it), the values of cu_seqlens_q/cu_seqlens_k, seqused_q/seqused_k and
+    max_seqlen_q/max_seqlen_k included, which costs one device-to-host read of the small tensors (a stream sync).
+    While a CUDA graph is being captured or torch.compile traces, that read is impossible, and only shapes, dtypes and
+    devices are checked: the values are then the caller's to get right, as in FlashAttention-2, which never checks
+    them; likewise inside ``lazytriton.trusted_indices()``, for a caller whose cu_seqlens are right by construction
+    (no sync per call).
 
     """
+    if block_table is not None or out is not None or num_splits != 0:
+        from lazytriton import kvcache_varlen
+
+        if block_table is not None:
+            return kvcache_varlen.paged_varlen(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
+                softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out)
+        kvcache_varlen.check_splits_and_out(num_splits, out, q, v)
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
     check_bool("return_attn_probs", return_attn_probs)
@@ -383,7 +380,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                         window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
                         philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks)
     if eager:
-        out, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
+        res, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
         from lazytriton.ops_varlen import flash_varlen_fwd_op
 
@@ -392,115 +389,11 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         if c.sinks is None:
             mods = mods[:5] if seqused_q is not None or seqused_k is not None else () \
                 if c.alibi is None and c.philox is None else mods[:3]
-        out, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
+        res, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,
                                        causal, c.window_left, c.window_right, c.softcap, *mods)
-    return (out, lse, None) if return_attn_probs else out
+    if out is not None:  # the caller's tensor (checked above)
+        res = out.copy_(res)
+    return (res, lse, None) if return_attn_probs else res
 
 
-def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...], *, causal: bool | str = False,
-            layout: str = "bhsd", dtype: torch.dtype | None = None, device: Any = None,
-            backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
-            alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
-            head_dim_v: int | None = None, deterministic: bool = False, sinks: bool = False,
-            bias_grad: bool = False) -> list[str]:
-    """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
-
-    Call it before capturing a CUDA graph (or before ``torch.compile(...,
-    mode="reduce-overhead")``): a call whose kernel is not loaded yet cannot
-    load or compile it during a capture, and raises a clear error instead. The
-    kernels come from the images, the cache or, failing those, the JIT.
-
-    Args:
-        q: an example query tensor (on the target GPU) or its shape.
-        k: an example key tensor or its shape (v has k's shape).
-        causal: as in ``attn_fwd`` (False, True/"top_left", "bottom_right"); the
-            two alignments share one kernel.
-        layout: "bhsd" (SDPA, ``attn_fwd``) or "bshd" (``flash_attn_func``).
-        dtype: for shapes (default float16); taken from ``q`` when it is a tensor.
-        device: for shapes (default the current CUDA device); taken from ``q``
-            when it is a tensor.
-        backward: also load the backward's kernels (to capture a training
-            step's backward in a CUDA graph).
-        window_size: as in ``attn_fwd``: calls with a window use their own kernels.
-        softcap: as in ``attn_fwd``: calls with a softcap use their own kernels.
-        alibi: calls with ALiBi slopes use their own kernels.
-        dropout: calls with dropout_p > 0 use their own kernels (to capture
-            dropout in a CUDA graph, preload with ``dropout=True``).
-        attn_mask: SDPA calls with an attn_mask use their own kernels.
-        head_dim_v: v's head dim where it differs from k's (None: k's).
-        deterministic: with ``backward``, the kernels of a deterministic
-            backward (``flash_attn_func(..., deterministic=True)``, or
-            ``torch.use_deterministic_algorithms(True)`` while it is on).
-        sinks: calls with attention sinks use their own forward kernels.
-        bias_grad: with ``backward`` and ``attn_mask``, the kernels of a
-            backward that also computes the mask's gradient (an attn_mask
-            that requires grad).
-
-    Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
-    one is loaded when every stride of a contiguous tensor allows it (as
-    torch's allocations do), and for tensors the one their pointers select.
-
-    """
-    if layout not in ("bhsd", "bshd"):
-        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
-    if check_bool("bias_grad", bias_grad) and not check_bool("backward", backward):
-        raise ValueError("bias_grad=True describes the backward: pass backward=True (and attn_mask=True)")
-    shapes = [t if isinstance(t, torch.Tensor) else _shape(name, t) for name, t in (("q", q), ("k", k))]
-    if isinstance(q, torch.Tensor):
-        dtype, device = q.dtype, q.device
-    dtype = torch.float16 if dtype is None else dtype
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"device must be a CUDA/ROCm GPU (preload loads GPU kernels), got {device}")
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    tensors = [t if isinstance(t, torch.Tensor) else torch.empty(t, dtype=dtype, device="meta") for t in shapes]
-    if layout == "bshd":
-        tensors = [t.transpose(1, 2) for t in tensors]
-    qt, kt = tensors
-    vt = kt
-    if head_dim_v is not None:
-        if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int):
-            raise TypeError(f"head_dim_v must be an int or None, got {type(head_dim_v).__name__}")
-        vt = binding.empty_like_head_dim(kt.to("meta"), head_dim_v)
-    call = binding.check(qt, kt, vt, causal, None, window=window_size, softcap=softcap)
-    call = _meta_mods(call, qt, check_bool("alibi", alibi), check_bool("dropout", dropout),
-                      check_bool("attn_mask", attn_mask))
-    if check_bool("sinks", sinks):  # a stand-in: only the flag matters
-        call = call._replace(sinks=torch.empty(call.shape.heads_q, device="meta"))
-    # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
-    out, lse = binding.empty_outputs(qt, call.shape, call.head_dim_v)
-    _, aligned, index64 = binding.pack(qt, kt, vt, out, lse, call)
-    loaded = [str(binding.preload(device, dtype, call, aligned, index64))]
-    if check_bool("backward", backward):
-        from lazytriton.kernels.flash_bwd import binding as bwd_binding
-
-        # The backward's own rule (SEQ16 when the seqlens are multiples of 16 too), on the same meta tensors.
-        grads = bwd_binding.empty_grads(qt, kt, vt)
-        _, _, bwd_aligned, seq16, bwd_index64 = bwd_binding.pack(qt, kt, vt, out, out, lse, lse, *grads, call)
-        loaded += [str(v) for v in bwd_binding.preload(device, dtype, call, bwd_aligned, bwd_index64, seq16,
-                                                       check_bool("deterministic", deterministic),
-                                                       bias_grad=bias_grad)]
-    return loaded
-
-
-def _meta_mods(call: binding.Call, q: torch.Tensor, alibi: bool, dropout: bool, attn_mask: bool) -> binding.Call:
-    """``call`` with stand-in (meta) slopes, bias and Philox tensors for the flags asked: only the flags matter."""
-    if not (alibi or dropout or attn_mask):
-        return call
-    b, hq, _, sq, sk, _ = call.shape
-    meta = torch.device("meta")
-    return call._replace(alibi=torch.empty(hq, dtype=torch.float32, device=meta) if alibi else None,
-                         bias=torch.empty(1, dtype=q.dtype, device=meta).expand(b, hq, sq, sk) if attn_mask else None,
-                         dropout_p=0.5 if dropout else 0.0,
-                         philox=torch.empty(2, dtype=torch.int64, device=meta) if dropout else None)
-
-
-def _shape(name: str, shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 4 or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise TypeError(f"{name} must be a tensor or a shape of 4 non-negative ints, got {shape!r}")
-    return tuple(shape)
-
-
-__all__ = ["CaptureError", "always_through_op", "attn_fwd", "flash_attn_func", "flash_attn_varlen_func", "preload"]
+__all__ = ["CaptureError", "always_through_op", "attn_fwd", "flash_attn_func", "flash_attn_varlen_func"]

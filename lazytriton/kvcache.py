@@ -42,7 +42,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             return_softmax_lse: bool = False, cache_leftpad: torch.Tensor | None = None,
                             rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
                             rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None,
-                            sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None) -> Any:
+                            sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None,
+                            cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
@@ -146,10 +147,24 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             splits, in their merge) and adds no value; a query that sees no
             key outputs 0 with lse the sink.
         s_aux: ``sinks``' other name (vLLM's FlashAttention-3 fork); pass one.
+        cu_seqlens_q: optional int32 (batch + 1,), FlashAttention-3's: q is
+            then (total_q, heads, head_dim), the queries of every sequence
+            one after another (a serving engine's mixed batch of prefills and
+            decodes in one call): sequence b's are rows cu_seqlens_q[b] ..
+            cu_seqlens_q[b + 1] - 1, their own count seqlen_q_b aligning the
+            causal mask, the window, ALiBi and rotary bottom-right (offset =
+            cache_seqlens[b] + seqlen_new - seqlen_q_b); an empty sequence is
+            allowed. cu_seqlens_q[0] must be 0, the entries nondecreasing and
+            the last total_q. k and v (new keys) keep their (batch,
+            seqlen_new, ...) form.
+        max_seqlen_q: with cu_seqlens_q (needed then), an int >= the longest
+            sequence's query count: it sizes the grid and picks the tiles.
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
-        softmax_lse) with return_softmax_lse.
+        softmax_lse) with return_softmax_lse. With cu_seqlens_q, out is
+        (total_q, heads, head_dim_v) and softmax_lse (heads, total_q)
+        (FlashAttention-3's varlen layout).
 
     The index tensors (cache_seqlens, cache_batch_idx, block_table,
     alibi_slopes, cache_leftpad, rotary_seqlens) and the rotary tables are
@@ -158,7 +173,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     the kernels read. Their values are checked too (a length past the cache's
     end, a block past the cache, a row past the cache, a left pad past the
     cached length, a rotary position past seqlen_ro raise ValueError, and
-    nothing is written): on a GPU that costs
+    nothing is written; so do cu_seqlens_q's against q and max_seqlen_q): on a GPU that costs
     one host synchronisation per call, skipped while a CUDA graph is being
     captured and inside ``lazytriton.kvcache.trusted_indices()``. CUDA/ROCm
     tensors run cached kernels (compiled on first use if no tier holds them);
@@ -174,12 +189,13 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         index_tensor(cache_seqlens), index_tensor(cache_batch_idx), index_tensor(block_table),
         index_tensor(alibi_slopes), index_tensor(cache_leftpad), index_tensor(attention_sinks.given(sinks, s_aux)))
     rotary = (index_tensor(rotary_cos), index_tensor(rotary_sin), index_tensor(rotary_seqlens))
+    cu_seqlens_q = index_tensor(cu_seqlens_q)
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                      cache_leftpad, *rotary, sinks)
-    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved)
+                      cache_leftpad, *rotary, sinks, cu_seqlens_q)
+    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved, max_seqlen_q)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
                      block_table, alibi_slopes, cache_leftpad, sinks)
-    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary):
+    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary, cu_seqlens_q):
         out, lse = binding.forward(t, call)
     else:
         from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
@@ -188,7 +204,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
         out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
                       causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad,
-                      *rotary[:2], rotary_interleaved, rotary[2], sinks)
+                      *rotary[:2], rotary_interleaved, rotary[2], sinks,
+                      *((cu_seqlens_q, call.seqlen_q) if call.varlen_q else ()))
     return (out, lse) if return_softmax_lse else out
 
 

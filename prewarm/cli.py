@@ -64,8 +64,7 @@ CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, wi
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
                "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "bias_grad", "leftpad",
-               "rotary", "sinks",
-               "page_size")
+               "rotary", "sinks", "varlen_q", "page_size")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 # --rotary's choices: the rotary modes planned beside the calls without rotary (geometry.ROTARY_MODES).
 _ROTARY = {"interleaved": ("none", "interleaved"), "halves": ("none", "halves"),
@@ -248,6 +247,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--sinks", action="store_true",
                       help="also build the attention-sink (SINKS=true) variants of the forward kernels (the Gluon "
                            "forward's too) and flash_decode: sinks (s_aux) in the API; the backward takes none")
+    axes.add_argument("--varlen-q", action="store_true",
+                      help="also build the packed-query (VARLEN_Q=true) variants of flash_decode's split kernel: "
+                           "cu_seqlens_q in flash_attn_with_kvcache, flash_attn_varlen_func with a block_table")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -337,6 +339,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 leftpad=(False, True) if args.leftpad else (False,),
                 rotary=_ROTARY[args.rotary] if args.rotary else ("none",),
                 sinks=(False, True) if args.sinks else (False,),
+                varlen_q=(False, True) if args.varlen_q else (False,),
                 page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None)
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 

@@ -134,3 +134,14 @@ def test_quick_rotary_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert {r["provider"] for r in rows if r["check"] == "ok"} >= {"lazytriton_append", "lazytriton_rotary"}
     assert all(r["check"] == "ok" for r in rows)
     assert "rotary (ms)" in proc.stdout and proc.stdout.splitlines()[-1].startswith("max")
+
+
+def test_bench_mixed_quick_runs_end_to_end_on_cpu() -> None:
+    """benchmarks/bench_mixed.py: a mixed batch as one call against its prefill and decode parts, checked equal."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_mixed.py"), "--quick"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[-4:] == ["one_call_ms", "parts_ms", "ratio", "max_err"]
+    assert len(lines) == 4 and "WRONG" not in proc.stdout
+    assert lines[-1].startswith("one_call / parts: geomean")

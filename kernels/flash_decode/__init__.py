@@ -35,6 +35,12 @@ valid pointer without them) is a flag of both kernels, written only when true:
 the split kernel adds the sink when it writes the output itself (one split),
 the combine kernel when it merges several.
 
+``VARLEN_Q`` (queries packed by ``cu_seqlens_q``, ``CuSeqlensQ``: FlashAttention's
+varlen layout, (total_q, heads, head_dim); any valid pointer without it) is a
+flag of the split kernel, written only when true; ``seqlen_q`` is then the
+packed total (the lse's row length) and the grid covers ``max_seqlen_q``. The
+combine kernel needs no flag: it merges the packed rows as one batch.
+
 A value head dim of its own (``head_dim_v``, DeepSeek's MLA) is the split
 kernel's ``BLOCK_DV``/``EVEN_DV``, written in a variant only where they differ
 from ``BLOCK_D``/``EVEN_D`` (``lazytriton.variant``'s rule for every attention
@@ -57,7 +63,8 @@ def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
 _SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
                    ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
                    ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"), ("RotaryCos", "*{dtype}"),
-                   ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"), ("Sinks", "*fp32"))
+                   ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"), ("Sinks", "*fp32"),
+                   ("CuSeqlensQ", "*i32"))
 _SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"))
 
 FLASH_DECODE_SPLIT = KernelSpec(
@@ -88,7 +95,8 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("softcap", "fp32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
-                "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS"),
+                "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS",
+                "VARLEN_Q"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary",),
 )

@@ -109,7 +109,7 @@ def splits_for(call: Call, block_m: int, block_n: int, sms: int, min_keys: int =
     the float32 partials under 2**31 elements (the kernels index them in 32
     bits).
     """
-    most = max(1, checks.INT32_MAX // max(1, call.batch * call.heads_q * call.seqlen_q * call.value_dim))
+    most = max(1, checks.INT32_MAX // max(1, call.lse_rows * call.value_dim))
     if call.num_splits:
         return min(call.num_splits, most)
     programs = call.batch * call.heads_k * -(-call.rows // block_m)
@@ -135,7 +135,7 @@ def _ptr(x: Any) -> int:
 
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
-                 "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks",
+                 "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks", "CuSeqlensQ",
                  *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
                  "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right",
@@ -150,22 +150,26 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
 
     Written out in ``_SPLIT_LAYOUT``'s order (one tuple, no dict: this runs
     on every launch). An argument the call does not use gets ``lse`` (any
-    valid pointer) and the flag or size that says so.
+    valid pointer) and the flag or size that says so. Packed queries (q and
+    out (total_q, heads, dim)) get batch stride 0 and seqlen_q total_q.
     """
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
     table, slopes, rows, pads, sinks = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad, t.sinks
     cos, sin, bases = t.rotary_cos, t.rotary_sin, t.rotary_seqlens
     qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
+    cu = t.cu_seqlens_q
+    if cu is not None:
+        qs, os = (0, *qs), (0, *os)
     return (pointers(t.q), pointers(t.k_cache), pointers(t.v_cache), pointers(out), pointers(lse),
             pointers(part_out), pointers(part_lse), pointers(lse if seqlens is None else seqlens),
             pointers(lse if rows is None else rows), pointers(lse if table is None else table),
             pointers(lse if slopes is None else slopes), pointers(lse if pads is None else pads),
             pointers(t.q if cos is None else cos), pointers(t.q if sin is None else sin),
             pointers(lse if bases is None else bases),
-            pointers(lse if sinks is None else sinks),
+            pointers(lse if sinks is None else sinks), pointers(lse if cu is None else cu),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
-            call.heads_q // call.heads_k, call.heads_q, call.seqlen_q, call.head_dim, call.value_dim,
+            call.heads_q // call.heads_k, call.heads_q, call.out_seqlen, call.head_dim, call.value_dim,
             max(call.seqlen_const, 0),
             call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
             call.window_left, call.window_right, call.rotary_dim, call.seqlen_ro, int(call.rotary_seqlens),
@@ -174,13 +178,16 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
 
 def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: Call,
                  splits: int, pointers: Any = _ptr, sinks: torch.Tensor | None = None) -> tuple[Any, ...]:
-    """The combine kernel's integer arguments (``sinks``: the call's, else ``lse`` stands in, unread)."""
-    os = out.stride()
+    """The combine kernel's integer arguments (``sinks``: the call's, else ``lse`` stands in, unread).
+
+    Packed queries are one batch of total_q (``Call.out_batch``, ``out_seqlen``).
+    """
+    os = out.stride() if not call.varlen_q else (0, *out.stride())
     values = {"OutPart": pointers(part_out), "LsePart": pointers(part_lse), "Out": pointers(out),
               "Lse": pointers(lse), "Sinks": pointers(lse if sinks is None else sinks),
               "stride_ob": os[0], "stride_os": os[1], "stride_oh": os[2],
-              "heads_q": call.heads_q, "seqlen_q": call.seqlen_q, "head_dim": call.value_dim, "num_splits": splits,
-              "n_rows": call.batch * call.heads_q * call.seqlen_q}
+              "heads_q": call.heads_q, "seqlen_q": call.out_seqlen, "head_dim": call.value_dim, "num_splits": splits,
+              "n_rows": call.lse_rows}
     return tuple(values[name] for name in COMBINE_INT_PARAMS)
 
 
@@ -193,6 +200,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",
             "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "LT__OR_LSE(p->rotary_seqlens)",
             "Sinks": "LT__PTR(p->lse)",  # the C API has no sinks
+            "CuSeqlensQ": "LT__PTR(p->lse)",  # the C API has no packed queries
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
@@ -227,6 +235,8 @@ def layout_flags(t: Inputs, out: torch.Tensor) -> tuple[bool, bool]:
     """(aligned, index64): 16-byte aligned pointers and outer strides; some tensor spanning 2**31 elements."""
     q, kc, vc = t.q, t.k_cache, t.v_cache
     qs, ks, vs, os = q.stride(), kc.stride(), vc.stride(), out.stride()
+    if q.dim() == 3:  # packed queries: no batch stride
+        qs, os = (0, *qs), (0, *os)
     aligned = not (q.data_ptr() | kc.data_ptr() | vc.data_ptr() | out.data_ptr() | qs[0] | qs[1] | qs[2] | ks[0]
                    | ks[1] | ks[2] | vs[0] | vs[1] | vs[2] | os[0] | os[1] | os[2]) & 15
     # out counts too: with head_dim_v > head_dim it spans more than q.
@@ -237,7 +247,7 @@ def layout_flags(t: Inputs, out: torch.Tensor) -> tuple[bool, bool]:
 
 def _extent(shape: Any, strides: Any) -> int:
     """How far past its first element a tensor's last one lies (elements; strides are non-negative here)."""
-    return (shape[0] - 1) * strides[0] + (shape[1] - 1) * strides[1] + (shape[2] - 1) * strides[2] + shape[3] - 1
+    return sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
 
 
 # ---------------------------------------------------------------------------
@@ -252,7 +262,7 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            window=call.windowed, softcap=call.softcap > 0, alibi=call.alibi,
                                            leftpad=call.leftpad, rotary=call.rotary,
                                            rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
-                                           **common)  # type: ignore[arg-type]
+                                           varlen_q=call.varlen_q, **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, sinks=call.sinks,
                                              **common)  # type: ignore[arg-type]
@@ -264,17 +274,20 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
 
     The page size through ``page_block_limit``: its largest power-of-two
     divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
-    Sinks lengthen it (``SINKS_TAG``): a key without them is unchanged.
+    Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``): a
+    key without them is unchanged.
     """
     from lazytriton import tuning
 
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
             decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
-            call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()))
+            call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
+            *(VARLEN_Q_TAG if call.varlen_q else ()))
 
 
-SINKS_TAG = ("sinks",)  # the memo key's last item for a call with attention sinks
+SINKS_TAG = ("sinks",)  # the memo key's item for a call with attention sinks
+VARLEN_Q_TAG = ("varlen_q",)  # the memo key's last item for a call whose queries are packed by cu_seqlens_q
 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
@@ -302,8 +315,13 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
 
 
 def empty_outputs(q: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    """out: q's dtype, contiguous (batch, seqlen_q, heads, head_dim_v); lse: (batch, heads, seqlen_q), fp32."""
-    out = torch.empty((*q.shape[:3], call.value_dim), dtype=q.dtype, device=q.device)
+    """out: q's dtype, contiguous (batch, seqlen_q, heads, head_dim_v); lse: (batch, heads, seqlen_q), fp32.
+
+    Packed queries (q (total_q, heads, head_dim)): out (total_q, heads, head_dim_v), lse (heads, total_q).
+    """
+    out = torch.empty((*q.shape[:-1], call.value_dim), dtype=q.dtype, device=q.device)
+    if call.varlen_q:
+        return out, torch.empty((call.heads_q, call.total_q), dtype=torch.float32, device=q.device)
     lse = torch.empty((call.batch, call.heads_q, call.seqlen_q), dtype=torch.float32, device=q.device)
     return out, lse
 
@@ -312,7 +330,7 @@ def _partials(lse: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor,
     """The float32 workspace of several splits (one split writes out and lse itself: ``lse`` stands in, unread)."""
     if splits == 1:
         return lse, lse
-    rows = call.batch * call.heads_q * call.seqlen_q * splits
+    rows = call.lse_rows * splits
     return (torch.empty(rows * call.value_dim, dtype=torch.float32, device=lse.device),
             torch.empty(rows, dtype=torch.float32, device=lse.device))
 
@@ -340,8 +358,7 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
     split_kernel.launch(split_grid(call.rows, block_m, splits, call.heads_k, call.batch), stream,
                         split_ints(t, out, lse, part_out, part_lse, call, splits), floats(call), launch.scratch_alloc)
     if splits > 1:
-        n_rows = call.batch * call.heads_q * call.seqlen_q
-        combine_kernel.launch(combine_grid(n_rows, combine_m), stream,
+        combine_kernel.launch(combine_grid(call.lse_rows, combine_m), stream,
                               combine_ints(part_out, part_lse, out, lse, call, splits, sinks=t.sinks), (),
                               launch.scratch_alloc)
 
@@ -354,7 +371,7 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
-             "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks}
+             "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v, "SINKS": call.sinks}
 
 
@@ -369,8 +386,7 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call)
     compiler.interpret(FLASH_DECODE_SPLIT.name, split_grid(call.rows, 16, splits, call.heads_k, call.batch),
                        (*ints, *floats(call)), split_c)
     if splits > 1:
-        n_rows = call.batch * call.heads_q * call.seqlen_q
-        compiler.interpret(FLASH_DECODE_COMBINE.name, combine_grid(n_rows, 16),
+        compiler.interpret(FLASH_DECODE_COMBINE.name, combine_grid(call.lse_rows, 16),
                            combine_ints(part_out, part_lse, out, lse, call, splits, pointers=lambda x: x,
                                         sinks=t.sinks), combine_c)
 
@@ -386,7 +402,7 @@ def forward(t: Inputs, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     if t.q.device.type == "meta":
         return out, lse
     kv_append.append(t, call)
-    if out.numel() == 0:
+    if out.numel() == 0 or call.rows == 0:
         return out, lse
     if t.q.device.type == "cpu":
         run_interpreter(t, out, lse, call)

@@ -51,6 +51,7 @@ class Inputs(NamedTuple):
     rotary_sin: torch.Tensor | None = None
     rotary_seqlens: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
+    cu_seqlens_q: torch.Tensor | None = None
 
 
 class Call(NamedTuple):
@@ -72,6 +73,10 @@ class Call(NamedTuple):
     or a window, FlashAttention's rule), else every query at base. ``sinks``:
     attention sinks are given (float32 (heads_q,): one logit a query head in
     every row's denominator, joined once: with several splits in the merge).
+    ``varlen_q``: queries packed by cu_seqlens_q (q (total_q, heads,
+    head_dim), FlashAttention-3's): ``batch`` is then the number of
+    sequences, ``seqlen_q`` max_seqlen_q (the grid's rows and the tiles) and
+    ``total_q`` the packed rows.
     """
 
     batch: int
@@ -99,6 +104,8 @@ class Call(NamedTuple):
     rotary_per_query: bool = False
     rotary_seqlens: bool = False
     sinks: bool = False
+    varlen_q: bool = False
+    total_q: int = 0
 
     @property
     def value_dim(self) -> int:
@@ -113,6 +120,21 @@ class Call(NamedTuple):
     def rows(self) -> int:
         """Query rows per key/value head, packed into the split kernel's M tile."""
         return self.group * self.seqlen_q
+
+    @property
+    def out_batch(self) -> int:
+        """The batch of out as the kernels index it: 1 for packed queries (one batch of total_q rows)."""
+        return 1 if self.varlen_q else self.batch
+
+    @property
+    def out_seqlen(self) -> int:
+        """The query rows of each batch of out and lse as the kernels index them: total_q for packed queries."""
+        return self.total_q if self.varlen_q else self.seqlen_q
+
+    @property
+    def lse_rows(self) -> int:
+        """The rows of lse (and of the combine kernel): batch x heads x seqlen_q, or heads x total_q."""
+        return self.out_batch * self.heads_q * self.out_seqlen
 
     @property
     def paged(self) -> bool:
@@ -147,8 +169,8 @@ def _same_place(name: str, t: torch.Tensor, q: torch.Tensor, dtype: torch.dtype 
         raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
 
 
-def _data(name: str, t: object, q: torch.Tensor | None, what: str) -> torch.Tensor:
-    t = _tensor(name, t, 4, what)
+def _data(name: str, t: object, q: torch.Tensor | None, what: str, dims: int = 4) -> torch.Tensor:
+    t = _tensor(name, t, dims, what)
     if t.dtype not in DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     if q is not None:
@@ -177,12 +199,17 @@ def _index(name: str, t: object, q: torch.Tensor, shape: tuple[int, ...], what: 
 
 
 def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size: Any = NO_WINDOW,
-          softcap: Any = 0.0, num_splits: Any = 0, rotary_interleaved: Any = True) -> Call:
-    """The checked call, or a TypeError/ValueError naming the argument (FlashAttention-2's names)."""
-    q = _data("q", t.q, None, "(batch, seqlen_q, heads, head_dim)")
+          softcap: Any = 0.0, num_splits: Any = 0, rotary_interleaved: Any = True, max_seqlen_q: Any = None) -> Call:
+    """The checked call, or a TypeError/ValueError naming the argument (FlashAttention-2's and -3's names)."""
+    if t.cu_seqlens_q is None and max_seqlen_q is None:
+        q = _data("q", t.q, None, "(batch, seqlen_q, heads, head_dim)")
+        b, sq, hq, d = q.shape
+        total = b * sq
+    else:
+        q, b, sq, total = _packed(t, max_seqlen_q)
+        hq, d = q.shape[1:]
     if q.device.type not in ("cuda", "cpu", "meta"):
         raise ValueError(f"q must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
-    b, sq, hq, d = q.shape
     kc = _data("k_cache", t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
     vc = _data("v_cache", t.v_cache, q, "like k_cache, with its own head dim (head_dim_v)")
     if vc.shape[:3] != kc.shape[:3]:
@@ -204,13 +231,16 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     page_size, capacity = _layout(t, q, b, rows_c, s_c)
     seqlen_new = _new_keys(t, q, b, hk, d, dv)
     seqlen_const = _seqlens(t, q, b, capacity, seqlen_new)
-    if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, b * sq * hq, rows_c * max(s_c, 1), seqlen_new * hk) > INT32_MAX:
+    if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, total * hq, b * sq * hq, rows_c * max(s_c, 1),
+                                       seqlen_new * hk) > INT32_MAX:
         raise ValueError(f"batch and heads_k must be <= {MAX_GRID_YZ} and lengths < 2**31; got q {tuple(q.shape)}, "
                          f"k_cache {tuple(kc.shape)}")
     scale = _scale(softmax_scale, d)
     splits = _int("num_splits", num_splits, 0, MAX_SPLITS)
     call = Call(b, hq, hk, sq, d, seqlen_new, capacity, page_size, rows_c, seqlen_const, causal and sq > 1, scale,
                 num_splits=splits, head_dim_v=0 if dv == d else dv)
+    if t.cu_seqlens_q is not None:
+        call = call._replace(varlen_q=True, total_q=total)
     if not ((window_size is NO_WINDOW or (type(window_size) is tuple and all(type(w) is int for w in window_size)
                                          and window_size == NO_WINDOW))
             and type(softcap) is float and softcap == 0.0):
@@ -239,6 +269,23 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     if t.rotary_cos is not None or t.rotary_sin is not None or t.rotary_seqlens is not None:
         call = _rotary(t, q, call, window_size, rotary_interleaved)
     return call
+
+
+def _packed(t: Inputs, max_seqlen_q: Any) -> tuple[torch.Tensor, int, int, int]:
+    """(q, batch, max_seqlen_q, total_q) of queries packed by cu_seqlens_q (FlashAttention-3's varlen q)."""
+    if t.cu_seqlens_q is None:
+        raise ValueError(f"max_seqlen_q ({shown(max_seqlen_q)}) is read only with cu_seqlens_q (queries packed "
+                         "(total_q, heads, head_dim)); pass both or neither")
+    q = _data("q", t.q, None, "(total_q, heads, head_dim) with cu_seqlens_q", dims=3)
+    cu = _tensor("cu_seqlens_q", t.cu_seqlens_q, 1, "(batch + 1,)")
+    _same_place("cu_seqlens_q", cu, q, torch.int32)
+    if cu.shape[0] < 2:
+        raise ValueError(f"cu_seqlens_q must have batch + 1 >= 2 entries (0, then each sequence's end in q), got "
+                         f"shape {tuple(cu.shape)}")
+    if max_seqlen_q is None:
+        raise ValueError("cu_seqlens_q needs max_seqlen_q: the longest sequence's query count (it sizes the grid)")
+    sq = _int("max_seqlen_q", max_seqlen_q, 0, INT32_MAX)
+    return q, int(cu.shape[0]) - 1, sq, int(q.shape[0])
 
 
 def _rotary(t: Inputs, q: torch.Tensor, call: Call, window: tuple[int, int], interleaved: bool) -> Call:
@@ -419,6 +466,8 @@ def check_values(t: Inputs, call: Call) -> None:
     rotary_positions = call.rotary and (call.rotary_seqlens or isinstance(t.cache_seqlens, torch.Tensor))
     if rotary_positions:
         problems.append(_bad_rotary(t, call).any())
+    if t.cu_seqlens_q is not None:
+        problems.append(_bad_cu_seqlens(t, call).any())
     if not problems:
         return
     found = torch.stack(problems).tolist()  # the one synchronisation
@@ -426,7 +475,8 @@ def check_values(t: Inputs, call: Call) -> None:
                                 ("cache_batch_idx", t.cache_batch_idx is not None),
                                 ("cache_leftpad", t.cache_leftpad is not None),
                                 ("block_table", t.block_table is not None),
-                                ("rotary_seqlens" if call.rotary_seqlens else "rotary_cos", rotary_positions))
+                                ("rotary_seqlens" if call.rotary_seqlens else "rotary_cos", rotary_positions),
+                                ("cu_seqlens_q", t.cu_seqlens_q is not None))
              if given]
     for name, bad in zip(names, found, strict=True):
         if bad:
@@ -472,6 +522,30 @@ def _bad_rotary(t: Inputs, call: Call) -> torch.Tensor:
     return (base < 0) | (base + call.rotary_span > call.seqlen_ro)
 
 
+def _bad_cu_seqlens(t: Inputs, call: Call) -> torch.Tensor:
+    """(batch + 2,) bool: cu_seqlens_q[0] != 0, each sequence's count outside 0..max_seqlen_q, the end != total_q."""
+    cu = t.cu_seqlens_q.long()  # type: ignore[union-attr]
+    counts = cu[1:] - cu[:-1]
+    return torch.cat(((cu[:1] != 0), (counts < 0) | (counts > call.seqlen_q), (cu[-1:] != call.total_q)))
+
+
+def _cu_seqlens_error(t: Inputs, call: Call) -> str:
+    """The message for bad cu_seqlens_q values, naming the first bad entry."""
+    cu = t.cu_seqlens_q.long()  # type: ignore[union-attr]
+    bad = int(torch.nonzero(_bad_cu_seqlens(t, call))[0, 0])
+    if bad == 0:
+        return f"cu_seqlens_q[0] = {int(cu[0])}: must be 0 (the first sequence starts at q's first row)"
+    if bad == call.batch + 1:
+        return (f"cu_seqlens_q[{call.batch}] = {int(cu[-1])}: must be total_q = {call.total_q} (q.shape[0]: the "
+                "last sequence ends at q's last row)")
+    start, end = int(cu[bad - 1]), int(cu[bad])
+    if end < start:
+        return (f"cu_seqlens_q must be nondecreasing, got cu_seqlens_q[{bad - 1}] = {start} > cu_seqlens_q[{bad}] = "
+                f"{end}")
+    return (f"sequence {bad - 1} has {end - start} queries (cu_seqlens_q[{bad}] - cu_seqlens_q[{bad - 1}]) but "
+            f"max_seqlen_q is {call.seqlen_q}: it must be at least the longest sequence's")
+
+
 def _used_pages(t: Inputs, call: Call) -> torch.Tensor:
     """(batch, max_blocks) bool: the pages holding some key of [left pad, length) (the only ones read or written)."""
     pages = torch.arange(t.block_table.shape[1], device=t.q.device)[None, :]  # type: ignore[union-attr]
@@ -499,6 +573,8 @@ def _value_error(name: str, t: Inputs, call: Call) -> str:
         cached = int(lengths(t, call)[bad]) - call.seqlen_new
         return (f"cache_leftpad[{bad}] = {int(pads[bad])}: must be in 0..{cached} (sequence {bad}'s keys start "
                 f"there, and it holds {cached} cached keys before the new ones)")
+    if name == "cu_seqlens_q":
+        return _cu_seqlens_error(t, call)
     if name in ("rotary_seqlens", "rotary_cos"):
         bad = int(torch.nonzero(_bad_rotary(t, call))[0, 0])
         base, span = int(_rotary_base(t, call)[bad]), call.rotary_span

@@ -106,7 +106,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
                    leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
-                   sinks: bool = False) -> Variant:
+                   sinks: bool = False, varlen_q: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -127,6 +127,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     the tiles of the larger head dim; the combine kernel sees only outputs, so
     its head dim is v's. ``sinks`` (attention sinks) is SINKS=true on both
     kernels, written only when set: one split adds them, the combine the rest.
+    ``varlen_q`` (queries packed by cu_seqlens_q; ``rows`` from the longest
+    sequence) is VARLEN_Q=true on the split kernel, written only when set.
     """
     dv = head_dim_v or head_dim
     if kernel == "flash_decode_combine":
@@ -146,7 +148,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         functional["CAUSAL"] = bool(causal)
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
                            ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size)),
-                           ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved)):
+                           ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved),
+                           ("VARLEN_Q", varlen_q)):
             if flag:
                 functional[name] = True
     if sinks:
@@ -171,15 +174,16 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
 
     At ``request.page_size`` (0: a page size BLOCK_N divides, prewarm's
     default view of a paged call; one no key tile divides: PAGE_GATHER).
-    ``tma``, ``bias``, ``dropout``, ``varlen``, ``split_d`` and ``seq16`` do
-    not apply.
+    ``tma``, ``bias``, ``dropout``, ``varlen`` (the attention kernels' packed
+    keys; packed queries are ``varlen_q``), ``split_d`` and ``seq16`` do not apply.
     """
     return decode_variant(kernel, target, request.dtype, request.head_dim, request.causal, request.aligned,
                           request.seqlen_q, request.seqlen_k, config=request.config, index64=request.index64,
                           table=request.table, page_size=request.page_size, paged=request.paged,
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
-                          rotary_interleaved=request.rotary_interleaved, sinks=request.sinks)
+                          rotary_interleaved=request.rotary_interleaved, sinks=request.sinks,
+                          varlen_q=request.varlen_q)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -191,7 +195,7 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "sinks")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks")
 PREWARM_WITH = ("kv_append",)
 
 

@@ -27,6 +27,7 @@ Nothing passed in is modified: the caches come back updated as copies.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -135,4 +136,39 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)
         out[b] = (probs.to(values.dtype) @ values).transpose(0, 1).to(q.dtype)
         lse[b] = row_lse.float()
+    return out, lse, k_cache, v_cache
+
+
+def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                       cache_seqlens: torch.Tensor | int | None = None, cache_batch_idx: torch.Tensor | None = None,
+                       block_table: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+                       cache_leftpad: torch.Tensor | None = None, rotary_seqlens: torch.Tensor | None = None,
+                       **options: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``kvcache_reference`` of queries packed by cu_seqlens_q: (out, lse, k_cache, v_cache after the append).
+
+    out is (total_q, heads, head_dim_v) and lse (heads, total_q).
+    FlashAttention-3's varlen q, one sequence at a time: sequence b's queries,
+    rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q, are a call of their
+    own with that sequence's lengths, rows and slopes (the caches carried from
+    one sequence's append to the next).
+    """
+    total, hq = q.shape[:2]
+    out = q.new_zeros((total, hq, v_cache.shape[3]))
+    lse = torch.full((hq, total), float("-inf"), dtype=torch.float32)
+    for b in range(cu_seqlens_q.shape[0] - 1):
+        lo, hi = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+
+        def one(x: torch.Tensor | None, b: int = b) -> torch.Tensor | None:
+            return x[b:b + 1] if x is not None else None
+
+        lens = one(cache_seqlens) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b:b + 1]
+        rows, table = one(cache_batch_idx), block_table if cache_batch_idx is not None else one(block_table)
+        if cache_batch_idx is None and block_table is None:  # this sequence's row of the cache
+            rows = torch.tensor([b], dtype=torch.int32)
+        seq_out, seq_lse, k_cache, v_cache = kvcache_reference(
+            q[None, lo:hi], k_cache, v_cache, one(k), one(v), lens, rows, table, alibi_slopes=slopes,
+            cache_leftpad=one(cache_leftpad), rotary_seqlens=one(rotary_seqlens), **options)
+        out[lo:hi], lse[:, lo:hi] = seq_out[0], seq_lse[0]
     return out, lse, k_cache, v_cache

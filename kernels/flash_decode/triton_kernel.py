@@ -55,6 +55,15 @@ it out and the combine kernel counts it once, as one more partial of lse =
 the sink and out 0. A query that sees no key then gets out 0 and lse = its
 sink.
 
+``VARLEN_Q`` packs the queries as FlashAttention's varlen calls do (vLLM's
+mixed batch of prefills and decodes in one call): batch b's are rows
+``CuSeqlensQ[b]`` .. ``CuSeqlensQ[b + 1] - 1`` of q and out (stride_qb and
+stride_ob 0) and of each head's lse, (heads, seqlen_q) with seqlen_q the
+packed total; its own count aligns its causal mask, window and ALiBi
+bottom-right. The grid covers the longest sequence's rows: a block past a
+sequence's rows reads no key and writes nothing. The combine kernel sees
+them as one batch of seqlen_q queries.
+
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
 flattened (batch, query head, query) rows. First the total lse over the
 splits (BLOCK_N of them per step, online), then out = sum over splits of
@@ -214,7 +223,7 @@ def _with_sink(m_i, l_i, sink):
 @triton.jit
 def flash_decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad, RotaryCos, RotarySin,
-    RotarySeqlens, Sinks,
+    RotarySeqlens, Sinks, CuSeqlensQ,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -228,7 +237,7 @@ def flash_decode_split_kernel(
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
     PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
-    SINKS: tl.constexpr = False,
+    SINKS: tl.constexpr = False, VARLEN_Q: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -236,7 +245,12 @@ def flash_decode_split_kernel(
     batch = tl.program_id(2)
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
 
-    n_rows = seqlen_q * group_size
+    q_start = 0
+    seqlen_b = seqlen_q
+    if VARLEN_Q:  # packed queries: this sequence's are rows q_start.. of q, out and lse (seqlen_q: all of them)
+        q_start = tl.load(CuSeqlensQ + batch)
+        seqlen_b = tl.load(CuSeqlensQ + batch + 1) - q_start
+    n_rows = seqlen_b * group_size
     offs_r = start_m + tl.arange(0, BLOCK_M)
     row_ok = offs_r < n_rows
     rows_i = tl.where(row_ok, offs_r // group_size, -1)  # the query of each row (-1: padding)
@@ -247,7 +261,7 @@ def flash_decode_split_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < head_dim_v
 
-    q_rows = Q + batch * stride_qb + rows_i * stride_qs + heads * stride_qh
+    q_rows = Q + batch * stride_qb + (q_start + rows_i) * stride_qs + heads * stride_qh
     q_ptrs = q_rows[:, None] + offs_d[None, :]
     if EVEN_D:
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
@@ -264,7 +278,7 @@ def flash_decode_split_kernel(
             base = tl.load(RotarySeqlens + batch)
         q = rotate(q, q_rows, row_ok, base + rows_i * rotary_per_query, offs_d, RotaryCos, RotarySin, rotary_dim,
                    seqlen_ro, ROTARY_INTERLEAVED)
-    offset = length - seqlen_q
+    offset = length - seqlen_b
     k_base = kv_head * stride_kh
     v_base = kv_head * stride_vh
     cache_row = batch  # the sequence's cache row, or with PAGED its row of the block table
@@ -291,6 +305,8 @@ def flash_decode_split_kernel(
     i_hi = (tl.minimum(start_m + BLOCK_M, n_rows) - 1) // group_size
     begin, full_begin, full_end, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad,
                                                   BLOCK_N, CAUSAL, WINDOW, LEFTPAD)
+    if VARLEN_Q:  # the grid covers the longest sequence: a block past this one's rows reads no key
+        end = tl.where(start_m < n_rows, end, begin)
     # This split's chunk: whole blocks, the range cut evenly in num_splits.
     n_blocks = (end - begin + BLOCK_N - 1) // BLOCK_N
     per_split = (n_blocks + num_splits - 1) // num_splits
@@ -322,12 +338,16 @@ def flash_decode_split_kernel(
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))  # base 2
-    lse_rows = (batch * heads_q + heads) * seqlen_q + rows_i  # (batch, head, query), contiguous
+    if VARLEN_Q:
+        lse_rows = heads * seqlen_q + q_start + rows_i  # (head, packed query): FlashAttention's varlen lse
+    else:
+        lse_rows = (batch * heads_q + heads) * seqlen_q + rows_i  # (batch, head, query), contiguous
     if num_splits == 1:
         if SINKS:  # one split: the sink joins here (with several, in the combine kernel)
             div, lse2 = _with_sink(m_i, l_i, tl.load(Sinks + heads, mask=row_ok, other=0.0))
             out = acc / div[:, None]
-        o_ptrs = Out + batch * stride_ob + rows_i[:, None] * stride_os + heads[:, None] * stride_oh + offs_dv[None, :]
+        o_rows = Out + batch * stride_ob + (q_start + rows_i) * stride_os + heads * stride_oh
+        o_ptrs = o_rows[:, None] + offs_dv[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(Lse + lse_rows, lse2 * LN2, mask=row_ok)
     else:

@@ -456,7 +456,8 @@ def add_parser(sub: Any) -> None:
                        ("bias-grad", "with --attn-mask: a mask that requires grad (flash_bwd_dq writes its "
                                      "gradient, BIAS_GRAD=true)"),
                        ("leftpad", "flash_decode: a left-padded cache (cache_leftpad)"),
-                       ("sinks", "attention sinks (sinks/s_aux: SINKS=true on the forward and decoding kernels)")):
+                       ("sinks", "attention sinks (sinks/s_aux: SINKS=true on the forward and decoding kernels)"),
+                       ("varlen-q", "flash_decode: queries packed by cu_seqlens_q (VARLEN_Q=true)")):
         ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
     ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
                     help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "

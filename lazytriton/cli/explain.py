@@ -81,7 +81,7 @@ def explain_report(args: argparse.Namespace) -> Report:
                         seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
                         rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
-                        bias_grad=flags["bias_grad"])
+                        bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
@@ -150,6 +150,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     if flags["leftpad"] and not decoding:
         raise ValueError(f"--leftpad is flash_attn_with_kvcache's cache_leftpad: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
+    if flags["varlen_q"] and not decoding:
+        raise ValueError(f"--varlen-q is flash_attn_with_kvcache's cu_seqlens_q: only flash_decode and kv_append "
+                         f"take it, not {', '.join(kernels)}")
     if rotary != "none" and not decoding:
         raise ValueError(f"--rotary is flash_attn_with_kvcache's rotary_cos/rotary_sin: only flash_decode and "
                          f"kv_append take it, not {', '.join(kernels)}")
@@ -192,21 +195,24 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     pads = meta(1, of=torch.int32) if flags["leftpad"] else None
     tables = ((meta(max(seqlen_k, 1) + seqlen_q, head_dim // 2),) * 2 if rotary != "none" else (None, None))
     sinks = meta(1, of=torch.float32) if flags["sinks"] else None
-    inputs = decode.Inputs(meta(1, seqlen_q, 1, head_dim), meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v),
-                           *new, lens, None, table, slopes, pads, *tables, sinks=sinks)
-    decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved")
+    packed = flags["varlen_q"]  # one sequence of seqlen_q queries, packed by cu_seqlens_q
+    q = meta(seqlen_q, 1, head_dim) if packed else meta(1, seqlen_q, 1, head_dim)
+    inputs = decode.Inputs(q, meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v), *new, lens, None, table, slopes,
+                           pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None)
+    decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved",
+                 max_seqlen_q=seqlen_q if packed else None)
 
 
 def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
     From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--bias-grad``,
-    ``--leftpad``, ``--seqused-q``, ``--seqused-k`` and ``--sinks``.
+    ``--leftpad``, ``--seqused-q``, ``--seqused-k``, ``--sinks`` and ``--varlen-q``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
              ("bias", "attn_mask"), ("bias_grad", "bias_grad"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"),
-             ("seqused_k", "seqused_k"), ("sinks", "sinks"))}
+             ("seqused_k", "seqused_k"), ("sinks", "sinks"), ("varlen_q", "varlen_q"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -250,6 +256,8 @@ def print_explain(report: Report) -> None:
               + ("; no key tile divides the page: each key's page is read from the block table (PAGE_GATHER=true)"
                  if gathered else "")
               + ("; left-padded (cache_leftpad, LEFTPAD=true)" if call.get("leftpad") else "")
+              + ("; queries packed by cu_seqlens_q (VARLEN_Q=true on the split kernel; seqlen_q: max_seqlen_q)"
+                 if call.get("varlen_q") else "")
               + (f"; rotary embeddings ({call['rotary']}: ROTARY=true"
                  + (", ROTARY_INTERLEAVED=true" if call["rotary"] == "interleaved" else "")
                  + ", q rotated in the split kernel, new keys in kv_append)" if call.get("rotary", "none") != "none"
