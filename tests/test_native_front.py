@@ -26,7 +26,7 @@ from lazytriton.cache_format import Entry
 from lazytriton.cache_format.entry import Provenance
 from lazytriton.cache_format.image import write_image
 from lazytriton.capi import build, embedded
-from lazytriton.kernels.flash_fwd import reference
+from lazytriton.kernels.flash_fwd import FLASH_FWD, reference
 
 REPO = Path(__file__).resolve().parents[1]
 LT_OK, LT_ERROR_UNSUPPORTED, LT_ERROR_PYTHON, LT_MISS = 0, 9, 14, 16
@@ -44,9 +44,14 @@ def call_variant(causal: bool) -> Any:
     return embedded.plan_variant("flash_fwd", 90, 2, D, causal, True, False, SQ, SK, head_dim_v=D)
 
 
+# flash_fwd's parameters at bf16 with 32-bit indexing (its description's): FWD_INTS pointers and integers, 3 fp32
+FWD_TYPES = tuple(kind for kind in FLASH_FWD.signature("bf16").values() if kind != "constexpr")
+FWD_INTS = len(FWD_TYPES) - 3
+
+
 def fake_entry(variant: Any) -> Entry:
-    """An entry of ``variant`` with flash_fwd's parameter layout (39 pointers and integers, 3 fp32)."""
-    types = ("*bf16",) * 12 + ("i32",) * 27 + ("fp32",) * 3
+    """An entry of ``variant`` with flash_fwd's parameter layout (its description's, at bf16 with 32-bit indexing)."""
+    types = FWD_TYPES
     return Entry(key=variant.key(), variant=str(variant), target="sm_90", kind="cubin", binary=b"\x7fELF" + bytes(64),
                  name="flash_fwd_kernel", num_warps=int(variant.get("num_warps")), num_ctas=1, warp_size=32,
                  shared=49152, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
@@ -59,7 +64,8 @@ def front(built: dict[str, Path], tmp_path: Path, images: str, jit: int, device:
     empty = tmp_path / "empty-path"
     empty.mkdir(exist_ok=True)
     env = {"LAZYTRITON_IMAGES": images, "LD_LIBRARY_PATH": str(built["driver"]), "PATH": str(empty),
-           "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path), **(extra_env or {})}
+           "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path), "NATIVE_FRONT_INTS": str(FWD_INTS),
+           **(extra_env or {})}
     done = subprocess.run([str(built["program"]), str(jit), device, str(causal), *args], capture_output=True,
                           text=True, env=env, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -80,9 +86,9 @@ def test_a_call_is_served_from_the_image_with_no_python(built: dict[str, Path], 
                                                             0xF000, 0xC000)
     params = report["params"]
     assert params[:4] == [0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000]
-    scale = struct.unpack("<f", struct.pack("<i", params[39]))[0]
-    assert math.isclose(scale, 1 / math.sqrt(D), rel_tol=1e-6) and params[40:42] == [0, 0]  # softcap, dropout_p
-    assert params[42:44] == [0, 0]  # the hidden scratch pointers' values: NULL
+    scale = struct.unpack("<f", struct.pack("<i", params[FWD_INTS]))[0]  # then softcap, dropout_p
+    assert math.isclose(scale, 1 / math.sqrt(D), rel_tol=1e-6) and params[FWD_INTS + 1:FWD_INTS + 3] == [0, 0]
+    assert params[FWD_INTS + 3:FWD_INTS + 5] == [0, 0]  # the hidden scratch pointers' values: NULL
     assert (report["stats"], report["plans"], report["image_entries"]) == (LT_OK, 1, 1)
 
 

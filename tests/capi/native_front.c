@@ -78,17 +78,24 @@ int main(int argc, char **argv) {
     int (*configure)(int, const int *, int) = fake ? (int (*)(int, const int *, int))dlsym(fake, "fake_configure") : NULL;
     void (*read)(unsigned char *, int *, long long *, int *) =
         fake ? (void (*)(unsigned char *, int *, long long *, int *))dlsym(fake, "fake_read") : NULL;
-    int sizes[44]; /* 39 pointers and integers passed as int64, 3 floats, 2 hidden pointers */
-    for (int i = 0; i < 44; i++)
-        sizes[i] = i >= 39 && i < 42 ? 4 : 8;
+    /* flash_fwd's pointers and integers (passed as int64; the test gives its description's count), then 3 floats
+       and 2 hidden pointers */
+    const char *ints_given = getenv("NATIVE_FRONT_INTS");
+    int ints = ints_given != NULL ? atoi(ints_given) : 0, n = ints + 5, sizes[64];
+    if (ints < 1 || n > 64) {
+        fprintf(stderr, "NATIVE_FRONT_INTS must be in 1..59\n");
+        return 2;
+    }
+    for (int i = 0; i < n; i++)
+        sizes[i] = i >= ints && i < ints + 3 ? 4 : 8;
     if (configure != NULL)
-        configure(44, sizes, 0);
+        configure(n, sizes, 0);
     int status = lt_attn_fwd(&p, (void *)0x5EA);
     double took = now_us() - start;
     printf(",\"fwd\":%d,\"first_launch_us\":%.1f,\"error\":", status, took);
     json_str(status == LT_OK ? "" : lt_last_error());
     if (read != NULL && status == LT_OK)
-        print_fake_launch(read, 44, sizes);
+        print_fake_launch(read, n, sizes);
     lt_stats stats;
     memset(&stats, 0, sizeof stats);
     stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
