@@ -52,6 +52,7 @@ typedef struct {
     int32_t head_dim_v;
     int32_t window;
     int32_t softcap;
+    int32_t sinks;
     int64_t seqlen_q;
     int64_t seqlen_k;
     uint64_t function;

@@ -41,8 +41,8 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 4 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
-#define LT_ATTN_BWD_PARAMS_VERSION 4 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
+#define LT_ATTN_FWD_PARAMS_VERSION 5 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; older structs are still taken */
+#define LT_ATTN_BWD_PARAMS_VERSION 5 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; older structs are still taken */
 #define LT_STATS_VERSION 1
 #define LT_ATTN_KVCACHE_PARAMS_VERSION 3 /* 2: cache_leftpad; 3: rotary embeddings; older structs are still taken */
 
@@ -83,7 +83,7 @@ typedef enum {
     LT_DTYPE_FP16 = 1,
     LT_DTYPE_BF16 = 2,
     LT_DTYPE_FP32 = 3,
-    LT_DTYPE_INT32 = 4 /* cu_seqlens_q, cu_seqlens_k, seqused_q and seqused_k only */
+    LT_DTYPE_INT32 = 4 /* the index tensors only: cu_seqlens_*, seqused_*, cache_seqlens and the like */
 } lt_dtype;
 
 typedef enum {
@@ -128,7 +128,7 @@ typedef struct {
 typedef struct {
     void *data;           /* first element; host or device pointer as device_type says */
     int32_t dtype;        /* lt_dtype */
-    int32_t ndim;         /* 4 for q, k, v, out and the gradients; 3 for lse and delta */
+    int32_t ndim;         /* 4 for q, k, v, out and the gradients; 3 for lse and delta; 1 for sinks */
     int64_t sizes[4];     /* the first ndim are used */
     int64_t strides[4];   /* in elements, not bytes; non-negative */
     int32_t device_type;  /* lt_device_type */
@@ -180,7 +180,13 @@ typedef struct {
  * are written 0 and of lse -inf (and by lt_attn_bwd, of dq, dk and dv 0). max_seqlen_q/max_seqlen_k stay at
  * least the longest cu_seqlens span, used or not. As cu_seqlens, their values (0 <= seqused <= the span's
  * length) are checked on the CPU and not read on a GPU. Left zero (absent), or in a version 1 to 3 struct,
- * every row of each span is used. */
+ * every row of each span is used.
+ *
+ * Attention sinks (version 5, gpt-oss's; as lazytriton.flash_attn_func's sinks): sinks, LT_DTYPE_FP32,
+ * (heads_q), contiguous, on q's device: one logit a query head that joins the denominator of every softmax
+ * row of that head (a key that no value carries), so lse = log(sum of exp(scores) + exp(sink)). A row that
+ * sees no key gets out 0 and lse its head's sink. Dense or packed, with any other option. Left zero (absent),
+ * or in a version 1 to 4 struct, there are none. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -204,6 +210,8 @@ typedef struct {
     /* Version 4: used lengths of packed sequences (see above); absent (data NULL, ndim 0) when zero. */
     lt_tensor seqused_q;  /* int32 (batch): the used queries of each cu_seqlens_q span */
     lt_tensor seqused_k;  /* int32 (batch): the used keys of each cu_seqlens_k span */
+    /* Version 5: attention sinks (see above); absent (data NULL, ndim 0) when zero. */
+    lt_tensor sinks;      /* fp32 (heads_q): one logit a query head */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:
@@ -214,8 +222,8 @@ typedef struct {
  *   dk       k's shape and dtype, written (GQA/MQA: summed over each group of query heads)
  *   dv       v's shape and dtype, written (likewise summed)
  *   delta    (batch, heads_q, seqlen_q) fp32, contiguous: workspace the caller
- *            provides, so that no call allocates; its contents afterwards are
- *            unspecified
+ *            provides, so that no call allocates; afterwards, on a GPU, it holds
+ *            rowsum(dout * out) (see attention sinks below); on the CPU it is not touched
  * causal and sm_scale must be the forward's. Any strides with a contiguous
  * last dim for the 4-dim tensors. Rows that saw no key get zero gradients,
  * and so do keys that no query saw.
@@ -223,7 +231,14 @@ typedef struct {
  * and layouts; dout like out, dq like q, dk like k, dv like v, delta (heads_q, total_q).
  * Sliding window and softcap (version 3): the forward's, which they must be.
  * Used lengths (version 4): the forward's seqused_q/seqused_k; dq rows past seqused_q and dk, dv rows past
- * seqused_k are written 0. */
+ * seqused_k are written 0.
+ * Attention sinks (version 5): the forward's sinks (they reach dq, dk and dv through its lse), and
+ * optionally dsinks, fp32 (heads_q), contiguous, on q's device, written: the sinks' gradient,
+ *   dsinks[h] = -sum over the batch and the rows of head h of exp(sinks[h] - lse) * delta,
+ * with delta = rowsum(dout * out). On the CPU dsinks is written. On a GPU a call with dsinks is
+ * LT_ERROR_UNSUPPORTED (the sum needs a reduction kernel the C API does not launch): leave dsinks absent;
+ * after a GPU call, delta holds rowsum(dout * out) for every row the kernels visit (rows past seqused_q are
+ * not written: zero them first), so the caller can reduce it with lse as above. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
     uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
@@ -252,6 +267,9 @@ typedef struct {
     /* Version 4: the forward's used lengths (absent when zero). */
     lt_tensor seqused_q;
     lt_tensor seqused_k;
+    /* Version 5: the forward's attention sinks and their gradient (each absent when zero). */
+    lt_tensor sinks;      /* fp32 (heads_q), read */
+    lt_tensor dsinks;     /* fp32 (heads_q), written (CPU only) */
 } lt_attn_bwd_params;
 
 /* One decoding call, the C twin of lazytriton.flash_attn_with_kvcache (FlashAttention-2's, forward only).
