@@ -44,7 +44,7 @@
 #define LT_ATTN_FWD_PARAMS_VERSION 5 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; older structs are still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 5 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; older structs are still taken */
 #define LT_STATS_VERSION 1
-#define LT_ATTN_KVCACHE_PARAMS_VERSION 3 /* 2: cache_leftpad; 3: rotary embeddings; older structs are still taken */
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 4 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; older structs are still taken */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -311,8 +311,22 @@ typedef struct {
  * workspace are contiguous. On a GPU the values of cache_seqlens, cache_batch_idx, block_table,
  * cache_leftpad and rotary_seqlens are not read (device memory; as in FlashAttention-2 they must point inside
  * the cache, and rotary positions inside rotary_cos: one outside is left unrotated); on the CPU they are checked.
- * causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side unbounded. A version 1
- * or 2 struct (its smaller struct_size and its version) is the same call without what later versions add. */
+ * causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side unbounded.
+ *   sinks            optional fp32 (heads_q), contiguous (version 4): attention sinks, one logit a query head that
+ *                    joins every softmax row's denominator (as lt_attn_fwd's); a row that sees no key gets out 0
+ *                    and lse its head's sink
+ *   cu_seqlens_q     optional int32 (batch + 1), contiguous (version 4): queries packed as FlashAttention-3's
+ *                    flash_attn_with_kvcache takes them: sequence b's queries are rows cu_seqlens_q[b] ..
+ *                    cu_seqlens_q[b + 1] - 1, each aligned bottom-right against its own keys, and then
+ *                      q   (total_q, heads_q, head_dim), out (total_q, heads_q, head_dim_v)
+ *                      lse fp32 (heads_q, total_q), contiguous
+ *                    batch is cu_seqlens_q's entries - 1 (the caches, k, v and the index tensors keep it), and
+ *                    max_seqlen_q (0..2**31 - 1, at least the longest sequence's query count) sizes the grid. As
+ *                    the other index tensors, its values are checked on the CPU and not read on a GPU (they must
+ *                    start at 0, not decrease, and end at total_q). Without cu_seqlens_q, max_seqlen_q must be -1
+ *                    (the init). The workspace then holds 4 * heads_q * total_q * (head_dim_v + 1) bytes a split.
+ * A version 1 to 3 struct (its smaller struct_size and its version) is the same call without what later versions
+ * add. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
     uint32_t version;     /* LT_ATTN_KVCACHE_PARAMS_VERSION */
@@ -345,6 +359,10 @@ typedef struct {
     lt_tensor rotary_seqlens;
     int32_t rotary_interleaved; /* 1 (the init) or 0 */
     uint32_t reserved3;         /* must be 0 */
+    /* Version 4: attention sinks and packed queries (each absent, the init: none; max_seqlen_q -1). */
+    lt_tensor sinks;
+    lt_tensor cu_seqlens_q;
+    int64_t max_seqlen_q;
 } lt_attn_kvcache_params;
 
 /* What the cache holds and what this process did (lt_cache_stats()). */
@@ -436,7 +454,7 @@ LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_p
 LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan);
 
 /* Fill *params with struct_size and version, sm_scale NaN, cache_seqlen -1, window (-1, -1), no split count,
- * and empty (absent) tensors. */
+ * max_seqlen_q -1, and empty (absent) tensors. */
 LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params);
 
 /* Decoding attention over a KV cache (flash_attn_with_kvcache): the split kernel and, when the keys are cut in
@@ -447,7 +465,8 @@ LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params);
 LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *stream);
 
 /* The bytes of workspace a GPU call of params needs to run its split count (the forced num_splits, else the
- * most the heuristic picks): 4 * batch * heads_q * seqlen_q * (head_dim_v + 1) * splits. A smaller workspace
+ * most the heuristic picks): 4 * batch * heads_q * seqlen_q * (head_dim_v + 1) * splits (with packed queries,
+ * total_q for batch * seqlen_q). A smaller workspace
  * caps the splits at what fits (none: one split). */
 LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes);
 
