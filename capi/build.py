@@ -1,7 +1,7 @@
 """Build liblazytriton.so with cffi's embedding mode and install it under a prefix.
 
 ``build(prefix)`` compiles ``lazytriton.c`` (the C API; it includes
-``lt_check.c``, ``lt_alias.c``, ``lt_bwd.c`` and ``lt_kvcache.c``) together with the
+``lt_check.c``, ``lt_alias.c``, ``lt_bwd.c``, ``lt_kvcache.c`` and ``lt_combine.c``) together with the
 wrappers cffi generates for the ``lt__py_*`` functions, links it against the
 libpython of the interpreter running the build, and installs::
 
@@ -78,6 +78,13 @@ typedef struct {
     char variant[512];
 } lt__kvcache_plan_request;
 
+typedef struct {
+    int32_t device_index, dtype, head_dim, aligned, index64;
+    uint64_t function;
+    uint32_t block_threads, shared_bytes, block_m, block_d, n_hidden;
+    char variant[512];
+} lt__combine_plan_request;
+
 void lt__set_error(const char *message);
 
 extern "Python" static int lt__py_init(const lt_config *config);
@@ -89,6 +96,8 @@ extern "Python" static int lt__py_cache_stats(lt_stats *stats);
 extern "Python" static void lt__py_flush(void);
 extern "Python" static int lt__py_kvcache_plan(lt__kvcache_plan_request *request);
 extern "Python" static int lt__py_attn_kvcache_cpu(const lt_attn_kvcache_params *params);
+extern "Python" static int lt__py_combine_plan(lt__combine_plan_request *request);
+extern "Python" static int lt__py_flash_combine_cpu(const lt_flash_combine_params *params);
 """
 
 # Runs once, in the embedded interpreter, when lt_init first starts it.
@@ -108,7 +117,8 @@ except BaseException as exc:
         return lib.LT_ERROR_PYTHON
 
     for _name in ("lt__py_init", "lt__py_attn_fwd_cpu", "lt__py_attn_bwd_cpu", "lt__py_plan", "lt__py_prewarm",
-                  "lt__py_cache_stats", "lt__py_kvcache_plan", "lt__py_attn_kvcache_cpu"):
+                  "lt__py_cache_stats", "lt__py_kvcache_plan", "lt__py_attn_kvcache_cpu", "lt__py_combine_plan",
+                  "lt__py_flash_combine_cpu"):
         ffi.def_extern(name=_name, error=lib.LT_ERROR_PYTHON)(_failed)
     ffi.def_extern(name="lt__py_flush")(lambda: None)
 """

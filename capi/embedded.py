@@ -577,6 +577,7 @@ def attach(ffi: Any, lib: Any) -> None:
                      ("lt__py_cache_stats", cache_stats)):
         ffi.def_extern(name=name, error=PYTHON)(_guarded(fn))
     ffi.def_extern(name="lt__py_flush")(flush)
-    from lazytriton.capi import embedded_kvcache
+    from lazytriton.capi import embedded_combine, embedded_kvcache
 
     embedded_kvcache.attach(ffi, _guarded)
+    embedded_combine.attach(ffi, _guarded)

@@ -603,6 +603,7 @@ LT_API lt_status lt_cache_stats(lt_stats *stats) {
 
 #include "lt_bwd.c" /* the backward: its checks, plans, launch and API */
 #include "lt_kvcache.c" /* decoding over a KV cache: its checks, plans, launch and API */
+#include "lt_combine.c" /* lt_flash_combine: its checks, plan, launch and API */
 
 #ifndef LT__NATIVE_FRONT
 /* What liblazytriton_native.so calls, through dlsym, for a kernel its images do not hold (its JIT fallback):
@@ -616,5 +617,10 @@ __attribute__((visibility("default"))) int lt__embedded_plan(lt__plan_request *r
 __attribute__((visibility("default"))) int lt__embedded_kvcache_plan(lt__kvcache_plan_request *request) {
     lt_status s = lt__require_init();
     return s != LT_OK ? s : lt__py_kvcache_plan(request);
+}
+
+__attribute__((visibility("default"))) int lt__embedded_combine_plan(lt__combine_plan_request *request) {
+    lt_status s = lt__require_init();
+    return s != LT_OK ? s : lt__py_combine_plan(request);
 }
 #endif

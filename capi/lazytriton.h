@@ -44,6 +44,7 @@
 #define LT_ATTN_FWD_PARAMS_VERSION 5 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; older structs are still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 5 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; older structs are still taken */
 #define LT_STATS_VERSION 1
+#define LT_FLASH_COMBINE_PARAMS_VERSION 1
 #define LT_ATTN_KVCACHE_PARAMS_VERSION 4 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; older structs are still taken */
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -365,6 +366,32 @@ typedef struct {
     int64_t max_seqlen_q;
 } lt_attn_kvcache_params;
 
+/* One merge of attention computed over disjoint chunks of the keys, the C twin of
+ * lazytriton.flash_attn_combine (FlashAttention-3's flash_attn_combine): each split n holds the attention of the
+ * same query rows over its own chunk (split-KV decoding, or one rank of context parallelism), its output and the
+ * natural-log logsumexp of its scaled scores; the call writes attention over all the chunks:
+ *   lse = log(sum_n exp(lse_partial[n])), out = sum_n exp(lse_partial[n] - lse) * out_partial[n].
+ * A split whose lse is -inf saw no key and counts for nothing (its output is not read); a row whose every split
+ * is -inf gets out 0 and lse -inf. The rows are FlashAttention-3's packed layout (total_q); its dense
+ * (num_splits, batch, seqlen, heads, head_dim) is rows = batch * seqlen where seqlen's stride times seqlen is
+ * batch's (a contiguous tensor: describe it as (num_splits, batch * seqlen, heads, head_dim)):
+ *   out_partial  fp32 (num_splits, rows, heads, head_dim), any strides with a contiguous last dim; head_dim >= 1
+ *   lse_partial  fp32 (num_splits, rows, heads), any strides
+ *   out          (rows, heads, head_dim), fp32, fp16 or bf16 (the output's dtype: FlashAttention-3's out_dtype),
+ *                any strides with a contiguous last dim, written
+ *   lse          fp32 (rows, heads), any strides, written
+ * All on one device; any number of splits (0: out 0, lse -inf). */
+typedef struct {
+    uint32_t struct_size; /* sizeof(lt_flash_combine_params) */
+    uint32_t version;     /* LT_FLASH_COMBINE_PARAMS_VERSION */
+    lt_tensor out_partial;
+    lt_tensor lse_partial;
+    lt_tensor out;
+    lt_tensor lse;
+    uint32_t flags;       /* reserved: must be 0 */
+    uint32_t reserved;    /* must be 0 */
+} lt_flash_combine_params;
+
 /* What the cache holds and what this process did (lt_cache_stats()). */
 typedef struct {
     uint32_t struct_size;      /* set by the caller: sizeof(lt_stats) */
@@ -469,6 +496,14 @@ LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *str
  * total_q for batch * seqlen_q). A smaller workspace
  * caps the splits at what fits (none: one split). */
 LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes);
+
+/* Fill *params with struct_size and version and empty tensors. */
+LT_API lt_status lt_flash_combine_params_init(lt_flash_combine_params *params);
+
+/* Merge split attention (flash_attn_combine): one kernel, flash_combine. CUDA tensors: launched from C on stream
+ * (the plan, one per shape class, goes through Python once), returns without waiting. CPU tensors: computed
+ * before returning, through Triton's interpreter. */
+LT_API lt_status lt_flash_combine(const lt_flash_combine_params *params, void *stream);
 
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
