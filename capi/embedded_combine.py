@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lazytriton.capi.common import PYTHON, UNSUPPORTED, CapiError, host_tensor
-
-_INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
-_MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
+from lazytriton.capi.common import PYTHON, check_entry_layout, host_tensor
 
 _ffi: Any = None
 
@@ -48,13 +45,7 @@ def check_launch_layout(entry: Any) -> None:
     """Refuse an entry whose parameters lt_combine.c would not pass correctly (the binding's integers only)."""
     from lazytriton.kernels.flash_combine import INT_PARAMS
 
-    kinds = tuple(entry.arg_types)
-    if len(kinds) != len(INT_PARAMS) or not all(k.startswith("*") or k in _INT_KINDS for k in kinds):
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
-                                     f"{len(INT_PARAMS)} pointers or integers")
-    sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
-    if any(sizes.get(name, 0) > 0 for name in entry.hidden_args) or len(entry.hidden_args) > _MAX_HIDDEN:
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} needs scratch memory, which C plans do not allocate")
+    check_entry_layout(entry, len(INT_PARAMS), ())
 
 
 def plan(req: Any) -> int:

@@ -18,13 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lazytriton.capi.common import PYTHON, UNSUPPORTED, CapiError, host_tensor
+from lazytriton.capi.common import PYTHON, check_entry_layout, host_tensor
 
 KERNELS = ("flash_decode_split", "flash_decode_combine")
 APPEND = "kv_append"
-# Parameter kinds the C launcher passes: the split kernel's integers then two fp32, the combine's integers only.
-_INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
-_MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
 
 _ffi: Any = None
 
@@ -108,15 +105,7 @@ def check_launch_layout(entry: Any, kernel: str) -> None:
 
     ints = {KERNELS[0]: binding.SPLIT_INT_PARAMS, KERNELS[1]: binding.COMBINE_INT_PARAMS,
             APPEND: kv_append.INT_PARAMS}[kernel]
-    floats = ("fp32", "fp32") if kernel == KERNELS[0] else ()
-    kinds = tuple(entry.arg_types)
-    if (len(kinds) != len(ints) + len(floats) or kinds[len(ints):] != floats
-            or not all(k.startswith("*") or k in _INT_KINDS for k in kinds[:len(ints)])):
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
-                                     f"{len(ints)} pointers or integers, then {len(floats)} fp32")
-    sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
-    if any(sizes.get(name, 0) > 0 for name in entry.hidden_args) or len(entry.hidden_args) > _MAX_HIDDEN:
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} needs scratch memory, which C plans do not allocate")
+    check_entry_layout(entry, len(ints), ("fp32", "fp32") if kernel == KERNELS[0] else ())
 
 
 def plan(req: Any) -> int:

@@ -49,6 +49,15 @@ def describe(view, t):
         view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
 """
 
+# describe() for device memory (CUDA device 0), after a prelude that defines ffi and torch.
+CUDA_DESCRIBE = r"""
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}[t.dtype]
+    view.ndim, view.device_type, view.device_index = t.dim(), 2, 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+"""
 
 EXAMPLE = REPO / "examples" / "c"
 CHECK_SOURCE = REPO / "tests" / "capi" / "capi_check.c"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, gpu
-from test_capi import IN_PROCESS_PRELUDE, exit_ok, run_program
+from test_capi import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, exit_ok, run_program
 
 from lazytriton.capi import embedded_combine
 
@@ -139,14 +139,7 @@ def test_the_planners_variant_is_the_bindings() -> None:
                     flash_combine.variant(sm90, dtype, head_dim, aligned, index64)
 
 
-GPU_IN_PROCESS = IN_PROCESS_PRELUDE + r"""
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}[t.dtype]
-    view.ndim, view.device_type, view.device_index = t.dim(), 2, 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-
+GPU_IN_PROCESS = IN_PROCESS_PRELUDE + CUDA_DESCRIBE + r"""
 torch.manual_seed(0)
 report = {}
 for dtype, dim in ((torch.bfloat16, 128), (torch.float32, 300)):

@@ -31,7 +31,8 @@ from lazytriton.capi import embedded_kvcache
 KVCACHE_SOURCE = REPO / "capi" / "lt_kvcache.c"
 
 
-IN_PROCESS = IN_PROCESS_PRELUDE + r"""
+# The start of a program calling lt_attn_kvcache in process: error() and params(tensors, **options).
+KVCACHE_PRELUDE = IN_PROCESS_PRELUDE + r"""
 def error():
     return dll.lt_last_error().decode()
 
@@ -43,7 +44,9 @@ def params(tensors, **options):
     for name, value in options.items():
         setattr(p, name, value)
     return p
+"""
 
+IN_PROCESS = KVCACHE_PRELUDE + r"""
 torch.manual_seed(0)
 report = {}
 

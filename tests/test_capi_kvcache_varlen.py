@@ -17,23 +17,12 @@ from pathlib import Path
 
 import pytest
 from conftest import gpu
-from test_capi import IN_PROCESS_PRELUDE, exit_ok, run_program
+from test_capi import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, exit_ok, run_program
+from test_capi_kvcache import KVCACHE_PRELUDE
 
 from lazytriton.capi import embedded_kvcache
 
-IN_PROCESS = IN_PROCESS_PRELUDE + r"""
-def error():
-    return dll.lt_last_error().decode()
-
-def params(tensors, **options):
-    p = ffi.new("lt_attn_kvcache_params *")
-    assert call("lt_attn_kvcache_params_init", p) == 0
-    for name, t in tensors.items():
-        describe(getattr(p, name), t)
-    for name, value in options.items():
-        setattr(p, name, value)
-    return p
-
+IN_PROCESS = KVCACHE_PRELUDE + r"""
 torch.manual_seed(0)
 report = {}
 PY_NAMES = ("k", "v", "cache_seqlens", "block_table", "sinks", "cu_seqlens_q")
@@ -170,14 +159,7 @@ def test_the_planners_variants_take_sinks_and_packed_queries() -> None:
         assert dict(combine.functional).get("SINKS", False) == sinks
 
 
-GPU_IN_PROCESS = IN_PROCESS_PRELUDE + r"""
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}[t.dtype]
-    view.ndim, view.device_type, view.device_index = t.dim(), 2, 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-
+GPU_IN_PROCESS = IN_PROCESS_PRELUDE + CUDA_DESCRIBE + r"""
 torch.manual_seed(0)
 report = {}
 cu = torch.tensor([0, 5, 5, 12, 13], dtype=torch.int32, device="cuda")

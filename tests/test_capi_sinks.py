@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, gpu
-from test_capi import VARLEN_IN_PROCESS, _ok, _run
+from test_capi import CUDA_DESCRIBE, VARLEN_IN_PROCESS, _ok, _run
 
 from lazytriton.capi import embedded
 from lazytriton.capi.common import CapiError
@@ -186,14 +186,7 @@ def test_sinks_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> No
         assert status == want_status and needle in message, (status, message)
 
 
-SINKS_GPU_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + """
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}[t.dtype]
-    view.ndim, view.device_type, view.device_index = t.dim(), 2, 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-
+SINKS_GPU_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + CUDA_DESCRIBE + """
 torch.manual_seed(0)
 q, k, v = (torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 sinks = torch.randn(8, device="cuda")
