@@ -27,7 +27,8 @@
  * plan and launches it in pure C (no Python, no GIL, no allocation).
  * lt_attn_fwd() keeps such plans itself, one per shape class, so a warm GPU
  * call of lt_attn_fwd does not enter Python either. The backward has the same
- * three: lt_attn_bwd(), lt_attn_bwd_plan() and lt_bwd_plan_launch().
+ * three: lt_attn_bwd(), lt_attn_bwd_plan() and lt_bwd_plan_launch(). lt_attn_kvcache() (decoding over a KV
+ * cache) and lt_flash_combine() (merging attention over key chunks) keep their plans the same way.
  */
 #ifndef LAZYTRITON_H
 #define LAZYTRITON_H
