@@ -327,8 +327,9 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     dispatch's rule for the seqlens. ``window``, ``softcap``: the WINDOW and SOFTCAP variants.
     ``sinks``: attention sinks (SINKS, flash_fwd's only: the backward's kernels read them through lse).
     """
-    if sinks and kernel != "flash_fwd":
-        raise CapiError(INVALID_ARGUMENT, f"plan request for {kernel} with sinks: only flash_fwd has a SINKS variant")
+    if sinks and kernel != "flash_fwd":  # attention.SINKS_KERNELS
+        raise ValueError(f"plan request for {kernel} with sinks: only flash_fwd has a SINKS variant (the backward "
+                         "reads them through lse)")
     dim_v = 0 if head_dim_v == head_dim else head_dim_v
     import torch
 

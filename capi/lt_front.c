@@ -161,18 +161,13 @@ static const int32_t lt__front_ints[] = {LT__KERNEL_INTS, LT__BWD_DQ_PARAMS - LT
 
 /* The kernel of request from the images: LT_OK (request filled), LT_MISS, or another failure. */
 static int lt__native_plan(lt__plan_request *request) {
-    if (request->sinks) { /* lt_choice.c chooses no SINKS variant: never a key without it */
-        snprintf(request->variant, sizeof request->variant, "a forward with attention sinks");
-        return lt__fail(LT_MISS, "the native core does not choose the variants of attention sinks (SINKS): a "
-                        "forward with sinks needs the JIT fallback");
-    }
     ltn_attn_request r = {
         .kernel = request->kernel, .capability = request->capability, .dtype = request->dtype,
         .head_dim = request->head_dim, .head_dim_v = request->head_dim_v, .causal = request->causal,
         .aligned = request->aligned & 1, .seq16 = (request->aligned & 2) != 0, .index64 = request->index64,
         .window = request->window, .softcap = request->softcap, .varlen = request->varlen & 1,
         .seqused_q = (request->varlen & 2) != 0, .seqused_k = (request->varlen & 4) != 0,
-        .seqlen_q = request->seqlen_q, .seqlen_k = request->seqlen_k};
+        .seqlen_q = request->seqlen_q, .seqlen_k = request->seqlen_k, .sinks = request->sinks};
     ltn_variant variant;
     ltn_error err;
     char key[33];

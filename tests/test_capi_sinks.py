@@ -5,9 +5,9 @@ process as tests/test_capi.py does: out, lse, dq, dk, dv and dsinks equal
 the Python entry points' bit for bit (dense, packed, no keys at all), an
 older struct (version 4) is read without sinks whatever its memory holds past
 its end, and bad sinks are statuses naming them. The plan side (no GPU here):
-a plan of a call with sinks loads the binding's SINKS variant, the
-backward's kernels have none, and the native core leaves SINKS to the JIT
-fallback (it never computes a key without the flag).
+a plan of a call with sinks loads the binding's SINKS variant and the
+backward's kernels have none (tests/test_native_choice.py holds the native
+core's SINKS choice to this one).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, gpu
+from conftest import gpu
 from test_capi import CUDA_DESCRIBE, VARLEN_IN_PROCESS, _ok, _run
 
 from lazytriton.capi import embedded
-from lazytriton.capi.common import CapiError
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.target import Target
 
@@ -259,13 +258,5 @@ def test_a_plan_with_sinks_loads_the_bindings_sinks_variant() -> None:
     assert not _flag(embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257), "SINKS")
     packed = embedded.plan_variant("flash_fwd", 90, 2, 128, False, True, False, 300, 257, True, sinks=True)
     assert _flag(packed, "VARLEN") and _flag(packed, "SINKS")
-    with pytest.raises(CapiError, match="flash_bwd_dq with sinks: only flash_fwd has a SINKS variant"):
+    with pytest.raises(ValueError, match="flash_bwd_dq with sinks: only flash_fwd has a SINKS variant"):
         embedded.plan_variant("flash_bwd_dq", 90, 2, 128, True, True, False, 300, 257, sinks=True)
-
-
-def test_the_native_core_leaves_sinks_to_the_jit_fallback() -> None:
-    # lt_choice.c writes no SINKS field: a request with sinks must miss, never load the variant without it.
-    front = (REPO / "capi" / "lt_front.c").read_text()
-    body = front.split("static int lt__native_plan(lt__plan_request *request) {", 1)[1]
-    assert body.index("if (request->sinks)") < body.index("ltn_attn_variant(")
-    assert "SINKS" not in (REPO / "capi" / "native" / "lt_choice.c").read_text()
