@@ -1,7 +1,7 @@
 """Build liblazytriton.so with cffi's embedding mode and install it under a prefix.
 
 ``build(prefix)`` compiles ``lazytriton.c`` (the C API; it includes
-``lt_check.c``, ``lt_alias.c``, ``lt_bwd.c`` and ``lt_kvcache.c``) together with the
+``lt_check.c``, ``lt_alias.c``, ``lt_bwd.c``, ``lt_kvcache.c`` and ``lt_combine.c``) together with the
 wrappers cffi generates for the ``lt__py_*`` functions, links it against the
 libpython of the interpreter running the build, and installs::
 
@@ -52,6 +52,7 @@ typedef struct {
     int32_t head_dim_v;
     int32_t window;
     int32_t softcap;
+    int32_t sinks;
     int64_t seqlen_q;
     int64_t seqlen_k;
     uint64_t function;
@@ -67,6 +68,7 @@ typedef struct {
     int64_t rows, capacity, page_size;
     int32_t head_dim_v, append, append_aligned, append_index64;
     int32_t leftpad, rotary, rotary_interleaved;
+    int32_t sinks, varlen_q;
     uint64_t split_function, combine_function;
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
@@ -75,6 +77,13 @@ typedef struct {
     uint32_t append_threads, append_shared, append_block_m, append_hidden;
     char variant[512];
 } lt__kvcache_plan_request;
+
+typedef struct {
+    int32_t device_index, dtype, head_dim, aligned, index64;
+    uint64_t function;
+    uint32_t block_threads, shared_bytes, block_m, block_d, n_hidden;
+    char variant[512];
+} lt__combine_plan_request;
 
 void lt__set_error(const char *message);
 
@@ -87,6 +96,8 @@ extern "Python" static int lt__py_cache_stats(lt_stats *stats);
 extern "Python" static void lt__py_flush(void);
 extern "Python" static int lt__py_kvcache_plan(lt__kvcache_plan_request *request);
 extern "Python" static int lt__py_attn_kvcache_cpu(const lt_attn_kvcache_params *params);
+extern "Python" static int lt__py_combine_plan(lt__combine_plan_request *request);
+extern "Python" static int lt__py_flash_combine_cpu(const lt_flash_combine_params *params);
 """
 
 # Runs once, in the embedded interpreter, when lt_init first starts it.
@@ -106,7 +117,8 @@ except BaseException as exc:
         return lib.LT_ERROR_PYTHON
 
     for _name in ("lt__py_init", "lt__py_attn_fwd_cpu", "lt__py_attn_bwd_cpu", "lt__py_plan", "lt__py_prewarm",
-                  "lt__py_cache_stats", "lt__py_kvcache_plan", "lt__py_attn_kvcache_cpu"):
+                  "lt__py_cache_stats", "lt__py_kvcache_plan", "lt__py_attn_kvcache_cpu", "lt__py_combine_plan",
+                  "lt__py_flash_combine_cpu"):
         ffi.def_extern(name=_name, error=lib.LT_ERROR_PYTHON)(_failed)
     ffi.def_extern(name="lt__py_flush")(lambda: None)
 """

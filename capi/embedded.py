@@ -180,7 +180,10 @@ def _features(p: Any) -> tuple[tuple[int, int], float]:
 
 
 def _used(view: Any) -> Any:
-    """A version 4 struct's seqused_q or seqused_k as a tensor, or None when absent (lt_check.c's lt__given)."""
+    """An optional tensor (seqused_q, seqused_k, sinks, dsinks) as a tensor, or None when absent (lt__given).
+
+    lt__fwd_prepare and lt__bwd_prepare leave the fields an older struct lacks absent.
+    """
     return None if view.data == _ffi.NULL and not view.ndim else _host_tensor(view)
 
 
@@ -197,7 +200,7 @@ def _varlen_call(p: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     window, softcap = _features(p)
     call = varlen.check(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_k), p.causal == 2, scale,
                         window=window, softcap=softcap, values=True, seqused_q=_used(p.seqused_q),
-                        seqused_k=_used(p.seqused_k))
+                        seqused_k=_used(p.seqused_k), sinks=_used(p.sinks))
     return cu_q, cu_k, call
 
 
@@ -220,7 +223,7 @@ def attn_fwd_cpu(p: Any) -> int:
     window, softcap = _features(p)
     with torch.no_grad():
         result, logsumexp = flash.attn_fwd(q, k, v, causal=_CAUSAL[p.causal], sm_scale=scale, window_size=window,
-                                           softcap=softcap)
+                                           softcap=softcap, sinks=_used(p.sinks))
     out.copy_(result)
     lse.copy_(logsumexp)
     return OK
@@ -230,31 +233,45 @@ def attn_bwd_cpu(p: Any) -> int:
     """lt_attn_bwd on host memory: the binding's checks, then its interpreter run, writing the caller's gradients.
 
     The gradients are the caller's memory (no copy). The interpreter run keeps
-    its own delta, so the caller's workspace is not touched here.
+    its own delta, so the caller's workspace is not touched here. With sinks
+    (a version 5 struct), dsinks, when given, is their gradient from that delta
+    (the bindings' ``sinks_backward``).
     """
     import torch
 
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
+    from lazytriton.kernels.flash_fwd import sinks as fwd_sinks
 
     q, k, v, out, lse, dout, dq, dk, dv = (_host_tensor(t) for t in (p.q, p.k, p.v, p.out, p.lse, p.dout, p.dq,
                                                                         p.dk, p.dv))
+    sinks, dsinks = _used(p.sinks), _used(p.dsinks)
     if _is_varlen(p):
         from lazytriton.kernels.flash_fwd import varlen
 
         cu_q, cu_k, vcall = _varlen_call(p, q, k, v)
         varlen.check_grad(q, out, lse, dout, vcall.call.head_dim_v)
         with torch.no_grad():
-            for mine, got in zip((dq, dk, dv), varlen.backward(q, k, v, out, lse, dout, cu_q, cu_k, vcall),
-                                 strict=True):
+            if dsinks is None:
+                grads = varlen.backward(q, k, v, out, lse, dout, cu_q, cu_k, vcall)
+            else:
+                grads, sinks_grad = varlen.sinks_backward(q, k, v, out, lse, dout, cu_q, cu_k, vcall)
+                dsinks.copy_(sinks_grad)
+            for mine, got in zip((dq, dk, dv), grads, strict=True):
                 mine.copy_(got)
         return OK
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     window, softcap = _features(p)
-    call = fwd.check(q, k, v, _CAUSAL[p.causal], scale, window=window, softcap=softcap)
+    call = fwd_sinks.with_sinks(fwd.check(q, k, v, _CAUSAL[p.causal], scale, window=window, softcap=softcap), q,
+                                sinks)
     bwd.check_grad(q, out, lse, dout, call)
     with torch.no_grad():
-        bwd.run_interpreter(q, k, v, out, lse, dout, bwd.Grads(dq, dk, dv), call)
+        if dsinks is None:
+            bwd.run_interpreter(q, k, v, out, lse, dout, bwd.Grads(dq, dk, dv), call)
+            return OK
+        grads, sinks_grad = bwd.sinks_backward(q, k, v, out, lse, dout, call)
+        for mine, got in zip((dq, dk, dv, dsinks), (*grads, sinks_grad), strict=True):
+            mine.copy_(got)
     return OK
 
 
@@ -300,7 +317,7 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
                  index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False, head_dim_v: int = 0,
                  seq16: bool | None = None, window: bool = False, softcap: bool = False,
-                 seqused: tuple[bool, bool] = (False, False)) -> Any:
+                 seqused: tuple[bool, bool] = (False, False), sinks: bool = False) -> Any:
     """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call.
 
     ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's),
@@ -308,7 +325,11 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     ``head_dim_v``: v's head dim (0 or ``head_dim``: the same).
     ``seq16``: the backward's SEQ16 as lt_bwd.c found it (bit 1 of the request's ``aligned``); None:
     dispatch's rule for the seqlens. ``window``, ``softcap``: the WINDOW and SOFTCAP variants.
+    ``sinks``: attention sinks (SINKS, flash_fwd's only: the backward's kernels read them through lse).
     """
+    if sinks and kernel != "flash_fwd":  # attention.SINKS_KERNELS
+        raise ValueError(f"plan request for {kernel} with sinks: only flash_fwd has a SINKS variant (the backward "
+                         "reads them through lse)")
     dim_v = 0 if head_dim_v == head_dim else head_dim_v
     import torch
 
@@ -323,9 +344,10 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
 
         return dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], head_dim, causal, aligned, seqlen_q,
                                        seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
-                                       softcap=softcap, seqused_q=seqused[0], seqused_k=seqused[1])
+                                       softcap=softcap, seqused_q=seqused[0], seqused_k=seqused[1], sinks=sinks)
     if kernel == "flash_fwd":
-        return fwd.variant(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v)
+        return fwd.variant(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v,
+                           sinks=sinks)
     from lazytriton.kernels.flash_bwd import binding as bwd
 
     dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v,
@@ -343,7 +365,7 @@ def plan(req: Any) -> int:
     variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned & 1),
                            bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen & 1), req.head_dim_v,
                            seq16=bool(req.aligned & 2), window=bool(req.window), softcap=bool(req.softcap),
-                           seqused=(bool(req.varlen & 2), bool(req.varlen & 4)))
+                           seqused=(bool(req.varlen & 2), bool(req.varlen & 4)), sinks=bool(req.sinks))
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
@@ -556,6 +578,7 @@ def attach(ffi: Any, lib: Any) -> None:
                      ("lt__py_cache_stats", cache_stats)):
         ffi.def_extern(name=name, error=PYTHON)(_guarded(fn))
     ffi.def_extern(name="lt__py_flush")(flush)
-    from lazytriton.capi import embedded_kvcache
+    from lazytriton.capi import embedded_combine, embedded_kvcache
 
     embedded_kvcache.attach(ffi, _guarded)
+    embedded_combine.attach(ffi, _guarded)

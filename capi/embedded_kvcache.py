@@ -18,13 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lazytriton.capi.common import PYTHON, UNSUPPORTED, CapiError, host_tensor
+from lazytriton.capi.common import PYTHON, check_entry_layout, host_tensor
 
 KERNELS = ("flash_decode_split", "flash_decode_combine")
 APPEND = "kv_append"
-# Parameter kinds the C launcher passes: the split kernel's integers then two fp32, the combine's integers only.
-_INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
-_MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
 
 _ffi: Any = None
 
@@ -41,21 +38,27 @@ def inputs_of(p: Any) -> tuple[Any, Any, Any]:
     from lazytriton.kernels.flash_decode import checks
 
     q, k_cache, v_cache, out, lse = (host_tensor(_ffi, t) for t in (p.q, p.k_cache, p.v_cache, p.out, p.lse))
-    k, v, lens, rows, table, slopes, pads, cos, sin, bases = (
+    k, v, lens, rows, table, slopes, pads, cos, sin, bases, sinks, cu_q = (
         _optional(t) for t in (p.k, p.v, p.cache_seqlens, p.cache_batch_idx, p.block_table, p.alibi_slopes,
-                               p.cache_leftpad, p.rotary_cos, p.rotary_sin, p.rotary_seqlens))
+                               p.cache_leftpad, p.rotary_cos, p.rotary_sin, p.rotary_seqlens, p.sinks,
+                               p.cu_seqlens_q))
     if lens is None and p.cache_seqlen >= 0:
         lens = int(p.cache_seqlen)
-    return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes, pads, cos, sin, bases), out, lse
+    return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes, pads, cos, sin, bases, sinks,
+                         cu_q), out, lse
 
 
 def call_of(p: Any, t: Any) -> Any:
-    """The binding's checked Call of the params (the checks run again, in Python)."""
+    """The binding's checked Call of the params (the checks run again, in Python).
+
+    max_seqlen_q -1 is absent (lt__kv_prepare gives an older struct -1).
+    """
     from lazytriton.kernels.flash_decode import checks
 
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    max_seqlen_q = None if p.max_seqlen_q == -1 else int(p.max_seqlen_q)
     return checks.check(t, scale, bool(p.causal), (int(p.window_left), int(p.window_right)), float(p.softcap),
-                        int(p.num_splits), bool(p.rotary_interleaved))
+                        int(p.num_splits), bool(p.rotary_interleaved), max_seqlen_q)
 
 
 def attn_kvcache_cpu(p: Any) -> int:
@@ -75,8 +78,11 @@ def attn_kvcache_cpu(p: Any) -> int:
 def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool, index64: bool,
                   rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
                   head_dim_v: int = 0, leftpad: bool = False, rotary: bool = False,
-                  rotary_interleaved: bool = False) -> Any:
-    """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call."""
+                  rotary_interleaved: bool = False, sinks: bool = False, varlen_q: bool = False) -> Any:
+    """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call.
+
+    ``sinks``: SINKS on both kernels; ``varlen_q``: queries packed by cu_seqlens_q (VARLEN_Q on the split kernel).
+    """
     import torch
 
     from lazytriton.kernels.flash_decode import binding, checks
@@ -87,7 +93,8 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
     call = checks.Call(1, rows, 1, 1, head_dim, 0, capacity, page_size, 1, capacity, causal, 1.0,
                        window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
                        head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad,
-                       rotary_dim=2 if rotary else 0, rotary_interleaved=rotary and rotary_interleaved)
+                       rotary_dim=2 if rotary else 0, rotary_interleaved=rotary and rotary_interleaved, sinks=sinks,
+                       varlen_q=varlen_q)
     return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
 
 
@@ -98,15 +105,7 @@ def check_launch_layout(entry: Any, kernel: str) -> None:
 
     ints = {KERNELS[0]: binding.SPLIT_INT_PARAMS, KERNELS[1]: binding.COMBINE_INT_PARAMS,
             APPEND: kv_append.INT_PARAMS}[kernel]
-    floats = ("fp32", "fp32") if kernel == KERNELS[0] else ()
-    kinds = tuple(entry.arg_types)
-    if (len(kinds) != len(ints) + len(floats) or kinds[len(ints):] != floats
-            or not all(k.startswith("*") or k in _INT_KINDS for k in kinds[:len(ints)])):
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
-                                     f"{len(ints)} pointers or integers, then {len(floats)} fp32")
-    sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
-    if any(sizes.get(name, 0) > 0 for name in entry.hidden_args) or len(entry.hidden_args) > _MAX_HIDDEN:
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} needs scratch memory, which C plans do not allocate")
+    check_entry_layout(entry, len(ints), ("fp32", "fp32") if kernel == KERNELS[0] else ())
 
 
 def plan(req: Any) -> int:
@@ -121,7 +120,8 @@ def plan(req: Any) -> int:
     split, combine = plan_variants(capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned),
                                    bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
                                    bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad),
-                                   bool(req.rotary), bool(req.rotary_interleaved))
+                                   bool(req.rotary), bool(req.rotary_interleaved), bool(req.sinks),
+                                   bool(req.varlen_q))
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)

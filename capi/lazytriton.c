@@ -73,6 +73,8 @@ typedef struct {
     int32_t head_dim_v;   /* in: v's head dim (out's, dout's, dv's); may differ from head_dim */
     int32_t window;       /* in: a sliding window (WINDOW=true) */
     int32_t softcap;      /* in: a softcap (SOFTCAP=true) */
+    int32_t sinks;        /* in: attention sinks (SINKS=true; LT__KERNEL_FWD only: the backward's kernels read
+                             them through the forward's lse) */
     int64_t seqlen_q;     /* in */
     int64_t seqlen_k;     /* in */
     uint64_t function;    /* out: CUfunction */
@@ -215,6 +217,7 @@ typedef struct {
     /* varlen: lt__varlen_bits (packed sequences, and their used lengths) */
     int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits, varlen, head_dim_v;
     int32_t window, softcap; /* the WINDOW and SOFTCAP variants */
+    int32_t sinks;           /* the SINKS variant (a forward key's only) */
 } lt__plan_key;
 
 struct lt_plan {
@@ -246,17 +249,18 @@ static int32_t lt__varlen_bits(const lt__call *c) {
 static lt__plan_key lt__key_of(const lt__call *c) {
     lt__plan_key key = {LT__KERNEL_FWD, c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE,
                         c->aligned, c->index64, lt__bits(lt__dispatch_sq(c)), lt__bits(lt__dispatch_sk(c)),
-                        lt__varlen_bits(c), (int32_t)c->dv, c->window_left >= 0, c->softcap > 0.0f};
+                        lt__varlen_bits(c), (int32_t)c->dv, c->window_left >= 0, c->softcap > 0.0f, c->sinks != 0};
     return key;
 }
 
 static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
-    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s%s%s%s%s",
+    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s%s%s%s%s%s",
              lt__dtype_name(k->dtype), k->head_dim, k->head_dim_v, k->device_index,
              k->causal ? "causal" : "not causal", k->aligned ? "16-byte aligned" : "unaligned",
              k->aligned & 2 ? ", seqlens multiples of 16" : "", k->index64 ? 64 : 32,
              k->varlen ? ", packed sequences" : "", k->varlen & 2 ? ", seqused_q" : "",
-             k->varlen & 4 ? ", seqused_k" : "", k->window ? ", sliding window" : "", k->softcap ? ", softcap" : "");
+             k->varlen & 4 ? ", seqused_k" : "", k->window ? ", sliding window" : "", k->softcap ? ", softcap" : "",
+             k->sinks ? ", sinks" : "");
 }
 
 /* Plans need device memory and work to do (what for depends on the caller: names the call to use instead). */
@@ -279,6 +283,7 @@ static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capa
     req->head_dim = (int32_t)c->d, req->causal = c->causal != LT_CAUSAL_NONE, req->aligned = c->aligned;
     req->index64 = c->index64, req->kernel = kernel, req->varlen = lt__varlen_bits(c), req->head_dim_v = (int32_t)c->dv;
     req->window = c->window_left >= 0, req->softcap = c->softcap > 0.0f;
+    req->sinks = kernel == LT__KERNEL_FWD && c->sinks != 0;
     req->seqlen_q = lt__dispatch_sq(c), req->seqlen_k = lt__dispatch_sk(c);
     if ((s = (lt_status)lt__py_plan(req)) != LT_OK)
         return s;
@@ -319,7 +324,7 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
         c->d != k->head_dim || c->dv != k->head_dim_v || (c->causal != LT_CAUSAL_NONE) != k->causal ||
         (k->aligned & ~c->aligned) ||
         (c->index64 && !k->index64) || lt__varlen_bits(c) != k->varlen || (c->window_left >= 0) != k->window ||
-        (c->softcap > 0.0f) != k->softcap) {
+        (c->softcap > 0.0f) != k->softcap || (k->kernel == LT__KERNEL_FWD && (c->sinks != 0) != k->sinks)) {
         char want[256], got[256];
         lt__plan_key call_key = lt__key_of(c);
         lt__describe(want, sizeof want, k);
@@ -339,11 +344,11 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
  * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. */
 static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
-    /* No ALiBi, bias, dropout or sinks (null pointers, zero strides, p = 0): the C API's calls have none of them. */
+    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0): the C API's calls have none of them. */
     int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
-        c->seqused_q, c->seqused_k, 0,
+        c->seqused_q, c->seqused_k, c->sinks,
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
@@ -500,7 +505,7 @@ LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *user, void *stream) {
     if (c.empty)
         return LT_OK;
     if (c.device_type == LT_DEVICE_CPU) {
-        if (c.sk == 0) {
+        if (c.sk == 0 && c.sinks == 0) { /* with sinks, lse is each head's sink: Python writes it */
             lt__fill_no_keys(params, &c);
             return LT_OK;
         }
@@ -598,6 +603,7 @@ LT_API lt_status lt_cache_stats(lt_stats *stats) {
 
 #include "lt_bwd.c" /* the backward: its checks, plans, launch and API */
 #include "lt_kvcache.c" /* decoding over a KV cache: its checks, plans, launch and API */
+#include "lt_combine.c" /* lt_flash_combine: its checks, plan, launch and API */
 
 #ifndef LT__NATIVE_FRONT
 /* What liblazytriton_native.so calls, through dlsym, for a kernel its images do not hold (its JIT fallback):
@@ -611,5 +617,10 @@ __attribute__((visibility("default"))) int lt__embedded_plan(lt__plan_request *r
 __attribute__((visibility("default"))) int lt__embedded_kvcache_plan(lt__kvcache_plan_request *request) {
     lt_status s = lt__require_init();
     return s != LT_OK ? s : lt__py_kvcache_plan(request);
+}
+
+__attribute__((visibility("default"))) int lt__embedded_combine_plan(lt__combine_plan_request *request) {
+    lt_status s = lt__require_init();
+    return s != LT_OK ? s : lt__py_combine_plan(request);
 }
 #endif

@@ -27,7 +27,8 @@
  * plan and launches it in pure C (no Python, no GIL, no allocation).
  * lt_attn_fwd() keeps such plans itself, one per shape class, so a warm GPU
  * call of lt_attn_fwd does not enter Python either. The backward has the same
- * three: lt_attn_bwd(), lt_attn_bwd_plan() and lt_bwd_plan_launch().
+ * three: lt_attn_bwd(), lt_attn_bwd_plan() and lt_bwd_plan_launch(). lt_attn_kvcache() (decoding over a KV
+ * cache) and lt_flash_combine() (merging attention over key chunks) keep their plans the same way.
  */
 #ifndef LAZYTRITON_H
 #define LAZYTRITON_H
@@ -41,10 +42,11 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 4 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
-#define LT_ATTN_BWD_PARAMS_VERSION 4 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; older structs are still taken */
+#define LT_ATTN_FWD_PARAMS_VERSION 5 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; older structs are still taken */
+#define LT_ATTN_BWD_PARAMS_VERSION 5 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; older structs are still taken */
 #define LT_STATS_VERSION 1
-#define LT_ATTN_KVCACHE_PARAMS_VERSION 3 /* 2: cache_leftpad; 3: rotary embeddings; older structs are still taken */
+#define LT_FLASH_COMBINE_PARAMS_VERSION 1
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 4 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; older structs are still taken */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -83,7 +85,7 @@ typedef enum {
     LT_DTYPE_FP16 = 1,
     LT_DTYPE_BF16 = 2,
     LT_DTYPE_FP32 = 3,
-    LT_DTYPE_INT32 = 4 /* cu_seqlens_q, cu_seqlens_k, seqused_q and seqused_k only */
+    LT_DTYPE_INT32 = 4 /* the index tensors only: cu_seqlens_*, seqused_*, cache_seqlens and the like */
 } lt_dtype;
 
 typedef enum {
@@ -128,7 +130,7 @@ typedef struct {
 typedef struct {
     void *data;           /* first element; host or device pointer as device_type says */
     int32_t dtype;        /* lt_dtype */
-    int32_t ndim;         /* 4 for q, k, v, out and the gradients; 3 for lse and delta */
+    int32_t ndim;         /* 4 for q, k, v, out and the gradients; 3 for lse and delta; 1 for sinks */
     int64_t sizes[4];     /* the first ndim are used */
     int64_t strides[4];   /* in elements, not bytes; non-negative */
     int32_t device_type;  /* lt_device_type */
@@ -180,7 +182,13 @@ typedef struct {
  * are written 0 and of lse -inf (and by lt_attn_bwd, of dq, dk and dv 0). max_seqlen_q/max_seqlen_k stay at
  * least the longest cu_seqlens span, used or not. As cu_seqlens, their values (0 <= seqused <= the span's
  * length) are checked on the CPU and not read on a GPU. Left zero (absent), or in a version 1 to 3 struct,
- * every row of each span is used. */
+ * every row of each span is used.
+ *
+ * Attention sinks (version 5, gpt-oss's; as lazytriton.flash_attn_func's sinks): sinks, LT_DTYPE_FP32,
+ * (heads_q), contiguous, on q's device: one logit a query head that joins the denominator of every softmax
+ * row of that head (a key that no value carries), so lse = log(sum of exp(scores) + exp(sink)). A row that
+ * sees no key gets out 0 and lse its head's sink. Dense or packed, with any other option. Left zero (absent),
+ * or in a version 1 to 4 struct, there are none. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -204,6 +212,8 @@ typedef struct {
     /* Version 4: used lengths of packed sequences (see above); absent (data NULL, ndim 0) when zero. */
     lt_tensor seqused_q;  /* int32 (batch): the used queries of each cu_seqlens_q span */
     lt_tensor seqused_k;  /* int32 (batch): the used keys of each cu_seqlens_k span */
+    /* Version 5: attention sinks (see above); absent (data NULL, ndim 0) when zero. */
+    lt_tensor sinks;      /* fp32 (heads_q): one logit a query head */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:
@@ -214,8 +224,8 @@ typedef struct {
  *   dk       k's shape and dtype, written (GQA/MQA: summed over each group of query heads)
  *   dv       v's shape and dtype, written (likewise summed)
  *   delta    (batch, heads_q, seqlen_q) fp32, contiguous: workspace the caller
- *            provides, so that no call allocates; its contents afterwards are
- *            unspecified
+ *            provides, so that no call allocates; afterwards, on a GPU, it holds
+ *            rowsum(dout * out) (see attention sinks below); on the CPU it is not touched
  * causal and sm_scale must be the forward's. Any strides with a contiguous
  * last dim for the 4-dim tensors. Rows that saw no key get zero gradients,
  * and so do keys that no query saw.
@@ -223,7 +233,14 @@ typedef struct {
  * and layouts; dout like out, dq like q, dk like k, dv like v, delta (heads_q, total_q).
  * Sliding window and softcap (version 3): the forward's, which they must be.
  * Used lengths (version 4): the forward's seqused_q/seqused_k; dq rows past seqused_q and dk, dv rows past
- * seqused_k are written 0. */
+ * seqused_k are written 0.
+ * Attention sinks (version 5): the forward's sinks (they reach dq, dk and dv through its lse), and
+ * optionally dsinks, fp32 (heads_q), contiguous, on q's device, written: the sinks' gradient,
+ *   dsinks[h] = -sum over the batch and the rows of head h of exp(sinks[h] - lse) * delta,
+ * with delta = rowsum(dout * out). On the CPU dsinks is written. On a GPU a call with dsinks is
+ * LT_ERROR_UNSUPPORTED (the sum needs a reduction kernel the C API does not launch): leave dsinks absent;
+ * after a GPU call, delta holds rowsum(dout * out) for every row the kernels visit (rows past seqused_q are
+ * not written: zero them first), so the caller can reduce it with lse as above. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
     uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
@@ -252,6 +269,9 @@ typedef struct {
     /* Version 4: the forward's used lengths (absent when zero). */
     lt_tensor seqused_q;
     lt_tensor seqused_k;
+    /* Version 5: the forward's attention sinks and their gradient (each absent when zero). */
+    lt_tensor sinks;      /* fp32 (heads_q), read */
+    lt_tensor dsinks;     /* fp32 (heads_q), written (CPU only) */
 } lt_attn_bwd_params;
 
 /* One decoding call, the C twin of lazytriton.flash_attn_with_kvcache (FlashAttention-2's, forward only).
@@ -293,8 +313,22 @@ typedef struct {
  * workspace are contiguous. On a GPU the values of cache_seqlens, cache_batch_idx, block_table,
  * cache_leftpad and rotary_seqlens are not read (device memory; as in FlashAttention-2 they must point inside
  * the cache, and rotary positions inside rotary_cos: one outside is left unrotated); on the CPU they are checked.
- * causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side unbounded. A version 1
- * or 2 struct (its smaller struct_size and its version) is the same call without what later versions add. */
+ * causal is bottom-right (FlashAttention-2's); window_left/window_right -1 leave a side unbounded.
+ *   sinks            optional fp32 (heads_q), contiguous (version 4): attention sinks, one logit a query head that
+ *                    joins every softmax row's denominator (as lt_attn_fwd's); a row that sees no key gets out 0
+ *                    and lse its head's sink
+ *   cu_seqlens_q     optional int32 (batch + 1), contiguous (version 4): queries packed as FlashAttention-3's
+ *                    flash_attn_with_kvcache takes them: sequence b's queries are rows cu_seqlens_q[b] ..
+ *                    cu_seqlens_q[b + 1] - 1, each aligned bottom-right against its own keys, and then
+ *                      q   (total_q, heads_q, head_dim), out (total_q, heads_q, head_dim_v)
+ *                      lse fp32 (heads_q, total_q), contiguous
+ *                    batch is cu_seqlens_q's entries - 1 (the caches, k, v and the index tensors keep it), and
+ *                    max_seqlen_q (0..2**31 - 1, at least the longest sequence's query count) sizes the grid. As
+ *                    the other index tensors, its values are checked on the CPU and not read on a GPU (they must
+ *                    start at 0, not decrease, and end at total_q). Without cu_seqlens_q, max_seqlen_q must be -1
+ *                    (the init). The workspace then holds 4 * heads_q * total_q * (head_dim_v + 1) bytes a split.
+ * A version 1 to 3 struct (its smaller struct_size and its version) is the same call without what later versions
+ * add. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
     uint32_t version;     /* LT_ATTN_KVCACHE_PARAMS_VERSION */
@@ -327,7 +361,37 @@ typedef struct {
     lt_tensor rotary_seqlens;
     int32_t rotary_interleaved; /* 1 (the init) or 0 */
     uint32_t reserved3;         /* must be 0 */
+    /* Version 4: attention sinks and packed queries (each absent, the init: none; max_seqlen_q -1). */
+    lt_tensor sinks;
+    lt_tensor cu_seqlens_q;
+    int64_t max_seqlen_q;
 } lt_attn_kvcache_params;
+
+/* One merge of attention computed over disjoint chunks of the keys, the C twin of
+ * lazytriton.flash_attn_combine (FlashAttention-3's flash_attn_combine): each split n holds the attention of the
+ * same query rows over its own chunk (split-KV decoding, or one rank of context parallelism), its output and the
+ * natural-log logsumexp of its scaled scores; the call writes attention over all the chunks:
+ *   lse = log(sum_n exp(lse_partial[n])), out = sum_n exp(lse_partial[n] - lse) * out_partial[n].
+ * A split whose lse is -inf saw no key and counts for nothing (its output is not read); a row whose every split
+ * is -inf gets out 0 and lse -inf. The rows are FlashAttention-3's packed layout (total_q); its dense
+ * (num_splits, batch, seqlen, heads, head_dim) is rows = batch * seqlen where seqlen's stride times seqlen is
+ * batch's (a contiguous tensor: describe it as (num_splits, batch * seqlen, heads, head_dim)):
+ *   out_partial  fp32 (num_splits, rows, heads, head_dim), any strides with a contiguous last dim; head_dim >= 1
+ *   lse_partial  fp32 (num_splits, rows, heads), any strides
+ *   out          (rows, heads, head_dim), fp32, fp16 or bf16 (the output's dtype: FlashAttention-3's out_dtype),
+ *                any strides with a contiguous last dim, written
+ *   lse          fp32 (rows, heads), any strides, written
+ * All on one device; any number of splits (0: out 0, lse -inf). */
+typedef struct {
+    uint32_t struct_size; /* sizeof(lt_flash_combine_params) */
+    uint32_t version;     /* LT_FLASH_COMBINE_PARAMS_VERSION */
+    lt_tensor out_partial;
+    lt_tensor lse_partial;
+    lt_tensor out;
+    lt_tensor lse;
+    uint32_t flags;       /* reserved: must be 0 */
+    uint32_t reserved;    /* must be 0 */
+} lt_flash_combine_params;
 
 /* What the cache holds and what this process did (lt_cache_stats()). */
 typedef struct {
@@ -418,7 +482,7 @@ LT_API lt_status lt_bwd_plan_launch(const lt_bwd_plan *plan, const lt_attn_bwd_p
 LT_API lt_status lt_bwd_plan_destroy(lt_bwd_plan *plan);
 
 /* Fill *params with struct_size and version, sm_scale NaN, cache_seqlen -1, window (-1, -1), no split count,
- * and empty (absent) tensors. */
+ * max_seqlen_q -1, and empty (absent) tensors. */
 LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params);
 
 /* Decoding attention over a KV cache (flash_attn_with_kvcache): the split kernel and, when the keys are cut in
@@ -429,9 +493,18 @@ LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params);
 LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *params, void *stream);
 
 /* The bytes of workspace a GPU call of params needs to run its split count (the forced num_splits, else the
- * most the heuristic picks): 4 * batch * heads_q * seqlen_q * (head_dim_v + 1) * splits. A smaller workspace
+ * most the heuristic picks): 4 * batch * heads_q * seqlen_q * (head_dim_v + 1) * splits (with packed queries,
+ * total_q for batch * seqlen_q). A smaller workspace
  * caps the splits at what fits (none: one split). */
 LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes);
+
+/* Fill *params with struct_size and version and empty tensors. */
+LT_API lt_status lt_flash_combine_params_init(lt_flash_combine_params *params);
+
+/* Merge split attention (flash_attn_combine): one kernel, flash_combine. CUDA tensors: launched from C on stream
+ * (the plan, one per shape class, goes through Python once), returns without waiting. CPU tensors: computed
+ * before returning, through Triton's interpreter. */
+LT_API lt_status lt_flash_combine(const lt_flash_combine_params *params, void *stream);
 
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as

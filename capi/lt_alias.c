@@ -135,8 +135,8 @@ static lt_status lt__check_writes(const lt__named *outputs, int n_outputs, const
 /* A forward call (lt__check passed it): out and lse against q, k, v, the cumulative and the used lengths. */
 static lt_status lt__fwd_writes(const lt_attn_fwd_params *p) {
     const lt__named outputs[2] = {{"out", &p->out}, {"lse", &p->lse}};
-    const lt__named inputs[7] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cu_seqlens_q", &p->cu_seqlens_q},
+    const lt__named inputs[8] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cu_seqlens_q", &p->cu_seqlens_q},
                                  {"cu_seqlens_k", &p->cu_seqlens_k}, {"seqused_q", &p->seqused_q},
-                                 {"seqused_k", &p->seqused_k}};
-    return lt__check_writes(outputs, 2, inputs, 7);
+                                 {"seqused_k", &p->seqused_k}, {"sinks", &p->sinks}};
+    return lt__check_writes(outputs, 2, inputs, 8);
 }

@@ -21,18 +21,20 @@
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
 
 /* A version 1 struct: everything before the packed-sequence fields; version 2: before the window; version 3:
- * before the used lengths. */
+ * before the used lengths; version 4: before the sinks. */
 #define LT__BWD_PARAMS_V1_SIZE offsetof(lt_attn_bwd_params, cu_seqlens_q)
 #define LT__BWD_PARAMS_V2_SIZE offsetof(lt_attn_bwd_params, window_left)
 #define LT__BWD_PARAMS_V3_SIZE offsetof(lt_attn_bwd_params, seqused_q)
+#define LT__BWD_PARAMS_V4_SIZE offsetof(lt_attn_bwd_params, sinks)
 
 static lt_status lt__check_bwd_struct(const lt_attn_bwd_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
     if ((p->struct_size == LT__BWD_PARAMS_V1_SIZE && p->version == 1) ||
         (p->struct_size == LT__BWD_PARAMS_V2_SIZE && p->version == 2) ||
-        (p->struct_size == LT__BWD_PARAMS_V3_SIZE && p->version == 3))
-        return LT_OK; /* read as the call it always was: no seqused (no window, no softcap before 3; dense, 1) */
+        (p->struct_size == LT__BWD_PARAMS_V3_SIZE && p->version == 3) ||
+        (p->struct_size == LT__BWD_PARAMS_V4_SIZE && p->version == 4))
+        return LT_OK; /* read as the call it always was: no sinks (no seqused before 4, no window before 3) */
     if (p->struct_size != sizeof(lt_attn_bwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for lt_attn_bwd_params: "
@@ -55,7 +57,7 @@ static lt_attn_fwd_params lt__fwd_view(const lt_attn_bwd_params *p) {
     f.cu_seqlens_q = p->cu_seqlens_q, f.cu_seqlens_k = p->cu_seqlens_k;
     f.max_seqlen_q = p->max_seqlen_q, f.max_seqlen_k = p->max_seqlen_k;
     f.window_left = p->window_left, f.window_right = p->window_right, f.softcap = p->softcap;
-    f.seqused_q = p->seqused_q, f.seqused_k = p->seqused_k;
+    f.seqused_q = p->seqused_q, f.seqused_k = p->seqused_k, f.sinks = p->sinks;
     return f;
 }
 
@@ -135,6 +137,25 @@ static lt_status lt__check_delta(const lt_attn_bwd_params *p, const lt__call *c)
     return LT_OK;
 }
 
+/* dsinks, given: the sinks' layout (lt__check_sinks), with sinks given, and on the CPU only. */
+static lt_status lt__check_dsinks(const lt_attn_bwd_params *p, const lt__call *c) {
+    int64_t pointer = 0;
+    lt_status s;
+    if (!lt__given(&p->dsinks))
+        return LT_OK;
+    if (c->sinks == 0 && !lt__given(&p->sinks))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "dsinks is given but the call has no sinks: dsinks is the "
+                        "gradient of the forward's attention sinks (give them in sinks)");
+    if ((s = lt__check_sinks("dsinks", &p->dsinks, &p->q, c->hq, &pointer)) != LT_OK)
+        return s;
+    if (c->device_type != LT_DEVICE_CPU)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "dsinks on a GPU is not supported by the C API: the sum over rows "
+                        "needs a reduction kernel it does not launch; leave dsinks absent and reduce "
+                        "dsinks[h] = -sum(exp(sinks[h] - lse) * delta) over head h's rows from delta, which holds "
+                        "rowsum(dout * out) after the call");
+    return LT_OK;
+}
+
 static int64_t lt__numel(const lt_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++)
@@ -195,7 +216,7 @@ static lt_status lt__bwd_check(const lt_attn_bwd_params *p, lt__call *c) {
     for (int i = 0; i < 4; i++)
         if ((s = lt__check_grad(names[i], grads[i], of_names[i], of[i], &p->q)) != LT_OK)
             return s;
-    if ((s = lt__check_delta(p, c)) != LT_OK)
+    if ((s = lt__check_delta(p, c)) != LT_OK || (s = lt__check_dsinks(p, c)) != LT_OK)
         return s;
     int work = lt__bwd_has_work(c);
     for (int i = 0; i < 4; i++) /* with no work, only the gradients to zero are written */
@@ -204,12 +225,14 @@ static lt_status lt__bwd_check(const lt_attn_bwd_params *p, lt__call *c) {
     if (work && p->delta.data == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "delta.data is NULL (the workspace: batch * heads_q * seqlen_q "
                         "floats)");
-    const lt__named outputs[4] = {{"dq", &p->dq}, {"dk", &p->dk}, {"dv", &p->dv}, {"delta", &p->delta}};
-    const lt__named inputs[10] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}, {"lse", &p->lse},
+    /* no work: delta is not written */
+    const lt__named outputs[5] = {{"dq", &p->dq}, {"dk", &p->dk}, {"dv", &p->dv}, {"dsinks", &p->dsinks},
+                                  {"delta", &p->delta}};
+    const lt__named inputs[11] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}, {"lse", &p->lse},
                                   {"dout", &p->dout}, {"cu_seqlens_q", &p->cu_seqlens_q},
                                   {"cu_seqlens_k", &p->cu_seqlens_k}, {"seqused_q", &p->seqused_q},
-                                  {"seqused_k", &p->seqused_k}};
-    if ((s = lt__check_writes(outputs, work ? 4 : 3, inputs, 10)) != LT_OK) /* no work: delta is not written */
+                                  {"seqused_k", &p->seqused_k}, {"sinks", &p->sinks}};
+    if ((s = lt__check_writes(outputs, work ? 5 : 4, inputs, 11)) != LT_OK)
         return s;
     if (!work)
         return LT_OK;
@@ -249,6 +272,7 @@ struct lt_bwd_plan {
 static lt__plan_key lt__bwd_key_of(const lt__call *c) {
     lt__plan_key key = lt__key_of(c);
     key.kernel = LT__KERNEL_BWD_DQ;
+    key.sinks = 0; /* the backward's kernels are the same with sinks (they read them through lse) */
     return key;
 }
 
@@ -350,7 +374,7 @@ LT_API lt_status lt_attn_bwd_params_init(lt_attn_bwd_params *params) {
 
 /* No work (seqlen_q or seqlen_k 0, batch or heads 0): zero what has elements, on the CPU. */
 static lt_status lt__bwd_no_work(const lt_attn_bwd_params *p, const lt__call *c) {
-    int64_t n = lt__numel(&p->dq) + lt__numel(&p->dk) + lt__numel(&p->dv);
+    int64_t n = lt__numel(&p->dq) + lt__numel(&p->dk) + lt__numel(&p->dv) + (lt__given(&p->dsinks) ? c->hq : 0);
     if (n == 0)
         return LT_OK;
     if (c->device_type != LT_DEVICE_CPU)
@@ -359,6 +383,8 @@ static lt_status lt__bwd_no_work(const lt_attn_bwd_params *p, const lt__call *c)
                         "are 0 (zero them with cuMemsetD8Async)", (long long)c->b, (long long)c->hq, (long long)c->sq,
                         (long long)c->sk);
     lt__zero_host(&p->dq), lt__zero_host(&p->dk), lt__zero_host(&p->dv);
+    if (lt__given(&p->dsinks) && c->hq > 0) /* no row sees a value: every delta is 0 */
+        memset(p->dsinks.data, 0, (size_t)c->hq * sizeof(float));
     return LT_OK;
 }
 

@@ -21,6 +21,7 @@ typedef struct {
     int64_t batch, max_sq, max_sk;      /* varlen: the grid's z and the seqlens dispatch buckets */
     int64_t window_left, window_right;  /* the kernel's window (binding.with_features): -1, -1 when off */
     float softcap;                      /* 0: off */
+    int64_t sinks;                      /* the forward kernel's Sinks pointer; 0 when absent */
 } lt__call;
 
 static const char *lt__dtype_name(int32_t dtype) {
@@ -33,10 +34,11 @@ static const char *lt__dtype_name(int32_t dtype) {
 }
 
 /* A version 1 struct: everything before the packed-sequence fields; version 2: before the window; version 3:
- * before the used lengths. */
+ * before the used lengths; version 4: before the sinks. */
 #define LT__FWD_PARAMS_V1_SIZE offsetof(lt_attn_fwd_params, cu_seqlens_q)
 #define LT__FWD_PARAMS_V2_SIZE offsetof(lt_attn_fwd_params, window_left)
 #define LT__FWD_PARAMS_V3_SIZE offsetof(lt_attn_fwd_params, seqused_q)
+#define LT__FWD_PARAMS_V4_SIZE offsetof(lt_attn_fwd_params, sinks)
 #define LT__MAX_WINDOWED_SEQLEN (INT64_C(1) << 29) /* binding.MAX_WINDOWED_SEQLEN: 32-bit row +- window */
 
 static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
@@ -44,8 +46,9 @@ static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
     if ((p->struct_size == LT__FWD_PARAMS_V1_SIZE && p->version == 1) ||
         (p->struct_size == LT__FWD_PARAMS_V2_SIZE && p->version == 2) ||
-        (p->struct_size == LT__FWD_PARAMS_V3_SIZE && p->version == 3))
-        return LT_OK; /* read as the call it always was: no seqused (no window, no softcap before 3; dense, 1) */
+        (p->struct_size == LT__FWD_PARAMS_V3_SIZE && p->version == 3) ||
+        (p->struct_size == LT__FWD_PARAMS_V4_SIZE && p->version == 4))
+        return LT_OK; /* read as the call it always was: no sinks (no seqused before 4, no window before 3) */
     if (p->struct_size != sizeof(lt_attn_fwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu: rebuild against its "
@@ -336,6 +339,29 @@ static lt_status lt__check_window(const lt_attn_fwd_params *p, lt__call *c) {
     return LT_OK;
 }
 
+/* Attention sinks, given (a version 5 struct with them described): fp32, (heads_q), contiguous, on q's device,
+ * with data; *pointer their data. name: "sinks" or "dsinks" (lt_bwd.c's gradient, of the same layout). */
+static lt_status lt__check_sinks(const char *name, const lt_tensor *t, const lt_tensor *q, int64_t heads_q,
+                                 int64_t *pointer) {
+    if (t->dtype != LT_DTYPE_FP32)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_FP32 (3): one float32 logit a query head",
+                        name, t->dtype);
+    if (t->ndim != 1 || t->sizes[0] != heads_q)
+        return lt__fail(LT_ERROR_SHAPE, "%s must be 1-dim with heads_q = %lld entries (one logit a query head), got "
+                        "ndim %d, sizes[0] %lld", name, (long long)heads_q, t->ndim, (long long)t->sizes[0]);
+    if (t->sizes[0] > 1 && t->strides[0] != 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s.strides[0] is %lld; it must be contiguous (1)", name,
+                        (long long)t->strides[0]);
+    if (t->device_type != q->device_type || t->device_index != q->device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is on %s:%d but q is on %s:%d; all tensors of a call must be "
+                        "on one device", name, t->device_type == LT_DEVICE_CPU ? "cpu" : "cuda", t->device_index,
+                        q->device_type == LT_DEVICE_CPU ? "cpu" : "cuda", q->device_index);
+    if (t->data == NULL && heads_q > 0)
+        return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", name);
+    *pointer = (int64_t)(uintptr_t)t->data;
+    return LT_OK;
+}
+
 /* Fill *c from params (lt__fwd_prepare's view), or fail with the first problem found. */
 static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     lt_status s;
@@ -366,6 +392,8 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     }
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     if ((s = lt__check_window(p, c)) != LT_OK)
+        return s;
+    if (lt__given(&p->sinks) && (s = lt__check_sinks("sinks", &p->sinks, &p->q, c->hq, &c->sinks)) != LT_OK)
         return s;
     c->empty = c->b == 0 || c->hq == 0 || c->sq == 0;
     if (c->empty)

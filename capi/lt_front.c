@@ -47,9 +47,11 @@ static struct {
     const char *(*last_error)(void);
     int (*plan)(lt__plan_request *);
     int (*kvcache_plan)(lt__kvcache_plan_request *);
+    int (*combine_plan)(lt__combine_plan_request *);
     lt_status (*attn_fwd)(const lt_attn_fwd_params *, void *);
     lt_status (*attn_bwd)(const lt_attn_bwd_params *, void *);
     lt_status (*attn_kvcache)(const lt_attn_kvcache_params *, void *);
+    lt_status (*flash_combine)(const lt_flash_combine_params *, void *);
     lt_status (*prewarm)(const char *const *, size_t, size_t *, size_t *);
     lt_status (*cache_stats)(lt_stats *);
 } lt__embedded;
@@ -90,8 +92,10 @@ static lt_status lt__embedded_ready(const char *what) {
                 {(void **)&lt__embedded.init, "lt_init"}, {(void **)&lt__embedded.last_error, "lt_last_error"},
                 {(void **)&lt__embedded.plan, "lt__embedded_plan"},
                 {(void **)&lt__embedded.kvcache_plan, "lt__embedded_kvcache_plan"},
+                {(void **)&lt__embedded.combine_plan, "lt__embedded_combine_plan"},
                 {(void **)&lt__embedded.attn_fwd, "lt_attn_fwd"}, {(void **)&lt__embedded.attn_bwd, "lt_attn_bwd"},
                 {(void **)&lt__embedded.attn_kvcache, "lt_attn_kvcache"},
+                {(void **)&lt__embedded.flash_combine, "lt_flash_combine"},
                 {(void **)&lt__embedded.prewarm, "lt_prewarm"}, {(void **)&lt__embedded.cache_stats, "lt_cache_stats"},
             };
             for (size_t i = 0; i < sizeof symbols / sizeof symbols[0] && s == LT_OK; i++)
@@ -163,7 +167,7 @@ static int lt__native_plan(lt__plan_request *request) {
         .aligned = request->aligned & 1, .seq16 = (request->aligned & 2) != 0, .index64 = request->index64,
         .window = request->window, .softcap = request->softcap, .varlen = request->varlen & 1,
         .seqused_q = (request->varlen & 2) != 0, .seqused_k = (request->varlen & 4) != 0,
-        .seqlen_q = request->seqlen_q, .seqlen_k = request->seqlen_k};
+        .seqlen_q = request->seqlen_q, .seqlen_k = request->seqlen_k, .sinks = request->sinks};
     ltn_variant variant;
     ltn_error err;
     char key[33];
@@ -218,6 +222,14 @@ static int lt__py_kvcache_plan(lt__kvcache_plan_request *request) {
     return s != LT_OK ? s : lt__embedded_result((lt_status)lt__embedded.kvcache_plan(request));
 }
 
+static int lt__py_combine_plan(lt__combine_plan_request *request) {
+    lt_status s = lt__embedded_ready("lt_flash_combine");
+    if (s == LT_MISS)
+        return lt__fail(LT_MISS, "the native core does not choose flash_combine's variant: lt_flash_combine needs the "
+                        "JIT fallback (LAZYTRITON_JIT=1 or lt_config.jit = LT_JIT_ON, and liblazytriton.so)");
+    return s != LT_OK ? s : lt__embedded_result((lt_status)lt__embedded.combine_plan(request));
+}
+
 /* Host memory runs through Triton's interpreter, in the embedded Python. */
 static lt_status lt__host_call(const char *what) {
     lt_status s = lt__embedded_ready(what);
@@ -241,6 +253,11 @@ static int lt__py_attn_bwd_cpu(const lt_attn_bwd_params *params) {
 static int lt__py_attn_kvcache_cpu(const lt_attn_kvcache_params *params) {
     lt_status s = lt__host_call("lt_attn_kvcache");
     return s != LT_OK ? s : lt__embedded_result(lt__embedded.attn_kvcache(params, NULL));
+}
+
+static int lt__py_flash_combine_cpu(const lt_flash_combine_params *params) {
+    lt_status s = lt__host_call("lt_flash_combine");
+    return s != LT_OK ? s : lt__embedded_result(lt__embedded.flash_combine(params, NULL));
 }
 
 static int lt__py_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached) {

@@ -11,8 +11,11 @@
  * by field), and so are the variants (the planner calls the bindings) and the split count (lt_splits.c).
  * v_cache, v and out may have a head dim of their own (head_dim_v). A version 1 params struct (before
  * cache_leftpad) is taken as the same call without a left pad, a version 2 one (before the rotary tables) as
- * the same call without rotary: every function reads the caller's struct through lt__kv_prepare, which copies it
- * into this version's, zero-extended.
+ * the same call without rotary, a version 3 one (before the sinks) without sinks or packed queries: every
+ * function reads the caller's struct through lt__kv_prepare, which copies it into this version's, zero-extended.
+ * Packed queries (cu_seqlens_q) are checked and launched through views: q and out (total_q, heads, dim) as
+ * (1, total_q, heads, dim) with batch stride 0, lse (heads, total_q) as (1, heads, total_q), the kernels' one
+ * batch of total_q rows (binding.split_ints); batch is then cu_seqlens_q's and seqlen_q max_seqlen_q.
  */
 
 #include "lt_splits.c"
@@ -24,6 +27,7 @@
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
 #define LT__KV_PARAMS_V2_SIZE offsetof(lt_attn_kvcache_params, rotary_cos)    /* version 2: before the rotary tables */
+#define LT__KV_PARAMS_V3_SIZE offsetof(lt_attn_kvcache_params, sinks)         /* version 3: before the sinks */
 
 typedef struct {
     int64_t b, hq, hk, sq, d, dv, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
@@ -33,6 +37,9 @@ typedef struct {
     int append_aligned, append_index64; /* kv_append's layout flags, over k, v and the caches */
     int64_t rotary_dim, seqlen_ro;      /* rotary: the columns rotated (0: none) and the tables' positions */
     int rotary_interleaved, rotary_seqlens, rotary_per_query;
+    int sinks, varlen_q;               /* SINKS; VARLEN_Q (queries packed by cu_seqlens_q) */
+    int64_t out_batch, out_seqlen;     /* out's and lse's batch and rows as the kernels index them (Call's) */
+    int64_t lse_rows;                  /* out_batch x heads_q x out_seqlen: the combine's rows */
     float scale, softcap;
 } lt__kv_call;
 
@@ -43,6 +50,7 @@ typedef struct {
     int32_t head_dim_v, append, append_aligned, append_index64; /* in: v's head dim; kv_append wanted, its flags */
     int32_t leftpad;                                            /* in: cache_leftpad given (LEFTPAD=true) */
     int32_t rotary, rotary_interleaved; /* in: rotary tables given (ROTARY=true), pairs (ROTARY_INTERLEAVED=true) */
+    int32_t sinks, varlen_q;            /* in: attention sinks (SINKS=true), packed queries (VARLEN_Q=true) */
     uint64_t split_function, combine_function;                                                        /* out */
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
@@ -74,8 +82,9 @@ static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
     if (p == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
     if ((p->struct_size == LT__KV_PARAMS_V1_SIZE && p->version == 1) ||
-        (p->struct_size == LT__KV_PARAMS_V2_SIZE && p->version == 2))
-        return LT_OK; /* read as the call it always was: no left pad (version 1), no rotary (1 and 2) */
+        (p->struct_size == LT__KV_PARAMS_V2_SIZE && p->version == 2) ||
+        (p->struct_size == LT__KV_PARAMS_V3_SIZE && p->version == 3))
+        return LT_OK; /* the call it always was: no sinks or packed queries (1 to 3), no rotary (1, 2), no pad (1) */
     if (p->struct_size != sizeof(lt_attn_kvcache_params))
         return lt__fail(LT_ERROR_VERSION, "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for "
                         "lt_attn_kvcache_params: rebuild against its lazytriton.h and fill params with "
@@ -87,15 +96,38 @@ static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
     return LT_OK;
 }
 
-/* The caller's struct as this version's in *norm (an older one zero-extended: its new tensors absent). */
-static lt_status lt__kv_prepare(const lt_attn_kvcache_params *p, lt_attn_kvcache_params *norm) {
+/* A packed (total, heads, dim) tensor as the kernels' (1, total, heads, dim) view (batch stride 0); lse
+ * (heads, total) as (1, heads, total). */
+static lt_status lt__kv_packed_view(const char *name, lt_tensor *t, int lse) {
+    lt_status s;
+    if ((s = lt__check_tensor(name, t, lse ? 2 : 3, lse ? "(heads_q, total_q) with cu_seqlens_q"
+                              : "(total_q, heads, head_dim) with cu_seqlens_q")) != LT_OK)
+        return s;
+    for (int i = t->ndim; i > 0; i--)
+        t->sizes[i] = t->sizes[i - 1], t->strides[i] = t->strides[i - 1];
+    t->ndim += 1, t->sizes[0] = 1, t->strides[0] = 0;
+    return LT_OK;
+}
+
+/* The caller's struct as this version's in *norm (an older one zero-extended: its new tensors absent,
+ * max_seqlen_q -1), and in *view, with cu_seqlens_q, the packed q, out and lse as the kernels' views (else
+ * *norm). Python's host-memory call takes *norm: the caller's layout. */
+static lt_status lt__kv_prepare(const lt_attn_kvcache_params *p, lt_attn_kvcache_params *norm,
+                                lt_attn_kvcache_params *view) {
     lt_status s;
     if ((s = lt__kv_struct(p)) != LT_OK)
         return s;
     memset(norm, 0, sizeof *norm);
     memcpy(norm, p, p->struct_size);
+    if (p->struct_size <= LT__KV_PARAMS_V3_SIZE)
+        norm->max_seqlen_q = -1;
     norm->struct_size = sizeof *norm, norm->version = LT_ATTN_KVCACHE_PARAMS_VERSION;
-    return LT_OK;
+    *view = *norm;
+    if (lt__absent(&norm->cu_seqlens_q))
+        return LT_OK;
+    if ((s = lt__kv_packed_view("q", &view->q, 0)) != LT_OK || (s = lt__kv_packed_view("out", &view->out, 0)) != LT_OK)
+        return s;
+    return lt__kv_packed_view("lse", &view->lse, 1);
 }
 
 static lt_status lt__kv_same_device(const char *name, const lt_tensor *t, const lt_tensor *q) {
@@ -140,6 +172,32 @@ static lt_status lt__kv_small(const char *name, const lt_tensor *t, const lt_ten
         expect *= t->sizes[i];
     }
     return lt__kv_same_device(name, t, q);
+}
+
+/* Packed queries (checks._packed): cu_seqlens_q int32 (batch + 1 >= 2), contiguous, on q's device; max_seqlen_q
+ * in 0..2**31 - 1; without cu_seqlens_q, max_seqlen_q -1. p holds the views (q (1, total_q, heads, dim)). */
+static lt_status lt__kv_varlen_q(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    lt_status s;
+    if (lt__absent(&p->cu_seqlens_q)) {
+        if (p->max_seqlen_q != -1)
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "max_seqlen_q is %lld but cu_seqlens_q is absent: it is read "
+                            "only with cu_seqlens_q (queries packed (total_q, heads, head_dim)); leave it -1",
+                            (long long)p->max_seqlen_q);
+        c->out_batch = c->b, c->out_seqlen = c->sq;
+        return LT_OK;
+    }
+    int64_t any[1] = {-1};
+    if ((s = lt__kv_small("cu_seqlens_q", &p->cu_seqlens_q, &p->q, LT_DTYPE_INT32, 1, any, "(batch + 1,)")) != LT_OK)
+        return s;
+    if (p->cu_seqlens_q.sizes[0] < 2)
+        return lt__fail(LT_ERROR_SHAPE, "cu_seqlens_q must have batch + 1 >= 2 entries (0, then each sequence's end "
+                        "in q), got %lld", (long long)p->cu_seqlens_q.sizes[0]);
+    if (p->max_seqlen_q < 0 || p->max_seqlen_q > INT32_MAX)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "max_seqlen_q is %lld; with cu_seqlens_q it must be in "
+                        "0..2147483647 (the longest sequence's query count)", (long long)p->max_seqlen_q);
+    c->varlen_q = 1, c->out_batch = 1, c->out_seqlen = c->sq; /* the view's rows: total_q */
+    c->b = p->cu_seqlens_q.sizes[0] - 1, c->sq = p->max_seqlen_q;
+    return LT_OK;
 }
 
 /* The cache's layout: contiguous (cache_batch_idx or not) or paged; capacity and page size. */
@@ -255,11 +313,19 @@ static lt_status lt__kv_outputs(const lt_attn_kvcache_params *p, lt__kv_call *c)
     if ((s = lt__kv_data("out", &p->out, &p->q, "(batch, seqlen_q, heads_q, head_dim_v)")) != LT_OK)
         return s;
     const int64_t *os = p->out.sizes;
-    if (os[0] != c->b || os[1] != c->sq || os[2] != c->hq || os[3] != c->dv)
+    if (c->varlen_q && (os[1] != c->out_seqlen || os[2] != c->hq || os[3] != c->dv))
+        return lt__fail(LT_ERROR_SHAPE, "out must have shape (%lld, %lld, %lld) (q's, with v_cache's head dim), got "
+                        "(%lld, %lld, %lld)", (long long)c->out_seqlen, (long long)c->hq, (long long)c->dv,
+                        (long long)os[1], (long long)os[2], (long long)os[3]);
+    if (os[0] != c->out_batch || os[1] != c->out_seqlen || os[2] != c->hq || os[3] != c->dv)
         return lt__fail(LT_ERROR_SHAPE, "out must have shape (%lld, %lld, %lld, %lld) (q's, with v_cache's head dim), "
                         "got (%lld, %lld, %lld, %lld)", (long long)c->b, (long long)c->sq, (long long)c->hq,
                         (long long)c->dv, (long long)os[0], (long long)os[1], (long long)os[2], (long long)os[3]);
-    int64_t lse[3] = {c->b, c->hq, c->sq};
+    int64_t lse[3] = {c->out_batch, c->hq, c->out_seqlen};
+    if (c->varlen_q && (p->lse.sizes[1] != c->hq || p->lse.sizes[2] != c->out_seqlen))
+        return lt__fail(LT_ERROR_SHAPE, "lse must have shape (%lld, %lld) (heads_q, total_q) with cu_seqlens_q, got "
+                        "(%lld, %lld)", (long long)c->hq, (long long)c->out_seqlen, (long long)p->lse.sizes[1],
+                        (long long)p->lse.sizes[2]);
     if ((s = lt__kv_small("lse", &p->lse, &p->q, LT_DTYPE_FP32, 3, lse, "(batch, heads_q, seqlen_q)")) != LT_OK)
         return s;
     if (!lt__absent(&p->workspace)) {
@@ -283,6 +349,12 @@ static lt_status lt__kv_outputs(const lt_attn_kvcache_params *p, lt__kv_call *c)
         if ((s = lt__kv_small("cache_leftpad", &p->cache_leftpad, &p->q, LT_DTYPE_INT32, 1, b, "(batch,)")) != LT_OK)
             return s;
         c->leftpad = 1;
+    }
+    if (!lt__absent(&p->sinks)) {
+        int64_t pointer = 0;
+        if ((s = lt__check_sinks("sinks", &p->sinks, &p->q, c->hq, &pointer)) != LT_OK)
+            return s;
+        c->sinks = 1;
     }
     return LT_OK;
 }
@@ -370,6 +442,8 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         return s;
     const int64_t *qs = p->q.sizes, *ks = p->k_cache.sizes, *vs = p->v_cache.sizes;
     c->b = qs[0], c->sq = qs[1], c->hq = qs[2], c->d = qs[3], c->hk = ks[2], c->dv = vs[3];
+    if ((s = lt__kv_varlen_q(p, c)) != LT_OK)
+        return s;
     if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2])
         return lt__fail(LT_ERROR_SHAPE, "v_cache must have k_cache's first three dims (%lld, %lld, %lld) (its head "
                         "dim may differ: head_dim_v), got (%lld, %lld, %lld, %lld)", (long long)ks[0],
@@ -393,6 +467,7 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         return s;
     int64_t big = c->capacity + c->sq;
     big = c->b * c->sq * c->hq > big ? c->b * c->sq * c->hq : big;
+    big = c->out_seqlen * c->hq > big ? c->out_seqlen * c->hq : big; /* packed: total_q x heads_q */
     big = c->cache_rows * (ks[1] > 1 ? ks[1] : 1) > big ? c->cache_rows * (ks[1] > 1 ? ks[1] : 1) : big;
     big = c->seqlen_new * c->hk > big ? c->seqlen_new * c->hk : big; /* kv_append's rows */
     if (c->b > 65535 || c->hk > 65535 || big > INT32_MAX)
@@ -413,13 +488,15 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     c->num_splits = p->num_splits, c->causal = p->causal && c->sq > 1;
     c->dtype = p->q.dtype, c->device_type = p->q.device_type, c->device_index = p->q.device_index;
-    const lt_tensor *data[15] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
+    c->lse_rows = c->out_batch * c->hq * c->out_seqlen;
+    const lt_tensor *data[17] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
                                  &p->cache_seqlens, &p->cache_batch_idx, &p->block_table, &p->alibi_slopes,
-                                 &p->cache_leftpad, &p->rotary_cos, &p->rotary_sin, &p->rotary_seqlens};
-    static const char *names[15] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
+                                 &p->cache_leftpad, &p->rotary_cos, &p->rotary_sin, &p->rotary_seqlens, &p->sinks,
+                                 &p->cu_seqlens_q};
+    static const char *names[17] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
                                     "cache_batch_idx", "block_table", "alibi_slopes", "cache_leftpad",
-                                    "rotary_cos", "rotary_sin", "rotary_seqlens"};
-    for (int i = 0; i < 15; i++)
+                                    "rotary_cos", "rotary_sin", "rotary_seqlens", "sinks", "cu_seqlens_q"};
+    for (int i = 0; i < 17; i++)
         if (data[i]->data == NULL && data[i]->ndim != 0 && lt__numel(data[i]) > 0)
             return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", names[i]);
     if (c->workspace > 0 && p->workspace.data == NULL)
@@ -456,13 +533,14 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     int append = c->seqlen_new > 0;
     const lt__named outputs[5] = {{"out", &p->out}, {"lse", &p->lse}, {"workspace", &p->workspace},
                                   {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
-    const lt__named inputs[13] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
+    const lt__named inputs[15] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
                                   {"cache_batch_idx", &p->cache_batch_idx}, {"block_table", &p->block_table},
                                   {"alibi_slopes", &p->alibi_slopes}, {"cache_leftpad", &p->cache_leftpad},
                                   {"rotary_cos", &p->rotary_cos}, {"rotary_sin", &p->rotary_sin},
-                                  {"rotary_seqlens", &p->rotary_seqlens}, {"k_cache", &p->k_cache},
+                                  {"rotary_seqlens", &p->rotary_seqlens}, {"sinks", &p->sinks},
+                                  {"cu_seqlens_q", &p->cu_seqlens_q}, {"k_cache", &p->k_cache},
                                   {"v_cache", &p->v_cache}};
-    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 11 : 13);
+    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 13 : 15);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -479,6 +557,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.varlen = c->paged | (c->window_left >= 0) << 1 | c->softcap_on << 2 | c->alibi << 3 | page_bits << 8;
     key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
     key.varlen |= c->leftpad << 7 | (c->rotary_dim > 0) << 16 | c->rotary_interleaved << 17;
+    key.varlen |= c->sinks << 18 | c->varlen_q << 19;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -497,6 +576,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->aligned = c->aligned, r->index64 = c->index64, r->paged = c->paged, r->window = c->window_left >= 0;
     r->softcap = c->softcap_on, r->alibi = c->alibi, r->leftpad = c->leftpad;
     r->rotary = c->rotary_dim > 0, r->rotary_interleaved = c->rotary_interleaved;
+    r->sinks = c->sinks, r->varlen_q = c->varlen_q;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
@@ -522,8 +602,9 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
 static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c) {
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t n = lt__splits_for(c->b, c->hq, c->hk, c->sq, c->dv, c->capacity, c->window_left, c->window_right,
-                               c->num_splits, r->split_block_m, r->split_block_n, r->slots, r->min_keys);
-    int64_t per_split = c->b * c->hq * c->sq * (c->dv + 1);
+                               c->num_splits, r->split_block_m, r->split_block_n, r->slots, r->min_keys,
+                               c->lse_rows);
+    int64_t per_split = c->lse_rows * (c->dv + 1);
     int64_t fits = per_split > 0 ? c->workspace / per_split : 0;
     return n < fits ? n : (fits > 1 ? fits : 1);
 }
@@ -563,9 +644,9 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     lt_status s;
     if (c->seqlen_new > 0 && c->b * c->hk > 0 && (s = lt__kv_append(plan, p, c, stream)) != LT_OK)
         return s;
-    if (c->b * c->hq * c->sq * c->dv == 0)
+    if (c->lse_rows * c->dv == 0 || c->sq == 0)
         return LT_OK;
-    int64_t splits = lt__kv_splits(plan, c), n_rows = c->b * c->hq * c->sq;
+    int64_t splits = lt__kv_splits(plan, c), n_rows = c->lse_rows;
     int64_t part_out = splits > 1 ? LT__PTR(p->workspace) : LT__PTR(p->lse);
     int64_t part_lse = splits > 1 ? part_out + 4 * n_rows * splits * c->dv : LT__PTR(p->lse);
     const lt_tensor *q = &p->q, *kc = &p->k_cache, *vc = &p->v_cache, *o = &p->out;
@@ -573,11 +654,11 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
-        LT__OR_LSE(p->rotary_seqlens), LT__PTR(p->lse), LT__PTR(p->lse), q->strides[0], q->strides[1],
-        q->strides[2],
+        LT__OR_LSE(p->rotary_seqlens), LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q), q->strides[0],
+        q->strides[1], q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
-        c->hq / c->hk, c->hq, c->sq, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
+        c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
         c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, c->rotary_dim,
         c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
@@ -596,8 +677,8 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     if (s != LT_OK || splits == 1)
         return s;
     int64_t combine_ints[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN] = {
-        part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), LT__PTR(p->lse), o->strides[0], o->strides[1],
-        o->strides[2], c->hq, c->sq, c->dv, splits, n_rows};
+        part_out, part_lse, LT__PTR(p->out), LT__PTR(p->lse), LT__OR_LSE(p->sinks), o->strides[0], o->strides[1],
+        o->strides[2], c->hq, c->out_seqlen, c->dv, splits, n_rows};
     void *combine_params[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__DECODE_COMBINE_PARAMS + (int)r->combine_hidden; i++)
         combine_params[i] = &combine_ints[i];
@@ -615,34 +696,34 @@ LT_API lt_status lt_attn_kvcache_params_init(lt_attn_kvcache_params *params) {
     memset(params, 0, sizeof *params);
     params->struct_size = sizeof *params, params->version = LT_ATTN_KVCACHE_PARAMS_VERSION;
     params->cache_seqlen = -1, params->window_left = -1, params->window_right = -1;
-    params->sm_scale = NAN, params->rotary_interleaved = 1;
+    params->sm_scale = NAN, params->rotary_interleaved = 1, params->max_seqlen_q = -1;
     return LT_OK;
 }
 
 LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *params, size_t *bytes) {
     lt__kv_call c;
-    lt_attn_kvcache_params norm;
+    lt_attn_kvcache_params norm, view;
     lt_status s;
     if (bytes == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_kvcache_workspace_size: bytes (the out pointer) is NULL");
     *bytes = 0;
-    if ((s = lt__kv_prepare(params, &norm)) != LT_OK || (s = lt__kv_check(&norm, &c)) != LT_OK)
+    if ((s = lt__kv_prepare(params, &norm, &view)) != LT_OK || (s = lt__kv_check(&view, &c)) != LT_OK)
         return s;
     int64_t splits = c.num_splits > 0 ? c.num_splits : LT__MAX_HEURISTIC_SPLITS;
-    *bytes = (size_t)(4 * c.b * c.hq * c.sq * (c.dv + 1) * splits);
+    *bytes = (size_t)(4 * c.lse_rows * (c.dv + 1) * splits);
     return LT_OK;
 }
 
 LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *user, void *stream) {
     lt__kv_call c;
-    lt_attn_kvcache_params norm, *params = &norm;
+    lt_attn_kvcache_params norm, view, *params = &view;
     lt_status s;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__kv_prepare(user, &norm)) != LT_OK ||
+    if ((s = lt__require_init()) != LT_OK || (s = lt__kv_prepare(user, &norm, &view)) != LT_OK ||
         (s = lt__kv_check(params, &c)) != LT_OK)
         return s;
     if (c.device_type == LT_DEVICE_CPU)
-        return (lt_status)lt__py_attn_kvcache_cpu(params);
-    if (c.b * c.hq * c.sq * c.dv == 0 && (c.seqlen_new == 0 || c.b * c.hk == 0))
+        return (lt_status)lt__py_attn_kvcache_cpu(&norm); /* the caller's layout: Python checks and packs it again */
+    if ((c.lse_rows * c.dv == 0 || c.sq == 0) && (c.seqlen_new == 0 || c.b * c.hk == 0))
         return LT_OK; /* nothing to attend and nothing to append */
     lt__plan_key key = lt__kv_key_of(&c);
     lt__kvcache_plan *plan = lt__memo_find(&key);

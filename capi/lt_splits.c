@@ -39,11 +39,12 @@ static int64_t lt__choose_splits(int64_t programs, int64_t key_blocks, int64_t s
 }
 
 /* splits_for: the forced count, else the heuristic over the keys one row block can see, in units of
- * max(block_n, min_keys); at most as many as keep the partials under 2**31 elements. */
+ * max(block_n, min_keys); at most as many as keep the partials (n_rows of head_dim each: batch x heads_q x
+ * seqlen_q, or heads_q x total_q for packed queries) under 2**31 elements. */
 static int64_t lt__splits_for(int64_t batch, int64_t heads_q, int64_t heads_k, int64_t seqlen_q, int64_t head_dim,
                               int64_t capacity, int64_t window_left, int64_t window_right, int64_t forced,
-                              int64_t block_m, int64_t block_n, int64_t slots, int64_t min_keys) {
-    int64_t size = batch * heads_q * seqlen_q * head_dim;
+                              int64_t block_m, int64_t block_n, int64_t slots, int64_t min_keys, int64_t n_rows) {
+    int64_t size = n_rows * head_dim;
     int64_t most = INT32_MAX / (size > 1 ? size : 1);
     most = most > 1 ? most : 1;
     if (forced > 0)

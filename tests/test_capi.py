@@ -49,6 +49,15 @@ def describe(view, t):
         view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
 """
 
+# describe() for device memory (CUDA device 0), after a prelude that defines ffi and torch.
+CUDA_DESCRIBE = r"""
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}[t.dtype]
+    view.ndim, view.device_type, view.device_index = t.dim(), 2, 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+"""
 
 EXAMPLE = REPO / "examples" / "c"
 CHECK_SOURCE = REPO / "tests" / "capi" / "capi_check.c"
@@ -123,10 +132,10 @@ def test_build_installs_library_header_pc_and_cmake(prefix: Path) -> None:
                "lt_attn_fwd", "lt_attn_fwd_plan", "lt_plan_launch", "lt_plan_destroy", "lt_prewarm", "lt_cache_stats",
                "lt_attn_bwd_params_init", "lt_attn_bwd", "lt_attn_bwd_plan", "lt_bwd_plan_launch",
                "lt_bwd_plan_destroy", "lt_attn_kvcache_params_init", "lt_attn_kvcache",
-               "lt_attn_kvcache_workspace_size"}
+               "lt_attn_kvcache_workspace_size", "lt_flash_combine_params_init", "lt_flash_combine"}
         # lt__embedded_*: what liblazytriton_native.so's JIT fallback calls (lazytriton.c's private interface)
         assert {name for name in exported if not name.startswith("PyInit_")} == {
-            *api, "lt__embedded_plan", "lt__embedded_kvcache_plan"}
+            *api, "lt__embedded_plan", "lt__embedded_kvcache_plan", "lt__embedded_combine_plan"}
         native = {line.split()[-1] for line in _ok(_run(["nm", "-D", "--defined-only",
                                                          prefix / "lib/liblazytriton_native.so"])).splitlines()
                   if " T " in line}

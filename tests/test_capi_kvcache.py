@@ -31,7 +31,8 @@ from lazytriton.capi import embedded_kvcache
 KVCACHE_SOURCE = REPO / "capi" / "lt_kvcache.c"
 
 
-IN_PROCESS = IN_PROCESS_PRELUDE + r"""
+# The start of a program calling lt_attn_kvcache in process: error() and params(tensors, **options).
+KVCACHE_PRELUDE = IN_PROCESS_PRELUDE + r"""
 def error():
     return dll.lt_last_error().decode()
 
@@ -43,7 +44,9 @@ def params(tensors, **options):
     for name, value in options.items():
         setattr(p, name, value)
     return p
+"""
 
+IN_PROCESS = KVCACHE_PRELUDE + r"""
 torch.manual_seed(0)
 report = {}
 
@@ -308,11 +311,11 @@ SPLITS_MAIN = r"""
 #include <stdio.h>
 #include "lt_splits.c"
 int main(void) {
-    long long v[13];
-    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
-                 &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12]) == 13)
+    long long v[14];
+    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
+                 &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13]) == 14)
         printf("%lld\n", (long long)lt__splits_for(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
-                                                   v[10], v[11], v[12]));
+                                                   v[10], v[11], v[12], v[13]));
     return 0;
 }
 """
@@ -337,9 +340,13 @@ def test_the_c_split_count_is_the_bindings(tmp_path: Path) -> None:
                             for block_n, slots, min_keys in ((64, 264, 128), (16, 4, 0), (128, 228, 256)):
                                 call = checks.Call(batch, heads[0], heads[1], sq, 128, 0, capacity, 0, batch,
                                                    capacity, False, 1.0, window[0], window[1], num_splits=forced)
-                                calls.append(binding.splits_for(call, 16, block_n, slots, min_keys))
-                                rows.append(f"{batch} {heads[0]} {heads[1]} {sq} 128 {capacity} {window[0]} "
-                                            f"{window[1]} {forced} 16 {block_n} {slots} {min_keys}")
+                                # packed queries: fewer partial rows (total_q) than batch x seqlen_q
+                                packed = call._replace(varlen_q=True, total_q=batch * sq - 1, num_splits=0)
+                                for c in (call, packed):
+                                    calls.append(binding.splits_for(c, 16, block_n, slots, min_keys))
+                                    rows.append(f"{batch} {heads[0]} {heads[1]} {sq} 128 {capacity} {window[0]} "
+                                                f"{window[1]} {c.num_splits} 16 {block_n} {slots} {min_keys} "
+                                                f"{c.lse_rows}")
     result = subprocess.run([str(program)], input="\n".join(rows) + "\n", capture_output=True, text=True,
                             timeout=60, check=True)
     got = [int(x) for x in result.stdout.split()]

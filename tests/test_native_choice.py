@@ -2,7 +2,7 @@
 
 ``capi/native/lt_choice.c`` (with the tables ``capi/native_tables.py`` generates) must give every call of the C
 API's plans (``embedded.plan_variant``: flash_fwd, flash_bwd_dq and flash_bwd_dkdv; dense and packed, each head
-dim and value head dim, causal, alignment, SEQ16, 64-bit indexing, window, softcap, used lengths, seqlens in and
+dim and value head dim, causal, alignment, SEQ16, 64-bit indexing, window, softcap, used lengths, sinks, seqlens in and
 between the tuning buckets, every target the tables and defaults tell apart) the same variant string and the same
 key, and refuse the calls Python refuses. On CPU, built with ASan and UBSan where they run.
 """
@@ -39,22 +39,23 @@ def calls(count: int, seed: int) -> list[tuple[int, ...]]:
         used = (rng.random() < 0.3, rng.random() < 0.3) if varlen or rng.random() < 0.05 else (False, False)
         aligned = int(rng.random() < 0.6)
         seqlens = [rng.choice(SEQLENS) if rng.random() < 0.6 else rng.randint(1, 70000) for _ in range(2)]
-        out.append((rng.randrange(3), rng.choice(CAPABILITIES), rng.choice((1, 2, 3)), head_dim, head_dim_v,
-                    int(rng.random() < 0.5), aligned, int(rng.random() < 0.5), int(rng.random() < 0.2),
-                    int(rng.random() < 0.2), int(rng.random() < 0.2), varlen, int(used[0]), int(used[1]),
-                    *seqlens))
+        call = (rng.randrange(3), rng.choice(CAPABILITIES), rng.choice((1, 2, 3)), head_dim, head_dim_v,
+                int(rng.random() < 0.5), aligned, int(rng.random() < 0.5), int(rng.random() < 0.2),
+                int(rng.random() < 0.2), int(rng.random() < 0.2), varlen, int(used[0]), int(used[1]), *seqlens)
+        sinks = rng.random() < (0.3 if call[0] == 0 else 0.03)  # a backward kernel with sinks: refused
+        out.append((*call, int(sinks)))
     return out
 
 
 def python_choice(call: tuple[int, ...]) -> str:
     """``ok VARIANT KEY`` as the C API's Python planner chooses, or ``error`` where it refuses the call."""
     kernel, capability, dtype, head_dim, head_dim_v, causal, aligned, seq16, index64, window, softcap, varlen, \
-        used_q, used_k, seqlen_q, seqlen_k = call
+        used_q, used_k, seqlen_q, seqlen_k, sinks = call
     try:
         variant = embedded.plan_variant(KERNELS[kernel], capability, dtype, head_dim, bool(causal), bool(aligned),
                                         bool(index64), seqlen_q, seqlen_k, bool(varlen), head_dim_v,
                                         seq16=bool(seq16), window=bool(window), softcap=bool(softcap),
-                                        seqused=(bool(used_q), bool(used_k)))
+                                        seqused=(bool(used_q), bool(used_k)), sinks=bool(sinks))
     except ValueError:
         return "error"
     return f"ok {variant} {variant.key()}"

@@ -273,6 +273,10 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
         add(v, 0, "SEQUSED_Q", 1, 1);
     if (r->varlen && r->seqused_k)
         add(v, 0, "SEQUSED_K", 1, 1);
+    if (r->sinks && r->kernel != LTN_KERNEL_FWD) /* attention.SINKS_KERNELS: the backward reads them through lse */
+        return ltn_fail(err, LTN_ARGUMENT, "sinks (SINKS=true) are taken by flash_fwd only");
+    if (r->sinks)
+        add(v, 0, "SINKS", 1, 1);
     add(v, 1, "BLOCK_M", 0, cfg.block_m);
     add(v, 1, "BLOCK_N", 0, cfg.block_n);
     add(v, 2, "num_warps", 0, cfg.num_warps);

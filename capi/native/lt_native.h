@@ -157,6 +157,7 @@ typedef struct {
     int32_t causal, aligned, seq16, index64, window, softcap;
     int32_t varlen, seqused_q, seqused_k; /* seqused_*: only with varlen (a dense call's are ignored) */
     int64_t seqlen_q, seqlen_k; /* a packed call's max_seqlen_q, max_seqlen_k */
+    int32_t sinks;              /* attention sinks (SINKS): flash_fwd only */
 } ltn_attn_request;
 
 typedef struct {

@@ -68,6 +68,26 @@ def ints(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor
             *_rows(lse, packed, dims - 1), call.heads, call.seqlen, call.head_dim, call.num_splits, call.n_rows)
 
 
+# What capi/lt_combine.c passes for each parameter (p: the caller's lt_flash_combine_params, its rows packed: batch 1
+# of seqlen rows, batch strides 0; c: its checked call; op/lp/o/l: its tensors). tests/test_capi_combine.py
+# compares the C initializer with these, field by field.
+_C_INTS = {"OutPart": "LT__PTR(p->out_partial)", "LsePart": "LT__PTR(p->lse_partial)", "Out": "LT__PTR(p->out)",
+           "Lse": "LT__PTR(p->lse)",
+           "stride_opn": "op->strides[0]", "stride_opb": "0", "stride_ops": "op->strides[1]",
+           "stride_oph": "op->strides[2]",
+           "stride_lpn": "lp->strides[0]", "stride_lpb": "0", "stride_lps": "lp->strides[1]",
+           "stride_lph": "lp->strides[2]",
+           "stride_ob": "0", "stride_os": "o->strides[0]", "stride_oh": "o->strides[1]",
+           "stride_lb": "0", "stride_ls": "l->strides[0]", "stride_lh": "l->strides[1]",
+           "heads": "c->heads", "seqlen": "c->rows", "head_dim": "c->head_dim", "num_splits": "c->splits",
+           "n_rows": "c->n_rows"}
+
+
+def c_initializer() -> str:
+    """The C launcher's (capi/lt_combine.c) integer-argument initializer, in the description's order."""
+    return ", ".join(_C_INTS[name] for name in INT_PARAMS)
+
+
 def _extent(t: torch.Tensor) -> int:
     """How far past its first element a tensor's last one lies (elements)."""
     return sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0)

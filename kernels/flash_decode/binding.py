@@ -191,21 +191,21 @@ def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     return tuple(values[name] for name in COMBINE_INT_PARAMS)
 
 
-# What capi/lt_kvcache.c passes for each integer parameter (p: the caller's lt_attn_kvcache_params, c: its checked
-# call, q/kc/vc/o: its tensors; tests/test_capi_kvcache.py compares the C initializers with these, field by field).
+# What capi/lt_kvcache.c passes for each integer parameter (p: the caller's lt_attn_kvcache_params as lt__kv_prepare
+# views it, packed queries as one batch of total_q rows; c: its checked call; q/kc/vc/o: its tensors;
+# tests/test_capi_kvcache.py compares the C initializers with these, field by field).
 _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v_cache)", "Out": "LT__PTR(p->out)",
             "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
             "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
             "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
             "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",
             "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "LT__OR_LSE(p->rotary_seqlens)",
-            "Sinks": "LT__PTR(p->lse)",  # the C API has no sinks
-            "CuSeqlensQ": "LT__PTR(p->lse)",  # the C API has no packed queries
+            "Sinks": "LT__OR_LSE(p->sinks)", "CuSeqlensQ": "LT__OR_LSE(p->cu_seqlens_q)",
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
             "stride_ab": "p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0",
-            "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->d",
+            "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->out_seqlen", "head_dim": "c->d",
             "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
             "seqlen_new": "c->seqlen_new",
             "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
@@ -213,9 +213,9 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
             "rotary_per_query": "c->rotary_per_query"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
-              "Sinks": "LT__PTR(p->lse)",
+              "Sinks": "LT__OR_LSE(p->sinks)",
               "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
-              "heads_q": "c->hq", "seqlen_q": "c->sq", "head_dim": "c->dv", "num_splits": "splits",
+              "heads_q": "c->hq", "seqlen_q": "c->out_seqlen", "head_dim": "c->dv", "num_splits": "splits",
               "n_rows": "n_rows"}
 
 
