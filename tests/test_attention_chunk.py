@@ -1,0 +1,270 @@
+"""FlashAttention-3's ``attention_chunk`` (Llama 4's chunked local attention), forward and backward.
+
+Query i sees key j only when j // C == (i + seqlen_k - seqlen_q) // C (a top-left
+causal call: (i) // C), on top of the causal mask and the sliding window, as
+FlashAttention-3's ``construct_chunk_mask`` (hopper/test_util.py) has it. Numerics
+follow FlashAttention's rule: out and lse at most twice as far from a float64
+reference as the same-dtype PyTorch reference is (plus a small floor), gradients
+three times. On CPU the kernels run through Triton's interpreter (16-key blocks,
+32- and 16-row query blocks), with chunks smaller and larger than those tiles and
+not dividing the seqlens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from test_flash_bwd import GRAD_FLOOR, grads_of
+from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, seed_of
+
+import lazytriton
+from lazytriton.interface import always_through_op
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_bwd import binding as bwd_binding
+from lazytriton.kernels.flash_fwd import binding
+from lazytriton.kernels.flash_fwd.reference import attention_reference, visible
+from lazytriton.target import Target
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+
+# 1: every query its own chunk of one key; 5, 7: below a key block, dividing no seqlen; 16: the key block;
+# 20, 45: across blocks; 64: wider than every sequence below.
+CHUNKS = (1, 5, 7, 16, 20, 45, 64)
+CAUSAL_MODES: tuple[bool | str, ...] = (False, "bottom_right", "top_left")
+WINDOWS = ((-1, -1), (3, -1), (6, 2))
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HEADS = ((1, 1), (4, 2), (4, 1))
+# Unequal, odd and equal seqlens; more queries than keys leaves bottom-right rows without keys.
+SEQLENS = ((37, 45), (45, 37), (40, 40), (1, 33), (70, 20))
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: torch.dtype
+    chunk: int
+    causal: bool | str
+    window: tuple[int, int]
+    heads: tuple[int, int]
+    seqlens: tuple[int, int]
+
+    def __str__(self) -> str:
+        (hq, hk), (sq, sk) = self.heads, self.seqlens
+        return (f"{binding.DTYPES[self.dtype]}-c{self.chunk}-causal_{self.causal}-w{self.window[0]}_{self.window[1]}"
+                f"-h{hq}x{hk}-s{sq}x{sk}")
+
+
+def covering_design() -> list[Case]:
+    """21 cases: every (chunk, causal mode) pair once; window, dtype, heads and seqlens rotate around them."""
+    return [Case(DTYPES[(c + m) % 3], chunk, causal, WINDOWS[(c + 2 * m) % 3], HEADS[(2 * c + m) % 3],
+                 SEQLENS[(c + 3 * m) % 5])
+            for c, chunk in enumerate(CHUNKS) for m, causal in enumerate(CAUSAL_MODES)]
+
+
+def test_covering_design_covers_windows_heads_and_rows_without_keys() -> None:
+    cases = covering_design()
+    assert {(c.chunk, c.causal) for c in cases} == {(c, m) for c in CHUNKS for m in CAUSAL_MODES}
+    assert {c.window for c in cases} == set(WINDOWS) and {c.heads for c in cases} == set(HEADS)
+    assert {c.seqlens for c in cases} == set(SEQLENS)
+    assert any(_no_key_rows(c).any() for c in cases), "some case must leave rows that see no key"
+
+
+def _no_key_rows(case: Case) -> torch.Tensor:
+    keep = visible(*case.seqlens, case.causal, case.window, attention_chunk=case.chunk)
+    assert keep is not None
+    return ~keep.any(-1)
+
+
+def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.detach().double() - ref.detach().double()).abs().max()) if a.numel() else 0.0
+
+
+def _assert_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float,
+                 times: float) -> None:
+    err, same_err = _max_err(got, exact), _max_err(same, exact)
+    floor *= max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
+    assert err <= times * same_err + floor, (f"{name}: max error {err:.3g} > {times} x same-dtype's {same_err:.3g} "
+                                             f"+ {floor:.3g}")
+
+
+# ---------------------------------------------------------------------------
+# The reference's mask is FlashAttention-3's
+
+
+def _fa3_chunk_mask(sq: int, sk: int, chunk: int) -> torch.Tensor:
+    """hopper/test_util.py's construct_chunk_mask (True: masked), written as it is there."""
+    row = torch.arange(sq)[:, None]
+    col = torch.arange(sk)[None, :]
+    left = row + sk - sq - (row + sk - sq) % chunk
+    return (col < left) | (col >= left + chunk)
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(5, 13), (13, 5), (9, 9)])
+@pytest.mark.parametrize("chunk", [1, 3, 4, 20])
+def test_the_reference_mask_is_flash_attention_3s(sq: int, sk: int, chunk: int) -> None:
+    keep = visible(sq, sk, False, (-1, -1), attention_chunk=chunk)
+    assert keep is not None and torch.equal(keep, ~_fa3_chunk_mask(sq, sk, chunk))
+    causal = visible(sq, sk, "bottom_right", (-1, -1), attention_chunk=chunk)
+    plain = visible(sq, sk, "bottom_right")
+    assert causal is not None and plain is not None and torch.equal(causal, keep & plain)
+
+
+# ---------------------------------------------------------------------------
+# Forward and backward through the interpreter
+
+
+@pytest.mark.parametrize("case", covering_design(), ids=str)
+def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
+    q, k, v = make_qkv(1, case.heads, case.seqlens, 16, case.dtype, seed=seed_of(case))
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed_of(case, "do"))).to(case.dtype)
+    kwargs: dict[str, Any] = {"causal": case.causal, "window_size": case.window}
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = lazytriton.attn_fwd(*leaves, **kwargs, attention_chunk=case.chunk)
+    got = torch.autograd.grad(out, leaves, do)
+
+    ref_kwargs = {**kwargs, "attention_chunk": case.chunk}
+    ref_out, ref_lse = attention_reference(q.double(), k.double(), v.double(), **ref_kwargs)
+    same_out, same_lse = attention_reference(q, k, v, **ref_kwargs)
+    no_key = _no_key_rows(case)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse is -inf exactly where a row sees no key"
+    assert (out[:, :, no_key] == 0).all() and (got[0][:, :, no_key] == 0).all(), "rows without keys: 0 and dq 0"
+    _assert_rule("out", out, ref_out, same_out, OUT_FLOOR[case.dtype], 2)
+    seen = ~torch.isneginf(ref_lse)
+    _assert_rule("lse", lse[seen], ref_lse[seen], same_lse[seen], LSE_FLOOR, 2)
+
+    def ref(*t: torch.Tensor) -> torch.Tensor:
+        return attention_reference(*t, **ref_kwargs)[0]
+
+    exact = grads_of(ref, q.double(), k.double(), v.double(), do.double())
+    same = grads_of(ref, q, k, v, do)
+    for name, g, e, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
+        _assert_rule(name, g, e, s, GRAD_FLOOR[case.dtype], 3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_func_chunks_bottom_right_with_a_window(causal: bool) -> None:
+    q, k, v = make_qkv(2, (4, 2), (29, 53), 32, torch.float32, seed=5 + causal)
+    out = lazytriton.flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), causal=causal, window_size=(9, 4),
+                                     attention_chunk=12)
+    ref, _ = attention_reference(q.double(), k.double(), v.double(), causal="bottom_right" if causal else False,
+                                 window_size=(9, 4), attention_chunk=12)
+    torch.testing.assert_close(out.transpose(1, 2).double(), ref, atol=2e-5, rtol=0)
+
+
+def test_a_chunk_of_zero_is_the_call_without_one() -> None:
+    q, k, v = make_qkv(1, (2, 1), (21, 30), 16, torch.float32, seed=3)
+    bshd = [t.transpose(1, 2) for t in (q, k, v)]
+    assert torch.equal(lazytriton.flash_attn_func(*bshd, causal=True, attention_chunk=0),
+                       lazytriton.flash_attn_func(*bshd, causal=True))
+    call = binding.check(q, k, v, "bottom_right")
+    assert binding.with_chunk(call, 0) is call and not call.chunked
+
+
+def test_a_chunk_wider_than_every_position_is_a_plain_call_on_both_sides_of_zero() -> None:
+    """Non-causal with more queries than keys: rows left of key 0 are chunk -1 (no key), the rest chunk 0."""
+    q, k, v = make_qkv(1, (1, 1), (30, 12), 16, torch.float32, seed=4)
+    out, lse = lazytriton.attn_fwd(q, k, v, causal=False, attention_chunk=1000)
+    ref, ref_lse = attention_reference(q.double(), k.double(), v.double(), attention_chunk=1000)
+    assert torch.isneginf(lse[0, 0, :18]).all() and torch.isfinite(lse[0, 0, 18:]).all()
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=0)
+    torch.testing.assert_close(lse.double(), ref_lse.double(), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("value", "error", "match"), [
+    (-1, ValueError, "attention_chunk must be >= 0"),
+    (8.0, TypeError, "attention_chunk must be an int"),
+    (True, TypeError, "attention_chunk must be an int"),
+    ("8", TypeError, "attention_chunk must be an int"),
+])
+def test_bad_attention_chunk_raises_before_anything_runs(value: Any, error: type[Exception], match: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_run(*args: Any) -> None:
+        raise AssertionError("a kernel ran")
+
+    monkeypatch.setattr(binding, "run_interpreter", no_run)
+    q, k, v = make_qkv(1, (1, 1), (8, 8), 16, torch.float32)
+    with pytest.raises(error, match=match):
+        lazytriton.flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), attention_chunk=value)
+    with pytest.raises(error, match=match):
+        lazytriton.attn_fwd(q, k, v, attention_chunk=value)
+
+
+def test_the_call_holds_the_chunk_and_the_offset_of_its_alignment() -> None:
+    q, k, v = make_qkv(1, (1, 1), (8, 13), 16, torch.float32)
+    assert binding.with_chunk(binding.check(q, k, v, False), 4)[2:4] == (5, binding.check(q, k, v).scale)
+    assert binding.with_chunk(binding.check(q, k, v, "top_left"), 4).offset == 0
+    assert binding.with_chunk(binding.check(q, k, v, "bottom_right"), 2**40).attention_chunk == binding.MAX_CHUNK
+
+
+# ---------------------------------------------------------------------------
+# Variants, keys and routing
+
+
+def test_variants_gain_chunk_only_when_set_and_only_on_the_triton_kernels() -> None:
+    target = Target.parse("sm_90")
+    for kernel in ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"):
+        plain = dispatch.kernel_variant(kernel, target, "bf16", 128, True, True, 4096, 4096)
+        chunked = dispatch.kernel_variant(kernel, target, "bf16", 128, True, True, 4096, 4096, chunk=True)
+        assert "CHUNK" not in str(plain) and chunked.get("CHUNK") is True
+        assert {n: v for n, v in chunked.functional if n != "CHUNK"} == dict(plain.functional)
+        assert (chunked.tuned, chunked.options) == (plain.tuned, plain.options)
+
+
+def test_memo_keys_of_plain_calls_are_unchanged_and_chunked_ones_differ() -> None:
+    shape = binding.Shape(1, 8, 8, 4096, 4096, 128)
+    plain = binding.memo_key(0, torch.bfloat16, shape, True, True, False, offset=0, scale=0.088)
+    chunked = binding.memo_key(0, torch.bfloat16, shape, True, True, False, offset=0, scale=0.088, chunk=True)
+    assert chunked[:8] == plain[:8] and chunked[8:9] == binding.CHUNK_TAG and not binding.gluon_key(chunked)
+    assert binding.CHUNK_TAG[0] not in plain
+    assert bwd_binding.memo_key(0, torch.bfloat16, shape, True, True, False, chunk=True) != bwd_binding.memo_key(
+        0, torch.bfloat16, shape, True, True, False)
+
+
+def test_chunked_calls_never_take_the_gluon_or_fused_kernels() -> None:
+    target = Target.parse("sm_90")
+    shape = binding.Shape(1, 16, 16, 8192, 8192, 128)
+    variant = binding.variant(target, torch.bfloat16, shape, True, True, False, gluon=True, chunk=True)
+    assert variant.kernel == "flash_fwd" and variant.get("CHUNK") is True
+    q = torch.empty(1, 16, 8192, 128, dtype=torch.bfloat16, device="meta")
+    call = binding.with_chunk(binding.check(q, q, q, "bottom_right"), 8192)
+    assert not bwd_binding.fused_fits(call, torch.bfloat16, True, False)
+    assert not bwd_binding.gluon_fits(call, torch.bfloat16, True, False)
+
+
+# ---------------------------------------------------------------------------
+# The torch ops and torch.compile
+
+
+def test_autograd_through_the_op_matches_the_direct_path() -> None:
+    q, k, v = make_qkv(1, (2, 1), (23, 31), 16, torch.float32, seed=9)
+    results = []
+    for through_op in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        if through_op:
+            with always_through_op():
+                out, _ = lazytriton.attn_fwd(*leaves, causal="bottom_right", attention_chunk=6)
+        else:
+            out, _ = lazytriton.attn_fwd(*leaves, causal="bottom_right", attention_chunk=6)
+        results.append((out, *torch.autograd.grad(out.sum(), leaves)))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_torch_compile_traces_forward_and_backward_with_a_chunk() -> None:
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(12)
+    q, k, v, do = (torch.randn(1, 26, 2, 16, generator=gen) for _ in range(4))
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_func(q * 2, k, v, causal=True, attention_chunk=8) * 3  # type: ignore[no-any-return]
+
+    compiled = torch.compile(fn, fullgraph=True, backend="eager")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = torch.autograd.grad(compiled(*leaves), leaves, do)
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(fn(*eager), eager, do)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
