@@ -291,7 +291,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                            seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
                            s_aux: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                           num_splits: int = 0, out: torch.Tensor | None = None) -> Any:
+                           num_splits: int = 0, out: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -344,6 +344,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             sequence's key count; the decoding kernels serve it (``lazytriton.kvcache_varlen.paged_varlen``).
         num_splits: with block_table, how many pieces each sequence's keys are cut into (0: a heuristic; at most
             256); without it, checked and not used (the packed-keys kernel does not split keys).
+        attention_chunk: FlashAttention-3's chunked local attention, per sequence: if > 0, query i sees key j only
+            when j // attention_chunk == (i + len_k - len_q) // attention_chunk. Default 0 (off).
         out: optional, vLLM's: a tensor of the output's shape, dtype and device that the output is written into
             (and returned).
 
@@ -367,7 +369,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
                 softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                 alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
-                seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out)
+                seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out,
+                attention_chunk=attention_chunk)
         kvcache_varlen.check_splits_and_out(num_splits, out, q, v)
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
@@ -389,7 +392,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         philox = score_mods.draw_philox(q.device)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
-                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks)
+                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks,
+                        attention_chunk=attention_chunk)
     if eager:
         res, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
@@ -397,7 +401,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
         c = call.call
         mods: tuple[Any, ...] = (c.alibi, c.dropout_p, c.philox, seqused_q, seqused_k, c.sinks)
-        if c.sinks is None:
+        if c.attention_chunk:
+            mods += (c.attention_chunk,)
+        elif c.sinks is None:
             mods = mods[:5] if seqused_q is not None or seqused_k is not None else () \
                 if c.alibi is None and c.philox is None else mods[:3]
         res, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,

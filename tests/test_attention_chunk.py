@@ -268,3 +268,65 @@ def test_torch_compile_traces_forward_and_backward_with_a_chunk() -> None:
     want = torch.autograd.grad(fn(*eager), eager, do)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+
+
+# ---------------------------------------------------------------------------
+# Packed sequences
+
+
+def _cu(lengths: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@pytest.mark.parametrize(("chunk", "causal", "window"), [(7, True, (5, -1)), (16, False, (-1, -1)),
+                                                         (3, False, (4, 2)), (40, True, (-1, -1))])
+@pytest.mark.parametrize("through_op", [False, True])
+def test_varlen_chunks_each_sequence_bottom_right(chunk: int, causal: bool, window: tuple[int, int],
+                                                  through_op: bool) -> None:
+    lens_q, lens_k = (9, 30, 17, 1), (20, 30, 11, 13)
+    gen = torch.Generator().manual_seed(seed_of(chunk, causal, window))
+    q, do = (torch.randn(sum(lens_q), 4, 16, generator=gen).half() for _ in range(2))
+    k, v = (torch.randn(sum(lens_k), 2, 16, generator=gen).half() for _ in range(2))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    kwargs: dict[str, Any] = {"causal": causal, "window_size": window, "attention_chunk": chunk}
+    if through_op:
+        with always_through_op():
+            out = lazytriton.flash_attn_varlen_func(*leaves, _cu(lens_q), _cu(lens_k), 30, 30, **kwargs)
+    else:
+        out = lazytriton.flash_attn_varlen_func(*leaves, _cu(lens_q), _cu(lens_k), 30, 30, **kwargs)
+    got = torch.autograd.grad(out, leaves, do)
+    ref_kwargs = {**kwargs, "causal": "bottom_right" if causal else False}
+    start_q = start_k = 0
+    for lq, lk in zip(lens_q, lens_k, strict=True):
+        rows, cols = slice(start_q, start_q + lq), slice(start_k, start_k + lk)
+        seq = [t[span].transpose(0, 1)[None] for t, span in ((q, rows), (k, cols), (v, cols))]
+        seq_do = do[rows].transpose(0, 1)[None]
+
+        def ref(*t: torch.Tensor) -> torch.Tensor:
+            return attention_reference(*t, **ref_kwargs)[0]
+
+        exact_out, same_out = ref(*(t.double() for t in seq)), ref(*seq)
+        _assert_rule("out", out[rows].transpose(0, 1)[None], exact_out, same_out, OUT_FLOOR[torch.float16], 2)
+        exact = grads_of(ref, *(t.double() for t in seq), seq_do.double())
+        same = grads_of(ref, *seq, seq_do)
+        for name, g, span, e, s in zip(("dq", "dk", "dv"), got, (rows, cols, cols), exact, same, strict=True):
+            _assert_rule(name, g[span].transpose(0, 1)[None], e, s, GRAD_FLOOR[torch.float16], 3)
+        start_q, start_k = start_q + lq, start_k + lk
+
+
+def test_torch_compile_traces_varlen_with_a_chunk() -> None:
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(13)
+    packed = [torch.randn(21, 2, 16, generator=gen) for _ in range(4)]
+    lengths = _cu((9, 12))
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_varlen_func(q, k, v, lengths, lengths, 12, 12, causal=True,  # type: ignore
+                                                 attention_chunk=5)
+
+    leaves = [t.clone().requires_grad_() for t in packed[:3]]
+    got = torch.autograd.grad(torch.compile(fn, fullgraph=True, backend="eager")(*leaves), leaves, packed[3])
+    eager = [t.clone().requires_grad_() for t in packed[:3]]
+    want = torch.autograd.grad(fn(*eager), eager, packed[3])
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
