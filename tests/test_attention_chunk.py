@@ -23,6 +23,7 @@ from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, seed_of
 import lazytriton
 from lazytriton.interface import always_through_op
 from lazytriton.kernels import dispatch
+from lazytriton.kernels.arguments import MAX_CHUNK
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
 from lazytriton.kernels.flash_fwd import binding
 from lazytriton.kernels.flash_fwd.reference import attention_reference, visible
@@ -196,7 +197,7 @@ def test_the_call_holds_the_chunk_and_the_offset_of_its_alignment() -> None:
     q, k, v = make_qkv(1, (1, 1), (8, 13), 16, torch.float32)
     assert binding.with_chunk(binding.check(q, k, v, False), 4)[2:4] == (5, binding.check(q, k, v).scale)
     assert binding.with_chunk(binding.check(q, k, v, "top_left"), 4).offset == 0
-    assert binding.with_chunk(binding.check(q, k, v, "bottom_right"), 2**40).attention_chunk == binding.MAX_CHUNK
+    assert binding.with_chunk(binding.check(q, k, v, "bottom_right"), 2**40).attention_chunk == MAX_CHUNK
 
 
 # ---------------------------------------------------------------------------
@@ -330,3 +331,100 @@ def test_torch_compile_traces_varlen_with_a_chunk() -> None:
     want = torch.autograd.grad(fn(*eager), eager, packed[3])
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+
+
+# ---------------------------------------------------------------------------
+# The KV cache (the decoding kernels)
+
+
+def _paged(cache: torch.Tensor, page: int, table: torch.Tensor) -> torch.Tensor:
+    """``cache`` (batch, capacity, heads, dim) as pages of ``page`` keys, sequence b's i-th at table[b, i]."""
+    pages = torch.empty(table.numel(), page, *cache.shape[2:], dtype=cache.dtype)
+    pages[table.flatten().long()] = cache.reshape(-1, page, *cache.shape[2:])
+    return pages
+
+
+@pytest.mark.parametrize(("seqlen_q", "chunk", "causal", "window", "splits", "page"), [
+    (1, 7, False, (-1, -1), 1, 0), (1, 16, True, (-1, -1), 3, 16), (5, 7, True, (9, -1), 3, 0),
+    (5, 20, False, (-1, -1), 2, 8), (4, 3, True, (-1, -1), 0, 4), (6, 64, True, (2, -1), 4, 0)])
+def test_kvcache_chunks_bottom_right_over_contiguous_and_paged_caches(seqlen_q: int, chunk: int, causal: bool,
+                                                                      window: tuple[int, int], splits: int,
+                                                                      page: int) -> None:
+    gen = torch.Generator().manual_seed(seed_of(seqlen_q, chunk, causal, splits, page))
+    b, hq, hk, d, capacity = 3, 4, 2, 16, 64
+    q = torch.randn(b, seqlen_q, hq, d, generator=gen).half()
+    k_cache, v_cache = (torch.randn(b, capacity, hk, d, generator=gen).half() for _ in range(2))
+    lens = torch.tensor([40, 13, 57], dtype=torch.int32)
+    kwargs: dict[str, Any] = {"cache_seqlens": lens, "causal": causal, "window_size": window, "num_splits": splits,
+                              "attention_chunk": chunk}
+    if page:
+        table = torch.randperm(b * capacity // page, generator=gen).reshape(b, -1).to(torch.int32)
+        out = lazytriton.flash_attn_with_kvcache(q, _paged(k_cache, page, table), _paged(v_cache, page, table),
+                                                 block_table=table, **kwargs)
+    else:
+        out = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    ref_kwargs = {"causal": "bottom_right" if causal else False, "window_size": window, "attention_chunk": chunk}
+    for i, length in enumerate(lens.tolist()):
+        seq = [q[i:i + 1].transpose(1, 2), *(c[i:i + 1, :length].transpose(1, 2) for c in (k_cache, v_cache))]
+        exact = attention_reference(*(t.double() for t in seq), **ref_kwargs)[0]
+        same = attention_reference(*seq, **ref_kwargs)[0]
+        _assert_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.float16], 2)
+
+
+def test_kvcache_with_packed_queries_and_new_keys_chunks_each_sequence() -> None:
+    gen = torch.Generator().manual_seed(21)
+    lens_q, hq, hk, d, capacity = (3, 1, 6), 2, 1, 16, 48
+    q = torch.randn(sum(lens_q), hq, d, generator=gen)
+    k_cache, v_cache = (torch.randn(3, capacity, hk, d, generator=gen) for _ in range(2))
+    new_k, new_v = (torch.randn(3, 2, hk, d, generator=gen) for _ in range(2))
+    lens = torch.tensor([20, 33, 5], dtype=torch.int32)
+    caches = (k_cache.clone(), v_cache.clone())
+    out = lazytriton.flash_attn_with_kvcache(q, *caches, new_k, new_v, cache_seqlens=lens, causal=True,
+                                             cu_seqlens_q=_cu(lens_q), max_seqlen_q=6, attention_chunk=8,
+                                             num_splits=2)
+    start = 0
+    for i, (lq, length) in enumerate(zip(lens_q, lens.tolist(), strict=True)):
+        keys = [torch.cat([c[i, :length], n[i]]).transpose(0, 1)[None].double()
+                for c, n in ((k_cache, new_k), (v_cache, new_v))]
+        ref, _ = attention_reference(q[start:start + lq].transpose(0, 1)[None].double(), *keys,
+                                     causal="bottom_right", attention_chunk=8)
+        torch.testing.assert_close(out[start:start + lq].transpose(0, 1)[None].double(), ref, atol=2e-5, rtol=0)
+        start += lq
+
+
+def test_kvcache_chunk_of_zero_and_bad_chunks() -> None:
+    gen = torch.Generator().manual_seed(22)
+    q, cache = torch.randn(2, 1, 2, 16, generator=gen), torch.randn(2, 30, 2, 16, generator=gen)
+    lens = torch.tensor([7, 30], dtype=torch.int32)
+    assert torch.equal(lazytriton.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, attention_chunk=0),
+                       lazytriton.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens))
+    for value, error in ((-2, ValueError), (2.0, TypeError), (None, TypeError)):
+        with pytest.raises(error, match="attention_chunk"):
+            lazytriton.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, attention_chunk=value)
+
+
+def test_decode_variants_and_keys_gain_chunk_only_when_set() -> None:
+    from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+
+    target = Target.parse("sm_90")
+    plain = decode_dispatch.decode_variant("flash_decode_split", target, "bf16", 128, False, True, 8, 4096)
+    chunked = decode_dispatch.decode_variant("flash_decode_split", target, "bf16", 128, False, True, 8, 4096,
+                                             chunk=True)
+    assert "CHUNK" not in str(plain) and chunked.get("CHUNK") is True
+    assert {n: v for n, v in chunked.functional if n != "CHUNK"} == dict(plain.functional)
+    combine = decode_dispatch.decode_variant("flash_decode_combine", target, "bf16", 128, False, True, 8, 4096,
+                                             chunk=True)
+    assert "CHUNK" not in str(combine)
+
+
+def test_torch_compile_traces_kvcache_with_a_chunk() -> None:
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(14)
+    q, cache = torch.randn(2, 3, 2, 16, generator=gen), torch.randn(2, 30, 2, 16, generator=gen)
+    lens = torch.tensor([7, 30], dtype=torch.int32)
+
+    def decode(q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, causal=True,  # type: ignore
+                                                  attention_chunk=4, num_splits=2)
+
+    assert torch.equal(torch.compile(decode, fullgraph=True, backend="eager")(q, cache), decode(q, cache))

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lazytriton import geometry, launch, machine, runtime, tuning
-from lazytriton.kernels.arguments import shown
+from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
 from lazytriton.kernels.flash_fwd import FLASH_FWD, SEQUSED_POINTERS, SINKS_POINTERS, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import grid as _grid
@@ -224,19 +224,6 @@ def with_features(call: Call, window: Any, softcap: Any, names: Names = NAMES) -
     offset = 0 if call.causal == "top_left" else sk - sq
     return call._replace(offset=offset, window_left=min(left, full) if left >= 0 else full,
                          window_right=min(right, full) if right >= 0 else full, softcap=cap)
-
-
-# A chunk of this many keys or more holds every key of a call below MAX_WINDOWED_SEQLEN at either alignment.
-MAX_CHUNK = 2**30
-
-
-def check_chunk(name: str, attention_chunk: Any) -> int:
-    """``attention_chunk`` checked: an int >= 0 (0: off), else a TypeError/ValueError naming ``name``."""
-    if type(attention_chunk) is not int:
-        raise TypeError(f"{name} must be an int >= 0 (0 is off), got {shown(attention_chunk)}")
-    if attention_chunk < 0:
-        raise ValueError(f"{name} must be >= 0 (0 is off), got {attention_chunk}")
-    return attention_chunk
 
 
 def with_chunk(call: Call, attention_chunk: Any, name: str = "attention_chunk") -> Call:
