@@ -12,6 +12,7 @@ not dividing the seqlens.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -428,3 +429,81 @@ def test_torch_compile_traces_kvcache_with_a_chunk() -> None:
                                                   attention_chunk=4, num_splits=2)
 
     assert torch.equal(torch.compile(decode, fullgraph=True, backend="eager")(q, cache), decode(q, cache))
+
+
+# ---------------------------------------------------------------------------
+# Compiling the chunked variants (no GPU needed: Triton compiles for sm_90 and sm_80 here)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+@pytest.mark.parametrize(("kernel", "window"), [("flash_fwd", False), ("flash_fwd", True), ("flash_bwd_dq", True),
+                                                ("flash_bwd_dkdv", False), ("flash_decode_split", True)])
+def test_chunked_variants_compile(kernel: str, window: bool, target: str) -> None:
+    from test_compile import SHARED_LIMIT, check_elf
+
+    from lazytriton.compiler import compile_variant
+    from lazytriton.kernels import get
+
+    parsed = Target.parse(target)
+    seqlen_q = 8 if kernel == "flash_decode_split" else 4096
+    variant = dispatch.kernel_variant(kernel, parsed, "bf16", 128, True, True, seqlen_q, 4096, window=window,
+                                      chunk=True)
+    entry = compile_variant(variant)
+    check_elf(entry, parsed)
+    assert entry.variant == str(variant) and "CHUNK=true" in entry.variant
+    assert entry.arg_types == tuple(t for t in get(kernel).signature("bf16", False).values() if t != "constexpr")
+    assert 0 < entry.shared <= SHARED_LIMIT[target]
+
+
+def test_tma_variant_with_a_chunk_compiles() -> None:
+    from lazytriton.compiler import compile_variant
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+
+    variant = fwd_dispatch.flash_fwd_variant(Target.parse("sm_90"), "fp16", 64, True, True, 4096, tma=True,
+                                             chunk=True)
+    assert variant.get("TMA") is True and variant.get("CHUNK") is True
+    entry = compile_variant(variant)
+    assert entry.global_scratch_size > 0 and entry.binary[:4] == b"\x7fELF"
+
+
+# ---------------------------------------------------------------------------
+# Prewarm, cache explain and the miss log
+
+
+def test_prewarm_attention_chunk_adds_the_chunked_variants(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton.cli import main as cli_main
+
+    common = ["prewarm", "--target", "sm_90", "--kernel", "flash_fwd,flash_bwd,flash_decode", "--dtype", "bf16",
+              "--head-dim", "128", "--causal", "bottom_right", "--seqlen-q", "4096", "--paged", "contiguous", "--list"]
+    assert cli_main(common) == 0
+    plain = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines() if ":" in line}
+    assert cli_main([*common, "--attention-chunk"]) == 0
+    listed = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines() if ":" in line}
+    assert set(plain) < set(listed) and not any("CHUNK" in v for v in plain.values())
+    chunked = {v.split(":")[0] for k, v in listed.items() if k not in plain}
+    assert chunked == {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split"}
+    assert all("CHUNK=true" in v for k, v in listed.items() if k not in plain)
+
+
+def test_cache_explain_describes_a_chunked_call(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton.cli import main as cli_main
+
+    assert cli_main(["cache", "explain", "--kernel", "flash_bwd", "--dtype", "bf16", "--head-dim", "128",
+                     "--seqlen-q", "8192", "--causal", "bottom_right", "--attention-chunk", "--target", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    assert "attention_chunk (CHUNK=true" in out and "fused backward take no chunk" in out
+    assert sum("CHUNK=true" in line for line in out.splitlines() if line.startswith("variant")) == 2
+    assert cli_main(["cache", "explain", "--kernel", "flash_decode", "--dtype", "bf16", "--head-dim", "128",
+                     "--seqlen-q", "8", "--seqlen-k", "8192", "--attention-chunk", "--target", "sm_90"]) == 0
+    variants = [line for line in capsys.readouterr().out.splitlines() if line.startswith("variant")]
+    assert ["CHUNK=true" in line for line in variants] == [True, False]  # the split kernel's, not the combine's
+
+
+def test_a_chunked_variant_in_the_miss_log_is_planned_again() -> None:
+    from lazytriton.prewarm.enumeration import variants_from_misses
+
+    target = Target.parse("sm_90")
+    missed = [dispatch.kernel_variant(kernel, target, "bf16", 64, True, True, 1024, 1024, chunk=True)
+              for kernel in ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")]
+    plan, problems = variants_from_misses([json.dumps({"variant": str(v)}) for v in missed])
+    assert not problems and [p.variant for p in plan] == missed

@@ -197,7 +197,7 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk")
 PREWARM_WITH = ("kv_append",)
 
 
