@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from test_flash_bwd import GRAD_FLOOR, grads_of
-from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, seed_of
+from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of
 
 import lazytriton
 from lazytriton.interface import always_through_op
@@ -507,3 +507,60 @@ def test_a_chunked_variant_in_the_miss_log_is_planned_again() -> None:
               for kernel in ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")]
     plan, problems = variants_from_misses([json.dumps({"variant": str(v)}) for v in missed])
     assert not problems and [p.variant for p in plan] == missed
+
+
+# ---------------------------------------------------------------------------
+# GPU (``-m gpu``): real sizes (Llama 4's chunk of 8192 keys), preload, the Triton pair routed to
+
+
+def _gpu_qkv(b: int, s: int, hq: int, hk: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, s, hq, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, hk, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v, torch.randn(b, s, hq, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+
+@on_gpu
+@pytest.mark.parametrize(("seqlen", "chunk", "head_dim"), [(16384, 8192, 128), (4096, 1000, 64), (3000, 128, 128)])
+def test_gpu_forward_and_backward_follow_flash_attentions_rule(seqlen: int, chunk: int, head_dim: int) -> None:
+    q, k, v, do = _gpu_qkv(1, seqlen, 4, 1, head_dim, seed_of(seqlen, chunk))
+    loaded = lazytriton.preload(q, k, causal="bottom_right", layout="bshd", backward=True, attention_chunk=chunk)
+    assert loaded and all("CHUNK=true" in variant for variant in loaded)
+    assert not any(v.startswith(("flash_fwd_gluon", "flash_bwd_fused", "flash_bwd_prep")) for v in loaded)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = lazytriton.flash_attn_func(*leaves, causal=True, attention_chunk=chunk)
+    got = torch.autograd.grad(out, leaves, do)
+    kwargs: dict[str, Any] = {"causal": "bottom_right", "attention_chunk": chunk}
+
+    def ref(*t: torch.Tensor) -> torch.Tensor:
+        return attention_reference(*(x.transpose(1, 2) for x in t), **kwargs)[0].transpose(1, 2)
+
+    exact = grads_of(ref, q.float(), k.float(), v.float(), do.float())
+    same = grads_of(ref, q, k, v, do)
+    _assert_rule("out", out, ref(q.float(), k.float(), v.float()), ref(q, k, v), OUT_FLOOR[torch.bfloat16], 2)
+    for name, g, e, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
+        _assert_rule(name, g, e, s, GRAD_FLOOR[torch.bfloat16], 3)
+
+
+@on_gpu
+@pytest.mark.parametrize("splits", [1, 0, 8])
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_kvcache_with_a_chunk(splits: int, paged: bool) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(splits + 10 * paged)
+    b, hq, hk, d, capacity, page, chunk = 4, 32, 8, 128, 16384, 256, 8192
+    q = torch.randn(b, 1, hq, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(b, capacity, hk, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    lens = torch.tensor([1, 8191, 8193, 16384], dtype=torch.int32, device="cuda")
+    kwargs: dict[str, Any] = {"cache_seqlens": lens, "num_splits": splits, "attention_chunk": chunk}
+    if paged:
+        table = torch.randperm(b * capacity // page, device="cuda").reshape(b, -1).to(torch.int32)
+        out = lazytriton.flash_attn_with_kvcache(q, _paged(k_cache, page, table), _paged(v_cache, page, table),
+                                                 block_table=table, **kwargs)
+    else:
+        out = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    for i, length in enumerate(lens.tolist()):
+        seq = [q[i:i + 1].transpose(1, 2), *(c[i:i + 1, :length].transpose(1, 2) for c in (k_cache, v_cache))]
+        exact = attention_reference(*(t.float() for t in seq), attention_chunk=chunk)[0]
+        same = attention_reference(*seq, attention_chunk=chunk)[0]
+        _assert_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.bfloat16], 2)
