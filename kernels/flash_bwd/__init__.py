@@ -76,6 +76,7 @@ def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strid
         constexprs=_CONSTEXPRS + (("BIAS_GRAD",) if bias_grad else ()) + ("CHUNK",),
         aligned_params=tuple(p for p, _ in (*pointers, *dbias)) + tuple(s for s, _ in (*strides, *dbias_strides)),
         seq_aligned_params=tuple(s for s, _ in _LSE_STRIDES) + _SEQ_SIZES,
+        helpers=("lazytriton.kernels.chunk",),
     )
 
 

@@ -64,6 +64,8 @@ kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 import triton
 import triton.language as tl
 
+from lazytriton.kernels.chunk import row_chunks
+
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -451,20 +453,10 @@ def flash_bwd_dq_kernel(
     full_begin = 0
     LOCAL: tl.constexpr = WINDOW or CHUNK
     if CHUNK:  # the forward's per-row chunk (inside the window), its bounds and its per-row window
-        pos = offs_m + causal_offset
-        lo = pos - ((pos % attention_chunk) + attention_chunk) % attention_chunk
-        hi = lo + attention_chunk - 1
-        if WINDOW:
-            lo = tl.maximum(lo, pos - window_left)
-            hi = tl.minimum(hi, pos + window_right)
-        begin = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
-        full_begin = ((tl.maximum(tl.max(lo, 0), 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-        end = tl.minimum(end, tl.maximum(tl.max(hi, 0) + 1, 0))
-        full_end = tl.minimum(full_end, (tl.maximum(tl.min(hi, 0) + 1, 0) // BLOCK_N) * BLOCK_N)
+        begin, full_begin, full_end, end, window_left, window_right = row_chunks(
+            offs_m, causal_offset, attention_chunk, window_left, window_right, end, full_end, BLOCK_N, WINDOW)
         full_end = tl.maximum(tl.minimum(full_end, end), begin)
         full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
-        window_left = (pos - lo)[:, None]
-        window_right = (hi - pos)[:, None]
     elif WINDOW:  # the forward's bounds: keys [begin, full_begin) and [full_end, end) are masked
         begin, full_begin, full_end, end = _window_range(start_m, causal_offset - window_left,
                                                          causal_offset + window_right, end, full_end, BLOCK_N,

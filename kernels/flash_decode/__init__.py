@@ -99,7 +99,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
                 "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS",
                 "VARLEN_Q", "CHUNK"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
-    helpers=("lazytriton.kernels.rotary",),
+    helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
 )
 
 _COMBINE_STRIDES = _strides("o")

@@ -76,6 +76,7 @@ exp(lse_s - lse) * out_s: exact, no rescaling of the partial sums.
 import triton
 import triton.language as tl
 
+from lazytriton.kernels.chunk import chunk_start
 from lazytriton.kernels.rotary import rotate
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -89,12 +90,6 @@ def _tanh(x):
 
 
 @triton.jit
-def _chunk_start(position, attention_chunk):
-    """The first key of ``position``'s chunk: position - position mod attention_chunk, floored (also below 0)."""
-    return position - ((position % attention_chunk) + attention_chunk) % attention_chunk
-
-
-@triton.jit
 def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, attention_chunk, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LEFTPAD: tl.constexpr, CHUNK: tl.constexpr):
     """(begin, full_begin, full_end, end) of the keys queries i_lo..i_hi see.
@@ -103,7 +98,7 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, a
     some row sees; those in [full_begin, full_end) (multiples of BLOCK_N) are
     seen by every row and need no mask. With ``LEFTPAD`` no key before
     ``leftpad`` is seen: the block holding it is masked, those before it skipped.
-    With ``CHUNK`` the keys lie in the chunks of queries i_lo..i_hi (``_chunk_start``).
+    With ``CHUNK`` the keys lie in the chunks of queries i_lo..i_hi (``chunk.chunk_start``).
     """
     end = length
     full_end = length
@@ -118,8 +113,8 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, a
         begin = tl.maximum(i_lo + offset - window_left, 0)
         full_begin = tl.maximum(i_hi + offset - window_left, 0)
     if CHUNK:
-        first = _chunk_start(i_lo + offset, attention_chunk)
-        last = _chunk_start(i_hi + offset, attention_chunk)
+        first = chunk_start(i_lo + offset, attention_chunk)
+        last = chunk_start(i_hi + offset, attention_chunk)
         end = tl.minimum(end, tl.maximum(last + attention_chunk, 0))
         full_end = tl.minimum(full_end, tl.maximum(first + attention_chunk, 0))
         begin = tl.maximum(begin, first)
@@ -202,7 +197,7 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
         if WINDOW:
             keep = keep & (cols[None, :] >= diag - window_left) & (cols[None, :] <= diag + window_right)
         if CHUNK:
-            first = _chunk_start(diag, attention_chunk)
+            first = chunk_start(diag, attention_chunk)
             keep = keep & (cols[None, :] >= first) & (cols[None, :] < first + attention_chunk)
         qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))

@@ -147,6 +147,7 @@ FLASH_FWD = KernelSpec(
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),
+    helpers=("lazytriton.kernels.chunk",),
 )
 
 

@@ -137,6 +137,8 @@ sm_90 with Triton 3.6 and 3.9 (TMA too).
 import triton
 import triton.language as tl
 
+from lazytriton.kernels.chunk import row_chunks
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -524,22 +526,9 @@ def flash_fwd_kernel(
     full_begin = 0
     # The chunk's or the window's bounds, per row, else the window's alone.
     LOCAL: tl.constexpr = WINDOW or CHUNK
-    if CHUNK:
-        # Row i sees the keys of its own chunk, [lo, lo + attention_chunk) with lo = p - p mod chunk for
-        # p = i + causal_offset (floored, so that a row left of key 0 has its chunk there too), inside its
-        # window when WINDOW: the per-row window (p - lo, hi - p) the blocks below are masked with.
-        pos = offs_m + causal_offset
-        lo = pos - ((pos % attention_chunk) + attention_chunk) % attention_chunk
-        hi = lo + attention_chunk - 1
-        if WINDOW:
-            lo = tl.maximum(lo, pos - window_left)
-            hi = tl.minimum(hi, pos + window_right)
-        begin = (tl.maximum(tl.min(lo, 0), 0) // BLOCK_N) * BLOCK_N
-        full_begin = ((tl.maximum(tl.max(lo, 0), 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-        end = tl.minimum(end, tl.maximum(tl.max(hi, 0) + 1, 0))
-        full_end = tl.minimum(full_end, (tl.maximum(tl.min(hi, 0) + 1, 0) // BLOCK_N) * BLOCK_N)
-        window_left = (pos - lo)[:, None]
-        window_right = (hi - pos)[:, None]
+    if CHUNK:  # each row's chunk (inside its window): the blocks' bounds, and the per-row window they are masked with
+        begin, full_begin, full_end, end, window_left, window_right = row_chunks(
+            offs_m, causal_offset, attention_chunk, window_left, window_right, end, full_end, BLOCK_N, WINDOW)
     elif WINDOW:
         # Keys below ``begin`` are left of every row's window; from ``full_begin``
         # on they are right of the last row's left edge; up to ``full_end`` they
