@@ -14,7 +14,14 @@ benchmark shapes; heads rounded down for head dims that do not divide it), for:
 - ``lazytriton_sinks`` (with ``--sinks``): the same ``attn_fwd`` call with
   attention sinks (one float32 logit a query head, gpt-oss's), checked
   against SDPA's output rescaled by the sink's share of each row; the table
-  then ends with its throughput over the same call's without sinks.
+  then ends with its throughput over the same call's without sinks;
+- ``lazytriton_chunk`` and ``lazytriton_window`` (with ``--attention-chunk C``):
+  the same ``attn_fwd`` call with FlashAttention-3's ``attention_chunk=C``,
+  and with the smallest sliding window that holds every query's chunk
+  (``window_size=(C - 1, 0)`` causal, ``(C - 1, C - 1)`` full), both checked
+  against SDPA with the boolean mask of their rule; the table then ends with
+  the chunked call's time over the windowed one's. Their TFLOP/s count the
+  dense call's FLOPs (a time ratio, not a throughput).
 
 Then (unless ``--no-host``) the host cost of one call on a tiny shape (µs per
 call, wall clock over many calls, GPU work negligible). Every provider's
@@ -29,7 +36,7 @@ and over the grid, and the lowest row.
 
 Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16] [--head-dims 64,128,256]
        [--seqlens 1k,4k,16k] [--causal both|causal|full] [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn]
-       [--prewarm-jobs N] [--no-host] [--sweep] [--sinks]
+       [--prewarm-jobs N] [--no-host] [--sweep] [--sinks] [--attention-chunk C]
 """
 
 from __future__ import annotations
@@ -138,22 +145,48 @@ FWD_PROVIDERS = ("lazytriton", "triton_jit", "sdpa_flash", "sdpa_cudnn")
 
 
 SINKS_PROVIDER = "lazytriton_sinks"  # --sinks: attn_fwd with attention sinks
+# --attention-chunk C: attn_fwd with attention_chunk=C, and with the window that holds every query's chunk.
+CHUNK_PROVIDER, WINDOW_PROVIDER = "lazytriton_chunk", "lazytriton_window"
+
+
+def chunk_window(chunk: int, causal: bool) -> tuple[int, int]:
+    """The smallest sliding window holding every query's chunk of ``chunk`` keys: (C - 1, 0) causal, else both sides."""
+    return (chunk - 1, 0 if causal else chunk - 1)
+
+
+def masked_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, chunk: int,
+                     window: tuple[int, int]) -> torch.Tensor:
+    """SDPA (its efficient backend) with the boolean mask of a chunked or windowed call (seqlen_q == seqlen_k)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from lazytriton.kernels.flash_fwd.reference import visible
+
+    keep = visible(q.shape[2], k.shape[2], "bottom_right" if causal else False, window, q.device, chunk)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
 
 def providers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               selected: Sequence[str] = FWD_PROVIDERS,
-              sinks: torch.Tensor | None = None) -> dict[str, Callable[[], object]]:
-    """The selected providers' calls on one case (Triton's JIT call built only if selected); with ``sinks``, theirs."""
+              sinks: torch.Tensor | None = None, chunk: int = 0) -> dict[str, Callable[[], object]]:
+    """The selected providers' calls on one case (Triton's JIT call built only if selected); with ``sinks``, theirs.
+
+    With ``chunk`` (> 0), the chunked call's and the windowed call's (``chunk_window``) too.
+    """
     from torch.nn.attention import SDPBackend
 
     every: dict[str, Callable[[], Callable[[], object]]] = {
         "lazytriton": lambda: lambda: attn_fwd(q, k, v, causal=causal)[0],
         SINKS_PROVIDER: lambda: lambda: attn_fwd(q, k, v, causal=causal, sinks=sinks)[0],
+        CHUNK_PROVIDER: lambda: lambda: attn_fwd(q, k, v, causal=causal, attention_chunk=chunk)[0],
+        WINDOW_PROVIDER: lambda: lambda: attn_fwd(q, k, v, causal=causal,
+                                                  window_size=chunk_window(chunk, causal))[0],
         "triton_jit": lambda: triton_jit(q, k, v, causal),
         "sdpa_flash": lambda: lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
         "sdpa_cudnn": lambda: lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
     }
-    chosen = (*selected, SINKS_PROVIDER) if sinks is not None else selected
+    chosen = (*selected, *((SINKS_PROVIDER,) if sinks is not None else ()),
+              *((CHUNK_PROVIDER, WINDOW_PROVIDER) if chunk > 0 else ()))
     return {name: make() for name, make in every.items() if name in chosen}
 
 
@@ -179,11 +212,18 @@ def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[s
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
         ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, case.causal)
         sinks = torch.randn(case.heads, device="cuda") if args.sinks else None
-        made = providers(q, k, v, case.causal, args.providers, sinks)
+        made = providers(q, k, v, case.causal, args.providers, sinks, args.attention_chunk)
         errs = {}
         for name, fn in made.items():
             try:
-                want = ref if name != SINKS_PROVIDER else sunk_reference(q, k, v, case.causal, ref, sinks)
+                if name == SINKS_PROVIDER:
+                    want = sunk_reference(q, k, v, case.causal, ref, sinks)
+                elif name == CHUNK_PROVIDER:
+                    want = masked_reference(q, k, v, case.causal, args.attention_chunk, (-1, -1))
+                elif name == WINDOW_PROVIDER:
+                    want = masked_reference(q, k, v, case.causal, 0, chunk_window(args.attention_chunk, case.causal))
+                else:
+                    want = ref
                 errs[name] = rel_err(fn(), want)  # type: ignore[arg-type]
             except Exception as exc:  # a backend missing on this GPU/torch is reported, not fatal
                 print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
@@ -285,6 +325,15 @@ def print_table(rows: list[dict[str, object]]) -> None:
             f"{short.get(str(k[0]), k[0])} hd{k[1]} {'causal' if k[2] else 'full'} {k[3] // 1024}k {r:.3f}"
             for k, r in sunk.items())
             + f"; lowest {min(sunk.values()):.3f}, geomean {geomean(list(sunk.values())):.3f}")
+    ms = {(r["dtype"], r["head_dim"], r["causal"], r["seqlen"], r["provider"]): float(r["p50_ms"]) for r in fwd}
+    chunked = {key: ms[(*key, CHUNK_PROVIDER)] / ms[(*key, WINDOW_PROVIDER)] for key in keys
+               if (*key, CHUNK_PROVIDER) in ms and (*key, WINDOW_PROVIDER) in ms}
+    if chunked:
+        print("\nchunked / windowed (p50 time of the same attn_fwd call, attention_chunk vs the window holding "
+              "each chunk): " + "; ".join(
+                  f"{short.get(str(k[0]), k[0])} hd{k[1]} {'causal' if k[2] else 'full'} {k[3] // 1024}k {r:.3f}"
+                  for k, r in chunked.items())
+              + f"; highest {max(chunked.values()):.3f}, geomean {geomean(list(chunked.values())):.3f}")
     host = [r for r in rows if r["mode"] == "host"]
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 
@@ -298,7 +347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sinks", action="store_true",
                         help="also time attn_fwd with attention sinks (provider lazytriton_sinks) beside lazytriton's "
                              "same call without them")
+    parser.add_argument("--attention-chunk", type=int, default=0, metavar="C",
+                        help="also time attn_fwd with attention_chunk=C (provider lazytriton_chunk) beside the same "
+                             "call with the sliding window that holds each chunk (lazytriton_window)")
     args = parse_grid(parser, argv)
+    if args.attention_chunk < 0:
+        parser.error(f"--attention-chunk must be >= 0 (0: off), got {args.attention_chunk}")
     if not torch.cuda.is_available():
         print("bench_flash_fwd needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -208,8 +208,8 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 /* Plans: a loaded kernel and what a launch needs, for one shape class.       */
 
 #define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
-#define LT__KERNEL_PARAMS 43       /* flash_fwd: 40 pointers and integers, then sm_scale, softcap, dropout_p */
-#define LT__KERNEL_INTS 40
+#define LT__KERNEL_PARAMS 44       /* flash_fwd: 41 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__KERNEL_INTS 41
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
@@ -352,7 +352,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
-        c->window_right, 0, 0, 0, 0, 0};
+        c->window_right, 0, 0, 0, 0, 0, 0};
     float floats[LT__KERNEL_PARAMS - LT__KERNEL_INTS] = {c->scale, c->softcap, 0.0f};
     void *params[LT__KERNEL_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__KERNEL_INTS; i++)

@@ -11,8 +11,8 @@
  */
 
 #define LT__BWD_PLAN_MAGIC 0x6c747062u /* "ltpb" */
-#define LT__BWD_DQ_PARAMS 55           /* flash_bwd_dq: 52 pointers and integers, then sm_scale, softcap, dropout_p */
-#define LT__BWD_DKDV_PARAMS 51         /* flash_bwd_dkdv: 48 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DQ_PARAMS 56           /* flash_bwd_dq: 53 pointers and integers, then sm_scale, softcap, dropout_p */
+#define LT__BWD_DKDV_PARAMS 52         /* flash_bwd_dkdv: 49 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_FLOATS 3
 #define LT__ALIGN16 1 /* c->aligned's bits for the backward (lt__bwd_aligned) */
 #define LT__SEQ16 2
@@ -332,7 +332,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
         c->hq * c->sq, c->sq, 0, 0, 0, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
-        c->window_right, 0, 0, 0, 0, 0};
+        c->window_right, 0, 0, 0, 0, 0, 0};
     int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
@@ -342,7 +342,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
-        c->window_right, 0, 0, 0, 0, 0};
+        c->window_right, 0, 0, 0, 0, 0, 0};
     float floats[LT__BWD_FLOATS] = {c->scale, c->softcap, 0.0f};
     void *dq_params[LT__BWD_DQ_PARAMS + LT__MAX_HIDDEN], *dkdv_params[LT__BWD_DKDV_PARAMS + LT__MAX_HIDDEN];
     lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, floats, plan->dq.n_hidden);

@@ -20,7 +20,7 @@
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 50   /* flash_decode_split: 48 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 51   /* flash_decode_split: 49 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
 #define LT__APPEND_PARAMS 36         /* kv_append: 36 pointers and integers */
@@ -659,7 +659,7 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
-        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, c->rotary_dim,
+        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, 0, c->rotary_dim,
         c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
     void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];

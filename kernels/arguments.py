@@ -53,6 +53,20 @@ def shown(value: Any) -> str:
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
 
 
+# A chunk of this many keys or more (FlashAttention-3's attention_chunk) holds every key of a call whose
+# positions stay below 2**29 (the windowed calls' bound) at either alignment: larger chunks are cut to it.
+MAX_CHUNK = 2**30
+
+
+def check_chunk(name: str, attention_chunk: Any) -> int:
+    """``attention_chunk`` checked: an int >= 0 (0: off), else a TypeError/ValueError naming ``name``."""
+    if type(attention_chunk) is not int:
+        raise TypeError(f"{name} must be an int >= 0 (0 is off), got {shown(attention_chunk)}")
+    if attention_chunk < 0:
+        raise ValueError(f"{name} must be >= 0 (0 is off), got {attention_chunk}")
+    return attention_chunk
+
+
 def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")

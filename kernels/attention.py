@@ -28,6 +28,8 @@ SPLIT_BY_DEFAULT = True
 SPLIT_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
 # The attention kernels that take attention sinks (SINKS): the forward's.
 SINKS_KERNELS = ("flash_fwd",)
+# The attention kernels that take FlashAttention-3's attention_chunk (CHUNK): the Triton forward and backward pair.
+CHUNK_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
 
 
 def split_chunks(kernel: str, head_dim: int, head_dim_v: int = 0, tma: bool | None = None,
@@ -125,9 +127,10 @@ def variant(kernel: str, target: Target, request: Request,
     choice at the seqlens' buckets and the larger head dim);
     ``own_fields(fields, even)`` adds the family's fields; the feature flags
     (window, softcap, alibi, bias, dropout, varlen, and with varlen seqused_q
-    and seqused_k, sinks) are written ``NAME=true`` only when on; seqused without
-    varlen is a ValueError, and so are sinks on a kernel that does not take them
-    (the backward's: the sink reaches its gradients through the lse alone).
+    and seqused_k, sinks, chunk) are written ``NAME=true`` only when on; seqused
+    without varlen is a ValueError, and so are sinks on a kernel that does not take
+    them (the backward's: the sink reaches its gradients through the lse alone) and
+    chunk on one outside ``CHUNK_KERNELS``.
     """
     if (request.seqused_q or request.seqused_k) and not request.varlen:
         raise ValueError(f"seqused_q/seqused_k need packed sequences (varlen=True), got seqused_q="
@@ -135,6 +138,8 @@ def variant(kernel: str, target: Target, request: Request,
     if request.sinks and kernel not in SINKS_KERNELS:
         raise ValueError(f"sinks (SINKS=true) are taken by {', '.join(SINKS_KERNELS)} only, got {kernel}: the "
                          "backward reads the forward's lse, which holds them")
+    if request.chunk and kernel not in CHUNK_KERNELS:
+        raise ValueError(f"attention_chunk (CHUNK=true) is taken by {', '.join(CHUNK_KERNELS)} only, got {kernel}")
     dv = request.head_dim_v or request.head_dim
     sq, sk = tuning.bucket(request.seqlen_q), tuning.bucket(request.seqlen_k)
     chunks = split_chunks(kernel, request.head_dim, dv, request.tma, request.split_d)
@@ -144,5 +149,5 @@ def variant(kernel: str, target: Target, request: Request,
     own_fields(fields, even)
     add_flags(fields, window=request.window, softcap=request.softcap, alibi=request.alibi, bias=request.bias,
               dropout=request.dropout, varlen=request.varlen, seqused_q=request.seqused_q,
-              seqused_k=request.seqused_k, sinks=request.sinks)
+              seqused_k=request.seqused_k, sinks=request.sinks, chunk=request.chunk)
     return Variant(kernel, str(target), request.dtype, pairs(fields), pairs(cfg.tuned()), pairs(cfg.options(target)))

@@ -86,3 +86,4 @@ class Request:
     sinks: bool = False
     bias_grad: bool = False
     varlen_q: bool = False
+    chunk: bool = False

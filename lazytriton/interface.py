@@ -73,12 +73,13 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
     # carries the autograd formula (the backward kernels).
     from lazytriton.ops import flash_fwd_op
 
-    if call.alibi is None and call.bias is None and call.philox is None and not deterministic and call.sinks is None:
+    if (call.alibi is None and call.bias is None and call.philox is None and not deterministic and call.sinks is None
+            and not call.attention_chunk):
         return flash_fwd_op(  # type: ignore[no-any-return]
             q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap)
     return flash_fwd_op(  # type: ignore[no-any-return]
         q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap, call.alibi, call.bias,
-        call.dropout_p, call.philox, deterministic, call.sinks)
+        call.dropout_p, call.philox, deterministic, call.sinks, call.attention_chunk)
 
 
 def with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any, dropout_p: Any,
@@ -102,7 +103,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
              sm_scale: float | None = None, window_size: tuple[int, int] = _NO_WINDOW,
              softcap: float = _NO_CAP, alibi_slopes: torch.Tensor | None = None,
              dropout_p: float = 0.0, sinks: torch.Tensor | None = None,
-             s_aux: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             s_aux: torch.Tensor | None = None, attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, FlashAttention-2 style, returning the logsumexp too.
 
     Args:
@@ -131,6 +132,9 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         dropout_p: as in ``flash_attn_func``. Default 0.0.
         sinks: as in ``flash_attn_func``. Default None.
         s_aux: ``sinks``' other name, as in ``flash_attn_func``.
+        attention_chunk: FlashAttention-3's chunked local attention: if > 0,
+            query i sees key j only when j // attention_chunk == (i + offset)
+            // attention_chunk, offset the window's. Default 0 (off).
 
     Returns:
         ``(out, lse)``: out has q's shape (but v's head dim) and dtype; lse is the float32
@@ -159,13 +163,14 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     # before the dispatch-mode count, which dynamo cannot trace (it stops at is_compiling, True while tracing)
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and alibi_slopes is None
-            and dropout_p == 0.0 and sinks is None and s_aux is None and type(q) is _Tensor and type(k) is _Tensor
+            and dropout_p == 0.0 and sinks is None and s_aux is None and type(attention_chunk) is int
+            and attention_chunk == 0 and type(q) is _Tensor and type(k) is _Tensor
             and type(v) is _Tensor and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
-    call = attention_sinks.with_sinks(call, q, attention_sinks.given(sinks, s_aux))
+    call = binding.with_chunk(attention_sinks.with_sinks(call, q, attention_sinks.given(sinks, s_aux)), attention_chunk)
     return run(q, k, v, with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
 
 
@@ -182,7 +187,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _NO_CAP,
                     alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                     return_attn_probs: bool = False, sinks: torch.Tensor | None = None,
-                    s_aux: torch.Tensor | None = None) -> Any:
+                    s_aux: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
     """FlashAttention-2's ``flash_attn_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_func``: same arguments, same layout,
@@ -237,6 +242,10 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             Differentiable. Default None.
         s_aux: ``sinks``' other name (vLLM's FlashAttention-3 fork, transformers'
             attention interface); pass one of the two.
+        attention_chunk: FlashAttention-3's chunked local attention (Llama 4's):
+            if > 0, query i sees key j only when j // attention_chunk == (i +
+            seqlen_k - seqlen_q) // attention_chunk, on top of causal and the
+            window. Key blocks outside every query's chunk are skipped. Default 0 (off).
 
     Returns:
         ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype, or
@@ -248,6 +257,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     if (type(causal) is bool and dropout_p == 0.0 and alibi_slopes is None and sinks is None and s_aux is None
             and (softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
+            and type(attention_chunk) is int and attention_chunk == 0
             and type(deterministic) is bool and type(return_attn_probs) is bool
             and direct(q, k, v)):
         if return_attn_probs:
@@ -267,6 +277,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
     call = attention_sinks.with_sinks(call, qt, attention_sinks.given(sinks, s_aux), _FA_NAMES)
+    call = binding.with_chunk(call, attention_chunk)
     out, lse = run(qt, kt, vt, with_mods(call, qt, alibi_slopes, None, dropout_p, _FA_NAMES), deterministic)
     out = out.transpose(1, 2)
     return (out, lse, None) if return_attn_probs else out
@@ -280,7 +291,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                            seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
                            s_aux: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                           num_splits: int = 0, out: torch.Tensor | None = None) -> Any:
+                           num_splits: int = 0, out: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -333,6 +344,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             sequence's key count; the decoding kernels serve it (``lazytriton.kvcache_varlen.paged_varlen``).
         num_splits: with block_table, how many pieces each sequence's keys are cut into (0: a heuristic; at most
             256); without it, checked and not used (the packed-keys kernel does not split keys).
+        attention_chunk: FlashAttention-3's chunked local attention, per sequence: if > 0, query i sees key j only
+            when j // attention_chunk == (i + len_k - len_q) // attention_chunk. Default 0 (off).
         out: optional, vLLM's: a tensor of the output's shape, dtype and device that the output is written into
             (and returned).
 
@@ -356,7 +369,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
                 softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                 alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
-                seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out)
+                seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out,
+                attention_chunk=attention_chunk)
         kvcache_varlen.check_splits_and_out(num_splits, out, q, v)
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
@@ -378,7 +392,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         philox = score_mods.draw_philox(q.device)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
-                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks)
+                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks,
+                        attention_chunk=attention_chunk)
     if eager:
         res, lse = varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
     else:
@@ -386,7 +401,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
         c = call.call
         mods: tuple[Any, ...] = (c.alibi, c.dropout_p, c.philox, seqused_q, seqused_k, c.sinks)
-        if c.sinks is None:
+        if c.attention_chunk:
+            mods += (c.attention_chunk,)
+        elif c.sinks is None:
             mods = mods[:5] if seqused_q is not None or seqused_k is not None else () \
                 if c.alibi is None and c.philox is None else mods[:3]
         res, lse = flash_varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c.scale,

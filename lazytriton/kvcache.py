@@ -43,7 +43,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
                             rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None,
                             sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None,
-                            cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None) -> Any:
+                            cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                            attention_chunk: int = 0) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
@@ -159,6 +160,11 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             seqlen_new, ...) form.
         max_seqlen_q: with cu_seqlens_q (needed then), an int >= the longest
             sequence's query count: it sizes the grid and picks the tiles.
+        attention_chunk: FlashAttention-3's chunked local attention (Llama
+            4's): if > 0, query i sees key j only when j // attention_chunk
+            == (i + offset) // attention_chunk, on top of causal and the
+            window. Key blocks outside every query's chunk are never read.
+            Default 0 (off).
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
@@ -192,7 +198,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     cu_seqlens_q = index_tensor(cu_seqlens_q)
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
                       cache_leftpad, *rotary, sinks, cu_seqlens_q)
-    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved, max_seqlen_q)
+    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved, max_seqlen_q,
+                        attention_chunk)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
                      block_table, alibi_slopes, cache_leftpad, sinks)
     if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary, cu_seqlens_q):
@@ -205,7 +212,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
                       causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad,
                       *rotary[:2], rotary_interleaved, rotary[2], sinks,
-                      *((cu_seqlens_q, call.seqlen_q) if call.varlen_q else ()))
+                      *((cu_seqlens_q, call.seqlen_q if call.varlen_q else -1) if call.varlen_q or call.chunked
+                        else ()),
+                      *((call.attention_chunk,) if call.chunked else ()))
     return (out, lse) if return_softmax_lse else out
 
 

@@ -5,7 +5,7 @@ cache_seqlens_int, cache_batch_idx, block_table, softmax_scale, causal,
 window_left, window_right, softcap, alibi_slopes, num_splits,
 cache_leftpad=None, rotary_cos=None, rotary_sin=None,
 rotary_interleaved=True, rotary_seqlens=None, sinks=None, cu_seqlens_q=None,
-max_seqlen_q=-1) -> (out, lse)`` takes FlashAttention's layout and arguments
+max_seqlen_q=-1, attention_chunk=0) -> (out, lse)`` takes FlashAttention's layout and arguments
 (``cache_seqlens`` as a tensor, or else ``cache_seqlens_int``: an int >= 0, -1
 for None, the whole cache; ``max_seqlen_q`` -1 for None). It
 writes k and v into k_cache and v_cache in place, so both caches are declared
@@ -32,7 +32,7 @@ _SCHEMA = ("(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor
            "int window_left, int window_right, float softcap, Tensor? alibi_slopes, int num_splits, "
            "Tensor? cache_leftpad=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, "
            "bool rotary_interleaved=True, Tensor? rotary_seqlens=None, Tensor? sinks=None, "
-           "Tensor? cu_seqlens_q=None, int max_seqlen_q=-1) -> (Tensor, Tensor)")
+           "Tensor? cu_seqlens_q=None, int max_seqlen_q=-1, int attention_chunk=0) -> (Tensor, Tensor)")
 
 
 def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
@@ -67,19 +67,20 @@ def flash_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   cache_leftpad: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
                   rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
                   rotary_seqlens: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                  cu_seqlens_q: torch.Tensor | None = None,
-                  max_seqlen_q: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                  cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int = -1,
+                  attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Append k/v to the cache, then attend: ``(out, lse)`` (checked again: the op can be called directly)."""
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
                alibi_slopes, cache_leftpad, rotary_cos, rotary_sin, rotary_seqlens, sinks, cu_seqlens_q)
     return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits, rotary_interleaved,
-                max_seqlen_q)
+                max_seqlen_q, attention_chunk)
 
 
 def _run(t: checks.Inputs, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-         num_splits: int, rotary_interleaved: bool, max_seqlen_q: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+         num_splits: int, rotary_interleaved: bool, max_seqlen_q: int = -1,
+         attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     call = checks.check(t, softmax_scale, causal, (window_left, window_right), softcap, num_splits,
-                        rotary_interleaved, None if max_seqlen_q < 0 else max_seqlen_q)
+                        rotary_interleaved, None if max_seqlen_q < 0 else max_seqlen_q, attention_chunk)
     return binding.forward(t, call)
 
 
@@ -92,8 +93,8 @@ def _flash_kvcache_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         cache_leftpad: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
                         rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
                         rotary_seqlens: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                        cu_seqlens_q: torch.Tensor | None = None,
-                        max_seqlen_q: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                        cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int = -1,
+                        attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty((*q.shape[:-1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)  # v's head dim
     if cu_seqlens_q is not None:  # packed queries: lse (heads, total_q)
         return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
@@ -113,8 +114,8 @@ def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        cache_leftpad: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
                        rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
                        rotary_seqlens: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                       cu_seqlens_q: torch.Tensor | None = None,
-                       max_seqlen_q: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                       cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int = -1,
+                       attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The same call without new keys: nothing is written, so nothing is declared mutated.
 
     A compiled graph then needs no functional copy of the caches (declared
@@ -126,7 +127,7 @@ def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     t = inputs(q, k_cache, v_cache, None, None, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
                alibi_slopes, cache_leftpad, rotary_cos, rotary_sin, rotary_seqlens, sinks, cu_seqlens_q)
     return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits, rotary_interleaved,
-                max_seqlen_q)
+                max_seqlen_q, attention_chunk)
 
 
 flash_kvcache_read.register_fake(_flash_kvcache_fake)

@@ -59,7 +59,7 @@ def paged_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                  seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
                  s_aux: torch.Tensor | None = None, num_splits: int = 0,
-                 out: torch.Tensor | None = None) -> Any:
+                 out: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
     """``flash_attn_varlen_func`` with a block table: q packed, k and v the paged caches (forward only).
 
     Args (those the paged form reads differently; the rest are ``flash_attn_with_kvcache``'s):
@@ -108,7 +108,8 @@ def paged_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                                            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                            softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
                                            return_softmax_lse=True, sinks=sinks, s_aux=s_aux,
-                                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+                                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                           attention_chunk=attention_chunk)
     except (TypeError, ValueError) as exc:  # the kvcache form's names of this form's arguments
         raise type(exc)(str(exc).replace("cache_seqlens", "seqused_k").replace("k_cache", "k (the paged cache)")
                         .replace("v_cache", "v (the paged cache)")) from None

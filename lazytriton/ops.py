@@ -2,7 +2,8 @@
 
 ``lazytriton::flash_fwd(q, k, v, softmax_scale, causal, window_left=-1,
 window_right=-1, softcap=0.0, alibi_slopes=None, attn_bias=None,
-dropout_p=0.0, philox=None, deterministic=False, sinks=None) -> (out, lse)`` takes tensors in the kernel's
+dropout_p=0.0, philox=None, deterministic=False, sinks=None, attention_chunk=0) -> (out, lse)`` takes tensors
+in the kernel's
 (batch, heads, seqlen, head_dim) order, any strides with a contiguous last
 dim (the public functions pass views, never copies), ``causal`` as one of
 "none", "top_left", "bottom_right", FlashAttention-2's sliding window (-1:
@@ -13,7 +14,8 @@ its Philox [seed, offset] int64 tensor, drawn by the caller (so the op is a
 pure function of its inputs: a recomputation, as activation checkpointing
 does, drops the same elements); ``deterministic`` is read by its backward only
 (bitwise reproducible gradients: no fused backward); ``sinks`` are attention
-sinks (float32, (heads_q,): one logit a query head in every row's denominator). Its fake (meta)
+sinks (float32, (heads_q,): one logit a query head in every row's denominator); ``attention_chunk`` is
+FlashAttention-3's chunked local attention (0: off). Its fake (meta)
 implementation gives the exact shapes, dtypes and strides of the real one
 (both allocate through ``binding.empty_outputs``), so ``torch.compile``,
 ``torch.export`` and FakeTensor tracing see through it without running it.
@@ -25,7 +27,7 @@ dispatch is measured in benchmarks/NOTES.md.
 ``lazytriton::flash_bwd(do, q, k, v, out, lse, softmax_scale, causal,
 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
 attn_bias=None, dropout_p=0.0, philox=None, deterministic=False,
-bias_grad=False) -> (dq, dk, dv, dbias)`` is the backward
+bias_grad=False, attention_chunk=0) -> (dq, dk, dv, dbias)`` is the backward
 (``kernels/flash_bwd``), registered as the forward op's autograd formula: the
 forward saves q, k, v, out and lse (and the slopes, bias and Philox tensor, so
 the backward regenerates the forward's dropout mask, and its
@@ -58,15 +60,16 @@ from lazytriton.kernels.flash_fwd import sinks as fwd_sinks
 _FEATURES = ("int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
              "Tensor? attn_bias=None, float dropout_p=0.0, Tensor? philox=None")
 _FLASH_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, float softmax_scale, str causal, {_FEATURES}, "
-                     "bool deterministic=False, Tensor? sinks=None) -> (Tensor, Tensor)")
+                     "bool deterministic=False, Tensor? sinks=None, int attention_chunk=0) -> (Tensor, Tensor)")
 _FLASH_BWD_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, "
-                     f"str causal, {_FEATURES}, bool deterministic=False, bool bias_grad=False) "
-                     "-> (Tensor, Tensor, Tensor, Tensor)")
+                     f"str causal, {_FEATURES}, bool deterministic=False, bool bias_grad=False, "
+                     "int attention_chunk=0) -> (Tensor, Tensor, Tensor, Tensor)")
 _FLASH_BWD_SINKS_SCHEMA = ("(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor sinks, "
                            f"float softmax_scale, str causal, {_FEATURES}, bool deterministic=False, "
-                           "bool bias_grad=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
-# attn_bias's position among the forward op's inputs (its gradient's, in the autograd formula's answer).
+                           "bool bias_grad=False, int attention_chunk=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+# attn_bias's and sinks' positions among the forward op's inputs (their gradients', in the autograd formula's answer).
 _BIAS_INPUT = 9
+_SINKS_INPUT = 13
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -78,23 +81,24 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
               alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
               dropout_p: float = 0.0, philox: torch.Tensor | None = None,
-              deterministic: bool = False, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              deterministic: bool = False, sinks: torch.Tensor | None = None,
+              attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward through the kernel cache: ``(out, lse)``; ``deterministic`` is for its backward."""
     # Checked again here: the op can be called directly (torch.ops.lazytriton.flash_fwd),
     # and a compiler may hand it inputs laid out otherwise than the eager trace had them.
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
-                    dropout_p, philox, sinks)
+                    dropout_p, philox, sinks, attention_chunk)
     return flash_fwd_binding.forward(q, k, v, call)
 
 
 def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: str,
              window_left: int, window_right: int, softcap: float, alibi_slopes: torch.Tensor | None,
              attn_bias: torch.Tensor | None, dropout_p: float, philox: torch.Tensor | None,
-             sinks: torch.Tensor | None = None) -> Any:
+             sinks: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
     call = flash_fwd_binding.check(q, k, v, causal, softmax_scale, window=(window_left, window_right),
                                    softcap=float(softcap))
-    call = fwd_sinks.with_sinks(call, q, sinks)
+    call = flash_fwd_binding.with_chunk(fwd_sinks.with_sinks(call, q, sinks), attention_chunk)
     if alibi_slopes is None and attn_bias is None and dropout_p == 0.0:
         return call
     return score_mods.with_mods(call, q, alibi_slopes, attn_bias, float(dropout_p), philox)
@@ -105,8 +109,8 @@ def _flash_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
                     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                     alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
                     dropout_p: float = 0.0, philox: torch.Tensor | None = None,
-                    deterministic: bool = False,
-                    sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    deterministic: bool = False, sinks: torch.Tensor | None = None,
+                    attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     b, hq, sq, d = q.shape
     dv = v.shape[-1]
     return flash_fwd_binding.empty_outputs(q, flash_fwd_binding.Shape(b, hq, k.shape[1], sq, k.shape[2], d),
@@ -118,7 +122,8 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
               lse: torch.Tensor, softmax_scale: float, causal: str, window_left: int = -1, window_right: int = -1,
               softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
               dropout_p: float = 0.0, philox: torch.Tensor | None = None, deterministic: bool = False,
-              bias_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              bias_grad: bool = False, attention_chunk: int = 0,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention backward through the kernel cache: ``(dq, dk, dv, dbias)`` for the gradient ``do`` of ``out``.
 
     ``deterministic``: bitwise reproducible gradients (``binding.backward``'s);
@@ -127,7 +132,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
     call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
-                    dropout_p, philox)
+                    dropout_p, philox, None, attention_chunk)
     flash_bwd_binding.check_grad(q, out, lse, do, call)
     dbias = _bias_grad(q, call, bias_grad)
     dq, dk, dv = flash_bwd_binding.backward(q, k, v, out, lse, do, call, deterministic=deterministic,
@@ -150,7 +155,8 @@ def _flash_bwd_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                     window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                     attn_bias: torch.Tensor | None = None, dropout_p: float = 0.0,
                     philox: torch.Tensor | None = None, deterministic: bool = False,
-                    bias_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    bias_grad: bool = False, attention_chunk: int = 0,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = flash_bwd_binding.empty_grads(q, k, v)
     call = flash_fwd_binding.Call(flash_fwd_binding.Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2],
                                                           q.shape[3]), causal, 0, softmax_scale,
@@ -164,12 +170,13 @@ def flash_bwd_sinks(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                     window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                     attn_bias: torch.Tensor | None = None, dropout_p: float = 0.0,
                     philox: torch.Tensor | None = None, deterministic: bool = False, bias_grad: bool = False,
+                    attention_chunk: int = 0,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of a call with attention sinks: ``(dq, dk, dv, dbias, dsinks)`` (``flash_bwd``'s, the sinks')."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
     call = _checked(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, attn_bias,
-                    dropout_p, philox, sinks)
+                    dropout_p, philox, sinks, attention_chunk)
     flash_bwd_binding.check_grad(q, out, lse, do, call)
     dbias = _bias_grad(q, call, bias_grad)
     grads, dsinks = flash_bwd_binding.sinks_backward(q, k, v, out, lse, do, call, deterministic,
@@ -183,25 +190,25 @@ def _flash_bwd_sinks_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                           window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                           alibi_slopes: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
                           dropout_p: float = 0.0, philox: torch.Tensor | None = None, deterministic: bool = False,
-                          bias_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                            torch.Tensor]:
+                          bias_grad: bool = False, attention_chunk: int = 0,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dbias = _flash_bwd_fake(do, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
                             alibi_slopes, attn_bias, dropout_p, philox, deterministic, bias_grad)[3]
     return (*flash_bwd_binding.empty_grads(q, k, v), dbias, torch.empty_like(sinks))
 
 
-# The features after (softmax_scale, causal), then deterministic and sinks, with their defaults: the inputs
-# may stop early.
-_FEATURE_DEFAULTS: tuple[Any, ...] = (-1, -1, 0.0, None, None, 0.0, None, False, None)
+# The features after (softmax_scale, causal), then deterministic, sinks and attention_chunk, with their defaults:
+# the inputs may stop early.
+_FEATURE_DEFAULTS: tuple[Any, ...] = (-1, -1, 0.0, None, None, 0.0, None, False, None, 0)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, v, softmax_scale, causal, *given = inputs
     features: tuple[Any, ...] = (*given, *_FEATURE_DEFAULTS[len(given):])
-    window_left, window_right, softcap, alibi, bias, dropout_p, philox, deterministic, sinks = features
+    window_left, window_right, softcap, alibi, bias, dropout_p, philox, deterministic, sinks, chunk = features
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi, bias, philox, sinks)
-    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.chunk = softmax_scale, causal, deterministic, chunk
     ctx.features = (window_left, window_right, softcap, dropout_p)
     ctx.mark_non_differentiable(lse)
 
@@ -218,12 +225,12 @@ def _backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | 
     rest: list[Any] = [None] * n_rest
     if sinks is None:
         dq, dk, dv, dbias = flash_bwd_op(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *features,
-                                         need_bias)
-    else:  # given sinks, every input was given: they are the last
+                                         need_bias, ctx.chunk)
+    else:  # given sinks, every input up to them was given
         dq, dk, dv, dbias, dsinks = flash_bwd_sinks_op(grad_out, q, k, v, out, lse, sinks, ctx.softmax_scale,
-                                                       ctx.causal, *features, need_bias)
-        if ctx.needs_input_grad[-1]:
-            rest[-1] = dsinks
+                                                       ctx.causal, *features, need_bias, ctx.chunk)
+        if ctx.needs_input_grad[_SINKS_INPUT]:
+            rest[_SINKS_INPUT - 3] = dsinks
     if need_bias:
         rest[_BIAS_INPUT - 3] = dbias
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *rest)

@@ -3,7 +3,7 @@
 ``lazytriton::flash_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
 max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left=-1,
 window_right=-1, softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox=None,
-seqused_q=None, seqused_k=None, sinks=None) -> (out, lse)`` takes FlashAttention-2's packed
+seqused_q=None, seqused_k=None, sinks=None, attention_chunk=0) -> (out, lse)`` takes FlashAttention-2's packed
 (total_tokens, heads, head_dim) tensors and int32 cumulative lengths;
 ``causal`` is a bool, aligned bottom-right within each sequence. ``out`` has
 q's shape; ``lse`` is float32 (heads_q, total_q), FlashAttention-2's varlen
@@ -14,7 +14,8 @@ caller) are the dense op's (``lazytriton.ops``); ``seqused_q``/``seqused_k``
 are FlashAttention-3's used lengths (``kernels/flash_fwd/varlen.py``); none
 of them gets a gradient. ``sinks`` (attention sinks, float32 (heads_q,)) do:
 a call with them differentiates through ``lazytriton::flash_varlen_bwd_sinks``
-(their tensor after ``lse``; (dq, dk, dv, dsinks)).
+(their tensor after ``lse``; (dq, dk, dv, dsinks)). ``attention_chunk`` is FlashAttention-3's
+chunked local attention (0: off), the last argument of every varlen op.
 
 ``lazytriton::flash_varlen_bwd(do, q, k, v, out, lse, cu_seqlens_q,
 cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, ...) ->
@@ -41,10 +42,14 @@ from lazytriton.kernels.flash_fwd import varlen
 _ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
          "bool causal, int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
          "float dropout_p=0.0, Tensor? philox=None, Tensor? seqused_q=None, Tensor? seqused_k=None")
-_FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_ARGS}, Tensor? sinks=None) -> (Tensor, Tensor)"
-_BWD_SCHEMA = f"(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ARGS}) -> (Tensor, Tensor, Tensor)"
-_BWD_SINKS_SCHEMA = (f"(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor sinks, {_ARGS}) "
-                     "-> (Tensor, Tensor, Tensor, Tensor)")
+_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, {_ARGS}, Tensor? sinks=None, int attention_chunk=0) "
+               "-> (Tensor, Tensor)")
+_BWD_SCHEMA = (f"(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ARGS}, int attention_chunk=0) "
+               "-> (Tensor, Tensor, Tensor)")
+_BWD_SINKS_SCHEMA = (f"(Tensor do, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor sinks, {_ARGS}, "
+                     "int attention_chunk=0) -> (Tensor, Tensor, Tensor, Tensor)")
+# The forward op's sinks among its inputs (their gradient's position in the autograd formula's answer).
+_SINKS_INPUT = 17
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -62,15 +67,16 @@ def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      causal: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0,
                      philox: torch.Tensor | None = None, seqused_q: torch.Tensor | None = None,
-                     seqused_k: torch.Tensor | None = None,
-                     sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                     attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2's varlen forward through the kernel cache: ``(out, lse)``."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     cu_seqlens_q, cu_seqlens_k, alibi_slopes, seqused_q, seqused_k = _indices(cu_seqlens_q, cu_seqlens_k,
                                                                               alibi_slopes, seqused_q, seqused_k)
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         (window_left, window_right), float(softcap), alibi=alibi_slopes, dropout_p=float(dropout_p),
-                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks)
+                        philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks,
+                        attention_chunk=attention_chunk)
     return varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)
 
 
@@ -87,11 +93,12 @@ def flash_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                      dropout_p: float = 0.0, philox: torch.Tensor | None = None,
                      seqused_q: torch.Tensor | None = None,
-                     seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     seqused_k: torch.Tensor | None = None,
+                     attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's varlen backward through the kernel cache: ``(dq, dk, dv)`` for the gradient ``do``."""
     return tuple(_run_backward(do, q, k, v, out, lse, None, cu_seqlens_q, cu_seqlens_k,  # type: ignore[return-value]
                                max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                               alibi_slopes, dropout_p, philox, seqused_q, seqused_k)[0])
+                               alibi_slopes, dropout_p, philox, seqused_q, seqused_k, attention_chunk)[0])
 
 
 def _run_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -100,14 +107,15 @@ def _run_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """Both backward ops' body: the call checked again, then ``(grads, dsinks)`` (dsinks None without sinks).
 
     ``rest``: max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-    alibi_slopes, dropout_p, philox, seqused_q, seqused_k, as the schemas order them.
+    alibi_slopes, dropout_p, philox, seqused_q, seqused_k, attention_chunk, as the schemas order them.
     """
-    max_q, max_k, scale, causal, left, right, softcap, alibi, dropout_p, philox, used_q, used_k = rest
+    max_q, max_k, scale, causal, left, right, softcap, alibi, dropout_p, philox, used_q, used_k, chunk = rest
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, do = _last_dim_contiguous(out), _last_dim_contiguous(do)
     cu_q, cu_k, alibi, used_q, used_k = _indices(cu_seqlens_q, cu_seqlens_k, alibi, used_q, used_k)
     call = varlen.check(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, (left, right), float(softcap), alibi=alibi,
-                        dropout_p=float(dropout_p), philox=philox, seqused_q=used_q, seqused_k=used_k, sinks=sinks)
+                        dropout_p=float(dropout_p), philox=philox, seqused_q=used_q, seqused_k=used_k, sinks=sinks,
+                        attention_chunk=chunk)
     varlen.check_grad(q, out, lse, do, call.call.head_dim_v)
     if sinks is None:
         return varlen.backward(q, k, v, out, lse, do, cu_q, cu_k, call), None
@@ -127,12 +135,12 @@ def flash_varlen_bwd_sinks(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                            causal: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                            alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0,
                            philox: torch.Tensor | None = None, seqused_q: torch.Tensor | None = None,
-                           seqused_k: torch.Tensor | None = None,
+                           seqused_k: torch.Tensor | None = None, attention_chunk: int = 0,
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The varlen backward of a call with attention sinks: ``(dq, dk, dv, dsinks)``."""
     grads, dsinks = _run_backward(do, q, k, v, out, lse, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                                  dropout_p, philox, seqused_q, seqused_k)
+                                  dropout_p, philox, seqused_q, seqused_k, attention_chunk)
     return (*grads, dsinks)
 
 
@@ -144,15 +152,16 @@ def _flash_varlen_bwd_sinks_fake(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
 
 # The arguments after (cu_seqlens_q, cu_seqlens_k), with their defaults: the inputs may stop early.
-_REST_DEFAULTS: tuple[Any, ...] = (None, None, None, None, -1, -1, 0.0, None, 0.0, None, None, None, None)
+_REST_DEFAULTS: tuple[Any, ...] = (None, None, None, None, -1, -1, 0.0, None, 0.0, None, None, None, None, 0)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, v, cu_q, cu_k, *given = inputs
-    *scalars, alibi, dropout_p, philox, used_q, used_k, sinks = (*given, *_REST_DEFAULTS[len(given):])
+    *scalars, alibi, dropout_p, philox, used_q, used_k, sinks, chunk = (*given, *_REST_DEFAULTS[len(given):])
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, philox, used_q, used_k, sinks)
     ctx.rest = (*scalars, dropout_p)  # max_seqlen_q, max_seqlen_k, scale, causal, window, softcap, dropout_p
+    ctx.chunk = chunk
     ctx.mark_non_differentiable(lse)
 
 
@@ -165,13 +174,15 @@ def _backward(ctx: Any, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | 
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
     if sinks is None:
         dq, dk, dv = flash_varlen_bwd_op(grad_out, q, k, v, out, lse, cu_q, cu_k, *scalars, alibi, dropout_p, philox,
-                                         used_q, used_k)
+                                         used_q, used_k, ctx.chunk)
         return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * n_rest)
-    # Given sinks, every input was given: they are the last.
+    # Given sinks, every input up to them was given.
     dq, dk, dv, dsinks = flash_varlen_bwd_sinks_op(grad_out, q, k, v, out, lse, sinks, cu_q, cu_k, *scalars, alibi,
-                                                   dropout_p, philox, used_q, used_k)
-    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *(None,) * (n_rest - 1),
-            dsinks if ctx.needs_input_grad[-1] else None)
+                                                   dropout_p, philox, used_q, used_k, ctx.chunk)
+    rest: list[Any] = [None] * n_rest
+    if ctx.needs_input_grad[_SINKS_INPUT]:
+        rest[_SINKS_INPUT - 3] = dsinks
+    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, *rest)
 
 
 flash_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -20,7 +20,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             backward: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
             alibi: bool = False, dropout: bool = False, attn_mask: bool = False,
             head_dim_v: int | None = None, deterministic: bool = False, sinks: bool = False,
-            bias_grad: bool = False) -> list[str]:
+            bias_grad: bool = False, attention_chunk: int = 0) -> list[str]:
     """Load now, on the GPU, the kernels that calls of these shapes will use; the variants loaded.
 
     Call it before capturing a CUDA graph (or before ``torch.compile(...,
@@ -53,6 +53,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         bias_grad: with ``backward`` and ``attn_mask``, the kernels of a
             backward that also computes the mask's gradient (an attn_mask
             that requires grad).
+        attention_chunk: as in ``attn_fwd``: calls with a chunk use their own
+            kernels (one for every chunk size: the size is a runtime argument).
 
     Both 16-byte-aligned and unaligned kernels exist; for shapes the aligned
     one is loaded when every stride of a contiguous tensor allows it (as
@@ -86,6 +88,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
                       check_bool("attn_mask", attn_mask))
     if check_bool("sinks", sinks):  # a stand-in: only the flag matters
         call = call._replace(sinks=torch.empty(call.shape.heads_q, device="meta"))
+    call = binding.with_chunk(call, attention_chunk)
     # The binding's own rule; shapes are meta tensors, whose pointers (0) count as aligned.
     out, lse = binding.empty_outputs(qt, call.shape, call.head_dim_v)
     _, aligned, index64 = binding.pack(qt, kt, vt, out, lse, call)

@@ -64,7 +64,7 @@ CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, wi
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
                "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "bias_grad", "leftpad",
-               "rotary", "sinks", "varlen_q", "page_size")
+               "rotary", "sinks", "varlen_q", "attention_chunk", "page_size")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 # --rotary's choices: the rotary modes planned beside the calls without rotary (geometry.ROTARY_MODES).
 _ROTARY = {"interleaved": ("none", "interleaved"), "halves": ("none", "halves"),
@@ -250,6 +250,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--varlen-q", action="store_true",
                       help="also build the packed-query (VARLEN_Q=true) variants of flash_decode's split kernel: "
                            "cu_seqlens_q in flash_attn_with_kvcache, flash_attn_varlen_func with a block_table")
+    axes.add_argument("--attention-chunk", action="store_true",
+                      help="also build the chunked-attention (CHUNK=true) variants of flash_fwd, flash_bwd_dq, "
+                           "flash_bwd_dkdv and flash_decode's split kernel: attention_chunk in the API (the chunk "
+                           "size is a runtime argument: one variant serves every size)")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -340,6 +344,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 rotary=_ROTARY[args.rotary] if args.rotary else ("none",),
                 sinks=(False, True) if args.sinks else (False,),
                 varlen_q=(False, True) if args.varlen_q else (False,),
+                chunk=(False, True) if args.attention_chunk else (False,),
                 page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None)
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 

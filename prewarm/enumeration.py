@@ -43,6 +43,9 @@ given, the groups are the default grid:
               Gluon forward's twins, and the decoding kernels; the backward kernels take none)
     varlen_q  false (``--varlen-q`` adds true: decoding calls with queries packed by cu_seqlens_q, VARLEN_Q=true
               on the split kernel)
+    chunk     false (``--attention-chunk`` adds true: calls with FlashAttention-3's attention_chunk, CHUNK=true on
+              flash_fwd, flash_bwd_dq, flash_bwd_dkdv and flash_decode's split kernel; the chunk size is a runtime
+              argument, so one variant serves every size)
     page size pages of any multiple of 64 keys (``--page-size`` gives the decoding kernels' page sizes)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
@@ -64,7 +67,7 @@ split kernel's and kv_append's alone.
 Variants are deduplicated by key and come out in a stable order: targets as
 given, then kernel (in ``FAMILIES`` order), dtype, head dim, causal, aligned,
 index64, window, softcap, paged (then page size), varlen (then seqused), alibi, dropout, bias
-(then bias_grad), leftpad, rotary, sinks, varlen_q, seqlen_q, seqlen_k. The variants with features take
+(then bias_grad), leftpad, rotary, sinks, varlen_q, chunk, seqlen_q, seqlen_k. The variants with features take
 the plain call's tile sizes (``dispatch.kernel_variant``).
 """
 
@@ -128,6 +131,7 @@ class Axes:
     rotary: tuple[str, ...] = ("none",)  # decoding kernels and kv_append only: geometry.ROTARY_MODES
     sinks: tuple[bool, ...] = (False,)  # attention sinks: the families whose PREWARM_FEATURES name them, and flash_fwd
     varlen_q: tuple[bool, ...] = (False,)  # decoding kernels only (queries packed by cu_seqlens_q)
+    chunk: tuple[bool, ...] = (False,)  # attention_chunk: the families whose PREWARM_FEATURES name it, and flash_fwd
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
     # The paged cache's keys a page (decoding kernels only); None: a page size every default BLOCK_N divides.
@@ -290,11 +294,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
         for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout,
-             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, (seqlen_q, seqlen_k)) in itertools.product(
+             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, chunk, (seqlen_q, seqlen_k)) in itertools.product(
                 alignments(kernel, axes.aligned), axes.index64, feature("window"), feature("softcap"), layouts,
                 _packed(feature("varlen"), feature("seqused")), feature("alibi"), feature("dropout"),
                 _biased(feature("bias"), feature("bias_grad")), feature("leftpad"), feature("rotary"),
-                feature("sinks"), feature("varlen_q"), seqlens):
+                feature("sinks"), feature("varlen_q"), feature("chunk"), seqlens):
             if bias_grad and varlen:  # the mask's gradient is the SDPA drop-in's: dense calls only
                 continue
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
@@ -306,10 +310,10 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               leftpad=leftpad, page_size=page, seqused_q=used[0],
                                               seqused_k=used[1], rotary=rotary != "none",
                                               rotary_interleaved=rotary == "interleaved", sinks=sinks,
-                                              bias_grad=bias_grad, varlen_q=varlen_q)
+                                              bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or rotary != "none"
-                         or varlen_q or head_dim_v)
+                         or varlen_q or chunk or head_dim_v)
             # A call with sinks runs the twins that carry them (the Gluon forward's: prewarm_twins' sinks).
             extra = {"sinks": True} if sinks else {}
             for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k,

@@ -38,7 +38,8 @@ def _expected(name: str, t: dict[str, torch.Tensor], call: binding.Call) -> int 
             "Lse": t["lse"].data_ptr(), "stride_lb": t["lse"].stride(0), "stride_lh": t["lse"].stride(1),
             "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "head_dim_v": call.dv,
             "causal_offset": call.offset, "sm_scale": call.scale, "window_left": call.window_left,
-            "window_right": call.window_right, "softcap": call.softcap, "dropout_p": call.dropout_p, "Cu_seqlens_q": 0,
+            "window_right": call.window_right, "attention_chunk": call.attention_chunk,
+            "softcap": call.softcap, "dropout_p": call.dropout_p, "Cu_seqlens_q": 0,
             "Cu_seqlens_k": 0, "Seqused_q": 0, "Seqused_k": 0}[name]
 
 
@@ -144,7 +145,7 @@ def test_interpreter_constexprs_and_grid() -> None:
     assert constexprs == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 64, "EVEN_D": False, "CAUSAL": True,
                           "TMA": False, "WINDOW": False, "SOFTCAP": False, "VARLEN": False, "ALIBI": False,
                           "BIAS": False, "DROPOUT": False, "BLOCK_DV": 64, "EVEN_DV": False, "BLOCK_D2": 0,
-                          "SEQUSED_Q": False, "SEQUSED_K": False, "SINKS": False}
+                          "SEQUSED_Q": False, "SEQUSED_K": False, "SINKS": False, "CHUNK": False}
     assert set(constexprs) == set(FLASH_FWD.constexprs)
     assert binding.grid(shape, 32) == (2, 3, 2)
 

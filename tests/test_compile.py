@@ -43,10 +43,10 @@ def expected_arg_types(dtype: str, index64: bool) -> tuple[str, ...]:
     index = "i64" if index64 else "i32"
     mods = ("*fp32", f"*{dtype}", "*i64")  # Alibi, Bias, Philox (after the cu_seqlens pointers)
     # ... then Seqused_q, Seqused_k, Sinks, the strides, the sizes (group_size, seqlen_q, seqlen_k, head_dim,
-    # head_dim_v, causal_offset, the window), stride_alibi_b and the bias's four 64-bit strides, then sm_scale,
-    # softcap, dropout_p
+    # head_dim_v, causal_offset, the window, attention_chunk), stride_alibi_b and the bias's four 64-bit strides,
+    # then sm_scale, softcap, dropout_p
     return (f"*{dtype}",) * 4 + ("*fp32",) + ("*i32",) * 2 + mods + ("*i32",) * 2 + ("*fp32",) + (index,) * 14 + \
-        ("i32",) * 9 + ("i64",) * 4 + ("fp32",) * 3
+        ("i32",) * 10 + ("i64",) * 4 + ("fp32",) * 3
 
 
 def check_elf(entry: Entry, target: Target) -> None:

@@ -186,8 +186,8 @@ def test_variants_memo_keys_and_op_schema_carry_the_mods() -> None:
     assert varlen.variants(varlen.BACKWARD, sm90, torch.float16, modded, True, False)[0] == want
     from lazytriton.ops_varlen import flash_varlen_fwd_op
 
-    names = [arg.name for arg in flash_varlen_fwd_op._schema.arguments][-6:]
-    assert names == ["alibi_slopes", "dropout_p", "philox", "seqused_q", "seqused_k", "sinks"]
+    names = [arg.name for arg in flash_varlen_fwd_op._schema.arguments][-7:]
+    assert names == ["alibi_slopes", "dropout_p", "philox", "seqused_q", "seqused_k", "sinks", "attention_chunk"]
 
 
 def test_dropout_without_philox_is_refused_by_the_op(no_launch: None) -> None:

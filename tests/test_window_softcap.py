@@ -390,7 +390,8 @@ def test_window_and_softcap_variants_compile(kernel: str, target: str) -> None:
     spec = get(kernel)
     assert entry.name == spec.function and entry.variant == str(variant)
     assert entry.arg_types == tuple(t for t in spec.signature("bf16", False).values() if t != "constexpr")
-    assert entry.arg_types[-10:-8] == ("i32", "i32")  # window_left, window_right (then the ALiBi and bias strides)
+    # window_left, window_right, attention_chunk (then the ALiBi and bias strides)
+    assert entry.arg_types[-11:-8] == ("i32", "i32", "i32")
     assert entry.arg_types[-3:-1] == ("fp32", "fp32")  # sm_scale, softcap (then dropout_p)
     assert 0 < entry.shared <= SHARED_LIMIT[target]
 

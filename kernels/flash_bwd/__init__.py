@@ -73,9 +73,10 @@ def _spec(name: str, function: str, pointers: tuple[tuple[str, str], ...], strid
         function=function,
         params=(*pointers, *_VARLEN_POINTERS, *_MOD_POINTERS, *_SEQUSED_POINTERS, *dbias, *strides, *_LSE_STRIDES,
                 *dbias_strides, *_SIZES),
-        constexprs=_CONSTEXPRS + (("BIAS_GRAD",) if bias_grad else ()),
+        constexprs=_CONSTEXPRS + (("BIAS_GRAD",) if bias_grad else ()) + ("CHUNK",),
         aligned_params=tuple(p for p, _ in (*pointers, *dbias)) + tuple(s for s, _ in (*strides, *dbias_strides)),
         seq_aligned_params=tuple(s for s, _ in _LSE_STRIDES) + _SEQ_SIZES,
+        helpers=("lazytriton.kernels.chunk",),
     )
 
 

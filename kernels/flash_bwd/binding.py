@@ -213,8 +213,8 @@ GLUON_TAIL = fwd.GLUON_TAIL
 def gluon_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool:
     """Whether dispatch serves this checked call's dK/dV with flash_bwd_dkdv_gluon (``dispatch.flash_bwd_gluon_fits``).
 
-    Only a plain dense call: no window, softcap, ALiBi, bias, dropout or
-    head_dim_v (a varlen call has keys of its own, never this tail), aligned,
+    Only a plain dense call: no window, softcap, ALiBi, bias, dropout,
+    attention_chunk or head_dim_v (a varlen call has keys of its own, never this tail), aligned,
     with 32-bit offsets.
     """
     shape = call.shape
@@ -224,7 +224,7 @@ def gluon_fits(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> 
 
 def _plain(call: Call, dtype: torch.dtype, aligned: bool, index64: bool) -> bool:
     """A plain dense 16-bit call the Gluon backward kernels can take: aligned, 32-bit offsets, no features."""
-    return (aligned and not index64 and not (call.windowed or call.capped or call.head_dim_v)
+    return (aligned and not index64 and not (call.windowed or call.capped or call.head_dim_v or call.chunked)
             and call.mods == fwd.NO_MODS and dtype in fwd.DTYPES)
 
 
@@ -253,7 +253,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
              seq16: bool | None = None, gluon: bool = False, fused_: bool = False,
-             bias_grad: bool = False) -> tuple[Any, ...]:
+             bias_grad: bool = False, chunk: bool = False) -> tuple[Any, ...]:
     """The forward's memo key, marked with the family (both live in ``Runtime.plans``), and "SEQ16" when set.
 
     The seqlens enter the forward's key only through their buckets, which
@@ -264,9 +264,10 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     tiles do not divide. ``fused_`` (``fused_fits``) appends ``FUSED_TAIL``
     instead: the key whose plan runs the fused backward. ``bias_grad`` (a
     call with a bias that also wants its gradient: BIAS_GRAD) appends "BIAS_GRAD".
+    ``chunk`` (attention_chunk) is the forward key's ``CHUNK_TAG``.
     """
     key = (FAMILY, *fwd.memo_key(device_index, dtype, shape, causal, aligned, index64, window, softcap, mods,
-                                 head_dim_v))
+                                 head_dim_v, chunk=chunk))
     if _seq16(seq16, aligned, shape):
         key += ("SEQ16",)
     if bias_grad:
@@ -279,19 +280,21 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
 def variants(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
-             seq16: bool | None = None, gluon: bool = False, bias_grad: bool = False) -> tuple[Variant, Variant]:
+             seq16: bool | None = None, gluon: bool = False, bias_grad: bool = False,
+             chunk: bool = False) -> tuple[Variant, Variant]:
     """The (dq, dkdv) variants serving a call of this shape (dispatch decides).
 
     ``seq16`` and ``gluon`` as in ``memo_key``; with ``gluon`` the dK/dV
     kernel is flash_bwd_dkdv_gluon where target and alignment allow it.
-    ``bias_grad``: flash_bwd_dq's BIAS_GRAD variant (it writes the bias's gradient).
+    ``bias_grad``: flash_bwd_dq's BIAS_GRAD variant (it writes the bias's gradient);
+    ``chunk``: attention_chunk (CHUNK=true on both).
     """
     seq16 = _seq16(seq16, aligned, shape)
     chosen = tuple(
         dispatch.kernel_variant(spec.name, target, fwd.DTYPES[dtype], shape.head_dim, causal, aligned,
                                 shape.seqlen_q, shape.seqlen_k, index64=index64, window=window, softcap=softcap,
                                 alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v, seq16=seq16,
-                                bias_grad=bias_grad)
+                                bias_grad=bias_grad, chunk=chunk)
         for spec in (FLASH_BWD_DQ, FLASH_BWD_DKDV))
     if gluon:
         found = bwd_dispatch.flash_bwd_dkdv_gluon_default_variant(target, fwd.DTYPES[dtype], shape.head_dim, causal,
@@ -317,7 +320,7 @@ def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
                            softcap: bool = False, mods: tuple[bool, bool, bool] = fwd.NO_MODS,
-                           head_dim_v: int = 0) -> dict[str, Any]:
+                           head_dim_v: int = 0, chunk: bool = False) -> dict[str, Any]:
     """Constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs.
 
     The head dim's are dispatch's (``head_dim_constexprs``): split tiles where
@@ -325,7 +328,7 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     return {"BLOCK_M": 16, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
-            "DROPOUT": mods[2], "SEQUSED_Q": False, "SEQUSED_K": False}
+            "DROPOUT": mods[2], "SEQUSED_Q": False, "SEQUSED_K": False, "CHUNK": chunk}
 
 
 def grids(shape: Shape, block_m: int, block_n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -349,7 +352,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
          mods: tuple[bool, bool, bool] = fwd.NO_MODS, head_dim_v: int = 0,
          seq16: bool | None = None, gluon: bool = False, fused_: bool = False,
-         bias_grad: bool = False) -> tuple[Any, int, Any, int]:
+         bias_grad: bool = False, chunk: bool = False) -> tuple[Any, int, Any, int]:
     """(dq kernel, its BLOCK_M, dkdv kernel, its BLOCK_N) for a memo key, memoised in ``rt.plans``.
 
     With ``fused_`` (and a target that takes it): (flash_bwd_prep, its
@@ -362,7 +365,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
         if pair is not None:
             return ((pair[0], ("BLOCK_M",)), (pair[1], (0,)))
         dq_variant, dkdv_variant = variants(target, dtype, shape, causal, aligned, index64, window, softcap, mods,
-                                            head_dim_v, seq16, gluon, bias_grad)
+                                            head_dim_v, seq16, gluon, bias_grad, chunk)
         return ((dq_variant, ("BLOCK_M",)), (dkdv_variant, ("BLOCK_N",)))
 
     return launch.plan(rt, key, device, choose, "run the backward once with this shape (or call "
@@ -380,11 +383,11 @@ def empty_bias_grad(q: torch.Tensor, call: Call) -> torch.Tensor:
     Its last dim is padded to a multiple of 16 (a view of the first seqlen_k
     columns), as torch's mem-efficient backend allocates its grad_bias, so
     every stride takes ALIGN16's hints. Zeros where the kernel skips tiles
-    (a causal mask or a window: their keys are never seen, their gradient is
+    (a causal mask, a window or a chunk: their keys are never seen, their gradient is
     0); elsewhere every element is written once.
     """
     b, hq, _, sq, sk, _ = call.shape
-    full = torch.zeros if call.causal != "none" or call.windowed else torch.empty
+    full = torch.zeros if call.causal != "none" or call.windowed or call.chunked else torch.empty
     return full((b, hq, sq, -(-sk // 16) * 16), dtype=q.dtype, device=q.device)[..., :sk]
 
 
@@ -414,11 +417,11 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         gluon = not fused_ and gluon_fits(call, q.dtype, aligned, index64)
         bias_grad = dbias is not None
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad)
+                       call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad, chunk=call.chunked)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad)
+                         call.mods, call.head_dim_v, seq16, gluon, fused_, bias_grad=bias_grad, chunk=call.chunked)
     else:
         found = (rt.kernel(forced[0], device.index), int(forced[0].get("BLOCK_M")),
                  rt.kernel(forced[1], device.index), int(forced[1].get("BLOCK_N")))
@@ -514,7 +517,7 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     delta = _delta(q, shape) if delta is None else delta
     dq_ints, dkdv_ints, *_ = pack(q, k, v, out, do, lse, delta, *grads, call, dbias=dbias)
     constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
-                                        call.head_dim_v)
+                                        call.head_dim_v, call.chunked)
     dq_grid_, dkdv_grid_ = grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     dq, dk, dv = grads
     floats = fwd.floats(call)
@@ -754,13 +757,13 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     if bias_grad and not mods[1]:
         raise ValueError("bias_grad=True needs a call with a bias (attn_mask)")
     plan(rt, memo_key(device.index, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon,
-                      fused_, bias_grad),
+                      fused_, bias_grad, call.chunked),
          device, dtype, shape, causal, aligned, index64, window, softcap, mods, dv, seq16, gluon, fused_,
-         bias_grad=bias_grad)
+         bias_grad=bias_grad, chunk=call.chunked)
     if fused_:
         pair = fused_variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64)
         if pair is not None:
             return pair
     return variants(machine.target_of_device(device), dtype, shape, causal, aligned, index64, window, softcap,
-                    mods, dv, seq16, gluon, bias_grad)
+                    mods, dv, seq16, gluon, bias_grad, call.chunked)
 

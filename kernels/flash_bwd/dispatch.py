@@ -278,7 +278,8 @@ def prewarm_alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bo
 
 # The feature flags prewarm plans the backward kernels with: all but attention sinks, which reach the backward
 # through the forward's lse alone (its variants are the plain call's).
-PREWARM_FEATURES = ("window", "softcap", "varlen", "seqused", "alibi", "dropout", "bias", "bias_grad", "leftpad")
+PREWARM_FEATURES = ("window", "softcap", "varlen", "seqused", "alibi", "dropout", "bias", "bias_grad", "leftpad",
+                    "chunk")
 
 
 def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,

@@ -221,7 +221,7 @@ def flash_bwd_dkdv_gluon_kernel(
     stride_dvb, stride_dvh, stride_dvs,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
-    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    attention_chunk, stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,

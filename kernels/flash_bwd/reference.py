@@ -29,7 +29,7 @@ def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                  alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                                  dropout_p: float = 0.0, keep: torch.Tensor | None = None,
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                                 attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of ``attention_reference(q, k, v)`` for the output gradient ``do``."""
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
@@ -38,7 +38,7 @@ def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     kx = k.repeat_interleave(group, dim=1) if group > 1 else k
     vx = v.repeat_interleave(group, dim=1) if group > 1 else v
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scores, tanh = capped_scores(q, kx, scale, softcap, causal, window_size, alibi_slopes, bias)
+    scores, tanh = capped_scores(q, kx, scale, softcap, causal, window_size, alibi_slopes, bias, attention_chunk)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     probs = torch.exp(scores - lse).nan_to_num(0.0)  # rows with no key: 0
     dropped = probs if keep is None else probs * keep / (1.0 - dropout_p)

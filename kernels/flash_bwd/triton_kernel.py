@@ -26,6 +26,9 @@ with ``P = exp(scale * Q K^T - lse)`` and ``dS = P * (dO V^T - delta)``.
 the same visibility rule and loop bounds (query blocks outside a key block's
 window are skipped in dK/dV), and with a cap ``S = softcap * tanh(scale * Q
 K^T / softcap)``, whose derivative multiplies dS by ``1 - tanh^2``.
+``CHUNK`` (``attention_chunk``) is the forward's too: dQ bounds and masks each
+row by its chunk as the forward does; dK/dV bounds and masks each key by the
+queries of its chunk, a window of the key's own.
 ``ALIBI`` and ``BIAS`` add the forward's terms to the scores (no gradient of
 their own); ``DROPOUT`` regenerates the forward's mask Z from the same
 ``Philox`` tensor and applies FlashAttention-2's formulas: ``dV = (P Z / (1 -
@@ -60,6 +63,8 @@ kernel with atomic dQ (7 instead of 5): measured in benchmarks/NOTES.md.
 
 import triton
 import triton.language as tl
+
+from lazytriton.kernels.chunk import row_chunks
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -337,7 +342,7 @@ def flash_bwd_dq_kernel(
     stride_lb, stride_lh,
     stride_dbiasb, stride_dbiash, stride_dbiasm,
     group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
-    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    attention_chunk, stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
@@ -345,6 +350,7 @@ def flash_bwd_dq_kernel(
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
     SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, BIAS_GRAD: tl.constexpr = False,
+    CHUNK: tl.constexpr = False,
 ):
     # Heaviest query blocks first, as in the forward.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -445,22 +451,29 @@ def flash_bwd_dq_kernel(
         full_end = tl.minimum(full_end, (first_row_limit // BLOCK_N) * BLOCK_N)
     full_end = tl.minimum(full_end, end)
     full_begin = 0
-    if WINDOW:  # the forward's bounds: keys [begin, full_begin) and [full_end, end) are masked
+    LOCAL: tl.constexpr = WINDOW or CHUNK
+    if CHUNK:  # the forward's per-row chunk (inside the window), its bounds and its per-row window
+        begin, full_begin, full_end, end, window_left, window_right = row_chunks(
+            offs_m, causal_offset, attention_chunk, window_left, window_right, end, full_end, BLOCK_N, WINDOW)
+        full_end = tl.maximum(tl.minimum(full_end, end), begin)
+        full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
+    elif WINDOW:  # the forward's bounds: keys [begin, full_begin) and [full_end, end) are masked
         begin, full_begin, full_end, end = _window_range(start_m, causal_offset - window_left,
                                                          causal_offset + window_right, end, full_end, BLOCK_N,
                                                          BLOCK_M)
+    if LOCAL:
         dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, begin, full_begin,
                             offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks,
                             stride_vs, window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1,
-                            EVEN_V, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
+                            EVEN_V, True, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
     dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, full_begin, full_end,
                         offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
                         window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, False,
-                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
+                        CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
     dq, dq2 = _dq_range(dq, dq2, q, q2, do, do2, lse2, delta, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, full_end, end,
                         offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs,
                         window_left, window_right, cap, mods, BLOCK_N, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True,
-                        CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
+                        CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS, DROPOUT, BIAS_GRAD)
 
     if SEQUSED_Q:  # rows past the used length hold 0 (their lse reads as +inf): stored to the span's end
         rows_ok = offs_m < span_q
@@ -628,14 +641,14 @@ def flash_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvs,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
-    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    attention_chunk, stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
-    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, CHUNK: tl.constexpr = False,
 ):
     # Low key blocks first: under a causal mask they are seen by the most queries.
     start_n = tl.program_id(0) * BLOCK_N
@@ -715,7 +728,30 @@ def flash_bwd_dkdv_kernel(
         full_begin = tl.minimum(full_begin, seqlen_q)
     end = seqlen_q
     full_end = seqlen_q
-    if WINDOW:
+    LOCAL: tl.constexpr = WINDOW or CHUNK
+    if CHUNK:
+        # Key j is seen by the queries of its chunk: p = i + offset in [j - j mod C, j - j mod C + C), a window
+        # of its own (C - 1 - j mod C to its left, j mod C to its right, each inside the window and the
+        # causal mask), whose rows bound the loop as the window's do.
+        into = offs_n % attention_chunk
+        key_left = attention_chunk - 1 - into
+        key_right = into
+        if WINDOW:
+            key_left = tl.minimum(key_left, window_left)
+            key_right = tl.minimum(key_right, window_right)
+        if CAUSAL:
+            key_right = tl.minimum(key_right, 0)
+        first = offs_n - causal_offset - key_right
+        last = offs_n - causal_offset + key_left
+        begin = (tl.maximum(tl.min(first, 0), 0) // BLOCK_M) * BLOCK_M
+        full_begin = ((tl.maximum(tl.max(first, 0), 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+        end = tl.minimum(end, tl.maximum(tl.max(last, 0) + 1, 0))
+        full_end = tl.minimum(full_end, (tl.maximum(tl.min(last, 0) + 1, 0) // BLOCK_M) * BLOCK_M)
+        full_end = tl.maximum(tl.minimum(full_end, end), begin)
+        full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
+        window_left = key_left[:, None]
+        window_right = key_right[:, None]
+    elif WINDOW:
         # Query i sees key j when j - offset - right <= i <= j - offset + left: the
         # window's edges seen from this key block, with the forward's bounds.
         begin, full_begin, full_end, end = _window_range(start_n, -causal_offset - window_right,
@@ -741,19 +777,19 @@ def flash_bwd_dkdv_kernel(
         dk, dk2, dv, dv2 = _dkdv_range(dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr,
                                        delta_ptr, begin, full_begin, offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_q,
                                        causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap,
-                                       mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True, IEEE, CAUSAL, WINDOW,
+                                       mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True, IEEE, CAUSAL, LOCAL,
                                        SOFTCAP, ALIBI, BIAS, DROPOUT)
         dk, dk2, dv, dv2 = _dkdv_range(dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr,
                                        delta_ptr, full_begin, full_end, offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_q,
                                        causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right, cap,
-                                       mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, False, IEEE, CAUSAL, WINDOW,
+                                       mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, False, IEEE, CAUSAL, LOCAL,
                                        SOFTCAP, ALIBI, BIAS, DROPOUT)
-        if WINDOW:
+        if LOCAL:
             dk, dk2, dv, dv2 = _dkdv_range(dk, dk2, dv, dv2, k, k2, v, v2, q_ptrs, q2_ptrs, do_ptrs, do2_ptrs, lse_ptr,
                                            delta_ptr, full_end, end, offs_m, offs_n, d_ok, d2_ok, dv_ok, seqlen_q,
                                            causal_offset, qk_scale, stride_qs, stride_dos, window_left, window_right,
                                            cap, mods, BLOCK_M, BLOCK_D2, EVEN_D, EVEN_1, EVEN_V, True, IEEE, CAUSAL,
-                                           WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                                           LOCAL, SOFTCAP, ALIBI, BIAS, DROPOUT)
 
     if SEQUSED_K:  # keys past the used length get zero gradients, stored to the span's end
         dk = tl.where(cols_ok[:, None], dk, 0.0)

@@ -87,6 +87,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("num_splits", "i32"),
         ("window_left", "i32"),
         ("window_right", "i32"),
+        ("attention_chunk", "i32"),
         ("rotary_dim", "i32"),
         ("seqlen_ro", "i32"),
         ("use_rotary_seqlens", "i32"),
@@ -96,9 +97,9 @@ FLASH_DECODE_SPLIT = KernelSpec(
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
                 "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS",
-                "VARLEN_Q"),
+                "VARLEN_Q", "CHUNK"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
-    helpers=("lazytriton.kernels.rotary",),
+    helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
 )
 
 _COMBINE_STRIDES = _strides("o")

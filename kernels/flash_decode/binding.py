@@ -116,6 +116,8 @@ def splits_for(call: Call, block_m: int, block_n: int, sms: int, min_keys: int =
     keys = call.capacity
     if call.windowed:  # a window bounds what one query row block reads
         keys = min(keys, call.window_left + call.window_right + call.seqlen_q)
+    if call.attention_chunk:  # so does a chunk
+        keys = min(keys, call.attention_chunk + call.seqlen_q)
     unit = max(block_n, min_keys)
     return min(choose_splits(programs, -(-keys // unit), sms), most)
 
@@ -139,7 +141,7 @@ _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "
                  *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
                  "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right",
-                 "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "rotary_per_query")
+                 "attention_chunk", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "rotary_per_query")
 if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side only)
     raise ImportError(f"split_ints writes {_SPLIT_LAYOUT}, the description has {SPLIT_INT_PARAMS}")
 
@@ -172,8 +174,8 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
             call.heads_q // call.heads_k, call.heads_q, call.out_seqlen, call.head_dim, call.value_dim,
             max(call.seqlen_const, 0),
             call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
-            call.window_left, call.window_right, call.rotary_dim, call.seqlen_ro, int(call.rotary_seqlens),
-            int(call.rotary_per_query))
+            call.window_left, call.window_right, call.attention_chunk, call.rotary_dim, call.seqlen_ro,
+            int(call.rotary_seqlens), int(call.rotary_per_query))
 
 
 def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: Call,
@@ -210,6 +212,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "seqlen_new": "c->seqlen_new",
             "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
             "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right",
+            "attention_chunk": "0",  # the C API has no attention_chunk yet
             "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
             "rotary_per_query": "c->rotary_per_query"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
@@ -262,7 +265,8 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            window=call.windowed, softcap=call.softcap > 0, alibi=call.alibi,
                                            leftpad=call.leftpad, rotary=call.rotary,
                                            rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
-                                           varlen_q=call.varlen_q, **common)  # type: ignore[arg-type]
+                                           varlen_q=call.varlen_q, chunk=call.chunked,
+                                           **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, sinks=call.sinks,
                                              **common)  # type: ignore[arg-type]
@@ -274,8 +278,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
 
     The page size through ``page_block_limit``: its largest power-of-two
     divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
-    Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``): a
-    key without them is unchanged.
+    Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``),
+    attention_chunk too (``CHUNK_TAG``): a key without them is unchanged.
     """
     from lazytriton import tuning
 
@@ -283,9 +287,10 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
             decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
             call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
-            *(VARLEN_Q_TAG if call.varlen_q else ()))
+            *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()))
 
 
+CHUNK_TAG = ("chunk",)  # the memo key's last item for a call with attention_chunk
 SINKS_TAG = ("sinks",)  # the memo key's item for a call with attention sinks
 VARLEN_Q_TAG = ("varlen_q",)  # the memo key's last item for a call whose queries are packed by cu_seqlens_q
 
@@ -371,7 +376,8 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
-             "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q}
+             "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q,
+             "CHUNK": call.chunked}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v, "SINKS": call.sinks}
 
 

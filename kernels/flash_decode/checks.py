@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lazytriton import geometry, launch
-from lazytriton.kernels.arguments import shown
+from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
 from lazytriton.kernels.trust import indices_trusted
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -106,6 +106,7 @@ class Call(NamedTuple):
     sinks: bool = False
     varlen_q: bool = False
     total_q: int = 0
+    attention_chunk: int = 0  # FlashAttention-3's chunked local attention (CHUNK); 0: off
 
     @property
     def value_dim(self) -> int:
@@ -143,6 +144,10 @@ class Call(NamedTuple):
     @property
     def windowed(self) -> bool:
         return self.window_left >= 0
+
+    @property
+    def chunked(self) -> bool:
+        return self.attention_chunk > 0
 
     @property
     def rotary(self) -> bool:
@@ -199,7 +204,8 @@ def _index(name: str, t: object, q: torch.Tensor, shape: tuple[int, ...], what: 
 
 
 def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size: Any = NO_WINDOW,
-          softcap: Any = 0.0, num_splits: Any = 0, rotary_interleaved: Any = True, max_seqlen_q: Any = None) -> Call:
+          softcap: Any = 0.0, num_splits: Any = 0, rotary_interleaved: Any = True, max_seqlen_q: Any = None,
+          attention_chunk: Any = 0) -> Call:
     """The checked call, or a TypeError/ValueError naming the argument (FlashAttention-2's and -3's names)."""
     if t.cu_seqlens_q is None and max_seqlen_q is None:
         q = _data("q", t.q, None, "(batch, seqlen_q, heads, head_dim)")
@@ -268,7 +274,20 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
         raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
     if t.rotary_cos is not None or t.rotary_sin is not None or t.rotary_seqlens is not None:
         call = _rotary(t, q, call, window_size, rotary_interleaved)
+    if type(attention_chunk) is not int or attention_chunk != 0:
+        call = _chunk(call, attention_chunk)
     return call
+
+
+def _chunk(call: Call, attention_chunk: object) -> Call:
+    """``call`` with FlashAttention-3's attention_chunk checked (an int >= 0; 0: off), bottom-right as the window."""
+    chunk = check_chunk("attention_chunk", attention_chunk)
+    if chunk == 0:
+        return call
+    if call.capacity + call.seqlen_q >= MAX_WINDOWED_SEQLEN:
+        raise ValueError(f"with attention_chunk set, the cache's length plus seqlen_q must be below "
+                         f"{MAX_WINDOWED_SEQLEN}, got {call.capacity} + {call.seqlen_q}")
+    return call._replace(attention_chunk=min(chunk, MAX_CHUNK))
 
 
 def _packed(t: Inputs, max_seqlen_q: Any) -> tuple[torch.Tensor, int, int, int]:

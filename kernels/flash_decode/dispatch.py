@@ -106,7 +106,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
                    leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
-                   sinks: bool = False, varlen_q: bool = False) -> Variant:
+                   sinks: bool = False, varlen_q: bool = False, chunk: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -128,7 +128,9 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     its head dim is v's. ``sinks`` (attention sinks) is SINKS=true on both
     kernels, written only when set: one split adds them, the combine the rest.
     ``varlen_q`` (queries packed by cu_seqlens_q; ``rows`` from the longest
-    sequence) is VARLEN_Q=true on the split kernel, written only when set.
+    sequence) is VARLEN_Q=true on the split kernel, written only when set;
+    ``chunk`` (FlashAttention-3's attention_chunk) is CHUNK=true on the split
+    kernel, written only when set (the combine kernel sees no scores).
     """
     dv = head_dim_v or head_dim
     if kernel == "flash_decode_combine":
@@ -149,7 +151,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
                            ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size)),
                            ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved),
-                           ("VARLEN_Q", varlen_q)):
+                           ("VARLEN_Q", varlen_q), ("CHUNK", chunk)):
             if flag:
                 functional[name] = True
     if sinks:
@@ -183,7 +185,7 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
                           rotary_interleaved=request.rotary_interleaved, sinks=request.sinks,
-                          varlen_q=request.varlen_q)
+                          varlen_q=request.varlen_q, chunk=request.chunk)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -195,7 +197,7 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk")
 PREWARM_WITH = ("kv_append",)
 
 

@@ -34,7 +34,10 @@ Visibility is FlashAttention-2's, aligned bottom-right per batch (offset =
 len_b - Sq): key j is seen by query i when j < len_b, with ``LEFTPAD`` when
 j >= ``LeftPad[b]`` (the cache's first key: cache_leftpad), with ``CAUSAL``
 when j <= i + offset, and with ``WINDOW`` when i + offset - window_left <= j
-<= i + offset + window_right (the binding bounds an unbounded side).
+<= i + offset + window_right (the binding bounds an unbounded side), and with
+``CHUNK`` (FlashAttention-3's ``attention_chunk``) when j lies in the chunk of
+``attention_chunk`` keys that holds i + offset; whole key blocks outside every
+row's chunk are skipped.
 ``SOFTCAP`` caps the scaled scores (softcap * tanh(s / softcap)), then
 ``ALIBI`` adds -slope * |i + offset - j| (slopes float32, (Hq,) or (B, Hq)
 through ``stride_ab`` 0 or Hq): FlashAttention-2's order. A query that sees
@@ -73,6 +76,7 @@ exp(lse_s - lse) * out_s: exact, no rescaling of the partial sums.
 import triton
 import triton.language as tl
 
+from lazytriton.kernels.chunk import chunk_start
 from lazytriton.kernels.rotary import rotate
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -86,14 +90,15 @@ def _tanh(x):
 
 
 @triton.jit
-def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, BLOCK_N: tl.constexpr,
-               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LEFTPAD: tl.constexpr):
+def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, attention_chunk, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LEFTPAD: tl.constexpr, CHUNK: tl.constexpr):
     """(begin, full_begin, full_end, end) of the keys queries i_lo..i_hi see.
 
     Blocks from ``begin`` (a multiple of BLOCK_N) to ``end`` hold every key
     some row sees; those in [full_begin, full_end) (multiples of BLOCK_N) are
     seen by every row and need no mask. With ``LEFTPAD`` no key before
     ``leftpad`` is seen: the block holding it is masked, those before it skipped.
+    With ``CHUNK`` the keys lie in the chunks of queries i_lo..i_hi (``chunk.chunk_start``).
     """
     end = length
     full_end = length
@@ -107,6 +112,13 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, B
         full_end = tl.minimum(full_end, tl.maximum(i_lo + offset + window_right + 1, 0))
         begin = tl.maximum(i_lo + offset - window_left, 0)
         full_begin = tl.maximum(i_hi + offset - window_left, 0)
+    if CHUNK:
+        first = chunk_start(i_lo + offset, attention_chunk)
+        last = chunk_start(i_hi + offset, attention_chunk)
+        end = tl.minimum(end, tl.maximum(last + attention_chunk, 0))
+        full_end = tl.minimum(full_end, tl.maximum(first + attention_chunk, 0))
+        begin = tl.maximum(begin, first)
+        full_begin = tl.maximum(full_begin, last)
     if LEFTPAD:
         begin = tl.maximum(begin, leftpad)
         full_begin = tl.maximum(full_begin, leftpad)
@@ -121,10 +133,10 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, B
 @triton.jit
 def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, offs_dv, rows_i, slopes,
             length, offset, head_dim, head_dim_v, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
-            window_left, window_right, qk_scale, cap, leftpad,
+            window_left, window_right, qk_scale, cap, leftpad, attention_chunk,
             MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-            IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr):
+            IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr, CHUNK: tl.constexpr):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2)."""
     cols = start_n + offs_n
     if PAGE_GATHER:  # the block spans pages: each key's page (only those of keys in [leftpad, length) are read)
@@ -184,6 +196,9 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
             keep = keep & (cols[None, :] <= diag)
         if WINDOW:
             keep = keep & (cols[None, :] >= diag - window_left) & (cols[None, :] <= diag + window_right)
+        if CHUNK:
+            first = chunk_start(diag, attention_chunk)
+            keep = keep & (cols[None, :] >= first) & (cols[None, :] < first + attention_chunk)
         qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # A row with no visible key so far keeps m = -inf; subtract 0 instead (no NaN from -inf - -inf).
@@ -230,14 +245,14 @@ def flash_decode_split_kernel(
     stride_ob, stride_os, stride_oh,
     stride_tb, stride_ab,
     group_size, heads_q, seqlen_q, head_dim, head_dim_v, seqlen_const, seqlen_new, use_seqlens, use_batch_idx,
-    page_size, num_splits, window_left, window_right, rotary_dim, seqlen_ro, use_rotary_seqlens, rotary_per_query,
-    sm_scale, softcap,
+    page_size, num_splits, window_left, window_right, attention_chunk, rotary_dim, seqlen_ro, use_rotary_seqlens,
+    rotary_per_query, sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
     PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
-    SINKS: tl.constexpr = False, VARLEN_Q: tl.constexpr = False,
+    SINKS: tl.constexpr = False, VARLEN_Q: tl.constexpr = False, CHUNK: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -304,7 +319,7 @@ def flash_decode_split_kernel(
     i_lo = start_m // group_size
     i_hi = (tl.minimum(start_m + BLOCK_M, n_rows) - 1) // group_size
     begin, full_begin, full_end, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad,
-                                                  BLOCK_N, CAUSAL, WINDOW, LEFTPAD)
+                                                  attention_chunk, BLOCK_N, CAUSAL, WINDOW, LEFTPAD, CHUNK)
     if VARLEN_Q:  # the grid covers the longest sequence: a block past this one's rows reads no key
         end = tl.where(start_m < n_rows, end, begin)
     # This split's chunk: whole blocks, the range cut evenly in num_splits.
@@ -320,20 +335,20 @@ def flash_decode_split_kernel(
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD,
-                                PAGE_GATHER)
+                                attention_chunk, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
+                                LEFTPAD, PAGE_GATHER, CHUNK)
     for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD,
-                                PAGE_GATHER)
+                                attention_chunk, False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
+                                LEFTPAD, PAGE_GATHER, CHUNK)
     for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE, LEFTPAD,
-                                PAGE_GATHER)
+                                attention_chunk, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
+                                LEFTPAD, PAGE_GATHER, CHUNK)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

@@ -45,6 +45,11 @@ too, written only when true: ``Sinks`` (``SINKS_POINTERS``, float32, one logit p
 query head, after the used lengths; 0 for a call without them) joins every row's
 softmax denominator once, in the epilogue, and the lse; it adds no value.
 
+``CHUNK`` (FlashAttention-3's ``attention_chunk``: chunked local attention) is a
+flag too, written only when true; the chunk size is the runtime integer
+``attention_chunk`` (after the window's, 0 for a call without it), so one
+binary serves every chunk size.
+
 ``ALIBI`` (FlashAttention-2's ALiBi), ``BIAS`` (an additive bias: the SDPA
 drop-in's ``attn_mask``) and ``DROPOUT`` follow the same rule: flags written
 only when true, their data runtime arguments. Their pointers (``Alibi``,
@@ -109,6 +114,7 @@ SIZES = (
     ("causal_offset", "i32"),
     ("window_left", "i32"),
     ("window_right", "i32"),
+    ("attention_chunk", "i32"),
     ("stride_alibi_b", "i32"),
     ("stride_biasb", "i64"),
     ("stride_biash", "i64"),
@@ -137,10 +143,11 @@ FLASH_FWD = KernelSpec(
         *SIZES,
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "TMA", "WINDOW", "SOFTCAP", "VARLEN", "ALIBI",
-                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2", "SEQUSED_Q", "SEQUSED_K", "SINKS"),
+                "BIAS", "DROPOUT", "BLOCK_DV", "EVEN_DV", "BLOCK_D2", "SEQUSED_Q", "SEQUSED_K", "SINKS", "CHUNK"),
     aligned_params=("Q", "K", "V", "Out", "Lse") + tuple(
         name for name, _ in _STRIDES if not name.startswith("stride_l")
     ),
+    helpers=("lazytriton.kernels.chunk",),
 )
 
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lazytriton import geometry, launch, machine, runtime, tuning
-from lazytriton.kernels.arguments import shown
+from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
 from lazytriton.kernels.flash_fwd import FLASH_FWD, SEQUSED_POINTERS, SINKS_POINTERS, VARLEN_POINTERS
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import grid as _grid
@@ -92,6 +92,9 @@ class Call(NamedTuple):
     # Attention sinks (``sinks.with_sinks``): float32 (heads_q,) on q's device, one logit a query
     # head in every row's denominator (the kernels' SINKS), or None.
     sinks: Any = None
+    # FlashAttention-3's attention_chunk (``with_chunk``): query i sees the keys j of its own chunk,
+    # j // attention_chunk == (i + offset) // attention_chunk (the kernels' CHUNK); 0 is off.
+    attention_chunk: int = 0
 
     @property
     def dv(self) -> int:
@@ -115,6 +118,11 @@ class Call(NamedTuple):
     def sunk(self) -> bool:
         """The kernels' SINKS flag: the call has attention sinks."""
         return self.sinks is not None
+
+    @property
+    def chunked(self) -> bool:
+        """The kernels' CHUNK flag: the call has FlashAttention-3's attention_chunk."""
+        return self.attention_chunk > 0
 
 
 # ---------------------------------------------------------------------------
@@ -218,6 +226,24 @@ def with_features(call: Call, window: Any, softcap: Any, names: Names = NAMES) -
                          window_right=min(right, full) if right >= 0 else full, softcap=cap)
 
 
+def with_chunk(call: Call, attention_chunk: Any, name: str = "attention_chunk") -> Call:
+    """``call`` with FlashAttention-3's attention_chunk checked and in the kernel's terms.
+
+    Query i sees key j when j // C == p // C (floor division) for p = i +
+    offset, offset = seqlen_k - seqlen_q (bottom-right; a top-left causal call
+    keeps offset 0), on top of the causal mask and the window. 0 is off.
+    """
+    chunk = check_chunk(name, attention_chunk)
+    if chunk == 0:
+        return call
+    _, _, _, sq, sk, _ = call.shape
+    if max(sq, sk) >= MAX_WINDOWED_SEQLEN:
+        raise ValueError(f"with {name} set, seqlens must be below {MAX_WINDOWED_SEQLEN}, got seqlen_q {sq}, "
+                         f"seqlen_k {sk}")
+    offset = 0 if call.causal == "top_left" else sk - sq
+    return call._replace(offset=offset, attention_chunk=min(chunk, MAX_CHUNK))
+
+
 def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names) -> Call:
     fast = _fast_check(q, k, v, causal, scale)
     if fast is not None:
@@ -302,6 +328,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "causal_offset": ("offset", "c->offset"),
     "window_left": ("call.window_left", "c->window_left"),  # lt_check.c's lt__check_window: with_features's
     "window_right": ("call.window_right", "c->window_right"),
+    "attention_chunk": ("call.attention_chunk", "0"),  # the C API has no attention_chunk yet
     # The C API has no score modifications either: null pointers, zero strides, dropout_p 0.
     "Alibi": ("0 if alibi is None else alibi.data_ptr()", "0"),
     "Bias": ("0 if bias is None else bias.data_ptr()", "0"),
@@ -316,9 +343,9 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
 # The lines ``pack`` functions start with, so that the sources above find their locals.
 MOD_LOCALS = "alibi, bias, philox, sinks = call.alibi, call.bias, call.philox, call.sinks"
 # A call without score modifications (the warm path's only kind): null pointers, zero strides.
-_PLAIN = {"head_dim_v": "d", "window_left": "-1", "window_right": "-1", "Cu_seqlens_q": "0", "Cu_seqlens_k": "0",
-          "Seqused_q": "0", "Seqused_k": "0", "Sinks": "0", "Alibi": "0", "Bias": "0", "Philox": "0",
-          "stride_alibi_b": "0", **{f"stride_bias{d}": "0" for d in "bhmn"}}
+_PLAIN = {"head_dim_v": "d", "window_left": "-1", "window_right": "-1", "attention_chunk": "0",
+          "Cu_seqlens_q": "0", "Cu_seqlens_k": "0", "Seqused_q": "0", "Seqused_k": "0", "Sinks": "0", "Alibi": "0",
+          "Bias": "0", "Philox": "0", "stride_alibi_b": "0", **{f"stride_bias{d}": "0" for d in "bhmn"}}
 PARAM_SOURCES: dict[str, tuple[str, str]] = {
     "Q": ("q.data_ptr()", "(int64_t)(uintptr_t)q->data"),
     "K": ("k.data_ptr()", "(int64_t)(uintptr_t)k->data"),
@@ -405,6 +432,8 @@ PLAIN_KEY = ("device_index", "dtype", "head_dim", "causal", "aligned", "index64"
 
 # The memo key's item for a call with attention sinks (``memo_key``): a str, as GLUON_TAIL's.
 SINKS_TAG = ("sinks",)
+# The same for a call with attention_chunk, after SINKS_TAG where both are.
+CHUNK_TAG = ("chunk",)
 
 
 def gluon_tail(q_tiles: int) -> tuple[Any, ...]:
@@ -420,7 +449,7 @@ def gluon_key(key: tuple[Any, ...]) -> bool:
 def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool,
              index64: bool, window: bool = False, softcap: bool = False,
              mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0, offset: int | None = None,
-             scale: float = 0.0, sinks: bool = False) -> tuple[Any, ...]:
+             scale: float = 0.0, sinks: bool = False, chunk: bool = False) -> tuple[Any, ...]:
     """The hot path's memo key: everything dispatch looks at, seqlens through dispatch's own buckets.
 
     A windowed or softcapped call's key is longer (the two flags appended), so
@@ -433,15 +462,18 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
     appended: the one key whose plan may be flash_fwd_gluon, which the buckets
     alone cannot tell from a bucket-mate its tiles do not divide (hot.py appends the same).
     ``sinks`` (attention sinks) puts ``SINKS_TAG`` after the first eight fields,
-    before any other: no key without it changes, and none with it is a plain call's.
+    before any other: no key without it changes, and none with it is a plain call's;
+    ``chunk`` (attention_chunk) puts ``CHUNK_TAG`` after it the same way (never flash_fwd_gluon).
     """
     key: tuple[Any, ...] = (device_index, dtype, shape.head_dim, causal, aligned, index64,
                             tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k))
     if sinks:
         key += SINKS_TAG
+    if chunk:
+        key += CHUNK_TAG
     if head_dim_v:
         return key + (window, softcap, *mods, "head_dim_v", head_dim_v)
-    if offset is not None and not (window or softcap) and mods == NO_MODS and dtype in DTYPES:
+    if offset is not None and not (window or softcap or chunk) and mods == NO_MODS and dtype in DTYPES:
         tail = gluon_tail(fwd_dispatch.flash_fwd_gluon_q_tiles(DTYPES[dtype], shape.head_dim, causal, offset, scale,
                                                                shape.seqlen_q, shape.seqlen_k))
         if tail:
@@ -453,14 +485,15 @@ def memo_key(device_index: int | None, dtype: torch.dtype, shape: Shape, causal:
 
 def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned: bool, index64: bool,
             window: bool = False, softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS,
-            head_dim_v: int = 0, gluon: bool = False, sinks: bool = False) -> Variant:
+            head_dim_v: int = 0, gluon: bool = False, sinks: bool = False, chunk: bool = False) -> Variant:
     """The variant that serves a call of this shape (dispatch decides).
 
     ``gluon``: the call's memo key ends in ``GLUON_TAIL`` (it fits dispatch's
     flash_fwd_gluon row): that kernel, where target and alignment allow it.
-    ``sinks``: attention sinks (SINKS=true on either kernel).
+    ``sinks``: attention sinks (SINKS=true on either kernel). ``chunk``:
+    attention_chunk (CHUNK=true), which the Triton kernel alone takes.
     """
-    if gluon and not head_dim_v:
+    if gluon and not head_dim_v and not chunk:
         found = fwd_dispatch.flash_fwd_gluon_default_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned,
                                                              index64, shape.seqlen_q, shape.seqlen_k, sinks)
         if found is not None:
@@ -468,7 +501,7 @@ def variant(target: Any, dtype: torch.dtype, shape: Shape, causal: bool, aligned
     return fwd_dispatch.flash_fwd_variant(target, DTYPES[dtype], shape.head_dim, causal, aligned, shape.seqlen_q,
                                           index64=index64, seqlen_k=shape.seqlen_k, window=window, softcap=softcap,
                                           alibi=mods[0], bias=mods[1], dropout=mods[2], head_dim_v=head_dim_v,
-                                          sinks=sinks)
+                                          sinks=sinks, chunk=chunk)
 
 
 def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
@@ -480,7 +513,7 @@ def head_dim_constexprs(head_dim: int, head_dim_v: int = 0) -> dict[str, Any]:
 
 def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
                            softcap: bool = False, mods: tuple[bool, bool, bool] = NO_MODS,
-                           head_dim_v: int = 0, sinks: bool = False) -> dict[str, Any]:
+                           head_dim_v: int = 0, sinks: bool = False, chunk: bool = False) -> dict[str, Any]:
     """Constexprs for Triton's interpreter on CPU tensors.
 
     Small tiles: the interpreter's cost is per program and per op, and tiles
@@ -489,7 +522,8 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
     """
     return {"BLOCK_M": 32, "BLOCK_N": 16, **head_dim_constexprs(shape.head_dim, head_dim_v), "CAUSAL": causal,
             "TMA": False, "WINDOW": window, "SOFTCAP": softcap, "VARLEN": False, "ALIBI": mods[0], "BIAS": mods[1],
-            "DROPOUT": mods[2], "BLOCK_D2": 0, "SEQUSED_Q": False, "SEQUSED_K": False, "SINKS": sinks}
+            "DROPOUT": mods[2], "BLOCK_D2": 0, "SEQUSED_Q": False, "SEQUSED_K": False, "SINKS": sinks,
+            "CHUNK": chunk}
 
 
 # ---------------------------------------------------------------------------
@@ -498,7 +532,8 @@ def interpreter_constexprs(shape: Shape, causal: bool, window: bool = False,
 
 def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, shape: Shape, causal: bool,
          aligned: bool, index64: bool, window: bool = False, softcap: bool = False,
-         mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0, sinks: bool = False) -> tuple[Any, int]:
+         mods: tuple[bool, bool, bool] = NO_MODS, head_dim_v: int = 0, sinks: bool = False,
+         chunk: bool = False) -> tuple[Any, int]:
     """The loaded kernel and BLOCK_M for a memo key, memoised in ``rt.plans`` (``launch.plan``).
 
     During a CUDA graph capture, a kernel that is not loaded yet would touch
@@ -507,7 +542,7 @@ def plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype
     """
     def choose(target: Any) -> launch.Choice:
         return ((variant(target, dtype, shape, causal, aligned, index64, window, softcap, mods, head_dim_v,
-                         gluon_key(key), sinks), ("BLOCK_M",)),)
+                         gluon_key(key), sinks, chunk), ("BLOCK_M",)),)
 
     return launch.plan(rt, key, device, choose, "call lazytriton.preload(...) with this shape (or run the call "
                        "once) before the capture")  # type: ignore[return-value]
@@ -527,11 +562,11 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     if variant is None:
         causal = call.causal != "none"
         key = memo_key(device.index, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                       call.mods, call.head_dim_v, call.offset, call.scale, call.sunk)
+                       call.mods, call.head_dim_v, call.offset, call.scale, call.sunk, call.chunked)
         found = rt.plans.get(key)
         if found is None:
             found = plan(rt, key, device, q.dtype, shape, causal, aligned, index64, call.windowed, call.capped,
-                         call.mods, call.head_dim_v, call.sunk)
+                         call.mods, call.head_dim_v, call.sunk, call.chunked)
     else:
         found = (rt.kernel(variant, device.index), int(variant.get("BLOCK_M")))
     kernel, block_m = found
@@ -547,7 +582,7 @@ def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     shape = call.shape
     warn_if_slow(shape)
     constexprs = interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
-                                        call.head_dim_v, call.sunk)
+                                        call.head_dim_v, call.sunk, call.chunked)
     args = triton_args(q, k, v, out, lse, call)
     compiler.interpret(FLASH_FWD.name, grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
@@ -630,8 +665,8 @@ def preload(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool 
     rt = runtime.get()
     dv = call.head_dim_v
     key = memo_key(device.index, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv,
-                   call.offset, call.scale, call.sunk)
+                   call.offset, call.scale, call.sunk, call.chunked)
     plan(rt, key, device, dtype, shape, causal, aligned, index64, call.windowed, call.capped, call.mods, dv,
-         call.sunk)
+         call.sunk, call.chunked)
     return variant(machine.target_of_device(device), dtype, shape, causal, aligned, index64, call.windowed,
-                   call.capped, call.mods, dv, gluon_key(key), call.sunk)
+                   call.capped, call.mods, dv, gluon_key(key), call.sunk, call.chunked)

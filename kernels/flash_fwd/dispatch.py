@@ -108,7 +108,7 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
                       tma: bool | None = None, window: bool = False, softcap: bool = False, alibi: bool = False,
                       bias: bool = False, dropout: bool = False, varlen: bool = False,
                       head_dim_v: int = 0, split_d: bool | None = None, seqused_q: bool = False,
-                      seqused_k: bool = False, sinks: bool = False) -> Variant:
+                      seqused_k: bool = False, sinks: bool = False, chunk: bool = False) -> Variant:
     """The variant of ``flash_fwd`` that serves a call (pure, given the table).
 
     ``aligned``: every pointer 16-byte aligned and every outer stride a
@@ -122,12 +122,13 @@ def flash_fwd_variant(target: Target, dtype: str, head_dim: int, causal: bool, a
     ``varlen``: packed sequences (seqlens are then the max_seqlen_q/max_seqlen_k);
     ``head_dim_v``: v's head dim where it differs from q's and k's (0: the same);
     ``split_d``: split tiles (``variant``); ``seqused_q``, ``seqused_k``: a
-    packed call with FlashAttention-3's used lengths; ``sinks``: attention sinks.
+    packed call with FlashAttention-3's used lengths; ``sinks``: attention sinks;
+    ``chunk``: FlashAttention-3's attention_chunk (CHUNK).
     """
     request = Request(dtype, head_dim, causal, aligned, seqlen_q, seqlen_q if seqlen_k is None else seqlen_k, config,
                       index64, table, tma, window, softcap, alibi, bias, dropout, varlen=varlen,
                       head_dim_v=head_dim_v, split_d=split_d, seqused_q=seqused_q, seqused_k=seqused_k,
-                      sinks=sinks)
+                      sinks=sinks, chunk=chunk)
     return variant("flash_fwd", target, request)
 
 

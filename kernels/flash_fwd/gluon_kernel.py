@@ -740,7 +740,7 @@ def flash_fwd_gluon_kernel(
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
-    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    attention_chunk, stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
     CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr, BLOCK_TILES: gl.constexpr,

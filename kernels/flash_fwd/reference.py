@@ -15,6 +15,9 @@ Attention sinks follow FlashAttention-3's reference (``attention_ref`` in
 hopper/test_util.py of vLLM's fork, ``s_aux``) and transformers' gpt-oss eager
 attention: one more column of scores, the head's raw sink logit after the
 scale, cap and masks, in the softmax, dropped before the product with v.
+FlashAttention-3's ``attention_chunk`` follows its ``construct_chunk_mask``
+(hopper/test_util.py): query i sees key j only when j lies in the chunk of
+i + offset (floor division, the offset the window's), on top of the other masks.
 Computed in the inputs' dtype unless the
 caller upcasts, so the tests can measure both a same-precision reference and
 a float64 one.
@@ -28,23 +31,27 @@ import torch
 
 
 def visible(seqlen_q: int, seqlen_k: int, causal: bool | str = False, window_size: tuple[int, int] = (-1, -1),
-            device: torch.device | str | None = None) -> torch.Tensor | None:
+            device: torch.device | str | None = None, attention_chunk: int = 0) -> torch.Tensor | None:
     """The (seqlen_q, seqlen_k) mask of keys each query sees, or None when it sees them all.
 
     FlashAttention-2's rule: query i sees key j when
     ``i + offset - left <= j <= i + offset + right`` (-1: that side unbounded),
     offset = seqlen_k - seqlen_q, or 0 for a top-left causal call; causal is
-    the window (left, 0).
+    the window (left, 0). With ``attention_chunk`` C > 0 (FlashAttention-3's),
+    also only when ``j // C == (i + offset) // C``.
     """
     left, right = window_size
     if causal:
         right = 0
-    if left < 0 and right < 0:
+    if left < 0 and right < 0 and attention_chunk <= 0:
         return None
     offset = 0 if causal is True or causal == "top_left" else seqlen_k - seqlen_q
     rows = torch.arange(seqlen_q, device=device)[:, None]
     cols = torch.arange(seqlen_k, device=device)[None, :]
     keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if attention_chunk > 0:
+        keep &= torch.div(cols, attention_chunk, rounding_mode="floor") == torch.div(
+            rows + offset, attention_chunk, rounding_mode="floor")
     if right >= 0:
         keep &= cols <= rows + offset + right
     if left >= 0:
@@ -62,7 +69,8 @@ def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tens
 
 def capped_scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float,
                   causal: bool | str, window_size: tuple[int, int], alibi_slopes: torch.Tensor | None = None,
-                  bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  bias: torch.Tensor | None = None, attention_chunk: int = 0,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scaled, capped, biased and masked scores (float32, float64 for float64 inputs), and tanh of the capped ones."""
     scores = q @ k.transpose(-1, -2)
     scores = (scores if q.dtype == torch.float64 else scores.float()) * scale
@@ -74,7 +82,7 @@ def capped_scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float
         scores = scores + alibi_bias(alibi_slopes.to(scores.dtype), q.shape[-2], k.shape[-2])
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
-    keep = visible(q.shape[-2], k.shape[-2], causal, window_size, q.device)
+    keep = visible(q.shape[-2], k.shape[-2], causal, window_size, q.device, attention_chunk)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     return scores, tanh
@@ -85,13 +93,15 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
                         softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                         bias: torch.Tensor | None = None, dropout_p: float = 0.0,
                         keep: torch.Tensor | None = None,
-                        sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        sinks: torch.Tensor | None = None,
+                        attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of softmax(q k^T * scale) v, with GQA, both causal alignments, windows, softcap, ALiBi, a bias.
 
     With ``keep`` (a boolean (batch, heads_q, seqlen_q, seqlen_k) mask),
     dropout: probabilities outside it are zeroed, the others divided by 1 - dropout_p.
     ``sinks`` ((heads_q,)): each head's sink logit joins every row's softmax
     (and lse) and adds no value; differentiable, for the tests' dsinks.
+    ``attention_chunk``: FlashAttention-3's chunked local attention (``visible``).
     """
     hq, d = q.shape[1], q.shape[3]
     hk = k.shape[1]
@@ -99,7 +109,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if hq != hk:
         k = k.repeat_interleave(hq // hk, dim=1)
         v = v.repeat_interleave(hq // hk, dim=1)
-    scores = capped_scores(q, k, scale, softcap, causal, window_size, alibi_slopes, bias)[0]
+    scores = capped_scores(q, k, scale, softcap, causal, window_size, alibi_slopes, bias, attention_chunk)[0]
     if sinks is not None:
         scores = torch.cat([scores, sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)], -1)
     lse = torch.logsumexp(scores, dim=-1)

@@ -44,6 +44,14 @@ instruction what it was before them, apart from the three unused parameters
 in the signature and debug labels; the TMA variant's differs only in the
 numbering of one register.
 
+``CHUNK=true`` is FlashAttention-3's ``attention_chunk`` (Llama 4's chunked
+local attention): key j is visible to query i when j and p = i + causal_offset
+lie in the same chunk of ``attention_chunk`` keys (floor(j / C) == floor(p /
+C)), on top of the causal mask and, with ``WINDOW``, inside the window: each
+row's chunk is a window of its own (p mod C to its left, C - 1 - p mod C to
+its right, each side the tighter of it and the window's). Key blocks outside
+every row's chunk are skipped by the loop bounds, as the window's are.
+
 ``VARLEN=true`` is FlashAttention-2's varlen call: Q, K, V and Out are packed
 (total_tokens, heads, head_dim) tensors, seen as one batch of total_tokens
 rows (the binding passes their (1, heads, total, head_dim) views), and
@@ -128,6 +136,8 @@ sm_90 with Triton 3.6 and 3.9 (TMA too).
 
 import triton
 import triton.language as tl
+
+from lazytriton.kernels.chunk import row_chunks
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -403,6 +413,7 @@ def flash_fwd_kernel(
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
+    attention_chunk,
     stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
     sm_scale, softcap, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -411,6 +422,7 @@ def flash_fwd_kernel(
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
     SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, SINKS: tl.constexpr = False,
+    CHUNK: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
@@ -512,7 +524,12 @@ def flash_fwd_kernel(
         full_end = tl.minimum(full_end, (first_row_limit // BLOCK_N) * BLOCK_N)
     begin = 0
     full_begin = 0
-    if WINDOW:
+    # The chunk's or the window's bounds, per row, else the window's alone.
+    LOCAL: tl.constexpr = WINDOW or CHUNK
+    if CHUNK:  # each row's chunk (inside its window): the blocks' bounds, and the per-row window they are masked with
+        begin, full_begin, full_end, end, window_left, window_right = row_chunks(
+            offs_m, causal_offset, attention_chunk, window_left, window_right, end, full_end, BLOCK_N, WINDOW)
+    elif WINDOW:
         # Keys below ``begin`` are left of every row's window; from ``full_begin``
         # on they are right of the last row's left edge; up to ``full_end`` they
         # are left of the first row's right edge, and ``end`` is past the last one's.
@@ -525,71 +542,71 @@ def flash_fwd_kernel(
     if SEQUSED_Q:  # a block of unused rows only: no key to visit
         end = tl.where(start_m < seqlen_q, end, 0)
     full_end = tl.minimum(full_end, end)
-    if WINDOW:
+    if LOCAL:
         full_end = tl.maximum(full_end, begin)
         full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
 
     if TMA:
-        if WINDOW:
+        if LOCAL:
             for start_n in range(begin, full_begin, BLOCK_N):
                 acc, l_i, m_i = _attend_block_tma(
                     acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, True, CAUSAL, IEEE, WINDOW,
+                    seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, True, CAUSAL, IEEE, LOCAL,
                     SOFTCAP, ALIBI, BIAS, DROPOUT,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block_tma(
                 acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, False, CAUSAL, IEEE, WINDOW,
+                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, False, CAUSAL, IEEE, LOCAL,
                 SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block_tma(
                 acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n,
-                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, True, CAUSAL, IEEE, WINDOW,
+                seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods, True, CAUSAL, IEEE, LOCAL,
                 SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
     elif BLOCK_D2 > 0:
-        if WINDOW:
+        if LOCAL:
             for start_n in range(begin, full_begin, BLOCK_N):
                 acc, acc2, l_i, m_i = _attend_block_split(
                     acc, acc2, l_i, m_i, q, q2, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
                     seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
-                    EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                    EVEN_D, True, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS, DROPOUT,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, acc2, l_i, m_i = _attend_block_split(
                 acc, acc2, l_i, m_i, q, q2, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
                 seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
-                EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                EVEN_D, False, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, acc2, l_i, m_i = _attend_block_split(
                 acc, acc2, l_i, m_i, q, q2, k_ptrs, k2_ptrs, v_ptrs, v2_ptrs, start_n, offs_m, offs_n, d2_ok,
                 seqlen_k, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right, cap, mods,
-                EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                EVEN_D, True, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS, DROPOUT,
             )
     else:
-        if WINDOW:
+        if LOCAL:
             for start_n in range(begin, full_begin, BLOCK_N):
                 acc, l_i, m_i = _attend_block(
                     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                     seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                    cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
+                    cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI,
                     BIAS, DROPOUT, EVEN_V,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS,
+                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS,
                 DROPOUT, EVEN_V,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
-                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI, BIAS,
+                cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS,
                 DROPOUT, EVEN_V,
             )
 

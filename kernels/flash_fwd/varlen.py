@@ -213,7 +213,7 @@ def _check_used(name: str, used: list[int], lengths: list[int], cu_name: str) ->
 def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
           causal: Any = False, scale: Any = None, window: Any = fwd.NO_WINDOW, softcap: Any = 0.0,
           values: bool | None = None, alibi: Any = None, dropout_p: Any = 0.0, philox: Any = None,
-          seqused_q: Any = None, seqused_k: Any = None, sinks: Any = None) -> VarlenCall:
+          seqused_q: Any = None, seqused_k: Any = None, sinks: Any = None, attention_chunk: Any = 0) -> VarlenCall:
     """The checked varlen call, or a TypeError/ValueError naming the argument.
 
     ``causal``: a bool, aligned bottom-right within each sequence (FlashAttention-2's rule, with
@@ -223,7 +223,8 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     ``philox`` as ``score_mods.with_mods`` takes them, the slopes' batch being
     the number of sequences. ``seqused_q``, ``seqused_k``: FlashAttention-3's
     used lengths, int32 (batch,) tensors on q's device, or None. ``sinks``:
-    attention sinks, float32 (heads_q,) on q's device, or None.
+    attention sinks, float32 (heads_q,) on q's device, or None. ``attention_chunk``:
+    FlashAttention-3's chunk size (0: off), each sequence's chunks aligned bottom-right.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
     if k.shape[:2] != v.shape[:2]:
@@ -246,6 +247,7 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     call = fwd.check(kernel_view(q), kernel_view(k), kernel_view(v), "bottom_right" if causal else False, scale,
                      fwd.Names(scale="softmax_scale"), window, softcap)
+    call = fwd.with_chunk(call, attention_chunk)
     call = fwd_sinks.with_sinks(call._replace(offset=0), q, sinks)  # offset: each sequence's own len_k - len_q
     if values is None:
         values = reading_values_is_safe(cu_q, cu_k, used_q, used_k)
@@ -296,7 +298,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, align
     """The forward's memo key: the dense one of the kernel shape, marked ``"varlen"`` (and seqused's flags)."""
     call = vc.call
     return (MARK, *fwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped, call.mods, call.head_dim_v, sinks=call.sunk),
+                                call.windowed, call.capped, call.mods, call.head_dim_v, sinks=call.sunk,
+                                chunk=call.chunked),
             *_used_tail(vc))
 
 
@@ -305,7 +308,8 @@ def bwd_memo_key(device_index: int | None, dtype: torch.dtype, vc: VarlenCall, a
     """The backward's memo key: the dense backward's of the kernel shape, marked ``"varlen"`` (never SEQ16)."""
     call = vc.call
     return (MARK, *bwd.memo_key(device_index, dtype, vc.kernel_shape, call.causal != "none", aligned, index64,
-                                call.windowed, call.capped, call.mods, call.head_dim_v, seq16=False), *_used_tail(vc))
+                                call.windowed, call.capped, call.mods, call.head_dim_v, seq16=False,
+                                chunk=call.chunked), *_used_tail(vc))
 
 
 def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: VarlenCall, aligned: bool,
@@ -320,7 +324,7 @@ def variants(kernels: tuple[str, ...], target: Any, dtype: torch.dtype, vc: Varl
                                          window=call.windowed, softcap=call.capped, alibi=call.mods[0],
                                          dropout=call.mods[2], varlen=True, head_dim_v=call.head_dim_v,
                                          seqused_q=vc.used[0], seqused_k=vc.used[1],
-                                         sinks=call.sunk and kernel in FORWARD)
+                                         sinks=call.sunk and kernel in FORWARD, chunk=call.chunked)
                  for kernel in kernels)
 
 
@@ -404,7 +408,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         shape = vc.kernel_shape
         fwd.warn_if_slow(shape)
         constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
-                                                   call.mods, call.head_dim_v, call.sunk), **flags}
+                                                   call.mods, call.head_dim_v, call.sunk, call.chunked), **flags}
         args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), used_q, used_k, fwd_sinks.argument(call, q),
                 *ints[_SKIP_FWD_POINTERS + fwd.N_TENSORS:], *fwd.floats(call))
         compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
@@ -488,7 +492,7 @@ def _interpret_backward(views: tuple[torch.Tensor, ...], cu_q: torch.Tensor, cu_
     fwd.warn_if_slow(shape)
     used_q, used_k, flags = _used(vc)
     constexprs = {**bwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped, call.mods,
-                                               call.head_dim_v), **flags}
+                                               call.head_dim_v, call.chunked), **flags}
     dq_grid, dkdv_grid = bwd.grids(shape, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
     floats = fwd.floats(call)
     skip = bwd.N_TENSORS + _SKIP_POINTERS

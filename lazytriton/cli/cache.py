@@ -457,7 +457,9 @@ def add_parser(sub: Any) -> None:
                                      "gradient, BIAS_GRAD=true)"),
                        ("leftpad", "flash_decode: a left-padded cache (cache_leftpad)"),
                        ("sinks", "attention sinks (sinks/s_aux: SINKS=true on the forward and decoding kernels)"),
-                       ("varlen-q", "flash_decode: queries packed by cu_seqlens_q (VARLEN_Q=true)")):
+                       ("varlen-q", "flash_decode: queries packed by cu_seqlens_q (VARLEN_Q=true)"),
+                       ("attention-chunk", "FlashAttention-3's attention_chunk (CHUNK=true on flash_fwd, flash_bwd "
+                                           "and flash_decode's split kernel; the size is a runtime argument)")):
         ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
     ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
                     help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "

@@ -16,6 +16,8 @@ from lazytriton.record import asdict, replace
 
 # The backward's kernels, whose variants a call's sinks leave as they are.
 BACKWARD_KERNELS = ("flash_bwd_dq", "flash_bwd_dkdv")
+# The kernels that take attention_chunk (CHUNK=true): the attention kernels' and the decoding split kernel.
+CHUNK_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split")
 
 
 def _explain_target(text: str | None) -> tuple[Any, str]:
@@ -81,10 +83,12 @@ def explain_report(args: argparse.Namespace) -> Report:
                         seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
                         rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
-                        bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"])
+                        bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
+        if name not in CHUNK_KERNELS:  # the combine and kv_append see no scores: their variants hold no chunk
+            request = replace(request, chunk=False)
         variant, config, row = dispatch.choice(name, target, request)
         rt = rt or open_runtime()
         key = variant.key()
@@ -118,7 +122,7 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     (cache_leftpad) and rotary embeddings (``rotary``: a ``geometry.ROTARY_MODES``
     mode; rotary_cos/rotary_sin over every head dim column, with one new key,
     as rotary needs) are the decoding call's alone. Sinks (one per query head)
-    are checked as given, on the call's one head.
+    are checked as given, on the call's one head; attention_chunk as a chunk of one key.
     """
     import torch
 
@@ -141,6 +145,7 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
         return torch.empty(shape, dtype=of, device="meta")
 
     window = (1, 0) if flags["window"] else binding.NO_WINDOW
+    chunk = 1 if flags.get("chunk") else 0
     sinks = meta(1, of=torch.float32) if flags["sinks"] else None
     softcap = 1.0 if flags["softcap"] else 0.0
     decoding = any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels)
@@ -159,26 +164,26 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     try:
         if decoding:
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
-                          window, softcap, rotary)
+                          window, softcap, rotary, chunk)
         elif varlen:
             cu = meta(2, of=torch.int32)
             one = meta(1, of=torch.int32)
             packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, head_dim_v),
                          cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False,
                          seqused_q=one if flags.get("seqused_q") else None,
-                         seqused_k=one if flags.get("seqused_k") else None, sinks=sinks)
+                         seqused_k=one if flags.get("seqused_k") else None, sinks=sinks, attention_chunk=chunk)
         else:
             q = meta(1, 1, seqlen_q, head_dim)
             call = binding.check(q, meta(1, 1, seqlen_k, head_dim), meta(1, 1, seqlen_k, head_dim_v),
                                  False if causal == "none" else causal, None, window=window, softcap=softcap)
-            attention_sinks.with_sinks(call, q, sinks)
+            binding.with_chunk(attention_sinks.with_sinks(call, q, sinks), chunk)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the API refuses this call: {exc}") from None
 
 
 def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: int, head_dim_v: int, seqlen_q: int,
                   seqlen_k: int, causal: str, page: int, flags: dict[str, bool], window: tuple[int, int],
-                  softcap: float, rotary: str) -> None:
+                  softcap: float, rotary: str, chunk: int = 0) -> None:
     """``flash_decode.checks.check`` on a described decoding call (kv_append, or rotary: with one new key)."""
     import torch
 
@@ -200,19 +205,19 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     inputs = decode.Inputs(q, meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v), *new, lens, None, table, slopes,
                            pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None)
     decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved",
-                 max_seqlen_q=seqlen_q if packed else None)
+                 max_seqlen_q=seqlen_q if packed else None, attention_chunk=chunk)
 
 
 def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
     From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--bias-grad``,
-    ``--leftpad``, ``--seqused-q``, ``--seqused-k``, ``--sinks`` and ``--varlen-q``.
+    ``--leftpad``, ``--seqused-q``, ``--seqused-k``, ``--sinks``, ``--varlen-q`` and ``--attention-chunk``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
              ("bias", "attn_mask"), ("bias_grad", "bias_grad"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"),
-             ("seqused_k", "seqused_k"), ("sinks", "sinks"), ("varlen_q", "varlen_q"))}
+             ("seqused_k", "seqused_k"), ("sinks", "sinks"), ("varlen_q", "varlen_q"), ("chunk", "attention_chunk"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -276,6 +281,11 @@ def print_explain(report: Report) -> None:
               "epilogue; the Gluon forward carries them too (a call its table serves runs flash_fwd_gluon with "
               "SINKS=true); the decoding kernels add them once (one split, or the combine); the backward's "
               "kernels take none (the sinks reach them through the lse)")
+    if call.get("chunk"):
+        print("         attention_chunk (CHUNK=true, the chunk size a runtime argument): each query sees the keys of "
+              "its own chunk, key blocks outside every query's chunk skipped; the Gluon forward, the Gluon dK/dV and "
+              "the fused backward take no chunk, so a chunked call runs flash_fwd and flash_bwd's two Triton "
+              "kernels (flash_decode_split with the KV cache; the combine sees no scores)")
     if any(name in call["kernels"] for name in ("flash_bwd_dq", "flash_bwd_dkdv")) and call["aligned"]:
         print("         backward: ALIGN16 marks pointers and strides 16-divisible; "
               + ("SEQ16 also the seqlens and lse strides (both seqlens are multiples of 16)" if call["seq16"] else
