@@ -333,7 +333,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "Alibi": ("0 if alibi is None else alibi.data_ptr()", "0"),
     "Bias": ("0 if bias is None else bias.data_ptr()", "0"),
     "Philox": ("0 if philox is None else philox.data_ptr()", "0"),
-    "Sinks": ("0 if sinks is None else sinks.data_ptr()", "0"),  # the C API has no sinks either
+    "Sinks": ("0 if sinks is None else sinks.data_ptr()", "c->sinks"),  # lt_check.c's lt__check_sinks
     "stride_alibi_b": ("0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)", "0"),
     **{f"stride_bias{d}": (f"0 if bias is None else bias.stride({i})", "0") for i, d in enumerate("bhmn")},
     "sm_scale": ("scale", "scale"),
