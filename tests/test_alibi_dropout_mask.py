@@ -496,8 +496,8 @@ def test_op_schemas_fakes_and_the_op_path() -> None:
     from lazytriton import ops
 
     names = ["alibi_slopes", "attn_bias", "dropout_p", "philox", "deterministic"]
-    assert [a.name for a in ops.flash_fwd_op._schema.arguments][-6:] == [*names, "sinks"]
-    assert [a.name for a in ops.flash_bwd_op._schema.arguments][-6:] == [*names, "bias_grad"]
+    assert [a.name for a in ops.flash_fwd_op._schema.arguments][-7:] == [*names, "sinks", "attention_chunk"]
+    assert [a.name for a in ops.flash_bwd_op._schema.arguments][-7:] == [*names, "bias_grad", "attention_chunk"]
     q, k, v = make_qkv(1, (4, 2), (7, 9), 16, torch.float32, seed=2)
     slopes, bias = torch.rand(4), torch.randn(1, 1, 7, 9).expand(1, 4, 7, 9)
     philox = torch.tensor([5, 6])
