@@ -43,8 +43,8 @@ INTERPRETER_SMS = 4  # the CPU path's pretend GPU: a few splits, so the interpre
 # Split programs the heuristic counts per SM. FlashAttention-2 fills 2 x the SMs ("we multiply number of
 # SMs by 2 to hard-code the fact that we're using 128 threads per block", flash_api.cpp set_params_splitkv);
 # the split kernel runs 4 warps (128 threads) in at most ~72 KB of shared memory, so 2 or 3 programs share an
-# SM, and one program per SM leaves a memory-bound loop with half the loads in flight. Was 1 before the
-# tuner existed (H200, bench_decode.py: 0.58x SDPA geomean; batch 16 x 8 heads = 128 programs ran unsplit).
+# SM, and one program per SM leaves a memory-bound loop with half the loads in flight (at 1 a SM, batch 16 x 8
+# heads = 128 programs run unsplit: H200, bench_decode.py; the figures are in benchmarks/NOTES.md).
 PROGRAMS_PER_SM = 2
 SPLIT_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_SPLIT.params if not kind.startswith("fp"))
 COMBINE_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_COMBINE.params if not kind.startswith("fp"))
