@@ -498,3 +498,35 @@ def test_gpu_kvcache_with_sinks_forced_and_heuristic_splits(splits: int) -> None
                                                sinks=sinks)
         assert max_err(out[i:i + 1], ref_out.transpose(1, 2)) < 2e-2
         assert max_err(lse[i:i + 1], ref_lse) < 1e-3
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_sinks_beside_a_mask_that_requires_grad(compiled: bool) -> None:
+    """The SDPA drop-in's body with a float mask and sinks, both requiring grad: every gradient against float64."""
+    from lazytriton import sdpa
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 5, 16, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.randn(1, 2, 5, 6, generator=gen)[..., :5].contiguous().requires_grad_()
+    sinks = torch.randn(2, generator=gen).requires_grad_()
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+             sinks: torch.Tensor) -> torch.Tensor:
+        return sdpa.masked(q, k, v, mask, 0.0, False, None, False, sinks=sinks)
+
+    def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  sinks: torch.Tensor) -> torch.Tensor:
+        scores = q @ k.transpose(-1, -2) / 4 + mask
+        with_sink = torch.cat([scores, sinks[None, :, None, None].expand(1, 2, 5, 1)], -1)
+        return with_sink.softmax(-1)[..., :-1] @ v  # type: ignore[no-any-return]
+
+    run = torch.compile(call, backend="eager", fullgraph=True) if compiled else call
+    inputs = (q, k, v, mask, sinks)
+    out = run(*inputs)
+    want = reference(*(t.double() for t in inputs))
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, inputs, grad)
+    wanted = torch.autograd.grad(want, inputs, grad.double())
+    assert max_err(out, want) < 1e-5
+    for name, a, b in zip(("q", "k", "v", "mask", "sinks"), got, wanted, strict=True):
+        assert b.abs().max() > 0 and max_err(a, b) < 1e-5, name
