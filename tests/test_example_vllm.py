@@ -94,7 +94,7 @@ def make_step(be: ModuleType, case: Case, seed: int, device: str = "cpu") -> Ste
         return torch.randn(shape, generator=gen).to(case.dtype).to(device)
 
     (hq, hk), d, page = case.heads, case.head_size, case.page
-    contexts, query_lens = [c for c, _ in case.requests], [q for _, q in case.requests]
+    query_lens = [q for _, q in case.requests]
     seq_lens = [c + q for c, q in case.requests]
     pages = [-(-s // page) for s in seq_lens]
     num_blocks = sum(pages) + 3
@@ -146,7 +146,7 @@ def reference(step: Step, dtype: torch.dtype) -> torch.Tensor:
     page = cache.shape[2]
     group = impl.num_heads // impl.num_kv_heads
     rows, start = [], 0
-    for r, (seq, ql) in enumerate(zip(step.seq_lens, step.query_lens)):
+    for r, (seq, ql) in enumerate(zip(step.seq_lens, step.query_lens, strict=True)):
         blocks = step.block_table[r, torch.arange(seq) // page].long()
         k, v = (cache[i, blocks, torch.arange(seq) % page].repeat_interleave(group, dim=1) for i in (0, 1))
         q = step.query[start:start + ql].to(dtype)
