@@ -161,8 +161,9 @@ def write_new_keys(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tens
 
     The slot's page is slot // block_size, its row slot % block_size; the first len(slot_mapping) rows of key
     and value are the new tokens (the rest is vLLM's padding), and a negative slot is skipped. With
-    ``checked``, a slot past the cache raises ValueError before anything is written (one host sync, as the
-    attention call's own checks); either way padding slots cost one more.
+    ``checked``, a slot past the cache raises ValueError before anything is written: one host sync (as the
+    attention call's own checks), and one more to drop padding slots when there are any; unchecked, the slots
+    are filtered unseen (one sync, the boolean index's).
     """
     n = slot_mapping.shape[0]
     if key.shape[0] < n or value.shape[0] < n:
