@@ -51,8 +51,7 @@ def _rows(table: tuning.Table) -> list[str]:
 
 
 def header(table: tuning.Table | None = None) -> str:
-    """The text of lt_tables.h (``table``: the attention and decoding kernels' rows; None: ``tuning.table_for``
-    of each)."""
+    """The text of lt_tables.h (``table``: the attention and decoding kernels' rows; None: each one's tables)."""
     if table is None:
         table = tuning.tables_for(ATTENTION_KERNELS + DECODE_KERNELS)
     kernels = [kernel for family in FAMILIES.values() for kernel in family]

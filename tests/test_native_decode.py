@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO, gpu
 from fake_libcuda import FAKE_SMS
 from nativelib import build_program
 
@@ -179,3 +181,129 @@ def test_lt_flash_combine_launches_python_s_kernel(built: dict[str, Path], tmp_p
     values = dict(zip(flash_combine.INT_PARAMS, report["params"], strict=False))
     assert [values[name] for name in flash_combine.INT_PARAMS[:4]] == [address(i) for i in (1, 2, 3, 4)]
     assert report["params"][len(flash_combine.INT_PARAMS):] == [0] * hidden
+
+
+# On the GPU: lt_attn_kvcache (contiguous; paged with GQA, new keys and a forced split count) and lt_flash_combine
+# through liblazytriton_native.so in a process whose LAZYTRITON_IMAGES is argv[3] (no JIT fallback), each result
+# against the float64 reference, within 2x a same-precision (bf16) PyTorch reference's error (FlashAttention's rule).
+GPU_SCRIPT = r"""
+import ctypes, json, sys
+import torch
+from cffi import FFI
+from lazytriton.capi import build
+from lazytriton.kernels.flash_decode.reference import kvcache_reference
+
+dll = ctypes.CDLL(sys.argv[1])
+dll.lt_last_error.restype = ctypes.c_char_p
+assert dll.lt_init(None) == 0, dll.lt_last_error()
+ffi = FFI()
+ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
+CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}
+
+def call(name, *args):
+    return getattr(dll, name)(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a
+                                for a in args))
+
+def describe(view, t):
+    view.data = ffi.cast("void *", t.data_ptr())
+    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 2, 0
+    for i in range(t.dim()):
+        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
+
+def err(got, want):
+    finite = torch.isfinite(want)
+    return float((got.double().cpu() - want.double())[finite].abs().max())
+
+report = {}
+torch.manual_seed(0)
+for name, paged, new, splits in (("contiguous", False, 0, 0), ("paged-append-split3", True, 2, 3)):
+    batch, hq, hk, d, length = 3, 16, 4, 128, 1500
+    q = torch.randn(batch, 1, hq, d, device="cuda").bfloat16()
+    if paged:
+        kc = torch.randn(batch * 8, 256, hk, d, device="cuda").bfloat16()
+        table = torch.randperm(batch * 8, device="cuda").reshape(batch, 8).int()
+    else:
+        kc, table = torch.randn(batch, 2048, hk, d, device="cuda").bfloat16(), None
+    vc = torch.randn_like(kc)
+    lens = torch.tensor([length, 7, 1999 - new][:batch], dtype=torch.int32, device="cuda")
+    k = torch.randn(batch, new, hk, d, device="cuda").bfloat16() if new else None
+    v = torch.randn_like(k) if new else None
+    before = (kc.cpu(), vc.cpu())
+    out, lse = torch.empty_like(q), torch.empty(batch, hq, 1, device="cuda")
+    p = ffi.new("lt_attn_kvcache_params *")
+    call("lt_attn_kvcache_params_init", p)
+    tensors = {"q": q, "k_cache": kc, "v_cache": vc, "cache_seqlens": lens, "out": out, "lse": lse,
+               "block_table": table, "k": k, "v": v}
+    for field, t in tensors.items():
+        if t is not None:
+            describe(getattr(p, field), t)
+    p.num_splits = splits
+    size = ctypes.c_size_t(0)
+    assert call("lt_attn_kvcache_workspace_size", p, ctypes.byref(size)) == 0
+    ws = torch.empty(max(size.value // 4, 1), device="cuda")
+    describe(p.workspace, ws)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    torch.cuda.synchronize()
+    cpu = {n: (t.cpu() if t is not None else None) for n, t in (("k", k), ("v", v), ("lens", lens), ("table", table))}
+    args = dict(cache_seqlens=cpu["lens"], block_table=cpu["table"])
+    want, want_lse, want_kc, _ = kvcache_reference(q.cpu().double(), before[0].double(), before[1].double(),
+                                                  None if k is None else cpu["k"].double(),
+                                                  None if v is None else cpu["v"].double(), **args)
+    same, same_lse, _, _ = kvcache_reference(q.cpu(), before[0], before[1], cpu["k"], cpu["v"], **args)
+    report[name] = {"status": status, "error": dll.lt_last_error().decode() if status else "",
+                    "out": [err(out, want), err(same, want)], "lse": [err(lse, want_lse), err(same_lse, want_lse)],
+                    "appended": bool(new == 0 or torch.equal(kc.cpu().double(), want_kc))}
+splits_n, rows, heads, d = 5, 7, 8, 96
+out_partial = torch.randn(splits_n, rows, heads, d, device="cuda")
+lse_partial = torch.randn(splits_n, rows, heads, device="cuda") * 3
+lse_partial[1, 0, 0] = float("-inf")
+out, lse = torch.empty(rows, heads, d, device="cuda").bfloat16(), torch.empty(rows, heads, device="cuda")
+p = ffi.new("lt_flash_combine_params *")
+call("lt_flash_combine_params_init", p)
+for field, t in (("out_partial", out_partial), ("lse_partial", lse_partial), ("out", out), ("lse", lse)):
+    describe(getattr(p, field), t)
+status = call("lt_flash_combine", p, ffi.NULL)
+torch.cuda.synchronize()
+lp, op = lse_partial.cpu().double(), out_partial.cpu().double()
+want_lse = torch.logsumexp(lp, dim=0)
+want = (torch.exp(lp - want_lse)[..., None] * op).sum(0)
+same_lse = torch.logsumexp(lse_partial.cpu(), dim=0)
+same = (torch.exp(lse_partial.cpu() - same_lse)[..., None] * out_partial.cpu()).sum(0).bfloat16()
+report["combine"] = {"status": status, "error": dll.lt_last_error().decode() if status else "",
+                     "out": [err(out, want), err(same, want)], "lse": [err(lse, want_lse), err(same_lse, want_lse)],
+                     "appended": True}
+print(json.dumps(report))
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_on_a_gpu_the_decoding_misses_prewarmed_are_served_natively(tmp_path: Path) -> None:
+    """No image: every call is LT_MISS; prewarmed from the miss log, served by the native core and within 2x bf16."""
+    from lazytriton.capi import native_build
+
+    library = native_build.build(tmp_path / "lib")
+    header = REPO / "capi" / "lazytriton.h"
+    env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache"), "LAZYTRITON_IMAGES": ""}
+    env.pop("LAZYTRITON_JIT", None)
+
+    def calls() -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", GPU_SCRIPT, str(library), str(header)], env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-4000:]
+        report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+        return report
+
+    missed = calls()
+    assert all(case["status"] == LT_MISS for case in missed.values()), missed
+    image = tmp_path / "decode.ltimg"
+    prewarm = subprocess.run([sys.executable, "-m", "lazytriton", "prewarm", "--from-misses",
+                              str(tmp_path / "cache" / "misses.jsonl"), "--out", str(image)], capture_output=True,
+                             text=True, timeout=1200, check=False, env=env)
+    assert prewarm.returncode == 0, prewarm.stderr[-4000:]
+    env["LAZYTRITON_IMAGES"] = str(image)
+    for name, case in calls().items():
+        assert case["status"] == LT_OK, (name, case["error"])
+        (out_err, out_same), (lse_err, lse_same) = case["out"], case["lse"]
+        assert out_err <= 2 * out_same + 1e-6 and lse_err <= 2 * lse_same + 1e-5, (name, case)
+        assert case["appended"], name
