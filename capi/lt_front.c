@@ -5,11 +5,14 @@
  * launches) compiled with LT__NATIVE_FRONT, and here the functions that the
  * embedded build has Python answer:
  *
- *   - a plan of flash_fwd, flash_bwd_dq or flash_bwd_dkdv: the variant and key
- *     computed in C (native/lt_choice.c), the entry read from the images
- *     lt_init opened (native/lt_runtime.c) and loaded through libcuda;
- *   - what the images cannot serve (a miss, decoding's plans, host memory,
- *     lt_prewarm): liblazytriton.so, opened with dlopen on the first such call
+ *   - a plan of flash_fwd, flash_bwd_dq or flash_bwd_dkdv, of lt_attn_kvcache
+ *     (kv_append, flash_decode_split, flash_decode_combine) or of
+ *     lt_flash_combine: the variants and keys computed in C
+ *     (native/lt_choice.c, native/lt_decode_choice.c), the entries read from
+ *     the images lt_init opened (native/lt_runtime.c) and loaded through
+ *     libcuda, the split heuristic's inputs read from the device;
+ *   - what the images cannot serve (a miss, host memory, lt_prewarm):
+ *     liblazytriton.so, opened with dlopen on the first such call
  *     when the JIT fallback is allowed, does it (its lt__embedded_plan, or the
  *     same public function); else LT_MISS or LT_ERROR_UNSUPPORTED naming what
  *     to do.
@@ -156,6 +159,8 @@ static int lt__py_init(const lt_config *config) {
     return LT_OK;
 }
 
+enum { LT__MULTIPROCESSOR_COUNT = 16 }; /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+
 static const int32_t lt__front_ints[] = {LT__KERNEL_INTS, LT__BWD_DQ_PARAMS - LT__BWD_FLOATS,
                                          LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS};
 
@@ -198,36 +203,177 @@ static int lt__native_plan(lt__plan_request *request) {
     return status;
 }
 
-static int lt__py_plan(lt__plan_request *request) {
-    int status = lt__native_plan(request);
-    if (status != LT_MISS)
-        return status;
+/* After a native plan's LT_MISS (its message this thread's): LT_OK when the JIT fallback is ready to plan the
+   call instead; else LT_MISS, its message saying how to allow the fallback, or the fallback's failure to load. */
+static int lt__fallback_for_miss(const char *what) {
     char miss[2048];
     snprintf(miss, sizeof miss, "%s", lt_last_error());
-    lt_status s = lt__embedded_ready(request->variant);
+    lt_status s = lt__embedded_ready(what);
     if (s == LT_MISS)
         return lt__fail(LT_MISS, "%s (the JIT fallback is off: LAZYTRITON_JIT=1 or lt_config.jit = LT_JIT_ON "
                         "allows it)", miss);
-    if (s != LT_OK)
+    return s;
+}
+
+static int lt__py_plan(lt__plan_request *request) {
+    int s = lt__native_plan(request);
+    if (s == LT_MISS && (s = lt__fallback_for_miss(request->variant)) == LT_OK)
+        return lt__embedded_result((lt_status)lt__embedded.plan(request));
+    return s;
+}
+
+/* ---- decoding and lt_flash_combine: their variants chosen in C (native/lt_decode_choice.c) ------------------ */
+
+typedef struct {
+    uint64_t function;
+    uint32_t threads, shared, hidden, block_m, block_n, block_d;
+    char variant[512];
+} lt__native_kernel;
+
+/* The kernel of r from the images, loaded on device_index and held to the C launcher's n_ints pointers or
+   integers then n_floats fp32: LT_OK (*out filled), LT_MISS (logged), or another failure. */
+static int lt__native_load(const ltn_decode_request *r, int32_t device_index, uint32_t n_ints, uint32_t n_floats,
+                           lt__native_kernel *out) {
+    ltn_variant variant;
+    ltn_error err;
+    char key[33];
+    memset(out, 0, sizeof *out);
+    if (ltn_decode_variant(r, &variant, &err) != LTN_OK)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s", err.message);
+    if (ltn_variant_string(&variant, out->variant, sizeof out->variant) != 0 || ltn_variant_key(&variant, key) != 0)
+        return lt__fail(LT_ERROR_INTERNAL, "the variant of kernel %d has no string or key", r->kernel);
+    lt_kernel *kernel = NULL;
+    int status = lt_kernel_load(key, out->variant, device_index, &kernel);
+    if (status != LT_OK)
+        return status;
+    void *function = NULL, *context = NULL;
+    lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0};
+    status = ltn_kernel_layout(kernel, n_ints, n_floats, &function, &context, &out->hidden);
+    if (status == LT_OK)
+        status = lt_kernel_get_info(kernel, &info);
+    if (status == LT_OK) {
+        out->function = (uint64_t)(uintptr_t)function; /* its module stays loaded, as the embedded planner's */
+        out->threads = info.block_threads, out->shared = info.shared_bytes;
+        out->block_m = (uint32_t)ltn_variant_get(&variant, "BLOCK_M", 0);
+        out->block_n = (uint32_t)ltn_variant_get(&variant, "BLOCK_N", 0);
+        out->block_d = (uint32_t)ltn_variant_get(&variant, "BLOCK_D", 0);
+    }
+    lt_kernel_destroy(kernel);
+    return status;
+}
+
+/* Every kernel of a call is looked up, so that one miss log names all a call lacks: the first failure is kept
+   (its message this thread's), a later one only counted. */
+static int lt__native_first(int status, int next, char *message, size_t size, int *more) {
+    if (next == LT_OK)
+        return status;
+    if (status != LT_OK) {
+        (*more)++;
+        return status;
+    }
+    snprintf(message, size, "%s", lt_last_error());
+    return next;
+}
+
+static int lt__native_result(int status, const char *message, int more) {
+    if (status == LT_OK)
+        return LT_OK;
+    if (more > 0)
+        return lt__fail(status, "%s (and %d more of this call's kernels, also logged)", message, more);
+    return lt__fail(status, "%s", message);
+}
+
+/* The SMs of the device, for the split heuristic's slots (binding.gpu_slots). */
+static lt_status lt__sm_count(int32_t device_index, int64_t *sms) {
+    lt__CUdevice device;
+    int count = 0;
+    lt__CUresult r;
+    if ((r = lt__cu.device_get(&device, device_index)) != 0)
+        return lt__fail(LT_ERROR_NO_GPU, "no CUDA device %d (cuDeviceGet: CUDA error %d)", device_index, r);
+    if ((r = lt__cu.device_attribute(&count, LT__MULTIPROCESSOR_COUNT, device)) != 0)
+        return lt__cuda_fail(r, "cuDeviceGetAttribute");
+    if (count < 1)
+        return lt__fail(LT_ERROR_CUDA, "device %d reports %d SMs", device_index, count);
+    *sms = count;
+    return LT_OK;
+}
+
+/* lt_attn_kvcache's plan from the images: kv_append (with new keys), the split and the combine kernel. */
+static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
+    lt__CUcontext context;
+    int32_t capability;
+    int64_t sms = 0;
+    lt_status s;
+    if ((s = lt__device_context(q->device_index, &context, &capability)) != LT_OK ||
+        (s = lt__sm_count(q->device_index, &sms)) != LT_OK)
         return s;
-    return lt__embedded_result((lt_status)lt__embedded.plan(request));
+    ltn_decode_request r = {
+        .kernel = LTN_KERNEL_DECODE_SPLIT, .capability = capability, .dtype = q->dtype, .head_dim = q->head_dim,
+        .head_dim_v = q->head_dim_v, .causal = q->causal, .aligned = q->aligned, .index64 = q->index64,
+        .rows = q->rows, .capacity = q->capacity, .page_size = q->page_size, .paged = q->paged, .window = q->window,
+        .softcap = q->softcap, .alibi = q->alibi, .leftpad = q->leftpad, .rotary = q->rotary,
+        .rotary_interleaved = q->rotary_interleaved, .sinks = q->sinks, .varlen_q = q->varlen_q};
+    lt__native_kernel split, combine, append;
+    char message[2048] = "";
+    int more = 0, status = LT_OK;
+    if (q->append) {
+        ltn_decode_request a = r;
+        a.kernel = LTN_KERNEL_KV_APPEND, a.aligned = q->append_aligned, a.index64 = q->append_index64;
+        status = lt__native_first(status, lt__native_load(&a, q->device_index, LT__APPEND_PARAMS, 0, &append),
+                                  message, sizeof message, &more);
+    }
+    status = lt__native_first(status, lt__native_load(&r, q->device_index, LT__DECODE_SPLIT_PARAMS -
+                                                       LT__DECODE_SPLIT_FLOATS, LT__DECODE_SPLIT_FLOATS, &split),
+                              message, sizeof message, &more);
+    r.kernel = LTN_KERNEL_DECODE_COMBINE;
+    status = lt__native_first(status, lt__native_load(&r, q->device_index, LT__DECODE_COMBINE_PARAMS, 0, &combine),
+                              message, sizeof message, &more);
+    if (status != LT_OK)
+        return lt__native_result(status, message, more);
+    if (q->append) {
+        q->append_function = append.function, q->append_threads = append.threads;
+        q->append_shared = append.shared, q->append_block_m = append.block_m, q->append_hidden = append.hidden;
+    }
+    q->split_function = split.function, q->split_threads = split.threads, q->split_shared = split.shared;
+    q->split_block_m = split.block_m, q->split_block_n = split.block_n, q->split_hidden = split.hidden;
+    q->combine_function = combine.function, q->combine_threads = combine.threads;
+    q->combine_shared = combine.shared, q->combine_block_m = combine.block_m, q->combine_hidden = combine.hidden;
+    q->slots = sms * ltn_decode_programs_per_sm(), q->min_keys = ltn_decode_min_split_keys(q->head_dim);
+    snprintf(q->variant, sizeof q->variant, "%s", split.variant);
+    return LT_OK;
+}
+
+/* lt_flash_combine's plan from the images. */
+static int lt__native_combine_plan(lt__combine_plan_request *q) {
+    lt__CUcontext context;
+    int32_t capability;
+    lt_status s;
+    if ((s = lt__device_context(q->device_index, &context, &capability)) != LT_OK)
+        return s;
+    ltn_decode_request r = {.kernel = LTN_KERNEL_FLASH_COMBINE, .capability = capability, .dtype = q->dtype,
+                            .head_dim = q->head_dim, .aligned = q->aligned, .index64 = q->index64};
+    lt__native_kernel k;
+    int status = lt__native_load(&r, q->device_index, LT__COMBINE_PARAMS, 0, &k);
+    if (status != LT_OK)
+        return status;
+    q->function = k.function, q->block_threads = k.threads, q->shared_bytes = k.shared;
+    q->block_m = k.block_m, q->block_d = k.block_d, q->n_hidden = k.hidden;
+    snprintf(q->variant, sizeof q->variant, "%s", k.variant);
+    return LT_OK;
 }
 
 static int lt__py_kvcache_plan(lt__kvcache_plan_request *request) {
-    lt_status s = lt__embedded_ready("decoding (lt_attn_kvcache)");
-    if (s == LT_MISS)
-        return lt__fail(LT_MISS, "the native core does not choose decoding's variants (flash_decode_split, "
-                        "flash_decode_combine, kv_append): lt_attn_kvcache needs the JIT fallback "
-                        "(LAZYTRITON_JIT=1 or lt_config.jit = LT_JIT_ON, and liblazytriton.so)");
-    return s != LT_OK ? s : lt__embedded_result((lt_status)lt__embedded.kvcache_plan(request));
+    int s = lt__native_kvcache_plan(request);
+    if (s == LT_MISS && (s = lt__fallback_for_miss("decoding (lt_attn_kvcache)")) == LT_OK)
+        return lt__embedded_result((lt_status)lt__embedded.kvcache_plan(request));
+    return s;
 }
 
 static int lt__py_combine_plan(lt__combine_plan_request *request) {
-    lt_status s = lt__embedded_ready("lt_flash_combine");
-    if (s == LT_MISS)
-        return lt__fail(LT_MISS, "the native core does not choose flash_combine's variant: lt_flash_combine needs the "
-                        "JIT fallback (LAZYTRITON_JIT=1 or lt_config.jit = LT_JIT_ON, and liblazytriton.so)");
-    return s != LT_OK ? s : lt__embedded_result((lt_status)lt__embedded.combine_plan(request));
+    int s = lt__native_combine_plan(request);
+    if (s == LT_MISS && (s = lt__fallback_for_miss("lt_flash_combine")) == LT_OK)
+        return lt__embedded_result((lt_status)lt__embedded.combine_plan(request));
+    return s;
 }
 
 /* Host memory runs through Triton's interpreter, in the embedded Python. */

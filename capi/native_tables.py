@@ -4,10 +4,12 @@
 before compiling ``capi/native/``: the key's constants (``variant.LAUNCH_ABI``, each kernel's
 ``source_fingerprint``), the geometry (``geometry.HEAD_DIMS``, ``MIN_CHUNK``), the split and TMA rules'
 switches (``attention.SPLIT_BY_DEFAULT`` and ``SPLIT_KERNELS``, flash_fwd's ``TMA_*``), the targets with
-little shared memory (``tiles.SMALL_SHARED_CUDA``) and every tuning row of the attention kernels
-(``tuning.table_for``: the shipped rows and the user's, as Python reads them when the library is built), sorted
-as ``tuning.lookup`` walks them. A new row, flag value or kernel source flows to C at the next build; the
-choice's code (``capi/native/lt_choice.c``) is held to Python's by ``tests/test_native_choice.py``.
+little shared memory (``tiles.SMALL_SHARED_CUDA``), the decoding kernels' constants (flash_decode's
+``MIN_BLOCK_N`` and ``PROGRAMS_PER_SM``, kv_append's one config, flash_combine's tile rule) and every tuning row
+of the attention and decoding kernels (``tuning.table_for``: the shipped rows and the user's, as Python reads
+them when the library is built), sorted as ``tuning.lookup`` walks them. A new row, flag value or kernel source
+flows to C at the next build; the choice's code (``capi/native/lt_choice.c``, ``lt_decode_choice.c``) is held to
+Python's by ``tests/test_native_choice.py`` and ``tests/test_native_decode_choice.py``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from collections.abc import Iterable
 
 from lazytriton import tuning
 from lazytriton.geometry import HEAD_DIMS, MIN_CHUNK
-from lazytriton.kernels import FAMILIES, attention, source_fingerprint
+from lazytriton.kernels import FAMILIES, attention, flash_combine, kv_append, source_fingerprint
+from lazytriton.kernels.flash_decode import binding as decode_binding
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.tiles import SMALL_SHARED_CUDA
 from lazytriton.variant import LAUNCH_ABI
 
 # The kernels whose variants the native core computes (lt_choice.c's LTN_KERNEL_* in this order).
 ATTENTION_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
+# The decoding kernels whose tuning rows the native core reads (lt_decode_choice.c).
+DECODE_KERNELS = decode_dispatch.DECODE_KERNELS
 
 
 def _c_string(text: str) -> str:
@@ -36,7 +42,7 @@ def _ints(values: Iterable[int]) -> str:
 
 
 def _rows(table: tuning.Table) -> list[str]:
-    kernels = set(ATTENTION_KERNELS)
+    kernels = set(ATTENTION_KERNELS + DECODE_KERNELS)
     rows = sorted((row for row in table if row.kernel in kernels),
                   key=lambda r: (r.target, r.kernel, r.dtype, r.head_dim, r.causal, r.seqlen_q, r.seqlen_k))
     return [f"    {{{_c_string(r.target)}, {_c_string(r.kernel)}, {_c_string(r.dtype)}, {r.head_dim}, {int(r.causal)}, "
@@ -45,9 +51,9 @@ def _rows(table: tuning.Table) -> list[str]:
 
 
 def header(table: tuning.Table | None = None) -> str:
-    """The text of lt_tables.h (``table``: the attention kernels' rows; None: ``tuning.table_for`` of each)."""
+    """The text of lt_tables.h (``table``: the attention and decoding kernels' rows; None: each one's tables)."""
     if table is None:
-        table = tuning.tables_for(ATTENTION_KERNELS)
+        table = tuning.tables_for(ATTENTION_KERNELS + DECODE_KERNELS)
     kernels = [kernel for family in FAMILIES.values() for kernel in family]
     fingerprints = [f"    {{{_c_string(k)}, {_c_string(source_fingerprint(k))}}}," for k in kernels]
     rows = _rows(table) or ["    {0},"]
@@ -60,6 +66,7 @@ def header(table: tuning.Table | None = None) -> str:
         f"#define LTN_TMA_BY_DEFAULT {int(fwd_dispatch.TMA_BY_DEFAULT)}",
         f"static const int ltn_head_dims[] = {{{_ints(HEAD_DIMS)}}};",
         f"static const int ltn_small_shared_cuda[] = {{{_ints(SMALL_SHARED_CUDA)}}};",
+        *_decode_constants(),
         "static const char *const ltn_split_kernels[] = {"
         + ", ".join(map(_c_string, attention.SPLIT_KERNELS)) + "};",
         "static const char *const ltn_tma_targets[] = {" + ", ".join(map(_c_string, fwd_dispatch.TMA_TARGETS)) + "};",
@@ -80,3 +87,19 @@ def header(table: tuning.Table | None = None) -> str:
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _decode_constants() -> list[str]:
+    """The decoding kernels' constants (flash_decode, kv_append, flash_combine): what their choices read."""
+    return [
+        f"#define LTN_DECODE_MIN_BLOCK_N {decode_dispatch.MIN_BLOCK_N}",
+        f"#define LTN_DECODE_PROGRAMS_PER_SM {decode_binding.PROGRAMS_PER_SM}",
+        f"#define LTN_KV_APPEND_BLOCK_M {kv_append.BLOCK_M}",
+        f"#define LTN_KV_APPEND_NUM_WARPS {kv_append.NUM_WARPS}",
+        f"#define LTN_COMBINE_MIN_BLOCK_D {flash_combine.MIN_BLOCK_D}",
+        f"#define LTN_COMBINE_MAX_BLOCK_D {flash_combine.MAX_BLOCK_D}",
+        f"#define LTN_COMBINE_TILE_ELEMENTS {flash_combine.TILE_ELEMENTS}",
+        f"#define LTN_COMBINE_MAX_BLOCK_M {flash_combine.MAX_BLOCK_M}",
+        f"#define LTN_COMBINE_BLOCK_N {flash_combine.BLOCK_N}",
+        f"#define LTN_COMBINE_NUM_WARPS {flash_combine.NUM_WARPS}",
+    ]

@@ -7,6 +7,10 @@ shared memory, stream, function and the context current during the launch.
 Each parameter is read into its own 128-byte record (a host descriptor's
 CUtensorMap is 128 bytes), with the pointer's address modulo 64.
 
+Every launch since ``configure`` is also logged (``launch_log``: grid, block, shared memory, function), so a
+call of several kernels (decoding: kv_append, the split and the combine kernel) can be followed launch by launch.
+The device has compute capability 9.0 and ``FAKE_SMS`` SMs.
+
 ``cuTensorMapEncodeTiled`` is faked too: it counts its calls, records the
 last call's arguments (``encodes()``) and writes a map that is a fixed
 serialisation of those arguments (``fake_map``): two maps are equal exactly
@@ -38,6 +42,8 @@ static void *stack[8];
 static int depth;
 static void *current;
 static int launch_status;
+static int64_t launch_log[64 * 8];
+static int n_logged;
 
 int fake_configure(int n, const int *param_sizes, int status) {
     if (n < 0 || n > 1024) return -1;
@@ -49,8 +55,10 @@ int fake_configure(int n, const int *param_sizes, int status) {
     depth = 0;
     n_encodes = 0;
     encode_status = 0;
+    n_logged = 0;
     return 0;
 }
+int fake_launch_log(int64_t *out) { memcpy(out, launch_log, sizeof launch_log); return n_logged; }
 void fake_set_encode_status(int status) { encode_status = status; }
 int fake_encodes(int64_t *out) { memcpy(out, encodes, sizeof encodes); return n_encodes; }
 
@@ -95,8 +103,9 @@ void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns) 
 
 int cuInit(unsigned int flags) { return 0; }
 int cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
-int cuDeviceGetAttribute(int *value, int attribute, int device) {  /* compute capability 9.0 (75, 76), else 232448 */
-    *value = attribute == 75 ? 9 : attribute == 76 ? 0 : 232448;
+/* compute capability 9.0 (75, 76), 132 SMs (16), else 232448 */
+int cuDeviceGetAttribute(int *value, int attribute, int device) {
+    *value = attribute == 75 ? 9 : attribute == 76 ? 0 : attribute == 16 ? 132 : 232448;
     return 0;
 }
 int cuDevicePrimaryCtxRetain(void **ctx, int device) { *ctx = (void *)(uintptr_t)(0xC000 + device); return 0; }
@@ -118,6 +127,9 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
     state[3] = gx; state[4] = gy; state[5] = gz; state[6] = bx; state[7] = by * 1000 + bz; state[8] = shared;
     state[9] = (int64_t)stream; state[10] = (int64_t)(uintptr_t)f; state[11] = (int64_t)(uintptr_t)current;
     state[12] = extra == NULL;
+    int64_t *log = launch_log + 8 * (n_logged & 63);
+    n_logged++;
+    log[0] = gx; log[1] = gy; log[2] = gz; log[3] = bx; log[4] = shared; log[5] = (int64_t)(uintptr_t)f;
     memset(seen, 0, sizeof seen);
     for (int i = 0; i < n_sizes; i++) {
         seen_null[i] = params[i] == NULL;
@@ -134,7 +146,10 @@ void fake_set_current(uintptr_t ctx);
 void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns);
 void fake_set_encode_status(int status);
 int fake_encodes(int64_t *out);
+int fake_launch_log(int64_t *out);
 """
+FAKE_SMS = 132
+LOGGED = ("grid_x", "grid_y", "grid_z", "block_x", "shared", "function")
 
 STATE = ("launches", "pushes", "pops", "grid_x", "grid_y", "grid_z", "block_x", "block_yz", "shared", "stream",
          "function", "context", "extra_null")
@@ -188,6 +203,13 @@ class Fake:
         if aligns is not None:
             aligns[:] = [int(align[i]) for i in range(len(self.sizes))]
         return params, {name: int(state[i]) for i, name in enumerate(STATE)}
+
+    def launch_log(self) -> list[dict[str, int]]:
+        """The launches since ``configure`` (the last 64), oldest first: grid, block, shared memory, function."""
+        raw = self.ffi.new("int64_t[]", 64 * 8)
+        count = self.lib.fake_launch_log(raw)
+        return [{name: int(raw[8 * (n & 63) + i]) for i, name in enumerate(LOGGED)}
+                for n in range(max(0, count - 64), count)]
 
     def encodes(self) -> tuple[int, list[dict[str, Any]]]:
         """(cuTensorMapEncodeTiled calls since ``configure``, the last 16 calls' arguments, oldest first)."""

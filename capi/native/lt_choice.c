@@ -131,6 +131,10 @@ static config bwd_default(int kernel, int capability, const char *dtype, int hea
     return make(dkdv.block_m, held, dkdv.num_warps, dkdv.num_stages, 0);
 }
 
+int ltn_padded_head_dim(int head_dim) { return padded_head_dim(head_dim); }
+
+int64_t ltn_bucket(int64_t seqlen) { return bucket(seqlen); }
+
 /* tuning.lookup over the generated rows: the group's first seqlen_q bucket at or above seqlen_q (else its last),
    then in it the first seqlen_k bucket at or above seqlen_k (else the last). NULL: the group has no row. */
 static const ltn_tuning_row *lookup(const char *target, const char *kernel, const char *dtype, int head_dim,
@@ -166,6 +170,16 @@ static const ltn_tuning_row *lookup(const char *target, const char *kernel, cons
     return row;
 }
 
+int ltn_tuning_lookup(const char *target, const char *kernel, const char *dtype, int head_dim, int causal,
+                      int64_t seqlen_q, int64_t seqlen_k, ltn_config *out) {
+    const ltn_tuning_row *row = lookup(target, kernel, dtype, head_dim, causal, seqlen_q, seqlen_k);
+    if (row == NULL)
+        return 0;
+    out->block_m = row->block_m, out->block_n = row->block_n, out->num_warps = row->num_warps;
+    out->num_stages = row->num_stages, out->waves_per_eu = row->waves_per_eu;
+    return 1;
+}
+
 /* attention.table_config with the family's default */
 static config table_config(int kernel, int capability, const char *target, const char *dtype, int head_dim,
                            int causal, int64_t seqlen_q, int64_t seqlen_k, int split) {
@@ -184,9 +198,15 @@ static config table_config(int kernel, int capability, const char *target, const
 }
 
 static void add(ltn_variant *v, int group, const char *name, int is_bool, int64_t value) {
+    if (v->n_fields[group] >= LTN_MAX_FIELDS)
+        return; /* no choice writes that many: the tests hold every string to Python's */
     ltn_variant_field *f = &v->fields[group][v->n_fields[group]++];
     snprintf(f->name, sizeof f->name, "%s", name);
     f->is_bool = is_bool, f->value = value;
+}
+
+void ltn_variant_add(ltn_variant *v, int group, const char *name, int is_bool, int64_t value) {
+    add(v, group, name, is_bool, value);
 }
 
 static void set(ltn_variant *v, int group, const char *name, int is_bool, int64_t value) {
@@ -206,6 +226,8 @@ static void sort_fields(ltn_variant *v) {
                 v->fields[g][j] = v->fields[g][j - 1], v->fields[g][j - 1] = t;
             }
 }
+
+void ltn_variant_sort(ltn_variant *v) { sort_fields(v); }
 
 int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) {
     memset(v, 0, sizeof *v);

@@ -161,7 +161,7 @@ typedef struct {
 } ltn_attn_request;
 
 typedef struct {
-    char name[16];
+    char name[24];
     int32_t is_bool;
     int64_t value;
 } ltn_variant_field;
@@ -186,6 +186,49 @@ int ltn_variant_key(const ltn_variant *v, char hex[33]);
 struct lt_kernel;
 int ltn_kernel_layout(const struct lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function,
                       void **context, uint32_t *n_hidden);
+/* ---- what the choices share (lt_choice.c), and the decoding kernels' choice (lt_decode_choice.c) ----- */
+
+/* A kernel's tiles and options (tiles.Config). */
+typedef struct {
+    int block_m, block_n, num_warps, num_stages, waves_per_eu;
+} ltn_config;
+
+/* geometry.padded_head_dim: the compiled head dim holding head_dim, or -1 past the largest. */
+int ltn_padded_head_dim(int head_dim);
+/* tuning.bucket: the power-of-two bucket of a seqlen (1 for 0 and 1). */
+int64_t ltn_bucket(int64_t seqlen);
+/* tuning.lookup over the generated rows: 1 with *out filled, or 0 when the group has no row. */
+int ltn_tuning_lookup(const char *target, const char *kernel, const char *dtype, int head_dim, int causal,
+                      int64_t seqlen_q, int64_t seqlen_k, ltn_config *out);
+/* Adds a field to a group (0 functional, 1 tuned, 2 options); ltn_variant_sort orders each group by name. */
+void ltn_variant_add(ltn_variant *v, int group, const char *name, int is_bool, int64_t value);
+void ltn_variant_sort(ltn_variant *v);
+
+enum { LTN_KERNEL_DECODE_SPLIT = 3, LTN_KERNEL_DECODE_COMBINE = 4, LTN_KERNEL_KV_APPEND = 5,
+       LTN_KERNEL_FLASH_COMBINE = 6 };
+
+/* A call of a decoding kernel as the C API's plans describe it (lt_kvcache.c's and lt_combine.c's plan
+   requests): flash_decode_split and flash_decode_combine (binding.variants), kv_append (kv_append.variant),
+   flash_combine (flash_combine.variant: dtype is out's, head_dim its own; the other fields are ignored). */
+typedef struct {
+    int32_t kernel;              /* LTN_KERNEL_DECODE_SPLIT, _DECODE_COMBINE, _KV_APPEND or _FLASH_COMBINE */
+    int32_t capability, dtype;   /* as ltn_attn_request's */
+    int32_t head_dim, head_dim_v; /* head_dim_v 0: head_dim */
+    int32_t causal, aligned, index64;
+    int64_t rows;                /* query rows per key/value head (group size x seqlen_q) */
+    int64_t capacity, page_size; /* keys a sequence's cache holds; keys a page (0: a contiguous cache) */
+    int32_t paged;               /* kv_append's PAGED (the decoding kernels read page_size > 0) */
+    int32_t window, softcap, alibi, leftpad, rotary, rotary_interleaved, sinks, varlen_q;
+} ltn_decode_request;
+
+/* The variant serving r (capi/embedded_kvcache.py's plan_variants and append_variant, embedded_combine.py's
+   plan_variant): LTN_OK, or LTN_ARGUMENT with a message. */
+int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *err);
+/* binding.min_split_keys: the fewest keys a split takes on a GPU, by head dim. */
+int64_t ltn_decode_min_split_keys(int head_dim);
+/* binding.PROGRAMS_PER_SM: the split programs the heuristic counts per SM. */
+int64_t ltn_decode_programs_per_sm(void);
+
 /* Entries in the open images, all together. */
 uint64_t ltn_images_entries(void);
 /* The kernel's source fingerprint (kernels.source_fingerprint when the library was built), or NULL. */

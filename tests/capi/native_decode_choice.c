@@ -1,0 +1,47 @@
+/*
+ * native_decode_choice: the native core's choice of a decoding kernel's variant and key, one call a line
+ * (tests/test_native_decode_choice.py).
+ *
+ * Each line of stdin: kernel capability dtype head_dim head_dim_v causal aligned index64 rows capacity page_size
+ * paged window softcap alibi leftpad rotary rotary_interleaved sinks varlen_q (ltn_decode_request's fields in
+ * order); answered "ok VARIANT KEY" or "error MESSAGE". A line "split HEAD_DIM" is answered
+ * "MIN_SPLIT_KEYS PROGRAMS_PER_SM".
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "lt_native.h"
+
+int main(void) {
+    char line[512];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        int head_dim;
+        if (sscanf(line, "split %d", &head_dim) == 1) {
+            printf("%lld %lld\n", (long long)ltn_decode_min_split_keys(head_dim),
+                   (long long)ltn_decode_programs_per_sm());
+            continue;
+        }
+        ltn_decode_request r;
+        long long rows = 0, capacity = 0, page_size = 0;
+        memset(&r, 0, sizeof r);
+        int n = sscanf(line, "%d %d %d %d %d %d %d %d %lld %lld %lld %d %d %d %d %d %d %d %d %d", &r.kernel,
+                       &r.capability, &r.dtype, &r.head_dim, &r.head_dim_v, &r.causal, &r.aligned, &r.index64, &rows,
+                       &capacity, &page_size, &r.paged, &r.window, &r.softcap, &r.alibi, &r.leftpad, &r.rotary,
+                       &r.rotary_interleaved, &r.sinks, &r.varlen_q);
+        if (n != 20) {
+            printf("error bad request line\n");
+            continue;
+        }
+        r.rows = rows, r.capacity = capacity, r.page_size = page_size;
+        ltn_variant v;
+        ltn_error err;
+        char text[1024], key[33];
+        if (ltn_decode_variant(&r, &v, &err) != LTN_OK)
+            printf("error %s\n", err.message);
+        else if (ltn_variant_string(&v, text, sizeof text) != 0 || ltn_variant_key(&v, key) != 0)
+            printf("error no string or key\n");
+        else
+            printf("ok %s %s\n", text, key);
+    }
+    return 0;
+}
