@@ -154,6 +154,15 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
     return attention.variant(kernel, target, request, kernel_config, tma_field)
 
 
+# Prewarm plans the FP8 forward when asked (--dtype e4m3), on the targets fp8_refusal does not refuse.
+PREWARM_FP8 = FP8_DTYPES
+
+
+def prewarm_leaves_out(target: Target, dtype: str) -> str | None:
+    """Why prewarm leaves ``dtype``'s variants out for ``target`` (None: it plans them)."""
+    return fp8_refusal(target) if dtype in FP8_DTYPES else None
+
+
 # What the FP8 forward (flash_fwd_fp8) does not take, as the Request's fields name them.
 _FP8_REFUSED = ("alibi", "bias", "dropout", "sinks", "tma")
 

@@ -104,7 +104,7 @@ def descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: 
 
 
 def transposed_v(v: torch.Tensor) -> torch.Tensor:
-    """V (B, Hk, Sk, Dv) as the kernel reads it: a (B, Hk, Dv, Sk) view of a copy whose rows hold a multiple of 16 keys."""
+    """V (B, Hk, Sk, Dv) as the kernel reads it: a (B, Hk, Dv, Sk) view of a copy, rows a multiple of 16 keys."""
     b, hk, sk, dv = v.shape
     padded = -(-max(sk, 1) // 16) * 16
     made = torch.empty((b, hk, dv, padded), dtype=v.dtype, device=v.device)[..., :sk]
@@ -244,7 +244,7 @@ def varlen_attention(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q:
                      causal: Any, scale: Any, window: Any, softcap: Any, seqused_q: Any, seqused_k: Any,
                      attention_chunk: Any, given: tuple[Any, Any, Any],
                      unsupported: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flash_attn_varlen_func``'s FP8 call on packed (total, heads, head_dim) tensors: (out bf16, lse (hq, total_q))."""
+    """``flash_attn_varlen_func``'s FP8 call on packed (total, heads, head_dim) tensors: (out bf16, lse)."""
     from lazytriton.kernels.flash_fwd import varlen
 
     _refuse(unsupported)
