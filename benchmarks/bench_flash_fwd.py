@@ -23,6 +23,17 @@ benchmark shapes; heads rounded down for head dims that do not divide it), for:
   the chunked call's time over the windowed one's. Their TFLOP/s count the
   dense call's FLOPs (a time ratio, not a throughput).
 
+With ``--fp8`` the run is the FP8 forward's instead (issue 42): at head dims
+``--head-dims`` (64/128/256), causal or not, 16k tokens (batch 1, hidden
+2048), ``lazytriton_fp8`` (``attn_fwd`` on float8_e4m3fn q, k, v with per
+(batch, kv head) descales, bf16 out: the descale and V-transpose work
+included) beside ``lazytriton`` (the bf16 forward, same run, same shape) and
+``sdpa_cudnn_fp8`` (torch's SDPA pinned to cuDNN on the FP8 tensors, where
+torch takes them: a refusal is printed and its row is NaN). Outputs are checked
+against SDPA's bf16 flash output on the dequantised inputs (relative error
+under 0.08: e4m3 probabilities). The table ends with each row's FP8 / bf16
+ratio.
+
 Then (unless ``--no-host``) the host cost of one call on a tiny shape (µs per
 call, wall clock over many calls, GPU work negligible). Every provider's
 output is checked against SDPA before it is timed. Rows go to a long-format
@@ -36,7 +47,7 @@ and over the grid, and the lowest row.
 
 Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16] [--head-dims 64,128,256]
        [--seqlens 1k,4k,16k] [--causal both|causal|full] [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn]
-       [--prewarm-jobs N] [--no-host] [--sweep] [--sinks] [--attention-chunk C]
+       [--prewarm-jobs N] [--no-host] [--sweep] [--sinks] [--attention-chunk C] [--fp8]
 """
 
 from __future__ import annotations
@@ -338,6 +349,65 @@ def print_table(rows: list[dict[str, object]]) -> None:
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 
 
+FP8_PROVIDERS = ("lazytriton_fp8", "lazytriton", "sdpa_cudnn_fp8")
+FP8_TOKENS = 16384
+FP8_MAX_ERR = 8e-2  # e4m3 probabilities and inputs against bf16 math on the dequantised values
+
+
+def fp8_case(head_dim: int, causal: bool, meta: dict[str, str]) -> list[dict[str, object]]:
+    """One FP8 row set: the FP8 forward, our bf16 forward and cuDNN's FP8 SDPA, checked and timed in turns."""
+    from torch.nn.attention import SDPBackend
+
+    heads = 2048 // head_dim
+    shape = (1, heads, FP8_TOKENS, head_dim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    scales = tuple(torch.full((1, heads), 1.0, device="cuda") for _ in range(3))
+    qd, kd, vd = (t.to(torch.bfloat16) for t in (q8, k8, v8))
+    ref = sdpa(SDPBackend.FLASH_ATTENTION)(qd, kd, vd, causal)
+    made: dict[str, Callable[[], object]] = {
+        "lazytriton_fp8": lambda: attn_fwd(q8, k8, v8, causal=causal, q_descale=scales[0], k_descale=scales[1],
+                                           v_descale=scales[2])[0],
+        "lazytriton": lambda: attn_fwd(qd, kd, vd, causal=causal)[0],
+        "sdpa_cudnn_fp8": lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q8, k8, v8, causal),
+    }
+    errs = {}
+    for name, fn in made.items():
+        try:
+            errs[name] = rel_err(fn(), ref)  # type: ignore[arg-type]
+        except Exception as exc:  # torch's SDPA may refuse float8 on cuDNN: said, not fatal
+            print(f"  {name}: {type(exc).__name__}: {str(exc)[:160]}", file=sys.stderr)
+            errs[name] = math.nan
+    timed = dict(zip(*_turns({name: made[name] for name, err in errs.items() if err < FP8_MAX_ERR}), strict=True))
+    flops = 4 * FP8_TOKENS * FP8_TOKENS * head_dim * heads / (2 if causal else 1)
+    rows = []
+    for name in made:
+        ms = timed.get(name, math.nan)
+        rows.append({**meta, "provider": name, "mode": "fwd", "dtype": "e4m3" if name != "lazytriton" else "bf16",
+                     "head_dim": head_dim, "causal": causal, "batch": 1, "heads": heads, "seqlen": FP8_TOKENS,
+                     "p50_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "us_per_call": "",
+                     "rel_err": f"{errs[name]:.1e}"})
+    return rows
+
+
+def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object]]:
+    """The FP8 grid (``--fp8``): rows appended to the CSV case by case, then the FP8 / bf16 table."""
+    rows: list[dict[str, object]] = []
+    for head_dim in args.head_dims:
+        for causal in (False, True):
+            torch.manual_seed(head_dim)
+            done = fp8_case(head_dim, causal, meta)
+            append_rows(args.csv, FIELDS, done)
+            rows += done
+            tf: dict[str, float] = {str(r["provider"]): float(r["tflops"]) for r in done}  # type: ignore[arg-type]
+            print(f"hd{head_dim} {'causal' if causal else 'full  '} 16k: "
+                  + "  ".join(f"{n} {t}" for n, t in tf.items())
+                  + f"  fp8/bf16 {tf['lazytriton_fp8'] / tf['lazytriton']:.2f}"
+                  + f"  fp8/cudnn_fp8 {tf['lazytriton_fp8'] / tf['sdpa_cudnn_fp8']:.2f}", flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "flash_fwd.csv")
@@ -350,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--attention-chunk", type=int, default=0, metavar="C",
                         help="also time attn_fwd with attention_chunk=C (provider lazytriton_chunk) beside the same "
                              "call with the sliding window that holds each chunk (lazytriton_window)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="time the FP8 forward instead (float8_e4m3fn, 16k tokens, head dims --head-dims) beside "
+                             "the bf16 forward and cuDNN's FP8 SDPA")
     args = parse_grid(parser, argv)
     if args.attention_chunk < 0:
         parser.error(f"--attention-chunk must be >= 0 (0: off), got {args.attention_chunk}")
@@ -357,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_flash_fwd needs a CUDA GPU", file=sys.stderr)
         return 2
     meta = run_meta("flash_fwd", torch.device("cuda"))
+    if args.fp8:
+        fp8(args, meta)
+        return 0
     if args.prewarm_jobs > 0 and "lazytriton" in args.providers:
         try:
             prewarm(grid_of(args), torch.device("cuda"), args.prewarm_jobs, print, backward=False)

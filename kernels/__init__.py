@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it
     from lazytriton.variant import Variant
 
 
+# Triton's name of a variant dtype where the two differ (the others, fp16, bf16 and fp32, are Triton's own):
+# e4m3 is torch.float8_e4m3fn, OCP's FP8 with 4 exponent bits and no infinity.
+TRITON_DTYPES = {"e4m3": "fp8e4nv"}
+
+
 @record
 class KernelSpec:
     """A Triton kernel as the compiler and the launcher see it.
@@ -88,7 +93,7 @@ class KernelSpec:
         ``constexprs`` fill the block shapes of descriptor parameter types (KeyError without them).
         """
         index = "i64" if index64 else "i32"
-        values = {**(constexprs or {}), "dtype": dtype, "index": index}
+        values = {**(constexprs or {}), "dtype": TRITON_DTYPES.get(dtype, dtype), "index": index}
         sig = {name: kind.format(**values) for name, kind in self.params}
         sig.update({name: "constexpr" for name in self.constexprs})
         return sig
@@ -155,13 +160,14 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_combine.spec import FLASH_COMBINE
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
+    from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
     from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON
     from lazytriton.kernels.kv_append.spec import KV_APPEND
 
-    # flash_fwd_gluon, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels
+    # flash_fwd_gluon, flash_fwd_fp8, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels
     # (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's kernels, not
     # kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by rule).
-    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
+    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_FP8, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
              FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE)
     return {spec.name: spec for spec in specs}
 

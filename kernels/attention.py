@@ -29,7 +29,7 @@ SPLIT_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
 # The attention kernels that take attention sinks (SINKS): the forward's.
 SINKS_KERNELS = ("flash_fwd",)
 # The attention kernels that take FlashAttention-3's attention_chunk (CHUNK): the Triton forward and backward pair.
-CHUNK_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
+CHUNK_KERNELS = ("flash_fwd", "flash_fwd_fp8", "flash_bwd_dq", "flash_bwd_dkdv")
 
 
 def split_chunks(kernel: str, head_dim: int, head_dim_v: int = 0, tma: bool | None = None,

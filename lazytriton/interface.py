@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
-from lazytriton.kernels.flash_fwd import binding, hot, score_mods
+from lazytriton.kernels.flash_fwd import binding, fp8, hot, score_mods
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.launch import CaptureError as CaptureError  # re-exported: lazytriton.CaptureError
 
@@ -103,7 +103,9 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
              sm_scale: float | None = None, window_size: tuple[int, int] = _NO_WINDOW,
              softcap: float = _NO_CAP, alibi_slopes: torch.Tensor | None = None,
              dropout_p: float = 0.0, sinks: torch.Tensor | None = None,
-             s_aux: torch.Tensor | None = None, attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+             s_aux: torch.Tensor | None = None, attention_chunk: int = 0, q_descale: torch.Tensor | None = None,
+             k_descale: torch.Tensor | None = None,
+             v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, FlashAttention-2 style, returning the logsumexp too.
 
     Args:
@@ -135,9 +137,19 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         attention_chunk: FlashAttention-3's chunked local attention: if > 0,
             query i sees key j only when j // attention_chunk == (i + offset)
             // attention_chunk, offset the window's. Default 0 (off).
+        q_descale: FlashAttention-3's FP8 forward, for float8_e4m3fn q, k
+            and v (sm_90 and later; CPU tensors through the interpreter): None
+            (1.0) or float32 on q's device, (batch, heads_k) or one value ((1,)
+            or ()). The scores are (q . k) * q_descale * k_descale * sm_scale,
+            the probabilities are rounded to e4m3 for their product with v (as
+            FlashAttention-3 does), and out (bfloat16) is multiplied by
+            v_descale. No alibi_slopes, dropout or sinks with FP8 inputs, and
+            no backward: they must not require grad.
+        k_descale: k's, as q_descale.
+        v_descale: v's, as q_descale.
 
     Returns:
-        ``(out, lse)``: out has q's shape (but v's head dim) and dtype; lse is the float32
+        ``(out, lse)``: out has q's shape (but v's head dim) and dtype (bfloat16 for FP8 inputs); lse is the float32
         natural-log logsumexp of the scaled (and capped, ALiBi-biased)
         scores before dropout (and the sink), shape (batch, heads_q, seqlen_q).
 
@@ -164,11 +176,18 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and alibi_slopes is None
             and dropout_p == 0.0 and sinks is None and s_aux is None and type(attention_chunk) is int
-            and attention_chunk == 0 and type(q) is _Tensor and type(k) is _Tensor
+            and attention_chunk == 0 and q_descale is None and k_descale is None and v_descale is None
+            and type(q) is _Tensor and type(k) is _Tensor
             and type(v) is _Tensor and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
+    descales = (q_descale, k_descale, v_descale)
+    if fp8.is_fp8(q):
+        return fp8.attention(q, k, v, causal, sm_scale, binding.NAMES, window_size, softcap, attention_chunk, descales,
+                             {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
+                              "sinks": sinks is not None or s_aux is not None})
+    fp8.refuse_descales(q, descales)
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
     call = binding.with_chunk(attention_sinks.with_sinks(call, q, attention_sinks.given(sinks, s_aux)), attention_chunk)
     return run(q, k, v, with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
@@ -187,7 +206,9 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     window_size: tuple[int, int] = _NO_WINDOW, softcap: float = _NO_CAP,
                     alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                     return_attn_probs: bool = False, sinks: torch.Tensor | None = None,
-                    s_aux: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
+                    s_aux: torch.Tensor | None = None, attention_chunk: int = 0,
+                    q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+                    v_descale: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_func``: same arguments, same layout,
@@ -246,9 +267,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             if > 0, query i sees key j only when j // attention_chunk == (i +
             seqlen_k - seqlen_q) // attention_chunk, on top of causal and the
             window. Key blocks outside every query's chunk are skipped. Default 0 (off).
+        q_descale: FlashAttention-3's FP8 forward (float8_e4m3fn q, k and v, out bfloat16), as in ``attn_fwd``:
+            None or float32 (batch, heads_k), (1,) or (). Forward only.
+        k_descale: k's, as q_descale.
+        v_descale: v's, as q_descale.
 
     Returns:
-        ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype, or
+        ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype (bfloat16 for FP8 inputs), or
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
 
     Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it).
@@ -258,6 +283,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             and (softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
             and type(attention_chunk) is int and attention_chunk == 0
+            and q_descale is None and k_descale is None and v_descale is None
             and type(deterministic) is bool and type(return_attn_probs) is bool
             and direct(q, k, v)):
         if return_attn_probs:
@@ -274,6 +300,14 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     check_bool("return_attn_probs", return_attn_probs)
     check_bool("causal", causal)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    descales = (q_descale, k_descale, v_descale)
+    if fp8.is_fp8(q):
+        out, lse = fp8.attention(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES,
+                                 window_size, softcap, attention_chunk, descales,
+                                 {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
+                                  "sinks": sinks is not None or s_aux is not None})
+        return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
+    fp8.refuse_descales(q, descales)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
     call = attention_sinks.with_sinks(call, qt, attention_sinks.given(sinks, s_aux), _FA_NAMES)
@@ -291,7 +325,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                            seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
                            s_aux: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                           num_splits: int = 0, out: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
+                           num_splits: int = 0, out: torch.Tensor | None = None, attention_chunk: int = 0,
+                           q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+                           v_descale: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -348,6 +384,10 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             when j // attention_chunk == (i + len_k - len_q) // attention_chunk. Default 0 (off).
         out: optional, vLLM's: a tensor of the output's shape, dtype and device that the output is written into
             (and returned).
+        q_descale: FlashAttention-3's FP8 forward (float8_e4m3fn q, k and v, out bfloat16), as in ``attn_fwd``,
+            batch being the number of sequences. Forward only; no block_table.
+        k_descale: k's, as q_descale.
+        v_descale: v's, as q_descale.
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -375,6 +415,16 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
     check_bool("return_attn_probs", return_attn_probs)
+    descales = (q_descale, k_descale, v_descale)
+    if fp8.is_fp8(q):
+        res, lse = fp8.varlen_attention(
+            q, k, v, index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k), max_seqlen_q, max_seqlen_k, causal,
+            softmax_scale, window_size, softcap, index_tensor(seqused_q), index_tensor(seqused_k), attention_chunk,
+            descales, {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0,
+                       "sinks": sinks is not None or s_aux is not None})
+        res = res if out is None else out.copy_(res)
+        return (res, lse, None) if return_attn_probs else res
+    fp8.refuse_descales(q, descales)
     from lazytriton.kernels.flash_fwd import varlen
 
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.

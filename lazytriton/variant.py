@@ -41,7 +41,7 @@ Pairs = tuple[tuple[str, Value], ...]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _STR_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
-DTYPES = ("fp16", "bf16", "fp32")
+DTYPES = ("fp16", "bf16", "fp32", "e4m3")  # e4m3: torch.float8_e4m3fn (kernels.TRITON_DTYPES)
 
 
 def _format_value(value: Value) -> str:

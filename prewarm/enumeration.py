@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,10 @@ from lazytriton.target import Target
 from lazytriton.variant import DTYPES, Variant, check_fields
 
 KERNEL = "flash_fwd"  # the forward kernel, enumerated first
-DEFAULT_DTYPES: tuple[str, ...] = DTYPES
+# FP8 (e4m3) is planned only when asked for (--dtype e4m3), for the families whose dispatch names it in
+# PREWARM_FP8 (flash_fwd's FP8 forward), on the targets its ``prewarm_leaves_out`` does not refuse.
+FP8_DTYPES = ("e4m3",)
+DEFAULT_DTYPES: tuple[str, ...] = tuple(dtype for dtype in DTYPES if dtype not in FP8_DTYPES)
 DEFAULT_HEAD_DIMS: tuple[int, ...] = geometry.HEAD_DIMS
 DEFAULT_CAUSAL: tuple[bool, ...] = (False, True)
 # One seqlen per default_config class: <= 16, <= 64 and > 64 query rows.
@@ -257,6 +261,17 @@ def _biased(bias: tuple[bool, ...], bias_grad: tuple[bool, ...]) -> tuple[tuple[
     return tuple((b, grad) for b in bias for grad in ((False, True) if b and True in bias_grad else (False,)))
 
 
+def _fp8_planned(rules: Any, target: Target, dtype: str, kernel: str) -> bool:
+    """Whether ``kernel``'s plan holds FP8 ``dtype`` on ``target``; where not, the reason is logged."""
+    if dtype not in getattr(rules, "PREWARM_FP8", ()):
+        return False
+    reason = rules.prewarm_leaves_out(target, dtype)
+    if reason is not None:
+        logging.getLogger("lazytriton.prewarm").warning("prewarm leaves %s %s out for %s: %s", kernel, dtype, target,
+                                                        reason)
+    return reason is None
+
+
 def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: str) -> Iterable[Planned]:
     """``kernel``'s planned variants for ``target``: its family's ``dispatch`` answers, with its prewarm hooks.
 
@@ -269,6 +284,7 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     """
     rules = dispatch.family_dispatch(kernel)
     dtypes: tuple[str, ...] = axes.dtypes or tuple(getattr(rules, "PREWARM_DTYPES", DEFAULT_DTYPES))
+    dtypes = tuple(dtype for dtype in dtypes if dtype not in FP8_DTYPES or _fp8_planned(rules, target, dtype, kernel))
     head_dims: tuple[int, ...] = axes.head_dims or tuple(getattr(rules, "PREWARM_HEAD_DIMS", DEFAULT_HEAD_DIMS))
     paged = (axes.paged or (False, True)) if getattr(rules, "PREWARM_PAGED", False) else (False,)
     layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]

@@ -50,7 +50,7 @@ from lazytriton.variant import Variant
 # the tile (1024 x 1024 took minutes and gigabytes before failing).
 MAX_BLOCK_MN = 256
 MAX_BLOCK_D = 256
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "e4m3": 1}
 
 
 @record
@@ -91,7 +91,7 @@ def known_target(text: str) -> Target:
 
 
 # The kernels the estimate knows: ``refusal`` checks only the tile caps of any other.
-ESTIMATED_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
+ESTIMATED_KERNELS = ("flash_fwd", "flash_fwd_fp8", "flash_bwd_dq", "flash_bwd_dkdv")
 
 
 def estimate_shared(variant: Variant) -> int:
@@ -101,7 +101,7 @@ def estimate_shared(variant: Variant) -> int:
     tile = block_d * DTYPE_BYTES[variant.dtype]
     stages = max(1, int(variant.get("num_stages")) - 1)
     hip = Target.parse(variant.target).backend == "hip"
-    if variant.kernel == "flash_fwd":
+    if variant.kernel in ("flash_fwd", "flash_fwd_fp8"):
         return 2 * block_n * tile if hip else (block_m + 2 * block_n * stages) * tile
     if variant.kernel not in ESTIMATED_KERNELS:
         raise ValueError(f"no shared-memory estimate for kernel {variant.kernel!r}; known: {ESTIMATED_KERNELS}")

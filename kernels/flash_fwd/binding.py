@@ -40,6 +40,8 @@ from lazytriton.variant import Variant
 log = logging.getLogger("lazytriton.flash")
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# The FP8 forward's dtypes (``flash_fwd.fp8``: its own kernel, flash_fwd_fp8); ``check(fp8=True)`` takes them.
+FP8_DTYPES = {torch.float8_e4m3fn: "e4m3"}
 INT32_MAX = 2**31 - 1
 MAX_GRID_YZ = 65535  # grid y (heads) and z (batch) limits of CUDA and HIP
 DEVICE_TYPES = ("cuda", "cpu")  # ROCm tensors are "cuda" too
@@ -129,11 +131,11 @@ class Call(NamedTuple):
 # Checks
 
 
-def _check_tensor(name: str, t: object) -> torch.Tensor:
+def _check_tensor(name: str, t: object, fp8: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dtype not in (FP8_DTYPES if fp8 else DTYPES):
+        raise TypeError(f"{name} must be {'float8_e4m3fn' if fp8 else 'float16, bfloat16 or float32'}, got {t.dtype}")
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
     if t.stride(-1) != 1 and t.shape[-1] > 1:
@@ -178,16 +180,17 @@ MAX_WINDOWED_SEQLEN = 2**29
 
 
 def check(q: Any, k: Any, v: Any, causal: Any = False, scale: Any = None, names: Names = NAMES,
-          window: Any = NO_WINDOW, softcap: Any = 0.0) -> Call:
+          window: Any = NO_WINDOW, softcap: Any = 0.0, fp8: bool = False) -> Call:
     """The checked call, or a TypeError/ValueError naming the argument (tensors in (B, H, S, D) order).
 
     ``causal``: False/None, True (= "top_left"), "top_left" or "bottom_right".
     ``scale``: the softmax scale, default 1/sqrt(head_dim). Tensors may be on
     a GPU, the CPU or the meta device (for shape inference). ``window``:
     FlashAttention-2's ``window_size`` (left, right), -1 for unbounded;
-    ``softcap``: 0.0 (off) or the cap of the scaled scores.
+    ``softcap``: 0.0 (off) or the cap of the scaled scores. ``fp8``: the
+    tensors must be float8_e4m3fn (``FP8_DTYPES``: the FP8 forward's), not float16, bfloat16 or float32.
     """
-    call = _check_tensors(q, k, v, causal, scale, names)
+    call = _check_tensors(q, k, v, causal, scale, names, fp8)
     if type(window) is tuple and window == NO_WINDOW and type(softcap) is float and softcap == 0.0:
         return call
     return with_features(call, window, softcap, names)
@@ -244,14 +247,16 @@ def with_chunk(call: Call, attention_chunk: Any, name: str = "attention_chunk") 
     return call._replace(offset=offset, attention_chunk=min(chunk, MAX_CHUNK))
 
 
-def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names) -> Call:
-    fast = _fast_check(q, k, v, causal, scale)
+def _check_tensors(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names, fp8: bool = False) -> Call:
+    fast = None if fp8 else _fast_check(q, k, v, causal, scale)
     if fast is not None:
         return fast
-    q, k, v = _check_tensor(names.q, q), _check_tensor(names.k, k), _check_tensor(names.v, v)
-    for name, t in ((names.k, k), (names.v, v)):
-        if t.dtype != q.dtype:
+    q = _check_tensor(names.q, q, fp8)
+    for name, t in ((names.k, k), (names.v, v)):  # a dtype unlike q's is named as such
+        if isinstance(t, torch.Tensor) and isinstance(q, torch.Tensor) and t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but {names.q} has {q.dtype}; all three must match")
+    k, v = _check_tensor(names.k, k, fp8), _check_tensor(names.v, v, fp8)
+    for name, t in ((names.k, k), (names.v, v)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but {names.q} is on {q.device}; all three must be on one "
                              "device")
@@ -618,17 +623,17 @@ def warn_if_slow(shape: Shape) -> None:
                     ", ".join(f"{name} {size}" for name, size in zip(shape._fields, shape, strict=True)))
 
 
-def empty_like_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """A tensor like ``t`` (dtype, device, the order of its strides) but with ``head_dim`` as its last dim.
+def empty_like_head_dim(t: torch.Tensor, head_dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor like ``t`` (dtype or ``dtype``, device, the order of its strides) but with ``head_dim`` as its last dim.
 
     With t's own last dim this is ``torch.empty_like(t)`` (t's strides for a dense t).
     """
     if head_dim == t.shape[-1]:
-        return torch.empty_like(t)
+        return torch.empty_like(t, dtype=dtype)
     strides = t.stride()
     outer = sorted(range(t.dim() - 1), key=lambda i: -strides[i])
     sizes = [t.shape[i] for i in outer] + [head_dim]
-    made = torch.empty(sizes, dtype=t.dtype, device=t.device)
+    made = torch.empty(sizes, dtype=dtype or t.dtype, device=t.device)
     return made.permute([outer.index(i) for i in range(t.dim() - 1)] + [t.dim() - 1])
 
 

@@ -15,7 +15,10 @@ from lazytriton import tuning
 from lazytriton.geometry import causal_mode, padded_head_dim
 from lazytriton.kernels import attention
 from lazytriton.kernels.flash_fwd import gluon
+from lazytriton.kernels.flash_fwd.fp8_spec import FP8_DTYPES, fp8_default_config, fp8_refusal
+from lazytriton.kernels.flash_fwd.fp8_spec import NAME as FP8_NAME
 from lazytriton.kernels.request import Request
+from lazytriton.record import replace
 from lazytriton.target import Target
 from lazytriton.tiles import SMALL_SHARED_CUDA, Config, seqlen_class
 from lazytriton.tma import require_tma, tma_possible
@@ -37,6 +40,8 @@ def default_config(target: Target, dtype: str, head_dim: int, seqlen_q: int, cau
     to fit sm_80. AMD values are FlashAttention-on-ROCm's usual starting point
     (untuned here: no AMD GPU).
     """
+    if dtype in FP8_DTYPES:
+        return fp8_default_config(target, head_dim, seqlen_q)
     block_m = seqlen_class(seqlen_q)
     if target.backend == "hip":
         cfg = Config(128, 64, 4, 2, waves_per_eu=2)
@@ -139,11 +144,43 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
     pointer variant's string has no TMA field). ``paged``, ``page_size`` and
     ``seq16`` do not apply to this kernel.
     """
+    if request.dtype in FP8_DTYPES:
+        return fp8_variant(target, request)
+
     def tma_field(fields: dict[str, bool | int], even: bool) -> None:
         if flash_fwd_tma(target, request.dtype, request.aligned, request.tma, even):
             fields["TMA"] = True
 
     return attention.variant(kernel, target, request, kernel_config, tma_field)
+
+
+# Prewarm plans the FP8 forward when asked (--dtype e4m3), on the targets fp8_refusal does not refuse.
+PREWARM_FP8 = FP8_DTYPES
+
+
+def prewarm_leaves_out(target: Target, dtype: str) -> str | None:
+    """Why prewarm leaves ``dtype``'s variants out for ``target`` (None: it plans them)."""
+    return fp8_refusal(target) if dtype in FP8_DTYPES else None
+
+
+# What the FP8 forward (flash_fwd_fp8) does not take, as the Request's fields name them.
+_FP8_REFUSED = ("alibi", "bias", "dropout", "sinks", "tma")
+
+
+def fp8_variant(target: Target, request: Request) -> Variant:
+    """The ``flash_fwd_fp8`` variant of an e4m3 call: a ValueError naming the target or feature it cannot serve.
+
+    Pointer loads with V read from its transpose, padded head dims (no split
+    tiles); tiles from the tuning table's e4m3 rows, else ``fp8_default_config``.
+    """
+    refusal = fp8_refusal(target)
+    if refusal is not None:
+        raise ValueError(f"dtype {request.dtype}: {refusal}")
+    refused = [name for name in _FP8_REFUSED if getattr(request, name)]
+    if refused:
+        raise ValueError(f"the FP8 forward takes no {', '.join(refused)} (FlashAttention-3's has none either)")
+    return attention.variant(FP8_NAME, target, replace(request, split_d=False), kernel_config,
+                             lambda fields, even: None)
 
 
 # ---------------------------------------------------------------------------

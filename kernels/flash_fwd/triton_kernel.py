@@ -192,14 +192,18 @@ def _attend_block(
     stride_ks, stride_vs, window_left, window_right, cap, mods, offs_dv, head_dim_v,
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     IEEE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BIAS: tl.constexpr,
-    DROPOUT: tl.constexpr, EVEN_DV: tl.constexpr,
+    DROPOUT: tl.constexpr, EVEN_DV: tl.constexpr, V_T: tl.constexpr = False,
 ):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N), read through pointers.
 
     K's head dim is offs_d (head_dim, EVEN_D), V's offs_dv (head_dim_v, EVEN_DV).
+    ``V_T``: ``v_ptrs`` address V's transpose, a (BLOCK_DV, BLOCK_N) tile with the keys contiguous.
     """
     cols = start_n + offs_n
-    if MASKED:
+    if V_T:
+        k, v = _load_k_vt(k_ptrs, v_ptrs, start_n, cols, offs_d, offs_dv, seqlen_k, head_dim, head_dim_v,
+                          stride_ks, EVEN_D, EVEN_DV, MASKED)
+    elif MASKED:
         col_ok = cols < seqlen_k
         if EVEN_D:
             k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[None, :], other=0.0)
@@ -225,6 +229,32 @@ def _attend_block(
     return _softmax_step(acc, l_i, m_i, q, k, v, cols, offs_m, seqlen_k, causal_offset, qk_scale,
                          window_left, window_right, cap, mods, MASKED, CAUSAL, IEEE, WINDOW, SOFTCAP, ALIBI,
                          BIAS, DROPOUT)
+
+
+@triton.jit
+def _load_k_vt(k_ptrs, vt_ptrs, start_n, cols, offs_d, offs_dv, seqlen_k, head_dim, head_dim_v, stride_ks,
+               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASKED: tl.constexpr):
+    """K's (BLOCK_D, BLOCK_N) tile and V's (BLOCK_N, BLOCK_DV) tile read from V's transpose (keys contiguous).
+
+    The FP8 forward's layout: Hopper's FP8 wgmma takes its B operand K-major
+    only, which for p @ v means the keys contiguous; read so, V's tiles are
+    pipelined like K's (asynchronous copies into shared memory, a free
+    transposed view), where a row-major V goes through registers every step.
+    """
+    keep_k = (offs_d < head_dim)[:, None] | EVEN_D
+    keep_v = (offs_dv < head_dim_v)[:, None] | EVEN_DV
+    if MASKED:
+        keep_k = keep_k & (cols < seqlen_k)[None, :]
+        keep_v = keep_v & (cols < seqlen_k)[None, :]
+    if MASKED or not EVEN_D:
+        k = tl.load(k_ptrs + start_n * stride_ks, mask=keep_k, other=0.0)
+    else:
+        k = tl.load(k_ptrs + start_n * stride_ks)
+    if MASKED or not EVEN_DV:
+        vt = tl.load(vt_ptrs + start_n, mask=keep_v, other=0.0)
+    else:
+        vt = tl.load(vt_ptrs + start_n)
+    return k, vt.T
 
 
 @triton.jit
@@ -405,7 +435,7 @@ def _mods(Alibi, Bias, Philox, batch, head, offs_m, seqlen_q, lse_base, drop_k, 
 
 
 @triton.jit
-def flash_fwd_kernel(
+def _forward(
     Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k, Sinks,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
@@ -422,8 +452,9 @@ def flash_fwd_kernel(
     ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
     SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, SINKS: tl.constexpr = False,
-    CHUNK: tl.constexpr = False,
+    CHUNK: tl.constexpr = False, FP8: tl.constexpr = False, v_descale=1.0,
 ):
+    """``flash_fwd_kernel``'s body; ``FP8``: ``flash_fwd_fp8_kernel``'s (V read from its transpose, out x v_descale)."""
     # Heaviest query blocks first: with a causal mask the last blocks see the
     # most keys, and starting them early evens out the tail of the grid.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -459,7 +490,10 @@ def flash_fwd_kernel(
     if VARLEN:
         q_base = Q + q_start * stride_qs + head * stride_qh
         k_base = K + k_start * stride_ks + kv_head * stride_kh
-        v_base = V + k_start * stride_vs + kv_head * stride_vh
+        if FP8:
+            v_base = V + k_start + kv_head * stride_vh
+        else:
+            v_base = V + k_start * stride_vs + kv_head * stride_vh
     else:
         q_base = Q + batch * stride_qb + head * stride_qh
         k_base = K + batch * stride_kb + kv_head * stride_kh
@@ -476,7 +510,10 @@ def flash_fwd_kernel(
         q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
         # K is read transposed, (BLOCK_D, BLOCK_N), so that q @ k needs no permute.
         k_ptrs = k_base + offs_n[None, :] * stride_ks + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :]
+        if FP8:  # V's transpose, (B, Hk, head_dim_v, Sk): stride_vs is between its head-dim rows
+            v_ptrs = v_base + offs_dv[:, None] * stride_vs + offs_n[None, :]
+        else:
+            v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :]
         if EVEN_D:
             q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
         else:
@@ -593,21 +630,21 @@ def flash_fwd_kernel(
                     acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                     seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
                     cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI,
-                    BIAS, DROPOUT, EVEN_V,
+                    BIAS, DROPOUT, EVEN_V, FP8,
                 )
         for start_n in range(full_begin, full_end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
                 cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, False, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS,
-                DROPOUT, EVEN_V,
+                DROPOUT, EVEN_V, FP8,
             )
         for start_n in range(full_end, end, BLOCK_N):
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
                 seqlen_k, head_dim, causal_offset, qk_scale, stride_ks, stride_vs, window_left, window_right,
                 cap, mods, offs_dv, head_dim_v, BLOCK_N, EVEN_D, True, CAUSAL, IEEE, LOCAL, SOFTCAP, ALIBI, BIAS,
-                DROPOUT, EVEN_V,
+                DROPOUT, EVEN_V, FP8,
             )
 
     if SEQUSED_Q:  # rows past the used length: a row that sees no key (out 0, lse -inf), stored to the span's end
@@ -626,6 +663,8 @@ def flash_fwd_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
+    if FP8:
+        out = out * v_descale
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
     if SINKS:
         lse = sink_lse
@@ -658,6 +697,81 @@ def flash_fwd_kernel(
         tl.store(Lse + head * stride_lh + q_start + offs_m, lse, mask=row_ok)
     else:
         tl.store(Lse + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def flash_fwd_kernel(
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k, Sinks,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
+    attention_chunk,
+    stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+    sm_scale, softcap, dropout_p,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr = False,
+    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
+    ALIBI: tl.constexpr = False, BIAS: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True, BLOCK_D2: tl.constexpr = 0,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, SINKS: tl.constexpr = False,
+    CHUNK: tl.constexpr = False,
+):
+    _forward(
+        Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Alibi, Bias, Philox, Seqused_q, Seqused_k, Sinks,
+        stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+        stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+        group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
+        attention_chunk, stride_alibi_b, stride_biasb, stride_biash, stride_biasm, stride_biasn,
+        sm_scale, softcap, dropout_p,
+        BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, CAUSAL, TMA, WINDOW, SOFTCAP, VARLEN, ALIBI, BIAS, DROPOUT, BLOCK_DV,
+        EVEN_DV, BLOCK_D2, SEQUSED_Q, SEQUSED_K, SINKS, CHUNK,
+    )
+
+
+@triton.jit
+def flash_fwd_fp8_kernel(
+    Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Seqused_q, Seqused_k, Q_descale, K_descale, V_descale,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
+    attention_chunk, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    sm_scale, softcap,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    VARLEN: tl.constexpr = False, BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True,
+    SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, CHUNK: tl.constexpr = False,
+):
+    """The FP8 forward: e4m3 Q, K and V with FlashAttention-3's descales, V given as its transpose, Out bf16.
+
+    ``Q_descale``, ``K_descale``, ``V_descale``: float32, element (batch,
+    kv head) at ``batch * stride_xdb + kv_head * stride_xdh`` (both 0 for one
+    per tensor). The scores are ``(q . k) * q_descale * k_descale *
+    sm_scale`` (then capped, masked), P is rounded to e4m3 for ``p @ v`` (as
+    FlashAttention-3 does) and the output is multiplied by v_descale. V is
+    (B, Hk, head_dim_v, Sk) with the keys contiguous (``stride_vs`` between
+    its head-dim rows; packed: (1, Hk, head_dim_v, total_k)).
+    """
+    batch = tl.program_id(2)
+    kv_head = tl.program_id(1) // group_size
+    qk_descale = (tl.load(Q_descale + batch * stride_qdb + kv_head * stride_qdh)
+                  * tl.load(K_descale + batch * stride_kdb + kv_head * stride_kdh))
+    v_descale = tl.load(V_descale + batch * stride_vdb + kv_head * stride_vdh)
+    _forward(
+        Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Q_descale, Q, Seqused_q, Seqused_q, Seqused_k, Q_descale,
+        stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+        stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+        group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
+        attention_chunk, 0, 0, 0, 0, 0,
+        sm_scale * qk_descale, softcap, 0.0,
+        BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, CAUSAL, False, WINDOW, SOFTCAP, VARLEN, False, False, False, BLOCK_DV,
+        EVEN_DV, 0, SEQUSED_Q, SEQUSED_K, False, CHUNK, True, v_descale,
+    )
 
 
 @triton.jit

@@ -213,7 +213,8 @@ def _check_used(name: str, used: list[int], lengths: list[int], cu_name: str) ->
 def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
           causal: Any = False, scale: Any = None, window: Any = fwd.NO_WINDOW, softcap: Any = 0.0,
           values: bool | None = None, alibi: Any = None, dropout_p: Any = 0.0, philox: Any = None,
-          seqused_q: Any = None, seqused_k: Any = None, sinks: Any = None, attention_chunk: Any = 0) -> VarlenCall:
+          seqused_q: Any = None, seqused_k: Any = None, sinks: Any = None, attention_chunk: Any = 0,
+          fp8: bool = False) -> VarlenCall:
     """The checked varlen call, or a TypeError/ValueError naming the argument.
 
     ``causal``: a bool, aligned bottom-right within each sequence (FlashAttention-2's rule, with
@@ -224,7 +225,8 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     the number of sequences. ``seqused_q``, ``seqused_k``: FlashAttention-3's
     used lengths, int32 (batch,) tensors on q's device, or None. ``sinks``:
     attention sinks, float32 (heads_q,) on q's device, or None. ``attention_chunk``:
-    FlashAttention-3's chunk size (0: off), each sequence's chunks aligned bottom-right.
+    FlashAttention-3's chunk size (0: off), each sequence's chunks aligned bottom-right. ``fp8``: float8_e4m3fn
+    tensors (the FP8 forward's), as ``binding.check`` takes them.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
     if k.shape[:2] != v.shape[:2]:
@@ -246,7 +248,7 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     call = fwd.check(kernel_view(q), kernel_view(k), kernel_view(v), "bottom_right" if causal else False, scale,
-                     fwd.Names(scale="softmax_scale"), window, softcap)
+                     fwd.Names(scale="softmax_scale"), window, softcap, fp8)
     call = fwd.with_chunk(call, attention_chunk)
     call = fwd_sinks.with_sinks(call._replace(offset=0), q, sinks)  # offset: each sequence's own len_k - len_q
     if values is None:

@@ -139,7 +139,12 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     negative = next(((flag, n) for flag, n in sizes.items() if n < 0), None)
     if negative is not None:
         raise ValueError(f"{negative[0]} must be >= 0, got {negative[1]}")
-    torch_dtype = {name: t for t, name in binding.DTYPES.items()}[dtype]
+    fp8 = dtype in binding.FP8_DTYPES.values()
+    if fp8 and set(kernels) != {"flash_fwd"}:
+        raise ValueError(f"--dtype {dtype} is the FP8 forward's (flash_fwd only: FlashAttention-3's has no "
+                         f"backward, and the decoding kernels' FP8 caches are not an e4m3 call), not "
+                         f"{', '.join(kernels)}'s")
+    torch_dtype = {name: t for t, name in (*binding.DTYPES.items(), *binding.FP8_DTYPES.items())}[dtype]
 
     def meta(*shape: int, of: torch.dtype = torch_dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=of, device="meta")
@@ -171,11 +176,13 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
             packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, head_dim_v),
                          cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False,
                          seqused_q=one if flags.get("seqused_q") else None,
-                         seqused_k=one if flags.get("seqused_k") else None, sinks=sinks, attention_chunk=chunk)
+                         seqused_k=one if flags.get("seqused_k") else None, sinks=sinks, attention_chunk=chunk,
+                         fp8=fp8)
         else:
             q = meta(1, 1, seqlen_q, head_dim)
             call = binding.check(q, meta(1, 1, seqlen_k, head_dim), meta(1, 1, seqlen_k, head_dim_v),
-                                 False if causal == "none" else causal, None, window=window, softcap=softcap)
+                                 False if causal == "none" else causal, None, window=window, softcap=softcap,
+                                 fp8=fp8)
             binding.with_chunk(attention_sinks.with_sinks(call, q, sinks), chunk)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the API refuses this call: {exc}") from None
@@ -281,6 +288,10 @@ def print_explain(report: Report) -> None:
               "epilogue; the Gluon forward carries them too (a call its table serves runs flash_fwd_gluon with "
               "SINKS=true); the decoding kernels add them once (one split, or the combine); the backward's "
               "kernels take none (the sinks reach them through the lse)")
+    if call.get("dtype") == "e4m3":
+        print("         e4m3 (FlashAttention-3's FP8 forward): flash_fwd_fp8, its own kernel (e4m3 q, k, v; V read "
+              "from its transpose; q_descale/k_descale/v_descale; bf16 out), sm_90 and later; the Gluon forward "
+              "takes no FP8 (its rule: dtype e4m3 is not fp16 or bf16), so the Triton kernel serves every FP8 call")
     if call.get("chunk"):
         print("         attention_chunk (CHUNK=true, the chunk size a runtime argument): each query sees the keys of "
               "its own chunk, key blocks outside every query's chunk skipped; the Gluon forward, the Gluon dK/dV and "

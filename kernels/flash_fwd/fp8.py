@@ -1,0 +1,268 @@
+"""The FP8 forward on the host: descales, V's transpose, the argument packing and the launch of ``flash_fwd_fp8``.
+
+FlashAttention-3's FP8 forward: float8_e4m3fn q, k and v (checked by
+``binding.check(..., fp8=True)`` or ``varlen.check(..., fp8=True)``, shapes and
+flags as any call's), FlashAttention-3's ``q_descale``, ``k_descale`` and
+``v_descale`` (``descales``), a bf16 output. The kernel reads V from its
+transpose, (B, Hk, head_dim_v, Sk) with the keys contiguous
+(``fp8_spec``/``triton_kernel._load_k_vt`` say why), which ``transposed_v``
+writes once a call (a read and a write of v, each byte once: small beside the
+attention's work), its rows padded to 16 keys so that the 16-byte alignment
+hints hold. There is no backward (FlashAttention-3 has none): a q, k or v that
+requires grad is refused (``check_no_grad``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from lazytriton import compiler, launch, runtime, tuning
+from lazytriton.kernels.flash_fwd import binding
+from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+from lazytriton.kernels.flash_fwd import grid as _grid
+from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
+
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+OUT_DTYPE = torch.bfloat16  # FlashAttention-3's output dtype for FP8 inputs
+INT_PARAMS = tuple(name for name, kind in FLASH_FWD_FP8.params if not kind.startswith("fp"))
+_N_POINTERS = sum(1 for _, kind in FLASH_FWD_FP8.params if kind.startswith("*"))
+# The memo key's first item: no plain, varlen or decoding key starts with it.
+MARK = "fp8"
+_ones: dict[torch.device, torch.Tensor] = {}
+
+
+class Descales(NamedTuple):
+    """q_descale, k_descale and v_descale as (batch, heads_k) float32 views (0 strides where one serves all)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def is_fp8(t: Any) -> bool:
+    """Whether ``t`` is a tensor of an FP8 dtype the forward takes."""
+    return isinstance(t, torch.Tensor) and t.dtype in binding.FP8_DTYPES
+
+
+def refuse_descales(q: Any, given: tuple[Any, Any, Any]) -> None:
+    """A TypeError naming the first descale given for a call whose q is not FP8."""
+    for name, t in zip(DESCALE_NAMES, given, strict=True):
+        if t is not None:
+            dtype = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
+            raise TypeError(f"{name} is for float8_e4m3fn inputs (FlashAttention-3's FP8 forward), but q is {dtype}; "
+                            "pass None")
+
+
+def check_no_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """A ValueError when an FP8 input requires grad: the FP8 forward has no backward (nor has FlashAttention-3's)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{name} requires grad, but the FP8 forward has no backward (FlashAttention-3's has "
+                             "none): detach the float8_e4m3fn inputs or run under torch.no_grad()")
+
+
+def _ones_on(device: torch.device) -> torch.Tensor:
+    """A float32 1.0 on ``device`` for an absent descale, made once (outside a CUDA graph capture)."""
+    found = _ones.get(device)
+    if found is None:
+        if device.type == "cuda" and launch.capturing(device.index):
+            raise launch.CaptureError("an FP8 call without a descale needs a 1.0 on the device, made on the first "
+                                      "such call: run one before the capture, or pass the descales")
+        found = _ones[device] = torch.ones((), dtype=torch.float32, device=device)
+    return found
+
+
+def descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: int) -> Descales:
+    """FlashAttention-3's descales checked, as (batch, heads_k) views; a TypeError/ValueError naming the argument.
+
+    Each is None (1.0), a float32 tensor on q's device of shape (batch,
+    heads_k) (FlashAttention-3's: per sequence and key/value head; with packed
+    sequences ``batch`` is their count), or one value for the tensor, shape
+    (1,) or ().
+    """
+    views = []
+    for name, t in zip(DESCALE_NAMES, given, strict=True):
+        if t is None:
+            views.append(_ones_on(q.device).expand(batch, heads_k))
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must be on one device")
+        if tuple(t.shape) not in ((batch, heads_k), (1,), ()):
+            raise ValueError(f"{name} must have shape (batch, heads_k) = ({batch}, {heads_k}), or (1,) or () for one "
+                             f"value, got {tuple(t.shape)}")
+        if t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{name} requires grad, but the FP8 forward has no backward")
+        views.append(t.reshape(()).expand(batch, heads_k) if t.dim() < 2 else t)
+    return Descales(*views)
+
+
+def transposed_v(v: torch.Tensor) -> torch.Tensor:
+    """V (B, Hk, Sk, Dv) as the kernel reads it: a (B, Hk, Dv, Sk) view of a copy, rows a multiple of 16 keys."""
+    b, hk, sk, dv = v.shape
+    padded = -(-max(sk, 1) // 16) * 16
+    made = torch.empty((b, hk, dv, padded), dtype=v.dtype, device=v.device)[..., :sk]
+    made.copy_(v.transpose(2, 3))
+    return made
+
+
+def pack(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         call: binding.Call, scales: Descales, cu_q: int = 0, cu_k: int = 0, used_q: int = 0,
+         used_k: int = 0) -> tuple[tuple[int, ...], bool, bool]:
+    """(ints in ``INT_PARAMS``' order, aligned, index64) for ``flash_fwd_fp8``.
+
+    Tensors in (B, H, S, D) order, vt (B, Hk, Dv, Sk).
+    """
+    b, hq, hk, sq, sk, d = call.shape
+    dv = call.dv
+    qs, ks, vs, os = q.stride(), k.stride(), vt.stride(), out.stride()
+    values = {
+        "Q": q.data_ptr(), "K": k.data_ptr(), "V": vt.data_ptr(), "Out": out.data_ptr(), "Lse": lse.data_ptr(),
+        "Cu_seqlens_q": cu_q, "Cu_seqlens_k": cu_k, "Seqused_q": used_q, "Seqused_k": used_k,
+        "Q_descale": scales.q.data_ptr(), "K_descale": scales.k.data_ptr(), "V_descale": scales.v.data_ptr(),
+        "stride_qb": qs[0], "stride_qh": qs[1], "stride_qs": qs[2], "stride_kb": ks[0], "stride_kh": ks[1],
+        "stride_ks": ks[2], "stride_vb": vs[0], "stride_vh": vs[1], "stride_vs": vs[2], "stride_ob": os[0],
+        "stride_oh": os[1], "stride_os": os[2], "stride_lb": hq * sq, "stride_lh": sq,
+        "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "head_dim_v": dv,
+        "causal_offset": call.offset, "window_left": call.window_left, "window_right": call.window_right,
+        "attention_chunk": call.attention_chunk,
+        **{f"stride_{t}d{x}": s.stride(i) for t, s in zip("qkv", scales, strict=True) for i, x in enumerate("bh")},
+    }
+    aligned = not any(values[name] & 15 for name in FLASH_FWD_FP8.aligned_params)
+    index64 = max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2] + d,
+                  (b - 1) * os[0] + (hq - 1) * os[1] + (sq - 1) * os[2] + dv,
+                  (b - 1) * ks[0] + (hk - 1) * ks[1] + (sk - 1) * ks[2] + d,
+                  (b - 1) * vs[0] + (hk - 1) * vs[1] + (dv - 1) * vs[2] + sk, b * hq * sq) > binding.INT32_MAX
+    return tuple(values[name] for name in INT_PARAMS), aligned, index64
+
+
+def floats(call: binding.Call) -> tuple[float, float]:
+    """The float parameters: sm_scale and softcap."""
+    return (call.scale, call.softcap)
+
+
+def memo_key(device_index: int | None, call: binding.Call, shape: binding.Shape, aligned: bool, index64: bool,
+             packed: tuple[bool, bool, bool] = (False, False, False)) -> tuple[Any, ...]:
+    """The plan's memo key: what ``variant`` reads, seqlens through the tuning buckets. ``packed``: varlen, seqused."""
+    return (MARK, device_index, shape.head_dim, call.head_dim_v, call.causal != "none", aligned, index64,
+            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k), call.windowed, call.capped,
+            call.chunked, *packed)
+
+
+def variant(target: Any, call: binding.Call, shape: binding.Shape, aligned: bool, index64: bool,
+            packed: tuple[bool, bool, bool] = (False, False, False)) -> Any:
+    """The ``flash_fwd_fp8`` variant of a call (dispatch's; a ValueError for a target without FP8 tensor cores)."""
+    return fwd_dispatch.flash_fwd_variant(
+        target, "e4m3", shape.head_dim, call.causal != "none", aligned, shape.seqlen_q, index64=index64,
+        seqlen_k=shape.seqlen_k, window=call.windowed, softcap=call.capped, head_dim_v=call.head_dim_v,
+        varlen=packed[0], seqused_q=packed[1], seqused_k=packed[2], chunk=call.chunked)
+
+
+def interpreter_constexprs(call: binding.Call, shape: binding.Shape,
+                           packed: tuple[bool, bool, bool] = (False, False, False)) -> dict[str, Any]:
+    """Constexprs for Triton's interpreter: small tiles (BLOCK_N 32: FP8 dots take 32 keys and more on the GPU)."""
+    fields = binding.head_dim_constexprs(shape.head_dim, call.head_dim_v)
+    return {"BLOCK_M": 32, "BLOCK_N": 32, **fields, "CAUSAL": call.causal != "none", "WINDOW": call.windowed,
+            "SOFTCAP": call.capped, "VARLEN": packed[0], "SEQUSED_Q": packed[1], "SEQUSED_K": packed[2],
+            "CHUNK": call.chunked}
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+        call: binding.Call, scales: Descales, shape: binding.Shape, pointers: tuple[Any, ...] = (0, 0, 0, 0),
+        packed: tuple[bool, bool, bool] = (False, False, False)) -> None:
+    """Launch ``flash_fwd_fp8`` (GPU) or interpret it (CPU) on (B, H, S, D) tensors; ``shape`` sizes the grid.
+
+    ``pointers``: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (tensors, or 0 when absent); ``packed``:
+    the VARLEN, SEQUSED_Q and SEQUSED_K flags.
+    """
+    vt = transposed_v(v)
+    addresses = tuple(p if isinstance(p, int) else p.data_ptr() for p in pointers)
+    ints, aligned, index64 = pack(q, k, vt, out, lse, call, scales, *addresses)
+    if q.device.type == "cpu":
+        binding.warn_if_slow(shape)
+        constexprs = interpreter_constexprs(call, shape, packed)
+        args = (q, k, vt, out, lse, *pointers, *scales, *ints[_N_POINTERS:], *floats(call))
+        compiler.interpret(FLASH_FWD_FP8.name, _grid(shape.seqlen_q, shape.heads_q, shape.batch,
+                                                     constexprs["BLOCK_M"]), args, constexprs)
+        return
+    device = q.device
+    rt = runtime.get()
+    key = memo_key(device.index, call, shape, aligned, index64, packed)
+    found = rt.plans.get(key)
+    if found is None:
+        found = launch.plan(rt, key, device,
+                            lambda target: ((variant(target, call, shape, aligned, index64, packed), ("BLOCK_M",)),),
+                            "run the FP8 call once with this shape before the capture")
+    kernel, block_m = found
+    kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), launch.raw_stream(device.index), ints,
+                  floats(call), launch.scratch_alloc)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
+            scales: Descales) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out bf16, lse) of a checked dense FP8 call (B, H, S, D): the kernel on a GPU, the interpreter on CPU."""
+    shape = call.shape
+    out = binding.empty_like_head_dim(q, call.dv, OUT_DTYPE)
+    lse = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or q.device.type == "meta":
+        return out, lse
+    if shape.seqlen_k == 0:
+        return out.zero_(), lse.fill_(-math.inf)
+    run(q, k, v, out, lse, call, scales, shape)
+    return out, lse
+
+
+def _refuse(unsupported: dict[str, Any]) -> None:
+    """A ValueError naming the first argument the FP8 forward does not take (given a value that is not its default)."""
+    for name, on in unsupported.items():
+        if on:
+            raise ValueError(f"{name} is not taken with float8_e4m3fn inputs: the FP8 forward (FlashAttention-3's) "
+                             "has no ALiBi, dropout, sinks or bias")
+
+
+def attention(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Names, window: Any, softcap: Any,
+              attention_chunk: Any, given: tuple[Any, Any, Any],
+              unsupported: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The public functions' dense FP8 call (tensors in (B, H, S, D) order): every check, then ``forward``.
+
+    ``unsupported``: the caller's arguments the FP8 forward does not take, by name, true where given.
+    """
+    _refuse(unsupported)
+    call = binding.with_chunk(binding.check(q, k, v, causal, scale, names, window, softcap, fp8=True),
+                              attention_chunk)
+    check_no_grad(q, k, v)
+    return forward(q, k, v, call, descales(given, q, call.shape.batch, call.shape.heads_k))
+
+
+def varlen_attention(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+                     causal: Any, scale: Any, window: Any, softcap: Any, seqused_q: Any, seqused_k: Any,
+                     attention_chunk: Any, given: tuple[Any, Any, Any],
+                     unsupported: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_attn_varlen_func``'s FP8 call on packed (total, heads, head_dim) tensors: (out bf16, lse)."""
+    from lazytriton.kernels.flash_fwd import varlen
+
+    _refuse(unsupported)
+    vc = varlen.check(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
+                      seqused_q=seqused_q, seqused_k=seqused_k, attention_chunk=attention_chunk, fp8=True)
+    check_no_grad(q, k, v)
+    scales = descales(given, q, vc.batch, k.shape[1])
+    out = binding.empty_like_head_dim(q, vc.call.dv, OUT_DTYPE)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or q.device.type == "meta" or vc.batch == 0:
+        return out, lse
+    if vc.max_seqlen_q == 0 or vc.max_seqlen_k == 0:
+        return out.zero_(), lse.fill_(-math.inf)
+    if q.device.type == "cpu":
+        vc = varlen.host_lengths(vc, cu_q, cu_k)
+    used_q, used_k = vc.seqused_q, vc.seqused_k
+    views = (varlen.kernel_view(q), varlen.kernel_view(k), varlen.kernel_view(v), varlen.kernel_view(out),
+             lse.unsqueeze(0))
+    run(*views, vc.call, scales, vc.kernel_shape, (cu_q, cu_k, 0 if used_q is None else used_q,
+                                                   0 if used_k is None else used_k), (True, *vc.used))
+    return out, lse

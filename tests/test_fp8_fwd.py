@@ -1,0 +1,275 @@
+"""The FP8 forward (flash_fwd_fp8): FlashAttention-3's rule against float64, bad input, dispatch, the sm_90 binary.
+
+CPU tests run the kernel through Triton's interpreter (whose float -> e4m3
+rounding lazytriton.interpreter makes round to nearest even and saturate, as
+sm_90's cvt does). The rule is FlashAttention-3's fp8 test's: the output's
+largest error against a float64 reference computed from the dequantised
+inputs is at most rtol (2, 3 with softcap) times that of the same math done as
+FlashAttention-3's ``attention_ref(upcast=False, intermediate_dtype=fp8)``
+does it (dequantised inputs in bf16, probabilities rounded to e4m3), plus
+twice bf16's rounding at 0.3.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from conftest import gpu
+
+import lazytriton
+from lazytriton.interpreter import e4m3_bits
+from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_fwd.reference import visible
+from lazytriton.target import Target
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _expand(descale: torch.Tensor | None, heads_q: int) -> torch.Tensor:
+    """A (batch, heads_q, 1, 1) float64 factor from a (batch, heads_k), (1,) or () descale (None: 1)."""
+    if descale is None:
+        return torch.ones((), dtype=torch.float64)
+    d = descale.double()
+    if d.dim() < 2:
+        return d.reshape(())
+    return d.repeat_interleave(heads_q // d.shape[1], dim=1)[:, :, None, None]
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, causal: bool | str = False,
+              window: tuple[int, int] = (-1, -1), softcap: float = 0.0, chunk: int = 0,
+              same_precision: bool = False) -> torch.Tensor:
+    """(B, H, Sq, Dv) attention of FP8 (B, H, S, D) tensors: float64, or FlashAttention-3's same-precision math."""
+    hq = q.shape[1]
+    group = hq // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    qd, kd, vd = (t.double() * _expand(d, hq) for t, d in zip((q, k, v), descales, strict=True))
+    if same_precision:
+        qd, kd, vd = (t.to(torch.bfloat16).double() for t in (qd, kd, vd))
+    scores = qd @ kd.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if same_precision:
+        scores = scores.to(torch.bfloat16).double()
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    keep = visible(q.shape[2], k.shape[2], causal, window, attention_chunk=chunk)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, -math.inf)
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    if same_precision:
+        p = p.to(E4M3).to(torch.bfloat16).double()
+    return p @ vd
+
+
+def assert_fa3_rule(out: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, softcap: float = 0.0) -> None:
+    rounded = exact.to(torch.bfloat16)
+    atol = 2 * float((rounded + 0.3 - 0.3 - rounded).abs().max())
+    err, base = float((out.double() - exact).abs().max()), float((same - exact).abs().max())
+    rtol = 2 if softcap == 0.0 else 3
+    assert err <= rtol * base + atol, f"max error {err:.3e} > {rtol} x {base:.3e} + {atol:.1e}"
+
+
+def fp8_inputs(b: int, sq: int, sk: int, hq: int, hk: int, d: int, scale: float = 1.0) -> tuple[torch.Tensor, ...]:
+    q = (torch.randn(b, hq, sq, d) * scale).to(E4M3)
+    k, v = torch.randn(b, hk, sk, d).to(E4M3), torch.randn(b, hk, sk, d).to(E4M3)
+    return q, k, v
+
+
+def per_head(b: int, hk: int) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.rand(b, hk) * 2 + 0.05 for _ in range(3))
+
+
+@pytest.mark.parametrize(("d", "causal", "hq", "hk", "sq", "sk"), [
+    (64, False, 4, 2, 70, 70),
+    (64, "bottom_right", 2, 1, 40, 90),
+    (128, "top_left", 2, 2, 90, 50),
+    (96, "bottom_right", 3, 1, 33, 64),  # a padded head dim (EVEN_D false), MQA
+])
+def test_dense_matches_float64_by_fa3_rule(d: int, causal: bool | str, hq: int, hk: int, sq: int, sk: int) -> None:
+    torch.manual_seed(d + sq)
+    q, k, v = fp8_inputs(2, sq, sk, hq, hk, d)
+    scales = per_head(2, hk)
+    out, lse = lazytriton.attn_fwd(q, k, v, causal=causal, q_descale=scales[0], k_descale=scales[1],
+                                   v_descale=scales[2])
+    assert out.dtype == torch.bfloat16 and out.shape == (2, hq, sq, d) and lse.shape == (2, hq, sq)
+    exact = reference(q, k, v, scales, causal)
+    assert_fa3_rule(out, exact, reference(q, k, v, scales, causal, same_precision=True))
+
+
+@pytest.mark.parametrize("form", ["none", "tensor1", "scalar"])
+def test_flash_attn_func_descale_forms_gqa(form: str) -> None:
+    torch.manual_seed(1)
+    q, k, v = (t.transpose(1, 2) for t in fp8_inputs(1, 48, 64, 4, 2, 64))  # (B, S, H, D)
+    one = {"none": None, "tensor1": torch.tensor([0.7]), "scalar": torch.tensor(1.3)}[form]
+    scales = (one, one, one)
+    out = lazytriton.flash_attn_func(q, k, v, causal=True, q_descale=one, k_descale=one, v_descale=one)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    exact = reference(qt, kt, vt, scales, "bottom_right").transpose(1, 2)
+    same = reference(qt, kt, vt, scales, "bottom_right", same_precision=True).transpose(1, 2)
+    assert_fa3_rule(out, exact, same)
+
+
+def test_window_softcap_and_chunk() -> None:
+    torch.manual_seed(2)
+    q, k, v = fp8_inputs(1, 64, 80, 2, 1, 64, scale=4.0)
+    scales = per_head(1, 1)
+    kw = dict(q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
+    out, _ = lazytriton.attn_fwd(q, k, v, causal="bottom_right", window_size=(20, 0), softcap=3.0, **kw)
+    exact = reference(q, k, v, scales, "bottom_right", (20, 0), 3.0)
+    assert_fa3_rule(out, exact, reference(q, k, v, scales, "bottom_right", (20, 0), 3.0, same_precision=True), 3.0)
+    out, _ = lazytriton.attn_fwd(q, k, v, attention_chunk=24, **kw)
+    exact = reference(q, k, v, scales, False, chunk=24)
+    assert_fa3_rule(out, exact, reference(q, k, v, scales, False, chunk=24, same_precision=True))
+
+
+def test_varlen_with_seqused_and_per_sequence_descales() -> None:
+    torch.manual_seed(3)
+    lens_q, lens_k, hq, hk, d = [30, 0, 45], [50, 20, 33], 2, 1, 64
+    cu_q = torch.tensor([0, *np.cumsum(lens_q)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *np.cumsum(lens_k)], dtype=torch.int32)
+    q = torch.randn(sum(lens_q), hq, d).to(E4M3)
+    k, v = torch.randn(sum(lens_k), hk, d).to(E4M3), torch.randn(sum(lens_k), hk, d).to(E4M3)
+    scales = per_head(3, hk)
+    used_k = torch.tensor([40, 20, 33], dtype=torch.int32)
+    out = lazytriton.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 45, 50, causal=True, seqused_k=used_k,
+                                            q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
+    assert out.dtype == torch.bfloat16 and out.shape == (sum(lens_q), hq, d)
+    for i in range(3):
+        rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i]) + int(used_k[i]))
+        if lens_q[i] == 0:
+            continue
+        qi, ki, vi = (t[sl].transpose(0, 1)[None] for t, sl in ((q, rows), (k, keys), (v, keys)))
+        si = tuple(s[i:i + 1] for s in scales)
+        exact = reference(qi, ki, vi, si, "bottom_right")[0].transpose(0, 1)
+        same = reference(qi, ki, vi, si, "bottom_right", same_precision=True)[0].transpose(0, 1)
+        assert_fa3_rule(out[rows], exact, same)
+
+
+def test_interpreter_rounds_to_e4m3_as_the_gpu_does() -> None:
+    values = torch.cat([torch.randn(20000) * 5, torch.randn(2000) * 400, torch.rand(2000) * 0.02,
+                        torch.tensor([1.99, 1.0625, 464.0, 465.0, 1000.0, -1000.0, 2.0**-10, 3 * 2.0**-10, -0.0])])
+    ours = torch.from_numpy(e4m3_bits(values.numpy())).view(E4M3).float()
+    assert torch.equal(ours, values.to(E4M3).float())  # torch: nearest even, saturating at 448
+    assert torch.isnan(torch.from_numpy(e4m3_bits(np.array([np.nan], np.float32))).view(E4M3).float()).all()
+
+
+def _cpu_fp8(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(E4M3)
+
+
+@pytest.mark.parametrize(("change", "error", "match"), [
+    (dict(k=torch.randn(1, 16, 2, 64, dtype=torch.bfloat16)), TypeError, "k has dtype torch.bfloat16"),
+    (dict(q_descale=torch.rand(2, 2)), ValueError, r"q_descale must have shape \(batch, heads_k\) = \(1, 2\)"),
+    (dict(k_descale=torch.rand(1, 2, dtype=torch.float16)), TypeError, "k_descale must be float32"),
+    (dict(v_descale=[1.0]), TypeError, "v_descale must be a torch.Tensor"),
+    (dict(alibi_slopes=torch.rand(4)), ValueError, "alibi_slopes is not taken with float8_e4m3fn"),
+    (dict(dropout_p=0.1), ValueError, "dropout_p is not taken"),
+    (dict(q="grad"), ValueError, "q requires grad, but the FP8 forward has no backward"),
+])
+def test_bad_input_is_named_before_any_launch(change: dict, error: type, match: str) -> None:
+    args = dict(q=_cpu_fp8(1, 16, 4, 64), k=_cpu_fp8(1, 16, 2, 64), v=_cpu_fp8(1, 16, 2, 64))
+    if change.get("q") == "grad":
+        change = dict(q=args["q"].requires_grad_())
+    args.update(change)
+    with pytest.raises(error, match=match):
+        lazytriton.flash_attn_func(**args)
+
+
+def test_descales_on_bf16_inputs_are_refused() -> None:
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="q_descale is for float8_e4m3fn inputs"):
+        lazytriton.flash_attn_func(q, q, q, q_descale=torch.ones(1, 2))
+    with pytest.raises(TypeError, match="v_descale is for float8_e4m3fn inputs"):
+        lazytriton.attn_fwd(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), v_descale=torch.ones(()))
+
+
+@pytest.mark.parametrize("target", ["sm_80", "gfx942"])
+def test_dispatch_refuses_targets_without_fp8_tensor_cores(target: str) -> None:
+    with pytest.raises(ValueError, match=f"dtype e4m3: {target}"):
+        dispatch.kernel_variant("flash_fwd", Target.parse(target), "e4m3", 128, False, True, 4096, 4096)
+
+
+def test_dispatch_gives_the_fp8_kernel_and_refuses_its_missing_features() -> None:
+    variant = dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "e4m3", 96, True, True, 4096, 4096)
+    assert variant.kernel == "flash_fwd_fp8" and variant.dtype == "e4m3"
+    assert variant.get("BLOCK_D") == 128 and "BLOCK_D2" not in variant.constexprs  # padded, never split
+    with pytest.raises(ValueError, match="takes no alibi, dropout"):
+        dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "e4m3", 64, False, True, 64, 64, alibi=True,
+                                dropout=True)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_sm90_binary_uses_fp8_wgmma_for_both_products(head_dim: int) -> None:
+    """Both dots are e4m3 x e4m3 wgmma in the PTX (q k: n = BLOCK_N, p v: n = BLOCK_D), none through mma.sync."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lazytriton.compiler import divisibility_hints
+    from lazytriton.kernels import get
+    from lazytriton.variant import kernel_constexprs
+
+    variant = dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "e4m3", head_dim, True, True, 16384, 16384)
+    spec = get(variant.kernel)
+    constexprs = kernel_constexprs(variant, spec.constexprs)
+    source = ASTSource(getattr(importlib.import_module(spec.module), spec.function),
+                       spec.signature(variant.dtype, False, constexprs), constexprs=constexprs,
+                       attrs=divisibility_hints(spec, variant))
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(variant.options)).asm["ptx"]
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
+    assert {str(variant.get("BLOCK_N")), str(head_dim)} <= shapes, shapes
+    assert "mma.sync" not in ptx
+
+
+# ---------------------------------------------------------------------------
+# GPU: real sizes
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_16k_tokens_by_fa3_rule(head_dim: int, causal: bool) -> None:
+    torch.manual_seed(head_dim)
+    b, s, hq, hk = 1, 16384 // 4, 16, 4  # 4k per sequence (the float64 reference's scores fit)
+    q = torch.randn(b, s, hq, head_dim, device="cuda").to(E4M3)
+    k, v = (torch.randn(b, s, hk, head_dim, device="cuda").to(E4M3) for _ in range(2))
+    scales = tuple(torch.rand(b, hk, device="cuda") * 2 + 0.05 for _ in range(3))
+    out = lazytriton.flash_attn_func(q, k, v, causal=causal, q_descale=scales[0], k_descale=scales[1],
+                                     v_descale=scales[2])
+    heads = slice(0, hq // hk)  # the query heads of kv head 0: a float64 reference of one kv head's group
+    qt = q[:, :, heads].transpose(1, 2)
+    kt, vt = k[:, :, :1].transpose(1, 2), v[:, :, :1].transpose(1, 2)
+    sl = tuple(x[:, :1] for x in scales)
+    exact = reference(qt, kt, vt, sl, "bottom_right" if causal else False).transpose(1, 2)
+    same = reference(qt, kt, vt, sl, "bottom_right" if causal else False, same_precision=True).transpose(1, 2)
+    assert_fa3_rule(out[:, :, heads], exact, same)
+
+
+@gpu
+def test_gpu_varlen_and_window() -> None:
+    torch.manual_seed(7)
+    lens = [1000, 3000, 17]
+    cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(sum(lens), 8, 128, device="cuda").to(E4M3) for _ in range(3))
+    out = lazytriton.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, window_size=(256, 0),
+                                            q_descale=torch.tensor(0.5, device="cuda"))
+    for i in range(len(lens)):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        qi, ki, vi = (t[rows].transpose(0, 1)[None] for t in (q, k, v))
+        sc = (torch.tensor(0.5, device="cuda"), None, None)
+        exact = reference(qi, ki, vi, sc, "bottom_right", (256, 0))[0].transpose(0, 1)
+        same = reference(qi, ki, vi, sc, "bottom_right", (256, 0), same_precision=True)[0].transpose(0, 1)
+        assert_fa3_rule(out[rows], exact, same)
+
+
+@gpu
+def test_gpu_sm80_device_is_refused_before_launch() -> None:
+    if torch.cuda.get_device_capability()[0] >= 9:
+        pytest.skip("this GPU has FP8 tensor cores (sm_90+); the refusal is tested through dispatch on CPU")
+    q = torch.randn(1, 64, 2, 64, device="cuda").to(E4M3)
+    with pytest.raises(ValueError, match="no FP8 tensor cores"):
+        lazytriton.flash_attn_func(q, q, q)
