@@ -45,7 +45,8 @@ def _quantise(x, Descale, offsets, given, FP8_MAX: tl.constexpr, dtype: tl.const
 
     ``offsets``: each row's descale (read where ``given``, else 1.0).
     """
-    descale = tl.load(Descale + offsets, mask=(offsets * 0 + given) != 0, other=1.0)
+    # Float32 already on a GPU (the description's type); the interpreter types an absent descale's stand-in by k's.
+    descale = tl.load(Descale + offsets, mask=(offsets * 0 + given) != 0, other=1.0).to(tl.float32)
     y = tl.math.div_rn(x.to(tl.float32), descale[:, None])
     y = tl.where(y > FP8_MAX, FP8_MAX, tl.where(y < -FP8_MAX, -FP8_MAX, y))
     return y.to(dtype, fp_downcast_rounding="rtne")
