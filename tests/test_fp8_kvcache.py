@@ -428,6 +428,103 @@ def test_the_memo_keys_carry_the_format() -> None:
 
 
 # ---------------------------------------------------------------------------
+# Prewarm, cache explain, the miss log, the compiler
+
+
+def test_prewarm_plans_float8_caches_only_when_asked_and_leaves_e4m3_out_of_sm80() -> None:
+    from lazytriton.kernels import FAMILIES
+    from lazytriton.prewarm.enumeration import Axes, enumerate_variants, left_out
+    from lazytriton.tuning import Table
+
+    targets = (Target.parse("sm_90"), Target.parse("sm_80"))
+    plain = enumerate_variants(Axes(targets, kernels=FAMILIES["flash_decode"]), Table(()))
+    assert not any("KV_FP8" in str(p.variant) for p in plain)
+    axes = Axes(targets, kernels=FAMILIES["flash_decode"], kv_fp8=("none", "e4m3", "e5m2"))
+    every = enumerate_variants(axes, Table(()))
+    assert {p.key for p in plain} < {p.key for p in every}
+    fp8 = {(p.variant.kernel, p.variant.target, str(p.variant.get("KV_FP8"))) for p in every
+           if "KV_FP8" in str(p.variant)}
+    assert fp8 == {(k, t, kv) for k in ("flash_decode_split", "kv_append") for t, kv in
+                   (("sm_90", "e4m3"), ("sm_90", "e5m2"), ("sm_80", "e5m2"))}
+    assert left_out(axes) == [f"the e4m3 KV caches for sm_80: {kv_fp8.unsupported(targets[1], 'e4m3')}"]
+    planned = {p.key for p in every}
+    for kernel in ("flash_decode_split", "kv_append"):
+        wanted = dispatch.kernel_variant(kernel, targets[0], "bf16", 128, False, True, 16, 16, paged=True,
+                                         table=Table(()), kv_fp8="e4m3")
+        assert wanted.key() in planned, wanted
+    with pytest.raises(ValueError, match="kv_fp8 formats must be among"):
+        Axes(targets, kv_fp8=("fp8",))
+
+
+def test_prewarm_cli_and_the_miss_log_take_the_format(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from lazytriton.cli import main as cli_main
+    from lazytriton.prewarm.enumeration import variants_from_misses
+
+    base = ["prewarm", "--target", "sm_90,sm_80", "--kernel", "flash_decode", "--dtype", "bf16", "--head-dim", "128",
+            "--list"]
+    assert cli_main([*base, "--kv-dtype", "e4m3"]) == 0
+    captured = capsys.readouterr()
+    assert "prewarm: left out the e4m3 KV caches for sm_80" in captured.err
+    assert any("KV_FP8=e4m3" in line and "sm_90" in line for line in captured.out.splitlines())
+    assert not any("KV_FP8" in line and "sm_80" in line for line in captured.out.splitlines())
+    sm80, sm90 = Target.parse("sm_80"), Target.parse("sm_90")
+    good = dispatch.kernel_variant("flash_decode_split", sm80, "fp16", 64, True, True, 8, 4096, kv_fp8="e5m2")
+    bad = str(dispatch.kernel_variant("kv_append", sm90, "fp16", 64, False, True, 1, 1, kv_fp8="e4m3")).replace(
+        "sm_90", "sm_80")
+    lines = [json.dumps({"variant": text, "key": "0" * 32}) for text in (str(good), bad)]
+    plan, problems = variants_from_misses(lines, "m")
+    assert [p.variant for p in plan] == [good]
+    assert len(problems) == 1 and "m:2: refused" in problems[0] and "float8e4nv needs sm_89" in problems[0]
+
+
+def test_explain_describes_a_float8_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from lazytriton.cli import main as cli_main
+
+    args = ["cache", "explain", "--kernel", "flash_decode", "--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "4",
+            "--seqlen-k", "4096", "--target", "sm_90", "--page-size", "256", "--json"]
+    assert cli_main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert cli_main([*args, "--kv-dtype", "e5m2"]) == 0
+    fp8 = json.loads(capsys.readouterr().out)
+    assert fp8["call"]["kv_dtype"] == "e5m2" and plain["call"]["kv_dtype"] == "none"
+    split, combine = (Variant.parse(k["variant"]) for k in fp8["kernels"])
+    assert split.get("KV_FP8") == "e5m2" and "KV_FP8" not in str(combine)
+    assert str(split).replace(",KV_FP8=e5m2", "") == plain["kernels"][0]["variant"]
+    assert fp8["kernels"][1]["key"] == plain["kernels"][1]["key"]
+    assert cli_main([*args[:-1], "--kv-dtype", "e4m3"]) == 0
+    assert "a float8 cache (e4m3: KV_FP8=e4m3 on the split kernel" in capsys.readouterr().out
+    for refused, needle in ((["--target", "sm_80"], "sm_80 has no float8_e4m3fn"),
+                            (["--dtype", "fp32"], "q must be float16 or bfloat16 with a float8 k_cache")):
+        changed = [*args[:-1], "--kv-dtype", "e4m3"]
+        flag, value = refused
+        changed[changed.index(flag) + 1] = value
+        assert cli_main(changed) == 2
+        assert needle in capsys.readouterr().err
+    fwd = ["cache", "explain", "--dtype", "bf16", "--head-dim", "64", "--seqlen-q", "128", "--target", "sm_90"]
+    assert cli_main([*fwd, "--kv-dtype", "e4m3"]) == 2
+    assert "--kv-dtype is flash_attn_with_kvcache's float8 cache" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("target", "kv"), [("sm_90", "e4m3"), ("sm_80", "e5m2"), ("gfx942", "e4m3")])
+def test_float8_variants_compile(target: str, kv: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Real entries (Triton's compiler, no GPU): the split kernel and kv_append of a float8 cache, paged."""
+    from compiled_once import compiled, shared_dir
+
+    from lazytriton.kernels import get
+
+    where = shared_dir(tmp_path_factory)
+    for kernel in ("flash_decode_split", "kv_append"):
+        variant = dispatch.kernel_variant(kernel, Target.parse(target), "bf16", 128, False, True, 4, 4096,
+                                          paged=True, kv_fp8=kv)
+        entry = compiled(variant, where)
+        assert len(entry.arg_types) == len(get(kernel).params)
+
+
+# ---------------------------------------------------------------------------
 # On the GPU, at real sizes
 
 
