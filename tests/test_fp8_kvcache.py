@@ -328,8 +328,10 @@ def test_the_op_and_torch_compile_take_the_descales() -> None:
 def _valid(fmt: torch.dtype = torch.float8_e4m3fn) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     return {"q": torch.randn(2, 1, 4, 64, generator=gen).bfloat16(),
-            "k_cache": to_fp8(torch.empty(2, 32, 2, 64), fmt, gen), "v_cache": to_fp8(torch.empty(2, 32, 2, 64), fmt, gen),
-            "k": torch.randn(2, 1, 2, 64, generator=gen).bfloat16(), "v": torch.randn(2, 1, 2, 64, generator=gen).bfloat16(),
+            "k_cache": to_fp8(torch.empty(2, 32, 2, 64), fmt, gen),
+            "v_cache": to_fp8(torch.empty(2, 32, 2, 64), fmt, gen),
+            "k": torch.randn(2, 1, 2, 64, generator=gen).bfloat16(),
+            "v": torch.randn(2, 1, 2, 64, generator=gen).bfloat16(),
             "cache_seqlens": torch.tensor([3, 9], dtype=torch.int32), "k_descale": torch.full((2,), 0.5),
             "v_descale": torch.full((2, 2), 0.25)}
 
@@ -570,7 +572,8 @@ def test_kv_append_quantises_on_the_gpu_as_torch_does() -> None:
     gen = torch.Generator().manual_seed(5)
     every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fmt).float()
     finite = every[torch.isfinite(every)].unique()
-    pool = torch.cat([(finite[1:] + finite[:-1]) / 2, finite, torch.tensor([1e5, -1e5]), torch.randn(500, generator=gen)])
+    pool = torch.cat([(finite[1:] + finite[:-1]) / 2, finite, torch.tensor([1e5, -1e5]),
+                      torch.randn(500, generator=gen)])
     batch, new, hk, d = 8, 16, 8, 128
     kd = (torch.rand(batch, hk, generator=gen) + 0.1)
     k = (pool[torch.randint(0, pool.numel(), (batch, new, hk, d), generator=gen)] * kd[:, None, :, None]).bfloat16()
@@ -586,3 +589,23 @@ def test_kv_append_quantises_on_the_gpu_as_torch_does() -> None:
 
 def test_the_gpu_tests_skip_with_a_reason_on_cpu() -> None:
     assert gpu.kwargs["reason"].startswith("needs a CUDA GPU")
+
+
+def test_bench_decode_times_the_float8_cache_beside_the_bf16_one(tmp_path: Any) -> None:
+    """``bench_decode.py --quick --kv-dtype e4m3`` on CPU: a lazytriton_fp8 row per case, checked, and its table."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decode.py"
+    out_csv = tmp_path / "decode.csv"
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(bench), "--quick", "--kv-dtype", "e4m3", "--csv", str(out_csv)],
+                          env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [line.split(",") for line in out_csv.read_text().splitlines()]
+    provider = rows[0].index("provider")
+    fp8 = [row for row in rows[1:] if row[provider] == "lazytriton_fp8"]
+    assert len(fp8) == 3 and all(row[rows[0].index("check")] == "ok" for row in fp8)
+    assert "float8 cache" in proc.stdout and "x bf16" in proc.stdout

@@ -41,7 +41,7 @@ from lazytriton.kernels.rotary import rotate
 
 @triton.jit
 def _quantise(x, Descale, offsets, given, FP8_MAX: tl.constexpr, dtype: tl.constexpr):
-    """x / descale in float32 (correctly rounded), saturated to +-FP8_MAX (NaN kept), rounded to ``dtype`` (RTNE).
+    """X / descale in float32 (correctly rounded), saturated to +-FP8_MAX (NaN kept), rounded to ``dtype`` (RTNE).
 
     ``offsets``: each row's descale (read where ``given``, else 1.0).
     """
