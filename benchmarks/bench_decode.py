@@ -36,6 +36,16 @@ case, with its geomean and max (the goal: within 1.10). ``--sinks`` adds
 logit a query head, gpt-oss's), checked against the reference with them; the
 table then ends with its time over the same call's without sinks.
 
+``--kv-dtype e4m3`` (or ``e5m2``) adds ``lazytriton_fp8``: the same call on
+a float8 copy of the cache (``k_cache / k_descale`` per key/value head,
+descale = the head's amax / the format's largest value, saturated, RTNE: what
+kv_append writes), with k_descale and v_descale; its bytes count K and V at
+one byte each, and its reference is the dequantised cache's. A table then
+gives, per case, the bf16 cache's time and GB/s beside the float8 cache's and
+the speedup (bf16 time / float8 time: how much more the float8 cache decodes
+in the same time); the goal, issue 42's, is at least 1.8 at batch 1-32 from
+4k keys.
+
 Each provider's first output is checked against a float32 reference of
 batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
 marked ``*``), or ``failed`` (did not run). Rows go to a long-format CSV
@@ -44,7 +54,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
-       [--reps N] [--rotary interleaved|halves] [--sinks]
+       [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -77,6 +87,9 @@ PROVIDERS = ("lazytriton", "sdpa", "sdpa_gather")
 ROTARY_PROVIDERS = ("lazytriton_append", "lazytriton_rotary")
 ROTARY_GOAL = 1.10  # rotary's time over the same step without it
 SINKS = "lazytriton_sinks"  # --sinks: lazytriton's call with attention sinks
+FP8 = "lazytriton_fp8"  # --kv-dtype: lazytriton's call on a float8 copy of the cache
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_GOAL = 1.8  # the float8 cache's speedup over the bf16 cache at batch <= 32 from 4k keys (issue 42)
 TOLERANCE = 2e-2
 
 
@@ -93,8 +106,12 @@ class Case(NamedTuple):
     @property
     def bytes(self) -> int:
         """K and V read, q read and out written."""
+        return self.bytes_at(torch.finfo(self.dtype).bits // 8)
+
+    def bytes_at(self, kv_size: int) -> int:
+        """The bytes with K and V of ``kv_size`` bytes an element (1: a float8 cache), q and out in the dtype."""
         size = torch.finfo(self.dtype).bits // 8
-        return size * self.batch * self.head_dim * (2 * self.cache_len * self.heads_k + 2 * self.heads_q)
+        return self.batch * self.head_dim * (2 * self.cache_len * self.heads_k * kv_size + 2 * self.heads_q * size)
 
     @property
     def label(self) -> str:
@@ -115,7 +132,9 @@ class Result(NamedTuple):
 
     @property
     def gb_s(self) -> float | None:
-        return None if self.ms is None else self.case.bytes / self.ms / 1e6
+        if self.ms is None:
+            return None
+        return (self.case.bytes_at(1) if self.provider == FP8 else self.case.bytes) / self.ms / 1e6
 
 
 def cases(batches: Sequence[int], lengths: Sequence[int], layouts: Sequence[str], page_sizes: Sequence[int],
@@ -187,6 +206,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "(rotary_interleaved=True: interleaved; False: halves), and their ratio")
     parser.add_argument("--sinks", action="store_true",
                         help="also time lazytriton's call with attention sinks (provider lazytriton_sinks)")
+    parser.add_argument("--kv-dtype", choices=tuple(FP8_DTYPES), default=None,
+                        help="also time lazytriton's call on a float8 copy of the cache (provider lazytriton_fp8, "
+                             "with k_descale/v_descale per key/value head) and its speedup over the bf16 cache")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -210,9 +232,18 @@ class Inputs(NamedTuple):
     v_sdpa: torch.Tensor
     rotary: tuple[torch.Tensor, torch.Tensor, bool] | None = None  # cos, sin (len, head_dim / 2), interleaved
     sinks: torch.Tensor | None = None  # float32 (heads_q,): the attention sinks of lazytriton_sinks
+    fp8: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # k8, v8, k_descale, v_descale
 
 
-def make_inputs(case: Case, device: torch.device, seed: int, rotary: str | None = None) -> Inputs:
+def float8_copy(cache: torch.Tensor, fmt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cache / descale as ``fmt``, descale (heads_k,) float32): each head's amax at the format's largest value."""
+    largest = torch.finfo(fmt).max
+    descale = (cache.float().abs().amax(dim=(0, 1, 3)) / largest).clamp_min(1e-12)
+    return (cache.float() / descale[:, None]).clamp(-largest, largest).to(fmt), descale
+
+
+def make_inputs(case: Case, device: torch.device, seed: int, rotary: str | None = None,
+                kv_dtype: str | None = None) -> Inputs:
     gen = torch.Generator(device=device).manual_seed(seed)
     b, n, hk, d = case.batch, case.cache_len, case.heads_k, case.head_dim
 
@@ -235,7 +266,11 @@ def make_inputs(case: Case, device: torch.device, seed: int, rotary: str | None 
         angles = torch.rand(n, d // 2, generator=gen, device=device) * 2 * math.pi
         tables = (angles.cos().to(case.dtype), angles.sin().to(case.dtype), rotary == "interleaved")
     sinks = torch.randn(case.heads_q, generator=gen, device=device)
-    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, tables, sinks)
+    fp8 = None
+    if kv_dtype is not None:
+        (k8, kd), (v8, vd) = float8_copy(k_cache, FP8_DTYPES[kv_dtype]), float8_copy(v_cache, FP8_DTYPES[kv_dtype])
+        fp8 = (k8, v8, kd, vd)
+    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, tables, sinks, fp8)
 
 
 def gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -280,6 +315,18 @@ def lazytriton_sinks_call(t: Inputs) -> Callable[[], torch.Tensor]:
     return run
 
 
+def lazytriton_fp8_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    assert t.fp8 is not None
+    k8, v8, kd, vd = t.fp8
+
+    def run() -> torch.Tensor:
+        with trusted_indices():
+            return lazytriton.flash_attn_with_kvcache(t.q, k8, v8, cache_seqlens=t.lens, block_table=t.table,
+                                                     k_descale=kd, v_descale=vd)  # type: ignore[no-any-return]
+
+    return run
+
+
 def sdpa_call(t: Inputs) -> Callable[[], torch.Tensor]:
     q = t.q.transpose(1, 2)
     return lambda: F.scaled_dot_product_attention(q, t.k_sdpa, t.v_sdpa, enable_gqa=True).transpose(1, 2)
@@ -298,12 +345,12 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
     "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
     "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True),
-    SINKS: lazytriton_sinks_call}
+    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call}
 
 
-def providers(case: Case, rotary: bool = False, sinks: bool = False) -> list[str]:
+def providers(case: Case, rotary: bool = False, sinks: bool = False, fp8: bool = False) -> list[str]:
     return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + \
-        (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else [])
+        (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([FP8] if fp8 else [])
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -319,18 +366,28 @@ def reference(t: Inputs, provider: str = "lazytriton") -> torch.Tensor:
     """Batch element 0's output in float32, from the SDPA-layout keys: (1, heads_q, head_dim).
 
     ``lazytriton_rotary``: q and the new (last) key rotated at position length - 1, in the inputs' dtype;
-    ``lazytriton_sinks``: with t's sinks (one more column of the softmax, dropped after it).
+    ``lazytriton_sinks``: with t's sinks (one more column of the softmax, dropped after it);
+    ``lazytriton_fp8``: from the float8 cache, dequantised.
     """
     q = t.q[0, 0].float()  # (heads_q, d)
     group = q.shape[0] // t.k_sdpa.shape[1]
     keys = t.k_sdpa[0].float()  # (heads_k, len, d)
+    values = t.v_sdpa[0].float()
+    if provider == FP8 and t.fp8 is not None:
+        k8, v8, kd, vd = t.fp8
+        length = keys.shape[1]
+        if t.table is None:
+            keys, values = k8[0].transpose(0, 1).float(), v8[0].transpose(0, 1).float()
+        else:
+            keys, values = gather(k8, t.table[:1], length)[0].float(), gather(v8, t.table[:1], length)[0].float()
+        keys, values = keys * kd[:, None, None], values * vd[:, None, None]
     if provider == "lazytriton_rotary" and t.rotary is not None:
         cos, sin, interleaved = (t.rotary[0][-1].float(), t.rotary[1][-1].float(), t.rotary[2])
         q = rotated(q, cos, sin, interleaved).to(t.q.dtype).float()
         keys = keys.clone()
         keys[:, -1] = rotated(keys[:, -1], cos, sin, interleaved).to(t.q.dtype).float()
     k = keys.repeat_interleave(group, 0)  # (heads_q, len, d)
-    v = t.v_sdpa[0].float().repeat_interleave(group, 0)
+    v = values.repeat_interleave(group, 0)
     scores = torch.einsum("hd,hnd->hn", q, k) / math.sqrt(q.shape[-1])
     if provider == SINKS and t.sinks is not None:
         return torch.einsum("hn,hnd->hd", torch.cat([scores, t.sinks[:, None]], -1).softmax(-1)[:, :-1], v)[None]
@@ -442,6 +499,26 @@ def _geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
+def print_fp8(results: Sequence[Result], log: Log) -> None:
+    """Per case: the bf16 and float8 caches' time and GB/s, and the speedup; the goal rows' geomean and min."""
+    by = {(r.case, r.provider): r for r in results}
+    log("\nfloat8 cache".ljust(28) + f"{'bf16 ms':>10}{'fp8 ms':>10}{'bf16 GB/s':>11}{'fp8 GB/s':>10}{'x bf16':>8}")
+    goal_rows = []
+    for case in dict.fromkeys(r.case for r in results):
+        plain, fp8 = by.get((case, "lazytriton")), by.get((case, FP8))
+        if plain is None or fp8 is None:
+            continue
+        x = _speedup(fp8, plain)
+        if not math.isnan(x) and case.batch <= 32 and case.cache_len >= 4096:
+            goal_rows.append(x)
+        cells = "".join(f"{r.ms:>10.4f}" if r.ms is not None else f"{'failed':>10}" for r in (plain, fp8))
+        rates = f"{_cell(plain):>11}{_cell(fp8):>10}"
+        log(f"{case.label:<27}{cells}{rates}" + (f"{x:>8.2f}" if not math.isnan(x) else f"{'-':>8}"))
+    if goal_rows:
+        log(f"batch <= 32 from 4k keys: geomean {_geomean(goal_rows):.2f}, min {min(goal_rows):.2f} over "
+            f"{len(goal_rows)} cases ({'at least' if min(goal_rows) >= FP8_GOAL else 'under'} {FP8_GOAL:.1f})")
+
+
 def print_rotary(results: Sequence[Result], log: Log) -> None:
     """Per case: the step's time without and with rotary, and their ratio; the geomean and max ratio."""
     by = {(r.case, r.provider): r for r in results}
@@ -485,8 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"bench_decode on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, peak {peak:.0f} GB/s")
     results: list[Result] = []
     for index, case in enumerate(case_list):
-        t = make_inputs(case, device, 1000 + index, args.rotary)
-        for provider in providers(case, args.rotary is not None, args.sinks):
+        t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)
+        for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None):
             r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
@@ -499,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(results, peak, log)
     if args.rotary is not None:
         print_rotary(results, log)
+    if args.kv_dtype is not None:
+        print_fp8(results, log)
     failed = [r for r in results if r.provider.startswith("lazytriton") and r.check != "ok"]
     return 1 if failed else 0
 

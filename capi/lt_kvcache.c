@@ -20,10 +20,10 @@
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 51   /* flash_decode_split: 49 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 59   /* flash_decode_split: 57 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
-#define LT__APPEND_PARAMS 36         /* kv_append: 36 pointers and integers */
+#define LT__APPEND_PARAMS 44         /* kv_append: 44 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
 #define LT__KV_PARAMS_V2_SIZE offsetof(lt_attn_kvcache_params, rotary_cos)    /* version 2: before the rotary tables */
@@ -615,19 +615,20 @@ static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c)
 #define LT__OR_Q(t) (lt__absent(&(t)) ? LT__PTR(p->q) : LT__PTR(t))
 
 /* kv_append: the new keys and values into the caches, its parameters in its description's order
- * (kv_append.binding.c_initializer). */
+ * (kv_append.binding.c_initializer). The C API has no float8 cache: the descales' pointers stand in, unread. */
 static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t ints[LT__APPEND_PARAMS + LT__MAX_HIDDEN] = {
         LT__PTR(p->k), LT__PTR(p->v), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__OR_K(p->cache_seqlens),
         LT__OR_K(p->cache_batch_idx), LT__OR_K(p->block_table), LT__OR_K(p->rotary_cos), LT__OR_K(p->rotary_sin),
-        LT__OR_K(p->rotary_seqlens), p->k.strides[0], p->k.strides[1], p->k.strides[2],
+        LT__OR_K(p->rotary_seqlens), LT__PTR(p->k), LT__PTR(p->k),
+        p->k.strides[0], p->k.strides[1], p->k.strides[2],
         p->v.strides[0], p->v.strides[1], p->v.strides[2], p->k_cache.strides[0], p->k_cache.strides[1],
         p->k_cache.strides[2], p->v_cache.strides[0], p->v_cache.strides[1], p->v_cache.strides[2],
-        c->paged ? p->block_table.strides[0] : 0, c->hk, c->seqlen_new, c->d, c->dv,
+        c->paged ? p->block_table.strides[0] : 0, 0, 0, 0, 0, c->hk, c->seqlen_new, c->d, c->dv,
         c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens, c->use_batch_idx, c->page_size, c->capacity,
-        c->cache_rows, c->rotary_dim, c->seqlen_ro, c->rotary_seqlens};
+        c->cache_rows, c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, 0, 0};
     void *params[LT__APPEND_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
@@ -637,7 +638,7 @@ static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcac
 }
 
 /* The launches: kv_append (new keys), then both decoding kernels, each kernel's parameters in its description's
- * order (binding.c_initializer). */
+ * order (binding.c_initializer). The C API has no float8 cache: the descales' pointers stand in, unread. */
 static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
@@ -654,13 +655,14 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
-        LT__OR_LSE(p->rotary_seqlens), LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q), q->strides[0],
+        LT__OR_LSE(p->rotary_seqlens), LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q),
+        LT__PTR(p->lse), LT__PTR(p->lse), q->strides[0],
         q->strides[1], q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
-        c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
+        0, 0, 0, 0, c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
         c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, 0, c->rotary_dim,
-        c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query};
+        c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query, 0, 0};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
     void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];
     int n_ints = LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS;

@@ -54,7 +54,9 @@ class Request:
     has the bias call's variant).
     forward kernels and the decoding kernels take. ``varlen_q``: a decoding call
     whose queries are packed by cu_seqlens_q (VARLEN_Q=true on the split kernel;
-    ``seqlen_q`` then counts the longest sequence's rows).
+    ``seqlen_q`` then counts the longest sequence's rows). ``kv_fp8``: a decoding
+    call's float8 cache (``e4m3``, ``e5m2``; KV_FP8 on the split kernel and
+    kv_append), ``none`` for a cache of ``dtype``.
     """
 
     dtype: str
@@ -87,3 +89,4 @@ class Request:
     bias_grad: bool = False
     varlen_q: bool = False
     chunk: bool = False
+    kv_fp8: str = "none"

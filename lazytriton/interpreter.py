@@ -37,6 +37,14 @@ Four fixes of Triton's interpreter are installed on the private copy, for good:
 - Loop bounds such as ``tl.minimum(a, b)`` are one-element arrays under Triton
   3.6, and ``int()`` of those fails in ``range()``; ``__index__`` squeezes them
   (3.9 does so itself).
+- float8 conversions (``float8e4nv``, ``float8e5``: float8_e4m3fn and
+  float8_e5m2): the interpreter rounds half away from zero into float8 (a
+  carry out of the mantissa lands in the exponent bits by OR, not by sum), and
+  reads float8_e5m2's subnormals into float16 as 0 and both formats' NaN (and
+  e5m2's inf) as finite numbers; both ways go through ``fp8_encode`` and
+  ``fp8_decode``: exact, rounding to nearest, ties to even, values past the
+  format's range (inf too) saturated to its largest, NaN kept: what sm_90's
+  ``cvt.rn.satfinite`` does (the kernels saturate before they convert anyway).
 
 One interpretation runs at a time: the interpreter's builder holds the current
 program id for the whole process.
@@ -209,6 +217,79 @@ def _install_fixes(interpreter: Any) -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
     interpreter._patch_lang_tensor = patch_tensor_index
+    _install_fp8_fix(interpreter)
+
+
+# float8 formats as the interpreter names them: (Triton's dtype name, exponent bias, mantissa bits, has inf).
+_FP8 = {"fp8e4nv": (7, 3, False), "fp8e5": (15, 2, True)}
+
+
+def fp8_decode(bits: Any, fmt: str) -> Any:
+    """float8 bit patterns (uint8 array) of ``fmt`` (``fp8e4nv``, ``fp8e5``) as exact float32 values."""
+    import numpy as np
+
+    bias, mant, has_inf = _FP8[fmt]
+    bits = np.asarray(bits, dtype=np.uint8).astype(np.int32)
+    sign = np.where(bits & 0x80, -1.0, 1.0)
+    exp, frac = (bits >> mant) & ((1 << (7 - mant)) - 1), bits & ((1 << mant) - 1)
+    value = np.where(exp == 0, np.ldexp(frac.astype(np.float64), 1 - bias - mant),
+                     np.ldexp((frac + (1 << mant)).astype(np.float64), exp - bias - mant))
+    top = (1 << (7 - mant)) - 1
+    if has_inf:
+        value = np.where(exp == top, np.where(frac == 0, np.inf, np.nan), value)
+    else:
+        value = np.where((exp == top) & (frac == (1 << mant) - 1), np.nan, value)
+    return (sign * value).astype(np.float32)
+
+
+def fp8_encode(values: Any, fmt: str) -> Any:
+    """Float values as ``fmt``'s bit patterns (uint8): nearest, ties to even, saturated (``satfinite``), NaN kept."""
+    import numpy as np
+
+    bias, mant, has_inf = _FP8[fmt]
+    x = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(x)
+    mag = np.where(finite, np.abs(x), 0.0)
+    exp = np.maximum(np.frexp(mag)[1] - 1, 1 - bias)  # floor(log2); subnormals share the smallest normal's step
+    # Whole steps of 2**(exp - mant): rint rounds ties to even, and a carry into the next binade is a sum
+    # of the exponent's and the mantissa's bits (so 2**mant steps at exp read as exponent + 1).
+    steps = np.rint(np.ldexp(mag, mant - exp)).astype(np.int64)
+    bits = np.where(steps >= (1 << mant), ((exp + bias).astype(np.int64) << mant) + steps - (1 << mant), steps)
+    largest = (((1 << (7 - mant)) - 1 - int(has_inf)) << mant) | ((1 << mant) - 1 - int(not has_inf))
+    bits = np.where((bits > largest) | np.isinf(x), largest, bits)  # satfinite: past the range, the largest
+    bits = np.where(np.isnan(x), 0x7F, bits) | np.where(np.signbit(x), 0x80, 0)
+    return bits.astype(np.uint8)
+
+
+def _install_fp8_fix(interpreter: Any) -> None:
+    """Exact float8 conversions in the private interpreter (``fp8_encode``/``fp8_decode``, RTNE)."""
+    import numpy as np
+
+    tl = interpreter.tl
+    builder = interpreter.interpreter_builder
+    create_fp_to_fp = builder.create_fp_to_fp
+    wide = {tl.float32: np.float32, tl.float16: np.float16}
+
+    def widened(handle: Any) -> Any:
+        """A float32/float16/bfloat16 handle's values as float32."""
+        if handle.dtype.scalar == tl.bfloat16:
+            return (np.asarray(handle.data).astype(np.uint32) << 16).view(np.float32)
+        return np.asarray(handle.data).astype(np.float32)
+
+    def create_fp_to_fp_fp8(src: Any, dst_type: Any, rounding_mode: Any) -> Any:
+        src_name, dst_name = src.dtype.scalar.name, dst_type.scalar.name
+        if dst_name in _FP8 and src_name not in _FP8:
+            return interpreter.TensorHandle(fp8_encode(widened(src), dst_name), dst_type.scalar)
+        if src_name in _FP8 and dst_name not in _FP8:
+            values = fp8_decode(src.data, src_name)
+            if dst_type.scalar == tl.bfloat16:  # exact: every float8 value has a bfloat16 twin
+                data = (values.view(np.uint32) >> 16).astype(np.uint16)
+            else:
+                data = values.astype(wide[dst_type.scalar])
+            return interpreter.TensorHandle(data, dst_type.scalar)
+        return create_fp_to_fp(src, dst_type, rounding_mode)
+
+    builder.create_fp_to_fp = create_fp_to_fp_fp8
 
 
 def _e4m3_table() -> Any:

@@ -44,7 +44,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None,
                             sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None,
                             cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
-                            attention_chunk: int = 0) -> Any:
+                            attention_chunk: int = 0, k_descale: torch.Tensor | None = None,
+                            v_descale: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
@@ -165,6 +166,19 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             == (i + offset) // attention_chunk, on top of causal and the
             window. Key blocks outside every query's chunk are never read.
             Default 0 (off).
+        k_descale: optional float32, FlashAttention-3's, with a float8
+            k_cache (torch.float8_e4m3fn or torch.float8_e5m2, then v_cache
+            too; q, k and v float16 or bfloat16): shape () or (1,) (per
+            tensor), (heads_k,) (per key/value head) or (batch, heads_k) (per
+            sequence b of q, whatever its cache row). The cache holds each key
+            divided by its descale: the kernels read k_cache x k_descale
+            (dequantised in registers, so decoding reads half the bytes of a
+            16-bit cache), and new keys k are written as k / k_descale,
+            computed in float32, saturated to the format's largest finite
+            value (448 for e4m3, 57344 for e5m2) and rounded to nearest, ties
+            to even (after the rotary embedding, with one). None: 1.0.
+            Refused with a cache of q's dtype.
+        v_descale: the same for v_cache and the new values v.
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
@@ -196,13 +210,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         index_tensor(alibi_slopes), index_tensor(cache_leftpad), index_tensor(attention_sinks.given(sinks, s_aux)))
     rotary = (index_tensor(rotary_cos), index_tensor(rotary_sin), index_tensor(rotary_seqlens))
     cu_seqlens_q = index_tensor(cu_seqlens_q)
+    descales = (index_tensor(k_descale), index_tensor(v_descale))
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                      cache_leftpad, *rotary, sinks, cu_seqlens_q)
+                      cache_leftpad, *rotary, sinks, cu_seqlens_q, *descales)
     call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved, max_seqlen_q,
                         attention_chunk)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
                      block_table, alibi_slopes, cache_leftpad, sinks)
-    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary, cu_seqlens_q):
+    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary, cu_seqlens_q, *descales):
         out, lse = binding.forward(t, call)
     else:
         from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
@@ -212,9 +227,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
                       causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad,
                       *rotary[:2], rotary_interleaved, rotary[2], sinks,
-                      *((cu_seqlens_q, call.seqlen_q if call.varlen_q else -1) if call.varlen_q or call.chunked
-                        else ()),
-                      *((call.attention_chunk,) if call.chunked else ()))
+                      *((cu_seqlens_q, call.seqlen_q if call.varlen_q else -1)
+                        if call.varlen_q or call.chunked or call.kv_fp8 != "none" else ()),
+                      *((call.attention_chunk,) if call.chunked or call.kv_fp8 != "none" else ()),
+                      *(descales if call.kv_fp8 != "none" else ()))
     return (out, lse) if return_softmax_lse else out
 
 

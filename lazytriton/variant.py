@@ -185,6 +185,10 @@ _SAME_AS = {"BLOCK_DV": "BLOCK_D", "EVEN_DV": "EVEN_D"}
 # Tiles that may be absent, meaning 0 (off): flash_fwd's second head-dim chunk (split tiles), and
 # flash_fwd_gluon's query tiles per program (absent: its BLOCK_M rows are one tile).
 _ZERO_IF_ABSENT = ("BLOCK_D2", "BLOCK_TILES")
+# Fields that take one of a few names and may be absent, meaning the first: KV_FP8, the float8 format of the
+# KV cache the decoding split kernel reads and kv_append writes (kernels/flash_decode/kv_fp8.py), absent for a
+# cache of the queries' dtype.
+_CHOICES: dict[str, tuple[str, ...]] = {"KV_FP8": ("none", "e4m3", "e5m2")}
 _OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
 _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16
@@ -202,6 +206,10 @@ def _check_constexpr(variant: Variant, name: str, value: Value, wide: bool = Fal
                 or part & (part - 1):  # type: ignore[operator]
             raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be a power of two "
                              f"{'(or three times one of at least 16) ' if wide else ''}in 1..{_MAX_BLOCK}")
+    elif name in _CHOICES:
+        if value not in _CHOICES[name]:
+            raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be one of "
+                             f"{', '.join(_CHOICES[name])}")
     elif not isinstance(value, bool):
         raise ValueError(f"variant {variant}: {name}={_format_value(value)} must be true or false")
 
@@ -220,7 +228,7 @@ def check_fields(variant: Variant) -> Variant:
     spec = get(variant.kernel)  # ValueError names an unknown kernel
     constexprs = variant.constexprs
     missing = [name for name in spec.constexprs if name not in constexprs and name not in _FLAGS
-               and name not in _SAME_AS and name not in _ZERO_IF_ABSENT]
+               and name not in _SAME_AS and name not in _ZERO_IF_ABSENT and name not in _CHOICES]
     missing += [name for name in _REQUIRED_OPTIONS if name not in dict(variant.options)]
     if missing:
         raise ValueError(f"variant {variant} lacks {', '.join(missing)} (a {variant.kernel} variant needs "
@@ -272,10 +280,12 @@ def _check_tma(variant: Variant) -> None:
 def kernel_constexprs(variant: Variant, names: tuple[str, ...]) -> dict[str, Value]:
     """The values of a kernel's constexprs ``names`` in ``variant``, an absent flag as false (KeyError otherwise).
 
-    An absent BLOCK_DV/EVEN_DV takes BLOCK_D's/EVEN_D's value (``_SAME_AS``), an absent BLOCK_D2 is 0.
+    An absent BLOCK_DV/EVEN_DV takes BLOCK_D's/EVEN_D's value (``_SAME_AS``), an absent BLOCK_D2 is 0, an
+    absent choice (``_CHOICES``: KV_FP8) its first name.
     """
     constexprs = variant.constexprs
     return {name: constexprs.get(name, False) if name in _FLAGS
+            else constexprs.get(name, _CHOICES[name][0]) if name in _CHOICES
             else constexprs.get(name, 0) if name in _ZERO_IF_ABSENT
             else constexprs[name] if name in constexprs or name not in _SAME_AS else constexprs[_SAME_AS[name]]
             for name in names}

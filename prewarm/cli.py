@@ -64,11 +64,13 @@ CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, wi
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
                "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "bias_grad", "leftpad",
-               "rotary", "sinks", "varlen_q", "attention_chunk", "page_size")
+               "rotary", "sinks", "varlen_q", "attention_chunk", "page_size", "kv_dtype")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 # --rotary's choices: the rotary modes planned beside the calls without rotary (geometry.ROTARY_MODES).
 _ROTARY = {"interleaved": ("none", "interleaved"), "halves": ("none", "halves"),
            "both": ("none", "interleaved", "halves")}
+# --kv-dtype's choices: the float8 KV cache formats planned beside the caches of q's dtype (KV_FP8).
+_KV_DTYPES = {"e4m3": ("none", "e4m3"), "e5m2": ("none", "e5m2"), "both": ("none", "e4m3", "e5m2")}
 
 
 class UsageError(ValueError):
@@ -254,6 +256,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="also build the chunked-attention (CHUNK=true) variants of flash_fwd, flash_bwd_dq, "
                            "flash_bwd_dkdv and flash_decode's split kernel: attention_chunk in the API (the chunk "
                            "size is a runtime argument: one variant serves every size)")
+    axes.add_argument("--kv-dtype", choices=tuple(_KV_DTYPES), default=None,
+                      help="also build the float8 KV cache (KV_FP8=e4m3/e5m2) variants of flash_decode's split kernel "
+                           "and kv_append: k_cache/v_cache in torch.float8_e4m3fn or float8_e5m2 with "
+                           "k_descale/v_descale in flash_attn_with_kvcache; a target without the format (e4m3 below "
+                           "sm_89) leaves it out, with a note")
     axes.add_argument("--from-misses", type=Path, action="append", metavar="FILE",
                       help="build exactly the variants of a miss log (misses.jsonl), forward and backward; "
                            "--target and --kernel filter it")
@@ -292,7 +299,13 @@ def _source_date_epoch() -> float | None:
 
 def _plan(args: argparse.Namespace) -> list[Any]:
     from lazytriton import tuning
-    from lazytriton.prewarm.enumeration import Axes, enumerate_variants, select_shard, variants_from_miss_log
+    from lazytriton.prewarm.enumeration import (
+        Axes,
+        enumerate_variants,
+        left_out,
+        select_shard,
+        variants_from_miss_log,
+    )
 
     if args.from_misses:
         given = [f"--{name.replace('_', '-')}" for name in _AXIS_FLAGS if getattr(args, name)]
@@ -345,7 +358,10 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 sinks=(False, True) if args.sinks else (False,),
                 varlen_q=(False, True) if args.varlen_q else (False,),
                 chunk=(False, True) if args.attention_chunk else (False,),
-                page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None)
+                page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None,
+                kv_fp8=_KV_DTYPES[args.kv_dtype] if args.kv_dtype else ("none",))
+    for note in left_out(axes):
+        print(f"prewarm: left out {note}", file=sys.stderr)
     return select_shard(enumerate_variants(axes, tuning.tables_for(kernels)), args.shard)
 
 

@@ -46,6 +46,9 @@ given, the groups are the default grid:
     chunk     false (``--attention-chunk`` adds true: calls with FlashAttention-3's attention_chunk, CHUNK=true on
               flash_fwd, flash_bwd_dq, flash_bwd_dkdv and flash_decode's split kernel; the chunk size is a runtime
               argument, so one variant serves every size)
+    kv_fp8    none (``--kv-dtype`` adds e4m3, e5m2 or both: decoding calls on a float8 cache, KV_FP8 on the
+              split kernel and kv_append; a target without the format, sm_80 and sm_86 for e4m3, leaves it out:
+              ``left_out`` says why)
     page size pages of any multiple of 64 keys (``--page-size`` gives the decoding kernels' page sizes)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
@@ -82,6 +85,7 @@ from typing import Any
 
 from lazytriton import geometry, tuning
 from lazytriton.kernels import attention, dispatch
+from lazytriton.kernels.flash_decode import kv_fp8
 from lazytriton.misslog import Line, MissLog
 from lazytriton.prewarm.limits import refusal
 from lazytriton.record import record
@@ -136,6 +140,7 @@ class Axes:
     sinks: tuple[bool, ...] = (False,)  # attention sinks: the families whose PREWARM_FEATURES name them, and flash_fwd
     varlen_q: tuple[bool, ...] = (False,)  # decoding kernels only (queries packed by cu_seqlens_q)
     chunk: tuple[bool, ...] = (False,)  # attention_chunk: the families whose PREWARM_FEATURES name it, and flash_fwd
+    kv_fp8: tuple[str, ...] = ("none",)  # decoding kernels and kv_append only: the caches' float8 formats
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
     # The paged cache's keys a page (decoding kernels only); None: a page size every default BLOCK_N divides.
@@ -154,6 +159,9 @@ class Axes:
         for head_dim in (*(self.head_dims or ()), *(self.head_dims_v or ())):
             if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
                 raise ValueError(f"head dim must be an int in 1..{geometry.MAX_HEAD_DIM}, got {head_dim!r}")
+        for kv in self.kv_fp8:
+            if kv not in (kv_fp8.NONE, *kv_fp8.FORMATS):
+                raise ValueError(f"kv_fp8 formats must be among {(kv_fp8.NONE, *kv_fp8.FORMATS)}, got {kv!r}")
         for mode in self.rotary:
             if mode not in geometry.ROTARY_MODES:
                 raise ValueError(f"rotary modes must be among {geometry.ROTARY_MODES}, got {mode!r}")
@@ -290,15 +298,18 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]
     if hasattr(rules, "prewarm_variants"):
         for variant in rules.prewarm_variants(target, dtypes, head_dims, axes.head_dims_v or (0,), paged,
-                                              axes.aligned, axes.index64, axes.rotary):
+                                              axes.aligned, axes.index64, axes.rotary, axes.kv_fp8):
             yield Planned(variant, variant.key(), "default")
         return
     in_table = table_buckets(table, str(target), kernel)
     features = getattr(rules, "PREWARM_FEATURES", None)
 
     def feature(name: str) -> tuple[Any, ...]:
-        off = ("none",) if name == "rotary" else (False,)
-        return getattr(axes, name) if features is None or name in features else off  # type: ignore[no-any-return]
+        off = ("none",) if name in ("rotary", "kv_fp8") else (False,)
+        chosen = getattr(axes, name) if features is None or name in features else off
+        if name == "kv_fp8":  # the formats the target builds (left_out says why the others are not)
+            chosen = tuple(kv for kv in chosen if kv_fp8.unsupported(target, kv) is None)
+        return chosen  # type: ignore[no-any-return]
 
     alignments = getattr(rules, "prewarm_alignments", lambda kernel, aligned: tuple((a, False) for a in aligned))
     twins = getattr(rules, "prewarm_twins", None)
@@ -310,11 +321,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
         for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout,
-             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, chunk, (seqlen_q, seqlen_k)) in itertools.product(
+             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, chunk, kv, (seqlen_q, seqlen_k)) in itertools.product(
                 alignments(kernel, axes.aligned), axes.index64, feature("window"), feature("softcap"), layouts,
                 _packed(feature("varlen"), feature("seqused")), feature("alibi"), feature("dropout"),
                 _biased(feature("bias"), feature("bias_grad")), feature("leftpad"), feature("rotary"),
-                feature("sinks"), feature("varlen_q"), feature("chunk"), seqlens):
+                feature("sinks"), feature("varlen_q"), feature("chunk"), feature("kv_fp8"), seqlens):
             if bias_grad and varlen:  # the mask's gradient is the SDPA drop-in's: dense calls only
                 continue
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
@@ -326,16 +337,22 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               leftpad=leftpad, page_size=page, seqused_q=used[0],
                                               seqused_k=used[1], rotary=rotary != "none",
                                               rotary_interleaved=rotary == "interleaved", sinks=sinks,
-                                              bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk)
+                                              bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk, kv_fp8=kv)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or rotary != "none"
-                         or varlen_q or chunk or head_dim_v)
+                         or varlen_q or chunk or head_dim_v or kv != "none")
             # A call with sinks runs the twins that carry them (the Gluon forward's: prewarm_twins' sinks).
             extra = {"sinks": True} if sinks else {}
             for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k,
                                        **extra)
                                  if plain and twins is not None else ()):
                 yield Planned(twin, twin.key(), origin)
+
+
+def left_out(axes: Axes) -> list[str]:
+    """Why some of the axes' float8 cache formats are not planned for a target (``kv_fp8.unsupported``)."""
+    return [f"the {kv} KV caches for {target}: {why}" for target in axes.targets for kv in axes.kv_fp8
+            if (why := kv_fp8.unsupported(target, kv)) is not None]
 
 
 def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:

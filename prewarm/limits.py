@@ -41,6 +41,7 @@ memory than the GPU has compiles, but fails to load on it).
 
 from __future__ import annotations
 
+from lazytriton.kernels.flash_decode import kv_fp8
 from lazytriton.record import record
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -114,7 +115,8 @@ def refusal(variant: Variant) -> str | None:
 
     ``variant`` must have passed ``lazytriton.variant.check_fields``. A target
     missing from ``KNOWN_TARGETS``, or a kernel outside ``ESTIMATED_KERNELS``,
-    is checked against the tile caps only.
+    is checked against the tile caps only. A float8 cache's kernels (KV_FP8) on a
+    target without that format (``kv_fp8.unsupported``: e4m3 below sm_89) are refused too.
     """
     tiles = max(1, int(variant.constexprs.get("BLOCK_TILES", 0)))  # flash_fwd_gluon: BLOCK_M rows are that many tiles
     for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D),
@@ -127,6 +129,9 @@ def refusal(variant: Variant) -> str | None:
     if block_d2 and block_d2 + int(variant.constexprs.get("BLOCK_D", 0)) > MAX_BLOCK_D:
         total = block_d2 + int(variant.constexprs.get("BLOCK_D", 0))
         return f"BLOCK_D + BLOCK_D2 = {total} is over the cap of {MAX_BLOCK_D}"
+    kv = variant.constexprs.get("KV_FP8")
+    if isinstance(kv, str) and (why := kv_fp8.unsupported(Target.parse(variant.target), kv)) is not None:
+        return why
     limits = KNOWN_TARGETS.get(variant.target)
     if limits is None or variant.kernel not in ESTIMATED_KERNELS:
         return None

@@ -159,8 +159,9 @@ def test_the_description_the_arguments_and_the_variants_agree() -> None:
     t = inputs(args)
     ints = append_binding.ints(t, checks.check(t), pointers=lambda x: x)
     assert len(ints) == len(spec.params)
-    # heads_k, seqlen_new, d, dv, seqlen_const, flags, page, capacity, cache rows (batch + 3 here); no rotary
-    assert ints[-13:] == (2, 1, 64, 32, 0, 1, 1, 0, CONTIGUOUS_LEN, 5, 0, 0, 0)
+    # heads_k, seqlen_new, d, dv, seqlen_const, flags, page, capacity, cache rows (batch + 3 here); no rotary, no
+    # descales
+    assert ints[-15:] == (2, 1, 64, 32, 0, 1, 1, 0, CONTIGUOUS_LEN, 5, 0, 0, 0, 0, 0)
     same = kv_append.variant(SM90, "bf16", 128, 0, False, True, False)
     assert "BLOCK_DV" not in str(same) and "PAGED" not in str(same)
     mla = kv_append.variant(SM90, "bf16", 192, 128, True, True, False)

@@ -41,6 +41,15 @@ flag of the split kernel, written only when true; ``seqlen_q`` is then the
 packed total (the lse's row length) and the grid covers ``max_seqlen_q``. The
 combine kernel needs no flag: it merges the packed rows as one batch.
 
+``KV_FP8`` (``e4m3`` or ``e5m2``: a float8 cache, ``kv_fp8.py``) is a field
+of the split kernel, written only for a float8 cache: K and V then point at
+float8 bytes (typed as q's dtype in the description, one parameter list for
+every variant; the kernel reads them as float8), dequantised by ``KDescale``
+and ``VDescale`` (float32, per tensor, per key/value head or per (batch,
+head) through ``stride_kdb``/``stride_kdh`` and ``stride_vdb``/``stride_vdh``;
+``use_k_descale``/``use_v_descale`` 0: 1.0, any valid pointer). The combine
+kernel merges float32 partials already scaled: it has no such field.
+
 A value head dim of its own (``head_dim_v``, DeepSeek's MLA) is the split
 kernel's ``BLOCK_DV``/``EVEN_DV``, written in a variant only where they differ
 from ``BLOCK_D``/``EVEN_D`` (``lazytriton.variant``'s rule for every attention
@@ -64,8 +73,10 @@ _SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Ou
                    ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
                    ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"), ("RotaryCos", "*{dtype}"),
                    ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"), ("Sinks", "*fp32"),
-                   ("CuSeqlensQ", "*i32"))
-_SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"))
+                   ("CuSeqlensQ", "*i32"), ("KDescale", "*fp32"), ("VDescale", "*fp32"))
+_SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"),
+                                                 ("stride_kdb", "i32"), ("stride_kdh", "i32"),
+                                                 ("stride_vdb", "i32"), ("stride_vdh", "i32"))
 
 FLASH_DECODE_SPLIT = KernelSpec(
     name="flash_decode_split",
@@ -92,12 +103,14 @@ FLASH_DECODE_SPLIT = KernelSpec(
         ("seqlen_ro", "i32"),
         ("use_rotary_seqlens", "i32"),
         ("rotary_per_query", "i32"),
+        ("use_k_descale", "i32"),
+        ("use_v_descale", "i32"),
         ("sm_scale", "fp32"),
         ("softcap", "fp32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
                 "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS",
-                "VARLEN_Q", "CHUNK"),
+                "VARLEN_Q", "CHUNK", "KV_FP8"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
 )

@@ -137,11 +137,13 @@ def _ptr(x: Any) -> int:
 
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
-                 "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks", "CuSeqlensQ",
-                 *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
+                 "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks", "CuSeqlensQ", "KDescale", "VDescale",
+                 *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab", "stride_kdb",
+                 "stride_kdh", "stride_vdb", "stride_vdh",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
                  "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right",
-                 "attention_chunk", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "rotary_per_query")
+                 "attention_chunk", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "rotary_per_query",
+                 "use_k_descale", "use_v_descale")
 if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side only)
     raise ImportError(f"split_ints writes {_SPLIT_LAYOUT}, the description has {SPLIT_INT_PARAMS}")
 
@@ -159,9 +161,10 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
     table, slopes, rows, pads, sinks = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad, t.sinks
     cos, sin, bases = t.rotary_cos, t.rotary_sin, t.rotary_seqlens
     qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
-    cu = t.cu_seqlens_q
+    cu, kd, vd = t.cu_seqlens_q, t.k_descale, t.v_descale
     if cu is not None:
         qs, os = (0, *qs), (0, *os)
+    kds, vds = checks.descale_strides(kd), checks.descale_strides(vd)
     return (pointers(t.q), pointers(t.k_cache), pointers(t.v_cache), pointers(out), pointers(lse),
             pointers(part_out), pointers(part_lse), pointers(lse if seqlens is None else seqlens),
             pointers(lse if rows is None else rows), pointers(lse if table is None else table),
@@ -169,13 +172,15 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
             pointers(t.q if cos is None else cos), pointers(t.q if sin is None else sin),
             pointers(lse if bases is None else bases),
             pointers(lse if sinks is None else sinks), pointers(lse if cu is None else cu),
+            pointers(lse if kd is None else kd), pointers(lse if vd is None else vd),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
+            kds[0], kds[1], vds[0], vds[1],
             call.heads_q // call.heads_k, call.heads_q, call.out_seqlen, call.head_dim, call.value_dim,
             max(call.seqlen_const, 0),
             call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
             call.window_left, call.window_right, call.attention_chunk, call.rotary_dim, call.seqlen_ro,
-            int(call.rotary_seqlens), int(call.rotary_per_query))
+            int(call.rotary_seqlens), int(call.rotary_per_query), int(kd is not None), int(vd is not None))
 
 
 def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: Call,
@@ -203,10 +208,12 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",
             "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "LT__OR_LSE(p->rotary_seqlens)",
             "Sinks": "LT__OR_LSE(p->sinks)", "CuSeqlensQ": "LT__OR_LSE(p->cu_seqlens_q)",
+            "KDescale": "LT__PTR(p->lse)", "VDescale": "LT__PTR(p->lse)",  # the C API has no float8 cache yet
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
             "stride_ab": "p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0",
+            "stride_kdb": "0", "stride_kdh": "0", "stride_vdb": "0", "stride_vdh": "0",
             "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->out_seqlen", "head_dim": "c->d",
             "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
             "seqlen_new": "c->seqlen_new",
@@ -214,7 +221,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right",
             "attention_chunk": "0",  # the C API has no attention_chunk yet
             "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
-            "rotary_per_query": "c->rotary_per_query"}
+            "rotary_per_query": "c->rotary_per_query", "use_k_descale": "0", "use_v_descale": "0"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
               "Sinks": "LT__OR_LSE(p->sinks)",
               "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",
@@ -265,7 +272,7 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            window=call.windowed, softcap=call.softcap > 0, alibi=call.alibi,
                                            leftpad=call.leftpad, rotary=call.rotary,
                                            rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
-                                           varlen_q=call.varlen_q, chunk=call.chunked,
+                                           varlen_q=call.varlen_q, chunk=call.chunked, kv_fp8=call.kv_fp8,
                                            **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, sinks=call.sinks,
@@ -279,7 +286,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
     The page size through ``page_block_limit``: its largest power-of-two
     divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
     Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``),
-    attention_chunk too (``CHUNK_TAG``): a key without them is unchanged.
+    attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format, last): a key without them is
+    unchanged.
     """
     from lazytriton import tuning
 
@@ -287,7 +295,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
             decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
             call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
-            *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()))
+            *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()),
+            *((call.kv_fp8,) if call.kv_fp8 != "none" else ()))
 
 
 CHUNK_TAG = ("chunk",)  # the memo key's last item for a call with attention_chunk
@@ -377,7 +386,7 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
              "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q,
-             "CHUNK": call.chunked}
+             "CHUNK": call.chunked, "KV_FP8": call.kv_fp8}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v, "SINKS": call.sinks}
 
 

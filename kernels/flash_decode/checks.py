@@ -27,6 +27,9 @@ from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
 from lazytriton.kernels.trust import indices_trusted
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# Float8 caches (kv_fp8.py: the cache holds x / descale), read by queries of these dtypes.
+KV_FP8 = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+FP8_QUERY_DTYPES = (torch.float16, torch.bfloat16)
 INT32_MAX = 2**31 - 1
 MAX_GRID_YZ = 65535  # grid y (key/value heads) and z (batch) limits of CUDA and HIP
 MAX_SPLITS = 256
@@ -52,6 +55,8 @@ class Inputs(NamedTuple):
     rotary_seqlens: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
     cu_seqlens_q: torch.Tensor | None = None
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
 
 
 class Call(NamedTuple):
@@ -76,7 +81,9 @@ class Call(NamedTuple):
     ``varlen_q``: queries packed by cu_seqlens_q (q (total_q, heads,
     head_dim), FlashAttention-3's): ``batch`` is then the number of
     sequences, ``seqlen_q`` max_seqlen_q (the grid's rows and the tiles) and
-    ``total_q`` the packed rows.
+    ``total_q`` the packed rows. ``kv_fp8``: the caches' float8 format
+    (``e4m3``, ``e5m2``; ``none``: q's dtype), read with ``k_descale`` and
+    ``v_descale`` when given (1.0 when not).
     """
 
     batch: int
@@ -107,6 +114,7 @@ class Call(NamedTuple):
     varlen_q: bool = False
     total_q: int = 0
     attention_chunk: int = 0  # FlashAttention-3's chunked local attention (CHUNK); 0: off
+    kv_fp8: str = "none"  # the caches' float8 format (KV_FP8), or none: q's dtype
 
     @property
     def value_dim(self) -> int:
@@ -216,8 +224,11 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
         hq, d = q.shape[1:]
     if q.device.type not in ("cuda", "cpu", "meta"):
         raise ValueError(f"q must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
-    kc = _data("k_cache", t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
-    vc = _data("v_cache", t.v_cache, q, "like k_cache, with its own head dim (head_dim_v)")
+    kc = _cache("k_cache", t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
+    vc = _cache("v_cache", t.v_cache, q, "like k_cache, with its own head dim (head_dim_v)")
+    if vc.dtype != kc.dtype:
+        raise TypeError(f"v_cache has dtype {vc.dtype} but k_cache has {kc.dtype}; the two caches must have one dtype "
+                        "(q's, or one float8 format)")
     if vc.shape[:3] != kc.shape[:3]:
         raise ValueError(f"v_cache must have k_cache's first three dims {tuple(kc.shape[:3])} (its head dim may "
                          f"differ: head_dim_v), got {tuple(vc.shape)}")
@@ -247,6 +258,8 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
                 num_splits=splits, head_dim_v=0 if dv == d else dv)
     if t.cu_seqlens_q is not None:
         call = call._replace(varlen_q=True, total_q=total)
+    if kc.dtype in KV_FP8 or t.k_descale is not None or t.v_descale is not None:
+        call = _fp8(t, q, call, kc.dtype)
     if not ((window_size is NO_WINDOW or (type(window_size) is tuple and all(type(w) is int for w in window_size)
                                          and window_size == NO_WINDOW))
             and type(softcap) is float and softcap == 0.0):
@@ -277,6 +290,48 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     if type(attention_chunk) is not int or attention_chunk != 0:
         call = _chunk(call, attention_chunk)
     return call
+
+
+def _cache(name: str, t: object, q: torch.Tensor, what: str) -> torch.Tensor:
+    """k_cache or v_cache: q's dtype, or a float8 format read by float16 or bfloat16 queries."""
+    t = _tensor(name, t, 4, what)
+    if t.dtype not in KV_FP8:
+        return _data(name, t, q, what)
+    if q.dtype not in FP8_QUERY_DTYPES:
+        raise TypeError(f"q must be float16 or bfloat16 with a float8 {name} ({t.dtype}), got {q.dtype}")
+    _same_place(name, t, q)
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+    return t
+
+
+def _fp8(t: Inputs, q: torch.Tensor, call: Call, cache_dtype: torch.dtype) -> Call:
+    """``call`` with its float8 cache's format, k_descale and v_descale checked (only a float8 cache takes them)."""
+    if cache_dtype not in KV_FP8:
+        name = "k_descale" if t.k_descale is not None else "v_descale"
+        raise ValueError(f"{name} is given but k_cache is {cache_dtype}, not a float8 cache "
+                         f"({', '.join(map(str, KV_FP8))}); descales apply to float8 caches only")
+    shapes = ((), (1,), (call.heads_k,), (call.batch, call.heads_k))
+    for name, descale in (("k_descale", t.k_descale), ("v_descale", t.v_descale)):
+        if descale is None:
+            continue
+        if not isinstance(descale, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(descale).__name__}")
+        _same_place(name, descale, q, torch.float32)
+        if tuple(descale.shape) not in shapes:
+            raise ValueError(f"{name} must have shape () or (1,) (per tensor), ({call.heads_k},) (per key/value "
+                             f"head) or ({call.batch}, {call.heads_k}) (per sequence and head), got "
+                             f"{tuple(descale.shape)}")
+    return call._replace(kv_fp8=KV_FP8[cache_dtype])
+
+
+def descale_strides(descale: torch.Tensor | None) -> tuple[int, int]:
+    """(batch, head) strides of a descale as the kernels index it: 0 along a dim it does not have."""
+    if descale is None or descale.dim() == 0 or tuple(descale.shape) == (1,):
+        return 0, 0
+    if descale.dim() == 1:
+        return 0, descale.stride(0)
+    return descale.stride(0), descale.stride(1)
 
 
 def _chunk(call: Call, attention_chunk: object) -> Call:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from lazytriton import tuning
 from lazytriton.geometry import padded_head_dim
+from lazytriton.kernels.flash_decode import kv_fp8 as fp8
 from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import SMALL_SHARED_CUDA, Config
@@ -106,7 +107,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    table: tuning.Table | None = None, page_size: int = 0, paged: bool = False,
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
                    leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
-                   sinks: bool = False, varlen_q: bool = False, chunk: bool = False) -> Variant:
+                   sinks: bool = False, varlen_q: bool = False, chunk: bool = False,
+                   kv_fp8: str = fp8.NONE) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -131,6 +133,9 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     sequence) is VARLEN_Q=true on the split kernel, written only when set;
     ``chunk`` (FlashAttention-3's attention_chunk) is CHUNK=true on the split
     kernel, written only when set (the combine kernel sees no scores).
+    ``kv_fp8`` (a float8 cache: ``e4m3``, ``e5m2``) is KV_FP8 on the split
+    kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
+    raises ValueError naming k_cache. Its tiles are the call's dtype's.
     """
     dv = head_dim_v or head_dim
     if kernel == "flash_decode_combine":
@@ -154,6 +159,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                            ("VARLEN_Q", varlen_q), ("CHUNK", chunk)):
             if flag:
                 functional[name] = True
+        fp8.require(target, kv_fp8)
+        functional.update(fp8.flags(kv_fp8))
     if sinks:
         functional["SINKS"] = True
     return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
@@ -185,7 +192,7 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
                           rotary_interleaved=request.rotary_interleaved, sinks=request.sinks,
-                          varlen_q=request.varlen_q, chunk=request.chunk)
+                          varlen_q=request.varlen_q, chunk=request.chunk, kv_fp8=request.kv_fp8)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -197,7 +204,7 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk", "kv_fp8")
 PREWARM_WITH = ("kv_append",)
 
 

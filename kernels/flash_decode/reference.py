@@ -21,6 +21,10 @@ FlashAttention-2's rule), else at base_b; base_b = rotary_seqlens[b], else
 cache_seqlens[b] (absolute: cache_leftpad does not move it). Products run
 in the inputs' dtype (float64 inputs give the float64 reference), the
 softmax in float32 or float64; a query that sees no key gets 0 and lse -inf.
+A float8 cache (``kv_fp8.py``: it holds x / descale) takes its new keys and
+values as ``quantised`` writes them, and is read dequantised: each key of
+sequence b and head h times k_descale's (b, h) entry, in q's dtype (exact in
+float64).
 Nothing passed in is modified: the caches come back updated as copies.
 """
 
@@ -68,6 +72,27 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: tor
     return torch.cat((turned.to(x.dtype), x[..., dim:]), dim=-1)
 
 
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def descales_of(descale: torch.Tensor | None, b: int, heads_k: int) -> torch.Tensor:
+    """Sequence b's descale of each key/value head, float64 (heads_k,): per tensor, per head or per (batch, head)."""
+    if descale is None:
+        return torch.ones(heads_k, dtype=torch.float64)
+    if descale.dim() == 2:
+        return descale[b].double()
+    return descale.double().reshape(-1).expand(heads_k) if descale.numel() == 1 else descale.double()
+
+
+def quantised(x: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` (..., heads_k, d) as a float8 cache of ``dtype`` holds it: x / descale (heads_k,), saturated, RTNE.
+
+    In float32, as kv_append computes it; saturated first (torch's float8_e5m2 conversion does not saturate).
+    """
+    limit = FP8_MAX[dtype]
+    return (x.float() / descale.float()[:, None]).clamp(-limit, limit).to(dtype)
+
+
 def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
                       v: torch.Tensor | None = None, cache_seqlens: torch.Tensor | int | None = None,
                       cache_batch_idx: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
@@ -75,11 +100,13 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                       alibi_slopes: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                       rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
-                      rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None
+                      rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None,
+                      k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim_v).
 
     v_cache (and v) may have a head dim of their own (head_dim_v); the scale defaults to 1/sqrt(q's head dim).
+    A float8 cache is read dequantised (``k_descale``, ``v_descale``: None is 1.0) in q's dtype.
     """
     batch, sq, hq, d = q.shape
     hk, dv = k_cache.shape[2], v_cache.shape[3]
@@ -100,6 +127,7 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             cached = int(cache_seqlens[b]) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
         row = _rows(cache_batch_idx, b)
         queries = q[b]
+        kd, vd = descales_of(k_descale, b, hk), descales_of(v_descale, b, hk)
         if k is not None and v is not None:
             keys_new = k[b]
             if rotary_cos is not None and rotary_sin is not None:
@@ -107,13 +135,19 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                 keys_new = rotate(keys_new, rotary_cos, rotary_sin, torch.arange(new) + base, rotary_interleaved)
                 steps = torch.arange(sq) if per_query else torch.zeros(sq, dtype=torch.long)
                 queries = rotate(queries, rotary_cos, rotary_sin, steps + base, rotary_interleaved)
+            values_new = v[b]
+            if k_cache.dtype in FP8_MAX:
+                keys_new, values_new = quantised(keys_new, kd, k_cache.dtype), quantised(values_new, vd, v_cache.dtype)
             rows, slots = _positions(page, block_table, row, cached, new)
             for n, (r, s) in enumerate(zip(rows, slots, strict=True)):
-                k_cache[r, s], v_cache[r, s] = keys_new[n], v[b, n]
+                k_cache[r, s], v_cache[r, s] = keys_new[n], values_new[n]
         length = cached + new
         rows, slots = _positions(page, block_table, row, 0, length)
         keys = k_cache[rows, slots] if length else k_cache.new_zeros((0, hk, d))  # (length, hk, d)
         values = v_cache[rows, slots] if length else v_cache.new_zeros((0, hk, dv))
+        if k_cache.dtype in FP8_MAX:  # dequantised: exact in float64, rounded once to q's dtype otherwise
+            keys = (keys.double() * kd[:, None]).to(q.dtype)
+            values = (values.double() * vd[:, None]).to(q.dtype)
         keys = keys.repeat_interleave(hq // hk, dim=1).transpose(0, 1)  # (hq, length, d)
         values = values.repeat_interleave(hq // hk, dim=1).transpose(0, 1)
         scores = (queries.transpose(0, 1) @ keys.transpose(-1, -2)).to(work) * scale  # (hq, sq, length)
@@ -144,6 +178,7 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
                        cache_seqlens: torch.Tensor | int | None = None, cache_batch_idx: torch.Tensor | None = None,
                        block_table: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                        cache_leftpad: torch.Tensor | None = None, rotary_seqlens: torch.Tensor | None = None,
+                       k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
                        **options: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``kvcache_reference`` of queries packed by cu_seqlens_q: (out, lse, k_cache, v_cache after the append).
 
@@ -164,11 +199,13 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
 
         lens = one(cache_seqlens) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
         slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b:b + 1]
+        kd, vd = (d if d is None or d.dim() < 2 else d[b:b + 1] for d in (k_descale, v_descale))
         rows, table = one(cache_batch_idx), block_table if cache_batch_idx is not None else one(block_table)
         if cache_batch_idx is None and block_table is None:  # this sequence's row of the cache
             rows = torch.tensor([b], dtype=torch.int32)
         seq_out, seq_lse, k_cache, v_cache = kvcache_reference(
             q[None, lo:hi], k_cache, v_cache, one(k), one(v), lens, rows, table, alibi_slopes=slopes,
-            cache_leftpad=one(cache_leftpad), rotary_seqlens=one(rotary_seqlens), **options)
+            cache_leftpad=one(cache_leftpad), rotary_seqlens=one(rotary_seqlens), k_descale=kd, v_descale=vd,
+            **options)
         out[lo:hi], lse[:, lo:hi] = seq_out[0], seq_lse[0]
     return out, lse, k_cache, v_cache

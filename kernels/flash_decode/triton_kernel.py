@@ -67,6 +67,16 @@ bottom-right. The grid covers the longest sequence's rows: a block past a
 sequence's rows reads no key and writes nothing. The combine kernel sees
 them as one batch of seqlen_q queries.
 
+``KV_FP8`` (``e4m3`` or ``e5m2``; ``none``, a cache of q's dtype) reads a
+float8 cache (``flash_decode.kv_fp8``: it holds k / k_descale and v /
+v_descale): K and V point at float8 bytes, which each tile converts to q's
+dtype in registers (exactly: both formats fit in float16 and bfloat16), so
+the loop reads half the bytes of a 16-bit cache. The sequence's key/value
+head's k_descale (``KDescale`` at batch x ``stride_kdb`` + head x
+``stride_kdh``: per tensor, per head or per (batch, head) through the
+strides; 1.0 without ``use_k_descale``) joins the softmax scale, and its
+v_descale multiplies the accumulator once, after the loop.
+
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
 flattened (batch, query head, query) rows. First the total lse over the
 splits (BLOCK_N of them per step, online), then out = sum over splits of
@@ -137,7 +147,10 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
             MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
             IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr, CHUNK: tl.constexpr):
-    """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2)."""
+    """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2).
+
+    A float8 cache's tiles are converted to q's dtype as they are loaded (a no-op for a cache of q's dtype).
+    """
     cols = start_n + offs_n
     if PAGE_GATHER:  # the block spans pages: each key's page (only those of keys in [leftpad, length) are read)
         if MASKED:
@@ -178,6 +191,8 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
             v = tl.load(v_ptrs)
         else:
             v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     if IEEE:
         qk = tl.dot(q, k, input_precision="ieee")
     else:
@@ -218,6 +233,12 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
 
 
 @triton.jit
+def _descale(Descale, offset, given):
+    """A float8 cache's descale at ``offset`` when ``given`` (else 1.0; the pointer is then any valid float32)."""
+    return tl.where(given != 0, tl.load(Descale + offset), 1.0)
+
+
+@triton.jit
 def _with_sink(m_i, l_i, sink):
     """The epilogue's (divisor of acc, base-2 lse) with the sink logit ``sink`` (natural log) in the denominator.
 
@@ -238,27 +259,34 @@ def _with_sink(m_i, l_i, sink):
 @triton.jit
 def flash_decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad, RotaryCos, RotarySin,
-    RotarySeqlens, Sinks, CuSeqlensQ,
+    RotarySeqlens, Sinks, CuSeqlensQ, KDescale, VDescale,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    stride_tb, stride_ab,
+    stride_tb, stride_ab, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     group_size, heads_q, seqlen_q, head_dim, head_dim_v, seqlen_const, seqlen_new, use_seqlens, use_batch_idx,
     page_size, num_splits, window_left, window_right, attention_chunk, rotary_dim, seqlen_ro, use_rotary_seqlens,
-    rotary_per_query, sm_scale, softcap,
+    rotary_per_query, use_k_descale, use_v_descale, sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,
     CAUSAL: tl.constexpr, PAGED: tl.constexpr = False, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
     PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
     SINKS: tl.constexpr = False, VARLEN_Q: tl.constexpr = False, CHUNK: tl.constexpr = False,
+    KV_FP8: tl.constexpr = "none",
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
     kv_head = tl.program_id(1)
     batch = tl.program_id(2)
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
+    if KV_FP8 == "e4m3":  # the description types K and V as q's dtype: the bytes are float8
+        K = K.to(tl.pointer_type(tl.float8e4nv))
+        V = V.to(tl.pointer_type(tl.float8e4nv))
+    elif KV_FP8 == "e5m2":
+        K = K.to(tl.pointer_type(tl.float8e5))
+        V = V.to(tl.pointer_type(tl.float8e5))
 
     q_start = 0
     seqlen_b = seqlen_q
@@ -312,6 +340,8 @@ def flash_decode_split_kernel(
     else:
         qk_scale = sm_scale * LOG2E
         cap = qk_scale
+    if KV_FP8 != "none":  # the cache holds k / k_descale: the descale joins the scale (cap keeps the caller's)
+        qk_scale = qk_scale * _descale(KDescale, batch * stride_kdb + kv_head * stride_kdh, use_k_descale)
 
     leftpad = length * 0
     if LEFTPAD:
@@ -350,6 +380,8 @@ def flash_decode_split_kernel(
                                 attention_chunk, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
                                 LEFTPAD, PAGE_GATHER, CHUNK)
 
+    if KV_FP8 != "none":  # the cache holds v / v_descale
+        acc = acc * _descale(VDescale, batch * stride_vdb + kv_head * stride_vdh, use_v_descale)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))  # base 2

@@ -26,6 +26,11 @@ rotary_sin, pairs or halves; their width, length and the positions' base
 v's head dim pads differently from k's (``lazytriton.variant``'s rule);
 ``ALIGN16`` and ``INDEX64`` are the attention kernels' (over k, v and the two
 caches). ``BLOCK_M`` is the (new key, head) rows one program copies.
+``KV_FP8`` (``e4m3``, ``e5m2``; written only for a float8 cache,
+``flash_decode/kv_fp8.py``) quantises each key and value on its way in:
+x / descale (``KDescale``/``VDescale``, float32, per tensor, per head or per
+(batch, head) through their strides; 1.0 without ``use_k_descale``/
+``use_v_descale``), saturated, rounded to nearest even.
 """
 
 from __future__ import annotations
@@ -52,14 +57,17 @@ def grid(seqlen_new: int, heads_k: int, batch: int, block_m: int) -> tuple[int, 
 
 
 def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
-            index64: bool, rotary: bool = False, rotary_interleaved: bool = False) -> Any:
+            index64: bool, rotary: bool = False, rotary_interleaved: bool = False, kv_fp8: str = "none") -> Any:
     """The kv_append variant serving a call (pure): one config for every shape (``BLOCK_M``, ``NUM_WARPS``).
 
     ``head_dim_v`` 0 (or ``head_dim``): v's head dim is k's. The functional
     fields are the attention kernels' (ALIGN16, BLOCK_D, EVEN_D, INDEX64,
     BLOCK_DV/EVEN_DV where they differ), PAGED, ROTARY and ROTARY_INTERLEAVED
-    (``rotary_interleaved`` counts only with ``rotary``), written only when true.
+    (``rotary_interleaved`` counts only with ``rotary``), written only when true;
+    KV_FP8 for a float8 cache (``kv_fp8``; ValueError naming k_cache on a
+    target that cannot build it).
     """
+    from lazytriton.kernels.flash_decode import kv_fp8 as fp8
     from lazytriton.variant import Variant, pairs
 
     padded, dv = geometry.padded_head_dim(head_dim), head_dim_v or head_dim
@@ -71,6 +79,8 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
     for name, flag in (("PAGED", paged), ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved)):
         if flag:
             functional[name] = True
+    fp8.require(target, kv_fp8)
+    functional.update(fp8.flags(kv_fp8))
     options = {"num_warps": NUM_WARPS, "num_stages": 1}
     if target.backend == "hip":
         options["waves_per_eu"] = 2  # the decoding kernels' AMD default (decode_default_config); untuned

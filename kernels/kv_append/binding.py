@@ -17,13 +17,15 @@ from typing import Any
 import torch
 
 from lazytriton import geometry, launch, runtime
-from lazytriton.kernels.flash_decode.checks import DTYPES, INT32_MAX, Call, Inputs
+from lazytriton.kernels.flash_decode.checks import DTYPES, INT32_MAX, Call, Inputs, descale_strides
 from lazytriton.kernels.kv_append import BLOCK_M, FAMILY, INT_PARAMS, KV_APPEND, grid, variant
 
 _LAYOUT = ("K", "V", "KCache", "VCache", "Seqlens", "BatchIdx", "BlockTable", "RotaryCos", "RotarySin",
-           "RotarySeqlens", *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"), "stride_tb",
+           "RotarySeqlens", "KDescale", "VDescale", *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"),
+           "stride_tb", "stride_kdb", "stride_kdh", "stride_vdb", "stride_vdh",
            "heads_k", "seqlen_new", "head_dim", "head_dim_v", "seqlen_const", "use_seqlens", "use_batch_idx",
-           "page_size", "capacity", "cache_rows", "rotary_dim", "seqlen_ro", "use_rotary_seqlens")
+           "page_size", "capacity", "cache_rows", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "use_k_descale",
+           "use_v_descale")
 if _LAYOUT != INT_PARAMS:  # pragma: no cover (an edit of one side only)
     raise ImportError(f"ints writes {_LAYOUT}, the description has {INT_PARAMS}")
 
@@ -39,16 +41,19 @@ def ints(t: Inputs, call: Call, pointers: Any = _ptr) -> tuple[Any, ...]:
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
     rows, table = t.cache_batch_idx, t.block_table
     cos, sin, bases = t.rotary_cos, t.rotary_sin, t.rotary_seqlens
+    kd, vd = t.k_descale, t.v_descale
     ks, vs, kcs, vcs = k.stride(), v.stride(), t.k_cache.stride(), t.v_cache.stride()
+    kds, vds = descale_strides(kd), descale_strides(vd)
     return (pointers(k), pointers(v), pointers(t.k_cache), pointers(t.v_cache),
             pointers(k if seqlens is None else seqlens), pointers(k if rows is None else rows),
             pointers(k if table is None else table), pointers(k if cos is None else cos),
             pointers(k if sin is None else sin), pointers(k if bases is None else bases),
+            pointers(k if kd is None else kd), pointers(k if vd is None else vd),
             ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], kcs[0], kcs[1], kcs[2], vcs[0], vcs[1], vcs[2],
-            0 if table is None else table.stride(0),
+            0 if table is None else table.stride(0), kds[0], kds[1], vds[0], vds[1],
             call.heads_k, call.seqlen_new, call.head_dim, call.value_dim, max(call.seqlen_const, 0),
             int(seqlens is not None), int(rows is not None), call.page_size, call.capacity, call.cache_rows,
-            call.rotary_dim, call.seqlen_ro, int(call.rotary_seqlens))
+            call.rotary_dim, call.seqlen_ro, int(call.rotary_seqlens), int(kd is not None), int(vd is not None))
 
 
 # What capi/lt_kvcache.c passes for each parameter (p: the caller's lt_attn_kvcache_params, c: its checked call;
@@ -57,6 +62,9 @@ _C = {"K": "LT__PTR(p->k)", "V": "LT__PTR(p->v)", "KCache": "LT__PTR(p->k_cache)
       "Seqlens": "LT__OR_K(p->cache_seqlens)", "BatchIdx": "LT__OR_K(p->cache_batch_idx)",
       "BlockTable": "LT__OR_K(p->block_table)", "RotaryCos": "LT__OR_K(p->rotary_cos)",
       "RotarySin": "LT__OR_K(p->rotary_sin)", "RotarySeqlens": "LT__OR_K(p->rotary_seqlens)",
+      "KDescale": "LT__PTR(p->k)", "VDescale": "LT__PTR(p->k)",  # the C API has no float8 cache yet
+      "stride_kdb": "0", "stride_kdh": "0", "stride_vdb": "0", "stride_vdh": "0",
+      "use_k_descale": "0", "use_v_descale": "0",
       **{f"stride_{n}{d}": f"p->{t}.strides[{i}]" for n, t in (("k", "k"), ("v", "v"), ("kc", "k_cache"),
                                                                ("vc", "v_cache")) for i, d in enumerate("bsh")},
       "stride_tb": "c->paged ? p->block_table.strides[0] : 0", "heads_k": "c->hk", "seqlen_new": "c->seqlen_new",
@@ -90,7 +98,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
              ) -> tuple[Any, ...]:
     """Everything ``variant`` reads."""
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.paged, aligned, index64, call.rotary,
-            call.rotary_interleaved)
+            call.rotary_interleaved, *((call.kv_fp8,) if call.kv_fp8 != "none" else ()))
 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> Any:
@@ -101,7 +109,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
     if found is None:
         def choose(target: Any) -> launch.Choice:
             return ((variant(target, DTYPES[dtype], call.head_dim, call.head_dim_v, call.paged, aligned, index64,
-                             call.rotary, call.rotary_interleaved), ()),)
+                             call.rotary, call.rotary_interleaved, call.kv_fp8), ()),)
 
         found = launch.plan(rt, key, device, choose, "run flash_attn_with_kvcache once with new keys of this shape "
                             "before the capture")
@@ -113,7 +121,7 @@ def interpreter_constexprs(call: Call) -> dict[str, Any]:
     padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_head_dim(call.value_dim)
     return {"BLOCK_M": 4, "BLOCK_D": padded, "EVEN_D": padded == call.head_dim, "BLOCK_DV": padded_v,
             "EVEN_DV": padded_v == call.value_dim, "PAGED": call.paged, "ROTARY": call.rotary,
-            "ROTARY_INTERLEAVED": call.rotary_interleaved}
+            "ROTARY_INTERLEAVED": call.rotary_interleaved, "KV_FP8": call.kv_fp8}
 
 
 def append(t: Inputs, call: Call) -> None:

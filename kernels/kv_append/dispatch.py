@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from lazytriton import geometry, tuning
 from lazytriton.kernels import kv_append
+from lazytriton.kernels.flash_decode import kv_fp8 as fp8
 from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import Config
@@ -30,22 +31,24 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 
 def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
                      paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
-                     rotary: Iterable[str] = ("none",)) -> list[Variant]:
-    """kv_append's variants for prewarm's axes: one a (dtype, head dims, layout, alignment, index width, rotary).
+                     rotary: Iterable[str] = ("none",), kv_fp8: Iterable[str] = ("none",)) -> list[Variant]:
+    """kv_append's variants for prewarm's axes: one a (dtype, head dims, layout, alignment, index width, rotary, cache).
 
-    ``rotary``: the rotary modes (``geometry.ROTARY_MODES``) of the calls planned.
+    ``rotary``: the rotary modes (``geometry.ROTARY_MODES``) of the calls planned; ``kv_fp8``: their caches'
+    formats (``none``, ``e4m3``, ``e5m2``), those ``target`` cannot build left out (``kv_fp8.unsupported``).
     """
+    formats = [kv for kv in kv_fp8 if fp8.unsupported(target, kv) is None]
     return [kv_append.variant(target, dtype, head_dim, 0 if dim_v == head_dim else dim_v, is_paged, is_aligned,
-                              wide, *geometry.rotary_flags(mode))
-            for dtype, head_dim, dim_v, is_paged, is_aligned, wide, mode in itertools.product(
-                dtypes, head_dims, head_dims_v, paged, aligned, index64, rotary)]
+                              wide, *geometry.rotary_flags(mode), kv_fp8=kv)
+            for dtype, head_dim, dim_v, is_paged, is_aligned, wide, mode, kv in itertools.product(
+                dtypes, head_dims, head_dims_v, paged, aligned, index64, rotary, formats)]
 
 
 def variant(kernel: str, target: Target, request: Request) -> Variant:
     """``kernels.dispatch.kernel_variant`` for kv_append: ``kv_append.variant`` (the layout and rotary fields)."""
     dim_v = 0 if request.head_dim_v == request.head_dim else request.head_dim_v
     return kv_append.variant(target, request.dtype, request.head_dim, dim_v, request.paged, request.aligned,
-                             request.index64, request.rotary, request.rotary_interleaved)
+                             request.index64, request.rotary, request.rotary_interleaved, request.kv_fp8)
 
 
 def explained(kernel: str, target: Target, call: Request) -> tuple[Variant, Config, tuning.Row | None]:

@@ -17,6 +17,15 @@ k's head dim is BLOCK_D wide (EVEN_D: no column mask), v's BLOCK_DV
 base + n, base = ``RotarySeqlens[b]`` with ``use_rotary_seqlens``, else
 start_b (FlashAttention's: the position the key is written at).
 
+``KV_FP8`` (``e4m3`` or ``e5m2``; ``none``: a cache of k's dtype) writes a
+float8 cache (KCache and VCache point at float8 bytes, typed as k's dtype
+in the description): each key and value is divided by its sequence's and
+head's descale (``KDescale``/``VDescale`` at batch x ``stride_kdb`` + head x
+``stride_kdh``; 1.0 without ``use_k_descale``/``use_v_descale``) in float32,
+correctly rounded, saturated to the format's finite range (NaN stays NaN),
+and rounded to nearest, ties to even (``_quantise``); rotary keys are
+rotated first, so the cache holds the rotated key / k_descale.
+
 A position outside ``[0, capacity)``, a block outside ``[0, cache_rows)``
 (num_blocks) or a cache row outside ``[0, cache_rows)`` (batch_cache) is not
 written: index values nobody checked (the C API's device memory, a CUDA
@@ -31,19 +40,39 @@ from lazytriton.kernels.rotary import rotate
 
 
 @triton.jit
+def _quantise(x, Descale, offsets, given, FP8_MAX: tl.constexpr, dtype: tl.constexpr):
+    """X / descale in float32 (correctly rounded), saturated to +-FP8_MAX (NaN kept), rounded to ``dtype`` (RTNE).
+
+    ``offsets``: each row's descale (read where ``given``, else 1.0).
+    """
+    # Float32 already on a GPU (the description's type); the interpreter types an absent descale's stand-in by k's.
+    descale = tl.load(Descale + offsets, mask=(offsets * 0 + given) != 0, other=1.0).to(tl.float32)
+    y = tl.math.div_rn(x.to(tl.float32), descale[:, None])
+    y = tl.where(y > FP8_MAX, FP8_MAX, tl.where(y < -FP8_MAX, -FP8_MAX, y))
+    return y.to(dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
 def kv_append_kernel(
-    K, V, KCache, VCache, Seqlens, BatchIdx, BlockTable, RotaryCos, RotarySin, RotarySeqlens,
+    K, V, KCache, VCache, Seqlens, BatchIdx, BlockTable, RotaryCos, RotarySin, RotarySeqlens, KDescale, VDescale,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcs, stride_kch,
     stride_vcb, stride_vcs, stride_vch,
-    stride_tb,
+    stride_tb, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     heads_k, seqlen_new, head_dim, head_dim_v, seqlen_const, use_seqlens, use_batch_idx, page_size, capacity,
-    cache_rows, rotary_dim, seqlen_ro, use_rotary_seqlens,
+    cache_rows, rotary_dim, seqlen_ro, use_rotary_seqlens, use_k_descale, use_v_descale,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_DV: tl.constexpr, PAGED: tl.constexpr = False, ROTARY: tl.constexpr = False,
-    ROTARY_INTERLEAVED: tl.constexpr = False,
+    ROTARY_INTERLEAVED: tl.constexpr = False, KV_FP8: tl.constexpr = "none",
 ):
+    if KV_FP8 == "e4m3":  # the description types the caches as k's dtype: the bytes are float8
+        KCache = KCache.to(tl.pointer_type(tl.float8e4nv))
+        VCache = VCache.to(tl.pointer_type(tl.float8e4nv))
+    elif KV_FP8 == "e5m2":
+        KCache = KCache.to(tl.pointer_type(tl.float8e5))
+        VCache = VCache.to(tl.pointer_type(tl.float8e5))
+    FP8_MAX: tl.constexpr = 448.0 if KV_FP8 == "e4m3" else 57344.0
     batch = tl.program_id(1)
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_r < seqlen_new * heads_k
@@ -85,6 +114,9 @@ def kv_append_kernel(
             start = tl.load(RotarySeqlens + batch)
         k = rotate(k, K + k_rows, row_ok, start + step, offs_d, RotaryCos, RotarySin, rotary_dim, seqlen_ro,
                    ROTARY_INTERLEAVED)
+    if KV_FP8 != "none":
+        k = _quantise(k, KDescale, batch * stride_kdb + head * stride_kdh, use_k_descale, FP8_MAX,
+                      KCache.dtype.element_ty)
     tl.store(KCache + kc_rows[:, None] + offs_d[None, :], k, mask=k_mask)
 
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -94,4 +126,7 @@ def kv_append_kernel(
     else:
         v_mask = row_ok[:, None] & (offs_dv < head_dim_v)[None, :]
     v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=v_mask)
+    if KV_FP8 != "none":
+        v = _quantise(v, VDescale, batch * stride_vdb + head * stride_vdh, use_v_descale, FP8_MAX,
+                      VCache.dtype.element_ty)
     tl.store(VCache + vc_rows[:, None] + offs_dv[None, :], v, mask=v_mask)

@@ -464,6 +464,9 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
                     help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "
                          "(interleaved) or False (halves, GPT-NeoX's)")
+    ex.add_argument("--kv-dtype", choices=("none", "e4m3", "e5m2"), default="none",
+                    help="flash_decode and kv_append: a float8 KV cache (torch.float8_e4m3fn or float8_e5m2, with "
+                         "k_descale/v_descale: KV_FP8 on the split kernel and kv_append); --dtype is q's")
     from lazytriton.cli.explain import cmd_explain
 
     ex.set_defaults(fn=_guarded(cmd_explain))

@@ -74,16 +74,18 @@ def explain_report(args: argparse.Namespace) -> Report:
     page = getattr(args, "page_size", None) or 0
     flags = _features(args)
     rotary = getattr(args, "rotary", "none")
+    kv_dtype = getattr(args, "kv_dtype", None) or "none"
     head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
     check_call(kernels, args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
-               flags, rotary)
+               flags, rotary, kv_dtype)
     described = Request(args.dtype, args.head_dim, causal, not args.unaligned, args.seqlen_q, seqlen_k,
                         index64=args.index64, window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
                         seqused_q=flags["seqused_q"], seqused_k=flags["seqused_k"],
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
                         rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
-                        bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"])
+                        bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"],
+                        kv_fp8=kv_dtype)
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
@@ -100,7 +102,7 @@ def explain_report(args: argparse.Namespace) -> Report:
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
             "seq16": any(bwd_dispatch.seq_aligned(name, not args.unaligned, args.seqlen_q, seqlen_k, varlen)
                          for name in kernels), "varlen": varlen, "target": str(target), "target_source": how, **flags,
-            "rotary": rotary, **({"page_size": page} if page else {})}
+            "rotary": rotary, "kv_dtype": kv_dtype, **({"page_size": page} if page else {})}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -108,7 +110,8 @@ def explain_report(args: argparse.Namespace) -> Report:
 
 
 def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,
-               causal: str, varlen: bool, page: int, flags: dict[str, bool], rotary: str = "none") -> None:
+               causal: str, varlen: bool, page: int, flags: dict[str, bool], rotary: str = "none",
+               kv_dtype: str = "none") -> None:
     """Refuse a described call the API would refuse, with the API's own checks: a ValueError saying why.
 
     The call is built from meta tensors (shapes only, nothing allocated) and
@@ -122,7 +125,8 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     (cache_leftpad) and rotary embeddings (``rotary``: a ``geometry.ROTARY_MODES``
     mode; rotary_cos/rotary_sin over every head dim column, with one new key,
     as rotary needs) are the decoding call's alone. Sinks (one per query head)
-    are checked as given, on the call's one head; attention_chunk as a chunk of one key.
+    are checked as given, on the call's one head; attention_chunk as a chunk of one key. A float8
+    cache (``kv_dtype``: e4m3, e5m2) is the decoding call's alone, its caches of that format.
     """
     import torch
 
@@ -166,10 +170,14 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     if rotary != "none" and not decoding:
         raise ValueError(f"--rotary is flash_attn_with_kvcache's rotary_cos/rotary_sin: only flash_decode and "
                          f"kv_append take it, not {', '.join(kernels)}")
+    if kv_dtype != "none" and not decoding:
+        raise ValueError(f"--kv-dtype is flash_attn_with_kvcache's float8 cache: only flash_decode and kv_append "
+                         f"take it, not {', '.join(kernels)}")
     try:
         if decoding:
+            cache_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(kv_dtype, torch_dtype)
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
-                          window, softcap, rotary, chunk)
+                          window, softcap, rotary, chunk, cache_dtype)
         elif varlen:
             cu = meta(2, of=torch.int32)
             one = meta(1, of=torch.int32)
@@ -190,7 +198,7 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
 
 def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: int, head_dim_v: int, seqlen_q: int,
                   seqlen_k: int, causal: str, page: int, flags: dict[str, bool], window: tuple[int, int],
-                  softcap: float, rotary: str, chunk: int = 0) -> None:
+                  softcap: float, rotary: str, chunk: int = 0, cache_dtype: Any = None) -> None:
     """``flash_decode.checks.check`` on a described decoding call (kv_append, or rotary: with one new key)."""
     import torch
 
@@ -209,7 +217,9 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     sinks = meta(1, of=torch.float32) if flags["sinks"] else None
     packed = flags["varlen_q"]  # one sequence of seqlen_q queries, packed by cu_seqlens_q
     q = meta(seqlen_q, 1, head_dim) if packed else meta(1, seqlen_q, 1, head_dim)
-    inputs = decode.Inputs(q, meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v), *new, lens, None, table, slopes,
+    caches = (meta(*cache, 1, head_dim, of=cache_dtype), meta(*cache, 1, head_dim_v, of=cache_dtype)) if cache_dtype \
+        else (meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v))
+    inputs = decode.Inputs(q, *caches, *new, lens, None, table, slopes,
                            pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None)
     decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved",
                  max_seqlen_q=seqlen_q if packed else None, attention_chunk=chunk)
@@ -274,6 +284,9 @@ def print_explain(report: Report) -> None:
                  + (", ROTARY_INTERLEAVED=true" if call["rotary"] == "interleaved" else "")
                  + ", q rotated in the split kernel, new keys in kv_append)" if call.get("rotary", "none") != "none"
                  else "")
+              + (f"; a float8 cache ({call['kv_dtype']}: KV_FP8={call['kv_dtype']} on the split kernel, which "
+                 "dequantises in registers, and kv_append, which quantises new keys as x / descale)"
+                 if call.get("kv_dtype", "none") != "none" else "")
               + "; the combine runs only when a call splits its keys")
     if call.get("varlen"):
         print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
