@@ -30,10 +30,6 @@ Four fixes of Triton's interpreter are installed on the private copy, for good:
 - float32 to bf16 (``x.to(tl.bfloat16)``): the interpreter keeps the top 16
   bits (rounding toward zero, a bias of half a unit on every value rounded);
   it rounds to nearest, ties to even, as a GPU's conversion does.
-- Float to FP8 e4m3 (``x.to(tl.float8e4nv)``): the interpreter rounds half up
-  without carrying into the exponent (1.99 becomes 1.0) and does not saturate
-  (1000 becomes 256, 464 NaN); it rounds to nearest, ties to even, and
-  saturates at +-448, as sm_90's ``cvt.rn.satfinite.e4m3x2.f32`` does.
 - Loop bounds such as ``tl.minimum(a, b)`` are one-element arrays under Triton
   3.6, and ``int()`` of those fails in ``range()``; ``__index__`` squeezes them
   (3.9 does so itself).
@@ -199,17 +195,6 @@ def _install_fixes(interpreter: Any) -> None:
         return interpreter.TensorHandle(np.where(np.isnan(values), quiet, nearest), tl.bfloat16)
 
     builder.create_fp_trunc = create_fp_trunc_bf16
-    create_fp_to_fp = builder.create_fp_to_fp
-
-    def create_fp_to_fp_e4m3(src: Any, dst_type: Any, rounding_mode: Any) -> Any:
-        if not (dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.float16, tl.bfloat16)):
-            return create_fp_to_fp(src, dst_type, rounding_mode)
-        values = src.data
-        if src.dtype.scalar == tl.bfloat16:
-            values = interpreter._convert_float(values, tl.bfloat16, tl.float32, None).view(np.float32)
-        return interpreter.TensorHandle(e4m3_bits(np.asarray(values, dtype=np.float32)), tl.float8e4nv)
-
-    builder.create_fp_to_fp = create_fp_to_fp_e4m3
     patch_tensor = interpreter._patch_lang_tensor
 
     def patch_tensor_index(tensor: Any, scope: Any) -> None:
@@ -290,30 +275,6 @@ def _install_fp8_fix(interpreter: Any) -> None:
         return create_fp_to_fp(src, dst_type, rounding_mode)
 
     builder.create_fp_to_fp = create_fp_to_fp_fp8
-
-
-def _e4m3_table() -> Any:
-    """The 127 non-negative finite e4m3 values, in code order (which is increasing order)."""
-    import numpy as np
-
-    codes = np.arange(127)
-    exponent, mantissa = codes >> 3, (codes & 7) / 8.0
-    return np.where(exponent == 0, mantissa * 2.0**-6, (1.0 + mantissa) * 2.0 ** (exponent - 7.0)).astype(np.float32)
-
-
-def e4m3_bits(values: Any) -> Any:
-    """float32 ``values`` as e4m3 bit patterns (uint8): to nearest, ties to even, saturating at +-448; NaN stays NaN."""
-    import numpy as np
-
-    table = _e4m3_table()
-    magnitude = np.minimum(np.abs(np.nan_to_num(values, nan=0.0)), table[-1])
-    # table[upper - 1] < magnitude <= table[upper]
-    upper = np.minimum(np.searchsorted(table, magnitude), len(table) - 1)
-    lower = np.maximum(upper - 1, 0)
-    below, above = magnitude - table[lower], table[upper] - magnitude
-    code = np.where((above < below) | ((above == below) & (upper % 2 == 0)), upper, lower).astype(np.uint8)
-    code = np.where(np.signbit(values), code | np.uint8(0x80), code)
-    return np.where(np.isnan(values), np.uint8(0x7F), code).astype(np.uint8)
 
 
 def _private_copy() -> _Private:
