@@ -54,7 +54,9 @@ class Request:
     has the bias call's variant).
     forward kernels and the decoding kernels take. ``varlen_q``: a decoding call
     whose queries are packed by cu_seqlens_q (VARLEN_Q=true on the split kernel;
-    ``seqlen_q`` then counts the longest sequence's rows).
+    ``seqlen_q`` then counts the longest sequence's rows). ``slot64``: a
+    slot-addressed cache write (kv_slots) whose slot_mapping is int64
+    (SLOT64=true; false: int32).
     """
 
     dtype: str
@@ -87,3 +89,4 @@ class Request:
     bias_grad: bool = False
     varlen_q: bool = False
     chunk: bool = False
+    slot64: bool = False
