@@ -464,6 +464,9 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
                     help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "
                          "(interleaved) or False (halves, GPT-NeoX's)")
+    ex.add_argument("--slot-mapping", choices=("int64", "int32"), default=None,
+                    help="kv_slots: slot_mapping's dtype (default int64, vLLM's and SGLang's); --seqlen-q is the "
+                         "tokens written, --seqlen-k the cache's slots, --page-size its block size")
     from lazytriton.cli.explain import cmd_explain
 
     ex.set_defaults(fn=_guarded(cmd_explain))
