@@ -65,6 +65,7 @@ def write_kvcache_slots(key: torch.Tensor, value: torch.Tensor, key_cache: torch
     traces it through the op ``torch.ops.lazytriton.kvcache_slots``, which
     declares both caches mutated. Keys and values are copied bit for bit (no
     conversion: an FP8 cache is refused).
+
     """
     slot_mapping = index_tensor(slot_mapping)
     call = checks.check(key, value, key_cache, value_cache, slot_mapping)
@@ -84,7 +85,7 @@ def _scale(name: str, scale: Any) -> None:
 def reshape_and_cache_flash(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                             value_cache: torch.Tensor, slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
                             k_scale: Any = None, v_scale: Any = None) -> None:
-    """vLLM's ``reshape_and_cache_flash`` (its arguments, in its order): ``write_kvcache_slots``.
+    """The write with vLLM's ``reshape_and_cache_flash``'s arguments, in its order: ``write_kvcache_slots``.
 
     ``kv_cache_dtype`` must be ``"auto"`` (the caches hold key's dtype);
     ``k_scale`` and ``v_scale`` are then not read, as in vLLM. An FP8 cache

@@ -42,7 +42,7 @@ EMPTY = tuning.Table(())
 
 def fused_qkv(tokens: int, heads: int, heads_k: int, head_dim: int, head_dim_v: int, dtype: torch.dtype,
               device: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """key and value as vLLM has them: views of one (tokens, q + k + v columns) projection, a token stride of its own."""
+    """key and value as vLLM has them: views of one (tokens, q + k + v columns) projection, a token stride apart."""
     gen = torch.Generator(device=device).manual_seed(seed)
     width = heads * head_dim + heads_k * (head_dim + head_dim_v)
     qkv = torch.randn(tokens, width, generator=gen, device=device, dtype=torch.float32).to(dtype)

@@ -1,6 +1,7 @@
-"""The description of the slot-addressed KV-cache write (``kv_slots``, ``triton_kernel.py``); the package says what it does.
+"""The description of the slot-addressed KV-cache write (``kv_slots``, ``triton_kernel.py``).
 
-The kernel registry (``lazytriton.kernels.get``) reads it from here; the package builds its variant.
+The package says what it does; the kernel registry (``lazytriton.kernels.get``) reads the description from here,
+and the package builds its variant.
 """
 
 from __future__ import annotations
