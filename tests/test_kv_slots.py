@@ -464,13 +464,18 @@ def test_the_write_in_a_cuda_graph_replayed_with_new_slots_and_compiled() -> Non
 @gpu
 @pytest.mark.gpu
 def test_a_cache_past_2_31_elements_takes_64_bit_offsets() -> None:
-    """A (17000, 16, 8, 128) bf16 cache: 2.2e9 elements, 4.5 GB each; the last blocks written."""
+    """A (131100, 16, 8, 128) bf16 cache: 2.15e9 elements (4.3 GB) each; its last slots written, int32 and int64."""
+    blocks = 131100
+    assert blocks * 16 * 8 * 128 > 2**31
     key, value = fused_qkv(64, 8, 8, 128, 128, torch.bfloat16, device="cuda")
-    key_cache = torch.zeros(17000, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
+    key_cache = torch.zeros(blocks, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
     value_cache = torch.zeros_like(key_cache)
     assert binding.layout_flags(key, value, key_cache, value_cache)[1]
-    slots = torch.arange(17000 * 16 - 64, 17000 * 16, device="cuda").flip(0)
-    lazytriton.write_kvcache_slots(key, value, key_cache, value_cache, slots)
-    torch.cuda.synchronize()
-    assert torch.equal(key_cache.view(-1, 8, 128)[slots], key) and torch.equal(value_cache.view(-1, 8, 128)[slots],
-                                                                                  value)
+    for slot_dtype in (torch.int64, torch.int32):
+        slots = torch.arange(blocks * 16 - 64, blocks * 16, device="cuda").flip(0).to(slot_dtype)
+        key.mul_(-1)
+        lazytriton.write_kvcache_slots(key, value, key_cache, value_cache, slots)
+        torch.cuda.synchronize()
+        written = slots.long()
+        assert torch.equal(key_cache.view(-1, 8, 128)[written], key)
+        assert torch.equal(value_cache.view(-1, 8, 128)[written], value)
