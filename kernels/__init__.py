@@ -136,6 +136,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "flash_decode": ("flash_decode_split", "flash_decode_combine"),
     "kv_append": ("kv_append",),  # flash_attn_with_kvcache's new keys, written before flash_decode runs
     "flash_combine": ("flash_combine",),  # flash_attn_combine: partial results over key chunks merged
+    "kv_slots": ("kv_slots",),  # write_kvcache_slots: keys and values written at cache slots (vLLM's slot_mapping)
 }
 
 
@@ -163,12 +164,13 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
     from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON
     from lazytriton.kernels.kv_append.spec import KV_APPEND
+    from lazytriton.kernels.kv_slots.spec import KV_SLOTS
 
     # flash_fwd_gluon, flash_fwd_fp8, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels
     # (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's kernels, not
     # kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by rule).
     specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_FP8, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
-             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE)
+             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE, KV_SLOTS)
     return {spec.name: spec for spec in specs}
 
 

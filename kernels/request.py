@@ -56,7 +56,9 @@ class Request:
     whose queries are packed by cu_seqlens_q (VARLEN_Q=true on the split kernel;
     ``seqlen_q`` then counts the longest sequence's rows). ``kv_fp8``: a decoding
     call's float8 cache (``e4m3``, ``e5m2``; KV_FP8 on the split kernel and
-    kv_append), ``none`` for a cache of ``dtype``.
+    kv_append), ``none`` for a cache of ``dtype``. ``slot64``: a
+    slot-addressed cache write (kv_slots) whose slot_mapping is int64
+    (SLOT64=true; false: int32).
     """
 
     dtype: str
@@ -90,3 +92,4 @@ class Request:
     varlen_q: bool = False
     chunk: bool = False
     kv_fp8: str = "none"
+    slot64: bool = False

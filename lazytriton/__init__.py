@@ -10,7 +10,9 @@ call, returning the logsumexp too), ``flash_attn_with_kvcache`` (decoding),
 and ``preload`` (load kernels before a CUDA graph capture); their docstrings
 are in ``lazytriton.interface`` (SDPA's in ``lazytriton.sdpa``, the KV-cache
 call's in ``lazytriton.kvcache``, the combine's in ``lazytriton.combine``,
-``preload``'s in ``lazytriton.preloading``).
+``preload``'s in ``lazytriton.preloading``). ``write_kvcache_slots`` (and
+vLLM's name for it, ``reshape_and_cache_flash``) writes keys and values at
+cache slots, as serving engines do every step (``lazytriton.kvcache_slots``).
 
 ``import lazytriton`` is light: it imports neither torch nor triton until an
 attention function is first looked up (then torch), and triton only when
@@ -33,7 +35,8 @@ _LAZY = ("flash", "runtime", "config", "compiler", "ops", "interface", "kvcache"
 # The public functions and the modules that define them (and hold their docstrings).
 _HOMES = {"flash_attn_func": "interface", "flash_attn_varlen_func": "interface", "attn_fwd": "interface",
           "preload": "preloading", "CaptureError": "interface", "scaled_dot_product_attention": "sdpa",
-          "flash_attn_with_kvcache": "kvcache", "trusted_indices": "kvcache", "flash_attn_combine": "combine"}
+          "flash_attn_with_kvcache": "kvcache", "trusted_indices": "kvcache", "flash_attn_combine": "combine",
+          "write_kvcache_slots": "kvcache_slots", "reshape_and_cache_flash": "kvcache_slots"}
 # Subpackages whose source sits at the top of the repository (pyproject's package-dir).
 _CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")
 

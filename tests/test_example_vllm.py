@@ -252,10 +252,22 @@ def test_bad_cache_shapes_and_calls_are_refused_before_anything_is_written(be: M
     before = step.kv_cache.clone()
     with pytest.raises(ValueError, match="output"):
         step.impl.forward(None, step.query, step.key, step.value, step.kv_cache, step.metadata, output=None)
-    step.metadata.slot_mapping[0] = step.kv_cache.shape[1] * step.kv_cache.shape[2]  # one past the cache
-    with pytest.raises(ValueError, match="slot_mapping"):
-        forward(step)
     assert torch.equal(step.kv_cache, before)
+
+
+def test_a_slot_past_the_cache_is_skipped_not_written(be: ModuleType) -> None:
+    """The slots are never read on the host: the write's kernel skips one outside the cache, as it skips -1."""
+    step = make_step(be, Case(torch.float32, 16, (4, 2)), seed=1)
+    n = step.metadata.num_actual_tokens
+    past = step.kv_cache.shape[1] * step.kv_cache.shape[2]
+    first = int(step.metadata.slot_mapping[0])
+    step.metadata.slot_mapping[0] = past  # one past the cache: token 0 is not written
+    before = step.kv_cache.clone()
+    forward(step)
+    page = step.kv_cache.shape[2]
+    expected = step.expected_cache.clone()
+    expected[:, first // page, first % page] = before[:, first // page, first % page]
+    assert n > 1 and torch.equal(step.kv_cache, expected)
 
 
 def test_a_profiling_run_zeroes_the_output(be: ModuleType) -> None:

@@ -26,7 +26,7 @@ OTHER_TRITON = "LAZYTRITON_TEST_OTHER_TRITON_PYTHON"
 # Variant strings are what a miss log or an image holds: built here, compiled there.
 VARIANTS = """
 
-from lazytriton.kernels import dispatch, kv_append
+from lazytriton.kernels import dispatch, kv_append, kv_slots
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
@@ -47,6 +47,7 @@ VARIANTS = [
                                    paged=True, window=True, softcap=True),
     decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096),
     kv_append.variant(sm90, "bf16", 192, 128, True, True, False),
+    kv_slots.variant(sm90, "bf16", 192, 128, True, True, False),  # int32 slots, 64-bit offsets, two chunks
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 192, True, True, False, 1024, 1024),  # split, 2 tiles
@@ -81,7 +82,7 @@ def test_every_kernel_family_compiles_under_the_other_triton() -> None:
     assert isinstance(here, list) and len(there) == len(here) and None not in here
     kernels = {str(v).split(":")[0] for v in here}
     assert kernels == {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split", "flash_decode_combine",
-                       "kv_append", "flash_fwd_gluon", "flash_bwd_dkdv_gluon", "flash_bwd_prep",
+                       "kv_append", "kv_slots", "flash_fwd_gluon", "flash_bwd_dkdv_gluon", "flash_bwd_prep",
                        "flash_bwd_fused_gluon"}, "one of each family's kernels"
     for variant, (name, version, arg_types, num_warps, has_binary) in zip(here, there, strict=True):
         assert name == str(variant) and version != triton_version() and has_binary, name

@@ -76,8 +76,17 @@ def explain_report(args: argparse.Namespace) -> Report:
     rotary = getattr(args, "rotary", "none")
     kv_dtype = getattr(args, "kv_dtype", None) or "none"
     head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
-    check_call(kernels, args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
-               flags, rotary, kv_dtype)
+    slots = getattr(args, "slot_mapping", None)
+    if "kv_slots" in kernels:
+        if kv_dtype != "none":
+            raise ValueError(f"--kv-dtype {kv_dtype}: kv_slots writes caches of --dtype only (no float8 cache)")
+        check_slots_call(args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
+                         flags, rotary, slots or "int64")
+    elif slots is not None:
+        raise ValueError(f"--slot-mapping is the slot write's slot_mapping: only kv_slots takes it, not {kernel}")
+    else:
+        check_call(kernels, args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen,
+                   page, flags, rotary, kv_dtype)
     described = Request(args.dtype, args.head_dim, causal, not args.unaligned, args.seqlen_q, seqlen_k,
                         index64=args.index64, window=flags["window"], softcap=flags["softcap"], alibi=flags["alibi"],
                         bias=flags["bias"], dropout=flags["dropout"], paged=page > 0, varlen=varlen,
@@ -85,7 +94,7 @@ def explain_report(args: argparse.Namespace) -> Report:
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
                         rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
                         bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"],
-                        kv_fp8=kv_dtype)
+                        kv_fp8=kv_dtype, slot64=(slots or "int64") == "int64")
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
@@ -102,7 +111,8 @@ def explain_report(args: argparse.Namespace) -> Report:
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
             "seq16": any(bwd_dispatch.seq_aligned(name, not args.unaligned, args.seqlen_q, seqlen_k, varlen)
                          for name in kernels), "varlen": varlen, "target": str(target), "target_source": how, **flags,
-            "rotary": rotary, "kv_dtype": kv_dtype, **({"page_size": page} if page else {})}
+            "rotary": rotary, "kv_dtype": kv_dtype, **({"page_size": page} if page else {}),
+            **({"slot_mapping": slots or "int64"} if "kv_slots" in kernels else {})}
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -192,6 +202,41 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
                                  False if causal == "none" else causal, None, window=window, softcap=softcap,
                                  fp8=fp8)
             binding.with_chunk(attention_sinks.with_sinks(call, q, sinks), chunk)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the API refuses this call: {exc}") from None
+
+
+def check_slots_call(dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int, causal: str,
+                     varlen: bool, page: int, flags: dict[str, bool], rotary: str, slots: str) -> None:
+    """Refuse a described slot write the API would refuse: ``kv_slots.checks.check`` on meta tensors.
+
+    seqlen_q tokens (one key/value head) written into a cache of seqlen_k
+    slots in blocks of ``page`` (0: one slot a block); ``slots`` is
+    slot_mapping's dtype. The attention flags do not apply to a write.
+    """
+    import torch
+
+    from lazytriton.kernels.kv_slots import checks
+
+    given = [name for name, on in (("--causal", causal != "none"), ("--varlen", varlen), ("--rotary", rotary != "none"),
+                                   *((f"--{name.replace('_', '-')}", on) for name, on in flags.items())) if on]
+    if given:
+        raise ValueError(f"kv_slots writes keys and values at their slots: it takes no {', '.join(given)}")
+    sizes = {"--head-dim": head_dim, "--head-dim-v": head_dim_v, "--seqlen-k": seqlen_k, "--page-size": page}
+    negative = next(((flag, n) for flag, n in sizes.items() if n < 0), None)
+    if negative is not None:
+        raise ValueError(f"{negative[0]} must be >= 0, got {negative[1]}")
+    of = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(dtype)
+    if of is None:
+        raise ValueError(f"kv_slots writes fp16, bf16 or fp32 caches, not --dtype {dtype}")
+    block = page or 1
+    blocks = -(-max(seqlen_k, 1) // block)
+    try:
+        checks.check(torch.empty(seqlen_q, 1, head_dim, dtype=of, device="meta"),
+                     torch.empty(seqlen_q, 1, head_dim_v, dtype=of, device="meta"),
+                     torch.empty(blocks, block, 1, head_dim, dtype=of, device="meta"),
+                     torch.empty(blocks, block, 1, head_dim_v, dtype=of, device="meta"),
+                     torch.empty(seqlen_q, dtype=getattr(torch, slots), device="meta"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the API refuses this call: {exc}") from None
 
@@ -288,6 +333,10 @@ def print_explain(report: Report) -> None:
                  "dequantises in registers, and kv_append, which quantises new keys as x / descale)"
                  if call.get("kv_dtype", "none") != "none" else "")
               + "; the combine runs only when a call splits its keys")
+    if call["kernel"] == "kv_slots":
+        print(f"         kv_slots: seqlen_q counts the tokens written, seqlen_k the cache's slots; slot_mapping "
+              f"{call['slot_mapping']} (SLOT64={'true' if call['slot_mapping'] == 'int64' else 'false'}); one config "
+              "a column chunk; negative slots and slots past the cache are skipped, never read on the host")
     if call.get("varlen"):
         print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
               "buckets pick the tiles, and causal is bottom-right within each sequence"

@@ -6,12 +6,11 @@ layout, (2, num_blocks, block_size, num_kv_heads, head_size), so a model runs
 on it unchanged. Each step, each layer:
 
 1. writes the step's new keys and values into the paged cache at
-   ``slot_mapping`` (vLLM's ``reshape_and_cache_flash``): in torch
-   (``write_new_keys``), since lazytriton's append kernel writes at each
-   sequence's length, not at a slot; a batch of decodes only (one query a
-   request) instead goes through ``flash_attn_with_kvcache(..., k=, v=)``,
-   whose ``kv_append`` kernel writes the key at the request's position before
-   the attention reads it;
+   ``slot_mapping`` (vLLM's ``reshape_and_cache_flash``): lazytriton's
+   ``reshape_and_cache_flash`` (``write_new_keys``: one kernel, no host
+   sync); a batch of decodes only (one query a request) instead goes through
+   ``flash_attn_with_kvcache(..., k=, v=)``, whose ``kv_append`` kernel
+   writes the key at the request's position before the attention reads it;
 2. runs the whole batch, prefills and decodes mixed, as one
    ``lazytriton.flash_attn_varlen_func(..., cu_seqlens_q=, seqused_k=,
    block_table=)`` call, as vLLM v1 does with FlashAttention-3, with the
@@ -156,47 +155,23 @@ class LazyTritonMetadataBuilder(AttentionMetadataBuilder[LazyTritonMetadata]):
 
 
 def write_new_keys(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor, *, checked: bool = True) -> None:
-    """Write new token i's key and value into slot slot_mapping[i]: vLLM's ``reshape_and_cache_flash``, in torch.
+                   slot_mapping: torch.Tensor) -> None:
+    """Write new token i's key and value into slot slot_mapping[i]: vLLM's ``reshape_and_cache_flash``, one kernel.
 
-    The slot's page is slot // block_size, its row slot % block_size; the first len(slot_mapping) rows of key
-    and value are the new tokens (the rest is vLLM's padding), and a negative slot is skipped. With
-    ``checked``, a slot past the cache raises ValueError before anything is written: one host sync (as the
-    attention call's own checks), and one more to drop padding slots when there are any; unchecked, the slots
-    are filtered unseen (one sync, the boolean index's).
+    lazytriton's slot write (``kv_slots``): the slot's page is slot // block_size, its row slot % block_size; the
+    first len(slot_mapping) rows of key and value are the new tokens (the rest is vLLM's padding, not read). The
+    slots are read by the kernel only (no host sync, no torch indexing): a negative slot (padding) and a slot
+    past the cache are skipped, so no value of slot_mapping writes outside the cache.
     """
-    n = slot_mapping.shape[0]
-    if key.shape[0] < n or value.shape[0] < n:
-        raise ValueError(f"key and value must have at least len(slot_mapping) = {n} rows, got {key.shape[0]} "
-                         f"and {value.shape[0]}")
-    if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
-        raise TypeError(f"key and value must have the KV cache's dtype {key_cache.dtype}, got {key.dtype} and "
-                        f"{value.dtype}")
-    if n == 0:
-        return
-    slots = slot_mapping.long()
-    key, value = key[:n], value[:n]
-    padded = True
-    if checked:
-        low, high = (int(x) for x in torch.stack(slots.aminmax()).tolist())
-        capacity = key_cache.shape[0] * key_cache.shape[1]
-        if high >= capacity:
-            raise ValueError(f"slot_mapping holds slot {high}, past the cache's {capacity} slots")
-        padded = low < 0
-    if padded:
-        keep = slots >= 0
-        slots, key, value = slots[keep], key[keep], value[keep]
-    page = key_cache.shape[1]
-    pages, rows = slots // page, slots % page
-    key_cache[pages, rows] = key
-    value_cache[pages, rows] = value
+    lazytriton.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "auto")
 
 
 class LazyTritonAttentionImpl(AttentionImpl):
     """A layer's attention; built once a layer with vLLM's FlashAttentionImpl's arguments."""
 
-    # False: every call's index tensors (block table, lengths, cu_seqlens, slots) are checked against the cache
-    # (one host sync a call); True runs under lazytriton.trusted_indices(), for indices right by construction.
+    # False: every call's index tensors (block table, lengths, cu_seqlens) are checked against the cache (one host
+    # sync a call); True runs under lazytriton.trusted_indices(), for indices right by construction. The slots are
+    # never read on the host: the write's kernel skips any outside the cache.
     trust_indices: ClassVar[bool] = False
     # True: a step of decodes only appends through flash_attn_with_kvcache's kv_append kernel (README).
     fused_decode_append: ClassVar[bool] = True
@@ -268,7 +243,7 @@ class LazyTritonAttentionImpl(AttentionImpl):
                 self._decode_appending(query[:n], key[:n], value[:n], key_cache, value_cache, m, out)
                 return output
             if write:
-                write_new_keys(key, value, key_cache, value_cache, m.slot_mapping, checked=not self.trust_indices)
+                write_new_keys(key, value, key_cache, value_cache, m.slot_mapping)
             lazytriton.flash_attn_varlen_func(
                 query[:n], key_cache, value_cache, cu_seqlens_q=m.query_start_loc, cu_seqlens_k=None,
                 max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_seq_len, softmax_scale=self.scale, causal=m.causal,
