@@ -66,7 +66,7 @@ from lazytriton.flash import attn_fwd  # noqa: E402
 
 t2, c2 = time.perf_counter(), time.thread_time()
 if args.fake_driver:
-    cold_start.route_to_fake_driver(args.fake_driver, args.target)
+    cold_start.route_to_fake_driver(args.fake_driver, args.target, backward=args.working_set)
 profile = cProfile.Profile()
 t3, c3 = time.perf_counter(), time.thread_time()
 if args.profile:
