@@ -100,14 +100,16 @@ def triton_jit_call(q: Any, k: Any, v: Any, causal: bool, target: Any) -> tuple[
     return fn, grid, args, kernel_constexprs(variant, spec.constexprs), dict(variant.options), out, lse
 
 
-def route_to_fake_driver(library: str, target: str = "sm_90") -> None:
+def route_to_fake_driver(library: str, target: str = "sm_90", backward: bool = True) -> None:
     """Serve CPU tensors as a GPU call on ``target``: dispatch, the tiers and the driver run; no kernel does.
 
     The forward and backward bindings' CPU branch (Triton's interpreter) is
     replaced by their GPU launch; the device reads as ``target`` with no
     capture, stream 0 and CPU scratch; the CUDA driver is ``library`` (the
     fake libcuda), on which every load and launch succeeds and runs nothing.
-    Call it after the imports to be timed: it imports the bindings and the driver.
+    Call it after the imports to be timed: it imports the driver and the
+    forward's binding, and with ``backward`` the backward's (a forward-only
+    process on a GPU never imports it, and neither does this one without it).
     """
     import functools
 
@@ -115,7 +117,6 @@ def route_to_fake_driver(library: str, target: str = "sm_90") -> None:
 
     from lazytriton import driver, launch, machine
     from lazytriton.driver import gpu
-    from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
     from lazytriton.target import Target
 
@@ -125,7 +126,10 @@ def route_to_fake_driver(library: str, target: str = "sm_90") -> None:
     launch.raw_stream = lambda device_index: 0
     launch.scratch_alloc = lambda nbytes, device_index: torch.empty(nbytes, dtype=torch.uint8)
     fwd.run_interpreter = fwd.launch_gpu
-    bwd.run_interpreter = bwd.launch_gpu
+    if backward:
+        from lazytriton.kernels.flash_bwd import binding as bwd
+
+        bwd.run_interpreter = bwd.launch_gpu
     gpu.cuda = functools.cache(lambda: gpu.CudaApi(library))
     load = driver.load
     driver.load = lambda entry, device_index: load(entry, 0 if device_index is None else device_index)

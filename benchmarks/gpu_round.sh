@@ -32,7 +32,7 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
    for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run$set \
      python3 "$repo/benchmarks/profile_cold.py" $set 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done; done
    for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-p$set python3 "$repo/benchmarks/profile_cold.py" \
-     $set --profile --sort cumtime --top 60 >> "$OUT/profile_cold.log" 2>&1; done) ;;
+     $set --profile --sort cumtime --top 60 --modules >> "$OUT/profile_cold.log" 2>&1; done) ;;
 esac
 case " $* " in *" hostfresh "*)  # a fresh install as the README leaves it: bench_host --no-build twice, the helpers
   # built in the background by the first process's first GPU use (before any step here builds them into the package)

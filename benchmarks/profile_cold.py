@@ -10,7 +10,8 @@ holds what the call loads:
     python benchmarks/profile_cold.py [--shape 4,16,2048,128 --causal] [--profile]
     python benchmarks/profile_cold.py --working-set [--profile]
 
-``--working-set`` runs a model's forward and backward instead of one call
+``--modules`` lists the modules the import and the first call import
+(after torch's). ``--working-set`` runs a model's forward and backward instead of one call
 (``cold_start.WORKING_SET``: 8 variants on sm_90). The image that
 ``bench_prewarm.py --cold-start --keep-image PATH`` serves holds both.
 
@@ -43,6 +44,7 @@ parser.add_argument("--target", default="sm_90", help="--fake-driver: the GPU ta
 parser.add_argument("--profile", action="store_true", help="run the first call under cProfile")
 parser.add_argument("--sort", default="tottime", choices=("tottime", "cumtime"))
 parser.add_argument("--top", type=int, default=30)
+parser.add_argument("--modules", action="store_true", help="list the modules the import and the first call import")
 args = parser.parse_args()
 shape = tuple(int(x) for x in args.shape.split(","))
 causal = args.causal or args.shape == parser.get_default("shape")
@@ -60,14 +62,16 @@ if args.working_set:
 else:
     inputs = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(3)]
 synchronize()
+before_import = set(sys.modules)
 t1, c1 = time.perf_counter(), time.thread_time()
 from lazytriton import runtime  # noqa: E402
 from lazytriton.flash import attn_fwd  # noqa: E402
 
 t2, c2 = time.perf_counter(), time.thread_time()
 if args.fake_driver:
-    cold_start.route_to_fake_driver(args.fake_driver, args.target)
+    cold_start.route_to_fake_driver(args.fake_driver, args.target, backward=args.working_set)
 profile = cProfile.Profile()
+before_call = set(sys.modules)
 t3, c3 = time.perf_counter(), time.thread_time()
 if args.profile:
     profile.enable()
@@ -86,5 +90,8 @@ print(f"{'CPU inputs' if args.fake_driver else 'torch CUDA init'} {1e3 * (t1 - t
       f"{' (profiled)' if args.profile else ''}; GPU wait {1e3 * (t5 - t4):.1f} ms;"
       f" served {dict(rt.served)}; compiles {rt.compiles}; loaded {len(rt.loaded_kernels())};"
       f" triton imported: {'triton' in sys.modules}; torch._dynamo imported: {'torch._dynamo' in sys.modules}")
+if args.modules:
+    print(f"the import imported: {sorted(before_call - before_import)}")
+    print(f"the first {'step' if args.working_set else 'call'} imported: {sorted(set(sys.modules) - before_call)}")
 if args.profile:
     pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)

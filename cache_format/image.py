@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import stat
 import struct
 import threading
@@ -40,6 +39,7 @@ import xxhash
 from lazytriton.cache_format.entry import HEADER_SIZE as ENTRY_HEADER_SIZE
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES, Entry, EntryError
 from lazytriton.fsutil import write_atomically
+from lazytriton.keys import is_key
 from lazytriton.record import record
 
 MAGIC = b"LTIMAGE\0"
@@ -86,7 +86,6 @@ DICT_K = 8192
 DICT_D = 6
 _MIN_DICT_SAMPLES = 8
 _MIN_DICT_BYTES = 1024
-_KEY = re.compile(r"[0-9a-f]{32}")
 
 
 class ImageError(ValueError):
@@ -108,7 +107,7 @@ class ImageInfo:
 
 def key_bytes(key: str) -> bytes:
     """The 16 raw bytes of a cache key (32 lowercase hex digits); ValueError naming the key otherwise."""
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
+    if not is_key(key):
         raise ValueError(f"image key must be 32 lowercase hex digits, got {key!r}")
     return bytes.fromhex(key)
 

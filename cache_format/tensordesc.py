@@ -33,7 +33,7 @@ DEVICE_TO_HOST_DTYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
 # Element sizes of the dtypes a descriptor may hold (Triton's type names).
 ELEM_SIZE = {"i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "fp8e4b15": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
              "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8}
-_TYPE = re.compile(r"tensordesc<([a-z0-9]+)\[([0-9, ]+)\](,[^>]*)?>")
+_TYPE = r"tensordesc<([a-z0-9]+)\[([0-9, ]+)\](,[^>]*)?>"  # compiled on first use (re's cache), not at import
 
 
 @record
@@ -63,7 +63,7 @@ def is_descriptor(kind: str) -> bool:
 
 def parse_type(kind: str) -> tuple[str, int]:
     """(dtype, rank) of a ``tensordesc<...>`` type; ValueError for anything the launcher does not take."""
-    match = _TYPE.fullmatch(kind)
+    match = re.fullmatch(_TYPE, kind)
     if match is None or "input_rank" in kind:
         raise ValueError(f"parameter type {kind!r} is not a tiled host descriptor type (tensordesc<dtype[block]>)")
     dims = match.group(2).split(",")

@@ -5,10 +5,13 @@ Every tier checks the keys it reads from files and shared stores here before usi
 
 from __future__ import annotations
 
-import re
-
 KEY_LEN = 32  # hex digits of an xxh3-128 digest
-_KEY = re.compile(r"[0-9a-f]{32}")
+HEX_DIGITS = "0123456789abcdef"
+
+
+def is_key(key: object) -> bool:
+    """Whether ``key`` is 32 lowercase hex digits (a plain string test: no pattern compiled at import)."""
+    return isinstance(key, str) and len(key) == KEY_LEN and not key.strip(HEX_DIGITS)
 
 
 def check_key(key: object) -> str:
@@ -17,6 +20,6 @@ def check_key(key: object) -> str:
     Keys arrive from files and shared tiers: only 32 lowercase hex digits pass,
     so a key can never name a path outside the cache.
     """
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
+    if not is_key(key):
         raise ValueError(f"cache key must be {KEY_LEN} lowercase hex digits, got {key!r}")
     return key

@@ -24,9 +24,10 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 from lazytriton.fsutil import describe_mode
+from lazytriton.record import NamedTuple
 
 MISS_LOG_MAX_BYTES = 64 << 20
 MISS_LOG_MAX_LINE_BYTES = 64 << 10

@@ -19,6 +19,15 @@ equal); a repr like dataclasses'; pickling; and ``replace``, ``fields`` and
 ``asdict``. Type checkers see records as frozen dataclasses
 (``typing.dataclass_transform``, new in Python 3.11; on 3.10 the decorator is
 a no-op at run time, which is all it ever is there).
+
+``NamedTuple`` is ``typing.NamedTuple`` for a class statement
+(``class Call(NamedTuple): ...``), made without evaluating its annotations:
+typing's compiles each field's annotation string into a ``ForwardRef`` (40
+compiles for the five tuples a cache-served call imports; 0.25 ms a class
+against 0.09 for ``collections.namedtuple`` on the 2-core development
+machine). The class is ``collections.namedtuple``'s, with the annotations as
+written, the defaults, the docstring and the methods of the class body; type
+checkers see ``typing.NamedTuple`` itself.
 """
 
 from __future__ import annotations
@@ -26,11 +35,12 @@ from __future__ import annotations
 import collections
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from typing import NamedTuple as NamedTuple
     from typing import dataclass_transform
 else:  # run time: the marker only sets __dataclass_transform__, which only type checkers read
     def _no_transform(**_: Any) -> Callable[[T], T]:
@@ -65,6 +75,42 @@ if TYPE_CHECKING:
 else:  # the same tuple type, made without typing.NamedTuple: 0.06 ms at import, not 0.2 (its annotations compile)
     Field = collections.namedtuple("Field", ("name", "type", "default", "default_factory", "repr"))
     Field.__doc__ = "One field of a record class, as ``fields`` reports it."
+
+# What a NamedTuple class body may not set, and what it sets that is not copied onto the class (typing's lists).
+_NAMED_TUPLE_RESERVED = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields",
+                                   "_field_defaults", "_make", "_replace", "_asdict", "_source"})
+_NAMED_TUPLE_SPECIAL = frozenset({"__module__", "__name__", "__annotations__"})
+
+
+def _named_tuple(name: str, namespace: dict[str, Any]) -> type:
+    """The ``collections.namedtuple`` class of a ``class name(NamedTuple)`` body."""
+    annotations = dict(namespace.get("__annotations__", {}))
+    defaulted = [field_name for field_name in annotations if field_name in namespace]
+    for field_name in list(annotations)[len(annotations) - len(defaulted):]:
+        if field_name not in namespace:
+            raise TypeError(f"Non-default namedtuple field {field_name} cannot follow default field"
+                            f"{'s' if len(defaulted) > 1 else ''} {', '.join(defaulted)}")
+    defaults = [namespace[field_name] for field_name in defaulted]
+    make: Callable[..., Any] = collections.namedtuple  # its defaults from a list: not the literal mypy reads
+    made: type = make(name, tuple(annotations), defaults=defaults, module=namespace["__module__"])
+    made.__annotations__ = annotations
+    for key, value in namespace.items():
+        if key in _NAMED_TUPLE_RESERVED:
+            raise AttributeError(f"Cannot overwrite NamedTuple attribute {key}")
+        if key not in _NAMED_TUPLE_SPECIAL and key not in annotations:
+            setattr(made, key, value)
+    return made
+
+
+if not TYPE_CHECKING:
+    class _NamedTupleMeta(type):
+        def __new__(cls, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> type:
+            if bases != (NamedTuple,):
+                raise TypeError(f"{name}: a NamedTuple class derives from NamedTuple alone")
+            return _named_tuple(name, namespace)
+
+    NamedTuple = type.__new__(_NamedTupleMeta, "NamedTuple", (), {
+        "__module__": __name__, "__doc__": "Base of a named tuple class: typing.NamedTuple, without its import cost."})
 
 
 @overload

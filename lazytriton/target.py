@@ -7,13 +7,18 @@ that AMD ISA. Names parse and print back to themselves.
 
 from __future__ import annotations
 
-import re
-
 from lazytriton.record import record
 
-# No leading zero: "sm_090" would name sm_90's binary under another key.
-_SM = re.compile(r"sm_([1-9]\d{1,2})")
-_GFX = re.compile(r"gfx[0-9a-f]{3,4}")
+
+def _is_sm(name: str) -> bool:
+    """``sm_`` and 2 or 3 digits, the first not 0 ("sm_090" would name sm_90's binary under another key)."""
+    digits = name[3:]
+    return name.startswith("sm_") and len(digits) in (2, 3) and digits[0] in "123456789" and digits.isdecimal()
+
+
+def _is_gfx(name: str) -> bool:
+    """``gfx`` and 3 or 4 lowercase hex digits."""
+    return name.startswith("gfx") and len(name) in (6, 7) and not name[3:].strip("0123456789abcdef")
 
 
 @record
@@ -32,11 +37,11 @@ class Target:
         name = text.strip().lower()
         if name.startswith("cuda:"):
             name = "sm_" + name[5:]
-        elif name.startswith("hip:") and _GFX.fullmatch(name[4:]):  # "hip:sm_90" stays junk
+        elif name.startswith("hip:") and _is_gfx(name[4:]):  # "hip:sm_90" stays junk
             name = name[4:]
-        if _SM.fullmatch(name):
+        if _is_sm(name):
             return cls("cuda", name[3:], 32)
-        if _GFX.fullmatch(name):
+        if _is_gfx(name):
             # CDNA (gfx9xx) runs 64-wide wavefronts; RDNA (gfx10xx+) runs 32.
             return cls("hip", name, 64 if name.startswith("gfx9") else 32)
         raise ValueError(f"target must look like 'sm_90', 'cuda:80', 'gfx942' or 'hip:gfx950', got {text!r}")

@@ -19,7 +19,6 @@ launch metadata and runs wherever the driver can load it (see ARCHITECTURE).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import msgpack
@@ -39,9 +38,23 @@ LAUNCH_ABI = 1
 Value = bool | int | str
 Pairs = tuple[tuple[str, Value], ...]
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_STR_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 DTYPES = ("fp16", "bf16", "fp32", "e4m3")  # e4m3: torch.float8_e4m3fn (kernels.TRITON_DTYPES)
+
+
+# The forms of names and values, as plain string tests (no pattern compiled at import): a name is
+# [A-Za-z_][A-Za-z0-9_]{0,63}, a string value [A-Za-z_][A-Za-z0-9_.-]{0,63}, an int -?\d{1,18}.
+def _is_name(text: str) -> bool:
+    return len(text) <= 64 and text.isascii() and text.isidentifier()
+
+
+def _is_str_value(text: str) -> bool:
+    return (len(text) <= 64 and text.isascii() and text[:1] not in (".", "-")
+            and text.replace(".", "_").replace("-", "_").isidentifier())
+
+
+def _is_int(text: str) -> bool:
+    digits = text[1:] if text[:1] == "-" else text
+    return 1 <= len(digits) <= 18 and digits.isdecimal()
 
 
 def _format_value(value: Value) -> str:
@@ -55,9 +68,9 @@ def _parse_value(text: str) -> Value:
         return True
     if text == "false":
         return False
-    if re.fullmatch(r"-?\d{1,18}", text):
+    if _is_int(text):
         return int(text)
-    if _STR_VALUE.fullmatch(text) and text not in ("true", "false"):
+    if _is_str_value(text) and text not in ("true", "false"):
         return text
     raise ValueError(f"bad variant value {text!r}")
 
@@ -67,11 +80,11 @@ def _check_pairs(group: str, pairs: Pairs) -> Pairs:
     if names != sorted(names) or len(set(names)) != len(names):
         raise ValueError(f"variant {group} names must be sorted and unique, got {names}")
     for name, value in pairs:
-        if not _NAME.fullmatch(name):
+        if not _is_name(name):
             raise ValueError(f"bad variant {group} name {name!r}")
         if not isinstance(value, (bool, int, str)):
             raise TypeError(f"variant {group} value {name}={value!r} must be bool, int or str")
-        if isinstance(value, str) and (not _STR_VALUE.fullmatch(value) or value in ("true", "false")):
+        if isinstance(value, str) and (not _is_str_value(value) or value in ("true", "false")):
             raise ValueError(f"bad variant {group} value {name}={value!r}")
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
             raise ValueError(f"variant {group} value {name}={value} is out of range")
@@ -95,7 +108,7 @@ class Variant:
     options: Pairs
 
     def __post_init__(self) -> None:
-        if not _NAME.fullmatch(self.kernel):
+        if not _is_name(self.kernel):
             raise ValueError(f"bad variant kernel name {self.kernel!r}")
         Target.parse(self.target)  # raises on a bad name
         if str(Target.parse(self.target)) != self.target:

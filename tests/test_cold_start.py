@@ -1,4 +1,5 @@
-"""The cold-start benchmarks on CPU: Triton's JIT baseline built from the binding, and the children's code.
+"""The cold-start benchmarks on CPU: Triton's JIT baseline built from the binding, the children's code, and
+what a fresh process served from an image imports.
 
 ``bench_prewarm.py --cold-start`` needs a CUDA GPU; what it launches through
 Triton's own JIT (``cold_start.triton_jit_call``) is checked here: its
@@ -6,11 +7,16 @@ argument list binds every parameter of the served kernel's JIT function (a
 parameter the kernel gains and the binding does not pack fails here, not on
 the GPU host), and the same call runs under Triton's interpreter and matches
 SDPA.
+
+The first result of a fresh process served from an image (the cold start's
+path, on the fake libcuda: ``cold_start.route_to_fake_driver``) imports none
+of ``NEVER_ON_THE_WARM_PATH``: checked on ``sys.modules``, never on time.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +27,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, run_python
 
 from lazytriton.kernels import get
 from lazytriton.target import Target
@@ -159,3 +165,66 @@ def test_the_image_is_built_from_the_scenarios_own_misses(bench: ModuleType, tmp
     with Image(image) as built:
         assert sorted(built.keys()) == sorted(v.key() for v in logged)
     assert len(children) == 2
+
+
+# What the first result from an image never needs: the compiler and what only a miss, a build, a tool or the
+# local tier's database uses. (Modules that importing torch brings, such as json or hashlib, cannot be told apart.)
+NEVER_ON_THE_WARM_PATH = (
+    "triton", "lazytriton.compiler", "lazytriton.interpreter", "lazytriton.triton_lock", "lazytriton.misslog",
+    "diskcache", "sqlite3", "filelock", "redis", "cffi", "sysconfig", "torch._dynamo", "lazytriton.ops",
+    "lazytriton.cli", "lazytriton.prewarm", "lazytriton.store.shared_dir", "lazytriton.driver.helpers_build",
+)
+
+WARM_CHILD = """
+import json, sys, torch
+sys.path.insert(0, {benchmarks!r})
+import cold_start
+torch.manual_seed(0)
+backward = {backward!r}
+q, k, v = (torch.randn({shape!r}, dtype=torch.float16, requires_grad=backward) for _ in range(3))
+torch_modules = set(sys.modules)
+from lazytriton import runtime
+from lazytriton.flash import attn_fwd
+cold_start.route_to_fake_driver({library!r}, {target!r}, backward=backward)
+out, lse = attn_fwd(q, k, v, causal=True)
+if backward:
+    out.float().sum().backward()
+rt = runtime.get()
+print(json.dumps({{"served": dict(rt.served), "compiles": rt.compiles, "loaded": len(rt.loaded_kernels()),
+                  "imported": sorted(set(sys.modules) - torch_modules)}}))
+"""
+
+
+def _child(library: Path, target: str, shape: tuple[int, ...], backward: bool, env: dict[str, str]) -> dict[str, Any]:
+    code = WARM_CHILD.format(benchmarks=str(BENCHMARKS), library=str(library), target=target, shape=shape,
+                             backward=backward)
+    result = run_python(code, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize(("target", "shape", "backward"), [
+    ("sm_90", (1, 2, 128, 64), False),  # flash_fwd_gluon (warp-specialised), as the bench's one kernel on sm_90
+    ("sm_80", (1, 2, 64, 64), True),  # flash_fwd, then flash_bwd_dq and flash_bwd_dkdv: a training step's kernels
+])
+def test_a_call_served_from_an_image_imports_nothing_the_warm_path_does_not_need(
+        fake_library: Path, tmp_path: Path, target: str, shape: tuple[int, ...], backward: bool) -> None:
+    # The image holds exactly what the call loads: what a first process compiled (JIT on, its misses logged),
+    # packed by prewarm --from-misses. A second, fresh process is served from it with the compiler off.
+    recorded = tmp_path / "recorded"
+    first = _child(fake_library, target, shape, backward, {"LAZYTRITON_CACHE_DIR": str(recorded),
+                                                            "LAZYTRITON_JIT": "1", "LAZYTRITON_IMAGES": ""})
+    assert first["compiles"] == first["loaded"] > 0 and "triton" in first["imported"]  # the check can see it
+    image = tmp_path / "warm.ltimg"
+    packed = run_python(f"from lazytriton.cli import main; main(['prewarm', '--from-misses', "
+                        f"{str(recorded / 'misses.jsonl')!r}, '--out', {str(image)!r}])",
+                        env={"LAZYTRITON_CACHE_DIR": str(recorded)}, timeout=600)
+    assert packed.returncode == 0 and image.is_file(), packed.stdout + packed.stderr
+    served = _child(fake_library, target, shape, backward, {"LAZYTRITON_CACHE_DIR": str(tmp_path / "fresh"),
+                                                             "LAZYTRITON_JIT": "0", "LAZYTRITON_IMAGES": str(image)})
+    assert served["served"] == {"image": first["loaded"]} and served["compiles"] == 0
+    assert served["loaded"] == first["loaded"]
+    imported = [name for name in NEVER_ON_THE_WARM_PATH
+                if any(module == name or module.startswith(name + ".") for module in served["imported"])]
+    assert imported == [], f"the warm path from an image imported {imported}"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import pickle
 import time
-from typing import ClassVar
+import typing
+from typing import Any, ClassVar
 
 import pytest
 from conftest import run_python
 
-from lazytriton.record import FrozenRecordError, asdict, field, fields, record, replace
+from lazytriton.record import FrozenRecordError, NamedTuple, asdict, field, fields, record, replace
 
 
 @record
@@ -147,6 +148,84 @@ def test_the_launch_path_defines_no_dataclass_and_skips_the_cffi_package() -> No
             "from lazytriton.driver import cdefs\n"
             "cdefs.make_ffi('cuda', cdefs.CUDA_CDEF)\n"
             "print(sorted(m for m in ('dataclasses', 'cffi', 'triton', 'diskcache', 'sqlite3') if m in sys.modules))")
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+# --- NamedTuple: typing.NamedTuple's class, without evaluating the annotations ------------------------------------
+
+
+class Span(NamedTuple):
+    """A span of rows."""
+
+    start: int
+    stop: int
+    label: str | None = None
+    weight: float = 1.0
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def shifted(self, by: int) -> Span:
+        return self._replace(start=self.start + by, stop=self.stop + by)
+
+
+class TypingSpan(typing.NamedTuple):
+    """A span of rows."""
+
+    start: int
+    stop: int
+    label: str | None = None
+    weight: float = 1.0
+
+
+def test_named_tuple_gives_typing_named_tuples_class() -> None:
+    span = Span(2, 5, label="a")
+    twin = TypingSpan(2, 5, label="a")
+    assert span == twin == (2, 5, "a", 1.0) and isinstance(span, tuple)
+    assert repr(span) == repr(twin).replace("TypingSpan", "Span")
+    for name in ("_fields", "_field_defaults", "__doc__", "__module__", "__match_args__"):
+        assert getattr(Span, name) == getattr(TypingSpan, name), name
+    # The annotations as written (typing's are ForwardRefs of the same text): get_type_hints reads both alike.
+    assert Span.__annotations__ == {name: ref.__forward_arg__ for name, ref in TypingSpan.__annotations__.items()}
+    assert typing.get_type_hints(Span) == typing.get_type_hints(TypingSpan)
+    assert Span.__qualname__ == "Span" and span.size == 3 and span.shifted(1) == (3, 6, "a", 1.0)
+    assert Span._make([0, 1, None, 2.0]) == (0, 1, None, 2.0) and span._asdict() == twin._asdict()
+    assert pickle.loads(pickle.dumps(span)) == span and copy.deepcopy(span) == span
+    match span:
+        case Span(start, stop):
+            assert (start, stop) == (2, 5)
+    with pytest.raises(AttributeError):
+        span.start = 3  # type: ignore[misc]
+
+
+def test_named_tuple_refuses_what_typing_refuses() -> None:
+    def define(body: str) -> Any:
+        scope: dict[str, Any] = {"NamedTuple": NamedTuple, "__name__": "m"}
+        exec(f"class Bad(NamedTuple):\n{body}", scope)
+        return scope["Bad"]
+
+    with pytest.raises(TypeError, match="Non-default namedtuple field b cannot follow default field a"):
+        define("    a: int = 1\n    b: int\n")
+    with pytest.raises(AttributeError, match="Cannot overwrite NamedTuple attribute _asdict"):
+        define("    a: int\n    def _asdict(self): return {}\n")
+    with pytest.raises(TypeError, match="derives from NamedTuple alone"):
+        exec("class Both(NamedTuple, int):\n    a: int\n", {"NamedTuple": NamedTuple, "__name__": "m"})
+
+
+def test_named_tuple_compiles_no_annotation() -> None:
+    """The reason it exists: typing.NamedTuple compiles each annotation (a ForwardRef); this compiles none."""
+    code = ("from __future__ import annotations\n"
+            "import builtins\n"
+            "from lazytriton.record import NamedTuple\n"
+            "compiled = []\n"
+            "real = builtins.compile\n"
+            "builtins.compile = lambda *a, **k: compiled.append(a[0]) or real(*a, **k)\n"
+            "class Wide(NamedTuple):\n"
+            "    a: int\n    b: str | None\n    c: tuple[int, ...] = ()\n"
+            "print([text for text in compiled if text in ('int', 'str | None', 'tuple[int, ...]')])")
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

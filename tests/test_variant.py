@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
 from conftest import run_python
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import lazytriton.keys as keys_module
+import lazytriton.target as target_module
 import lazytriton.variant as variant_module
 from lazytriton import record
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
@@ -277,6 +283,51 @@ def test_check_key_accepts_a_key() -> None:
 def test_check_key_rejects(key: object) -> None:
     with pytest.raises(ValueError):
         check_key(key)
+
+
+# --- the forms, tested as plain strings: the same answers as the patterns they stand for -------------------------
+
+# Digits, letters around the hex range, the separators a variant uses, other scripts' digits (the patterns' \\d takes
+# them) and characters a pattern could stumble on.
+FORM_CHARS = "0123456789abcdefgxzABFGZ_.-:= \n\x00\u0669\u0660\u00b2\u00e9"
+FORMS = [
+    (keys_module.is_key, r"[0-9a-f]{32}"),
+    (variant_module._is_name, r"[A-Za-z_][A-Za-z0-9_]{0,63}"),
+    (variant_module._is_str_value, r"[A-Za-z_][A-Za-z0-9_.-]{0,63}"),
+    (variant_module._is_int, r"-?\d{1,18}"),
+    (target_module._is_sm, r"sm_([1-9]\d{1,2})"),
+    (target_module._is_gfx, r"gfx[0-9a-f]{3,4}"),
+]
+
+
+def _near(pattern: str) -> st.SearchStrategy[str]:
+    """Strings the pattern takes, each possibly edited by one character: both sides of its edge."""
+    def edit(text: str, data: st.DataObject) -> str:
+        i = data.draw(st.integers(0, len(text)))
+        how = data.draw(st.sampled_from(["keep", "insert", "replace", "delete"]))
+        c = data.draw(st.sampled_from(FORM_CHARS))
+        return {"keep": text, "insert": text[:i] + c + text[i:], "replace": text[:i] + c + text[i + 1:],
+                "delete": text[:i] + text[i + 1:]}[how]
+
+    return st.builds(edit, st.from_regex(pattern, fullmatch=True), st.data())
+
+
+@pytest.mark.parametrize(("test", "pattern"), FORMS, ids=[test.__name__ for test, _ in FORMS])
+@settings(max_examples=400, deadline=None, database=None)
+@given(data=st.data())
+def test_each_form_answers_as_its_pattern(test: Any, pattern: str, data: st.DataObject) -> None:
+    text = data.draw(st.one_of(_near(pattern), st.text(FORM_CHARS, max_size=70)))
+    assert test(text) == bool(re.fullmatch(pattern, text)), text
+
+
+def test_the_forms_at_their_bounds() -> None:
+    assert keys_module.is_key("0" * 32) and not keys_module.is_key("0" * 31) and not keys_module.is_key(None)
+    assert variant_module._is_name("a" * 64) and not variant_module._is_name("a" * 65)
+    assert variant_module._is_str_value("a.b-c") and not variant_module._is_str_value("-a")
+    assert variant_module._is_int("-" + "9" * 18) and not variant_module._is_int("9" * 19)
+    assert not variant_module._is_int("-") and not variant_module._is_int("")
+    assert target_module._is_sm("sm_100") and not target_module._is_sm("sm_090")
+    assert target_module._is_gfx("gfx90a") and not target_module._is_gfx("gfx90A")
 
 
 # --- Target ----------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -64,6 +64,7 @@ from lazytriton.kernels.flash_fwd import SEQUSED_POINTERS, VARLEN_POINTERS, scor
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd import sinks as fwd_sinks
 from lazytriton.kernels.flash_fwd.binding import INT32_MAX, Call, Shape
+from lazytriton.record import NamedTuple
 from lazytriton.variant import Variant
 
 

@@ -8,12 +8,13 @@ the value and what was expected, before anything is allocated or launched.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from lazytriton.kernels.arguments import shown
 from lazytriton.kernels.flash_combine import MAX_BLOCK_D
+from lazytriton.record import NamedTuple
 
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}  # the output's
 INT32_MAX = 2**31 - 1

@@ -18,13 +18,14 @@ both checks.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from lazytriton import geometry, launch
 from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
 from lazytriton.kernels.trust import indices_trusted
+from lazytriton.record import NamedTuple
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # Float8 caches (kv_fp8.py: the cache holds x / descale), read by queries of these dtypes.

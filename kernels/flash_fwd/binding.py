@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -35,6 +35,7 @@ from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.kernels.flash_fwd import sinks as _sinks
 from lazytriton.kernels.flash_fwd.names import NAMES, Names
 from lazytriton.kernels.flash_fwd.score_mods import mod_tensors
+from lazytriton.record import NamedTuple
 from lazytriton.variant import Variant
 
 log = logging.getLogger("lazytriton.flash")

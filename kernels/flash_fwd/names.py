@@ -7,7 +7,7 @@ Every check of the attention families (``binding.check``, ``score_mods.with_mods
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from lazytriton.record import NamedTuple
 
 
 class Names(NamedTuple):

@@ -48,7 +48,7 @@ __init__.py). Everything else is the dense bindings' own machinery:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -68,6 +68,7 @@ from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd import sinks as fwd_sinks
 from lazytriton.kernels.flash_fwd.binding import Call, Shape
 from lazytriton.kernels.trust import indices_trusted
+from lazytriton.record import NamedTuple
 from lazytriton.variant import Variant
 
 MARK = "varlen"  # first item of a varlen call's memo keys (a dense call's never starts with it)

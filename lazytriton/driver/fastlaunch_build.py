@@ -27,7 +27,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 from lazytriton import fsutil
@@ -365,6 +364,7 @@ def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o77
     keeps the module it loaded), with ``mode`` less the umask. BuildError
     says what is missing or what the compiler printed.
     """
+    import sysconfig  # only to build: the runtime imports this module for FILE_NAME and C_SOURCE
     import tempfile
 
     compiler = find_compiler()

@@ -51,10 +51,11 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from lazytriton import config
 from lazytriton.driver import fastlaunch_build, trusted
+from lazytriton.record import NamedTuple
 
 log = logging.getLogger("lazytriton.driver")
 

@@ -49,12 +49,13 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from lazytriton.cache_format import Entry
 from lazytriton.cache_format.envelope import MAX_ENVELOPE_BYTES, Rejected, check_signing_key, seal, unseal
 from lazytriton.fsutil import read_fd_bounded
 from lazytriton.keys import check_key
+from lazytriton.record import NamedTuple
 from lazytriton.store import TierStats
 from lazytriton.store.gate import Counter, Gate
 from lazytriton.store.lease import DEFAULT_LEASE_S, Lease, LockUnavailable, owner_token
