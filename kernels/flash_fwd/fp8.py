@@ -190,21 +190,30 @@ def _plan(rt: Any, key: tuple[Any, ...], device: torch.device, call: binding.Cal
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
         call: binding.Call, scales: Descales, shape: binding.Shape, pointers: tuple[Any, ...] = (0, 0, 0, 0),
         packed: tuple[bool, bool, bool] = (False, False, False)) -> None:
-    """Launch ``flash_fwd_fp8`` (GPU) or interpret it (CPU) on (B, H, S, D) tensors; ``shape`` sizes the grid.
+    """Launch ``flash_fwd_fp8`` (GPU: ``launch_gpu``) or interpret it (CPU) on (B, H, S, D) tensors.
 
-    ``pointers``: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (tensors, or 0 when absent); ``packed``:
-    the VARLEN, SEQUSED_Q and SEQUSED_K flags.
+    ``shape`` sizes the grid; ``pointers``: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (tensors, or 0 when
+    absent); ``packed``: the VARLEN, SEQUSED_Q and SEQUSED_K flags.
     """
+    if q.device.type != "cpu":
+        launch_gpu(q, k, v, out, lse, call, scales, shape, pointers, packed)
+        return
+    vt = transposed_v(v)
+    ints, _, _ = pack(q, k, vt, out, lse, call, scales, *(p if isinstance(p, int) else p.data_ptr() for p in pointers))
+    binding.warn_if_slow(shape)
+    constexprs = interpreter_constexprs(call, shape, packed)
+    args = (q, k, vt, out, lse, *pointers, *scales, *ints[_N_POINTERS:], *floats(call))
+    compiler.interpret(FLASH_FWD_FP8.name, _grid(shape.seqlen_q, shape.heads_q, shape.batch, constexprs["BLOCK_M"]),
+                       args, constexprs)
+
+
+def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               call: binding.Call, scales: Descales, shape: binding.Shape, pointers: tuple[Any, ...] = (0, 0, 0, 0),
+               packed: tuple[bool, bool, bool] = (False, False, False)) -> None:
+    """``run``'s GPU side: V's transpose, ``pack``, the memoised plan (one dict lookup once warm), the launch."""
     vt = transposed_v(v)
     addresses = tuple(p if isinstance(p, int) else p.data_ptr() for p in pointers)
     ints, aligned, index64 = pack(q, k, vt, out, lse, call, scales, *addresses)
-    if q.device.type == "cpu":
-        binding.warn_if_slow(shape)
-        constexprs = interpreter_constexprs(call, shape, packed)
-        args = (q, k, vt, out, lse, *pointers, *scales, *ints[_N_POINTERS:], *floats(call))
-        compiler.interpret(FLASH_FWD_FP8.name, _grid(shape.seqlen_q, shape.heads_q, shape.batch,
-                                                     constexprs["BLOCK_M"]), args, constexprs)
-        return
     device = q.device
     rt = runtime.get()
     key = memo_key(device.index, call, shape, aligned, index64, packed)
