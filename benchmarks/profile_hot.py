@@ -12,7 +12,8 @@ with the system C compiler) whose cuLaunchKernel only records its
 arguments, through the real ``CudaApi`` and
 ``LoadedKernel``: everything but the driver's own time and the CUDA
 allocator. The public functions are timed with their warm path swapped for
-these CPU ones.
+these CPU ones. ``--cpu-fake --fp8``: an FP8 call's host path (it has no warm
+path) beside a bf16 call's general path, the same way.
 """
 
 from __future__ import annotations
@@ -184,10 +185,98 @@ def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, fl
     return [(name, path, value) for (name, path), value in best.items()]
 
 
+def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, float]]:
+    """(call, µs) of an FP8 call's host path beside a bf16 call's general path, on CPU tensors and the fake driver.
+
+    The FP8 forward has no warm path: each call is ``fp8.checked``, its outputs, the descales' views and
+    ``fp8.launch_gpu`` (V's transpose, ``pack``, the memo lookup, the launch), as ``fp8_calls.attention`` runs it
+    on a GPU; beside it the bf16 call's general path (``binding.check``, its outputs, ``binding.launch_gpu``: what
+    a bf16 call costs when the warm path declines it) and the copy V's transpose makes alone. Best of ``rounds``
+    interleaved rounds; (1, 16, 2, 64) tensors, flash_attn_func's layout.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fake_libcuda import Fake, build
+    from test_driver import _entry
+
+    from lazytriton.driver import gpu
+    from lazytriton.kernels import get
+    from lazytriton.kernels.flash_fwd import fp8
+
+    bshd = [torch.randn(1, 16, 2, 64, dtype=torch.bfloat16) for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in bshd)  # flash_attn_func's views
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn).transpose(1, 2) for t in bshd)
+    one = torch.ones(())
+    plans: dict[Any, Any] = {}
+    saved = runtime.get, launch.raw_stream
+    with tempfile.TemporaryDirectory() as tmp:
+        library = build(Path(tmp))
+        if library is None:
+            raise SystemExit("--cpu-fake needs a C compiler (cc) for the fake libcuda")
+        fake = Fake(library)
+        api = gpu.CudaApi(str(library))
+        sizes, kernels = {}, {}
+        for name, dtype in (("flash_fwd", "bf16"), ("flash_fwd_fp8", "e4m3")):
+            arg_types = tuple(t for t in get(name).signature(dtype).values() if t != "constexpr")
+            sizes[name] = [4 if t in ("i32", "fp32") else 8 for t in arg_types] + [8, 8]  # + 2 hidden
+            fake.configure(sizes[name])
+            kernels[name] = api.load(_entry(arg_types), 0)
+        call = binding.check(q, k, v, "bottom_right")
+        out, lse = binding.empty_outputs(q, call.shape)
+        _, aligned, index64 = binding.pack(q, k, v, out, lse, call)
+        plans[binding.memo_key(None, q.dtype, call.shape, True, aligned, index64, call.windowed, call.capped,
+                               call.mods, call.head_dim_v, call.offset, call.scale, call.sunk,
+                               call.chunked)] = (kernels["flash_fwd"], 64)
+        call8 = fp8.checked(q8, k8, v8, "bottom_right", None, binding.NAMES, binding.NO_WINDOW, 0.0, 0, (one,) * 3, {})
+        out8, lse8 = fp8.empty_outputs(q8, call8.dv)
+        scales = fp8.descales((one,) * 3, q8, 1, 2)
+        _, aligned, index64 = fp8.pack(q8, k8, fp8.transposed_v(v8), out8, lse8, call8, scales)
+        plans[fp8.memo_key(None, call8, call8.shape, aligned, index64)] = (kernels["flash_fwd_fp8"], 64)
+
+        def bf16() -> None:
+            c = binding.check(q, k, v, "bottom_right")
+            binding.launch_gpu(q, k, v, *binding.empty_outputs(q, c.shape), c)
+
+        def fp8_call(given: tuple[Any, Any, Any]) -> None:
+            c = fp8.checked(q8, k8, v8, "bottom_right", None, binding.NAMES, binding.NO_WINDOW, 0.0, 0, given, {})
+            fp8.launch_gpu(q8, k8, v8, *fp8.empty_outputs(q8, c.dv), c, fp8.descales(given, q8, 1, 2), c.shape)
+
+        providers: dict[str, tuple[str, Callable[[], object]]] = {
+            "torch.add": ("flash_fwd", lambda: torch.add(q, q)),
+            "bf16 general path": ("flash_fwd", bf16),
+            "fp8, descales given": ("flash_fwd_fp8", lambda: fp8_call((one, one, one))),
+            "fp8, no descales": ("flash_fwd_fp8", lambda: fp8_call((None, None, None))),
+            "fp8: V's transpose alone": ("flash_fwd_fp8", lambda: fp8.transposed_v(v8)),
+        }
+        best = dict.fromkeys(providers, math.inf)
+        runtime.get, launch.raw_stream = (lambda: _Plans(plans)), (lambda device_index: 0)  # type: ignore
+        try:
+            for round_ in range(rounds + 1):  # round 0 warms up
+                for name, (kernel, fn) in providers.items():
+                    fake.configure(sizes[kernel])
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    if round_:
+                        best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+        finally:
+            runtime.get, launch.raw_stream = saved  # type: ignore[assignment]
+    return list(best.items())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-fake", action="store_true", help="time the warm path on CPU with a fake driver")
+    parser.add_argument("--fp8", action="store_true",
+                        help="with --cpu-fake: an FP8 call's host path beside a bf16 call's general path")
     args = parser.parse_args()
+    if args.fp8:
+        if not args.cpu_fake:
+            raise SystemExit("--fp8 times the CPU path: pass --cpu-fake too")
+        rows8 = cpu_fake_fp8_rows()
+        print(f"{'call':<28} {'µs':>7}  vs torch.add (CPU tensors, fake driver, {fastlaunch.path_name()})")
+        for name, value in rows8:
+            print(f"{name:<28} {value:7.2f}  {value / rows8[0][1]:5.2f}x")
+        return 0
     if not args.cpu_fake:
         if not torch.cuda.is_available():
             print("profile_hot needs a CUDA GPU (or --cpu-fake)", file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from lazytriton import fp8_calls
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
 from lazytriton.kernels.flash_fwd import binding, fp8, hot, score_mods
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
@@ -184,9 +185,9 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
             return warm  # type: ignore[no-any-return]
     descales = (q_descale, k_descale, v_descale)
     if fp8.is_fp8(q):
-        return fp8.attention(q, k, v, causal, sm_scale, binding.NAMES, window_size, softcap, attention_chunk, descales,
-                             {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
-                              "sinks": sinks is not None or s_aux is not None})
+        return fp8_calls.attention(q, k, v, causal, sm_scale, binding.NAMES, window_size, softcap, attention_chunk,
+                                   descales, {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
+                                              "sinks": sinks is not None or s_aux is not None}, direct(q, k, v))
     fp8.refuse_descales(q, descales)
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
     call = binding.with_chunk(attention_sinks.with_sinks(call, q, attention_sinks.given(sinks, s_aux)), attention_chunk)
@@ -302,10 +303,10 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     descales = (q_descale, k_descale, v_descale)
     if fp8.is_fp8(q):
-        out, lse = fp8.attention(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES,
-                                 window_size, softcap, attention_chunk, descales,
-                                 {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
-                                  "sinks": sinks is not None or s_aux is not None})
+        out, lse = fp8_calls.attention(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES,
+                                       window_size, softcap, attention_chunk, descales,
+                                       {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
+                                        "sinks": sinks is not None or s_aux is not None}, direct(qt, kt, vt))
         return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
     fp8.refuse_descales(q, descales)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
@@ -417,11 +418,11 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     check_bool("return_attn_probs", return_attn_probs)
     descales = (q_descale, k_descale, v_descale)
     if fp8.is_fp8(q):
-        res, lse = fp8.varlen_attention(
-            q, k, v, index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k), max_seqlen_q, max_seqlen_k, causal,
-            softmax_scale, window_size, softcap, index_tensor(seqused_q), index_tensor(seqused_k), attention_chunk,
-            descales, {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0,
-                       "sinks": sinks is not None or s_aux is not None})
+        res, lse = fp8_calls.varlen_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
+            softcap, seqused_q, seqused_k, attention_chunk, descales,
+            {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0,
+             "sinks": sinks is not None or s_aux is not None}, direct(q, k, v))
         res = res if out is None else out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
     fp8.refuse_descales(q, descales)

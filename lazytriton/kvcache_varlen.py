@@ -20,6 +20,7 @@ import torch
 
 from lazytriton.kernels.arguments import check_bool, check_dropout, shown
 from lazytriton.kernels.flash_decode import checks
+from lazytriton.kernels.flash_fwd import fp8
 from lazytriton.kvcache import flash_attn_with_kvcache
 
 
@@ -28,7 +29,10 @@ def _requires_grad(t: Any) -> bool:
 
 
 def check_out(out: Any, q: Any, v: Any) -> None:
-    """Refuse an ``out`` (vLLM's) that is not q's (total_q, heads, v's head dim), dtype and device."""
+    """Refuse an ``out`` (vLLM's) that is not q's (total_q, heads, v's head dim), dtype and device.
+
+    For float8_e4m3fn queries the dtype is the FP8 forward's output's, bfloat16 (FlashAttention-3 takes no other).
+    """
     if out is None:
         return
     if not isinstance(out, torch.Tensor):
@@ -38,7 +42,11 @@ def check_out(out: Any, q: Any, v: Any) -> None:
     want = (*q.shape[:-1], v.shape[-1])
     if tuple(out.shape) != want:
         raise ValueError(f"out must have shape {want} (q's, with v's head dim), got {tuple(out.shape)}")
-    if out.dtype != q.dtype or out.device != q.device:
+    if fp8.is_fp8(q):
+        if out.dtype != fp8.OUT_DTYPE or out.device != q.device:
+            raise TypeError(f"out must be {fp8.OUT_DTYPE} on {q.device} (the FP8 forward's output, as "
+                            f"FlashAttention-3's), got {out.dtype} on {out.device}")
+    elif out.dtype != q.dtype or out.device != q.device:
         raise TypeError(f"out must be {q.dtype} on {q.device} (q's), got {out.dtype} on {out.device}")
 
 

@@ -34,7 +34,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         causal: as in ``attn_fwd`` (False, True/"top_left", "bottom_right"); the
             two alignments share one kernel.
         layout: "bhsd" (SDPA, ``attn_fwd``) or "bshd" (``flash_attn_func``).
-        dtype: for shapes (default float16); taken from ``q`` when it is a tensor.
+        dtype: for shapes (default float16); taken from ``q`` when it is a tensor. float8_e4m3fn loads the FP8
+            forward's kernel (``q_descale``'s calls), and the 1.0 a call without descales reads.
         device: for shapes (default the current CUDA device); taken from ``q``
             when it is a tensor.
         backward: also load the backward's kernels (to capture a training
@@ -83,6 +84,9 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int):
             raise TypeError(f"head_dim_v must be an int or None, got {type(head_dim_v).__name__}")
         vt = binding.empty_like_head_dim(kt.to("meta"), head_dim_v)
+    if dtype in binding.FP8_DTYPES:
+        return _fp8(device, qt, kt, vt, causal, window_size, softcap, attention_chunk,
+                    {"alibi": alibi, "dropout": dropout, "attn_mask": attn_mask, "sinks": sinks, "backward": backward})
     call = binding.check(qt, kt, vt, causal, None, window=window_size, softcap=softcap)
     call = _meta_mods(call, qt, check_bool("alibi", alibi), check_bool("dropout", dropout),
                       check_bool("attn_mask", attn_mask))
@@ -103,6 +107,20 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
                                                        check_bool("deterministic", deterministic),
                                                        bias_grad=bias_grad)]
     return loaded
+
+
+def _fp8(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any, window_size: Any,
+         softcap: Any, attention_chunk: Any, refused: dict[str, Any]) -> list[str]:
+    """The FP8 forward's preload (float8_e4m3fn): its kernel and the 1.0 an absent descale reads; forward only."""
+    from lazytriton.kernels.flash_fwd import fp8
+
+    for name, value in refused.items():
+        if check_bool(name, value):
+            raise ValueError(f"{name}=True: the FP8 forward (float8_e4m3fn) takes no ALiBi, dropout, mask or sinks, "
+                             "and has no backward")
+    call = binding.with_chunk(binding.check(q, k, v, causal, None, window=window_size, softcap=softcap, fp8=True),
+                              attention_chunk)
+    return [str(fp8.preload(device, q, k, v, call))]
 
 
 def _meta_mods(call: binding.Call, q: torch.Tensor, alibi: bool, dropout: bool, attn_mask: bool) -> binding.Call:

@@ -10,13 +10,14 @@ re-exports its names lazily.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
-from lazytriton import interface
+from lazytriton import fp8_calls, interface
 from lazytriton.kernels.arguments import check_bool, check_dropout
-from lazytriton.kernels.flash_fwd import binding, hot
+from lazytriton.kernels.flash_fwd import binding, fp8, hot
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 
 NAMES = binding.Names(q="query", k="key", v="value", causal="is_causal", scale="scale")
@@ -140,7 +141,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     naming the argument (``SDPAError``, ``SDPATypeError``).
 
     Args:
-        query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32.
+        query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32; or float8_e4m3fn (with key
+            and value): FlashAttention-3's FP8 forward with every descale 1.0, as torch's FlashAttention-3 route
+            runs it (a UserWarning says so; ``attn_fwd`` takes the descales), out bfloat16, no attn_mask, dropout
+            or backward.
         key: (..., heads_k, seqlen_k, head_dim).
         value: (..., heads_k, seqlen_k, head_dim_v): its head dim may differ
             from the query's (as torch allows; DeepSeek's MLA: 192 and 128).
@@ -190,10 +194,44 @@ def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mas
     query,), attention sinks (gpt-oss's), one logit a query head joining
     every row's denominator after the mask (differentiable).
     """
+    if fp8.is_fp8(query):
+        return _fp8(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks)
     q4, k4, v4, call, out_shape = prepared(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                            softcap)
     call = with_sinks(call, q4, sinks)
     out = interface.run(q4, k4, v4, call)[0]
+    return out if out.shape == out_shape else out.reshape(out_shape)
+
+
+FP8_WARNING = ("scaled_dot_product_attention on float8_e4m3fn inputs runs the FP8 forward with every descale 1.0 "
+               "(SDPA has no descale arguments; torch's FlashAttention-3 route does the same, and warns too): for "
+               "quantised inputs pass q_descale, k_descale and v_descale to lazytriton.attn_fwd or flash_attn_func")
+
+
+def _fp8(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, dropout_p: Any,
+         is_causal: Any, scale: Any, enable_gqa: Any, softcap: float, sinks: Any) -> torch.Tensor:
+    """SDPA on float8_e4m3fn tensors: FlashAttention-3's FP8 forward with every descale 1.0, out bfloat16.
+
+    Torch's SDPA takes no descales; where it serves FP8 (its FlashAttention-3 implementation) it runs them as 1.0
+    and warns (``FP8_WARNING``, here outside torch.compile's trace, which a warning would break). No attn_mask,
+    dropout or sinks (the FP8 forward has none), no backward.
+    """
+    try:
+        check_bool("is_causal", is_causal)
+        check_bool("enable_gqa", enable_gqa)
+        q4, k4, v4, out_shape = layout(query, key, value, enable_gqa)
+        unsupported = {"attn_mask": attn_mask is not None, "dropout_p": check_dropout("dropout_p", dropout_p) != 0.0,
+                       "sinks": sinks is not None}
+        out = fp8_calls.attention(q4, k4, v4, is_causal, scale, NAMES, binding.NO_WINDOW, softcap, 0, (None,) * 3,
+                                  unsupported, interface.direct(q4, k4, v4))[0]
+    except SDPAError:
+        raise
+    except TypeError as exc:
+        raise SDPATypeError(str(exc)) from None
+    except ValueError as exc:
+        raise SDPAError(str(exc)) from None
+    if not torch.compiler.is_compiling():
+        warnings.warn(FP8_WARNING, UserWarning, stacklevel=4)
     return out if out.shape == out_shape else out.reshape(out_shape)
 
 

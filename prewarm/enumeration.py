@@ -84,7 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from lazytriton import geometry, tuning
-from lazytriton.kernels import attention, dispatch
+from lazytriton.kernels import FAMILIES, attention, dispatch, get
 from lazytriton.kernels.flash_decode import kv_fp8
 from lazytriton.misslog import Line, MissLog
 from lazytriton.prewarm.limits import refusal
@@ -355,14 +355,30 @@ def left_out(axes: Axes) -> list[str]:
             if (why := kv_fp8.unsupported(target, kv)) is not None]
 
 
+def _left_out(variant: Variant) -> str | None:
+    """Why the planner leaves ``variant``'s dtype out for its target (its family's ``prewarm_leaves_out``), or None.
+
+    A miss log line asks for a variant, not a plan: the same reason refuses it (the FP8 forward for sm_80, say).
+    """
+    family = get(variant.kernel).module.split(".")[2]  # lazytriton.kernels.<family>.<module>: its folder
+    try:
+        rules = dispatch.family_dispatch(FAMILIES[family][0])
+    except (KeyError, ValueError):  # a family without dispatch rules plans every dtype it names
+        return None
+    leaves_out = getattr(rules, "prewarm_leaves_out", None)
+    return None if leaves_out is None else leaves_out(Target.parse(variant.target), variant.dtype)  # type: ignore
+
+
 def variants_from_misses(lines: Iterable[str], where: str = "misses") -> tuple[list[Planned], list[str]]:
     """The variants a miss log (JSON lines with a ``"variant"`` field) names, unique by key; and its bad lines.
 
     A bad line (not JSON, nested too deeply, no ``variant``, a variant that
     does not parse or lacks a field its kernel needs) is reported as
     ``"FILE:LINE: reason"`` and skipped; so is a variant that cannot fit its
-    target (``limits.refusal``): a miss log comes from another machine, and
-    one poisoned line must not hold a build for minutes. Blank lines are ignored.
+    target (``limits.refusal``) or whose dtype the planner leaves out for it
+    (``_left_out``: an FP8 variant for sm_80): a miss log comes from another
+    machine, and one poisoned line must not hold a build for minutes. Blank
+    lines are ignored.
     """
     return _plan_misses((Line(number, line) for number, line in enumerate(lines, 1)), where)
 
@@ -410,7 +426,7 @@ def _plan_misses(lines: Iterable[Line], where: str) -> tuple[list[Planned], list
         except (ValueError, TypeError) as exc:
             problems.append(f"{place}: bad variant {text[:200]!r}: {exc}")
             continue
-        why = refusal(variant)
+        why = refusal(variant) or _left_out(variant)
         if why is not None:
             problems.append(f"{place}: refused {variant}: {why}")
             continue

@@ -6,8 +6,8 @@ the other version (a virtual environment over this one, only triton
 replaced) and names it in ``$LAZYTRITON_TEST_OTHER_TRITON_PYTHON``; this file
 compiles one variant of each kernel there, for sm_90, with the features that
 change the kernels most (split head dims, window, softcap, ALiBi, dropout,
-packed sequences, a paged cache, head_dim_v), and checks what the entries
-say against the same variants compiled here.
+packed sequences, a paged cache, head_dim_v, the FP8 forward's e4m3 dots),
+and checks what the entries say against the same variants compiled here.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ VARIANTS = [
     dispatch.kernel_variant("flash_fwd", sm90, "bf16", 128, False, True, 1024, 1024, varlen=True, alibi=True,
                             dropout=True),
     dispatch.kernel_variant("flash_fwd", sm90, "bf16", 192, True, True, 4096, 4096, head_dim_v=128),
+    dispatch.kernel_variant("flash_fwd", sm90, "e4m3", 128, True, True, 4096, 4096, varlen=True, window=True),  # FP8
     dispatch.kernel_variant("flash_bwd_dq", sm90, "bf16", 96, True, True, 4096, 4096, window=True),
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 96, True, True, 4096, 4096, softcap=True),
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 128, False, True, 4096, 4096, alibi=True, dropout=True,
@@ -81,9 +82,9 @@ def test_every_kernel_family_compiles_under_the_other_triton() -> None:
     here = scope["VARIANTS"]
     assert isinstance(here, list) and len(there) == len(here) and None not in here
     kernels = {str(v).split(":")[0] for v in here}
-    assert kernels == {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split", "flash_decode_combine",
-                       "kv_append", "kv_slots", "flash_fwd_gluon", "flash_bwd_dkdv_gluon", "flash_bwd_prep",
-                       "flash_bwd_fused_gluon"}, "one of each family's kernels"
+    assert kernels == {"flash_fwd", "flash_fwd_fp8", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split",
+                       "flash_decode_combine", "kv_append", "kv_slots", "flash_fwd_gluon", "flash_bwd_dkdv_gluon",
+                       "flash_bwd_prep", "flash_bwd_fused_gluon"}, "one of each family's kernels"
     for variant, (name, version, arg_types, num_warps, has_binary) in zip(here, there, strict=True):
         assert name == str(variant) and version != triton_version() and has_binary, name
         if variant is here[0]:  # compiled here too: the same launch ABI under both versions

@@ -9,21 +9,25 @@ transpose, (B, Hk, head_dim_v, Sk) with the keys contiguous
 writes once a call (a read and a write of v, each byte once: small beside the
 attention's work), its rows padded to 16 keys so that the 16-byte alignment
 hints hold. There is no backward (FlashAttention-3 has none): a q, k or v that
-requires grad is refused (``check_no_grad``).
+requires grad is refused (``check_no_grad``). ``checked``/``checked_varlen``
+check a whole call and ``forward``/``varlen_forward`` run it: the public
+functions' ``lazytriton.fp8_calls`` and the torch ops of ``lazytriton.fp8_op``
+call them.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from lazytriton import compiler, launch, runtime, tuning
+from lazytriton import launch, machine, runtime, tuning
 from lazytriton.kernels.flash_fwd import binding
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
+from lazytriton.record import NamedTuple
 
 DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 OUT_DTYPE = torch.bfloat16  # FlashAttention-3's output dtype for FP8 inputs
@@ -70,23 +74,22 @@ def _ones_on(device: torch.device) -> torch.Tensor:
     if found is None:
         if device.type == "cuda" and launch.capturing(device.index):
             raise launch.CaptureError("an FP8 call without a descale needs a 1.0 on the device, made on the first "
-                                      "such call: run one before the capture, or pass the descales")
+                                      "such call: run one (or lazytriton.preload the shape) before the capture, or "
+                                      "pass the descales")
         found = _ones[device] = torch.ones((), dtype=torch.float32, device=device)
     return found
 
 
-def descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: int) -> Descales:
-    """FlashAttention-3's descales checked, as (batch, heads_k) views; a TypeError/ValueError naming the argument.
+def check_descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: int) -> None:
+    """FlashAttention-3's descales checked: a TypeError/ValueError naming the argument.
 
     Each is None (1.0), a float32 tensor on q's device of shape (batch,
     heads_k) (FlashAttention-3's: per sequence and key/value head; with packed
     sequences ``batch`` is their count), or one value for the tensor, shape
     (1,) or ().
     """
-    views = []
     for name, t in zip(DESCALE_NAMES, given, strict=True):
         if t is None:
-            views.append(_ones_on(q.device).expand(batch, heads_k))
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
@@ -99,8 +102,12 @@ def descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: 
                              f"value, got {tuple(t.shape)}")
         if t.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"{name} requires grad, but the FP8 forward has no backward")
-        views.append(t.reshape(()).expand(batch, heads_k) if t.dim() < 2 else t)
-    return Descales(*views)
+
+
+def descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: int) -> Descales:
+    """Checked descales (``check_descales``) as (batch, heads_k) views: a 1.0 for None, one value broadcast."""
+    return Descales(*(_ones_on(q.device).expand(batch, heads_k) if t is None
+                      else t.reshape(()).expand(batch, heads_k) if t.dim() < 2 else t for t in given))
 
 
 def transposed_v(v: torch.Tensor) -> torch.Tensor:
@@ -173,48 +180,72 @@ def interpreter_constexprs(call: binding.Call, shape: binding.Shape,
             "CHUNK": call.chunked}
 
 
+def _plan(rt: Any, key: tuple[Any, ...], device: torch.device, call: binding.Call, shape: binding.Shape,
+          aligned: bool, index64: bool, packed: tuple[bool, bool, bool] = (False, False, False)) -> Any:
+    """``launch.plan`` of the call's ``flash_fwd_fp8`` variant: (kernel, BLOCK_M), memoised under ``key``."""
+    return launch.plan(rt, key, device,
+                       lambda target: ((variant(target, call, shape, aligned, index64, packed), ("BLOCK_M",)),),
+                       "run the FP8 call once with this shape before the capture, or lazytriton.preload it")
+
+
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
         call: binding.Call, scales: Descales, shape: binding.Shape, pointers: tuple[Any, ...] = (0, 0, 0, 0),
         packed: tuple[bool, bool, bool] = (False, False, False)) -> None:
-    """Launch ``flash_fwd_fp8`` (GPU) or interpret it (CPU) on (B, H, S, D) tensors; ``shape`` sizes the grid.
+    """Launch ``flash_fwd_fp8`` (GPU: ``launch_gpu``) or interpret it (CPU) on (B, H, S, D) tensors.
 
-    ``pointers``: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (tensors, or 0 when absent); ``packed``:
-    the VARLEN, SEQUSED_Q and SEQUSED_K flags.
+    ``shape`` sizes the grid; ``pointers``: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (tensors, or 0 when
+    absent); ``packed``: the VARLEN, SEQUSED_Q and SEQUSED_K flags.
     """
+    if q.device.type != "cpu":
+        launch_gpu(q, k, v, out, lse, call, scales, shape, pointers, packed)
+        return
+    vt = transposed_v(v)
+    ints, _, _ = pack(q, k, vt, out, lse, call, scales, *(p if isinstance(p, int) else p.data_ptr() for p in pointers))
+    binding.warn_if_slow(shape)
+    constexprs = interpreter_constexprs(call, shape, packed)
+    args = (q, k, vt, out, lse, *pointers, *scales, *ints[_N_POINTERS:], *floats(call))
+    from lazytriton import compiler  # on CPU tensors only: the interpreter
+
+    compiler.interpret(FLASH_FWD_FP8.name, _grid(shape.seqlen_q, shape.heads_q, shape.batch, constexprs["BLOCK_M"]),
+                       args, constexprs)
+
+
+def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               call: binding.Call, scales: Descales, shape: binding.Shape, pointers: tuple[Any, ...] = (0, 0, 0, 0),
+               packed: tuple[bool, bool, bool] = (False, False, False)) -> None:
+    """``run``'s GPU side: V's transpose, ``pack``, the memoised plan (one dict lookup once warm), the launch."""
     vt = transposed_v(v)
     addresses = tuple(p if isinstance(p, int) else p.data_ptr() for p in pointers)
     ints, aligned, index64 = pack(q, k, vt, out, lse, call, scales, *addresses)
-    if q.device.type == "cpu":
-        binding.warn_if_slow(shape)
-        constexprs = interpreter_constexprs(call, shape, packed)
-        args = (q, k, vt, out, lse, *pointers, *scales, *ints[_N_POINTERS:], *floats(call))
-        compiler.interpret(FLASH_FWD_FP8.name, _grid(shape.seqlen_q, shape.heads_q, shape.batch,
-                                                     constexprs["BLOCK_M"]), args, constexprs)
-        return
     device = q.device
     rt = runtime.get()
     key = memo_key(device.index, call, shape, aligned, index64, packed)
-    found = rt.plans.get(key)
-    if found is None:
-        found = launch.plan(rt, key, device,
-                            lambda target: ((variant(target, call, shape, aligned, index64, packed), ("BLOCK_M",)),),
-                            "run the FP8 call once with this shape before the capture")
-    kernel, block_m = found
+    kernel, block_m = rt.plans.get(key) or _plan(rt, key, device, call, shape, aligned, index64, packed)
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), launch.raw_stream(device.index), ints,
                   floats(call), launch.scratch_alloc)
 
 
+def empty_outputs(q: torch.Tensor, head_dim_v: int, varlen: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) before the kernel writes them: out bf16 like q with v's head dim; lse float32.
+
+    lse is (batch, heads_q, seqlen_q) for a dense q (B, H, S, D), (heads_q, total_q) for a packed (total, H, D)
+    one (FlashAttention-2's varlen layout). The torch op's fake gives the same.
+    """
+    out = binding.empty_like_head_dim(q, head_dim_v, OUT_DTYPE)
+    shape = (q.shape[1], q.shape[0]) if varlen else tuple(q.shape[:3])
+    return out, torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
-            scales: Descales) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out bf16, lse) of a checked dense FP8 call (B, H, S, D): the kernel on a GPU, the interpreter on CPU."""
+            given: tuple[Any, Any, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out bf16, lse) of a checked dense FP8 call (B, H, S, D) and its descales: the kernel, or the interpreter."""
     shape = call.shape
-    out = binding.empty_like_head_dim(q, call.dv, OUT_DTYPE)
-    lse = torch.empty((shape.batch, shape.heads_q, shape.seqlen_q), dtype=torch.float32, device=q.device)
+    out, lse = empty_outputs(q, call.dv)
     if out.numel() == 0 or q.device.type == "meta":
         return out, lse
     if shape.seqlen_k == 0:
         return out.zero_(), lse.fill_(-math.inf)
-    run(q, k, v, out, lse, call, scales, shape)
+    run(q, k, v, out, lse, call, descales(given, q, shape.batch, shape.heads_k), shape)
     return out, lse
 
 
@@ -226,10 +257,9 @@ def _refuse(unsupported: dict[str, Any]) -> None:
                              "has no ALiBi, dropout, sinks or bias")
 
 
-def attention(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Names, window: Any, softcap: Any,
-              attention_chunk: Any, given: tuple[Any, Any, Any],
-              unsupported: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The public functions' dense FP8 call (tensors in (B, H, S, D) order): every check, then ``forward``.
+def checked(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Names, window: Any, softcap: Any,
+            attention_chunk: Any, given: tuple[Any, Any, Any], unsupported: dict[str, Any]) -> binding.Call:
+    """The dense FP8 call (tensors in (B, H, S, D) order) checked, descales included; nothing runs.
 
     ``unsupported``: the caller's arguments the FP8 forward does not take, by name, true where given.
     """
@@ -237,23 +267,35 @@ def attention(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Na
     call = binding.with_chunk(binding.check(q, k, v, causal, scale, names, window, softcap, fp8=True),
                               attention_chunk)
     check_no_grad(q, k, v)
-    return forward(q, k, v, call, descales(given, q, call.shape.batch, call.shape.heads_k))
+    check_descales(given, q, call.shape.batch, call.shape.heads_k)
+    return call
 
 
-def varlen_attention(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
-                     causal: Any, scale: Any, window: Any, softcap: Any, seqused_q: Any, seqused_k: Any,
-                     attention_chunk: Any, given: tuple[Any, Any, Any],
-                     unsupported: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flash_attn_varlen_func``'s FP8 call on packed (total, heads, head_dim) tensors: (out bf16, lse)."""
+def checked_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+                   causal: Any, scale: Any, window: Any, softcap: Any, seqused_q: Any, seqused_k: Any,
+                   attention_chunk: Any, given: tuple[Any, Any, Any], unsupported: dict[str, Any],
+                   values: bool | None = None) -> Any:
+    """``flash_attn_varlen_func``'s FP8 call on packed (total, heads, head_dim) tensors checked: its ``VarlenCall``.
+
+    ``values``: ``varlen.check``'s (None: read cu_seqlens and seqused to the host unless tracing or capturing).
+    """
     from lazytriton.kernels.flash_fwd import varlen
 
     _refuse(unsupported)
     vc = varlen.check(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
-                      seqused_q=seqused_q, seqused_k=seqused_k, attention_chunk=attention_chunk, fp8=True)
+                      values=values, seqused_q=seqused_q, seqused_k=seqused_k, attention_chunk=attention_chunk,
+                      fp8=True)
     check_no_grad(q, k, v)
-    scales = descales(given, q, vc.batch, k.shape[1])
-    out = binding.empty_like_head_dim(q, vc.call.dv, OUT_DTYPE)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    check_descales(given, q, vc.batch, k.shape[1])
+    return vc
+
+
+def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                   vc: Any, given: tuple[Any, Any, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out bf16, lse (heads_q, total_q)) of a checked packed FP8 call (``checked_varlen``)."""
+    from lazytriton.kernels.flash_fwd import varlen
+
+    out, lse = empty_outputs(q, vc.call.dv, varlen=True)
     if out.numel() == 0 or q.device.type == "meta" or vc.batch == 0:
         return out, lse
     if vc.max_seqlen_q == 0 or vc.max_seqlen_k == 0:
@@ -263,6 +305,21 @@ def varlen_attention(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q:
     used_q, used_k = vc.seqused_q, vc.seqused_k
     views = (varlen.kernel_view(q), varlen.kernel_view(k), varlen.kernel_view(v), varlen.kernel_view(out),
              lse.unsqueeze(0))
-    run(*views, vc.call, scales, vc.kernel_shape, (cu_q, cu_k, 0 if used_q is None else used_q,
-                                                   0 if used_k is None else used_k), (True, *vc.used))
+    run(*views, vc.call, descales(given, q, vc.batch, k.shape[1]), vc.kernel_shape,
+        (cu_q, cu_k, 0 if used_q is None else used_q, 0 if used_k is None else used_k), (True, *vc.used))
     return out, lse
+
+
+def preload(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) -> Any:
+    """Load the kernel a dense FP8 call of this shape runs on ``device`` now, and the 1.0 an absent descale reads.
+
+    q, k, v: (B, H, S, D) tensors or meta stand-ins (whose pointers, 0, count as aligned); the variant loaded.
+    """
+    shape = call.shape
+    out, lse = empty_outputs(q.to("meta"), call.dv)  # the call's own are fresh allocations: aligned
+    meta = torch.empty((), dtype=torch.float32, device="meta").expand(shape.batch, shape.heads_k)
+    _, aligned, index64 = pack(q, k, transposed_v(v.to("meta")), out, lse, call, Descales(meta, meta, meta))
+    _ones_on(device)
+    key = memo_key(device.index, call, shape, aligned, index64)
+    _plan(runtime.get(), key, device, call, shape, aligned, index64)
+    return variant(machine.target_of_device(device), call, shape, aligned, index64)
