@@ -32,6 +32,7 @@ from lazytriton.capi.common import (
     PYTHON,
     UNSUPPORTED,
     CapiError,
+    check_entry_layout,
     host_tensor,
 )
 
@@ -44,7 +45,7 @@ _CAUSAL: dict[int, bool | str] = {0: False, 1: "top_left", 2: "bottom_right"}
 _INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 _MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
 # lt__plan_request.kernel (LT__KERNEL_* in lazytriton.c): the kernels C launches.
-KERNELS = {0: "flash_fwd", 1: "flash_bwd_dq", 2: "flash_bwd_dkdv"}
+KERNELS = {0: "flash_fwd", 1: "flash_bwd_dq", 2: "flash_bwd_dkdv", 3: "flash_bwd_dsinks"}
 
 _ffi: Any = None
 _lib: Any = None
@@ -179,6 +180,14 @@ def _features(p: Any) -> tuple[tuple[int, int], float]:
     return (int(p.window_left), int(p.window_right)), float(p.softcap)
 
 
+def _chunk(p: Any) -> int:
+    """A forward or backward struct's attention_chunk (0: off).
+
+    A version 6 field: lt__fwd_prepare and lt__bwd_prepare give an older struct 0.
+    """
+    return int(p.attention_chunk)
+
+
 def _used(view: Any) -> Any:
     """An optional tensor (seqused_q, seqused_k, sinks, dsinks) as a tensor, or None when absent (lt__given).
 
@@ -200,7 +209,7 @@ def _varlen_call(p: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     window, softcap = _features(p)
     call = varlen.check(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_k), p.causal == 2, scale,
                         window=window, softcap=softcap, values=True, seqused_q=_used(p.seqused_q),
-                        seqused_k=_used(p.seqused_k), sinks=_used(p.sinks))
+                        seqused_k=_used(p.seqused_k), sinks=_used(p.sinks), attention_chunk=_chunk(p))
     return cu_q, cu_k, call
 
 
@@ -223,7 +232,7 @@ def attn_fwd_cpu(p: Any) -> int:
     window, softcap = _features(p)
     with torch.no_grad():
         result, logsumexp = flash.attn_fwd(q, k, v, causal=_CAUSAL[p.causal], sm_scale=scale, window_size=window,
-                                           softcap=softcap, sinks=_used(p.sinks))
+                                           softcap=softcap, sinks=_used(p.sinks), attention_chunk=_chunk(p))
     out.copy_(result)
     lse.copy_(logsumexp)
     return OK
@@ -262,8 +271,8 @@ def attn_bwd_cpu(p: Any) -> int:
         return OK
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     window, softcap = _features(p)
-    call = fwd_sinks.with_sinks(fwd.check(q, k, v, _CAUSAL[p.causal], scale, window=window, softcap=softcap), q,
-                                sinks)
+    call = fwd.with_chunk(fwd_sinks.with_sinks(fwd.check(q, k, v, _CAUSAL[p.causal], scale, window=window,
+                                                         softcap=softcap), q, sinks), _chunk(p))
     bwd.check_grad(q, out, lse, dout, call)
     with torch.no_grad():
         if dsinks is None:
@@ -285,6 +294,10 @@ def int_params(kernel: str) -> tuple[str, ...]:
         from lazytriton.kernels.flash_fwd import binding as fwd
 
         return fwd.INT_PARAMS
+    if kernel == "flash_bwd_dsinks":
+        from lazytriton.kernels import flash_bwd_dsinks
+
+        return flash_bwd_dsinks.INT_PARAMS
     from lazytriton.kernels.flash_bwd import binding as bwd
 
     return {"flash_bwd_dq": bwd.DQ_INT_PARAMS, "flash_bwd_dkdv": bwd.DKDV_INT_PARAMS}[kernel]
@@ -296,8 +309,11 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
     lazytriton.c passes each kernel's integer parameters as its binding's
     ``c_initializer`` lists them (tests/test_binding.py and tests/test_capi.py
     check the C text against it), then the three floats (sm_scale, softcap,
-    dropout_p); this checks the entry agrees.
+    dropout_p), or none for flash_bwd_dsinks; this checks the entry agrees.
     """
+    if kernel == "flash_bwd_dsinks":
+        check_entry_layout(entry, len(int_params(kernel)), ())
+        return
     kinds = tuple(entry.arg_types)
     if getattr(entry, "tensordesc_meta", ()) or any(kind.startswith("tensordesc") for kind in kinds):
         raise CapiError(UNSUPPORTED, f"entry {entry.key} takes host tensor descriptors, which the C API does not "
@@ -317,7 +333,7 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
                  index64: bool, seqlen_q: int, seqlen_k: int, varlen: bool = False, head_dim_v: int = 0,
                  seq16: bool | None = None, window: bool = False, softcap: bool = False,
-                 seqused: tuple[bool, bool] = (False, False), sinks: bool = False) -> Any:
+                 seqused: tuple[bool, bool] = (False, False), sinks: bool = False, chunk: bool = False) -> Any:
     """The variant a C plan of ``kernel`` launches (pure): the kernel's binding decides, as for a Python call.
 
     ``varlen``: packed sequences, whose seqlens are max_seqlen_q/max_seqlen_k (as the varlen binding's),
@@ -326,7 +342,14 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     ``seq16``: the backward's SEQ16 as lt_bwd.c found it (bit 1 of the request's ``aligned``); None:
     dispatch's rule for the seqlens. ``window``, ``softcap``: the WINDOW and SOFTCAP variants.
     ``sinks``: attention sinks (SINKS, flash_fwd's only: the backward's kernels read them through lse).
+    ``chunk``: FlashAttention-3's attention_chunk (CHUNK, on all three kernels).
     """
+    if kernel == "flash_bwd_dsinks":  # the sinks' gradient: it reads float32 rows, one config
+        from lazytriton.kernels import flash_bwd_dsinks
+        from lazytriton.target import Target as CudaTarget
+
+        return flash_bwd_dsinks.variant(CudaTarget("cuda", str(capability), 32), varlen, varlen and seqused[0],
+                                        index64)
     if sinks and kernel != "flash_fwd":  # attention.SINKS_KERNELS
         raise ValueError(f"plan request for {kernel} with sinks: only flash_fwd has a SINKS variant (the backward "
                          "reads them through lse)")
@@ -344,14 +367,15 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
 
         return dispatch.kernel_variant(kernel, target, fwd.DTYPES[dtype], head_dim, causal, aligned, seqlen_q,
                                        seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
-                                       softcap=softcap, seqused_q=seqused[0], seqused_k=seqused[1], sinks=sinks)
+                                       softcap=softcap, seqused_q=seqused[0], seqused_k=seqused[1], sinks=sinks,
+                                       chunk=chunk)
     if kernel == "flash_fwd":
         return fwd.variant(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v,
-                           sinks=sinks)
+                           sinks=sinks, chunk=chunk)
     from lazytriton.kernels.flash_bwd import binding as bwd
 
     dq, dkdv = bwd.variants(target, dtype, shape, causal, aligned, index64, window, softcap, head_dim_v=dim_v,
-                            seq16=seq16)
+                            seq16=seq16, chunk=chunk)
     return dq if kernel == "flash_bwd_dq" else dkdv
 
 
@@ -365,7 +389,8 @@ def plan(req: Any) -> int:
     variant = plan_variant(name, req.capability, req.dtype, req.head_dim, bool(req.causal), bool(req.aligned & 1),
                            bool(req.index64), req.seqlen_q, req.seqlen_k, bool(req.varlen & 1), req.head_dim_v,
                            seq16=bool(req.aligned & 2), window=bool(req.window), softcap=bool(req.softcap),
-                           seqused=(bool(req.varlen & 2), bool(req.varlen & 4)), sinks=bool(req.sinks))
+                           seqused=(bool(req.varlen & 2), bool(req.varlen & 4)), sinks=bool(req.sinks),
+                           chunk=bool(req.chunk))
     kernel = runtime.get().kernel(variant, req.device_index)
     check_launch_layout(kernel.entry, name)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
@@ -382,8 +407,9 @@ def plan(req: Any) -> int:
 # ---------------------------------------------------------------------------
 # lt_prewarm, lt_cache_stats
 
+# The names of `lazytriton prewarm`'s axes (prewarm/cli.py: --sinks, --attention-chunk).
 _AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen",
-         "head_dim_v", "window", "softcap", "seqused_q", "seqused_k")
+         "head_dim_v", "window", "softcap", "seqused_q", "seqused_k", "sinks", "attention_chunk")
 _TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
 _FALSE = {"0", "false", "no", "off", "none"}
 
@@ -423,7 +449,12 @@ def _parse_axes(text: str) -> dict[str, str]:
 
 
 def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
-    """The variants of axes: flash_fwd's one, or flash_bwd's two (its binding's ``variants``)."""
+    """The variants of axes: flash_fwd's one, or flash_bwd's two (its binding's ``variants``).
+
+    ``sinks=1``: flash_fwd's SINKS variant; with ``kernel=flash_bwd`` the backward's two (the same: they read the
+    sinks through lse) and flash_bwd_dsinks, which lt_attn_bwd launches for dsinks on a GPU. ``attention_chunk=1``:
+    CHUNK on all three attention kernels.
+    """
     from lazytriton import geometry
     from lazytriton.kernels import dispatch
     from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
@@ -445,6 +476,7 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     varlen = _flag(axes, "varlen", False)
     window, softcap = _flag(axes, "window", False), _flag(axes, "softcap", False)
     used_q, used_k = _flag(axes, "seqused_q", False), _flag(axes, "seqused_k", False)
+    sinks, chunk = _flag(axes, "sinks", False), _flag(axes, "attention_chunk", False)
     if (used_q or used_k) and not varlen:
         raise ValueError("seqused_q=1 and seqused_k=1 need varlen=1 (they cut the spans of packed sequences)")
     target = known_target(axes["target"])
@@ -452,7 +484,12 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
         return (fwd_dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
                                                index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v,
                                                window=window, softcap=softcap, seqused_q=used_q,
-                                               seqused_k=used_k),)
+                                               seqused_k=used_k, sinks=sinks, chunk=chunk),)
+    reduction: tuple[Any, ...] = ()
+    if sinks:  # lt_attn_bwd with dsinks: the sinks' gradient after the two kernels
+        from lazytriton.kernels import flash_bwd_dsinks
+
+        reduction = (flash_bwd_dsinks.variant(target, varlen, varlen and used_q, index64),)
     from lazytriton.kernels.flash_bwd import binding as bwd
     from lazytriton.kernels.flash_fwd import binding as fwd
 
@@ -460,12 +497,12 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     if dtype is None:
         raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
     if varlen:
-        return tuple(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                             seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
-                                             softcap=softcap, seqused_q=used_q, seqused_k=used_k)
-                     for name in bwd_dispatch.BWD_KERNELS)
-    return bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64,
-                        window, softcap, head_dim_v=dim_v)
+        return (*(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
+                                          seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
+                                          softcap=softcap, seqused_q=used_q, seqused_k=used_k, chunk=chunk)
+                  for name in bwd_dispatch.BWD_KERNELS), *reduction)
+    return (*bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64,
+                          window, softcap, head_dim_v=dim_v, chunk=chunk), *reduction)
 
 
 def parse_specs(text: str) -> tuple[Any, ...]:

@@ -51,14 +51,15 @@ def inputs_of(p: Any) -> tuple[Any, Any, Any]:
 def call_of(p: Any, t: Any) -> Any:
     """The binding's checked Call of the params (the checks run again, in Python).
 
-    max_seqlen_q -1 is absent (lt__kv_prepare gives an older struct -1).
+    max_seqlen_q -1 is absent (lt__kv_prepare gives an older struct -1); attention_chunk 0 is off (an older
+    struct's).
     """
     from lazytriton.kernels.flash_decode import checks
 
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     max_seqlen_q = None if p.max_seqlen_q == -1 else int(p.max_seqlen_q)
     return checks.check(t, scale, bool(p.causal), (int(p.window_left), int(p.window_right)), float(p.softcap),
-                        int(p.num_splits), bool(p.rotary_interleaved), max_seqlen_q)
+                        int(p.num_splits), bool(p.rotary_interleaved), max_seqlen_q, int(p.attention_chunk))
 
 
 def attn_kvcache_cpu(p: Any) -> int:
@@ -78,10 +79,12 @@ def attn_kvcache_cpu(p: Any) -> int:
 def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool, index64: bool,
                   rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
                   head_dim_v: int = 0, leftpad: bool = False, rotary: bool = False,
-                  rotary_interleaved: bool = False, sinks: bool = False, varlen_q: bool = False) -> Any:
+                  rotary_interleaved: bool = False, sinks: bool = False, varlen_q: bool = False,
+                  chunk: bool = False) -> Any:
     """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call.
 
-    ``sinks``: SINKS on both kernels; ``varlen_q``: queries packed by cu_seqlens_q (VARLEN_Q on the split kernel).
+    ``sinks``: SINKS on both kernels; ``varlen_q``: queries packed by cu_seqlens_q (VARLEN_Q on the split kernel);
+    ``chunk``: attention_chunk (CHUNK on the split kernel).
     """
     import torch
 
@@ -94,7 +97,7 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
                        window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
                        head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad,
                        rotary_dim=2 if rotary else 0, rotary_interleaved=rotary and rotary_interleaved, sinks=sinks,
-                       varlen_q=varlen_q)
+                       varlen_q=varlen_q, attention_chunk=1 if chunk else 0)
     return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
 
 
@@ -121,7 +124,7 @@ def plan(req: Any) -> int:
                                    bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
                                    bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad),
                                    bool(req.rotary), bool(req.rotary_interleaved), bool(req.sinks),
-                                   bool(req.varlen_q))
+                                   bool(req.varlen_q), bool(req.chunk))
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)

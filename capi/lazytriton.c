@@ -57,7 +57,7 @@ LT_API const char *lt_last_error(void) { return lt__error; }
 /* What C asks Python to plan, and what Python answers (also in build.py's cdef). */
 
 /* The kernels C launches (lt__plan_request.kernel; embedded.py's KERNELS). */
-enum { LT__KERNEL_FWD = 0, LT__KERNEL_BWD_DQ = 1, LT__KERNEL_BWD_DKDV = 2 };
+enum { LT__KERNEL_FWD = 0, LT__KERNEL_BWD_DQ = 1, LT__KERNEL_BWD_DKDV = 2, LT__KERNEL_BWD_DSINKS = 3 };
 
 typedef struct {
     int32_t device_index; /* in */
@@ -75,6 +75,7 @@ typedef struct {
     int32_t softcap;      /* in: a softcap (SOFTCAP=true) */
     int32_t sinks;        /* in: attention sinks (SINKS=true; LT__KERNEL_FWD only: the backward's kernels read
                              them through the forward's lse) */
+    int32_t chunk;        /* in: attention_chunk (CHUNK=true; every kernel here takes it) */
     int64_t seqlen_q;     /* in */
     int64_t seqlen_k;     /* in */
     uint64_t function;    /* out: CUfunction */
@@ -218,6 +219,8 @@ typedef struct {
     int32_t device_index, dtype, head_dim, causal, aligned, index64, sq_bits, sk_bits, varlen, head_dim_v;
     int32_t window, softcap; /* the WINDOW and SOFTCAP variants */
     int32_t sinks;           /* the SINKS variant (a forward key's only) */
+    int32_t chunk;           /* the CHUNK variant */
+    int32_t dsinks;          /* a backward key's: the plan reduces the sinks' gradient (flash_bwd_dsinks) */
 } lt__plan_key;
 
 struct lt_plan {
@@ -249,18 +252,19 @@ static int32_t lt__varlen_bits(const lt__call *c) {
 static lt__plan_key lt__key_of(const lt__call *c) {
     lt__plan_key key = {LT__KERNEL_FWD, c->device_index, c->dtype, (int32_t)c->d, c->causal != LT_CAUSAL_NONE,
                         c->aligned, c->index64, lt__bits(lt__dispatch_sq(c)), lt__bits(lt__dispatch_sk(c)),
-                        lt__varlen_bits(c), (int32_t)c->dv, c->window_left >= 0, c->softcap > 0.0f, c->sinks != 0};
+                        lt__varlen_bits(c), (int32_t)c->dv, c->window_left >= 0, c->softcap > 0.0f, c->sinks != 0,
+                        c->attention_chunk > 0};
     return key;
 }
 
 static void lt__describe(char *buf, size_t size, const lt__plan_key *k) {
-    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s%s%s%s%s%s",
+    snprintf(buf, size, "%s, head dim %d (v %d), cuda:%d, %s, %s pointers and strides%s, %d-bit indexing%s%s%s%s%s%s%s%s",
              lt__dtype_name(k->dtype), k->head_dim, k->head_dim_v, k->device_index,
              k->causal ? "causal" : "not causal", k->aligned ? "16-byte aligned" : "unaligned",
              k->aligned & 2 ? ", seqlens multiples of 16" : "", k->index64 ? 64 : 32,
              k->varlen ? ", packed sequences" : "", k->varlen & 2 ? ", seqused_q" : "",
              k->varlen & 4 ? ", seqused_k" : "", k->window ? ", sliding window" : "", k->softcap ? ", softcap" : "",
-             k->sinks ? ", sinks" : "");
+             k->sinks ? ", sinks" : "", k->chunk ? ", attention_chunk" : "", k->dsinks ? ", dsinks" : "");
 }
 
 /* Plans need device memory and work to do (what for depends on the caller: names the call to use instead). */
@@ -284,6 +288,9 @@ static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capa
     req->index64 = c->index64, req->kernel = kernel, req->varlen = lt__varlen_bits(c), req->head_dim_v = (int32_t)c->dv;
     req->window = c->window_left >= 0, req->softcap = c->softcap > 0.0f;
     req->sinks = kernel == LT__KERNEL_FWD && c->sinks != 0;
+    req->chunk = c->attention_chunk > 0 && kernel != LT__KERNEL_BWD_DSINKS; /* the reduction sees no scores */
+    if (kernel == LT__KERNEL_BWD_DSINKS) /* it reads lse and delta alone: 64-bit offsets once they span 2**31 */
+        req->index64 = (c->varlen ? c->hq * c->sq : c->b * c->hq * c->sq) > INT32_MAX;
     req->seqlen_q = lt__dispatch_sq(c), req->seqlen_k = lt__dispatch_sk(c);
     if ((s = (lt_status)lt__py_plan(req)) != LT_OK)
         return s;
@@ -324,7 +331,8 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
         c->d != k->head_dim || c->dv != k->head_dim_v || (c->causal != LT_CAUSAL_NONE) != k->causal ||
         (k->aligned & ~c->aligned) ||
         (c->index64 && !k->index64) || lt__varlen_bits(c) != k->varlen || (c->window_left >= 0) != k->window ||
-        (c->softcap > 0.0f) != k->softcap || (k->kernel == LT__KERNEL_FWD && (c->sinks != 0) != k->sinks)) {
+        (c->softcap > 0.0f) != k->softcap || (k->kernel == LT__KERNEL_FWD && (c->sinks != 0) != k->sinks) ||
+        (c->attention_chunk > 0) != k->chunk || (k->kernel == LT__KERNEL_BWD_DQ && (c->dsinks != 0) != k->dsinks)) {
         char want[256], got[256];
         lt__plan_key call_key = lt__key_of(c);
         lt__describe(want, sizeof want, k);
@@ -344,7 +352,8 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
  * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. */
 static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
-    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0): the C API's calls have none of them. */
+    /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0): the C API's calls have none of them. The
+     * window and the chunk are lt__check's. */
     int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
@@ -352,7 +361,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
         q->strides[0], q->strides[1], q->strides[2], k->strides[0], k->strides[1], k->strides[2],
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
-        c->window_right, 0, 0, 0, 0, 0, 0};
+        c->window_right, c->attention_chunk, 0, 0, 0, 0, 0};
     float floats[LT__KERNEL_PARAMS - LT__KERNEL_INTS] = {c->scale, c->softcap, 0.0f};
     void *params[LT__KERNEL_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__KERNEL_INTS; i++)

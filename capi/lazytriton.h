@@ -42,11 +42,11 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 5 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; older structs are still taken */
-#define LT_ATTN_BWD_PARAMS_VERSION 5 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; older structs are still taken */
+#define LT_ATTN_FWD_PARAMS_VERSION 6 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; 6: attention_chunk; older structs are still taken */
+#define LT_ATTN_BWD_PARAMS_VERSION 6 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; 6: attention_chunk; older structs are still taken */
 #define LT_STATS_VERSION 1
 #define LT_FLASH_COMBINE_PARAMS_VERSION 1
-#define LT_ATTN_KVCACHE_PARAMS_VERSION 4 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; older structs are still taken */
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 5 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; 5: attention_chunk; older structs are still taken */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -188,7 +188,13 @@ typedef struct {
  * (heads_q), contiguous, on q's device: one logit a query head that joins the denominator of every softmax
  * row of that head (a key that no value carries), so lse = log(sum of exp(scores) + exp(sink)). A row that
  * sees no key gets out 0 and lse its head's sink. Dense or packed, with any other option. Left zero (absent),
- * or in a version 1 to 4 struct, there are none. */
+ * or in a version 1 to 4 struct, there are none.
+ *
+ * Chunked local attention (version 6, FlashAttention-3's attention_chunk, Llama 4's; as
+ * lazytriton.flash_attn_func's): with attention_chunk > 0, query i sees key j only when
+ * floor(j / attention_chunk) == floor((i + offset) / attention_chunk), offset as the window's (bottom-right,
+ * within each packed sequence; 0 with LT_CAUSAL_TOP_LEFT), on top of causal and the window. Seqlens must then be
+ * below 2**29. 0 (the init), or a version 1 to 5 struct: off. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -214,6 +220,8 @@ typedef struct {
     lt_tensor seqused_k;  /* int32 (batch): the used keys of each cu_seqlens_k span */
     /* Version 5: attention sinks (see above); absent (data NULL, ndim 0) when zero. */
     lt_tensor sinks;      /* fp32 (heads_q): one logit a query head */
+    /* Version 6: chunked local attention (see above). */
+    int64_t attention_chunk; /* 0 (the init): off; else the chunk's keys, >= 1 */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:
@@ -237,10 +245,10 @@ typedef struct {
  * Attention sinks (version 5): the forward's sinks (they reach dq, dk and dv through its lse), and
  * optionally dsinks, fp32 (heads_q), contiguous, on q's device, written: the sinks' gradient,
  *   dsinks[h] = -sum over the batch and the rows of head h of exp(sinks[h] - lse) * delta,
- * with delta = rowsum(dout * out). On the CPU dsinks is written. On a GPU a call with dsinks is
- * LT_ERROR_UNSUPPORTED (the sum needs a reduction kernel the C API does not launch): leave dsinks absent;
- * after a GPU call, delta holds rowsum(dout * out) for every row the kernels visit (rows past seqused_q are
- * not written: zero them first), so the caller can reduce it with lse as above. */
+ * with delta = rowsum(dout * out) (rows past seqused_q add nothing). On a GPU a third kernel
+ * (flash_bwd_dsinks, one program a query head, rows summed in a fixed order: the same bits every run) reduces it
+ * after the two backward kernels, on the same stream; on the CPU it is written too.
+ * Chunked local attention (version 6): the forward's attention_chunk, which it must be. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_bwd_params) */
     uint32_t version;     /* LT_ATTN_BWD_PARAMS_VERSION */
@@ -271,7 +279,9 @@ typedef struct {
     lt_tensor seqused_k;
     /* Version 5: the forward's attention sinks and their gradient (each absent when zero). */
     lt_tensor sinks;      /* fp32 (heads_q), read */
-    lt_tensor dsinks;     /* fp32 (heads_q), written (CPU only) */
+    lt_tensor dsinks;     /* fp32 (heads_q), written */
+    /* Version 6: the forward's attention_chunk (0, the init: off). */
+    int64_t attention_chunk;
 } lt_attn_bwd_params;
 
 /* One decoding call, the C twin of lazytriton.flash_attn_with_kvcache (FlashAttention-2's, forward only).
@@ -327,7 +337,11 @@ typedef struct {
  *                    the other index tensors, its values are checked on the CPU and not read on a GPU (they must
  *                    start at 0, not decrease, and end at total_q). Without cu_seqlens_q, max_seqlen_q must be -1
  *                    (the init). The workspace then holds 4 * heads_q * total_q * (head_dim_v + 1) bytes a split.
- * A version 1 to 3 struct (its smaller struct_size and its version) is the same call without what later versions
+ *   attention_chunk  (version 5) FlashAttention-3's chunked local attention: with attention_chunk > 0, query i of a
+ *                    sequence sees cache position j only when floor(j / attention_chunk) ==
+ *                    floor((i + offset) / attention_chunk), offset bottom-right (its keys - its queries), on top of
+ *                    causal and the window; the cache's length plus seqlen_q must be below 2**29. 0: off
+ * A version 1 to 4 struct (its smaller struct_size and its version) is the same call without what later versions
  * add. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
@@ -365,6 +379,8 @@ typedef struct {
     lt_tensor sinks;
     lt_tensor cu_seqlens_q;
     int64_t max_seqlen_q;
+    /* Version 5: chunked local attention (0, the init: off), as lt_attn_fwd's. */
+    int64_t attention_chunk;
 } lt_attn_kvcache_params;
 
 /* One merge of attention computed over disjoint chunks of the keys, the C twin of
@@ -509,8 +525,9 @@ LT_API lt_status lt_flash_combine(const lt_flash_combine_params *params, void *s
 /* Compile kernels into the cache ahead of use. Each spec is either a variant
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
- * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim), window=0, softcap=0, and with varlen=1
- * seqused_q=0 and seqused_k=0; kernel=flash_bwd for the backward's two kernels, as lt_attn_bwd would choose them).
+ * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim), window=0, softcap=0, sinks=0,
+ * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; kernel=flash_bwd for the backward's two kernels,
+ * as lt_attn_bwd would choose them, and with sinks=1 the sinks' gradient kernel its dsinks launches).
  * All specs are parsed before anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */
 LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);

@@ -14,6 +14,7 @@
 #define LT__BWD_DQ_PARAMS 56           /* flash_bwd_dq: 53 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_DKDV_PARAMS 52         /* flash_bwd_dkdv: 49 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__BWD_FLOATS 3
+#define LT__BWD_DSINKS_PARAMS 10       /* flash_bwd_dsinks: 10 pointers and integers (kernels/flash_bwd_dsinks) */
 #define LT__ALIGN16 1 /* c->aligned's bits for the backward (lt__bwd_aligned) */
 #define LT__SEQ16 2
 
@@ -21,11 +22,12 @@
 /* Checks: the forward's on q, k, v, out, lse and the options, then the rest. */
 
 /* A version 1 struct: everything before the packed-sequence fields; version 2: before the window; version 3:
- * before the used lengths; version 4: before the sinks. */
+ * before the used lengths; version 4: before the sinks; version 5: before attention_chunk. */
 #define LT__BWD_PARAMS_V1_SIZE offsetof(lt_attn_bwd_params, cu_seqlens_q)
 #define LT__BWD_PARAMS_V2_SIZE offsetof(lt_attn_bwd_params, window_left)
 #define LT__BWD_PARAMS_V3_SIZE offsetof(lt_attn_bwd_params, seqused_q)
 #define LT__BWD_PARAMS_V4_SIZE offsetof(lt_attn_bwd_params, sinks)
+#define LT__BWD_PARAMS_V5_SIZE offsetof(lt_attn_bwd_params, attention_chunk)
 
 static lt_status lt__check_bwd_struct(const lt_attn_bwd_params *p) {
     if (p == NULL)
@@ -33,8 +35,9 @@ static lt_status lt__check_bwd_struct(const lt_attn_bwd_params *p) {
     if ((p->struct_size == LT__BWD_PARAMS_V1_SIZE && p->version == 1) ||
         (p->struct_size == LT__BWD_PARAMS_V2_SIZE && p->version == 2) ||
         (p->struct_size == LT__BWD_PARAMS_V3_SIZE && p->version == 3) ||
-        (p->struct_size == LT__BWD_PARAMS_V4_SIZE && p->version == 4))
-        return LT_OK; /* read as the call it always was: no sinks (no seqused before 4, no window before 3) */
+        (p->struct_size == LT__BWD_PARAMS_V4_SIZE && p->version == 4) ||
+        (p->struct_size == LT__BWD_PARAMS_V5_SIZE && p->version == 5))
+        return LT_OK; /* read as the call it always was: no chunk (no sinks before 5, no seqused before 4, ...) */
     if (p->struct_size != sizeof(lt_attn_bwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for lt_attn_bwd_params: "
@@ -58,6 +61,7 @@ static lt_attn_fwd_params lt__fwd_view(const lt_attn_bwd_params *p) {
     f.max_seqlen_q = p->max_seqlen_q, f.max_seqlen_k = p->max_seqlen_k;
     f.window_left = p->window_left, f.window_right = p->window_right, f.softcap = p->softcap;
     f.seqused_q = p->seqused_q, f.seqused_k = p->seqused_k, f.sinks = p->sinks;
+    f.attention_chunk = p->attention_chunk;
     return f;
 }
 
@@ -137,22 +141,17 @@ static lt_status lt__check_delta(const lt_attn_bwd_params *p, const lt__call *c)
     return LT_OK;
 }
 
-/* dsinks, given: the sinks' layout (lt__check_sinks), with sinks given, and on the CPU only. */
-static lt_status lt__check_dsinks(const lt_attn_bwd_params *p, const lt__call *c) {
-    int64_t pointer = 0;
+/* dsinks, given: the sinks' layout (lt__check_sinks), with sinks given; c->dsinks its pointer. On a GPU the
+ * flash_bwd_dsinks kernel reduces it after the two backward kernels. */
+static lt_status lt__check_dsinks(const lt_attn_bwd_params *p, lt__call *c) {
     lt_status s;
     if (!lt__given(&p->dsinks))
         return LT_OK;
     if (c->sinks == 0 && !lt__given(&p->sinks))
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "dsinks is given but the call has no sinks: dsinks is the "
                         "gradient of the forward's attention sinks (give them in sinks)");
-    if ((s = lt__check_sinks("dsinks", &p->dsinks, &p->q, c->hq, &pointer)) != LT_OK)
+    if ((s = lt__check_sinks("dsinks", &p->dsinks, &p->q, c->hq, &c->dsinks)) != LT_OK)
         return s;
-    if (c->device_type != LT_DEVICE_CPU)
-        return lt__fail(LT_ERROR_UNSUPPORTED, "dsinks on a GPU is not supported by the C API: the sum over rows "
-                        "needs a reduction kernel it does not launch; leave dsinks absent and reduce "
-                        "dsinks[h] = -sum(exp(sinks[h] - lse) * delta) over head h's rows from delta, which holds "
-                        "rowsum(dout * out) after the call");
     return LT_OK;
 }
 
@@ -267,12 +266,14 @@ struct lt_bwd_plan {
     lt__plan_key key;
     lt__CUcontext context;
     lt__bwd_kernel dq, dkdv;
+    lt__bwd_kernel dsinks; /* with key.dsinks: the sinks' gradient, after dk and dv */
 };
 
 static lt__plan_key lt__bwd_key_of(const lt__call *c) {
     lt__plan_key key = lt__key_of(c);
     key.kernel = LT__KERNEL_BWD_DQ;
     key.sinks = 0; /* the backward's kernels are the same with sinks (they read them through lse) */
+    key.dsinks = c->dsinks != 0;
     return key;
 }
 
@@ -287,11 +288,12 @@ static lt_status lt__make_bwd_plan(const lt__call *c, lt_bwd_plan **out) {
     lt_status s;
     lt__CUcontext context;
     int32_t capability;
-    lt__plan_request dq, dkdv;
+    lt__plan_request dq, dkdv, dsinks;
     if ((s = lt__plannable(c, "lt_attn_bwd")) != LT_OK ||
         (s = lt__device_context(c->device_index, &context, &capability)) != LT_OK ||
         (s = lt__plan_kernel(c, LT__KERNEL_BWD_DQ, capability, &dq)) != LT_OK ||
-        (s = lt__plan_kernel(c, LT__KERNEL_BWD_DKDV, capability, &dkdv)) != LT_OK)
+        (s = lt__plan_kernel(c, LT__KERNEL_BWD_DKDV, capability, &dkdv)) != LT_OK ||
+        (c->dsinks != 0 && (s = lt__plan_kernel(c, LT__KERNEL_BWD_DSINKS, capability, &dsinks)) != LT_OK))
         return s;
     lt_bwd_plan *plan = (lt_bwd_plan *)calloc(1, sizeof *plan);
     if (plan == NULL)
@@ -301,6 +303,8 @@ static lt_status lt__make_bwd_plan(const lt__call *c, lt_bwd_plan **out) {
     plan->context = context;
     lt__bwd_kernel_of(&dq, &plan->dq);
     lt__bwd_kernel_of(&dkdv, &plan->dkdv);
+    if (c->dsinks != 0)
+        lt__bwd_kernel_of(&dsinks, &plan->dsinks);
     *out = plan;
     return LT_OK;
 }
@@ -316,13 +320,31 @@ static void lt__bind(void **params, int64_t *ints, int n_params, float *floats, 
         params[n_params + h] = &ints[n_ints + h]; /* zero: NULL scratch */
 }
 
-/* The launch: each kernel's parameters in its description's order (binding.c_initializer), dq first. */
+/* The sinks' gradient (flash_bwd_dsinks, one program a query head) from the delta dq's kernel wrote: its
+ * parameters in its description's order (flash_bwd_dsinks.binding.c_initializer). */
+static lt_status lt__dsinks_launch(const lt_bwd_plan *plan, const lt_attn_bwd_params *p, const lt__call *c,
+                                   void *stream) {
+    const lt__bwd_kernel *k = &plan->dsinks;
+    int64_t ints[LT__BWD_DSINKS_PARAMS + LT__MAX_HIDDEN] = {
+        c->sinks, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
+        (int64_t)(uintptr_t)p->dsinks.data, c->varlen ? c->cu_seqlens_q : (int64_t)(uintptr_t)p->lse.data,
+        c->seqused_q ? c->seqused_q : (int64_t)(uintptr_t)p->lse.data, c->varlen ? 0 : c->hq * c->sq, c->sq,
+        c->varlen ? c->batch : c->b, c->sq};
+    void *params[LT__BWD_DSINKS_PARAMS + LT__MAX_HIDDEN];
+    for (uint32_t i = 0; i < LT__BWD_DSINKS_PARAMS + k->n_hidden; i++)
+        params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only; zero: NULL scratch */
+    return lt__cu_launch(k->function, plan->context, (unsigned int)c->hq, 1, 1, k->block_threads, k->shared_bytes,
+                         stream, params);
+}
+
+/* The launch: each kernel's parameters in its description's order (binding.c_initializer), dq first; then, with
+ * dsinks, the sinks' gradient. */
 static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_params *p, const lt__call *c,
                                 void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out, *dout = &p->dout;
     const lt_tensor *dq = &p->dq, *dk = &p->dk, *dv = &p->dv;
-    /* No ALiBi, bias, bias gradient or dropout (null pointers, zero strides, p = 0); the window and softcap are
-     * lt__check's. */
+    /* No ALiBi, bias, bias gradient or dropout (null pointers, zero strides, p = 0); the window, softcap and chunk
+     * are lt__check's. */
     int64_t dq_ints[LT__BWD_DQ_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data,
@@ -332,7 +354,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         v->strides[0], v->strides[1], v->strides[2], o->strides[0], o->strides[1], o->strides[2],
         dout->strides[0], dout->strides[1], dout->strides[2], dq->strides[0], dq->strides[1], dq->strides[2],
         c->hq * c->sq, c->sq, 0, 0, 0, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
-        c->window_right, 0, 0, 0, 0, 0, 0};
+        c->window_right, c->attention_chunk, 0, 0, 0, 0, 0};
     int64_t dkdv_ints[LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)dout->data, (int64_t)(uintptr_t)p->lse.data, (int64_t)(uintptr_t)p->delta.data,
@@ -342,7 +364,7 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
         v->strides[0], v->strides[1], v->strides[2], dout->strides[0], dout->strides[1], dout->strides[2],
         dk->strides[0], dk->strides[1], dk->strides[2], dv->strides[0], dv->strides[1], dv->strides[2],
         c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv, c->offset, c->window_left,
-        c->window_right, 0, 0, 0, 0, 0, 0};
+        c->window_right, c->attention_chunk, 0, 0, 0, 0, 0};
     float floats[LT__BWD_FLOATS] = {c->scale, c->softcap, 0.0f};
     void *dq_params[LT__BWD_DQ_PARAMS + LT__MAX_HIDDEN], *dkdv_params[LT__BWD_DKDV_PARAMS + LT__MAX_HIDDEN];
     lt__bind(dq_params, dq_ints, LT__BWD_DQ_PARAMS, floats, plan->dq.n_hidden);
@@ -354,8 +376,11 @@ static lt_status lt__bwd_launch(const lt_bwd_plan *plan, const lt_attn_bwd_param
                                 grid_z, a->block_threads, a->shared_bytes, stream, dq_params);
     if (s != LT_OK)
         return s;
-    return lt__cu_launch(b->function, plan->context, (unsigned int)((lt__dispatch_sk(c) + b->tile - 1) / b->tile),
-                         (unsigned int)c->hk, grid_z, b->block_threads, b->shared_bytes, stream, dkdv_params);
+    s = lt__cu_launch(b->function, plan->context, (unsigned int)((lt__dispatch_sk(c) + b->tile - 1) / b->tile),
+                      (unsigned int)c->hk, grid_z, b->block_threads, b->shared_bytes, stream, dkdv_params);
+    if (s != LT_OK || !plan->key.dsinks)
+        return s;
+    return lt__dsinks_launch(plan, p, c, stream);
 }
 
 /* ------------------------------------------------------------------------- */

@@ -22,6 +22,8 @@ typedef struct {
     int64_t window_left, window_right;  /* the kernel's window (binding.with_features): -1, -1 when off */
     float softcap;                      /* 0: off */
     int64_t sinks;                      /* the forward kernel's Sinks pointer; 0 when absent */
+    int64_t attention_chunk;            /* the kernels' chunk (binding.with_chunk): 0 when off */
+    int64_t dsinks;                     /* the backward's dsinks pointer (lt_bwd.c's lt__check_dsinks); 0 when absent */
 } lt__call;
 
 static const char *lt__dtype_name(int32_t dtype) {
@@ -34,12 +36,14 @@ static const char *lt__dtype_name(int32_t dtype) {
 }
 
 /* A version 1 struct: everything before the packed-sequence fields; version 2: before the window; version 3:
- * before the used lengths; version 4: before the sinks. */
+ * before the used lengths; version 4: before the sinks; version 5: before attention_chunk. */
 #define LT__FWD_PARAMS_V1_SIZE offsetof(lt_attn_fwd_params, cu_seqlens_q)
 #define LT__FWD_PARAMS_V2_SIZE offsetof(lt_attn_fwd_params, window_left)
 #define LT__FWD_PARAMS_V3_SIZE offsetof(lt_attn_fwd_params, seqused_q)
 #define LT__FWD_PARAMS_V4_SIZE offsetof(lt_attn_fwd_params, sinks)
+#define LT__FWD_PARAMS_V5_SIZE offsetof(lt_attn_fwd_params, attention_chunk)
 #define LT__MAX_WINDOWED_SEQLEN (INT64_C(1) << 29) /* binding.MAX_WINDOWED_SEQLEN: 32-bit row +- window */
+#define LT__MAX_CHUNK (INT64_C(1) << 30)          /* arguments.MAX_CHUNK: a chunk that holds every key */
 
 static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
     if (p == NULL)
@@ -47,8 +51,9 @@ static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
     if ((p->struct_size == LT__FWD_PARAMS_V1_SIZE && p->version == 1) ||
         (p->struct_size == LT__FWD_PARAMS_V2_SIZE && p->version == 2) ||
         (p->struct_size == LT__FWD_PARAMS_V3_SIZE && p->version == 3) ||
-        (p->struct_size == LT__FWD_PARAMS_V4_SIZE && p->version == 4))
-        return LT_OK; /* read as the call it always was: no sinks (no seqused before 4, no window before 3) */
+        (p->struct_size == LT__FWD_PARAMS_V4_SIZE && p->version == 4) ||
+        (p->struct_size == LT__FWD_PARAMS_V5_SIZE && p->version == 5))
+        return LT_OK; /* read as the call it always was: no chunk (no sinks before 5, no seqused before 4, ...) */
     if (p->struct_size != sizeof(lt_attn_fwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu: rebuild against its "
@@ -339,6 +344,24 @@ static lt_status lt__check_window(const lt_attn_fwd_params *p, lt__call *c) {
     return LT_OK;
 }
 
+/* FlashAttention-3's attention_chunk in the kernel's terms (binding.with_chunk): >= 0 (0: off), seqlens below
+ * 2**29, a dense call's offset bottom-right unless top-left (as the window's), the size cut at LT__MAX_CHUNK. */
+static lt_status lt__check_chunk(int64_t attention_chunk, int32_t causal, lt__call *c) {
+    if (attention_chunk < 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "attention_chunk is %lld; expected 0 (off) or a chunk of >= 1 keys",
+                        (long long)attention_chunk);
+    c->attention_chunk = 0;
+    if (attention_chunk == 0)
+        return LT_OK;
+    if (c->sq >= LT__MAX_WINDOWED_SEQLEN || c->sk >= LT__MAX_WINDOWED_SEQLEN)
+        return lt__fail(LT_ERROR_SHAPE, "with attention_chunk set, seqlens must be below 2**29; got seqlen_q %lld, "
+                        "seqlen_k %lld", (long long)c->sq, (long long)c->sk);
+    if (!c->varlen) /* a packed call's kernels use each sequence's own len_k - len_q */
+        c->offset = causal == LT_CAUSAL_TOP_LEFT ? 0 : c->sk - c->sq;
+    c->attention_chunk = attention_chunk < LT__MAX_CHUNK ? attention_chunk : LT__MAX_CHUNK;
+    return LT_OK;
+}
+
 /* Attention sinks, given (a version 5 struct with them described): fp32, (heads_q), contiguous, on q's device,
  * with data; *pointer their data. name: "sinks" or "dsinks" (lt_bwd.c's gradient, of the same layout). */
 static lt_status lt__check_sinks(const char *name, const lt_tensor *t, const lt_tensor *q, int64_t heads_q,
@@ -391,7 +414,7 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
                         lt__given(&p->seqused_q) ? "seqused_q" : "seqused_k");
     }
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
-    if ((s = lt__check_window(p, c)) != LT_OK)
+    if ((s = lt__check_window(p, c)) != LT_OK || (s = lt__check_chunk(p->attention_chunk, p->causal, c)) != LT_OK)
         return s;
     if (lt__given(&p->sinks) && (s = lt__check_sinks("sinks", &p->sinks, &p->q, c->hq, &c->sinks)) != LT_OK)
         return s;

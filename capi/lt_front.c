@@ -162,7 +162,7 @@ static int lt__py_init(const lt_config *config) {
 enum { LT__MULTIPROCESSOR_COUNT = 16 }; /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
 
 static const int32_t lt__front_ints[] = {LT__KERNEL_INTS, LT__BWD_DQ_PARAMS - LT__BWD_FLOATS,
-                                         LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS};
+                                         LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS, LT__BWD_DSINKS_PARAMS};
 
 /* The kernel of request from the images: LT_OK (request filled), LT_MISS, or another failure. */
 static int lt__native_plan(lt__plan_request *request) {
@@ -172,11 +172,14 @@ static int lt__native_plan(lt__plan_request *request) {
         .aligned = request->aligned & 1, .seq16 = (request->aligned & 2) != 0, .index64 = request->index64,
         .window = request->window, .softcap = request->softcap, .varlen = request->varlen & 1,
         .seqused_q = (request->varlen & 2) != 0, .seqused_k = (request->varlen & 4) != 0,
-        .seqlen_q = request->seqlen_q, .seqlen_k = request->seqlen_k, .sinks = request->sinks};
+        .seqlen_q = request->seqlen_q, .seqlen_k = request->seqlen_k, .sinks = request->sinks,
+        .chunk = request->chunk};
     ltn_variant variant;
     ltn_error err;
     char key[33];
-    if (ltn_attn_variant(&r, &variant, &err) != LTN_OK)
+    int dsinks = request->kernel == LT__KERNEL_BWD_DSINKS; /* the sinks' gradient: its own small choice */
+    if ((dsinks ? ltn_dsinks_variant(r.capability, r.varlen, r.seqused_q, r.index64, &variant, &err)
+                : ltn_attn_variant(&r, &variant, &err)) != LTN_OK)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s", err.message);
     if (ltn_variant_string(&variant, request->variant, sizeof request->variant) != 0 ||
         ltn_variant_key(&variant, key) != 0)
@@ -188,8 +191,8 @@ static int lt__native_plan(lt__plan_request *request) {
     void *function = NULL, *context = NULL;
     uint32_t n_hidden = 0;
     lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0};
-    status = ltn_kernel_layout(kernel, (uint32_t)lt__front_ints[r.kernel], LT__BWD_FLOATS, &function, &context,
-                               &n_hidden);
+    status = ltn_kernel_layout(kernel, (uint32_t)lt__front_ints[r.kernel], dsinks ? 0 : LT__BWD_FLOATS, &function,
+                               &context, &n_hidden);
     if (status == LT_OK)
         status = lt_kernel_get_info(kernel, &info);
     if (status == LT_OK) {
@@ -312,7 +315,7 @@ static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
         .head_dim_v = q->head_dim_v, .causal = q->causal, .aligned = q->aligned, .index64 = q->index64,
         .rows = q->rows, .capacity = q->capacity, .page_size = q->page_size, .paged = q->paged, .window = q->window,
         .softcap = q->softcap, .alibi = q->alibi, .leftpad = q->leftpad, .rotary = q->rotary,
-        .rotary_interleaved = q->rotary_interleaved, .sinks = q->sinks, .varlen_q = q->varlen_q};
+        .rotary_interleaved = q->rotary_interleaved, .sinks = q->sinks, .varlen_q = q->varlen_q, .chunk = q->chunk};
     lt__native_kernel split, combine, append;
     char message[2048] = "";
     int more = 0, status = LT_OK;

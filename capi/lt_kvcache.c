@@ -11,7 +11,8 @@
  * by field), and so are the variants (the planner calls the bindings) and the split count (lt_splits.c).
  * v_cache, v and out may have a head dim of their own (head_dim_v). A version 1 params struct (before
  * cache_leftpad) is taken as the same call without a left pad, a version 2 one (before the rotary tables) as
- * the same call without rotary, a version 3 one (before the sinks) without sinks or packed queries: every
+ * the same call without rotary, a version 3 one (before the sinks) without sinks or packed queries, a version 4
+ * one (before attention_chunk) without a chunk: every
  * function reads the caller's struct through lt__kv_prepare, which copies it into this version's, zero-extended.
  * Packed queries (cu_seqlens_q) are checked and launched through views: q and out (total_q, heads, dim) as
  * (1, total_q, heads, dim) with batch stride 0, lse (heads, total_q) as (1, heads, total_q), the kernels' one
@@ -28,6 +29,7 @@
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
 #define LT__KV_PARAMS_V2_SIZE offsetof(lt_attn_kvcache_params, rotary_cos)    /* version 2: before the rotary tables */
 #define LT__KV_PARAMS_V3_SIZE offsetof(lt_attn_kvcache_params, sinks)         /* version 3: before the sinks */
+#define LT__KV_PARAMS_V4_SIZE offsetof(lt_attn_kvcache_params, attention_chunk) /* version 4: before the chunk */
 
 typedef struct {
     int64_t b, hq, hk, sq, d, dv, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
@@ -38,6 +40,7 @@ typedef struct {
     int64_t rotary_dim, seqlen_ro;      /* rotary: the columns rotated (0: none) and the tables' positions */
     int rotary_interleaved, rotary_seqlens, rotary_per_query;
     int sinks, varlen_q;               /* SINKS; VARLEN_Q (queries packed by cu_seqlens_q) */
+    int64_t attention_chunk;           /* CHUNK: the kernel's chunk (checks._chunk's), 0 when off */
     int64_t out_batch, out_seqlen;     /* out's and lse's batch and rows as the kernels index them (Call's) */
     int64_t lse_rows;                  /* out_batch x heads_q x out_seqlen: the combine's rows */
     float scale, softcap;
@@ -51,6 +54,7 @@ typedef struct {
     int32_t leftpad;                                            /* in: cache_leftpad given (LEFTPAD=true) */
     int32_t rotary, rotary_interleaved; /* in: rotary tables given (ROTARY=true), pairs (ROTARY_INTERLEAVED=true) */
     int32_t sinks, varlen_q;            /* in: attention sinks (SINKS=true), packed queries (VARLEN_Q=true) */
+    int32_t chunk;                      /* in: attention_chunk (CHUNK=true on the split kernel) */
     uint64_t split_function, combine_function;                                                        /* out */
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
@@ -83,8 +87,9 @@ static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
         return lt__fail(LT_ERROR_NULL_POINTER, "params is NULL");
     if ((p->struct_size == LT__KV_PARAMS_V1_SIZE && p->version == 1) ||
         (p->struct_size == LT__KV_PARAMS_V2_SIZE && p->version == 2) ||
-        (p->struct_size == LT__KV_PARAMS_V3_SIZE && p->version == 3))
-        return LT_OK; /* the call it always was: no sinks or packed queries (1 to 3), no rotary (1, 2), no pad (1) */
+        (p->struct_size == LT__KV_PARAMS_V3_SIZE && p->version == 3) ||
+        (p->struct_size == LT__KV_PARAMS_V4_SIZE && p->version == 4))
+        return LT_OK; /* the call it always was: no chunk (1 to 4), no sinks or packed queries (1 to 3), ... */
     if (p->struct_size != sizeof(lt_attn_kvcache_params))
         return lt__fail(LT_ERROR_VERSION, "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for "
                         "lt_attn_kvcache_params: rebuild against its lazytriton.h and fill params with "
@@ -280,6 +285,21 @@ static lt_status lt__kv_lengths(const lt_attn_kvcache_params *p, lt__kv_call *c)
                         (long long)(c->capacity - c->seqlen_new), (long long)c->capacity, (long long)c->seqlen_new,
                         (long long)p->cache_seqlen);
     c->seqlen_const = p->cache_seqlen;
+    return LT_OK;
+}
+
+/* attention_chunk in the kernels' terms (checks._chunk): >= 0 (0: off), the cache's length plus seqlen_q below
+ * 2**29, the size cut at LT__MAX_CHUNK. */
+static lt_status lt__kv_chunk(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    if (p->attention_chunk < 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "attention_chunk is %lld; expected 0 (off) or a chunk of >= 1 keys",
+                        (long long)p->attention_chunk);
+    if (p->attention_chunk == 0)
+        return LT_OK;
+    if (c->capacity + c->sq >= LT__MAX_WINDOWED)
+        return lt__fail(LT_ERROR_SHAPE, "with attention_chunk set, the cache's length plus seqlen_q must be below "
+                        "2**29, got %lld + %lld", (long long)c->capacity, (long long)c->sq);
+    c->attention_chunk = p->attention_chunk < LT__MAX_CHUNK ? p->attention_chunk : LT__MAX_CHUNK;
     return LT_OK;
 }
 
@@ -483,7 +503,7 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "flags, reserved and reserved3 must be 0, got 0x%x, 0x%x and 0x%x",
                         p->flags, p->reserved, p->reserved3);
     if ((s = lt__kv_features(p, c)) != LT_OK || (s = lt__kv_outputs(p, c)) != LT_OK ||
-        (s = lt__kv_rotary(p, c)) != LT_OK)
+        (s = lt__kv_rotary(p, c)) != LT_OK || (s = lt__kv_chunk(p, c)) != LT_OK)
         return s;
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     c->num_splits = p->num_splits, c->causal = p->causal && c->sq > 1;
@@ -557,7 +577,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.varlen = c->paged | (c->window_left >= 0) << 1 | c->softcap_on << 2 | c->alibi << 3 | page_bits << 8;
     key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
     key.varlen |= c->leftpad << 7 | (c->rotary_dim > 0) << 16 | c->rotary_interleaved << 17;
-    key.varlen |= c->sinks << 18 | c->varlen_q << 19;
+    key.varlen |= c->sinks << 18 | c->varlen_q << 19 | (c->attention_chunk > 0) << 20;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -576,7 +596,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->aligned = c->aligned, r->index64 = c->index64, r->paged = c->paged, r->window = c->window_left >= 0;
     r->softcap = c->softcap_on, r->alibi = c->alibi, r->leftpad = c->leftpad;
     r->rotary = c->rotary_dim > 0, r->rotary_interleaved = c->rotary_interleaved;
-    r->sinks = c->sinks, r->varlen_q = c->varlen_q;
+    r->sinks = c->sinks, r->varlen_q = c->varlen_q, r->chunk = c->attention_chunk > 0;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
@@ -602,8 +622,8 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
 static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c) {
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t n = lt__splits_for(c->b, c->hq, c->hk, c->sq, c->dv, c->capacity, c->window_left, c->window_right,
-                               c->num_splits, r->split_block_m, r->split_block_n, r->slots, r->min_keys,
-                               c->lse_rows);
+                               c->attention_chunk, c->num_splits, r->split_block_m, r->split_block_n, r->slots,
+                               r->min_keys, c->lse_rows);
     int64_t per_split = c->lse_rows * (c->dv + 1);
     int64_t fits = per_split > 0 ? c->workspace / per_split : 0;
     return n < fits ? n : (fits > 1 ? fits : 1);
@@ -661,8 +681,8 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         0, 0, 0, 0, c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
-        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, 0, c->rotary_dim,
-        c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query, 0, 0};
+        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, c->attention_chunk,
+        c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query, 0, 0};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
     void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];
     int n_ints = LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS;

@@ -38,11 +38,13 @@ static int64_t lt__choose_splits(int64_t programs, int64_t key_blocks, int64_t s
     return 1;
 }
 
-/* splits_for: the forced count, else the heuristic over the keys one row block can see, in units of
+/* splits_for: the forced count, else the heuristic over the keys one row block can see (a window or a chunk
+ * bounds them), in units of
  * max(block_n, min_keys); at most as many as keep the partials (n_rows of head_dim each: batch x heads_q x
  * seqlen_q, or heads_q x total_q for packed queries) under 2**31 elements. */
 static int64_t lt__splits_for(int64_t batch, int64_t heads_q, int64_t heads_k, int64_t seqlen_q, int64_t head_dim,
-                              int64_t capacity, int64_t window_left, int64_t window_right, int64_t forced,
+                              int64_t capacity, int64_t window_left, int64_t window_right, int64_t chunk,
+                              int64_t forced,
                               int64_t block_m, int64_t block_n, int64_t slots, int64_t min_keys, int64_t n_rows) {
     int64_t size = n_rows * head_dim;
     int64_t most = INT32_MAX / (size > 1 ? size : 1);
@@ -54,6 +56,8 @@ static int64_t lt__splits_for(int64_t batch, int64_t heads_q, int64_t heads_k, i
     int64_t keys = capacity;
     if (window_left >= 0 && window_left + window_right + seqlen_q < keys)
         keys = window_left + window_right + seqlen_q;
+    if (chunk > 0 && chunk + seqlen_q < keys)
+        keys = chunk + seqlen_q;
     int64_t unit = block_n > min_keys ? block_n : min_keys;
     int64_t n = lt__choose_splits(programs, lt__ceil_div(keys, unit), slots);
     return n < most ? n : most;

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from lazytriton import tuning
 from lazytriton.geometry import HEAD_DIMS, MIN_CHUNK
-from lazytriton.kernels import FAMILIES, attention, flash_combine, kv_append, source_fingerprint
+from lazytriton.kernels import FAMILIES, attention, flash_bwd_dsinks, flash_combine, kv_append, source_fingerprint
 from lazytriton.kernels.flash_decode import binding as decode_binding
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
@@ -90,7 +90,7 @@ def header(table: tuning.Table | None = None) -> str:
 
 
 def _decode_constants() -> list[str]:
-    """The decoding kernels' constants (flash_decode, kv_append, flash_combine): what their choices read."""
+    """What the decoding kernels' choices (flash_decode, kv_append, flash_combine) and flash_bwd_dsinks' read."""
     return [
         f"#define LTN_DECODE_MIN_BLOCK_N {decode_dispatch.MIN_BLOCK_N}",
         f"#define LTN_DECODE_PROGRAMS_PER_SM {decode_binding.PROGRAMS_PER_SM}",
@@ -102,4 +102,6 @@ def _decode_constants() -> list[str]:
         f"#define LTN_COMBINE_MAX_BLOCK_M {flash_combine.MAX_BLOCK_M}",
         f"#define LTN_COMBINE_BLOCK_N {flash_combine.BLOCK_N}",
         f"#define LTN_COMBINE_NUM_WARPS {flash_combine.NUM_WARPS}",
+        f"#define LTN_DSINKS_BLOCK_M {flash_bwd_dsinks.BLOCK_M}",
+        f"#define LTN_DSINKS_NUM_WARPS {flash_bwd_dsinks.NUM_WARPS}",
     ]

@@ -137,6 +137,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "kv_append": ("kv_append",),  # flash_attn_with_kvcache's new keys, written before flash_decode runs
     "flash_combine": ("flash_combine",),  # flash_attn_combine: partial results over key chunks merged
     "kv_slots": ("kv_slots",),  # write_kvcache_slots: keys and values written at cache slots (vLLM's slot_mapping)
+    "flash_bwd_dsinks": ("flash_bwd_dsinks",),  # the attention sinks' gradient, after flash_bwd (C API, GPU)
 }
 
 
@@ -158,6 +159,7 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
     from lazytriton.kernels.flash_bwd.fused_spec import FLASH_BWD_FUSED_GLUON, FLASH_BWD_PREP
     from lazytriton.kernels.flash_bwd.gluon_spec import FLASH_BWD_DKDV_GLUON
+    from lazytriton.kernels.flash_bwd_dsinks.spec import FLASH_BWD_DSINKS
     from lazytriton.kernels.flash_combine.spec import FLASH_COMBINE
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
@@ -170,7 +172,8 @@ def _specs() -> dict[str, KernelSpec]:
     # (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's kernels, not
     # kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by rule).
     specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_FP8, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
-             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE, KV_SLOTS)
+             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE, KV_SLOTS,
+             FLASH_BWD_DSINKS)
     return {spec.name: spec for spec in specs}
 
 

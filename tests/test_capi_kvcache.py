@@ -311,11 +311,11 @@ SPLITS_MAIN = r"""
 #include <stdio.h>
 #include "lt_splits.c"
 int main(void) {
-    long long v[14];
-    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
-                 &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13]) == 14)
+    long long v[15];
+    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2],
+                 &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14]) == 15)
         printf("%lld\n", (long long)lt__splits_for(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
-                                                   v[10], v[11], v[12], v[13]));
+                                                   v[10], v[11], v[12], v[13], v[14]));
     return 0;
 }
 """
@@ -335,18 +335,19 @@ def test_the_c_split_count_is_the_bindings(tmp_path: Path) -> None:
         for heads in ((32, 8), (4, 4), (64, 1)):
             for sq in (1, 3):
                 for capacity in (16, 1000, 4096, 32768):
-                    for window in ((-1, -1), (100, 0)):
+                    for window, chunk in (((-1, -1), 0), ((100, 0), 0), ((-1, -1), 300), ((100, 0), 50)):
                         for forced in (0, 7):
                             for block_n, slots, min_keys in ((64, 264, 128), (16, 4, 0), (128, 228, 256)):
                                 call = checks.Call(batch, heads[0], heads[1], sq, 128, 0, capacity, 0, batch,
-                                                   capacity, False, 1.0, window[0], window[1], num_splits=forced)
+                                                   capacity, False, 1.0, window[0], window[1], num_splits=forced,
+                                                   attention_chunk=chunk)
                                 # packed queries: fewer partial rows (total_q) than batch x seqlen_q
                                 packed = call._replace(varlen_q=True, total_q=batch * sq - 1, num_splits=0)
                                 for c in (call, packed):
                                     calls.append(binding.splits_for(c, 16, block_n, slots, min_keys))
                                     rows.append(f"{batch} {heads[0]} {heads[1]} {sq} 128 {capacity} {window[0]} "
-                                                f"{window[1]} {c.num_splits} 16 {block_n} {slots} {min_keys} "
-                                                f"{c.lse_rows}")
+                                                f"{window[1]} {chunk} {c.num_splits} 16 {block_n} {slots} "
+                                                f"{min_keys} {c.lse_rows}")
     result = subprocess.run([str(program)], input="\n".join(rows) + "\n", capture_output=True, text=True,
                             timeout=60, check=True)
     got = [int(x) for x in result.stdout.split()]

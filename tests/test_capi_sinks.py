@@ -216,13 +216,30 @@ for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout
                 ("dk", grads[1]), ("dv", grads[2]), ("delta", delta), ("sinks", sinks)):
     describe(getattr(g, name), t)
 g.causal = 2
+
+def plain_bwd(g):  # the same call without dsinks: outside a plan made with them
+    h = ffi.new("lt_attn_bwd_params *")
+    ffi.memmove(h, g, ffi.sizeof("lt_attn_bwd_params"))
+    h.dsinks = ffi.new("lt_tensor *")[0]
+    return h
+
 report["bwd"] = [lib.lt_attn_bwd(g, ffi.NULL), error()]
 torch.cuda.synchronize()
 report["grad_error"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, wanted))
 dsinks = -(torch.exp(sinks.view(1, 8, 1) - lse) * delta).sum((0, 2))  # from delta, as the header says
 report["dsinks_error"] = (dsinks - wanted[3]).abs().max().item()
-describe(g.dsinks, torch.empty(8, device="cuda"))
+gpu_dsinks = torch.full((8,), 7.0, device="cuda")
+describe(g.dsinks, gpu_dsinks)
 report["dsinks_gpu"] = [lib.lt_attn_bwd(g, ffi.NULL), error()]
+torch.cuda.synchronize()
+first = gpu_dsinks.clone()
+report["dsinks_gpu_error"] = (gpu_dsinks - wanted[3]).abs().max().item()
+report["dsinks_gpu_again"] = [lib.lt_attn_bwd(g, ffi.NULL), error()]
+torch.cuda.synchronize()
+report["dsinks_gpu_same_bits"] = torch.equal(first, gpu_dsinks)
+bplan = ffi.new("lt_bwd_plan **")
+report["dsinks_plan"] = [lib.lt_attn_bwd_plan(g, bplan), error()]
+report["dsinks_plan_mismatch"] = [lib.lt_bwd_plan_launch(bplan[0], plain_bwd(g), ffi.NULL), error()]
 print(json.dumps(report))
 """
 
@@ -240,8 +257,11 @@ def test_sinks_through_plans_on_the_gpu(prefix: Path, cache_dir: Path) -> None:
     assert status == 10 and "sinks" in message, message
     assert report["bwd"][0] == 0 and report["grad_error"] <= 5e-2, report
     assert report["dsinks_error"] <= 5e-2, report["dsinks_error"]
-    status, message = report["dsinks_gpu"]
-    assert status == 9 and "dsinks on a GPU" in message, message
+    assert report["dsinks_gpu"][0] == 0 and report["dsinks_gpu_again"][0] == 0, report
+    assert report["dsinks_gpu_error"] <= 5e-2 and report["dsinks_gpu_same_bits"], report
+    assert report["dsinks_plan"][0] == 0, report["dsinks_plan"]
+    status, message = report["dsinks_plan_mismatch"]
+    assert status == 10 and "dsinks" in message, message
 
 
 def _flag(variant: object, name: str) -> bool:

@@ -2,9 +2,10 @@
 
 ``capi/native/lt_choice.c`` (with the tables ``capi/native_tables.py`` generates) must give every call of the C
 API's plans (``embedded.plan_variant``: flash_fwd, flash_bwd_dq and flash_bwd_dkdv; dense and packed, each head
-dim and value head dim, causal, alignment, SEQ16, 64-bit indexing, window, softcap, used lengths, sinks, seqlens in and
-between the tuning buckets, every target the tables and defaults tell apart) the same variant string and the same
-key, and refuse the calls Python refuses. On CPU, built with ASan and UBSan where they run.
+dim and value head dim, causal, alignment, SEQ16, 64-bit indexing, window, softcap, used lengths, sinks,
+attention_chunk, seqlens in and between the tuning buckets, every target the tables and defaults tell apart) the
+same variant string and the same key, and refuse the calls Python refuses. On CPU, built with ASan and UBSan where
+they run.
 """
 
 from __future__ import annotations
@@ -43,19 +44,19 @@ def calls(count: int, seed: int) -> list[tuple[int, ...]]:
                 int(rng.random() < 0.5), aligned, int(rng.random() < 0.5), int(rng.random() < 0.2),
                 int(rng.random() < 0.2), int(rng.random() < 0.2), varlen, int(used[0]), int(used[1]), *seqlens)
         sinks = rng.random() < (0.3 if call[0] == 0 else 0.03)  # a backward kernel with sinks: refused
-        out.append((*call, int(sinks)))
+        out.append((*call, int(sinks), int(rng.random() < 0.3)))
     return out
 
 
 def python_choice(call: tuple[int, ...]) -> str:
     """``ok VARIANT KEY`` as the C API's Python planner chooses, or ``error`` where it refuses the call."""
     kernel, capability, dtype, head_dim, head_dim_v, causal, aligned, seq16, index64, window, softcap, varlen, \
-        used_q, used_k, seqlen_q, seqlen_k, sinks = call
+        used_q, used_k, seqlen_q, seqlen_k, sinks, chunk = call
     try:
         variant = embedded.plan_variant(KERNELS[kernel], capability, dtype, head_dim, bool(causal), bool(aligned),
                                         bool(index64), seqlen_q, seqlen_k, bool(varlen), head_dim_v,
                                         seq16=bool(seq16), window=bool(window), softcap=bool(softcap),
-                                        seqused=(bool(used_q), bool(used_k)), sinks=bool(sinks))
+                                        seqused=(bool(used_q), bool(used_k)), sinks=bool(sinks), chunk=bool(chunk))
     except ValueError:
         return "error"
     return f"ok {variant} {variant.key()}"
@@ -88,6 +89,7 @@ def test_every_axis_gives_python_s_variant_and_key(program: Path) -> None:
         else:
             assert answer == expected, f"{call}:\n C      {answer}\n Python {expected}"
             served += 1
+    assert "CHUNK=true" in " ".join(answers), "no call drew attention_chunk"
     assert served > 3000  # the refusals (seqused without varlen, SEQ16 unaligned) are the few
 
 

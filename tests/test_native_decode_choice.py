@@ -7,7 +7,8 @@ the C API's decoding plans the variant string and key Python gives: ``flash_deco
 and ``flash_combine`` as ``embedded_combine.plan_variant``. The calls draw every axis the C API's plans take:
 dtypes, head dims and value head dims, GQA groups and seqlen_q (rows), contiguous and paged caches (page sizes
 a key tile divides and gathered ones), capacities in and between the tuning buckets, causal, alignment, 64-bit
-indexing, window, softcap, ALiBi, left pads, rotary (pairs or halves), sinks, packed queries, new keys, and every
+indexing, window, softcap, ALiBi, left pads, rotary (pairs or halves), sinks, packed queries, attention_chunk, new
+keys, and every
 target the tables and defaults tell apart. cache_batch_idx, cache_seqlens and the split count are runtime
 arguments: no variant reads them (the split count's inputs, min_split_keys and PROGRAMS_PER_SM, are held here too).
 """
@@ -54,7 +55,8 @@ def decode_calls(count: int, seed: int) -> list[dict[str, int]]:
                     "page_size": page, "window": int(rng.random() < 0.2), "softcap": int(rng.random() < 0.2),
                     "alibi": int(rng.random() < 0.2), "leftpad": int(rng.random() < 0.2), "rotary": int(rotary),
                     "rotary_interleaved": int(rotary and rng.random() < 0.5), "sinks": int(rng.random() < 0.2),
-                    "varlen_q": int(rng.random() < 0.2), "append": int(rng.random() < 0.4),
+                    "varlen_q": int(rng.random() < 0.2), "chunk": int(rng.random() < 0.2),
+                    "append": int(rng.random() < 0.4),
                     "append_aligned": int(rng.random() < 0.7), "append_index64": int(rng.random() < 0.2)})
     return out
 
@@ -67,7 +69,7 @@ def request_line(kernel: int, c: dict[str, int]) -> tuple[int, ...]:
                         else (c["aligned"], c["index64"]))
     return (kernel, c["capability"], c["dtype"], c["head_dim"], c["head_dim_v"], causal, aligned, index64, rows,
             c["capacity"], c["page_size"], int(c["page_size"] > 0), c["window"], c["softcap"], c["alibi"],
-            c["leftpad"], c["rotary"], c["rotary_interleaved"], c["sinks"], c["varlen_q"])
+            c["leftpad"], c["rotary"], c["rotary_interleaved"], c["sinks"], c["varlen_q"], c["chunk"])
 
 
 def python_decode(c: dict[str, int]) -> tuple[str, str]:
@@ -79,13 +81,15 @@ def python_decode(c: dict[str, int]) -> tuple[str, str]:
                        softcap=5.0 if c["softcap"] else 0.0, alibi=bool(c["alibi"]), head_dim_v=dv,
                        leftpad=bool(c["leftpad"]), rotary_dim=c["head_dim"] // 2 * 2 if c["rotary"] else 0,
                        rotary_interleaved=bool(c["rotary_interleaved"]), sinks=bool(c["sinks"]),
-                       varlen_q=bool(c["varlen_q"]), total_q=3 * c["seqlen_q"] if c["varlen_q"] else 0)
+                       varlen_q=bool(c["varlen_q"]), total_q=3 * c["seqlen_q"] if c["varlen_q"] else 0,
+                       attention_chunk=64 if c["chunk"] else 0)
     target = Target("cuda", str(c["capability"]), 32)
     chosen = binding.variants(target, DTYPES[c["dtype"]], call, bool(c["aligned"]), bool(c["index64"]))
     planned = embedded_kvcache.plan_variants(
         c["capability"], c["dtype"], c["head_dim"], causal, bool(c["aligned"]), bool(c["index64"]), call.rows,
         c["capacity"], c["page_size"], bool(c["window"]), bool(c["softcap"]), bool(c["alibi"]), c["head_dim_v"],
-        bool(c["leftpad"]), bool(c["rotary"]), bool(c["rotary_interleaved"]), bool(c["sinks"]), bool(c["varlen_q"]))
+        bool(c["leftpad"]), bool(c["rotary"]), bool(c["rotary_interleaved"]), bool(c["sinks"]), bool(c["varlen_q"]),
+        bool(c["chunk"]))
     assert tuple(map(str, planned)) == tuple(map(str, chosen))  # the fallback's planner is the binding's choice
     return tuple(f"ok {v} {v.key()}" for v in chosen)  # type: ignore[return-value]
 
@@ -122,7 +126,8 @@ def test_decoding_calls_give_python_s_variants_and_keys(program: Path) -> None:
                                             answers[3 * i:3 * i + 3], strict=True):
             assert answer == expected, f"{kernel} {c}:\n C      {answer}\n Python {expected}"
     seen = " ".join(answers)
-    for name in ("PAGE_GATHER=true", "ROTARY_INTERLEAVED=true", "VARLEN_Q=true", "BLOCK_DV=", "num_stages=5",
+    for name in ("PAGE_GATHER=true", "ROTARY_INTERLEAVED=true", "VARLEN_Q=true", "CHUNK=true", "BLOCK_DV=",
+                 "num_stages=5",
                  "BLOCK_N=32", "INDEX64=true", "flash_decode_split:sm_90:bf16"):
         assert name in seen, f"no call drew {name}"
 

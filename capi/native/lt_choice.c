@@ -299,6 +299,8 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
         return ltn_fail(err, LTN_ARGUMENT, "sinks (SINKS=true) are taken by flash_fwd only");
     if (r->sinks)
         add(v, 0, "SINKS", 1, 1);
+    if (r->chunk) /* attention.CHUNK_KERNELS: the Triton forward and both backward kernels, all three here */
+        add(v, 0, "CHUNK", 1, 1);
     add(v, 1, "BLOCK_M", 0, cfg.block_m);
     add(v, 1, "BLOCK_N", 0, cfg.block_n);
     add(v, 2, "num_warps", 0, cfg.num_warps);
@@ -307,6 +309,28 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
     snprintf(v->kernel, sizeof v->kernel, "%s", kernel_names[r->kernel]);
     snprintf(v->target, sizeof v->target, "%s", target);
     snprintf(v->dtype, sizeof v->dtype, "%s", dtype);
+    return LTN_OK;
+}
+
+int ltn_dsinks_variant(int32_t capability, int32_t varlen, int32_t seqused_q, int32_t index64, ltn_variant *v,
+                       ltn_error *err) {
+    memset(v, 0, sizeof *v);
+    if (capability < 10 || capability > 999)
+        return ltn_fail(err, LTN_ARGUMENT, "compute capability %d is not one of a CUDA device", capability);
+    if (seqused_q && !varlen)
+        return ltn_fail(err, LTN_ARGUMENT, "seqused_q needs packed sequences (VARLEN)");
+    add(v, 0, "INDEX64", 1, index64 != 0);
+    if (varlen)
+        add(v, 0, "VARLEN", 1, 1);
+    if (seqused_q)
+        add(v, 0, "SEQUSED_Q", 1, 1);
+    add(v, 1, "BLOCK_M", 0, LTN_DSINKS_BLOCK_M);
+    add(v, 2, "num_warps", 0, LTN_DSINKS_NUM_WARPS);
+    add(v, 2, "num_stages", 0, 1);
+    sort_fields(v);
+    snprintf(v->kernel, sizeof v->kernel, "flash_bwd_dsinks");
+    snprintf(v->target, sizeof v->target, "sm_%d", capability);
+    snprintf(v->dtype, sizeof v->dtype, "fp32");
     return LTN_OK;
 }
 

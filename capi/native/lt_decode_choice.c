@@ -118,7 +118,8 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
         flag(v, "PAGE_GATHER", paged && page_gather(r->page_size));
         flag(v, "ROTARY", r->rotary);
         flag(v, "ROTARY_INTERLEAVED", r->rotary && r->rotary_interleaved);
-        flag(v, "VARLEN_Q", r->varlen_q); /* the C API has no attention_chunk: CHUNK never */
+        flag(v, "VARLEN_Q", r->varlen_q);
+        flag(v, "CHUNK", r->chunk); /* the split kernel alone sees scores: the combine's variant holds no chunk */
     }
     flag(v, "SINKS", r->sinks);
     ltn_variant_add(v, 1, "BLOCK_M", 0, c.block_m);

@@ -158,6 +158,7 @@ typedef struct {
     int32_t varlen, seqused_q, seqused_k; /* seqused_*: only with varlen (a dense call's are ignored) */
     int64_t seqlen_q, seqlen_k; /* a packed call's max_seqlen_q, max_seqlen_k */
     int32_t sinks;              /* attention sinks (SINKS): flash_fwd only */
+    int32_t chunk;              /* FlashAttention-3's attention_chunk (CHUNK): all three kernels */
 } ltn_attn_request;
 
 typedef struct {
@@ -175,6 +176,10 @@ typedef struct {
 
 /* The variant serving r (capi/embedded.py's plan_variant): LTN_OK, or LTN_ARGUMENT with a message. */
 int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err);
+/* flash_bwd_dsinks's variant (flash_bwd_dsinks.variant: one config; VARLEN, SEQUSED_Q only with it, INDEX64) on a
+   CUDA device of capability: LTN_OK, or LTN_ARGUMENT with a message. */
+int ltn_dsinks_variant(int32_t capability, int32_t varlen, int32_t seqused_q, int32_t index64, ltn_variant *v,
+                       ltn_error *err);
 /* A field's value (bools 0/1), or absent. */
 int64_t ltn_variant_get(const ltn_variant *v, const char *name, int64_t absent);
 /* The one-line string (Variant.__str__): 0, or -1 when size is too small. */
@@ -219,6 +224,7 @@ typedef struct {
     int64_t capacity, page_size; /* keys a sequence's cache holds; keys a page (0: a contiguous cache) */
     int32_t paged;               /* kv_append's PAGED (the decoding kernels read page_size > 0) */
     int32_t window, softcap, alibi, leftpad, rotary, rotary_interleaved, sinks, varlen_q;
+    int32_t chunk;               /* attention_chunk: CHUNK on flash_decode_split */
 } ltn_decode_request;
 
 /* The variant serving r (capi/embedded_kvcache.py's plan_variants and append_variant, embedded_combine.py's

@@ -219,7 +219,7 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "seqlen_new": "c->seqlen_new",
             "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
             "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right",
-            "attention_chunk": "0",  # the C API has no attention_chunk yet
+            "attention_chunk": "c->attention_chunk",  # lt_kvcache.c's lt__kv_chunk: checks._chunk's
             "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
             "rotary_per_query": "c->rotary_per_query", "use_k_descale": "0", "use_v_descale": "0"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",

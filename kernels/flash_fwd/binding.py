@@ -334,7 +334,7 @@ SHARED_SOURCES: dict[str, tuple[str, str]] = {
     "causal_offset": ("offset", "c->offset"),
     "window_left": ("call.window_left", "c->window_left"),  # lt_check.c's lt__check_window: with_features's
     "window_right": ("call.window_right", "c->window_right"),
-    "attention_chunk": ("call.attention_chunk", "0"),  # the C API has no attention_chunk yet
+    "attention_chunk": ("call.attention_chunk", "c->attention_chunk"),  # lt_check.c's lt__check_chunk: with_chunk's
     # The C API has no score modifications either: null pointers, zero strides, dropout_p 0.
     "Alibi": ("0 if alibi is None else alibi.data_ptr()", "0"),
     "Bias": ("0 if bias is None else bias.data_ptr()", "0"),

@@ -271,7 +271,7 @@ static void check_bwd_errors(const problem *p) {
 #define CASE(name, change, status, needle) do { bad = good; change; expect(name, lt_attn_bwd(&bad, NULL), status, needle); } while (0)
     CASE("bwd struct size", bad.struct_size = sizeof(lt_attn_fwd_params), LT_ERROR_VERSION,
          "lt_attn_bwd_params_init()");
-    CASE("bwd struct version", bad.version = 9, LT_ERROR_VERSION, "lt_attn_bwd_params version 5");
+    CASE("bwd struct version", bad.version = 9, LT_ERROR_VERSION, "lt_attn_bwd_params version 6");
     CASE("bwd q dtype unknown", bad.q.dtype = 7, LT_ERROR_DTYPE, "q.dtype is 7");
     CASE("bwd lse shape", bad.lse.sizes[2] = 5, LT_ERROR_SHAPE, "lse has shape");
     CASE("bwd out shape", bad.out.sizes[1] = 1, LT_ERROR_SHAPE, "out has shape");
