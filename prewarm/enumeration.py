@@ -288,7 +288,9 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     flags its calls take;
     absent: all), ``PREWARM_WITH`` (kernels planned with it) and define ``prewarm_alignments`` (its (ALIGN16,
     SEQ16) pairs), ``prewarm_twins`` (the variants a plain call of a shape runs beside the kernel's) or
-    ``prewarm_variants`` (its whole plan, for a family with one config).
+    ``prewarm_variants`` (its whole plan, for a family with one config: the target, dtypes, head dims and
+    layout axes, plus as keywords the further axes its ``PREWARM_AXES`` names, such as ``rotary`` or
+    ``kv_fp8``).
     """
     rules = dispatch.family_dispatch(kernel)
     dtypes: tuple[str, ...] = axes.dtypes or tuple(getattr(rules, "PREWARM_DTYPES", DEFAULT_DTYPES))
@@ -297,8 +299,9 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     paged = (axes.paged or (False, True)) if getattr(rules, "PREWARM_PAGED", False) else (False,)
     layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]
     if hasattr(rules, "prewarm_variants"):
+        extra = {name: getattr(axes, name) for name in getattr(rules, "PREWARM_AXES", ())}
         for variant in rules.prewarm_variants(target, dtypes, head_dims, axes.head_dims_v or (0,), paged,
-                                              axes.aligned, axes.index64, axes.rotary, axes.kv_fp8):
+                                              axes.aligned, axes.index64, **extra):
             yield Planned(variant, variant.key(), "default")
         return
     in_table = table_buckets(table, str(target), kernel)

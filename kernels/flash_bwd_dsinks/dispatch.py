@@ -33,11 +33,10 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 
 
 def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
-                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
-                     rotary: Iterable[str] = ("none",)) -> list[Variant]:
+                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool]) -> list[Variant]:
     """flash_bwd_dsinks's variants for prewarm's axes: one a (dense/packed/seqused_q mode, index width).
 
-    Dtypes, head dims, layouts, alignments and rotary do not apply (the kernel reads float32 rows).
+    Dtypes, head dims, layouts and alignments do not apply (the kernel reads float32 rows).
     """
     return [flash_bwd_dsinks.variant(target, varlen, used, wide)
             for (varlen, used), wide in itertools.product(_MODES, index64)]

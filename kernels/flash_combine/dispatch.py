@@ -37,12 +37,11 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 
 
 def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
-                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
-                     rotary: Iterable[str] = ("none",), kv_fp8: Iterable[str] = ("none",)) -> list[Variant]:
+                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool]) -> list[Variant]:
     """flash_combine's variants for prewarm's axes: one an (output dtype, head dim, alignment, index width).
 
     The head dims are v's (``head_dims_v`` where given: what the combine
-    sees); ``paged``, ``rotary`` and ``kv_fp8`` (a KV cache's) do not apply.
+    sees); ``paged`` does not apply.
     """
     dims = [dim for dim in head_dims_v if dim] or list(head_dims)
     return [flash_combine.variant(target, dtype, dim, is_aligned, wide)

@@ -29,6 +29,9 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
     raise ValueError("kv_append has one config for every call (kv_append.variant): nothing to look up")
 
 
+PREWARM_AXES = ("rotary", "kv_fp8")  # the keyword axes prewarm_variants takes
+
+
 def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
                      paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
                      rotary: Iterable[str] = ("none",), kv_fp8: Iterable[str] = ("none",)) -> list[Variant]:

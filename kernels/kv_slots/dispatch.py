@@ -39,12 +39,10 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 
 
 def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
-                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
-                     rotary: Iterable[str] = ("none",), kv_fp8: Iterable[str] = ("none",)) -> list[Variant]:
+                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool]) -> list[Variant]:
     """kv_slots' variants for prewarm's axes: one a (dtype, column chunk, alignment, index width, slots' dtype).
 
-    ``paged``, ``rotary`` and ``kv_fp8`` do not apply (the cache is always paged and of the keys' dtype;
-    nothing is rotated).
+    ``paged`` does not apply (the cache is always paged).
     """
     return [kv_slots.variant(target, dtype, head_dim, 0 if dim_v == head_dim else dim_v, is_aligned, wide, slot64)
             for dtype, head_dim, dim_v, is_aligned, wide, slot64 in itertools.product(
