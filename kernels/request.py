@@ -56,7 +56,8 @@ class Request:
     whose queries are packed by cu_seqlens_q (VARLEN_Q=true on the split kernel;
     ``seqlen_q`` then counts the longest sequence's rows). ``kv_fp8``: a decoding
     call's float8 cache (``e4m3``, ``e5m2``; KV_FP8 on the split kernel and
-    kv_append), ``none`` for a cache of ``dtype``.
+    kv_append), ``none`` for a cache of ``dtype``. ``qv``: a decoding call with
+    FlashAttention-3's qv (DeepSeek's MLA: the scores add qv . v; QV=true on the split kernel).
     """
 
     dtype: str
@@ -90,3 +91,4 @@ class Request:
     varlen_q: bool = False
     chunk: bool = False
     kv_fp8: str = "none"
+    qv: bool = False
