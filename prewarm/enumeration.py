@@ -159,7 +159,7 @@ class Axes:
         for dtype in self.dtypes or ():
             if dtype not in DTYPES:
                 raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        for head_dim in (*(self.head_dims or ()), *(self.head_dims_v or ())):
+        for head_dim in self.head_dims or ():
             if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
                 raise ValueError(f"head dim must be an int in 1..{geometry.MAX_HEAD_DIM}, got {head_dim!r}")
         for head_dim_v in self.head_dims_v or ():
