@@ -46,6 +46,11 @@ the speedup (bf16 time / float8 time: how much more the float8 cache decodes
 in the same time); the goal, issue 42's, is at least 1.8 at batch 1-32 from
 4k keys.
 
+``--mla`` runs DeepSeek MLA's decode instead (``bench_decode_mla.py``: the
+576/512 latent cache read in place, FlashAttention-3's qv form of it, and
+SDPA on the same math; --batches, --lengths from 4k, --layouts, --quick and
+--list apply).
+
 Each provider's first output is checked against a float32 reference of
 batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
 marked ``*``), or ``failed`` (did not run). Rows go to a long-format CSV
@@ -54,7 +59,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
-       [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2]
+       [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2] [--mla]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -209,6 +214,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-dtype", choices=tuple(FP8_DTYPES), default=None,
                         help="also time lazytriton's call on a float8 copy of the cache (provider lazytriton_fp8, "
                              "with k_descale/v_descale per key/value head) and its speedup over the bf16 cache")
+    parser.add_argument("--mla", action="store_true",
+                        help="DeepSeek MLA's decode instead: the 576/512 latent cache, its qv form and SDPA "
+                             "(bench_decode_mla.py)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -544,6 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid; exit status 1 if a lazytriton row failed or failed its check, 2 without a GPU."""
     args = parse_args(argv)
     log = Log(os.environ.get("OUT"))
+    if args.mla:
+        import bench_decode_mla
+
+        return bench_decode_mla.run(args, FIELDS, H200_GB_S, log)
     if args.quick:
         device, case_list = torch.device("cpu"), QUICK_CASES
         args.warmup, args.reps = 0, 1

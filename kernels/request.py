@@ -58,7 +58,8 @@ class Request:
     call's float8 cache (``e4m3``, ``e5m2``; KV_FP8 on the split kernel and
     kv_append), ``none`` for a cache of ``dtype``. ``slot64``: a
     slot-addressed cache write (kv_slots) whose slot_mapping is int64
-    (SLOT64=true; false: int32).
+    (SLOT64=true; false: int32). ``qv``: a decoding call with
+    FlashAttention-3's qv (DeepSeek's MLA: the scores add qv . v; QV=true on the split kernel).
     """
 
     dtype: str
@@ -93,3 +94,4 @@ class Request:
     chunk: bool = False
     kv_fp8: str = "none"
     slot64: bool = False
+    qv: bool = False

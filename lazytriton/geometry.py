@@ -11,6 +11,10 @@ from __future__ import annotations
 # matrix work padded) unless split tiles cover them (``split_head_dim``).
 HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIMS[-1]
+# v's head dim (head_dim_v) may go one size further in the forward-only paths that take it (the decoding kernels:
+# DeepSeek's MLA decodes with v of 512 beside q and k of 64, FlashAttention-3's qv form).
+VALUE_HEAD_DIMS = (*HEAD_DIMS, 512)
+MAX_HEAD_DIM_V = VALUE_HEAD_DIMS[-1]
 CAUSAL_MODES = ("none", "top_left", "bottom_right")
 MIN_CHUNK = 16  # tl.dot's smallest inner dimension
 # flash_attn_with_kvcache's rotary embedding, as prewarm and cache explain name it: none, rotary_interleaved=True
@@ -24,6 +28,14 @@ def padded_head_dim(head_dim: int) -> int:
         if head_dim <= size:
             return size
     raise ValueError(f"head dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
+
+
+def padded_value_dim(head_dim_v: int) -> int:
+    """The compiled value head dim that holds ``head_dim_v`` (``VALUE_HEAD_DIMS``: up to 512)."""
+    for size in VALUE_HEAD_DIMS:
+        if head_dim_v <= size:
+            return size
+    raise ValueError(f"head_dim_v must be at most {MAX_HEAD_DIM_V}, got {head_dim_v}")
 
 
 def split_head_dim(head_dim: int) -> tuple[int, int] | None:

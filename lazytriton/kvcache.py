@@ -45,7 +45,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None,
                             cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
                             attention_chunk: int = 0, k_descale: torch.Tensor | None = None,
-                            v_descale: torch.Tensor | None = None) -> Any:
+                            v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
@@ -73,8 +73,19 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             multiple read a key tile a page, other sizes, such as 1 key a
             page, each key's page). heads must be a multiple of heads_k
             (GQA; heads_k = 1 is MQA). q's dtype and device.
-        v_cache: like k_cache, but its head dim (head_dim_v) may differ from
-            q's and k's (DeepSeek's MLA: 192 and 128); out then has v's.
+        v_cache: like k_cache, but its head dim (head_dim_v, up to 512) may
+            differ from q's and k's (DeepSeek's MLA: 192 and 128, or 64 and
+            512 with qv); out then has v's. It may be a view of k_cache's
+            first columns, v_cache = k_cache[..., :head_dim_v] (FlashMLA's
+            and vLLM's latent cache: k_cache (num_blocks, page_size, 1, 576),
+            v its first 512 columns, q (..., 576) = [q_nope | q_pe]; head_dim
+            up to 768 in this form): read without a copy, each key's bytes
+            once; the default scale is then 1/sqrt(head_dim). New keys into
+            such a cache are one latent row: v must be k[..., :head_dim_v],
+            and each column is written once; caches that share memory in any
+            other way take no new keys (ValueError). This form takes no
+            rotary embedding (FlashAttention's rotates q's and k's first
+            columns, v's here) and no float8 cache.
         k: optional (batch, seqlen_new, heads_k, head_dim): new keys, written
             into k_cache at cache_seqlens (needs cache_seqlens).
         v: optional (batch, seqlen_new, heads_k, head_dim_v): new values,
@@ -179,6 +190,15 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             to even (after the rotary embedding, with one). None: 1.0.
             Refused with a cache of q's dtype.
         v_descale: the same for v_cache and the new values v.
+        qv: optional (batch, seqlen_q, heads, head_dim_v) ((total_q, heads,
+            head_dim_v) with cu_seqlens_q), q's dtype and device,
+            FlashAttention-3's (DeepSeek's MLA with the absorbed
+            projections): the scores become (q . k + qv . v) x softmax_scale,
+            whose default is then 1/sqrt(head_dim + head_dim_v). The kernel
+            reads each V tile once for both products; q and qv are joined
+            into one tensor first (a copy of the queries). Not with a float8
+            cache, nor with v_cache = k_cache[..., :head_dim_v] (that form's q
+            carries its qv).
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
@@ -212,12 +232,12 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     cu_seqlens_q = index_tensor(cu_seqlens_q)
     descales = (index_tensor(k_descale), index_tensor(v_descale))
     t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                      cache_leftpad, *rotary, sinks, cu_seqlens_q, *descales)
+                      cache_leftpad, *rotary, sinks, cu_seqlens_q, *descales, qv)
     call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved, max_seqlen_q,
                         attention_chunk)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
                      block_table, alibi_slopes, cache_leftpad, sinks)
-    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary, cu_seqlens_q, *descales):
+    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary, cu_seqlens_q, *descales, qv):
         out, lse = binding.forward(t, call)
     else:
         from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
@@ -230,7 +250,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                       *((cu_seqlens_q, call.seqlen_q if call.varlen_q else -1)
                         if call.varlen_q or call.chunked or call.kv_fp8 != "none" else ()),
                       *((call.attention_chunk,) if call.chunked or call.kv_fp8 != "none" else ()),
-                      *(descales if call.kv_fp8 != "none" else ()))
+                      *(descales if call.kv_fp8 != "none" else ()), **({"qv": qv} if qv is not None else {}))
     return (out, lse) if return_softmax_lse else out
 
 

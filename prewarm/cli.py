@@ -64,7 +64,7 @@ CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, wi
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
                "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "bias_grad", "leftpad",
-               "rotary", "sinks", "varlen_q", "attention_chunk", "page_size", "kv_dtype")
+               "rotary", "sinks", "varlen_q", "attention_chunk", "page_size", "kv_dtype", "qv")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 # --rotary's choices: the rotary modes planned beside the calls without rotary (geometry.ROTARY_MODES).
 _ROTARY = {"interleaved": ("none", "interleaved"), "halves": ("none", "halves"),
@@ -202,10 +202,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--dtype", type=_dtypes, action="extend", help="fp16,bf16,fp32")
     axes.add_argument("--head-dim", type=_ints(1, 256, "--head-dim"), action="extend",
                       help="1..256; built at the padded size (16, 32, 64, 128, 256), EVEN_D=false if it differs")
-    axes.add_argument("--head-dim-v", type=_ints(1, 256, "--head-dim-v"), action="extend",
-                      help="v's head dims, 1..256 (default: each --head-dim's own); a differing one builds "
-                           "BLOCK_DV/EVEN_DV variants (DeepSeek's MLA: --head-dim 192 --head-dim-v 128); the "
-                           "decoding kernels skip them")
+    axes.add_argument("--head-dim-v", type=_ints(1, 512, "--head-dim-v"), action="extend",
+                      help="v's head dims, 1..512 (default: each --head-dim's own); a differing one builds "
+                           "BLOCK_DV/EVEN_DV variants (DeepSeek's MLA: --head-dim 192 --head-dim-v 128); over "
+                           "256 only the decoding kernels and kv_append take them (MLA's decode: --head-dim 64 "
+                           "--head-dim-v 512 --qv)")
     axes.add_argument("--causal", type=_causal, action="extend",
                       help="none,top_left,bottom_right (both causal modes build one binary; causal = top_left)")
     axes.add_argument("--seqlen-q", type=_ints(1, 2**31 - 1, "--seqlen-q"), action="extend",
@@ -256,6 +257,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="also build the chunked-attention (CHUNK=true) variants of flash_fwd, flash_bwd_dq, "
                            "flash_bwd_dkdv and flash_decode's split kernel: attention_chunk in the API (the chunk "
                            "size is a runtime argument: one variant serves every size)")
+    axes.add_argument("--qv", action="store_true",
+                      help="also build the qv (QV=true) variants of flash_decode's split kernel: FlashAttention-3's "
+                           "qv in flash_attn_with_kvcache, and MLA's latent cache (v_cache = k_cache[..., :512]), "
+                           "which runs them with --head-dim the columns after v's (64) and --head-dim-v 512")
     axes.add_argument("--kv-dtype", choices=tuple(_KV_DTYPES), default=None,
                       help="also build the float8 KV cache (KV_FP8=e4m3/e5m2) variants of flash_decode's split kernel "
                            "and kv_append: k_cache/v_cache in torch.float8_e4m3fn or float8_e5m2 with "
@@ -358,6 +363,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 sinks=(False, True) if args.sinks else (False,),
                 varlen_q=(False, True) if args.varlen_q else (False,),
                 chunk=(False, True) if args.attention_chunk else (False,),
+                qv=(False, True) if args.qv else (False,),
                 page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None,
                 kv_fp8=_KV_DTYPES[args.kv_dtype] if args.kv_dtype else ("none",))
     for note in left_out(axes):

@@ -46,6 +46,8 @@ given, the groups are the default grid:
     chunk     false (``--attention-chunk`` adds true: calls with FlashAttention-3's attention_chunk, CHUNK=true on
               flash_fwd, flash_bwd_dq, flash_bwd_dkdv and flash_decode's split kernel; the chunk size is a runtime
               argument, so one variant serves every size)
+    qv        false (``--qv`` adds true: decoding calls with FlashAttention-3's qv or MLA's latent cache, QV=true
+              on the split kernel; not with a float8 cache)
     kv_fp8    none (``--kv-dtype`` adds e4m3, e5m2 or both: decoding calls on a float8 cache, KV_FP8 on the
               split kernel and kv_append; a target without the format, sm_80 and sm_86 for e4m3, leaves it out:
               ``left_out`` says why)
@@ -140,6 +142,7 @@ class Axes:
     sinks: tuple[bool, ...] = (False,)  # attention sinks: the families whose PREWARM_FEATURES name them, and flash_fwd
     varlen_q: tuple[bool, ...] = (False,)  # decoding kernels only (queries packed by cu_seqlens_q)
     chunk: tuple[bool, ...] = (False,)  # attention_chunk: the families whose PREWARM_FEATURES name it, and flash_fwd
+    qv: tuple[bool, ...] = (False,)  # qv (MLA): the families whose PREWARM_FEATURES name it
     kv_fp8: tuple[str, ...] = ("none",)  # decoding kernels and kv_append only: the caches' float8 formats
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
@@ -156,9 +159,13 @@ class Axes:
         for dtype in self.dtypes or ():
             if dtype not in DTYPES:
                 raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        for head_dim in (*(self.head_dims or ()), *(self.head_dims_v or ())):
+        for head_dim in self.head_dims or ():
             if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= 256:
                 raise ValueError(f"head dim must be an int in 1..{geometry.MAX_HEAD_DIM}, got {head_dim!r}")
+        for head_dim_v in self.head_dims_v or ():
+            if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int) \
+                    or not 1 <= head_dim_v <= geometry.MAX_HEAD_DIM_V:
+                raise ValueError(f"head_dim_v must be an int in 1..{geometry.MAX_HEAD_DIM_V}, got {head_dim_v!r}")
         for kv in self.kv_fp8:
             if kv not in (kv_fp8.NONE, *kv_fp8.FORMATS):
                 raise ValueError(f"kv_fp8 formats must be among {(kv_fp8.NONE, *kv_fp8.FORMATS)}, got {kv!r}")
@@ -297,11 +304,14 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     dtypes = tuple(dtype for dtype in dtypes if dtype not in FP8_DTYPES or _fp8_planned(rules, target, dtype, kernel))
     head_dims: tuple[int, ...] = axes.head_dims or tuple(getattr(rules, "PREWARM_HEAD_DIMS", DEFAULT_HEAD_DIMS))
     paged = (axes.paged or (False, True)) if getattr(rules, "PREWARM_PAGED", False) else (False,)
+    # v's head dims over q's largest only for the families that take them (PREWARM_MAX_HEAD_DIM_V: the decoding ones)
+    most_v = getattr(rules, "PREWARM_MAX_HEAD_DIM_V", geometry.MAX_HEAD_DIM)
+    dims_v = tuple(dim for dim in axes.head_dims_v or (0,) if dim <= most_v) or (0,)
     layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]
     if hasattr(rules, "prewarm_variants"):
         extra = {name: getattr(axes, name) for name in getattr(rules, "PREWARM_AXES", ())}
-        for variant in rules.prewarm_variants(target, dtypes, head_dims, axes.head_dims_v or (0,), paged,
-                                              axes.aligned, axes.index64, **extra):
+        for variant in rules.prewarm_variants(target, dtypes, head_dims, dims_v, paged, axes.aligned, axes.index64,
+                                              **extra):
             yield Planned(variant, variant.key(), "default")
         return
     in_table = table_buckets(table, str(target), kernel)
@@ -316,20 +326,23 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
 
     alignments = getattr(rules, "prewarm_alignments", lambda kernel, aligned: tuple((a, False) for a in aligned))
     twins = getattr(rules, "prewarm_twins", None)
-    for dtype, head_dim, head_dim_v, causal in itertools.product(dtypes, head_dims, axes.head_dims_v or (0,),
+    for dtype, head_dim, head_dim_v, causal in itertools.product(dtypes, head_dims, dims_v,
                                                                  axes.causal or DEFAULT_CAUSAL):
         head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
         tiles = max(head_dim, head_dim_v)  # dispatch's rule: the larger head dim's tiles
         split = bool(attention.split_chunks(kernel, head_dim, head_dim_v))
-        buckets = in_table.get((dtype, geometry.padded_head_dim(tiles), causal))
+        buckets = in_table.get((dtype, geometry.padded_value_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
         for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout,
-             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, chunk, kv, (seqlen_q, seqlen_k)) in itertools.product(
+             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, chunk, kv, qv,
+             (seqlen_q, seqlen_k)) in itertools.product(
                 alignments(kernel, axes.aligned), axes.index64, feature("window"), feature("softcap"), layouts,
                 _packed(feature("varlen"), feature("seqused")), feature("alibi"), feature("dropout"),
                 _biased(feature("bias"), feature("bias_grad")), feature("leftpad"), feature("rotary"),
-                feature("sinks"), feature("varlen_q"), feature("chunk"), feature("kv_fp8"), seqlens):
+                feature("sinks"), feature("varlen_q"), feature("chunk"), feature("kv_fp8"), feature("qv"), seqlens):
             if bias_grad and varlen:  # the mask's gradient is the SDPA drop-in's: dense calls only
+                continue
+            if qv and kv != "none":  # qv takes no float8 cache (flash_decode.mla)
                 continue
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
@@ -340,10 +353,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               leftpad=leftpad, page_size=page, seqused_q=used[0],
                                               seqused_k=used[1], rotary=rotary != "none",
                                               rotary_interleaved=rotary == "interleaved", sinks=sinks,
-                                              bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk, kv_fp8=kv)
+                                              bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk, kv_fp8=kv,
+                                              qv=qv)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or rotary != "none"
-                         or varlen_q or chunk or head_dim_v or kv != "none")
+                         or varlen_q or chunk or head_dim_v or kv != "none" or qv)
             # A call with sinks runs the twins that carry them (the Gluon forward's: prewarm_twins' sinks).
             extra = {"sinks": True} if sinks else {}
             for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k,

@@ -51,6 +51,9 @@ from lazytriton.variant import Variant
 # the tile (1024 x 1024 took minutes and gigabytes before failing).
 MAX_BLOCK_MN = 256
 MAX_BLOCK_D = 256
+# v's tile goes to 512 (DeepSeek's MLA decode): BLOCK_DV, and the BLOCK_D of the kernel whose head dim is v's.
+MAX_BLOCK_DV = 512
+VALUE_TILE_KERNELS = ("flash_decode_combine",)
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "e4m3": 1}
 
 
@@ -119,8 +122,9 @@ def refusal(variant: Variant) -> str | None:
     target without that format (``kv_fp8.unsupported``: e4m3 below sm_89) are refused too.
     """
     tiles = max(1, int(variant.constexprs.get("BLOCK_TILES", 0)))  # flash_fwd_gluon: BLOCK_M rows are that many tiles
-    for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", MAX_BLOCK_D),
-                      ("BLOCK_D2", MAX_BLOCK_D)):
+    block_d_cap = MAX_BLOCK_DV if variant.kernel in VALUE_TILE_KERNELS else MAX_BLOCK_D
+    for name, cap in (("BLOCK_M", MAX_BLOCK_MN), ("BLOCK_N", MAX_BLOCK_MN), ("BLOCK_D", block_d_cap),
+                      ("BLOCK_D2", MAX_BLOCK_D), ("BLOCK_DV", MAX_BLOCK_DV)):
         value = int(variant.constexprs.get(name, 0))  # kv_append has no BLOCK_N (a copy, no key tile)
         value = value // tiles if name == "BLOCK_M" else value  # the cap is on a tile
         if value > cap:

@@ -145,3 +145,22 @@ def test_bench_mixed_quick_runs_end_to_end_on_cpu() -> None:
     assert lines[0].split()[-4:] == ["one_call_ms", "parts_ms", "ratio", "max_err"]
     assert len(lines) == 4 and "WRONG" not in proc.stdout
     assert lines[-1].startswith("one_call / parts: geomean")
+
+
+def test_mla_grid_and_quick_run_end_to_end_on_cpu(bench: ModuleType, tmp_path: Path) -> None:
+    """``--mla``: MLA's 576/512 latent cache, its qv form and SDPA; the grid from 4k keys, 128 and 16 heads."""
+    mla = __import__("bench_decode_mla")
+    args = bench.parse_args(["--mla"])
+    grid = mla.cases(args.batches, [n for n in args.lengths if n >= 4096], args.layouts)
+    assert {(c.heads, c.cache_len, c.dim, c.latent) for c in grid} == {
+        (h, n, 576, 512) for h in (128, 16) for n in (4096, 16384, 32768)}
+    assert grid[0].bytes == 1 * 2 * (4096 * 576 + 128 * (576 + 512))  # the cache once, q and out
+    out_csv = tmp_path / "decode.csv"
+    proc = subprocess.run([sys.executable, str(BENCH), "--mla", "--quick", "--csv", str(out_csv)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = list(csv.DictReader(out_csv.open()))
+    assert {r["provider"] for r in rows} == {"lazytriton_mla", "lazytriton_qv", "sdpa"}
+    assert all(r["check"] == "ok" for r in rows), rows
+    assert {r["head_dim"] for r in rows} == {"96/64"}
+    assert "mla/sdpa" in proc.stdout

@@ -364,9 +364,9 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("head_dim_v_mismatch", _set("v_cache", lambda a: a["v_cache"][..., :32]), ValueError,
      r"v must have shape \(2, 1, 2, 32\) \(k's batch, seqlen_new and heads, and v_cache's head dim\), got "
      r"\(2, 1, 2, 64\)"),
-    ("head_dim_v_too_big", _set("v_cache", lambda a: torch.zeros(*a["v_cache"].shape[:3], 512,
+    ("head_dim_v_too_big", _set("v_cache", lambda a: torch.zeros(*a["v_cache"].shape[:3], 520,
                                                                   dtype=a["v_cache"].dtype)), ValueError,
-     r"v_cache's head dim \(head_dim_v, v_cache.shape\[-1\]\) must be in 1..256, got 512"),
+     r"v_cache's head dim \(head_dim_v, v_cache.shape\[-1\]\) must be in 1..512, got 520"),
     ("window_below_minus_one", lambda a: {**a, "window_size": (-2, 0)}, ValueError, "window_size"),
     ("window_not_pair", lambda a: {**a, "window_size": 3}, TypeError, "window_size"),
     ("softcap_negative", lambda a: {**a, "softcap": -1.0}, ValueError, "softcap"),

@@ -54,7 +54,14 @@ A value head dim of its own (``head_dim_v``, DeepSeek's MLA) is the split
 kernel's ``BLOCK_DV``/``EVEN_DV``, written in a variant only where they differ
 from ``BLOCK_D``/``EVEN_D`` (``lazytriton.variant``'s rule for every attention
 kernel); the combine kernel sees only outputs, so its ``head_dim``, ``BLOCK_D``
-and ``EVEN_D`` are v's head dim.
+and ``EVEN_D`` are v's head dim, up to 512.
+
+``QV`` (FlashAttention-3's ``qv``, DeepSeek's MLA: the scores add qv . v) is
+a flag of the split kernel, written only when true: each row of ``Q`` then
+holds ``head_dim_v`` columns of qv followed by ``head_dim`` of the query (its
+strides are that tensor's), so it needs no parameter of its own; the binding
+lays the call out so (``mla.py``: MLA's latent cache is that layout as given,
+``K`` pointing at the key columns after v's).
 """
 
 from __future__ import annotations
@@ -110,7 +117,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
                 "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS",
-                "VARLEN_Q", "CHUNK", "KV_FP8"),
+                "VARLEN_Q", "CHUNK", "KV_FP8", "QV"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
 )

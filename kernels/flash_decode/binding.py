@@ -31,6 +31,7 @@ from lazytriton.kernels.flash_decode import (
     FLASH_DECODE_SPLIT,
     checks,
     combine_grid,
+    mla,
     split_grid,
 )
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
@@ -273,7 +274,7 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            leftpad=call.leftpad, rotary=call.rotary,
                                            rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
                                            varlen_q=call.varlen_q, chunk=call.chunked, kv_fp8=call.kv_fp8,
-                                           **common)  # type: ignore[arg-type]
+                                           qv=call.qv, **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, sinks=call.sinks,
                                              **common)  # type: ignore[arg-type]
@@ -286,8 +287,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
     The page size through ``page_block_limit``: its largest power-of-two
     divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
     Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``),
-    attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format, last): a key without them is
-    unchanged.
+    attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format), qv too (``QV_TAG``, last): a key
+    without them is unchanged.
     """
     from lazytriton import tuning
 
@@ -296,9 +297,10 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
             decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
             call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
             *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()),
-            *((call.kv_fp8,) if call.kv_fp8 != "none" else ()))
+            *((call.kv_fp8,) if call.kv_fp8 != "none" else ()), *(QV_TAG if call.qv else ()))
 
 
+QV_TAG = ("qv",)  # the memo key's last item for a call with qv . v in its scores (MLA)
 CHUNK_TAG = ("chunk",)  # the memo key's last item for a call with attention_chunk
 SINKS_TAG = ("sinks",)  # the memo key's item for a call with attention sinks
 VARLEN_Q_TAG = ("varlen_q",)  # the memo key's last item for a call whose queries are packed by cu_seqlens_q
@@ -379,14 +381,14 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
 
 def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
     """(split, combine) constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
-    padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_head_dim(call.value_dim)
+    padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_value_dim(call.value_dim)
     even, even_v = padded == call.head_dim, padded_v == call.value_dim
     split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "BLOCK_DV": padded_v,
              "EVEN_DV": even_v, "CAUSAL": call.causal, "PAGED": call.paged, "WINDOW": call.windowed,
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
              "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q,
-             "CHUNK": call.chunked, "KV_FP8": call.kv_fp8}
+             "CHUNK": call.chunked, "KV_FP8": call.kv_fp8, "QV": call.qv}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v, "SINKS": call.sinks}
 
 
@@ -416,6 +418,8 @@ def forward(t: Inputs, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = empty_outputs(t.q, call)
     if t.q.device.type == "meta":
         return out, lse
+    if call.qv:  # q as [qv | q], k_cache from the columns after v's (mla.py)
+        t = mla.kernel_inputs(t, call)
     kv_append.append(t, call)
     if out.numel() == 0 or call.rows == 0:
         return out, lse

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from lazytriton import geometry, launch
+from lazytriton import launch
 from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
+from lazytriton.kernels.flash_decode import mla
 from lazytriton.kernels.trust import indices_trusted
 from lazytriton.record import NamedTuple
 
@@ -58,6 +59,7 @@ class Inputs(NamedTuple):
     cu_seqlens_q: torch.Tensor | None = None
     k_descale: torch.Tensor | None = None
     v_descale: torch.Tensor | None = None
+    qv: torch.Tensor | None = None
 
 
 class Call(NamedTuple):
@@ -116,6 +118,7 @@ class Call(NamedTuple):
     total_q: int = 0
     attention_chunk: int = 0  # FlashAttention-3's chunked local attention (CHUNK); 0: off
     kv_fp8: str = "none"  # the caches' float8 format (KV_FP8), or none: q's dtype
+    qv: bool = False  # MLA's qv . v in the scores (QV; mla.py): head_dim is then q's without qv's columns
 
     @property
     def value_dim(self) -> int:
@@ -237,17 +240,15 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     dv = int(vc.shape[3])
     if dk != d:
         raise ValueError(f"k_cache has head dim {dk} but q has head dim {d}")
-    if not 1 <= d <= geometry.MAX_HEAD_DIM:
-        raise ValueError(f"head dim (q.shape[-1]) must be in 1..{geometry.MAX_HEAD_DIM}, got {d}")
-    if not 1 <= dv <= geometry.MAX_HEAD_DIM:
-        raise ValueError(f"v_cache's head dim (head_dim_v, v_cache.shape[-1]) must be in 1..{geometry.MAX_HEAD_DIM}, "
-                         f"got {dv}")
+    shared = mla.shared_cache(kc, vc)  # MLA's latent cache: v_cache = k_cache[..., :dv]
+    mla.check_head_dims(d, dv, shared)
     if hk == 0 or hq % hk:
         raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hk}) for GQA/MQA")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     page_size, capacity = _layout(t, q, b, rows_c, s_c)
     seqlen_new = _new_keys(t, q, b, hk, d, dv)
+    mla.check_new_keys(kc, vc, t.k, t.v, shared)
     seqlen_const = _seqlens(t, q, b, capacity, seqlen_new)
     if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, total * hq, b * sq * hq, rows_c * max(s_c, 1),
                                        seqlen_new * hk) > INT32_MAX:
@@ -290,6 +291,8 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
         call = _rotary(t, q, call, window_size, rotary_interleaved)
     if type(attention_chunk) is not int or attention_chunk != 0:
         call = _chunk(call, attention_chunk)
+    if t.qv is not None or shared:
+        call = mla.with_qv(call, t, q, softmax_scale, shared)
     return call
 
 

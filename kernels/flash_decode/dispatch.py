@@ -7,7 +7,7 @@ per key/value head and its cache capacity, as the binding does.
 from __future__ import annotations
 
 from lazytriton import tuning
-from lazytriton.geometry import padded_head_dim
+from lazytriton.geometry import padded_value_dim
 from lazytriton.kernels.flash_decode import kv_fp8 as fp8
 from lazytriton.kernels.request import Request
 from lazytriton.target import Target
@@ -68,6 +68,13 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     on CUDA take 5 stages (at most 76 KB, under the 99 KiB targets' limit).
     Not measured on a GPU yet. The combine kernel reads 16 rows x 16 splits
     of logsumexp at a time.
+
+    A value head dim of 512 (DeepSeek's MLA, ``head_dim`` here being the
+    larger of the two) holds a [BLOCK_M, 512] float32 accumulator and, with
+    QV, a [BLOCK_M, 512] qv tile in registers: 8 warps and at most 32 rows a
+    program (64 registers a thread for each), 32 keys a tile (32 KB of V at
+    16 bits), 3 stages (2 on the 99 KiB targets and AMD), paged or not.
+    Chosen from those register and shared-memory counts; not measured on a GPU.
     """
     if kernel not in DECODE_KERNELS:
         raise ValueError(f"kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
@@ -80,6 +87,8 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     # default binary serves every page size that is a multiple of 64 (what prewarm plans).
     block_n = 32 if head_dim == 256 or dtype == "fp32" else 128 if head_dim <= 64 and not paged else 64
     stages = 2 if hip or target.capability in SMALL_SHARED_CUDA else 3
+    if head_dim > 256:
+        return Config(min(decode_rows_class(rows), 32), min(32, key_block_limit(page_size)), 8, stages, waves)
     if paged and not hip:
         stages = 5
     return Config(decode_rows_class(rows), min(block_n, key_block_limit(page_size)), 4, stages, waves)
@@ -92,7 +101,7 @@ def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
 
     A row's BLOCK_N is cut down to what the page size allows (``key_block_limit``).
     """
-    padded = padded_head_dim(head_dim)
+    padded = padded_value_dim(head_dim)
     rows_table = tuning.table_for(kernel) if table is None else table
     row = tuning.lookup(rows_table, str(target), kernel, dtype, padded, causal, rows, capacity)
     if row is None:
@@ -108,7 +117,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
                    leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
                    sinks: bool = False, varlen_q: bool = False, chunk: bool = False,
-                   kv_fp8: str = fp8.NONE) -> Variant:
+                   kv_fp8: str = fp8.NONE, qv: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -136,11 +145,14 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     ``kv_fp8`` (a float8 cache: ``e4m3``, ``e5m2``) is KV_FP8 on the split
     kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
     raises ValueError naming k_cache. Its tiles are the call's dtype's.
+    ``qv`` (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v) is QV=true on the split kernel,
+    written only when set; ``head_dim`` is then q's and k's without qv's columns (MLA's 64 beside v's 512).
+    v's head dim goes up to 512 (``geometry.padded_value_dim``), q's and k's to 256.
     """
     dv = head_dim_v or head_dim
     if kernel == "flash_decode_combine":
         head_dim = dv
-    padded, padded_v = padded_head_dim(head_dim), padded_head_dim(dv)
+    padded, padded_v = padded_value_dim(head_dim), padded_value_dim(dv)
     sq, sk = tuning.bucket(rows), tuning.bucket(capacity)
     split = kernel == "flash_decode_split"
     cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
@@ -156,7 +168,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
                            ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size)),
                            ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved),
-                           ("VARLEN_Q", varlen_q), ("CHUNK", chunk)):
+                           ("VARLEN_Q", varlen_q), ("CHUNK", chunk), ("QV", qv)):
             if flag:
                 functional[name] = True
         fp8.require(target, kv_fp8)
@@ -192,7 +204,7 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
                           rotary_interleaved=request.rotary_interleaved, sinks=request.sinks,
-                          varlen_q=request.varlen_q, chunk=request.chunk, kv_fp8=request.kv_fp8)
+                          varlen_q=request.varlen_q, chunk=request.chunk, kv_fp8=request.kv_fp8, qv=request.qv)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -204,8 +216,9 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk", "kv_fp8")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk", "kv_fp8", "qv")
 PREWARM_WITH = ("kv_append",)
+PREWARM_MAX_HEAD_DIM_V = 512  # DeepSeek's MLA: v of 512 (--head-dim-v 512, with --qv for its latent cache)
 
 
 def explained(kernel: str, target: Target, call: Request) -> tuple[Variant, Config, tuning.Row | None]:

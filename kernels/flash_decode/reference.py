@@ -101,16 +101,19 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       alibi_slopes: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                       rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
                       rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None,
-                      k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None
+                      k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
+                      qv: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim_v).
 
     v_cache (and v) may have a head dim of their own (head_dim_v); the scale defaults to 1/sqrt(q's head dim).
     A float8 cache is read dequantised (``k_descale``, ``v_descale``: None is 1.0) in q's dtype.
+    ``qv`` (FlashAttention-3's, (batch, seqlen_q, heads, head_dim_v)) adds qv . v to the scores, and the scale's
+    default is then 1/sqrt(head_dim + head_dim_v) (``hopper/test_util.py``'s ``attention_ref``).
     """
     batch, sq, hq, d = q.shape
     hk, dv = k_cache.shape[2], v_cache.shape[3]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    scale = 1.0 / math.sqrt(d + (0 if qv is None else dv)) if softmax_scale is None else softmax_scale
     page = k_cache.shape[1] if block_table is not None else 0
     capacity = block_table.shape[1] * page if block_table is not None else k_cache.shape[1]
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
@@ -150,7 +153,10 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             values = (values.double() * vd[:, None]).to(q.dtype)
         keys = keys.repeat_interleave(hq // hk, dim=1).transpose(0, 1)  # (hq, length, d)
         values = values.repeat_interleave(hq // hk, dim=1).transpose(0, 1)
-        scores = (queries.transpose(0, 1) @ keys.transpose(-1, -2)).to(work) * scale  # (hq, sq, length)
+        scores = queries.transpose(0, 1) @ keys.transpose(-1, -2)  # (hq, sq, length)
+        if qv is not None:
+            scores = scores + qv[b].transpose(0, 1) @ values.transpose(-1, -2)
+        scores = scores.to(work) * scale
         if softcap > 0:
             scores = torch.tanh(scores / softcap) * softcap
         diag = torch.arange(sq)[:, None] + length - sq

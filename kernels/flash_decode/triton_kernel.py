@@ -77,6 +77,13 @@ head's k_descale (``KDescale`` at batch x ``stride_kdb`` + head x
 strides; 1.0 without ``use_k_descale``) joins the softmax scale, and its
 v_descale multiplies the accumulator once, after the loop.
 
+``QV`` (FlashAttention-3's ``qv``, DeepSeek's MLA) adds qv . v to every
+score: each row of Q holds head_dim_v columns of qv, then head_dim of the
+query (the binding lays q out so: MLA's cache form, q = [q_nope | q_pe]
+against a cache whose first head_dim_v columns are v, is that layout as
+given), so S = (q . k + qv . v) x sm_scale. The V tile loaded for P . V
+serves the qv product too: each key's bytes are read once.
+
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
 flattened (batch, query head, query) rows. First the total lse over the
 splits (BLOCK_N of them per step, online), then out = sum over splits of
@@ -141,15 +148,17 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, a
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, offs_dv, rows_i, slopes,
+def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, offs_dv, rows_i, slopes,
             length, offset, head_dim, head_dim_v, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
             window_left, window_right, qk_scale, cap, leftpad, attention_chunk,
             MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-            IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr, CHUNK: tl.constexpr):
+            IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr, CHUNK: tl.constexpr,
+            QV: tl.constexpr):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2).
 
     A float8 cache's tiles are converted to q's dtype as they are loaded (a no-op for a cache of q's dtype).
+    With ``QV`` the scores add ``qv`` . v (the V tile of P . V).
     """
     cols = start_n + offs_n
     if PAGE_GATHER:  # the block spans pages: each key's page (only those of keys in [leftpad, length) are read)
@@ -195,8 +204,12 @@ def _attend(acc, l_i, m_i, q, K, V, BlockTable, k_base, v_base, start_n, offs_n,
     v = v.to(q.dtype)
     if IEEE:
         qk = tl.dot(q, k, input_precision="ieee")
+        if QV:
+            qk = tl.dot(qv, tl.trans(v), qk, input_precision="ieee")
     else:
         qk = tl.dot(q, k)
+        if QV:
+            qk = tl.dot(qv, tl.trans(v), qk)
     qk = qk * qk_scale
     if SOFTCAP:
         qk = _tanh(qk) * cap
@@ -274,7 +287,7 @@ def flash_decode_split_kernel(
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
     PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
     SINKS: tl.constexpr = False, VARLEN_Q: tl.constexpr = False, CHUNK: tl.constexpr = False,
-    KV_FP8: tl.constexpr = "none",
+    KV_FP8: tl.constexpr = "none", QV: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -305,11 +318,19 @@ def flash_decode_split_kernel(
     dv_ok = offs_dv < head_dim_v
 
     q_rows = Q + batch * stride_qb + (q_start + rows_i) * stride_qs + heads * stride_qh
+    if QV:  # each row is [qv | q]: qv's head_dim_v columns, then the query's
+        if EVEN_DV:
+            qv = tl.load(q_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None], other=0.0)
+        else:
+            qv = tl.load(q_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+        q_rows = q_rows + head_dim_v
     q_ptrs = q_rows[:, None] + offs_d[None, :]
     if EVEN_D:
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if not QV:
+        qv = q  # unread
 
     if use_seqlens != 0:
         length = tl.load(Seqlens + batch) + seqlen_new
@@ -362,23 +383,23 @@ def flash_decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in range(lo, tl.minimum(full_begin, hi), BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
                                 attention_chunk, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
-                                LEFTPAD, PAGE_GATHER, CHUNK)
+                                LEFTPAD, PAGE_GATHER, CHUNK, QV)
     for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
                                 attention_chunk, False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
-                                LEFTPAD, PAGE_GATHER, CHUNK)
+                                LEFTPAD, PAGE_GATHER, CHUNK, QV)
     for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
                                 attention_chunk, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
-                                LEFTPAD, PAGE_GATHER, CHUNK)
+                                LEFTPAD, PAGE_GATHER, CHUNK, QV)
 
     if KV_FP8 != "none":  # the cache holds v / v_descale
         acc = acc * _descale(VDescale, batch * stride_vdb + kv_head * stride_vdh, use_v_descale)

@@ -71,7 +71,7 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
     from lazytriton.variant import Variant, pairs
 
     padded, dv = geometry.padded_head_dim(head_dim), head_dim_v or head_dim
-    padded_v = geometry.padded_head_dim(dv)
+    padded_v = geometry.padded_value_dim(dv)  # up to 512 (MLA's latent)
     functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
                                          "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):

@@ -118,7 +118,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
 
 def interpreter_constexprs(call: Call) -> dict[str, Any]:
     """The constexprs for Triton's interpreter (a small row tile, so several programs run on test shapes)."""
-    padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_head_dim(call.value_dim)
+    padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_value_dim(call.value_dim)
     return {"BLOCK_M": 4, "BLOCK_D": padded, "EVEN_D": padded == call.head_dim, "BLOCK_DV": padded_v,
             "EVEN_DV": padded_v == call.value_dim, "PAGED": call.paged, "ROTARY": call.rotary,
             "ROTARY_INTERLEAVED": call.rotary_interleaved, "KV_FP8": call.kv_fp8}

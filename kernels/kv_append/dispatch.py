@@ -20,6 +20,7 @@ from lazytriton.variant import Variant
 PREWARM_DTYPES = ("bf16", "fp16")  # the decoding kernels' (flash_decode.dispatch.PREWARM_*)
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_PAGED = True
+PREWARM_MAX_HEAD_DIM_V = 512  # the decoding kernels' (MLA's latent: v of 512)
 
 
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,

@@ -435,7 +435,8 @@ def add_parser(sub: Any) -> None:
                          "or one kernel (default: flash_fwd)")
     ex.add_argument("--dtype", choices=DTYPES, required=True)
     ex.add_argument("--head-dim", type=int, required=True)
-    ex.add_argument("--head-dim-v", type=int, default=None, help="v's head dim, if it differs from --head-dim")
+    ex.add_argument("--head-dim-v", type=int, default=None,
+                    help="v's head dim, if it differs from --head-dim (up to 512 for flash_decode and kv_append)")
     ex.add_argument("--seqlen-q", type=int, required=True)
     ex.add_argument("--seqlen-k", type=int, help="default: seqlen-q")
     ex.add_argument("--causal", choices=CAUSAL_MODES, default="none")
@@ -459,7 +460,9 @@ def add_parser(sub: Any) -> None:
                        ("sinks", "attention sinks (sinks/s_aux: SINKS=true on the forward and decoding kernels)"),
                        ("varlen-q", "flash_decode: queries packed by cu_seqlens_q (VARLEN_Q=true)"),
                        ("attention-chunk", "FlashAttention-3's attention_chunk (CHUNK=true on flash_fwd, flash_bwd "
-                                           "and flash_decode's split kernel; the size is a runtime argument)")):
+                                           "and flash_decode's split kernel; the size is a runtime argument)"),
+                       ("qv", "flash_decode: FlashAttention-3's qv (QV=true on the split kernel; MLA's latent "
+                              "cache, 576/512, is --head-dim 64 --head-dim-v 512 --qv)")):
         ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
     ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
                     help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "

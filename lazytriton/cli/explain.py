@@ -94,7 +94,7 @@ def explain_report(args: argparse.Namespace) -> Report:
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
                         rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
                         bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"],
-                        kv_fp8=kv_dtype, slot64=(slots or "int64") == "int64")
+                        kv_fp8=kv_dtype, slot64=(slots or "int64") == "int64", qv=flags["qv"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
@@ -180,6 +180,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     if rotary != "none" and not decoding:
         raise ValueError(f"--rotary is flash_attn_with_kvcache's rotary_cos/rotary_sin: only flash_decode and "
                          f"kv_append take it, not {', '.join(kernels)}")
+    if flags.get("qv") and not decoding:
+        raise ValueError(f"--qv is flash_attn_with_kvcache's qv (MLA): only flash_decode and kv_append take it, not "
+                         f"{', '.join(kernels)}")
     if kv_dtype != "none" and not decoding:
         raise ValueError(f"--kv-dtype is flash_attn_with_kvcache's float8 cache: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
@@ -264,8 +267,9 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     q = meta(seqlen_q, 1, head_dim) if packed else meta(1, seqlen_q, 1, head_dim)
     caches = (meta(*cache, 1, head_dim, of=cache_dtype), meta(*cache, 1, head_dim_v, of=cache_dtype)) if cache_dtype \
         else (meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v))
+    qv = meta(*q.shape[:-1], head_dim_v) if flags.get("qv") else None
     inputs = decode.Inputs(q, *caches, *new, lens, None, table, slopes,
-                           pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None)
+                           pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None, qv=qv)
     decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved",
                  max_seqlen_q=seqlen_q if packed else None, attention_chunk=chunk)
 
@@ -274,12 +278,14 @@ def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
     From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--bias-grad``,
-    ``--leftpad``, ``--seqused-q``, ``--seqused-k``, ``--sinks``, ``--varlen-q`` and ``--attention-chunk``.
+    ``--leftpad``, ``--seqused-q``, ``--seqused-k``, ``--sinks``, ``--varlen-q``, ``--attention-chunk`` and
+    ``--qv``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
              ("bias", "attn_mask"), ("bias_grad", "bias_grad"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"),
-             ("seqused_k", "seqused_k"), ("sinks", "sinks"), ("varlen_q", "varlen_q"), ("chunk", "attention_chunk"))}
+             ("seqused_k", "seqused_k"), ("sinks", "sinks"), ("varlen_q", "varlen_q"), ("chunk", "attention_chunk"),
+             ("qv", "qv"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -332,6 +338,9 @@ def print_explain(report: Report) -> None:
               + (f"; a float8 cache ({call['kv_dtype']}: KV_FP8={call['kv_dtype']} on the split kernel, which "
                  "dequantises in registers, and kv_append, which quantises new keys as x / descale)"
                  if call.get("kv_dtype", "none") != "none" else "")
+              + ("; qv (QV=true on the split kernel): the scores add qv . v, the V tile read once for both "
+                 "products; MLA's latent cache (v_cache = k_cache[..., :512], head dim 576) runs this variant at "
+                 "head_dim 64" if call.get("qv") else "")
               + "; the combine runs only when a call splits its keys")
     if call["kernel"] == "kv_slots":
         print(f"         kv_slots: seqlen_q counts the tokens written, seqlen_k the cache's slots; slot_mapping "
