@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
-# image (verifyimages), the multi-GPU tests (devices), C API (capi), benchmarks (bench, bwd, grids, decode, ...),
+# image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), C API (capi),
+# benchmarks (bench, bwd, grids, decode, fp8, serving, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -58,6 +59,28 @@ case " $* " in *" tests "*)
   # the host lacks): 4 processes share the GPU and the cache.
   timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest tests -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} \
     --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | tail -32 ;;
+esac
+case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet (NEW_TESTS: another list)
+  timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_fp8_fwd.py tests/test_fp8_reach.py \
+    tests/test_fp8_kvcache.py tests/test_mla.py tests/test_kv_slots.py tests/test_example_vllm.py \
+    tests/test_flash_bwd_dsinks.py tests/test_capi_chunk.py tests/test_capi_sinks.py tests/test_native_decode.py \
+    tests/test_kvcache_rotary.py tests/test_sinks.py tests/test_sdpa_mask_grad.py tests/test_kvcache_varlen_q.py \
+    tests/test_attention_chunk.py tests/test_capi_kvcache_varlen.py tests/test_capi_combine.py tests/test_varlen.py \
+    tests/test_varlen_seqused.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
+    | tee "$OUT/new_gpu_tests.log" | tail -32 ;;
+esac
+case " $* " in *" fp8 "*)  # FP8: the forward beside our bf16 forward (and torch's fp8 SDPA where it takes fp8), the
+  # float8 KV cache's decoding beside the bf16 cache's, in the same run
+  python3 benchmarks/bench_flash_fwd.py --fp8 --head-dims 64,128,256 --csv "$OUT/flash_fwd_fp8.csv" ${FP8_ARGS:-} 2>&1 \
+    | tee "$OUT/bench_fp8_fwd.log" | tail -20
+  python3 benchmarks/bench_decode.py --kv-dtype e4m3 --batches 1,8,32 --lengths 4k,16k,32k \
+    --csv "$OUT/decode_fp8.csv" 2>&1 | tee "$OUT/bench_decode_fp8.log" | tail -20 ;;
+esac
+case " $* " in *" serving "*)  # MLA's latent-cache decoding, the slot write, the mixed prefill + decode call
+  python3 benchmarks/bench_decode.py --mla --batches 1,8,32,64 --lengths 4k,16k,32k --csv "$OUT/decode_mla.csv" 2>&1 \
+    | tee "$OUT/bench_mla.log" | tail -20
+  python3 benchmarks/bench_kv_slots.py --csv "$OUT/kv_slots.csv" 2>&1 | tee "$OUT/bench_kv_slots.log" | tail -12
+  python3 benchmarks/bench_mixed.py --page-size 16,256 2>&1 | tee "$OUT/bench_mixed.log" | tail -12 ;;
 esac
 case " $* " in *" demo "*)
   lazytriton demo > "$OUT/demo1.log" 2>&1; lazytriton demo > "$OUT/demo2.log" 2>&1
