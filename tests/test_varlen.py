@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from conftest import recording_backend
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu
 
@@ -183,15 +184,7 @@ def test_torch_compile_traces_forward_and_backward_in_one_graph() -> None:
     inputs = make_inputs(case)
     q, k, v, do = (inputs[n] for n in ("q", "k", "v", "do"))
     graphs: list[str] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from torch._dynamo.backends.common import aot_autograd
-
-        def keep(g: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
-            graphs.append(str(g.graph))
-            return g
-
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+    backend = recording_backend(graphs)
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = lazytriton.flash_attn_varlen_func(q * 2, k, v, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
