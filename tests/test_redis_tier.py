@@ -394,6 +394,7 @@ def _report_and_check(rows: list[dict[str, Any]], baseline: list[float], hits_rt
         "redis_commands_sent_while_open": sum(r["commands"] for r in misses if r["open"]),
         "shared_tier_cpu_ms_while_open_max": max(r["shared_cpu_s"] for r in misses if r["open"]) * 1000,
         "detecting_calls_ms": [round(r["s"] * 1000, 2) for r in detect],
+        "slowest_miss_ms_redis_up": _pct(up, 1.0),
         "local_hit_ms_p50_up_down": (_pct(hits["up"], 0.5), _pct(hits["down"], 0.5)),
         "redis_commands_sent_by_hits": hits_rt.shared.calls if hits_rt.shared is not None else None,
     }
@@ -410,7 +411,10 @@ def _report_and_check(rows: list[dict[str, Any]], baseline: list[float], hits_rt
     assert report["shared_tier_cpu_ms_while_open_max"] <= 50.0, "an open breaker adds no real work to a miss"
     assert report["shared_tier_ms_while_open_p50_p99_max"][0] <= 5.0
     assert report["added_ms_while_open_p50"] <= 5.0
-    assert all(ms <= 100 for ms in report["detecting_calls_ms"]), "the call that found Redis down was not held up"
+    # Held up: waiting on Redis (a timeout, retries) 100 ms past the slowest of the hundreds of misses while Redis
+    # was up, which bounds what the machine's load alone makes of a call (a few ms on an idle machine).
+    assert all(ms <= 100 + report["slowest_miss_ms_redis_up"] for ms in report["detecting_calls_ms"]), (
+        "the call that found Redis down was held up")
     assert report["redis_commands_sent_by_hits"] == 0, "a local hit never touches Redis"
     assert statistics.median(hits["down"]) <= statistics.median(hits["up"]) + 0.005
     assert "unreachable" in log_text and "answers again" in log_text
