@@ -107,6 +107,21 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
                           timeout=timeout, check=False)
 
 
+def recording_backend(graphs: list[str]) -> Any:
+    """A torch.compile backend that appends each graph AOTAutograd compiles (forward, then backward) to ``graphs``."""
+
+    def backend(gm: Any, example_inputs: list[Any]) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+
+        def keep(g: Any, _: Any) -> Any:
+            graphs.append(str(g.graph))
+            return g
+
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+
+    return backend
+
+
 def sass_of(cubin: bytes, tmp_path: Path) -> str:
     """The SASS of a cubin, by the cuobjdump that Triton ships."""
     import triton.backends.nvidia as nvidia

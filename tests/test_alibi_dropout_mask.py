@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from flash_rule import check_rule
 from test_flash_bwd import GRAD_FLOOR, grads_of
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of, twin_line
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -40,16 +41,6 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # FlashAttention-2's test_flash_attn_output seqlen pairs, reduced: unequal, odd, fewer and more keys.
 SEQLENS = ((13, 21), (21, 13), (1, 17), (16, 16), (17, 1), (9, 33))
 HEADS = ((2, 2), (4, 2), (2, 1))
-
-
-def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.double() - ref.double()).abs().max()) if a.numel() else 0.0
-
-
-def _assert_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float) -> None:
-    err, same_err = _max_err(got, exact), _max_err(same, exact)
-    floor *= max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
-    assert err <= 2 * same_err + floor, f"{name}: max error {err:.3g} > 2 x same-dtype's {same_err:.3g} + {floor:.3g}"
 
 
 def _bshd(*t: torch.Tensor) -> list[torch.Tensor]:
@@ -128,13 +119,13 @@ def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
     same_out, same_lse = attention_reference(q, k, v, **kwargs)
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in got)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
-    _assert_rule("out", out, ref_out, same_out, OUT_FLOOR[case.dtype])
+    check_rule("out", out, ref_out, same_out, OUT_FLOOR[case.dtype])
     seen = ~torch.isneginf(ref_lse)
-    _assert_rule("lse", lse[seen], ref_lse[seen], same_lse[seen], LSE_FLOOR)
+    check_rule("lse", lse[seen], ref_lse[seen], same_lse[seen], LSE_FLOOR)
     exact = grads_of(ref, q.double(), k.double(), v.double(), do.double())
     same = grads_of(ref, q, k, v, do)
     for name, g, e, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[case.dtype])
+        check_rule(name, g, e, s, GRAD_FLOOR[case.dtype])
 
 
 def test_alibi_is_flash_attentions_bias() -> None:
@@ -602,7 +593,7 @@ def test_gpu_alibi_dropout_follow_flash_attentions_rule(dtype: torch.dtype, caus
                               "dropout_p": p, "keep": keep}
     ref_out, _ = attention_reference(q.double(), k.double(), v.double(), **kwargs)
     same_out, _ = attention_reference(q, k, v, **kwargs)
-    _assert_rule("out", out, ref_out, same_out, OUT_FLOOR[dtype])
+    check_rule("out", out, ref_out, same_out, OUT_FLOOR[dtype])
 
     def ref(*t: torch.Tensor) -> torch.Tensor:
         return attention_reference(*t, **kwargs)[0]
@@ -610,7 +601,7 @@ def test_gpu_alibi_dropout_follow_flash_attentions_rule(dtype: torch.dtype, caus
     exact = grads_of(ref, q.double(), k.double(), v.double(), do.double())
     same = grads_of(ref, q, k, v, do)
     for name, g, e, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[dtype])
+        check_rule(name, g, e, s, GRAD_FLOOR[dtype])
 
 
 @on_gpu
@@ -623,7 +614,7 @@ def test_gpu_sdpa_masks_match_torch() -> None:
                 q.double(), k.double(), v.double(), attn_mask=mask if mask.dtype == torch.bool else mask.double())
             same = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask if mask.dtype == torch.bool else mask.bfloat16())
-        _assert_rule("out", out, exact, same, OUT_FLOOR[torch.bfloat16])
+        check_rule("out", out, exact, same, OUT_FLOOR[torch.bfloat16])
 
 
 @on_gpu

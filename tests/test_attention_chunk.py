@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from flash_rule import check_rule
 from test_flash_bwd import GRAD_FLOOR, grads_of
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of
 
@@ -79,18 +80,6 @@ def _no_key_rows(case: Case) -> torch.Tensor:
     return ~keep.any(-1)
 
 
-def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.detach().double() - ref.detach().double()).abs().max()) if a.numel() else 0.0
-
-
-def _assert_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float,
-                 times: float) -> None:
-    err, same_err = _max_err(got, exact), _max_err(same, exact)
-    floor *= max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
-    assert err <= times * same_err + floor, (f"{name}: max error {err:.3g} > {times} x same-dtype's {same_err:.3g} "
-                                             f"+ {floor:.3g}")
-
-
 # ---------------------------------------------------------------------------
 # The reference's mask is FlashAttention-3's
 
@@ -133,9 +122,9 @@ def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
     no_key = _no_key_rows(case)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse is -inf exactly where a row sees no key"
     assert (out[:, :, no_key] == 0).all() and (got[0][:, :, no_key] == 0).all(), "rows without keys: 0 and dq 0"
-    _assert_rule("out", out, ref_out, same_out, OUT_FLOOR[case.dtype], 2)
+    check_rule("out", out, ref_out, same_out, OUT_FLOOR[case.dtype], 2)
     seen = ~torch.isneginf(ref_lse)
-    _assert_rule("lse", lse[seen], ref_lse[seen], same_lse[seen], LSE_FLOOR, 2)
+    check_rule("lse", lse[seen], ref_lse[seen], same_lse[seen], LSE_FLOOR, 2)
 
     def ref(*t: torch.Tensor) -> torch.Tensor:
         return attention_reference(*t, **ref_kwargs)[0]
@@ -143,7 +132,7 @@ def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
     exact = grads_of(ref, q.double(), k.double(), v.double(), do.double())
     same = grads_of(ref, q, k, v, do)
     for name, g, e, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[case.dtype], 3)
+        check_rule(name, g, e, s, GRAD_FLOOR[case.dtype], 3)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -308,11 +297,11 @@ def test_varlen_chunks_each_sequence_bottom_right(chunk: int, causal: bool, wind
             return attention_reference(*t, **ref_kwargs)[0]
 
         exact_out, same_out = ref(*(t.double() for t in seq)), ref(*seq)
-        _assert_rule("out", out[rows].transpose(0, 1)[None], exact_out, same_out, OUT_FLOOR[torch.float16], 2)
+        check_rule("out", out[rows].transpose(0, 1)[None], exact_out, same_out, OUT_FLOOR[torch.float16], 2)
         exact = grads_of(ref, *(t.double() for t in seq), seq_do.double())
         same = grads_of(ref, *seq, seq_do)
         for name, g, span, e, s in zip(("dq", "dk", "dv"), got, (rows, cols, cols), exact, same, strict=True):
-            _assert_rule(name, g[span].transpose(0, 1)[None], e, s, GRAD_FLOOR[torch.float16], 3)
+            check_rule(name, g[span].transpose(0, 1)[None], e, s, GRAD_FLOOR[torch.float16], 3)
         start_q, start_k = start_q + lq, start_k + lk
 
 
@@ -369,7 +358,7 @@ def test_kvcache_chunks_bottom_right_over_contiguous_and_paged_caches(seqlen_q: 
         seq = [q[i:i + 1].transpose(1, 2), *(c[i:i + 1, :length].transpose(1, 2) for c in (k_cache, v_cache))]
         exact = attention_reference(*(t.double() for t in seq), **ref_kwargs)[0]
         same = attention_reference(*seq, **ref_kwargs)[0]
-        _assert_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.float16], 2)
+        check_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.float16], 2)
 
 
 def test_kvcache_with_packed_queries_and_new_keys_chunks_each_sequence() -> None:
@@ -537,9 +526,9 @@ def test_gpu_forward_and_backward_follow_flash_attentions_rule(seqlen: int, chun
 
     exact = grads_of(ref, q.float(), k.float(), v.float(), do.float())
     same = grads_of(ref, q, k, v, do)
-    _assert_rule("out", out, ref(q.float(), k.float(), v.float()), ref(q, k, v), OUT_FLOOR[torch.bfloat16], 2)
+    check_rule("out", out, ref(q.float(), k.float(), v.float()), ref(q, k, v), OUT_FLOOR[torch.bfloat16], 2)
     for name, g, e, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[torch.bfloat16], 3)
+        check_rule(name, g, e, s, GRAD_FLOOR[torch.bfloat16], 3)
 
 
 @on_gpu
@@ -563,4 +552,4 @@ def test_gpu_kvcache_with_a_chunk(splits: int, paged: bool) -> None:
         seq = [q[i:i + 1].transpose(1, 2), *(c[i:i + 1, :length].transpose(1, 2) for c in (k_cache, v_cache))]
         exact = attention_reference(*(t.float() for t in seq), attention_chunk=chunk)[0]
         same = attention_reference(*seq, attention_chunk=chunk)[0]
-        _assert_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.bfloat16], 2)
+        check_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.bfloat16], 2)

@@ -8,8 +8,6 @@ run).
 
 from __future__ import annotations
 
-import csv
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from benchlib import bench_module, run_bench
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "bench_decode.py"
@@ -25,10 +24,7 @@ BENCH = REPO / "benchmarks" / "bench_decode.py"
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The benchmark as a module (it imports its neighbour csvlog, as when run as a script)."""
-    import importlib
-
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    yield importlib.import_module("bench_decode")
+    yield bench_module(monkeypatch, BENCH)
 
 
 def test_the_grid_is_the_issues_decoding_grid(bench: ModuleType) -> None:
@@ -92,12 +88,8 @@ def test_table_reports_speedups_a_wrong_row_and_a_failure(bench: ModuleType) -> 
 
 
 def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
-    out_csv, out_dir = tmp_path / "decode.csv", tmp_path / "out"
-    env = {**os.environ, "OUT": str(out_dir)}
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--csv", str(out_csv)], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = list(csv.DictReader(out_csv.open()))
+    out_dir = tmp_path / "out"
+    rows, _ = run_bench(BENCH, tmp_path / "decode.csv", "--quick", out_dir=out_dir)
     assert {(r["provider"], r["layout"]): r["check"] for r in rows} == {
         ("lazytriton", "contiguous"): "ok", ("sdpa", "contiguous"): "ok", ("lazytriton", "paged"): "ok",
         ("sdpa", "paged"): "ok", ("sdpa_gather", "paged"): "ok"}
@@ -126,14 +118,10 @@ def test_rotary_adds_the_step_without_and_with_it(bench: ModuleType) -> None:
 
 def test_quick_rotary_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     """The step's reference rotates q and the new key: a call that skipped the rotation would be ``wrong``."""
-    out_csv = tmp_path / "decode.csv"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--rotary", "interleaved", "--csv", str(out_csv)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = list(csv.DictReader(out_csv.open()))
+    rows, stdout = run_bench(BENCH, tmp_path / "decode.csv", "--quick", "--rotary", "interleaved")
     assert {r["provider"] for r in rows if r["check"] == "ok"} >= {"lazytriton_append", "lazytriton_rotary"}
     assert all(r["check"] == "ok" for r in rows)
-    assert "rotary (ms)" in proc.stdout and proc.stdout.splitlines()[-1].startswith("max")
+    assert "rotary (ms)" in stdout and stdout.splitlines()[-1].startswith("max")
 
 
 def test_bench_mixed_quick_runs_end_to_end_on_cpu() -> None:

@@ -7,16 +7,13 @@ with the same argument path as the GPU run's Triton JIT provider).
 
 from __future__ import annotations
 
-import csv
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from benchlib import bench_module, run_bench
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "bench_flash_bwd.py"
@@ -25,11 +22,7 @@ BENCH = REPO / "benchmarks" / "bench_flash_bwd.py"
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The benchmark as a module (it imports its neighbour csvlog, as when run as a script)."""
-    import importlib
-
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    module = importlib.import_module("bench_flash_bwd")
-    yield module
+    yield bench_module(monkeypatch, BENCH)
 
 
 def test_full_grid_is_the_forward_grid(bench: ModuleType) -> None:
@@ -117,19 +110,15 @@ def test_table_counts_the_rows_under_issue_12s_line(bench: ModuleType) -> None:
 
 def test_cpu_smoke_runs_end_to_end(tmp_path: Path) -> None:
     """One tiny case on CPU: every provider either checked and timed or reported failed; rows and log written."""
-    out_csv, out_dir = tmp_path / "flash_bwd.csv", tmp_path / "out"
-    env = {**os.environ, "OUT": str(out_dir)}
-    proc = subprocess.run([sys.executable, str(BENCH), "--cpu-smoke", "--csv", str(out_csv)], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = list(csv.DictReader(out_csv.open()))
+    out_dir = tmp_path / "out"
+    rows, stdout = run_bench(BENCH, tmp_path / "flash_bwd.csv", "--cpu-smoke", out_dir=out_dir)
     checks = {(r["provider"], r["mode"]): r["check"] for r in rows}
     assert checks == {("lazytriton", "bwd"): "ok", ("triton_jit", "bwd"): "ok", ("sdpa_flash", "bwd"): "ok",
                       ("sdpa_cudnn", "bwd"): "failed", ("lazytriton", "fwd+bwd"): "ok",
                       ("sdpa_flash", "fwd+bwd"): "ok", ("sdpa_cudnn", "fwd+bwd"): "failed"}
     assert all(r["kernel"] == "flash_bwd" and r["seqlen"] == "64" for r in rows)
     assert all(float(r["p50_ms"]) > 0 for r in rows if r["check"] == "ok")
-    lines = proc.stdout.splitlines()
+    lines = stdout.splitlines()
     table = [n for n, line in enumerate(lines) if line.startswith("TFLOP/s")]
     assert len(table) == 2
     assert not any(line.startswith("bf16 hd32  causal  64  bwd") for line in lines[table[0]:])  # the table is last

@@ -6,12 +6,11 @@ through Triton's interpreter, with the same providers, checks and CSV rows as th
 
 from __future__ import annotations
 
-import csv
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from benchlib import run_bench
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "bench_flash_combine.py"
@@ -27,12 +26,7 @@ def test_list_prints_the_grid_without_a_gpu() -> None:
 
 
 def test_quick_runs_both_providers_and_writes_checked_rows(tmp_path: Path) -> None:
-    out_csv = tmp_path / "combine.csv"
-    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--csv", str(out_csv)], capture_output=True,
-                          text=True, timeout=300, check=False, env=dict(os.environ, OUT=str(tmp_path)), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    with out_csv.open() as f:
-        rows = list(csv.DictReader(f))
+    rows, _ = run_bench(BENCH, tmp_path / "combine.csv", "--quick", out_dir=tmp_path, cwd=tmp_path, timeout=300)
     assert [(r["provider"], r["case"]) for r in rows] == [("lazytriton", "decode"), ("torch", "decode"),
                                                           ("lazytriton", "prefill"), ("torch", "prefill")]
     assert {r["check"] for r in rows} == {"ok"} and {r["kernel"] for r in rows} == {"flash_combine"}

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+from benchlib import bench_module
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "bench_flash_fwd.py"
@@ -18,10 +19,7 @@ BENCH = REPO / "benchmarks" / "bench_flash_fwd.py"
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    import importlib
-
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    yield importlib.import_module("bench_flash_fwd")
+    yield bench_module(monkeypatch, BENCH)
 
 
 def test_a_cases_providers_are_timed_together_in_turns(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:

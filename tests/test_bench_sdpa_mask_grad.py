@@ -7,15 +7,12 @@ providers reported as failed.
 
 from __future__ import annotations
 
-import csv
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from benchlib import bench_module, run_bench
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "bench_sdpa_mask_grad.py"
@@ -24,10 +21,7 @@ BENCH = REPO / "benchmarks" / "bench_sdpa_mask_grad.py"
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The benchmark as a module (it imports its neighbour csvlog, as when run as a script)."""
-    import importlib
-
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    yield importlib.import_module("bench_sdpa_mask_grad")
+    yield bench_module(monkeypatch, BENCH)
 
 
 def test_mask_forms_and_arguments(bench: ModuleType) -> None:
@@ -40,12 +34,8 @@ def test_mask_forms_and_arguments(bench: ModuleType) -> None:
 
 
 def test_cpu_smoke_runs_end_to_end(tmp_path: Path) -> None:
-    out_csv, out_dir = tmp_path / "sdpa_mask_grad.csv", tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(BENCH), "--cpu-smoke", "--csv", str(out_csv)],
-                          env={**os.environ, "OUT": str(out_dir)}, capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = list(csv.DictReader(out_csv.open()))
+    out_dir = tmp_path / "out"
+    rows, _ = run_bench(BENCH, tmp_path / "sdpa_mask_grad.csv", "--cpu-smoke", out_dir=out_dir)
     assert {(r["provider"], r["mask"]) for r in rows} == {
         (p, m) for p in ("lazytriton_mask_grad", "lazytriton_detached") for m in ("heads", "keys")}
     assert all(r["check"] == "ok" and float(r["p50_ms"]) > 0 for r in rows)

@@ -6,16 +6,13 @@ The benchmark itself needs the H200; these keep it importable and runnable
 
 from __future__ import annotations
 
-import csv
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from benchlib import bench_module, run_bench
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "bench_varlen.py"
@@ -23,10 +20,7 @@ BENCH = REPO / "benchmarks" / "bench_varlen.py"
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    import importlib
-
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    yield importlib.import_module("bench_varlen")
+    yield bench_module(monkeypatch, BENCH)
 
 
 def test_the_batch_is_fixed_and_flops_count_real_tokens(bench: ModuleType) -> None:
@@ -58,11 +52,7 @@ def test_padding_round_trips_and_the_check_flags_a_wrong_answer(bench: ModuleTyp
 
 def test_cpu_smoke_runs_end_to_end(tmp_path: Path) -> None:
     """A tiny batch on CPU: every provider checked and timed, or reported failed or unchecked; rows written."""
-    out_csv = tmp_path / "varlen.csv"
-    proc = subprocess.run([sys.executable, str(BENCH), "--cpu-smoke", "--causal", "full", "--csv", str(out_csv)],
-                          env=dict(os.environ), capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = list(csv.DictReader(out_csv.open()))
+    rows, stdout = run_bench(BENCH, tmp_path / "varlen.csv", "--cpu-smoke", "--causal", "full")
     checks = {(r["provider"], r["mode"]): r["check"] for r in rows}
     for mode in ("fwd", "fwd+bwd"):
         assert checks[("lt_varlen", mode)] == checks[("lt_varlen_api", mode)] == "ok"
@@ -70,6 +60,6 @@ def test_cpu_smoke_runs_end_to_end(tmp_path: Path) -> None:
         assert checks[("sdpa_cudnn", mode)] == "failed"  # no cuDNN on the CPU
     assert all(r["kernel"] == "flash_varlen" and r["tokens"] == "31" and r["max_seqlen"] == "17" for r in rows)
     assert all(float(r["p50_ms"]) > 0 for r in rows if r["check"] != "failed")
-    lines = proc.stdout.splitlines()
+    lines = stdout.splitlines()
     assert sum(line.startswith("TFLOP/s on real tokens") for line in lines) == 2
     assert any("sdpa_cudnn fwd failed" in line for line in lines)

@@ -7,57 +7,19 @@ CMake and run as subprocesses, each with the test's own cache dir.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from capilib import IN_PROCESS_PRELUDE, assert_statuses, report_of
+from capilib import exit_ok as _ok
+from capilib import run_program as _run
 from conftest import REPO, gpu
 
 from lazytriton.capi import build, default_prefix, embedded
-
-# The start of a program that calls the C API in process through ctypes, as a host program would (GIL released):
-# lt_init before torch is imported; cffi lays the structs out from the header (sys.argv[2]); call() passes cffi
-# pointers; describe() fills an lt_tensor for a CPU tensor.
-IN_PROCESS_PRELUDE = r"""
-import ctypes, json, math, sys
-dll = ctypes.CDLL(sys.argv[1])
-dll.lt_last_error.restype = ctypes.c_char_p
-assert dll.lt_init(None) == 0, dll.lt_last_error()
-import torch
-from cffi import FFI
-from lazytriton.capi import build
-import lazytriton
-
-ffi = FFI()
-ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
-
-def call(name, *args):
-    fn = getattr(dll, name)
-    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
-
-CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4, torch.int64: 5}
-
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 1, 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-"""
-
-# describe() for device memory (CUDA device 0), after a prelude that defines ffi and torch.
-CUDA_DESCRIBE = r"""
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}[t.dtype]
-    view.ndim, view.device_type, view.device_index = t.dim(), 2, 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-"""
 
 EXAMPLE = REPO / "examples" / "c"
 CHECK_SOURCE = REPO / "tests" / "capi" / "capi_check.c"
@@ -65,22 +27,6 @@ needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (a
 needs_pkg_config = pytest.mark.skipif(shutil.which("pkg-config") is None,
                                       reason="needs pkg-config (apt-get install pkg-config)")
 needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (apt-get install cmake)")
-
-
-def _run(args: list[str | Path], env: dict[str, str] | None = None, timeout: float = 240,
-         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run([str(a) for a in args], env=full_env, capture_output=True, text=True, timeout=timeout,
-                          check=False, cwd=cwd)
-
-
-def _ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    return result.stdout
-
-
-run_program, exit_ok = _run, _ok  # for the other C API test modules (test_capi_kvcache.py)
 
 
 @pytest.fixture(scope="module")
@@ -359,18 +305,13 @@ print(json.dumps(report))
 
 
 def test_packed_sequences_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
-    import json
-
-    out = _ok(_run([sys.executable, "-c", VARLEN_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(VARLEN_IN_PROCESS, prefix)
     assert (report["fwd"], report["bwd"]) == (0, 0), (report["fwd_error"], report["bwd_error"])
     assert report["out_equal"] and report["grads_equal"]
     expected = [(1, "causal is LT_CAUSAL_TOP_LEFT"), (4, "cu_seqlens_k.dtype is 3"),
                 (5, "must both have batch + 1 entries, got 5 and 4"), (1, "max_seqlen_k is 0"), (5, "q.ndim is 4"),
                 (1, "cu_seqlens_q must be nondecreasing")]
-    for (status, message), (want_status, needle) in zip(report["errors"], expected, strict=True):
-        assert status == want_status and needle in message, (status, message)
+    assert_statuses(report["errors"], expected)
     assert report["v1"] == 0 and report["v1_equal"]
 
 
@@ -458,19 +399,14 @@ print(json.dumps(report))
 
 
 def test_seqused_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
-    import json
-
-    out = _ok(_run([sys.executable, "-c", SEQUSED_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(SEQUSED_IN_PROCESS, prefix)
     for version in (4, 3):
         assert report[f"fwd{version}"][0] == 0 and report[f"bwd{version}"][0] == 0, report
         assert report[f"equal{version}"], f"version {version}: the C call differs from the Python one"
     assert report["unused"], "unused rows: out 0, lse -inf, dq 0; unused keys: dk, dv 0"
     expected = [(4, "seqused_q.dtype is 3"), (5, "seqused_k must be 1-dim with batch = 4 entries"),
                 (1, "seqused_q[1] = 1: must be in 0..0"), (1, "seqused_q is given but the call is dense")]
-    for (status, message), (want_status, needle) in zip(report["errors"], expected, strict=True):
-        assert status == want_status and needle in message, (status, message)
+    assert_statuses(report["errors"], expected)
 
 
 # Specs lt_prewarm must refuse with LT_ERROR_INVALID_ARGUMENT before compiling anything: a well-formed
@@ -757,18 +693,13 @@ print(json.dumps(report))
 
 
 def test_a_value_head_dim_of_its_own_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
-    import json
-
-    out = _ok(_run([sys.executable, "-c", HEAD_DIM_V_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(HEAD_DIM_V_IN_PROCESS, prefix)
     assert (report["fwd"], report["bwd"]) == (0, 0), (report["fwd_error"], report["bwd_error"])
     assert report["out_equal"] and report["grads_equal"]
     expected = [(5, "out has shape (2, 4, 9, 40); expected q's shape with v's head dim (2, 4, 9, 72)"),
                 (5, "k and v must have the same shape but for the head dim"),
                 (6, "v's head dim (v.sizes[3]) must be in 1..256, got 300")]
-    for (status, message), (want_status, needle) in zip(report["errors"], expected, strict=True):
-        assert status == want_status and needle in message, (status, message)
+    assert_statuses(report["errors"], expected)
     (status, message), = report["bwd_errors"]
     assert status == 5 and "dv has shape (2, 2, 13, 40); expected v's shape (2, 2, 13, 72)" in message
 

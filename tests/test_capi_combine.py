@@ -11,14 +11,12 @@ and the planner's variant is the binding's.
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from capilib import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, assert_statuses, report_of
 from conftest import REPO, gpu
-from test_capi import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, exit_ok, run_program
 
 from lazytriton.capi import embedded_combine
 
@@ -93,9 +91,7 @@ print(json.dumps(report))
 
 
 def test_the_c_combine_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path) -> None:
-    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
-                                                 prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(IN_PROCESS, prefix)
     for name in ("packed", "dense_as_rows", "strided", "fp16_out", "bf16_out", "one_split"):
         status, message, out_equal, lse_equal = report[name]
         assert status == 0, (name, message)
@@ -107,9 +103,7 @@ def test_the_c_combine_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Pa
                 (5, "out_partial.strides[3] is 2; the last dim must be contiguous"),
                 (1, "lse is on cuda:0 but out_partial is on cpu:0"), (1, "flags and reserved must be 0"),
                 (1, "out shares memory with out_partial"), (4, "out.dtype is 4"), (2, "out.data is NULL")]
-    for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
-        assert status == want and needle in message, (status, message, needle)
-        assert untouched, message
+    assert_statuses(report["errors"], expected)
 
 
 def test_the_c_combine_launcher_passes_each_description_field_by_field() -> None:
@@ -161,9 +155,7 @@ print(json.dumps(report))
 @gpu
 @pytest.mark.gpu
 def test_the_c_combine_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -> None:
-    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", GPU_IN_PROCESS,
-                                                 prefix / "lib/liblazytriton.so", prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(GPU_IN_PROCESS, prefix)
     for dtype, (status, message, out_equal, lse_equal) in report.items():
         assert status == 0, (dtype, message)
         assert out_equal and lse_equal, f"{dtype}: the C launch differs from the Python one (the same kernel)"

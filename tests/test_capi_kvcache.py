@@ -15,36 +15,19 @@ planner's variants are checked against the binding's.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from capilib import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, KVCACHE_PRELUDE, assert_statuses, exit_ok, report_of, run_program
 from conftest import REPO, gpu
-from test_capi import IN_PROCESS_PRELUDE, exit_ok, run_program
 
 from lazytriton.capi import embedded_kvcache
 
 KVCACHE_SOURCE = REPO / "capi" / "lt_kvcache.c"
 
-
-# The start of a program calling lt_attn_kvcache in process: error() and params(tensors, **options).
-KVCACHE_PRELUDE = IN_PROCESS_PRELUDE + r"""
-def error():
-    return dll.lt_last_error().decode()
-
-def params(tensors, **options):
-    p = ffi.new("lt_attn_kvcache_params *")
-    assert call("lt_attn_kvcache_params_init", p) == 0
-    for name, t in tensors.items():
-        describe(getattr(p, name), t)
-    for name, value in options.items():
-        setattr(p, name, value)
-    return p
-"""
 
 IN_PROCESS = KVCACHE_PRELUDE + r"""
 torch.manual_seed(0)
@@ -238,9 +221,7 @@ print(json.dumps(report))
 
 
 def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path) -> None:
-    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(IN_PROCESS, prefix)
     for name in ("paged", "paged_batch_idx", "contiguous", "whole", "head_dim_v_paged", "head_dim_v_contiguous",
                  "leftpad", "leftpad_paged", "version_1", "rotary", "rotary_seqlens", "version_2"):
         r = report[name]
@@ -269,9 +250,7 @@ def test_the_c_call_is_the_python_call_on_the_cpu(prefix: Path, cache_dir: Path)
                 (1, "rotary_cos has 41 positions (seqlen_ro) but sequence 1 rotates positions 40..42"),
                 (1, "rotary_seqlens[1] = 79: must be in 0..77"), (1, "rotary_seqlens needs rotary_cos and rotary_sin"),
                 (1, "flags, reserved and reserved3 must be 0")]
-    for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
-        assert status == want and needle in message, (status, message, needle)
-        assert untouched, message
+    assert_statuses(report["errors"], expected)
     status, message, untouched = report["gpu_new_keys"]
     assert status == 8 and "new keys" not in message and untouched, (status, message)  # LT_ERROR_NO_GPU
 
@@ -406,30 +385,7 @@ def test_the_compiled_entries_take_what_the_c_launcher_passes(paged: bool,
         embedded_kvcache.check_launch_layout(entry, split.kernel)  # the combine entry is not a split kernel
 
 
-GPU_IN_PROCESS = r"""
-import ctypes, json, sys
-dll = ctypes.CDLL(sys.argv[1])
-dll.lt_last_error.restype = ctypes.c_char_p
-assert dll.lt_init(None) == 0, dll.lt_last_error()
-import torch
-from cffi import FFI
-from lazytriton.capi import build
-import lazytriton
-
-ffi = FFI()
-ffi.cdef(build.header_cdef(open(sys.argv[2]).read()))
-CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.int32: 4}
-
-def call(name, *args):
-    fn = getattr(dll, name)
-    return fn(*(ctypes.c_void_p(int(ffi.cast("uintptr_t", a))) if isinstance(a, ffi.CData) else a for a in args))
-
-def describe(view, t):
-    view.data = ffi.cast("void *", t.data_ptr())
-    view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 2, t.device.index or 0
-    for i in range(t.dim()):
-        view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-
+GPU_IN_PROCESS = IN_PROCESS_PRELUDE + CUDA_DESCRIBE + r"""
 report = {}
 torch.manual_seed(0)
 for paged in (False, True):
@@ -544,9 +500,7 @@ print(json.dumps(report))
 @gpu
 @pytest.mark.gpu
 def test_the_c_call_on_a_gpu_is_the_python_call(prefix: Path, cache_dir: Path) -> None:
-    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(GPU_IN_PROCESS, prefix)
     assert {name for name in report if name.startswith("append-")} == {"append-batch_idx-dv128", "append-paged-dv64",
                                                                       "append-batch_idx-dv64"}
     assert {"leftpad-contiguous", "leftpad-paged"} <= set(report)

@@ -11,14 +11,11 @@ workspace of a packed call is sized by total_q.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
+from capilib import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, KVCACHE_PRELUDE, assert_statuses, report_of
 from conftest import gpu
-from test_capi import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, exit_ok, run_program
-from test_capi_kvcache import KVCACHE_PRELUDE
 
 from lazytriton.capi import embedded_kvcache
 
@@ -118,9 +115,7 @@ print(json.dumps(report))
 
 
 def test_sinks_and_packed_queries_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
-    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", IN_PROCESS, prefix / "lib/liblazytriton.so",
-                                                 prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(IN_PROCESS, prefix)
     for name in ("sinks_one_split", "sinks_splits", "packed", "packed_sinks", "version_3"):
         r = report[name]
         assert r["status"] == 0, (name, r["error"])
@@ -136,9 +131,7 @@ def test_sinks_and_packed_queries_on_the_cpu_through_the_c_api(prefix: Path, cac
                 (5, "out must have shape (8, 4, 32)"),
                 (1, "cu_seqlens_q must be nondecreasing"), (4, "cu_seqlens_q.dtype is 5"),
                 (1, "lse shares memory with sinks")]
-    for (status, message, untouched), (want, needle) in zip(report["errors"], expected, strict=True):
-        assert status == want and needle in message, (status, message, needle)
-        assert untouched, message
+    assert_statuses(report["errors"], expected)
 
 
 def test_the_planners_variants_take_sinks_and_packed_queries() -> None:
@@ -190,9 +183,7 @@ print(json.dumps(report))
 @gpu
 @pytest.mark.gpu
 def test_sinks_and_packed_queries_on_a_gpu_are_the_python_call(prefix: Path, cache_dir: Path) -> None:
-    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", GPU_IN_PROCESS,
-                                                 prefix / "lib/liblazytriton.so", prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(GPU_IN_PROCESS, prefix)
     for splits, (status, message, out_err, lse_err) in report.items():
         assert status == 0, (splits, message)
         assert out_err <= 2e-2 and lse_err <= 1e-3, (splits, out_err, lse_err)

@@ -12,14 +12,13 @@ core's SINKS choice to this one).
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from capilib import CUDA_DESCRIBE, assert_statuses, flag, report_of
 from conftest import gpu
-from test_capi import CUDA_DESCRIBE, VARLEN_IN_PROCESS, _ok, _run
+from test_capi import VARLEN_IN_PROCESS
 
 from lazytriton.capi import embedded
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -158,9 +157,7 @@ print(json.dumps(report))
 
 
 def test_sinks_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
-    out = _ok(_run([sys.executable, "-c", SINKS_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(SINKS_IN_PROCESS, prefix)
     for causal, (fwd_status, bwd_status, out_equal, grads_equal, sinks_count) in enumerate(report["dense"]):
         assert fwd_status[0] == 0 and bwd_status[0] == 0, (causal, fwd_status, bwd_status)
         assert out_equal and grads_equal, f"causal {causal}: the C call differs from the Python one"
@@ -177,12 +174,10 @@ def test_sinks_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> No
                 (5, "sinks must be 1-dim"), (5, "sinks.strides[0] is 2; it must be contiguous"),
                 (1, "sinks is on cuda:0 but q is on cpu:0"), (2, "sinks.data is NULL"),
                 (1, "lse shares memory with sinks")]
-    for (status, message), (want_status, needle) in zip(report["errors"], expected, strict=True):
-        assert status == want_status and needle in message, (status, message)
+    assert_statuses(report["errors"], expected)
     expected = [(1, "dsinks is given but the call has no sinks"), (5, "dsinks must be 1-dim with heads_q = 4"),
                 (1, "dsinks shares memory with sinks")]
-    for (status, message), (want_status, needle) in zip(report["bwd_errors"], expected, strict=True):
-        assert status == want_status and needle in message, (status, message)
+    assert_statuses(report["bwd_errors"], expected)
 
 
 SINKS_GPU_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + CUDA_DESCRIBE + """
@@ -247,9 +242,7 @@ print(json.dumps(report))
 @gpu
 @pytest.mark.gpu
 def test_sinks_through_plans_on_the_gpu(prefix: Path, cache_dir: Path) -> None:
-    out = _ok(_run([sys.executable, "-c", SINKS_GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(SINKS_GPU_IN_PROCESS, prefix)
     assert report["fwd"][0] == 0 and report["plan"][0] == 0, report
     out_err, lse_err = report["errors"]
     assert out_err <= 2e-2 and lse_err <= 1e-3, (out_err, lse_err)
@@ -264,19 +257,14 @@ def test_sinks_through_plans_on_the_gpu(prefix: Path, cache_dir: Path) -> None:
     assert status == 10 and "dsinks" in message, message
 
 
-def _flag(variant: object, name: str) -> bool:
-    """A variant's flag (variants write only the flags that are set)."""
-    return dict(variant.functional).get(name, False) is True  # type: ignore[attr-defined]
-
-
 def test_a_plan_with_sinks_loads_the_bindings_sinks_variant() -> None:
     sm90 = Target("cuda", "90", 32)
     shape = fwd.Shape(1, 1, 1, 300, 257, 128)
     chosen = embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257, sinks=True)
     assert chosen == fwd.variant(sm90, torch.bfloat16, shape, True, True, False, sinks=True)
-    assert _flag(chosen, "SINKS")
-    assert not _flag(embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257), "SINKS")
+    assert flag(chosen, "SINKS")
+    assert not flag(embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257), "SINKS")
     packed = embedded.plan_variant("flash_fwd", 90, 2, 128, False, True, False, 300, 257, True, sinks=True)
-    assert _flag(packed, "VARLEN") and _flag(packed, "SINKS")
+    assert flag(packed, "VARLEN") and flag(packed, "SINKS")
     with pytest.raises(ValueError, match="flash_bwd_dq with sinks: only flash_fwd has a SINKS variant"):
         embedded.plan_variant("flash_bwd_dq", 90, 2, 128, True, True, False, 300, 257, sinks=True)

@@ -14,12 +14,11 @@ through ctypes, as tests/test_capi.py does.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-from test_capi import IN_PROCESS_PRELUDE, exit_ok, run_program
+from capilib import IN_PROCESS_PRELUDE, exit_ok, report_of, run_program
 
 from lazytriton.capi import build, embedded
 
@@ -101,9 +100,7 @@ print(json.dumps(report))
 @pytest.fixture(scope="module")
 def aliasing(prefix: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[object] | bool]:
     cache = tmp_path_factory.mktemp("alias-cache")
-    out = exit_ok(run_program([sys.executable, "-c", ALIASING, prefix / "lib/liblazytriton.so",
-                               prefix / "include/lazytriton.h"], env={"LAZYTRITON_CACHE_DIR": str(cache)}))
-    return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
+    return report_of(ALIASING, prefix, env={"LAZYTRITON_CACHE_DIR": str(cache)})  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(("case", "needle"), [

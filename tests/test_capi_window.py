@@ -11,14 +11,13 @@ windowed and capped one, and lt_prewarm's specs take the two axes.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from capilib import assert_statuses, flag, report_of
 from conftest import gpu
-from test_capi import VARLEN_IN_PROCESS, _ok, _run
+from test_capi import VARLEN_IN_PROCESS
 
 from lazytriton.capi import embedded
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
@@ -108,9 +107,7 @@ print(json.dumps(report))
 
 
 def test_window_and_softcap_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None:
-    out = _ok(_run([sys.executable, "-c", WINDOW_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(WINDOW_IN_PROCESS, prefix)
     for status, message, equal, _ in report["dense"]:
         assert status == 0 and equal, message
     # Every case differs from the call without window and softcap: the values reach the kernel.
@@ -119,10 +116,9 @@ def test_window_and_softcap_on_the_cpu_through_the_c_api(prefix: Path, cache_dir
     assert status == 0 and equal, message
     status, message = report["v3_short"]
     assert status == 3 and "struct_size" in message
-    expected = ["window_left is -2 and window_right 1", "window_left is 1 and window_right -3", "softcap is -1",
-                "softcap is inf", "softcap is nan", "softcap is 1e+39"]
-    for (status, message), needle in zip(report["errors"], expected, strict=True):
-        assert status == 1 and needle in message, (status, message)
+    assert_statuses(report["errors"], [(1, "window_left is -2 and window_right 1"),
+                                       (1, "window_left is 1 and window_right -3"), (1, "softcap is -1"),
+                                       (1, "softcap is inf"), (1, "softcap is nan"), (1, "softcap is 1e+39")])
     status, message, equal = report["varlen"]
     assert status == 0 and equal, message
     for status, message, equal in [*report["bwd"], report["bwd_v2"]]:
@@ -194,9 +190,7 @@ print(json.dumps(report))
 @gpu
 @pytest.mark.gpu
 def test_window_and_softcap_through_plans_on_the_gpu(prefix: Path, cache_dir: Path) -> None:
-    out = _ok(_run([sys.executable, "-c", WINDOW_GPU_IN_PROCESS, prefix / "lib/liblazytriton.so",
-                    prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(WINDOW_GPU_IN_PROCESS, prefix)
     for status, message, out_err, lse_err in report["cases"]:
         assert status == 0, message
         assert out_err <= 2e-3 and lse_err <= 1e-4, (out_err, lse_err)
@@ -206,11 +200,6 @@ def test_window_and_softcap_through_plans_on_the_gpu(prefix: Path, cache_dir: Pa
     assert status == 0 and grad_err <= 1e-2, (message, grad_err)
 
 
-def _flag(variant: object, name: str) -> bool:
-    """A variant's flag (variants write only the flags that are set)."""
-    return dict(variant.functional).get(name, False) is True  # type: ignore[attr-defined]
-
-
 def test_a_windowed_capped_plan_loads_the_bindings_variant() -> None:
     sm90 = Target("cuda", "90", 32)
     shape = fwd.Shape(1, 1, 1, 300, 257, 128)
@@ -218,18 +207,18 @@ def test_a_windowed_capped_plan_loads_the_bindings_variant() -> None:
         chosen = embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257, window=window,
                                        softcap=softcap)
         assert chosen == fwd.variant(sm90, torch.bfloat16, shape, True, True, False, window, softcap)
-        assert (_flag(chosen, "WINDOW"), _flag(chosen, "SOFTCAP")) == (window, softcap)
+        assert (flag(chosen, "WINDOW"), flag(chosen, "SOFTCAP")) == (window, softcap)
         packed = embedded.plan_variant("flash_fwd", 90, 2, 128, False, True, False, 300, 257, True, window=window,
                                        softcap=softcap)
-        assert (_flag(packed, "VARLEN"), _flag(packed, "WINDOW"), _flag(packed, "SOFTCAP")) == (True, window, softcap)
+        assert (flag(packed, "VARLEN"), flag(packed, "WINDOW"), flag(packed, "SOFTCAP")) == (True, window, softcap)
     assert embedded.plan_variant("flash_fwd", 90, 2, 128, True, True, False, 300, 257) == fwd.variant(
         sm90, torch.bfloat16, shape, True, True, False)
 
 
 def test_prewarm_specs_take_the_window_and_softcap_axes() -> None:
     (spec,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=128 window=1 softcap=1")
-    assert _flag(spec, "WINDOW") and _flag(spec, "SOFTCAP")
+    assert flag(spec, "WINDOW") and flag(spec, "SOFTCAP")
     (plain,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=128")
-    assert not _flag(plain, "WINDOW") and not _flag(plain, "SOFTCAP")
+    assert not flag(plain, "WINDOW") and not flag(plain, "SOFTCAP")
     both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 window=1")
-    assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS) and all(_flag(v, "WINDOW") for v in both)
+    assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS) and all(flag(v, "WINDOW") for v in both)

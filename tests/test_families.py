@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from served import jit_prewarm_serve
 
 from lazytriton import geometry, tuning
 from lazytriton.cache_format.image import Image
@@ -276,27 +276,8 @@ print(json.dumps({"variants": [str(v) for v in variants], "sources": sources, "c
 
 def test_a_backward_jit_miss_is_prewarmed_and_then_served_from_an_image_without_triton(
         tmp_path: Path, cache_dir: Path) -> None:
-    first = run_python(RESOLVE_BACKWARD)
-    assert first.returncode == 0, first.stderr
-    report = json.loads(first.stdout.splitlines()[-1])
-    assert report["sources"] == ["jit", "jit"] and [v.split(":")[0] for v in report["variants"]] == list(BWD)
-    misses = cache_dir / "misses.jsonl"
-    assert [json.loads(line)["variant"] for line in misses.read_text().splitlines()] == report["variants"]
-
-    # The miss log's backward variants become an image; the JIT's entries are copied, not compiled again.
-    image = tmp_path / "bwd.ltimg"
-    built = prewarm("--from-misses", str(misses), "--kernel", "flash_bwd", "-j", "2", "--out", str(image))
-    assert "2 reused, 0 compiled, 0 failed" in built.stdout, built.stdout + built.stderr
-    with Image(image) as served:
-        assert sorted(served.keys()) == sorted(Variant.parse(v).key() for v in report["variants"])
-
-    empty = tmp_path / "empty-cache"
-    second = run_python(RESOLVE_BACKWARD, {"LAZYTRITON_CACHE_DIR": str(empty), "LAZYTRITON_IMAGES": str(image),
-                                           "LAZYTRITON_JIT": "0"})
-    assert second.returncode == 0, second.stderr
-    again = json.loads(second.stdout.splitlines()[-1])
-    assert again == {**report, "sources": ["image", "image"], "compiles": 0, "triton": []}
-    assert not (empty / "misses.jsonl").exists()
+    report = jit_prewarm_serve(RESOLVE_BACKWARD, "flash_bwd", tmp_path, cache_dir)
+    assert [v.split(":")[0] for v in report["variants"]] == list(BWD)
 
 
 def test_prewarm_kernel_flash_bwd_builds_what_a_backward_selects(tmp_path: Path) -> None:

@@ -58,7 +58,10 @@ def test_32_nodes_missing_one_key_compile_it_once(shared_url: str, tmp_path: Pat
     # 32 processes on 2 cores starve redis-server of CPU for far longer than the 5 ms default timeout (the
     # breaker would open and nodes would compile locally: correct, but not what this test counts). A real
     # cluster's Redis has cores of its own; here the timeout is raised to measure the lease, not the scheduler.
-    procs = [start_node(child_env(tmp_path / f"node{i}", VARIANT=str(VARIANT), LAZYTRITON_SHARED=shared_url,
+    # Likewise the lease: a waiter compiles anyway after two lease times (60 s by default), which the holder's
+    # compile beside 31 other nodes on a loaded 2-core machine can take; 150 s leases bound the wait at 300 s.
+    url = f"{shared_url}?lease_s=150"
+    procs = [start_node(child_env(tmp_path / f"node{i}", VARIANT=str(VARIANT), LAZYTRITON_SHARED=url,
                                   LAZYTRITON_SHARED_TIMEOUT_MS="3000", READY=str(tmp_path / f"ready{i}"), GO=str(go)))
              for i in range(n)]
     try:

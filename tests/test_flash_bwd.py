@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import recording_backend
 from test_flash_fwd import Case, cpu_matrix, expected_empty_rows, make_qkv, on_gpu, randn, seed_of
 
 import lazytriton
@@ -203,15 +204,7 @@ def test_torch_compile_traces_forward_and_backward_in_one_graph(entry: str) -> N
     do = torch.randn(q.shape)
     fn = ENTRIES[entry]
     graphs: list[str] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from torch._dynamo.backends.common import aot_autograd
-
-        def keep(g: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
-            graphs.append(str(g.graph))
-            return g
-
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+    backend = recording_backend(graphs)
 
     compiled = torch.compile(lambda q, k, v: fn(q * 2, k, v) * 3, fullgraph=True, backend=backend)
     got = grads_of(compiled, q, k, v, do)

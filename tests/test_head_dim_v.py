@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import zlib
 from typing import Any, NamedTuple
 
 import pytest
 import torch
+from flash_rule import check_rule, seed_of
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR
 
@@ -58,10 +58,6 @@ CASES = [
 ]
 
 
-def seed_of(*params: object) -> int:
-    return zlib.crc32(repr(params).encode())
-
-
 def make(case: Case, layout: str = "bhsd") -> tuple[torch.Tensor, ...]:
     """q, k, v and a random dout, (batch 2, heads, seqlen, head dim) or FlashAttention's (batch, seqlen, heads, ...)."""
     gen = torch.Generator().manual_seed(seed_of(str(case), layout))
@@ -72,18 +68,6 @@ def make(case: Case, layout: str = "bhsd") -> tuple[torch.Tensor, ...]:
         return t.transpose(1, 2).contiguous().transpose(1, 2) if layout == "bshd" else t
 
     return randn(2, hq, sq, d), randn(2, hk, sk, d), randn(2, hk, sk, dv), randn(2, hq, sq, dv)
-
-
-def max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.detach().double() - ref.detach().double()).abs().max()) if a.numel() else 0.0
-
-
-def check_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float) -> None:
-    """FlashAttention's rule: at most twice the same-dtype reference's error against float64, plus a floor."""
-    assert torch.isfinite(got).all(), f"{name} has NaN/inf"
-    err, same_err = max_err(got, exact), max_err(same, exact)
-    bound = 2 * same_err + floor * max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
-    assert err <= bound, f"{name}: max error {err:.3g} > 2 x same-dtype's {same_err:.3g} + floor ({bound:.3g})"
 
 
 def check_against_reference(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_python
+from served import jit_prewarm_serve
 
 from lazytriton import tuning
-from lazytriton.cache_format.image import Image
 from lazytriton.cli import main as cli_main
 from lazytriton.kernels import FAMILIES, kv_append
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
@@ -119,25 +115,6 @@ print(json.dumps({"variants": [str(v) for v in variants], "sources": sources, "c
 
 def test_a_decoding_miss_is_prewarmed_and_then_served_from_an_image_without_triton(
         tmp_path: Path, cache_dir: Path) -> None:
-    first = run_python(RESOLVE_DECODE)
-    assert first.returncode == 0, first.stderr
-    report = json.loads(first.stdout.splitlines()[-1])
-    assert report["sources"] == ["jit", "jit"] and [v.split(":")[0] for v in report["variants"]] == list(DECODE)
+    report = jit_prewarm_serve(RESOLVE_DECODE, "flash_decode", tmp_path, cache_dir)
+    assert [v.split(":")[0] for v in report["variants"]] == list(DECODE)
     assert "PAGED=true" in report["variants"][0]
-    misses = cache_dir / "misses.jsonl"
-    assert [json.loads(line)["variant"] for line in misses.read_text().splitlines()] == report["variants"]
-
-    image = tmp_path / "decode.ltimg"
-    built = subprocess.run([sys.executable, "-m", "lazytriton.cli", "prewarm", "--from-misses", str(misses),
-                            "--kernel", "flash_decode", "-j", "2", "--out", str(image)], capture_output=True,
-                           text=True, timeout=300, env=dict(os.environ, SOURCE_DATE_EPOCH="1700000000"), check=False)
-    assert built.returncode == 0 and "2 reused, 0 compiled, 0 failed" in built.stdout, built.stdout + built.stderr
-    with Image(image) as served:
-        assert sorted(served.keys()) == sorted(Variant.parse(v).key() for v in report["variants"])
-
-    empty = tmp_path / "empty-cache"
-    second = run_python(RESOLVE_DECODE, {"LAZYTRITON_CACHE_DIR": str(empty), "LAZYTRITON_IMAGES": str(image),
-                                         "LAZYTRITON_JIT": "0"})
-    assert second.returncode == 0, second.stderr
-    again = json.loads(second.stdout.splitlines()[-1])
-    assert again == {**report, "sources": ["image", "image"], "compiles": 0, "triton": []}

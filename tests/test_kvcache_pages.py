@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 import torch
+from capilib import KVCACHE_PRELUDE, report_of
 from conftest import gpu
-from test_capi import IN_PROCESS_PRELUDE, exit_ok, run_program
 from test_flash_fwd import seed_of
 from test_kvcache import DTYPES, HEADS, check_against_reference, run
 
@@ -383,16 +383,7 @@ def test_the_tuner_takes_small_pages() -> None:
 # The C API on CPU
 
 
-C_PAGES = IN_PROCESS_PRELUDE + r"""
-def params(tensors, **options):
-    p = ffi.new("lt_attn_kvcache_params *")
-    assert call("lt_attn_kvcache_params_init", p) == 0
-    for name, t in tensors.items():
-        describe(getattr(p, name), t)
-    for name, value in options.items():
-        setattr(p, name, value)
-    return p
-
+C_PAGES = KVCACHE_PRELUDE + r"""
 torch.manual_seed(0)
 report = {}
 for page, splits in ((1, 3), (3, 0), (12, 2)):
@@ -423,11 +414,8 @@ print(json.dumps(report))
 
 
 def test_the_c_call_takes_small_pages_on_the_cpu(prefix: Path, cache_dir: Path) -> None:
-    import sys
 
-    out = exit_ok(run_program(timeout=600, args=[sys.executable, "-c", C_PAGES, prefix / "lib/liblazytriton.so",
-                                                 prefix / "include/lazytriton.h"]))
-    report = json.loads(out.splitlines()[-1])
+    report = report_of(C_PAGES, prefix)
     for page in ("1", "3", "12"):
         status, error, same_out, same_lse, same_caches, finite = report[page]
         assert status == 0, (page, error)

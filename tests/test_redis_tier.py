@@ -339,10 +339,13 @@ def test_redis_killed_and_restarted_in_the_middle_of_1000_calls(
         baseline = _misses_without_a_shared_tier(tmp_path, 300)
         # A killed Redis refuses connections at once on loopback, so the timeout plays no part in what is
         # measured; 100 ms instead of 5 keeps a CPU-starved CI machine from opening the breaker while Redis is up.
+        # Misses without a shared tier, timed beside the breaker's (the same minutes of the machine's load).
+        config.configure(cache_dir=tmp_path / "beside", shared="")
+        beside_rt, beside = runtime.Runtime(config.settings()), []
         config.configure(cache_dir=tmp_path / "node", shared=server.url, shared_timeout_ms=100)
         rt = runtime.get()
         hits_rt = runtime.Runtime(config.settings())  # same cache dir, empty memory: its lookups hit the local tier
-        assert rt.shared is not None and hits_rt.shared is not None
+        assert rt.shared is not None and hits_rt.shared is not None and beside_rt.shared is None
         spent = [0.0, 0.0]
         _timed(rt.shared, spent)
         rows = []
@@ -363,6 +366,10 @@ def test_redis_killed_and_restarted_in_the_middle_of_1000_calls(
                 rows.append({"i": i, "hit": i % 4 == 3, "source": resolved.source, "open": is_open,
                              "s": elapsed, "shared_s": spent[0], "shared_cpu_s": spent[1],
                              "commands": rt.shared.calls - commands})
+                if 300 <= i < 700 and i % 4 == 1:
+                    start = time.perf_counter()
+                    beside_rt.resolve(numbered(200_000 + i))
+                    beside.append(time.perf_counter() - start)
         deadline = time.monotonic() + 10
         while rt.shared.breaker.is_open:
             assert time.monotonic() < deadline, "the breaker never closed after Redis came back"
@@ -372,11 +379,11 @@ def test_redis_killed_and_restarted_in_the_middle_of_1000_calls(
     finally:
         server.kill()
         runtime.reset()
-    _report_and_check(rows, baseline, hits_rt, caplog.text)
+    _report_and_check(rows, baseline, beside, hits_rt, caplog.text)
 
 
-def _report_and_check(rows: list[dict[str, Any]], baseline: list[float], hits_rt: runtime.Runtime,
-                      log_text: str) -> None:
+def _report_and_check(rows: list[dict[str, Any]], baseline: list[float], beside: list[float],
+                      hits_rt: runtime.Runtime, log_text: str) -> None:
     misses = [r for r in rows if not r["hit"]]
     up = [r["s"] for r in misses if not r["open"] and (r["i"] < 300 or r["i"] >= 700)]
     down = [r["s"] for r in misses if r["open"]]
@@ -388,12 +395,14 @@ def _report_and_check(rows: list[dict[str, Any]], baseline: list[float], hits_rt
         "miss_ms_no_shared_tier_p50_p95": (_pct(baseline, 0.5), _pct(baseline, 0.95)),
         "miss_ms_redis_up_p50_p95": (_pct(up, 0.5), _pct(up, 0.95)),
         "miss_ms_breaker_open_p50_p95_max": (_pct(down, 0.5), _pct(down, 0.95), _pct(down, 1.0)),
-        "added_ms_while_open_p50": _pct(down, 0.5) - _pct(baseline, 0.5),
+        "miss_ms_no_shared_tier_beside_open_p50": _pct(beside, 0.5),
+        "added_ms_while_open_p50": _pct(down, 0.5) - _pct(beside, 0.5),
         "shared_tier_ms_while_open_p50_p99_max": tuple(_pct([r["shared_s"] for r in misses if r["open"]], q)
                                                        for q in (0.5, 0.99, 1.0)),
         "redis_commands_sent_while_open": sum(r["commands"] for r in misses if r["open"]),
         "shared_tier_cpu_ms_while_open_max": max(r["shared_cpu_s"] for r in misses if r["open"]) * 1000,
         "detecting_calls_ms": [round(r["s"] * 1000, 2) for r in detect],
+        "slowest_miss_ms_redis_up": _pct(up, 1.0),
         "local_hit_ms_p50_up_down": (_pct(hits["up"], 0.5), _pct(hits["down"], 0.5)),
         "redis_commands_sent_by_hits": hits_rt.shared.calls if hits_rt.shared is not None else None,
     }
@@ -410,7 +419,10 @@ def _report_and_check(rows: list[dict[str, Any]], baseline: list[float], hits_rt
     assert report["shared_tier_cpu_ms_while_open_max"] <= 50.0, "an open breaker adds no real work to a miss"
     assert report["shared_tier_ms_while_open_p50_p99_max"][0] <= 5.0
     assert report["added_ms_while_open_p50"] <= 5.0
-    assert all(ms <= 100 for ms in report["detecting_calls_ms"]), "the call that found Redis down was not held up"
+    # Held up: waiting on Redis (a timeout, retries) 100 ms past the slowest of the hundreds of misses while Redis
+    # was up, which bounds what the machine's load alone makes of a call (a few ms on an idle machine).
+    assert all(ms <= 100 + report["slowest_miss_ms_redis_up"] for ms in report["detecting_calls_ms"]), (
+        "the call that found Redis down was held up")
     assert report["redis_commands_sent_by_hits"] == 0, "a local hit never touches Redis"
     assert statistics.median(hits["down"]) <= statistics.median(hits["up"]) + 0.005
     assert "unreachable" in log_text and "answers again" in log_text

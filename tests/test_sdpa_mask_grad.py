@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from flash_rule import check_rule
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import make_qkv, on_gpu, seed_of
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -70,17 +71,6 @@ def _mask(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, seed: int 
     gen = torch.Generator().manual_seed(seed)
     mask = torch.randn(shape, generator=gen).to(dtype)
     return mask.masked_fill(torch.rand(shape, generator=gen) < neg_inf, float("-inf")) if neg_inf else mask
-
-
-def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.double() - ref.double()).abs().max()) if a.numel() else 0.0
-
-
-def _assert_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float) -> None:
-    """FlashAttention's rule, as the brief asks it of the mask: error <= 3x the same-precision torch's + a floor."""
-    err, same_err = _max_err(got, exact), _max_err(same, exact)
-    floor *= max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
-    assert err <= 3 * same_err + floor, f"{name}: max error {err:.3g} > 3 x same-dtype's {same_err:.3g} + {floor:.3g}"
 
 
 # ---------------------------------------------------------------------------
@@ -154,7 +144,7 @@ def test_half_precision_follows_flash_attentions_rule(dtype: torch.dtype, mask_d
     _, same = _torchs(q, k, v, mask, do, enable_gqa=True)
     assert got[3].dtype == mask_dtype and got[3].shape == mask.shape
     for name, g, e, s in zip(("dq", "dk", "dv", "dmask"), got, exact, same, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[dtype])  # type: ignore[arg-type]
+        check_rule(name, g, e, s, GRAD_FLOOR[dtype], 3)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------
@@ -379,7 +369,7 @@ def test_gpu_mask_gradient_against_the_mem_efficient_backend(dtype: torch.dtype,
     _, peer = _torchs(q, k, v, mask, do, SDPBackend.EFFICIENT_ATTENTION)
     _, exact = _exact(q, k, v, mask, do)
     for name, g, e, s in zip(("dq", "dk", "dv", "dmask"), got, exact, peer, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[dtype])  # type: ignore[arg-type]
+        check_rule(name, g, e, s, GRAD_FLOOR[dtype], 3)  # type: ignore[arg-type]
 
 
 @on_gpu
@@ -393,7 +383,7 @@ def test_gpu_ragged_gqa_and_float32_mask() -> None:
     _, exact = _exact(q, k, v, mask, do, enable_gqa=True)
     assert got[3].dtype == torch.float32
     for name, g, e, s in zip(("dq", "dk", "dv", "dmask"), got, exact, same, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[torch.bfloat16])  # type: ignore[arg-type]
+        check_rule(name, g, e, s, GRAD_FLOOR[torch.bfloat16], 3)  # type: ignore[arg-type]
 
 
 @on_gpu

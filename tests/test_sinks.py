@@ -21,9 +21,10 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from flash_rule import check_rule, max_err
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu, seed_of, skip_unless_sm90
-from test_varlen import cu, max_err
+from varlen_cases import cu
 
 import lazytriton
 from lazytriton.kernels import dispatch
@@ -40,15 +41,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered:Runti
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 SM90 = Target.parse("sm_90")
 NO_WINDOW = (-1, -1)
-
-
-def check_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float,
-               factor: float) -> None:
-    """``got`` within ``factor`` x the same-dtype reference's error of the float64 one, plus ``floor``."""
-    assert torch.isfinite(got).all(), f"{name} has NaN/inf"
-    err, same_err = max_err(got, exact), max_err(same, exact)
-    bound = factor * same_err + floor * max(1.0, float(exact.detach().abs().max()) if exact.numel() else 0.0)
-    assert err <= bound, f"{name}: max error {err:.3g} > {factor} x same-dtype's {same_err:.3g} + floor ({bound:.3g})"
 
 
 class Case(NamedTuple):

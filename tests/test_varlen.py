@@ -14,15 +14,16 @@ interpreter in about a second.
 
 from __future__ import annotations
 
-import itertools
 import math
-import zlib
 from typing import Any, NamedTuple
 
 import pytest
 import torch
+from conftest import recording_backend
+from flash_rule import check_rule, references, seed_of
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu
+from varlen_cases import assert_refused, cu, packed_reference
 
 import lazytriton
 from lazytriton.kernels import dispatch
@@ -30,7 +31,6 @@ from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
 from lazytriton.kernels.flash_fwd import FLASH_FWD, varlen
 from lazytriton.kernels.flash_fwd import binding as fwd_binding
-from lazytriton.kernels.flash_fwd.reference import attention_reference
 from lazytriton.target import Target
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
@@ -72,14 +72,6 @@ CASES = [
 ]
 
 
-def seed_of(*params: object) -> int:
-    return zlib.crc32(repr(params).encode())
-
-
-def cu(lengths: tuple[int, ...]) -> torch.Tensor:
-    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-
-
 def make_inputs(case: Case, device: str = "cpu") -> dict[str, Any]:
     gen = torch.Generator(device=device).manual_seed(seed_of(tuple(case)))
     (hq, hk), d = case.heads, case.head_dim
@@ -95,16 +87,8 @@ def make_inputs(case: Case, device: str = "cpu") -> dict[str, Any]:
 
 def reference(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) sequence by sequence with the dense reference, packed as the varlen call packs them."""
-    outs, lses = [], []
-    cq, ck = cu(case.lengths_q).tolist(), cu(case.lengths_k).tolist()
-    for i in range(len(case.lengths_q)):
-        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, (a, b) in ((q, cq[i:i + 2]), (k, ck[i:i + 2]),
-                                                                       (v, ck[i:i + 2])))
-        out, lse = attention_reference(qs, ks, vs, causal="bottom_right" if case.causal else False,
-                                       window_size=case.window, softcap=case.softcap)
-        outs.append(out[0].transpose(0, 1))
-        lses.append(lse[0])
-    return torch.cat(outs), torch.cat(lses, dim=1)
+    return packed_reference(q, k, v, case.lengths_q, case.lengths_k, causal=case.causal, window=case.window,
+                            softcap=case.softcap)
 
 
 def lt_call(case: Case, inputs: dict[str, Any], q: torch.Tensor, k: torch.Tensor,
@@ -113,17 +97,6 @@ def lt_call(case: Case, inputs: dict[str, Any], q: torch.Tensor, k: torch.Tensor
         q, k, v, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], inputs["max_seqlen_q"], inputs["max_seqlen_k"],
         causal=case.causal, window_size=case.window, softcap=case.softcap, return_attn_probs=True)
     return out, lse
-
-
-def max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.detach().double() - ref.detach().double()).abs().max()) if a.numel() else 0.0
-
-
-def check_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float) -> None:
-    assert torch.isfinite(got).all(), f"{name} has NaN/inf"
-    err, same_err = max_err(got, exact), max_err(same, exact)
-    bound = 2 * same_err + floor * max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
-    assert err <= bound, f"{name}: max error {err:.3g} > 2 x same-dtype's {same_err:.3g} + floor ({bound:.3g})"
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -136,19 +109,14 @@ def test_output_lse_and_gradients_follow_flashattentions_rule(case: Case) -> Non
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
 
-    exact_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    exact_out, exact_lse = reference(case, *exact_leaves)
-    exact_grads = torch.autograd.grad(exact_out, exact_leaves, do.double())
-    same_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    same_out, same_lse = reference(case, *same_leaves)
-    same_grads = torch.autograd.grad(same_out, same_leaves, do)
+    exact, same = references(lambda *t: reference(case, *t), (q, k, v), do)
 
-    no_key = torch.isneginf(exact_lse)
+    no_key = torch.isneginf(exact.lse)
     assert torch.equal(torch.isneginf(lse), no_key), "lse is -inf exactly where a row sees no key"
     assert (out.transpose(0, 1)[no_key] == 0).all() and (grads[0].transpose(0, 1)[no_key] == 0).all()
-    check_rule("out", out, exact_out.detach(), same_out.detach(), OUT_FLOOR[case.dtype])
-    check_rule("lse", lse[~no_key], exact_lse.detach()[~no_key], same_lse.detach()[~no_key], LSE_FLOOR)
-    for name, g, x, s in zip(("dq", "dk", "dv"), grads, exact_grads, same_grads, strict=True):
+    check_rule("out", out, exact.out, same.out, OUT_FLOOR[case.dtype])
+    check_rule("lse", lse[~no_key], exact.lse[~no_key], same.lse[~no_key], LSE_FLOOR)
+    for name, g, x, s in zip(("dq", "dk", "dv"), grads, exact.grads, same.grads, strict=True):
         assert g.shape == x.shape and g.dtype == case.dtype, name
         check_rule(name, g, x, s, GRAD_FLOOR[case.dtype])
 
@@ -183,15 +151,7 @@ def test_torch_compile_traces_forward_and_backward_in_one_graph() -> None:
     inputs = make_inputs(case)
     q, k, v, do = (inputs[n] for n in ("q", "k", "v", "do"))
     graphs: list[str] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from torch._dynamo.backends.common import aot_autograd
-
-        def keep(g: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
-            graphs.append(str(g.graph))
-            return g
-
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+    backend = recording_backend(graphs)
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = lazytriton.flash_attn_varlen_func(q * 2, k, v, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"],
@@ -285,10 +245,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
 @pytest.mark.parametrize(("name", "change", "error", "match"), BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_arguments_are_refused_before_anything_runs(no_launch: None, name: str, change: Any,
                                                         error: type[Exception], match: str) -> None:
-    args = _good()
-    args[name] = change(args)
-    with pytest.raises(error, match=match):
-        lazytriton.flash_attn_varlen_func(**args)
+    assert_refused(_good(), name, change, error, match)
 
 
 def test_heads_and_head_dims_that_do_not_fit_are_refused(no_launch: None) -> None:
@@ -453,21 +410,14 @@ def test_gpu_mixed_lengths(dtype: torch.dtype, head_dim: int, causal: bool, wind
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out, lse = lt_call(case, inputs, *leaves)
     grads = torch.autograd.grad(out, leaves, do)
-    cq = cu(lengths_q).tolist()
+    cq, ck = cu(lengths_q).tolist(), cu(lengths_k).tolist()
     for i in (0, 8, 9):  # a few sequences against the float64 reference (all of it: ~1 GiB of scores)
         one = Case(dtype, head_dim, (16, 4), causal, window, softcap, (lengths_q[i],), (lengths_k[i],))
-        ck = cu(lengths_k).tolist()
-        parts = [t[a:b].double().requires_grad_() for t, (a, b) in ((q, cq[i:i + 2]), (k, ck[i:i + 2]),
-                                                                     (v, ck[i:i + 2]))]
-        exact_out, _ = reference(one, *parts)
-        exact = torch.autograd.grad(exact_out, parts, do[cq[i]:cq[i + 1]].double())
-        same_parts = [t[a:b].clone().requires_grad_() for t, (a, b) in ((q, cq[i:i + 2]), (k, ck[i:i + 2]),
-                                                                         (v, ck[i:i + 2]))]
-        same_out, _ = reference(one, *same_parts)
-        same = torch.autograd.grad(same_out, same_parts, do[cq[i]:cq[i + 1]])
-        check_rule("out", out[cq[i]:cq[i + 1]], exact_out.detach(), same_out.detach(), OUT_FLOOR[dtype])
+        parts = [t[a:b] for t, (a, b) in ((q, cq[i:i + 2]), (k, ck[i:i + 2]), (v, ck[i:i + 2]))]
+        exact, same = references(lambda *t, one=one: reference(one, *t), parts, do[cq[i]:cq[i + 1]])
+        check_rule("out", out[cq[i]:cq[i + 1]], exact.out, same.out, OUT_FLOOR[dtype])
         got = (grads[0][cq[i]:cq[i + 1]], grads[1][ck[i]:ck[i + 1]], grads[2][ck[i]:ck[i + 1]])
-        for name, g, x, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
+        for name, g, x, s in zip(("dq", "dk", "dv"), got, exact.grads, same.grads, strict=True):
             check_rule(name, g, x, s, GRAD_FLOOR[dtype])
     assert math.isfinite(float(lse[~torch.isneginf(lse)].sum()))
 

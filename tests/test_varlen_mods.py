@@ -14,14 +14,15 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from flash_rule import check_rule, references, seed_of
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR
-from test_varlen import check_rule, cu, seed_of
+from varlen_cases import cu, packed_reference
 
 import lazytriton
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_fwd import score_mods, varlen
-from lazytriton.kernels.flash_fwd.reference import attention_reference, dropout_keep
+from lazytriton.kernels.flash_fwd.reference import dropout_keep
 from lazytriton.target import Target
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
@@ -70,18 +71,8 @@ def _inputs(case: Case) -> dict[str, Any]:
 def _reference(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None,
                keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) sequence by sequence; sequence i's keep mask is its block of the packed one."""
-    outs, lses = [], []
-    cq, ck = cu(case.lengths_q).tolist(), cu(case.lengths_k).tolist()
-    for i in range(len(case.lengths_q)):
-        (q0, q1), (k0, k1) = cq[i:i + 2], ck[i:i + 2]
-        qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
-        sl = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[i])
-        out, lse = attention_reference(qs, ks, vs, causal="bottom_right" if case.causal else False,
-                                       alibi_slopes=sl, dropout_p=case.dropout_p,
-                                       keep=None if keep is None else keep[:, :, q0:q1, k0:k1])
-        outs.append(out[0].transpose(0, 1))
-        lses.append(lse[0])
-    return torch.cat(outs), torch.cat(lses, dim=1)
+    return packed_reference(q, k, v, case.lengths_q, case.lengths_k, causal=case.causal, slopes=slopes, keep=keep,
+                            dropout_p=case.dropout_p)
 
 
 def _call(case: Case, a: dict[str, Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -111,18 +102,13 @@ def test_alibi_and_dropout_follow_flash_attentions_rule(case: Case) -> None:
     grads = torch.autograd.grad(out, leaves, do)
     keep = _packed_keep(case, seed)
 
-    exact_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    exact_out, exact_lse = _reference(case, *exact_leaves, a["slopes"], keep)
-    exact_grads = torch.autograd.grad(exact_out, exact_leaves, do.double())
-    same_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    same_out, same_lse = _reference(case, *same_leaves, a["slopes"], keep)
-    same_grads = torch.autograd.grad(same_out, same_leaves, do)
+    exact, same = references(lambda *t: _reference(case, *t, a["slopes"], keep), (q, k, v), do)
 
-    seen = ~torch.isneginf(exact_lse)
+    seen = ~torch.isneginf(exact.lse)
     assert torch.equal(torch.isneginf(lse), ~seen)
-    check_rule("out", out, exact_out.detach(), same_out.detach(), OUT_FLOOR[case.dtype])
-    check_rule("lse", lse[seen], exact_lse.detach()[seen], same_lse.detach()[seen], LSE_FLOOR)
-    for name, g, x, s in zip(("dq", "dk", "dv"), grads, exact_grads, same_grads, strict=True):
+    check_rule("out", out, exact.out, same.out, OUT_FLOOR[case.dtype])
+    check_rule("lse", lse[seen], exact.lse[seen], same.lse[seen], LSE_FLOOR)
+    for name, g, x, s in zip(("dq", "dk", "dv"), grads, exact.grads, same.grads, strict=True):
         check_rule(name, g, x, s, GRAD_FLOOR[case.dtype])
 
 

@@ -25,19 +25,20 @@ the C API's specs (its calls are in tests/test_capi.py).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytest
 import torch
+from flash_rule import check_rule, references, seed_of
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu
-from test_varlen import cu, max_err, seed_of
+from varlen_cases import assert_refused, cu, packed_reference
 
 import lazytriton
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_bwd import binding as bwd_binding
 from lazytriton.kernels.flash_fwd import varlen
-from lazytriton.kernels.flash_fwd.reference import attention_reference
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
 
@@ -123,35 +124,16 @@ def _used_rows(spans: tuple[int, ...], used: tuple[int, ...]) -> torch.Tensor:
         torch.zeros(0, dtype=torch.bool)
 
 
-def _reference(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None,
-               keep: torch.Tensor | None = None, dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of the used rows of the packed q, k, v only, sequence by sequence (lse: (heads_q, used rows)).
+def _reference(case: Case, slopes: torch.Tensor | None, keep: torch.Tensor | None = None,
+               dropout_p: float = 0.0) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """(q, k, v) -> (out, lse) of the used rows of the packed q, k, v only, sequence by sequence.
 
     ``keep``: dropout's mask over the packed (1, heads_q, total_q, total_k) scores; each sequence's used rows
     and keys take their block of it.
     """
-    outs, lses = [], []
-    cq, ck = cu(case.spans_q).tolist(), cu(case.spans_k).tolist()
-    used_q, used_k = case.lengths()
-    for i in range(len(case.spans_q)):
-        qs = q[cq[i]:cq[i] + used_q[i]].transpose(0, 1)[None]
-        ks, vs = (t[ck[i]:ck[i] + used_k[i]].transpose(0, 1)[None] for t in (k, v))
-        sl = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[i])
-        block = None if keep is None else keep[:, :, cq[i]:cq[i] + used_q[i], ck[i]:ck[i] + used_k[i]]
-        out, lse = attention_reference(qs, ks, vs, causal="bottom_right" if case.causal else False,
-                                       window_size=case.window, softcap=case.softcap, alibi_slopes=sl,
-                                       dropout_p=dropout_p, keep=block)
-        outs.append(out[0].transpose(0, 1))
-        lses.append(lse[0])
-    return torch.cat(outs), torch.cat(lses, dim=1)
-
-
-def _within(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float,
-            factor: float) -> None:
-    assert torch.isfinite(got).all(), f"{name} has NaN/inf"
-    err, same_err = max_err(got, exact), max_err(same, exact)
-    bound = factor * same_err + floor * max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
-    assert err <= bound, f"{name}: max error {err:.3g} > {factor} x same-dtype's {same_err:.3g} + floor ({bound:.3g})"
+    return lambda q, k, v: packed_reference(q, k, v, case.spans_q, case.spans_k, used_q=case.used_q,
+                                            used_k=case.used_k, causal=case.causal, window=case.window,
+                                            softcap=case.softcap, slopes=slopes, keep=keep, dropout_p=dropout_p)
 
 
 def _call(inputs: dict[str, Any], case: Case, *leaves: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,21 +157,15 @@ def test_used_rows_follow_flashattentions_rule_and_unused_ones_are_zero(case: Ca
     assert (out[~rows_q] == 0).all() and torch.isneginf(lse[:, ~rows_q]).all() and (dq[~rows_q] == 0).all()
     assert (dk[~rows_k] == 0).all() and (dv[~rows_k] == 0).all()
 
-    exact_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    slopes = inputs["alibi_slopes"]
-    exact_out, exact_lse = _reference(case, *exact_leaves, slopes)
-    exact_grads = torch.autograd.grad(exact_out, exact_leaves, do[rows_q].double())
-    same_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    same_out, same_lse = _reference(case, *same_leaves, slopes)
-    same_grads = torch.autograd.grad(same_out, same_leaves, do[rows_q])
+    exact, same = references(_reference(case, inputs["alibi_slopes"]), (q, k, v), do[rows_q])
 
-    no_key = torch.isneginf(exact_lse)
+    no_key = torch.isneginf(exact.lse)
     assert torch.equal(torch.isneginf(lse[:, rows_q]), no_key), "lse is -inf exactly where a used row sees no key"
-    _within("out", out[rows_q], exact_out.detach(), same_out.detach(), OUT_FLOOR[case.dtype], 2)
-    _within("lse", lse[:, rows_q][~no_key], exact_lse.detach()[~no_key], same_lse.detach()[~no_key], LSE_FLOOR, 2)
-    for name, g, x, s, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), exact_grads, same_grads, (rows_q, rows_k, rows_k),
-                                   strict=True):
-        _within(name, g[rows], x[rows], s[rows], GRAD_FLOOR[case.dtype], 3)
+    check_rule("out", out[rows_q], exact.out, same.out, OUT_FLOOR[case.dtype], 2)
+    check_rule("lse", lse[:, rows_q][~no_key], exact.lse[~no_key], same.lse[~no_key], LSE_FLOOR, 2)
+    for name, g, x, s, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), exact.grads, same.grads,
+                                   (rows_q, rows_k, rows_k), strict=True):
+        check_rule(name, g[rows], x[rows], s[rows], GRAD_FLOOR[case.dtype], 3)
 
 
 def test_dropout_keeps_each_elements_packed_mask_bit() -> None:
@@ -211,16 +187,11 @@ def test_dropout_keeps_each_elements_packed_mask_bit() -> None:
                         0.3)
     rows_q, rows_k = _used_rows(case.spans_q, case.lengths()[0]), _used_rows(case.spans_k, case.lengths()[1])
     assert (out[~rows_q] == 0).all() and (dq[~rows_q] == 0).all() and (dk[~rows_k] == 0).all()
-    exact_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    exact_out, _ = _reference(case, *exact_leaves, None, keep, 0.3)
-    exact = torch.autograd.grad(exact_out, exact_leaves, do[rows_q].double())
-    same_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    same_out, _ = _reference(case, *same_leaves, None, keep, 0.3)
-    same = torch.autograd.grad(same_out, same_leaves, do[rows_q])
-    _within("out", out[rows_q], exact_out.detach(), same_out.detach(), OUT_FLOOR[F32], 2)
-    for name, g, x, s, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), exact, same, (rows_q, rows_k, rows_k),
-                                   strict=True):
-        _within(name, g[rows], x[rows], s[rows], GRAD_FLOOR[F32], 3)
+    exact, same = references(_reference(case, None, keep, 0.3), (q, k, v), do[rows_q])
+    check_rule("out", out[rows_q], exact.out, same.out, OUT_FLOOR[F32], 2)
+    for name, g, x, s, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), exact.grads, same.grads,
+                                   (rows_q, rows_k, rows_k), strict=True):
+        check_rule(name, g[rows], x[rows], s[rows], GRAD_FLOOR[F32], 3)
 
 
 def test_the_kernels_write_the_unused_rows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -357,10 +328,7 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
 @pytest.mark.parametrize(("name", "change", "error", "match"), BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_seqused_is_refused_before_anything_runs(no_launch: None, name: str, change: Any,
                                                      error: type[Exception], match: str) -> None:
-    args = _good()
-    args[name] = change(args)
-    with pytest.raises(error, match=match):
-        lazytriton.flash_attn_varlen_func(**args)
+    assert_refused(_good(), name, change, error, match)
 
 
 def test_the_ops_check_seqused_too(no_launch: None) -> None:
@@ -567,13 +535,8 @@ def test_gpu_seqused(dtype: torch.dtype, head_dim: int, causal: bool, window: tu
     for i in (0, 7, 9):  # a few sequences against the float64 reference (all of it: ~1 GiB of scores)
         one = Case(dtype, head_dim, (16, 4), causal, window, softcap, "none", (lq[i],), (lk[i],), None, None)
         parts = [t[a:a + n] for t, a, n in ((q, cq[i], lq[i]), (k, ck[i], lk[i]), (v, ck[i], lk[i]))]
-        exact_leaves = [t.double().requires_grad_() for t in parts]
-        exact_out, _ = _reference(one, *exact_leaves, None)
-        exact = torch.autograd.grad(exact_out, exact_leaves, do[cq[i]:cq[i] + lq[i]].double())
-        same_leaves = [t.clone().requires_grad_() for t in parts]
-        same_out, _ = _reference(one, *same_leaves, None)
-        same = torch.autograd.grad(same_out, same_leaves, do[cq[i]:cq[i] + lq[i]])
-        _within("out", out[cq[i]:cq[i] + lq[i]], exact_out.detach(), same_out.detach(), OUT_FLOOR[dtype], 2)
+        exact, same = references(_reference(one, None), parts, do[cq[i]:cq[i] + lq[i]])
+        check_rule("out", out[cq[i]:cq[i] + lq[i]], exact.out, same.out, OUT_FLOOR[dtype], 2)
         got = (dq[cq[i]:cq[i] + lq[i]], dk[ck[i]:ck[i] + lk[i]], dv[ck[i]:ck[i] + lk[i]])
-        for name, g, x, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
-            _within(name, g, x, s, GRAD_FLOOR[dtype], 3)
+        for name, g, x, s in zip(("dq", "dk", "dv"), got, exact.grads, same.grads, strict=True):
+            check_rule(name, g, x, s, GRAD_FLOOR[dtype], 3)

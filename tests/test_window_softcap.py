@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from flash_rule import check_rule
 from test_flash_bwd import GRAD_FLOOR, grads_of
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, seed_of, twin_line
 
@@ -91,16 +92,6 @@ def _no_key_rows(case: Case) -> torch.Tensor:
     return torch.zeros(case.seqlens[0], dtype=torch.bool) if keep is None else ~keep.any(-1)
 
 
-def _max_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.double() - ref.double()).abs().max()) if a.numel() else 0.0
-
-
-def _assert_rule(name: str, got: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, floor: float) -> None:
-    err, same_err = _max_err(got, exact), _max_err(same, exact)
-    floor *= max(1.0, float(exact.abs().max()) if exact.numel() else 0.0)
-    assert err <= 2 * same_err + floor, f"{name}: max error {err:.3g} > 2 x same-dtype's {same_err:.3g} + {floor:.3g}"
-
-
 @pytest.mark.parametrize("case", covering_design(), ids=str)
 def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
     q, k, v = make_qkv(1, case.heads, case.seqlens, case.head_dim, case.dtype, seed=seed_of(case))
@@ -118,9 +109,9 @@ def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
     assert torch.equal(torch.isneginf(ref_lse[0, 0]), no_key)
     assert (out[:, :, no_key] == 0).all() and (got[0][:, :, no_key] == 0).all(), "rows without keys: 0 and dq 0"
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in got)
-    _assert_rule("out", out, ref_out, same_out, OUT_FLOOR[case.dtype])
+    check_rule("out", out, ref_out, same_out, OUT_FLOOR[case.dtype])
     seen = ~torch.isneginf(ref_lse)
-    _assert_rule("lse", lse[seen], ref_lse[seen], same_lse[seen], LSE_FLOOR)
+    check_rule("lse", lse[seen], ref_lse[seen], same_lse[seen], LSE_FLOOR)
 
     def ref(*t: torch.Tensor) -> torch.Tensor:
         return attention_reference(*t, **kwargs)[0]
@@ -128,7 +119,7 @@ def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
     exact = grads_of(ref, q.double(), k.double(), v.double(), do.double())
     same = grads_of(ref, q, k, v, do)
     for name, g, e, s in zip(("dq", "dk", "dv"), got, exact, same, strict=True):
-        _assert_rule(name, g, e, s, GRAD_FLOOR[case.dtype])
+        check_rule(name, g, e, s, GRAD_FLOOR[case.dtype])
 
 
 @pytest.mark.parametrize(("window", "softcap", "causal"), [((2, 1), 0.0, False), ((-1, -1), 2.0, False),
