@@ -8,6 +8,7 @@ run).
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from collections.abc import Iterator
