@@ -28,8 +28,9 @@ from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, seed_of
 
 import lazytriton
 from lazytriton.kernels import dispatch
-from lazytriton.kernels.flash_decode import binding, checks, values
+from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+from lazytriton.kernels.flash_decode import values as index_values
 from lazytriton.kernels.flash_decode.reference import kvcache_reference
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
@@ -435,7 +436,7 @@ def test_rotary_arguments_at_their_defaults_change_nothing(monkeypatch: pytest.M
 
 def test_trusted_indices_skip_the_value_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    monkeypatch.setattr(values, "check_values", lambda t, call, names: calls.append(call))
+    monkeypatch.setattr(index_values, "check_values", lambda t, call, names: calls.append(call))
     monkeypatch.setattr(binding, "run_interpreter", lambda *a: None)
     lazytriton.flash_attn_with_kvcache(**_valid())
     with lazytriton.kvcache.trusted_indices():

@@ -21,7 +21,8 @@ from lazytriton.kernels.flash_decode.checks import DTYPES, INT32_MAX, Call, Inpu
 from lazytriton.kernels.kv_append import BLOCK_M, FAMILY, INT_PARAMS, KV_APPEND, grid, variant
 
 _LAYOUT = ("K", "V", "KCache", "VCache", "Seqlens", "BatchIdx", "BlockTable", "RotaryCos", "RotarySin",
-           "RotarySeqlens", "KDescale", "VDescale", "CuSeqlensKNew", *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"),
+           "RotarySeqlens", "KDescale", "VDescale", "CuSeqlensKNew",
+           *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"),
            "stride_tb", "stride_kdb", "stride_kdh", "stride_vdb", "stride_vdh",
            "heads_k", "seqlen_new", "head_dim", "head_dim_v", "seqlen_const", "use_seqlens", "use_batch_idx",
            "page_size", "capacity", "cache_rows", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "use_k_descale",
