@@ -351,6 +351,19 @@ def test_varlen_is_written_in_kv_appends_variant_and_memo_key_only_when_set() ->
     assert append_binding.memo_key(0, torch.float16, call._replace(varlen_new=False), True, False) == key[:-1]
 
 
+@pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942"])
+def test_the_packed_append_compiles(target: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Real entries (Triton's compiler, no GPU): kv_append with VARLEN (the binary search's loop), paged, float8 too."""
+    from compiled_once import compiled, shared_dir
+
+    from lazytriton.kernels import get
+
+    where = shared_dir(tmp_path_factory)
+    for kv in ("none", "e5m2"):
+        variant = kv_append.variant(Target.parse(target), "bf16", 128, 0, True, True, False, kv_fp8=kv, varlen=True)
+        assert len(compiled(variant, where).arg_types) == len(get("kv_append").params)
+
+
 def test_the_op_and_torch_compile_take_cu_seqlens_k_new() -> None:
     torch._dynamo.reset()
     args = _new_valid()
