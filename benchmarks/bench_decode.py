@@ -50,6 +50,9 @@ in the same time); the goal, issue 42's, is at least 1.8 at batch 1-32 from
 576/512 latent cache read in place, FlashAttention-3's qv form of it, and
 SDPA on the same math; --batches, --lengths from 4k, --layouts, --quick and
 --list apply).
+``--packed-new`` adds the decoding step with its new key (``lazytriton_append``)
+beside the same step with FlashAttention-3's ``cu_seqlens_k_new`` (the new
+keys packed, one a sequence) written into ``out=`` (``lazytriton_packed_new``).
 
 Each provider's first output is checked against a float32 reference of
 batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
@@ -59,7 +62,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
-       [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2] [--mla]
+       [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2] [--mla] [--packed-new]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -93,6 +96,7 @@ ROTARY_PROVIDERS = ("lazytriton_append", "lazytriton_rotary")
 ROTARY_GOAL = 1.10  # rotary's time over the same step without it
 SINKS = "lazytriton_sinks"  # --sinks: lazytriton's call with attention sinks
 FP8 = "lazytriton_fp8"  # --kv-dtype: lazytriton's call on a float8 copy of the cache
+PACKED = "lazytriton_packed_new"  # --packed-new: the step's new keys packed by cu_seqlens_k_new, written into out=
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_GOAL = 1.8  # the float8 cache's speedup over the bf16 cache at batch <= 32 from 4k keys (issue 42)
 TOLERANCE = 2e-2
@@ -217,6 +221,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mla", action="store_true",
                         help="DeepSeek MLA's decode instead: the 576/512 latent cache, its qv form and SDPA "
                              "(bench_decode_mla.py)")
+    parser.add_argument("--packed-new", action="store_true",
+                        help="also time the decoding step with its new key (lazytriton_append) beside the same step "
+                             "with the new keys packed by cu_seqlens_k_new and the output written into out= "
+                             "(lazytriton_packed_new)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -314,6 +322,24 @@ def step_call(t: Inputs, rotary: bool) -> Callable[[], torch.Tensor]:
     return run
 
 
+def packed_step_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    """``step_call``'s step (no rotary) with FlashAttention-3's cu_seqlens_k_new (one new key a sequence, packed
+    (batch, heads_k, d)) and the output written into a buffer of the caller's (out=)."""
+    k_new = t.k_sdpa[:, :, -1].contiguous()  # (batch, heads_k, d)
+    v_new = t.v_sdpa[:, :, -1].contiguous()
+    lens = t.lens - 1
+    cu = torch.arange(t.q.shape[0] + 1, dtype=torch.int32, device=t.q.device)
+    out = torch.empty_like(t.q)
+
+    def run() -> torch.Tensor:
+        with trusted_indices():
+            return lazytriton.flash_attn_with_kvcache(  # type: ignore[no-any-return]
+                t.q, t.k_cache, t.v_cache, k_new, v_new, cache_seqlens=lens, block_table=t.table,
+                cu_seqlens_k_new=cu, out=out)
+
+    return run
+
+
 def lazytriton_sinks_call(t: Inputs) -> Callable[[], torch.Tensor]:
     def run() -> torch.Tensor:
         with trusted_indices():
@@ -353,12 +379,14 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
     "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
     "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True),
-    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call}
+    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call, PACKED: packed_step_call}
 
 
-def providers(case: Case, rotary: bool = False, sinks: bool = False, fp8: bool = False) -> list[str]:
+def providers(case: Case, rotary: bool = False, sinks: bool = False, fp8: bool = False,
+              packed: bool = False) -> list[str]:
     return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + \
-        (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([FP8] if fp8 else [])
+        (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([FP8] if fp8 else []) + \
+        ((["lazytriton_append"] if not rotary else []) + [PACKED] if packed else [])
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -575,7 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[Result] = []
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)
-        for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None):
+        for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None,
+                                  args.packed_new):
             r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())

@@ -24,7 +24,7 @@
 #define LT__DECODE_SPLIT_PARAMS 59   /* flash_decode_split: 57 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
-#define LT__APPEND_PARAMS 44         /* kv_append: 44 pointers and integers */
+#define LT__APPEND_PARAMS 46         /* kv_append: 46 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
 #define LT__KV_PARAMS_V2_SIZE offsetof(lt_attn_kvcache_params, rotary_cos)    /* version 2: before the rotary tables */
@@ -635,20 +635,21 @@ static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c)
 #define LT__OR_Q(t) (lt__absent(&(t)) ? LT__PTR(p->q) : LT__PTR(t))
 
 /* kv_append: the new keys and values into the caches, its parameters in its description's order
- * (kv_append.binding.c_initializer). The C API has no float8 cache: the descales' pointers stand in, unread. */
+ * (kv_append.binding.c_initializer). The C API has no float8 cache and no packed new keys (cu_seqlens_k_new):
+ * their pointers stand in, unread. */
 static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t ints[LT__APPEND_PARAMS + LT__MAX_HIDDEN] = {
         LT__PTR(p->k), LT__PTR(p->v), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__OR_K(p->cache_seqlens),
         LT__OR_K(p->cache_batch_idx), LT__OR_K(p->block_table), LT__OR_K(p->rotary_cos), LT__OR_K(p->rotary_sin),
-        LT__OR_K(p->rotary_seqlens), LT__PTR(p->k), LT__PTR(p->k),
+        LT__OR_K(p->rotary_seqlens), LT__PTR(p->k), LT__PTR(p->k), LT__PTR(p->k),
         p->k.strides[0], p->k.strides[1], p->k.strides[2],
         p->v.strides[0], p->v.strides[1], p->v.strides[2], p->k_cache.strides[0], p->k_cache.strides[1],
         p->k_cache.strides[2], p->v_cache.strides[0], p->v_cache.strides[1], p->v_cache.strides[2],
         c->paged ? p->block_table.strides[0] : 0, 0, 0, 0, 0, c->hk, c->seqlen_new, c->d, c->dv,
         c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens, c->use_batch_idx, c->page_size, c->capacity,
-        c->cache_rows, c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, 0, 0};
+        c->cache_rows, c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, 0, 0, c->b};
     void *params[LT__APPEND_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */

@@ -386,9 +386,10 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         out: optional, vLLM's: a tensor of the output's shape, dtype and device that the output is written into
             (and returned).
         q_descale: FlashAttention-3's FP8 forward (float8_e4m3fn q, k and v, out bfloat16), as in ``attn_fwd``,
-            batch being the number of sequences. Forward only; no block_table.
-        k_descale: k's, as q_descale.
-        v_descale: v's, as q_descale.
+            batch being the number of sequences. Forward only. Not taken with block_table (its queries are float16
+            or bfloat16).
+        k_descale: k's, as q_descale; with block_table, a float8 paged cache's (as vLLM calls FlashAttention-3).
+        v_descale: v's, as q_descale; with block_table, a float8 paged cache's.
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -411,7 +412,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                 softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                 alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
                 seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out,
-                attention_chunk=attention_chunk)
+                attention_chunk=attention_chunk, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
         kvcache_varlen.check_splits_and_out(num_splits, out, q, v)
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)

@@ -12,7 +12,7 @@ name is re-exported lazily by ``lazytriton/__init__.py``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -45,7 +45,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             sinks: torch.Tensor | None = None, s_aux: torch.Tensor | None = None,
                             cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
                             attention_chunk: int = 0, k_descale: torch.Tensor | None = None,
-                            v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None) -> Any:
+                            v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None,
+                            cu_seqlens_k_new: torch.Tensor | None = None, out: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` (forward only), served from lazytriton's kernel cache.
 
     If k and v are given, they are first written into k_cache and v_cache *in
@@ -199,6 +200,19 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             into one tensor first (a copy of the queries). Not with a float8
             cache, nor with v_cache = k_cache[..., :head_dim_v] (that form's q
             carries its qv).
+        cu_seqlens_k_new: optional int32 (batch + 1,), FlashAttention-3's: k
+            and v are then (total_new, heads_k, head_dim) and (total_new,
+            heads_k, head_dim_v), the new keys of every sequence one after
+            another: sequence b's are rows cu_seqlens_k_new[b] ..
+            cu_seqlens_k_new[b + 1] - 1, n_b of them (0 allowed), written at
+            cache_seqlens[b] .. cache_seqlens[b] + n_b - 1, and the attention
+            covers cache_seqlens[b] + n_b keys (the offset of causal, the
+            window, ALiBi and rotary uses that length). cu_seqlens_k_new[0]
+            must be 0, the entries nondecreasing and the last total_new.
+        out: optional, vLLM's: a tensor of out's shape, q's dtype and device,
+            sharing no memory with q, k, v or the caches: the kernels write the
+            output there through its strides (a copy into it when its last dim
+            is not contiguous) and it is returned.
 
     Returns:
         out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out,
@@ -224,34 +238,64 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
-    # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.
-    cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad, sinks = (
-        index_tensor(cache_seqlens), index_tensor(cache_batch_idx), index_tensor(block_table),
-        index_tensor(alibi_slopes), index_tensor(cache_leftpad), index_tensor(attention_sinks.given(sinks, s_aux)))
-    rotary = (index_tensor(rotary_cos), index_tensor(rotary_sin), index_tensor(rotary_seqlens))
-    cu_seqlens_q = index_tensor(cu_seqlens_q)
-    descales = (index_tensor(k_descale), index_tensor(v_descale))
-    t = checks.Inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                      cache_leftpad, *rotary, sinks, cu_seqlens_q, *descales, qv)
-    call = checks.check(t, softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved, max_seqlen_q,
-                        attention_chunk)
-    index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
-                     block_table, alibi_slopes, cache_leftpad, sinks)
-    if _direct(q, k_cache, v_cache, k, v, *index_tensors, *rotary, cu_seqlens_q, *descales, qv):
-        out, lse = binding.forward(t, call)
-    else:
-        from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
-
-        op = flash_kvcache_read_op if k is None else flash_kvcache_op  # a read declares no mutation
-        lens_int = -1 if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor) else int(cache_seqlens)
-        out, lse = op(q, k_cache, v_cache, k, v, index_tensors[0], lens_int, cache_batch_idx, block_table, call.scale,
-                      causal, window_size[0], window_size[1], float(softcap), alibi_slopes, num_splits, cache_leftpad,
-                      *rotary[:2], rotary_interleaved, rotary[2], sinks,
-                      *((cu_seqlens_q, call.seqlen_q if call.varlen_q else -1)
-                        if call.varlen_q or call.chunked or call.kv_fp8 != "none" else ()),
-                      *((call.attention_chunk,) if call.chunked or call.kv_fp8 != "none" else ()),
-                      *(descales if call.kv_fp8 != "none" else ()), **({"qv": qv} if qv is not None else {}))
-    return (out, lse) if return_softmax_lse else out
+    t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
+               rotary_cos, rotary_sin, rotary_seqlens, attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale,
+               v_descale, qv, cu_seqlens_k_new)
+    res, lse = serve(t, Options(softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved,
+                                max_seqlen_q, attention_chunk), out)
+    return (res, lse) if return_softmax_lse else res
 
 
-__all__ = ["flash_attn_with_kvcache", "trusted_indices"]
+class Options(NamedTuple):
+    """The call's options, in ``checks.check``'s order (the caller's values, unchecked)."""
+
+    softmax_scale: Any = None
+    causal: Any = False
+    window_size: Any = checks.NO_WINDOW
+    softcap: Any = 0.0
+    num_splits: Any = 0
+    rotary_interleaved: Any = True
+    max_seqlen_q: Any = None
+    attention_chunk: Any = 0
+
+
+def inputs(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None, cache_seqlens: Any = None,
+           *index: Any) -> checks.Inputs:
+    """``checks.Inputs`` of the call, in its order, the index tensors plain and contiguous (``index_tensor``).
+
+    The kernels read them through their pointers: a strided view is copied, a subclass read as the tensor it
+    holds, before the checks, so the values checked are the values read.
+    """
+    return checks.Inputs(q, k_cache, v_cache, k, v, index_tensor(cache_seqlens), *map(index_tensor, index))
+
+
+def serve(t: checks.Inputs, options: Options, out: torch.Tensor | None = None,
+          names: checks.Names = checks.KVCACHE) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a call: checked (errors naming the arguments by ``names``), then the binding or the op."""
+    call = checks.check(t, *options, names=names)
+    checks.check_out(out, t, call, names)
+    lens = t.cache_seqlens
+    index_tensors = (lens if isinstance(lens, torch.Tensor) else None, t.cache_batch_idx, t.block_table,
+                     t.alibi_slopes, t.cache_leftpad, t.sinks)
+    rotary = (t.rotary_cos, t.rotary_sin, t.rotary_seqlens)
+    descales = (t.k_descale, t.v_descale)
+    if _direct(t.q, t.k_cache, t.v_cache, t.k, t.v, *index_tensors, *rotary, t.cu_seqlens_q, *descales, t.qv,
+               t.cu_seqlens_k_new, out):
+        return binding.forward(t, call, out, names)
+    from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
+
+    op = flash_kvcache_read_op if t.k is None else flash_kvcache_op  # a read declares no mutation
+    window, fp8 = options.window_size, call.kv_fp8 != "none"
+    lens_int = -1 if lens is None or isinstance(lens, torch.Tensor) else int(lens)
+    res, lse = op(t.q, t.k_cache, t.v_cache, t.k, t.v, index_tensors[0], lens_int, t.cache_batch_idx, t.block_table,
+                  call.scale, options.causal, window[0], window[1], float(options.softcap), t.alibi_slopes,
+                  options.num_splits, t.cache_leftpad, *rotary[:2], options.rotary_interleaved, rotary[2], t.sinks,
+                  *((t.cu_seqlens_q, call.seqlen_q if call.varlen_q else -1)
+                    if call.varlen_q or call.chunked or fp8 else ()),
+                  *((call.attention_chunk,) if call.chunked or fp8 else ()), *(descales if fp8 else ()),
+                  **({"qv": t.qv} if t.qv is not None else {}),
+                  **({"cu_seqlens_k_new": t.cu_seqlens_k_new} if call.varlen_new else {}))
+    return (res, lse) if out is None else (out.copy_(res), lse)  # the op returns new tensors: one copy
+
+
+__all__ = ["Options", "flash_attn_with_kvcache", "inputs", "serve", "trusted_indices"]

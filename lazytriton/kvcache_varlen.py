@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from lazytriton import kvcache
 from lazytriton.kernels.arguments import check_bool, check_dropout, shown
 from lazytriton.kernels.flash_decode import checks
 from lazytriton.kernels.flash_fwd import fp8
-from lazytriton.kvcache import flash_attn_with_kvcache
+from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 
 
 def _requires_grad(t: Any) -> bool:
@@ -67,7 +68,8 @@ def paged_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                  seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
                  s_aux: torch.Tensor | None = None, num_splits: int = 0,
-                 out: torch.Tensor | None = None, attention_chunk: int = 0) -> Any:
+                 out: torch.Tensor | None = None, attention_chunk: int = 0, q_descale: torch.Tensor | None = None,
+                 k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None) -> Any:
     """``flash_attn_varlen_func`` with a block table: q packed, k and v the paged caches (forward only).
 
     Args (those the paged form reads differently; the rest are ``flash_attn_with_kvcache``'s):
@@ -83,8 +85,14 @@ def paged_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
         seqused_q: not taken with a block table (every query of cu_seqlens_q's spans is used).
         dropout_p: must be 0 (the decoding kernels have no dropout).
         num_splits: 0 lets the heuristic cut each sequence's keys; n >= 1 forces n (at most 256).
-        out: optional (total_q, heads, head_dim_v) in q's dtype and device: the output is written there
-            (vLLM's out=) and returned.
+        out: optional (total_q, heads, head_dim_v) in q's dtype and device, sharing no memory with q, k or v:
+            the kernels write the output there through its strides (vLLM's out=; a copy into it when its last dim
+            is not contiguous) and it is returned.
+        k_descale, v_descale: with float8 caches (torch.float8_e4m3fn or float8_e5m2; q float16 or bfloat16), as
+            vLLM calls FlashAttention-3 on an fp8 KV cache: ``flash_attn_with_kvcache``'s (per tensor, per key/value
+            head or per (batch, heads_k); the caches hold x / descale).
+        q_descale: refused: the decoding kernels read float16 or bfloat16 queries, never float8 ones, so there is
+            no q to descale (pass q unquantised with the float8 caches).
 
     Returns ``out``, or ``(out, softmax_lse (heads, total_q), None)`` with return_attn_probs.
     Every argument is checked before anything runs; a call that wants gradients (q, k, v or sinks requiring
@@ -108,20 +116,15 @@ def paged_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
         raise ValueError("flash_attn_varlen_func with block_table is forward only (as FlashAttention-3): no "
                          "gradient flows through a paged KV cache; call it under torch.no_grad() or on tensors "
                          "that do not require grad")
-    check_out(out, q, v)
+    if q_descale is not None:
+        raise ValueError("q_descale is not taken with block_table: the paged form reads float16 or bfloat16 queries "
+                         "(the decoding kernels take no float8 q); pass q unquantised, with k_descale/v_descale for "
+                         "float8 caches")
     if not isinstance(seqused_k, torch.Tensor):  # the kvcache form would take an int: this one does not
         raise TypeError(f"seqused_k must be an int32 tensor of shape (batch,), got {type(seqused_k).__name__}")
-    try:
-        res, lse = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k, block_table=block_table,
-                                           softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                                           softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
-                                           return_softmax_lse=True, sinks=sinks, s_aux=s_aux,
-                                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                                           attention_chunk=attention_chunk)
-    except (TypeError, ValueError) as exc:  # the kvcache form's names of this form's arguments
-        raise type(exc)(str(exc).replace("cache_seqlens", "seqused_k").replace("k_cache", "k (the paged cache)")
-                        .replace("v_cache", "v (the paged cache)")) from None
-    if out is not None:
-        out.copy_(res)
-        res = out
+    t = kvcache.inputs(q, k, v, None, None, seqused_k, None, block_table, alibi_slopes, None, None, None, None,
+                       attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale, v_descale)
+    options = kvcache.Options(softmax_scale, causal, window_size, softcap, num_splits, True, max_seqlen_q,
+                              attention_chunk)
+    res, lse = kvcache.serve(t, options, out, checks.PAGED_VARLEN)
     return (res, lse, None) if return_attn_probs else res

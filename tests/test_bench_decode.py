@@ -125,6 +125,17 @@ def test_quick_rotary_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert "rotary (ms)" in stdout and stdout.splitlines()[-1].startswith("max")
 
 
+def test_quick_packed_new_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """The step with cu_seqlens_k_new and out= beside the step with k (batch, 1, ...): both checked ``ok``."""
+    out_csv = tmp_path / "decode.csv"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--packed-new", "--csv", str(out_csv)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = list(csv.DictReader(out_csv.open()))
+    assert {r["provider"] for r in rows} >= {"lazytriton_append", "lazytriton_packed_new"}
+    assert all(r["check"] == "ok" for r in rows)
+
+
 def test_bench_mixed_quick_runs_end_to_end_on_cpu() -> None:
     """benchmarks/bench_mixed.py: a mixed batch as one call against its prefill and decode parts, checked equal."""
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_mixed.py"), "--quick"],

@@ -30,6 +30,7 @@ import lazytriton
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+from lazytriton.kernels.flash_decode import values as index_values
 from lazytriton.kernels.flash_decode.reference import kvcache_reference
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields
@@ -421,7 +422,7 @@ def test_bad_input_is_refused_before_anything_runs(name: str, change: Any, error
 def test_rotary_arguments_at_their_defaults_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
 
-    def forward(t: checks.Inputs, call: checks.Call) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(t: checks.Inputs, call: checks.Call, *rest: object) -> tuple[torch.Tensor, torch.Tensor]:
         seen.append(call)
         return t.q, t.q
 
@@ -435,7 +436,7 @@ def test_rotary_arguments_at_their_defaults_change_nothing(monkeypatch: pytest.M
 
 def test_trusted_indices_skip_the_value_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    monkeypatch.setattr(checks, "check_values", lambda t, call: calls.append(call))
+    monkeypatch.setattr(index_values, "check_values", lambda t, call, names: calls.append(call))
     monkeypatch.setattr(binding, "run_interpreter", lambda *a: None)
     lazytriton.flash_attn_with_kvcache(**_valid())
     with lazytriton.kvcache.trusted_indices():

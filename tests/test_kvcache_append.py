@@ -21,7 +21,7 @@ from test_kvcache import check_against_reference, run
 
 import lazytriton
 from lazytriton.kernels import get, kv_append
-from lazytriton.kernels.flash_decode import checks
+from lazytriton.kernels.flash_decode import checks, values
 from lazytriton.kernels.flash_decode.reference import kvcache_reference
 from lazytriton.kernels.kv_append import binding as append_binding
 from lazytriton.kernels.kv_append.reference import append_reference
@@ -90,7 +90,7 @@ def test_appended_keys_land_where_flash_attention_2_puts_them(layout: str, dims:
     assert sorted(args["cache_seqlens"].tolist()) == list(range(capacity - new + 1))
     t = inputs(args)
     call = checks.check(t)
-    checks.check_values(t, call)
+    values.check_values(t, call)
     mine = t._replace(k_cache=t.k_cache.clone(), v_cache=t.v_cache.clone())
     append_binding.append(mine, call)
     twin_k, twin_v = t.k_cache.clone(), t.v_cache.clone()
@@ -124,7 +124,7 @@ def test_index_values_nobody_checked_never_write_outside_the_caches(layout: str,
         args["block_table"][1] = args["k_cache"].shape[0] + 2 if bad == "block_past_end" else -1
     t = inputs(args)
     with pytest.raises(ValueError):  # a checked call refuses these values
-        checks.check_values(t, checks.check(t))
+        values.check_values(t, checks.check(t))
     mine = t._replace(k_cache=t.k_cache.clone(), v_cache=t.v_cache.clone())
     append_binding.append(mine, checks.check(t))
     if layout == "contiguous":  # sequence 0 (start 0) alone: row 0, slots 0..2
@@ -160,8 +160,8 @@ def test_the_description_the_arguments_and_the_variants_agree() -> None:
     ints = append_binding.ints(t, checks.check(t), pointers=lambda x: x)
     assert len(ints) == len(spec.params)
     # heads_k, seqlen_new, d, dv, seqlen_const, flags, page, capacity, cache rows (batch + 3 here); no rotary, no
-    # descales
-    assert ints[-15:] == (2, 1, 64, 32, 0, 1, 1, 0, CONTIGUOUS_LEN, 5, 0, 0, 0, 0, 0)
+    # descales; the batch (num_seqs, read only with packed new keys)
+    assert ints[-16:] == (2, 1, 64, 32, 0, 1, 1, 0, CONTIGUOUS_LEN, 5, 0, 0, 0, 0, 0, 2)
     same = kv_append.variant(SM90, "bf16", 128, 0, False, True, False)
     assert "BLOCK_DV" not in str(same) and "PAGED" not in str(same)
     mla = kv_append.variant(SM90, "bf16", 192, 128, True, True, False)

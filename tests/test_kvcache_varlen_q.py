@@ -24,7 +24,7 @@ from test_flash_fwd import seed_of
 from test_kvcache import check_out_lse, max_err
 
 import lazytriton
-from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_decode import binding, checks, values
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_decode.reference import varlen_q_reference
 from lazytriton.prewarm.enumeration import Axes, enumerate_variants, variants_from_misses
@@ -308,7 +308,7 @@ def test_bad_input_is_refused_before_anything_runs(name: str, change: Any, error
 
 def test_trusted_indices_skip_the_cu_seqlens_check(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr(checks, "check_values", lambda t, call: seen.append(t.cu_seqlens_q is not None))
+    monkeypatch.setattr(values, "check_values", lambda t, call, names: seen.append(t.cu_seqlens_q is not None))
     monkeypatch.setattr(binding, "run_interpreter", lambda *a: None)
     lazytriton.flash_attn_with_kvcache(**_valid())
     with lazytriton.kvcache.trusted_indices():

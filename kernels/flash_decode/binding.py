@@ -5,7 +5,7 @@ Everything that launches ``flash_decode_split``/``flash_decode_combine``
 through here:
 
 - ``checks.check`` turns the call into a ``Call`` (shapes, dtypes, options)
-  and ``checks.check_values`` refuses index values outside the cache, both
+  and ``values.check_values`` refuses index values outside the cache, both
   before anything is written or launched;
 - ``num_splits`` picks the split count (FlashAttention-2's idea: enough
   programs to fill the GPU's SMs without splitting what already fills them);
@@ -14,7 +14,9 @@ through here:
 - ``forward`` appends k/v to the cache (``kv_append.binding.append``: one
   launch of the ``kv_append`` kernel), then runs the split kernel and, with
   several splits, the combine kernel: cached binaries on a GPU, Triton's
-  interpreter on the CPU, nothing on meta.
+  interpreter on the CPU, nothing on meta. The last kernel writes the
+  caller's ``out`` through its strides when it has a contiguous last dim
+  (``writes_into``), so nothing is copied.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from lazytriton.kernels.flash_decode import (
     combine_grid,
     mla,
     split_grid,
+    values,
 )
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_decode.checks import Call, Inputs
@@ -335,11 +338,34 @@ def empty_outputs(q: torch.Tensor, call: Call) -> tuple[torch.Tensor, torch.Tens
 
     Packed queries (q (total_q, heads, head_dim)): out (total_q, heads, head_dim_v), lse (heads, total_q).
     """
-    out = torch.empty((*q.shape[:-1], call.value_dim), dtype=q.dtype, device=q.device)
+    return torch.empty((*q.shape[:-1], call.value_dim), dtype=q.dtype, device=q.device), empty_lse(q, call)
+
+
+def empty_lse(q: torch.Tensor, call: Call) -> torch.Tensor:
+    """The float32 logsumexp alone (``empty_outputs``' second tensor), for a call writing the caller's out."""
     if call.varlen_q:
-        return out, torch.empty((call.heads_q, call.total_q), dtype=torch.float32, device=q.device)
-    lse = torch.empty((call.batch, call.heads_q, call.seqlen_q), dtype=torch.float32, device=q.device)
-    return out, lse
+        return torch.empty((call.heads_q, call.total_q), dtype=torch.float32, device=q.device)
+    return torch.empty((call.batch, call.heads_q, call.seqlen_q), dtype=torch.float32, device=q.device)
+
+
+def writes_into(out: torch.Tensor) -> bool:
+    """Whether the kernels write ``out`` in place: its last dim contiguous (they index the others by stride)."""
+    return out.stride(-1) == 1 or out.shape[-1] <= 1
+
+
+def after_packed_append(t: Inputs, call: Call) -> tuple[Inputs, Call]:
+    """The attention's view of a call whose new keys were packed by cu_seqlens_k_new, once they are appended.
+
+    Each sequence's keys are then its cached ones and its own new count, cache_seqlens[b] + n_b: a tensor the
+    split kernel reads as its lengths (seqlen_new 0), computed on the device (no host read); its rotary base stays
+    cache_seqlens (rotary_seqlens, when not given).
+    """
+    lens = values.lengths(t, call).to(torch.int32)
+    bases = t.rotary_seqlens
+    if call.rotary and bases is None:
+        bases = values.cached(t, call).to(torch.int32)
+    return (t._replace(cache_seqlens=lens, rotary_seqlens=bases, k=None, v=None, cu_seqlens_k_new=None),
+            call._replace(seqlen_new=0, seqlen_const=-1, rotary_seqlens=call.rotary, varlen_new=False))
 
 
 def _partials(lse: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -408,23 +434,32 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call)
                                         sinks=t.sinks), combine_c)
 
 
-def forward(t: Inputs, call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(t: Inputs, call: Call, out: torch.Tensor | None = None,
+            names: checks.Names = checks.KVCACHE) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a checked call, after its index values are checked and k/v appended to the cache.
 
-    The kernels on a GPU, the interpreter on the CPU, empty outputs on meta.
+    The kernels on a GPU, the interpreter on the CPU, empty outputs on meta. ``out`` (checked:
+    ``checks.check_out``): the caller's, written by the kernels where ``writes_into`` allows, else copied into.
+    ``names``: the caller's names of the arguments, for the value checks' errors.
     """
-    if checks.values_checked(t):
-        checks.check_values(t, call)
-    out, lse = empty_outputs(t.q, call)
-    if t.q.device.type == "meta":
-        return out, lse
-    if call.qv:  # q as [qv | q], k_cache from the columns after v's (mla.py)
-        t = mla.kernel_inputs(t, call)
-    kv_append.append(t, call)
-    if out.numel() == 0 or call.rows == 0:
-        return out, lse
-    if t.q.device.type == "cpu":
-        run_interpreter(t, out, lse, call)
+    if values.values_checked(t):
+        values.check_values(t, call, names)
+    given = out
+    if out is None or not writes_into(out):
+        out, lse = empty_outputs(t.q, call)
     else:
-        launch_gpu(t, out, lse, call)
+        lse = empty_lse(t.q, call)
+    if t.q.device.type != "meta":
+        if call.qv:  # q as [qv | q], k_cache from the columns after v's (mla.py)
+            t = mla.kernel_inputs(t, call)
+        kv_append.append(t, call)
+        if call.varlen_new:
+            t, call = after_packed_append(t, call)
+        if out.numel() and call.rows:
+            if t.q.device.type == "cpu":
+                run_interpreter(t, out, lse, call)
+            else:
+                launch_gpu(t, out, lse, call)
+    if given is not None and given is not out:  # a layout the kernels do not write: one copy
+        out = given.copy_(out)
     return out, lse

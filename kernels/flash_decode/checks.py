@@ -2,19 +2,12 @@
 
 ``check`` turns the caller's tensors and options into one ``Call`` or raises
 a ``TypeError``/``ValueError`` naming the argument, the value and what was
-expected, reading shapes, dtypes and devices only. ``check_values`` then reads
-the index tensors' values (cache_seqlens, cache_batch_idx, cache_leftpad,
-block_table, rotary_seqlens): a length past the cache's end or a block table
-entry past the cache would make the kernel read, and the append write,
-outside the cache; a left pad past a sequence's cached length has no meaning
-(its new keys would land before its first key); a rotary position outside
-rotary_cos/rotary_sin has no angle. On a GPU that read
-costs one host synchronisation, so it is skipped while a CUDA graph is being
-captured (nothing can be read then) and inside ``trusted_indices()``.
-The append of the new keys and values (``kernels/kv_append``) runs only after
-both checks.
+expected, reading shapes, dtypes and devices only; ``values.check_values``
+then reads the index tensors' values. Both name the arguments as the public
+function calls them (``Names``: flash_attn_with_kvcache's, or the paged form
+of flash_attn_varlen_func's k, v and seqused_k). The append of the new keys
+and values (``kernels/kv_append``) runs only after both checks.
 """
-
 from __future__ import annotations
 
 import math
@@ -22,10 +15,8 @@ from typing import Any
 
 import torch
 
-from lazytriton import launch
 from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
 from lazytriton.kernels.flash_decode import mla
-from lazytriton.kernels.trust import indices_trusted
 from lazytriton.record import NamedTuple
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -36,6 +27,7 @@ INT32_MAX = 2**31 - 1
 MAX_GRID_YZ = 65535  # grid y (key/value heads) and z (batch) limits of CUDA and HIP
 MAX_SPLITS = 256
 MAX_WINDOWED_SEQLEN = 2**29  # with a window the kernel computes query + offset +- window in 32 bits
+_is_compiling = torch.compiler.is_compiling
 NO_WINDOW = (-1, -1)  # window_size's default: the public function's, so that the common call is an identity test
 
 
@@ -60,6 +52,24 @@ class Inputs(NamedTuple):
     k_descale: torch.Tensor | None = None
     v_descale: torch.Tensor | None = None
     qv: torch.Tensor | None = None
+    cu_seqlens_k_new: torch.Tensor | None = None
+
+
+class Names(NamedTuple):
+    """What a public function calls the caches and their lengths, for the errors of ``check`` and ``check_values``.
+
+    ``flash_attn_with_kvcache``'s are the defaults (``KVCACHE``); ``flash_attn_varlen_func``'s paged form calls
+    the caches k and v and their key counts seqused_k (``PAGED_VARLEN``). Every other argument has one name in
+    both.
+    """
+
+    k_cache: str = "k_cache"
+    v_cache: str = "v_cache"
+    cache_seqlens: str = "cache_seqlens"
+
+
+KVCACHE = Names()
+PAGED_VARLEN = Names(k_cache="k (the paged cache)", v_cache="v (the paged cache)", cache_seqlens="seqused_k")
 
 
 class Call(NamedTuple):
@@ -86,7 +96,9 @@ class Call(NamedTuple):
     sequences, ``seqlen_q`` max_seqlen_q (the grid's rows and the tiles) and
     ``total_q`` the packed rows. ``kv_fp8``: the caches' float8 format
     (``e4m3``, ``e5m2``; ``none``: q's dtype), read with ``k_descale`` and
-    ``v_descale`` when given (1.0 when not).
+    ``v_descale`` when given (1.0 when not). ``varlen_new``: the new keys packed
+    by cu_seqlens_k_new (k (total_new, heads_k, head_dim), FlashAttention-3's):
+    ``seqlen_new`` is then total_new, and sequence b appends its own count.
     """
 
     batch: int
@@ -119,6 +131,7 @@ class Call(NamedTuple):
     attention_chunk: int = 0  # FlashAttention-3's chunked local attention (CHUNK); 0: off
     kv_fp8: str = "none"  # the caches' float8 format (KV_FP8), or none: q's dtype
     qv: bool = False  # MLA's qv . v in the scores (QV; mla.py): head_dim is then q's without qv's columns
+    varlen_new: bool = False  # new keys packed by cu_seqlens_k_new (seqlen_new: total_new)
 
     @property
     def value_dim(self) -> int:
@@ -217,8 +230,9 @@ def _index(name: str, t: object, q: torch.Tensor, shape: tuple[int, ...], what: 
 
 def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size: Any = NO_WINDOW,
           softcap: Any = 0.0, num_splits: Any = 0, rotary_interleaved: Any = True, max_seqlen_q: Any = None,
-          attention_chunk: Any = 0) -> Call:
-    """The checked call, or a TypeError/ValueError naming the argument (FlashAttention-2's and -3's names)."""
+          attention_chunk: Any = 0, names: Names = KVCACHE) -> Call:
+    """The checked call, or a TypeError/ValueError naming the argument (``names``: the caller's names)."""
+    kn, vn = names.k_cache, names.v_cache
     if t.cu_seqlens_q is None and max_seqlen_q is None:
         q = _data("q", t.q, None, "(batch, seqlen_q, heads, head_dim)")
         b, sq, hq, d = q.shape
@@ -228,40 +242,42 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
         hq, d = q.shape[1:]
     if q.device.type not in ("cuda", "cpu", "meta"):
         raise ValueError(f"q must be on a CUDA/ROCm GPU or on the CPU (interpreter), got {q.device}")
-    kc = _cache("k_cache", t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
-    vc = _cache("v_cache", t.v_cache, q, "like k_cache, with its own head dim (head_dim_v)")
+    kc = _cache(kn, t.k_cache, q, "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)")
+    vc = _cache(vn, t.v_cache, q, f"like {kn}, with its own head dim (head_dim_v)")
     if vc.dtype != kc.dtype:
-        raise TypeError(f"v_cache has dtype {vc.dtype} but k_cache has {kc.dtype}; the two caches must have one dtype "
+        raise TypeError(f"{vn} has dtype {vc.dtype} but {kn} has {kc.dtype}; the two caches must have one dtype "
                         "(q's, or one float8 format)")
     if vc.shape[:3] != kc.shape[:3]:
-        raise ValueError(f"v_cache must have k_cache's first three dims {tuple(kc.shape[:3])} (its head dim may "
+        raise ValueError(f"{vn} must have {kn}'s first three dims {tuple(kc.shape[:3])} (its head dim may "
                          f"differ: head_dim_v), got {tuple(vc.shape)}")
     rows_c, s_c, hk, dk = kc.shape
     dv = int(vc.shape[3])
     if dk != d:
-        raise ValueError(f"k_cache has head dim {dk} but q has head dim {d}")
+        raise ValueError(f"{kn} has head dim {dk} but q has head dim {d}")
     shared = mla.shared_cache(kc, vc)  # MLA's latent cache: v_cache = k_cache[..., :dv]
     mla.check_head_dims(d, dv, shared)
     if hk == 0 or hq % hk:
-        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache heads ({hk}) for GQA/MQA")
+        raise ValueError(f"q heads ({hq}) must be a multiple of {kn} heads ({hk}) for GQA/MQA")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    page_size, capacity = _layout(t, q, b, rows_c, s_c)
-    seqlen_new = _new_keys(t, q, b, hk, d, dv)
+    page_size, capacity = _layout(t, q, b, rows_c, s_c, names)
+    seqlen_new = _new_keys(t, q, b, hk, d, dv, names)
     mla.check_new_keys(kc, vc, t.k, t.v, shared)
-    seqlen_const = _seqlens(t, q, b, capacity, seqlen_new)
+    seqlen_const = _seqlens(t, q, b, capacity, 0 if t.cu_seqlens_k_new is not None else seqlen_new, names)
     if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, total * hq, b * sq * hq, rows_c * max(s_c, 1),
                                        seqlen_new * hk) > INT32_MAX:
         raise ValueError(f"batch and heads_k must be <= {MAX_GRID_YZ} and lengths < 2**31; got q {tuple(q.shape)}, "
-                         f"k_cache {tuple(kc.shape)}")
+                         f"{kn} {tuple(kc.shape)}")
     scale = _scale(softmax_scale, d)
     splits = _int("num_splits", num_splits, 0, MAX_SPLITS)
     call = Call(b, hq, hk, sq, d, seqlen_new, capacity, page_size, rows_c, seqlen_const, causal and sq > 1, scale,
                 num_splits=splits, head_dim_v=0 if dv == d else dv)
     if t.cu_seqlens_q is not None:
         call = call._replace(varlen_q=True, total_q=total)
+    if t.cu_seqlens_k_new is not None:
+        call = call._replace(varlen_new=True)
     if kc.dtype in KV_FP8 or t.k_descale is not None or t.v_descale is not None:
-        call = _fp8(t, q, call, kc.dtype)
+        call = _fp8(t, q, call, kc.dtype, kn)
     if not ((window_size is NO_WINDOW or (type(window_size) is tuple and all(type(w) is int for w in window_size)
                                          and window_size == NO_WINDOW))
             and type(softcap) is float and softcap == 0.0):
@@ -288,12 +304,63 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     if not isinstance(rotary_interleaved, bool):
         raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
     if t.rotary_cos is not None or t.rotary_sin is not None or t.rotary_seqlens is not None:
-        call = _rotary(t, q, call, window_size, rotary_interleaved)
+        call = _rotary(t, q, call, window_size, rotary_interleaved, names.cache_seqlens)
     if type(attention_chunk) is not int or attention_chunk != 0:
         call = _chunk(call, attention_chunk)
     if t.qv is not None or shared:
         call = mla.with_qv(call, t, q, softmax_scale, shared)
     return call
+
+
+def check_out(out: Any, t: Inputs, call: Call, names: Names = KVCACHE) -> None:
+    """Refuse an ``out`` (the caller's output tensor) of the wrong shape, dtype or device, or sharing memory.
+
+    The kernels write out while they read q and the caches (and the append writes k and v into the caches), so
+    out may share no byte with them, nor two of its own elements one byte (a stride of 0). A traced or meta
+    tensor has no memory to compare: only its shape, dtype and device are checked.
+    """
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    q = t.q
+    want = (*q.shape[:-1], call.value_dim)
+    if tuple(out.shape) != want:
+        raise ValueError(f"out must have shape {want} (q's, with {names.v_cache}'s head dim), got {tuple(out.shape)}")
+    if out.dtype != q.dtype or out.device != q.device:
+        raise TypeError(f"out must be {q.dtype} on {q.device} (q's), got {out.dtype} on {out.device}")
+    if type(out) is not torch.Tensor or out.device.type == "meta" or out.numel() == 0 or _is_compiling():
+        return
+    if _self_overlapping(out):
+        raise ValueError(f"out has elements sharing memory (strides {out.stride()} for shape {tuple(out.shape)}): "
+                         "each output element needs bytes of its own")
+    for name, x in (("q", q), (names.k_cache, t.k_cache), (names.v_cache, t.v_cache), ("k", t.k), ("v", t.v)):
+        if type(x) is torch.Tensor and _shares_memory(out, x):
+            raise ValueError(f"out shares memory with {name}: the kernels read {name} while they write out, so out "
+                             "must not overlap it; pass an out of its own")
+
+
+def _self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory: some stride below the reach of the dims of smaller ones."""
+    reach = 1
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if n > 1):
+        if stride < reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges of two tensors (first to last element) meet."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(x: torch.Tensor) -> tuple[int, int]:
+        last = sum((n - 1) * s for n, s in zip(x.shape, x.stride(), strict=True))
+        return x.data_ptr(), x.data_ptr() + (last + 1) * x.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _cache(name: str, t: object, q: torch.Tensor, what: str) -> torch.Tensor:
@@ -309,11 +376,11 @@ def _cache(name: str, t: object, q: torch.Tensor, what: str) -> torch.Tensor:
     return t
 
 
-def _fp8(t: Inputs, q: torch.Tensor, call: Call, cache_dtype: torch.dtype) -> Call:
+def _fp8(t: Inputs, q: torch.Tensor, call: Call, cache_dtype: torch.dtype, k_cache: str) -> Call:
     """``call`` with its float8 cache's format, k_descale and v_descale checked (only a float8 cache takes them)."""
     if cache_dtype not in KV_FP8:
         name = "k_descale" if t.k_descale is not None else "v_descale"
-        raise ValueError(f"{name} is given but k_cache is {cache_dtype}, not a float8 cache "
+        raise ValueError(f"{name} is given but {k_cache} is {cache_dtype}, not a float8 cache "
                          f"({', '.join(map(str, KV_FP8))}); descales apply to float8 caches only")
     shapes = ((), (1,), (call.heads_k,), (call.batch, call.heads_k))
     for name, descale in (("k_descale", t.k_descale), ("v_descale", t.v_descale)):
@@ -366,7 +433,8 @@ def _packed(t: Inputs, max_seqlen_q: Any) -> tuple[torch.Tensor, int, int, int]:
     return q, int(cu.shape[0]) - 1, sq, int(q.shape[0])
 
 
-def _rotary(t: Inputs, q: torch.Tensor, call: Call, window: tuple[int, int], interleaved: bool) -> Call:
+def _rotary(t: Inputs, q: torch.Tensor, call: Call, window: tuple[int, int], interleaved: bool,
+            cache_seqlens: str) -> Call:
     """``call`` with FlashAttention's rotary embedding: the tables' shape, and the positions when they are known.
 
     As in FlashAttention, rotary needs new keys (the keys it rotates are the
@@ -407,20 +475,20 @@ def _rotary(t: Inputs, q: torch.Tensor, call: Call, window: tuple[int, int], int
                          rotary_seqlens=t.rotary_seqlens is not None)
     if t.rotary_seqlens is not None:
         _index("rotary_seqlens", t.rotary_seqlens, q, (call.batch,), "(batch,)")
-    elif call.seqlen_const >= 0 and call.seqlen_const + call.rotary_span > seqlen_ro:
+    elif call.seqlen_const >= 0 and not call.varlen_new and call.seqlen_const + call.rotary_span > seqlen_ro:
         raise ValueError(f"rotary_cos has {seqlen_ro} positions (seqlen_ro) but the call rotates positions "
-                         f"{call.seqlen_const}..{call.seqlen_const + call.rotary_span - 1} (cache_seqlens = "
+                         f"{call.seqlen_const}..{call.seqlen_const + call.rotary_span - 1} ({cache_seqlens} = "
                          f"{call.seqlen_const}): seqlen_ro must be at least {call.seqlen_const + call.rotary_span}")
     return call
 
 
-def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int) -> tuple[int, int]:
+def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int, names: Names) -> tuple[int, int]:
     """(page_size, capacity): 0 and seqlen_cache for a contiguous cache, else the page and max_blocks x page."""
     if t.block_table is None:
         if t.cache_batch_idx is None:
             if rows_c != b:
-                raise ValueError(f"k_cache has batch {rows_c} but q has batch {b}; pass cache_batch_idx to pick "
-                                 "rows of a larger cache")
+                raise ValueError(f"{names.k_cache} has batch {rows_c} but q has batch {b}; pass cache_batch_idx to "
+                                 "pick rows of a larger cache")
         else:
             _index("cache_batch_idx", t.cache_batch_idx, q, (b,), "(batch,)")
         return 0, s_c
@@ -435,17 +503,21 @@ def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int) -> tuple[
         if table.shape[0] < 1:
             raise ValueError("block_table has no rows but cache_batch_idx picks rows of it")
     if s_c < 1:  # any size serves: pages no key tile divides are read key by key (dispatch.page_gather)
-        raise ValueError(f"with block_table, k_cache.shape[1] is the page size and must be >= 1 (keys a page), "
+        raise ValueError(f"with block_table, {names.k_cache}.shape[1] is the page size and must be >= 1 (keys a page), "
                          f"got {s_c}")
     return s_c, table.shape[1] * s_c
 
 
-def _new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int, dv: int) -> int:
+def _new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int, dv: int, names: Names) -> int:
     """seqlen_new: the number of new keys per sequence (0 without k and v)."""
     if (t.k is None) != (t.v is None):
         raise ValueError("k and v must be given together (new keys and values) or both be None")
     if t.k is None:
+        if t.cu_seqlens_k_new is not None:
+            raise ValueError("cu_seqlens_k_new is given without k and v: it packs the new keys and values")
         return 0
+    if t.cu_seqlens_k_new is not None:
+        return _packed_new_keys(t, q, b, hk, d, dv, names)
     k = _data("k", t.k, q, "(batch, seqlen_new, heads_k, head_dim)")
     v = _data("v", t.v, q, "(batch, seqlen_new, heads_k, head_dim_v)")
     if (k.shape[0], k.shape[2], k.shape[3]) != (b, hk, d):
@@ -453,26 +525,42 @@ def _new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int, dv: int) -> i
                          f"dim), got {tuple(k.shape)}")
     if tuple(v.shape) != (b, k.shape[1], hk, dv):
         raise ValueError(f"v must have shape ({b}, {k.shape[1]}, {hk}, {dv}) (k's batch, seqlen_new and heads, and "
-                         f"v_cache's head dim), got {tuple(v.shape)}")
+                         f"{names.v_cache}'s head dim), got {tuple(v.shape)}")
     if t.cache_seqlens is None:
-        raise ValueError("k and v need cache_seqlens: the new keys are written at cache_seqlens")
+        raise ValueError(f"k and v need {names.cache_seqlens}: the new keys are written at {names.cache_seqlens}")
     return int(k.shape[1])
 
 
-def _seqlens(t: Inputs, q: torch.Tensor, b: int, capacity: int, seqlen_new: int) -> int:
+def _packed_new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int, dv: int, names: Names) -> int:
+    """total_new: the new keys of every sequence packed by cu_seqlens_k_new (FlashAttention-3's), k and v 3-D."""
+    k = _data("k", t.k, q, "(total_new, heads_k, head_dim) with cu_seqlens_k_new", dims=3)
+    v = _data("v", t.v, q, "(total_new, heads_k, head_dim_v) with cu_seqlens_k_new", dims=3)
+    if tuple(k.shape[1:]) != (hk, d):
+        raise ValueError(f"k must have shape (total_new, {hk}, {d}) with cu_seqlens_k_new (the cache's heads and "
+                         f"head dim), got {tuple(k.shape)}")
+    if tuple(v.shape) != (k.shape[0], hk, dv):
+        raise ValueError(f"v must have shape ({k.shape[0]}, {hk}, {dv}) (k's total_new and heads, and "
+                         f"{names.v_cache}'s head dim), got {tuple(v.shape)}")
+    _index("cu_seqlens_k_new", t.cu_seqlens_k_new, q, (b + 1,), "(batch + 1,)")
+    if t.cache_seqlens is None:
+        raise ValueError(f"k and v need {names.cache_seqlens}: the new keys are written at {names.cache_seqlens}")
+    return int(k.shape[0])
+
+
+def _seqlens(t: Inputs, q: torch.Tensor, b: int, capacity: int, seqlen_new: int, names: Names) -> int:
     """seqlen_const (every sequence's cached length when not a tensor; -1 for a tensor)."""
     lens = t.cache_seqlens
     if lens is None:
         return capacity
     if isinstance(lens, torch.Tensor):
-        _index("cache_seqlens", lens, q, (b,), "(batch,)")
+        _index(names.cache_seqlens, lens, q, (b,), "(batch,)")
         return -1
     if isinstance(lens, bool) or not isinstance(lens, int):
-        raise TypeError(f"cache_seqlens must be an int, an int32 tensor of shape (batch,) or None, got "
+        raise TypeError(f"{names.cache_seqlens} must be an int, an int32 tensor of shape (batch,) or None, got "
                         f"{type(lens).__name__}")
     if not 0 <= lens <= capacity - seqlen_new:
-        raise ValueError(f"cache_seqlens must be in 0..{capacity - seqlen_new} (the cache holds {capacity} keys per "
-                         f"sequence, {seqlen_new} of them new), got {lens}")
+        raise ValueError(f"{names.cache_seqlens} must be in 0..{capacity - seqlen_new} (the cache holds {capacity} "
+                         f"keys per sequence, {seqlen_new} of them new), got {lens}")
     return lens
 
 
@@ -507,167 +595,3 @@ def _features(call: Call, causal: bool, window: object, softcap: object) -> Call
                          f"got {full}")
     return call._replace(window_left=min(left, full) if left >= 0 else full,
                          window_right=min(right, full) if right >= 0 else full)
-
-
-# ---------------------------------------------------------------------------
-# The index tensors' values
-
-def values_checked(t: Inputs) -> bool:
-    """Whether ``check_values`` runs: not inside ``trusted_indices()``, a capture on q's device, or on meta."""
-    if indices_trusted() or t.q.device.type == "meta":
-        return False
-    if t.q.device.type != "cuda":
-        return True
-    return not launch.capturing(t.q.get_device())
-
-
-def lengths(t: Inputs, call: Call) -> torch.Tensor:
-    """Each sequence's key count after the append, int64 (batch,), on q's device."""
-    if not isinstance(t.cache_seqlens, torch.Tensor) or call.seqlen_const >= 0:
-        return torch.full((call.batch,), call.seqlen_const + call.seqlen_new, dtype=torch.int64, device=t.q.device)
-    return t.cache_seqlens.long() + call.seqlen_new
-
-
-def check_values(t: Inputs, call: Call) -> None:
-    """Refuse index values that would read or write outside the cache (one host synchronisation on a GPU)."""
-    problems = []
-    if isinstance(t.cache_seqlens, torch.Tensor):
-        lens = t.cache_seqlens.long()
-        problems.append(((lens < 0) | (lens + call.seqlen_new > call.capacity)).any())
-    if t.cache_batch_idx is not None:
-        problems.append(_bad_rows(t, call).any())
-    if t.cache_leftpad is not None:
-        problems.append(_bad_leftpad(t, call).any())
-    if t.block_table is not None:
-        table = _tables(t)
-        problems.append((((table < 0) | (table >= call.cache_rows)) & _used_pages(t, call)).any())
-    rotary_positions = call.rotary and (call.rotary_seqlens or isinstance(t.cache_seqlens, torch.Tensor))
-    if rotary_positions:
-        problems.append(_bad_rotary(t, call).any())
-    if t.cu_seqlens_q is not None:
-        problems.append(_bad_cu_seqlens(t, call).any())
-    if not problems:
-        return
-    found = torch.stack(problems).tolist()  # the one synchronisation
-    names = [n for n, given in (("cache_seqlens", isinstance(t.cache_seqlens, torch.Tensor)),
-                                ("cache_batch_idx", t.cache_batch_idx is not None),
-                                ("cache_leftpad", t.cache_leftpad is not None),
-                                ("block_table", t.block_table is not None),
-                                ("rotary_seqlens" if call.rotary_seqlens else "rotary_cos", rotary_positions),
-                                ("cu_seqlens_q", t.cu_seqlens_q is not None))
-             if given]
-    for name, bad in zip(names, found, strict=True):
-        if bad:
-            raise ValueError(_value_error(name, t, call))
-
-
-def _row_count(t: Inputs, call: Call) -> int:
-    """How many rows cache_batch_idx picks from: the block table's with one, else k_cache's batch."""
-    return call.cache_rows if t.block_table is None else t.block_table.shape[0]
-
-
-def _bad_rows(t: Inputs, call: Call) -> torch.Tensor:
-    """Which sequences' cache_batch_idx is outside 0..rows - 1, (batch,)."""
-    rows = t.cache_batch_idx.long()  # type: ignore[union-attr]
-    return (rows < 0) | (rows >= _row_count(t, call))
-
-
-def _tables(t: Inputs) -> torch.Tensor:
-    """(batch, max_blocks): each sequence's row of the block table, cache_batch_idx's (clamped: checked apart)."""
-    table = t.block_table
-    assert table is not None
-    if t.cache_batch_idx is None:
-        return table
-    return table.index_select(0, t.cache_batch_idx.long().clamp(0, table.shape[0] - 1))
-
-
-def _bad_leftpad(t: Inputs, call: Call) -> torch.Tensor:
-    """Which sequences' left pads are outside 0..cached length (cache_seqlens, before the new keys), (batch,)."""
-    pads = t.cache_leftpad.long()  # type: ignore[union-attr]
-    return (pads < 0) | (pads > lengths(t, call) - call.seqlen_new)
-
-
-def _rotary_base(t: Inputs, call: Call) -> torch.Tensor:
-    """Each sequence's first rotary position, int64 (batch,): rotary_seqlens, else cache_seqlens."""
-    if call.rotary_seqlens:
-        return t.rotary_seqlens.long()  # type: ignore[union-attr]
-    return lengths(t, call) - call.seqlen_new
-
-
-def _bad_rotary(t: Inputs, call: Call) -> torch.Tensor:
-    """Which sequences rotate a position outside rotary_cos/rotary_sin's 0..seqlen_ro - 1, (batch,)."""
-    base = _rotary_base(t, call)
-    return (base < 0) | (base + call.rotary_span > call.seqlen_ro)
-
-
-def _bad_cu_seqlens(t: Inputs, call: Call) -> torch.Tensor:
-    """(batch + 2,) bool: cu_seqlens_q[0] != 0, each sequence's count outside 0..max_seqlen_q, the end != total_q."""
-    cu = t.cu_seqlens_q.long()  # type: ignore[union-attr]
-    counts = cu[1:] - cu[:-1]
-    return torch.cat(((cu[:1] != 0), (counts < 0) | (counts > call.seqlen_q), (cu[-1:] != call.total_q)))
-
-
-def _cu_seqlens_error(t: Inputs, call: Call) -> str:
-    """The message for bad cu_seqlens_q values, naming the first bad entry."""
-    cu = t.cu_seqlens_q.long()  # type: ignore[union-attr]
-    bad = int(torch.nonzero(_bad_cu_seqlens(t, call))[0, 0])
-    if bad == 0:
-        return f"cu_seqlens_q[0] = {int(cu[0])}: must be 0 (the first sequence starts at q's first row)"
-    if bad == call.batch + 1:
-        return (f"cu_seqlens_q[{call.batch}] = {int(cu[-1])}: must be total_q = {call.total_q} (q.shape[0]: the "
-                "last sequence ends at q's last row)")
-    start, end = int(cu[bad - 1]), int(cu[bad])
-    if end < start:
-        return (f"cu_seqlens_q must be nondecreasing, got cu_seqlens_q[{bad - 1}] = {start} > cu_seqlens_q[{bad}] = "
-                f"{end}")
-    return (f"sequence {bad - 1} has {end - start} queries (cu_seqlens_q[{bad}] - cu_seqlens_q[{bad - 1}]) but "
-            f"max_seqlen_q is {call.seqlen_q}: it must be at least the longest sequence's")
-
-
-def _used_pages(t: Inputs, call: Call) -> torch.Tensor:
-    """(batch, max_blocks) bool: the pages holding some key of [left pad, length) (the only ones read or written)."""
-    pages = torch.arange(t.block_table.shape[1], device=t.q.device)[None, :]  # type: ignore[union-attr]
-    used = pages * call.page_size < lengths(t, call)[:, None]
-    if t.cache_leftpad is not None:
-        used &= (pages + 1) * call.page_size > t.cache_leftpad.long()[:, None]
-    return used
-
-
-def _value_error(name: str, t: Inputs, call: Call) -> str:
-    """The message for a bad index tensor, naming its first bad value (the error path may synchronise again)."""
-    if name == "cache_seqlens":
-        lens = t.cache_seqlens.long()  # type: ignore[union-attr]
-        bad = int(torch.nonzero((lens < 0) | (lens + call.seqlen_new > call.capacity))[0, 0])
-        return (f"cache_seqlens[{bad}] = {int(lens[bad])}: must be in 0..{call.capacity - call.seqlen_new} (the cache "
-                f"holds {call.capacity} keys per sequence, {call.seqlen_new} of them new)")
-    if name == "cache_batch_idx":
-        bad = int(torch.nonzero(_bad_rows(t, call))[0, 0])
-        of = "k_cache's batch" if t.block_table is None else "block_table's rows"
-        return (f"cache_batch_idx[{bad}] = {int(t.cache_batch_idx[bad])}: must be in "  # type: ignore[index]
-                f"0..{_row_count(t, call) - 1} ({of})")
-    if name == "cache_leftpad":
-        pads = t.cache_leftpad.long()  # type: ignore[union-attr]
-        bad = int(torch.nonzero(_bad_leftpad(t, call))[0, 0])
-        cached = int(lengths(t, call)[bad]) - call.seqlen_new
-        return (f"cache_leftpad[{bad}] = {int(pads[bad])}: must be in 0..{cached} (sequence {bad}'s keys start "
-                f"there, and it holds {cached} cached keys before the new ones)")
-    if name == "cu_seqlens_q":
-        return _cu_seqlens_error(t, call)
-    if name in ("rotary_seqlens", "rotary_cos"):
-        bad = int(torch.nonzero(_bad_rotary(t, call))[0, 0])
-        base, span = int(_rotary_base(t, call)[bad]), call.rotary_span
-        if name == "rotary_seqlens":
-            return (f"rotary_seqlens[{bad}] = {base}: must be in 0..{call.seqlen_ro - span} (rotary_cos holds "
-                    f"{call.seqlen_ro} positions, and sequence {bad} rotates {span} from its base)")
-        return (f"rotary_cos has {call.seqlen_ro} positions (seqlen_ro) but sequence {bad} rotates positions "
-                f"{base}..{base + span - 1} (cache_seqlens[{bad}] = {base}): seqlen_ro must be at least "
-                f"{base + span}")
-    table = _tables(t).long()
-    b, j = (int(x) for x in torch.nonzero(((table < 0) | (table >= call.cache_rows)) & _used_pages(t, call))[0])
-    length = int(lengths(t, call)[b])
-    keys = (f"its first {length} keys" if t.cache_leftpad is None
-            else f"its keys {int(t.cache_leftpad[b])}..{length - 1}")
-    row = b if t.cache_batch_idx is None else int(t.cache_batch_idx[b])
-    whose = "" if t.cache_batch_idx is None else f" (its row, cache_batch_idx[{b}])"
-    return (f"block_table[{row}, {j}] = {int(table[b, j])} points past the cache: blocks are "
-            f"0..{call.cache_rows - 1} (k_cache.shape[0]), and sequence {b}{whose} uses {keys}")

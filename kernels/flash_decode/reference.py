@@ -185,6 +185,7 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
                        block_table: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                        cache_leftpad: torch.Tensor | None = None, rotary_seqlens: torch.Tensor | None = None,
                        k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
+                       cu_seqlens_k_new: torch.Tensor | None = None,
                        **options: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``kvcache_reference`` of queries packed by cu_seqlens_q: (out, lse, k_cache, v_cache after the append).
 
@@ -192,7 +193,9 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
     FlashAttention-3's varlen q, one sequence at a time: sequence b's queries,
     rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q, are a call of their
     own with that sequence's lengths, rows and slopes (the caches carried from
-    one sequence's append to the next).
+    one sequence's append to the next). With cu_seqlens_k_new (FlashAttention-3's),
+    k and v are packed too: sequence b appends rows cu_seqlens_k_new[b] ..
+    cu_seqlens_k_new[b + 1] - 1.
     """
     total, hq = q.shape[:2]
     out = q.new_zeros((total, hq, v_cache.shape[3]))
@@ -209,8 +212,12 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
         rows, table = one(cache_batch_idx), block_table if cache_batch_idx is not None else one(block_table)
         if cache_batch_idx is None and block_table is None:  # this sequence's row of the cache
             rows = torch.tensor([b], dtype=torch.int32)
+        new_k, new_v = one(k), one(v)
+        if cu_seqlens_k_new is not None and k is not None and v is not None:
+            first, end = int(cu_seqlens_k_new[b]), int(cu_seqlens_k_new[b + 1])
+            new_k, new_v = k[None, first:end], v[None, first:end]
         seq_out, seq_lse, k_cache, v_cache = kvcache_reference(
-            q[None, lo:hi], k_cache, v_cache, one(k), one(v), lens, rows, table, alibi_slopes=slopes,
+            q[None, lo:hi], k_cache, v_cache, new_k, new_v, lens, rows, table, alibi_slopes=slopes,
             cache_leftpad=one(cache_leftpad), rotary_seqlens=one(rotary_seqlens), k_descale=kd, v_descale=vd,
             **options)
         out[lo:hi], lse[:, lo:hi] = seq_out[0], seq_lse[0]

@@ -30,7 +30,13 @@ caches). ``BLOCK_M`` is the (new key, head) rows one program copies.
 ``flash_decode/kv_fp8.py``) quantises each key and value on its way in:
 x / descale (``KDescale``/``VDescale``, float32, per tensor, per head or per
 (batch, head) through their strides; 1.0 without ``use_k_descale``/
-``use_v_descale``), saturated, rounded to nearest even.
+``use_v_descale``), saturated, rounded to nearest even. ``VARLEN``
+(``variant``'s packed-sequences flag) takes FlashAttention-3's
+cu_seqlens_k_new: k (total_new, heads_k, head_dim) and v packed, sequence
+b's new keys rows ``CuSeqlensKNew[b]`` .. ``CuSeqlensKNew[b + 1] - 1``; the
+grid is then the packed rows alone (batch 1), each row finding its sequence
+among the ``num_seqs`` by a binary search. Without it ``CuSeqlensKNew`` is
+any valid pointer, never read.
 """
 
 from __future__ import annotations
@@ -57,7 +63,8 @@ def grid(seqlen_new: int, heads_k: int, batch: int, block_m: int) -> tuple[int, 
 
 
 def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
-            index64: bool, rotary: bool = False, rotary_interleaved: bool = False, kv_fp8: str = "none") -> Any:
+            index64: bool, rotary: bool = False, rotary_interleaved: bool = False, kv_fp8: str = "none",
+            varlen: bool = False) -> Any:
     """The kv_append variant serving a call (pure): one config for every shape (``BLOCK_M``, ``NUM_WARPS``).
 
     ``head_dim_v`` 0 (or ``head_dim``): v's head dim is k's. The functional
@@ -65,7 +72,7 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
     BLOCK_DV/EVEN_DV where they differ), PAGED, ROTARY and ROTARY_INTERLEAVED
     (``rotary_interleaved`` counts only with ``rotary``), written only when true;
     KV_FP8 for a float8 cache (``kv_fp8``; ValueError naming k_cache on a
-    target that cannot build it).
+    target that cannot build it); VARLEN for new keys packed by cu_seqlens_k_new (``varlen``).
     """
     from lazytriton.kernels.flash_decode import kv_fp8 as fp8
     from lazytriton.variant import Variant, pairs
@@ -76,7 +83,8 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
                                          "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
-    for name, flag in (("PAGED", paged), ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved)):
+    for name, flag in (("PAGED", paged), ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved),
+                       ("VARLEN", varlen)):
         if flag:
             functional[name] = True
     fp8.require(target, kv_fp8)

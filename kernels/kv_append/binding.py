@@ -21,11 +21,12 @@ from lazytriton.kernels.flash_decode.checks import DTYPES, INT32_MAX, Call, Inpu
 from lazytriton.kernels.kv_append import BLOCK_M, FAMILY, INT_PARAMS, KV_APPEND, grid, variant
 
 _LAYOUT = ("K", "V", "KCache", "VCache", "Seqlens", "BatchIdx", "BlockTable", "RotaryCos", "RotarySin",
-           "RotarySeqlens", "KDescale", "VDescale", *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"),
+           "RotarySeqlens", "KDescale", "VDescale", "CuSeqlensKNew",
+           *(f"stride_{n}{d}" for n in ("k", "v", "kc", "vc") for d in "bsh"),
            "stride_tb", "stride_kdb", "stride_kdh", "stride_vdb", "stride_vdh",
            "heads_k", "seqlen_new", "head_dim", "head_dim_v", "seqlen_const", "use_seqlens", "use_batch_idx",
            "page_size", "capacity", "cache_rows", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "use_k_descale",
-           "use_v_descale")
+           "use_v_descale", "num_seqs")
 if _LAYOUT != INT_PARAMS:  # pragma: no cover (an edit of one side only)
     raise ImportError(f"ints writes {_LAYOUT}, the description has {INT_PARAMS}")
 
@@ -35,25 +36,31 @@ def _ptr(x: Any) -> int:
 
 
 def ints(t: Inputs, call: Call, pointers: Any = _ptr) -> tuple[Any, ...]:
-    """The kernel's arguments in ``_LAYOUT``'s order (an absent index tensor: k, never read, and a 0 flag)."""
+    """The kernel's arguments in ``_LAYOUT``'s order (an absent index tensor: k, never read, and a 0 flag).
+
+    New keys packed by cu_seqlens_k_new (k and v 3-D) get batch stride 0: their rows are the packed keys.
+    """
     k, v = t.k, t.v
     assert k is not None and v is not None  # the caller appends only with new keys
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
     rows, table = t.cache_batch_idx, t.block_table
     cos, sin, bases = t.rotary_cos, t.rotary_sin, t.rotary_seqlens
-    kd, vd = t.k_descale, t.v_descale
+    kd, vd, cu = t.k_descale, t.v_descale, t.cu_seqlens_k_new
     ks, vs, kcs, vcs = k.stride(), v.stride(), t.k_cache.stride(), t.v_cache.stride()
+    if cu is not None:
+        ks, vs = (0, *ks), (0, *vs)
     kds, vds = descale_strides(kd), descale_strides(vd)
     return (pointers(k), pointers(v), pointers(t.k_cache), pointers(t.v_cache),
             pointers(k if seqlens is None else seqlens), pointers(k if rows is None else rows),
             pointers(k if table is None else table), pointers(k if cos is None else cos),
             pointers(k if sin is None else sin), pointers(k if bases is None else bases),
-            pointers(k if kd is None else kd), pointers(k if vd is None else vd),
+            pointers(k if kd is None else kd), pointers(k if vd is None else vd), pointers(k if cu is None else cu),
             ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], kcs[0], kcs[1], kcs[2], vcs[0], vcs[1], vcs[2],
             0 if table is None else table.stride(0), kds[0], kds[1], vds[0], vds[1],
             call.heads_k, call.seqlen_new, call.head_dim, call.value_dim, max(call.seqlen_const, 0),
             int(seqlens is not None), int(rows is not None), call.page_size, call.capacity, call.cache_rows,
-            call.rotary_dim, call.seqlen_ro, int(call.rotary_seqlens), int(kd is not None), int(vd is not None))
+            call.rotary_dim, call.seqlen_ro, int(call.rotary_seqlens), int(kd is not None), int(vd is not None),
+            call.batch)
 
 
 # What capi/lt_kvcache.c passes for each parameter (p: the caller's lt_attn_kvcache_params, c: its checked call;
@@ -63,6 +70,7 @@ _C = {"K": "LT__PTR(p->k)", "V": "LT__PTR(p->v)", "KCache": "LT__PTR(p->k_cache)
       "BlockTable": "LT__OR_K(p->block_table)", "RotaryCos": "LT__OR_K(p->rotary_cos)",
       "RotarySin": "LT__OR_K(p->rotary_sin)", "RotarySeqlens": "LT__OR_K(p->rotary_seqlens)",
       "KDescale": "LT__PTR(p->k)", "VDescale": "LT__PTR(p->k)",  # the C API has no float8 cache yet
+      "CuSeqlensKNew": "LT__PTR(p->k)", "num_seqs": "c->b",  # nor packed new keys (VARLEN false: unread)
       "stride_kdb": "0", "stride_kdh": "0", "stride_vdb": "0", "stride_vdh": "0",
       "use_k_descale": "0", "use_v_descale": "0",
       **{f"stride_{n}{d}": f"p->{t}.strides[{i}]" for n, t in (("k", "k"), ("v", "v"), ("kc", "k_cache"),
@@ -81,7 +89,7 @@ def c_initializer() -> str:
 
 def _extent(t: torch.Tensor) -> int:
     shape, strides = t.shape, t.stride()
-    return sum((shape[i] - 1) * strides[i] for i in range(3)) + shape[3] - 1
+    return sum((shape[i] - 1) * strides[i] for i in range(t.dim() - 1)) + shape[-1] - 1
 
 
 def layout_flags(t: Inputs) -> tuple[bool, bool]:
@@ -89,8 +97,9 @@ def layout_flags(t: Inputs) -> tuple[bool, bool]:
     tensors = (t.k, t.v, t.k_cache, t.v_cache)
     bits = 0
     for x in tensors:
-        s = x.stride()  # type: ignore[union-attr]
-        bits |= x.data_ptr() | s[0] | s[1] | s[2]  # type: ignore[union-attr]
+        for s in x.stride()[:-1]:  # type: ignore[union-attr]
+            bits |= s
+        bits |= x.data_ptr()  # type: ignore[union-attr]
     return not bits & 15, max(_extent(x) for x in tensors) >= INT32_MAX  # type: ignore[arg-type]
 
 
@@ -98,7 +107,11 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
              ) -> tuple[Any, ...]:
     """Everything ``variant`` reads."""
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.paged, aligned, index64, call.rotary,
-            call.rotary_interleaved, *((call.kv_fp8,) if call.kv_fp8 != "none" else ()))
+            call.rotary_interleaved, *((call.kv_fp8,) if call.kv_fp8 != "none" else ()),
+            *(VARLEN_TAG if call.varlen_new else ()))
+
+
+VARLEN_TAG = ("varlen_new",)  # the memo key's last item for new keys packed by cu_seqlens_k_new
 
 
 def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> Any:
@@ -109,7 +122,7 @@ def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, in
     if found is None:
         def choose(target: Any) -> launch.Choice:
             return ((variant(target, DTYPES[dtype], call.head_dim, call.head_dim_v, call.paged, aligned, index64,
-                             call.rotary, call.rotary_interleaved, call.kv_fp8), ()),)
+                             call.rotary, call.rotary_interleaved, call.kv_fp8, call.varlen_new), ()),)
 
         found = launch.plan(rt, key, device, choose, "run flash_attn_with_kvcache once with new keys of this shape "
                             "before the capture")
@@ -121,7 +134,7 @@ def interpreter_constexprs(call: Call) -> dict[str, Any]:
     padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_value_dim(call.value_dim)
     return {"BLOCK_M": 4, "BLOCK_D": padded, "EVEN_D": padded == call.head_dim, "BLOCK_DV": padded_v,
             "EVEN_DV": padded_v == call.value_dim, "PAGED": call.paged, "ROTARY": call.rotary,
-            "ROTARY_INTERLEAVED": call.rotary_interleaved, "KV_FP8": call.kv_fp8}
+            "ROTARY_INTERLEAVED": call.rotary_interleaved, "KV_FP8": call.kv_fp8, "VARLEN": call.varlen_new}
 
 
 def append(t: Inputs, call: Call) -> None:
@@ -136,10 +149,15 @@ def append(t: Inputs, call: Call) -> None:
         from lazytriton import compiler
 
         constexprs = interpreter_constexprs(call)
-        compiler.interpret(KV_APPEND.name, grid(call.seqlen_new, call.heads_k, call.batch, constexprs["BLOCK_M"]),
-                           ints(t, call, pointers=lambda x: x), constexprs)
+        compiler.interpret(KV_APPEND.name, grid(call.seqlen_new, call.heads_k, _grid_batch(call),
+                                                constexprs["BLOCK_M"]), ints(t, call, pointers=lambda x: x), constexprs)
         return
     aligned, index64 = layout_flags(t)
     kernel = plan(device, t.q.dtype, call, aligned, index64)
-    kernel.launch(grid(call.seqlen_new, call.heads_k, call.batch, BLOCK_M), launch.raw_stream(device.index),
+    kernel.launch(grid(call.seqlen_new, call.heads_k, _grid_batch(call), BLOCK_M), launch.raw_stream(device.index),
                   ints(t, call), (), launch.scratch_alloc)
+
+
+def _grid_batch(call: Call) -> int:
+    """The grid's batch: 1 for packed new keys (each row finds its sequence in cu_seqlens_k_new), else batch."""
+    return 1 if call.varlen_new else call.batch

@@ -26,6 +26,13 @@ correctly rounded, saturated to the format's finite range (NaN stays NaN),
 and rounded to nearest, ties to even (``_quantise``); rotary keys are
 rotated first, so the cache holds the rotated key / k_descale.
 
+``VARLEN`` takes new keys packed by cu_seqlens_k_new (FlashAttention-3's):
+k and v (total_new, heads_k, ...) with batch stride 0, the grid's batch 1,
+and row r's sequence b the last one whose ``CuSeqlensKNew[b]`` <= its packed
+key r // heads_k (``_sequence_of``: a binary search over the ``num_seqs``
+starts); key n = r // heads_k - CuSeqlensKNew[b] of sequence b then lands as
+above. An empty sequence is never found (its start is the next one's).
+
 A position outside ``[0, capacity)``, a block outside ``[0, cache_rows)``
 (num_blocks) or a cache row outside ``[0, cache_rows)`` (batch_cache) is not
 written: index values nobody checked (the C API's device memory, a CUDA
@@ -53,18 +60,32 @@ def _quantise(x, Descale, offsets, given, FP8_MAX: tl.constexpr, dtype: tl.const
 
 
 @triton.jit
+def _sequence_of(Starts, key, num_seqs):
+    """Each packed key's sequence: the last b in 0..num_seqs - 1 with Starts[b] <= key (Starts[0] is 0)."""
+    seq = key * 0
+    width = num_seqs
+    while width > 1:
+        half = width // 2
+        take = tl.load(Starts + seq + half) <= key
+        seq = tl.where(take, seq + half, seq)
+        width -= half
+    return seq
+
+
+@triton.jit
 def kv_append_kernel(
     K, V, KCache, VCache, Seqlens, BatchIdx, BlockTable, RotaryCos, RotarySin, RotarySeqlens, KDescale, VDescale,
+    CuSeqlensKNew,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcs, stride_kch,
     stride_vcb, stride_vcs, stride_vch,
     stride_tb, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     heads_k, seqlen_new, head_dim, head_dim_v, seqlen_const, use_seqlens, use_batch_idx, page_size, capacity,
-    cache_rows, rotary_dim, seqlen_ro, use_rotary_seqlens, use_k_descale, use_v_descale,
+    cache_rows, rotary_dim, seqlen_ro, use_rotary_seqlens, use_k_descale, use_v_descale, num_seqs,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_DV: tl.constexpr, PAGED: tl.constexpr = False, ROTARY: tl.constexpr = False,
-    ROTARY_INTERLEAVED: tl.constexpr = False, KV_FP8: tl.constexpr = "none",
+    ROTARY_INTERLEAVED: tl.constexpr = False, KV_FP8: tl.constexpr = "none", VARLEN: tl.constexpr = False,
 ):
     if KV_FP8 == "e4m3":  # the description types the caches as k's dtype: the bytes are float8
         KCache = KCache.to(tl.pointer_type(tl.float8e4nv))
@@ -78,10 +99,14 @@ def kv_append_kernel(
     row_ok = offs_r < seqlen_new * heads_k
     step = offs_r // heads_k
     head = offs_r % heads_k
+    key = step  # the row of k and v (packed: of every sequence's new keys)
+    if VARLEN:  # each row's sequence, a vector: the grid's batch is 1
+        batch = _sequence_of(CuSeqlensKNew, key, num_seqs)
+        step = key - tl.load(CuSeqlensKNew + batch)
     if use_seqlens != 0:
         start = tl.load(Seqlens + batch)
     else:
-        start = seqlen_const
+        start = batch * 0 + seqlen_const
     pos = start + step
     row_ok = row_ok & (pos >= 0) & (pos < capacity)
     if PAGED:
@@ -103,7 +128,7 @@ def kv_append_kernel(
         vc_rows = cache_row * stride_vcb + pos * stride_vcs + head * stride_vch
 
     offs_d = tl.arange(0, BLOCK_D)
-    k_rows = batch * stride_kb + step * stride_ks + head * stride_kh
+    k_rows = batch * stride_kb + key * stride_ks + head * stride_kh
     if EVEN_D:
         k_mask = row_ok[:, None]
     else:
@@ -120,7 +145,7 @@ def kv_append_kernel(
     tl.store(KCache + kc_rows[:, None] + offs_d[None, :], k, mask=k_mask)
 
     offs_dv = tl.arange(0, BLOCK_DV)
-    v_rows = batch * stride_vb + step * stride_vs + head * stride_vh
+    v_rows = batch * stride_vb + key * stride_vs + head * stride_vh
     if EVEN_DV:
         v_mask = row_ok[:, None]
     else:

@@ -258,12 +258,11 @@ class LazyTritonAttentionImpl(AttentionImpl):
         That position's slot, through the block table, is the one vLLM's slot_mapping names for the token.
         """
         n = query.shape[0]
-        res = lazytriton.flash_attn_with_kvcache(
+        lazytriton.flash_attn_with_kvcache(
             query.unsqueeze(1), key_cache, value_cache, k=key.unsqueeze(1), v=value.unsqueeze(1),
             cache_seqlens=m.seq_lens[:n] - 1, block_table=m.block_table[:n], softmax_scale=self.scale,
             causal=m.causal, window_size=self.sliding_window, softcap=self.logits_soft_cap,
-            alibi_slopes=self._alibi(query), s_aux=self._sinks(query))
-        out.copy_(res.squeeze(1))
+            alibi_slopes=self._alibi(query), s_aux=self._sinks(query), out=out.unsqueeze(1))
 
     def _alibi(self, query: torch.Tensor) -> torch.Tensor | None:
         """The slopes on the query's device (moved once)."""
