@@ -240,7 +240,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
                rotary_cos, rotary_sin, rotary_seqlens, attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale,
-               v_descale, qv, cu_seqlens_k_new)
+               v_descale, None, cu_seqlens_k_new)._replace(qv=qv)  # qv as given: a data tensor, checked as such
     res, lse = serve(t, Options(softmax_scale, causal, window_size, softcap, num_splits, rotary_interleaved,
                                 max_seqlen_q, attention_chunk), out)
     return (res, lse) if return_softmax_lse else res

@@ -39,14 +39,31 @@ MAX_CACHE_DIM = geometry.MAX_HEAD_DIM + geometry.MAX_HEAD_DIM_V  # the cache for
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool | None:
-    """Whether two tensors share memory (one storage: views of one tensor, meta tensors too); None: cannot tell.
+    """Whether two tensors may share memory; None: cannot tell.
 
-    While torch.compile traces the public function, storages cannot be read: None then, and the op's body,
-    which runs on the real tensors, checks again.
+    True when they are views of one storage (meta tensors too) whose element spans intersect: two views
+    whose spans are apart, such as vLLM's ``kv_cache.unbind(0)``, do not overlap. Spans that intersect count
+    as overlapping even where the strides interleave them. While torch.compile traces the public function,
+    storages cannot be read: None then, and the op's body, which runs on the real tensors, checks again.
     """
     if torch.compiler.is_compiling():
         return None
-    return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+    if StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
+        return False
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _span(a), _span(b)
+    return a_lo < b_hi and b_lo < a_hi
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [first, last + 1) of the storage that ``t`` (non-empty) reaches."""
+    size = t.element_size()
+    low = high = t.storage_offset()
+    for extent, stride in zip(t.shape, t.stride(), strict=True):
+        reach = (extent - 1) * stride
+        low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+    return low * size, (high + 1) * size
 
 
 def leading_columns(part: torch.Tensor, whole: torch.Tensor) -> bool:
