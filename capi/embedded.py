@@ -416,8 +416,8 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
 
         return fwd_dispatch.flash_fwd_variant(target, "e4m3", head_dim, causal, aligned, seqlen_q, index64=index64,
                                               seqlen_k=seqlen_k, window=window, softcap=softcap, head_dim_v=dim_v,
-                                              varlen=varlen, seqused_q=seqused[0], seqused_k=seqused[1],
-                                              sinks=sinks, chunk=chunk)
+                                              varlen=varlen, seqused_q=varlen and seqused[0],
+                                              seqused_k=varlen and seqused[1], sinks=sinks, chunk=chunk)
     dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
     shape = fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim)  # dispatch reads no batch or heads
     if varlen:

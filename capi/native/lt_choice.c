@@ -300,8 +300,8 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
         even = 0;
     }
     /* the family's own fields */
-    if (r->kernel == LTN_KERNEL_FWD && !fp8) { /* flash_fwd_fp8 has no fields of its own */
-        int tma = LTN_TMA_BY_DEFAULT && r->capability >= 90 && r->aligned && even
+    if (r->kernel == LTN_KERNEL_FWD) { /* flash_fwd_fp8 has no fields of its own */
+        int tma = !fp8 && LTN_TMA_BY_DEFAULT && r->capability >= 90 && r->aligned && even
                   && in_names(ltn_tma_targets, COUNT(ltn_tma_targets), target)
                   && in_names(ltn_tma_dtypes, COUNT(ltn_tma_dtypes), dtype);
         if (tma)
