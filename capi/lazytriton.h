@@ -559,8 +559,10 @@ LT_API lt_status lt_flash_combine(const lt_flash_combine_params *params, void *s
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
  * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim), window=0, softcap=0, sinks=0,
- * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; kernel=flash_bwd for the backward's two kernels,
- * as lt_attn_bwd would choose them, and with sinks=1 the sinks' gradient kernel its dsinks launches).
+ * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; dtype=e4m3 for the FP8 forward; kernel=flash_bwd
+ * for the backward's two kernels, as lt_attn_bwd would choose them, and with sinks=1 the sinks' gradient kernel its
+ * dsinks launches; kernel=flash_decode for lt_attn_kvcache's kernels: seqlen_q the query rows a key/value head,
+ * seqlen_k the cache's capacity, new_keys=1 with kv_append, kv_dtype=e4m3|e5m2 for a float8 cache).
  * All specs are parsed before anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */
 LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);

@@ -190,6 +190,15 @@ static lt_status lt__check_tensors(const lt_attn_fwd_params *p) {
             return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but q.dtype is %s; q, k and v must have one dtype",
                             names[i], lt__dtype_name(ts[i]->dtype), lt__dtype_name(p->q.dtype));
     }
+    if (p->v_transposed != 0 && p->v_transposed != 1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is %d; expected 0 or 1", p->v_transposed);
+    if (p->v_transposed && !fp8)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 1 but q.dtype is %s: only the FP8 forward "
+                        "(LT_DTYPE_FP8_E4M3 q, k, v) reads V transposed", lt__dtype_name(p->q.dtype));
+    if (fp8 && !p->v_transposed)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 0 but q is LT_DTYPE_FP8_E4M3: the FP8 forward "
+                        "reads V transposed; give v as (batch, heads_k, head_dim_v, seqlen_k) (packed: (heads_k, "
+                        "head_dim_v, total_k)), keys contiguous, and set v_transposed = 1");
     if (p->out.dtype != (fp8 ? LT_DTYPE_BF16 : p->q.dtype))
         return lt__fail(LT_ERROR_DTYPE, "out.dtype is %s but q.dtype is %s; out must be %s", lt__dtype_name(p->out.dtype),
                         lt__dtype_name(p->q.dtype), fp8 ? "bf16 (the FP8 forward's output, FlashAttention-3's)"
@@ -467,13 +476,8 @@ static lt_status lt__check_fp8(const lt_attn_fwd_params *p, lt__call *c) {
     static const char *names[3] = {"q_descale", "k_descale", "v_descale"};
     if (p->reserved7 != 0)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "reserved7 is %u; it must be 0", p->reserved7);
-    if (p->v_transposed != 0 && p->v_transposed != 1)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is %d; expected 0 or 1", p->v_transposed);
-    c->fp8 = p->q.dtype == LT_DTYPE_FP8_E4M3;
+    c->fp8 = p->q.dtype == LT_DTYPE_FP8_E4M3; /* v_transposed's agreement: lt__check_tensors' */
     if (!c->fp8) {
-        if (p->v_transposed)
-            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 1 but q.dtype is %s: only the FP8 forward "
-                            "(LT_DTYPE_FP8_E4M3 q, k, v) reads V transposed", lt__dtype_name(p->q.dtype));
         for (int i = 0; i < 3; i++)
             if (lt__given(ds[i]))
                 return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is given but q.dtype is %s: descales are for "
@@ -481,10 +485,6 @@ static lt_status lt__check_fp8(const lt_attn_fwd_params *p, lt__call *c) {
                                 lt__dtype_name(p->q.dtype));
         return LT_OK;
     }
-    if (!p->v_transposed)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 0 but q is LT_DTYPE_FP8_E4M3: the FP8 forward "
-                        "reads V transposed; give v as (batch, heads_k, head_dim_v, seqlen_k) (packed: (heads_k, "
-                        "head_dim_v, total_k)), keys contiguous, and set v_transposed = 1");
     if (c->sinks)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "sinks are given but q is LT_DTYPE_FP8_E4M3: the FP8 forward "
                         "(FlashAttention-3's) has no attention sinks");
