@@ -631,7 +631,7 @@ def test_parse_spec_axes_and_variant_strings() -> None:
     assert embedded_prewarm.parse_spec(str(variant)) == variant
     for bad, needle in (("target=sm_90 dtype=bf16", "lack head_dim"), ("target=sm_90 dtype=bf16 head_dim=64 x=1",
                                                                         "not an axis"),
-                        ("kernel=flash_xyz target=sm_90 dtype=bf16 head_dim=64", "expected flash_fwd or flash_bwd"),
+                        ("kernel=flash_xyz target=sm_90 dtype=bf16 head_dim=64", "expected flash_fwd, flash_bwd"),
                         ("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64", "names 2 variants"),
                         ("target=sm_90 dtype=bf16 head_dim=64 causal=maybe", "causal='maybe'")):
         with pytest.raises(ValueError, match=needle):
