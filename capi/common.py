@@ -35,7 +35,8 @@ def host_tensor(ffi: Any, view: Any) -> Any:
     """A torch tensor over the caller's host memory (no copy), with the view's sizes and strides."""
     import torch
 
-    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32, 4: torch.int32}[view.dtype]
+    dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32, 4: torch.int32, 5: torch.float8_e4m3fn,
+             6: torch.float8_e5m2}[view.dtype]
     sizes = tuple(int(view.sizes[i]) for i in range(view.ndim))
     strides = tuple(int(view.strides[i]) for i in range(view.ndim))
     if 0 in sizes:

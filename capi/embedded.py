@@ -3,9 +3,11 @@
 The library's init code calls ``attach(ffi, lib)`` once, in the interpreter
 the library embeds. The C half (``lazytriton.c``, ``lt_bwd.c``) has checked
 every argument before any of these run; they turn a checked call into work:
-settings, a plan (dispatch, cache, JIT) of one kernel, an attention forward or
-backward on host memory through the interpreter, a prewarm, the cache's
-statistics. The kernels' bindings decide everything about a kernel (variants,
+settings, a plan (dispatch, cache, JIT) of one kernel, an attention forward
+(FP8 included) or backward on host memory through the interpreter; the
+decoding call, lt_flash_combine, and lt_prewarm with lt_cache_stats are
+``embedded_kvcache``'s, ``embedded_combine``'s and ``embedded_prewarm``'s,
+which ``attach`` binds too. The kernels' bindings decide everything about a kernel (variants,
 checks, packing); nothing here repeats them.
 
 Every function is wrapped so that no exception, not even ``SystemExit``,
@@ -17,7 +19,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ from lazytriton.capi.common import (
 
 log = logging.getLogger("lazytriton.capi")
 
-DTYPE_NAMES = {1: "fp16", 2: "bf16", 3: "fp32"}
+DTYPE_NAMES = {1: "fp16", 2: "bf16", 3: "fp32", 5: "e4m3"}
+E4M3 = 5  # LT_DTYPE_FP8_E4M3: the FP8 forward's q, k and v (flash_fwd_fp8)
 _LOG_LEVELS = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
 _CAUSAL: dict[int, bool | str] = {0: False, 1: "top_left", 2: "bottom_right"}
 
@@ -213,12 +215,53 @@ def _varlen_call(p: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     return cu_q, cu_k, call
 
 
+def _descales(p: Any) -> tuple[Any, Any, Any]:
+    """A version 7 struct's q_descale, k_descale, v_descale: None when absent (1.0), as an older struct's are."""
+    return _used(p.q_descale), _used(p.k_descale), _used(p.v_descale)
+
+
+def attn_fwd_fp8_cpu(p: Any, q: Any, k: Any, vt: Any, out: Any, lse: Any) -> int:
+    """lt_attn_fwd of e4m3 q, k and v (version 7) on host memory: the FP8 forward's own checks and interpreter run.
+
+    ``vt``: v as the caller gives it, transposed ((batch, heads_k, head_dim_v, seqlen_k), packed (heads_k,
+    head_dim_v, total_k)); the Python calls take v in rows, so it is viewed back and copied contiguous (the
+    binding writes its own transpose, whose values the kernel reads: the same bits as the Python call's).
+    """
+    import torch
+
+    from lazytriton import flash
+    from lazytriton.kernels.flash_fwd import fp8
+
+    scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
+    window, softcap = _features(p)
+    given = _descales(p)
+    if _is_varlen(p):
+        v = vt.permute(2, 0, 1).contiguous()
+        cu_q, cu_k = _host_tensor(p.cu_seqlens_q), _host_tensor(p.cu_seqlens_k)
+        vc = fp8.checked_varlen(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_k), p.causal == 2, scale,
+                                window, softcap, _used(p.seqused_q), _used(p.seqused_k), _chunk(p), given, {},
+                                values=True)
+        with torch.no_grad():
+            result, logsumexp = fp8.varlen_forward(q, k, v, cu_q, cu_k, vc, given)
+    else:
+        with torch.no_grad():
+            result, logsumexp = flash.attn_fwd(q, k, vt.transpose(2, 3).contiguous(), causal=_CAUSAL[p.causal],
+                                               sm_scale=scale, window_size=window, softcap=softcap,
+                                               attention_chunk=_chunk(p), q_descale=given[0], k_descale=given[1],
+                                               v_descale=given[2])
+    out.copy_(result)
+    lse.copy_(logsumexp)
+    return OK
+
+
 def attn_fwd_cpu(p: Any) -> int:
     import torch
 
     from lazytriton import flash
 
     q, k, v, out, lse = (_host_tensor(t) for t in (p.q, p.k, p.v, p.out, p.lse))
+    if p.q.dtype == E4M3:
+        return attn_fwd_fp8_cpu(p, q, k, v, out, lse)
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     if _is_varlen(p):
         from lazytriton.kernels.flash_fwd import varlen
@@ -290,6 +333,10 @@ def attn_bwd_cpu(p: Any) -> int:
 
 def int_params(kernel: str) -> tuple[str, ...]:
     """The integer parameters lazytriton.c passes to ``kernel``, in order (its binding's)."""
+    if kernel == "flash_fwd_fp8":
+        from lazytriton.kernels.flash_fwd import fp8
+
+        return fp8.INT_PARAMS
     if kernel == "flash_fwd":
         from lazytriton.kernels.flash_fwd import binding as fwd
 
@@ -311,8 +358,8 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
     check the C text against it), then the three floats (sm_scale, softcap,
     dropout_p), or none for flash_bwd_dsinks; this checks the entry agrees.
     """
-    if kernel == "flash_bwd_dsinks":
-        check_entry_layout(entry, len(int_params(kernel)), ())
+    if kernel in ("flash_bwd_dsinks", "flash_fwd_fp8"):  # pointer loads only: no descriptors to refuse
+        check_entry_layout(entry, len(int_params(kernel)), () if kernel == "flash_bwd_dsinks" else ("fp32", "fp32"))
         return
     kinds = tuple(entry.arg_types)
     if getattr(entry, "tensordesc_meta", ()) or any(kind.startswith("tensordesc") for kind in kinds):
@@ -343,6 +390,8 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     dispatch's rule for the seqlens. ``window``, ``softcap``: the WINDOW and SOFTCAP variants.
     ``sinks``: attention sinks (SINKS, flash_fwd's only: the backward's kernels read them through lse).
     ``chunk``: FlashAttention-3's attention_chunk (CHUNK, on all three kernels).
+    ``dtype_code`` e4m3 (``E4M3``): flash_fwd's FP8 kernel, flash_fwd_fp8 (dispatch's ``fp8_variant``: a ValueError
+    for a target without FP8 tensor cores, or for sinks).
     """
     if kernel == "flash_bwd_dsinks":  # the sinks' gradient: it reads float32 rows, one config
         from lazytriton.kernels import flash_bwd_dsinks
@@ -360,6 +409,15 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     from lazytriton.target import Target
 
     target = Target("cuda", str(capability), 32)
+    if dtype_code == E4M3:
+        if kernel != "flash_fwd":
+            raise ValueError(f"plan request for {kernel} with e4m3 tensors: the FP8 forward has no backward")
+        from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+
+        return fwd_dispatch.flash_fwd_variant(target, "e4m3", head_dim, causal, aligned, seqlen_q, index64=index64,
+                                              seqlen_k=seqlen_k, window=window, softcap=softcap, head_dim_v=dim_v,
+                                              varlen=varlen, seqused_q=varlen and seqused[0],
+                                              seqused_k=varlen and seqused[1], sinks=sinks, chunk=chunk)
     dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
     shape = fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim)  # dispatch reads no batch or heads
     if varlen:
@@ -392,7 +450,7 @@ def plan(req: Any) -> int:
                            seqused=(bool(req.varlen & 2), bool(req.varlen & 4)), sinks=bool(req.sinks),
                            chunk=bool(req.chunk))
     kernel = runtime.get().kernel(variant, req.device_index)
-    check_launch_layout(kernel.entry, name)
+    check_launch_layout(kernel.entry, variant.kernel)
     req.function = int(_ffi.cast("uintptr_t", kernel.function))
     req.block_threads = kernel.block
     req.shared_bytes = kernel.shared
@@ -402,190 +460,6 @@ def plan(req: Any) -> int:
     _ffi.memmove(req.variant, text, len(text))
     log.info("C plan for %s: block %d threads, %d bytes shared", variant, kernel.block, kernel.shared)
     return OK
-
-
-# ---------------------------------------------------------------------------
-# lt_prewarm, lt_cache_stats
-
-# The names of `lazytriton prewarm`'s axes (prewarm/cli.py: --sinks, --attention-chunk).
-_AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen",
-         "head_dim_v", "window", "softcap", "seqused_q", "seqused_k", "sinks", "attention_chunk")
-_TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
-_FALSE = {"0", "false", "no", "off", "none"}
-
-
-def _flag(axes: dict[str, str], name: str, default: bool) -> bool:
-    raw = axes.get(name)
-    if raw is None:
-        return default
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise ValueError(f"{name}={raw!r}: expected 1/0/true/false")
-
-
-def _int_axis(axes: dict[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = axes.get(name)
-    if raw is None:
-        return default
-    if not re.fullmatch(r"-?\d{1,12}", raw) or not low <= int(raw) <= high:
-        raise ValueError(f"{name}={raw!r}: expected an integer in {low}..{high}")
-    return int(raw)
-
-
-def _parse_axes(text: str) -> dict[str, str]:
-    axes: dict[str, str] = {}
-    for item in filter(None, re.split(r"[\s,]+", text)):
-        name, sep, value = item.partition("=")
-        if not sep or name not in _AXES:
-            raise ValueError(f"{item!r} is not an axis; expected name=value with a name among "
-                             f"{', '.join(_AXES)}, or a whole variant string")
-        axes[name] = value
-    missing = [name for name in ("target", "dtype", "head_dim") if name not in axes]
-    if missing:
-        raise ValueError(f"axes {text!r} lack {', '.join(missing)}")
-    return axes
-
-
-def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
-    """The variants of axes: flash_fwd's one, or flash_bwd's two (its binding's ``variants``).
-
-    ``sinks=1``: flash_fwd's SINKS variant; with ``kernel=flash_bwd`` the backward's two (the same: they read the
-    sinks through lse) and flash_bwd_dsinks, which lt_attn_bwd launches for dsinks on a GPU. ``attention_chunk=1``:
-    CHUNK on all three attention kernels.
-    """
-    from lazytriton import geometry
-    from lazytriton.kernels import dispatch
-    from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
-    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
-    from lazytriton.prewarm.enumeration import MAX_SEQLEN
-    from lazytriton.prewarm.limits import known_target
-
-    kernel = axes.get("kernel", "flash_fwd")
-    if kernel not in ("flash_fwd", "flash_bwd"):
-        raise ValueError(f"kernel={kernel!r}: expected flash_fwd or flash_bwd (the backward's two kernels)")
-    head_dim = _int_axis(axes, "head_dim", 0, 1, geometry.MAX_HEAD_DIM)
-    head_dim_v = _int_axis(axes, "head_dim_v", head_dim, 1, geometry.MAX_HEAD_DIM)
-    dim_v = 0 if head_dim_v == head_dim else head_dim_v
-    seqlen_q = _int_axis(axes, "seqlen_q", 4096, 1, MAX_SEQLEN)
-    seqlen_k = _int_axis(axes, "seqlen_k", seqlen_q, 1, MAX_SEQLEN)
-    causal = _flag(axes, "causal", False)
-    aligned = _flag(axes, "aligned", True)
-    index64 = _flag(axes, "index64", False)
-    varlen = _flag(axes, "varlen", False)
-    window, softcap = _flag(axes, "window", False), _flag(axes, "softcap", False)
-    used_q, used_k = _flag(axes, "seqused_q", False), _flag(axes, "seqused_k", False)
-    sinks, chunk = _flag(axes, "sinks", False), _flag(axes, "attention_chunk", False)
-    if (used_q or used_k) and not varlen:
-        raise ValueError("seqused_q=1 and seqused_k=1 need varlen=1 (they cut the spans of packed sequences)")
-    target = known_target(axes["target"])
-    if kernel == "flash_fwd":
-        return (fwd_dispatch.flash_fwd_variant(target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                               index64=index64, seqlen_k=seqlen_k, varlen=varlen, head_dim_v=dim_v,
-                                               window=window, softcap=softcap, seqused_q=used_q,
-                                               seqused_k=used_k, sinks=sinks, chunk=chunk),)
-    reduction: tuple[Any, ...] = ()
-    if sinks:  # lt_attn_bwd with dsinks: the sinks' gradient after the two kernels
-        from lazytriton.kernels import flash_bwd_dsinks
-
-        reduction = (flash_bwd_dsinks.variant(target, varlen, varlen and used_q, index64),)
-    from lazytriton.kernels.flash_bwd import binding as bwd
-    from lazytriton.kernels.flash_fwd import binding as fwd
-
-    dtype = {name: torch_dtype for torch_dtype, name in fwd.DTYPES.items()}.get(axes["dtype"])
-    if dtype is None:
-        raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
-    if varlen:
-        return (*(dispatch.kernel_variant(name, target, axes["dtype"], head_dim, causal, aligned, seqlen_q,
-                                          seqlen_k, index64=index64, varlen=True, head_dim_v=dim_v, window=window,
-                                          softcap=softcap, seqused_q=used_q, seqused_k=used_k, chunk=chunk)
-                  for name in bwd_dispatch.BWD_KERNELS), *reduction)
-    return (*bwd.variants(target, dtype, fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim), causal, aligned, index64,
-                          window, softcap, head_dim_v=dim_v, chunk=chunk), *reduction)
-
-
-def parse_specs(text: str) -> tuple[Any, ...]:
-    """The Variants of one ``lt_prewarm`` spec: a variant string, or axes (``target=sm_90 dtype=bf16 head_dim=128``).
-
-    Axes name flash_fwd's variant, or with ``kernel=flash_bwd`` the
-    backward's two (dq, then dk/dv), chosen as a call of that shape would.
-    Either form is checked before anything compiles: a variant string must
-    carry every field its kernel needs (``variant.check_fields``), axes must be
-    in range, the target must be one prewarm knows, and a variant that cannot
-    fit its target is refused (``prewarm.limits``). Every problem is a
-    ValueError naming the axis or field, so ``lt_prewarm`` answers
-    LT_ERROR_INVALID_ARGUMENT, never a compile of nonsense.
-    """
-    from lazytriton.prewarm.limits import known_target, refusal
-    from lazytriton.variant import Variant, check_fields
-
-    text = text.strip()
-    if text.count(":") == 5 and "=" not in text.split(":", 1)[0]:
-        variants: tuple[Any, ...] = (check_fields(Variant.parse(text)),)
-    else:
-        variants = _axes_variants(_parse_axes(text))
-    for variant in variants:
-        known_target(variant.target)
-        why = refusal(variant)
-        if why is not None:
-            raise ValueError(f"variant {variant} cannot be built: {why}")
-    return variants
-
-
-def parse_spec(text: str) -> Any:
-    """The one Variant of a spec (``parse_specs``); a ValueError for a spec naming several (``kernel=flash_bwd``)."""
-    variants = parse_specs(text)
-    if len(variants) != 1:
-        raise ValueError(f"{text!r} names {len(variants)} variants: {', '.join(map(str, variants))}")
-    return variants[0]
-
-
-def prewarm(specs: Any, n_specs: int, compiled: Any, cached: Any) -> int:
-    from lazytriton import runtime
-
-    variants: list[Any] = []
-    for i in range(n_specs):
-        text = _text(specs[i], f"specs[{i}]") or ""
-        try:
-            variants.extend(parse_specs(text))
-        except (ValueError, TypeError) as exc:
-            raise CapiError(INVALID_ARGUMENT, f"specs[{i}] ({text!r}): {exc}") from None
-    rt = runtime.get()
-    for variant in variants:
-        if rt.resolve(variant).source == "jit":
-            compiled[0] += 1
-        else:
-            cached[0] += 1
-    return OK
-
-
-def cache_stats(out: Any) -> int:
-    from lazytriton import runtime
-
-    rt = runtime.get()
-    local = rt.local.stats()
-    counters = rt.counters()
-    out.local_entries = local.entries
-    out.local_bytes = local.bytes
-    out.image_entries = rt.images.stats().entries
-    out.compiles = counters.get("compiles", 0)
-    out.hits = counters.get("hits", 0)
-    out.process_compiles = rt.compiles
-    out.process_resolved = sum(rt.served.values())
-    out.loaded_kernels = len(rt.loaded_kernels())
-    return OK
-
-
-def flush() -> None:
-    try:
-        from lazytriton import runtime
-
-        current = runtime.current()
-        if current is not None:
-            current.flush_counters()
-    except BaseException:  # at exit: nothing may escape, and nothing is left to report to
-        pass
 
 
 # ---------------------------------------------------------------------------
@@ -611,11 +485,10 @@ def attach(ffi: Any, lib: Any) -> None:
             raise RuntimeError(f"{name} is {getattr(lib, name)} in lazytriton.h but {value} in capi/embedded.py")
     _log_to_stderr()
     for name, fn in (("lt__py_init", init), ("lt__py_attn_fwd_cpu", attn_fwd_cpu),
-                     ("lt__py_attn_bwd_cpu", attn_bwd_cpu), ("lt__py_plan", plan), ("lt__py_prewarm", prewarm),
-                     ("lt__py_cache_stats", cache_stats)):
+                     ("lt__py_attn_bwd_cpu", attn_bwd_cpu), ("lt__py_plan", plan)):
         ffi.def_extern(name=name, error=PYTHON)(_guarded(fn))
-    ffi.def_extern(name="lt__py_flush")(flush)
-    from lazytriton.capi import embedded_combine, embedded_kvcache
+    from lazytriton.capi import embedded_combine, embedded_kvcache, embedded_prewarm
 
     embedded_kvcache.attach(ffi, _guarded)
     embedded_combine.attach(ffi, _guarded)
+    embedded_prewarm.attach(ffi, _guarded)

@@ -22,6 +22,7 @@ from lazytriton.capi.common import PYTHON, check_entry_layout, host_tensor
 
 KERNELS = ("flash_decode_split", "flash_decode_combine")
 APPEND = "kv_append"
+KV_FP8 = {0: "none", 5: "e4m3", 6: "e5m2"}  # the plan request's kv_fp8 (a float8 cache's lt_dtype) as KV_FP8
 
 _ffi: Any = None
 
@@ -44,8 +45,9 @@ def inputs_of(p: Any) -> tuple[Any, Any, Any]:
                                p.cu_seqlens_q))
     if lens is None and p.cache_seqlen >= 0:
         lens = int(p.cache_seqlen)
+    # k_descale, v_descale: version 6 fields (lt__kv_prepare leaves an older struct's absent)
     return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes, pads, cos, sin, bases, sinks,
-                         cu_q), out, lse
+                         cu_q, _optional(p.k_descale), _optional(p.v_descale)), out, lse
 
 
 def call_of(p: Any, t: Any) -> Any:
@@ -80,11 +82,12 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
                   rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
                   head_dim_v: int = 0, leftpad: bool = False, rotary: bool = False,
                   rotary_interleaved: bool = False, sinks: bool = False, varlen_q: bool = False,
-                  chunk: bool = False) -> Any:
+                  chunk: bool = False, kv_fp8: str = "none") -> Any:
     """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call.
 
     ``sinks``: SINKS on both kernels; ``varlen_q``: queries packed by cu_seqlens_q (VARLEN_Q on the split kernel);
-    ``chunk``: attention_chunk (CHUNK on the split kernel).
+    ``chunk``: attention_chunk (CHUNK on the split kernel); ``kv_fp8``: a float8 cache's format (KV_FP8 on the
+    split kernel; a ValueError for e4m3 on a target below sm_89).
     """
     import torch
 
@@ -97,7 +100,7 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
                        window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
                        head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad,
                        rotary_dim=2 if rotary else 0, rotary_interleaved=rotary and rotary_interleaved, sinks=sinks,
-                       varlen_q=varlen_q, attention_chunk=1 if chunk else 0)
+                       varlen_q=varlen_q, attention_chunk=1 if chunk else 0, kv_fp8=kv_fp8)
     return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
 
 
@@ -124,7 +127,7 @@ def plan(req: Any) -> int:
                                    bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
                                    bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad),
                                    bool(req.rotary), bool(req.rotary_interleaved), bool(req.sinks),
-                                   bool(req.varlen_q), bool(req.chunk))
+                                   bool(req.varlen_q), bool(req.chunk), KV_FP8[req.kv_fp8])
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)
@@ -147,7 +150,7 @@ def plan(req: Any) -> int:
 
 
 def append_variant(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
-                   index64: bool, rotary: bool = False, rotary_interleaved: bool = False) -> Any:
+                   index64: bool, rotary: bool = False, rotary_interleaved: bool = False, kv_fp8: str = "none") -> Any:
     """The kv_append variant a C plan with new keys launches first (pure): ``kv_append.variant``, as in Python."""
     from lazytriton.kernels import kv_append
     from lazytriton.target import Target
@@ -155,14 +158,14 @@ def append_variant(capability: int, dtype_code: int, head_dim: int, head_dim_v: 
     dtype = {1: "fp16", 2: "bf16", 3: "fp32"}[dtype_code]
     return kv_append.variant(Target("cuda", str(capability), 32), dtype, head_dim,
                              0 if head_dim_v == head_dim else head_dim_v, paged, aligned, index64, rotary,
-                             rotary_interleaved)
+                             rotary_interleaved, kv_fp8)
 
 
 def _plan_append(req: Any, rt: Any, capability: int) -> None:
     """Load kv_append for the request and answer its launch fields."""
     chosen = append_variant(capability, req.dtype, req.head_dim, req.head_dim_v, bool(req.paged),
                             bool(req.append_aligned), bool(req.append_index64), bool(req.rotary),
-                            bool(req.rotary_interleaved))
+                            bool(req.rotary_interleaved), KV_FP8[req.kv_fp8])
     kernel = rt.kernel(chosen, req.device_index)
     check_launch_layout(kernel.entry, APPEND)
     req.append_function = int(_ffi.cast("uintptr_t", kernel.function))

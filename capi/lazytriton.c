@@ -62,7 +62,7 @@ enum { LT__KERNEL_FWD = 0, LT__KERNEL_BWD_DQ = 1, LT__KERNEL_BWD_DKDV = 2, LT__K
 typedef struct {
     int32_t device_index; /* in */
     int32_t capability;   /* in: compute capability, e.g. 90 */
-    int32_t dtype;        /* in: lt_dtype */
+    int32_t dtype;        /* in: lt_dtype; LT_DTYPE_FP8_E4M3 with LT__KERNEL_FWD: flash_fwd_fp8 (2 floats) */
     int32_t head_dim;     /* in */
     int32_t causal;       /* in: 0 or 1 */
     int32_t aligned;      /* in: bit 0 ALIGN16; bit 1 SEQ16 (backward kernels only, lt_bwd.c) */
@@ -211,6 +211,8 @@ static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, u
 #define LT__PLAN_MAGIC 0x6c74706cu /* "ltpl" */
 #define LT__KERNEL_PARAMS 44       /* flash_fwd: 41 pointers and integers, then sm_scale, softcap, dropout_p */
 #define LT__KERNEL_INTS 41
+#define LT__FP8_KERNEL_PARAMS 43   /* flash_fwd_fp8: 41 pointers and integers, then sm_scale, softcap */
+#define LT__FP8_KERNEL_INTS 41
 #define LT__MAX_HIDDEN 8
 
 typedef struct {
@@ -348,9 +350,40 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
     return LT_OK;
 }
 
+#define LT__DATA(t) ((int64_t)(uintptr_t)(t)->data)
+
+/* The FP8 forward's launch: flash_fwd_fp8's parameters in its description's order (fp8.c_initializer), v as the
+ * caller gives it (transposed), the descales' pointers and strides lt__check_fp8's; grid as flash_fwd's. */
+static lt_status lt__launch_fp8(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
+    const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
+    int64_t ints[LT__FP8_KERNEL_INTS + LT__MAX_HIDDEN] = {
+        LT__DATA(q), LT__DATA(k), LT__DATA(v), LT__DATA(o), LT__DATA(&p->lse), c->cu_seqlens_q, c->cu_seqlens_k,
+        c->seqused_q, c->seqused_k, c->descale[0], c->descale[1], c->descale[2], q->strides[0], q->strides[1],
+        q->strides[2], k->strides[0], k->strides[1], k->strides[2], v->strides[0], v->strides[1], v->strides[2],
+        o->strides[0], o->strides[1], o->strides[2], c->hq * c->sq, c->sq, c->hq / c->hk, c->sq, c->sk, c->d, c->dv,
+        c->offset, c->window_left, c->window_right, c->attention_chunk, c->descale_strides[0][0],
+        c->descale_strides[0][1], c->descale_strides[1][0], c->descale_strides[1][1], c->descale_strides[2][0],
+        c->descale_strides[2][1]};
+    float floats[LT__FP8_KERNEL_PARAMS - LT__FP8_KERNEL_INTS] = {c->scale, c->softcap};
+    void *params[LT__FP8_KERNEL_PARAMS + LT__MAX_HIDDEN];
+    for (int i = 0; i < LT__FP8_KERNEL_INTS; i++)
+        params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
+    for (int i = LT__FP8_KERNEL_INTS; i < LT__FP8_KERNEL_PARAMS; i++)
+        params[i] = &floats[i - LT__FP8_KERNEL_INTS];
+    for (uint32_t h = 0; h < plan->n_hidden; h++)
+        params[LT__FP8_KERNEL_PARAMS + h] = &ints[LT__FP8_KERNEL_INTS + h]; /* zero: NULL scratch */
+    unsigned int grid_x = (unsigned int)((lt__dispatch_sq(c) + plan->block_m - 1) / plan->block_m);
+    return lt__cu_launch(plan->function, plan->context, grid_x, (unsigned int)c->hq,
+                         (unsigned int)(c->varlen ? c->batch : c->b), plan->block_threads, plan->shared_bytes, stream,
+                         params);
+}
+
 /* The launch: flash_fwd's parameters in its description's order (binding.c_initializer); p is lt__fwd_prepare's
- * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. */
+ * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. An
+ * e4m3 call's plan is flash_fwd_fp8's (its key's dtype): lt__launch_fp8. */
 static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
+    if (c->fp8)
+        return lt__launch_fp8(plan, p, c, stream);
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
     /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0): the C API's calls have none of them. The
      * window and the chunk are lt__check's. */

@@ -42,11 +42,11 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 6 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; 6: attention_chunk; older structs are still taken */
+#define LT_ATTN_FWD_PARAMS_VERSION 7 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; 6: attention_chunk; 7: FP8 (descales, v_transposed); older structs are still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 6 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; 6: attention_chunk; older structs are still taken */
 #define LT_STATS_VERSION 1
 #define LT_FLASH_COMBINE_PARAMS_VERSION 1
-#define LT_ATTN_KVCACHE_PARAMS_VERSION 5 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; 5: attention_chunk; older structs are still taken */
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 6 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; 5: attention_chunk; 6: float8 caches' k_descale, v_descale; older structs are still taken */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -85,7 +85,10 @@ typedef enum {
     LT_DTYPE_FP16 = 1,
     LT_DTYPE_BF16 = 2,
     LT_DTYPE_FP32 = 3,
-    LT_DTYPE_INT32 = 4 /* the index tensors only: cu_seqlens_*, seqused_*, cache_seqlens and the like */
+    LT_DTYPE_INT32 = 4, /* the index tensors only: cu_seqlens_*, seqused_*, cache_seqlens and the like */
+    LT_DTYPE_FP8_E4M3 = 5, /* float8 e4m3 (torch.float8_e4m3fn; variants' dtype e4m3): lt_attn_fwd's q, k, v (FP8
+                              forward, sm_90+), lt_attn_kvcache's k_cache and v_cache */
+    LT_DTYPE_FP8_E5M2 = 6  /* float8 e5m2 (torch.float8_e5m2): lt_attn_kvcache's k_cache and v_cache only */
 } lt_dtype;
 
 typedef enum {
@@ -194,7 +197,21 @@ typedef struct {
  * lazytriton.flash_attn_func's): with attention_chunk > 0, query i sees key j only when
  * floor(j / attention_chunk) == floor((i + offset) / attention_chunk), offset as the window's (bottom-right,
  * within each packed sequence; 0 with LT_CAUSAL_TOP_LEFT), on top of causal and the window. Seqlens must then be
- * below 2**29. 0 (the init), or a version 1 to 5 struct: off. */
+ * below 2**29. 0 (the init), or a version 1 to 5 struct: off.
+ *
+ * FP8 (version 7, FlashAttention-3's FP8 forward; as lazytriton.flash_attn_func with float8_e4m3fn inputs):
+ * q, k and v LT_DTYPE_FP8_E4M3, out LT_DTYPE_BF16, lse fp32; served on sm_90 and later only (a plan for an older
+ * device is LT_ERROR_INVALID_ARGUMENT naming q.dtype). The kernel reads V from its transpose, so the caller gives
+ * it transposed and says so: v_transposed = 1 and v (batch, heads_k, head_dim_v, seqlen_k) with the keys
+ * contiguous (packed: (heads_k, head_dim_v, total_k)); rows of a multiple of 16 keys (padding past seqlen_k, never
+ * read) keep the 16-byte-aligned variant. The C library writes no copy of v: the engine that quantises V to e4m3
+ * writes it in that layout (FlashAttention-3's V_colmajor), so no transpose kernel and no workspace is needed.
+ * q_descale, k_descale, v_descale: optional LT_DTYPE_FP32 tensors on q's device, (batch, heads_k) (packed: batch
+ * = the sequences) or one element ((1)): the scores are (q . k) * q_descale * k_descale * sm_scale and out is
+ * multiplied by v_descale. An absent descale is 1.0 on the CPU; on a GPU all three are given (a float32 1.0 for
+ * an unscaled tensor: the C library allocates no device memory). The FP8 forward has no ALiBi, sinks or backward
+ * (lt_attn_bwd refuses e4m3 tensors); window, softcap, attention_chunk and packed sequences are taken. A version
+ * 1 to 6 struct has no FP8: v_transposed 0 and no descales, and an e4m3 q is refused. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -222,6 +239,13 @@ typedef struct {
     lt_tensor sinks;      /* fp32 (heads_q): one logit a query head */
     /* Version 6: chunked local attention (see above). */
     int64_t attention_chunk; /* 0 (the init): off; else the chunk's keys, >= 1 */
+    /* Version 7: FP8 (see above); absent descales (data NULL, ndim 0) are 1.0 on the CPU. */
+    lt_tensor q_descale;  /* fp32 (batch, heads_k) or (1) */
+    lt_tensor k_descale;  /* fp32 (batch, heads_k) or (1) */
+    lt_tensor v_descale;  /* fp32 (batch, heads_k) or (1) */
+    int32_t v_transposed; /* 1: v is (batch, heads_k, head_dim_v, seqlen_k), keys contiguous (FP8 calls: required);
+                             0 (the init): v is (batch, heads_k, seqlen_k, head_dim_v) */
+    uint32_t reserved7;   /* must be 0 */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:
@@ -341,8 +365,14 @@ typedef struct {
  *                    sequence sees cache position j only when floor(j / attention_chunk) ==
  *                    floor((i + offset) / attention_chunk), offset bottom-right (its keys - its queries), on top of
  *                    causal and the window; the cache's length plus seqlen_q must be below 2**29. 0: off
- * A version 1 to 4 struct (its smaller struct_size and its version) is the same call without what later versions
- * add. */
+ *   k_descale, v_descale  optional fp32 (version 6), with a float8 cache (k_cache and v_cache both LT_DTYPE_FP8_E4M3 or
+ *                    both LT_DTYPE_FP8_E5M2; q fp16 or bf16; new k and v in q's dtype): the cache holds k / k_descale
+ *                    and v / v_descale (FlashAttention-3's convention; absent: 1.0). Shape (1) per tensor, (heads_k)
+ *                    per key/value head or (batch, heads_k) per sequence and head, any strides, on q's device. New keys
+ *                    are quantised on their way in (x / descale, saturated, rounded to nearest even); the split kernel
+ *                    dequantises as it reads. e4m3 caches need sm_89 or later; e5m2 any CUDA target
+ * A version 1 to 5 struct (its smaller struct_size and its version) is the same call without what later versions
+ * add (a version 1 to 5 struct's caches are q's dtype). */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
     uint32_t version;     /* LT_ATTN_KVCACHE_PARAMS_VERSION */
@@ -381,6 +411,9 @@ typedef struct {
     int64_t max_seqlen_q;
     /* Version 5: chunked local attention (0, the init: off), as lt_attn_fwd's. */
     int64_t attention_chunk;
+    /* Version 6: a float8 cache's descales (each absent, the init: 1.0). */
+    lt_tensor k_descale;
+    lt_tensor v_descale;
 } lt_attn_kvcache_params;
 
 /* One merge of attention computed over disjoint chunks of the keys, the C twin of
@@ -526,8 +559,10 @@ LT_API lt_status lt_flash_combine(const lt_flash_combine_params *params, void *s
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
  * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim), window=0, softcap=0, sinks=0,
- * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; kernel=flash_bwd for the backward's two kernels,
- * as lt_attn_bwd would choose them, and with sinks=1 the sinks' gradient kernel its dsinks launches).
+ * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; dtype=e4m3 for the FP8 forward; kernel=flash_bwd
+ * for the backward's two kernels, as lt_attn_bwd would choose them, and with sinks=1 the sinks' gradient kernel its
+ * dsinks launches; kernel=flash_decode for lt_attn_kvcache's kernels: seqlen_q the query rows a key/value head,
+ * seqlen_k the cache's capacity, new_keys=1 with kv_append, kv_dtype=e4m3|e5m2 for a float8 cache).
  * All specs are parsed before anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */
 LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);

@@ -21,7 +21,9 @@ typedef struct {
     const lt_tensor *t;
 } lt__named;
 
-static int64_t lt__item_bytes(int32_t dtype) { return dtype == LT_DTYPE_FP16 || dtype == LT_DTYPE_BF16 ? 2 : 4; }
+static int64_t lt__item_bytes(int32_t dtype) {
+    return dtype == LT_DTYPE_FP8_E4M3 || dtype == LT_DTYPE_FP8_E5M2 ? 1 : dtype == LT_DTYPE_FP16 || dtype == LT_DTYPE_BF16 ? 2 : 4;
+}
 
 /* The bytes [*begin, *end) t spans; 0 when it has no data or no elements (nothing of it is read or written). */
 static int lt__span(const lt_tensor *t, __int128 *begin, __int128 *end) {
@@ -135,8 +137,9 @@ static lt_status lt__check_writes(const lt__named *outputs, int n_outputs, const
 /* A forward call (lt__check passed it): out and lse against q, k, v, the cumulative and the used lengths. */
 static lt_status lt__fwd_writes(const lt_attn_fwd_params *p) {
     const lt__named outputs[2] = {{"out", &p->out}, {"lse", &p->lse}};
-    const lt__named inputs[8] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cu_seqlens_q", &p->cu_seqlens_q},
-                                 {"cu_seqlens_k", &p->cu_seqlens_k}, {"seqused_q", &p->seqused_q},
-                                 {"seqused_k", &p->seqused_k}, {"sinks", &p->sinks}};
-    return lt__check_writes(outputs, 2, inputs, 8);
+    const lt__named inputs[11] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cu_seqlens_q", &p->cu_seqlens_q},
+                                  {"cu_seqlens_k", &p->cu_seqlens_k}, {"seqused_q", &p->seqused_q},
+                                  {"seqused_k", &p->seqused_k}, {"sinks", &p->sinks}, {"q_descale", &p->q_descale},
+                                  {"k_descale", &p->k_descale}, {"v_descale", &p->v_descale}};
+    return lt__check_writes(outputs, 2, inputs, 11);
 }

@@ -207,6 +207,12 @@ static lt_status lt__bwd_check(const lt_attn_bwd_params *p, lt__call *c) {
     lt_status s;
     if ((s = lt__check_bwd_struct(p)) != LT_OK)
         return s;
+    const lt_tensor *inputs_qkv[3] = {&p->q, &p->k, &p->v};
+    static const char *qkv_names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++)
+        if (lt__is_fp8(inputs_qkv[i]->dtype))
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s.dtype is %s: the FP8 forward has no backward "
+                            "(FlashAttention-3's has none either)", qkv_names[i], lt__dtype_name(inputs_qkv[i]->dtype));
     lt_attn_fwd_params forward = lt__fwd_view(p);
     if ((s = lt__check(&forward, c)) != LT_OK)
         return s;

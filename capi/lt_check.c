@@ -24,6 +24,9 @@ typedef struct {
     int64_t sinks;                      /* the forward kernel's Sinks pointer; 0 when absent */
     int64_t attention_chunk;            /* the kernels' chunk (binding.with_chunk): 0 when off */
     int64_t dsinks;                     /* the backward's dsinks pointer (lt_bwd.c's lt__check_dsinks); 0 when absent */
+    int fp8;                            /* e4m3 q, k, v: flash_fwd_fp8 (v transposed, out bf16) */
+    int64_t descale[3];                 /* FP8: q_descale, k_descale, v_descale pointers (0: absent, CPU only) */
+    int64_t descale_strides[3][2];      /* FP8: each descale's (batch, kv head) strides, 0 on a broadcast dim */
 } lt__call;
 
 static const char *lt__dtype_name(int32_t dtype) {
@@ -31,17 +34,21 @@ static const char *lt__dtype_name(int32_t dtype) {
     case LT_DTYPE_FP16: return "fp16";
     case LT_DTYPE_BF16: return "bf16";
     case LT_DTYPE_FP32: return "fp32";
+    case LT_DTYPE_FP8_E4M3: return "e4m3";
+    case LT_DTYPE_FP8_E5M2: return "e5m2";
     default: return "unknown";
     }
 }
 
 /* A version 1 struct: everything before the packed-sequence fields; version 2: before the window; version 3:
- * before the used lengths; version 4: before the sinks; version 5: before attention_chunk. */
+ * before the used lengths; version 4: before the sinks; version 5: before attention_chunk; version 6: before the
+ * FP8 fields. */
 #define LT__FWD_PARAMS_V1_SIZE offsetof(lt_attn_fwd_params, cu_seqlens_q)
 #define LT__FWD_PARAMS_V2_SIZE offsetof(lt_attn_fwd_params, window_left)
 #define LT__FWD_PARAMS_V3_SIZE offsetof(lt_attn_fwd_params, seqused_q)
 #define LT__FWD_PARAMS_V4_SIZE offsetof(lt_attn_fwd_params, sinks)
 #define LT__FWD_PARAMS_V5_SIZE offsetof(lt_attn_fwd_params, attention_chunk)
+#define LT__FWD_PARAMS_V6_SIZE offsetof(lt_attn_fwd_params, q_descale)
 #define LT__MAX_WINDOWED_SEQLEN (INT64_C(1) << 29) /* binding.MAX_WINDOWED_SEQLEN: 32-bit row +- window */
 #define LT__MAX_CHUNK (INT64_C(1) << 30)          /* arguments.MAX_CHUNK: a chunk that holds every key */
 
@@ -52,8 +59,9 @@ static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
         (p->struct_size == LT__FWD_PARAMS_V2_SIZE && p->version == 2) ||
         (p->struct_size == LT__FWD_PARAMS_V3_SIZE && p->version == 3) ||
         (p->struct_size == LT__FWD_PARAMS_V4_SIZE && p->version == 4) ||
-        (p->struct_size == LT__FWD_PARAMS_V5_SIZE && p->version == 5))
-        return LT_OK; /* read as the call it always was: no chunk (no sinks before 5, no seqused before 4, ...) */
+        (p->struct_size == LT__FWD_PARAMS_V5_SIZE && p->version == 5) ||
+        (p->struct_size == LT__FWD_PARAMS_V6_SIZE && p->version == 6))
+        return LT_OK; /* read as the call it always was: no FP8 (no chunk before 6, no sinks before 5, ...) */
     if (p->struct_size != sizeof(lt_attn_fwd_params))
         return lt__fail(LT_ERROR_VERSION,
                         "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu: rebuild against its "
@@ -66,10 +74,15 @@ static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
     return LT_OK;
 }
 
-static lt_status lt__check_tensor(const char *name, const lt_tensor *t, int32_t ndim, const char *layout) {
-    if (t->dtype < LT_DTYPE_FP16 || t->dtype > LT_DTYPE_FP32)
-        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_FP16 (1), LT_DTYPE_BF16 (2) or "
-                        "LT_DTYPE_FP32 (3)", name, t->dtype);
+static int lt__is_fp8(int32_t dtype) { return dtype == LT_DTYPE_FP8_E4M3 || dtype == LT_DTYPE_FP8_E5M2; }
+
+/* A data tensor's dtype (fp16, bf16, fp32; with fp8, also the float8 formats), ndim, sizes, strides, device. */
+static lt_status lt__check_data_tensor(const char *name, const lt_tensor *t, int32_t ndim, const char *layout,
+                                       int fp8) {
+    if ((t->dtype < LT_DTYPE_FP16 || t->dtype > LT_DTYPE_FP32) && !(fp8 && lt__is_fp8(t->dtype)))
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %d; expected LT_DTYPE_FP16 (1), LT_DTYPE_BF16 (2)%s "
+                        "LT_DTYPE_FP32 (3)%s", name, t->dtype, fp8 ? "," : " or",
+                        fp8 ? ", LT_DTYPE_FP8_E4M3 (5) or LT_DTYPE_FP8_E5M2 (6)" : "");
     if (t->ndim != ndim)
         return lt__fail(LT_ERROR_SHAPE, "%s.ndim is %d; expected %d %s", name, t->ndim, ndim, layout);
     for (int i = 0; i < ndim; i++) {
@@ -89,6 +102,10 @@ static lt_status lt__check_tensor(const char *name, const lt_tensor *t, int32_t 
     return LT_OK;
 }
 
+static lt_status lt__check_tensor(const char *name, const lt_tensor *t, int32_t ndim, const char *layout) {
+    return lt__check_data_tensor(name, t, ndim, layout, 0);
+}
+
 /* Whether a call asks for packed sequences (a version 2 struct with either cu_seqlens tensor described). */
 static int lt__wants_varlen(const lt_tensor *cu_q, const lt_tensor *cu_k) {
     return cu_q->data != NULL || cu_k->data != NULL || cu_q->ndim != 0 || cu_k->ndim != 0;
@@ -99,8 +116,8 @@ static int lt__wants_varlen(const lt_tensor *cu_q, const lt_tensor *cu_k) {
  * at cu_seqlens[i] * the row stride): 0. */
 static lt_status lt__packed_view(const char *name, lt_tensor *t, int lse) {
     lt_status s;
-    if ((s = lt__check_tensor(name, t, lse ? 2 : 3, lse ? "(heads_q, total_q) for packed sequences"
-                              : "(total_tokens, heads, head_dim) for packed sequences")) != LT_OK)
+    if ((s = lt__check_data_tensor(name, t, lse ? 2 : 3, lse ? "(heads_q, total_q) for packed sequences"
+                                   : "(total_tokens, heads, head_dim) for packed sequences", !lse)) != LT_OK)
         return s;
     lt_tensor v = *t;
     v.ndim = lse ? 3 : 4;
@@ -109,6 +126,19 @@ static lt_status lt__packed_view(const char *name, lt_tensor *t, int lse) {
     v.sizes[2] = t->sizes[lse ? 1 : 0], v.strides[2] = t->strides[lse ? 1 : 0];
     v.sizes[3] = lse ? 0 : t->sizes[2], v.strides[3] = lse ? 0 : t->strides[2];
     *t = v;
+    return LT_OK;
+}
+
+/* A packed transposed v (heads_k, head_dim_v, total_k), keys contiguous, as the FP8 kernel's (1, heads_k,
+ * head_dim_v, total_k) view (batch stride 0). */
+static lt_status lt__packed_transposed_view(lt_tensor *t) {
+    lt_status s;
+    if ((s = lt__check_data_tensor("v", t, 3, "(heads_k, head_dim_v, total_k) for packed sequences with "
+                                   "v_transposed", 1)) != LT_OK)
+        return s;
+    for (int i = 3; i > 0; i--)
+        t->sizes[i] = t->sizes[i - 1], t->strides[i] = t->strides[i - 1];
+    t->ndim = 4, t->sizes[0] = 1, t->strides[0] = 0;
     return LT_OK;
 }
 
@@ -129,7 +159,8 @@ static lt_status lt__fwd_prepare(const lt_attn_fwd_params *p, lt_attn_fwd_params
     lt_tensor *ts[4] = {&view->q, &view->k, &view->v, &view->out};
     static const char *names[4] = {"q", "k", "v", "out"};
     for (int i = 0; i < 4; i++)
-        if ((s = lt__packed_view(names[i], ts[i], 0)) != LT_OK)
+        if ((s = i == 2 && norm->v_transposed == 1 ? lt__packed_transposed_view(&view->v)
+                                                    : lt__packed_view(names[i], ts[i], 0)) != LT_OK)
             return s;
     return lt__packed_view("lse", &view->lse, 1);
 }
@@ -144,15 +175,34 @@ static lt_status lt__check_tensors(const lt_attn_fwd_params *p) {
     static const char *names[4] = {"q", "k", "v", "out"};
     lt_status s;
     for (int i = 0; i < 4; i++)
-        if ((s = lt__check_tensor(names[i], ts[i], 4, qkvo)) != LT_OK)
+        if ((s = lt__check_data_tensor(names[i], ts[i], 4, i == 2 && p->v_transposed == 1 ?
+                                       "(batch, heads_k, head_dim_v, seqlen_k) with v_transposed" : qkvo,
+                                       i < 3)) != LT_OK)
             return s;
     if ((s = lt__check_tensor("lse", &p->lse, 3, "(batch, heads_q, seqlen_q)")) != LT_OK)
         return s;
-    for (int i = 1; i < 4; i++) {
+    int fp8 = lt__is_fp8(p->q.dtype);
+    if (p->q.dtype == LT_DTYPE_FP8_E5M2)
+        return lt__fail(LT_ERROR_DTYPE, "q.dtype is e5m2; the FP8 forward takes LT_DTYPE_FP8_E4M3 (5) q, k and v "
+                        "(FlashAttention-3's; e5m2 is a KV cache format of lt_attn_kvcache)");
+    for (int i = 1; i < 3; i++) {
         if (ts[i]->dtype != p->q.dtype)
-            return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but q.dtype is %s; q, k, v and out must have one dtype",
+            return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but q.dtype is %s; q, k and v must have one dtype",
                             names[i], lt__dtype_name(ts[i]->dtype), lt__dtype_name(p->q.dtype));
     }
+    if (p->v_transposed != 0 && p->v_transposed != 1)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is %d; expected 0 or 1", p->v_transposed);
+    if (p->v_transposed && !fp8)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 1 but q.dtype is %s: only the FP8 forward "
+                        "(LT_DTYPE_FP8_E4M3 q, k, v) reads V transposed", lt__dtype_name(p->q.dtype));
+    if (fp8 && !p->v_transposed)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 0 but q is LT_DTYPE_FP8_E4M3: the FP8 forward "
+                        "reads V transposed; give v as (batch, heads_k, head_dim_v, seqlen_k) (packed: (heads_k, "
+                        "head_dim_v, total_k)), keys contiguous, and set v_transposed = 1");
+    if (p->out.dtype != (fp8 ? LT_DTYPE_BF16 : p->q.dtype))
+        return lt__fail(LT_ERROR_DTYPE, "out.dtype is %s but q.dtype is %s; out must be %s", lt__dtype_name(p->out.dtype),
+                        lt__dtype_name(p->q.dtype), fp8 ? "bf16 (the FP8 forward's output, FlashAttention-3's)"
+                        : "q's dtype");
     if (p->lse.dtype != LT_DTYPE_FP32)
         return lt__fail(LT_ERROR_DTYPE, "lse.dtype is %s; expected LT_DTYPE_FP32 (the logsumexp is float32)",
                         lt__dtype_name(p->lse.dtype));
@@ -172,7 +222,15 @@ static lt_status lt__check_shapes(const lt_attn_fwd_params *p, lt__call *c) {
     const int64_t *qs = p->q.sizes, *ks = p->k.sizes;
     c->b = qs[0], c->hq = qs[1], c->sq = qs[2], c->d = qs[3];
     c->hk = ks[1], c->sk = ks[2], c->dv = p->v.sizes[3];
-    if (memcmp(ks, p->v.sizes, 3 * sizeof(int64_t)) != 0)
+    if (p->v_transposed == 1) { /* (batch, heads_k, head_dim_v, seqlen_k): compare it as k's layout */
+        const int64_t *vs = p->v.sizes;
+        c->dv = vs[2];
+        if (vs[0] != ks[0] || vs[1] != ks[1] || vs[3] != ks[2])
+            return lt__fail(LT_ERROR_SHAPE, "v (v_transposed) must be (batch, heads_k, head_dim_v, seqlen_k) = "
+                            "(%lld, %lld, head_dim_v, %lld) (k's), got (%lld, %lld, %lld, %lld)", (long long)ks[0],
+                            (long long)ks[1], (long long)ks[2], (long long)vs[0], (long long)vs[1],
+                            (long long)vs[2], (long long)vs[3]);
+    } else if (memcmp(ks, p->v.sizes, 3 * sizeof(int64_t)) != 0)
         return lt__fail(LT_ERROR_SHAPE, "k and v must have the same shape but for the head dim, got (%lld, %lld, "
                         "%lld, %lld) and "
                         "(%lld, %lld, %lld, %lld)", (long long)ks[0], (long long)ks[1], (long long)ks[2],
@@ -385,6 +443,66 @@ static lt_status lt__check_sinks(const char *name, const lt_tensor *t, const lt_
     return LT_OK;
 }
 
+/* One of the FP8 forward's descales, given: fp32, (batch, heads_k) or one element (1), on q's device, strides
+ * below 2**31 (the kernel's i32); its pointer and (batch, kv head) strides into c at i. */
+static lt_status lt__check_descale(const char *name, const lt_tensor *t, const lt_tensor *q, int64_t batch,
+                                   int64_t heads_k, lt__call *c, int i) {
+    if (t->dtype != LT_DTYPE_FP32)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s; expected LT_DTYPE_FP32 (3)", name, lt__dtype_name(t->dtype));
+    int one = t->ndim == 1 && t->sizes[0] == 1, per_head = t->ndim == 2 && t->sizes[0] == batch &&
+                                                           t->sizes[1] == heads_k;
+    if (!one && !per_head)
+        return lt__fail(LT_ERROR_SHAPE, "%s must have shape (batch, heads_k) = (%lld, %lld), or (1) for one value, got "
+                        "ndim %d, sizes (%lld, %lld)", name, (long long)batch, (long long)heads_k, t->ndim,
+                        (long long)t->sizes[0], (long long)(t->ndim > 1 ? t->sizes[1] : 0));
+    for (int d = 0; d < t->ndim; d++)
+        if (t->strides[d] < 0 || t->strides[d] > INT32_MAX)
+            return lt__fail(LT_ERROR_SHAPE, "%s.strides[%d] is %lld; expected 0..2**31 - 1", name, d,
+                            (long long)t->strides[d]);
+    if (t->device_type != q->device_type || t->device_index != q->device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is not on q's device; all tensors of a call must be on one "
+                        "device", name);
+    if (t->data == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", name);
+    c->descale[i] = (int64_t)(uintptr_t)t->data;
+    c->descale_strides[i][0] = per_head ? t->strides[0] : 0, c->descale_strides[i][1] = per_head ? t->strides[1] : 0;
+    return LT_OK;
+}
+
+/* The FP8 forward's part of a call (version 7): e4m3 q needs v_transposed, takes descales and no sinks; a call of
+ * another dtype takes neither. */
+static lt_status lt__check_fp8(const lt_attn_fwd_params *p, lt__call *c) {
+    const lt_tensor *ds[3] = {&p->q_descale, &p->k_descale, &p->v_descale};
+    static const char *names[3] = {"q_descale", "k_descale", "v_descale"};
+    if (p->reserved7 != 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "reserved7 is %u; it must be 0", p->reserved7);
+    c->fp8 = p->q.dtype == LT_DTYPE_FP8_E4M3; /* v_transposed's agreement: lt__check_tensors' */
+    if (!c->fp8) {
+        for (int i = 0; i < 3; i++)
+            if (lt__given(ds[i]))
+                return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is given but q.dtype is %s: descales are for "
+                                "LT_DTYPE_FP8_E4M3 inputs (FlashAttention-3's FP8 forward)", names[i],
+                                lt__dtype_name(p->q.dtype));
+        return LT_OK;
+    }
+    if (c->sinks)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "sinks are given but q is LT_DTYPE_FP8_E4M3: the FP8 forward "
+                        "(FlashAttention-3's) has no attention sinks");
+    int64_t batch = c->varlen ? c->batch : c->b;
+    for (int i = 0; i < 3; i++) {
+        lt_status s;
+        if (lt__given(ds[i])) {
+            if ((s = lt__check_descale(names[i], ds[i], &p->q, batch, c->hk, c, i)) != LT_OK)
+                return s;
+        } else if (p->q.device_type == LT_DEVICE_CUDA) {
+            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is absent: on a GPU the C API's FP8 forward takes all three "
+                            "descales (a float32 1.0 on the device for an unscaled tensor; the library allocates no "
+                            "device memory)", names[i]);
+        }
+    }
+    return LT_OK;
+}
+
 /* Fill *c from params (lt__fwd_prepare's view), or fail with the first problem found. */
 static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     lt_status s;
@@ -418,6 +536,8 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
         return s;
     if (lt__given(&p->sinks) && (s = lt__check_sinks("sinks", &p->sinks, &p->q, c->hq, &c->sinks)) != LT_OK)
         return s;
+    if ((s = lt__check_fp8(p, c)) != LT_OK)
+        return s;
     c->empty = c->b == 0 || c->hq == 0 || c->sq == 0;
     if (c->empty)
         return LT_OK;
@@ -439,6 +559,8 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
         if ((i == 1 || i == 2) && c->sk == 0)
             continue; /* k and v are not read */
         int64_t heads = i == 1 || i == 2 ? c->hk : c->hq, seqlen = i == 1 || i == 2 ? c->sk : c->sq;
+        if (i == 2 && c->fp8)
+            seqlen = c->dv; /* v transposed: (batch, heads_k, head_dim_v, seqlen_k) */
         int64_t e = lt__last_offset(ts[i], c->b, heads, seqlen);
         if (e < 0)
             return lt__fail(LT_ERROR_SHAPE, "%s's sizes and strides reach past 2**62 elements", i == 0 ? "q"
@@ -452,7 +574,7 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
 
 /* seqlen_k = 0 on the CPU: nothing to attend to, so out is 0 and lse is -inf (as attn_fwd). */
 static void lt__fill_no_keys(const lt_attn_fwd_params *p, const lt__call *c) {
-    size_t item = c->dtype == LT_DTYPE_FP32 ? 4 : 2;
+    size_t item = p->out.dtype == LT_DTYPE_FP32 ? 4 : 2;
     float *lse = (float *)p->lse.data;
     for (int64_t i = 0; i < c->b * c->hq * c->sq; i++)
         lse[i] = -INFINITY;

@@ -191,8 +191,10 @@ static int lt__native_plan(lt__plan_request *request) {
     void *function = NULL, *context = NULL;
     uint32_t n_hidden = 0;
     lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0};
-    status = ltn_kernel_layout(kernel, (uint32_t)lt__front_ints[r.kernel], dsinks ? 0 : LT__BWD_FLOATS, &function,
-                               &context, &n_hidden);
+    int fp8 = r.kernel == LTN_KERNEL_FWD && r.dtype == LT_DTYPE_FP8_E4M3; /* flash_fwd_fp8: its own parameters */
+    status = ltn_kernel_layout(kernel, fp8 ? LT__FP8_KERNEL_INTS : (uint32_t)lt__front_ints[r.kernel],
+                               dsinks ? 0 : fp8 ? LT__FP8_KERNEL_PARAMS - LT__FP8_KERNEL_INTS : LT__BWD_FLOATS,
+                               &function, &context, &n_hidden);
     if (status == LT_OK)
         status = lt_kernel_get_info(kernel, &info);
     if (status == LT_OK) {
@@ -315,7 +317,8 @@ static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
         .head_dim_v = q->head_dim_v, .causal = q->causal, .aligned = q->aligned, .index64 = q->index64,
         .rows = q->rows, .capacity = q->capacity, .page_size = q->page_size, .paged = q->paged, .window = q->window,
         .softcap = q->softcap, .alibi = q->alibi, .leftpad = q->leftpad, .rotary = q->rotary,
-        .rotary_interleaved = q->rotary_interleaved, .sinks = q->sinks, .varlen_q = q->varlen_q, .chunk = q->chunk};
+        .rotary_interleaved = q->rotary_interleaved, .sinks = q->sinks, .varlen_q = q->varlen_q, .chunk = q->chunk,
+        .kv_fp8 = q->kv_fp8};
     lt__native_kernel split, combine, append;
     char message[2048] = "";
     int more = 0, status = LT_OK;

@@ -12,7 +12,7 @@
  * v_cache, v and out may have a head dim of their own (head_dim_v). A version 1 params struct (before
  * cache_leftpad) is taken as the same call without a left pad, a version 2 one (before the rotary tables) as
  * the same call without rotary, a version 3 one (before the sinks) without sinks or packed queries, a version 4
- * one (before attention_chunk) without a chunk: every
+ * one (before attention_chunk) without a chunk, a version 5 one (before the descales) with caches of q's dtype: every
  * function reads the caller's struct through lt__kv_prepare, which copies it into this version's, zero-extended.
  * Packed queries (cu_seqlens_q) are checked and launched through views: q and out (total_q, heads, dim) as
  * (1, total_q, heads, dim) with batch stride 0, lse (heads, total_q) as (1, heads, total_q), the kernels' one
@@ -30,6 +30,7 @@
 #define LT__KV_PARAMS_V2_SIZE offsetof(lt_attn_kvcache_params, rotary_cos)    /* version 2: before the rotary tables */
 #define LT__KV_PARAMS_V3_SIZE offsetof(lt_attn_kvcache_params, sinks)         /* version 3: before the sinks */
 #define LT__KV_PARAMS_V4_SIZE offsetof(lt_attn_kvcache_params, attention_chunk) /* version 4: before the chunk */
+#define LT__KV_PARAMS_V5_SIZE offsetof(lt_attn_kvcache_params, k_descale)       /* version 5: before the descales */
 
 typedef struct {
     int64_t b, hq, hk, sq, d, dv, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
@@ -44,6 +45,9 @@ typedef struct {
     int64_t out_batch, out_seqlen;     /* out's and lse's batch and rows as the kernels index them (Call's) */
     int64_t lse_rows;                  /* out_batch x heads_q x out_seqlen: the combine's rows */
     float scale, softcap;
+    int32_t kv_fp8;                    /* KV_FP8: the caches' float8 lt_dtype (e4m3 or e5m2), 0 for q's dtype */
+    int64_t descale[2];                /* k_descale, v_descale pointers: 0 when absent (1.0) */
+    int64_t descale_strides[2][2];     /* their (batch, head) strides (checks.descale_strides): 0 on a broadcast dim */
 } lt__kv_call;
 
 /* What lt_attn_kvcache asks the planner (embedded_kvcache.py) for, and its answer (also in build.py's cdef). */
@@ -55,6 +59,7 @@ typedef struct {
     int32_t rotary, rotary_interleaved; /* in: rotary tables given (ROTARY=true), pairs (ROTARY_INTERLEAVED=true) */
     int32_t sinks, varlen_q;            /* in: attention sinks (SINKS=true), packed queries (VARLEN_Q=true) */
     int32_t chunk;                      /* in: attention_chunk (CHUNK=true on the split kernel) */
+    int32_t kv_fp8;                     /* in: a float8 cache's lt_dtype (KV_FP8 on split and kv_append), else 0 */
     uint64_t split_function, combine_function;                                                        /* out */
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
@@ -88,8 +93,9 @@ static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
     if ((p->struct_size == LT__KV_PARAMS_V1_SIZE && p->version == 1) ||
         (p->struct_size == LT__KV_PARAMS_V2_SIZE && p->version == 2) ||
         (p->struct_size == LT__KV_PARAMS_V3_SIZE && p->version == 3) ||
-        (p->struct_size == LT__KV_PARAMS_V4_SIZE && p->version == 4))
-        return LT_OK; /* the call it always was: no chunk (1 to 4), no sinks or packed queries (1 to 3), ... */
+        (p->struct_size == LT__KV_PARAMS_V4_SIZE && p->version == 4) ||
+        (p->struct_size == LT__KV_PARAMS_V5_SIZE && p->version == 5))
+        return LT_OK; /* the call it always was: no float8 cache (1 to 5), no chunk (1 to 4), ... */
     if (p->struct_size != sizeof(lt_attn_kvcache_params))
         return lt__fail(LT_ERROR_VERSION, "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for "
                         "lt_attn_kvcache_params: rebuild against its lazytriton.h and fill params with "
@@ -155,6 +161,60 @@ static lt_status lt__kv_data(const char *name, const lt_tensor *t, const lt_tens
         return lt__fail(LT_ERROR_SHAPE, "%s.strides[3] is %lld; the last dim must be contiguous (stride 1)", name,
                         (long long)t->strides[3]);
     return lt__kv_same_device(name, t, q);
+}
+
+/* k_cache or v_cache: q's dtype, or (version 6) a float8 format read by fp16 or bf16 queries, the other cache's. */
+static lt_status lt__kv_cache(const char *name, const lt_tensor *t, const lt_attn_kvcache_params *p,
+                              const char *layout) {
+    lt_status s;
+    if (!lt__is_fp8(t->dtype))
+        return lt__kv_data(name, t, &p->q, layout);
+    if ((s = lt__check_data_tensor(name, t, 4, layout, 1)) != LT_OK)
+        return s;
+    if (p->q.dtype != LT_DTYPE_FP16 && p->q.dtype != LT_DTYPE_BF16)
+        return lt__fail(LT_ERROR_DTYPE, "q.dtype is %s; with a float8 %s (%s) q must be fp16 or bf16",
+                        lt__dtype_name(p->q.dtype), name, lt__dtype_name(t->dtype));
+    if (p->k_cache.dtype != p->v_cache.dtype)
+        return lt__fail(LT_ERROR_DTYPE, "k_cache.dtype is %s but v_cache.dtype is %s; a float8 cache holds both in "
+                        "one format", lt__dtype_name(p->k_cache.dtype), lt__dtype_name(p->v_cache.dtype));
+    if (t->strides[3] != 1 && t->sizes[3] > 1)
+        return lt__fail(LT_ERROR_SHAPE, "%s.strides[3] is %lld; the last dim must be contiguous (stride 1)", name,
+                        (long long)t->strides[3]);
+    return lt__kv_same_device(name, t, &p->q);
+}
+
+/* A float8 cache's k_descale or v_descale (checks._fp8): fp32, (1), (heads_k) or (batch, heads_k), any strides below
+ * 2**31, on q's device; only with a float8 cache. Its pointer and (batch, head) strides into c at i. */
+static lt_status lt__kv_descale(const char *name, const lt_tensor *t, const lt_attn_kvcache_params *p, lt__kv_call *c,
+                                int i) {
+    if (lt__absent(t))
+        return LT_OK;
+    if (c->kv_fp8 == 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is given but k_cache is %s, not a float8 cache "
+                        "(LT_DTYPE_FP8_E4M3 or LT_DTYPE_FP8_E5M2); descales apply to float8 caches only", name,
+                        lt__dtype_name(p->k_cache.dtype));
+    if (t->dtype != LT_DTYPE_FP32)
+        return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s; expected LT_DTYPE_FP32 (3)", name, lt__dtype_name(t->dtype));
+    int one = t->ndim == 1 && t->sizes[0] == 1, head = t->ndim == 1 && t->sizes[0] == c->hk;
+    int both = t->ndim == 2 && t->sizes[0] == c->b && t->sizes[1] == c->hk;
+    if (!one && !head && !both)
+        return lt__fail(LT_ERROR_SHAPE, "%s must have shape (1) (per tensor), (%lld) (per key/value head) or (%lld, "
+                        "%lld) (per sequence and head), got ndim %d, sizes (%lld, %lld)", name, (long long)c->hk,
+                        (long long)c->b, (long long)c->hk, t->ndim, (long long)t->sizes[0],
+                        (long long)(t->ndim > 1 ? t->sizes[1] : 0));
+    for (int d = 0; d < t->ndim; d++)
+        if (t->strides[d] < 0 || t->strides[d] > INT32_MAX)
+            return lt__fail(LT_ERROR_SHAPE, "%s.strides[%d] is %lld; expected 0..2**31 - 1", name, d,
+                            (long long)t->strides[d]);
+    lt_status s = lt__kv_same_device(name, t, &p->q);
+    if (s != LT_OK)
+        return s;
+    if (t->data == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", name);
+    c->descale[i] = (int64_t)(uintptr_t)t->data;
+    c->descale_strides[i][0] = both ? t->strides[0] : 0;
+    c->descale_strides[i][1] = both ? t->strides[1] : head ? t->strides[0] : 0;
+    return LT_OK;
 }
 
 /* An index or float32 tensor of given dtype and sizes (ndim of them), contiguous, on q's device. */
@@ -457,9 +517,10 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     if ((s = lt__kv_data("q", &p->q, &p->q, "(batch, seqlen_q, heads_q, head_dim)")) != LT_OK)
         return s;
     const char *cache = "(batch_cache or num_blocks, seqlen_cache or page_size, heads_k, head_dim)";
-    if ((s = lt__kv_data("k_cache", &p->k_cache, &p->q, cache)) != LT_OK ||
-        (s = lt__kv_data("v_cache", &p->v_cache, &p->q, cache)) != LT_OK)
+    if ((s = lt__kv_cache("k_cache", &p->k_cache, p, cache)) != LT_OK ||
+        (s = lt__kv_cache("v_cache", &p->v_cache, p, cache)) != LT_OK)
         return s;
+    c->kv_fp8 = lt__is_fp8(p->k_cache.dtype) ? p->k_cache.dtype : 0;
     const int64_t *qs = p->q.sizes, *ks = p->k_cache.sizes, *vs = p->v_cache.sizes;
     c->b = qs[0], c->sq = qs[1], c->hq = qs[2], c->d = qs[3], c->hk = ks[2], c->dv = vs[3];
     if ((s = lt__kv_varlen_q(p, c)) != LT_OK)
@@ -503,7 +564,9 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "flags, reserved and reserved3 must be 0, got 0x%x, 0x%x and 0x%x",
                         p->flags, p->reserved, p->reserved3);
     if ((s = lt__kv_features(p, c)) != LT_OK || (s = lt__kv_outputs(p, c)) != LT_OK ||
-        (s = lt__kv_rotary(p, c)) != LT_OK || (s = lt__kv_chunk(p, c)) != LT_OK)
+        (s = lt__kv_rotary(p, c)) != LT_OK || (s = lt__kv_chunk(p, c)) != LT_OK ||
+        (s = lt__kv_descale("k_descale", &p->k_descale, p, c, 0)) != LT_OK ||
+        (s = lt__kv_descale("v_descale", &p->v_descale, p, c, 1)) != LT_OK)
         return s;
     c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
     c->num_splits = p->num_splits, c->causal = p->causal && c->sq > 1;
@@ -553,14 +616,14 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     int append = c->seqlen_new > 0;
     const lt__named outputs[5] = {{"out", &p->out}, {"lse", &p->lse}, {"workspace", &p->workspace},
                                   {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
-    const lt__named inputs[15] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
+    const lt__named inputs[17] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
                                   {"cache_batch_idx", &p->cache_batch_idx}, {"block_table", &p->block_table},
                                   {"alibi_slopes", &p->alibi_slopes}, {"cache_leftpad", &p->cache_leftpad},
                                   {"rotary_cos", &p->rotary_cos}, {"rotary_sin", &p->rotary_sin},
                                   {"rotary_seqlens", &p->rotary_seqlens}, {"sinks", &p->sinks},
-                                  {"cu_seqlens_q", &p->cu_seqlens_q}, {"k_cache", &p->k_cache},
-                                  {"v_cache", &p->v_cache}};
-    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 13 : 15);
+                                  {"cu_seqlens_q", &p->cu_seqlens_q}, {"k_descale", &p->k_descale},
+                                  {"v_descale", &p->v_descale}, {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
+    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 15 : 17);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -578,6 +641,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
     key.varlen |= c->leftpad << 7 | (c->rotary_dim > 0) << 16 | c->rotary_interleaved << 17;
     key.varlen |= c->sinks << 18 | c->varlen_q << 19 | (c->attention_chunk > 0) << 20;
+    key.varlen |= (c->kv_fp8 == LT_DTYPE_FP8_E4M3) << 21 | (c->kv_fp8 == LT_DTYPE_FP8_E5M2) << 22;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -596,7 +660,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->aligned = c->aligned, r->index64 = c->index64, r->paged = c->paged, r->window = c->window_left >= 0;
     r->softcap = c->softcap_on, r->alibi = c->alibi, r->leftpad = c->leftpad;
     r->rotary = c->rotary_dim > 0, r->rotary_interleaved = c->rotary_interleaved;
-    r->sinks = c->sinks, r->varlen_q = c->varlen_q, r->chunk = c->attention_chunk > 0;
+    r->sinks = c->sinks, r->varlen_q = c->varlen_q, r->chunk = c->attention_chunk > 0, r->kv_fp8 = c->kv_fp8;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
@@ -634,22 +698,23 @@ static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c)
 #define LT__OR_K(t) (lt__absent(&(t)) ? LT__PTR(p->k) : LT__PTR(t))
 #define LT__OR_Q(t) (lt__absent(&(t)) ? LT__PTR(p->q) : LT__PTR(t))
 
-/* kv_append: the new keys and values into the caches, its parameters in its description's order
- * (kv_append.binding.c_initializer). The C API has no float8 cache and no packed new keys (cu_seqlens_k_new):
- * their pointers stand in, unread. */
+/* kv_append: the new keys and values into the caches (quantised into a float8 one), its parameters in its
+ * description's order (kv_append.binding.c_initializer); an absent descale's pointer is k's, unread. The C API
+ * has no packed new keys (cu_seqlens_k_new): that pointer stands in, unread. */
 static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t ints[LT__APPEND_PARAMS + LT__MAX_HIDDEN] = {
         LT__PTR(p->k), LT__PTR(p->v), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__OR_K(p->cache_seqlens),
         LT__OR_K(p->cache_batch_idx), LT__OR_K(p->block_table), LT__OR_K(p->rotary_cos), LT__OR_K(p->rotary_sin),
-        LT__OR_K(p->rotary_seqlens), LT__PTR(p->k), LT__PTR(p->k), LT__PTR(p->k),
+        LT__OR_K(p->rotary_seqlens), LT__OR_K(p->k_descale), LT__OR_K(p->v_descale), LT__PTR(p->k),
         p->k.strides[0], p->k.strides[1], p->k.strides[2],
         p->v.strides[0], p->v.strides[1], p->v.strides[2], p->k_cache.strides[0], p->k_cache.strides[1],
         p->k_cache.strides[2], p->v_cache.strides[0], p->v_cache.strides[1], p->v_cache.strides[2],
-        c->paged ? p->block_table.strides[0] : 0, 0, 0, 0, 0, c->hk, c->seqlen_new, c->d, c->dv,
+        c->paged ? p->block_table.strides[0] : 0, c->descale_strides[0][0], c->descale_strides[0][1],
+        c->descale_strides[1][0], c->descale_strides[1][1], c->hk, c->seqlen_new, c->d, c->dv,
         c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens, c->use_batch_idx, c->page_size, c->capacity,
-        c->cache_rows, c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, 0, 0, c->b};
+        c->cache_rows, c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, c->descale[0] != 0, c->descale[1] != 0, c->b};
     void *params[LT__APPEND_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
@@ -659,7 +724,7 @@ static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcac
 }
 
 /* The launches: kv_append (new keys), then both decoding kernels, each kernel's parameters in its description's
- * order (binding.c_initializer). The C API has no float8 cache: the descales' pointers stand in, unread. */
+ * order (binding.c_initializer); an absent descale's pointer is lse's, unread. */
 static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
@@ -677,13 +742,14 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
         LT__OR_LSE(p->rotary_seqlens), LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q),
-        LT__PTR(p->lse), LT__PTR(p->lse), q->strides[0],
+        LT__OR_LSE(p->k_descale), LT__OR_LSE(p->v_descale), q->strides[0],
         q->strides[1], q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
-        0, 0, 0, 0, c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
+        c->descale_strides[0][0], c->descale_strides[0][1], c->descale_strides[1][0], c->descale_strides[1][1],
+        c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
         c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, c->attention_chunk,
-        c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query, 0, 0};
+        c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query, c->descale[0] != 0, c->descale[1] != 0};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
     void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];
     int n_ints = LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS;

@@ -2,8 +2,8 @@
 
 ``header()`` is the text of ``lt_tables.h``, which ``native_build.build`` writes into its build directory
 before compiling ``capi/native/``: the key's constants (``variant.LAUNCH_ABI``, each kernel's
-``source_fingerprint``), the geometry (``geometry.HEAD_DIMS``, ``MIN_CHUNK``), the split and TMA rules'
-switches (``attention.SPLIT_BY_DEFAULT`` and ``SPLIT_KERNELS``, flash_fwd's ``TMA_*``), the targets with
+``source_fingerprint``, flash_fwd_fp8's too), the geometry (``geometry.HEAD_DIMS``, ``MIN_CHUNK``), the split and
+TMA rules' switches (``attention.SPLIT_BY_DEFAULT`` and ``SPLIT_KERNELS``, flash_fwd's ``TMA_*``), the targets with
 little shared memory (``tiles.SMALL_SHARED_CUDA``), the decoding kernels' constants (flash_decode's
 ``MIN_BLOCK_N`` and ``PROGRAMS_PER_SM``, kv_append's one config, flash_combine's tile rule) and every tuning row
 of the attention and decoding kernels (``tuning.table_for``: the shipped rows and the user's, as Python reads
@@ -21,7 +21,9 @@ from lazytriton.geometry import HEAD_DIMS, MIN_CHUNK
 from lazytriton.kernels import FAMILIES, attention, flash_bwd_dsinks, flash_combine, kv_append, source_fingerprint
 from lazytriton.kernels.flash_decode import binding as decode_binding
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+from lazytriton.kernels.flash_decode import kv_fp8
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+from lazytriton.kernels.flash_fwd.fp8_spec import NAME as FP8_NAME
 from lazytriton.tiles import SMALL_SHARED_CUDA
 from lazytriton.variant import LAUNCH_ABI
 
@@ -54,7 +56,8 @@ def header(table: tuning.Table | None = None) -> str:
     """The text of lt_tables.h (``table``: the attention and decoding kernels' rows; None: each one's tables)."""
     if table is None:
         table = tuning.tables_for(ATTENTION_KERNELS + DECODE_KERNELS)
-    kernels = [kernel for family in FAMILIES.values() for kernel in family]
+    # flash_fwd_fp8 (the FP8 forward) is flash_fwd's second kernel, outside FAMILIES' lists (dispatch picks it).
+    kernels = [kernel for family in FAMILIES.values() for kernel in family] + [FP8_NAME]
     fingerprints = [f"    {{{_c_string(k)}, {_c_string(source_fingerprint(k))}}}," for k in kernels]
     rows = _rows(table) or ["    {0},"]
     lines = [
@@ -104,4 +107,5 @@ def _decode_constants() -> list[str]:
         f"#define LTN_COMBINE_NUM_WARPS {flash_combine.NUM_WARPS}",
         f"#define LTN_DSINKS_BLOCK_M {flash_bwd_dsinks.BLOCK_M}",
         f"#define LTN_DSINKS_NUM_WARPS {flash_bwd_dsinks.NUM_WARPS}",
+        f"#define LTN_KV_E4M3_MIN_CAPABILITY {kv_fp8.E4M3_MIN_CAPABILITY}",
     ]

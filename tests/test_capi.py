@@ -19,7 +19,7 @@ from capilib import exit_ok as _ok
 from capilib import run_program as _run
 from conftest import REPO, gpu
 
-from lazytriton.capi import build, default_prefix, embedded
+from lazytriton.capi import build, default_prefix, embedded, embedded_prewarm
 
 EXAMPLE = REPO / "examples" / "c"
 CHECK_SOURCE = REPO / "tests" / "capi" / "capi_check.c"
@@ -198,7 +198,7 @@ def test_eight_threads_at_once(check_program: Path) -> None:
 
 
 def test_prewarm_and_cache_stats(check_program: Path) -> None:
-    variant = embedded.parse_spec("target=sm_90 dtype=fp16 head_dim=16 seqlen_q=16")
+    variant = embedded_prewarm.parse_spec("target=sm_90 dtype=fp16 head_dim=16 seqlen_q=16")
     out = _ok(_run([check_program, "prewarm", str(variant)]))
     assert "FAIL" not in out
 
@@ -537,9 +537,9 @@ def test_plan_variant_and_prewarm_specs_of_packed_sequences() -> None:
     call = varlen.check(q, q, q, torch.tensor([0, 10], dtype=torch.int32), torch.tensor([0, 10], dtype=torch.int32),
                         300, 257, causal=True)
     assert varlen.variants(varlen.BACKWARD, sm90, torch.bfloat16, call, True, False)[1] == want  # the binding's
-    (fwd,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 varlen=1")
+    (fwd,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=64 varlen=1")
     assert fwd.get("VARLEN") is True
-    both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 varlen=1")
+    both = embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 varlen=1")
     assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS) and all(v.get("VARLEN") is True for v in both)
 
 
@@ -559,19 +559,19 @@ def test_check_launch_layout_per_kernel(kernel: str) -> None:
 
 
 def test_parse_spec_axes_and_variant_strings() -> None:
-    variant = embedded.parse_spec("target=cuda:90, dtype=bf16 head_dim=80 causal=1 seqlen_q=4096 aligned=0")
+    variant = embedded_prewarm.parse_spec("target=cuda:90, dtype=bf16 head_dim=80 causal=1 seqlen_q=4096 aligned=0")
     assert (variant.target, variant.dtype, variant.get("CAUSAL")) == ("sm_90", "bf16", True)
     # head dim 80: split tiles (64 + 16; attention.SPLIT_BY_DEFAULT), which add up to it exactly
     assert (variant.get("BLOCK_D"), variant.get("BLOCK_D2"), variant.get("EVEN_D")) == (64, 16, True)
     assert variant.get("ALIGN16") is False
-    assert embedded.parse_spec(str(variant)) == variant
+    assert embedded_prewarm.parse_spec(str(variant)) == variant
     for bad, needle in (("target=sm_90 dtype=bf16", "lack head_dim"), ("target=sm_90 dtype=bf16 head_dim=64 x=1",
                                                                         "not an axis"),
-                        ("kernel=flash_xyz target=sm_90 dtype=bf16 head_dim=64", "expected flash_fwd or flash_bwd"),
+                        ("kernel=flash_xyz target=sm_90 dtype=bf16 head_dim=64", "expected flash_fwd, flash_bwd"),
                         ("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64", "names 2 variants"),
                         ("target=sm_90 dtype=bf16 head_dim=64 causal=maybe", "causal='maybe'")):
         with pytest.raises(ValueError, match=needle):
-            embedded.parse_spec(bad)
+            embedded_prewarm.parse_spec(bad)
 
 
 def test_parse_specs_kernel_flash_bwd_gives_the_bindings_two_variants() -> None:
@@ -581,21 +581,21 @@ def test_parse_specs_kernel_flash_bwd_gives_the_bindings_two_variants() -> None:
     from lazytriton.kernels.flash_fwd import binding as fwd
     from lazytriton.target import Target
 
-    got = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp16 head_dim=72 causal=1 seqlen_q=300 "
+    got = embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp16 head_dim=72 causal=1 seqlen_q=300 "
                                "seqlen_k=257 aligned=0")
     want = bwd.variants(Target.parse("sm_90"), torch.float16, fwd.Shape(1, 1, 1, 300, 257, 72), True, False, False)
     assert got == want and [v.kernel for v in got] == ["flash_bwd_dq", "flash_bwd_dkdv"]
-    assert embedded.parse_specs(str(got[1])) == (got[1],)  # a backward variant string, as the miss log prints it
-    assert embedded.parse_specs("target=sm_90 dtype=fp16 head_dim=72") == (
-        embedded.parse_spec("kernel=flash_fwd target=sm_90 dtype=fp16 head_dim=72"),)
+    assert embedded_prewarm.parse_specs(str(got[1])) == (got[1],)  # a backward variant string, as the miss log has it
+    assert embedded_prewarm.parse_specs("target=sm_90 dtype=fp16 head_dim=72") == (
+        embedded_prewarm.parse_spec("kernel=flash_fwd target=sm_90 dtype=fp16 head_dim=72"),)
     with pytest.raises(ValueError, match="dtype='fp64': expected one of fp16, bf16, fp32"):
-        embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp64 head_dim=72")
+        embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=fp64 head_dim=72")
 
 
 @pytest.mark.parametrize(("spec", "needle"), BAD_PREWARM_SPECS)
 def test_parse_spec_refuses_what_must_not_compile(spec: str, needle: str) -> None:
     with pytest.raises(ValueError) as caught:
-        embedded.parse_spec(spec)
+        embedded_prewarm.parse_spec(spec)
     assert needle in str(caught.value)
 
 
@@ -722,10 +722,10 @@ def test_plan_variant_and_prewarm_specs_of_a_value_head_dim() -> None:
     assert mla.get("BLOCK_DV") == 128
     assert embedded.plan_variant("flash_fwd", 90, 2, 192, True, True, False, 300, 257, False, 192) == fwd.variant(
         sm90, torch.bfloat16, shape, True, True, False)
-    (spec,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128")
+    (spec,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128")
     assert spec.get("BLOCK_DV") == 128 and spec.get("BLOCK_D") == 256
-    both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128 varlen=1")
+    both = embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=192 head_dim_v=128 varlen=1")
     assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS)
     assert all(v.get("BLOCK_DV") == 128 and v.get("VARLEN") is True for v in both)
     with pytest.raises(ValueError, match="head_dim_v='0'"):
-        embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=0")
+        embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=192 head_dim_v=0")

@@ -27,7 +27,7 @@ from capilib import run_program as _run
 from conftest import gpu
 from test_capi import VARLEN_IN_PROCESS
 
-from lazytriton.capi import embedded, embedded_kvcache
+from lazytriton.capi import embedded, embedded_kvcache, embedded_prewarm
 from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_decode import binding as decode
 from lazytriton.kernels.flash_fwd import binding as fwd
@@ -317,16 +317,16 @@ def test_prewarm_specs_take_prewarm_s_sinks_and_attention_chunk_axes() -> None:
     from lazytriton.target import Target
 
     sm90 = Target.parse("sm_90")
-    (plain,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64")
-    (chunked,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 attention_chunk=1")
-    (sunk,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 sinks=1")
+    (plain,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=64")
+    (chunked,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=64 attention_chunk=1")
+    (sunk,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=64 sinks=1")
     assert _flag(chunked, "CHUNK") and _flag(sunk, "SINKS") and not (_flag(plain, "CHUNK") or _flag(plain, "SINKS"))
     assert chunked == embedded.plan_variant("flash_fwd", 90, 2, 64, False, True, False, 4096, 4096, chunk=True)
-    dq, dkdv = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 attention_chunk=1")
+    dq, dkdv = embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 attention_chunk=1")
     assert _flag(dq, "CHUNK") and _flag(dkdv, "CHUNK")
-    *pair, reduction = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 sinks=1 varlen=1 "
-                                            "seqused_q=1")
+    *pair, reduction = embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 sinks=1 "
+                                                    "varlen=1 seqused_q=1")
     assert reduction == flash_bwd_dsinks.variant(sm90, True, True, False)
     assert not any(_flag(v, "SINKS") for v in pair)
     with pytest.raises(ValueError, match="attention_chunk='2'"):
-        embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 attention_chunk=2")
+        embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=64 attention_chunk=2")

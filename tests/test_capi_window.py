@@ -19,7 +19,7 @@ from capilib import assert_statuses, flag, report_of
 from conftest import gpu
 from test_capi import VARLEN_IN_PROCESS
 
-from lazytriton.capi import embedded
+from lazytriton.capi import embedded, embedded_prewarm
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.target import Target
@@ -216,9 +216,9 @@ def test_a_windowed_capped_plan_loads_the_bindings_variant() -> None:
 
 
 def test_prewarm_specs_take_the_window_and_softcap_axes() -> None:
-    (spec,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=128 window=1 softcap=1")
+    (spec,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=128 window=1 softcap=1")
     assert flag(spec, "WINDOW") and flag(spec, "SOFTCAP")
-    (plain,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=128")
+    (plain,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=128")
     assert not flag(plain, "WINDOW") and not flag(plain, "SOFTCAP")
-    both = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 window=1")
+    both = embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 window=1")
     assert [v.kernel for v in both] == list(bwd_dispatch.BWD_KERNELS) and all(flag(v, "WINDOW") for v in both)

@@ -48,7 +48,11 @@ def decode_calls(count: int, seed: int) -> list[dict[str, int]]:
         if page:
             capacity = -(-capacity // page) * page  # max_blocks x page_size
         rotary = rng.random() < 0.2
-        out.append({"capability": rng.choice(CAPABILITIES), "dtype": rng.choice((1, 2, 2, 3)), "head_dim": d,
+        capability, dtype = rng.choice(CAPABILITIES), rng.choice((1, 2, 2, 3))
+        # a float8 cache (5 e4m3, 6 e5m2) is read by fp16/bf16 queries; e4m3 from sm_89 (the refusals: below)
+        formats = (0, 0, 0, 6) + ((5,) if capability >= 89 else ())
+        kv_fp8 = rng.choice(formats) if dtype != 3 else 0
+        out.append({"capability": capability, "dtype": dtype, "kv_fp8": kv_fp8, "head_dim": d,
                     "head_dim_v": dv, "heads_k": hk, "heads_q": hk * rng.choice((1, 1, 2, 4, 8, 16)),
                     "seqlen_q": rng.choice((1, 1, 2, 4, 5, 16, 33)), "causal": int(rng.random() < 0.5),
                     "aligned": int(rng.random() < 0.7), "index64": int(rng.random() < 0.2), "capacity": capacity,
@@ -69,7 +73,7 @@ def request_line(kernel: int, c: dict[str, int]) -> tuple[int, ...]:
                         else (c["aligned"], c["index64"]))
     return (kernel, c["capability"], c["dtype"], c["head_dim"], c["head_dim_v"], causal, aligned, index64, rows,
             c["capacity"], c["page_size"], int(c["page_size"] > 0), c["window"], c["softcap"], c["alibi"],
-            c["leftpad"], c["rotary"], c["rotary_interleaved"], c["sinks"], c["varlen_q"], c["chunk"])
+            c["leftpad"], c["rotary"], c["rotary_interleaved"], c["sinks"], c["varlen_q"], c["chunk"], c["kv_fp8"])
 
 
 def python_decode(c: dict[str, int]) -> tuple[str, str]:
@@ -82,14 +86,14 @@ def python_decode(c: dict[str, int]) -> tuple[str, str]:
                        leftpad=bool(c["leftpad"]), rotary_dim=c["head_dim"] // 2 * 2 if c["rotary"] else 0,
                        rotary_interleaved=bool(c["rotary_interleaved"]), sinks=bool(c["sinks"]),
                        varlen_q=bool(c["varlen_q"]), total_q=3 * c["seqlen_q"] if c["varlen_q"] else 0,
-                       attention_chunk=64 if c["chunk"] else 0)
+                       attention_chunk=64 if c["chunk"] else 0, kv_fp8=embedded_kvcache.KV_FP8[c["kv_fp8"]])
     target = Target("cuda", str(c["capability"]), 32)
     chosen = binding.variants(target, DTYPES[c["dtype"]], call, bool(c["aligned"]), bool(c["index64"]))
     planned = embedded_kvcache.plan_variants(
         c["capability"], c["dtype"], c["head_dim"], causal, bool(c["aligned"]), bool(c["index64"]), call.rows,
         c["capacity"], c["page_size"], bool(c["window"]), bool(c["softcap"]), bool(c["alibi"]), c["head_dim_v"],
         bool(c["leftpad"]), bool(c["rotary"]), bool(c["rotary_interleaved"]), bool(c["sinks"]), bool(c["varlen_q"]),
-        bool(c["chunk"]))
+        bool(c["chunk"]), embedded_kvcache.KV_FP8[c["kv_fp8"]])
     assert tuple(map(str, planned)) == tuple(map(str, chosen))  # the fallback's planner is the binding's choice
     return tuple(f"ok {v} {v.key()}" for v in chosen)  # type: ignore[return-value]
 
@@ -97,7 +101,8 @@ def python_decode(c: dict[str, int]) -> tuple[str, str]:
 def python_append(c: dict[str, int]) -> str:
     v = embedded_kvcache.append_variant(c["capability"], c["dtype"], c["head_dim"], c["head_dim_v"],
                                         c["page_size"] > 0, bool(c["append_aligned"]), bool(c["append_index64"]),
-                                        bool(c["rotary"]), bool(c["rotary_interleaved"]))
+                                        bool(c["rotary"]), bool(c["rotary_interleaved"]),
+                                        embedded_kvcache.KV_FP8[c["kv_fp8"]])
     return f"ok {v} {v.key()}"
 
 
@@ -127,6 +132,7 @@ def test_decoding_calls_give_python_s_variants_and_keys(program: Path) -> None:
             assert answer == expected, f"{kernel} {c}:\n C      {answer}\n Python {expected}"
     seen = " ".join(answers)
     for name in ("PAGE_GATHER=true", "ROTARY_INTERLEAVED=true", "VARLEN_Q=true", "CHUNK=true", "BLOCK_DV=",
+                 "KV_FP8=e4m3", "KV_FP8=e5m2",
                  "num_stages=5",
                  "BLOCK_N=32", "INDEX64=true", "flash_decode_split:sm_90:bf16"):
         assert name in seen, f"no call drew {name}"
@@ -153,5 +159,7 @@ def test_the_split_count_s_inputs_are_the_binding_s(program: Path) -> None:
 def test_calls_python_refuses_are_refused(program: Path) -> None:
     bad = ["3 90 2 257 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0", "4 90 7 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0",
            "9 90 2 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0", "3 90 2 64 0 0 1 0 -4 1024 0 0 0 0 0 0 0 0 0 0",
-           "6 90 2 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0"]
+           "6 90 2 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0",
+           "3 80 2 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0 0 5",  # an e4m3 cache below sm_89 (kv_fp8.unsupported)
+           "5 86 2 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0 0 5", "3 90 2 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0 0 7"]
     assert all(answer.startswith("error ") for answer in native(program, bad))

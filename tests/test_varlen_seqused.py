@@ -487,15 +487,15 @@ def test_cache_explain_describes_seqused(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_c_api_specs_and_plans_take_seqused() -> None:
-    from lazytriton.capi import embedded
+    from lazytriton.capi import embedded, embedded_prewarm
 
-    (fwd,) = embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 varlen=1 seqused_k=1")
+    (fwd,) = embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=64 varlen=1 seqused_k=1")
     assert fwd.get("SEQUSED_K") is True and "SEQUSED_Q" not in str(fwd)
-    dq, dkdv = embedded.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 varlen=1 seqused_q=1 "
+    dq, dkdv = embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=bf16 head_dim=64 varlen=1 seqused_q=1 "
                                     "seqused_k=1")
     assert all(v.constexprs.get("SEQUSED_Q") is True and v.constexprs.get("SEQUSED_K") is True for v in (dq, dkdv))
     with pytest.raises(ValueError, match="need varlen=1"):
-        embedded.parse_specs("target=sm_90 dtype=bf16 head_dim=64 seqused_q=1")
+        embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=64 seqused_q=1")
     planned = embedded.plan_variant("flash_bwd_dkdv", 90, 2, 64, True, True, False, 300, 257, varlen=True,
                                     seqused=(False, True))
     assert planned == dispatch.kernel_variant("flash_bwd_dkdv", SM90, "bf16", 64, True, True, 300, 257, varlen=True,

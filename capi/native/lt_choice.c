@@ -21,7 +21,8 @@
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const kernel_names[] = {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"};
-static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32"};
+static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32", "", "e4m3"};
+#define LTN_DTYPE_E4M3 5 /* lazytriton.h's LT_DTYPE_FP8_E4M3: flash_fwd_fp8 (the FP8 forward) */
 
 typedef struct {
     int block_m, block_n, num_warps, num_stages, waves_per_eu;
@@ -83,10 +84,21 @@ static config make(int block_m, int block_n, int num_warps, int num_stages, int 
     return c;
 }
 
+/* fp8_spec.fp8_default_config: the FP8 forward's tiles where the table has no e4m3 row */
+static config fp8_default(int head_dim, int64_t seqlen_q) {
+    int block_m = seqlen_class(seqlen_q);
+    config c = head_dim >= 256 ? make(128, 64, 8, 2, 0) : make(128, 128, 8, 3, 0);
+    if (block_m < c.block_m)
+        c = make(block_m > 64 ? block_m : 64, c.block_n, 4, c.num_stages, 0);
+    return c;
+}
+
 /* flash_fwd.dispatch.default_config (CUDA targets) */
 static config fwd_default(int capability, const char *dtype, int head_dim, int64_t seqlen_q, int causal) {
     int block_m = seqlen_class(seqlen_q);
     config c;
+    if (strcmp(dtype, "e4m3") == 0)
+        return fp8_default(head_dim, seqlen_q);
     if (head_dim <= 64)
         c = make(128, 64, 8, 4, 0);
     else if (in_ints(ltn_small_shared_cuda, COUNT(ltn_small_shared_cuda), capability))
@@ -202,7 +214,14 @@ static void add(ltn_variant *v, int group, const char *name, int is_bool, int64_
         return; /* no choice writes that many: the tests hold every string to Python's */
     ltn_variant_field *f = &v->fields[group][v->n_fields[group]++];
     snprintf(f->name, sizeof f->name, "%s", name);
-    f->is_bool = is_bool, f->value = value;
+    f->is_bool = is_bool, f->value = value, f->text = NULL;
+}
+
+void ltn_variant_add_text(ltn_variant *v, const char *name, const char *text) {
+    if (v->n_fields[0] >= LTN_MAX_FIELDS)
+        return;
+    add(v, 0, name, 0, 0);
+    v->fields[0][v->n_fields[0] - 1].text = text;
 }
 
 void ltn_variant_add(ltn_variant *v, int group, const char *name, int is_bool, int64_t value) {
@@ -234,8 +253,11 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
     if (r->kernel < 0 || r->kernel > LTN_KERNEL_BWD_DKDV)
         return ltn_fail(err, LTN_ARGUMENT, "kernel %d is not one of flash_fwd (0), flash_bwd_dq (1), "
                         "flash_bwd_dkdv (2)", r->kernel);
-    if (r->dtype < 1 || r->dtype > 3)
-        return ltn_fail(err, LTN_ARGUMENT, "dtype %d is not fp16 (1), bf16 (2) or fp32 (3)", r->dtype);
+    int fp8 = r->dtype == LTN_DTYPE_E4M3;
+    if ((r->dtype < 1 || r->dtype > 3) && !fp8)
+        return ltn_fail(err, LTN_ARGUMENT, "dtype %d is not fp16 (1), bf16 (2), fp32 (3) or e4m3 (5)", r->dtype);
+    if (fp8 && r->kernel != LTN_KERNEL_FWD)
+        return ltn_fail(err, LTN_ARGUMENT, "dtype e4m3 is the FP8 forward's (flash_fwd_fp8): it has no backward");
     int max_dim = ltn_head_dims[COUNT(ltn_head_dims) - 1];
     if (r->head_dim < 1 || r->head_dim > max_dim || r->head_dim_v < 0 || r->head_dim_v > max_dim)
         return ltn_fail(err, LTN_ARGUMENT, "head dims %d and %d (v) must be in 1..%d", r->head_dim, r->head_dim_v,
@@ -247,8 +269,13 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
     snprintf(target, sizeof target, "sm_%d", r->capability);
     int head_dim = r->head_dim, dv = r->head_dim_v ? r->head_dim_v : r->head_dim;
     int64_t sq = bucket(r->seqlen_q), sk = bucket(r->seqlen_k);
+    if (fp8 && r->capability < 90) /* fp8_spec.fp8_refusal, dispatch.fp8_variant's ValueError */
+        return ltn_fail(err, LTN_ARGUMENT, "dtype e4m3: %s has no FP8 tensor cores (the FP8 forward needs sm_90 or "
+                        "later: Hopper's FP8 wgmma)", target);
+    if (fp8 && r->sinks)
+        return ltn_fail(err, LTN_ARGUMENT, "the FP8 forward takes no sinks (FlashAttention-3's has none either)");
     int chunks[2] = {0, 0};
-    int split = LTN_SPLIT_BY_DEFAULT && in_names(ltn_split_kernels, COUNT(ltn_split_kernels),
+    int split = !fp8 && LTN_SPLIT_BY_DEFAULT && in_names(ltn_split_kernels, COUNT(ltn_split_kernels),
                                                  kernel_names[r->kernel])
                 && split_head_dim(head_dim, chunks) && dv == head_dim;
     config cfg = table_config(r->kernel, r->capability, target, dtype, head_dim > dv ? head_dim : dv, r->causal != 0,
@@ -273,8 +300,8 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
         even = 0;
     }
     /* the family's own fields */
-    if (r->kernel == LTN_KERNEL_FWD) {
-        int tma = LTN_TMA_BY_DEFAULT && r->capability >= 90 && r->aligned && even
+    if (r->kernel == LTN_KERNEL_FWD) { /* flash_fwd_fp8 has no fields of its own */
+        int tma = !fp8 && LTN_TMA_BY_DEFAULT && r->capability >= 90 && r->aligned && even
                   && in_names(ltn_tma_targets, COUNT(ltn_tma_targets), target)
                   && in_names(ltn_tma_dtypes, COUNT(ltn_tma_dtypes), dtype);
         if (tma)
@@ -306,7 +333,7 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
     add(v, 2, "num_warps", 0, cfg.num_warps);
     add(v, 2, "num_stages", 0, cfg.num_stages);
     sort_fields(v);
-    snprintf(v->kernel, sizeof v->kernel, "%s", kernel_names[r->kernel]);
+    snprintf(v->kernel, sizeof v->kernel, "%s", fp8 ? "flash_fwd_fp8" : kernel_names[r->kernel]);
     snprintf(v->target, sizeof v->target, "%s", target);
     snprintf(v->dtype, sizeof v->dtype, "%s", dtype);
     return LTN_OK;
@@ -355,7 +382,9 @@ int ltn_variant_string(const ltn_variant *v, char *out, size_t size) {
         for (int i = 0; i < v->n_fields[g]; i++) {
             const ltn_variant_field *f = &v->fields[g][i];
             char value[24];
-            if (f->is_bool)
+            if (f->text != NULL)
+                snprintf(value, sizeof value, "%s", f->text);
+            else if (f->is_bool)
                 snprintf(value, sizeof value, "%s", f->value ? "true" : "false");
             else
                 snprintf(value, sizeof value, "%lld", (long long)f->value);
@@ -466,7 +495,9 @@ int ltn_variant_key(const ltn_variant *v, char hex[33]) {
             const ltn_variant_field *f = &v->fields[g][i];
             pack_array(&k, 2);
             pack_str(&k, f->name);
-            if (f->is_bool) {
+            if (f->text != NULL) {
+                pack_str(&k, f->text);
+            } else if (f->is_bool) {
                 uint8_t tag = f->value ? 0xc3 : 0xc2;
                 put(&k, &tag, 1);
             } else {

@@ -96,6 +96,14 @@ static void flag(ltn_variant *v, const char *name, int on) {
         ltn_variant_add(v, 0, name, 1, 1);
 }
 
+/* kv_fp8.flags: KV_FP8 written only for a float8 cache (absent: none). */
+static void kv_fp8_field(ltn_variant *v, int32_t kv_fp8) {
+    if (kv_fp8 == 5)
+        ltn_variant_add_text(v, "KV_FP8", "e4m3");
+    else if (kv_fp8 == 6)
+        ltn_variant_add_text(v, "KV_FP8", "e5m2");
+}
+
 /* dispatch.decode_variant as binding.variants calls it. */
 static void decode_variant(const ltn_decode_request *r, const char *target, const char *dtype, ltn_variant *v) {
     int split = r->kernel == LTN_KERNEL_DECODE_SPLIT;
@@ -120,6 +128,7 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
         flag(v, "ROTARY_INTERLEAVED", r->rotary && r->rotary_interleaved);
         flag(v, "VARLEN_Q", r->varlen_q);
         flag(v, "CHUNK", r->chunk); /* the split kernel alone sees scores: the combine's variant holds no chunk */
+        kv_fp8_field(v, r->kv_fp8);
     }
     flag(v, "SINKS", r->sinks);
     ltn_variant_add(v, 1, "BLOCK_M", 0, c.block_m);
@@ -135,6 +144,7 @@ static void append_variant(const ltn_decode_request *r, ltn_variant *v) {
     flag(v, "PAGED", r->paged);
     flag(v, "ROTARY", r->rotary);
     flag(v, "ROTARY_INTERLEAVED", r->rotary && r->rotary_interleaved);
+    kv_fp8_field(v, r->kv_fp8);
     ltn_variant_add(v, 1, "BLOCK_M", 0, LTN_KV_APPEND_BLOCK_M);
     ltn_variant_add(v, 2, "num_warps", 0, LTN_KV_APPEND_NUM_WARPS);
     ltn_variant_add(v, 2, "num_stages", 0, 1);
@@ -167,6 +177,13 @@ int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *e
         return ltn_fail(err, LTN_ARGUMENT, "dtype %d is not fp16 (1), bf16 (2) or fp32 (3)", r->dtype);
     if (r->capability < 10 || r->capability > 999)
         return ltn_fail(err, LTN_ARGUMENT, "compute capability %d is not one of a CUDA device", r->capability);
+    if (r->kv_fp8 != 0 && r->kv_fp8 != 5 && r->kv_fp8 != 6)
+        return ltn_fail(err, LTN_ARGUMENT, "kv_fp8 %d is not none (0), e4m3 (5) or e5m2 (6)", r->kv_fp8);
+    if (r->kv_fp8 == 5 && r->capability < LTN_KV_E4M3_MIN_CAPABILITY &&
+        (r->kernel == LTN_KERNEL_DECODE_SPLIT || r->kernel == LTN_KERNEL_KV_APPEND)) /* kv_fp8.unsupported */
+        return ltn_fail(err, LTN_ARGUMENT, "k_cache is a float8 (e4m3) cache but sm_%d has no float8_e4m3fn in Triton "
+                        "(float8e4nv needs sm_%d or newer; the float8_e5m2 cache works there)", r->capability,
+                        LTN_KV_E4M3_MIN_CAPABILITY);
     int max_dim = ltn_head_dims[COUNT(ltn_head_dims) - 1];
     if (r->kernel == LTN_KERNEL_FLASH_COMBINE) {
         if (r->head_dim < 1)

@@ -165,6 +165,7 @@ typedef struct {
     char name[24];
     int32_t is_bool;
     int64_t value;
+    const char *text; /* a name-valued field (variant._CHOICES: KV_FP8), a static string; else NULL */
 } ltn_variant_field;
 
 #define LTN_MAX_FIELDS 24
@@ -207,6 +208,8 @@ int ltn_tuning_lookup(const char *target, const char *kernel, const char *dtype,
                       int64_t seqlen_q, int64_t seqlen_k, ltn_config *out);
 /* Adds a field to a group (0 functional, 1 tuned, 2 options); ltn_variant_sort orders each group by name. */
 void ltn_variant_add(ltn_variant *v, int group, const char *name, int is_bool, int64_t value);
+/* Adds a name-valued field (its value 0; text a static string) to the functional group. */
+void ltn_variant_add_text(ltn_variant *v, const char *name, const char *text);
 void ltn_variant_sort(ltn_variant *v);
 
 enum { LTN_KERNEL_DECODE_SPLIT = 3, LTN_KERNEL_DECODE_COMBINE = 4, LTN_KERNEL_KV_APPEND = 5,
@@ -225,6 +228,8 @@ typedef struct {
     int32_t paged;               /* kv_append's PAGED (the decoding kernels read page_size > 0) */
     int32_t window, softcap, alibi, leftpad, rotary, rotary_interleaved, sinks, varlen_q;
     int32_t chunk;               /* attention_chunk: CHUNK on flash_decode_split */
+    int32_t kv_fp8;              /* a float8 cache's lt_dtype (5 e4m3, 6 e5m2): KV_FP8 on the split kernel and
+                                    kv_append; 0: q's dtype */
 } ltn_decode_request;
 
 /* The variant serving r (capi/embedded_kvcache.py's plan_variants and append_variant, embedded_combine.py's

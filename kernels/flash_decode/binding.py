@@ -212,12 +212,13 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",
             "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "LT__OR_LSE(p->rotary_seqlens)",
             "Sinks": "LT__OR_LSE(p->sinks)", "CuSeqlensQ": "LT__OR_LSE(p->cu_seqlens_q)",
-            "KDescale": "LT__PTR(p->lse)", "VDescale": "LT__PTR(p->lse)",  # the C API has no float8 cache yet
+            "KDescale": "LT__OR_LSE(p->k_descale)", "VDescale": "LT__OR_LSE(p->v_descale)",
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
             "stride_ab": "p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0",
-            "stride_kdb": "0", "stride_kdh": "0", "stride_vdb": "0", "stride_vdh": "0",
+            **{f"stride_{t}d{d}": f"c->descale_strides[{i}][{j}]" for i, t in enumerate("kv")
+               for j, d in enumerate("bh")},
             "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->out_seqlen", "head_dim": "c->d",
             "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
             "seqlen_new": "c->seqlen_new",
@@ -225,7 +226,8 @@ _C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v
             "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right",
             "attention_chunk": "c->attention_chunk",  # lt_kvcache.c's lt__kv_chunk: checks._chunk's
             "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
-            "rotary_per_query": "c->rotary_per_query", "use_k_descale": "0", "use_v_descale": "0"}
+            "rotary_per_query": "c->rotary_per_query", "use_k_descale": "c->descale[0] != 0",
+            "use_v_descale": "c->descale[1] != 0"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",
               "Sinks": "LT__OR_LSE(p->sinks)",
               "stride_ob": "o->strides[0]", "stride_os": "o->strides[1]", "stride_oh": "o->strides[2]",

@@ -149,6 +149,25 @@ def pack(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, 
     return tuple(values[name] for name in INT_PARAMS), aligned, index64
 
 
+# What capi/lazytriton.c's FP8 launcher passes for each integer parameter (p: lt__fwd_prepare's view of the caller's
+# lt_attn_fwd_params, v as given: transposed; c: its checked call; q/k/v/o: its tensors; tests/test_capi_fp8.py
+# compares the C initializer with these, field by field).
+_C = {"Q": "LT__DATA(q)", "K": "LT__DATA(k)", "V": "LT__DATA(v)", "Out": "LT__DATA(o)", "Lse": "LT__DATA(&p->lse)",
+      "Cu_seqlens_q": "c->cu_seqlens_q", "Cu_seqlens_k": "c->cu_seqlens_k", "Seqused_q": "c->seqused_q",
+      "Seqused_k": "c->seqused_k", "Q_descale": "c->descale[0]", "K_descale": "c->descale[1]",
+      "V_descale": "c->descale[2]",
+      **{f"stride_{t}{d}": f"{t}->strides[{i}]" for t in "qkvo" for i, d in enumerate(("b", "h", "s"))},
+      "stride_lb": "c->hq * c->sq", "stride_lh": "c->sq", "group_size": "c->hq / c->hk", "seqlen_q": "c->sq",
+      "seqlen_k": "c->sk", "head_dim": "c->d", "head_dim_v": "c->dv", "causal_offset": "c->offset",
+      "window_left": "c->window_left", "window_right": "c->window_right", "attention_chunk": "c->attention_chunk",
+      **{f"stride_{t}d{d}": f"c->descale_strides[{i}][{j}]" for i, t in enumerate("qkv") for j, d in enumerate("bh")}}
+
+
+def c_initializer() -> str:
+    """The C launcher's integer-argument initializer of ``flash_fwd_fp8``, in its description's order."""
+    return ", ".join(_C[name] for name in INT_PARAMS)
+
+
 def floats(call: binding.Call) -> tuple[float, float]:
     """The float parameters: sm_scale and softcap."""
     return (call.scale, call.softcap)
