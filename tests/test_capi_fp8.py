@@ -21,8 +21,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from capilib import CUDA_DESCRIBE
+from capilib import exit_ok as _ok
+from capilib import run_program as _run
 from conftest import gpu
-from test_capi import CUDA_DESCRIBE, VARLEN_IN_PROCESS, _ok, _run
+from test_capi import VARLEN_IN_PROCESS
 
 from lazytriton.capi import embedded, embedded_kvcache, embedded_prewarm
 from lazytriton.kernels.flash_fwd import fp8
