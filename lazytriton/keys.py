@@ -5,11 +5,13 @@ Every tier checks the keys it reads from files and shared stores here before usi
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 KEY_LEN = 32  # hex digits of an xxh3-128 digest
 HEX_DIGITS = "0123456789abcdef"
 
 
-def is_key(key: object) -> bool:
+def is_key(key: object) -> TypeGuard[str]:
     """Whether ``key`` is 32 lowercase hex digits (a plain string test: no pattern compiled at import)."""
     return isinstance(key, str) and len(key) == KEY_LEN and not key.strip(HEX_DIGITS)
 

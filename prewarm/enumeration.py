@@ -321,7 +321,7 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         off = ("none",) if name in ("rotary", "kv_fp8") else (False,)
         chosen = getattr(axes, name) if features is None or name in features else off
         if name == "kv_fp8":  # the formats the target builds (left_out says why the others are not)
-            chosen = tuple(kv for kv in chosen if kv_fp8.unsupported(target, kv) is None)
+            chosen = tuple(kv for kv in chosen if kv_fp8.unsupported(target, str(kv)) is None)
         return chosen  # type: ignore[no-any-return]
 
     alignments = getattr(rules, "prewarm_alignments", lambda kernel, aligned: tuple((a, False) for a in aligned))

@@ -159,8 +159,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                                   paged and split)[0]
     if split and paged and cfg.block_n > key_block_limit(page_size):
         cfg = Config(cfg.block_m, key_block_limit(page_size), cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
-    functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
-                                         "INDEX64": bool(index64)}
+    functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": padded,
+                                               "EVEN_D": head_dim == padded, "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
     if split:

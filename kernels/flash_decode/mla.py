@@ -59,9 +59,9 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool | None:
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The bytes [first, last + 1) of the storage that ``t`` (non-empty) reaches."""
     size = t.element_size()
-    low = high = t.storage_offset()
+    low = high = int(t.storage_offset())
     for extent, stride in zip(t.shape, t.stride(), strict=True):
-        reach = (extent - 1) * stride
+        reach = (int(extent) - 1) * int(stride)
         low, high = (low + reach, high) if reach < 0 else (low, high + reach)
     return low * size, (high + 1) * size
 

@@ -79,8 +79,8 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool
 
     padded, dv = geometry.padded_head_dim(head_dim), head_dim_v or head_dim
     padded_v = geometry.padded_value_dim(dv)  # up to 512 (MLA's latent)
-    functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": padded, "EVEN_D": head_dim == padded,
-                                         "INDEX64": bool(index64)}
+    functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": padded,
+                                               "EVEN_D": head_dim == padded, "INDEX64": bool(index64)}
     if (padded_v, dv == padded_v) != (padded, head_dim == padded):
         functional.update(BLOCK_DV=padded_v, EVEN_DV=dv == padded_v)
     for name, flag in (("PAGED", paged), ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved),
