@@ -73,6 +73,7 @@ def write_kvcache_slots(key: torch.Tensor, value: torch.Tensor, key_cache: torch
     declares both caches mutated. Keys and values are copied bit for bit into a
     cache of their dtype; a float8_e4m3fn cache needs a target that has it
     (sm_89 or newer on CUDA; ``kv_fp8.unsupported``).
+
     """
     slot_mapping = index_tensor(slot_mapping)
     call = checks.check(key, value, key_cache, value_cache, slot_mapping, k_descale, v_descale)
@@ -108,7 +109,7 @@ def _fp8_cache(name: str, cache: Any, kv_cache_dtype: str) -> Any:
 
 
 def _descale(name: str, scale: Any, cache: Any) -> torch.Tensor | None:
-    """vLLM's per-tensor scale as the write's descale: a tensor as it is, a float as one float32 on the cache's device."""
+    """The descale of vLLM's per-tensor scale: a tensor as it is, a float as one float32 on the cache's device."""
     _scale(name, scale)
     if isinstance(scale, (float, int)) and isinstance(cache, torch.Tensor):
         return torch.full((1,), float(scale), dtype=torch.float32, device=cache.device)

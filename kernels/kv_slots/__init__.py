@@ -79,8 +79,9 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, aligned: bo
 
     dim_v = head_dim_v or head_dim
     cols = block_d(head_dim, dim_v)
-    functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": cols, "EVEN_D": head_dim % cols == 0,
-                                         "INDEX64": bool(index64), "SLOT64": bool(slot64)}
+    functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": cols,
+                                               "EVEN_D": head_dim % cols == 0, "INDEX64": bool(index64),
+                                               "SLOT64": bool(slot64)}
     if (dim_v % cols == 0) != (head_dim % cols == 0):
         functional["EVEN_DV"] = dim_v % cols == 0
     fp8.require(target, kv_fp8, "key_cache")
@@ -88,4 +89,5 @@ def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, aligned: bo
     options = {"num_warps": NUM_WARPS, "num_stages": 1}
     if target.backend == "hip":
         options["waves_per_eu"] = 2  # the decoding kernels' AMD default, as kv_append; untuned
-    return Variant(FAMILY, str(target), dtype, pairs(functional), pairs({"BLOCK_M": block_m(cols)}), pairs(options))
+    return Variant(FAMILY, str(target), dtype, pairs(functional), pairs({"BLOCK_M": block_m(cols)}),
+                   pairs(options))

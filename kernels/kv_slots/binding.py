@@ -20,7 +20,8 @@ from lazytriton import launch, runtime
 from lazytriton.kernels.kv_slots import FAMILY, INT_PARAMS, KV_SLOTS, block_d, grid, variant
 from lazytriton.kernels.kv_slots.checks import DTYPES, INT32_MAX, Call
 
-_LAYOUT = ("K", "V", "KCache", "VCache", "Slots32", "Slots64", "KDescale", "VDescale", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+_LAYOUT = ("K", "V", "KCache", "VCache", "Slots32", "Slots64", "KDescale", "VDescale",
+           "stride_kt", "stride_kh", "stride_vt", "stride_vh",
            *(f"stride_{n}{d}" for n in ("kc", "vc") for d in "bsh"), "heads_k", "n_rows", "head_dim", "head_dim_v",
            "block_size", "num_slots", "use_k_descale", "use_v_descale")
 if _LAYOUT != INT_PARAMS:  # pragma: no cover (an edit of one side only)
