@@ -512,6 +512,25 @@ def test_explain_describes_the_write(capsys: pytest.CaptureFixture[str]) -> None
     assert "only kv_slots takes it" in capsys.readouterr().err
 
 
+def test_float8_caches_are_planned_with_kv_dtype_and_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = {p.key for p in enumerate_variants(Axes((SM90,), kernels=SLOTS), EMPTY)}
+    both = enumerate_variants(Axes((SM90,), kernels=SLOTS, kv_fp8=("none", "e4m3", "e5m2")), EMPTY)
+    assert len(both) == 3 * len(plain) and plain <= {p.key for p in both}
+    assert {p.variant.get("KV_FP8") for p in both if p.key not in plain} == {"e4m3", "e5m2"}
+    sm80 = enumerate_variants(Axes((Target.parse("sm_80"),), kernels=SLOTS, kv_fp8=("e4m3", "e5m2")), EMPTY)
+    assert sm80 and {p.variant.get("KV_FP8") for p in sm80} == {"e5m2"}  # no float8_e4m3fn in Triton below sm_89
+    args = ["cache", "explain", "--kernel", "kv_slots", "--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "32",
+            "--seqlen-k", "4096", "--page-size", "16", "--target", "sm_90", "--kv-dtype"]
+    assert cli_main([*args, "e4m3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["variant"] == str(kv_slots.variant(SM90, "bf16", 128, 0, True, False, True, "e4m3"))
+    assert report["call"]["kv_dtype"] == "e4m3"
+    assert cli_main([*args, "e5m2"]) == 0
+    assert "KV_FP8=e5m2, keys and values quantised as x / descale" in capsys.readouterr().out
+    assert cli_main([*args[:-3], "--target", "sm_80", "--kv-dtype", "e4m3"]) == 2
+    assert "sm_80 has no float8_e4m3fn" in capsys.readouterr().err
+
+
 def test_a_miss_log_line_plans_the_variant() -> None:
     variant = kv_slots.variant(SM90, "fp16", 80, 0, False, False, True)
     plan, problems = variants_from_misses([json.dumps({"variant": str(variant), "kernel": "kv_slots"}),
