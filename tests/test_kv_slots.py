@@ -582,6 +582,27 @@ def test_the_write_on_the_gpu(tokens: int, dtype: torch.dtype, block_size: int, 
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 4096])
+@pytest.mark.parametrize(("fmt", "dtype", "slot_dtype"), [
+    (torch.float8_e4m3fn, torch.bfloat16, torch.int64), (torch.float8_e5m2, torch.float16, torch.int32)])
+def test_a_float8_cache_on_the_gpu(tokens: int, fmt: torch.dtype, dtype: torch.dtype, slot_dtype: torch.dtype) -> None:
+    """vLLM's FP8 KV cache at Llama-3-8B's heads: torch's quantisation, byte for byte (reshape_and_cache_flash)."""
+    key, value = fused_qkv(tokens + 8, 32, 8, 128, 128, dtype, device="cuda", seed=21)
+    key.mul_(FP8_MAX[fmt] / 4), value.mul_(FP8_MAX[fmt] / 4)  # some saturate
+    key_cache, value_cache = (c.to(fmt) for c in caches(1024, 16, 8, 128, 128, torch.float32, device="cuda"))
+    slots = slots_of(tokens, 16384, slot_dtype, skipped=True, device="cuda")
+    k_scale, v_scale = torch.tensor(0.5, device="cuda"), torch.tensor(1.5, device="cuda")
+    want_k, want_v = key_cache.view(torch.uint8).clone(), value_cache.view(torch.uint8).clone()
+    write_reference(quantised(key, k_scale, fmt), quantised(value, v_scale, fmt), want_k, want_v, slots)
+    name = "fp8" if fmt == torch.float8_e4m3fn else "fp8_e5m2"
+    lazytriton.reshape_and_cache_flash(key, value, key_cache.view(torch.uint8), value_cache, slots, name, k_scale,
+                                       v_scale)
+    torch.cuda.synchronize()
+    assert torch.equal(key_cache.view(torch.uint8), want_k) and torch.equal(value_cache.view(torch.uint8), want_v)
+
+
+@gpu
+@pytest.mark.gpu
 def test_the_write_on_the_gpu_mla_widths_and_fp32() -> None:
     key, value = fused_qkv(300, 16, 1, 192, 128, torch.float32, device="cuda")
     key_cache, value_cache = caches(64, 16, 1, 192, 128, torch.float32, device="cuda")
