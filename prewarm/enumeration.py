@@ -49,8 +49,8 @@ given, the groups are the default grid:
     qv        false (``--qv`` adds true: decoding calls with FlashAttention-3's qv or MLA's latent cache, QV=true
               on the split kernel; not with a float8 cache)
     kv_fp8    none (``--kv-dtype`` adds e4m3, e5m2 or both: decoding calls on a float8 cache, KV_FP8 on the
-              split kernel and kv_append; a target without the format, sm_80 and sm_86 for e4m3, leaves it out:
-              ``left_out`` says why)
+              split kernel, kv_append and kv_slots; a target without the format, sm_80 and sm_86 for e4m3, leaves
+              it out: ``left_out`` says why)
     page size pages of any multiple of 64 keys (``--page-size`` gives the decoding kernels' page sizes)
 
 The decoding kernels (family ``flash_decode``) default to what decoding
@@ -143,7 +143,7 @@ class Axes:
     varlen_q: tuple[bool, ...] = (False,)  # decoding kernels only (queries packed by cu_seqlens_q)
     chunk: tuple[bool, ...] = (False,)  # attention_chunk: the families whose PREWARM_FEATURES name it, and flash_fwd
     qv: tuple[bool, ...] = (False,)  # qv (MLA): the families whose PREWARM_FEATURES name it
-    kv_fp8: tuple[str, ...] = ("none",)  # decoding kernels and kv_append only: the caches' float8 formats
+    kv_fp8: tuple[str, ...] = ("none",)  # decoding kernels, kv_append and kv_slots only: the caches' float8 formats
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
     # The paged cache's keys a page (decoding kernels only); None: a page size every default BLOCK_N divides.

@@ -7,7 +7,9 @@ prefills (whole prompts and chunks) and decodes, vLLM's common metadata (query_s
 slot_mapping) through the backend's builder, and padded query/key/value rows past num_actual_tokens. After the
 impl's forward, the cache must hold the new keys at their slots and nothing else changed (bitwise), and the output
 must follow FlashAttention's rule against a float64 attention read from the same paged cache: page sizes 16 and 1,
-GQA, sinks, sliding windows, softcap, ALiBi, a step of decodes only (the kv_append path) and the mixed call.
+GQA, sinks, sliding windows, softcap, ALiBi, a step of decodes only (the kv_append path) and the mixed call, and
+FP8 KV caches (the new keys quantised by the layer's scales, bytes equal to torch's; the attention against the
+float64 attention over the dequantised cache).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import importlib.util
 import math
 import sys
 from dataclasses import dataclass
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -62,11 +64,18 @@ class Case:
     softcap: float | None = None
     alibi: bool = False
     pad: int = 0  # padding rows past num_actual_tokens (and as many -1 slots)
+    kv: str = "auto"  # vLLM's kv_cache_dtype: "fp8" (held as uint8 bytes, as vLLM may) or "fp8_e5m2" (as float8)
 
     def __str__(self) -> str:
         kind = "decodes" if all(q == 1 for _, q in self.requests) else "mixed"
         return (f"{str(self.dtype)[6:]}-page{self.page}-h{self.heads[0]}_{self.heads[1]}-d{self.head_size}-{kind}"
-                f"-w{self.window}-sinks{int(self.sinks)}-cap{self.softcap}-alibi{int(self.alibi)}-pad{self.pad}")
+                f"-w{self.window}-sinks{int(self.sinks)}-cap{self.softcap}-alibi{int(self.alibi)}-pad{self.pad}"
+                + ("" if self.kv == "auto" else f"-{self.kv}"))
+
+
+FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+SCALES = (0.25, 1.5)  # the layer's _k_scale and _v_scale over an FP8 cache
 
 
 @dataclass
@@ -85,6 +94,8 @@ class Step:
     seq_lens: list[int]
     query_lens: list[int]
     window: int | None  # vLLM's sliding_window: a query sees the keys less than window positions before it
+    layer: Any = None  # vLLM's Attention layer: its _k_scale and _v_scale over an FP8 cache
+    scales: tuple[float, float] = (1.0, 1.0)  # the expected cache holds key / scales[0] and value / scales[1]
 
 
 def make_step(be: ModuleType, case: Case, seed: int, device: str = "cpu") -> Step:
@@ -110,9 +121,22 @@ def make_step(be: ModuleType, case: Case, seed: int, device: str = "cpu") -> Ste
     n = len(slots)
     kv_cache = randn(2, num_blocks, page, hk, d)
     query, key, value = randn(n + case.pad, hq, d), randn(n + case.pad, hk, d), randn(n + case.pad, hk, d)
+    fmt, scales, layer = FP8.get(case.kv), (1.0, 1.0), None
+    if fmt is not None:  # torch's quantisation of the new keys: x / scale, saturated, rounded to nearest even
+        scales = SCALES
+        layer = SimpleNamespace(_k_scale=torch.tensor(scales[0], device=device),
+                                _v_scale=torch.tensor([scales[1]], device=device))
+        kv_cache = kv_cache.to(fmt)
+        key, value = (x * 300 if case.kv == "fp8" else x for x in (key, value))  # some of e4m3's saturate
+        new = [(x.float() / s).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(fmt) for x, s in zip((key, value), scales,
+                                                                                            strict=True)]
+    else:
+        new = [key, value]
     expected = kv_cache.clone()
     for i, slot in enumerate(slots):
-        expected[0, slot // page, slot % page], expected[1, slot // page, slot % page] = key[i], value[i]
+        expected[0, slot // page, slot % page], expected[1, slot // page, slot % page] = new[0][i], new[1][i]
+    if case.kv == "fp8":
+        kv_cache = kv_cache.view(torch.uint8)  # vLLM's bytes: the backend views them as float8_e4m3fn
     cu = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
     common = be.CommonAttentionMetadata(
         query_start_loc=cu.to(device), query_start_loc_cpu=cu, seq_lens=torch.tensor(seq_lens, dtype=torch.int32,
@@ -123,11 +147,11 @@ def make_step(be: ModuleType, case: Case, seed: int, device: str = "cpu") -> Ste
     builder = be.LazyTritonMetadataBuilder(None, ["layers.0.attn"], None, torch.device(device))
     sinks = (torch.randn(hq, generator=gen) * 2).to(device) if case.sinks else None
     alibi = (torch.rand(hq, generator=gen) * 0.3).tolist() if case.alibi else None
-    impl = be.LazyTritonAttentionImpl(hq, d, d ** -0.5, hk, alibi, case.window, "auto",
+    impl = be.LazyTritonAttentionImpl(hq, d, d ** -0.5, hk, alibi, case.window, case.kv,
                                       logits_soft_cap=case.softcap, sinks=sinks)
     output = torch.full((n + case.pad, hq * d), 7.0, dtype=case.dtype, device=device)  # vLLM's (tokens, heads x dim)
     return Step(impl, query, key, value, kv_cache, builder.build(0, common), output, expected, block_table,
-                seq_lens, query_lens, case.window)
+                seq_lens, query_lens, case.window, layer, scales)
 
 
 def forward(step: Step, **overrides: Any) -> torch.Tensor:
@@ -135,14 +159,19 @@ def forward(step: Step, **overrides: Any) -> torch.Tensor:
     for name, value in overrides.items():
         setattr(impl, name, value)
     with torch.no_grad():
-        got = impl.forward(None, step.query, step.key, step.value, step.kv_cache, step.metadata, output=step.output)
+        got = impl.forward(step.layer, step.query, step.key, step.value, step.kv_cache, step.metadata,
+                           output=step.output)
     assert got is step.output
     return step.output.view(step.output.shape[0], impl.num_heads, impl.head_size)
 
 
 def reference(step: Step, dtype: torch.dtype) -> torch.Tensor:
-    """Each request's attention over its pages of the expected cache, computed in ``dtype`` (rows: its queries)."""
+    """Each request's attention over its pages of the expected cache, computed in ``dtype`` (rows: its queries).
+
+    An FP8 cache is read dequantised: key x scales[0], value x scales[1].
+    """
     impl, cache = step.impl, step.expected_cache.to(dtype)
+    cache = cache * torch.tensor(step.scales, dtype=dtype).view(2, 1, 1, 1, 1)
     page = cache.shape[2]
     group = impl.num_heads // impl.num_kv_heads
     rows, start = [], 0
@@ -175,7 +204,10 @@ def reference(step: Step, dtype: torch.dtype) -> torch.Tensor:
 def check_step(step: Step, out: torch.Tensor) -> None:
     """The cache bitwise; the output by FlashAttention's rule (2x the same-dtype reference's error + a floor)."""
     n = step.metadata.num_actual_tokens
-    assert torch.equal(step.kv_cache, step.expected_cache), "new keys landed elsewhere, or a slot -1 was written"
+    got, want = step.kv_cache, step.expected_cache
+    if want.element_size() == 1:  # an FP8 cache: its bytes
+        got, want = got.view(torch.uint8), want.view(torch.uint8)
+    assert torch.equal(got, want), "new keys landed elsewhere, or a slot -1 was written"
     assert torch.all(out[n:] == 7.0), "rows past num_actual_tokens (vLLM's padding) must be left alone"
     wide = reference(step, torch.float64)
     same = reference(step, step.query.dtype)
@@ -226,8 +258,8 @@ def test_the_plugin_entry_point_names_register() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
-    ({"kv_cache_dtype": "fp8_e4m3"}, "kv_cache_dtype"),
+    ({"kv_cache_dtype": "int8"}, "kv_cache_dtype"),
+    ({"kv_cache_dtype": "fp8_inc"}, "kv_cache_dtype"),
     ({"num_kv_heads": 3}, "num_kv_heads"),
     ({"head_size": 7}, "head_size"),
     ({"attn_type": "encoder_only"}, "attn_type"),
@@ -247,7 +279,8 @@ def test_bad_cache_shapes_and_calls_are_refused_before_anything_is_written(be: M
     with pytest.raises(ValueError, match="block_size"):
         be.LazyTritonAttentionBackend.get_kv_cache_shape(10, 0, 2, 64)
     with pytest.raises(ValueError, match="cache_dtype_str"):
-        be.LazyTritonAttentionBackend.get_kv_cache_shape(10, 16, 2, 64, "fp8")
+        be.LazyTritonAttentionBackend.get_kv_cache_shape(10, 16, 2, 64, "int8")
+    assert be.LazyTritonAttentionBackend.get_kv_cache_shape(10, 16, 2, 64, "fp8") == (2, 10, 16, 2, 64)
     step = make_step(be, Case(torch.float32, 16, (4, 2)), seed=1)
     before = step.kv_cache.clone()
     with pytest.raises(ValueError, match="output"):
@@ -287,6 +320,10 @@ CASES = [
     Case(torch.float16, 16, (4, 4), softcap=2.0, alibi=True),
     Case(torch.float16, 16, (4, 2), requests=DECODES, window=9, sinks=True, pad=2),
     Case(torch.bfloat16, 1, (4, 1), requests=DECODES, softcap=3.0),
+    Case(torch.bfloat16, 16, (4, 2), pad=2, kv="fp8"),  # FP8 caches: the slot write, then the paged attention
+    Case(torch.float16, 1, (4, 1), window=6, sinks=True, kv="fp8_e5m2"),
+    Case(torch.bfloat16, 16, (4, 2), requests=DECODES, kv="fp8", pad=1),  # kv_append quantises
+    Case(torch.float16, 16, (4, 2), requests=DECODES, kv="fp8_e5m2"),
 ]
 
 
@@ -339,6 +376,11 @@ GPU_CASES = [
          requests=((0, 600), (900, 200), *((50 + 83 * i, 1) for i in range(40)))),
     # pages of one key (SGLang's radix cache; vLLM's FlashAttention refuses them), fp16, a step of decodes.
     Case(torch.float16, 1, (32, 8), head_size=128, requests=tuple((37 * i + 1, 1) for i in range(64))),
+    # Llama-3-8B's step over vLLM's FP8 cache (e4m3 as uint8 bytes; sm_89 or newer), then a step of decodes on e5m2.
+    Case(torch.bfloat16, 16, (32, 8), head_size=128,
+         requests=((0, 700), (1200, 300), *((100 + 61 * i, 1) for i in range(60))), pad=8, kv="fp8"),
+    Case(torch.bfloat16, 16, (32, 8), head_size=128, requests=tuple((37 * i + 1, 1) for i in range(64)),
+         kv="fp8_e5m2"),
 ]
 
 

@@ -154,8 +154,16 @@ def test_reshape_and_cache_flash_is_the_write_with_vllms_arguments(no_launch: No
     key, value = fused_qkv(5, 2, 2, 16, 16, torch.float16)
     key_cache, value_cache = caches(2, 4, 2, 16, 16, torch.float16)
     slots = slots_of(5, 8, torch.int64, skipped=True)
-    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto'.*'fp8'.*does not quantise"):
+    with pytest.raises(TypeError, match="key_cache must be torch.float8_e4m3fn \\(or uint8 bytes\\) for "
+                       "kv_cache_dtype 'fp8', got torch.float16"):
         lazytriton.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, "fp8", 1.0, 1.0)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or one of .*'fp8_e5m2'.*got 'int8'"):
+        lazytriton.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, "int8", 1.0, 1.0)
+    e5m2 = key_cache.to(torch.float8_e5m2), value_cache.to(torch.float8_e5m2)
+    with pytest.raises(TypeError, match="key_cache must be torch.float8_e4m3fn"):
+        lazytriton.reshape_and_cache_flash(key, value, *e5m2, slots, "fp8_e4m3", 1.0, 1.0)
+    with pytest.raises(TypeError, match="k_scale must be a tensor, a float or None"):
+        lazytriton.reshape_and_cache_flash(key, value, *e5m2, slots, "fp8_e5m2", "1.0")
     with pytest.raises(TypeError, match="kv_cache_dtype must be a str"):
         lazytriton.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, None)
     with pytest.raises(TypeError, match="k_scale must be a tensor, a float or None"):
@@ -175,7 +183,129 @@ def test_reshape_and_cache_flash_writes_as_write_kvcache_slots() -> None:
     assert torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v)
 
 
+# --- float8 caches: key / k_descale, saturated, rounded to nearest even (CPU, Triton's interpreter) ---------------
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def quantised(x: torch.Tensor, descale: torch.Tensor | None, fmt: torch.dtype) -> torch.Tensor:
+    """torch's statement of the float8 write: x / descale in float32, clamped to the format's range, its bytes."""
+    scale = torch.ones(()) if descale is None else descale.reshape(())
+    return (x.float() / scale).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(fmt).view(torch.uint8)
+
+
+def check_fp8_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, k_descale: torch.Tensor | None,
+                    v_descale: torch.Tensor | None) -> None:
+    """The float8 write against torch's quantisation written by the torch twin, byte for byte."""
+    fmt = key_cache.dtype
+    want_k, want_v = key_cache.view(torch.uint8).clone(), value_cache.view(torch.uint8).clone()
+    write_reference(quantised(key, k_descale, fmt), quantised(value, v_descale, fmt), want_k, want_v, slot_mapping)
+    assert lazytriton.write_kvcache_slots(key, value, key_cache, value_cache, slot_mapping, k_descale,
+                                          v_descale) is None
+    assert torch.equal(key_cache.view(torch.uint8), want_k) and torch.equal(value_cache.view(torch.uint8), want_v)
+
+
+@pytest.mark.parametrize(("fmt", "dtype", "block_size", "slot_dtype", "descales"), [
+    (torch.float8_e4m3fn, torch.bfloat16, 16, torch.int64, True),
+    (torch.float8_e4m3fn, torch.float16, 1, torch.int32, False),
+    (torch.float8_e5m2, torch.bfloat16, 4, torch.int32, True),
+    (torch.float8_e5m2, torch.float32, 16, torch.int64, False)])
+def test_a_float8_cache_gets_the_quantised_keys_and_values(fmt: torch.dtype, dtype: torch.dtype, block_size: int,
+                                                           slot_dtype: torch.dtype, descales: bool) -> None:
+    key, value = fused_qkv(13, 4, 2, 64, 64, dtype, seed=11)
+    big = FP8_MAX[fmt] / 2  # with the descales below, some keys and values saturate
+    key.mul_(big), value.mul_(big)
+    key[0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    key_cache, value_cache = (c.to(fmt) for c in caches(48 // block_size, block_size, 2, 64, 64, torch.float32))
+    k_descale = torch.tensor([0.37]) if descales else None
+    v_descale = torch.tensor(1.9) if descales else None
+    check_fp8_write(key, value, key_cache, value_cache, slots_of(13, 48, slot_dtype, skipped=True), k_descale,
+                    v_descale)
+    saturated = key_cache.float().abs() == FP8_MAX[fmt]
+    assert saturated.any() and not saturated.all()
+
+
+@pytest.mark.parametrize(("head_dim", "head_dim_v"), [(40, 72), (192, 128)])
+def test_a_float8_cache_of_head_dims_of_their_own_in_chunks(head_dim: int, head_dim_v: int) -> None:
+    key, value = fused_qkv(6, 1, 1, head_dim, head_dim_v, torch.float16, seed=head_dim + 1)
+    key_cache, value_cache = (c.to(torch.float8_e4m3fn) for c in caches(3, 4, 1, head_dim, head_dim_v,
+                                                                         torch.float32))
+    check_fp8_write(key, value, key_cache, value_cache, slots_of(6, 12, torch.int64, skipped=True),
+                    torch.tensor([0.05]), None)
+
+
+def test_reshape_and_cache_flash_writes_vllms_fp8_caches() -> None:
+    """vLLM's kv_cache_dtype names, its uint8 cache bytes, its scales as () tensors or floats."""
+    key, value = fused_qkv(7, 2, 2, 32, 32, torch.bfloat16, seed=12)
+    slots = slots_of(7, 16, torch.int64, skipped=True, seed=13)
+    for kv_cache_dtype, fmt in (("fp8", torch.float8_e4m3fn), ("fp8_e4m3", torch.float8_e4m3fn),
+                                ("fp8_e5m2", torch.float8_e5m2)):
+        for as_bytes, (k_scale, v_scale) in ((False, (torch.tensor(0.5), torch.tensor(0.25))), (True, (2.0, None))):
+            key_cache, value_cache = (c.to(fmt) for c in caches(4, 4, 2, 32, 32, torch.float32))
+            want_k, want_v = key_cache.view(torch.uint8).clone(), value_cache.view(torch.uint8).clone()
+            descale = [None if s is None else torch.tensor(float(s)) for s in (k_scale, v_scale)]
+            write_reference(quantised(key, descale[0], fmt), quantised(value, descale[1], fmt), want_k, want_v, slots)
+            given = (key_cache.view(torch.uint8), value_cache.view(torch.uint8)) if as_bytes else (key_cache,
+                                                                                                    value_cache)
+            lazytriton.reshape_and_cache_flash(key, value, *given, slots, kv_cache_dtype, k_scale, v_scale)
+            assert torch.equal(key_cache.view(torch.uint8), want_k), (kv_cache_dtype, as_bytes)
+            assert torch.equal(value_cache.view(torch.uint8), want_v), (kv_cache_dtype, as_bytes)
+
+
+def test_the_op_takes_the_descales() -> None:
+    from lazytriton.kvcache_slots_op import kvcache_slots_op  # registers lazytriton::kvcache_slots
+
+    key, value = fused_qkv(4, 1, 1, 16, 16, torch.float16, seed=14)
+    key_cache, value_cache = (c.to(torch.float8_e5m2) for c in caches(2, 2, 1, 16, 16, torch.float32))
+    slots, k_descale, v_descale = torch.tensor([3, 0, -1, 2]), torch.tensor([0.125]), torch.tensor([3.0])
+    want_k, want_v = key_cache.view(torch.uint8).clone(), value_cache.view(torch.uint8).clone()
+    write_reference(quantised(key, k_descale, torch.float8_e5m2), quantised(value, v_descale, torch.float8_e5m2),
+                    want_k, want_v, slots)
+    kvcache_slots_op(key, value, key_cache, value_cache, slots, k_descale, v_descale)
+    assert torch.equal(key_cache.view(torch.uint8), want_k) and torch.equal(value_cache.view(torch.uint8), want_v)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t) for t in (key, value, key_cache.half(), value_cache.half(), slots, k_descale)]
+    with mode, pytest.raises(ValueError, match="k_descale is given but key_cache is torch.float16"):
+        torch.ops.lazytriton.kvcache_slots(*fakes)
+
+
+def test_the_float8_variant_and_its_plan(sm90: _Runtime) -> None:
+    assert str(kv_slots.variant(SM90, "bf16", 128, 0, True, False, True, "e4m3")) == (
+        "kv_slots:sm_90:bf16:ALIGN16=true,BLOCK_D=128,EVEN_D=true,INDEX64=false,KV_FP8=e4m3,SLOT64=true:BLOCK_M=16:"
+        "num_stages=1,num_warps=4")
+    for variant in (kv_slots.variant(SM90, "fp16", 40, 72, True, False, False, "e5m2"),
+                    kv_slots.variant(Target.parse("sm_80"), "bf16", 128, 0, True, False, True, "e5m2")):
+        assert check_fields(Variant.parse(str(variant))) == variant and refusal(variant) is None
+    with pytest.raises(ValueError, match="key_cache is a float8 \\(e4m3\\) cache but sm_80 has no float8_e4m3fn"):
+        kv_slots.variant(Target.parse("sm_80"), "bf16", 128, 0, True, False, True, "e4m3")
+    device = torch.device("cuda", 0)
+    call = checks.Call(32, 8, 128, 0, 16, 1600, True)
+    plain = binding.plan(device, torch.bfloat16, call, True, False)[0]
+    fp8 = binding.plan(device, torch.bfloat16, call._replace(kv_fp8="e5m2"), True, False)[0]
+    assert fp8 == kv_slots.variant(SM90, "bf16", 128, 0, True, False, True, "e5m2") and fp8 != plain
+
+
 # --- bad input: an error naming the argument, nothing launched -----------------------------------------------------
+
+
+def _bad_fp8_calls(kc: torch.Tensor, k: torch.Tensor) -> list[tuple[dict[str, Any], type[Exception], str]]:
+    fp8 = {"key_cache": kc.to(torch.float8_e4m3fn), "value_cache": kc.to(torch.float8_e4m3fn)}
+    return [
+        ({**fp8, "k_descale": 1.0}, TypeError, "k_descale must be a torch.Tensor or None, got 1.0"),
+        ({**fp8, "k_descale": torch.ones(1, dtype=torch.float64)}, TypeError, "k_descale must be float32"),
+        ({**fp8, "v_descale": torch.ones(2)}, ValueError, r"v_descale must hold one value .* got shape \(2,\)"),
+        ({**fp8, "v_descale": torch.ones(1, 1)}, ValueError, r"v_descale must hold one value"),
+        ({**fp8, "k_descale": torch.ones(1, device="meta")}, ValueError,
+         "k_descale is on meta but key_cache is on cpu"),
+        ({**fp8, "key": k.to(torch.float8_e4m3fn)}, TypeError,
+         "key must be float16, bfloat16 or float32 \\(written into a torch.float8_e4m3fn cache\\)"),
+        ({**fp8, "key": k.half()}, TypeError, "value must have key's dtype torch.float16, got torch.bfloat16"),
+        ({"key_cache": fp8["key_cache"], "value_cache": kc.to(torch.float8_e5m2)}, TypeError,
+         "value_cache has dtype torch.float8_e5m2 but key_cache has torch.float8_e4m3fn"),
+    ]
 
 
 def _bad_calls() -> list[tuple[dict[str, Any], type[Exception], str]]:
@@ -191,9 +321,13 @@ def _bad_calls() -> list[tuple[dict[str, Any], type[Exception], str]]:
         ({"key": k.transpose(1, 2).contiguous().transpose(1, 2)}, ValueError, "key must have a contiguous last dim"),
         ({"key": k.to("meta")}, ValueError, "key is on meta but key_cache is on cpu"),
         ({"key_cache": kc.half()}, TypeError, "value_cache has dtype torch.bfloat16 but key_cache has torch.float16"),
-        ({"key_cache": kc.to(torch.float8_e4m3fn), "value_cache": kc.to(torch.float8_e4m3fn)}, TypeError,
-         "key_cache must be float16, bfloat16 or float32 \\(an FP8 cache is not written"),
-        ({"key_cache": kc.int(), "value_cache": kc.int()}, TypeError, "key_cache must be float16, bfloat16 or float32"),
+        ({"key_cache": kc.int(), "value_cache": kc.int()}, TypeError,
+         "key_cache must be float16, bfloat16, float32, float8_e4m3fn or float8_e5m2, got torch.int32"),
+        ({"key_cache": kc.to(torch.float8_e4m3fn)}, TypeError,
+         "value_cache has dtype torch.bfloat16 but key_cache has torch.float8_e4m3fn"),
+        ({"k_descale": torch.ones(1)}, ValueError, "k_descale is given but key_cache is torch.bfloat16, not a float8"),
+        ({"v_descale": torch.ones(())}, ValueError, "v_descale is given but key_cache is torch.bfloat16"),
+        *_bad_fp8_calls(kc, k),
         ({"value_cache": kc[:2]}, ValueError, r"value_cache must have key_cache's \(num_blocks, block_size, heads_k\)"),
         ({"value_cache": kc[:, :1].expand(4, 16, 2, 64)}, ValueError, "value_cache must not have a broadcast"),
         ({"key_cache": kc[0]}, ValueError, "key_cache must have 4 dims"),
@@ -378,6 +512,25 @@ def test_explain_describes_the_write(capsys: pytest.CaptureFixture[str]) -> None
     assert "only kv_slots takes it" in capsys.readouterr().err
 
 
+def test_float8_caches_are_planned_with_kv_dtype_and_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = {p.key for p in enumerate_variants(Axes((SM90,), kernels=SLOTS), EMPTY)}
+    both = enumerate_variants(Axes((SM90,), kernels=SLOTS, kv_fp8=("none", "e4m3", "e5m2")), EMPTY)
+    assert len(both) == 3 * len(plain) and plain <= {p.key for p in both}
+    assert {p.variant.get("KV_FP8") for p in both if p.key not in plain} == {"e4m3", "e5m2"}
+    sm80 = enumerate_variants(Axes((Target.parse("sm_80"),), kernels=SLOTS, kv_fp8=("e4m3", "e5m2")), EMPTY)
+    assert sm80 and {p.variant.get("KV_FP8") for p in sm80} == {"e5m2"}  # no float8_e4m3fn in Triton below sm_89
+    args = ["cache", "explain", "--kernel", "kv_slots", "--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "32",
+            "--seqlen-k", "4096", "--page-size", "16", "--target", "sm_90", "--kv-dtype"]
+    assert cli_main([*args, "e4m3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["variant"] == str(kv_slots.variant(SM90, "bf16", 128, 0, True, False, True, "e4m3"))
+    assert report["call"]["kv_dtype"] == "e4m3"
+    assert cli_main([*args, "e5m2"]) == 0
+    assert "KV_FP8=e5m2, keys and values quantised as x / descale" in capsys.readouterr().out
+    assert cli_main([*args[:-3], "--target", "sm_80", "--kv-dtype", "e4m3"]) == 2
+    assert "sm_80 has no float8_e4m3fn" in capsys.readouterr().err
+
+
 def test_a_miss_log_line_plans_the_variant() -> None:
     variant = kv_slots.variant(SM90, "fp16", 80, 0, False, False, True)
     plan, problems = variants_from_misses([json.dumps({"variant": str(variant), "kernel": "kv_slots"}),
@@ -425,6 +578,27 @@ def test_the_write_on_the_gpu(tokens: int, dtype: torch.dtype, block_size: int, 
     key, value = fused_qkv(tokens + 8, 32, 8, 128, 128, dtype, device="cuda")  # Llama-3-8B's heads, vLLM's padding
     key_cache, value_cache = caches(16384 // block_size, block_size, 8, 128, 128, dtype, device="cuda")
     check_write(key, value, key_cache, value_cache, slots_of(tokens, 16384, slot_dtype, skipped=True, device="cuda"))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 4096])
+@pytest.mark.parametrize(("fmt", "dtype", "slot_dtype"), [
+    (torch.float8_e4m3fn, torch.bfloat16, torch.int64), (torch.float8_e5m2, torch.float16, torch.int32)])
+def test_a_float8_cache_on_the_gpu(tokens: int, fmt: torch.dtype, dtype: torch.dtype, slot_dtype: torch.dtype) -> None:
+    """vLLM's FP8 KV cache at Llama-3-8B's heads: torch's quantisation, byte for byte (reshape_and_cache_flash)."""
+    key, value = fused_qkv(tokens + 8, 32, 8, 128, 128, dtype, device="cuda", seed=21)
+    key.mul_(FP8_MAX[fmt] / 4), value.mul_(FP8_MAX[fmt] / 4)  # some saturate
+    key_cache, value_cache = (c.to(fmt) for c in caches(1024, 16, 8, 128, 128, torch.float32, device="cuda"))
+    slots = slots_of(tokens, 16384, slot_dtype, skipped=True, device="cuda")
+    k_scale, v_scale = torch.tensor(0.5, device="cuda"), torch.tensor(1.5, device="cuda")
+    want_k, want_v = key_cache.view(torch.uint8).clone(), value_cache.view(torch.uint8).clone()
+    write_reference(quantised(key, k_scale, fmt), quantised(value, v_scale, fmt), want_k, want_v, slots)
+    name = "fp8" if fmt == torch.float8_e4m3fn else "fp8_e5m2"
+    lazytriton.reshape_and_cache_flash(key, value, key_cache.view(torch.uint8), value_cache, slots, name, k_scale,
+                                       v_scale)
+    torch.cuda.synchronize()
+    assert torch.equal(key_cache.view(torch.uint8), want_k) and torch.equal(value_cache.view(torch.uint8), want_v)
 
 
 @gpu

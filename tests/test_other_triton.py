@@ -49,6 +49,7 @@ VARIANTS = [
     decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096),
     kv_append.variant(sm90, "bf16", 192, 128, True, True, False),
     kv_slots.variant(sm90, "bf16", 192, 128, True, True, False),  # int32 slots, 64-bit offsets, two chunks
+    kv_slots.variant(sm90, "fp16", 128, 0, True, False, True, "e4m3"),  # a float8 cache: quantised on the way in
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 192, True, True, False, 1024, 1024),  # split, 2 tiles

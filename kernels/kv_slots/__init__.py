@@ -20,7 +20,12 @@ and keys and values of different widths share a chunk's grid); ``EVEN_D``
 and ``EVEN_DV`` (written only where it differs from ``EVEN_D``) drop the
 column mask of a width that is a multiple of it. ``ALIGN16`` and ``INDEX64``
 are the attention kernels' (over key, value and the two caches). ``BLOCK_M``
-is the (token, head) rows one program copies.
+is the (token, head) rows one program copies. ``KV_FP8`` (``e4m3``,
+``e5m2``; written only for a float8 cache, ``flash_decode/kv_fp8.py``)
+quantises each key and value on its way in: x / descale (``KDescale``/
+``VDescale``, one float32 each, per tensor: vLLM's k_scale and v_scale; 1.0
+without ``use_k_descale``/``use_v_descale``), saturated, rounded to nearest
+even; the variant's dtype is then key's.
 """
 
 from __future__ import annotations
@@ -60,22 +65,29 @@ def grid(n_rows: int, head_dim: int, head_dim_v: int, rows: int, cols: int) -> t
 
 
 def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, aligned: bool, index64: bool,
-            slot64: bool) -> Any:
+            slot64: bool, kv_fp8: str = "none") -> Any:
     """The kv_slots variant serving a call (pure): one config a column chunk (``block_d``, ``block_m``).
 
     ``head_dim_v`` 0 (or ``head_dim``): value's head dim is key's. Functional:
     ALIGN16, BLOCK_D, EVEN_D (and EVEN_DV where it differs), INDEX64, and
-    SLOT64 (slot_mapping is int64; false: int32), written true or false.
+    SLOT64 (slot_mapping is int64; false: int32), written true or false;
+    KV_FP8 for a float8 cache (``kv_fp8``; ValueError naming key_cache on a
+    target that cannot build it).
     """
+    from lazytriton.kernels.flash_decode import kv_fp8 as fp8
     from lazytriton.variant import Variant, pairs
 
     dim_v = head_dim_v or head_dim
     cols = block_d(head_dim, dim_v)
-    functional: dict[str, bool | int] = {"ALIGN16": bool(aligned), "BLOCK_D": cols, "EVEN_D": head_dim % cols == 0,
-                                         "INDEX64": bool(index64), "SLOT64": bool(slot64)}
+    functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": cols,
+                                               "EVEN_D": head_dim % cols == 0, "INDEX64": bool(index64),
+                                               "SLOT64": bool(slot64)}
     if (dim_v % cols == 0) != (head_dim % cols == 0):
         functional["EVEN_DV"] = dim_v % cols == 0
+    fp8.require(target, kv_fp8, "key_cache")
+    functional.update(fp8.flags(kv_fp8))
     options = {"num_warps": NUM_WARPS, "num_stages": 1}
     if target.backend == "hip":
         options["waves_per_eu"] = 2  # the decoding kernels' AMD default, as kv_append; untuned
-    return Variant(FAMILY, str(target), dtype, pairs(functional), pairs({"BLOCK_M": block_m(cols)}), pairs(options))
+    return Variant(FAMILY, str(target), dtype, pairs(functional), pairs({"BLOCK_M": block_m(cols)}),
+                   pairs(options))

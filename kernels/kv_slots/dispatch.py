@@ -9,8 +9,10 @@ slots' dtype (a ``Request``'s ``slot64``). It has no tuning rows
 Prewarm plans it through ``prewarm_variants``: the decoding kernels' dtypes
 and head dims 64 and 128 (128 columns hold 128, 256 and wider head dims, in
 chunks; 64 holds 64; a head dim such as 80 or 96 takes the 128-column chunk
-with a mask), with int64 and int32 slots (vLLM and SGLang pass int64). Other
-sizes compile on first use and come back through the miss log.
+with a mask), with int64 and int32 slots (vLLM and SGLang pass int64), into caches of
+the keys' dtype; prewarm's ``--kv-dtype`` adds float8 caches of its formats
+(``PREWARM_AXES``' ``kv_fp8``: those the target builds). Other sizes compile
+on first use and come back through the miss log.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterable
 
 from lazytriton import tuning
 from lazytriton.kernels import kv_slots
+from lazytriton.kernels.flash_decode import kv_fp8 as fp8
 from lazytriton.kernels.request import Request
 from lazytriton.target import Target
 from lazytriton.tiles import Config
@@ -38,22 +41,29 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
     return Config(kv_slots.block_m(cols), 0, kv_slots.NUM_WARPS, 1, 2 if target.backend == "hip" else 0), None
 
 
-def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
-                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool]) -> list[Variant]:
-    """kv_slots' variants for prewarm's axes: one a (dtype, column chunk, alignment, index width, slots' dtype).
+PREWARM_AXES = ("kv_fp8",)  # the keyword axes prewarm_variants takes
 
-    ``paged`` does not apply (the cache is always paged).
+
+def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
+                     paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
+                     kv_fp8: Iterable[str] = ("none",)) -> list[Variant]:
+    """kv_slots' variants for prewarm's axes: one a (dtype, column chunk, alignment, index width, slots' dtype, cache).
+
+    ``paged`` does not apply (the cache is always paged). ``kv_fp8``: the caches' formats (``none``, ``e4m3``,
+    ``e5m2``), those ``target`` cannot build left out (``kv_fp8.unsupported``).
     """
-    return [kv_slots.variant(target, dtype, head_dim, 0 if dim_v == head_dim else dim_v, is_aligned, wide, slot64)
-            for dtype, head_dim, dim_v, is_aligned, wide, slot64 in itertools.product(
-                dtypes, head_dims, head_dims_v, aligned, index64, PREWARM_SLOT64)]
+    formats = [kv for kv in kv_fp8 if fp8.unsupported(target, kv) is None]
+    return [kv_slots.variant(target, dtype, head_dim, 0 if dim_v == head_dim else dim_v, is_aligned, wide, slot64,
+                             kv)
+            for dtype, head_dim, dim_v, is_aligned, wide, slot64, kv in itertools.product(
+                dtypes, head_dims, head_dims_v, aligned, index64, PREWARM_SLOT64, formats)]
 
 
 def variant(kernel: str, target: Target, request: Request) -> Variant:
     """``kernels.dispatch.kernel_variant`` for kv_slots: ``kv_slots.variant`` (the layout fields and SLOT64)."""
     dim_v = 0 if request.head_dim_v == request.head_dim else request.head_dim_v
     return kv_slots.variant(target, request.dtype, request.head_dim, dim_v, request.aligned, request.index64,
-                            request.slot64)
+                            request.slot64, request.kv_fp8)
 
 
 def explained(kernel: str, target: Target, call: Request) -> tuple[Variant, Config, tuning.Row | None]:

@@ -27,6 +27,8 @@ KV_SLOTS = KernelSpec(
         ("VCache", "*{dtype}"),
         ("Slots32", "*i32"),
         ("Slots64", "*i64"),
+        ("KDescale", "*fp32"),
+        ("VDescale", "*fp32"),
         *_STRIDES,
         ("heads_k", "i32"),
         ("n_rows", "i32"),
@@ -34,8 +36,10 @@ KV_SLOTS = KernelSpec(
         ("head_dim_v", "i32"),
         ("block_size", "i32"),
         ("num_slots", "{index}"),
+        ("use_k_descale", "i32"),
+        ("use_v_descale", "i32"),
     ),
-    constexprs=("BLOCK_M", "BLOCK_D", "EVEN_D", "EVEN_DV", "SLOT64"),
+    constexprs=("BLOCK_M", "BLOCK_D", "EVEN_D", "EVEN_DV", "SLOT64", "KV_FP8"),
     aligned_params=("K", "V", "KCache", "VCache") + tuple(name for name, _ in _STRIDES),
 )
 

@@ -78,10 +78,8 @@ def explain_report(args: argparse.Namespace) -> Report:
     head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
     slots = getattr(args, "slot_mapping", None)
     if "kv_slots" in kernels:
-        if kv_dtype != "none":
-            raise ValueError(f"--kv-dtype {kv_dtype}: kv_slots writes caches of --dtype only (no float8 cache)")
         check_slots_call(args.dtype, args.head_dim, head_dim_v, args.seqlen_q, seqlen_k, args.causal, varlen, page,
-                         flags, rotary, slots or "int64")
+                         flags, rotary, slots or "int64", kv_dtype)
     elif slots is not None:
         raise ValueError(f"--slot-mapping is the slot write's slot_mapping: only kv_slots takes it, not {kernel}")
     else:
@@ -210,12 +208,14 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
 
 
 def check_slots_call(dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int, causal: str,
-                     varlen: bool, page: int, flags: dict[str, bool], rotary: str, slots: str) -> None:
+                     varlen: bool, page: int, flags: dict[str, bool], rotary: str, slots: str,
+                     kv_dtype: str = "none") -> None:
     """Refuse a described slot write the API would refuse: ``kv_slots.checks.check`` on meta tensors.
 
     seqlen_q tokens (one key/value head) written into a cache of seqlen_k
     slots in blocks of ``page`` (0: one slot a block); ``slots`` is
-    slot_mapping's dtype. The attention flags do not apply to a write.
+    slot_mapping's dtype; ``kv_dtype`` the caches' float8 format (e4m3,
+    e5m2; none: --dtype's). The attention flags do not apply to a write.
     """
     import torch
 
@@ -234,11 +234,12 @@ def check_slots_call(dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, 
         raise ValueError(f"kv_slots writes fp16, bf16 or fp32 caches, not --dtype {dtype}")
     block = page or 1
     blocks = -(-max(seqlen_k, 1) // block)
+    cache = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(kv_dtype, of)
     try:
         checks.check(torch.empty(seqlen_q, 1, head_dim, dtype=of, device="meta"),
                      torch.empty(seqlen_q, 1, head_dim_v, dtype=of, device="meta"),
-                     torch.empty(blocks, block, 1, head_dim, dtype=of, device="meta"),
-                     torch.empty(blocks, block, 1, head_dim_v, dtype=of, device="meta"),
+                     torch.empty(blocks, block, 1, head_dim, dtype=cache, device="meta"),
+                     torch.empty(blocks, block, 1, head_dim_v, dtype=cache, device="meta"),
                      torch.empty(seqlen_q, dtype=getattr(torch, slots), device="meta"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the API refuses this call: {exc}") from None
@@ -345,7 +346,9 @@ def print_explain(report: Report) -> None:
     if call["kernel"] == "kv_slots":
         print(f"         kv_slots: seqlen_q counts the tokens written, seqlen_k the cache's slots; slot_mapping "
               f"{call['slot_mapping']} (SLOT64={'true' if call['slot_mapping'] == 'int64' else 'false'}); one config "
-              "a column chunk; negative slots and slots past the cache are skipped, never read on the host")
+              "a column chunk; negative slots and slots past the cache are skipped, never read on the host"
+              + (f"; a float8 cache ({call['kv_dtype']}: KV_FP8={call['kv_dtype']}, keys and values quantised as "
+                 "x / descale on the way in)" if call.get("kv_dtype", "none") != "none" else ""))
     if call.get("varlen"):
         print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
               "buckets pick the tiles, and causal is bottom-right within each sequence"

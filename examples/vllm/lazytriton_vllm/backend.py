@@ -10,16 +10,20 @@ on it unchanged. Each step, each layer:
    ``reshape_and_cache_flash`` (``write_new_keys``: one kernel, no host
    sync); a batch of decodes only (one query a request) instead goes through
    ``flash_attn_with_kvcache(..., k=, v=)``, whose ``kv_append`` kernel
-   writes the key at the request's position before the attention reads it;
+   writes the key at the request's position before the attention reads it.
+   An FP8 KV cache (``kv_cache_dtype`` ``"fp8"``, ``"fp8_e4m3"``,
+   ``"fp8_e5m2"``) holds key / k_scale and value / v_scale (the layer's
+   ``_k_scale``/``_v_scale``, per tensor), quantised by either write;
 2. runs the whole batch, prefills and decodes mixed, as one
    ``lazytriton.flash_attn_varlen_func(..., cu_seqlens_q=, seqused_k=,
    block_table=)`` call, as vLLM v1 does with FlashAttention-3, with the
    layer's sliding window, softcap, ALiBi slopes and sinks (gpt-oss's
-   ``s_aux``).
+   ``s_aux``); over an FP8 cache, with the layer's scales as
+   ``k_descale``/``v_descale`` (as vLLM calls FlashAttention-3).
 
-What vLLM's backend has and this one has not (an FP8 KV cache, cascade
-attention, decode context parallelism, encoder attention, full CUDA graphs)
-is refused or left to vLLM's other paths; examples/vllm/README.md lists it.
+What vLLM's backend has and this one has not (cascade attention, decode
+context parallelism, encoder attention, full CUDA graphs) is refused or left
+to vLLM's other paths; examples/vllm/README.md lists it.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from lazytriton_vllm.bases import (
     MultipleOf,
 )
 
-# The KV cache dtypes served: the model's own (vLLM's "auto") or its name.
-KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32")
+# The KV cache dtypes served: the model's own (vLLM's "auto") or its name, and vLLM's FP8 caches' names (the
+# float8 format each holds; vLLM may allocate them as uint8 bytes, viewed as the format here).
+FP8_KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", *FP8_KV_CACHE_DTYPES)
 # Head sizes vLLM may ask for that lazytriton's decoding kernels take (they take 1 to 256).
 HEAD_SIZES = list(range(8, 257, 8))
 
@@ -99,7 +105,7 @@ class LazyTritonAttentionBackend(AttentionBackend):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {n!r}")
         if cache_dtype_str not in KV_CACHE_DTYPES:
-            raise ValueError(f"cache_dtype_str must be one of {KV_CACHE_DTYPES} (lazytriton has no FP8 KV cache), "
+            raise ValueError(f"cache_dtype_str must be one of {KV_CACHE_DTYPES}, "
                              f"got {cache_dtype_str!r}")
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
@@ -155,15 +161,18 @@ class LazyTritonMetadataBuilder(AttentionMetadataBuilder[LazyTritonMetadata]):
 
 
 def write_new_keys(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
+                   slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto", k_scale: torch.Tensor | None = None,
+                   v_scale: torch.Tensor | None = None) -> None:
     """Write new token i's key and value into slot slot_mapping[i]: vLLM's ``reshape_and_cache_flash``, one kernel.
 
     lazytriton's slot write (``kv_slots``): the slot's page is slot // block_size, its row slot % block_size; the
     first len(slot_mapping) rows of key and value are the new tokens (the rest is vLLM's padding, not read). The
     slots are read by the kernel only (no host sync, no torch indexing): a negative slot (padding) and a slot
-    past the cache are skipped, so no value of slot_mapping writes outside the cache.
+    past the cache are skipped, so no value of slot_mapping writes outside the cache. An FP8 cache
+    (``kv_cache_dtype``) gets key / k_scale and value / v_scale, saturated, rounded to nearest even.
     """
-    lazytriton.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "auto")
+    lazytriton.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                       v_scale)
 
 
 class LazyTritonAttentionImpl(AttentionImpl):
@@ -188,7 +197,7 @@ class LazyTritonAttentionImpl(AttentionImpl):
         if not LazyTritonAttentionBackend.supports_head_size(head_size):
             raise ValueError(f"head_size must be a multiple of 8 from 8 to 256, got {head_size!r}")
         if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES} (lazytriton has no FP8 KV cache), "
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
                              f"got {kv_cache_dtype!r}")
         if attn_type != AttentionType.DECODER:
             raise ValueError(f"attn_type must be {AttentionType.DECODER.value!r} (this backend serves decoder "
@@ -225,7 +234,8 @@ class LazyTritonAttentionImpl(AttentionImpl):
         query: (num_tokens, num_heads, head_size); key, value: (num_tokens, num_kv_heads, head_size), None for a
         layer that shares an earlier layer's cache; kv_cache: (2, num_blocks, block_size, num_kv_heads,
         head_size); output: (num_tokens, num_heads, head_size) or (num_tokens, num_heads * head_size). Rows past
-        num_actual_tokens (vLLM's padding) are neither read nor written.
+        num_actual_tokens (vLLM's padding) are neither read nor written. An FP8 cache (float8 or uint8 bytes) is
+        read and written with the layer's ``_k_scale``/``_v_scale`` (float32, one value each; no layer: 1.0).
         """
         if output is None:
             raise ValueError("output must be given: this backend writes into vLLM's buffer (accept_output_buffer)")
@@ -237,22 +247,30 @@ class LazyTritonAttentionImpl(AttentionImpl):
         n = m.num_actual_tokens
         out = output.view(output.shape[0], self.num_heads, self.head_size)[:n]
         key_cache, value_cache = kv_cache.unbind(0)
+        scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        fp8 = FP8_KV_CACHE_DTYPES.get(self.kv_cache_dtype)
+        if fp8 is not None:
+            key_cache, value_cache = key_cache.view(fp8), value_cache.view(fp8)
+            scales = getattr(layer, "_k_scale", None), getattr(layer, "_v_scale", None)
         write = self.kv_sharing_target_layer_name is None and key is not None and value is not None
         with lazytriton.trusted_indices() if self.trust_indices else nullcontext():
             if write and self.fused_decode_append and m.max_query_len == 1 and m.query_start_loc.shape[0] == n + 1:
-                self._decode_appending(query[:n], key[:n], value[:n], key_cache, value_cache, m, out)
+                self._decode_appending(query[:n], key[:n], value[:n], key_cache, value_cache, m, out, scales)
                 return output
             if write:
-                write_new_keys(key, value, key_cache, value_cache, m.slot_mapping)
+                write_new_keys(key, value, key_cache, value_cache, m.slot_mapping,
+                               "auto" if fp8 is None else self.kv_cache_dtype, *scales)
             lazytriton.flash_attn_varlen_func(
                 query[:n], key_cache, value_cache, cu_seqlens_q=m.query_start_loc, cu_seqlens_k=None,
                 max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_seq_len, softmax_scale=self.scale, causal=m.causal,
                 window_size=self.sliding_window, softcap=self.logits_soft_cap, alibi_slopes=self._alibi(query),
-                seqused_k=m.seq_lens, block_table=m.block_table, s_aux=self._sinks(query), out=out)
+                seqused_k=m.seq_lens, block_table=m.block_table, s_aux=self._sinks(query), out=out,
+                k_descale=scales[0], v_descale=scales[1])
         return output
 
     def _decode_appending(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                          value_cache: torch.Tensor, m: LazyTritonMetadata, out: torch.Tensor) -> None:
+                          value_cache: torch.Tensor, m: LazyTritonMetadata, out: torch.Tensor,
+                          scales: tuple[torch.Tensor | None, torch.Tensor | None]) -> None:
         """One query a request: kv_append writes request r's key at position seq_lens[r] - 1, then the attention.
 
         That position's slot, through the block table, is the one vLLM's slot_mapping names for the token.
@@ -262,7 +280,8 @@ class LazyTritonAttentionImpl(AttentionImpl):
             query.unsqueeze(1), key_cache, value_cache, k=key.unsqueeze(1), v=value.unsqueeze(1),
             cache_seqlens=m.seq_lens[:n] - 1, block_table=m.block_table[:n], softmax_scale=self.scale,
             causal=m.causal, window_size=self.sliding_window, softcap=self.logits_soft_cap,
-            alibi_slopes=self._alibi(query), s_aux=self._sinks(query), out=out.unsqueeze(1))
+            alibi_slopes=self._alibi(query), s_aux=self._sinks(query), out=out.unsqueeze(1), k_descale=scales[0],
+            v_descale=scales[1])
 
     def _alibi(self, query: torch.Tensor) -> torch.Tensor | None:
         """The slopes on the query's device (moved once)."""
