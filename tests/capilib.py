@@ -71,6 +71,32 @@ def params(tensors, **options):
     return p
 """
 
+# A decoding call through the C API beside flash_attn_with_kvcache on clones (needs KVCACHE_PRELUDE and a report
+# dict): case(name, tensors, python_kwargs, before_call, **params) records whether out, lse and the caches match.
+KVCACHE_CASE = r"""
+PY_NAMES = ("k", "v", "cache_seqlens", "block_table", "sinks", "cu_seqlens_q")
+
+def case(name, tensors, py, before_call=None, **options):
+    # C on the tensors, Python on clones: the same out, lse and caches afterwards, bit for bit.
+    clones = {n: t.clone() for n, t in tensors.items()}
+    q, dv = tensors["q"], tensors["v_cache"].shape[-1]
+    if q.dim() == 3:
+        out, lse = torch.full((*q.shape[:2], dv), 7.0), torch.full((q.shape[1], q.shape[0]), 7.0)
+    else:
+        out, lse = torch.full((*q.shape[:3], dv), 7.0), torch.full((q.shape[0], q.shape[2], q.shape[1]), 7.0)
+    p = params({**tensors, "out": out, "lse": lse}, **options)
+    if before_call is not None:
+        before_call(p)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    want, want_lse = lazytriton.flash_attn_with_kvcache(clones["q"], clones["k_cache"], clones["v_cache"],
+                                                        return_softmax_lse=True,
+                                                        **{n: clones[n] for n in PY_NAMES if n in clones}, **py)
+    report[name] = {"status": status, "error": error() if status else "",
+                    "out": torch.equal(out, want), "lse": torch.equal(lse, want_lse),
+                    "caches": all(torch.equal(tensors[n], clones[n]) for n in ("k_cache", "v_cache"))}
+    return lse
+"""
+
 
 def run_program(args: list[str | Path], env: dict[str, str] | None = None, timeout: float = 240,
                 cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from capilib import CUDA_DESCRIBE, KVCACHE_PRELUDE
+from capilib import CUDA_DESCRIBE, KVCACHE_CASE, KVCACHE_PRELUDE
 from capilib import exit_ok as _ok
 from capilib import run_program as _run
 from conftest import gpu
@@ -149,30 +149,9 @@ def test_chunked_attention_on_the_cpu_through_the_c_api(prefix: Path, cache_dir:
     assert status == 1 and "attention_chunk is -3" in message, message
 
 
-KVCACHE_IN_PROCESS = KVCACHE_PRELUDE + r"""
+KVCACHE_IN_PROCESS = KVCACHE_PRELUDE + KVCACHE_CASE + r"""
 torch.manual_seed(0)
 report = {}
-PY_NAMES = ("k", "v", "cache_seqlens", "block_table", "cu_seqlens_q")
-
-def case(name, tensors, py, before_call=None, **options):
-    # C on the tensors, Python on clones: the same out, lse and caches afterwards, bit for bit.
-    clones = {n: t.clone() for n, t in tensors.items()}
-    q, dv = tensors["q"], tensors["v_cache"].shape[-1]
-    if q.dim() == 3:
-        out, lse = torch.full((*q.shape[:2], dv), 7.0), torch.full((q.shape[1], q.shape[0]), 7.0)
-    else:
-        out, lse = torch.full((*q.shape[:3], dv), 7.0), torch.full((q.shape[0], q.shape[2], q.shape[1]), 7.0)
-    p = params({**tensors, "out": out, "lse": lse}, **options)
-    if before_call is not None:
-        before_call(p)
-    status = call("lt_attn_kvcache", p, ffi.NULL)
-    want, want_lse = lazytriton.flash_attn_with_kvcache(clones["q"], clones["k_cache"], clones["v_cache"],
-                                                        return_softmax_lse=True,
-                                                        **{n: clones[n] for n in PY_NAMES if n in clones}, **py)
-    report[name] = {"status": status, "error": error() if status else "",
-                    "out": torch.equal(out, want), "lse": torch.equal(lse, want_lse),
-                    "caches": all(torch.equal(tensors[n], clones[n]) for n in ("k_cache", "v_cache"))}
-    return lse
 
 cache = torch.randn(2, 40, 2, 32), torch.randn(2, 40, 2, 32)
 lens = torch.tensor([33, 9], dtype=torch.int32)

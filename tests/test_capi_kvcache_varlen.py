@@ -14,35 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from capilib import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, KVCACHE_PRELUDE, assert_statuses, report_of
+from capilib import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, KVCACHE_CASE, KVCACHE_PRELUDE, assert_statuses, report_of
 from conftest import gpu
 
 from lazytriton.capi import embedded_kvcache
 
-IN_PROCESS = KVCACHE_PRELUDE + r"""
+IN_PROCESS = KVCACHE_PRELUDE + KVCACHE_CASE + r"""
 torch.manual_seed(0)
 report = {}
-PY_NAMES = ("k", "v", "cache_seqlens", "block_table", "sinks", "cu_seqlens_q")
-
-def case(name, tensors, py, before_call=None, **options):
-    # C on the tensors, Python on clones: the same out, lse and caches afterwards, bit for bit.
-    clones = {n: t.clone() for n, t in tensors.items()}
-    q, dv = tensors["q"], tensors["v_cache"].shape[-1]
-    if q.dim() == 3:  # packed: (total_q, heads, dim), lse (heads, total_q)
-        out, lse = torch.full((*q.shape[:2], dv), 7.0), torch.full((q.shape[1], q.shape[0]), 7.0)
-    else:
-        out, lse = torch.full((*q.shape[:3], dv), 7.0), torch.full((q.shape[0], q.shape[2], q.shape[1]), 7.0)
-    p = params({**tensors, "out": out, "lse": lse}, **options)
-    if before_call is not None:
-        before_call(p)
-    status = call("lt_attn_kvcache", p, ffi.NULL)
-    want, want_lse = lazytriton.flash_attn_with_kvcache(clones["q"], clones["k_cache"], clones["v_cache"],
-                                                        return_softmax_lse=True,
-                                                        **{n: clones[n] for n in PY_NAMES if n in clones}, **py)
-    report[name] = {"status": status, "error": error() if status else "",
-                    "out": torch.equal(out, want), "lse": torch.equal(lse, want_lse),
-                    "caches": all(torch.equal(tensors[n], clones[n]) for n in ("k_cache", "v_cache"))}
-
 # Sinks: contiguous, GQA 4/2, one split and several (the combine kernel adds the sink), causal with 3 queries.
 sinks = torch.randn(4)
 cache = torch.randn(2, 40, 2, 32), torch.randn(2, 40, 2, 32)
