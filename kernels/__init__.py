@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it
 
 
 # Triton's name of a variant dtype where the two differ (the others, fp16, bf16 and fp32, are Triton's own):
-# e4m3 is torch.float8_e4m3fn, OCP's FP8 with 4 exponent bits and no infinity.
-TRITON_DTYPES = {"e4m3": "fp8e4nv"}
+# e4m3 is torch.float8_e4m3fn, OCP's FP8 with 4 exponent bits and no infinity; e5m2 is torch.float8_e5m2.
+TRITON_DTYPES = {"e4m3": "fp8e4nv", "e5m2": "fp8e5"}
 
 
 @record

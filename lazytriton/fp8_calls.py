@@ -1,6 +1,6 @@
 """The public functions' FP8 calls (FlashAttention-3's FP8 forward): checked, then the binding or the torch op.
 
-``flash_attn_func``, ``attn_fwd``, ``flash_attn_varlen_func`` and the SDPA drop-in send float8_e4m3fn inputs here
+``flash_attn_func``, ``attn_fwd``, ``flash_attn_varlen_func`` and the SDPA drop-in send float8 inputs here
 with ``plain`` (``interface.direct``: plain tensors, nothing tracing, no dispatch mode). Every argument is checked
 first (``kernels/flash_fwd/fp8.py``); a plain call with plain descales then runs the binding, any other goes
 through the torch op (``lazytriton.fp8_op``, imported on first use as ``lazytriton.ops`` is), which

@@ -1,7 +1,7 @@
 """Torch ops of the FP8 forward (FlashAttention-3's, ``kernels/flash_fwd/fp8.py``), with their fake twins.
 
 ``lazytriton::flash_fwd_fp8(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left=-1,
-window_right=-1, softcap=0.0, attention_chunk=0) -> (out, lse)`` takes float8_e4m3fn tensors in the kernel's
+window_right=-1, softcap=0.0, attention_chunk=0) -> (out, lse)`` takes float8 (e4m3fn, e5m2) tensors in the kernel's
 (batch, heads, seqlen, head_dim) order (any strides with a contiguous last dim), FlashAttention-3's descales
 (None, or float32 (batch, heads_k), (1,) or ()), ``causal`` as one of "none", "top_left", "bottom_right", and the
 window, softcap and chunk as ``lazytriton::flash_fwd`` does; out is bfloat16, lse float32 (batch, heads_q,

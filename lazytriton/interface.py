@@ -139,11 +139,12 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
             query i sees key j only when j // attention_chunk == (i + offset)
             // attention_chunk, offset the window's. Default 0 (off).
         q_descale: FlashAttention-3's FP8 forward, for float8_e4m3fn q, k
-            and v (sm_90 and later; CPU tensors through the interpreter): None
+            and v, or float8_e5m2 ones (all three one dtype; sm_90 and
+            later; CPU tensors through the interpreter): None
             (1.0) or float32 on q's device, (batch, heads_k) or one value ((1,)
             or ()). The scores are (q . k) * q_descale * k_descale * sm_scale,
             the probabilities are rounded to e4m3 for their product with v (as
-            FlashAttention-3 does), and out (bfloat16) is multiplied by
+            FlashAttention-3 does; e5m2 inputs too), and out (bfloat16) is multiplied by
             v_descale. No alibi_slopes, dropout or sinks with FP8 inputs, and
             no backward: they must not require grad.
         k_descale: k's, as q_descale.
@@ -268,7 +269,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             if > 0, query i sees key j only when j // attention_chunk == (i +
             seqlen_k - seqlen_q) // attention_chunk, on top of causal and the
             window. Key blocks outside every query's chunk are skipped. Default 0 (off).
-        q_descale: FlashAttention-3's FP8 forward (float8_e4m3fn q, k and v, out bfloat16), as in ``attn_fwd``:
+        q_descale: FlashAttention-3's FP8 forward (float8_e4m3fn or float8_e5m2 q, k and v, out bfloat16), as in
+            ``attn_fwd``:
             None or float32 (batch, heads_k), (1,) or (). Forward only.
         k_descale: k's, as q_descale.
         v_descale: v's, as q_descale.
@@ -385,7 +387,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             when j // attention_chunk == (i + len_k - len_q) // attention_chunk. Default 0 (off).
         out: optional, vLLM's: a tensor of the output's shape, dtype and device that the output is written into
             (and returned).
-        q_descale: FlashAttention-3's FP8 forward (float8_e4m3fn q, k and v, out bfloat16), as in ``attn_fwd``,
+        q_descale: FlashAttention-3's FP8 forward (float8_e4m3fn or float8_e5m2 q, k and v, out bfloat16), as in
+            ``attn_fwd``,
             batch being the number of sequences. Forward only. Not taken with block_table (its queries are float16
             or bfloat16).
         k_descale: k's, as q_descale; with block_table, a float8 paged cache's (as vLLM calls FlashAttention-3).

@@ -34,8 +34,9 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
         causal: as in ``attn_fwd`` (False, True/"top_left", "bottom_right"); the
             two alignments share one kernel.
         layout: "bhsd" (SDPA, ``attn_fwd``) or "bshd" (``flash_attn_func``).
-        dtype: for shapes (default float16); taken from ``q`` when it is a tensor. float8_e4m3fn loads the FP8
-            forward's kernel (``q_descale``'s calls), and the 1.0 a call without descales reads.
+        dtype: for shapes (default float16); taken from ``q`` when it is a tensor. float8_e4m3fn (or
+            float8_e5m2) loads the FP8 forward's kernel (``q_descale``'s calls), and the 1.0 a call without
+            descales reads.
         device: for shapes (default the current CUDA device); taken from ``q``
             when it is a tensor.
         backward: also load the backward's kernels (to capture a training
@@ -111,12 +112,12 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
 
 def _fp8(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any, window_size: Any,
          softcap: Any, attention_chunk: Any, refused: dict[str, Any]) -> list[str]:
-    """The FP8 forward's preload (float8_e4m3fn): its kernel and the 1.0 an absent descale reads; forward only."""
+    """The FP8 forward's preload (float8 inputs): its kernel and the 1.0 an absent descale reads; forward only."""
     from lazytriton.kernels.flash_fwd import fp8
 
     for name, value in refused.items():
         if check_bool(name, value):
-            raise ValueError(f"{name}=True: the FP8 forward (float8_e4m3fn) takes no ALiBi, dropout, mask or sinks, "
+            raise ValueError(f"{name}=True: the FP8 forward (float8 inputs) takes no ALiBi, dropout, mask or sinks, "
                              "and has no backward")
     call = binding.with_chunk(binding.check(q, k, v, causal, None, window=window_size, softcap=softcap, fp8=True),
                               attention_chunk)

@@ -141,10 +141,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     naming the argument (``SDPAError``, ``SDPATypeError``).
 
     Args:
-        query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32; or float8_e4m3fn (with key
-            and value): FlashAttention-3's FP8 forward with every descale 1.0, as torch's FlashAttention-3 route
-            runs it (a UserWarning says so; ``attn_fwd`` takes the descales), out bfloat16, no attn_mask, dropout
-            or backward.
+        query: (..., heads_q, seqlen_q, head_dim), float16, bfloat16 or float32; or float8_e4m3fn/e5m2 (key
+            and value the same): FlashAttention-3's FP8 forward with every descale 1.0, as torch's
+            FlashAttention-3 route runs it (a UserWarning says so; ``attn_fwd`` takes the descales), out
+            bfloat16, no attn_mask, dropout or backward.
         key: (..., heads_k, seqlen_k, head_dim).
         value: (..., heads_k, seqlen_k, head_dim_v): its head dim may differ
             from the query's (as torch allows; DeepSeek's MLA: 192 and 128).
@@ -203,14 +203,14 @@ def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mas
     return out if out.shape == out_shape else out.reshape(out_shape)
 
 
-FP8_WARNING = ("scaled_dot_product_attention on float8_e4m3fn inputs runs the FP8 forward with every descale 1.0 "
+FP8_WARNING = ("scaled_dot_product_attention on float8 inputs runs the FP8 forward with every descale 1.0 "
                "(SDPA has no descale arguments; torch's FlashAttention-3 route does the same, and warns too): for "
                "quantised inputs pass q_descale, k_descale and v_descale to lazytriton.attn_fwd or flash_attn_func")
 
 
 def _fp8(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, dropout_p: Any,
          is_causal: Any, scale: Any, enable_gqa: Any, softcap: float, sinks: Any) -> torch.Tensor:
-    """SDPA on float8_e4m3fn tensors: FlashAttention-3's FP8 forward with every descale 1.0, out bfloat16.
+    """SDPA on float8 tensors (e4m3 or e5m2): FlashAttention-3's FP8 forward with every descale 1.0, out bfloat16.
 
     Torch's SDPA takes no descales; where it serves FP8 (its FlashAttention-3 implementation) it runs them as 1.0
     and warns (``FP8_WARNING``, here outside torch.compile's trace, which a warning would break). No attn_mask,

@@ -38,7 +38,7 @@ LAUNCH_ABI = 1
 Value = bool | int | str
 Pairs = tuple[tuple[str, Value], ...]
 
-DTYPES = ("fp16", "bf16", "fp32", "e4m3")  # e4m3: torch.float8_e4m3fn (kernels.TRITON_DTYPES)
+DTYPES = ("fp16", "bf16", "fp32", "e4m3", "e5m2")  # torch.float8_e4m3fn, float8_e5m2 (kernels.TRITON_DTYPES)
 
 
 # The forms of names and values, as plain string tests (no pattern compiled at import): a name is

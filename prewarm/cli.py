@@ -56,7 +56,7 @@ from typing import Any
 
 from lazytriton.cli.report import plural
 
-DTYPES = ("fp16", "bf16", "fp32", "e4m3")  # lazytriton.variant.DTYPES, without importing it to build the parser
+DTYPES = ("fp16", "bf16", "fp32", "e4m3", "e5m2")  # lazytriton.variant.DTYPES, without importing it to build the parser
 # --causal takes the causal modes of the API and of ``cache explain`` (geometry.CAUSAL_MODES);
 # "causal" is an alias of top_left, as ``causal=True`` is in the API. top_left and
 # bottom_right build the same binary (CAUSAL=true): the alignment is a runtime offset.

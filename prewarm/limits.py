@@ -54,7 +54,7 @@ MAX_BLOCK_D = 256
 # v's tile goes to 512 (DeepSeek's MLA decode): BLOCK_DV, and the BLOCK_D of the kernel whose head dim is v's.
 MAX_BLOCK_DV = 512
 VALUE_TILE_KERNELS = ("flash_decode_combine",)
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "e4m3": 1}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "e4m3": 1, "e5m2": 1}
 
 
 @record

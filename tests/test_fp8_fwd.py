@@ -1,8 +1,9 @@
 """The FP8 forward (flash_fwd_fp8): FlashAttention-3's rule against float64, bad input, dispatch, the sm_90 binary.
 
-CPU tests run the kernel through Triton's interpreter (whose float -> e4m3
-rounding lazytriton.interpreter makes round to nearest even and saturate, as
-sm_90's cvt does). The rule is FlashAttention-3's fp8 test's: the output's
+Both input formats: float8_e4m3fn and float8_e5m2 (q, k and v of one; the
+probabilities rounded to e4m3 in either). CPU tests run the kernel through
+Triton's interpreter (whose float -> float8 rounding lazytriton.interpreter
+makes round to nearest even and saturate, as sm_90's cvt does). The rule is FlashAttention-3's fp8 test's: the output's
 largest error against a float64 reference computed from the dequantised
 inputs is at most rtol (2, 3 with softcap) times that of the same math done as
 FlashAttention-3's ``attention_ref(upcast=False, intermediate_dtype=fp8)``
@@ -21,12 +22,16 @@ import torch
 from conftest import gpu
 
 import lazytriton
+from lazytriton import compiler
 from lazytriton.interpreter import fp8_encode
 from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_fwd import binding, fp8, grid
+from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
 from lazytriton.kernels.flash_fwd.reference import visible
 from lazytriton.target import Target
 
 E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
 
 
 def _expand(descale: torch.Tensor | None, heads_q: int) -> torch.Tensor:
@@ -71,9 +76,10 @@ def assert_fa3_rule(out: torch.Tensor, exact: torch.Tensor, same: torch.Tensor, 
     assert err <= rtol * base + atol, f"max error {err:.3e} > {rtol} x {base:.3e} + {atol:.1e}"
 
 
-def fp8_inputs(b: int, sq: int, sk: int, hq: int, hk: int, d: int, scale: float = 1.0) -> tuple[torch.Tensor, ...]:
-    q = (torch.randn(b, hq, sq, d) * scale).to(E4M3)
-    k, v = torch.randn(b, hk, sk, d).to(E4M3), torch.randn(b, hk, sk, d).to(E4M3)
+def fp8_inputs(b: int, sq: int, sk: int, hq: int, hk: int, d: int, scale: float = 1.0,
+               dtype: torch.dtype = E4M3) -> tuple[torch.Tensor, ...]:
+    q = (torch.randn(b, hq, sq, d) * scale).to(dtype)
+    k, v = torch.randn(b, hk, sk, d).to(dtype), torch.randn(b, hk, sk, d).to(dtype)
     return q, k, v
 
 
@@ -147,6 +153,87 @@ def test_varlen_with_seqused_and_per_sequence_descales() -> None:
         assert_fa3_rule(out[rows], exact, same)
 
 
+@pytest.mark.parametrize(("d", "causal", "hq", "hk", "sq", "sk"), [
+    (64, False, 4, 2, 70, 70),
+    (96, "bottom_right", 3, 1, 33, 64),  # a padded head dim (EVEN_D false), MQA
+])
+def test_e5m2_dense_matches_float64_by_fa3_rule(d: int, causal: bool | str, hq: int, hk: int, sq: int,
+                                                sk: int) -> None:
+    torch.manual_seed(d + sq + 1)
+    q, k, v = fp8_inputs(2, sq, sk, hq, hk, d, dtype=E5M2)
+    scales = per_head(2, hk)
+    out, lse = lazytriton.attn_fwd(q, k, v, causal=causal, q_descale=scales[0], k_descale=scales[1],
+                                   v_descale=scales[2])
+    assert out.dtype == torch.bfloat16 and out.shape == (2, hq, sq, d) and lse.shape == (2, hq, sq)
+    exact = reference(q, k, v, scales, causal)
+    assert_fa3_rule(out, exact, reference(q, k, v, scales, causal, same_precision=True))
+
+
+def test_e5m2_varlen_and_flash_attn_func_without_descales() -> None:
+    torch.manual_seed(4)
+    lens_q, lens_k, hq, hk, d = [30, 45], [50, 33], 2, 1, 64
+    cu_q = torch.tensor([0, *np.cumsum(lens_q)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *np.cumsum(lens_k)], dtype=torch.int32)
+    q = torch.randn(sum(lens_q), hq, d).to(E5M2)
+    k, v = torch.randn(sum(lens_k), hk, d).to(E5M2), torch.randn(sum(lens_k), hk, d).to(E5M2)
+    scales = (torch.tensor(0.8), None, torch.rand(2, hk) + 0.5)
+    out = lazytriton.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 45, 50, causal=True, q_descale=scales[0],
+                                            v_descale=scales[2])
+    assert out.dtype == torch.bfloat16 and out.shape == (sum(lens_q), hq, d)
+    for i in range(2):
+        rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        qi, ki, vi = (t[sl].transpose(0, 1)[None] for t, sl in ((q, rows), (k, keys), (v, keys)))
+        si = (scales[0], None, scales[2][i:i + 1])
+        exact = reference(qi, ki, vi, si, "bottom_right")[0].transpose(0, 1)
+        same = reference(qi, ki, vi, si, "bottom_right", same_precision=True)[0].transpose(0, 1)
+        assert_fa3_rule(out[rows], exact, same)
+    dense = (q[:30][None], k[:50][None], v[:50][None])  # (1, S, H, D): flash_attn_func's layout
+    out = lazytriton.flash_attn_func(*dense, causal=True)
+    qt, kt, vt = (t.transpose(1, 2) for t in dense)
+    exact = reference(qt, kt, vt, (None, None, None), "bottom_right").transpose(1, 2)
+    assert_fa3_rule(out, exact, reference(qt, kt, vt, (None, None, None), "bottom_right",
+                                          same_precision=True).transpose(1, 2))
+
+
+def test_e5m2_probabilities_are_rounded_to_e4m3() -> None:
+    """One key block (the interpreter's BLOCK_N is 32): out is round(exp(s - max)) @ v / sum(exp(s - max)).
+
+    The kernel's out is that model's with P rounded to e4m3 up to bf16's
+    rounding, and several times farther from the model that rounds P to e5m2.
+    """
+    torch.manual_seed(11)
+    q, k, v = fp8_inputs(1, 24, 30, 2, 2, 64, scale=3.0, dtype=E5M2)
+    out, _ = lazytriton.attn_fwd(q, k, v)
+    scores = q.double() @ k.double().transpose(-1, -2) / 8.0
+    p = torch.exp(scores - scores.amax(-1, keepdim=True))
+    err = {fmt: float((out.double() - p.to(fmt).double() @ v.double() / p.sum(-1, keepdim=True)).abs().max())
+           for fmt in (E4M3, E5M2)}
+    assert err[E4M3] < err[E5M2] / 4, err
+
+
+def test_a_null_descale_reads_as_one() -> None:
+    """The kernel reads a descale whose pointer is null as 1.0 (the C API passes NULL for an absent one on a GPU).
+
+    Through the interpreter: out and lse bit for bit those of the same call with 1.0 tensors (the Python path).
+    """
+    torch.manual_seed(12)
+    q, k, v = fp8_inputs(1, 40, 56, 2, 1, 64, dtype=E5M2)
+    k_descale = torch.rand(1, 1) + 0.5
+    want, want_lse = lazytriton.attn_fwd(q, k, v, causal="bottom_right", k_descale=k_descale)
+    call = binding.check(q, k, v, "bottom_right", None, fp8=True)
+    vt = fp8.transposed_v(v)
+    out, lse = fp8.empty_outputs(q, call.dv)
+    scales = fp8.descales((None, k_descale, None), q, 1, 1)
+    ints, _, _ = fp8.pack(q, k, vt, out, lse, call, scales)
+    n_pointers = sum(1 for _, kind in FLASH_FWD_FP8.params if kind.startswith("*"))
+    null = torch.empty(0, dtype=torch.float32)  # an empty tensor's data pointer is 0
+    assert null.data_ptr() == 0
+    args = (q, k, vt, out, lse, 0, 0, 0, 0, null, scales.k, null, *ints[n_pointers:], *fp8.floats(call))
+    constexprs = fp8.interpreter_constexprs(call, call.shape)
+    compiler.interpret(FLASH_FWD_FP8.name, grid(40, 2, 1, constexprs["BLOCK_M"]), args, constexprs)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 def test_interpreter_rounds_to_e4m3_as_the_gpu_does() -> None:
     values = torch.cat([torch.randn(20000) * 5, torch.randn(2000) * 400, torch.rand(2000) * 0.02,
                         torch.tensor([1.99, 1.0625, 464.0, 465.0, 1000.0, -1000.0, 2.0**-10, 3 * 2.0**-10, -0.0])])
@@ -155,12 +242,25 @@ def test_interpreter_rounds_to_e4m3_as_the_gpu_does() -> None:
     assert torch.isnan(torch.from_numpy(fp8_encode(np.array([np.nan], np.float32), "fp8e4nv")).view(E4M3).float()).all()
 
 
+def test_interpreter_rounds_to_e5m2_as_the_gpu_does() -> None:
+    values = torch.cat([torch.randn(20000) * 5, torch.randn(2000) * 4000, torch.rand(2000) * 2.0**-13,
+                        torch.tensor([1.125, 1.375, 57344.0, 2.0**-16, 3 * 2.0**-17, -0.0])])
+    ours = torch.from_numpy(fp8_encode(values.numpy(), "fp8e5")).view(E5M2).float()
+    assert torch.equal(ours, values.to(E5M2).float())  # in range: torch's nearest even
+    past = torch.from_numpy(fp8_encode(np.array([61440.0, -1e6, np.inf], np.float32), "fp8e5")).view(E5M2).float()
+    assert past.tolist() == [57344.0, -57344.0, 57344.0]  # satfinite, as sm_90's cvt
+
+
 def _cpu_fp8(*shape: int) -> torch.Tensor:
     return torch.randn(*shape).to(E4M3)
 
 
 @pytest.mark.parametrize(("change", "error", "match"), [
     (dict(k=torch.randn(1, 16, 2, 64, dtype=torch.bfloat16)), TypeError, "k has dtype torch.bfloat16"),
+    # one float8 format for q, k and v (the kernel's pointers are of one dtype)
+    (dict(k=torch.randn(1, 16, 2, 64).to(E5M2)), TypeError, "k has dtype torch.float8_e5m2 but q has "
+                                                            "torch.float8_e4m3fn"),
+    (dict(v=torch.randn(1, 16, 2, 64).to(E5M2)), TypeError, "v has dtype torch.float8_e5m2"),
     (dict(q_descale=torch.rand(2, 2)), ValueError, r"q_descale must have shape \(batch, heads_k\) = \(1, 2\)"),
     (dict(k_descale=torch.rand(1, 2, dtype=torch.float16)), TypeError, "k_descale must be float32"),
     (dict(v_descale=[1.0]), TypeError, "v_descale must be a torch.Tensor"),
@@ -186,23 +286,30 @@ def test_descales_on_bf16_inputs_are_refused() -> None:
 
 
 @pytest.mark.parametrize("target", ["sm_80", "gfx942"])
-def test_dispatch_refuses_targets_without_fp8_tensor_cores(target: str) -> None:
-    with pytest.raises(ValueError, match=f"dtype e4m3: {target}"):
-        dispatch.kernel_variant("flash_fwd", Target.parse(target), "e4m3", 128, False, True, 4096, 4096)
+@pytest.mark.parametrize("dtype", ["e4m3", "e5m2"])
+def test_dispatch_refuses_targets_without_fp8_tensor_cores(target: str, dtype: str) -> None:
+    with pytest.raises(ValueError, match=f"dtype {dtype}: {target}"):
+        dispatch.kernel_variant("flash_fwd", Target.parse(target), dtype, 128, False, True, 4096, 4096)
 
 
 def test_dispatch_gives_the_fp8_kernel_and_refuses_its_missing_features() -> None:
     variant = dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "e4m3", 96, True, True, 4096, 4096)
     assert variant.kernel == "flash_fwd_fp8" and variant.dtype == "e4m3"
     assert variant.get("BLOCK_D") == 128 and "BLOCK_D2" not in variant.constexprs  # padded, never split
+    e5m2 = dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "e5m2", 96, True, True, 4096, 4096)
+    assert e5m2.kernel == "flash_fwd_fp8" and e5m2.dtype == "e5m2" and e5m2.key() != variant.key()
+    assert (e5m2.functional, e5m2.tuned, e5m2.options) == (variant.functional, variant.tuned, variant.options)
     with pytest.raises(ValueError, match="takes no alibi, dropout"):
         dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "e4m3", 64, False, True, 64, 64, alibi=True,
                                 dropout=True)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_sm90_binary_uses_fp8_wgmma_for_both_products(head_dim: int) -> None:
-    """Both dots are e4m3 x e4m3 wgmma in the PTX (q k: n = BLOCK_N, p v: n = BLOCK_D), none through mma.sync."""
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, "e4m3"), (128, "e4m3"), (256, "e4m3"), (128, "e5m2")])
+def test_sm90_binary_uses_fp8_wgmma_for_both_products(head_dim: int, dtype: str) -> None:
+    """Both dots are float8 wgmma in the PTX (q k: n = BLOCK_N, p v: n = BLOCK_D), none through mma.sync.
+
+    e4m3 inputs: e4m3 x e4m3 for both; e5m2 inputs: e5m2 x e5m2 for q k, and e4m3 (P) x e5m2 (V) for p v.
+    """
     import importlib
 
     import triton
@@ -213,15 +320,15 @@ def test_sm90_binary_uses_fp8_wgmma_for_both_products(head_dim: int) -> None:
     from lazytriton.kernels import get
     from lazytriton.variant import kernel_constexprs
 
-    variant = dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), "e4m3", head_dim, True, True, 16384, 16384)
+    variant = dispatch.kernel_variant("flash_fwd", Target.parse("sm_90"), dtype, head_dim, True, True, 16384, 16384)
     spec = get(variant.kernel)
     constexprs = kernel_constexprs(variant, spec.constexprs)
     source = ASTSource(getattr(importlib.import_module(spec.module), spec.function),
                        spec.signature(variant.dtype, False, constexprs), constexprs=constexprs,
                        attrs=divisibility_hints(spec, variant))
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(variant.options)).asm["ptx"]
-    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
-    assert {str(variant.get("BLOCK_N")), str(head_dim)} <= shapes, shapes
+    dots = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.(e[45]m[23]\.e[45]m[23])", ptx))
+    assert {(str(variant.get("BLOCK_N")), f"{dtype}.{dtype}"), (str(head_dim), f"e4m3.{dtype}")} <= dots, dots
     assert "mma.sync" not in ptx
 
 

@@ -42,7 +42,7 @@ log = logging.getLogger("lazytriton.flash")
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # The FP8 forward's dtypes (``flash_fwd.fp8``: its own kernel, flash_fwd_fp8); ``check(fp8=True)`` takes them.
-FP8_DTYPES = {torch.float8_e4m3fn: "e4m3"}
+FP8_DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 INT32_MAX = 2**31 - 1
 MAX_GRID_YZ = 65535  # grid y (heads) and z (batch) limits of CUDA and HIP
 DEVICE_TYPES = ("cuda", "cpu")  # ROCm tensors are "cuda" too
@@ -136,7 +136,8 @@ def _check_tensor(name: str, t: object, fp8: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in (FP8_DTYPES if fp8 else DTYPES):
-        raise TypeError(f"{name} must be {'float8_e4m3fn' if fp8 else 'float16, bfloat16 or float32'}, got {t.dtype}")
+        raise TypeError(f"{name} must be {'float8_e4m3fn or float8_e5m2' if fp8 else 'float16, bfloat16 or float32'}, "
+                        f"got {t.dtype}")
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
     if t.stride(-1) != 1 and t.shape[-1] > 1:
@@ -189,7 +190,8 @@ def check(q: Any, k: Any, v: Any, causal: Any = False, scale: Any = None, names:
     a GPU, the CPU or the meta device (for shape inference). ``window``:
     FlashAttention-2's ``window_size`` (left, right), -1 for unbounded;
     ``softcap``: 0.0 (off) or the cap of the scaled scores. ``fp8``: the
-    tensors must be float8_e4m3fn (``FP8_DTYPES``: the FP8 forward's), not float16, bfloat16 or float32.
+    tensors must be float8_e4m3fn or float8_e5m2, all three one (``FP8_DTYPES``: the FP8 forward's), not
+    float16, bfloat16 or float32.
     """
     call = _check_tensors(q, k, v, causal, scale, names, fp8)
     if type(window) is tuple and window == NO_WINDOW and type(softcap) is float and softcap == 0.0:

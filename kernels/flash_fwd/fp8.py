@@ -1,6 +1,6 @@
 """The FP8 forward on the host: descales, V's transpose, the argument packing and the launch of ``flash_fwd_fp8``.
 
-FlashAttention-3's FP8 forward: float8_e4m3fn q, k and v (checked by
+FlashAttention-3's FP8 forward: float8_e4m3fn (or float8_e5m2) q, k and v, all three one dtype (checked by
 ``binding.check(..., fp8=True)`` or ``varlen.check(..., fp8=True)``, shapes and
 flags as any call's), FlashAttention-3's ``q_descale``, ``k_descale`` and
 ``v_descale`` (``descales``), a bf16 output. The kernel reads V from its
@@ -56,8 +56,8 @@ def refuse_descales(q: Any, given: tuple[Any, Any, Any]) -> None:
     for name, t in zip(DESCALE_NAMES, given, strict=True):
         if t is not None:
             dtype = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
-            raise TypeError(f"{name} is for float8_e4m3fn inputs (FlashAttention-3's FP8 forward), but q is {dtype}; "
-                            "pass None")
+            raise TypeError(f"{name} is for float8_e4m3fn inputs or float8_e5m2 ones (FlashAttention-3's FP8 "
+                            f"forward), but q is {dtype}; pass None")
 
 
 def check_no_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -65,7 +65,7 @@ def check_no_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"{name} requires grad, but the FP8 forward has no backward (FlashAttention-3's has "
-                             "none): detach the float8_e4m3fn inputs or run under torch.no_grad()")
+                             "none): detach the float8 inputs or run under torch.no_grad()")
 
 
 def _ones_on(device: torch.device) -> torch.Tensor:
@@ -174,18 +174,21 @@ def floats(call: binding.Call) -> tuple[float, float]:
 
 
 def memo_key(device_index: int | None, call: binding.Call, shape: binding.Shape, aligned: bool, index64: bool,
-             packed: tuple[bool, bool, bool] = (False, False, False)) -> tuple[Any, ...]:
+             packed: tuple[bool, bool, bool] = (False, False, False), *, dtype: str) -> tuple[Any, ...]:
     """The plan's memo key: what ``variant`` reads, seqlens through the tuning buckets. ``packed``: varlen, seqused."""
-    return (MARK, device_index, shape.head_dim, call.head_dim_v, call.causal != "none", aligned, index64,
+    return (MARK, device_index, dtype, shape.head_dim, call.head_dim_v, call.causal != "none", aligned, index64,
             tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k), call.windowed, call.capped,
             call.chunked, *packed)
 
 
 def variant(target: Any, call: binding.Call, shape: binding.Shape, aligned: bool, index64: bool,
-            packed: tuple[bool, bool, bool] = (False, False, False)) -> Any:
-    """The ``flash_fwd_fp8`` variant of a call (dispatch's; a ValueError for a target without FP8 tensor cores)."""
+            packed: tuple[bool, bool, bool] = (False, False, False), *, dtype: str) -> Any:
+    """The ``flash_fwd_fp8`` variant of a call of FP8 ``dtype`` (``FP8_DTYPES``' names: e4m3, e5m2); dispatch's.
+
+    A ValueError for a target without FP8 tensor cores.
+    """
     return fwd_dispatch.flash_fwd_variant(
-        target, "e4m3", shape.head_dim, call.causal != "none", aligned, shape.seqlen_q, index64=index64,
+        target, dtype, shape.head_dim, call.causal != "none", aligned, shape.seqlen_q, index64=index64,
         seqlen_k=shape.seqlen_k, window=call.windowed, softcap=call.capped, head_dim_v=call.head_dim_v,
         varlen=packed[0], seqused_q=packed[1], seqused_k=packed[2], chunk=call.chunked)
 
@@ -200,10 +203,11 @@ def interpreter_constexprs(call: binding.Call, shape: binding.Shape,
 
 
 def _plan(rt: Any, key: tuple[Any, ...], device: torch.device, call: binding.Call, shape: binding.Shape,
-          aligned: bool, index64: bool, packed: tuple[bool, bool, bool] = (False, False, False)) -> Any:
+          aligned: bool, index64: bool, packed: tuple[bool, bool, bool], dtype: str) -> Any:
     """``launch.plan`` of the call's ``flash_fwd_fp8`` variant: (kernel, BLOCK_M), memoised under ``key``."""
     return launch.plan(rt, key, device,
-                       lambda target: ((variant(target, call, shape, aligned, index64, packed), ("BLOCK_M",)),),
+                       lambda target: ((variant(target, call, shape, aligned, index64, packed, dtype=dtype),
+                                        ("BLOCK_M",)),),
                        "run the FP8 call once with this shape before the capture, or lazytriton.preload it")
 
 
@@ -238,8 +242,9 @@ def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     ints, aligned, index64 = pack(q, k, vt, out, lse, call, scales, *addresses)
     device = q.device
     rt = runtime.get()
-    key = memo_key(device.index, call, shape, aligned, index64, packed)
-    kernel, block_m = rt.plans.get(key) or _plan(rt, key, device, call, shape, aligned, index64, packed)
+    dtype = binding.FP8_DTYPES[q.dtype]
+    key = memo_key(device.index, call, shape, aligned, index64, packed, dtype=dtype)
+    kernel, block_m = rt.plans.get(key) or _plan(rt, key, device, call, shape, aligned, index64, packed, dtype)
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), launch.raw_stream(device.index), ints,
                   floats(call), launch.scratch_alloc)
 
@@ -272,8 +277,8 @@ def _refuse(unsupported: dict[str, Any]) -> None:
     """A ValueError naming the first argument the FP8 forward does not take (given a value that is not its default)."""
     for name, on in unsupported.items():
         if on:
-            raise ValueError(f"{name} is not taken with float8_e4m3fn inputs: the FP8 forward (FlashAttention-3's) "
-                             "has no ALiBi, dropout, sinks or bias")
+            raise ValueError(f"{name} is not taken with float8_e4m3fn or float8_e5m2 inputs: the FP8 forward "
+                             "(FlashAttention-3's) has no ALiBi, dropout, sinks or bias")
 
 
 def checked(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Names, window: Any, softcap: Any,
@@ -339,6 +344,7 @@ def preload(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     meta = torch.empty((), dtype=torch.float32, device="meta").expand(shape.batch, shape.heads_k)
     _, aligned, index64 = pack(q, k, transposed_v(v.to("meta")), out, lse, call, Descales(meta, meta, meta))
     _ones_on(device)
-    key = memo_key(device.index, call, shape, aligned, index64)
-    _plan(runtime.get(), key, device, call, shape, aligned, index64)
-    return variant(machine.target_of_device(device), call, shape, aligned, index64)
+    dtype = binding.FP8_DTYPES[q.dtype]
+    key = memo_key(device.index, call, shape, aligned, index64, dtype=dtype)
+    _plan(runtime.get(), key, device, call, shape, aligned, index64, (False, False, False), dtype)
+    return variant(machine.target_of_device(device), call, shape, aligned, index64, dtype=dtype)

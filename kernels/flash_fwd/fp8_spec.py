@@ -1,8 +1,10 @@
 """The description of ``flash_fwd_fp8`` (``triton_kernel.py``'s ``flash_fwd_fp8_kernel``): the FP8 forward.
 
 FlashAttention-3's FP8 forward: e4m3 q, k and v (the variant's dtype
-``e4m3``, Triton's ``fp8e4nv``), float32 descales per (batch, kv head) or per
-tensor, the output in bf16 (FlashAttention-3's output dtype for FP8 inputs).
+``e4m3``, Triton's ``fp8e4nv``), or e5m2 ones (``e5m2``, ``fp8e5``; the
+probabilities still rounded to e4m3 for their product with v), float32
+descales per (batch, kv head) or per tensor (a null pointer: 1.0), the output
+in bf16 (FlashAttention-3's output dtype for FP8 inputs).
 The same body as ``flash_fwd`` (``triton_kernel._forward``), with V read from
 its transpose (``_load_k_vt`` says why) and none of the score modifications,
 sinks, TMA or split tiles; a kernel of its own, so that ``flash_fwd``'s
@@ -53,15 +55,16 @@ FLASH_FWD_FP8 = KernelSpec(
     helpers=FLASH_FWD.helpers,
 )
 
-# The dtypes of q, k and v the FP8 forward takes (the variant's dtype); its output is bf16.
-FP8_DTYPES = ("e4m3",)
+# The dtypes of q, k and v the FP8 forward takes (the variant's dtype; all three one); its output is bf16.
+FP8_DTYPES = ("e4m3", "e5m2")
 
 
 def fp8_refusal(target: Target) -> str | None:
     """Why the FP8 forward does not serve ``target`` (None: it does). Pure.
 
-    FP8 tensor cores: CUDA sm_90 (Hopper's wgmma, e4m3 x e4m3 for both
-    products, read from this kernel's PTX) and later. sm_80 (Ampere) has none.
+    FP8 tensor cores: CUDA sm_90 (Hopper's wgmma: e4m3 x e4m3 for both
+    products of e4m3 inputs, e5m2 x e5m2 and e4m3 x e5m2 for e5m2 ones, read
+    from this kernel's PTX) and later. sm_80 (Ampere) has none.
     Triton 3.9's AMD backend runs OCP FP8 (e4m3fn) natively from CDNA4
     (gfx950) and emulates it on gfx942, whose matrix cores take the FNUZ
     format (torch.float8_e4m3fnuz) instead; neither is measured here.
@@ -75,10 +78,10 @@ def fp8_refusal(target: Target) -> str | None:
 
 
 def fp8_default_config(target: Target, head_dim: int, seqlen_q: int) -> Config:
-    """The FP8 forward's tiles where the tuning table has no e4m3 row: untuned (no H200 sweep of this kernel yet).
+    """The FP8 forward's tiles where the tuning table has no row of its dtype: untuned (no H200 sweep of it yet).
 
     The bf16 kernel's sm_90 shapes at twice the key tile where shared memory
-    allows it (e4m3 is half the bytes: 128 x 128 x 8 warps x 3 stages is
+    allows it (float8 is half the bytes: 128 x 128 x 8 warps x 3 stages is
     64 KiB at head dim 128), 128 x 64 x 2 stages at head dim 256 (96 KiB),
     read from the compiled entries' shared sizes; a short seqlen_q takes its
     class's BLOCK_M as the bf16 kernel does.

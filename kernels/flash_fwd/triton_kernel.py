@@ -335,12 +335,21 @@ def _online(
 
 @triton.jit
 def _accumulate(acc, alpha, p, v, IEEE: tl.constexpr):
-    """The accumulator rescaled by alpha, plus p @ v."""
+    """The accumulator rescaled by alpha, plus p @ v.
+
+    p is rounded to v's dtype, but to e4m3 for an e5m2 v (one more mantissa
+    bit for the probabilities: the dot mixes the two float8 formats, which
+    sm_90's wgmma takes, e4m3 x e5m2, with Triton 3.6 and 3.9 alike).
+    """
     acc = acc * alpha[:, None]
-    if IEEE:
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    if v.dtype == tl.float8e5:
+        p = p.to(tl.float8e4nv)
     else:
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        p = p.to(v.dtype)
+    if IEEE:
+        acc = tl.dot(p, v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p, v, acc)
     return acc
 
 
@@ -732,6 +741,12 @@ def flash_fwd_kernel(
 
 
 @triton.jit
+def _descale(Descale, offset):
+    """One FP8 descale: the float32 at ``Descale + offset``, or 1.0 where ``Descale`` is null (a descale not given)."""
+    return tl.load(Descale + offset, mask=Descale.to(tl.int64) != 0, other=1.0)
+
+
+@triton.jit
 def flash_fwd_fp8_kernel(
     Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Seqused_q, Seqused_k, Q_descale, K_descale, V_descale,
     stride_qb, stride_qh, stride_qs,
@@ -747,21 +762,22 @@ def flash_fwd_fp8_kernel(
     VARLEN: tl.constexpr = False, BLOCK_DV: tl.constexpr = 0, EVEN_DV: tl.constexpr = True,
     SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False, CHUNK: tl.constexpr = False,
 ):
-    """The FP8 forward: e4m3 Q, K and V with FlashAttention-3's descales, V given as its transpose, Out bf16.
+    """The FP8 forward: float8 Q, K, V (all e4m3 or all e5m2), FlashAttention-3's descales, V transposed, Out bf16.
 
     ``Q_descale``, ``K_descale``, ``V_descale``: float32, element (batch,
     kv head) at ``batch * stride_xdb + kv_head * stride_xdh`` (both 0 for one
-    per tensor). The scores are ``(q . k) * q_descale * k_descale *
-    sm_scale`` (then capped, masked), P is rounded to e4m3 for ``p @ v`` (as
-    FlashAttention-3 does) and the output is multiplied by v_descale. V is
-    (B, Hk, head_dim_v, Sk) with the keys contiguous (``stride_vs`` between
-    its head-dim rows; packed: (1, Hk, head_dim_v, total_k)).
+    per tensor); a null pointer is 1.0 (nothing is read). The scores are
+    ``(q . k) * q_descale * k_descale * sm_scale`` (then capped, masked), P
+    is rounded to e4m3 for ``p @ v`` (as FlashAttention-3 does; with e5m2
+    inputs too, ``_accumulate``) and the output is multiplied by v_descale.
+    V is (B, Hk, head_dim_v, Sk) with the keys contiguous (``stride_vs``
+    between its head-dim rows; packed: (1, Hk, head_dim_v, total_k)).
     """
     batch = tl.program_id(2)
     kv_head = tl.program_id(1) // group_size
-    qk_descale = (tl.load(Q_descale + batch * stride_qdb + kv_head * stride_qdh)
-                  * tl.load(K_descale + batch * stride_kdb + kv_head * stride_kdh))
-    v_descale = tl.load(V_descale + batch * stride_vdb + kv_head * stride_vdh)
+    qk_descale = (_descale(Q_descale, batch * stride_qdb + kv_head * stride_qdh)
+                  * _descale(K_descale, batch * stride_kdb + kv_head * stride_kdh))
+    v_descale = _descale(V_descale, batch * stride_vdb + kv_head * stride_vdh)
     _forward(
         Q, K, V, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Q_descale, Q, Seqused_q, Seqused_q, Seqused_k, Q_descale,
         stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,

@@ -227,7 +227,7 @@ def check(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seql
     used lengths, int32 (batch,) tensors on q's device, or None. ``sinks``:
     attention sinks, float32 (heads_q,) on q's device, or None. ``attention_chunk``:
     FlashAttention-3's chunk size (0: off), each sequence's chunks aligned bottom-right. ``fp8``: float8_e4m3fn
-    tensors (the FP8 forward's), as ``binding.check`` takes them.
+    or float8_e5m2 tensors (the FP8 forward's), as ``binding.check`` takes them.
     """
     q, k, v = _packed("q", q), _packed("k", k), _packed("v", v)
     if k.shape[:2] != v.shape[:2]:
