@@ -39,8 +39,10 @@ from lazytriton.capi.common import (
 
 log = logging.getLogger("lazytriton.capi")
 
-DTYPE_NAMES = {1: "fp16", 2: "bf16", 3: "fp32", 5: "e4m3"}
+DTYPE_NAMES = {1: "fp16", 2: "bf16", 3: "fp32", 5: "e4m3", 6: "e5m2"}
 E4M3 = 5  # LT_DTYPE_FP8_E4M3: the FP8 forward's q, k and v (flash_fwd_fp8)
+E5M2 = 6  # LT_DTYPE_FP8_E5M2: the FP8 forward's too, and a float8 KV cache's
+FP8_CODES = {E4M3: "e4m3", E5M2: "e5m2"}  # the FP8 forward's dtypes (flash_fwd_fp8's variant dtype)
 _LOG_LEVELS = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
 _CAUSAL: dict[int, bool | str] = {0: False, 1: "top_left", 2: "bottom_right"}
 
@@ -221,7 +223,7 @@ def _descales(p: Any) -> tuple[Any, Any, Any]:
 
 
 def attn_fwd_fp8_cpu(p: Any, q: Any, k: Any, vt: Any, out: Any, lse: Any) -> int:
-    """lt_attn_fwd of e4m3 q, k and v (version 7) on host memory: the FP8 forward's own checks and interpreter run.
+    """lt_attn_fwd of float8 q, k and v (version 7; e4m3 or e5m2) on host memory: the FP8 forward's checks and run.
 
     ``vt``: v as the caller gives it, transposed ((batch, heads_k, head_dim_v, seqlen_k), packed (heads_k,
     head_dim_v, total_k)); the Python calls take v in rows, so it is viewed back and copied contiguous (the
@@ -260,7 +262,7 @@ def attn_fwd_cpu(p: Any) -> int:
     from lazytriton import flash
 
     q, k, v, out, lse = (_host_tensor(t) for t in (p.q, p.k, p.v, p.out, p.lse))
-    if p.q.dtype == E4M3:
+    if p.q.dtype in FP8_CODES:
         return attn_fwd_fp8_cpu(p, q, k, v, out, lse)
     scale = None if math.isnan(p.sm_scale) else float(p.sm_scale)
     if _is_varlen(p):
@@ -390,8 +392,8 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     dispatch's rule for the seqlens. ``window``, ``softcap``: the WINDOW and SOFTCAP variants.
     ``sinks``: attention sinks (SINKS, flash_fwd's only: the backward's kernels read them through lse).
     ``chunk``: FlashAttention-3's attention_chunk (CHUNK, on all three kernels).
-    ``dtype_code`` e4m3 (``E4M3``): flash_fwd's FP8 kernel, flash_fwd_fp8 (dispatch's ``fp8_variant``: a ValueError
-    for a target without FP8 tensor cores, or for sinks).
+    ``dtype_code`` e4m3 or e5m2 (``FP8_CODES``): flash_fwd's FP8 kernel, flash_fwd_fp8 (dispatch's
+    ``fp8_variant``: a ValueError for a target without FP8 tensor cores, or for sinks).
     """
     if kernel == "flash_bwd_dsinks":  # the sinks' gradient: it reads float32 rows, one config
         from lazytriton.kernels import flash_bwd_dsinks
@@ -409,14 +411,15 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     from lazytriton.target import Target
 
     target = Target("cuda", str(capability), 32)
-    if dtype_code == E4M3:
+    if dtype_code in FP8_CODES:
         if kernel != "flash_fwd":
-            raise ValueError(f"plan request for {kernel} with e4m3 tensors: the FP8 forward has no backward")
+            raise ValueError(f"plan request for {kernel} with {FP8_CODES[dtype_code]} tensors: the FP8 forward has "
+                             "no backward")
         from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 
-        return fwd_dispatch.flash_fwd_variant(target, "e4m3", head_dim, causal, aligned, seqlen_q, index64=index64,
-                                              seqlen_k=seqlen_k, window=window, softcap=softcap, head_dim_v=dim_v,
-                                              varlen=varlen, seqused_q=varlen and seqused[0],
+        return fwd_dispatch.flash_fwd_variant(target, FP8_CODES[dtype_code], head_dim, causal, aligned, seqlen_q,
+                                              index64=index64, seqlen_k=seqlen_k, window=window, softcap=softcap,
+                                              head_dim_v=dim_v, varlen=varlen, seqused_q=varlen and seqused[0],
                                               seqused_k=varlen and seqused[1], sinks=sinks, chunk=chunk)
     dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
     shape = fwd.Shape(1, 1, 1, seqlen_q, seqlen_k, head_dim)  # dispatch reads no batch or heads

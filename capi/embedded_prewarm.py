@@ -3,8 +3,8 @@
 Also the counters' flush when the library unloads (``lt__py_flush``).
 
 ``embedded.attach`` binds these to the library (``attach``). A spec is a
-variant string or axes: flash_fwd's (``dtype=e4m3``: the FP8 forward,
-flash_fwd_fp8), the backward's two (``kernel=flash_bwd``), or the decoding
+variant string or axes: flash_fwd's (``dtype=e4m3`` or ``e5m2``: the FP8
+forward, flash_fwd_fp8), the backward's two (``kernel=flash_bwd``), or the decoding
 kernels' (``kernel=flash_decode``: flash_decode_split and
 flash_decode_combine, with ``new_keys=1`` kv_append too, ``kv_dtype=e4m3`` or
 ``e5m2`` for a float8 cache), each chosen as a C call of that shape class
@@ -115,8 +115,8 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     from lazytriton.kernels.flash_fwd import binding as fwd
 
     dtype = {name: torch_dtype for torch_dtype, name in fwd.DTYPES.items()}.get(axes["dtype"])
-    if axes["dtype"] == "e4m3":
-        raise ValueError("dtype=e4m3 with kernel=flash_bwd: the FP8 forward has no backward")
+    if axes["dtype"] in ("e4m3", "e5m2"):
+        raise ValueError(f"dtype={axes['dtype']} with kernel=flash_bwd: the FP8 forward has no backward")
     if dtype is None:
         raise ValueError(f"dtype={axes['dtype']!r}: expected one of {', '.join(fwd.DTYPES.values())}")
     if varlen:

@@ -62,7 +62,7 @@ enum { LT__KERNEL_FWD = 0, LT__KERNEL_BWD_DQ = 1, LT__KERNEL_BWD_DKDV = 2, LT__K
 typedef struct {
     int32_t device_index; /* in */
     int32_t capability;   /* in: compute capability, e.g. 90 */
-    int32_t dtype;        /* in: lt_dtype; LT_DTYPE_FP8_E4M3 with LT__KERNEL_FWD: flash_fwd_fp8 (2 floats) */
+    int32_t dtype;        /* in: lt_dtype; LT_DTYPE_FP8_E4M3 or _E5M2 with LT__KERNEL_FWD: flash_fwd_fp8 (2 floats) */
     int32_t head_dim;     /* in */
     int32_t causal;       /* in: 0 or 1 */
     int32_t aligned;      /* in: bit 0 ALIGN16; bit 1 SEQ16 (backward kernels only, lt_bwd.c) */
@@ -353,7 +353,8 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
 #define LT__DATA(t) ((int64_t)(uintptr_t)(t)->data)
 
 /* The FP8 forward's launch: flash_fwd_fp8's parameters in its description's order (fp8.c_initializer), v as the
- * caller gives it (transposed), the descales' pointers and strides lt__check_fp8's; grid as flash_fwd's. */
+ * caller gives it (transposed), the descales' pointers and strides lt__check_fp8's (an absent one NULL, strides 0:
+ * the kernel reads 1.0); grid as flash_fwd's. */
 static lt_status lt__launch_fp8(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
     int64_t ints[LT__FP8_KERNEL_INTS + LT__MAX_HIDDEN] = {
@@ -380,7 +381,7 @@ static lt_status lt__launch_fp8(const lt_plan *plan, const lt_attn_fwd_params *p
 
 /* The launch: flash_fwd's parameters in its description's order (binding.c_initializer); p is lt__fwd_prepare's
  * view (a packed call's tensors as one batch of total tokens), the grid's z the sequences of a packed call. An
- * e4m3 call's plan is flash_fwd_fp8's (its key's dtype): lt__launch_fp8. */
+ * e4m3 or e5m2 call's plan is flash_fwd_fp8's (its key's dtype): lt__launch_fp8. */
 static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     if (c->fp8)
         return lt__launch_fp8(plan, p, c, stream);

@@ -88,7 +88,8 @@ typedef enum {
     LT_DTYPE_INT32 = 4, /* the index tensors only: cu_seqlens_*, seqused_*, cache_seqlens and the like */
     LT_DTYPE_FP8_E4M3 = 5, /* float8 e4m3 (torch.float8_e4m3fn; variants' dtype e4m3): lt_attn_fwd's q, k, v (FP8
                               forward, sm_90+), lt_attn_kvcache's k_cache and v_cache */
-    LT_DTYPE_FP8_E5M2 = 6  /* float8 e5m2 (torch.float8_e5m2): lt_attn_kvcache's k_cache and v_cache only */
+    LT_DTYPE_FP8_E5M2 = 6  /* float8 e5m2 (torch.float8_e5m2; variants' dtype e5m2): lt_attn_fwd's q, k, v (FP8
+                              forward, sm_90+), lt_attn_kvcache's k_cache and v_cache */
 } lt_dtype;
 
 typedef enum {
@@ -200,7 +201,8 @@ typedef struct {
  * below 2**29. 0 (the init), or a version 1 to 5 struct: off.
  *
  * FP8 (version 7, FlashAttention-3's FP8 forward; as lazytriton.flash_attn_func with float8_e4m3fn inputs):
- * q, k and v LT_DTYPE_FP8_E4M3, out LT_DTYPE_BF16, lse fp32; served on sm_90 and later only (a plan for an older
+ * q, k and v LT_DTYPE_FP8_E4M3, or all three LT_DTYPE_FP8_E5M2 (the probabilities rounded to e4m3 either way),
+ * out LT_DTYPE_BF16, lse fp32; served on sm_90 and later only (a plan for an older
  * device is LT_ERROR_INVALID_ARGUMENT naming q.dtype). The kernel reads V from its transpose, so the caller gives
  * it transposed and says so: v_transposed = 1 and v (batch, heads_k, head_dim_v, seqlen_k) with the keys
  * contiguous (packed: (heads_k, head_dim_v, total_k)); rows of a multiple of 16 keys (padding past seqlen_k, never
@@ -208,10 +210,10 @@ typedef struct {
  * writes it in that layout (FlashAttention-3's V_colmajor), so no transpose kernel and no workspace is needed.
  * q_descale, k_descale, v_descale: optional LT_DTYPE_FP32 tensors on q's device, (batch, heads_k) (packed: batch
  * = the sequences) or one element ((1)): the scores are (q . k) * q_descale * k_descale * sm_scale and out is
- * multiplied by v_descale. An absent descale is 1.0 on the CPU; on a GPU all three are given (a float32 1.0 for
- * an unscaled tensor: the C library allocates no device memory). The FP8 forward has no ALiBi, sinks or backward
- * (lt_attn_bwd refuses e4m3 tensors); window, softcap, attention_chunk and packed sequences are taken. A version
- * 1 to 6 struct has no FP8: v_transposed 0 and no descales, and an e4m3 q is refused. */
+ * multiplied by v_descale. An absent descale is 1.0 (the kernel reads nothing for it: no device memory is
+ * needed). The FP8 forward has no ALiBi, sinks or backward (lt_attn_bwd refuses float8 tensors); window,
+ * softcap, attention_chunk and packed sequences are taken. A version 1 to 6 struct has no FP8: v_transposed 0 and
+ * no descales, and a float8 q is refused. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -239,7 +241,7 @@ typedef struct {
     lt_tensor sinks;      /* fp32 (heads_q): one logit a query head */
     /* Version 6: chunked local attention (see above). */
     int64_t attention_chunk; /* 0 (the init): off; else the chunk's keys, >= 1 */
-    /* Version 7: FP8 (see above); absent descales (data NULL, ndim 0) are 1.0 on the CPU. */
+    /* Version 7: FP8 (see above); absent descales (data NULL, ndim 0) are 1.0. */
     lt_tensor q_descale;  /* fp32 (batch, heads_k) or (1) */
     lt_tensor k_descale;  /* fp32 (batch, heads_k) or (1) */
     lt_tensor v_descale;  /* fp32 (batch, heads_k) or (1) */
@@ -559,7 +561,7 @@ LT_API lt_status lt_flash_combine(const lt_flash_combine_params *params, void *s
  * string (as `lazytriton cache` and the miss log print them) or axes, such as
  * "target=sm_90 dtype=bf16 head_dim=128 causal=1 seqlen_q=4096" (also
  * seqlen_k, aligned=1, index64=0, varlen=0, head_dim_v (default head_dim), window=0, softcap=0, sinks=0,
- * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; dtype=e4m3 for the FP8 forward; kernel=flash_bwd
+ * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; dtype=e4m3|e5m2: the FP8 forward; kernel=flash_bwd
  * for the backward's two kernels, as lt_attn_bwd would choose them, and with sinks=1 the sinks' gradient kernel its
  * dsinks launches; kernel=flash_decode for lt_attn_kvcache's kernels: seqlen_q the query rows a key/value head,
  * seqlen_k the cache's capacity, new_keys=1 with kv_append, kv_dtype=e4m3|e5m2 for a float8 cache).

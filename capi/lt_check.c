@@ -24,8 +24,8 @@ typedef struct {
     int64_t sinks;                      /* the forward kernel's Sinks pointer; 0 when absent */
     int64_t attention_chunk;            /* the kernels' chunk (binding.with_chunk): 0 when off */
     int64_t dsinks;                     /* the backward's dsinks pointer (lt_bwd.c's lt__check_dsinks); 0 when absent */
-    int fp8;                            /* e4m3 q, k, v: flash_fwd_fp8 (v transposed, out bf16) */
-    int64_t descale[3];                 /* FP8: q_descale, k_descale, v_descale pointers (0: absent, CPU only) */
+    int fp8;                            /* e4m3 or e5m2 q, k, v: flash_fwd_fp8 (v transposed, out bf16) */
+    int64_t descale[3];                 /* FP8: q_descale, k_descale, v_descale pointers (0: absent, read as 1.0) */
     int64_t descale_strides[3][2];      /* FP8: each descale's (batch, kv head) strides, 0 on a broadcast dim */
 } lt__call;
 
@@ -182,9 +182,6 @@ static lt_status lt__check_tensors(const lt_attn_fwd_params *p) {
     if ((s = lt__check_tensor("lse", &p->lse, 3, "(batch, heads_q, seqlen_q)")) != LT_OK)
         return s;
     int fp8 = lt__is_fp8(p->q.dtype);
-    if (p->q.dtype == LT_DTYPE_FP8_E5M2)
-        return lt__fail(LT_ERROR_DTYPE, "q.dtype is e5m2; the FP8 forward takes LT_DTYPE_FP8_E4M3 (5) q, k and v "
-                        "(FlashAttention-3's; e5m2 is a KV cache format of lt_attn_kvcache)");
     for (int i = 1; i < 3; i++) {
         if (ts[i]->dtype != p->q.dtype)
             return lt__fail(LT_ERROR_DTYPE, "%s.dtype is %s but q.dtype is %s; q, k and v must have one dtype",
@@ -194,11 +191,13 @@ static lt_status lt__check_tensors(const lt_attn_fwd_params *p) {
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is %d; expected 0 or 1", p->v_transposed);
     if (p->v_transposed && !fp8)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 1 but q.dtype is %s: only the FP8 forward "
-                        "(LT_DTYPE_FP8_E4M3 q, k, v) reads V transposed", lt__dtype_name(p->q.dtype));
+                        "(LT_DTYPE_FP8_E4M3 or LT_DTYPE_FP8_E5M2 q, k, v) reads V transposed",
+                        lt__dtype_name(p->q.dtype));
     if (fp8 && !p->v_transposed)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 0 but q is LT_DTYPE_FP8_E4M3: the FP8 forward "
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "v_transposed is 0 but q is %s: the FP8 forward "
                         "reads V transposed; give v as (batch, heads_k, head_dim_v, seqlen_k) (packed: (heads_k, "
-                        "head_dim_v, total_k)), keys contiguous, and set v_transposed = 1");
+                        "head_dim_v, total_k)), keys contiguous, and set v_transposed = 1",
+                        lt__dtype_name(p->q.dtype));
     if (p->out.dtype != (fp8 ? LT_DTYPE_BF16 : p->q.dtype))
         return lt__fail(LT_ERROR_DTYPE, "out.dtype is %s but q.dtype is %s; out must be %s", lt__dtype_name(p->out.dtype),
                         lt__dtype_name(p->q.dtype), fp8 ? "bf16 (the FP8 forward's output, FlashAttention-3's)"
@@ -469,36 +468,31 @@ static lt_status lt__check_descale(const char *name, const lt_tensor *t, const l
     return LT_OK;
 }
 
-/* The FP8 forward's part of a call (version 7): e4m3 q needs v_transposed, takes descales and no sinks; a call of
- * another dtype takes neither. */
+/* The FP8 forward's part of a call (version 7): e4m3 or e5m2 q needs v_transposed, takes descales (each absent one
+ * a null pointer, which the kernel reads as 1.0) and no sinks; a call of another dtype takes neither. */
 static lt_status lt__check_fp8(const lt_attn_fwd_params *p, lt__call *c) {
     const lt_tensor *ds[3] = {&p->q_descale, &p->k_descale, &p->v_descale};
     static const char *names[3] = {"q_descale", "k_descale", "v_descale"};
     if (p->reserved7 != 0)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "reserved7 is %u; it must be 0", p->reserved7);
-    c->fp8 = p->q.dtype == LT_DTYPE_FP8_E4M3; /* v_transposed's agreement: lt__check_tensors' */
+    c->fp8 = lt__is_fp8(p->q.dtype); /* v_transposed's agreement: lt__check_tensors' */
     if (!c->fp8) {
         for (int i = 0; i < 3; i++)
             if (lt__given(ds[i]))
                 return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is given but q.dtype is %s: descales are for "
-                                "LT_DTYPE_FP8_E4M3 inputs (FlashAttention-3's FP8 forward)", names[i],
+                                "LT_DTYPE_FP8_E4M3 or LT_DTYPE_FP8_E5M2 inputs (FlashAttention-3's FP8 forward)",
+                                names[i],
                                 lt__dtype_name(p->q.dtype));
         return LT_OK;
     }
     if (c->sinks)
-        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "sinks are given but q is LT_DTYPE_FP8_E4M3: the FP8 forward "
-                        "(FlashAttention-3's) has no attention sinks");
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "sinks are given but q is %s: the FP8 forward "
+                        "(FlashAttention-3's) has no attention sinks", lt__dtype_name(p->q.dtype));
     int64_t batch = c->varlen ? c->batch : c->b;
     for (int i = 0; i < 3; i++) {
         lt_status s;
-        if (lt__given(ds[i])) {
-            if ((s = lt__check_descale(names[i], ds[i], &p->q, batch, c->hk, c, i)) != LT_OK)
-                return s;
-        } else if (p->q.device_type == LT_DEVICE_CUDA) {
-            return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s is absent: on a GPU the C API's FP8 forward takes all three "
-                            "descales (a float32 1.0 on the device for an unscaled tensor; the library allocates no "
-                            "device memory)", names[i]);
-        }
+        if (lt__given(ds[i]) && (s = lt__check_descale(names[i], ds[i], &p->q, batch, c->hk, c, i)) != LT_OK)
+            return s;
     }
     return LT_OK;
 }

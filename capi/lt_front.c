@@ -191,7 +191,8 @@ static int lt__native_plan(lt__plan_request *request) {
     void *function = NULL, *context = NULL;
     uint32_t n_hidden = 0;
     lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0};
-    int fp8 = r.kernel == LTN_KERNEL_FWD && r.dtype == LT_DTYPE_FP8_E4M3; /* flash_fwd_fp8: its own parameters */
+    int fp8 = r.kernel == LTN_KERNEL_FWD && (r.dtype == LT_DTYPE_FP8_E4M3 || r.dtype == LT_DTYPE_FP8_E5M2);
+    /* fp8: flash_fwd_fp8, its own parameters */
     status = ltn_kernel_layout(kernel, fp8 ? LT__FP8_KERNEL_INTS : (uint32_t)lt__front_ints[r.kernel],
                                dsinks ? 0 : fp8 ? LT__FP8_KERNEL_PARAMS - LT__FP8_KERNEL_INTS : LT__BWD_FLOATS,
                                &function, &context, &n_hidden);

@@ -1,16 +1,19 @@
-"""The C API's FP8: lt_attn_fwd_params version 7 (e4m3 q, k, v, V transposed, descales), lt_attn_kvcache_params 6.
+"""The C API's FP8: lt_attn_fwd_params version 7 (e4m3 or e5m2 q, k, v, V transposed, descales), kvcache params 6.
 
 Through the built library on CPU tensors (Triton's interpreter), in a fresh
 process as tests/test_capi_chunk.py does: out and lse equal the Python entry
-points' with the same descales bit for bit (dense, causal or not; packed
-sequences; a float8 KV cache of either format with new keys, the caches after
-the append too), and every bad input is a status naming the argument (a
-descale misshaped or of another dtype, V not transposed, dtype pairs, the
-backward). Older structs keep working (test_capi_chunk.py and the other C API
-tests run the version 1 to 6 structs). The plan side (no GPU here): the planner
+points' with the same descales bit for bit (dense, causal or not, either
+float8 format, descales given or absent; packed sequences; a float8 KV cache
+of either format with new keys, the caches after the append too), and every
+bad input is a status naming the argument (a descale misshaped or of another
+dtype, V not transposed, dtype pairs, mixed formats, the backward). Older
+structs keep working (test_capi_chunk.py and the other C API tests run the
+version 1 to 6 structs). The plan side (no GPU here): the planner
 gives the FP8 forward's variant and refuses a target without FP8 tensor cores,
 lt_prewarm's axes name the variants, and the launchers' initializers are the
-bindings' field by field. The GPU test launches both through plans.
+bindings' field by field. The GPU test launches both through plans, both
+formats, with descales absent too (a null pointer, which the kernel reads as
+1.0: the C library allocates no device memory for it).
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ torch.manual_seed(0)
 report = {}
 e4m3 = torch.float8_e4m3fn
 
-def quantised(*shape):
-    return (torch.randn(*shape) * 2).to(e4m3)
+def quantised(*shape, dtype=e4m3):
+    return (torch.randn(*shape) * 2).to(dtype)
 
 def forward(q, k, vt, causal=0, descales=(None, None, None), out=None, **extra):
     out = torch.full((*q.shape[:-1], vt.shape[-2]), 7.0, dtype=torch.bfloat16) if out is None else out
@@ -81,6 +84,16 @@ want_out, want_lse = lazytriton.attn_fwd(q, k, v, causal="bottom_right", window_
                                          v_descale=per_head[2])
 report["features"] = [status, torch.equal(out, want_out) and torch.equal(lse, want_lse),
                       (out.float() - want_out.float()).abs().max().item(), (lse - want_lse).abs().max().item()]
+# e5m2 q, k and v: the same kernel of dtype e5m2, descales given or absent.
+e5m2 = torch.float8_e5m2
+q5, k5, v5 = (quantised(b, h, s, d, dtype=e5m2) for h, s in ((hq, sq), (hk, sk), (hk, sk)))
+vt5 = v5.transpose(2, 3).contiguous()
+report["e5m2"] = []
+for causal, descales in ((0, (None, None, None)), (2, tuple(per_head)), (2, (None, one[1], None))):
+    status, out, lse = forward(q5, k5, vt5, causal, descales)
+    want_out, want_lse = lazytriton.attn_fwd(q5, k5, v5, causal=names[causal], q_descale=descales[0],
+                                             k_descale=descales[1], v_descale=descales[2])
+    report["e5m2"].append([causal, status, torch.equal(out, want_out) and torch.equal(lse, want_lse)])
 
 # Packed sequences: v transposed (heads_k, head_dim_v, total_k).
 cq = torch.tensor([0, 3, 3, 20], dtype=torch.int32)
@@ -110,7 +123,7 @@ report["errors"] = {
     "descale_dtype": forward(q, k, vt, descales=(None, torch.ones(b, hk, dtype=torch.float16), None))[0],
     "out_dtype": forward(q, k, vt, out=torch.zeros(b, hq, sq, d))[0],
     "k_dtype": forward(q, k.to(torch.float8_e5m2), vt)[0],
-    "e5m2": forward(q.to(torch.float8_e5m2), k.to(torch.float8_e5m2), vt.to(torch.float8_e5m2))[0],
+    "v_dtype": forward(q5, k5, vt)[0],  # one float8 format for q, k and v
     "reserved": forward(q, k, vt, reserved7=1)[0],
 }
 sinks = torch.zeros(hq)
@@ -202,9 +215,12 @@ def test_fp8_on_the_cpu_through_the_c_api(prefix: Path, cache_dir: Path) -> None
         assert status[0] == 0 and equal, (causal, status)
     assert report["features"][0][0] == 0 and report["features"][1], report["features"]
     assert report["varlen"][0][0] == 0 and report["varlen"][1], report["varlen"]
+    assert len(report["e5m2"]) == 3
+    for causal, status, equal in report["e5m2"]:
+        assert status[0] == 0 and equal, (causal, status)
     expected = {"not_transposed": (1, "v_transposed"), "descale_shape": (5, "q_descale"),
                 "descale_dtype": (4, "k_descale"), "out_dtype": (4, "out.dtype"), "k_dtype": (4, "k.dtype"),
-                "e5m2": (4, "q.dtype"), "sinks": (1, "sinks"), "reserved": (1, "reserved7"),
+                "v_dtype": (4, "v.dtype"), "sinks": (1, "sinks"), "reserved": (1, "reserved7"),
                 "bf16_transposed": (1, "v_transposed"), "bf16_descale": (1, "q_descale"),
                 "backward": (1, "q.dtype")}
     for name, (status, word) in expected.items():
@@ -247,17 +263,28 @@ def test_the_planner_gives_the_fp8_forward_and_refuses_other_targets() -> None:
                                     window=True, chunk=True)
     call = binding.Call(binding.Shape(1, 1, 1, 4096, 4096, 128), "bottom_right", 0, 0.1,
                         window_left=5, window_right=0, attention_chunk=7)
-    assert planned == fp8.variant(Target.parse("sm_90"), call, call.shape, True, False)
+    assert planned == fp8.variant(Target.parse("sm_90"), call, call.shape, True, False, dtype="e4m3")
     assert planned.kernel == "flash_fwd_fp8" and planned.dtype == "e4m3"
+    e5m2 = embedded.plan_variant("flash_fwd", 90, embedded.E5M2, 128, True, True, False, 4096, 4096, window=True,
+                                 chunk=True)
+    assert e5m2 == fp8.variant(Target.parse("sm_90"), call, call.shape, True, False, dtype="e5m2")
+    assert e5m2.kernel == "flash_fwd_fp8" and e5m2.dtype == "e5m2" and e5m2.key() != planned.key()
     with pytest.raises(ValueError, match="no FP8 tensor cores"):
         embedded.plan_variant("flash_fwd", 80, embedded.E4M3, 128, False, True, False, 128, 128)
-    with pytest.raises(ValueError, match="no backward"):
-        embedded.plan_variant("flash_bwd_dq", 90, embedded.E4M3, 128, False, True, False, 128, 128)
+    for code in (embedded.E4M3, embedded.E5M2):
+        with pytest.raises(ValueError, match="no backward"):
+            embedded.plan_variant("flash_bwd_dq", 90, code, 128, False, True, False, 128, 128)
+    with pytest.raises(ValueError, match="no FP8 tensor cores"):
+        embedded.plan_variant("flash_fwd", 89, embedded.E5M2, 128, False, True, False, 128, 128)
 
 
 def test_prewarm_axes_name_the_fp8_variants() -> None:
     (forward,) = embedded_prewarm.parse_specs("target=sm_90 dtype=e4m3 head_dim=128 causal=1")
     assert forward == embedded.plan_variant("flash_fwd", 90, embedded.E4M3, 128, True, True, False, 4096, 4096)
+    (forward,) = embedded_prewarm.parse_specs("target=sm_90 dtype=e5m2 head_dim=128 causal=1")
+    assert forward == embedded.plan_variant("flash_fwd", 90, embedded.E5M2, 128, True, True, False, 4096, 4096)
+    with pytest.raises(ValueError, match="no backward"):
+        embedded_prewarm.parse_specs("kernel=flash_bwd target=sm_90 dtype=e5m2 head_dim=128")
     with pytest.raises(ValueError, match="FP8"):
         embedded_prewarm.parse_specs("target=sm_80 dtype=e4m3 head_dim=128")
     with pytest.raises(ValueError, match="no backward"):
@@ -285,27 +312,32 @@ def error():
     return dll.lt_last_error().decode()
 
 torch.manual_seed(0)
-report = {}
+report = {"fwd": []}
 b, hq, hk, sq, sk, d = 2, 8, 2, 1000, 1500, 128
-q, k, v = [(torch.randn(b, h, s, d, device="cuda") * 2).to(torch.float8_e4m3fn)
-           for h, s in ((hq, sq), (hk, sk), (hk, sk))]
-padded = torch.zeros(b, hk, d, (sk + 15) // 16 * 16, device="cuda").to(torch.float8_e4m3fn)
-vt = padded[..., :sk]
-vt.copy_(v.transpose(2, 3))
 scales = [torch.rand(b, hk, device="cuda") + 0.5 for _ in range(3)]
-out = torch.zeros(b, hq, sq, d, dtype=torch.bfloat16, device="cuda")
-lse = torch.zeros(b, hq, sq, device="cuda")
-p = ffi.new("lt_attn_fwd_params *")
-lib.lt_attn_fwd_params_init(p)
-for name, t in (("q", q), ("k", k), ("v", vt), ("out", out), ("lse", lse), ("q_descale", scales[0]),
-                ("k_descale", scales[1]), ("v_descale", scales[2])):
-    describe(getattr(p, name), t)
-p.causal, p.v_transposed = 2, 1
-status = [lib.lt_attn_fwd(p, ffi.NULL), error()]
-torch.cuda.synchronize()
-want, want_lse = lazytriton.attn_fwd(q, k, v, causal="bottom_right", q_descale=scales[0], k_descale=scales[1],
-                                     v_descale=scales[2])
-report["fwd"] = [status, (out.float() - want.float()).abs().max().item(), (lse - want_lse).abs().max().item()]
+# Both formats; descales all given, all absent (NULL: the kernel reads 1.0), or some.
+for fmt, given in ((torch.float8_e4m3fn, (0, 1, 2)), (torch.float8_e4m3fn, ()), (torch.float8_e5m2, (1,)),
+                   (torch.float8_e5m2, ())):
+    q, k, v = [(torch.randn(b, h, s, d, device="cuda") * 2).to(fmt) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
+    padded = torch.zeros(b, hk, d, (sk + 15) // 16 * 16, device="cuda").to(fmt)
+    vt = padded[..., :sk]
+    vt.copy_(v.transpose(2, 3))
+    descales = [scales[i] if i in given else None for i in range(3)]
+    out = torch.zeros(b, hq, sq, d, dtype=torch.bfloat16, device="cuda")
+    lse = torch.zeros(b, hq, sq, device="cuda")
+    p = ffi.new("lt_attn_fwd_params *")
+    lib.lt_attn_fwd_params_init(p)
+    for name, t in (("q", q), ("k", k), ("v", vt), ("out", out), ("lse", lse), ("q_descale", descales[0]),
+                    ("k_descale", descales[1]), ("v_descale", descales[2])):
+        if t is not None:
+            describe(getattr(p, name), t)
+    p.causal, p.v_transposed = 2, 1
+    status = [lib.lt_attn_fwd(p, ffi.NULL), error()]
+    torch.cuda.synchronize()
+    want, want_lse = lazytriton.attn_fwd(q, k, v, causal="bottom_right", q_descale=descales[0],
+                                         k_descale=descales[1], v_descale=descales[2])
+    report["fwd"].append([str(fmt), list(given), status, (out.float() - want.float()).abs().max().item(),
+                          (lse - want_lse).abs().max().item()])
 print(json.dumps(report))
 """
 
@@ -315,6 +347,7 @@ def test_fp8_forward_on_the_gpu_through_a_plan(prefix: Path, cache_dir: Path) ->
     out = _ok(_run([sys.executable, "-c", GPU_FP8, prefix / "lib/liblazytriton.so", prefix / "include/lazytriton.h"],
                    timeout=900))
     report = json.loads(out.splitlines()[-1])
-    status, out_error, lse_error = report["fwd"]
-    assert status[0] == 0, status
-    assert out_error < 1e-2 and lse_error < 1e-3, report  # the same kernel and tiles as the Python call's
+    assert len(report["fwd"]) == 4
+    for fmt, given, status, out_error, lse_error in report["fwd"]:
+        assert status[0] == 0, (fmt, given, status)
+        assert out_error < 1e-2 and lse_error < 1e-3, report  # the same kernel and tiles as the Python call's

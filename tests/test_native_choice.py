@@ -40,7 +40,8 @@ def calls(count: int, seed: int) -> list[tuple[int, ...]]:
         used = (rng.random() < 0.3, rng.random() < 0.3) if varlen or rng.random() < 0.05 else (False, False)
         aligned = int(rng.random() < 0.6)
         seqlens = [rng.choice(SEQLENS) if rng.random() < 0.6 else rng.randint(1, 70000) for _ in range(2)]
-        dtype = 5 if rng.random() < 0.12 else rng.choice((1, 2, 3))  # 5: e4m3, the FP8 forward (flash_fwd_fp8)
+        # 5, 6: e4m3, e5m2, the FP8 forward (flash_fwd_fp8)
+        dtype = rng.choice((5, 6)) if rng.random() < 0.12 else rng.choice((1, 2, 3))
         call = (rng.randrange(3), rng.choice(CAPABILITIES), dtype, head_dim, head_dim_v,
                 int(rng.random() < 0.5), aligned, int(rng.random() < 0.5), int(rng.random() < 0.2),
                 int(rng.random() < 0.2), int(rng.random() < 0.2), varlen, int(used[0]), int(used[1]), *seqlens)
@@ -92,6 +93,7 @@ def test_every_axis_gives_python_s_variant_and_key(program: Path) -> None:
             served += 1
     assert "CHUNK=true" in " ".join(answers), "no call drew attention_chunk"
     assert "flash_fwd_fp8:sm_90:e4m3" in " ".join(answers), "no call drew the FP8 forward"
+    assert "flash_fwd_fp8:sm_90:e5m2" in " ".join(answers), "no call drew the FP8 forward's e5m2"
     assert served > 2700  # the refusals (seqused without varlen, SEQ16 unaligned, e4m3 off sm_90+ or backward) are few
 
 

@@ -21,8 +21,9 @@
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const kernel_names[] = {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"};
-static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32", "", "e4m3"};
+static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32", "", "e4m3", "e5m2"};
 #define LTN_DTYPE_E4M3 5 /* lazytriton.h's LT_DTYPE_FP8_E4M3: flash_fwd_fp8 (the FP8 forward) */
+#define LTN_DTYPE_E5M2 6 /* lazytriton.h's LT_DTYPE_FP8_E5M2: flash_fwd_fp8 too */
 
 typedef struct {
     int block_m, block_n, num_warps, num_stages, waves_per_eu;
@@ -84,7 +85,7 @@ static config make(int block_m, int block_n, int num_warps, int num_stages, int 
     return c;
 }
 
-/* fp8_spec.fp8_default_config: the FP8 forward's tiles where the table has no e4m3 row */
+/* fp8_spec.fp8_default_config: the FP8 forward's tiles where the table has no row of its dtype */
 static config fp8_default(int head_dim, int64_t seqlen_q) {
     int block_m = seqlen_class(seqlen_q);
     config c = head_dim >= 256 ? make(128, 64, 8, 2, 0) : make(128, 128, 8, 3, 0);
@@ -97,7 +98,7 @@ static config fp8_default(int head_dim, int64_t seqlen_q) {
 static config fwd_default(int capability, const char *dtype, int head_dim, int64_t seqlen_q, int causal) {
     int block_m = seqlen_class(seqlen_q);
     config c;
-    if (strcmp(dtype, "e4m3") == 0)
+    if (strcmp(dtype, "e4m3") == 0 || strcmp(dtype, "e5m2") == 0)
         return fp8_default(head_dim, seqlen_q);
     if (head_dim <= 64)
         c = make(128, 64, 8, 4, 0);
@@ -253,11 +254,13 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
     if (r->kernel < 0 || r->kernel > LTN_KERNEL_BWD_DKDV)
         return ltn_fail(err, LTN_ARGUMENT, "kernel %d is not one of flash_fwd (0), flash_bwd_dq (1), "
                         "flash_bwd_dkdv (2)", r->kernel);
-    int fp8 = r->dtype == LTN_DTYPE_E4M3;
+    int fp8 = r->dtype == LTN_DTYPE_E4M3 || r->dtype == LTN_DTYPE_E5M2;
     if ((r->dtype < 1 || r->dtype > 3) && !fp8)
-        return ltn_fail(err, LTN_ARGUMENT, "dtype %d is not fp16 (1), bf16 (2), fp32 (3) or e4m3 (5)", r->dtype);
+        return ltn_fail(err, LTN_ARGUMENT, "dtype %d is not fp16 (1), bf16 (2), fp32 (3), e4m3 (5) or e5m2 (6)",
+                        r->dtype);
     if (fp8 && r->kernel != LTN_KERNEL_FWD)
-        return ltn_fail(err, LTN_ARGUMENT, "dtype e4m3 is the FP8 forward's (flash_fwd_fp8): it has no backward");
+        return ltn_fail(err, LTN_ARGUMENT, "dtype %s is the FP8 forward's (flash_fwd_fp8): it has no backward",
+                        dtype_names[r->dtype]);
     int max_dim = ltn_head_dims[COUNT(ltn_head_dims) - 1];
     if (r->head_dim < 1 || r->head_dim > max_dim || r->head_dim_v < 0 || r->head_dim_v > max_dim)
         return ltn_fail(err, LTN_ARGUMENT, "head dims %d and %d (v) must be in 1..%d", r->head_dim, r->head_dim_v,
@@ -270,8 +273,8 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
     int head_dim = r->head_dim, dv = r->head_dim_v ? r->head_dim_v : r->head_dim;
     int64_t sq = bucket(r->seqlen_q), sk = bucket(r->seqlen_k);
     if (fp8 && r->capability < 90) /* fp8_spec.fp8_refusal, dispatch.fp8_variant's ValueError */
-        return ltn_fail(err, LTN_ARGUMENT, "dtype e4m3: %s has no FP8 tensor cores (the FP8 forward needs sm_90 or "
-                        "later: Hopper's FP8 wgmma)", target);
+        return ltn_fail(err, LTN_ARGUMENT, "dtype %s: %s has no FP8 tensor cores (the FP8 forward needs sm_90 or "
+                        "later: Hopper's FP8 wgmma)", dtype, target);
     if (fp8 && r->sinks)
         return ltn_fail(err, LTN_ARGUMENT, "the FP8 forward takes no sinks (FlashAttention-3's has none either)");
     int chunks[2] = {0, 0};

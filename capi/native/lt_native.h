@@ -152,7 +152,7 @@ enum { LTN_KERNEL_FWD = 0, LTN_KERNEL_BWD_DQ = 1, LTN_KERNEL_BWD_DKDV = 2 };
 typedef struct {
     int32_t kernel;       /* LTN_KERNEL_* */
     int32_t capability;   /* the CUDA device's compute capability, e.g. 90 */
-    int32_t dtype;        /* lt_dtype: 1 fp16, 2 bf16, 3 fp32 */
+    int32_t dtype;        /* lt_dtype: 1 fp16, 2 bf16, 3 fp32; 5 e4m3, 6 e5m2 (flash_fwd: flash_fwd_fp8) */
     int32_t head_dim, head_dim_v; /* head_dim_v 0: head_dim */
     int32_t causal, aligned, seq16, index64, window, softcap;
     int32_t varlen, seqused_q, seqused_k; /* seqused_*: only with varlen (a dense call's are ignored) */

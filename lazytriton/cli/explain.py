@@ -362,10 +362,12 @@ def print_explain(report: Report) -> None:
               "epilogue; the Gluon forward carries them too (a call its table serves runs flash_fwd_gluon with "
               "SINKS=true); the decoding kernels add them once (one split, or the combine); the backward's "
               "kernels take none (the sinks reach them through the lse)")
-    if call.get("dtype") == "e4m3":
-        print("         e4m3 (FlashAttention-3's FP8 forward): flash_fwd_fp8, its own kernel (e4m3 q, k, v; V read "
+    if call.get("dtype") in ("e4m3", "e5m2"):
+        print(f"         {call['dtype']} (FlashAttention-3's FP8 forward): flash_fwd_fp8, its own kernel "
+              f"({call['dtype']} q, k, v; P rounded to e4m3; V read "
               "from its transpose; q_descale/k_descale/v_descale; bf16 out), sm_90 and later; the Gluon forward "
-              "takes no FP8 (its rule: dtype e4m3 is not fp16 or bf16), so the Triton kernel serves every FP8 call")
+              f"takes no FP8 (its rule: dtype {call['dtype']} is not fp16 or bf16), so the Triton kernel serves every "
+              "FP8 call")
     if call.get("chunk"):
         print("         attention_chunk (CHUNK=true, the chunk size a runtime argument): each query sees the keys of "
               "its own chunk, key blocks outside every query's chunk skipped; the Gluon forward, the Gluon dK/dV and "
