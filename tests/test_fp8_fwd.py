@@ -339,11 +339,12 @@ def test_sm90_binary_uses_fp8_wgmma_for_both_products(head_dim: int, dtype: str)
 @gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_16k_tokens_by_fa3_rule(head_dim: int, causal: bool) -> None:
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_gpu_16k_tokens_by_fa3_rule(head_dim: int, causal: bool, dtype: torch.dtype) -> None:
     torch.manual_seed(head_dim)
     b, s, hq, hk = 1, 16384 // 4, 16, 4  # 4k per sequence (the float64 reference's scores fit)
-    q = torch.randn(b, s, hq, head_dim, device="cuda").to(E4M3)
-    k, v = (torch.randn(b, s, hk, head_dim, device="cuda").to(E4M3) for _ in range(2))
+    q = torch.randn(b, s, hq, head_dim, device="cuda").to(dtype)
+    k, v = (torch.randn(b, s, hk, head_dim, device="cuda").to(dtype) for _ in range(2))
     scales = tuple(torch.rand(b, hk, device="cuda") * 2 + 0.05 for _ in range(3))
     out = lazytriton.flash_attn_func(q, k, v, causal=causal, q_descale=scales[0], k_descale=scales[1],
                                      v_descale=scales[2])
@@ -357,11 +358,12 @@ def test_gpu_16k_tokens_by_fa3_rule(head_dim: int, causal: bool) -> None:
 
 
 @gpu
-def test_gpu_varlen_and_window() -> None:
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_gpu_varlen_and_window(dtype: torch.dtype) -> None:
     torch.manual_seed(7)
     lens = [1000, 3000, 17]
     cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32, device="cuda")
-    q, k, v = (torch.randn(sum(lens), 8, 128, device="cuda").to(E4M3) for _ in range(3))
+    q, k, v = (torch.randn(sum(lens), 8, 128, device="cuda").to(dtype) for _ in range(3))
     out = lazytriton.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, window_size=(256, 0),
                                             q_descale=torch.tensor(0.5, device="cuda"))
     for i in range(len(lens)):

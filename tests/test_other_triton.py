@@ -40,6 +40,7 @@ VARIANTS = [
                             dropout=True),
     dispatch.kernel_variant("flash_fwd", sm90, "bf16", 192, True, True, 4096, 4096, head_dim_v=128),
     dispatch.kernel_variant("flash_fwd", sm90, "e4m3", 128, True, True, 4096, 4096, varlen=True, window=True),  # FP8
+    dispatch.kernel_variant("flash_fwd", sm90, "e5m2", 64, False, True, 4096, 4096),  # FP8 e5m2: e4m3 x e5m2 p @ v
     dispatch.kernel_variant("flash_bwd_dq", sm90, "bf16", 96, True, True, 4096, 4096, window=True),
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 96, True, True, 4096, 4096, softcap=True),
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 128, False, True, 4096, 4096, alibi=True, dropout=True,
