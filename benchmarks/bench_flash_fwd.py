@@ -27,7 +27,8 @@ With ``--fp8`` the run is the FP8 forward's instead (issue 42): at head dims
 ``--head-dims`` (64/128/256), causal or not, 16k tokens (batch 1, hidden
 2048), ``lazytriton_fp8`` (``attn_fwd`` on float8_e4m3fn q, k, v with per
 (batch, kv head) descales, bf16 out: the descale and V-transpose work
-included) beside ``lazytriton`` (the bf16 forward, same run, same shape) and
+included), ``lazytriton_fp8_e5m2`` (the same on float8_e5m2 q, k, v),
+beside ``lazytriton`` (the bf16 forward, same run, same shape) and
 ``sdpa_cudnn_fp8`` (torch's SDPA pinned to cuDNN on the FP8 tensors, where
 torch takes them: a refusal is printed and its row is NaN). Outputs are checked
 against SDPA's bf16 flash output on the dequantised inputs (relative error
@@ -349,7 +350,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 
 
-FP8_PROVIDERS = ("lazytriton_fp8", "lazytriton", "sdpa_cudnn_fp8")
+FP8_PROVIDERS = ("lazytriton_fp8", "lazytriton_fp8_e5m2", "lazytriton", "sdpa_cudnn_fp8")
 FP8_TOKENS = 16384
 FP8_MAX_ERR = 8e-2  # e4m3 probabilities and inputs against bf16 math on the dequantised values
 
@@ -365,16 +366,20 @@ def fp8_case(head_dim: int, causal: bool, meta: dict[str, str]) -> list[dict[str
     scales = tuple(torch.full((1, heads), 1.0, device="cuda") for _ in range(3))
     qd, kd, vd = (t.to(torch.bfloat16) for t in (q8, k8, v8))
     ref = sdpa(SDPBackend.FLASH_ATTENTION)(qd, kd, vd, causal)
+    q5, k5, v5 = (t.to(torch.float8_e5m2) for t in (q, k, v))  # its reference: the same math on its own values
+    ref5 = sdpa(SDPBackend.FLASH_ATTENTION)(*(t.to(torch.bfloat16) for t in (q5, k5, v5)), causal)
     made: dict[str, Callable[[], object]] = {
         "lazytriton_fp8": lambda: attn_fwd(q8, k8, v8, causal=causal, q_descale=scales[0], k_descale=scales[1],
                                            v_descale=scales[2])[0],
+        "lazytriton_fp8_e5m2": lambda: attn_fwd(q5, k5, v5, causal=causal, q_descale=scales[0], k_descale=scales[1],
+                                                v_descale=scales[2])[0],
         "lazytriton": lambda: attn_fwd(qd, kd, vd, causal=causal)[0],
         "sdpa_cudnn_fp8": lambda: sdpa(SDPBackend.CUDNN_ATTENTION)(q8, k8, v8, causal),
     }
     errs = {}
     for name, fn in made.items():
         try:
-            errs[name] = rel_err(fn(), ref)  # type: ignore[arg-type]
+            errs[name] = rel_err(fn(), ref5 if name == "lazytriton_fp8_e5m2" else ref)  # type: ignore[arg-type]
         except Exception as exc:  # torch's SDPA may refuse float8 on cuDNN: said, not fatal
             print(f"  {name}: {type(exc).__name__}: {str(exc)[:160]}", file=sys.stderr)
             errs[name] = math.nan
@@ -383,7 +388,8 @@ def fp8_case(head_dim: int, causal: bool, meta: dict[str, str]) -> list[dict[str
     rows = []
     for name in made:
         ms = timed.get(name, math.nan)
-        rows.append({**meta, "provider": name, "mode": "fwd", "dtype": "e4m3" if name != "lazytriton" else "bf16",
+        dtype = {"lazytriton": "bf16", "lazytriton_fp8_e5m2": "e5m2"}.get(name, "e4m3")
+        rows.append({**meta, "provider": name, "mode": "fwd", "dtype": dtype,
                      "head_dim": head_dim, "causal": causal, "batch": 1, "heads": heads, "seqlen": FP8_TOKENS,
                      "p50_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "us_per_call": "",
                      "rel_err": f"{errs[name]:.1e}"})
@@ -403,6 +409,7 @@ def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object
             print(f"hd{head_dim} {'causal' if causal else 'full  '} 16k: "
                   + "  ".join(f"{n} {t}" for n, t in tf.items())
                   + f"  fp8/bf16 {tf['lazytriton_fp8'] / tf['lazytriton']:.2f}"
+                  + f"  e5m2/e4m3 {tf['lazytriton_fp8_e5m2'] / tf['lazytriton_fp8']:.2f}"
                   + f"  fp8/cudnn_fp8 {tf['lazytriton_fp8'] / tf['sdpa_cudnn_fp8']:.2f}", flush=True)
             torch.cuda.empty_cache()
     return rows
@@ -421,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also time attn_fwd with attention_chunk=C (provider lazytriton_chunk) beside the same "
                              "call with the sliding window that holds each chunk (lazytriton_window)")
     parser.add_argument("--fp8", action="store_true",
-                        help="time the FP8 forward instead (float8_e4m3fn, 16k tokens, head dims --head-dims) beside "
+                        help="time the FP8 forward instead (e4m3 and e5m2, 16k tokens, head dims --head-dims) beside "
                              "the bf16 forward and cuDNN's FP8 SDPA")
     args = parse_grid(parser, argv)
     if args.attention_chunk < 0:

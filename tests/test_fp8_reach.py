@@ -121,7 +121,7 @@ def test_the_op_called_directly_checks_its_arguments() -> None:
     q = fp8(1, 2, 16, 32, seed=11)
     with pytest.raises(ValueError, match=r"q_descale must have shape \(batch, heads_k\) = \(1, 2\)"):
         torch.ops.lazytriton.flash_fwd_fp8(q, q, q, torch.ones(3, 2), None, None, 0.125, "none")
-    with pytest.raises(TypeError, match="q must be float8_e4m3fn, got torch.bfloat16"):
+    with pytest.raises(TypeError, match="q must be float8_e4m3fn or float8_e5m2, got torch.bfloat16"):
         torch.ops.lazytriton.flash_fwd_fp8(*(q.to(torch.bfloat16),) * 3, None, None, None, 0.125, "none")
 
 
