@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
-# image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), C API (capi),
+# image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
 # benchmarks (bench, bwd, grids, decode, fp8, serving, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
@@ -168,12 +168,12 @@ esac
 case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $(nproc) in one run (issue 12: >= 0.8 a core)
   python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" ${PREWARM_ARGS:-} 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
 esac
-case " $* " in *" newtests "*)  # the GPU tests of the newest features (NEWTESTS overrides the list)
+case " $* " in *" regressions "*)  # the GPU tests of paths a change touched (NEWTESTS overrides the list)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build >/dev/null || true
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \
     tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py tests/test_bwd_split.py tests/test_kvcache_append.py \
     tests/test_capi_kvcache.py tests/test_gluon_fwd_hd256.py tests/test_hotpath_cpp.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
-    | tee "$OUT/new_gpu_tests.log" | tail -12 ;;
+    | tee "$OUT/regression_gpu_tests.log" | tail -12 ;;
 esac
 case " $* " in *" host "*)  # host time of a warm eager call per launch path, beside torch.add (builds the launch helper)
   python3 benchmarks/bench_host.py --csv "$OUT/host.csv" 2>&1 | tee "$OUT/bench_host.log" | tail -16 ;;

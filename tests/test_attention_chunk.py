@@ -329,7 +329,7 @@ def test_torch_compile_traces_varlen_with_a_chunk() -> None:
 
 def _paged(cache: torch.Tensor, page: int, table: torch.Tensor) -> torch.Tensor:
     """``cache`` (batch, capacity, heads, dim) as pages of ``page`` keys, sequence b's i-th at table[b, i]."""
-    pages = torch.empty(table.numel(), page, *cache.shape[2:], dtype=cache.dtype)
+    pages = torch.empty(table.numel(), page, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
     pages[table.flatten().long()] = cache.reshape(-1, page, *cache.shape[2:])
     return pages
 

@@ -465,3 +465,16 @@ def test_varlen_q_gpu_serving_batch(page: int) -> None:
         alone = lazytriton.flash_attn_with_kvcache(q[None, lo:hi], k_cache, v_cache, cache_seqlens=lens[b:b + 1],
                                                    block_table=table[b:b + 1], causal=True)
         assert max_err(out[lo:hi], alone[0]) < 2e-2
+
+
+def test_layout_flags_take_packed_queries() -> None:
+    """The GPU launch's layout read over packed (3-D) queries and output: aligned, 32-bit indices, no error."""
+    from types import SimpleNamespace
+    q = torch.randn(7, 4, 64)
+    cache = torch.randn(2, 32, 2, 64)
+    out = torch.empty(7, 4, 64)
+    aligned, index64 = binding.layout_flags(SimpleNamespace(q=q, k_cache=cache, v_cache=cache), out)
+    assert aligned == (q.data_ptr() % 16 == 0 and cache.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0)
+    assert not index64
+    odd = torch.randn(7 * 4 * 64 + 1)[1:].view(7, 4, 64)  # a 4-byte offset: not 16-byte aligned
+    assert binding.layout_flags(SimpleNamespace(q=odd, k_cache=cache, v_cache=cache), out) == (False, False)

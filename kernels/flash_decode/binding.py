@@ -251,13 +251,14 @@ def layout_flags(t: Inputs, out: torch.Tensor) -> tuple[bool, bool]:
     """(aligned, index64): 16-byte aligned pointers and outer strides; some tensor spanning 2**31 elements."""
     q, kc, vc = t.q, t.k_cache, t.v_cache
     qs, ks, vs, os = q.stride(), kc.stride(), vc.stride(), out.stride()
-    if q.dim() == 3:  # packed queries: no batch stride
-        qs, os = (0, *qs), (0, *os)
+    q_shape, out_shape = tuple(q.shape), tuple(out.shape)
+    if q.dim() == 3:  # packed queries: no batch stride (one batch of all the rows)
+        qs, os, q_shape, out_shape = (0, *qs), (0, *os), (1, *q_shape), (1, *out_shape)
     aligned = not (q.data_ptr() | kc.data_ptr() | vc.data_ptr() | out.data_ptr() | qs[0] | qs[1] | qs[2] | ks[0]
                    | ks[1] | ks[2] | vs[0] | vs[1] | vs[2] | os[0] | os[1] | os[2]) & 15
     # out counts too: with head_dim_v > head_dim it spans more than q.
-    index64 = max(_extent(q.shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs),
-                  _extent(out.shape, os)) >= checks.INT32_MAX
+    index64 = max(_extent(q_shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs),
+                  _extent(out_shape, os)) >= checks.INT32_MAX
     return aligned, index64
 
 
