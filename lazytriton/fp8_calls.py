@@ -1,9 +1,10 @@
 """The public functions' FP8 calls (FlashAttention-3's FP8 forward): checked, then the binding or the torch op.
 
 ``flash_attn_func``, ``attn_fwd``, ``flash_attn_varlen_func`` and the SDPA drop-in send float8_e4m3fn inputs here
-with ``plain`` (``interface.direct``: plain tensors, nothing tracing, no dispatch mode). Every argument is checked
-first (``kernels/flash_fwd/fp8.py``); a plain call with plain descales then runs the binding, any other goes
-through the torch op (``lazytriton.fp8_op``, imported on first use as ``lazytriton.ops`` is), which
+with ``plain`` (``interface.direct``: plain tensors, nothing tracing, no dispatch mode). A plain dense call of a
+shape already described is served by the warm path (``kernels/flash_fwd/fp8_hot.py``: one dict read of what the
+checks read); otherwise every argument is checked first (``kernels/flash_fwd/fp8.py``); a plain call with plain
+descales then runs the binding, any other goes through the torch op (``lazytriton.fp8_op``, imported on first use as ``lazytriton.ops`` is), which
 torch.compile(fullgraph=True) traces without a break. The FP8 forward has no backward, so there is no autograd
 here: an input that requires grad is refused by the checks.
 """
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from lazytriton.kernels.arguments import index_tensor
-from lazytriton.kernels.flash_fwd import binding, fp8
+from lazytriton.kernels.flash_fwd import binding, fp8, fp8_hot
 
 _Tensor = torch.Tensor
 
@@ -29,8 +30,13 @@ def attention(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Na
               plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A dense FP8 call in (B, H, S, D) order: (out bf16, lse).
 
-    ``unsupported``: the caller's arguments the FP8 forward does not take, by name, true where given.
+    ``unsupported``: the caller's arguments the FP8 forward does not take, by name, true where given. A plain call
+    of a described shape is served by ``fp8_hot.serve`` (the warm path), which declines anything else.
     """
+    if plain and _plain(given) and not any(unsupported.values()):
+        warm = fp8_hot.serve(q, k, v, causal, scale, window, softcap, attention_chunk, given)
+        if warm is not None:
+            return warm  # type: ignore[no-any-return]
     call = fp8.checked(q, k, v, causal, scale, names, window, softcap, attention_chunk, given, unsupported)
     if plain and _plain(given):
         return fp8.forward(q, k, v, call, given)
