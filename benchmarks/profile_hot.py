@@ -213,7 +213,8 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
     one = torch.ones(())
     per_head = torch.ones(1, 2)
     plans: dict[Any, Any] = {}
-    saved = runtime.get, launch.raw_stream, fp8_hot.serve, fp8.run, hot.output_bshd
+    warm_names = ("forward_bhsd", "forward_bshd", "output_bshd")
+    saved = runtime.get, launch.raw_stream, fp8.run, hot.output_bshd, *(getattr(fp8_hot, n) for n in warm_names)
     spare = torch.empty(4096, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
         library = build(Path(tmp))
@@ -239,10 +240,14 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
         scales = fp8.descales((one,) * 3, q8, 1, 2)
         _, aligned, index64 = fp8.pack(q8, k8, fp8.transposed_v(v8), out8, lse8, call8, scales)
         plans[fp8.memo_key(None, call8, call8.shape, aligned, index64)] = (kernels["flash_fwd_fp8"], 64)
-        get_plans = (lambda: _Plans(plans))
-        warm8 = fp8_hot.make(cuda=False, get_runtime=get_plans, raw_stream=lambda di: 0)
+        def get_plans() -> _Plans:
+            return _Plans(plans)
+
+        spares = {-1: (spare.numel(), spare.data_ptr())}
+        warm8 = {name: fp8_hot.make(*name.split("_")[::-1], cuda=False, get_runtime=get_plans,
+                                    raw_stream=lambda di: 0, spare=spares) for name in warm_names}
         warm16 = hot.generate("bshd", "output", cuda=False, cpp=False, get_runtime=get_plans,
-                              raw_stream=lambda di: 0, SPARE={-1: (spare.numel(), spare.data_ptr())})
+                              raw_stream=lambda di: 0, SPARE=spares)
 
         def bf16() -> None:
             c = binding.check(q, k, v, "bottom_right")
@@ -255,7 +260,7 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
         def public(**descales: Any) -> Callable[[], object]:
             return lambda: interface.flash_attn_func(*bshd8, causal=True, **descales)
 
-        warm_off = {"serve": lambda *args: None, "run": fp8.launch_gpu}
+        warm_off = {**{name: lambda *args: None for name in warm_names}, "run": fp8.launch_gpu}
         providers: dict[str, tuple[str, dict[str, Any], Callable[[], object]]] = {
             "torch.add": ("flash_fwd", {}, lambda: torch.add(q, q)),
             "bf16 flash_attn_func warm": ("flash_fwd", {}, lambda: interface.flash_attn_func(*bshd, causal=True)),
@@ -278,14 +283,18 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
             for round_ in range(rounds + 1):  # round 0 warms up (and describes the warm paths' shapes)
                 for name, (kernel, swaps, fn) in providers.items():
                     fake.configure(sizes[kernel])
-                    fp8_hot.serve, fp8.run = swaps.get("serve", warm8), swaps.get("run", fp8.launch_gpu)
+                    for warm_name in warm_names:
+                        setattr(fp8_hot, warm_name, swaps.get(warm_name, warm8[warm_name]))
+                    fp8.run = swaps.get("run", fp8.launch_gpu)
                     start = time.perf_counter()
                     for _ in range(calls):
                         fn()
                     if round_:
                         best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
         finally:
-            runtime.get, launch.raw_stream, fp8_hot.serve, fp8.run, hot.output_bshd = saved  # type: ignore
+            runtime.get, launch.raw_stream, fp8.run, hot.output_bshd = saved[:4]  # type: ignore[assignment]
+            for name, fn in zip(warm_names, saved[4:], strict=True):
+                setattr(fp8_hot, name, fn)
     return list(best.items())
 
 

@@ -53,7 +53,7 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: 
     given = (q_descale, k_descale, v_descale)
     window, cap = (window_left, window_right), float(softcap)
     if all(type(t) is torch.Tensor for t in (q, k, v)) and all(t is None or type(t) is torch.Tensor for t in given):
-        warm = fp8_hot.serve(q, k, v, causal, softmax_scale, window, cap, attention_chunk, given)
+        warm = fp8_hot.forward_bhsd(q, k, v, causal, softmax_scale, given, window, cap, attention_chunk)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     call = fp8.checked(q, k, v, causal, softmax_scale, binding.NAMES, window, cap, attention_chunk, given, {})
