@@ -332,6 +332,19 @@ def test_bad_input_after_a_warm_call_is_still_named_before_any_launch(change: di
     assert len(kernel.launches) == 1
 
 
+def test_the_bf16_warm_path_declines_an_fp8_call_before_any_lookup() -> None:
+    """flash_attn_func tries hot.py's warm path first when no descale is given: it turns float8 away at once."""
+    from lazytriton.kernels.flash_fwd import hot
+
+    allocations: list[Any] = []
+    rt = _Runtime()
+    rt.plans[("anything",)] = (_Recorder(True, (1, 1, 1, 1)), 16)
+    warm = hot.generate("bshd", "output", cuda=False, cpp=False, get_runtime=lambda: rt,
+                        empty_like=lambda *args, **kwargs: allocations.append(args))
+    q, k, v = (_fp8(1, 16, 2, 32, seed=i) for i in range(3))
+    assert warm(q, k, v, True, None) is None and allocations == []  # no entry lookup, no describe
+
+
 def test_the_module_warm_paths_decline_cpu_tensors() -> None:
     q, k, v = (_fp8(1, 2, 16, 32, seed=i) for i in range(3))
     assert fp8_hot.forward_bhsd(q, k, v, False, None, (None,) * 3) is None  # CPU: the interpreter's call
