@@ -14,7 +14,8 @@ arguments, through the real ``CudaApi`` and
 allocator. The public functions are timed with their warm path swapped for
 these CPU ones. ``--cpu-fake --fp8``: an FP8 ``flash_attn_func``'s host path (its warm
 path, ``fp8_hot``, on CPU tensors; and with it off) beside a bf16 call's, the
-same way.
+same way; ``--fp8`` on a GPU (sm_90+): the FP8 call's host time, warm and
+with its warm path off, beside the bf16 call's.
 """
 
 from __future__ import annotations
@@ -88,6 +89,48 @@ def gpu_steps() -> None:
     print(f"launch path: {fastlaunch.path_name()}; C++ tail: {'built' if cpp is not None else 'not built'}")
     for name, fn in steps.items():
         print(f"{name:<56} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
+
+
+def gpu_fp8_steps() -> None:
+    """An FP8 flash_attn_func's host time on the GPU (sm_90+): warm, with its warm path off, and its parts.
+
+    (1, 16, 2, 64) tensors, flash_attn_func's layout, causal; beside the bf16 call's warm path and torch.add.
+    """
+    from lazytriton.kernels.flash_fwd import fp8, fp8_hot
+
+    bshd = [torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in bshd)
+    per_head = torch.ones(1, 2, device="cuda")
+    vt = fp8.transposed_v(v8.transpose(1, 2))
+
+    def fp8_call(**descales: Any) -> Callable[[], object]:
+        return lambda: flash.flash_attn_func(q8, k8, v8, causal=True, **descales)
+
+    steps: dict[str, Callable[[], object]] = {
+        "torch.add": lambda: torch.add(bshd[0], bshd[0]),
+        "bf16 flash_attn_func warm": lambda: flash.flash_attn_func(*bshd, causal=True),
+        "fp8 flash_attn_func warm, descales (b, hk)": fp8_call(q_descale=per_head, k_descale=per_head,
+                                                               v_descale=per_head),
+        "fp8 flash_attn_func warm, no descales": fp8_call(),
+        "fp8 flash_attn_func warm, out and lse": lambda: flash.flash_attn_func(
+            q8, k8, v8, causal=True, q_descale=per_head, return_attn_probs=True),
+        "fp8: V's copy alone (copy_)": lambda: vt.copy_(v8.transpose(1, 2).transpose(2, 3)),
+    }
+    for fn in steps.values():  # plan and describe every call
+        fn()
+        fn()
+    for name, fn in steps.items():
+        print(f"{name:<48} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
+    names = ("forward_bhsd", "forward_bshd", "output_bshd")
+    saved = [getattr(fp8_hot, name) for name in names]
+    for name in names:
+        setattr(fp8_hot, name, lambda *args, **kwargs: None)
+    try:
+        fn = steps["fp8 flash_attn_func warm, descales (b, hk)"]
+        print(f"{'fp8 flash_attn_func, warm path off (b, hk)':<48} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
+    finally:
+        for name, warm in zip(names, saved, strict=True):
+            setattr(fp8_hot, name, warm)
 
 
 def _fake_kernels(directory: Path) -> dict[str, Any]:
@@ -301,12 +344,15 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-fake", action="store_true", help="time the warm path on CPU with a fake driver")
-    parser.add_argument("--fp8", action="store_true",
-                        help="with --cpu-fake: an FP8 call's host path beside a bf16 call's")
+    parser.add_argument("--fp8", action="store_true", help="an FP8 call's host path beside a bf16 call's")
     args = parser.parse_args()
+    if args.fp8 and not args.cpu_fake:
+        if not torch.cuda.is_available():
+            print("profile_hot --fp8 needs a CUDA GPU (or --cpu-fake)", file=sys.stderr)
+            return 2
+        gpu_fp8_steps()
+        return 0
     if args.fp8:
-        if not args.cpu_fake:
-            raise SystemExit("--fp8 times the CPU path: pass --cpu-fake too")
         rows8 = cpu_fake_fp8_rows()
         print(f"{'call':<44} {'µs':>7}  vs torch.add (CPU tensors, fake driver, {fastlaunch.path_name()})")
         for name, value in rows8:
