@@ -12,8 +12,10 @@ with the system C compiler) whose cuLaunchKernel only records its
 arguments, through the real ``CudaApi`` and
 ``LoadedKernel``: everything but the driver's own time and the CUDA
 allocator. The public functions are timed with their warm path swapped for
-these CPU ones. ``--cpu-fake --fp8``: an FP8 call's host path (it has no warm
-path) beside a bf16 call's general path, the same way.
+these CPU ones. ``--cpu-fake --fp8``: an FP8 ``flash_attn_func``'s host path (its warm
+path, ``fp8_hot``, on CPU tensors; and with it off) beside a bf16 call's, the
+same way; ``--fp8`` on a GPU (sm_90+): the FP8 call's host time, warm and
+with its warm path off, beside the bf16 call's.
 """
 
 from __future__ import annotations
@@ -87,6 +89,48 @@ def gpu_steps() -> None:
     print(f"launch path: {fastlaunch.path_name()}; C++ tail: {'built' if cpp is not None else 'not built'}")
     for name, fn in steps.items():
         print(f"{name:<56} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
+
+
+def gpu_fp8_steps() -> None:
+    """An FP8 flash_attn_func's host time on the GPU (sm_90+): warm, with its warm path off, and its parts.
+
+    (1, 16, 2, 64) tensors, flash_attn_func's layout, causal; beside the bf16 call's warm path and torch.add.
+    """
+    from lazytriton.kernels.flash_fwd import fp8, fp8_hot
+
+    bshd = [torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in bshd)
+    per_head = torch.ones(1, 2, device="cuda")
+    vt = fp8.transposed_v(v8.transpose(1, 2))
+
+    def fp8_call(**descales: Any) -> Callable[[], object]:
+        return lambda: flash.flash_attn_func(q8, k8, v8, causal=True, **descales)
+
+    steps: dict[str, Callable[[], object]] = {
+        "torch.add": lambda: torch.add(bshd[0], bshd[0]),
+        "bf16 flash_attn_func warm": lambda: flash.flash_attn_func(*bshd, causal=True),
+        "fp8 flash_attn_func warm, descales (b, hk)": fp8_call(q_descale=per_head, k_descale=per_head,
+                                                               v_descale=per_head),
+        "fp8 flash_attn_func warm, no descales": fp8_call(),
+        "fp8 flash_attn_func warm, out and lse": lambda: flash.flash_attn_func(
+            q8, k8, v8, causal=True, q_descale=per_head, return_attn_probs=True),
+        "fp8: V's copy alone (copy_)": lambda: vt.copy_(v8.transpose(1, 2).transpose(2, 3)),
+    }
+    for fn in steps.values():  # plan and describe every call
+        fn()
+        fn()
+    for name, fn in steps.items():
+        print(f"{name:<48} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
+    names = ("forward_bhsd", "forward_bshd", "output_bshd")
+    saved = [getattr(fp8_hot, name) for name in names]
+    for name in names:
+        setattr(fp8_hot, name, lambda *args, **kwargs: None)
+    try:
+        fn = steps["fp8 flash_attn_func warm, descales (b, hk)"]
+        print(f"{'fp8 flash_attn_func, warm path off (b, hk)':<48} {us(fn, sync=torch.cuda.synchronize):7.2f} µs")
+    finally:
+        for name, warm in zip(names, saved, strict=True):
+            setattr(fp8_hot, name, warm)
 
 
 def _fake_kernels(directory: Path) -> dict[str, Any]:
@@ -186,28 +230,35 @@ def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, fl
 
 
 def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, float]]:
-    """(call, µs) of an FP8 call's host path beside a bf16 call's general path, on CPU tensors and the fake driver.
+    """(call, µs) of FP8 calls' host paths beside bf16 calls', on CPU tensors and the fake driver.
 
-    The FP8 forward has no warm path: each call is ``fp8.checked``, its outputs, the descales' views and
-    ``fp8.launch_gpu`` (V's transpose, ``pack``, the memo lookup, the launch), as ``fp8_calls.attention`` runs it
-    on a GPU; beside it the bf16 call's general path (``binding.check``, its outputs, ``binding.launch_gpu``: what
-    a bf16 call costs when the warm path declines it) and the copy V's transpose makes alone. Best of ``rounds``
-    interleaved rounds; (1, 16, 2, 64) tensors, flash_attn_func's layout.
+    Public functions: ``flash_attn_func`` warm (FP8: ``fp8_hot``'s warm path, made for CPU tensors; bf16: hot.py's
+    ``output_bshd``, with the compiled helper), and the FP8 call with its warm path off (``fp8.checked``, then
+    ``fp8.forward`` with ``fp8.launch_gpu`` in place of the interpreter). Binding level: ``fp8.checked``, its
+    outputs, the descales' views and ``fp8.launch_gpu`` (V's transpose, ``pack``, the memo lookup, the launch),
+    beside the bf16 call's general path (``binding.check``, its outputs, ``binding.launch_gpu``: what a bf16 call
+    costs when the warm path declines it), and the copy V's transpose makes alone. Best of ``rounds`` interleaved
+    rounds, each row's swaps made before its timed span; (1, 16, 2, 64) tensors, flash_attn_func's layout.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from fake_libcuda import Fake, build
     from test_driver import _entry
 
+    from lazytriton import interface
     from lazytriton.driver import gpu
     from lazytriton.kernels import get
-    from lazytriton.kernels.flash_fwd import fp8
+    from lazytriton.kernels.flash_fwd import fp8, fp8_hot
 
     bshd = [torch.randn(1, 16, 2, 64, dtype=torch.bfloat16) for _ in range(3)]
     q, k, v = (t.transpose(1, 2) for t in bshd)  # flash_attn_func's views
-    q8, k8, v8 = (t.to(torch.float8_e4m3fn).transpose(1, 2) for t in bshd)
+    bshd8 = [t.to(torch.float8_e4m3fn) for t in bshd]
+    q8, k8, v8 = (t.transpose(1, 2) for t in bshd8)
     one = torch.ones(())
+    per_head = torch.ones(1, 2)
     plans: dict[Any, Any] = {}
-    saved = runtime.get, launch.raw_stream
+    warm_names = ("forward_bhsd", "forward_bshd", "output_bshd")
+    saved = runtime.get, launch.raw_stream, fp8.run, hot.output_bshd, *(getattr(fp8_hot, n) for n in warm_names)
+    spare = torch.empty(4096, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
         library = build(Path(tmp))
         if library is None:
@@ -226,11 +277,20 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
         plans[binding.memo_key(None, q.dtype, call.shape, True, aligned, index64, call.windowed, call.capped,
                                call.mods, call.head_dim_v, call.offset, call.scale, call.sunk,
                                call.chunked)] = (kernels["flash_fwd"], 64)
+        plans[binding.memo_key(-1, q.dtype, call.shape, True, aligned, index64)] = (kernels["flash_fwd"], 64)
         call8 = fp8.checked(q8, k8, v8, "bottom_right", None, binding.NAMES, binding.NO_WINDOW, 0.0, 0, (one,) * 3, {})
         out8, lse8 = fp8.empty_outputs(q8, call8.dv)
         scales = fp8.descales((one,) * 3, q8, 1, 2)
         _, aligned, index64 = fp8.pack(q8, k8, fp8.transposed_v(v8), out8, lse8, call8, scales)
         plans[fp8.memo_key(None, call8, call8.shape, aligned, index64, dtype="e4m3")] = (kernels["flash_fwd_fp8"], 64)
+        def get_plans() -> _Plans:
+            return _Plans(plans)
+
+        spares = {-1: (spare.numel(), spare.data_ptr())}
+        warm8 = {name: fp8_hot.make(*name.split("_")[::-1], cuda=False, get_runtime=get_plans,
+                                    raw_stream=lambda di: 0, spare=spares) for name in warm_names}
+        warm16 = hot.generate("bshd", "output", cuda=False, cpp=False, get_runtime=get_plans,
+                              raw_stream=lambda di: 0, SPARE=spares)
 
         def bf16() -> None:
             c = binding.check(q, k, v, "bottom_right")
@@ -240,42 +300,63 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
             c = fp8.checked(q8, k8, v8, "bottom_right", None, binding.NAMES, binding.NO_WINDOW, 0.0, 0, given, {})
             fp8.launch_gpu(q8, k8, v8, *fp8.empty_outputs(q8, c.dv), c, fp8.descales(given, q8, 1, 2), c.shape)
 
-        providers: dict[str, tuple[str, Callable[[], object]]] = {
-            "torch.add": ("flash_fwd", lambda: torch.add(q, q)),
-            "bf16 general path": ("flash_fwd", bf16),
-            "fp8, descales given": ("flash_fwd_fp8", lambda: fp8_call((one, one, one))),
-            "fp8, no descales": ("flash_fwd_fp8", lambda: fp8_call((None, None, None))),
-            "fp8: V's transpose alone": ("flash_fwd_fp8", lambda: fp8.transposed_v(v8)),
+        def public(**descales: Any) -> Callable[[], object]:
+            return lambda: interface.flash_attn_func(*bshd8, causal=True, **descales)
+
+        warm_off = {**{name: lambda *args: None for name in warm_names}, "run": fp8.launch_gpu}
+        providers: dict[str, tuple[str, dict[str, Any], Callable[[], object]]] = {
+            "torch.add": ("flash_fwd", {}, lambda: torch.add(q, q)),
+            "bf16 flash_attn_func warm": ("flash_fwd", {}, lambda: interface.flash_attn_func(*bshd, causal=True)),
+            "fp8 flash_attn_func warm, descales (1,)": ("flash_fwd_fp8", {}, public(
+                q_descale=one, k_descale=one, v_descale=one)),
+            "fp8 flash_attn_func warm, descales (b, hk)": ("flash_fwd_fp8", {}, public(
+                q_descale=per_head, k_descale=per_head, v_descale=per_head)),
+            "fp8 flash_attn_func warm, no descales": ("flash_fwd_fp8", {}, public()),
+            "fp8 flash_attn_func, warm path off": ("flash_fwd_fp8", warm_off, public(
+                q_descale=one, k_descale=one, v_descale=one)),
+            "bf16 general path": ("flash_fwd", {}, bf16),
+            "fp8 general path, descales": ("flash_fwd_fp8", {}, lambda: fp8_call((one, one, one))),
+            "fp8 general path, no descales": ("flash_fwd_fp8", {}, lambda: fp8_call((None, None, None))),
+            "fp8: V's transpose alone": ("flash_fwd_fp8", {}, lambda: fp8.transposed_v(v8)),
         }
         best = dict.fromkeys(providers, math.inf)
-        runtime.get, launch.raw_stream = (lambda: _Plans(plans)), (lambda device_index: 0)  # type: ignore
+        runtime.get, launch.raw_stream = get_plans, (lambda device_index: 0)  # type: ignore
+        hot.output_bshd = warm16
         try:
-            for round_ in range(rounds + 1):  # round 0 warms up
-                for name, (kernel, fn) in providers.items():
+            for round_ in range(rounds + 1):  # round 0 warms up (and describes the warm paths' shapes)
+                for name, (kernel, swaps, fn) in providers.items():
                     fake.configure(sizes[kernel])
+                    for warm_name in warm_names:
+                        setattr(fp8_hot, warm_name, swaps.get(warm_name, warm8[warm_name]))
+                    fp8.run = swaps.get("run", fp8.launch_gpu)
                     start = time.perf_counter()
                     for _ in range(calls):
                         fn()
                     if round_:
                         best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
         finally:
-            runtime.get, launch.raw_stream = saved  # type: ignore[assignment]
+            runtime.get, launch.raw_stream, fp8.run, hot.output_bshd = saved[:4]  # type: ignore[assignment]
+            for name, fn in zip(warm_names, saved[4:], strict=True):
+                setattr(fp8_hot, name, fn)
     return list(best.items())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-fake", action="store_true", help="time the warm path on CPU with a fake driver")
-    parser.add_argument("--fp8", action="store_true",
-                        help="with --cpu-fake: an FP8 call's host path beside a bf16 call's general path")
+    parser.add_argument("--fp8", action="store_true", help="an FP8 call's host path beside a bf16 call's")
     args = parser.parse_args()
+    if args.fp8 and not args.cpu_fake:
+        if not torch.cuda.is_available():
+            print("profile_hot --fp8 needs a CUDA GPU (or --cpu-fake)", file=sys.stderr)
+            return 2
+        gpu_fp8_steps()
+        return 0
     if args.fp8:
-        if not args.cpu_fake:
-            raise SystemExit("--fp8 times the CPU path: pass --cpu-fake too")
         rows8 = cpu_fake_fp8_rows()
-        print(f"{'call':<28} {'µs':>7}  vs torch.add (CPU tensors, fake driver, {fastlaunch.path_name()})")
+        print(f"{'call':<44} {'µs':>7}  vs torch.add (CPU tensors, fake driver, {fastlaunch.path_name()})")
         for name, value in rows8:
-            print(f"{name:<28} {value:7.2f}  {value / rows8[0][1]:5.2f}x")
+            print(f"{name:<44} {value:7.2f}  {value / rows8[0][1]:5.2f}x")
         return 0
     if not args.cpu_fake:
         if not torch.cuda.is_available():

@@ -14,9 +14,11 @@ sequence; lse float32 (heads_q, total_q).
 
 The public functions call them while torch.compile traces (or under a dispatch mode, or with tensor subclasses);
 an eager call of plain tensors goes to the binding directly, as the other ops' callers do. Each op checks its
-arguments again (it can be called directly) and its fake gives the real outputs' shapes, dtypes and strides
-(both allocate through ``fp8.empty_outputs``). There is no autograd formula: the FP8 forward has no backward
-(FlashAttention-3's has none), and an input that requires grad is refused before the op is reached.
+arguments again (it can be called directly; a warm dense call of plain tensors is served by ``fp8_hot``, whose
+entry the same checks made) and its fake gives the real outputs' shapes, dtypes and strides (both allocate through
+``fp8.empty_outputs``; the warm path, the shapes and strides it gave). There is no autograd formula: the FP8
+forward has no backward (FlashAttention-3's has none), and an input that requires grad is refused before the op is
+reached.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 
 from lazytriton.kernels.arguments import index_tensor
-from lazytriton.kernels.flash_fwd import binding, fp8
+from lazytriton.kernels.flash_fwd import binding, fp8, fp8_hot
 
 _DESCALES = "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale"
 _FEATURES = "int window_left=-1, int window_right=-1, float softcap=0.0"
@@ -49,8 +51,12 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: 
     """The FP8 forward through the kernel cache: ``(out bf16, lse)``."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     given = (q_descale, k_descale, v_descale)
-    call = fp8.checked(q, k, v, causal, softmax_scale, binding.NAMES, (window_left, window_right), float(softcap),
-                       attention_chunk, given, {})
+    window, cap = (window_left, window_right), float(softcap)
+    if all(type(t) is torch.Tensor for t in (q, k, v)) and all(t is None or type(t) is torch.Tensor for t in given):
+        warm = fp8_hot.forward_bhsd(q, k, v, causal, softmax_scale, given, window, cap, attention_chunk)
+        if warm is not None:
+            return warm  # type: ignore[no-any-return]
+    call = fp8.checked(q, k, v, causal, softmax_scale, binding.NAMES, window, cap, attention_chunk, given, {})
     return fp8.forward(q, k, v, call, given)
 
 

@@ -297,6 +297,12 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             warm = hot.output_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
             if warm is not None:
                 return warm
+    if fp8.is_fp8(q) and direct(q, k, v):  # the FP8 forward's warm path (fp8_hot), in this layout
+        warm = fp8_calls.flash_attn_warm(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                         deterministic, return_attn_probs, sinks, s_aux, attention_chunk, q_descale,
+                                         k_descale, v_descale)
+        if warm is not None:
+            return warm
     q, k, v = _check_bshd("q", q), _check_bshd("k", k), _check_bshd("v", v)
     check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)

@@ -69,6 +69,8 @@ def {name}(q, k, v, causal, scale, gqa=True):
         return None
     dtype = q.dtype
     di = q.get_device()
+    if dtype not in DTYPES:  # float8 too (its own warm path: fp8_hot), before any lookup
+        return None
     if k.dtype is not dtype or v.dtype is not dtype or k.get_device() != di or v.get_device() != di:
         return None
     if not (causal is False or causal is True or type(causal) is str) or not (scale is None or type(scale) is float):
