@@ -111,7 +111,7 @@ def _memoise(rt: _Runtime, kernel: _Recorder, q: torch.Tensor, k: torch.Tensor, 
     vt = fp8.transposed_v(v)
     scales = fp8.descales(given, q, call.shape.batch, call.shape.heads_k)
     ints, aligned, index64 = fp8.pack(q, k, vt, out, lse, call, scales)
-    rt.plans[fp8.memo_key(None, call, call.shape, aligned, index64)] = (kernel, block_m)
+    rt.plans[fp8.memo_key(None, call, call.shape, aligned, index64, dtype=binding.FP8_DTYPES[q.dtype])] = (kernel, block_m)
     return out, lse, vt, scales
 
 
@@ -172,7 +172,7 @@ def test_warm_fp8_call_takes_the_unaligned_plan_for_an_unaligned_pointer() -> No
     call = fp8.checked(q, k, v, False, None, binding.NAMES, binding.NO_WINDOW, 0.0, 0, (None,) * 3, {})
     kernels = {flag: _Recorder(True, (1, 2, 64, 16)) for flag in (True, False)}
     for flag, kernel in kernels.items():
-        rt.plans[fp8.memo_key(None, call, call.shape, flag, False)] = (kernel, 32)
+        rt.plans[fp8.memo_key(None, call, call.shape, flag, False, dtype="e4m3")] = (kernel, 32)
     assert warm(q, k, v, False, None, (None,) * 3) is not None
     assert (len(kernels[True].launches), len(kernels[False].launches)) == (0, 1)
     assert warm(k, k, v, False, None, (None,) * 3) is not None  # the same sizes and strides: one entry, both plans
