@@ -27,7 +27,8 @@ from lazytriton.kernels.flash_fwd import varlen
 from lazytriton.kernels.flash_fwd_mla import binding
 
 _FEATURES = "int window_left=-1, int window_right=-1, float softcap=0.0"
-_FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, Tensor? qv, float softmax_scale, str causal, {_FEATURES}) -> (Tensor, Tensor)"
+_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor? qv, float softmax_scale, str causal, {_FEATURES}) "
+               "-> (Tensor, Tensor)")
 _VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? qv, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
                   f"int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, {_FEATURES}) "
                   "-> (Tensor, Tensor)")

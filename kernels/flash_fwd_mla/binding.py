@@ -37,12 +37,12 @@ class Call(NamedTuple):
 
 
 def check_head_dim_v(v: Any, name: str = "v") -> int:
-    """v's head dim, checked against the kernel's 1..512 (TypeError/ValueError naming ``name``)."""
+    """V's head dim, checked against the kernel's 1..512 (TypeError/ValueError naming ``name``)."""
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(v).__name__}")
     if v.dim() == 0 or not 1 <= v.shape[-1] <= geometry.MAX_HEAD_DIM_V:
         raise ValueError(f"{name}'s head dim ({name}.shape[-1]) must be in 1..{geometry.MAX_HEAD_DIM_V}, got "
-                         f"{tuple(v.shape)[-1:] or tuple(v.shape)}")
+                         f"{v.shape[-1] if v.dim() else 'a 0-dim tensor'}")
     return int(v.shape[-1])
 
 
@@ -60,7 +60,7 @@ def check_qv(qv: Any, q: torch.Tensor, head_dim_v: int, name: str = "qv") -> Non
 
 
 def _stand_in(v: torch.Tensor) -> torch.Tensor:
-    """v's first columns, as many as flash_fwd's checks take: the rest of its rules are v's own."""
+    """V's first columns, as many as flash_fwd's checks take: the rest of its rules are v's own."""
     return v[..., :geometry.MAX_HEAD_DIM] if v.shape[-1] > geometry.MAX_HEAD_DIM else v
 
 

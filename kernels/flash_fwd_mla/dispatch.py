@@ -1,4 +1,4 @@
-"""flash_fwd_mla's choice: its fields, its tiles (by v's head dim) and its prewarm plan, in ``kernels.dispatch``'s terms.
+"""flash_fwd_mla's choice: its fields, its tiles (by v's head dim), its prewarm plan, in ``kernels.dispatch``'s terms.
 
 The tiles depend on the target, the dtype and v's padded head dim (``geometry.padded_value_dim``), the tile
 that sizes the accumulator, V's pipeline stages and qv's tile; the package docstring says why 64 x 32 at 512.
