@@ -72,6 +72,16 @@ def make(case: Case) -> tuple[torch.Tensor, ...]:
     return randn(2, sq, hq, d), randn(2, sk, hk, d), randn(2, sk, hk, dv), randn(2, sq, hq, dv) if case.qv else None
 
 
+def bhsd(x: torch.Tensor | None) -> torch.Tensor | None:
+    """FlashAttention's (batch, seqlen, heads, dim) as the kernel's (batch, heads, seqlen, dim) view."""
+    return None if x is None else x.transpose(1, 2)
+
+
+def sequence(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """One packed sequence's rows of a (total, heads, dim) tensor as a (1, heads, rows, dim) view."""
+    return None if x is None else x[rows].transpose(0, 1)[None]
+
+
 def check_against_reference(out: torch.Tensor, lse: torch.Tensor, inputs: tuple[Any, ...], **opts: Any) -> None:
     """out and lse (the kernel's (B, H, S, D) layout) under FlashAttention's rule against the float64 reference."""
     exact = mla_reference(*(None if t is None else t.double() for t in inputs), **opts)
@@ -88,8 +98,8 @@ def test_flash_attn_func_with_qv_and_wide_v_follows_flashattentions_rule(case: C
     out, lse, _ = lazytriton.flash_attn_func(q, k, v, causal=case.causal, window_size=case.window,
                                              softcap=case.softcap, qv=qv, return_attn_probs=True)
     assert out.shape == (*q.shape[:3], v.shape[3]) and out.dtype == q.dtype
-    t = (lambda x: None if x is None else x.transpose(1, 2))
-    check_against_reference(t(out), lse, (t(q), t(k), t(v), t(qv)), causal="bottom_right" if case.causal else False,
+    check_against_reference(bhsd(out), lse, (bhsd(q), bhsd(k), bhsd(v), bhsd(qv)),
+                            causal="bottom_right" if case.causal else False,
                             window_size=case.window, softcap=case.softcap)
 
 
@@ -100,10 +110,10 @@ def test_the_latent_form_is_the_qv_form() -> None:
     latent = torch.randn(1, 40, 1, 576, generator=gen).to(BF16)
     out = lazytriton.flash_attn_func(q[..., 512:], latent[..., 512:], latent[..., :512], qv=q[..., :512],
                                      causal=True)
-    t = (lambda x: x.transpose(1, 2).double())
-    plain, _ = mla_reference(t(q), t(latent), t(latent[..., :512]), causal="bottom_right")
-    same, _ = mla_reference(t(q).to(BF16), t(latent).to(BF16), t(latent[..., :512]).to(BF16), causal="bottom_right")
-    check_rule("out", t(out), plain, same, OUT_FLOOR[BF16])
+    q, latent = q.transpose(1, 2), latent.transpose(1, 2)
+    plain, _ = mla_reference(q.double(), latent.double(), latent[..., :512].double(), causal="bottom_right")
+    same, _ = mla_reference(q, latent, latent[..., :512], causal="bottom_right")
+    check_rule("out", out.transpose(1, 2), plain, same, OUT_FLOOR[BF16])
 
 
 def test_qvs_default_scale_is_flashattention3s() -> None:
@@ -118,7 +128,7 @@ def test_qvs_default_scale_is_flashattention3s() -> None:
 @pytest.mark.parametrize("qv_on", [True, False])
 def test_packed_sequences_follow_flashattentions_rule(qv_on: bool) -> None:
     gen = torch.Generator().manual_seed(7 + qv_on)
-    lens_q, lens_k, hq, d, dv = [5, 0, 37], [20, 7, 50], 2, 64, 512
+    lens_q, hq, d, dv = [5, 0, 37], 2, 64, 512  # key lengths 20, 7, 50
     cu_q = torch.tensor([0, 5, 5, 42], dtype=torch.int32)
     cu_k = torch.tensor([0, 20, 27, 77], dtype=torch.int32)
     q, k = torch.randn(42, hq, d, generator=gen).to(BF16), torch.randn(77, 1, d, generator=gen).to(BF16)
@@ -131,8 +141,8 @@ def test_packed_sequences_follow_flashattentions_rule(qv_on: bool) -> None:
         rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
         if not lens_q[i]:
             continue
-        t = (lambda x, s: None if x is None else x[s].transpose(0, 1)[None])
-        check_against_reference(t(out, rows), lse[None, :, rows], (t(q, rows), t(k, keys), t(v, keys), t(qv, rows)),
+        check_against_reference(sequence(out, rows), lse[None, :, rows],
+                                (sequence(q, rows), sequence(k, keys), sequence(v, keys), sequence(qv, rows)),
                                 causal="bottom_right", window_size=(9, -1))
 
 
@@ -300,8 +310,8 @@ def test_mla_forward_gpu(dv: int, qv_on: bool, causal: bool, seqlen: int) -> Non
     q, k, v = randn(2, seqlen, 16, 64), randn(2, seqlen, 1, 64), randn(2, seqlen, 1, dv)
     qv = randn(2, seqlen, 16, dv) if qv_on else None
     out, lse, _ = lazytriton.flash_attn_func(q, k, v, qv=qv, causal=causal, return_attn_probs=True)
-    t = (lambda x: None if x is None else x.transpose(1, 2))
-    check_against_reference(t(out), lse, (t(q), t(k), t(v), t(qv)), causal="bottom_right" if causal else False)
+    check_against_reference(bhsd(out), lse, (bhsd(q), bhsd(k), bhsd(v), bhsd(qv)),
+                            causal="bottom_right" if causal else False)
 
 
 @gpu
@@ -318,5 +328,6 @@ def test_mla_varlen_forward_gpu() -> None:
                                                     return_attn_probs=True)
     for i in range(len(lens)):
         rows = slice(int(cu[i]), int(cu[i + 1]))
-        t = (lambda x: x[rows].transpose(0, 1)[None])
-        check_against_reference(t(out), lse[None, :, rows], (t(q), t(k), t(v), t(qv)), causal="bottom_right")
+        check_against_reference(sequence(out, rows), lse[None, :, rows],
+                                (sequence(q, rows), sequence(k, rows), sequence(v, rows), sequence(qv, rows)),
+                                causal="bottom_right")
