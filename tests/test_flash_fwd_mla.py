@@ -234,10 +234,13 @@ def test_prewarm_plans_what_calls_select(capsys: pytest.CaptureFixture[str]) -> 
     from lazytriton import tuning
     from lazytriton.prewarm.enumeration import Axes, enumerate_variants
 
-    axes = Axes(targets=(SM90,), kernels=("flash_fwd_mla",), dtypes=("bf16",), causal=(True,))
-    planned = {str(p.variant) for p in enumerate_variants(axes, tuning.tables_for(("flash_fwd_mla",)))}
+    tables = tuning.tables_for(("flash_fwd_mla",))
+    assert not enumerate_variants(Axes(targets=(SM90,), kernels=("flash_fwd_mla",)), tables), "asked for only"
+    assert not enumerate_variants(Axes(targets=(SM90,), kernels=("flash_fwd_mla",), head_dims_v=(128,)), tables)
+    axes = Axes(targets=(SM90,), kernels=("flash_fwd_mla",), dtypes=("bf16",), causal=(True,), head_dims_v=(512, 256))
+    planned = {str(p.variant) for p in enumerate_variants(axes, tables)}
     want = dispatch.kernel_variant("flash_fwd_mla", SM90, "bf16", 64, True, True, 4096, 4096, head_dim_v=512)
-    assert planned == {str(want)}, "by default: v of 512 without qv (v of 256 without qv is flash_fwd's)"
+    assert planned == {str(want)}, "v of 512 without qv (v of 256 without qv is flash_fwd's)"
     with_qv = Axes(targets=(SM90,), kernels=("flash_fwd_mla",), dtypes=("bf16",), causal=(True,), qv=(False, True),
                    head_dims_v=(512, 256))
     planned = {str(p.variant) for p in enumerate_variants(with_qv, tuning.tables_for(("flash_fwd_mla",)))}

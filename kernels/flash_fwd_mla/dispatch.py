@@ -5,11 +5,12 @@ that sizes the accumulator, V's pipeline stages and qv's tile; the package docst
 One config serves calls with and without ``qv`` (its 64 KiB tile is counted in both). A tuning row (``lazytriton
 tune`` has no tuner for this family yet; ``tuning.csv`` is empty) would be keyed by v's padded head dim.
 
-Prewarm plans it through ``prewarm_variants``: bf16 and fp16, q's head dim 64 (MLA's rotary part), v's 512 (and
-256, FlashAttention-3's other qv size) without qv, and with ``--qv`` the qv calls at every v's head dim given.
-A call without qv whose v's head dim is 256 or less is flash_fwd's (it has a backward there), so no such variant
-is planned here. ``--head-dim``/``--head-dim-v`` pick others; ``--window``, ``--softcap`` and ``--varlen`` add
-their flags.
+Prewarm plans it through ``prewarm_variants``, only when a plan asks for MLA's calls: ``--qv`` or a
+``--head-dim-v`` over 256 (most models have neither, so the default plan and every image built from it stay as
+they are). Then: bf16 and fp16, q's head dim 64 (MLA's rotary part; ``--head-dim`` picks others), v's head dims
+given (with ``--qv`` alone: 512 and 256, FlashAttention-3's qv sizes), with qv where ``--qv`` is given and
+without it where v's head dim is over 256: a call without qv whose v's head dim is 256 or less is flash_fwd's
+(it has a backward there). ``--window``, ``--softcap`` and ``--varlen`` add their flags.
 """
 
 from __future__ import annotations
@@ -116,10 +117,15 @@ def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[
                      qv: Iterable[bool] = (False,)) -> list[Variant]:
     """The variants for prewarm's axes (the module docstring): calls this kernel serves (``served``) only.
 
-    ``head_dims_v``: v's (0 or none given: ``PREWARM_HEAD_DIMS_V``); ``causal`` None: both; ``paged`` does not
-    apply. One config a (dtype, v's head dim), so no seqlen axis.
+    None unless ``qv`` holds True or ``head_dims_v`` one over 256; ``head_dims_v``: v's (0 or none given:
+    ``PREWARM_HEAD_DIMS_V``); ``causal`` None: both; ``paged`` does not apply. One config a (dtype, v's head dim),
+    so no seqlen axis.
     """
-    dims_v = [dim for dim in head_dims_v if dim] or list(PREWARM_HEAD_DIMS_V)
+    qv = tuple(qv)
+    dims_v = [dim for dim in head_dims_v if dim]
+    if True not in qv and not any(served(dim, False) for dim in dims_v):
+        return []
+    dims_v = dims_v or list(PREWARM_HEAD_DIMS_V)
     found = []
     for dtype, head_dim, dim_v, is_causal, is_aligned, wide, windowed, capped, packed, with_qv in itertools.product(
             dtypes, head_dims, dims_v, (False, True) if causal is None else causal, aligned, index64, window,
