@@ -48,7 +48,9 @@ and over the grid, and the lowest row.
 
 Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16] [--head-dims 64,128,256]
        [--seqlens 1k,4k,16k] [--causal both|causal|full] [--providers lazytriton,triton_jit,sdpa_flash,sdpa_cudnn]
-       [--prewarm-jobs N] [--no-host] [--sweep] [--sinks] [--attention-chunk C] [--fp8]
+       [--prewarm-jobs N] [--no-host] [--sweep] [--sinks] [--attention-chunk C] [--fp8] [--mla]
+
+With ``--mla`` the run is the MLA forward's instead (qv and v of 512: ``bench_flash_fwd_mla.py`` says what).
 """
 
 from __future__ import annotations
@@ -430,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fp8", action="store_true",
                         help="time the FP8 forward instead (e4m3 and e5m2, 16k tokens, head dims --head-dims) beside "
                              "the bf16 forward and cuDNN's FP8 SDPA")
+    parser.add_argument("--mla", action="store_true",
+                        help="time the MLA forward instead (qv and v of 512, bench_flash_fwd_mla.py) beside "
+                             "FlashAttention-3 where installed and SDPA on the joined head dim 576")
     args = parse_grid(parser, argv)
     if args.attention_chunk < 0:
         parser.error(f"--attention-chunk must be >= 0 (0: off), got {args.attention_chunk}")
@@ -439,6 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = run_meta("flash_fwd", torch.device("cuda"))
     if args.fp8:
         fp8(args, meta)
+        return 0
+    if args.mla:
+        from bench_flash_fwd_mla import mla
+
+        mla(args, meta, FIELDS, _turns)
         return 0
     if args.prewarm_jobs > 0 and "lazytriton" in args.providers:
         try:

@@ -138,6 +138,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "flash_combine": ("flash_combine",),  # flash_attn_combine: partial results over key chunks merged
     "kv_slots": ("kv_slots",),  # write_kvcache_slots: keys and values written at cache slots (vLLM's slot_mapping)
     "flash_bwd_dsinks": ("flash_bwd_dsinks",),  # the attention sinks' gradient, after flash_bwd (C API, GPU)
+    "flash_fwd_mla": ("flash_fwd_mla",),  # FlashAttention-3's forward with qv, or v's head dim up to 512 (MLA)
 }
 
 
@@ -165,6 +166,7 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
     from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
     from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON
+    from lazytriton.kernels.flash_fwd_mla import FLASH_FWD_MLA
     from lazytriton.kernels.kv_append.spec import KV_APPEND
     from lazytriton.kernels.kv_slots.spec import KV_SLOTS
 
@@ -173,7 +175,7 @@ def _specs() -> dict[str, KernelSpec]:
     # kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by rule).
     specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_FP8, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
              FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE, KV_SLOTS,
-             FLASH_BWD_DSINKS)
+             FLASH_BWD_DSINKS, FLASH_FWD_MLA)
     return {spec.name: spec for spec in specs}
 
 

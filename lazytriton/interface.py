@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import fp8_calls
+from lazytriton import fp8_calls, mla_calls
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
 from lazytriton.kernels.flash_fwd import binding, fp8, hot, score_mods
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
@@ -210,7 +210,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     return_attn_probs: bool = False, sinks: torch.Tensor | None = None,
                     s_aux: torch.Tensor | None = None, attention_chunk: int = 0,
                     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-                    v_descale: torch.Tensor | None = None) -> Any:
+                    v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_func``: same arguments, same layout,
@@ -221,7 +221,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             any strides with a contiguous last dim (no copy is made).
         k: (batch, seqlen_k, heads_k, head_dim); heads_q a multiple of heads_k (GQA/MQA).
         v: k's shape but for the head dim, which may differ from q's
-            (head_dim_v; out then has it).
+            (head_dim_v, up to 512; out then has it).
         dropout_p: dropout probability in [0, 1), applied whenever it is > 0
             (pass 0.0 for evaluation, as with FlashAttention). The mask comes
             from Philox, seeded by a [seed, offset] pair drawn on q's device
@@ -274,19 +274,24 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             None or float32 (batch, heads_k), (1,) or (). Forward only.
         k_descale: k's, as q_descale.
         v_descale: v's, as q_descale.
+        qv: FlashAttention-3's (DeepSeek's MLA): (batch, seqlen_q, heads_q, head_dim_v), q's dtype; the scores
+            become (q . k + qv . v) x softmax_scale, whose default is then 1/sqrt(head_dim + head_dim_v).
+            Forward only, as is a v of more than 256 columns (``kernels/flash_fwd_mla``); no ALiBi, dropout,
+            sinks or attention_chunk with either.
 
     Returns:
         ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype (bfloat16 for FP8 inputs), or
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
 
-    Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it).
+    Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it),
+    but for qv or a v of more than 256 columns, whose backward raises NotImplementedError.
 
     """
     if (type(causal) is bool and dropout_p == 0.0 and alibi_slopes is None and sinks is None and s_aux is None
             and (softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
             and type(attention_chunk) is int and attention_chunk == 0
-            and q_descale is None and k_descale is None and v_descale is None
+            and q_descale is None and k_descale is None and v_descale is None and qv is None
             and type(deterministic) is bool and type(return_attn_probs) is bool
             and direct(q, k, v)):
         if return_attn_probs:
@@ -317,6 +322,12 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                                         "sinks": sinks is not None or s_aux is not None}, direct(qt, kt, vt))
         return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
     fp8.refuse_descales(q, descales)
+    if mla_calls.wanted(v, qv):
+        out, lse = mla_calls.attention(
+            qt, kt, vt, qv, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size, softcap,
+            {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0, "sinks": sinks is not None
+             or s_aux is not None, "attention_chunk": attention_chunk != 0}, direct(qt, kt, vt))
+        return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
     call = attention_sinks.with_sinks(call, qt, attention_sinks.given(sinks, s_aux), _FA_NAMES)
@@ -336,7 +347,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            s_aux: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                            num_splits: int = 0, out: torch.Tensor | None = None, attention_chunk: int = 0,
                            q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-                           v_descale: torch.Tensor | None = None) -> Any:
+                           v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -399,6 +410,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             or bfloat16).
         k_descale: k's, as q_descale; with block_table, a float8 paged cache's (as vLLM calls FlashAttention-3).
         v_descale: v's, as q_descale; with block_table, a float8 paged cache's.
+        qv: FlashAttention-3's (DeepSeek's MLA), (total_q, heads_q, head_dim_v), as ``flash_attn_func``'s: forward
+            only, as is a v of more than 256 columns; not with block_table, seqused_q/seqused_k, ALiBi, dropout,
+            sinks or attention_chunk.
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -416,6 +430,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         from lazytriton import kvcache_varlen
 
         if block_table is not None:
+            if qv is not None:
+                raise ValueError("qv is not taken with block_table here: pass it to flash_attn_with_kvcache")
             return kvcache_varlen.paged_varlen(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
                 softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
@@ -436,6 +452,14 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         res = res if out is None else out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
     fp8.refuse_descales(q, descales)
+    if mla_calls.wanted(v, qv):
+        res, lse = mla_calls.varlen_attention(
+            q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
+            softcap, {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0, "seqused_q": seqused_q is not
+                      None, "seqused_k": seqused_k is not None, "sinks": sinks is not None or s_aux is not None,
+                      "attention_chunk": attention_chunk != 0}, direct(q, k, v))
+        res = res if out is None else out.copy_(res)
+        return (res, lse, None) if return_attn_probs else res
     from lazytriton.kernels.flash_fwd import varlen
 
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.

@@ -45,6 +45,8 @@ VARIANTS = [
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 96, True, True, 4096, 4096, softcap=True),
     dispatch.kernel_variant("flash_bwd_dkdv", sm90, "bf16", 128, False, True, 4096, 4096, alibi=True, dropout=True,
                             varlen=True),
+    dispatch.kernel_variant("flash_fwd_mla", sm90, "bf16", 64, True, True, 4096, 4096, head_dim_v=512, qv=True,
+                            varlen=True, window=True, softcap=True),  # qv, v of 512
     decode_dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, True, True, 4, 4096, page_size=16,
                                    paged=True, window=True, softcap=True),
     decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096),
@@ -86,7 +88,7 @@ def test_every_kernel_family_compiles_under_the_other_triton() -> None:
     kernels = {str(v).split(":")[0] for v in here}
     assert kernels == {"flash_fwd", "flash_fwd_fp8", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split",
                        "flash_decode_combine", "kv_append", "kv_slots", "flash_fwd_gluon", "flash_bwd_dkdv_gluon",
-                       "flash_bwd_prep", "flash_bwd_fused_gluon"}, "one of each family's kernels"
+                       "flash_bwd_prep", "flash_bwd_fused_gluon", "flash_fwd_mla"}, "one of each family's kernels"
     for variant, (name, version, arg_types, num_warps, has_binary) in zip(here, there, strict=True):
         assert name == str(variant) and version != triton_version() and has_binary, name
         if variant is here[0]:  # compiled here too: the same launch ABI under both versions

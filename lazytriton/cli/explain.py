@@ -178,9 +178,10 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     if rotary != "none" and not decoding:
         raise ValueError(f"--rotary is flash_attn_with_kvcache's rotary_cos/rotary_sin: only flash_decode and "
                          f"kv_append take it, not {', '.join(kernels)}")
-    if flags.get("qv") and not decoding:
+    mla = kernels == ("flash_fwd_mla",)  # flash_attn_func's qv, or v's head dim over 256
+    if flags.get("qv") and not (decoding or mla):
         raise ValueError(f"--qv is flash_attn_with_kvcache's qv (MLA): only flash_decode and kv_append take it, not "
-                         f"{', '.join(kernels)}")
+                         f"{', '.join(kernels)} (flash_attn_func's qv is flash_fwd_mla's)")
     if kv_dtype != "none" and not decoding:
         raise ValueError(f"--kv-dtype is flash_attn_with_kvcache's float8 cache: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
@@ -189,6 +190,13 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
             cache_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(kv_dtype, torch_dtype)
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
                           window, softcap, rotary, chunk, cache_dtype)
+        elif mla:
+            from lazytriton.kernels.flash_fwd_mla import binding as mla_binding
+
+            qv = meta(1, 1, seqlen_q, head_dim_v) if flags.get("qv") else None
+            mla_binding.check(meta(1, 1, seqlen_q, head_dim), meta(1, 1, seqlen_k, head_dim),
+                              meta(1, 1, seqlen_k, head_dim_v), qv, False if causal == "none" else causal,
+                              window=window, softcap=softcap)
         elif varlen:
             cu = meta(2, of=torch.int32)
             one = meta(1, of=torch.int32)

@@ -1,0 +1,86 @@
+"""The public functions' MLA forward calls (``qv``, or v's head dim over 256): checked, then the binding or the op.
+
+``flash_attn_func`` and ``flash_attn_varlen_func`` send a call here when it has FlashAttention-3's ``qv`` or a
+v whose head dim flash_fwd does not take (257..512): the family ``kernels/flash_fwd_mla``. Every argument is
+checked first (a TypeError/ValueError naming it, before anything runs); what this forward does not take
+(ALiBi, dropout, sinks, attention_chunk, seqused) is refused by name. A plain eager call that wants no
+gradient runs the binding; any other goes through the torch op (``lazytriton.mla_op``, imported on first use),
+which torch.compile traces and whose backward raises NotImplementedError: FlashAttention-3 has no backward with
+qv or v of more than 256 columns either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazytriton import geometry
+from lazytriton.kernels.arguments import index_tensor
+from lazytriton.kernels.flash_fwd.names import Names
+from lazytriton.kernels.flash_fwd_mla import binding
+
+_Tensor = torch.Tensor
+
+
+def wanted(v: Any, qv: Any) -> bool:
+    """Whether a forward call is the MLA forward's: ``qv`` given, or v's head dim over flash_fwd's 256."""
+    return qv is not None or (isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[-1] > geometry.MAX_HEAD_DIM)
+
+
+def _refuse(unsupported: dict[str, Any]) -> None:
+    for name, on in unsupported.items():
+        if on:
+            raise ValueError(f"{name} is not taken with qv or a v of more than {geometry.MAX_HEAD_DIM} columns (the "
+                             "MLA forward, FlashAttention-3's): it has no ALiBi, dropout, sinks, attention_chunk or "
+                             "seqused")
+
+
+def _eager(tensors: tuple[Any, ...]) -> bool:
+    """Plain tensors, and no gradient wanted through them: the binding serves the call without the op."""
+    if not all(t is None or type(t) is _Tensor for t in tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+
+
+def attention(q: Any, k: Any, v: Any, qv: Any, causal: Any, scale: Any, names: Names, window: Any, softcap: Any,
+              unsupported: dict[str, Any], plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dense call: q, k, v in (B, H, S, D) order, qv in FlashAttention's (B, Sq, Hq, Dv) or None: (out, lse).
+
+    ``plain``: ``interface.direct``. qv is checked in the caller's layout (its errors name the caller's shapes).
+    """
+    _refuse(unsupported)
+    if qv is not None:
+        binding.check(q, k, v, None, causal, scale, names, window, softcap)
+        binding.check_qv(qv, q.transpose(1, 2), v.shape[-1])
+        qv = qv.transpose(1, 2)
+    call = binding.check(q, k, v, qv, causal, scale, names, window, softcap)
+    if plain and _eager((q, k, v, qv)):
+        return binding.forward(q, k, v, qv, call)
+    from lazytriton.mla_op import flash_fwd_mla_op
+
+    c = call.attn
+    return flash_fwd_mla_op(q, k, v, qv, c.scale, c.causal, c.window_left, c.window_right,  # type: ignore[no-any-return]
+                            c.softcap)
+
+
+def varlen_attention(q: Any, k: Any, v: Any, qv: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
+                     max_seqlen_k: Any, causal: Any, scale: Any, window: Any, softcap: Any,
+                     unsupported: dict[str, Any], plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed call ((total, heads, dim) tensors, qv too): (out, lse (heads_q, total_q)).
+
+    Through the op, the op reads the values of cu_seqlens (one device-to-host read a call, not two).
+    """
+    _refuse(unsupported)
+    cu_q, cu_k = index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k)
+    plain = plain and _eager((q, k, v, qv)) and type(cu_q) is _Tensor and type(cu_k) is _Tensor
+    vc, _ = binding.check_varlen(q, k, v, qv, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
+                                 softcap, values=None if plain else False)
+    if plain:
+        return binding.varlen_forward(q, k, v, qv, cu_q, cu_k, vc)
+    from lazytriton.mla_op import flash_varlen_fwd_mla_op
+
+    c = vc.call
+    return flash_varlen_fwd_mla_op(  # type: ignore[no-any-return]
+        q, k, v, qv, cu_q, cu_k, vc.max_seqlen_q, vc.max_seqlen_k, c.scale, causal, c.window_left, c.window_right,
+        c.softcap)
