@@ -328,7 +328,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            s_aux: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                            num_splits: int = 0, out: torch.Tensor | None = None, attention_chunk: int = 0,
                            q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-                           v_descale: torch.Tensor | None = None) -> Any:
+                           v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``, served from lazytriton's kernel cache.
 
     A drop-in for ``flash_attn.flash_attn_varlen_func``: variable-length
@@ -390,6 +390,10 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             or bfloat16).
         k_descale: k's, as q_descale; with block_table, a float8 paged cache's (as vLLM calls FlashAttention-3).
         v_descale: v's, as q_descale; with block_table, a float8 paged cache's.
+        qv: FlashAttention-3's (DeepSeek's MLA), forward only: (total_q, heads_q, head_dim_v), q's dtype and
+            device; the scores become (q . k + qv . v) x softmax_scale, default 1/sqrt(head_dim + head_dim_v).
+            Served by the decoding kernels (``flash_attn_with_kvcache``'s qv): with block_table, or without it on
+            k and v read as a paged cache of one key a page (``kvcache_varlen.paged_varlen``).
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -403,16 +407,17 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     (no sync per call).
 
     """
-    if block_table is not None or out is not None or num_splits != 0:
+    if block_table is not None or out is not None or num_splits != 0 or qv is not None:
         from lazytriton import kvcache_varlen
 
-        if block_table is not None:
+        if block_table is not None or qv is not None:
             return kvcache_varlen.paged_varlen(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
                 softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                 alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
                 seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out,
-                attention_chunk=attention_chunk, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                attention_chunk=attention_chunk, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                qv=qv)
         kvcache_varlen.check_splits_and_out(num_splits, out, q, v)
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
