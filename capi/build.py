@@ -69,7 +69,7 @@ typedef struct {
     int64_t rows, capacity, page_size;
     int32_t head_dim_v, append, append_aligned, append_index64;
     int32_t leftpad, rotary, rotary_interleaved;
-    int32_t sinks, varlen_q, chunk, kv_fp8;
+    int32_t sinks, varlen_q, chunk, kv_fp8, qv;
     uint64_t split_function, combine_function;
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;

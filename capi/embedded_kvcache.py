@@ -45,9 +45,11 @@ def inputs_of(p: Any) -> tuple[Any, Any, Any]:
                                p.cu_seqlens_q))
     if lens is None and p.cache_seqlen >= 0:
         lens = int(p.cache_seqlen)
-    # k_descale, v_descale: version 6 fields (lt__kv_prepare leaves an older struct's absent)
+    # k_descale, v_descale: version 6 fields; qv, cu_seqlens_k_new: version 7 (lt__kv_prepare leaves an older
+    # struct's absent)
     return checks.Inputs(q, k_cache, v_cache, k, v, lens, rows, table, slopes, pads, cos, sin, bases, sinks,
-                         cu_q, _optional(p.k_descale), _optional(p.v_descale)), out, lse
+                         cu_q, _optional(p.k_descale), _optional(p.v_descale), _optional(p.qv),
+                         _optional(p.cu_seqlens_k_new)), out, lse
 
 
 def call_of(p: Any, t: Any) -> Any:
@@ -82,12 +84,13 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
                   rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
                   head_dim_v: int = 0, leftpad: bool = False, rotary: bool = False,
                   rotary_interleaved: bool = False, sinks: bool = False, varlen_q: bool = False,
-                  chunk: bool = False, kv_fp8: str = "none") -> Any:
+                  chunk: bool = False, kv_fp8: str = "none", qv: bool = False) -> Any:
     """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call.
 
     ``sinks``: SINKS on both kernels; ``varlen_q``: queries packed by cu_seqlens_q (VARLEN_Q on the split kernel);
     ``chunk``: attention_chunk (CHUNK on the split kernel); ``kv_fp8``: a float8 cache's format (KV_FP8 on the
-    split kernel; a ValueError for e4m3 on a target below sm_89).
+    split kernel; a ValueError for e4m3 on a target below sm_89); ``qv``: MLA's qv (QV on the split kernel,
+    ``head_dim`` q's own).
     """
     import torch
 
@@ -100,7 +103,7 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
                        window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
                        head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad,
                        rotary_dim=2 if rotary else 0, rotary_interleaved=rotary and rotary_interleaved, sinks=sinks,
-                       varlen_q=varlen_q, attention_chunk=1 if chunk else 0, kv_fp8=kv_fp8)
+                       varlen_q=varlen_q, attention_chunk=1 if chunk else 0, kv_fp8=kv_fp8, qv=qv)
     return binding.variants(Target("cuda", str(capability), 32), dtype, call, aligned, index64)
 
 
@@ -127,7 +130,7 @@ def plan(req: Any) -> int:
                                    bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
                                    bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad),
                                    bool(req.rotary), bool(req.rotary_interleaved), bool(req.sinks),
-                                   bool(req.varlen_q), bool(req.chunk), KV_FP8[req.kv_fp8])
+                                   bool(req.varlen_q), bool(req.chunk), KV_FP8[req.kv_fp8], bool(req.qv))
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)

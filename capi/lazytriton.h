@@ -46,7 +46,7 @@
 #define LT_ATTN_BWD_PARAMS_VERSION 6 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; 6: attention_chunk; older structs are still taken */
 #define LT_STATS_VERSION 1
 #define LT_FLASH_COMBINE_PARAMS_VERSION 1
-#define LT_ATTN_KVCACHE_PARAMS_VERSION 6 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; 5: attention_chunk; 6: float8 caches' k_descale, v_descale; older structs are still taken */
+#define LT_ATTN_KVCACHE_PARAMS_VERSION 7 /* 2: cache_leftpad; 3: rotary embeddings; 4: sinks, packed queries; 5: attention_chunk; 6: float8 caches' k_descale, v_descale; 7: qv, cu_seqlens_k_new; older structs are still taken */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LT_API __attribute__((visibility("default")))
@@ -315,7 +315,7 @@ typedef struct {
  *   q        (batch, seqlen_q, heads_q, head_dim)              fp16, bf16 or fp32
  *   k_cache  (batch_cache, seqlen_cache, heads_k, head_dim), or with block_table a paged cache
  *            (num_blocks, page_size, heads_k, head_dim), page_size >= 1 (any size); q's dtype
- *   v_cache  like k_cache, with a head dim of its own allowed (head_dim_v, as DeepSeek's MLA)
+ *   v_cache  like k_cache, with a head dim of its own allowed (head_dim_v, up to 512, as DeepSeek's MLA)
  *   k, v     optional (batch, seqlen_new, heads_k, head_dim) and (..., head_dim_v): new keys and values,
  *            written into the caches in place at each sequence's cache length before attending (on a GPU
  *            by the kv_append kernel, on the caller's stream before the decoding kernels)
@@ -373,7 +373,19 @@ typedef struct {
  *                    per key/value head or (batch, heads_k) per sequence and head, any strides, on q's device. New keys
  *                    are quantised on their way in (x / descale, saturated, rounded to nearest even); the split kernel
  *                    dequantises as it reads. e4m3 caches need sm_89 or later; e5m2 any CUDA target
- * A version 1 to 5 struct (its smaller struct_size and its version) is the same call without what later versions
+ *   qv               optional (version 7), FlashAttention-3's (DeepSeek's MLA with the absorbed projections): (batch,
+ *                    seqlen_q, heads_q, head_dim_v) ((total_q, heads_q, head_dim_v) with cu_seqlens_q), q's dtype and
+ *                    device; the scores become (q . k + qv . v) x sm_scale, whose default (NaN) is then
+ *                    1/sqrt(head_dim + head_dim_v). The split kernel reads each query row as [qv | q], so qv and q
+ *                    are the two parts of one row: q.data is qv.data + head_dim_v elements and their strides are
+ *                    equal (DeepSeek's q = [q_nope absorbed | q_pe], qv = row[..., :head_dim_v], q = row[...,
+ *                    head_dim_v:]); no copy. head_dim_v up to 512; not with a float8 cache
+ *   cu_seqlens_k_new optional int32 (batch + 1), contiguous (version 7), FlashAttention-3's: the new keys packed, k
+ *                    (total_new, heads_k, head_dim) and v (total_new, heads_k, head_dim_v); sequence b's are rows
+ *                    cu_seqlens_k_new[b] .. cu_seqlens_k_new[b + 1] - 1, written at its cached length, and it then
+ *                    attends over its cached length plus its own count. Host memory only: on a GPU the call is
+ *                    LT_ERROR_UNSUPPORTED (the C launch has no device-side sum of the lengths after the append)
+ * A version 1 to 6 struct (its smaller struct_size and its version) is the same call without what later versions
  * add (a version 1 to 5 struct's caches are q's dtype). */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_kvcache_params) */
@@ -416,6 +428,9 @@ typedef struct {
     /* Version 6: a float8 cache's descales (each absent, the init: 1.0). */
     lt_tensor k_descale;
     lt_tensor v_descale;
+    /* Version 7: MLA's qv and packed new keys (each absent, the init: none). */
+    lt_tensor qv;
+    lt_tensor cu_seqlens_k_new;
 } lt_attn_kvcache_params;
 
 /* One merge of attention computed over disjoint chunks of the keys, the C twin of

@@ -12,11 +12,16 @@
  * v_cache, v and out may have a head dim of their own (head_dim_v). A version 1 params struct (before
  * cache_leftpad) is taken as the same call without a left pad, a version 2 one (before the rotary tables) as
  * the same call without rotary, a version 3 one (before the sinks) without sinks or packed queries, a version 4
- * one (before attention_chunk) without a chunk, a version 5 one (before the descales) with caches of q's dtype: every
- * function reads the caller's struct through lt__kv_prepare, which copies it into this version's, zero-extended.
+ * one (before attention_chunk) without a chunk, a version 5 one (before the descales) with caches of q's dtype, a
+ * version 6 one (before qv) without qv or packed new keys: every function reads the caller's struct through
+ * lt__kv_prepare, which copies it into this version's, zero-extended.
  * Packed queries (cu_seqlens_q) are checked and launched through views: q and out (total_q, heads, dim) as
  * (1, total_q, heads, dim) with batch stride 0, lse (heads, total_q) as (1, heads, total_q), the kernels' one
- * batch of total_q rows (binding.split_ints); batch is then cu_seqlens_q's and seqlen_q max_seqlen_q.
+ * batch of total_q rows (binding.split_ints); batch is then cu_seqlens_q's and seqlen_q max_seqlen_q (qv likewise).
+ * qv (MLA, QV=true on the split kernel, kernels/flash_decode/mla.py) is the first head_dim_v columns of q's rows:
+ * the kernel reads each row [qv | q] from qv's pointer with q's strides. New keys packed by cu_seqlens_k_new
+ * (k, v (total_new, heads_k, dim), viewed as (1, total_new, heads_k, dim) with batch stride 0, kv_append's VARLEN)
+ * run on host memory, through Python; a GPU call refuses them (LT_ERROR_UNSUPPORTED).
  */
 
 #include "lt_splits.c"
@@ -31,6 +36,8 @@
 #define LT__KV_PARAMS_V3_SIZE offsetof(lt_attn_kvcache_params, sinks)         /* version 3: before the sinks */
 #define LT__KV_PARAMS_V4_SIZE offsetof(lt_attn_kvcache_params, attention_chunk) /* version 4: before the chunk */
 #define LT__KV_PARAMS_V5_SIZE offsetof(lt_attn_kvcache_params, k_descale)       /* version 5: before the descales */
+#define LT__KV_PARAMS_V6_SIZE offsetof(lt_attn_kvcache_params, qv)              /* version 6: before qv */
+#define LT__MAX_HEAD_DIM_V 512 /* geometry.MAX_HEAD_DIM_V: v's head dim in the decoding kernels (MLA's latent) */
 
 typedef struct {
     int64_t b, hq, hk, sq, d, dv, seqlen_new, capacity, page_size, cache_rows, seqlen_const;
@@ -48,6 +55,7 @@ typedef struct {
     int32_t kv_fp8;                    /* KV_FP8: the caches' float8 lt_dtype (e4m3 or e5m2), 0 for q's dtype */
     int64_t descale[2];                /* k_descale, v_descale pointers: 0 when absent (1.0) */
     int64_t descale_strides[2][2];     /* their (batch, head) strides (checks.descale_strides): 0 on a broadcast dim */
+    int qv, varlen_new;                /* QV (qv . v in the scores); new keys packed by cu_seqlens_k_new */
 } lt__kv_call;
 
 /* What lt_attn_kvcache asks the planner (embedded_kvcache.py) for, and its answer (also in build.py's cdef). */
@@ -60,6 +68,7 @@ typedef struct {
     int32_t sinks, varlen_q;            /* in: attention sinks (SINKS=true), packed queries (VARLEN_Q=true) */
     int32_t chunk;                      /* in: attention_chunk (CHUNK=true on the split kernel) */
     int32_t kv_fp8;                     /* in: a float8 cache's lt_dtype (KV_FP8 on split and kv_append), else 0 */
+    int32_t qv;                         /* in: qv given (QV=true on the split kernel) */
     uint64_t split_function, combine_function;                                                        /* out */
     uint32_t split_threads, split_shared, split_block_m, split_block_n, split_hidden;
     uint32_t combine_threads, combine_shared, combine_block_m, combine_hidden;
@@ -94,8 +103,9 @@ static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
         (p->struct_size == LT__KV_PARAMS_V2_SIZE && p->version == 2) ||
         (p->struct_size == LT__KV_PARAMS_V3_SIZE && p->version == 3) ||
         (p->struct_size == LT__KV_PARAMS_V4_SIZE && p->version == 4) ||
-        (p->struct_size == LT__KV_PARAMS_V5_SIZE && p->version == 5))
-        return LT_OK; /* the call it always was: no float8 cache (1 to 5), no chunk (1 to 4), ... */
+        (p->struct_size == LT__KV_PARAMS_V5_SIZE && p->version == 5) ||
+        (p->struct_size == LT__KV_PARAMS_V6_SIZE && p->version == 6))
+        return LT_OK; /* the call it always was: no qv (1 to 6), no float8 cache (1 to 5), no chunk (1 to 4), ... */
     if (p->struct_size != sizeof(lt_attn_kvcache_params))
         return lt__fail(LT_ERROR_VERSION, "params->struct_size is %u but this lazytriton %d.%d.%d takes %zu for "
                         "lt_attn_kvcache_params: rebuild against its lazytriton.h and fill params with "
@@ -109,10 +119,9 @@ static lt_status lt__kv_struct(const lt_attn_kvcache_params *p) {
 
 /* A packed (total, heads, dim) tensor as the kernels' (1, total, heads, dim) view (batch stride 0); lse
  * (heads, total) as (1, heads, total). */
-static lt_status lt__kv_packed_view(const char *name, lt_tensor *t, int lse) {
+static lt_status lt__kv_packed_view(const char *name, lt_tensor *t, int lse, const char *layout) {
     lt_status s;
-    if ((s = lt__check_tensor(name, t, lse ? 2 : 3, lse ? "(heads_q, total_q) with cu_seqlens_q"
-                              : "(total_q, heads, head_dim) with cu_seqlens_q")) != LT_OK)
+    if ((s = lt__check_tensor(name, t, lse ? 2 : 3, layout)) != LT_OK)
         return s;
     for (int i = t->ndim; i > 0; i--)
         t->sizes[i] = t->sizes[i - 1], t->strides[i] = t->strides[i - 1];
@@ -134,11 +143,18 @@ static lt_status lt__kv_prepare(const lt_attn_kvcache_params *p, lt_attn_kvcache
         norm->max_seqlen_q = -1;
     norm->struct_size = sizeof *norm, norm->version = LT_ATTN_KVCACHE_PARAMS_VERSION;
     *view = *norm;
+    const char *rows = "(total_q, heads, head_dim) with cu_seqlens_q";
+    if (!lt__absent(&norm->cu_seqlens_k_new) && !lt__absent(&norm->k) && !lt__absent(&norm->v) &&
+        ((s = lt__kv_packed_view("k", &view->k, 0, "(total_new, heads_k, head_dim) with cu_seqlens_k_new")) != LT_OK ||
+         (s = lt__kv_packed_view("v", &view->v, 0, "(total_new, heads_k, head_dim_v) with cu_seqlens_k_new")) != LT_OK))
+        return s;
     if (lt__absent(&norm->cu_seqlens_q))
         return LT_OK;
-    if ((s = lt__kv_packed_view("q", &view->q, 0)) != LT_OK || (s = lt__kv_packed_view("out", &view->out, 0)) != LT_OK)
+    if ((s = lt__kv_packed_view("q", &view->q, 0, rows)) != LT_OK || (s = lt__kv_packed_view("out", &view->out, 0, rows)) != LT_OK ||
+        (!lt__absent(&norm->qv) && (s = lt__kv_packed_view("qv", &view->qv, 0, "(total_q, heads, head_dim_v) with "
+                                                           "cu_seqlens_q")) != LT_OK))
         return s;
-    return lt__kv_packed_view("lse", &view->lse, 1);
+    return lt__kv_packed_view("lse", &view->lse, 1, "(heads_q, total_q) with cu_seqlens_q");
 }
 
 static lt_status lt__kv_same_device(const char *name, const lt_tensor *t, const lt_tensor *q) {
@@ -304,20 +320,37 @@ static lt_status lt__kv_layout(const lt_attn_kvcache_params *p, lt__kv_call *c) 
 /* The new keys and values (k, v) and the cached lengths (cache_seqlens or cache_seqlen). */
 static lt_status lt__kv_lengths(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     lt_status s;
-    int has_lens = !lt__absent(&p->cache_seqlens);
+    int has_lens = !lt__absent(&p->cache_seqlens), packed = !lt__absent(&p->cu_seqlens_k_new);
     if (lt__absent(&p->k) != lt__absent(&p->v))
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "k and v must be given together (new keys and values) or both be "
                         "absent");
+    if (packed && lt__absent(&p->k))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "cu_seqlens_k_new is given without k and v: it packs the new keys "
+                        "and values");
     if (!lt__absent(&p->k)) {
         if ((s = lt__kv_data("k", &p->k, &p->q, "(batch, seqlen_new, heads_k, head_dim)")) != LT_OK ||
             (s = lt__kv_data("v", &p->v, &p->q, "(batch, seqlen_new, heads_k, head_dim_v)")) != LT_OK)
             return s;
-        const int64_t *ks = p->k.sizes, *vs = p->v.sizes;
-        if (ks[0] != c->b || ks[2] != c->hk || ks[3] != c->d)
+        const int64_t *ks = p->k.sizes, *vs = p->v.sizes; /* packed: the (1, total_new, ...) views */
+        int64_t b1[1] = {c->b + 1};
+        if (packed && (ks[2] != c->hk || ks[3] != c->d))
+            return lt__fail(LT_ERROR_SHAPE, "k must have shape (total_new, %lld, %lld) with cu_seqlens_k_new (the "
+                            "cache's heads and head dim), got (%lld, %lld, %lld)", (long long)c->hk, (long long)c->d,
+                            (long long)ks[1], (long long)ks[2], (long long)ks[3]);
+        if (packed && (vs[1] != ks[1] || vs[2] != c->hk || vs[3] != c->dv))
+            return lt__fail(LT_ERROR_SHAPE, "v must have shape (%lld, %lld, %lld) with cu_seqlens_k_new (k's total_new "
+                            "and heads, and v_cache's head dim), got (%lld, %lld, %lld)", (long long)ks[1],
+                            (long long)c->hk, (long long)c->dv, (long long)vs[1], (long long)vs[2], (long long)vs[3]);
+        if (packed && (s = lt__kv_small("cu_seqlens_k_new", &p->cu_seqlens_k_new, &p->q, LT_DTYPE_INT32, 1, b1,
+                                        "(batch + 1,)")) != LT_OK)
+            return s;
+        if (packed)
+            c->varlen_new = 1;
+        else if (ks[0] != c->b || ks[2] != c->hk || ks[3] != c->d)
             return lt__fail(LT_ERROR_SHAPE, "k must have shape (%lld, seqlen_new, %lld, %lld) (q's batch, the cache's "
                             "heads and head dim), got (%lld, %lld, %lld, %lld)", (long long)c->b, (long long)c->hk,
                             (long long)c->d, (long long)ks[0], (long long)ks[1], (long long)ks[2], (long long)ks[3]);
-        if (vs[0] != c->b || vs[1] != ks[1] || vs[2] != c->hk || vs[3] != c->dv)
+        else if (vs[0] != c->b || vs[1] != ks[1] || vs[2] != c->hk || vs[3] != c->dv)
             return lt__fail(LT_ERROR_SHAPE, "v must have shape (%lld, %lld, %lld, %lld) (k's batch, seqlen_new and "
                             "heads, and v_cache's head dim), got (%lld, %lld, %lld, %lld)", (long long)c->b,
                             (long long)ks[1], (long long)c->hk, (long long)c->dv, (long long)vs[0], (long long)vs[1],
@@ -339,10 +372,11 @@ static lt_status lt__kv_lengths(const lt_attn_kvcache_params *p, lt__kv_call *c)
         c->seqlen_const = c->capacity;
         return LT_OK;
     }
-    if (p->cache_seqlen < 0 || p->cache_seqlen > c->capacity - c->seqlen_new)
+    int64_t fresh = c->varlen_new ? 0 : c->seqlen_new; /* packed new keys: each sequence's own count, checked later */
+    if (p->cache_seqlen < 0 || p->cache_seqlen > c->capacity - fresh)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "cache_seqlen must be -1 (the whole cache) or in 0..%lld (the "
                         "cache holds %lld keys per sequence, %lld of them new), got %lld",
-                        (long long)(c->capacity - c->seqlen_new), (long long)c->capacity, (long long)c->seqlen_new,
+                        (long long)(c->capacity - fresh), (long long)c->capacity, (long long)fresh,
                         (long long)p->cache_seqlen);
     c->seqlen_const = p->cache_seqlen;
     return LT_OK;
@@ -491,11 +525,42 @@ static lt_status lt__kv_rotary(const lt_attn_kvcache_params *p, lt__kv_call *c) 
         c->rotary_seqlens = 1;
         return lt__kv_small("rotary_seqlens", &p->rotary_seqlens, &p->q, LT_DTYPE_INT32, 1, b, "(batch,)");
     }
-    if (c->seqlen_const >= 0 && c->seqlen_const + span > c->seqlen_ro)
+    if (c->seqlen_const >= 0 && !c->varlen_new && c->seqlen_const + span > c->seqlen_ro)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "rotary_cos has %lld positions (seqlen_ro) but the call rotates "
                         "positions %lld..%lld (cache_seqlen = %lld): seqlen_ro must be at least %lld",
                         (long long)c->seqlen_ro, (long long)c->seqlen_const, (long long)(c->seqlen_const + span - 1),
                         (long long)c->seqlen_const, (long long)(c->seqlen_const + span));
+    return LT_OK;
+}
+
+/* qv (mla.with_qv): q's shape with v_cache's head dim, q's dtype and device, a contiguous last dim, no float8
+ * cache; and the first head_dim_v columns of q's rows (q.data = qv.data + head_dim_v elements, the same strides),
+ * which the split kernel reads as one [qv | q] row. p holds the views (packed: (1, total_q, heads, dim)). */
+static lt_status lt__kv_qv(const lt_attn_kvcache_params *p, lt__kv_call *c) {
+    lt_status s;
+    if (lt__absent(&p->qv))
+        return LT_OK;
+    if (c->kv_fp8 != 0)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "qv with a float8 cache is not supported (FlashAttention-3 has no "
+                        "such call either)");
+    if ((s = lt__kv_data("qv", &p->qv, &p->q, "(batch, seqlen_q, heads_q, head_dim_v)")) != LT_OK)
+        return s;
+    const int64_t *qs = p->q.sizes, *vs = p->qv.sizes;
+    if (vs[0] != qs[0] || vs[1] != qs[1] || vs[2] != qs[2] || vs[3] != c->dv)
+        return lt__fail(LT_ERROR_SHAPE, "qv must have shape (%lld, %lld, %lld, %lld) (q's, with v_cache's head dim; "
+                        "with cu_seqlens_q the last three), got (%lld, %lld, %lld, %lld)", (long long)qs[0],
+                        (long long)qs[1], (long long)qs[2], (long long)c->dv, (long long)vs[0], (long long)vs[1],
+                        (long long)vs[2], (long long)vs[3]);
+    for (int i = 0; i < 3; i++)
+        if (p->qv.strides[i] != p->q.strides[i] && vs[i] > 1)
+            return lt__fail(LT_ERROR_SHAPE, "qv.strides[%d] is %lld but q.strides[%d] is %lld: qv and q must be the "
+                            "two parts of one row [qv | q] (the split kernel reads them so), with equal strides", i,
+                            (long long)p->qv.strides[i], i, (long long)p->q.strides[i]);
+    if ((const char *)p->q.data != (const char *)p->qv.data + c->dv * lt__item_bytes(p->q.dtype))
+        return lt__fail(LT_ERROR_SHAPE, "q.data must be qv.data + head_dim_v (%lld) elements: the split kernel reads "
+                        "each query row as [qv | q] (qv = row[..., :%lld], q = row[..., %lld:]); write qv and q into "
+                        "one buffer", (long long)c->dv, (long long)c->dv, (long long)c->dv);
+    c->qv = 1;
     return LT_OK;
 }
 
@@ -536,9 +601,9 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     if (c->d < 1 || c->d > LT__MAX_HEAD_DIM)
         return lt__fail(LT_ERROR_HEAD_DIM, "head dim (q.sizes[3]) must be in 1..%d, got %lld", LT__MAX_HEAD_DIM,
                         (long long)c->d);
-    if (c->dv < 1 || c->dv > LT__MAX_HEAD_DIM)
+    if (c->dv < 1 || c->dv > LT__MAX_HEAD_DIM_V)
         return lt__fail(LT_ERROR_HEAD_DIM, "v_cache's head dim (head_dim_v, v_cache.sizes[3]) must be in 1..%d, got "
-                        "%lld", LT__MAX_HEAD_DIM, (long long)c->dv);
+                        "%lld", LT__MAX_HEAD_DIM_V, (long long)c->dv);
     if (c->hk == 0 || c->hq % c->hk != 0)
         return lt__fail(LT_ERROR_SHAPE, "q heads (%lld) must be a multiple of k_cache heads (%lld) for GQA/MQA",
                         (long long)c->hq, (long long)c->hk);
@@ -566,20 +631,22 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     if ((s = lt__kv_features(p, c)) != LT_OK || (s = lt__kv_outputs(p, c)) != LT_OK ||
         (s = lt__kv_rotary(p, c)) != LT_OK || (s = lt__kv_chunk(p, c)) != LT_OK ||
         (s = lt__kv_descale("k_descale", &p->k_descale, p, c, 0)) != LT_OK ||
-        (s = lt__kv_descale("v_descale", &p->v_descale, p, c, 1)) != LT_OK)
+        (s = lt__kv_descale("v_descale", &p->v_descale, p, c, 1)) != LT_OK || (s = lt__kv_qv(p, c)) != LT_OK)
         return s;
-    c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)c->d)) : (float)p->sm_scale;
+    /* mla.with_qv: the default scale counts qv's columns */
+    c->scale = isnan(p->sm_scale) ? (float)(1.0 / sqrt((double)(c->d + (c->qv ? c->dv : 0)))) : (float)p->sm_scale;
     c->num_splits = p->num_splits, c->causal = p->causal && c->sq > 1;
     c->dtype = p->q.dtype, c->device_type = p->q.device_type, c->device_index = p->q.device_index;
     c->lse_rows = c->out_batch * c->hq * c->out_seqlen;
-    const lt_tensor *data[17] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
+    const lt_tensor *data[19] = {&p->q, &p->k_cache, &p->v_cache, &p->out, &p->lse, &p->k, &p->v,
                                  &p->cache_seqlens, &p->cache_batch_idx, &p->block_table, &p->alibi_slopes,
                                  &p->cache_leftpad, &p->rotary_cos, &p->rotary_sin, &p->rotary_seqlens, &p->sinks,
-                                 &p->cu_seqlens_q};
-    static const char *names[17] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
+                                 &p->cu_seqlens_q, &p->qv, &p->cu_seqlens_k_new};
+    static const char *names[19] = {"q", "k_cache", "v_cache", "out", "lse", "k", "v", "cache_seqlens",
                                     "cache_batch_idx", "block_table", "alibi_slopes", "cache_leftpad",
-                                    "rotary_cos", "rotary_sin", "rotary_seqlens", "sinks", "cu_seqlens_q"};
-    for (int i = 0; i < 17; i++)
+                                    "rotary_cos", "rotary_sin", "rotary_seqlens", "sinks", "cu_seqlens_q", "qv",
+                                    "cu_seqlens_k_new"};
+    for (int i = 0; i < 19; i++)
         if (data[i]->data == NULL && data[i]->ndim != 0 && lt__numel(data[i]) > 0)
             return lt__fail(LT_ERROR_NULL_POINTER, "%s.data is NULL", names[i]);
     if (c->workspace > 0 && p->workspace.data == NULL)
@@ -616,14 +683,16 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
     int append = c->seqlen_new > 0;
     const lt__named outputs[5] = {{"out", &p->out}, {"lse", &p->lse}, {"workspace", &p->workspace},
                                   {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
-    const lt__named inputs[17] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
+    const lt__named inputs[19] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cache_seqlens", &p->cache_seqlens},
                                   {"cache_batch_idx", &p->cache_batch_idx}, {"block_table", &p->block_table},
                                   {"alibi_slopes", &p->alibi_slopes}, {"cache_leftpad", &p->cache_leftpad},
                                   {"rotary_cos", &p->rotary_cos}, {"rotary_sin", &p->rotary_sin},
                                   {"rotary_seqlens", &p->rotary_seqlens}, {"sinks", &p->sinks},
                                   {"cu_seqlens_q", &p->cu_seqlens_q}, {"k_descale", &p->k_descale},
-                                  {"v_descale", &p->v_descale}, {"k_cache", &p->k_cache}, {"v_cache", &p->v_cache}};
-    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 15 : 17);
+                                  {"v_descale", &p->v_descale}, {"qv", &p->qv},
+                                  {"cu_seqlens_k_new", &p->cu_seqlens_k_new}, {"k_cache", &p->k_cache},
+                                  {"v_cache", &p->v_cache}};
+    return lt__check_writes(outputs, append ? 5 : 3, inputs, append ? 17 : 19);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -641,7 +710,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
     key.varlen |= c->leftpad << 7 | (c->rotary_dim > 0) << 16 | c->rotary_interleaved << 17;
     key.varlen |= c->sinks << 18 | c->varlen_q << 19 | (c->attention_chunk > 0) << 20;
-    key.varlen |= (c->kv_fp8 == LT_DTYPE_FP8_E4M3) << 21 | (c->kv_fp8 == LT_DTYPE_FP8_E5M2) << 22;
+    key.varlen |= (c->kv_fp8 == LT_DTYPE_FP8_E4M3) << 21 | (c->kv_fp8 == LT_DTYPE_FP8_E5M2) << 22 | c->qv << 23;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -661,6 +730,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->softcap = c->softcap_on, r->alibi = c->alibi, r->leftpad = c->leftpad;
     r->rotary = c->rotary_dim > 0, r->rotary_interleaved = c->rotary_interleaved;
     r->sinks = c->sinks, r->varlen_q = c->varlen_q, r->chunk = c->attention_chunk > 0, r->kv_fp8 = c->kv_fp8;
+    r->qv = c->qv;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
@@ -699,8 +769,8 @@ static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c)
 #define LT__OR_Q(t) (lt__absent(&(t)) ? LT__PTR(p->q) : LT__PTR(t))
 
 /* kv_append: the new keys and values into the caches (quantised into a float8 one), its parameters in its
- * description's order (kv_append.binding.c_initializer); an absent descale's pointer is k's, unread. The C API
- * has no packed new keys (cu_seqlens_k_new): that pointer stands in, unread. */
+ * description's order (kv_append.binding.c_initializer); an absent descale's pointer is k's, unread. A GPU call
+ * takes no packed new keys (cu_seqlens_k_new: host memory only): that pointer stands in, unread. */
 static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
@@ -738,7 +808,7 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     int64_t part_lse = splits > 1 ? part_out + 4 * n_rows * splits * c->dv : LT__PTR(p->lse);
     const lt_tensor *q = &p->q, *kc = &p->k_cache, *vc = &p->v_cache, *o = &p->out;
     int64_t split_ints[LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS + LT__MAX_HIDDEN] = {
-        LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
+        c->qv ? LT__PTR(p->qv) : LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
         part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
         LT__OR_LSE(p->rotary_seqlens), LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q),
@@ -812,6 +882,10 @@ LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *user, void *strea
         return s;
     if (c.device_type == LT_DEVICE_CPU)
         return (lt_status)lt__py_attn_kvcache_cpu(&norm); /* the caller's layout: Python checks and packs it again */
+    if (c.varlen_new)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "cu_seqlens_k_new (packed new keys) is taken on host memory only: on a "
+                        "GPU the decoding kernels need each sequence's length after the append on the device, which "
+                        "the C launch does not form; pass k and v as (batch, seqlen_new, heads_k, head_dim)");
     if ((c.lse_rows * c.dv == 0 || c.sq == 0) && (c.seqlen_new == 0 || c.b * c.hk == 0))
         return LT_OK; /* nothing to attend and nothing to append */
     lt__plan_key key = lt__kv_key_of(&c);

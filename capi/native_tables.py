@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lazytriton import tuning
-from lazytriton.geometry import HEAD_DIMS, MIN_CHUNK
+from lazytriton.geometry import HEAD_DIMS, MIN_CHUNK, VALUE_HEAD_DIMS
 from lazytriton.kernels import FAMILIES, attention, flash_bwd_dsinks, flash_combine, kv_append, source_fingerprint
 from lazytriton.kernels.flash_decode import binding as decode_binding
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
@@ -108,4 +108,5 @@ def _decode_constants() -> list[str]:
         f"#define LTN_DSINKS_BLOCK_M {flash_bwd_dsinks.BLOCK_M}",
         f"#define LTN_DSINKS_NUM_WARPS {flash_bwd_dsinks.NUM_WARPS}",
         f"#define LTN_KV_E4M3_MIN_CAPABILITY {kv_fp8.E4M3_MIN_CAPABILITY}",
+        f"static const int ltn_value_head_dims[] = {{{_ints(VALUE_HEAD_DIMS)}}};",
     ]

@@ -410,9 +410,11 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             or bfloat16).
         k_descale: k's, as q_descale; with block_table, a float8 paged cache's (as vLLM calls FlashAttention-3).
         v_descale: v's, as q_descale; with block_table, a float8 paged cache's.
-        qv: FlashAttention-3's (DeepSeek's MLA), (total_q, heads_q, head_dim_v), as ``flash_attn_func``'s: forward
-            only, as is a v of more than 256 columns; not with block_table, seqused_q/seqused_k, ALiBi, dropout,
-            sinks or attention_chunk.
+        qv: FlashAttention-3's (DeepSeek's MLA), forward only: (total_q, heads_q, head_dim_v), q's dtype and
+            device; the scores become (q . k + qv . v) x softmax_scale, default 1/sqrt(head_dim + head_dim_v).
+            With block_table, served by the decoding kernels (``flash_attn_with_kvcache``'s qv); without, by
+            ``flash_fwd_mla`` as ``flash_attn_func``'s (not with seqused_q/seqused_k, ALiBi, dropout, sinks or
+            attention_chunk). A v of more than 256 columns is forward only too.
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -430,14 +432,13 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         from lazytriton import kvcache_varlen
 
         if block_table is not None:
-            if qv is not None:
-                raise ValueError("qv is not taken with block_table here: pass it to flash_attn_with_kvcache")
             return kvcache_varlen.paged_varlen(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, dropout_p=dropout_p,
                 softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                 alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
                 seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks, s_aux=s_aux, num_splits=num_splits, out=out,
-                attention_chunk=attention_chunk, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                attention_chunk=attention_chunk, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                qv=qv)
         kvcache_varlen.check_splits_and_out(num_splits, out, q, v)
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)

@@ -6,7 +6,8 @@ max_seqlen_k=..., causal=True, block_table=..., cu_seqlens_k=None, ...)``. The q
 cu_seqlens_q, the keys read from the paged caches through the block table, each sequence's key count from
 seqused_k. That is ``flash_attn_with_kvcache`` with ``cu_seqlens_q`` (the decoding family's packed-query path,
 VARLEN_Q=true) and seqused_k as its cache_seqlens, which this module calls after checking the arguments only
-this form has. Forward only, as in FlashAttention-3 (no backward through a paged cache).
+this form has. Forward only, as in FlashAttention-3 (no backward through a paged cache). FlashAttention-3's qv
+(DeepSeek's MLA) is taken here as ``flash_attn_with_kvcache`` takes it.
 
 ``lazytriton.interface.flash_attn_varlen_func`` routes a call with a block_table here; its docstring and this
 function's say what each argument means.
@@ -61,16 +62,18 @@ def check_splits_and_out(num_splits: Any, out: Any, q: Any, v: Any) -> None:
 
 
 def paged_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                 cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int, block_table: torch.Tensor,
-                 *, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
+                 cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+                 block_table: torch.Tensor | None, *, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                 causal: bool = False,
                  window_size: tuple[int, int] = checks.NO_WINDOW, softcap: float = 0.0,
                  alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                  return_attn_probs: bool = False, seqused_q: torch.Tensor | None = None,
                  seqused_k: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
                  s_aux: torch.Tensor | None = None, num_splits: int = 0,
                  out: torch.Tensor | None = None, attention_chunk: int = 0, q_descale: torch.Tensor | None = None,
-                 k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None) -> Any:
-    """``flash_attn_varlen_func`` with a block table: q packed, k and v the paged caches (forward only).
+                 k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
+                 qv: torch.Tensor | None = None) -> Any:
+    """``flash_attn_varlen_func`` with a block table (or qv): q packed, k and v the paged caches (forward only).
 
     Args (those the paged form reads differently; the rest are ``flash_attn_with_kvcache``'s):
         q: (total_q, heads, head_dim), packed by cu_seqlens_q.
@@ -93,38 +96,42 @@ def paged_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
             head or per (batch, heads_k); the caches hold x / descale).
         q_descale: refused: the decoding kernels read float16 or bfloat16 queries, never float8 ones, so there is
             no q to descale (pass q unquantised with the float8 caches).
+        qv: optional (total_q, heads, head_dim_v), FlashAttention-3's (DeepSeek's MLA): ``flash_attn_with_kvcache``'s
+            qv, packed as q (scores (q . k + qv . v) x softmax_scale, default 1/sqrt(head_dim + head_dim_v)).
 
     Returns ``out``, or ``(out, softmax_lse (heads, total_q), None)`` with return_attn_probs.
     Every argument is checked before anything runs; a call that wants gradients (q, k, v or sinks requiring
     grad, grad mode on) is refused: there is no backward through a paged cache.
     """
+    form = "block_table"  # what brought the call here, for the errors
     if cu_seqlens_k is not None:
         raise ValueError("cu_seqlens_k must be None with block_table (FlashAttention-3 refuses both): the keys are "
                          "read from the paged cache and seqused_k gives each sequence's key count")
     if seqused_k is None:
         raise ValueError("block_table needs seqused_k: each sequence's key count in the paged cache")
     if seqused_q is not None:
-        raise ValueError("seqused_q is not taken with block_table: every query of cu_seqlens_q's spans is used")
+        raise ValueError(f"seqused_q is not taken with {form}: every query of cu_seqlens_q's spans is used")
     if check_dropout("dropout_p", dropout_p) > 0.0:
-        raise ValueError(f"dropout_p must be 0 with block_table (a paged KV cache is read forward only, without "
+        raise ValueError(f"dropout_p must be 0 with {form} (the decoding kernels read keys forward only, without "
                          f"dropout), got {dropout_p!r}")
     check_bool("deterministic", deterministic)
     check_bool("return_attn_probs", return_attn_probs)
     if isinstance(max_seqlen_k, bool) or not isinstance(max_seqlen_k, int) or max_seqlen_k < 0:
         raise TypeError(f"max_seqlen_k must be an int >= 0, got {shown(max_seqlen_k)}")
-    if torch.is_grad_enabled() and any(_requires_grad(t) for t in (q, k, v, sinks, s_aux)):
-        raise ValueError("flash_attn_varlen_func with block_table is forward only (as FlashAttention-3): no "
-                         "gradient flows through a paged KV cache; call it under torch.no_grad() or on tensors "
+    if torch.is_grad_enabled() and any(_requires_grad(t) for t in (q, k, v, sinks, s_aux, qv)):
+        raise ValueError(f"flash_attn_varlen_func with {form} is forward only (as FlashAttention-3): no "
+                         "gradient flows through the decoding kernels; call it under torch.no_grad() or on tensors "
                          "that do not require grad")
     if q_descale is not None:
-        raise ValueError("q_descale is not taken with block_table: the paged form reads float16 or bfloat16 queries "
+        raise ValueError(f"q_descale is not taken with {form}: the paged form reads float16 or bfloat16 queries "
                          "(the decoding kernels take no float8 q); pass q unquantised, with k_descale/v_descale for "
                          "float8 caches")
     if not isinstance(seqused_k, torch.Tensor):  # the kvcache form would take an int: this one does not
         raise TypeError(f"seqused_k must be an int32 tensor of shape (batch,), got {type(seqused_k).__name__}")
     t = kvcache.inputs(q, k, v, None, None, seqused_k, None, block_table, alibi_slopes, None, None, None, None,
-                       attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale, v_descale)
+                       attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale, v_descale)._replace(qv=qv)
     options = kvcache.Options(softmax_scale, causal, window_size, softcap, num_splits, True, max_seqlen_q,
                               attention_chunk)
     res, lse = kvcache.serve(t, options, out, checks.PAGED_VARLEN)
     return (res, lse, None) if return_attn_probs else res
+

@@ -227,8 +227,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                            "of any multiple of 64). Pages of 16 or 32 take tiles of 16 or 32; pages no key tile "
                            "divides (1, 2, 4, 8, 12...) the gathered variant (PAGE_GATHER=true) that serves them all")
     axes.add_argument("--varlen", action="store_true",
-                      help="also build the packed-sequence (VARLEN=true) variants: flash_attn_varlen_func; the "
-                           "seqlens are then max_seqlen_q/max_seqlen_k")
+                      help="also build the packed-sequence (VARLEN=true) variants: flash_attn_varlen_func (the "
+                           "seqlens are then max_seqlen_q/max_seqlen_k), and kv_append's new keys packed by "
+                           "cu_seqlens_k_new (flash_attn_with_kvcache)")
     axes.add_argument("--seqused", action="store_true",
                       help="with --varlen, also build the packed variants with seqused_q, seqused_k or both "
                            "(SEQUSED_Q=true, SEQUSED_K=true): FlashAttention-3's (vLLM's) used lengths")

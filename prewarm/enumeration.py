@@ -28,7 +28,8 @@ given, the groups are the default grid:
     index64   false (``--index64`` adds true: calls where a tensor spans 2**31 elements or more)
     window    false (``--window`` adds true: calls with a sliding window, WINDOW=true)
     softcap   false (``--softcap`` adds true: calls with a logit softcap, SOFTCAP=true)
-    varlen    false (``--varlen`` adds true: packed sequences, VARLEN=true, seqlens as max_seqlen)
+    varlen    false (``--varlen`` adds true: packed sequences, VARLEN=true, seqlens as max_seqlen; for kv_append
+              new keys packed by cu_seqlens_k_new)
     seqused   false (``--seqused`` adds true: packed calls with FlashAttention-3's seqused_q, seqused_k or both,
               SEQUSED_Q=true and SEQUSED_K=true; only where varlen is true)
     alibi     false (``--alibi`` adds true: calls with ALiBi slopes, ALIBI=true)

@@ -8,7 +8,7 @@ and ``flash_combine`` as ``embedded_combine.plan_variant``. The calls draw every
 dtypes, head dims and value head dims, GQA groups and seqlen_q (rows), contiguous and paged caches (page sizes
 a key tile divides and gathered ones), capacities in and between the tuning buckets, causal, alignment, 64-bit
 indexing, window, softcap, ALiBi, left pads, rotary (pairs or halves), sinks, packed queries, attention_chunk, new
-keys, and every
+keys, MLA's qv (v up to 512), and every
 target the tables and defaults tell apart. cache_batch_idx, cache_seqlens and the split count are runtime
 arguments: no variant reads them (the split count's inputs, min_split_keys and PROGRAMS_PER_SM, are held here too).
 """
@@ -52,7 +52,10 @@ def decode_calls(count: int, seed: int) -> list[dict[str, int]]:
         # a float8 cache (5 e4m3, 6 e5m2) is read by fp16/bf16 queries; e4m3 from sm_89 (the refusals: below)
         formats = (0, 0, 0, 6) + ((5,) if capability >= 89 else ())
         kv_fp8 = rng.choice(formats) if dtype != 3 else 0
-        out.append({"capability": capability, "dtype": dtype, "kv_fp8": kv_fp8, "head_dim": d,
+        qv = int(kv_fp8 == 0 and rng.random() < 0.15)  # MLA's qv (no float8 cache): v up to 512, often 512
+        if qv or (rng.random() < 0.05):
+            dv = rng.choice((512, 512, 448, 300, rng.randint(257, 512)))
+        out.append({"capability": capability, "dtype": dtype, "kv_fp8": kv_fp8, "qv": qv, "head_dim": d,
                     "head_dim_v": dv, "heads_k": hk, "heads_q": hk * rng.choice((1, 1, 2, 4, 8, 16)),
                     "seqlen_q": rng.choice((1, 1, 2, 4, 5, 16, 33)), "causal": int(rng.random() < 0.5),
                     "aligned": int(rng.random() < 0.7), "index64": int(rng.random() < 0.2), "capacity": capacity,
@@ -73,7 +76,8 @@ def request_line(kernel: int, c: dict[str, int]) -> tuple[int, ...]:
                         else (c["aligned"], c["index64"]))
     return (kernel, c["capability"], c["dtype"], c["head_dim"], c["head_dim_v"], causal, aligned, index64, rows,
             c["capacity"], c["page_size"], int(c["page_size"] > 0), c["window"], c["softcap"], c["alibi"],
-            c["leftpad"], c["rotary"], c["rotary_interleaved"], c["sinks"], c["varlen_q"], c["chunk"], c["kv_fp8"])
+            c["leftpad"], c["rotary"], c["rotary_interleaved"], c["sinks"], c["varlen_q"], c["chunk"], c["kv_fp8"],
+            c["qv"])
 
 
 def python_decode(c: dict[str, int]) -> tuple[str, str]:
@@ -83,17 +87,18 @@ def python_decode(c: dict[str, int]) -> tuple[str, str]:
     call = checks.Call(3, c["heads_q"], c["heads_k"], c["seqlen_q"], c["head_dim"], 0, c["capacity"], c["page_size"],
                        7, -1, causal, 0.1, window_left=8 if c["window"] else -1, window_right=0 if c["window"] else -1,
                        softcap=5.0 if c["softcap"] else 0.0, alibi=bool(c["alibi"]), head_dim_v=dv,
-                       leftpad=bool(c["leftpad"]), rotary_dim=c["head_dim"] // 2 * 2 if c["rotary"] else 0,
+                       leftpad=bool(c["leftpad"]), rotary_dim=max(c["head_dim"] // 2 * 2, 2) if c["rotary"] else 0,
                        rotary_interleaved=bool(c["rotary_interleaved"]), sinks=bool(c["sinks"]),
                        varlen_q=bool(c["varlen_q"]), total_q=3 * c["seqlen_q"] if c["varlen_q"] else 0,
-                       attention_chunk=64 if c["chunk"] else 0, kv_fp8=embedded_kvcache.KV_FP8[c["kv_fp8"]])
+                       attention_chunk=64 if c["chunk"] else 0, kv_fp8=embedded_kvcache.KV_FP8[c["kv_fp8"]],
+                       qv=bool(c["qv"]))
     target = Target("cuda", str(c["capability"]), 32)
     chosen = binding.variants(target, DTYPES[c["dtype"]], call, bool(c["aligned"]), bool(c["index64"]))
     planned = embedded_kvcache.plan_variants(
         c["capability"], c["dtype"], c["head_dim"], causal, bool(c["aligned"]), bool(c["index64"]), call.rows,
         c["capacity"], c["page_size"], bool(c["window"]), bool(c["softcap"]), bool(c["alibi"]), c["head_dim_v"],
         bool(c["leftpad"]), bool(c["rotary"]), bool(c["rotary_interleaved"]), bool(c["sinks"]), bool(c["varlen_q"]),
-        bool(c["chunk"]), embedded_kvcache.KV_FP8[c["kv_fp8"]])
+        bool(c["chunk"]), embedded_kvcache.KV_FP8[c["kv_fp8"]], bool(c["qv"]))
     assert tuple(map(str, planned)) == tuple(map(str, chosen))  # the fallback's planner is the binding's choice
     return tuple(f"ok {v} {v.key()}" for v in chosen)  # type: ignore[return-value]
 
@@ -132,6 +137,7 @@ def test_decoding_calls_give_python_s_variants_and_keys(program: Path) -> None:
             assert answer == expected, f"{kernel} {c}:\n C      {answer}\n Python {expected}"
     seen = " ".join(answers)
     for name in ("PAGE_GATHER=true", "ROTARY_INTERLEAVED=true", "VARLEN_Q=true", "CHUNK=true", "BLOCK_DV=",
+                 "QV=true", "BLOCK_DV=512", "num_warps=8",
                  "KV_FP8=e4m3", "KV_FP8=e5m2",
                  "num_stages=5",
                  "BLOCK_N=32", "INDEX64=true", "flash_decode_split:sm_90:bf16"):

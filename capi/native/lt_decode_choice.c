@@ -29,6 +29,14 @@ static ltn_config make(int block_m, int block_n, int num_warps, int num_stages) 
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* geometry.padded_value_dim: the compiled value head dim holding dim (up to 512), or -1 past the largest. */
+static int padded_value_dim(int dim) {
+    for (size_t i = 0; i < COUNT(ltn_value_head_dims); i++)
+        if (dim <= ltn_value_head_dims[i])
+            return ltn_value_head_dims[i];
+    return -1;
+}
+
 /* dispatch.page_block_limit: the largest power-of-two divisor of the page size; a contiguous cache none. */
 static int64_t page_block_limit(int64_t page_size) {
     return page_size > 0 ? (page_size & -page_size) : (int64_t)1 << 30;
@@ -57,6 +65,8 @@ static ltn_config default_config(int split, int capability, const char *dtype, i
     for (size_t i = 0; i < COUNT(ltn_small_shared_cuda); i++)
         if (ltn_small_shared_cuda[i] == capability)
             stages = 2;
+    if (head_dim > 256) /* v of 512 (MLA): 8 warps, at most 32 rows and 32 keys a tile, paged or not */
+        return make((int)min64(rows_class(rows), 32), (int)min64(32, key_block_limit(page_size)), 8, stages);
     if (paged)
         stages = 5;
     return make(rows_class(rows), (int)min64(block_n, key_block_limit(page_size)), 4, stages);
@@ -67,7 +77,7 @@ static ltn_config default_config(int split, int capability, const char *dtype, i
 static ltn_config decode_config(int split, int capability, const char *target, const char *kernel,
                                 const char *dtype, int head_dim, int causal, int64_t rows, int64_t capacity,
                                 int64_t page_size, int paged) {
-    int padded = ltn_padded_head_dim(head_dim);
+    int padded = padded_value_dim(head_dim);
     ltn_config c;
     if (!ltn_tuning_lookup(target, kernel, dtype, padded, causal, rows, capacity, &c))
         return default_config(split, capability, dtype, padded, rows, page_size, paged);
@@ -80,7 +90,7 @@ static ltn_config decode_config(int split, int capability, const char *target, c
 /* The attention kernels' head-dim fields (ALIGN16, BLOCK_D, EVEN_D, INDEX64, and BLOCK_DV/EVEN_DV where v's
    padding or evenness differs). */
 static void head_fields(ltn_variant *v, int head_dim, int dv, int aligned, int index64) {
-    int padded = ltn_padded_head_dim(head_dim), padded_v = ltn_padded_head_dim(dv);
+    int padded = padded_value_dim(head_dim), padded_v = padded_value_dim(dv);
     ltn_variant_add(v, 0, "ALIGN16", 1, aligned != 0);
     ltn_variant_add(v, 0, "BLOCK_D", 0, padded);
     ltn_variant_add(v, 0, "EVEN_D", 1, head_dim == padded);
@@ -129,6 +139,7 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
         flag(v, "VARLEN_Q", r->varlen_q);
         flag(v, "CHUNK", r->chunk); /* the split kernel alone sees scores: the combine's variant holds no chunk */
         kv_fp8_field(v, r->kv_fp8);
+        flag(v, "QV", r->qv);
     }
     flag(v, "SINKS", r->sinks);
     ltn_variant_add(v, 1, "BLOCK_M", 0, c.block_m);
@@ -185,12 +196,13 @@ int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *e
                         "(float8e4nv needs sm_%d or newer; the float8_e5m2 cache works there)", r->capability,
                         LTN_KV_E4M3_MIN_CAPABILITY);
     int max_dim = ltn_head_dims[COUNT(ltn_head_dims) - 1];
+    int max_dim_v = ltn_value_head_dims[COUNT(ltn_value_head_dims) - 1];
     if (r->kernel == LTN_KERNEL_FLASH_COMBINE) {
         if (r->head_dim < 1)
             return ltn_fail(err, LTN_ARGUMENT, "head dim %d must be >= 1", r->head_dim);
-    } else if (r->head_dim < 1 || r->head_dim > max_dim || r->head_dim_v < 0 || r->head_dim_v > max_dim) {
-        return ltn_fail(err, LTN_ARGUMENT, "head dims %d and %d (v) must be in 1..%d", r->head_dim, r->head_dim_v,
-                        max_dim);
+    } else if (r->head_dim < 1 || r->head_dim > max_dim || r->head_dim_v < 0 || r->head_dim_v > max_dim_v) {
+        return ltn_fail(err, LTN_ARGUMENT, "head dims %d and %d (v) must be in 1..%d and 0..%d", r->head_dim,
+                        r->head_dim_v, max_dim, max_dim_v);
     }
     if (r->kernel <= LTN_KERNEL_DECODE_COMBINE && (r->rows < 0 || r->capacity < 0 || r->page_size < 0))
         return ltn_fail(err, LTN_ARGUMENT, "rows %lld, capacity %lld and page size %lld must be >= 0",

@@ -230,6 +230,7 @@ typedef struct {
     int32_t chunk;               /* attention_chunk: CHUNK on flash_decode_split */
     int32_t kv_fp8;              /* a float8 cache's lt_dtype (5 e4m3, 6 e5m2): KV_FP8 on the split kernel and
                                     kv_append; 0: q's dtype */
+    int32_t qv;                  /* MLA's qv: QV on the split kernel (head_dim q's own, head_dim_v up to 512) */
 } ltn_decode_request;
 
 /* The variant serving r (capi/embedded_kvcache.py's plan_variants and append_variant, embedded_combine.py's

@@ -203,10 +203,11 @@ def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
 
 
 # What capi/lt_kvcache.c passes for each integer parameter (p: the caller's lt_attn_kvcache_params as lt__kv_prepare
-# views it, packed queries as one batch of total_q rows; c: its checked call; q/kc/vc/o: its tensors;
+# views it, packed queries as one batch of total_q rows, qv's [qv | q] rows read from qv's pointer; c: its checked
+# call; q/kc/vc/o: its tensors;
 # tests/test_capi_kvcache.py compares the C initializers with these, field by field).
-_C_SPLIT = {"Q": "LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v_cache)", "Out": "LT__PTR(p->out)",
-            "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
+_C_SPLIT = {"Q": "c->qv ? LT__PTR(p->qv) : LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v_cache)",
+            "Out": "LT__PTR(p->out)",            "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
             "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
             "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
             "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",

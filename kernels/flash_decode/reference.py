@@ -185,7 +185,7 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
                        block_table: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                        cache_leftpad: torch.Tensor | None = None, rotary_seqlens: torch.Tensor | None = None,
                        k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
-                       cu_seqlens_k_new: torch.Tensor | None = None,
+                       cu_seqlens_k_new: torch.Tensor | None = None, qv: torch.Tensor | None = None,
                        **options: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``kvcache_reference`` of queries packed by cu_seqlens_q: (out, lse, k_cache, v_cache after the append).
 
@@ -195,7 +195,8 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
     own with that sequence's lengths, rows and slopes (the caches carried from
     one sequence's append to the next). With cu_seqlens_k_new (FlashAttention-3's),
     k and v are packed too: sequence b appends rows cu_seqlens_k_new[b] ..
-    cu_seqlens_k_new[b + 1] - 1.
+    cu_seqlens_k_new[b + 1] - 1. ``qv`` (FlashAttention-3's, (total_q, heads,
+    head_dim_v)) is packed as q.
     """
     total, hq = q.shape[:2]
     out = q.new_zeros((total, hq, v_cache.shape[3]))
@@ -219,6 +220,6 @@ def varlen_q_reference(q: torch.Tensor, cu_seqlens_q: torch.Tensor, k_cache: tor
         seq_out, seq_lse, k_cache, v_cache = kvcache_reference(
             q[None, lo:hi], k_cache, v_cache, new_k, new_v, lens, rows, table, alibi_slopes=slopes,
             cache_leftpad=one(cache_leftpad), rotary_seqlens=one(rotary_seqlens), k_descale=kd, v_descale=vd,
-            **options)
+            qv=None if qv is None else qv[None, lo:hi], **options)
         out[lo:hi], lse[:, lo:hi] = seq_out[0], seq_lse[0]
     return out, lse, k_cache, v_cache

@@ -1,7 +1,8 @@
 """kv_append's choice: one config for every call (``kv_append.variant``), in ``kernels.dispatch``'s terms.
 
 Prewarm plans it with the decoding kernels (``flash_decode.dispatch.PREWARM_WITH``): over their dtypes, head
-dims (and v's), layouts, alignments and index widths, with no seqlen axis.
+dims (and v's), layouts, alignments and index widths, with no seqlen axis; prewarm's ``varlen`` axis (packed
+sequences) is its new keys packed by cu_seqlens_k_new (VARLEN=true).
 """
 
 from __future__ import annotations
@@ -30,29 +31,35 @@ def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
     raise ValueError("kv_append has one config for every call (kv_append.variant): nothing to look up")
 
 
-PREWARM_AXES = ("rotary", "kv_fp8")  # the keyword axes prewarm_variants takes
+PREWARM_AXES = ("rotary", "kv_fp8", "varlen")  # the keyword axes prewarm_variants takes
 
 
 def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[int], head_dims_v: Iterable[int],
                      paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
-                     rotary: Iterable[str] = ("none",), kv_fp8: Iterable[str] = ("none",)) -> list[Variant]:
-    """kv_append's variants for prewarm's axes: one a (dtype, head dims, layout, alignment, index width, rotary, cache).
+                     rotary: Iterable[str] = ("none",), kv_fp8: Iterable[str] = ("none",),
+                     varlen: Iterable[bool] = (False,)) -> list[Variant]:
+    """kv_append's variants for prewarm's axes: one for each combination of their values.
 
     ``rotary``: the rotary modes (``geometry.ROTARY_MODES``) of the calls planned; ``kv_fp8``: their caches'
-    formats (``none``, ``e4m3``, ``e5m2``), those ``target`` cannot build left out (``kv_fp8.unsupported``).
+    formats (``none``, ``e4m3``, ``e5m2``), those ``target`` cannot build left out (``kv_fp8.unsupported``);
+    ``varlen``: prewarm's packed-sequences axis, here new keys packed by cu_seqlens_k_new (VARLEN=true).
     """
     formats = [kv for kv in kv_fp8 if fp8.unsupported(target, kv) is None]
     return [kv_append.variant(target, dtype, head_dim, 0 if dim_v == head_dim else dim_v, is_paged, is_aligned,
-                              wide, *geometry.rotary_flags(mode), kv_fp8=kv)
-            for dtype, head_dim, dim_v, is_paged, is_aligned, wide, mode, kv in itertools.product(
-                dtypes, head_dims, head_dims_v, paged, aligned, index64, rotary, formats)]
+                              wide, *geometry.rotary_flags(mode), kv_fp8=kv, varlen=packed)
+            for dtype, head_dim, dim_v, is_paged, is_aligned, wide, mode, kv, packed in itertools.product(
+                dtypes, head_dims, head_dims_v, paged, aligned, index64, rotary, formats, varlen)]
 
 
 def variant(kernel: str, target: Target, request: Request) -> Variant:
-    """``kernels.dispatch.kernel_variant`` for kv_append: ``kv_append.variant`` (the layout and rotary fields)."""
+    """``kernels.dispatch.kernel_variant`` for kv_append: ``kv_append.variant`` (the layout and rotary fields).
+
+    The request's ``varlen`` (packed sequences) is kv_append's packed new keys (cu_seqlens_k_new, VARLEN=true).
+    """
     dim_v = 0 if request.head_dim_v == request.head_dim else request.head_dim_v
     return kv_append.variant(target, request.dtype, request.head_dim, dim_v, request.paged, request.aligned,
-                             request.index64, request.rotary, request.rotary_interleaved, request.kv_fp8)
+                             request.index64, request.rotary, request.rotary_interleaved, request.kv_fp8,
+                             request.varlen)
 
 
 def explained(kernel: str, target: Target, call: Request) -> tuple[Variant, Config, tuning.Row | None]:

@@ -446,7 +446,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--page-size", type=int, default=None,
                     help="flash_decode: a paged cache with pages of this many keys (default: a contiguous cache)")
     ex.add_argument("--varlen", action="store_true", help="packed sequences (flash_attn_varlen_func, VARLEN=true); "
-                    "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k")
+                    "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k; with --kernel kv_append, new keys "
+                    "packed by cu_seqlens_k_new")
     for flag in ("seqused-q", "seqused-k"):
         ex.add_argument(f"--{flag}", action="store_true",
                         help=f"with --varlen: the call gives {flag.replace('-', '_')} (FlashAttention-3's used "

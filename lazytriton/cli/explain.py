@@ -169,6 +169,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     if flags["bias_grad"] and not (flags["bias"] and not varlen):
         raise ValueError("--bias-grad is the gradient of an attn_mask: it needs --attn-mask, on dense sequences "
                          "(no --varlen)")
+    if varlen and decoding and "kv_append" not in kernels:
+        raise ValueError(f"--varlen with the decoding kernels is kv_append's new keys packed by cu_seqlens_k_new "
+                         f"(--kernel kv_append), not {', '.join(kernels)}'s; packed queries are --varlen-q")
     if flags["leftpad"] and not decoding:
         raise ValueError(f"--leftpad is flash_attn_with_kvcache's cache_leftpad: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
@@ -189,7 +192,7 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
         if decoding:
             cache_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(kv_dtype, torch_dtype)
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
-                          window, softcap, rotary, chunk, cache_dtype)
+                          window, softcap, rotary, chunk, cache_dtype, varlen)
         elif mla:
             from lazytriton.kernels.flash_fwd_mla import binding as mla_binding
 
@@ -255,8 +258,12 @@ def check_slots_call(dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, 
 
 def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: int, head_dim_v: int, seqlen_q: int,
                   seqlen_k: int, causal: str, page: int, flags: dict[str, bool], window: tuple[int, int],
-                  softcap: float, rotary: str, chunk: int = 0, cache_dtype: Any = None) -> None:
-    """``flash_decode.checks.check`` on a described decoding call (kv_append, or rotary: with one new key)."""
+                  softcap: float, rotary: str, chunk: int = 0, cache_dtype: Any = None,
+                  varlen: bool = False) -> None:
+    """``flash_decode.checks.check`` on a described decoding call (kv_append, or rotary: with one new key).
+
+    ``varlen``: kv_append's new keys packed by cu_seqlens_k_new (one sequence's one new key).
+    """
     import torch
 
     append = "kv_append" in kernels or rotary != "none"
@@ -267,6 +274,9 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     else:
         cache, table = (1, max(seqlen_k, 1) if append else seqlen_k), None
     new = (meta(1, 1, 1, head_dim), meta(1, 1, 1, head_dim_v)) if append else (None, None)
+    cu_new = meta(2, of=torch.int32) if append and varlen else None
+    if cu_new is not None:
+        new = (new[0][0], new[1][0])  # (total_new, heads_k, head_dim)
     lens = max(seqlen_k - 1, 0) if append else None
     slopes = meta(1, of=torch.float32) if flags["alibi"] else None
     pads = meta(1, of=torch.int32) if flags["leftpad"] else None
@@ -278,7 +288,8 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
         else (meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v))
     qv = meta(*q.shape[:-1], head_dim_v) if flags.get("qv") else None
     inputs = decode.Inputs(q, *caches, *new, lens, None, table, slopes,
-                           pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None, qv=qv)
+                           pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None, qv=qv,
+                           cu_seqlens_k_new=cu_new)
     decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved",
                  max_seqlen_q=seqlen_q if packed else None, attention_chunk=chunk)
 
@@ -357,7 +368,10 @@ def print_explain(report: Report) -> None:
               "a column chunk; negative slots and slots past the cache are skipped, never read on the host"
               + (f"; a float8 cache ({call['kv_dtype']}: KV_FP8={call['kv_dtype']}, keys and values quantised as "
                  "x / descale on the way in)" if call.get("kv_dtype", "none") != "none" else ""))
-    if call.get("varlen"):
+    if call.get("varlen") and "kv_append" in call["kernels"]:
+        print("         varlen: kv_append's new keys packed by cu_seqlens_k_new (VARLEN=true): k (total_new, heads_k, "
+              "head_dim), each row finding its sequence in cu_seqlens_k_new; one config, no seqlen axis")
+    elif call.get("varlen"):
         print("         varlen: packed sequences (VARLEN=true); the seqlens are max_seqlen_q/max_seqlen_k, whose "
               "buckets pick the tiles, and causal is bottom-right within each sequence"
               + "".join(f"; {name} (SEQUSED_{name[-1].upper()}=true): each sequence uses the first {name}[i] "

@@ -3,7 +3,7 @@
  * (tests/test_native_decode_choice.py).
  *
  * Each line of stdin: kernel capability dtype head_dim head_dim_v causal aligned index64 rows capacity page_size
- * paged window softcap alibi leftpad rotary rotary_interleaved sinks varlen_q chunk kv_fp8 (ltn_decode_request's
+ * paged window softcap alibi leftpad rotary rotary_interleaved sinks varlen_q chunk kv_fp8 qv (ltn_decode_request's
  * fields in order); answered "ok VARIANT KEY" or "error MESSAGE". A line "split HEAD_DIM" is answered
  * "MIN_SPLIT_KEYS PROGRAMS_PER_SM".
  */
@@ -24,11 +24,11 @@ int main(void) {
         ltn_decode_request r;
         long long rows = 0, capacity = 0, page_size = 0;
         memset(&r, 0, sizeof r);
-        int n = sscanf(line, "%d %d %d %d %d %d %d %d %lld %lld %lld %d %d %d %d %d %d %d %d %d %d %d", &r.kernel,
+        int n = sscanf(line, "%d %d %d %d %d %d %d %d %lld %lld %lld %d %d %d %d %d %d %d %d %d %d %d %d", &r.kernel,
                        &r.capability, &r.dtype, &r.head_dim, &r.head_dim_v, &r.causal, &r.aligned, &r.index64, &rows,
                        &capacity, &page_size, &r.paged, &r.window, &r.softcap, &r.alibi, &r.leftpad, &r.rotary,
-                       &r.rotary_interleaved, &r.sinks, &r.varlen_q, &r.chunk, &r.kv_fp8);
-        if (n < 20 || n > 22) { /* chunk, kv_fp8: 0 when left out */
+                       &r.rotary_interleaved, &r.sinks, &r.varlen_q, &r.chunk, &r.kv_fp8, &r.qv);
+        if (n < 20 || n > 23) { /* chunk, kv_fp8, qv: 0 when left out */
             printf("error bad request line\n");
             continue;
         }
