@@ -184,9 +184,6 @@ def _bad(what: str) -> Any:
         "seqused": lambda: lazytriton.flash_attn_varlen_func(
             q[0], k[0], v[0], torch.tensor([0, 8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32), 8,
             8, qv=qv[0], seqused_k=torch.tensor([4], dtype=torch.int32)),
-        "block_table": lambda: lazytriton.flash_attn_varlen_func(
-            q[0], k, v, torch.tensor([0, 8], dtype=torch.int32), None, 8, 8, qv=qv[0],
-            seqused_k=torch.tensor([4], dtype=torch.int32), block_table=torch.zeros(1, 1, dtype=torch.int32)),
     }
     return calls[what]
 
@@ -195,7 +192,7 @@ BAD = {"qv shape": (ValueError, r"qv must have shape \(1, 8, 2, 512\)"), "qv dty
        "qv type": (TypeError, "qv must be a torch.Tensor"), "qv strides": (ValueError, "contiguous last dim"),
        "v head dim": (ValueError, r"v's head dim .* 1\.\.512, got 513"), "dropout": (ValueError, "dropout_p"),
        "alibi": (ValueError, "alibi_slopes"), "sinks": (ValueError, "sinks"), "chunk": (ValueError, "attention_chunk"),
-       "seqused": (ValueError, "seqused_k"), "block_table": (ValueError, "qv is not taken with block_table")}
+       "seqused": (ValueError, "seqused_k")}
 
 
 @pytest.mark.parametrize("what", sorted(BAD))
