@@ -203,7 +203,7 @@ static int lt__native_plan(lt__plan_request *request) {
         request->block_threads = info.block_threads, request->shared_bytes = info.shared_bytes;
         request->block_m = (uint32_t)ltn_variant_get(&variant, r.kernel == LTN_KERNEL_BWD_DKDV ? "BLOCK_N" : "BLOCK_M",
                                                       0);
-        request->n_hidden = n_hidden; /* scratch pointers, passed NULL (lt_kernel_load refuses entries needing any) */
+        request->n_hidden = n_hidden; /* passed NULL: ltn_kernel_layout refuses entries needing scratch */
     }
     lt_kernel_destroy(kernel);
     return status;

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from compiled_once import shared_dir
+from conftest import gpu as needs_gpu
 from fake_libcuda import SCRATCH_BASE, Fake
 from nativelib import build_program
 from test_fastlaunch import helper  # noqa: F401  (a module fixture: the built launch helper)
@@ -284,3 +285,136 @@ def test_bad_arguments_are_refused_before_a_launch(image: Path, native: Native) 
     assert native.ask("fail_alloc 0") == {}
     got = native.launch((2, 2, 2), "own", sizes, tokens[:-1])
     assert got["launch"] == LT_ERROR_INVALID_ARGUMENT and "parameters, got" in got["error"]
+
+
+# -- on a GPU: the same two entries, compiled by the installed Triton, on the real libcuda --------------------------
+
+NATIVE_CDEF = """
+typedef struct { void *base; int64_t sizes[5]; int64_t strides[5]; } lt_tensor_descriptor;
+typedef struct lt_kernel lt_kernel;
+int lt_open_images(const char *paths);
+int lt_kernel_load(const char *key, const char *variant, int32_t device_index, lt_kernel **out);
+int lt_kernel_launch(const lt_kernel *kernel, const uint32_t grid[3], void *stream, void **args, size_t n_args);
+void lt_kernel_destroy(lt_kernel *kernel);
+const char *lt_native_last_error(void);
+"""
+
+
+def native_launcher(tmp_path: Path, entry: Entry) -> Any:
+    """``launch(grid, args)``: liblazytriton_native.so, built now, serving ``entry`` from an image of it alone."""
+    import torch
+    from cffi import FFI
+
+    from lazytriton.cache_format.image import write_image
+    from lazytriton.capi import native_build
+
+    ffi = FFI()
+    ffi.cdef(NATIVE_CDEF)
+    lib = ffi.dlopen(str(native_build.build(tmp_path / "lib")))
+    write_image(tmp_path / "one.ltimg", [entry])
+    assert lib.lt_open_images(str(tmp_path / "one.ltimg").encode()) == LT_OK, ffi.string(lib.lt_native_last_error())
+    kernel = ffi.new("lt_kernel **")
+    status = lib.lt_kernel_load(entry.key.encode(), ffi.NULL, torch.cuda.current_device(), kernel)
+    assert status == LT_OK, ffi.string(lib.lt_native_last_error())
+
+    def launch(grid: tuple[int, int, int], values: list[Any]) -> None:
+        """values: an int (pointer or integer), a float (fp32) or a (base, sizes, strides) descriptor each."""
+        keep, args = [], ffi.new("void *[]", len(values))
+        for i, value in enumerate(values):
+            if isinstance(value, tuple):
+                base, sizes, strides = value
+                cell = ffi.new("lt_tensor_descriptor *", {"base": ffi.cast("void *", base),
+                                                          "sizes": list(sizes), "strides": list(strides)})
+            else:
+                cell = ffi.new("float *" if isinstance(value, float) else "int64_t *", value)
+            keep.append(cell)
+            args[i] = cell
+        stream = ffi.cast("void *", torch.cuda.current_stream().cuda_stream)
+        status = lib.lt_kernel_launch(kernel[0], ffi.new("uint32_t[3]", list(grid)), stream, args, len(values))
+        assert status == LT_OK, ffi.string(lib.lt_native_last_error()).decode()
+
+    return launch
+
+
+def attention_error(out: Any, q: Any, k: Any, v: Any, scale: float) -> tuple[float, float]:
+    """(out's error, a same-precision PyTorch attention's) against a float64 reference: the largest absolute."""
+    import torch
+
+    def attend(a: Any, b: Any, c: Any) -> Any:
+        group = a.shape[1] // b.shape[1]
+        b, c = b.repeat_interleave(group, 1), c.repeat_interleave(group, 1)
+        return torch.softmax(a @ b.transpose(-1, -2) * scale, dim=-1) @ c
+
+    want = attend(q.double(), k.double(), v.double())
+    same = attend(q, k, v)
+    return float((out.double() - want).abs().max()), float((same.double() - want).abs().max())
+
+
+def needs_sm90() -> None:
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA entries are compiled for sm_90; this GPU is another")
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_on_a_gpu_a_scratch_entry_launched_natively_matches_python(tmp_path: Path) -> None:
+    """flash_fwd TMA=true: the native launch (its scratch from cuMemAllocAsync) writes Python's bits."""
+    import torch
+
+    from lazytriton import runtime
+    from lazytriton.kernels.flash_fwd import binding
+    from lazytriton.variant import Variant
+
+    needs_sm90()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    call = binding.check(q, k, v, False)
+    variant = Variant.parse(SCRATCH_VARIANT)
+    entry = runtime.get().kernel(variant, q.device.index).entry
+    assert entry.global_scratch_size > 0
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 300, device="cuda", dtype=torch.float32)
+    binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
+    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+    ints, floats = iter(binding.pack(q, k, v, out2, lse2, call)[0]), iter(binding.floats(call))
+    values = [next(floats) if kind == "fp32" else next(ints) for kind in entry.arg_types]
+    native_launcher(tmp_path, entry)(binding.grid(call.shape, int(variant.get("BLOCK_M"))), values)
+    torch.cuda.synchronize()
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    err, same = attention_error(out, q, k, v, call.scale)
+    assert err <= 2 * same + 1e-5, (err, same)
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_on_a_gpu_a_descriptor_entry_launched_natively_matches_python(tmp_path: Path) -> None:
+    """flash_fwd_host_tma: the native encode of K's and V's maps reads what Python's does; out and lse bit-equal."""
+    import torch
+
+    from lazytriton import runtime
+    from lazytriton.variant import Variant
+
+    needs_sm90()
+    torch.manual_seed(0)
+    b, h, s, d = 2, 4, 300, 64
+    q, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # strided K
+    kernel = runtime.get().kernel(Variant.parse(TMA_VARIANT), q.device.index)
+    scale, grid = 1.0 / d**0.5, ((s + 63) // 64, h, b)
+
+    def call(out: Any, lse: Any) -> tuple[list[Any], list[int]]:
+        tail = [out.data_ptr(), lse.data_ptr(), *q.stride()[:3], *out.stride()[:3], *lse.stride()[:2], 1, s, s, d, 0]
+        native = [q.data_ptr(), (k.data_ptr(), k.shape, k.stride()), (v.data_ptr(), v.shape, v.stride()), *tail,
+                  scale]
+        python = [q.data_ptr(), k.data_ptr(), *k.shape, *k.stride(), v.data_ptr(), *v.shape, *v.stride(), *tail]
+        return native, python
+
+    out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+    kernel.launch(grid, torch.cuda.current_stream().cuda_stream, call(out, lse)[1], (scale,))
+    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+    native_launcher(tmp_path, kernel.entry)(grid, call(out2, lse2)[0])
+    torch.cuda.synchronize()
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    err, same = attention_error(out, q, k, v, scale)
+    assert err <= 2 * same + 1e-5, (err, same)

@@ -231,8 +231,9 @@ int64_t ltn_variant_get(const ltn_variant *v, const char *name, int64_t absent);
 int ltn_variant_string(const ltn_variant *v, char *out, size_t size);
 /* The cache key (Variant.key): 0, or -1 for a kernel the tables do not know. */
 int ltn_variant_key(const ltn_variant *v, char hex[33]);
-/* Whether a loaded kernel (lazytriton_native.h's lt_kernel) takes n_ints pointers or integers, then n_floats fp32:
-   LT_OK with its CUfunction, context and hidden parameter count, else LT_ERROR_UNSUPPORTED with a message. */
+/* Whether a loaded kernel (lazytriton_native.h's lt_kernel) takes n_ints pointers or integers, then n_floats fp32,
+   and neither host descriptors nor scratch memory (the C API's plans pass NULL scratch pointers): LT_OK with its
+   CUfunction, context and hidden parameter count, else LT_ERROR_UNSUPPORTED with a message. */
 struct lt_kernel;
 int ltn_kernel_layout(const struct lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function,
                       void **context, uint32_t *n_hidden);
