@@ -190,7 +190,8 @@ static int lt__native_plan(lt__plan_request *request) {
         return status;
     void *function = NULL, *context = NULL;
     uint32_t n_hidden = 0;
-    lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0};
+    lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0,
+                           NULL, NULL, 0, 0, 0, 0, 0, 0};
     int fp8 = r.kernel == LTN_KERNEL_FWD && (r.dtype == LT_DTYPE_FP8_E4M3 || r.dtype == LT_DTYPE_FP8_E5M2);
     /* fp8: flash_fwd_fp8, its own parameters */
     status = ltn_kernel_layout(kernel, fp8 ? LT__FP8_KERNEL_INTS : (uint32_t)lt__front_ints[r.kernel],
@@ -203,7 +204,7 @@ static int lt__native_plan(lt__plan_request *request) {
         request->block_threads = info.block_threads, request->shared_bytes = info.shared_bytes;
         request->block_m = (uint32_t)ltn_variant_get(&variant, r.kernel == LTN_KERNEL_BWD_DKDV ? "BLOCK_N" : "BLOCK_M",
                                                       0);
-        request->n_hidden = n_hidden; /* scratch pointers, passed NULL (lt_kernel_load refuses entries needing any) */
+        request->n_hidden = n_hidden; /* passed NULL: ltn_kernel_layout refuses entries needing scratch */
     }
     lt_kernel_destroy(kernel);
     return status;
@@ -253,7 +254,8 @@ static int lt__native_load(const ltn_decode_request *r, int32_t device_index, ui
     if (status != LT_OK)
         return status;
     void *function = NULL, *context = NULL;
-    lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0};
+    lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0,
+                           NULL, NULL, 0, 0, 0, 0, 0, 0};
     status = ltn_kernel_layout(kernel, n_ints, n_floats, &function, &context, &out->hidden);
     if (status == LT_OK)
         status = lt_kernel_get_info(kernel, &info);

@@ -11,6 +11,10 @@ Every launch since ``configure`` is also logged (``launch_log``: grid, block, sh
 call of several kernels (decoding: kv_append, the split and the combine kernel) can be followed launch by launch.
 The device has compute capability 9.0 and ``FAKE_SMS`` SMs.
 
+``cuMemAllocAsync`` and ``cuMemFreeAsync`` (a launcher's scratch memory) are faked too: an allocation gets
+the next of a series of 4 KiB-aligned addresses from ``SCRATCH_BASE``, and each call is logged
+(``allocations()``: the call, bytes, address, stream, the context current then, and the launches before it).
+
 ``cuTensorMapEncodeTiled`` is faked too: it counts its calls, records the
 last call's arguments (``encodes()``) and writes a map that is a fixed
 serialisation of those arguments (``fake_map``): two maps are equal exactly
@@ -44,6 +48,9 @@ static void *current;
 static int launch_status;
 static int64_t launch_log[64 * 8];
 static int n_logged;
+static int64_t alloc_log[64 * 6];
+static int n_allocs, alloc_status;
+static uint64_t next_scratch = 0x5C0000000000ull;
 
 int fake_configure(int n, const int *param_sizes, int status) {
     if (n < 0 || n > 1024) return -1;
@@ -56,8 +63,28 @@ int fake_configure(int n, const int *param_sizes, int status) {
     n_encodes = 0;
     encode_status = 0;
     n_logged = 0;
+    n_allocs = 0;
+    alloc_status = 0;
+    next_scratch = 0x5C0000000000ull;
     return 0;
 }
+void fake_set_alloc_status(int status) { alloc_status = status; }
+int fake_allocations(int64_t *out) { memcpy(out, alloc_log, sizeof alloc_log); return n_allocs; }
+static void log_alloc(int64_t call, int64_t bytes, uint64_t address, uintptr_t stream) {
+    int64_t *rec = alloc_log + 6 * (n_allocs & 63);
+    n_allocs++;
+    rec[0] = call; rec[1] = bytes; rec[2] = (int64_t)address; rec[3] = (int64_t)stream;
+    rec[4] = (int64_t)(uintptr_t)current; rec[5] = state[0];
+}
+/* call 1: an allocation (4 KiB-aligned addresses, one after the other), 2: a free */
+int cuMemAllocAsync(uint64_t *ptr, size_t bytes, uintptr_t stream) {
+    log_alloc(1, (int64_t)bytes, alloc_status ? 0 : next_scratch, stream);
+    if (alloc_status) return alloc_status;
+    *ptr = next_scratch;
+    next_scratch += (bytes + 4095) / 4096 * 4096 + 4096;
+    return 0;
+}
+int cuMemFreeAsync(uint64_t ptr, uintptr_t stream) { log_alloc(2, 0, ptr, stream); return 0; }
 int fake_launch_log(int64_t *out) { memcpy(out, launch_log, sizeof launch_log); return n_logged; }
 void fake_set_encode_status(int status) { encode_status = status; }
 int fake_encodes(int64_t *out) { memcpy(out, encodes, sizeof encodes); return n_encodes; }
@@ -147,7 +174,10 @@ void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns);
 void fake_set_encode_status(int status);
 int fake_encodes(int64_t *out);
 int fake_launch_log(int64_t *out);
+void fake_set_alloc_status(int status);
+int fake_allocations(int64_t *out);
 """
+SCRATCH_BASE = 0x5C0000000000
 FAKE_SMS = 132
 LOGGED = ("grid_x", "grid_y", "grid_z", "block_x", "shared", "function")
 
@@ -210,6 +240,22 @@ class Fake:
         count = self.lib.fake_launch_log(raw)
         return [{name: int(raw[8 * (n & 63) + i]) for i, name in enumerate(LOGGED)}
                 for n in range(max(0, count - 64), count)]
+
+    def set_alloc_status(self, status: int) -> None:
+        """Make cuMemAllocAsync fail with ``status`` (0: succeed) until the next ``configure``."""
+        self.lib.fake_set_alloc_status(status)
+
+    def allocations(self) -> list[dict[str, Any]]:
+        """cuMemAllocAsync and cuMemFreeAsync calls since ``configure`` (the last 64), oldest first."""
+        raw = self.ffi.new("int64_t[]", 64 * 6)
+        count = self.lib.fake_allocations(raw)
+        names = ("call", "bytes", "address", "stream", "context", "launches_before")
+        calls = []
+        for n in range(max(0, count - 64), count):
+            rec = {name: int(raw[6 * (n & 63) + i]) for i, name in enumerate(names)}
+            rec["call"] = {1: "alloc", 2: "free"}[rec["call"]]
+            calls.append(rec)
+        return calls
 
     def encodes(self) -> tuple[int, list[dict[str, Any]]]:
         """(cuTensorMapEncodeTiled calls since ``configure``, the last 16 calls' arguments, oldest first)."""

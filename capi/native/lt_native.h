@@ -116,6 +116,50 @@ void ltn_entry_free(ltn_entry *entry);
 int ltn_tensordesc_check(const ltn_str *arg_types, uint32_t n_arg_types, const ltn_tensordesc *metas,
                          uint32_t n_metas, ltn_error *err);
 
+/* ---- a loaded kernel's parameters (lt_launch.c): what the launcher passes, from an entry alone ---------- */
+
+#define LTN_MAX_DESCS 16   /* host descriptors a kernel takes (fastlaunch.MAX_DESCS) */
+#define LTN_MAX_PARAMS 512 /* parameters a kernel takes, descriptors expanded and hidden ones included */
+enum { LTN_GLOBAL_SCRATCH = 0, LTN_PROFILE_SCRATCH = 1 };
+
+typedef struct {
+    uint32_t swizzle, elem_size, host_dtype, rank; /* host_dtype: CUtensorMapDataType */
+    uint32_t box[LTN_MAX_RANK];                    /* innermost first */
+} ltn_desc_layout;
+
+typedef struct {
+    uint32_t n_args;   /* the kernel's own parameters: the caller's args */
+    uint32_t n_params; /* what the kernel takes: a descriptor 1 + 2 rank, then the hidden ones */
+    uint32_t n_descs, n_hidden, num_ctas;
+    uint8_t desc_of[256];              /* per arg: 0 a value, d + 1 host descriptor d */
+    ltn_desc_layout descs[LTN_MAX_DESCS];
+    uint32_t hidden[2];                /* each hidden parameter's scratch: LTN_GLOBAL_SCRATCH or _PROFILE_ */
+    uint32_t scratch_size[2], scratch_align[2]; /* by scratch: bytes a program (0: NULL), alignment (power of 2) */
+} ltn_layout;
+
+/* The arguments of one cuTensorMapEncodeTiled call, innermost first. */
+typedef struct {
+    int dtype, interleave, swizzle, l2, oob;
+    uint32_t rank;
+    void *base;
+    uint64_t dims[LTN_MAX_RANK], strides[LTN_MAX_RANK]; /* strides in bytes: rank - 1 of them */
+    uint32_t box[LTN_MAX_RANK], element_strides[LTN_MAX_RANK];
+} ltn_encode_call;
+
+/* How the entry's kernel is launched (fastlaunch.layout's rule): 0, or -1 with a message for an entry the
+   launcher cannot lay out (a parameter type it does not pass, too many descriptors or parameters, hidden
+   parameters other than each scratch once, a scratch alignment that is not a power of two). */
+int ltn_layout_of(const ltn_entry *e, ltn_layout *out, ltn_error *err);
+/* The scratch bytes of a launch of grid, by scratch: 0, or -1 when they overflow 64 bits. */
+int ltn_scratch_bytes(const ltn_layout *l, const uint32_t grid[3], uint64_t bytes[2]);
+/* The encode of descriptor d from the caller's value (lazytriton_native.h's lt_tensor_descriptor), as Triton's
+   fillTMADescriptorTiled calls it: 0, or -1 with a message naming the parameter for a value it cannot take. */
+int ltn_encode_call_of(const ltn_layout *l, uint32_t d, uint32_t arg, const void *value, ltn_encode_call *out,
+                       ltn_error *err);
+/* The kernel's parameter array: args (one per own parameter), maps (the encoded map of each descriptor,
+   128 bytes each, 64-byte aligned), scratch (pointers by scratch: each hidden parameter points at its own). */
+void ltn_params(const ltn_layout *l, void **args, unsigned char (*maps)[128], void *const *scratch, void **params);
+
 /* ---- images (SPEC.md "Image") ------------------------------------------ */
 
 #define LTN_IMAGE_HEADER 96
@@ -187,8 +231,9 @@ int64_t ltn_variant_get(const ltn_variant *v, const char *name, int64_t absent);
 int ltn_variant_string(const ltn_variant *v, char *out, size_t size);
 /* The cache key (Variant.key): 0, or -1 for a kernel the tables do not know. */
 int ltn_variant_key(const ltn_variant *v, char hex[33]);
-/* Whether a loaded kernel (lazytriton_native.h's lt_kernel) takes n_ints pointers or integers, then n_floats fp32:
-   LT_OK with its CUfunction, context and hidden parameter count, else LT_ERROR_UNSUPPORTED with a message. */
+/* Whether a loaded kernel (lazytriton_native.h's lt_kernel) takes n_ints pointers or integers, then n_floats fp32,
+   and neither host descriptors nor scratch memory (the C API's plans pass NULL scratch pointers): LT_OK with its
+   CUfunction, context and hidden parameter count, else LT_ERROR_UNSUPPORTED with a message. */
 struct lt_kernel;
 int ltn_kernel_layout(const struct lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function,
                       void **context, uint32_t *n_hidden);

@@ -1,8 +1,9 @@
 /*
  * lt_runtime.c: the native core's serving half: the open images, a kernel's
  * lookup across them (in the order given, as the image tier does), its load
- * and launch through the CUDA driver API, and a miss: LT_MISS, its message
- * and the miss log line.
+ * and launch through the CUDA driver API (the parameters as lt_launch.c lays
+ * them out: host descriptors encoded, scratch memory allocated on the
+ * stream), and a miss: LT_MISS, its message and the miss log line.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -10,6 +11,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +109,11 @@ static struct {
     CUresult (*error_string)(CUresult, const char **);
     CUresult (*launch)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                        unsigned int, void *, void **, void **);
+    /* optional: NULL where the driver lacks them (CUDA 12.0+, 11.2+) */
+    CUresult (*encode)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *, const uint32_t *,
+                       const uint32_t *, int, int, int, int);
+    CUresult (*mem_alloc_async)(uint64_t *, size_t, void *);
+    CUresult (*mem_free_async)(uint64_t, void *);
 } cu;
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 static char cu_error[512];
@@ -132,6 +139,9 @@ static void cu_load(void) {
             snprintf(cu_error, sizeof cu_error, "libcuda.so.1 has no %s", symbols[i].name);
             return;
         }
+    *(void **)&cu.encode = dlsym(lib, "cuTensorMapEncodeTiled");
+    *(void **)&cu.mem_alloc_async = dlsym(lib, "cuMemAllocAsync");
+    *(void **)&cu.mem_free_async = dlsym(lib, "cuMemFreeAsync");
     CUresult r = cu.init(0);
     if (r != 0)
         snprintf(cu_error, sizeof cu_error, "cuInit failed: CUDA error %d (no usable GPU?)", r);
@@ -163,15 +173,17 @@ static void leave(int pushed) {
 
 /* ---- kernels -------------------------------------------------------------------------------------------- */
 
-enum { FUNC_MAX_DYNAMIC_SHARED = 8, STATIC_SHARED_LIMIT = 48 * 1024, MAX_ARGS = 256 };
+enum { FUNC_MAX_DYNAMIC_SHARED = 8, STATIC_SHARED_LIMIT = 48 * 1024 };
 
 struct lt_kernel {
     void *function, *context;
     uint32_t grid_block, shared, n_args, n_hidden, num_warps, warp_size;
     uint32_t n_leading_ints, n_trailing_fp32; /* parameters that are pointers or integers from the first on; fp32
                                                  ones from the last back */
+    ltn_layout layout;                        /* what a launch passes (lt_launch.c) */
     char key[33];
-    char *variant, *name, *image;
+    char *variant, *name, *image, *kind;
+    char **arg_types;                         /* n_args strings, then NULL */
 };
 
 /* The miss log: CACHE_DIR/misses.jsonl, CACHE_DIR as Python's settings read it. */
@@ -273,17 +285,13 @@ static int find_entry(const char *key, ltn_entry *entry, const char **image_path
     return status;
 }
 
-static int launchable(const ltn_entry *e) {
+static int launchable(const ltn_entry *e, ltn_layout *layout) {
     if (strcmp(e->kind.s, "cubin") != 0)
         return fail(LT_ERROR_UNSUPPORTED, "entry %s is a %s: the native launcher loads cubins only", e->key.s,
                     e->kind.s);
-    if (e->n_tensordesc > 0 || e->global_scratch_size > 0 || e->profile_scratch_size > 0)
-        return fail(LT_ERROR_UNSUPPORTED, "entry %s takes host descriptors or scratch memory, which the native "
-                    "launcher does not provide yet", e->key.s);
-    for (uint32_t i = 0; i < e->n_hidden_args; i++)
-        if (strcmp(e->hidden_args[i].s, "global_scratch") != 0 && strcmp(e->hidden_args[i].s, "profile_scratch") != 0)
-            return fail(LT_ERROR_UNSUPPORTED, "entry %s has a hidden parameter %.100s", e->key.s,
-                        e->hidden_args[i].s);
+    ltn_error err;
+    if (ltn_layout_of(e, layout, &err) != 0)
+        return fail(LT_ERROR_UNSUPPORTED, "%s", err.message);
     if (e->name.len != strlen(e->name.s))
         return fail(LT_ERROR_IMAGE, "entry %s names a kernel with a NUL in it", e->key.s);
     return LT_OK;
@@ -295,6 +303,9 @@ static int load_function(const ltn_entry *e, int32_t device_index, lt_kernel *k)
         return fail(LT_ERROR_NO_GPU, "%s", cu_error);
     int device, pushed, status;
     CUresult r;
+    if (k->layout.n_descs > 0 && cu.encode == NULL)
+        return fail(LT_ERROR_UNSUPPORTED, "entry %s takes host tensor descriptors, and this CUDA driver has no "
+                    "cuTensorMapEncodeTiled (CUDA 12.0+)", e->key.s);
     if ((r = cu.device_get(&device, device_index)) != 0)
         return fail(LT_ERROR_NO_GPU, "no CUDA device %d (cuDeviceGet: CUDA error %d)", device_index, r);
     if ((r = cu.primary_ctx_retain(&k->context, device)) != 0)
@@ -326,6 +337,9 @@ static int int_param(const ltn_str *type) {
 
 int ltn_kernel_layout(const lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function, void **context,
                       uint32_t *n_hidden) {
+    if (k->layout.n_descs > 0 || k->layout.scratch_size[0] > 0 || k->layout.scratch_size[1] > 0)
+        return fail(LT_ERROR_UNSUPPORTED, "entry %s takes host descriptors or scratch memory, which the C API's "
+                    "plans do not pass (lt_kernel_launch does)", k->key);
     if (k->n_args != n_ints + n_floats || k->n_leading_ints < n_ints || k->n_trailing_fp32 < n_floats)
         return fail(LT_ERROR_UNSUPPORTED, "entry %s has %u parameters (%u pointers or integers first, %u fp32 last); "
                     "the C API's launcher passes %u pointers or integers, then %u fp32", k->key, k->n_args,
@@ -348,11 +362,16 @@ int lt_kernel_load(const char *key, const char *variant, int32_t device_index, l
     lt_kernel *k = calloc(1, sizeof *k);
     if (k == NULL)
         status = fail(LT_ERROR_INTERNAL, "out of memory");
-    if (status == LT_OK && (status = launchable(&entry)) == LT_OK) {
+    if (status == LT_OK && (status = launchable(&entry, &k->layout)) == LT_OK) {
         memcpy(k->key, entry.key.s, 33);
         k->variant = strdup(entry.variant.s);
         k->name = strdup(entry.name.s);
         k->image = strdup(image);
+        k->kind = strdup(entry.kind.s);
+        k->arg_types = calloc(entry.n_arg_types + 1, sizeof *k->arg_types);
+        for (uint32_t i = 0; k->arg_types && i < entry.n_arg_types; i++)
+            if ((k->arg_types[i] = strdup(entry.arg_types[i].s)) == NULL)
+                status = fail(LT_ERROR_INTERNAL, "out of memory");
         k->grid_block = entry.num_warps * entry.warp_size;
         k->num_warps = entry.num_warps, k->warp_size = entry.warp_size;
         k->shared = entry.shared;
@@ -363,9 +382,9 @@ int lt_kernel_load(const char *key, const char *variant, int32_t device_index, l
         while (k->n_trailing_fp32 < entry.n_arg_types &&
                strcmp(entry.arg_types[entry.n_arg_types - 1 - k->n_trailing_fp32].s, "fp32") == 0)
             k->n_trailing_fp32++;
-        if (k->variant == NULL || k->name == NULL || k->image == NULL)
+        if (k->variant == NULL || k->name == NULL || k->image == NULL || k->kind == NULL || k->arg_types == NULL)
             status = fail(LT_ERROR_INTERNAL, "out of memory");
-        else
+        else if (status == LT_OK)
             status = load_function(&entry, device_index, k);
     }
     ltn_entry_free(&entry);
@@ -380,16 +399,42 @@ int lt_kernel_load(const char *key, const char *variant, int32_t device_index, l
 int lt_kernel_get_info(const lt_kernel *k, lt_kernel_info *info) {
     if (k == NULL || info == NULL)
         return fail(LT_ERROR_NULL_POINTER, "lt_kernel_get_info: kernel and info must not be NULL");
-    if (info->struct_size != sizeof *info || info->version != LT_KERNEL_INFO_VERSION)
+    size_t v1_size = offsetof(lt_kernel_info, arg_types);
+    int v1 = info->struct_size == v1_size && info->version == 1;
+    if (!v1 && (info->struct_size != sizeof *info || info->version != LT_KERNEL_INFO_VERSION))
         return fail(LT_ERROR_VERSION, "lt_kernel_info has struct_size %u and version %u; this library's are %zu "
-                    "and %d", info->struct_size, info->version, sizeof *info, LT_KERNEL_INFO_VERSION);
+                    "and %d (or %zu and 1)", info->struct_size, info->version, sizeof *info, LT_KERNEL_INFO_VERSION,
+                    v1_size);
     info->key = k->key, info->variant = k->variant, info->name = k->name, info->image = k->image;
     info->block_threads = k->grid_block, info->shared_bytes = k->shared, info->n_args = k->n_args;
     info->warp_size = k->warp_size, info->num_warps = k->num_warps;
+    if (v1)
+        return LT_OK; /* a version 1 struct ends here */
+    const ltn_layout *l = &k->layout;
+    info->arg_types = (const char *const *)k->arg_types, info->kind = k->kind;
+    info->n_descriptors = l->n_descs, info->num_ctas = l->num_ctas;
+    info->global_scratch_size = l->scratch_size[LTN_GLOBAL_SCRATCH];
+    info->global_scratch_align = l->scratch_align[LTN_GLOBAL_SCRATCH];
+    info->profile_scratch_size = l->scratch_size[LTN_PROFILE_SCRATCH];
+    info->profile_scratch_align = l->scratch_align[LTN_PROFILE_SCRATCH];
     return LT_OK;
 }
 
-int lt_kernel_launch(const lt_kernel *k, const uint32_t grid[3], void *stream, void **args, size_t n_args) {
+int lt_kernel_scratch_bytes(const lt_kernel *k, const uint32_t grid[3], uint64_t bytes[2]) {
+    if (k == NULL || grid == NULL || bytes == NULL)
+        return fail(LT_ERROR_NULL_POINTER, "lt_kernel_scratch_bytes: kernel, grid and bytes must not be NULL");
+    if (ltn_scratch_bytes(&k->layout, grid, bytes) != 0)
+        return fail(LT_ERROR_INVALID_ARGUMENT, "grid (%u, %u, %u) of %u CTAs: its scratch memory (%u and %u bytes "
+                    "a program) overflows 64 bits", grid[0], grid[1], grid[2], k->layout.num_ctas,
+                    k->layout.scratch_size[0], k->layout.scratch_size[1]);
+    return LT_OK;
+}
+
+static const char *const SCRATCH_NAMES[2] = {"global", "profile"};
+
+/* The arguments' checks, then each host descriptor's map: LT_OK or the error, before anything is launched. */
+static int check_and_encode(const lt_kernel *k, const uint32_t grid[3], void **args, size_t n_args,
+                            unsigned char (*maps)[128]) {
     if (k == NULL || grid == NULL || (args == NULL && n_args > 0))
         return fail(LT_ERROR_NULL_POINTER, "lt_kernel_launch: kernel, grid and args must not be NULL");
     if (n_args != k->n_args)
@@ -397,25 +442,116 @@ int lt_kernel_launch(const lt_kernel *k, const uint32_t grid[3], void *stream, v
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
         return fail(LT_ERROR_INVALID_ARGUMENT, "grid (%u, %u, %u) has an empty dimension", grid[0], grid[1],
                     grid[2]);
-    void *params[MAX_ARGS + 2];
-    void *null_slot[2] = {NULL, NULL};
-    memcpy(params, args, sizeof *args * n_args);
-    for (uint32_t i = 0; i < k->n_hidden; i++)
-        params[n_args + i] = &null_slot[i];
-    int pushed, status;
+    for (size_t i = 0; i < n_args; i++)
+        if (args[i] == NULL)
+            return fail(LT_ERROR_NULL_POINTER, "kernel %s: args[%zu] (%s) is NULL", k->name, i, k->arg_types[i]);
+    const ltn_layout *l = &k->layout;
+    for (uint32_t i = 0; i < l->n_args; i++) {
+        if (l->desc_of[i] == 0)
+            continue;
+        uint32_t d = l->desc_of[i] - 1u;
+        ltn_encode_call c;
+        ltn_error err;
+        if (ltn_encode_call_of(l, d, i, args[i], &c, &err) != 0)
+            return fail(LT_ERROR_INVALID_ARGUMENT, "kernel %s: %s", k->name, err.message);
+        CUresult r = cu.encode(maps[d], c.dtype, c.rank, c.base, c.dims, c.strides, c.box, c.element_strides,
+                               c.interleave, c.swizzle, c.l2, c.oob);
+        if (r != 0)
+            return cuda_fail(r, "cuTensorMapEncodeTiled");
+    }
+    return LT_OK;
+}
+
+/* Scratch memory of bytes, aligned to align, on stream (the context is current): LT_OK with *raw (to free) and
+   *aligned (to pass). */
+static int scratch_alloc(uint64_t bytes, uint32_t align, void *stream, uint64_t *raw, void **aligned) {
+    uint64_t pad = align > 256 ? align - 1 : 0; /* the driver's allocations are 256-byte aligned */
+    CUresult r = cu.mem_alloc_async(raw, (size_t)(bytes + pad), stream);
+    if (r != 0)
+        return cuda_fail(r, "cuMemAllocAsync");
+    uint64_t at = (*raw + align - 1) & ~(uint64_t)(align - 1);
+    if (at - *raw > pad) {
+        cu.mem_free_async(*raw, stream);
+        return fail(LT_ERROR_CUDA, "cuMemAllocAsync returned %#llx, not %u-byte aligned", (unsigned long long)*raw,
+                    align);
+    }
+    *aligned = (void *)(uintptr_t)at;
+    return LT_OK;
+}
+
+/* The launch: given (the caller's scratch) or NULL (allocated here on the stream, freed after the launch). */
+static int launch(const lt_kernel *k, const uint32_t grid[3], void *stream, void **args, size_t n_args,
+                  void *const *given) {
+    unsigned char maps[LTN_MAX_DESCS][128] __attribute__((aligned(64)));
+    int status = check_and_encode(k, grid, args, n_args, maps);
+    uint64_t bytes[2] = {0, 0}, own[2] = {0, 0};
+    if (status == LT_OK)
+        status = lt_kernel_scratch_bytes(k, grid, bytes);
+    if (status != LT_OK)
+        return status;
+    void *scratch[2] = {NULL, NULL};
+    int allocate = 0;
+    for (int s = 0; s < 2; s++) {
+        if (bytes[s] == 0)
+            continue;
+        uint32_t align = k->layout.scratch_align[s];
+        if (given == NULL)
+            allocate = 1;
+        else if (given[s] == NULL)
+            return fail(LT_ERROR_NULL_POINTER, "kernel %s needs %llu bytes of %s scratch for grid (%u, %u, %u); "
+                        "scratch[%d] is NULL", k->name, (unsigned long long)bytes[s], SCRATCH_NAMES[s], grid[0],
+                        grid[1], grid[2], s);
+        else if ((uintptr_t)given[s] % align != 0)
+            return fail(LT_ERROR_INVALID_ARGUMENT, "kernel %s: scratch[%d] %p is not %u-byte aligned", k->name, s,
+                        given[s], align);
+        else
+            scratch[s] = given[s];
+    }
+    if (allocate && (cu.mem_alloc_async == NULL || cu.mem_free_async == NULL))
+        return fail(LT_ERROR_UNSUPPORTED, "kernel %s needs scratch memory, and this CUDA driver has no "
+                    "cuMemAllocAsync (CUDA 11.2+): pass it with lt_kernel_launch_scratch", k->name);
+    int pushed;
     if ((status = enter(k->context, &pushed)) != LT_OK)
         return status;
-    CUresult r = cu.launch(k->function, grid[0], grid[1], grid[2], k->grid_block, 1, 1, k->shared, stream, params,
-                           NULL);
+    for (int s = 0; s < 2 && status == LT_OK; s++)
+        if (allocate && bytes[s] > 0)
+            status = scratch_alloc(bytes[s], k->layout.scratch_align[s], stream, &own[s], &scratch[s]);
+    if (status == LT_OK) {
+        void *params[LTN_MAX_PARAMS];
+        ltn_params(&k->layout, args, maps, scratch, params);
+        CUresult r = cu.launch(k->function, grid[0], grid[1], grid[2], k->grid_block, 1, 1, k->shared, stream,
+                               params, NULL);
+        if (r != 0)
+            status = cuda_fail(r, "cuLaunchKernel");
+    }
+    for (int s = 0; s < 2; s++) { /* stream-ordered: freed once the launch has run */
+        CUresult r = own[s] ? cu.mem_free_async(own[s], stream) : 0;
+        if (r != 0 && status == LT_OK)
+            status = cuda_fail(r, "cuMemFreeAsync");
+    }
     leave(pushed);
-    return r != 0 ? cuda_fail(r, "cuLaunchKernel") : LT_OK;
+    return status;
+}
+
+int lt_kernel_launch(const lt_kernel *k, const uint32_t grid[3], void *stream, void **args, size_t n_args) {
+    return launch(k, grid, stream, args, n_args, NULL);
+}
+
+int lt_kernel_launch_scratch(const lt_kernel *k, const uint32_t grid[3], void *stream, void **args, size_t n_args,
+                             void *const scratch[2]) {
+    static void *const none[2] = {NULL, NULL};
+    return launch(k, grid, stream, args, n_args, scratch ? scratch : none);
 }
 
 void lt_kernel_destroy(lt_kernel *k) {
     if (k == NULL)
         return;
+    for (uint32_t i = 0; k->arg_types && k->arg_types[i]; i++)
+        free(k->arg_types[i]);
+    free(k->arg_types);
     free(k->variant);
     free(k->name);
     free(k->image);
+    free(k->kind);
     free(k);
 }
