@@ -96,6 +96,7 @@ class PeerRun:
         for name, saved in self.saved.items():
             setattr(torch.cuda, name, saved)
 
+    @pytest.hookimpl(trylast=True)  # after -k and -m: the sample is of the cases they leave
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         cases = [Case(item.nodeid.split("::", 1)[-1].split("[")[0], item.nodeid,
                       getattr(getattr(item, "callspec", None), "params", {})) for item in items]

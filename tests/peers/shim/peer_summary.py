@@ -1,8 +1,8 @@
 """A peer suite's results: each case's outcome, counted per test function, failures grouped by their first line.
 
 ``Results`` takes pytest's reports (``add``) or outcomes directly (``record``), and ``summary`` gives a plain dict
-(written as JSON, with every case's outcome) that ``markdown`` prints as tables. Messages are grouped once their numbers are replaced by
-``#``, so failures that differ only in a shape or an error size fall into one group.
+(written as JSON, with every case's outcome) that ``markdown`` prints as tables. Messages are grouped once their
+numbers are replaced by ``#``, so failures that differ only in a shape or an error size fall into one group.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ class Results:
             if outcome == "passed":
                 continue
             kind = "skips" if outcome == "skipped" else "failures"
-            group = groups[kind].setdefault(normalise(message), {"message": normalise(message), "example": message,
-                                                                  "count": 0, "functions": {}, "cases": []})
+            key = normalise(message)
+            group = groups[kind].setdefault(key, {"message": key, "example": first_line(message), "count": 0,
+                                                  "functions": {}, "cases": []})
             group["count"] += 1
             group["functions"][function] = group["functions"].get(function, 0) + 1
             if len(group["cases"]) < EXAMPLE_CASES:
