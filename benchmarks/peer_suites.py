@@ -1,0 +1,127 @@
+"""Run a peer's own test suite (FlashAttention-3's, FlashAttention-2's) against lazytriton, unchanged.
+
+The peer's test file imports its library by name (``flash_attn_interface``, ``flash_attn``); the shims in
+``tests/peers/shim/`` provide those names over lazytriton's public functions and come first on the path, the
+peer's helpers (padding.py, test_util.py, flash_attn/bert_padding.py, ...) come from its checkout, and nothing is
+copied into this repository. pytest runs the file with ``tests/peers/shim/peer_plugin.py``: a deterministic
+sample of each test function's cases, a timeout per case, and a summary (per function: passed, failed, skipped,
+errored; failures grouped by their first line, which names the features lazytriton lacks) written as JSON and
+text to --out.
+
+    python3 benchmarks/peer_suites.py extract --git-dir MIRROR.git --peer-dir .peers/flash-attention
+    python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --suite fa3 --sample 0.01
+    python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --device cpu --max-seqlen 128 \\
+        --sample 0 --timeout 900 -- -k "test_flash_attn_output or test_flash_attn_combine"
+
+Exit status: pytest's (0 when every selected case passed, 1 when any failed, 2 and up for a usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHIM = REPO / "tests" / "peers" / "shim"
+# suite -> (its test file, the folders of the peer's checkout its helpers are imported from)
+SUITES = {
+    "fa3": ("hopper/test_flash_attn.py", ("hopper",)),
+    "fa3-kvcache": ("hopper/test_kvcache.py", ("hopper",)),
+    "fa2": ("tests/test_flash_attn.py", ("tests",)),
+}
+# What `extract` takes from the peer's repository: the test files, their helpers, FlashAttention-2's package
+# (bert_padding, layers/rotary and its Triton kernel, which the tests import beside the shims).
+EXTRACTED = ("hopper", "tests", "flash_attn")
+COMMIT_FILE = ".peer-commit"
+
+
+def pytest_command(args: argparse.Namespace, peer: Path, summary: Path) -> list[str]:
+    """The pytest command line of a run: the peer's file, the shim's config and plugin, the plugin's options."""
+    test_file, _ = SUITES[args.suite]
+    commit = (peer / COMMIT_FILE).read_text().strip() if (peer / COMMIT_FILE).is_file() else "unknown"
+    command = [sys.executable, "-m", "pytest", str(peer / test_file), "-c", str(SHIM / "pytest.ini"),
+               "--rootdir", str((peer / test_file).parent), "-p", "peer_plugin", "-q", "-rN",
+               "--peer-sample", str(args.sample), "--peer-every", str(args.every), "--peer-seed", str(args.seed),
+               "--peer-min-per-function", str(args.min_per_function), "--peer-max-seqlen", str(args.max_seqlen),
+               "--peer-timeout", str(args.timeout), "--peer-device", args.device, "--peer-summary", str(summary),
+               "--peer-meta", f"suite={args.suite}", "--peer-meta", f"file={test_file}",
+               "--peer-meta", f"peer_commit={commit}"]
+    return command + list(args.pytest_args)
+
+
+def environment(args: argparse.Namespace, peer: Path) -> dict[str, str]:
+    """The run's environment: the shim first on PYTHONPATH, then the peer's helper folders."""
+    _, folders = SUITES[args.suite]
+    path = [str(SHIM), *(str(peer / folder) for folder in folders)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["LAZYTRITON_PEER_DIR"] = str(peer)
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    peer = Path(args.peer_dir).resolve()
+    test_file, _ = SUITES[args.suite]
+    if not (peer / test_file).is_file():
+        raise SystemExit(f"--peer-dir {args.peer_dir}: no {test_file} there (extract the peer first: "
+                         f"{Path(__file__).name} extract --git-dir ... --peer-dir {args.peer_dir})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = out / f"peer_{args.suite}.json"
+    command = pytest_command(args, peer, summary)
+    print("+", " ".join(command), flush=True)
+    # The shim's folder as the working directory: `python -m` puts it first on sys.path, where the peer's own
+    # flash_attn_interface.py (in its hopper/ folder) would otherwise be found before the shim.
+    done = subprocess.run(command, cwd=SHIM, env=environment(args, peer), check=False)
+    print(f"summary: {summary} and {summary.with_suffix('.md')}")
+    return done.returncode
+
+
+def extract(args: argparse.Namespace) -> int:
+    """Write the peer's files at --rev of a git directory (a bare mirror) into --peer-dir, with its commit."""
+    peer = Path(args.peer_dir)
+    peer.mkdir(parents=True, exist_ok=True)
+    git = ["git", "--git-dir", args.git_dir]
+    commit = subprocess.run([*git, "rev-parse", args.rev], capture_output=True, text=True, check=True).stdout.strip()
+    archive = subprocess.run([*git, "archive", commit, *EXTRACTED], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(peer)], input=archive, check=True)
+    (peer / COMMIT_FILE).write_text(commit + "\n")
+    print(f"{peer}: {', '.join(EXTRACTED)} at {commit}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a peer's test file against lazytriton")
+    r.add_argument("--peer-dir", required=True, help="the peer's checkout (e.g. .peers/flash-attention)")
+    r.add_argument("--suite", choices=sorted(SUITES), default="fa3")
+    r.add_argument("--sample", type=float, default=0.01, help="fraction of each test function's cases (0..1)")
+    r.add_argument("--every", type=int, default=0, help="keep every Nth case of each function instead")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--min-per-function", type=int, default=1)
+    r.add_argument("--max-seqlen", type=int, default=0, help="drop cases with a seqlen* parameter over this (0: none)")
+    r.add_argument("--timeout", type=float, default=300.0, help="seconds per phase of a case (0: none)")
+    r.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: the peer's device='cuda' tensors on CPU, kernels through Triton's interpreter")
+    r.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder of the summary (default $OUT)")
+    r.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (-k, -x, -n 4, ...)")
+    r.set_defaults(func=run)
+    e = sub.add_parser("extract", help="write a peer's test files from a git directory into --peer-dir")
+    e.add_argument("--git-dir", required=True, help="the peer's git directory (a bare mirror works)")
+    e.add_argument("--peer-dir", required=True)
+    e.add_argument("--rev", default="HEAD")
+    e.set_defaults(func=extract)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

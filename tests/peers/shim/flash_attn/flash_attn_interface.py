@@ -1,0 +1,118 @@
+"""FlashAttention-2's ``flash_attn.flash_attn_interface`` over lazytriton's public functions.
+
+lazytriton's ``flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take
+FlashAttention-2's parameters already; these wrappers fix FlashAttention-2's order and defaults
+(``peer_signatures.FA2``) and add its packed forms, which split the packed tensor into views (gradients flow
+back into it). ``return_attn_probs`` returns lazytriton's ``(out, softmax_lse, None)``: lazytriton returns no
+dropout pattern, and ``_get_block_size_n`` (the peer's tests read that pattern with it) raises ``MissingFeature``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from peer_shim_common import MissingFeature
+
+import lazytriton
+
+USE_TRITON_ROCM = False
+
+
+def _get_block_size_n(device: Any, head_dim: int, is_dropout: bool, is_causal: bool) -> int:
+    raise MissingFeature("lazytriton returns no dropout pattern (S_dmask) for return_attn_probs=True")
+
+
+def _unbind(packed: torch.Tensor, name: str, dim: int, count: int) -> tuple[torch.Tensor, ...]:
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() <= dim or packed.shape[dim] != count:
+        raise ValueError(f"{name} must have {count} at dim {dim}, got shape {tuple(packed.shape)}")
+    return packed.unbind(dim)
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    softmax_scale: float | None = None, causal: bool = False, window_size: Any = (-1, -1),
+                    softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                    return_attn_probs: bool = False) -> Any:
+    """FlashAttention-2's ``flash_attn_func``: ``lazytriton.flash_attn_func``."""
+    return lazytriton.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                      window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                      deterministic=deterministic, return_attn_probs=return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                              causal: bool = False, window_size: Any = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                              return_attn_probs: bool = False) -> Any:
+    """qkv (batch, seqlen, 3, heads, d)."""
+    q, k, v = _unbind(qkv, "qkv", 2, 3)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0,
+                             softmax_scale: float | None = None, causal: bool = False, window_size: Any = (-1, -1),
+                             softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                             deterministic: bool = False, return_attn_probs: bool = False) -> Any:
+    """kv (batch, seqlen_k, 2, heads_k, d)."""
+    k, v = _unbind(kv, "kv", 2, 2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False, window_size: Any = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                           deterministic: bool = False, return_attn_probs: bool = False,
+                           block_table: torch.Tensor | None = None) -> Any:
+    """FlashAttention-2's ``flash_attn_varlen_func``: ``lazytriton.flash_attn_varlen_func``."""
+    return lazytriton.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+        alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
+        block_table=block_table)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                                     dropout_p: float = 0.0, softmax_scale: float | None = None,
+                                     causal: bool = False, window_size: Any = (-1, -1), softcap: float = 0.0,
+                                     alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                                     return_attn_probs: bool = False) -> Any:
+    """qkv (total, 3, heads, d), one cu_seqlens for queries and keys."""
+    q, k, v = _unbind(qkv, "qkv", 1, 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                    dropout_p: float = 0.0, softmax_scale: float | None = None,
+                                    causal: bool = False, window_size: Any = (-1, -1), softcap: float = 0.0,
+                                    alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                                    return_attn_probs: bool = False) -> Any:
+    """kv (total_k, 2, heads_k, d)."""
+    k, v = _unbind(kv, "kv", 1, 2)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                            rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                            cache_seqlens: torch.Tensor | int | None = None,
+                            cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                            block_table: torch.Tensor | None = None, softmax_scale: float | None = None,
+                            causal: bool = False, window_size: Any = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False) -> Any:
+    """FlashAttention-2's ``flash_attn_with_kvcache``: ``lazytriton.flash_attn_with_kvcache``."""
+    return lazytriton.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+        block_table=block_table, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=return_softmax_lse,
+        cache_leftpad=cache_leftpad, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        rotary_interleaved=rotary_interleaved)

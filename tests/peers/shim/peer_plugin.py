@@ -1,0 +1,172 @@
+"""The pytest plugin that runs a peer's test file against the shims (``-p peer_plugin``).
+
+Options (``benchmarks/peer_suites.py`` passes them):
+
+- ``--peer-sample F`` / ``--peer-every N`` / ``--peer-seed S`` / ``--peer-min-per-function M`` /
+  ``--peer-max-seqlen L``: which cases run (``peer_select``); the rest are deselected.
+- ``--peer-timeout T``: each phase of a case (setup, call, teardown) ends with ``PeerTimeout`` after T seconds
+  (SIGALRM: on the main thread of a POSIX process; a kernel already launched on a GPU runs on).
+- ``--peer-device cpu``: the peer's tests hard-code ``device="cuda"``; on a machine without a GPU, every
+  ``device`` argument naming CUDA and every ``.cuda()``/``.to("cuda")`` gives a CPU tensor while a case runs (a
+  torch function mode), and ``torch.cuda.get_device_capability``/``get_device_properties`` describe an sm_90
+  (the target lazytriton's CPU path compiles for), so the module-level checks of the peers' files pass. lazytriton
+  then runs the kernels through Triton's interpreter: a smoke run, at small seqlens only.
+- ``--peer-summary PATH``: writes the results (``peer_summary``) as JSON at PATH and as text beside it (``.md``);
+  ``--peer-meta KEY=VALUE`` adds fields to it (suite, file, peer commit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from peer_select import Case, select
+from peer_summary import Results, markdown
+from torch.overrides import TorchFunctionMode
+
+SM90_PROPERTIES = types.SimpleNamespace(name="CPU (Triton's interpreter, as sm_90)", major=9, minor=0,
+                                        total_memory=80 * 2**30, multi_processor_count=132)
+
+
+class PeerTimeout(Exception):
+    """A case's phase ran past --peer-timeout."""
+
+
+def _is_cuda(value: Any) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
+
+
+class CudaToCpu(TorchFunctionMode):
+    """Every device argument naming CUDA names the CPU, and ``Tensor.cuda()`` returns the CPU tensor."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("peer", "a peer's test suite against lazytriton")
+    group.addoption("--peer-sample", type=float, default=1.0, help="fraction of each test function's cases kept")
+    group.addoption("--peer-every", type=int, default=0, help="keep each function's every Nth case instead")
+    group.addoption("--peer-seed", type=int, default=0, help="seed of the sample")
+    group.addoption("--peer-min-per-function", type=int, default=1, help="cases kept per function at least")
+    group.addoption("--peer-max-seqlen", type=int, default=0, help="drop cases with a seqlen* parameter over this")
+    group.addoption("--peer-timeout", type=float, default=0.0, help="seconds per phase of a case (0: none)")
+    group.addoption("--peer-device", choices=("cuda", "cpu"), default="cuda", help="cpu: map device cuda to CPU")
+    group.addoption("--peer-summary", default=None, help="write the results as JSON here (and .md beside)")
+    group.addoption("--peer-meta", action="append", default=[], help="KEY=VALUE added to the summary")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(PeerRun(config), "peer_run")
+
+
+class PeerRun:
+    """One run's selection, timeouts, device mapping and results (registered by ``pytest_configure``)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.results = Results()
+        self.saved: dict[str, Any] = {}
+        self.cpu = config.getoption("--peer-device") == "cpu"
+        self.timeout = config.getoption("--peer-timeout")
+        self.counts = {"collected": 0, "selected": 0}
+        if self.cpu:
+            self.saved = {"get_device_capability": torch.cuda.get_device_capability,
+                          "get_device_properties": torch.cuda.get_device_properties}
+            torch.cuda.get_device_capability = lambda device=None: (9, 0)
+            torch.cuda.get_device_properties = lambda device=None: SM90_PROPERTIES
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        for name, saved in self.saved.items():
+            setattr(torch.cuda, name, saved)
+
+    @pytest.hookimpl(trylast=True)  # after -k and -m: the sample is of the cases they leave
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        cases = [Case(item.nodeid.split("::", 1)[-1].split("[")[0], item.nodeid,
+                      getattr(getattr(item, "callspec", None), "params", {})) for item in items]
+        kept = set(select(cases, fraction=config.getoption("--peer-sample"), every=config.getoption("--peer-every"),
+                          seed=config.getoption("--peer-seed"),
+                          min_per_function=config.getoption("--peer-min-per-function"),
+                          max_seqlen=config.getoption("--peer-max-seqlen")))
+        dropped = [item for item in items if item.nodeid not in kept]
+        self.counts = {"collected": len(items), "selected": len(items) - len(dropped)}
+        if dropped:
+            items[:] = [item for item in items if item.nodeid in kept]
+            config.hook.pytest_deselected(items=dropped)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """SIGALRM after --peer-timeout seconds, raising PeerTimeout where the phase is (main thread only)."""
+        if self.timeout <= 0 or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        with self.timed():
+            yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        with self.timed(), (CudaToCpu() if self.cpu else contextlib.nullcontext()):
+            yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        with self.timed():
+            yield
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.results.add(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self.results.add(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the summary
+            return
+        path = self.config.getoption("--peer-summary")
+        if path:
+            summary = self.summary()
+            Path(path).write_text(json.dumps(summary, indent=1) + "\n")
+            Path(path).with_suffix(".md").write_text(markdown(summary))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminalreporter.write_sep("=", "peer suite summary")
+        terminalreporter.write(markdown(self.summary()))
+
+    def summary(self) -> dict[str, Any]:
+        config = self.config
+        meta: dict[str, Any] = dict(entry.split("=", 1) for entry in config.getoption("--peer-meta") if "=" in entry)
+        meta["device"] = config.getoption("--peer-device")
+        meta["selection"] = {name: config.getoption(f"--peer-{name}") for name in
+                             ("sample", "every", "seed", "min-per-function", "max-seqlen", "timeout")}
+        meta["selection"].update(self.counts)
+        return self.results.summary(**meta)
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise PeerTimeout("the case ran past --peer-timeout")

@@ -1,0 +1,190 @@
+"""benchmarks/peer_suites.py and its pytest plugin (tests/peers/shim/peer_plugin.py), on a made-up peer.
+
+The selection is a pure function of the node ids and the seed (the same cases on every machine and run); the
+summary counts each case once and groups failures by their first line with the numbers taken out; a run of the
+runner over a fake checkout finds the shim before the peer's own interface file, the peer's helpers beside it,
+CUDA tensors on the CPU with --device cpu, and ends a hanging case at --timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "peers" / "shim"))
+from peer_select import Case, rank, select  # noqa: E402 (the shim's folder is on the path first)
+from peer_summary import Results, markdown, normalise  # noqa: E402
+
+RUNNER = REPO / "benchmarks" / "peer_suites.py"
+
+
+def _cases(functions: dict[str, int]) -> list[Case]:
+    return [Case(name, f"t.py::{name}[{i}-{i * 7}]", {"seqlen_q": i, "d": 64})
+            for name, count in functions.items() for i in range(count)]
+
+
+def test_rank_is_a_fixed_hash_of_seed_and_node_id() -> None:
+    assert rank("test_flash_attn.py::test_flash_attn_output[1-1-64]", 0) == 0.36803108500914405
+    assert rank("x", 7) == 0.4274836215312036
+    assert rank("x", 8) != rank("x", 7)
+
+
+def test_the_sample_is_deterministic_and_per_function() -> None:
+    cases = _cases({"test_a": 400, "test_b": 3, "test_c": 1})
+    kept = select(cases, fraction=0.1, seed=3)
+    assert select(cases[::-1], fraction=0.1, seed=3) == kept[::-1]  # the same cases, whatever the order
+    assert kept == select(cases, fraction=0.1, seed=3)
+    assert kept != select(cases, fraction=0.1, seed=4)
+    by_function = {name: sum(1 for n in kept if n.startswith(f"t.py::{name}[")) for name in ("test_a", "test_b",
+                                                                                             "test_c")}
+    assert 20 <= by_function["test_a"] <= 60  # about 40 of 400
+    assert by_function["test_b"] >= 1 and by_function["test_c"] == 1  # at least one case of every function
+    assert kept == [c.nodeid for c in cases if c.nodeid in set(kept)]  # collection order
+
+
+def test_fraction_every_and_bounds() -> None:
+    cases = _cases({"test_a": 10, "test_b": 4})
+    assert select(cases, fraction=1.0) == [c.nodeid for c in cases]
+    assert len(select(cases, fraction=0.0, min_per_function=2)) == 4
+    assert select(cases, fraction=0.0, min_per_function=0) == []
+    assert select(cases, every=4) == ["t.py::test_a[0-0]", "t.py::test_a[4-28]", "t.py::test_a[8-56]",
+                                      "t.py::test_b[0-0]"]
+    assert select(cases, max_seqlen=2) == [c.nodeid for c in cases if c.params["seqlen_q"] <= 2]
+    with pytest.raises(ValueError, match="fraction"):
+        select(cases, fraction=1.5)
+    with pytest.raises(ValueError, match="every"):
+        select(cases, every=-1)
+
+
+def test_the_summary_groups_failures_by_their_first_line() -> None:
+    results = Results()
+    results.record("f.py::test_a[0]", "failed", "AssertionError: assert 0.0123 <= 2 * 0.004\nmore")
+    results.record("f.py::test_a[1]", "failed", "AssertionError: assert 1.5e-03 <= 2 * 0.1")
+    results.record("f.py::test_b[0]", "failed", "NotImplementedError: lazytriton.flash_attn_func has no qv=")
+    results.record("f.py::test_b[1]", "skipped", "Has Qv requires hdim 64")
+    results.record("f.py::test_b[2]", "passed")
+    results.record("f.py::test_b[2]", "errored", "RuntimeError: teardown")  # after the call passed
+    results.record("f.py::test_b[3]", "passed")
+    summary = results.summary(suite="fake")
+    assert summary["totals"] == {"passed": 1, "failed": 3, "skipped": 1, "errored": 1}
+    assert summary["functions"] == {"test_a": {"passed": 0, "failed": 2, "skipped": 0, "errored": 0},
+                                    "test_b": {"passed": 1, "failed": 1, "skipped": 1, "errored": 1}}
+    first = summary["failures"][0]
+    assert (first["message"], first["count"], first["functions"]) == (
+        "AssertionError: assert # <= # * #", 2, {"test_a": 2})
+    assert first["example"] == "AssertionError: assert 0.0123 <= 2 * 0.004"
+    assert summary["skips"][0]["message"] == "Has Qv requires hdim #"
+    assert summary["cases"]["f.py::test_b[2]"] == "errored"
+    text = markdown(summary)
+    assert "| test_a | 0 | 2 | 0 | 0 |" in text and "lazytriton.flash_attn_func has no qv=" in text
+    assert normalise("\n  x = -3, y = 4.5\nz") == "x = #, y = #"
+    with pytest.raises(ValueError, match="outcome"):
+        results.record("f.py::t", "timeout")
+
+
+FAKE_TEST = '''
+import time
+
+import pytest
+import torch
+
+from flash_attn_interface import MissingFeature, flash_attn_func  # the shim's, not hopper/flash_attn_interface.py
+from test_util import helper  # the peer's own helper, beside its test file
+
+CAPABILITY = torch.cuda.get_device_capability("cuda")
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_passes(seqlen_q):
+    x = torch.randn(seqlen_q, device="cuda")
+    assert x.device.type == "cpu" and helper() == 42 and CAPABILITY == (9, 0)
+
+
+@pytest.mark.parametrize("seqlen_q", [10, 20, 30])
+def test_missing(seqlen_q):
+    q = torch.randn(1, seqlen_q, 2, 32, device="cuda")
+    flash_attn_func(q, q, q, qv=q)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fails(d):
+    assert d <= 0.5 * d, "the error is too large"
+
+
+def test_skips():
+    pytest.skip("needs hdim 64")
+
+
+def test_hangs():
+    time.sleep(3600)
+'''
+
+
+def fake_peer(root: Path) -> Path:
+    hopper = root / "hopper"
+    hopper.mkdir(parents=True)
+    (hopper / "__init__.py").write_text("")
+    (hopper / "test_flash_attn.py").write_text(textwrap.dedent(FAKE_TEST))
+    (hopper / "test_util.py").write_text("def helper():\n    return 42\n")
+    (hopper / "flash_attn_interface.py").write_text("raise ImportError('the peer interface, not the shim')\n")
+    (root / ".peer-commit").write_text("0123abc\n")
+    return root
+
+
+def run_runner(peer: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    done = subprocess.run([sys.executable, str(RUNNER), "run", "--peer-dir", str(peer), "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=900, check=False)
+    summary = out / "peer_fa3.json"
+    assert summary.is_file(), f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return done, json.loads(summary.read_text())
+
+
+@pytest.mark.slow
+def test_a_run_over_a_fake_peer(tmp_path: Path) -> None:
+    peer = fake_peer(tmp_path / "peer")
+    done, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--sample", "1.0", "--timeout", "0",
+                               "--", "-k", "not hangs")
+    assert done.returncode == 1, done.stdout + done.stderr  # some cases fail
+    assert summary["totals"] == {"passed": 8, "failed": 5, "skipped": 1, "errored": 0}, summary
+    assert (summary["suite"], summary["peer_commit"], summary["device"]) == ("fa3", "0123abc", "cpu")
+    assert summary["selection"]["collected"] == summary["selection"]["selected"] == 14
+    groups = {g["message"]: g for g in summary["failures"]}
+    missing = "peer_shim_common.MissingFeature: lazytriton.flash_attn_func has no qv= (the peer passed one)"
+    assert groups[missing]["count"] == 3
+    assert groups["AssertionError: the error is too large"]["functions"] == {"test_fails": 2}
+    assert summary["skips"][0]["message"] == "needs hdim #"
+    assert (tmp_path / "out" / "peer_fa3.md").read_text().startswith("# fa3")
+
+
+@pytest.mark.slow
+def test_the_sample_of_a_run_is_the_same_every_run(tmp_path: Path) -> None:
+    peer = fake_peer(tmp_path / "peer")
+    args = ("--device", "cpu", "--sample", "0.4", "--seed", "5", "--timeout", "0", "--", "-k", "passes")
+    _, first = run_runner(peer, tmp_path / "one", *args)
+    _, second = run_runner(peer, tmp_path / "two", *args)
+    assert first["cases"] == second["cases"]
+    assert 1 <= len(first["cases"]) < 8 and set(first["cases"].values()) == {"passed"}
+    nodeids = [f"test_flash_attn.py::test_passes[{n}]" for n in range(1, 9)]
+    cases = [Case("test_passes", nodeid, {}) for nodeid in nodeids]
+    assert sorted(first["cases"]) == sorted(select(cases, fraction=0.4, seed=5))
+
+
+@pytest.mark.slow
+def test_a_hanging_case_ends_at_the_timeout(tmp_path: Path) -> None:
+    peer = fake_peer(tmp_path / "peer")
+    _, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--timeout", "1", "--", "-k", "hangs")
+    assert summary["totals"]["failed"] == 1, summary
+    assert summary["failures"][0]["message"] == "peer_plugin.PeerTimeout: the case ran past --peer-timeout"
+
+
+def test_the_runner_names_a_missing_checkout(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(RUNNER), "run", "--peer-dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode != 0 and "--peer-dir" in done.stderr and "hopper/test_flash_attn.py" in done.stderr
