@@ -111,7 +111,8 @@ def _memoise(rt: _Runtime, kernel: _Recorder, q: torch.Tensor, k: torch.Tensor, 
     vt = fp8.transposed_v(v)
     scales = fp8.descales(given, q, call.shape.batch, call.shape.heads_k)
     ints, aligned, index64 = fp8.pack(q, k, vt, out, lse, call, scales)
-    rt.plans[fp8.memo_key(None, call, call.shape, aligned, index64, dtype=binding.FP8_DTYPES[q.dtype])] = (kernel, block_m)
+    key = fp8.memo_key(None, call, call.shape, aligned, index64, dtype=binding.FP8_DTYPES[q.dtype])
+    rt.plans[key] = (kernel, block_m)
     return out, lse, vt, scales
 
 
