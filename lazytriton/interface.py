@@ -321,7 +321,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                                        {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
                                         "sinks": sinks is not None or s_aux is not None}, direct(qt, kt, vt))
         return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
-    fp8.refuse_descales(q, descales)
+    fp8.refuse_descales(q, (q_descale, k_descale, v_descale))
     if mla_calls.wanted(v, qv):
         out, lse = mla_calls.attention(
             qt, kt, vt, qv, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size, softcap,
@@ -410,11 +410,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             or bfloat16).
         k_descale: k's, as q_descale; with block_table, a float8 paged cache's (as vLLM calls FlashAttention-3).
         v_descale: v's, as q_descale; with block_table, a float8 paged cache's.
-        qv: FlashAttention-3's (DeepSeek's MLA), forward only: (total_q, heads_q, head_dim_v), q's dtype and
-            device; the scores become (q . k + qv . v) x softmax_scale, default 1/sqrt(head_dim + head_dim_v).
-            With block_table, served by the decoding kernels (``flash_attn_with_kvcache``'s qv); without, by
-            ``flash_fwd_mla`` as ``flash_attn_func``'s (not with seqused_q/seqused_k, ALiBi, dropout, sinks or
-            attention_chunk). A v of more than 256 columns is forward only too.
+        qv: FlashAttention-3's (DeepSeek's MLA), forward only (as is a v of over 256 columns): (total_q, heads_q,
+            head_dim_v); scores (q . k + qv . v) x softmax_scale, default 1/sqrt(head_dim + head_dim_v). With
+            block_table, ``flash_attn_with_kvcache``'s qv; without, ``flash_attn_func``'s (no seqused_q/seqused_k).
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -443,16 +441,15 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
     check_bool("return_attn_probs", return_attn_probs)
-    descales = (q_descale, k_descale, v_descale)
     if fp8.is_fp8(q):
         res, lse = fp8_calls.varlen_attention(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
-            softcap, seqused_q, seqused_k, attention_chunk, descales,
+            softcap, seqused_q, seqused_k, attention_chunk, (q_descale, k_descale, v_descale),
             {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0,
              "sinks": sinks is not None or s_aux is not None}, direct(q, k, v))
         res = res if out is None else out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
-    fp8.refuse_descales(q, descales)
+    fp8.refuse_descales(q, (q_descale, k_descale, v_descale))
     if mla_calls.wanted(v, qv):
         res, lse = mla_calls.varlen_attention(
             q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
