@@ -36,6 +36,7 @@ through Triton's interpreter (CI): the same code path, small shapes.
 
 Usage: python benchmarks/bench_transformers.py [--csv PATH] [--batch 8] [--new-tokens 64] [--reps 3]
                                              [--cache dynamic|static] [--min-len 64 --max-len 512] [--profile 25]
+                                             [--cprofile 40]
        python benchmarks/bench_transformers.py --cpu-smoke [--cache static]
 
 Long context: ``--min-len 8192 --max-len 32768 --batch 1`` (and ``--batch 4``); the model's position table
@@ -76,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="after the timing, profile one generate call per implementation (torch.profiler) and print "
                         "its ROWS costliest ops by self CPU time and by self device time")
+    p.add_argument("--cprofile", type=int, default=0, metavar="ROWS",
+                   help="after the timing, one generate call per implementation under cProfile: its ROWS costliest "
+                        "Python functions by own time and by cumulative time (where the host time goes)")
     return p.parse_args(argv)
 
 
@@ -175,6 +179,21 @@ def profile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tenso
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.profile, max_name_column_width=60))
 
 
+def cprofile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, args: argparse.Namespace,
+                      device: str) -> None:
+    """One generate call under cProfile: the Python functions its host time goes to."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    generate(model, impl, ids, mask, args.new_tokens, device, args.cache)
+    prof.disable()
+    for order in ("tottime", "cumtime"):
+        print(f"--- cProfile of one generate call, {impl}: by {order}")
+        pstats.Stats(prof).sort_stats(order).print_stats(args.cprofile)
+
+
 def lazytriton_calls(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
     """The lazytriton entry points a prefill and one decoding step call (all layers): "decoding_step 8, varlen 8"."""
     import lazytriton
@@ -256,6 +275,9 @@ def main(argv: list[str]) -> int:
     if args.profile:
         for impl in ("sdpa", "lazytriton"):
             profile_generate(model, impl, ids, mask, args, device)
+    if args.cprofile:
+        for impl in ("sdpa", "lazytriton"):
+            cprofile_generate(model, impl, ids, mask, args, device)
     path = lazytriton_calls(model, ids, mask)
     compared, equal, notes = compare_tokens(outs["sdpa"], outs["lazytriton"], ids.shape[1], 2 * errors["sdpa"] + floor)
     tokens_ok = all("NOT" not in n for n in notes)
