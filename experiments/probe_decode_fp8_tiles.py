@@ -1,0 +1,107 @@
+"""Probe: the float8 KV cache's split-kernel tiles beside the bf16 cache's (H200; not a benchmark).
+
+``bench_decode.py --kv-dtype e4m3`` found the e4m3 cache as fast as the bf16
+cache, not twice: both read 64 keys a tile (head dim 128), so the float8
+tile holds half the bytes and half as many bytes are in flight. This probe
+times, per case, the bf16 cache at its default tiles, the e4m3 cache at its
+default tiles and at candidate (BLOCK_N, num_warps, num_stages) forced through
+``binding.launch_gpu(forced=...)`` as a call launches them, each checked
+against the default e4m3 output. One query per sequence, 32/8 heads, head dim
+128, contiguous caches (``--paged``: pages of 256 keys).
+
+Usage: python experiments/probe_decode_fp8_tiles.py [--batches 1,8,32] [--lengths 4096,16384,32768] [--paged]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from typing import Any
+
+import torch
+
+from lazytriton.cli.timing import event_ms
+from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+from lazytriton.machine import target_of_device
+from lazytriton.tuning import Config
+
+CANDIDATES = ((64, 4, 3), (128, 4, 3), (128, 4, 2), (128, 8, 3), (128, 8, 2), (256, 8, 2), (256, 8, 3))
+HQ, HK, D, PAGE = 32, 8, 128, 256
+
+
+def split_variant(target: Any, call: Any, aligned: bool, index64: bool, config: Config) -> Any:
+    """``binding.variants``' split variant with ``config`` forced."""
+    return decode_dispatch.decode_variant(
+        "flash_decode_split", target, "bf16", call.head_dim, call.causal, aligned, call.rows, call.capacity,
+        config=config, index64=index64, page_size=call.page_size, head_dim_v=call.head_dim_v, paged=call.paged,
+        kv_fp8=call.kv_fp8)
+
+
+def inputs(batch: int, length: int, fp8: bool, paged: bool, gen: torch.Generator) -> checks.Inputs:
+    q = torch.randn(batch, 1, HQ, D, generator=gen, device="cuda").to(torch.bfloat16)
+    shape = (batch * length // PAGE, PAGE, HK, D) if paged else (batch, length, HK, D)
+    k, v = (torch.randn(shape, generator=gen, device="cuda") for _ in range(2))
+    table = (torch.randperm(batch * length // PAGE, generator=gen, device="cuda").reshape(batch, -1)
+             .to(torch.int32) if paged else None)
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    if not fp8:
+        return checks.Inputs(q, k.to(torch.bfloat16), v.to(torch.bfloat16), None, None, lens, None, table)
+    descale = torch.full((batch, HK), 0.5, device="cuda")
+    return checks.Inputs(q, (k * 2).to(torch.float8_e4m3fn), (v * 2).to(torch.float8_e4m3fn), None, None, lens,
+                         None, table, k_descale=descale, v_descale=descale)
+
+
+def timed_ms(t: checks.Inputs, out: torch.Tensor, lse: torch.Tensor, call: Any, pair: tuple[Any, Any],
+             reps: int) -> float:
+    """Median event-timed ms of the call launched with the (split, combine) ``pair`` forced."""
+    return event_ms(lambda: binding.launch_gpu(t, out, lse, call, forced=pair), reps=reps)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--lengths", default="4096,16384,32768")
+    p.add_argument("--paged", action="store_true")
+    p.add_argument("--reps", type=int, default=30)
+    args = p.parse_args()
+    target = target_of_device(torch.device("cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for batch, length in itertools.product(map(int, args.batches.split(",")), map(int, args.lengths.split(","))):
+        timed: dict[str, float] = {}
+        for fp8 in (False, True):
+            t = inputs(batch, length, fp8, args.paged, gen)
+            call = checks.check(t)
+            out, lse = binding.empty_outputs(t.q, call)
+            aligned, index64 = binding.layout_flags(t, out)
+            split, combine = binding.variants(target, t.q.dtype, call, aligned, index64)
+            timed["bf16" if not fp8 else "e4m3"] = timed_ms(t, out, lse, call, (split, combine), args.reps)
+            if not fp8:
+                continue
+            want = out.clone()
+            block_m = int(split.get("BLOCK_M"))
+            for bn, warps, stages in CANDIDATES:
+                forced = split_variant(target, call, aligned, index64, Config(block_m, bn, warps, stages))
+                try:
+                    binding.launch_gpu(t, out, lse, call, forced=(forced, combine))
+                    err = float((out.float() - want.float()).abs().max())
+                    ms = timed_ms(t, out, lse, call, (forced, combine), args.reps)
+                except Exception as exc:  # a candidate that does not build or launch: shown, not fatal
+                    print(f"b{batch} {length}: ({bn}, {warps}, {stages}) failed: {type(exc).__name__}: {exc}"[:300])
+                    continue
+                timed[f"{bn}x{warps}x{stages}"] = ms
+                if err > 1e-2:
+                    print(f"b{batch} {length}: ({bn}, {warps}, {stages}) differs from the default by {err:.3g}")
+        fp8_bytes = batch * length * HK * D * 2
+        best = min((k for k in timed if k not in ("bf16", "e4m3")), key=timed.__getitem__)
+        rows.append((batch, length, timed, best, fp8_bytes))
+        print(f"b{batch:<3} {length:>6}: " + "  ".join(f"{k} {v:.4f}" for k, v in timed.items()), flush=True)
+    print(f"\n{'case':<14}{'bf16 ms':>9}{'e4m3 ms':>9}{'best':>12}{'best ms':>9}{'GB/s':>7}{'x bf16':>8}")
+    for batch, length, timed, best, fp8_bytes in rows:
+        print(f"b{batch:<3} {length:>8}{timed['bf16']:9.4f}{timed['e4m3']:9.4f}{best:>12}{timed[best]:9.4f}"
+              f"{fp8_bytes / timed[best] / 1e6:7.0f}{timed['bf16'] / timed[best]:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
