@@ -3,13 +3,15 @@
 tests/capi/native_xxh3.c, built with lt_xxh3.c alone (under ASan and UBSan where they run, each input at an
 unaligned address), answers XXH3-64, XXH3-128 (canonical) and XXH3-64 of the input cut in two buffers for
 every length 0..2048 and larger ones from a seeded generator, and for hypothesis's inputs; each must be
-xxhash's xxh3_64_intdigest and xxh3_128_digest.
+xxhash's xxh3_64_intdigest and xxh3_128_digest. The native library builds with an xxhash.h that stops the
+compiler ahead of the system's on the include path, and no source of the C API includes it.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import select
 import struct
 import subprocess
@@ -23,8 +25,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nativelib import NATIVE, REPO, SANITIZE, SANITIZER_ENV, need_toolchain, sanitizers_work
 
+from lazytriton.capi import native_build
+
 RECORD = struct.Struct("<QQ")  # the input's length, the split point (tests/capi/native_xxh3.c)
 LARGE = (4095, 4096, 4097, 65_537, 999_983, 1 << 20, (1 << 20) + 1)
+INCLUDES_XXHASH = re.compile(rb'^\s*#\s*include\s*[<"]xxhash\.h[>"]', re.MULTILINE)
 
 
 def expected(data: bytes) -> tuple[str, str, str]:
@@ -104,3 +109,20 @@ def test_every_length_to_2048_and_large_inputs_match_python(program: Path) -> No
 def test_random_bytes_match_python(digests: Digests, data: bytes, cut: float) -> None:
     split = round(cut * len(data))
     assert digests.ask(data, split) == expected(data)
+
+
+def test_no_source_of_the_c_api_includes_xxhash_h() -> None:
+    sources = [path for folder in ("capi", "lazytriton", "kernels") for path in (REPO / folder).rglob("*")
+               if path.suffix in (".c", ".h", ".cpp", ".cc", ".hpp", ".in")]
+    assert any(path.name == "lt_image.c" for path in sources)
+    including = [str(path.relative_to(REPO)) for path in sources if INCLUDES_XXHASH.search(path.read_bytes())]
+    assert not including, f"these include xxhash.h, which deployments lack: {including}"
+
+
+def test_native_library_builds_without_xxhash_h(tmp_path: Path) -> None:
+    need_toolchain()
+    stop = tmp_path / "include"
+    stop.mkdir()
+    (stop / "xxhash.h").write_text('#error "the native core must not need xxhash.h"\n')
+    library = native_build.build(tmp_path / "lib", extra_flags=(f"-I{stop}",))
+    assert library.is_file()
