@@ -4,9 +4,10 @@
 choice's tables from the Python descriptions and tuning tables), then compiles
 ``capi/native/*.c`` with the system C compiler into
 ``directory/liblazytriton_native.so``, linking libzstd, libdl and
-libpthread (xxhash is header-only, ``XXH_INLINE_ALL``), never libpython. It
-needs ``zstd.h`` and ``xxhash.h`` (Debian: ``apt-get install libzstd-dev
-libxxhash-dev``). Its interface is ``capi/lazytriton_native.h``.
+libpthread, never libpython. Beyond the C library's headers it needs only
+``zstd.h`` (Debian: ``apt-get install libzstd-dev``): the XXH3 digests of
+the checksums and the key are its own (``native/lt_xxh3.c``). Its interface
+is ``capi/lazytriton_native.h``.
 """
 
 from __future__ import annotations

@@ -15,9 +15,6 @@
 #include "lt_native.h"
 #include "lt_tables.h"
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const kernel_names[] = {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"};
@@ -510,7 +507,13 @@ int ltn_variant_key(const ltn_variant *v, char hex[33]) {
     }
     if (k.overflow)
         return -1;
-    XXH128_hash_t h = XXH3_128bits(buffer, (size_t)(k.p - buffer));
-    snprintf(hex, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+    static const char digits[] = "0123456789abcdef";
+    uint8_t digest[16]; /* canonical: the hex is Python's xxh3_128_hexdigest */
+    ltn_xxh3_128(buffer, (size_t)(k.p - buffer), digest);
+    for (int i = 0; i < 16; i++) {
+        hex[2 * i] = digits[digest[i] >> 4];
+        hex[2 * i + 1] = digits[digest[i] & 15];
+    }
+    hex[32] = '\0';
     return 0;
 }

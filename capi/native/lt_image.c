@@ -18,8 +18,6 @@
 
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_d_windowLogMax is stable API; this keeps older headers happy */
 #include <zstd.h>
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "lt_native.h"
 
@@ -38,8 +36,6 @@ struct ltn_image {
     ZSTD_DDict *ddict;
     char dict_error[LTN_ERROR_SIZE];
 };
-
-uint64_t ltn_xxh3_64(const void *data, size_t size) { return XXH3_64bits(data, size); }
 
 static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -93,7 +89,7 @@ static int parse_header(ltn_image *image, const uint8_t *h, ltn_error *err) {
         return ltn_fail(err, LTN_DAMAGED, "%s: not an image (wrong magic)", path);
     if (le32(h + 8) != 1)
         return ltn_fail(err, LTN_DAMAGED, "%s: image format version %u is not 1", path, le32(h + 8));
-    if (XXH3_64bits(h, 88) != le64(h + 88))
+    if (ltn_xxh3_64(h, 88) != le64(h + 88))
         return ltn_fail(err, LTN_DAMAGED, "%s: image header checksum mismatch", path);
     uint32_t codec = le32(h + 12), count = le32(h + 16), flags = le32(h + 20);
     uint64_t dict_off = le64(h + 24), dict_len = le64(h + 32), index_off = le64(h + 40), index_len = le64(h + 48);
@@ -117,7 +113,7 @@ static int parse_header(ltn_image *image, const uint8_t *h, ltn_error *err) {
     image->index = read_section(image, index_off, index_len, "the index", &status, err);
     if (image->index == NULL)
         return status;
-    if (XXH3_64bits(image->index, (size_t)index_len) != le64(h + 72))
+    if (ltn_xxh3_64(image->index, (size_t)index_len) != le64(h + 72))
         return ltn_fail(err, LTN_DAMAGED, "%s: image index checksum mismatch", path);
     image->dict_section = read_section(image, dict_off, dict_len, "the dictionary", &status, err);
     if (image->dict_section == NULL)
@@ -126,13 +122,9 @@ static int parse_header(ltn_image *image, const uint8_t *h, ltn_error *err) {
     uint8_t *meta = read_section(image, meta_off, meta_len, "the meta", &status, err);
     if (meta == NULL)
         return status;
-    XXH3_state_t state;
-    XXH3_64bits_reset(&state);
-    XXH3_64bits_update(&state, image->dict_section, (size_t)dict_len);
-    XXH3_64bits_update(&state, meta, (size_t)meta_len);
     ltn_mp_type top = LTN_MP_NIL;
     const char *why = "";
-    if (XXH3_64bits_digest(&state) != le64(h + 80))
+    if (ltn_xxh3_64_pair(image->dict_section, (size_t)dict_len, meta, (size_t)meta_len) != le64(h + 80))
         status = ltn_fail(err, LTN_DAMAGED, "%s: image dictionary or meta checksum mismatch", path);
     else if (ltn_mp_check(meta, (size_t)meta_len, &META_BOUNDS, &top, &why) != 0)
         status = ltn_fail(err, LTN_DAMAGED, "%s: image meta is not valid msgpack: %s", path, why);
@@ -355,7 +347,7 @@ int ltn_image_read(ltn_image *image, const char *key, ltn_entry *out, ltn_error 
     uint8_t *blob = read_section(image, offset, stored, "an entry", &status, err);
     if (blob == NULL)
         return status;
-    if (XXH3_64bits(blob, stored) != checksum) {
+    if (ltn_xxh3_64(blob, stored) != checksum) {
         free(blob);
         return ltn_fail(err, LTN_DAMAGED, "%s: entry %s checksum mismatch", image->path, key);
     }

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lt_xxh3.h" /* ltn_xxh3_64: every checksum of an entry or image */
+
 typedef enum {
     LTN_OK = 0,
     LTN_ABSENT = 1,   /* the image does not hold the key */
@@ -36,8 +38,6 @@ int ltn_fail(ltn_error *err, int status, const char *format, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-
-uint64_t ltn_xxh3_64(const void *data, size_t size);
 
 /* ---- msgpack, bounded (the limits msgpack-python's unpackb takes) ------- */
 
