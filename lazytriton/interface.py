@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from lazytriton import fp8_calls
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
-from lazytriton.kernels.flash_fwd import binding, fp8, hot, score_mods
+from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.launch import CaptureError as CaptureError  # re-exported: lazytriton.CaptureError
 
@@ -81,6 +80,24 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call,
     return flash_fwd_op(  # type: ignore[no-any-return]
         q, k, v, call.scale, call.causal, call.window_left, call.window_right, call.softcap, call.alibi, call.bias,
         call.dropout_p, call.philox, deterministic, call.sinks, call.attention_chunk)
+
+
+def fp8_route(q: Any, descales: tuple[Any, Any, Any]) -> Any:
+    """``lazytriton.fp8_calls`` when q is FP8 (``fp8.is_fp8``); else None, once descales given without it are refused.
+
+    The FP8 forward's modules (``fp8_calls``, ``kernels/flash_fwd/fp8.py``:
+    ~0.7 ms of a cold process's import) come with the first call that needs
+    them: an FP8 call, or a descale given to a call that refuses it.
+    """
+    if isinstance(q, torch.Tensor) and q.dtype in binding.FP8_DTYPES:
+        from lazytriton import fp8_calls
+
+        return fp8_calls
+    if descales[0] is not None or descales[1] is not None or descales[2] is not None:
+        from lazytriton.kernels.flash_fwd import fp8
+
+        fp8.refuse_descales(q, descales)
+    return None
 
 
 def with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any, dropout_p: Any,
@@ -184,11 +201,11 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     descales = (q_descale, k_descale, v_descale)
-    if fp8.is_fp8(q):
+    fp8_calls = fp8_route(q, descales)
+    if fp8_calls is not None:
         return fp8_calls.attention(q, k, v, causal, sm_scale, binding.NAMES, window_size, softcap, attention_chunk,
                                    descales, {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
                                               "sinks": sinks is not None or s_aux is not None}, direct(q, k, v))
-    fp8.refuse_descales(q, descales)
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
     call = binding.with_chunk(attention_sinks.with_sinks(call, q, attention_sinks.given(sinks, s_aux)), attention_chunk)
     return run(q, k, v, with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
@@ -302,13 +319,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     check_bool("causal", causal)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     descales = (q_descale, k_descale, v_descale)
-    if fp8.is_fp8(q):
+    fp8_calls = fp8_route(q, descales)
+    if fp8_calls is not None:
         out, lse = fp8_calls.attention(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES,
                                        window_size, softcap, attention_chunk, descales,
                                        {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
                                         "sinks": sinks is not None or s_aux is not None}, direct(qt, kt, vt))
         return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
-    fp8.refuse_descales(q, descales)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
     call = attention_sinks.with_sinks(call, qt, attention_sinks.given(sinks, s_aux), _FA_NAMES)
@@ -418,7 +435,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     check_bool("deterministic", deterministic)
     check_bool("return_attn_probs", return_attn_probs)
     descales = (q_descale, k_descale, v_descale)
-    if fp8.is_fp8(q):
+    fp8_calls = fp8_route(q, descales)
+    if fp8_calls is not None:
         res, lse = fp8_calls.varlen_attention(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
             softcap, seqused_q, seqused_k, attention_chunk, descales,
@@ -426,7 +444,6 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
              "sinks": sinks is not None or s_aux is not None}, direct(q, k, v))
         res = res if out is None else out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
-    fp8.refuse_descales(q, descales)
     from lazytriton.kernels.flash_fwd import varlen
 
     # Plain and contiguous before the checks and the launch: the kernels read these through their pointers.

@@ -1,7 +1,8 @@
 """What a cold process imports stays what it needs: checked on sys.modules in fresh interpreters, never on time.
 
 - ``import lazytriton.flash`` (after torch) imports no other family's
-  descriptions, no zstandard (the images' codec) and no triton; planning the
+  descriptions, no zstandard (the images' codec), no triton and not the FP8
+  forward's calls (imported by the first FP8 call); planning the
   forward's first call (its variant and key, on sm_90 and sm_80) imports no
   other family either.
 - ``kernels.get`` imports the module of the kernel's description alone
@@ -66,13 +67,14 @@ print(json.dumps({"import": sorted(after_import - torch_modules), "plan": sorted
 """
 
 
-def test_the_forward_imports_no_other_family_no_codec_and_no_compiler() -> None:
+def test_the_forward_imports_no_other_family_no_codec_no_compiler_and_no_fp8_path() -> None:
     report = _imported(FORWARD)
     assert report["kernels"] == ["flash_fwd_gluon", "flash_fwd"]  # the lookups the check below covers
     assert _family_modules(report["import"]) == {"flash_fwd"}
     assert _family_modules(report["plan"]) <= {"flash_fwd"}, report["plan"]
     imported = report["import"] + report["plan"]
-    for name in ("zstandard", "triton", "lazytriton.compiler", "lazytriton.interpreter"):
+    for name in ("zstandard", "triton", "lazytriton.compiler", "lazytriton.interpreter", "lazytriton.fp8_calls",
+                 "lazytriton.kernels.flash_fwd.fp8"):
         assert not any(module == name or module.startswith(name + ".") for module in imported), name
 
 
