@@ -15,6 +15,11 @@ holds what the call loads:
 (``cold_start.WORKING_SET``: 8 variants on sm_90). The image that
 ``bench_prewarm.py --cold-start --keep-image PATH`` serves holds both.
 
+The garbage collector's passes inside the import and inside the first call or
+step follow (``gc: ...``: how many of each generation and their thread CPU ms,
+timed by ``gc.callbacks``): a pass's cost depends on what the process holds
+(torch's import leaves a gen-2 pass of tens of ms due), not on our code alone.
+
 ``--fake-driver LIB`` needs no GPU: CPU tensors take the CUDA path up to the
 driver (dispatch for ``--target``, the image, the driver's load and launch)
 on a fake libcuda that runs nothing (tests/fake_libcuda.py builds one:
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import sys
 import time
@@ -51,6 +57,31 @@ causal = args.causal or args.shape == parser.get_default("shape")
 device = "cpu" if args.fake_driver else "cuda"
 
 
+class Collections:
+    """The garbage collector's passes while ``phase`` is set: (generation, thread CPU seconds) each."""
+
+    def __init__(self) -> None:
+        self.phase = ""
+        self.passes: dict[str, list[tuple[int, float]]] = {}
+        self.started = 0.0
+        gc.callbacks.append(self.callback)
+
+    def callback(self, event: str, info: dict[str, int]) -> None:
+        if event == "start":
+            self.started = time.thread_time()
+        elif self.phase:
+            self.passes.setdefault(self.phase, []).append((info["generation"], time.thread_time() - self.started))
+
+    def summary(self, phase: str) -> str:
+        passes = self.passes.get(phase, [])
+        by_generation = {g: [s for gen, s in passes if gen == g] for g in sorted({g for g, _ in passes})}
+        parts = [f"{len(times)} gen-{g} {1e3 * sum(times):.2f} ms" for g, times in by_generation.items()]
+        return f"{phase}: {', '.join(parts) or 'none'}"
+
+
+collections = Collections()
+
+
 def synchronize() -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -63,15 +94,18 @@ else:
     inputs = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(3)]
 synchronize()
 before_import = set(sys.modules)
+collections.phase = "import"
 t1, c1 = time.perf_counter(), time.thread_time()
 from lazytriton import runtime  # noqa: E402
 from lazytriton.flash import attn_fwd  # noqa: E402
 
 t2, c2 = time.perf_counter(), time.thread_time()
+collections.phase = ""
 if args.fake_driver:
     cold_start.route_to_fake_driver(args.fake_driver, args.target, backward=args.working_set)
 profile = cProfile.Profile()
 before_call = set(sys.modules)
+collections.phase = "first step" if args.working_set else "first call"
 t3, c3 = time.perf_counter(), time.thread_time()
 if args.profile:
     profile.enable()
@@ -80,6 +114,7 @@ if args.working_set:
 else:
     attn_fwd(*inputs, causal=causal)
 t4, c4 = time.perf_counter(), time.thread_time()
+collections.phase = ""
 synchronize()
 t5 = time.perf_counter()
 profile.disable()
@@ -90,6 +125,7 @@ print(f"{'CPU inputs' if args.fake_driver else 'torch CUDA init'} {1e3 * (t1 - t
       f"{' (profiled)' if args.profile else ''}; GPU wait {1e3 * (t5 - t4):.1f} ms;"
       f" served {dict(rt.served)}; compiles {rt.compiles}; loaded {len(rt.loaded_kernels())};"
       f" triton imported: {'triton' in sys.modules}; torch._dynamo imported: {'torch._dynamo' in sys.modules}")
+print(f"gc: {collections.summary('import')}; {collections.summary('first step' if args.working_set else 'first call')}")
 if args.modules:
     print(f"the import imported: {sorted(before_call - before_import)}")
     print(f"the first {'step' if args.working_set else 'call'} imported: {sorted(set(sys.modules) - before_call)}")

@@ -11,6 +11,7 @@ themselves (``*/triton_kernel.py``) are read only by ``lazytriton.compiler``.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -155,28 +156,31 @@ def family_of(kernel: str) -> str:
     raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(k for ks in FAMILIES.values() for k in ks)}")
 
 
-@functools.cache
-def _specs() -> dict[str, KernelSpec]:
-    from lazytriton.kernels.flash_bwd import KERNELS as FLASH_BWD_KERNELS
-    from lazytriton.kernels.flash_bwd.fused_spec import FLASH_BWD_FUSED_GLUON, FLASH_BWD_PREP
-    from lazytriton.kernels.flash_bwd.gluon_spec import FLASH_BWD_DKDV_GLUON
-    from lazytriton.kernels.flash_bwd_dsinks.spec import FLASH_BWD_DSINKS
-    from lazytriton.kernels.flash_combine.spec import FLASH_COMBINE
-    from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
-    from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
-    from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
-    from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON
-    from lazytriton.kernels.flash_fwd_mla import FLASH_FWD_MLA
-    from lazytriton.kernels.kv_append.spec import KV_APPEND
-    from lazytriton.kernels.kv_slots.spec import KV_SLOTS
-
-    # flash_fwd_gluon, flash_fwd_fp8, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels
-    # (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's kernels, not
-    # kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by rule).
-    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_FP8, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
-             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE, KV_SLOTS,
-             FLASH_BWD_DSINKS, FLASH_FWD_MLA)
-    return {spec.name: spec for spec in specs}
+# Where each kernel's description lives (module, name): ``get`` imports it on the kernel's first lookup, so a
+# process imports the descriptions of the kernels it looks up, not every family's. Each family's kernels (FAMILIES),
+# then the alternatives that sit in a family's folder but are in no family (flash_fwd_gluon, flash_fwd_fp8,
+# flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels, flash_bwd_prep and
+# flash_bwd_fused_gluon): not kernels a call launches in order (prewarm enumerates families; dispatch picks them by
+# rule). ``tests/test_lazy_imports.py`` holds every row to the description it names.
+SPEC_HOMES: dict[str, tuple[str, str]] = {
+    "flash_fwd": ("lazytriton.kernels.flash_fwd", "FLASH_FWD"),
+    "flash_bwd_dq": ("lazytriton.kernels.flash_bwd", "FLASH_BWD_DQ"),
+    "flash_bwd_dkdv": ("lazytriton.kernels.flash_bwd", "FLASH_BWD_DKDV"),
+    "flash_decode_split": ("lazytriton.kernels.flash_decode", "FLASH_DECODE_SPLIT"),
+    "flash_decode_combine": ("lazytriton.kernels.flash_decode", "FLASH_DECODE_COMBINE"),
+    "kv_append": ("lazytriton.kernels.kv_append.spec", "KV_APPEND"),
+    "flash_combine": ("lazytriton.kernels.flash_combine.spec", "FLASH_COMBINE"),
+    "kv_slots": ("lazytriton.kernels.kv_slots.spec", "KV_SLOTS"),
+    "flash_bwd_dsinks": ("lazytriton.kernels.flash_bwd_dsinks.spec", "FLASH_BWD_DSINKS"),
+    "flash_fwd_mla": ("lazytriton.kernels.flash_fwd_mla", "FLASH_FWD_MLA"),
+    "flash_fwd_gluon": ("lazytriton.kernels.flash_fwd.gluon_spec", "FLASH_FWD_GLUON"),
+    "flash_fwd_fp8": ("lazytriton.kernels.flash_fwd.fp8_spec", "FLASH_FWD_FP8"),
+    "flash_fwd_host_tma": ("lazytriton.kernels.flash_fwd", "FLASH_FWD_HOST_TMA"),
+    "flash_bwd_dkdv_gluon": ("lazytriton.kernels.flash_bwd.gluon_spec", "FLASH_BWD_DKDV_GLUON"),
+    "flash_bwd_prep": ("lazytriton.kernels.flash_bwd.fused_spec", "FLASH_BWD_PREP"),
+    "flash_bwd_fused_gluon": ("lazytriton.kernels.flash_bwd.fused_spec", "FLASH_BWD_FUSED_GLUON"),
+}
+_looked_up: dict[str, KernelSpec] = {}  # the descriptions imported so far, by kernel
 
 
 def specialised_warps(default: int, workers: tuple[int, ...]) -> int:
@@ -203,9 +207,15 @@ def launched_warps(variant: Variant) -> int:
 
 
 def get(kernel: str) -> KernelSpec:
-    """The description of a kernel by name."""
-    specs = _specs()
-    try:
-        return specs[kernel]
-    except KeyError:
-        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(specs)}") from None
+    """The description of a kernel by name (ValueError: unknown kernel); its module is imported on first lookup."""
+    found = _looked_up.get(kernel)
+    if found is not None:
+        return found
+    home = SPEC_HOMES.get(kernel) if type(kernel) is str else None
+    if home is None:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(SPEC_HOMES)}")
+    found = getattr(importlib.import_module(home[0]), home[1])
+    if found.name != kernel:
+        raise RuntimeError(f"kernels.SPEC_HOMES: {home[0]}.{home[1]} describes {found.name!r}, not {kernel!r}")
+    _looked_up[kernel] = found
+    return found

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from lazytriton import fp8_calls, mla_calls
+from lazytriton.forward_routes import fp8_route, mla_route
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
-from lazytriton.kernels.flash_fwd import binding, fp8, hot, score_mods
+from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.launch import CaptureError as CaptureError  # re-exported: lazytriton.CaptureError
 
@@ -184,12 +184,11 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
-    descales = (q_descale, k_descale, v_descale)
-    if fp8.is_fp8(q):
+    fp8_calls = fp8_route(q, descales := (q_descale, k_descale, v_descale))
+    if fp8_calls is not None:
         return fp8_calls.attention(q, k, v, causal, sm_scale, binding.NAMES, window_size, softcap, attention_chunk,
                                    descales, {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
                                               "sinks": sinks is not None or s_aux is not None}, direct(q, k, v))
-    fp8.refuse_descales(q, descales)
     call = binding.check(q, k, v, causal, sm_scale, window=window_size, softcap=softcap)
     call = binding.with_chunk(attention_sinks.with_sinks(call, q, attention_sinks.given(sinks, s_aux)), attention_chunk)
     return run(q, k, v, with_mods(call, q, alibi_slopes, None, dropout_p, binding.NAMES))
@@ -302,10 +301,10 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             warm = hot.output_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
             if warm is not None:
                 return warm
-    if fp8.is_fp8(q) and direct(q, k, v):  # the FP8 forward's warm path (fp8_hot), in this layout
-        warm = fp8_calls.flash_attn_warm(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                         deterministic, return_attn_probs, sinks, s_aux, attention_chunk, q_descale,
-                                         k_descale, v_descale)
+    if isinstance(q, torch.Tensor) and q.dtype in binding.FP8_DTYPES and direct(q, k, v):  # FP8's warm path
+        warm = fp8_route(q, (None,) * 3).flash_attn_warm(
+            q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs, sinks, s_aux, attention_chunk, q_descale, k_descale, v_descale)
         if warm is not None:
             return warm
     q, k, v = _check_bshd("q", q), _check_bshd("k", k), _check_bshd("v", v)
@@ -314,15 +313,15 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     check_bool("return_attn_probs", return_attn_probs)
     check_bool("causal", causal)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    descales = (q_descale, k_descale, v_descale)
-    if fp8.is_fp8(q):
+    fp8_calls = fp8_route(q, descales := (q_descale, k_descale, v_descale))
+    if fp8_calls is not None:
         out, lse = fp8_calls.attention(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES,
                                        window_size, softcap, attention_chunk, descales,
                                        {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0,
                                         "sinks": sinks is not None or s_aux is not None}, direct(qt, kt, vt))
         return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
-    fp8.refuse_descales(q, (q_descale, k_descale, v_descale))
-    if mla_calls.wanted(v, qv):
+    mla_calls = mla_route(v, qv)
+    if mla_calls is not None:
         out, lse = mla_calls.attention(
             qt, kt, vt, qv, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size, softcap,
             {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0, "sinks": sinks is not None
@@ -441,7 +440,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     p = check_dropout("dropout_p", dropout_p)
     check_bool("deterministic", deterministic)
     check_bool("return_attn_probs", return_attn_probs)
-    if fp8.is_fp8(q):
+    fp8_calls = fp8_route(q, (q_descale, k_descale, v_descale))
+    if fp8_calls is not None:
         res, lse = fp8_calls.varlen_attention(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
             softcap, seqused_q, seqused_k, attention_chunk, (q_descale, k_descale, v_descale),
@@ -449,8 +449,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
              "sinks": sinks is not None or s_aux is not None}, direct(q, k, v))
         res = res if out is None else out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
-    fp8.refuse_descales(q, (q_descale, k_descale, v_descale))
-    if mla_calls.wanted(v, qv):
+    mla_calls = mla_route(v, qv)
+    if mla_calls is not None:
         res, lse = mla_calls.varlen_attention(
             q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
             softcap, {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0, "seqused_q": seqused_q is not

@@ -23,11 +23,6 @@ from lazytriton.kernels.flash_fwd_mla import binding
 _Tensor = torch.Tensor
 
 
-def wanted(v: Any, qv: Any) -> bool:
-    """Whether a forward call is the MLA forward's: ``qv`` given, or v's head dim over flash_fwd's 256."""
-    return qv is not None or (isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[-1] > geometry.MAX_HEAD_DIM)
-
-
 def _refuse(unsupported: dict[str, Any]) -> None:
     for name, on in unsupported.items():
         if on:

@@ -134,7 +134,9 @@ ENTRY.update(key_aligned=_key_source(True), key_unaligned=_key_source(False))
 FIELD = {name: index for index, name in enumerate(ENTRY)}
 _KEY_AFTER_LAUNCH = FIELD["key_aligned"] - FIELD["launch_aligned"]  # each launch's memo key, as far on
 assert _KEY_AFTER_LAUNCH == FIELD["key_unaligned"] - FIELD["launch_unaligned"]
-_FIELD_NAME = re.compile(r"known\[([a-z_]+)\]|plan_of\(known, ([a-z_]+)\)")
+# The regular expressions here are compiled on first use (``re``'s own cache): generating a warm path needs them,
+# importing this module does not.
+_FIELD_NAME = r"known\[([a-z_]+)\]|plan_of\(known, ([a-z_]+)\)"
 
 
 def indexed(text: str) -> str:
@@ -143,7 +145,7 @@ def indexed(text: str) -> str:
         name = match.group(1) or match.group(2)
         return match.group(0).replace(name, str(FIELD[name]))
 
-    return _FIELD_NAME.sub(index, text)
+    return re.sub(_FIELD_NAME, index, text)
 
 
 _DESCRIBE = """
@@ -272,7 +274,7 @@ _LSE = {
 MAX_SHAPES = 4096  # distinct (sizes, strides, ...) remembered; past it the table starts again
 # The floats of a plain call (no softcap), in FLASH_FWD.params order: written in as constants like the ints'.
 PLAIN_FLOATS = {"sm_scale": "scale", "softcap": "0.0", "dropout_p": "0.0"}
-_POINTER = re.compile(r"\b(\w+)\.data_ptr\(\)")
+_POINTER = r"\b(\w+)\.data_ptr\(\)"  # a pointer parameter's source
 
 
 def _split(source: str) -> list[str]:
@@ -293,7 +295,7 @@ def _int_groups() -> list[tuple[bool, list[str]]]:
     """The binding's plain ints as (is pointer, items) runs: pointer names, or constant expressions."""
     groups: list[tuple[bool, list[str]]] = []  # consecutive items of one kind
     for item in _split(binding.PLAIN_INTS_SOURCE):
-        found = _POINTER.fullmatch(item)
+        found = re.fullmatch(_POINTER, item)
         value = found.group(1) if found is not None else item
         if groups and groups[-1][0] == (found is not None):
             groups[-1][1].append(value)
@@ -318,7 +320,7 @@ def _int_runs() -> tuple[list[str], str, str]:
         else:
             parts.append(f"tails[{len(runs)}]")
             runs.append("(" + ", ".join(items) + ",)")
-    pointers_in_aligned = set(_POINTER.findall(binding.ALIGNED_SOURCE))
+    pointers_in_aligned = set(re.findall(_POINTER, binding.ALIGNED_SOURCE))
     if not pointers_in_aligned <= set(names):
         raise RuntimeError(f"hot.py: aligned reads pointers {sorted(pointers_in_aligned)} that are not parameters")
     return names, " + ".join(parts) if parts else "()", ", ".join(runs)
@@ -360,7 +362,7 @@ def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None
             slots[CPP_POINTERS.index(name)] = len(ints)
             ints.append(0)
         ints.extend(() if is_pointer else next(runs))
-    mask = sum(1 << CPP_POINTERS.index(name) for name in _POINTER.findall(binding.ALIGNED_SOURCE))
+    mask = sum(1 << CPP_POINTERS.index(name) for name in re.findall(_POINTER, binding.ALIGNED_SOURCE))
     kernels = [launch[0] if launch is not None else None for launch in launches]
     plans = [fastlaunch.plan_bytes(kernel.fast) if kernel is not None else None for kernel in kernels]
     grids = [n for launch in launches for n in (launch[1] if launch is not None else (0, 0, 0))]
@@ -521,7 +523,7 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, strea
         lookup = _LOOKUP_CPP.format(remember=_REMEMBER if front else "",
                                     lse=(cpp_lse or lse).replace("\n    ", "\n        "))
     pointers = "\n    ".join(f"{name}_ptr = {name}.data_ptr()" for name in names if name != "lse")
-    aligned_pointers = sorted(set(_POINTER.findall(binding.ALIGNED_SOURCE)))
+    aligned_pointers = sorted(set(re.findall(_POINTER, binding.ALIGNED_SOURCE)))
     call = _TEMPLATE.format(
         name=f"{result}_{layout}", front=front,
         device_check="q.is_cuda and k.is_cuda and v.is_cuda" if cuda else "True", lookup=lookup, lse=lse,
@@ -534,7 +536,7 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, strea
         permute_in="qs_in, ks_in, vs_in, causal_in, scale_in = qs, ks, vs, causal, scale\n    " + permute_in,
         permute_out=permute_out,
         zero_pointers=" = ".join(f"{name}_ptr" for name in names) + " = 0  # describe's alignment: strides alone",
-        index64=binding.INDEX64_SOURCE, aligned=_POINTER.sub(r"\1_ptr", binding.ALIGNED_SOURCE))
+        index64=binding.INDEX64_SOURCE, aligned=re.sub(_POINTER, r"\1_ptr", binding.ALIGNED_SOURCE))
     return indexed(call + describe)
 
 

@@ -1,0 +1,131 @@
+"""What a cold process imports stays what it needs: checked on sys.modules in fresh interpreters, never on time.
+
+- ``import lazytriton.flash`` (after torch) imports no other family's
+  descriptions, no zstandard (the images' codec), no triton and not the FP8
+  forward's calls (imported by the first FP8 call); planning the
+  forward's first call (its variant and key, on sm_90 and sm_80) imports no
+  other family either.
+- ``kernels.get`` imports the module of the kernel's description alone
+  (``kernels.SPEC_HOMES``), not every family's; each row of SPEC_HOMES
+  names its kernel's description, in the kernel's family's folder.
+- An image opened and listed imports no zstandard; reading an entry does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_python
+from test_image import synthetic_entries
+
+from lazytriton import kernels
+from lazytriton.cache_format.image import write_image
+
+FOLDERS = ("flash_fwd", "flash_bwd", "flash_bwd_dsinks", "flash_decode", "kv_append", "flash_combine", "kv_slots")
+# The folders whose parameter lists a folder's descriptions are built from (flash_bwd's take flash_fwd's sizes and
+# pointers): looking up one of its kernels imports them too.
+BUILT_ON = {"flash_bwd": {"flash_fwd"}}
+
+
+def _family_modules(imported: list[str]) -> set[str]:
+    """The kernel folders (kernels/<family>/) that the modules in ``imported`` belong to."""
+    prefix = "lazytriton.kernels."
+    return {name[len(prefix):].split(".")[0] for name in imported
+            if name.startswith(prefix) and name[len(prefix):].split(".")[0] in FOLDERS}
+
+
+def _imported(code: str) -> dict[str, list[str]]:
+    """Run ``code`` fresh; it prints a JSON dict of module lists as its last line."""
+    result = run_python(code, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report: dict[str, list[str]] = json.loads(result.stdout.splitlines()[-1])
+    return report
+
+
+FORWARD = """
+import json, sys, torch
+torch_modules = set(sys.modules)
+import lazytriton.flash
+after_import = set(sys.modules)
+from lazytriton.kernels.flash_fwd import binding
+from lazytriton.target import Target
+q, k, v = (torch.empty((1, 2, 128, 64), dtype=torch.float16, device="meta") for _ in range(3))
+call = binding.check(q, k, v, True)
+out, lse = binding.empty_outputs(q, call.shape, call.head_dim_v)
+_, aligned, index64 = binding.pack(q, k, v, out, lse, call)
+key = binding.memo_key(0, q.dtype, call.shape, True, aligned, index64, offset=call.offset, scale=call.scale)
+kernels = []
+for target in ("sm_90", "sm_80"):
+    variant = binding.variant(Target.parse(target), q.dtype, call.shape, True, aligned, index64,
+                              gluon=binding.gluon_key(key))
+    variant.key()  # the source fingerprint: the kernel's description, looked up
+    kernels.append(variant.kernel)
+print(json.dumps({"import": sorted(after_import - torch_modules), "plan": sorted(set(sys.modules) - after_import),
+                  "kernels": kernels}))
+"""
+
+
+def test_the_forward_imports_no_other_family_no_codec_no_compiler_and_no_fp8_path() -> None:
+    report = _imported(FORWARD)
+    assert report["kernels"] == ["flash_fwd_gluon", "flash_fwd"]  # the lookups the check below covers
+    assert _family_modules(report["import"]) == {"flash_fwd"}
+    assert _family_modules(report["plan"]) <= {"flash_fwd"}, report["plan"]
+    imported = report["import"] + report["plan"]
+    for name in ("zstandard", "triton", "lazytriton.compiler", "lazytriton.interpreter", "lazytriton.fp8_calls",
+                 "lazytriton.kernels.flash_fwd.fp8"):
+        assert not any(module == name or module.startswith(name + ".") for module in imported), name
+
+
+LOOKUP = """
+import json, sys
+before = set(sys.modules)
+from lazytriton import kernels
+imported = set(sys.modules)
+spec = kernels.get({kernel!r})
+assert spec is kernels.get({kernel!r})  # looked up once
+print(json.dumps({{"registry": sorted(imported - before), "lookup": sorted(set(sys.modules) - imported),
+                  "name": [spec.name]}}))
+"""
+
+
+@pytest.mark.parametrize("kernel", sorted(kernels.SPEC_HOMES))
+def test_a_lookup_imports_its_own_folder_only(kernel: str) -> None:
+    module, attribute = kernels.SPEC_HOMES[kernel]
+    folder = module.split(".")[2]
+    report = _imported(LOOKUP.format(kernel=kernel))
+    assert report["name"] == [kernel]
+    assert _family_modules(report["registry"]) == set()  # the registry alone imports no family
+    assert _family_modules(report["lookup"]) == {folder, *BUILT_ON.get(folder, ())}, report["lookup"]
+    assert kernel == folder or kernel.startswith(folder + "_")  # the family's name starts its kernels' names
+
+
+def test_every_kernel_has_a_home_and_an_unknown_name_lists_them() -> None:
+    for family, members in kernels.FAMILIES.items():
+        assert all(kernels.SPEC_HOMES[kernel][0].split(".")[2] == family for kernel in members), family
+    for kernel in kernels.SPEC_HOMES:
+        assert kernels.get(kernel).name == kernel
+    with pytest.raises(ValueError, match="unknown kernel 'flash_nothing'; known: .*flash_fwd_gluon"):
+        kernels.get("flash_nothing")
+    with pytest.raises(ValueError, match="unknown kernel 3"):
+        kernels.get(3)  # type: ignore[arg-type]
+
+
+IMAGE = """
+import json, sys
+from lazytriton.cache_format.image import Image
+image = Image({path!r})
+keys = sorted(image.keys())
+listed = "zstandard" in sys.modules
+entry = image.read(keys[0])
+print(json.dumps({{"listed": [str(listed)], "read": [str("zstandard" in sys.modules)], "key": [entry.key]}}))
+"""
+
+
+def test_an_image_imports_its_codec_only_to_read_an_entry(tmp_path: Path) -> None:
+    entries = synthetic_entries(4)
+    path = tmp_path / "lazy.ltimg"
+    write_image(path, entries)
+    report = _imported(IMAGE.format(path=str(path)))
+    assert report == {"listed": ["False"], "read": ["True"], "key": [min(e.key for e in entries)]}
