@@ -24,7 +24,7 @@ from lazytriton.cli.timing import event_ms
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.machine import target_of_device
-from lazytriton.tuning import Config
+from lazytriton.tiles import Config
 
 CANDIDATES = ((64, 4, 3), (128, 4, 3), (128, 4, 2), (128, 8, 3), (128, 8, 2), (256, 8, 2), (256, 8, 3))
 HQ, HK, D, PAGE = 32, 8, 128, 256

@@ -23,7 +23,7 @@ from test_image import synthetic_entries
 from lazytriton import kernels
 from lazytriton.cache_format.image import write_image
 
-FOLDERS = ("flash_fwd", "flash_bwd", "flash_bwd_dsinks", "flash_decode", "kv_append", "flash_combine", "kv_slots")
+FOLDERS = tuple(kernels.FAMILIES)  # each family has its folder, kernels/<family>/
 # The folders whose parameter lists a folder's descriptions are built from (flash_bwd's take flash_fwd's sizes and
 # pointers): looking up one of its kernels imports them too.
 BUILT_ON = {"flash_bwd": {"flash_fwd"}}
