@@ -296,10 +296,25 @@ static lt_status lt__make_bwd_plan(const lt__call *c, lt_bwd_plan **out) {
     int32_t capability;
     lt__plan_request dq, dkdv, dsinks;
     if ((s = lt__plannable(c, "lt_attn_bwd")) != LT_OK ||
-        (s = lt__device_context(c->device_index, &context, &capability)) != LT_OK ||
-        (s = lt__plan_kernel(c, LT__KERNEL_BWD_DQ, capability, &dq)) != LT_OK ||
-        (s = lt__plan_kernel(c, LT__KERNEL_BWD_DKDV, capability, &dkdv)) != LT_OK ||
-        (c->dsinks != 0 && (s = lt__plan_kernel(c, LT__KERNEL_BWD_DSINKS, capability, &dsinks)) != LT_OK))
+        (s = lt__device_context(c->device_index, &context, &capability)) != LT_OK)
+        return s;
+    /* Every kernel is looked up even after a miss, so the miss log holds all of the plan's missing kernels and one
+       `lazytriton prewarm --from-misses` covers the call; the status is the first kernel's failure (LT_MISS: the
+       message names the last kernel missed). */
+    lt_status dq_s = lt__plan_kernel(c, LT__KERNEL_BWD_DQ, capability, &dq);
+    if (dq_s != LT_OK && dq_s != LT_MISS)
+        return dq_s;
+    s = lt__plan_kernel(c, LT__KERNEL_BWD_DKDV, capability, &dkdv);
+    if (s != LT_OK && s != LT_MISS)
+        return s;
+    if (c->dsinks != 0) {
+        lt_status ds_s = lt__plan_kernel(c, LT__KERNEL_BWD_DSINKS, capability, &dsinks);
+        if (ds_s != LT_OK && (s == LT_OK || ds_s != LT_MISS))
+            s = ds_s;
+    }
+    if (dq_s != LT_OK)
+        return dq_s;
+    if (s != LT_OK)
         return s;
     lt_bwd_plan *plan = (lt_bwd_plan *)calloc(1, sizeof *plan);
     if (plan == NULL)

@@ -61,7 +61,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple
         scores = softcap * torch.tanh(scores / softcap)
     keep = visible(q.shape[2], k.shape[2], causal, window, attention_chunk=chunk)
     if keep is not None:
-        scores = scores.masked_fill(~keep, -math.inf)
+        scores = scores.masked_fill(~keep.to(scores.device), -math.inf)
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     if same_precision:
         p = p.to(E4M3).to(torch.bfloat16).double()

@@ -420,9 +420,10 @@ def _decoding_steps(device: str = "cpu", dtype: torch.dtype = torch.float32) -> 
     dense["cache_seqlens"] = dense["cache_seqlens"].clamp(max=46)
     new = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in packed_new(args, seed=17).items()}
     out = torch.empty_like(dense["q"])
+    varlen = varlen_func_args(args)  # its max_seqlen_k is read here, once, as a serving loop knows it
     return [lambda: lazytriton.flash_attn_with_kvcache(**dense, causal=True),
             lambda: lazytriton.flash_attn_with_kvcache(**dense, causal=True, num_splits=3, out=out),
-            lambda: lazytriton.flash_attn_varlen_func(**varlen_func_args(args), causal=True),
+            lambda: lazytriton.flash_attn_varlen_func(**varlen, causal=True),
             lambda: lazytriton.flash_attn_with_kvcache(**new, causal=True)]
 
 
