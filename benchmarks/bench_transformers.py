@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
+import gc
 import statistics
 import sys
 import time
@@ -179,6 +180,50 @@ def profile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tenso
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.profile, max_name_column_width=60))
 
 
+class GcMeter:
+    """Python's garbage collector inside a block: passes per generation and their total ms (``gc.callbacks``).
+
+    A full pass walks every object of the process (torch's, transformers', the model's): tens of ms each. Which
+    implementation's run they land in follows the objects each keeps alive between collections.
+    """
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.ms = 0.0
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.passes[info["generation"]] += 1
+            self.ms += 1e3 * (time.perf_counter() - self._t0)
+
+    def __enter__(self) -> GcMeter:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def settle_helpers() -> str:
+    """Wait (at most 300 s) for a background build of the compiled launch helpers to end; where each helper stands.
+
+    The first GPU use of a fresh cache dir starts that build (a call never waits for a compiler); its compiler
+    would otherwise run beside the timed loops. The table says which helpers this process loads.
+    """
+    from lazytriton import runtime
+    from lazytriton.cli import launch_fields
+    from lazytriton.driver import helpers, helpers_build
+
+    cache_dir = runtime.get().settings.cache_dir
+    settled = helpers_build.wait(cache_dir, helpers.running_torch(), 300.0)
+    fields = launch_fields(cache_dir)
+    late = "" if settled else " (a helper build still running after 300 s)"
+    return f"{fields['launch_path']}: {fields['launch_why']}{late}"
+
+
 def cprofile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, args: argparse.Namespace,
                       device: str) -> None:
     """One generate call under cProfile: the Python functions its host time goes to."""
@@ -264,12 +309,14 @@ def main(argv: list[str]) -> int:
               for impl in ("sdpa", "lazytriton")}
     logits_ok = errors["lazytriton"] <= 2 * errors["sdpa"] + floor
 
-    outs, tok_s, prefill_ms = {}, {}, {}
+    launch_path = settle_helpers() if device == "cuda" else "interpreter"
+    outs, tok_s, prefill_ms, gc_meters = {}, {}, {}, {}
     for impl in ("sdpa", "lazytriton"):
         prefill_ms[impl] = timed_prefill(model, impl, ids, mask, args.reps, device)
         torch._dynamo.reset()  # a compiled step is the implementation's own
         generate(model, impl, ids, mask, args.new_tokens, device, args.cache)  # warmup (and compile)
-        runs = [generate(model, impl, ids, mask, args.new_tokens, device, args.cache) for _ in range(args.reps)]
+        with GcMeter() as gc_meters[impl]:
+            runs = [generate(model, impl, ids, mask, args.new_tokens, device, args.cache) for _ in range(args.reps)]
         outs[impl] = runs[0][0]
         tok_s[impl] = args.batch * args.new_tokens / statistics.median(t for _, t in runs)
     if args.profile:
@@ -291,7 +338,9 @@ def main(argv: list[str]) -> int:
     rows = [{**common, "impl": impl, "metric": metric, "value": f"{value:.6g}", "check": check}
             for impl in ("sdpa", "lazytriton")
             for metric, value, check in (("logits_max_err_vs_fp32", errors[impl], "ok" if logits_ok else "FAIL"),
-                                         ("prefill_ms", prefill_ms[impl], ""), ("gen_tokens_per_s", tok_s[impl], ""))]
+                                         ("prefill_ms", prefill_ms[impl], ""), ("gen_tokens_per_s", tok_s[impl], ""),
+                                         ("gc_ms_per_generate", gc_meters[impl].ms / args.reps, ""),
+                                         ("gc_full_passes_per_generate", gc_meters[impl].passes[2] / args.reps, ""))]
     rows.append({**common, "impl": "lazytriton", "metric": "greedy_tokens_equal_of_compared",
                  "value": f"{equal}/{compared}", "check": "ok" if tokens_ok else "FAIL"})
     rows.append({**common, "impl": "lazytriton", "metric": "calls_prefill_and_one_step", "value": path, "check": ""})
@@ -299,6 +348,10 @@ def main(argv: list[str]) -> int:
 
     print(f"{cfg}, batch {args.batch} left-padded, {args.new_tokens} new tokens, {device}")
     print(f"lazytriton calls in a prefill and one decoding step ({config.num_hidden_layers} layers): {path}")
+    print(f"launch path: {launch_path}")
+    for impl, meter in gc_meters.items():
+        print(f"gc in {impl}'s timed generate calls: {meter.passes} passes by generation, "
+              f"{meter.ms / args.reps:.1f} ms a call")
     for note in notes:
         print("  divergence:", note)
     print(f"{'impl':<12}{'logits err':>12}{'prefill ms':>12}{'tokens/s':>12}")
