@@ -609,3 +609,21 @@ def test_bench_decode_times_the_float8_cache_beside_the_bf16_one(tmp_path: Any) 
     fp8 = [row for row in rows[1:] if row[provider] == "lazytriton_fp8"]
     assert len(fp8) == 3 and all(row[rows[0].index("check")] == "ok" for row in fp8)
     assert "float8 cache" in proc.stdout and "x bf16" in proc.stdout
+
+
+@pytest.mark.parametrize(("head_dim", "head_dim_v"), [(64, 64), (128, 128), (256, 256), (64, 512)])
+def test_a_contiguous_float8_cache_tile_holds_the_16_bit_tiles_bytes(head_dim: int, head_dim_v: int) -> None:
+    """Twice the keys a split tile in a contiguous float8 cache (as many bytes as the bf16 tile); paged and MLA's
+    v of 512 keep the bf16 tiles; the combine kernel and a forced config are untouched."""
+    sm90 = Target.parse("sm_90")
+
+    def split(kv: str, paged: bool) -> Variant:
+        return dispatch.kernel_variant("flash_decode_split", sm90, "bf16", head_dim, False, True, 4, 4096,
+                                       paged=paged, kv_fp8=kv, head_dim_v=head_dim_v)
+
+    plain, fp8 = split("none", False), split("e4m3", False)
+    doubled = head_dim_v <= 256
+    assert int(fp8.get("BLOCK_N")) == int(plain.get("BLOCK_N")) * (2 if doubled else 1)
+    assert (fp8.get("num_warps"), fp8.get("num_stages"), fp8.get("BLOCK_M")) == (
+        plain.get("num_warps"), plain.get("num_stages"), plain.get("BLOCK_M"))
+    assert split("e5m2", True).get("BLOCK_N") == split("none", True).get("BLOCK_N")

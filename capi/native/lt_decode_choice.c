@@ -22,6 +22,9 @@
 
 static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32"};
 
+/* dispatch.MAX_FP8_DOUBLED_DIM: a contiguous float8 cache's split tiles take twice the keys up to this head dim. */
+#define MAX_FP8_DOUBLED_DIM 256
+
 static ltn_config make(int block_m, int block_n, int num_warps, int num_stages) {
     ltn_config c = {block_m, block_n, num_warps, num_stages, 0};
     return c;
@@ -123,6 +126,8 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
     int causal = split && r->causal; /* the combine kernel is asked with causal false */
     ltn_config c = decode_config(split, r->capability, target, kernel, dtype, head_dim > dv ? head_dim : dv, causal,
                                  ltn_bucket(r->rows), ltn_bucket(r->capacity), r->page_size, paged && split);
+    if (split && !paged && r->kv_fp8 != 0 && (head_dim > dv ? head_dim : dv) <= MAX_FP8_DOUBLED_DIM)
+        c.block_n *= 2; /* a contiguous float8 cache's tile: the 16-bit tile's bytes, twice its keys */
     if (split && paged && c.block_n > key_block_limit(r->page_size))
         c.block_n = (int)key_block_limit(r->page_size);
     head_fields(v, head_dim, dv, r->aligned, r->index64);

@@ -15,6 +15,9 @@ from lazytriton.tiles import SMALL_SHARED_CUDA, Config
 from lazytriton.variant import Variant, pairs
 
 DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
+# A contiguous float8 cache's split tiles hold twice the 16-bit tiles' keys up to this head dim (MLA's v of 512
+# keeps its own).
+MAX_FP8_DOUBLED_DIM = 256
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
 
 
@@ -144,7 +147,12 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     kernel, written only when set (the combine kernel sees no scores).
     ``kv_fp8`` (a float8 cache: ``e4m3``, ``e5m2``) is KV_FP8 on the split
     kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
-    raises ValueError naming k_cache. Its tiles are the call's dtype's.
+    raises ValueError naming k_cache. Its tiles are the call's dtype's, with twice the keys in a contiguous
+    cache (head dims up to ``MAX_FP8_DOUBLED_DIM``): the same bytes a tile as the 16-bit cache's, so as many
+    bytes in flight. A paged cache keeps the 16-bit tiles (one binary for every page size prewarm plans for;
+    unmeasured in float8). At the 16-bit tiles the e4m3 cache ran at the bf16 cache's time, half its bytes a second
+    (H200, 18 cases, geomean 1.00x); 128 keys a tile at head dim 128 gave 1.19-1.57x the bf16 cache on an H100
+    (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md).
     ``qv`` (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v) is QV=true on the split kernel,
     written only when set; ``head_dim`` is then q's and k's without qv's columns (MLA's 64 beside v's 512).
     v's head dim goes up to 512 (``geometry.padded_value_dim``), q's and k's to 256.
@@ -157,6 +165,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     split = kernel == "flash_decode_split"
     cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
                                   paged and split)[0]
+    if config is None and split and not paged and kv_fp8 != fp8.NONE and max(head_dim, dv) <= MAX_FP8_DOUBLED_DIM:
+        cfg = Config(cfg.block_m, 2 * cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
     if split and paged and cfg.block_n > key_block_limit(page_size):
         cfg = Config(cfg.block_m, key_block_limit(page_size), cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
     functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": padded,
