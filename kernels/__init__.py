@@ -164,18 +164,20 @@ def _specs() -> dict[str, KernelSpec]:
     from lazytriton.kernels.flash_combine.spec import FLASH_COMBINE
     from lazytriton.kernels.flash_decode import KERNELS as FLASH_DECODE_KERNELS
     from lazytriton.kernels.flash_fwd import FLASH_FWD, FLASH_FWD_HOST_TMA
+    from lazytriton.kernels.flash_fwd.fp8_gluon_spec import FLASH_FWD_FP8_GLUON
     from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
     from lazytriton.kernels.flash_fwd.gluon_spec import FLASH_FWD_GLUON
     from lazytriton.kernels.flash_fwd_mla import FLASH_FWD_MLA
     from lazytriton.kernels.kv_append.spec import KV_APPEND
     from lazytriton.kernels.kv_slots.spec import KV_SLOTS
 
-    # flash_fwd_gluon, flash_fwd_fp8, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels
-    # (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's kernels, not
-    # kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by rule).
-    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_FP8, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS, FLASH_BWD_DKDV_GLUON,
-             FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND, FLASH_COMBINE, KV_SLOTS,
-             FLASH_BWD_DSINKS, FLASH_FWD_MLA)
+    # flash_fwd_gluon, flash_fwd_fp8, flash_fwd_fp8_gluon, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused
+    # backward's two kernels (flash_bwd_prep, flash_bwd_fused_gluon) are in no family: alternatives to a family's
+    # kernels, not kernels a call launches in order (prewarm enumerates families; dispatch picks the Gluon ones by
+    # rule).
+    specs = (FLASH_FWD, FLASH_FWD_GLUON, FLASH_FWD_FP8, FLASH_FWD_FP8_GLUON, FLASH_FWD_HOST_TMA, *FLASH_BWD_KERNELS,
+             FLASH_BWD_DKDV_GLUON, FLASH_BWD_PREP, FLASH_BWD_FUSED_GLUON, *FLASH_DECODE_KERNELS, KV_APPEND,
+             FLASH_COMBINE, KV_SLOTS, FLASH_BWD_DSINKS, FLASH_FWD_MLA)
     return {spec.name: spec for spec in specs}
 
 
