@@ -26,9 +26,8 @@ from typing import Any
 import torch
 
 from lazytriton import launch, machine, runtime, tuning
-from lazytriton.kernels.flash_fwd import binding
+from lazytriton.kernels.flash_fwd import binding, fp8_gluon
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
-from lazytriton.kernels.flash_fwd import fp8_gluon
 from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
 from lazytriton.record import NamedTuple
@@ -225,7 +224,7 @@ def interpreter_constexprs(call: binding.Call, shape: binding.Shape,
 
 def _plan(rt: Any, key: tuple[Any, ...], device: torch.device, call: binding.Call, shape: binding.Shape,
           aligned: bool, index64: bool, packed: tuple[bool, bool, bool], dtype: str) -> Any:
-    """``launch.plan`` of the call's variant (``variant``: either FP8 kernel): (kernel, BLOCK_M), memoised under ``key``."""
+    """``launch.plan`` of the call's variant (either FP8 kernel): (kernel, BLOCK_M), memoised at ``key``."""
     return launch.plan(rt, key, device,
                        lambda target: ((variant(target, call, shape, aligned, index64, packed, dtype=dtype),
                                         ("BLOCK_M",)),),
@@ -369,3 +368,22 @@ def preload(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     key = memo_key(device.index, call, shape, aligned, index64, dtype=dtype)
     _plan(runtime.get(), key, device, call, shape, aligned, index64, (False, False, False), dtype)
     return variant(machine.target_of_device(device), call, shape, aligned, index64, dtype=dtype)
+
+
+def run_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call, given: tuple[Any, Any, Any],
+                chosen: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a checked dense FP8 call (B, H, S, D) on the GPU through the variant ``chosen``, not the plan's.
+
+    Either FP8 kernel (they share ``pack``'s arguments and the grid): the tuner, the benchmark's providers and the
+    GPU tests run a tiling or a kernel dispatch would not pick. No memo; a ValueError where ``chosen`` is neither.
+    """
+    if chosen.kernel not in (FLASH_FWD_FP8.name, fp8_gluon.NAME):
+        raise ValueError(f"chosen must be a variant of {FLASH_FWD_FP8.name} or {fp8_gluon.NAME}, got {chosen.kernel}")
+    shape = call.shape
+    out, lse = empty_outputs(q, call.dv)
+    vt = transposed_v(v)
+    ints, _, _ = pack(q, k, vt, out, lse, call, descales(given, q, shape.batch, shape.heads_k))
+    kernel = runtime.get().kernel(chosen, q.device.index)
+    kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, int(chosen.get("BLOCK_M"))),
+                  launch.raw_stream(q.device.index), ints, floats(call), launch.scratch_alloc)
+    return out, lse

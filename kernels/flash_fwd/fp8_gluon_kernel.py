@@ -1,9 +1,8 @@
 """FlashAttention-3's FP8 forward for Hopper (sm_90) in Gluon: the source of ``flash_fwd_fp8_gluon``.
 
-This file and its helpers (``gluon_kernel.py``'s barrier, softmax and block-count steps, ``gluon_tma``'s
-descriptors) make the source fingerprint of ``flash_fwd_fp8_gluon``. It imports triton: only
-``lazytriton.compiler`` may import it. It compiles for ``cuda:90`` with Triton 3.6.0 (the GPU host) and 3.9.0
-(CI) from the same source (``tests/test_fp8_gluon.py`` compiles it under both).
+This file and ``gluon_tma`` (TMA copies) make the source fingerprint of ``flash_fwd_fp8_gluon``. It imports
+triton: only ``lazytriton.compiler`` may import it. It compiles for ``cuda:90`` with Triton 3.6.0 (the GPU host)
+and 3.9.0 (CI) from the same source (``tests/test_fp8_gluon.py`` compiles it under both).
 
 Same parameters, grid, outputs and semantics as ``flash_fwd_fp8`` (``fp8.pack`` packs its arguments, the grid
 is query blocks x heads x batch): float8 Q (B, Hq, Sq, D) and K (B, Hk, Sk, D), all e4m3 or all e5m2; V read
@@ -53,17 +52,84 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from lazytriton.kernels.flash_fwd.gluon_kernel import (
-    _block_counts,
-    _pass_turn,
-    _scores_softmax,
-    _wait_slot,
-    _wait_turn,
-)
 from lazytriton.kernels.gluon_tma import tma_load
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
+
+
+# The barrier, softmax and block-count steps of flash_fwd_gluon's ping-pong (gluon_kernel.py's, the same text: a
+# kernel's key covers its own files, so each kernel keeps its copy and neither's keys move with the other's edits).
+
+
+@gluon.jit
+def _wait_slot(bars, block, STAGES: gl.constexpr):
+    """Wait until key block ``block``'s tile has landed in its buffer."""
+    mbarrier.wait(bars.index(block % STAGES), (block // STAGES) & 1)
+
+
+@gluon.jit
+def _wait_turn(turn, step, WG: gl.constexpr, PINGPONG: gl.constexpr, FIRST: gl.constexpr):
+    """Ping-pong: wait until the other consumer warpgroup has issued its wgmmas of the step before ours.
+
+    Warpgroup 0's step s waits for warpgroup 1's arrive after its step s - 1
+    (turn[0]'s completion s - 1); warpgroup 1's step s waits for warpgroup 0's
+    arrive after its step s (turn[1]'s completion s). Strict alternation, so a
+    waiter is never two phases behind and the parity names the phase.
+    Warpgroup 0's first step waits for nobody.
+    """
+    if PINGPONG:
+        if WG == 0:
+            if not FIRST:
+                mbarrier.wait(turn.index(0), (step - 1) & 1)
+        else:
+            mbarrier.wait(turn.index(1), step & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: our wgmmas of this step are issued; the other warpgroup may issue its own."""
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _scores_softmax(s, m_i, l_i, offs_m, start_n, qk_scale, causal_offset, MASKED: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """Online softmax of one score tile in base 2, its first key ``start_n``: (p, alpha, m_new, l_new).
+
+    The row max is taken on the raw scores and scaled once per row, and p is
+    ``exp2(s * scale - m)`` (one FMA per element). MASKED applies the causal
+    mask (the tiles are whole, so no bounds mask); every row keeps a finite m
+    because causal_offset >= 0 lets every row see key 0, in the first block
+    (a tile whose keys a row cannot see at all leaves its m and l as they were).
+    """
+    if MASKED and CAUSAL:
+        KEYS: gl.constexpr = s.type.shape[1]
+        cols = start_n + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s.type.layout))
+        keep = cols[None, :] <= (offs_m + causal_offset)[:, None]
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _block_counts(tile_m, seqlen_k, causal_offset, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """(n_blocks, n_full) of the query tile at row ``tile_m``.
+
+    Key blocks [0, n_full) are visible to every row, [n_full, n_blocks) hold
+    the causal diagonal (both seqlen_k // BLOCK_N without CAUSAL).
+    """
+    n_blocks = seqlen_k // BLOCK_N
+    n_full = n_blocks
+    if CAUSAL:
+        n_blocks = gl.minimum(n_blocks, (tile_m + TILE_M + causal_offset + BLOCK_N - 1) // BLOCK_N)
+        n_full = gl.minimum(n_full, (tile_m + causal_offset + 1) // BLOCK_N)
+    return n_blocks, n_full
 
 
 @gluon.jit
@@ -74,7 +140,7 @@ def _descale(Descale, offset):
 
 @gluon.jit
 def _load_kv(k_desc, vt_desc, k_bars, v_bars, k_bufs, v_bufs, block, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """TMA-load key block ``block``: K's rows [block x BLOCK_N, +BLOCK_N) and Vt's columns there, each on its barrier."""
+    """TMA-load key block ``block``: K's rows [block x BLOCK_N, +BLOCK_N), Vt's columns there, each on its barrier."""
     slot = block % STAGES
     k_buf = k_bufs.index(slot)
     v_buf = v_bufs.index(slot)

@@ -32,7 +32,6 @@ FLASH_FWD_FP8_GLUON = KernelSpec(
     params=FLASH_FWD_FP8.params,
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL"),
     aligned_params=FLASH_FWD_FP8.aligned_params,
-    # the barrier, softmax and block-count steps it shares with flash_fwd_gluon, and their TMA helpers
-    helpers=("lazytriton.kernels.flash_fwd.gluon_kernel", "lazytriton.kernels.gluon_tma"),
+    helpers=("lazytriton.kernels.gluon_tma",),  # tma_load
     warps=warps,
 )
