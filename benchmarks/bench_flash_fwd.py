@@ -27,8 +27,12 @@ With ``--fp8`` the run is the FP8 forward's instead (issue 42): at head dims
 ``--head-dims`` (64/128/256), causal or not, 16k tokens (batch 1, hidden
 2048), ``lazytriton_fp8`` (``attn_fwd`` on float8_e4m3fn q, k, v with per
 (batch, kv head) descales, bf16 out: the descale and V-transpose work
-included), ``lazytriton_fp8_e5m2`` (the same on float8_e5m2 q, k, v),
-beside ``lazytriton`` (the bf16 forward, same run, same shape) and
+included; dispatch serves the Gluon FP8 forward, ``flash_fwd_fp8_gluon``, where its
+rule holds: every row of this grid on sm_90), ``lazytriton_fp8_e5m2`` (the same on
+float8_e5m2 q, k, v), ``lazytriton_fp8_triton`` (the same e4m3 call through the
+Triton FP8 kernel, ``flash_fwd_fp8``, by ``fp8.run_variant``: what dispatch
+served before the Gluon one), beside ``lazytriton`` (the bf16 forward, same run,
+same shape) and
 ``sdpa_cudnn_fp8`` (torch's SDPA pinned to cuDNN on the FP8 tensors, where
 torch takes them: a refusal is printed and its row is NaN). Outputs are checked
 against SDPA's bf16 flash output on the dequantised inputs (relative error
@@ -352,7 +356,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
     print("\nhost µs per call (1x2x16x64 bf16): " + ", ".join(f"{r['provider']} {r['us_per_call']}" for r in host))
 
 
-FP8_PROVIDERS = ("lazytriton_fp8", "lazytriton_fp8_e5m2", "lazytriton", "sdpa_cudnn_fp8")
+FP8_PROVIDERS = ("lazytriton_fp8", "lazytriton_fp8_e5m2", "lazytriton_fp8_triton", "lazytriton", "sdpa_cudnn_fp8")
 FP8_TOKENS = 16384
 FP8_MAX_ERR = 8e-2  # e4m3 probabilities and inputs against bf16 math on the dequantised values
 
@@ -370,9 +374,16 @@ def fp8_case(head_dim: int, causal: bool, meta: dict[str, str]) -> list[dict[str
     ref = sdpa(SDPBackend.FLASH_ATTENTION)(qd, kd, vd, causal)
     q5, k5, v5 = (t.to(torch.float8_e5m2) for t in (q, k, v))  # its reference: the same math on its own values
     ref5 = sdpa(SDPBackend.FLASH_ATTENTION)(*(t.to(torch.bfloat16) for t in (q5, k5, v5)), causal)
+    from lazytriton.kernels import dispatch as kernel_dispatch
+    from lazytriton.kernels.flash_fwd import fp8 as fp8_forward
+
+    call = binding.check(q8, k8, v8, causal, None, fp8=True)
+    triton_fp8 = kernel_dispatch.kernel_variant("flash_fwd", machine.target_of_device(q.device), "e4m3", head_dim,
+                                                causal, True, FP8_TOKENS, FP8_TOKENS)  # flash_fwd_fp8's
     made: dict[str, Callable[[], object]] = {
         "lazytriton_fp8": lambda: attn_fwd(q8, k8, v8, causal=causal, q_descale=scales[0], k_descale=scales[1],
                                            v_descale=scales[2])[0],
+        "lazytriton_fp8_triton": lambda: fp8_forward.run_variant(q8, k8, v8, call, scales, triton_fp8)[0],
         "lazytriton_fp8_e5m2": lambda: attn_fwd(q5, k5, v5, causal=causal, q_descale=scales[0], k_descale=scales[1],
                                                 v_descale=scales[2])[0],
         "lazytriton": lambda: attn_fwd(qd, kd, vd, causal=causal)[0],
@@ -390,7 +401,7 @@ def fp8_case(head_dim: int, causal: bool, meta: dict[str, str]) -> list[dict[str
     rows = []
     for name in made:
         ms = timed.get(name, math.nan)
-        dtype = {"lazytriton": "bf16", "lazytriton_fp8_e5m2": "e5m2"}.get(name, "e4m3")
+        dtype = {"lazytriton": "bf16", "lazytriton_fp8_e5m2": "e5m2"}.get(name, "e4m3")  # _triton: e4m3
         rows.append({**meta, "provider": name, "mode": "fwd", "dtype": dtype,
                      "head_dim": head_dim, "causal": causal, "batch": 1, "heads": heads, "seqlen": FP8_TOKENS,
                      "p50_ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "us_per_call": "",
@@ -411,6 +422,7 @@ def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object
             print(f"hd{head_dim} {'causal' if causal else 'full  '} 16k: "
                   + "  ".join(f"{n} {t}" for n, t in tf.items())
                   + f"  fp8/bf16 {tf['lazytriton_fp8'] / tf['lazytriton']:.2f}"
+                  + f"  fp8/fp8_triton {tf['lazytriton_fp8'] / tf['lazytriton_fp8_triton']:.2f}"
                   + f"  e5m2/e4m3 {tf['lazytriton_fp8_e5m2'] / tf['lazytriton_fp8']:.2f}"
                   + f"  fp8/cudnn_fp8 {tf['lazytriton_fp8'] / tf['sdpa_cudnn_fp8']:.2f}", flush=True)
             torch.cuda.empty_cache()

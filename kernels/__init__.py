@@ -159,7 +159,7 @@ def family_of(kernel: str) -> str:
 # Where each kernel's description lives (module, name): ``get`` imports it on the kernel's first lookup, so a
 # process imports the descriptions of the kernels it looks up, not every family's. Each family's kernels (FAMILIES),
 # then the alternatives that sit in a family's folder but are in no family (flash_fwd_gluon, flash_fwd_fp8,
-# flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels, flash_bwd_prep and
+# flash_fwd_fp8_gluon, flash_fwd_host_tma, flash_bwd_dkdv_gluon and the fused backward's two kernels, flash_bwd_prep and
 # flash_bwd_fused_gluon): not kernels a call launches in order (prewarm enumerates families; dispatch picks them by
 # rule). ``tests/test_lazy_imports.py`` holds every row to the description it names.
 SPEC_HOMES: dict[str, tuple[str, str]] = {
@@ -175,6 +175,7 @@ SPEC_HOMES: dict[str, tuple[str, str]] = {
     "flash_fwd_mla": ("lazytriton.kernels.flash_fwd_mla", "FLASH_FWD_MLA"),
     "flash_fwd_gluon": ("lazytriton.kernels.flash_fwd.gluon_spec", "FLASH_FWD_GLUON"),
     "flash_fwd_fp8": ("lazytriton.kernels.flash_fwd.fp8_spec", "FLASH_FWD_FP8"),
+    "flash_fwd_fp8_gluon": ("lazytriton.kernels.flash_fwd.fp8_gluon_spec", "FLASH_FWD_FP8_GLUON"),
     "flash_fwd_host_tma": ("lazytriton.kernels.flash_fwd", "FLASH_FWD_HOST_TMA"),
     "flash_bwd_dkdv_gluon": ("lazytriton.kernels.flash_bwd.gluon_spec", "FLASH_BWD_DKDV_GLUON"),
     "flash_bwd_prep": ("lazytriton.kernels.flash_bwd.fused_spec", "FLASH_BWD_PREP"),

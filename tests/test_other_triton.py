@@ -6,7 +6,7 @@ the other version (a virtual environment over this one, only triton
 replaced) and names it in ``$LAZYTRITON_TEST_OTHER_TRITON_PYTHON``; this file
 compiles one variant of each kernel there, for sm_90, with the features that
 change the kernels most (split head dims, window, softcap, ALiBi, dropout,
-packed sequences, a paged cache, head_dim_v, the FP8 forward's e4m3 dots),
+packed sequences, a paged cache, head_dim_v, the FP8 forward's e4m3 dots, its Gluon kernel),
 and checks what the entries say against the same variants compiled here.
 """
 
@@ -30,6 +30,7 @@ from lazytriton.kernels import dispatch, kv_append, kv_slots
 from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+from lazytriton.kernels.flash_fwd import fp8_gluon
 from lazytriton.target import Target
 
 sm90 = Target.parse("sm_90")
@@ -54,6 +55,7 @@ VARIANTS = [
     kv_slots.variant(sm90, "bf16", 192, 128, True, True, False),  # int32 slots, 64-bit offsets, two chunks
     kv_slots.variant(sm90, "fp16", 128, 0, True, False, True, "e4m3"),  # a float8 cache: quantised on the way in
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
+    fp8_gluon.default_variant("sm_90", "e4m3", 256, True, True, False, 4096, 4096),  # the Gluon FP8 forward
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 192, True, True, False, 1024, 1024),  # split, 2 tiles
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "fp16", 224, False, True, False, 4096, 4096),  # padded
@@ -88,7 +90,8 @@ def test_every_kernel_family_compiles_under_the_other_triton() -> None:
     kernels = {str(v).split(":")[0] for v in here}
     assert kernels == {"flash_fwd", "flash_fwd_fp8", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split",
                        "flash_decode_combine", "kv_append", "kv_slots", "flash_fwd_gluon", "flash_bwd_dkdv_gluon",
-                       "flash_bwd_prep", "flash_bwd_fused_gluon", "flash_fwd_mla"}, "one of each family's kernels"
+                       "flash_bwd_prep", "flash_bwd_fused_gluon", "flash_fwd_mla",
+                       "flash_fwd_fp8_gluon"}, "one of each family's kernels"
     for variant, (name, version, arg_types, num_warps, has_binary) in zip(here, there, strict=True):
         assert name == str(variant) and version != triton_version() and has_binary, name
         if variant is here[0]:  # compiled here too: the same launch ABI under both versions

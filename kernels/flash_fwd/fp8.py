@@ -1,4 +1,4 @@
-"""The FP8 forward on the host: descales, V's transpose, the argument packing and the launch of ``flash_fwd_fp8``.
+"""The FP8 forward on the host: descales, V's transpose, the argument packing and the launch of its kernels.
 
 FlashAttention-3's FP8 forward: float8_e4m3fn (or float8_e5m2) q, k and v, all three one dtype (checked by
 ``binding.check(..., fp8=True)`` or ``varlen.check(..., fp8=True)``, shapes and
@@ -9,7 +9,10 @@ transpose, (B, Hk, head_dim_v, Sk) with the keys contiguous
 writes once a call (a read and a write of v, each byte once: small beside the
 attention's work), its rows padded to 16 keys so that the 16-byte alignment
 hints hold. There is no backward (FlashAttention-3 has none): a q, k or v that
-requires grad is refused (``check_no_grad``). ``checked``/``checked_varlen``
+requires grad is refused (``check_no_grad``). Two kernels share this ABI:
+``flash_fwd_fp8`` (Triton) and, on sm_90 for the calls its table and rule
+take, ``flash_fwd_fp8_gluon`` (``fp8_gluon``; ``variant`` chooses, the memo
+key's last bit says whether a call fits). ``checked``/``checked_varlen``
 check a whole call and ``forward``/``varlen_forward`` run it: the public
 functions' ``lazytriton.fp8_calls`` and the torch ops of ``lazytriton.fp8_op``
 call them.
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 
 from lazytriton import launch, machine, runtime, tuning
-from lazytriton.kernels.flash_fwd import binding
+from lazytriton.kernels.flash_fwd import binding, fp8_gluon
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd import grid as _grid
 from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
@@ -173,20 +176,37 @@ def floats(call: binding.Call) -> tuple[float, float]:
     return (call.scale, call.softcap)
 
 
+def gluon_fits(call: binding.Call, shape: binding.Shape, packed: tuple[bool, bool, bool]) -> bool:
+    """Whether the call's shape and flags fit the Gluon FP8 forward's table (``fp8_gluon.fits``): the key's last bit."""
+    features = call.windowed or call.capped or call.chunked or any(packed)
+    return fp8_gluon.fits(shape.head_dim, call.dv, call.causal != "none", call.offset, call.scale, shape.seqlen_q,
+                          shape.seqlen_k, features)
+
+
 def memo_key(device_index: int | None, call: binding.Call, shape: binding.Shape, aligned: bool, index64: bool,
              packed: tuple[bool, bool, bool] = (False, False, False), *, dtype: str) -> tuple[Any, ...]:
-    """The plan's memo key: what ``variant`` reads, seqlens through the tuning buckets. ``packed``: varlen, seqused."""
+    """The plan's memo key: what ``variant`` reads, seqlens through the tuning buckets. ``packed``: varlen, seqused.
+
+    Its last item is ``gluon_fits``: the part of the Gluon FP8 forward's rule the buckets cannot see.
+    """
     return (MARK, device_index, dtype, shape.head_dim, call.head_dim_v, call.causal != "none", aligned, index64,
             tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k), call.windowed, call.capped,
-            call.chunked, *packed)
+            call.chunked, *packed, gluon_fits(call, shape, packed))
 
 
 def variant(target: Any, call: binding.Call, shape: binding.Shape, aligned: bool, index64: bool,
             packed: tuple[bool, bool, bool] = (False, False, False), *, dtype: str) -> Any:
-    """The ``flash_fwd_fp8`` variant of a call of FP8 ``dtype`` (``FP8_DTYPES``' names: e4m3, e5m2); dispatch's.
+    """The variant serving a call of FP8 ``dtype`` (``FP8_DTYPES``' names: e4m3, e5m2); dispatch's.
 
+    ``flash_fwd_fp8_gluon`` on sm_90 where the call ``gluon_fits`` (its table's tiles divide the seqlens, dense,
+    no window, softcap or chunk), aligned, 32-bit offsets (``fp8_gluon.default_variant``); else ``flash_fwd_fp8``.
     A ValueError for a target without FP8 tensor cores.
     """
+    if gluon_fits(call, shape, packed):
+        served = fp8_gluon.default_variant(str(target), dtype, shape.head_dim, call.causal != "none", aligned,
+                                           index64, shape.seqlen_q, shape.seqlen_k)
+        if served is not None:
+            return served
     return fwd_dispatch.flash_fwd_variant(
         target, dtype, shape.head_dim, call.causal != "none", aligned, shape.seqlen_q, index64=index64,
         seqlen_k=shape.seqlen_k, window=call.windowed, softcap=call.capped, head_dim_v=call.head_dim_v,
@@ -204,7 +224,7 @@ def interpreter_constexprs(call: binding.Call, shape: binding.Shape,
 
 def _plan(rt: Any, key: tuple[Any, ...], device: torch.device, call: binding.Call, shape: binding.Shape,
           aligned: bool, index64: bool, packed: tuple[bool, bool, bool], dtype: str) -> Any:
-    """``launch.plan`` of the call's ``flash_fwd_fp8`` variant: (kernel, BLOCK_M), memoised under ``key``."""
+    """``launch.plan`` of the call's variant (either FP8 kernel): (kernel, BLOCK_M), memoised at ``key``."""
     return launch.plan(rt, key, device,
                        lambda target: ((variant(target, call, shape, aligned, index64, packed, dtype=dtype),
                                         ("BLOCK_M",)),),
@@ -348,3 +368,22 @@ def preload(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     key = memo_key(device.index, call, shape, aligned, index64, dtype=dtype)
     _plan(runtime.get(), key, device, call, shape, aligned, index64, (False, False, False), dtype)
     return variant(machine.target_of_device(device), call, shape, aligned, index64, dtype=dtype)
+
+
+def run_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call, given: tuple[Any, Any, Any],
+                chosen: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a checked dense FP8 call (B, H, S, D) on the GPU through the variant ``chosen``, not the plan's.
+
+    Either FP8 kernel (they share ``pack``'s arguments and the grid): the tuner, the benchmark's providers and the
+    GPU tests run a tiling or a kernel dispatch would not pick. No memo; a ValueError where ``chosen`` is neither.
+    """
+    if chosen.kernel not in (FLASH_FWD_FP8.name, fp8_gluon.NAME):
+        raise ValueError(f"chosen must be a variant of {FLASH_FWD_FP8.name} or {fp8_gluon.NAME}, got {chosen.kernel}")
+    shape = call.shape
+    out, lse = empty_outputs(q, call.dv)
+    vt = transposed_v(v)
+    ints, _, _ = pack(q, k, vt, out, lse, call, descales(given, q, shape.batch, shape.heads_k))
+    kernel = runtime.get().kernel(chosen, q.device.index)
+    kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, int(chosen.get("BLOCK_M"))),
+                  launch.raw_stream(q.device.index), ints, floats(call), launch.scratch_alloc)
+    return out, lse

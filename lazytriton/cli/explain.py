@@ -111,6 +111,12 @@ def explain_report(args: argparse.Namespace) -> Report:
                          for name in kernels), "varlen": varlen, "target": str(target), "target_source": how, **flags,
             "rotary": rotary, "kv_dtype": kv_dtype, **({"page_size": page} if page else {}),
             **({"slot_mapping": slots or "int64"} if "kv_slots" in kernels else {})}
+    if args.dtype in ("e4m3", "e5m2"):  # the FP8 forward's other kernel: its line (kernels/flash_fwd/fp8_gluon.py)
+        from lazytriton.kernels.flash_fwd import fp8_gluon
+
+        call["fp8_gluon"] = fp8_gluon.explain(str(target), args.dtype, args.head_dim, head_dim_v, args.causal,
+                                              not args.unaligned, args.index64, args.seqlen_q, seqlen_k,
+                                              varlen or flags["window"] or flags["softcap"] or flags["chunk"])
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -387,9 +393,8 @@ def print_explain(report: Report) -> None:
     if call.get("dtype") in ("e4m3", "e5m2"):
         print(f"         {call['dtype']} (FlashAttention-3's FP8 forward): flash_fwd_fp8, its own kernel "
               f"({call['dtype']} q, k, v; P rounded to e4m3; V read "
-              "from its transpose; q_descale/k_descale/v_descale; bf16 out), sm_90 and later; the Gluon forward "
-              f"takes no FP8 (its rule: dtype {call['dtype']} is not fp16 or bf16), so the Triton kernel serves every "
-              "FP8 call")
+              "from its transpose; q_descale/k_descale/v_descale; bf16 out), sm_90 and later; on sm_90 "
+              f"flash_fwd_fp8_gluon where its rule holds: {call['fp8_gluon']}")
     if call.get("chunk"):
         print("         attention_chunk (CHUNK=true, the chunk size a runtime argument): each query sees the keys of "
               "its own chunk, key blocks outside every query's chunk skipped; the Gluon forward, the Gluon dK/dV and "

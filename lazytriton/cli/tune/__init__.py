@@ -76,9 +76,10 @@ def causal_flags(text: str) -> tuple[bool, ...]:
 
 def _dtypes(text: str) -> list[str]:
     values = common.csv_list(text)
-    bad = [v for v in values if v not in ("bf16", "fp16", "fp32")] or ([] if values else [text])
+    bad = [v for v in values if v not in ("bf16", "fp16", "fp32", "e4m3")] or ([] if values else [text])
     if bad:
-        raise argparse.ArgumentTypeError(f"--dtype must be among bf16, fp16, fp32, got {bad[0]!r}")
+        raise argparse.ArgumentTypeError(f"--dtype must be among bf16, fp16, fp32, e4m3 (the FP8 forward's, flash_fwd "
+                                         f"only), got {bad[0]!r}")
     return values
 
 
@@ -131,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kernel families or kernels to tune, comma-separated: flash_fwd (default), flash_bwd "
                              "(= flash_bwd_dq,flash_bwd_dkdv), flash_decode (= flash_decode_split,"
                              "flash_decode_combine: both are tuned together)")
-    parser.add_argument("--dtype", type=_dtypes, default=["bf16", "fp16"], help="comma-separated: bf16, fp16, fp32")
+    parser.add_argument("--dtype", type=_dtypes, default=["bf16", "fp16"],
+                        help="comma-separated: bf16, fp16, fp32, e4m3 (the FP8 forward's tiles: flash_fwd only)")
     parser.add_argument("--head-dim", type=_head_dims, default=[64, 128], help="comma-separated head dims")
     parser.add_argument("--causal", type=causal_flags, action="extend",
                         help="none,top_left,bottom_right (default: none and causal; both causal modes tune one "

@@ -1,0 +1,326 @@
+"""flash_fwd_fp8_gluon: its registration, the rule and dispatch to it, sm_90 compiles, and on the GPU its numbers.
+
+The kernel runs only on a Hopper GPU (Triton's interpreter does not run Gluon): the GPU tests below hold it to
+FlashAttention-3's FP8 rule against float64 (``test_fp8_fwd.assert_fa3_rule``). On CPU: the spec shares
+flash_fwd_fp8's parameters (``fp8.pack`` packs for both), the rule refuses every call the kernel does not
+compute exactly, dispatch serves it only where the rule and table hold (the memo key's last bit), and the
+installed Triton (3.9 on CI; 3.6 through ``$LAZYTRITON_TEST_OTHER_TRITON_PYTHON``) compiles each tiling for
+sm_90 into FP8 wgmmas within shared memory and without a spill.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, gpu, ptxas_report
+from test_fp8_fwd import E4M3, E5M2, assert_fa3_rule, reference
+
+from lazytriton.kernels import get, launched_warps, source_fingerprint
+from lazytriton.kernels.flash_fwd import binding, fp8, fp8_gluon
+from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
+from lazytriton.target import Target
+from lazytriton.variant import Variant, check_fields
+
+SM90 = Target.parse("sm_90")
+NAME = "flash_fwd_fp8_gluon"
+TILINGS = [(d, tiles) for d in fp8_gluon.HEAD_DIMS for tiles in fp8_gluon.configs(d)]
+
+
+def meta_call(head_dim: int = 128, causal: bool | str = False, sq: int = 4096, sk: int = 4096,
+              dtype: torch.dtype = E4M3, **kw: object) -> binding.Call:
+    q = torch.empty(2, 8, sq, head_dim, dtype=dtype, device="meta")
+    k = torch.empty(2, 2, sk, head_dim, dtype=dtype, device="meta")
+    return binding.check(q, k, k, causal, None, fp8=True, **kw)  # type: ignore[arg-type]
+
+
+def served(call: binding.Call, target: Target = SM90, aligned: bool = True, index64: bool = False,
+           packed: tuple[bool, bool, bool] = (False, False, False), dtype: str = "e4m3") -> Variant:
+    return fp8.variant(target, call, call.shape, aligned, index64, packed, dtype=dtype)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------
+# Registration and parameter layout
+
+
+def test_the_spec_shares_flash_fwd_fp8s_parameters_and_has_its_own_source() -> None:
+    spec = get(NAME)
+    assert spec.params == FLASH_FWD_FP8.params and spec.aligned_params == FLASH_FWD_FP8.aligned_params
+    assert spec.source_path.name == "fp8_gluon_kernel.py"
+    assert [p.name for p in spec.source_paths[1:]] == ["gluon_tma.py"]  # what it imports
+    assert source_fingerprint(NAME) not in {source_fingerprint("flash_fwd_fp8"), source_fingerprint("flash_fwd_gluon")}
+    source = spec.source_path.read_text()
+    imported = set(re.findall(r"^from (lazytriton\.[\w.]+) import", source, re.M))
+    assert imported == set(spec.helpers)
+
+
+@pytest.mark.parametrize(("head_dim", "tiles"), TILINGS)
+def test_each_tiling_is_a_complete_variant_that_round_trips(head_dim: int, tiles: tuple[int, int, int]) -> None:
+    v = fp8_gluon.variant("sm_90", "e4m3", head_dim, "top_left", True, False, 4096, 4096, tiles=tiles)
+    assert v is not None and check_fields(v) is v and Variant.parse(str(v)) == v
+    assert v.get("BLOCK_M") == tiles[0] and v.get("BLOCK_N") == tiles[1]
+    assert v.get("num_stages") == fp8_gluon.stages(head_dim, tiles[1])
+    assert launched_warps(v) == 12  # two consumer warpgroups of 4 warps, the producer warp padded to a warpgroup
+    e5m2 = fp8_gluon.variant("sm_90", "e5m2", head_dim, "top_left", True, False, 4096, 4096, tiles=tiles)
+    assert e5m2 is not None and e5m2.key() != v.key()
+
+
+def test_tiles_outside_the_configs_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"tiles must be one of .* got \(128, 256, 4\)"):
+        fp8_gluon.variant("sm_90", "e4m3", 128, "none", True, False, 4096, 4096, tiles=(128, 256, 4))  # spills
+    with pytest.raises(ValueError, match="tiles must be one of"):
+        fp8_gluon.variant("sm_90", "e4m3", 96, "none", True, False, 4096, 4096)
+
+
+# ---------------------------------------------------------------------------
+# The rule
+
+
+@pytest.mark.parametrize(("target", "dtype", "d", "dv", "causal", "aligned", "index64", "sq", "sk", "features",
+                          "why"), [
+    ("sm_80", "e4m3", 128, 128, "none", True, False, 4096, 4096, False, "target"),
+    ("sm_100", "e4m3", 128, 128, "none", True, False, 4096, 4096, False, "target"),
+    ("sm_90", "bf16", 128, 128, "none", True, False, 4096, 4096, False, "dtype"),
+    ("sm_90", "e4m3", 96, 96, "none", True, False, 4096, 4096, False, "head dims"),
+    ("sm_90", "e4m3", 128, 64, "none", True, False, 4096, 4096, False, "head dims"),
+    ("sm_90", "e4m3", 128, 128, "none", False, False, 4096, 4096, False, "aligned"),
+    ("sm_90", "e4m3", 128, 128, "none", True, True, 4096, 4096, False, "32-bit"),
+    ("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4096, True, "not implemented"),
+    ("sm_90", "e4m3", 128, 128, "none", True, False, 4000, 4096, False, "multiples"),
+    ("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4000, False, "multiples"),
+    ("sm_90", "e4m3", 128, 128, "none", True, False, 0, 4096, False, "positive"),
+    ("sm_90", "e4m3", 128, 128, "bottom_right", True, False, 2048, 1024, False, "without keys"),
+])
+def test_reason_refuses_what_the_kernel_does_not_compute(target: str, dtype: str, d: int, dv: int, causal: str,
+                                                         aligned: bool, index64: bool, sq: int, sk: int,
+                                                         features: bool, why: str) -> None:
+    got = fp8_gluon.reason(target, dtype, d, dv, causal, aligned, index64, sq, sk, 128, 128, features)
+    assert got is not None and why in got
+    assert fp8_gluon.explain(target, dtype, d, dv, causal, aligned, index64, sq, sk, features).startswith(
+        "flash_fwd_fp8 serves it")
+
+
+def test_reason_refuses_a_softmax_scale_that_is_not_positive() -> None:
+    for scale in (0.0, -0.125, float("nan")):
+        got = fp8_gluon.reason("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4096, 128, 128, scale=scale)
+        assert got is not None and "not positive" in got
+        assert not fp8_gluon.fits(128, 128, False, 0, scale, 4096, 4096, False)
+
+
+# ---------------------------------------------------------------------------
+# Dispatch: sm_90 FP8 calls the table and rule take run the Gluon kernel; the rest flash_fwd_fp8
+
+
+@pytest.mark.parametrize("head_dim", fp8_gluon.HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize(("dtype", "name"), [(E4M3, "e4m3"), (E5M2, "e5m2")])
+def test_fitting_calls_are_served_by_the_gluon_kernel(head_dim: int, causal: bool | str, dtype: torch.dtype,
+                                                      name: str) -> None:
+    call = meta_call(head_dim, causal, 4096, 4096, dtype)
+    v = served(call, dtype=name)
+    assert v.kernel == NAME and v.dtype == name and v.get("CAUSAL") == (causal is not False)
+    assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == fp8_gluon.TABLE[(head_dim, causal is not False)]
+    assert fp8.memo_key(0, call, call.shape, True, False, dtype=name)[-1] is True
+
+
+@pytest.mark.parametrize(("call_kw", "serve_kw", "why"), [
+    ({"head_dim": 96}, {}, "padded head dim"),
+    ({"sq": 4000}, {}, "ragged query tile"),
+    ({"sk": 4096 + 64}, {}, "ragged key tile"),
+    ({"causal": "bottom_right", "sq": 4096, "sk": 2048}, {}, "rows without keys"),
+    ({"window": (64, 64)}, {}, "window"),
+    ({"softcap": 30.0}, {}, "softcap"),
+    ({}, {"aligned": False}, "unaligned"),
+    ({}, {"index64": True}, "64-bit offsets"),
+    ({}, {"packed": (True, False, False)}, "packed sequences"),
+    ({}, {"target": Target.parse("sm_100")}, "not Hopper"),
+])
+def test_the_rest_keeps_flash_fwd_fp8(call_kw: dict, serve_kw: dict, why: str) -> None:
+    call = meta_call(**call_kw)
+    assert served(call, **serve_kw).kernel == "flash_fwd_fp8", why
+
+
+def test_sm80_is_still_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no FP8 tensor cores"):
+        served(meta_call(), target=Target.parse("sm_80"))
+
+
+def test_the_switch_off_serves_flash_fwd_fp8_and_keys_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    call = meta_call()
+    on = fp8.memo_key(0, call, call.shape, True, False, dtype="e4m3")
+    monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", False)
+    assert served(call).kernel == "flash_fwd_fp8"
+    off = fp8.memo_key(0, call, call.shape, True, False, dtype="e4m3")
+    assert on[:-1] == off[:-1] and on != off  # a plan made for one is never used for the other
+    assert "BY_DEFAULT is off" in fp8_gluon.explain("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4096, False)
+
+
+def test_cache_explain_names_the_kernel_that_serves(capsys: pytest.CaptureFixture[str]) -> None:
+    from lazytriton.cli import main
+
+    assert main(["cache", "explain", "--dtype", "e4m3", "--head-dim", "256", "--seqlen-q", "4096", "--causal",
+                 "bottom_right", "--target", "sm_90", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "the Gluon FP8 forward serves it: flash_fwd_fp8_gluon:sm_90:e4m3:" in out
+    assert main(["cache", "explain", "--dtype", "e4m3", "--head-dim", "128", "--seqlen-q", "1000", "--target",
+                 "sm_90"]) == 0
+    assert "flash_fwd_fp8 serves it, not the Gluon FP8 forward" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------
+# Compiled for sm_90 by the installed Triton
+
+
+def sm90_ptx(variant: Variant) -> str:
+    """The PTX of a flash_fwd_fp8_gluon variant, compiled by the installed Triton for cuda:90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    try:
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:  # Triton 3.6
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+    from lazytriton.variant import kernel_constexprs
+
+    spec = get(NAME)
+    fn = getattr(importlib.import_module(spec.module), spec.function)
+    source = GluonASTSource(fn, spec.signature(variant.dtype), constexprs=kernel_constexprs(variant, spec.constexprs),
+                            attrs={(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(spec.params)
+                                   if name in spec.aligned_params})
+    options = {"num_warps": variant.get("num_warps"), "enable_fp_fusion": True}
+    return str(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"])
+
+
+@pytest.mark.parametrize(("head_dim", "tiles"), TILINGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_tiling_compiles_to_fp8_wgmmas_within_shared_memory_without_a_spill(
+        head_dim: int, tiles: tuple[int, int, int], causal: bool, tmp_path: Path) -> None:
+    from lazytriton.compiler import compile_variant
+
+    v = fp8_gluon.variant("sm_90", "e4m3", head_dim, "top_left" if causal else "none", True, False, 4096, 4096,
+                          tiles=tiles)
+    assert v is not None
+    entry = compile_variant(v)
+    assert entry.num_warps == launched_warps(v) == 12
+    shared = fp8_gluon.shared_bytes(head_dim, tiles[0], tiles[1])
+    assert 0 <= entry.shared - shared <= fp8_gluon.SHARED_SLACK
+    assert entry.shared + fp8_gluon.SHARED_SLACK <= fp8_gluon.SM90_SHARED
+    ptx = sm90_ptx(v)
+    dots = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.(e[45]m[23]\.e[45]m[23])", ptx))
+    assert dots == {(str(tiles[1]), "e4m3.e4m3"), (str(head_dim), "e4m3.e4m3")}  # S = Q K^T and O += P V
+    assert "mma.sync" not in ptx and "ld.local" not in ptx and "st.local" not in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx
+    assert ptx.count("cp.async.bulk.tensor.2d.shared") >= 3  # Q (each consumer), K and Vt by the producer
+    _, stores, loads = ptxas_report(ptx, tmp_path)
+    assert (stores, loads) == (0, 0)
+
+
+def test_e5m2_inputs_take_e4m3_probabilities_against_e5m2_values() -> None:
+    v = fp8_gluon.variant("sm_90", "e5m2", 128, "none", True, False, 4096, 4096)
+    assert v is not None
+    dots = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.(e[45]m[23]\.e[45]m[23])",
+                          sm90_ptx(v)))
+    assert dots == {("128", "e5m2.e5m2"), ("128", "e4m3.e5m2")}
+
+
+OTHER_TRITON = "LAZYTRITON_TEST_OTHER_TRITON_PYTHON"
+
+
+def test_every_tiling_compiles_under_the_other_triton_with_the_same_shared_memory() -> None:
+    """Triton 3.6 on the GPU host, 3.9 on CI: each tiling compiles under both, to the same shared memory."""
+    python = os.environ.get(OTHER_TRITON)
+    if not python:
+        pytest.skip(f"set {OTHER_TRITON} to a Python with the other Triton version (3.6 beside 3.9): .ci/run does")
+    code = ("from lazytriton.compiler import compile_variant, triton_version\n"
+            "from lazytriton.kernels.flash_fwd import fp8_gluon\n"
+            f"for d, tiles in {TILINGS!r}:\n"
+            "    for dtype in ('e4m3', 'e5m2'):\n"
+            "        v = fp8_gluon.variant('sm_90', dtype, d, 'top_left', True, False, 4096, 4096, tiles=tiles)\n"
+            "        print('ENTRY', triton_version(), d, tiles[1], dtype, compile_variant(v).shared)\n")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=1200, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    from lazytriton.compiler import triton_version
+
+    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("ENTRY")]
+    assert len(lines) == 2 * len(TILINGS) and all(line[1] != triton_version() for line in lines)
+    for _, _, d, block_n, _, shared in lines:
+        assert 0 <= int(shared) - fp8_gluon.shared_bytes(int(d), 128, int(block_n)) <= fp8_gluon.SHARED_SLACK
+
+
+# ---------------------------------------------------------------------------
+# GPU: FlashAttention-3's FP8 rule against float64 from the dequantised inputs
+
+
+def _check_group(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: tuple,
+                 causal: bool | str) -> None:
+    """FA3's rule on kv head 0's query heads (B, H, S, D tensors): a float64 reference of one group fits memory."""
+    group = q.shape[1] // k.shape[1]
+    sl = tuple(x[:, :1] for x in scales)
+    args = (q[:, :group], k[:, :1], v[:, :1], sl, causal)
+    assert_fa3_rule(out[:, :group], reference(*args), reference(*args, same_precision=True))
+
+
+@gpu
+@pytest.mark.parametrize(("head_dim", "tiles"), TILINGS)
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_gpu_every_tiling_by_fa3_rule(head_dim: int, tiles: tuple[int, int, int], causal: bool | str,
+                                      dtype: torch.dtype) -> None:
+    torch.manual_seed(head_dim + tiles[1])
+    b, hq, hk, sq, sk = 2, 4, 2, 1024, 2048  # GQA, more keys than queries (bottom-right: offset 1024)
+    q = torch.randn(b, hq, sq, head_dim, device="cuda").to(dtype)
+    k, v = (torch.randn(b, hk, sk, head_dim, device="cuda").to(dtype) for _ in range(2))
+    scales = tuple(torch.rand(b, hk, device="cuda") * 2 + 0.05 for _ in range(3))
+    call = binding.check(q, k, v, causal, None, fp8=True)
+    chosen = fp8_gluon.variant("sm_90", binding.FP8_DTYPES[dtype], head_dim, call.causal, True, False, sq, sk,
+                               tiles=tiles)
+    assert chosen is not None
+    out, lse = fp8.run_variant(q, k, v, call, scales, chosen)
+    _check_group(out, q, k, v, scales, causal)
+    assert torch.isfinite(lse).all()
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", fp8_gluon.HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_flash_attn_func_serves_the_gluon_kernel_and_agrees_with_flash_fwd_fp8(head_dim: int,
+                                                                                    causal: bool) -> None:
+    import lazytriton
+    from lazytriton import machine
+
+    torch.manual_seed(3 * head_dim)
+    b, s, hq, hk = 1, 4096, 8, 2
+    q = torch.randn(b, s, hq, head_dim, device="cuda").to(E4M3)
+    k, v = (torch.randn(b, s, hk, head_dim, device="cuda").to(E4M3) for _ in range(2))
+    scales = tuple(torch.rand(b, hk, device="cuda") + 0.5 for _ in range(3))
+    call = binding.check(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, None, fp8=True)
+    assert served(call, target=machine.target_of_device(q.device)).kernel == NAME
+    out = lazytriton.flash_attn_func(q, k, v, causal=causal, q_descale=scales[0], k_descale=scales[1],
+                                     v_descale=scales[2])
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    _check_group(out.transpose(1, 2), qt, kt, vt, scales, "bottom_right" if causal else False)
+    triton_variant = fp8.variant(machine.target_of_device(q.device), call, call.shape, False, False, dtype="e4m3")
+    assert triton_variant.kernel == "flash_fwd_fp8"  # unaligned: the Triton kernel's variant for the same call
+    other, _ = fp8.run_variant(qt, kt, vt, call, scales, triton_variant)
+    _check_group(other, qt, kt, vt, scales, "bottom_right" if causal else False)
+
+
+# ---------------------------------------------------------------------------
+# lazytriton tune --dtype e4m3: flash_fwd_fp8's tiles
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_the_tuners_e4m3_candidates_are_flash_fwd_fp8_variants(head_dim: int) -> None:
+    from lazytriton.cli.tune import flash_fwd as tuner
+    from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+
+    found = tuner.candidates("e4m3", head_dim, 4096)
+    assert found and all(c.block_n >= 32 for c in found)  # FP8 dots take 32 keys and more
+    for config in found:
+        v = fwd_dispatch.flash_fwd_variant(SM90, "e4m3", head_dim, False, True, 4096, config=config, seqlen_k=4096)
+        assert v.kernel == "flash_fwd_fp8" and v.get("BLOCK_N") == config.block_n
