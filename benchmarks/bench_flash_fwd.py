@@ -255,7 +255,7 @@ def throughput(args: argparse.Namespace, meta: dict[str, str], rows: list[dict[s
                          "seqlen": case.seqlen, "p50_ms": round(ms, 4), "tflops": round(case.fwd_flops / ms / 1e9, 1),
                          "us_per_call": "", "rel_err": f"{errs[name]:.1e}"})
         print(f"{case.label}  " + "  ".join(f"{r['provider']} {r['tflops']}" for r in done), flush=True)
-        append_rows(args.csv, FIELDS, done)
+        append_rows(args.csv, FIELDS, timed_rows(done))
         rows += done
         del q, k, v, ref, made
         torch.cuda.empty_cache()
@@ -409,6 +409,11 @@ def fp8_case(head_dim: int, causal: bool, meta: dict[str, str]) -> list[dict[str
     return rows
 
 
+def timed_rows(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The rows of providers that ran (a refused or failed one has no time): what goes to the CSV."""
+    return [r for r in rows if math.isfinite(float(r["tflops"]))]  # type: ignore[arg-type]
+
+
 def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object]]:
     """The FP8 grid (``--fp8``): rows appended to the CSV case by case, then the FP8 / bf16 table."""
     rows: list[dict[str, object]] = []
@@ -416,7 +421,7 @@ def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object
         for causal in (False, True):
             torch.manual_seed(head_dim)
             done = fp8_case(head_dim, causal, meta)
-            append_rows(args.csv, FIELDS, done)
+            append_rows(args.csv, FIELDS, timed_rows(done))
             rows += done
             tf: dict[str, float] = {str(r["provider"]): float(r["tflops"]) for r in done}  # type: ignore[arg-type]
             print(f"hd{head_dim} {'causal' if causal else 'full  '} 16k: "

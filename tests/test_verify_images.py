@@ -48,6 +48,9 @@ OTHER_TRITON = "LAZYTRITON_TEST_OTHER_TRITON_PYTHON"  # as test_other_triton.py 
 TARGETS = tuple(KNOWN_TARGETS)
 AXES = ("--dtype", "bf16", "--head-dim", "64", "--causal", "none", "--seqlen-q", "4096", "--seqlen-k", "4096",
         "--paged", "contiguous", "--varlen")
+# The MLA forward's family is planned only when asked for (a v of over 256 columns, or qv): its own plan.
+MLA_AXES = ("--kernel", "flash_fwd_mla", "--dtype", "bf16", "--head-dim", "64", "--head-dim-v", "512", "--causal",
+            "none", "--seqlen-q", "4096", "--seqlen-k", "4096")
 PLAIN_KERNELS = {kernel for kernels in FAMILIES.values() for kernel in kernels}
 
 
@@ -82,11 +85,12 @@ def build(python: str, where: Path) -> Path:
     """The image ``python``'s prewarm builds of the plan on ``AXES`` and of ``extra_variants``, merged."""
     misses = where / "misses.jsonl"
     misses.write_text("".join(json.dumps({"variant": str(v)}) + "\n" for v in extra_variants()))
-    image, plan, extra = where / "all.ltimg", where / "plan.ltimg", where / "extra.ltimg"
+    image, plan, extra, mla = where / "all.ltimg", where / "plan.ltimg", where / "extra.ltimg", where / "mla.ltimg"
     output = ""
     for args in (("--target", ",".join(TARGETS), *AXES, "--out", str(plan)),
+                 ("--target", ",".join(TARGETS), *MLA_AXES, "--out", str(mla)),
                  ("--from-misses", str(misses), "--out", str(extra)),
-                 ("--merge", str(plan), str(extra), "--out", str(image))):
+                 ("--merge", str(plan), str(mla), str(extra), "--out", str(image))):
         # Run from the temp folder: the checkout's root on sys.path would shadow other packages (conftest.py).
         done = subprocess.run([python, "-m", "lazytriton.cli", "prewarm", *args], capture_output=True, text=True,
                               timeout=3600, cwd=where, check=False)
