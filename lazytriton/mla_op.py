@@ -46,7 +46,8 @@ def flash_fwd_mla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.T
                   causal: str, window_left: int = -1, window_right: int = -1,
                   softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The MLA forward through the kernel cache: ``(out, lse)``."""
-    q, k, v, qv = (_last_dim_contiguous(t) for t in (q, k, v, qv))
+    q, k, v = (t.contiguous() if t.stride(-1) != 1 and t.shape[-1] > 1 else t for t in (q, k, v))
+    qv = _last_dim_contiguous(qv)
     call = binding.check(q, k, v, qv, causal, softmax_scale, fwd.NAMES, (window_left, window_right), float(softcap))
     return binding.forward(q, k, v, qv, call)  # type: ignore[arg-type]
 
@@ -64,7 +65,8 @@ def flash_varlen_fwd_mla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: 
                          max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int = -1,
                          window_right: int = -1, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed MLA forward through the kernel cache: ``(out, lse (heads_q, total_q))``."""
-    q, k, v, qv = (_last_dim_contiguous(t) for t in (q, k, v, qv))
+    q, k, v = (t.contiguous() if t.stride(-1) != 1 and t.shape[-1] > 1 else t for t in (q, k, v))
+    qv = _last_dim_contiguous(qv)
     vc, _ = binding.check_varlen(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                  softmax_scale, (window_left, window_right), float(softcap))
     return binding.varlen_forward(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, vc)  # type: ignore[arg-type]

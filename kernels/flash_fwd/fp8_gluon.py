@@ -158,6 +158,7 @@ def explain(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: str
             seqlen_q: int, seqlen_k: int, features: bool) -> str:
     """``cache explain``'s line on the FP8 Gluon forward for a described call: its variant, or why not."""
     tiles = default_tiles(head_dim, causal != "none")
+    why: str | None
     if tiles is None:
         why = (f"no table row for head dim {head_dim} (it serves {HEAD_DIMS})" if BY_DEFAULT
                else "fp8_gluon.BY_DEFAULT is off")

@@ -63,6 +63,26 @@ class Entry:
                  "vt_size", "vt_stride", "ones", "ones_ptr", "tail", "floats", "strides_aligned", "dims",
                  "key_aligned", "key_unaligned", "launch_aligned", "launch_unaligned")
 
+    plans: dict[Any, Any]
+    device: torch.device
+    device_index: int
+    out_size: tuple[int, ...]
+    out_stride: tuple[int, ...]
+    lse_template: torch.Tensor
+    lse_numel: int
+    vt_size: tuple[int, ...]
+    vt_stride: tuple[int, ...]
+    ones: torch.Tensor | None
+    ones_ptr: int
+    tail: tuple[int, ...]
+    floats: tuple[float, ...]
+    strides_aligned: bool
+    dims: tuple[int, int, int]
+    key_aligned: tuple[Any, ...]
+    key_unaligned: tuple[Any, ...]
+    launch_aligned: tuple[Any, tuple[int, int, int]] | None
+    launch_unaligned: tuple[Any, tuple[int, int, int]] | None
+
     def __init__(self, **fields: Any) -> None:
         for name in self.__slots__:
             setattr(self, name, fields.get(name))
@@ -185,12 +205,12 @@ def make(layout: str = "bhsd", result: str = "forward", cuda: bool = True,
             lse = empty_like(entry.lse_template)
             lse_ptr = lse.data_ptr()
         else:
-            found = spares.get(entry.device_index)
-            if found is None or found[0] < entry.lse_numel:
+            spare_held = spares.get(entry.device_index)
+            if spare_held is None or spare_held[0] < entry.lse_numel:
                 lse = spare_lse(entry.device_index, entry.lse_numel)  # alive in this frame until after the launch
                 lse_ptr = lse.data_ptr()
             else:
-                lse_ptr = found[1]
+                lse_ptr = spare_held[1]
         vt = empty_strided(entry.vt_size, entry.vt_stride, dtype=v.dtype, device=device)
         q_ptr, k_ptr, vt_ptr, out_ptr = q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr()
         if entry.strides_aligned and not (q_ptr | k_ptr | vt_ptr | out_ptr | lse_ptr) & 15:

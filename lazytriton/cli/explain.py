@@ -281,7 +281,7 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
         cache, table = (1, max(seqlen_k, 1) if append else seqlen_k), None
     new = (meta(1, 1, 1, head_dim), meta(1, 1, 1, head_dim_v)) if append else (None, None)
     cu_new = meta(2, of=torch.int32) if append and varlen else None
-    if cu_new is not None:
+    if cu_new is not None and new[0] is not None and new[1] is not None:
         new = (new[0][0], new[1][0])  # (total_new, heads_k, head_dim)
     lens = max(seqlen_k - 1, 0) if append else None
     slopes = meta(1, of=torch.float32) if flags["alibi"] else None
