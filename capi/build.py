@@ -76,6 +76,9 @@ typedef struct {
     int64_t slots, min_keys;
     uint64_t append_function;
     uint32_t append_threads, append_shared, append_block_m, append_hidden;
+    int32_t varlen_new;
+    uint64_t lengths_function;
+    uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
     char variant[512];
 } lt__kvcache_plan_request;
 

@@ -22,6 +22,7 @@ from lazytriton.capi.common import PYTHON, check_entry_layout, host_tensor
 
 KERNELS = ("flash_decode_split", "flash_decode_combine")
 APPEND = "kv_append"
+LENGTHS = "kv_append_lengths"  # packed new keys: each sequence's length after the append
 KV_FP8 = {0: "none", 5: "e4m3", 6: "e5m2"}  # the plan request's kv_fp8 (a float8 cache's lt_dtype) as KV_FP8
 
 _ffi: Any = None
@@ -111,9 +112,10 @@ def check_launch_layout(entry: Any, kernel: str) -> None:
     """Refuse an entry whose parameters lt_kvcache.c would not pass correctly (its binding's ints, then floats)."""
     from lazytriton.kernels import kv_append
     from lazytriton.kernels.flash_decode import binding
+    from lazytriton.kernels.kv_append import lengths
 
     ints = {KERNELS[0]: binding.SPLIT_INT_PARAMS, KERNELS[1]: binding.COMBINE_INT_PARAMS,
-            APPEND: kv_append.INT_PARAMS}[kernel]
+            APPEND: kv_append.INT_PARAMS, LENGTHS: lengths.INT_PARAMS}[kernel]
     check_entry_layout(entry, len(ints), ("fp32", "fp32") if kernel == KERNELS[0] else ())
 
 
@@ -134,6 +136,8 @@ def plan(req: Any) -> int:
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)
+    if req.varlen_new:
+        _plan_lengths(req, rt, capability)
     loaded = []
     for variant in (split, combine):
         kernel = rt.kernel(variant, req.device_index)
@@ -153,27 +157,44 @@ def plan(req: Any) -> int:
 
 
 def append_variant(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,
-                   index64: bool, rotary: bool = False, rotary_interleaved: bool = False, kv_fp8: str = "none") -> Any:
-    """The kv_append variant a C plan with new keys launches first (pure): ``kv_append.variant``, as in Python."""
+                   index64: bool, rotary: bool = False, rotary_interleaved: bool = False, kv_fp8: str = "none",
+                   varlen: bool = False) -> Any:
+    """The kv_append variant a C plan with new keys launches first (pure): ``kv_append.variant``, as in Python.
+
+    ``varlen``: new keys packed by cu_seqlens_k_new (VARLEN=true).
+    """
     from lazytriton.kernels import kv_append
     from lazytriton.target import Target
 
     dtype = {1: "fp16", 2: "bf16", 3: "fp32"}[dtype_code]
     return kv_append.variant(Target("cuda", str(capability), 32), dtype, head_dim,
                              0 if head_dim_v == head_dim else head_dim_v, paged, aligned, index64, rotary,
-                             rotary_interleaved, kv_fp8)
+                             rotary_interleaved, kv_fp8, varlen)
 
 
 def _plan_append(req: Any, rt: Any, capability: int) -> None:
     """Load kv_append for the request and answer its launch fields."""
     chosen = append_variant(capability, req.dtype, req.head_dim, req.head_dim_v, bool(req.paged),
                             bool(req.append_aligned), bool(req.append_index64), bool(req.rotary),
-                            bool(req.rotary_interleaved), KV_FP8[req.kv_fp8])
+                            bool(req.rotary_interleaved), KV_FP8[req.kv_fp8], bool(req.varlen_new))
     kernel = rt.kernel(chosen, req.device_index)
     check_launch_layout(kernel.entry, APPEND)
     req.append_function = int(_ffi.cast("uintptr_t", kernel.function))
     req.append_threads, req.append_shared = kernel.block, kernel.shared
     req.append_block_m, req.append_hidden = int(chosen.get("BLOCK_M")), len(kernel.entry.hidden_args)
+
+
+def _plan_lengths(req: Any, rt: Any, capability: int) -> None:
+    """Load kv_append_lengths (packed new keys: the lengths after the append) and answer its launch fields."""
+    from lazytriton.kernels.kv_append import lengths
+    from lazytriton.target import Target
+
+    chosen = lengths.variant(Target("cuda", str(capability), 32))
+    kernel = rt.kernel(chosen, req.device_index)
+    check_launch_layout(kernel.entry, LENGTHS)
+    req.lengths_function = int(_ffi.cast("uintptr_t", kernel.function))
+    req.lengths_threads, req.lengths_shared = kernel.block, kernel.shared
+    req.lengths_block, req.lengths_hidden = int(chosen.get("BLOCK")), len(kernel.entry.hidden_args)
 
 
 def attach(ffi: Any, guarded: Any) -> None:

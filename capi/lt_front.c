@@ -262,7 +262,7 @@ static int lt__native_load(const ltn_decode_request *r, int32_t device_index, ui
     if (status == LT_OK) {
         out->function = (uint64_t)(uintptr_t)function; /* its module stays loaded, as the embedded planner's */
         out->threads = info.block_threads, out->shared = info.shared_bytes;
-        out->block_m = (uint32_t)ltn_variant_get(&variant, "BLOCK_M", 0);
+        out->block_m = (uint32_t)ltn_variant_get(&variant, "BLOCK_M", ltn_variant_get(&variant, "BLOCK", 0));
         out->block_n = (uint32_t)ltn_variant_get(&variant, "BLOCK_N", 0);
         out->block_d = (uint32_t)ltn_variant_get(&variant, "BLOCK_D", 0);
     }
@@ -322,13 +322,20 @@ static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
         .softcap = q->softcap, .alibi = q->alibi, .leftpad = q->leftpad, .rotary = q->rotary,
         .rotary_interleaved = q->rotary_interleaved, .sinks = q->sinks, .varlen_q = q->varlen_q, .chunk = q->chunk,
         .kv_fp8 = q->kv_fp8, .qv = q->qv};
-    lt__native_kernel split, combine, append;
+    lt__native_kernel split, combine, append, lengths;
     char message[2048] = "";
     int more = 0, status = LT_OK;
     if (q->append) {
         ltn_decode_request a = r;
         a.kernel = LTN_KERNEL_KV_APPEND, a.aligned = q->append_aligned, a.index64 = q->append_index64;
+        a.varlen_new = q->varlen_new;
         status = lt__native_first(status, lt__native_load(&a, q->device_index, LT__APPEND_PARAMS, 0, &append),
+                                  message, sizeof message, &more);
+    }
+    if (q->varlen_new) { /* packed new keys: kv_append_lengths, the split kernel's lengths after the append */
+        ltn_decode_request l = r;
+        l.kernel = LTN_KERNEL_KV_APPEND_LENGTHS;
+        status = lt__native_first(status, lt__native_load(&l, q->device_index, LT__LENGTHS_PARAMS, 0, &lengths),
                                   message, sizeof message, &more);
     }
     status = lt__native_first(status, lt__native_load(&r, q->device_index, LT__DECODE_SPLIT_PARAMS -
@@ -342,6 +349,11 @@ static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
     if (q->append) {
         q->append_function = append.function, q->append_threads = append.threads;
         q->append_shared = append.shared, q->append_block_m = append.block_m, q->append_hidden = append.hidden;
+    }
+    if (q->varlen_new) {
+        q->lengths_function = lengths.function, q->lengths_threads = lengths.threads;
+        q->lengths_shared = lengths.shared, q->lengths_hidden = lengths.hidden;
+        q->lengths_block = lengths.block_m; /* its BLOCK */
     }
     q->split_function = split.function, q->split_threads = split.threads, q->split_shared = split.shared;
     q->split_block_m = split.block_m, q->split_block_n = split.block_n, q->split_hidden = split.hidden;

@@ -21,7 +21,11 @@
  * qv (MLA, QV=true on the split kernel, kernels/flash_decode/mla.py) is the first head_dim_v columns of q's rows:
  * the kernel reads each row [qv | q] from qv's pointer with q's strides. New keys packed by cu_seqlens_k_new
  * (k, v (total_new, heads_k, dim), viewed as (1, total_new, heads_k, dim) with batch stride 0, kv_append's VARLEN)
- * run on host memory, through Python; a GPU call refuses them (LT_ERROR_UNSUPPORTED).
+ * run through kv_append's VARLEN variant (grid batch 1); on a GPU kv_append_lengths then writes each sequence's
+ * length after the append (cache_seqlens + its new count, int32) at the front of the caller's workspace
+ * (lt_attn_kvcache_workspace_size counts it), and the split kernel reads those lengths with seqlen_new 0 and,
+ * with rotary tables and no rotary_seqlens, cache_seqlens as the rotary base (kv_append.lengths, flash_decode's
+ * after_packed_append). On host memory the call runs through Python.
  */
 
 #include "lt_splits.c"
@@ -30,6 +34,7 @@
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
 #define LT__APPEND_PARAMS 46         /* kv_append: 46 pointers and integers */
+#define LT__LENGTHS_PARAMS 6         /* kv_append_lengths: 6 pointers and integers */
 #define LT__MAX_WINDOWED (INT64_C(1) << 29)
 #define LT__KV_PARAMS_V1_SIZE offsetof(lt_attn_kvcache_params, cache_leftpad) /* version 1: before cache_leftpad */
 #define LT__KV_PARAMS_V2_SIZE offsetof(lt_attn_kvcache_params, rotary_cos)    /* version 2: before the rotary tables */
@@ -75,6 +80,9 @@ typedef struct {
     int64_t slots, min_keys; /* the heuristic's inputs: SMs x programs per SM, the fewest keys a split takes */
     uint64_t append_function; /* out, with append: kv_append */
     uint32_t append_threads, append_shared, append_block_m, append_hidden;
+    int32_t varlen_new;          /* in: new keys packed by cu_seqlens_k_new (VARLEN on kv_append, then the lengths) */
+    uint64_t lengths_function;   /* out, with varlen_new: kv_append_lengths */
+    uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
     char variant[512];
 } lt__kvcache_plan_request;
 
@@ -711,6 +719,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.varlen |= c->leftpad << 7 | (c->rotary_dim > 0) << 16 | c->rotary_interleaved << 17;
     key.varlen |= c->sinks << 18 | c->varlen_q << 19 | (c->attention_chunk > 0) << 20;
     key.varlen |= (c->kv_fp8 == LT_DTYPE_FP8_E4M3) << 21 | (c->kv_fp8 == LT_DTYPE_FP8_E5M2) << 22 | c->qv << 23;
+    key.varlen |= c->varlen_new << 24;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -733,7 +742,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->qv = c->qv;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
-    r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64;
+    r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64, r->varlen_new = c->varlen_new;
     if ((s = (lt_status)lt__py_kvcache_plan(r)) != LT_OK) {
         free(plan);
         return s;
@@ -742,7 +751,8 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     if (r->split_function == 0 || r->combine_function == 0 || r->split_block_m == 0 || r->split_block_n == 0 ||
         r->combine_block_m == 0 || r->slots <= 0 || r->split_hidden > LT__MAX_HIDDEN ||
         r->combine_hidden > LT__MAX_HIDDEN ||
-        (r->append && (r->append_function == 0 || r->append_block_m == 0 || r->append_hidden > LT__MAX_HIDDEN))) {
+        (r->append && (r->append_function == 0 || r->append_block_m == 0 || r->append_hidden > LT__MAX_HIDDEN)) ||
+        (r->varlen_new && (r->lengths_function == 0 || r->lengths_block == 0 || r->lengths_hidden > LT__MAX_HIDDEN))) {
         s = lt__fail(LT_ERROR_INTERNAL, "the planner answered an unusable decoding plan for %s", r->variant);
         free(plan);
         return s;
@@ -752,6 +762,10 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     return LT_OK;
 }
 
+/* The workspace's first elements, with packed new keys: the int32 lengths after the append (kv_append_lengths),
+ * rounded up to 4 elements (16 bytes) so that the partial results after them keep the workspace's alignment. */
+static int64_t lt__kv_lengths_elements(const lt__kv_call *c) { return c->varlen_new ? (c->b + 3) / 4 * 4 : 0; }
+
 /* The split count: the heuristic's (or the forced one), capped by what the workspace holds. */
 static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c) {
     const lt__kvcache_plan_request *r = &plan->r;
@@ -759,7 +773,7 @@ static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c)
                                c->attention_chunk, c->num_splits, r->split_block_m, r->split_block_n, r->slots,
                                r->min_keys, c->lse_rows);
     int64_t per_split = c->lse_rows * (c->dv + 1);
-    int64_t fits = per_split > 0 ? c->workspace / per_split : 0;
+    int64_t fits = per_split > 0 ? (c->workspace - lt__kv_lengths_elements(c)) / per_split : 0;
     return n < fits ? n : (fits > 1 ? fits : 1);
 }
 
@@ -769,16 +783,16 @@ static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c)
 #define LT__OR_Q(t) (lt__absent(&(t)) ? LT__PTR(p->q) : LT__PTR(t))
 
 /* kv_append: the new keys and values into the caches (quantised into a float8 one), its parameters in its
- * description's order (kv_append.binding.c_initializer); an absent descale's pointer is k's, unread. A GPU call
- * takes no packed new keys (cu_seqlens_k_new: host memory only): that pointer stands in, unread. */
+ * description's order (kv_append.binding.c_initializer); an absent descale's pointer is k's, unread, and so is
+ * k's for cu_seqlens_k_new without packed new keys. Packed new keys: one batch of total_new rows (VARLEN). */
 static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t ints[LT__APPEND_PARAMS + LT__MAX_HIDDEN] = {
         LT__PTR(p->k), LT__PTR(p->v), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__OR_K(p->cache_seqlens),
         LT__OR_K(p->cache_batch_idx), LT__OR_K(p->block_table), LT__OR_K(p->rotary_cos), LT__OR_K(p->rotary_sin),
-        LT__OR_K(p->rotary_seqlens), LT__OR_K(p->k_descale), LT__OR_K(p->v_descale), LT__PTR(p->k),
-        p->k.strides[0], p->k.strides[1], p->k.strides[2],
+        LT__OR_K(p->rotary_seqlens), LT__OR_K(p->k_descale), LT__OR_K(p->v_descale),
+        c->varlen_new ? LT__PTR(p->cu_seqlens_k_new) : LT__PTR(p->k), p->k.strides[0], p->k.strides[1], p->k.strides[2],
         p->v.strides[0], p->v.strides[1], p->v.strides[2], p->k_cache.strides[0], p->k_cache.strides[1],
         p->k_cache.strides[2], p->v_cache.strides[0], p->v_cache.strides[1], p->v_cache.strides[2],
         c->paged ? p->block_table.strides[0] : 0, c->descale_strides[0][0], c->descale_strides[0][1],
@@ -789,8 +803,25 @@ static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcac
     for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
     return lt__cu_launch((lt__CUfunction)(uintptr_t)r->append_function, plan->context,
-                         (unsigned int)lt__ceil_div(c->seqlen_new * c->hk, r->append_block_m), (unsigned int)c->b, 1,
-                         r->append_threads, r->append_shared, stream, params);
+                         (unsigned int)lt__ceil_div(c->seqlen_new * c->hk, r->append_block_m),
+                         c->varlen_new ? 1u : (unsigned int)c->b, 1, r->append_threads, r->append_shared, stream,
+                         params);
+}
+
+/* kv_append_lengths: each sequence's length after a packed append, int32, into lens (the workspace's front), its
+ * parameters in its description's order (kv_append.lengths.c_initializer). */
+static lt_status lt__kv_lengths_launch(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p,
+                                       const lt__kv_call *c, int64_t lens, void *stream) {
+    const lt__kvcache_plan_request *r = &plan->r;
+    int64_t ints[LT__LENGTHS_PARAMS + LT__MAX_HIDDEN] = {
+        LT__OR_K(p->cache_seqlens), LT__PTR(p->cu_seqlens_k_new), lens, c->b,
+        c->seqlen_const > 0 ? c->seqlen_const : 0, c->use_seqlens};
+    void *params[LT__LENGTHS_PARAMS + LT__MAX_HIDDEN];
+    for (int i = 0; i < LT__LENGTHS_PARAMS + (int)r->lengths_hidden; i++)
+        params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
+    return lt__cu_launch((lt__CUfunction)(uintptr_t)r->lengths_function, plan->context,
+                         (unsigned int)lt__ceil_div(c->b, r->lengths_block), 1, 1, r->lengths_threads,
+                         r->lengths_shared, stream, params);
 }
 
 /* The launches: kv_append (new keys), then both decoding kernels, each kernel's parameters in its description's
@@ -803,23 +834,34 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         return s;
     if (c->lse_rows * c->dv == 0 || c->sq == 0)
         return LT_OK;
+    /* Packed new keys: the split kernel reads the lengths after the append (seqlen_new 0), cache_seqlens as the
+       rotary base (flash_decode.binding.after_packed_append). */
+    int64_t lens = LT__PTR(p->workspace), seqlen_new = c->varlen_new ? 0 : c->seqlen_new;
+    int64_t seqlens = c->varlen_new ? lens : LT__OR_LSE(p->cache_seqlens);
+    int64_t use_seqlens = c->varlen_new ? 1 : c->use_seqlens, seqlen_const = c->varlen_new ? 0 : c->seqlen_const;
+    int64_t bases = c->varlen_new && c->rotary_dim > 0 && !c->rotary_seqlens ? LT__PTR(p->cache_seqlens)
+                                                                              : LT__OR_LSE(p->rotary_seqlens);
+    int64_t use_bases = c->rotary_seqlens || (c->varlen_new && c->rotary_dim > 0);
+    if (c->varlen_new && (s = lt__kv_lengths_launch(plan, p, c, lens, stream)) != LT_OK)
+        return s;
     int64_t splits = lt__kv_splits(plan, c), n_rows = c->lse_rows;
-    int64_t part_out = splits > 1 ? LT__PTR(p->workspace) : LT__PTR(p->lse);
+    int64_t work = LT__PTR(p->workspace) + 4 * lt__kv_lengths_elements(c);
+    int64_t part_out = splits > 1 ? work : LT__PTR(p->lse);
     int64_t part_lse = splits > 1 ? part_out + 4 * n_rows * splits * c->dv : LT__PTR(p->lse);
     const lt_tensor *q = &p->q, *kc = &p->k_cache, *vc = &p->v_cache, *o = &p->out;
     int64_t split_ints[LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS + LT__MAX_HIDDEN] = {
         c->qv ? LT__PTR(p->qv) : LT__PTR(p->q), LT__PTR(p->k_cache), LT__PTR(p->v_cache), LT__PTR(p->out), LT__PTR(p->lse), part_out,
-        part_lse, LT__OR_LSE(p->cache_seqlens), LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
+        part_lse, seqlens, LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
-        LT__OR_LSE(p->rotary_seqlens), LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q),
+        bases, LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q),
         LT__OR_LSE(p->k_descale), LT__OR_LSE(p->v_descale), q->strides[0],
         q->strides[1], q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,
         c->descale_strides[0][0], c->descale_strides[0][1], c->descale_strides[1][0], c->descale_strides[1][1],
-        c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, c->seqlen_const > 0 ? c->seqlen_const : 0, c->seqlen_new,
-        c->use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, c->attention_chunk,
-        c->rotary_dim, c->seqlen_ro, c->rotary_seqlens, c->rotary_per_query, c->descale[0] != 0, c->descale[1] != 0};
+        c->hq / c->hk, c->hq, c->out_seqlen, c->d, c->dv, seqlen_const > 0 ? seqlen_const : 0, seqlen_new,
+        use_seqlens, c->use_batch_idx, c->page_size, splits, c->window_left, c->window_right, c->attention_chunk,
+        c->rotary_dim, c->seqlen_ro, use_bases, c->rotary_per_query, c->descale[0] != 0, c->descale[1] != 0};
     float floats[LT__DECODE_SPLIT_FLOATS] = {c->scale, c->softcap};
     void *params[LT__DECODE_SPLIT_PARAMS + LT__MAX_HIDDEN];
     int n_ints = LT__DECODE_SPLIT_PARAMS - LT__DECODE_SPLIT_FLOATS;
@@ -869,7 +911,7 @@ LT_API lt_status lt_attn_kvcache_workspace_size(const lt_attn_kvcache_params *pa
     if ((s = lt__kv_prepare(params, &norm, &view)) != LT_OK || (s = lt__kv_check(&view, &c)) != LT_OK)
         return s;
     int64_t splits = c.num_splits > 0 ? c.num_splits : LT__MAX_HEURISTIC_SPLITS;
-    *bytes = (size_t)(4 * c.lse_rows * (c.dv + 1) * splits);
+    *bytes = (size_t)(4 * (c.lse_rows * (c.dv + 1) * splits + lt__kv_lengths_elements(&c)));
     return LT_OK;
 }
 
@@ -882,10 +924,14 @@ LT_API lt_status lt_attn_kvcache(const lt_attn_kvcache_params *user, void *strea
         return s;
     if (c.device_type == LT_DEVICE_CPU)
         return (lt_status)lt__py_attn_kvcache_cpu(&norm); /* the caller's layout: Python checks and packs it again */
-    if (c.varlen_new)
-        return lt__fail(LT_ERROR_UNSUPPORTED, "cu_seqlens_k_new (packed new keys) is taken on host memory only: on a "
-                        "GPU the decoding kernels need each sequence's length after the append on the device, which "
-                        "the C launch does not form; pass k and v as (batch, seqlen_new, heads_k, head_dim)");
+    if (c.varlen_new && c.lse_rows * c.dv > 0 && c.sq > 0 && c.workspace < lt__kv_lengths_elements(&c))
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "workspace holds %lld elements but cu_seqlens_k_new (packed new "
+                        "keys) on a GPU needs at least %lld at its front for each sequence's length after the append: "
+                        "size it with lt_attn_kvcache_workspace_size", (long long)c.workspace,
+                        (long long)lt__kv_lengths_elements(&c));
+    if (c.varlen_new && c.rotary_dim > 0 && !c.rotary_seqlens && !c.use_seqlens)
+        return lt__fail(LT_ERROR_UNSUPPORTED, "cu_seqlens_k_new with rotary tables and a constant cache_seqlen on a "
+                        "GPU needs rotary_seqlens or cache_seqlens (a tensor): the rotary base of each sequence");
     if ((c.lse_rows * c.dv == 0 || c.sq == 0) && (c.seqlen_new == 0 || c.b * c.hk == 0))
         return LT_OK; /* nothing to attend and nothing to append */
     lt__plan_key key = lt__kv_key_of(&c);

@@ -24,6 +24,7 @@ from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_decode import kv_fp8
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.kernels.flash_fwd.fp8_spec import NAME as FP8_NAME
+from lazytriton.kernels.kv_append import lengths
 from lazytriton.tiles import SMALL_SHARED_CUDA
 from lazytriton.variant import LAUNCH_ABI
 
@@ -99,6 +100,8 @@ def _decode_constants() -> list[str]:
         f"#define LTN_DECODE_PROGRAMS_PER_SM {decode_binding.PROGRAMS_PER_SM}",
         f"#define LTN_KV_APPEND_BLOCK_M {kv_append.BLOCK_M}",
         f"#define LTN_KV_APPEND_NUM_WARPS {kv_append.NUM_WARPS}",
+        f"#define LTN_KV_APPEND_LENGTHS_BLOCK {lengths.BLOCK}",
+        f"#define LTN_KV_APPEND_LENGTHS_NUM_WARPS {lengths.NUM_WARPS}",
         f"#define LTN_COMBINE_MIN_BLOCK_D {flash_combine.MIN_BLOCK_D}",
         f"#define LTN_COMBINE_MAX_BLOCK_D {flash_combine.MAX_BLOCK_D}",
         f"#define LTN_COMBINE_TILE_ELEMENTS {flash_combine.TILE_ELEMENTS}",

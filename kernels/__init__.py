@@ -135,7 +135,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "flash_fwd": ("flash_fwd",),
     "flash_bwd": ("flash_bwd_dq", "flash_bwd_dkdv"),
     "flash_decode": ("flash_decode_split", "flash_decode_combine"),
-    "kv_append": ("kv_append",),  # flash_attn_with_kvcache's new keys, written before flash_decode runs
+    "kv_append": ("kv_append", "kv_append_lengths"),  # flash_attn_with_kvcache's new keys, then (packed new
+    # keys) each sequence's length after the append, before flash_decode runs
     "flash_combine": ("flash_combine",),  # flash_attn_combine: partial results over key chunks merged
     "kv_slots": ("kv_slots",),  # write_kvcache_slots: keys and values written at cache slots (vLLM's slot_mapping)
     "flash_bwd_dsinks": ("flash_bwd_dsinks",),  # the attention sinks' gradient, after flash_bwd (C API, GPU)
@@ -169,6 +170,7 @@ SPEC_HOMES: dict[str, tuple[str, str]] = {
     "flash_decode_split": ("lazytriton.kernels.flash_decode", "FLASH_DECODE_SPLIT"),
     "flash_decode_combine": ("lazytriton.kernels.flash_decode", "FLASH_DECODE_COMBINE"),
     "kv_append": ("lazytriton.kernels.kv_append.spec", "KV_APPEND"),
+    "kv_append_lengths": ("lazytriton.kernels.kv_append.lengths_spec", "KV_APPEND_LENGTHS"),
     "flash_combine": ("lazytriton.kernels.flash_combine.spec", "FLASH_COMBINE"),
     "kv_slots": ("lazytriton.kernels.kv_slots.spec", "KV_SLOTS"),
     "flash_bwd_dsinks": ("lazytriton.kernels.flash_bwd_dsinks.spec", "FLASH_BWD_DSINKS"),

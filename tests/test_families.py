@@ -128,7 +128,8 @@ def test_every_family_is_planned_by_default_in_a_stable_order() -> None:
     order = [(p.variant.target, p.variant.kernel) for p in plan]
     assert order == sorted(order, key=lambda tk: (["gfx942", "sm_90"].index(tk[0]), all_kernels().index(tk[1])))
     # flash_fwd_mla (qv, v of 512) is planned only when asked for (--qv, or --head-dim-v over 256)
-    assert {k for _, k in order} == set(all_kernels()) - {"flash_fwd_mla"}
+    # kv_append_lengths likewise, with the packed appends (--varlen)
+    assert {k for _, k in order} == set(all_kernels()) - {"flash_fwd_mla", "kv_append_lengths"}
     just_bwd = enumerate_variants(Axes((GFX942, SM90), kernels=BWD, dtypes=("fp16",), head_dims=(64,)), EMPTY)
     assert just_bwd == [p for p in planned if p.variant.kernel in (*BWD, *alternatives[1:])]
 

@@ -29,7 +29,7 @@ def planned(**axes: object) -> list[str]:
 
 def test_prewarm_plans_the_varlen_append_only_when_asked() -> None:
     plain, packed = planned(), planned(varlen=(False, True))
-    appends = [v for v in packed if v.startswith("kv_append")]
+    appends = [v for v in packed if v.startswith("kv_append:")]
     assert not any("VARLEN" in v for v in plain)
     assert len(appends) == 2 and sum("VARLEN=true" in v for v in appends) == 1
     assert [v for v in packed if not v.startswith("kv_append")] == [v for v in plain if not v.startswith("kv_append")]
@@ -69,5 +69,7 @@ def test_explain_json_carries_the_varlen_append(capsys: pytest.CaptureFixture[st
     assert cli_main(["cache", "explain", "--kernel", "kv_append", "--dtype", "fp16", "--head-dim", "64",
                      "--head-dim-v", "512", "--seqlen-q", "1", "--seqlen-k", "256", "--varlen", "--page-size", "64",
                      "--target", "sm_90", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["call"]["varlen"] and "VARLEN=true" in report["variant"] and "BLOCK_DV=512" in report["variant"]
+    report = json.loads(capsys.readouterr().out)  # the family: kv_append, then kv_append_lengths
+    found = {kernel["kernel"]: kernel["variant"] for kernel in report["kernels"]}
+    assert report["call"]["varlen"] and "VARLEN=true" in found["kv_append"] and "BLOCK_DV=512" in found["kv_append"]
+    assert found["kv_append_lengths"].startswith("kv_append_lengths:sm_90:fp32:")

@@ -160,11 +160,20 @@ static void append_variant(const ltn_decode_request *r, ltn_variant *v) {
     flag(v, "PAGED", r->paged);
     flag(v, "ROTARY", r->rotary);
     flag(v, "ROTARY_INTERLEAVED", r->rotary && r->rotary_interleaved);
+    flag(v, "VARLEN", r->varlen_new);
     kv_fp8_field(v, r->kv_fp8);
     ltn_variant_add(v, 1, "BLOCK_M", 0, LTN_KV_APPEND_BLOCK_M);
     ltn_variant_add(v, 2, "num_warps", 0, LTN_KV_APPEND_NUM_WARPS);
     ltn_variant_add(v, 2, "num_stages", 0, 1);
     snprintf(v->kernel, sizeof v->kernel, "kv_append");
+}
+
+/* kv_append.lengths.variant: one variant a target (int32 in and out: the dtype field is fp32, see below). */
+static void lengths_variant(ltn_variant *v) {
+    ltn_variant_add(v, 1, "BLOCK", 0, LTN_KV_APPEND_LENGTHS_BLOCK);
+    ltn_variant_add(v, 2, "num_warps", 0, LTN_KV_APPEND_LENGTHS_NUM_WARPS);
+    ltn_variant_add(v, 2, "num_stages", 0, 1);
+    snprintf(v->kernel, sizeof v->kernel, "kv_append_lengths");
 }
 
 /* flash_combine.variant with its default_config: BLOCK_D the next power of two in MIN..MAX_BLOCK_D. */
@@ -186,9 +195,9 @@ static void combine_variant(const ltn_decode_request *r, ltn_variant *v) {
 
 int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *err) {
     memset(v, 0, sizeof *v);
-    if (r->kernel < LTN_KERNEL_DECODE_SPLIT || r->kernel > LTN_KERNEL_FLASH_COMBINE)
+    if (r->kernel < LTN_KERNEL_DECODE_SPLIT || r->kernel > LTN_KERNEL_KV_APPEND_LENGTHS)
         return ltn_fail(err, LTN_ARGUMENT, "kernel %d is not one of flash_decode_split (3), flash_decode_combine "
-                        "(4), kv_append (5), flash_combine (6)", r->kernel);
+                        "(4), kv_append (5), flash_combine (6), kv_append_lengths (7)", r->kernel);
     if (r->dtype < 1 || r->dtype > 3)
         return ltn_fail(err, LTN_ARGUMENT, "dtype %d is not fp16 (1), bf16 (2) or fp32 (3)", r->dtype);
     if (r->capability < 10 || r->capability > 999)
@@ -202,7 +211,7 @@ int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *e
                         LTN_KV_E4M3_MIN_CAPABILITY);
     int max_dim = ltn_head_dims[COUNT(ltn_head_dims) - 1];
     int max_dim_v = ltn_value_head_dims[COUNT(ltn_value_head_dims) - 1];
-    if (r->kernel == LTN_KERNEL_FLASH_COMBINE) {
+    if (r->kernel == LTN_KERNEL_FLASH_COMBINE || r->kernel == LTN_KERNEL_KV_APPEND_LENGTHS) {
         if (r->head_dim < 1)
             return ltn_fail(err, LTN_ARGUMENT, "head dim %d must be >= 1", r->head_dim);
     } else if (r->head_dim < 1 || r->head_dim > max_dim || r->head_dim_v < 0 || r->head_dim_v > max_dim_v) {
@@ -215,7 +224,9 @@ int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *e
     const char *dtype = dtype_names[r->dtype];
     char target[16];
     snprintf(target, sizeof target, "sm_%d", r->capability);
-    if (r->kernel == LTN_KERNEL_KV_APPEND)
+    if (r->kernel == LTN_KERNEL_KV_APPEND_LENGTHS)
+        lengths_variant(v), dtype = "fp32"; /* kv_append.lengths.DTYPE */
+    else if (r->kernel == LTN_KERNEL_KV_APPEND)
         append_variant(r, v);
     else if (r->kernel == LTN_KERNEL_FLASH_COMBINE)
         combine_variant(r, v);

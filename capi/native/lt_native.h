@@ -258,7 +258,7 @@ void ltn_variant_add_text(ltn_variant *v, const char *name, const char *text);
 void ltn_variant_sort(ltn_variant *v);
 
 enum { LTN_KERNEL_DECODE_SPLIT = 3, LTN_KERNEL_DECODE_COMBINE = 4, LTN_KERNEL_KV_APPEND = 5,
-       LTN_KERNEL_FLASH_COMBINE = 6 };
+       LTN_KERNEL_FLASH_COMBINE = 6, LTN_KERNEL_KV_APPEND_LENGTHS = 7 };
 
 /* A call of a decoding kernel as the C API's plans describe it (lt_kvcache.c's and lt_combine.c's plan
    requests): flash_decode_split and flash_decode_combine (binding.variants), kv_append (kv_append.variant),
@@ -276,6 +276,7 @@ typedef struct {
     int32_t kv_fp8;              /* a float8 cache's lt_dtype (5 e4m3, 6 e5m2): KV_FP8 on the split kernel and
                                     kv_append; 0: q's dtype */
     int32_t qv;                  /* MLA's qv: QV on the split kernel (head_dim q's own, head_dim_v up to 512) */
+    int32_t varlen_new;          /* new keys packed by cu_seqlens_k_new: VARLEN on kv_append */
 } ltn_decode_request;
 
 /* The variant serving r (capi/embedded_kvcache.py's plan_variants and append_variant, embedded_combine.py's

@@ -208,10 +208,10 @@ def combine_ints(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
 # tests/test_capi_kvcache.py compares the C initializers with these, field by field).
 _C_SPLIT = {"Q": "c->qv ? LT__PTR(p->qv) : LT__PTR(p->q)", "K": "LT__PTR(p->k_cache)", "V": "LT__PTR(p->v_cache)",
             "Out": "LT__PTR(p->out)",            "Lse": "LT__PTR(p->lse)", "OutPart": "part_out", "LsePart": "part_lse",
-            "Seqlens": "LT__OR_LSE(p->cache_seqlens)", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
+            "Seqlens": "seqlens", "BatchIdx": "LT__OR_LSE(p->cache_batch_idx)",
             "BlockTable": "LT__OR_LSE(p->block_table)", "Alibi": "LT__OR_LSE(p->alibi_slopes)",
             "LeftPad": "LT__OR_LSE(p->cache_leftpad)", "RotaryCos": "LT__OR_Q(p->rotary_cos)",
-            "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "LT__OR_LSE(p->rotary_seqlens)",
+            "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "bases",
             "Sinks": "LT__OR_LSE(p->sinks)", "CuSeqlensQ": "LT__OR_LSE(p->cu_seqlens_q)",
             "KDescale": "LT__OR_LSE(p->k_descale)", "VDescale": "LT__OR_LSE(p->v_descale)",
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
@@ -221,12 +221,12 @@ _C_SPLIT = {"Q": "c->qv ? LT__PTR(p->qv) : LT__PTR(p->q)", "K": "LT__PTR(p->k_ca
             **{f"stride_{t}d{d}": f"c->descale_strides[{i}][{j}]" for i, t in enumerate("kv")
                for j, d in enumerate("bh")},
             "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->out_seqlen", "head_dim": "c->d",
-            "head_dim_v": "c->dv", "seqlen_const": "c->seqlen_const > 0 ? c->seqlen_const : 0",
-            "seqlen_new": "c->seqlen_new",
-            "use_seqlens": "c->use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
+            "head_dim_v": "c->dv", "seqlen_const": "seqlen_const > 0 ? seqlen_const : 0",
+            "seqlen_new": "seqlen_new",  # lt_kvcache.c's locals: after_packed_append's view with packed new keys
+            "use_seqlens": "use_seqlens", "use_batch_idx": "c->use_batch_idx", "page_size": "c->page_size",
             "num_splits": "splits", "window_left": "c->window_left", "window_right": "c->window_right",
             "attention_chunk": "c->attention_chunk",  # lt_kvcache.c's lt__kv_chunk: checks._chunk's
-            "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "c->rotary_seqlens",
+            "rotary_dim": "c->rotary_dim", "seqlen_ro": "c->seqlen_ro", "use_rotary_seqlens": "use_bases",
             "rotary_per_query": "c->rotary_per_query", "use_k_descale": "c->descale[0] != 0",
             "use_v_descale": "c->descale[1] != 0"}
 _C_COMBINE = {"OutPart": "part_out", "LsePart": "part_lse", "Out": "LT__PTR(p->out)", "Lse": "LT__PTR(p->lse)",

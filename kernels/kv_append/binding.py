@@ -70,7 +70,8 @@ _C = {"K": "LT__PTR(p->k)", "V": "LT__PTR(p->v)", "KCache": "LT__PTR(p->k_cache)
       "BlockTable": "LT__OR_K(p->block_table)", "RotaryCos": "LT__OR_K(p->rotary_cos)",
       "RotarySin": "LT__OR_K(p->rotary_sin)", "RotarySeqlens": "LT__OR_K(p->rotary_seqlens)",
       "KDescale": "LT__OR_K(p->k_descale)", "VDescale": "LT__OR_K(p->v_descale)",
-      "CuSeqlensKNew": "LT__PTR(p->k)", "num_seqs": "c->b",  # a C launch: no packed new keys (VARLEN false: unread)
+      "CuSeqlensKNew": "c->varlen_new ? LT__PTR(p->cu_seqlens_k_new) : LT__PTR(p->k)",  # k's: unread without VARLEN
+      "num_seqs": "c->b",
       **{f"stride_{t}d{d}": f"c->descale_strides[{i}][{j}]" for i, t in enumerate("kv") for j, d in enumerate("bh")},
       "use_k_descale": "c->descale[0] != 0", "use_v_descale": "c->descale[1] != 0",
       **{f"stride_{n}{d}": f"p->{t}.strides[{i}]" for n, t in (("k", "k"), ("v", "v"), ("kc", "k_cache"),

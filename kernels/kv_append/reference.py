@@ -30,3 +30,12 @@ def append_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
         index = (rows[:, None].expand(-1, seqlen_new), positions)
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
+
+
+def lengths_reference(cache_seqlens: torch.Tensor | int, cu_seqlens_k_new: torch.Tensor, batch: int
+                      ) -> torch.Tensor:
+    """``kv_append_lengths``' twin: int32 (batch,) cache_seqlens[b] + cu_seqlens_k_new[b + 1] - cu_seqlens_k_new[b]."""
+    cu = cu_seqlens_k_new.long()
+    cached = cache_seqlens.long() if isinstance(cache_seqlens, torch.Tensor) else torch.full(
+        (batch,), cache_seqlens, dtype=torch.int64, device=cu.device)
+    return (cached + cu[1:] - cu[:-1]).to(torch.int32)
