@@ -242,7 +242,8 @@ def test_list_names_the_backward_variants(capsys: pytest.CaptureFixture[str]) ->
     assert [line.split()[0] for line in only] == [p.key for p in expected if p.variant.kernel == "flash_bwd_dkdv"]
     assert cli_main([*common, "--list"]) == 0  # default: every family
     every = {line.split()[2].split(":")[0] for line in capsys.readouterr().out.splitlines()}
-    assert every == set(all_kernels()) - {"flash_fwd_mla"}  # planned when asked for: --qv, --head-dim-v over 256
+    # planned when asked for: flash_fwd_mla (--qv, --head-dim-v over 256), kv_append_lengths (--varlen)
+    assert every == set(all_kernels()) - {"flash_fwd_mla", "kv_append_lengths"}
     with pytest.raises(SystemExit):
         cli_main([*common, "--kernel", "flash_bwd_dv", "--list"])
     assert "neither a kernel family (flash_fwd, flash_bwd" in capsys.readouterr().err
