@@ -84,11 +84,11 @@ def test_the_bench_plan_is_fixed_varied_and_its_bound_is_right(bench: ModuleType
     assert len({p.key for p in plan}) == 48 and {p.variant.dtype for p in plan} == {"fp16", "bf16"}
     # every family's kernels, and perhaps the Gluon twins the default plan holds beside them; flash_bwd_dsinks's
     # variants are fp32 (it sums float32 rows), outside a plan of fp16 and bf16; flash_fwd_mla is planned only when
-    # asked for (--qv, --head-dim-v over 256)
+    # asked for (--qv, --head-dim-v over 256), kv_append_lengths with the packed appends (--varlen)
     planned = {p.variant.kernel for p in plan}
-    assert set(all_kernels()) - {"flash_bwd_dsinks", "flash_fwd_mla"} <= planned <= {*all_kernels(), "flash_fwd_gluon",
-                                                                    "flash_bwd_dkdv_gluon", "flash_bwd_prep",
-                                                                    "flash_bwd_fused_gluon"}
+    opt_in = {"flash_bwd_dsinks", "flash_fwd_mla", "kv_append_lengths"}
+    assert set(all_kernels()) - opt_in <= planned <= {*all_kernels(), "flash_fwd_gluon", "flash_bwd_dkdv_gluon",
+                                                      "flash_bwd_prep", "flash_bwd_fused_gluon"}
     assert len({p.variant.get("BLOCK_D") for p in plan}) == 5
     assert bench.plan_bound({"a": 8.0, "b": 1.0, "c": 1.0}, 4) == (10.0, 8.0, 1.25)
     assert bench.plan_bound({"a": 1.0, "b": 1.0}, 2) == (2.0, 1.0, 2.0)
