@@ -330,20 +330,23 @@ def test_the_entry_kind_picks_the_driver(hsaco: Entry, built: dict[str, Path], i
         served.close()
 
 
-def test_an_hsaco_with_host_descriptors_is_refused(hsaco: Entry, built: dict[str, Path], tmp_path: Path) -> None:
+def test_an_hsaco_with_host_descriptors_or_clusters_is_refused(hsaco: Entry, built: dict[str, Path],
+                                                                tmp_path: Path) -> None:
     from lazytriton.cache_format.tensordesc import TensorDescMeta
 
     kind = "tensordesc<fp16[64, 64]>"
     meta = TensorDescMeta(swizzle=0, elem_size=2, elem_type=6, block_size=(64, 64))
     described = twin(hsaco, "hip-descriptors", arg_types=(hsaco.arg_types[0], kind, *hsaco.arg_types[2:]),
                      tensordesc_meta=(meta,))
-    image = tmp_path / "descriptors.ltimg"
-    write_image(image, [described])
+    clustered = twin(hsaco, "hip-clusters", num_ctas=2)
+    image = tmp_path / "refused.ltimg"
+    write_image(image, [described, clustered])
     served = Native(built, image)
     try:
-        refused = served.load(described)
-        assert refused["load"] == LT_ERROR_UNSUPPORTED and "only the CUDA driver" in refused["error"]
-        assert refused["loads"] == []
+        for entry, why in ((described, "only the CUDA driver"), (clustered, "num_ctas=2")):
+            refused = served.load(entry)
+            assert refused["load"] == LT_ERROR_UNSUPPORTED and why in refused["error"], refused
+            assert refused["loads"] == []  # refused before the runtime is asked
     finally:
         served.close()
 

@@ -91,6 +91,9 @@ int ltn_hip_load(const ltn_entry *e, int32_t device_index, void **function, ltn_
     if (e->n_tensordesc > 0)
         return ltn_fail(err, LT_ERROR_UNSUPPORTED, "entry %s takes host tensor descriptors, which only the CUDA "
                         "driver encodes", e->key.s);
+    if (e->num_ctas > 1) /* Triton launches those with hipDrvLaunchKernelEx and a cluster: not this launcher */
+        return ltn_fail(err, LT_ERROR_UNSUPPORTED, "entry %s has num_ctas=%u; the HIP launcher launches one CTA a "
+                        "program", e->key.s, e->num_ctas);
     int previous, status = enter(device_index, &previous, err);
     if (status != LT_OK)
         return status;
