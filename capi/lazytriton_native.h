@@ -70,7 +70,8 @@ typedef struct {
 LT_NATIVE_API int lt_open_images(const char *paths);
 /* How many images are open. */
 LT_NATIVE_API int lt_images_count(void);
-/* The kernel of key (the variant's cache key, 32 lowercase hex digits), loaded on CUDA device device_index:
+/* The kernel of key (the variant's cache key, 32 lowercase hex digits), loaded on device device_index (CUDA for
+   a cubin entry; HIP, through libamdhip64, for an hsaco entry):
    LT_OK; LT_MISS when no image holds it (variant, if not NULL, is named in the message and the miss log);
    LT_ERROR_IMAGE for a damaged entry; LT_ERROR_NO_GPU, LT_ERROR_CUDA from the driver; LT_ERROR_UNSUPPORTED
    for an entry this launcher cannot launch (a parameter type it does not pass, more than 16 host
@@ -81,7 +82,8 @@ LT_NATIVE_API int lt_kernel_get_info(const lt_kernel *kernel, lt_kernel_info *in
    value, as cuLaunchKernel takes them; a host tensor descriptor's value is an lt_tensor_descriptor). Triton's
    hidden scratch parameters follow: NULL where the entry needs none, else memory of lt_kernel_scratch_bytes
    allocated on the stream (cuMemAllocAsync) before the launch and freed on it (cuMemFreeAsync) after, so
-   that the launch may be captured in a CUDA graph. Every argument is checked before anything is launched. */
+   that the launch may be captured in a CUDA graph. Every argument is checked before anything is launched.
+   An hsaco kernel: hipModuleLaunchKernel on stream (a hipStream_t), scratch from hipMallocAsync/hipFreeAsync. */
 LT_NATIVE_API int lt_kernel_launch(const lt_kernel *kernel, const uint32_t grid[3], void *stream, void **args,
                                    size_t n_args);
 /* The scratch memory a launch of grid needs, in bytes: bytes[0] global, bytes[1] profile (0: none); each the

@@ -160,6 +160,29 @@ int ltn_encode_call_of(const ltn_layout *l, uint32_t d, uint32_t arg, const void
    128 bytes each, 64-byte aligned), scratch (pointers by scratch: each hidden parameter points at its own). */
 void ltn_params(const ltn_layout *l, void **args, unsigned char (*maps)[128], void *const *scratch, void **params);
 
+/* ---- an AMD entry's load and launch through the HIP runtime (lt_hip.c) ------------------------------- */
+
+/* One launch of a loaded HIP kernel: the checks done, the scratch bytes computed. */
+typedef struct {
+    void *function, *stream;
+    const char *name;              /* the kernel's, for messages */
+    int32_t device;                /* the HIP device it was loaded on */
+    uint32_t grid[3], block, shared;
+    const ltn_layout *layout;
+    void **args;                   /* the kernel's own parameters (no host descriptors: refused at load) */
+    uint64_t bytes[2];             /* scratch bytes by scratch (0: passed NULL) */
+    int allocate;                  /* 1: allocated here on the stream; 0: scratch[] is the caller's */
+    void *scratch[2];
+} ltn_hip_launch_call;
+
+/* Loads entry e (kind "hsaco") on HIP device device_index: LT_OK with its hipFunction_t, else LT_ERROR_NO_GPU
+   (no HIP runtime or device), LT_ERROR_UNSUPPORTED (host descriptors) or LT_ERROR_CUDA (a HIP call failed), with
+   a message in err. */
+int ltn_hip_load(const ltn_entry *e, int32_t device_index, void **function, ltn_error *err);
+/* hipModuleLaunchKernel of the call on its device (the caller's current device restored): LT_OK, or a status
+   and a message in err. */
+int ltn_hip_launch(const ltn_hip_launch_call *call, ltn_error *err);
+
 /* ---- images (SPEC.md "Image") ------------------------------------------ */
 
 #define LTN_IMAGE_HEADER 96

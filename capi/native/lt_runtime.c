@@ -1,9 +1,10 @@
 /*
  * lt_runtime.c: the native core's serving half: the open images, a kernel's
  * lookup across them (in the order given, as the image tier does), its load
- * and launch through the CUDA driver API (the parameters as lt_launch.c lays
- * them out: host descriptors encoded, scratch memory allocated on the
- * stream), and a miss: LT_MISS, its message and the miss log line.
+ * and launch through the CUDA driver API, or the HIP runtime for an AMD entry
+ * (lt_hip.c), the parameters as lt_launch.c lays them out (host descriptors
+ * encoded, scratch memory allocated on the stream), and a miss: LT_MISS, its
+ * message and the miss log line.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -176,7 +177,9 @@ static void leave(int pushed) {
 enum { FUNC_MAX_DYNAMIC_SHARED = 8, STATIC_SHARED_LIMIT = 48 * 1024 };
 
 struct lt_kernel {
-    void *function, *context;
+    void *function, *context;                 /* context: NULL for a HIP kernel (hip) */
+    int hip;                                  /* an AMD entry ("hsaco"), loaded and launched by lt_hip.c */
+    int32_t device;                           /* the device it was loaded on */
     uint32_t grid_block, shared, n_args, n_hidden, num_warps, warp_size;
     uint32_t n_leading_ints, n_trailing_fp32; /* parameters that are pointers or integers from the first on; fp32
                                                  ones from the last back */
@@ -286,9 +289,9 @@ static int find_entry(const char *key, ltn_entry *entry, const char **image_path
 }
 
 static int launchable(const ltn_entry *e, ltn_layout *layout) {
-    if (strcmp(e->kind.s, "cubin") != 0)
-        return fail(LT_ERROR_UNSUPPORTED, "entry %s is a %s: the native launcher loads cubins only", e->key.s,
-                    e->kind.s);
+    if (strcmp(e->kind.s, "cubin") != 0 && strcmp(e->kind.s, "hsaco") != 0)
+        return fail(LT_ERROR_UNSUPPORTED, "entry %s is a %s: the native launcher loads cubins and hsaco only",
+                    e->key.s, e->kind.s);
     ltn_error err;
     if (ltn_layout_of(e, layout, &err) != 0)
         return fail(LT_ERROR_UNSUPPORTED, "%s", err.message);
@@ -298,6 +301,12 @@ static int launchable(const ltn_entry *e, ltn_layout *layout) {
 }
 
 static int load_function(const ltn_entry *e, int32_t device_index, lt_kernel *k) {
+    k->device = device_index;
+    if (k->hip) {
+        ltn_error err;
+        int status = ltn_hip_load(e, device_index, &k->function, &err);
+        return status == LT_OK ? LT_OK : fail(status, "%s", err.message);
+    }
     pthread_once(&cu_once, cu_load);
     if (cu_error[0])
         return fail(LT_ERROR_NO_GPU, "%s", cu_error);
@@ -337,6 +346,9 @@ static int int_param(const ltn_str *type) {
 
 int ltn_kernel_layout(const lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function, void **context,
                       uint32_t *n_hidden) {
+    if (k->hip)
+        return fail(LT_ERROR_UNSUPPORTED, "entry %s is an AMD kernel (hsaco); the C API's plans launch CUDA "
+                    "kernels only (lt_kernel_launch launches it)", k->key);
     if (k->layout.n_descs > 0 || k->layout.scratch_size[0] > 0 || k->layout.scratch_size[1] > 0)
         return fail(LT_ERROR_UNSUPPORTED, "entry %s takes host descriptors or scratch memory, which the C API's "
                     "plans do not pass (lt_kernel_launch does)", k->key);
@@ -368,6 +380,7 @@ int lt_kernel_load(const char *key, const char *variant, int32_t device_index, l
         k->name = strdup(entry.name.s);
         k->image = strdup(image);
         k->kind = strdup(entry.kind.s);
+        k->hip = strcmp(entry.kind.s, "hsaco") == 0;
         k->arg_types = calloc(entry.n_arg_types + 1, sizeof *k->arg_types);
         for (uint32_t i = 0; k->arg_types && i < entry.n_arg_types; i++)
             if ((k->arg_types[i] = strdup(entry.arg_types[i].s)) == NULL)
@@ -479,6 +492,15 @@ static int scratch_alloc(uint64_t bytes, uint32_t align, void *stream, uint64_t 
     return LT_OK;
 }
 
+static int hip_launch(const lt_kernel *k, const uint32_t grid[3], void *stream, void **args, const uint64_t bytes[2],
+                      int allocate, void *const scratch[2]) {
+    ltn_hip_launch_call c = {k->function, stream, k->name, k->device, {grid[0], grid[1], grid[2]}, k->grid_block,
+                             k->shared, &k->layout, args, {bytes[0], bytes[1]}, allocate, {scratch[0], scratch[1]}};
+    ltn_error err;
+    int status = ltn_hip_launch(&c, &err);
+    return status == LT_OK ? LT_OK : fail(status, "%s", err.message);
+}
+
 /* The launch: given (the caller's scratch) or NULL (allocated here on the stream, freed after the launch). */
 static int launch(const lt_kernel *k, const uint32_t grid[3], void *stream, void **args, size_t n_args,
                   void *const *given) {
@@ -507,6 +529,8 @@ static int launch(const lt_kernel *k, const uint32_t grid[3], void *stream, void
         else
             scratch[s] = given[s];
     }
+    if (k->hip)
+        return hip_launch(k, grid, stream, args, bytes, allocate, scratch);
     if (allocate && (cu.mem_alloc_async == NULL || cu.mem_free_async == NULL))
         return fail(LT_ERROR_UNSUPPORTED, "kernel %s needs scratch memory, and this CUDA driver has no "
                     "cuMemAllocAsync (CUDA 11.2+): pass it with lt_kernel_launch_scratch", k->name);
