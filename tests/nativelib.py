@@ -74,13 +74,13 @@ def build_driver(directory: Path, name: str = "native_dump", table: Table | None
     return program, sanitized
 
 
-class Driver:
-    """One ``native_dump serve`` process; each request answered within ``timeout`` seconds or the test fails."""
+class LineServer:
+    """A test program that answers each request line with one JSON line; a hang or a death fails the test."""
 
-    def __init__(self, program: Path, timeout: float = 120) -> None:
-        self.timeout = timeout
-        self.process = subprocess.Popen([str(program), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, env={**os.environ, **SANITIZER_ENV})
+    def __init__(self, argv: list[str], env: dict[str, str], name: str, timeout: float = 120) -> None:
+        self.name, self.timeout = name, timeout
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env=env)
 
     def ask(self, request: str) -> dict[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -89,14 +89,28 @@ class Driver:
         ready, _, _ = select.select([self.process.stdout], [], [], self.timeout)
         if not ready:
             self.process.kill()
-            pytest.fail(f"native reader hung on {request!r} (no answer in {self.timeout} s)")
+            pytest.fail(f"{self.name} hung on {request[:200]!r} (no answer in {self.timeout} s)")
         line = self.process.stdout.readline()
         if not line:
             self.process.wait(timeout=30)
             stderr = self.process.stderr.read() if self.process.stderr else ""
-            pytest.fail(f"native reader died on {request!r} (exit {self.process.returncode}):\n{stderr[-4000:]}")
+            pytest.fail(f"{self.name} died on {request[:200]!r} (exit {self.process.returncode}):\n{stderr[-4000:]}")
         answer: dict[str, Any] = json.loads(line)
         return answer
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        code = self.process.wait(timeout=60)
+        stderr = self.process.stderr.read() if self.process.stderr else ""
+        assert code == 0, f"{self.name} exited {code} at the end (a leak report?):\n{stderr[-4000:]}"
+
+
+class Driver(LineServer):
+    """One ``native_dump serve`` process; each request answered within ``timeout`` seconds or the test fails."""
+
+    def __init__(self, program: Path, timeout: float = 120) -> None:
+        super().__init__([str(program), "serve"], {**os.environ, **SANITIZER_ENV}, "native reader", timeout)
 
     def image(self, path: Path) -> dict[str, Any]:
         """What the C reader makes of the image at ``path``: {"open": status, "reads": [status...], ...}."""
@@ -105,13 +119,6 @@ class Driver:
     def entry(self, path: Path, key: str | None) -> dict[str, Any]:
         """The C decoder's status (and entry) for the entry bytes at ``path`` (at most 1 MiB) under ``key``."""
         return self.ask(f"entry {path} {key or '-'}")
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        code = self.process.wait(timeout=60)
-        stderr = self.process.stderr.read() if self.process.stderr else ""
-        assert code == 0, f"native reader exited {code} at the end (a leak report?):\n{stderr[-4000:]}"
 
 
 def build_program(directory: Path, name: str) -> dict[str, Path]:

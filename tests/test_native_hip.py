@@ -11,9 +11,7 @@ hipFreeAsync after the launch, on the stream) and the caller's scratch to the sa
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import struct
 import subprocess
 import sys
@@ -26,7 +24,7 @@ import xxhash
 from compiled_once import shared_dir
 from fake_libhip import FUNCTION, HIP_ERROR_INVALID_DEVICE, SCRATCH_BASE, Fake
 from fake_libhip import build as build_fake
-from nativelib import need_toolchain
+from nativelib import LineServer, need_toolchain
 
 from lazytriton import record
 from lazytriton.cache_format import Entry
@@ -107,26 +105,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"library": library, "fake": fake, "program": program, **dirs}
 
 
-class Native:
+class Native(LineServer):
     """One native_hip process serving from ``image``, the fake found in ``driver``."""
 
     def __init__(self, built: dict[str, Path], image: Path, driver: str = "driver") -> None:
         env = {**os.environ, "LAZYTRITON_IMAGES": str(image), "LD_LIBRARY_PATH": str(built[driver])}
-        self.process = subprocess.Popen([str(built["program"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, env=env)
-
-    def ask(self, line: str) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], 120)
-        answer = self.process.stdout.readline() if ready else ""
-        if not answer:
-            self.process.kill()
-            stderr = self.process.stderr.read() if self.process.stderr else ""
-            pytest.fail(f"native_hip gave no answer to {line[:200]!r}:\n{stderr[-4000:]}")
-        result: dict[str, Any] = json.loads(answer)
-        return result
+        super().__init__([str(built["program"])], env, "native_hip")
 
     def load(self, entry: Entry, device: int = 0, current: int = 0) -> dict[str, Any]:
         return self.ask(f"load {entry.key} {device} {current}")
@@ -135,11 +119,6 @@ class Native:
                current: int = 0) -> dict[str, Any]:
         return self.ask(f"launch {grid[0]} {grid[1]} {grid[2]} {scratch} {current} {len(sizes)} "
                         f"{' '.join(map(str, sizes))} {len(args)} {' '.join(args)}")
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        assert self.process.wait(timeout=60) == 0
 
 
 @pytest.fixture

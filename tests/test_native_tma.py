@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from compiled_once import shared_dir
 from conftest import gpu as needs_gpu
 from fake_libcuda import SCRATCH_BASE, Fake
-from nativelib import build_program
+from nativelib import LineServer, build_program
 from test_fastlaunch import helper  # noqa: F401  (a module fixture: the built launch helper)
 
 from lazytriton.cache_format import Entry
@@ -79,26 +78,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_program(tmp_path_factory.mktemp("native-params"), "native_params")
 
 
-class Native:
+class Native(LineServer):
     """One native_params process serving from ``image``, against its fake libcuda."""
 
     def __init__(self, built: dict[str, Path], image: Path) -> None:
         env = {**os.environ, "LAZYTRITON_IMAGES": str(image), "LD_LIBRARY_PATH": str(built["driver"])}
-        self.process = subprocess.Popen([str(built["program"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, env=env)
-
-    def ask(self, line: str) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], 120)
-        answer = self.process.stdout.readline() if ready else ""
-        if not answer:
-            self.process.kill()
-            stderr = self.process.stderr.read() if self.process.stderr else ""
-            pytest.fail(f"native_params gave no answer to {line[:200]!r}:\n{stderr[-4000:]}")
-        result: dict[str, Any] = json.loads(answer)
-        return result
+        super().__init__([str(built["program"])], env, "native_params")
 
     def load(self, entry: Entry) -> dict[str, Any]:
         return self.ask(f"load {entry.key}")
@@ -106,11 +91,6 @@ class Native:
     def launch(self, grid: tuple[int, int, int], scratch: str, sizes: list[int], args: list[str]) -> dict[str, Any]:
         return self.ask(f"launch {grid[0]} {grid[1]} {grid[2]} {scratch} {len(sizes)} "
                         f"{' '.join(map(str, sizes))} {len(args)} {' '.join(args)}")
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        assert self.process.wait(timeout=60) == 0
 
 
 @pytest.fixture
