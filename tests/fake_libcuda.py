@@ -185,16 +185,21 @@ STATE = ("launches", "pushes", "pops", "grid_x", "grid_y", "grid_z", "block_x", 
          "function", "context", "extra_null")
 
 
-def build(directory: Path) -> Path | None:
-    """Compile the fake into ``directory``; None when there is no C compiler."""
+def compile_library(directory: Path, stem: str, source_text: str) -> Path | None:
+    """``source_text`` compiled into ``directory``/lib``stem``.so (a fake driver); None when there is no C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    source = directory / "fake_libcuda.c"
-    source.write_text(SOURCE)
-    library = directory / "libfakecuda.so"
+    source = directory / f"{stem}.c"
+    source.write_text(source_text)
+    library = directory / f"lib{stem}.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True)
     return library
+
+
+def build(directory: Path) -> Path | None:
+    """Compile the fake into ``directory``; None when there is no C compiler."""
+    return compile_library(directory, "fakecuda", SOURCE)
 
 
 class Fake:

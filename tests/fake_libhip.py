@@ -21,10 +21,10 @@ can be made to fail (``fail``) with a status until the next ``configure``.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from fake_libcuda import compile_library
 
 SOURCE = r"""
 #include <stdint.h>
@@ -158,14 +158,7 @@ LOGGED = ("grid_x", "grid_y", "grid_z", "block_x", "shared", "function", "device
 
 def build(directory: Path) -> Path | None:
     """Compile the fake into ``directory``; None when there is no C compiler."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    source = directory / "fake_libhip.c"
-    source.write_text(SOURCE)
-    library = directory / "libfakehip.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True)
-    return library
+    return compile_library(directory, "fakehip", SOURCE)
 
 
 class Fake:
