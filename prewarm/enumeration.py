@@ -97,7 +97,8 @@ from lazytriton.variant import DTYPES, Variant, check_fields
 
 KERNEL = "flash_fwd"  # the forward kernel, enumerated first
 # FP8 (e4m3, e5m2) is planned only when asked for (--dtype e4m3,e5m2), for the families whose dispatch names it
-# in PREWARM_FP8 (flash_fwd's FP8 forward), on the targets its ``prewarm_leaves_out`` does not refuse.
+# in PREWARM_FP8 (flash_fwd's FP8 forward), on the targets its ``prewarm_leaves_out`` does not refuse; on sm_90 with
+# the Gluon FP8 forward's variants where a call runs them (flash_fwd's ``prewarm_twins``).
 FP8_DTYPES = ("e4m3", "e5m2")
 DEFAULT_DTYPES: tuple[str, ...] = tuple(dtype for dtype in DTYPES if dtype not in FP8_DTYPES)
 DEFAULT_HEAD_DIMS: tuple[int, ...] = geometry.HEAD_DIMS

@@ -5,7 +5,10 @@ forward on ``flash_fwd_gluon``'s ping-pong pipeline, an alternative to ``flash_f
 FP8 forward's binding, ``fp8.py``, launches either). ``reason`` is the rule, pure: None when the kernel computes
 a call exactly, else why not. ``fp8.variant`` serves it where ``TABLE`` has a row for the call's (head dim,
 causal) and ``fits`` holds (the part of the rule the memo key's buckets cannot see, carried in the key), on
-sm_90; ``flash_fwd_fp8`` serves the rest. ``lazytriton cache explain --dtype e4m3`` prints ``explain``'s line.
+sm_90; ``flash_fwd_fp8`` serves the rest. ``lazytriton cache explain --dtype e4m3`` prints ``explain``'s line
+and reports ``served``'s variant; prewarm plans ``prewarm_twin`` (through ``dispatch.prewarm_twins``) and
+refuses a miss log's variant that ``built`` turns away. The C API keeps ``flash_fwd_fp8``: this kernel makes
+its TMA descriptors on the device, in global scratch memory, which the C API's plans do not pass.
 """
 
 from __future__ import annotations
