@@ -267,6 +267,22 @@ def _with_companions(kernels: tuple[str, ...]) -> tuple[str, ...]:
     return (*kernels, *dict.fromkeys(extra))
 
 
+def takes_kernel(chosen: Iterable[str], kernel: str) -> bool:
+    """Whether ``--kernel``'s ``chosen`` kernels take a miss log's variant of ``kernel``.
+
+    A kernel named, or one outside every ``FAMILIES`` list (a twin dispatch picks: flash_fwd_gluon,
+    flash_fwd_fp8, flash_fwd_fp8_gluon, the Gluon backward's) whose family folder holds a chosen kernel: a
+    call of that family runs it.
+    """
+    chosen = set(chosen)
+    if kernel in chosen:
+        return True
+    if kernel in all_kernels():
+        return False
+    family = get(kernel).module.split(".")[2]  # lazytriton.kernels.<family>.<module>: its folder
+    return not chosen.isdisjoint(FAMILIES.get(family, ()))
+
+
 def _packed(varlen: tuple[bool, ...], seqused: tuple[bool, ...]) -> tuple[tuple[bool, bool, bool], ...]:
     """The (varlen, seqused_q, seqused_k) modes: dense and packed calls, the packed ones also with seqused."""
     used = ((False, False), (True, False), (False, True), (True, True)) if True in seqused else ((False, False),)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from served import jit_prewarm_serve
 
 import lazytriton
 from lazytriton import compiler, launch, machine, runtime, tuning
@@ -25,7 +26,7 @@ from lazytriton.capi import embedded
 from lazytriton.cli import main as cli_main
 from lazytriton.kernels.flash_fwd import binding, fp8, fp8_gluon
 from lazytriton.prewarm import limits
-from lazytriton.prewarm.enumeration import Axes, enumerate_variants, variants_from_miss_log
+from lazytriton.prewarm.enumeration import Axes, enumerate_variants, takes_kernel, variants_from_miss_log
 from lazytriton.target import Target
 from lazytriton.variant import Variant
 
@@ -170,9 +171,16 @@ def test_a_miss_of_the_gluon_variant_is_rebuilt_from_the_log(cache_dir: Path, mo
     assert [json.loads(line)["variant"] for line in log.read_text().splitlines()] == [str(v) for v in runs]
     planned, problems = variants_from_miss_log(log)
     assert not problems and [(p.variant, p.key) for p in planned] == [(v, v.key()) for v in runs]
-    assert cli_main(["prewarm", "--from-misses", str(log), "--list"]) == 0
-    out = capsys.readouterr().out
-    assert all(str(v) in out for v in runs)
+    for kernel, listed in (([], True), (["--kernel", "flash_fwd"], True), (["--kernel", "flash_bwd"], False)):
+        assert cli_main(["prewarm", "--from-misses", str(log), *kernel, "--list"]) == 0
+        out = capsys.readouterr().out
+        assert all((str(v) in out) is listed for v in runs), kernel
+
+
+def test_kernel_filters_take_the_twins_of_their_family() -> None:
+    assert takes_kernel(("flash_fwd",), NAME) and takes_kernel(("flash_fwd",), "flash_fwd_fp8")
+    assert takes_kernel(("flash_fwd",), "flash_fwd_gluon") and not takes_kernel(("flash_bwd_dq",), NAME)
+    assert takes_kernel(("flash_bwd_dkdv",), "flash_bwd_fused_gluon") and not takes_kernel(("flash_fwd",), "kv_append")
 
 
 @pytest.mark.parametrize(("change", "why"), [
@@ -232,3 +240,27 @@ def test_the_gluon_entry_takes_global_scratch_which_c_plans_do_not_pass() -> Non
     # Q's, K's and Vt's TMA descriptors made on the device, 128 bytes each: capi/native/lt_runtime.c's
     # ltn_kernel_layout refuses an entry with scratch memory for the C API's plans.
     assert entry.global_scratch_size >= 3 * 128
+
+
+RESOLVE_FP8_GLUON = """
+import json, sys
+import torch
+from lazytriton import runtime
+from lazytriton.kernels.flash_fwd import binding, fp8
+from lazytriton.target import Target
+variants = []
+for dtype, name in ((torch.float8_e4m3fn, "e4m3"), (torch.float8_e5m2, "e5m2")):
+    q = torch.empty(1, 2, 256, 64, dtype=dtype, device="meta")
+    call = binding.check(q, q, q, False, None, fp8=True)
+    variants.append(fp8.variant(Target.parse("sm_90"), call, call.shape, True, False, dtype=name))
+rt = runtime.get()
+sources = [rt.resolve(v).source for v in variants]
+print(json.dumps({"variants": [str(v) for v in variants], "sources": sources, "compiles": rt.compiles,
+                  "triton": sorted(m for m in sys.modules if m == "triton" or m.startswith("triton."))[:3]}))
+"""
+
+
+def test_a_jit_miss_of_the_gluon_kernel_is_prewarmed_and_then_served_from_an_image(tmp_path: Path,
+                                                                                    cache_dir: Path) -> None:
+    report = jit_prewarm_serve(RESOLVE_FP8_GLUON, "flash_fwd", tmp_path, cache_dir)  # compiled for sm_90 on CPU
+    assert [v.split(":")[:3] for v in report["variants"]] == [[NAME, "sm_90", "e4m3"], [NAME, "sm_90", "e5m2"]]
