@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import gpu, run_python
 from served import jit_prewarm_serve
 
 import lazytriton
 from lazytriton import compiler, launch, machine, runtime, tuning
 from lazytriton.cache_format import Entry, Provenance
+from lazytriton.cache_format.image import Image
 from lazytriton.capi import embedded
 from lazytriton.cli import main as cli_main
 from lazytriton.kernels.flash_fwd import binding, fp8, fp8_gluon
@@ -264,3 +268,34 @@ def test_a_jit_miss_of_the_gluon_kernel_is_prewarmed_and_then_served_from_an_ima
                                                                                     cache_dir: Path) -> None:
     report = jit_prewarm_serve(RESOLVE_FP8_GLUON, "flash_fwd", tmp_path, cache_dir)  # compiled for sm_90 on CPU
     assert [v.split(":")[:3] for v in report["variants"]] == [[NAME, "sm_90", "e4m3"], [NAME, "sm_90", "e5m2"]]
+
+
+SERVE_FP8_CALL = """
+import json, torch, lazytriton
+from lazytriton import runtime
+torch.manual_seed(0)
+q = torch.randn(1, 4096, 8, 128, device="cuda").to(torch.float8_e4m3fn)
+k, v = (torch.randn(1, 4096, 2, 128, device="cuda").to(torch.float8_e4m3fn) for _ in range(2))
+out = lazytriton.flash_attn_func(q, k, v, causal=True)
+torch.cuda.synchronize()
+print(json.dumps({"compiles": runtime.get().compiles, "finite": bool(out.float().isfinite().all())}))
+"""
+
+
+@gpu
+def test_gpu_an_sm90_prewarmed_image_serves_the_fp8_call_without_a_compile(tmp_path: Path) -> None:
+    if str(machine.target_of_device(torch.device("cuda", 0))) != "sm_90":
+        pytest.skip("the Gluon FP8 forward serves sm_90 only")
+    image = tmp_path / "fp8.ltimg"
+    built = subprocess.run([sys.executable, "-m", "lazytriton.cli", "prewarm", "--target", "sm_90", "--dtype",
+                            "e4m3", "--head-dim", "128", "--seqlen-q", "4096", "-j", "4", "--out", str(image)],
+                           capture_output=True, text=True, timeout=600, check=False)
+    assert built.returncode == 0, built.stdout + built.stderr
+    with Image(image) as held:
+        assert any(held.read(key).variant.startswith(f"{NAME}:sm_90:e4m3:") for key in held.keys())  # type: ignore
+    empty = tmp_path / "empty-cache"
+    ran = run_python(SERVE_FP8_CALL, {"LAZYTRITON_CACHE_DIR": str(empty), "LAZYTRITON_IMAGES": str(image),
+                                      "LAZYTRITON_JIT": "0"})
+    assert ran.returncode == 0, ran.stderr  # with the JIT off, a variant the image lacks raises KernelNotFound
+    assert json.loads(ran.stdout.splitlines()[-1]) == {"compiles": 0, "finite": True}
+    assert not (empty / "misses.jsonl").exists()
