@@ -393,7 +393,9 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     ``sinks``: attention sinks (SINKS, flash_fwd's only: the backward's kernels read them through lse).
     ``chunk``: FlashAttention-3's attention_chunk (CHUNK, on all three kernels).
     ``dtype_code`` e4m3 or e5m2 (``FP8_CODES``): flash_fwd's FP8 kernel, flash_fwd_fp8 (dispatch's
-    ``fp8_variant``: a ValueError for a target without FP8 tensor cores, or for sinks).
+    ``fp8_variant``: a ValueError for a target without FP8 tensor cores, or for sinks), also where a Python
+    call on sm_90 runs flash_fwd_fp8_gluon: that kernel's entries take global scratch memory (its TMA
+    descriptors, made on the device), which the C API's plans do not pass.
     """
     if kernel == "flash_bwd_dsinks":  # the sinks' gradient: it reads float32 rows, one config
         from lazytriton.kernels import flash_bwd_dsinks

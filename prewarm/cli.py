@@ -310,6 +310,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
         enumerate_variants,
         left_out,
         select_shard,
+        takes_kernel,
         variants_from_miss_log,
     )
 
@@ -328,7 +329,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 print(f"prewarm: skipped {problem}", file=sys.stderr)
             for item in found:
                 if (not args.target or item.variant.target in args.target) and (
-                        not args.kernel or item.variant.kernel in args.kernel):
+                        not args.kernel or takes_kernel(args.kernel, item.variant.kernel)):
                     plan.setdefault(item.key, item)
         return select_shard(list(plan.values()), args.shard)
     if not args.target:

@@ -97,7 +97,8 @@ from lazytriton.variant import DTYPES, Variant, check_fields
 
 KERNEL = "flash_fwd"  # the forward kernel, enumerated first
 # FP8 (e4m3, e5m2) is planned only when asked for (--dtype e4m3,e5m2), for the families whose dispatch names it
-# in PREWARM_FP8 (flash_fwd's FP8 forward), on the targets its ``prewarm_leaves_out`` does not refuse.
+# in PREWARM_FP8 (flash_fwd's FP8 forward), on the targets its ``prewarm_leaves_out`` does not refuse; on sm_90 with
+# the Gluon FP8 forward's variants where a call runs them (flash_fwd's ``prewarm_twins``).
 FP8_DTYPES = ("e4m3", "e5m2")
 DEFAULT_DTYPES: tuple[str, ...] = tuple(dtype for dtype in DTYPES if dtype not in FP8_DTYPES)
 DEFAULT_HEAD_DIMS: tuple[int, ...] = geometry.HEAD_DIMS
@@ -264,6 +265,22 @@ def _with_companions(kernels: tuple[str, ...]) -> tuple[str, ...]:
     extra = [k for kernel in kernels for k in getattr(dispatch.family_dispatch(kernel), "PREWARM_WITH", ())
              if k not in kernels]
     return (*kernels, *dict.fromkeys(extra))
+
+
+def takes_kernel(chosen: Iterable[str], kernel: str) -> bool:
+    """Whether ``--kernel``'s ``chosen`` kernels take a miss log's variant of ``kernel``.
+
+    A kernel named, or one outside every ``FAMILIES`` list (a twin dispatch picks: flash_fwd_gluon,
+    flash_fwd_fp8, flash_fwd_fp8_gluon, the Gluon backward's) whose family folder holds a chosen kernel: a
+    call of that family runs it.
+    """
+    chosen = set(chosen)
+    if kernel in chosen:
+        return True
+    if kernel in all_kernels():
+        return False
+    family = get(kernel).module.split(".")[2]  # lazytriton.kernels.<family>.<module>: its folder
+    return not chosen.isdisjoint(FAMILIES.get(family, ()))
 
 
 def _packed(varlen: tuple[bool, ...], seqused: tuple[bool, ...]) -> tuple[tuple[bool, bool, bool], ...]:

@@ -42,6 +42,7 @@ memory than the GPU has compiles, but fails to load on it).
 from __future__ import annotations
 
 from lazytriton.kernels.flash_decode import kv_fp8
+from lazytriton.kernels.flash_fwd import fp8_gluon
 from lazytriton.record import record
 from lazytriton.target import Target
 from lazytriton.variant import Variant
@@ -119,7 +120,8 @@ def refusal(variant: Variant) -> str | None:
     ``variant`` must have passed ``lazytriton.variant.check_fields``. A target
     missing from ``KNOWN_TARGETS``, or a kernel outside ``ESTIMATED_KERNELS``,
     is checked against the tile caps only. A float8 cache's kernels (KV_FP8) on a
-    target without that format (``kv_fp8.unsupported``: e4m3 below sm_89) are refused too.
+    target without that format (``kv_fp8.unsupported``: e4m3 below sm_89) are refused too, and so is a
+    ``flash_fwd_fp8_gluon`` variant off its target or tiles (``fp8_gluon.built``).
     """
     tiles = max(1, int(variant.constexprs.get("BLOCK_TILES", 0)))  # flash_fwd_gluon: BLOCK_M rows are that many tiles
     block_d_cap = MAX_BLOCK_DV if variant.kernel in VALUE_TILE_KERNELS else MAX_BLOCK_D
@@ -133,6 +135,8 @@ def refusal(variant: Variant) -> str | None:
     if block_d2 and block_d2 + int(variant.constexprs.get("BLOCK_D", 0)) > MAX_BLOCK_D:
         total = block_d2 + int(variant.constexprs.get("BLOCK_D", 0))
         return f"BLOCK_D + BLOCK_D2 = {total} is over the cap of {MAX_BLOCK_D}"
+    if variant.kernel == fp8_gluon.NAME and (why := fp8_gluon.built(variant)) is not None:
+        return why
     kv = variant.constexprs.get("KV_FP8")
     if isinstance(kv, str) and (why := kv_fp8.unsupported(Target.parse(variant.target), kv)) is not None:
         return why

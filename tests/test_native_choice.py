@@ -20,6 +20,7 @@ from nativelib import SANITIZER_ENV, build_driver
 from lazytriton import tuning
 from lazytriton.capi import embedded
 from lazytriton.kernels import dispatch
+from lazytriton.kernels.flash_fwd import fp8_gluon
 from lazytriton.target import Target
 
 KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv")
@@ -95,6 +96,39 @@ def test_every_axis_gives_python_s_variant_and_key(program: Path) -> None:
     assert "flash_fwd_fp8:sm_90:e4m3" in " ".join(answers), "no call drew the FP8 forward"
     assert "flash_fwd_fp8:sm_90:e5m2" in " ".join(answers), "no call drew the FP8 forward's e5m2"
     assert served > 2700  # the refusals (seqused without varlen, SEQ16 unaligned, e4m3 off sm_90+ or backward) are few
+
+
+def fp8_gluon_calls(count: int, seed: int) -> list[tuple[int, ...]]:
+    """Dense FP8 forward calls on sm_90 about the Gluon FP8 forward's table: its head dims, tile multiples or not."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        head_dim = rng.choice((64, 128, 256, 96, 192))
+        seqlens = [rng.choice((128, 256, 512, 1024, 4096, 8192)) if rng.random() < 0.8 else rng.randint(1, 9000)
+                   for _ in range(2)]
+        window, softcap, chunk = (int(rng.random() < 0.1) for _ in range(3))
+        out.append((0, rng.choice((90, 90, 90, 100)), rng.choice((5, 6)), head_dim, head_dim,
+                    int(rng.random() < 0.5), int(rng.random() < 0.8), 0, int(rng.random() < 0.1), window, softcap,
+                    0, 0, 0, *seqlens, 0, chunk))
+    return out
+
+
+def test_fp8_calls_the_gluon_kernel_serves_in_python_plan_flash_fwd_fp8_in_c_and_python(program: Path) -> None:
+    """The C API keeps flash_fwd_fp8 where Python's binding runs flash_fwd_fp8_gluon: that entry takes scratch.
+
+    (tests/test_fp8_gluon_reach.py: its TMA descriptors are made on the device, in global scratch memory, which
+    the C API's plans do not pass.) C and Python agree on every such call, variant and key.
+    """
+    lines = fp8_gluon_calls(600, seed=20261205)
+    answers = native_choice(program, lines)
+    for call, answer in zip(lines, answers, strict=True):
+        assert answer == python_choice(call), call
+        assert answer.startswith("ok flash_fwd_fp8:"), f"{call}: {answer}"
+    assert any(":sm_90:e4m3:" in a for a in answers) and any(":sm_90:e5m2:" in a for a in answers)
+    gluon = [call for call in lines if call[1] == 90 and not any(call[9:11]) and not call[17]
+             and fp8_gluon.prewarm_twin("sm_90", embedded.FP8_CODES[call[2]], call[3], bool(call[5]),
+                                        bool(call[6]), bool(call[8]), call[14], call[15]) is not None]
+    assert len(gluon) > 50, "too few draws that Python's binding runs on the Gluon FP8 forward"
 
 
 def test_a_table_row_flows_to_c(tmp_path: Path) -> None:

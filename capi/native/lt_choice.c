@@ -21,6 +21,8 @@ static const char *const kernel_names[] = {"flash_fwd", "flash_bwd_dq", "flash_b
 static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32", "", "e4m3", "e5m2"};
 #define LTN_DTYPE_E4M3 5 /* lazytriton.h's LT_DTYPE_FP8_E4M3: flash_fwd_fp8 (the FP8 forward) */
 #define LTN_DTYPE_E5M2 6 /* lazytriton.h's LT_DTYPE_FP8_E5M2: flash_fwd_fp8 too */
+/* FP8 plans stay on flash_fwd_fp8 where Python's binding runs flash_fwd_fp8_gluon (sm_90): that kernel's entries
+ * take global scratch memory (TMA descriptors made on the device), which the C API's plans do not pass. */
 
 typedef struct {
     int block_m, block_n, num_warps, num_stages, waves_per_eu;

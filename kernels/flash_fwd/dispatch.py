@@ -14,7 +14,7 @@ import math
 from lazytriton import tuning
 from lazytriton.geometry import causal_mode, padded_head_dim
 from lazytriton.kernels import attention
-from lazytriton.kernels.flash_fwd import gluon
+from lazytriton.kernels.flash_fwd import fp8_gluon, gluon
 from lazytriton.kernels.flash_fwd.fp8_spec import FP8_DTYPES, fp8_default_config, fp8_refusal
 from lazytriton.kernels.flash_fwd.fp8_spec import NAME as FP8_NAME
 from lazytriton.kernels.request import Request
@@ -417,7 +417,13 @@ def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal
     otherwise compile it on first use. Prewarm's causal calls are
     FlashAttention's (bottom-right), so a causal offset is seqlen_k - seqlen_q.
     ``sinks``: the call has attention sinks, which the Gluon forward carries (SINKS=true).
+    An FP8 call (e4m3, e5m2) runs the Gluon FP8 forward where ``fp8.variant`` serves it (``fp8_gluon.prewarm_twin``;
+    the FP8 forward takes no sinks).
     """
+    if dtype in FP8_DTYPES:
+        fp8_twin = None if sinks else fp8_gluon.prewarm_twin(str(target), dtype, head_dim, causal, aligned, index64,
+                                                              seqlen_q, seqlen_k)
+        return [] if fp8_twin is None else [(fp8_twin, "fp8 gluon table")]
     offset = seqlen_k - seqlen_q if causal else 0
     if offset < 0 or not flash_fwd_gluon_fits(dtype, head_dim, causal, offset, 1.0 / math.sqrt(head_dim), seqlen_q,
                                               seqlen_k):

@@ -5,11 +5,15 @@ forward on ``flash_fwd_gluon``'s ping-pong pipeline, an alternative to ``flash_f
 FP8 forward's binding, ``fp8.py``, launches either). ``reason`` is the rule, pure: None when the kernel computes
 a call exactly, else why not. ``fp8.variant`` serves it where ``TABLE`` has a row for the call's (head dim,
 causal) and ``fits`` holds (the part of the rule the memo key's buckets cannot see, carried in the key), on
-sm_90; ``flash_fwd_fp8`` serves the rest. ``lazytriton cache explain --dtype e4m3`` prints ``explain``'s line.
+sm_90; ``flash_fwd_fp8`` serves the rest. ``lazytriton cache explain --dtype e4m3`` prints ``explain``'s line
+and reports ``served``'s variant; prewarm plans ``prewarm_twin`` (through ``dispatch.prewarm_twins``) and
+refuses a miss log's variant that ``built`` turns away. The C API keeps ``flash_fwd_fp8``: this kernel makes
+its TMA descriptors on the device, in global scratch memory, which the C API's plans do not pass.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from lazytriton.kernels.flash_fwd.fp8_gluon_spec import FLASH_FWD_FP8_GLUON as FLASH_FWD_FP8_GLUON  # re-exported
@@ -123,6 +127,20 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))
 
 
+def built(variant: Variant) -> str | None:
+    """Why a variant of this kernel (a miss log's line, say) is not one it builds, else None (pure).
+
+    Its target must be one of ``TARGETS`` and its (BLOCK_M, BLOCK_N, num_warps) one of ``configs(BLOCK_D)``.
+    """
+    if variant.target not in TARGETS:
+        return f"{NAME} is built for {TARGETS} only (FP8 wgmma and TMA), not {variant.target}"
+    head_dim = int(variant.get("BLOCK_D"))
+    tiles = tuple(int(variant.get(name)) for name in ("BLOCK_M", "BLOCK_N", "num_warps"))
+    if tiles not in configs(head_dim):
+        return f"tiles {tiles} are not one of {configs(head_dim)} (BLOCK_M, BLOCK_N, num_warps) at head dim {head_dim}"
+    return None
+
+
 def default_tiles(head_dim: int, causal: bool) -> tuple[int, int, int] | None:
     """``TABLE``'s tiles for (head dim, causal), or None where flash_fwd_fp8 serves (``BY_DEFAULT`` off, no row)."""
     return TABLE.get((head_dim, bool(causal))) if BY_DEFAULT else None
@@ -154,18 +172,47 @@ def default_variant(target: str, dtype: str, head_dim: int, causal: bool, aligne
                    tiles=tiles)
 
 
+def prewarm_twin(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
+                 seqlen_q: int, seqlen_k: int) -> Variant | None:
+    """The variant of this kernel a plain FP8 call of the shape runs, for prewarm; None where flash_fwd_fp8 serves.
+
+    ``fp8.variant``'s choice for a dense call without a window, softcap or chunk, at the default softmax scale:
+    ``fits``, then ``default_variant`` (the target, alignment and 64-bit offsets). Prewarm's causal calls are
+    FlashAttention's (bottom-right), so a causal offset is seqlen_k - seqlen_q.
+    """
+    offset = seqlen_k - seqlen_q if causal else 0
+    if not fits(head_dim, head_dim, causal, offset, 1.0 / math.sqrt(head_dim), seqlen_q, seqlen_k, False):
+        return None
+    return default_variant(target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k)
+
+
+def _why_not(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: str, aligned: bool, index64: bool,
+             seqlen_q: int, seqlen_k: int, features: bool) -> str | None:
+    """Why a described call is not this kernel's by default, or None where it is (``explain``, ``served``)."""
+    tiles = default_tiles(head_dim, causal != "none")
+    if tiles is None:
+        return (f"no table row for head dim {head_dim} (it serves {HEAD_DIMS})" if BY_DEFAULT
+                else "fp8_gluon.BY_DEFAULT is off")
+    return reason(target, dtype, head_dim, head_dim_v, causal, aligned, index64, seqlen_q, seqlen_k, tiles[0],
+                  tiles[1], features)
+
+
+def served(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: str, aligned: bool, index64: bool,
+           seqlen_q: int, seqlen_k: int, features: bool) -> Variant | None:
+    """The variant of this kernel a described call (``cache explain``'s) runs, or None where flash_fwd_fp8 serves.
+
+    ``causal``: "none", "top_left" or "bottom_right"; ``features``: a window, softcap, chunk or packed sequences.
+    """
+    if _why_not(target, dtype, head_dim, head_dim_v, causal, aligned, index64, seqlen_q, seqlen_k, features):
+        return None
+    return default_variant(target, dtype, head_dim, causal != "none", aligned, index64, seqlen_q, seqlen_k)
+
+
 def explain(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: str, aligned: bool, index64: bool,
             seqlen_q: int, seqlen_k: int, features: bool) -> str:
     """``cache explain``'s line on the FP8 Gluon forward for a described call: its variant, or why not."""
-    tiles = default_tiles(head_dim, causal != "none")
-    why: str | None
-    if tiles is None:
-        why = (f"no table row for head dim {head_dim} (it serves {HEAD_DIMS})" if BY_DEFAULT
-               else "fp8_gluon.BY_DEFAULT is off")
-    else:
-        why = reason(target, dtype, head_dim, head_dim_v, causal, aligned, index64, seqlen_q, seqlen_k, tiles[0],
-                     tiles[1], features)
+    why = _why_not(target, dtype, head_dim, head_dim_v, causal, aligned, index64, seqlen_q, seqlen_k, features)
     if why is None:
-        served = default_variant(target, dtype, head_dim, causal != "none", aligned, index64, seqlen_q, seqlen_k)
-        return f"the Gluon FP8 forward serves it: {served}"
+        chosen = default_variant(target, dtype, head_dim, causal != "none", aligned, index64, seqlen_q, seqlen_k)
+        return f"the Gluon FP8 forward serves it: {chosen}"
     return f"flash_fwd_fp8 serves it, not the Gluon FP8 forward ({NAME}): {why}"

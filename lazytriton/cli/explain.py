@@ -114,9 +114,18 @@ def explain_report(args: argparse.Namespace) -> Report:
     if args.dtype in ("e4m3", "e5m2"):  # the FP8 forward's other kernel: its line (kernels/flash_fwd/fp8_gluon.py)
         from lazytriton.kernels.flash_fwd import fp8_gluon
 
-        call["fp8_gluon"] = fp8_gluon.explain(str(target), args.dtype, args.head_dim, head_dim_v, args.causal,
-                                              not args.unaligned, args.index64, args.seqlen_q, seqlen_k,
-                                              varlen or flags["window"] or flags["softcap"] or flags["chunk"])
+        described_fp8 = (str(target), args.dtype, args.head_dim, head_dim_v, args.causal, not args.unaligned,
+                         args.index64, args.seqlen_q, seqlen_k,
+                         varlen or flags["window"] or flags["softcap"] or flags["chunk"])
+        call["fp8_gluon"] = fp8_gluon.explain(*described_fp8)
+        gluon_variant = fp8_gluon.served(*described_fp8)
+        if gluon_variant is not None:  # the kernel the call runs: its variant, key and tiers, not flash_fwd_fp8's
+            key = gluon_variant.key()
+            fields = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+            config = {name.lower(): int(gluon_variant.get(name)) for name in fields}
+            reports = [{"kernel": fp8_gluon.NAME, "variant": str(gluon_variant), "key": key,
+                        "config": {**config, "waves_per_eu": 0}, "tuning": None, "table": "fp8_gluon.TABLE",
+                        **tier_verdicts(rt or open_runtime(), key)}]
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
         report.update({name: value for name, value in reports[0].items() if name != "kernel"})
@@ -421,7 +430,9 @@ def _print_kernel(call: Report, report: Report) -> None:
     c, row = report["config"], report["tuning"]
     print(f"variant  {report['variant']}")
     tuned = f"BLOCK_M={c['block_m']} BLOCK_N={c['block_n']} num_warps={c['num_warps']} num_stages={c['num_stages']}"
-    if row is None:
+    if report.get("table"):  # a Gluon table's row (the FP8 Gluon forward's), not the tuning CSV's
+        print(f"tuning   {report['table']}'s row for head dim {call['head_dim']}: {tuned}")
+    elif row is None:
         print(f"tuning   default config (no tuning row for {call['target']} {report['kernel']} {call['dtype']} "
               f"head dim {call['padded_head_dim']} causal={call['causal'] != 'none'}): {tuned}")
     else:
