@@ -32,6 +32,14 @@ NAME = "flash_fwd_fp8_gluon"
 TILINGS = [(d, tiles) for d in fp8_gluon.HEAD_DIMS for tiles in fp8_gluon.configs(d)]
 
 
+@pytest.fixture(autouse=True)
+def gluon_fp8_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel served as dispatch would serve it once switched on (``fp8_gluon.BY_DEFAULT``, off until its first
+    GPU run): these tests hold its rule, reach and numbers."""
+    monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)
+
+
+
 def meta_call(head_dim: int = 128, causal: bool | str = False, sq: int = 4096, sk: int = 4096,
               dtype: torch.dtype = E4M3, **kw: object) -> binding.Call:
     q = torch.empty(2, 8, sq, head_dim, dtype=dtype, device="meta")

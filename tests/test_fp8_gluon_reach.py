@@ -41,6 +41,14 @@ HEAD_DIMS = (64, 96, 128, 256)  # 96: no table row
 SEQLENS = (128, 512, 1024, 4096)  # prewarm's seqlens are bucket bounds: powers of two
 
 
+@pytest.fixture(autouse=True)
+def gluon_fp8_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel served as dispatch would serve it once switched on (``fp8_gluon.BY_DEFAULT``, off until its first
+    GPU run): these tests hold its rule, reach and numbers."""
+    monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)
+
+
+
 def dispatched(target: Target, dtype: str, head_dim: int, causal: bool, sq: int, sk: int,
                aligned: bool = True) -> Variant:
     """The variant a dense FP8 call of this shape runs (the binding's choice, FlashAttention's bottom-right causal)."""
@@ -250,8 +258,9 @@ RESOLVE_FP8_GLUON = """
 import json, sys
 import torch
 from lazytriton import runtime
-from lazytriton.kernels.flash_fwd import binding, fp8
+from lazytriton.kernels.flash_fwd import binding, fp8, fp8_gluon
 from lazytriton.target import Target
+fp8_gluon.BY_DEFAULT = True  # the kernel as dispatch serves it once switched on
 variants = []
 for dtype, name in ((torch.float8_e4m3fn, "e4m3"), (torch.float8_e5m2, "e5m2")):
     q = torch.empty(1, 2, 256, 64, dtype=dtype, device="meta")

@@ -113,12 +113,16 @@ def fp8_gluon_calls(count: int, seed: int) -> list[tuple[int, ...]]:
     return out
 
 
-def test_fp8_calls_the_gluon_kernel_serves_in_python_plan_flash_fwd_fp8_in_c_and_python(program: Path) -> None:
+def test_fp8_calls_the_gluon_kernel_serves_in_python_plan_flash_fwd_fp8_in_c_and_python(
+        program: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C API keeps flash_fwd_fp8 where Python's binding runs flash_fwd_fp8_gluon: that entry takes scratch.
 
     (tests/test_fp8_gluon_reach.py: its TMA descriptors are made on the device, in global scratch memory, which
     the C API's plans do not pass.) C and Python agree on every such call, variant and key.
     """
+    from lazytriton.kernels.flash_fwd import fp8_gluon
+
+    monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)  # the Gluon kernel as dispatch serves it once switched on
     lines = fp8_gluon_calls(600, seed=20261205)
     answers = native_choice(program, lines)
     for call, answer in zip(lines, answers, strict=True):
