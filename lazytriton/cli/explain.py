@@ -18,6 +18,8 @@ from lazytriton.record import asdict, replace
 BACKWARD_KERNELS = ("flash_bwd_dq", "flash_bwd_dkdv")
 # The kernels that take attention_chunk (CHUNK=true): the attention kernels' and the decoding split kernel.
 CHUNK_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split")
+# Kernels a family launches only for packed new keys (--varlen): the lengths after kv_append's packed append.
+VARLEN_ONLY_KERNELS = ("kv_append_lengths",)
 
 
 def _explain_target(text: str | None) -> tuple[Any, str]:
@@ -68,7 +70,9 @@ def explain_report(args: argparse.Namespace) -> Report:
         raise ValueError(f"--seqlen-q must be >= 1, got {args.seqlen_q}")
     kernel = getattr(args, "kernel", "flash_fwd")
     varlen = bool(getattr(args, "varlen", False))
-    kernels = explain_kernels(kernel)
+    kernels = tuple(name for name in explain_kernels(kernel) if varlen or name not in VARLEN_ONLY_KERNELS)
+    if not kernels:
+        raise ValueError(f"--kernel {kernel} runs only with packed new keys (cu_seqlens_k_new): add --varlen")
     rt = None
     reports = []
     page = getattr(args, "page_size", None) or 0
