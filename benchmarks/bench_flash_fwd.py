@@ -23,7 +23,7 @@ benchmark shapes; heads rounded down for head dims that do not divide it), for:
   the chunked call's time over the windowed one's. Their TFLOP/s count the
   dense call's FLOPs (a time ratio, not a throughput).
 
-With ``--fp8`` the run is the FP8 forward's instead (issue 42): at head dims
+With ``--fp8`` the run is the FP8 forward's instead: at head dims
 ``--head-dims`` (64/128/256), causal or not, 16k tokens (batch 1, hidden
 2048), ``lazytriton_fp8`` (``attn_fwd`` on float8_e4m3fn q, k, v with per
 (batch, kv head) descales, bf16 out: the descale and V-transpose work
@@ -49,7 +49,7 @@ compiled in parallel into an image the run is served from
 (``--prewarm-jobs``, as bench_flash_bwd.py). The grid and its filters are
 ``benchgrid.py``'s.
 
-The table ends with issue 12's figures: the geomean against cuDNN by head dim
+The table ends with the figures against cuDNN: the geomean by head dim
 and over the grid, and the lowest row.
 
 Usage: python benchmarks/bench_flash_fwd.py [--csv PATH] [--quick] [--dtypes bf16,fp16] [--head-dims 64,128,256]
@@ -334,7 +334,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
             vs_cudnn.setdefault(int(key[1]), []).append(lt / cudnn)
     every = [r for ratios in vs_cudnn.values() for r in ratios]
     if every:
-        print("\nvs cuDNN (issue 12: geomean >= 1.0, no row below 0.9): " + "; ".join(
+        print("\nvs cuDNN (target: geomean >= 1.0, no row below 0.9): " + "; ".join(
             f"hd{d} {geomean(r):.3f} ({min(r):.2f}-{max(r):.2f})" for d, r in sorted(vs_cudnn.items()))
             + f"; all {geomean(every):.3f}, lowest {min(every):.2f}, {sum(r < 0.9 for r in every)} of {len(every)} "
             "under 0.9")

@@ -1,4 +1,4 @@
-"""Float8 KV caches in ``flash_attn_with_kvcache``: e4m3 and e5m2 caches with k_descale/v_descale (issue 42).
+"""Float8 KV caches in ``flash_attn_with_kvcache``: e4m3 and e5m2 caches with k_descale/v_descale.
 
 The cache holds x / descale (``kernels/flash_decode/kv_fp8.py``). On CPU the
 kernels run through Triton's interpreter, whose float8 conversions
