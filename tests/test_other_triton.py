@@ -55,7 +55,8 @@ VARIANTS = [
     kv_slots.variant(sm90, "bf16", 192, 128, True, True, False),  # int32 slots, 64-bit offsets, two chunks
     kv_slots.variant(sm90, "fp16", 128, 0, True, False, True, "e4m3"),  # a float8 cache: quantised on the way in
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 4096, 4096),
-    fp8_gluon.default_variant("sm_90", "e4m3", 256, True, True, False, 4096, 4096),  # the Gluon FP8 forward
+    fp8_gluon.variant("sm_90", "e4m3", 256, "top_left", True, False, 4096, 4096,  # the Gluon FP8 forward (its
+                      tiles=fp8_gluon.CONFIGS[256][0]),  # table's tiles, whether or not dispatch serves it yet)
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 128, True, True, False, 1024, 1024),  # 8 query tiles
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "bf16", 192, True, True, False, 1024, 1024),  # split, 2 tiles
     fwd_dispatch.flash_fwd_gluon_default_variant(sm90, "fp16", 224, False, True, False, 4096, 4096),  # padded
