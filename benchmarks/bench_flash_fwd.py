@@ -27,9 +27,10 @@ With ``--fp8`` the run is the FP8 forward's instead: at head dims
 ``--head-dims`` (64/128/256), causal or not, 16k tokens (batch 1, hidden
 2048), ``lazytriton_fp8`` (``attn_fwd`` on float8_e4m3fn q, k, v with per
 (batch, kv head) descales, bf16 out: the descale and V-transpose work
-included; the bench switches on the Gluon FP8 forward, ``flash_fwd_fp8_gluon``
-(``fp8_gluon.BY_DEFAULT``, off in the library until its first GPU run), which
-dispatch then serves where its rule holds: every row of this grid on sm_90),
+included; the bench has dispatch serve the Gluon FP8 forward,
+``flash_fwd_fp8_gluon``, at every head dim where its rule holds, every row of
+this grid on sm_90, where the library serves it only at the head dims where it
+measured faster, ``fp8_gluon.DEFAULT_HEAD_DIMS``),
 ``lazytriton_fp8_e5m2`` (the same on
 float8_e5m2 q, k, v), ``lazytriton_fp8_triton`` (the same e4m3 call through the
 Triton FP8 kernel, ``flash_fwd_fp8``, by ``fp8.run_variant``: what dispatch
@@ -420,7 +421,9 @@ def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object
     """The FP8 grid (``--fp8``): rows appended to the CSV case by case, then the FP8 / bf16 table."""
     from lazytriton.kernels.flash_fwd import fp8_gluon
 
-    fp8_gluon.BY_DEFAULT = True  # lazytriton_fp8 measures the Gluon FP8 forward (off in the library until measured)
+    # lazytriton_fp8 measures the Gluon FP8 forward at every head dim (the library: DEFAULT_HEAD_DIMS only)
+    fp8_gluon.BY_DEFAULT = True
+    fp8_gluon.DEFAULT_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)
     rows: list[dict[str, object]] = []
     for head_dim in args.head_dims:
         for causal in (False, True):

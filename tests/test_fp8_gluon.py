@@ -34,9 +34,10 @@ TILINGS = [(d, tiles) for d in fp8_gluon.HEAD_DIMS for tiles in fp8_gluon.config
 
 @pytest.fixture(autouse=True)
 def gluon_fp8_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel served as dispatch would serve it once switched on (``fp8_gluon.BY_DEFAULT``, off until its first
-    GPU run): these tests hold its rule, reach and numbers."""
+    """The kernel served by dispatch at every head dim of its table (the library serves it at
+    ``fp8_gluon.DEFAULT_HEAD_DIMS``, those where it measured faster): these tests hold its rule, reach and numbers."""
     monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)
+    monkeypatch.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
 
 
 
@@ -166,6 +167,18 @@ def test_the_switch_off_serves_flash_fwd_fp8_and_keys_apart(monkeypatch: pytest.
     off = fp8.memo_key(0, call, call.shape, True, False, dtype="e4m3")
     assert on[:-1] == off[:-1] and on != off  # a plan made for one is never used for the other
     assert "BY_DEFAULT is off" in fp8_gluon.explain("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4096, False)
+
+
+def test_the_library_serves_it_at_the_head_dims_where_it_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As shipped: on, at ``DEFAULT_HEAD_DIMS`` (256) only; flash_fwd_fp8 keeps 64 and 128, and explain says why."""
+    monkeypatch.undo()  # the module's own switches, not the fixture's
+    assert fp8_gluon.BY_DEFAULT is True and fp8_gluon.DEFAULT_HEAD_DIMS == frozenset({256})
+    assert served(meta_call(head_dim=256)).kernel == NAME
+    assert served(meta_call(head_dim=256, causal=True)).kernel == NAME
+    for head_dim in (64, 128):
+        assert served(meta_call(head_dim=head_dim)).kernel == "flash_fwd_fp8"
+        why = fp8_gluon.explain("sm_90", "e4m3", head_dim, head_dim, "none", True, False, 4096, 4096, False)
+        assert f"flash_fwd_fp8 is faster at head dim {head_dim}" in why
 
 
 def test_cache_explain_names_the_kernel_that_serves(capsys: pytest.CaptureFixture[str]) -> None:

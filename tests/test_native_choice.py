@@ -120,7 +120,8 @@ def test_fp8_calls_the_gluon_kernel_serves_in_python_plan_flash_fwd_fp8_in_c_and
     (tests/test_fp8_gluon_reach.py: its TMA descriptors are made on the device, in global scratch memory, which
     the C API's plans do not pass.) C and Python agree on every such call, variant and key.
     """
-    monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)  # the Gluon kernel as dispatch serves it once switched on
+    monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)  # the Gluon kernel at every head dim of its table
+    monkeypatch.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
     lines = fp8_gluon_calls(600, seed=20261205)
     answers = native_choice(program, lines)
     for call, answer in zip(lines, answers, strict=True):
