@@ -369,8 +369,8 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
         return
     kinds = tuple(entry.arg_types)
     if getattr(entry, "tensordesc_meta", ()) or any(kind.startswith("tensordesc") for kind in kinds):
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} takes host tensor descriptors, which the C API does not "
-                                     "encode yet (launch it from Python)")
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} takes host tensor descriptors, which no kernel the C API "
+                                     "plans takes (lt_kernel_launch encodes them)")
     check_entry_layout(entry, len(int_params(kernel)), ("fp32", "fp32", "fp32"), scratch=kernel == "flash_fwd")
 
 

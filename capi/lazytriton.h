@@ -24,7 +24,8 @@
  *
  * The hot path: lt_attn_fwd_plan() resolves a kernel once (dispatch, cache,
  * JIT, through Python); lt_plan_launch() then checks a call against the
- * plan and launches it in pure C (no Python, no GIL, no allocation).
+ * plan and launches it in pure C (no Python, no GIL; no allocation but a scratch-taking kernel's, on the stream,
+ * when the call gives no workspace: see version 8 below).
  * lt_attn_fwd() keeps such plans itself, one per shape class, so a warm GPU
  * call of lt_attn_fwd does not enter Python either. The backward has the same
  * three: lt_attn_bwd(), lt_attn_bwd_plan() and lt_bwd_plan_launch(). lt_attn_kvcache() (decoding over a KV
