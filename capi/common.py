@@ -79,8 +79,8 @@ def scratch_need(entry: Any) -> tuple[int, tuple[int, int], tuple[int, int], tup
     if any(name not in SCRATCH_NAMES for name in hidden) or len(set(hidden)) != len(hidden):
         raise CapiError(UNSUPPORTED, f"entry {entry.key} has hidden arguments {hidden}; the C launcher passes "
                                      f"{SCRATCH_NAMES}, each at most once")
-    given = {"global_scratch": (entry.global_scratch_size, entry.global_scratch_align),
-             "profile_scratch": (entry.profile_scratch_size, entry.profile_scratch_align)}
+    given = {"global_scratch": (entry.global_scratch_size, getattr(entry, "global_scratch_align", 1)),
+             "profile_scratch": (entry.profile_scratch_size, getattr(entry, "profile_scratch_align", 1))}
     sizes, aligns = [0, 0], [1, 1]
     for region, name in enumerate(SCRATCH_NAMES):
         size, align = given[name]
@@ -90,7 +90,7 @@ def scratch_need(entry: Any) -> tuple[int, tuple[int, int], tuple[int, int], tup
                 raise CapiError(UNSUPPORTED, f"entry {entry.key}: {name} of {size} bytes aligned to {align}, which "
                                              "the C launcher does not pass (a power-of-two alignment, under 4 GiB)")
             sizes[region], aligns[region] = size, align
-    return (max(1, int(entry.num_ctas)), (sizes[0], sizes[1]), (aligns[0], aligns[1]),
+    return (max(1, int(getattr(entry, "num_ctas", 1))), (sizes[0], sizes[1]), (aligns[0], aligns[1]),
             tuple(SCRATCH_NAMES.index(name) for name in hidden))
 
 
