@@ -16,7 +16,13 @@ Target: lt_plan_launch at most 5 µs per call. Prints a table and appends rows
 to a long-format CSV (``benchmarks/results/capi.csv`` by default). Needs a
 CUDA GPU, gcc, and cffi.
 
+``--fake-driver`` (CPU, no GPU): ``capi_fake_bench.c`` against liblazytriton_native.so (built now, or
+``--native-lib``'s) and the fake libcuda (tests/fake_libcuda.py, light: its cuLaunchKernel only counts),
+serving a bf16 call from an image of its entry (tests/test_native_tma.py's, without scratch): the host cost of
+lt_plan_launch and lt_attn_fwd over the bare cuLaunchKernel. Target: lt_plan_launch within 0.2 µs of it.
+
 Usage: python benchmarks/bench_capi.py [--prefix DIR] [--csv PATH] [--shape B H S D]
+       python benchmarks/bench_capi.py --fake-driver [--native-lib PATH --header-dir DIR] [--csv PATH]
 """
 
 from __future__ import annotations
@@ -72,12 +78,70 @@ def _kernel_for(shape: tuple[int, int, int, int], cubin: Path) -> list[str]:
             str(len(entry.hidden_args))]
 
 
+FAKE_TARGET_US = 0.2  # lt_plan_launch over the bare cuLaunchKernel, on the fake driver
+
+
+def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path) -> int:
+    """``--fake-driver``: capi_fake_bench on the fake libcuda, CPU only; rows to ``csv``."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from fake_libcuda import build as build_fake
+    from test_native_front import call_variant, fake_entry
+
+    from lazytriton.cache_format.image import write_image
+    from lazytriton.capi import native_build
+
+    with tempfile.TemporaryDirectory(prefix="lazytriton-bench-capi-fake-") as tmp:
+        work = Path(tmp)
+        library = native_lib or native_build.build(work / "lib")
+        driver = work / "driver"
+        driver.mkdir()
+        fake = build_fake(work)
+        if fake is None:
+            raise SystemExit("--fake-driver needs a C compiler")
+        (driver / "libcuda.so.1").symlink_to(fake)
+        image = work / "call.ltimg"
+        write_image(image, [fake_entry(call_variant(False))])
+        program = work / "capi_fake_bench"
+        subprocess.run([native_build.compiler(), "-O2", "-std=c99", "-D_POSIX_C_SOURCE=200809L",
+                        f"-I{header_dir or HERE.parent / 'capi'}", "-o", str(program), str(HERE / "capi_fake_bench.c"),
+                        f"-L{library.parent}", f"-Wl,-rpath,{library.parent}", "-l:" + library.name, "-ldl"],
+                       check=True)
+        env = {**os.environ, "LD_LIBRARY_PATH": str(driver), "LAZYTRITON_IMAGES": str(image),
+               "LAZYTRITON_CACHE_DIR": str(work / "cache")}
+        run = subprocess.run([str(program)], capture_output=True, text=True, env=env, check=False)
+    if run.returncode != 0:
+        print(run.stdout, run.stderr, file=sys.stderr)
+        return 1
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    rows, p50 = [], {}
+    print(f"host time per call on the fake libcuda, {native_lib or 'this checkout'}")
+    print(f"{'provider':<22}{'p50 µs':>10}{'mean µs':>10}{'min µs':>10}")
+    for line in run.stdout.splitlines():
+        name, median, mean, low = line.split()
+        p50[name] = float(median)
+        print(f"{name:<22}{float(median):>10.3f}{float(mean):>10.3f}{float(low):>10.3f}")
+        rows.append({"kernel": "flash_fwd", "provider": name, "mode": "host_per_call_fake_driver", "dtype": "bf16",
+                     "shape": "1x4x300x128", "p50_us": median, "mean_us": mean, "min_us": low,
+                     "target_us": FAKE_TARGET_US if name == "lt_plan_launch" else "", "gpu": "fake libcuda (CPU)",
+                     "lazytriton": lazytriton.__version__, "timestamp": stamp})
+    over = p50["lt_plan_launch"] - p50["bare_cuLaunchKernel"]
+    print(f"lt_plan_launch over the bare launch: {over:.3f} µs ({'within' if over <= FAKE_TARGET_US else 'OVER'} "
+          f"the {FAKE_TARGET_US} µs target)")
+    append_rows(csv, FIELDS, rows)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prefix", type=Path, help="a prefix where `lazytriton capi build` installed the library")
     parser.add_argument("--csv", type=Path, default=HERE / "results" / "capi.csv")
     parser.add_argument("--shape", type=int, nargs=4, default=[1, 1, 128, 64], metavar=("B", "H", "S", "D"))
+    parser.add_argument("--fake-driver", action="store_true", help="CPU: time the plan launch on the fake libcuda")
+    parser.add_argument("--native-lib", type=Path, help="with --fake-driver: this liblazytriton_native.so")
+    parser.add_argument("--header-dir", type=Path, help="with --native-lib: the folder of its lazytriton.h")
     args = parser.parse_args()
+    if args.fake_driver:
+        return fake_driver(args.native_lib, args.header_dir, args.csv)
     shape = tuple(args.shape)
     with tempfile.TemporaryDirectory(prefix="lazytriton-bench-capi-") as tmp:
         work = Path(tmp)

@@ -191,7 +191,11 @@ print(json.dumps({"ready": ready, "inputs": inputs_ready, "served": dict(rt.serv
                   "loaded": len(rt.loaded_kernels()), "finite": all(bool(t.isfinite().all()) for t in results),
                   "phases": {"import": imported - inputs_ready, "call": returned - imported, "gpu": ready - returned}}))
 """
-_TRITON = """from lazytriton.machine import target_of_device
+_TRITON = """import triton
+from lazytriton.machine import target_of_device
+# Kernels that make TMA descriptors on the device take global scratch, which Triton's JIT allocates through
+# the allocator its user sets (lazytriton's launcher allocates it itself)
+triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 q, k, v = inputs
 fn, grid, args, constexprs, options, out, lse = cold_start.triton_jit_call(q, k, v, cold_start.CALL[1],
                                                                            target_of_device(q.device))

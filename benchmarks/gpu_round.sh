@@ -113,6 +113,9 @@ case " $* " in *" bench "*)
 esac
 case " $* " in *" transformers "*)  # needs carry [".whl-hf"]: transformers' wheels (benchmarks/README: wheels.sh .whl-hf transformers)
   python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl >/dev/null 2>&1 || echo "no .whl-hf"
+  # A serving process as it runs after the first: the compiled launch helpers in the cache dir (a fresh cache
+  # dir's first process builds them in the background and launches through cffi's ABI mode until it ends)
+  lazytriton prewarm --helpers >/dev/null 2>&1 || echo "launch helpers not built: the bench's launch path line says which path ran"
   # HF_CONFIGS: ';'-separated argument sets, one run each (default: a dynamic cache, a static cache with compiled
   # decoding steps, a long prompt at batch 1)
   IFS=';' read -ra hf_configs <<< "${HF_CONFIGS:- ;--cache static;--min-len 8192 --max-len 32768 --batch 1 --new-tokens 32 --reps 2}"

@@ -40,6 +40,19 @@ LIBRARY = "liblazytriton.so"
 # cffi checks at compile time that both agree).
 INTERNAL_CDEF = """
 typedef struct {
+    uint32_t num_ctas;
+    uint32_t size[2];
+    uint32_t align[2];
+    uint8_t hidden[8];
+} lt__scratch_need;
+
+typedef struct {
+    uint64_t function;
+    uint32_t block_threads, shared_bytes, block_m, block_n, n_hidden;
+    lt__scratch_need scratch;
+} lt__twin_answer;
+
+typedef struct {
     int32_t device_index;
     int32_t capability;
     int32_t dtype;
@@ -62,6 +75,8 @@ typedef struct {
     uint32_t block_m;
     uint32_t n_hidden;
     char variant[512];
+    lt__scratch_need scratch;
+    lt__twin_answer twin;
 } lt__plan_request;
 
 typedef struct {

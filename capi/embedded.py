@@ -34,6 +34,7 @@ from lazytriton.capi.common import (
     UNSUPPORTED,
     CapiError,
     check_entry_layout,
+    fill_scratch,
     host_tensor,
 )
 
@@ -46,8 +47,6 @@ FP8_CODES = {E4M3: "e4m3", E5M2: "e5m2"}  # the FP8 forward's dtypes (flash_fwd_
 _LOG_LEVELS = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
 _CAUSAL: dict[int, bool | str] = {0: False, 1: "top_left", 2: "bottom_right"}
 
-_INT_KINDS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
-_MAX_HIDDEN = 8  # LT__MAX_HIDDEN in lazytriton.c
 # lt__plan_request.kernel (LT__KERNEL_* in lazytriton.c): the kernels C launches.
 KERNELS = {0: "flash_fwd", 1: "flash_bwd_dq", 2: "flash_bwd_dkdv", 3: "flash_bwd_dsinks"}
 
@@ -335,7 +334,7 @@ def attn_bwd_cpu(p: Any) -> int:
 
 def int_params(kernel: str) -> tuple[str, ...]:
     """The integer parameters lazytriton.c passes to ``kernel``, in order (its binding's)."""
-    if kernel == "flash_fwd_fp8":
+    if kernel in ("flash_fwd_fp8", "flash_fwd_fp8_gluon"):  # one host ABI (fp8.py launches either)
         from lazytriton.kernels.flash_fwd import fp8
 
         return fp8.INT_PARAMS
@@ -359,24 +358,20 @@ def check_launch_layout(entry: Any, kernel: str = "flash_fwd") -> None:
     ``c_initializer`` lists them (tests/test_binding.py and tests/test_capi.py
     check the C text against it), then the three floats (sm_scale, softcap,
     dropout_p), or none for flash_bwd_dsinks; this checks the entry agrees.
+    The forward's kernels (flash_fwd, the FP8 forward's two) get their scratch memory from the plan's launch
+    (lt_scratch.c); the backward's get NULL, so an entry of theirs needing some is refused.
     """
-    if kernel in ("flash_bwd_dsinks", "flash_fwd_fp8"):  # pointer loads only: no descriptors to refuse
-        check_entry_layout(entry, len(int_params(kernel)), () if kernel == "flash_bwd_dsinks" else ("fp32", "fp32"))
+    if kernel == "flash_bwd_dsinks":  # pointer loads only: no descriptors to refuse
+        check_entry_layout(entry, len(int_params(kernel)), ())
+        return
+    if kernel in ("flash_fwd_fp8", "flash_fwd_fp8_gluon"):
+        check_entry_layout(entry, len(int_params(kernel)), ("fp32", "fp32"), scratch=True)
         return
     kinds = tuple(entry.arg_types)
     if getattr(entry, "tensordesc_meta", ()) or any(kind.startswith("tensordesc") for kind in kinds):
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} takes host tensor descriptors, which the C API does not "
-                                     "encode yet (launch it from Python)")
-    n_ints = len(int_params(kernel))
-    ints_ok = all(kind.startswith("*") or kind in _INT_KINDS for kind in kinds[:n_ints])
-    if len(kinds) != n_ints + 3 or not ints_ok or kinds[n_ints:] != ("fp32", "fp32", "fp32"):
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} has parameter types {kinds}; the C launcher takes "
-                                     f"{n_ints} pointers or integers, then three fp32")
-    sizes = {"global_scratch": entry.global_scratch_size, "profile_scratch": entry.profile_scratch_size}
-    scratch = [name for name in entry.hidden_args if sizes.get(name, 0) > 0]
-    if scratch or len(entry.hidden_args) > _MAX_HIDDEN:
-        raise CapiError(UNSUPPORTED, f"entry {entry.key} needs scratch memory ({scratch}), which C plans do not "
-                                     "allocate")
+        raise CapiError(UNSUPPORTED, f"entry {entry.key} takes host tensor descriptors, which no kernel the C API "
+                                     "plans takes (lt_kernel_launch encodes them)")
+    check_entry_layout(entry, len(int_params(kernel)), ("fp32", "fp32", "fp32"), scratch=kernel == "flash_fwd")
 
 
 def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, causal: bool, aligned: bool,
@@ -393,9 +388,8 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     ``sinks``: attention sinks (SINKS, flash_fwd's only: the backward's kernels read them through lse).
     ``chunk``: FlashAttention-3's attention_chunk (CHUNK, on all three kernels).
     ``dtype_code`` e4m3 or e5m2 (``FP8_CODES``): flash_fwd's FP8 kernel, flash_fwd_fp8 (dispatch's
-    ``fp8_variant``: a ValueError for a target without FP8 tensor cores, or for sinks), also where a Python
-    call on sm_90 runs flash_fwd_fp8_gluon: that kernel's entries take global scratch memory (its TMA
-    descriptors, made on the device), which the C API's plans do not pass.
+    ``fp8_variant``: a ValueError for a target without FP8 tensor cores, or for sinks); the plan holds
+    ``fp8_twin``'s flash_fwd_fp8_gluon beside it for the calls that fit that kernel's tiles.
     """
     if kernel == "flash_bwd_dsinks":  # the sinks' gradient: it reads float32 rows, one config
         from lazytriton.kernels import flash_bwd_dsinks
@@ -442,6 +436,44 @@ def plan_variant(kernel: str, capability: int, dtype_code: int, head_dim: int, c
     return dq if kernel == "flash_bwd_dq" else dkdv
 
 
+def fp8_twin(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, causal: bool, aligned: bool,
+             index64: bool, features: bool) -> Any:
+    """The flash_fwd_fp8_gluon variant an FP8 plan holds beside flash_fwd_fp8's, or None (pure).
+
+    ``fp8.variant`` serves it where ``fp8_gluon.fits`` holds and ``default_variant`` gives one (sm_90, aligned,
+    32-bit offsets; ``BY_DEFAULT`` on and a ``TABLE`` row); the part of ``fits`` a plan's shape class cannot see
+    (the seqlens dividing its tiles, a positive scale, a causal offset >= 0) is decided per call in C
+    (lt_scratch.c's ``lt__twin_fits``). ``features``: a window, softcap, attention_chunk or packed sequences.
+    """
+    from lazytriton.kernels.flash_fwd import fp8_gluon
+    from lazytriton.target import Target
+
+    tiles = fp8_gluon.default_tiles(head_dim, causal)
+    if tiles is None or features or dtype_code not in FP8_CODES or head_dim_v not in (0, head_dim):
+        return None
+    return fp8_gluon.default_variant(str(Target("cuda", str(capability), 32)), FP8_CODES[dtype_code], head_dim,
+                                     causal, aligned, index64, tiles[0], tiles[1])
+
+
+def _plan_twin(req: Any) -> None:
+    """An FP8 forward's request: ``fp8_twin``'s kernel, loaded, into ``req.twin`` (function 0 where none)."""
+    from lazytriton import runtime
+
+    features = bool(req.window or req.softcap or req.chunk or req.varlen)
+    twin = fp8_twin(req.capability, req.dtype, req.head_dim, req.head_dim_v, bool(req.causal), bool(req.aligned & 1),
+                    bool(req.index64), features)
+    if twin is None:
+        return
+    kernel = runtime.get().kernel(twin, req.device_index)
+    check_launch_layout(kernel.entry, twin.kernel)
+    req.twin.function = int(_ffi.cast("uintptr_t", kernel.function))
+    req.twin.block_threads, req.twin.shared_bytes = kernel.block, kernel.shared
+    req.twin.block_m, req.twin.block_n = int(twin.get("BLOCK_M")), int(twin.get("BLOCK_N"))
+    req.twin.n_hidden = len(kernel.entry.hidden_args)
+    fill_scratch(req.twin.scratch, kernel.entry)
+    log.info("C plan's twin for the calls that fit its tiles: %s", twin)
+
+
 def plan(req: Any) -> int:
     from lazytriton import runtime
 
@@ -461,6 +493,10 @@ def plan(req: Any) -> int:
     req.shared_bytes = kernel.shared
     req.block_m = int(variant.get("BLOCK_N" if name == "flash_bwd_dkdv" else "BLOCK_M"))  # the grid's x tile
     req.n_hidden = len(kernel.entry.hidden_args)
+    if name == "flash_fwd":  # the forward's plans pass scratch memory (lt_scratch.c); the backward's NULL
+        fill_scratch(req.scratch, kernel.entry)
+    if name == "flash_fwd" and req.dtype in FP8_CODES:
+        _plan_twin(req)
     text = str(variant).encode()[:511]
     _ffi.memmove(req.variant, text, len(text))
     log.info("C plan for %s: block %d threads, %d bytes shared", variant, kernel.block, kernel.shared)

@@ -56,6 +56,21 @@ LT_API const char *lt_last_error(void) { return lt__error; }
 /* ------------------------------------------------------------------------- */
 /* What C asks Python to plan, and what Python answers (also in build.py's cdef). */
 
+/* A kernel's scratch memory (Triton's hidden global_scratch and profile_scratch parameters), from its entry. */
+typedef struct {
+    uint32_t num_ctas;      /* CTAs a program: a launch's scratch is size x grid x num_ctas */
+    uint32_t size[2];       /* bytes a program: [0] global, [1] profile; 0: none (the parameter gets NULL) */
+    uint32_t align[2];      /* their alignments: powers of two */
+    uint8_t hidden[8];      /* hidden parameter h is scratch hidden[h] (0 global, 1 profile) */
+} lt__scratch_need;
+
+/* A second kernel of the same host ABI a plan may launch instead (the FP8 forward's Gluon kernel). */
+typedef struct {
+    uint64_t function;      /* CUfunction; 0: none */
+    uint32_t block_threads, shared_bytes, block_m, block_n, n_hidden;
+    lt__scratch_need scratch;
+} lt__twin_answer;
+
 /* The kernels C launches (lt__plan_request.kernel; embedded.py's KERNELS). */
 enum { LT__KERNEL_FWD = 0, LT__KERNEL_BWD_DQ = 1, LT__KERNEL_BWD_DKDV = 2, LT__KERNEL_BWD_DSINKS = 3 };
 
@@ -82,8 +97,13 @@ typedef struct {
     uint32_t block_threads;
     uint32_t shared_bytes;
     uint32_t block_m;     /* the grid's tile along dim x: BLOCK_M (BLOCK_N for flash_bwd_dkdv) */
-    uint32_t n_hidden;    /* hidden scratch pointers after the kernel's own parameters, passed as NULL */
+    uint32_t n_hidden;    /* hidden scratch pointers after the kernel's own parameters */
     char variant[512];    /* out: the variant, for messages */
+    /* out, LT__KERNEL_FWD only (the backward's kernels take none: NULL is passed): Triton's scratch memory */
+    lt__scratch_need scratch;
+    /* out, the FP8 forward's: flash_fwd_fp8_gluon on sm_90 (twin.function 0: none), served instead of
+       flash_fwd_fp8 for the calls that fit its tiles (lt__twin_fits); flash_fwd_fp8's host ABI */
+    lt__twin_answer twin;
 } lt__plan_request;
 
 /* Defined by cffi after this file: each runs its Python twin in capi/embedded.py. */
@@ -116,6 +136,9 @@ static struct {
     lt__CUresult (*error_string)(lt__CUresult, const char **);
     lt__CUresult (*launch)(lt__CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                            unsigned int, unsigned int, void *, void **, void **);
+    /* optional (CUDA 11.2+; NULL without): a plan's scratch memory when the call gives no workspace */
+    lt__CUresult (*mem_alloc_async)(uint64_t *, size_t, void *);
+    lt__CUresult (*mem_free_async)(uint64_t, void *);
 } lt__cu;
 static pthread_once_t lt__cu_once = PTHREAD_ONCE_INIT;
 static char lt__cu_error[512]; /* empty once libcuda is loaded */
@@ -146,6 +169,8 @@ static void lt__cu_load(void) {
             return;
         }
     }
+    *(void **)&lt__cu.mem_alloc_async = dlsym(lib, "cuMemAllocAsync");
+    *(void **)&lt__cu.mem_free_async = dlsym(lib, "cuMemFreeAsync");
     lt__CUresult status = lt__cu.init(0);
     if (status != 0)
         snprintf(lt__cu_error, sizeof lt__cu_error, "cuInit failed: CUDA error %d (no usable GPU?)", status);
@@ -225,12 +250,21 @@ typedef struct {
     int32_t dsinks;          /* a backward key's: the plan reduces the sinks' gradient (flash_bwd_dsinks) */
 } lt__plan_key;
 
+/* One kernel a plan launches: what cuLaunchKernel takes, the grid's x tile, the scratch it needs. */
+typedef struct {
+    lt__CUfunction function; /* NULL: none (a plan's twin) */
+    uint32_t block_threads, shared_bytes, block_m, n_hidden;
+    uint32_t block_n;        /* the twin's key tile: the seqlen_k it divides */
+    int scratch;             /* some launch of it needs scratch memory */
+    lt__scratch_need need;
+} lt__kernel_plan;
+
 struct lt_plan {
     uint32_t magic;
     lt__plan_key key;
-    lt__CUfunction function;
     lt__CUcontext context;
-    uint32_t block_threads, shared_bytes, block_m, n_hidden;
+    lt__kernel_plan kernel;  /* flash_fwd's variant, or flash_fwd_fp8's */
+    lt__kernel_plan twin;    /* flash_fwd_fp8_gluon (function NULL: none), for the calls lt__twin_fits */
     char variant[512];
 };
 
@@ -281,6 +315,8 @@ static lt_status lt__plannable(const lt__call *c, const char *instead) {
     return LT_OK;
 }
 
+#include "lt_scratch.c" /* a plan kernel's scratch memory and launch: lt__launch_kernel, lt__fwd_kernel */
+
 /* Ask the planner (embedded.py) for one kernel (LT__KERNEL_*) of c's shape class on a device of capability. */
 static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capability, lt__plan_request *req) {
     lt_status s;
@@ -301,7 +337,25 @@ static lt_status lt__plan_kernel(const lt__call *c, int32_t kernel, int32_t capa
         return lt__fail(LT_ERROR_INTERNAL, "the planner answered function %llu, block %u, tile %u, %u hidden "
                         "parameters for %s", (unsigned long long)req->function, req->block_threads, req->block_m,
                         req->n_hidden, req->variant);
+    if ((kernel != LT__KERNEL_FWD && (req->scratch.size[0] || req->scratch.size[1] || req->twin.function)) ||
+        lt__bad_need(&req->scratch, req->n_hidden) ||
+        (req->twin.function && (req->twin.block_threads == 0 || req->twin.block_m == 0 || req->twin.block_n == 0 ||
+                                req->twin.n_hidden > LT__MAX_HIDDEN || lt__bad_need(&req->twin.scratch,
+                                                                                  req->twin.n_hidden))))
+        return lt__fail(LT_ERROR_INTERNAL, "the planner answered scratch memory (%u, %u bytes a program) or a twin "
+                        "kernel that the C launcher of %s cannot pass", req->scratch.size[0], req->scratch.size[1],
+                        req->variant);
     return LT_OK;
+}
+
+/* A plan kernel of one planner's answer. */
+static lt__kernel_plan lt__kernel_plan_of(uint64_t function, uint32_t threads, uint32_t shared, uint32_t block_m,
+                                          uint32_t block_n, uint32_t n_hidden, const lt__scratch_need *need) {
+    lt__kernel_plan k = {(lt__CUfunction)(uintptr_t)function, threads, shared, block_m, n_hidden, block_n,
+                         need->size[0] > 0 || need->size[1] > 0, *need}; /* its module is never unloaded */
+    if (k.need.num_ctas == 0)
+        k.need.num_ctas = 1;
+    return k;
 }
 
 static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
@@ -318,10 +372,13 @@ static lt_status lt__make_plan(const lt__call *c, lt_plan **out) {
         return lt__fail(LT_ERROR_INTERNAL, "out of memory");
     plan->magic = LT__PLAN_MAGIC;
     plan->key = lt__key_of(c);
-    plan->function = (lt__CUfunction)(uintptr_t)req.function; /* its module is never unloaded */
     plan->context = context;
-    plan->block_threads = req.block_threads, plan->shared_bytes = req.shared_bytes;
-    plan->block_m = req.block_m, plan->n_hidden = req.n_hidden;
+    plan->kernel = lt__kernel_plan_of(req.function, req.block_threads, req.shared_bytes, req.block_m, 0, req.n_hidden,
+                                      &req.scratch);
+    const lt__twin_answer *w = &req.twin;
+    if (w->function)
+        plan->twin = lt__kernel_plan_of(w->function, w->block_threads, w->shared_bytes, w->block_m, w->block_n,
+                                        w->n_hidden, &w->scratch);
     memcpy(plan->variant, req.variant, sizeof plan->variant);
     *out = plan;
     return LT_OK;
@@ -352,6 +409,7 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
 
 #define LT__DATA(t) ((int64_t)(uintptr_t)(t)->data)
 
+
 /* The FP8 forward's launch: flash_fwd_fp8's parameters in its description's order (fp8.c_initializer), v as the
  * caller gives it (transposed), the descales' pointers and strides lt__check_fp8's (an absent one NULL, strides 0:
  * the kernel reads 1.0); grid as flash_fwd's. */
@@ -371,12 +429,8 @@ static lt_status lt__launch_fp8(const lt_plan *plan, const lt_attn_fwd_params *p
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
     for (int i = LT__FP8_KERNEL_INTS; i < LT__FP8_KERNEL_PARAMS; i++)
         params[i] = &floats[i - LT__FP8_KERNEL_INTS];
-    for (uint32_t h = 0; h < plan->n_hidden; h++)
-        params[LT__FP8_KERNEL_PARAMS + h] = &ints[LT__FP8_KERNEL_INTS + h]; /* zero: NULL scratch */
-    unsigned int grid_x = (unsigned int)((lt__dispatch_sq(c) + plan->block_m - 1) / plan->block_m);
-    return lt__cu_launch(plan->function, plan->context, grid_x, (unsigned int)c->hq,
-                         (unsigned int)(c->varlen ? c->batch : c->b), plan->block_threads, plan->shared_bytes, stream,
-                         params);
+    return lt__launch_kernel(plan, lt__fwd_kernel(plan, c), c, params, LT__FP8_KERNEL_PARAMS,
+                             &ints[LT__FP8_KERNEL_INTS], stream);
 }
 
 /* The launch: flash_fwd's parameters in its description's order (binding.c_initializer); p is lt__fwd_prepare's
@@ -402,12 +456,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
     for (int i = LT__KERNEL_INTS; i < LT__KERNEL_PARAMS; i++)
         params[i] = &floats[i - LT__KERNEL_INTS];
-    for (uint32_t h = 0; h < plan->n_hidden; h++)
-        params[LT__KERNEL_PARAMS + h] = &ints[LT__KERNEL_INTS + h]; /* zero: NULL scratch */
-    unsigned int grid_x = (unsigned int)((lt__dispatch_sq(c) + plan->block_m - 1) / plan->block_m);
-    return lt__cu_launch(plan->function, plan->context, grid_x, (unsigned int)c->hq,
-                         (unsigned int)(c->varlen ? c->batch : c->b), plan->block_threads, plan->shared_bytes, stream,
-                         params);
+    return lt__launch_kernel(plan, &plan->kernel, c, params, LT__KERNEL_PARAMS, &ints[LT__KERNEL_INTS], stream);
 }
 
 /* lt_attn_fwd's and lt_attn_bwd's plans, one per shape class and seqlen bucket (as the bindings' memo).
@@ -571,6 +620,31 @@ LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *user, void *stream) {
     return s;
 }
 
+LT_API lt_status lt_attn_fwd_workspace_size(const lt_attn_fwd_params *user, size_t *bytes) {
+    lt__call c;
+    lt_status s;
+    lt_attn_fwd_params norm, view;
+    if (bytes == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_fwd_workspace_size: bytes (the out pointer) is NULL");
+    *bytes = 0;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(user, &norm, &view)) != LT_OK ||
+        (s = lt__check(&view, &c)) != LT_OK)
+        return s;
+    if (c.empty || c.sk == 0 || c.device_type != LT_DEVICE_CUDA)
+        return LT_OK; /* nothing launched on a GPU */
+    lt__plan_key key = lt__key_of(&c);
+    lt_plan *plan = lt__memo_find(&key), *made = NULL;
+    if (plan == NULL) {
+        if ((s = lt__make_plan(&c, &made)) != LT_OK)
+            return s;
+        plan = lt__memo_add(&key, made);
+    }
+    s = lt__plan_need(plan != NULL ? plan : made, &c, bytes);
+    if (plan != made)
+        free(made);
+    return s;
+}
+
 LT_API lt_status lt_attn_fwd_plan(const lt_attn_fwd_params *params, lt_plan **plan) {
     lt__call c;
     lt_status s;
@@ -597,6 +671,23 @@ LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *u
         (s = lt__fwd_writes(&view)) != LT_OK || (s = lt__check_key(&plan->key, &c)) != LT_OK)
         return s;
     return lt__launch(plan, params, &c, stream);
+}
+
+LT_API lt_status lt_plan_workspace_size(const lt_plan *plan, const lt_attn_fwd_params *user, size_t *bytes) {
+    lt__call c;
+    lt_status s;
+    lt_attn_fwd_params norm, view;
+    if (plan == NULL || bytes == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "lt_plan_workspace_size: plan and bytes (the out pointer) must not be "
+                        "NULL");
+    *bytes = 0;
+    if (plan->magic != LT__PLAN_MAGIC)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_workspace_size: plan is not a live plan (destroyed, or "
+                        "not made by lt_attn_fwd_plan)");
+    if ((s = lt__fwd_prepare(user, &norm, &view)) != LT_OK || (s = lt__check(&view, &c)) != LT_OK ||
+        (s = lt__check_key(&plan->key, &c)) != LT_OK)
+        return s;
+    return lt__plan_need(plan, &c, bytes);
 }
 
 LT_API lt_status lt_plan_destroy(lt_plan *plan) {

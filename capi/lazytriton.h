@@ -24,7 +24,8 @@
  *
  * The hot path: lt_attn_fwd_plan() resolves a kernel once (dispatch, cache,
  * JIT, through Python); lt_plan_launch() then checks a call against the
- * plan and launches it in pure C (no Python, no GIL, no allocation).
+ * plan and launches it in pure C (no Python, no GIL; no allocation but a scratch-taking kernel's, on the stream,
+ * when the call gives no workspace: see version 8 below).
  * lt_attn_fwd() keeps such plans itself, one per shape class, so a warm GPU
  * call of lt_attn_fwd does not enter Python either. The backward has the same
  * three: lt_attn_bwd(), lt_attn_bwd_plan() and lt_bwd_plan_launch(). lt_attn_kvcache() (decoding over a KV
@@ -42,7 +43,7 @@
 
 /* Versions of the structs below; bumped whenever a struct's layout changes. */
 #define LT_CONFIG_VERSION 1
-#define LT_ATTN_FWD_PARAMS_VERSION 7 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; 6: attention_chunk; 7: FP8 (descales, v_transposed); older structs are still taken */
+#define LT_ATTN_FWD_PARAMS_VERSION 8 /* 2: packed sequences (cu_seqlens_*); 3: sliding window, softcap; 4: seqused_*; 5: sinks; 6: attention_chunk; 7: FP8 (descales, v_transposed); 8: workspace; older structs are still taken */
 #define LT_ATTN_BWD_PARAMS_VERSION 6 /* 2: packed sequences; 3: sliding window, softcap; 4: seqused_*; 5: sinks, dsinks; 6: attention_chunk; older structs are still taken */
 #define LT_STATS_VERSION 1
 #define LT_FLASH_COMBINE_PARAMS_VERSION 1
@@ -213,7 +214,17 @@ typedef struct {
  * multiplied by v_descale. An absent descale is 1.0 (the kernel reads nothing for it: no device memory is
  * needed). The FP8 forward has no ALiBi, sinks or backward (lt_attn_bwd refuses float8 tensors); window,
  * softcap, attention_chunk and packed sequences are taken. A version 1 to 6 struct has no FP8: v_transposed 0 and
- * no descales, and a float8 q is refused. */
+ * no descales, and a float8 q is refused.
+ *
+ * Workspace (version 8): some kernels take scratch memory on the device (Triton's global scratch: the FP8 forward's
+ * Gluon kernel on sm_90 and flash_fwd's TMA variant make their TMA descriptors there), a few hundred bytes a
+ * program. workspace, optional LT_DTYPE_FP32, 1-dim, contiguous, on q's device, gives it: the launch takes it from
+ * the front of the workspace (lt_attn_fwd_workspace_size, lt_plan_workspace_size: the bytes a call needs; 0 for a
+ * kernel that takes none), and a workspace too small for the call is LT_ERROR_INVALID_ARGUMENT before anything is
+ * launched. Absent (data NULL, ndim 0: the init, or a version 1 to 7 struct), such a kernel's scratch is allocated
+ * on the stream (cuMemAllocAsync) before its launch and freed on it (cuMemFreeAsync) after, which a CUDA graph
+ * captures as well; a driver without them is LT_ERROR_UNSUPPORTED, naming the workspace. The caller keeps the
+ * workspace until the launch has run, and one workspace serves one call at a time. */
 typedef struct {
     uint32_t struct_size; /* sizeof(lt_attn_fwd_params) */
     uint32_t version;     /* LT_ATTN_FWD_PARAMS_VERSION */
@@ -248,6 +259,8 @@ typedef struct {
     int32_t v_transposed; /* 1: v is (batch, heads_k, head_dim_v, seqlen_k), keys contiguous (FP8 calls: required);
                              0 (the init): v is (batch, heads_k, seqlen_k, head_dim_v) */
     uint32_t reserved7;   /* must be 0 */
+    /* Version 8: the kernels' scratch memory (see above); absent (data NULL, ndim 0): allocated on the stream. */
+    lt_tensor workspace;  /* fp32 (elements): at least lt_attn_fwd_workspace_size bytes */
 } lt_attn_fwd_params;
 
 /* One attention backward call, the gradients of lt_attn_fwd's out:
@@ -522,6 +535,14 @@ LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *p
 
 /* Free a plan; NULL is accepted. */
 LT_API lt_status lt_plan_destroy(lt_plan *plan);
+
+/* The bytes of workspace a GPU call of params needs through plan (its kernel's scratch memory for the call's grid,
+ * aligned from any 4-byte-aligned start): 0 when the kernel takes none. */
+LT_API lt_status lt_plan_workspace_size(const lt_plan *plan, const lt_attn_fwd_params *params, size_t *bytes);
+
+/* The bytes of workspace lt_attn_fwd needs for a GPU call of params (as lt_plan_workspace_size, through the plan
+ * lt_attn_fwd keeps for its shape class: made now, through Python, if it has none yet). */
+LT_API lt_status lt_attn_fwd_workspace_size(const lt_attn_fwd_params *params, size_t *bytes);
 
 /* Fill *params with struct_size and version, sm_scale NaN (the default scale),
  * causal none, no window (-1, -1), softcap 0 and empty tensors. */

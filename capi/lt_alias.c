@@ -134,12 +134,13 @@ static lt_status lt__check_writes(const lt__named *outputs, int n_outputs, const
     return LT_OK;
 }
 
-/* A forward call (lt__check passed it): out and lse against q, k, v, the cumulative and the used lengths. */
+/* A forward call (lt__check passed it): out, lse and the workspace against q, k, v, the cumulative and the used
+ * lengths, the sinks and the descales. */
 static lt_status lt__fwd_writes(const lt_attn_fwd_params *p) {
-    const lt__named outputs[2] = {{"out", &p->out}, {"lse", &p->lse}};
+    const lt__named outputs[3] = {{"out", &p->out}, {"lse", &p->lse}, {"workspace", &p->workspace}};
     const lt__named inputs[11] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"cu_seqlens_q", &p->cu_seqlens_q},
                                   {"cu_seqlens_k", &p->cu_seqlens_k}, {"seqused_q", &p->seqused_q},
                                   {"seqused_k", &p->seqused_k}, {"sinks", &p->sinks}, {"q_descale", &p->q_descale},
                                   {"k_descale", &p->k_descale}, {"v_descale", &p->v_descale}};
-    return lt__check_writes(outputs, 2, inputs, 11);
+    return lt__check_writes(outputs, lt__given(&p->workspace) ? 3 : 2, inputs, 11);
 }

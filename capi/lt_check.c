@@ -27,6 +27,8 @@ typedef struct {
     int fp8;                            /* e4m3 or e5m2 q, k, v: flash_fwd_fp8 (v transposed, out bf16) */
     int64_t descale[3];                 /* FP8: q_descale, k_descale, v_descale pointers (0: absent, read as 1.0) */
     int64_t descale_strides[3][2];      /* FP8: each descale's (batch, kv head) strides, 0 on a broadcast dim */
+    int64_t workspace, workspace_bytes; /* the caller's scratch memory (version 8): its pointer and bytes */
+    int workspace_given;                /* a workspace is given (its bytes may still be 0) */
 } lt__call;
 
 static const char *lt__dtype_name(int32_t dtype) {
@@ -49,6 +51,7 @@ static const char *lt__dtype_name(int32_t dtype) {
 #define LT__FWD_PARAMS_V4_SIZE offsetof(lt_attn_fwd_params, sinks)
 #define LT__FWD_PARAMS_V5_SIZE offsetof(lt_attn_fwd_params, attention_chunk)
 #define LT__FWD_PARAMS_V6_SIZE offsetof(lt_attn_fwd_params, q_descale)
+#define LT__FWD_PARAMS_V7_SIZE offsetof(lt_attn_fwd_params, workspace)
 #define LT__MAX_WINDOWED_SEQLEN (INT64_C(1) << 29) /* binding.MAX_WINDOWED_SEQLEN: 32-bit row +- window */
 #define LT__MAX_CHUNK (INT64_C(1) << 30)          /* arguments.MAX_CHUNK: a chunk that holds every key */
 
@@ -60,7 +63,8 @@ static lt_status lt__check_struct(const lt_attn_fwd_params *p) {
         (p->struct_size == LT__FWD_PARAMS_V3_SIZE && p->version == 3) ||
         (p->struct_size == LT__FWD_PARAMS_V4_SIZE && p->version == 4) ||
         (p->struct_size == LT__FWD_PARAMS_V5_SIZE && p->version == 5) ||
-        (p->struct_size == LT__FWD_PARAMS_V6_SIZE && p->version == 6))
+        (p->struct_size == LT__FWD_PARAMS_V6_SIZE && p->version == 6) ||
+        (p->struct_size == LT__FWD_PARAMS_V7_SIZE && p->version == 7))
         return LT_OK; /* read as the call it always was: no FP8 (no chunk before 6, no sinks before 5, ...) */
     if (p->struct_size != sizeof(lt_attn_fwd_params))
         return lt__fail(LT_ERROR_VERSION,
@@ -497,6 +501,28 @@ static lt_status lt__check_fp8(const lt_attn_fwd_params *p, lt__call *c) {
     return LT_OK;
 }
 
+/* The workspace (version 8), given: fp32, 1-dim, contiguous, with data, on q's device; its pointer and bytes in c. */
+static lt_status lt__check_workspace(const lt_attn_fwd_params *p, lt__call *c) {
+    const lt_tensor *w = &p->workspace;
+    if (!lt__given(w))
+        return LT_OK;
+    if (w->dtype != LT_DTYPE_FP32)
+        return lt__fail(LT_ERROR_DTYPE, "workspace.dtype is %d; expected LT_DTYPE_FP32 (3)", w->dtype);
+    if (w->ndim != 1 || w->sizes[0] < 0 || (w->sizes[0] > 1 && w->strides[0] != 1))
+        return lt__fail(LT_ERROR_SHAPE, "workspace must be 1-dim and contiguous (elements,); got ndim %d, sizes[0] "
+                        "%lld, strides[0] %lld", w->ndim, (long long)w->sizes[0], (long long)w->strides[0]);
+    if (w->sizes[0] > INT64_MAX / 4)
+        return lt__fail(LT_ERROR_SHAPE, "workspace.sizes[0] is %lld elements; expected at most 2**61",
+                        (long long)w->sizes[0]);
+    if (w->device_type != p->q.device_type || w->device_index != p->q.device_index)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "workspace is on device %d:%d but q is on %d:%d; they must be on "
+                        "one device", w->device_type, w->device_index, p->q.device_type, p->q.device_index);
+    if (w->sizes[0] > 0 && w->data == NULL)
+        return lt__fail(LT_ERROR_NULL_POINTER, "workspace.data is NULL");
+    c->workspace = (int64_t)(uintptr_t)w->data, c->workspace_bytes = 4 * w->sizes[0], c->workspace_given = 1;
+    return LT_OK;
+}
+
 /* Fill *c from params (lt__fwd_prepare's view), or fail with the first problem found. */
 static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
     lt_status s;
@@ -530,7 +556,7 @@ static lt_status lt__check(const lt_attn_fwd_params *p, lt__call *c) {
         return s;
     if (lt__given(&p->sinks) && (s = lt__check_sinks("sinks", &p->sinks, &p->q, c->hq, &c->sinks)) != LT_OK)
         return s;
-    if ((s = lt__check_fp8(p, c)) != LT_OK)
+    if ((s = lt__check_fp8(p, c)) != LT_OK || (s = lt__check_workspace(p, c)) != LT_OK)
         return s;
     c->empty = c->b == 0 || c->hq == 0 || c->sq == 0;
     if (c->empty)

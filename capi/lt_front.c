@@ -164,6 +164,46 @@ enum { LT__MULTIPROCESSOR_COUNT = 16 }; /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_CO
 static const int32_t lt__front_ints[] = {LT__KERNEL_INTS, LT__BWD_DQ_PARAMS - LT__BWD_FLOATS,
                                          LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS, LT__BWD_DSINKS_PARAMS};
 
+typedef struct {
+    uint64_t function;
+    uint32_t threads, shared, hidden, block_m, block_n, block_d;
+    ltn_scratch_need need; /* a forward plan's kernels' (the others take no scratch memory) */
+    char variant[512];
+} lt__native_kernel;
+
+/* lt__scratch_need and ltn_scratch_need are one layout (lazytriton.c's and lt_native.h's). */
+_Static_assert(sizeof(lt__scratch_need) == sizeof(ltn_scratch_need), "lt__scratch_need is ltn_scratch_need");
+
+/* The attention kernel of variant (its key) from the images, loaded on device_index and held to the C launcher's
+   n_ints pointers or integers then n_floats fp32, its scratch memory passed where scratch is set: LT_OK (*out
+   filled, but its variant), LT_MISS (logged), or another failure. */
+static int lt__native_attn_load(const ltn_variant *variant, const char *key, int32_t device_index, int scratch,
+                                uint32_t n_ints, uint32_t n_floats, lt__native_kernel *out) {
+    char text[512];
+    memset(out, 0, sizeof *out);
+    if (ltn_variant_string(variant, text, sizeof text) != 0)
+        return lt__fail(LT_ERROR_INTERNAL, "a variant of kernel %s has no string", variant->kernel);
+    lt_kernel *kernel = NULL;
+    int status = lt_kernel_load(key, text, device_index, &kernel);
+    if (status != LT_OK)
+        return status;
+    void *function = NULL, *context = NULL;
+    lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0,
+                           NULL, NULL, 0, 0, 0, 0, 0, 0};
+    status = ltn_kernel_layout(kernel, n_ints, n_floats, &function, &context, &out->hidden,
+                               scratch ? &out->need : NULL);
+    if (status == LT_OK)
+        status = lt_kernel_get_info(kernel, &info);
+    if (status == LT_OK) {
+        out->function = (uint64_t)(uintptr_t)function; /* its module stays loaded, as the embedded planner's */
+        out->threads = info.block_threads, out->shared = info.shared_bytes;
+        out->block_m = (uint32_t)ltn_variant_get(variant, "BLOCK_M", 0);
+        out->block_n = (uint32_t)ltn_variant_get(variant, "BLOCK_N", 0);
+    }
+    lt_kernel_destroy(kernel);
+    return status;
+}
+
 /* The kernel of request from the images: LT_OK (request filled), LT_MISS, or another failure. */
 static int lt__native_plan(lt__plan_request *request) {
     ltn_attn_request r = {
@@ -184,30 +224,34 @@ static int lt__native_plan(lt__plan_request *request) {
     if (ltn_variant_string(&variant, request->variant, sizeof request->variant) != 0 ||
         ltn_variant_key(&variant, key) != 0)
         return lt__fail(LT_ERROR_INTERNAL, "the variant of kernel %d has no string or key", request->kernel);
-    lt_kernel *kernel = NULL;
-    int status = lt_kernel_load(key, request->variant, request->device_index, &kernel);
+    int fp8 = r.kernel == LTN_KERNEL_FWD && (r.dtype == LT_DTYPE_FP8_E4M3 || r.dtype == LT_DTYPE_FP8_E5M2);
+    lt__native_kernel main;
+    int status = lt__native_attn_load(&variant, key, request->device_index, r.kernel == LTN_KERNEL_FWD,
+                                      fp8 ? LT__FP8_KERNEL_INTS : (uint32_t)lt__front_ints[r.kernel],
+                                      dsinks ? 0 : fp8 ? LT__FP8_KERNEL_PARAMS - LT__FP8_KERNEL_INTS : LT__BWD_FLOATS,
+                                      &main);
     if (status != LT_OK)
         return status;
-    void *function = NULL, *context = NULL;
-    uint32_t n_hidden = 0;
-    lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0,
-                           NULL, NULL, 0, 0, 0, 0, 0, 0};
-    int fp8 = r.kernel == LTN_KERNEL_FWD && (r.dtype == LT_DTYPE_FP8_E4M3 || r.dtype == LT_DTYPE_FP8_E5M2);
-    /* fp8: flash_fwd_fp8, its own parameters */
-    status = ltn_kernel_layout(kernel, fp8 ? LT__FP8_KERNEL_INTS : (uint32_t)lt__front_ints[r.kernel],
-                               dsinks ? 0 : fp8 ? LT__FP8_KERNEL_PARAMS - LT__FP8_KERNEL_INTS : LT__BWD_FLOATS,
-                               &function, &context, &n_hidden);
-    if (status == LT_OK)
-        status = lt_kernel_get_info(kernel, &info);
-    if (status == LT_OK) {
-        request->function = (uint64_t)(uintptr_t)function; /* its module stays loaded, as the embedded planner's */
-        request->block_threads = info.block_threads, request->shared_bytes = info.shared_bytes;
-        request->block_m = (uint32_t)ltn_variant_get(&variant, r.kernel == LTN_KERNEL_BWD_DKDV ? "BLOCK_N" : "BLOCK_M",
-                                                      0);
-        request->n_hidden = n_hidden; /* passed NULL: ltn_kernel_layout refuses entries needing scratch */
-    }
-    lt_kernel_destroy(kernel);
-    return status;
+    request->function = main.function, request->block_threads = main.threads, request->shared_bytes = main.shared;
+    request->block_m = r.kernel == LTN_KERNEL_BWD_DKDV ? main.block_n : main.block_m;
+    request->n_hidden = main.hidden; /* the backward's get NULL: ltn_kernel_layout refuses them scratch */
+    memcpy(&request->scratch, &main.need, sizeof request->scratch);
+    if (!fp8 || (status = ltn_fp8_gluon_variant(&r, &variant, &err)) == LTN_ABSENT)
+        return LT_OK;
+    if (status != LTN_OK)
+        return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s", err.message);
+    char twin_variant[512];
+    if (ltn_variant_string(&variant, twin_variant, sizeof twin_variant) != 0 || ltn_variant_key(&variant, key) != 0)
+        return lt__fail(LT_ERROR_INTERNAL, "the FP8 forward's Gluon variant has no string or key");
+    lt__native_kernel twin; /* flash_fwd_fp8's host ABI */
+    if ((status = lt__native_attn_load(&variant, key, request->device_index, 1, LT__FP8_KERNEL_INTS,
+                                       LT__FP8_KERNEL_PARAMS - LT__FP8_KERNEL_INTS, &twin)) != LT_OK)
+        return status;
+    request->twin.function = twin.function, request->twin.block_threads = twin.threads;
+    request->twin.shared_bytes = twin.shared, request->twin.block_m = twin.block_m;
+    request->twin.block_n = twin.block_n, request->twin.n_hidden = twin.hidden;
+    memcpy(&request->twin.scratch, &twin.need, sizeof request->twin.scratch);
+    return LT_OK;
 }
 
 /* After a native plan's LT_MISS (its message this thread's): LT_OK when the JIT fallback is ready to plan the
@@ -231,11 +275,6 @@ static int lt__py_plan(lt__plan_request *request) {
 
 /* ---- decoding and lt_flash_combine: their variants chosen in C (native/lt_decode_choice.c) ------------------ */
 
-typedef struct {
-    uint64_t function;
-    uint32_t threads, shared, hidden, block_m, block_n, block_d;
-    char variant[512];
-} lt__native_kernel;
 
 /* The kernel of r from the images, loaded on device_index and held to the C launcher's n_ints pointers or
    integers then n_floats fp32: LT_OK (*out filled), LT_MISS (logged), or another failure. */
@@ -256,7 +295,7 @@ static int lt__native_load(const ltn_decode_request *r, int32_t device_index, ui
     void *function = NULL, *context = NULL;
     lt_kernel_info info = {sizeof info, LT_KERNEL_INFO_VERSION, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0,
                            NULL, NULL, 0, 0, 0, 0, 0, 0};
-    status = ltn_kernel_layout(kernel, n_ints, n_floats, &function, &context, &out->hidden);
+    status = ltn_kernel_layout(kernel, n_ints, n_floats, &function, &context, &out->hidden, NULL);
     if (status == LT_OK)
         status = lt_kernel_get_info(kernel, &info);
     if (status == LT_OK) {

@@ -2,8 +2,9 @@
 
 ``header()`` is the text of ``lt_tables.h``, which ``native_build.build`` writes into its build directory
 before compiling ``capi/native/``: the key's constants (``variant.LAUNCH_ABI``, each kernel's
-``source_fingerprint``, flash_fwd_fp8's too), the geometry (``geometry.HEAD_DIMS``, ``MIN_CHUNK``), the split and
-TMA rules' switches (``attention.SPLIT_BY_DEFAULT`` and ``SPLIT_KERNELS``, flash_fwd's ``TMA_*``), the targets with
+``source_fingerprint``, flash_fwd_fp8's and flash_fwd_fp8_gluon's too), the geometry (``geometry.HEAD_DIMS``,
+``MIN_CHUNK``), the split and TMA rules' switches (``attention.SPLIT_BY_DEFAULT`` and ``SPLIT_KERNELS``, flash_fwd's
+``TMA_*``), the Gluon FP8 forward's (``fp8_gluon.BY_DEFAULT``, ``TARGETS``, ``TABLE``), the targets with
 little shared memory (``tiles.SMALL_SHARED_CUDA``), the decoding kernels' constants (flash_decode's
 ``MIN_BLOCK_N`` and ``PROGRAMS_PER_SM``, kv_append's one config, flash_combine's tile rule) and every tuning row
 of the attention and decoding kernels (``tuning.table_for``: the shipped rows and the user's, as Python reads
@@ -23,6 +24,7 @@ from lazytriton.kernels.flash_decode import binding as decode_binding
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_decode import kv_fp8
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
+from lazytriton.kernels.flash_fwd import fp8_gluon
 from lazytriton.kernels.flash_fwd.fp8_spec import NAME as FP8_NAME
 from lazytriton.kernels.kv_append import lengths
 from lazytriton.tiles import SMALL_SHARED_CUDA
@@ -57,8 +59,8 @@ def header(table: tuning.Table | None = None) -> str:
     """The text of lt_tables.h (``table``: the attention and decoding kernels' rows; None: each one's tables)."""
     if table is None:
         table = tuning.tables_for(ATTENTION_KERNELS + DECODE_KERNELS)
-    # flash_fwd_fp8 (the FP8 forward) is flash_fwd's second kernel, outside FAMILIES' lists (dispatch picks it).
-    kernels = [kernel for family in FAMILIES.values() for kernel in family] + [FP8_NAME]
+    # flash_fwd_fp8 (the FP8 forward) and its Gluon twin are flash_fwd's, outside FAMILIES' lists (dispatch picks them).
+    kernels = [kernel for family in FAMILIES.values() for kernel in family] + [FP8_NAME, fp8_gluon.NAME]
     fingerprints = [f"    {{{_c_string(k)}, {_c_string(source_fingerprint(k))}}}," for k in kernels]
     rows = _rows(table) or ["    {0},"]
     lines = [
@@ -75,6 +77,7 @@ def header(table: tuning.Table | None = None) -> str:
         + ", ".join(map(_c_string, attention.SPLIT_KERNELS)) + "};",
         "static const char *const ltn_tma_targets[] = {" + ", ".join(map(_c_string, fwd_dispatch.TMA_TARGETS)) + "};",
         "static const char *const ltn_tma_dtypes[] = {" + ", ".join(map(_c_string, fwd_dispatch.TMA_DTYPES)) + "};",
+        *_fp8_gluon_constants(),
         "",
         "typedef struct { const char *kernel, *fingerprint; } ltn_fingerprint_row;",
         "static const ltn_fingerprint_row ltn_fingerprints[] = {", *fingerprints, "};",
@@ -91,6 +94,21 @@ def header(table: tuning.Table | None = None) -> str:
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _fp8_gluon_constants() -> list[str]:
+    """The FP8 forward's Gluon twin: its switch, targets and table ((head dim, causal) -> tiles, warps).
+
+    The table's rows at the head dims dispatch serves it (``DEFAULT_HEAD_DIMS``).
+    """
+    rows = [f"    {{{d}, {int(causal)}, {m}, {n}, {w}}}," for (d, causal), (m, n, w) in sorted(fp8_gluon.TABLE.items())
+            if d in fp8_gluon.DEFAULT_HEAD_DIMS]
+    return [
+        f"#define LTN_FP8_GLUON_BY_DEFAULT {int(fp8_gluon.BY_DEFAULT)}",
+        "static const char *const ltn_fp8_gluon_targets[] = {" + ", ".join(map(_c_string, fp8_gluon.TARGETS)) + "};",
+        "typedef struct { int head_dim, causal, block_m, block_n, num_warps; } ltn_fp8_gluon_row;",
+        "static const ltn_fp8_gluon_row ltn_fp8_gluon_rows[] = {", *(rows or ["    {0},"]), "};",
+    ]
 
 
 def _decode_constants() -> list[str]:

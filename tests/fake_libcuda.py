@@ -15,6 +15,9 @@ The device has compute capability 9.0 and ``FAKE_SMS`` SMs.
 the next of a series of 4 KiB-aligned addresses from ``SCRATCH_BASE``, and each call is logged
 (``allocations()``: the call, bytes, address, stream, the context current then, and the launches before it).
 
+``fake_set_light(1)`` makes cuLaunchKernel only count its calls (a benchmark's floor: the host cost of its
+caller, not of the fake's record).
+
 ``cuTensorMapEncodeTiled`` is faked too: it counts its calls, records the
 last call's arguments (``encodes()``) and writes a map that is a fixed
 serialisation of those arguments (``fake_map``): two maps are equal exactly
@@ -51,6 +54,8 @@ static int n_logged;
 static int64_t alloc_log[64 * 6];
 static int n_allocs, alloc_status;
 static uint64_t next_scratch = 0x5C0000000000ull;
+static int light; /* cuLaunchKernel only counts (benchmarks: the host cost of what calls it) */
+void fake_set_light(int on) { light = on; }
 
 int fake_configure(int n, const int *param_sizes, int status) {
     if (n < 0 || n > 1024) return -1;
@@ -151,6 +156,7 @@ int cuGetErrorString(int error, const char **text) { *text = "fake error"; retur
 int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                    unsigned int bz, unsigned int shared, uintptr_t stream, void **params, void **extra) {
     state[0]++;
+    if (light) return launch_status;
     state[3] = gx; state[4] = gy; state[5] = gz; state[6] = bx; state[7] = by * 1000 + bz; state[8] = shared;
     state[9] = (int64_t)stream; state[10] = (int64_t)(uintptr_t)f; state[11] = (int64_t)(uintptr_t)current;
     state[12] = extra == NULL;
@@ -176,6 +182,7 @@ int fake_encodes(int64_t *out);
 int fake_launch_log(int64_t *out);
 void fake_set_alloc_status(int status);
 int fake_allocations(int64_t *out);
+void fake_set_light(int on);
 """
 SCRATCH_BASE = 0x5C0000000000
 FAKE_SMS = 132

@@ -76,6 +76,7 @@ def test_build_installs_library_header_pc_and_cmake(prefix: Path) -> None:
                     if " T " in line}
         api = {"lt_version", "lt_last_error", "lt_config_init", "lt_init", "lt_attn_fwd_params_init", "lt_tensor_init",
                "lt_attn_fwd", "lt_attn_fwd_plan", "lt_plan_launch", "lt_plan_destroy", "lt_prewarm", "lt_cache_stats",
+               "lt_plan_workspace_size", "lt_attn_fwd_workspace_size",
                "lt_attn_bwd_params_init", "lt_attn_bwd", "lt_attn_bwd_plan", "lt_bwd_plan_launch",
                "lt_bwd_plan_destroy", "lt_attn_kvcache_params_init", "lt_attn_kvcache",
                "lt_attn_kvcache_workspace_size", "lt_flash_combine_params_init", "lt_flash_combine"}

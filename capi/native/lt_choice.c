@@ -21,8 +21,8 @@ static const char *const kernel_names[] = {"flash_fwd", "flash_bwd_dq", "flash_b
 static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32", "", "e4m3", "e5m2"};
 #define LTN_DTYPE_E4M3 5 /* lazytriton.h's LT_DTYPE_FP8_E4M3: flash_fwd_fp8 (the FP8 forward) */
 #define LTN_DTYPE_E5M2 6 /* lazytriton.h's LT_DTYPE_FP8_E5M2: flash_fwd_fp8 too */
-/* FP8 plans stay on flash_fwd_fp8 where Python's binding runs flash_fwd_fp8_gluon (sm_90): that kernel's entries
- * take global scratch memory (TMA descriptors made on the device), which the C API's plans do not pass. */
+/* An FP8 plan holds flash_fwd_fp8_gluon beside flash_fwd_fp8 where Python's binding may run it
+ * (ltn_fp8_gluon_variant); lazytriton.c picks per call between them (lt_scratch.c's lt__twin_fits). */
 
 typedef struct {
     int block_m, block_n, num_warps, num_stages, waves_per_eu;
@@ -339,6 +339,42 @@ int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) 
     snprintf(v->target, sizeof v->target, "%s", target);
     snprintf(v->dtype, sizeof v->dtype, "%s", dtype);
     return LTN_OK;
+}
+
+/* fp8_gluon.stages: K and Vt buffers in the ring, 3 when a K tile is at most 16 KiB, else 2. */
+static int fp8_gluon_stages(int head_dim, int block_n) { return head_dim * block_n <= 128 * 128 ? 3 : 2; }
+
+int ltn_fp8_gluon_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err) {
+    memset(v, 0, sizeof *v);
+    int dv = r->head_dim_v ? r->head_dim_v : r->head_dim;
+    char target[16];
+    snprintf(target, sizeof target, "sm_%d", r->capability);
+    if (r->kernel != LTN_KERNEL_FWD || (r->dtype != LTN_DTYPE_E4M3 && r->dtype != LTN_DTYPE_E5M2))
+        return ltn_fail(err, LTN_ARGUMENT, "flash_fwd_fp8_gluon is the FP8 forward's (e4m3 or e5m2 flash_fwd)");
+    if (!LTN_FP8_GLUON_BY_DEFAULT || dv != r->head_dim || r->window || r->softcap || r->chunk || r->varlen ||
+        r->seqused_q || r->seqused_k || r->sinks || !r->aligned || r->index64 ||
+        !in_names(ltn_fp8_gluon_targets, COUNT(ltn_fp8_gluon_targets), target))
+        return LTN_ABSENT;
+    for (size_t i = 0; i < COUNT(ltn_fp8_gluon_rows); i++) {
+        const ltn_fp8_gluon_row *row = &ltn_fp8_gluon_rows[i];
+        if (row->head_dim != r->head_dim || row->causal != (r->causal != 0))
+            continue;
+        add(v, 0, "ALIGN16", 1, 1);
+        add(v, 0, "BLOCK_D", 0, r->head_dim);
+        add(v, 0, "CAUSAL", 1, r->causal != 0);
+        add(v, 0, "EVEN_D", 1, 1);
+        add(v, 0, "INDEX64", 1, 0);
+        add(v, 1, "BLOCK_M", 0, row->block_m);
+        add(v, 1, "BLOCK_N", 0, row->block_n);
+        add(v, 2, "num_stages", 0, fp8_gluon_stages(r->head_dim, row->block_n));
+        add(v, 2, "num_warps", 0, row->num_warps);
+        sort_fields(v);
+        snprintf(v->kernel, sizeof v->kernel, "flash_fwd_fp8_gluon");
+        snprintf(v->target, sizeof v->target, "%s", target);
+        snprintf(v->dtype, sizeof v->dtype, "%s", dtype_names[r->dtype]);
+        return LTN_OK;
+    }
+    return LTN_ABSENT;
 }
 
 int ltn_dsinks_variant(int32_t capability, int32_t varlen, int32_t seqused_q, int32_t index64, ltn_variant *v,

@@ -244,6 +244,11 @@ typedef struct {
 
 /* The variant serving r (capi/embedded.py's plan_variant): LTN_OK, or LTN_ARGUMENT with a message. */
 int ltn_attn_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err);
+/* The FP8 forward's twin, flash_fwd_fp8_gluon (capi/embedded.py's fp8_twin: fp8_gluon.default_variant where
+   BY_DEFAULT and its table have a row, sm_90, aligned, 32-bit, no window, softcap, chunk or packed sequences, v's
+   head dim q's): LTN_OK, LTN_ABSENT where flash_fwd_fp8 serves every call of r's class, LTN_ARGUMENT for a
+   request that is not an FP8 forward's. */
+int ltn_fp8_gluon_variant(const ltn_attn_request *r, ltn_variant *v, ltn_error *err);
 /* flash_bwd_dsinks's variant (flash_bwd_dsinks.variant: one config; VARLEN, SEQUSED_Q only with it, INDEX64) on a
    CUDA device of capability: LTN_OK, or LTN_ARGUMENT with a message. */
 int ltn_dsinks_variant(int32_t capability, int32_t varlen, int32_t seqused_q, int32_t index64, ltn_variant *v,
@@ -254,12 +259,18 @@ int64_t ltn_variant_get(const ltn_variant *v, const char *name, int64_t absent);
 int ltn_variant_string(const ltn_variant *v, char *out, size_t size);
 /* The cache key (Variant.key): 0, or -1 for a kernel the tables do not know. */
 int ltn_variant_key(const ltn_variant *v, char hex[33]);
+/* A plan kernel's scratch memory (lazytriton.c's lt__scratch_need, field for field). */
+typedef struct {
+    uint32_t num_ctas, size[2], align[2];
+    uint8_t hidden[8];
+} ltn_scratch_need;
 /* Whether a loaded kernel (lazytriton_native.h's lt_kernel) takes n_ints pointers or integers, then n_floats fp32,
-   and neither host descriptors nor scratch memory (the C API's plans pass NULL scratch pointers): LT_OK with its
-   CUfunction, context and hidden parameter count, else LT_ERROR_UNSUPPORTED with a message. */
+   and no host descriptors, nor scratch memory unless need is given (a forward plan passes it; the other C
+   launchers pass NULL scratch pointers): LT_OK with its CUfunction, context, hidden parameter count and, in *need,
+   its scratch (lt_launch.c's layout), else LT_ERROR_UNSUPPORTED with a message. */
 struct lt_kernel;
 int ltn_kernel_layout(const struct lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function,
-                      void **context, uint32_t *n_hidden);
+                      void **context, uint32_t *n_hidden, ltn_scratch_need *need);
 /* ---- what the choices share (lt_choice.c), and the decoding kernels' choice (lt_decode_choice.c) ----- */
 
 /* A kernel's tiles and options (tiles.Config). */

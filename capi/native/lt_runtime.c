@@ -345,18 +345,30 @@ static int int_param(const ltn_str *type) {
 }
 
 int ltn_kernel_layout(const lt_kernel *k, uint32_t n_ints, uint32_t n_floats, void **function, void **context,
-                      uint32_t *n_hidden) {
+                      uint32_t *n_hidden, ltn_scratch_need *need) {
+    const ltn_layout *l = &k->layout;
     if (k->hip)
         return fail(LT_ERROR_UNSUPPORTED, "entry %s is an AMD kernel (hsaco); the C API's plans launch CUDA "
                     "kernels only (lt_kernel_launch launches it)", k->key);
-    if (k->layout.n_descs > 0 || k->layout.scratch_size[0] > 0 || k->layout.scratch_size[1] > 0)
-        return fail(LT_ERROR_UNSUPPORTED, "entry %s takes host descriptors or scratch memory, which the C API's "
-                    "plans do not pass (lt_kernel_launch does)", k->key);
+    if (l->n_descs > 0)
+        return fail(LT_ERROR_UNSUPPORTED, "entry %s takes host tensor descriptors, which no kernel the C API plans "
+                    "takes (lt_kernel_launch encodes them)", k->key);
+    if (need == NULL && (l->scratch_size[0] > 0 || l->scratch_size[1] > 0))
+        return fail(LT_ERROR_UNSUPPORTED, "entry %s needs scratch memory, which this C launcher does not pass (the "
+                    "forward's plans and lt_kernel_launch do)", k->key);
     if (k->n_args != n_ints + n_floats || k->n_leading_ints < n_ints || k->n_trailing_fp32 < n_floats)
         return fail(LT_ERROR_UNSUPPORTED, "entry %s has %u parameters (%u pointers or integers first, %u fp32 last); "
                     "the C API's launcher passes %u pointers or integers, then %u fp32", k->key, k->n_args,
                     k->n_leading_ints, k->n_trailing_fp32, n_ints, n_floats);
     *function = k->function, *context = k->context, *n_hidden = k->n_hidden;
+    if (need != NULL) { /* lt_launch.c's hidden_layout checked each name, once, and the alignments */
+        memset(need, 0, sizeof *need);
+        need->num_ctas = l->num_ctas;
+        for (int s = 0; s < 2; s++)
+            need->size[s] = l->scratch_size[s], need->align[s] = l->scratch_align[s];
+        for (uint32_t h = 0; h < l->n_hidden && h < 8; h++)
+            need->hidden[h] = (uint8_t)l->hidden[h];
+    }
     return LT_OK;
 }
 

@@ -147,8 +147,10 @@ def built(variant: Variant) -> str | None:
 
 
 def default_tiles(head_dim: int, causal: bool) -> tuple[int, int, int] | None:
-    """``TABLE``'s tiles for (head dim, causal), or None where flash_fwd_fp8 serves (``BY_DEFAULT`` off, a head dim
-    outside ``DEFAULT_HEAD_DIMS``, no row)."""
+    """``TABLE``'s tiles for (head dim, causal), or None where flash_fwd_fp8 serves.
+
+    That is: ``BY_DEFAULT`` off, a head dim outside ``DEFAULT_HEAD_DIMS``, or no row.
+    """
     return TABLE.get((head_dim, bool(causal))) if BY_DEFAULT and head_dim in DEFAULT_HEAD_DIMS else None
 
 
@@ -200,7 +202,8 @@ def _why_not(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: st
         if not BY_DEFAULT:
             return "fp8_gluon.BY_DEFAULT is off"
         if head_dim in HEAD_DIMS and head_dim not in DEFAULT_HEAD_DIMS:
-            return f"flash_fwd_fp8 is faster at head dim {head_dim} (fp8_gluon.DEFAULT_HEAD_DIMS: {sorted(DEFAULT_HEAD_DIMS)})"
+            served_dims = sorted(DEFAULT_HEAD_DIMS)
+            return f"flash_fwd_fp8 is faster at head dim {head_dim} (fp8_gluon.DEFAULT_HEAD_DIMS: {served_dims})"
         return f"no table row for head dim {head_dim} (it serves {HEAD_DIMS})"
     return reason(target, dtype, head_dim, head_dim_v, causal, aligned, index64, seqlen_q, seqlen_k, tiles[0],
                   tiles[1], features)

@@ -109,7 +109,9 @@ def launch_fields(cache_dir: Any) -> dict[str, Any]:
         path = "compiled helper" + (" + C++ warm path" if loads["hotpath"] else "")
         why = f"the launch helper from the {fast.state} ({fast.path})"
     elif fast.state in (helpers.PACKAGE, helpers.CACHE):
-        path, why = "cffi ABI mode", f"the launch helper {fast.path} does not load (a warning above says why)"
+        path = "cffi ABI mode"
+        why = (f"the launch helper {fast.path} is not loaded by this process (built after its first launch: the "
+               "next process loads it; or a warning above says why it does not load)")
     else:
         path = "cffi ABI mode"
         why = {helpers.BUILDING: f"the launch helper is building in the background (log: {fast.path})",
