@@ -247,8 +247,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             and cu_seqlens_q is None and max_seqlen_q is None and k_descale is None and v_descale is None
             and qv is None and cu_seqlens_k_new is None and type(softcap) is float and softcap == 0.0
             and type(attention_chunk) is int and attention_chunk == 0 and (window_size is _NO_WINDOW or (
-                type(window_size) is tuple and window_size == _NO_WINDOW and type(window_size[0]) is int
-                and type(window_size[1]) is int)) and not _is_compiling() and not _dispatch_modes()):
+                type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int
+                and type(window_size[1]) is int and window_size == _NO_WINDOW))
+            and not _is_compiling() and not _dispatch_modes()):
         warm = decode_hot.serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
                                 num_splits, rotary_interleaved, return_softmax_lse, out)  # the common call, warm
         if warm is not None:
