@@ -318,6 +318,11 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             if len(shapes) >= MAX_SHAPES:
                 shapes.clear()
             shapes[key] = entry
+        return run(entry, q, k_cache, v_cache, k, v, lens, block_table, return_lse, out)
+
+    def run(entry: Entry, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,
+            block_table: Any, return_lse: bool, out: Any) -> Any:
+        """The call of a described shape: what no key holds checked, then the outputs and the launches."""
         if entry.lens_int and not 0 <= lens <= entry.lens_max:
             return None  # the general path raises the range's error
         q_ptr, kc_ptr, vc_ptr = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
@@ -326,7 +331,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             return None  # caches sharing memory: the general path's rules (MLA's latent cache, or an error)
         device = entry.device
         if out is None:
-            out = empty(entry.out_size, dtype=q.dtype, device=device)
+            out = empty(entry.out_size, dtype=q.dtype, device=device)  # type: ignore[arg-type]
             out_ptr = out.data_ptr()
         else:
             out_ptr, out_span = out.data_ptr(), entry.out_span
@@ -339,6 +344,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
         split = entry.split_ready[aligned] or entry.split_launch(aligned)
         if split is None:
             return None  # no plan memoised for this key yet: the general path plans it
+        append: Any = None
         if k is not None:
             k_ptr, v_ptr = k.data_ptr(), v.data_ptr()
             new_aligned = 1 if entry.append_strides_aligned and not (k_ptr | v_ptr | kc_ptr | vc_ptr) & 15 else 0
