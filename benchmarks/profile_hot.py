@@ -15,7 +15,9 @@ allocator. The public functions are timed with their warm path swapped for
 these CPU ones. ``--cpu-fake --fp8``: an FP8 ``flash_attn_func``'s host path (its warm
 path, ``fp8_hot``, on CPU tensors; and with it off) beside a bf16 call's, the
 same way; ``--fp8`` on a GPU (sm_90+): the FP8 call's host time, warm and
-with its warm path off, beside the bf16 call's.
+with its warm path off, beside the bf16 call's. ``--kvcache``: a decoding
+``flash_attn_with_kvcache`` call's host time on CPU with the fake driver, warm
+(``flash_decode/hot.py``) and with its warm path off (profile_kvcache.py).
 """
 
 from __future__ import annotations
@@ -345,7 +347,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-fake", action="store_true", help="time the warm path on CPU with a fake driver")
     parser.add_argument("--fp8", action="store_true", help="an FP8 call's host path beside a bf16 call's")
+    parser.add_argument("--kvcache", action="store_true", help="a decoding call's host path, warm and off (CPU, "
+                        "fake driver)")
     args = parser.parse_args()
+    if args.kvcache:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import profile_kvcache
+
+        return profile_kvcache.main()
     if args.fp8 and not args.cpu_fake:
         if not torch.cuda.is_available():
             print("profile_hot --fp8 needs a CUDA GPU (or --cpu-fake)", file=sys.stderr)

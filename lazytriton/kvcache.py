@@ -18,12 +18,16 @@ import torch
 
 from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_decode import binding, checks
+from lazytriton.kernels.flash_decode import hot as decode_hot
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.kernels.trust import trusted_indices
 
 _is_compiling = torch.compiler.is_compiling
 _dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", lambda: None)
+# How many dispatch modes are active (C, ~30 ns), as interface.py counts them for its warm path.
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None) or (lambda: int(_dispatch_mode() is not None))
 _Tensor = torch.Tensor
+_NO_WINDOW = checks.NO_WINDOW
 
 
 def _direct(*tensors: Any) -> bool:
@@ -238,6 +242,18 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
+    if (cache_batch_idx is None and alibi_slopes is None and cache_leftpad is None and rotary_cos is None
+            and rotary_sin is None and rotary_seqlens is None and sinks is None and s_aux is None
+            and cu_seqlens_q is None and max_seqlen_q is None and k_descale is None and v_descale is None
+            and qv is None and cu_seqlens_k_new is None and type(softcap) is float and softcap == 0.0
+            and type(attention_chunk) is int and attention_chunk == 0 and (window_size is _NO_WINDOW or (
+                type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int
+                and type(window_size[1]) is int and window_size == _NO_WINDOW))
+            and not _is_compiling() and not _dispatch_modes()):
+        warm = decode_hot.serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                                num_splits, rotary_interleaved, return_softmax_lse, out)  # the common call, warm
+        if warm is not None:
+            return warm
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
                rotary_cos, rotary_sin, rotary_seqlens, attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale,
                v_descale, None, cu_seqlens_k_new)._replace(qv=qv)  # qv as given: a data tensor, checked as such

@@ -1,0 +1,202 @@
+"""Host time of a warm ``flash_attn_with_kvcache`` call on CPU with the fake driver (``profile_hot.py --kvcache``).
+
+The decoding step of issue 39's batch-1 rows (bf16, head dim 128, 32/8 heads, one query, a 4k cache) on CPU
+tensors, through the CUDA path up to the driver: the runtime's plans hold the split, combine and kv_append
+kernels loaded on a fake libcuda (tests/fake_libcuda.py, compiled with the system C compiler) whose
+cuLaunchKernel only records its arguments, through the real ``CudaApi`` and ``LoadedKernel``; the SM count is
+the H200's (132), so the split heuristic cuts the 4k keys in 32 splits and the combine runs, as on the GPU.
+Each case is timed warm (``flash_decode.hot``'s warm path, made for CPU tensors) and with the warm path off
+(``kvcache.serve``: the checks, then ``binding.forward``'s GPU launch). Thread CPU time (the machine is shared:
+its other threads' time is not ours), the minimum over interleaved rounds of ``calls`` calls.
+
+The cases: a read with an int length, a read with a lengths tensor (its eager value check computes on the
+device: one host synchronisation on a GPU), a decoding step (one new key appended, a lengths tensor), the same
+step inside ``trusted_indices()`` (a serving loop's mode), the same trusted step on a paged cache (pages of 256
+keys) and on a cache whose split count is 1 (``num_splits=1``: no combine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import lazytriton
+from lazytriton import launch, runtime
+from lazytriton.kernels import get
+from lazytriton.kernels.flash_decode import FLASH_DECODE_COMBINE, FLASH_DECODE_SPLIT, binding, checks
+from lazytriton.kernels.kv_append import KV_APPEND
+from lazytriton.kernels.kv_append import binding as append_binding
+
+H200_SMS = 132
+BLOCK_M, BLOCK_N = 16, 64  # the split kernel's tiles as a plan would carry them (the split count reads BLOCK_N)
+
+
+class _Plans:
+    def __init__(self) -> None:
+        self.plans: dict[Any, Any] = {}
+
+
+def fake_kernels(directory: Path) -> tuple[Any, dict[str, Any]]:
+    """(fake, {kernel name: LoadedKernel}): the three decoding kernels' parameter layouts on the fake driver."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fake_libcuda import Fake, build
+    from test_driver import _entry
+
+    from lazytriton.driver import gpu
+
+    library = build(directory)
+    if library is None:
+        raise SystemExit("--kvcache needs a C compiler (cc) for the fake libcuda")
+    fake, api, kernels = Fake(library), gpu.CudaApi(str(library)), {}
+    sizes = []
+    for spec in (FLASH_DECODE_SPLIT, FLASH_DECODE_COMBINE, KV_APPEND):
+        arg_types = tuple(t for t in get(spec.name).signature("bf16").values() if t != "constexpr")
+        kernels[spec.name] = api.load(_entry(arg_types), 0)
+        sizes.append([4 if t in ("i32", "fp32") else 8 for t in arg_types])
+    fake.configure(min(sizes, key=len))  # the fake reads this many parameters of every launch: the fewest
+    return fake, kernels
+
+
+def _gpu_append(t: checks.Inputs, call: checks.Call) -> None:
+    """kv_append.binding.append's GPU branch, for CPU tensors (its CPU branch runs the interpreter)."""
+    from lazytriton.kernels.kv_append import BLOCK_M as APPEND_BLOCK_M
+    from lazytriton.kernels.kv_append import grid
+
+    if t.k is None or call.seqlen_new == 0:
+        return
+    aligned, index64 = append_binding.layout_flags(t)
+    kernel = append_binding.plan(t.q.device, t.q.dtype, call, aligned, index64)
+    kernel.launch(grid(call.seqlen_new, call.heads_k, call.batch, APPEND_BLOCK_M), launch.raw_stream(-1),
+                  append_binding.ints(t, call), (), launch.scratch_alloc)
+
+
+@contextlib.contextmanager
+def fake_gpu(kernels: dict[str, Any], plans: _Plans) -> Iterator[None]:
+    """CPU tensors take the GPU path: the plans, the stream, the SM count and the launches swapped in."""
+    saved = (runtime.get, launch.raw_stream, binding.gpu_slots, binding.run_interpreter, append_binding.append)
+    runtime.get = lambda: plans  # type: ignore[assignment]
+    launch.raw_stream = lambda device_index: 0  # type: ignore[assignment]
+    binding.gpu_slots = lambda device_index: H200_SMS * binding.PROGRAMS_PER_SM  # type: ignore[assignment]
+    binding.run_interpreter = binding.launch_gpu  # type: ignore[assignment]
+    append_binding.append = _gpu_append  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        (runtime.get, launch.raw_stream, binding.gpu_slots, binding.run_interpreter,  # type: ignore[assignment]
+         append_binding.append) = saved
+
+
+def memoise(plans: _Plans, kernels: dict[str, Any], **call: Any) -> None:
+    """The plans the general path memoises for a call's shape, each alignment, as the fake kernels."""
+    from lazytriton import kvcache
+
+    t = kvcache.inputs(call["q"], call["k_cache"], call["v_cache"], call.get("k"), call.get("v"),
+                       call.get("cache_seqlens"), None, call.get("block_table"))
+    c = checks.check(t, num_splits=call.get("num_splits", 0))
+    out, _ = binding.empty_outputs(t.q, c)
+    _, index64 = binding.layout_flags(t, out)
+    for aligned in (True, False):
+        plans.plans[binding.memo_key(t.q.device.index, t.q.dtype, c, aligned, index64)] = (
+            kernels[FLASH_DECODE_SPLIT.name], BLOCK_M, BLOCK_N, kernels[FLASH_DECODE_COMBINE.name], 16)
+        if t.k is not None:
+            plans.plans[append_binding.memo_key(t.q.device.index, t.q.dtype, c, aligned, append_binding.layout_flags(
+                t)[1])] = (kernels[KV_APPEND.name],)
+
+
+def cases(batch: int = 1, heads: tuple[int, int] = (32, 8), head_dim: int = 128, keys: int = 4096
+          ) -> dict[str, tuple[bool, dict[str, Any]]]:
+    """(trusted, the call's arguments) of each case, fresh random tensors."""
+    gen = torch.Generator().manual_seed(39)
+    hq, hk = heads
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    q, k, v = randn(batch, 1, hq, head_dim), randn(batch, 1, hk, head_dim), randn(batch, 1, hk, head_dim)
+    kc, vc = randn(batch, keys, hk, head_dim), randn(batch, keys, hk, head_dim)
+    page = 256
+    blocks = batch * keys // page
+    kp, vp = randn(blocks, page, hk, head_dim), randn(blocks, page, hk, head_dim)
+    table = torch.randperm(blocks, generator=gen).view(batch, -1).int()
+    lens = torch.full((batch,), keys - 96, dtype=torch.int32)
+    read = {"q": q, "k_cache": kc, "v_cache": vc}
+    step = {**read, "k": k, "v": v, "cache_seqlens": lens}
+    return {"read, int length": (False, {**read, "cache_seqlens": keys - 96}),
+            "read, lengths tensor": (False, {**read, "cache_seqlens": lens}),
+            "append + lengths tensor": (False, step),
+            "trusted append + lengths": (True, step),
+            "trusted append, paged 256": (True, {**step, "k_cache": kp, "v_cache": vp, "block_table": table}),
+            "trusted append, 1 split": (True, {**step, "num_splits": 1})}
+
+
+def rows(rounds: int = 7, calls: int = 300) -> list[tuple[str, float, float]]:
+    """(case, warm µs, warm path off µs): thread CPU time, the minimum over interleaved rounds."""
+    hot = _warm_module()
+    plans = _Plans()
+    made = cases()
+    with tempfile.TemporaryDirectory() as tmp, fake_gpu(*_loaded(Path(tmp), plans, made)):
+        warm = hot.make(cuda=False, get_runtime=lambda: plans, raw_stream=lambda device_index: 0) if hot else None
+        saved = hot.serve if hot else None
+        best: dict[tuple[str, bool], float] = {}
+        runs = [(name, on, trusted, _timed(args)) for name, (trusted, args) in made.items() for on in (True, False)]
+        try:
+            for round_ in range(rounds + 1):  # round 0 warms up (plans, entries)
+                for name, on, trusted, fn in runs:
+                    if hot:
+                        hot.serve = warm if on else _off
+                    with lazytriton.trusted_indices() if trusted else contextlib.nullcontext():
+                        start = time.thread_time()
+                        for _ in range(calls):
+                            fn()
+                    if round_:
+                        spent = (time.thread_time() - start) / calls * 1e6
+                        best[name, on] = min(best.get((name, on), math.inf), spent)
+        finally:
+            if hot:
+                hot.serve = saved
+    return [(name, best[name, True] if hot else math.nan, best[name, False]) for name in made]
+
+
+def _off(*args: Any) -> None:
+    return None
+
+
+def _warm_module() -> Any:
+    try:
+        from lazytriton.kernels.flash_decode import hot
+    except ImportError:  # a tree without the warm path: the general path alone
+        return None
+    return hot
+
+
+def _loaded(directory: Path, plans: _Plans, made: dict[str, tuple[bool, dict[str, Any]]]
+            ) -> tuple[dict[str, Any], _Plans]:
+    _, kernels = fake_kernels(directory)
+    for _, args in made.values():
+        memoise(plans, kernels, **args)
+    return kernels, plans
+
+
+def _timed(args: dict[str, Any]) -> Callable[[], object]:
+    call = lazytriton.flash_attn_with_kvcache
+    return lambda: call(**args)
+
+
+def main() -> int:
+    results = rows()
+    print(f"{'case (b1, 32/8 heads, hd128, 4k keys)':<40} {'warm µs':>8} {'off µs':>8}  (CPU tensors, fake driver)")
+    for name, warm, off in results:
+        print(f"{name:<40} {warm:8.1f} {off:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
