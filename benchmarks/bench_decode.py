@@ -97,6 +97,7 @@ ROTARY_GOAL = 1.10  # rotary's time over the same step without it
 SINKS = "lazytriton_sinks"  # --sinks: lazytriton's call with attention sinks
 FP8 = "lazytriton_fp8"  # --kv-dtype: lazytriton's call on a float8 copy of the cache
 PACKED = "lazytriton_packed_new"  # --packed-new: the step's new keys packed by cu_seqlens_k_new, written into out=
+COLD = "lazytriton_cold"  # --cold-path: lazytriton's call without its warm path (every call checked and planned)
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_GOAL = 1.8  # the float8 cache's speedup over the bf16 cache at batch <= 32 from 4k keys (issue 42)
 TOLERANCE = 2e-2
@@ -225,6 +226,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="also time the decoding step with its new key (lazytriton_append) beside the same step "
                              "with the new keys packed by cu_seqlens_k_new and the output written into out= "
                              "(lazytriton_packed_new)")
+    parser.add_argument("--cold-path", action="store_true",
+                        help="also time lazytriton's call without its warm path (provider lazytriton_cold: every "
+                             "call checked and planned) and the warm path's speedup over it")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -361,6 +365,23 @@ def lazytriton_fp8_call(t: Inputs) -> Callable[[], torch.Tensor]:
     return run
 
 
+def lazytriton_cold_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    """The ``lazytriton`` provider's call with the warm path's table bypassed: each call checked and planned."""
+    from lazytriton.kernels.flash_decode import hot as decode_hot
+
+    call = lazytriton_call(t)
+    serve = decode_hot.serve
+
+    def run() -> torch.Tensor:
+        decode_hot.serve = lambda *args: None  # the warm path declines: today's path serves
+        try:
+            return call()
+        finally:
+            decode_hot.serve = serve
+
+    return run
+
+
 def sdpa_call(t: Inputs) -> Callable[[], torch.Tensor]:
     q = t.q.transpose(1, 2)
     return lambda: F.scaled_dot_product_attention(q, t.k_sdpa, t.v_sdpa, enable_gqa=True).transpose(1, 2)
@@ -379,14 +400,14 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
     "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
     "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True),
-    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call, PACKED: packed_step_call}
+    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call, PACKED: packed_step_call, COLD: lazytriton_cold_call}
 
 
 def providers(case: Case, rotary: bool = False, sinks: bool = False, fp8: bool = False,
-              packed: bool = False) -> list[str]:
+              packed: bool = False, cold: bool = False) -> list[str]:
     return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + \
         (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([FP8] if fp8 else []) + \
-        ((["lazytriton_append"] if not rotary else []) + [PACKED] if packed else [])
+        ((["lazytriton_append"] if not rotary else []) + [PACKED] if packed else []) + ([COLD] if cold else [])
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -555,6 +576,17 @@ def print_fp8(results: Sequence[Result], log: Log) -> None:
             f"{len(goal_rows)} cases ({'at least' if min(goal_rows) >= FP8_GOAL else 'under'} {FP8_GOAL:.1f})")
 
 
+def print_cold(results: Sequence[Result], log: Log) -> None:
+    """The warm path's speedup: lazytriton's time over lazytriton_cold's, per case, its geomean, min and max."""
+    by = {(r.case, r.provider): r for r in results}
+    gains = [_speedup(by[case, "lazytriton"], by[case, COLD]) for case in dict.fromkeys(r.case for r in results)
+             if (case, "lazytriton") in by and (case, COLD) in by]
+    gains = [x for x in gains if not math.isnan(x)]
+    if gains:
+        log(f"warm path: lazytriton over lazytriton_cold, geomean {_geomean(gains):.2f}x, min {min(gains):.2f}x, "
+            f"max {max(gains):.2f}x over {len(gains)} cases")
+
+
 def print_rotary(results: Sequence[Result], log: Log) -> None:
     """Per case: the step's time without and with rotary, and their ratio; the geomean and max ratio."""
     by = {(r.case, r.provider): r for r in results}
@@ -604,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)
         for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None,
-                                  args.packed_new):
+                                  args.packed_new, args.cold_path):
             r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
@@ -619,6 +651,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_rotary(results, log)
     if args.kv_dtype is not None:
         print_fp8(results, log)
+    if args.cold_path:
+        print_cold(results, log)
     failed = [r for r in results if r.provider.startswith("lazytriton") and r.check != "ok"]
     return 1 if failed else 0
 
