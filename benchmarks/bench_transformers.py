@@ -6,7 +6,10 @@ One left-padded batch of prompts of mixed lengths goes through both
 implementations:
 
 - **logits**: the prompt's logits of each implementation against the same
-  model in float32 through "sdpa" (the reference), with FlashAttention's rule
+  model in float32 through "sdpa" (the reference; from ``LONG_PROMPT`` tokens
+  on, float32 attention computed in blocks of queries, ``reference_attention``:
+  float32 SDPA falls back to its math kernel there, whose score matrix alone
+  is 64 GiB at 32k tokens and 16 heads), with FlashAttention's rule
   in its relative form: lazytriton's max error at most 2x sdpa's own (bf16)
   max error plus a floor of the dtype's rounding (``--floor``). Real tokens
   only (padding rows hold whatever each implementation puts there);
@@ -116,6 +119,49 @@ def left_padded_batch(args: argparse.Namespace, vocab: int, device: str) -> tupl
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+REFERENCE = "reference_query_blocks"  # the float32 reference's attention for long prompts
+LONG_PROMPT = 8192  # prompts from this length on take it
+QUERY_BLOCK = 1024  # queries a block: 16 heads x 1024 x 32k float32 scores are 2 GiB
+
+
+def reference_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                        **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """SDPA's result in float32, a block of queries at a time: (batch, q_len, heads, head_dim), no weights.
+
+    ``attention_mask``: the boolean (batch, 1, q_len, kv_len) mask of transformers' SDPA mask function, or None
+    for causal attention without padding (bottom-right aligned, as SDPA's ``is_causal`` on a prefill).
+    """
+    batch, heads, q_len, dim = query.shape
+    groups = heads // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1).float()
+    v = value.repeat_interleave(groups, dim=1).float()
+    kv_len = k.shape[2]
+    scale = dim ** -0.5 if scaling is None else scaling
+    causal = attention_mask is None and q_len > 1 and getattr(module, "is_causal", True)
+    out = query.new_empty(batch, q_len, heads, v.shape[-1], dtype=torch.float32)
+    keys = torch.arange(kv_len, device=query.device)
+    for start in range(0, q_len, QUERY_BLOCK):
+        stop = min(start + QUERY_BLOCK, q_len)
+        scores = query[:, :, start:stop].float() @ k.transpose(-1, -2) * scale
+        if attention_mask is not None:
+            scores.masked_fill_(~attention_mask[:, :, start:stop].bool(), float("-inf"))
+        elif causal:
+            rows = torch.arange(start, stop, device=query.device) + (kv_len - q_len)
+            scores.masked_fill_(keys[None, :] > rows[:, None], float("-inf"))
+        out[:, start:stop] = (scores.softmax(dim=-1).nan_to_num_(0.0) @ v).transpose(1, 2)
+    return out.to(query.dtype), None
+
+
+def register_reference() -> None:
+    """``reference_attention`` under ``REFERENCE``, with transformers' SDPA mask function."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(REFERENCE, reference_attention)
+    AttentionMaskInterface.register(REFERENCE, sdpa_mask)
 
 
 def logits_of(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -303,7 +349,9 @@ def main(argv: list[str]) -> int:
     ids, mask = left_padded_batch(args, config.vocab_size, device)
     real = mask.bool()
 
-    reference = logits_of(model, "sdpa", ids, mask)  # float32 model: the reference
+    register_reference()
+    long_prompt = ids.shape[1] >= LONG_PROMPT
+    reference = logits_of(model, REFERENCE if long_prompt else "sdpa", ids, mask)  # float32 model: the reference
     model = model.to(dtype)
     errors = {impl: float((logits_of(model, impl, ids, mask) - reference)[real].abs().max())
               for impl in ("sdpa", "lazytriton")}
