@@ -309,6 +309,11 @@ def test_the_planner_holds_the_gluon_twin_where_dispatch_serves_it(monkeypatch: 
 
 GPU_PROGRAM = IN_PROCESS_PRELUDE.split("CODES = ")[0] + CUDA_DESCRIBE.replace(
     "torch.int32: 4}", "torch.int32: 4, torch.float8_e4m3fn: 5}") + r"""
+class Lib:  # the library's functions through the prelude's call() (ctypes, cffi pointers)
+    def __getattr__(self, name):
+        return lambda *args: call(name, *args)
+
+lib = Lib()
 from lazytriton.kernels.flash_fwd import fp8_gluon
 fp8_gluon.DEFAULT_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)  # head dim 128 too: the C API follows Python's switch
 torch.manual_seed(0)
