@@ -179,7 +179,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
-    window_size = window_size if type(window_size) is tuple else window_pair(window_size)
+    window_size = window_size if window_size is _NO_WINDOW else window_pair(window_size)
     fp8_calls = fp8_route(q, descales := (q_descale, k_descale, v_descale))
     if fp8_calls is not None:
         return fp8_calls.attention(q, k, v, causal, sm_scale, binding.NAMES, window_size, softcap, attention_chunk,
@@ -298,7 +298,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             warm = hot.output_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
             if warm is not None:
                 return warm
-    window_size = window_size if type(window_size) is tuple else window_pair(window_size)
+    window_size = window_size if window_size is _NO_WINDOW else window_pair(window_size)
     if isinstance(q, torch.Tensor) and q.dtype in binding.FP8_DTYPES and direct(q, k, v):  # FP8's warm path
         warm = fp8_route(q, (None,) * 3).flash_attn_warm(
             q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -424,7 +424,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     (no sync per call).
 
     """
-    window_size = window_size if type(window_size) is tuple else window_pair(window_size)
+    window_size = window_size if window_size is _NO_WINDOW else window_pair(window_size)
     if block_table is not None or out is not None or num_splits != 0:
         from lazytriton import kvcache_varlen
 
