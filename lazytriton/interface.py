@@ -172,10 +172,10 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     # before the dispatch-mode count, which dynamo cannot trace (it stops at is_compiling, True while tracing)
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
             and (window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW))
-            and alibi_slopes is None and dropout_p == 0.0 and sinks is None and s_aux is None and type(attention_chunk) is int
-            and attention_chunk == 0 and q_descale is None and k_descale is None and v_descale is None
-            and type(q) is _Tensor and type(k) is _Tensor
-            and type(v) is _Tensor and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
+            and alibi_slopes is None and dropout_p == 0.0 and sinks is None and s_aux is None
+            and type(attention_chunk) is int and attention_chunk == 0 and q_descale is None and k_descale is None
+            and v_descale is None and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]

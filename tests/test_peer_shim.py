@@ -210,8 +210,9 @@ def test_fa2_paged_varlen_takes_cu_seqlens_k_as_the_key_counts(shim: types.Simpl
     v_cache = torch.randn_like(k_cache)
     table = torch.tensor([[5, 0, 3], [1, 2, 4]], dtype=torch.int32)
     cu_q = torch.tensor([0, 2, 5], dtype=torch.int32)
-    out = shim.fa2_package.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, torch.tensor([0, 9, 21], dtype=torch.int32),
-                                                  3, 12, causal=True, block_table=table)
+    cu_k = torch.tensor([0, 9, 21], dtype=torch.int32)
+    out = shim.fa2_package.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, 3, 12, causal=True,
+                                                  block_table=table)
     want = lazytriton.flash_attn_varlen_func(q.detach(), k_cache, v_cache, cu_q, None, 3, 12, causal=True,
                                              block_table=table, seqused_k=torch.tensor([9, 12], dtype=torch.int32))
     assert torch.equal(out, want)

@@ -5,8 +5,8 @@ Each function takes FlashAttention-3's parameters, in its order and with its def
 ``page_table`` is lazytriton's ``block_table``, and ``return_attn_probs`` returns ``(out, softmax_lse)`` as
 FlashAttention-3 does. An argument lazytriton lacks raises ``peer_shim_common.MissingFeature``; the scheduling
 hints are checked and not used (``peer_shim_common``), and ``flash_attn_with_kvcache``'s ``rotary_seqlens`` is
-dropped without rotary tables (FlashAttention-3 reads it only with them; lazytriton refuses it alone). Every other argument reaches lazytriton as the peer gave it,
-so lazytriton's own checks judge it.
+dropped without rotary tables (FlashAttention-3 reads it only with them; lazytriton refuses it alone). Every
+other argument reaches lazytriton as the peer gave it, so lazytriton's own checks judge it.
 """
 
 from __future__ import annotations
