@@ -245,7 +245,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
     if is_fp8(q):  # FlashAttention-3's FP8 call: q, qv, the new keys and the rotary tables widened to bfloat16
-        q, qv, k, v, rotary_cos, rotary_sin = widened(q, k_cache, qv, k, v, rotary_cos, rotary_sin)
+        q, qv, k, v, rotary_cos, rotary_sin = widened(q, k_cache, qv=qv, k=k, v=v, rotary_cos=rotary_cos,
+                                                      rotary_sin=rotary_sin)
     window_size = window_size if window_size is checks.NO_WINDOW else window_pair(window_size)
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
                rotary_cos, rotary_sin, rotary_seqlens, attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale,

@@ -24,18 +24,18 @@ def is_fp8(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES
 
 
-def widened(q: torch.Tensor, k_cache: Any, *tensors: Any) -> tuple[Any, ...]:
-    """(q, *tensors) with each float8 tensor of q's dtype as bfloat16; the rest as given, for the checks to judge.
+def widened(q: torch.Tensor, k_cache: Any, **tensors: Any) -> tuple[Any, ...]:
+    """(q, *tensors' values) with q and each of ``tensors`` given as bfloat16; None stays None.
 
-    ``k_cache`` must be of q's float8 dtype (FlashAttention-3's rule): a TypeError naming it otherwise, before
-    anything is read or launched.
+    ``k_cache`` and each given tensor must be of q's float8 dtype (FlashAttention-3's rule: one dtype for the
+    call): a TypeError naming the first that is not, before anything is read or launched.
     """
-    if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != q.dtype:
-        got = k_cache.dtype if isinstance(k_cache, torch.Tensor) else type(k_cache).__name__
-        raise TypeError(f"with a {q.dtype} q, k_cache must be {q.dtype} too (FlashAttention-3's FP8 call: q, the "
-                        f"caches and the new keys in one float8 dtype), got {got}")
-    return tuple(t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.dtype == q.dtype else t
-                 for t in (q, *tensors))
+    for name, t in (("k_cache", k_cache), *tensors.items()):
+        if (name == "k_cache" or t is not None) and (not isinstance(t, torch.Tensor) or t.dtype != q.dtype):
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"with a {q.dtype} q, {name} must be {q.dtype} too (FlashAttention-3's FP8 call: q, "
+                            f"the caches, the new keys and the rotary tables in one float8 dtype), got {got}")
+    return tuple(None if t is None else t.to(torch.bfloat16) for t in (q, *tensors.values()))
 
 
 __all__ = ["FP8_DTYPES", "is_fp8", "widened"]

@@ -140,3 +140,10 @@ def test_a_float8_q_needs_a_cache_of_its_dtype(no_launch: None) -> None:
             lazytriton.flash_attn_with_kvcache(**{**args, "k_cache": cache})
     with pytest.raises(TypeError, match="k_cache"):
         lazytriton.flash_attn_with_kvcache(args["q"], None, args["v_cache"])
+    new = _fp8_call(torch.float8_e4m3fn, True, 4)
+    for name in ("k", "v"):
+        with pytest.raises(TypeError, match=f"{name} must be torch.float8_e4m3fn"):
+            lazytriton.flash_attn_with_kvcache(**{**new, name: new[name].to(torch.bfloat16)})
+    rotary = torch.rand(32, 16).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="rotary_cos must be torch.float8_e4m3fn"):
+        lazytriton.flash_attn_with_kvcache(**new, rotary_cos=rotary, rotary_sin=rotary)
