@@ -6,12 +6,14 @@ peer's helpers (padding.py, test_util.py, flash_attn/bert_padding.py, ...) come 
 copied into this repository. pytest runs the file with ``tests/peers/shim/peer_plugin.py``: a deterministic
 sample of each test function's cases, a timeout per case, and a summary (per function: passed, failed, skipped,
 errored; failures grouped by their first line, which names the features lazytriton lacks) written as JSON and
-text to --out.
+text to --out. ``census`` collects the file without running it and classifies each case by its parameters
+(``tests/peers/shim/peer_census.py``: the peer's own skips, what lazytriton's API expresses, what it lacks).
 
     python3 benchmarks/peer_suites.py extract --git-dir MIRROR.git --peer-dir .peers/flash-attention
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --suite fa3 --sample 0.01
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --device cpu --max-seqlen 128 \\
         --sample 0 --timeout 900 -- -k "test_flash_attn_output or test_flash_attn_combine"
+    python3 benchmarks/peer_suites.py census --peer-dir .peers/flash-attention --suite fa2
 
 Exit status: pytest's (0 when every selected case passed, 1 when any failed, 2 and up for a usage error).
 """
@@ -19,6 +21,7 @@ Exit status: pytest's (0 when every selected case passed, 1 when any failed, 2 a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +83,41 @@ def run(args: argparse.Namespace) -> int:
     return done.returncode
 
 
+def collect(args: argparse.Namespace, peer: Path, cases: Path) -> None:
+    """Collect the suite's cases into ``cases`` (JSON lines), importing the test file as a CPU run would."""
+    test_file, _ = SUITES[args.suite]
+    command = [sys.executable, "-m", "pytest", str(peer / test_file), "-c", str(SHIM / "pytest.ini"), "--rootdir",
+               str((peer / test_file).parent), "-p", "peer_plugin", "-q", "--collect-only", "--peer-device", "cpu",
+               "--peer-collect", str(cases)]
+    done = subprocess.run(command, cwd=SHIM, env=environment(args, peer), capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0 or not cases.is_file():
+        raise SystemExit(f"collecting {test_file} failed (exit {done.returncode}):\n{done.stdout[-4000:]}"
+                         f"{done.stderr[-4000:]}")
+
+
+def census(args: argparse.Namespace) -> int:
+    """Classify every collected case of the suite (or of --cases, a file ``--peer-collect`` wrote)."""
+    sys.path.insert(0, str(SHIM))
+    import peer_census
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = Path(args.cases) if args.cases else out / f"cases_{args.suite}.jsonl"
+    if not args.cases:
+        peer = Path(args.peer_dir or "").resolve()
+        if not args.peer_dir or not (peer / SUITES[args.suite][0]).is_file():
+            raise SystemExit(f"--peer-dir {args.peer_dir}: no {SUITES[args.suite][0]} there (or pass --cases)")
+        collect(args, peer, cases)
+    with cases.open() as f:
+        result = peer_census.census(args.suite, (json.loads(line) for line in f if line.strip()))
+    (out / f"census_{args.suite}.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = peer_census.markdown(result)
+    (out / f"census_{args.suite}.md").write_text(text)
+    print(text, end="")
+    return 0
+
+
 def extract(args: argparse.Namespace) -> int:
     """Write the peer's files at --rev of a git directory (a bare mirror) into --peer-dir, with its commit."""
     peer = Path(args.peer_dir)
@@ -110,6 +148,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder of the summary (default $OUT)")
     r.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (-k, -x, -n 4, ...)")
     r.set_defaults(func=run)
+    c = sub.add_parser("census", help="classify a peer's collected cases: expressible with lazytriton's API or not")
+    c.add_argument("--peer-dir", help="the peer's checkout (its test file is collected, not run)")
+    c.add_argument("--suite", choices=sorted(SUITES), default="fa3")
+    c.add_argument("--cases", help="the cases as run's --peer-collect wrote them, instead of collecting")
+    c.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder of census_<suite>.json/.md")
+    c.set_defaults(func=census)
     e = sub.add_parser("extract", help="write a peer's test files from a git directory into --peer-dir")
     e.add_argument("--git-dir", required=True, help="the peer's git directory (a bare mirror works)")
     e.add_argument("--peer-dir", required=True)

@@ -26,6 +26,7 @@ from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
 from lazytriton.kernels.flash_fwd import binding, hot, score_mods
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.launch import CaptureError as CaptureError  # re-exported: lazytriton.CaptureError
+from lazytriton.window import window_pair
 
 _FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
 _is_compiling = torch.compiler.is_compiling
@@ -116,37 +117,31 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
             multiple of heads_k (GQA; heads_k = 1 is MQA).
         v: values, shape (batch, heads_k, seqlen_k, head_dim_v): k's but for
             the head dim, which may differ from q's (DeepSeek's MLA: 192 and 128).
-        causal: False; True or "top_left" (key j is seen by query i when
-            j <= i, SDPA's meaning); "bottom_right" (j <= i + seqlen_k -
-            seqlen_q, FlashAttention's meaning). A query that sees no key gets
-            output 0 and logsumexp -inf.
+        causal: False; True or "top_left" (key j is seen by query i when j <= i, SDPA's meaning); "bottom_right"
+            (j <= i + seqlen_k - seqlen_q, FlashAttention's meaning). A query that sees no key gets output 0 and
+            logsumexp -inf.
         sm_scale: the softmax scale; default 1/sqrt(head_dim).
         window_size: FlashAttention-2's sliding window (left, right): query i
             sees key j when i + offset - left <= j <= i + offset + right,
             offset = seqlen_k - seqlen_q (bottom-right, FlashAttention's
             alignment; 0 with causal=True/"top_left", whose window is
-            top-left like its mask); -1 leaves that side unbounded, and a
-            causal call's right side is 0. Default (-1, -1): no window.
-        softcap: if > 0, the scaled scores s become softcap * tanh(s /
-            softcap) before the softmax (Gemma 2's logit softcapping, as
-            FlashAttention-2 applies it). Default 0.0: off.
-        alibi_slopes: as in ``flash_attn_func`` (FlashAttention-2's ALiBi,
-            aligned bottom-right whatever ``causal`` says). Default None.
+            top-left like its mask); -1 leaves that side unbounded, and a causal call's right side is 0. Default
+            (-1, -1): no window. A list, or an integer tensor of two (FlashAttention's callers'), reads as the pair.
+        softcap: if > 0, the scaled scores s become softcap * tanh(s / softcap) before the softmax (Gemma 2's logit
+            softcapping, as FlashAttention-2 applies it). Default 0.0: off.
+        alibi_slopes: as in ``flash_attn_func`` (FlashAttention-2's ALiBi, aligned bottom-right whatever
+            ``causal`` says). Default None.
         dropout_p: as in ``flash_attn_func``. Default 0.0.
         sinks: as in ``flash_attn_func``. Default None.
         s_aux: ``sinks``' other name, as in ``flash_attn_func``.
-        attention_chunk: FlashAttention-3's chunked local attention: if > 0,
-            query i sees key j only when j // attention_chunk == (i + offset)
-            // attention_chunk, offset the window's. Default 0 (off).
-        q_descale: FlashAttention-3's FP8 forward, for float8_e4m3fn q, k
-            and v, or float8_e5m2 ones (all three one dtype; sm_90 and
-            later; CPU tensors through the interpreter): None
-            (1.0) or float32 on q's device, (batch, heads_k) or one value ((1,)
-            or ()). The scores are (q . k) * q_descale * k_descale * sm_scale,
-            the probabilities are rounded to e4m3 for their product with v (as
-            FlashAttention-3 does; e5m2 inputs too), and out (bfloat16) is multiplied by
-            v_descale. No alibi_slopes, dropout or sinks with FP8 inputs, and
-            no backward: they must not require grad.
+        attention_chunk: FlashAttention-3's chunked local attention: if > 0, query i sees key j only when
+            j // attention_chunk == (i + offset) // attention_chunk, offset the window's. Default 0 (off).
+        q_descale: FlashAttention-3's FP8 forward, for float8_e4m3fn q, k and v, or float8_e5m2 ones (all three one
+            dtype; sm_90 and later; CPU tensors through the interpreter): None (1.0) or float32 on q's device,
+            (batch, heads_k) or one value ((1,) or ()). The scores are (q . k) * q_descale * k_descale * sm_scale,
+            the probabilities are rounded to e4m3 for their product with v (as FlashAttention-3 does; e5m2 inputs
+            too), and out (bfloat16) is multiplied by v_descale. No alibi_slopes, dropout or sinks with FP8 inputs,
+            and no backward: they must not require grad.
         k_descale: k's, as q_descale.
         v_descale: v's, as q_descale.
 
@@ -176,14 +171,15 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     # direct's test written out (a Python call saved, ~0.1 µs of the 1.5x torch.add budget); is_compiling
     # before the dispatch-mode count, which dynamo cannot trace (it stops at is_compiling, True while tracing)
     if ((softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
-            and (window_size is _NO_WINDOW or window_size == _NO_WINDOW) and alibi_slopes is None
-            and dropout_p == 0.0 and sinks is None and s_aux is None and type(attention_chunk) is int
-            and attention_chunk == 0 and q_descale is None and k_descale is None and v_descale is None
-            and type(q) is _Tensor and type(k) is _Tensor
-            and type(v) is _Tensor and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
+            and (window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW))
+            and alibi_slopes is None and dropout_p == 0.0 and sinks is None and s_aux is None
+            and type(attention_chunk) is int and attention_chunk == 0 and q_descale is None and k_descale is None
+            and v_descale is None and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and not _is_compiling() and not _dispatch_modes() and not _through_op[0]):
         warm = hot.forward_bhsd(q, k, v, causal, sm_scale)
         if warm is not None:
             return warm  # type: ignore[no-any-return]
+    window_size = window_size if window_size is _NO_WINDOW else window_pair(window_size)
     fp8_calls = fp8_route(q, descales := (q_descale, k_descale, v_descale))
     if fp8_calls is not None:
         return fp8_calls.attention(q, k, v, causal, sm_scale, binding.NAMES, window_size, softcap, attention_chunk,
@@ -236,7 +232,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         window_size: (left, right), FlashAttention-2's sliding window: query
             i sees key j when i + seqlen_k - seqlen_q - left <= j <= i +
             seqlen_k - seqlen_q + right; -1 leaves a side unbounded; causal
-            sets right to 0. Key blocks outside every window are skipped.
+            sets right to 0. Key blocks outside every window are skipped. A list, or an integer tensor of two
+            (FlashAttention-3's tests pass one), reads as the pair.
         softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
             softcap) before the softmax, as in FlashAttention-2.
         alibi_slopes: float32 (heads_q,) or (batch, heads_q): FlashAttention-2's
@@ -288,7 +285,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     """
     if (type(causal) is bool and dropout_p == 0.0 and alibi_slopes is None and sinks is None and s_aux is None
             and (softcap is _NO_CAP or (type(softcap) is float and softcap == 0.0))
-            and (window_size is _NO_WINDOW or window_size == _NO_WINDOW)
+            and (window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW))
             and type(attention_chunk) is int and attention_chunk == 0
             and q_descale is None and k_descale is None and v_descale is None and qv is None
             and type(deterministic) is bool and type(return_attn_probs) is bool
@@ -301,6 +298,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             warm = hot.output_bshd(q, k, v, "bottom_right" if causal else False, softmax_scale)
             if warm is not None:
                 return warm
+    window_size = window_size if window_size is _NO_WINDOW else window_pair(window_size)
     if isinstance(q, torch.Tensor) and q.dtype in binding.FP8_DTYPES and direct(q, k, v):  # FP8's warm path
         warm = fp8_route(q, (None,) * 3).flash_attn_warm(
             q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -375,7 +373,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         causal: bottom-right aligned within each sequence, as in FlashAttention 2.1+: query i of a sequence sees key j
             of the same sequence when j <= i + len_k - len_q; a query that sees no key outputs 0.
         window_size: (left, right), FlashAttention-2's sliding window, per sequence: query i sees key j when i + len_k
-            - len_q - left <= j <= i + len_k - len_q + right; -1 leaves a side unbounded; causal sets right to 0.
+            - len_q - left <= j <= i + len_k - len_q + right; -1 leaves a side unbounded; causal sets right to 0. A
+            list, or an integer tensor of two, reads as the pair.
         softcap: if > 0, scores s (already scaled) become softcap * tanh(s / softcap) before the softmax.
         alibi_slopes: float32 (heads_q,) or (batch, heads_q), batch being the number of sequences: FlashAttention-2's
             ALiBi per sequence, ``-slope * |i + len_k - len_q - j|`` within each sequence (bottom-right), as
@@ -425,6 +424,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     (no sync per call).
 
     """
+    window_size = window_size if window_size is _NO_WINDOW else window_pair(window_size)
     if block_table is not None or out is not None or num_splits != 0:
         from lazytriton import kvcache_varlen
 

@@ -21,6 +21,8 @@ from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.flash_decode import hot as decode_hot
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.kernels.trust import trusted_indices
+from lazytriton.kvcache_fp8 import is_fp8, widened
+from lazytriton.window import window_pair
 
 _is_compiling = torch.compiler.is_compiling
 _dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", lambda: None)
@@ -71,7 +73,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
     Args:
         q: (batch, seqlen_q, heads, head_dim), float16, bfloat16 or float32,
-            any strides with a contiguous last dim.
+            any strides with a contiguous last dim. Or FlashAttention-3's
+            FP8 call: q, the caches and k, v in one float8 dtype; q, qv, k, v
+            and the rotary tables are then widened to bfloat16 (exactly) and
+            out is bfloat16 (``lazytriton.kvcache_fp8``).
         k_cache: (batch_cache, seqlen_cache, heads_k, head_dim) without a
             block table, or (num_blocks, page_size, heads_k, head_dim) with
             one (a paged cache; page_size >= 1: pages of 16 keys or any
@@ -119,7 +124,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         window_size: (left, right), FlashAttention-2's sliding window: query i
             sees keys i + offset - left .. i + offset + right, offset =
             cache_seqlens + seqlen_new - seqlen_q; -1 leaves a side unbounded;
-            causal sets right to 0.
+            causal sets right to 0. A list, or an integer tensor of two
+            (FlashAttention-3's tests pass one), reads as the pair.
         softcap: if > 0, scores s (already scaled) become softcap * tanh(s /
             softcap) before the softmax.
         alibi_slopes: optional float32 (heads,) or (batch, heads): the bias
@@ -242,6 +248,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
+    if is_fp8(q):  # FlashAttention-3's FP8 call: q, qv, the new keys and the rotary tables widened to bfloat16
+        q, qv, k, v, rotary_cos, rotary_sin = widened(q, k_cache, qv=qv, k=k, v=v, rotary_cos=rotary_cos,
+                                                      rotary_sin=rotary_sin)
     if (cache_batch_idx is None and alibi_slopes is None and cache_leftpad is None and rotary_cos is None
             and rotary_sin is None and rotary_seqlens is None and sinks is None and s_aux is None
             and cu_seqlens_q is None and max_seqlen_q is None and k_descale is None and v_descale is None
@@ -254,6 +263,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                 num_splits, rotary_interleaved, return_softmax_lse, out)  # the common call, warm
         if warm is not None:
             return warm
+    window_size = window_size if window_size is checks.NO_WINDOW else window_pair(window_size)
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
                rotary_cos, rotary_sin, rotary_seqlens, attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale,
                v_descale, None, cu_seqlens_k_new)._replace(qv=qv)  # qv as given: a data tensor, checked as such

@@ -340,7 +340,7 @@ BAD = [
     ("v_cache bf16", lambda a: a.update(v_cache=a["v_cache"].bfloat16()), TypeError, "v_cache has dtype"),
     ("mixed formats", lambda a: a.update(v_cache=a["v_cache"].float().to(torch.float8_e5m2)), TypeError,
      "v_cache has dtype"),
-    ("fp8 query", lambda a: a.update(q=a["q"].to(torch.float8_e4m3fn)), TypeError, "q must be"),
+    ("fp8 query", lambda a: a.update(q=a["q"].to(torch.float8_e4m3fn)), TypeError, "k must be torch.float8_e4m3fn"),
     ("fp32 query", lambda a: a.update(q=a["q"].float(), k=a["k"].float(), v=a["v"].float()), TypeError,
      "q must be float16 or bfloat16 with a float8 k_cache"),
     ("fp8 new keys", lambda a: a.update(k=a["k"].to(torch.float8_e4m3fn)), TypeError, "k must be"),

@@ -23,7 +23,7 @@ import lazytriton
 
 SHIM = REPO / "tests" / "peers" / "shim"
 SHIM_MODULES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn_interface", "peer_shim_common",
-                "peer_signatures")
+                "peer_signatures", "peer_s_dmask")
 
 
 def peer_dir() -> Path:
@@ -140,8 +140,6 @@ def test_what_lazytriton_lacks_is_refused_by_name(shim: types.SimpleNamespace, n
         shim.fa3.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 16, 16, qv=torch.randn_like(v[0]))
     with pytest.raises(shim.common.MissingFeature, match=r"flash_attn_with_kvcache has no q_descale="):
         shim.fa3.flash_attn_with_kvcache(q, k, v, q_descale=torch.ones(1, 1))
-    with pytest.raises(shim.common.MissingFeature, match="S_dmask"):
-        shim.fa2._get_block_size_n(q.device, 32, True, False)
     assert issubclass(shim.common.MissingFeature, NotImplementedError)
 
 
@@ -196,3 +194,86 @@ def test_fa2_package_reads_the_peers_helpers(tmp_path: Path, monkeypatch: pytest
     finally:
         for name in (*SHIM_MODULES, "flash_attn.bert_padding"):
             sys.modules.pop(name, None)
+
+
+def test_fa3_kvcache_drops_rotary_seqlens_without_rotary_tables(shim: types.SimpleNamespace) -> None:
+    q, k_cache, v_cache = _qkv(batch=2, seqlen=12)
+    q = q[:, :1]
+    lens = torch.tensor([5, 12], dtype=torch.int32)
+    out = shim.fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, rotary_seqlens=lens)
+    assert torch.equal(out, lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens))
+
+
+def test_fa2_paged_varlen_takes_cu_seqlens_k_as_the_key_counts(shim: types.SimpleNamespace) -> None:
+    q = torch.randn(5, 2, 32, dtype=torch.float16, requires_grad=True)
+    k_cache = torch.randn(6, 4, 1, 32, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.tensor([[5, 0, 3], [1, 2, 4]], dtype=torch.int32)
+    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 21], dtype=torch.int32)
+    out = shim.fa2_package.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, 3, 12, causal=True,
+                                                  block_table=table)
+    want = lazytriton.flash_attn_varlen_func(q.detach(), k_cache, v_cache, cu_q, None, 3, 12, causal=True,
+                                             block_table=table, seqused_k=torch.tensor([9, 12], dtype=torch.int32))
+    assert torch.equal(out, want)
+
+
+def _fa2_keep_and_probs(q: torch.Tensor, k: torch.Tensor, causal: bool, window: tuple[int, int],
+                        slopes: torch.Tensor | None) -> torch.Tensor:
+    """The float64 softmax of (batch, seqlen, heads, d) q and k, as the peer's normalize_flash_attn_S gives it."""
+    from lazytriton.kernels.flash_fwd.reference import capped_scores
+
+    qd, kd = (t.double().transpose(1, 2) for t in (q, k))
+    kd = kd.repeat_interleave(qd.shape[1] // kd.shape[1], dim=1)
+    scores = capped_scores(qd, kd, q.shape[-1] ** -0.5, 0.0, "bottom_right" if causal else False, window,
+                           None if slopes is None else slopes.double())[0]
+    return torch.softmax(scores, -1).nan_to_num(0.0)
+
+
+@pytest.mark.parametrize(("causal", "window", "alibi"), [(False, (-1, -1), False), (True, (3, 0), True),
+                                                         (False, (2, 4), False)])
+def test_fa2_s_dmask_is_lazytritons_keep_mask_over_the_probabilities(shim: types.SimpleNamespace, causal: bool,
+                                                                     window: tuple[int, int], alibi: bool) -> None:
+    from lazytriton.kernels.flash_fwd import score_mods
+    from lazytriton.kernels.flash_fwd.reference import dropout_keep
+
+    q, k, v = _qkv(batch=2, seqlen=10, heads=4, heads_k=2)
+    slopes = torch.rand(2, 4) * 0.3 if alibi else None
+    torch.manual_seed(11)
+    out, lse, s_dmask = shim.fa2.flash_attn_func(q, k, v, 0.3, causal=causal, window_size=torch.tensor(window),
+                                                 alibi_slopes=slopes, return_attn_probs=True)
+    torch.manual_seed(11)
+    want = lazytriton.flash_attn_func(q, k, v, 0.3, causal=causal, window_size=window, alibi_slopes=slopes,
+                                      return_attn_probs=True)
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])  # the same Philox pair: the same call
+    torch.manual_seed(11)
+    keep = dropout_keep(score_mods.draw_philox(q.device), (2, 4, 10, 10), 0.3)
+    probs = _fa2_keep_and_probs(q, k, causal, window, slopes)
+    seen = probs > 0
+    assert s_dmask.shape == (2, 4, 10, 10)
+    assert torch.equal((s_dmask >= 0)[seen], keep[seen])
+    top = (s_dmask.abs().double() * seen).amax(-1, keepdim=True)  # exp(s - row max): 1 at each row's maximum
+    assert torch.allclose(top[seen.any(-1, keepdim=True)], torch.ones(()).double())
+    normalised = s_dmask.abs().double() / s_dmask.abs().double().sum(-1, keepdim=True).clamp_min(1e-30)
+    assert (normalised - probs).abs().max() < 1e-5
+    assert shim.fa2._get_block_size_n(q.device, 32, True, causal) >= 2**31 - 1  # one block a row
+
+
+def test_fa2_varlen_s_dmask_holds_each_sequences_block(shim: types.SimpleNamespace) -> None:
+    from lazytriton.kernels.flash_fwd import score_mods
+    from lazytriton.kernels.flash_fwd.reference import dropout_keep
+
+    q, k, v = (t[0] for t in _qkv(batch=1, seqlen=11, heads=2, heads_k=1))
+    cu_q, cu_k = torch.tensor([0, 4, 11], dtype=torch.int32), torch.tensor([0, 6, 11], dtype=torch.int32)
+    torch.manual_seed(5)
+    out, lse, s_dmask = shim.fa2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, 0.25, causal=True,
+                                                        return_attn_probs=True)
+    torch.manual_seed(5)
+    keep = dropout_keep(score_mods.draw_philox(q.device), (1, 2, 11, 11), 0.25)[0]
+    assert s_dmask.shape == (2, 2, 7, 6)
+    for b, (q0, q1, k0, k1) in enumerate(((0, 4, 0, 6), (4, 11, 6, 11))):
+        probs = _fa2_keep_and_probs(q[None, q0:q1], k[None, k0:k1], True, (-1, -1), None)[0]
+        block = s_dmask[b, :, :q1 - q0, :k1 - k0]
+        seen = probs > 0
+        assert torch.equal((block >= 0)[seen], keep[:, q0:q1, k0:k1][seen])
+        assert not s_dmask[b, :, q1 - q0:].any() and not s_dmask[b, :, :, k1 - k0:].any()

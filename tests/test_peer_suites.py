@@ -188,3 +188,75 @@ def test_the_runner_names_a_missing_checkout(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(RUNNER), "run", "--peer-dir", str(tmp_path)], capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode != 0 and "--peer-dir" in done.stderr and "hopper/test_flash_attn.py" in done.stderr
+
+
+# The census: hand-written cases of each suite with the verdict their parameters give.
+import peer_census  # noqa: E402
+import torch  # noqa: E402
+
+FA3_OUT = {"seqlen_q": 113, "seqlen_k": 203, "d": 128, "V_colmajor": False, "causal": True, "local": True,
+           "softcap": 0.0, "deterministic": False, "has_qv": False, "mha_type": "gqa", "dtype": "bfloat16"}
+FA3_KV = {"seqlen_q": 1, "seqlen_k": 128, "d": 128, "varlen_q": False, "has_batch_idx": False, "has_leftpad": True,
+          "page_size": 4, "rotary_fraction": 0.0, "rotary_interleaved": False, "has_rotary_seqlens": False,
+          "seqlen_new_eq_seqlen_q": True, "causal": False, "local": True, "new_kv": True, "mha_type": "mha",
+          "dtype": "float8_e4m3fn"}
+
+
+@pytest.mark.parametrize(("suite", "function", "params", "status", "gaps", "features"), [
+    ("fa3", "test_flash_attn_output", FA3_OUT, "expressible", (), ("window-list", "attention-chunk")),
+    ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64}, "gap", ("mla-chunk",),
+     ("window-list", "head-dim-v", "attention-chunk")),
+    ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64, "dtype": "float8_e4m3fn"}, "expressible", (),
+     ("window-list", "fp8-forward", "attention-chunk")),
+    ("fa3", "test_flash_attn_output", {**FA3_OUT, "has_qv": True}, "skipped", (), ()),
+    ("fa3", "test_flash_attn_varlen_output", {**FA3_OUT, "d": 64, "seqlen_q": 307, "seqlen_k": 256,
+                                              "add_unused_qkv": True}, "gap", ("mla-seqused",),
+     ("window-tensor", "head-dim-v", "attention-chunk", "seqused")),
+    ("fa3", "test_flash_attn_kvcache", FA3_KV, "expressible", (),
+     ("window-tensor", "attention-chunk", "fp8-q-kvcache", "rotary-seqlens-unused", "paged", "kvcache-index")),
+    ("fa3", "test_flash_attn_kvcache", {**FA3_KV, "seqlen_k": 339}, "skipped", (), ()),
+    ("fa3", "test_flash3_bw_compatibility", {}, "gap", ("op-schemas",), ()),
+    ("fa2", "test_flash_attn_output", {"softcap": 50.0, "dropout_p": 0.17, "local": True}, "skipped", (), ()),
+    ("fa2", "test_flash_attn_varlen_qkvpacked", {"dropout_p": 0.17, "local": True, "alibi": True}, "expressible",
+     (), ("dropout-s-dmask", "window-tensor", "alibi")),
+    ("fa2", "test_flash_attn_varlen_causal", {"local": False, "paged_kv_block_size": 256}, "expressible", (),
+     ("paged-varlen",)),
+    ("fa2", "test_flash_attn_generator_arg_must_be_none", {}, "gap", ("fa2-private-ops",), ()),
+    ("fa2", "test_flash_attn_unknown", {"d": 64}, "expressible", (), ()),
+])
+def test_census_rules_classify_known_cases(suite: str, function: str, params: dict[str, Any], status: str,
+                                           gaps: tuple[str, ...], features: tuple[str, ...]) -> None:
+    verdict = peer_census.classify(suite, function, params)
+    assert (verdict.status, verdict.gaps, verdict.features) == (status, gaps, features)
+
+
+def test_census_counts_per_function_and_rule() -> None:
+    cases = [{"function": "test_flash_attn_output", "params": p} for p in
+             (FA3_OUT, {**FA3_OUT, "d": 64}, {**FA3_OUT, "has_qv": True}, {**FA3_OUT, "local": False})]
+    result = peer_census.census("fa3", cases)
+    assert result["totals"] == {"collected": 4, "skipped": 1, "run": 3, "expressible": 2}
+    assert result["gaps"]["mla-chunk"]["count"] == 1 and result["features"]["window-list"]["count"] == 2
+    text = peer_census.markdown(result)
+    assert "| test_flash_attn_output | 4 | 1 | 3 | 2 | 66.67% |" in text and "- mla-chunk: 1 (33.33%)" in text
+    assert peer_census.plain({"dtype": torch.float8_e4m3fn, "pair": (1, None), "x": object}) == {
+        "dtype": "float8_e4m3fn", "pair": [1, None], "x": repr(object)}
+
+
+def test_the_census_command_reads_collected_cases(tmp_path: Path) -> None:
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(json.dumps({"nodeid": "t.py::test_flash_attn_output[x]", "function": "test_flash_attn_output",
+                                 "params": FA3_OUT}) + "\n")
+    done = subprocess.run([sys.executable, str(RUNNER), "census", "--suite", "fa3", "--cases", str(cases), "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, check=True)
+    assert "| **total** | 1 | 0 | 1 | 1 | 100.00% |" in done.stdout
+    assert json.loads((tmp_path / "census_fa3.json").read_text())["totals"]["expressible"] == 1
+
+
+@pytest.mark.slow
+def test_the_plugin_writes_the_collected_cases(tmp_path: Path) -> None:
+    peer = fake_peer(tmp_path / "peer")
+    out = tmp_path / "out"
+    run_runner(peer, out, "--device", "cpu", "--", "--collect-only", "--peer-collect", str(tmp_path / "c.jsonl"))
+    rows = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert len(rows) == 15 and rows[0] == {"nodeid": "test_flash_attn.py::test_passes[1]", "function": "test_passes",
+                                           "params": {"seqlen_q": 1}}

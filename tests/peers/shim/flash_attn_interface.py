@@ -4,8 +4,9 @@ Each function takes FlashAttention-3's parameters, in its order and with its def
 (``peer_signatures.FA3``), and calls the lazytriton function of the same name: FlashAttention-3's
 ``page_table`` is lazytriton's ``block_table``, and ``return_attn_probs`` returns ``(out, softmax_lse)`` as
 FlashAttention-3 does. An argument lazytriton lacks raises ``peer_shim_common.MissingFeature``; the scheduling
-hints are checked and not used (``peer_shim_common``). Every other argument reaches lazytriton as the peer gave it,
-so lazytriton's own checks judge it.
+hints are checked and not used (``peer_shim_common``), and ``flash_attn_with_kvcache``'s ``rotary_seqlens`` is
+dropped without rotary tables (FlashAttention-3 reads it only with them; lazytriton refuses it alone). Every
+other argument reaches lazytriton as the peer gave it, so lazytriton's own checks judge it.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     check_hints(0, pack_gqa, sm_margin)
     if scheduler_metadata is not None and not isinstance(scheduler_metadata, torch.Tensor):
         raise TypeError(f"scheduler_metadata must be None or a torch.Tensor, got {type(scheduler_metadata).__name__}")
+    if rotary_cos is None:  # FlashAttention-3 reads rotary_seqlens only with rotary tables; lazytriton refuses it
+        rotary_seqlens = None
     return lazytriton.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
         block_table=page_table, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,

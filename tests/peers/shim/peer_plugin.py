@@ -11,6 +11,9 @@ Options (``benchmarks/peer_suites.py`` passes them):
   torch function mode), and ``torch.cuda.get_device_capability``/``get_device_properties`` describe an sm_90
   (the target lazytriton's CPU path compiles for), so the module-level checks of the peers' files pass. lazytriton
   then runs the kernels through Triton's interpreter: a smoke run, at small seqlens only.
+- ``--peer-collect PATH``: writes every collected case (after ``-k``/``-m``, before the sample) as JSON lines,
+  ``{"nodeid", "function", "params"}``, the parameters as ``peer_census.plain`` writes them (what
+  ``benchmarks/peer_suites.py census`` classifies; with ``--collect-only`` nothing runs).
 - ``--peer-summary PATH``: writes the results (``peer_summary``) as JSON at PATH and as text beside it (``.md``);
   ``--peer-meta KEY=VALUE`` adds fields to it (suite, file, peer commit).
 """
@@ -28,6 +31,7 @@ from typing import Any
 
 import pytest
 import torch
+from peer_census import plain
 from peer_select import Case, select
 from peer_summary import Results, markdown
 from torch.overrides import TorchFunctionMode
@@ -68,6 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--peer-max-seqlen", type=int, default=0, help="drop cases with a seqlen* parameter over this")
     group.addoption("--peer-timeout", type=float, default=0.0, help="seconds per phase of a case (0: none)")
     group.addoption("--peer-device", choices=("cuda", "cpu"), default="cuda", help="cpu: map device cuda to CPU")
+    group.addoption("--peer-collect", default=None, help="write every collected case as JSON lines here")
     group.addoption("--peer-summary", default=None, help="write the results as JSON here (and .md beside)")
     group.addoption("--peer-meta", action="append", default=[], help="KEY=VALUE added to the summary")
 
@@ -100,6 +105,12 @@ class PeerRun:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         cases = [Case(item.nodeid.split("::", 1)[-1].split("[")[0], item.nodeid,
                       getattr(getattr(item, "callspec", None), "params", {})) for item in items]
+        collect = config.getoption("--peer-collect")
+        if collect:
+            with open(collect, "w") as f:
+                for case in cases:
+                    f.write(json.dumps({"nodeid": case.nodeid, "function": case.function,
+                                        "params": plain(case.params)}) + "\n")
         kept = set(select(cases, fraction=config.getoption("--peer-sample"), every=config.getoption("--peer-every"),
                           seed=config.getoption("--peer-seed"),
                           min_per_function=config.getoption("--peer-min-per-function"),

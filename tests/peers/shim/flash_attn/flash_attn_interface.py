@@ -3,24 +3,38 @@
 lazytriton's ``flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take
 FlashAttention-2's parameters already; these wrappers fix FlashAttention-2's order and defaults
 (``peer_signatures.FA2``) and add its packed forms, which split the packed tensor into views (gradients flow
-back into it). ``return_attn_probs`` returns lazytriton's ``(out, softmax_lse, None)``: lazytriton returns no
-dropout pattern, and ``_get_block_size_n`` (the peer's tests read that pattern with it) raises ``MissingFeature``.
+back into it). ``return_attn_probs`` returns ``(out, softmax_lse, S_dmask)``: S_dmask is None without dropout, and
+with dropout ``peer_s_dmask``'s (lazytriton's keep mask, replayed from the call's Philox pair, over probabilities
+recomputed in float32), read by the peer's tests in one block of keys a row (``_get_block_size_n``). With
+``block_table``, FlashAttention-2's ``cu_seqlens_k`` gives each sequence's key count: lazytriton's paged form takes
+it as ``seqused_k`` (forward only: q, k and v go in detached).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import peer_s_dmask
 import torch
-from peer_shim_common import MissingFeature
 
 import lazytriton
+from lazytriton.window import window_pair
 
 USE_TRITON_ROCM = False
 
 
 def _get_block_size_n(device: Any, head_dim: int, is_dropout: bool, is_causal: bool) -> int:
-    raise MissingFeature("lazytriton returns no dropout pattern (S_dmask) for return_attn_probs=True")
+    """The keys of a block of S_dmask's running maximum: the whole row (``peer_s_dmask``)."""
+    return peer_s_dmask.WHOLE_ROW
+
+
+def _with_s_dmask(q: torch.Tensor, dropout_p: Any, return_attn_probs: Any, call: Any, s_dmask: Any) -> Any:
+    """``call()``, with S_dmask (``s_dmask(philox)``) in place of lazytriton's None where the peer reads one."""
+    if not (return_attn_probs is True and isinstance(dropout_p, float) and dropout_p > 0
+            and isinstance(q, torch.Tensor)):
+        return call()
+    (out, lse, _), philox = peer_s_dmask.replayed(q.device, call)
+    return out, lse, s_dmask(philox)
 
 
 def _unbind(packed: torch.Tensor, name: str, dim: int, count: int) -> tuple[torch.Tensor, ...]:
@@ -36,9 +50,11 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
                     return_attn_probs: bool = False) -> Any:
     """FlashAttention-2's ``flash_attn_func``: ``lazytriton.flash_attn_func``."""
-    return lazytriton.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                                      window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                      deterministic=deterministic, return_attn_probs=return_attn_probs)
+    return _with_s_dmask(q, dropout_p, return_attn_probs, lambda: lazytriton.flash_attn_func(
+        q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
+        return_attn_probs=return_attn_probs), lambda philox: peer_s_dmask.dense(
+        q, k, philox, dropout_p, softmax_scale, causal, window_pair(window_size), alibi_slopes))
 
 
 def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
@@ -68,11 +84,18 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            deterministic: bool = False, return_attn_probs: bool = False,
                            block_table: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``: ``lazytriton.flash_attn_varlen_func``."""
-    return lazytriton.flash_attn_varlen_func(
+    seqused_k = None
+    if block_table is not None and isinstance(cu_seqlens_k, torch.Tensor):  # the paged form's key counts
+        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        cu_seqlens_k = None
+        q, k, v = (t.detach() if isinstance(t, torch.Tensor) else t for t in (q, k, v))
+    return _with_s_dmask(q, dropout_p, return_attn_probs, lambda: lazytriton.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
-        block_table=block_table)
+        block_table=block_table, seqused_k=seqused_k), lambda philox: peer_s_dmask.packed(
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, philox, dropout_p, softmax_scale, causal,
+        window_pair(window_size), alibi_slopes))
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
