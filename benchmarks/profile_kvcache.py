@@ -66,16 +66,9 @@ def fake_kernels(directory: Path) -> tuple[Any, dict[str, Any]]:
 
 
 def _gpu_append(t: checks.Inputs, call: checks.Call) -> None:
-    """kv_append.binding.append's GPU branch, for CPU tensors (its CPU branch runs the interpreter)."""
-    from lazytriton.kernels.kv_append import BLOCK_M as APPEND_BLOCK_M
-    from lazytriton.kernels.kv_append import grid
-
-    if t.k is None or call.seqlen_new == 0:
-        return
-    aligned, index64 = append_binding.layout_flags(t)
-    kernel = append_binding.plan(t.q.device, t.q.dtype, call, aligned, index64)
-    kernel.launch(grid(call.seqlen_new, call.heads_k, call.batch, APPEND_BLOCK_M), launch.raw_stream(-1),
-                  append_binding.ints(t, call), (), launch.scratch_alloc)
+    """kv_append.binding.append's GPU branch on CPU tensors (its CPU branch runs the interpreter)."""
+    if t.k is not None and call.seqlen_new:
+        append_binding.launch_on_device(t, call, launch.raw_stream(-1))
 
 
 @contextlib.contextmanager

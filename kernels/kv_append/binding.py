@@ -153,10 +153,15 @@ def append(t: Inputs, call: Call) -> None:
         compiler.interpret(KV_APPEND.name, grid(call.seqlen_new, call.heads_k, _grid_batch(call),
                                                 constexprs["BLOCK_M"]), ints(t, call, pointers=lambda x: x), constexprs)
         return
+    launch_on_device(t, call, launch.raw_stream(device.index))
+
+
+def launch_on_device(t: Inputs, call: Call, stream: int) -> None:
+    """``append``'s GPU branch: the planned kernel launched on ``stream`` (tests drive it with CPU tensors)."""
     aligned, index64 = layout_flags(t)
-    kernel = plan(device, t.q.dtype, call, aligned, index64)
-    kernel.launch(grid(call.seqlen_new, call.heads_k, _grid_batch(call), BLOCK_M), launch.raw_stream(device.index),
-                  ints(t, call), (), launch.scratch_alloc)
+    kernel = plan(t.q.device, t.q.dtype, call, aligned, index64)
+    kernel.launch(grid(call.seqlen_new, call.heads_k, _grid_batch(call), BLOCK_M), stream, ints(t, call), (),
+                  launch.scratch_alloc)
 
 
 def _grid_batch(call: Call) -> int:
