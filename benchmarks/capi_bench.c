@@ -19,6 +19,8 @@
 
 #include <lazytriton.h>
 
+#include "bench_clock.h"
+
 enum { BATCH = 200, ROUNDS = 200, WARMUP = 2000 };
 
 static struct {
@@ -40,17 +42,6 @@ static struct {
 static void die(const char *what, int status) {
     fprintf(stderr, "%s failed: status %d (lazytriton's last error: %s)\n", what, status, lt_last_error());
     exit(1);
-}
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 typedef struct {

@@ -15,6 +15,8 @@
 
 #include "lazytriton.h"
 
+#include "bench_clock.h"
+
 enum { BATCH = 1000, ROUNDS = 300, WARMUP = 20000, N_PARAMS = 46 };
 
 static int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
@@ -23,17 +25,6 @@ static void *params[N_PARAMS];
 static int64_t zeros[N_PARAMS];
 static lt_plan *plan;
 static lt_attn_fwd_params p;
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int call(int provider) {
     void *stream = (void *)0x5EA;
