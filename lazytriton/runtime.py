@@ -162,7 +162,10 @@ class Runtime:
 
     @property
     def local(self) -> LocalTier:
-        """The local disk tier, made (and its module imported) on first use: an image hit never needs it."""
+        """The local disk tier, made (and its module imported) on first use.
+
+        An image hit never needs it; a process served from images makes it at exit, to write its hit counts.
+        """
         tier = self._local
         if tier is None:
             with self._local_lock:
