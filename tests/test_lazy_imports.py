@@ -16,6 +16,9 @@
   lazytriton.sdpa`` imports no FP8 forward.
 - An image hit through the runtime's chain never makes the local tier (nor
   imports its module); a miss does.
+- On a GPU, a first call imports no hot.py; a second call of its shape
+  makes the warm path (hot.py's generated function) and gets the same
+  result (GPU test).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_python
+from test_flash_fwd import on_gpu
 from test_image import synthetic_entries
 
 from lazytriton import kernels
@@ -219,3 +223,27 @@ def test_an_image_hit_never_makes_the_local_tier(tmp_path: Path) -> None:
     report = _imported(CHAIN.format(image=str(path), cache_dir=str(tmp_path / "cache"), key=entries[0].key))
     assert report == {"names": ["image", "local"], "hit": [True, "image", False],
                       "miss": [True, True, "LocalTier", True]}
+
+
+WARM_ON_GPU = """
+import json, sys, torch
+import lazytriton
+from lazytriton import runtime
+torch.manual_seed(0)
+q, k, v = (torch.randn((1, 2, 128, 64), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+first = lazytriton.attn_fwd(q, k, v, causal=True)[0]
+after_first = "lazytriton.kernels.flash_fwd.hot" in sys.modules
+plans = len(runtime.get().plans)
+second = lazytriton.attn_fwd(q, k, v, causal=True)[0]
+from lazytriton.kernels.flash_fwd import hot
+torch.cuda.synchronize()
+print(json.dumps({{"first": [after_first, plans > 0],
+                  "second": [getattr(hot.forward_bhsd, "stand_in", False), bool(torch.equal(first, second))],
+                  "interface": [sys.modules["lazytriton.interface"].hot is hot]}}))
+"""
+
+
+@on_gpu
+def test_gpu_the_first_call_leaves_hot_py_and_the_second_makes_the_warm_path() -> None:
+    report = _imported(WARM_ON_GPU.format())
+    assert report == {"first": [False, True], "second": [False, True], "interface": [True]}
