@@ -26,7 +26,11 @@ on a fake libcuda that runs nothing (tests/fake_libcuda.py builds one:
 ``python -c "import sys; sys.path.insert(0, 'tests'); import fake_libcuda,
 pathlib; print(fake_libcuda.build(pathlib.Path('/tmp')))"``); the image must
 hold that target's variants. Times are wall and thread CPU (the second is
-steadier on a shared machine).
+steadier on a shared machine). The route's own CPU time is printed apart
+(``route``): it is mostly the imports of the driver (and, with
+``--working-set``, of the backward's binding), which on a GPU the first call
+or step makes; add it to the first call's to compare processes whose import
+lists differ.
 """
 
 from __future__ import annotations
@@ -101,8 +105,11 @@ from lazytriton.flash import attn_fwd  # noqa: E402
 
 t2, c2 = time.perf_counter(), time.thread_time()
 collections.phase = ""
+after_import = set(sys.modules)  # before the fake driver's route, which imports the driver and the bindings
+c_route = time.thread_time()
 if args.fake_driver:
     cold_start.route_to_fake_driver(args.fake_driver, args.target, backward=args.working_set)
+c_route = time.thread_time() - c_route
 profile = cProfile.Profile()
 before_call = set(sys.modules)
 collections.phase = "first step" if args.working_set else "first call"
@@ -121,13 +128,16 @@ profile.disable()
 rt = runtime.get()
 print(f"{'CPU inputs' if args.fake_driver else 'torch CUDA init'} {1e3 * (t1 - t0):.1f} ms; "
       f"import {1e3 * (t2 - t1):.1f} ms ({1e3 * (c2 - c1):.1f} CPU); "
+      f"{f'route {1e3 * c_route:.1f} ms CPU; ' if args.fake_driver else ''}"
       f"first {'step' if args.working_set else 'call'} {1e3 * (t4 - t3):.1f} ms ({1e3 * (c4 - c3):.1f} CPU)"
       f"{' (profiled)' if args.profile else ''}; GPU wait {1e3 * (t5 - t4):.1f} ms;"
       f" served {dict(rt.served)}; compiles {rt.compiles}; loaded {len(rt.loaded_kernels())};"
       f" triton imported: {'triton' in sys.modules}; torch._dynamo imported: {'torch._dynamo' in sys.modules}")
 print(f"gc: {collections.summary('import')}; {collections.summary('first step' if args.working_set else 'first call')}")
 if args.modules:
-    print(f"the import imported: {sorted(before_call - before_import)}")
+    print(f"the import imported: {sorted(after_import - before_import)}")
+    if args.fake_driver:  # on a GPU the first call imports these itself
+        print(f"the fake driver's route imported: {sorted(before_call - after_import)}")
     print(f"the first {'step' if args.working_set else 'call'} imported: {sorted(set(sys.modules) - before_call)}")
 if args.profile:
     pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)

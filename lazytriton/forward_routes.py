@@ -1,19 +1,58 @@
-"""Which forward serves a call beside flash_fwd's: the FP8 forward or the MLA forward, their modules imported late.
+"""Which forward serves a call beside flash_fwd's general path: the warm path, the FP8 forward or the MLA forward.
 
-The public functions (``lazytriton.interface``) ask here before their own checks. The FP8 forward's modules
-(``lazytriton.fp8_calls``, ``kernels/flash_fwd/fp8.py``) and the MLA forward's (``lazytriton.mla_calls``,
-``kernels/flash_fwd_mla``) come with the first call that needs them, not with ``import lazytriton``: a cold
-process that never runs them never pays their import.
+Their modules are imported late. The public functions (``lazytriton.interface``, ``lazytriton.sdpa``) ask here
+before their own checks. The FP8 forward's modules (``lazytriton.fp8_calls``, ``kernels/flash_fwd/fp8.py``) and
+the MLA forward's (``lazytriton.mla_calls``, ``kernels/flash_fwd_mla``) come with the first call that needs
+them, not with ``import lazytriton``: a cold process that never runs them never pays their import. The warm
+paths' module (``kernels/flash_fwd/hot.py``) comes with the first call it can serve (``WarmPathsLater``).
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Any
 
 import torch
 
-from lazytriton import geometry
+from lazytriton import geometry, runtime
 from lazytriton.kernels.flash_fwd import binding
+
+HOT = "lazytriton.kernels.flash_fwd.hot"
+
+
+def _declined(*args: Any) -> None:
+    """A warm path's answer while nothing can be served warm: None, the general path serves the call."""
+    return None
+
+
+class WarmPathsLater:
+    """Stands in a module's globals for ``kernels/flash_fwd/hot.py`` until one of its warm paths can serve.
+
+    A warm path serves only a shape the runtime has memoised a plan for, so a
+    fresh process's first call never needs hot.py (~40 KiB of bytecode, ~0.3 ms
+    of import). Its functions read here (``hot.forward_bhsd``, ...) decline
+    while no plan is memoised and hot.py is not imported; from then on the
+    module is imported and put in the caller's globals in this stand-in's
+    place, so that its call sites read hot.py's own functions, at no cost
+    per call after that.
+    """
+
+    def __init__(self, namespace: dict[str, Any], name: str) -> None:
+        self._namespace = namespace
+        self._name = name
+
+    def __getattr__(self, function: str) -> Any:
+        if function.startswith("_"):
+            raise AttributeError(function)
+        hot = sys.modules.get(HOT)
+        if hot is None:
+            rt = runtime.current()
+            if rt is None or not rt.plans:
+                return _declined
+            hot = importlib.import_module(HOT)
+        self._namespace[self._name] = hot
+        return getattr(hot, function)
 
 
 def fp8_route(q: Any, descales: tuple[Any, Any, Any]) -> Any:

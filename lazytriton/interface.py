@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 
-from lazytriton.forward_routes import fp8_route, mla_route
+from lazytriton.forward_routes import WarmPathsLater, fp8_route, mla_route
 from lazytriton.kernels.arguments import check_bool, check_dropout, index_tensor
-from lazytriton.kernels.flash_fwd import binding, hot, score_mods
+from lazytriton.kernels.flash_fwd import binding, score_mods
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 from lazytriton.launch import CaptureError as CaptureError  # re-exported: lazytriton.CaptureError
 from lazytriton.window import window_pair
 
+hot: Any = WarmPathsLater(globals(), "hot")  # kernels/flash_fwd/hot.py once a warm path can serve
 _FA_NAMES = binding.Names(q="q", k="k", v="v", causal="causal", scale="softmax_scale")
 _is_compiling = torch.compiler.is_compiling
 # How many dispatch modes are active (C, ~30 ns; torch.utils._python_dispatch._get_current_dispatch_mode reads

@@ -35,16 +35,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lazytriton import config
 from lazytriton.cache_format import Entry
 from lazytriton.config import Settings
 from lazytriton.record import record
-from lazytriton.store import Chain
+from lazytriton.store import Chain, Deferred
 from lazytriton.store.image import ImageTier
-from lazytriton.store.local import LocalTier
 from lazytriton.variant import Variant
+
+if TYPE_CHECKING:
+    from lazytriton.store.local import LocalTier
 
 log = logging.getLogger("lazytriton.runtime")
 
@@ -138,14 +140,16 @@ class Runtime:
         self.settings = settings
         self.generation = -1  # the settings generation it was built for (``get()`` sets it)
         self.images = ImageTier(settings.images)
-        self.local = LocalTier(settings.cache_dir / "entries", size_limit=settings.cache_max_bytes)
+        self._local: LocalTier | None = None  # ``local`` makes it
+        self._local_lock = threading.Lock()
         # Refusals of shared entries are counted with the local tier's persistent counters.
         self.shared = None
         if settings.shared:  # imported only then: a node without a shared tier never loads that code
             from lazytriton.store.shared import open_shared
 
             self.shared = open_shared(settings, count=self.local.count)
-        self.chain = Chain([self.images, self.local, *([self.shared] if self.shared is not None else [])])
+        local = Deferred("local", True, lambda: self.local)  # an image hit never makes it
+        self.chain = Chain([self.images, local, *([self.shared] if self.shared is not None else [])])
         self.plans: dict[tuple[Any, ...], Any] = {}  # the hot path's memo, filled by callers
         self.served: Counter[str] = Counter()
         self.compiles = 0
@@ -155,6 +159,23 @@ class Runtime:
         self._resolving: SingleFlight[tuple[Entry, str]] = SingleFlight()
         self._loading: SingleFlight[Any] = SingleFlight()
         self._counts_lock = threading.Lock()  # counters only: held for a dict update, never across I/O
+
+    @property
+    def local(self) -> LocalTier:
+        """The local disk tier, made (and its module imported) on first use.
+
+        An image hit never needs it; a process served from images makes it at exit, to write its hit counts.
+        """
+        tier = self._local
+        if tier is None:
+            with self._local_lock:
+                tier = self._local
+                if tier is None:
+                    from lazytriton.store.local import LocalTier
+
+                    tier = self._local = LocalTier(self.settings.cache_dir / "entries",
+                                                   size_limit=self.settings.cache_max_bytes)
+        return tier
 
     def resolve(self, variant: Variant) -> Resolved:
         """The verified entry for ``variant``, compiling it if no tier has it.
@@ -374,7 +395,8 @@ def _close(rt: Runtime) -> None:
     """Flush and close what ``rt`` holds open; a thread still using it reopens its tiers on next use."""
     rt.flush_counters()
     atexit.unregister(rt.flush_counters)
-    rt.local.close()
+    if rt._local is not None:  # one never made holds nothing open
+        rt.local.close()
     rt.images.close()
     if rt.shared is not None:
         rt.shared.close()

@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
-from lazytriton import fp8_calls, interface
+from lazytriton import interface
+from lazytriton.forward_routes import WarmPathsLater
 from lazytriton.kernels.arguments import check_bool, check_dropout
-from lazytriton.kernels.flash_fwd import binding, fp8, hot
+from lazytriton.kernels.flash_fwd import binding
 from lazytriton.kernels.flash_fwd import sinks as attention_sinks
 
+hot: Any = WarmPathsLater(globals(), "hot")  # kernels/flash_fwd/hot.py once a warm path can serve
 NAMES = binding.Names(q="query", k="key", v="value", causal="is_causal", scale="scale")
 
 
@@ -194,7 +196,7 @@ def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mas
     query,), attention sinks (gpt-oss's), one logit a query head joining
     every row's denominator after the mask (differentiable).
     """
-    if fp8.is_fp8(query):
+    if isinstance(query, torch.Tensor) and query.dtype in binding.FP8_DTYPES:  # its modules imported then
         return _fp8(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks)
     q4, k4, v4, call, out_shape = prepared(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                            softcap)
@@ -216,6 +218,8 @@ def _fp8(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     and warns (``FP8_WARNING``, here outside torch.compile's trace, which a warning would break). No attn_mask,
     dropout or sinks (the FP8 forward has none), no backward.
     """
+    from lazytriton import fp8_calls
+
     try:
         check_bool("is_causal", is_causal)
         check_bool("enable_gqa", enable_gqa)

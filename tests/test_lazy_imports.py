@@ -9,6 +9,16 @@
   (``kernels.SPEC_HOMES``), not every family's; each row of SPEC_HOMES
   names its kernel's description, in the kernel's family's folder.
 - An image opened and listed imports no zstandard; reading an entry does.
+- ``import lazytriton.flash`` imports none of ``NOT_ON_IMPORT``: the warm
+  paths' module (hot.py, imported once a warm path can serve:
+  ``forward_routes.WarmPathsLater``), the local tier, the Gluon FP8 forward's
+  rule, the other public surfaces and the torch ops; ``import
+  lazytriton.sdpa`` imports no FP8 forward.
+- An image hit through the runtime's chain never makes the local tier (nor
+  imports its module); a miss does.
+- On a GPU, a first call imports no hot.py; a second call of its shape
+  makes the warm path (hot.py's generated function) and gets the same
+  result (GPU test).
 """
 
 from __future__ import annotations
@@ -18,11 +28,20 @@ from pathlib import Path
 
 import pytest
 from conftest import run_python
+from test_flash_fwd import on_gpu
 from test_image import synthetic_entries
 
 from lazytriton import kernels
 from lazytriton.cache_format.image import write_image
 
+# What ``import lazytriton.flash`` (after torch) leaves for a first use that needs it.
+NOT_ON_IMPORT = (
+    "lazytriton.kernels.flash_fwd.hot", "lazytriton.store.local", "lazytriton.kernels.flash_fwd.fp8_gluon",
+    "lazytriton.kernels.flash_fwd.fp8_gluon_spec", "lazytriton.fp8_calls", "lazytriton.mla_calls",
+    "lazytriton.sdpa", "lazytriton.kvcache", "lazytriton.combine", "lazytriton.kvcache_slots", "lazytriton.ops",
+    "lazytriton.ops_varlen", "lazytriton.eager", "lazytriton.preloading", "lazytriton.compiler",
+    "lazytriton.misslog", "lazytriton.cli", "lazytriton.prewarm", "diskcache", "sqlite3", "zstandard", "triton",
+)
 FOLDERS = tuple(kernels.FAMILIES)  # each family has its folder, kernels/<family>/
 # The folders whose parameter lists a folder's descriptions are built from (flash_bwd's take flash_fwd's sizes and
 # pointers): looking up one of its kernels imports them too.
@@ -129,3 +148,102 @@ def test_an_image_imports_its_codec_only_to_read_an_entry(tmp_path: Path) -> Non
     write_image(path, entries)
     report = _imported(IMAGE.format(path=str(path)))
     assert report == {"listed": ["False"], "read": ["True"], "key": [min(e.key for e in entries)]}
+
+
+SURFACES = """
+import json, sys, torch
+before = set(sys.modules)
+import lazytriton.flash
+flash = set(sys.modules)
+import lazytriton.sdpa
+print(json.dumps({"flash": sorted(flash - before), "sdpa": sorted(set(sys.modules) - flash)}))
+"""
+
+
+def _named(imported: list[str], names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if any(module == name or module.startswith(name + ".") for module in imported)]
+
+
+def test_a_plain_import_leaves_the_warm_paths_the_local_tier_and_the_other_surfaces() -> None:
+    report = _imported(SURFACES)
+    assert _named(report["flash"], NOT_ON_IMPORT) == []
+    assert "lazytriton.interface" in report["flash"]  # the check can see what the import brought
+    assert _named(report["sdpa"], ("lazytriton.fp8_calls", "lazytriton.kernels.flash_fwd.fp8",
+                                   "lazytriton.kernels.flash_fwd.hot")) == []
+
+
+WARM_LATER = """
+import json, sys
+from lazytriton import runtime
+from lazytriton.forward_routes import HOT, WarmPathsLater
+namespace = {{}}
+namespace["hot"] = stand_in = WarmPathsLater(namespace, "hot")
+steps = {{}}
+steps["no runtime"] = [stand_in.forward_bhsd(1, 2, 3, True, None) is None, namespace["hot"] is stand_in]
+rt = runtime.get()
+steps["no plan"] = [stand_in.output_bshd(1, 2, 3, True, None) is None, namespace["hot"] is stand_in]
+steps["imported"] = [HOT in sys.modules]
+if {planned!r}:
+    rt.plans[("a plan",)] = None  # a memoised plan: a warm path may serve now
+else:
+    import importlib
+    importlib.import_module(HOT)  # imported by someone else (a test, a benchmark)
+function = stand_in.forward_bhsd
+hot = sys.modules[HOT]
+steps["after"] = [namespace["hot"] is hot, function is hot.forward_bhsd]
+print(json.dumps(steps))
+"""
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_the_warm_paths_module_comes_when_a_plan_exists_or_it_is_imported(planned: bool) -> None:
+    report = _imported(WARM_LATER.format(planned=planned))
+    assert report == {"no runtime": [True, True], "no plan": [True, True], "imported": [False],
+                      "after": [True, True]}
+
+
+CHAIN = """
+import json, sys
+from lazytriton import config, runtime
+config.configure(images=[{image!r}], cache_dir={cache_dir!r})
+rt = runtime.get()
+names = [tier.name for tier in rt.chain.tiers]
+entry, tier = rt.chain.get({key!r})
+hit = [entry.key == {key!r}, tier, "lazytriton.store.local" in sys.modules]
+missed = rt.chain.get("0" * 32)
+print(json.dumps({{"names": names, "hit": hit, "miss": [missed is None, "lazytriton.store.local" in sys.modules,
+                                                       type(rt.local).__name__, rt.chain.tiers[1].tier is rt.local]}}))
+"""
+
+
+def test_an_image_hit_never_makes_the_local_tier(tmp_path: Path) -> None:
+    entries = synthetic_entries(2)
+    path = tmp_path / "hit.ltimg"
+    write_image(path, entries)
+    report = _imported(CHAIN.format(image=str(path), cache_dir=str(tmp_path / "cache"), key=entries[0].key))
+    assert report == {"names": ["image", "local"], "hit": [True, "image", False],
+                      "miss": [True, True, "LocalTier", True]}
+
+
+WARM_ON_GPU = """
+import json, sys, torch
+import lazytriton
+from lazytriton import runtime
+torch.manual_seed(0)
+q, k, v = (torch.randn((1, 2, 128, 64), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+first = lazytriton.attn_fwd(q, k, v, causal=True)[0]
+after_first = "lazytriton.kernels.flash_fwd.hot" in sys.modules
+plans = len(runtime.get().plans)
+second = lazytriton.attn_fwd(q, k, v, causal=True)[0]
+from lazytriton.kernels.flash_fwd import hot
+torch.cuda.synchronize()
+print(json.dumps({{"first": [after_first, plans > 0],
+                  "second": [getattr(hot.forward_bhsd, "stand_in", False), bool(torch.equal(first, second))],
+                  "interface": [sys.modules["lazytriton.interface"].hot is hot]}}))
+"""
+
+
+@on_gpu
+def test_gpu_the_first_call_leaves_hot_py_and_the_second_makes_the_warm_path() -> None:
+    report = _imported(WARM_ON_GPU.format())
+    assert report == {"first": [False, True], "second": [False, True], "interface": [True]}

@@ -14,7 +14,7 @@ import math
 from lazytriton import tuning
 from lazytriton.geometry import causal_mode, padded_head_dim
 from lazytriton.kernels import attention
-from lazytriton.kernels.flash_fwd import fp8_gluon, gluon
+from lazytriton.kernels.flash_fwd import gluon
 from lazytriton.kernels.flash_fwd.fp8_spec import FP8_DTYPES, fp8_default_config, fp8_refusal
 from lazytriton.kernels.flash_fwd.fp8_spec import NAME as FP8_NAME
 from lazytriton.kernels.request import Request
@@ -421,6 +421,8 @@ def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal
     the FP8 forward takes no sinks).
     """
     if dtype in FP8_DTYPES:
+        from lazytriton.kernels.flash_fwd import fp8_gluon  # FP8's rule: a plain call's process never reads it
+
         fp8_twin = None if sinks else fp8_gluon.prewarm_twin(str(target), dtype, head_dim, causal, aligned, index64,
                                                               seqlen_q, seqlen_k)
         return [] if fp8_twin is None else [(fp8_twin, "fp8 gluon table")]
