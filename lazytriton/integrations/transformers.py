@@ -52,12 +52,19 @@ one call:
   transformers warns is wrong). A bidirectional layer's pad queries are
   packed too (SDPA's output).
 - a decoding step (one query a sequence) with a boolean mask: **one** call
-  of the SDPA drop-in with the mask as an additive bias, made once per
-  forward and mask (every layer reuses it); with a softcap, the drop-in's
-  body with the cap applied before the bias (``sdpa.masked``). Nothing is read back to
-  the host, whatever the mask (left or right padding, holes, a static
-  cache's empty slots), so a decoding step never waits for the GPU and can
-  be captured in a CUDA graph; the keys are read in place from the cache.
+  of the decoding kernels (``kvcache.with_key_mask``: split-KV, the GQA group
+  packed so each key is read once) on the cache's tensors as views, with the
+  mask's (batch, kv_len) view as their key mask (KEY_MASK: SDPA's boolean
+  mask, read per key tile), softcap and sinks passed on; served by the
+  decoding call's warm path where it has no softcap or sinks. Where that
+  route does not apply (gradients wanted, a tensor subclass, torch.compile,
+  an unusual layout), one call of the SDPA drop-in with the mask as an
+  additive bias, made once per forward and mask (every layer reuses it);
+  with a softcap, the drop-in's body with the cap applied before the bias
+  (``sdpa.masked``). Either way nothing is read back to the host, whatever
+  the mask (left or right padding, holes, a static cache's empty slots), so
+  a decoding step never waits for the GPU; the keys are read in place from
+  the cache.
 - any other mask (chunks, packed documents, several queries whose window
   spans pads between real keys, custom 4D masks, per-head or additive float
   masks): one call of
@@ -96,7 +103,7 @@ from typing import Any, NamedTuple
 import torch
 
 import lazytriton
-from lazytriton import interface, sdpa
+from lazytriton import interface, kvcache, sdpa
 from lazytriton.integrations import transformers_plan, transformers_varlen
 
 NAME = "lazytriton"
@@ -241,7 +248,8 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
                   scaling: float | None, features: dict[str, Any]) -> torch.Tensor:
     """One query a sequence against a cache under a boolean (batch, 1, 1, kv_len) mask: (batch, heads, 1, d_v).
 
-    The mask as an additive bias (0 where it attends, -inf elsewhere), made on
+    Eager and without gradients, the decoding kernels with the mask as their key mask (``_with_key_mask``).
+    Otherwise the mask as an additive bias (0 where it attends, -inf elsewhere), made on
     the mask's device: nothing is read back to the host. Cached for the mask
     object, its version (an in-place edit makes it again) and the dtype, with
     the call checked for each layout that ran with it, so each further layer
@@ -252,6 +260,9 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     if torch.compiler.is_compiling():
         bias = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(~mask, float("-inf"))
         return _arbitrary(query, key, value, bias, scaling, features)
+    routed = _with_key_mask(query, key, value, mask, scaling, features)
+    if routed is not None:
+        return routed
     entry = _decoding(mask, query.dtype)
     softcap, sinks = features.get("softcap"), features.get("sinks")
     layout = (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), query.device,
@@ -267,6 +278,46 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
         entry.calls[layout] = call
     # Each layer has sinks of its own: the cached call holds none, each call gets its layer's (a cheap check).
     return interface.run(query, key, value, sdpa.with_sinks(call, query, sinks))[0]
+
+
+_KEY_MASK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _with_key_mask(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                   scaling: float | None, features: dict[str, Any]) -> torch.Tensor | None:
+    """A decoding step through the decoding kernels with the mask as their key mask, or None where it does not apply.
+
+    transformers' caches hold (batch, heads_k, kv_len, d): the kernels read them as (batch, kv_len, heads_k, d)
+    views (``transpose(1, 2)``), the whole cache (cache_seqlens None) under the mask's (batch, kv_len) view; q
+    likewise. Plain eager tensors with no gradient wanted, one dtype and device (CUDA, or the CPU's
+    interpreter), contiguous last dims, q's and k's head dim up to 256 (v's up to 512); else None: the bias path.
+    """
+    sinks, softcap = features.get("sinks"), features.get("softcap")
+    tensors = (query, key, value, mask) if sinks is None else (query, key, value, mask, sinks)
+    if any(type(t) is not torch.Tensor for t in tensors):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None  # the decoding kernels have no backward
+    if key.dim() != 4 or value.dim() != 4 or query.dtype not in _KEY_MASK_DTYPES:
+        return None
+    batch, heads, _, dim = query.shape
+    kv_len = key.shape[2]
+    if (key.shape[0] != batch or value.shape[:3] != key.shape[:3] or key.shape[3] != dim or dim > 256
+            or value.shape[3] > 512 or heads % key.shape[1] or mask.shape[0] not in (1, batch)
+            or mask.shape[1:] != (1, 1, kv_len) or kv_len == 0):
+        return None
+    if any(t.dtype != query.dtype or t.device != query.device for t in (key, value)) or mask.device != query.device:
+        return None
+    if query.device.type not in ("cuda", "cpu") or any(t.stride(-1) != 1 for t in (query, key, value)):
+        return None
+    if not (scaling is None or isinstance(scaling, (int, float))) or not (
+            softcap is None or isinstance(softcap, (int, float))):
+        return None
+    out = kvcache.with_key_mask(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                mask[:, 0, 0].expand(batch, kv_len),
+                                softmax_scale=None if scaling is None else float(scaling),
+                                softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
+    return out.transpose(1, 2)  # type: ignore[no-any-return]
 
 
 def _decoding(mask: torch.Tensor, dtype: torch.dtype) -> _Decoding:
