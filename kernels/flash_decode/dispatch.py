@@ -229,7 +229,8 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk", "kv_fp8", "qv")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk", "kv_fp8", "qv",
+                    "key_mask")
 PREWARM_WITH = ("kv_append",)
 PREWARM_MAX_HEAD_DIM_V = 512  # DeepSeek's MLA: v of 512 (--head-dim-v 512, with --qv for its latent cache)
 
