@@ -314,10 +314,27 @@ def _with_key_mask(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             softcap is None or isinstance(softcap, (int, float))):
         return None
     out = kvcache.with_key_mask(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                mask[:, 0, 0].expand(batch, kv_len),
-                                softmax_scale=None if scaling is None else float(scaling),
+                                _key_mask(mask, batch), softmax_scale=None if scaling is None else float(scaling),
                                 softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
     return out.transpose(1, 2)  # type: ignore[no-any-return]
+
+
+# The (batch, kv_len) views of the last few masks (every layer of a forward gets the same mask object): (weak
+# reference, version, batch, view); each view keeps its mask alive (a few bytes a key) until _KEPT newer ones
+# push it out. Replaced, never mutated.
+_key_masks: list[tuple[weakref.ReferenceType[torch.Tensor], int, int, torch.Tensor]] = []
+
+
+def _key_mask(mask: torch.Tensor, batch: int) -> torch.Tensor:
+    """The (batch, kv_len) view of a (batch or 1, 1, 1, kv_len) mask, made once per mask object and version."""
+    global _key_masks
+    for ref, version, rows, view in _key_masks:
+        if ref() is mask and version == mask._version and rows == batch:
+            return view
+    view = mask[:, 0, 0].expand(batch, mask.shape[3])
+    _key_masks = [*[e for e in _key_masks if e[0]() is not None][-(_KEPT - 1):], (weakref.ref(mask), mask._version,
+                                                                                  batch, view)]
+    return view
 
 
 def _decoding(mask: torch.Tensor, dtype: torch.dtype) -> _Decoding:
