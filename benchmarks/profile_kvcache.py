@@ -17,7 +17,10 @@ keys) and on a cache whose split count is 1 (``num_splits=1``: no combine).
 ``--transformers``: a transformers decoding step instead (``integrations.transformers.decoding_step``: its key
 mask route, ``kvcache.with_key_mask``), at bench_transformers.py's shape: batch 8 left-padded (pads 0..448),
 16/4 heads, head dim 128, bf16, one query against a dynamic cache of 576 keys ((batch, heads_k, kv_len, d),
-read as views), beside ``with_key_mask`` alone and the unmasked ``flash_attn_with_kvcache`` read of that shape.
+read as views), beside ``with_key_mask`` alone and the unmasked ``flash_attn_with_kvcache`` read of that shape;
+then, in one process with rounds interleaved, the step's two routes: the key mask (warm) and the bias path (the
+SDPA drop-in with the mask as a bias: flash_fwd's general launch, its sm_90 variant compiled into
+``LAZYTRITON_CACHE_DIR`` on the first call, ``cold_start.route_to_fake_driver``).
 """
 
 from __future__ import annotations
@@ -225,6 +228,40 @@ def _timed(args: dict[str, Any]) -> Callable[[], object]:
     return lambda: call(**args)
 
 
+def route_rows(rounds: int = 7, calls: int = 300) -> list[tuple[str, float]]:
+    """(route, µs) of one transformers decoding step, key mask (warm) and bias path, interleaved rounds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cold_start
+    from fake_libcuda import build
+
+    from lazytriton.integrations import transformers as lt_transformers
+    from lazytriton.kernels.flash_decode import hot
+
+    made = transformers_cases()
+    query, key, value, mask = made["transformers decoding_step, key mask"][1]["step"]
+    with tempfile.TemporaryDirectory() as tmp:
+        cold_start.route_to_fake_driver(str(build(Path(tmp))), "sm_90", backward=False)
+        rt = runtime.get()
+        (Path(tmp) / "decode").mkdir()
+        _, kernels = fake_kernels(Path(tmp) / "decode")
+        for _, args in made.values():
+            memoise(rt, kernels, **{name: x for name, x in args.items() if name != "step"})  # type: ignore[arg-type]
+        binding.gpu_slots = lambda device_index: H200_SMS * binding.PROGRAMS_PER_SM  # type: ignore[assignment]
+        hot.serve = hot.make(cuda=False, get_runtime=runtime.get, raw_stream=lambda device_index: 0)
+        step, saved = lt_transformers.decoding_step, lt_transformers.KEY_MASK_MIN_KEYS
+        best: dict[str, float] = {}
+        for round_ in range(rounds + 1):  # round 0: plans, entries, the bias path's compile
+            for name, least in (("key mask (warm)", 0), ("bias path", 1 << 62)):
+                lt_transformers.KEY_MASK_MIN_KEYS = least  # the route's switch: every step, or none
+                start = time.thread_time()
+                for _ in range(calls):
+                    step(query, key, value, mask, None, {})
+                if round_:
+                    best[name] = min(best.get(name, math.inf), (time.thread_time() - start) / calls * 1e6)
+        lt_transformers.KEY_MASK_MIN_KEYS = saved
+    return list(best.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     step = "--transformers" in (sys.argv[1:] if argv is None else argv)
     results = rows(made=transformers_cases() if step else None)
@@ -232,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case (' + shape + ')':<52} {'warm µs':>8} {'off µs':>8}  (CPU tensors, fake driver)")
     for name, warm, off in results:
         print(f"{name:<52} {warm:8.1f} {off:8.1f}")
+    if step:
+        print("the step's two routes, one process, interleaved (bias path: flash_fwd on the fake driver)")
+        for name, spent in route_rows():
+            print(f"  decoding_step, {name:<36} {spent:8.1f} µs")
     return 0
 
 

@@ -35,9 +35,9 @@ def routed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     real = kvcache.with_key_mask
 
     def recorded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, key_mask: torch.Tensor,
-                 **kw: Any) -> Any:
+                 *args: Any, **kw: Any) -> Any:
         seen.append((tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), tuple(key_mask.shape)))
-        return real(q, k_cache, v_cache, key_mask, **kw)
+        return real(q, k_cache, v_cache, key_mask, *args, **kw)
 
     monkeypatch.setattr(kvcache, "with_key_mask", recorded)
     return seen
@@ -81,8 +81,15 @@ def test_a_decoding_step_takes_the_key_mask_route_and_reads_nothing_back(
         assert torch.equal(got[0], torch.zeros_like(got[0]))
 
 
-def test_where_the_route_does_not_apply_the_bias_path_runs(routed: list[tuple[Any, ...]]) -> None:
+def test_where_the_route_does_not_apply_the_bias_path_runs(routed: list[tuple[Any, ...]],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     q, k, v = _qkv(2, 4, 2, 1, 7)
+    mask = torch.tensor(VALID["left"], dtype=torch.bool)[:, None, None, :]
+    monkeypatch.setattr(lt_transformers, "KEY_MASK_MIN_KEYS", 8)  # shorter steps: the bias path
+    got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
+    torch.testing.assert_close(got, _sdpa(q, k, v, mask, False), atol=1e-5, rtol=1e-5)
+    assert routed == []
+    monkeypatch.setattr(lt_transformers, "KEY_MASK_MIN_KEYS", 0)
     mask = torch.tensor(VALID["left"], dtype=torch.bool)[:, None, None, :]
     want = _sdpa(q, k, v, mask, False)
     q_grad = q.clone().requires_grad_(True)
