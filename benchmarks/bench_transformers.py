@@ -286,13 +286,17 @@ def cprofile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tens
 
 
 def lazytriton_calls(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
-    """The lazytriton entry points a prefill and one decoding step call (all layers): "decoding_step 8, varlen 8"."""
+    """The lazytriton entry points a prefill and one decoding step call (all layers): "decoding_step 8, varlen 8".
+
+    ``key_mask`` counts the decoding steps served by the decoding kernels under the mask (``kvcache.with_key_mask``).
+    """
     import lazytriton
+    from lazytriton import kvcache
     from lazytriton.integrations import transformers as lt_transformers
 
     names = {(lazytriton, "attn_fwd"): "dense", (lazytriton, "flash_attn_varlen_func"): "varlen",
              (lazytriton, "scaled_dot_product_attention"): "sdpa_mask",
-             (lt_transformers, "decoding_step"): "decoding_step"}
+             (lt_transformers, "decoding_step"): "decoding_step", (kvcache, "with_key_mask"): "key_mask"}
     counts: collections.Counter[str] = collections.Counter()
     saved = {where: getattr(*where) for where in names}
 

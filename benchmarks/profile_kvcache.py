@@ -13,6 +13,14 @@ The cases: a read with an int length, a read with a lengths tensor (its eager va
 device: one host synchronisation on a GPU), a decoding step (one new key appended, a lengths tensor), the same
 step inside ``trusted_indices()`` (a serving loop's mode), the same trusted step on a paged cache (pages of 256
 keys) and on a cache whose split count is 1 (``num_splits=1``: no combine).
+
+``--transformers``: a transformers decoding step instead (``integrations.transformers.decoding_step``: its key
+mask route, ``kvcache.with_key_mask``), at bench_transformers.py's shape: batch 8 left-padded (pads 0..448),
+16/4 heads, head dim 128, bf16, one query against a dynamic cache of 576 keys ((batch, heads_k, kv_len, d),
+read as views), beside ``with_key_mask`` alone and the unmasked ``flash_attn_with_kvcache`` read of that shape;
+then, in one process with rounds interleaved, the step's two routes: the key mask (warm) and the bias path (the
+SDPA drop-in with the mask as a bias: flash_fwd's general launch, its sm_90 variant compiled into
+``LAZYTRITON_CACHE_DIR`` on the first call, ``cold_start.route_to_fake_driver``).
 """
 
 from __future__ import annotations
@@ -92,7 +100,7 @@ def memoise(plans: _Plans, kernels: dict[str, Any], **call: Any) -> None:
     from lazytriton import kvcache
 
     t = kvcache.inputs(call["q"], call["k_cache"], call["v_cache"], call.get("k"), call.get("v"),
-                       call.get("cache_seqlens"), None, call.get("block_table"))
+                       call.get("cache_seqlens"), None, call.get("block_table"))._replace(key_mask=call.get("key_mask"))
     c = checks.check(t, num_splits=call.get("num_splits", 0))
     out, _ = binding.empty_outputs(t.q, c)
     _, index64 = binding.layout_flags(t, out)
@@ -130,11 +138,31 @@ def cases(batch: int = 1, heads: tuple[int, int] = (32, 8), head_dim: int = 128,
             "trusted append, 1 split": (True, {**step, "num_splits": 1})}
 
 
-def rows(rounds: int = 7, calls: int = 300) -> list[tuple[str, float, float]]:
+def transformers_cases(batch: int = 8, heads: tuple[int, int] = (16, 4), head_dim: int = 128, keys: int = 576
+                       ) -> dict[str, tuple[bool, dict[str, Any]]]:
+    """(trusted, arguments) of a transformers decoding step (``step``: decoding_step's) and its kernel calls."""
+    gen = torch.Generator().manual_seed(39)
+    hq, hk = heads
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    query, key, value = randn(batch, hq, 1, head_dim), *(randn(batch, hk, keys, head_dim) for _ in range(2))
+    pads = torch.arange(0, 449, 448 // max(batch - 1, 1))[:batch]
+    mask = (torch.arange(keys)[None, :] >= pads[:, None])[:, None, None, :]
+    views = {"q": query.transpose(1, 2), "k_cache": key.transpose(1, 2), "v_cache": value.transpose(1, 2)}
+    return {"transformers decoding_step, key mask": (False, {**views, "key_mask": mask[:, 0, 0],
+                                                             "step": (query, key, value, mask)}),
+            "kvcache.with_key_mask": (False, {**views, "key_mask": mask[:, 0, 0]}),
+            "flash_attn_with_kvcache, no mask": (False, views)}
+
+
+def rows(rounds: int = 7, calls: int = 300, made: dict[str, tuple[bool, dict[str, Any]]] | None = None
+         ) -> list[tuple[str, float, float]]:
     """(case, warm µs, warm path off µs): thread CPU time, the minimum over interleaved rounds."""
     hot = _warm_module()
     plans = _Plans()
-    made = cases()
+    made = made or cases()
     with tempfile.TemporaryDirectory() as tmp, fake_gpu(*_loaded(Path(tmp), plans, made)):
         warm = hot.make(cuda=False, get_runtime=lambda: plans, raw_stream=lambda device_index: 0) if hot else None
         saved = hot.serve if hot else None
@@ -174,20 +202,70 @@ def _loaded(directory: Path, plans: _Plans, made: dict[str, tuple[bool, dict[str
             ) -> tuple[dict[str, Any], _Plans]:
     _, kernels = fake_kernels(directory)
     for _, args in made.values():
-        memoise(plans, kernels, **args)
+        memoise(plans, kernels, **{name: x for name, x in args.items() if name != "step"})
     return kernels, plans
 
 
 def _timed(args: dict[str, Any]) -> Callable[[], object]:
+    if "step" in args:
+        from lazytriton.integrations import transformers as lt_transformers
+
+        step, query, key, value, mask = lt_transformers.decoding_step, *args["step"]
+        return lambda: step(query, key, value, mask, None, {})
+    if "key_mask" in args:
+        from lazytriton import kvcache
+
+        masked = kvcache.with_key_mask
+        return lambda: masked(**args)
     call = lazytriton.flash_attn_with_kvcache
     return lambda: call(**args)
 
 
-def main() -> int:
-    results = rows()
-    print(f"{'case (b1, 32/8 heads, hd128, 4k keys)':<40} {'warm µs':>8} {'off µs':>8}  (CPU tensors, fake driver)")
+def route_rows(rounds: int = 7, calls: int = 300) -> list[tuple[str, float]]:
+    """(route, µs) of one transformers decoding step, key mask (warm) and bias path, interleaved rounds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cold_start
+    from fake_libcuda import build
+
+    from lazytriton.integrations import transformers as lt_transformers
+    from lazytriton.kernels.flash_decode import hot
+
+    made = transformers_cases()
+    query, key, value, mask = made["transformers decoding_step, key mask"][1]["step"]
+    with tempfile.TemporaryDirectory() as tmp:
+        cold_start.route_to_fake_driver(str(build(Path(tmp))), "sm_90", backward=False)
+        rt = runtime.get()
+        (Path(tmp) / "decode").mkdir()
+        _, kernels = fake_kernels(Path(tmp) / "decode")
+        for _, args in made.values():
+            memoise(rt, kernels, **{name: x for name, x in args.items() if name != "step"})  # type: ignore[arg-type]
+        binding.gpu_slots = lambda device_index: H200_SMS * binding.PROGRAMS_PER_SM  # type: ignore[assignment]
+        hot.serve = hot.make(cuda=False, get_runtime=runtime.get, raw_stream=lambda device_index: 0)
+        step, saved = lt_transformers.decoding_step, lt_transformers.KEY_MASK_MIN_KEYS
+        best: dict[str, float] = {}
+        for round_ in range(rounds + 1):  # round 0: plans, entries, the bias path's compile
+            for name, least in (("key mask (warm)", 0), ("bias path", 1 << 62)):
+                lt_transformers.KEY_MASK_MIN_KEYS = least  # the route's switch: every step, or none
+                start = time.thread_time()
+                for _ in range(calls):
+                    step(query, key, value, mask, None, {})
+                if round_:
+                    best[name] = min(best.get(name, math.inf), (time.thread_time() - start) / calls * 1e6)
+        lt_transformers.KEY_MASK_MIN_KEYS = saved
+    return list(best.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    step = "--transformers" in (sys.argv[1:] if argv is None else argv)
+    results = rows(made=transformers_cases() if step else None)
+    shape = "b8 left-padded, 16/4 heads, hd128, 576 keys" if step else "b1, 32/8 heads, hd128, 4k keys"
+    print(f"{'case (' + shape + ')':<52} {'warm µs':>8} {'off µs':>8}  (CPU tensors, fake driver)")
     for name, warm, off in results:
-        print(f"{name:<40} {warm:8.1f} {off:8.1f}")
+        print(f"{name:<52} {warm:8.1f} {off:8.1f}")
+    if step:
+        print("the step's two routes, one process, interleaved (bias path: flash_fwd on the fake driver)")
+        for name, spent in route_rows():
+            print(f"  decoding_step, {name:<36} {spent:8.1f} µs")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""One decoding step's attention of a left-padded batch, three ways, on the GPU: which path a model's step should take.
+"""One decoding step's attention of a left-padded batch, five ways, on the GPU: which path a model's step should take.
 
 The layer of ``bench_transformers.py``'s random Llama (16 query and 4 key/value heads of head dim 128, bf16), one
 query a sequence against a cache of ``--kv`` keys whose first keys are padding (a different pad a row):
@@ -6,7 +6,10 @@ query a sequence against a cache of ``--kv`` keys whose first keys are padding (
 - ``sdpa``: torch's SDPA with the boolean (batch, 1, 1, kv) mask, as transformers' "sdpa" runs it;
 - ``bias``: lazytriton's SDPA drop-in with the mask as an additive bias (the integration's decoding step);
 - ``kvcache``: ``flash_attn_with_kvcache`` on the cache in place (its (batch, heads, kv, d) tensors transposed, no
-  copy) with ``cache_leftpad``: the decoding kernels, the GQA group packed into one tile.
+  copy) with ``cache_leftpad``: the decoding kernels, the GQA group packed into one tile;
+- ``key_mask``: the same kernels with the boolean mask's (batch, kv) view as their key mask
+  (``kvcache.with_key_mask``, KEY_MASK: no cache_leftpad, no value check, the warm path);
+- ``step``: the integration's ``decoding_step`` (transformers' layer call: its route checks, then ``key_mask``).
 
 Each is checked against a float32 reference first (FlashAttention's rule: at most 2x SDPA's own error plus 1e-3),
 then timed: device µs a call (CUDA events over ``--calls`` calls, median of ``--reps`` rounds, the providers'
@@ -29,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from csvlog import append_rows  # noqa: E402
 
 import lazytriton  # noqa: E402
+from lazytriton.integrations import transformers as lt_transformers  # noqa: E402
+from lazytriton.kvcache import with_key_mask as masked  # noqa: E402
 
 FIELDS = ("time", "device", "batch", "kv", "provider", "metric", "value")
 
@@ -57,7 +62,15 @@ def providers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pads: torch.Ten
     def kvcache() -> torch.Tensor:
         return lazytriton.flash_attn_with_kvcache(qc, kc, vc, cache_leftpad=pads).transpose(1, 2)
 
-    return {"sdpa": sdpa, "bias": with_bias, "kvcache": kvcache}
+    keys = mask[:, 0, 0]
+
+    def key_mask() -> torch.Tensor:
+        return masked(qc, kc, vc, keys).transpose(1, 2)
+
+    def step() -> torch.Tensor:
+        return lt_transformers.decoding_step(q, k, v, mask, None, {})
+
+    return {"sdpa": sdpa, "bias": with_bias, "kvcache": kvcache, "key_mask": key_mask, "step": step}
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

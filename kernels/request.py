@@ -60,6 +60,8 @@ class Request:
     slot-addressed cache write (kv_slots) whose slot_mapping is int64
     (SLOT64=true; false: int32). ``qv``: a decoding call with
     FlashAttention-3's qv (DeepSeek's MLA: the scores add qv . v; QV=true on the split kernel).
+    ``key_mask``: a decoding call with lazytriton's per-(batch, key) boolean mask (KEY_MASK=true on the split
+    kernel: a transformers decoding step's mask).
     """
 
     dtype: str
@@ -95,3 +97,4 @@ class Request:
     kv_fp8: str = "none"
     slot64: bool = False
     qv: bool = False
+    key_mask: bool = False

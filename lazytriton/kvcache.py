@@ -272,6 +272,38 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     return (res, lse) if return_softmax_lse else res
 
 
+def with_key_mask(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, key_mask: torch.Tensor,
+                  k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                  cache_seqlens: torch.Tensor | int | None = None, block_table: torch.Tensor | None = None,
+                  softmax_scale: float | None = None, causal: bool = False, softcap: float = 0.0,
+                  sinks: torch.Tensor | None = None, num_splits: int = 0,
+                  return_softmax_lse: bool = False) -> Any:
+    """``flash_attn_with_kvcache`` under a per-(batch, key) boolean mask: lazytriton's own, not FlashAttention's.
+
+    ``key_mask``: (batch, capacity) torch.bool or torch.uint8 on q's device, any strides, True (nonzero) where
+    sequence b sees key position j: SDPA's boolean mask (``kernels/flash_decode/key_mask.py``: a masked key's
+    score is -inf after the cap; a sequence whose keys are all masked gets out 0). The other arguments are
+    ``flash_attn_with_kvcache``'s. Nothing is read back to the host for the mask (its values need no check).
+    Eager calls on plain tensors only: the torch op does not take it (TypeError while tracing). Calls without
+    new keys' value checks, softcap or sinks are served by the warm path (``kernels/flash_decode/hot.py``).
+    """
+    if not isinstance(return_softmax_lse, bool):
+        raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
+    if sinks is None and type(softcap) is float and softcap == 0.0 and not _is_compiling() and not _dispatch_modes():
+        warm = decode_hot.serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                                num_splits, True, return_softmax_lse, None, key_mask)
+        if warm is not None:
+            return warm
+    t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, None, block_table, None, None, None, None, None,
+               sinks)._replace(key_mask=key_mask)
+    call = checks.check(t, softmax_scale, causal, checks.NO_WINDOW, softcap, num_splits)
+    if not _direct(*(x for x in t if isinstance(x, torch.Tensor))):
+        raise TypeError("key_mask is served to eager calls on plain tensors only (no torch.compile, tensor "
+                        "subclass or dispatch mode): pass the mask as an additive bias to the SDPA drop-in there")
+    res, lse = binding.forward(t, call)
+    return (res, lse) if return_softmax_lse else res
+
+
 class Options(NamedTuple):
     """The call's options, in ``checks.check``'s order (the caller's values, unchecked)."""
 
@@ -324,4 +356,4 @@ def serve(t: checks.Inputs, options: Options, out: torch.Tensor | None = None,
     return (res, lse) if out is None else (out.copy_(res), lse)  # the op returns new tensors: one copy
 
 
-__all__ = ["Options", "flash_attn_with_kvcache", "inputs", "serve", "trusted_indices"]
+__all__ = ["Options", "flash_attn_with_kvcache", "inputs", "serve", "trusted_indices", "with_key_mask"]

@@ -188,10 +188,11 @@ class Variant:
 # dQ kernel, with BIAS) is flash_bwd_dq's alone. CHUNK (FlashAttention-3's attention_chunk: each query sees the keys
 # of its own chunk; the size a runtime argument) is flash_fwd's, flash_bwd_dq's, flash_bwd_dkdv's and the decoding
 # split kernel's. QV (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v, v's tile read once for both
-# products) is the decoding split kernel's.
+# products) and KEY_MASK (a per-(batch, key) boolean mask: a transformers decoding step's) are the decoding split
+# kernel's.
 _FLAGS = ("ALIGN16", "SEQ16", "INDEX64", "TMA", "WINDOW", "SOFTCAP", "PAGED", "ALIBI", "BIAS", "DROPOUT", "VARLEN",
           "LEFTPAD", "PAGE_GATHER", "SEQUSED_Q", "SEQUSED_K", "ROTARY", "ROTARY_INTERLEAVED", "SINKS", "BIAS_GRAD",
-          "VARLEN_Q", "CHUNK", "QV")
+          "VARLEN_Q", "CHUNK", "QV", "KEY_MASK")
 # Fields that may be absent, meaning "the same as another field": the value head dim's tile and
 # evenness (BLOCK_DV, EVEN_DV) of the attention kernels are written only where they differ from
 # the query/key head dim's (BLOCK_D, EVEN_D), so the strings of equal-dim calls are what they were.

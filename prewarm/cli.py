@@ -64,7 +64,7 @@ CAUSAL_MODES = ("none", "top_left", "bottom_right")  # geometry.CAUSAL_MODES, wi
 _CAUSAL_ALIASES = {"causal": "top_left"}
 _AXIS_FLAGS = ("dtype", "head_dim", "head_dim_v", "causal", "seqlen_q", "seqlen_k", "unaligned", "index64", "window",
                "softcap", "paged", "varlen", "seqused", "alibi", "dropout", "attn_mask", "bias_grad", "leftpad",
-               "rotary", "sinks", "varlen_q", "attention_chunk", "page_size", "kv_dtype", "qv")
+               "rotary", "sinks", "varlen_q", "attention_chunk", "page_size", "kv_dtype", "qv", "key_mask")
 _PAGED = {"both": (False, True), "paged": (True,), "contiguous": (False,)}
 # --rotary's choices: the rotary modes planned beside the calls without rotary (geometry.ROTARY_MODES).
 _ROTARY = {"interleaved": ("none", "interleaved"), "halves": ("none", "halves"),
@@ -262,6 +262,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="also build the qv (QV=true) variants of flash_decode's split kernel: FlashAttention-3's "
                            "qv in flash_attn_with_kvcache, and MLA's latent cache (v_cache = k_cache[..., :512]), "
                            "which runs them with --head-dim the columns after v's (64) and --head-dim-v 512")
+    axes.add_argument("--key-mask", action="store_true",
+                      help="also build the key-masked (KEY_MASK=true) variants of flash_decode's split kernel: the "
+                           "transformers integration's decoding steps (attn_implementation=\"lazytriton\", a padded "
+                           "batch's boolean mask read per key); with --softcap (Gemma 2) and --sinks (gpt-oss) for "
+                           "those models' steps")
     axes.add_argument("--kv-dtype", choices=tuple(_KV_DTYPES), default=None,
                       help="also build the float8 KV cache (KV_FP8=e4m3/e5m2) variants of flash_decode's split kernel "
                            "and kv_append: k_cache/v_cache in torch.float8_e4m3fn or float8_e5m2 with "
@@ -366,6 +371,7 @@ def _plan(args: argparse.Namespace) -> list[Any]:
                 varlen_q=(False, True) if args.varlen_q else (False,),
                 chunk=(False, True) if args.attention_chunk else (False,),
                 qv=(False, True) if args.qv else (False,),
+                key_mask=(False, True) if args.key_mask else (False,),
                 page_sizes=tuple(dict.fromkeys(args.page_size)) if args.page_size else None,
                 kv_fp8=_KV_DTYPES[args.kv_dtype] if args.kv_dtype else ("none",))
     for note in left_out(axes):

@@ -47,6 +47,8 @@ given, the groups are the default grid:
     chunk     false (``--attention-chunk`` adds true: calls with FlashAttention-3's attention_chunk, CHUNK=true on
               flash_fwd, flash_bwd_dq, flash_bwd_dkdv and flash_decode's split kernel; the chunk size is a runtime
               argument, so one variant serves every size)
+    key_mask  false (``--key-mask`` adds true: decoding calls under lazytriton's per-(batch, key) boolean mask,
+              KEY_MASK=true on the split kernel: what the transformers integration's decoding steps run)
     qv        false (``--qv`` adds true: decoding calls with FlashAttention-3's qv or MLA's latent cache, QV=true
               on the split kernel; not with a float8 cache)
     kv_fp8    none (``--kv-dtype`` adds e4m3, e5m2 or both: decoding calls on a float8 cache, KV_FP8 on the
@@ -145,6 +147,7 @@ class Axes:
     varlen_q: tuple[bool, ...] = (False,)  # decoding kernels only (queries packed by cu_seqlens_q)
     chunk: tuple[bool, ...] = (False,)  # attention_chunk: the families whose PREWARM_FEATURES name it, and flash_fwd
     qv: tuple[bool, ...] = (False,)  # qv (MLA): the families whose PREWARM_FEATURES name it
+    key_mask: tuple[bool, ...] = (False,)  # a key mask (transformers' decoding steps): PREWARM_FEATURES naming it
     kv_fp8: tuple[str, ...] = ("none",)  # decoding kernels, kv_append and kv_slots only: the caches' float8 formats
     # v's head dims (DeepSeek's MLA: q/k 192, v 128); None: v's is q's.
     head_dims_v: tuple[int, ...] | None = None
@@ -352,12 +355,13 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
         buckets = in_table.get((dtype, geometry.padded_value_dim(tiles), causal))
         seqlens = _seqlens(axes, buckets, getattr(rules, "PREWARM_SEQLENS", DEFAULT_SEQLENS))
         for ((aligned, seq16), index64, window, softcap, (is_paged, page), (varlen, *used), alibi, dropout,
-             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, chunk, kv, qv,
+             (bias, bias_grad), leftpad, rotary, sinks, varlen_q, chunk, kv, qv, key_mask,
              (seqlen_q, seqlen_k)) in itertools.product(
                 alignments(kernel, axes.aligned), axes.index64, feature("window"), feature("softcap"), layouts,
                 _packed(feature("varlen"), feature("seqused")), feature("alibi"), feature("dropout"),
                 _biased(feature("bias"), feature("bias_grad")), feature("leftpad"), feature("rotary"),
-                feature("sinks"), feature("varlen_q"), feature("chunk"), feature("kv_fp8"), feature("qv"), seqlens):
+                feature("sinks"), feature("varlen_q"), feature("chunk"), feature("kv_fp8"), feature("qv"),
+                feature("key_mask"), seqlens):
             if bias_grad and varlen:  # the mask's gradient is the SDPA drop-in's: dense calls only
                 continue
             if qv and kv != "none":  # qv takes no float8 cache (flash_decode.mla)
@@ -372,10 +376,10 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                                               seqused_k=used[1], rotary=rotary != "none",
                                               rotary_interleaved=rotary == "interleaved", sinks=sinks,
                                               bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk, kv_fp8=kv,
-                                              qv=qv)
+                                              qv=qv, key_mask=key_mask)
             yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or rotary != "none"
-                         or varlen_q or chunk or head_dim_v or kv != "none" or qv)
+                         or varlen_q or chunk or head_dim_v or kv != "none" or qv or key_mask)
             # A call with sinks runs the twins that carry them (the Gluon forward's: prewarm_twins' sinks).
             extra = {"sinks": True} if sinks else {}
             for twin, origin in (twins(kernel, target, dtype, head_dim, causal, aligned, index64, seqlen_q, seqlen_k,

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in lo
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 POINTER_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "i32": torch.int32,
-                  "i64": torch.int64}
+                  "i64": torch.int64, "u8": torch.uint8}
 
 
 def _alias(address: int, dtype: torch.dtype) -> torch.Tensor:

@@ -473,8 +473,9 @@ def test_layout_flags_take_packed_queries() -> None:
     q = torch.randn(7, 4, 64)
     cache = torch.randn(2, 32, 2, 64)
     out = torch.empty(7, 4, 64)
-    aligned, index64 = binding.layout_flags(SimpleNamespace(q=q, k_cache=cache, v_cache=cache), out)
+    aligned, index64 = binding.layout_flags(SimpleNamespace(q=q, k_cache=cache, v_cache=cache, key_mask=None), out)
     assert aligned == (q.data_ptr() % 16 == 0 and cache.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0)
     assert not index64
     odd = torch.randn(7 * 4 * 64 + 1)[1:].view(7, 4, 64)  # a 4-byte offset: not 16-byte aligned
-    assert binding.layout_flags(SimpleNamespace(q=odd, k_cache=cache, v_cache=cache), out) == (False, False)
+    stub = SimpleNamespace(q=odd, k_cache=cache, v_cache=cache, key_mask=None)
+    assert binding.layout_flags(stub, out) == (False, False)

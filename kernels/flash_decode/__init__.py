@@ -62,6 +62,12 @@ holds ``head_dim_v`` columns of qv followed by ``head_dim`` of the query (its
 strides are that tensor's), so it needs no parameter of its own; the binding
 lays the call out so (``mla.py``: MLA's latent cache is that layout as given,
 ``K`` pointing at the key columns after v's).
+
+``KEY_MASK`` (lazytriton's own: a per-(batch, key) boolean mask, ``key_mask.py``)
+is a flag of the split kernel, written only when true: ``KeyMask`` points at
+one byte a (batch, key position), batch x ``stride_mb`` + key x ``stride_mn``
+(any valid pointer and strides 0 without it); a key whose byte is 0 is not
+seen. The combine kernel merges what the splits saw: it has no such field.
 """
 
 from __future__ import annotations
@@ -80,10 +86,11 @@ _SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Ou
                    ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
                    ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"), ("RotaryCos", "*{dtype}"),
                    ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"), ("Sinks", "*fp32"),
-                   ("CuSeqlensQ", "*i32"), ("KDescale", "*fp32"), ("VDescale", "*fp32"))
+                   ("CuSeqlensQ", "*i32"), ("KDescale", "*fp32"), ("VDescale", "*fp32"), ("KeyMask", "*u8"))
 _SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"),
                                                  ("stride_kdb", "i32"), ("stride_kdh", "i32"),
-                                                 ("stride_vdb", "i32"), ("stride_vdh", "i32"))
+                                                 ("stride_vdb", "i32"), ("stride_vdh", "i32"),
+                                                 ("stride_mb", "{index}"), ("stride_mn", "{index}"))
 
 FLASH_DECODE_SPLIT = KernelSpec(
     name="flash_decode_split",
@@ -117,7 +124,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
                 "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS",
-                "VARLEN_Q", "CHUNK", "KV_FP8", "QV"),
+                "VARLEN_Q", "CHUNK", "KV_FP8", "QV", "KEY_MASK"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
 )

@@ -33,6 +33,7 @@ from lazytriton.kernels.flash_decode import (
     FLASH_DECODE_SPLIT,
     checks,
     combine_grid,
+    key_mask,
     mla,
     split_grid,
     values,
@@ -142,8 +143,8 @@ def _ptr(x: Any) -> int:
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
                  "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks", "CuSeqlensQ", "KDescale", "VDescale",
-                 *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab", "stride_kdb",
-                 "stride_kdh", "stride_vdb", "stride_vdh",
+                 "KeyMask", *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab", "stride_kdb",
+                 "stride_kdh", "stride_vdb", "stride_vdh", "stride_mb", "stride_mn",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
                  "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right",
                  "attention_chunk", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "rotary_per_query",
@@ -165,7 +166,9 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
     table, slopes, rows, pads, sinks = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad, t.sinks
     cos, sin, bases = t.rotary_cos, t.rotary_sin, t.rotary_seqlens
     qs, ks, vs, os = t.q.stride(), t.k_cache.stride(), t.v_cache.stride(), out.stride()
-    cu, kd, vd = t.cu_seqlens_q, t.k_descale, t.v_descale
+    cu, kd, vd, km = t.cu_seqlens_q, t.k_descale, t.v_descale, t.key_mask
+    if km is not None:
+        km = key_mask.kernel_view(km)
     if cu is not None:
         qs, os = (0, *qs), (0, *os)
     kds, vds = checks.descale_strides(kd), checks.descale_strides(vd)
@@ -177,9 +180,10 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
             pointers(lse if bases is None else bases),
             pointers(lse if sinks is None else sinks), pointers(lse if cu is None else cu),
             pointers(lse if kd is None else kd), pointers(lse if vd is None else vd),
+            pointers(lse if km is None else km),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
-            kds[0], kds[1], vds[0], vds[1],
+            kds[0], kds[1], vds[0], vds[1], *key_mask.strides(km),
             call.heads_q // call.heads_k, call.heads_q, call.out_seqlen, call.head_dim, call.value_dim,
             max(call.seqlen_const, 0),
             call.seqlen_new, int(seqlens is not None), int(rows is not None), call.page_size, splits,
@@ -214,12 +218,13 @@ _C_SPLIT = {"Q": "c->qv ? LT__PTR(p->qv) : LT__PTR(p->q)", "K": "LT__PTR(p->k_ca
             "RotarySin": "LT__OR_Q(p->rotary_sin)", "RotarySeqlens": "bases",
             "Sinks": "LT__OR_LSE(p->sinks)", "CuSeqlensQ": "LT__OR_LSE(p->cu_seqlens_q)",
             "KDescale": "LT__OR_LSE(p->k_descale)", "VDescale": "LT__OR_LSE(p->v_descale)",
+            "KeyMask": "LT__PTR(p->lse)",  # the C API takes no key mask (KEY_MASK off): lse's pointer, unread
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
             "stride_ab": "p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0",
             **{f"stride_{t}d{d}": f"c->descale_strides[{i}][{j}]" for i, t in enumerate("kv")
-               for j, d in enumerate("bh")},
+               for j, d in enumerate("bh")}, "stride_mb": "0", "stride_mn": "0",
             "group_size": "c->hq / c->hk", "heads_q": "c->hq", "seqlen_q": "c->out_seqlen", "head_dim": "c->d",
             "head_dim_v": "c->dv", "seqlen_const": "seqlen_const > 0 ? seqlen_const : 0",
             "seqlen_new": "seqlen_new",  # lt_kvcache.c's locals: after_packed_append's view with packed new keys
@@ -258,8 +263,9 @@ def layout_flags(t: Inputs, out: torch.Tensor) -> tuple[bool, bool]:
     aligned = not (q.data_ptr() | kc.data_ptr() | vc.data_ptr() | out.data_ptr() | qs[0] | qs[1] | qs[2] | ks[0]
                    | ks[1] | ks[2] | vs[0] | vs[1] | vs[2] | os[0] | os[1] | os[2]) & 15
     # out counts too: with head_dim_v > head_dim it spans more than q.
-    index64 = max(_extent(q_shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs),
-                  _extent(out_shape, os)) >= checks.INT32_MAX
+    mask = t.key_mask  # its byte offsets too (KEY_MASK)
+    index64 = max(_extent(q_shape, qs), _extent(kc.shape, ks), _extent(vc.shape, vs), _extent(out_shape, os),
+                  0 if mask is None else _extent(mask.shape, mask.stride())) >= checks.INT32_MAX
     return aligned, index64
 
 
@@ -281,7 +287,7 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            leftpad=call.leftpad, rotary=call.rotary,
                                            rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
                                            varlen_q=call.varlen_q, chunk=call.chunked, kv_fp8=call.kv_fp8,
-                                           qv=call.qv, **common)  # type: ignore[arg-type]
+                                           qv=call.qv, key_mask=call.key_mask, **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, sinks=call.sinks,
                                              **common)  # type: ignore[arg-type]
@@ -294,8 +300,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
     The page size through ``page_block_limit``: its largest power-of-two
     divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
     Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``),
-    attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format), qv too (``QV_TAG``, last): a key
-    without them is unchanged.
+    attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format), qv too (``QV_TAG``), a key mask too
+    (``KEY_MASK_TAG``, last): a key without them is unchanged.
     """
     from lazytriton import tuning
 
@@ -304,10 +310,12 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
             decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
             call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
             *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()),
-            *((call.kv_fp8,) if call.kv_fp8 != "none" else ()), *(QV_TAG if call.qv else ()))
+            *((call.kv_fp8,) if call.kv_fp8 != "none" else ()), *(QV_TAG if call.qv else ()),
+            *(KEY_MASK_TAG if call.key_mask else ()))
 
 
-QV_TAG = ("qv",)  # the memo key's last item for a call with qv . v in its scores (MLA)
+QV_TAG = ("qv",)  # the memo key's item for a call with qv . v in its scores (MLA)
+KEY_MASK_TAG = ("key_mask",)  # the memo key's last item for a call with a key mask (KEY_MASK)
 CHUNK_TAG = ("chunk",)  # the memo key's last item for a call with attention_chunk
 SINKS_TAG = ("sinks",)  # the memo key's item for a call with attention sinks
 VARLEN_Q_TAG = ("varlen_q",)  # the memo key's last item for a call whose queries are packed by cu_seqlens_q
@@ -418,7 +426,7 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
              "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q,
-             "CHUNK": call.chunked, "KV_FP8": call.kv_fp8, "QV": call.qv}
+             "CHUNK": call.chunked, "KV_FP8": call.kv_fp8, "QV": call.qv, "KEY_MASK": call.key_mask}
     return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v, "SINKS": call.sinks}
 
 

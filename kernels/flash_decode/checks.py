@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lazytriton.kernels.arguments import MAX_CHUNK, check_chunk, shown
-from lazytriton.kernels.flash_decode import mla
+from lazytriton.kernels.flash_decode import key_mask, mla
 from lazytriton.record import NamedTuple
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -53,6 +53,7 @@ class Inputs(NamedTuple):
     v_descale: torch.Tensor | None = None
     qv: torch.Tensor | None = None
     cu_seqlens_k_new: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = None  # lazytriton's own (batch, capacity) boolean mask (key_mask.py)
 
 
 class Names(NamedTuple):
@@ -132,6 +133,7 @@ class Call(NamedTuple):
     kv_fp8: str = "none"  # the caches' float8 format (KV_FP8), or none: q's dtype
     qv: bool = False  # MLA's qv . v in the scores (QV; mla.py): head_dim is then q's without qv's columns
     varlen_new: bool = False  # new keys packed by cu_seqlens_k_new (seqlen_new: total_new)
+    key_mask: bool = False  # a (batch, capacity) boolean mask of the keys each sequence sees (KEY_MASK; key_mask.py)
 
     @property
     def value_dim(self) -> int:
@@ -309,6 +311,9 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
         call = _chunk(call, attention_chunk)
     if t.qv is not None or shared:
         call = mla.with_qv(call, t, q, softmax_scale, shared)
+    if t.key_mask is not None:
+        key_mask.check(t.key_mask, q, b, capacity, kn)
+        call = call._replace(key_mask=True)
     return call
 
 
@@ -334,7 +339,8 @@ def check_out(out: Any, t: Inputs, call: Call, names: Names = KVCACHE) -> None:
     if _self_overlapping(out):
         raise ValueError(f"out has elements sharing memory (strides {out.stride()} for shape {tuple(out.shape)}): "
                          "each output element needs bytes of its own")
-    for name, x in (("q", q), (names.k_cache, t.k_cache), (names.v_cache, t.v_cache), ("k", t.k), ("v", t.v)):
+    for name, x in (("q", q), (names.k_cache, t.k_cache), (names.v_cache, t.v_cache), ("k", t.k), ("v", t.v),
+                    ("key_mask", t.key_mask)):
         if type(x) is torch.Tensor and _shares_memory(out, x):
             raise ValueError(f"out shares memory with {name}: the kernels read {name} while they write out, so out "
                              "must not overlap it; pass an out of its own")

@@ -120,7 +120,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
                    leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
                    sinks: bool = False, varlen_q: bool = False, chunk: bool = False,
-                   kv_fp8: str = fp8.NONE, qv: bool = False) -> Variant:
+                   kv_fp8: str = fp8.NONE, qv: bool = False, key_mask: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -156,6 +156,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     ``qv`` (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v) is QV=true on the split kernel,
     written only when set; ``head_dim`` is then q's and k's without qv's columns (MLA's 64 beside v's 512).
     v's head dim goes up to 512 (``geometry.padded_value_dim``), q's and k's to 256.
+    ``key_mask`` (lazytriton's per-(batch, key) boolean mask, ``key_mask.py``) is KEY_MASK=true on the split kernel,
+    written only when set, at the tiles of the call without it.
     """
     dv = head_dim_v or head_dim
     if kernel == "flash_decode_combine":
@@ -178,7 +180,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
                            ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size)),
                            ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved),
-                           ("VARLEN_Q", varlen_q), ("CHUNK", chunk), ("QV", qv)):
+                           ("VARLEN_Q", varlen_q), ("CHUNK", chunk), ("QV", qv), ("KEY_MASK", key_mask)):
             if flag:
                 functional[name] = True
         fp8.require(target, kv_fp8)
@@ -214,7 +216,8 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           window=request.window, softcap=request.softcap, alibi=request.alibi,
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
                           rotary_interleaved=request.rotary_interleaved, sinks=request.sinks,
-                          varlen_q=request.varlen_q, chunk=request.chunk, kv_fp8=request.kv_fp8, qv=request.qv)
+                          varlen_q=request.varlen_q, chunk=request.chunk, kv_fp8=request.kv_fp8, qv=request.qv,
+                          key_mask=request.key_mask)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a
@@ -226,7 +229,8 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64, 128)
 PREWARM_SEQLENS = (16, 32, 64)
 PREWARM_PAGED = True
-PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk", "kv_fp8", "qv")
+PREWARM_FEATURES = ("window", "softcap", "alibi", "leftpad", "rotary", "varlen_q", "sinks", "chunk", "kv_fp8", "qv",
+                    "key_mask")
 PREWARM_WITH = ("kv_append",)
 PREWARM_MAX_HEAD_DIM_V = 512  # DeepSeek's MLA: v of 512 (--head-dim-v 512, with --qv for its latent cache)
 

@@ -2,16 +2,17 @@
 
 ``checks.check`` and the binding's packing read a call's tensors' sizes, strides, dtypes and devices, its flags
 and python types, and (for the caches and ``out``) where their bytes lie. The warm path keys an entry on exactly
-the first of these: q, k_cache, v_cache, k, v, cache_seqlens (a tensor, an int, or None), block_table and out
-(each None or its sizes, strides, dtype and device), causal, softmax_scale and num_splits. ``describe`` makes the
-entry on the first call of a key with ``checks.check``, ``checks.check_out``, ``binding.split_ints``,
+the first of these: q, k_cache, v_cache, k, v, cache_seqlens (a tensor, an int, or None), block_table, out and
+key_mask (each None or its sizes, strides, dtype and device), causal, softmax_scale and num_splits. ``describe``
+makes the entry on the first call of a key with ``checks.check``, ``checks.check_out``, ``binding.split_ints``,
 ``kv_append.binding.ints`` and the two ``layout_flags`` themselves (on meta stand-ins of the tensors where it
 needs their strides only), so the checks and the packing stay in one place. A call then does, per call, what no
 key can hold:
 
 - cache_seqlens as an int: its range (0 .. capacity - seqlen_new) and its slot in both kernels' arguments;
 - the bytes: the caches must not overlap (a call whose caches share memory, such as MLA's latent cache, is the
-  general path's), nor ``out`` q, k, v or the caches (``check_out``'s rule, over the byte spans the entry keeps);
+  general path's), nor ``out`` q, k, v, the caches or key_mask (``check_out``'s rule, over the byte spans the
+  entry keeps);
 - the index tensors' values, outside ``trusted_indices()`` and a CUDA graph capture: ``values.check_values``,
   as the general path does on every eager call (one host synchronisation on a GPU);
 - the pointers' 16-byte alignment, which picks the aligned or unaligned plans (as ``layout_flags`` decides).
@@ -22,7 +23,8 @@ combine kernel, each from its entry's constant arguments and the call's pointers
 
 Served: a contiguous or paged cache, cache_seqlens as an int, an int32 tensor or None, new k and v (batch,
 seqlen_new, heads_k, head_dim) or none, GQA/MQA, causal or not, ``out`` (last dim contiguous) or not,
-return_softmax_lse, a forced num_splits. Everything else returns None and the caller takes the general path
+return_softmax_lse, a forced num_splits, lazytriton's key_mask (``key_mask.py``: ``kvcache.with_key_mask``
+passes it; its values need no check). Everything else returns None and the caller takes the general path
 (``kvcache.serve``), which raises the errors, naming the caller's argument, and memoises the plans: a call the
 checks refuse (no entry is made for it), a first call (no plan memoised yet), CPU or meta tensors, a tensor
 subclass, an argument of an unusual type (``causal`` 1, an int scale, a bool num_splits: equal as dict keys to
@@ -65,7 +67,7 @@ from lazytriton.kernels.trust import indices_trusted
 # Each kernel's pointers, in its description's order: the per-call tuple writes them before the entry's ints.
 SPLIT_POINTERS = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
                   "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks", "CuSeqlensQ", "KDescale",
-                  "VDescale")
+                  "VDescale", "KeyMask")
 COMBINE_POINTERS = ("OutPart", "LsePart", "Out", "Lse", "Sinks")
 APPEND_POINTERS = ("K", "V", "KCache", "VCache", "Seqlens", "BatchIdx", "BlockTable", "RotaryCos", "RotarySin",
                    "RotarySeqlens", "KDescale", "VDescale", "CuSeqlensKNew")
@@ -113,7 +115,7 @@ class Entry:
     """What a described shape's calls share: the checked call, allocation shapes, spans, constant ints, plans."""
 
     __slots__ = ("plans", "device", "device_index", "call", "out_size", "lse_size", "lse_numel", "value_checks",
-                 "lens_int", "lens_max", "q_span", "kc_span", "vc_span", "k_span", "v_span", "out_span",
+                 "lens_int", "lens_max", "q_span", "kc_span", "vc_span", "k_span", "v_span", "out_span", "mask_span",
                  "split_strides_aligned", "append_strides_aligned", "split_keys", "append_keys", "split_tail",
                  "append_tail", "out_meta", "lse_meta", "split_ready", "append_ready")
 
@@ -133,6 +135,7 @@ class Entry:
     k_span: int
     v_span: int
     out_span: int
+    mask_span: int  # key_mask's bytes (0: none)
     split_strides_aligned: bool
     append_strides_aligned: bool
     split_keys: tuple[Any, Any]  # binding.memo_key's, (unaligned, aligned)
@@ -191,14 +194,14 @@ class Entry:
 
 def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,
              block_table: Any, softmax_scale: Any, causal: bool, num_splits: int, out: Any,
-             plans: dict[Any, Any]) -> Entry | None:
+             plans: dict[Any, Any], key_mask: Any = None) -> Entry | None:
     """The entry of a call the warm path may serve (``checks.check``, ``checks.check_out``); None: the general path's.
 
     ``out``: the caller's, or None (the entry then allocates one, as ``binding.empty_outputs`` does).
     """
     if any(type(x) is _Tensor and not x.is_contiguous() for x in (lens, block_table)):
         return None  # the general path reads a contiguous copy (index_tensor)
-    t = checks.Inputs(q, k_cache, v_cache, k, v, lens, None, block_table)
+    t = checks.Inputs(q, k_cache, v_cache, k, v, lens, None, block_table, key_mask=key_mask)
     try:
         call = checks.check(t, softmax_scale, causal, checks.NO_WINDOW, 0.0, num_splits)
         checks.check_out(out, t, call)
@@ -209,7 +212,7 @@ def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: A
         return None
     # Stand-ins with the tensors' sizes and strides: the packing and the layout flags read no memory (describe may
     # run during a CUDA graph capture); their pointers are 0, so the flags' alignment is the strides' alone.
-    tm = checks.Inputs(*map(_meta, (q, k_cache, v_cache, k, v, lens, None, block_table)))
+    tm = checks.Inputs(*map(_meta, (q, k_cache, v_cache, k, v, lens, None, block_table)), key_mask=_meta(key_mask))
     out_meta = _meta(out) if out is not None else binding.empty_outputs(tm.q, call)[0]
     lse_meta = binding.empty_lse(tm.q, call)
     split_aligned, split_index64 = binding.layout_flags(tm, out_meta)
@@ -226,6 +229,7 @@ def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: A
         lse_numel=lse_meta.numel(), value_checks=type(lens) is _Tensor or block_table is not None,
         lens_int=type(lens) is int, lens_max=call.capacity - call.seqlen_new, q_span=_span(q),
         kc_span=_span(k_cache), vc_span=_span(v_cache), k_span=_span(k), v_span=_span(v), out_span=_span(out),
+        mask_span=_span(key_mask),
         split_strides_aligned=split_aligned, append_strides_aligned=append_aligned,
         split_keys=tuple(binding.memo_key(device.index, q.dtype, call, aligned, split_index64)
                          for aligned in (False, True)),
@@ -259,7 +263,8 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
     """The warm path: ``flash_attn_with_kvcache``'s result for a call it serves, or None.
 
     ``serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits,
-    rotary_interleaved, return_softmax_lse, out)``, the public function's arguments of those names.
+    rotary_interleaved, return_softmax_lse, out, key_mask=None)``, the public function's arguments of those names
+    (``key_mask``: lazytriton's own, ``kvcache.with_key_mask``'s).
     The caller has sent every call with a rare feature to the general path and checked return_softmax_lse.
     ``cuda=False``: CPU tensors too (tests, profile_kvcache's fake driver), their devices in the key by
     ``Tensor.device`` (a CPU and a meta tensor share ``get_device()``'s -1).
@@ -271,7 +276,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
 
     def serve(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any,
               softmax_scale: Any, causal: Any, num_splits: Any, rotary_interleaved: Any, return_lse: bool,
-              out: Any) -> Any:
+              out: Any, key_mask: Any = None) -> Any:
         if type(q) is not _Tensor or not (q.is_cuda if cuda else q.is_cpu) or type(k_cache) is not _Tensor \
                 or type(v_cache) is not _Tensor:
             return None
@@ -306,22 +311,26 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
         key = (q.shape, q.stride(), q.dtype, where(q), k_cache.shape, k_cache.stride(), k_cache.dtype,
                where(k_cache), v_cache.shape, v_cache.stride(), v_cache.dtype, where(v_cache), new_key, lens_key,
                table_key, out_key, causal, softmax_scale, num_splits)
+        if key_mask is not None:
+            if type(key_mask) is not _Tensor:
+                return None
+            key += (key_mask.shape, key_mask.stride(), key_mask.dtype, where(key_mask))
         plans = get_runtime().plans
         entry = shapes.get(key)
         if entry is None or entry.plans is not plans:
             if new_key is False:
                 return None
             entry = describe(q, k_cache, v_cache, k, v, lens, block_table, softmax_scale, causal, num_splits, out,
-                             plans)
+                             plans, key_mask)
             if entry is None:
                 return None
             if len(shapes) >= MAX_SHAPES:
                 shapes.clear()
             shapes[key] = entry
-        return run(entry, q, k_cache, v_cache, k, v, lens, block_table, return_lse, out)
+        return run(entry, q, k_cache, v_cache, k, v, lens, block_table, return_lse, out, key_mask)
 
     def run(entry: Entry, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,
-            block_table: Any, return_lse: bool, out: Any) -> Any:
+            block_table: Any, return_lse: bool, out: Any, key_mask: Any) -> Any:
         """The call of a described shape: what no key holds checked, then the outputs and the launches."""
         if entry.lens_int and not 0 <= lens <= entry.lens_max:
             return None  # the general path raises the range's error
@@ -338,7 +347,8 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             if (_overlaps(out_ptr, out_span, q_ptr, entry.q_span) or _overlaps(out_ptr, out_span, kc_ptr, kc_span)
                     or _overlaps(out_ptr, out_span, vc_ptr, vc_span)
                     or (k is not None and (_overlaps(out_ptr, out_span, k.data_ptr(), entry.k_span)
-                                           or _overlaps(out_ptr, out_span, v.data_ptr(), entry.v_span)))):
+                                           or _overlaps(out_ptr, out_span, v.data_ptr(), entry.v_span)))
+                    or (key_mask is not None and _overlaps(out_ptr, out_span, key_mask.data_ptr(), entry.mask_span))):
                 return None  # check_out's error, from the general path
         aligned = 1 if entry.split_strides_aligned and not (q_ptr | kc_ptr | vc_ptr | out_ptr) & 15 else 0
         split = entry.split_ready[aligned] or entry.split_launch(aligned)
@@ -379,7 +389,8 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
         part_out, part_lse = (work_ptr, work_ptr + partial_lse) if splits > 1 else (lse_ptr, lse_ptr)
         ints = ((q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, part_out, part_lse,
                  lse_ptr if lens_ptr is None else lens_ptr, lse_ptr, lse_ptr if table_ptr is None else table_ptr,
-                 lse_ptr, lse_ptr, q_ptr, q_ptr, lse_ptr, lse_ptr, lse_ptr, lse_ptr, lse_ptr)
+                 lse_ptr, lse_ptr, q_ptr, q_ptr, lse_ptr, lse_ptr, lse_ptr, lse_ptr, lse_ptr,
+                 lse_ptr if key_mask is None else key_mask.data_ptr())
                 + head + ((lens,) + rest if entry.lens_int else ()))
         _launch(split_kernel, grid, stream, ints, floats)
         if splits > 1:

@@ -24,7 +24,9 @@ softmax in float32 or float64; a query that sees no key gets 0 and lse -inf.
 A float8 cache (``kv_fp8.py``: it holds x / descale) takes its new keys and
 values as ``quantised`` writes them, and is read dequantised: each key of
 sequence b and head h times k_descale's (b, h) entry, in q's dtype (exact in
-float64).
+float64). With ``key_mask`` ((batch, capacity) booleans, lazytriton's own:
+``key_mask.py``), query i of sequence b also needs key_mask[b, j] to see key
+j (SDPA's boolean mask: the score -inf, after the cap and ALiBi).
 Nothing passed in is modified: the caches come back updated as copies.
 """
 
@@ -102,7 +104,7 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
                       rotary_interleaved: bool = True, rotary_seqlens: torch.Tensor | None = None,
                       k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
-                      qv: torch.Tensor | None = None
+                      qv: torch.Tensor | None = None, key_mask: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, k_cache after the append, v_cache after it), in q's layout (batch, seqlen_q, heads, head_dim_v).
 
@@ -171,6 +173,8 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             keep &= cols >= diag - left
         if cache_leftpad is not None:
             keep &= cols >= int(cache_leftpad[b])
+        if key_mask is not None:
+            keep &= key_mask[b, :length].bool()[None, :]
         scores = scores.masked_fill(~keep, float("-inf"))
         row_lse = torch.logsumexp(scores, dim=-1)  # (hq, sq)
         probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)

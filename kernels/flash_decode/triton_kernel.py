@@ -84,6 +84,16 @@ against a cache whose first head_dim_v columns are v, is that layout as
 given), so S = (q . k + qv . v) x sm_scale. The V tile loaded for P . V
 serves the qv product too: each key's bytes are read once.
 
+``KEY_MASK`` (lazytriton's own, for SDPA's boolean (batch, 1, 1, kv_len)
+mask of a decoding step: ``key_mask.py``) reads one byte a (batch, key) from
+``KeyMask`` at batch x ``stride_mb`` + key x ``stride_mn``, per key tile: a
+key whose byte is 0 gets score -inf before the row's max (after the cap and
+ALiBi, as SDPA's boolean mask after eager's cap), for every query row and
+head of the batch. A row whose keys are all masked gets what a query that
+sees no key gets: out 0 and lse -inf (with a sink: lse the sink), which is
+PyTorch's SDPA's output for a fully masked row (0). A masked key's K and V
+are still read (a NaN there reaches the output, as in SDPA).
+
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
 flattened (batch, query head, query) rows. First the total lse over the
 splits (BLOCK_N of them per step, online), then out = sum over splits of
@@ -150,15 +160,16 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, a
 @triton.jit
 def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, offs_dv, rows_i, slopes,
             length, offset, head_dim, head_dim_v, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
-            window_left, window_right, qk_scale, cap, leftpad, attention_chunk,
+            window_left, window_right, qk_scale, cap, leftpad, attention_chunk, key_mask, stride_mn,
             MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
             IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr, CHUNK: tl.constexpr,
-            QV: tl.constexpr):
+            QV: tl.constexpr, KEY_MASK: tl.constexpr):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2).
 
     A float8 cache's tiles are converted to q's dtype as they are loaded (a no-op for a cache of q's dtype).
-    With ``QV`` the scores add ``qv`` . v (the V tile of P . V).
+    With ``QV`` the scores add ``qv`` . v (the V tile of P . V). With ``KEY_MASK`` a key whose byte at
+    ``key_mask`` + key x ``stride_mn`` is 0 scores -inf.
     """
     cols = start_n + offs_n
     if PAGE_GATHER:  # the block spans pages: each key's page (only those of keys in [leftpad, length) are read)
@@ -216,6 +227,11 @@ def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, off
     diag = rows_i[:, None] + offset  # the key each row's query sits on
     if ALIBI:
         qk = qk - (slopes * LOG2E)[:, None] * tl.abs(diag - cols[None, :]).to(tl.float32)
+    if KEY_MASK:  # one byte a key of this batch: 0 is masked (SDPA's boolean mask, the same for every row)
+        if MASKED:
+            allowed = tl.load(key_mask + cols * stride_mn, mask=cols < length, other=0) != 0
+        else:
+            allowed = tl.load(key_mask + cols * stride_mn) != 0
     if MASKED:
         keep = (cols < length)[None, :] & (rows_i >= 0)[:, None]
         if LEFTPAD:
@@ -227,7 +243,12 @@ def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, off
         if CHUNK:
             first = chunk_start(diag, attention_chunk)
             keep = keep & (cols[None, :] >= first) & (cols[None, :] < first + attention_chunk)
+        if KEY_MASK:
+            keep = keep & allowed[None, :]
         qk = tl.where(keep, qk, float("-inf"))
+    elif KEY_MASK:
+        qk = tl.where(allowed[None, :], qk, float("-inf"))
+    if MASKED or KEY_MASK:
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # A row with no visible key so far keeps m = -inf; subtract 0 instead (no NaN from -inf - -inf).
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -272,12 +293,12 @@ def _with_sink(m_i, l_i, sink):
 @triton.jit
 def flash_decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad, RotaryCos, RotarySin,
-    RotarySeqlens, Sinks, CuSeqlensQ, KDescale, VDescale,
+    RotarySeqlens, Sinks, CuSeqlensQ, KDescale, VDescale, KeyMask,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    stride_tb, stride_ab, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    stride_tb, stride_ab, stride_kdb, stride_kdh, stride_vdb, stride_vdh, stride_mb, stride_mn,
     group_size, heads_q, seqlen_q, head_dim, head_dim_v, seqlen_const, seqlen_new, use_seqlens, use_batch_idx,
     page_size, num_splits, window_left, window_right, attention_chunk, rotary_dim, seqlen_ro, use_rotary_seqlens,
     rotary_per_query, use_k_descale, use_v_descale, sm_scale, softcap,
@@ -287,7 +308,7 @@ def flash_decode_split_kernel(
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
     PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
     SINKS: tl.constexpr = False, VARLEN_Q: tl.constexpr = False, CHUNK: tl.constexpr = False,
-    KV_FP8: tl.constexpr = "none", QV: tl.constexpr = False,
+    KV_FP8: tl.constexpr = "none", QV: tl.constexpr = False, KEY_MASK: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
@@ -352,6 +373,7 @@ def flash_decode_split_kernel(
         k_base += cache_row * stride_kb
         v_base += cache_row * stride_vb
     table = BlockTable + cache_row * stride_tb
+    key_mask = KeyMask + batch * stride_mb  # this batch's bytes (KEY_MASK; unread without it)
     slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
     if ALIBI:
         slopes = tl.load(Alibi + batch * stride_ab + heads, mask=row_ok, other=0.0)
@@ -386,20 +408,20 @@ def flash_decode_split_kernel(
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                attention_chunk, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
-                                LEFTPAD, PAGE_GATHER, CHUNK, QV)
+                                attention_chunk, key_mask, stride_mn, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW,
+                                SOFTCAP, ALIBI, IEEE, LEFTPAD, PAGE_GATHER, CHUNK, QV, KEY_MASK)
     for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                attention_chunk, False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
-                                LEFTPAD, PAGE_GATHER, CHUNK, QV)
+                                attention_chunk, key_mask, stride_mn, False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW,
+                                SOFTCAP, ALIBI, IEEE, LEFTPAD, PAGE_GATHER, CHUNK, QV, KEY_MASK)
     for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                attention_chunk, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW, SOFTCAP, ALIBI, IEEE,
-                                LEFTPAD, PAGE_GATHER, CHUNK, QV)
+                                attention_chunk, key_mask, stride_mn, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW,
+                                SOFTCAP, ALIBI, IEEE, LEFTPAD, PAGE_GATHER, CHUNK, QV, KEY_MASK)
 
     if KV_FP8 != "none":  # the cache holds v / v_descale
         acc = acc * _descale(VDescale, batch * stride_vdb + kv_head * stride_vdh, use_v_descale)

@@ -463,7 +463,8 @@ def add_parser(sub: Any) -> None:
                        ("attention-chunk", "FlashAttention-3's attention_chunk (CHUNK=true on flash_fwd, flash_bwd "
                                            "and flash_decode's split kernel; the size is a runtime argument)"),
                        ("qv", "flash_decode: FlashAttention-3's qv (QV=true on the split kernel; MLA's latent "
-                              "cache, 576/512, is --head-dim 64 --head-dim-v 512 --qv)")):
+                              "cache, 576/512, is --head-dim 64 --head-dim-v 512 --qv)"),
+                       ("key-mask", "flash_decode: a key mask (KEY_MASK=true: transformers' decoding steps)")):
         ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
     ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
                     help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "

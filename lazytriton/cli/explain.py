@@ -96,7 +96,8 @@ def explain_report(args: argparse.Namespace) -> Report:
                         head_dim_v=head_dim_v, page_size=page, leftpad=flags["leftpad"],
                         rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
                         bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"],
-                        kv_fp8=kv_dtype, slot64=(slots or "int64") == "int64", qv=flags["qv"])
+                        kv_fp8=kv_dtype, slot64=(slots or "int64") == "int64", qv=flags["qv"],
+                        key_mask=flags["key_mask"])
     for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
@@ -204,6 +205,9 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     if flags.get("qv") and not (decoding or mla):
         raise ValueError(f"--qv is flash_attn_with_kvcache's qv (MLA): only flash_decode and kv_append take it, not "
                          f"{', '.join(kernels)} (flash_attn_func's qv is flash_fwd_mla's)")
+    if flags.get("key_mask") and not decoding:
+        raise ValueError(f"--key-mask is the decoding kernels' key mask (transformers' decoding steps): only "
+                         f"flash_decode and kv_append take it, not {', '.join(kernels)}")
     if kv_dtype != "none" and not decoding:
         raise ValueError(f"--kv-dtype is flash_attn_with_kvcache's float8 cache: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
@@ -306,9 +310,11 @@ def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: in
     caches = (meta(*cache, 1, head_dim, of=cache_dtype), meta(*cache, 1, head_dim_v, of=cache_dtype)) if cache_dtype \
         else (meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v))
     qv = meta(*q.shape[:-1], head_dim_v) if flags.get("qv") else None
+    capacity = blocks * page if page else cache[1]
+    key_mask = meta(1, capacity, of=torch.bool) if flags.get("key_mask") else None
     inputs = decode.Inputs(q, *caches, *new, lens, None, table, slopes,
                            pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None, qv=qv,
-                           cu_seqlens_k_new=cu_new)
+                           cu_seqlens_k_new=cu_new, key_mask=key_mask)
     decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved",
                  max_seqlen_q=seqlen_q if packed else None, attention_chunk=chunk)
 
@@ -317,14 +323,14 @@ def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
     From ``--window``, ``--softcap``, ``--alibi``, ``--dropout``, ``--attn-mask``, ``--bias-grad``,
-    ``--leftpad``, ``--seqused-q``, ``--seqused-k``, ``--sinks``, ``--varlen-q``, ``--attention-chunk`` and
-    ``--qv``.
+    ``--leftpad``, ``--seqused-q``, ``--seqused-k``, ``--sinks``, ``--varlen-q``, ``--attention-chunk``,
+    ``--qv`` and ``--key-mask``.
     """
     return {name: bool(getattr(args, attr, False)) for name, attr in
             (("window", "window"), ("softcap", "softcap"), ("alibi", "alibi"), ("dropout", "dropout"),
              ("bias", "attn_mask"), ("bias_grad", "bias_grad"), ("leftpad", "leftpad"), ("seqused_q", "seqused_q"),
              ("seqused_k", "seqused_k"), ("sinks", "sinks"), ("varlen_q", "varlen_q"), ("chunk", "attention_chunk"),
-             ("qv", "qv"))}
+             ("qv", "qv"), ("key_mask", "key_mask"))}
 
 
 def tier_verdicts(rt: Any, key: str) -> Report:
@@ -380,6 +386,8 @@ def print_explain(report: Report) -> None:
               + ("; qv (QV=true on the split kernel): the scores add qv . v, the V tile read once for both "
                  "products; MLA's latent cache (v_cache = k_cache[..., :512], head dim 576) runs this variant at "
                  "head_dim 64" if call.get("qv") else "")
+              + ("; a key mask (KEY_MASK=true on the split kernel): a (batch, key) byte read per key tile, 0 "
+                 "masks the key (SDPA's boolean mask: transformers' decoding steps)" if call.get("key_mask") else "")
               + "; the combine runs only when a call splits its keys")
     if call["kernel"] == "kv_slots":
         print(f"         kv_slots: seqlen_q counts the tokens written, seqlen_k the cache's slots; slot_mapping "

@@ -52,12 +52,19 @@ one call:
   transformers warns is wrong). A bidirectional layer's pad queries are
   packed too (SDPA's output).
 - a decoding step (one query a sequence) with a boolean mask: **one** call
-  of the SDPA drop-in with the mask as an additive bias, made once per
-  forward and mask (every layer reuses it); with a softcap, the drop-in's
-  body with the cap applied before the bias (``sdpa.masked``). Nothing is read back to
-  the host, whatever the mask (left or right padding, holes, a static
-  cache's empty slots), so a decoding step never waits for the GPU and can
-  be captured in a CUDA graph; the keys are read in place from the cache.
+  of the decoding kernels (``kvcache.with_key_mask``: split-KV, the GQA group
+  packed so each key is read once) on the cache's tensors as views, with the
+  mask's (batch, kv_len) view as their key mask (KEY_MASK: SDPA's boolean
+  mask, read per key tile), softcap and sinks passed on; served by the
+  decoding call's warm path where it has no softcap or sinks. Where that
+  route does not apply (gradients wanted, a tensor subclass, torch.compile,
+  an unusual layout), one call of the SDPA drop-in with the mask as an
+  additive bias, made once per forward and mask (every layer reuses it);
+  with a softcap, the drop-in's body with the cap applied before the bias
+  (``sdpa.masked``). Either way nothing is read back to the host, whatever
+  the mask (left or right padding, holes, a static cache's empty slots), so
+  a decoding step never waits for the GPU; the keys are read in place from
+  the cache.
 - any other mask (chunks, packed documents, several queries whose window
   spans pads between real keys, custom 4D masks, per-head or additive float
   masks): one call of
@@ -96,7 +103,7 @@ from typing import Any, NamedTuple
 import torch
 
 import lazytriton
-from lazytriton import interface, sdpa
+from lazytriton import interface, kvcache, sdpa
 from lazytriton.integrations import transformers_plan, transformers_varlen
 
 NAME = "lazytriton"
@@ -183,7 +190,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return out.transpose(1, 2).contiguous(), None
     batch, _, q_len = query.shape[:3]
     if q_len == 1 and _one_boolean_mask(attention_mask):
-        return decoding_step(query, key, value, attention_mask, scaling, features).transpose(1, 2).contiguous(), None
+        return decoding_step(query, key, value, attention_mask, scaling, features, bshd=True), None
     found = transformers_varlen.layout(attention_mask, batch, q_len, key.shape[2], module_causal)
     if isinstance(found, transformers_varlen.Packed):
         return transformers_varlen.run_packed(found, query, key, value, scaling, features), None
@@ -238,10 +245,12 @@ _KEPT = 8
 
 
 def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                  scaling: float | None, features: dict[str, Any]) -> torch.Tensor:
+                  scaling: float | None, features: dict[str, Any], bshd: bool = False) -> torch.Tensor:
     """One query a sequence against a cache under a boolean (batch, 1, 1, kv_len) mask: (batch, heads, 1, d_v).
 
-    The mask as an additive bias (0 where it attends, -inf elsewhere), made on
+    ``bshd``: (batch, 1, heads, d_v) contiguous instead (what the attention function returns).
+    Eager and without gradients, the decoding kernels with the mask as their key mask (``_with_key_mask``).
+    Otherwise (``_biased_step``) the mask as an additive bias (0 where it attends, -inf elsewhere), made on
     the mask's device: nothing is read back to the host. Cached for the mask
     object, its version (an in-place edit makes it again) and the dtype, with
     the call checked for each layout that ran with it, so each further layer
@@ -251,7 +260,18 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     """
     if torch.compiler.is_compiling():
         bias = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(~mask, float("-inf"))
-        return _arbitrary(query, key, value, bias, scaling, features)
+        out = _arbitrary(query, key, value, bias, scaling, features)
+    else:
+        routed = _with_key_mask(query, key, value, mask, scaling, features)
+        if routed is not None:
+            return routed if bshd else routed.transpose(1, 2)
+        out = _biased_step(query, key, value, mask, scaling, features)
+    return out.transpose(1, 2).contiguous() if bshd else out
+
+
+def _biased_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                 scaling: float | None, features: dict[str, Any]) -> torch.Tensor:
+    """``decoding_step`` through the SDPA drop-in with the mask's bias, each layout's checked call kept."""
     entry = _decoding(mask, query.dtype)
     softcap, sinks = features.get("softcap"), features.get("sinks")
     layout = (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), query.device,
@@ -267,6 +287,78 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
         entry.calls[layout] = call
     # Each layer has sinks of its own: the cached call holds none, each call gets its layer's (a cheap check).
     return interface.run(query, key, value, sdpa.with_sinks(call, query, sinks))[0]
+
+
+_KEY_MASK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_Tensor = torch.Tensor
+# The fewest keys a decoding step takes the key-mask route from (shorter steps: the bias path). Host cost of one
+# layer's step on CPU with the fake driver (benchmarks/profile_kvcache.py --transformers, batch 8, 16/4 heads,
+# hd128, 576 keys): 25.7 µs by the key mask, 19.2 by the bias path (two launches and a workspace against one
+# launch). On the device the key mask reads each key once per key/value head, the bias path once per query head:
+# at batch 8, 16/4 heads and 2048 keys, 34 MB against 134 MB, ~25 µs more at 4 TB/s, past the host's ~6. So from
+# 2048 keys the route is predicted faster, and shorter steps (host-bound) keep the bias path's one launch. Not
+# measured on a GPU yet (benchmarks/NOTES.md, 12-05 26th): `experiments/probe_decode_step.py`'s crossover goes here.
+KEY_MASK_MIN_KEYS = 2048
+
+
+def _with_key_mask(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                   scaling: float | None, features: dict[str, Any]) -> torch.Tensor | None:
+    """A decoding step through the decoding kernels with the mask as their key mask, or None where it does not apply.
+
+    transformers' caches hold (batch, heads_k, kv_len, d): the kernels read them as (batch, kv_len, heads_k, d)
+    views (``transpose(1, 2)``), the whole cache (cache_seqlens None) under the mask's (batch, kv_len) view; q
+    likewise. Returns (batch, 1, heads, d_v), contiguous. Plain eager tensors with no gradient wanted, one dtype
+    and device (CUDA, or the CPU's interpreter), contiguous last dims, q's and k's head dim up to 256 (v's up to
+    512); else None: the bias path. Every check reads sizes and flags only (a few µs: this runs every layer).
+    """
+    sinks, softcap = features.get("sinks"), features.get("softcap")
+    if not (type(query) is _Tensor and type(key) is _Tensor and type(value) is _Tensor and type(mask) is _Tensor
+            and (sinks is None or type(sinks) is _Tensor)):
+        return None
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
+                                    or (sinks is not None and sinks.requires_grad)):
+        return None  # the decoding kernels have no backward
+    dtype, device = query.dtype, query.device
+    if (dtype not in _KEY_MASK_DTYPES or key.dtype is not dtype or value.dtype is not dtype
+            or not (device == key.device == value.device == mask.device) or key.dim() != 4 or value.dim() != 4
+            or not (query.is_cuda or query.is_cpu)):
+        return None
+    batch, heads, _, dim = query.shape
+    kv_len = key.shape[2]
+    if (key.shape[0] != batch or value.shape[:3] != key.shape[:3] or key.shape[3] != dim or dim > 256
+            or value.shape[3] > 512 or heads % key.shape[1] or mask.shape[0] not in (1, batch)
+            or mask.shape[1:] != (1, 1, kv_len) or kv_len == 0 or kv_len < KEY_MASK_MIN_KEYS
+            or query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1):
+        return None
+    if not (scaling is None or type(scaling) is float) and not isinstance(scaling, (int, float)):
+        return None
+    if not (softcap is None or isinstance(softcap, (int, float))):
+        return None
+    if softcap is None and sinks is None:
+        return kvcache.with_key_mask(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                     _key_mask(mask, batch), None, None, None, None,
+                                     None if scaling is None else float(scaling))  # type: ignore[no-any-return]
+    return kvcache.with_key_mask(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),  # type: ignore
+                                 _key_mask(mask, batch), softmax_scale=None if scaling is None else float(scaling),
+                                 softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
+
+
+# The (batch, kv_len) views of the last few masks (every layer of a forward gets the same mask object): (weak
+# reference, version, batch, view); each view keeps its mask alive (a few bytes a key) until _KEPT newer ones
+# push it out. Replaced, never mutated.
+_key_masks: list[tuple[weakref.ReferenceType[torch.Tensor], int, int, torch.Tensor]] = []
+
+
+def _key_mask(mask: torch.Tensor, batch: int) -> torch.Tensor:
+    """The (batch, kv_len) view of a (batch or 1, 1, 1, kv_len) mask, made once per mask object and version."""
+    global _key_masks
+    for ref, version, rows, view in _key_masks:
+        if ref() is mask and version == mask._version and rows == batch:
+            return view
+    view = mask[:, 0, 0].expand(batch, mask.shape[3])
+    _key_masks = [*[e for e in _key_masks if e[0]() is not None][-(_KEPT - 1):], (weakref.ref(mask), mask._version,
+                                                                                  batch, view)]
+    return view
 
 
 def _decoding(mask: torch.Tensor, dtype: torch.dtype) -> _Decoding:
