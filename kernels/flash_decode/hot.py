@@ -212,7 +212,8 @@ def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: A
         return None
     # Stand-ins with the tensors' sizes and strides: the packing and the layout flags read no memory (describe may
     # run during a CUDA graph capture); their pointers are 0, so the flags' alignment is the strides' alone.
-    tm = checks.Inputs(*map(_meta, (q, k_cache, v_cache, k, v, lens, None, block_table)), key_mask=_meta(key_mask))
+    mq, mk_cache, mv_cache, mk, mv, mlens, mtable = map(_meta, (q, k_cache, v_cache, k, v, lens, block_table))
+    tm = checks.Inputs(mq, mk_cache, mv_cache, mk, mv, mlens, None, mtable, key_mask=_meta(key_mask))
     out_meta = _meta(out) if out is not None else binding.empty_outputs(tm.q, call)[0]
     lse_meta = binding.empty_lse(tm.q, call)
     split_aligned, split_index64 = binding.layout_flags(tm, out_meta)
@@ -308,7 +309,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             out_key = (out.shape, out.stride(), out.dtype, where(out))
         else:
             return None
-        key = (q.shape, q.stride(), q.dtype, where(q), k_cache.shape, k_cache.stride(), k_cache.dtype,
+        key: tuple[Any, ...] = (q.shape, q.stride(), q.dtype, where(q), k_cache.shape, k_cache.stride(), k_cache.dtype,
                where(k_cache), v_cache.shape, v_cache.stride(), v_cache.dtype, where(v_cache), new_key, lens_key,
                table_key, out_key, causal, softmax_scale, num_splits)
         if key_mask is not None:

@@ -127,9 +127,9 @@ def explain_report(args: argparse.Namespace) -> Report:
         if gluon_variant is not None:  # the kernel the call runs: its variant, key and tiers, not flash_fwd_fp8's
             key = gluon_variant.key()
             fields = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-            config = {name.lower(): int(gluon_variant.get(name)) for name in fields}
+            tiles = {name.lower(): int(gluon_variant.get(name)) for name in fields}
             reports = [{"kernel": fp8_gluon.NAME, "variant": str(gluon_variant), "key": key,
-                        "config": {**config, "waves_per_eu": 0}, "tuning": None, "table": "fp8_gluon.TABLE",
+                        "config": {**tiles, "waves_per_eu": 0}, "tuning": None, "table": "fp8_gluon.TABLE",
                         **tier_verdicts(rt or open_runtime(), key)}]
     report: Report = {"call": call, "kernels": reports}
     if len(reports) == 1:
