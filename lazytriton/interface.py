@@ -322,8 +322,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     if mla_calls is not None:
         out, lse = mla_calls.attention(
             qt, kt, vt, qv, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size, softcap,
-            {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0, "sinks": sinks is not None
-             or s_aux is not None, "attention_chunk": attention_chunk != 0}, direct(qt, kt, vt))
+            mla_calls.Extras(alibi_slopes, dropout_p, attention_sinks.given(sinks, s_aux), attention_chunk,
+                             deterministic=deterministic), direct(qt, kt, vt), run)
         return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
@@ -453,9 +453,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if mla_calls is not None:
         res, lse = mla_calls.varlen_attention(
             q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
-            softcap, {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0, "seqused_q": seqused_q is not
-                      None, "seqused_k": seqused_k is not None, "sinks": sinks is not None or s_aux is not None,
-                      "attention_chunk": attention_chunk != 0}, direct(q, k, v))
+            softcap, mla_calls.Extras(alibi_slopes, p, attention_sinks.given(sinks, s_aux), attention_chunk, seqused_q,
+                                      seqused_k, deterministic), direct(q, k, v))
         res = res if out is None else out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
     from lazytriton.kernels.flash_fwd import varlen
