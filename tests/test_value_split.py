@@ -280,6 +280,23 @@ def test_torch_compile_traces_the_pieces_with_their_backward() -> None:
         assert torch.equal(g, w)
 
 
+def test_torch_compile_traces_packed_pieces_with_seqused() -> None:
+    q, k, v = (t[0] for t in _small(320))
+    c, used = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)
+    do = torch.randn(9, 2, 320, generator=torch.Generator().manual_seed(5))
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_varlen_func(q, k, v, c, c, 5, 5, causal=True,  # type: ignore[no-any-return]
+                                                 seqused_k=used)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = torch.autograd.grad(torch.compile(fn, fullgraph=True, backend="eager")(*leaves), leaves, do)
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(fn(*eager), eager, do)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
 def test_the_op_path_gives_the_eager_result() -> None:
     from lazytriton.interface import always_through_op
 
