@@ -55,6 +55,21 @@ def split_head_dim(head_dim: int) -> tuple[int, int] | None:
     return (first, second) if first + second < padded else None
 
 
+def value_pieces(head_dim_v: int) -> tuple[int, ...]:
+    """The widths of the column pieces flash_fwd and its backward run a v of ``head_dim_v`` columns over, in order.
+
+    One piece up to 256 columns; for 257..512, v's first 256 columns and the rest (``lazytriton.value_split``).
+    Attention is linear in v, so each piece is an ordinary call at that v head dim and the outputs concatenate.
+    The first piece is the widest the kernels take: the rest pads least (320 = 256 + 64, where two halves of 160
+    would each pad to 256), and the second piece starts 256 columns in, 16-byte aligned.
+    """
+    if head_dim_v <= MAX_HEAD_DIM:
+        return (head_dim_v,)
+    if head_dim_v > 2 * MAX_HEAD_DIM:
+        raise ValueError(f"head_dim_v must be at most {2 * MAX_HEAD_DIM} to run as two pieces, got {head_dim_v}")
+    return (MAX_HEAD_DIM, head_dim_v - MAX_HEAD_DIM)
+
+
 def causal_mode(causal: object) -> str:
     """Normalise the ``causal`` argument: False, True (= top_left), "top_left", "bottom_right"."""
     if causal is False or causal is None:

@@ -273,15 +273,16 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         v_descale: v's, as q_descale.
         qv: FlashAttention-3's (DeepSeek's MLA): (batch, seqlen_q, heads_q, head_dim_v), q's dtype; the scores
             become (q . k + qv . v) x softmax_scale, whose default is then 1/sqrt(head_dim + head_dim_v).
-            Forward only, as is a v of more than 256 columns (``kernels/flash_fwd_mla``); no ALiBi, dropout,
-            sinks or attention_chunk with either.
+            Forward only (``kernels/flash_fwd_mla``); no ALiBi, dropout, sinks or attention_chunk with it. A v of
+            257..512 columns without qv runs flash_fwd_mla too, or, with any of those or a gradient, flash_fwd over
+            v's first 256 columns and the rest, outputs joined (``lazytriton.value_split``: exact, differentiable).
 
     Returns:
         ``out`` of shape (batch, seqlen_q, heads_q, head_dim_v) and q's dtype (bfloat16 for FP8 inputs), or
         ``(out, softmax_lse, None)`` with ``return_attn_probs=True``.
 
     Differentiable with respect to any of q, k, v (softmax_lse is a constant: no gradient flows through it),
-    but for qv or a v of more than 256 columns, whose backward raises NotImplementedError.
+    but for qv, whose backward raises NotImplementedError.
 
     """
     if (type(causal) is bool and dropout_p == 0.0 and alibi_slopes is None and sinks is None and s_aux is None
@@ -323,8 +324,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     if mla_calls is not None:
         out, lse = mla_calls.attention(
             qt, kt, vt, qv, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size, softcap,
-            {"alibi_slopes": alibi_slopes is not None, "dropout_p": dropout_p != 0.0, "sinks": sinks is not None
-             or s_aux is not None, "attention_chunk": attention_chunk != 0}, direct(qt, kt, vt))
+            mla_calls.Extras(alibi_slopes, dropout_p, attention_sinks.given(sinks, s_aux), attention_chunk,
+                             deterministic=deterministic), direct(qt, kt, vt), run)
         return (out.transpose(1, 2), lse, None) if return_attn_probs else out.transpose(1, 2)
     call = binding.check(qt, kt, vt, "bottom_right" if causal else False, softmax_scale, _FA_NAMES, window_size,
                          softcap)
@@ -409,9 +410,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             or bfloat16).
         k_descale: k's, as q_descale; with block_table, a float8 paged cache's (as vLLM calls FlashAttention-3).
         v_descale: v's, as q_descale; with block_table, a float8 paged cache's.
-        qv: FlashAttention-3's (DeepSeek's MLA), forward only (as is a v of over 256 columns): (total_q, heads_q,
-            head_dim_v); scores (q . k + qv . v) x softmax_scale, default 1/sqrt(head_dim + head_dim_v). With
-            block_table, ``flash_attn_with_kvcache``'s qv; without, ``flash_attn_func``'s (no seqused_q/seqused_k).
+        qv: FlashAttention-3's (DeepSeek's MLA), forward only: (total_q, heads_q, head_dim_v); scores (q . k + qv
+            . v) x softmax_scale, default 1/sqrt(head_dim + head_dim_v). With block_table, ``flash_attn_with_kvcache``'s
+            qv; without, ``flash_attn_func``'s (no seqused_q/seqused_k), as is a v of 257..512 columns without qv.
 
     Returns:
         ``out`` of q's shape (v's head dim) and dtype, or ``(out, softmax_lse, None)``.
@@ -454,9 +455,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if mla_calls is not None:
         res, lse = mla_calls.varlen_attention(
             q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size,
-            softcap, {"alibi_slopes": alibi_slopes is not None, "dropout_p": p != 0.0, "seqused_q": seqused_q is not
-                      None, "seqused_k": seqused_k is not None, "sinks": sinks is not None or s_aux is not None,
-                      "attention_chunk": attention_chunk != 0}, direct(q, k, v))
+            softcap, mla_calls.Extras(alibi_slopes, p, attention_sinks.given(sinks, s_aux), attention_chunk, seqused_q,
+                                      seqused_k, deterministic), direct(q, k, v))
         res = res if out is None else out.copy_(res)
         return (res, lse, None) if return_attn_probs else res
     from lazytriton.kernels.flash_fwd import varlen

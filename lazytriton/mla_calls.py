@@ -1,12 +1,14 @@
 """The public functions' MLA forward calls (``qv``, or v's head dim over 256): checked, then the binding or the op.
 
 ``flash_attn_func`` and ``flash_attn_varlen_func`` send a call here when it has FlashAttention-3's ``qv`` or a
-v whose head dim flash_fwd does not take (257..512): the family ``kernels/flash_fwd_mla``. Every argument is
-checked first (a TypeError/ValueError naming it, before anything runs); what this forward does not take
-(ALiBi, dropout, sinks, attention_chunk, seqused) is refused by name. A plain eager call that wants no
-gradient runs the binding; any other goes through the torch op (``lazytriton.mla_op``, imported on first use),
-which torch.compile traces and whose backward raises NotImplementedError: FlashAttention-3 has no backward with
-qv or v of more than 256 columns either.
+v whose head dim flash_fwd does not take (257..512). Without qv, a call that uses what the MLA forward lacks
+(ALiBi, dropout, sinks, attention_chunk, seqused, or a gradient: ``value_split.wanted``) runs flash_fwd over v's
+column pieces (``lazytriton.value_split``), which has each of them and a backward. Every other call runs the family
+``kernels/flash_fwd_mla``, every argument checked first (a TypeError/ValueError naming it, before anything runs);
+with qv, what it does not take is refused by name. A plain eager call that wants no gradient runs the binding; any
+other goes through the torch op (``lazytriton.mla_op``, imported on first use), which torch.compile traces and
+whose backward raises NotImplementedError: FlashAttention-3 has no backward with qv or v of more than 256 columns
+either.
 """
 
 from __future__ import annotations
@@ -15,20 +17,21 @@ from typing import Any
 
 import torch
 
-from lazytriton import geometry
+from lazytriton import geometry, value_split
 from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_fwd.names import Names
 from lazytriton.kernels.flash_fwd_mla import binding
+from lazytriton.value_split import Extras as Extras  # the public functions build it: mla_calls.Extras
 
 _Tensor = torch.Tensor
 
 
-def _refuse(unsupported: dict[str, Any]) -> None:
-    for name, on in unsupported.items():
+def _refuse(extras: Extras) -> None:
+    for name, on in extras.given().items():
         if on:
-            raise ValueError(f"{name} is not taken with qv or a v of more than {geometry.MAX_HEAD_DIM} columns (the "
-                             "MLA forward, FlashAttention-3's): it has no ALiBi, dropout, sinks, attention_chunk or "
-                             "seqused")
+            raise ValueError(f"{name} is not taken with qv (the MLA forward, FlashAttention-3's): it has no ALiBi, "
+                             "dropout, sinks, attention_chunk or seqused (without qv, a v of more than "
+                             f"{geometry.MAX_HEAD_DIM} columns takes them: flash_fwd over v's column pieces)")
 
 
 def _eager(tensors: tuple[Any, ...]) -> bool:
@@ -39,12 +42,15 @@ def _eager(tensors: tuple[Any, ...]) -> bool:
 
 
 def attention(q: Any, k: Any, v: Any, qv: Any, causal: Any, scale: Any, names: Names, window: Any, softcap: Any,
-              unsupported: dict[str, Any], plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
+              extras: Extras, plain: bool, run: value_split.Run) -> tuple[torch.Tensor, torch.Tensor]:
     """A dense call: q, k, v in (B, H, S, D) order, qv in FlashAttention's (B, Sq, Hq, Dv) or None: (out, lse).
 
-    ``plain``: ``interface.direct``. qv is checked in the caller's layout (its errors name the caller's shapes).
+    ``plain``: ``interface.direct``; ``run``: ``interface.run`` (flash_fwd's, for v's pieces). qv is checked in the
+    caller's layout (its errors name the caller's shapes).
     """
-    _refuse(unsupported)
+    if value_split.wanted(v, qv, extras, q, k):
+        return value_split.attention(q, k, v, causal, scale, names, window, softcap, extras, run)
+    _refuse(extras)
     if qv is not None:
         binding.check(q, k, v, None, causal, scale, names, window, softcap)
         binding.check_qv(qv, q.transpose(1, 2), v.shape[-1])
@@ -61,12 +67,15 @@ def attention(q: Any, k: Any, v: Any, qv: Any, causal: Any, scale: Any, names: N
 
 def varlen_attention(q: Any, k: Any, v: Any, qv: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
                      max_seqlen_k: Any, causal: Any, scale: Any, window: Any, softcap: Any,
-                     unsupported: dict[str, Any], plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     extras: Extras, plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed call ((total, heads, dim) tensors, qv too): (out, lse (heads_q, total_q)).
 
     Through the op, the op reads the values of cu_seqlens (one device-to-host read a call, not two).
     """
-    _refuse(unsupported)
+    if value_split.wanted(v, qv, extras, q, k):
+        return value_split.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                            scale, window, softcap, extras, plain)
+    _refuse(extras)
     cu_q, cu_k = index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k)
     plain = plain and _eager((q, k, v, qv)) and type(cu_q) is _Tensor and type(cu_k) is _Tensor
     vc, _ = binding.check_varlen(q, k, v, qv, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window,

@@ -205,8 +205,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     axes.add_argument("--head-dim-v", type=_ints(1, 512, "--head-dim-v"), action="extend",
                       help="v's head dims, 1..512 (default: each --head-dim's own); a differing one builds "
                            "BLOCK_DV/EVEN_DV variants (DeepSeek's MLA: --head-dim 192 --head-dim-v 128); over "
-                           "256 only the decoding kernels and kv_append take them (MLA's decode: --head-dim 64 "
-                           "--head-dim-v 512 --qv)")
+                           "256 the decoding kernels, kv_append and flash_fwd_mla take them (MLA's decode: "
+                           "--head-dim 64 --head-dim-v 512 --qv), and flash_fwd and flash_bwd plan v's two pieces "
+                           "(its first 256 columns and the rest: lazytriton.value_split)")
     axes.add_argument("--causal", type=_causal, action="extend",
                       help="none,top_left,bottom_right (both causal modes build one binary; causal = top_left)")
     axes.add_argument("--seqlen-q", type=_ints(1, 2**31 - 1, "--seqlen-q"), action="extend",

@@ -326,8 +326,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     head_dims: tuple[int, ...] = axes.head_dims or tuple(getattr(rules, "PREWARM_HEAD_DIMS", DEFAULT_HEAD_DIMS))
     paged = (axes.paged or (False, True)) if getattr(rules, "PREWARM_PAGED", False) else (False,)
     # v's head dims over q's largest only for the families that take them (PREWARM_MAX_HEAD_DIM_V: the decoding ones)
+    # or run them as pieces (prewarm_head_dims_v: flash_fwd's and flash_bwd's, lazytriton.value_split)
     most_v = getattr(rules, "PREWARM_MAX_HEAD_DIM_V", geometry.MAX_HEAD_DIM)
-    dims_v = tuple(dim for dim in axes.head_dims_v or (0,) if dim <= most_v) or (0,)
+    pieces = getattr(rules, "prewarm_head_dims_v", lambda dim: (dim,))
+    dims_v = tuple(dict.fromkeys(piece for dim in axes.head_dims_v or (0,) for piece in pieces(dim)
+                                 if piece <= most_v)) or (0,)
     layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]
     if hasattr(rules, "prewarm_variants"):
         extra = {name: getattr(axes, name) for name in getattr(rules, "PREWARM_AXES", ())}

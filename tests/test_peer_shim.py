@@ -131,13 +131,18 @@ def test_fa3_combine_is_lazytritons(shim: types.SimpleNamespace) -> None:
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+def test_fa3s_qv_is_lazytritons(shim: types.SimpleNamespace) -> None:
+    q, k, _ = _qkv(seqlen=8, heads_k=2)
+    v, qv = torch.randn(1, 8, 2, 64, dtype=torch.float16), torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    assert torch.equal(shim.fa3.flash_attn_func(q, k, v, qv=qv, causal=True),
+                       lazytriton.flash_attn_func(q, k, v, qv=qv, causal=True))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    assert torch.equal(shim.fa3.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 5, 5, qv=qv[0]),
+                       lazytriton.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 5, 5, qv=qv[0]))
+
+
 def test_what_lazytriton_lacks_is_refused_by_name(shim: types.SimpleNamespace, no_launch: None) -> None:
     q, k, v = _qkv()
-    with pytest.raises(shim.common.MissingFeature, match=r"lazytriton\.flash_attn_func has no qv="):
-        shim.fa3.flash_attn_func(q, k, v, qv=torch.randn_like(v))
-    cu = torch.tensor([0, 16], dtype=torch.int32)
-    with pytest.raises(shim.common.MissingFeature, match=r"flash_attn_varlen_func has no qv="):
-        shim.fa3.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 16, 16, qv=torch.randn_like(v[0]))
     with pytest.raises(shim.common.MissingFeature, match=r"flash_attn_with_kvcache has no q_descale="):
         shim.fa3.flash_attn_with_kvcache(q, k, v, q_descale=torch.ones(1, 1))
     assert issubclass(shim.common.MissingFeature, NotImplementedError)

@@ -95,7 +95,7 @@ import time
 import pytest
 import torch
 
-from flash_attn_interface import MissingFeature, flash_attn_func  # the shim's, not hopper/flash_attn_interface.py
+from flash_attn_interface import MissingFeature, flash_attn_with_kvcache  # the shim's, not hopper's
 from test_util import helper  # the peer's own helper, beside its test file
 
 CAPABILITY = torch.cuda.get_device_capability("cuda")
@@ -110,7 +110,7 @@ def test_passes(seqlen_q):
 @pytest.mark.parametrize("seqlen_q", [10, 20, 30])
 def test_missing(seqlen_q):
     q = torch.randn(1, seqlen_q, 2, 32, device="cuda")
-    flash_attn_func(q, q, q, qv=q)
+    flash_attn_with_kvcache(q, q, q, q_descale=q)
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -156,7 +156,8 @@ def test_a_run_over_a_fake_peer(tmp_path: Path) -> None:
     assert (summary["suite"], summary["peer_commit"], summary["device"]) == ("fa3", "0123abc", "cpu")
     assert summary["selection"]["collected"] == summary["selection"]["selected"] == 14
     groups = {g["message"]: g for g in summary["failures"]}
-    missing = "peer_shim_common.MissingFeature: lazytriton.flash_attn_func has no qv= (the peer passed one)"
+    missing = ("peer_shim_common.MissingFeature: lazytriton.flash_attn_with_kvcache has no q_descale= (the peer "
+               "passed one)")
     assert groups[missing]["count"] == 3
     assert groups["AssertionError: the error is too large"]["functions"] == {"test_fails": 2}
     assert summary["skips"][0]["message"] == "needs hdim #"
@@ -204,14 +205,19 @@ FA3_KV = {"seqlen_q": 1, "seqlen_k": 128, "d": 128, "varlen_q": False, "has_batc
 
 @pytest.mark.parametrize(("suite", "function", "params", "status", "gaps", "features"), [
     ("fa3", "test_flash_attn_output", FA3_OUT, "expressible", (), ("window-list", "attention-chunk")),
-    ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64}, "gap", ("mla-chunk",),
-     ("window-list", "head-dim-v", "attention-chunk")),
+    ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64}, "expressible", (),
+     ("v-pieces", "window-list", "head-dim-v", "attention-chunk")),
+    ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64, "has_qv": True}, "gap", ("qv-chunk",),
+     ("window-list", "qv", "head-dim-v", "attention-chunk")),
     ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64, "dtype": "float8_e4m3fn"}, "expressible", (),
      ("window-list", "fp8-forward", "attention-chunk")),
     ("fa3", "test_flash_attn_output", {**FA3_OUT, "has_qv": True}, "skipped", (), ()),
     ("fa3", "test_flash_attn_varlen_output", {**FA3_OUT, "d": 64, "seqlen_q": 307, "seqlen_k": 256,
-                                              "add_unused_qkv": True}, "gap", ("mla-seqused",),
-     ("window-tensor", "head-dim-v", "attention-chunk", "seqused")),
+                                              "add_unused_qkv": True}, "expressible", (),
+     ("v-pieces", "window-tensor", "head-dim-v", "attention-chunk", "seqused")),
+    ("fa3", "test_flash_attn_varlen_output", {**FA3_OUT, "d": 64, "seqlen_q": 307, "seqlen_k": 256,
+                                              "add_unused_qkv": True, "has_qv": True}, "gap", ("qv-seqused",),
+     ("window-tensor", "qv", "head-dim-v", "attention-chunk", "seqused")),
     ("fa3", "test_flash_attn_kvcache", FA3_KV, "expressible", (),
      ("window-tensor", "attention-chunk", "fp8-q-kvcache", "rotary-seqlens-unused", "paged", "kvcache-index")),
     ("fa3", "test_flash_attn_kvcache", {**FA3_KV, "seqlen_k": 339}, "skipped", (), ()),
@@ -232,12 +238,12 @@ def test_census_rules_classify_known_cases(suite: str, function: str, params: di
 
 def test_census_counts_per_function_and_rule() -> None:
     cases = [{"function": "test_flash_attn_output", "params": p} for p in
-             (FA3_OUT, {**FA3_OUT, "d": 64}, {**FA3_OUT, "has_qv": True}, {**FA3_OUT, "local": False})]
+             (FA3_OUT, {**FA3_OUT, "d": 64, "has_qv": True}, {**FA3_OUT, "has_qv": True}, {**FA3_OUT, "local": False})]
     result = peer_census.census("fa3", cases)
     assert result["totals"] == {"collected": 4, "skipped": 1, "run": 3, "expressible": 2}
-    assert result["gaps"]["mla-chunk"]["count"] == 1 and result["features"]["window-list"]["count"] == 2
+    assert result["gaps"]["qv-chunk"]["count"] == 1 and result["features"]["window-list"]["count"] == 2
     text = peer_census.markdown(result)
-    assert "| test_flash_attn_output | 4 | 1 | 3 | 2 | 66.67% |" in text and "- mla-chunk: 1 (33.33%)" in text
+    assert "| test_flash_attn_output | 4 | 1 | 3 | 2 | 66.67% |" in text and "- qv-chunk: 1 (33.33%)" in text
     assert peer_census.plain({"dtype": torch.float8_e4m3fn, "pair": (1, None), "x": object}) == {
         "dtype": "float8_e4m3fn", "pair": [1, None], "x": repr(object)}
 

@@ -10,6 +10,7 @@ tuning table.
 from __future__ import annotations
 
 from lazytriton import tuning
+from lazytriton.geometry import value_pieces
 from lazytriton.kernels import attention
 from lazytriton.kernels.flash_bwd import fused, gluon
 from lazytriton.kernels.request import Request
@@ -280,6 +281,14 @@ def prewarm_alignments(kernel: str, aligned: tuple[bool, ...]) -> tuple[tuple[bo
 # through the forward's lse alone (its variants are the plain call's).
 PREWARM_FEATURES = ("window", "softcap", "varlen", "seqused", "alibi", "dropout", "bias", "bias_grad", "leftpad",
                     "chunk")
+
+
+def prewarm_head_dims_v(head_dim_v: int) -> tuple[int, ...]:
+    """The v head dims a call with v of ``head_dim_v`` columns runs these kernels at, for prewarm's --head-dim-v.
+
+    Up to 256 its own; 257..512 v's two pieces (``geometry.value_pieces``; ``lazytriton.value_split``).
+    """
+    return value_pieces(head_dim_v)
 
 
 def prewarm_twins(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool,

@@ -12,7 +12,7 @@ import functools
 import math
 
 from lazytriton import tuning
-from lazytriton.geometry import causal_mode, padded_head_dim
+from lazytriton.geometry import causal_mode, padded_head_dim, value_pieces
 from lazytriton.kernels import attention
 from lazytriton.kernels.flash_fwd import gluon
 from lazytriton.kernels.flash_fwd.fp8_spec import FP8_DTYPES, fp8_default_config, fp8_refusal
@@ -161,6 +161,14 @@ PREWARM_FP8 = FP8_DTYPES
 def prewarm_leaves_out(target: Target, dtype: str) -> str | None:
     """Why prewarm leaves ``dtype``'s variants out for ``target`` (None: it plans them)."""
     return fp8_refusal(target) if dtype in FP8_DTYPES else None
+
+
+def prewarm_head_dims_v(head_dim_v: int) -> tuple[int, ...]:
+    """The v head dims a call with v of ``head_dim_v`` columns runs these kernels at, for prewarm's --head-dim-v.
+
+    Up to 256 its own; 257..512 v's two pieces (``geometry.value_pieces``; ``lazytriton.value_split``).
+    """
+    return value_pieces(head_dim_v)
 
 
 # What the FP8 forward (flash_fwd_fp8) does not take, as the Request's fields name them.

@@ -436,7 +436,8 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--dtype", choices=DTYPES, required=True)
     ex.add_argument("--head-dim", type=int, required=True)
     ex.add_argument("--head-dim-v", type=int, default=None,
-                    help="v's head dim, if it differs from --head-dim (up to 512 for flash_decode and kv_append)")
+                    help="v's head dim, if it differs from --head-dim (up to 512 for flash_decode, kv_append and "
+                         "flash_fwd_mla; flash_fwd and flash_bwd over 256: v's two pieces, lazytriton.value_split)")
     ex.add_argument("--seqlen-q", type=int, required=True)
     ex.add_argument("--seqlen-k", type=int, help="default: seqlen-q")
     ex.add_argument("--causal", choices=CAUSAL_MODES, default="none")

@@ -43,6 +43,19 @@ def _explain_target(text: str | None) -> tuple[Any, str]:
 MEMORY_REASON = "empty in a new process (a running one keeps what it has loaded)"
 
 
+def value_columns(kernel: str, head_dim_v: int) -> list[tuple[int, int]]:
+    """(first column, width) of each piece of v that ``kernel`` runs a call over: one, or two for a split v.
+
+    Two where its family takes a v over 256 columns as two pieces (``prewarm_head_dims_v``: flash_fwd's,
+    flash_bwd's; ``lazytriton.value_split``).
+    """
+    from lazytriton.kernels import dispatch
+
+    pieces = getattr(dispatch.family_dispatch(kernel), "prewarm_head_dims_v", None)
+    widths = (head_dim_v,) if pieces is None else pieces(head_dim_v)
+    return [(sum(widths[:i]), width) for i, width in enumerate(widths)]
+
+
 def explain_kernels(name: str) -> tuple[str, ...]:
     """The kernels ``--kernel`` names, in launch order: a family's (``flash_bwd``: dq, then dK/dV), or one."""
     from lazytriton.kernels import FAMILIES
@@ -98,15 +111,17 @@ def explain_report(args: argparse.Namespace) -> Report:
                         bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"],
                         kv_fp8=kv_dtype, slot64=(slots or "int64") == "int64", qv=flags["qv"],
                         key_mask=flags["key_mask"])
-    for name in kernels:  # each kernel's family answers (kernels.dispatch.choice)
+    runs = [(name, start, dim_v) for name in kernels for start, dim_v in value_columns(name, head_dim_v)]
+    for name, start, dim_v in runs:  # each kernel's family answers (kernels.dispatch.choice), for each piece of v
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
         request = described if name not in BACKWARD_KERNELS else replace(described, sinks=False)
         if name not in CHUNK_KERNELS:  # the combine and kv_append see no scores: their variants hold no chunk
             request = replace(request, chunk=False)
-        variant, config, row = dispatch.choice(name, target, request)
+        variant, config, row = dispatch.choice(name, target, replace(request, head_dim_v=dim_v))
         rt = rt or open_runtime()
         key = variant.key()
-        reports.append({"kernel": name, "variant": str(variant), "key": key, "config": asdict(config),
+        piece = {"v_columns": [start, start + dim_v]} if dim_v != head_dim_v else {}
+        reports.append({"kernel": name, **piece, "variant": str(variant), "key": key, "config": asdict(config),
                         "tuning": None if row is None else asdict(row), **tier_verdicts(rt, key)})
     call = {"kernel": kernel, "kernels": list(kernels), "dtype": args.dtype, "head_dim": args.head_dim,
             "head_dim_v": head_dim_v,
@@ -158,11 +173,13 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
     """
     import torch
 
+    from lazytriton import geometry
     from lazytriton.kernels.flash_decode import checks as decode
     from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
     from lazytriton.kernels.flash_fwd import binding
     from lazytriton.kernels.flash_fwd import sinks as attention_sinks
     from lazytriton.kernels.flash_fwd import varlen as packed
+    from lazytriton.kernels.flash_fwd_mla.binding import check_head_dim_v
 
     used = [f"--{name.replace('_', '-')}" for name in ("seqused_q", "seqused_k") if flags.get(name)]
     if used and not varlen:
@@ -212,6 +229,8 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
         raise ValueError(f"--kv-dtype is flash_attn_with_kvcache's float8 cache: only flash_decode and kv_append "
                          f"take it, not {', '.join(kernels)}")
     try:
+        v_dim = head_dim_v if decoding or mla or head_dim_v <= geometry.MAX_HEAD_DIM else \
+            geometry.value_pieces(check_head_dim_v(meta(head_dim_v), "v"))[0]  # flash_fwd's first piece of v
         if decoding:
             cache_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(kv_dtype, torch_dtype)
             _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
@@ -219,6 +238,12 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
         elif mla:
             from lazytriton.kernels.flash_fwd_mla import binding as mla_binding
 
+            lacks = [flag for name, flag in (("alibi", "--alibi"), ("dropout", "--dropout"), ("sinks", "--sinks"),
+                                             ("chunk", "--attention-chunk"), ("seqused_q", "--seqused-q"),
+                                             ("seqused_k", "--seqused-k")) if flags.get(name)]
+            if lacks:
+                raise ValueError(f"flash_fwd_mla takes no {', '.join(lacks)} (without --qv such a call runs "
+                                 "flash_fwd over v's pieces: --kernel flash_fwd or flash_bwd)")
             qv = meta(1, 1, seqlen_q, head_dim_v) if flags.get("qv") else None
             mla_binding.check(meta(1, 1, seqlen_q, head_dim), meta(1, 1, seqlen_k, head_dim),
                               meta(1, 1, seqlen_k, head_dim_v), qv, False if causal == "none" else causal,
@@ -226,14 +251,14 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
         elif varlen:
             cu = meta(2, of=torch.int32)
             one = meta(1, of=torch.int32)
-            packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, head_dim_v),
+            packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, v_dim),
                          cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False,
                          seqused_q=one if flags.get("seqused_q") else None,
                          seqused_k=one if flags.get("seqused_k") else None, sinks=sinks, attention_chunk=chunk,
                          fp8=fp8)
         else:
             q = meta(1, 1, seqlen_q, head_dim)
-            call = binding.check(q, meta(1, 1, seqlen_k, head_dim), meta(1, 1, seqlen_k, head_dim_v),
+            call = binding.check(q, meta(1, 1, seqlen_k, head_dim), meta(1, 1, seqlen_k, v_dim),
                                  False if causal == "none" else causal, None, window=window, softcap=softcap,
                                  fp8=fp8)
             binding.with_chunk(attention_sinks.with_sinks(call, q, sinks), chunk)
@@ -429,12 +454,18 @@ def print_explain(report: Report) -> None:
         print("         bias gradient: flash_bwd_dq writes dS, the mask's gradient, from the tiles its dQ loop "
               "computes (BIAS_GRAD=true); a call with a bias runs flash_bwd's two Triton kernels, never the fused or "
               "Gluon backward, which take no bias")
+    pieces = sorted({tuple(kernel["v_columns"]) for kernel in report["kernels"] if "v_columns" in kernel})
+    if pieces:
+        print(f"         v's {call['head_dim_v']} columns in two pieces, {' and '.join(f'{a}:{b}' for a, b in pieces)} "
+              "(lazytriton.value_split): a call without qv that flash_fwd_mla cannot serve (ALiBi, dropout, sinks, "
+              "attention_chunk, seqused, a gradient) runs these kernels once a piece; any other, flash_fwd_mla")
     several = len(report["kernels"]) > 1
     if several:
-        print(f"         a call launches {', then '.join(call['kernels'])}")
+        print(f"         a call launches {', then '.join(call['kernels'])}" + (", each once a piece" if pieces else ""))
     for kernel in report["kernels"]:
         if several:
-            print(f"\n{kernel['kernel']}")
+            columns = kernel.get("v_columns")
+            print(f"\n{kernel['kernel']}" + (f" (v's columns {columns[0]}:{columns[1]})" if columns else ""))
         _print_kernel(call, kernel)
 
 

@@ -29,12 +29,11 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_s
                     num_splits: int = 1, pack_gqa: bool | None = None, deterministic: bool = False,
                     sm_margin: int = 0, return_attn_probs: bool = False) -> Any:
     """FlashAttention-3's ``flash_attn_func``: ``lazytriton.flash_attn_func``."""
-    refuse("flash_attn_func", qv=qv)
     check_hints(num_splits, pack_gqa, sm_margin)
     res = lazytriton.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                      softcap=softcap, deterministic=deterministic,
                                      return_attn_probs=return_attn_probs, attention_chunk=attention_chunk,
-                                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, qv=qv)
     return tuple(res[:2]) if return_attn_probs else res
 
 
@@ -76,13 +75,12 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            pack_gqa: bool | None = None, deterministic: bool = False, sm_margin: int = 0,
                            return_attn_probs: bool = False) -> Any:
     """FlashAttention-3's ``flash_attn_varlen_func``: ``lazytriton.flash_attn_varlen_func`` (num_splits passed on)."""
-    refuse("flash_attn_varlen_func", qv=qv)
     check_hints(num_splits, pack_gqa, sm_margin)
     res = lazytriton.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, deterministic=deterministic, return_attn_probs=return_attn_probs,
         seqused_q=seqused_q, seqused_k=seqused_k, num_splits=num_splits, attention_chunk=attention_chunk,
-        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, qv=qv)
     return tuple(res[:2]) if return_attn_probs else res
 
 

@@ -40,6 +40,16 @@ def _mla(p: Params) -> bool:
     return p["d"] <= 64 and p["dtype"] != FP8
 
 
+def _qv(p: Params) -> bool:
+    """The MLA forward's qv calls (v of 256 and 512): flash_fwd_mla alone serves them (no pieces with qv)."""
+    return _mla(p) and bool(p["has_qv"])
+
+
+def _wide_v(p: Params) -> bool:
+    """v of 512 columns without qv (the dv loop at d <= 64), its q, k, v requiring grad: flash_fwd over v's pieces."""
+    return _mla(p) and not p["has_qv"]
+
+
 def _qv_skip(p: Params) -> bool:
     return bool(p["has_qv"]) and (p["d"] != 64 or p["dtype"] == FP8)
 
@@ -54,15 +64,18 @@ FA2_LOCAL = (*FA2_PROBS, "test_flash_attn_causal", "test_flash_attn_varlen_causa
 RULES: tuple[Rule, ...] = (
     # FlashAttention-3: hopper/test_flash_attn.py
     Rule("fa3", FA3_OUT, "skip", "qv-needs-hdim64", "the peer skips qv but at d 64 in 16 bits", _qv_skip),
-    Rule("fa3", ("test_flash_attn_output",), "gap", "mla-chunk",
-         "attention_chunk with a v of 512 columns or qv (the test's chunk loop at d 64): the MLA forward "
-         "(kernels/flash_fwd_mla) has no CHUNK", _mla),
-    Rule("fa3", ("test_flash_attn_varlen_output",), "gap", "mla-chunk",
-         "attention_chunk with a v of 512 columns or qv (the chunk loop runs where seqlen_q <= seqlen_k): the MLA "
-         "forward has no CHUNK", lambda p: _mla(p) and p["seqlen_q"] <= p["seqlen_k"]),
-    Rule("fa3", ("test_flash_attn_varlen_output",), "gap", "mla-seqused",
-         "seqused_q/seqused_k (add_unused_qkv) with a v of 512 columns or qv: the MLA forward has no seqused",
-         lambda p: _mla(p) and bool(p["add_unused_qkv"])),
+    Rule("fa3", ("test_flash_attn_output",), "gap", "qv-chunk",
+         "attention_chunk with qv (the test's chunk loop at d 64, v of 256 and 512): the MLA forward "
+         "(kernels/flash_fwd_mla) has no CHUNK", _qv),
+    Rule("fa3", ("test_flash_attn_varlen_output",), "gap", "qv-chunk",
+         "attention_chunk with qv (the chunk loop runs where seqlen_q <= seqlen_k): the MLA forward has no CHUNK",
+         lambda p: _qv(p) and p["seqlen_q"] <= p["seqlen_k"]),
+    Rule("fa3", ("test_flash_attn_varlen_output",), "gap", "qv-seqused",
+         "seqused_q/seqused_k (add_unused_qkv) with qv: the MLA forward has no seqused",
+         lambda p: _qv(p) and bool(p["add_unused_qkv"])),
+    Rule("fa3", FA3_OUT, "feature", "v-pieces",
+         "v of 512 columns without qv, with q, k, v requiring grad, attention_chunk or seqused: flash_fwd over v's "
+         "first 256 columns and the rest (lazytriton.value_split)", _wide_v),
     Rule("fa3", ("test_flash_attn_output",), "feature", "window-list",
          "window_size as a list: lazytriton.window_pair", lambda p: bool(p["local"])),
     Rule("fa3", ("test_flash_attn_varlen_output", *FA3_KV), "feature", "window-tensor",
