@@ -415,7 +415,7 @@ static lt_status lt__check_key(const lt__plan_key *k, const lt__call *c) {
  * the kernel reads 1.0); grid as flash_fwd's. */
 static lt_status lt__launch_fp8(const lt_plan *plan, const lt_attn_fwd_params *p, const lt__call *c, void *stream) {
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
-    int64_t ints[LT__FP8_KERNEL_INTS] = {
+    int64_t ints[LT__FP8_KERNEL_INTS + LT__MAX_HIDDEN] = {
         LT__DATA(q), LT__DATA(k), LT__DATA(v), LT__DATA(o), LT__DATA(&p->lse), c->cu_seqlens_q, c->cu_seqlens_k,
         c->seqused_q, c->seqused_k, c->descale[0], c->descale[1], c->descale[2], q->strides[0], q->strides[1],
         q->strides[2], k->strides[0], k->strides[1], k->strides[2], v->strides[0], v->strides[1], v->strides[2],
@@ -429,7 +429,8 @@ static lt_status lt__launch_fp8(const lt_plan *plan, const lt_attn_fwd_params *p
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
     for (int i = LT__FP8_KERNEL_INTS; i < LT__FP8_KERNEL_PARAMS; i++)
         params[i] = &floats[i - LT__FP8_KERNEL_INTS];
-    return lt__launch_kernel(plan, lt__fwd_kernel(plan, c), c, params, LT__FP8_KERNEL_PARAMS, stream);
+    return lt__launch_kernel(plan, lt__fwd_kernel(plan, c), c, params, LT__FP8_KERNEL_PARAMS,
+                             &ints[LT__FP8_KERNEL_INTS], stream);
 }
 
 /* The launch: flash_fwd's parameters in its description's order (binding.c_initializer); p is lt__fwd_prepare's
@@ -441,7 +442,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
     const lt_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
     /* No ALiBi, bias or dropout (null pointers, zero strides, p = 0): the C API's calls have none of them. The
      * window and the chunk are lt__check's. */
-    int64_t ints[LT__KERNEL_INTS] = {
+    int64_t ints[LT__KERNEL_INTS + LT__MAX_HIDDEN] = {
         (int64_t)(uintptr_t)q->data, (int64_t)(uintptr_t)k->data, (int64_t)(uintptr_t)v->data,
         (int64_t)(uintptr_t)o->data, (int64_t)(uintptr_t)p->lse.data, c->cu_seqlens_q, c->cu_seqlens_k, 0, 0, 0,
         c->seqused_q, c->seqused_k, c->sinks,
@@ -455,7 +456,7 @@ static lt_status lt__launch(const lt_plan *plan, const lt_attn_fwd_params *p, co
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
     for (int i = LT__KERNEL_INTS; i < LT__KERNEL_PARAMS; i++)
         params[i] = &floats[i - LT__KERNEL_INTS];
-    return lt__launch_kernel(plan, &plan->kernel, c, params, LT__KERNEL_PARAMS, stream);
+    return lt__launch_kernel(plan, &plan->kernel, c, params, LT__KERNEL_PARAMS, &ints[LT__KERNEL_INTS], stream);
 }
 
 /* lt_attn_fwd's and lt_attn_bwd's plans, one per shape class and seqlen bucket (as the bindings' memo).

@@ -137,19 +137,16 @@ static lt_status lt__launch_scratch(const lt_plan *plan, const lt__kernel_plan *
     return s;
 }
 
-/* The hidden parameters of a kernel launched without scratch memory: NULL. */
-static const int64_t lt__no_scratch[LT__MAX_HIDDEN];
-
 /* Launch k of plan for call c: params holds the kernel's n_params parameters and room for its hidden ones, which
  * point at zero (NULL) where it takes no scratch memory. */
 static lt_status lt__launch_kernel(const lt_plan *plan, const lt__kernel_plan *k, const lt__call *c, void **params,
-                                   uint32_t n_params, void *stream) {
+                                   uint32_t n_params, const int64_t *zeros, void *stream) {
     unsigned int grid[3];
     lt__fwd_grid(k, c, grid);
     if (k->scratch)
         return lt__launch_scratch(plan, k, c, grid, params, n_params, stream);
     for (uint32_t h = 0; h < k->n_hidden; h++)
-        params[n_params + h] = (void *)&lt__no_scratch[h]; /* read, never written, by cuLaunchKernel */
+        params[n_params + h] = (void *)&zeros[h]; /* zero: NULL scratch */
     return lt__cu_launch(k->function, plan->context, grid[0], grid[1], grid[2], k->block_threads, k->shared_bytes,
                          stream, params);
 }
