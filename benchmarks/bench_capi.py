@@ -20,9 +20,13 @@ CUDA GPU, gcc, and cffi.
 ``--native-lib``'s) and the fake libcuda (tests/fake_libcuda.py, light: its cuLaunchKernel only counts),
 serving a bf16 call from an image of its entry (tests/test_native_tma.py's, without scratch): the host cost of
 lt_plan_launch and lt_attn_fwd over the bare cuLaunchKernel. Target: lt_plan_launch within 0.2 µs of it.
+``--runs N`` runs the program N times and reports each provider's median of the runs' p50s; ``--against LIB``
+(another build's liblazytriton_native.so, e.g. main's, with ``--against-header-dir``) runs it interleaved with
+this one, run for run, so both see the same load. The load average is printed (the machine may be shared).
 
 Usage: python benchmarks/bench_capi.py [--prefix DIR] [--csv PATH] [--shape B H S D]
-       python benchmarks/bench_capi.py --fake-driver [--native-lib PATH --header-dir DIR] [--csv PATH]
+       python benchmarks/bench_capi.py --fake-driver [--native-lib PATH --header-dir DIR] [--runs N]
+                                       [--against LIB [--against-header-dir DIR]] [--csv PATH]
 """
 
 from __future__ import annotations
@@ -81,8 +85,24 @@ def _kernel_for(shape: tuple[int, int, int, int], cubin: Path) -> list[str]:
 FAKE_TARGET_US = 0.2  # lt_plan_launch over the bare cuLaunchKernel, on the fake driver
 
 
-def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path) -> int:
-    """``--fake-driver``: capi_fake_bench on the fake libcuda, CPU only; rows to ``csv``."""
+def _fake_program(library: Path, header_dir: Path, program: Path) -> Path:
+    """capi_fake_bench.c compiled against ``library`` and its ``header_dir``'s lazytriton.h into ``program``."""
+    from lazytriton.capi import native_build
+
+    subprocess.run([native_build.compiler(), "-O2", "-std=c99", "-D_POSIX_C_SOURCE=200809L", f"-I{header_dir}",
+                    "-o", str(program), str(HERE / "capi_fake_bench.c"), f"-L{library.parent}",
+                    f"-Wl,-rpath,{library.parent}", "-l:" + library.name, "-ldl"], check=True)
+    return program
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path, runs: int = 1,
+                against: Path | None = None, against_header_dir: Path | None = None) -> int:
+    """``--fake-driver``: capi_fake_bench on the fake libcuda, CPU only; rows (this build's) to ``csv``."""
     sys.path.insert(0, str(HERE.parent / "tests"))
     from fake_libcuda import build as build_fake
     from test_native_front import call_variant, fake_entry
@@ -90,9 +110,13 @@ def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path) -> 
     from lazytriton.cache_format.image import write_image
     from lazytriton.capi import native_build
 
+    builds = {"this": (native_lib, header_dir or HERE.parent / "capi")}
+    if against is not None:
+        builds["against"] = (against, against_header_dir or HERE.parent / "capi")
+    p50s: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
+    last: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="lazytriton-bench-capi-fake-") as tmp:
         work = Path(tmp)
-        library = native_lib or native_build.build(work / "lib")
         driver = work / "driver"
         driver.mkdir()
         fake = build_fake(work)
@@ -101,32 +125,44 @@ def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path) -> 
         (driver / "libcuda.so.1").symlink_to(fake)
         image = work / "call.ltimg"
         write_image(image, [fake_entry(call_variant(False))])
-        program = work / "capi_fake_bench"
-        subprocess.run([native_build.compiler(), "-O2", "-std=c99", "-D_POSIX_C_SOURCE=200809L",
-                        f"-I{header_dir or HERE.parent / 'capi'}", "-o", str(program), str(HERE / "capi_fake_bench.c"),
-                        f"-L{library.parent}", f"-Wl,-rpath,{library.parent}", "-l:" + library.name, "-ldl"],
-                       check=True)
+        programs = {name: _fake_program(library or native_build.build(work / "lib"), headers, work / f"bench_{name}")
+                    for name, (library, headers) in builds.items()}
         env = {**os.environ, "LD_LIBRARY_PATH": str(driver), "LAZYTRITON_IMAGES": str(image),
                "LAZYTRITON_CACHE_DIR": str(work / "cache")}
-        run = subprocess.run([str(program)], capture_output=True, text=True, env=env, check=False)
-    if run.returncode != 0:
-        print(run.stdout, run.stderr, file=sys.stderr)
-        return 1
+        load_before = os.getloadavg()
+        for _ in range(runs):
+            for name, program in programs.items():  # interleaved: each run of one beside a run of the other
+                run = subprocess.run([str(program)], capture_output=True, text=True, env=env, check=False)
+                if run.returncode != 0:
+                    print(run.stdout, run.stderr, file=sys.stderr)
+                    return 1
+                for line in run.stdout.splitlines():
+                    provider, median, mean, low = line.split()
+                    p50s[name].setdefault(provider, []).append(float(median))
+                    if name == "this":
+                        last[provider] = (float(mean), float(low))
+        load_after = os.getloadavg()
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    rows, p50 = [], {}
-    print(f"host time per call on the fake libcuda, {native_lib or 'this checkout'}")
-    print(f"{'provider':<22}{'p50 µs':>10}{'mean µs':>10}{'min µs':>10}")
-    for line in run.stdout.splitlines():
-        name, median, mean, low = line.split()
-        p50[name] = float(median)
-        print(f"{name:<22}{float(median):>10.3f}{float(mean):>10.3f}{float(low):>10.3f}")
-        rows.append({"kernel": "flash_fwd", "provider": name, "mode": "host_per_call_fake_driver", "dtype": "bf16",
-                     "shape": "1x4x300x128", "p50_us": median, "mean_us": mean, "min_us": low,
-                     "target_us": FAKE_TARGET_US if name == "lt_plan_launch" else "", "gpu": "fake libcuda (CPU)",
+    print(f"host time per call on the fake libcuda, {native_lib or 'this checkout'}; {runs} run(s), "
+          f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    rows = []
+    for name in builds:
+        print(f"{name}: {builds[name][0] or 'this checkout'}")
+        print(f"{'provider':<22}{'p50 µs':>10}" + ("" if runs > 1 else f"{'mean µs':>10}{'min µs':>10}"))
+        for provider, values in p50s[name].items():
+            print(f"{provider:<22}{_median(values):>10.3f}" +
+                  ("" if runs > 1 else f"{last[provider][0]:>10.3f}{last[provider][1]:>10.3f}"))
+    for provider, values in p50s["this"].items():
+        mean, low = last[provider]
+        rows.append({"kernel": "flash_fwd", "provider": provider, "mode": "host_per_call_fake_driver",
+                     "dtype": "bf16", "shape": "1x4x300x128", "p50_us": f"{_median(values):.4f}",
+                     "mean_us": mean if runs == 1 else "", "min_us": low if runs == 1 else "",
+                     "target_us": FAKE_TARGET_US if provider == "lt_plan_launch" else "", "gpu": "fake libcuda (CPU)",
                      "lazytriton": lazytriton.__version__, "timestamp": stamp})
-    over = p50["lt_plan_launch"] - p50["bare_cuLaunchKernel"]
-    print(f"lt_plan_launch over the bare launch: {over:.3f} µs ({'within' if over <= FAKE_TARGET_US else 'OVER'} "
-          f"the {FAKE_TARGET_US} µs target)")
+    for name in builds:
+        over = _median(p50s[name]["lt_plan_launch"]) - _median(p50s[name]["bare_cuLaunchKernel"])
+        print(f"{name}: lt_plan_launch over the bare launch: {over:.3f} µs "
+              f"({'within' if over <= FAKE_TARGET_US else 'OVER'} the {FAKE_TARGET_US} µs target)")
     append_rows(csv, FIELDS, rows)
     return 0
 
@@ -139,9 +175,16 @@ def main() -> int:
     parser.add_argument("--fake-driver", action="store_true", help="CPU: time the plan launch on the fake libcuda")
     parser.add_argument("--native-lib", type=Path, help="with --fake-driver: this liblazytriton_native.so")
     parser.add_argument("--header-dir", type=Path, help="with --native-lib: the folder of its lazytriton.h")
+    parser.add_argument("--runs", type=int, default=1, help="with --fake-driver: runs of the program (median)")
+    parser.add_argument("--against", type=Path, help="with --fake-driver: another liblazytriton_native.so, "
+                        "run interleaved with this one")
+    parser.add_argument("--against-header-dir", type=Path, help="with --against: the folder of its lazytriton.h")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs is {args.runs}; expected >= 1")
     if args.fake_driver:
-        return fake_driver(args.native_lib, args.header_dir, args.csv)
+        return fake_driver(args.native_lib, args.header_dir, args.csv, args.runs, args.against,
+                           args.against_header_dir)
     shape = tuple(args.shape)
     with tempfile.TemporaryDirectory(prefix="lazytriton-bench-capi-") as tmp:
         work = Path(tmp)

@@ -590,10 +590,11 @@ LT_API lt_status lt_tensor_init(lt_tensor *tensor, void *data, lt_dtype dtype, i
 LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *user, void *stream) {
     lt__call c;
     lt_status s;
-    lt_attn_fwd_params norm, view, *params = &view;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(user, &norm, &view)) != LT_OK ||
-        (s = lt__check(&view, &c)) != LT_OK || (s = lt__fwd_writes(&view)) != LT_OK)
+    lt__fwd_call f;
+    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(user, &f)) != LT_OK ||
+        (s = lt__check(f.view, &c)) != LT_OK || (s = lt__fwd_writes(f.view)) != LT_OK)
         return s;
+    const lt_attn_fwd_params *params = f.view;
     if (c.empty)
         return LT_OK;
     if (c.device_type == LT_DEVICE_CPU) {
@@ -601,7 +602,7 @@ LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *user, void *stream) {
             lt__fill_no_keys(params, &c);
             return LT_OK;
         }
-        return (lt_status)lt__py_attn_fwd_cpu(&norm); /* the caller's layout: Python checks and packs it again */
+        return (lt_status)lt__py_attn_fwd_cpu(f.norm); /* the caller's layout: Python checks and packs it again */
     }
     if (c.sk == 0)
         return lt__fail(LT_ERROR_UNSUPPORTED, "seqlen_k = 0 on a GPU is not supported by the C API (there is no "
@@ -623,12 +624,12 @@ LT_API lt_status lt_attn_fwd(const lt_attn_fwd_params *user, void *stream) {
 LT_API lt_status lt_attn_fwd_workspace_size(const lt_attn_fwd_params *user, size_t *bytes) {
     lt__call c;
     lt_status s;
-    lt_attn_fwd_params norm, view;
+    lt__fwd_call f;
     if (bytes == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_fwd_workspace_size: bytes (the out pointer) is NULL");
     *bytes = 0;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(user, &norm, &view)) != LT_OK ||
-        (s = lt__check(&view, &c)) != LT_OK)
+    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(user, &f)) != LT_OK ||
+        (s = lt__check(f.view, &c)) != LT_OK)
         return s;
     if (c.empty || c.sk == 0 || c.device_type != LT_DEVICE_CUDA)
         return LT_OK; /* nothing launched on a GPU */
@@ -648,12 +649,12 @@ LT_API lt_status lt_attn_fwd_workspace_size(const lt_attn_fwd_params *user, size
 LT_API lt_status lt_attn_fwd_plan(const lt_attn_fwd_params *params, lt_plan **plan) {
     lt__call c;
     lt_status s;
-    lt_attn_fwd_params norm, view;
+    lt__fwd_call f;
     if (plan == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_attn_fwd_plan: plan (the out pointer) is NULL");
     *plan = NULL;
-    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(params, &norm, &view)) != LT_OK ||
-        (s = lt__check(&view, &c)) != LT_OK)
+    if ((s = lt__require_init()) != LT_OK || (s = lt__fwd_prepare(params, &f)) != LT_OK ||
+        (s = lt__check(f.view, &c)) != LT_OK)
         return s;
     return lt__make_plan(&c, plan);
 }
@@ -661,22 +662,22 @@ LT_API lt_status lt_attn_fwd_plan(const lt_attn_fwd_params *params, lt_plan **pl
 LT_API lt_status lt_plan_launch(const lt_plan *plan, const lt_attn_fwd_params *user, void *stream) {
     lt__call c;
     lt_status s;
-    lt_attn_fwd_params norm, view, *params = &view;
+    lt__fwd_call f;
     if (plan == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_plan_launch: plan is NULL");
     if (plan->magic != LT__PLAN_MAGIC)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_launch: plan is not a live plan (destroyed, or not "
                         "made by lt_attn_fwd_plan)");
-    if ((s = lt__fwd_prepare(user, &norm, &view)) != LT_OK || (s = lt__check(&view, &c)) != LT_OK ||
-        (s = lt__fwd_writes(&view)) != LT_OK || (s = lt__check_key(&plan->key, &c)) != LT_OK)
+    if ((s = lt__fwd_prepare(user, &f)) != LT_OK || (s = lt__check(f.view, &c)) != LT_OK ||
+        (s = lt__fwd_writes(f.view)) != LT_OK || (s = lt__check_key(&plan->key, &c)) != LT_OK)
         return s;
-    return lt__launch(plan, params, &c, stream);
+    return lt__launch(plan, f.view, &c, stream);
 }
 
 LT_API lt_status lt_plan_workspace_size(const lt_plan *plan, const lt_attn_fwd_params *user, size_t *bytes) {
     lt__call c;
     lt_status s;
-    lt_attn_fwd_params norm, view;
+    lt__fwd_call f;
     if (plan == NULL || bytes == NULL)
         return lt__fail(LT_ERROR_NULL_POINTER, "lt_plan_workspace_size: plan and bytes (the out pointer) must not be "
                         "NULL");
@@ -684,7 +685,7 @@ LT_API lt_status lt_plan_workspace_size(const lt_plan *plan, const lt_attn_fwd_p
     if (plan->magic != LT__PLAN_MAGIC)
         return lt__fail(LT_ERROR_INVALID_ARGUMENT, "lt_plan_workspace_size: plan is not a live plan (destroyed, or "
                         "not made by lt_attn_fwd_plan)");
-    if ((s = lt__fwd_prepare(user, &norm, &view)) != LT_OK || (s = lt__check(&view, &c)) != LT_OK ||
+    if ((s = lt__fwd_prepare(user, &f)) != LT_OK || (s = lt__check(f.view, &c)) != LT_OK ||
         (s = lt__check_key(&plan->key, &c)) != LT_OK)
         return s;
     return lt__plan_need(plan, &c, bytes);

@@ -21,6 +21,8 @@
  *   host process.
  * - All functions may be called from several threads at once, except that
  *   lt_init() must not run while other calls are in flight.
+ * - A call reads its params struct (and the lt_tensor views in it) where the
+ *   caller keeps it: the struct must not change until the call returns.
  *
  * The hot path: lt_attn_fwd_plan() resolves a kernel once (dispatch, cache,
  * JIT, through Python); lt_plan_launch() then checks a call against the

@@ -15,6 +15,8 @@
  */
 
 #define LT__ALIAS_MAX_STEPS 4096 /* the exact test's search: past this, the tensors count as sharing memory */
+#define LT__ALIAS_MAX_OUTPUTS 8  /* the most tensors a call writes (the backward: 5) */
+#define LT__ALIAS_MAX_INPUTS 24  /* the most tensors a call reads beside them (decoding: 19) */
 
 typedef struct {
     const char *name;
@@ -25,43 +27,57 @@ static int64_t lt__item_bytes(int32_t dtype) {
     return dtype == LT_DTYPE_FP8_E4M3 || dtype == LT_DTYPE_FP8_E5M2 ? 1 : dtype == LT_DTYPE_FP16 || dtype == LT_DTYPE_BF16 ? 2 : 4;
 }
 
-/* The bytes [*begin, *end) t spans; 0 when it has no data or no elements (nothing of it is read or written). */
-static int lt__span(const lt_tensor *t, __int128 *begin, __int128 *end) {
+/* The bytes [begin, end) a tensor spans; has 0 when it has no data or no elements (nothing of it is read or
+ * written). */
+typedef struct {
+    __int128 begin, end;
+    int has;
+} lt__span;
+
+/* Inlined: every tensor of every call goes through it (a plan launch's checks are measured in ns). */
+__attribute__((always_inline)) static inline lt__span lt__span_of(const lt_tensor *t) {
+    lt__span span = {0, 0, 0};
     if (t->data == NULL || t->ndim <= 0 || t->ndim > 4)
-        return 0;
+        return span;
     __int128 last = 0; /* the last element's offset, in elements: at most 4 x 2**63 x 2**48 */
     for (int i = 0; i < t->ndim; i++) {
         if (t->sizes[i] <= 0)
-            return 0;
+            return span;
         last += (__int128)(t->sizes[i] - 1) * t->strides[i];
     }
-    *begin = (__int128)(uintptr_t)t->data;
-    *end = *begin + (last + 1) * lt__item_bytes(t->dtype);
-    return 1;
+    span.begin = (__int128)(uintptr_t)t->data;
+    span.end = span.begin + (last + 1) * lt__item_bytes(t->dtype);
+    span.has = 1;
+    return span;
 }
 
 /* Whether two index tuples of t reach one element: sorted by stride, some dim of size > 1 does not step past
  * all the dims below it (a stride of 0 included). */
 static int lt__self_overlaps(const lt_tensor *t) {
-    int order[4], n = 0;
+    int64_t stride[4], size[4];
+    int n = 0, sorted = 1;
     if (t->data == NULL || t->ndim <= 0 || t->ndim > 4)
         return 0;
-    for (int i = 0; i < t->ndim; i++) {
+    for (int i = t->ndim - 1; i >= 0; i--) { /* last dim first: a row-major layout comes sorted */
         if (t->sizes[i] == 0)
             return 0; /* no elements */
-        if (t->sizes[i] > 1)
-            order[n++] = i;
+        if (t->sizes[i] > 1) {
+            stride[n] = t->strides[i], size[n] = t->sizes[i];
+            sorted = sorted && (n == 0 || stride[n - 1] <= stride[n]);
+            n++;
+        }
     }
-    for (int i = 1; i < n; i++) /* insertion sort, by stride */
-        for (int j = i; j > 0 && t->strides[order[j]] < t->strides[order[j - 1]]; j--) {
-            int swap = order[j];
-            order[j] = order[j - 1], order[j - 1] = swap;
+    for (int i = 1; i < n && !sorted; i++) /* insertion sort, by stride (the order of equal strides does not matter) */
+        for (int j = i; j > 0 && stride[j] < stride[j - 1]; j--) {
+            int64_t swap_stride = stride[j], swap_size = size[j];
+            stride[j] = stride[j - 1], size[j] = size[j - 1];
+            stride[j - 1] = swap_stride, size[j - 1] = swap_size;
         }
     __int128 reach = 0; /* the farthest offset the dims below reach */
     for (int i = 0; i < n; i++) {
-        if (t->strides[order[i]] <= reach)
+        if (stride[i] <= reach)
             return 1;
-        reach += (__int128)(t->sizes[order[i]] - 1) * t->strides[order[i]];
+        reach += (__int128)(size[i] - 1) * stride[i];
     }
     return 0;
 }
@@ -89,12 +105,15 @@ static int lt__reachable(__int128 target, const int64_t *stride, const __int128 
     return 0;
 }
 
-/* Whether a and b have an element at one address (a conservative "yes" when the byte ranges meet and the exact
- * test does not apply or takes too long). */
-static int lt__share_memory(const lt_tensor *a, const lt_tensor *b) {
-    __int128 a0, a1, b0, b1;
-    if (!lt__span(a, &a0, &a1) || !lt__span(b, &b0, &b1) || a1 <= b0 || b1 <= a0)
-        return 0;
+/* Whether two spans have a byte in common. */
+static int lt__spans_meet(const lt__span *a, const lt__span *b) {
+    return a->has && b->has && a->begin < b->end && b->begin < a->end;
+}
+
+/* Whether a and b, whose spans as and bs meet, have an element at one address (a conservative "yes" when the
+ * exact test does not apply or takes too long). */
+static int lt__share_memory(const lt_tensor *a, const lt__span *as, const lt_tensor *b, const lt__span *bs) {
+    __int128 a0 = as->begin, b0 = bs->begin;
     int64_t item = lt__item_bytes(a->dtype);
     if (a->ndim != b->ndim || item != lt__item_bytes(b->dtype) || (b0 - a0) % item != 0 ||
         memcmp(a->strides, b->strides, sizeof(int64_t) * (size_t)a->ndim) != 0)
@@ -115,21 +134,30 @@ static int lt__share_memory(const lt_tensor *a, const lt_tensor *b) {
 }
 
 /* Refuse a call that writes memory another of its tensors uses: an output with itself, with another output, or
- * with an input. */
+ * with an input. Each tensor's span is computed once. */
 static lt_status lt__check_writes(const lt__named *outputs, int n_outputs, const lt__named *inputs, int n_inputs) {
+    lt__span out[LT__ALIAS_MAX_OUTPUTS], in[LT__ALIAS_MAX_INPUTS];
+    int read[LT__ALIAS_MAX_INPUTS], n_read = 0; /* the inputs with a span, in order */
+    if (n_outputs > LT__ALIAS_MAX_OUTPUTS || n_inputs > LT__ALIAS_MAX_INPUTS)
+        return lt__fail(LT_ERROR_INTERNAL, "lt__check_writes: %d outputs and %d inputs; at most %d and %d",
+                        n_outputs, n_inputs, LT__ALIAS_MAX_OUTPUTS, LT__ALIAS_MAX_INPUTS);
+    for (int j = 0; j < n_inputs; j++)
+        if ((in[n_read] = lt__span_of(inputs[j].t)).has)
+            read[n_read++] = j;
     for (int i = 0; i < n_outputs; i++) {
+        out[i] = lt__span_of(outputs[i].t);
         if (lt__self_overlaps(outputs[i].t))
             return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s's sizes and strides put several of its elements at one "
                             "address (a stride of 0, or strides that interleave its rows); a tensor the call writes "
                             "must have one address per element", outputs[i].name);
         for (int j = 0; j < i; j++)
-            if (lt__share_memory(outputs[i].t, outputs[j].t))
+            if (lt__spans_meet(&out[i], &out[j]) && lt__share_memory(outputs[i].t, &out[i], outputs[j].t, &out[j]))
                 return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s and %s share memory; the tensors a call writes must "
                                 "not overlap each other", outputs[j].name, outputs[i].name);
-        for (int j = 0; j < n_inputs; j++)
-            if (lt__share_memory(outputs[i].t, inputs[j].t))
+        for (int r = 0; r < n_read; r++)
+            if (lt__spans_meet(&out[i], &in[r]) && lt__share_memory(outputs[i].t, &out[i], inputs[read[r]].t, &in[r]))
                 return lt__fail(LT_ERROR_INVALID_ARGUMENT, "%s shares memory with %s; a tensor the call writes must "
-                                "not overlap one it reads", outputs[i].name, inputs[j].name);
+                                "not overlap one it reads", outputs[i].name, inputs[read[r]].name);
     }
     return LT_OK;
 }

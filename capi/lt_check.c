@@ -146,12 +146,26 @@ static lt_status lt__packed_transposed_view(lt_tensor *t) {
     return LT_OK;
 }
 
-/* The caller's struct as this version's (a version 1 struct zero-extended: dense), with struct_size and version
- * checked; then, in *view, the packed tensors as the kernels' views (a dense call's view is *norm). */
-static lt_status lt__fwd_prepare(const lt_attn_fwd_params *p, lt_attn_fwd_params *norm, lt_attn_fwd_params *view) {
+/* A forward call as the checks and the launch read it: norm, the caller's struct as this version's (a version 1
+ * struct zero-extended: dense), and view, with packed sequences the kernels' views of its tensors (a dense call's
+ * view is norm). A dense call in a struct of this version is read where the caller keeps it: both point at the
+ * caller's struct and nothing is copied; otherwise they point at the copies here. */
+typedef struct {
+    const lt_attn_fwd_params *norm, *view;
+    lt_attn_fwd_params norm_copy, view_copy;
+} lt__fwd_call;
+
+/* Fill *f from the caller's p, with struct_size and version checked. */
+static lt_status lt__fwd_prepare(const lt_attn_fwd_params *p, lt__fwd_call *f) {
     lt_status s;
     if ((s = lt__check_struct(p)) != LT_OK)
         return s;
+    if (p->struct_size == sizeof *p && !lt__wants_varlen(&p->cu_seqlens_q, &p->cu_seqlens_k)) {
+        f->norm = f->view = p; /* this version's, dense: as the caller keeps it */
+        return LT_OK;
+    }
+    lt_attn_fwd_params *norm = &f->norm_copy, *view = &f->view_copy;
+    f->norm = norm, f->view = view;
     memset(norm, 0, sizeof *norm);
     memcpy(norm, p, p->struct_size);
     if (p->struct_size <= LT__FWD_PARAMS_V2_SIZE) /* no window (zeros would mean a window of 0) */
