@@ -61,14 +61,11 @@ case " $* " in *" tests "*)
     --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | tail -32 ;;
 esac
 case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet (NEW_TESTS: another list)
-  timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_fp8_gluon.py tests/test_fp8_hot.py \
-    tests/test_fp8_fwd.py tests/test_flash_fwd_mla.py tests/test_kvcache_qv_packed.py tests/test_capi_kvcache_qv.py \
-    tests/test_native_tma.py tests/test_native_deployment.py tests/test_native_decode.py tests/test_capi_fp8.py \
-    tests/test_fp8_kvcache.py tests/test_kvcache_api.py tests/test_attention_chunk.py tests/test_kvcache_varlen_q.py \
-    tests/test_fp8_reach.py tests/test_mla.py tests/test_kv_slots.py tests/test_example_vllm.py \
-    tests/test_flash_bwd_dsinks.py tests/test_capi_chunk.py tests/test_capi_sinks.py tests/test_kvcache_rotary.py \
-    tests/test_sinks.py tests/test_sdpa_mask_grad.py tests/test_capi_kvcache_varlen.py tests/test_capi_combine.py \
-    tests/test_varlen.py tests/test_varlen_seqused.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
+  timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_kvcache_key_mask.py \
+    tests/test_transformers_key_mask.py tests/test_transformers.py tests/test_value_split.py tests/test_flash_fwd_mla.py \
+    tests/test_capi_scratch.py tests/test_capi.py tests/test_capi_fp8.py tests/test_native_tma.py \
+    tests/test_lazy_imports.py tests/test_cold_start.py tests/test_kvcache_hot.py tests/test_peer_gaps.py \
+    tests/test_fp8_kvcache.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
     | tee "$OUT/new_gpu_tests.log" | tail -32 ;;
 esac
 case " $* " in *" fp8 "*)  # FP8: the forward beside our bf16 forward (and torch's fp8 SDPA where it takes fp8), the
