@@ -122,6 +122,18 @@ def recording_backend(graphs: list[str]) -> Any:
     return backend
 
 
+def assert_compiled_grads_equal(fn: Any, inputs: Any, grad_out: Any) -> None:
+    """``fn``'s gradients at ``inputs`` under ``torch.compile(fullgraph=True)`` equal the eager ones, bit for bit."""
+    import torch
+
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    got = torch.autograd.grad(torch.compile(fn, fullgraph=True, backend="eager")(*leaves), leaves, grad_out)
+    eager = [t.clone().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(fn(*eager), eager, grad_out)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
 def sass_of(cubin: bytes, tmp_path: Path) -> str:
     """The SASS of a cubin, by the cuobjdump that Triton ships."""
     import triton.backends.nvidia as nvidia

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import assert_compiled_grads_equal
 from flash_rule import check_rule
 from test_flash_bwd import GRAD_FLOOR, grads_of
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, make_qkv, on_gpu, seed_of
@@ -252,13 +253,7 @@ def test_torch_compile_traces_forward_and_backward_with_a_chunk() -> None:
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return lazytriton.flash_attn_func(q * 2, k, v, causal=True, attention_chunk=8) * 3  # type: ignore[no-any-return]
 
-    compiled = torch.compile(fn, fullgraph=True, backend="eager")
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    got = torch.autograd.grad(compiled(*leaves), leaves, do)
-    eager = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = torch.autograd.grad(fn(*eager), eager, do)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    assert_compiled_grads_equal(fn, (q, k, v), do)
 
 
 # ---------------------------------------------------------------------------
@@ -315,12 +310,7 @@ def test_torch_compile_traces_varlen_with_a_chunk() -> None:
         return lazytriton.flash_attn_varlen_func(q, k, v, lengths, lengths, 12, 12, causal=True,  # type: ignore
                                                  attention_chunk=5)
 
-    leaves = [t.clone().requires_grad_() for t in packed[:3]]
-    got = torch.autograd.grad(torch.compile(fn, fullgraph=True, backend="eager")(*leaves), leaves, packed[3])
-    eager = [t.clone().requires_grad_() for t in packed[:3]]
-    want = torch.autograd.grad(fn(*eager), eager, packed[3])
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    assert_compiled_grads_equal(fn, packed[:3], packed[3])
 
 
 # ---------------------------------------------------------------------------

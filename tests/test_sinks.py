@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from conftest import assert_compiled_grads_equal
 from flash_rule import check_rule, max_err
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu, seed_of, skip_unless_sm90
@@ -375,13 +376,7 @@ def test_torch_compile_traces_forward_and_backward_with_sinks() -> None:
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
         return lazytriton.flash_attn_func(q * 2, k, v, causal=True, sinks=sinks * 1.5) * 3  # type: ignore[no-any-return]
 
-    compiled = torch.compile(fn, fullgraph=True, backend="eager")
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
-    got = torch.autograd.grad(compiled(*leaves), leaves, do)
-    eager = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
-    want = torch.autograd.grad(fn(*eager), eager, do)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    assert_compiled_grads_equal(fn, (q, k, v, sinks), do)
 
 
 def test_torch_compile_traces_varlen_and_kvcache_with_sinks() -> None:

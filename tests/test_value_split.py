@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from conftest import assert_compiled_grads_equal
 from flash_rule import check_rule, references, seed_of
 from test_flash_bwd import GRAD_FLOOR
 from test_flash_fwd import LSE_FLOOR, OUT_FLOOR, on_gpu
@@ -271,13 +272,7 @@ def test_torch_compile_traces_the_pieces_with_their_backward() -> None:
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return lazytriton.flash_attn_func(q * 2, k, v, causal=True, attention_chunk=4) * 3  # type: ignore[no-any-return]
 
-    compiled = torch.compile(fn, fullgraph=True, backend="eager")
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    got = torch.autograd.grad(compiled(*leaves), leaves, do)
-    eager = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = torch.autograd.grad(fn(*eager), eager, do)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    assert_compiled_grads_equal(fn, (q, k, v), do)
 
 
 def test_torch_compile_traces_packed_pieces_with_seqused() -> None:
@@ -289,12 +284,7 @@ def test_torch_compile_traces_packed_pieces_with_seqused() -> None:
         return lazytriton.flash_attn_varlen_func(q, k, v, c, c, 5, 5, causal=True,  # type: ignore[no-any-return]
                                                  seqused_k=used)
 
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    got = torch.autograd.grad(torch.compile(fn, fullgraph=True, backend="eager")(*leaves), leaves, do)
-    eager = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = torch.autograd.grad(fn(*eager), eager, do)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    assert_compiled_grads_equal(fn, (q, k, v), do)
 
 
 def test_the_op_path_gives_the_eager_result() -> None:
