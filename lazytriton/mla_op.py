@@ -1,8 +1,8 @@
 """Torch ops of the MLA forward (``kernels/flash_fwd_mla``), with their fake twins and a backward that refuses.
 
 ``lazytriton::flash_fwd_mla(q, k, v, qv, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0,
-attention_chunk=0) -> (out, lse)`` takes tensors in the kernel's (batch, heads, seqlen, head_dim) order (any strides with a
-contiguous last dim), ``qv`` (batch, heads_q, seqlen_q, head_dim_v) or None, ``causal`` as one of "none",
+attention_chunk=0) -> (out, lse)`` takes tensors in the kernel's (batch, heads, seqlen, head_dim) order (any
+strides with a contiguous last dim), ``qv`` (batch, heads_q, seqlen_q, head_dim_v) or None, ``causal`` as one of "none",
 "top_left", "bottom_right", and the window and softcap as ``lazytriton::flash_fwd`` does; out has v's head dim,
 lse is float32 (batch, heads_q, seqlen_q).
 

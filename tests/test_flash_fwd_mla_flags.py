@@ -241,6 +241,23 @@ def test_explain_and_the_miss_log_take_the_flags(capsys: pytest.CaptureFixture[s
     assert not bad and [p.variant for p in planned] == [found]
 
 
+@pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+def test_the_flagged_entry_compiles_and_fits_shared_memory(target: str,
+                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Triton's compiler, no GPU: CHUNK, SEQUSED_Q and SEQUSED_K with qv at v of 512 build within the target's limit."""
+    from compiled_once import compiled, shared_dir
+
+    from lazytriton.kernels import get
+    from lazytriton.prewarm.limits import KNOWN_TARGETS
+
+    variant = dispatch.kernel_variant("flash_fwd_mla", Target.parse(target), "bf16", 64, True, True, 4096, 4096,
+                                      head_dim_v=512, qv=True, varlen=True, chunk=True, seqused_q=True,
+                                      seqused_k=True, window=True)
+    entry = compiled(variant, shared_dir(tmp_path_factory))
+    assert len(entry.arg_types) == len(get("flash_fwd_mla").params)
+    assert entry.shared <= KNOWN_TARGETS[target].shared
+
+
 # ---------------------------------------------------------------------------
 # On the GPU, at real sizes
 

@@ -31,7 +31,8 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64,)
 PREWARM_HEAD_DIMS_V = (512, 256)
 PREWARM_MAX_HEAD_DIM_V = geometry.MAX_HEAD_DIM_V
-PREWARM_AXES = ("causal", "window", "softcap", "varlen", "qv", "chunk", "seqused")  # the keyword axes prewarm_variants takes
+# The keyword axes prewarm_variants takes.
+PREWARM_AXES = ("causal", "window", "softcap", "varlen", "qv", "chunk", "seqused")
 # What a call of this kernel may carry beyond its own flags: the Request fields it refuses, with the reason.
 _REFUSED = {"alibi": "ALiBi", "bias": "an additive bias (attn_mask)", "dropout": "dropout", "paged": "a paged cache",
             "sinks": "attention sinks", "leftpad": "cache_leftpad", "rotary": "rotary embeddings",
