@@ -4,8 +4,9 @@
 v whose head dim flash_fwd does not take (257..512). Without qv, a call that uses what the MLA forward lacks
 (ALiBi, dropout, sinks, attention_chunk, seqused, or a gradient: ``value_split.wanted``) runs flash_fwd over v's
 column pieces (``lazytriton.value_split``), which has each of them and a backward. Every other call runs the family
-``kernels/flash_fwd_mla``, every argument checked first (a TypeError/ValueError naming it, before anything runs);
-with qv, what it does not take is refused by name. A plain eager call that wants no gradient runs the binding; any
+``kernels/flash_fwd_mla``, every argument checked first (a TypeError/ValueError naming it, before anything runs),
+attention_chunk and (packed) seqused_q/seqused_k included (its CHUNK, SEQUSED_Q, SEQUSED_K); with qv, what it does
+not take (ALiBi, dropout, sinks) is refused by name. A plain eager call that wants no gradient runs the binding; any
 other goes through the torch op (``lazytriton.mla_op``, imported on first use), which torch.compile traces and
 whose backward raises NotImplementedError: FlashAttention-3 has no backward with qv or v of more than 256 columns
 either.
@@ -26,11 +27,14 @@ from lazytriton.value_split import Extras as Extras  # the public functions buil
 _Tensor = torch.Tensor
 
 
+_TAKEN = ("attention_chunk", "seqused_q", "seqused_k")  # Extras the MLA forward takes (CHUNK, SEQUSED_Q/K)
+
+
 def _refuse(extras: Extras) -> None:
     for name, on in extras.given().items():
-        if on:
+        if on and name not in _TAKEN:
             raise ValueError(f"{name} is not taken with qv (the MLA forward, FlashAttention-3's): it has no ALiBi, "
-                             "dropout, sinks, attention_chunk or seqused (without qv, a v of more than "
+                             "dropout or sinks (without qv, a v of more than "
                              f"{geometry.MAX_HEAD_DIM} columns takes them: flash_fwd over v's column pieces)")
 
 
@@ -51,18 +55,19 @@ def attention(q: Any, k: Any, v: Any, qv: Any, causal: Any, scale: Any, names: N
     if value_split.wanted(v, qv, extras, q, k):
         return value_split.attention(q, k, v, causal, scale, names, window, softcap, extras, run)
     _refuse(extras)
+    chunk = extras.attention_chunk
     if qv is not None:
-        binding.check(q, k, v, None, causal, scale, names, window, softcap)
+        binding.check(q, k, v, None, causal, scale, names, window, softcap, chunk)
         binding.check_qv(qv, q.transpose(1, 2), v.shape[-1])
         qv = qv.transpose(1, 2)
-    call = binding.check(q, k, v, qv, causal, scale, names, window, softcap)
+    call = binding.check(q, k, v, qv, causal, scale, names, window, softcap, chunk)
     if plain and _eager((q, k, v, qv)):
         return binding.forward(q, k, v, qv, call)
     from lazytriton.mla_op import flash_fwd_mla_op
 
     c = call.attn
     return flash_fwd_mla_op(q, k, v, qv, c.scale, c.causal, c.window_left, c.window_right,  # type: ignore[no-any-return]
-                            c.softcap)
+                            c.softcap, c.attention_chunk)
 
 
 def varlen_attention(q: Any, k: Any, v: Any, qv: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
@@ -77,9 +82,12 @@ def varlen_attention(q: Any, k: Any, v: Any, qv: Any, cu_seqlens_q: Any, cu_seql
                                             scale, window, softcap, extras, plain)
     _refuse(extras)
     cu_q, cu_k = index_tensor(cu_seqlens_q), index_tensor(cu_seqlens_k)
-    plain = plain and _eager((q, k, v, qv)) and type(cu_q) is _Tensor and type(cu_k) is _Tensor
+    used_q, used_k = index_tensor(extras.seqused_q), index_tensor(extras.seqused_k)
+    plain = plain and _eager((q, k, v, qv)) and all(t is None or type(t) is _Tensor for t in (cu_q, cu_k, used_q,
+                                                                                               used_k))
     vc, _ = binding.check_varlen(q, k, v, qv, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
-                                 softcap, values=None if plain else False)
+                                 softcap, values=None if plain else False, seqused_q=used_q, seqused_k=used_k,
+                                 attention_chunk=extras.attention_chunk)
     if plain:
         return binding.varlen_forward(q, k, v, qv, cu_q, cu_k, vc)
     from lazytriton.mla_op import flash_varlen_fwd_mla_op
@@ -87,4 +95,4 @@ def varlen_attention(q: Any, k: Any, v: Any, qv: Any, cu_seqlens_q: Any, cu_seql
     c = vc.call
     return flash_varlen_fwd_mla_op(  # type: ignore[no-any-return]
         q, k, v, qv, cu_q, cu_k, vc.max_seqlen_q, vc.max_seqlen_k, c.scale, causal, c.window_left, c.window_right,
-        c.softcap)
+        c.softcap, used_q, used_k, c.attention_chunk)

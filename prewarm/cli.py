@@ -257,8 +257,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                            "cu_seqlens_q in flash_attn_with_kvcache, flash_attn_varlen_func with a block_table")
     axes.add_argument("--attention-chunk", action="store_true",
                       help="also build the chunked-attention (CHUNK=true) variants of flash_fwd, flash_bwd_dq, "
-                           "flash_bwd_dkdv and flash_decode's split kernel: attention_chunk in the API (the chunk "
-                           "size is a runtime argument: one variant serves every size)")
+                           "flash_bwd_dkdv, flash_fwd_mla (with --qv) and flash_decode's split kernel: attention_chunk "
+                           "in the API (the chunk size is a runtime argument: one variant serves every size)")
     axes.add_argument("--qv", action="store_true",
                       help="also build the qv (QV=true) variants of flash_decode's split kernel: FlashAttention-3's "
                            "qv in flash_attn_with_kvcache, and MLA's latent cache (v_cache = k_cache[..., :512]), "

@@ -45,8 +45,8 @@ given, the groups are the default grid:
     varlen_q  false (``--varlen-q`` adds true: decoding calls with queries packed by cu_seqlens_q, VARLEN_Q=true
               on the split kernel)
     chunk     false (``--attention-chunk`` adds true: calls with FlashAttention-3's attention_chunk, CHUNK=true on
-              flash_fwd, flash_bwd_dq, flash_bwd_dkdv and flash_decode's split kernel; the chunk size is a runtime
-              argument, so one variant serves every size)
+              flash_fwd, flash_bwd_dq, flash_bwd_dkdv, flash_fwd_mla (with qv) and flash_decode's split kernel;
+              the chunk size is a runtime argument, so one variant serves every size)
     key_mask  false (``--key-mask`` adds true: decoding calls under lazytriton's per-(batch, key) boolean mask,
               KEY_MASK=true on the split kernel: what the transformers integration's decoding steps run)
     qv        false (``--qv`` adds true: decoding calls with FlashAttention-3's qv or MLA's latent cache, QV=true

@@ -181,10 +181,17 @@ def _bad(what: str) -> Any:
         "dropout": lambda: lazytriton.flash_attn_func(q, k, v, qv=qv, dropout_p=0.1),
         "alibi": lambda: lazytriton.flash_attn_func(q, k, v, qv=qv, alibi_slopes=torch.ones(2)),
         "sinks": lambda: lazytriton.flash_attn_func(q, k, v, qv=qv, sinks=torch.zeros(2)),
-        "chunk": lambda: lazytriton.flash_attn_func(q, k, v, qv=qv, attention_chunk=4),
+        "chunk": lambda: lazytriton.flash_attn_func(q, k, v, qv=qv, attention_chunk=-4),
+        "chunk type": lambda: lazytriton.flash_attn_func(q, k, v, qv=qv, attention_chunk=4.0),
         "seqused": lambda: lazytriton.flash_attn_varlen_func(
             q[0], k[0], v[0], torch.tensor([0, 8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32), 8,
-            8, qv=qv[0], seqused_k=torch.tensor([4], dtype=torch.int32)),
+            8, qv=qv[0], seqused_k=torch.tensor([4], dtype=torch.int64)),
+        "seqused value": lambda: lazytriton.flash_attn_varlen_func(
+            q[0], k[0], v[0], torch.tensor([0, 8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32), 8,
+            8, qv=qv[0], seqused_q=torch.tensor([9], dtype=torch.int32)),
+        "seqused shape": lambda: lazytriton.flash_attn_varlen_func(
+            q[0], k[0], v[0], torch.tensor([0, 8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32), 8,
+            8, qv=qv[0], seqused_k=torch.tensor([4, 4], dtype=torch.int32)),
     }
     return calls[what]
 
@@ -193,7 +200,8 @@ BAD = {"qv shape": (ValueError, r"qv must have shape \(1, 8, 2, 512\)"), "qv dty
        "qv type": (TypeError, "qv must be a torch.Tensor"), "qv strides": (ValueError, "contiguous last dim"),
        "v head dim": (ValueError, r"v's head dim .* 1\.\.512, got 513"), "dropout": (ValueError, "dropout_p"),
        "alibi": (ValueError, "alibi_slopes"), "sinks": (ValueError, "sinks"), "chunk": (ValueError, "attention_chunk"),
-       "seqused": (ValueError, "seqused_k")}
+       "chunk type": (TypeError, "attention_chunk"), "seqused": (TypeError, "seqused_k"),
+       "seqused value": (ValueError, r"seqused_q\[0\] = 9"), "seqused shape": (ValueError, "seqused_k must have shape")}
 
 
 @pytest.mark.parametrize("what", sorted(BAD))

@@ -207,8 +207,8 @@ FA3_KV = {"seqlen_q": 1, "seqlen_k": 128, "d": 128, "varlen_q": False, "has_batc
     ("fa3", "test_flash_attn_output", FA3_OUT, "expressible", (), ("window-list", "attention-chunk")),
     ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64}, "expressible", (),
      ("v-pieces", "window-list", "head-dim-v", "attention-chunk")),
-    ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64, "has_qv": True}, "gap", ("qv-chunk",),
-     ("window-list", "qv", "head-dim-v", "attention-chunk")),
+    ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64, "has_qv": True}, "expressible", (),
+     ("window-list", "qv", "qv-chunk", "head-dim-v", "attention-chunk")),
     ("fa3", "test_flash_attn_output", {**FA3_OUT, "d": 64, "dtype": "float8_e4m3fn"}, "expressible", (),
      ("window-list", "fp8-forward", "attention-chunk")),
     ("fa3", "test_flash_attn_output", {**FA3_OUT, "has_qv": True}, "skipped", (), ()),
@@ -216,8 +216,11 @@ FA3_KV = {"seqlen_q": 1, "seqlen_k": 128, "d": 128, "varlen_q": False, "has_batc
                                               "add_unused_qkv": True}, "expressible", (),
      ("v-pieces", "window-tensor", "head-dim-v", "attention-chunk", "seqused")),
     ("fa3", "test_flash_attn_varlen_output", {**FA3_OUT, "d": 64, "seqlen_q": 307, "seqlen_k": 256,
-                                              "add_unused_qkv": True, "has_qv": True}, "gap", ("qv-seqused",),
-     ("window-tensor", "qv", "head-dim-v", "attention-chunk", "seqused")),
+                                              "add_unused_qkv": True, "has_qv": True}, "expressible", (),
+     ("window-tensor", "qv", "qv-seqused", "head-dim-v", "attention-chunk", "seqused")),
+    ("fa3", "test_flash_attn_varlen_output", {**FA3_OUT, "d": 64, "seqlen_q": 113, "seqlen_k": 256,
+                                              "add_unused_qkv": True, "has_qv": True}, "expressible", (),
+     ("window-tensor", "qv", "qv-chunk", "qv-seqused", "head-dim-v", "attention-chunk", "seqused")),
     ("fa3", "test_flash_attn_kvcache", FA3_KV, "expressible", (),
      ("window-tensor", "attention-chunk", "fp8-q-kvcache", "rotary-seqlens-unused", "paged", "kvcache-index")),
     ("fa3", "test_flash_attn_kvcache", {**FA3_KV, "seqlen_k": 339}, "skipped", (), ()),
@@ -239,11 +242,13 @@ def test_census_rules_classify_known_cases(suite: str, function: str, params: di
 def test_census_counts_per_function_and_rule() -> None:
     cases = [{"function": "test_flash_attn_output", "params": p} for p in
              (FA3_OUT, {**FA3_OUT, "d": 64, "has_qv": True}, {**FA3_OUT, "has_qv": True}, {**FA3_OUT, "local": False})]
+    cases.append({"function": "test_flash3_bw_compatibility", "params": {}})
     result = peer_census.census("fa3", cases)
-    assert result["totals"] == {"collected": 4, "skipped": 1, "run": 3, "expressible": 2}
-    assert result["gaps"]["qv-chunk"]["count"] == 1 and result["features"]["window-list"]["count"] == 2
+    assert result["totals"] == {"collected": 5, "skipped": 1, "run": 4, "expressible": 3}
+    assert result["gaps"]["op-schemas"]["count"] == 1 and result["features"]["window-list"]["count"] == 2
+    assert result["features"]["qv-chunk"]["count"] == 1
     text = peer_census.markdown(result)
-    assert "| test_flash_attn_output | 4 | 1 | 3 | 2 | 66.67% |" in text and "- qv-chunk: 1 (33.33%)" in text
+    assert "| test_flash_attn_output | 4 | 1 | 3 | 3 | 100.00% |" in text and "- op-schemas: 1 (25.00%)" in text
     assert peer_census.plain({"dtype": torch.float8_e4m3fn, "pair": (1, None), "x": object}) == {
         "dtype": "float8_e4m3fn", "pair": [1, None], "x": repr(object)}
 

@@ -310,9 +310,9 @@ BAD = {
     "sinks shape": (lambda q, k, v: lazytriton.flash_attn_func(q, k, v, sinks=torch.zeros(3)), ValueError, "sinks"),
     "k and v lengths": (lambda q, k, v: lazytriton.flash_attn_func(q, k, v[:, :5], attention_chunk=4), ValueError,
                         "k and v must have the same shape"),
-    "chunk with qv": (lambda q, k, v: lazytriton.flash_attn_func(q, k, v, qv=torch.randn(1, 9, 2, 320),
-                                                                 attention_chunk=4), ValueError,
-                      "attention_chunk is not taken with qv"),
+    "sinks with qv": (lambda q, k, v: lazytriton.flash_attn_func(q, k, v, qv=torch.randn(1, 9, 2, 320),
+                                                                 sinks=torch.zeros(2)), ValueError,
+                      "sinks is not taken with qv"),
     "seqused shape": (lambda q, k, v: lazytriton.flash_attn_varlen_func(
         q[0], k[0], v[0], torch.tensor([0, 9], dtype=torch.int32), torch.tensor([0, 9], dtype=torch.int32), 9, 9,
         seqused_k=torch.tensor([1, 2], dtype=torch.int32)), ValueError, "seqused_k"),

@@ -14,7 +14,10 @@ and its strides are not read (0). ``BLOCK_DV``/``EVEN_DV`` are v's tile and even
 head dim is the family's reason to exist); ``BLOCK_D``/``EVEN_D`` q's and k's. ``WINDOW``, ``SOFTCAP``,
 ``VARLEN`` are flash_fwd's (``kernels/flash_fwd/__init__.py``): runtime window sides and cap, packed
 sequences through ``Cu_seqlens_q``/``Cu_seqlens_k`` (0 when dense) with the lse in FlashAttention-2's varlen
-layout (heads_q, total_q).
+layout (heads_q, total_q). So are ``CHUNK`` (FlashAttention-3's ``attention_chunk``, the runtime
+``attention_chunk``; its bounds are ``kernels/chunk.py``'s, a helper of this kernel as of flash_fwd's) and, with
+``VARLEN``, ``SEQUSED_Q``/``SEQUSED_K`` (FlashAttention-3's ``seqused_q``/``seqused_k``: ``Seqused_q``/
+``Seqused_k``, int32 one a sequence, 0 when not read).
 
 Tiles (``dispatch.default_config``). With v of 512 the accumulator is BLOCK_M x 512 float32: at BLOCK_M 64
 and 8 warps (two warpgroups, each 64 x 256 of it) that is 128 registers a thread, what Hopper leaves room for
@@ -46,6 +49,8 @@ FLASH_FWD_MLA = KernelSpec(
         ("Lse", "*fp32"),
         ("Cu_seqlens_q", "*i32"),
         ("Cu_seqlens_k", "*i32"),
+        ("Seqused_q", "*i32"),
+        ("Seqused_k", "*i32"),
         *_STRIDES,
         ("stride_lb", "{index}"),
         ("stride_lh", "{index}"),
@@ -57,12 +62,14 @@ FLASH_FWD_MLA = KernelSpec(
         ("causal_offset", "i32"),
         ("window_left", "i32"),
         ("window_right", "i32"),
+        ("attention_chunk", "i32"),
         ("sm_scale", "fp32"),
         ("softcap", "fp32"),
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "WINDOW", "SOFTCAP",
-                "VARLEN", "QV"),
+                "VARLEN", "QV", "CHUNK", "SEQUSED_Q", "SEQUSED_K"),
     aligned_params=("Q", "K", "V", "Qv", "Out", "Lse") + tuple(name for name, _ in _STRIDES),
+    helpers=("lazytriton.kernels.chunk",),
 )
 
 

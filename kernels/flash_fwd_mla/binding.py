@@ -4,8 +4,10 @@ A call is flash_fwd's (``flash_fwd.binding.check`` and ``varlen.check`` check q,
 the window, the softcap and, packed, cu_seqlens and the lengths; v through its first 256 columns, the most
 flash_fwd takes, its own head dim checked here up to 512) plus ``qv``: ``Call`` holds flash_fwd's record with
 v's head dim and whether qv is given. With qv the default scale is FlashAttention-3's 1/sqrt(head_dim +
-head_dim_v). Tensors are in the kernel's (batch, heads, seqlen, head dim) order; packed ones as varlen's
-(1, heads, total, head dim) views.
+head_dim_v). FlashAttention-3's ``attention_chunk`` is flash_fwd's (``fwd.with_chunk``: the call's
+``attention_chunk``, the kernel's CHUNK) and, packed, ``seqused_q``/``seqused_k`` are varlen's (``VarlenCall``'s,
+the kernel's SEQUSED_Q/SEQUSED_K). Tensors are in the kernel's (batch, heads, seqlen, head dim) order; packed ones
+as varlen's (1, heads, total, head dim) views.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from lazytriton.variant import Variant
 INT_PARAMS = tuple(name for name, kind in FLASH_FWD_MLA.params if not kind.startswith("fp"))
 _N_POINTERS = sum(1 for _, kind in FLASH_FWD_MLA.params if kind.startswith("*"))
 MARK = "mla"  # the memo key's first item: no other family's key starts with it
+CHUNK_TAG = "chunk"  # the memo key's tail item of a call with attention_chunk (absent: the key without it)
+NOT_USED = (False, False)  # SEQUSED_Q, SEQUSED_K of a call without seqused
 
 
 class Call(NamedTuple):
@@ -72,33 +76,39 @@ def _with_dims(call: fwd.Call, head_dim_v: int, qv: bool, scale: Any) -> fwd.Cal
 
 
 def check(q: Any, k: Any, v: Any, qv: Any, causal: Any = False, scale: Any = None, names: fwd.Names = fwd.NAMES,
-          window: Any = fwd.NO_WINDOW, softcap: Any = 0.0) -> Call:
+          window: Any = fwd.NO_WINDOW, softcap: Any = 0.0, attention_chunk: Any = 0) -> Call:
     """The checked dense call ((B, H, S, D) tensors; qv (B, Hq, Sq, Dv) or None), or a TypeError/ValueError."""
     dv = check_head_dim_v(v, names.v)
-    call = fwd.check(q, k, _stand_in(v), causal, scale, names, window, softcap)
+    call = fwd.with_chunk(fwd.check(q, k, _stand_in(v), causal, scale, names, window, softcap), attention_chunk)
     if qv is not None:
         check_qv(qv, q, dv)
     return Call(_with_dims(call, dv, qv is not None, scale), qv is not None)
 
 
 def check_varlen(q: Any, k: Any, v: Any, qv: Any, cu_q: Any, cu_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
-                 causal: Any, scale: Any, window: Any, softcap: Any,
-                 values: bool | None = None) -> tuple[varlen.VarlenCall, bool]:
+                 causal: Any, scale: Any, window: Any, softcap: Any, values: bool | None = None,
+                 seqused_q: Any = None, seqused_k: Any = None,
+                 attention_chunk: Any = 0) -> tuple[varlen.VarlenCall, bool]:
     """A packed call ((total, heads, dim) tensors) checked: varlen's record with v's head dim, and whether qv is given.
 
-    ``values``: ``varlen.check``'s (None: read cu_seqlens to the host unless tracing or capturing).
+    ``values``: ``varlen.check``'s (None: read cu_seqlens, and seqused, to the host unless tracing or capturing);
+    ``seqused_q``, ``seqused_k``, ``attention_chunk``: FlashAttention-3's, as ``varlen.check`` takes them.
     """
     dv = check_head_dim_v(v)
     vc = varlen.check(q, k, _stand_in(v), cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
-                      values=values)
+                      values=values, seqused_q=seqused_q, seqused_k=seqused_k, attention_chunk=attention_chunk)
     if qv is not None:
         check_qv(qv, q, dv)
     return vc._replace(call=_with_dims(vc.call, dv, qv is not None, scale)), qv is not None
 
 
 def pack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.Tensor | None, out: torch.Tensor,
-         lse: torch.Tensor, call: Call, cu_q: int = 0, cu_k: int = 0) -> tuple[tuple[int, ...], bool, bool]:
-    """(ints in ``INT_PARAMS``' order, aligned, index64); qv None: its pointer and strides 0 (not read)."""
+         lse: torch.Tensor, call: Call, cu_q: int = 0, cu_k: int = 0, used_q: int = 0,
+         used_k: int = 0) -> tuple[tuple[int, ...], bool, bool]:
+    """(ints in ``INT_PARAMS``' order, aligned, index64); qv None: its pointer and strides 0 (not read).
+
+    ``cu_q``, ``cu_k``, ``used_q``, ``used_k``: the addresses of cu_seqlens and seqused (0: not read).
+    """
     c = call.attn
     b, hq, hk, sq, sk, d = c.shape
     dv = c.dv
@@ -107,11 +117,12 @@ def pack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.Tensor | N
     values = {
         "Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(), "Qv": 0 if qv is None else qv.data_ptr(),
         "Out": out.data_ptr(), "Lse": lse.data_ptr(), "Cu_seqlens_q": cu_q, "Cu_seqlens_k": cu_k,
+        "Seqused_q": used_q, "Seqused_k": used_k,
         **{f"stride_{t}{x}": s[i] for t, s in (("q", qs), ("k", ks), ("v", vs), ("qv", qvs), ("o", os))
            for i, x in enumerate("bhs")},
         "stride_lb": hq * sq, "stride_lh": sq, "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk,
         "head_dim": d, "head_dim_v": dv, "causal_offset": c.offset, "window_left": c.window_left,
-        "window_right": c.window_right,
+        "window_right": c.window_right, "attention_chunk": c.attention_chunk,
     }
     aligned = not any(values[name] & 15 for name in FLASH_FWD_MLA.aligned_params)
     index64 = max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2] + d,
@@ -128,61 +139,75 @@ def floats(call: Call) -> tuple[float, float]:
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, shape: fwd.Shape, aligned: bool,
-             index64: bool, packed: bool = False) -> tuple[Any, ...]:
-    """The plan's memo key: everything ``variant`` reads, seqlens through the tuning buckets."""
+             index64: bool, packed: bool = False, used: tuple[bool, bool] = NOT_USED) -> tuple[Any, ...]:
+    """The plan's memo key: everything ``variant`` reads, seqlens through the tuning buckets.
+
+    ``used``: the SEQUSED_Q/SEQUSED_K flags (packed only). A call with neither nor a chunk keeps the short key.
+    """
     c = call.attn
+    tail = (CHUNK_TAG,) if c.chunked else ()
+    tail += ("seqused", *used) if any(used) else ()
     return (MARK, device_index, dtype, shape.head_dim, c.dv, call.qv, c.causal != "none", aligned, index64,
-            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k), c.windowed, c.capped, packed)
+            tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k), c.windowed, c.capped, packed,
+            *tail)
 
 
 def variant(target: Any, dtype: torch.dtype, call: Call, shape: fwd.Shape, aligned: bool, index64: bool,
-            packed: bool = False) -> Variant:
+            packed: bool = False, used: tuple[bool, bool] = NOT_USED) -> Variant:
     """The variant serving a call of this shape (the family's dispatch decides)."""
     c = call.attn
     return dispatch.kernel_variant(KERNEL, target, fwd.DTYPES[dtype], shape.head_dim, c.causal != "none", aligned,
                                    shape.seqlen_q, shape.seqlen_k, index64=index64, window=c.windowed,
-                                   softcap=c.capped, varlen=packed, head_dim_v=c.dv, qv=call.qv)
+                                   softcap=c.capped, varlen=packed, head_dim_v=c.dv, qv=call.qv, chunk=c.chunked,
+                                   seqused_q=used[0], seqused_k=used[1])
 
 
-def interpreter_constexprs(call: Call, shape: fwd.Shape, packed: bool = False) -> dict[str, Any]:
+def interpreter_constexprs(call: Call, shape: fwd.Shape, packed: bool = False,
+                           used: tuple[bool, bool] = NOT_USED) -> dict[str, Any]:
     """Constexprs for Triton's interpreter: small tiles (the interpreter's cost is per program and op)."""
     c = call.attn
     padded, padded_v = geometry.padded_head_dim(shape.head_dim), geometry.padded_value_dim(c.dv)
     return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": padded == shape.head_dim,
             "BLOCK_DV": padded_v, "EVEN_DV": padded_v == c.dv, "CAUSAL": c.causal != "none",
-            "WINDOW": c.windowed, "SOFTCAP": c.capped, "VARLEN": packed, "QV": call.qv}
+            "WINDOW": c.windowed, "SOFTCAP": c.capped, "VARLEN": packed, "QV": call.qv, "CHUNK": c.chunked,
+            "SEQUSED_Q": used[0], "SEQUSED_K": used[1]}
 
 
 def _plan(rt: Any, key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, call: Call, shape: fwd.Shape,
-          aligned: bool, index64: bool, packed: bool) -> Any:
+          aligned: bool, index64: bool, packed: bool, used: tuple[bool, bool] = NOT_USED) -> Any:
     """``launch.plan`` of the call's variant: (kernel, BLOCK_M), memoised under ``key``."""
     return launch.plan(rt, key, device,
-                       lambda target: ((variant(target, dtype, call, shape, aligned, index64, packed), ("BLOCK_M",)),),
+                       lambda target: ((variant(target, dtype, call, shape, aligned, index64, packed, used),
+                                        ("BLOCK_M",)),),
                        "run the call once with this shape before the capture, or lazytriton.preload it")
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.Tensor | None, out: torch.Tensor,
-        lse: torch.Tensor, call: Call, shape: fwd.Shape, cu: tuple[Any, Any] = (0, 0), packed: bool = False) -> None:
+        lse: torch.Tensor, call: Call, shape: fwd.Shape, cu: tuple[Any, Any] = (0, 0), packed: bool = False,
+        seqused: tuple[Any, Any] = (None, None)) -> None:
     """Launch the kernel (GPU: the memoised plan, one dict lookup once warm) or interpret it (CPU).
 
     ``shape`` sizes the grid (packed: sequences x max_seqlen); ``cu``: cu_seqlens_q and cu_seqlens_k (tensors),
-    or 0 when dense.
+    or 0 when dense; ``seqused``: seqused_q and seqused_k (tensors, packed only) or None.
     """
-    addresses = tuple(p if isinstance(p, int) else p.data_ptr() for p in cu)
+    used = (seqused[0] is not None, seqused[1] is not None)
+    used_args = tuple(0 if t is None else t for t in seqused)
+    addresses = tuple(p if isinstance(p, int) else p.data_ptr() for p in (*cu, *used_args))
     ints, aligned, index64 = pack(q, k, v, qv, out, lse, call, *addresses)
     if q.device.type == "cpu":
         from lazytriton import compiler  # on CPU tensors only: the interpreter
 
         fwd.warn_if_slow(shape)
-        constexprs = interpreter_constexprs(call, shape, packed)
-        args = (q, k, v, 0 if qv is None else qv, out, lse, *cu, *ints[_N_POINTERS:], *floats(call))
+        constexprs = interpreter_constexprs(call, shape, packed, used)
+        args = (q, k, v, 0 if qv is None else qv, out, lse, *cu, *used_args, *ints[_N_POINTERS:], *floats(call))
         compiler.interpret(KERNEL, grid(shape.seqlen_q, shape.heads_q, shape.batch, constexprs["BLOCK_M"]), args,
                            constexprs)
         return
     device = q.device
     rt = runtime.get()
-    key = memo_key(device.index, q.dtype, call, shape, aligned, index64, packed)
-    kernel, block_m = rt.plans.get(key) or _plan(rt, key, device, q.dtype, call, shape, aligned, index64, packed)
+    key = memo_key(device.index, q.dtype, call, shape, aligned, index64, packed, used)
+    kernel, block_m = rt.plans.get(key) or _plan(rt, key, device, q.dtype, call, shape, aligned, index64, packed,
+                                                 used)
     kernel.launch(grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), launch.raw_stream(device.index), ints,
                   floats(call), launch.scratch_alloc)
 
@@ -212,7 +237,8 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.
         vc = varlen.host_lengths(vc, cu_q, cu_k)
     view = varlen.kernel_view
     run(view(q), view(k), view(v), None if qv is None else view(qv), view(out), lse.unsqueeze(0),
-        Call(vc.call, qv is not None), vc.kernel_shape, (cu_q, cu_k), packed=True)
+        Call(vc.call, qv is not None), vc.kernel_shape, (cu_q, cu_k), packed=True,
+        seqused=(vc.seqused_q, vc.seqused_k))
     return out, lse
 
 

@@ -10,7 +10,8 @@ Prewarm plans it through ``prewarm_variants``, only when a plan asks for MLA's c
 they are). Then: bf16 and fp16, q's head dim 64 (MLA's rotary part; ``--head-dim`` picks others), v's head dims
 given (with ``--qv`` alone: 512 and 256, FlashAttention-3's qv sizes), with qv where ``--qv`` is given and
 without it where v's head dim is over 256: a call without qv whose v's head dim is 256 or less is flash_fwd's
-(it has a backward there). ``--window``, ``--softcap`` and ``--varlen`` add their flags.
+(it has a backward there). ``--window``, ``--softcap``, ``--varlen``, ``--attention-chunk`` (CHUNK) and, with
+``--varlen``, ``--seqused`` (SEQUSED_Q, SEQUSED_K or both) add their flags.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ PREWARM_DTYPES = ("bf16", "fp16")
 PREWARM_HEAD_DIMS = (64,)
 PREWARM_HEAD_DIMS_V = (512, 256)
 PREWARM_MAX_HEAD_DIM_V = geometry.MAX_HEAD_DIM_V
-PREWARM_AXES = ("causal", "window", "softcap", "varlen", "qv")  # the keyword axes prewarm_variants takes
+# The keyword axes prewarm_variants takes.
+PREWARM_AXES = ("causal", "window", "softcap", "varlen", "qv", "chunk", "seqused")
 # What a call of this kernel may carry beyond its own flags: the Request fields it refuses, with the reason.
 _REFUSED = {"alibi": "ALiBi", "bias": "an additive bias (attn_mask)", "dropout": "dropout", "paged": "a paged cache",
-            "seqused_q": "seqused_q", "seqused_k": "seqused_k", "sinks": "attention sinks",
-            "chunk": "attention_chunk", "leftpad": "cache_leftpad", "rotary": "rotary embeddings",
+            "sinks": "attention sinks", "leftpad": "cache_leftpad", "rotary": "rotary embeddings",
             "varlen_q": "packed decoding queries", "bias_grad": "a bias gradient"}
+
+
+_USED_MODES = ((False, False), (True, False), (False, True), (True, True))  # (seqused_q, seqused_k)
 
 
 def served(head_dim_v: int, qv: bool) -> bool:
@@ -82,6 +86,9 @@ def refuse_unsupported(request: Request) -> None:
     if request.kv_fp8 != "none" or request.dtype not in ("fp16", "bf16", "fp32"):
         raise ValueError(f"{KERNEL} takes fp16, bf16 or fp32 tensors, got dtype {request.dtype}, "
                          f"kv_fp8 {request.kv_fp8}")
+    if (request.seqused_q or request.seqused_k) and not request.varlen:
+        raise ValueError(f"{KERNEL}: seqused_q/seqused_k need packed sequences (varlen=True), got seqused_q="
+                         f"{request.seqused_q}, seqused_k={request.seqused_k}, varlen=False")
 
 
 def variant(kernel: str, target: Target, request: Request) -> Variant:
@@ -99,7 +106,8 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                                      "BLOCK_DV": padded_v, "CAUSAL": bool(request.causal),
                                      "EVEN_D": request.head_dim == padded, "EVEN_DV": dv == padded_v,
                                      "INDEX64": bool(request.index64)}
-    add_flags(fields, window=request.window, softcap=request.softcap, varlen=request.varlen, qv=request.qv)
+    add_flags(fields, window=request.window, softcap=request.softcap, varlen=request.varlen, qv=request.qv,
+              chunk=request.chunk, seqused_q=request.seqused_q, seqused_k=request.seqused_k)
     return Variant(kernel, str(target), request.dtype, pairs(fields), pairs(cfg.tuned()), pairs(cfg.options(target)))
 
 
@@ -114,24 +122,31 @@ def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[
                      paged: Iterable[bool], aligned: Iterable[bool], index64: Iterable[bool],
                      causal: Iterable[bool] | None = None, window: Iterable[bool] = (False,),
                      softcap: Iterable[bool] = (False,), varlen: Iterable[bool] = (False,),
-                     qv: Iterable[bool] = (False,)) -> list[Variant]:
+                     qv: Iterable[bool] = (False,), chunk: Iterable[bool] = (False,),
+                     seqused: Iterable[bool] = (False,)) -> list[Variant]:
     """The variants for prewarm's axes (the module docstring): calls this kernel serves (``served``) only.
 
     None unless ``qv`` holds True or ``head_dims_v`` one over 256; ``head_dims_v``: v's (0 or none given:
     ``PREWARM_HEAD_DIMS_V``); ``causal`` None: both; ``paged`` does not apply. One config a (dtype, v's head dim),
-    so no seqlen axis.
+    so no seqlen axis. ``chunk`` and ``seqused`` (True adds, to the packed calls, those with seqused_q, seqused_k
+    and both) apply to calls with qv only.
     """
     qv = tuple(qv)
     dims_v = [dim for dim in head_dims_v if dim]
     if True not in qv and not any(served(dim, False) for dim in dims_v):
         return []
     dims_v = dims_v or list(PREWARM_HEAD_DIMS_V)
+    used_modes = _USED_MODES if True in tuple(seqused) else _USED_MODES[:1]
     found = []
-    for dtype, head_dim, dim_v, is_causal, is_aligned, wide, windowed, capped, packed, with_qv in itertools.product(
-            dtypes, head_dims, dims_v, (False, True) if causal is None else causal, aligned, index64, window,
-            softcap, varlen, qv):
-        if dtype in PREWARM_DTYPES + ("fp32",) and served(dim_v, with_qv):
+    for (dtype, head_dim, dim_v, is_causal, is_aligned, wide, windowed, capped, packed, with_qv, chunked,
+         used) in itertools.product(dtypes, head_dims, dims_v, (False, True) if causal is None else causal, aligned,
+                                    index64, window, softcap, varlen, qv, chunk, used_modes):
+        # A chunk or seqused without qv runs flash_fwd over v's pieces (lazytriton.value_split), not this kernel.
+        extra = chunked or any(used)
+        if dtype in PREWARM_DTYPES + ("fp32",) and served(dim_v, with_qv) and (packed or not any(used)) and (
+                with_qv or not extra):
             request = Request(dtype, head_dim, is_causal, is_aligned, 1, 1, index64=wide, window=windowed,
-                              softcap=capped, varlen=packed, head_dim_v=dim_v, qv=with_qv)
+                              softcap=capped, varlen=packed, head_dim_v=dim_v, qv=with_qv, chunk=chunked,
+                              seqused_q=used[0], seqused_k=used[1])
             found.append(variant(KERNEL, target, request))
     return found

@@ -14,11 +14,20 @@ blocks inside every row's run unmasked. A row that sees no key gets out 0 and ls
 ``VARLEN``: packed (total, heads, dim) tensors seen as one batch (the binding passes (1, heads, total, dim)
 views); program z is sequence ``batch``, whose rows start at ``Cu_seqlens_q[batch]`` and keys at
 ``Cu_seqlens_k[batch]``, its own lengths and bottom-right offset len_k - len_q (``causal_offset`` is not
-read); the lse is (heads_q, total_q).
+read); the lse is (heads_q, total_q). With ``SEQUSED_Q``/``SEQUSED_K`` (FlashAttention-3's seqused_q/seqused_k)
+the sequence's lengths are ``Seqused_q[batch]``/``Seqused_k[batch]`` (the offset too): keys past the used length
+are never read, rows past it (to the span's end) get out 0 and lse -inf, and a block of such rows visits no key.
+
+``CHUNK`` (FlashAttention-3's attention_chunk): key j is visible to query i only when j and p = i + causal_offset
+lie in the same chunk of ``attention_chunk`` keys, on top of the masks above; each row's chunk, cut to its
+window, is a window of its own (``kernels/chunk.py``'s ``row_chunks``, flash_fwd's bounds), and the key blocks
+outside every row's chunk are skipped by the loop bounds.
 """
 
 import triton
 import triton.language as tl
+
+from lazytriton.kernels.chunk import row_chunks
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -35,9 +44,12 @@ def _block(
     acc, l_i, m_i, q, qv, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, offs_dv, seqlen_k, head_dim,
     head_dim_v, causal_offset, window_left, window_right, qk_scale, cap, stride_ks, stride_vs,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, QV: tl.constexpr, IEEE: tl.constexpr,
+    LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, QV: tl.constexpr, IEEE: tl.constexpr,
 ):
-    """One step of the online softmax over keys [start_n, start_n + BLOCK_N): scores, masks, p, the accumulator."""
+    """One step of the online softmax over keys [start_n, start_n + BLOCK_N): scores, masks, p, the accumulator.
+
+    ``LOCAL``: the window masks apply, with scalar sides (``WINDOW``) or each row's chunk as its window ([M, 1]).
+    """
     cols = start_n + offs_n
     keep_k = (offs_d < head_dim)[:, None] | EVEN_D
     keep_v = (offs_dv < head_dim_v)[None, :] | EVEN_DV
@@ -68,7 +80,7 @@ def _block(
         keep = (cols < seqlen_k)[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= rows + causal_offset)
-        if WINDOW:
+        if LOCAL:
             keep = keep & (cols[None, :] >= rows + causal_offset - window_left)
             keep = keep & (cols[None, :] <= rows + causal_offset + window_right)
         qk = tl.where(keep, qk, float("-inf"))
@@ -91,7 +103,7 @@ def _block(
 
 @triton.jit
 def flash_fwd_mla_kernel(
-    Q, K, V, Qv, Out, Lse, Cu_seqlens_q, Cu_seqlens_k,
+    Q, K, V, Qv, Out, Lse, Cu_seqlens_q, Cu_seqlens_k, Seqused_q, Seqused_k,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -99,10 +111,11 @@ def flash_fwd_mla_kernel(
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     group_size, seqlen_q, seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
-    sm_scale, softcap,
+    attention_chunk, sm_scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False, QV: tl.constexpr = False,
+    CHUNK: tl.constexpr = False, SEQUSED_Q: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
 ):
     # Heaviest query blocks first: with a causal mask the last blocks see the most keys.
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -115,8 +128,13 @@ def flash_fwd_mla_kernel(
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - q_start
         k_start = tl.load(Cu_seqlens_k + batch)
         seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - k_start
+        span_q = seqlen_q  # the rows this sequence's programs write, used or not
+        if SEQUSED_Q:
+            seqlen_q = tl.load(Seqused_q + batch)
+        if SEQUSED_K:
+            seqlen_k = tl.load(Seqused_k + batch)
         causal_offset = seqlen_k - seqlen_q
-        if start_m >= seqlen_q:
+        if start_m >= span_q:
             return
         q_base = Q + q_start * stride_qs + head * stride_qh
         k_base = K + k_start * stride_ks + kv_head * stride_kh
@@ -165,31 +183,43 @@ def flash_fwd_mla_kernel(
     if CAUSAL:
         end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
         full_end = tl.minimum(full_end, (tl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
-    if WINDOW:
+    # The chunk's or the window's bounds, per row, else the window's alone.
+    LOCAL: tl.constexpr = WINDOW or CHUNK
+    if CHUNK:  # each row's chunk (inside its window): the blocks' bounds, and the per-row window they are masked with
+        begin, full_begin, full_end, end, window_left, window_right = row_chunks(
+            offs_m, causal_offset, attention_chunk, window_left, window_right, end, full_end, BLOCK_N, WINDOW)
+    elif WINDOW:
         begin = (tl.maximum(start_m + causal_offset - window_left, 0) // BLOCK_N) * BLOCK_N
         full_begin = tl.maximum(start_m + BLOCK_M - 1 + causal_offset - window_left, 0)
         full_begin = ((full_begin + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
         end = tl.minimum(end, tl.maximum(start_m + BLOCK_M + causal_offset + window_right, 0))
         full_end = tl.minimum(full_end,
                               (tl.maximum(start_m + causal_offset + window_right + 1, 0) // BLOCK_N) * BLOCK_N)
+    if SEQUSED_Q:  # a block of unused rows only: no key to visit
+        end = tl.where(start_m < seqlen_q, end, 0)
     full_end = tl.minimum(full_end, end)
-    if WINDOW:
+    if LOCAL:
         full_end = tl.maximum(full_end, begin)
         full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
         for start_n in range(begin, full_begin, BLOCK_N):
             acc, l_i, m_i = _block(acc, l_i, m_i, q, qv, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, offs_dv,
                                    seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right,
-                                   qk_scale, cap, stride_ks, stride_vs, EVEN_D, EVEN_DV, True, CAUSAL, WINDOW,
+                                   qk_scale, cap, stride_ks, stride_vs, EVEN_D, EVEN_DV, True, CAUSAL, LOCAL,
                                    SOFTCAP, QV, IEEE)
     for start_n in range(full_begin, full_end, BLOCK_N):
         acc, l_i, m_i = _block(acc, l_i, m_i, q, qv, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, offs_dv,
                                seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right, qk_scale,
-                               cap, stride_ks, stride_vs, EVEN_D, EVEN_DV, False, CAUSAL, WINDOW, SOFTCAP, QV, IEEE)
+                               cap, stride_ks, stride_vs, EVEN_D, EVEN_DV, False, CAUSAL, LOCAL, SOFTCAP, QV, IEEE)
     for start_n in range(full_end, end, BLOCK_N):
         acc, l_i, m_i = _block(acc, l_i, m_i, q, qv, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, offs_dv,
                                seqlen_k, head_dim, head_dim_v, causal_offset, window_left, window_right, qk_scale,
-                               cap, stride_ks, stride_vs, EVEN_D, EVEN_DV, True, CAUSAL, WINDOW, SOFTCAP, QV, IEEE)
+                               cap, stride_ks, stride_vs, EVEN_D, EVEN_DV, True, CAUSAL, LOCAL, SOFTCAP, QV, IEEE)
 
+    if SEQUSED_Q:  # rows past the used length: a row that sees no key (out 0, lse -inf), stored to the span's end
+        unused = offs_m >= seqlen_q
+        acc = tl.where(unused[:, None], 0.0, acc)
+        l_i = tl.where(unused, 0.0, l_i)
+        row_ok = offs_m < span_q
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)

@@ -16,8 +16,9 @@ from lazytriton.record import asdict, replace
 
 # The backward's kernels, whose variants a call's sinks leave as they are.
 BACKWARD_KERNELS = ("flash_bwd_dq", "flash_bwd_dkdv")
-# The kernels that take attention_chunk (CHUNK=true): the attention kernels' and the decoding split kernel.
-CHUNK_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_decode_split")
+# The kernels that take attention_chunk (CHUNK=true): the attention kernels', the MLA forward's (with --qv) and
+# the decoding split kernel.
+CHUNK_KERNELS = ("flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv", "flash_fwd_mla", "flash_decode_split")
 # Kernels a family launches only for packed new keys (--varlen): the lengths after kv_append's packed append.
 VARLEN_ONLY_KERNELS = ("kv_append_lengths",)
 
@@ -240,14 +241,15 @@ def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: 
 
             lacks = [flag for name, flag in (("alibi", "--alibi"), ("dropout", "--dropout"), ("sinks", "--sinks"),
                                              ("chunk", "--attention-chunk"), ("seqused_q", "--seqused-q"),
-                                             ("seqused_k", "--seqused-k")) if flags.get(name)]
-            if lacks:
-                raise ValueError(f"flash_fwd_mla takes no {', '.join(lacks)} (without --qv such a call runs "
+                                             ("seqused_k", "--seqused-k")) if flags.get(name)
+                     and (name in ("alibi", "dropout", "sinks") or not flags.get("qv"))]
+            if lacks:  # attention_chunk and seqused with --qv are its CHUNK and SEQUSED_Q/SEQUSED_K
+                raise ValueError(f"flash_fwd_mla takes no {', '.join(lacks)} here (without --qv such a call runs "
                                  "flash_fwd over v's pieces: --kernel flash_fwd or flash_bwd)")
             qv = meta(1, 1, seqlen_q, head_dim_v) if flags.get("qv") else None
             mla_binding.check(meta(1, 1, seqlen_q, head_dim), meta(1, 1, seqlen_k, head_dim),
                               meta(1, 1, seqlen_k, head_dim_v), qv, False if causal == "none" else causal,
-                              window=window, softcap=softcap)
+                              window=window, softcap=softcap, attention_chunk=chunk)
         elif varlen:
             cu = meta(2, of=torch.int32)
             one = meta(1, of=torch.int32)
@@ -445,7 +447,7 @@ def print_explain(report: Report) -> None:
         print("         attention_chunk (CHUNK=true, the chunk size a runtime argument): each query sees the keys of "
               "its own chunk, key blocks outside every query's chunk skipped; the Gluon forward, the Gluon dK/dV and "
               "the fused backward take no chunk, so a chunked call runs flash_fwd and flash_bwd's two Triton "
-              "kernels (flash_decode_split with the KV cache; the combine sees no scores)")
+              "kernels (flash_decode_split with the KV cache, flash_fwd_mla with qv; the combine sees no scores)")
     if any(name in call["kernels"] for name in ("flash_bwd_dq", "flash_bwd_dkdv")) and call["aligned"]:
         print("         backward: ALIGN16 marks pointers and strides 16-divisible; "
               + ("SEQ16 also the seqlens and lse strides (both seqlens are multiples of 16)" if call["seq16"] else

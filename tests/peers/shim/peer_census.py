@@ -64,15 +64,6 @@ FA2_LOCAL = (*FA2_PROBS, "test_flash_attn_causal", "test_flash_attn_varlen_causa
 RULES: tuple[Rule, ...] = (
     # FlashAttention-3: hopper/test_flash_attn.py
     Rule("fa3", FA3_OUT, "skip", "qv-needs-hdim64", "the peer skips qv but at d 64 in 16 bits", _qv_skip),
-    Rule("fa3", ("test_flash_attn_output",), "gap", "qv-chunk",
-         "attention_chunk with qv (the test's chunk loop at d 64, v of 256 and 512): the MLA forward "
-         "(kernels/flash_fwd_mla) has no CHUNK", _qv),
-    Rule("fa3", ("test_flash_attn_varlen_output",), "gap", "qv-chunk",
-         "attention_chunk with qv (the chunk loop runs where seqlen_q <= seqlen_k): the MLA forward has no CHUNK",
-         lambda p: _qv(p) and p["seqlen_q"] <= p["seqlen_k"]),
-    Rule("fa3", ("test_flash_attn_varlen_output",), "gap", "qv-seqused",
-         "seqused_q/seqused_k (add_unused_qkv) with qv: the MLA forward has no seqused",
-         lambda p: _qv(p) and bool(p["add_unused_qkv"])),
     Rule("fa3", FA3_OUT, "feature", "v-pieces",
          "v of 512 columns without qv, with q, k, v requiring grad, attention_chunk or seqused: flash_fwd over v's "
          "first 256 columns and the rest (lazytriton.value_split)", _wide_v),
@@ -84,6 +75,14 @@ RULES: tuple[Rule, ...] = (
          "float8_e4m3fn q, k, v with (batch, heads_k) descales: the FP8 forward (flash_fwd_fp8)",
          lambda p: p["dtype"] == FP8),
     Rule("fa3", FA3_OUT, "feature", "qv", "qv (DeepSeek's MLA): flash_fwd_mla", lambda p: bool(p["has_qv"])),
+    Rule("fa3", ("test_flash_attn_output",), "feature", "qv-chunk",
+         "attention_chunk with qv (the test's chunk loop at d 64, v of 256 and 512): flash_fwd_mla's CHUNK", _qv),
+    Rule("fa3", ("test_flash_attn_varlen_output",), "feature", "qv-chunk",
+         "attention_chunk with qv (the chunk loop runs where seqlen_q <= seqlen_k): flash_fwd_mla's CHUNK",
+         lambda p: _qv(p) and p["seqlen_q"] <= p["seqlen_k"]),
+    Rule("fa3", ("test_flash_attn_varlen_output",), "feature", "qv-seqused",
+         "seqused_q/seqused_k (add_unused_qkv) with qv: flash_fwd_mla's SEQUSED_Q/SEQUSED_K",
+         lambda p: _qv(p) and bool(p["add_unused_qkv"])),
     Rule("fa3", FA3_OUT, "feature", "head-dim-v",
          "v's head dim unlike q's (d 64: 256; d 160-192: 128), with the backward at <= 256",
          lambda p: p["dtype"] != FP8 and (p["d"] <= 64 or 128 < p["d"] <= 192)),
