@@ -1,9 +1,9 @@
 """The public functions' MLA forward calls (``qv``, or v's head dim over 256): checked, then the binding or the op.
 
 ``flash_attn_func`` and ``flash_attn_varlen_func`` send a call here when it has FlashAttention-3's ``qv`` or a
-v whose head dim flash_fwd does not take (257..512). Without qv, a call that uses what the MLA forward lacks
-(ALiBi, dropout, sinks, attention_chunk, seqused, or a gradient: ``value_split.wanted``) runs flash_fwd over v's
-column pieces (``lazytriton.value_split``), which has each of them and a backward. Every other call runs the family
+v whose head dim flash_fwd does not take (257..512). Without qv, a call that uses ALiBi, dropout or sinks (which
+the MLA forward lacks), attention_chunk or seqused, or wants a gradient (``value_split.wanted``) runs flash_fwd over
+v's column pieces (``lazytriton.value_split``), which has each of them and a backward. Every other call runs the family
 ``kernels/flash_fwd_mla``, every argument checked first (a TypeError/ValueError naming it, before anything runs),
 attention_chunk and (packed) seqused_q/seqused_k included (its CHUNK, SEQUSED_Q, SEQUSED_K); with qv, what it does
 not take (ALiBi, dropout, sinks) is refused by name. A plain eager call that wants no gradient runs the binding; any

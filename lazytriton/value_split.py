@@ -8,9 +8,9 @@ first call's (the second's is the same). The result is exact, and the backward i
 dq and dk over the pieces and joins dv's. Dropout draws one Philox pair for both calls, so they drop the same
 probabilities.
 
-``lazytriton.mla_calls`` sends a call here when it has no qv and uses what the MLA forward
-(``kernels/flash_fwd_mla``) lacks: ALiBi, dropout, sinks, attention_chunk, seqused_q/seqused_k, or a gradient
-(``wanted``). The choice reads shapes, flags and ``requires_grad`` only, never a tensor's values, so
+``lazytriton.mla_calls`` sends a call here when it has no qv and uses ALiBi, dropout or sinks (which the MLA
+forward, ``kernels/flash_fwd_mla``, lacks), attention_chunk or seqused_q/seqused_k (which it has, forward only),
+or wants a gradient (``wanted``): the regular forward has each of them and a backward. The choice reads shapes, flags and ``requires_grad`` only, never a tensor's values, so
 torch.compile traces it and a CUDA graph captures it.
 """
 
