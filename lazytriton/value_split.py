@@ -10,8 +10,8 @@ probabilities.
 
 ``lazytriton.mla_calls`` sends a call here when it has no qv and uses ALiBi, dropout or sinks (which the MLA
 forward, ``kernels/flash_fwd_mla``, lacks), attention_chunk or seqused_q/seqused_k (which it has, forward only),
-or wants a gradient (``wanted``): the regular forward has each of them and a backward. The choice reads shapes, flags and ``requires_grad`` only, never a tensor's values, so
-torch.compile traces it and a CUDA graph captures it.
+or wants a gradient (``wanted``): the regular forward has each of them and a backward. The choice reads shapes,
+flags and ``requires_grad`` only, never a tensor's values, so torch.compile traces it and a CUDA graph captures it.
 """
 
 from __future__ import annotations
