@@ -19,6 +19,9 @@ The garbage collector's passes inside the import and inside the first call or
 step follow (``gc: ...``: how many of each generation and their thread CPU ms,
 timed by ``gc.callbacks``): a pass's cost depends on what the process holds
 (torch's import leaves a gen-2 pass of tens of ms due), not on our code alone.
+``--gc-freeze`` calls ``gc.freeze()`` after torch's import and the inputs (a
+serving process's own choice, never lazytriton's): the passes then traverse
+what the import and the call made, not torch's objects.
 
 ``--markers`` calls ``os.getppid()`` between the phases (before the import,
 after it, after the route, after the first call), so that callgrind splits
@@ -62,6 +65,8 @@ parser.add_argument("--target", default="sm_90", help="--fake-driver: the GPU ta
 parser.add_argument("--profile", action="store_true", help="run the first call under cProfile")
 parser.add_argument("--sort", default="tottime", choices=("tottime", "cumtime"))
 parser.add_argument("--top", type=int, default=30)
+parser.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after torch's import and the inputs (what a serving process may do itself)")
 parser.add_argument("--markers", action="store_true", help="os.getppid() between the phases (callgrind's dumps)")
 parser.add_argument("--modules", action="store_true", help="list the modules the import and the first call import")
 args = parser.parse_args()
@@ -107,6 +112,8 @@ if args.working_set:
 else:
     inputs = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(3)]
 synchronize()
+if args.gc_freeze:
+    gc.freeze()  # torch's objects (and the inputs) out of every later pass: the passes below see ours alone
 before_import = set(sys.modules)
 collections.phase = "import"
 mark()
