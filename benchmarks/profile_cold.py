@@ -19,6 +19,16 @@ The garbage collector's passes inside the import and inside the first call or
 step follow (``gc: ...``: how many of each generation and their thread CPU ms,
 timed by ``gc.callbacks``): a pass's cost depends on what the process holds
 (torch's import leaves a gen-2 pass of tens of ms due), not on our code alone.
+``--gc-freeze`` calls ``gc.freeze()`` after torch's import and the inputs (a
+serving process's own choice, never lazytriton's): the passes then traverse
+what the import and the call made, not torch's objects.
+
+``--markers`` calls ``os.getppid()`` between the phases (before the import,
+after it, after the route, after the first call), so that callgrind splits
+its instruction counts there: ``valgrind --tool=callgrind
+--dump-before=os_getppid python benchmarks/profile_cold.py --markers ...``
+writes one file per phase (``.2`` the import, ``.3`` the route, ``.4`` the
+first call), counts that the machine's load does not move.
 
 ``--fake-driver LIB`` needs no GPU: CPU tensors take the CUDA path up to the
 driver (dispatch for ``--target``, the image, the driver's load and launch)
@@ -38,6 +48,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import os
 import pstats
 import sys
 import time
@@ -54,6 +65,9 @@ parser.add_argument("--target", default="sm_90", help="--fake-driver: the GPU ta
 parser.add_argument("--profile", action="store_true", help="run the first call under cProfile")
 parser.add_argument("--sort", default="tottime", choices=("tottime", "cumtime"))
 parser.add_argument("--top", type=int, default=30)
+parser.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after torch's import and the inputs (what a serving process may do itself)")
+parser.add_argument("--markers", action="store_true", help="os.getppid() between the phases (callgrind's dumps)")
 parser.add_argument("--modules", action="store_true", help="list the modules the import and the first call import")
 args = parser.parse_args()
 shape = tuple(int(x) for x in args.shape.split(","))
@@ -84,6 +98,7 @@ class Collections:
 
 
 collections = Collections()
+mark = os.getppid if args.markers else (lambda: 0)
 
 
 def synchronize() -> None:
@@ -97,8 +112,11 @@ if args.working_set:
 else:
     inputs = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(3)]
 synchronize()
+if args.gc_freeze:
+    gc.freeze()  # torch's objects (and the inputs) out of every later pass: the passes below see ours alone
 before_import = set(sys.modules)
 collections.phase = "import"
+mark()
 t1, c1 = time.perf_counter(), time.thread_time()
 from lazytriton import runtime  # noqa: E402
 from lazytriton.flash import attn_fwd  # noqa: E402
@@ -106,10 +124,12 @@ from lazytriton.flash import attn_fwd  # noqa: E402
 t2, c2 = time.perf_counter(), time.thread_time()
 collections.phase = ""
 after_import = set(sys.modules)  # before the fake driver's route, which imports the driver and the bindings
+mark()
 c_route = time.thread_time()
 if args.fake_driver:
     cold_start.route_to_fake_driver(args.fake_driver, args.target, backward=args.working_set)
 c_route = time.thread_time() - c_route
+mark()
 profile = cProfile.Profile()
 before_call = set(sys.modules)
 collections.phase = "first step" if args.working_set else "first call"
@@ -121,6 +141,7 @@ if args.working_set:
 else:
     attn_fwd(*inputs, causal=causal)
 t4, c4 = time.perf_counter(), time.thread_time()
+mark()
 collections.phase = ""
 synchronize()
 t5 = time.perf_counter()

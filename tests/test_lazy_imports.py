@@ -12,10 +12,15 @@
 - ``import lazytriton.flash`` imports none of ``NOT_ON_IMPORT``: the warm
   paths' module (hot.py, imported once a warm path can serve:
   ``forward_routes.WarmPathsLater``), the local tier, the Gluon FP8 forward's
-  rule, the other public surfaces and the torch ops; ``import
-  lazytriton.sdpa`` imports no FP8 forward.
+  rule, the other public surfaces, the torch ops and the image writer
+  (``cache_format/image.py``: a lookup needs ``image_reader.py`` alone);
+  ``import lazytriton.sdpa`` imports no FP8 forward.
+- ``import lazytriton.flash`` compiles no generated text (flash_fwd's
+  ``pack`` is a module, ``pack_generated.py``): every ``compile`` it makes is
+  of a module's own file, and none where the files have bytecode.
 - An image hit through the runtime's chain never makes the local tier (nor
-  imports its module); a miss does.
+  imports its module) and imports none of ``NOT_ON_A_HIT`` (the image
+  writer); a miss makes the local tier.
 - On a GPU, a first call imports no hot.py; a second call of its shape
   makes the warm path (hot.py's generated function) and gets the same
   result (GPU test).
@@ -41,7 +46,11 @@ NOT_ON_IMPORT = (
     "lazytriton.sdpa", "lazytriton.kvcache", "lazytriton.combine", "lazytriton.kvcache_slots", "lazytriton.ops",
     "lazytriton.ops_varlen", "lazytriton.eager", "lazytriton.preloading", "lazytriton.compiler",
     "lazytriton.misslog", "lazytriton.cli", "lazytriton.prewarm", "diskcache", "sqlite3", "zstandard", "triton",
+    "lazytriton.cache_format.image", "lazytriton.fsutil",
 )
+# What an image hit through the runtime's chain leaves: the image writer (its reader is image_reader.py) and the
+# files' helpers the writers use.
+NOT_ON_A_HIT = ("lazytriton.store.local", "lazytriton.cache_format.image", "lazytriton.fsutil")
 FOLDERS = tuple(kernels.FAMILIES)  # each family has its folder, kernels/<family>/
 # The folders whose parameter lists a folder's descriptions are built from (flash_bwd's take flash_fwd's sizes and
 # pointers): looking up one of its kernels imports them too.
@@ -172,6 +181,25 @@ def test_a_plain_import_leaves_the_warm_paths_the_local_tier_and_the_other_surfa
                                    "lazytriton.kernels.flash_fwd.hot")) == []
 
 
+COMPILES = """
+import builtins, json, sys, torch
+compiled = []
+compile_ = builtins.compile
+def counted(source, filename, *args, **kwargs):
+    compiled.append(str(filename))
+    return compile_(source, filename, *args, **kwargs)
+builtins.compile = counted
+import lazytriton.flash
+builtins.compile = compile_
+print(json.dumps({"generated": [name for name in compiled if not name.endswith(".py")],
+                  "imported": ["lazytriton.kernels.flash_fwd.pack_generated" in sys.modules]}))
+"""
+
+
+def test_the_import_compiles_no_generated_text() -> None:
+    assert _imported(COMPILES) == {"generated": [], "imported": [True]}
+
+
 WARM_LATER = """
 import json, sys
 from lazytriton import runtime
@@ -209,7 +237,7 @@ config.configure(images=[{image!r}], cache_dir={cache_dir!r})
 rt = runtime.get()
 names = [tier.name for tier in rt.chain.tiers]
 entry, tier = rt.chain.get({key!r})
-hit = [entry.key == {key!r}, tier, "lazytriton.store.local" in sys.modules]
+hit = [entry.key == {key!r}, tier, [name for name in {not_on_a_hit!r} if name in sys.modules]]
 missed = rt.chain.get("0" * 32)
 print(json.dumps({{"names": names, "hit": hit, "miss": [missed is None, "lazytriton.store.local" in sys.modules,
                                                        type(rt.local).__name__, rt.chain.tiers[1].tier is rt.local]}}))
@@ -220,8 +248,9 @@ def test_an_image_hit_never_makes_the_local_tier(tmp_path: Path) -> None:
     entries = synthetic_entries(2)
     path = tmp_path / "hit.ltimg"
     write_image(path, entries)
-    report = _imported(CHAIN.format(image=str(path), cache_dir=str(tmp_path / "cache"), key=entries[0].key))
-    assert report == {"names": ["image", "local"], "hit": [True, "image", False],
+    report = _imported(CHAIN.format(image=str(path), cache_dir=str(tmp_path / "cache"), key=entries[0].key,
+                                    not_on_a_hit=NOT_ON_A_HIT))
+    assert report == {"names": ["image", "local"], "hit": [True, "image", []],
                       "miss": [True, True, "LocalTier", True]}
 
 

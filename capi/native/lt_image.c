@@ -1,6 +1,6 @@
 /*
  * lt_image.c: reading an image (cache_format/SPEC.md "Image"), as
- * cache_format/image.py does: the header, sections, index and meta checked
+ * cache_format/image_reader.py does: the header, sections, index and meta checked
  * at open; one entry found by bisecting the index, its blob read with pread
  * (never an mmap: a file truncated in place gives a short read, not SIGBUS),
  * checksummed, its zstd frame's declared size checked against the index

@@ -332,8 +332,10 @@ def on_first_use(spawn: Spawn | None = None) -> list[str]:
     """Start the background build of each helper this process could use and nobody has built; the keys started.
 
     Called once, when the CUDA driver is first set up (``gpu.cuda()``).
-    Costs a few ``stat`` calls when the helpers are there or settled (built,
-    failed, refused, being built); never waits for a build. ``spawn`` starts
+    Costs one ``stat`` a helper the package holds (its source is not read);
+    for the others, the key (their source read and hashed, once a process)
+    and a few ``stat`` calls when they are there or settled (built, failed,
+    refused, being built); never waits for a build. ``spawn`` starts
     the builder (tests count its calls); by default a detached process.
     """
     if not enabled():
@@ -344,9 +346,11 @@ def on_first_use(spawn: Spawn | None = None) -> list[str]:
     with _first_use:
         for helper in wanted(torch_version):
             try:
+                if in_package(helper, torch_version) is not None:
+                    continue  # the package's own build (one stat): its source is neither read nor hashed
                 built = os.path.join(cache_dir, FOLDER, key(helper, torch_version), module_file(helper, torch_version))
-                if in_package(helper, torch_version) is not None or os.path.lexists(built):
-                    continue  # there (two stat calls): loading it checks whether it is trusted
+                if os.path.lexists(built):
+                    continue  # there (a stat): loading it checks whether it is trusted
                 state = status(helper, cache_dir, torch_version)
             except OSError as exc:  # its source cannot be read: no key to build under
                 log.debug("not building the %s helper: %s", helper, exc)

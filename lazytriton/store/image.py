@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from lazytriton.cache_format import Entry
-from lazytriton.cache_format.image import Image, ImageError
+from lazytriton.cache_format.image_reader import Image, ImageError
 from lazytriton.keys import check_key
 from lazytriton.store import TierStats
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from lazytriton.cache_format import Entry, EntryError
 from lazytriton.cache_format.elf import check_launch
-from lazytriton.cache_format.image import Image, ImageError
+from lazytriton.cache_format.image_reader import Image, ImageError
 from lazytriton.record import record
 
 PRESENT, ABSENT, DAMAGED, UNUSABLE, UNKNOWN = "present", "absent", "damaged", "unusable", "unknown"
