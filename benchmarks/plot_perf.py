@@ -7,7 +7,7 @@ one line per provider, seqlen on a log2 axis.
 
 Which value a point shows (``select_latest``, the rule the tests pin):
 
-- rows of one GPU only (``--gpu``; default: the GPU of the newest usable row);
+- rows of one GPU only (``--gpu``; default: the GPU of the newest usable bf16 or fp16 row);
 - a row is skipped when its ``tflops`` is empty (host-cost rows, failed
   providers) or when the file has a ``check`` column and the row's value is not
   ``ok`` (a provider that failed FlashAttention's gradient rule is not plotted);
@@ -172,9 +172,15 @@ def usable(row: Row) -> bool:
     return "check" not in row.fields or (row.fields["check"] or "").strip() == "ok"
 
 
-def newest_gpu(rows: Iterable[Row]) -> str:
-    """The GPU of the newest usable row: the default for a figure that must show one GPU."""
-    stamped = [(_field(r, "timestamp", _time, TIME), r.line, r.fields["gpu"]) for r in rows if usable(r)]
+def newest_gpu(rows: Iterable[Row], dtypes: Iterable[str] | None = None) -> str:
+    """The GPU of the newest usable row (of ``dtypes`` when given): the default for a figure that must show one GPU.
+
+    The figure and the summary draw the 16-bit rows (``DTYPES``), so a newer run of other rows alone (an FP8 grid
+    on another GPU) does not move them to that GPU.
+    """
+    wanted = None if dtypes is None else set(dtypes)
+    stamped = [(_field(r, "timestamp", _time, TIME), r.line, r.fields["gpu"]) for r in rows
+               if usable(r) and (wanted is None or r.fields.get("dtype") in wanted)]
     if not stamped:
         raise ValueError("rows: no row with a tflops value and an ok check; expected benchmark results")
     return str(max(stamped)[2])
@@ -335,7 +341,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="PNG path (default docs/perf_<dtype>.png)")
     parser.add_argument("--fwd-csv", type=Path, default=RESULTS / "flash_fwd.csv")
     parser.add_argument("--bwd-csv", type=Path, default=RESULTS / "flash_bwd.csv")
-    parser.add_argument("--gpu", default=None, help="plot this GPU's rows (default: the newest row's GPU)")
+    parser.add_argument("--gpu", default=None, help="plot this GPU's rows (default: the newest bf16/fp16 row's GPU)")
     parser.add_argument("--summary", action="store_true", help="print the geomean-ratio markdown table instead")
     parser.add_argument("--since", type=_since, default=_time(DEVICE_TIME_SINCE),
                         help=f"leave out points older than this ISO 8601 timestamp (default {DEVICE_TIME_SINCE}: "
@@ -358,7 +364,8 @@ def _head_dims(text: str) -> frozenset[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rows = [row for path in (args.fwd_csv, args.bwd_csv) for row in read_rows(path)]
-    selected = {k: p for k, p in select_latest(rows, args.gpu or newest_gpu(rows)).items() if p.timestamp >= args.since}
+    gpu = args.gpu or newest_gpu(rows, DTYPES.values())
+    selected = {k: p for k, p in select_latest(rows, gpu).items() if p.timestamp >= args.since}
     if args.head_dims is not None:
         selected = {k: p for k, p in selected.items() if k.head_dim in args.head_dims}
     if args.summary:

@@ -82,6 +82,13 @@ def test_newest_gpu_is_the_default(plot: ModuleType) -> None:
     assert plot.newest_gpu(rows) == "NVIDIA H100"
 
 
+def test_a_newer_fp8_run_on_another_gpu_does_not_move_the_16_bit_figure(plot: ModuleType) -> None:
+    rows = _rows(plot, [_row("lazytriton", "1", EARLY), _row("lazytriton_fp8", "1", LATE, gpu="NVIDIA H100",
+                                                                 dtype="e4m3")])
+    assert plot.newest_gpu(rows) == "NVIDIA H100"
+    assert plot.newest_gpu(rows, plot.DTYPES.values()) == "NVIDIA H200"
+
+
 @pytest.mark.parametrize(("column", "value", "expected"), [
     ("tflops", "nan", "a positive finite number"),
     ("tflops", "-3", "a positive finite number"),
