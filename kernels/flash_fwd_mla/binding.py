@@ -145,7 +145,7 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, shape: fw
     ``used``: the SEQUSED_Q/SEQUSED_K flags (packed only). A call with neither nor a chunk keeps the short key.
     """
     c = call.attn
-    tail = (CHUNK_TAG,) if c.chunked else ()
+    tail: tuple[Any, ...] = (CHUNK_TAG,) if c.chunked else ()
     tail += ("seqused", *used) if any(used) else ()
     return (MARK, device_index, dtype, shape.head_dim, c.dv, call.qv, c.causal != "none", aligned, index64,
             tuning.bucket_index(shape.seqlen_q), tuning.bucket_index(shape.seqlen_k), c.windowed, c.capped, packed,

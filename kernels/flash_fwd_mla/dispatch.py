@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import Any
 
 from lazytriton import geometry, tuning
 from lazytriton.kernels.attention import add_flags
@@ -138,9 +139,10 @@ def prewarm_variants(target: Target, dtypes: Iterable[str], head_dims: Iterable[
     dims_v = dims_v or list(PREWARM_HEAD_DIMS_V)
     used_modes = _USED_MODES if True in tuple(seqused) else _USED_MODES[:1]
     found = []
+    axes: list[Iterable[Any]] = [dtypes, head_dims, dims_v, (False, True) if causal is None else causal, aligned,
+                                 index64, window, softcap, varlen, qv, chunk, used_modes]
     for (dtype, head_dim, dim_v, is_causal, is_aligned, wide, windowed, capped, packed, with_qv, chunked,
-         used) in itertools.product(dtypes, head_dims, dims_v, (False, True) if causal is None else causal, aligned,
-                                    index64, window, softcap, varlen, qv, chunk, used_modes):
+         used) in itertools.product(*axes):
         # A chunk or seqused without qv runs flash_fwd over v's pieces (lazytriton.value_split), not this kernel.
         extra = chunked or any(used)
         if dtype in PREWARM_DTYPES + ("fp32",) and served(dim_v, with_qv) and (packed or not any(used)) and (
