@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -120,6 +121,22 @@ def recording_backend(graphs: list[str]) -> Any:
         return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
 
     return backend
+
+
+@contextlib.contextmanager
+def syncs_raise() -> Iterator[None]:
+    """Inside: any host synchronisation of the current CUDA device raises (torch's sync debug mode "error").
+
+    The device is synchronised first, so that only what runs inside counts.
+    """
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def assert_compiled_grads_equal(fn: Any, inputs: Any, grad_out: Any) -> None:

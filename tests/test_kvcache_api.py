@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import gpu
+from conftest import gpu, syncs_raise
 from test_flash_fwd import seed_of
 from test_fp8_kvcache import bits, to_fp8
 from test_kvcache import check_out_lse
@@ -456,13 +456,9 @@ def test_gpu_a_warm_decoding_step_never_synchronises() -> None:
     with lazytriton.trusted_indices():
         for step in steps:
             step()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with syncs_raise():
             for step in steps:
                 step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import gpu
+from conftest import gpu, syncs_raise
 
 import lazytriton
 from lazytriton import compiler, launch
@@ -672,13 +672,9 @@ def test_gpu_a_warm_step_never_synchronises_and_captures_in_a_cuda_graph(monkeyp
     with lazytriton.trusted_indices():
         for args in steps:
             lazytriton.flash_attn_with_kvcache(**_clone(args))
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with syncs_raise():
             for args in steps:
                 lazytriton.flash_attn_with_kvcache(**_clone(args))
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert served and all(served[len(steps):]), served
     for args in steps:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import gpu
+from conftest import gpu, syncs_raise
 from test_flash_fwd import seed_of
 from test_kvcache import check_out_lse
 from test_kvcache_hot import (  # noqa: F401  (fixtures)
@@ -391,11 +391,7 @@ def test_gpu_warm_key_masked_call_equals_the_cold_one_and_never_synchronises() -
     args = make_call(torch.bfloat16, 128, (16, 4), "transformers", "left", 7, batch=8, capacity=576, device="cuda")
     want = cold(args)
     kvcache.with_key_mask(**args)  # plans and describes
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with syncs_raise():
         got = kvcache.with_key_mask(**args)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(bits(want), bits(got))
     assert math.isfinite(float(got.float().abs().max()))

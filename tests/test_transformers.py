@@ -14,7 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
-from conftest import gpu  # noqa: E402
+from conftest import gpu, syncs_raise  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton.integrations import transformers as lt_transformers  # noqa: E402
@@ -365,13 +365,9 @@ def test_gpu_a_decoding_step_never_synchronises() -> None:
     valid[0, :100] = False  # left padding
     mask = valid[:, None, None, :]
     lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)  # loads the kernel
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with syncs_raise():
         for _ in range(3):
             got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     want = _sdpa(q.float(), k.float(), v.float(), mask, False)
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
 

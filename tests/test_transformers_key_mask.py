@@ -18,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
-from conftest import gpu  # noqa: E402
+from conftest import gpu, syncs_raise  # noqa: E402
 from test_transformers import _eager, _host_reads, _Module, _qkv, _sdpa  # noqa: E402
 
 from lazytriton import kvcache  # noqa: E402
@@ -150,13 +150,9 @@ def test_gpu_a_key_masked_decoding_step_never_synchronises(routed: list[tuple[An
     valid = torch.arange(512, device="cuda")[None, :] >= torch.arange(0, 512, 64, device="cuda")[:, None]
     mask = valid[:, None, None, :]
     lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.088)  # loads the kernels
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with syncs_raise():
         for _ in range(3):
             got, _ = lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.088)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert len(routed) == 4
     want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                             enable_gqa=True, scale=0.088).transpose(1, 2)
