@@ -43,7 +43,7 @@ kv_append writes), with k_descale and v_descale; its bytes count K and V at
 one byte each, and its reference is the dequantised cache's. A table then
 gives, per case, the bf16 cache's time and GB/s beside the float8 cache's and
 the speedup (bf16 time / float8 time: how much more the float8 cache decodes
-in the same time); the goal, issue 42's, is at least 1.8 at batch 1-32 from
+in the same time); the goal is at least 1.8 at batch 1-32 from
 4k keys.
 
 ``--mla`` runs DeepSeek MLA's decode instead (``bench_decode_mla.py``: the
@@ -99,7 +99,7 @@ FP8 = "lazytriton_fp8"  # --kv-dtype: lazytriton's call on a float8 copy of the 
 PACKED = "lazytriton_packed_new"  # --packed-new: the step's new keys packed by cu_seqlens_k_new, written into out=
 COLD = "lazytriton_cold"  # --cold-path: lazytriton's call without its warm path (every call checked and planned)
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-FP8_GOAL = 1.8  # the float8 cache's speedup over the bf16 cache at batch <= 32 from 4k keys (issue 42)
+FP8_GOAL = 1.8  # the float8 cache's speedup over the bf16 cache at batch <= 32 from 4k keys
 TOLERANCE = 2e-2
 
 

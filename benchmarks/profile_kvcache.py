@@ -1,6 +1,6 @@
 """Host time of a warm ``flash_attn_with_kvcache`` call on CPU with the fake driver (``profile_hot.py --kvcache``).
 
-The decoding step of issue 39's batch-1 rows (bf16, head dim 128, 32/8 heads, one query, a 4k cache) on CPU
+The batch-1 decoding step of bench_decode.py's rows (bf16, head dim 128, 32/8 heads, one query, a 4k cache) on CPU
 tensors, through the CUDA path up to the driver: the runtime's plans hold the split, combine and kv_append
 kernels loaded on a fake libcuda (tests/fake_libcuda.py, compiled with the system C compiler) whose
 cuLaunchKernel only records its arguments, through the real ``CudaApi`` and ``LoadedKernel``; the SM count is

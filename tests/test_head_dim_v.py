@@ -1,4 +1,4 @@
-"""A value head dim different from the query/key head dim (issue 11, item 3), on every entry point.
+"""A value head dim different from the query/key head dim on every entry point.
 
 DeepSeek's MLA attends with q and k of head dim 192 and v of 128; FlashAttention-3
 and torch's SDPA take such calls. The kernels read v (and write out, read dout,

@@ -602,7 +602,7 @@ def test_a_warm_trusted_step_reads_nothing_back_to_the_host(gpu_path: tuple[Runt
 
 
 def _gpu_step(batch: int, keys: int, paged: bool, lens: str, new: bool, seed: int) -> dict[str, Any]:
-    """issue 39's decoding step (bf16, head dim 128, 32/8 heads, one query) on the GPU, fresh random values."""
+    """bench_decode.py's decoding step (bf16, head dim 128, 32/8 heads, one query) on the GPU, fresh random values."""
     gen = torch.Generator().manual_seed(seed)
     hq, hk, d, page = 32, 8, 128, 256
 

@@ -297,7 +297,7 @@ _Tensor = torch.Tensor
 # launch). On the device the key mask reads each key once per key/value head, the bias path once per query head:
 # at batch 8, 16/4 heads and 2048 keys, 34 MB against 134 MB, ~25 µs more at 4 TB/s, past the host's ~6. So from
 # 2048 keys the route is predicted faster, and shorter steps (host-bound) keep the bias path's one launch. Not
-# measured on a GPU yet (benchmarks/NOTES.md, 12-05 26th): `experiments/probe_decode_step.py`'s crossover goes here.
+# measured on a GPU yet (benchmarks/NOTES.md): `experiments/probe_decode_step.py`'s crossover goes here.
 KEY_MASK_MIN_KEYS = 2048
 
 
@@ -375,13 +375,13 @@ def _decoding(mask: torch.Tensor, dtype: torch.dtype) -> _Decoding:
 
 def _check_supported(dropout: float, position_bias: torch.Tensor | None, kwargs: dict[str, Any]) -> None:
     if dropout != 0.0:
-        raise NotImplementedError(f"lazytriton attention: dropout={dropout!r} is not supported yet (issue 11); "
+        raise NotImplementedError(f"lazytriton attention: dropout={dropout!r} is not supported yet; "
                                   "call model.eval() or set the config's attention dropout to 0")
     if position_bias is not None:
         raise NotImplementedError("lazytriton attention: position_bias (relative position bias) is not supported")
     for name in _UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:
-            raise NotImplementedError(f"lazytriton attention: {name}= is not supported yet (issue 11)")
+            raise NotImplementedError(f"lazytriton attention: {name}= is not supported yet")
 
 
 def _unmasked(module_causal: bool, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
