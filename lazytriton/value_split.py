@@ -34,7 +34,7 @@ Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, binding.Call, bool], t
 
 
 class Extras(NamedTuple):
-    """A call's arguments that flash_fwd takes and the MLA forward does not, as the public function got them."""
+    """A call's arguments that flash_fwd takes (the MLA forward takes the chunk and seqused ones too), as given."""
 
     alibi_slopes: Any = None
     dropout_p: float = 0.0  # checked by the public function

@@ -161,15 +161,15 @@ def _bad(what: str) -> tuple[str, dict[str, Any], type, str]:
         "packed keys without cu_seqlens_k": ("packed", {"cu_seqlens_k": None}, TypeError, "cu_seqlens_k must be"),
         "packed keys of 4 dims": ("packed", {"k": torch.zeros(1, 33, 2, 32, dtype=F16)}, ValueError,
                                   "k must have 3 dims"),
-        "packed qv seqused_q": ("packed", {"seqused_q": torch.ones(4, dtype=torch.int32)}, ValueError,
-                                "seqused_q is not taken with qv"),
+        "packed qv alibi": ("packed", {"alibi_slopes": torch.ones(4)}, ValueError,
+                            "alibi_slopes is not taken with qv"),
     }
     return cases[what]
 
 
 @pytest.mark.parametrize("what", ["qv not packed", "qv dtype", "qv with float8 caches", "paged qv shape",
                                   "paged qv grad", "packed keys without cu_seqlens_k",
-                                  "packed keys of 4 dims", "packed qv seqused_q"])
+                                  "packed keys of 4 dims", "packed qv alibi"])
 def test_bad_input_is_named_before_anything_is_written(what: str) -> None:
     form, args, error, needle = _bad(what)
     pattern = needle.replace("(", r"\(").replace(")", r"\)")
