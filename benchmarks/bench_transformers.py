@@ -77,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
                    help="static: a StaticCache, decoding steps compiled (reduce-overhead, fullgraph)")
     p.add_argument("--floor", type=float, default=None, help="absolute floor of the logits rule (default: by dtype)")
+    p.add_argument("--key-mask-min-keys", type=int, default=None, metavar="N",
+                   help="decoding steps of at least N keys take the key-mask route, shorter ones the bias path "
+                        "(default: the integration's KEY_MASK_MIN_KEYS); the config column records it")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny float32 model on the CPU (interpreter)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="after the timing, profile one generate call per implementation (torch.profiler) and print "
@@ -344,6 +347,10 @@ def main(argv: list[str]) -> int:
     from lazytriton.integrations import transformers as lt_transformers
 
     lt_transformers.register()
+    if args.key_mask_min_keys is not None:
+        if args.key_mask_min_keys < 0:
+            raise ValueError(f"--key-mask-min-keys must be >= 0, got {args.key_mask_min_keys}")
+        lt_transformers.KEY_MASK_MIN_KEYS = args.key_mask_min_keys
     device = "cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda"
     if args.cpu_smoke:
         args.batch, args.min_len, args.max_len, args.new_tokens, args.reps = 3, 3, 9, 4, 1
@@ -383,7 +390,8 @@ def main(argv: list[str]) -> int:
 
     cfg = (f"llama h{config.hidden_size} heads {config.num_attention_heads}/{config.num_key_value_heads} "
            f"layers {config.num_hidden_layers} {str(dtype).removeprefix('torch.')} {args.cache} cache"
-           f"{' compiled' if args.cache == 'static' else ''} prompts {args.min_len}-{args.max_len}")
+           f"{' compiled' if args.cache == 'static' else ''} prompts {args.min_len}-{args.max_len}"
+           f"{'' if args.key_mask_min_keys is None else f' key mask from {args.key_mask_min_keys} keys'}")
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     common = {"time": stamp, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "torch": torch.__version__, "transformers": transformers.__version__, "config": cfg, "batch": args.batch}
