@@ -6,7 +6,7 @@ For each: the kernels one call launches and their device µs (torch.profiler, CU
 the event-timed µs of a call back to back (as the bench times it), and of the same call replayed from a CUDA
 graph (no host work: what the device alone takes). Prints a table.
 
-Usage: python3 experiments/probe_decode_b1.py [--batch 1] [--lengths 4096,16384] [--calls 50]
+Usage: python3 experiments/probe_decode_b1.py [--batch 1] [--lengths 4096,16384] [--calls 50] [--splits 0,8,64]
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def kernels(fn, calls: int) -> list[tuple[str, int, float]]:
     return sorted(rows, key=lambda r: -r[2])
 
 
-def calls(batch: int, length: int):
-    """(lazytriton's call, SDPA's call) on the same random keys: bf16, head dim 128, 32/8 heads, one query."""
+def calls(batch: int, length: int, splits: int = 0):
+    """(lazytriton's call, SDPA's call) on the same random keys: bf16, head dim 128, 32/8 heads, one query.
+
+    ``splits``: lazytriton's ``num_splits`` (0: its heuristic's)."""
     hq, hk, d = 32, 8, 128
     torch.manual_seed(length)
     q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
@@ -78,7 +80,7 @@ def calls(batch: int, length: int):
 
     def lt() -> torch.Tensor:
         with trusted_indices():
-            return lazytriton.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
+            return lazytriton.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=splits)
 
     def sdpa() -> torch.Tensor:
         return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
@@ -91,20 +93,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--lengths", default="4096,16384")
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--splits", default="0", help="lazytriton's num_splits values, a row each (0: the heuristic)")
     args = parser.parse_args()
     table = []
     for length in (int(x) for x in args.lengths.split(",")):
-        lt, sdpa = calls(args.batch, length)
-        ref = sdpa().transpose(1, 2).float()
-        err = float((lt().float() - ref).abs().max())
-        for name, fn in (("lazytriton", lt), ("sdpa", sdpa)):
-            for _ in range(5):
-                fn()
-            eager = event_us(fn, args.calls)
-            replay = graphed(fn, args.calls)
-            graph = event_us(replay, 1) / args.calls
-            found = kernels(fn, args.calls)
-            table.append((length, name, eager, graph, found, err if name == "lazytriton" else 0.0))
+        for splits in (int(x) for x in args.splits.split(",")):
+            lt, sdpa = calls(args.batch, length, splits)
+            ref = sdpa().transpose(1, 2).float()
+            err = float((lt().float() - ref).abs().max())
+            providers = [(f"lt/{splits or 'auto'}", lt)] + ([("sdpa", sdpa)] if splits == int(args.splits.split(",")[0])
+                                                            else [])
+            for name, fn in providers:
+                for _ in range(5):
+                    fn()
+                eager = event_us(fn, args.calls)
+                replay = graphed(fn, args.calls)
+                graph = event_us(replay, 1) / args.calls
+                found = kernels(fn, args.calls)
+                table.append((length, name, eager, graph, found, err if name != "sdpa" else 0.0))
     print(f"\nbatch {args.batch}, bf16, head dim 128, 32/8 heads: µs a call")
     print(f"{'keys':>6} {'provider':<11}{'eager':>8}{'graph':>8}  kernels (launches a call, device µs a call)")
     for length, name, eager, graph, found, err in table:

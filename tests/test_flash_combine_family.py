@@ -40,10 +40,10 @@ CALL_HEAD_DIMS = (64, 128, 256, 512, 80, 96, 192, 320, 1000)
 
 def test_the_variant_string_is_stable() -> None:
     assert str(flash_combine.variant(SM90, "bf16", 96, True, False)) == (
-        "flash_combine:sm_90:bf16:ALIGN16=true,BLOCK_D=128,EVEN_D=false,INDEX64=false:BLOCK_M=8,BLOCK_N=16:"
+        "flash_combine:sm_90:bf16:ALIGN16=true,BLOCK_D=128,EVEN_D=false,INDEX64=false:BLOCK_M=2,BLOCK_N=16:"
         "num_stages=1,num_warps=4")
     assert str(flash_combine.variant(GFX942, "fp32", 40, False, True)) == (
-        "flash_combine:gfx942:fp32:ALIGN16=false,BLOCK_D=64,EVEN_D=false,INDEX64=true:BLOCK_M=16,BLOCK_N=16:"
+        "flash_combine:gfx942:fp32:ALIGN16=false,BLOCK_D=64,EVEN_D=false,INDEX64=true:BLOCK_M=4,BLOCK_N=16:"
         "num_stages=1,num_warps=4,waves_per_eu=2")
     assert [flash_combine.block_d(d) for d in (1, 16, 17, 64, 65, 128, 129, 512)] == [16, 16, 32, 64, 128, 128, 128,
                                                                                       128]
@@ -124,7 +124,7 @@ def test_the_plan_is_the_kernel_with_its_row_and_column_tiles(sm90: _Runtime, mo
     device = torch.device("cuda", 0)
     kernel, block_m, cols = binding.plan(device, torch.bfloat16, 256, True, False)
     assert kernel == flash_combine.variant(SM90, "bf16", 256, True, False)
-    assert (block_m, cols) == (kernel.get("BLOCK_M"), kernel.get("BLOCK_D")) == (8, 128)
+    assert (block_m, cols) == (kernel.get("BLOCK_M"), kernel.get("BLOCK_D")) == (2, 128)
     assert binding.plan(device, torch.bfloat16, 512, True, False)[0] is kernel  # one variant: one memo entry
     assert binding.plan(device, torch.bfloat16, 128, True, False)[0] is kernel and len(sm90.loads) == 1
     monkeypatch.setattr(launch, "is_capturing", lambda: True)

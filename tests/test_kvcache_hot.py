@@ -107,7 +107,7 @@ def _inputs(args: dict[str, Any]) -> checks.Inputs:
 
 
 def memoise(rt: Runtime, args: dict[str, Any], kernels: Callable[[checks.Call, torch.dtype], tuple[Any, Any, Any]],
-            tiles: tuple[int, int, int] = (16, 16, 16)) -> None:
+            tiles: tuple[int, int, int] = (16, 16, binding.INTERPRETER_COMBINE_M)) -> None:
     """The plans the general path would memoise for a call, both alignments, as ``kernels(call, dtype)``'s."""
     t = _inputs(args)
     call = checks.check(t, args.get("softmax_scale"), args.get("causal", False), num_splits=args.get("num_splits", 0))

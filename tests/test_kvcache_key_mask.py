@@ -228,7 +228,8 @@ def test_key_mask_is_written_only_when_set() -> None:
 # The warm path: bit for bit the general path's, and its launches
 
 
-def memoise(rt: Runtime, args: dict[str, Any], kernels: Any, tiles: tuple[int, int, int] = (16, 16, 16)) -> None:
+def memoise(rt: Runtime, args: dict[str, Any], kernels: Any,
+            tiles: tuple[int, int, int] = (16, 16, binding.INTERPRETER_COMBINE_M)) -> None:
     """The plans the general path would memoise for a key-masked call, both alignments."""
     t = checks.Inputs(args["q"], args["k_cache"], args["v_cache"], args.get("k"), args.get("v"),
                       args.get("cache_seqlens"), None, args.get("block_table"), key_mask=args["key_mask"])

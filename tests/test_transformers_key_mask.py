@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered in l
 
 @pytest.fixture(autouse=True)
 def every_step_routed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The route from the first key (the library's ``KEY_MASK_MIN_KEYS`` keeps short steps on the bias path): these
+    """The route from the first key, whatever the library's ``KEY_MASK_MIN_KEYS`` (a switch for short steps): these
     tests' caches are a few keys long."""
     monkeypatch.setattr(lt_transformers, "KEY_MASK_MIN_KEYS", 0)
 

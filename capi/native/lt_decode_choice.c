@@ -61,8 +61,12 @@ static int rows_class(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 :
 /* dispatch.decode_default_config (CUDA targets); head_dim is padded, rows bucketed. */
 static ltn_config default_config(int split, int capability, const char *dtype, int head_dim, int64_t rows,
                                  int64_t page_size, int paged) {
-    if (!split)
-        return make(16, 16, 4, 1);
+    if (!split) { /* dispatch.combine_block_n: splits a step up to LTN_DECODE_COMBINE_TILE_ELEMENTS outputs */
+        int64_t block_n = LTN_DECODE_COMBINE_TILE_ELEMENTS / (head_dim > 0 ? head_dim : 1);
+        block_n = block_n < LTN_DECODE_COMBINE_MIN_BLOCK_N ? LTN_DECODE_COMBINE_MIN_BLOCK_N
+                  : block_n > LTN_DECODE_COMBINE_MAX_BLOCK_N ? LTN_DECODE_COMBINE_MAX_BLOCK_N : block_n;
+        return make(LTN_DECODE_COMBINE_BLOCK_M, (int)block_n, 4, 1);
+    }
     int block_n = head_dim == 256 || strcmp(dtype, "fp32") == 0 ? 32 : head_dim <= 64 && !paged ? 128 : 64;
     int stages = 3;
     for (size_t i = 0; i < COUNT(ltn_small_shared_cuda); i++)
@@ -186,7 +190,8 @@ static void combine_variant(const ltn_decode_request *r, ltn_variant *v) {
     ltn_variant_add(v, 0, "BLOCK_D", 0, cols);
     ltn_variant_add(v, 0, "EVEN_D", 1, r->head_dim % cols == 0);
     ltn_variant_add(v, 0, "INDEX64", 1, r->index64 != 0);
-    ltn_variant_add(v, 1, "BLOCK_M", 0, min64(LTN_COMBINE_MAX_BLOCK_M, LTN_COMBINE_TILE_ELEMENTS / cols));
+    int64_t rows = LTN_COMBINE_TILE_ELEMENTS / (LTN_COMBINE_BLOCK_N * cols);
+    ltn_variant_add(v, 1, "BLOCK_M", 0, min64(LTN_COMBINE_MAX_BLOCK_M, rows > 1 ? rows : 1));
     ltn_variant_add(v, 1, "BLOCK_N", 0, LTN_COMBINE_BLOCK_N);
     ltn_variant_add(v, 2, "num_warps", 0, LTN_COMBINE_NUM_WARPS);
     ltn_variant_add(v, 2, "num_stages", 0, 1);

@@ -37,11 +37,11 @@ from lazytriton.tiles import Config
 
 MIN_BLOCK_D = 16
 MAX_BLOCK_D = 128
-# Rows x columns a program holds in float32 (its accumulator), BLOCK_M from it: 8 rows at head dim 128, 16 at 64,
-# at most 64; splits read a step of the lse pass; 4 warps, one stage. A combine is a read of every partial once,
-# bound by memory: small tiles of rows keep a decoding batch's few rows (batch x heads) on many programs.
-# Untuned: chosen by FlashAttention-3's tile (kBlockM 8 at its 128-column kBlockK), not measured here yet.
-TILE_ELEMENTS = 1024
+# Rows x splits x columns a program reads a step in float32 (TILE_ELEMENTS: 32 a thread at 4 warps), BLOCK_M from
+# it: 2 rows at head dim 128, 4 at 64, at most 64; BLOCK_N splits a step (a row's splits in one round trip up to
+# 16); 4 warps, one stage. A combine reads every partial once, bound by memory and, at a decoding batch's few rows
+# (batch x heads), by the latency of its loads: one step a row's splits, on many programs.
+TILE_ELEMENTS = 4096
 MAX_BLOCK_M = 64
 BLOCK_N = 16
 NUM_WARPS = 4
@@ -54,7 +54,7 @@ def block_d(head_dim: int) -> int:
 
 def default_config(target: Any, head_dim: int) -> Config:
     """The one config of a head dim (pure): BLOCK_M rows of ``block_d`` columns, BLOCK_N splits a step."""
-    rows = min(MAX_BLOCK_M, TILE_ELEMENTS // block_d(head_dim))
+    rows = min(MAX_BLOCK_M, max(1, TILE_ELEMENTS // (BLOCK_N * block_d(head_dim))))
     return Config(rows, BLOCK_N, NUM_WARPS, 1, 2 if target.backend == "hip" else 0)
 
 

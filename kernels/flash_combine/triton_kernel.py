@@ -14,10 +14,13 @@ hold anything). A row whose every split is -inf gets out 0 and lse -inf.
 One program per BLOCK_M rows of the flattened (batch, query, head) rows (head
 fastest: the rows of one query are adjacent in FlashAttention's layout) x
 one BLOCK_D-column chunk of the head dim (several chunks only above 256
-columns; EVEN_D: head_dim is a multiple of BLOCK_D, no column mask). First
-the total lse over the splits, BLOCK_N of them a step, online; then each
-split's weighted output. ``num_splits`` is a runtime argument: one binary
-serves every split count. The first column chunk writes Lse.
+columns; EVEN_D: head_dim is a multiple of BLOCK_D, no column mask). One
+pass over the splits, BLOCK_N of them a step: a step loads their lse and
+outputs together, and keeps the running max of the lse, the sum of
+exp(lse_n - max) and the outputs weighted by it (rescaled when the max
+grows); out = the weighted sum over the total. ``num_splits`` is a runtime
+argument: one binary serves every split count. The first column chunk
+writes Lse.
 """
 
 import triton
@@ -48,30 +51,31 @@ def flash_combine_kernel(
     else:
         cols_ok = row_ok[:, None] & (offs_d < head_dim)[None, :]
 
-    # The total lse over the splits, BLOCK_N at a time, online: a running max and the sum of exp below it.
+    # One pass over the splits, BLOCK_N a step: a step loads those splits' lse and outputs together (a
+    # [BLOCK_M, BLOCK_N, BLOCK_D] tile), so a row's splits are read in one round trip when BLOCK_N covers them.
+    # The running max m, the sum of exp(lse - m) and the weighted outputs are rescaled when m grows.
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, num_splits, BLOCK_N):
         n_ok = (n0 + offs_n) < num_splits
-        lse = tl.load(LsePart + lse_rows[:, None] + (n0 + offs_n)[None, :] * stride_lpn,
-                      mask=row_ok[:, None] & n_ok[None, :], other=float("-inf"))
+        parts_ok = row_ok[:, None] & n_ok[None, :]
+        lse = tl.load(LsePart + lse_rows[:, None] + (n0 + offs_n)[None, :] * stride_lpn, mask=parts_ok,
+                      other=float("-inf"))
+        o = tl.load(OutPart + (part_rows[:, None] + (n0 + offs_n)[None, :] * stride_opn)[:, :, None]
+                    + offs_d[None, None, :], mask=parts_ok[:, :, None] & cols_ok[:, None, :], other=0.0)
         m_new = tl.maximum(m, tl.max(lse, 1))
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        total = total * tl.exp(m - m_sub) + tl.sum(tl.exp(lse - m_sub[:, None]), 1)
+        scale = tl.exp(m - m_sub)
+        weight = tl.exp(lse - m_sub[:, None])
+        total = total * scale + tl.sum(weight, 1)
+        # A split whose lse is -inf saw no key: it adds nothing, whatever its output holds (never written).
+        acc = acc * scale[:, None] + tl.sum(tl.where((lse > float("-inf"))[:, :, None], weight[:, :, None] * o, 0.0),
+                                            1)
         m = m_new
     empty = total == 0.0
     lse_all = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, total)))
-    lse_sub = tl.where(empty, 0.0, lse_all)
-
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n in range(0, num_splits):
-        lse_n = tl.load(LsePart + lse_rows + n * stride_lpn, mask=row_ok, other=float("-inf"))
-        seen = lse_n > float("-inf")
-        weight = tl.where(seen, tl.exp(lse_n - lse_sub), 0.0)
-        o = tl.load(OutPart + (part_rows + n * stride_opn)[:, None] + offs_d[None, :], mask=cols_ok & seen[:, None],
-                    other=0.0)
-        acc += weight[:, None] * o
-
+    acc = acc / tl.where(empty, 1.0, total)[:, None]
     out_rows = batch * stride_ob + query * stride_os + head * stride_oh
     tl.store(Out + out_rows[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=cols_ok)
     if tl.program_id(1) == 0:

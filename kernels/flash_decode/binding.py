@@ -44,6 +44,7 @@ from lazytriton.kernels.kv_append import binding as kv_append
 from lazytriton.variant import Variant
 
 MAX_HEURISTIC_SPLITS = 128
+INTERPRETER_COMBINE_M = 2  # the interpreter's combine rows a program: several programs, a masked last one
 INTERPRETER_SMS = 4  # the CPU path's pretend GPU: a few splits, so the interpreter runs the combine too
 # Split programs the heuristic counts per SM. FlashAttention-2 fills 2 x the SMs ("we multiply number of
 # SMs by 2 to hard-code the fact that we're using 128 threads per block", flash_api.cpp set_params_splitkv);
@@ -427,7 +428,8 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
              "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q,
              "CHUNK": call.chunked, "KV_FP8": call.kv_fp8, "QV": call.qv, "KEY_MASK": call.key_mask}
-    return split, {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v, "SINKS": call.sinks}
+    return split, {"BLOCK_M": INTERPRETER_COMBINE_M, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v,
+                   "SINKS": call.sinks}
 
 
 def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
@@ -441,7 +443,7 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call)
     compiler.interpret(FLASH_DECODE_SPLIT.name, split_grid(call.rows, 16, splits, call.heads_k, call.batch),
                        (*ints, *floats(call)), split_c)
     if splits > 1:
-        compiler.interpret(FLASH_DECODE_COMBINE.name, combine_grid(call.lse_rows, 16),
+        compiler.interpret(FLASH_DECODE_COMBINE.name, combine_grid(call.lse_rows, INTERPRETER_COMBINE_M),
                            combine_ints(part_out, part_lse, out, lse, call, splits, pointers=lambda x: x,
                                         sinks=t.sinks), combine_c)
 

@@ -21,6 +21,18 @@ MAX_FP8_DOUBLED_DIM = 256
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
 
 
+# The combine kernel's tile: rows a program, and splits a step up to 4096 float32 outputs (32 a thread at 4 warps).
+COMBINE_BLOCK_M = 1
+COMBINE_TILE_ELEMENTS = 4096
+COMBINE_MAX_BLOCK_N = 32
+COMBINE_MIN_BLOCK_N = 4
+
+
+def combine_block_n(head_dim: int) -> int:
+    """The combine kernel's splits a step at a (padded) value head dim: 32 up to 128, 16 at 256, 8 at 512."""
+    return max(COMBINE_MIN_BLOCK_N, min(COMBINE_MAX_BLOCK_N, COMBINE_TILE_ELEMENTS // max(1, head_dim)))
+
+
 def decode_rows_class(rows: int) -> int:
     """BLOCK_M for ``rows`` packed query rows per key/value head (group size x seqlen_q): 16, 32 or 64."""
     return 16 if rows <= 16 else 32 if rows <= 32 else 64
@@ -78,13 +90,18 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     program (64 registers a thread for each), 32 keys a tile (32 KB of V at
     16 bits), 3 stages (2 on the 99 KiB targets and AMD), paged or not.
     Chosen from those register and shared-memory counts; not measured on a GPU.
+
+    The combine kernel takes one row a program (``COMBINE_BLOCK_M``) and a
+    row's splits in one step up to ``combine_block_n`` of them: the few rows
+    of a small batch then spread over as many programs, each reading its
+    splits' outputs in one round trip.
     """
     if kernel not in DECODE_KERNELS:
         raise ValueError(f"kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
     hip = target.backend == "hip"
     waves = 2 if hip else 0
     if kernel == "flash_decode_combine":
-        return Config(16, 16, 4, 1, waves)
+        return Config(COMBINE_BLOCK_M, combine_block_n(head_dim), 4, 1, waves)
     # Equal bytes per tile across head dims (16 KB of K and 16 KB of V per step at 16 bits): 128 keys at
     # head dim <= 64, 64 at 128, 32 at 256 or fp32 (registers). A paged call keeps at most 64 keys, so that one
     # default binary serves every page size that is a multiple of 64 (what prewarm plans).

@@ -95,9 +95,13 @@ PyTorch's SDPA's output for a fully masked row (0). A masked key's K and V
 are still read (a NaN there reaches the output, as in SDPA).
 
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
-flattened (batch, query head, query) rows. First the total lse over the
-splits (BLOCK_N of them per step, online), then out = sum over splits of
-exp(lse_s - lse) * out_s: exact, no rescaling of the partial sums.
+flattened (batch, query head, query) rows, in one pass over the splits,
+BLOCK_N of them a step: a step loads those splits' lse and outputs together
+(a [BLOCK_M, BLOCK_N, BLOCK_D] tile), so a row's splits are read in one
+round trip when BLOCK_N covers them, and keeps the running max of the lse,
+the sum of exp(lse_s - max) and the outputs weighted by it (both rescaled
+when the max grows); out = that weighted sum over the total, lse = max +
+log(total).
 """
 
 import triton
@@ -459,41 +463,44 @@ def flash_decode_combine_kernel(
     row_ok = offs_r < n_rows
     offs_s = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < head_dim
+    if EVEN_D:
+        d_ok = offs_d < BLOCK_D
+    else:
+        d_ok = offs_d < head_dim
 
-    # The total lse (base 2) over the splits, BLOCK_N at a time, online.
+    # One pass over the splits, BLOCK_N at a time: each step loads its lse and its outputs together, a
+    # [BLOCK_M, BLOCK_N, BLOCK_D] tile, so a row's splits are read at once (not one dependent load a split).
+    # The running max m, the sum of exp2(lse - m) and the weighted outputs are rescaled when m grows.
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
     if SINKS:  # the sink: one more partial, lse the sink's and out 0 (m -inf with a sink of -inf: it adds 0)
         head = (offs_r // seqlen_q) % heads_q
         m = tl.load(Sinks + head, mask=row_ok, other=0.0) * LOG2E
-        total = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        total = tl.where(m == float("-inf"), 0.0, 1.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_N):
         s_ok = (s0 + offs_s) < num_splits
-        lse = tl.load(LsePart + offs_r[:, None] * num_splits + s0 + offs_s[None, :],
-                      mask=row_ok[:, None] & s_ok[None, :], other=float("-inf"))
+        part = offs_r[:, None] * num_splits + s0 + offs_s[None, :]
+        part_ok = row_ok[:, None] & s_ok[None, :]
+        lse = tl.load(LsePart + part, mask=part_ok, other=float("-inf"))
+        o = tl.load(OutPart + part[:, :, None] * head_dim + offs_d[None, None, :],
+                    mask=part_ok[:, :, None] & d_ok[None, None, :], other=0.0)
         m_new = tl.maximum(m, tl.max(lse, 1))
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        total = total * tl.math.exp2(m - m_sub) + tl.sum(tl.math.exp2(lse - m_sub[:, None]), 1)
+        scale = tl.math.exp2(m - m_sub)
+        weight = tl.math.exp2(lse - m_sub[:, None])
+        total = total * scale + tl.sum(weight, 1)
+        # A split that saw no key (lse -inf) adds nothing, whatever its output holds.
+        acc = acc * scale[:, None] + tl.sum(tl.where((lse > float("-inf"))[:, :, None], weight[:, :, None] * o,
+                                                     0.0), 1)
         m = m_new
     empty = total == 0.0
     lse_all = tl.where(empty, float("-inf"), m + tl.math.log2(tl.where(empty, 1.0, total)))
-    lse_sub = tl.where(empty, 0.0, lse_all)
-
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s in range(0, num_splits):
-        part = offs_r * num_splits + s
-        weight = tl.math.exp2(tl.load(LsePart + part, mask=row_ok, other=float("-inf")) - lse_sub)
-        if EVEN_D:
-            o = tl.load(OutPart + part[:, None] * head_dim + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        else:
-            o = tl.load(OutPart + part[:, None] * head_dim + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                        other=0.0)
-        acc += weight[:, None] * o
+    out = acc / tl.where(empty, 1.0, total)[:, None]
 
     query = offs_r % seqlen_q
     head = (offs_r // seqlen_q) % heads_q
     batch = offs_r // (seqlen_q * heads_q)
     o_ptrs = Out + batch[:, None] * stride_ob + query[:, None] * stride_os + head[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(Lse + offs_r, lse_all * LN2, mask=row_ok)

@@ -291,14 +291,11 @@ def _biased_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
 
 _KEY_MASK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _Tensor = torch.Tensor
-# The fewest keys a decoding step takes the key-mask route from (shorter steps: the bias path). Host cost of one
-# layer's step on CPU with the fake driver (benchmarks/profile_kvcache.py --transformers, batch 8, 16/4 heads,
-# hd128, 576 keys): 25.7 µs by the key mask, 19.2 by the bias path (two launches and a workspace against one
-# launch). On the device the key mask reads each key once per key/value head, the bias path once per query head:
-# at batch 8, 16/4 heads and 2048 keys, 34 MB against 134 MB, ~25 µs more at 4 TB/s, past the host's ~6. So from
-# 2048 keys the route is predicted faster, and shorter steps (host-bound) keep the bias path's one launch. Not
-# measured on a GPU yet (benchmarks/NOTES.md): `experiments/probe_decode_step.py`'s crossover goes here.
-KEY_MASK_MIN_KEYS = 2048
+# The fewest keys a decoding step takes the key-mask route from (shorter steps: the bias path). On the H200
+# (experiments/probe_decode_step.py: batch 8 left-padded, 16/4 heads, hd128, bf16; µs a layer's step, back to
+# back) the route is faster at every length measured: 45.8 against the bias path's 92.8 at 64 keys, 46.4 / 93.2
+# at 576, 30.8 / 59.8 at 2048, 35.6 / 69.6 at 32k (SDPA: 57.7, 66.8, 44.6, 50.7). So every step takes it.
+KEY_MASK_MIN_KEYS = 0
 
 
 def _with_key_mask(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
