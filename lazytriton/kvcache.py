@@ -284,8 +284,10 @@ def with_key_mask(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     sequence b sees key position j: SDPA's boolean mask (``kernels/flash_decode/key_mask.py``: a masked key's
     score is -inf after the cap; a sequence whose keys are all masked gets out 0). The other arguments are
     ``flash_attn_with_kvcache``'s. Nothing is read back to the host for the mask (its values need no check).
-    Eager calls on plain tensors only: the torch op does not take it (TypeError while tracing). Calls without
-    new keys' value checks, softcap or sinks are served by the warm path (``kernels/flash_decode/hot.py``).
+    Under ``torch.compile``, a tensor subclass or a dispatch mode the call goes through the torch op
+    (``lazytriton::flash_kvcache``/``flash_kvcache_read``, ``key_mask`` argument), as
+    ``flash_attn_with_kvcache`` does. Eager calls without softcap or sinks are served by the warm path
+    (``kernels/flash_decode/hot.py``) once their shape is planned.
     """
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
@@ -296,11 +298,7 @@ def with_key_mask(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             return warm
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, None, block_table, None, None, None, None, None,
                sinks)._replace(key_mask=key_mask)
-    call = checks.check(t, softmax_scale, causal, checks.NO_WINDOW, softcap, num_splits)
-    if not _direct(*(x for x in t if isinstance(x, torch.Tensor))):
-        raise TypeError("key_mask is served to eager calls on plain tensors only (no torch.compile, tensor "
-                        "subclass or dispatch mode): pass the mask as an additive bias to the SDPA drop-in there")
-    res, lse = binding.forward(t, call)
+    res, lse = serve(t, Options(softmax_scale, causal, checks.NO_WINDOW, softcap, num_splits))
     return (res, lse) if return_softmax_lse else res
 
 
@@ -338,7 +336,7 @@ def serve(t: checks.Inputs, options: Options, out: torch.Tensor | None = None,
     rotary = (t.rotary_cos, t.rotary_sin, t.rotary_seqlens)
     descales = (t.k_descale, t.v_descale)
     if _direct(t.q, t.k_cache, t.v_cache, t.k, t.v, *index_tensors, *rotary, t.cu_seqlens_q, *descales, t.qv,
-               t.cu_seqlens_k_new, out):
+               t.cu_seqlens_k_new, t.key_mask, out):
         return binding.forward(t, call, out, names)
     from lazytriton.kvcache_op import flash_kvcache_op, flash_kvcache_read_op
 
@@ -352,7 +350,8 @@ def serve(t: checks.Inputs, options: Options, out: torch.Tensor | None = None,
                     if call.varlen_q or call.chunked or fp8 else ()),
                   *((call.attention_chunk,) if call.chunked or fp8 else ()), *(descales if fp8 else ()),
                   **({"qv": t.qv} if t.qv is not None else {}),
-                  **({"cu_seqlens_k_new": t.cu_seqlens_k_new} if call.varlen_new else {}))
+                  **({"cu_seqlens_k_new": t.cu_seqlens_k_new} if call.varlen_new else {}),
+                  **({"key_mask": t.key_mask} if t.key_mask is not None else {}))
     return (res, lse) if out is None else (out.copy_(res), lse)  # the op returns new tensors: one copy
 
 

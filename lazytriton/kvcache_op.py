@@ -5,7 +5,8 @@ cache_seqlens_int, cache_batch_idx, block_table, softmax_scale, causal,
 window_left, window_right, softcap, alibi_slopes, num_splits,
 cache_leftpad=None, rotary_cos=None, rotary_sin=None,
 rotary_interleaved=True, rotary_seqlens=None, sinks=None, cu_seqlens_q=None,
-max_seqlen_q=-1, attention_chunk=0, k_descale=None, v_descale=None, qv=None, cu_seqlens_k_new=None) -> (out, lse)``
+max_seqlen_q=-1, attention_chunk=0, k_descale=None, v_descale=None, qv=None, cu_seqlens_k_new=None,
+key_mask=None) -> (out, lse)``
 takes FlashAttention's
 layout and arguments
 (``cache_seqlens`` as a tensor, or else ``cache_seqlens_int``: an int >= 0, -1
@@ -35,7 +36,8 @@ _SCHEMA = ("(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor
            "Tensor? cache_leftpad=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, "
            "bool rotary_interleaved=True, Tensor? rotary_seqlens=None, Tensor? sinks=None, "
            "Tensor? cu_seqlens_q=None, int max_seqlen_q=-1, int attention_chunk=0, Tensor? k_descale=None, "
-           "Tensor? v_descale=None, Tensor? qv=None, Tensor? cu_seqlens_k_new=None) -> (Tensor, Tensor)")
+           "Tensor? v_descale=None, Tensor? qv=None, Tensor? cu_seqlens_k_new=None, Tensor? key_mask=None) "
+           "-> (Tensor, Tensor)")
 
 
 def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
@@ -46,7 +48,7 @@ def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: tor
            rotary_seqlens: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
            cu_seqlens_q: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
            v_descale: torch.Tensor | None = None, qv: torch.Tensor | None = None,
-           cu_seqlens_k_new: torch.Tensor | None = None) -> checks.Inputs:
+           cu_seqlens_k_new: torch.Tensor | None = None, key_mask: torch.Tensor | None = None) -> checks.Inputs:
     """The binding's ``Inputs`` from the op's arguments, the index tensors plain and contiguous.
 
     The kernels read the index tensors through their pointers: a strided
@@ -61,7 +63,7 @@ def inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: tor
                          index_tensor(block_table), index_tensor(alibi_slopes), index_tensor(cache_leftpad),
                          index_tensor(rotary_cos), index_tensor(rotary_sin), index_tensor(rotary_seqlens),
                          index_tensor(sinks), index_tensor(cu_seqlens_q), index_tensor(k_descale),
-                         index_tensor(v_descale), qv, index_tensor(cu_seqlens_k_new))
+                         index_tensor(v_descale), qv, index_tensor(cu_seqlens_k_new), index_tensor(key_mask))
 
 
 @torch.library.custom_op("lazytriton::flash_kvcache", mutates_args=("k_cache", "v_cache"), schema=_SCHEMA)
@@ -77,11 +79,12 @@ def flash_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   attention_chunk: int = 0, k_descale: torch.Tensor | None = None,
                   v_descale: torch.Tensor | None = None,
                   qv: torch.Tensor | None = None,
-                  cu_seqlens_k_new: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  cu_seqlens_k_new: torch.Tensor | None = None,
+                  key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Append k/v to the cache, then attend: ``(out, lse)`` (checked again: the op can be called directly)."""
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
                alibi_slopes, cache_leftpad, rotary_cos, rotary_sin, rotary_seqlens, sinks, cu_seqlens_q,
-               k_descale, v_descale, qv, cu_seqlens_k_new)
+               k_descale, v_descale, qv, cu_seqlens_k_new, key_mask)
     return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits, rotary_interleaved,
                 max_seqlen_q, attention_chunk)
 
@@ -107,7 +110,8 @@ def _flash_kvcache_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         attention_chunk: int = 0, k_descale: torch.Tensor | None = None,
                         v_descale: torch.Tensor | None = None,
                         qv: torch.Tensor | None = None,
-                        cu_seqlens_k_new: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        cu_seqlens_k_new: torch.Tensor | None = None,
+                        key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty((*q.shape[:-1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)  # v's head dim
     if cu_seqlens_q is not None:  # packed queries: lse (heads, total_q)
         return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
@@ -131,7 +135,8 @@ def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        attention_chunk: int = 0, k_descale: torch.Tensor | None = None,
                        v_descale: torch.Tensor | None = None,
                        qv: torch.Tensor | None = None,
-                       cu_seqlens_k_new: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       cu_seqlens_k_new: torch.Tensor | None = None,
+                       key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The same call without new keys: nothing is written, so nothing is declared mutated.
 
     A compiled graph then needs no functional copy of the caches (declared
@@ -142,7 +147,7 @@ def flash_kvcache_read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         raise ValueError("lazytriton::flash_kvcache_read takes no k/v; lazytriton::flash_kvcache appends them")
     t = inputs(q, k_cache, v_cache, None, None, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
                alibi_slopes, cache_leftpad, rotary_cos, rotary_sin, rotary_seqlens, sinks, cu_seqlens_q,
-               k_descale, v_descale, qv)
+               k_descale, v_descale, qv, None, key_mask)
     return _run(t, softmax_scale, causal, window_left, window_right, softcap, num_splits, rotary_interleaved,
                 max_seqlen_q, attention_chunk)
 

@@ -110,6 +110,36 @@ def test_where_the_route_does_not_apply_the_bias_path_runs(routed: list[tuple[An
     assert len(routed) == 1
 
 
+@pytest.mark.parametrize("case", ["left", "hole", "softcap"])
+def test_under_torch_compile_the_step_is_the_key_masked_op_in_one_graph(case: str) -> None:
+    """fullgraph: the route's checks trace, the mask's view is made in the graph, the call is the torch op."""
+    q, k, v = _qkv(2, 4, 2, 1, 7)
+    mask = torch.tensor(VALID["left" if case == "softcap" else case], dtype=torch.bool)[:, None, None, :]
+    features = {"softcap": 0.5} if case == "softcap" else {}
+    if case == "softcap":
+        q = q * 8
+    graphs: list[Any] = []
+
+    def recording(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return lt_transformers.attention_forward(_Module(True), q, k, v, mask, scaling=0.3, **features)[0]
+
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(step, fullgraph=True, backend=recording)(q, k, v, mask)
+    finally:
+        torch._dynamo.reset()
+    want = _eager(q, k, v, mask, 0.3, 0.5).float() if case == "softcap" else _sdpa(q, k, v, mask, False)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, step(q, k, v, mask), atol=0, rtol=0)  # the eager route's bits
+    targets = [node.target for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert len(graphs) == 1 and torch.ops.lazytriton.flash_kvcache_read.default in targets, targets
+    assert torch.ops.aten.masked_fill.Scalar not in targets  # no bias made
+
+
 def test_a_broadcast_mask_is_read_with_batch_stride_0(routed: list[tuple[Any, ...]]) -> None:
     q, k, v = _qkv(3, 4, 2, 1, 7)
     mask = torch.tensor([[0, 1, 1, 0, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]

@@ -57,8 +57,8 @@ one call:
   mask's (batch, kv_len) view as their key mask (KEY_MASK: SDPA's boolean
   mask, read per key tile), softcap and sinks passed on; served by the
   decoding call's warm path where it has no softcap or sinks. Where that
-  route does not apply (gradients wanted, a tensor subclass, torch.compile,
-  an unusual layout), one call of the SDPA drop-in with the mask as an
+  route does not apply (gradients wanted, a tensor subclass, an unusual
+  layout), one call of the SDPA drop-in with the mask as an
   additive bias, made once per forward and mask (every layer reuses it);
   with a softcap, the drop-in's body with the cap applied before the bias
   (``sdpa.masked``). Either way nothing is read back to the host, whatever
@@ -249,8 +249,8 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     """One query a sequence against a cache under a boolean (batch, 1, 1, kv_len) mask: (batch, heads, 1, d_v).
 
     ``bshd``: (batch, 1, heads, d_v) contiguous instead (what the attention function returns).
-    Eager and without gradients, the decoding kernels with the mask as their key mask (``_with_key_mask``).
-    Otherwise (``_biased_step``) the mask as an additive bias (0 where it attends, -inf elsewhere), made on
+    Without gradients, the decoding kernels with the mask as their key mask (``_with_key_mask``; under
+    ``torch.compile`` through their torch op). Otherwise (``_biased_step``) the mask as an additive bias (0 where it attends, -inf elsewhere), made on
     the mask's device: nothing is read back to the host. Cached for the mask
     object, its version (an in-place edit makes it again) and the dtype, with
     the call checked for each layout that ran with it, so each further layer
@@ -258,13 +258,14 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     under ``torch.compile`` (the compiler fuses it, and a cache of Python
     objects would break the graph).
     """
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    routed = _with_key_mask(query, key, value, mask, scaling, features, compiling)
+    if routed is not None:
+        return routed if bshd else routed.transpose(1, 2)
+    if compiling:
         bias = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(~mask, float("-inf"))
         out = _arbitrary(query, key, value, bias, scaling, features)
     else:
-        routed = _with_key_mask(query, key, value, mask, scaling, features)
-        if routed is not None:
-            return routed if bshd else routed.transpose(1, 2)
         out = _biased_step(query, key, value, mask, scaling, features)
     return out.transpose(1, 2).contiguous() if bshd else out
 
@@ -299,14 +300,16 @@ KEY_MASK_MIN_KEYS = 0
 
 
 def _with_key_mask(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                   scaling: float | None, features: dict[str, Any]) -> torch.Tensor | None:
+                   scaling: float | None, features: dict[str, Any], compiling: bool = False) -> torch.Tensor | None:
     """A decoding step through the decoding kernels with the mask as their key mask, or None where it does not apply.
 
     transformers' caches hold (batch, heads_k, kv_len, d): the kernels read them as (batch, kv_len, heads_k, d)
     views (``transpose(1, 2)``), the whole cache (cache_seqlens None) under the mask's (batch, kv_len) view; q
-    likewise. Returns (batch, 1, heads, d_v), contiguous. Plain eager tensors with no gradient wanted, one dtype
+    likewise. Returns (batch, 1, heads, d_v), contiguous. Plain tensors with no gradient wanted, one dtype
     and device (CUDA, or the CPU's interpreter), contiguous last dims, q's and k's head dim up to 256 (v's up to
     512); else None: the bias path. Every check reads sizes and flags only (a few µs: this runs every layer).
+    ``compiling`` (inside ``torch.compile``'s trace): the mask's view is made in the graph, not kept in
+    ``_key_masks`` (a cache of Python objects would break the graph).
     """
     sinks, softcap = features.get("sinks"), features.get("softcap")
     if not (type(query) is _Tensor and type(key) is _Tensor and type(value) is _Tensor and type(mask) is _Tensor
@@ -331,12 +334,13 @@ def _with_key_mask(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         return None
     if not (softcap is None or isinstance(softcap, (int, float))):
         return None
+    keys = mask[:, 0, 0].expand(batch, kv_len) if compiling else _key_mask(mask, batch)
     if softcap is None and sinks is None:
         return kvcache.with_key_mask(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                     _key_mask(mask, batch), None, None, None, None,
+                                     keys, None, None, None, None,
                                      None if scaling is None else float(scaling))  # type: ignore[no-any-return]
     return kvcache.with_key_mask(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),  # type: ignore
-                                 _key_mask(mask, batch), softmax_scale=None if scaling is None else float(scaling),
+                                 keys, softmax_scale=None if scaling is None else float(scaling),
                                  softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
 
 
