@@ -86,6 +86,17 @@ def build_driver(directory: Path, name: str = "native_dump", table: Table | None
     return program, sanitized
 
 
+def answers_of(program: Path, lines: list[str]) -> list[str]:
+    """``program``'s answer to each of ``lines`` (one line each), given them all on stdin under the sanitizers'
+    options with no tools on PATH; a failed exit or a missing answer fails the test."""
+    done = subprocess.run([str(program)], input="".join(line + "\n" for line in lines), capture_output=True,
+                          text=True, timeout=600, env=SANITIZER_ENV | {"PATH": "/usr/bin:/bin"}, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    answers = done.stdout.splitlines()
+    assert len(answers) == len(lines), done.stderr[-4000:]
+    return answers
+
+
 class LineServer:
     """A test program that answers each request line with one JSON line; a hang or a death fails the test."""
 
@@ -315,6 +326,34 @@ def native_launcher(tmp_path: Path, entry: Entry) -> Any:
         assert status == LT_OK, ffi.string(lib.lt_native_last_error()).decode()
 
     return launch
+
+
+def native_forward_matches_python(tmp_path: Path, variant_text: str, seqlen: int) -> Entry:
+    """flash_fwd's ``variant_text`` over fp16 q, k and v (2, 4, seqlen, 64) of seed 0, launched by the Python binding
+    and by liblazytriton_native.so (``native_launcher``): out and lse bit-equal, out within FlashAttention's rule of
+    a float64 reference (2x a same-precision PyTorch attention's error). Returns the entry launched."""
+    import torch
+
+    from lazytriton import runtime
+    from lazytriton.kernels.flash_fwd import binding
+    from lazytriton.variant import Variant
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, seqlen, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    call = binding.check(q, k, v, False)
+    variant = Variant.parse(variant_text)
+    entry = runtime.get().kernel(variant, q.device.index).entry
+    out, lse = torch.empty_like(q), torch.empty(2, 4, seqlen, device="cuda", dtype=torch.float32)
+    binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
+    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+    ints, floats = iter(binding.pack(q, k, v, out2, lse2, call)[0]), iter(binding.floats(call))
+    values = [next(floats) if kind == "fp32" else next(ints) for kind in entry.arg_types]
+    native_launcher(tmp_path, entry)(binding.grid(call.shape, int(variant.get("BLOCK_M"))), values)
+    torch.cuda.synchronize()
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    err, same = attention_error(out, q, k, v, call.scale)
+    assert err <= 2 * same + 1e-5, (err, same)
+    return entry
 
 
 def attention_error(out: Any, q: Any, k: Any, v: Any, scale: float) -> tuple[float, float]:

@@ -282,26 +282,7 @@ def needs_amd_gpu() -> None:
 def test_on_an_amd_gpu_the_native_launch_writes_pythons_bits(tmp_path: Path, hsaco: Entry) -> None:
     """flash_fwd gfx942 launched natively (liblazytriton_native.so, hipModuleLaunchKernel) and by Python: bit-equal."""
     needs_amd_gpu()
-    import torch
-    from nativelib import attention_error, native_launcher
+    from nativelib import native_forward_matches_python
 
-    from lazytriton import runtime
-    from lazytriton.kernels.flash_fwd import binding
-    from lazytriton.variant import Variant
-
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    call = binding.check(q, k, v, False)
-    variant = Variant.parse(hsaco.variant)
-    entry = runtime.get().kernel(variant, q.device.index).entry
-    out, lse = torch.empty_like(q), torch.empty(2, 4, 128, device="cuda", dtype=torch.float32)
-    binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
-    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
-    ints, floats = iter(binding.pack(q, k, v, out2, lse2, call)[0]), iter(binding.floats(call))
-    values = [next(floats) if kind == "fp32" else next(ints) for kind in entry.arg_types]
-    native_launcher(tmp_path, entry)(binding.grid(call.shape, int(variant.get("BLOCK_M"))), values)
-    torch.cuda.synchronize()
-    assert torch.equal(out2, out) and torch.equal(lse2, lse)
-    err, same = attention_error(out, q, k, v, call.scale)
-    assert err <= 2 * same + 1e-5, (err, same)
+    native_forward_matches_python(tmp_path, hsaco.variant, 128)
 

@@ -215,30 +215,11 @@ def needs_sm90() -> None:
 @pytest.mark.gpu
 def test_on_a_gpu_a_scratch_entry_launched_natively_matches_python(tmp_path: Path) -> None:
     """flash_fwd TMA=true: the native launch (its scratch from cuMemAllocAsync) writes Python's bits."""
-    import torch
-    from nativelib import attention_error, native_launcher
-
-    from lazytriton import runtime
-    from lazytriton.kernels.flash_fwd import binding
-    from lazytriton.variant import Variant
+    from nativelib import native_forward_matches_python
 
     needs_sm90()
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    call = binding.check(q, k, v, False)
-    variant = Variant.parse(SCRATCH_VARIANT)
-    entry = runtime.get().kernel(variant, q.device.index).entry
+    entry = native_forward_matches_python(tmp_path, SCRATCH_VARIANT, 300)
     assert entry.global_scratch_size > 0
-    out, lse = torch.empty_like(q), torch.empty(2, 4, 300, device="cuda", dtype=torch.float32)
-    binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
-    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
-    ints, floats = iter(binding.pack(q, k, v, out2, lse2, call)[0]), iter(binding.floats(call))
-    values = [next(floats) if kind == "fp32" else next(ints) for kind in entry.arg_types]
-    native_launcher(tmp_path, entry)(binding.grid(call.shape, int(variant.get("BLOCK_M"))), values)
-    torch.cuda.synchronize()
-    assert torch.equal(out2, out) and torch.equal(lse2, lse)
-    err, same = attention_error(out, q, k, v, call.scale)
-    assert err <= 2 * same + 1e-5, (err, same)
 
 
 @needs_gpu
