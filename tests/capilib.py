@@ -1,7 +1,8 @@
 """Helpers for the C API's tests: programs that call liblazytriton in process, and what they report.
 
 A test writes a Python program that loads the built library with ctypes before torch imports
-(``IN_PROCESS_PRELUDE``; ``KVCACHE_PRELUDE`` adds lt_attn_kvcache's params), runs it in a fresh interpreter
+(``IN_PROCESS_PRELUDE``; ``KVCACHE_PRELUDE`` adds lt_attn_kvcache's params, a refused call's record and an
+absent tensor), runs it in a fresh interpreter
 against the installed prefix (``report_of``) and reads the JSON line it prints last. ``assert_statuses`` holds
 the calls a program expects refused to their statuses and messages.
 """
@@ -56,6 +57,30 @@ def describe(view, t):
 """
 
 
+# After test_capi.VARLEN_IN_PROCESS's start (lib, ffi, describe on CPU tensors): attn_params("fwd" or "bwd",
+# tensors, struct=None, **fields), an lt_attn_fwd_params or lt_attn_bwd_params of the tensors (None: left out)
+# with the fields set (struct: its struct_size and version); bwd_tensors(q, k, v, out, lse, do), the backward's
+# tensors ({name: tensor}) and its dq, dk and dv (filled with 7.0).
+ATTN_PARAMS = r"""
+def attn_params(kind, tensors, struct=None, **fields):
+    p = ffi.new(f"lt_attn_{kind}_params *")
+    getattr(lib, f"lt_attn_{kind}_params_init")(p)
+    for name, t in tensors.items():
+        if t is not None:
+            describe(getattr(p, name), t)
+    for name, value in fields.items():
+        setattr(p, name, value)
+    if struct is not None:
+        p.struct_size, p.version = struct
+    return p
+
+def bwd_tensors(q, k, v, out, lse, do):
+    grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
+    return {"q": q, "k": k, "v": v, "out": out, "lse": lse, "dout": do, "dq": grads[0], "dk": grads[1],
+            "dv": grads[2], "delta": torch.empty(lse.shape)}, grads
+"""
+
+
 # The start of a program calling lt_attn_kvcache in process: error() and params(tensors, **options).
 KVCACHE_PRELUDE = IN_PROCESS_PRELUDE + r"""
 def error():
@@ -69,6 +94,17 @@ def params(tensors, **options):
     for name, value in options.items():
         setattr(p, name, value)
     return p
+
+def refused(tensors, change, **options):
+    # lt_attn_kvcache of params(tensors, **options) after change(p): [status, message, caches untouched]
+    p = params(tensors, **options)
+    keep = {n: tensors[n].clone() for n in ("k_cache", "v_cache")}
+    change(p)
+    status = call("lt_attn_kvcache", p, ffi.NULL)
+    return [status, error(), all(torch.equal(tensors[n], keep[n]) for n in keep)]
+
+def absent(t):
+    t.data, t.ndim = ffi.NULL, 0
 """
 
 # A decoding call through the C API beside flash_attn_with_kvcache on clones (needs KVCACHE_PRELUDE and a report

@@ -14,6 +14,10 @@ The device has compute capability 9.0 and ``FAKE_SMS`` SMs.
 ``cuMemAllocAsync`` and ``cuMemFreeAsync`` (a launcher's scratch memory) are faked too: an allocation gets
 the next of a series of 4 KiB-aligned addresses from ``SCRATCH_BASE``, and each call is logged
 (``allocations()``: the call, bytes, address, stream, the context current then, and the launches before it).
+Each cuModuleLoadData is logged with the cuModuleGetFunction after it (``loads()``: the context current, the
+image's first 4 bytes, the module handle, ``0xA000`` plus the load's number, and the kernel's name).
+The launch record, the logs and the allocator are tests/fake_driver_core.py's, which tests/fake_libhip.py
+shares.
 
 ``fake_set_light(1)`` makes cuLaunchKernel only count its calls (a benchmark's floor: the host cost of its
 caller, not of the fake's record).
@@ -26,71 +30,42 @@ when they were encoded from the same arguments.
 
 from __future__ import annotations
 
-import shutil
 import struct
-import subprocess
 from pathlib import Path
 from typing import Any
 
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
+from fake_driver_core import CORE_SOURCE, SCRATCH_BASE, FakeDriver, compile_library, last_records
 
-static int n_sizes;
-static int sizes[1024];
-static unsigned char seen[128 * 1024];
-static int seen_null[1024];
-static int seen_align[1024];
+__all__ = ["FAKE_SMS", "SCRATCH_BASE", "Fake", "build", "fake_map"]
+
+SOURCE = CORE_SOURCE + r"""
 static int64_t encodes[16 * 32];
 static int n_encodes;
 static int encode_status;
-static int64_t state[16];
 static void *stack[8];
 static int depth;
 static void *current;
 static int launch_status;
-static int64_t launch_log[64 * 8];
-static int n_logged;
-static int64_t alloc_log[64 * 6];
-static int n_allocs, alloc_status;
-static uint64_t next_scratch = 0x5C0000000000ull;
+static int alloc_status;
 static int light; /* cuLaunchKernel only counts (benchmarks: the host cost of what calls it) */
 void fake_set_light(int on) { light = on; }
+static int64_t current_place(void) { return (int64_t)(uintptr_t)current; }
 
 int fake_configure(int n, const int *param_sizes, int status) {
-    if (n < 0 || n > 1024) return -1;
-    n_sizes = n;
-    memcpy(sizes, param_sizes, sizeof(int) * (size_t)n);
+    if (core_configure(n, param_sizes) != 0) return -1;
     launch_status = status;
-    memset(state, 0, sizeof state);
     current = NULL;
     depth = 0;
     n_encodes = 0;
     encode_status = 0;
-    n_logged = 0;
-    n_allocs = 0;
     alloc_status = 0;
-    next_scratch = 0x5C0000000000ull;
     return 0;
 }
 void fake_set_alloc_status(int status) { alloc_status = status; }
-int fake_allocations(int64_t *out) { memcpy(out, alloc_log, sizeof alloc_log); return n_allocs; }
-static void log_alloc(int64_t call, int64_t bytes, uint64_t address, uintptr_t stream) {
-    int64_t *rec = alloc_log + 6 * (n_allocs & 63);
-    n_allocs++;
-    rec[0] = call; rec[1] = bytes; rec[2] = (int64_t)address; rec[3] = (int64_t)stream;
-    rec[4] = (int64_t)(uintptr_t)current; rec[5] = state[0];
-}
-/* call 1: an allocation (4 KiB-aligned addresses, one after the other), 2: a free */
 int cuMemAllocAsync(uint64_t *ptr, size_t bytes, uintptr_t stream) {
-    log_alloc(1, (int64_t)bytes, alloc_status ? 0 : next_scratch, stream);
-    if (alloc_status) return alloc_status;
-    *ptr = next_scratch;
-    next_scratch += (bytes + 4095) / 4096 * 4096 + 4096;
-    return 0;
+    return scratch_alloc(ptr, bytes, stream, alloc_status);
 }
-int cuMemFreeAsync(uint64_t ptr, uintptr_t stream) { log_alloc(2, 0, ptr, stream); return 0; }
-int fake_launch_log(int64_t *out) { memcpy(out, launch_log, sizeof launch_log); return n_logged; }
+int cuMemFreeAsync(uint64_t ptr, uintptr_t stream) { return scratch_free(ptr, stream); }
 void fake_set_encode_status(int status) { encode_status = status; }
 int fake_encodes(int64_t *out) { memcpy(out, encodes, sizeof encodes); return n_encodes; }
 
@@ -126,12 +101,6 @@ int cuTensorMapEncodeTiled(void *map, int dtype, uint32_t rank, void *address, c
     return 0;
 }
 void fake_set_current(uintptr_t ctx) { current = (void *)ctx; }
-void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns) {
-    memcpy(out, seen, sizeof seen);
-    memcpy(nulls, seen_null, sizeof seen_null);
-    memcpy(aligns, seen_align, sizeof seen_align);
-    memcpy(out_state, state, sizeof state);
-}
 
 int cuInit(unsigned int flags) { return 0; }
 int cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
@@ -149,26 +118,18 @@ int cuCtxPopCurrent_v2(void **ctx) {
     current = depth > 0 ? stack[--depth & 7] : NULL;
     return 0;
 }
-int cuModuleLoadData(void **module, const void *image) { *module = (void *)0xA000; return 0; }
-int cuModuleGetFunction(void **function, void *module, const char *name) { *function = (void *)0xF000; return 0; }
+int cuModuleLoadData(void **module, const void *image) { return load_module(module, image, 0); }
+int cuModuleGetFunction(void **function, void *module, const char *name) {
+    return get_function(function, module, name, 0);
+}
 int cuFuncSetAttribute(void *function, int attribute, int value) { return 0; }
 int cuGetErrorString(int error, const char **text) { *text = "fake error"; return 0; }
 int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                    unsigned int bz, unsigned int shared, uintptr_t stream, void **params, void **extra) {
-    state[0]++;
-    if (light) return launch_status;
-    state[3] = gx; state[4] = gy; state[5] = gz; state[6] = bx; state[7] = by * 1000 + bz; state[8] = shared;
-    state[9] = (int64_t)stream; state[10] = (int64_t)(uintptr_t)f; state[11] = (int64_t)(uintptr_t)current;
-    state[12] = extra == NULL;
-    int64_t *log = launch_log + 8 * (n_logged & 63);
-    n_logged++;
-    log[0] = gx; log[1] = gy; log[2] = gz; log[3] = bx; log[4] = shared; log[5] = (int64_t)(uintptr_t)f;
-    memset(seen, 0, sizeof seen);
-    for (int i = 0; i < n_sizes; i++) {
-        seen_null[i] = params[i] == NULL;
-        seen_align[i] = (int)((uintptr_t)params[i] % 64);
-        if (params[i] != NULL) memcpy(seen + 128 * i, params[i], (size_t)sizes[i]);
-    }
+    if (light)
+        state[0]++;
+    else
+        record_launch(3, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
     return launch_status;
 }
 """
@@ -176,32 +137,15 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
 CDEF = """
 int fake_configure(int n, const int *param_sizes, int status);
 void fake_set_current(uintptr_t ctx);
-void fake_read(unsigned char *out, int *nulls, int64_t *out_state, int *aligns);
 void fake_set_encode_status(int status);
 int fake_encodes(int64_t *out);
-int fake_launch_log(int64_t *out);
 void fake_set_alloc_status(int status);
-int fake_allocations(int64_t *out);
 void fake_set_light(int on);
 """
-SCRATCH_BASE = 0x5C0000000000
 FAKE_SMS = 132
 LOGGED = ("grid_x", "grid_y", "grid_z", "block_x", "shared", "function")
-
 STATE = ("launches", "pushes", "pops", "grid_x", "grid_y", "grid_z", "block_x", "block_yz", "shared", "stream",
          "function", "context", "extra_null")
-
-
-def compile_library(directory: Path, stem: str, source_text: str) -> Path | None:
-    """``source_text`` compiled into ``directory``/lib``stem``.so (a fake driver); None when there is no C compiler."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    source = directory / f"{stem}.c"
-    source.write_text(source_text)
-    library = directory / f"lib{stem}.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True)
-    return library
 
 
 def build(directory: Path) -> Path | None:
@@ -209,15 +153,13 @@ def build(directory: Path) -> Path | None:
     return compile_library(directory, "fakecuda", SOURCE)
 
 
-class Fake:
+class Fake(FakeDriver):
     """The loaded fake: configure it, read back the last launch."""
 
-    def __init__(self, library: Path) -> None:
-        from cffi import FFI
-
-        self.ffi = FFI()
-        self.ffi.cdef(CDEF)
-        self.lib = self.ffi.dlopen(str(library))
+    CDEF = CDEF
+    STATE = STATE
+    LOGGED = LOGGED
+    PLACE = "context"
 
     def configure(self, sizes: list[int], status: int = 0) -> None:
         assert self.lib.fake_configure(len(sizes), self.ffi.new("int[]", sizes or [0]), status) == 0
@@ -230,52 +172,16 @@ class Fake:
         """Make cuTensorMapEncodeTiled fail with ``status`` (0: succeed) until the next ``configure``."""
         self.lib.fake_set_encode_status(status)
 
-    def last_launch(self, aligns: list[int] | None = None) -> tuple[list[Any], dict[str, int]]:
-        """(each parameter's bytes, or None for a NULL pointer; the launch's state by name).
-
-        ``aligns``, when given, receives each parameter pointer's address modulo 64.
-        """
-        raw = self.ffi.new("unsigned char[]", 128 * 1024)
-        nulls = self.ffi.new("int[]", 1024)
-        state = self.ffi.new("int64_t[]", 16)
-        align = self.ffi.new("int[]", 1024)
-        self.lib.fake_read(raw, nulls, state, align)
-        data = bytes(self.ffi.buffer(raw))
-        params = [None if nulls[i] else data[128 * i:128 * i + size] for i, size in enumerate(self.sizes)]
-        if aligns is not None:
-            aligns[:] = [int(align[i]) for i in range(len(self.sizes))]
-        return params, {name: int(state[i]) for i, name in enumerate(STATE)}
-
-    def launch_log(self) -> list[dict[str, int]]:
-        """The launches since ``configure`` (the last 64), oldest first: grid, block, shared memory, function."""
-        raw = self.ffi.new("int64_t[]", 64 * 8)
-        count = self.lib.fake_launch_log(raw)
-        return [{name: int(raw[8 * (n & 63) + i]) for i, name in enumerate(LOGGED)}
-                for n in range(max(0, count - 64), count)]
-
     def set_alloc_status(self, status: int) -> None:
         """Make cuMemAllocAsync fail with ``status`` (0: succeed) until the next ``configure``."""
         self.lib.fake_set_alloc_status(status)
-
-    def allocations(self) -> list[dict[str, Any]]:
-        """cuMemAllocAsync and cuMemFreeAsync calls since ``configure`` (the last 64), oldest first."""
-        raw = self.ffi.new("int64_t[]", 64 * 6)
-        count = self.lib.fake_allocations(raw)
-        names = ("call", "bytes", "address", "stream", "context", "launches_before")
-        calls = []
-        for n in range(max(0, count - 64), count):
-            rec = {name: int(raw[6 * (n & 63) + i]) for i, name in enumerate(names)}
-            rec["call"] = {1: "alloc", 2: "free"}[rec["call"]]
-            calls.append(rec)
-        return calls
 
     def encodes(self) -> tuple[int, list[dict[str, Any]]]:
         """(cuTensorMapEncodeTiled calls since ``configure``, the last 16 calls' arguments, oldest first)."""
         raw = self.ffi.new("int64_t[]", 16 * 32)
         count = self.lib.fake_encodes(raw)
         calls = []
-        for n in range(max(0, count - 16), count):
-            rec = [int(raw[32 * (n & 15) + j]) for j in range(32)]
+        for rec in last_records(raw, count, 32, 16):
             rank = rec[1]
             calls.append({"dtype": rec[0], "rank": rank, "address": rec[2], "interleave": rec[3], "swizzle": rec[4],
                           "l2": rec[5], "oob": rec[6], "map_align": rec[7], "dims": rec[8:8 + rank],

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from capilib import CUDA_DESCRIBE, KVCACHE_CASE, KVCACHE_PRELUDE
+from capilib import ATTN_PARAMS, CUDA_DESCRIBE, KVCACHE_CASE, KVCACHE_PRELUDE
 from capilib import exit_ok as _ok
 from capilib import run_program as _run
 from conftest import gpu
@@ -32,34 +32,20 @@ from lazytriton.kernels.flash_bwd import binding as bwd
 from lazytriton.kernels.flash_decode import binding as decode
 from lazytriton.kernels.flash_fwd import binding as fwd
 
-ATTENTION_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + """
+ATTENTION_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + ATTN_PARAMS + """
 torch.manual_seed(0)
 q, k, v = torch.randn(2, 4, 21, 16), torch.randn(2, 2, 29, 16), torch.randn(2, 2, 29, 16)
 report = {}
 
 def forward(q, k, v, causal, chunk, struct=None, **extra):
     out, lse = torch.full(q.shape, 7.0), torch.full(q.shape[:3], 7.0)
-    p = ffi.new("lt_attn_fwd_params *")
-    lib.lt_attn_fwd_params_init(p)
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
-        describe(getattr(p, name), t)
-    p.causal, p.attention_chunk = causal, chunk
-    for name, value in extra.items():
-        setattr(p, name, value)
-    if struct is not None:
-        p.struct_size, p.version = struct
+    p = attn_params("fwd", {"q": q, "k": k, "v": v, "out": out, "lse": lse}, struct, causal=causal,
+                    attention_chunk=chunk, **extra)
     return [lib.lt_attn_fwd(p, ffi.NULL), error()], out, lse
 
 def backward(out, lse, do, causal, chunk, struct=None):
-    g = ffi.new("lt_attn_bwd_params *")
-    lib.lt_attn_bwd_params_init(g)
-    grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", do), ("dq", grads[0]),
-                    ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(2, 4, 21))):
-        describe(getattr(g, name), t)
-    g.causal, g.attention_chunk = causal, chunk
-    if struct is not None:
-        g.struct_size, g.version = struct
+    tensors, grads = bwd_tensors(q, k, v, out, lse, do)
+    g = attn_params("bwd", tensors, struct, causal=causal, attention_chunk=chunk)
     return [lib.lt_attn_bwd(g, ffi.NULL), error()], grads
 
 names = {0: False, 1: "top_left", 2: "bottom_right"}
@@ -98,25 +84,16 @@ cq = torch.tensor([0, 3, 3, 20, 21], dtype=torch.int32)  # lengths 3, 0, 17, 1
 ck = torch.tensor([0, 5, 9, 18, 18], dtype=torch.int32)  # lengths 5, 4, 9, 0
 pq, pk, pv, pdo = torch.randn(21, 4, 16), torch.randn(18, 2, 16), torch.randn(18, 2, 16), torch.randn(21, 4, 16)
 out, lse = torch.full_like(pq, 7.0), torch.full((4, 21), 7.0)
-p = ffi.new("lt_attn_fwd_params *")
-lib.lt_attn_fwd_params_init(p)
-for name, t in (("q", pq), ("k", pk), ("v", pv), ("out", out), ("lse", lse), ("cu_seqlens_q", cq),
-                ("cu_seqlens_k", ck)):
-    describe(getattr(p, name), t)
-p.max_seqlen_q, p.max_seqlen_k, p.causal, p.attention_chunk = 17, 9, 2, 4
+packed = {"cu_seqlens_q": cq, "cu_seqlens_k": ck}
+p = attn_params("fwd", {"q": pq, "k": pk, "v": pv, "out": out, "lse": lse, **packed}, max_seqlen_q=17,
+                max_seqlen_k=9, causal=2, attention_chunk=4)
 status = [lib.lt_attn_fwd(p, ffi.NULL), error()]
 leaves = [t.clone().requires_grad_() for t in (pq, pk, pv)]
 want_out, want_lse, _ = lazytriton.flash_attn_varlen_func(*leaves, cq, ck, 17, 9, causal=True,
                                                           return_attn_probs=True, attention_chunk=4)
 wanted = torch.autograd.grad(want_out, leaves, pdo)
-g = ffi.new("lt_attn_bwd_params *")
-lib.lt_attn_bwd_params_init(g)
-grads = [torch.full_like(t, 7.0) for t in (pq, pk, pv)]
-for name, t in (("q", pq), ("k", pk), ("v", pv), ("out", out), ("lse", lse), ("dout", pdo), ("dq", grads[0]),
-                ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(4, 21)), ("cu_seqlens_q", cq),
-                ("cu_seqlens_k", ck)):
-    describe(getattr(g, name), t)
-g.max_seqlen_q, g.max_seqlen_k, g.causal, g.attention_chunk = 17, 9, 2, 4
+tensors, grads = bwd_tensors(pq, pk, pv, out, lse, pdo)
+g = attn_params("bwd", {**tensors, **packed}, max_seqlen_q=17, max_seqlen_k=9, causal=2, attention_chunk=4)
 report["varlen"] = [status, [lib.lt_attn_bwd(g, ffi.NULL), error()],
                     torch.equal(out, want_out.detach()) and torch.equal(lse, want_lse),
                     all(torch.equal(a, b) for a, b in zip(grads, wanted))]

@@ -24,11 +24,9 @@ from typing import Any
 
 import pytest
 from capilib import CUDA_DESCRIBE, IN_PROCESS_PRELUDE, exit_ok, run_program
-from compiled_once import shared_dir
 from conftest import gpu
 from fake_libcuda import SCRATCH_BASE
-from fake_libcuda import build as build_fake
-from nativelib import need_toolchain
+from nativelib import STREAM, fake_drivers, need_toolchain, prewarmed_image
 
 from lazytriton.capi import embedded, native_build
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
@@ -37,7 +35,6 @@ from lazytriton.target import Target
 
 REPO = Path(__file__).resolve().parents[1]
 LT_OK, LT_ERROR_INVALID_ARGUMENT = 0, 1
-STREAM = 0x5EA
 TMA_CALL = {"dtype": "fp16", "b": 1, "hq": 2, "hk": 2, "sq": 256, "sk": 256, "d": 64}
 FP8_CALL = {"dtype": "e4m3", "b": 1, "hq": 4, "hk": 2, "sq": 256, "sk": 384, "d": 128}
 
@@ -58,31 +55,14 @@ def image_variants() -> list[str]:
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The image prewarm builds from a miss log of the three variants (once a session, shared by xdist workers)."""
-    from filelock import FileLock
-
-    directory = shared_dir(tmp_path_factory)
-    path = directory / "capi-scratch.ltimg"
-    with FileLock(str(directory / "capi-scratch.lock")):
-        if not path.exists():
-            misses = directory / "capi-scratch-misses.jsonl"
-            misses.write_text("".join(json.dumps({"variant": v}) + "\n" for v in image_variants()))
-            env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(directory / "capi-scratch-cache")}
-            done = subprocess.run([sys.executable, "-m", "lazytriton", "prewarm", "--from-misses", str(misses),
-                                   "--out", str(path), "-j", "1"], capture_output=True, text=True, env=env,
-                                  timeout=1800, check=False)
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return path
+    return prewarmed_image(tmp_path_factory, "capi-scratch", variants=image_variants(), timeout=1800)
 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder whose libcuda.so.1 is the fake."""
     need_toolchain()
-    directory = tmp_path_factory.mktemp("capi-scratch-driver")
-    fake = build_fake(directory)
-    assert fake is not None
-    (directory / "libcuda.so.1").symlink_to(fake)
-    return directory
+    return fake_drivers(tmp_path_factory.mktemp("capi-scratch-driver"))["driver"]
 
 
 def native_library(directory: Path, switched_on: bool) -> Path:
@@ -101,6 +81,7 @@ import json, sys
 import torch
 from cffi import FFI
 from fake_libcuda import Fake
+from nativelib import STREAM, param_sizes, recorded_launch
 from lazytriton.cache_format.image import Image
 from lazytriton.capi import build, embedded
 from lazytriton.driver import fastlaunch, gpu
@@ -129,22 +110,12 @@ assert lib.lt_init(config) == 0, ffi.string(lib.lt_last_error())
 fake = Fake(fake_path)
 setattr(fastlaunch, "_module", lambda: None)  # the Python launcher's cffi path (test_native_tma holds the helper's)
 CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float8_e4m3fn: 5}
-STREAM = 0x5EA
 
 def describe(view, t):
     view.data = ffi.cast("void *", t.data_ptr())
     view.dtype, view.ndim, view.device_type, view.device_index = CODES[t.dtype], t.dim(), 2, 0
     for i in range(t.dim()):
         view.sizes[i], view.strides[i] = t.shape[i], t.stride(i)
-
-def sizes_of(entry):
-    return [4 if kind in ("i32", "fp32") else 8 for kind in entry.arg_types] + [8] * len(entry.hidden_args)
-
-class Memory:
-    def __init__(self, address):
-        self.address = address
-    def data_ptr(self):
-        return self.address
 
 def run(case):
     if case["switched_on"]:  # else as shipped
@@ -189,7 +160,7 @@ def run(case):
         ints, floats = binding.pack(q, k, v, out, lse, call)[0], binding.floats(call)
     report["variant"] = str(variant)
     entry = Image(image).read(variant.key())
-    fake.configure(sizes_of(entry))
+    fake.configure(param_sizes(entry))
     report["launch"] = lib.lt_plan_launch(plan[0], p, ffi.cast("void *", STREAM))
     report["launch_error"] = ffi.string(lib.lt_last_error()).decode()
     params, state = fake.last_launch()
@@ -201,16 +172,10 @@ def run(case):
     hidden = len(entry.arg_types)
     scratch_at = int.from_bytes(params[hidden], "little") if entry.hidden_args and params[hidden] else 0
     kernel = gpu.CudaApi(fake_path).load(entry, 0)
-    fake.configure(sizes_of(entry))
-    allocs = []
-    def scratch_alloc(nbytes, device):
-        allocs.append(nbytes)
-        return Memory(scratch_at)
+    fake.configure(param_sizes(entry))
     grid = binding.grid(call.shape, int(variant.get("BLOCK_M")))
-    kernel.launch(grid, STREAM, ints, floats, scratch_alloc)
-    params, state = fake.last_launch()
-    report["py_params"] = [None if x is None else x.hex() for x in params]
-    report["py_state"], report["py_allocs"] = state, allocs
+    report["py_params"], state, _, allocs = recorded_launch(kernel, fake, grid, ints, floats, [scratch_at])
+    report["py_state"], report["py_allocs"] = state, [nbytes for nbytes, _ in allocs]
     report["entry"] = {"hidden": hidden, "global_scratch_size": entry.global_scratch_size,
                        "global_scratch_align": entry.global_scratch_align, "num_ctas": entry.num_ctas}
     report["grid"] = list(grid)

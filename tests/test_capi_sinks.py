@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from capilib import CUDA_DESCRIBE, assert_statuses, flag, report_of
+from capilib import ATTN_PARAMS, CUDA_DESCRIBE, assert_statuses, flag, report_of
 from conftest import gpu
 from test_capi import VARLEN_IN_PROCESS
 
@@ -24,7 +24,7 @@ from lazytriton.capi import embedded
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.target import Target
 
-SINKS_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + """
+SINKS_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + ATTN_PARAMS + """
 torch.manual_seed(0)
 q, k, v = torch.randn(2, 4, 9, 16), torch.randn(2, 2, 13, 16), torch.randn(2, 2, 13, 16)
 sinks = torch.randn(4)
@@ -32,27 +32,13 @@ report = {}
 
 def forward(q, k, v, causal, sinks, struct=None):
     out, lse = torch.full(q.shape, 7.0), torch.full(q.shape[:3], 7.0)
-    p = ffi.new("lt_attn_fwd_params *")
-    lib.lt_attn_fwd_params_init(p)
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("sinks", sinks)):
-        describe(getattr(p, name), t)
-    p.causal = causal
-    if struct is not None:
-        p.struct_size, p.version = struct
+    p = attn_params("fwd", {"q": q, "k": k, "v": v, "out": out, "lse": lse, "sinks": sinks}, struct,
+                    causal=causal)
     return p, [lib.lt_attn_fwd(p, ffi.NULL), error()], out, lse
 
 def backward(out, lse, do, causal, sinks, dsinks, struct=None):
-    g = ffi.new("lt_attn_bwd_params *")
-    lib.lt_attn_bwd_params_init(g)
-    grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", do), ("dq", grads[0]),
-                    ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(2, 4, 9)), ("sinks", sinks),
-                    ("dsinks", dsinks)):
-        if t is not None:
-            describe(getattr(g, name), t)
-    g.causal = causal
-    if struct is not None:
-        g.struct_size, g.version = struct
+    tensors, grads = bwd_tensors(q, k, v, out, lse, do)
+    g = attn_params("bwd", {**tensors, "sinks": sinks, "dsinks": dsinks}, struct, causal=causal)
     return g, [lib.lt_attn_bwd(g, ffi.NULL), error()], grads
 
 names = {0: False, 1: "top_left", 2: "bottom_right"}
@@ -98,25 +84,17 @@ cq = torch.tensor([0, 3, 3, 20, 21], dtype=torch.int32)  # lengths 3, 0, 17, 1
 ck = torch.tensor([0, 5, 9, 18, 18], dtype=torch.int32)  # lengths 5, 4, 9, 0
 pq, pk, pv, pdo = torch.randn(21, 4, 16), torch.randn(18, 2, 16), torch.randn(18, 2, 16), torch.randn(21, 4, 16)
 out, lse = torch.full_like(pq, 7.0), torch.full((4, 21), 7.0)
-p = ffi.new("lt_attn_fwd_params *")
-lib.lt_attn_fwd_params_init(p)
-for name, t in (("q", pq), ("k", pk), ("v", pv), ("out", out), ("lse", lse), ("cu_seqlens_q", cq),
-                ("cu_seqlens_k", ck), ("sinks", sinks)):
-    describe(getattr(p, name), t)
-p.max_seqlen_q, p.max_seqlen_k, p.causal = 17, 9, 2
+packed = {"cu_seqlens_q": cq, "cu_seqlens_k": ck, "sinks": sinks}
+p = attn_params("fwd", {"q": pq, "k": pk, "v": pv, "out": out, "lse": lse, **packed}, max_seqlen_q=17,
+                max_seqlen_k=9, causal=2)
 status = [lib.lt_attn_fwd(p, ffi.NULL), error()]
 leaves = [t.clone().requires_grad_() for t in (pq, pk, pv, sinks)]
 want_out, want_lse, _ = lazytriton.flash_attn_varlen_func(*leaves[:3], cq, ck, 17, 9, causal=True,
                                                           return_attn_probs=True, sinks=leaves[3])
 wanted = torch.autograd.grad(want_out, leaves, pdo)
-g = ffi.new("lt_attn_bwd_params *")
-lib.lt_attn_bwd_params_init(g)
-grads = [torch.full_like(t, 7.0) for t in (pq, pk, pv)] + [torch.full((4,), 7.0)]
-for name, t in (("q", pq), ("k", pk), ("v", pv), ("out", out), ("lse", lse), ("dout", pdo), ("dq", grads[0]),
-                ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(4, 21)), ("cu_seqlens_q", cq),
-                ("cu_seqlens_k", ck), ("sinks", sinks), ("dsinks", grads[3])):
-    describe(getattr(g, name), t)
-g.max_seqlen_q, g.max_seqlen_k, g.causal = 17, 9, 2
+tensors, grads = bwd_tensors(pq, pk, pv, out, lse, pdo)
+grads.append(torch.full((4,), 7.0))
+g = attn_params("bwd", {**tensors, **packed, "dsinks": grads[3]}, max_seqlen_q=17, max_seqlen_k=9, causal=2)
 report["varlen"] = [status, [lib.lt_attn_bwd(g, ffi.NULL), error()],
                     torch.equal(out, want_out.detach()) and torch.equal(lse, want_lse),
                     all(torch.equal(a, b) for a, b in zip(grads, wanted))]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from capilib import assert_statuses, flag, report_of
+from capilib import ATTN_PARAMS, assert_statuses, flag, report_of
 from conftest import gpu
 from test_capi import VARLEN_IN_PROCESS
 
@@ -24,20 +24,15 @@ from lazytriton.kernels.flash_bwd import dispatch as bwd_dispatch
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.target import Target
 
-WINDOW_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + """
+WINDOW_IN_PROCESS = VARLEN_IN_PROCESS.split("torch.manual_seed(0)")[0] + ATTN_PARAMS + """
 torch.manual_seed(0)
 q, k, v = torch.randn(2, 4, 9, 16), torch.randn(2, 2, 13, 16), torch.randn(2, 2, 13, 16)
 report = {}
 
 def dense(causal, window, softcap, struct=None):
     out, lse = torch.full((2, 4, 9, 16), 7.0), torch.full((2, 4, 9), 7.0)
-    p = ffi.new("lt_attn_fwd_params *")
-    lib.lt_attn_fwd_params_init(p)
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
-        describe(getattr(p, name), t)
-    p.causal, p.window_left, p.window_right, p.softcap = causal, window[0], window[1], softcap
-    if struct is not None:
-        p.struct_size, p.version = struct
+    p = attn_params("fwd", {"q": q, "k": k, "v": v, "out": out, "lse": lse}, struct, causal=causal,
+                    window_left=window[0], window_right=window[1], softcap=softcap)
     return lib.lt_attn_fwd(p, ffi.NULL), error(), out, lse
 
 cases = [(0, (3, 2), 0.0), (0, (-1, 4), 5.0), (1, (4, -1), 0.0), (2, (2, 7), 2.5), (0, (-1, -1), 5.0),
@@ -66,12 +61,8 @@ cq = torch.tensor([0, 3, 3, 20, 21], dtype=torch.int32)  # lengths 3, 0, 17, 1
 ck = torch.tensor([0, 5, 9, 18, 18], dtype=torch.int32)  # lengths 5, 4, 9, 0
 pq, pk, pv = torch.randn(21, 4, 16), torch.randn(18, 2, 16), torch.randn(18, 2, 16)
 out, lse = torch.full_like(pq, 7.0), torch.full((4, 21), 7.0)
-p = ffi.new("lt_attn_fwd_params *")
-lib.lt_attn_fwd_params_init(p)
-for name, t in (("q", pq), ("k", pk), ("v", pv), ("out", out), ("lse", lse), ("cu_seqlens_q", cq),
-                ("cu_seqlens_k", ck)):
-    describe(getattr(p, name), t)
-p.max_seqlen_q, p.max_seqlen_k, p.causal, p.window_left, p.window_right, p.softcap = 17, 9, 2, 3, -1, 4.0
+p = attn_params("fwd", {"q": pq, "k": pk, "v": pv, "out": out, "lse": lse, "cu_seqlens_q": cq, "cu_seqlens_k": ck},
+                max_seqlen_q=17, max_seqlen_k=9, causal=2, window_left=3, window_right=-1, softcap=4.0)
 status = lib.lt_attn_fwd(p, ffi.NULL)
 want_out, want_lse, _ = lazytriton.flash_attn_varlen_func(pq, pk, pv, cq, ck, 17, 9, causal=True, window_size=(3, -1),
                                                           softcap=4.0, return_attn_probs=True)
@@ -84,17 +75,11 @@ def backward(causal, window, softcap, struct=None, in_memory=None):
     do = torch.randn_like(out)
     want = torch.autograd.grad(out, leaves, do)
     out, lse = out.detach(), lse.detach()
-    g = ffi.new("lt_attn_bwd_params *")
-    lib.lt_attn_bwd_params_init(g)
-    grads = [torch.full_like(t, 7.0) for t in (q, k, v)]
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", do), ("dq", grads[0]),
-                    ("dk", grads[1]), ("dv", grads[2]), ("delta", torch.empty(2, 4, 9))):
-        describe(getattr(g, name), t)
-    g.causal, g.window_left, g.window_right, g.softcap = causal, window[0], window[1], softcap
+    tensors, grads = bwd_tensors(q, k, v, out, lse, do)
+    g = attn_params("bwd", tensors, struct, causal=causal, window_left=window[0], window_right=window[1],
+                    softcap=softcap)
     if in_memory is not None:  # past a shorter struct's end: must not be read
         g.window_left, g.window_right, g.softcap = in_memory
-    if struct is not None:
-        g.struct_size, g.version = struct
     status = lib.lt_attn_bwd(g, ffi.NULL)
     return [status, error(), all(torch.equal(a, b) for a, b in zip(grads, want))]
 

@@ -11,11 +11,10 @@ they run.
 from __future__ import annotations
 
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
-from nativelib import SANITIZER_ENV, build_driver
+from nativelib import answers_of, build_driver
 
 from lazytriton import tuning
 from lazytriton.capi import embedded
@@ -66,13 +65,7 @@ def python_choice(call: tuple[int, ...]) -> str:
 
 
 def native_choice(program: Path, lines: list[tuple[int, ...]]) -> list[str]:
-    text = "".join(" ".join(map(str, call)) + "\n" for call in lines)
-    done = subprocess.run([str(program)], input=text, capture_output=True, text=True, timeout=600,
-                          env=SANITIZER_ENV | {"PATH": "/usr/bin:/bin"}, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    answers = done.stdout.splitlines()
-    assert len(answers) == len(lines), done.stderr[-4000:]
-    return answers
+    return answers_of(program, [" ".join(map(str, call)) for call in lines])
 
 
 @pytest.fixture(scope="module")

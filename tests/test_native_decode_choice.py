@@ -16,12 +16,11 @@ arguments: no variant reads them (the split count's inputs, min_split_keys and P
 from __future__ import annotations
 
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from nativelib import SANITIZER_ENV, build_driver
+from nativelib import answers_of, build_driver
 
 from lazytriton.capi import embedded_combine, embedded_kvcache
 from lazytriton.kernels.flash_decode import binding, checks
@@ -111,15 +110,6 @@ def python_append(c: dict[str, int]) -> str:
     return f"ok {v} {v.key()}"
 
 
-def native(program: Path, lines: list[str]) -> list[str]:
-    done = subprocess.run([str(program)], input="".join(line + "\n" for line in lines), capture_output=True,
-                          text=True, timeout=600, env=SANITIZER_ENV | {"PATH": "/usr/bin:/bin"}, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    answers = done.stdout.splitlines()
-    assert len(answers) == len(lines), done.stderr[-4000:]
-    return answers
-
-
 @pytest.fixture(scope="module")
 def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built, _ = build_driver(tmp_path_factory.mktemp("decode-choice"), "native_decode_choice")
@@ -129,7 +119,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_decoding_calls_give_python_s_variants_and_keys(program: Path) -> None:
     calls = decode_calls(3000, seed=20261212)
     lines = [request_line(kernel, c) for c in calls for kernel in (SPLIT, COMBINE, APPEND)]
-    answers = native(program, [" ".join(map(str, line)) for line in lines])
+    answers = answers_of(program, [" ".join(map(str, line)) for line in lines])
     for i, c in enumerate(calls):
         split, combine = python_decode(c)
         for kernel, expected, answer in zip(("split", "combine", "append"), (split, combine, python_append(c)),
@@ -151,14 +141,14 @@ def test_flash_combine_calls_give_python_s_variant_and_key(program: Path) -> Non
               else rng.randint(1, 4096), int(rng.random() < 0.6), int(rng.random() < 0.3)) for _ in range(1500)]
     lines = [f"{FLASH_COMBINE} {cap} {dtype} {d} 0 0 {aligned} {wide} 0 0 0 0 0 0 0 0 0 0 0 0"
              for cap, dtype, d, aligned, wide in calls]
-    for call, answer in zip(calls, native(program, lines), strict=True):
+    for call, answer in zip(calls, answers_of(program, lines), strict=True):
         v = embedded_combine.plan_variant(*call[:3], bool(call[3]), bool(call[4]))
         assert answer == f"ok {v} {v.key()}", call
 
 
 def test_the_split_count_s_inputs_are_the_binding_s(program: Path) -> None:
     dims = list(range(1, 257))
-    answers = native(program, [f"split {d}" for d in dims])
+    answers = answers_of(program, [f"split {d}" for d in dims])
     assert answers == [f"{binding.min_split_keys(d)} {binding.PROGRAMS_PER_SM}" for d in dims]
 
 
@@ -168,4 +158,4 @@ def test_calls_python_refuses_are_refused(program: Path) -> None:
            "6 90 2 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0",
            "3 80 2 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0 0 5",  # an e4m3 cache below sm_89 (kv_fp8.unsupported)
            "5 86 2 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0 0 5", "3 90 2 64 0 0 1 0 4 1024 0 0 0 0 0 0 0 0 0 0 0 7"]
-    assert all(answer.startswith("error ") for answer in native(program, bad))
+    assert all(answer.startswith("error ") for answer in answers_of(program, bad))

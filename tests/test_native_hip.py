@@ -11,20 +11,16 @@ hipFreeAsync after the launch, on the stream) and the caller's scratch to the sa
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import test_decoders_property as props
 import xxhash
-from compiled_once import shared_dir
 from fake_libhip import FUNCTION, HIP_ERROR_INVALID_DEVICE, SCRATCH_BASE, Fake
 from fake_libhip import build as build_fake
-from nativelib import LineServer, need_toolchain
+from nativelib import STREAM, LauncherProgram, build_program, param_sizes, prewarmed_image, recorded_launch
 
 from lazytriton import record
 from lazytriton.cache_format import Entry
@@ -32,10 +28,8 @@ from lazytriton.cache_format.image import Image, write_image
 from lazytriton.driver import gpu
 from lazytriton.driver.cdefs import HIP_CDEF, make_ffi
 
-REPO = Path(__file__).resolve().parents[1]
 LT_OK, LT_ERROR_INVALID_ARGUMENT, LT_ERROR_NULL_POINTER, LT_ERROR_NO_GPU = 0, 1, 2, 8
 LT_ERROR_UNSUPPORTED, LT_ERROR_CUDA = 9, 13
-STREAM = 0x5EA
 AXES = ("--target", "gfx942", "--kernel", "flash_fwd", "--dtype", "fp16", "--head-dim", "64", "--causal", "none",
         "--seqlen-q", "128", "--seqlen-k", "128")
 GLOBAL, GLOBAL_ALIGN, PROFILE, PROFILE_ALIGN = 384, 512, 64, 64  # the scratch twin's sizes a program
@@ -44,17 +38,7 @@ GLOBAL, GLOBAL_ALIGN, PROFILE, PROFILE_ALIGN = 384, 512, 64, 64  # the scratch t
 @pytest.fixture(scope="module")
 def hsaco(tmp_path_factory: pytest.TempPathFactory) -> Entry:
     """The gfx942 entry of the image prewarm builds (once a session, shared by xdist workers)."""
-    from filelock import FileLock
-
-    directory = shared_dir(tmp_path_factory)
-    path = directory / "native-hip.ltimg"
-    with FileLock(str(directory / "native-hip.lock")):
-        if not path.exists():
-            env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(directory / "native-hip-cache")}
-            done = subprocess.run([sys.executable, "-m", "lazytriton", "prewarm", *AXES, "--out", str(path),
-                                   "-j", "1"], capture_output=True, text=True, env=env, timeout=1200, check=False)
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    reader = Image(path)
+    reader = Image(prewarmed_image(tmp_path_factory, "native-hip", AXES))
     try:
         entries = [reader.read(key) for key in reader.keys()]
     finally:
@@ -86,39 +70,16 @@ def image(tmp_path_factory: pytest.TempPathFactory, hsaco: Entry, scratch_twin: 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The native library, the fake as libamdhip64.so (``driver``) and as .so.6 only (``driver6``), the program."""
-    from lazytriton.capi import native_build
-
-    directory = tmp_path_factory.mktemp("native-hip")
-    cc = need_toolchain()
-    library = native_build.build(directory / "lib")
-    fake = build_fake(directory)
-    assert fake is not None  # need_toolchain found a compiler
-    dirs = {"driver": directory / "driver", "driver6": directory / "driver6", "none": directory / "none"}
-    for name, soname in (("driver", "libamdhip64.so"), ("driver6", "libamdhip64.so.6"), ("none", None)):
-        dirs[name].mkdir()
-        if soname:
-            (dirs[name] / soname).symlink_to(fake)
-    program = directory / "native_hip"
-    subprocess.run([cc, "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror",
-                    f"-I{REPO / 'capi'}", str(REPO / "tests" / "capi" / "native_hip.c"), f"-L{library.parent}",
-                    "-llazytriton_native", f"-Wl,-rpath,{library.parent}", "-ldl", "-o", str(program)], check=True)
-    return {"library": library, "fake": fake, "program": program, **dirs}
+    return build_program(tmp_path_factory.mktemp("native-hip"), "native_hip", build_fake,
+                         (("driver", "libamdhip64.so"), ("driver6", "libamdhip64.so.6"), ("none", None)))
 
 
-class Native(LineServer):
-    """One native_hip process serving from ``image``, the fake found in ``driver``."""
+class Native(LauncherProgram):
+    """One native_hip process serving from ``image``, the fake found in ``driver``: a load names the device to
+    load on and the fake's current device, a launch the fake's current device."""
 
-    def __init__(self, built: dict[str, Path], image: Path, driver: str = "driver") -> None:
-        env = {**os.environ, "LAZYTRITON_IMAGES": str(image), "LD_LIBRARY_PATH": str(built[driver])}
-        super().__init__([str(built["program"])], env, "native_hip")
-
-    def load(self, entry: Entry, device: int = 0, current: int = 0) -> dict[str, Any]:
-        return self.ask(f"load {entry.key} {device} {current}")
-
-    def launch(self, grid: tuple[int, int, int], scratch: str, sizes: list[int], args: list[str],
-               current: int = 0) -> dict[str, Any]:
-        return self.ask(f"launch {grid[0]} {grid[1]} {grid[2]} {scratch} {current} {len(sizes)} "
-                        f"{' '.join(map(str, sizes))} {len(args)} {' '.join(args)}")
+    LOAD_TOKENS = ("device", "current")
+    LAUNCH_TOKENS = ("current",)
 
 
 @pytest.fixture
@@ -126,11 +87,6 @@ def native(built: dict[str, Path], image: Path) -> Any:
     served = Native(built, image)
     yield served
     served.close()
-
-
-def param_sizes(entry: Entry) -> list[int]:
-    """Bytes of each parameter the kernel takes: its own (4 for i32 and fp32, else 8), then the hidden pointers."""
-    return [4 if kind in ("i32", "fp32") else 8 for kind in entry.arg_types] + [8] * len(entry.hidden_args)
 
 
 def call_of(entry: Entry) -> tuple[tuple[int, ...], tuple[float, ...], list[str]]:
@@ -160,16 +116,6 @@ def expected_bytes(entry: Entry, ints: tuple[int, ...], floats: tuple[float, ...
     return [b.hex() for b in out]
 
 
-class Memory:
-    """What scratch_alloc returns: device memory at a made-up address."""
-
-    def __init__(self, address: int) -> None:
-        self.address = address
-
-    def data_ptr(self) -> int:
-        return self.address
-
-
 def python_launch(fake_library: Path, entry: Entry, device: int, grid: tuple[int, int, int], ints: tuple[int, ...],
                   floats: tuple[float, ...], scratch_at: tuple[int, int] = (0, 0)) -> tuple[list[Any], dict[str, int],
                                                                                           list[tuple[int, int]]]:
@@ -181,17 +127,8 @@ def python_launch(fake_library: Path, entry: Entry, device: int, grid: tuple[int
     fake = Fake(fake_library)
     fake.configure(param_sizes(entry))
     kernel = api.load(entry, device)
-    allocs: list[tuple[int, int]] = []
-    addresses = iter(a for a in scratch_at if a)
-
-    def scratch_alloc(nbytes: int, device_index: int) -> Memory:
-        allocs.append((nbytes, device_index))
-        return Memory(next(addresses))
-
-    kernel.launch(grid, STREAM, ints, floats, scratch_alloc)
-    params, state = fake.last_launch()
-    assert state["launches"] == 1
-    return [None if p is None else p.hex() for p in params], state, allocs
+    params, state, _, allocs = recorded_launch(kernel, fake, grid, ints, floats, [a for a in scratch_at if a])
+    return params, state, allocs
 
 
 def test_the_prewarm_image_serves_its_gfx942_entry_through_hip(hsaco: Entry, native: Native) -> None:
@@ -345,26 +282,7 @@ def needs_amd_gpu() -> None:
 def test_on_an_amd_gpu_the_native_launch_writes_pythons_bits(tmp_path: Path, hsaco: Entry) -> None:
     """flash_fwd gfx942 launched natively (liblazytriton_native.so, hipModuleLaunchKernel) and by Python: bit-equal."""
     needs_amd_gpu()
-    import torch
-    from test_native_tma import attention_error, native_launcher
+    from nativelib import native_forward_matches_python
 
-    from lazytriton import runtime
-    from lazytriton.kernels.flash_fwd import binding
-    from lazytriton.variant import Variant
-
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    call = binding.check(q, k, v, False)
-    variant = Variant.parse(hsaco.variant)
-    entry = runtime.get().kernel(variant, q.device.index).entry
-    out, lse = torch.empty_like(q), torch.empty(2, 4, 128, device="cuda", dtype=torch.float32)
-    binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
-    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
-    ints, floats = iter(binding.pack(q, k, v, out2, lse2, call)[0]), iter(binding.floats(call))
-    values = [next(floats) if kind == "fp32" else next(ints) for kind in entry.arg_types]
-    native_launcher(tmp_path, entry)(binding.grid(call.shape, int(variant.get("BLOCK_M"))), values)
-    torch.cuda.synchronize()
-    assert torch.equal(out2, out) and torch.equal(lse2, lse)
-    err, same = attention_error(out, q, k, v, call.scale)
-    assert err <= 2 * same + 1e-5, (err, same)
+    native_forward_matches_python(tmp_path, hsaco.variant, 128)
 

@@ -12,18 +12,13 @@ descriptors' sizes and strides. tests/test_host_tma.py holds the Python launcher
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from compiled_once import shared_dir
 from conftest import gpu as needs_gpu
 from fake_libcuda import SCRATCH_BASE, Fake
-from nativelib import LineServer, build_program
+from nativelib import STREAM, LauncherProgram, build_program, param_sizes, prewarmed_image, recorded_launch
 from test_fastlaunch import helper  # noqa: F401  (a module fixture: the built launch helper)
 
 from lazytriton.cache_format import Entry
@@ -35,7 +30,6 @@ SCRATCH_VARIANT = ("flash_fwd:sm_90:fp16:ALIGN16=true,BLOCK_D=64,CAUSAL=false,EV
                    "BLOCK_M=64,BLOCK_N=32:num_stages=2,num_warps=4")
 TMA_VARIANT = ("flash_fwd_host_tma:sm_90:bf16:ALIGN16=true,BLOCK_D=64,CAUSAL=false,EVEN_D=true:BLOCK_M=64,"
                "BLOCK_N=32:num_stages=2,num_warps=4")
-STREAM = 0x5EA
 # The host-descriptor call of tests/test_host_tma.py: K a (B, S, H, D) tensor seen as (B, H, S, D), V contiguous.
 Q, K, V, OUT, LSE = 0x7F0000001000, 0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000
 SHAPE = (2, 3, 100, 64)
@@ -47,20 +41,7 @@ SCALARS = (6400, 64, 64 * 64, 6400, 64, 64 * 64, 300, 100, 1, 100, 100, 64, -5)
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The image prewarm builds from a miss log of the two variants (once a session, shared by xdist workers)."""
-    from filelock import FileLock
-
-    directory = shared_dir(tmp_path_factory)
-    path = directory / "native-tma.ltimg"
-    with FileLock(str(directory / "native-tma.lock")):
-        if not path.exists():
-            misses = directory / "native-tma-misses.jsonl"
-            misses.write_text("".join(json.dumps({"variant": v}) + "\n" for v in (SCRATCH_VARIANT, TMA_VARIANT)))
-            env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(directory / "native-tma-cache")}
-            done = subprocess.run([sys.executable, "-m", "lazytriton", "prewarm", "--from-misses", str(misses),
-                                   "--out", str(path), "-j", "1"], capture_output=True, text=True, env=env,
-                                  timeout=1200, check=False)
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return path
+    return prewarmed_image(tmp_path_factory, "native-tma", variants=(SCRATCH_VARIANT, TMA_VARIANT))
 
 
 def entry_of(image: Path, name: str) -> Entry:
@@ -78,39 +59,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_program(tmp_path_factory.mktemp("native-params"), "native_params")
 
 
-class Native(LineServer):
-    """One native_params process serving from ``image``, against its fake libcuda."""
-
-    def __init__(self, built: dict[str, Path], image: Path) -> None:
-        env = {**os.environ, "LAZYTRITON_IMAGES": str(image), "LD_LIBRARY_PATH": str(built["driver"])}
-        super().__init__([str(built["program"])], env, "native_params")
-
-    def load(self, entry: Entry) -> dict[str, Any]:
-        return self.ask(f"load {entry.key}")
-
-    def launch(self, grid: tuple[int, int, int], scratch: str, sizes: list[int], args: list[str]) -> dict[str, Any]:
-        return self.ask(f"launch {grid[0]} {grid[1]} {grid[2]} {scratch} {len(sizes)} "
-                        f"{' '.join(map(str, sizes))} {len(args)} {' '.join(args)}")
-
-
 @pytest.fixture
 def native(built: dict[str, Path], image: Path) -> Any:
-    served = Native(built, image)
+    """One native_params process serving from ``image``, against its fake libcuda."""
+    served = LauncherProgram(built, image)
     yield served
     served.close()
-
-
-def param_sizes(entry: Entry) -> list[int]:
-    """Bytes of each compiled parameter: a descriptor's map, sizes (i32), strides (i64); then the hidden ones."""
-    sizes: list[int] = []
-    metas = iter(entry.tensordesc_meta)
-    for kind in entry.arg_types:
-        if kind.startswith("tensordesc"):
-            rank = next(metas).rank
-            sizes += [fastlaunch.MAP_BYTES] + [4] * rank + [8] * rank
-        else:
-            sizes.append(4 if kind in ("i32", "fp32") else 8)
-    return sizes + [8] * len(entry.hidden_args)
 
 
 def scratch_call(entry: Entry) -> tuple[tuple[int, ...], tuple[float, ...], list[str]]:
@@ -133,16 +87,6 @@ def tma_call(k_base: int = K) -> tuple[tuple[int, ...], tuple[float, ...], list[
     return ints, (0.125,), tokens
 
 
-class Memory:
-    """What scratch_alloc returns: device memory at a made-up address."""
-
-    def __init__(self, address: int) -> None:
-        self.address = address
-
-    def data_ptr(self) -> int:
-        return self.address
-
-
 def python_launch(fake_library: Path, module: Any, monkeypatch: pytest.MonkeyPatch, entry: Entry,
                   grid: tuple[int, int, int], ints: tuple[int, ...], floats: tuple[float, ...],
                   scratch_at: int) -> tuple[list[Any], list[int], list[tuple[int, int]]]:
@@ -152,20 +96,11 @@ def python_launch(fake_library: Path, module: Any, monkeypatch: pytest.MonkeyPat
     kernel = gpu.CudaApi(str(fake_library)).load(entry, 0)
     fake = Fake(fake_library)
     fake.configure(param_sizes(entry))
-    allocs: list[tuple[int, int]] = []
-
-    def scratch_alloc(nbytes: int, device: int) -> Memory:
-        allocs.append((nbytes, device))
-        return Memory(scratch_at)
-
-    kernel.launch(grid, STREAM, ints, floats, scratch_alloc)
-    aligns: list[int] = []
-    params, state = fake.last_launch(aligns)
-    assert state["launches"] == 1
-    return [None if p is None else p.hex() for p in params], aligns, allocs
+    params, _, aligns, allocs = recorded_launch(kernel, fake, grid, ints, floats, (scratch_at,))
+    return params, aligns, allocs
 
 
-def test_the_image_holds_a_scratch_entry_and_a_descriptor_entry(image: Path, native: Native) -> None:
+def test_the_image_holds_a_scratch_entry_and_a_descriptor_entry(image: Path, native: LauncherProgram) -> None:
     scratch, tma = entry_of(image, "flash_fwd_kernel"), entry_of(image, "flash_fwd_host_tma_kernel")
     assert scratch.global_scratch_size > 0 and scratch.hidden_args[0] == "global_scratch"
     assert len(tma.tensordesc_meta) == 2
@@ -180,7 +115,7 @@ def test_the_image_holds_a_scratch_entry_and_a_descriptor_entry(image: Path, nat
 
 
 @pytest.mark.parametrize("use_helper", [False, True], ids=["abi", "helper"])
-def test_a_scratch_entry_gets_the_python_launchers_bytes(image: Path, native: Native, fake_library: Path,
+def test_a_scratch_entry_gets_the_python_launchers_bytes(image: Path, native: LauncherProgram, fake_library: Path,
                                                          helper: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
                                                          use_helper: bool) -> None:
     entry = entry_of(image, "flash_fwd_kernel")
@@ -210,7 +145,7 @@ def test_a_scratch_entry_gets_the_python_launchers_bytes(image: Path, native: Na
 
 
 @pytest.mark.parametrize("use_helper", [False, True], ids=["abi", "helper"])
-def test_a_descriptor_entry_gets_the_python_launchers_bytes(image: Path, native: Native, fake_library: Path,
+def test_a_descriptor_entry_gets_the_python_launchers_bytes(image: Path, native: LauncherProgram, fake_library: Path,
                                                             helper: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
                                                             use_helper: bool) -> None:
     entry = entry_of(image, "flash_fwd_host_tma_kernel")
@@ -232,7 +167,7 @@ def test_a_descriptor_entry_gets_the_python_launchers_bytes(image: Path, native:
     assert moved["encodes"][0][2] == K + 4096
 
 
-def test_bad_arguments_are_refused_before_a_launch(image: Path, native: Native) -> None:
+def test_bad_arguments_are_refused_before_a_launch(image: Path, native: LauncherProgram) -> None:
     tma, scratch = entry_of(image, "flash_fwd_host_tma_kernel"), entry_of(image, "flash_fwd_kernel")
     assert native.load(tma)["load"] == LT_OK
     sizes = param_sizes(tma)
@@ -269,67 +204,6 @@ def test_bad_arguments_are_refused_before_a_launch(image: Path, native: Native) 
 
 # -- on a GPU: the same two entries, compiled by the installed Triton, on the real libcuda --------------------------
 
-NATIVE_CDEF = """
-typedef struct { void *base; int64_t sizes[5]; int64_t strides[5]; } lt_tensor_descriptor;
-typedef struct lt_kernel lt_kernel;
-int lt_open_images(const char *paths);
-int lt_kernel_load(const char *key, const char *variant, int32_t device_index, lt_kernel **out);
-int lt_kernel_launch(const lt_kernel *kernel, const uint32_t grid[3], void *stream, void **args, size_t n_args);
-void lt_kernel_destroy(lt_kernel *kernel);
-const char *lt_native_last_error(void);
-"""
-
-
-def native_launcher(tmp_path: Path, entry: Entry) -> Any:
-    """``launch(grid, args)``: liblazytriton_native.so, built now, serving ``entry`` from an image of it alone."""
-    import torch
-    from cffi import FFI
-
-    from lazytriton.cache_format.image import write_image
-    from lazytriton.capi import native_build
-
-    ffi = FFI()
-    ffi.cdef(NATIVE_CDEF)
-    lib = ffi.dlopen(str(native_build.build(tmp_path / "lib")))
-    write_image(tmp_path / "one.ltimg", [entry])
-    assert lib.lt_open_images(str(tmp_path / "one.ltimg").encode()) == LT_OK, ffi.string(lib.lt_native_last_error())
-    kernel = ffi.new("lt_kernel **")
-    status = lib.lt_kernel_load(entry.key.encode(), ffi.NULL, torch.cuda.current_device(), kernel)
-    assert status == LT_OK, ffi.string(lib.lt_native_last_error())
-
-    def launch(grid: tuple[int, int, int], values: list[Any]) -> None:
-        """values: an int (pointer or integer), a float (fp32) or a (base, sizes, strides) descriptor each."""
-        keep, args = [], ffi.new("void *[]", len(values))
-        for i, value in enumerate(values):
-            if isinstance(value, tuple):
-                base, sizes, strides = value
-                cell = ffi.new("lt_tensor_descriptor *", {"base": ffi.cast("void *", base),
-                                                          "sizes": list(sizes), "strides": list(strides)})
-            else:
-                cell = ffi.new("float *" if isinstance(value, float) else "int64_t *", value)
-            keep.append(cell)
-            args[i] = cell
-        stream = ffi.cast("void *", torch.cuda.current_stream().cuda_stream)
-        status = lib.lt_kernel_launch(kernel[0], ffi.new("uint32_t[3]", list(grid)), stream, args, len(values))
-        assert status == LT_OK, ffi.string(lib.lt_native_last_error()).decode()
-
-    return launch
-
-
-def attention_error(out: Any, q: Any, k: Any, v: Any, scale: float) -> tuple[float, float]:
-    """(out's error, a same-precision PyTorch attention's) against a float64 reference: the largest absolute."""
-    import torch
-
-    def attend(a: Any, b: Any, c: Any) -> Any:
-        group = a.shape[1] // b.shape[1]
-        b, c = b.repeat_interleave(group, 1), c.repeat_interleave(group, 1)
-        return torch.softmax(a @ b.transpose(-1, -2) * scale, dim=-1) @ c
-
-    want = attend(q.double(), k.double(), v.double())
-    same = attend(q, k, v)
-    return float((out.double() - want).abs().max()), float((same.double() - want).abs().max())
-
-
 def needs_sm90() -> None:
     import torch
 
@@ -341,29 +215,11 @@ def needs_sm90() -> None:
 @pytest.mark.gpu
 def test_on_a_gpu_a_scratch_entry_launched_natively_matches_python(tmp_path: Path) -> None:
     """flash_fwd TMA=true: the native launch (its scratch from cuMemAllocAsync) writes Python's bits."""
-    import torch
-
-    from lazytriton import runtime
-    from lazytriton.kernels.flash_fwd import binding
-    from lazytriton.variant import Variant
+    from nativelib import native_forward_matches_python
 
     needs_sm90()
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    call = binding.check(q, k, v, False)
-    variant = Variant.parse(SCRATCH_VARIANT)
-    entry = runtime.get().kernel(variant, q.device.index).entry
+    entry = native_forward_matches_python(tmp_path, SCRATCH_VARIANT, 300)
     assert entry.global_scratch_size > 0
-    out, lse = torch.empty_like(q), torch.empty(2, 4, 300, device="cuda", dtype=torch.float32)
-    binding.launch_gpu(q, k, v, out, lse, call, variant=variant)
-    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
-    ints, floats = iter(binding.pack(q, k, v, out2, lse2, call)[0]), iter(binding.floats(call))
-    values = [next(floats) if kind == "fp32" else next(ints) for kind in entry.arg_types]
-    native_launcher(tmp_path, entry)(binding.grid(call.shape, int(variant.get("BLOCK_M"))), values)
-    torch.cuda.synchronize()
-    assert torch.equal(out2, out) and torch.equal(lse2, lse)
-    err, same = attention_error(out, q, k, v, call.scale)
-    assert err <= 2 * same + 1e-5, (err, same)
 
 
 @needs_gpu
@@ -371,6 +227,7 @@ def test_on_a_gpu_a_scratch_entry_launched_natively_matches_python(tmp_path: Pat
 def test_on_a_gpu_a_descriptor_entry_launched_natively_matches_python(tmp_path: Path) -> None:
     """flash_fwd_host_tma: the native encode of K's and V's maps reads what Python's does; out and lse bit-equal."""
     import torch
+    from nativelib import attention_error, native_launcher
 
     from lazytriton import runtime
     from lazytriton.variant import Variant

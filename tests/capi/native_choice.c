@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lt_native.h"
+#include "native_choice.h"
 
 int main(void) {
     char line[512];
@@ -25,13 +25,7 @@ int main(void) {
         r.seqlen_q = sq, r.seqlen_k = sk;
         ltn_variant v;
         ltn_error err;
-        char text[1024], key[33];
-        if (ltn_attn_variant(&r, &v, &err) != LTN_OK)
-            printf("error %s\n", err.message);
-        else if (ltn_variant_string(&v, text, sizeof text) != 0 || ltn_variant_key(&v, key) != 0)
-            printf("error no string or key\n");
-        else
-            printf("ok %s %s\n", text, key);
+        print_choice(ltn_attn_variant(&r, &v, &err), &v, &err);
     }
     return 0;
 }
