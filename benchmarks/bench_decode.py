@@ -80,7 +80,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from csvlog import append_rows, run_meta
+from csvlog import append_rows, memory_peak_gb_s, run_meta
 
 import lazytriton
 from lazytriton.cli.timing import median_ms
@@ -89,7 +89,6 @@ from lazytriton.kvcache import trusted_indices
 FIELDS = ["kernel", "provider", "layout", "dtype", "head_dim", "batch", "heads_q", "heads_k", "cache_len",
           "page_size", "p50_ms", "gb_s", "bw_frac", "max_err", "check", "gpu", "torch", "triton", "lazytriton",
           "timestamp"]
-H200_GB_S = 4800.0  # HBM3e, NVIDIA's datasheet
 PROVIDERS = ("lazytriton", "sdpa", "sdpa_gather")
 # With --rotary: a decoding step with its new key, without and with rotary.
 ROTARY_PROVIDERS = ("lazytriton_append", "lazytriton_rotary")
@@ -492,13 +491,13 @@ class Log:
                 f.write(line + "\n")
 
 
-def csv_row(r: Result, meta: dict[str, str], peak: float) -> dict[str, object]:
+def csv_row(r: Result, meta: dict[str, str], peak: float | None) -> dict[str, object]:
     c = r.case
     return {**meta, "provider": r.provider, "layout": c.layout, "dtype": str(c.dtype).split(".")[-1],
             "head_dim": c.head_dim, "batch": c.batch, "heads_q": c.heads_q, "heads_k": c.heads_k,
             "cache_len": c.cache_len, "page_size": c.page_size if c.layout == "paged" else "",
             "p50_ms": "" if r.ms is None else round(r.ms, 5), "gb_s": "" if r.gb_s is None else round(r.gb_s, 1),
-            "bw_frac": "" if r.gb_s is None else round(r.gb_s / peak, 3),
+            "bw_frac": "" if r.gb_s is None or peak is None else round(r.gb_s / peak, 3),
             "max_err": "" if r.max_err is None else f"{r.max_err:.1e}", "check": r.check}
 
 
@@ -517,15 +516,16 @@ def _speedup(lt: Result | None, other: Result | None) -> float:
     return other.ms / lt.ms
 
 
-def print_table(results: Sequence[Result], peak: float, log: Log) -> None:
+def print_table(results: Sequence[Result], peak: float | None, log: Log) -> None:
     """Per case: GB/s of each provider, lazytriton's share of the peak, and its speedup over each peer."""
     by = {(r.case, r.provider): r for r in results}
-    log(f"\nGB/s (peak {peak:.0f})".ljust(28) + "".join(f"{p:>12}" for p in PROVIDERS) + f"{'lt % peak':>10}"
+    log(f"\nGB/s (peak {'unknown' if peak is None else f'{peak:.0f}'})".ljust(28) + "".join(f"{p:>12}" for p in PROVIDERS) + f"{'lt % peak':>10}"
         + f"{'x sdpa':>8}{'x gather':>9}")
     speedups: dict[str, list[float]] = {"sdpa": [], "sdpa_gather": []}
     for case in dict.fromkeys(r.case for r in results):
         lt = by.get((case, "lazytriton"))
-        frac = f"{100 * lt.gb_s / peak:>9.0f}%" if lt is not None and lt.gb_s is not None else f"{'-':>10}"
+        frac = (f"{100 * lt.gb_s / peak:>9.0f}%" if lt is not None and lt.gb_s is not None and peak
+                else f"{'-':>10}")
         row = []
         for peer in speedups:
             x = _speedup(lt, by.get((case, peer)))
@@ -615,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mla:
         import bench_decode_mla
 
-        return bench_decode_mla.run(args, FIELDS, H200_GB_S, log)
+        return bench_decode_mla.run(args, FIELDS, log)
     if args.quick:
         device, case_list = torch.device("cpu"), QUICK_CASES
         args.warmup, args.reps = 0, 1
@@ -629,9 +629,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_decode needs a CUDA GPU (or --quick, --list)", file=sys.stderr)
         return 2
-    peak = H200_GB_S
     meta = run_meta("flash_decode", device)
-    log(f"bench_decode on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, peak {peak:.0f} GB/s")
+    peak = memory_peak_gb_s(meta["gpu"])
+    log(f"bench_decode on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, "
+        f"peak {'unknown' if peak is None else f'{peak:.0f} GB/s'}")
     results: list[Result] = []
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)

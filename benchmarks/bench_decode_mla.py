@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from csvlog import append_rows, run_meta
+from csvlog import append_rows, memory_peak_gb_s, run_meta
 
 import lazytriton
 from lazytriton.cli.timing import median_ms
@@ -165,17 +165,17 @@ def measure(case: MlaCase, provider: str, t: MlaInputs, device: torch.device, wa
         return MlaResult(case, provider, None, None, "failed", f"{type(exc).__name__}: {text[0][:200] if text else ''}")
 
 
-def csv_row(r: MlaResult, meta: dict[str, str], peak: float) -> dict[str, object]:
+def csv_row(r: MlaResult, meta: dict[str, str], peak: float | None) -> dict[str, object]:
     c = r.case
     return {**meta, "provider": r.provider, "layout": c.layout, "dtype": str(c.dtype).split(".")[-1],
             "head_dim": f"{c.dim}/{c.latent}", "batch": c.batch, "heads_q": c.heads, "heads_k": 1,
             "cache_len": c.cache_len, "page_size": c.page_size if c.layout == "paged" else "",
             "p50_ms": "" if r.ms is None else round(r.ms, 5), "gb_s": "" if r.gb_s is None else round(r.gb_s, 1),
-            "bw_frac": "" if r.gb_s is None else round(r.gb_s / peak, 3),
+            "bw_frac": "" if r.gb_s is None or peak is None else round(r.gb_s / peak, 3),
             "max_err": "" if r.max_err is None else f"{r.max_err:.1e}", "check": r.check}
 
 
-def print_table(results: Sequence[MlaResult], peak: float, log: Callable[[str], None]) -> None:
+def print_table(results: Sequence[MlaResult], peak: float | None, log: Callable[[str], None]) -> None:
     """Per case: each provider's GB/s (its fraction of the peak), and lazytriton_mla's speedup over SDPA."""
     log("")
     log(f"{'case':<34} " + " ".join(f"{p:>22}" for p in PROVIDERS) + "  mla/sdpa")
@@ -184,14 +184,15 @@ def print_table(results: Sequence[MlaResult], peak: float, log: Callable[[str], 
         cells = []
         for provider in PROVIDERS:
             r = by.get((case, provider))
-            cells.append(f"{'-' if r is None or r.gb_s is None else f'{r.gb_s:.0f} GB/s {r.gb_s / peak:.0%}':>22}"
+            share = "" if r is None or r.gb_s is None or peak is None else f" {r.gb_s / peak:.0%}"
+            cells.append(f"{'-' if r is None or r.gb_s is None else f'{r.gb_s:.0f} GB/s{share}':>22}"
                          + ("*" if r is not None and r.check == "wrong" else ""))
         mla, sdpa = by.get((case, "lazytriton_mla")), by.get((case, "sdpa"))
         speedup = f"{sdpa.ms / mla.ms:.2f}x" if mla and sdpa and mla.ms and sdpa.ms else "-"
         log(f"{case.label:<34} " + " ".join(cells) + f"  {speedup:>8}")
 
 
-def run(args: argparse.Namespace, csv_fields: Sequence[str], peak: float, log: Callable[[str], None]) -> int:
+def run(args: argparse.Namespace, csv_fields: Sequence[str], log: Callable[[str], None]) -> int:
     """The MLA grid (``args``: bench_decode's, with --mla); exit status 1 if a lazytriton row failed its check."""
     if args.quick:
         device, case_list = torch.device("cpu"), QUICK_CASES
@@ -209,7 +210,9 @@ def run(args: argparse.Namespace, csv_fields: Sequence[str], peak: float, log: C
         print("bench_decode --mla needs a CUDA GPU (or --quick, --list)", file=sys.stderr)
         return 2
     meta = run_meta("flash_decode", device)
-    log(f"bench_decode --mla on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, peak {peak:.0f} GB/s")
+    peak = memory_peak_gb_s(meta["gpu"])
+    log(f"bench_decode --mla on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, "
+        f"peak {'unknown' if peak is None else f'{peak:.0f} GB/s'}")
     results = []
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 2000 + index)

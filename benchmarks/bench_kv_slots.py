@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from csvlog import append_rows, run_meta
+from csvlog import append_rows, memory_peak_gb_s, run_meta
 
 import lazytriton
 from lazytriton.cli.timing import interleaved_ms
@@ -50,7 +50,6 @@ from lazytriton.kernels.kv_slots.reference import write_reference
 
 FIELDS = ["kernel", "provider", "case", "tokens", "heads_k", "head_dim", "block_size", "p50_ms", "gb_s", "bw_frac",
           "check", "gpu", "torch", "triton", "lazytriton", "timestamp"]
-H200_GB_S = 4800.0  # HBM3e, NVIDIA's datasheet
 PROVIDERS = ("lazytriton", "index_copy", "indexing")
 QUERY_HEADS = 32
 CACHE_SLOTS = 65536
@@ -175,8 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     warmup, reps = (0, 1) if args.quick else (args.warmup, args.reps)
     meta = run_meta("kv_slots", device)
+    peak = memory_peak_gb_s(meta["gpu"])
     lines = [f"bench_kv_slots on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, "
-             f"peak {H200_GB_S:.0f} GB/s"]
+             f"peak {'unknown' if peak is None else f'{peak:.0f} GB/s'}"]
     print(lines[0])
     results: list[Result] = []
     for index, case in enumerate(case_list):
@@ -189,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     append_rows(args.csv, FIELDS, ({**meta, "provider": r.provider, "case": r.case.name, "tokens": r.case.tokens,
                                      "heads_k": r.case.heads_k, "head_dim": r.case.head_dim,
                                      "block_size": r.case.block_size, "p50_ms": f"{r.ms:.5f}",
-                                     "gb_s": f"{r.gb_s():.1f}", "bw_frac": f"{r.gb_s() / H200_GB_S:.3f}",
+                                     "gb_s": f"{r.gb_s():.1f}",
+                                     "bw_frac": "" if peak is None else f"{r.gb_s() / peak:.3f}",
                                      "check": r.check} for r in results))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_kv_slots.log").write_text("\n".join(lines) + "\n")
