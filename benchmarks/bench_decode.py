@@ -519,7 +519,8 @@ def _speedup(lt: Result | None, other: Result | None) -> float:
 def print_table(results: Sequence[Result], peak: float | None, log: Log) -> None:
     """Per case: GB/s of each provider, lazytriton's share of the peak, and its speedup over each peer."""
     by = {(r.case, r.provider): r for r in results}
-    log(f"\nGB/s (peak {'unknown' if peak is None else f'{peak:.0f}'})".ljust(28) + "".join(f"{p:>12}" for p in PROVIDERS) + f"{'lt % peak':>10}"
+    shown = "unknown" if peak is None else f"{peak:.0f}"
+    log(f"\nGB/s (peak {shown})".ljust(28) + "".join(f"{p:>12}" for p in PROVIDERS) + f"{'lt % peak':>10}"
         + f"{'x sdpa':>8}{'x gather':>9}")
     speedups: dict[str, list[float]] = {"sdpa": [], "sdpa_gather": []}
     for case in dict.fromkeys(r.case for r in results):

@@ -160,6 +160,7 @@ static int lt__py_init(const lt_config *config) {
 }
 
 enum { LT__MULTIPROCESSOR_COUNT = 16 }; /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+enum { LT__SHARED_PER_MULTIPROCESSOR = 81 }; /* CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
 
 static const int32_t lt__front_ints[] = {LT__KERNEL_INTS, LT__BWD_DQ_PARAMS - LT__BWD_FLOATS,
                                          LT__BWD_DKDV_PARAMS - LT__BWD_FLOATS, LT__BWD_DSINKS_PARAMS};
@@ -330,10 +331,11 @@ static int lt__native_result(int status, const char *message, int more) {
     return lt__fail(status, "%s", message);
 }
 
-/* The SMs of the device, for the split heuristic's slots (binding.gpu_slots). */
-static lt_status lt__sm_count(int32_t device_index, int64_t *sms) {
+/* The SMs of the device and the shared memory of one (0 where the driver does not say), for the split
+   heuristic's slots (binding.gpu_slots). */
+static lt_status lt__sm_count(int32_t device_index, int64_t *sms, int64_t *sm_shared) {
     lt__CUdevice device;
-    int count = 0;
+    int count = 0, shared = 0;
     lt__CUresult r;
     if ((r = lt__cu.device_get(&device, device_index)) != 0)
         return lt__fail(LT_ERROR_NO_GPU, "no CUDA device %d (cuDeviceGet: CUDA error %d)", device_index, r);
@@ -341,7 +343,9 @@ static lt_status lt__sm_count(int32_t device_index, int64_t *sms) {
         return lt__cuda_fail(r, "cuDeviceGetAttribute");
     if (count < 1)
         return lt__fail(LT_ERROR_CUDA, "device %d reports %d SMs", device_index, count);
-    *sms = count;
+    if (lt__cu.device_attribute(&shared, LT__SHARED_PER_MULTIPROCESSOR, device) != 0 || shared < 0)
+        shared = 0;
+    *sms = count, *sm_shared = shared;
     return LT_OK;
 }
 
@@ -349,10 +353,10 @@ static lt_status lt__sm_count(int32_t device_index, int64_t *sms) {
 static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
     lt__CUcontext context;
     int32_t capability;
-    int64_t sms = 0;
+    int64_t sms = 0, sm_shared = 0;
     lt_status s;
     if ((s = lt__device_context(q->device_index, &context, &capability)) != LT_OK ||
-        (s = lt__sm_count(q->device_index, &sms)) != LT_OK)
+        (s = lt__sm_count(q->device_index, &sms, &sm_shared)) != LT_OK)
         return s;
     ltn_decode_request r = {
         .kernel = LTN_KERNEL_DECODE_SPLIT, .capability = capability, .dtype = q->dtype, .head_dim = q->head_dim,
@@ -398,7 +402,7 @@ static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
     q->split_block_m = split.block_m, q->split_block_n = split.block_n, q->split_hidden = split.hidden;
     q->combine_function = combine.function, q->combine_threads = combine.threads;
     q->combine_shared = combine.shared, q->combine_block_m = combine.block_m, q->combine_hidden = combine.hidden;
-    q->slots = sms * ltn_decode_programs_per_sm(), q->min_keys = ltn_decode_min_split_keys(q->head_dim);
+    q->slots = sms * ltn_decode_programs_per_sm(split.shared, sm_shared), q->min_keys = ltn_decode_min_split_keys(q->head_dim);
     snprintf(q->variant, sizeof q->variant, "%s", split.variant);
     return LT_OK;
 }

@@ -116,6 +116,7 @@ def _decode_constants() -> list[str]:
     return [
         f"#define LTN_DECODE_MIN_BLOCK_N {decode_dispatch.MIN_BLOCK_N}",
         f"#define LTN_DECODE_PROGRAMS_PER_SM {decode_binding.PROGRAMS_PER_SM}",
+        f"#define LTN_DECODE_RESERVED_SHARED {decode_binding.RESERVED_SHARED}",
         f"#define LTN_DECODE_COMBINE_BLOCK_M {decode_dispatch.COMBINE_BLOCK_M}",
         f"#define LTN_DECODE_COMBINE_TILE_ELEMENTS {decode_dispatch.COMBINE_TILE_ELEMENTS}",
         f"#define LTN_DECODE_COMBINE_MIN_BLOCK_N {decode_dispatch.COMBINE_MIN_BLOCK_N}",

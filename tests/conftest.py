@@ -33,7 +33,16 @@ def has_cuda() -> bool:
         return False
 
 
-gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; run on the GPU host (see README, 'GPU tests')")
+GPU_REASON = "needs a CUDA GPU; run on the GPU host (see README, 'GPU tests')"
+gpu = pytest.mark.skipif(not has_cuda(), reason=GPU_REASON)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test skipped by ``gpu`` carries the ``gpu`` mark too, so ``-m gpu`` selects it (before -m deselects)."""
+    for item in items:
+        if any(mark.kwargs.get("reason") == GPU_REASON for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.gpu)
 
 
 @pytest.fixture(scope="module")

@@ -146,7 +146,7 @@ def warm(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Runtime, list[Any]]]
         return result
 
     monkeypatch.setattr(hot, "serve", serve)
-    monkeypatch.setattr(binding, "gpu_slots", lambda device_index: binding.INTERPRETER_SMS)
+    monkeypatch.setattr(binding, "gpu_slots", lambda device_index, shared=0: binding.INTERPRETER_SMS)
     monkeypatch.setattr(binding, "min_split_keys", lambda head_dim: 0)
     yield rt, served
 

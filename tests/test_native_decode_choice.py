@@ -147,9 +147,12 @@ def test_flash_combine_calls_give_python_s_variant_and_key(program: Path) -> Non
 
 
 def test_the_split_count_s_inputs_are_the_binding_s(program: Path) -> None:
-    dims = list(range(1, 257))
-    answers = answers_of(program, [f"split {d}" for d in dims])
-    assert answers == [f"{binding.min_split_keys(d)} {binding.PROGRAMS_PER_SM}" for d in dims]
+    rng = random.Random(11)
+    cases = [(d, rng.choice((0, 0, 16384, 65536, 98304, 115712, 197632, 300000, rng.randint(1, 1 << 18))),
+              rng.choice((0, 65536, 101376, 167936, 233472, rng.randint(1, 1 << 18)))) for d in range(1, 257)]
+    answers = answers_of(program, [f"split {d} {shared} {capacity}" for d, shared, capacity in cases])
+    assert answers == [f"{binding.min_split_keys(d)} {binding.programs_per_sm(shared, capacity)}"
+                       for d, shared, capacity in cases]
 
 
 def test_calls_python_refuses_are_refused(program: Path) -> None:

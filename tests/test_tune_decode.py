@@ -56,6 +56,18 @@ def test_the_heuristic_fills_two_programs_per_sm_with_splits_of_flash_attention_
     assert binding.splits_for(call(1, 1024)._replace(num_splits=3), 16, 64, SLOTS, 128) == 3
 
 
+def test_the_slots_count_what_the_split_kernels_shared_memory_lets_one_sm_hold() -> None:
+    h100 = 233472  # bytes of shared memory an H100 SM has
+    assert binding.programs_per_sm(0, h100) == binding.programs_per_sm(98304, 0) == binding.PROGRAMS_PER_SM
+    assert binding.programs_per_sm(98304, h100) == 2, "the default tiles: 64 keys x 3 stages, ~96 KB"
+    assert binding.programs_per_sm(197632, h100) == 1, "128 keys x 3 stages: one a SM"
+    assert binding.programs_per_sm(300000, h100) == 1, "never fewer than one"
+    assert binding.programs_per_sm(16384, 65536) == 2 and binding.programs_per_sm(40000, 65536) == 1  # a CU's LDS
+    call = checks.Call(1, 32, 8, 1, 128, 0, 16384, 0, 1, 16384, False, 0.1)  # batch 1, 16k keys, 8 kv heads
+    two, one = (binding.splits_for(call, 16, 128, 132 * n, binding.min_split_keys(128)) for n in (2, 1))
+    assert (two, one) == (32, 15), "one program a SM: about half the splits, each twice the keys"
+
+
 def test_head_dim_64_reads_tiles_as_wide_in_bytes_as_head_dim_128() -> None:
     wide = decode_dispatch.decode_default_config(SPLIT, SM90, "bf16", 64, 4)
     assert (wide.block_m, wide.block_n) == (16, 128)

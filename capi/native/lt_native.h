@@ -318,8 +318,9 @@ typedef struct {
 int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *err);
 /* binding.min_split_keys: the fewest keys a split takes on a GPU, by head dim. */
 int64_t ltn_decode_min_split_keys(int head_dim);
-/* binding.PROGRAMS_PER_SM: the split programs the heuristic counts per SM. */
-int64_t ltn_decode_programs_per_sm(void);
+/* binding.programs_per_sm: the split programs the heuristic counts per SM, for a kernel of `shared` bytes on an SM
+   of `capacity` (either 0: not known, PROGRAMS_PER_SM). */
+int64_t ltn_decode_programs_per_sm(int64_t shared, int64_t capacity);
 
 /* Entries in the open images, all together. */
 uint64_t ltn_images_entries(void);

@@ -52,6 +52,11 @@ INTERPRETER_SMS = 4  # the CPU path's pretend GPU: a few splits, so the interpre
 # SM, and one program per SM leaves a memory-bound loop with half the loads in flight (at 1 a SM, batch 16 x 8
 # heads = 128 programs run unsplit: H200, bench_decode.py; the figures are in benchmarks/NOTES.md).
 PROGRAMS_PER_SM = 2
+# Where the split kernel's shared memory leaves room for fewer (the tuned long-cache tiles, 128 keys x 3 stages of
+# K and V at head dim 128: ~192 KB of an H100's 228 KB), the slots are what fits (``programs_per_sm``): counting 2
+# there put 256 programs of a batch-1 call in two waves of one a SM (H100, 16k keys: 33.2 µs at 32 splits, 28.8
+# at 16).
+RESERVED_SHARED = 1024  # bytes the driver keeps for each resident program (sm_80 and later)
 SPLIT_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_SPLIT.params if not kind.startswith("fp"))
 COMBINE_INT_PARAMS = tuple(name for name, kind in FLASH_DECODE_COMBINE.params if not kind.startswith("fp"))
 
@@ -128,9 +133,30 @@ def splits_for(call: Call, block_m: int, block_n: int, sms: int, min_keys: int =
     return min(choose_splits(programs, -(-keys // unit), sms), most)
 
 
-def gpu_slots(device_index: int) -> int:
-    """The split programs a GPU runs at once, as the heuristic counts them: SMs x ``PROGRAMS_PER_SM``."""
-    return sm_count(device_index) * PROGRAMS_PER_SM
+@functools.cache
+def sm_shared(device_index: int) -> int:
+    """The shared memory of one SM (an AMD CU's LDS) in bytes, read once per device; 0 where torch does not say."""
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
+
+
+def programs_per_sm(shared: int, capacity: int) -> int:
+    """Split programs one SM holds at once (pure): ``PROGRAMS_PER_SM``, or fewer where they do not fit.
+
+    ``shared``: bytes a program (the loaded kernel's), ``capacity``: the SM's; 0 for either: not known, the
+    default.
+    """
+    if shared <= 0 or capacity <= 0:
+        return PROGRAMS_PER_SM
+    return max(1, min(PROGRAMS_PER_SM, capacity // (shared + RESERVED_SHARED)))
+
+
+def gpu_slots(device_index: int, shared: int = 0) -> int:
+    """The split programs a GPU runs at once, as the heuristic counts them: SMs x ``programs_per_sm``.
+
+    ``shared``: the split kernel's shared memory a program (0: not known, ``PROGRAMS_PER_SM`` a SM).
+    """
+    return sm_count(device_index) * programs_per_sm(shared, sm_shared(device_index) if shared > 0 else 0)
 
 
 # ---------------------------------------------------------------------------
@@ -407,7 +433,8 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
         split_kernel, combine_kernel = rt.kernel(forced[0], device.index), rt.kernel(forced[1], device.index)
         block_m, block_n = int(forced[0].get("BLOCK_M")), int(forced[0].get("BLOCK_N"))
         combine_m = int(forced[1].get("BLOCK_M"))
-    splits = splits_for(call, block_m, block_n, gpu_slots(device.index), min_split_keys(call.head_dim))
+    splits = splits_for(call, block_m, block_n, gpu_slots(device.index, getattr(split_kernel, "shared", 0)),
+                        min_split_keys(call.head_dim))
     part_out, part_lse = _partials(lse, call, splits)
     stream = launch.raw_stream(device.index)
     split_kernel.launch(split_grid(call.rows, block_m, splits, call.heads_k, call.batch), stream,

@@ -163,7 +163,8 @@ class Entry:
             return None
         split_kernel, block_m, block_n, combine_kernel, combine_m = plan
         call = self.call
-        splits = binding.splits_for(call, block_m, block_n, binding.gpu_slots(self.device.index),
+        splits = binding.splits_for(call, block_m, block_n,
+                                    binding.gpu_slots(self.device.index, getattr(split_kernel, "shared", 0)),
                                     binding.min_split_keys(call.head_dim))
         tail = list(self.split_tail)
         tail[SPLIT_COUNT] = splits

@@ -250,13 +250,11 @@ def decoding_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
 
     ``bshd``: (batch, 1, heads, d_v) contiguous instead (what the attention function returns).
     Without gradients, the decoding kernels with the mask as their key mask (``_with_key_mask``; under
-    ``torch.compile`` through their torch op). Otherwise (``_biased_step``) the mask as an additive bias (0 where it attends, -inf elsewhere), made on
-    the mask's device: nothing is read back to the host. Cached for the mask
-    object, its version (an in-place edit makes it again) and the dtype, with
-    the call checked for each layout that ran with it, so each further layer
-    of the forward launches its kernel without the checks; made in the graph
-    under ``torch.compile`` (the compiler fuses it, and a cache of Python
-    objects would break the graph).
+    ``torch.compile`` through their torch op). Otherwise (``_biased_step``) the mask as an additive bias (0
+    where it attends, -inf elsewhere), made on the mask's device: nothing is read back to the host. Cached for the
+    mask object, its version (an in-place edit makes it again) and the dtype, with the call checked for each
+    layout that ran with it, so each further layer of the forward launches its kernel without the checks; made in
+    the graph under ``torch.compile`` (the compiler fuses it, and a cache of Python objects would break the graph).
     """
     compiling = torch.compiler.is_compiling()
     routed = _with_key_mask(query, key, value, mask, scaling, features, compiling)

@@ -16,9 +16,10 @@ int main(void) {
     char line[512];
     while (fgets(line, sizeof line, stdin) != NULL) {
         int head_dim;
-        if (sscanf(line, "split %d", &head_dim) == 1) {
+        long long shared, sm_shared;
+        if (sscanf(line, "split %d %lld %lld", &head_dim, &shared, &sm_shared) == 3) {
             printf("%lld %lld\n", (long long)ltn_decode_min_split_keys(head_dim),
-                   (long long)ltn_decode_programs_per_sm());
+                   (long long)ltn_decode_programs_per_sm(shared, sm_shared));
             continue;
         }
         ltn_decode_request r;
