@@ -183,6 +183,20 @@ def test_a_hanging_case_ends_at_the_timeout(tmp_path: Path) -> None:
     _, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--timeout", "1", "--", "-k", "hangs")
     assert summary["totals"]["failed"] == 1, summary
     assert summary["failures"][0]["message"] == "peer_plugin.PeerTimeout: the case ran past --peer-timeout"
+    assert summary["timed_out"] == 1
+
+
+def test_a_timeout_wrapped_by_tritons_interpreter_is_grouped_as_a_timeout() -> None:
+    results = Results()
+    wrapped = ("triton.runtime.errors.InterpreterError: InterpreterError('InterpreterError(\"PeerTimeout(\\'the "
+               "case ran past --peer-timeout\\')\")')")
+    results.record("f.py::test_a[0]", "failed", wrapped)
+    results.record("f.py::test_a[1]", "failed", "peer_plugin.PeerTimeout: the case ran past --peer-timeout")
+    results.record("f.py::test_a[2]", "failed", "AssertionError: assert 1 <= 0")
+    summary = results.summary()
+    assert summary["timed_out"] == 2 and summary["failures"][0]["count"] == 2
+    assert summary["failures"][0]["message"] == "peer_plugin.PeerTimeout: the case ran past --peer-timeout"
+    assert "Timed out (among the failed and errored): 2" in markdown(summary)
 
 
 def test_the_runner_names_a_missing_checkout(tmp_path: Path) -> None:
