@@ -29,23 +29,34 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "tests" / "peers" / "shim"
-# suite -> (its test file, the folders of the peer's checkout its helpers are imported from)
+# suite -> (its test file, the folders of the peer's checkout its helpers are imported from, the test functions
+# it runs: all when empty). FlashAttention-3's kvcache tests are test_flash_attn.py's test_flash_attn_kvcache
+# (hopper/test_kvcache.py is a benchmark script that parses its own command line on import, and
+# hopper/test_attn_kvcache.py passes gqa_parallel= and descale_q=, which FlashAttention-3's interface no longer has).
 SUITES = {
-    "fa3": ("hopper/test_flash_attn.py", ("hopper",)),
-    "fa3-kvcache": ("hopper/test_kvcache.py", ("hopper",)),
-    "fa2": ("tests/test_flash_attn.py", ("tests",)),
+    "fa3": ("hopper/test_flash_attn.py", ("hopper",), ()),
+    "fa3-kvcache": ("hopper/test_flash_attn.py", ("hopper",), ("test_flash_attn_kvcache",)),
+    "fa2": ("tests/test_flash_attn.py", ("tests",), ()),
 }
+# suite -> the suite of peer_census.RULES that classifies its cases
+CENSUS_RULES = {"fa3": "fa3", "fa3-kvcache": "fa3", "fa2": "fa2"}
 # What `extract` takes from the peer's repository: the test files, their helpers, FlashAttention-2's package
 # (bert_padding, layers/rotary and its Triton kernel, which the tests import beside the shims).
 EXTRACTED = ("hopper", "tests", "flash_attn")
 COMMIT_FILE = ".peer-commit"
 
 
+def test_paths(suite: str, peer: Path) -> list[str]:
+    """What pytest collects for ``suite``: its test file, or the node ids of its test functions in that file."""
+    test_file, _, functions = SUITES[suite]
+    return [f"{peer / test_file}::{name}" for name in functions] or [str(peer / test_file)]
+
+
 def pytest_command(args: argparse.Namespace, peer: Path, summary: Path) -> list[str]:
     """The pytest command line of a run: the peer's file, the shim's config and plugin, the plugin's options."""
-    test_file, _ = SUITES[args.suite]
+    test_file, _, _ = SUITES[args.suite]
     commit = (peer / COMMIT_FILE).read_text().strip() if (peer / COMMIT_FILE).is_file() else "unknown"
-    command = [sys.executable, "-m", "pytest", str(peer / test_file), "-c", str(SHIM / "pytest.ini"),
+    command = [sys.executable, "-m", "pytest", *test_paths(args.suite, peer), "-c", str(SHIM / "pytest.ini"),
                "--rootdir", str((peer / test_file).parent), "-p", "peer_plugin", "-q", "-rN",
                "--peer-sample", str(args.sample), "--peer-every", str(args.every), "--peer-seed", str(args.seed),
                "--peer-min-per-function", str(args.min_per_function), "--peer-max-seqlen", str(args.max_seqlen),
@@ -57,7 +68,7 @@ def pytest_command(args: argparse.Namespace, peer: Path, summary: Path) -> list[
 
 def environment(args: argparse.Namespace, peer: Path) -> dict[str, str]:
     """The run's environment: the shim first on PYTHONPATH, then the peer's helper folders."""
-    _, folders = SUITES[args.suite]
+    _, folders, _ = SUITES[args.suite]
     path = [str(SHIM), *(str(peer / folder) for folder in folders)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -67,7 +78,7 @@ def environment(args: argparse.Namespace, peer: Path) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     peer = Path(args.peer_dir).resolve()
-    test_file, _ = SUITES[args.suite]
+    test_file, _, _ = SUITES[args.suite]
     if not (peer / test_file).is_file():
         raise SystemExit(f"--peer-dir {args.peer_dir}: no {test_file} there (extract the peer first: "
                          f"{Path(__file__).name} extract --git-dir ... --peer-dir {args.peer_dir})")
@@ -85,10 +96,10 @@ def run(args: argparse.Namespace) -> int:
 
 def collect(args: argparse.Namespace, peer: Path, cases: Path) -> None:
     """Collect the suite's cases into ``cases`` (JSON lines), importing the test file as a CPU run would."""
-    test_file, _ = SUITES[args.suite]
-    command = [sys.executable, "-m", "pytest", str(peer / test_file), "-c", str(SHIM / "pytest.ini"), "--rootdir",
-               str((peer / test_file).parent), "-p", "peer_plugin", "-q", "--collect-only", "--peer-device", "cpu",
-               "--peer-collect", str(cases)]
+    test_file, _, _ = SUITES[args.suite]
+    command = [sys.executable, "-m", "pytest", *test_paths(args.suite, peer), "-c", str(SHIM / "pytest.ini"),
+               "--rootdir", str((peer / test_file).parent), "-p", "peer_plugin", "-q", "--collect-only",
+               "--peer-device", "cpu", "--peer-collect", str(cases)]
     done = subprocess.run(command, cwd=SHIM, env=environment(args, peer), capture_output=True, text=True,
                           check=False)
     if done.returncode != 0 or not cases.is_file():
@@ -110,7 +121,8 @@ def census(args: argparse.Namespace) -> int:
             raise SystemExit(f"--peer-dir {args.peer_dir}: no {SUITES[args.suite][0]} there (or pass --cases)")
         collect(args, peer, cases)
     with cases.open() as f:
-        result = peer_census.census(args.suite, (json.loads(line) for line in f if line.strip()))
+        result = peer_census.census(CENSUS_RULES[args.suite], (json.loads(line) for line in f if line.strip()))
+    result["suite"] = args.suite
     (out / f"census_{args.suite}.json").write_text(json.dumps(result, indent=1) + "\n")
     text = peer_census.markdown(result)
     (out / f"census_{args.suite}.md").write_text(text)

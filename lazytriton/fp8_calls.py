@@ -6,8 +6,9 @@ shape already described is served by the warm path (``kernels/flash_fwd/fp8_hot.
 checks read; ``flash_attn_func`` reaches it in its own layout through ``flash_attn_warm``); otherwise every
 argument is checked first (``kernels/flash_fwd/fp8.py``); a plain call with plain descales then runs the binding,
 any other goes through the torch op (``lazytriton.fp8_op``, imported on first use as ``lazytriton.ops`` is),
-which torch.compile(fullgraph=True) traces without a break. The FP8 forward has no backward, so there is no autograd
-here: an input that requires grad is refused by the checks.
+which torch.compile(fullgraph=True) traces without a break. The FP8 forward has no backward: a call whose q, k or v
+requires grad (grad mode on) goes through the op too, whose backward raises NotImplementedError (FlashAttention-3's
+forward takes such inputs and fails only on a backward).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ def _plain(tensors: tuple[Any, ...]) -> bool:
     return all(t is None or type(t) is _Tensor for t in tensors)
 
 
+def _wants_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether autograd records the call: the op's (raising) backward must then be attached to its outputs."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def attention(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Names, window: Any, softcap: Any,
               attention_chunk: Any, given: tuple[Any, Any, Any], unsupported: dict[str, Any],
               plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +45,7 @@ def attention(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Na
         if warm is not None:
             return warm  # type: ignore[no-any-return]
     call = fp8.checked(q, k, v, causal, scale, names, window, softcap, attention_chunk, given, unsupported)
-    if plain and _plain(given):
+    if plain and _plain(given) and not _wants_grad(q, k, v):
         return fp8.forward(q, k, v, call, given)
     from lazytriton.fp8_op import flash_fwd_fp8_op
 
@@ -79,7 +85,7 @@ def varlen_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     Through the op, the op reads the values of cu_seqlens and seqused (one device-to-host read a call, not two).
     """
     cu_q, cu_k, used_q, used_k = (index_tensor(t) for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k))
-    plain = plain and _plain((cu_q, cu_k, used_q, used_k, *given))
+    plain = plain and _plain((q, k, v, cu_q, cu_k, used_q, used_k, *given)) and not _wants_grad(q, k, v)
     vc = fp8.checked_varlen(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, used_q,
                             used_k, attention_chunk, given, unsupported, values=None if plain else False)
     if plain:

@@ -16,9 +16,9 @@ The public functions call them while torch.compile traces (or under a dispatch m
 an eager call of plain tensors goes to the binding directly, as the other ops' callers do. Each op checks its
 arguments again (it can be called directly; a warm dense call of plain tensors is served by ``fp8_hot``, whose
 entry the same checks made) and its fake gives the real outputs' shapes, dtypes and strides (both allocate through
-``fp8.empty_outputs``; the warm path, the shapes and strides it gave). There is no autograd formula: the FP8
-forward has no backward (FlashAttention-3's has none), and an input that requires grad is refused before the op is
-reached.
+``fp8.empty_outputs``; the warm path, the shapes and strides it gave). The FP8 forward has no backward
+(FlashAttention-3's has none): the ops take inputs that require grad, as FlashAttention-3's forward does, and their
+backward raises NotImplementedError (``NO_BACKWARD``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_fwd import binding, fp8, fp8_hot
 
 _DESCALES = "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale"
+NO_BACKWARD = ("the FP8 forward (float8 q, k, v) has no backward (FlashAttention-3's has none either): detach the "
+               "float8 inputs or run the call under torch.no_grad()")
 _FEATURES = "int window_left=-1, int window_right=-1, float softcap=0.0"
 _FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, {_DESCALES}, float softmax_scale, str causal, {_FEATURES}, "
                "int attention_chunk=0) -> (Tensor, Tensor)")
@@ -88,6 +90,17 @@ def _flash_varlen_fwd_fp8_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return fp8.empty_outputs(q, v.shape[-1], varlen=True)
 
+
+def _no_backward(ctx: Any, *grads: Any) -> Any:
+    raise NotImplementedError(NO_BACKWARD)
+
+
+def _setup(ctx: Any, inputs: Any, output: Any) -> None:
+    return None
+
+
+flash_fwd_fp8.register_autograd(_no_backward, setup_context=_setup)
+flash_varlen_fwd_fp8.register_autograd(_no_backward, setup_context=_setup)
 
 # The overloads themselves: calling one skips CustomOpDef's Python wrapper (as lazytriton.ops does).
 flash_fwd_fp8_op = torch.ops.lazytriton.flash_fwd_fp8.default

@@ -266,12 +266,9 @@ def _cpu_fp8(*shape: int) -> torch.Tensor:
     (dict(v_descale=[1.0]), TypeError, "v_descale must be a torch.Tensor"),
     (dict(alibi_slopes=torch.rand(4)), ValueError, "alibi_slopes is not taken with float8_e4m3fn"),
     (dict(dropout_p=0.1), ValueError, "dropout_p is not taken"),
-    (dict(q="grad"), ValueError, "q requires grad, but the FP8 forward has no backward"),
 ])
 def test_bad_input_is_named_before_any_launch(change: dict, error: type, match: str) -> None:
     args = dict(q=_cpu_fp8(1, 16, 4, 64), k=_cpu_fp8(1, 16, 2, 64), v=_cpu_fp8(1, 16, 2, 64))
-    if change.get("q") == "grad":
-        change = dict(q=args["q"].requires_grad_())
     args.update(change)
     with pytest.raises(error, match=match):
         lazytriton.flash_attn_func(**args)

@@ -183,6 +183,20 @@ def test_a_hanging_case_ends_at_the_timeout(tmp_path: Path) -> None:
     _, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--timeout", "1", "--", "-k", "hangs")
     assert summary["totals"]["failed"] == 1, summary
     assert summary["failures"][0]["message"] == "peer_plugin.PeerTimeout: the case ran past --peer-timeout"
+    assert summary["timed_out"] == 1
+
+
+def test_a_timeout_wrapped_by_tritons_interpreter_is_grouped_as_a_timeout() -> None:
+    results = Results()
+    wrapped = ("triton.runtime.errors.InterpreterError: InterpreterError('InterpreterError(\"PeerTimeout(\\'the "
+               "case ran past --peer-timeout\\')\")')")
+    results.record("f.py::test_a[0]", "failed", wrapped)
+    results.record("f.py::test_a[1]", "failed", "peer_plugin.PeerTimeout: the case ran past --peer-timeout")
+    results.record("f.py::test_a[2]", "failed", "AssertionError: assert 1 <= 0")
+    summary = results.summary()
+    assert summary["timed_out"] == 2 and summary["failures"][0]["count"] == 2
+    assert summary["failures"][0]["message"] == "peer_plugin.PeerTimeout: the case ran past --peer-timeout"
+    assert "Timed out (among the failed and errored): 2" in markdown(summary)
 
 
 def test_the_runner_names_a_missing_checkout(tmp_path: Path) -> None:
@@ -271,3 +285,34 @@ def test_the_plugin_writes_the_collected_cases(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
     assert len(rows) == 15 and rows[0] == {"nodeid": "test_flash_attn.py::test_passes[1]", "function": "test_passes",
                                            "params": {"seqlen_q": 1}}
+
+
+KVCACHE_TEST = '''
+import pytest
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 2, 3])
+def test_flash_attn_kvcache(seqlen_q):
+    assert seqlen_q > 0
+
+
+def test_flash_attn_output():
+    raise AssertionError("not in the kvcache suite")
+'''
+
+
+@pytest.mark.slow
+def test_the_fa3_kvcache_suite_runs_the_kvcache_function_of_fa3s_file(tmp_path: Path) -> None:
+    peer = tmp_path / "peer"
+    (peer / "hopper").mkdir(parents=True)
+    (peer / "hopper" / "test_flash_attn.py").write_text(textwrap.dedent(KVCACHE_TEST))
+    # FlashAttention-3's hopper/test_kvcache.py is a benchmark script: collecting it would parse pytest's argv
+    (peer / "hopper" / "test_kvcache.py").write_text("import sys\nsys.exit(2)\n")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(RUNNER), "run", "--peer-dir", str(peer), "--suite", "fa3-kvcache",
+                           "--device", "cpu", "--sample", "1.0", "--timeout", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "peer_fa3-kvcache.json").read_text())
+    assert summary["totals"] == {"passed": 3, "failed": 0, "skipped": 0, "errored": 0}, summary
+    assert set(summary["functions"]) == {"test_flash_attn_kvcache"}

@@ -8,8 +8,10 @@ transpose, (B, Hk, head_dim_v, Sk) with the keys contiguous
 (``fp8_spec``/``triton_kernel._load_k_vt`` say why), which ``transposed_v``
 writes once a call (a read and a write of v, each byte once: small beside the
 attention's work), its rows padded to 16 keys so that the 16-byte alignment
-hints hold. There is no backward (FlashAttention-3 has none): a q, k or v that
-requires grad is refused (``check_no_grad``). Two kernels share this ABI:
+hints hold. There is no backward (FlashAttention-3 has none): a call whose q,
+k or v requires grad runs through the torch op (``lazytriton.fp8_op``), whose
+backward raises NotImplementedError, as FlashAttention-3's forward takes such
+inputs and fails only on a backward. Two kernels share this ABI:
 ``flash_fwd_fp8`` (Triton) and, on sm_90 for the calls its table and rule
 take, ``flash_fwd_fp8_gluon`` (``fp8_gluon``; ``variant`` chooses, the memo
 key's last bit says whether a call fits). ``checked``/``checked_varlen``
@@ -61,14 +63,6 @@ def refuse_descales(q: Any, given: tuple[Any, Any, Any]) -> None:
             dtype = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
             raise TypeError(f"{name} is for float8_e4m3fn inputs or float8_e5m2 ones (FlashAttention-3's FP8 "
                             f"forward), but q is {dtype}; pass None")
-
-
-def check_no_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """A ValueError when an FP8 input requires grad: the FP8 forward has no backward (nor has FlashAttention-3's)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"{name} requires grad, but the FP8 forward has no backward (FlashAttention-3's has "
-                             "none): detach the float8 inputs or run under torch.no_grad()")
 
 
 def _ones_on(device: torch.device) -> torch.Tensor:
@@ -310,7 +304,6 @@ def checked(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: binding.Name
     _refuse(unsupported)
     call = binding.with_chunk(binding.check(q, k, v, causal, scale, names, window, softcap, fp8=True),
                               attention_chunk)
-    check_no_grad(q, k, v)
     check_descales(given, q, call.shape.batch, call.shape.heads_k)
     return call
 
@@ -329,7 +322,6 @@ def checked_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q: A
     vc = varlen.check(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
                       values=values, seqused_q=seqused_q, seqused_k=seqused_k, attention_chunk=attention_chunk,
                       fp8=True)
-    check_no_grad(q, k, v)
     check_descales(given, q, vc.batch, k.shape[1])
     return vc
 

@@ -14,6 +14,10 @@ OUTCOMES = ("passed", "failed", "skipped", "errored")
 _NUMBER = re.compile(r"[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
 MAX_MESSAGE = 240
 EXAMPLE_CASES = 3
+# A case that ran past --peer-timeout: peer_plugin raises PeerTimeout where the case is, and Triton's interpreter
+# wraps an exception raised inside a kernel in its own InterpreterError (once per nesting level), so every message
+# naming PeerTimeout is recorded as this one and counted in the summary's "timed_out".
+TIMEOUT = "peer_plugin.PeerTimeout: the case ran past --peer-timeout"
 
 
 def first_line(text: str) -> str:
@@ -55,6 +59,8 @@ class Results:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         if nodeid in self.cases and self.cases[nodeid][0] in ("failed", "errored") and outcome == "passed":
             return
+        if outcome in ("failed", "errored") and "PeerTimeout" in first_line(message):
+            message = TIMEOUT
         self.cases[nodeid] = (outcome, message)
 
     def add(self, report: Any) -> None:
@@ -92,7 +98,8 @@ class Results:
                 group["cases"].append(nodeid)
         ordered = {kind: sorted(g.values(), key=lambda g: (-g["count"], g["message"])) for kind, g in groups.items()}
         cases = {nodeid: outcome for nodeid, (outcome, _) in self.cases.items()}
-        return {**meta, "totals": totals, "functions": functions, **ordered, "cases": cases}
+        timed_out = sum(1 for outcome, message in self.cases.values() if outcome != "passed" and message == TIMEOUT)
+        return {**meta, "totals": totals, "timed_out": timed_out, "functions": functions, **ordered, "cases": cases}
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -106,6 +113,8 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {function} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
     totals = summary["totals"]
     lines.append("| **total** | " + " | ".join(str(totals[o]) for o in OUTCOMES) + " |")
+    if "timed_out" in summary:
+        lines += ["", f"Timed out (among the failed and errored): {summary['timed_out']}"]
     for kind, title in (("failures", "Failures and errors by message"), ("skips", "Skips by reason")):
         lines += ["", f"## {title}", ""]
         if not summary[kind]:
