@@ -52,6 +52,7 @@ import argparse
 import csv
 import datetime as dt
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -392,24 +393,21 @@ def _checked(metric: Metric | None, value: str | None = None) -> str:
     return f"{metric.value if value is None else value} ({metric.check or 'no verdict'})"
 
 
-def _common_prefix(configs: Sequence[str]) -> str:
-    """The words every config starts with (the model), when more than one config is shown."""
-    if len(configs) < 2:
-        return ""
-    words = [c.split() for c in configs]
-    shared = []
-    for column in zip(*words, strict=False):
-        if len(set(column)) > 1:
-            break
-        shared.append(column[0])
-    return " ".join(shared[:min(len(w) for w in words) - 1])
+# bench_transformers.py's config: the model (name, hidden size, heads, layers, dtype), then the cache and prompts.
+MODEL_WORDS = re.compile(r"\S+ h\d+ heads \d+/\d+ layers \d+ \S+ ")
+
+
+def shared_model(configs: Sequence[str]) -> str:
+    """The model every config names before its cache and prompts ("" if they differ or one names nothing more)."""
+    models = {m.group(0) if (m := MODEL_WORDS.match(c)) else "" for c in configs}
+    return models.pop().strip() if len(models) == 1 else ""
 
 
 def generation_table(runs: Sequence[Run], gpu: str) -> str:
     """The README's generation table: per config, prefill ms and tokens/s of both with ratios, and the checks."""
     if not runs:
         raise ValueError(f"gpu={gpu!r}: no transformers run; expected rows of bench_transformers.py")
-    model = _common_prefix([r.config for r in runs])
+    model = shared_model([r.config for r in runs])
     head = ["config", "batch", "prefill ms, sdpa / lazytriton", "prefill speedup", "tokens/s, sdpa / lazytriton",
             "generation speedup", "logits max err vs fp32, sdpa / lazytriton (rule)", "greedy tokens equal"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
