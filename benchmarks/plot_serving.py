@@ -1,9 +1,7 @@
 """The README's serving figures from the benchmarks' CSVs: decoding GB/s beside SDPA, and transformers' generation.
 
-``--decode`` reads ``benchmarks/results/decode.csv`` (``bench_decode.py``: one
-row per provider x case x run); ``--generation`` reads
-``benchmarks/results/transformers.csv`` (``bench_transformers.py``: one row per
-implementation x metric x run).
+``--decode`` reads ``results/decode.csv`` (``bench_decode.py``: a row per provider x case x run),
+``--generation`` ``results/transformers.csv`` (``bench_transformers.py``: a row per impl x metric x run).
 
 Which decode value a cell or point shows (``select_decode``, the rule the tests pin):
 
@@ -12,10 +10,9 @@ Which decode value a cell or point shows (``select_decode``, the rule the tests 
 - a row is usable when its ``check`` is ``ok`` and its ``gb_s`` is present;
 - for each (provider, layout, dtype, head dim, query heads, key/value heads,
   batch, cache length, page size) the row with the latest ``timestamp`` wins;
-  between rows of the same timestamp, the later row in the file wins (appended
-  last). Cells may therefore come from different runs when a later run timed
-  only some lengths; the date range under the table and in the title covers
-  every value shown;
+  of rows of one timestamp, the later in the file. Values may so come from
+  different runs (a later run timed only some lengths): such cells are marked
+  ``*``, such points hollow;
 - the view (``--layout``, ``--dtype``, ``--head-dim``, ``--heads``,
   ``--page-size``; default: contiguous, bfloat16, head dim 128, 32/8 heads)
   keeps one case family; the providers are lazytriton and SDPA.
@@ -24,11 +21,9 @@ Which decode value a cell or point shows (``select_decode``, the rule the tests 
 default every batch of the view), a column per cache length, each cell
 "lazytriton GB/s / SDPA GB/s (ratio x)" ("-" for a provider without a value),
 then the geomean ratio over the cells with both, the GPU and the date range.
-``--decode`` draws a PNG (default ``docs/decode_gbs.png``): GB/s against the
-cache length (log2 axis), one panel per batch (``--batches``, default 1,32),
-the GPU's datasheet peak (``csvlog.memory_peak_gb_s``) as a dashed line. The
-PNG is deterministic for a given CSV and matplotlib install (the Agg canvas,
-fixed size and dpi, no ``Software`` entry in its metadata).
+``--decode`` draws a PNG (default ``docs/decode_gbs.png``), the same bytes for
+the same CSV: GB/s against the cache length (log2 axis), one panel per batch
+(``--batches``, default 1,32), the datasheet peak (``csvlog.memory_peak_gb_s``) dashed.
 
 ``--generation --summary`` prints a markdown table: for each (config, batch) of
 the GPU (``--gpu``; default: the newest row's device), the newest run's (rows
@@ -237,7 +232,7 @@ def decode_table(selected: Mapping[DecodeKey, DecodePoint], view: View, batches:
     """The README's decode table: a row per batch, a column per cache length; the geomean ratio, GPU, dates below."""
     points = in_view(selected, view, batches)
     lengths = sorted({k.cache_len for k in points})
-    head = ["batch", *(f"{n // 1024}k keys" if n % 1024 == 0 else f"{n} keys" for n in lengths)]
+    head = ["batch", *(f"{_length_label(n)} keys" for n in lengths)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     newest = max(p.timestamp for p in points.values())
     ratios, earlier = [], 0
@@ -380,17 +375,14 @@ def _number(run: Run, impl: str, metric: str) -> float | None:
         raise ValueError(f"config={run.config!r} {impl} {metric}={found.value!r}: expected {POSITIVE}") from None
 
 
-def _pair(run: Run, metric: str, digits: int, faster: Callable[[float, float], float]) -> list[str]:
-    """``sdpa / lazytriton`` of a metric and the ratio ``faster(sdpa, lazytriton)`` (or "-")."""
+def _pair(run: Run, metric: str, digits: int) -> tuple[str, float | None, float | None]:
+    """``sdpa / lazytriton`` of a metric as text ("-" for an absent one), and both values."""
     sdpa, ours = _number(run, "sdpa", metric), _number(run, "lazytriton", metric)
-    text = " / ".join("-" if v is None else f"{v:.{digits}f}" for v in (sdpa, ours))
-    return [text, "-" if sdpa is None or ours is None else f"{faster(sdpa, ours):.2f}x"]
+    return " / ".join("-" if v is None else f"{v:.{digits}f}" for v in (sdpa, ours)), sdpa, ours
 
 
-def _checked(metric: Metric | None, value: str | None = None) -> str:
-    if metric is None:
-        return "-"
-    return f"{metric.value if value is None else value} ({metric.check or 'no verdict'})"
+def _ratio(top: float | None, bottom: float | None) -> str:
+    return "-" if top is None or bottom is None else f"{top / bottom:.2f}x"
 
 
 # bench_transformers.py's config: the model (name, hidden size, heads, layers, dtype), then the cache and prompts.
@@ -412,15 +404,16 @@ def generation_table(runs: Sequence[Run], gpu: str) -> str:
             "generation speedup", "logits max err vs fp32, sdpa / lazytriton (rule)", "greedy tokens equal"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
-        errors = [run.metrics.get((impl, "logits_max_err_vs_fp32")) for impl in ("sdpa", "lazytriton")]
-        err_text = " / ".join("-" if e is None else f"{_number(run, impl, 'logits_max_err_vs_fp32'):.3f}"
-                              for impl, e in zip(("sdpa", "lazytriton"), errors, strict=True))
-        verdict = errors[1] or errors[0]
-        cells = [run.config.removeprefix(model).strip() or run.config, str(run.batch),
-                 *_pair(run, "prefill_ms", 2, lambda sdpa, ours: sdpa / ours),
-                 *_pair(run, "gen_tokens_per_s", 1, lambda sdpa, ours: ours / sdpa),
-                 "-" if verdict is None else _checked(verdict, err_text),
-                 _checked(run.metrics.get(("lazytriton", "greedy_tokens_equal_of_compared")))]
+        prefill, sdpa_ms, ours_ms = _pair(run, "prefill_ms", 2)
+        tokens, sdpa_tok, ours_tok = _pair(run, "gen_tokens_per_s", 1)
+        errors = _pair(run, "logits_max_err_vs_fp32", 3)[0]
+        rule = run.metrics.get(("lazytriton", "logits_max_err_vs_fp32")) or run.metrics.get(
+            ("sdpa", "logits_max_err_vs_fp32"))
+        greedy = run.metrics.get(("lazytriton", "greedy_tokens_equal_of_compared"))
+        cells = [run.config.removeprefix(model).strip() or run.config, str(run.batch), prefill,
+                 _ratio(sdpa_ms, ours_ms), tokens, _ratio(ours_tok, sdpa_tok),
+                 "-" if rule is None else f"{errors} ({rule.check or 'no verdict'})",
+                 "-" if greedy is None else f"{greedy.value} ({greedy.check or 'no verdict'})"]
         lines.append("| " + " | ".join(cells) + " |")
     model_note = f"model: {model}; " if model else ""
     lines.append(f"\nSpeedups above 1 mean lazytriton is faster; {model_note}{gpu}, "

@@ -1,4 +1,4 @@
-"""benchmarks/plot_serving.py on CPU: its selection rules (pure, on made-up rows), its tables, one drawn PNG, the README."""
+"""benchmarks/plot_serving.py on CPU: its selection rules (pure, on made-up rows), tables and PNG; the README."""
 
 from __future__ import annotations
 
