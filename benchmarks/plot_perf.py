@@ -43,6 +43,8 @@ Usage: python benchmarks/plot_perf.py [--dtype bf16|fp16] [--out docs/perf_bf16.
        [--fwd-csv PATH] [--bwd-csv PATH] [--gpu NAME] [--head-dims 64,128,256]
        [--since 2026-12-02T07:00:00+00:00]
        python benchmarks/plot_perf.py --summary     (the markdown table; draws nothing)
+       python benchmarks/plot_perf.py --decode|--generation ...   (runs plot_serving.py: decoding GB/s and
+                                                               transformers' generation; its --help says more)
 """
 
 from __future__ import annotations
@@ -361,7 +363,15 @@ def _head_dims(text: str) -> frozenset[int]:
     return dims
 
 
+SERVING_FLAGS = ("--decode", "--generation")  # handed to plot_serving.py, the serving figures' tool
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(flag in argv for flag in SERVING_FLAGS):
+        import plot_serving  # this script's folder: on sys.path when it runs
+
+        return plot_serving.main(argv)
     args = parse_args(argv)
     rows = [row for path in (args.fwd_csv, args.bwd_csv) for row in read_rows(path)]
     gpu = args.gpu or newest_gpu(rows, DTYPES.values())
