@@ -23,8 +23,10 @@ figure that matters, is printed).
 
 The split count is not a column: it depends on the batch, which the table
 does not key. The heuristic (``binding.splits_for``: FlashAttention-2's, with
-SMs x ``PROGRAMS_PER_SM`` slots and splits of at least ``min_split_keys``) is
-timed as calls run it; ``--splits-report`` also times forced split counts
+SMs x ``programs_per_sm`` slots, by the candidate split kernel's shared memory,
+and splits of at least ``min_split_keys``) is timed as calls run it (which
+cases need the combine at all is decided at ``PROGRAMS_PER_SM`` a SM, the
+most slots); ``--splits-report`` also times forced split counts
 with the winners and prints how far the heuristic is from the best, so its
 inputs can be revised from a measurement.
 
