@@ -140,6 +140,46 @@ def test_under_torch_compile_the_step_is_the_key_masked_op_in_one_graph(case: st
     assert torch.ops.aten.masked_fill.Scalar not in targets  # no bias made
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_decoding_step_s_mask_is_sdpa_mask_s_without_it(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamic and static caches' steps (an int or a tensor position, keys past the 2D mask, a key offset)."""
+    from transformers import masking_utils
+
+    rng = torch.Generator().manual_seed(seed)
+    batch, length = int(torch.randint(1, 4, (1,), generator=rng)), int(torch.randint(1, 9, (1,), generator=rng))
+    padding = torch.randint(0, 2, (batch, length), generator=rng)
+    if seed % 3 == 0:
+        padding = padding.bool()
+    kv_offset = int(torch.randint(0, 3, (1,), generator=rng)) if seed % 4 == 0 else 0
+    kv_len = max(1, length - kv_offset + int(torch.randint(0, 4, (1,), generator=rng)))
+    position = int(torch.randint(0, kv_offset + kv_len + 1, (1,), generator=rng))
+    q_offset: Any = torch.tensor(position) if seed % 2 else position
+    kwargs = {"batch_size": batch, "q_length": 1, "kv_length": kv_len, "q_offset": q_offset, "kv_offset": kv_offset,
+              "mask_function": masking_utils.causal_mask_function, "attention_mask": padding,
+              "allow_is_causal_skip": False, "dtype": torch.float32, "use_vmap": False, "device": torch.device("cpu")}
+    want = masking_utils.sdpa_mask(**kwargs)
+    built: list[Any] = []
+    monkeypatch.setattr(masking_utils, "sdpa_mask", lambda *a, **k: built.append(k))
+    got = lt_transformers.mask(**{**kwargs, "allow_is_causal_skip": True})
+    assert built == [] and got.dtype == torch.bool and got.shape == (batch, 1, 1, kv_len), kwargs
+    assert torch.equal(got, want.expand_as(got)), (kwargs, got, want)
+
+
+def test_other_masks_are_sdpa_mask_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import masking_utils
+
+    padding = torch.ones(2, 6, dtype=torch.long)
+    base = {"batch_size": 2, "q_length": 1, "kv_length": 6, "q_offset": 5, "kv_offset": 0,
+            "mask_function": masking_utils.causal_mask_function, "attention_mask": padding}
+    built: list[Any] = []
+    monkeypatch.setattr(masking_utils, "sdpa_mask", lambda *a, **k: built.append(k))
+    window = masking_utils.sliding_window_causal_mask_function(3)
+    for other in ({"q_length": 2}, {"mask_function": window}, {"attention_mask": None}, {"local_size": 2},
+                  {"attention_mask": padding[None]}, {"batch_size": 3}):
+        lt_transformers.mask(**{**base, **other})
+    assert len(built) == 6
+
+
 def test_a_broadcast_mask_is_read_with_batch_stride_0(routed: list[tuple[Any, ...]]) -> None:
     q, k, v = _qkv(3, 4, 2, 1, 7)
     mask = torch.tensor([[0, 1, 1, 0, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]

@@ -27,8 +27,12 @@ then build no mask at all for an unknown name and padded batches would be
 silently wrong). The mask function registered here hands over what
 transformers' own ``sdpa_mask`` builds, so the attention function sees
 exactly what the "sdpa" implementation sees, and remembers beside it which
-query rows are real tokens (from the 2D padding mask). Each layer then makes
-one call:
+query rows are real tokens (from the 2D padding mask). A decoding step under
+the plain causal mask (one query, no window or chunk) gets the same boolean
+(batch, 1, 1, kv_len) mask read straight off the 2D padding mask
+(``_decoding_step_mask``: a few tensor ops against ``sdpa_mask``'s ~0.5 ms
+of host time a step; never None, so no step reads the padding back to see
+whether it could skip the mask). Each layer then makes one call:
 
 - ``None``: no padding. It means what it means for SDPA: causal
   (``q_len == kv_len``, and an empty static cache's prefill, where SDPA crops
@@ -137,6 +141,10 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """
     from transformers.masking_utils import sdpa_mask
 
+    if not args:
+        step = _decoding_step_mask(kwargs)
+        if step is not None:
+            return step
     # Older transformers, on torch < 2.6, unmask a query row that sees no key (SDPA then gave NaN there);
     # that would break the padding pattern, and lazytriton gives such a row zeros anyway. Later versions
     # ignore the argument.
@@ -148,6 +156,39 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
         if real is not None:
             transformers_varlen.remember_queries(built, real)
     return built
+
+
+def _decoding_step_mask(kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A decoding step's (batch, 1, 1, kv_length) boolean mask, read off the 2D padding mask; None: not one.
+
+    One query (``q_length`` 1) under transformers' plain causal mask function
+    (no window, chunk or extra mask function) with a 2D padding mask:
+    ``sdpa_mask``'s answer is then the padding mask's columns of the keys
+    (``kv_offset`` on, False past its end: a static cache's empty slots) cut
+    at the query's position (``q_offset``, an int or, in a static cache's
+    compiled step, a tensor). Made here in one to three tensor ops, where
+    ``sdpa_mask`` takes ~0.5 ms of host time a step (and, when it may skip the
+    mask, reads the padding back to the host to see whether it can); never
+    None, so a step never reads anything back.
+    """
+    from transformers.masking_utils import causal_mask_function
+
+    padding, kv_len = kwargs.get("attention_mask"), kwargs.get("kv_length")
+    q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+    if (kwargs.get("q_length") != 1 or type(kv_len) is not int or kv_len < 1 or type(kv_offset) is not int
+            or kv_offset < 0 or kwargs.get("mask_function", causal_mask_function) is not causal_mask_function
+            or kwargs.get("local_size") is not None or not isinstance(padding, torch.Tensor) or padding.dim() != 2
+            or kwargs.get("batch_size", padding.shape[0]) != padding.shape[0]
+            or not (type(q_offset) is int or (isinstance(q_offset, torch.Tensor) and q_offset.numel() == 1))):
+        return None
+    keys = padding[:, kv_offset:kv_offset + kv_len].to(torch.bool)
+    if keys.shape[1] < kv_len:  # columns past the 2D mask: no token there yet
+        keys = torch.nn.functional.pad(keys, (0, kv_len - keys.shape[1]), value=False)
+    if isinstance(q_offset, torch.Tensor):
+        keys = keys & (torch.arange(kv_offset, kv_offset + kv_len, device=keys.device) <= q_offset.reshape(()))
+    elif q_offset - kv_offset + 1 < kv_len:  # keys after the query's position
+        keys = keys & (torch.arange(kv_offset, kv_offset + kv_len, device=keys.device) <= q_offset)
+    return keys[:, None, None, :]
 
 
 def _real_queries(padding: torch.Tensor, q_len: int, kwargs: dict[str, Any]) -> torch.Tensor | None:
