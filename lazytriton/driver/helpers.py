@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from lazytriton import config
-from lazytriton.driver import fastlaunch_build, trusted
+from lazytriton.driver import trusted
 from lazytriton.record import NamedTuple
 
 log = logging.getLogger("lazytriton.driver")
@@ -106,8 +106,20 @@ class Helper(NamedTuple):
     compile_into: Callable[[Path, str | None], Path] | None
 
 
-FASTLAUNCH_HELPER = Helper(FASTLAUNCH, False, PACKAGE_DIR, lambda torch_version: fastlaunch_build.FILE_NAME,
-                           lambda: fastlaunch_build.C_SOURCE.encode(), None)
+# The launch helper's file name (``fastlaunch_build.FILE_NAME``, the same expression; a test holds them equal):
+# the first GPU use looks for the file without importing the build recipe, which only a missing helper needs.
+FASTLAUNCH_FILE = "_fastlaunch" + importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def _fastlaunch_source() -> bytes:
+    """The launch helper's C source (its key's hash): read only for a helper the package lacks."""
+    from lazytriton.driver import fastlaunch_build
+
+    return fastlaunch_build.C_SOURCE.encode()
+
+
+FASTLAUNCH_HELPER = Helper(FASTLAUNCH, False, PACKAGE_DIR, lambda torch_version: FASTLAUNCH_FILE, _fastlaunch_source,
+                           None)
 
 
 @functools.cache
