@@ -1,17 +1,13 @@
 """The compiled helpers in the cache dir: found there, trusted or refused, and built there in the background.
 
-Compiled helpers make a warm call cheaper: the driver's launch helper
-``_fastlaunch`` (plain C, fastlaunch.py), and those a kernel family registers
-(``kernels.COMPILED_HELPERS``: flash_fwd's C++ warm-path tail ``_hotpath``,
-bound to the torch it is built against). Each is described by a ``Helper``
-(``registry``). A helper built into its package folder (``python -m
-lazytriton.driver.fastlaunch_build``, the family's build command) takes
-precedence. Otherwise the first time a process sets
-up the CUDA driver (``gpu.cuda()``) ``on_first_use`` looks for each helper in
-the cache dir (a few ``stat`` calls) and, for one that is missing, starts its
-build in a detached background process (``helpers_build``, its own session,
-its output to a log file). No call waits for it: this process keeps the
-slower path, the next one loads the helper.
+Compiled helpers make a warm call cheaper: the driver's launch helper ``_fastlaunch`` (plain C, fastlaunch.py),
+and those a kernel family registers (``kernels.COMPILED_HELPERS``: flash_fwd's C++ warm-path tail ``_hotpath``,
+bound to the torch it is built against). Each is described by a ``Helper`` (``registry``). A helper built into its
+package folder (``python -m lazytriton.driver.fastlaunch_build``, the family's build command) takes precedence.
+Otherwise the first time a process sets up the CUDA driver (``gpu.cuda()``) ``on_first_use`` looks for each helper
+in the cache dir (a few ``stat`` calls) and, for one that is missing, starts its build in a detached background
+process (``helpers_build``, its own session, its output to a log file). No call waits for it: this process keeps
+the slower path, the next one loads the helper. The build recipes are imported only to build or to hash a source.
 
 The cache dir holds ``helpers/<key>/`` per helper, where the key names the
 helper, the Python ABI (the extension suffix), for the C++ tail the torch
@@ -106,14 +102,11 @@ class Helper(NamedTuple):
     compile_into: Callable[[Path, str | None], Path] | None
 
 
-# The launch helper's file name (``fastlaunch_build.FILE_NAME``, the same expression; a test holds them equal):
-# the first GPU use looks for the file without importing the build recipe, which only a missing helper needs.
-FASTLAUNCH_FILE = "_fastlaunch" + importlib.machinery.EXTENSION_SUFFIXES[0]
+FASTLAUNCH_FILE = "_fastlaunch" + importlib.machinery.EXTENSION_SUFFIXES[0]  # fastlaunch_build.FILE_NAME (tested)
 
 
 def _fastlaunch_source() -> bytes:
-    """The launch helper's C source (its key's hash): read only for a helper the package lacks."""
-    from lazytriton.driver import fastlaunch_build
+    from lazytriton.driver import fastlaunch_build  # the build recipe: read only for a helper the package lacks
 
     return fastlaunch_build.C_SOURCE.encode()
 
