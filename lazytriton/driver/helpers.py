@@ -61,7 +61,7 @@ LOCK, LOG, FAILED, REPORTED = "build.lock", "build.log", "failed", "failed.repor
 MAX_FAILURE_BYTES = 16 << 10  # of the error kept in ``failed`` (its tail: a compiler's last lines say most)
 VARIABLE = "LAZYTRITON_HELPERS"
 RECIPE = 1  # the build commands' version (fastlaunch_build.command and the families'): part of every key
-PACKAGE_DIR = Path(__file__).resolve().parent  # where the package's own launch helper is looked for
+PACKAGE_DIR = Path(os.path.dirname(os.path.abspath(__file__)))  # the package's own launch helper: one stat there
 BUILDER = "lazytriton.driver.helpers_build"
 DIR_MODE = 0o755  # folders and modules the builder makes: never writable by group or others, whatever the umask
 
