@@ -15,10 +15,10 @@ holds what the call loads:
 (``cold_start.WORKING_SET``: 8 variants on sm_90). The image that
 ``bench_prewarm.py --cold-start --keep-image PATH`` serves holds both.
 
-The garbage collector's passes inside the import and inside the first call or
-step follow (with ``--fake-driver``, the route's too: a pass moves between the route and the call when
-either allocates less) (``gc: ...``: how many of each generation and their thread CPU ms,
-timed by ``gc.callbacks``): a pass's cost depends on what the process holds
+The garbage collector's passes inside the import, the route (with
+``--fake-driver``: a pass moves between the route and the call when either
+allocates less) and the first call or step follow (``gc: ...``: how many of
+each generation and their thread CPU ms, timed by ``gc.callbacks``): a pass's cost depends on what the process holds
 (torch's import leaves a gen-2 pass of tens of ms due), not on our code alone.
 ``--gc-freeze`` calls ``gc.freeze()`` after torch's import and the inputs (a
 serving process's own choice, never lazytriton's): the passes then traverse
