@@ -15,9 +15,10 @@ holds what the call loads:
 (``cold_start.WORKING_SET``: 8 variants on sm_90). The image that
 ``bench_prewarm.py --cold-start --keep-image PATH`` serves holds both.
 
-The garbage collector's passes inside the import and inside the first call or
-step follow (``gc: ...``: how many of each generation and their thread CPU ms,
-timed by ``gc.callbacks``): a pass's cost depends on what the process holds
+The garbage collector's passes inside the import, the route (with
+``--fake-driver``: a pass moves between the route and the call when either
+allocates less) and the first call or step follow (``gc: ...``: how many of
+each generation and their thread CPU ms, timed by ``gc.callbacks``): a pass's cost depends on what the process holds
 (torch's import leaves a gen-2 pass of tens of ms due), not on our code alone.
 ``--gc-freeze`` calls ``gc.freeze()`` after torch's import and the inputs (a
 serving process's own choice, never lazytriton's): the passes then traverse
@@ -125,10 +126,12 @@ t2, c2 = time.perf_counter(), time.thread_time()
 collections.phase = ""
 after_import = set(sys.modules)  # before the fake driver's route, which imports the driver and the bindings
 mark()
+collections.phase = "route"
 c_route = time.thread_time()
 if args.fake_driver:
     cold_start.route_to_fake_driver(args.fake_driver, args.target, backward=args.working_set)
 c_route = time.thread_time() - c_route
+collections.phase = ""
 mark()
 profile = cProfile.Profile()
 before_call = set(sys.modules)
@@ -154,7 +157,8 @@ print(f"{'CPU inputs' if args.fake_driver else 'torch CUDA init'} {1e3 * (t1 - t
       f"{' (profiled)' if args.profile else ''}; GPU wait {1e3 * (t5 - t4):.1f} ms;"
       f" served {dict(rt.served)}; compiles {rt.compiles}; loaded {len(rt.loaded_kernels())};"
       f" triton imported: {'triton' in sys.modules}; torch._dynamo imported: {'torch._dynamo' in sys.modules}")
-print(f"gc: {collections.summary('import')}; {collections.summary('first step' if args.working_set else 'first call')}")
+print(f"gc: {collections.summary('import')}; {collections.summary('route') + '; ' if args.fake_driver else ''}"
+      f"{collections.summary('first step' if args.working_set else 'first call')}")
 if args.modules:
     print(f"the import imported: {sorted(after_import - before_import)}")
     if args.fake_driver:  # on a GPU the first call imports these itself

@@ -78,10 +78,6 @@ def bucket(seqlen: int) -> int:
     return 1 << bucket_index(seqlen)
 
 
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
 _BOOLS = {"0": False, "1": True, "false": False, "true": True}
 
 
@@ -108,18 +104,30 @@ def _converters() -> tuple[Callable[[str], Any], ...]:
     return tuple(_CONVERTERS[kind] for _, kind in _kinds())
 
 
+_POW2_COLUMNS = ("seqlen_q", "seqlen_k", "BLOCK_M", "BLOCK_N")
+
+
+@functools.cache
+def _positions() -> tuple[tuple[tuple[str, int], ...], int]:
+    """(name, position) of the power-of-two columns among Row's fields, and head_dim's position."""
+    names = [name for name, _ in _kinds()]
+    return tuple((name, names.index(name)) for name in _POW2_COLUMNS), names.index("head_dim")
+
+
 def _parse_values(raws: list[str], where: str) -> Row:
     """A Row from its fields' texts in field order (``parse_row``'s checks and messages)."""
     try:  # int() and float() take surrounding blanks, as the checks below do after strip()
-        row = Row(*[convert(text) for convert, text in zip(_converters(), raws, strict=True)])
+        values = [convert(text) for convert, text in zip(_converters(), raws, strict=True)]
     except (ValueError, KeyError):
-        row = _parse_slowly(raws, where)  # to name the column
-    for name in ("seqlen_q", "seqlen_k", "BLOCK_M", "BLOCK_N"):
-        if not _is_pow2(getattr(row, name)):
-            raise ValueError(f"tuning table{where}: {name}={getattr(row, name)} must be a power of two")
-    if not 0 < row.head_dim <= MAX_ROW_HEAD_DIM:  # a padded tile (a power of two) or a split head dim's own (96)
-        raise ValueError(f"tuning table{where}: head_dim={row.head_dim} must be in 1..{MAX_ROW_HEAD_DIM}")
-    return row
+        values = list(_parse_slowly(raws, where))  # to name the column
+    pow2, head_dim = _positions()
+    for name, i in pow2:  # checked on the values, before the record is made (a table's rows pass them all)
+        n = values[i]
+        if not (n > 0 and n & (n - 1) == 0):
+            raise ValueError(f"tuning table{where}: {name}={n} must be a power of two")
+    if not 0 < values[head_dim] <= MAX_ROW_HEAD_DIM:  # a padded tile (a power of two) or a split head dim's own (96)
+        raise ValueError(f"tuning table{where}: head_dim={values[head_dim]} must be in 1..{MAX_ROW_HEAD_DIM}")
+    return Row(*values)
 
 
 def _parse_slowly(raws: list[str], where: str) -> Row:
@@ -177,7 +185,12 @@ class Table:
                 continue
             if len(line) < width:
                 line += [""] * (width - len(line))
-            rows.append(_parse_values([line[i] for i in order], f" {where} line {n + 2}"))
+            fields = [line[i] for i in order]
+            try:
+                rows.append(_parse_values(fields, ""))
+            except ValueError:  # the line's place named only for a line that fails: again, with it
+                _parse_values(fields, f" {where} line {n + 2}")
+                raise
         return cls(rows)
 
     def to_csv(self) -> str:

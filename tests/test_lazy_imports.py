@@ -21,6 +21,10 @@
 - An image hit through the runtime's chain never makes the local tier (nor
   imports its module) and imports none of ``NOT_ON_A_HIT`` (the image
   writer); a miss makes the local tier.
+- The driver's first use (its modules, the launch helper's file name and
+  the package's own build looked for) imports neither the launch helper's
+  build recipe (``driver/fastlaunch_build.py``) nor ``fsutil``: only a
+  helper the package lacks needs its source.
 - On a GPU, a first call imports no hot.py; a second call of its shape
   makes the warm path (hot.py's generated function) and gets the same
   result (GPU test).
@@ -276,3 +280,20 @@ print(json.dumps({{"first": [after_first, plans > 0],
 def test_gpu_the_first_call_leaves_hot_py_and_the_second_makes_the_warm_path() -> None:
     report = _imported(WARM_ON_GPU.format())
     assert report == {"first": [False, True], "second": [False, True], "interface": [True]}
+
+
+DRIVER_FIRST_USE = """
+import json, sys, torch
+import lazytriton.flash
+from lazytriton.driver import gpu, helpers
+helpers.in_package(helpers.FASTLAUNCH)
+names = [helpers.module_file(helpers.FASTLAUNCH)]
+print(json.dumps({"imported": [name for name in ("lazytriton.driver.fastlaunch_build", "lazytriton.fsutil")
+                               if name in sys.modules], "names": names}))
+"""
+
+
+def test_the_driver_first_use_leaves_the_launch_helper_build_recipe() -> None:
+    from lazytriton.driver import fastlaunch_build
+
+    assert _imported(DRIVER_FIRST_USE) == {"imported": [], "names": [fastlaunch_build.FILE_NAME]}

@@ -1,17 +1,13 @@
 """The compiled helpers in the cache dir: found there, trusted or refused, and built there in the background.
 
-Compiled helpers make a warm call cheaper: the driver's launch helper
-``_fastlaunch`` (plain C, fastlaunch.py), and those a kernel family registers
-(``kernels.COMPILED_HELPERS``: flash_fwd's C++ warm-path tail ``_hotpath``,
-bound to the torch it is built against). Each is described by a ``Helper``
-(``registry``). A helper built into its package folder (``python -m
-lazytriton.driver.fastlaunch_build``, the family's build command) takes
-precedence. Otherwise the first time a process sets
-up the CUDA driver (``gpu.cuda()``) ``on_first_use`` looks for each helper in
-the cache dir (a few ``stat`` calls) and, for one that is missing, starts its
-build in a detached background process (``helpers_build``, its own session,
-its output to a log file). No call waits for it: this process keeps the
-slower path, the next one loads the helper.
+Compiled helpers make a warm call cheaper: the driver's launch helper ``_fastlaunch`` (plain C, fastlaunch.py),
+and those a kernel family registers (``kernels.COMPILED_HELPERS``: flash_fwd's C++ warm-path tail ``_hotpath``,
+bound to the torch it is built against). Each is described by a ``Helper`` (``registry``). A helper built into its
+package folder (``python -m lazytriton.driver.fastlaunch_build``, the family's build command) takes precedence.
+Otherwise the first time a process sets up the CUDA driver (``gpu.cuda()``) ``on_first_use`` looks for each helper
+in the cache dir (a few ``stat`` calls) and, for one that is missing, starts its build in a detached background
+process (``helpers_build``, its own session, its output to a log file). No call waits for it: this process keeps
+the slower path, the next one loads the helper. The build recipes are imported only to build or to hash a source.
 
 The cache dir holds ``helpers/<key>/`` per helper, where the key names the
 helper, the Python ABI (the extension suffix), for the C++ tail the torch
@@ -54,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from lazytriton import config
-from lazytriton.driver import fastlaunch_build, trusted
+from lazytriton.driver import trusted
 from lazytriton.record import NamedTuple
 
 log = logging.getLogger("lazytriton.driver")
@@ -65,7 +61,7 @@ LOCK, LOG, FAILED, REPORTED = "build.lock", "build.log", "failed", "failed.repor
 MAX_FAILURE_BYTES = 16 << 10  # of the error kept in ``failed`` (its tail: a compiler's last lines say most)
 VARIABLE = "LAZYTRITON_HELPERS"
 RECIPE = 1  # the build commands' version (fastlaunch_build.command and the families'): part of every key
-PACKAGE_DIR = Path(__file__).resolve().parent  # where the package's own launch helper is looked for
+PACKAGE_DIR = Path(os.path.dirname(os.path.abspath(__file__)))  # the package's own launch helper: one stat there
 BUILDER = "lazytriton.driver.helpers_build"
 DIR_MODE = 0o755  # folders and modules the builder makes: never writable by group or others, whatever the umask
 
@@ -106,8 +102,17 @@ class Helper(NamedTuple):
     compile_into: Callable[[Path, str | None], Path] | None
 
 
-FASTLAUNCH_HELPER = Helper(FASTLAUNCH, False, PACKAGE_DIR, lambda torch_version: fastlaunch_build.FILE_NAME,
-                           lambda: fastlaunch_build.C_SOURCE.encode(), None)
+FASTLAUNCH_FILE = "_fastlaunch" + importlib.machinery.EXTENSION_SUFFIXES[0]  # fastlaunch_build.FILE_NAME (tested)
+
+
+def _fastlaunch_source() -> bytes:
+    from lazytriton.driver import fastlaunch_build  # the build recipe: read only for a helper the package lacks
+
+    return fastlaunch_build.C_SOURCE.encode()
+
+
+FASTLAUNCH_HELPER = Helper(FASTLAUNCH, False, PACKAGE_DIR, lambda torch_version: FASTLAUNCH_FILE, _fastlaunch_source,
+                           None)
 
 
 @functools.cache

@@ -23,7 +23,8 @@ from lazytriton.store import TierStats
 log = logging.getLogger("lazytriton.store.image")
 
 IMAGE_SUFFIX = ".ltimg"
-PACKAGE_IMAGES = Path(__file__).resolve().parent.parent / "images"
+# Absolute, links left as they are (files are told apart by device and inode below): no lstat of every folder.
+PACKAGE_IMAGES = Path(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) / "images"
 
 
 def image_files(search_path: Sequence[Path], include_package: bool = True) -> list[Path]:
