@@ -57,8 +57,9 @@ case " $* " in *" tests "*)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build || true
   # pytest-xdist travels in .whl (wheels.sh .whl pytest-xdist execnet zstandard; images need zstandard, which
   # the host lacks): 4 processes share the GPU and the cache.
-  timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest tests -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} \
-    --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | tail -32 ;;
+  # -v: each test's outcome lands in the log as it finishes, so a run cut by its time limit still names its failures
+  timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest tests -m gpu -v -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} \
+    --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -32 ;;
 esac
 case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet (NEW_TESTS: another list)
   # transformers' tests run where .whl-hf travelled (carry [".whl", ".whl-hf"]); they skip, saying why, elsewhere
@@ -68,8 +69,8 @@ case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet 
     tests/test_transformers_key_mask.py tests/test_transformers.py tests/test_value_split.py tests/test_flash_fwd_mla.py \
     tests/test_capi_scratch.py tests/test_capi.py tests/test_capi_fp8.py tests/test_native_tma.py \
     tests/test_lazy_imports.py tests/test_cold_start.py tests/test_kvcache_hot.py tests/test_peer_gaps.py \
-    tests/test_fp8_kvcache.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
-    | tee "$OUT/new_gpu_tests.log" | tail -32 ;;
+    tests/test_fp8_kvcache.py} -m gpu -v -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
+    | tee "$OUT/new_gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -32 ;;
 esac
 case " $* " in *" fp8 "*)  # FP8: the forward beside our bf16 forward (and torch's fp8 SDPA where it takes fp8), the
   # float8 KV cache's decoding beside the bf16 cache's, in the same run
@@ -177,8 +178,8 @@ case " $* " in *" regressions "*)  # the GPU tests of paths a change touched (NE
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build >/dev/null || true
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \
     tests/test_kvcache.py tests/test_hot.py tests/test_fastlaunch.py tests/test_bwd_split.py tests/test_kvcache_append.py \
-    tests/test_capi_kvcache.py tests/test_gluon_fwd_hd256.py tests/test_hotpath_cpp.py} -m gpu -q -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
-    | tee "$OUT/regression_gpu_tests.log" | tail -12 ;;
+    tests/test_capi_kvcache.py tests/test_gluon_fwd_hd256.py tests/test_hotpath_cpp.py} -m gpu -v -p no:cacheprovider \
+    -n ${GPU_TEST_WORKERS:-4} 2>&1 | tee "$OUT/regression_gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -12 ;;
 esac
 case " $* " in *" host "*)  # host time of a warm eager call per launch path, beside torch.add (builds the launch helper)
   python3 benchmarks/bench_host.py --csv "$OUT/host.csv" 2>&1 | tee "$OUT/bench_host.log" | tail -16 ;;
