@@ -119,7 +119,7 @@ def _parse_values(raws: list[str], where: str) -> Row:
     try:  # int() and float() take surrounding blanks, as the checks below do after strip()
         values = [convert(text) for convert, text in zip(_converters(), raws, strict=True)]
     except (ValueError, KeyError):
-        values = list(_parse_slowly(raws, where))  # to name the column
+        values = _parse_slowly(raws, where)  # to name the column
     pow2, head_dim = _positions()
     for name, i in pow2:  # checked on the values, before the record is made (a table's rows pass them all)
         n = values[i]
@@ -130,7 +130,7 @@ def _parse_values(raws: list[str], where: str) -> Row:
     return Row(*values)
 
 
-def _parse_slowly(raws: list[str], where: str) -> Row:
+def _parse_slowly(raws: list[str], where: str) -> list[Any]:
     """``_parse_values``' conversions field by field: ValueError naming the first column that does not convert."""
     values: list[Any] = []
     for (name, kind), text in zip(_kinds(), raws, strict=True):
@@ -146,7 +146,7 @@ def _parse_slowly(raws: list[str], where: str) -> Row:
                 values.append(float(raw))
         except (ValueError, KeyError):
             raise ValueError(f"tuning table{where}: column {name} has {raw!r}, expected {kind}") from None
-    return Row(*values)
+    return values
 
 
 class Table:
