@@ -50,13 +50,15 @@ Usage: python benchmarks/plot_perf.py [--dtype bf16|fp16] [--out docs/perf_bf16.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import math
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple
+
+import csvread
+from csvread import POSITIVE_INT, TIME, Row, field, positive_float, positive_int, timestamp
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -79,9 +81,6 @@ PROVIDERS = {
 RATIO_REFERENCES = (("sdpa_cudnn", "SDPA cuDNN"), ("sdpa_flash", "SDPA flash"))
 REQUIRED = ("provider", "mode", "dtype", "head_dim", "causal", "seqlen", "tflops", "gpu", "timestamp")
 FIGSIZE = (13.0, 6.0)
-POSITIVE_INT = "a positive integer"
-TIME = "an ISO 8601 timestamp"
-T = TypeVar("T")
 DPI = 100
 
 
@@ -102,57 +101,15 @@ class Point(NamedTuple):
     timestamp: dt.datetime
 
 
-class Row(NamedTuple):
-    """One CSV row as read: its file and line (for errors) and its fields."""
-
-    source: str
-    line: int
-    fields: Mapping[str, str]
-
-
 def read_rows(path: Path) -> list[Row]:
-    """Every row of one benchmark CSV, unparsed; an error names the file if a required column is missing."""
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: missing columns {missing}; expected the benchmarks' columns {list(REQUIRED)}")
-        return [Row(str(path), n, fields) for n, fields in enumerate(reader, start=2)]
-
-
-def _field(row: Row, column: str, convert: Callable[[str], T], expected: str) -> T:
-    """One field of an untrusted row, converted; ValueError naming file, line, column, value and expectation."""
-    text = (row.fields.get(column) or "").strip()
-    try:
-        return convert(text)
-    except ValueError:
-        raise ValueError(f"{row.source}:{row.line}: column {column}={text!r}: expected {expected}") from None
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(text)
-    return value
+    """Every row of one forward or backward CSV, unparsed; an error names the file if a required column is missing."""
+    return csvread.read_rows(path, REQUIRED)
 
 
 def _bool(text: str) -> bool:
     if text not in ("True", "False"):
         raise ValueError(text)
     return text == "True"
-
-
-def _time(text: str) -> dt.datetime:
-    """An ISO 8601 timestamp; one without a zone is taken as UTC (the benchmarks write UTC)."""
-    value = dt.datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
 # Rows from this time on are timed as lazytriton.cli.timing times calls: the device busy while the host enqueues
@@ -162,7 +119,7 @@ DEVICE_TIME_SINCE = "2026-12-02T07:00:00+00:00"
 
 def _since(text: str) -> dt.datetime:
     try:
-        return _time(text)
+        return timestamp(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--since: expected an ISO 8601 timestamp, got {text!r}") from None
 
@@ -181,7 +138,7 @@ def newest_gpu(rows: Iterable[Row], dtypes: Iterable[str] | None = None) -> str:
     on another GPU) does not move them to that GPU.
     """
     wanted = None if dtypes is None else set(dtypes)
-    stamped = [(_field(r, "timestamp", _time, TIME), r.line, r.fields["gpu"]) for r in rows
+    stamped = [(field(r, "timestamp", timestamp, TIME), r.line, r.fields["gpu"]) for r in rows
                if usable(r) and (wanted is None or r.fields.get("dtype") in wanted)]
     if not stamped:
         raise ValueError("rows: no row with a tflops value and an ok check; expected benchmark results")
@@ -199,10 +156,10 @@ def select_latest(rows: Iterable[Row], gpu: str) -> dict[Key, Point]:
         f = row.fields
         if f.get("gpu") != gpu or not usable(row):
             continue
-        key = Key(f["provider"], f["mode"], f["dtype"], _field(row, "head_dim", _positive_int, POSITIVE_INT),
-                  _field(row, "causal", _bool, "True or False"), _field(row, "seqlen", _positive_int, POSITIVE_INT))
-        point = Point(_field(row, "tflops", _positive_float, "a positive finite number"), gpu,
-                      _field(row, "timestamp", _time, TIME))
+        key = Key(f["provider"], f["mode"], f["dtype"], field(row, "head_dim", positive_int, POSITIVE_INT),
+                  field(row, "causal", _bool, "True or False"), field(row, "seqlen", positive_int, POSITIVE_INT))
+        point = Point(field(row, "tflops", positive_float, "a positive finite number"), gpu,
+                      field(row, "timestamp", timestamp, TIME))
         if key not in selected or point.timestamp >= selected[key].timestamp:
             selected[key] = point
     return selected
@@ -345,7 +302,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bwd-csv", type=Path, default=RESULTS / "flash_bwd.csv")
     parser.add_argument("--gpu", default=None, help="plot this GPU's rows (default: the newest bf16/fp16 row's GPU)")
     parser.add_argument("--summary", action="store_true", help="print the geomean-ratio markdown table instead")
-    parser.add_argument("--since", type=_since, default=_time(DEVICE_TIME_SINCE),
+    parser.add_argument("--since", type=_since, default=timestamp(DEVICE_TIME_SINCE),
                         help=f"leave out points older than this ISO 8601 timestamp (default {DEVICE_TIME_SINCE}: "
                              "the first rows timed as device time only)")
     parser.add_argument("--head-dims", type=_head_dims, default=None,

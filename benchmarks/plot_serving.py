@@ -44,16 +44,16 @@ Usage: python benchmarks/plot_serving.py --decode [--summary] [--out docs/decode
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple
 
 from csvlog import memory_peak_gb_s
+from csvread import POSITIVE, POSITIVE_INT, TIME, Row, field, positive_float, positive_int, read_rows, timestamp
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -68,41 +68,6 @@ PROVIDERS = {"lazytriton": ("lazytriton", "tab:red"), "sdpa": ("SDPA", "tab:blue
 DEFAULT_BATCHES = (1, 32)
 FIGSIZE = (11.0, 4.8)
 DPI = 100
-T = TypeVar("T")
-
-
-class Row(NamedTuple):
-    """One CSV row as read: its file and line (for errors) and its fields."""
-
-    source: str
-    line: int
-    fields: Mapping[str, str]
-
-
-def read_rows(path: Path, required: Sequence[str]) -> list[Row]:
-    """Every row of one benchmark CSV (any line ends), unparsed; ValueError naming the file if a column is missing."""
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: missing columns {missing}; expected the benchmark's columns {list(required)}")
-        return [Row(str(path), n, fields) for n, fields in enumerate(reader, start=2)]
-
-
-def field(row: Row, column: str, convert: Callable[[str], T], expected: str) -> T:
-    """One field of an untrusted row, converted; ValueError naming file, line, column, value and expectation."""
-    text = (row.fields.get(column) or "").strip()
-    try:
-        return convert(text)
-    except ValueError:
-        raise ValueError(f"{row.source}:{row.line}: column {column}={text!r}: expected {expected}") from None
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
 
 
 def page_size(text: str) -> int:
@@ -110,20 +75,6 @@ def page_size(text: str) -> int:
     return positive_int(text) if text else 0
 
 
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(text)
-    return value
-
-
-def timestamp(text: str) -> dt.datetime:
-    """An ISO 8601 timestamp; one without a zone is taken as UTC (the benchmarks write UTC)."""
-    value = dt.datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-
-
-POSITIVE_INT, POSITIVE, TIME = "a positive integer", "a positive finite number", "an ISO 8601 timestamp"
 
 
 def date_range(stamps: Iterable[dt.datetime]) -> str:

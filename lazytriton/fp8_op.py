@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from lazytriton import forward_only
 from lazytriton.kernels.arguments import index_tensor
 from lazytriton.kernels.flash_fwd import binding, fp8, fp8_hot
 
@@ -91,16 +92,7 @@ def _flash_varlen_fwd_fp8_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return fp8.empty_outputs(q, v.shape[-1], varlen=True)
 
 
-def _no_backward(ctx: Any, *grads: Any) -> Any:
-    raise NotImplementedError(NO_BACKWARD)
-
-
-def _setup(ctx: Any, inputs: Any, output: Any) -> None:
-    return None
-
-
-flash_fwd_fp8.register_autograd(_no_backward, setup_context=_setup)
-flash_varlen_fwd_fp8.register_autograd(_no_backward, setup_context=_setup)
+forward_only.register(NO_BACKWARD, flash_fwd_fp8, flash_varlen_fwd_fp8)
 
 # The overloads themselves: calling one skips CustomOpDef's Python wrapper (as lazytriton.ops does).
 flash_fwd_fp8_op = torch.ops.lazytriton.flash_fwd_fp8.default

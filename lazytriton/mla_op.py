@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from lazytriton import forward_only
 from lazytriton.kernels.flash_fwd import binding as fwd
 from lazytriton.kernels.flash_fwd import varlen
 from lazytriton.kernels.flash_fwd_mla import binding
@@ -83,16 +84,7 @@ def _flash_varlen_fwd_mla_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return varlen.empty_outputs(q, v.shape[-1])
 
 
-def _no_backward(ctx: Any, *grads: Any) -> Any:
-    raise NotImplementedError(NO_BACKWARD)
-
-
-def _setup(ctx: Any, inputs: Any, output: Any) -> None:
-    return None
-
-
-flash_fwd_mla.register_autograd(_no_backward, setup_context=_setup)
-flash_varlen_fwd_mla.register_autograd(_no_backward, setup_context=_setup)
+forward_only.register(NO_BACKWARD, flash_fwd_mla, flash_varlen_fwd_mla)
 
 # The overloads themselves: calling one skips CustomOpDef's Python wrapper (as lazytriton.ops does).
 flash_fwd_mla_op = torch.ops.lazytriton.flash_fwd_mla.default
