@@ -102,13 +102,15 @@ STREAM = 0x5EED
 def _inputs(args: dict[str, Any]) -> checks.Inputs:
     from lazytriton import kvcache
 
-    return kvcache.inputs(args["q"], args["k_cache"], args["v_cache"], args.get("k"), args.get("v"),
-                          args.get("cache_seqlens"), None, args.get("block_table"))
+    t = kvcache.inputs(args["q"], args["k_cache"], args["v_cache"], args.get("k"), args.get("v"),
+                       args.get("cache_seqlens"), None, args.get("block_table"))
+    return t._replace(key_mask=args.get("key_mask"))
 
 
 def memoise(rt: Runtime, args: dict[str, Any], kernels: Callable[[checks.Call, torch.dtype], tuple[Any, Any, Any]],
             tiles: tuple[int, int, int] = (16, 16, binding.INTERPRETER_COMBINE_M)) -> None:
-    """The plans the general path would memoise for a call, both alignments, as ``kernels(call, dtype)``'s."""
+    """The plans the general path would memoise for a call (a key-masked one too), both alignments, as
+    ``kernels(call, dtype)``'s."""
     t = _inputs(args)
     call = checks.check(t, args.get("softmax_scale"), args.get("causal", False), num_splits=args.get("num_splits", 0))
     out, _ = binding.empty_outputs(t.q, call)

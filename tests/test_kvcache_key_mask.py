@@ -35,6 +35,7 @@ from test_kvcache_hot import (  # noqa: F401  (fixtures)
     bits,
     gpu_path,
     interpreting,
+    memoise,
     recording,
     warm,
 )
@@ -226,20 +227,6 @@ def test_key_mask_is_written_only_when_set() -> None:
 
 # ---------------------------------------------------------------------------
 # The warm path: bit for bit the general path's, and its launches
-
-
-def memoise(rt: Runtime, args: dict[str, Any], kernels: Any,
-            tiles: tuple[int, int, int] = (16, 16, binding.INTERPRETER_COMBINE_M)) -> None:
-    """The plans the general path would memoise for a key-masked call, both alignments."""
-    t = checks.Inputs(args["q"], args["k_cache"], args["v_cache"], args.get("k"), args.get("v"),
-                      args.get("cache_seqlens"), None, args.get("block_table"), key_mask=args["key_mask"])
-    call = checks.check(t, None, args.get("causal", False), num_splits=args.get("num_splits", 0))
-    out, _ = binding.empty_outputs(t.q, call)
-    _, index64 = binding.layout_flags(t, out)
-    split, combine, _ = kernels(call, t.q.dtype)
-    for aligned in (False, True):
-        rt.plans[binding.memo_key(None, t.q.dtype, call, aligned, index64)] = (split, tiles[0], tiles[1], combine,
-                                                                                tiles[2])
 
 
 def warm_case(seed: int) -> dict[str, Any]:
