@@ -58,8 +58,12 @@ case " $* " in *" tests "*)
   # pytest-xdist travels in .whl (wheels.sh .whl pytest-xdist execnet zstandard; images need zstandard, which
   # the host lacks): 4 processes share the GPU and the cache.
   # -v: each test's outcome lands in the log as it finishes, so a run cut by its time limit still names its failures
-  timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest tests -m gpu -v -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} \
-    --durations=15 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -32 ;;
+  # GPU_TESTS: a part of the suite (files or node ids) where one call's limit cannot hold it all
+  [ -d .whl-hf ] && python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl \
+    >/dev/null 2>&1 && hf_site=:/tmp/site-hf
+  PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${GPU_TESTS:-tests} -m gpu -v \
+    -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} --durations=15 2>&1 | tee "$OUT/gpu_tests${GPU_TESTS_LOG:-}.log" \
+    | grep -E "FAILED|ERROR|passed|failed|error" | tail -32 ;;
 esac
 case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet (NEW_TESTS: another list)
   # transformers' tests run where .whl-hf travelled (carry [".whl", ".whl-hf"]); they skip, saying why, elsewhere
