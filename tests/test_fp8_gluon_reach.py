@@ -280,15 +280,17 @@ def test_a_jit_miss_of_the_gluon_kernel_is_prewarmed_and_then_served_from_an_ima
     assert [v.split(":")[:3] for v in report["variants"]] == [[NAME, "sm_90", "e4m3"], [NAME, "sm_90", "e5m2"]]
 
 
-SERVE_FP8_CALL = """
+# A head dim the Gluon FP8 forward serves by default (the others go to the Triton FP8 kernel)
+SERVED_HEAD_DIM = min(fp8_gluon.DEFAULT_HEAD_DIMS)
+SERVE_FP8_CALL = f"""
 import json, torch, lazytriton
 from lazytriton import runtime
 torch.manual_seed(0)
-q = torch.randn(1, 4096, 8, 128, device="cuda").to(torch.float8_e4m3fn)
-k, v = (torch.randn(1, 4096, 2, 128, device="cuda").to(torch.float8_e4m3fn) for _ in range(2))
+q = torch.randn(1, 4096, 8, {SERVED_HEAD_DIM}, device="cuda").to(torch.float8_e4m3fn)
+k, v = (torch.randn(1, 4096, 2, {SERVED_HEAD_DIM}, device="cuda").to(torch.float8_e4m3fn) for _ in range(2))
 out = lazytriton.flash_attn_func(q, k, v, causal=True)
 torch.cuda.synchronize()
-print(json.dumps({"compiles": runtime.get().compiles, "finite": bool(out.float().isfinite().all())}))
+print(json.dumps({{"compiles": runtime.get().compiles, "finite": bool(out.float().isfinite().all())}}))
 """
 
 
@@ -298,7 +300,8 @@ def test_gpu_an_sm90_prewarmed_image_serves_the_fp8_call_without_a_compile(tmp_p
         pytest.skip("the Gluon FP8 forward serves sm_90 only")
     image = tmp_path / "fp8.ltimg"
     built = subprocess.run([sys.executable, "-m", "lazytriton.cli", "prewarm", "--target", "sm_90", "--dtype",
-                            "e4m3", "--head-dim", "128", "--seqlen-q", "4096", "-j", "4", "--out", str(image)],
+                            "e4m3", "--head-dim", str(SERVED_HEAD_DIM), "--seqlen-q", "4096", "-j", "4", "--out",
+                            str(image)],
                            capture_output=True, text=True, timeout=600, check=False)
     assert built.returncode == 0, built.stdout + built.stderr
     with Image(image) as held:
