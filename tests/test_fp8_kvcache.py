@@ -274,14 +274,45 @@ def feature_args(name: str, fmt: torch.dtype, dtype: torch.dtype, seed: int
 @pytest.mark.parametrize(("name", "fmt"), list(itertools.product(FEATURES, FORMATS)),
                          ids=lambda x: checks.KV_FP8.get(x, x) if isinstance(x, torch.dtype) else x)
 def test_the_fp8_call_is_the_call_on_the_dequantised_cache(name: str, fmt: torch.dtype) -> None:
+    """A float8 cache's dots run in float16 (q scaled by a power of two): the float16 call on its float16 twin.
+
+    With bfloat16 queries (here e4m3's) the twin takes them in float16 (exact at these magnitudes) and its
+    output is rounded once more, to bfloat16: within one bfloat16 step of the float8 call's.
+    """
     dtype = torch.bfloat16 if fmt == torch.float8_e4m3fn else torch.float16
     args, opts = feature_args(name, fmt, dtype, seed_of(name, str(fmt)))
     out, lse, k_cache, v_cache = run(args, **opts, num_splits=2)
-    twin = run(dequantised_twin(args, dtype), **opts, num_splits=2)
-    assert torch.equal(out, twin[0]) and torch.equal(lse, twin[1])
-    after = dequantised_twin({**args, "k_cache": k_cache, "v_cache": v_cache}, dtype)
+    halves = {n: t.to(torch.float16) if isinstance(t, torch.Tensor) and t.dtype == dtype else t
+              for n, t in args.items()}
+    assert all(torch.equal(halves[n].to(dtype), t) for n, t in args.items() if n in ("q", "k", "v"))
+    twin = run(dequantised_twin(halves, torch.float16), **opts, num_splits=2)
+    assert torch.equal(lse, twin[1])
+    if dtype == torch.float16:
+        assert torch.equal(out, twin[0])
+    else:
+        step = twin[0].float().abs().clamp_min(2.0**-126) * 2.0**-7  # one bfloat16 step (8 significant bits)
+        assert ((out.float() - twin[0].to(dtype).float()).abs() <= step).all()
+    after = dequantised_twin({**args, "k_cache": k_cache, "v_cache": v_cache}, torch.float16)
     assert torch.equal(after["k_cache"], twin[2]) and torch.equal(after["v_cache"], twin[3]), \
         "the appended keys are not the twin's"
+
+
+@pytest.mark.parametrize("shift", [20, -40, 0])
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: checks.KV_FP8[f])
+def test_a_query_past_float16s_range_is_scaled_into_it_exactly(fmt: torch.dtype, shift: int) -> None:
+    """q x 2**shift with softmax_scale x 2**-shift gives the same bits: the kernel's float16 q is the same.
+
+    2**20 puts the query past float16's largest value (65504) and 2**-40 below its smallest (2**-24): the kernel
+    scales q by a power of two from its own largest magnitude, so neither overflows nor flushes (bfloat16
+    queries: float16 ones cannot hold such values).
+    """
+    args, opts = feature_args("sinks", fmt, torch.bfloat16, seed_of("range", str(fmt)))
+    want = run(args, **opts, num_splits=2, softmax_scale=0.125)
+    scaled = {**args, "q": (args["q"].double() * 2.0**shift).to(torch.bfloat16)}
+    assert torch.equal(scaled["q"].double() * 2.0**-shift, args["q"].double())  # exact in q's dtype
+    got = run(scaled, **opts, num_splits=2, softmax_scale=0.125 * 2.0**-shift)
+    assert torch.isfinite(got[0]).all()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def test_rotary_keys_are_rotated_then_quantised() -> None:
