@@ -58,6 +58,13 @@ class KernelSpec:
     ``@jit`` functions the kernel calls (``from ... import``): their sources
     enter its fingerprint, and the interpreter imports them before loading
     the kernel's file.
+    ``capability_flags`` are the kernel's last constexpr parameters, after
+    ``constexprs``, which the compile target sets and no variant names:
+    ``(name, capability)`` is true on a CUDA target of at least that
+    capability (sm_89 is 89) and false everywhere else (the parameter's
+    default, which Triton's interpreter takes). They guard inline PTX a
+    kernel takes where Triton's own lowering is slower; the variant's target
+    already tells the binaries apart.
     ``warps`` gives the warps an entry of a variant launches a block with,
     for a warp-specialised kernel (Gluon's ``gl.warp_specialize``), whose
     partitions together run more warps than the variant's ``num_warps`` (the
@@ -76,6 +83,7 @@ class KernelSpec:
     eight_params: tuple[str, ...] = ()
     wide_blocks: tuple[str, ...] = ()
     warps: Callable[[Variant], int] | None = None
+    capability_flags: tuple[tuple[str, int], ...] = ()
 
     @property
     def source_path(self) -> Path:
@@ -87,6 +95,11 @@ class KernelSpec:
         """The files of what the kernel computes: its own, then its ``helpers``'."""
         return (self.source_path, *(_module_path(name) for name in self.helpers))
 
+    def target_constexprs(self, backend: str, capability: int | None) -> dict[str, bool]:
+        """The ``capability_flags``' values for a compile target (``capability`` None: not CUDA)."""
+        cuda = backend == "cuda" and capability is not None
+        return {name: cuda and capability >= least for name, least in self.capability_flags}
+
     def signature(self, dtype: str, index64: bool = False, constexprs: Mapping[str, object] | None = None
                   ) -> dict[str, str]:
         """Triton's signature dict for this kernel at ``dtype``, constexprs included.
@@ -97,6 +110,7 @@ class KernelSpec:
         values = {**(constexprs or {}), "dtype": TRITON_DTYPES.get(dtype, dtype), "index": index}
         sig = {name: kind.format(**values) for name, kind in self.params}
         sig.update({name: "constexpr" for name in self.constexprs})
+        sig.update({name: "constexpr" for name, _ in self.capability_flags})
         return sig
 
 
@@ -126,6 +140,7 @@ def source_fingerprint(kernel: str) -> str:
     spec = get(kernel)
     texts = [path.read_bytes().replace(b"\r\n", b"\n") for path in spec.source_paths]
     hints = (spec.aligned_params, spec.seq_aligned_params) + ((spec.eight_params,) if spec.eight_params else ())
+    hints += (spec.capability_flags,) if spec.capability_flags else ()
     described = repr((spec.params, spec.constexprs, *hints)).encode()
     return xxhash.xxh3_64_hexdigest(b"\0".join((*texts, described)))
 

@@ -66,7 +66,7 @@ def _ptx_param_count(ptx: str, name: str) -> int:
 
 
 def _check_signature(spec: KernelSpec, fn: Any) -> None:
-    expected = [name for name, _ in spec.params] + list(spec.constexprs)
+    expected = [name for name, _ in spec.params] + list(spec.constexprs) + [name for name, _ in spec.capability_flags]
     if list(fn.arg_names) != expected:
         raise CompileError(f"kernel {spec.name}: source parameters {fn.arg_names} differ from its description "
                            f"{expected}")
@@ -149,7 +149,8 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     target = Target.parse(variant.target)
     fn = getattr(importlib.import_module(spec.module), spec.function)
     _check_signature(spec, fn)
-    constexprs = kernel_constexprs(variant, spec.constexprs)
+    constexprs = {**kernel_constexprs(variant, spec.constexprs),
+                  **spec.target_constexprs(target.backend, target.capability)}
     options: dict[str, Any] = dict(variant.options)
     options.setdefault("enable_fp_fusion", True)
     arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch

@@ -68,6 +68,12 @@ is a flag of the split kernel, written only when true: ``KeyMask`` points at
 one byte a (batch, key position), batch x ``stride_mb`` + key x ``stride_mn``
 (any valid pointer and strides 0 without it); a key whose byte is 0 is not
 seen. The combine kernel merges what the splits saw: it has no such field.
+
+``NV_CVT`` is set by the compile target, not the variant (``capability_flags``):
+true on CUDA from sm_89, where a float8 cache's V tile is converted to
+float16 by PTX's ``cvt.rn.f16x2.e4m3x2``/``e5m2x2`` in the load's own layout
+(see ``triton_kernel.py``); false elsewhere and in the interpreter, where
+Triton's conversion runs.
 """
 
 from __future__ import annotations
@@ -127,6 +133,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
                 "VARLEN_Q", "CHUNK", "KV_FP8", "QV", "KEY_MASK"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
+    capability_flags=(("NV_CVT", 89),),
 )
 
 _COMBINE_STRIDES = _strides("o")
