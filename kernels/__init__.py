@@ -58,6 +58,10 @@ class KernelSpec:
     ``@jit`` functions the kernel calls (``from ... import``): their sources
     enter its fingerprint, and the interpreter imports them before loading
     the kernel's file.
+    ``flags`` are the kernel's own flags: boolean constexprs a variant writes
+    only when true (absent: false, so the strings and keys of variants without
+    them hold), beside the flags every attention kernel shares
+    (``lazytriton.variant``'s); a family declares them here, in its folder.
     ``warps`` gives the warps an entry of a variant launches a block with,
     for a warp-specialised kernel (Gluon's ``gl.warp_specialize``), whose
     partitions together run more warps than the variant's ``num_warps`` (the
@@ -76,6 +80,7 @@ class KernelSpec:
     eight_params: tuple[str, ...] = ()
     wide_blocks: tuple[str, ...] = ()
     warps: Callable[[Variant], int] | None = None
+    flags: tuple[str, ...] = ()
 
     @property
     def source_path(self) -> Path:
