@@ -7,8 +7,7 @@ replaced) and names it in ``$LAZYTRITON_TEST_OTHER_TRITON_PYTHON``; this file
 compiles one variant of each kernel there, for sm_90, with the features that
 change the kernels most (split head dims, window, softcap, ALiBi, dropout,
 packed sequences, a paged cache, head_dim_v, the FP8 forward's e4m3 dots, its Gluon kernel, the decoding
-split kernel with its combine fused),
-and checks what the entries say against the same variants compiled here.
+split kernel with its combine fused), and checks what the entries say against the same variants compiled here.
 """
 
 from __future__ import annotations
