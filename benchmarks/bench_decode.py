@@ -50,6 +50,12 @@ in the same time); the goal is at least 1.8 at batch 1-32 from
 576/512 latent cache read in place, FlashAttention-3's qv form of it, and
 SDPA on the same math; --batches, --lengths from 4k, --layouts, --quick and
 --list apply).
+``--fused-combine`` adds ``lazytriton_fused``: the ``lazytriton`` call with the
+combine fused into the split kernel (``flash_decode.dispatch.fusing_combine``'s
+switch, set around each call: one launch where the call has several splits),
+timed right after ``lazytriton`` and ``sdpa`` on the same inputs; a table then
+gives both lazytriton times, the fused call's speedup over the two kernels and
+each one's over SDPA (the goal: at least 1.0x SDPA on every row).
 ``--packed-new`` adds the decoding step with its new key (``lazytriton_append``)
 beside the same step with FlashAttention-3's ``cu_seqlens_k_new`` (the new
 keys packed, one a sequence) written into ``out=`` (``lazytriton_packed_new``).
@@ -63,6 +69,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
        [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2] [--mla] [--packed-new]
+       [--fused-combine]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -97,6 +104,7 @@ SINKS = "lazytriton_sinks"  # --sinks: lazytriton's call with attention sinks
 FP8 = "lazytriton_fp8"  # --kv-dtype: lazytriton's call on a float8 copy of the cache
 PACKED = "lazytriton_packed_new"  # --packed-new: the step's new keys packed by cu_seqlens_k_new, written into out=
 COLD = "lazytriton_cold"  # --cold-path: lazytriton's call without its warm path (every call checked and planned)
+FUSED = "lazytriton_fused"  # --fused-combine: lazytriton's call with the combine fused into the split kernel
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_GOAL = 1.8  # the float8 cache's speedup over the bf16 cache at batch <= 32 from 4k keys
 TOLERANCE = 2e-2
@@ -228,6 +236,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cold-path", action="store_true",
                         help="also time lazytriton's call without its warm path (provider lazytriton_cold: every "
                              "call checked and planned) and the warm path's speedup over it")
+    parser.add_argument("--fused-combine", action="store_true",
+                        help="also time lazytriton's call with the combine fused into the split kernel (provider "
+                             "lazytriton_fused) and its speedup over the two kernels and over SDPA")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -381,6 +392,23 @@ def lazytriton_cold_call(t: Inputs) -> Callable[[], torch.Tensor]:
     return run
 
 
+def lazytriton_fused_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    """The ``lazytriton`` provider's call with the combine fused into the split kernel (its own warm entry)."""
+    from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+
+    call = lazytriton_call(t)
+
+    def run() -> torch.Tensor:
+        # fusing_combine's switch, set without its context manager (whose ~1 µs the timing would count)
+        saved, decode_dispatch.FUSED_COMBINE_BY_DEFAULT = decode_dispatch.FUSED_COMBINE_BY_DEFAULT, True
+        try:
+            return call()
+        finally:
+            decode_dispatch.FUSED_COMBINE_BY_DEFAULT = saved
+
+    return run
+
+
 def sdpa_call(t: Inputs) -> Callable[[], torch.Tensor]:
     q = t.q.transpose(1, 2)
     return lambda: F.scaled_dot_product_attention(q, t.k_sdpa, t.v_sdpa, enable_gqa=True).transpose(1, 2)
@@ -399,12 +427,13 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
     "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
     "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True),
-    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call, PACKED: packed_step_call, COLD: lazytriton_cold_call}
+    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call, PACKED: packed_step_call, COLD: lazytriton_cold_call,
+    FUSED: lazytriton_fused_call}
 
 
 def providers(case: Case, rotary: bool = False, sinks: bool = False, fp8: bool = False,
-              packed: bool = False, cold: bool = False) -> list[str]:
-    return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + \
+              packed: bool = False, cold: bool = False, fused: bool = False) -> list[str]:
+    return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + ([FUSED] if fused else []) + \
         (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([FP8] if fp8 else []) + \
         ((["lazytriton_append"] if not rotary else []) + [PACKED] if packed else []) + ([COLD] if cold else [])
 
@@ -588,6 +617,27 @@ def print_cold(results: Sequence[Result], log: Log) -> None:
             f"max {max(gains):.2f}x over {len(gains)} cases")
 
 
+def print_fused(results: Sequence[Result], log: Log) -> None:
+    """Per case: the two kernels' and the fused call's ms, fused over two, and each over SDPA; geomeans and mins."""
+    by = {(r.case, r.provider): r for r in results}
+    log("\nfused combine (ms)".ljust(28) + f"{'2 kernels':>10}{'fused':>10}{'sdpa':>10}{'x 2 krn':>9}{'2k x sdpa':>10}"
+        f"{'fu x sdpa':>10}")
+    columns: list[list[float]] = [[], [], []]
+    for case in dict.fromkeys(r.case for r in results):
+        plain, fused, sdpa = by.get((case, "lazytriton")), by.get((case, FUSED)), by.get((case, "sdpa"))
+        if plain is None or fused is None:
+            continue
+        ratios = (_speedup(fused, plain), _speedup(plain, sdpa), _speedup(fused, sdpa))
+        for column, x in zip(columns, ratios, strict=True):
+            if not math.isnan(x):
+                column.append(x)
+        cells = "".join(f"{r.ms:>10.4f}" if r is not None and r.ms is not None else f"{'-':>10}"
+                        for r in (plain, fused, sdpa))
+        log(f"{case.label:<27}{cells}" + "".join(f"{x:>9.2f}" if not math.isnan(x) else f"{'-':>9}" for x in ratios))
+    for name, fn in (("geomean", _geomean), ("min", min)):
+        log(f"{name:<27}{'':>30}" + "".join(f"{fn(xs):>9.2f}" if xs else f"{'-':>9}" for xs in columns))
+
+
 def print_rotary(results: Sequence[Result], log: Log) -> None:
     """Per case: the step's time without and with rotary, and their ratio; the geomean and max ratio."""
     by = {(r.case, r.provider): r for r in results}
@@ -638,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)
         for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None,
-                                  args.packed_new, args.cold_path):
+                                  args.packed_new, args.cold_path, args.fused_combine):
             r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
@@ -655,6 +705,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_fp8(results, log)
     if args.cold_path:
         print_cold(results, log)
+    if args.fused_combine:
+        print_fused(results, log)
     failed = [r for r in results if r.provider.startswith("lazytriton") and r.check != "ok"]
     return 1 if failed else 0
 

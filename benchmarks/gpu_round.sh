@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, fp8, serving, ...),
+# benchmarks (bench, bwd, grids, decode, fusedcombine, fp8, serving, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -214,6 +214,15 @@ case " $* " in *" tunebwd "*)  # flash_bwd's table: hd256 (its own candidates) a
 esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;
+esac
+case " $* " in *" fusedcombine "*)  # the combine fused into the split kernel (dispatch.FUSED_COMBINE_BY_DEFAULT off):
+  # its GPU tests, then bench_decode's grid with lazytriton_fused beside lazytriton and SDPA, then the graph replay
+  timeout ${FUSED_TESTS_TIMEOUT:-200} python3 -P -m pytest tests/test_kvcache_fused_combine.py -m gpu -v \
+    -p no:cacheprovider 2>&1 | tee "$OUT/fused_combine_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -12
+  timeout ${FUSED_BENCH_TIMEOUT:-240} python3 benchmarks/bench_decode.py --fused-combine --batches 1,8,32 \
+    --lengths 1k,4k,16k,32k --csv "$OUT/decode_fused.csv" ${FUSED_ARGS:-} 2>&1 | tee "$OUT/bench_decode_fused.log" | tail -20
+  timeout ${FUSED_PROBE_TIMEOUT:-150} python3 experiments/probe_decode_b1.py --fused --batch 1,8 \
+    --lengths 1024,4096,16384,32768 2>&1 | tee "$OUT/probe_fused_combine.log" | tail -24 ;;
 esac
 case " $* " in *" varlen "*)  # flash_attn_varlen_func on a mixed-length batch beside padded SDPA and the dense kernel
   python3 benchmarks/bench_varlen.py --csv "$OUT/varlen.csv" ${VARLEN_ARGS:-} 2>&1 | tee "$OUT/bench_varlen.log" | tail -30 ;;

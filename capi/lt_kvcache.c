@@ -30,7 +30,7 @@
 
 #include "lt_splits.c"
 
-#define LT__DECODE_SPLIT_PARAMS 62   /* flash_decode_split: 60 pointers and integers, then sm_scale, softcap */
+#define LT__DECODE_SPLIT_PARAMS 63   /* flash_decode_split: 61 pointers and integers, then sm_scale, softcap */
 #define LT__DECODE_SPLIT_FLOATS 2
 #define LT__DECODE_COMBINE_PARAMS 13 /* flash_decode_combine: 13 pointers and integers */
 #define LT__APPEND_PARAMS 46         /* kv_append: 46 pointers and integers */
@@ -825,8 +825,9 @@ static lt_status lt__kv_lengths_launch(const lt__kvcache_plan *plan, const lt_at
 }
 
 /* The launches: kv_append (new keys), then both decoding kernels, each kernel's parameters in its description's
- * order (binding.c_initializer); an absent descale's pointer is lse's, unread, and so is the key mask's (the C API
- * takes none: KEY_MASK is off, its strides 0). */
+ * order (binding.c_initializer); an absent descale's pointer is lse's, unread, and so are the key mask's (the C API
+ * takes none: KEY_MASK is off, its strides 0) and the fused combine's counters (its plans leave FUSED_COMBINE off:
+ * flash_decode.dispatch.FUSED_COMBINE_BY_DEFAULT). */
 static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcache_params *p, const lt__kv_call *c,
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
@@ -855,7 +856,7 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         part_lse, seqlens, LT__OR_LSE(p->cache_batch_idx), LT__OR_LSE(p->block_table),
         LT__OR_LSE(p->alibi_slopes), LT__OR_LSE(p->cache_leftpad), LT__OR_Q(p->rotary_cos), LT__OR_Q(p->rotary_sin),
         bases, LT__OR_LSE(p->sinks), LT__OR_LSE(p->cu_seqlens_q),
-        LT__OR_LSE(p->k_descale), LT__OR_LSE(p->v_descale), LT__PTR(p->lse), q->strides[0],
+        LT__OR_LSE(p->k_descale), LT__OR_LSE(p->v_descale), LT__PTR(p->lse), LT__PTR(p->lse), q->strides[0],
         q->strides[1], q->strides[2],
         kc->strides[0], kc->strides[1], kc->strides[2], vc->strides[0], vc->strides[1], vc->strides[2], o->strides[0], o->strides[1], o->strides[2],
         c->paged ? p->block_table.strides[0] : 0, p->alibi_slopes.ndim == 2 ? p->alibi_slopes.strides[0] : 0,

@@ -6,7 +6,13 @@ For each: the kernels one call launches and their device µs (torch.profiler, CU
 the event-timed µs of a call back to back (as the bench times it), and of the same call replayed from a CUDA
 graph (no host work: what the device alone takes). Prints a table.
 
+``--fused`` adds lazytriton's call with the combine fused into the split kernel (``lt+fused``: one launch where the
+call has several splits; ``flash_decode.dispatch.fusing_combine``), timed beside the two-kernel call, and a summary
+of both calls' graph-replay µs (a captured fused call zeroes its own counters: one small fill node a call) and
+their ratio. ``--batch`` takes several batches (``1,8``).
+
 Usage: python3 experiments/probe_decode_b1.py [--batch 1] [--lengths 4096,16384] [--calls 50] [--splits 0,8,64]
+       python3 experiments/probe_decode_b1.py --fused --batch 1,8 --lengths 1024,4096,16384,32768
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import lazytriton
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.trust import trusted_indices
 
 
@@ -68,7 +75,8 @@ def kernels(fn, calls: int) -> list[tuple[str, int, float]]:
 
 
 def calls(batch: int, length: int, splits: int = 0):
-    """(lazytriton's call, SDPA's call) on the same random keys: bf16, head dim 128, 32/8 heads, one query.
+    """(lazytriton's call, SDPA's call, lazytriton's fused call) on the same random keys: bf16, head dim 128, 32/8
+    heads, one query.
 
     ``splits``: lazytriton's ``num_splits`` (0: its heuristic's)."""
     hq, hk, d = 32, 8, 128
@@ -85,37 +93,63 @@ def calls(batch: int, length: int, splits: int = 0):
     def sdpa() -> torch.Tensor:
         return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
 
-    return lt, sdpa
+    def fused() -> torch.Tensor:
+        # fusing_combine's switch, set without its context manager (whose ~1 µs the eager timing would count)
+        saved, decode_dispatch.FUSED_COMBINE_BY_DEFAULT = decode_dispatch.FUSED_COMBINE_BY_DEFAULT, True
+        try:
+            return lt()
+        finally:
+            decode_dispatch.FUSED_COMBINE_BY_DEFAULT = saved
+
+    return lt, sdpa, fused
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", default="1", help="batches, a table each (1,8)")
     parser.add_argument("--lengths", default="4096,16384")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--splits", default="0", help="lazytriton's num_splits values, a row each (0: the heuristic)")
+    parser.add_argument("--fused", action="store_true", help="also lazytriton's call with the combine fused (lt+fused)")
     args = parser.parse_args()
+    for batch in (int(x) for x in args.batch.split(",")):
+        probe(batch, args)
+
+
+def probe(batch: int, args: argparse.Namespace) -> None:
+    """One batch's table (and with --fused the graph-replay summary of the fused call against the two kernels)."""
     table = []
     for length in (int(x) for x in args.lengths.split(",")):
         for splits in (int(x) for x in args.splits.split(",")):
-            lt, sdpa = calls(args.batch, length, splits)
+            lt, sdpa, fused = calls(batch, length, splits)
             ref = sdpa().transpose(1, 2).float()
-            err = float((lt().float() - ref).abs().max())
-            providers = [(f"lt/{splits or 'auto'}", lt)] + ([("sdpa", sdpa)] if splits == int(args.splits.split(",")[0])
-                                                            else [])
-            for name, fn in providers:
+            errs = {"lt": float((lt().float() - ref).abs().max()), "fused": float((fused().float() - ref).abs().max())}
+            label = splits or "auto"
+            providers = [(f"lt/{label}", lt, errs["lt"])] + ([(f"lt+fused/{label}", fused, errs["fused"])]
+                                                              if args.fused else [])
+            if splits == int(args.splits.split(",")[0]):
+                providers.append(("sdpa", sdpa, 0.0))
+            for name, fn, err in providers:
                 for _ in range(5):
                     fn()
                 eager = event_us(fn, args.calls)
                 replay = graphed(fn, args.calls)
                 graph = event_us(replay, 1) / args.calls
                 found = kernels(fn, args.calls)
-                table.append((length, name, eager, graph, found, err if name != "sdpa" else 0.0))
-    print(f"\nbatch {args.batch}, bf16, head dim 128, 32/8 heads: µs a call")
-    print(f"{'keys':>6} {'provider':<11}{'eager':>8}{'graph':>8}  kernels (launches a call, device µs a call)")
+                table.append((length, name, eager, graph, found, err))
+    print(f"\nbatch {batch}, bf16, head dim 128, 32/8 heads: µs a call")
+    print(f"{'keys':>6} {'provider':<16}{'eager':>8}{'graph':>8}  kernels (launches a call, device µs a call)")
     for length, name, eager, graph, found, err in table:
         names = "; ".join(f"{k} x{n} {us:.1f}" for k, n, us in found[:5])
-        print(f"{length:>6} {name:<11}{eager:>8.1f}{graph:>8.1f}  {names}" + (f"  (max err {err:.1e})" if err else ""))
+        print(f"{length:>6} {name:<16}{eager:>8.1f}{graph:>8.1f}  {names}" + (f"  (max err {err:.1e})" if err else ""))
+    if args.fused:
+        rows = {(length, name): (eager, graph) for length, name, eager, graph, _, _ in table}
+        print(f"\nbatch {batch}: fused over two kernels (µs: two kernels -> fused, ratio two / fused)")
+        for length, name, eager, graph, _, _ in table:
+            if name.startswith("lt+fused/"):
+                eager2, graph2 = rows[length, name.replace("lt+fused/", "lt/")]
+                print(f"{length:>6} {name[9:]:<6} graph {graph2:7.1f} -> {graph:7.1f} ({graph2 / graph:.2f}x)   "
+                      f"eager {eager2:7.1f} -> {eager:7.1f} ({eager2 / eager:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,10 @@ class KernelSpec:
     default, which Triton's interpreter takes). They guard inline PTX a
     kernel takes where Triton's own lowering is slower; the variant's target
     already tells the binaries apart.
+    ``flags`` are the kernel's own flags: boolean constexprs a variant writes
+    only when true (absent: false, so the strings and keys of variants without
+    them hold), beside the flags every attention kernel shares
+    (``lazytriton.variant``'s); a family declares them here, in its folder.
     ``warps`` gives the warps an entry of a variant launches a block with,
     for a warp-specialised kernel (Gluon's ``gl.warp_specialize``), whose
     partitions together run more warps than the variant's ``num_warps`` (the
@@ -84,6 +88,7 @@ class KernelSpec:
     wide_blocks: tuple[str, ...] = ()
     warps: Callable[[Variant], int] | None = None
     capability_flags: tuple[tuple[str, int], ...] = ()
+    flags: tuple[str, ...] = ()
 
     @property
     def source_path(self) -> Path:

@@ -243,7 +243,8 @@ def check_fields(variant: Variant) -> Variant:
     spec = get(variant.kernel)  # ValueError names an unknown kernel
     constexprs = variant.constexprs
     missing = [name for name in spec.constexprs if name not in constexprs and name not in _FLAGS
-               and name not in _SAME_AS and name not in _ZERO_IF_ABSENT and name not in _CHOICES]
+               and name not in spec.flags and name not in _SAME_AS and name not in _ZERO_IF_ABSENT
+               and name not in _CHOICES]
     missing += [name for name in _REQUIRED_OPTIONS if name not in dict(variant.options)]
     if missing:
         raise ValueError(f"variant {variant} lacks {', '.join(missing)} (a {variant.kernel} variant needs "
@@ -296,10 +297,14 @@ def kernel_constexprs(variant: Variant, names: tuple[str, ...]) -> dict[str, Val
     """The values of a kernel's constexprs ``names`` in ``variant``, an absent flag as false (KeyError otherwise).
 
     An absent BLOCK_DV/EVEN_DV takes BLOCK_D's/EVEN_D's value (``_SAME_AS``), an absent BLOCK_D2 is 0, an
-    absent choice (``_CHOICES``: KV_FP8) its first name.
+    absent choice (``_CHOICES``: KV_FP8) its first name, an absent flag of the kernel's own
+    (``KernelSpec.flags``) false.
     """
+    from lazytriton.kernels import get
+
     constexprs = variant.constexprs
-    return {name: constexprs.get(name, False) if name in _FLAGS
+    own = get(variant.kernel).flags
+    return {name: constexprs.get(name, False) if name in _FLAGS or name in own
             else constexprs.get(name, _CHOICES[name][0]) if name in _CHOICES
             else constexprs.get(name, 0) if name in _ZERO_IF_ABSENT
             else constexprs[name] if name in constexprs or name not in _SAME_AS else constexprs[_SAME_AS[name]]

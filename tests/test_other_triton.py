@@ -6,8 +6,8 @@ the other version (a virtual environment over this one, only triton
 replaced) and names it in ``$LAZYTRITON_TEST_OTHER_TRITON_PYTHON``; this file
 compiles one variant of each kernel there, for sm_90, with the features that
 change the kernels most (split head dims, window, softcap, ALiBi, dropout,
-packed sequences, a paged cache, head_dim_v, the FP8 forward's e4m3 dots, its Gluon kernel),
-and checks what the entries say against the same variants compiled here.
+packed sequences, a paged cache, head_dim_v, the FP8 forward's e4m3 dots, its Gluon kernel, the decoding
+split kernel with its combine fused), and checks what the entries say against the same variants compiled here.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ VARIANTS = [
                             varlen=True, window=True, softcap=True),  # qv, v of 512
     decode_dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, True, True, 4, 4096, page_size=16,
                                    paged=True, window=True, softcap=True),
+    decode_dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, 4096,
+                                   fused_combine=True),  # the combine fused: atomics, a barrier, .cg loads
     decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, True, True, 4, 4096),
     kv_append.variant(sm90, "bf16", 192, 128, True, True, False),
     kv_slots.variant(sm90, "bf16", 192, 128, True, True, False),  # int32 slots, 64-bit offsets, two chunks

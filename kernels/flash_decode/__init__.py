@@ -69,6 +69,15 @@ one byte a (batch, key position), batch x ``stride_mb`` + key x ``stride_mn``
 (any valid pointer and strides 0 without it); a key whose byte is 0 is not
 seen. The combine kernel merges what the splits saw: it has no such field.
 
+``FUSED_COMBINE`` (the split kernel's own flag, ``KernelSpec.flags``: written
+only when true) merges the splits in the split kernel itself, one launch
+instead of two: with several splits, each program writes its partial, then
+takes a ticket from ``Counters`` (int32, one a (batch, key/value head,
+query-row block), zero before the call: ``counters.py``), and the one that
+takes the last merges the row block's partials as the combine kernel does and
+puts its counter back to 0. Without it ``Counters`` is any valid pointer,
+unread; one split never reads it.
+
 ``NV_CVT`` is set by the compile target, not the variant (``capability_flags``):
 true on CUDA from sm_89, where a float8 cache's V tile is converted to
 float16 by PTX's ``cvt.rn.f16x2.e4m3x2``/``e5m2x2`` in the load's own layout
@@ -92,7 +101,8 @@ _SPLIT_POINTERS = (("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Ou
                    ("OutPart", "*fp32"), ("LsePart", "*fp32"), ("Seqlens", "*i32"), ("BatchIdx", "*i32"),
                    ("BlockTable", "*i32"), ("Alibi", "*fp32"), ("LeftPad", "*i32"), ("RotaryCos", "*{dtype}"),
                    ("RotarySin", "*{dtype}"), ("RotarySeqlens", "*i32"), ("Sinks", "*fp32"),
-                   ("CuSeqlensQ", "*i32"), ("KDescale", "*fp32"), ("VDescale", "*fp32"), ("KeyMask", "*u8"))
+                   ("CuSeqlensQ", "*i32"), ("KDescale", "*fp32"), ("VDescale", "*fp32"), ("KeyMask", "*u8"),
+                   ("Counters", "*i32"))
 _SPLIT_STRIDES = _strides("q", "k", "v", "o") + (("stride_tb", "{index}"), ("stride_ab", "{index}"),
                                                  ("stride_kdb", "i32"), ("stride_kdh", "i32"),
                                                  ("stride_vdb", "i32"), ("stride_vdh", "i32"),
@@ -130,9 +140,10 @@ FLASH_DECODE_SPLIT = KernelSpec(
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "BLOCK_DV", "EVEN_DV", "CAUSAL", "PAGED", "WINDOW",
                 "SOFTCAP", "ALIBI", "LEFTPAD", "PAGE_GATHER", "ROTARY", "ROTARY_INTERLEAVED", "SINKS",
-                "VARLEN_Q", "CHUNK", "KV_FP8", "QV", "KEY_MASK"),
+                "VARLEN_Q", "CHUNK", "KV_FP8", "QV", "KEY_MASK", "FUSED_COMBINE"),
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
+    flags=("FUSED_COMBINE",),
     capability_flags=(("NV_CVT", 89),),
 )
 

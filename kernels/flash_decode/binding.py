@@ -13,7 +13,9 @@ through here:
   description's order (``FLASH_DECODE_SPLIT.params``: tested against it);
 - ``forward`` appends k/v to the cache (``kv_append.binding.append``: one
   launch of the ``kv_append`` kernel), then runs the split kernel and, with
-  several splits, the combine kernel: cached binaries on a GPU, Triton's
+  several splits, the combine kernel (or the split kernel alone, merging its
+  own partials, where ``dispatch.FUSED_COMBINE_BY_DEFAULT`` says so, its
+  counters from ``counters.COUNTERS``): cached binaries on a GPU, Triton's
   interpreter on the CPU, nothing on meta. The last kernel writes the
   caller's ``out`` through its strides when it has a contiguous last dim
   (``writes_into``), so nothing is copied.
@@ -33,6 +35,7 @@ from lazytriton.kernels.flash_decode import (
     FLASH_DECODE_SPLIT,
     checks,
     combine_grid,
+    counters,
     key_mask,
     mla,
     split_grid,
@@ -44,6 +47,7 @@ from lazytriton.kernels.kv_append import binding as kv_append
 from lazytriton.variant import Variant
 
 MAX_HEURISTIC_SPLITS = 128
+FUSED = 0  # a plan's combine kernel and BLOCK_M where the split kernel merges its own partials (FUSED_COMBINE)
 INTERPRETER_COMBINE_M = 2  # the interpreter's combine rows a program: several programs, a masked last one
 INTERPRETER_SMS = 4  # the CPU path's pretend GPU: a few splits, so the interpreter runs the combine too
 # Split programs the heuristic counts per SM. FlashAttention-2 fills 2 x the SMs ("we multiply number of
@@ -170,8 +174,8 @@ def _ptr(x: Any) -> int:
 # The split kernel's integer parameters, in the order ``split_ints`` writes them (checked against the description).
 _SPLIT_LAYOUT = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
                  "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks", "CuSeqlensQ", "KDescale", "VDescale",
-                 "KeyMask", *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab", "stride_kdb",
-                 "stride_kdh", "stride_vdb", "stride_vdh", "stride_mb", "stride_mn",
+                 "KeyMask", "Counters", *(f"stride_{n}{d}" for n in "qkvo" for d in "bsh"), "stride_tb", "stride_ab",
+                 "stride_kdb", "stride_kdh", "stride_vdb", "stride_vdh", "stride_mb", "stride_mn",
                  "group_size", "heads_q", "seqlen_q", "head_dim", "head_dim_v", "seqlen_const", "seqlen_new",
                  "use_seqlens", "use_batch_idx", "page_size", "num_splits", "window_left", "window_right",
                  "attention_chunk", "rotary_dim", "seqlen_ro", "use_rotary_seqlens", "rotary_per_query",
@@ -181,13 +185,15 @@ if _SPLIT_LAYOUT != SPLIT_INT_PARAMS:  # pragma: no cover (an edit of one side o
 
 
 def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor,
-               call: Call, splits: int, pointers: Any = _ptr) -> tuple[Any, ...]:
+               call: Call, splits: int, pointers: Any = _ptr,
+               tickets: torch.Tensor | None = None) -> tuple[Any, ...]:
     """The split kernel's integer arguments (pointers through ``pointers``: data_ptr, or the tensor itself).
 
     Written out in ``_SPLIT_LAYOUT``'s order (one tuple, no dict: this runs
     on every launch). An argument the call does not use gets ``lse`` (any
     valid pointer) and the flag or size that says so. Packed queries (q and
     out (total_q, heads, dim)) get batch stride 0 and seqlen_q total_q.
+    ``tickets``: the fused combine's counters (``counters.py``; None: ``lse``, unread).
     """
     seqlens = t.cache_seqlens if isinstance(t.cache_seqlens, torch.Tensor) else None
     table, slopes, rows, pads, sinks = t.block_table, t.alibi_slopes, t.cache_batch_idx, t.cache_leftpad, t.sinks
@@ -207,7 +213,7 @@ def split_ints(t: Inputs, out: torch.Tensor, lse: torch.Tensor, part_out: torch.
             pointers(lse if bases is None else bases),
             pointers(lse if sinks is None else sinks), pointers(lse if cu is None else cu),
             pointers(lse if kd is None else kd), pointers(lse if vd is None else vd),
-            pointers(lse if km is None else km),
+            pointers(lse if km is None else km), pointers(lse if tickets is None else tickets),
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os[0], os[1], os[2],
             0 if table is None else table.stride(0), 0 if slopes is None or slopes.dim() == 1 else slopes.stride(0),
             kds[0], kds[1], vds[0], vds[1], *key_mask.strides(km),
@@ -246,6 +252,7 @@ _C_SPLIT = {"Q": "c->qv ? LT__PTR(p->qv) : LT__PTR(p->q)", "K": "LT__PTR(p->k_ca
             "Sinks": "LT__OR_LSE(p->sinks)", "CuSeqlensQ": "LT__OR_LSE(p->cu_seqlens_q)",
             "KDescale": "LT__OR_LSE(p->k_descale)", "VDescale": "LT__OR_LSE(p->v_descale)",
             "KeyMask": "LT__PTR(p->lse)",  # the C API takes no key mask (KEY_MASK off): lse's pointer, unread
+            "Counters": "LT__PTR(p->lse)",  # nor fuses the combine (FUSED_COMBINE off): lse's pointer, unread
             **{f"stride_{n}{d}": f"{t}->strides[{i}]" for n, t in (("q", "q"), ("k", "kc"), ("v", "vc"), ("o", "o"))
                for i, d in enumerate("bsh")},
             "stride_tb": "c->paged ? p->block_table.strides[0] : 0",
@@ -305,8 +312,12 @@ def _extent(shape: Any, strides: Any) -> int:
 # Variants and plans
 
 
-def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Variant, Variant]:
-    """The (split, combine) variants serving a call (dispatch decides; the combine kernel's head dim is v's)."""
+def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64: bool,
+             fused: bool = False) -> tuple[Variant, Variant]:
+    """The (split, combine) variants serving a call (dispatch decides; the combine kernel's head dim is v's).
+
+    ``fused``: the split kernel's FUSED_COMBINE (the combine variant is then not launched).
+    """
     common = dict(config=None, index64=index64, page_size=call.page_size, head_dim_v=call.head_dim_v)
     split = decode_dispatch.decode_variant(FLASH_DECODE_SPLIT.name, target, checks.DTYPES[dtype], call.head_dim,
                                            call.causal, aligned, call.rows, call.capacity, paged=call.paged,
@@ -314,21 +325,23 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            leftpad=call.leftpad, rotary=call.rotary,
                                            rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
                                            varlen_q=call.varlen_q, chunk=call.chunked, kv_fp8=call.kv_fp8,
-                                           qv=call.qv, key_mask=call.key_mask, **common)  # type: ignore[arg-type]
+                                           qv=call.qv, key_mask=call.key_mask, fused_combine=fused,
+                                           **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, sinks=call.sinks,
                                              **common)  # type: ignore[arg-type]
     return split, combine
 
 
-def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
+def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: bool, index64: bool,
+             fused: bool = False) -> tuple[Any, ...]:
     """Everything ``variants`` reads, the lengths through dispatch's buckets.
 
     The page size through ``page_block_limit``: its largest power-of-two
     divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
     Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``),
     attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format), qv too (``QV_TAG``), a key mask too
-    (``KEY_MASK_TAG``, last): a key without them is unchanged.
+    (``KEY_MASK_TAG``), the fused combine too (``FUSED_TAG``, last): a key without them is unchanged.
     """
     from lazytriton import tuning
 
@@ -338,9 +351,10 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
             call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
             *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()),
             *((call.kv_fp8,) if call.kv_fp8 != "none" else ()), *(QV_TAG if call.qv else ()),
-            *(KEY_MASK_TAG if call.key_mask else ()))
+            *(KEY_MASK_TAG if call.key_mask else ()), *(FUSED_TAG if fused else ()))
 
 
+FUSED_TAG = ("fused_combine",)  # the memo key's last item for a call whose split kernel merges its own partials
 QV_TAG = ("qv",)  # the memo key's item for a call with qv . v in its scores (MLA)
 KEY_MASK_TAG = ("key_mask",)  # the memo key's last item for a call with a key mask (KEY_MASK)
 CHUNK_TAG = ("chunk",)  # the memo key's last item for a call with attention_chunk
@@ -348,21 +362,26 @@ SINKS_TAG = ("sinks",)  # the memo key's item for a call with attention sinks
 VARLEN_Q_TAG = ("varlen_q",)  # the memo key's last item for a call whose queries are packed by cu_seqlens_q
 
 
-def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool) -> tuple[Any, ...]:
+def plan(device: torch.device, dtype: torch.dtype, call: Call, aligned: bool, index64: bool,
+         fused: bool = False) -> tuple[Any, ...]:
     """(split kernel, BLOCK_M, BLOCK_N, combine kernel, its BLOCK_M), loaded, memoised in the runtime's plans.
 
     Both kernels are loaded together, so a CUDA graph may capture calls with
     one split and with several. During a capture, a kernel not loaded yet
-    raises ``CaptureError`` naming it.
+    raises ``CaptureError`` naming it. ``fused``: the split kernel merges its
+    own partials (FUSED_COMBINE), and the entry's combine kernel and its
+    BLOCK_M are 0 (``FUSED``: none is loaded).
     """
     rt = runtime.get()
-    key = memo_key(device.index, dtype, call, aligned, index64)
+    key = memo_key(device.index, dtype, call, aligned, index64, fused)
     found = rt.plans.get(key)
     if found is not None:
         return found  # type: ignore[no-any-return]
 
     def choose(target: Any) -> launch.Choice:
-        split, combine = variants(target, dtype, call, aligned, index64)
+        split, combine = variants(target, dtype, call, aligned, index64, fused)
+        if fused:
+            return ((split, ("BLOCK_M", "BLOCK_N", FUSED, FUSED)),)
         return ((split, ("BLOCK_M", "BLOCK_N")), (combine, ("BLOCK_M",)))
 
     return launch.plan(rt, key, device, choose, "run flash_attn_with_kvcache once with this shape before the capture")
@@ -422,31 +441,47 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
 
     ``forced``: the (split, combine) variants to run instead of dispatch's
     (``lazytriton tune --kernel flash_decode`` times its candidates through
-    here, so a candidate runs exactly as a call would run it).
+    here, so a candidate runs exactly as a call would run it; a split variant
+    with FUSED_COMBINE=true runs alone). Otherwise the split kernel merges its
+    own partials where ``dispatch.FUSED_COMBINE_BY_DEFAULT`` says so now.
     """
     device = t.q.device
     if forced is None:
+        fused = decode_dispatch.FUSED_COMBINE_BY_DEFAULT
         aligned, index64 = layout_flags(t, out)
-        split_kernel, block_m, block_n, combine_kernel, combine_m = plan(device, t.q.dtype, call, aligned, index64)
+        split_kernel, block_m, block_n, combine_kernel, combine_m = plan(device, t.q.dtype, call, aligned, index64,
+                                                                         fused)
     else:
         rt = runtime.get()
-        split_kernel, combine_kernel = rt.kernel(forced[0], device.index), rt.kernel(forced[1], device.index)
+        fused = forced[0].constexprs.get("FUSED_COMBINE") is True
+        split_kernel = rt.kernel(forced[0], device.index)
+        combine_kernel = FUSED if fused else rt.kernel(forced[1], device.index)
         block_m, block_n = int(forced[0].get("BLOCK_M")), int(forced[0].get("BLOCK_N"))
-        combine_m = int(forced[1].get("BLOCK_M"))
+        combine_m = FUSED if fused else int(forced[1].get("BLOCK_M"))
     splits = splits_for(call, block_m, block_n, gpu_slots(device.index, getattr(split_kernel, "shared", 0)),
                         min_split_keys(call.head_dim))
     part_out, part_lse = _partials(lse, call, splits)
     stream = launch.raw_stream(device.index)
-    split_kernel.launch(split_grid(call.rows, block_m, splits, call.heads_k, call.batch), stream,
-                        split_ints(t, out, lse, part_out, part_lse, call, splits), floats(call), launch.scratch_alloc)
-    if splits > 1:
+    grid = split_grid(call.rows, block_m, splits, call.heads_k, call.batch)
+    tickets = _tickets(t.q, stream, grid, splits) if fused and splits > 1 else None
+    split_kernel.launch(grid, stream, split_ints(t, out, lse, part_out, part_lse, call, splits, tickets=tickets),
+                        floats(call), launch.scratch_alloc)
+    if splits > 1 and not fused:
         combine_kernel.launch(combine_grid(call.lse_rows, combine_m), stream,
                               combine_ints(part_out, part_lse, out, lse, call, splits, sinks=t.sinks), (),
                               launch.scratch_alloc)
 
 
-def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(split, combine) constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs."""
+def _tickets(q: torch.Tensor, stream: int, grid: tuple[int, int, int], splits: int) -> torch.Tensor:
+    """The fused combine's counters for a split grid on ``stream`` (``counters.COUNTERS``)."""
+    return counters.COUNTERS.get(q.device, q.get_device(), stream, counters.count(grid[2], grid[1], grid[0] // splits))
+
+
+def interpreter_constexprs(call: Call, fused: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(split, combine) constexprs for Triton's interpreter: tiles smaller than the test shapes, so every loop runs.
+
+    ``fused``: the split kernel's FUSED_COMBINE.
+    """
     padded, padded_v = geometry.padded_head_dim(call.head_dim), geometry.padded_value_dim(call.value_dim)
     even, even_v = padded == call.head_dim, padded_v == call.value_dim
     split = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": padded, "EVEN_D": even, "BLOCK_DV": padded_v,
@@ -454,22 +489,28 @@ def interpreter_constexprs(call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
              "SOFTCAP": call.softcap > 0, "ALIBI": call.alibi, "LEFTPAD": call.leftpad,
              "PAGE_GATHER": decode_dispatch.page_gather(call.page_size), "ROTARY": call.rotary,
              "ROTARY_INTERLEAVED": call.rotary_interleaved, "SINKS": call.sinks, "VARLEN_Q": call.varlen_q,
-             "CHUNK": call.chunked, "KV_FP8": call.kv_fp8, "QV": call.qv, "KEY_MASK": call.key_mask}
+             "CHUNK": call.chunked, "KV_FP8": call.kv_fp8, "QV": call.qv, "KEY_MASK": call.key_mask,
+             "FUSED_COMBINE": fused}
     return split, {"BLOCK_M": INTERPRETER_COMBINE_M, "BLOCK_N": 4, "BLOCK_D": padded_v, "EVEN_D": even_v,
                    "SINKS": call.sinks}
 
 
 def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
-    """Run the kernels through Triton's interpreter on CPU tensors (the cache already appended)."""
+    """Run the kernels through Triton's interpreter on CPU tensors (the cache already appended).
+
+    The split kernel alone, merging its own partials, where ``dispatch.FUSED_COMBINE_BY_DEFAULT`` says so now.
+    """
     from lazytriton import compiler
 
-    split_c, combine_c = interpreter_constexprs(call)
+    fused = decode_dispatch.FUSED_COMBINE_BY_DEFAULT
+    split_c, combine_c = interpreter_constexprs(call, fused)
     splits = splits_for(call, split_c["BLOCK_M"], split_c["BLOCK_N"], INTERPRETER_SMS)
     part_out, part_lse = _partials(lse, call, splits)
-    ints = split_ints(t, out, lse, part_out, part_lse, call, splits, pointers=lambda x: x)
-    compiler.interpret(FLASH_DECODE_SPLIT.name, split_grid(call.rows, 16, splits, call.heads_k, call.batch),
-                       (*ints, *floats(call)), split_c)
-    if splits > 1:
+    grid = split_grid(call.rows, split_c["BLOCK_M"], splits, call.heads_k, call.batch)
+    tickets = _tickets(t.q, 0, grid, splits) if fused and splits > 1 else None
+    ints = split_ints(t, out, lse, part_out, part_lse, call, splits, pointers=lambda x: x, tickets=tickets)
+    compiler.interpret(FLASH_DECODE_SPLIT.name, grid, (*ints, *floats(call)), split_c)
+    if splits > 1 and not fused:
         compiler.interpret(FLASH_DECODE_COMBINE.name, combine_grid(call.lse_rows, INTERPRETER_COMBINE_M),
                            combine_ints(part_out, part_lse, out, lse, call, splits, pointers=lambda x: x,
                                         sinks=t.sinks), combine_c)

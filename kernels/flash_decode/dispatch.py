@@ -6,6 +6,9 @@ per key/value head and its cache capacity, as the binding does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from lazytriton import tuning
 from lazytriton.geometry import padded_value_dim
 from lazytriton.kernels.flash_decode import kv_fp8 as fp8
@@ -26,6 +29,32 @@ COMBINE_BLOCK_M = 1
 COMBINE_TILE_ELEMENTS = 4096
 COMBINE_MAX_BLOCK_N = 32
 COMBINE_MIN_BLOCK_N = 4
+
+
+# The split kernel merges its own partials (FUSED_COMBINE=true: the last program of each row block to finish runs
+# the combine kernel's merge of that block, ``counters.py``): one launch instead of two where a call has several
+# splits. Off until a GPU measures it (issue 39's lever; benchmarks/NOTES.md: bench_decode.py --fused-combine,
+# experiments/probe_decode_b1.py --fused). Read on every call, by the general path (its memo key) and the warm path
+# (its table's key), so ``fusing_combine`` turns it on for the calls of a block. While it is off, prewarm plans
+# what it planned; the C API (capi/lt_kvcache.c's launch, capi/embedded_kvcache.py's planner and
+# capi/native/lt_decode_choice.c's native choice) plans and launches the two kernels whatever it says: turning it
+# on by default takes them too (a counters buffer a stream in the C launcher).
+FUSED_COMBINE_BY_DEFAULT = False
+
+
+@contextmanager
+def fusing_combine(on: bool = True) -> Iterator[None]:
+    """Calls in this block fuse the combine (``on``) or not, whatever ``FUSED_COMBINE_BY_DEFAULT`` says.
+
+    It sets the process's switch for the block (every thread's calls): what bench_decode.py's
+    ``lazytriton_fused`` provider and experiments/probe_decode_b1.py time, interleaved with calls without it.
+    """
+    global FUSED_COMBINE_BY_DEFAULT
+    saved, FUSED_COMBINE_BY_DEFAULT = FUSED_COMBINE_BY_DEFAULT, bool(on)
+    try:
+        yield
+    finally:
+        FUSED_COMBINE_BY_DEFAULT = saved
 
 
 def combine_block_n(head_dim: int) -> int:
@@ -137,7 +166,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    window: bool = False, softcap: bool = False, alibi: bool = False, head_dim_v: int = 0,
                    leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
                    sinks: bool = False, varlen_q: bool = False, chunk: bool = False,
-                   kv_fp8: str = fp8.NONE, qv: bool = False, key_mask: bool = False) -> Variant:
+                   kv_fp8: str = fp8.NONE, qv: bool = False, key_mask: bool = False,
+                   fused_combine: bool = False) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -175,6 +205,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     v's head dim goes up to 512 (``geometry.padded_value_dim``), q's and k's to 256.
     ``key_mask`` (lazytriton's per-(batch, key) boolean mask, ``key_mask.py``) is KEY_MASK=true on the split kernel,
     written only when set, at the tiles of the call without it.
+    ``fused_combine`` (the split kernel merges its own partials: ``FUSED_COMBINE_BY_DEFAULT``) is FUSED_COMBINE=true
+    on the split kernel, written only when set, at the same tiles.
     """
     dv = head_dim_v or head_dim
     if kernel == "flash_decode_combine":
@@ -197,7 +229,8 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         for name, flag in (("PAGED", paged), ("WINDOW", window), ("SOFTCAP", softcap), ("ALIBI", alibi),
                            ("LEFTPAD", leftpad), ("PAGE_GATHER", paged and page_gather(page_size)),
                            ("ROTARY", rotary), ("ROTARY_INTERLEAVED", rotary and rotary_interleaved),
-                           ("VARLEN_Q", varlen_q), ("CHUNK", chunk), ("QV", qv), ("KEY_MASK", key_mask)):
+                           ("VARLEN_Q", varlen_q), ("CHUNK", chunk), ("QV", qv), ("KEY_MASK", key_mask),
+                           ("FUSED_COMBINE", fused_combine)):
             if flag:
                 functional[name] = True
         fp8.require(target, kv_fp8)
@@ -226,6 +259,7 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
     default view of a paged call; one no key tile divides: PAGE_GATHER).
     ``tma``, ``bias``, ``dropout``, ``varlen`` (the attention kernels' packed
     keys; packed queries are ``varlen_q``), ``split_d`` and ``seq16`` do not apply.
+    The split kernel's FUSED_COMBINE is ``FUSED_COMBINE_BY_DEFAULT``'s (what a call runs now).
     """
     return decode_variant(kernel, target, request.dtype, request.head_dim, request.causal, request.aligned,
                           request.seqlen_q, request.seqlen_k, config=request.config, index64=request.index64,
@@ -234,7 +268,7 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
                           rotary_interleaved=request.rotary_interleaved, sinks=request.sinks,
                           varlen_q=request.varlen_q, chunk=request.chunk, kv_fp8=request.kv_fp8, qv=request.qv,
-                          key_mask=request.key_mask)
+                          key_mask=request.key_mask, fused_combine=FUSED_COMBINE_BY_DEFAULT)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a

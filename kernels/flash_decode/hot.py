@@ -19,7 +19,10 @@ key can hold:
 
 Then it allocates out (unless given) and lse, and one float32 workspace for the split partials (and lse too when
 the caller drops it), and launches kv_append (with new keys), the split kernel and, with several splits, the
-combine kernel, each from its entry's constant arguments and the call's pointers.
+combine kernel, each from its entry's constant arguments and the call's pointers. Where
+``dispatch.FUSED_COMBINE_BY_DEFAULT`` is on (read on every call: part of the table's key) the split kernel merges
+its own partials (FUSED_COMBINE): one launch, with the counters of the call's stream (``counters.py``; a captured
+call's own).
 
 Served: a contiguous or paged cache, cache_seqlens as an int, an int32 tensor or None, new k and v (batch,
 seqlen_new, heads_k, head_dim) or none, GQA/MQA, causal or not, ``out`` (last dim contiguous) or not,
@@ -54,9 +57,11 @@ from lazytriton.kernels.flash_decode import (
     binding,
     checks,
     combine_grid,
+    counters,
     split_grid,
     values,
 )
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.kv_append import BLOCK_M as APPEND_BLOCK_M
 from lazytriton.kernels.kv_append import INT_PARAMS as APPEND_INT_PARAMS
 from lazytriton.kernels.kv_append import KV_APPEND
@@ -67,7 +72,7 @@ from lazytriton.kernels.trust import indices_trusted
 # Each kernel's pointers, in its description's order: the per-call tuple writes them before the entry's ints.
 SPLIT_POINTERS = ("Q", "K", "V", "Out", "Lse", "OutPart", "LsePart", "Seqlens", "BatchIdx", "BlockTable", "Alibi",
                   "LeftPad", "RotaryCos", "RotarySin", "RotarySeqlens", "Sinks", "CuSeqlensQ", "KDescale",
-                  "VDescale", "KeyMask")
+                  "VDescale", "KeyMask", "Counters")
 COMBINE_POINTERS = ("OutPart", "LsePart", "Out", "Lse", "Sinks")
 APPEND_POINTERS = ("K", "V", "KCache", "VCache", "Seqlens", "BatchIdx", "BlockTable", "RotaryCos", "RotarySin",
                    "RotarySeqlens", "KDescale", "VDescale", "CuSeqlensKNew")
@@ -156,12 +161,14 @@ class Entry:
 
         (split kernel, its grid, floats, its ints after the pointers (without the int length where the call
         has one: then the parts before and after it), splits, the workspace's floats before lse, where the
-        partial lse starts, combine kernel, its grid, its ints after the pointers).
+        partial lse starts, combine kernel, its grid, its ints after the pointers (the three None where the split
+        kernel merges its own partials), the counters the fused combine takes (0: none)).
         """
         plan = self.plans.get(self.split_keys[aligned])
         if plan is None:
             return None
         split_kernel, block_m, block_n, combine_kernel, combine_m = plan
+        fused = combine_m == binding.FUSED
         call = self.call
         splits = binding.splits_for(call, block_m, block_n,
                                     binding.gpu_slots(self.device.index, getattr(split_kernel, "shared", 0)),
@@ -172,11 +179,15 @@ class Entry:
         partial_out = call.lse_rows * splits * call.value_dim if splits > 1 else 0
         partial_lse = _round_up(partial_out)
         work = _round_up(partial_lse + call.lse_rows * splits) if splits > 1 else 0
-        combine_tail = binding.combine_ints(self.lse_meta, self.lse_meta, self.out_meta, self.lse_meta, call, splits,
-                                            pointers=_zero)[len(COMBINE_POINTERS):]
-        found = (split_kernel, split_grid(call.rows, block_m, splits, call.heads_k, call.batch),
-                 binding.floats(call), tuple(head), tuple(rest), splits, work, partial_lse * 4, combine_kernel,
-                 combine_grid(call.lse_rows, combine_m), combine_tail)
+        grid = split_grid(call.rows, block_m, splits, call.heads_k, call.batch)
+        tickets = counters.count(grid[2], grid[1], grid[0] // splits) if fused and splits > 1 else 0
+        combine: tuple[Any, Any, Any] = (None, None, None)
+        if not fused:
+            combine = (combine_kernel, combine_grid(call.lse_rows, combine_m),
+                       binding.combine_ints(self.lse_meta, self.lse_meta, self.out_meta, self.lse_meta, call, splits,
+                                            pointers=_zero)[len(COMBINE_POINTERS):])
+        found = (split_kernel, grid, binding.floats(call), tuple(head), tuple(rest), splits, work, partial_lse * 4,
+                 *combine, tickets)
         self.split_ready[aligned] = found
         return found
 
@@ -195,10 +206,11 @@ class Entry:
 
 def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,
              block_table: Any, softmax_scale: Any, causal: bool, num_splits: int, out: Any,
-             plans: dict[Any, Any], key_mask: Any = None) -> Entry | None:
+             plans: dict[Any, Any], key_mask: Any = None, fused: bool = False) -> Entry | None:
     """The entry of a call the warm path may serve (``checks.check``, ``checks.check_out``); None: the general path's.
 
-    ``out``: the caller's, or None (the entry then allocates one, as ``binding.empty_outputs`` does).
+    ``out``: the caller's, or None (the entry then allocates one, as ``binding.empty_outputs`` does). ``fused``: the
+    split kernel merges its own partials (its plans' memo keys say so).
     """
     if any(type(x) is _Tensor and not x.is_contiguous() for x in (lens, block_table)):
         return None  # the general path reads a contiguous copy (index_tensor)
@@ -233,7 +245,7 @@ def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: A
         kc_span=_span(k_cache), vc_span=_span(v_cache), k_span=_span(k), v_span=_span(v), out_span=_span(out),
         mask_span=_span(key_mask),
         split_strides_aligned=split_aligned, append_strides_aligned=append_aligned,
-        split_keys=tuple(binding.memo_key(device.index, q.dtype, call, aligned, split_index64)
+        split_keys=tuple(binding.memo_key(device.index, q.dtype, call, aligned, split_index64, fused)
                          for aligned in (False, True)),
         append_keys=append_keys, append_tail=append_tail,
         split_tail=binding.split_ints(tm, out_meta, lse_meta, lse_meta, lse_meta, call, 0,
@@ -261,7 +273,8 @@ def _overlaps(a: int, a_span: int, b: int, b_span: int) -> bool:
 
 
 def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
-         raw_stream: Callable[[int], int] = _RAW_STREAM) -> Callable[..., Any]:
+         raw_stream: Callable[[int], int] = _RAW_STREAM,
+         tickets: counters.Counters = counters.COUNTERS) -> Callable[..., Any]:
     """The warm path: ``flash_attn_with_kvcache``'s result for a call it serves, or None.
 
     ``serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits,
@@ -269,7 +282,8 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
     (``key_mask``: lazytriton's own, ``kvcache.with_key_mask``'s).
     The caller has sent every call with a rare feature to the general path and checked return_softmax_lse.
     ``cuda=False``: CPU tensors too (tests, profile_kvcache's fake driver), their devices in the key by
-    ``Tensor.device`` (a CPU and a meta tensor share ``get_device()``'s -1).
+    ``Tensor.device`` (a CPU and a meta tensor share ``get_device()``'s -1). ``tickets``: where the fused combine's
+    counters come from.
     """
     shapes: dict[tuple[Any, ...], Entry] = {}
     empty, inputs = torch.empty, checks.Inputs
@@ -310,9 +324,10 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             out_key = (out.shape, out.stride(), out.dtype, where(out))
         else:
             return None
+        fused = decode_dispatch.FUSED_COMBINE_BY_DEFAULT  # read on every call (dispatch's switch)
         key: tuple[Any, ...] = (q.shape, q.stride(), q.dtype, where(q), k_cache.shape, k_cache.stride(), k_cache.dtype,
                where(k_cache), v_cache.shape, v_cache.stride(), v_cache.dtype, where(v_cache), new_key, lens_key,
-               table_key, out_key, causal, softmax_scale, num_splits)
+               table_key, out_key, causal, softmax_scale, num_splits, fused)
         if key_mask is not None:
             if type(key_mask) is not _Tensor:
                 return None
@@ -323,7 +338,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             if new_key is False:
                 return None
             entry = describe(q, k_cache, v_cache, k, v, lens, block_table, softmax_scale, causal, num_splits, out,
-                             plans, key_mask)
+                             plans, key_mask, fused)
             if entry is None:
                 return None
             if len(shapes) >= MAX_SHAPES:
@@ -368,7 +383,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             if values_checked(t):  # the general path's eager check, its errors (an int length: this call's)
                 check_values(t, entry.call._replace(seqlen_const=lens) if entry.lens_int else entry.call)
         (split_kernel, grid, floats, head, rest, splits, work_floats, partial_lse, combine_kernel, combine_at,
-         combine_tail) = split
+         combine_tail, count) = split
         # The workspace stays referenced in this frame until after the launches.
         if return_lse:
             lse = empty(entry.lse_size, dtype=_F32, device=device)
@@ -389,13 +404,16 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
                     + append_head + ((lens,) + append_rest if entry.lens_int else ()))
             _launch(kernel, append_at, stream, ints, ())
         part_out, part_lse = (work_ptr, work_ptr + partial_lse) if splits > 1 else (lse_ptr, lse_ptr)
+        # The fused combine's counters stay referenced in this frame until after the launch.
+        ticket_buffer = tickets.get(device, entry.device_index, stream, count) if count else None
         ints = ((q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, part_out, part_lse,
                  lse_ptr if lens_ptr is None else lens_ptr, lse_ptr, lse_ptr if table_ptr is None else table_ptr,
                  lse_ptr, lse_ptr, q_ptr, q_ptr, lse_ptr, lse_ptr, lse_ptr, lse_ptr, lse_ptr,
-                 lse_ptr if key_mask is None else key_mask.data_ptr())
+                 lse_ptr if key_mask is None else key_mask.data_ptr(),
+                 lse_ptr if ticket_buffer is None else ticket_buffer.data_ptr())
                 + head + ((lens,) + rest if entry.lens_int else ()))
         _launch(split_kernel, grid, stream, ints, floats)
-        if splits > 1:
+        if combine_kernel is not None and splits > 1:
             _launch(combine_kernel, combine_at, stream, (part_out, part_lse, out_ptr, lse_ptr, lse_ptr) + combine_tail,
                     ())
         return (out, lse) if return_lse else out

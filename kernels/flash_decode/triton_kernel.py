@@ -105,6 +105,16 @@ sees no key gets: out 0 and lse -inf (with a sink: lse the sink), which is
 PyTorch's SDPA's output for a fully masked row (0). A masked key's K and V
 are still read (a NaN there reaches the output, as in SDPA).
 
+``FUSED_COMBINE`` merges the splits in this kernel, one launch instead of
+two: with several splits, each program writes its partial as above, then takes
+a ticket from its (batch, key/value head, query-row block)'s int32 counter in
+``Counters`` (zero before the call); the program that takes the last one
+merges the block's rows as ``flash_decode_combine_kernel`` does (``_merge``,
+one row at a time, its splits as many a step as the combine kernel's at that
+value head dim), writes Out and Lse, and puts the counter back to 0. No
+program returns early (a split with no keys stores lse -inf), so each takes
+its ticket.
+
 ``flash_decode_combine_kernel``: one program per BLOCK_M rows of the
 flattened (batch, query head, query) rows, in one pass over the splits,
 BLOCK_N of them a step: a step loads those splits' lse and outputs together
@@ -112,7 +122,7 @@ BLOCK_N of them a step: a step loads those splits' lse and outputs together
 round trip when BLOCK_N covers them, and keeps the running max of the lse,
 the sum of exp(lse_s - max) and the outputs weighted by it (both rescaled
 when the max grows); out = that weighted sum over the total, lse = max +
-log(total).
+log(total) (``_merge``, which the fused combine shares).
 """
 
 import triton
@@ -342,7 +352,7 @@ def _with_sink(m_i, l_i, sink):
 @triton.jit
 def flash_decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad, RotaryCos, RotarySin,
-    RotarySeqlens, Sinks, CuSeqlensQ, KDescale, VDescale, KeyMask,
+    RotarySeqlens, Sinks, CuSeqlensQ, KDescale, VDescale, KeyMask, Counters,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -358,6 +368,7 @@ def flash_decode_split_kernel(
     PAGE_GATHER: tl.constexpr = False, ROTARY: tl.constexpr = False, ROTARY_INTERLEAVED: tl.constexpr = False,
     SINKS: tl.constexpr = False, VARLEN_Q: tl.constexpr = False, CHUNK: tl.constexpr = False,
     KV_FP8: tl.constexpr = "none", QV: tl.constexpr = False, KEY_MASK: tl.constexpr = False,
+    FUSED_COMBINE: tl.constexpr = False,
     NV_CVT: tl.constexpr = False,
 ):
     split = tl.program_id(0) % num_splits
@@ -508,6 +519,94 @@ def flash_decode_split_kernel(
         tl.store(OutPart + part[:, None] * head_dim_v + offs_dv[None, :], out,
                  mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(LsePart + part, lse2, mask=row_ok)
+        if FUSED_COMBINE:  # every program gets here (none returns early), so each takes its ticket
+            # The CTA's partial stores, then one ticket: the barrier orders every thread's stores before it, the
+            # atomic's release (acq_rel, gpu scope) publishes them, and its acquire, for the last ticket, sees every
+            # other program's. Triton 3.6 and 3.9 lower it to bar.sync, then one thread's
+            # atom.global.gpu.acq_rel.add.u32, its result broadcast through shared memory after a bar.sync (sm_90,
+            # sm_80; gfx942: buffer_wbl2 sc1, global_atomic_add, buffer_inv sc1), and the merge's loads to
+            # ld.global.cg (gfx942: nt loads): experiments/ptx_fused_combine.py prints them.
+            tl.debug_barrier()
+            counter = Counters + ((batch * tl.num_programs(1) + kv_head) * (tl.num_programs(0) // num_splits)
+                                  + start_m // BLOCK_M)
+            ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:  # the last of the row block's programs: merge, and leave the counter 0
+                tl.store(counter, 0)
+                _combine_block(OutPart, LsePart, Out, Lse, Sinks, batch, kv_head, start_m, n_rows, group_size,
+                               q_start, heads_q, seqlen_q, head_dim_v, num_splits, stride_ob, stride_os, stride_oh,
+                               BLOCK_M, BLOCK_DV, EVEN_DV, SINKS, VARLEN_Q)
+
+
+@triton.jit
+def _merge(OutPart, LsePart, rows, row_ok, m, total, num_splits, head_dim, BLOCK_M: tl.constexpr,
+           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, CACHE: tl.constexpr):
+    """(out, natural-log lse) of lse rows ``rows`` merged over their splits' partials; ``m``, ``total``: the start.
+
+    One pass over the splits, BLOCK_N at a time: each step loads its lse and its outputs together, a
+    [BLOCK_M, BLOCK_N, BLOCK_D] tile, so a row's splits are read at once (not one dependent load a split). The
+    running max m, the sum of exp2(lse - m) and the weighted outputs are rescaled when m grows. ``CACHE``: the
+    loads' cache modifier ("": the default; ".cg": from L2, never a stale L1 line, the fused combine's).
+    """
+    offs_s = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    if EVEN_D:
+        d_ok = offs_d < BLOCK_D
+    else:
+        d_ok = offs_d < head_dim
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_N):
+        s_ok = (s0 + offs_s) < num_splits
+        part = rows[:, None] * num_splits + s0 + offs_s[None, :]
+        part_ok = row_ok[:, None] & s_ok[None, :]
+        lse = tl.load(LsePart + part, mask=part_ok, other=float("-inf"), cache_modifier=CACHE)
+        o = tl.load(OutPart + part[:, :, None] * head_dim + offs_d[None, None, :],
+                    mask=part_ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(m, tl.max(lse, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.math.exp2(m - m_sub)
+        weight = tl.math.exp2(lse - m_sub[:, None])
+        total = total * scale + tl.sum(weight, 1)
+        # A split that saw no key (lse -inf) adds nothing, whatever its output holds.
+        acc = acc * scale[:, None] + tl.sum(tl.where((lse > float("-inf"))[:, :, None], weight[:, :, None] * o,
+                                                     0.0), 1)
+        m = m_new
+    empty = total == 0.0
+    lse_all = tl.where(empty, float("-inf"), m + tl.math.log2(tl.where(empty, 1.0, total)))
+    return acc / tl.where(empty, 1.0, total)[:, None], lse_all * LN2
+
+
+@triton.jit
+def _combine_block(OutPart, LsePart, Out, Lse, Sinks, batch, kv_head, start_m, n_rows, group_size, q_start, heads_q,
+                   seqlen_q, head_dim_v, num_splits, stride_ob, stride_os, stride_oh, BLOCK_M: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, SINKS: tl.constexpr, VARLEN_Q: tl.constexpr):
+    """The fused combine: the split kernel's row block merged as ``flash_decode_combine_kernel`` merges it.
+
+    One row at a time, as the combine kernel's programs of one row (``dispatch.COMBINE_BLOCK_M``) take them, its
+    splits ``COMBINE_N`` a step (``dispatch.combine_block_n``: 32 up to a value head dim of 128, 16 at 256, 8 at
+    512), so each row's merge is that kernel's, op for op; only the block's real rows, whatever BLOCK_M pads them to.
+    """
+    COMBINE_N: tl.constexpr = 32 if BLOCK_DV <= 128 else 4096 // BLOCK_DV
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < head_dim_v
+    for r in range(0, tl.minimum(BLOCK_M, n_rows - start_m)):
+        row = tl.zeros([1], dtype=tl.int32) + start_m + r
+        query = row // group_size
+        head = kv_head * group_size + row % group_size
+        if VARLEN_Q:
+            lse_row = head * seqlen_q + q_start + query
+        else:
+            lse_row = (batch * heads_q + head) * seqlen_q + query
+        row_ok = row >= 0
+        m = tl.full([1], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([1], dtype=tl.float32)
+        if SINKS:  # the sink: one more partial, as in the combine kernel
+            m = tl.load(Sinks + head) * LOG2E
+            total = tl.where(m == float("-inf"), 0.0, 1.0)
+        out, lse = _merge(OutPart, LsePart, lse_row, row_ok, m, total, num_splits, head_dim_v, 1, COMBINE_N,
+                          BLOCK_DV, EVEN_DV, ".cg")
+        o_ptrs = Out + batch * stride_ob + (q_start + query) * stride_os + head * stride_oh
+        tl.store(o_ptrs[:, None] + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=dv_ok[None, :])
+        tl.store(Lse + lse_row, lse)
 
 
 @triton.jit
@@ -520,46 +619,23 @@ def flash_decode_combine_kernel(
 ):
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_r < n_rows
-    offs_s = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     if EVEN_D:
         d_ok = offs_d < BLOCK_D
     else:
         d_ok = offs_d < head_dim
-
-    # One pass over the splits, BLOCK_N at a time: each step loads its lse and its outputs together, a
-    # [BLOCK_M, BLOCK_N, BLOCK_D] tile, so a row's splits are read at once (not one dependent load a split).
-    # The running max m, the sum of exp2(lse - m) and the weighted outputs are rescaled when m grows.
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
     if SINKS:  # the sink: one more partial, lse the sink's and out 0 (m -inf with a sink of -inf: it adds 0)
         head = (offs_r // seqlen_q) % heads_q
         m = tl.load(Sinks + head, mask=row_ok, other=0.0) * LOG2E
         total = tl.where(m == float("-inf"), 0.0, 1.0)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_N):
-        s_ok = (s0 + offs_s) < num_splits
-        part = offs_r[:, None] * num_splits + s0 + offs_s[None, :]
-        part_ok = row_ok[:, None] & s_ok[None, :]
-        lse = tl.load(LsePart + part, mask=part_ok, other=float("-inf"))
-        o = tl.load(OutPart + part[:, :, None] * head_dim + offs_d[None, None, :],
-                    mask=part_ok[:, :, None] & d_ok[None, None, :], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.math.exp2(m - m_sub)
-        weight = tl.math.exp2(lse - m_sub[:, None])
-        total = total * scale + tl.sum(weight, 1)
-        # A split that saw no key (lse -inf) adds nothing, whatever its output holds.
-        acc = acc * scale[:, None] + tl.sum(tl.where((lse > float("-inf"))[:, :, None], weight[:, :, None] * o,
-                                                     0.0), 1)
-        m = m_new
-    empty = total == 0.0
-    lse_all = tl.where(empty, float("-inf"), m + tl.math.log2(tl.where(empty, 1.0, total)))
-    out = acc / tl.where(empty, 1.0, total)[:, None]
+    out, lse = _merge(OutPart, LsePart, offs_r, row_ok, m, total, num_splits, head_dim, BLOCK_M, BLOCK_N, BLOCK_D,
+                      EVEN_D, "")
 
     query = offs_r % seqlen_q
     head = (offs_r // seqlen_q) % heads_q
     batch = offs_r // (seqlen_q * heads_q)
     o_ptrs = Out + batch[:, None] * stride_ob + query[:, None] * stride_os + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(Lse + offs_r, lse_all * LN2, mask=row_ok)
+    tl.store(Lse + offs_r, lse, mask=row_ok)
