@@ -9,13 +9,13 @@ default tiles and at candidate (BLOCK_N, num_warps, num_stages) forced through
 against the default e4m3 output. One query per sequence, 32/8 heads, head dim
 128, contiguous caches (``--paged``: pages of 256 keys).
 
-``--triton-cvt`` runs the e4m3 kernels with Triton's own float8 conversion of
-V (the description's NV_CVT flag out of reach, so the PTX conversion in the
-load's layout is off: ``kernels/flash_decode/triton_kernel.py``); run it in
-its own cache dir, beside a run without it, to compare the two.
+``--nv-cvt`` runs the e4m3 kernels with V's float8 tile converted by PTX in
+the load's layout (the description's NV_CVT from sm_89, off by default:
+``kernels/flash_decode/__init__.py``'s ``NV_CVT_FROM``); run it in its own
+cache dir, beside a run without it, to compare the two.
 
 Usage: python experiments/probe_decode_fp8_tiles.py [--batches 1,8,32] [--lengths 4096,16384,32768] [--paged]
-       [--triton-cvt]
+       [--nv-cvt]
 """
 
 from __future__ import annotations
@@ -70,16 +70,16 @@ def main() -> None:
     p.add_argument("--lengths", default="4096,16384,32768")
     p.add_argument("--paged", action="store_true")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--triton-cvt", action="store_true", help="Triton's float8 conversion of V (NV_CVT off)")
+    p.add_argument("--nv-cvt", action="store_true", help="V's float8 tile converted by PTX (NV_CVT from sm_89)")
     args = p.parse_args()
-    if args.triton_cvt:  # before the description is first looked up: its fingerprint (the keys) follows it
+    if args.nv_cvt:  # before the description is first looked up: its fingerprint (the keys) follows it
         import lazytriton.kernels.flash_decode as family
         from lazytriton.kernels import get, source_fingerprint
         from lazytriton.record import replace
 
-        family.FLASH_DECODE_SPLIT = replace(family.FLASH_DECODE_SPLIT, capability_flags=(("NV_CVT", 10**6),))
+        family.FLASH_DECODE_SPLIT = replace(family.FLASH_DECODE_SPLIT, capability_flags=(("NV_CVT", 89),))
         assert get("flash_decode_split") is family.FLASH_DECODE_SPLIT, "looked up before the patch"
-        print("NV_CVT off; fingerprint", source_fingerprint("flash_decode_split"))
+        print("NV_CVT from sm_89; fingerprint", source_fingerprint("flash_decode_split"))
     target = target_of_device(torch.device("cuda"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []

@@ -62,7 +62,8 @@ class KernelSpec:
     ``constexprs``, which the compile target sets and no variant names:
     ``(name, capability)`` is true on a CUDA target of at least that
     capability (sm_89 is 89) and false everywhere else (the parameter's
-    default, which Triton's interpreter takes). They guard inline PTX a
+    default, which Triton's interpreter takes); a capability of None: false
+    everywhere (a flag a family keeps off until it is measured). They guard inline PTX a
     kernel takes where Triton's own lowering is slower; the variant's target
     already tells the binaries apart.
     ``flags`` are the kernel's own flags: boolean constexprs a variant writes
@@ -87,7 +88,7 @@ class KernelSpec:
     eight_params: tuple[str, ...] = ()
     wide_blocks: tuple[str, ...] = ()
     warps: Callable[[Variant], int] | None = None
-    capability_flags: tuple[tuple[str, int], ...] = ()
+    capability_flags: tuple[tuple[str, int | None], ...] = ()
     flags: tuple[str, ...] = ()
 
     @property
@@ -102,8 +103,8 @@ class KernelSpec:
 
     def target_constexprs(self, backend: str, capability: int | None) -> dict[str, bool]:
         """The ``capability_flags``' values for a compile target (``capability`` None: not CUDA)."""
-        cuda = backend == "cuda" and capability is not None
-        return {name: cuda and capability >= least for name, least in self.capability_flags}
+        have = capability if backend == "cuda" and capability is not None else -1
+        return {name: least is not None and have >= least for name, least in self.capability_flags}
 
     def signature(self, dtype: str, index64: bool = False, constexprs: Mapping[str, object] | None = None
                   ) -> dict[str, str]:

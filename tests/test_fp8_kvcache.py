@@ -21,6 +21,7 @@ checked here against torch over every float8 value and their midpoints).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import re
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ from test_kvcache import HEADS, Case, check_out_lse, make_inputs
 import lazytriton
 from lazytriton.interpreter import fp8_decode, fp8_encode
 from lazytriton.kernels import dispatch
-from lazytriton.kernels.flash_decode import binding, checks, kv_fp8
+from lazytriton.kernels.flash_decode import NV_CVT_FROM, binding, checks, kv_fp8
 from lazytriton.kernels.flash_decode.reference import FP8_MAX, kvcache_reference, quantised
+from lazytriton.record import replace
 from lazytriton.target import Target
 from lazytriton.variant import Variant, check_fields, kernel_constexprs
 
@@ -555,6 +557,38 @@ def test_float8_variants_compile(target: str, kv: str, tmp_path_factory: pytest.
                                           paged=True, kv_fp8=kv)
         entry = compiled(variant, where)
         assert len(entry.arg_types) == len(get(kernel).params)
+
+
+@pytest.mark.parametrize("kv", ["e4m3", "e5m2"])
+def test_nv_cvt_converts_v_in_the_loads_layout(kv: str) -> None:
+    """NV_CVT (off by default): V's float8 tile reaches the dot through float16 ``ldmatrix .trans``, not byte loads.
+
+    Compiled for sm_90 (PTX, no GPU) with the flag as the compile target sets it where it is on, and without it.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lazytriton.compiler import divisibility_hints
+    from lazytriton.kernels import get
+
+    spec = get("flash_decode_split")
+    assert spec.target_constexprs("cuda", 90) == {"NV_CVT": NV_CVT_FROM is not None and 90 >= NV_CVT_FROM}
+    on = replace(spec, capability_flags=(("NV_CVT", 89),))
+    assert on.target_constexprs("cuda", 90) == {"NV_CVT": True}
+    assert on.target_constexprs("cuda", 80) == on.target_constexprs("hip", 0) == {"NV_CVT": False}
+    variant = dispatch.kernel_variant("flash_decode_split", Target.parse("sm_90"), "bf16", 128, False, True, 4,
+                                      4096, kv_fp8=kv)
+    fn = getattr(importlib.import_module(spec.module), spec.function)
+    ptx = {}
+    for flag in (True, False):
+        constexprs = {**kernel_constexprs(variant, spec.constexprs), "NV_CVT": flag}
+        source = ASTSource(fn, on.signature("bf16", False, constexprs), constexprs=constexprs,
+                           attrs=divisibility_hints(spec, variant))
+        ptx[flag] = str(triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                       options=dict(variant.options)).asm["ptx"])
+    assert f"cvt.rn.f16x2.{kv}x2" in ptx[True] and "ldmatrix.sync.aligned.m8n8.x4.trans" in ptx[True]
+    assert "ld.shared.b8" not in ptx[True] and "ld.shared.b8" in ptx[False]
 
 
 # ---------------------------------------------------------------------------

@@ -79,9 +79,10 @@ puts its counter back to 0. Without it ``Counters`` is any valid pointer,
 unread; one split never reads it.
 
 ``NV_CVT`` is set by the compile target, not the variant (``capability_flags``):
-true on CUDA from sm_89, where a float8 cache's V tile is converted to
-float16 by PTX's ``cvt.rn.f16x2.e4m3x2``/``e5m2x2`` in the load's own layout
-(see ``triton_kernel.py``); false elsewhere and in the interpreter, where
+true on CUDA from capability ``NV_CVT_FROM`` (89 or more; None: nowhere), where a
+float8 cache's V tile is converted to float16 by PTX's
+``cvt.rn.f16x2.e4m3x2``/``e5m2x2`` in the load's own layout (see
+``triton_kernel.py``); false elsewhere and in the interpreter, where
 Triton's conversion runs.
 """
 
@@ -90,6 +91,10 @@ from __future__ import annotations
 from lazytriton.kernels import KernelSpec
 
 FAMILY = "flash_decode"
+# NV_CVT's least CUDA capability (89 can run it), None: off. Off until a GPU measures it: its PTX has a third fewer
+# instructions than Triton's conversion (contiguous e4m3 tile at head dim 128), but the tile's shared memory
+# doubles (one program a SM where there were two). experiments/probe_decode_fp8_tiles.py --nv-cvt times it.
+NV_CVT_FROM: int | None = None
 MODULE = "lazytriton.kernels.flash_decode.triton_kernel"
 
 
@@ -144,7 +149,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
     flags=("FUSED_COMBINE",),
-    capability_flags=(("NV_CVT", 89),),
+    capability_flags=(("NV_CVT", NV_CVT_FROM),),
 )
 
 _COMBINE_STRIDES = _strides("o")
