@@ -342,7 +342,7 @@ def on_gpu() -> Iterator[None]:
 def _gpu_args(batch: int, length: int, paged: bool, seed: int = 0) -> dict[str, Any]:
     gen = torch.Generator(device="cuda").manual_seed(seed + batch + length)
     q = torch.randn(batch, 1, 32, 128, device="cuda", generator=gen).bfloat16()
-    capacity = max(length, 256)
+    capacity = -(-max(length, 256) // 256) * 256  # whole pages of 256 keys for each sequence
     if paged:
         blocks = batch * capacity // 256
         k_cache = torch.randn(blocks, 256, 8, 128, device="cuda", generator=gen).bfloat16()
