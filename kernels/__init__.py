@@ -145,7 +145,8 @@ def source_fingerprint(kernel: str) -> str:
     """
     spec = get(kernel)
     texts = [path.read_bytes().replace(b"\r\n", b"\n") for path in spec.source_paths]
-    hints = (spec.aligned_params, spec.seq_aligned_params) + ((spec.eight_params,) if spec.eight_params else ())
+    hints: tuple[object, ...] = (spec.aligned_params, spec.seq_aligned_params)
+    hints += (spec.eight_params,) if spec.eight_params else ()
     hints += (spec.capability_flags,) if spec.capability_flags else ()
     described = repr((spec.params, spec.constexprs, *hints)).encode()
     return xxhash.xxh3_64_hexdigest(b"\0".join((*texts, described)))
