@@ -33,7 +33,8 @@ COMBINE_MIN_BLOCK_N = 4
 
 # The split kernel merges its own partials (FUSED_COMBINE=true: the last program of each row block to finish runs
 # the combine kernel's merge of that block, ``counters.py``): one launch instead of two where a call has several
-# splits. Off until a GPU measures it (issue 39's lever; benchmarks/NOTES.md: bench_decode.py --fused-combine,
+# splits. Off: slower than the two kernels on an H100 (0.82-0.97x at batch 1 and 8, 1k and 4k keys: the last
+# program's merge costs more than the launch it saves; benchmarks/NOTES.md, bench_decode.py --fused-combine,
 # experiments/probe_decode_b1.py --fused). Read on every call, by the general path (its memo key) and the warm path
 # (its table's key), so ``fusing_combine`` turns it on for the calls of a block. While it is off, prewarm plans
 # what it planned; the C API (capi/lt_kvcache.c's launch, capi/embedded_kvcache.py's planner and
