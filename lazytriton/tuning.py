@@ -243,12 +243,17 @@ class Table:
         table._where = where
         table._lines = _lines(text, where)
         converters = _converters()[:_GROUP_COLUMNS]
+        groups: dict[tuple[str, ...], Any] = {}  # a group's texts -> its key: each distinct text converted once
         for n, texts in table._lines:
-            try:
-                key: Any = tuple(convert(text) for convert, text in zip(converters, texts, strict=False))
-            except (ValueError, KeyError):
-                _parse_values(texts, f" {where} line {n}")  # raises, naming the column
-                raise
+            written = tuple(texts[:_GROUP_COLUMNS])
+            key = groups.get(written)
+            if key is None:
+                try:
+                    key = tuple(convert(text) for convert, text in zip(converters, written, strict=True))
+                    groups[written] = key
+                except (ValueError, KeyError):
+                    _parse_values(texts, f" {where} line {n}")  # raises, naming the column
+                    raise
             table._pending.setdefault(key, []).append((n, texts))
         return table
 
