@@ -31,11 +31,13 @@ import functools
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lazytriton.record import fields, record
 
 T = TypeVar("T")
+if TYPE_CHECKING:  # annotations only: no alias made at import
+    Group = tuple[str, str, str, int, bool]  # (target, kernel, dtype, head_dim, causal): ``Row.group``
 
 MAX_ROW_HEAD_DIM = 512
 COLUMNS = ("target", "kernel", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k",
@@ -198,8 +200,7 @@ def _indexed(rows: Iterable[Row]) -> dict[Group, dict[int, dict[int, Row]]]:
     return {g: {q: dict(sorted(ks.items())) for q, ks in sorted(qs.items())} for g, qs in index.items()}
 
 
-Group = tuple[str, str, str, int, bool]  # (target, kernel, dtype, head_dim, causal): ``Row.group``
-_GROUP_COLUMNS = 5  # Row's first fields are its group's
+_GROUP_COLUMNS = 5  # Row's first fields are its group's: (target, kernel, dtype, head_dim, causal)
 
 
 class Table:
