@@ -43,7 +43,6 @@ class WarmPathsLater:
     def __init__(self, namespace: dict[str, Any], name: str) -> None:
         self._namespace = namespace
         self._name = name
-        self._first_uses: dict[str, Any] = {}
 
     def __getattr__(self, function: str) -> Any:
         if function.startswith("_"):
@@ -53,9 +52,9 @@ class WarmPathsLater:
             rt = runtime.current()
             if rt is None or not rt.plans:
                 return _declined
-            first_use = self._first_uses.get(function)
-            if first_use is None:
-                first_use = self._first_uses[function] = self._first_use(function)
+            first_use = self._first_use(function)
+            # An attribute from now on, no __getattr__: a training call's decline costs what hot.py's would.
+            setattr(self, function, first_use)
             return first_use
         self._namespace[self._name] = hot
         return getattr(hot, function)
