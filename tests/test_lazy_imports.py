@@ -222,7 +222,7 @@ if {planned!r}:
     rt.plans[("a plan",)] = None  # a memoised plan: a warm path may serve now, but never a call with gradients
     grad = [stand_in.forward_bhsd(q, k, v.requires_grad_(), True, None) is None, stand_in.output_bshd(
         q.requires_grad_(), k, v, False, None) is None, namespace["hot"] is stand_in, HOT in sys.modules,
-        "forward_bhsd" in vars(stand_in)]  # an attribute from then on: no __getattr__ a training call
+        "forward_bhsd" in vars(stand_in)]  # an attribute from then on: read without __getattr__
     steps["gradients"] = grad
     q, v = q.detach(), v.detach()
     steps["served"] = [stand_in.forward_bhsd(q, k, v, True, None) is None]  # CPU tensors: the warm path declines
