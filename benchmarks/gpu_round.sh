@@ -32,6 +32,9 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
    export LAZYTRITON_IMAGES=$cold_image LAZYTRITON_JIT=0
    for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run$set \
      python3 "$repo/benchmarks/profile_cold.py" $set 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done; done
+   # --split: lazytriton's parts of the first call or step (bindings, plans, reads, module loads) against torch's rest
+   for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-s$run$set \
+     python3 "$repo/benchmarks/profile_cold.py" $set --split 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done; done
    for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-p$set python3 "$repo/benchmarks/profile_cold.py" \
      $set --profile --sort cumtime --top 60 --modules >> "$OUT/profile_cold.log" 2>&1; done) ;;
 esac

@@ -31,6 +31,16 @@ its instruction counts there: ``valgrind --tool=callgrind
 writes one file per phase (``.2`` the import, ``.3`` the route, ``.4`` the
 first call), counts that the machine's load does not move.
 
+``--split`` times lazytriton's own parts of the first call or step apart
+(outermost calls, wall and thread CPU): flash_fwd's and flash_bwd's binding
+(``forward``, ``backward``: everything of a call below the autograd Function),
+the plans in them (``launch.plan``: dispatch's choice, the keys, the entries'
+reads and loads), the entries' reads (``Runtime.resolve``: the tiers, the
+image's decompression and decode) and loads (``Runtime._load`` less its
+reads: the driver's module load); the rest of the step is torch's (its math,
+autograd, its own first uses on the device). It imports flash_bwd's binding
+before the step (with ``--working-set``), which the step otherwise imports.
+
 ``--fake-driver LIB`` needs no GPU: CPU tensors take the CUDA path up to the
 driver (dispatch for ``--target``, the image, the driver's load and launch)
 on a fake libcuda that runs nothing (tests/fake_libcuda.py builds one:
@@ -70,6 +80,8 @@ parser.add_argument("--gc-freeze", action="store_true",
                     help="gc.freeze() after torch's import and the inputs (what a serving process may do itself)")
 parser.add_argument("--markers", action="store_true", help="os.getppid() between the phases (callgrind's dumps)")
 parser.add_argument("--modules", action="store_true", help="list the modules the import and the first call import")
+parser.add_argument("--split", action="store_true",
+                    help="time lazytriton's parts of the first call or step apart (bindings, plans, reads, loads)")
 args = parser.parse_args()
 shape = tuple(int(x) for x in args.shape.split(","))
 causal = args.causal or args.shape == parser.get_default("shape")
@@ -99,6 +111,54 @@ class Collections:
 
 
 collections = Collections()
+
+
+class Split:
+    """Wall and thread CPU seconds inside a few functions during the first call or step (outermost calls only)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, list[float]] = {}
+
+    def wrap(self, owner: object, name: str, label: str) -> None:
+        function = getattr(owner, name)
+        depth = [0]
+
+        def timed(*args: object, **kwargs: object) -> object:
+            if depth[0]:
+                return function(*args, **kwargs)
+            depth[0] += 1
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                spent = self.spent.setdefault(label, [0.0, 0.0, 0])
+                spent[0] += time.perf_counter() - wall
+                spent[1] += time.thread_time() - cpu
+                spent[2] += 1
+
+        setattr(owner, name, timed)
+
+    def ms(self, label: str) -> tuple[float, float, int]:
+        wall, cpu, calls = self.spent.get(label, (0.0, 0.0, 0))
+        return 1e3 * wall, 1e3 * cpu, int(calls)
+
+    def summary(self, step_wall: float, step_cpu: float) -> str:
+        parts = []
+        for label in ("forward", "backward", "plans", "reads", "loads"):
+            wall, cpu, calls = self.ms(label)
+            if not calls:
+                continue
+            if label == "loads":  # Runtime._load holds its read: the driver's part alone
+                wall, cpu = wall - self.ms("reads")[0], cpu - self.ms("reads")[1]
+            parts.append(f"{label} {wall:.1f} ms ({cpu:.1f} CPU, {calls} calls)")
+        ours_wall = self.ms("forward")[0] + self.ms("backward")[0]
+        ours_cpu = self.ms("forward")[1] + self.ms("backward")[1]
+        return (f"split: {'; '.join(parts)}; the bindings together {ours_wall:.1f} ms ({ours_cpu:.1f} CPU), the rest "
+                f"(torch's math, autograd, first uses) {1e3 * step_wall - ours_wall:.1f} ms "
+                f"({1e3 * step_cpu - ours_cpu:.1f} CPU)")
+
+
 mark = os.getppid if args.markers else (lambda: 0)
 
 
@@ -133,6 +193,19 @@ if args.fake_driver:
 c_route = time.thread_time() - c_route
 collections.phase = ""
 mark()
+split = Split()
+if args.split:
+    from lazytriton import launch  # noqa: E402
+    from lazytriton.kernels.flash_fwd import binding as fwd_binding  # noqa: E402
+
+    split.wrap(fwd_binding, "forward", "forward")
+    split.wrap(launch, "plan", "plans")
+    split.wrap(runtime.Runtime, "resolve", "reads")
+    split.wrap(runtime.Runtime, "_load", "loads")
+    if args.working_set:
+        from lazytriton.kernels.flash_bwd import binding as bwd_binding  # noqa: E402
+
+        split.wrap(bwd_binding, "backward", "backward")
 profile = cProfile.Profile()
 before_call = set(sys.modules)
 collections.phase = "first step" if args.working_set else "first call"
@@ -159,6 +232,8 @@ print(f"{'CPU inputs' if args.fake_driver else 'torch CUDA init'} {1e3 * (t1 - t
       f" triton imported: {'triton' in sys.modules}; torch._dynamo imported: {'torch._dynamo' in sys.modules}")
 print(f"gc: {collections.summary('import')}; {collections.summary('route') + '; ' if args.fake_driver else ''}"
       f"{collections.summary('first step' if args.working_set else 'first call')}")
+if args.split:
+    print(split.summary(t4 - t3, c4 - c3))
 if args.modules:
     print(f"the import imported: {sorted(after_import - before_import)}")
     if args.fake_driver:  # on a GPU the first call imports these itself

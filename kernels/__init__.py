@@ -120,12 +120,22 @@ class KernelSpec:
         return sig
 
 
+@functools.cache
 def _module_path(module: str) -> Path:
-    """A module's source file, found without importing it."""
+    """A module's source file, found without importing it (once per process: the kernels share files)."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise FileNotFoundError(f"kernel source module {module} not found")
     return Path(spec.origin)
+
+
+@functools.cache
+def _source(path: Path) -> bytes:
+    """A source file's bytes, line endings normalised, read once per process.
+
+    flash_bwd's two kernels share one file, and the attention kernels ``chunk.py``.
+    """
+    return path.read_bytes().replace(b"\r\n", b"\n")
 
 
 @functools.cache
@@ -144,7 +154,7 @@ def source_fingerprint(kernel: str) -> str:
     per process.
     """
     spec = get(kernel)
-    texts = [path.read_bytes().replace(b"\r\n", b"\n") for path in spec.source_paths]
+    texts = [_source(path) for path in spec.source_paths]
     hints: tuple[object, ...] = (spec.aligned_params, spec.seq_aligned_params)
     hints += (spec.eight_params,) if spec.eight_params else ()
     hints += (spec.capability_flags,) if spec.capability_flags else ()

@@ -29,13 +29,15 @@ def _declined(*args: Any) -> None:
 class WarmPathsLater:
     """Stands in a module's globals for ``kernels/flash_fwd/hot.py`` until one of its warm paths can serve.
 
-    A warm path serves only a shape the runtime has memoised a plan for, so a
-    fresh process's first call never needs hot.py (~40 KiB of bytecode, ~0.3 ms
-    of import). Its functions read here (``hot.forward_bhsd``, ...) decline
-    while no plan is memoised and hot.py is not imported; from then on the
-    module is imported and put in the caller's globals in this stand-in's
-    place, so that its call sites read hot.py's own functions, at no cost
-    per call after that.
+    A warm path serves only a shape the runtime has memoised a plan for, and
+    never a call whose q, k or v requires grad (hot.py's own rule), so a fresh
+    process's first call never needs hot.py (~40 KiB of bytecode, ~0.3-0.6 ms
+    of import), nor does a training step's forward. Its functions read here
+    (``hot.forward_bhsd``, ...) decline while no plan is memoised and hot.py is
+    not imported; once a plan is memoised they decline calls with gradients
+    and import the module for the first other call. From then on the module
+    is in the caller's globals in this stand-in's place, so that its call
+    sites read hot.py's own functions, at no cost per call after that.
     """
 
     def __init__(self, namespace: dict[str, Any], name: str) -> None:
@@ -50,9 +52,23 @@ class WarmPathsLater:
             rt = runtime.current()
             if rt is None or not rt.plans:
                 return _declined
-            hot = importlib.import_module(HOT)
+            first_use = self._first_use(function)
+            # An attribute from now on, no __getattr__: a training call's decline costs what hot.py's would.
+            setattr(self, function, first_use)
+            return first_use
         self._namespace[self._name] = hot
         return getattr(hot, function)
+
+    def _first_use(self, function: str) -> Any:
+        """``function`` of hot.py for a call without gradients (imported then); None for one with them."""
+        def first_use(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
+            if q.requires_grad or k.requires_grad or v.requires_grad:  # the warm paths decline these
+                return None
+            hot = importlib.import_module(HOT)
+            self._namespace[self._name] = hot
+            return getattr(hot, function)(q, k, v, *args, **kwargs)
+
+        return first_use
 
 
 def fp8_route(q: Any, descales: tuple[Any, Any, Any]) -> Any:

@@ -17,7 +17,11 @@ table and the user's, the user's rows replacing shipped rows of the same
 group and buckets.
 
 ``lookup`` and ``merge`` are pure and work on a ``Table``; ``table_for`` reads
-the files once per process (per cache dir).
+the files once per process (per cache dir): the shipped table by group
+(``Table.parse_by_group``: a group's rows are converted and checked on its
+first lookup, as a process looks up a few groups of hundreds of rows), the
+user's whole (a damaged one is refused before it serves, and the shipped
+table serves instead).
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import functools
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lazytriton.record import fields, record
 
 T = TypeVar("T")
+if TYPE_CHECKING:  # annotations only: no alias made at import
+    Group = tuple[str, str, str, int, bool]  # (target, kernel, dtype, head_dim, causal): ``Row.group``
 
 MAX_ROW_HEAD_DIM = 512
 COLUMNS = ("target", "kernel", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k",
@@ -149,49 +155,126 @@ def _parse_slowly(raws: list[str], where: str) -> list[Any]:
     return values
 
 
+def _lines(text: str, where: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields in Row's order) of each non-blank line of a table's CSV text."""
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, [])
+    position = {name: i for i, name in enumerate(header)}
+    missing = set(COLUMNS) - set(position)
+    if missing:
+        raise ValueError(f"tuning table{where and ' ' + where} lacks columns {sorted(missing)}")
+    order = [position[name] for name, _ in _kinds()]
+    width = len(header)
+    as_written = order == list(range(width))  # the header is COLUMNS in Row's order (as ``to_csv`` writes it)
+    lines = []
+    for n, line in enumerate(reader):
+        if not line:
+            continue
+        if len(line) < width:
+            line += [""] * (width - len(line))
+        lines.append((n + 2, line if as_written and len(line) == width else [line[i] for i in order]))
+    return lines
+
+
+def _parse_lines(lines: Iterable[tuple[int, list[str]]], where: str) -> list[Row]:
+    """The rows of ``_lines``' lines, converted and checked (ValueError naming the column and the line)."""
+    rows = []
+    for n, texts in lines:
+        try:
+            rows.append(_parse_values(texts, ""))
+        except ValueError:  # the line's place named only for a line that fails: again, with it
+            _parse_values(texts, f" {where} line {n}")
+            raise
+    return rows
+
+
+def _indexed(rows: Iterable[Row]) -> dict[Group, dict[int, dict[int, Row]]]:
+    """Rows by group, then seqlen_q bucket, then seqlen_k bucket (ascending); ValueError for two of one place."""
+    index: dict[Group, dict[int, dict[int, Row]]] = {}
+    for row in rows:
+        by_k = index.setdefault(row.group, {}).setdefault(row.seqlen_q, {})
+        if row.seqlen_k in by_k:
+            raise ValueError(f"tuning table: two rows for {row.group} seqlen_q={row.seqlen_q} "
+                             f"seqlen_k={row.seqlen_k}")
+        by_k[row.seqlen_k] = row
+    return {g: {q: dict(sorted(ks.items())) for q, ks in sorted(qs.items())} for g, qs in index.items()}
+
+
+_GROUP_COLUMNS = 5  # Row's first fields are its group's: (target, kernel, dtype, head_dim, causal)
+
+
 class Table:
-    """Rows indexed for lookup: group -> seqlen_q bucket -> seqlen_k bucket -> row."""
+    """Rows indexed for lookup: group -> seqlen_q bucket -> seqlen_k bucket -> row.
+
+    A table read by ``parse_by_group`` holds each group's lines as text until
+    the group's first lookup (``group``), which converts and checks them then;
+    ``rows``, iteration and ``len`` convert and check them all.
+    """
 
     def __init__(self, rows: Iterable[Row]) -> None:
-        self.rows = tuple(rows)
-        index: dict[tuple[str, str, str, int, bool], dict[int, dict[int, Row]]] = {}
-        for row in self.rows:
-            by_k = index.setdefault(row.group, {}).setdefault(row.seqlen_q, {})
-            if row.seqlen_k in by_k:
-                raise ValueError(f"tuning table: two rows for {row.group} seqlen_q={row.seqlen_q} "
-                                 f"seqlen_k={row.seqlen_k}")
-            by_k[row.seqlen_k] = row
-        self._index = {g: {q: dict(sorted(ks.items())) for q, ks in sorted(qs.items())} for g, qs in index.items()}
+        self._rows: tuple[Row, ...] | None = tuple(rows)
+        self._index = _indexed(self._rows)
+        self._lines: list[tuple[int, list[str]]] = []  # (line number, fields in Row's order): parse_by_group's
+        self._pending: dict[Group, list[tuple[int, list[str]]]] = {}
+        self._where = ""
 
     @classmethod
     def parse(cls, text: str, where: str = "") -> Table:
         """The table in CSV ``text`` (a header naming ``COLUMNS``, in any order; blank lines skipped).
 
         Read as ``csv.DictReader`` would (a short line's missing fields are
-        empty, a repeated column's last value counts) through ``csv.reader``:
-        the runtime reads two tables on a training step's first call.
+        empty, a repeated column's last value counts) through ``csv.reader``.
+        Every row is converted and checked here.
         """
-        reader = csv.reader(io.StringIO(text))
-        header = next(reader, [])
-        position = {name: i for i, name in enumerate(header)}
-        missing = set(COLUMNS) - set(position)
-        if missing:
-            raise ValueError(f"tuning table{where} lacks columns {sorted(missing)}")
-        order = [position[name] for name, _ in _kinds()]
-        width = len(header)
-        rows = []
-        for n, line in enumerate(reader):
-            if not line:
-                continue
-            if len(line) < width:
-                line += [""] * (width - len(line))
-            fields = [line[i] for i in order]
-            try:
-                rows.append(_parse_values(fields, ""))
-            except ValueError:  # the line's place named only for a line that fails: again, with it
-                _parse_values(fields, f" {where} line {n + 2}")
-                raise
-        return cls(rows)
+        return cls(_parse_lines(_lines(text, where), where))
+
+    @classmethod
+    def parse_by_group(cls, text: str, where: str = "") -> Table:
+        """``parse``'s table with each group's rows converted and checked on the group's first lookup.
+
+        What the runtime reads: a process looks up a few groups of a table of
+        hundreds of rows (a training step's first call reads two tables).
+        Each line's group columns are converted here (a line whose group does
+        not convert is refused now, naming its column and line); the rest of a
+        group's lines, when ``group`` first asks for it, with ``parse``'s
+        checks and messages.
+        """
+        table = cls(())
+        table._rows = None
+        table._where = where
+        table._lines = _lines(text, where)
+        converters = _converters()[:_GROUP_COLUMNS]
+        groups: dict[tuple[str, ...], Any] = {}  # a group's texts -> its key: each distinct text converted once
+        for n, texts in table._lines:
+            written = tuple(texts[:_GROUP_COLUMNS])
+            key = groups.get(written)
+            if key is None:
+                try:
+                    key = tuple(convert(text) for convert, text in zip(converters, written, strict=True))
+                    groups[written] = key
+                except (ValueError, KeyError):
+                    _parse_values(texts, f" {where} line {n}")  # raises, naming the column
+                    raise
+            table._pending.setdefault(key, []).append((n, texts))
+        return table
+
+    def group(self, key: Group) -> dict[int, dict[int, Row]] | None:
+        """The rows of group ``key`` by seqlen_q bucket, then seqlen_k bucket (ascending); None if it has none."""
+        found = self._index.get(key)
+        if found is None:
+            lines = self._pending.get(key)
+            if lines is not None:  # another thread may convert the same lines meanwhile: the same rows
+                found = _indexed(_parse_lines(lines, self._where)).get(key)
+                self._index[key] = found  # type: ignore[assignment]
+        return found
+
+    @property
+    def rows(self) -> tuple[Row, ...]:
+        """Every row, in the text's order (a table read by ``parse_by_group``: all converted and checked now)."""
+        if self._rows is None:
+            whole = Table(_parse_lines(self._lines, self._where))
+            self._index, self._rows = whole._index, whole._rows
+        return self._rows  # type: ignore[return-value]
 
     def to_csv(self) -> str:
         out = io.StringIO()
@@ -221,7 +304,7 @@ def _first_at_or_above(buckets: Mapping[int, T], value: int) -> T:
 def lookup(table: Table, target: str, kernel: str, dtype: str, head_dim: int, causal: bool,
            seqlen_q: int, seqlen_k: int) -> Row | None:
     """The row serving a call: first bucket at or above each seqlen, else the last; None if no group."""
-    by_q = table._index.get((target, kernel, dtype, head_dim, causal))
+    by_q = table.group((target, kernel, dtype, head_dim, causal))
     if not by_q:
         return None
     by_k = _first_at_or_above(by_q, seqlen_q)
@@ -273,6 +356,13 @@ def read_table(path: Path) -> Table:
     return Table.parse(path.read_text(), str(path.name))
 
 
+def read_table_by_group(path: Path) -> Table:
+    """``read_table``, each group's rows converted and checked on its first lookup (``Table.parse_by_group``)."""
+    if not path.is_file():
+        return Table(())
+    return Table.parse_by_group(path.read_text(), str(path.name))
+
+
 def table_for(kernel: str) -> Table:
     """A kernel's tuning table: its family's shipped rows, then the user's over them (read once per process).
 
@@ -291,7 +381,7 @@ def tables_for(kernels: Iterable[str]) -> Table:
 
 @functools.cache
 def _table_for(kernel: str, user_path: Path) -> Table:
-    shipped = read_table(table_path(kernel))
+    shipped = read_table_by_group(table_path(kernel))  # a few of its groups serve a process
     try:
         user = read_table(user_path)
     except (OSError, ValueError) as exc:  # a damaged user table must not stop calls: the shipped one serves

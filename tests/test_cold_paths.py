@@ -1,9 +1,9 @@
 """What a cold process's first call does without: checked on what runs and what is read, never on time.
 
-- flash_fwd's ``pack`` is a module generated from the parameter description
-  (``binding.pack_module_text``), imported as bytecode rather than compiled in
-  each process: the file is exactly the text the description gives now, and
-  the function packs what the description says.
+- flash_fwd's and flash_bwd's ``pack`` are modules generated from the parameter
+  descriptions (each binding's ``pack_module_text``), imported as bytecode
+  rather than compiled in each process: each file is exactly the text the
+  descriptions give now, and the function packs what they say.
 - ``helpers.on_first_use`` neither reads nor hashes the source of a helper
   the package holds (one ``stat`` each); a helper it does not hold still
   gets its key (its source hashed) and its background build.
@@ -18,6 +18,9 @@ import pytest
 import torch
 
 from lazytriton.driver import helpers
+from lazytriton.kernels.flash_bwd import FLASH_BWD_DKDV, FLASH_BWD_DQ
+from lazytriton.kernels.flash_bwd import binding as bwd_binding
+from lazytriton.kernels.flash_bwd import pack_generated as bwd_pack_generated
 from lazytriton.kernels.flash_fwd import FLASH_FWD, binding, pack_generated
 
 TORCH = "2.11.0+cu130"  # a process that imported torch: both helpers wanted
@@ -48,6 +51,42 @@ def test_the_generated_pack_packs_each_parameter_from_its_source() -> None:
     assert by_name["seqlen_q"] == 40 and by_name["head_dim"] == 64 and by_name["group_size"] == 1
     assert by_name["causal_offset"] == call.offset
     assert aligned == (not any(by_name[name] % 16 for name in FLASH_FWD.aligned_params)) and index64 is False
+
+
+def test_the_backward_s_generated_pack_module_is_the_text_the_descriptions_give() -> None:
+    path = Path(bwd_pack_generated.__file__)
+    assert path.name == bwd_binding.PACK_MODULE
+    assert path.read_text() == bwd_binding.pack_module_text(), (
+        "kernels/flash_bwd/pack_generated.py is stale: run python -c 'from lazytriton.kernels.flash_bwd import "
+        "binding; binding.write_pack_module()'")
+    assert bwd_binding.pack is bwd_pack_generated.pack
+
+
+def test_the_backward_s_generated_pack_packs_each_parameter_from_its_source() -> None:
+    generator = torch.Generator().manual_seed(7)
+    q, k, v, o, do = (torch.randn((2, 40, 4, 64), generator=generator).transpose(1, 2) for _ in range(5))
+    call = binding.check(q, k, v, False, window=(5, 3))
+    lse, delta = (torch.empty((2, 4, 40)) for _ in range(2))
+    grads = bwd_binding.empty_grads(q, k, v)
+    dq_ints, dkdv_ints, aligned, seq16, index64 = bwd_binding.pack(q, k, v, o, do, lse, delta, *grads, call, 11, 12,
+                                                                   13, 14)
+    for spec, ints in ((FLASH_BWD_DQ, dq_ints), (FLASH_BWD_DKDV, dkdv_ints)):
+        names = [name for name, kind in spec.params if not kind.startswith("fp")]
+        assert len(ints) == len(names)
+        by_name = dict(zip(names, ints, strict=True))
+        assert [by_name[name] for name in ("Q", "K", "V", "DO", "Lse", "Delta")] == [
+            t.data_ptr() for t in (q, k, v, do, lse, delta)]
+        assert [by_name[name] for name in ("Cu_seqlens_q", "Cu_seqlens_k", "Seqused_q", "Seqused_k")] == [
+            11, 12, 13, 14]
+        assert [by_name[f"stride_do{d}"] for d in "bhs"] == [do.stride(0), do.stride(1), do.stride(2)]
+        assert [by_name[name] for name in ("window_left", "window_right")] == [5, 3]
+        assert by_name["seqlen_k"] == 40 and by_name["head_dim"] == 64 and by_name["causal_offset"] == call.offset
+    assert dict(zip([name for name, kind in FLASH_BWD_DQ.params if not kind.startswith("fp")], dq_ints,
+                    strict=True))["DQ"] == grads.dq.data_ptr()
+    assert seq16 is False and index64 is False  # packed (cu_q given): never SEQ16
+    pointers = [q, k, v, o, do, lse, delta, *grads]
+    assert aligned == (not any(t.data_ptr() % 16 for t in pointers)
+                       and not any(s % 16 for t in (q, k, v, o, do, *grads) for s in t.stride()[:3]))
 
 
 class Recorder:

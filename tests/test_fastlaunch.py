@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from fake_libcuda import Fake
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_driver import _entry
 
 from lazytriton.cache_format.tensordesc import TensorDescMeta
@@ -202,3 +204,26 @@ def test_a_kernel_the_helper_cannot_describe_takes_the_abi_path(fake_library: Pa
     kernel.launch((1, 1, 1), 0, tuple(range(601)), (0.5,))
     params, state = fake.last_launch()
     assert state["launches"] == 1 and params[600] == struct.pack("<i", 600)
+
+
+_KINDS = ("*fp16", "*bf16", "i32", "i64", "u1", "fp32", "tensordesc<bf16[64, 64]>")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(_KINDS), max_size=700), st.lists(st.sampled_from((0, 0, 256)), max_size=3),
+       st.integers(1, 5))
+def test_helper_takes_what_layouts_limit_takes(kinds: list[str], scratch: list[int], rank: int) -> None:
+    """A loaded kernel lays its parameters out once (no limit) and asks ``helper_takes`` for the helper's."""
+    metas = [TensorDescMeta(128, 2, 10, (64,) * rank)] * sum(1 for kind in kinds if kind.startswith("tensordesc"))
+    try:
+        slots = fastlaunch.layout(kinds, scratch, metas, limit=False)
+    except fastlaunch.LayoutError:  # more than 16 descriptors: refused either way
+        with pytest.raises(fastlaunch.LayoutError):
+            fastlaunch.layout(kinds, scratch, metas)
+        return
+    try:
+        limited: tuple[int, ...] | None = fastlaunch.layout(kinds, scratch, metas)
+    except fastlaunch.LayoutError:
+        limited = None
+    assert fastlaunch.helper_takes(slots) == (limited is not None)
+    assert limited is None or limited == slots

@@ -25,6 +25,8 @@
   the package's own build looked for) imports neither the launch helper's
   build recipe (``driver/fastlaunch_build.py``) nor ``fsutil``: only a
   helper the package lacks needs its source.
+- A call whose q, k or v requires grad never imports hot.py (the warm paths
+  decline it), plans memoised or not.
 - On a GPU, a first call imports no hot.py; a second call of its shape
   makes the warm path (hot.py's generated function) and gets the same
   result (GPU test).
@@ -205,7 +207,7 @@ def test_the_import_compiles_no_generated_text() -> None:
 
 
 WARM_LATER = """
-import json, sys
+import json, sys, torch
 from lazytriton import runtime
 from lazytriton.forward_routes import HOT, WarmPathsLater
 namespace = {{}}
@@ -215,14 +217,22 @@ steps["no runtime"] = [stand_in.forward_bhsd(1, 2, 3, True, None) is None, names
 rt = runtime.get()
 steps["no plan"] = [stand_in.output_bshd(1, 2, 3, True, None) is None, namespace["hot"] is stand_in]
 steps["imported"] = [HOT in sys.modules]
+q, k, v = (torch.zeros((1, 1, 1, 8)) for _ in range(3))
 if {planned!r}:
-    rt.plans[("a plan",)] = None  # a memoised plan: a warm path may serve now
+    rt.plans[("a plan",)] = None  # a memoised plan: a warm path may serve now, but never a call with gradients
+    grad = [stand_in.forward_bhsd(q, k, v.requires_grad_(), True, None) is None, stand_in.output_bshd(
+        q.requires_grad_(), k, v, False, None) is None, namespace["hot"] is stand_in, HOT in sys.modules,
+        "forward_bhsd" in vars(stand_in)]  # an attribute from then on: read without __getattr__
+    steps["gradients"] = grad
+    q, v = q.detach(), v.detach()
+    steps["served"] = [stand_in.forward_bhsd(q, k, v, True, None) is None]  # CPU tensors: the warm path declines
+    steps["after"] = [namespace["hot"] is sys.modules[HOT]]
 else:
     import importlib
     importlib.import_module(HOT)  # imported by someone else (a test, a benchmark)
-function = stand_in.forward_bhsd
-hot = sys.modules[HOT]
-steps["after"] = [namespace["hot"] is hot, function is hot.forward_bhsd]
+    function = stand_in.forward_bhsd
+    hot = sys.modules[HOT]
+    steps["after"] = [namespace["hot"] is hot, function is hot.forward_bhsd]
 print(json.dumps(steps))
 """
 
@@ -230,8 +240,10 @@ print(json.dumps(steps))
 @pytest.mark.parametrize("planned", [True, False])
 def test_the_warm_paths_module_comes_when_a_plan_exists_or_it_is_imported(planned: bool) -> None:
     report = _imported(WARM_LATER.format(planned=planned))
-    assert report == {"no runtime": [True, True], "no plan": [True, True], "imported": [False],
-                      "after": [True, True]}
+    expected = {"no runtime": [True, True], "no plan": [True, True], "imported": [False], "after": [True, True]}
+    if planned:  # calls with gradients declined without the module; the first call without them imports it
+        expected |= {"gradients": [True, True, True, False, True], "served": [True], "after": [True]}
+    assert report == expected
 
 
 CHAIN = """

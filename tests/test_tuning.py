@@ -388,3 +388,80 @@ def test_bwd_tune_group_compiles_times_and_rows_only_the_kernels_asked(monkeypat
                                                                          r.seqlen_q, r.seqlen_k)) for r in rows)
     dq_compiled = [v for v in compiled if v.kernel == "flash_bwd_dq"]
     assert len(dq_compiled) == len(pairs), "dq only as the fixed partner, once per pair"
+
+
+# --- a table read by group: what the runtime reads ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ("flash_fwd", "flash_bwd"))
+def test_a_table_read_by_group_holds_the_rows_parse_reads(family: str) -> None:
+    text = tuning.table_path(family).read_text()
+    whole = tuning.Table.parse(text)
+    for group in {r.group for r in whole}:
+        assert tuning.Table.parse_by_group(text).group(group) == whole.group(group)
+    by_group = tuning.Table.parse_by_group(text)
+    for r in whole:
+        for sq, sk in ((1, 1), (r.seqlen_q, r.seqlen_k), (r.seqlen_q + 1, 3 * r.seqlen_k), (10**6, 10**6)):
+            assert tuning.lookup(by_group, *r.group, sq, sk) == tuning.lookup(whole, *r.group, sq, sk)
+    assert tuning.lookup(by_group, "sm_80", family, "bf16", 128, False, 1, 1) is None
+    assert tuning.Table.parse_by_group(text).rows == whole.rows and len(by_group) == len(whole)
+    assert tuning.Table.parse_by_group(text).to_csv() == whole.to_csv()
+    reordered = "\n".join(",".join(reversed(line.split(","))) for line in text.splitlines())  # columns in any order
+    assert tuning.Table.parse(reordered).rows == tuning.Table.parse_by_group(reordered).rows == whole.rows
+
+
+def test_a_table_read_by_group_converts_only_the_groups_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = tuning.table_path("flash_fwd").read_text()
+    plain, causal = ("sm_90", "flash_fwd", "bf16", 64, False), ("sm_90", "flash_fwd", "bf16", 64, True)
+    rows = tuning.Table.parse(text).rows
+    sizes = {group: sum(1 for r in rows if r.group == group) for group in (plain, causal)}
+    converted: list[tuple[str, ...]] = []
+    parse_values = tuning._parse_values
+
+    def counted(texts: list[str], where: str) -> tuning.Row:
+        converted.append(tuple(texts[:tuning._GROUP_COLUMNS]))
+        return parse_values(texts, where)
+
+    monkeypatch.setattr(tuning, "_parse_values", counted)
+    table = tuning.Table.parse_by_group(text)
+    assert converted == []
+    assert tuning.lookup(table, *plain, 1500, 1500) is not None
+    assert tuning.lookup(table, *plain, 448, 448) is not None  # converted once
+    assert converted == [("sm_90", "flash_fwd", "bf16", "64", "0")] * sizes[plain]
+    assert tuning.lookup(table, *causal, 448, 448) is not None
+    assert len(converted) == sizes[plain] + sizes[causal] < len(rows) / 5
+
+
+def test_a_table_read_by_group_refuses_a_bad_row_when_its_group_is_looked_up() -> None:
+    good, bad = row(16, 16), row(16, 16, head_dim=64)
+    lines = tuning.Table([good, bad]).to_csv().splitlines()
+    at = next(i for i, line in enumerate(lines) if ",64," in line)
+    lines[at] = lines[at].replace(",128,64,8,3,", ",96,64,8,3,")  # BLOCK_M 96: not a power of two
+    text = "\n".join(lines) + "\n"
+    table = tuning.Table.parse_by_group(text, "user.csv")
+    assert tuning.lookup(table, *good.group, 16, 16) == good  # another group converts and serves
+    with pytest.raises(ValueError, match=f"user.csv line {at + 1}: BLOCK_M=96 must be a power of two"):
+        tuning.lookup(table, *bad.group, 16, 16)
+    with pytest.raises(ValueError, match="BLOCK_M=96"):
+        len(tuning.Table.parse_by_group(text))
+    twice = tuning.Table([good]).to_csv() + tuning.Table([good]).to_csv().splitlines()[1] + "\n"
+    with pytest.raises(ValueError, match="two rows"):
+        tuning.lookup(tuning.Table.parse_by_group(twice), *good.group, 16, 16)
+    head_dim = tuning.Table([good]).to_csv().replace(",128,", ",abc,", 1)
+    with pytest.raises(ValueError, match="t.csv line 2: column head_dim has 'abc'"):  # a group column: at once
+        tuning.Table.parse_by_group(head_dim, "t.csv")
+    with pytest.raises(ValueError, match="lacks columns"):
+        tuning.Table.parse_by_group("target,kernel\nsm_90,flash_fwd\n")
+
+
+def test_a_rows_first_fields_are_its_group() -> None:
+    names = [f.name for f in tuning.fields(tuning.Row)]
+    assert tuple(names[:tuning._GROUP_COLUMNS]) == ("target", "kernel", "dtype", "head_dim", "causal")
+    assert row(16, 16).group == tuple(getattr(row(16, 16), name) for name in names[:tuning._GROUP_COLUMNS])
+
+
+def test_the_runtime_reads_the_shipped_table_by_group(cache_dir: Path) -> None:
+    tuning._table_for.cache_clear()
+    table = tuning.table_for("flash_fwd")
+    assert table._rows is None and table._pending, "nothing converted before a lookup"
+    tuning._table_for.cache_clear()

@@ -109,6 +109,16 @@ def layout(arg_types: Sequence[str], scratch_sizes: Sequence[int],
     return tuple(slots)
 
 
+def helper_takes(slots: Sequence[int]) -> bool:
+    """Whether the helper takes ``layout(..., limit=False)``'s slots: what ``layout``'s limit refuses, read off them.
+
+    A loaded kernel lays its parameters out once for both paths (the ABI
+    path takes any count) and asks this for the helper's.
+    """
+    floats = sum(1 for slot in slots if DESC_SLOT < slot < 0)  # -1 - j; maps and NULL lie at or below DESC_SLOT
+    return len(slots) <= MAX_PARAMS and int_slots(slots) <= MAX_SLOTS and floats <= MAX_PARAMS
+
+
 def int_slots(slots: Sequence[int]) -> int:
     """How many integers a launch takes (scratch pointers included): one past the highest int slot.
 

@@ -101,11 +101,8 @@ class LoadedKernel:
         # the same for callers that launch it themselves (the warm path), set only when the entry needs no
         # scratch memory: fast(grid_x, grid_y, grid_z, stream, ints, floats) -> status,
         # a status other than 0 to be passed to ``fail``.
-        try:
-            slots: tuple[int, ...] | None = fastlaunch.layout(entry.arg_types, sizes, entry.tensordesc_meta)
-        except fastlaunch.LayoutError:  # more parameters than the helper takes: the ABI path
-            slots = None
-        self._launcher = api.fast_launcher(self, slots) if slots is not None else None
+        takes = fastlaunch.helper_takes(self._slots)  # else more parameters than the helper takes: the ABI path
+        self._launcher = api.fast_launcher(self, self._slots) if takes else None
         self.fast = None if self._scratch else self._launcher
 
     def launch(self, grid: tuple[int, int, int], stream: int, ints: Sequence[int], floats: Sequence[float],
