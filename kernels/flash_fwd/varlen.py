@@ -461,7 +461,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     lse = lse if lse.is_contiguous() else lse.contiguous()
     delta = torch.empty_like(lse) if delta is None else delta
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), kernel_view(do), lse.unsqueeze(0),
-             delta.unsqueeze(0), *(kernel_view(g) for g in grads))
+             delta.unsqueeze(0), kernel_view(grads.dq), kernel_view(grads.dk), kernel_view(grads.dv))
     call, shape = vc.call, vc.kernel_shape
     used_q, used_k, _ = _used(vc)
     dq_ints, dkdv_ints, aligned, _, index64 = bwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr(),
