@@ -105,9 +105,10 @@ def test_logits_match_sdpa(model: torch.nn.Module, calls: list[Call], padding: s
     if padding == "left_padded":  # pad rows too: a left-padded pad query sees no key, zeros in both
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     layers = model.config.num_hidden_layers
-    # One call per layer: dense on the batch unpadded, varlen on the packed real tokens (10 of 12) padded.
+    # One call per layer: dense on the batch unpadded, varlen padded, on the padded batch's 12 rows read in place
+    # (each sequence's real tokens are one run: transformers_varlen.Runs).
     want_calls = ([("dense", (2, 4, 6, 8), True, None)] if padding == "unpadded"
-                  else [("varlen", (10, 4, 8), True, (-1, -1))])
+                  else [("varlen", (12, 4, 8), True, (-1, -1))])
     assert calls == want_calls * layers
 
 
@@ -123,7 +124,7 @@ def test_padded_batch_is_one_varlen_call_per_layer(calls: list[Call]) -> None:
     want = _logits(llama, "sdpa", input_ids=ids, attention_mask=mask)
     got = _logits(llama, "lazytriton", input_ids=ids, attention_mask=mask)
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
-    assert calls == [("varlen", (10, 4, 8), True, (-1, -1))] * 4
+    assert calls == [("varlen", (15, 4, 8), True, (-1, -1))] * 4  # the 15 padded rows, read in place
 
 
 @pytest.mark.filterwarnings("ignore:.*right-padding was detected")
