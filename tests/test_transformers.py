@@ -18,6 +18,7 @@ from conftest import gpu, syncs_raise  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton.integrations import transformers as lt_transformers  # noqa: E402
+from lazytriton.integrations import transformers_varlen  # noqa: E402
 
 PAD = 0
 
@@ -50,7 +51,8 @@ def test_the_name_kernels_is_not_the_checkouts_folder() -> None:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Records each lazytriton call the integration makes: (entry point, query shape, causal, window_size).
 
-    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in),
+    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func, or the integration's call of it checked
+    once a forward, ``transformers_varlen.checked_varlen_call``), "sdpa" (the SDPA drop-in),
     "masked" (the drop-in's body with a softcap, ``sdpa.masked``), "decoding" (a decoding step's masked call).
     """
     from lazytriton import sdpa
@@ -68,6 +70,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
         monkeypatch.setattr(module, name, recorded)
 
     for kind, module, name in (("dense", lazytriton, "attn_fwd"), ("varlen", lazytriton, "flash_attn_varlen_func"),
+                               ("varlen", transformers_varlen, "checked_varlen_call"),
                                ("sdpa", lazytriton, "scaled_dot_product_attention"), ("masked", sdpa, "masked"),
                                ("decoding", lt_transformers, "decoding_step")):
         spy(kind, module, name)

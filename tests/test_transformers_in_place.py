@@ -90,16 +90,30 @@ CASES = {
 }
 
 
-def _queries_of_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    rows: list[int] = []
-    real = lazytriton.flash_attn_varlen_func
+# The integration's varlen calls: the public function, and its call checked once a forward (an eager call).
+VARLEN_CALLS = ((lazytriton, "flash_attn_varlen_func"), (transformers_varlen, "checked_varlen_call"))
 
-    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        rows.append(q.shape[0])
-        return real(q, *args, **kwargs)
 
-    monkeypatch.setattr(lazytriton, "flash_attn_varlen_func", spy)
-    return rows
+def _spy(real: Any, seen: list[tuple[torch.Tensor, ...]]) -> Any:
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        seen.append((*args[:3], out))
+        return out
+
+    return spy
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, ...]]:
+    """(q, k, v, out) of each varlen call the integration makes, as they are made."""
+    seen: list[tuple[torch.Tensor, ...]] = []
+    for module, name in VARLEN_CALLS:
+        monkeypatch.setattr(module, name, _spy(getattr(module, name), seen))
+    return seen
+
+
+def _rows(seen: list[tuple[torch.Tensor, ...]]) -> list[int]:
+    """The query rows each recorded call packed."""
+    return [call[0].shape[0] for call in seen]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -108,15 +122,7 @@ def test_in_place_is_the_gather_route_bit_for_bit(case: str, monkeypatch: pytest
     batch, _, q_len = q.shape[:3]
     found = transformers_varlen.layout(mask, batch, q_len, k.shape[2], CASES[case].get("causal", True))
     assert isinstance(found, transformers_varlen.Packed) and found.runs is not None
-    seen: list[tuple[torch.Tensor, ...]] = []
-    real = lazytriton.flash_attn_varlen_func
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
-        seen.append((*args[:3], out))
-        return out
-
-    monkeypatch.setattr(lazytriton, "flash_attn_varlen_func", spy)
+    seen = _recorded(monkeypatch)
     got = transformers_varlen.run_packed(found, q, k, v, 0.3, {})
     assert len(seen) == 1  # one call, on views of the layer's own tensors: nothing gathered, nothing scattered
     qp, kp, vp, out = seen[0]
@@ -131,18 +137,18 @@ def test_in_place_is_the_gather_route_bit_for_bit(case: str, monkeypatch: pytest
 
 
 def test_softcap_and_sinks_take_the_in_place_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = _queries_of_calls(monkeypatch)
+    seen = _recorded(monkeypatch)
     q, k, v, mask = _case("both")
     found = transformers_varlen.layout(mask, 3, 7, 7, True)
     features = {"softcap": 5.0, "sinks": torch.randn(4, generator=torch.Generator().manual_seed(1))}
     got = transformers_varlen.run_packed(found, q, k, v, 0.3, features)
     assert torch.equal(got, transformers_varlen.run_packed(_gather_route(found), q, k, v, 0.3, features))
-    assert rows == [21, found.total_q]
+    assert _rows(seen) == [21, found.total_q]
 
 
 def test_where_it_does_not_apply_the_gather_route_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A gradient wanted, a batch stride that is not a whole number of rows, k and v of other layouts: gathers."""
-    rows = _queries_of_calls(monkeypatch)
+    seen = _recorded(monkeypatch)
     q, k, v, mask = _case("left")
     found = transformers_varlen.layout(mask, 3, 7, 7, True)
     batch, hk, length, _ = k.shape
@@ -155,10 +161,10 @@ def test_where_it_does_not_apply_the_gather_route_runs(monkeypatch: pytest.Monke
     q.requires_grad_()
     got = transformers_varlen.run_packed(found, q, k, v, 0.3, {})
     assert torch.equal(got.detach(), want) and got.requires_grad
-    assert rows == [found.total_q] * 4
+    assert _rows(seen) == [found.total_q] * 4
     with torch.no_grad():
         assert torch.equal(transformers_varlen.run_packed(found, q, k, v, 0.3, {}), want)
-    assert rows[-1] == 3 * 7  # in place: every row of the padded batch
+    assert _rows(seen)[-1] == 3 * 7  # in place: every row of the padded batch
 
 
 def test_a_q_in_another_layout_is_copied_once() -> None:
@@ -187,7 +193,7 @@ def test_runs_and_their_cu_seqlens() -> None:
         transformers_varlen.layout(holes, 3, 7, 7, True).runs is None)
 
 
-def test_generate_is_one_in_place_call_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_left_padded_prefill_is_one_in_place_call_per_layer_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A left-padded prefill of a tiny Llama through the in-place route gives SDPA's logits on real tokens."""
     transformers = pytest.importorskip("transformers")
     lt_transformers.register()
@@ -197,11 +203,46 @@ def test_generate_is_one_in_place_call_per_layer(monkeypatch: pytest.MonkeyPatch
     llama = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(1, 100, (3, 7), generator=torch.Generator().manual_seed(4))
     pad = _padding("left", 7).long()
-    rows = _queries_of_calls(monkeypatch)
+    seen = _recorded(monkeypatch)
+    checks: list[object] = []
+    check = transformers_varlen.varlen.check
+    monkeypatch.setattr(transformers_varlen.varlen, "check", lambda *a, **k: checks.append(a) or check(*a, **k))
+    seeded: list[object] = []
+    seed = transformers_varlen.remember_prefill
+    monkeypatch.setattr(transformers_varlen, "remember_prefill", lambda *a: seeded.append(a) or seed(*a))
     logits = {}
     for impl in ("sdpa", "lazytriton"):
         llama.set_attn_implementation(impl)
         with torch.no_grad():
             logits[impl] = llama(input_ids=ids, attention_mask=pad).logits
     torch.testing.assert_close(logits["lazytriton"], logits["sdpa"], atol=1e-5, rtol=1e-5)
-    assert rows == [21, 21]
+    assert _rows(seen) == [21, 21]
+    assert len(checks) == 1  # checked on the first layer; the second launches the checked call
+    assert len(seeded) == 1  # the layout read off the padding mask by the mask function
+
+
+@pytest.mark.parametrize("style", ["left", "right", "both", "holes"])
+def test_a_causal_prefill_s_layout_is_read_off_its_padding(style: str) -> None:
+    """The mask function gives a prefill's layout from the 2D padding mask: the analysis' own, field for field."""
+    padding = _padding("left" if style == "holes" else style, 7)
+    if style == "holes":
+        padding[0, 3] = False
+    mask = lt_transformers.mask(batch_size=3, q_length=7, kv_length=7, q_offset=0, kv_offset=0,
+                                mask_function=masking_utils.causal_mask_function, attention_mask=padding,
+                                allow_is_causal_skip=False)
+    seeded = transformers_varlen.layout(mask, 3, 7, 7, True)
+    clone = mask.clone()  # a new mask object: analysed, with the same real queries
+    transformers_varlen.remember_queries(clone, padding)
+    analysed = transformers_varlen.layout(clone, 3, 7, 7, True)
+    assert isinstance(seeded, transformers_varlen.Packed) and isinstance(analysed, transformers_varlen.Packed)
+    if style == "holes":  # one run no more: nothing seeded, the analysis' gather layout
+        assert seeded.runs is None
+        return
+    assert seeded is not analysed and seeded.runs is not None and analysed.runs is not None
+    for name in ("total_q", "total_k", "max_seqlen_q", "max_seqlen_k", "causal", "window"):
+        assert getattr(seeded, name) == getattr(analysed, name), name
+    for name in ("q_sel", "k_sel"):
+        assert torch.equal(getattr(seeded, name), getattr(analysed, name)), name
+    for name in ("q_first", "k_first", "seqused_q", "seqused_k"):
+        assert torch.equal(getattr(seeded.runs, name), getattr(analysed.runs, name)), name
+    assert (seeded.runs.q_spread, seeded.runs.k_spread) == (analysed.runs.q_spread, analysed.runs.k_spread)

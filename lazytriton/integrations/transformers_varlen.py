@@ -64,6 +64,8 @@ from typing import Any
 import torch
 
 import lazytriton
+from lazytriton import geometry, interface
+from lazytriton.kernels.flash_fwd import varlen
 from lazytriton.kernels.trust import trusted_indices
 
 NO_WINDOW = (-1, -1)
@@ -97,6 +99,8 @@ class Runs:
     q_spread: int
     k_spread: int
     made: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    # The varlen call checked once per layout (``_varlen_call``): every other layer of the forward launches it.
+    calls: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def cu_seqlens(self, side: str, rows: int, total: int) -> torch.Tensor:
         """int32 (batch + 2,): 0, then b * rows + first[b] for each sequence, then ``total``; made once per layout.
@@ -178,6 +182,33 @@ def _real_queries(mask: torch.Tensor) -> torch.Tensor | None:
         if ref() is mask:
             return real
     return None
+
+
+def remember_prefill(mask: torch.Tensor, padding: torch.Tensor) -> None:
+    """Give ``layout`` a causal prefill's layout, read off its (batch, length) boolean padding mask, where it is one.
+
+    ``mask`` must be ``sdpa_mask``'s for the plain causal mask function without a cache (q_len == kv_len == the
+    padding's length, no offsets): query q of sequence b sees key k when k <= q and padding[b, k]. Where each
+    row's real tokens are one run, they are its packed queries and its packed keys (its last query sees them all),
+    bottom-right aligned, no window: ``Runs``' layout in ~20 small ops on the padding instead of the analysis'
+    ~90 on the (batch, length, length) mask; one sync all the same (the sizes). A row with holes, or a batch
+    without padding (the analysis makes that a dense call), gives nothing: the analysis runs as usual.
+    """
+    global _layouts
+    batch, length = padding.shape
+    if padding.dtype != torch.bool or tuple(mask.shape) != (batch, 1, length, length) or mask.dtype != torch.bool:
+        return
+    count = padding.sum(dim=-1)
+    first, run = _first_and_run(padding, count)
+    summary = torch.stack([run.to(torch.int64), count.amax(), count.sum(), first.amax() - first.amin()])
+    run_, longest, total, spread = summary.tolist()  # one sync
+    if not run_ or total == batch * length:
+        return
+    used = torch.nn.functional.pad(count, (1, 0)).to(torch.int32)
+    found = Packed(padding, padding, total, total, max(longest, 1), max(longest, 1), True, NO_WINDOW,
+                   Runs(first, first, used, used, spread, spread))
+    live = [e for e in _layouts if e[0]() is not None][-(_KEPT - 1):]
+    _layouts = [*live, (weakref.ref(mask), mask._version, (batch, length, length, True), found)]
 
 
 def layout(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, causal: bool) -> Layout:
@@ -351,14 +382,53 @@ def _run_in_place(found: Packed, runs: Runs, query: torch.Tensor, key: torch.Ten
         q = q.contiguous()
     q = q.view(batch * q_len, heads, dim)
     k, v = _packed_view(key, k_rows), _packed_view(value, k_rows)
-    # Every value below comes from the mask this forward already read once (the layout's one sync): each
-    # layer's call skips its own read of them (kernels/trust.py), and max_seqlen bounds every span.
-    with trusted_indices():
-        out = lazytriton.flash_attn_varlen_func(
-            q, k, v, runs.cu_seqlens("q", q_len, q.shape[0]), runs.cu_seqlens("k", k_rows, k.shape[0]),
-            q_len + runs.q_spread, k_rows + runs.k_spread, softmax_scale=scaling, causal=found.causal,
-            window_size=found.window, seqused_q=runs.seqused_q, seqused_k=runs.seqused_k, **features)
+    cu_q, cu_k = runs.cu_seqlens("q", q_len, q.shape[0]), runs.cu_seqlens("k", k_rows, k.shape[0])
+    # Every value comes from the mask this forward already read once (the layout's one sync): no call reads them
+    # again (kernels/trust.py); max_seqlen bounds every span.
+    max_q, max_k = q_len + runs.q_spread, k_rows + runs.k_spread
+    if _checked_once(q, k, v, features):
+        out = checked_varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, causal=found.causal, window_size=found.window,
+                                  softmax_scale=scaling, softcap=features.get("softcap", 0.0),
+                                  seqused_q=runs.seqused_q, seqused_k=runs.seqused_k, calls=runs.calls)
+    else:
+        with trusted_indices():
+            out = lazytriton.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scaling,
+                                                    causal=found.causal, window_size=found.window,
+                                                    seqused_q=runs.seqused_q, seqused_k=runs.seqused_k, **features)
     return out.view(batch, q_len, heads, out.shape[-1])  # type: ignore[no-any-return]
+
+
+_CHECKED_ONCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _checked_once(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: dict[str, Any]) -> bool:
+    """Whether ``checked_varlen_call`` serves the call.
+
+    Eager plain tensors (no trace, no dispatch mode; the caller refused gradients), float16/bfloat16/float32, v's
+    head dim up to 256, no sinks (each layer has its own).
+    """
+    return (len(features) == ("softcap" in features) and q.dtype in _CHECKED_ONCE_DTYPES
+            and v.shape[-1] <= geometry.MAX_HEAD_DIM and interface.direct(q, k, v))
+
+
+def checked_varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool,
+                        window_size: tuple[int, int], softmax_scale: float | None, softcap: float,
+                        seqused_q: torch.Tensor, seqused_k: torch.Tensor,
+                        calls: dict[tuple[Any, ...], Any]) -> torch.Tensor:
+    """``flash_attn_varlen_func``'s output for an eager call (``_checked_once``), checked once per entry of ``calls``.
+
+    ``varlen.check`` runs once for the call's sizes, strides, dtype, device, scale and softcap (the index tensors
+    and flags are ``calls``' owner's, one forward's: the same for every layer), its values trusted; then
+    ``varlen.forward``, what the public function runs for such a call, on every layer.
+    """
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, softmax_scale, softcap)
+    call = calls.get(key)
+    if call is None:
+        call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                            window_size, softcap, values=False, seqused_q=seqused_q, seqused_k=seqused_k)
+        calls[key] = call
+    return varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, call)[0]  # type: ignore[no-any-return]
 
 
 def _rows(t: torch.Tensor) -> int | None:
