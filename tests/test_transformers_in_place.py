@@ -16,6 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("triton")
+from conftest import gpu, syncs_raise  # noqa: E402
 from transformers import masking_utils  # noqa: E402
 
 import lazytriton  # noqa: E402
@@ -246,3 +247,28 @@ def test_a_causal_prefill_s_layout_is_read_off_its_padding(style: str) -> None:
     for name in ("q_first", "k_first", "seqused_q", "seqused_k"):
         assert torch.equal(getattr(seeded.runs, name), getattr(analysed.runs, name)), name
     assert (seeded.runs.q_spread, seeded.runs.k_spread) == (analysed.runs.q_spread, analysed.runs.k_spread)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_in_place_is_the_gather_route_bit_for_bit_and_never_synchronises() -> None:
+    """bench_transformers' layer on the GPU: 8 left-padded prompts of 64-512 tokens, 16/4 heads, hd128, bf16."""
+    gen = torch.Generator().manual_seed(5)
+    lengths = [512, *torch.randint(64, 513, (7,), generator=gen).tolist()]
+    padding = torch.tensor([[False] * (512 - n) + [True] * n for n in lengths], device="cuda")
+    mask = lt_transformers.mask(batch_size=8, q_length=512, kv_length=512, q_offset=0, kv_offset=0,
+                                mask_function=masking_utils.causal_mask_function, attention_mask=padding,
+                                allow_is_causal_skip=False)
+    q = torch.randn(8, 512, 16, 128, generator=gen).to("cuda", torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(8, 4, 512, 128, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    found = transformers_varlen.layout(mask, 8, 512, 512, True)
+    assert isinstance(found, transformers_varlen.Packed) and found.runs is not None
+    with torch.no_grad():
+        want = transformers_varlen.run_packed(_gather_route(found), q, k, v, 0.088, {})
+        transformers_varlen.run_packed(found, q, k, v, 0.088, {})  # loads the kernel, checks the call
+        with syncs_raise():
+            got = transformers_varlen.run_packed(found, q, k, v, 0.088, {})
+    assert torch.equal(got, want)
+    reference = _reference(q.float(), k.float(), v.float(), mask, 0.088).float()
+    torch.testing.assert_close(got.float(), torch.where(found.q_sel[:, :, None, None], reference, 0.0), atol=2e-2,
+                               rtol=2e-2)

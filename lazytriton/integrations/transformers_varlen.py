@@ -51,7 +51,12 @@ object) and reads one small summary to the host (one sync: the packed sizes
 must be known to allocate); seqused, cu_seqlens and the gather indices are
 built on the device from it without another sync, the in-place route's
 cu_seqlens once per forward and tensor layout, the gather indices on the
-first layer that gathers.
+first layer that gathers. A causal prefill without a cache gets its layout
+from the mask function instead (``remember_prefill``: read off the 2D
+padding mask in ~20 small ops where the analysis takes ~90, one sync all
+the same), and the in-place call of plain eager tensors is checked once per
+forward and layout (``checked_varlen_call``): each layer is then one
+``varlen.forward``, one launch.
 """
 
 from __future__ import annotations
@@ -388,8 +393,8 @@ def _run_in_place(found: Packed, runs: Runs, query: torch.Tensor, key: torch.Ten
     max_q, max_k = q_len + runs.q_spread, k_rows + runs.k_spread
     if _checked_once(q, k, v, features):
         out = checked_varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, causal=found.causal, window_size=found.window,
-                                  softmax_scale=scaling, softcap=features.get("softcap", 0.0),
-                                  seqused_q=runs.seqused_q, seqused_k=runs.seqused_k, calls=runs.calls)
+                                  softmax_scale=scaling, seqused_q=runs.seqused_q, seqused_k=runs.seqused_k,
+                                  calls=runs.calls, **features)
     else:
         with trusted_indices():
             out = lazytriton.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scaling,
@@ -413,9 +418,9 @@ def _checked_once(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: d
 
 def checked_varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool,
-                        window_size: tuple[int, int], softmax_scale: float | None, softcap: float,
-                        seqused_q: torch.Tensor, seqused_k: torch.Tensor,
-                        calls: dict[tuple[Any, ...], Any]) -> torch.Tensor:
+                        window_size: tuple[int, int], softmax_scale: float | None, seqused_q: torch.Tensor,
+                        seqused_k: torch.Tensor, calls: dict[tuple[Any, ...], Any],
+                        softcap: float = 0.0) -> torch.Tensor:
     """``flash_attn_varlen_func``'s output for an eager call (``_checked_once``), checked once per entry of ``calls``.
 
     ``varlen.check`` runs once for the call's sizes, strides, dtype, device, scale and softcap (the index tensors
