@@ -104,7 +104,7 @@ class Runs:
     q_spread: int
     k_spread: int
     made: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
-    # The varlen call checked once per layout (``_varlen_call``): every other layer of the forward launches it.
+    # The varlen call checked once per layout (``checked_varlen_call``): every other layer of the forward launches it.
     calls: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def cu_seqlens(self, side: str, rows: int, total: int) -> torch.Tensor:
