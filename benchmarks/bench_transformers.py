@@ -296,8 +296,10 @@ def lazytriton_calls(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
     import lazytriton
     from lazytriton import kvcache
     from lazytriton.integrations import transformers as lt_transformers
+    from lazytriton.integrations import transformers_varlen
 
     names = {(lazytriton, "attn_fwd"): "dense", (lazytriton, "flash_attn_varlen_func"): "varlen",
+             (transformers_varlen, "checked_varlen_call"): "varlen",
              (lazytriton, "scaled_dot_product_attention"): "sdpa_mask",
              (lt_transformers, "decoding_step"): "decoding_step", (kvcache, "with_key_mask"): "key_mask"}
     counts: collections.Counter[str] = collections.Counter()

@@ -72,7 +72,7 @@ case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet 
   # transformers' tests run where .whl-hf travelled (carry [".whl", ".whl-hf"]); they skip, saying why, elsewhere
   [ -d .whl-hf ] && python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl \
     >/dev/null 2>&1 && hf_site=:/tmp/site-hf
-  PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_kvcache_key_mask.py \
+  PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_transformers_in_place.py tests/test_kvcache_key_mask.py \
     tests/test_transformers_key_mask.py tests/test_transformers.py tests/test_value_split.py tests/test_flash_fwd_mla.py \
     tests/test_capi_scratch.py tests/test_capi.py tests/test_capi_fp8.py tests/test_native_tma.py \
     tests/test_lazy_imports.py tests/test_cold_start.py tests/test_kvcache_hot.py tests/test_peer_gaps.py \

@@ -18,6 +18,7 @@ from conftest import gpu, syncs_raise  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton.integrations import transformers as lt_transformers  # noqa: E402
+from lazytriton.integrations import transformers_varlen  # noqa: E402
 
 PAD = 0
 
@@ -50,7 +51,8 @@ def test_the_name_kernels_is_not_the_checkouts_folder() -> None:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Records each lazytriton call the integration makes: (entry point, query shape, causal, window_size).
 
-    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in),
+    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func, or the integration's call of it checked
+    once a forward, ``transformers_varlen.checked_varlen_call``), "sdpa" (the SDPA drop-in),
     "masked" (the drop-in's body with a softcap, ``sdpa.masked``), "decoding" (a decoding step's masked call).
     """
     from lazytriton import sdpa
@@ -68,6 +70,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
         monkeypatch.setattr(module, name, recorded)
 
     for kind, module, name in (("dense", lazytriton, "attn_fwd"), ("varlen", lazytriton, "flash_attn_varlen_func"),
+                               ("varlen", transformers_varlen, "checked_varlen_call"),
                                ("sdpa", lazytriton, "scaled_dot_product_attention"), ("masked", sdpa, "masked"),
                                ("decoding", lt_transformers, "decoding_step")):
         spy(kind, module, name)
@@ -105,9 +108,10 @@ def test_logits_match_sdpa(model: torch.nn.Module, calls: list[Call], padding: s
     if padding == "left_padded":  # pad rows too: a left-padded pad query sees no key, zeros in both
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     layers = model.config.num_hidden_layers
-    # One call per layer: dense on the batch unpadded, varlen on the packed real tokens (10 of 12) padded.
+    # One call per layer: dense on the batch unpadded, varlen padded, on the padded batch's 12 rows read in place
+    # (each sequence's real tokens are one run: transformers_varlen.Runs).
     want_calls = ([("dense", (2, 4, 6, 8), True, None)] if padding == "unpadded"
-                  else [("varlen", (10, 4, 8), True, (-1, -1))])
+                  else [("varlen", (12, 4, 8), True, (-1, -1))])
     assert calls == want_calls * layers
 
 
@@ -123,7 +127,7 @@ def test_padded_batch_is_one_varlen_call_per_layer(calls: list[Call]) -> None:
     want = _logits(llama, "sdpa", input_ids=ids, attention_mask=mask)
     got = _logits(llama, "lazytriton", input_ids=ids, attention_mask=mask)
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
-    assert calls == [("varlen", (10, 4, 8), True, (-1, -1))] * 4
+    assert calls == [("varlen", (15, 4, 8), True, (-1, -1))] * 4  # the 15 padded rows, read in place
 
 
 @pytest.mark.filterwarnings("ignore:.*right-padding was detected")

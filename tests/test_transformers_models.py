@@ -20,7 +20,7 @@ from transformers import masking_utils  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton.integrations import transformers as lt_transformers  # noqa: E402
-from lazytriton.integrations import transformers_plan  # noqa: E402
+from lazytriton.integrations import transformers_plan, transformers_varlen  # noqa: E402
 
 PAD = 0
 WINDOW = 3  # keys a query sees, its own included: shorter than the 6-token prompts
@@ -38,23 +38,25 @@ Call = tuple[tuple[int, ...], tuple[int, ...], object, object, object, str]
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Records each lazytriton call (q shape, k shape, causal, window_size, softcap, entry point): lazytriton ran.
 
-    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func), "sdpa" (the SDPA drop-in).
+    The entry points: "dense" (attn_fwd), "varlen" (flash_attn_varlen_func, or the integration's call of it checked
+    once a forward, ``transformers_varlen.checked_varlen_call``), "sdpa" (the SDPA drop-in).
     """
     seen: list[Call] = []
 
-    def spy(kind: str, name: str) -> None:
-        real = getattr(lazytriton, name)
+    def spy(kind: str, name: str, module: object = lazytriton) -> None:
+        real = getattr(module, name)
 
         def recorded(q: torch.Tensor, k: torch.Tensor, *args: object, **kw: object) -> object:
             seen.append((tuple(q.shape), tuple(k.shape), kw.get("causal"), kw.get("window_size"), kw.get("softcap"),
                          kind))
             return real(q, k, *args, **kw)
 
-        monkeypatch.setattr(lazytriton, name, recorded)
+        monkeypatch.setattr(module, name, recorded)
 
     for kind, name in (("dense", "attn_fwd"), ("varlen", "flash_attn_varlen_func"),
                        ("sdpa", "scaled_dot_product_attention")):
         spy(kind, name)
+    spy("varlen", "checked_varlen_call", transformers_varlen)
     return seen
 
 

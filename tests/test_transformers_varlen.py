@@ -46,12 +46,27 @@ def _applied(found: transformers_varlen.Dense | transformers_varlen.Packed, batc
         queries = [found.q_index[1][cu_q[b]:cu_q[b + 1]].tolist() for b in range(batch)]
         keys = [found.k_index[1][cu_k[b]:cu_k[b + 1]].tolist() for b in range(batch)]
         assert all(sorted(set(t)) == t for t in queries + keys)  # in order, once each
+        _assert_runs(found.runs, queries, keys)
     for b in range(batch):
         for r, i in enumerate(queries[b]):
             packed[b, i] = True
             for c, j in enumerate(keys[b]):
                 mask[b, i, j] = _visible(r, c, len(queries[b]), len(keys[b]), found.causal, found.window)
     return mask, packed
+
+
+def _assert_runs(runs: transformers_varlen.Runs | None, queries: list[list[int]], keys: list[list[int]]) -> None:
+    """The in-place route's runs are each sequence's packed rows exactly; none only where some are not one run."""
+    one_run = [t == list(range(t[0], t[0] + len(t))) if t else True for t in queries + keys]
+    if runs is None:
+        assert not all(one_run)
+        return
+    assert all(one_run)
+    for first, used, spread, rows in ((runs.q_first, runs.seqused_q, runs.q_spread, queries),
+                                      (runs.k_first, runs.seqused_k, runs.k_spread, keys)):
+        assert used.dtype == torch.int32 and used.tolist() == [0, *(len(t) for t in rows)]
+        assert all(not t or t[0] == f for t, f in zip(rows, first.tolist(), strict=True))
+        assert spread == max(first.tolist()) - min(first.tolist())
 
 
 def _assert_exact(mask: torch.Tensor, causal: bool, real: torch.Tensor | None = None) -> bool:

@@ -399,23 +399,40 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         return out, lse
     if vc.max_seqlen_q == 0 or vc.max_seqlen_k == 0:  # no query, or no key to see: nothing to launch
         return out.zero_(), fwd_sinks.lse_of_no_key(vc.call, lse, 0)
+    if q.device.type == "cpu":
+        run_interpreter(q, k, v, out, lse, cu_q, cu_k, vc)
+    else:
+        launch_gpu(q, k, v, out, lse, cu_q, cu_k, vc)
+    return out, lse
+
+
+def run_interpreter(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    cu_q: torch.Tensor, cu_k: torch.Tensor, vc: VarlenCall) -> None:
+    """The forward kernel through Triton's interpreter on CPU tensors (its grid cut to the longest sequence)."""
+    from lazytriton import compiler
+
     views = (kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out), lse.unsqueeze(0))
     call = vc.call
     used_q, used_k, flags = _used(vc)
-    ints, aligned, index64 = fwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr(), _pointer(used_q),
-                                      _pointer(used_k))
-    if q.device.type == "cpu":
-        from lazytriton import compiler
+    ints = fwd.pack(*views, call, cu_q.data_ptr(), cu_k.data_ptr(), _pointer(used_q), _pointer(used_k))[0]
+    vc = host_lengths(vc, cu_q, cu_k)
+    shape = vc.kernel_shape
+    fwd.warn_if_slow(shape)
+    constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
+                                               call.mods, call.head_dim_v, call.sunk, call.chunked), **flags}
+    args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), used_q, used_k, fwd_sinks.argument(call, q),
+            *ints[_SKIP_FWD_POINTERS + fwd.N_TENSORS:], *fwd.floats(call))
+    compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
 
-        vc = host_lengths(vc, cu_q, cu_k)
-        shape = vc.kernel_shape
-        fwd.warn_if_slow(shape)
-        constexprs = {**fwd.interpreter_constexprs(shape, call.causal != "none", call.windowed, call.capped,
-                                                   call.mods, call.head_dim_v, call.sunk, call.chunked), **flags}
-        args = (*views, cu_q, cu_k, *score_mods.mod_tensors(call, q), used_q, used_k, fwd_sinks.argument(call, q),
-                *ints[_SKIP_FWD_POINTERS + fwd.N_TENSORS:], *fwd.floats(call))
-        compiler.interpret(FLASH_FWD.name, fwd.grid(shape, constexprs["BLOCK_M"]), args, constexprs)
-        return out, lse
+
+def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               cu_q: torch.Tensor, cu_k: torch.Tensor, vc: VarlenCall) -> None:
+    """The forward kernel's launch: pack, the memo key, the plan (made on a miss), one launch on the stream."""
+    call = vc.call
+    used_q, used_k, _ = _used(vc)
+    ints, aligned, index64 = fwd.pack(kernel_view(q), kernel_view(k), kernel_view(v), kernel_view(out),
+                                      lse.unsqueeze(0), call, cu_q.data_ptr(), cu_k.data_ptr(), _pointer(used_q),
+                                      _pointer(used_k))
     device = q.device
     rt = runtime.get()
     key = memo_key(device.index, q.dtype, vc, aligned, index64)
@@ -425,7 +442,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
     kernel, block_m = found
     kernel.launch(fwd.grid(vc.kernel_shape, block_m), launch.raw_stream(device.index), ints, fwd.floats(call),
                   launch.scratch_alloc)
-    return out, lse
 
 
 # ---------------------------------------------------------------------------

@@ -152,10 +152,24 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     built: torch.Tensor | None = sdpa_mask(*args, **kwargs)
     padding, q_len = kwargs.get("attention_mask"), kwargs.get("q_length")
     if built is not None and isinstance(padding, torch.Tensor) and padding.dim() == 2 and isinstance(q_len, int):
-        real = _real_queries(padding.to(torch.bool), q_len, kwargs)
+        bools = padding.to(torch.bool)
+        real = _real_queries(bools, q_len, kwargs)
         if real is not None:
             transformers_varlen.remember_queries(built, real)
+        if not args and _causal_prefill(kwargs, bools.shape[1]):
+            transformers_varlen.remember_prefill(built, bools)
     return built
+
+
+def _causal_prefill(kwargs: dict[str, Any], padding_len: int) -> bool:
+    """Whether ``sdpa_mask``'s arguments are a causal prefill without a cache (``remember_prefill``'s mask)."""
+    from transformers.masking_utils import causal_mask_function
+
+    q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+    return (kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+            and kwargs.get("local_size") is None and type(q_offset) is int and q_offset == 0
+            and type(kv_offset) is int and kv_offset == 0
+            and kwargs.get("q_length") == kwargs.get("kv_length") == padding_len)
 
 
 def _decoding_step_mask(kwargs: dict[str, Any]) -> torch.Tensor | None:
