@@ -72,11 +72,10 @@ case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet 
   # transformers' tests run where .whl-hf travelled (carry [".whl", ".whl-hf"]); they skip, saying why, elsewhere
   [ -d .whl-hf ] && python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl \
     >/dev/null 2>&1 && hf_site=:/tmp/site-hf
-  PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_transformers_in_place.py tests/test_kvcache_key_mask.py \
-    tests/test_transformers_key_mask.py tests/test_transformers.py tests/test_value_split.py tests/test_flash_fwd_mla.py \
-    tests/test_capi_scratch.py tests/test_capi.py tests/test_capi_fp8.py tests/test_native_tma.py \
-    tests/test_lazy_imports.py tests/test_cold_start.py tests/test_kvcache_hot.py tests/test_peer_gaps.py \
-    tests/test_fp8_kvcache.py} -m gpu -v -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
+  PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_transformers_in_place.py tests/test_transformers.py \
+    tests/test_transformers_models.py tests/test_kvcache_fused_combine.py tests/test_cold_paths.py tests/test_tuning.py \
+    tests/test_flash_bwd.py tests/test_eager.py tests/test_fastlaunch.py tests/test_lazy_imports.py \
+    tests/test_cold_start.py tests/test_varlen.py tests/test_varlen_seqused.py tests/test_fp8_kvcache.py} -m gpu -v -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
     | tee "$OUT/new_gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -32 ;;
 esac
 case " $* " in *" fp8 "*)  # FP8: the forward beside our bf16 forward (and torch's fp8 SDPA where it takes fp8), the
