@@ -174,7 +174,7 @@ def test_the_flag_is_written_only_when_on() -> None:
     request = Request("bf16", 128, False, True, 4, 4096)
     with dispatch.fusing_combine():
         assert dispatch.variant("flash_decode_split", sm90, request) == fused
-    assert dispatch.variant("flash_decode_split", sm90, request) == plain  # off by default: prewarm plans the two kernels
+    assert dispatch.variant("flash_decode_split", sm90, request) == plain  # off by default: the two kernels
     assert dispatch.FUSED_COMBINE_BY_DEFAULT is False
 
 
