@@ -554,6 +554,17 @@ def test_kvcache_gpu(case: Case) -> None:
     check_against_reference(cpu, (out.cpu(), lse.cpu(), k_cache.cpu(), v_cache.cpu()), **options(case))
 
 
+def serving_cache(batch: int, capacity: int, paged: bool, gen: torch.Generator
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(k_cache, block_table) of the serving GPU tests: 8 key/value heads, head dim 128, bf16; paged: pages of 256
+    keys in a random order (``capacity`` a multiple of 256), else contiguous."""
+    if paged:
+        blocks = batch * capacity // 256
+        k_cache = torch.randn(blocks, 256, 8, 128, device="cuda", generator=gen).bfloat16()
+        return k_cache, torch.randperm(blocks, device="cuda", generator=gen).reshape(batch, -1).int()
+    return torch.randn(batch, capacity, 8, 128, device="cuda", generator=gen).bfloat16(), None
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize(("paged", "batch", "length"), list(itertools.product((False, True), (1, 16), (1000, 8192))))
@@ -562,13 +573,7 @@ def test_kvcache_gpu_decode_shapes(paged: bool, batch: int, length: int) -> None
     gen = torch.Generator(device="cuda").manual_seed(batch + length)
     q = torch.randn(batch, 1, 32, 128, device="cuda", generator=gen).bfloat16()
     capacity = 8192
-    if paged:
-        blocks = batch * capacity // 256
-        k_cache = torch.randn(blocks, 256, 8, 128, device="cuda", generator=gen).bfloat16()
-        table = torch.randperm(blocks, device="cuda", generator=gen).reshape(batch, -1).int()
-    else:
-        k_cache = torch.randn(batch, capacity, 8, 128, device="cuda", generator=gen).bfloat16()
-        table = None
+    k_cache, table = serving_cache(batch, capacity, paged, gen)
     v_cache = torch.randn_like(k_cache)
     lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     got = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)

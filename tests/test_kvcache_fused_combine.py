@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import gpu
-from test_kvcache import check_against_reference
+from test_kvcache import check_against_reference, serving_cache
 from test_kvcache_hot import (
     Interpreting,
     Recording,
@@ -343,13 +343,7 @@ def _gpu_args(batch: int, length: int, paged: bool, seed: int = 0) -> dict[str, 
     gen = torch.Generator(device="cuda").manual_seed(seed + batch + length)
     q = torch.randn(batch, 1, 32, 128, device="cuda", generator=gen).bfloat16()
     capacity = -(-max(length, 256) // 256) * 256  # whole pages of 256 keys for each sequence
-    if paged:
-        blocks = batch * capacity // 256
-        k_cache = torch.randn(blocks, 256, 8, 128, device="cuda", generator=gen).bfloat16()
-        table = torch.randperm(blocks, device="cuda", generator=gen).reshape(batch, -1).int()
-    else:
-        k_cache = torch.randn(batch, capacity, 8, 128, device="cuda", generator=gen).bfloat16()
-        table = None
+    k_cache, table = serving_cache(batch, capacity, paged, gen)
     lens = torch.randint(1, length + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     lens[0] = length
     return {"q": q, "k_cache": k_cache, "v_cache": torch.randn_like(k_cache), "cache_seqlens": lens,

@@ -27,7 +27,7 @@ import pytest
 import torch
 from conftest import gpu
 from test_flash_fwd import seed_of
-from test_kvcache import DTYPES, HEADS, Case, check_against_reference, make_inputs, run
+from test_kvcache import DTYPES, HEADS, Case, check_against_reference, make_inputs, run, serving_cache
 
 import lazytriton
 from lazytriton import compiler
@@ -567,13 +567,7 @@ def test_leftpad_gpu_serving_shapes(paged: bool, new: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(new + 10 * paged)
     batch, capacity = 8, 8192
     q = torch.randn(batch, 1 + new, 32, 128, device="cuda", generator=gen).bfloat16()
-    if paged:
-        blocks = batch * capacity // 256
-        k_cache = torch.randn(blocks, 256, 8, 128, device="cuda", generator=gen).bfloat16()
-        table = torch.randperm(blocks, device="cuda", generator=gen).reshape(batch, -1).int()
-    else:
-        k_cache = torch.randn(batch, capacity, 8, 128, device="cuda", generator=gen).bfloat16()
-        table = None
+    k_cache, table = serving_cache(batch, capacity, paged, gen)
     v_cache = torch.randn_like(k_cache)
     k = v = None
     if new:
