@@ -85,7 +85,7 @@ def fake_gpu(kernels: dict[str, Any], plans: _Plans) -> Iterator[None]:
     saved = (runtime.get, launch.raw_stream, binding.gpu_slots, binding.run_interpreter, append_binding.append)
     runtime.get = lambda: plans  # type: ignore[assignment]
     launch.raw_stream = lambda device_index: 0  # type: ignore[assignment]
-    binding.gpu_slots = lambda device_index: H200_SMS * binding.PROGRAMS_PER_SM  # type: ignore[assignment]
+    binding.gpu_slots = lambda device_index, shared=0: H200_SMS * binding.PROGRAMS_PER_SM  # type: ignore[assignment]
     binding.run_interpreter = binding.launch_gpu  # type: ignore[assignment]
     append_binding.append = _gpu_append  # type: ignore[assignment]
     try:
@@ -239,7 +239,7 @@ def route_rows(rounds: int = 7, calls: int = 300) -> list[tuple[str, float]]:
         _, kernels = fake_kernels(Path(tmp) / "decode")
         for _, args in made.values():
             memoise(rt, kernels, **{name: x for name, x in args.items() if name != "step"})  # type: ignore[arg-type]
-        binding.gpu_slots = lambda device_index: H200_SMS * binding.PROGRAMS_PER_SM  # type: ignore[assignment]
+        binding.gpu_slots = lambda device_index, shared=0: H200_SMS * binding.PROGRAMS_PER_SM  # type: ignore[assignment]
         hot.serve = hot.make(cuda=False, get_runtime=runtime.get, raw_stream=lambda device_index: 0)
         step, saved = lt_transformers.decoding_step, lt_transformers.KEY_MASK_MIN_KEYS
         best: dict[str, float] = {}
