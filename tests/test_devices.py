@@ -310,8 +310,7 @@ def test_a_call_on_another_device_than_the_current_one_takes_no_stocked_lse() ->
     rt = _Runtime()
     current = [-1]  # the CPU tensors' "device" (get_device() is -1)
     warm = hot.generate("bhsd", "forward", cuda=False, get_runtime=lambda: rt, raw_stream=lambda di: 0x5EED,
-                        is_capturing=lambda: False, current_device=lambda: current[0],
-                        lse_template=lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s))
+                        is_capturing=lambda: False, current_device=lambda: current[0])
     q, k, v = make_qkv(1, (2, 2), (4, 4), 16, torch.float32)
     kernel = _plan_for(rt, q, k, v)
     assert isinstance(kernel, _Recorder)

@@ -7,6 +7,7 @@ a GPU, against the general path's kernel launch and results.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -184,12 +185,8 @@ class _Runtime:
 def _cpu_paths(rt: _Runtime, spare: torch.Tensor) -> dict[str, Callable[..., Any]]:
     scope = {"get_runtime": lambda: rt, "raw_stream": lambda di: 0x5EED, "SPARE": {-1: (spare.numel(),
                                                                                     spare.data_ptr())}}
-    paths = {f"output_{layout}": hot.generate(layout, "output", cuda=False, **scope) for layout in ("bhsd", "bshd")}
-    for layout in ("bhsd", "bshd"):
-        paths[f"forward_{layout}"] = hot.generate(
-            layout, "forward", cuda=False, **scope,
-            lse_template=lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s))
-    return paths
+    return {f"{result}_{layout}": hot.generate(layout, result, cuda=False, **scope)
+            for result in ("forward", "output") for layout in ("bhsd", "bshd")}
 
 
 CPU_CASES = [  # (layout, heads, seqlens, head dim, causal, scale, dtype, make non-contiguous)
@@ -333,8 +330,7 @@ def test_sdpa_without_enable_gqa_is_served_only_for_equal_or_single_kv_heads() -
 
 def _stocked_path(rt: _Runtime, stream: list[int], capturing: list[bool]) -> Callable[..., Any]:
     return hot.generate("bhsd", "forward", cuda=False, get_runtime=lambda: rt, raw_stream=lambda di: stream[0],
-                        is_capturing=lambda: capturing[0],
-                        lse_template=lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s))
+                        is_capturing=lambda: capturing[0])
 
 
 def _plan_for(rt: _Runtime, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> _Recorder:
@@ -407,6 +403,64 @@ def test_gpu_stocked_lse_tensors_keep_their_values() -> None:
     for qkv, (out, lse) in zip(inputs, results, strict=True):
         expect_out, expect_lse = binding.forward(*qkv, binding.check(*qkv))  # the general path
         assert torch.equal(out, expect_out) and torch.equal(lse, expect_lse)
+
+
+# ---------------------------------------------------------------------------
+# Device memory kept across calls: none in an entry, none made during a CUDA graph capture. The "device" here is
+# meta (``device_of`` swapped in the generated text's scope): what the warm path allocates on the call's device
+# is a meta tensor, what it allocates on the host is a CPU one.
+
+META = torch.device("meta")
+
+
+def kept_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor ``value`` keeps through its lists, tuples, dicts and bound functions (an entry, a record)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, functools.partial):
+        return kept_tensors(value.args) + kept_tensors(value.keywords)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return [t for item in items for t in kept_tensors(item)]
+
+
+def _on_meta(rt: _Runtime, result: str, capturing: list[bool]) -> Callable[..., Any]:
+    return hot.generate("bhsd", result, cuda=False, get_runtime=lambda: rt, raw_stream=lambda di: 7,
+                        is_capturing=lambda: capturing[0], device_of=lambda di: META)
+
+
+def test_an_entry_described_during_a_capture_keeps_no_device_memory() -> None:
+    rt, capturing = _Runtime(), [True]
+    warm = _on_meta(rt, "forward", capturing)
+    q, k, v = make_qkv(1, (2, 2), (4, 4), 16, torch.float32)
+    _plan_for(rt, q, k, v)
+    out, lse = warm(q, k, v, False, None)  # described now, in the (faked) capture
+    assert lse.device == META and lse.shape == (1, 2, 4) and lse._base is None, "the call's own lse, on its device"
+    (entry,) = warm.__globals__["SHAPES"].values()
+    kept = kept_tensors(entry)
+    assert kept and all(t.device.type == "cpu" for t in kept), "only host tensors (the lse template)"
+    assert entry[hot.FIELD["lse_stocks"]] == {}, "no stock made during the capture"
+    assert entry[hot.FIELD["lse_template"]].untyped_storage().nbytes() == 4
+    capturing[0] = False
+    stocked = warm(q, k, v, False, None)[1]
+    assert stocked.device == META and stocked._base is not None, "a stock on the entry's device, once not capturing"
+    assert {t.device for t in entry[hot.FIELD["lse_stocks"]][7]} == {META}
+
+
+def test_the_spare_lse_is_a_temporary_during_a_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    capturing = [True]
+    spare: dict[int, tuple[int, int]] = {}
+    kept: list[torch.Tensor] = []
+    monkeypatch.setattr(hot, "SPARE", spare)
+    monkeypatch.setattr(hot, "_SPARE_KEPT", kept)
+    monkeypatch.setattr(hot, "device_of", lambda di: META)
+    monkeypatch.setattr(hot.launch, "capturing", lambda di: capturing[0])
+    made = hot.spare_lse(0, 100)
+    assert made.device == META and made.numel() == 100 and spare == {} and kept == [], "nothing kept in a capture"
+    capturing[0] = False
+    grown = hot.spare_lse(0, 100)
+    assert spare[0][0] == 100 and kept == [grown], "kept, outside a capture"
+    capturing[0] = True
+    assert hot.spare_lse(0, 1000).numel() == 1000 and spare[0][0] == 100 and kept == [grown]
 
 
 # ---------------------------------------------------------------------------

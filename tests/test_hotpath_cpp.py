@@ -103,8 +103,7 @@ def _paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, r
         return done
 
     scope = {"get_runtime": lambda: rt, "raw_stream": lambda di: 0x5EED,
-             "SPARE": {-1: (spare.numel(), spare.data_ptr())},
-             "lse_template": lambda di, b, h, s: torch.empty(1, dtype=torch.float32).expand(b, h, s)}
+             "SPARE": {-1: (spare.numel(), spare.data_ptr())}}
     paths = {"python": hot.generate(layout, result, cuda=False, cpp=False, **scope),
              "cpp": hot.generate(layout, result, cuda=False, cpp=cpp, stream_inside=stream_inside, **scope,
                                  run_cpp=run)}
@@ -225,7 +224,7 @@ def test_cpp_tail_hands_out_the_stocks_lse_and_checks_one_it_is_given(fake: Fake
     assert first.data_ptr() != second.data_ptr() and first.shape == (1, 2, 16) and first.is_contiguous()
     assert second.data_ptr() in _launched(fake)[0], "the kernel writes the stock's lse"
     (entry,) = paths["cpp"].__globals__["SHAPES"].values()
-    record = entry[12]
+    record = entry[hot.FIELD["cpp_record"]]
     for bad in (torch.empty(1, 2, 15), torch.empty(1, 2, 16, dtype=torch.float64), torch.empty(1, 2, 32)[..., ::2]):
         with pytest.raises(ValueError, match="lse is not a contiguous float32"):
             cpp.run(q, k, v, 7, {7: [bad]}, record)
@@ -234,6 +233,9 @@ def test_cpp_tail_hands_out_the_stocks_lse_and_checks_one_it_is_given(fake: Fake
             cpp.run(q, k, v, 7, bad, record)
     stocks: dict[int, list[torch.Tensor]] = {7: [], 8: [torch.empty(1, 2, 16)]}
     refill = record[5]
+    template, device = refill.args[1:]
+    assert template.untyped_storage().nbytes() == 4 and device == entry[hot.FIELD["device"]], (
+        "the lse template on the host (4 bytes); the stocks on the entry's device")
     record = (*record[:5], functools.partial(refill.func, stocks, *refill.args[1:]))
     _, lse = cpp.run(q, k, v, 7, stocks, record)  # an empty stock: restocked, one handed out, the rest kept
     assert lse.shape == (1, 2, 16) and len(stocks[7]) > 1 and all(t.shape == (1, 2, 16) for t in stocks[7])
@@ -475,7 +477,8 @@ def test_cpp_tail_reads_the_current_stream_itself_where_torch_offers_it(result: 
     assert _launched(fake)[2]["stream"] == 0xC0FFEE00, "the getter's stream for q's device (-1 on the CPU)"
     (entry,) = paths["cpp"].__globals__["SHAPES"].values()
     lse = 0 if result == "output" else None
-    assert cpp.run(q, k, v, None, lse, entry[12]) is None, "no getter: declined, the Python tail reads the stream"
+    record = entry[hot.FIELD["cpp_record"]]
+    assert cpp.run(q, k, v, None, lse, record) is None, "no getter: declined, the Python tail reads the stream"
     assert _launched(fake)[2]["stream"] == 0xC0FFEE00
 
 

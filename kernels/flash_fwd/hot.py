@@ -34,6 +34,15 @@ call on the H200 host): the kernel writes lse into a per-device spare buffer
 that nobody reads (``spare_lse``), which only grows and is never freed, so a
 CUDA graph that captured its address stays valid.
 
+An entry holds no device memory (its lse template is on the host:
+``lse_template``), so describing a shape inside a CUDA graph capture leaves
+nothing in the graph's private pool. What is kept across calls on the device
+(the spare buffer, the lse stocks) is never allocated during a capture: a
+captured call gets a temporary instead, freed with the call's other
+temporaries. Only eager calls reach this module: the torch ops that
+torch.compile's graphs call (and cudagraph trees warm up and record) take
+``binding.forward``.
+
 The launch goes through the compiled helper (``LoadedKernel.fast``,
 lazytriton/driver/fastlaunch.py) when it is built, else ``LoadedKernel.launch``.
 When the C++ tail is built for the running torch too (lazytriton/driver/
@@ -116,7 +125,8 @@ ENTRY: dict[str, str] = {
     "launch_unaligned": "None",  # and for the others
     "key_aligned": "",  # binding.memo_key's, for aligned pointers (_key_source, from binding.PLAIN_KEY)
     "key_unaligned": "",  # and for the others
-    "lse_template": "template",  # forward_*: the lse an allocation copies; None for output_*
+    "lse_template": "template",  # forward_*: the lse an allocation copies, on the host; None for output_*
+    "device": "device_of(di)",  # the tensors' device: where a forward's lse and its stocks are allocated
     "cpp_record": "None",  # the C++ tail's record (``cpp_record``); None: not made yet, False: not used here
 }
 # describe's names of binding.PLAIN_KEY's fields (aligned is a constant of each key).
@@ -184,7 +194,7 @@ def describe(qshape, kshape, vshape, qs, ks, vs, dtype, di, causal, scale, gqa, 
     # binding.memo_key's gluon_tail: this shape fits dispatch's flash_fwd_gluon row (its tiles divide it).
     tail = gluon_tail(gluon_q_tiles(DTYPES[dtype], d, is_causal, offset, scale, sq, sk))
     strides_aligned = {aligned}
-    template = lse_template(di, b, hq, sq)
+    template = lse_template(b, hq, sq)
     entry = [{entry}]
     if len(SHAPES) >= MAX_SHAPES:
         SHAPES.clear()
@@ -254,12 +264,12 @@ _LSE = {
     "forward": ("stream = raw_stream(di)\n"
                 "    stocks = known[lse_stocks]  # see lse_stocks\n"
                 "    if stocks is None or (stream and (current_device() != di or is_capturing())):  # see lse_stocks\n"
-                "        lse = empty_like(known[lse_template])  # see lse_template\n"
+                "        lse = empty_like(known[lse_template], device=known[device])  # see lse_template\n"
                 "    else:\n"
                 "        try:\n"
                 "            lse = stocks[stream].pop()\n"
                 "        except (KeyError, IndexError):\n"
-                "            lse = restock(stocks, known[lse_template], stream)\n"
+                "            lse = restock(stocks, known[lse_template], known[device], stream)\n"
                 "    lse_ptr = lse.data_ptr()",
                 "out, lse"),
     "output": ("stream = raw_stream(di)\n"
@@ -379,8 +389,8 @@ def cpp_record(entry: list[Any], forward: bool) -> tuple[Any, ...] | bool | None
         return False
     fails = [getattr(kernel, "fail", None) for kernel in kernels]
     stocks = entry[FIELD["lse_stocks"]]
-    refill = (functools.partial(restock, stocks, entry[FIELD["lse_template"]]) if forward and stocks is not None
-              else None)
+    refill = (functools.partial(restock, stocks, entry[FIELD["lse_template"]], entry[FIELD["device"]])
+              if forward and stocks is not None else None)
     fields = {"template": template, "plan_aligned": plans[0], "plan_unaligned": plans[1], "fail_aligned": fails[0],
               "fail_unaligned": fails[1], "restock": refill}
     record = tuple(fields[name] for name in hotpath_record.RECORD)
@@ -400,30 +410,49 @@ def spare_lse(device_index: int, numel: int) -> torch.Tensor:
     and its address replaces the old one in ``SPARE``; old buffers are kept,
     never freed, since a captured graph holds their address (in all at most
     twice the largest). During a capture it returns a temporary tensor
-    instead, as the general path allocates one: the capture's pool orders its
-    reuse. Kernels on several streams may write the same spare buffer at
-    once: nobody reads it, and it is never freed.
+    instead, as the general path allocates one: a buffer kept past the call
+    must not come from the graph's private pool (cudagraph trees refuse a
+    pool block no output holds), and the capture's pool orders the
+    temporary's reuse. Kernels on several streams may write the same spare
+    buffer at once: nobody reads it, and it is never freed. ``device_index``
+    -1 (the CPU runs of the generated text) is never captured.
     """
-    if launch.capturing(device_index):
-        return torch.empty(numel, dtype=torch.float32, device=torch.device("cuda", device_index))
+    device = device_of(device_index)
+    if device_index >= 0 and launch.capturing(device_index):
+        return torch.empty(numel, dtype=torch.float32, device=device)
     with _spare_lock:
         found = SPARE.get(device_index)
         size = max(numel, 2 * found[0] if found is not None else 0)
-        buffer = torch.empty(size, dtype=torch.float32, device=torch.device("cuda", device_index))
+        buffer = torch.empty(size, dtype=torch.float32, device=device)
         _SPARE_KEPT.append(buffer)
         SPARE[device_index] = (size, buffer.data_ptr())
         return buffer
 
 
-def lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:
-    """A (batch, heads, seqlen) float32 tensor of one element, expanded: ``empty_like`` of it is a new lse.
+@functools.cache
+def device_of(device_index: int) -> torch.device:
+    """The device of tensors whose ``get_device()`` is ``device_index``: a GPU, or the CPU for -1 (the tests' runs)."""
+    return torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+
+
+_HOST_ONE = torch.empty(1, dtype=torch.float32)
+
+
+def lse_template(batch: int, heads: int, seqlen: int) -> torch.Tensor:
+    """A (batch, heads, seqlen) float32 tensor of one host element, expanded: ``empty_like(it, device=)`` is an lse.
 
     ``empty_like`` of a tensor that is not dense gives contiguous strides, as
-    lse needs, and costs 1.6 µs on the H200 host where ``new_empty(shape,
-    dtype=)`` costs 3.0 (benchmarks/NOTES.md). The template holds 4 bytes.
+    lse needs. The template is on the host so that an entry keeps no device
+    memory: an entry described during a CUDA graph capture would otherwise
+    keep a block of the graph's private pool alive (cudagraph trees refuse
+    one no output holds: "tensor(s) in the cudagraph pool not tracked as
+    outputs"). ``empty_like(template, device=)`` with the entry's cached
+    device object is the cheapest form measured (profile_hot --cpu-fake:
+    0.15 µs over ``empty_like`` of a template on the device, against 0.6 for
+    ``torch.empty(shape, dtype=, device=)``; on the H200 host ``empty_like``
+    costs 1.6 µs and ``new_empty(shape, dtype=)`` 3.0, benchmarks/NOTES.md).
     """
-    one = torch.empty(1, dtype=torch.float32, device=torch.device("cuda", device_index))
-    return one.expand(batch, heads, seqlen)
+    return _HOST_ONE.expand(batch, heads, seqlen)
 
 
 # lse stocks: a forward_* call must return a new lse, and its allocation was 1.8 of attn_fwd's 11.2 µs on the
@@ -456,12 +485,16 @@ def lse_stocks(template: torch.Tensor | None) -> dict[int, list[torch.Tensor]] |
     return {}
 
 
-def restock(stocks: dict[int, list[torch.Tensor]], template: torch.Tensor, stream: int) -> torch.Tensor:
-    """A new lse for ``stream``, refilling its stock with the next ones from one allocation."""
+def restock(stocks: dict[int, list[torch.Tensor]], template: torch.Tensor, device: torch.device,
+            stream: int) -> torch.Tensor:
+    """A new lse for ``stream`` on ``device`` (the entry's), refilling its stock with the next ones from one allocation.
+
+    Its callers never call it during a CUDA graph capture (see ``lse_stocks``): the stock outlives the call.
+    """
     numel = template.numel()
     step = -(-numel // 4) * 4  # each lse starts 16-byte aligned: its pointer is part of the aligned plan's rule
     count = min(MAX_STOCK, STOCK_BYTES // (4 * step))
-    block = torch.empty(count * step, dtype=torch.float32, device=template.device)
+    block = torch.empty(count * step, dtype=torch.float32, device=device)
     b, h, s = template.shape
     fresh = list(block.as_strided((count, b, h, s), (step, h * s, s, 1)).unbind(0))
     lse = fresh.pop()
@@ -540,7 +573,7 @@ def source(layout: str, result: str, cuda: bool = True, cpp: bool = False, strea
     return indexed(call + describe)
 
 
-def _no_template(device_index: int, batch: int, heads: int, seqlen: int) -> None:
+def _no_template(batch: int, heads: int, seqlen: int) -> None:
     return None
 
 
@@ -588,7 +621,8 @@ def generate(layout: str, result: str, cuda: bool = True, cpp: Any = None, strea
         "get_runtime": runtime.get, "raw_stream": _GET_RAW_STREAM or launch.raw_stream,
         "scratch_alloc": launch.scratch_alloc, "SPARE": SPARE, "spare_lse": spare_lse,
         "lse_template": lse_template if result == "forward" else _no_template, "lse_stocks": lse_stocks,
-        "restock": restock, "is_capturing": is_capturing, "run_cpp": getattr(cpp, "run", None) if cpp else None,
+        "restock": restock, "device_of": device_of, "is_capturing": is_capturing,
+        "run_cpp": getattr(cpp, "run", None) if cpp else None,
         "current_device": launch.current_device if cuda and launch.current_device else _cpu_device,
         "serve": getattr(cpp, "serve", None) if cpp else None,
         "remember": getattr(cpp, "remember", None) if cpp else None, "TABLE": {}, "CUDA": cuda,

@@ -1,0 +1,105 @@
+"""The 16-bit forward and CUDA graphs' private pools: nothing a call keeps comes from a graph's pool.
+
+cudagraph trees (``torch.compile(mode="reduce-overhead")``) warm a graph up and record it with its allocations
+in the graph's own pool, and refuse a block of that pool that no output holds ("tensor(s) in the cudagraph pool
+not tracked as outputs"). The warm path's entries keep no device memory (kernels/flash_fwd/hot.py: the lse
+template is on the host), and what it keeps on the device is never made during a capture. On a GPU: a fresh
+process (no plan, no entry before the compiled calls) compiles the public calls with "reduce-overhead" and runs
+them with torch's pool check after every step; and an entry first described inside a ``torch.cuda.graph``
+capture keeps no CUDA tensor. The CPU checks of the same rules are in test_hot.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import run_python
+from test_flash_fwd import make_qkv, on_gpu
+from test_hot import kept_tensors
+
+import lazytriton
+from lazytriton.kernels.flash_fwd import hot
+
+# A fresh process: the dense calls (flash_attn_func, the SDPA drop-in) and the packed one with out= compiled with
+# "reduce-overhead", forward only, each run on new inputs and held against the eager calls (hot.py's warm path
+# after the first). slow_path_cudagraph_asserts makes cudagraph trees check its pool after each warm-up, recording
+# and replay.
+FRESH = """
+import json, sys
+import torch
+import torch._inductor.config as inductor_config
+import lazytriton
+
+inductor_config.triton.slow_path_cudagraph_asserts = True
+dtype = getattr(torch, DTYPE)
+b, s, h, d = 2, 128, 4, 64
+
+
+def dense(q, k, v):
+    a = lazytriton.flash_attn_func(q, k, v, causal=True)
+    t = lazytriton.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                is_causal=True)
+    return a.float(), t.transpose(1, 2).float()
+
+
+def packed(q, k, v, cu):
+    out = torch.empty_like(q)
+    lazytriton.flash_attn_varlen_func(q, k, v, cu, cu, s, s, causal=True, out=out)
+    return out.float()
+
+
+compiled_dense = torch.compile(dense, fullgraph=True, mode="reduce-overhead")
+compiled_packed = torch.compile(packed, fullgraph=True, mode="reduce-overhead")
+cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device="cuda")
+steps = []
+with torch.no_grad():
+    for step in range(4):
+        torch.manual_seed(step)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
+        got = [t.clone() for t in compiled_dense(q, k, v)]
+        want = dense(q, k, v)
+        flat = [t.flatten(0, 1) for t in (q, k, v)]
+        got.append(compiled_packed(*flat, cu).clone())
+        want = (*want, packed(*flat, cu))
+        torch.cuda.synchronize()
+        steps.append([bool(torch.allclose(g, w, atol=2e-3, rtol=2e-3)) for g, w in zip(got, want)])
+print(json.dumps({"steps": steps, "hot": "lazytriton.kernels.flash_fwd.hot" in sys.modules}))
+"""
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_reduce_overhead_in_a_fresh_process_keeps_nothing_in_the_graph_pool(dtype: str) -> None:
+    done = run_python(f"DTYPE = {dtype!r}\n" + FRESH, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    assert "not tracked as outputs" not in done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["steps"] == [[True, True, True]] * 4, report
+    assert report["hot"], "the eager calls between the compiled ones took the warm path"
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_an_entry_first_described_in_a_capture_keeps_no_cuda_tensor(dtype: torch.dtype) -> None:
+    q, k, v = make_qkv(1, (4, 2), (200, 333), 64, dtype, device="cuda", seed=5)  # a shape no other test describes
+    lazytriton.preload(q, k, causal=True)  # the plan, and no warm entry yet
+    static = [t.clone() for t in (q, k, v)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = lazytriton.attn_fwd(*static, causal=True)  # hot.forward_bhsd describes the shape here
+        out_only = lazytriton.scaled_dot_product_attention(*static, is_causal=True, enable_gqa=True)  # output_bhsd
+    entries = [entry for name in ("forward_bhsd", "output_bhsd")
+               for key, entry in getattr(hot, name).__globals__["SHAPES"].items()
+               if key[0] == q.shape and key[6] is dtype]
+    assert len(entries) == 2, "both warm paths described the shape during the capture"
+    kept = kept_tensors(entries)
+    assert kept and not any(t.is_cuda for t in kept), [(t.shape, t.device) for t in kept]
+    fresh = make_qkv(1, (4, 2), (200, 333), 64, dtype, device="cuda", seed=6)
+    for s, f in zip(static, fresh, strict=True):
+        s.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, lazytriton.attn_fwd(*fresh, causal=True)[0])
+    assert torch.equal(out_only, lazytriton.scaled_dot_product_attention(*fresh, is_causal=True, enable_gqa=True))
