@@ -5,14 +5,16 @@ launch path (the compiled helper and cffi's ABI mode) and through the op.
 Where the C++ tail is built (``python -m lazytriton.kernels.flash_fwd.hotpath_build``),
 the warm path is timed with it ("C++ tail") and without it.
 
-``--cpu-fake``: no GPU needed (best of interleaved rounds: the CPU machine is
-shared). The warm path's own generated text (``hot.generate(cuda=False)``)
-runs on CPU tensors against a fake libcuda (tests/fake_libcuda.py, compiled
-with the system C compiler) whose cuLaunchKernel only records its
-arguments, through the real ``CudaApi`` and
+``--cpu-fake``: no GPU needed (the thread's CPU time in interleaved rounds,
+best and quartiles: the CPU machine is shared). The warm path's own generated
+text (``hot.generate(cuda=False)``) runs on CPU tensors against a fake libcuda
+(tests/fake_libcuda.py, compiled with the system C compiler) whose
+cuLaunchKernel only records its arguments, through the real ``CudaApi`` and
 ``LoadedKernel``: everything but the driver's own time and the CUDA
 allocator. The public functions are timed with their warm path swapped for
-these CPU ones. ``--cpu-fake --fp8``: an FP8 ``flash_attn_func``'s host path (its warm
+these CPU ones; "lse allocated" is ``hot.forward_bhsd`` without lse stocks (a
+big lse's path: ``empty_like`` of the host template, on the call's device).
+``--cpu-fake --fp8``: an FP8 ``flash_attn_func``'s host path (its warm
 path, ``fp8_hot``, on CPU tensors; and with it off) beside a bf16 call's, the
 same way; ``--fp8`` on a GPU (sm_90+): the FP8 call's host time, warm and
 with its warm path off, beside the bf16 call's. ``--kvcache``: a decoding
@@ -64,6 +66,8 @@ def gpu_steps() -> None:
     grid = binding.grid(call.shape, block_m)
     stream = launch.raw_stream(0)
     floats = binding.floats(call)
+    template, device = hot.lse_template(1, 2, 16), hot.device_of(0)  # a warm lse: empty_like(template, device=)
+    on_device = torch.empty(1, dtype=torch.float32, device=device).expand(1, 2, 16)
     steps: dict[str, Callable[[], object]] = {
         "full attn_fwd": lambda: flash.attn_fwd(q, k, v),
         "full attn_fwd through the op": lambda: ops.flash_fwd_op(q, k, v, call.scale, call.causal),
@@ -71,6 +75,8 @@ def gpu_steps() -> None:
         "warm path, out only (hot.output_bhsd)": lambda: hot.output_bhsd(q, k, v, False, None),
         "empty_like(q)": lambda: torch.empty_like(q),
         "empty lse (new_empty)": lambda: q.new_empty((1, 2, 16), dtype=torch.float32),
+        "empty lse (empty_like of the host template, device=)": lambda: torch.empty_like(template, device=device),
+        "empty lse (empty_like of a template on the device)": lambda: torch.empty_like(on_device),
         "runtime.get().plans": lambda: runtime.get().plans,
         "pack": lambda: binding.pack(q, k, v, out, lse, call),
         "raw stream": lambda: launch.raw_stream(0),
@@ -168,21 +174,18 @@ def _fake_kernels(directory: Path) -> dict[str, Any]:
 CPP = "C++ tail"  # the compiled helper's kernel, the warm path's tail in C++ (kernels/flash_fwd/_hotpath.cpp)
 
 
-def _cpu_lse_template(device_index: int, batch: int, heads: int, seqlen: int) -> torch.Tensor:
-    return torch.empty(1, dtype=torch.float32).expand(batch, heads, seqlen)
-
-
 class _Plans:
     def __init__(self, plans: dict[Any, Any]) -> None:
         self.plans = plans
 
 
-def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, float]]:
-    """(call, launch path, µs) of each public entry point's warm path on CPU tensors and the fake driver.
+def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, float, float, float, float]]:
+    """(call, launch path, best, q1, median, q3 µs) of each public entry point's warm path, CPU tensors, fake driver.
 
-    Best of ``rounds`` rounds, the rows interleaved within each round (a slow
-    spell of the shared machine hits every row); each row's warm functions
-    are swapped into ``hot`` before its timed span.
+    The thread's CPU time over ``rounds`` rounds (time the shared machine gives
+    other processes is not counted), the rows interleaved within each round (a
+    slow spell hits every row); each row's warm functions are swapped into
+    ``hot`` before its timed span.
     """
     from lazytriton import interface, sdpa
 
@@ -198,37 +201,40 @@ def cpu_fake_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, str, fl
             scope = {"get_runtime": lambda plans=plans: _Plans(plans), "raw_stream": lambda di: 0,
                      "SPARE": {-1: (spare.numel(), spare.data_ptr())}}
             cpp = hotpath.module() if path == CPP else False
-            cpu = {f"{r}_{layout}": hot.generate(layout, r, cuda=False, cpp=cpp, **scope, **(
-                {"lse_template": _cpu_lse_template} if r == "forward" else {}))
-                for r in ("forward", "output") for layout in ("bhsd", "bshd")}
+            cpu = {f"{r}_{layout}": hot.generate(layout, r, cuda=False, cpp=cpp, **scope)
+                   for r in ("forward", "output") for layout in ("bhsd", "bshd")}
             for key_q, key_k in ((q, k), (q.transpose(1, 2), k.transpose(1, 2))):  # fill the memo, both layouts
                 call = binding.check(key_q, key_k, key_k)
                 out, lse = binding.empty_outputs(key_q, call.shape)
                 _, aligned, index64 = binding.pack(key_q, key_k, key_k, out, lse, call)
                 plans[binding.memo_key(-1, q.dtype, call.shape, False, aligned, index64)] = (kernel, 64)
+            allocated = hot.generate("bhsd", "forward", cuda=False, cpp=cpp, **scope,
+                                     lse_stocks=lambda template: None)  # as a big lse's: no stocks
             providers.update({(name, path): (cpu, fn) for name, fn in {
                 "hot.forward_bhsd": lambda fn=cpu["forward_bhsd"]: fn(q, k, v, False, None),
+                "hot.forward_bhsd, lse allocated": lambda fn=allocated: fn(q, k, v, False, None),
                 "hot.output_bhsd": lambda fn=cpu["output_bhsd"]: fn(q, k, v, False, None),
                 "attn_fwd": lambda: interface.attn_fwd(q, k, v),
                 "flash_attn_func": lambda: interface.flash_attn_func(qb, kb, vb),
                 "lazytriton_sdpa": lambda: sdpa.scaled_dot_product_attention(q, k, v),
             }.items()})
-        best = {key: math.inf for key in providers}
+        spans: dict[tuple[str, str], list[float]] = {key: [] for key in providers}
         try:
             for round_ in range(rounds + 1):  # round 0 warms up
                 for key, (cpu, fn) in providers.items():
                     for name, warm in cpu.items():
                         setattr(hot, name, warm)
                     assert fn() is not None
-                    start = time.perf_counter()
+                    start = time.thread_time()
                     for _ in range(calls):
                         fn()
                     if round_:
-                        best[key] = min(best[key], (time.perf_counter() - start) / calls * 1e6)
+                        spans[key].append((time.thread_time() - start) / calls * 1e6)
         finally:
             for name, fn in saved.items():
                 setattr(hot, name, fn)
-    return [(name, path, value) for (name, path), value in best.items()]
+    return [(name, path, min(values), *statistics.quantiles(values, n=4))
+            for (name, path), values in spans.items()]
 
 
 def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, float]]:
@@ -375,9 +381,10 @@ def main() -> int:
         return 0
     rows = cpu_fake_rows()
     add = rows[0][2]
-    print(f"{'call':<20} {'launch path':<16} {'µs':>7}  vs torch.add (CPU tensors, fake driver)")
-    for name, path, value in rows:
-        print(f"{name:<20} {path:<16} {value:7.2f}  {value / add:5.2f}x")
+    print(f"{'call':<32} {'launch path':<16} {'best µs':>7}  vs torch.add  {'q1':>5} {'median':>6} {'q3':>5}  "
+          "(thread CPU; CPU tensors, fake driver)")
+    for name, path, best, q1, median, q3 in rows:
+        print(f"{name:<32} {path:<16} {best:7.2f}  {best / add:5.2f}x       {q1:5.2f} {median:6.2f} {q3:5.2f}")
     return 0
 
 

@@ -5,7 +5,8 @@ H200, attn_fwd 1.92x). This probe times the pieces of the warm path in the
 same interleaved rounds (bench_host.measure), so their sum can be read
 against the whole:
 
-- the allocations (``empty_like`` of q; of the expanded lse template),
+- the allocations (``empty_like`` of q; of the expanded lse template, on the host with ``device=`` as the
+  warm path makes it, beside one on the device and ``torch.empty(shape, dtype=, device=)``),
 - four ``data_ptr()`` reads and the raw-stream read,
 - the launch alone (the compiled helper with one call's captured arguments),
 - the warm functions themselves (``hot.output_bhsd``, ``hot.forward_bhsd``)
@@ -143,7 +144,9 @@ def main() -> int:
         lazytriton.attn_fwd(q, k, v)
         lazytriton.flash_attn_func(qb, kb, vb)
         lazytriton.scaled_dot_product_attention(q, k, v)
-    template = hot.lse_template(0, 1, 2, 16)
+    template = hot.lse_template(1, 2, 16)  # on the host: each lse is empty_like(template, device=)
+    device = hot.device_of(0)
+    on_device = torch.empty(1, dtype=torch.float32, device=device).expand(1, 2, 16)  # the forms it is held against
     stream_of = torch._C._cuda_getCurrentRawStream  # noqa: SLF001 (what the warm path calls)
     from lazytriton.driver.gpu import CudaApi
 
@@ -152,7 +155,10 @@ def main() -> int:
         ("noop", "-"): lambda: None,
         ("torch_add", "-"): lambda: torch.add(q, q),
         ("empty_like(q)", "part"): lambda: torch.empty_like(q),
-        ("empty_like(lse template)", "part"): lambda: torch.empty_like(template),
+        ("empty_like(lse template)", "part"): lambda: torch.empty_like(template, device=device),
+        ("empty_like(lse template on the device)", "part"): lambda: torch.empty_like(on_device),
+        ("empty(lse shape, dtype=, device=)", "part"): lambda: torch.empty((1, 2, 16), dtype=torch.float32,
+                                                                           device=device),
         ("4x data_ptr", "part"): lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.data_ptr()),
         ("raw stream", "part"): lambda: stream_of(0),
         ("is capturing", "part"): hot.is_capturing,
