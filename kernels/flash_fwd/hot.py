@@ -447,10 +447,11 @@ def lse_template(batch: int, heads: int, seqlen: int) -> torch.Tensor:
     keep a block of the graph's private pool alive (cudagraph trees refuse
     one no output holds: "tensor(s) in the cudagraph pool not tracked as
     outputs"). ``empty_like(template, device=)`` with the entry's cached
-    device object is the cheapest form measured (profile_hot --cpu-fake:
-    0.15 µs over ``empty_like`` of a template on the device, against 0.6 for
+    device object is the cheapest form measured (CPU: 0.79 µs, 0.15 over
+    ``empty_like`` of a template on the device, against 1.2 for
     ``torch.empty(shape, dtype=, device=)``; on the H200 host ``empty_like``
-    costs 1.6 µs and ``new_empty(shape, dtype=)`` 3.0, benchmarks/NOTES.md).
+    costs 1.6 µs and ``new_empty(shape, dtype=)`` 3.0; benchmarks/NOTES.md,
+    12-06). The C++ tail allocates lse itself (``at::empty``).
     """
     return _HOST_ONE.expand(batch, heads, seqlen)
 
