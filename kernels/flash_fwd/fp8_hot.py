@@ -52,11 +52,6 @@ if {name for name in FLASH_FWD_FP8.aligned_params if name in POINTERS} != set(AL
 _STRIDE_SLOTS = tuple(fp8.INT_PARAMS.index(name) for name in FLASH_FWD_FP8.aligned_params if name not in POINTERS)
 MAX_SHAPES = 4096  # distinct entries remembered; past it the table starts again
 _F32 = torch.float32
-# The lse's template, on the host: ``empty_like(template, device=)`` of it is a new contiguous lse on the call's
-# device. An entry keeps no device memory: one made while a CUDA graph records (torch.compile's
-# "reduce-overhead": its warm-up runs allocate from the graph's pool too) would stay alive in that pool, which
-# cudagraph trees refuse ("tensor(s) in the cudagraph pool not tracked as outputs").
-_CPU_ONE = torch.empty(1, dtype=_F32)
 # The current stream's raw handle: the C function itself where torch has it (~0.3 µs on the H200), as hot.py's.
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or launch.raw_stream
 
@@ -73,6 +68,8 @@ class Entry:
     device_index: int
     out_size: tuple[int, ...]
     out_stride: tuple[int, ...]
+    # On the host (hot.lse_template): an entry keeps no device memory. The FP8 op reaches this warm path in
+    # cudagraph trees' warm-up too, whose allocations come from the graph's pool, which refuses a block kept alive.
     lse_template: torch.Tensor
     lse_numel: int
     vt_size: tuple[int, ...]
@@ -148,7 +145,7 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any, sca
     out, v_copy = view(out), view(vt.transpose(2, 3))
     return Entry(
         plans=plans, device=device, device_index=q.get_device(), out_size=tuple(out.shape), out_stride=out.stride(),
-        lse_template=_CPU_ONE.expand(*lse.shape), lse_numel=lse.numel(),
+        lse_template=hot.lse_template(*lse.shape), lse_numel=lse.numel(),
         vt_size=tuple(v_copy.shape), vt_stride=v_copy.stride(), ones=ones,
         ones_ptr=0 if ones is None else ones.data_ptr(), tail=ints[len(POINTERS):], floats=fp8.floats(call),
         strides_aligned=not any(ints[slot] & 15 for slot in _STRIDE_SLOTS),
