@@ -75,7 +75,8 @@ case " $* " in *" newtests "*)  # the GPU tests of the paths no GPU has run yet 
   PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${NEW_TESTS:-tests/test_transformers_in_place.py tests/test_transformers.py \
     tests/test_transformers_models.py tests/test_kvcache_fused_combine.py tests/test_cold_paths.py tests/test_tuning.py \
     tests/test_flash_bwd.py tests/test_eager.py tests/test_fastlaunch.py tests/test_lazy_imports.py \
-    tests/test_cold_start.py tests/test_varlen.py tests/test_varlen_seqused.py tests/test_fp8_kvcache.py} -m gpu -v -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
+    tests/test_cold_start.py tests/test_varlen.py tests/test_varlen_seqused.py tests/test_fp8_kvcache.py \
+    tests/test_graph_pool.py tests/test_hot.py tests/test_hotpath_cpp.py tests/test_fp8_hot.py tests/test_fp8_reach.py} -m gpu -v -p no:cacheprovider -n ${GPU_TEST_WORKERS:-4} 2>&1 \
     | tee "$OUT/new_gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -32 ;;
 esac
 case " $* " in *" fp8 "*)  # FP8: the forward beside our bf16 forward (and torch's fp8 SDPA where it takes fp8), the
@@ -207,6 +208,12 @@ case " $* " in *" tunedecode "*)  # flash_decode's table on this GPU (copy $OUT/
   timeout ${TUNEDECODE_TIMEOUT:-200} lazytriton tune --kernel flash_decode --dtype ${TUNEDECODE_DTYPES:-bf16} --head-dim 64,128 \
     -j "$(nproc)" --splits-report --table kernels/flash_decode/tuning.csv 2>&1 | tee "$OUT/tune_decode.log" | tail -30
   cp kernels/flash_decode/tuning.csv "$OUT/decode_tuning.csv" ;;
+esac
+case " $* " in *" nvcvt "*)  # the float8 cache's V tile converted in the load's layout (NV_CVT) beside Triton's
+  # conversion: the same probe twice, each in its own cache dir (the flag is a compile-target constexpr)
+  for nv in "" --nv-cvt; do LAZYTRITON_CACHE_DIR=/tmp/lt-fp8tiles$nv timeout ${NVCVT_TIMEOUT:-200} \
+    python3 experiments/probe_decode_fp8_tiles.py $nv ${NVCVT_ARGS:---batches 1,8,32 --lengths 4096,32768} 2>&1 \
+    | tee "$OUT/fp8_tiles${nv}.log" | tail -16; done ;;
 esac
 case " $* " in *" tunebwd "*)  # flash_bwd's table: hd256 (its own candidates) and split head dims (rows of their own)
   timeout ${TUNEBWD_TIMEOUT:-420} lazytriton tune --kernel flash_bwd --dtype ${TUNEBWD_DTYPES:-bf16} \
