@@ -431,3 +431,24 @@ def test_gpu_cpp_tail_equals_the_python_tail_never_synchronises_and_captures(mon
         for w, g in zip(want, [out, lse, captured["k_cache"], captured["v_cache"]], strict=True):
             assert torch.equal(bits(w), bits(g))
     runtime.reset()
+
+
+def test_profile_kvcache_runs_every_case(cpp: Any, helper: Any, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/profile_kvcache.py's cases, a few calls each, through both tails and the general path."""
+    import sys
+
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setattr(fastlaunch, "_module", lambda: helper)
+    monkeypatch.setattr(hot, "serve", hot.serve)  # the profile swaps it and puts it back
+    sys.modules.pop("profile_kvcache", None)
+    import profile_kvcache
+
+    for made in (profile_kvcache.cases(), profile_kvcache.transformers_cases()):
+        found = profile_kvcache.rows(rounds=1, calls=2, made=made, cpp=cpp)
+        assert [row[0] for row in found] == list(made)
+        assert all(0 < spent < 1e6 for row in found for spent in row[1:]), found
+    assert profile_kvcache.main(["--rounds", "1", "--calls", "2", "--light"]) == 0
+    assert "read, int length" in capsys.readouterr().out
