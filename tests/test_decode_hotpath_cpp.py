@@ -332,7 +332,6 @@ def test_a_module_built_for_another_torch_is_never_loaded(built: Path, tmp_path:
 def test_the_background_builder_builds_the_cpp_tail_under_its_key(built: Path, cache_dir: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(helpers.VARIABLE, raising=False)
-    monkeypatch.setattr(helpers, "PACKAGE_DIR", cache_dir.parent / "package")
     helpers.reset()
 
     def build(directory: Path, verbose: bool = False, mode: int = 0o777) -> Path:  # the session's build

@@ -24,6 +24,13 @@ combine kernel, each from its entry's constant arguments and the call's pointers
 its own partials (FUSED_COMBINE): one launch, with the counters of the call's stream (``counters.py``; a captured
 call's own).
 
+Where the C++ tail is built for the running torch and the launch helper is there (``cpp_tail``: hotpath.py loads
+``_hotpath.cpp``'s module), that per-call work, in the same order, is its ``run()``: an entry then carries a record
+(``cpp_record.py``: the header made by describe, each launch's item made with the Python run's prepared launch),
+the index values' eager check stays ``Entry.check_values``, which run() calls. An entry whose launches the record
+cannot hold (the fused combine's counters, a kernel without the launch helper's plan) has none and takes the
+Python run, as does every call run() declines (the int length's range, memory that overlaps, an item not made yet).
+
 Served: a contiguous or paged cache, cache_seqlens as an int, an int32 tensor or None, new k and v (batch,
 seqlen_new, heads_k, head_dim) or none, GQA/MQA, causal or not, ``out`` (last dim contiguous) or not,
 return_softmax_lse, a forced num_splits, lazytriton's key_mask (``key_mask.py``: ``kvcache.with_key_mask``
