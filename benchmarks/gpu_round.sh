@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, fusedcombine, fp8, serving, ...),
+# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, serving, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -232,6 +232,23 @@ case " $* " in *" fusedcombine "*)  # the combine fused into the split kernel (d
     --lengths 1k,4k,16k,32k --csv "$OUT/decode_fused.csv" ${FUSED_ARGS:-} 2>&1 | tee "$OUT/bench_decode_fused.log" | tail -20
   timeout ${FUSED_PROBE_TIMEOUT:-150} python3 experiments/probe_decode_b1.py --fused --batch 1,8 \
     --lengths 1024,4096,16384,32768 2>&1 | tee "$OUT/probe_fused_combine.log" | tail -24 ;;
+esac
+case " $* " in *" decodecpp "*)  # the decoding call's C++ tail (kernels/flash_decode/_hotpath.cpp): bench_decode's
+  # batch 1 and 8 rows with hot.py's Python tail (the launch helper and flash_fwd's tail built into the package, the
+  # cache dir's helpers off), then with the C++ tail built into the package folder; then its GPU tests and the warm
+  # path's
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build \
+    >/dev/null || echo "the launch helper or flash_fwd's tail not built"
+  rm -f kernels/flash_decode/_hotpath.torch-*.so
+  for tail in python cpp; do
+    if [ $tail = cpp ]; then python3 -m lazytriton.kernels.flash_decode.hotpath_build || echo "the C++ tail not built"; fi
+    LAZYTRITON_HELPERS=0 timeout ${DECODECPP_BENCH_TIMEOUT:-200} python3 benchmarks/bench_decode.py --batches 1,8 \
+      --lengths 1k,4k,16k --layouts contiguous --csv "$OUT/decode_$tail.csv" 2>&1 | tee "$OUT/bench_decode_$tail.log" \
+      | tail -8
+  done
+  LAZYTRITON_HELPERS=0 timeout ${DECODECPP_TESTS_TIMEOUT:-300} python3 -P -m pytest tests/test_decode_hotpath_cpp.py \
+    tests/test_kvcache_hot.py -m gpu -v -p no:cacheprovider 2>&1 | tee "$OUT/decodecpp_tests.log" \
+    | grep -E "FAILED|ERROR|passed|failed|error" | tail -12 ;;
 esac
 case " $* " in *" varlen "*)  # flash_attn_varlen_func on a mixed-length batch beside padded SDPA and the dense kernel
   python3 benchmarks/bench_varlen.py --csv "$OUT/varlen.csv" ${VARLEN_ARGS:-} 2>&1 | tee "$OUT/bench_varlen.log" | tail -30 ;;

@@ -5,9 +5,13 @@ tensors, through the CUDA path up to the driver: the runtime's plans hold the sp
 kernels loaded on a fake libcuda (tests/fake_libcuda.py, compiled with the system C compiler) whose
 cuLaunchKernel only records its arguments, through the real ``CudaApi`` and ``LoadedKernel``; the SM count is
 the H200's (132), so the split heuristic cuts the 4k keys in 32 splits and the combine runs, as on the GPU.
-Each case is timed warm (``flash_decode.hot``'s warm path, made for CPU tensors) and with the warm path off
-(``kvcache.serve``: the checks, then ``binding.forward``'s GPU launch). Thread CPU time (the machine is shared:
-its other threads' time is not ours), the minimum over interleaved rounds of ``calls`` calls.
+Each case is timed warm (``flash_decode.hot``'s warm path, made for CPU tensors) with its C++ tail
+(``kernels/flash_decode/_hotpath.cpp``, when it and the launch helper are built: ``python -m
+lazytriton.kernels.flash_decode.hotpath_build``, ``python -m lazytriton.driver.fastlaunch_build``; else nan) and
+with its Python tail, and with the warm path off (``kvcache.serve``: the checks, then ``binding.forward``'s GPU
+launch). Thread CPU time (the machine is shared: its other threads' time is not ours), the minimum over
+interleaved rounds of ``calls`` calls (``--rounds``, ``--calls``). Without the launch helper every launch goes
+through cffi (~2.5 µs more a launch here).
 
 The cases: a read with an int length, a read with a lengths tensor (its eager value check computes on the
 device: one host synchronisation on a GPU), a decoding step (one new key appended, a lengths tensor), the same
@@ -157,22 +161,37 @@ def transformers_cases(batch: int = 8, heads: tuple[int, int] = (16, 4), head_di
             "flash_attn_with_kvcache, no mask": (False, views)}
 
 
-def rows(rounds: int = 7, calls: int = 300, made: dict[str, tuple[bool, dict[str, Any]]] | None = None
-         ) -> list[tuple[str, float, float]]:
-    """(case, warm µs, warm path off µs): thread CPU time, the minimum over interleaved rounds."""
+ROUTES = ("C++ tail", "Python tail", "off")
+
+
+def rows(rounds: int = 7, calls: int = 300, made: dict[str, tuple[bool, dict[str, Any]]] | None = None,
+         cpp: Any = None, light: bool = False) -> list[tuple[str, float, float, float]]:
+    """(case, warm µs with the C++ tail, with the Python tail, warm path off µs): thread CPU time.
+
+    The minimum over interleaved rounds. ``cpp``: the C++ tail's module (None: ``hot.cpp_tail()``'s; False or none
+    built: nan). ``light``: the fake's cuLaunchKernel only counts (the floor: our host cost alone, without the
+    fake's record of each launch's parameters, ~2 µs a launch here).
+    """
     hot = _warm_module()
     plans = _Plans()
     made = made or cases()
-    with tempfile.TemporaryDirectory() as tmp, fake_gpu(*_loaded(Path(tmp), plans, made)):
-        warm = hot.make(cuda=False, get_runtime=lambda: plans, raw_stream=lambda device_index: 0) if hot else None
+    with tempfile.TemporaryDirectory() as tmp, fake_gpu(*_loaded(Path(tmp), plans, made, light)):
+        warm: dict[str, Any] = {}
+        if hot:
+            tail = hot.cpp_tail() if cpp is None else cpp
+            for route, module in (("C++ tail", tail), ("Python tail", False)):
+                if route == "Python tail" or module is not False:
+                    warm[route] = hot.make(cuda=False, get_runtime=lambda: plans, raw_stream=lambda device_index: 0,
+                                           cpp=module)
         saved = hot.serve if hot else None
-        best: dict[tuple[str, bool], float] = {}
-        runs = [(name, on, trusted, _timed(args)) for name, (trusted, args) in made.items() for on in (True, False)]
+        best: dict[tuple[str, str], float] = {}
+        runs = [(name, route, trusted, _timed(args)) for name, (trusted, args) in made.items() for route in ROUTES
+                if route == "off" or route in warm]
         try:
             for round_ in range(rounds + 1):  # round 0 warms up (plans, entries)
                 for name, on, trusted, fn in runs:
                     if hot:
-                        hot.serve = warm if on else _off
+                        hot.serve = warm.get(on, _off)
                     with lazytriton.trusted_indices() if trusted else contextlib.nullcontext():
                         start = time.thread_time()
                         for _ in range(calls):
@@ -183,7 +202,7 @@ def rows(rounds: int = 7, calls: int = 300, made: dict[str, tuple[bool, dict[str
         finally:
             if hot:
                 hot.serve = saved
-    return [(name, best[name, True] if hot else math.nan, best[name, False]) for name in made]
+    return [(name, *(best.get((name, route), math.nan) for route in ROUTES)) for name in made]
 
 
 def _off(*args: Any) -> None:
@@ -198,9 +217,10 @@ def _warm_module() -> Any:
     return hot
 
 
-def _loaded(directory: Path, plans: _Plans, made: dict[str, tuple[bool, dict[str, Any]]]
+def _loaded(directory: Path, plans: _Plans, made: dict[str, tuple[bool, dict[str, Any]]], light: bool = False
             ) -> tuple[dict[str, Any], _Plans]:
-    _, kernels = fake_kernels(directory)
+    fake, kernels = fake_kernels(directory)
+    fake.lib.fake_set_light(int(light))
     for _, args in made.values():
         memoise(plans, kernels, **{name: x for name, x in args.items() if name != "step"})
     return kernels, plans
@@ -256,15 +276,24 @@ def route_rows(rounds: int = 7, calls: int = 300) -> list[tuple[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    step = "--transformers" in (sys.argv[1:] if argv is None else argv)
-    results = rows(made=transformers_cases() if step else None)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--transformers", action="store_true", help="a transformers decoding step's cases")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds (the minimum is kept)")
+    parser.add_argument("--calls", type=int, default=300, help="calls a round")
+    parser.add_argument("--light", action="store_true", help="the fake launch only counts (our host cost alone)")
+    args = parser.parse_args(argv)
+    step = args.transformers
+    results = rows(args.rounds, args.calls, made=transformers_cases() if step else None, light=args.light)
     shape = "b8 left-padded, 16/4 heads, hd128, 576 keys" if step else "b1, 32/8 heads, hd128, 4k keys"
-    print(f"{'case (' + shape + ')':<52} {'warm µs':>8} {'off µs':>8}  (CPU tensors, fake driver)")
-    for name, warm, off in results:
-        print(f"{name:<52} {warm:8.1f} {off:8.1f}")
+    print(f"{'case (' + shape + ')':<52} {'C++ µs':>8} {'Python µs':>9} {'off µs':>8}  (CPU tensors, fake driver; "
+          "warm: C++ or Python tail)")
+    for name, cpp, python, off in results:
+        print(f"{name:<52} {cpp:8.1f} {python:9.1f} {off:8.1f}")
     if step:
         print("the step's two routes, one process, interleaved (bias path: flash_fwd on the fake driver)")
-        for name, spent in route_rows():
+        for name, spent in route_rows(args.rounds, args.calls):
             print(f"  decoding_step, {name:<36} {spent:8.1f} µs")
     return 0
 

@@ -177,8 +177,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 
 
 # Compiled helpers a family brings (``lazytriton.driver.helpers`` builds and loads them as it does its own launch
-# helper): the modules whose ``HELPER`` describes each. flash_fwd's C++ warm-path tail (hot.py runs it).
-COMPILED_HELPERS: tuple[str, ...] = ("lazytriton.kernels.flash_fwd.hotpath",)
+# helper): the modules whose ``HELPER`` describes each. flash_fwd's and flash_decode's C++ warm-path tails (each
+# family's hot.py runs its own).
+COMPILED_HELPERS: tuple[str, ...] = ("lazytriton.kernels.flash_fwd.hotpath", "lazytriton.kernels.flash_decode.hotpath")
 
 
 def family_of(kernel: str) -> str:

@@ -29,6 +29,7 @@ from test_driver import _entry
 
 from lazytriton import cli, config
 from lazytriton.driver import fastlaunch, fastlaunch_build, gpu, helpers, helpers_build
+from lazytriton.kernels.flash_decode import hotpath as decode_hotpath
 from lazytriton.kernels.flash_fwd import hotpath
 
 FAST = helpers.FASTLAUNCH
@@ -110,17 +111,18 @@ def test_first_gpu_use_starts_one_background_build_per_missing_helper(fake_libra
     monkeypatch.setattr(gpu, "CudaApi", functools.partial(gpu.CudaApi, str(fake_library)))
     monkeypatch.setattr(helpers, "running_torch", lambda: "2.11.0+cu130")  # a process that imported torch
     assert gpu.cuda() is gpu.cuda()
-    keys = [helpers.key(FAST), helpers.key(hotpath.NAME, "2.11.0+cu130")]
-    assert [call[4] for call in spawns.calls] == [FAST, hotpath.NAME]
+    keys = [helpers.key(FAST), helpers.key(hotpath.NAME, "2.11.0+cu130"),
+            helpers.key(decode_hotpath.NAME, "2.11.0+cu130")]
+    assert [call[4] for call in spawns.calls] == [FAST, hotpath.NAME, decode_hotpath.NAME]
     assert [call[call.index("--key") + 1] for call in spawns.calls] == keys
     assert spawns.calls[0][:4] == [sys.executable, "-m", helpers.BUILDER, "child"]
     assert helpers.on_first_use() == []  # the same process never starts a key twice
     helpers.reset()  # another process while the builds run: it finds their locks taken
-    assert helpers.on_first_use() == [] and len(spawns.calls) == 2
+    assert helpers.on_first_use() == [] and len(spawns.calls) == 3
     assert helpers.status(FAST, cache_dir).state == helpers.BUILDING
     spawns.finish()  # the builders died without a result (killed): the next process tries again
     helpers.reset()
-    assert helpers.on_first_use() == keys and len(spawns.calls) == 4
+    assert helpers.on_first_use() == keys and len(spawns.calls) == 6
 
 
 def test_the_next_process_loads_the_helper_from_the_cache_dir_and_launches_through_it(
@@ -331,18 +333,20 @@ def test_info_says_which_launch_path_and_why(cache_dir: Path, built_helper: Path
 def test_prewarm_helpers_builds_into_a_named_cache_dir_and_says_what_failed(
         tmp_path: Path, built_helper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         ) -> None:
+    from lazytriton.kernels.flash_decode import hotpath_build as decode_hotpath_build
     from lazytriton.kernels.flash_fwd import hotpath_build
 
     def no_headers(*args: Any, **kwargs: Any) -> Path:
         raise hotpath_build.BuildError("cannot build the C++ warm path; missing:\n  torch's C++ headers")
 
     monkeypatch.setattr(hotpath_build, "build", no_headers)  # the real one takes a minute; its own tests build it
+    monkeypatch.setattr(decode_hotpath_build, "build", no_headers)
     deployed = tmp_path / "deployed-cache"
     assert cli.main(["prewarm", "--helpers", str(deployed)]) == 1
     out, err = capsys.readouterr()
     fast = helpers.folder(deployed, FAST) / helpers.module_file(FAST)
     assert f"helper fastlaunch: built: {fast}" in out and "helper hotpath: BuildError: cannot build" in out
-    assert "1 helper not built (hotpath)" in err
+    assert "2 helpers not built (hotpath, decode_hotpath)" in err
     assert helpers.status(FAST, deployed).state == helpers.CACHE
     assert cli.main(["prewarm", "--helpers", str(deployed)]) == 1  # the failed one is tried again, the other kept
     out, _ = capsys.readouterr()

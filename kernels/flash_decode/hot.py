@@ -24,6 +24,13 @@ combine kernel, each from its entry's constant arguments and the call's pointers
 its own partials (FUSED_COMBINE): one launch, with the counters of the call's stream (``counters.py``; a captured
 call's own).
 
+Where the C++ tail is built for the running torch and the launch helper is there (``cpp_tail``: hotpath.py loads
+``_hotpath.cpp``'s module), that per-call work, in the same order, is its ``run()``: an entry then carries a record
+(``cpp_record.py``: the header made by describe, each launch's item made with the Python run's prepared launch),
+the index values' eager check stays ``Entry.check_values``, which run() calls. An entry whose launches the record
+cannot hold (the fused combine's counters, a kernel without the launch helper's plan) has none and takes the
+Python run, as does every call run() declines (the int length's range, memory that overlaps, an item not made yet).
+
 Served: a contiguous or paged cache, cache_seqlens as an int, an int32 tensor or None, new k and v (batch,
 seqlen_new, heads_k, head_dim) or none, GQA/MQA, causal or not, ``out`` (last dim contiguous) or not,
 return_softmax_lse, a forced num_splits, lazytriton's key_mask (``key_mask.py``: ``kvcache.with_key_mask``
@@ -58,6 +65,7 @@ from lazytriton.kernels.flash_decode import (
     checks,
     combine_grid,
     counters,
+    cpp_record,
     split_grid,
     values,
 )
@@ -122,7 +130,7 @@ class Entry:
     __slots__ = ("plans", "device", "device_index", "call", "out_size", "lse_size", "lse_numel", "value_checks",
                  "lens_int", "lens_max", "q_span", "kc_span", "vc_span", "k_span", "v_span", "out_span", "mask_span",
                  "split_strides_aligned", "append_strides_aligned", "split_keys", "append_keys", "split_tail",
-                 "append_tail", "out_meta", "lse_meta", "split_ready", "append_ready")
+                 "append_tail", "out_meta", "lse_meta", "split_ready", "append_ready", "present", "cpp")
 
     plans: dict[Any, Any]
     device: torch.device
@@ -151,6 +159,8 @@ class Entry:
     lse_meta: torch.Tensor
     split_ready: list[Any]  # (unaligned, aligned): the prepared launches once their plans are memoised
     append_ready: list[Any]
+    present: frozenset[str]  # the optional tensors the call has (cpp_record.OPTIONAL: lens a tensor, table, mask)
+    cpp: list[Any] | None  # the C++ tail's record (cpp_record); None: the Python run serves the entry
 
     def __init__(self, **fields: Any) -> None:
         for name in self.__slots__:
@@ -189,6 +199,11 @@ class Entry:
         found = (split_kernel, grid, binding.floats(call), tuple(head), tuple(rest), splits, work, partial_lse * 4,
                  *combine, tickets)
         self.split_ready[aligned] = found
+        if self.cpp is not None:
+            item = cpp_record.split_item(found, (SPLIT_POINTERS, COMBINE_POINTERS), self.lens_int, self.present)
+            self.cpp[cpp_record.SPLIT_AT[aligned]] = item
+            if item is None:
+                self.cpp = None
         return found
 
     def append_launch(self, aligned: int) -> tuple[Any, ...] | None:
@@ -201,16 +216,28 @@ class Entry:
         call = self.call
         found = (plan[0], append_grid(call.seqlen_new, call.heads_k, call.batch, APPEND_BLOCK_M), head, rest)
         self.append_ready[aligned] = found
+        if self.cpp is not None:
+            item = cpp_record.append_item(found, APPEND_POINTERS, self.lens_int, self.present)
+            self.cpp[cpp_record.APPEND_AT[aligned]] = item
+            if item is None:
+                self.cpp = None
         return found
+
+    def check_values(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,
+                     block_table: Any) -> None:
+        """The general path's eager check of the index values, its errors (an int length: this call's)."""
+        t = checks.Inputs(q, k_cache, v_cache, k, v, lens, None, block_table)
+        if values.values_checked(t):
+            values.check_values(t, self.call._replace(seqlen_const=lens) if self.lens_int else self.call)
 
 
 def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,
              block_table: Any, softmax_scale: Any, causal: bool, num_splits: int, out: Any,
-             plans: dict[Any, Any], key_mask: Any = None, fused: bool = False) -> Entry | None:
+             plans: dict[Any, Any], key_mask: Any = None, fused: bool = False, cpp: bool = False) -> Entry | None:
     """The entry of a call the warm path may serve (``checks.check``, ``checks.check_out``); None: the general path's.
 
     ``out``: the caller's, or None (the entry then allocates one, as ``binding.empty_outputs`` does). ``fused``: the
-    split kernel merges its own partials (its plans' memo keys say so).
+    split kernel merges its own partials (its plans' memo keys say so). ``cpp``: make the C++ tail's record too.
     """
     if any(type(x) is _Tensor and not x.is_contiguous() for x in (lens, block_table)):
         return None  # the general path reads a contiguous copy (index_tensor)
@@ -237,20 +264,27 @@ def describe(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: A
         append_keys = tuple(append_binding.memo_key(device.index, q.dtype, call, aligned, append_index64)
                             for aligned in (False, True))
         append_tail = append_binding.ints(tm, call, pointers=_zero)[len(APPEND_POINTERS):]
+    spans = {"q": _span(q), "k_cache": _span(k_cache), "v_cache": _span(v_cache), "k": _span(k), "v": _span(v),
+             "out": _span(out), "key_mask": _span(key_mask)}
+    out_size = None if out is not None else tuple(out_meta.shape)
+    lens_int, lens_max = type(lens) is int, call.capacity - call.seqlen_new
+    present = frozenset(name for name, x in (("lens", lens), ("table", block_table), ("key_mask", key_mask))
+                        if type(x) is _Tensor)
     return Entry(
-        plans=plans, device=device, device_index=q.get_device(), call=call,
-        out_size=None if out is not None else tuple(out_meta.shape), lse_size=tuple(lse_meta.shape),
-        lse_numel=lse_meta.numel(), value_checks=type(lens) is _Tensor or block_table is not None,
-        lens_int=type(lens) is int, lens_max=call.capacity - call.seqlen_new, q_span=_span(q),
-        kc_span=_span(k_cache), vc_span=_span(v_cache), k_span=_span(k), v_span=_span(v), out_span=_span(out),
-        mask_span=_span(key_mask),
+        plans=plans, device=device, device_index=q.get_device(), call=call, out_size=out_size,
+        lse_size=tuple(lse_meta.shape), lse_numel=lse_meta.numel(),
+        value_checks=type(lens) is _Tensor or block_table is not None, lens_int=lens_int, lens_max=lens_max,
+        q_span=spans["q"], kc_span=spans["k_cache"], vc_span=spans["v_cache"], k_span=spans["k"], v_span=spans["v"],
+        out_span=spans["out"], mask_span=spans["key_mask"],
         split_strides_aligned=split_aligned, append_strides_aligned=append_aligned,
         split_keys=tuple(binding.memo_key(device.index, q.dtype, call, aligned, split_index64, fused)
                          for aligned in (False, True)),
         append_keys=append_keys, append_tail=append_tail,
         split_tail=binding.split_ints(tm, out_meta, lse_meta, lse_meta, lse_meta, call, 0,
                                       pointers=_zero)[len(SPLIT_POINTERS):],
-        out_meta=out_meta, lse_meta=lse_meta, split_ready=[None, None], append_ready=[None, None])
+        out_meta=out_meta, lse_meta=lse_meta, split_ready=[None, None], append_ready=[None, None], present=present,
+        cpp=cpp_record.header(out_size, tuple(lse_meta.shape), lse_meta.numel(), lens_max, spans, lens_int,
+                              split_aligned, append_aligned) if cpp and not fused else None)
 
 
 def _launch(kernel: Any, grid: tuple[int, int, int], stream: int, ints: tuple[Any, ...], floats: tuple[Any, ...],
@@ -272,9 +306,24 @@ def _overlaps(a: int, a_span: int, b: int, b_span: int) -> bool:
     return bool(a_span and b_span and a < b + b_span and b < a + a_span)
 
 
+CPP_INTERFACE = 1  # the C++ tail's run() calling convention: _hotpath.cpp's LT_INTERFACE
+
+
+def cpp_tail() -> Any:
+    """The C++ tail's module where it and the launch helper are built for this torch and record; else False.
+
+    hotpath.py logs why there is none.
+    """
+    from lazytriton.driver import fastlaunch
+    from lazytriton.kernels.flash_decode import hotpath
+
+    module = hotpath.module() if fastlaunch.available() else None
+    return module if module is not None and getattr(module, "INTERFACE", None) == CPP_INTERFACE else False
+
+
 def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
          raw_stream: Callable[[int], int] = _RAW_STREAM,
-         tickets: counters.Counters = counters.COUNTERS) -> Callable[..., Any]:
+         tickets: counters.Counters = counters.COUNTERS, cpp: Any = None) -> Callable[..., Any]:
     """The warm path: ``flash_attn_with_kvcache``'s result for a call it serves, or None.
 
     ``serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits,
@@ -283,11 +332,13 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
     The caller has sent every call with a rare feature to the general path and checked return_softmax_lse.
     ``cuda=False``: CPU tensors too (tests, profile_kvcache's fake driver), their devices in the key by
     ``Tensor.device`` (a CPU and a meta tensor share ``get_device()``'s -1). ``tickets``: where the fused combine's
-    counters come from.
+    counters come from. ``cpp``: the C++ tail's module (kernels/flash_decode/_hotpath.cpp: an entry's launches from its
+    record, ``cpp_record``), False for none, None for ``cpp_tail()``'s, looked up when the first entry is made; an
+    entry it cannot serve (the fused combine, a kernel without the launch helper's plan) takes the Python run.
     """
     shapes: dict[tuple[Any, ...], Entry] = {}
-    empty, inputs = torch.empty, checks.Inputs
-    check_values, values_checked = values.check_values, values.values_checked
+    tail: list[Any] = [cpp]  # the module, False, or None until the first description looks it up
+    empty = torch.empty
     where = _Tensor.get_device if cuda else _device_of
 
     def serve(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any,
@@ -337,8 +388,10 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
         if entry is None or entry.plans is not plans:
             if new_key is False:
                 return None
+            if tail[0] is None:
+                tail[0] = cpp_tail()
             entry = describe(q, k_cache, v_cache, k, v, lens, block_table, softmax_scale, causal, num_splits, out,
-                             plans, key_mask, fused)
+                             plans, key_mask, fused, tail[0] is not False)
             if entry is None:
                 return None
             if len(shapes) >= MAX_SHAPES:
@@ -349,6 +402,15 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
     def run(entry: Entry, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,
             block_table: Any, return_lse: bool, out: Any, key_mask: Any) -> Any:
         """The call of a described shape: what no key holds checked, then the outputs and the launches."""
+        record = entry.cpp
+        if record is not None:  # the same in C++ (None: declined, or an item not made yet: on in Python)
+            module = tail[0]
+            done = module.run(record, q, k_cache, v_cache, k, v, lens, block_table, out, key_mask, return_lse,
+                              None if cuda and raw_stream is _RAW_STREAM and module.STREAM_INSIDE
+                              else raw_stream(entry.device_index),
+                              entry.check_values if entry.value_checks and not indices_trusted() else None)
+            if done is not None:
+                return done
         if entry.lens_int and not 0 <= lens <= entry.lens_max:
             return None  # the general path raises the range's error
         q_ptr, kc_ptr, vc_ptr = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
@@ -379,9 +441,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             if append is None:
                 return None
         if entry.value_checks and not indices_trusted():
-            t = inputs(q, k_cache, v_cache, k, v, lens, None, block_table)
-            if values_checked(t):  # the general path's eager check, its errors (an int length: this call's)
-                check_values(t, entry.call._replace(seqlen_const=lens) if entry.lens_int else entry.call)
+            entry.check_values(q, k_cache, v_cache, k, v, lens, block_table)
         (split_kernel, grid, floats, head, rest, splits, work_floats, partial_lse, combine_kernel, combine_at,
          combine_tail, count) = split
         # The workspace stays referenced in this frame until after the launches.

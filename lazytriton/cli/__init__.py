@@ -87,18 +87,23 @@ def info_fields() -> dict[str, Any]:
     }
 
 
-HELPER_NAMES = {"fastlaunch": "launch helper", "hotpath": "C++ warm path"}
+HELPER_NAMES = {"fastlaunch": "launch helper", "hotpath": "C++ warm path", "decode_hotpath": "decoding's C++ warm path"}
 
 
 def launch_fields(cache_dir: Any) -> dict[str, Any]:
     """Which launch path a GPU call takes in this Python and why, and where each compiled helper stands."""
+    import importlib
+
     from lazytriton.driver import fastlaunch, helpers
-    from lazytriton.kernels.flash_fwd import hotpath
+    from lazytriton.kernels import COMPILED_HELPERS
 
     torch_version = helpers.running_torch()
     states = {name: helpers.status(name, cache_dir, torch_version) for name in helpers.registry()}
-    loads = {"fastlaunch": states["fastlaunch"].state in (helpers.PACKAGE, helpers.CACHE) and fastlaunch.available(),
-             "hotpath": states["hotpath"].state in (helpers.PACKAGE, helpers.CACHE) and hotpath.module() is not None}
+    built = (helpers.PACKAGE, helpers.CACHE)
+    loads = {"fastlaunch": states["fastlaunch"].state in built and fastlaunch.available()}
+    for described in map(importlib.import_module, COMPILED_HELPERS):  # each family's: its module() loads it or not
+        name = described.HELPER.name
+        loads[name] = states[name].state in built and described.module() is not None
     found = {name: {"state": state.state, "path": state.path, "detail": state.detail, "loads": loads[name]}
              for name, state in states.items()}
     torch = sys.modules.get("torch")
@@ -106,7 +111,8 @@ def launch_fields(cache_dir: Any) -> dict[str, Any]:
     if torch is not None and getattr(torch.version, "hip", None):
         path, why = "cffi ABI mode", "a HIP device: the compiled helpers launch through the CUDA driver only"
     elif loads["fastlaunch"]:
-        path = "compiled helper" + (" + C++ warm path" if loads["hotpath"] else "")
+        path = "compiled helper" + "".join(f" + {HELPER_NAMES.get(name, name)}" for name, loaded in loads.items()
+                                           if loaded and name != "fastlaunch")
         why = f"the launch helper from the {fast.state} ({fast.path})"
     elif fast.state in (helpers.PACKAGE, helpers.CACHE):
         path = "cffi ABI mode"
@@ -127,7 +133,7 @@ def launch_fields(cache_dir: Any) -> dict[str, Any]:
 def _helper_row(name: str, found: dict[str, Any]) -> str:
     where = f" ({found['path']})" if found["path"] else ""
     unusable = "; does not load" if found["state"] in ("package", "cache dir") and not found["loads"] else ""
-    return f"{HELPER_NAMES[name]}: {found['state']}: {found['detail']}{where}{unusable}"
+    return f"{HELPER_NAMES.get(name, name)}: {found['state']}: {found['detail']}{where}{unusable}"
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -1,9 +1,9 @@
 """The compiled helpers in the cache dir: found there, trusted or refused, and built there in the background.
 
-Compiled helpers make a warm call cheaper: the driver's launch helper ``_fastlaunch`` (plain C, fastlaunch.py),
-and those a kernel family registers (``kernels.COMPILED_HELPERS``: flash_fwd's C++ warm-path tail ``_hotpath``,
-bound to the torch it is built against). Each is described by a ``Helper`` (``registry``). A helper built into its
-package folder (``python -m lazytriton.driver.fastlaunch_build``, the family's build command) takes precedence.
+Compiled helpers make a warm call cheaper: the driver's launch helper ``_fastlaunch`` (plain C, fastlaunch.py), and
+those a family registers (``kernels.COMPILED_HELPERS``: flash_fwd's and flash_decode's C++ warm-path tails, each
+bound to its torch). Each is described by a ``Helper`` (``registry``). A helper built into its package folder
+(``python -m lazytriton.driver.fastlaunch_build``, the family's build command) takes precedence.
 Otherwise the first time a process sets up the CUDA driver (``gpu.cuda()``) ``on_first_use`` looks for each helper
 in the cache dir (a few ``stat`` calls) and, for one that is missing, starts its build in a detached background
 process (``helpers_build``, its own session, its output to a log file). No call waits for it: this process keeps

@@ -1,0 +1,364 @@
+// flash_decode's warm-path tail in C++: the per-call checks no key holds, the allocations, the pointers, the launches.
+//
+// kernels/flash_decode/hot.py calls run() after its entry lookup, when this module is built for the running torch
+// (hotpath.py loads it; python -m lazytriton.kernels.flash_decode.hotpath_build builds it). Every decision that makes
+// a call eligible stays in Python (hot.py's describe and its key); run() trusts the record hot.py made for the entry
+// and does what hot.py's Python run() does, in the same order: an int length's range, the caches' and out's bytes,
+// out's allocation, the alignment choice, the index values' check (a Python callable, when hot.py passes one), the
+// workspace, then kv_append (new keys), the split kernel and, with several splits, the combine kernel. What Python
+// pays per torch call (an allocation ~1 us, a launch's argument tuple, ~0.1 us a data_ptr) is what this file saves.
+//
+// lt_plan.h is fastlaunch_build.PLAN_SOURCE, written beside this file at build time: the plan layout and the launch
+// (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles. lt_record.h is
+// hotpath_record.header(): the record's fields, the pointer roles and the structs' formats, from Python.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+
+#include "lt_plan.h"
+#include "lt_record.h"
+
+#include <ATen/ops/empty.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+// What run() reads of an entry (hotpath_record.HEADER packs it).
+struct Header {
+    int64_t out_size[4];                // out's sizes when run() allocates it (q's dtype, contiguous)
+    int64_t lse_size[3];                // lse's sizes (float32, contiguous)
+    int64_t lse_numel;
+    int64_t lens_max;                   // the largest int length (capacity - seqlen_new)
+    int64_t span[LT_SPAN_COUNT];        // bytes from each tensor's first element past its last (0: none, empty)
+    int32_t allocate_out;               // 1: run() allocates out; 0: the caller's
+    int32_t lens_int;                   // cache_seqlens is an int (its range checked, its value in length_slot)
+    int32_t split_strides_aligned;      // the alignment rule's part the strides decide (describe)
+    int32_t append_strides_aligned;
+};
+static_assert(sizeof(Header) == LT_HEADER_SIZE, "Header must be what hotpath_record.HEADER packs");
+
+// One kernel's launch (hotpath_record.LAUNCH packs it), then n_ints int64 (the first n_pointers are pointer slots,
+// 0 in the template) and n_floats float32.
+struct Launch {
+    int64_t splits;                     // the split kernel's split count (1 elsewhere)
+    int64_t work_floats;                // the workspace's floats before lse (split kernel)
+    int64_t partial_lse;                // the partial lse's byte offset in the workspace (split kernel)
+    uint32_t grid[3];
+    int32_t n_ints, n_floats, n_pointers;
+    int32_t length_slot;                // the int slot of an int cache_seqlens; -1: none
+    int8_t role[LT_MAX_POINTERS];       // the pointer each slot takes (LT_ROLE_*)
+};
+static_assert(sizeof(Launch) == LT_LAUNCH_SIZE, "Launch must be what hotpath_record.LAUNCH packs");
+
+// run()'s calling convention: hot.py's CPP_INTERFACE must be the same, or it leaves the module unused.
+#define LT_INTERFACE 1
+
+// The current stream without Python's torch._C._cuda_getCurrentRawStream: torch's AOTInductor C shim,
+// aoti_torch_get_current_cuda_stream(device_index, &stream) -> 0 on success, a stable C ABI in libtorch_cuda
+// (libtorch_hip on ROCm), looked up once when the module loads (kernels/flash_fwd/_hotpath.cpp does the same).
+typedef int32_t (*StreamGetter)(int32_t, void **);
+StreamGetter stream_getter = nullptr;
+
+StreamGetter find_stream_getter() {
+    const char *name = "aoti_torch_get_current_cuda_stream";
+    void *found = dlsym(RTLD_DEFAULT, name);
+    for (const char *library : {"libtorch_cuda.so", "libtorch_hip.so"}) {
+        if (found != nullptr)
+            break;
+        void *handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);  // torch loaded it: only its handle is taken
+        if (handle != nullptr) {
+            found = dlsym(handle, name);
+            dlclose(handle);  // NOLOAD took a reference; torch keeps the library loaded
+        }
+    }
+    return reinterpret_cast<StreamGetter>(found);
+}
+
+// A launch item of the record, read: its struct, its ints and floats copied out, its plan and fail borrowed.
+struct Item {
+    Launch launch;
+    int64_t ints[LT_MAX_PARAMS];
+    float floats[LT_MAX_PARAMS];
+    PyObject *plan, *fail;
+};
+
+// Read (launch bytes, plan, fail) at items[0..2]; false with a Python error set when malformed.
+bool read_item(PyObject *const *items, Item *item) {
+    PyObject *raw = items[0];
+    if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) < (Py_ssize_t)sizeof(Launch)) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed launch");
+        return false;
+    }
+    Launch &l = item->launch;
+    memcpy(&l, PyBytes_AS_STRING(raw), sizeof l);
+    if (l.n_ints < 0 || l.n_ints > LT_MAX_PARAMS || l.n_floats < 0 || l.n_floats > LT_MAX_PARAMS ||
+        l.n_pointers < 0 || l.n_pointers > LT_MAX_POINTERS || l.n_pointers > l.n_ints || l.length_slot >= l.n_ints ||
+        (l.length_slot >= 0 && l.length_slot < l.n_pointers) ||
+        PyBytes_GET_SIZE(raw) != (Py_ssize_t)(sizeof l + 8 * (size_t)l.n_ints + 4 * (size_t)l.n_floats)) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed launch");
+        return false;
+    }
+    for (int i = 0; i < l.n_pointers; i++)
+        if (l.role[i] < 0 || l.role[i] >= LT_ROLE_COUNT) {
+            PyErr_SetString(PyExc_ValueError, "run(): malformed launch (a pointer role)");
+            return false;
+        }
+    memcpy(item->ints, PyBytes_AS_STRING(raw) + sizeof l, 8 * (size_t)l.n_ints);
+    memcpy(item->floats, PyBytes_AS_STRING(raw) + sizeof l + 8 * (size_t)l.n_ints, 4 * (size_t)l.n_floats);
+    item->plan = items[1];
+    item->fail = items[2];
+    return true;
+}
+
+// Launch an item with the call's pointers (address[role]) and int length; false with the kernel's error raised.
+bool launch(Item &item, const int64_t *address, int64_t length, uintptr_t stream) {
+    Launch &l = item.launch;
+    for (int i = 0; i < l.n_pointers; i++)
+        item.ints[i] = address[l.role[i]];
+    if (l.length_slot >= 0)
+        item.ints[l.length_slot] = length;
+    long status = lt_plan_launch(item.plan, l.grid[0], l.grid[1], l.grid[2], stream, item.ints, l.n_ints,
+                                 item.floats, l.n_floats);
+    if (status < 0)
+        return false;
+    if (status > 0) {  // the kernel's fail raises the DriverError naming the call and the CUDA error
+        PyObject *raised = PyObject_CallFunction(item.fail, "l(III)", status, l.grid[0], l.grid[1], l.grid[2]);
+        Py_XDECREF(raised);
+        if (raised != nullptr)
+            PyErr_Format(PyExc_RuntimeError, "launch failed with status %ld", status);
+        return false;
+    }
+    return true;
+}
+
+// A new reference, released when it goes out of scope.
+struct Owned {
+    PyObject *p = nullptr;
+    ~Owned() { Py_XDECREF(p); }
+};
+
+// The record's item at ``index`` (a new reference), or nullptr when it is not one (None: no plan memoised yet).
+PyObject *item_at(PyObject *record, Py_ssize_t index) {
+    PyObject *item = PyList_GET_ITEM(record, index);
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != LT_ITEM_SIZE)
+        return nullptr;
+    Py_INCREF(item);
+    return item;
+}
+
+bool overlaps(int64_t a, int64_t a_span, int64_t b, int64_t b_span) {
+    return a_span && b_span && a < b + b_span && b < a + a_span;
+}
+
+int64_t address_of(PyObject *tensor) {
+    return (int64_t)(uintptr_t)THPVariable_Unpack(tensor).const_data_ptr();
+}
+
+enum Arg { RECORD, Q, K_CACHE, V_CACHE, K, V, LENS, TABLE, OUT, KEY_MASK, RETURN_LSE, STREAM, CHECK, N_ARGS };
+
+// Whether each optional tensor argument is an exact tensor or None (hot.py's key has made sure; a mismatch here
+// declines rather than reads a non-tensor).
+bool plain(PyObject *const *args) {
+    if (!THPVariable_CheckExact(args[Q]) || !THPVariable_CheckExact(args[K_CACHE]) ||
+        !THPVariable_CheckExact(args[V_CACHE]))
+        return false;
+    for (int i : {K, V, TABLE, OUT, KEY_MASK})
+        if (args[i] != Py_None && !THPVariable_CheckExact(args[i]))
+            return false;
+    return (args[K] == Py_None) == (args[V] == Py_None) &&
+           (args[LENS] == Py_None || PyLong_CheckExact(args[LENS]) || THPVariable_CheckExact(args[LENS]));
+}
+
+PyObject *tail(PyObject *const *args) {
+    PyObject *record = args[RECORD];
+    PyObject *raw = PyList_GET_ITEM(record, LT_RECORD_HEADER);
+    Header h;
+    if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) != (Py_ssize_t)sizeof h) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed header");
+        return nullptr;
+    }
+    memcpy(&h, PyBytes_AS_STRING(raw), sizeof h);
+    int64_t length = 0;
+    if (h.lens_int) {
+        if (!PyLong_CheckExact(args[LENS]))
+            Py_RETURN_NONE;
+        int overflow = 0;
+        length = PyLong_AsLongLongAndOverflow(args[LENS], &overflow);
+        if (length == -1 && PyErr_Occurred())
+            return nullptr;
+        if (overflow || length < 0 || length > h.lens_max)
+            Py_RETURN_NONE;  // the general path raises the range's error
+    }
+    bool new_keys = args[K] != Py_None;
+    int64_t address[LT_ROLE_COUNT] = {0};
+    address[LT_ROLE_Q] = address_of(args[Q]);
+    address[LT_ROLE_K_CACHE] = address_of(args[K_CACHE]);
+    address[LT_ROLE_V_CACHE] = address_of(args[V_CACHE]);
+    int64_t kc = address[LT_ROLE_K_CACHE], vc = address[LT_ROLE_V_CACHE];
+    if (overlaps(kc, h.span[LT_SPAN_K_CACHE], vc, h.span[LT_SPAN_V_CACHE]))
+        Py_RETURN_NONE;  // caches sharing memory: the general path's rules (MLA's latent cache, or an error)
+    if (new_keys) {
+        address[LT_ROLE_K] = address_of(args[K]);
+        address[LT_ROLE_V] = address_of(args[V]);
+    }
+    if (args[KEY_MASK] != Py_None)
+        address[LT_ROLE_KEY_MASK] = address_of(args[KEY_MASK]);
+    const at::Tensor &q = THPVariable_Unpack(args[Q]);
+    at::Tensor out;
+    if (h.allocate_out) {
+        if (args[OUT] != Py_None)
+            Py_RETURN_NONE;
+        out = at::empty({h.out_size[0], h.out_size[1], h.out_size[2], h.out_size[3]}, q.options());
+        address[LT_ROLE_OUT] = (int64_t)(uintptr_t)out.const_data_ptr();
+    } else {
+        if (args[OUT] == Py_None)
+            Py_RETURN_NONE;
+        int64_t o = address_of(args[OUT]), o_span = h.span[LT_SPAN_OUT];
+        address[LT_ROLE_OUT] = o;
+        if (overlaps(o, o_span, address[LT_ROLE_Q], h.span[LT_SPAN_Q]) || overlaps(o, o_span, kc, h.span[LT_SPAN_K_CACHE]) ||
+            overlaps(o, o_span, vc, h.span[LT_SPAN_V_CACHE]) ||
+            (new_keys && (overlaps(o, o_span, address[LT_ROLE_K], h.span[LT_SPAN_K]) ||
+                          overlaps(o, o_span, address[LT_ROLE_V], h.span[LT_SPAN_V]))) ||
+            (args[KEY_MASK] != Py_None && overlaps(o, o_span, address[LT_ROLE_KEY_MASK], h.span[LT_SPAN_KEY_MASK])))
+            Py_RETURN_NONE;  // check_out's error, from the general path
+    }
+    int aligned = h.split_strides_aligned &&
+                  !((address[LT_ROLE_Q] | kc | vc | address[LT_ROLE_OUT]) & 15);
+    Owned split_item, append_item;  // held: the check below runs Python code
+    split_item.p = item_at(record, LT_RECORD_SPLIT_UNALIGNED + aligned);
+    if (split_item.p == nullptr)
+        Py_RETURN_NONE;  // no plan memoised for this key yet: hot.py's Python run makes the item
+    if (new_keys) {
+        int new_aligned = h.append_strides_aligned &&
+                          !((address[LT_ROLE_K] | address[LT_ROLE_V] | kc | vc) & 15);
+        append_item.p = item_at(record, LT_RECORD_APPEND_UNALIGNED + new_aligned);
+        if (append_item.p == nullptr)
+            Py_RETURN_NONE;
+    }
+    unsigned long long stream = 0;
+    if (args[STREAM] == Py_None) {  // the current stream of q's device, read here (STREAM_INSIDE)
+        void *current = nullptr;
+        if (stream_getter == nullptr || stream_getter((int32_t)q.get_device(), &current) != 0)
+            Py_RETURN_NONE;  // hot.py's Python run reads it
+        stream = (uintptr_t)current;
+    } else {
+        stream = PyLong_AsUnsignedLongLong(args[STREAM]);
+        if (PyErr_Occurred())
+            return nullptr;
+    }
+    if (args[CHECK] != Py_None) {  // the index values' eager check (hot.py's Entry.check_values): raises
+        PyObject *checked = PyObject_Vectorcall(args[CHECK], args + Q, TABLE - Q + 1, nullptr);  // q .. block_table
+        if (checked == nullptr)
+            return nullptr;
+        Py_DECREF(checked);
+    }
+    Item split, combine, append;
+    if (!read_item(&PyTuple_GET_ITEM(split_item.p, 0), &split))
+        return nullptr;
+    bool combines = PyTuple_GET_ITEM(split_item.p, LT_ITEM_COMBINE) != Py_None && split.launch.splits > 1;
+    if (combines && !read_item(&PyTuple_GET_ITEM(split_item.p, LT_ITEM_COMBINE), &combine))
+        return nullptr;
+    if (new_keys && !read_item(&PyTuple_GET_ITEM(append_item.p, 0), &append))
+        return nullptr;
+    if (args[LENS] != Py_None && !h.lens_int)
+        address[LT_ROLE_LENS] = address_of(args[LENS]);
+    if (args[TABLE] != Py_None)
+        address[LT_ROLE_TABLE] = address_of(args[TABLE]);
+    int64_t splits = split.launch.splits, work_floats = split.launch.work_floats;
+    bool return_lse = args[RETURN_LSE] == Py_True;
+    at::Tensor lse, work;  // the workspace lives until the launches are made
+    at::TensorOptions f32 = q.options().dtype(at::kFloat);
+    if (return_lse) {
+        lse = at::empty({h.lse_size[0], h.lse_size[1], h.lse_size[2]}, f32);
+        address[LT_ROLE_LSE] = (int64_t)(uintptr_t)lse.const_data_ptr();
+        if (splits > 1)
+            work = at::empty({work_floats}, f32);
+        address[LT_ROLE_PART_OUT] = splits > 1 ? (int64_t)(uintptr_t)work.const_data_ptr() : address[LT_ROLE_LSE];
+    } else {  // lse at the workspace's end: one allocation
+        work = at::empty({work_floats + h.lse_numel}, f32);
+        address[LT_ROLE_PART_OUT] = (int64_t)(uintptr_t)work.const_data_ptr();
+        address[LT_ROLE_LSE] = address[LT_ROLE_PART_OUT] + 4 * work_floats;
+        if (splits <= 1)
+            address[LT_ROLE_PART_OUT] = address[LT_ROLE_LSE];
+    }
+    address[LT_ROLE_PART_LSE] = splits > 1 ? address[LT_ROLE_PART_OUT] + split.launch.partial_lse : address[LT_ROLE_LSE];
+    if (new_keys && !launch(append, address, length, (uintptr_t)stream))
+        return nullptr;
+    if (!launch(split, address, length, (uintptr_t)stream))
+        return nullptr;
+    if (combines && !launch(combine, address, length, (uintptr_t)stream))
+        return nullptr;
+    PyObject *out_obj;
+    if (h.allocate_out) {
+        out_obj = THPVariable_Wrap(std::move(out));
+    } else {
+        out_obj = args[OUT];
+        Py_INCREF(out_obj);
+    }
+    if (out_obj == nullptr || !return_lse)
+        return out_obj;
+    PyObject *lse_obj = THPVariable_Wrap(std::move(lse));
+    if (lse_obj == nullptr) {
+        Py_DECREF(out_obj);
+        return nullptr;
+    }
+    PyObject *pair = PyTuple_New(2);
+    if (pair == nullptr) {
+        Py_DECREF(out_obj);
+        Py_DECREF(lse_obj);
+        return nullptr;
+    }
+    PyTuple_SET_ITEM(pair, 0, out_obj);
+    PyTuple_SET_ITEM(pair, 1, lse_obj);
+    return pair;
+}
+
+// run(record, q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, key_mask, return_lse, stream, check)
+//   -> out | (out, lse) | None
+// record: the entry's list (hotpath_record.RECORD: header bytes, then the split and append items for unaligned and
+// aligned pointers; an item is (launch, plan, fail, combine launch, combine plan, combine fail), None until its plan
+// is memoised). stream: the raw stream handle (an int), or None: q's device's current stream, read here
+// (STREAM_INSIDE). check: None, or the callable run() calls with (q, k_cache, v_cache, k, v, cache_seqlens,
+// block_table) before it allocates the workspace (the eager index values' check; it raises). None: declined (an
+// int length out of range, caches sharing memory, out overlapping an input, no item for the alignment): the caller
+// goes on in Python.
+PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    HANDLE_TH_ERRORS  // a c10::Error becomes the Python exception torch raises for it (OutOfMemoryError, ...)
+    if (nargs != N_ARGS || !PyList_CheckExact(args[RECORD]) || PyList_GET_SIZE(args[RECORD]) != LT_RECORD_SIZE ||
+        (args[CHECK] != Py_None && !PyCallable_Check(args[CHECK]))) {
+        PyErr_SetString(PyExc_TypeError, "run(record, q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, "
+                                         "key_mask, return_lse, stream, check): hot.py's record expected");
+        return nullptr;
+    }
+    if (!plain(args))
+        Py_RETURN_NONE;  // a tensor subclass or an unexpected type: hot.py's Python run
+    return tail(args);
+    END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef methods[] = {
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "run(record, q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, key_mask, return_lse, stream, check) "
+     "-> out | (out, lse) | None: flash_decode's warm-path tail"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hotpath", nullptr, -1, methods,
+                          nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    stream_getter = find_stream_getter();
+    PyObject *module = PyModule_Create(&module_def);
+    if (module != nullptr && (PyModule_AddStringConstant(module, "TORCH_VERSION", LT_TORCH_VERSION) < 0 ||
+                              PyModule_AddIntConstant(module, "STREAM_INSIDE", stream_getter != nullptr) < 0 ||
+                              PyModule_AddIntConstant(module, "PLAN_VERSION", LT_PLAN_VERSION) < 0 ||
+                              PyModule_AddStringConstant(module, "LAYOUT", LT_LAYOUT) < 0 ||
+                              PyModule_AddIntConstant(module, "INTERFACE", LT_INTERFACE) < 0)) {
+        Py_DECREF(module);
+        return nullptr;
+    }
+    return module;
+}

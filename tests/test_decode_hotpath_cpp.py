@@ -1,0 +1,453 @@
+"""The decoding call's C++ warm-path tail (kernels/flash_decode/_hotpath.cpp) launches what the Python tail launches.
+
+On CPU: the extension is built once for this session against the installed torch (a missing C++ compiler or
+header fails the test, with the build's own message). The warm path (``hot.make(cuda=False)``) runs on CPU tensors
+through the real ``CudaApi``, ``LoadedKernel`` and compiled launch helper, each decoding kernel on its own copy of
+the fake libcuda (tests/fake_libcuda.py: a copy records its own last launch), once with the C++ tail and once
+without; each kernel's launch (every parameter, grid, block, stream) must agree, pointers by the tensor they point
+at and the fresh ones (out, lse, the workspace) by their place in what the call allocated. On a GPU: results, no
+synchronisation and CUDA graph capture through the loaded module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import random
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import gpu, syncs_raise
+from fake_libcuda import Fake
+from test_driver import _entry
+from test_kvcache_hot import _clone, _fresh_out, _nothing, bits, cold, random_call
+
+import lazytriton
+from lazytriton import runtime
+from lazytriton.driver import DriverError, fastlaunch, fastlaunch_build, helpers, helpers_build
+from lazytriton.driver import gpu as driver_gpu
+from lazytriton.kernels import get
+from lazytriton.kernels.flash_decode import (
+    FLASH_DECODE_COMBINE,
+    FLASH_DECODE_SPLIT,
+    binding,
+    checks,
+    hot,
+    hotpath,
+    hotpath_build,
+    hotpath_record,
+)
+from lazytriton.kernels.kv_append import KV_APPEND
+from lazytriton.kernels.kv_append import binding as append_binding
+
+KERNELS = (FLASH_DECODE_SPLIT.name, FLASH_DECODE_COMBINE.name, KV_APPEND.name)
+STREAM = 0x5EED
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+
+
+def _arg_types(name: str) -> tuple[str, ...]:
+    return tuple(t for t in get(name).signature("bf16").values() if t != "constexpr")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The extension, built once per session into a temporary folder; the test fails when it cannot be built."""
+    try:
+        return hotpath_build.build(tmp_path_factory.mktemp("decode-hotpath"))
+    except Exception as exc:  # torch_build.BuildError: says what is missing
+        pytest.fail(f"the decoding call's C++ warm path must build here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def cpp(built: Path) -> Any:
+    module = hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION)
+    assert module is not None, f"{built} was built for this torch and must load"
+    return module
+
+
+@pytest.fixture(scope="module")
+def helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The compiled launch helper (its plans are what the C++ tail launches from), installed or built here."""
+    if fastlaunch.available():
+        return importlib.import_module(fastlaunch.MODULE)
+    path = fastlaunch_build.build(tmp_path_factory.mktemp("fastlaunch"))
+    spec = importlib.util.spec_from_file_location(fastlaunch.MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fakes(fake_library: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Fake]:
+    """A copy of the fake libcuda a kernel (each records its own last launch), by kernel name."""
+    made = {}
+    for name in KERNELS:
+        copy = tmp_path_factory.mktemp(f"fake-{name}") / fake_library.name
+        shutil.copyfile(fake_library, copy)
+        fake = Fake(copy)
+        fake.library = copy  # type: ignore[attr-defined]
+        made[name] = fake
+    return made
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.plans: dict[Any, Any] = {}
+
+
+@pytest.fixture
+def setup(fakes: dict[str, Fake], helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The fake kernels, a runtime, both warm paths (Python, C++) and the general path's GPU launches on CPU."""
+    monkeypatch.setattr(fastlaunch, "_module", lambda: helper)
+    kernels = {}
+    for name, fake in fakes.items():
+        kernels[name] = driver_gpu.CudaApi(str(fake.library)).load(_entry(_arg_types(name)), 0)  # type: ignore[attr-defined]
+        assert fastlaunch.plan_bytes(kernels[name].fast) is not None
+        fake.configure([4 if t in ("i32", "fp32") else 8 for t in _arg_types(name)] + [8, 8])
+    rt = _Runtime()
+    served: list[Any] = []
+
+    def run(*args: Any) -> Any:
+        done = cpp.run(*args)
+        served.append(done)
+        return done
+
+    tail = type("Tail", (), {"run": staticmethod(run), "STREAM_INSIDE": cpp.STREAM_INSIDE})
+    monkeypatch.setattr(binding, "gpu_slots", lambda device_index, shared=0: binding.INTERPRETER_SMS)
+    monkeypatch.setattr(binding, "min_split_keys", lambda head_dim: 0)
+    paths = {name: hot.make(cuda=False, get_runtime=lambda: rt, raw_stream=lambda device_index: STREAM, cpp=module)
+             for name, module in (("python", False), ("cpp", tail))}
+    return {"runtime": rt, "kernels": kernels, "paths": paths, "served": served}
+
+
+def memoise(rt: _Runtime, kernels: dict[str, Any], args: dict[str, Any], tiles: tuple[int, int, int] = (16, 16, 16),
+            fused: bool = False) -> None:
+    """The plans the general path memoises for a call, both alignments, as the fake kernels."""
+    from lazytriton import kvcache
+
+    t = kvcache.inputs(args["q"], args["k_cache"], args["v_cache"], args.get("k"), args.get("v"),
+                       args.get("cache_seqlens"), None, args.get("block_table"))._replace(key_mask=args.get("key_mask"))
+    call = checks.check(t, args.get("softmax_scale"), args.get("causal", False), num_splits=args.get("num_splits", 0))
+    out, _ = binding.empty_outputs(t.q, call)
+    _, index64 = binding.layout_flags(t, out)
+    combine = (binding.FUSED, binding.FUSED) if fused else (kernels[FLASH_DECODE_COMBINE.name], tiles[2])
+    for aligned in (False, True):
+        rt.plans[binding.memo_key(None, t.q.dtype, call, aligned, index64, fused)] = (
+            kernels[FLASH_DECODE_SPLIT.name], tiles[0], tiles[1], *combine)
+        if t.k is not None:
+            rt.plans[append_binding.memo_key(None, t.q.dtype, call, aligned, append_binding.layout_flags(t)[1])] = (
+                kernels[KV_APPEND.name],)
+
+
+def _served_args(args: dict[str, Any]) -> tuple[Any, ...]:
+    return (args["q"], args["k_cache"], args["v_cache"], args.get("k"), args.get("v"), args.get("cache_seqlens"),
+            args.get("block_table"), args.get("softmax_scale"), args.get("causal", False), args.get("num_splits", 0),
+            True, args.get("return_softmax_lse", False), args.get("out"), args.get("key_mask"))
+
+
+def _launches(fakes: dict[str, Fake], since: dict[str, int]) -> dict[str, tuple[Any, ...]]:
+    """Each kernel's last launch since ``since`` (its launch count then): (ints, floats, grid, block, stream)."""
+    found = {}
+    for name, fake in fakes.items():
+        params, state = fake.last_launch()
+        if state["launches"] == since[name]:
+            continue
+        ints: list[int] = []
+        floats: list[float] = []
+        for kind, raw in zip(_arg_types(name), params, strict=False):
+            if kind == "fp32":
+                floats.append(struct.unpack("<f", raw)[0])
+            else:
+                ints.append(struct.unpack("<i" if kind == "i32" else "<q", raw)[0])
+        found[name] = (ints, floats, (state["grid_x"], state["grid_y"], state["grid_z"]), state["block_x"],
+                       state["stream"], state["launches"] - since[name])
+    return found
+
+
+def _by_role(launches: dict[str, tuple[Any, ...]], args: dict[str, Any], result: Any) -> dict[str, tuple[Any, ...]]:
+    """The launches with each pointer named: the call's tensors by name, the rest by its offset from the lowest."""
+    named = {x.data_ptr(): n for n, x in args.items() if isinstance(x, torch.Tensor)}
+    for n, x in zip(("out", "lse"), result if isinstance(result, tuple) else (result,), strict=False):
+        named[x.data_ptr()] = n
+    fresh = [v for name, (ints, *_) in launches.items() for v, kind in zip(ints, _pointer_kinds(name), strict=False)
+             if kind and v not in named]
+    base = min(fresh, default=0)
+    shown = {}
+    for name, (ints, floats, *rest) in launches.items():
+        shown[name] = (tuple(named.get(v, ("fresh", v - base)) if kind else v
+                             for v, kind in zip(ints, _pointer_kinds(name), strict=False)), tuple(floats), *rest)
+    return shown
+
+
+def _pointer_kinds(name: str) -> list[bool]:
+    return [kind.startswith("*") for kind in _arg_types(name) if kind != "fp32"]
+
+
+def _call_both(setup: dict[str, Any], fakes: dict[str, Fake], args: dict[str, Any],
+               trusted: bool) -> dict[str, Any]:
+    """Each path's launches by role, after a first call (describes) and a second (served from the entry)."""
+    seen = {}
+    for name, warm in setup["paths"].items():
+        with lazytriton.trusted_indices() if trusted else _nothing():
+            for _ in range(2):
+                call = _fresh_out(_clone(args))
+                since = {kernel: fake.last_launch()[1]["launches"] for kernel, fake in fakes.items()}
+                result = warm(*_served_args(call))
+                assert result is not None, name
+        seen[name] = _by_role(_launches(fakes, since), call, result)
+        if "out" in call:
+            assert (result[0] if isinstance(result, tuple) else result) is call["out"], "the caller's out, returned"
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(200, 232))
+def test_cpp_tail_launches_what_the_python_tail_launches(setup: dict[str, Any], fakes: dict[str, Fake],
+                                                         seed: int) -> None:
+    args = random_call(seed)
+    if random.Random(seed).random() < 0.3:  # a key mask (kvcache.with_key_mask's), any strides
+        batch, capacity = args["q"].shape[0], args["k_cache"].shape[1] * (
+            args["block_table"].shape[1] if "block_table" in args else 1)
+        args["key_mask"] = torch.ones(capacity, batch, dtype=torch.bool).t()
+    memoise(setup["runtime"], setup["kernels"], args)
+    seen = _call_both(setup, fakes, args, trusted=seed % 2 == 0)
+    assert seen["cpp"] == seen["python"]
+    assert [done is not None for done in setup["served"]] == [False, True], (
+        "the first call: no item yet (the Python run makes it); the second: the C++ tail")
+    splits = seen["python"][FLASH_DECODE_SPLIT.name][0][binding.SPLIT_INT_PARAMS.index("num_splits")]
+    assert set(seen["python"]) == {FLASH_DECODE_SPLIT.name} | ({KV_APPEND.name} if "k" in args else set()) | (
+        {FLASH_DECODE_COMBINE.name} if splits > 1 else set())
+    assert all(launch[-1] == 1 for launch in seen["cpp"].values()), "each kernel launched once a call"
+
+
+def test_cpp_tail_checks_what_no_key_holds(setup: dict[str, Any]) -> None:
+    """An int length out of range, caches sharing memory, out overlapping an input: declined in C++ and in Python
+    (the general path raises its error)."""
+    gen = torch.Generator().manual_seed(3)
+    args = {"q": torch.randn(2, 1, 4, 32, generator=gen), "k_cache": torch.randn(2, 40, 2, 32, generator=gen),
+            "v_cache": torch.randn(2, 40, 2, 32, generator=gen), "k": torch.randn(2, 1, 2, 32, generator=gen),
+            "v": torch.randn(2, 1, 2, 32, generator=gen), "cache_seqlens": 5, "out": torch.empty(2, 1, 4, 32)}
+    memoise(setup["runtime"], setup["kernels"], args)
+    warm, served = setup["paths"]["cpp"], setup["served"]
+    for _ in range(2):
+        assert warm(*_served_args(_clone(args))) is not None
+    assert [done is not None for done in served] == [False, True], "served in C++ from the second call"
+    declined = {"length -1": lambda a: {"cache_seqlens": -1}, "length past the cache": lambda a: {"cache_seqlens": 40},
+                "length past int64": lambda a: {"cache_seqlens": 1 << 70},
+                "caches sharing memory": lambda a: {"v_cache": a["k_cache"]}, "out is q": lambda a: {"out": a["q"]},
+                "out in v_cache": lambda a: {"out": a["v_cache"].view(-1)[:256].view(2, 1, 4, 32)}}
+    for why, change in declined.items():
+        served.clear()
+        call = _clone(args)
+        assert warm(*_served_args({**call, **change(call)})) is None, why
+        assert served == [None], why
+
+
+def test_cpp_tail_runs_the_eager_value_check(setup: dict[str, Any], fakes: dict[str, Fake],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    args = random_call(5)
+    args["cache_seqlens"] = torch.full((args["q"].shape[0],), 1, dtype=torch.int32)
+    memoise(setup["runtime"], setup["kernels"], args)
+    warm = setup["paths"]["cpp"]
+    checked: list[int] = []
+    real = hot.Entry.check_values
+    monkeypatch.setattr(hot.Entry, "check_values", lambda *a: (checked.append(1), real(*a))[1])
+    for _ in range(2):
+        assert warm(*_served_args(_clone(args))) is not None
+    assert setup["served"][-1] is not None and len(checked) == 2
+    bad = _clone(args)
+    bad["cache_seqlens"][0] = 1 << 20
+    launches = {name: fake.last_launch()[1]["launches"] for name, fake in fakes.items()}
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        warm(*_served_args(bad))
+    assert {name: fake.last_launch()[1]["launches"] for name, fake in fakes.items()} == launches, "nothing launched"
+    with lazytriton.trusted_indices():
+        checked.clear()
+        assert warm(*_served_args(_clone(args))) is not None and checked == []
+
+
+def test_cpp_tail_leaves_unmemoised_plans_and_the_fused_combine_to_python(setup: dict[str, Any]) -> None:
+    args = {**random_call(9), "num_splits": 3}
+    warm = setup["paths"]["cpp"]
+    assert warm(*_served_args(_clone(args))) is None, "nothing memoised: the general path's turn"
+    assert setup["served"] == [None], "no item: declined in C++, then in Python"
+    setup["served"].clear()
+    memoise(setup["runtime"], setup["kernels"], args, fused=True)
+    with pytest.MonkeyPatch.context() as patch:
+        from lazytriton.kernels.flash_decode import dispatch
+
+        patch.setattr(dispatch, "FUSED_COMBINE_BY_DEFAULT", True)
+        for _ in range(2):
+            assert warm(*_served_args(_clone(args))) is not None
+        assert setup["served"] == [], "the fused combine: the Python run alone (the entry has no record)"
+    memoise(setup["runtime"], setup["kernels"], args)
+    for _ in range(2):
+        assert warm(*_served_args(_clone(args))) is not None
+    assert setup["served"] and setup["served"][-1] is not None
+
+
+def test_cpp_tail_raises_the_launch_error_as_the_kernel_does(setup: dict[str, Any], fakes: dict[str, Fake]) -> None:
+    args = {**random_call(11), "num_splits": 1}
+    args.pop("k", None), args.pop("v", None)
+    memoise(setup["runtime"], setup["kernels"], args)
+    for warm in setup["paths"].values():
+        warm(*_served_args(_clone(args)))
+    setup["served"].clear()
+    split = fakes[FLASH_DECODE_SPLIT.name]
+    split.configure(split.sizes, status=700)
+    for warm in setup["paths"].values():
+        with pytest.raises(DriverError, match=r"cuLaunchKernel\(k, grid=.*CUDA error 700"):
+            warm(*_served_args(_clone(args)))
+    assert setup["served"] == [], "the C++ tail raised (it returned nothing)"
+
+
+def test_a_record_of_another_layout_is_refused(cpp: Any) -> None:
+    assert cpp.LAYOUT == hotpath_record.LAYOUT and cpp.INTERFACE == hot.CPP_INTERFACE
+    q = torch.empty(1)
+    with pytest.raises(TypeError, match=r"run\(record"):
+        cpp.run((b"",), q, q, q, None, None, None, None, None, None, False, 0, None)
+    with pytest.raises(ValueError, match="malformed header"):
+        cpp.run([b"short", None, None, None, None], q, q, q, None, None, None, None, None, None, False, 0, None)
+
+
+def test_a_module_built_for_another_torch_is_never_loaded(built: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    other = tmp_path / hotpath.file_name("2.11.0")
+    shutil.copyfile(built, other)  # what a build by torch 2.11 left behind
+    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):
+        assert hotpath.load(tmp_path, torch.__version__, fastlaunch.PLAN_VERSION) is None
+    assert "built for another torch" in caplog.text and torch.__version__ in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):  # the file's name lies: the module says
+        assert hotpath.load(tmp_path, "2.11.0", fastlaunch.PLAN_VERSION) is None
+    assert f"built against torch {torch.__version__}, this is torch 2.11.0" in caplog.text
+    assert hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION + 1) is None  # another plan layout
+
+
+def test_the_background_builder_builds_the_cpp_tail_under_its_key(built: Path, cache_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(helpers.VARIABLE, raising=False)
+    helpers.reset()
+
+    def build(directory: Path, verbose: bool = False, mode: int = 0o777) -> Path:  # the session's build
+        target = Path(directory) / hotpath.file_name(torch.__version__)
+        shutil.copyfile(built, target)
+        target.chmod(mode & 0o755)
+        return target
+
+    monkeypatch.setattr(hotpath_build, "build", build)
+    assert hotpath.NAME in helpers.registry() and helpers.registry()[hotpath.NAME] is hotpath.HELPER
+    version = torch.__version__
+    where = helpers.folder(cache_dir, hotpath.NAME, version)
+    assert helpers.make_folder(cache_dir, hotpath.NAME, version) is None
+    lock = helpers.take_lock(where, blocking=False)
+    assert lock is not None
+    try:
+        assert helpers_build.child(hotpath.NAME, cache_dir, where.name, lock) == 0
+    finally:
+        import os
+
+        os.close(lock)
+    target = where / hotpath.file_name(version)
+    assert target.is_file()
+    module = helpers.load_cached(hotpath.NAME, version, lambda at, path: hotpath.load_file(
+        at, path, version, fastlaunch.PLAN_VERSION))
+    assert module is not None and module.TORCH_VERSION == version
+    helpers.reset()
+
+
+# ---------------------------------------------------------------------------
+# On a GPU
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_cpp_tail_equals_the_python_tail_never_synchronises_and_captures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C++ and the Python tail (and the general path) give the same bits; trusted warm steps through the C++
+    tail synchronise nothing; a captured step replays to the general path's bits."""
+    from test_kvcache_hot import _gpu_step, _results
+
+    module = hot.cpp_tail()
+    if module is False:
+        pytest.skip("the decoding call's C++ warm path is not built for this torch "
+                    "(python -m lazytriton.kernels.flash_decode.hotpath_build) or the launch helper is missing")
+    served: list[Any] = []
+
+    class Counted:
+        STREAM_INSIDE = module.STREAM_INSIDE
+
+        @staticmethod
+        def run(*args: Any) -> Any:
+            done = module.run(*args)
+            served.append(done is not None)
+            return done
+
+    runtime.reset()
+    steps = [_gpu_step(batch, keys, paged, lens, new, seed=7) for batch, keys in ((1, 1024), (1, 4096), (8, 4096))
+             for paged in (False, True) for lens, new in (("int", False), ("tensor", True))]
+    for args in steps:
+        want = None
+        for name, tail in (("python", False), ("cpp", Counted)):
+            monkeypatch.setattr(hot, "serve", hot.make(cpp=tail))
+            for _ in range(2):
+                again = _clone(args)
+                got = _results(lazytriton.flash_attn_with_kvcache(**again, return_softmax_lse=True), again)
+            if want is None:
+                base = _clone(args)
+                want = _results(cold(base, return_softmax_lse=True), base)
+            for w, g in zip(want, got, strict=True):
+                assert torch.equal(bits(w), bits(g)), name
+    assert served and all(served), served
+    monkeypatch.setattr(hot, "serve", hot.make(cpp=Counted))
+    with lazytriton.trusted_indices():
+        for args in steps:
+            lazytriton.flash_attn_with_kvcache(**_clone(args))
+        served.clear()
+        with syncs_raise():
+            for args in steps:
+                lazytriton.flash_attn_with_kvcache(**_clone(args))
+    assert served == [True] * len(steps)
+    for args in steps[:4]:
+        base = _clone(args)
+        want = _results(cold(base, return_softmax_lse=True), base)
+        captured = _clone(args)
+        lazytriton.flash_attn_with_kvcache(**_clone(args), return_softmax_lse=True)  # describes, before the capture
+        served.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = lazytriton.flash_attn_with_kvcache(**captured, return_softmax_lse=True)
+        assert served == [True], "captured through the C++ tail"
+        fresh = _clone(args)
+        captured["k_cache"].copy_(fresh["k_cache"])
+        captured["v_cache"].copy_(fresh["v_cache"])
+        graph.replay()
+        torch.cuda.synchronize()
+        for w, g in zip(want, [out, lse, captured["k_cache"], captured["v_cache"]], strict=True):
+            assert torch.equal(bits(w), bits(g))
+    runtime.reset()
+
+
+def test_profile_kvcache_runs_every_case(cpp: Any, helper: Any, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/profile_kvcache.py's cases, a few calls each, through both tails and the general path."""
+    import sys
+
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setattr(fastlaunch, "_module", lambda: helper)
+    monkeypatch.setattr(hot, "serve", hot.serve)  # the profile swaps it and puts it back
+    sys.modules.pop("profile_kvcache", None)
+    import profile_kvcache
+
+    for made in (profile_kvcache.cases(), profile_kvcache.transformers_cases()):
+        found = profile_kvcache.rows(rounds=1, calls=2, made=made, cpp=cpp)
+        assert [row[0] for row in found] == list(made)
+        assert all(0 < spent < 1e6 for row in found for spent in row[1:]), found
+    assert profile_kvcache.main(["--rounds", "1", "--calls", "2", "--light"]) == 0
+    assert "read, int length" in capsys.readouterr().out
