@@ -82,7 +82,7 @@ def fixed_after(fixed_for: str | None, variant: Variant, ir: str | None) -> str 
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a child interpreter: this one, with this process's import path."""
+    """The environment of a child interpreter: this one, with this process's import path (as prewarm's workers')."""
     path = [p for p in sys.path if p]
     if os.environ.get("PYTHONPATH"):
         path.append(os.environ["PYTHONPATH"])

@@ -31,10 +31,10 @@ Where the installed Triton fixes a process's float8 lowering for the first
 target it lowers one for (3.6: ``lazytriton.float8_lowering``), each worker
 is bound to the CUDA target of its first float8 variant: it takes the first
 variant in the order that its binding allows, and one whose every variant
-left is another target's float8 one is replaced by a fresh worker (forked:
-milliseconds). Its compiles are then those of a fresh process, and the image
-the same bytes at -j 1 and -j N, without ``compile_variant`` falling back to
-a fresh interpreter a compile.
+left is another target's float8 one is replaced by a fresh worker (forked
+from the fork server: no imports to redo). Its compiles are then those of a
+fresh process, and the image the same bytes at -j 1 and -j N, without
+``compile_variant`` falling back to a fresh interpreter a compile.
 """
 
 from __future__ import annotations
@@ -139,7 +139,10 @@ def _worker_args(work: WorkDir, created: float | None, limits: Limits) -> list[s
 
 def _child_env() -> dict[str, str]:
     """The environment of a worker: this one, with this process's import path (as multiprocessing passes it)."""
-    return float8_lowering.child_env()
+    path = [p for p in sys.path if p]
+    if os.environ.get("PYTHONPATH"):
+        path.append(os.environ["PYTHONPATH"])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def take_for(queue: deque[Planned], fixed_for: str | None, version: str | None) -> Planned | None:
