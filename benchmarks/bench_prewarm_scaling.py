@@ -22,12 +22,21 @@ times at -j N over that at -j 1 (what sharing the machine costs a compile),
 and the plan's own bound: the sum of the compile times at -j 1 over
 max(longest compile, sum / N).
 
+``--float8-targets sm_90,sm_80`` builds another plan at -j 1 and -j N: the
+decoding kernels (split, combine, kv_append) for a bf16 cache and both float8
+caches (e4m3 where the target has it), bf16, head dim 64, not causal,
+contiguous and paged, for those targets: float8 variants of several CUDA
+targets in one build. Where the installed Triton fixes a process's float8
+lowering (3.6: ``lazytriton.float8_lowering``) the pool binds each worker to
+one target's float8 variants; the workers' line says how many it replaced.
+
 ``--fork-ab R`` instead builds the plan at -j N only, R times with the
 pool's fork server and R times without (``LAZYTRITON_PREWARM_FORK=0``),
 alternating, and prints each build's wall time and its workers' first
 answers (from the build's start: worker start-up, imports, first compile).
 
 Usage: python benchmarks/bench_prewarm_scaling.py [--jobs N] [--count 96] [--dtypes fp16,bf16] [--csv PATH]
+       python benchmarks/bench_prewarm_scaling.py --float8-targets sm_90,sm_80 [--jobs N] [--csv PATH]
        python benchmarks/bench_prewarm_scaling.py --fork-ab 3 [--jobs N] [--count 16] [--csv PATH]
        python benchmarks/bench_prewarm_scaling.py --quick [--csv PATH]   (CPU CI: 3 tiny variants, -j 1 and -j 2)
 """
@@ -77,6 +86,14 @@ def quick_plan() -> list[Planned]:
     return enumerate_variants(axes, tuning.tables_for(("flash_fwd",)))
 
 
+def float8_plan(targets: tuple[str, ...]) -> list[Planned]:
+    """The decoding kernels for a bf16 cache and both float8 caches at head dim 64 (module docstring), ``targets``."""
+    kernels = ("flash_decode_split", "flash_decode_combine", "kv_append")
+    axes = Axes(targets=tuple(Target.parse(t) for t in targets), kernels=kernels, dtypes=("bf16",), head_dims=(64,),
+                causal=(False,), kv_fp8=("none", "e4m3", "e5m2"))
+    return enumerate_variants(axes, tuning.tables_for(kernels))
+
+
 def timed_build(plan: list[Planned], jobs: int, folder: Path) -> tuple[float, BuildReport, bytes]:
     """Build ``plan`` at ``-j jobs`` into a fresh ``folder``: seconds, the report, the image's bytes."""
     out = folder / f"j{jobs}.ltimg"
@@ -112,7 +129,9 @@ def workers_line(report: BuildReport) -> str:
         return "  workers: none started"
     server = "no fork server" if started.server_ready is None else \
         f"fork server ready {started.server_ready:.2f} s after compile_all began"
-    return f"  workers: {started.forked} forked, {started.plain} fresh interpreters; {server}"
+    rebound = f"; {started.rebound} of them replaced a worker bound to another target's float8 lowering" \
+        if started.rebound else ""
+    return f"  workers: {started.forked} forked, {started.plain} fresh interpreters{rebound}; {server}"
 
 
 def fork_ab(plan: list[Planned], jobs: int, repeats: int) -> list[dict[str, Any]]:
@@ -181,7 +200,7 @@ def schedule_lines(report: BuildReport, plan: list[Planned], jobs: int, seconds:
     return lines
 
 
-def run(plan: list[Planned], jobs: int, capacity: float | None) -> list[dict[str, Any]]:
+def run(plan: list[Planned], jobs: int, capacity: float | None, detail: str) -> list[dict[str, Any]]:
     """Build at -j 1 and -j ``jobs``, check the images are identical, print and return the rows."""
     results = {}
     for j in (1, jobs):
@@ -203,7 +222,6 @@ def run(plan: list[Planned], jobs: int, capacity: float | None) -> list[dict[str
     print(f"the plan: compiles sum to {total:.1f} s at -j 1, the longest {longest:.1f} s: at most {bound:.1f}x "
           f"at -j {jobs}" + (f"; {jobs} CPU-bound processes get {capacity:.2f} cores here" if capacity else ""))
     print(f"at -j {jobs} the compiles sum to {shared:.2f} x their -j 1 sum (what sharing the machine costs a compile)")
-    detail = f"{len(plan)} variants of the default sm_90 plan"
     rows = [{"metric": "throughput", "value": round(len(plan) / results[j][0], 3), "unit": "variants/s",
              "detail": f"-j {j}; {detail}"} for j in (1, jobs)]
     rows += [
@@ -230,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=96, help="variants in the plan (default 96)")
     parser.add_argument("--dtypes", default="fp16,bf16", help="dtypes the plan is drawn from (default fp16,bf16)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: 3 tiny variants at -j 1 and -j 2")
+    parser.add_argument("--float8-targets", default=None, metavar="T1,T2",
+                        help="the decoding kernels' float8 plan for these targets instead (module docstring)")
     parser.add_argument("--fork-ab", type=int, default=0, metavar="R",
                         help="build at -j N only, R times with the fork server and R times without, alternating")
     parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "prewarm.csv")
@@ -237,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1 or args.count < 1:
         parser.error(f"--jobs and --count must be positive, got {args.jobs} and {args.count}")
     jobs = 2 if args.quick else args.jobs
-    plan = quick_plan() if args.quick else scaling_plan(args.count, tuple(args.dtypes.split(",")))
+    if args.float8_targets:
+        targets = tuple(args.float8_targets.split(","))
+        plan, detail = float8_plan(targets), f"the decoding kernels' float8 plan for {'+'.join(targets)}"
+    else:
+        plan = quick_plan() if args.quick else scaling_plan(args.count, tuple(args.dtypes.split(",")))
+        detail = f"{len(plan)} variants of the default sm_90 plan"
     if not plan:
         parser.error(f"--dtypes {args.dtypes}: no variant of the default plan has these dtypes")
     if args.fork_ab > 0:
@@ -246,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"prewarm scaling: {len(plan)} variants, -j 1 then -j {jobs}", flush=True)
         capacity = None if args.quick else parallel_capacity(jobs)
-        rows = run(plan, jobs, capacity)
+        rows = run(plan, jobs, capacity, detail)
     kernels = "+".join(sorted({p.variant.kernel for p in plan}))
     append_rows(args.csv, FIELDS, [{**meta("none"), "kernel": kernels, **row} for row in rows])
     print(f"{len(rows)} rows appended to {args.csv}")

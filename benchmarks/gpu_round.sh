@@ -181,6 +181,13 @@ esac
 case " $* " in *" prewarm "*)  # prewarm's speedup: one plan at -j 1 and at -j $(nproc) in one run (issue 12: >= 0.8 a core)
   python3 benchmarks/bench_prewarm_scaling.py --csv "$OUT/prewarm.csv" ${PREWARM_ARGS:-} 2>&1 | tee "$OUT/prewarm_scaling.log" | tail -8 ;;
 esac
+case " $* " in *" fp8targets "*)  # this host's Triton (3.6) with float8 variants of two CUDA targets in one process:
+  # the compile test that failed (sm_90's float8 first, then sm_80's), then a two-target float8 plan at -j 1 and -j N
+  python3 -P -m pytest tests/test_fp8_kvcache.py tests/test_float8_lowering.py -k "float8_variants_compile or lowering" \
+    -p no:cacheprovider -q 2>&1 | tee "$OUT/fp8targets_tests.log" | tail -3
+  python3 benchmarks/bench_prewarm_scaling.py --float8-targets sm_90,sm_80 --csv "$OUT/prewarm.csv" 2>&1 \
+    | tee "$OUT/prewarm_float8.log" | tail -8 ;;
+esac
 case " $* " in *" regressions "*)  # the GPU tests of paths a change touched (NEWTESTS overrides the list)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build >/dev/null || true
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \

@@ -7,6 +7,9 @@ Triton version installed).
 
 Supported: Triton 3.6 (the GPU host) to 3.9 (CI). Both append two hidden
 pointer parameters (global and profile scratch) after the kernel's own.
+Triton 3.6 fixes a process's float8 lowering for the first target it lowers
+one for: ``compile_variant`` then compiles another target's float8 variants
+in a fresh interpreter (``lazytriton.float8_lowering``).
 CPU tensors go through Triton's interpreter, in ``lazytriton.interpreter``.
 """
 
@@ -21,6 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from lazytriton import float8_lowering
 from lazytriton.cache_format import Entry, Provenance, tensordesc
 from lazytriton.cache_format.tensordesc import TensorDescMeta
 from lazytriton.kernels import KernelSpec, get, source_fingerprint
@@ -31,6 +35,16 @@ from lazytriton.variant import LAUNCH_ABI, Variant, kernel_constexprs
 
 class CompileError(RuntimeError):
     """Triton could not compile a variant; the message names it."""
+
+
+# The target this process's Triton fixed its float8 lowering for (``float8_lowering.fixed_after``), under
+# TRITON_LOCK; it stays None where the installed Triton lowers each compile for its own target.
+_float8_fixed_for: str | None = None
+
+
+def float8_fixed_for() -> str | None:
+    """The target this process's float8 lowering is fixed for (Triton 3.6, once it lowered one), or None."""
+    return _float8_fixed_for
 
 
 def triton_version() -> str | None:
@@ -132,9 +146,44 @@ def _private_triton_cache() -> Iterator[None]:
 def compile_variant(variant: Variant, key: str | None = None) -> Entry:
     """Compile ``variant`` for its target with Triton and return the Entry.
 
+    In this process, unless the installed Triton fixed this process's float8
+    lowering for another target and ``variant`` converts float8: then in a
+    fresh interpreter, which compiles it as any fresh process would
+    (``lazytriton.float8_lowering``). So, after such a fix, is another CUDA
+    target's variant whose compile here failed or showed a float8 conversion
+    its fields did not foretell.
+    """
+    with TRITON_LOCK:
+        fixed, version = _float8_fixed_for, triton_version()
+        elsewhere = float8_lowering.bound_elsewhere(variant, fixed, version)
+        if not float8_lowering.needs_fresh_process(variant, fixed, version):
+            try:
+                entry, ir = _compile(variant, key)
+            except CompileError:
+                if not elsewhere:
+                    raise
+            else:
+                if not (elsewhere and float8_lowering.CONVERSION_OP in ir):
+                    return entry
+    try:
+        return float8_lowering.compile_fresh(variant, key or variant.key())
+    except float8_lowering.FreshCompileError as exc:
+        raise CompileError(f"compiling {variant} in a fresh process (this one's Triton {version} lowers float8 "
+                           f"for {fixed} only) failed: {exc}") from None
+
+
+def compile_in_process(variant: Variant, key: str | None = None) -> Entry:
+    """Compile ``variant`` in this process whatever its float8 lowering is fixed for (``compile_variant``'s part).
+
     Triton is an optional extra (a deployment served from images needs none):
     without it, a miss ends here with an ImportError that says how to get it.
     """
+    return _compile(variant, key)[0]
+
+
+def _compile(variant: Variant, key: str | None) -> tuple[Entry, str]:
+    """``compile_in_process``, and the TTGIR it compiled through (float8 conversions show there)."""
+    global _float8_fixed_for
     try:
         import triton
     except ModuleNotFoundError as exc:
@@ -165,10 +214,16 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
         source_type = GluonASTSource
     source = source_type(fn, signature, constexprs=constexprs, attrs=divisibility_hints(spec, variant))
     with TRITON_LOCK, _private_triton_cache():
+        fixes = float8_lowering.fixed_per_process(triton.__version__)
         try:
             kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)
         except Exception as exc:
+            if fixes:
+                _float8_fixed_for = float8_lowering.fixed_after(_float8_fixed_for, variant, None)
             raise CompileError(f"compiling {variant} failed: {type(exc).__name__}: {exc}") from exc
+        ir = str(kernel.asm.get("ttgir", ""))
+        if fixes:
+            _float8_fixed_for = float8_lowering.fixed_after(_float8_fixed_for, variant, ir)
     md = kernel.metadata
     version = str(getattr(md, "triton_version", None) or triton.__version__)
     hidden = hidden_args_for(version)
@@ -179,7 +234,7 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
         if found != len(hidden):
             raise CompileError(f"{variant}: PTX has {found} hidden parameters, "
                                f"Triton {version} should add {len(hidden)}")
-    return Entry(
+    entry = Entry(
         key=key or variant.key(),
         variant=str(variant),
         target=str(target),
@@ -202,6 +257,7 @@ def compile_variant(variant: Variant, key: str | None = None) -> Entry:
             created=time.time(), launch_abi=LAUNCH_ABI,
         ),
     )
+    return entry, ir
 
 
 def interpret(kernel: str, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any]) -> None:

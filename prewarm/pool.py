@@ -26,6 +26,15 @@ process group killed and a fresh worker started. Either is that variant's
 failure, recorded like any other. One poisoned variant (a 1024 x 1024 tile
 once ran six minutes at 7.8 GiB) then costs a bounded slice of the build, not
 the machine.
+
+Where the installed Triton fixes a process's float8 lowering for the first
+target it lowers one for (3.6: ``lazytriton.float8_lowering``), each worker
+is bound to the CUDA target of its first float8 variant: it takes the first
+variant in the order that its binding allows, and one whose every variant
+left is another target's float8 one is replaced by a fresh worker (forked
+from the fork server: no imports to redo). Its compiles are then those of a
+fresh process, and the image the same bytes at -j 1 and -j N, without
+``compile_variant`` falling back to a fresh interpreter a compile.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
+from lazytriton import float8_lowering
+from lazytriton.compiler import triton_version
 from lazytriton.config import bool_env
 from lazytriton.prewarm import forkserver
 from lazytriton.prewarm.enumeration import Planned
@@ -134,6 +145,22 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
+def take_for(queue: deque[Planned], fixed_for: str | None, version: str | None) -> Planned | None:
+    """The first variant of ``queue``, taken out, that a worker bound to ``fixed_for`` compiles as a fresh process.
+
+    ``fixed_for``: the target its float8 lowering is fixed for (None: not
+    yet); ``version``: the installed Triton's
+    (``float8_lowering.needs_fresh_process``). None when no variant left is
+    one. Pure but for ``queue``. Where ``version`` lowers each compile for its
+    own target, or nothing is fixed yet, it is the first variant.
+    """
+    for index, planned in enumerate(queue):
+        if not float8_lowering.needs_fresh_process(planned.variant, fixed_for, version):
+            del queue[index]
+            return planned
+    return None
+
+
 class _Worker:
     """One worker process, its pipes, its log and the variant it holds.
 
@@ -142,13 +169,15 @@ class _Worker:
     """
 
     def __init__(self, number: int, work: WorkDir, created: float | None, limits: Limits,
-                 server: ForkServer | None = None) -> None:
+                 server: ForkServer | None = None, triton: str | None = None) -> None:
         self.number = number
         self.log = work.worker_log(number)
         self.limits = limits
         self.process: subprocess.Popen[str] | ForkedWorker = self._fork_from(server) or self._started(work, created)
         self.task: Planned | None = None
         self.started = 0.0
+        self.triton = triton  # the installed Triton's version: whether float8 variants bind the worker
+        self.float8_fixed_for: str | None = None  # the target its float8 lowering is fixed for, as its variants say
 
     def _fork_from(self, server: ForkServer | None) -> ForkedWorker | None:
         if server is None or not server.usable:
@@ -170,8 +199,14 @@ class _Worker:
     def answers(self) -> Any:
         return self.process.stdout
 
+    def take(self, queue: deque[Planned]) -> Planned | None:
+        """The next variant of ``queue`` this worker compiles as a fresh process would (``take_for``)."""
+        return take_for(queue, self.float8_fixed_for, self.triton)
+
     def assign(self, planned: Planned) -> bool:
         self.task, self.started = planned, time.perf_counter()
+        if float8_lowering.fixed_per_process(self.triton):
+            self.float8_fixed_for = float8_lowering.fixed_after(self.float8_fixed_for, planned.variant, None)
         try:
             self.process.stdin.write(json.dumps({"variant": str(planned.variant), "key": planned.key}) + "\n")  # type: ignore[union-attr]
             self.process.stdin.flush()  # type: ignore[union-attr]
@@ -259,12 +294,14 @@ class Started:
     """How ``compile_all`` started its workers: ``forked`` from its fork server, or ``plain`` interpreters.
 
     ``server_ready``: the seconds from its start until the server had done its
-    imports (None: no server).
+    imports (None: no server). ``rebound``: how many of them replaced a worker
+    bound to another target's float8 lowering (module docstring).
     """
 
     forked: int = 0
     plain: int = 0
     server_ready: float | None = None
+    rebound: int = 0  # workers replaced because every variant left was another target's float8 one
 
 
 def _start_server(todo: Sequence[Planned], work: WorkDir, created: float | None, limits: Limits) -> ForkServer | None:
@@ -295,17 +332,22 @@ def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: floa
     ready = None if server is None else time.perf_counter() - begun
     workers: list[_Worker] = []
     started: list[bool] = []
+    rebound = 0
+    triton = triton_version()
+
+    def fresh(number: int) -> _Worker:
+        worker = _Worker(number, work, created, limits, server, triton)
+        started.append(worker.forked)
+        return worker
+
     finished = False
     try:
         for number in range(count):  # each worker takes its first variant as it comes, not after the last one
-            workers.append(_Worker(number, work, created, limits, server))
-            started.append(workers[-1].forked)
+            workers.append(fresh(number))
             if queue and not workers[-1].assign(queue.popleft()):
                 _finish(workers[-1], on_result, queue)  # its pipe broke: it died before taking the variant
         while queue or any(w.task is not None for w in workers):
-            for worker in workers:
-                if worker.task is None and queue and not worker.assign(queue.popleft()):
-                    _finish(worker, on_result, queue)  # its pipe broke: it died before taking the variant
+            rebound += _hand_out(workers, queue, on_result, fresh)
             busy = [w for w in workers if w.task is not None]
             now = time.perf_counter()
             left = min((w.started + limits.timeout - now for w in busy), default=0.0)
@@ -318,8 +360,7 @@ def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: floa
                     _finish(worker, on_result, queue, worker.time_out())
                 if worker.task is None and not worker.alive and queue:  # one holding a variant: its answer first
                     worker.stop(kill=True)
-                    workers[i] = _Worker(worker.number, work, created, limits, server)
-                    started.append(workers[i].forked)
+                    workers[i] = fresh(worker.number)
         finished = True
     finally:
         # All at once: a fresh interpreter takes 0.05-0.06 s to exit after its last compile (Triton 3.9, this
@@ -330,7 +371,29 @@ def compile_all(todo: Sequence[Planned], jobs: int, work: WorkDir, created: floa
             worker.stop(kill=not finished)
         if server is not None:
             server.close()
-    return Started(forked=sum(started), plain=len(started) - sum(started), server_ready=ready)
+    return Started(forked=sum(started), plain=len(started) - sum(started), server_ready=ready, rebound=rebound)
+
+
+def _hand_out(workers: list[_Worker], queue: deque[Planned], on_result: Callable[[Planned, Result], None],
+              fresh: Callable[[int], _Worker]) -> int:
+    """Give each idle worker its next variant (``_Worker.take``); how many were replaced by a ``fresh`` one.
+
+    A worker none of whose variants left it may take (each another target's
+    float8 one) gives its place to a fresh worker, which takes the first.
+    """
+    rebound = 0
+    for i, worker in enumerate(workers):
+        if worker.task is not None or not queue:
+            continue
+        planned = worker.take(queue)
+        if planned is None:
+            worker.stop(kill=True)  # idle: its last answer is read, its entry written
+            workers[i] = worker = fresh(worker.number)
+            rebound += 1
+            planned = queue.popleft()
+        if not worker.assign(planned):
+            _finish(worker, on_result, queue)  # its pipe broke: it died before taking the variant
+    return rebound
 
 
 def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], queue: deque[Planned],
@@ -338,9 +401,10 @@ def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], queue
     """Read the held variant's answer (or take ``result``), hand the worker its next variant, then report.
 
     The next variant comes from ``queue`` (with ``hand_out``, if the worker is
-    alive), so the parent's bookkeeping (reading the entry, the image's
-    packer) runs while the worker already compiles. A variant whose worker
-    was lost with the fork server goes back to the front of ``queue``.
+    alive and may take one of them: ``_Worker.take``), so the parent's
+    bookkeeping (reading the entry, the image's packer) runs while the worker
+    already compiles. A variant whose worker was lost with the fork server
+    goes back to the front of ``queue``.
     """
     result = result or worker.collect()
     planned, worker.task = worker.task, None
@@ -349,6 +413,7 @@ def _finish(worker: _Worker, on_result: Callable[[Planned, Result], None], queue
         queue.appendleft(planned)
         return
     result = replace(result, worker=worker.number, began=worker.started, ended=time.perf_counter())
-    if hand_out and queue and worker.alive and not worker.assign(queue.popleft()):
+    following = worker.take(queue) if hand_out and queue and worker.alive else None
+    if following is not None and not worker.assign(following):
         _finish(worker, on_result, queue)  # its pipe broke: it died before taking the variant
     on_result(planned, result)

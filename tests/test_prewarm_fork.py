@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from conftest import REPO
 
+from lazytriton import float8_lowering
+from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.prewarm import forkserver, pool
 from lazytriton.prewarm.enumeration import Planned
@@ -291,6 +293,49 @@ def test_killing_the_parent_leaves_no_worker_server_or_assembler_running(probe: 
         parent.wait()
     pids = {what: int(report[what]) for what in ("ppid", "pid", "child")}  # server, worker, assembler in its group
     wait_until(lambda: all(gone(pid) for pid in pids.values()), f"all of {pids} to end")
+
+
+# --- a worker bound to one target's float8 lowering (Triton 3.6: lazytriton.float8_lowering) ---------------------
+
+
+def float8_plan() -> list[Planned]:
+    """kv_append's float8 variants of three CUDA targets, interleaved with variants that bind nothing (bf16, HIP)."""
+    found = [dispatch.kernel_variant("kv_append", Target.parse(target), "bf16", head_dim, False, True, 4, 4096,
+                                     kv_fp8=kv)
+             for head_dim in (64, 128, 256)
+             for target, kv in (("sm_90", "e4m3"), ("sm_80", "e5m2"), ("sm_90", "none"), ("gfx942", "e4m3"),
+                                ("sm_86", "e5m2"))]
+    assert len({v.key() for v in found}) == len(found)
+    return [Planned(v, v.key(), "test") for v in found]
+
+
+@pytest.mark.parametrize(("fork", "jobs"), [pytest.param(True, 2, marks=forking), (False, 2), (False, 1)])
+def test_where_triton_fixes_the_float8_lowering_a_worker_compiles_one_cuda_targets_float8(
+        probe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork: bool, jobs: int) -> None:
+    """Under a Triton that fixes it (3.6, said here to the pool), no worker process gets two CUDA targets' float8
+    variants: it takes the next variant its target allows, and gives way to a fresh worker when none is left."""
+    monkeypatch.setattr(pool, "triton_version", lambda: "3.6.0")
+    todo = float8_plan()
+    started, results = run_pool(todo, jobs, tmp_path / "work", fork)
+    assert set(results) == {p.key for p in todo} and all(r.error is None for r in results.values())
+    bound: dict[int, set[str]] = {}
+    for p in todo:
+        if float8_lowering.converts_float8(p.variant) and p.variant.target.startswith("sm_"):
+            bound.setdefault(facts(probe, p.key)["pid"], set()).add(p.variant.target)
+    assert all(len(targets) == 1 for targets in bound.values()), bound
+    assert {t for targets in bound.values() for t in targets} == {"sm_90", "sm_80", "sm_86"}
+    assert started.rebound >= 3 - jobs and started.forked + started.plain == jobs + started.rebound
+    if jobs == 1:  # one worker a target: it kept the first and took the others' only when nothing else was left
+        assert started.rebound == 2
+    assert all(gone(int(pid)) for pid in bound)
+
+
+def test_where_triton_lowers_each_compile_for_its_target_no_worker_is_rebound(
+        probe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool, "triton_version", lambda: "3.9.0")
+    started, results = run_pool(float8_plan(), 1, tmp_path / "work", fork=False)
+    assert started == pool.Started(plain=1) and all(r.error is None for r in results.values())
+    assert len({facts(probe, key)["pid"] for key in results}) == 1
 
 
 # --- real compiles ----------------------------------------------------------------------------------------------

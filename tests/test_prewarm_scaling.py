@@ -94,6 +94,16 @@ def test_the_bench_plan_is_fixed_varied_and_its_bound_is_right(bench: ModuleType
     assert bench.plan_bound({"a": 1.0, "b": 1.0}, 2) == (2.0, 1.0, 2.0)
 
 
+def test_the_bench_float8_plan_holds_each_targets_float8_variants(bench: ModuleType) -> None:
+    from lazytriton.float8_lowering import converts_float8
+
+    plan = bench.float8_plan(("sm_90", "sm_80"))
+    float8 = {(p.variant.target, p.variant.constexprs.get("KV_FP8")) for p in plan if converts_float8(p.variant)}
+    assert float8 == {("sm_90", "e4m3"), ("sm_90", "e5m2"), ("sm_80", "e5m2")}, "no e4m3 below sm_89"
+    assert {p.variant.kernel for p in plan} == {"flash_decode_split", "flash_decode_combine", "kv_append"}
+    assert any(not converts_float8(p.variant) for p in plan), "the bf16 cache's variants too"
+
+
 # --- real builds ------------------------------------------------------------------------------------------------
 
 
