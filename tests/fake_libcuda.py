@@ -19,6 +19,10 @@ image's first 4 bytes, the module handle, ``0xA000`` plus the load's number, and
 The launch record, the logs and the allocator are tests/fake_driver_core.py's, which tests/fake_libhip.py
 shares.
 
+An application's own memory calls (``cuCtxSetCurrent``, ``cuMemAlloc_v2``/``cuMemFree_v2``, the two
+``cuMemcpy``s, ``cuCtxSynchronize``) work on host memory: a program that sets its context and places its tensors
+as on a GPU runs on the fake (benchmarks/native_first_launch.c).
+
 ``fake_set_light(1)`` makes cuLaunchKernel only count its calls (a benchmark's floor: the host cost of its
 caller, not of the fake's record).
 
@@ -39,6 +43,8 @@ from fake_driver_core import CORE_SOURCE, SCRATCH_BASE, FakeDriver, compile_libr
 __all__ = ["FAKE_SMS", "SCRATCH_BASE", "Fake", "build", "fake_map"]
 
 SOURCE = CORE_SOURCE + r"""
+#include <stdlib.h>
+
 static int64_t encodes[16 * 32];
 static int n_encodes;
 static int encode_status;
@@ -132,6 +138,23 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
         record_launch(3, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
     return launch_status;
 }
+/* an application's own device memory: host memory (calloc), copies are memcpy, nothing to wait for */
+int cuCtxSetCurrent(void *ctx) { current = ctx; return 0; }
+int cuMemAlloc_v2(uint64_t *ptr, size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    *ptr = (uint64_t)(uintptr_t)p;
+    return p == NULL ? 2 : 0;
+}
+int cuMemFree_v2(uint64_t ptr) { free((void *)(uintptr_t)ptr); return 0; }
+int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t bytes) {
+    memcpy((void *)(uintptr_t)dst, src, bytes);
+    return 0;
+}
+int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t bytes) {
+    memcpy(dst, (const void *)(uintptr_t)src, bytes);
+    return 0;
+}
+int cuCtxSynchronize(void) { return 0; }
 """
 
 CDEF = """
