@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, serving, ...),
+# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, serving, native, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -104,6 +104,13 @@ esac
 case " $* " in *" capi "*)  # the C API: GPU tests (device memory, plans), then host time per call
   python3 -P -m pytest tests/test_capi.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/capi_tests.log" | tail -5
   python3 benchmarks/bench_capi.py --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi.log" | tail -8 ;;
+esac
+case " $* " in *" native "*)  # issue 43's 2 ms: a fresh C process (benchmarks/native_first_launch.c, the real
+  # libcuda) from lt_init to its first lt_attn_fwd returned and completed, one real entry of this GPU's target (prewarmed
+  # here) among 200, its CUDA context timed apart; beside a fresh interpreter's first flash_attn_func from the same
+  # image. Builds liblazytriton_native.so (gcc, zstd.h); carry [".whl"] (cffi, zstandard)
+  timeout ${NATIVE_TIMEOUT:-500} python3 benchmarks/bench_native.py --gpu --runs ${NATIVE_RUNS:-15} \
+    --csv "$OUT/native.csv" 2>&1 | tee "$OUT/bench_native.log" | tail -12 ;;
 esac
 case " $* " in *" verify "*)  # an image built by this host's Triton passes cache verify (launch metadata vs ELF)
   lazytriton prewarm --target sm_90 --dtype bf16,fp32 --head-dim 64,128 --causal none --seqlen-q 4096 --seqlen-k 4096 \
