@@ -6,14 +6,14 @@
  *
  * First the CUDA context, as the application would have it before lazytriton (cuInit, device 0's primary
  * context made current: timed apart), and bf16 q (1, 4, 300, 128), k and v (1, 2, 500, 128) filled from a
- * formula (bench_native.py's ``filled``), copied to device memory with out and lse. Then the clock: lt_init
+ * formula (bench_native.py's ``inputs``), copied to device memory with out and lse. Then the clock: lt_init
  * (LAZYTRITON_IMAGES opened) and one lt_attn_fwd on the legacy default stream, not causal (the variant and key
  * computed in C, the entry read from the image, its module loaded, the kernel launched): the microseconds to
- * its return, and to the kernel's completion (cuCtxSynchronize). Out is written to the file OUT where given.
+ * its return, and to the kernel's completion (cuCtxSynchronize). Out is written to the file OUT where given;
  * INPUTS, where given, gets q, k and v as device memory holds them (bench_native.py's tests hold them to its
- * ``inputs``). One JSON line: the statuses, the message, the times (and the completion's CLOCK_MONOTONIC time, which the
- * parent reads as its own clock's); on the fake libcuda (tests/fake_libcuda.py: host memory
- * as device memory) also the launches it counted.
+ * ``inputs``). One JSON line: the statuses, the message, the times and the completion's CLOCK_MONOTONIC time
+ * (the parent's clock); on the fake libcuda (tests/fake_libcuda.py: host memory as device memory) also the
+ * launches it counted.
  */
 #include <dlfcn.h>
 #include <stdint.h>
