@@ -246,8 +246,7 @@ def test_an_absent_descale_is_a_null_pointer_that_reads_as_one(monkeypatch: pyte
     """An absent descale reaches the kernel as a null pointer with strides 0: no tensor is made or kept for it.
 
     Through the interpreter (an empty tensor, data pointer 0, stands for the null pointer): out and lse bit for bit
-    those of the call given a 1.0 for it, which is what the kernel read for an absent descale from a 1.0 on the
-    device, broadcast with strides 0.
+    those of the call given a 1.0 for it (one value, broadcast with strides 0).
     """
     torch.manual_seed(13)
     b, hq, hk, sq, sk = 2, 4, 2, 19, 37
