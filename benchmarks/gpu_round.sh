@@ -195,6 +195,13 @@ case " $* " in *" fp8targets "*)  # this host's Triton (3.6) with float8 variant
   python3 benchmarks/bench_prewarm_scaling.py --float8-targets sm_90,sm_80 --csv "$OUT/prewarm.csv" 2>&1 \
     | tee "$OUT/prewarm_float8.log" | tail -8 ;;
 esac
+case " $* " in *" poolgaps "*)  # nothing kept from a graph's pool: reduce-overhead in fresh processes (the FP8 forward
+  # without descales, the fused combine's decoding call) with cudagraph trees' pool check, then the FP8 and fused
+  # combine GPU tests that the null descale pointer and the op's own counters touch
+  timeout ${POOL_TESTS_TIMEOUT:-560} python3 -P -m pytest tests/test_graph_pool.py tests/test_fp8_reach.py \
+    tests/test_fp8_hot.py tests/test_kvcache_fused_combine.py tests/test_capi_fp8.py -m gpu -v -p no:cacheprovider \
+    -n ${GPU_TEST_WORKERS:-4} 2>&1 | tee "$OUT/poolgaps_tests.log" | grep -E "FAILED|ERROR|passed|failed|error" | tail -20 ;;
+esac
 case " $* " in *" regressions "*)  # the GPU tests of paths a change touched (NEWTESTS overrides the list)
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build >/dev/null || true
   timeout ${NEWTESTS_TIMEOUT:-330} python3 -P -m pytest ${NEWTESTS:-tests/test_varlen.py tests/test_alibi_dropout_mask.py \

@@ -17,7 +17,9 @@ it ordered before the attention. A call without k and v goes to
 ``lazytriton::flash_kvcache_read`` (same arguments, nothing mutated), so a
 compiled graph never copies a cache it only reads. Forward only. The fake
 gives the exact shapes, dtypes and strides of the real outputs (both allocate
-through ``binding.empty_outputs``).
+through ``binding.empty_outputs``). The ops' calls keep nothing on the device
+(the fused combine's counters are each call's own: ``flash_decode/counters.py``
+says why).
 
 Registered on first use by ``lazytriton.kvcache`` (an eager call with nothing
 tracing goes to the binding directly and never registers it).
@@ -94,7 +96,9 @@ def _run(t: checks.Inputs, softmax_scale: float, causal: bool, window_left: int,
          attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     call = checks.check(t, softmax_scale, causal, (window_left, window_right), softcap, num_splits,
                         rotary_interleaved, None if max_seqlen_q < 0 else max_seqlen_q, attention_chunk)
-    return binding.forward(t, call)
+    # The op is what compiled graphs run, and cudagraph trees warm them up and record them with their allocations
+    # in the graph's pool: the fused combine's counters are the call's own, never a buffer kept past it.
+    return binding.forward(t, call, own_counters=True)
 
 
 @flash_kvcache.register_fake

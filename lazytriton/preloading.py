@@ -35,8 +35,8 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
             two alignments share one kernel.
         layout: "bhsd" (SDPA, ``attn_fwd``) or "bshd" (``flash_attn_func``).
         dtype: for shapes (default float16); taken from ``q`` when it is a tensor. float8_e4m3fn (or
-            float8_e5m2) loads the FP8 forward's kernel (``q_descale``'s calls), and the 1.0 a call without
-            descales reads.
+            float8_e5m2) loads the FP8 forward's kernel (``q_descale``'s calls; a call without descales
+            needs nothing more: the kernel reads an absent one's null pointer as 1.0).
         device: for shapes (default the current CUDA device); taken from ``q``
             when it is a tensor.
         backward: also load the backward's kernels (to capture a training
@@ -112,7 +112,7 @@ def preload(q: torch.Tensor | tuple[int, ...], k: torch.Tensor | tuple[int, ...]
 
 def _fp8(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any, window_size: Any,
          softcap: Any, attention_chunk: Any, refused: dict[str, Any]) -> list[str]:
-    """The FP8 forward's preload (float8 inputs): its kernel and the 1.0 an absent descale reads; forward only."""
+    """The FP8 forward's preload (float8 inputs): its kernel; forward only."""
     from lazytriton.kernels.flash_fwd import fp8
 
     for name, value in refused.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -232,6 +233,64 @@ def test_a_null_descale_reads_as_one() -> None:
     constexprs = fp8.interpreter_constexprs(call, call.shape)
     compiler.interpret(FLASH_FWD_FP8.name, grid(40, 2, 1, constexprs["BLOCK_M"]), args, constexprs)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+_DESCALE_ARGS = tuple(fp8.INT_PARAMS.index(name) for name in ("Q_descale", "K_descale", "V_descale"))
+_DESCALE_STRIDES = tuple(fp8.INT_PARAMS.index(f"stride_{t}d{d}") for t in "qkv" for d in "bh")
+
+
+@pytest.mark.parametrize(("dtype", "packed", "given"), [
+    (E4M3, False, ""), (E5M2, True, ""), (E4M3, True, "k"), (E5M2, False, "qv")], ids=str)
+def test_an_absent_descale_is_a_null_pointer_that_reads_as_one(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                                                packed: bool, given: str) -> None:
+    """An absent descale reaches the kernel as a null pointer with strides 0: no tensor is made or kept for it.
+
+    Through the interpreter (an empty tensor, data pointer 0, stands for the null pointer): out and lse bit for bit
+    those of the call given a 1.0 for it (one value, broadcast with strides 0).
+    """
+    torch.manual_seed(13)
+    b, hq, hk, sq, sk = 2, 4, 2, 19, 37
+    q, k, v = fp8_inputs(b, sq, sk, hq, hk, 32, dtype=dtype)
+    made = {name: torch.rand(b, hk) + 0.5 for name in "qkv" if name in given}
+    kwargs = {f"{name}_descale": made[name] for name in made}
+    ones = {f"{name}_descale": torch.ones(()) for name in "qkv" if name not in made}
+    seen: list[tuple[Any, ...]] = []
+    interpret = compiler.interpret
+    monkeypatch.setattr(compiler, "interpret", lambda name, g, args, c: seen.append(tuple(args)) or interpret(
+        name, g, args, c))
+
+    def run(**descales: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not packed:
+            return lazytriton.attn_fwd(q, k, v, causal="bottom_right", **descales)  # type: ignore[no-any-return]
+        qp, kp, vp = (t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]) for t in (q, k, v))
+        cu_q, cu_k = (torch.arange(0, b * s + 1, s, dtype=torch.int32) for s in (sq, sk))
+        return lazytriton.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, sq, sk, causal=True,  # type: ignore
+                                                 return_attn_probs=True, **descales)[:2]
+
+    got = run(**kwargs)
+    (args,) = seen
+    for name, slot in zip("qkv", _DESCALE_ARGS, strict=True):
+        pointer = args[slot]
+        assert isinstance(pointer, torch.Tensor) and (pointer.data_ptr() == 0) == (name not in made), name
+        if name not in made:
+            assert pointer.numel() == 0 and args[_DESCALE_STRIDES[2 * "qkv".index(name)]] == 0
+            assert args[_DESCALE_STRIDES[2 * "qkv".index(name) + 1]] == 0
+    want = run(**kwargs, **ones)
+    assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+def test_an_absent_descale_packs_as_null() -> None:
+    """``fp8.descales`` leaves an absent one None and ``fp8.pack`` writes 0 for its pointer and its strides."""
+    q, k, v = fp8_inputs(2, 16, 16, 2, 1, 32)
+    call = binding.check(q, k, v, False, None, fp8=True)
+    k_descale = torch.rand(2, 1) + 0.5
+    scales = fp8.descales((None, k_descale, None), q, 2, 1)
+    assert scales.q is None and scales.v is None and scales.k is k_descale
+    out, lse = fp8.empty_outputs(q, call.dv)
+    ints = dict(zip(fp8.INT_PARAMS, fp8.pack(q, k, fp8.transposed_v(v), out, lse, call, scales)[0], strict=True))
+    assert [ints[n] for n in ("Q_descale", "stride_qdb", "stride_qdh", "V_descale", "stride_vdb", "stride_vdh")] \
+        == [0] * 6
+    assert (ints["K_descale"], ints["stride_kdb"], ints["stride_kdh"]) == (k_descale.data_ptr(), 1, 1)
 
 
 def test_interpreter_rounds_to_e4m3_as_the_gpu_does() -> None:

@@ -12,6 +12,7 @@ float64.
 from __future__ import annotations
 
 import ctypes
+import inspect
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -178,6 +179,27 @@ def test_warm_fp8_call_takes_the_unaligned_plan_for_an_unaligned_pointer() -> No
     assert (len(kernels[True].launches), len(kernels[False].launches)) == (0, 1)
     assert warm(k, k, v, False, None, (None,) * 3) is not None  # the same sizes and strides: one entry, both plans
     assert (len(kernels[True].launches), len(kernels[False].launches)) == (1, 1)
+
+
+def test_an_entry_without_descales_keeps_no_tensor_but_its_host_lse_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Described in a (faked) CUDA graph capture and without a preload: nothing made for an absent descale.
+
+    cudagraph trees warm up and record the FP8 op, which reaches this warm path, with their allocations in the
+    graph's pool: an entry keeps only the host lse template, and the launch passes null descale pointers.
+    """
+    monkeypatch.setattr(launch, "capturing", lambda device_index: True)
+    rt, spare = _Runtime(), torch.empty(1 << 12, dtype=torch.float32)
+    warm = _warm(rt, spare)["forward_bhsd"]
+    q, k, v = (_fp8(1, 2, 16, 32, seed=i) for i in range(3))
+    call = fp8.checked(q, k, v, False, None, binding.NAMES, binding.NO_WINDOW, 0.0, 0, (None,) * 3, {})
+    kernel = _Recorder(True, (1, 2, 32, 16))
+    _memoise(rt, kernel, q, k, v, call, (None,) * 3)
+    assert warm(q, k, v, False, None, (None,) * 3) is not None
+    (entry,) = inspect.getclosurevars(warm).nonlocals["shapes"].values()
+    kept = [getattr(entry, name) for name in entry.__slots__ if isinstance(getattr(entry, name), torch.Tensor)]
+    assert kept == [entry.lse_template] and entry.lse_template.device.type == "cpu"
+    ints = kernel.launches[-1][2]
+    assert [ints[fp8.INT_PARAMS.index(name)] for name in ("Q_descale", "K_descale", "V_descale")] == [0, 0, 0]
 
 
 def test_warm_fp8_call_describes_again_after_the_runtime_changes() -> None:

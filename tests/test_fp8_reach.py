@@ -235,7 +235,7 @@ def test_gpu_cuda_graph_capture_and_replay() -> None:
     with torch.cuda.stream(stream), torch.cuda.graph(graph):
         out = lazytriton.flash_attn_func(*static, causal=True, q_descale=descales[0], k_descale=descales[1],
                                          v_descale=descales[2])
-        plain = lazytriton.flash_attn_func(*static, causal=True)  # no descales: the 1.0 preload made
+        plain = lazytriton.flash_attn_func(*static, causal=True)  # no descales: null pointers, read as 1.0
     torch.cuda.current_stream().wait_stream(stream)
     for seed in (10, 20):
         fresh = [fp8(b, s, h, d, seed=seed + i, device="cuda") for i, h in enumerate((hq, hk, hk))]

@@ -1,4 +1,4 @@
-"""The 16-bit forward and CUDA graphs' private pools: nothing a call keeps comes from a graph's pool.
+"""Warm paths and CUDA graphs' private pools: nothing a call keeps comes from a graph's pool.
 
 cudagraph trees (``torch.compile(mode="reduce-overhead")``) warm a graph up and record it with its allocations
 in the graph's own pool, and refuse a block of that pool that no output holds ("tensor(s) in the cudagraph pool
@@ -6,7 +6,10 @@ not tracked as outputs"). The warm path's entries keep no device memory (kernels
 template is on the host), and what it keeps on the device is never made during a capture. On a GPU: a fresh
 process (no plan, no entry before the compiled calls) compiles the public calls with "reduce-overhead" and runs
 them with torch's pool check after every step; and an entry first described inside a ``torch.cuda.graph``
-capture keeps no CUDA tensor. The CPU checks of the same rules are in test_hot.py.
+capture keeps no CUDA tensor. The same for the FP8 forward without descales (a null pointer, no 1.0 kept on
+the device) and for the decoding call with the fused combine (the torch op's calls take counters of their own).
+The CPU checks of the same rules are in test_hot.py, test_fp8_fwd.py, test_fp8_hot.py and
+test_kvcache_fused_combine.py.
 """
 
 from __future__ import annotations
@@ -103,3 +106,94 @@ def test_gpu_an_entry_first_described_in_a_capture_keeps_no_cuda_tensor(dtype: t
     torch.cuda.synchronize()
     assert torch.equal(out, lazytriton.attn_fwd(*fresh, causal=True)[0])
     assert torch.equal(out_only, lazytriton.scaled_dot_product_attention(*fresh, is_causal=True, enable_gqa=True))
+
+
+# A fresh process: the FP8 forward without descales (flash_attn_func, attn_fwd) compiled with "reduce-overhead",
+# no preload, each step on new inputs and held against the eager calls bit for bit (the largest difference, 0).
+FRESH_FP8 = """
+import json
+import torch
+import torch._inductor.config as inductor_config
+import lazytriton
+
+inductor_config.triton.slow_path_cudagraph_asserts = True
+b, s, h, d = 2, 256, 4, 128
+
+
+def fp8(q, k, v):
+    a = lazytriton.flash_attn_func(q, k, v, causal=True)
+    t, lse = lazytriton.attn_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal="bottom_right")
+    return a.float(), t.transpose(1, 2).float(), lse
+
+
+compiled = torch.compile(fp8, fullgraph=True, mode="reduce-overhead")
+steps = []
+with torch.no_grad():
+    for step in range(4):
+        torch.manual_seed(step)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
+        got = [t.clone() for t in compiled(q, k, v)]
+        want = fp8(q, k, v)
+        torch.cuda.synchronize()
+        steps.append([float((g - w).abs().max()) for g, w in zip(got, want)])
+print(json.dumps({"steps": steps}))
+"""
+
+
+@on_gpu
+def test_gpu_fp8_without_descales_under_reduce_overhead_keeps_nothing_in_the_graph_pool() -> None:
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the FP8 forward needs sm_90+ (refused elsewhere: test_fp8_fwd.py)")
+    done = run_python(FRESH_FP8, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    assert "not tracked as outputs" not in done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["steps"] == [[0.0, 0.0, 0.0]] * 4, report
+
+
+# A fresh process: a decoding call with the fused combine (several splits: it takes counters) compiled with
+# "reduce-overhead", each step on new lengths and held against the eager call bit for bit; the eager calls keep
+# one counter buffer (their stream's), the compiled calls none.
+FRESH_FUSED = """
+import json
+import torch
+import torch._inductor.config as inductor_config
+import lazytriton
+from lazytriton.kernels.flash_decode import counters, dispatch
+
+inductor_config.triton.slow_path_cudagraph_asserts = True
+dispatch.FUSED_COMBINE_BY_DEFAULT = True
+b, capacity, hq, hk, d = 4, 4096, 32, 8, 128
+
+
+def decode(q, k_cache, v_cache, lens):
+    out, lse = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, num_splits=8,
+                                                  return_softmax_lse=True)
+    return out.float(), lse
+
+
+compiled = torch.compile(decode, fullgraph=True, mode="reduce-overhead")
+k_cache, v_cache = (torch.randn(b, capacity, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+steps = []
+with torch.no_grad():
+    for step in range(4):
+        torch.manual_seed(step)
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        lens = torch.randint(1, capacity + 1, (b,), device="cuda", dtype=torch.int32)
+        got = [t.clone() for t in compiled(q, k_cache, v_cache, lens)]
+        want = decode(q, k_cache, v_cache, lens)
+        torch.cuda.synchronize()
+        steps.append([float((g - w).abs().max()) for g, w in zip(got, want)])
+kept = [(key[1], int(t.abs().sum())) for key, t in counters.COUNTERS.buffers.items()]
+print(json.dumps({"steps": steps, "kept": kept, "stream": torch.cuda.current_stream().cuda_stream}))
+"""
+
+
+@on_gpu
+def test_gpu_fused_combine_under_reduce_overhead_keeps_nothing_in_the_graph_pool() -> None:
+    done = run_python(FRESH_FUSED, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    assert "not tracked as outputs" not in done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["steps"] == [[0.0, 0.0]] * 4, report
+    assert report["kept"] == [[report["stream"], 0]], "one buffer, the eager calls' stream's, all zero"

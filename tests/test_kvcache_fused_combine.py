@@ -7,7 +7,8 @@ order), over split counts 1..64 (one split never fuses), GQA and MQA, contiguous
 lengths from 1 to a few hundred (sequences shorter than the splits: splits with no key), several query rows and
 row blocks, new keys, sinks, softcap, a window, ALiBi; the counters are all zero after every call. The warm path
 launches the fused kernel alone, with the counters of the call's stream, and equals the general path bit for bit.
-The counters: one buffer a (device, stream), grown by a new zeroed one, a captured call's own (fakes). On a GPU:
+The counters: one buffer a (device, stream), grown by a new zeroed one, a captured call's own (fakes); the torch
+op's calls (and so a compiled graph's) take counters of their own and keep none. On a GPU:
 real sizes against float64, repeated calls give the same bits, a captured CUDA graph replayed three times, two
 streams at once.
 """
@@ -321,6 +322,64 @@ def test_a_captured_call_gets_counters_of_its_own() -> None:
     cpu = torch.device("cpu")
     capturing[-1] = True  # never asked for a CPU call
     assert tickets.get(cpu, -1, 0, 8) is tickets.get(cpu, -1, 0, 8)
+
+
+def test_a_call_of_its_own_gets_new_counters_and_keeps_none() -> None:
+    """``own``: a new zeroed buffer of exactly what the call takes, on a GPU or the CPU, never the stream's."""
+    made: list[torch.Tensor] = []
+
+    def zeros(n: int, device: torch.device) -> torch.Tensor:
+        made.append(torch.zeros(n, dtype=torch.int32))
+        return made[-1]
+
+    tickets = counters.Counters(capturing=lambda index: False, zeros=zeros)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    owned = [tickets.get(device, index, 7, 64, own=True) for device, index in ((cuda, 0), (cuda, 0), (cpu, -1))]
+    assert len({id(t) for t in owned}) == 3 and [t.numel() for t in owned] == [64] * 3
+    assert tickets.buffers == {}, "nothing kept"
+    eager = tickets.get(cuda, 0, 7, 64)
+    assert tickets.get(cuda, 0, 7, 64, own=True) is not eager and list(tickets.buffers.values()) == [eager]
+
+
+def _op_read(args: dict[str, Any], splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The read-only torch op of the call (what a compiled graph runs), its arguments in the op's order."""
+    from lazytriton import kvcache_op  # noqa: F401 (registers the ops)
+
+    return torch.ops.lazytriton.flash_kvcache_read(args["q"], args["k_cache"], args["v_cache"], None, None,
+                                                   args["cache_seqlens"], -1, None, args.get("block_table"),
+                                                   args["q"].shape[-1] ** -0.5, False, -1, -1, 0.0, None, splits)
+
+
+def test_the_ops_calls_keep_no_counters(fresh_counters: counters.Counters) -> None:
+    """The op (compiled graphs' form, which cudagraph trees warm up and record) takes counters of its own.
+
+    Its out and lse are the eager call's bit for bit; only the eager call keeps a buffer (its stream's).
+    """
+    args = make_call(3, page=16, lens=(120, 7))
+    with dispatch.fusing_combine():
+        got = [_op_read(args, 6) for _ in range(2)]
+        assert fresh_counters.buffers == {}, "the op keeps no counters"
+        want = lazytriton.flash_attn_with_kvcache(**args, num_splits=6, return_softmax_lse=True)
+    assert len(fresh_counters.buffers) == 1 and _all_zero(fresh_counters)
+    for g in got:
+        assert all(torch.equal(bits(w), bits(x)) for w, x in zip(want, g, strict=True))
+
+
+def test_a_compiled_fused_call_keeps_no_counters(fresh_counters: counters.Counters) -> None:
+    """torch.compile's graph runs the op: the fused call in it keeps no counters, and equals the eager call."""
+    torch._dynamo.reset()
+    args = make_call(5, lens=(90, 30))
+
+    def read(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        return lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,  # type: ignore[no-any-return]
+                                                 num_splits=4)
+
+    inputs = (args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"])
+    with dispatch.fusing_combine():
+        got = torch.compile(read, fullgraph=True, backend="aot_eager")(*inputs)
+        assert fresh_counters.buffers == {}, "the compiled call keeps no counters"
+        want = read(*inputs)
+    assert torch.equal(bits(got), bits(want)) and len(fresh_counters.buffers) == 1
 
 
 def test_the_c_api_passes_lse_for_the_counters() -> None:

@@ -436,7 +436,7 @@ def _partials(lse: torch.Tensor, call: Call, splits: int) -> tuple[torch.Tensor,
 
 
 def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
-               forced: tuple[Variant, Variant] | None = None) -> None:
+               forced: tuple[Variant, Variant] | None = None, own_counters: bool = False) -> None:
     """Launch the cached kernels for a checked call on GPU tensors (the cache already appended).
 
     ``forced``: the (split, combine) variants to run instead of dispatch's
@@ -444,6 +444,7 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
     here, so a candidate runs exactly as a call would run it; a split variant
     with FUSED_COMBINE=true runs alone). Otherwise the split kernel merges its
     own partials where ``dispatch.FUSED_COMBINE_BY_DEFAULT`` says so now.
+    ``own_counters``: that merge's counters are the call's own (``counters.py``).
     """
     device = t.q.device
     if forced is None:
@@ -463,7 +464,7 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
     part_out, part_lse = _partials(lse, call, splits)
     stream = launch.raw_stream(device.index)
     grid = split_grid(call.rows, block_m, splits, call.heads_k, call.batch)
-    tickets = _tickets(t.q, stream, grid, splits) if fused and splits > 1 else None
+    tickets = _tickets(t.q, stream, grid, splits, own_counters) if fused and splits > 1 else None
     split_kernel.launch(grid, stream, split_ints(t, out, lse, part_out, part_lse, call, splits, tickets=tickets),
                         floats(call), launch.scratch_alloc)
     if splits > 1 and not fused:
@@ -472,9 +473,10 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
                               launch.scratch_alloc)
 
 
-def _tickets(q: torch.Tensor, stream: int, grid: tuple[int, int, int], splits: int) -> torch.Tensor:
-    """The fused combine's counters for a split grid on ``stream`` (``counters.COUNTERS``)."""
-    return counters.COUNTERS.get(q.device, q.get_device(), stream, counters.count(grid[2], grid[1], grid[0] // splits))
+def _tickets(q: torch.Tensor, stream: int, grid: tuple[int, int, int], splits: int, own: bool) -> torch.Tensor:
+    """The fused combine's counters for a split grid on ``stream`` (``counters.COUNTERS``; ``own``: the call's)."""
+    return counters.COUNTERS.get(q.device, q.get_device(), stream, counters.count(grid[2], grid[1], grid[0] // splits),
+                                 own)
 
 
 def interpreter_constexprs(call: Call, fused: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -495,7 +497,7 @@ def interpreter_constexprs(call: Call, fused: bool = False) -> tuple[dict[str, A
                    "SINKS": call.sinks}
 
 
-def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call) -> None:
+def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call, own_counters: bool = False) -> None:
     """Run the kernels through Triton's interpreter on CPU tensors (the cache already appended).
 
     The split kernel alone, merging its own partials, where ``dispatch.FUSED_COMBINE_BY_DEFAULT`` says so now.
@@ -507,7 +509,7 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call)
     splits = splits_for(call, split_c["BLOCK_M"], split_c["BLOCK_N"], INTERPRETER_SMS)
     part_out, part_lse = _partials(lse, call, splits)
     grid = split_grid(call.rows, split_c["BLOCK_M"], splits, call.heads_k, call.batch)
-    tickets = _tickets(t.q, 0, grid, splits) if fused and splits > 1 else None
+    tickets = _tickets(t.q, 0, grid, splits, own_counters) if fused and splits > 1 else None
     ints = split_ints(t, out, lse, part_out, part_lse, call, splits, pointers=lambda x: x, tickets=tickets)
     compiler.interpret(FLASH_DECODE_SPLIT.name, grid, (*ints, *floats(call)), split_c)
     if splits > 1 and not fused:
@@ -516,13 +518,14 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call)
                                         sinks=t.sinks), combine_c)
 
 
-def forward(t: Inputs, call: Call, out: torch.Tensor | None = None,
-            names: checks.Names = checks.KVCACHE) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(t: Inputs, call: Call, out: torch.Tensor | None = None, names: checks.Names = checks.KVCACHE,
+            own_counters: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a checked call, after its index values are checked and k/v appended to the cache.
 
     The kernels on a GPU, the interpreter on the CPU, empty outputs on meta. ``out`` (checked:
     ``checks.check_out``): the caller's, written by the kernels where ``writes_into`` allows, else copied into.
-    ``names``: the caller's names of the arguments, for the value checks' errors.
+    ``names``: the caller's names of the arguments, for the value checks' errors. ``own_counters``: the fused
+    combine's counters are the call's own, kept by nobody (the torch op's calls: ``counters.py`` says why).
     """
     if values.values_checked(t):
         values.check_values(t, call, names)
@@ -539,9 +542,9 @@ def forward(t: Inputs, call: Call, out: torch.Tensor | None = None,
             t, call = after_packed_append(t, call)
         if out.numel() and call.rows:
             if t.q.device.type == "cpu":
-                run_interpreter(t, out, lse, call)
+                run_interpreter(t, out, lse, call, own_counters=own_counters)
             else:
-                launch_gpu(t, out, lse, call)
+                launch_gpu(t, out, lse, call, own_counters=own_counters)
     if given is not None and given is not out:  # a layout the kernels do not write: one copy
         out = given.copy_(out)
     return out, lse

@@ -40,15 +40,18 @@ INT_PARAMS = tuple(name for name, kind in FLASH_FWD_FP8.params if not kind.start
 _N_POINTERS = sum(1 for _, kind in FLASH_FWD_FP8.params if kind.startswith("*"))
 # The memo key's first item: no plain, varlen or decoding key starts with it.
 MARK = "fp8"
-_ones: dict[torch.device, torch.Tensor] = {}
 
 
 class Descales(NamedTuple):
-    """q_descale, k_descale and v_descale as (batch, heads_k) float32 views (0 strides where one serves all)."""
+    """q_descale, k_descale and v_descale as (batch, heads_k) float32 views (0 strides where one serves all).
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    None where the descale is absent: the kernels get a null pointer and strides 0, and read it as 1.0 (as the C
+    API passes an absent one), so a call without descales needs no device memory of its own.
+    """
+
+    q: torch.Tensor | None
+    k: torch.Tensor | None
+    v: torch.Tensor | None
 
 
 def is_fp8(t: Any) -> bool:
@@ -63,18 +66,6 @@ def refuse_descales(q: Any, given: tuple[Any, Any, Any]) -> None:
             dtype = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
             raise TypeError(f"{name} is for float8_e4m3fn inputs or float8_e5m2 ones (FlashAttention-3's FP8 "
                             f"forward), but q is {dtype}; pass None")
-
-
-def _ones_on(device: torch.device) -> torch.Tensor:
-    """A float32 1.0 on ``device`` for an absent descale, made once (outside a CUDA graph capture)."""
-    found = _ones.get(device)
-    if found is None:
-        if device.type == "cuda" and launch.capturing(device.index):
-            raise launch.CaptureError("an FP8 call without a descale needs a 1.0 on the device, made on the first "
-                                      "such call: run one (or lazytriton.preload the shape) before the capture, or "
-                                      "pass the descales")
-        found = _ones[device] = torch.ones((), dtype=torch.float32, device=device)
-    return found
 
 
 def check_descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: int) -> None:
@@ -102,9 +93,23 @@ def check_descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, hea
 
 
 def descales(given: tuple[Any, Any, Any], q: torch.Tensor, batch: int, heads_k: int) -> Descales:
-    """Checked descales (``check_descales``) as (batch, heads_k) views: a 1.0 for None, one value broadcast."""
-    return Descales(*(_ones_on(q.device).expand(batch, heads_k) if t is None
-                      else t.reshape(()).expand(batch, heads_k) if t.dim() < 2 else t for t in given))
+    """Checked descales (``check_descales``) as (batch, heads_k) views: None stays None, one value is broadcast."""
+    return Descales(*(None if t is None else t.reshape(()).expand(batch, heads_k) if t.dim() < 2 else t
+                      for t in given))
+
+
+def _address(t: torch.Tensor | None) -> int:
+    """A descale's pointer: 0 (null, read as 1.0) for an absent one."""
+    return 0 if t is None else t.data_ptr()
+
+
+def _interpreted(t: torch.Tensor | None) -> torch.Tensor:
+    """A descale as Triton's interpreter takes it: an absent one as an empty CPU tensor, whose data pointer is 0.
+
+    The interpreter takes a tensor for a pointer parameter (an int 0 would be an integer there); the kernel masks
+    its load off the null pointer, as on a GPU.
+    """
+    return torch.empty(0, dtype=torch.float32) if t is None else t
 
 
 def transposed_v(v: torch.Tensor) -> torch.Tensor:
@@ -129,14 +134,15 @@ def pack(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, 
     values = {
         "Q": q.data_ptr(), "K": k.data_ptr(), "V": vt.data_ptr(), "Out": out.data_ptr(), "Lse": lse.data_ptr(),
         "Cu_seqlens_q": cu_q, "Cu_seqlens_k": cu_k, "Seqused_q": used_q, "Seqused_k": used_k,
-        "Q_descale": scales.q.data_ptr(), "K_descale": scales.k.data_ptr(), "V_descale": scales.v.data_ptr(),
+        "Q_descale": _address(scales.q), "K_descale": _address(scales.k), "V_descale": _address(scales.v),
         "stride_qb": qs[0], "stride_qh": qs[1], "stride_qs": qs[2], "stride_kb": ks[0], "stride_kh": ks[1],
         "stride_ks": ks[2], "stride_vb": vs[0], "stride_vh": vs[1], "stride_vs": vs[2], "stride_ob": os[0],
         "stride_oh": os[1], "stride_os": os[2], "stride_lb": hq * sq, "stride_lh": sq,
         "group_size": hq // hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "head_dim_v": dv,
         "causal_offset": call.offset, "window_left": call.window_left, "window_right": call.window_right,
         "attention_chunk": call.attention_chunk,
-        **{f"stride_{t}d{x}": s.stride(i) for t, s in zip("qkv", scales, strict=True) for i, x in enumerate("bh")},
+        **{f"stride_{t}d{x}": 0 if s is None else s.stride(i) for t, s in zip("qkv", scales, strict=True)
+           for i, x in enumerate("bh")},
     }
     aligned = not any(values[name] & 15 for name in FLASH_FWD_FP8.aligned_params)
     index64 = max((b - 1) * qs[0] + (hq - 1) * qs[1] + (sq - 1) * qs[2] + d,
@@ -240,7 +246,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, ls
     ints, _, _ = pack(q, k, vt, out, lse, call, scales, *(p if isinstance(p, int) else p.data_ptr() for p in pointers))
     binding.warn_if_slow(shape)
     constexprs = interpreter_constexprs(call, shape, packed)
-    args = (q, k, vt, out, lse, *pointers, *scales, *ints[_N_POINTERS:], *floats(call))
+    args = (q, k, vt, out, lse, *pointers, *map(_interpreted, scales), *ints[_N_POINTERS:], *floats(call))
     from lazytriton import compiler  # on CPU tensors only: the interpreter
 
     compiler.interpret(FLASH_FWD_FP8.name, _grid(shape.seqlen_q, shape.heads_q, shape.batch, constexprs["BLOCK_M"]),
@@ -347,15 +353,13 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
 
 
 def preload(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding.Call) -> Any:
-    """Load the kernel a dense FP8 call of this shape runs on ``device`` now, and the 1.0 an absent descale reads.
+    """Load the kernel a dense FP8 call of this shape runs on ``device`` now (an absent descale needs nothing).
 
     q, k, v: (B, H, S, D) tensors or meta stand-ins (whose pointers, 0, count as aligned); the variant loaded.
     """
     shape = call.shape
     out, lse = empty_outputs(q.to("meta"), call.dv)  # the call's own are fresh allocations: aligned
-    meta = torch.empty((), dtype=torch.float32, device="meta").expand(shape.batch, shape.heads_k)
-    _, aligned, index64 = pack(q, k, transposed_v(v.to("meta")), out, lse, call, Descales(meta, meta, meta))
-    _ones_on(device)
+    _, aligned, index64 = pack(q, k, transposed_v(v.to("meta")), out, lse, call, Descales(None, None, None))
     dtype = binding.FP8_DTYPES[q.dtype]
     key = memo_key(device.index, call, shape, aligned, index64, dtype=dtype)
     _plan(runtime.get(), key, device, call, shape, aligned, index64, (False, False, False), dtype)

@@ -60,7 +60,7 @@ class Entry:
     """What a described shape's calls share: allocation shapes, constant ints and floats, the plans' memo keys."""
 
     __slots__ = ("plans", "device", "device_index", "out_size", "out_stride", "lse_template", "lse_numel",
-                 "vt_size", "vt_stride", "ones", "ones_ptr", "tail", "floats", "strides_aligned", "dims",
+                 "vt_size", "vt_stride", "tail", "floats", "strides_aligned", "dims",
                  "key_aligned", "key_unaligned", "launch_aligned", "launch_unaligned")
 
     plans: dict[Any, Any]
@@ -74,8 +74,6 @@ class Entry:
     lse_numel: int
     vt_size: tuple[int, ...]
     vt_stride: tuple[int, ...]
-    ones: torch.Tensor | None
-    ones_ptr: int
     tail: tuple[int, ...]
     floats: tuple[float, ...]
     strides_aligned: bool
@@ -137,17 +135,15 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any, sca
     out, lse = fp8.empty_outputs(q_meta, call.dv)
     if out.numel() == 0:
         return None
-    scales = fp8.descales(given, q, shape.batch, shape.heads_k)  # makes the 1.0 of an absent descale
+    scales = fp8.descales(given, q, shape.batch, shape.heads_k)  # an absent one: None, a null pointer
     vt = fp8.transposed_v(v_meta)
     ints, _, index64 = fp8.pack(q, k, vt, out, lse, call, scales)
     device = q.device
-    ones = next((made for made, t in zip(scales, given, strict=True) if t is None), None)  # fp8's 1.0, kept
     out, v_copy = view(out), view(vt.transpose(2, 3))
     return Entry(
         plans=plans, device=device, device_index=q.get_device(), out_size=tuple(out.shape), out_stride=out.stride(),
         lse_template=hot.lse_template(*lse.shape), lse_numel=lse.numel(),
-        vt_size=tuple(v_copy.shape), vt_stride=v_copy.stride(), ones=ones,
-        ones_ptr=0 if ones is None else ones.data_ptr(), tail=ints[len(POINTERS):], floats=fp8.floats(call),
+        vt_size=tuple(v_copy.shape), vt_stride=v_copy.stride(), tail=ints[len(POINTERS):], floats=fp8.floats(call),
         strides_aligned=not any(ints[slot] & 15 for slot in _STRIDE_SLOTS),
         dims=(shape.seqlen_q, shape.heads_q, shape.batch),
         key_aligned=fp8.memo_key(device.index, call, shape, True, index64, dtype=binding.FP8_DTYPES[q.dtype]),
@@ -222,9 +218,9 @@ def make(layout: str = "bhsd", result: str = "forward", cuda: bool = True,
         if found is None:
             return None  # no plan memoised for this key yet: the general path plans it
         vt.copy_(v)
-        ones = entry.ones_ptr
-        ints = (q_ptr, k_ptr, vt_ptr, out_ptr, lse_ptr, 0, 0, 0, 0, ones if qd is None else qd.data_ptr(),
-                ones if kd is None else kd.data_ptr(), ones if vd is None else vd.data_ptr()) + entry.tail
+        # An absent descale's pointer is null: the kernel reads 1.0 (its strides in the entry's tail are 0).
+        ints = (q_ptr, k_ptr, vt_ptr, out_ptr, lse_ptr, 0, 0, 0, 0, 0 if qd is None else qd.data_ptr(),
+                0 if kd is None else kd.data_ptr(), 0 if vd is None else vd.data_ptr()) + entry.tail
         kernel, grid = found
         stream = raw_stream(entry.device_index)
         fast = kernel.fast
