@@ -33,10 +33,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in lo
 # 2**-10, bf16 2**-7) for a gradient rounded once to it, twice that since the
 # gradients sum two rounded products (dS K, P^T dO). fp32: 1e-4, ten times the
 # forward's, because dS = P * (dP - delta) cancels: dP and delta are of order
-# sqrt(head_dim) and their difference may be exactly 0 (one key: dk = 0 in
-# exact arithmetic), so float32 rounding of the two (1e-7 x 16 at head dim 256)
-# summed over a few hundred query rows leaves ~1e-5 (measured: 1.4e-5 at head
-# dim 256, 77 queries x 4 heads, 1 key). Half precision would miss by 10x.
+# sqrt(head_dim) and their difference may be exactly 0 (a row that sees one
+# key: its dS is 0 in exact arithmetic), so float32 rounding of the two (1e-7 x 16
+# at head dim 256) summed over a few hundred query rows leaves ~1e-5 (the kernels'
+# own dk: 1.4e-5 at head dim 256, 77 queries x 4 heads, one key each; a call whose
+# every row sees one key gets exact zeros, tests/test_bwd_one_key.py). Half
+# precision would miss by 10x.
 GRAD_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-4}
 
 

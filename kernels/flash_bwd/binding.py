@@ -724,7 +724,32 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     elif q.is_cuda and delta is None:
         warm = _warm_backward(q, k, v, out, lse, do, call, deterministic)
         if warm is not None:
-            return warm
+            return one_key_rows(warm, call, call.shape.seqlen_k)
+    grads = _computed(q, k, v, out, lse, do, call, deterministic, delta, dbias)
+    return one_key_rows(grads, call, call.shape.seqlen_k, dbias)
+
+
+def one_key_rows(grads: Grads, call: Call, max_seqlen_k: int, dbias: torch.Tensor | None = None) -> Grads:
+    """``grads`` with dq, dk (and ``dbias``) exactly zero where every row's softmax is over at most one key.
+
+    A softmax over one key is 1 whatever its score, so the score's gradient
+    dS = P * (dP - delta) is exactly zero (with a cap, ALiBi, a bias or
+    dropout too); the kernels compute dP and delta = rowsum(dO * O) as sums
+    in different orders, which leaves their rounding (~1e-7 of dP) in dq and
+    dk. With sinks the sink joins every softmax, so P < 1 and dS is not zero:
+    left as computed. Only calls whose keys are at most one (``max_seqlen_k``)
+    pay the fills.
+    """
+    if max_seqlen_k == 1 and call.sinks is None:
+        for g in (grads.dq, grads.dk, *(() if dbias is None else (dbias,))):
+            g.zero_()
+    return grads
+
+
+def _computed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+              do: torch.Tensor, call: Call, deterministic: bool, delta: torch.Tensor | None,
+              dbias: torch.Tensor | None) -> Grads:
+    """``backward``'s general path: the kernels on a GPU, the interpreter on CPU, empty on meta."""
     grads = empty_grads(q, k, v)
     if q.device.type == "meta":
         return grads

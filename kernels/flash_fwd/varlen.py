@@ -485,7 +485,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     floats = fwd.floats(call)
     if q.device.type == "cpu":
         _interpret_backward(views, cu_q, cu_k, dq_ints, dkdv_ints, vc)
-        return grads
+        return bwd.one_key_rows(grads, vc.call, vc.max_seqlen_k)
     device = q.device
     rt = runtime.get()
     key = bwd_memo_key(device.index, q.dtype, vc, aligned, index64)
@@ -497,7 +497,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     dq_grid, dkdv_grid = bwd.grids(shape, block_m, block_n)
     dq_kernel.launch(dq_grid, stream, dq_ints, floats, launch.scratch_alloc)
     dkdv_kernel.launch(dkdv_grid, stream, dkdv_ints, floats, launch.scratch_alloc)
-    return grads
+    return bwd.one_key_rows(grads, vc.call, vc.max_seqlen_k)
 
 
 def _interpret_backward(views: tuple[torch.Tensor, ...], cu_q: torch.Tensor, cu_k: torch.Tensor,
