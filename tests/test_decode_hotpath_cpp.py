@@ -718,6 +718,77 @@ def test_gpu_cpp_tail_equals_the_python_tail_never_synchronises_and_captures(mon
     runtime.reset()
 
 
+@gpu
+@pytest.mark.gpu
+def test_gpu_front_equals_the_python_path_never_synchronises_and_captures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry lookup in C++ (serve(), then run()'s tail) gives the Python path's bits and the general path's;
+    trusted warm steps through it synchronise nothing; a step captured through it replays to the general path's
+    bits."""
+    from test_kvcache_hot import _gpu_step, _results
+
+    module = hot.cpp_tail()
+    if module is False:
+        pytest.skip("the decoding call's C++ warm path is not built for this torch "
+                    "(python -m lazytriton.kernels.flash_decode.hotpath_build) or the launch helper is missing")
+    fronted: list[bool] = []
+
+    class Counted:
+        STREAM_INSIDE = module.STREAM_INSIDE
+        run = staticmethod(module.run)
+        remember = staticmethod(module.remember)
+
+        @staticmethod
+        def serve(*args: Any) -> Any:
+            done = module.serve(*args)
+            fronted.append(done is not None)
+            return done
+
+    runtime.reset()
+    steps = [_gpu_step(batch, keys, paged, lens, new, seed=9) for batch, keys in ((1, 1024), (1, 4096), (8, 4096))
+             for paged in (False, True) for lens, new in (("int", False), ("tensor", True))]
+    for args in steps:
+        want = None
+        for name, tail in (("python", False), ("front", Counted)):
+            monkeypatch.setattr(hot, "serve", hot.make(cpp=tail))
+            for _ in range(3):  # the first files the entry, the others are served from the C++ table
+                again = {**_clone(args), "out": torch.empty_like(args["q"])}
+                got = _results(lazytriton.flash_attn_with_kvcache(**again, return_softmax_lse=True), again)
+            if want is None:
+                base = _clone(args)
+                want = _results(cold(base, return_softmax_lse=True), base)
+            for w, g in zip(want, got, strict=True):
+                assert torch.equal(bits(w), bits(g)), name
+    assert fronted == [False, True, True] * len(steps), fronted
+    monkeypatch.setattr(hot, "serve", hot.make(cpp=Counted))
+    with lazytriton.trusted_indices():
+        for args in steps:
+            lazytriton.flash_attn_with_kvcache(**_clone(args))
+        fronted.clear()
+        with syncs_raise():
+            for args in steps:
+                lazytriton.flash_attn_with_kvcache(**_clone(args))
+    assert fronted == [True] * len(steps), "served in C++, no synchronisation"
+    for args in steps[:4]:
+        base = _clone(args)
+        want = _results(cold(base, return_softmax_lse=True), base)
+        captured = _clone(args)
+        for _ in range(2):  # filed, then served in C++: its items made before the capture
+            lazytriton.flash_attn_with_kvcache(**_clone(args), return_softmax_lse=True)
+        fronted.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = lazytriton.flash_attn_with_kvcache(**captured, return_softmax_lse=True)
+        assert fronted == [True], "captured through the C++ front"
+        fresh = _clone(args)
+        captured["k_cache"].copy_(fresh["k_cache"])
+        captured["v_cache"].copy_(fresh["v_cache"])
+        graph.replay()
+        torch.cuda.synchronize()
+        for w, g in zip(want, [out, lse, captured["k_cache"], captured["v_cache"]], strict=True):
+            assert torch.equal(bits(w), bits(g))
+    runtime.reset()
+
+
 def test_profile_kvcache_runs_every_case(cpp: Any, helper: Any, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/profile_kvcache.py's cases, a few calls each, through both tails and the general path."""
