@@ -454,18 +454,33 @@ bool make_key(PyObject *const *args, Device device, int fused, Key *key) {
     return true;
 }
 
-// The table's dict key (a Python int): four multiply-xor lanes over the key's 8-byte words, then mixed.
+// The table's dict key (a Python int): each present tensor's words and the scalars, a pair of words at a time,
+// multiplied out to 128 bits with a salt of its place and folded; an absent tensor enters by its dim alone. The
+// products are independent: ~40 ns with the Python int (CPU host, a read's 3 tensors) where one chain of multiplies
+// over the whole 752-byte key took ~75.
+uint64_t fold(uint64_t a, uint64_t b) {
+    unsigned __int128 product = (unsigned __int128)a * b;
+    return (uint64_t)product ^ (uint64_t)(product >> 64);
+}
+
 PyObject *key_hash(const Key &key) {
+    constexpr size_t tensor_words = sizeof(TensorKey) / 8, scalar_words = (sizeof(Key) - sizeof key.tensor) / 8;
+    static_assert(tensor_words % 2 == 0 && scalar_words % 2 == 0, "the words are folded in pairs");
     uint64_t words[sizeof(Key) / 8];
     memcpy(words, &key, sizeof key);
-    uint64_t lane[4] = {1469598103934665603ull, 0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull};
-    for (size_t i = 0; i < sizeof(Key) / 8; i++)
-        lane[i & 3] = (lane[i & 3] ^ words[i]) * 1099511628211ull;
-    uint64_t h = lane[0] ^ (lane[1] * 0xbf58476d1ce4e5b9ull) ^ (lane[2] * 0x94d049bb133111ebull) ^
-                 (lane[3] * 0xff51afd7ed558ccdull);
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 32;
+    uint64_t h = 0, dims = 0, place = 0;
+    for (int i = 0; i < LT_KEY_TENSORS; i++) {
+        dims = dims * 8 + (uint64_t)(key.tensor[i].dim - INT_LENGTH);  // 0 .. 6
+        if (key.tensor[i].dim < 0)
+            continue;
+        const uint64_t *w = words + i * tensor_words;
+        for (size_t j = 0; j < tensor_words; j += 2, place++)
+            h ^= fold(w[j] ^ (0xa0761d6478bd642full * (place + 1)), w[j + 1] ^ 0xe7037ed1a0b428dbull);
+    }
+    const uint64_t *w = words + LT_KEY_TENSORS * tensor_words;
+    for (size_t j = 0; j < scalar_words; j += 2, place++)
+        h ^= fold(w[j] ^ (0xa0761d6478bd642full * (place + 1)), w[j + 1] ^ 0xe7037ed1a0b428dbull);
+    h = fold(h ^ dims, 0x8ebc6af09c88c6e3ull);
     return PyLong_FromUnsignedLongLong(h);
 }
 
@@ -531,7 +546,11 @@ PyObject *serve(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         Py_INCREF(Py_None);
         stream.p = Py_None;
     } else {
-        stream.p = PyObject_CallFunction(args[F_STREAM], "i", (int)THPVariable_Unpack(args[F_Q]).get_device());
+        Owned device;
+        device.p = PyLong_FromLong(THPVariable_Unpack(args[F_Q]).get_device());
+        if (device.p == nullptr)
+            return nullptr;
+        stream.p = PyObject_CallOneArg(args[F_STREAM], device.p);
         if (stream.p == nullptr)
             return nullptr;
     }
