@@ -30,6 +30,10 @@ Where the C++ tail is built for the running torch and the launch helper is there
 the index values' eager check stays ``Entry.check_values``, which run() calls. An entry whose launches the record
 cannot hold (the fused combine's counters, a kernel without the launch helper's plan) has none and takes the
 Python run, as does every call run() declines (the int length's range, memory that overlaps, an item not made yet).
+The lookup is then the module's too (``make``'s ``front``): its ``serve()`` reads the same key from the TensorImpls
+and finds the record in a table its ``remember()`` fills each time the Python lookup reaches run() with one (with
+the runtime's plans and the eager check); it declines whatever the Python lookup declines, and a call it declines
+takes the Python lookup.
 
 Served: a contiguous or paged cache, cache_seqlens as an int, an int32 tensor or None, new k and v (batch,
 seqlen_new, heads_k, head_dim) or none, GQA/MQA, causal or not, ``out`` (last dim contiguous) or not,
@@ -337,9 +341,8 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
     counters come from. ``cpp``: the C++ tail's module (kernels/flash_decode/_hotpath.cpp: an entry's launches from its
     record, ``cpp_record``), False for none, None for ``cpp_tail()``'s, looked up when the first entry is made; an
     entry it cannot serve (the fused combine, a kernel without the launch helper's plan) takes the Python run.
-    ``front``: where the module has them, the entry lookup is its ``serve()`` too, from the table its
-    ``remember()`` fills each time this function's own lookup reaches the C++ tail (False: the lookup in Python;
-    profile_kvcache times both).
+    ``front``: the lookup in C++ too where the module has it (``serve()``, ``remember()``); False: in Python
+    (profile_kvcache times both).
     """
     shapes: dict[tuple[Any, ...], Entry] = {}
     tail: list[Any] = [None]  # the module, False, or None until the first description looks it up

@@ -1,4 +1,4 @@
-"""flash_decode's C++ warm-path tail (``_hotpath.cpp``), when it is built for exactly the running torch.
+"""flash_decode's C++ warm path (``_hotpath.cpp``: the entry lookup and the tail), when built for the running torch.
 
 ``python -m lazytriton.kernels.flash_decode.hotpath_build`` compiles it into this folder; without that build, the
 runtime builds it into the cache dir in the background on first GPU use and loads it from there in later processes
