@@ -346,6 +346,15 @@ def test_a_module_built_for_another_torch_is_never_loaded(built: Path, tmp_path:
     assert hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION + 1) is None  # another plan layout
 
 
+def test_a_module_of_another_calling_convention_is_refused(built: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A build of an older _hotpath.cpp (left in the package folder) is refused at load: the cache dir's is next."""
+    monkeypatch.setattr(hotpath_record, "INTERFACE", hotpath_record.INTERFACE + 1)
+    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):
+        assert hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION) is None
+    assert f"calling convention {hotpath_record.INTERFACE - 1}" in caplog.text and "not used" in caplog.text
+
+
 def test_the_background_builder_builds_the_cpp_tail_under_its_key(built: Path, cache_dir: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(helpers.VARIABLE, raising=False)

@@ -53,8 +53,8 @@ struct Launch {
 };
 static_assert(sizeof(Launch) == LT_LAUNCH_SIZE, "Launch must be what hotpath_record.LAUNCH packs");
 
-// run()'s, serve()'s and remember()'s calling convention: hot.py's CPP_INTERFACE must be the same, or it leaves the
-// module unused. 2: serve() and remember(), the entry lookup in C++, beside run().
+// run()'s, serve()'s and remember()'s calling convention: hotpath_record.INTERFACE must be the same, or hotpath.py
+// refuses the module. 2: serve() and remember(), the entry lookup in C++, beside run().
 #define LT_INTERFACE 2
 
 // The current stream without Python's torch._C._cuda_getCurrentRawStream: torch's AOTInductor C shim,

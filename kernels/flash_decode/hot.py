@@ -70,6 +70,7 @@ from lazytriton.kernels.flash_decode import (
     combine_grid,
     counters,
     cpp_record,
+    hotpath_record,
     split_grid,
     values,
 )
@@ -312,7 +313,7 @@ def _overlaps(a: int, a_span: int, b: int, b_span: int) -> bool:
     return bool(a_span and b_span and a < b + b_span and b < a + a_span)
 
 
-CPP_INTERFACE = 2  # the C++ module's run(), serve() and remember() calling convention: _hotpath.cpp's LT_INTERFACE
+CPP_INTERFACE = hotpath_record.INTERFACE  # the calling convention of the C++ module's run(), serve(), remember()
 
 
 def cpp_tail() -> Any:
