@@ -56,6 +56,10 @@ switch, set around each call: one launch where the call has several splits),
 timed right after ``lazytriton`` and ``sdpa`` on the same inputs; a table then
 gives both lazytriton times, the fused call's speedup over the two kernels and
 each one's over SDPA (the goal: at least 1.0x SDPA on every row).
+``--python-lookup`` adds ``lazytriton_pylookup``: the ``lazytriton`` call with its warm path's entry lookup
+in Python (``hot.make(front=False)``: the C++ tail kept where it is built), timed after ``lazytriton`` and
+``sdpa`` on the same inputs; lines then give the C++ lookup's speedup (lazytriton over lazytriton_pylookup;
+the swap of the warm function around each pylookup call adds ~0.1 µs to its time).
 ``--packed-new`` adds the decoding step with its new key (``lazytriton_append``)
 beside the same step with FlashAttention-3's ``cu_seqlens_k_new`` (the new
 keys packed, one a sequence) written into ``out=`` (``lazytriton_packed_new``).
@@ -69,7 +73,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
        [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2] [--mla] [--packed-new]
-       [--fused-combine]
+       [--fused-combine] [--python-lookup]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -105,6 +109,7 @@ FP8 = "lazytriton_fp8"  # --kv-dtype: lazytriton's call on a float8 copy of the 
 PACKED = "lazytriton_packed_new"  # --packed-new: the step's new keys packed by cu_seqlens_k_new, written into out=
 COLD = "lazytriton_cold"  # --cold-path: lazytriton's call without its warm path (every call checked and planned)
 FUSED = "lazytriton_fused"  # --fused-combine: lazytriton's call with the combine fused into the split kernel
+PYLOOKUP = "lazytriton_pylookup"  # --python-lookup: lazytriton's call with its warm path's entry lookup in Python
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_GOAL = 1.8  # the float8 cache's speedup over the bf16 cache at batch <= 32 from 4k keys
 TOLERANCE = 2e-2
@@ -239,6 +244,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fused-combine", action="store_true",
                         help="also time lazytriton's call with the combine fused into the split kernel (provider "
                              "lazytriton_fused) and its speedup over the two kernels and over SDPA")
+    parser.add_argument("--python-lookup", action="store_true",
+                        help="also time lazytriton's call with its warm path's entry lookup in Python (provider "
+                             "lazytriton_pylookup) and the C++ lookup's speedup over it")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
@@ -392,6 +400,23 @@ def lazytriton_cold_call(t: Inputs) -> Callable[[], torch.Tensor]:
     return run
 
 
+def lazytriton_pylookup_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    """The ``lazytriton`` provider's call with its warm path's entry lookup in Python (the C++ tail kept)."""
+    from lazytriton.kernels.flash_decode import hot as decode_hot
+
+    call = lazytriton_call(t)
+    serve, python_lookup = decode_hot.serve, decode_hot.make(front=False)
+
+    def run() -> torch.Tensor:
+        decode_hot.serve = python_lookup
+        try:
+            return call()
+        finally:
+            decode_hot.serve = serve
+
+    return run
+
+
 def lazytriton_fused_call(t: Inputs) -> Callable[[], torch.Tensor]:
     """The ``lazytriton`` provider's call with the combine fused into the split kernel (its own warm entry)."""
     from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
@@ -428,12 +453,13 @@ FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
     "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
     "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True),
     SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call, PACKED: packed_step_call, COLD: lazytriton_cold_call,
-    FUSED: lazytriton_fused_call}
+    FUSED: lazytriton_fused_call, PYLOOKUP: lazytriton_pylookup_call}
 
 
 def providers(case: Case, rotary: bool = False, sinks: bool = False, fp8: bool = False,
-              packed: bool = False, cold: bool = False, fused: bool = False) -> list[str]:
+              packed: bool = False, cold: bool = False, fused: bool = False, python_lookup: bool = False) -> list[str]:
     return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + ([FUSED] if fused else []) + \
+        ([PYLOOKUP] if python_lookup else []) + \
         (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([FP8] if fp8 else []) + \
         ((["lazytriton_append"] if not rotary else []) + [PACKED] if packed else []) + ([COLD] if cold else [])
 
@@ -617,6 +643,20 @@ def print_cold(results: Sequence[Result], log: Log) -> None:
             f"max {max(gains):.2f}x over {len(gains)} cases")
 
 
+def print_lookup(results: Sequence[Result], log: Log) -> None:
+    """The C++ entry lookup's speedup: lazytriton's time over lazytriton_pylookup's, per case and their geomean."""
+    by = {(r.case, r.provider): r for r in results}
+    cases = dict.fromkeys(r.case for r in results)
+    gains = {case: _speedup(by[case, "lazytriton"], by[case, PYLOOKUP]) for case in cases
+             if (case, "lazytriton") in by and (case, PYLOOKUP) in by}
+    for case, x in gains.items():
+        log(f"C++ lookup: {case.label:<27} {x:.3f}x over the Python lookup")
+    known = [x for x in gains.values() if not math.isnan(x)]
+    if known:
+        log(f"C++ lookup: lazytriton over lazytriton_pylookup, geomean {_geomean(known):.3f}x, min {min(known):.3f}x, "
+            f"max {max(known):.3f}x over {len(known)} cases")
+
+
 def print_fused(results: Sequence[Result], log: Log) -> None:
     """Per case: the two kernels' and the fused call's ms, fused over two, and each over SDPA; geomeans and mins."""
     by = {(r.case, r.provider): r for r in results}
@@ -688,7 +728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)
         for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None,
-                                  args.packed_new, args.cold_path, args.fused_combine):
+                                  args.packed_new, args.cold_path, args.fused_combine, args.python_lookup):
             r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
@@ -707,6 +747,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_cold(results, log)
     if args.fused_combine:
         print_fused(results, log)
+    if args.python_lookup:
+        print_lookup(results, log)
     failed = [r for r in results if r.provider.startswith("lazytriton") and r.check != "ok"]
     return 1 if failed else 0
 

@@ -254,18 +254,19 @@ case " $* " in *" fusedcombine "*)  # the combine fused into the split kernel (d
   timeout ${FUSED_PROBE_TIMEOUT:-150} python3 experiments/probe_decode_b1.py --fused --batch 1,8 \
     --lengths 1024,4096,16384,32768 2>&1 | tee "$OUT/probe_fused_combine.log" | tail -24 ;;
 esac
-case " $* " in *" decodecpp "*)  # the decoding call's C++ tail (kernels/flash_decode/_hotpath.cpp): bench_decode's
-  # batch 1 and 8 rows with hot.py's Python tail (the launch helper and flash_fwd's tail built into the package, the
-  # cache dir's helpers off), then with the C++ tail built into the package folder; then its GPU tests and the warm
-  # path's
+case " $* " in *" decodecpp "*)  # the decoding call's warm path in C++ (kernels/flash_decode/_hotpath.cpp):
+  # bench_decode's batch 1 and 8 rows with hot.py's Python lookup and tail (the launch helper and flash_fwd's tail built into the
+  # package, the cache dir's helpers off), then with the C++ module built into the package folder: its lookup and
+  # tail (lazytriton) beside the Python lookup with its tail (lazytriton_pylookup), interleaved; then its GPU tests
+  # and the warm path's
   python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build \
     >/dev/null || echo "the launch helper or flash_fwd's tail not built"
   rm -f kernels/flash_decode/_hotpath.torch-*.so
   for tail in python cpp; do
     if [ $tail = cpp ]; then python3 -m lazytriton.kernels.flash_decode.hotpath_build || echo "the C++ tail not built"; fi
-    LAZYTRITON_HELPERS=0 timeout ${DECODECPP_BENCH_TIMEOUT:-200} python3 benchmarks/bench_decode.py --batches 1,8 \
-      --lengths 1k,4k,16k --layouts contiguous --csv "$OUT/decode_$tail.csv" 2>&1 | tee "$OUT/bench_decode_$tail.log" \
-      | tail -8
+    LAZYTRITON_HELPERS=0 timeout ${DECODECPP_BENCH_TIMEOUT:-240} python3 benchmarks/bench_decode.py --batches 1,8 \
+      --lengths 1k,4k,16k --layouts contiguous $([ $tail = cpp ] && echo --python-lookup) \
+      --csv "$OUT/decode_$tail.csv" 2>&1 | tee "$OUT/bench_decode_$tail.log" | tail -16
   done
   LAZYTRITON_HELPERS=0 timeout ${DECODECPP_TESTS_TIMEOUT:-300} python3 -P -m pytest tests/test_decode_hotpath_cpp.py \
     tests/test_kvcache_hot.py -m gpu -v -p no:cacheprovider 2>&1 | tee "$OUT/decodecpp_tests.log" \

@@ -5,13 +5,14 @@ tensors, through the CUDA path up to the driver: the runtime's plans hold the sp
 kernels loaded on a fake libcuda (tests/fake_libcuda.py, compiled with the system C compiler) whose
 cuLaunchKernel only records its arguments, through the real ``CudaApi`` and ``LoadedKernel``; the SM count is
 the H200's (132), so the split heuristic cuts the 4k keys in 32 splits and the combine runs, as on the GPU.
-Each case is timed warm (``flash_decode.hot``'s warm path, made for CPU tensors) with its C++ tail
-(``kernels/flash_decode/_hotpath.cpp``, when it and the launch helper are built: ``python -m
-lazytriton.kernels.flash_decode.hotpath_build``, ``python -m lazytriton.driver.fastlaunch_build``; else nan) and
-with its Python tail, and with the warm path off (``kvcache.serve``: the checks, then ``binding.forward``'s GPU
-launch). Thread CPU time (the machine is shared: its other threads' time is not ours), the minimum over
-interleaved rounds of ``calls`` calls (``--rounds``, ``--calls``). Without the launch helper every launch goes
-through cffi (~2.5 µs more a launch here).
+Each case is timed warm (``flash_decode.hot``'s warm path, made for CPU tensors) with its entry lookup and its tail
+in C++ (``kernels/flash_decode/_hotpath.cpp``'s serve() and run(), when it and the launch helper are built:
+``python -m lazytriton.kernels.flash_decode.hotpath_build``, ``python -m lazytriton.driver.fastlaunch_build``; else
+nan; the stream from a Python function here, as a torch without the C stream getter has it), with the lookup in
+Python and the C++ tail, with both in Python, and with the warm path off (``kvcache.serve``: the checks, then
+``binding.forward``'s GPU launch). Thread CPU time (the machine is shared: its other threads' time is not ours),
+the minimum over interleaved rounds of ``calls`` calls (``--rounds``, ``--calls``). Without the launch helper
+every launch goes through cffi (~2.5 µs more a launch here).
 
 The cases: a read with an int length, a read with a lengths tensor (its eager value check computes on the
 device: one host synchronisation on a GPU), a decoding step (one new key appended, a lengths tensor), the same
@@ -161,12 +162,12 @@ def transformers_cases(batch: int = 8, heads: tuple[int, int] = (16, 4), head_di
             "flash_attn_with_kvcache, no mask": (False, views)}
 
 
-ROUTES = ("C++ tail", "Python tail", "off")
+ROUTES = ("C++ front", "C++ tail", "Python tail", "off")
 
 
 def rows(rounds: int = 7, calls: int = 300, made: dict[str, tuple[bool, dict[str, Any]]] | None = None,
-         cpp: Any = None, light: bool = False) -> list[tuple[str, float, float, float]]:
-    """(case, warm µs with the C++ tail, with the Python tail, warm path off µs): thread CPU time.
+         cpp: Any = None, light: bool = False) -> list[tuple[str, float, float, float, float]]:
+    """(case, warm µs with the C++ front and tail, with the C++ tail, with neither, warm path off): thread CPU time.
 
     The minimum over interleaved rounds. ``cpp``: the C++ tail's module (None: ``hot.cpp_tail()``'s; False or none
     built: nan). ``light``: the fake's cuLaunchKernel only counts (the floor: our host cost alone, without the
@@ -179,10 +180,11 @@ def rows(rounds: int = 7, calls: int = 300, made: dict[str, tuple[bool, dict[str
         warm: dict[str, Any] = {}
         if hot:
             tail = hot.cpp_tail() if cpp is None else cpp
-            for route, module in (("C++ tail", tail), ("Python tail", False)):
+            for route, module, front in (("C++ front", tail, True), ("C++ tail", tail, False),
+                                         ("Python tail", False, False)):
                 if route == "Python tail" or module is not False:
                     warm[route] = hot.make(cuda=False, get_runtime=lambda: plans, raw_stream=lambda device_index: 0,
-                                           cpp=module)
+                                           cpp=module, front=front)
         saved = hot.serve if hot else None
         best: dict[tuple[str, str], float] = {}
         runs = [(name, route, trusted, _timed(args)) for name, (trusted, args) in made.items() for route in ROUTES
@@ -287,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     step = args.transformers
     results = rows(args.rounds, args.calls, made=transformers_cases() if step else None, light=args.light)
     shape = "b8 left-padded, 16/4 heads, hd128, 576 keys" if step else "b1, 32/8 heads, hd128, 4k keys"
-    print(f"{'case (' + shape + ')':<52} {'C++ µs':>8} {'Python µs':>9} {'off µs':>8}  (CPU tensors, fake driver; "
-          "warm: C++ or Python tail)")
-    for name, cpp, python, off in results:
-        print(f"{name:<52} {cpp:8.1f} {python:9.1f} {off:8.1f}")
+    print(f"{'case (' + shape + ')':<52} {'front µs':>8} {'C++ µs':>8} {'Python µs':>9} {'off µs':>8}  (CPU tensors, "
+          "fake driver; warm: lookup and tail in C++, C++ tail, Python)")
+    for name, front, cpp, python, off in results:
+        print(f"{name:<52} {front:8.1f} {cpp:8.1f} {python:9.1f} {off:8.1f}")
     if step:
         print("the step's two routes, one process, interleaved (bias path: flash_fwd on the fake driver)")
         for name, spent in route_rows(args.rounds, args.calls):

@@ -248,9 +248,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     if not isinstance(return_softmax_lse, bool):
         raise TypeError(f"return_softmax_lse must be a bool, got {type(return_softmax_lse).__name__}")
-    if is_fp8(q):  # FlashAttention-3's FP8 call: q, qv, the new keys and the rotary tables widened to bfloat16
-        q, qv, k, v, rotary_cos, rotary_sin = widened(q, k_cache, qv=qv, k=k, v=v, rotary_cos=rotary_cos,
-                                                      rotary_sin=rotary_sin)
+    # The warm path before the float8 test: it declines a float8 q at its key, before anything that could raise (no
+    # entry is made for one; the widened call reads a float8 cache, the general path's), so its errors stay widened's.
     if (cache_batch_idx is None and alibi_slopes is None and cache_leftpad is None and rotary_cos is None
             and rotary_sin is None and rotary_seqlens is None and sinks is None and s_aux is None
             and cu_seqlens_q is None and max_seqlen_q is None and k_descale is None and v_descale is None
@@ -263,6 +262,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                 num_splits, rotary_interleaved, return_softmax_lse, out)  # the common call, warm
         if warm is not None:
             return warm
+    if is_fp8(q):  # FlashAttention-3's FP8 call: q, qv, the new keys and the rotary tables widened to bfloat16
+        q, qv, k, v, rotary_cos, rotary_sin = widened(q, k_cache, qv=qv, k=k, v=v, rotary_cos=rotary_cos,
+                                                      rotary_sin=rotary_sin)
     window_size = window_size if window_size is checks.NO_WINDOW else window_pair(window_size)
     t = inputs(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
                rotary_cos, rotary_sin, rotary_seqlens, attention_sinks.given(sinks, s_aux), cu_seqlens_q, k_descale,

@@ -88,6 +88,20 @@ def test_table_reports_speedups_a_wrong_row_and_a_failure(bench: ModuleType) -> 
     assert any("sdpa_gather wrong on paged b8 4k: max error 5.0e-01" in line for line in log.lines)
 
 
+def test_python_lookup_times_the_call_beside_its_python_lookup(bench: ModuleType) -> None:
+    case, other = bench.Case("contiguous", 1, 1024), bench.Case("paged", 1, 1024)
+    assert bench.parse_args(["--python-lookup"]).python_lookup
+    assert bench.providers(case, python_lookup=True) == ["lazytriton", "sdpa", "lazytriton_pylookup"]
+    results = [bench.Result(case, "lazytriton", 0.010, 1e-3, "ok"),
+               bench.Result(case, "lazytriton_pylookup", 0.0125, 1e-3, "ok"),
+               bench.Result(other, "lazytriton", 0.020, 1e-3, "ok"),
+               bench.Result(other, "lazytriton_pylookup", 0.020, 1e-3, "ok")]
+    log = bench.Log()
+    bench.print_lookup(results, log)
+    assert log.lines[0].startswith("C++ lookup: contiguous") and log.lines[0].endswith("1.250x over the Python lookup")
+    assert "geomean 1.118x, min 1.000x, max 1.250x over 2 cases" in log.lines[-1]
+
+
 def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     rows, _ = run_bench(BENCH, tmp_path / "decode.csv", "--quick", out_dir=out_dir)

@@ -13,6 +13,7 @@ one fresh interpreter, and loads it in another.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
 import os
@@ -22,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO, run_python
 from conftest import gpu as on_gpu
-from conftest import run_python
 from fake_libcuda import Fake
 from test_driver import _entry
 
 from lazytriton import cli, config
 from lazytriton.driver import fastlaunch, fastlaunch_build, gpu, helpers, helpers_build
+from lazytriton.kernels import COMPILED_HELPERS
 from lazytriton.kernels.flash_decode import hotpath as decode_hotpath
 from lazytriton.kernels.flash_fwd import hotpath
 
@@ -289,6 +291,17 @@ def test_the_key_follows_python_torch_and_source() -> None:
     assert helpers.module_file(hotpath.NAME, "2.11.0+cu130").startswith("_hotpath.torch-2.11.0+cu130.")
     with pytest.raises(ValueError, match="helper must be one of"):
         helpers.module_file("other")
+
+
+def test_every_compiled_helpers_source_ships_in_the_package() -> None:
+    """A regular install (a wheel, ``pip install --target``) carries each C++ tail's source: the background build
+    reads it from the installed package."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for name in COMPILED_HELPERS:
+        module = importlib.import_module(name)
+        package = name.rpartition(".")[0]
+        assert module.SOURCE.name in package_data.get(package, []), f"{package}'s package-data lacks its source"
 
 
 def test_info_says_which_launch_path_and_why(cache_dir: Path, built_helper: Path, spawns: Spawns,

@@ -1,9 +1,11 @@
-// flash_decode's warm-path tail in C++: the per-call checks no key holds, the allocations, the pointers, the launches.
+// flash_decode's warm path in C++: the entry lookup (serve), then the per-call checks no key holds, the allocations,
+// the pointers, the launches (run).
 //
-// kernels/flash_decode/hot.py calls run() after its entry lookup, when this module is built for the running torch
-// (hotpath.py loads it; python -m lazytriton.kernels.flash_decode.hotpath_build builds it). Every decision that makes
-// a call eligible stays in Python (hot.py's describe and its key); run() trusts the record hot.py made for the entry
-// and does what hot.py's Python run() does, in the same order: an int length's range, the caches' and out's bytes,
+// kernels/flash_decode/hot.py calls serve() first and run() after its own entry lookup, when this module is built for
+// the running torch (hotpath.py loads it; python -m lazytriton.kernels.flash_decode.hotpath_build builds it). Every
+// decision that makes a shape eligible stays in Python (hot.py's describe); serve() finds the record hot.py made for a
+// shape by the key hot.py's lookup reads (remember() files it), and run() trusts that record and does what hot.py's
+// Python run() does, in the same order: an int length's range, the caches' and out's bytes,
 // out's allocation, the alignment choice, the index values' check (a Python callable, when hot.py passes one), the
 // workspace, then kv_append (new keys), the split kernel and, with several splits, the combine kernel. What Python
 // pays per torch call (an allocation ~1 us, a launch's argument tuple, ~0.1 us a data_ptr) is what this file saves.
@@ -51,8 +53,9 @@ struct Launch {
 };
 static_assert(sizeof(Launch) == LT_LAUNCH_SIZE, "Launch must be what hotpath_record.LAUNCH packs");
 
-// run()'s calling convention: hot.py's CPP_INTERFACE must be the same, or it leaves the module unused.
-#define LT_INTERFACE 1
+// run()'s, serve()'s and remember()'s calling convention: hotpath_record.INTERFACE must be the same, or hotpath.py
+// refuses the module. 2: serve() and remember(), the entry lookup in C++, beside run().
+#define LT_INTERFACE 2
 
 // The current stream without Python's torch._C._cuda_getCurrentRawStream: torch's AOTInductor C shim,
 // aoti_torch_get_current_cuda_stream(device_index, &stream) -> 0 on success, a stable C ABI in libtorch_cuda
@@ -337,10 +340,290 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     END_HANDLE_TH_ERRORS
 }
 
+// The entry lookup in C++ (hot.py's front): the key hot.py's serve() builds from some 40 Python attribute reads and
+// a tuple hash (each tensor argument's sizes, strides, dtype and device, the length's kind, causal, the scale,
+// num_splits, the fused-combine switch), read here from the TensorImpls into one fixed record and hashed. The table
+// is a dict owned by hot.py's warm path: hash -> (key bytes, plans, record, check), filled by remember() each time
+// hot.py's own lookup reaches run() with a record; serve() finds it there and runs tail(). The key bytes are
+// compared whole (a hash collision is a miss), and plans must be the runtime's current dict (a settings change starts
+// the runtime again: a miss, and hot.py describes the shape again). Whatever hot.py's lookup declines, serve()
+// declines (None), as it does anything it does not recognise: hot.py's Python lookup then declines it or raises.
+
+// One tensor argument: its dims, sizes and strides (the served calls' tensors have 4 dims at most), dtype and
+// device; dim NO_TENSOR for None, INT_LENGTH for an int cache_seqlens (its value is no part of the key).
+#define LT_KEY_DIMS 4
+struct TensorKey {
+    int64_t sizes[LT_KEY_DIMS];
+    int64_t strides[LT_KEY_DIMS];
+    int32_t dim, dtype, device_type, device_index;
+};
+enum { NO_TENSOR = -1, INT_LENGTH = -2 };
+#define LT_KEY_TENSORS (KEY_MASK - Q + 1)  // q .. key_mask, run()'s order (Arg)
+struct Key {
+    TensorKey tensor[LT_KEY_TENSORS];
+    double scale;
+    int64_t num_splits;
+    int32_t causal, scale_none, fused, unused;
+};
+static_assert(sizeof(TensorKey) == 80 && sizeof(Key) == LT_KEY_TENSORS * 80 + 32,
+              "Key holds no padding: its bytes are its value");
+
+// serve()'s and remember()'s arguments: hot.py's serve()'s (the public function's names), then their own.
+enum FrontArg {
+    F_Q, F_K_CACHE, F_V_CACHE, F_K, F_V, F_LENS, F_TABLE, F_SCALE, F_CAUSAL, F_SPLITS, F_ROTARY, F_RETURN_LSE, F_OUT,
+    F_KEY_MASK, F_ENTRIES, F_PLANS, F_FUSED,
+    F_REQUIRE_CUDA = F_FUSED + 1, F_STREAM, F_TRUSTED, F_SERVE_ARGS,  // serve()
+    F_RECORD = F_FUSED + 1, F_CHECK, F_MOST, F_REMEMBER_ARGS,  // remember()
+};
+enum Device { ANY_DEVICE, CUDA_ONLY, CPU_ONLY };
+
+// A tensor argument's part of the key (None: NO_TENSOR); false where hot.py's lookup would decline it (a tensor
+// subclass, another type) or could not read it as the calls it serves have it (more than LT_KEY_DIMS dims, a layout
+// without strides, symbolic sizes): the Python path's turn.
+bool tensor_key(PyObject *obj, TensorKey *key) {
+    if (obj == Py_None) {
+        key->dim = NO_TENSOR;
+        return true;
+    }
+    if (!THPVariable_CheckExact(obj))
+        return false;
+    const at::Tensor &t = THPVariable_Unpack(obj);
+    if (t.layout() != at::kStrided || t.is_nested() || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+        return false;
+    int64_t dim = t.dim();
+    if (dim > LT_KEY_DIMS)
+        return false;
+    key->dim = (int32_t)dim;
+    for (int64_t d = 0; d < dim; d++) {
+        key->sizes[d] = t.sizes()[d];
+        key->strides[d] = t.strides()[d];
+    }
+    key->dtype = (int32_t)t.scalar_type();
+    key->device_type = (int32_t)t.device().type();
+    key->device_index = t.device().index();
+    return true;
+}
+
+// The key of a call, or false where hot.py's serve() declines it before its lookup: q, k_cache or v_cache not an
+// exact tensor, q not on CUDA (CUDA_ONLY) or not on the CPU (CPU_ONLY), causal or rotary_interleaved not a bool,
+// softmax_scale not None or a float (nan: never described), num_splits not an int (a bool is not), cache_seqlens not
+// None, an int or a tensor, k without v or v without k, a tensor argument that tensor_key refuses.
+bool make_key(PyObject *const *args, Device device, int fused, Key *key) {
+    memset(key, 0, sizeof *key);
+    if (!THPVariable_CheckExact(args[F_Q]) || !THPVariable_CheckExact(args[F_K_CACHE]) ||
+        !THPVariable_CheckExact(args[F_V_CACHE]))
+        return false;
+    const at::Tensor &q = THPVariable_Unpack(args[F_Q]);
+    if ((device == CUDA_ONLY && !q.is_cuda()) || (device == CPU_ONLY && !q.is_cpu()))
+        return false;
+    PyObject *causal = args[F_CAUSAL], *scale = args[F_SCALE], *splits = args[F_SPLITS], *rotary = args[F_ROTARY];
+    if ((causal != Py_True && causal != Py_False) || (rotary != Py_True && rotary != Py_False))
+        return false;
+    key->causal = causal == Py_True;
+    if (scale == Py_None) {
+        key->scale_none = 1;
+    } else if (PyFloat_CheckExact(scale)) {
+        key->scale = PyFloat_AS_DOUBLE(scale);
+        if (key->scale != key->scale)
+            return false;
+    } else {
+        return false;
+    }
+    if (!PyLong_CheckExact(splits))
+        return false;
+    int overflow = 0;
+    key->num_splits = PyLong_AsLongLongAndOverflow(splits, &overflow);
+    if (overflow || (key->num_splits == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+    }
+    key->fused = fused;
+    if ((args[F_K] == Py_None) != (args[F_V] == Py_None))
+        return false;
+    PyObject *lens = args[F_LENS];
+    TensorKey *tensor = key->tensor;
+    if (PyLong_CheckExact(lens))
+        tensor[LENS - Q].dim = INT_LENGTH;
+    else if (!tensor_key(lens, &tensor[LENS - Q]))
+        return false;
+    const std::pair<FrontArg, Arg> tensors[] = {{F_Q, Q}, {F_K_CACHE, K_CACHE}, {F_V_CACHE, V_CACHE}, {F_K, K},
+                                                {F_V, V}, {F_TABLE, TABLE}, {F_OUT, OUT}, {F_KEY_MASK, KEY_MASK}};
+    for (const auto &[given, slot] : tensors)
+        if (!tensor_key(args[given], &tensor[slot - Q]))
+            return false;
+    return true;
+}
+
+// The table's dict key (a Python int): each present tensor's words and the scalars, a pair of words at a time,
+// multiplied out to 128 bits with a salt of its place and folded; an absent tensor enters by its dim alone. The
+// products are independent: ~40 ns with the Python int (CPU host, a read's 3 tensors) where one chain of multiplies
+// over the whole 752-byte key took ~75.
+uint64_t fold(uint64_t a, uint64_t b) {
+    unsigned __int128 product = (unsigned __int128)a * b;
+    return (uint64_t)product ^ (uint64_t)(product >> 64);
+}
+
+PyObject *key_hash(const Key &key) {
+    constexpr size_t tensor_words = sizeof(TensorKey) / 8, scalar_words = (sizeof(Key) - sizeof key.tensor) / 8;
+    static_assert(tensor_words % 2 == 0 && scalar_words % 2 == 0, "the words are folded in pairs");
+    uint64_t words[sizeof(Key) / 8];
+    memcpy(words, &key, sizeof key);
+    uint64_t h = 0, dims = 0, place = 0;
+    for (int i = 0; i < LT_KEY_TENSORS; i++) {
+        dims = dims * 8 + (uint64_t)(key.tensor[i].dim - INT_LENGTH);  // 0 .. 6
+        if (key.tensor[i].dim < 0)
+            continue;
+        const uint64_t *w = words + i * tensor_words;
+        for (size_t j = 0; j < tensor_words; j += 2, place++)
+            h ^= fold(w[j] ^ (0xa0761d6478bd642full * (place + 1)), w[j + 1] ^ 0xe7037ed1a0b428dbull);
+    }
+    const uint64_t *w = words + LT_KEY_TENSORS * tensor_words;
+    for (size_t j = 0; j < scalar_words; j += 2, place++)
+        h ^= fold(w[j] ^ (0xa0761d6478bd642full * (place + 1)), w[j + 1] ^ 0xe7037ed1a0b428dbull);
+    h = fold(h ^ dims, 0x8ebc6af09c88c6e3ull);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+// serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits, rotary_interleaved,
+//       return_lse, out, key_mask, table, plans, fused, require_cuda, stream, trusted) -> out | (out, lse) | None
+// hot.py's serve()'s arguments, then: table, the dict remember() fills; plans, the runtime's current plans; fused,
+// dispatch's fused-combine switch (part of the key); require_cuda, whether q must be on CUDA (else on the CPU: tests
+// and profile_kvcache); stream, None (the current stream, read here: declined without torch's getter) or a callable
+// giving the raw stream of a device index; trusted, hot.py's indices_trusted, called when the entry's check is
+// there: the check runs only outside trusted_indices(). None: declined (a call hot.py declines, one not in the table,
+// another runtime's plans, or one run() declines): the caller goes on in Python.
+PyObject *serve(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    HANDLE_TH_ERRORS
+    if (nargs != F_SERVE_ARGS || !PyDict_CheckExact(args[F_ENTRIES]) ||
+        (args[F_STREAM] != Py_None && !PyCallable_Check(args[F_STREAM])) || !PyCallable_Check(args[F_TRUSTED])) {
+        PyErr_SetString(PyExc_TypeError, "serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, "
+                                         "causal, num_splits, rotary_interleaved, return_lse, out, key_mask, table, "
+                                         "plans, fused, require_cuda, stream, trusted)");
+        return nullptr;
+    }
+    int fused = PyObject_IsTrue(args[F_FUSED]), cuda = PyObject_IsTrue(args[F_REQUIRE_CUDA]);
+    if (fused < 0 || cuda < 0)
+        return nullptr;
+    if (args[F_STREAM] == Py_None && stream_getter == nullptr)
+        Py_RETURN_NONE;  // the stream read here, and torch offers no getter: hot.py reads it
+    Key key;
+    if (!make_key(args, cuda ? CUDA_ONLY : CPU_ONLY, fused, &key))
+        Py_RETURN_NONE;
+    Owned hash;
+    hash.p = key_hash(key);
+    if (hash.p == nullptr)
+        return nullptr;
+    PyObject *found = PyDict_GetItemWithError(args[F_ENTRIES], hash.p);  // borrowed
+    if (found == nullptr) {
+        if (PyErr_Occurred())
+            return nullptr;
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 4 || PyTuple_GET_ITEM(found, 1) != args[F_PLANS])
+        Py_RETURN_NONE;
+    PyObject *bytes = PyTuple_GET_ITEM(found, 0), *record = PyTuple_GET_ITEM(found, 2);
+    if (!PyBytes_CheckExact(bytes) || PyBytes_GET_SIZE(bytes) != (Py_ssize_t)sizeof key ||
+        memcmp(PyBytes_AS_STRING(bytes), &key, sizeof key) != 0 || !PyList_CheckExact(record) ||
+        PyList_GET_SIZE(record) != LT_RECORD_SIZE)
+        Py_RETURN_NONE;
+    Owned held;  // the entry stays alive through the check and the launches (which run Python code)
+    Py_INCREF(found);
+    held.p = found;
+    PyObject *check = PyTuple_GET_ITEM(found, 3);
+    if (check != Py_None) {  // the eager index values' check, outside trusted_indices()
+        PyObject *trusted = PyObject_CallNoArgs(args[F_TRUSTED]);
+        if (trusted == nullptr)
+            return nullptr;
+        int skip = PyObject_IsTrue(trusted);
+        Py_DECREF(trusted);
+        if (skip < 0)
+            return nullptr;
+        if (skip)
+            check = Py_None;
+    }
+    Owned stream;  // None: tail() reads the current stream
+    if (args[F_STREAM] == Py_None) {
+        Py_INCREF(Py_None);
+        stream.p = Py_None;
+    } else {
+        Owned device;
+        device.p = PyLong_FromLong(THPVariable_Unpack(args[F_Q]).get_device());
+        if (device.p == nullptr)
+            return nullptr;
+        stream.p = PyObject_CallOneArg(args[F_STREAM], device.p);
+        if (stream.p == nullptr)
+            return nullptr;
+    }
+    PyObject *tail_args[N_ARGS];
+    tail_args[RECORD] = record;
+    tail_args[Q] = args[F_Q];
+    tail_args[K_CACHE] = args[F_K_CACHE];
+    tail_args[V_CACHE] = args[F_V_CACHE];
+    tail_args[K] = args[F_K];
+    tail_args[V] = args[F_V];
+    tail_args[LENS] = args[F_LENS];
+    tail_args[TABLE] = args[F_TABLE];
+    tail_args[OUT] = args[F_OUT];
+    tail_args[KEY_MASK] = args[F_KEY_MASK];
+    tail_args[RETURN_LSE] = args[F_RETURN_LSE];
+    tail_args[STREAM] = stream.p;
+    tail_args[CHECK] = check;
+    return tail(tail_args);
+    END_HANDLE_TH_ERRORS
+}
+
+// remember(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits,
+//          rotary_interleaved, return_lse, out, key_mask, table, plans, fused, record, check, max entries) -> bool
+// Files the entry's record (hot.py's list, which it goes on filling) and its eager check (Entry.check_values, or
+// None where the call has no index tensor to check) under the call's key; the table is cleared first once it holds
+// max entries. False when the call has no key (see make_key; its device is not checked): nothing filed.
+PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    HANDLE_TH_ERRORS
+    if (nargs != F_REMEMBER_ARGS || !PyDict_CheckExact(args[F_ENTRIES]) || !PyList_CheckExact(args[F_RECORD]) ||
+        PyList_GET_SIZE(args[F_RECORD]) != LT_RECORD_SIZE ||
+        (args[F_CHECK] != Py_None && !PyCallable_Check(args[F_CHECK])) || !PyLong_CheckExact(args[F_MOST])) {
+        PyErr_SetString(PyExc_TypeError, "remember(q, k_cache, v_cache, k, v, cache_seqlens, block_table, "
+                                         "softmax_scale, causal, num_splits, rotary_interleaved, return_lse, out, "
+                                         "key_mask, table, plans, fused, record, check, max entries)");
+        return nullptr;
+    }
+    int fused = PyObject_IsTrue(args[F_FUSED]);
+    if (fused < 0)
+        return nullptr;
+    Key key;
+    if (!make_key(args, ANY_DEVICE, fused, &key))
+        Py_RETURN_FALSE;
+    long long most = PyLong_AsLongLong(args[F_MOST]);
+    if (most == -1 && PyErr_Occurred())
+        return nullptr;
+    Owned hash, value;
+    hash.p = key_hash(key);
+    if (hash.p == nullptr)
+        return nullptr;
+    value.p = Py_BuildValue("(y#OOO)", reinterpret_cast<const char *>(&key), (Py_ssize_t)sizeof key, args[F_PLANS],
+                            args[F_RECORD], args[F_CHECK]);
+    if (value.p == nullptr)
+        return nullptr;
+    if (PyDict_GET_SIZE(args[F_ENTRIES]) >= most)
+        PyDict_Clear(args[F_ENTRIES]);
+    if (PyDict_SetItem(args[F_ENTRIES], hash.p, value.p) < 0)
+        return nullptr;
+    Py_RETURN_TRUE;
+    END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(record, q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, key_mask, return_lse, stream, check) "
      "-> out | (out, lse) | None: flash_decode's warm-path tail"},
+    {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL,
+     "serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits, "
+     "rotary_interleaved, return_lse, out, key_mask, table, plans, fused, require_cuda, stream, trusted) "
+     "-> out | (out, lse) | None: the entry lookup, then run()'s tail"},
+    {"remember", (PyCFunction)(void (*)(void))remember, METH_FASTCALL,
+     "remember(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits, "
+     "rotary_interleaved, return_lse, out, key_mask, table, plans, fused, record, check, max entries) -> bool: "
+     "file an entry's record for serve()"},
     {nullptr, nullptr, 0, nullptr},
 };
 

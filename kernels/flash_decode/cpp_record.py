@@ -44,6 +44,11 @@ def header(out_size: tuple[int, ...] | None, lse_size: tuple[int, ...], lse_nume
     return [packed, None, None, None, None]
 
 
+def drop(record: list[Any]) -> None:
+    """Leave ``record`` without launch items: the C++ front, which may hold it, declines its entry from now on."""
+    record[1:] = [None] * (len(record) - 1)
+
+
 def roles(pointers: Sequence[str], named: dict[str, str], filler: str, present: frozenset[str]) -> list[int]:
     """The role of each pointer slot: its own where the call has that tensor, else ``filler``'s."""
     found = []

@@ -30,6 +30,10 @@ Where the C++ tail is built for the running torch and the launch helper is there
 the index values' eager check stays ``Entry.check_values``, which run() calls. An entry whose launches the record
 cannot hold (the fused combine's counters, a kernel without the launch helper's plan) has none and takes the
 Python run, as does every call run() declines (the int length's range, memory that overlaps, an item not made yet).
+The lookup is then the module's too (``make``'s ``front``): its ``serve()`` reads the same key from the TensorImpls
+and finds the record in a table its ``remember()`` fills each time the Python lookup reaches run() with one (with
+the runtime's plans and the eager check); it declines whatever the Python lookup declines, and a call it declines
+takes the Python lookup.
 
 Served: a contiguous or paged cache, cache_seqlens as an int, an int32 tensor or None, new k and v (batch,
 seqlen_new, heads_k, head_dim) or none, GQA/MQA, causal or not, ``out`` (last dim contiguous) or not,
@@ -66,6 +70,7 @@ from lazytriton.kernels.flash_decode import (
     combine_grid,
     counters,
     cpp_record,
+    hotpath_record,
     split_grid,
     values,
 )
@@ -203,6 +208,7 @@ class Entry:
             item = cpp_record.split_item(found, (SPLIT_POINTERS, COMBINE_POINTERS), self.lens_int, self.present)
             self.cpp[cpp_record.SPLIT_AT[aligned]] = item
             if item is None:
+                cpp_record.drop(self.cpp)
                 self.cpp = None
         return found
 
@@ -220,6 +226,7 @@ class Entry:
             item = cpp_record.append_item(found, APPEND_POINTERS, self.lens_int, self.present)
             self.cpp[cpp_record.APPEND_AT[aligned]] = item
             if item is None:
+                cpp_record.drop(self.cpp)
                 self.cpp = None
         return found
 
@@ -306,7 +313,7 @@ def _overlaps(a: int, a_span: int, b: int, b_span: int) -> bool:
     return bool(a_span and b_span and a < b + b_span and b < a + a_span)
 
 
-CPP_INTERFACE = 1  # the C++ tail's run() calling convention: _hotpath.cpp's LT_INTERFACE
+CPP_INTERFACE = hotpath_record.INTERFACE  # the calling convention of the C++ module's run(), serve(), remember()
 
 
 def cpp_tail() -> Any:
@@ -323,7 +330,7 @@ def cpp_tail() -> Any:
 
 def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
          raw_stream: Callable[[int], int] = _RAW_STREAM,
-         tickets: counters.Counters = counters.COUNTERS, cpp: Any = None) -> Callable[..., Any]:
+         tickets: counters.Counters = counters.COUNTERS, cpp: Any = None, front: bool = True) -> Callable[..., Any]:
     """The warm path: ``flash_attn_with_kvcache``'s result for a call it serves, or None.
 
     ``serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits,
@@ -335,15 +342,37 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
     counters come from. ``cpp``: the C++ tail's module (kernels/flash_decode/_hotpath.cpp: an entry's launches from its
     record, ``cpp_record``), False for none, None for ``cpp_tail()``'s, looked up when the first entry is made; an
     entry it cannot serve (the fused combine, a kernel without the launch helper's plan) takes the Python run.
+    ``front``: the lookup in C++ too where the module has it (``serve()``, ``remember()``); False: in Python
+    (profile_kvcache times both).
     """
     shapes: dict[tuple[Any, ...], Entry] = {}
-    tail: list[Any] = [cpp]  # the module, False, or None until the first description looks it up
+    tail: list[Any] = [None]  # the module, False, or None until the first description looks it up
+    table: dict[int, tuple[Any, ...]] = {}  # the C++ front's entries: hash -> (key bytes, plans, record, check)
+    fronts: list[Any] = [None, None, None]  # its serve(), remember() and stream argument; None: no C++ front
     empty = torch.empty
     where = _Tensor.get_device if cuda else _device_of
+
+    def use(module: Any) -> None:
+        """Take the C++ module (False: none), and its front where it has one."""
+        tail[0] = module
+        if module is not False and front and getattr(module, "serve", None) is not None:
+            # None: it reads the current stream itself; else the function giving a device's raw stream.
+            stream = None if cuda and raw_stream is _RAW_STREAM and module.STREAM_INSIDE else raw_stream
+            fronts[:] = [module.serve, module.remember, stream]
+
+    if cpp is not None:
+        use(cpp)
 
     def serve(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any,
               softmax_scale: Any, causal: Any, num_splits: Any, rotary_interleaved: Any, return_lse: bool,
               out: Any, key_mask: Any = None) -> Any:
+        cpp_serve = fronts[0]
+        if cpp_serve is not None:  # the lookup and the run in C++; None: declined, the same in Python below
+            done = cpp_serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits,
+                             rotary_interleaved, return_lse, out, key_mask, table, get_runtime().plans,
+                             decode_dispatch.FUSED_COMBINE_BY_DEFAULT, cuda, fronts[2], indices_trusted)
+            if done is not None:
+                return done
         if type(q) is not _Tensor or not (q.is_cuda if cuda else q.is_cpu) or type(k_cache) is not _Tensor \
                 or type(v_cache) is not _Tensor:
             return None
@@ -389,7 +418,7 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             if new_key is False:
                 return None
             if tail[0] is None:
-                tail[0] = cpp_tail()
+                use(cpp_tail())
             entry = describe(q, k_cache, v_cache, k, v, lens, block_table, softmax_scale, causal, num_splits, out,
                              plans, key_mask, fused, tail[0] is not False)
             if entry is None:
@@ -397,6 +426,10 @@ def make(cuda: bool = True, get_runtime: Callable[[], Any] = runtime.get,
             if len(shapes) >= MAX_SHAPES:
                 shapes.clear()
             shapes[key] = entry
+        if entry.cpp is not None and fronts[1] is not None:  # filed for the C++ front's next call of this key
+            fronts[1](q, k_cache, v_cache, k, v, lens, block_table, softmax_scale, causal, num_splits,
+                      rotary_interleaved, return_lse, out, key_mask, table, plans, fused, entry.cpp,
+                      entry.check_values if entry.value_checks else None, MAX_SHAPES)
         return run(entry, q, k_cache, v_cache, k, v, lens, block_table, return_lse, out, key_mask)
 
     def run(entry: Entry, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any, v: Any, lens: Any,

@@ -1,12 +1,13 @@
-"""flash_decode's C++ warm-path tail (``_hotpath.cpp``), when it is built for exactly the running torch.
+"""flash_decode's C++ warm path (``_hotpath.cpp``: the entry lookup and the tail), when built for the running torch.
 
 ``python -m lazytriton.kernels.flash_decode.hotpath_build`` compiles it into this folder; without that build, the
 runtime builds it into the cache dir in the background on first GPU use and loads it from there in later processes
 (``lazytriton.driver.helpers``: trusted files only; ``HELPER`` describes it there, registered in
 ``kernels.COMPILED_HELPERS``). A C++ extension is bound to the torch it was compiled against, so its file name
 carries that torch's version and only the file named for the running version is ever loaded; the module says the
-version again (``TORCH_VERSION``), the launch plan's layout (``PLAN_VERSION``) and its record's (``LAYOUT``), and a
-mismatch is refused. Anything else (not built, another torch) logs once and the warm path stays in Python (hot.py).
+version again (``TORCH_VERSION``), the launch plan's layout (``PLAN_VERSION``), its record's (``LAYOUT``) and its
+functions' calling convention (``INTERFACE``), and a mismatch is refused (a package folder's stale build: the cache
+dir's is tried next). Anything else (not built, another torch) logs once and the warm path stays in Python (hot.py).
 """
 
 from __future__ import annotations
@@ -84,11 +85,11 @@ def load_file(where: str, path: Path, torch_version: str, plan_version: int) -> 
         log.warning("the decoding call's C++ warm path %s was built against torch %s, this is torch %s: not used",
                     path, built_for, torch_version)
         return None
-    found = (getattr(module, "PLAN_VERSION", None), getattr(module, "LAYOUT", None))
-    if found != (plan_version, hotpath_record.LAYOUT):
-        log.warning("the decoding call's C++ warm path %s reads launch plan version %s and record %r, this "
-                    "lazytriton packs %s and %r: not used until it is rebuilt (%s)", path, *found, plan_version,
-                    hotpath_record.LAYOUT, BUILD)
+    found = (getattr(module, "PLAN_VERSION", None), getattr(module, "LAYOUT", None), getattr(module, "INTERFACE", None))
+    if found != (plan_version, hotpath_record.LAYOUT, hotpath_record.INTERFACE):
+        log.warning("the decoding call's C++ warm path %s reads launch plan version %s and record %r with calling "
+                    "convention %s, this lazytriton packs %s and %r and calls %s: not used until it is rebuilt (%s)",
+                    path, *found, plan_version, hotpath_record.LAYOUT, hotpath_record.INTERFACE, BUILD)
         return None
     return module
 

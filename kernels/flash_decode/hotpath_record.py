@@ -7,7 +7,8 @@ compiled launch helper's bytes) and its ``fail``, then the same three for the co
 launch's pointer slots each name a role (``ROLES``): run() writes that pointer there. ``header()`` writes all of
 it as ``lt_record.h`` beside the source when it is built (``hotpath_build``); the header's text enters the
 helper's source hash, so a changed layout is a new build, and the module says the layout it was built with
-(``LAYOUT``): hot.py leaves one built with another unused.
+(``LAYOUT``) and the calling convention of its functions (``INTERFACE``): hotpath.py refuses one built with
+another.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ HEADER = struct.Struct(f"<4q3qqq{len(SPANS)}q4i")
 # length_slot; a role a pointer slot.
 LAUNCH = struct.Struct(f"<3q3I4i{MAX_POINTERS}b4x")
 LAYOUT = f"{HEADER.format} {LAUNCH.format} {','.join(ROLES)}"
+INTERFACE = 2  # run()'s, serve()'s and remember()'s calling convention: _hotpath.cpp's LT_INTERFACE
 
 
 def header() -> str:
