@@ -697,7 +697,8 @@ def test_gpu_cpp_tail_equals_the_python_tail_never_synchronises_and_captures(mon
                 want = _results(cold(base, return_softmax_lse=True), base)
             for w, g in zip(want, got, strict=True):
                 assert torch.equal(bits(w), bits(g)), name
-    assert served and all(served), served
+    # a new entry's first call declines (its launches are prepared by the Python run), the second is served
+    assert len(served) == 2 * len(steps) and all(served[1::2]), served
     monkeypatch.setattr(hot, "serve", hot.make(cpp=Counted))
     with lazytriton.trusted_indices():
         for args in steps:

@@ -73,7 +73,7 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     scores = q.double() @ k.transpose(-1, -2) * scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
     return (scores.softmax(-1).nan_to_num(0.0) @ v).transpose(1, 2)
 
 
@@ -270,5 +270,5 @@ def test_gpu_in_place_is_the_gather_route_bit_for_bit_and_never_synchronises() -
             got = transformers_varlen.run_packed(found, q, k, v, 0.088, {})
     assert torch.equal(got, want)
     reference = _reference(q.float(), k.float(), v.float(), mask, 0.088).float()
-    torch.testing.assert_close(got.float(), torch.where(found.q_sel[:, :, None, None], reference, 0.0), atol=2e-2,
-                               rtol=2e-2)
+    rows = found.q_sel[:, :, None, None].to(got.device)
+    torch.testing.assert_close(got.float(), torch.where(rows, reference, 0.0), atol=2e-2, rtol=2e-2)
