@@ -437,7 +437,7 @@ def test_rotary_arguments_at_their_defaults_change_nothing(monkeypatch: pytest.M
 def test_trusted_indices_skip_the_value_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     monkeypatch.setattr(index_values, "check_values", lambda t, call, names: calls.append(call))
-    monkeypatch.setattr(binding, "run_interpreter", lambda *a: None)
+    monkeypatch.setattr(binding, "run_interpreter", lambda *a, **kw: None)
     lazytriton.flash_attn_with_kvcache(**_valid())
     with lazytriton.kvcache.trusted_indices():
         lazytriton.flash_attn_with_kvcache(**_valid())

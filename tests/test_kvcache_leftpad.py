@@ -379,7 +379,7 @@ def test_bad_cache_leftpad_is_refused_before_anything_runs(change: dict[str, Any
 
 
 def test_pages_wholly_before_the_pad_are_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(binding, "run_interpreter", lambda *a: None)
+    monkeypatch.setattr(binding, "run_interpreter", lambda *a, **kw: None)
     args = _valid()
     args["cache_leftpad"] = torch.tensor([2, 33], dtype=torch.int32)
     args["block_table"][1, :2] = 99  # keys 0..31 of sequence 1: before its pad

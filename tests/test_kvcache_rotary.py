@@ -362,7 +362,7 @@ def test_bad_rotary_input_is_refused_before_anything_is_written(name: str, chang
 def test_the_tables_cover_the_positions_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     """Causal with 2 queries and 1 new key: sequence b rotates cache_seqlens[b] .. + 1 (its queries'), so 42 rows
     serve lengths up to 40; non-causal every query sits at cache_seqlens: 41 rows serve."""
-    monkeypatch.setattr(binding, "run_interpreter", lambda *a: None)
+    monkeypatch.setattr(binding, "run_interpreter", lambda *a, **kw: None)
     monkeypatch.setattr(append_binding, "append", lambda *a: None)
     lazytriton.flash_attn_with_kvcache(**_short(_valid(), 42), causal=True)
     lazytriton.flash_attn_with_kvcache(**_short(_valid(), 41), causal=False)

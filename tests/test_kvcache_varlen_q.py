@@ -309,7 +309,7 @@ def test_bad_input_is_refused_before_anything_runs(name: str, change: Any, error
 def test_trusted_indices_skip_the_cu_seqlens_check(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
     monkeypatch.setattr(values, "check_values", lambda t, call, names: seen.append(t.cu_seqlens_q is not None))
-    monkeypatch.setattr(binding, "run_interpreter", lambda *a: None)
+    monkeypatch.setattr(binding, "run_interpreter", lambda *a, **kw: None)
     lazytriton.flash_attn_with_kvcache(**_valid())
     with lazytriton.kvcache.trusted_indices():
         lazytriton.flash_attn_with_kvcache(**_valid())
