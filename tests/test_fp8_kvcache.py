@@ -38,6 +38,7 @@ import lazytriton
 from lazytriton.interpreter import fp8_decode, fp8_encode
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_decode import NV_CVT_FROM, binding, checks, kv_fp8
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.flash_decode.reference import FP8_MAX, kvcache_reference, quantised
 from lazytriton.record import replace
 from lazytriton.target import Target
@@ -678,17 +679,28 @@ def test_bench_decode_times_the_float8_cache_beside_the_bf16_one(tmp_path: Any) 
 
 @pytest.mark.parametrize(("head_dim", "head_dim_v"), [(64, 64), (128, 128), (256, 256), (64, 512)])
 def test_a_contiguous_float8_cache_tile_holds_the_16_bit_tiles_bytes(head_dim: int, head_dim_v: int) -> None:
-    """Twice the keys a split tile in a contiguous float8 cache (as many bytes as the bf16 tile); paged and MLA's
-    v of 512 keep the bf16 tiles; the combine kernel and a forced config are untouched."""
+    """Twice the keys a split tile in a contiguous float8 cache (as many bytes as the bf16 tile), or on CUDA the
+    measured tile of its head dim (``FP8_CUDA_TILES``); paged and MLA's v of 512 keep the bf16 tiles; the combine
+    kernel and a forced config are untouched."""
+    for target in (Target.parse("sm_90"), Target.parse("gfx942")):
+        def split(kv: str, paged: bool, target: Target = target) -> Variant:
+            return dispatch.kernel_variant("flash_decode_split", target, "bf16", head_dim, False, True, 4, 4096,
+                                           paged=paged, kv_fp8=kv, head_dim_v=head_dim_v)
+
+        plain, fp8 = split("none", False), split("e4m3", False)
+        doubled = head_dim_v <= 256
+        measured = decode_dispatch.FP8_CUDA_TILES.get(head_dim_v) if doubled and target.backend == "cuda" else None
+        if measured is not None:
+            assert (int(fp8.get("BLOCK_N")), int(fp8.get("num_warps")), int(fp8.get("num_stages"))) == measured
+            assert fp8.get("BLOCK_M") == plain.get("BLOCK_M")
+        else:
+            assert int(fp8.get("BLOCK_N")) == int(plain.get("BLOCK_N")) * (2 if doubled else 1)
+            assert (fp8.get("num_warps"), fp8.get("num_stages"), fp8.get("BLOCK_M")) == (
+                plain.get("num_warps"), plain.get("num_stages"), plain.get("BLOCK_M"))
     sm90 = Target.parse("sm_90")
 
     def split(kv: str, paged: bool) -> Variant:
         return dispatch.kernel_variant("flash_decode_split", sm90, "bf16", head_dim, False, True, 4, 4096,
                                        paged=paged, kv_fp8=kv, head_dim_v=head_dim_v)
 
-    plain, fp8 = split("none", False), split("e4m3", False)
-    doubled = head_dim_v <= 256
-    assert int(fp8.get("BLOCK_N")) == int(plain.get("BLOCK_N")) * (2 if doubled else 1)
-    assert (fp8.get("num_warps"), fp8.get("num_stages"), fp8.get("BLOCK_M")) == (
-        plain.get("num_warps"), plain.get("num_stages"), plain.get("BLOCK_M"))
     assert split("e5m2", True).get("BLOCK_N") == split("none", True).get("BLOCK_N")

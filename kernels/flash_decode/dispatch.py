@@ -21,6 +21,11 @@ DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
 # A contiguous float8 cache's split tiles hold twice the 16-bit tiles' keys up to this head dim (MLA's v of 512
 # keeps its own).
 MAX_FP8_DOUBLED_DIM = 256
+# Where a float8 tile was measured on a CUDA target, it replaces the doubled one: head dim -> (BLOCK_N, num_warps,
+# num_stages). Head dim 128 (H100, experiments/probe_decode_fp8_tiles.py, batch 1/8/32 x 4k/32k keys, the float16
+# dots): 64 keys, 4 warps, 3 stages beat the doubled 16-bit tile (256 keys, 4 warps, 2 stages) by 5% geomean (-10% at
+# batch 8 / 4k keys, +0.2% at batch 32 / 32k).
+FP8_CUDA_TILES = {128: (64, 4, 3)}
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
 
 
@@ -197,7 +202,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
     raises ValueError naming k_cache. Its tiles are the call's dtype's, with twice the keys in a contiguous
     cache (head dims up to ``MAX_FP8_DOUBLED_DIM``): the same bytes a tile as the 16-bit cache's, so as many
-    bytes in flight. A paged cache keeps the 16-bit tiles (one binary for every page size prewarm plans for;
+    bytes in flight; on CUDA, a head dim with a measured float8 tile (``FP8_CUDA_TILES``) takes that one. A paged cache keeps the 16-bit tiles (one binary for every page size prewarm plans for;
     unmeasured in float8). At the 16-bit tiles the e4m3 cache ran at the bf16 cache's time, half its bytes a second
     (H200, 18 cases, geomean 1.00x); 128 keys a tile at head dim 128 gave 1.19-1.57x the bf16 cache on an H100
     (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md).
@@ -218,7 +223,9 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
                                   paged and split)[0]
     if config is None and split and not paged and kv_fp8 != fp8.NONE and max(head_dim, dv) <= MAX_FP8_DOUBLED_DIM:
-        cfg = Config(cfg.block_m, 2 * cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
+        measured = FP8_CUDA_TILES.get(max(head_dim, dv)) if target.backend == "cuda" else None
+        cfg = (Config(cfg.block_m, *measured, cfg.waves_per_eu) if measured is not None
+               else Config(cfg.block_m, 2 * cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.waves_per_eu))
     if split and paged and cfg.block_n > key_block_limit(page_size):
         cfg = Config(cfg.block_m, key_block_limit(page_size), cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
     functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": padded,
