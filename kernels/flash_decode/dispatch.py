@@ -202,10 +202,9 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
     raises ValueError naming k_cache. Its tiles are the call's dtype's, with twice the keys in a contiguous
     cache (head dims up to ``MAX_FP8_DOUBLED_DIM``): the same bytes a tile as the 16-bit cache's, so as many
-    bytes in flight; on CUDA, a head dim with a measured float8 tile (``FP8_CUDA_TILES``) takes that one. A paged cache keeps the 16-bit tiles (one binary for every page size prewarm plans for;
-    unmeasured in float8). At the 16-bit tiles the e4m3 cache ran at the bf16 cache's time, half its bytes a second
-    (H200, 18 cases, geomean 1.00x); 128 keys a tile at head dim 128 gave 1.19-1.57x the bf16 cache on an H100
-    (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md).
+    bytes in flight; on CUDA, a head dim with a measured float8 tile (``FP8_CUDA_TILES``) takes that one
+    (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md). A paged cache
+    keeps the 16-bit tiles (one binary for every page size prewarm plans for; unmeasured in float8).
     ``qv`` (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v) is QV=true on the split kernel,
     written only when set; ``head_dim`` is then q's and k's without qv's columns (MLA's 64 beside v's 512).
     v's head dim goes up to 512 (``geometry.padded_value_dim``), q's and k's to 256.
