@@ -130,8 +130,18 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
     int causal = split && r->causal; /* the combine kernel is asked with causal false */
     ltn_config c = decode_config(split, r->capability, target, kernel, dtype, head_dim > dv ? head_dim : dv, causal,
                                  ltn_bucket(r->rows), ltn_bucket(r->capacity), r->page_size, paged && split);
-    if (split && !paged && r->kv_fp8 != 0 && (head_dim > dv ? head_dim : dv) <= MAX_FP8_DOUBLED_DIM)
-        c.block_n *= 2; /* a contiguous float8 cache's tile: the 16-bit tile's bytes, twice its keys */
+    if (split && !paged && r->kv_fp8 != 0 && (head_dim > dv ? head_dim : dv) <= MAX_FP8_DOUBLED_DIM) {
+        const ltn_fp8_tile *t = ltn_fp8_cuda_tiles; /* dispatch.FP8_CUDA_TILES: a measured tile where there is one */
+        while (t->head_dim != 0 && t->head_dim != (head_dim > dv ? head_dim : dv))
+            t++;
+        if (t->head_dim != 0) {
+            c.block_n = t->block_n;
+            c.num_warps = t->num_warps;
+            c.num_stages = t->num_stages;
+        } else {
+            c.block_n *= 2; /* a contiguous float8 cache's tile: the 16-bit tile's bytes, twice its keys */
+        }
+    }
     if (split && paged && c.block_n > key_block_limit(r->page_size))
         c.block_n = (int)key_block_limit(r->page_size);
     head_fields(v, head_dim, dv, r->aligned, r->index64);
