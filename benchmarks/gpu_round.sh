@@ -105,7 +105,7 @@ case " $* " in *" capi "*)  # the C API: GPU tests (device memory, plans), then 
   python3 -P -m pytest tests/test_capi.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/capi_tests.log" | tail -5
   python3 benchmarks/bench_capi.py --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi.log" | tail -8 ;;
 esac
-case " $* " in *" native "*)  # issue 43's 2 ms: a fresh C process (benchmarks/native_first_launch.c, the real
+case " $* " in *" native "*)  # the native core's 2 ms target: a fresh C process (benchmarks/native_first_launch.c, the real
   # libcuda) from lt_init to its first lt_attn_fwd returned and completed, one real entry of this GPU's target
   # (prewarmed here) among 200, its CUDA context timed apart; beside a fresh interpreter's first flash_attn_func from
   # the same image. Builds liblazytriton_native.so (gcc, zstd.h); carry [".whl"] (cffi, zstandard)
