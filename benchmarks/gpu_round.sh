@@ -57,11 +57,21 @@ case " $* " in *" hot "*)
   python3 -P benchmarks/profile_hot.py 2>&1 | tee "$OUT/hot.log" ;;
 esac
 case " $* " in *" tests "*)
-  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build || true
+  python3 -m lazytriton.driver.fastlaunch_build >/dev/null && python3 -m lazytriton.kernels.flash_fwd.hotpath_build \
+    && python3 -m lazytriton.kernels.flash_decode.hotpath_build || true
   # pytest-xdist travels in .whl (wheels.sh .whl pytest-xdist execnet zstandard; images need zstandard, which
   # the host lacks): 4 processes share the GPU and the cache.
   # -v: each test's outcome lands in the log as it finishes, so a run cut by its time limit still names its failures
-  # GPU_TESTS: a part of the suite (files or node ids) where one call's limit cannot hold it all
+  # GPU_TESTS: a part of the suite (files or node ids) where one call's limit cannot hold it all; GPU_TESTS_PART=a
+  # (the forward and backward kernels' files, ~170 s on an H100 with 8 processes) or b (the rest, ~410 s)
+  part_a="tests/test_flash_fwd.py tests/test_gluon_bwd.py tests/test_fused_bwd.py tests/test_fp8_gluon.py
+    tests/test_flash_bwd.py tests/test_gluon_fwd_hd256.py tests/test_gluon_fwd.py tests/test_bwd_split.py
+    tests/test_fp8_fwd.py tests/test_sdpa_mask_grad.py tests/test_gluon_fwd_split.py tests/test_gluon_fwd_wide.py
+    tests/test_hot.py tests/test_fp8_hot.py tests/test_graph_pool.py"
+  case ${GPU_TESTS_PART:-} in
+    a) GPU_TESTS=$part_a GPU_TESTS_LOG=_a ;;
+    b) GPU_TESTS="tests $(printf -- ' --ignore=%s' $part_a)" GPU_TESTS_LOG=_b ;;
+  esac
   [ -d .whl-hf ] && python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl \
     >/dev/null 2>&1 && hf_site=:/tmp/site-hf
   PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${TESTS_TIMEOUT:-560} python3 -P -m pytest ${GPU_TESTS:-tests} -m gpu -v \
