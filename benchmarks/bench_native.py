@@ -113,7 +113,7 @@ def write_bench_image(path: Path, served: Sequence[Any]) -> Path:
 
 def link(source: Path, library: Path, program: Path) -> Path:
     """``source`` (a C front of lazytriton.h) compiled and linked to ``library`` (liblazytriton_native.so), with
-    the headers of benchmarks/ and tests/capi/ (the CUDA driver's entry points) to include."""
+    the headers of benchmarks/ and tests/capi/ (the CUDA driver's entry points, the JSON it prints) to include."""
     from lazytriton.capi import native_build
 
     subprocess.run([native_build.compiler(), "-O2", "-std=c99", "-D_POSIX_C_SOURCE=200809L", f"-I{REPO / 'capi'}",

@@ -25,23 +25,12 @@
 
 #include "bench_clock.h"
 #include "cuda_driver.h"
+#include "native_json.h"
 
 enum { B = 1, HQ = 4, HK = 2, SQ = 300, SK = 500, D = 128 };
 
 static cuda_driver cu;
 static int (*fake_launch_log)(int64_t *); /* tests/fake_libcuda.py's alone */
-
-static void json_str(const char *s) {
-    putchar('"');
-    for (; s && *s; s++)
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", *s);
-        else
-            putchar(*s);
-    putchar('"');
-}
 
 /* One JSON line saying what failed, and exit 1. */
 static void die(const char *what, int status) {
@@ -141,12 +130,7 @@ int main(int argc, char **argv) {
            "\"completed_at_us\":%.1f,\"error\":", context_us, init, status, synchronized, returned, completed,
            completed_at);
     json_str(init == LT_OK && status == LT_OK ? "" : lt_last_error());
-    lt_stats stats;
-    memset(&stats, 0, sizeof stats);
-    stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
-    int stats_status = lt_cache_stats(&stats);
-    printf(",\"stats\":%d,\"plans\":%llu,\"image_entries\":%llu", stats_status, (unsigned long long)stats.plans,
-           (unsigned long long)stats.image_entries);
+    print_cache_stats();
     if (fake_launch_log != NULL) {
         static int64_t log[64 * 8];
         printf(",\"fake_launches\":%d", fake_launch_log(log));
