@@ -48,6 +48,7 @@ from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import target_from_cuda_capability
 
 HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "tests"  # the fake libcuda's helpers (--fake-driver), capi/cuda_driver.h (capi_bench.c's)
 FIELDS = ["kernel", "provider", "mode", "dtype", "shape", "p50_us", "mean_us", "min_us", "target_us", "gpu",
           "lazytriton", "timestamp"]
 TARGET_US = 5.0  # lt_plan_launch, the issue's target
@@ -103,7 +104,7 @@ def _median(values: list[float]) -> float:
 def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path, runs: int = 1,
                 against: Path | None = None, against_header_dir: Path | None = None) -> int:
     """``--fake-driver``: capi_fake_bench on the fake libcuda, CPU only; rows (this build's) to ``csv``."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
+    sys.path.insert(0, str(TESTS))
     from fake_libcuda import build as build_fake
     from test_native_front import call_variant, fake_entry
 
@@ -191,9 +192,9 @@ def main() -> int:
         prefix = args.prefix or build.build(work / "prefix").prefix
         program = work / "capi_bench"
         include, lib = prefix / "include", prefix / "lib"
-        subprocess.run(["gcc", "-O2", "-std=c99", "-D_POSIX_C_SOURCE=200809L", f"-I{include}", "-o", str(program),
-                        str(HERE / "capi_bench.c"), f"-L{lib}", f"-Wl,-rpath,{lib}", "-llazytriton", "-ldl"],
-                       check=True)
+        subprocess.run(["gcc", "-O2", "-std=c99", "-D_POSIX_C_SOURCE=200809L", f"-I{include}",
+                        f"-I{TESTS / 'capi'}", "-o", str(program), str(HERE / "capi_bench.c"), f"-L{lib}",
+                        f"-Wl,-rpath,{lib}", "-llazytriton", "-ldl"], check=True)
         launch = _kernel_for(shape, work / "kernel.cubin")  # type: ignore[arg-type]
         run = subprocess.run([str(program), *launch, *map(str, shape)], capture_output=True, text=True,
                              env=dict(os.environ), check=False)

@@ -39,7 +39,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-TESTS = REPO / "tests"  # the fake libcuda and the fake entry the tests use (importable once ``with_tests``)
+TESTS = REPO / "tests"  # the fake libcuda, the tests' fake entry (importable once ``with_tests``), C headers (capi/)
 sys.path.insert(0, str(HERE))
 
 ENTRIES = 200
@@ -112,11 +112,12 @@ def write_bench_image(path: Path, served: Sequence[Any]) -> Path:
 
 
 def link(source: Path, library: Path, program: Path) -> Path:
-    """``source`` (a C front of lazytriton.h) compiled and linked to ``library`` (liblazytriton_native.so)."""
+    """``source`` (a C front of lazytriton.h) compiled and linked to ``library`` (liblazytriton_native.so), with
+    the headers of benchmarks/ and tests/capi/ (the CUDA driver's entry points, the JSON it prints) to include."""
     from lazytriton.capi import native_build
 
     subprocess.run([native_build.compiler(), "-O2", "-std=c99", "-D_POSIX_C_SOURCE=200809L", f"-I{REPO / 'capi'}",
-                    f"-I{HERE}", str(source), f"-L{library.parent}", "-llazytriton_native",
+                    f"-I{HERE}", f"-I{TESTS / 'capi'}", str(source), f"-L{library.parent}", "-llazytriton_native",
                     f"-Wl,-rpath,{library.parent}", "-ldl", "-o", str(program)], check=True)
     return program
 

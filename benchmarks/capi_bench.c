@@ -20,24 +20,22 @@
 #include <lazytriton.h>
 
 #include "bench_clock.h"
+#include "cuda_driver.h"
 
 enum { BATCH = 200, ROUNDS = 200, WARMUP = 2000 };
 
+static cuda_driver cu;
+
+/* The driver's entry points beyond cuda_driver's: the tensors zeroed, the stream, the bare launch. */
 static struct {
-    int (*init)(unsigned);
-    int (*device_get)(int *, int);
-    int (*primary_ctx_retain)(void **, int);
-    int (*ctx_set_current)(void *);
-    int (*mem_alloc)(uint64_t *, size_t);
     int (*memset_d8)(uint64_t, unsigned char, size_t);
-    int (*synchronize)(void);
     int (*stream_create)(void **, unsigned);
     int (*module_load_data)(void **, const void *);
     int (*module_get_function)(void **, void *, const char *);
     int (*func_set_attribute)(void *, int, int);
     int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
                   void **);
-} cu;
+} bare_cu;
 
 static void die(const char *what, int status) {
     fprintf(stderr, "%s failed: status %d (lazytriton's last error: %s)\n", what, status, lt_last_error());
@@ -57,8 +55,8 @@ static lt_attn_fwd_params g_p;
 
 static int call(int provider) {
     switch (provider) {
-    case 0: return cu.launch(g_function, g_grid[0], g_grid[1], g_grid[2], g_block, 1, 1, g_shared, g_stream,
-                             g_params, NULL);
+    case 0: return bare_cu.launch(g_function, g_grid[0], g_grid[1], g_grid[2], g_block, 1, 1, g_shared, g_stream,
+                                  g_params, NULL);
     case 1: return lt_plan_launch(g_plan, &g_p, g_stream);
     default: return lt_attn_fwd(&g_p, g_stream);
     }
@@ -68,13 +66,13 @@ static void run(const char *name, int provider) {
     double rounds[ROUNDS], sum = 0.0;
     for (int i = 0; i < WARMUP; i++)
         if (call(provider)) die(name, call(provider));
-    cu.synchronize();
+    cu.ctx_synchronize();
     for (int r = 0; r < ROUNDS; r++) {
         double start = now_us();
         for (int i = 0; i < BATCH; i++)
             call(provider);
         rounds[r] = (now_us() - start) / BATCH;
-        cu.synchronize();
+        cu.ctx_synchronize();
         sum += rounds[r];
     }
     qsort(rounds, ROUNDS, sizeof rounds[0], by_value);
@@ -89,18 +87,17 @@ int main(int argc, char **argv) {
     int64_t b = atoll(argv[7]), h = atoll(argv[8]), s = atoll(argv[9]), d = atoll(argv[10]);
     g_shared = (unsigned)atoi(argv[3]), g_block = (unsigned)atoi(argv[4]);
     unsigned block_m = (unsigned)atoi(argv[5]), n_hidden = (unsigned)atoi(argv[6]);
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    if (lib == NULL) die("dlopen libcuda.so.1", -1);
-    const char *names[] = {"cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc_v2",
-                           "cuMemsetD8_v2", "cuCtxSynchronize", "cuStreamCreate", "cuModuleLoadData",
-                           "cuModuleGetFunction", "cuFuncSetAttribute", "cuLaunchKernel"};
-    void **slots = (void **)&cu;
+    const char *missing = NULL;
+    void *lib = cuda_driver_open(&cu, &missing);
+    if (lib == NULL) die(missing, -1);
+    const char *names[] = {"cuMemsetD8_v2", "cuStreamCreate", "cuModuleLoadData", "cuModuleGetFunction",
+                           "cuFuncSetAttribute", "cuLaunchKernel"};
+    void **slots = (void **)&bare_cu;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((slots[i] = dlsym(lib, names[i])) == NULL) die(names[i], -1);
-    int device, r;
-    void *context, *module;
-    if ((r = cu.init(0)) || (r = cu.device_get(&device, 0)) || (r = cu.primary_ctx_retain(&context, device)) ||
-        (r = cu.ctx_set_current(context)) || (r = cu.stream_create(&g_stream, 1 /* non-blocking */)))
+    int r;
+    void *module;
+    if ((r = cuda_context_current(&cu)) || (r = bare_cu.stream_create(&g_stream, 1 /* non-blocking */)))
         die("CUDA setup", r);
 
     /* The tensors: zeros (the values do not change the launch cost). */
@@ -108,7 +105,7 @@ int main(int argc, char **argv) {
     uint64_t at[5];
     size_t bytes[5] = {2 * qn, 2 * qn, 2 * qn, 2 * qn, 4 * (size_t)(b * h * s)};
     for (int i = 0; i < 5; i++)
-        if ((r = cu.mem_alloc(&at[i], bytes[i])) || (r = cu.memset_d8(at[i], 0, bytes[i]))) die("cuMemAlloc", r);
+        if ((r = cu.mem_alloc(&at[i], bytes[i])) || (r = bare_cu.memset_d8(at[i], 0, bytes[i]))) die("cuMemAlloc", r);
     int64_t sizes[4] = {b, h, s, d};
     lt_attn_fwd_params_init(&g_p);
     lt_tensor *views[5] = {&g_p.q, &g_p.k, &g_p.v, &g_p.out, &g_p.lse};
@@ -130,9 +127,10 @@ int main(int argc, char **argv) {
     char *image = malloc((size_t)size);
     if (fread(image, 1, (size_t)size, f) != (size_t)size) die("read cubin", -1);
     fclose(f);
-    if ((r = cu.module_load_data(&module, image)) || (r = cu.module_get_function(&g_function, module, argv[2])))
+    if ((r = bare_cu.module_load_data(&module, image)) ||
+        (r = bare_cu.module_get_function(&g_function, module, argv[2])))
         die("cuModuleLoadData/GetFunction", r);
-    if (g_shared > 48 * 1024 && (r = cu.func_set_attribute(g_function, 8, (int)g_shared)))
+    if (g_shared > 48 * 1024 && (r = bare_cu.func_set_attribute(g_function, 8, (int)g_shared)))
         die("cuFuncSetAttribute", r);
     /* flash_fwd's parameters (kernels/flash_fwd/__init__.py): 28 ints (pointers, the varlen pointers = 0 for a
      * dense call, strides, sizes, causal offset, window left/right = -1/-1 for no window), then sm_scale and

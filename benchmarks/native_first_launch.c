@@ -24,32 +24,13 @@
 #include "lazytriton.h"
 
 #include "bench_clock.h"
+#include "cuda_driver.h"
+#include "native_json.h"
 
 enum { B = 1, HQ = 4, HK = 2, SQ = 300, SK = 500, D = 128 };
 
-static struct {
-    int (*init)(unsigned);
-    int (*device_get)(int *, int);
-    int (*primary_ctx_retain)(void **, int);
-    int (*ctx_set_current)(void *);
-    int (*mem_alloc)(uint64_t *, size_t);
-    int (*htod)(uint64_t, const void *, size_t);
-    int (*dtoh)(void *, uint64_t, size_t);
-    int (*ctx_synchronize)(void);
-    int (*fake_launch_log)(int64_t *); /* tests/fake_libcuda.py's alone */
-} cu;
-
-static void json_str(const char *s) {
-    putchar('"');
-    for (; s && *s; s++)
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", *s);
-        else
-            putchar(*s);
-    putchar('"');
-}
+static cuda_driver cu;
+static int (*fake_launch_log)(int64_t *); /* tests/fake_libcuda.py's alone */
 
 /* One JSON line saying what failed, and exit 1. */
 static void die(const char *what, int status) {
@@ -60,20 +41,11 @@ static void die(const char *what, int status) {
 }
 
 static void cuda_open(void) {
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    const char *missing = NULL;
+    void *lib = cuda_driver_open(&cu, &missing);
     if (lib == NULL)
-        die(dlerror(), -1);
-    struct { void **slot; const char *name; } symbols[] = {
-        {(void **)&cu.init, "cuInit"}, {(void **)&cu.device_get, "cuDeviceGet"},
-        {(void **)&cu.primary_ctx_retain, "cuDevicePrimaryCtxRetain"},
-        {(void **)&cu.ctx_set_current, "cuCtxSetCurrent"}, {(void **)&cu.mem_alloc, "cuMemAlloc_v2"},
-        {(void **)&cu.htod, "cuMemcpyHtoD_v2"}, {(void **)&cu.dtoh, "cuMemcpyDtoH_v2"},
-        {(void **)&cu.ctx_synchronize, "cuCtxSynchronize"},
-    };
-    for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++)
-        if ((*symbols[i].slot = dlsym(lib, symbols[i].name)) == NULL)
-            die(symbols[i].name, -1);
-    *(void **)&cu.fake_launch_log = dlsym(lib, "fake_launch_log");
+        die(missing, -1);
+    *(void **)&fake_launch_log = dlsym(lib, "fake_launch_log");
 }
 
 /* x rounded to the nearest bf16, ties to even (torch's conversion; x is finite) */
@@ -123,10 +95,8 @@ int main(int argc, char **argv) {
     }
     cuda_open();
     double context_start = now_us();
-    int device, r;
-    void *context;
-    if ((r = cu.init(0)) != 0 || (r = cu.device_get(&device, 0)) != 0 ||
-        (r = cu.primary_ctx_retain(&context, device)) != 0 || (r = cu.ctx_set_current(context)) != 0)
+    int r = cuda_context_current(&cu);
+    if (r != 0)
         die("cuInit/cuDevicePrimaryCtxRetain/cuCtxSetCurrent", r);
     double context_us = now_us() - context_start;
 
@@ -160,15 +130,10 @@ int main(int argc, char **argv) {
            "\"completed_at_us\":%.1f,\"error\":", context_us, init, status, synchronized, returned, completed,
            completed_at);
     json_str(init == LT_OK && status == LT_OK ? "" : lt_last_error());
-    lt_stats stats;
-    memset(&stats, 0, sizeof stats);
-    stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
-    int stats_status = lt_cache_stats(&stats);
-    printf(",\"stats\":%d,\"plans\":%llu,\"image_entries\":%llu", stats_status, (unsigned long long)stats.plans,
-           (unsigned long long)stats.image_entries);
-    if (cu.fake_launch_log != NULL) {
+    print_cache_stats();
+    if (fake_launch_log != NULL) {
         static int64_t log[64 * 8];
-        printf(",\"fake_launches\":%d", cu.fake_launch_log(log));
+        printf(",\"fake_launches\":%d", fake_launch_log(log));
     }
     printf("}\n");
     size_t q_bytes = (size_t)B * HQ * SQ * D * 2, k_bytes = (size_t)B * HK * SK * D * 2;

@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from benchlib import bench_module, run_bench
@@ -26,6 +27,14 @@ BENCH = REPO / "benchmarks" / "bench_decode.py"
 def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The benchmark as a module (it imports its neighbour csvlog, as when run as a script)."""
     yield bench_module(monkeypatch, BENCH)
+
+
+def passed(bench: ModuleType, cases: Sequence[Any], providers: Sequence[str],
+           ms: Sequence[Sequence[float]]) -> list[Any]:
+    """A checked ``bench.Result`` (max error 1e-3) for each case and provider: ``ms[i][j]`` for ``cases[i]`` under
+    ``providers[j]``."""
+    return [bench.Result(case, provider, t, 1e-3, "ok") for case, row in zip(cases, ms, strict=True)
+            for provider, t in zip(providers, row, strict=True)]
 
 
 def test_the_grid_is_the_issues_decoding_grid(bench: ModuleType) -> None:
@@ -92,10 +101,7 @@ def test_python_lookup_times_the_call_beside_its_python_lookup(bench: ModuleType
     case, other = bench.Case("contiguous", 1, 1024), bench.Case("paged", 1, 1024)
     assert bench.parse_args(["--python-lookup"]).python_lookup
     assert bench.providers(case, python_lookup=True) == ["lazytriton", "sdpa", "lazytriton_pylookup"]
-    results = [bench.Result(case, "lazytriton", 0.010, 1e-3, "ok"),
-               bench.Result(case, "lazytriton_pylookup", 0.0125, 1e-3, "ok"),
-               bench.Result(other, "lazytriton", 0.020, 1e-3, "ok"),
-               bench.Result(other, "lazytriton_pylookup", 0.020, 1e-3, "ok")]
+    results = passed(bench, (case, other), ("lazytriton", "lazytriton_pylookup"), ((0.010, 0.0125), (0.020, 0.020)))
     log = bench.Log()
     bench.print_lookup(results, log)
     assert log.lines[0].startswith("C++ lookup: contiguous") and log.lines[0].endswith("1.250x over the Python lookup")
@@ -119,10 +125,7 @@ def test_rotary_adds_the_step_without_and_with_it(bench: ModuleType) -> None:
     assert bench.providers(case, args.rotary is not None)[-2:] == ["lazytriton_append", "lazytriton_rotary"]
     assert bench.providers(case) == ["lazytriton", "sdpa", "sdpa_gather"]
     other = bench.Case("contiguous", 8, 4096)
-    results = [bench.Result(case, "lazytriton_append", 1.0, 1e-3, "ok"),
-               bench.Result(case, "lazytriton_rotary", 1.05, 1e-3, "ok"),
-               bench.Result(other, "lazytriton_append", 2.0, 1e-3, "ok"),
-               bench.Result(other, "lazytriton_rotary", 2.4, 1e-3, "ok")]
+    results = passed(bench, (case, other), ("lazytriton_append", "lazytriton_rotary"), ((1.0, 1.05), (2.0, 2.4)))
     log = bench.Log()
     bench.print_rotary(results, log)
     assert next(line for line in log.lines if line.startswith("paged      b8")).split()[-1] == "1.050"

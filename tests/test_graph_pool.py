@@ -21,6 +21,7 @@ import torch
 from conftest import run_python
 from test_flash_fwd import make_qkv, on_gpu
 from test_hot import kept_tensors
+from test_interface import check_replay
 
 import lazytriton
 from lazytriton.kernels.flash_fwd import hot
@@ -99,13 +100,7 @@ def test_gpu_an_entry_first_described_in_a_capture_keeps_no_cuda_tensor(dtype: t
     assert len(entries) == 2, "both warm paths described the shape during the capture"
     kept = kept_tensors(entries)
     assert kept and not any(t.is_cuda for t in kept), [(t.shape, t.device) for t in kept]
-    fresh = make_qkv(1, (4, 2), (200, 333), 64, dtype, device="cuda", seed=6)
-    for s, f in zip(static, fresh, strict=True):
-        s.copy_(f)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, lazytriton.attn_fwd(*fresh, causal=True)[0])
-    assert torch.equal(out_only, lazytriton.scaled_dot_product_attention(*fresh, is_causal=True, enable_gqa=True))
+    check_replay(graph, static, make_qkv(1, (4, 2), (200, 333), 64, dtype, device="cuda", seed=6), out, out_only)
 
 
 # A fresh process: the FP8 forward without descales (flash_attn_func, attn_fwd) compiled with "reduce-overhead",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -297,6 +297,19 @@ def test_preload_bad_input(args: dict[str, Any], error: type[Exception], match: 
 # On a GPU: CUDA graphs, inductor, reduce-overhead
 
 
+def check_replay(graph: torch.cuda.CUDAGraph, static: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor],
+                 out: torch.Tensor, out_only: torch.Tensor) -> None:
+    """``fresh`` q, k and v copied into the captured ``static`` ones, then ``graph`` replayed: what it captured,
+    attn_fwd's ``out`` (causal) and the SDPA drop-in's ``out_only`` (causal, GQA), equals the eager calls' on
+    ``fresh`` bit for bit."""
+    for s, f in zip(static, fresh, strict=True):
+        s.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, lazytriton.attn_fwd(*fresh, causal=True)[0])
+    assert torch.equal(out_only, lazytriton.scaled_dot_product_attention(*fresh, is_causal=True, enable_gqa=True))
+
+
 @on_gpu
 def test_gpu_cuda_graph_capture_and_replay() -> None:
     q, k, v = make_qkv(2, (8, 2), (300, 257), 64, torch.bfloat16, device="cuda", seed=21)
@@ -312,13 +325,8 @@ def test_gpu_cuda_graph_capture_and_replay() -> None:
             out2 = lazytriton.scaled_dot_product_attention(*static, is_causal=True, enable_gqa=True)
     torch.cuda.current_stream().wait_stream(stream)
     for seed in (1, 2):
-        fresh = make_qkv(2, (8, 2), (300, 257), 64, torch.bfloat16, device="cuda", seed=seed)
-        for s, f in zip(static, fresh, strict=True):
-            s.copy_(f)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out1, lazytriton.attn_fwd(*fresh, causal=True)[0])
-        assert torch.equal(out2, lazytriton.scaled_dot_product_attention(*fresh, is_causal=True, enable_gqa=True))
+        check_replay(graph, static, make_qkv(2, (8, 2), (300, 257), 64, torch.bfloat16, device="cuda", seed=seed),
+                     out1, out2)
 
 
 @on_gpu

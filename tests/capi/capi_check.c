@@ -21,6 +21,8 @@
 
 #include <lazytriton.h>
 
+#include "cuda_driver.h"
+
 static int failures;
 
 static void expect(const char *name, lt_status got, lt_status want, const char *needle) {
@@ -550,16 +552,7 @@ static int run_prewarm(const char *variant) {
 
 /* ---- device memory (GPU) ------------------------------------------------- */
 
-static struct {
-    int (*init)(unsigned);
-    int (*device_get)(int *, int);
-    int (*primary_ctx_retain)(void **, int);
-    int (*ctx_set_current)(void *);
-    int (*mem_alloc)(uint64_t *, size_t);
-    int (*htod)(uint64_t, const void *, size_t);
-    int (*dtoh)(void *, uint64_t, size_t);
-    int (*synchronize)(void);
-} cu;
+static cuda_driver cu;
 
 static void *to_device(const void *host, size_t bytes) {
     uint64_t at = 0;
@@ -572,7 +565,7 @@ static void *to_device(const void *host, size_t bytes) {
 
 static double gpu_error(const problem *p, const lt_attn_fwd_params *params) {
     size_t qn = (size_t)(p->b * p->hq * p->sq * p->d), ln = (size_t)(p->b * p->hq * p->sq);
-    if (cu.synchronize() || cu.dtoh(p->out, (uint64_t)(uintptr_t)params->out.data, 4 * qn) ||
+    if (cu.ctx_synchronize() || cu.dtoh(p->out, (uint64_t)(uintptr_t)params->out.data, 4 * qn) ||
         cu.dtoh(p->lse, (uint64_t)(uintptr_t)params->lse.data, 4 * ln))
         return INFINITY;
     return problem_error(p, p->out, p->lse);
@@ -641,7 +634,7 @@ static double bwd_case_error(const bwd_case *t, float *bits) {
     const float *want[3] = {t->host.dq, t->host.dk, t->host.dv};
     void *at[3] = {t->device.dq.data, t->device.dk.data, t->device.dv.data};
     double worst = 0.0;
-    if (cu.synchronize())
+    if (cu.ctx_synchronize())
         return INFINITY;
     for (int i = 0; i < 3; i++) {
         float *got = malloc(4 * n[i]);
@@ -699,7 +692,7 @@ static void run_gpu_bwd(problem *p, problem *other, const lt_attn_fwd_params *pa
     expect("bwd plan alignment mismatch", lt_bwd_plan_launch(plan, &bad, NULL), LT_ERROR_PLAN_MISMATCH, "unaligned");
     bwd_case_spoil(&t);
     expect("unaligned bwd", lt_attn_bwd(&bad, NULL), LT_OK, NULL);
-    if (cu.synchronize() || cu.dtoh(again, (uint64_t)(uintptr_t)bad.dq.data, 4 * qn))
+    if (cu.ctx_synchronize() || cu.dtoh(again, (uint64_t)(uintptr_t)bad.dq.data, 4 * qn))
         printf("FAIL cuMemcpyDtoH\n"), failures++;
     snprintf(detail, sizeof detail, "dq differs by up to %g from the aligned run's", max_difference(first, again, qn));
     check("unaligned bwd is right", max_difference(first, again, qn) < 1e-4, detail);
@@ -713,20 +706,12 @@ static void run_gpu_bwd(problem *p, problem *other, const lt_attn_fwd_params *pa
 }
 
 static int run_gpu(void) {
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    int device;
-    void *context;
-    if (lib == NULL) {
-        printf("FAIL no libcuda.so.1\n");
+    const char *missing = NULL;
+    if (cuda_driver_open(&cu, &missing) == NULL) {
+        printf("FAIL libcuda.so.1: %s\n", missing);
         return 1;
     }
-    *(void **)&cu.init = dlsym(lib, "cuInit"), *(void **)&cu.device_get = dlsym(lib, "cuDeviceGet");
-    *(void **)&cu.primary_ctx_retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
-    *(void **)&cu.ctx_set_current = dlsym(lib, "cuCtxSetCurrent");
-    *(void **)&cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2"), *(void **)&cu.htod = dlsym(lib, "cuMemcpyHtoD_v2");
-    *(void **)&cu.dtoh = dlsym(lib, "cuMemcpyDtoH_v2"), *(void **)&cu.synchronize = dlsym(lib, "cuCtxSynchronize");
-    if (cu.init(0) || cu.device_get(&device, 0) || cu.primary_ctx_retain(&context, device) ||
-        cu.ctx_set_current(context)) {
+    if (cuda_context_current(&cu) != 0) {
         printf("FAIL no CUDA device 0\n");
         return 1;
     }

@@ -96,12 +96,8 @@ int main(int argc, char **argv) {
     json_str(status == LT_OK ? "" : lt_last_error());
     if (read != NULL && status == LT_OK)
         print_fake_launch(read, n, sizes);
-    lt_stats stats;
-    memset(&stats, 0, sizeof stats);
-    stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
-    int stats_status = lt_cache_stats(&stats);
-    printf(",\"stats\":%d,\"plans\":%llu,\"image_entries\":%llu}\n", stats_status, (unsigned long long)stats.plans,
-           (unsigned long long)stats.image_entries);
+    print_cache_stats();
+    printf("}\n");
     if (cpu && status == LT_OK && argc > 4) {
         FILE *f = fopen(argv[4], "wb");
         if (f == NULL || fwrite(host[3], 2, (size_t)(B * Hq * Sq * D), f) != (size_t)(B * Hq * Sq * D))

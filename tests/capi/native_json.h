@@ -1,5 +1,7 @@
-/* native_json.h: what the native core's test programs print with (tests/capi/native_launch.c, native_front.c):
-   JSON strings, and the fake libcuda's record of the last launch (tests/fake_libcuda.py). */
+/* native_json.h: what the native core's test programs print with (tests/capi/native_launch.c, native_front.c,
+   native_kvcache.c, native_requests.h; benchmarks/native_first_launch.c): JSON strings, lt_cache_stats' counts, and
+   the fake libcuda's record of the last launch (tests/fake_libcuda.py). Inline, so a program that calls some of
+   them builds under -Wall -Werror. */
 #ifndef NATIVE_JSON_H
 #define NATIVE_JSON_H
 
@@ -7,8 +9,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "lazytriton.h"
+
 /* s as a JSON string (NULL as ""). */
-static void json_str(const char *s) {
+static inline void json_str(const char *s) {
     putchar('"');
     for (; s && *s; s++)
         if (*s == '"' || *s == '\\')
@@ -20,10 +24,20 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
+/* ,"stats":lt_cache_stats' status,"plans":the plans,"image_entries":the entries the images hold */
+static inline void print_cache_stats(void) {
+    lt_stats stats;
+    memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats, stats.version = LT_STATS_VERSION;
+    int status = lt_cache_stats(&stats);
+    printf(",\"stats\":%d,\"plans\":%llu,\"image_entries\":%llu", status, (unsigned long long)stats.plans,
+           (unsigned long long)stats.image_entries);
+}
+
 typedef void (*fake_read_fn)(unsigned char *, int *, long long *, int *);
 
 /* ,"state":[the fake's 13 counters],"params":[each of the n parameters' first sizes[i] bytes, -1 for NULL] */
-static void print_fake_launch(fake_read_fn read, int n, const int *sizes) {
+static inline void print_fake_launch(fake_read_fn read, int n, const int *sizes) {
     static unsigned char seen[128 * 1024];
     int nulls[1024], aligns[1024];
     long long state[16];
