@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import sysconfig
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from lazytriton.driver import fastlaunch, fastlaunch_build
@@ -97,3 +98,16 @@ def build(source: Path, headers: Mapping[str, str], target: Path, verbose: bool 
         except fastlaunch_build.BuildError as exc:
             raise BuildError(str(exc)) from None
     return target
+
+
+def main(build: Callable[..., Path], argv: Sequence[str]) -> int:
+    """A family's build command (``python -m`` its ``hotpath_build``); its exit status.
+
+    ``build(verbose=)``'s path printed, 0; or what the build lacks, 1. ``-v`` prints the compiler's command.
+    """
+    try:
+        print(build(verbose="-v" in argv))
+    except BuildError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
