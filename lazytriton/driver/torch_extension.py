@@ -59,10 +59,11 @@ class TorchExtension:
         return f"{self.stem}.torch-{helpers.torch_tag(torch_version)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
     def source(self) -> bytes:
-        """What the helper is compiled from: the launch plan's header, the record's header and the source."""
-        from lazytriton.driver import fastlaunch_build
+        """What the helper is compiled from: the launch plan's header, ``lt_tail.h``, the record's, the source."""
+        from lazytriton.driver import fastlaunch_build, torch_build
 
-        return fastlaunch_build.PLAN_SOURCE.encode() + self.record_header().encode() + self.source_file.read_bytes()
+        return (fastlaunch_build.PLAN_SOURCE.encode() + torch_build.TAIL_HEADER.read_bytes()
+                + self.record_header().encode() + self.source_file.read_bytes())
 
     def build(self, directory: Path | None = None, verbose: bool = False, mode: int = 0o777) -> Path:
         """Compile the module for the running torch and install it into ``directory`` (default: ``folder``)."""
