@@ -29,7 +29,7 @@ from fake_libcuda import Fake
 from test_driver import _entry
 
 from lazytriton import cli, config
-from lazytriton.driver import fastlaunch, fastlaunch_build, gpu, helpers, helpers_build
+from lazytriton.driver import fastlaunch, fastlaunch_build, gpu, helpers, helpers_build, torch_build
 from lazytriton.kernels import COMPILED_HELPERS
 from lazytriton.kernels.flash_decode import hotpath as decode_hotpath
 from lazytriton.kernels.flash_fwd import hotpath
@@ -302,6 +302,18 @@ def test_every_compiled_helpers_source_ships_in_the_package() -> None:
         module = importlib.import_module(name)
         package = name.rpartition(".")[0]
         assert module.SOURCE.name in package_data.get(package, []), f"{package}'s package-data lacks its source"
+    assert torch_build.TAIL_HEADER.name in package_data["lazytriton.driver"], "the header every C++ tail includes"
+
+
+def test_each_cpp_tails_key_hashes_every_file_it_compiles() -> None:
+    """A C++ tail's source hash reads its source, its record's header and the shared ``lt_tail.h``: a change to any
+    is a new key, so the cache dir's build is made again."""
+    shared = torch_build.TAIL_HEADER.read_bytes()
+    for name in COMPILED_HELPERS:
+        module = importlib.import_module(name)
+        hashed = module.source()
+        assert module.SOURCE.read_bytes() in hashed and shared in hashed, name
+        assert module.EXTENSION.record_header().encode() in hashed, name
 
 
 def test_info_says_which_launch_path_and_why(cache_dir: Path, built_helper: Path, spawns: Spawns,

@@ -13,67 +13,30 @@ results and CUDA graph capture through the loaded module.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import logging
-import os
 import shutil
 import struct
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import hotpathlib
 import pytest
 import torch
 from fake_libcuda import Fake
+from hotpathlib import Runtime
 from test_driver import _entry
 from test_flash_fwd import make_qkv, on_gpu
 from test_hot import CPU_CASES, _inputs
 
 import lazytriton
 from lazytriton import runtime
-from lazytriton.driver import (
-    DriverError,
-    fastlaunch,
-    fastlaunch_build,
-    gpu,
-    helpers,
-    helpers_build,
-)
-from lazytriton.kernels import get
+from lazytriton.driver import DriverError, fastlaunch, gpu, helpers, helpers_build
 from lazytriton.kernels.flash_fwd import binding, hot, hotpath, hotpath_build
 
-ARG_TYPES = tuple(t for t in get("flash_fwd").signature("bf16").values() if t != "constexpr")
-SIZES = [4 if t in ("i32", "fp32") else 8 for t in ARG_TYPES] + [8, 8]  # + the 2 hidden scratch pointers
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The extension, built once per session into a temporary folder; the test fails when it cannot be built."""
-    try:
-        return hotpath_build.build(tmp_path_factory.mktemp("hotpath"))
-    except hotpath_build.BuildError as exc:
-        pytest.fail(f"the C++ warm path must build here: {exc}")
-
-
-@pytest.fixture(scope="session")
-def cpp(built: Path) -> Any:
-    module = hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION)
-    assert module is not None, f"{built} was built for this torch and must load"
-    return module
-
-
-@pytest.fixture(scope="module")
-def helper(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The compiled launch helper (its plans are what the C++ tail launches from), installed or built here."""
-    if fastlaunch.available():
-        return importlib.import_module(fastlaunch.MODULE)
-    path = fastlaunch_build.build(tmp_path_factory.mktemp("fastlaunch"))
-    spec = importlib.util.spec_from_file_location(fastlaunch.MODULE, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+ARG_TYPES = hotpathlib.arg_types("flash_fwd")
+SIZES = hotpathlib.param_sizes(ARG_TYPES)
+built, cpp, helper = hotpathlib.tail_fixtures(hotpath, hotpath_build, "hotpath")
 
 
 @pytest.fixture(scope="module")
@@ -83,19 +46,14 @@ def fake(fake_library: Path) -> Fake:
     return made
 
 
-class _Runtime:
-    def __init__(self) -> None:
-        self.plans: dict[Any, Any] = {}
-
-
 def _paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, result: str, layout: str,
-           spare: torch.Tensor, stream_inside: bool = False) -> tuple[_Runtime, Any, dict[str, Any], list[Any]]:
+           spare: torch.Tensor, stream_inside: bool = False) -> tuple[Runtime, Any, dict[str, Any], list[Any]]:
     """(runtime, kernel on the fake, {"python": fn, "cpp": fn}, what run_cpp returned) for one warm path."""
     monkeypatch.setattr(fastlaunch, "_module", lambda: helper)
     kernel = gpu.CudaApi(str(fake.library)).load(_entry(ARG_TYPES), 0)  # type: ignore[attr-defined]
     assert fastlaunch.plan_bytes(kernel.fast) is not None
     fake.configure(SIZES)
-    rt, served = _Runtime(), []
+    rt, served = Runtime(), []
 
     def run(*args: Any) -> Any:
         done = cpp.run(*args)
@@ -113,17 +71,10 @@ def _paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, r
 def _launched(fake: Fake) -> tuple[list[int], list[float], dict[str, int]]:
     """(ints, floats, state) of the fake's last launch, decoded by parameter type."""
     params, state = fake.last_launch()
-    ints: list[int] = []
-    floats: list[float] = []
-    for kind, raw in zip(ARG_TYPES, params, strict=False):
-        if kind == "fp32":
-            floats.append(struct.unpack("<f", raw)[0])
-        else:
-            ints.append(struct.unpack("<i" if kind == "i32" else "<q", raw)[0])
-    return ints, floats, state
+    return (*hotpathlib.decoded(params, ARG_TYPES), state)
 
 
-def _plan(rt: _Runtime, kernel: Any, q: Any, k: Any, v: Any, call: Any, dtype: torch.dtype) -> tuple[bool, bool]:
+def _plan(rt: Runtime, kernel: Any, q: Any, k: Any, v: Any, call: Any, dtype: torch.dtype) -> tuple[bool, bool]:
     """Memoise the plan under both alignments: block_m 64 when aligned, 32 when not (the grids tell them apart)."""
     out0, lse0 = binding.empty_outputs(q, call.shape)
     _, aligned, index64 = binding.pack(q, k, v, out0, lse0, call)
@@ -267,16 +218,7 @@ def test_cpp_tail_declines_tensor_subclasses(fake: Fake, helper: Any, cpp: Any,
 
 def test_a_module_built_for_another_torch_is_never_loaded(built: Path, tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    other = tmp_path / hotpath.file_name("2.11.0")
-    shutil.copyfile(built, other)  # what a build by torch 2.11 left behind
-    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):
-        assert hotpath.load(tmp_path, torch.__version__, fastlaunch.PLAN_VERSION) is None
-    assert "built for another torch" in caplog.text and torch.__version__ in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="lazytriton.driver"):  # the file's name lies: the module says
-        assert hotpath.load(tmp_path, "2.11.0", fastlaunch.PLAN_VERSION) is None
-    assert f"built against torch {torch.__version__}, this is torch 2.11.0" in caplog.text
-    assert hotpath.load(built.parent, torch.__version__, fastlaunch.PLAN_VERSION + 1) is None  # another plan layout
+    hotpathlib.never_loads_another_torchs_build(hotpath, built, tmp_path, caplog)
 
 
 @pytest.fixture
@@ -307,25 +249,13 @@ def test_the_cpp_tail_is_loaded_from_the_cache_dir(built: Path, cache_dir: Path,
 
 def test_the_background_builder_builds_the_cpp_tail_under_its_key(built: Path, cache_dir: Path, cache_dir_only: None,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    def build(directory: Path, verbose: bool = False, mode: int = 0o777) -> Path:  # the session's build, not 60 s more
-        target = Path(directory) / hotpath.file_name(torch.__version__)
-        shutil.copyfile(built, target)
-        target.chmod(mode & 0o755)
-        return target
-
-    monkeypatch.setattr(hotpath_build, "build", build)
+    monkeypatch.setattr(hotpath_build, "build", hotpathlib.build_by_copying(hotpath, built))
     version = torch.__version__
-    where = helpers.folder(cache_dir, hotpath.NAME, version)
-    assert helpers.make_folder(cache_dir, hotpath.NAME, version) is None
-    lock = helpers.take_lock(where, blocking=False)
-    assert lock is not None
-    try:
+    with hotpathlib.builder_lock(hotpath, cache_dir, version) as (where, lock):
         other = helpers.key(hotpath.NAME, "2.11.0")  # a key the builder's own torch does not give
         assert helpers_build.child(hotpath.NAME, cache_dir, other, lock) == 1
         assert "whose key is" in (cache_dir / helpers.FOLDER / other / helpers.FAILED).read_text()
         assert helpers_build.child(hotpath.NAME, cache_dir, where.name, lock) == 0
-    finally:
-        os.close(lock)
     assert helpers.status(hotpath.NAME, cache_dir, version).state == helpers.CACHE
     assert hotpath.refresh() and hotpath.origin() == str(where / hotpath.file_name(version))
 
@@ -483,7 +413,7 @@ def test_cpp_tail_reads_the_current_stream_itself_where_torch_offers_it(result: 
 
 
 def _front_paths(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch, result: str, layout: str,
-                 spare: torch.Tensor) -> tuple[_Runtime, Any, dict[str, Any], list[Any]]:
+                 spare: torch.Tensor) -> tuple[Runtime, Any, dict[str, Any], list[Any]]:
     """_paths with the entry lookup in C++ (a module reading the stream itself): its serve() results recorded."""
     served: list[Any] = []
 
@@ -529,7 +459,7 @@ def test_front_serves_from_its_table_what_the_python_path_launches(case: tuple[A
 
 
 def _filed(fake: Fake, helper: Any, cpp: Any, monkeypatch: pytest.MonkeyPatch,
-           result: str) -> tuple[_Runtime, Any, list[Any], tuple[torch.Tensor, ...]]:
+           result: str) -> tuple[Runtime, Any, list[Any], tuple[torch.Tensor, ...]]:
     """(runtime, the C++-fronted warm function, serve()'s results, (q, k, v)) after one call filed its record."""
     spare = torch.empty(1 << 12, dtype=torch.float32)
     rt, kernel, paths, served = _front_paths(fake, helper, cpp, monkeypatch, result, "bhsd", spare)

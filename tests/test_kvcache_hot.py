@@ -680,20 +680,30 @@ def test_gpu_a_warm_step_never_synchronises_and_captures_in_a_cuda_graph(monkeyp
     torch.cuda.synchronize()
     assert served and all(served[len(steps):]), served
     for args in steps:
-        base = _clone(args)
-        want = _results(cold(base, return_softmax_lse=True), base)
-        captured = _clone(args)
-        out = torch.empty_like(want[0])
-        lazytriton.flash_attn_with_kvcache(**_clone(args), out=out)  # describes the out= shape before the capture
-        served.clear()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            _, lse = lazytriton.flash_attn_with_kvcache(**captured, out=out, return_softmax_lse=True)
-        assert served == [True]
-        fresh = _clone(args)
-        captured["k_cache"].copy_(fresh["k_cache"])
-        captured["v_cache"].copy_(fresh["v_cache"])
-        graph.replay()
-        torch.cuda.synchronize()
-        for w, g in zip(want, [out, lse, captured["k_cache"], captured["v_cache"]], strict=True):
-            assert torch.equal(bits(w), bits(g))
+        out = torch.empty_like(args["q"])
+        assert replays_cold_bits(args, served, {"out": out}, out=out) == [True]  # described with out= first
+
+
+def replays_cold_bits(args: dict[str, Any], served: list[Any], describing: dict[str, Any], describe: int = 1,
+                      **given: Any) -> list[Any]:
+    """What ``served`` (a warm path's count) recorded while ``args``'s step, with ``given``, was captured in a CUDA
+    graph, after ``describe`` eager calls with ``describing`` (they make its entry before the capture). The graph is
+    replayed on fresh caches: out, lse and the caches must be the general path's bits."""
+    base = _clone(args)
+    want = _results(cold(base, return_softmax_lse=True), base)
+    captured = _clone(args)
+    for _ in range(describe):
+        lazytriton.flash_attn_with_kvcache(**_clone(args), **describing)
+    served.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = lazytriton.flash_attn_with_kvcache(**captured, **given, return_softmax_lse=True)
+    during = list(served)
+    fresh = _clone(args)
+    captured["k_cache"].copy_(fresh["k_cache"])
+    captured["v_cache"].copy_(fresh["v_cache"])
+    graph.replay()
+    torch.cuda.synchronize()
+    for w, g in zip(want, [out, lse, captured["k_cache"], captured["v_cache"]], strict=True):
+        assert torch.equal(bits(w), bits(g))
+    return during

@@ -11,14 +11,15 @@
 // pays per torch call (an allocation ~1 us, a launch's argument tuple, ~0.1 us a data_ptr) is what this file saves.
 //
 // lt_plan.h is fastlaunch_build.PLAN_SOURCE, written beside this file at build time: the plan layout and the launch
-// (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles. lt_record.h is
-// hotpath_record.header(): the record's fields, the pointer roles and the structs' formats, from Python.
+// (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles. lt_tail.h is what every
+// family's C++ warm path shares (lazytriton/driver/lt_tail.h: the stream read here, the launch, the entry table).
+// lt_record.h is hotpath_record.header(): the record's fields, the pointer roles and the structs' formats, from Python.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <dlfcn.h>
 
 #include "lt_plan.h"
 #include "lt_record.h"
+#include "lt_tail.h"
 
 #include <ATen/ops/empty.h>
 #include <torch/csrc/Exceptions.h>
@@ -56,27 +57,6 @@ static_assert(sizeof(Launch) == LT_LAUNCH_SIZE, "Launch must be what hotpath_rec
 // run()'s, serve()'s and remember()'s calling convention: hotpath_record.INTERFACE must be the same, or hotpath.py
 // refuses the module. 2: serve() and remember(), the entry lookup in C++, beside run().
 #define LT_INTERFACE 2
-
-// The current stream without Python's torch._C._cuda_getCurrentRawStream: torch's AOTInductor C shim,
-// aoti_torch_get_current_cuda_stream(device_index, &stream) -> 0 on success, a stable C ABI in libtorch_cuda
-// (libtorch_hip on ROCm), looked up once when the module loads (kernels/flash_fwd/_hotpath.cpp does the same).
-typedef int32_t (*StreamGetter)(int32_t, void **);
-StreamGetter stream_getter = nullptr;
-
-StreamGetter find_stream_getter() {
-    const char *name = "aoti_torch_get_current_cuda_stream";
-    void *found = dlsym(RTLD_DEFAULT, name);
-    for (const char *library : {"libtorch_cuda.so", "libtorch_hip.so"}) {
-        if (found != nullptr)
-            break;
-        void *handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);  // torch loaded it: only its handle is taken
-        if (handle != nullptr) {
-            found = dlsym(handle, name);
-            dlclose(handle);  // NOLOAD took a reference; torch keeps the library loaded
-        }
-    }
-    return reinterpret_cast<StreamGetter>(found);
-}
 
 // A launch item of the record, read: its struct, its ints and floats copied out, its plan and fail borrowed.
 struct Item {
@@ -121,25 +101,8 @@ bool launch(Item &item, const int64_t *address, int64_t length, uintptr_t stream
         item.ints[i] = address[l.role[i]];
     if (l.length_slot >= 0)
         item.ints[l.length_slot] = length;
-    long status = lt_plan_launch(item.plan, l.grid[0], l.grid[1], l.grid[2], stream, item.ints, l.n_ints,
-                                 item.floats, l.n_floats);
-    if (status < 0)
-        return false;
-    if (status > 0) {  // the kernel's fail raises the DriverError naming the call and the CUDA error
-        PyObject *raised = PyObject_CallFunction(item.fail, "l(III)", status, l.grid[0], l.grid[1], l.grid[2]);
-        Py_XDECREF(raised);
-        if (raised != nullptr)
-            PyErr_Format(PyExc_RuntimeError, "launch failed with status %ld", status);
-        return false;
-    }
-    return true;
+    return launch_plan(item.plan, item.fail, l.grid, stream, item.ints, l.n_ints, item.floats, l.n_floats);
 }
-
-// A new reference, released when it goes out of scope.
-struct Owned {
-    PyObject *p = nullptr;
-    ~Owned() { Py_XDECREF(p); }
-};
 
 // The record's item at ``index`` (a new reference), or nullptr when it is not one (None: no plan memoised yet).
 PyObject *item_at(PyObject *record, Py_ssize_t index) {
@@ -239,16 +202,12 @@ PyObject *tail(PyObject *const *args) {
         if (append_item.p == nullptr)
             Py_RETURN_NONE;
     }
-    unsigned long long stream = 0;
-    if (args[STREAM] == Py_None) {  // the current stream of q's device, read here (STREAM_INSIDE)
-        void *current = nullptr;
-        if (stream_getter == nullptr || stream_getter((int32_t)q.get_device(), &current) != 0)
-            Py_RETURN_NONE;  // hot.py's Python run reads it
-        stream = (uintptr_t)current;
-    } else {
-        stream = PyLong_AsUnsignedLongLong(args[STREAM]);
-        if (PyErr_Occurred())
+    uintptr_t stream = 0;
+    int read = read_stream(args[STREAM], (int32_t)q.get_device(), &stream);  // None: q's device's current stream
+    if (read <= 0) {
+        if (read < 0)
             return nullptr;
+        Py_RETURN_NONE;  // not read here: hot.py's Python run reads it
     }
     if (args[CHECK] != Py_None) {  // the index values' eager check (hot.py's Entry.check_values): raises
         PyObject *checked = PyObject_Vectorcall(args[CHECK], args + Q, TABLE - Q + 1, nullptr);  // q .. block_table
@@ -286,11 +245,11 @@ PyObject *tail(PyObject *const *args) {
             address[LT_ROLE_PART_OUT] = address[LT_ROLE_LSE];
     }
     address[LT_ROLE_PART_LSE] = splits > 1 ? address[LT_ROLE_PART_OUT] + split.launch.partial_lse : address[LT_ROLE_LSE];
-    if (new_keys && !launch(append, address, length, (uintptr_t)stream))
+    if (new_keys && !launch(append, address, length, stream))
         return nullptr;
-    if (!launch(split, address, length, (uintptr_t)stream))
+    if (!launch(split, address, length, stream))
         return nullptr;
-    if (combines && !launch(combine, address, length, (uintptr_t)stream))
+    if (combines && !launch(combine, address, length, stream))
         return nullptr;
     PyObject *out_obj;
     if (h.allocate_out) {
@@ -301,20 +260,7 @@ PyObject *tail(PyObject *const *args) {
     }
     if (out_obj == nullptr || !return_lse)
         return out_obj;
-    PyObject *lse_obj = THPVariable_Wrap(std::move(lse));
-    if (lse_obj == nullptr) {
-        Py_DECREF(out_obj);
-        return nullptr;
-    }
-    PyObject *pair = PyTuple_New(2);
-    if (pair == nullptr) {
-        Py_DECREF(out_obj);
-        Py_DECREF(lse_obj);
-        return nullptr;
-    }
-    PyTuple_SET_ITEM(pair, 0, out_obj);
-    PyTuple_SET_ITEM(pair, 1, lse_obj);
-    return pair;
+    return out_and_lse(out_obj, THPVariable_Wrap(std::move(lse)));
 }
 
 // run(record, q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, key_mask, return_lse, stream, check)
@@ -416,19 +362,12 @@ bool make_key(PyObject *const *args, Device device, int fused, Key *key) {
     const at::Tensor &q = THPVariable_Unpack(args[F_Q]);
     if ((device == CUDA_ONLY && !q.is_cuda()) || (device == CPU_ONLY && !q.is_cpu()))
         return false;
-    PyObject *causal = args[F_CAUSAL], *scale = args[F_SCALE], *splits = args[F_SPLITS], *rotary = args[F_ROTARY];
+    PyObject *causal = args[F_CAUSAL], *splits = args[F_SPLITS], *rotary = args[F_ROTARY];
     if ((causal != Py_True && causal != Py_False) || (rotary != Py_True && rotary != Py_False))
         return false;
     key->causal = causal == Py_True;
-    if (scale == Py_None) {
-        key->scale_none = 1;
-    } else if (PyFloat_CheckExact(scale)) {
-        key->scale = PyFloat_AS_DOUBLE(scale);
-        if (key->scale != key->scale)
-            return false;
-    } else {
+    if (!read_scale(args[F_SCALE], &key->scale, &key->scale_none))
         return false;
-    }
     if (!PyLong_CheckExact(splits))
         return false;
     int overflow = 0;
@@ -454,7 +393,7 @@ bool make_key(PyObject *const *args, Device device, int fused, Key *key) {
     return true;
 }
 
-// The table's dict key (a Python int): each present tensor's words and the scalars, a pair of words at a time,
+// The table's dict key: each present tensor's words and the scalars, a pair of words at a time,
 // multiplied out to 128 bits with a salt of its place and folded; an absent tensor enters by its dim alone. The
 // products are independent: ~40 ns with the Python int (CPU host, a read's 3 tensors) where one chain of multiplies
 // over the whole 752-byte key took ~75.
@@ -463,7 +402,7 @@ uint64_t fold(uint64_t a, uint64_t b) {
     return (uint64_t)product ^ (uint64_t)(product >> 64);
 }
 
-PyObject *key_hash(const Key &key) {
+uint64_t key_hash(const Key &key) {
     constexpr size_t tensor_words = sizeof(TensorKey) / 8, scalar_words = (sizeof(Key) - sizeof key.tensor) / 8;
     static_assert(tensor_words % 2 == 0 && scalar_words % 2 == 0, "the words are folded in pairs");
     uint64_t words[sizeof(Key) / 8];
@@ -480,8 +419,7 @@ PyObject *key_hash(const Key &key) {
     const uint64_t *w = words + LT_KEY_TENSORS * tensor_words;
     for (size_t j = 0; j < scalar_words; j += 2, place++)
         h ^= fold(w[j] ^ (0xa0761d6478bd642full * (place + 1)), w[j + 1] ^ 0xe7037ed1a0b428dbull);
-    h = fold(h ^ dims, 0x8ebc6af09c88c6e3ull);
-    return PyLong_FromUnsignedLongLong(h);
+    return fold(h ^ dims, 0x8ebc6af09c88c6e3ull);
 }
 
 // serve(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, num_splits, rotary_interleaved,
@@ -509,22 +447,14 @@ PyObject *serve(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     Key key;
     if (!make_key(args, cuda ? CUDA_ONLY : CPU_ONLY, fused, &key))
         Py_RETURN_NONE;
-    Owned hash;
-    hash.p = key_hash(key);
-    if (hash.p == nullptr)
-        return nullptr;
-    PyObject *found = PyDict_GetItemWithError(args[F_ENTRIES], hash.p);  // borrowed
+    PyObject *found = find_entry(args[F_ENTRIES], key_hash(key), &key, sizeof key, args[F_PLANS]);  // borrowed
     if (found == nullptr) {
         if (PyErr_Occurred())
             return nullptr;
         Py_RETURN_NONE;
     }
-    if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 4 || PyTuple_GET_ITEM(found, 1) != args[F_PLANS])
-        Py_RETURN_NONE;
-    PyObject *bytes = PyTuple_GET_ITEM(found, 0), *record = PyTuple_GET_ITEM(found, 2);
-    if (!PyBytes_CheckExact(bytes) || PyBytes_GET_SIZE(bytes) != (Py_ssize_t)sizeof key ||
-        memcmp(PyBytes_AS_STRING(bytes), &key, sizeof key) != 0 || !PyList_CheckExact(record) ||
-        PyList_GET_SIZE(record) != LT_RECORD_SIZE)
+    PyObject *record = PyTuple_GET_ITEM(found, 2);
+    if (!PyList_CheckExact(record) || PyList_GET_SIZE(record) != LT_RECORD_SIZE)
         Py_RETURN_NONE;
     Owned held;  // the entry stays alive through the check and the launches (which run Python code)
     Py_INCREF(found);
@@ -593,22 +523,8 @@ PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     Key key;
     if (!make_key(args, ANY_DEVICE, fused, &key))
         Py_RETURN_FALSE;
-    long long most = PyLong_AsLongLong(args[F_MOST]);
-    if (most == -1 && PyErr_Occurred())
-        return nullptr;
-    Owned hash, value;
-    hash.p = key_hash(key);
-    if (hash.p == nullptr)
-        return nullptr;
-    value.p = Py_BuildValue("(y#OOO)", reinterpret_cast<const char *>(&key), (Py_ssize_t)sizeof key, args[F_PLANS],
-                            args[F_RECORD], args[F_CHECK]);
-    if (value.p == nullptr)
-        return nullptr;
-    if (PyDict_GET_SIZE(args[F_ENTRIES]) >= most)
-        PyDict_Clear(args[F_ENTRIES]);
-    if (PyDict_SetItem(args[F_ENTRIES], hash.p, value.p) < 0)
-        return nullptr;
-    Py_RETURN_TRUE;
+    return file_entry(args[F_ENTRIES], key_hash(key), &key, sizeof key, args[F_PLANS], args[F_RECORD], args[F_CHECK],
+                      args[F_MOST]);
     END_HANDLE_TH_ERRORS
 }
 
@@ -627,21 +543,6 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hotpath", nullptr, -1, methods,
-                          nullptr, nullptr, nullptr, nullptr};
-
 }  // namespace
 
-PyMODINIT_FUNC PyInit__hotpath(void) {
-    stream_getter = find_stream_getter();
-    PyObject *module = PyModule_Create(&module_def);
-    if (module != nullptr && (PyModule_AddStringConstant(module, "TORCH_VERSION", LT_TORCH_VERSION) < 0 ||
-                              PyModule_AddIntConstant(module, "STREAM_INSIDE", stream_getter != nullptr) < 0 ||
-                              PyModule_AddIntConstant(module, "PLAN_VERSION", LT_PLAN_VERSION) < 0 ||
-                              PyModule_AddStringConstant(module, "LAYOUT", LT_LAYOUT) < 0 ||
-                              PyModule_AddIntConstant(module, "INTERFACE", LT_INTERFACE) < 0)) {
-        Py_DECREF(module);
-        return nullptr;
-    }
-    return module;
-}
+PyMODINIT_FUNC PyInit__hotpath(void) { return create_module(methods, LT_INTERFACE, "LAYOUT", LT_LAYOUT); }

@@ -12,29 +12,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lazytriton.driver import helpers, torch_build
-from lazytriton.kernels.flash_decode import hotpath_record
-
-SOURCE = Path(__file__).with_name("_hotpath.cpp")
+from lazytriton.driver import torch_build
+from lazytriton.kernels.flash_decode import hotpath
 
 
 def build(directory: Path | None = None, verbose: bool = False, mode: int = 0o777) -> Path:
     """Compile and install the module into ``directory`` (default: this package's folder); its path."""
-    import torch
-
-    target_dir = Path(directory) if directory is not None else Path(__file__).resolve().parent
-    target = target_dir / helpers.module_file(hotpath_record.NAME, torch.__version__)
-    return torch_build.build(SOURCE, {"lt_record.h": hotpath_record.header()}, target, verbose, mode)
-
-
-def main() -> int:
-    try:
-        print(build(verbose="-v" in sys.argv[1:]))
-    except torch_build.BuildError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
+    return hotpath.EXTENSION.build(directory, verbose, mode)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(torch_build.main(build, sys.argv[1:]))

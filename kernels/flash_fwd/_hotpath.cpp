@@ -7,14 +7,15 @@
 // allocation, ~0.3 per data_ptr) is what this file saves.
 //
 // lt_plan.h is fastlaunch_build.PLAN_SOURCE, written beside this file at build time: the plan layout and the
-// launch (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles. lt_record.h is
-// hotpath_record.header(): the index of each field of the record run() reads (LT_RECORD_*).
+// launch (lt_plan_launch) are the same text the compiled launch helper (_fastlaunch) compiles. lt_tail.h is what
+// every family's C++ warm path shares (lazytriton/driver/lt_tail.h: the stream read here, the launch, the entry
+// table). lt_record.h is hotpath_record.header(): the index of each field of the record run() reads (LT_RECORD_*).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <dlfcn.h>
 
 #include "lt_plan.h"
 #include "lt_record.h"
+#include "lt_tail.h"
 static_assert(LT_RECORD_PLAN_UNALIGNED == LT_RECORD_PLAN_ALIGNED + 1
                   && LT_RECORD_FAIL_UNALIGNED == LT_RECORD_FAIL_ALIGNED + 1,
               "run() reads a kernel's plan and fail at the aligned field plus which (0: aligned, 1: not)");
@@ -47,39 +48,6 @@ static_assert(sizeof(Template) == 80, "Template must be what LT_TEMPLATE_FORMAT 
 // 3: the stream argument may be None: run() reads the current stream itself (STREAM_INSIDE).
 // 4: serve() and remember(): the entry lookup in C++ (hot.py's front), beside run().
 #define LT_INTERFACE 4
-
-// The current stream of a device without Python's torch._C._cuda_getCurrentRawStream (~0.3 us of a warm call):
-// torch's AOTInductor C shim, aoti_torch_get_current_cuda_stream(device_index, &stream) -> 0 on success, a
-// stable C ABI in libtorch_cuda (libtorch_hip on ROCm). Looked up once, when the module loads; absent (a CPU
-// torch, an older one), the caller passes the stream (STREAM_INSIDE is 0).
-typedef int32_t (*StreamGetter)(int32_t, void **);
-StreamGetter stream_getter = nullptr;
-
-StreamGetter find_stream_getter() {
-    const char *name = "aoti_torch_get_current_cuda_stream";
-    void *found = dlsym(RTLD_DEFAULT, name);
-    for (const char *library : {"libtorch_cuda.so", "libtorch_hip.so"}) {
-        if (found != nullptr)
-            break;
-        void *handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);  // torch loaded it: only its handle is taken
-        if (handle != nullptr) {
-            found = dlsym(handle, name);
-            dlclose(handle);  // NOLOAD took a reference; torch keeps the library loaded
-        }
-    }
-    return reinterpret_cast<StreamGetter>(found);
-}
-
-// A new reference, released when it goes out of scope (an early return, a C++ exception).
-struct Owned {
-    PyObject *p = nullptr;
-    ~Owned() { Py_XDECREF(p); }
-    PyObject *release() {
-        PyObject *q = p;
-        p = nullptr;
-        return q;
-    }
-};
 
 // The next lse of a forward_* entry's stock for this stream (hot.py's lse_stocks: dict stream -> list of lse
 // tensors, views of one block), popped here; an empty or missing stock is refilled by the record's restock
@@ -131,14 +99,12 @@ PyObject *tail(PyObject *const *args, PyObject *record) {
         return nullptr;
     }
     const at::Tensor &q = THPVariable_Unpack(args[0]);
-    unsigned long long stream = 0;
-    if (args[3] == Py_None) {  // the current stream of q's device, read here (STREAM_INSIDE)
-        void *current = nullptr;
-        if (stream_getter == nullptr || stream_getter((int32_t)q.get_device(), &current) != 0)
-            Py_RETURN_NONE;  // hot.py's Python path reads it
-        stream = (uintptr_t)current;
-    } else {
-        stream = PyLong_AsUnsignedLongLong(args[3]);
+    uintptr_t stream = 0;
+    int read = read_stream(args[3], (int32_t)q.get_device(), &stream);  // None: q's device's current stream
+    if (read <= 0) {
+        if (read < 0)
+            return nullptr;
+        Py_RETURN_NONE;  // not read here: hot.py's Python path reads it
     }
     unsigned long long lse_address = t.forward ? 0 : PyLong_AsUnsignedLongLong(args[4]);
     if (PyErr_Occurred())
@@ -194,38 +160,15 @@ PyObject *tail(PyObject *const *args, PyObject *record) {
     for (int p = 0; p < N_POINTERS; p++)
         if (t.pointer_slot[p] >= 0 && t.pointer_slot[p] < t.n_ints)
             ints[t.pointer_slot[p]] = address[p];
-    const uint32_t *grid = t.grid[which];
-    long status = lt_plan_launch(plan, grid[0], grid[1], grid[2], (uintptr_t)stream, ints, t.n_ints, floats,
-                                 t.n_floats);
-    if (status < 0)
+    if (!launch_plan(plan, PyTuple_GET_ITEM(record, LT_RECORD_FAIL_ALIGNED + which), t.grid[which], stream, ints,
+                     t.n_ints, floats, t.n_floats))
         return nullptr;
-    if (status > 0) {  // the kernel's fail raises the DriverError naming the call and the CUDA error
-        PyObject *fail = PyTuple_GET_ITEM(record, LT_RECORD_FAIL_ALIGNED + which);
-        PyObject *raised = PyObject_CallFunction(fail, "l(III)", status, grid[0], grid[1], grid[2]);
-        Py_XDECREF(raised);
-        if (raised != nullptr)
-            PyErr_Format(PyExc_RuntimeError, "launch failed with status %ld", status);
-        return nullptr;
-    }
     if (!t.forward)
         return THPVariable_Wrap(std::move(out));
     PyObject *out_obj = THPVariable_Wrap(std::move(out));
-    PyObject *lse_obj = nullptr;
-    if (out_obj != nullptr)
-        lse_obj = stocked.p != nullptr ? stocked.release() : THPVariable_Wrap(std::move(lse));
-    if (lse_obj == nullptr) {
-        Py_XDECREF(out_obj);
+    if (out_obj == nullptr)
         return nullptr;
-    }
-    PyObject *pair = PyTuple_New(2);
-    if (pair == nullptr) {
-        Py_DECREF(out_obj);
-        Py_DECREF(lse_obj);
-        return nullptr;
-    }
-    PyTuple_SET_ITEM(pair, 0, out_obj);
-    PyTuple_SET_ITEM(pair, 1, lse_obj);
-    return pair;
+    return out_and_lse(out_obj, stocked.p != nullptr ? stocked.release() : THPVariable_Wrap(std::move(lse)));
 }
 
 PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
@@ -279,7 +222,7 @@ bool make_key(PyObject *const *args, bool require_cuda, Key *key) {
     key->dtype = (int32_t)q.scalar_type();
     key->device_type = (int32_t)q.device().type();
     key->device_index = q.device().index();
-    PyObject *causal = args[3], *scale = args[4], *gqa = args[5];
+    PyObject *causal = args[3], *gqa = args[5];
     if (causal == Py_False) {
         key->causal = NOT_CAUSAL;
     } else if (causal == Py_True) {
@@ -291,23 +234,16 @@ bool make_key(PyObject *const *args, bool require_cuda, Key *key) {
     } else {
         return false;
     }
-    if (scale == Py_None) {
-        key->scale_none = 1;
-    } else if (PyFloat_CheckExact(scale)) {
-        key->scale = PyFloat_AS_DOUBLE(scale);
-        if (key->scale != key->scale)  // nan: Python's path raises for it
-            return false;
-    } else {
+    if (!read_scale(args[4], &key->scale, &key->scale_none))
         return false;
-    }
     if (gqa != Py_True && gqa != Py_False)
         return false;
     key->gqa = gqa == Py_True;
     return true;
 }
 
-// FNV-1a over the key's 8-byte words, finished by a multiply-xorshift: the table's dict key (a Python int).
-PyObject *key_hash(const Key &key) {
+// FNV-1a over the key's 8-byte words, finished by a multiply-xorshift: the table's dict key.
+uint64_t key_hash(const Key &key) {
     uint64_t words[sizeof(Key) / 8];
     memcpy(words, &key, sizeof key);
     uint64_t h = 1469598103934665603ull;
@@ -316,7 +252,7 @@ PyObject *key_hash(const Key &key) {
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ull;
     h ^= h >> 32;
-    return PyLong_FromUnsignedLongLong(h);
+    return h;
 }
 
 int template_forward(PyObject *record) {
@@ -343,22 +279,12 @@ PyObject *serve(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     Key key;
     if (!make_key(args, PyObject_IsTrue(args[9]) == 1, &key))
         Py_RETURN_NONE;
-    Owned hash;
-    hash.p = key_hash(key);
-    if (hash.p == nullptr)
-        return nullptr;
-    PyObject *found = PyDict_GetItemWithError(args[6], hash.p);  // borrowed
+    PyObject *found = find_entry(args[6], key_hash(key), &key, sizeof key, args[7]);  // borrowed
     if (found == nullptr) {
         if (PyErr_Occurred())
             return nullptr;
         Py_RETURN_NONE;
     }
-    if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 4 || PyTuple_GET_ITEM(found, 1) != args[7])
-        Py_RETURN_NONE;
-    PyObject *bytes = PyTuple_GET_ITEM(found, 0);
-    if (!PyBytes_CheckExact(bytes) || PyBytes_GET_SIZE(bytes) != (Py_ssize_t)sizeof key ||
-        memcmp(PyBytes_AS_STRING(bytes), &key, sizeof key) != 0)
-        Py_RETURN_NONE;
     Owned held;  // the entry stays alive through the launch (which lets other threads run)
     Py_INCREF(found);
     held.p = found;
@@ -410,22 +336,7 @@ PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     Key key;
     if (!make_key(args, false, &key))
         Py_RETURN_FALSE;
-    Owned hash, value;
-    hash.p = key_hash(key);
-    if (hash.p == nullptr)
-        return nullptr;
-    value.p = Py_BuildValue("(y#OOO)", reinterpret_cast<const char *>(&key), (Py_ssize_t)sizeof key, args[7],
-                            args[8], args[9]);
-    if (value.p == nullptr)
-        return nullptr;
-    long long most = PyLong_AsLongLong(args[10]);
-    if (most == -1 && PyErr_Occurred())
-        return nullptr;
-    if (PyDict_GET_SIZE(args[6]) >= most)
-        PyDict_Clear(args[6]);
-    if (PyDict_SetItem(args[6], hash.p, value.p) < 0)
-        return nullptr;
-    Py_RETURN_TRUE;
+    return file_entry(args[6], key_hash(key), &key, sizeof key, args[7], args[8], args[9], args[10]);
     END_HANDLE_TH_ERRORS
 }
 
@@ -441,21 +352,6 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hotpath", nullptr, -1, methods,
-                          nullptr, nullptr, nullptr, nullptr};
-
 }  // namespace
 
-PyMODINIT_FUNC PyInit__hotpath(void) {
-    stream_getter = find_stream_getter();
-    PyObject *module = PyModule_Create(&module_def);
-    if (module != nullptr && (PyModule_AddStringConstant(module, "TORCH_VERSION", LT_TORCH_VERSION) < 0 ||
-                              PyModule_AddIntConstant(module, "STREAM_INSIDE", stream_getter != nullptr) < 0 ||
-                              PyModule_AddIntConstant(module, "PLAN_VERSION", LT_PLAN_VERSION) < 0 ||
-                              PyModule_AddStringConstant(module, "TEMPLATE", LT_TEMPLATE_FORMAT) < 0 ||
-                              PyModule_AddIntConstant(module, "INTERFACE", LT_INTERFACE) < 0)) {
-        Py_DECREF(module);
-        return nullptr;
-    }
-    return module;
-}
+PyMODINIT_FUNC PyInit__hotpath(void) { return create_module(methods, LT_INTERFACE, "TEMPLATE", LT_TEMPLATE_FORMAT); }

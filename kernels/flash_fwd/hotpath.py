@@ -4,148 +4,32 @@
 this folder; without that build, the runtime builds it into the cache dir in
 the background on first GPU use and loads it from there in later processes
 (``lazytriton.driver.helpers``: trusted files only; ``HELPER`` describes it
-there, registered in ``kernels.COMPILED_HELPERS``). A C++ extension is bound to the torch it
-was compiled against (its ABI, its symbols), so its file name carries that
-torch's version and only the file named for the running version is ever
-loaded; the module says the version again (``TORCH_VERSION``) and a
-mismatch is refused too. Anything else (not built, another torch, another
-plan layout) logs once and the warm path stays in Python
-(hot.py).
+there, registered in ``kernels.COMPILED_HELPERS``). ``EXTENSION``
+(``lazytriton.driver.torch_extension``) finds, checks and loads it as every
+family's C++ warm path: only the file named for the running torch's version,
+whose module says that version again (``TORCH_VERSION``) and the launch
+plan's layout (``PLAN_VERSION``). Its template and calling convention are
+hot.py's to check (``hot.usable``). Anything else (not built, another torch,
+another plan layout) logs once and the warm path stays in Python (hot.py);
+``hot.regenerate()`` makes the warm paths again after ``enable`` or a build.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.machinery
-import logging
 from pathlib import Path
-from typing import Any
 
-from lazytriton.driver import helpers, trusted
+from lazytriton.driver import torch_extension
 from lazytriton.kernels.flash_fwd import hotpath_record
-
-log = logging.getLogger("lazytriton.driver")
 
 NAME = hotpath_record.NAME
 MODULE = "lazytriton.kernels.flash_fwd._hotpath"
 SOURCE = Path(__file__).with_name("_hotpath.cpp")
-_enabled = [True]
 
-
-def file_name(torch_version: str | None) -> str:
-    """The built module's file name for one torch version (the version's odd characters as ``_``)."""
-    if not torch_version:
-        raise ValueError("the C++ warm path's file name needs a torch version")
-    return f"_hotpath.torch-{helpers.torch_tag(torch_version)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-
-
-def source() -> bytes:
-    """What the helper is compiled from: the launch plan's header, the record's header and ``_hotpath.cpp``."""
-    from lazytriton.driver import fastlaunch_build
-
-    return fastlaunch_build.PLAN_SOURCE.encode() + hotpath_record.header().encode() + SOURCE.read_bytes()
-
-
-def compile_into(where: Path, torch_version: str | None) -> Path:
-    """Build the C++ tail into ``where`` and check that it loads as the runtime loads it; its path."""
-    from lazytriton.driver import fastlaunch, helpers_build
-    from lazytriton.kernels.flash_fwd import hotpath_build
-
-    if torch_version is None:
-        raise hotpath_build.BuildError("the C++ warm path needs torch")
-    path = hotpath_build.build(where, mode=helpers.DIR_MODE)
-    loads = load_file(str(path), path, torch_version, fastlaunch.PLAN_VERSION) is not None
-    return helpers_build.loaded_or_removed(path, loads)
-
-
-HELPER = helpers.Helper(NAME, True, Path(__file__).resolve().parent, file_name, source, compile_into)
-
-
-def load(directory: Path, torch_version: str, plan_version: int) -> Any:
-    """The module built for ``torch_version`` in ``directory``, or None (and one log line saying why).
-
-    Imports only the file named for that version, then checks what it says
-    it was built against: ``TORCH_VERSION`` and the launch plan's layout.
-    """
-    path = Path(directory) / file_name(torch_version)
-    if not path.is_file():
-        others = sorted(p.name for p in Path(directory).glob("_hotpath.torch-*") if p.suffix == ".so")
-        if others:
-            log.warning("the C++ warm path is built for another torch (%s), not torch %s: the Python warm path "
-                        "until it is rebuilt (python -m lazytriton.kernels.flash_fwd.hotpath_build)", ", ".join(others),
-                        torch_version)
-        else:
-            log.debug("the C++ warm path is not built (python -m lazytriton.kernels.flash_fwd.hotpath_build)")
-        return None
-    return load_file(str(path), path, torch_version, plan_version)
-
-
-def load_file(where: str, path: Path, torch_version: str, plan_version: int) -> Any:
-    """The module in ``where`` (a path the loader opens; ``path`` names it in messages), checked; or None."""
-    try:
-        module = trusted.load_extension(MODULE, where, path)
-    except Exception as exc:  # built for another Python, a broken file
-        log.warning("the C++ warm path %s does not load (%s): the Python warm path", path, exc)
-        return None
-    built_for = getattr(module, "TORCH_VERSION", None)
-    if built_for != torch_version:
-        log.warning("the C++ warm path %s was built against torch %s, this is torch %s: not used", path, built_for,
-                    torch_version)
-        return None
-    if getattr(module, "PLAN_VERSION", None) != plan_version:
-        log.warning("the C++ warm path %s reads launch plan version %s, this lazytriton packs %s: not used until "
-                    "it is rebuilt", path, getattr(module, "PLAN_VERSION", None), plan_version)
-        return None
-    return module
-
-
-@functools.cache
-def _module() -> Any:
-    """The package's build for the running torch, else the cache dir's, else None."""
-    import torch
-
-    from lazytriton.driver import fastlaunch
-
-    here = Path(__file__).resolve().parent
-    version, plan = torch.__version__, fastlaunch.PLAN_VERSION
-    packaged = helpers.in_package(NAME, version) is not None
-    if packaged:
-        module = load(here, version, plan)
-        if module is not None:
-            return module
-    module = helpers.load_cached(NAME, version,
-                                 lambda where, path: load_file(where, path, version, plan))
-    if module is None and not packaged:
-        load(here, version, plan)  # says why there is none (another torch's build in the package, or none)
-    return module
-
-
-def origin() -> str | None:
-    """The file the C++ tail in use was loaded from (package or cache dir), or None."""
-    found = module()
-    return None if found is None else str(getattr(found, "__file__", MODULE))
-
-
-def module() -> Any:
-    """The loaded module for the running torch, or None (not built, another torch, or ``enable(False)``)."""
-    return _module() if _enabled[0] else None
-
-
-def enable(on: bool) -> bool:
-    """Use the C++ tail in warm paths generated from now on (when built); the previous setting (tests, benchmarks).
-
-    ``hot.regenerate()`` makes the warm paths again under the new setting.
-    """
-    previous = _enabled[0]
-    _enabled[0] = on
-    return previous
-
-
-def refresh() -> bool:
-    """Look for the module again (after ``hotpath_build.build()`` in this process); whether it loads now.
-
-    Only a first build takes effect in this process: CPython keeps an extension module it has loaded by its file's
-    path, so a module rebuilt over one already loaded is the new one only in a new process.
-    """
-    _module.cache_clear()
-    return _module() is not None
+EXTENSION = torch_extension.TorchExtension(NAME, MODULE, Path(__file__).resolve().parent, SOURCE,
+                                           hotpath_record.header, "the C++ warm path",
+                                           "lazytriton.kernels.flash_fwd.hotpath_build")
+BUILD = EXTENSION.build_command  # python -m lazytriton.kernels.flash_fwd.hotpath_build
+# The module's own names for what the extension does (hot.py, helpers, the tests and benchmarks call these).
+HELPER, file_name, source = EXTENSION.helper, EXTENSION.file_name, EXTENSION.source
+compile_into, load, load_file = EXTENSION.compile_into, EXTENSION.load, EXTENSION.load_file
+module, origin, enable, refresh = EXTENSION.module, EXTENSION.origin, EXTENSION.enable, EXTENSION.refresh

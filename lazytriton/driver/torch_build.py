@@ -3,7 +3,8 @@
 The recipe every torch-bound compiled helper shares (flash_fwd's and flash_decode's ``_hotpath.cpp``, each built by
 its family's ``hotpath_build``): the system C++ compiler with torch's headers, libraries and C++ ABI flag, the
 source copied into a temporary folder beside the headers it includes (the launch plan's ``lt_plan.h``,
-``fastlaunch_build.PLAN_SOURCE``, and the family's own), the result installed atomically under its final name.
+``fastlaunch_build.PLAN_SOURCE``; ``lt_tail.h``, what every C++ warm path shares, ``TAIL_HEADER``; and the family's
+own), the result installed atomically under its final name.
 No ninja, no setuptools. When something is missing (a C++ compiler, Python's or torch's headers, torch's
 libraries) the build says exactly what and where it looked.
 """
@@ -13,15 +14,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import sysconfig
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from lazytriton.driver import fastlaunch, fastlaunch_build
 
 LIBRARIES = ("c10", "torch", "torch_cpu", "torch_python")
 HEADER = "torch/csrc/autograd/python_variable.h"  # the torch header the sources need first
+TAIL_HEADER = Path(__file__).with_name("lt_tail.h")  # what every C++ warm path includes, beside lt_plan.h
 
 
 class BuildError(RuntimeError):
@@ -76,7 +79,7 @@ def command(compiler: str, source: Path, output: Path, includes: list[str], libr
 
 
 def build(source: Path, headers: Mapping[str, str], target: Path, verbose: bool = False, mode: int = 0o777) -> Path:
-    """Compile ``source`` beside ``lt_plan.h`` and ``headers`` (file name -> text) and install it as ``target``.
+    """Compile ``source`` beside ``lt_plan.h``, ``lt_tail.h`` and ``headers`` (name -> text); install it as ``target``.
 
     Written beside its final name and renamed, with ``mode`` less the umask: a running process keeps the module it
     loaded. Returns ``target``.
@@ -87,7 +90,8 @@ def build(source: Path, headers: Mapping[str, str], target: Path, verbose: bool 
     with tempfile.TemporaryDirectory(prefix="lazytriton-hotpath-") as tmp:
         copied = Path(tmp) / source.name
         shutil.copyfile(source, copied)
-        for name, text in {"lt_plan.h": fastlaunch_build.PLAN_SOURCE, **headers}.items():
+        shared = {"lt_plan.h": fastlaunch_build.PLAN_SOURCE, TAIL_HEADER.name: TAIL_HEADER.read_text()}
+        for name, text in {**shared, **headers}.items():
             (Path(tmp) / name).write_text(text)
         built = Path(tmp) / target.name
         argv = command(compiler, copied, built, includes, libraries, torch.__version__,
@@ -97,3 +101,16 @@ def build(source: Path, headers: Mapping[str, str], target: Path, verbose: bool 
         except fastlaunch_build.BuildError as exc:
             raise BuildError(str(exc)) from None
     return target
+
+
+def main(build: Callable[..., Path], argv: Sequence[str]) -> int:
+    """A family's build command (``python -m`` its ``hotpath_build``); its exit status.
+
+    ``build(verbose=)``'s path printed, 0; or what the build lacks, 1. ``-v`` prints the compiler's command.
+    """
+    try:
+        print(build(verbose="-v" in argv))
+    except BuildError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
