@@ -9,9 +9,12 @@ graph (no host work: what the device alone takes). Prints a table.
 ``--fused`` adds lazytriton's call with the combine fused into the split kernel (``lt+fused``: one launch where the
 call has several splits; ``flash_decode.dispatch.fusing_combine``), timed beside the two-kernel call, and a summary
 of both calls' graph-replay µs (a captured fused call zeroes its own counters: one small fill node a call) and
-their ratio. ``--batch`` takes several batches (``1,8``).
+their ratio. ``--batch`` takes several batches (``1,8``). ``--int-lengths`` adds lazytriton's call with
+``cache_seqlens`` as a Python int (``lt-int``: the split kernel gets the length as an argument, so no program
+waits on a length load before its first key tile's addresses are known).
 
 Usage: python3 experiments/probe_decode_b1.py [--batch 1] [--lengths 4096,16384] [--calls 50] [--splits 0,8,64]
+       [--int-lengths]
        python3 experiments/probe_decode_b1.py --fused --batch 1,8 --lengths 1024,4096,16384,32768
 """
 
@@ -74,16 +77,16 @@ def kernels(fn, calls: int) -> list[tuple[str, int, float]]:
     return sorted(rows, key=lambda r: -r[2])
 
 
-def calls(batch: int, length: int, splits: int = 0):
+def calls(batch: int, length: int, splits: int = 0, int_lengths: bool = False):
     """(lazytriton's call, SDPA's call, lazytriton's fused call) on the same random keys: bf16, head dim 128, 32/8
-    heads, one query.
+    heads, one query; ``int_lengths``: lazytriton's calls take the length as an int, not a tensor.
 
     ``splits``: lazytriton's ``num_splits`` (0: its heuristic's)."""
     hq, hk, d = 32, 8, 128
     torch.manual_seed(length)
     q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(batch, length, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    lens = length if int_lengths else torch.full((batch,), length, dtype=torch.int32, device="cuda")
     ks, vs, qs = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), q.transpose(1, 2)
 
     def lt() -> torch.Tensor:
@@ -111,6 +114,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--splits", default="0", help="lazytriton's num_splits values, a row each (0: the heuristic)")
     parser.add_argument("--fused", action="store_true", help="also lazytriton's call with the combine fused (lt+fused)")
+    parser.add_argument("--int-lengths", action="store_true", help="also lazytriton's call with an int cache_seqlens")
     args = parser.parse_args()
     for batch in (int(x) for x in args.batch.split(",")):
         probe(batch, args)
@@ -127,6 +131,9 @@ def probe(batch: int, args: argparse.Namespace) -> None:
             label = splits or "auto"
             providers = [(f"lt/{label}", lt, errs["lt"])] + ([(f"lt+fused/{label}", fused, errs["fused"])]
                                                               if args.fused else [])
+            if args.int_lengths:
+                lt_int = calls(batch, length, splits, int_lengths=True)[0]
+                providers.append((f"lt-int/{label}", lt_int, float((lt_int().float() - ref).abs().max())))
             if splits == int(args.splits.split(",")[0]):
                 providers.append(("sdpa", sdpa, 0.0))
             for name, fn, err in providers:
