@@ -63,7 +63,7 @@ case " $* " in *" tests "*)
   # the host lacks): 4 processes share the GPU and the cache.
   # -v: each test's outcome lands in the log as it finishes, so a run cut by its time limit still names its failures
   # GPU_TESTS: a part of the suite (files or node ids) where one call's limit cannot hold it all; GPU_TESTS_PART=a
-  # (the forward and backward kernels' files, ~170 s on an H100 with 8 processes) or b (the rest, ~410 s)
+  # (the forward and backward kernels' files, ~250 s on an H100 with 6 processes) or b (the rest, ~470 s)
   part_a="tests/test_flash_fwd.py tests/test_gluon_bwd.py tests/test_fused_bwd.py tests/test_fp8_gluon.py
     tests/test_flash_bwd.py tests/test_gluon_fwd_hd256.py tests/test_gluon_fwd.py tests/test_bwd_split.py
     tests/test_fp8_fwd.py tests/test_sdpa_mask_grad.py tests/test_gluon_fwd_split.py tests/test_gluon_fwd_wide.py
