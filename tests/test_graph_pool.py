@@ -192,3 +192,76 @@ def test_gpu_fused_combine_under_reduce_overhead_keeps_nothing_in_the_graph_pool
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["steps"] == [[0.0, 0.0]] * 4, report
     assert report["kept"] == [[report["stream"], 0]], "one buffer, the eager calls' stream's, all zero"
+
+
+# A fresh process: a small random Llama (bf16, GQA 8/2 heads of 64) generating from a left-padded batch with a
+# StaticCache whose decoding steps transformers compiles with "reduce-overhead" (CUDA graphs), once with
+# attn_implementation="sdpa" and once with "lazytriton", each compiled afresh; two generate calls each (the second
+# with other prompts and padding: the integration's mask-derived tensors are made anew). slow_path_cudagraph_asserts
+# makes cudagraph trees check their pool after each warm-up, recording and replay. Prints, per call, how far
+# lazytriton's tokens agree with sdpa's, the largest score difference over the agreeing steps, and where they
+# first differ, sdpa's gap between its own token and lazytriton's (a tie if small).
+FRESH_HF = """
+import json
+import torch
+import torch._inductor.config as inductor_config
+import transformers
+from lazytriton.integrations import transformers as lt_transformers
+
+inductor_config.triton.slow_path_cudagraph_asserts = True
+lt_transformers.register()
+torch.manual_seed(0)
+config = transformers.LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
+                                  intermediate_size=1024, num_hidden_layers=2, vocab_size=1000, pad_token_id=0)
+model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+prompts = []
+for seed, lengths in ((1, (12, 7)), (2, (5, 16))):
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n:] = torch.randint(1, 1000, (n,), generator=g)
+        mask[row, width - n:] = 1
+    prompts.append((ids.cuda(), mask.cuda()))
+compile_config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+outs = {}
+for impl in ("sdpa", "lazytriton"):
+    torch._dynamo.reset()
+    model.set_attn_implementation(impl)
+    outs[impl] = []
+    with torch.no_grad():
+        for ids, mask in prompts:
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8,
+                                 do_sample=False, pad_token_id=0, output_scores=True, return_dict_in_generate=True,
+                                 cache_implementation="static", compile_config=compile_config)
+            outs[impl].append(([s.float().cpu() for s in out.scores], out.sequences[:, ids.shape[1]:].cpu()))
+report = []
+for (want_scores, want), (got_scores, got) in zip(outs["sdpa"], outs["lazytriton"]):
+    for row in range(want.shape[0]):
+        agree, diff, gap = 0, 0.0, None
+        for step in range(want.shape[1]):
+            seen = torch.isfinite(want_scores[step][row])  # min_new_tokens masks the end token with -inf
+            diff = max(diff, float((got_scores[step][row] - want_scores[step][row])[seen].abs().max()))
+            if got[row, step] != want[row, step]:
+                gap = float(want_scores[step][row][want[row, step]] - want_scores[step][row][got[row, step]])
+                break
+            agree += 1
+        report.append({"agree": agree, "of": want.shape[1], "score_diff": diff, "tie_gap": gap})
+print(json.dumps(report))
+"""
+
+
+@on_gpu
+def test_gpu_transformers_static_cache_under_reduce_overhead_keeps_nothing_in_the_graph_pool() -> None:
+    """transformers' compiled decoding steps (StaticCache, CUDA graphs) through lazytriton: cudagraph trees' pool
+    checks pass in every step of two generate calls, and the tokens are sdpa's (or part where sdpa saw a tie)."""
+    pytest.importorskip("transformers", reason="transformers is not installed (GPU host: carry .whl-hf)")
+    done = run_python(FRESH_HF, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    assert "not tracked as outputs" not in done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(report) == 4, report
+    for row in report:
+        assert row["score_diff"] < 0.25, report  # bf16 logits of a random model: a few ulps at their magnitude
+        assert row["agree"] == row["of"] or row["tie_gap"] < 0.1, report
