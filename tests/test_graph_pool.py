@@ -7,7 +7,8 @@ template is on the host), and what it keeps on the device is never made during a
 process (no plan, no entry before the compiled calls) compiles the public calls with "reduce-overhead" and runs
 them with torch's pool check after every step; and an entry first described inside a ``torch.cuda.graph``
 capture keeps no CUDA tensor. The same for the FP8 forward without descales (a null pointer, no 1.0 kept on
-the device) and for the decoding call with the fused combine (the torch op's calls take counters of their own).
+the device), for the decoding call with the fused combine (the torch op's calls take counters of their own), and
+for transformers' compiled decoding steps on a StaticCache through the integration (its mask-derived tensors).
 The CPU checks of the same rules are in test_hot.py, test_fp8_fwd.py, test_fp8_hot.py and
 test_kvcache_fused_combine.py.
 """
