@@ -186,8 +186,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         attention_chunk: FlashAttention-3's chunked local attention (Llama
             4's): if > 0, query i sees key j only when j // attention_chunk
             == (i + offset) // attention_chunk, on top of causal and the
-            window. Key blocks outside every query's chunk are never read.
-            Default 0 (off).
+            window; with cache_leftpad the chunks count from the sequence's
+            first key (j - pad and i + offset - pad in place of j and i +
+            offset, FlashAttention-3's rule). Key blocks outside every
+            query's chunk are never read. Default 0 (off).
         k_descale: optional float32, FlashAttention-3's, with a float8
             k_cache (torch.float8_e4m3fn or torch.float8_e5m2, then v_cache
             too; q, k and v float16 or bfloat16): shape () or (1,) (per

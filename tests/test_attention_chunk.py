@@ -351,6 +351,35 @@ def test_kvcache_chunks_bottom_right_over_contiguous_and_paged_caches(seqlen_q: 
         check_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.float16], 2)
 
 
+@pytest.mark.parametrize(("seqlen_q", "chunk", "causal", "window", "splits", "page"), [
+    (1, 96, True, (-1, -1), 1, 0), (1, 7, False, (-1, -1), 3, 16), (5, 7, True, (9, -1), 2, 0),
+    (4, 16, True, (-1, -1), 0, 4), (3, 5, False, (-1, 2), 3, 8)])
+def test_kvcache_chunks_count_from_the_left_pad(seqlen_q: int, chunk: int, causal: bool, window: tuple[int, int],
+                                                splits: int, page: int) -> None:
+    """FlashAttention-3's reference (``test_flash_attn_kvcache``) shifts a padded sequence's keys by its pad:
+    sequence b is its keys cache_leftpad[b] .. length - 1 alone, so its chunks start at the pad."""
+    gen = torch.Generator().manual_seed(seed_of(seqlen_q, chunk, causal, splits, page, 1))
+    b, hq, hk, d, capacity = 4, 4, 2, 16, 64
+    q = torch.randn(b, seqlen_q, hq, d, generator=gen).half()
+    k_cache, v_cache = (torch.randn(b, capacity, hk, d, generator=gen).half() for _ in range(2))
+    lens = torch.tensor([40, 13, 57, 64], dtype=torch.int32)
+    pads = torch.tensor([5, 0, 33, 61], dtype=torch.int32)  # none a multiple of the chunks but 0
+    kwargs: dict[str, Any] = {"cache_seqlens": lens, "cache_leftpad": pads, "causal": causal, "window_size": window,
+                              "num_splits": splits, "attention_chunk": chunk}
+    if page:
+        table = torch.randperm(b * capacity // page, generator=gen).reshape(b, -1).to(torch.int32)
+        out = lazytriton.flash_attn_with_kvcache(q, _paged(k_cache, page, table), _paged(v_cache, page, table),
+                                                 block_table=table, **kwargs)
+    else:
+        out = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    ref_kwargs = {"causal": "bottom_right" if causal else False, "window_size": window, "attention_chunk": chunk}
+    for i, (length, pad) in enumerate(zip(lens.tolist(), pads.tolist(), strict=True)):
+        seq = [q[i:i + 1].transpose(1, 2), *(c[i:i + 1, pad:length].transpose(1, 2) for c in (k_cache, v_cache))]
+        exact = attention_reference(*(t.double() for t in seq), **ref_kwargs)[0]
+        same = attention_reference(*seq, **ref_kwargs)[0]
+        check_rule(f"out[{i}]", out[i:i + 1].transpose(1, 2), exact, same, OUT_FLOOR[torch.float16], 2)
+
+
 def test_kvcache_with_packed_queries_and_new_keys_chunks_each_sequence() -> None:
     gen = torch.Generator().manual_seed(21)
     lens_q, hq, hk, d, capacity = (3, 1, 6), 2, 1, 16, 48

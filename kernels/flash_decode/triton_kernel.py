@@ -37,7 +37,9 @@ when j <= i + offset, and with ``WINDOW`` when i + offset - window_left <= j
 <= i + offset + window_right (the binding bounds an unbounded side), and with
 ``CHUNK`` (FlashAttention-3's ``attention_chunk``) when j lies in the chunk of
 ``attention_chunk`` keys that holds i + offset; whole key blocks outside every
-row's chunk are skipped.
+row's chunk are skipped. With ``LEFTPAD`` the chunks count from the cache's
+first key, LeftPad[b] (FlashAttention-3 shifts the keys by the pad, so its
+chunk boundaries are relative to it; every other bound is unmoved by a shift).
 ``SOFTCAP`` caps the scaled scores (softcap * tanh(s / softcap)), then
 ``ALIBI`` adds -slope * |i + offset - j| (slopes float32, (Hq,) or (B, Hq)
 through ``stride_ab`` 0 or Hq): FlashAttention-2's order. A query that sees
@@ -169,8 +171,12 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, a
         begin = tl.maximum(i_lo + offset - window_left, 0)
         full_begin = tl.maximum(i_hi + offset - window_left, 0)
     if CHUNK:
-        first = chunk_start(i_lo + offset, attention_chunk)
-        last = chunk_start(i_hi + offset, attention_chunk)
+        if LEFTPAD:  # chunks count from the cache's first key, as FlashAttention-3's do
+            first = chunk_start(i_lo + offset - leftpad, attention_chunk) + leftpad
+            last = chunk_start(i_hi + offset - leftpad, attention_chunk) + leftpad
+        else:
+            first = chunk_start(i_lo + offset, attention_chunk)
+            last = chunk_start(i_hi + offset, attention_chunk)
         end = tl.minimum(end, tl.maximum(last + attention_chunk, 0))
         full_end = tl.minimum(full_end, tl.maximum(first + attention_chunk, 0))
         begin = tl.maximum(begin, first)
@@ -275,7 +281,10 @@ def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, off
         if WINDOW:
             keep = keep & (cols[None, :] >= diag - window_left) & (cols[None, :] <= diag + window_right)
         if CHUNK:
-            first = chunk_start(diag, attention_chunk)
+            if LEFTPAD:
+                first = chunk_start(diag - leftpad, attention_chunk) + leftpad
+            else:
+                first = chunk_start(diag, attention_chunk)
             keep = keep & (cols[None, :] >= first) & (cols[None, :] < first + attention_chunk)
         if KEY_MASK:
             keep = keep & allowed[None, :]
