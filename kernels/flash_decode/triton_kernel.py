@@ -150,26 +150,21 @@ def _tanh(x):
 @triton.jit
 def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, attention_chunk, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LEFTPAD: tl.constexpr, CHUNK: tl.constexpr):
-    """(begin, full_begin, full_end, end) of the keys queries i_lo..i_hi see.
+    """(begin, end) of the keys queries i_lo..i_hi see: ``begin`` a multiple of BLOCK_N.
 
-    Blocks from ``begin`` (a multiple of BLOCK_N) to ``end`` hold every key
-    some row sees; those in [full_begin, full_end) (multiples of BLOCK_N) are
-    seen by every row and need no mask. With ``LEFTPAD`` no key before
-    ``leftpad`` is seen: the block holding it is masked, those before it skipped.
-    With ``CHUNK`` the keys lie in the chunks of queries i_lo..i_hi (``chunk.chunk_start``).
+    Blocks from ``begin`` to ``end`` hold every key some row sees. With
+    ``LEFTPAD`` no key before ``leftpad`` is seen: the blocks before the one
+    holding it are skipped. With ``CHUNK`` the keys lie in the chunks of
+    queries i_lo..i_hi (``chunk.chunk_start``; with ``LEFTPAD`` counted from
+    the pad).
     """
     end = length
-    full_end = length
     if CAUSAL:
         end = tl.minimum(end, tl.maximum(i_hi + offset + 1, 0))
-        full_end = tl.minimum(full_end, tl.maximum(i_lo + offset + 1, 0))
     begin = length * 0
-    full_begin = begin
     if WINDOW:
         end = tl.minimum(end, tl.maximum(i_hi + offset + window_right + 1, 0))
-        full_end = tl.minimum(full_end, tl.maximum(i_lo + offset + window_right + 1, 0))
         begin = tl.maximum(i_lo + offset - window_left, 0)
-        full_begin = tl.maximum(i_hi + offset - window_left, 0)
     if CHUNK:
         if LEFTPAD:  # chunks count from the cache's first key, as FlashAttention-3's do
             first = chunk_start(i_lo + offset - leftpad, attention_chunk) + leftpad
@@ -178,29 +173,28 @@ def _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, a
             first = chunk_start(i_lo + offset, attention_chunk)
             last = chunk_start(i_hi + offset, attention_chunk)
         end = tl.minimum(end, tl.maximum(last + attention_chunk, 0))
-        full_end = tl.minimum(full_end, tl.maximum(first + attention_chunk, 0))
         begin = tl.maximum(begin, first)
-        full_begin = tl.maximum(full_begin, last)
     if LEFTPAD:
         begin = tl.maximum(begin, leftpad)
-        full_begin = tl.maximum(full_begin, leftpad)
     begin = (begin // BLOCK_N) * BLOCK_N
-    full_begin = ((full_begin + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-    full_end = tl.maximum((tl.minimum(full_end, end) // BLOCK_N) * BLOCK_N, begin)
-    full_begin = tl.minimum(tl.maximum(full_begin, begin), full_end)
     end = tl.maximum(end, begin)
-    return begin, full_begin, full_end, end
+    return begin, end
 
 
 @triton.jit
 def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, offs_n, offs_d, offs_dv, rows_i, slopes,
             length, offset, head_dim, head_dim_v, page_size, stride_ks, stride_vs, stride_kb, stride_vb,
             window_left, window_right, qk_scale, cap, leftpad, attention_chunk, key_mask, stride_mn,
-            MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
+            EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, PAGED: tl.constexpr,
             CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
             IEEE: tl.constexpr, LEFTPAD: tl.constexpr, PAGE_GATHER: tl.constexpr, CHUNK: tl.constexpr,
             QV: tl.constexpr, KEY_MASK: tl.constexpr, F16: tl.constexpr, NV_CVT: tl.constexpr):
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2).
+
+    Every step masks its keys and scores. A split reads a few blocks at decoding's shapes: one loop of masked
+    steps takes 4.2 µs where three loops (masked head, unmasked body, masked tail, each pipelined apart) took
+    6.2 at batch 1 with 1k keys and 16 splits (H100, ``experiments/probe_split_variants.py``), and a whole
+    block's mask costs ~2% of the unmasked step.
 
     The tiles are converted to q's dtype as they are loaded (a no-op for a cache of q's dtype; float16 for a
     float8 cache, whose q the kernel scaled into float16). With ``F16`` (a float8 cache) P . V takes P x
@@ -210,10 +204,7 @@ def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, off
     """
     cols = start_n + offs_n
     if PAGE_GATHER:  # the block spans pages: each key's page (only those of keys in [leftpad, length) are read)
-        if MASKED:
-            blocks = tl.load(BlockTable + cols // page_size, mask=(cols < length) & (cols >= leftpad), other=0)
-        else:
-            blocks = tl.load(BlockTable + cols // page_size)
+        blocks = tl.load(BlockTable + cols // page_size, mask=(cols < length) & (cols >= leftpad), other=0)
         rows = cols % page_size
         k_ptrs = K + blocks[None, :] * stride_kb + k_base + rows[None, :] * stride_ks + offs_d[:, None]
         v_ptrs = V + blocks[:, None] * stride_vb + v_base + rows[:, None] * stride_vs + offs_dv[None, :]
@@ -227,27 +218,17 @@ def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, off
         v_ptrs = V + v_base + cols[:, None] * stride_vs + offs_dv[None, :]
     d_ok = offs_d < head_dim
     dv_ok = offs_dv < head_dim_v
-    if MASKED:
-        col_ok = cols < length
-        if LEFTPAD:  # the pad before the cache's first key is never read (it may hold anything)
-            col_ok = col_ok & (cols >= leftpad)
-        if EVEN_D:
-            k = tl.load(k_ptrs, mask=col_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-        if EVEN_DV:
-            v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
-        else:
-            v = tl.load(v_ptrs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
+    col_ok = cols < length
+    if LEFTPAD:  # the pad before the cache's first key is never read (it may hold anything)
+        col_ok = col_ok & (cols >= leftpad)
+    if EVEN_D:
+        k = tl.load(k_ptrs, mask=col_ok[None, :], other=0.0)
     else:
-        if EVEN_D:
-            k = tl.load(k_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-        if EVEN_DV:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
+        k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+    if EVEN_DV:
+        v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
     k = k.to(q.dtype)
     if F16 and NV_CVT:
         v = _float8_to_float16(v)
@@ -267,37 +248,23 @@ def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, off
     diag = rows_i[:, None] + offset  # the key each row's query sits on
     if ALIBI:
         qk = qk - (slopes * LOG2E)[:, None] * tl.abs(diag - cols[None, :]).to(tl.float32)
-    if KEY_MASK:  # one byte a key of this batch: 0 is masked (SDPA's boolean mask, the same for every row)
-        if MASKED:
-            allowed = tl.load(key_mask + cols * stride_mn, mask=cols < length, other=0) != 0
-        else:
-            allowed = tl.load(key_mask + cols * stride_mn) != 0
-    if MASKED:
-        keep = (cols < length)[None, :] & (rows_i >= 0)[:, None]
+    keep = col_ok[None, :] & (rows_i >= 0)[:, None]
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= diag)
+    if WINDOW:
+        keep = keep & (cols[None, :] >= diag - window_left) & (cols[None, :] <= diag + window_right)
+    if CHUNK:
         if LEFTPAD:
-            keep = keep & (cols[None, :] >= leftpad)
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= diag)
-        if WINDOW:
-            keep = keep & (cols[None, :] >= diag - window_left) & (cols[None, :] <= diag + window_right)
-        if CHUNK:
-            if LEFTPAD:
-                first = chunk_start(diag - leftpad, attention_chunk) + leftpad
-            else:
-                first = chunk_start(diag, attention_chunk)
-            keep = keep & (cols[None, :] >= first) & (cols[None, :] < first + attention_chunk)
-        if KEY_MASK:
-            keep = keep & allowed[None, :]
-        qk = tl.where(keep, qk, float("-inf"))
-    elif KEY_MASK:
-        qk = tl.where(allowed[None, :], qk, float("-inf"))
-    if MASKED or KEY_MASK:
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # A row with no visible key so far keeps m = -inf; subtract 0 instead (no NaN from -inf - -inf).
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_sub = m_new
+            first = chunk_start(diag - leftpad, attention_chunk) + leftpad
+        else:
+            first = chunk_start(diag, attention_chunk)
+        keep = keep & (cols[None, :] >= first) & (cols[None, :] < first + attention_chunk)
+    if KEY_MASK:  # one byte a key of this batch: 0 is masked (SDPA's boolean mask, the same for every row)
+        keep = keep & (tl.load(key_mask + cols * stride_mn, mask=cols < length, other=0) != 0)[None, :]
+    qk = tl.where(keep, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    # A row with no visible key so far keeps m = -inf; subtract 0 instead (no NaN from -inf - -inf).
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(qk - m_sub[:, None])
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -470,8 +437,8 @@ def flash_decode_split_kernel(
         leftpad = tl.load(LeftPad + batch)
     i_lo = start_m // group_size
     i_hi = (tl.minimum(start_m + BLOCK_M, n_rows) - 1) // group_size
-    begin, full_begin, full_end, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad,
-                                                  attention_chunk, BLOCK_N, CAUSAL, WINDOW, LEFTPAD, CHUNK)
+    begin, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, attention_chunk, BLOCK_N,
+                            CAUSAL, WINDOW, LEFTPAD, CHUNK)
     if VARLEN_Q:  # the grid covers the longest sequence: a block past this one's rows reads no key
         end = tl.where(start_m < n_rows, end, begin)
     # This split's chunk: whole blocks, the range cut evenly in num_splits.
@@ -483,25 +450,11 @@ def flash_decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for start_n in range(lo, tl.minimum(full_begin, hi), BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
                                 stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                attention_chunk, key_mask, stride_mn, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW,
-                                SOFTCAP, ALIBI, IEEE, LEFTPAD, PAGE_GATHER, CHUNK, QV, KEY_MASK,
-                                KV_FP8 != "none", NV_CVT)
-    for start_n in range(tl.maximum(full_begin, lo), tl.minimum(full_end, hi), BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
-                                rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
-                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                attention_chunk, key_mask, stride_mn, False, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW,
-                                SOFTCAP, ALIBI, IEEE, LEFTPAD, PAGE_GATHER, CHUNK, QV, KEY_MASK,
-                                KV_FP8 != "none", NV_CVT)
-    for start_n in range(tl.maximum(full_end, lo), hi, BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
-                                rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,
-                                stride_vs, stride_kb, stride_vb, window_left, window_right, qk_scale, cap, leftpad,
-                                attention_chunk, key_mask, stride_mn, True, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW,
+                                attention_chunk, key_mask, stride_mn, EVEN_D, EVEN_DV, PAGED, CAUSAL, WINDOW,
                                 SOFTCAP, ALIBI, IEEE, LEFTPAD, PAGE_GATHER, CHUNK, QV, KEY_MASK,
                                 KV_FP8 != "none", NV_CVT)
 
@@ -521,12 +474,19 @@ def flash_decode_split_kernel(
             out = acc / div[:, None]
         o_rows = Out + batch * stride_ob + (q_start + rows_i) * stride_os + heads * stride_oh
         o_ptrs = o_rows[:, None] + offs_dv[None, :]
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        if EVEN_DV:  # a mask constant along the row: 16-byte stores
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(Lse + lse_rows, lse2 * LN2, mask=row_ok)
     else:
         part = lse_rows * num_splits + split
-        tl.store(OutPart + part[:, None] * head_dim_v + offs_dv[None, :], out,
-                 mask=row_ok[:, None] & dv_ok[None, :])
+        if EVEN_DV:  # head_dim_v is BLOCK_DV: rows a known 16 bytes apart and a mask constant along them,
+            # so each thread stores 16 bytes at a time, not 4
+            tl.store(OutPart + part[:, None] * BLOCK_DV + offs_dv[None, :], out, mask=row_ok[:, None])
+        else:
+            tl.store(OutPart + part[:, None] * head_dim_v + offs_dv[None, :], out,
+                     mask=row_ok[:, None] & dv_ok[None, :])
         tl.store(LsePart + part, lse2, mask=row_ok)
         if FUSED_COMBINE:  # every program gets here (none returns early), so each takes its ticket
             # The CTA's partial stores, then one ticket: the barrier orders every thread's stores before it, the

@@ -61,14 +61,11 @@ DEFAULT_PAGE = 256
 
 # (BLOCK_N, num_warps, num_stages) of the split kernel, BLOCK_M fixed by the rows (decode_rows_class).
 # Around the default (64, 4, 3; paged 5 stages): key tiles of 32-256 keys (16-64 KB of K and V a step at head dim
-# 128), 1-8 warps, 2-5 stages. One warp holds a 16-row tile's whole softmax: its row reductions and the scores'
-# way from the first dot's accumulator into the second dot stay in the warp's registers (the sm_90 PTX of the
-# 1-warp split kernel has 9 barriers, the 2- and 4-warp ones 28), where a batch-1 call's few programs wait on
-# each tile's round trip rather than on bandwidth; not for head dim 256 (its accumulator alone would take 128
-# registers a thread).
+# 128), 2-8 warps, 2-5 stages. One warp is left out: it took 1.5-2.5x the time of 2-4 warps at batch 1 (H100,
+# ``experiments/probe_split_variants.py``).
 _SPLIT = ((64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 4, 5), (64, 8, 3), (64, 2, 3), (128, 4, 2), (128, 4, 3),
           (128, 4, 4), (128, 8, 3), (128, 8, 4), (32, 4, 2), (32, 4, 3), (32, 4, 5), (32, 2, 4), (256, 8, 2),
-          (256, 8, 3), (32, 1, 3), (64, 1, 3), (64, 1, 4), (128, 1, 2))
+          (256, 8, 3))
 # (BLOCK_M, BLOCK_N, num_warps) of the combine kernel (rows, splits read per lse step), one stage (no loop to pipeline).
 _COMBINE = ((16, 16, 4), (16, 16, 2), (16, 8, 1), (32, 16, 4), (64, 16, 4), (16, 32, 4), (32, 32, 8))
 
@@ -164,7 +161,7 @@ def candidates(kernel: str, target: Target, dtype: str, head_dim: int, rows: int
         block_m = decode_dispatch.decode_rows_class(rows)
         wide = padded == 256 or dtype == "fp32"
         configs = [Config(block_m, n, w, min(s, 2) if hip else s, waves) for n, w, s in _SPLIT
-                   if not (wide and (n > 64 or w == 1))]
+                   if not (wide and n > 64)]
         configs = [c for c in configs if _fits(target, dtype, padded, c)]
     return [default, *(c for c in dict.fromkeys(configs) if c != default)]
 
