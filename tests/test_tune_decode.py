@@ -145,24 +145,35 @@ def test_case_splits_is_the_calls_split_count() -> None:
 # Choosing over a bucket
 
 
-def test_score_is_the_geometric_mean_over_each_cases_best() -> None:
-    # The best of case 1 is 0.5, from a candidate wrong on case 0: still the bar the others are measured by.
+def test_score_is_the_worst_and_the_geometric_mean_over_each_cases_best() -> None:
+    # candidate 0: 1x and 4x the best; candidate 1: 2x and 2x; candidate 2 failed a case
     scores = tune_decode.score([[1.0, 4.0], [2.0, 1.0], [None, 0.5]])
-    assert scores[0] == pytest.approx(math.sqrt(1 * 8)) and scores[1] == pytest.approx(math.sqrt(2 * 2))
+    assert scores[0] == (pytest.approx(8.0), pytest.approx(math.sqrt(1 * 8)))
+    assert scores[1] == (pytest.approx(2.0), pytest.approx(2.0))
     assert scores[2] is None
     assert tune_decode.score([]) == []
 
 
+def test_the_winner_loses_least_on_its_worst_case_then_on_the_geometric_mean() -> None:
+    # a tile 3% faster on three large batches but 12% slower at batch 1 loses to the even one
+    times = [[1.12, 1.0, 1.0, 1.0], [1.0, 1.03, 1.03, 1.03]]
+    assert tune_decode.pick(tune_decode.score(times)) == 1
+    # worst ratios within WORST_SLACK tie, and the geometric mean decides
+    times = [[1.01, 1.0, 1.0, 1.0], [1.0, 1.015, 1.015, 1.015]]
+    assert tune_decode.pick(tune_decode.score(times)) == 0
+    assert tune_decode.pick([None, None]) is None and tune_decode.pick([]) is None
+
+
 def _costs(sweeps: dict[str, dict[Case, list[Variant]]], grid: list[Case]) -> dict[tuple[str, Case], float]:
     """Made-up ms: later candidates are faster on every case, except candidate 2: by far the fastest at batch 1
-    only; later combine candidates are faster too."""
+    and by farther the slowest elsewhere; later combine candidates are faster too."""
     cost = {}
     for kernel, per_case in sweeps.items():
         for case in grid:
             for i, v in enumerate(per_case[case]):
                 ms = 2.0 - i / 20 if kernel == SPLIT else 0.01 * (len(per_case[case]) - i)
                 if kernel == SPLIT and i == 2:
-                    ms = 0.1 if case.batch == 1 else 5.0
+                    ms = 0.1 if case.batch == 1 else 50.0
                 cost[(str(v), case)] = ms
     return cost
 
@@ -182,7 +193,8 @@ def test_tune_bucket_takes_the_best_on_every_case_then_the_combine_on_the_cases_
 
     won = tune_decode.tune_bucket(grid, sweeps, timer, SLOTS, frozenset({str(failed)}))
     assert won is not None
-    # Candidate 2 is 20x faster at batch 1 but slower elsewhere: the geometric mean keeps the next fastest.
+    # Candidate 2 is 12x faster at batch 1 but 40x slower elsewhere: its worst case loses, and the next fastest
+    # wins (the fastest failed or was wrong).
     assert all(won.split[c] == sweeps[SPLIT][c][n - 3] for c in grid)
     splitting = [c for c in grid if tune_decode.case_splits(c, 16, int(won.split[c].get("BLOCK_N")), SLOTS) > 1]
     assert splitting and len(splitting) < len(grid)

@@ -53,6 +53,7 @@ from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 SPLIT, COMBINE = decode_dispatch.DECODE_KERNELS
+WORST_SLACK = 1.02  # worst ratios within 2% of the least one tie (pick)
 MAX_ERROR = 2e-2  # max abs error of batch 0's output against a float32 reference (bench_decode.py's rule)
 DEFAULT_BATCHES = (1, 8, 32, 64)
 DEFAULT_LENGTHS = (1024, 4096, 16384, 32768)
@@ -218,20 +219,24 @@ def case_splits(case: Case, block_m: int, block_n: int, slots: int) -> int:
     return binding.splits_for(call, block_m, block_n, slots, binding.min_split_keys(case.head_dim))
 
 
-def score(times: Sequence[Sequence[float | None]]) -> list[float | None]:
-    """Each candidate's geometric mean of time over the case's best (pure); None where a case failed or was wrong.
+def score(times: Sequence[Sequence[float | None]]) -> list[tuple[float, float] | None]:
+    """Each candidate's (worst, geometric mean) of its time over each case's best (pure); None: a case failed.
 
-    ``times[i][c]``: candidate i's ms on case c (None: wrong or failed).
+    ``times[i][c]``: candidate i's ms on case c (None: wrong or failed). Candidates rank by the worst ratio
+    first (``pick``): one row serves a bucket's every batch, and a tile that wins the large batches by a few
+    percent while losing batch 1 (latency-bound, few programs) by 10% is the worse choice; the geometric mean
+    breaks ties.
     """
     cases = len(times[0]) if times else 0
     best = [min((x for t in times if (x := t[c]) is not None), default=None) for c in range(cases)]
-    scores: list[float | None] = []
+    scores: list[tuple[float, float] | None] = []
     for row in times:
         if any(t is None for t in row) or any(b is None for b in best):
             scores.append(None)
             continue
-        scores.append(math.exp(math.fsum(math.log(t / b) for t, b in zip(row, best, strict=True)  # type: ignore
-                                         ) / max(1, cases)))
+        ratios = [t / b for t, b in zip(row, best, strict=True)]  # type: ignore[operator]
+        scores.append((max(ratios, default=1.0),
+                       math.exp(math.fsum(math.log(r) for r in ratios) / max(1, cases))))
     return scores
 
 
@@ -253,12 +258,23 @@ def _sweep(kernel: str, variants: dict[Case, list[Variant]], partner: dict[Case,
                 times[i].append(None)
                 continue
             times[i].append(ms if err <= MAX_ERROR and math.isfinite(ms) else None)
-    scores = score(times)
-    ranked = sorted((s, i) for i, s in enumerate(scores) if s is not None)
-    if not ranked:
+    i = pick(score(times))
+    if i is None:
         return None
-    i = ranked[0][1]
     return i, [t for t in times[i] if t is not None]
+
+
+def pick(scores: Sequence[tuple[float, float] | None]) -> int | None:
+    """The winner's index among ``score``'s answers (pure); None where none ran.
+
+    The least geometric mean among the candidates whose worst ratio is within ``WORST_SLACK`` of the least
+    worst one (a timing's noise is not a loss).
+    """
+    worst = min((s[0] for s in scores if s is not None), default=None)
+    if worst is None:
+        return None
+    near = [(s[1], i) for i, s in enumerate(scores) if s is not None and s[0] <= worst * WORST_SLACK]
+    return min(near)[1]
 
 
 class Won(NamedTuple):
