@@ -85,10 +85,11 @@ def edited_kernel(name: str, folder: pathlib.Path):
 
 def arguments(q, k, v, lens, part, lse_part, out, lse, splits, counters):
     """The split kernel's arguments by name, as the binding passes them for this contiguous, featureless call."""
-    unused = lse
-    args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, OutPart=part, LsePart=lse_part, Seqlens=lens, BatchIdx=unused,
-                BlockTable=unused, Alibi=unused, LeftPad=unused, RotaryCos=q, RotarySin=q, RotarySeqlens=unused,
-                Sinks=unused, CuSeqlensQ=unused, KDescale=unused, VDescale=unused, KeyMask=unused, Counters=counters)
+    ints, floats = lens, lse  # unread, but typed as the description types them (the JIT types by tensor)
+    args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, OutPart=part, LsePart=lse_part, Seqlens=lens, BatchIdx=ints,
+                BlockTable=ints, Alibi=floats, LeftPad=ints, RotaryCos=q, RotarySin=q, RotarySeqlens=ints,
+                Sinks=floats, CuSeqlensQ=ints, KDescale=floats, VDescale=floats, KeyMask=counters.view(torch.uint8),
+                Counters=counters)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
         args.update({f"stride_{name}b": t.stride(0), f"stride_{name}s": t.stride(1), f"stride_{name}h": t.stride(2)})
     args.update(stride_tb=0, stride_ab=0, stride_kdb=0, stride_kdh=0, stride_vdb=0, stride_vdh=0, stride_mb=0,
