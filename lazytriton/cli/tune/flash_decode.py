@@ -258,10 +258,10 @@ def _sweep(kernel: str, variants: dict[Case, list[Variant]], partner: dict[Case,
                 times[i].append(None)
                 continue
             times[i].append(ms if err <= MAX_ERROR and math.isfinite(ms) else None)
-    i = pick(score(times))
-    if i is None:
+    won = pick(score(times))
+    if won is None:
         return None
-    return i, [t for t in times[i] if t is not None]
+    return won, [t for t in times[won] if t is not None]
 
 
 def pick(scores: Sequence[tuple[float, float] | None]) -> int | None:

@@ -6,7 +6,8 @@ Each function takes FlashAttention-3's parameters, in its order and with its def
 FlashAttention-3 does. An argument lazytriton lacks raises ``peer_shim_common.MissingFeature``; the scheduling
 hints are checked and not used (``peer_shim_common``), and ``flash_attn_with_kvcache``'s ``rotary_seqlens`` is
 dropped without rotary tables (FlashAttention-3 reads it only with them; lazytriton refuses it alone). Every
-other argument reaches lazytriton as the peer gave it, so lazytriton's own checks judge it.
+other argument reaches lazytriton as the peer gave it, so lazytriton's own checks judge it. Importing it
+registers FlashAttention-3's torch ops (``lazytriton.flash_attn_3_ops``), as FlashAttention-3's module does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import torch
 from peer_shim_common import MissingFeature, check_hints, refuse
 
 import lazytriton
+from lazytriton import flash_attn_3_ops
+
+# FlashAttention-3's module loads its compiled ops (torch.ops.flash_attn_3.*) on import: these are lazytriton's.
+flash_attn_3_ops.register()
 
 __all__ = ["MissingFeature", "flash_attn_combine", "flash_attn_func", "flash_attn_qkvpacked_func",
            "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
