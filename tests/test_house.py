@@ -28,7 +28,7 @@ MAX_LINES = 500
 API_LAYER = {"interface.py", "preloading.py", "sdpa.py", "kvcache.py", "kvcache_op.py", "kvcache_varlen.py",
              "combine.py", "combine_op.py", "kvcache_slots.py", "kvcache_slots_op.py", "ops.py", "ops_varlen.py",
              "eager.py", "flash.py", "forward_routes.py", "fp8_calls.py", "fp8_op.py", "mla_calls.py",
-             "mla_op.py", "value_split.py"}
+             "mla_op.py", "value_split.py", "flash_attn_3_ops.py"}
 NOT_CORE_FOLDERS = {"cli", "integrations"}
 NAMES = tuple(sorted({*FAMILIES, *(kernel for kernels in FAMILIES.values() for kernel in kernels)}, key=len,
                      reverse=True))

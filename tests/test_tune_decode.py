@@ -147,21 +147,21 @@ def test_case_splits_is_the_calls_split_count() -> None:
 
 def test_score_is_the_worst_and_the_geometric_mean_over_each_cases_best() -> None:
     # candidate 0: 1x and 4x the best; candidate 1: 2x and 2x; candidate 2 failed a case
-    scores = tune_decode.score([[1.0, 4.0], [2.0, 1.0], [None, 0.5]])
+    scores = common.score([[1.0, 4.0], [2.0, 1.0], [None, 0.5]])
     assert scores[0] == (pytest.approx(8.0), pytest.approx(math.sqrt(1 * 8)))
     assert scores[1] == (pytest.approx(2.0), pytest.approx(2.0))
     assert scores[2] is None
-    assert tune_decode.score([]) == []
+    assert common.score([]) == []
 
 
 def test_the_winner_loses_least_on_its_worst_case_then_on_the_geometric_mean() -> None:
     # a tile 3% faster on three large batches but 12% slower at batch 1 loses to the even one
     times = [[1.12, 1.0, 1.0, 1.0], [1.0, 1.03, 1.03, 1.03]]
-    assert tune_decode.pick(tune_decode.score(times)) == 1
+    assert common.pick(common.score(times)) == 1
     # worst ratios within WORST_SLACK tie, and the geometric mean decides
     times = [[1.01, 1.0, 1.0, 1.0], [1.0, 1.015, 1.015, 1.015]]
-    assert tune_decode.pick(tune_decode.score(times)) == 0
-    assert tune_decode.pick([None, None]) is None and tune_decode.pick([]) is None
+    assert common.pick(common.score(times)) == 0
+    assert common.pick([None, None]) is None and common.pick([]) is None
 
 
 def _costs(sweeps: dict[str, dict[Case, list[Variant]]], grid: list[Case]) -> dict[tuple[str, Case], float]:

@@ -9,8 +9,9 @@ head (column ``seqlen_q``: group size x queries) and the cache's capacity
 (column ``seqlen_k``); batch and layout are not in the key. So one row must
 serve batch 1 and batch 64, a contiguous and a paged cache: each bucket's
 candidates are timed on every case of the grid that falls in it (layouts x
-batches), and the winner is the candidate with the smallest geometric mean
-of its time over the case's best time (no case may be wrong). A paged case
+batches), and the winner is the candidate that loses least on its worst case
+against each case's best time, the geometric mean breaking near ties
+(``common.pick``; no case may be wrong). A paged case
 caps BLOCK_N at its page size, as dispatch does (pages no key tile divides
 are gathered, PAGE_GATHER=true, and cap nothing).
 
@@ -53,7 +54,6 @@ from lazytriton.tiles import Config
 from lazytriton.variant import Variant
 
 SPLIT, COMBINE = decode_dispatch.DECODE_KERNELS
-WORST_SLACK = 1.02  # worst ratios within 2% of the least one tie (pick)
 MAX_ERROR = 2e-2  # max abs error of batch 0's output against a float32 reference (bench_decode.py's rule)
 DEFAULT_BATCHES = (1, 8, 32, 64)
 DEFAULT_LENGTHS = (1024, 4096, 16384, 32768)
@@ -219,27 +219,6 @@ def case_splits(case: Case, block_m: int, block_n: int, slots: int) -> int:
     return binding.splits_for(call, block_m, block_n, slots, binding.min_split_keys(case.head_dim))
 
 
-def score(times: Sequence[Sequence[float | None]]) -> list[tuple[float, float] | None]:
-    """Each candidate's (worst, geometric mean) of its time over each case's best (pure); None: a case failed.
-
-    ``times[i][c]``: candidate i's ms on case c (None: wrong or failed). Candidates rank by the worst ratio
-    first (``pick``): one row serves a bucket's every batch, and a tile that wins the large batches by a few
-    percent while losing batch 1 (latency-bound, few programs) by 10% is the worse choice; the geometric mean
-    breaks ties.
-    """
-    cases = len(times[0]) if times else 0
-    best = [min((x for t in times if (x := t[c]) is not None), default=None) for c in range(cases)]
-    scores: list[tuple[float, float] | None] = []
-    for row in times:
-        if any(t is None for t in row) or any(b is None for b in best):
-            scores.append(None)
-            continue
-        ratios = [t / b for t, b in zip(row, best, strict=True)]  # type: ignore[operator]
-        scores.append((max(ratios, default=1.0),
-                       math.exp(math.fsum(math.log(r) for r in ratios) / max(1, cases))))
-    return scores
-
-
 def _sweep(kernel: str, variants: dict[Case, list[Variant]], partner: dict[Case, Variant], cases: Sequence[Case],
            timer: Timer, failed: frozenset[str]) -> tuple[int, list[float]] | None:
     """(index of the winning candidate, its ms per case) of one kernel over ``cases``, the partner fixed."""
@@ -258,23 +237,11 @@ def _sweep(kernel: str, variants: dict[Case, list[Variant]], partner: dict[Case,
                 times[i].append(None)
                 continue
             times[i].append(ms if err <= MAX_ERROR and math.isfinite(ms) else None)
-    won = pick(score(times))
+    won = common.pick(common.score(times))
     if won is None:
         return None
     return won, [t for t in times[won] if t is not None]
 
-
-def pick(scores: Sequence[tuple[float, float] | None]) -> int | None:
-    """The winner's index among ``score``'s answers (pure); None where none ran.
-
-    The least geometric mean among the candidates whose worst ratio is within ``WORST_SLACK`` of the least
-    worst one (a timing's noise is not a loss).
-    """
-    worst = min((s[0] for s in scores if s is not None), default=None)
-    if worst is None:
-        return None
-    near = [(s[1], i) for i, s in enumerate(scores) if s is not None and s[0] <= worst * WORST_SLACK]
-    return min(near)[1]
 
 
 class Won(NamedTuple):
