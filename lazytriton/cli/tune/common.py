@@ -1,6 +1,7 @@
 """What every family's tuner shares: compiling candidates, the shared-memory fit, the tables, the ranking.
 
-The ranking: candidates timed over several cases (``score``, ``pick``). The family tuners (``cli.tune.<family>``) call ``compile_all`` through this
+The ranking: candidates timed over several cases (``score``, ``pick``). The
+family tuners (``cli.tune.<family>``) call ``compile_all`` through this
 module, so a test replaces it in one place.
 """
 
