@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
+import pathlib
+import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from probe_decode_b1 import event_us, graphed  # noqa: E402
 
 HQ, HK, D, BLOCK_M = 32, 8, 128, 16
 GROUP = HQ // HK
@@ -94,27 +98,8 @@ def anatomy_kernel(Q, K, V, OutPart, LsePart, Seqlens, const_len, num_splits, st
 
 
 def graph_us(fn, launches: int = 50) -> float:
-    """µs a launch: ``launches`` launches captured in one CUDA graph, the replay's median of 7 event timings."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    times = []
-    for _ in range(7):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        graph.replay()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / launches)
-    return statistics.median(times)
+    """µs a launch: ``launches`` launches captured in one CUDA graph, the replay timed (probe_decode_b1's)."""
+    return event_us(graphed(fn, launches), 1) / launches
 
 
 def device_us(fn, name: str, launches: int = 50) -> float:

@@ -324,6 +324,17 @@ def _paged(cache: torch.Tensor, page: int, table: torch.Tensor) -> torch.Tensor:
     return pages
 
 
+def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page: int, gen: torch.Generator,
+             kwargs: dict[str, Any]) -> torch.Tensor:
+    """``flash_attn_with_kvcache`` over the caches as given (``page`` 0) or as pages of ``page`` keys, shuffled."""
+    if not page:
+        return lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)  # type: ignore[no-any-return]
+    table = torch.randperm(k_cache.shape[0] * k_cache.shape[1] // page, generator=gen)
+    table = table.reshape(k_cache.shape[0], -1).to(torch.int32)
+    return lazytriton.flash_attn_with_kvcache(  # type: ignore[no-any-return]
+        q, _paged(k_cache, page, table), _paged(v_cache, page, table), block_table=table, **kwargs)
+
+
 @pytest.mark.parametrize(("seqlen_q", "chunk", "causal", "window", "splits", "page"), [
     (1, 7, False, (-1, -1), 1, 0), (1, 16, True, (-1, -1), 3, 16), (5, 7, True, (9, -1), 3, 0),
     (5, 20, False, (-1, -1), 2, 8), (4, 3, True, (-1, -1), 0, 4), (6, 64, True, (2, -1), 4, 0)])
@@ -337,12 +348,7 @@ def test_kvcache_chunks_bottom_right_over_contiguous_and_paged_caches(seqlen_q: 
     lens = torch.tensor([40, 13, 57], dtype=torch.int32)
     kwargs: dict[str, Any] = {"cache_seqlens": lens, "causal": causal, "window_size": window, "num_splits": splits,
                               "attention_chunk": chunk}
-    if page:
-        table = torch.randperm(b * capacity // page, generator=gen).reshape(b, -1).to(torch.int32)
-        out = lazytriton.flash_attn_with_kvcache(q, _paged(k_cache, page, table), _paged(v_cache, page, table),
-                                                 block_table=table, **kwargs)
-    else:
-        out = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    out = _kvcache(q, k_cache, v_cache, page, gen, kwargs)
     ref_kwargs = {"causal": "bottom_right" if causal else False, "window_size": window, "attention_chunk": chunk}
     for i, length in enumerate(lens.tolist()):
         seq = [q[i:i + 1].transpose(1, 2), *(c[i:i + 1, :length].transpose(1, 2) for c in (k_cache, v_cache))]
@@ -366,12 +372,7 @@ def test_kvcache_chunks_count_from_the_left_pad(seqlen_q: int, chunk: int, causa
     pads = torch.tensor([5, 0, 33, 61], dtype=torch.int32)  # none a multiple of the chunks but 0
     kwargs: dict[str, Any] = {"cache_seqlens": lens, "cache_leftpad": pads, "causal": causal, "window_size": window,
                               "num_splits": splits, "attention_chunk": chunk}
-    if page:
-        table = torch.randperm(b * capacity // page, generator=gen).reshape(b, -1).to(torch.int32)
-        out = lazytriton.flash_attn_with_kvcache(q, _paged(k_cache, page, table), _paged(v_cache, page, table),
-                                                 block_table=table, **kwargs)
-    else:
-        out = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    out = _kvcache(q, k_cache, v_cache, page, gen, kwargs)
     ref_kwargs = {"causal": "bottom_right" if causal else False, "window_size": window, "attention_chunk": chunk}
     for i, (length, pad) in enumerate(zip(lens.tolist(), pads.tolist(), strict=True)):
         seq = [q[i:i + 1].transpose(1, 2), *(c[i:i + 1, pad:length].transpose(1, 2) for c in (k_cache, v_cache))]
