@@ -368,11 +368,22 @@ def _time_forced(inputs: dict[str, Any], split: Variant, combine: Variant, split
     return event_ms(lambda: binding.launch_gpu(t, out, lse, call, forced=(split, combine)), reps=reps)
 
 
-def splits_report(won: Won, cases: Sequence[Case], slots: int, reps: int) -> None:
-    """Print, per case, the heuristic's split count and time beside the best forced count's (GPU)."""
+def splits_report(won: Won, cases: Sequence[Case], reps: int) -> None:
+    """Print, per case, the heuristic's split count and time beside the best forced count's (GPU).
+
+    The heuristic's count is the one a call runs: its slots come from the loaded split kernel's shared memory
+    (``binding.gpu_slots``), not the most slots the sweeps assume.
+    """
+    import torch
+
+    from lazytriton import runtime
+    from lazytriton.kernels.flash_decode import binding
+
+    device = torch.cuda.current_device()
     for case in cases:
         inputs = make_inputs(case)
         split, combine = won.split[case], won.combine[case]
+        slots = binding.gpu_slots(device, getattr(runtime.get().kernel(split, device), "shared", 0))
         chosen = case_splits(case, int(split.get("BLOCK_M")), int(split.get("BLOCK_N")), slots)
         timed = {n: _time_forced(inputs, split, combine, n, reps) for n in sorted({1, 2, 4, 8, 16, 32, 64, chosen})}
         best = min(timed, key=timed.__getitem__)
@@ -404,7 +415,7 @@ def tune_group(target: Target, dtype: str, head_dim: int, cases: Sequence[Case],
                   f"{case.cache_len:>6}: BLOCK_N={v.get('BLOCK_N')} warps={v.get('num_warps')} "
                   f"stages={v.get('num_stages')} {case.bytes / won.ms[case] / 1e6:.0f} GB/s")
         if report:
-            splits_report(won, bucket_cases, slots, reps)
+            splits_report(won, bucket_cases, reps)
     return rows
 
 
