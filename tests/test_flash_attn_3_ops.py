@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import gpu
 from torch._C import parse_schema
 
 import lazytriton
@@ -199,3 +200,40 @@ def test_arguments_lazytriton_cannot_serve_are_refused_by_name() -> None:
                 cu_seqlens_k=_cu([8, 8]), max_seqlen_q=1)
     with pytest.raises(NotImplementedError, match="seqused_k"):
         OPS.bwd(q, q, k, v, q, torch.zeros(2, 4, 1), seqused_k=lens)
+
+
+@gpu
+def test_gpu_ops_serve_each_route_as_the_lazytriton_call() -> None:
+    """On a GPU, at real sizes: fwd (dense, KV cache paged with new keys), bwd and fwd_combine, bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    q, k, v = randn(2, 1024, 16, 128), randn(2, 1024, 4, 128), randn(2, 1024, 4, 128)
+    out, lse, *_ = OPS.fwd(q, k, v, is_causal=True)
+    ref, ref_lse, _ = lazytriton.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    dout = randn(*out.shape)
+    dq, dk, dv, *_ = OPS.bwd(dout, q, k, v, out, lse, is_causal=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    lazytriton.flash_attn_func(*leaves, causal=True).backward(dout)
+    assert all(torch.equal(g, t.grad) for g, t in zip((dq, dk, dv), leaves, strict=True))
+
+    pages = randn(64, 256, 4, 128), randn(64, 256, 4, 128)
+    table = torch.randperm(64, generator=gen, device="cuda").reshape(2, 32).to(torch.int32)
+    lens = torch.tensor([3000, 7000], dtype=torch.int32, device="cuda")
+    new = randn(2, 1, 4, 128), randn(2, 1, 4, 128)
+    caches = [tuple(p.clone() for p in pages) for _ in range(2)]
+    qd = randn(2, 1, 16, 128)
+    out, lse, *_ = OPS.fwd(qd, *caches[0], *new, seqused_k=lens, page_table=table, is_causal=True)
+    ref, ref_lse = lazytriton.flash_attn_with_kvcache(qd, *caches[1], *new, cache_seqlens=lens, block_table=table,
+                                                      causal=True, return_softmax_lse=True)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    assert all(torch.equal(a, r) for a, r in zip(caches[0], caches[1], strict=True))
+
+    parts = torch.randn(4, 2, 1, 16, 128, generator=gen, device="cuda")
+    lses = torch.randn(4, 2, 1, 16, generator=gen, device="cuda")
+    combined = OPS.fwd_combine(parts, lses, out_dtype=torch.bfloat16)
+    expected = lazytriton.flash_attn_combine(parts, lses, out_dtype=torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(combined, expected, strict=True))
