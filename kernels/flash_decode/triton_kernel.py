@@ -481,8 +481,8 @@ def flash_decode_split_kernel(
         tl.store(Lse + lse_rows, lse2 * LN2, mask=row_ok)
     else:
         part = lse_rows * num_splits + split
-        if EVEN_DV:  # head_dim_v is BLOCK_DV: rows a known 16 bytes apart and a mask constant along them,
-            # so each thread stores 16 bytes at a time, not 4
+        if EVEN_DV:  # head_dim_v is BLOCK_DV: no column mask (still 4-byte stores: OutPart's alignment is
+            # not among the description's aligned parameters)
             tl.store(OutPart + part[:, None] * BLOCK_DV + offs_dv[None, :], out, mask=row_ok[:, None])
         else:
             tl.store(OutPart + part[:, None] * head_dim_v + offs_dv[None, :], out,
