@@ -29,11 +29,13 @@ own Python functions make of them:
   does not read (its arguments are checked as FlashAttention-3 checks them).
 
 ``num_splits``, ``pack_gqa`` and ``sm_margin`` are scheduling hints: ``num_splits``
-reaches the KV-cache and packed calls, the others are not read. An argument
-lazytriton cannot serve (``q_descale`` on a KV-cache call, ``deterministic``
-with packed sequences' ``seqused_q``...) raises ``NotImplementedError`` naming
-it. Not registered by ``import lazytriton``: a real FlashAttention-3 install
-defines the same names, and ``register()`` leaves them to it.
+reaches the KV-cache and packed calls, the others are not read. ``bwd``'s
+``deterministic`` reaches a dense backward; a packed one is always bitwise
+reproducible. An argument lazytriton cannot serve (``q_descale`` on a KV-cache
+call, ``seqused_q`` or ``seqused_k`` on a dense call, new keys without a KV
+cache) raises ``NotImplementedError`` naming it. Not registered by ``import
+lazytriton``: a real FlashAttention-3 install defines the same names, and
+``register()`` leaves them to it.
 """
 
 from __future__ import annotations
