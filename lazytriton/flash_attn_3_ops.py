@@ -26,14 +26,15 @@ own Python functions make of them:
 - ``get_scheduler_metadata``: FlashAttention-3 precomputes its persistent
   scheduler's work split here; lazytriton's kernels need none, so it returns
   an empty int32 tensor, which ``fwd`` accepts as ``scheduler_metadata`` and
-  does not read (its arguments are checked as FlashAttention-3 checks them).
+  does not read (its sizes are checked: none negative, num_heads a multiple
+  of num_heads_k).
 
 ``num_splits``, ``pack_gqa`` and ``sm_margin`` are scheduling hints: ``num_splits``
 reaches the KV-cache and packed calls, the others are not read. ``bwd``'s
 ``deterministic`` reaches a dense backward; a packed one is always bitwise
 reproducible. An argument lazytriton cannot serve (``q_descale`` on a KV-cache
-call, ``seqused_q`` or ``seqused_k`` on a dense call, new keys without a KV
-cache) raises ``NotImplementedError`` naming it. Not registered by ``import
+call, ``seqused_q`` or ``seqused_k`` on a dense call, new keys or rotary on a
+packed call) raises ``NotImplementedError`` naming it. Not registered by ``import
 lazytriton``: a real FlashAttention-3 install defines the same names, and
 ``register()`` leaves them to it.
 """
