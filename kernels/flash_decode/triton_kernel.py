@@ -192,8 +192,8 @@ def _attend(acc, l_i, m_i, q, qv, K, V, BlockTable, k_base, v_base, start_n, off
     """One step of the online softmax over keys [start_n, start_n + BLOCK_N) (scores in base 2).
 
     Every step masks its keys and scores. A split reads a few blocks at decoding's shapes: one loop of masked
-    steps takes 4.2 µs where three loops (masked head, unmasked body, masked tail, each pipelined apart) took
-    6.2 at batch 1 with 1k keys and 16 splits (H100, ``experiments/probe_split_variants.py``), and a whole
+    steps takes 4.2 µs against 6.2 for three loops (masked head, unmasked body, masked tail, each pipelined
+    apart) at batch 1 with 1k keys and 16 splits (H100, ``experiments/probe_split_variants.py``), and a whole
     block's mask costs ~2% of the unmasked step.
 
     The tiles are converted to q's dtype as they are loaded (a no-op for a cache of q's dtype; float16 for a

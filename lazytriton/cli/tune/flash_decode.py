@@ -62,7 +62,7 @@ DEFAULT_PAGE = 256
 
 # (BLOCK_N, num_warps, num_stages) of the split kernel, BLOCK_M fixed by the rows (decode_rows_class).
 # Around the default (64, 4, 3; paged 5 stages): key tiles of 32-256 keys (16-64 KB of K and V a step at head dim
-# 128), 2-8 warps, 2-5 stages. One warp is left out: it took 1.5-2.5x the time of 2-4 warps at batch 1 (H100,
+# 128), 2-8 warps, 2-5 stages. One warp is left out: it takes 1.3-3x the time of 2-4 warps at batch 1 (H100,
 # ``experiments/probe_split_variants.py``).
 _SPLIT = ((64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 4, 5), (64, 8, 3), (64, 2, 3), (128, 4, 2), (128, 4, 3),
           (128, 4, 4), (128, 8, 3), (128, 8, 4), (32, 4, 2), (32, 4, 3), (32, 4, 5), (32, 2, 4), (256, 8, 2),
