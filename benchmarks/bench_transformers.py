@@ -18,9 +18,12 @@ implementations:
   lie closer than the bf16 noise between the two implementations (a tie, so
   neither answer is wrong): each divergence is reported with that gap and the
   rest of that sequence is not compared;
-- **throughput**: prefill ms and generation tokens/s (all sequences' new
-  tokens over the generate call's wall time, CUDA-synchronised, median of
-  ``--reps`` runs after a warmup run), for both;
+- **throughput**: prefill ms (a forward over the padded prompts,
+  CUDA-synchronised, median of ``--prefill-rounds`` rounds that each time
+  both implementations, in alternating order, after a warmup of each) and
+  generation tokens/s (all sequences' new tokens over the generate call's
+  wall time, CUDA-synchronised, median of ``--reps`` runs after a warmup
+  run), for both;
 - **the cache** (``--cache``): transformers' ``DynamicCache`` (default), or
   a ``StaticCache`` whose decoding steps ``generate`` compiles with
   ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs; on
@@ -55,6 +58,7 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--prefill-rounds", type=int, default=15,
+                   help="prefill timing rounds, each timing both implementations in alternating order (median)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
                    help="static: a StaticCache, decoding steps compiled (reduce-overhead, fullgraph)")
@@ -173,17 +179,22 @@ def logits_of(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor) -> t
         return model(input_ids=ids, attention_mask=mask).logits.float()  # type: ignore[no-any-return]
 
 
-def timed_prefill(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, reps: int, device: str) -> float:
-    model.set_attn_implementation(impl)
-    times = []
+def timed_prefills(model: Any, impls: Sequence[str], ids: torch.Tensor, mask: torch.Tensor, rounds: int,
+                   device: str) -> dict[str, float]:
+    """Median ms of a prefill forward per implementation: one warmup each, then ``rounds`` rounds that time every
+    implementation once, in alternating order, so a clock still ramping up or a neighbour's load falls on both."""
+    times: dict[str, list[float]] = {impl: [] for impl in impls}
     with torch.no_grad():
-        for _ in range(reps + 1):
-            sync(device)
-            t0 = time.perf_counter()
-            model(input_ids=ids, attention_mask=mask)
-            sync(device)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:]) * 1e3
+        for r in range(rounds + 1):
+            for impl in (impls if r % 2 == 0 else impls[::-1]):
+                model.set_attn_implementation(impl)
+                sync(device)
+                t0 = time.perf_counter()
+                model(input_ids=ids, attention_mask=mask)
+                sync(device)
+                if r:
+                    times[impl].append(time.perf_counter() - t0)
+    return {impl: statistics.median(t) * 1e3 for impl, t in times.items()}
 
 
 def cache_kwargs(cache: str, device: str) -> dict[str, Any]:
@@ -355,7 +366,7 @@ def main(argv: list[str]) -> int:
         lt_transformers.KEY_MASK_MIN_KEYS = args.key_mask_min_keys
     device = "cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda"
     if args.cpu_smoke:
-        args.batch, args.min_len, args.max_len, args.new_tokens, args.reps = 3, 3, 9, 4, 1
+        args.batch, args.min_len, args.max_len, args.new_tokens, args.reps, args.prefill_rounds = 3, 3, 9, 4, 1, 1
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     floor = args.floor if args.floor is not None else (1e-4 if dtype == torch.float32 else 0.05)
     model, config = build_model(args, device, dtype)
@@ -371,9 +382,9 @@ def main(argv: list[str]) -> int:
     logits_ok = errors["lazytriton"] <= 2 * errors["sdpa"] + floor
 
     launch_path = settle_helpers() if device == "cuda" else "interpreter"
-    outs, tok_s, prefill_ms, gc_meters = {}, {}, {}, {}
+    outs, tok_s, gc_meters = {}, {}, {}
+    prefill_ms = timed_prefills(model, ("sdpa", "lazytriton"), ids, mask, args.prefill_rounds, device)
     for impl in ("sdpa", "lazytriton"):
-        prefill_ms[impl] = timed_prefill(model, impl, ids, mask, args.reps, device)
         torch._dynamo.reset()  # a compiled step is the implementation's own
         generate(model, impl, ids, mask, args.new_tokens, device, args.cache)  # warmup (and compile)
         with GcMeter() as gc_meters[impl]:

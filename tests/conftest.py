@@ -109,12 +109,18 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     config.reset()
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter with this test's environment (plus ``env``)."""
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300,
+               safe_path: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with this test's environment (plus ``env``).
+
+    ``safe_path``: the working directory stays off ``sys.path`` (``python -P``), so the checkout's top-level
+    folders (``kernels/``) cannot shadow an installed package of the same name (Hugging Face's ``kernels``,
+    which transformers imports).
+    """
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run([sys.executable, *(["-P"] if safe_path else []), "-c", code], env=full_env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def recording_backend(graphs: list[str]) -> Any:

@@ -258,7 +258,7 @@ def test_gpu_transformers_static_cache_under_reduce_overhead_keeps_nothing_in_th
     """transformers' compiled decoding steps (StaticCache, CUDA graphs) through lazytriton: cudagraph trees' pool
     checks pass in every step of two generate calls, and the tokens are sdpa's (or part where sdpa saw a tie)."""
     pytest.importorskip("transformers", reason="transformers is not installed (GPU host: carry .whl-hf)")
-    done = run_python(FRESH_HF, timeout=600)
+    done = run_python(FRESH_HF, timeout=600, safe_path=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
     assert "not tracked as outputs" not in done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
