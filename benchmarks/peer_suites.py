@@ -11,6 +11,7 @@ text to --out. ``census`` collects the file without running it and classifies ea
 
     python3 benchmarks/peer_suites.py extract --git-dir MIRROR.git --peer-dir .peers/flash-attention
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --suite fa3 --sample 0.01
+    python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --suite fa2 --sample 0.002 --shard 1/3
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --device cpu --max-seqlen 128 \\
         --sample 0 --timeout 900 -- -k "test_flash_attn_output or test_flash_attn_combine"
     python3 benchmarks/peer_suites.py census --peer-dir .peers/flash-attention --suite fa2
@@ -61,8 +62,8 @@ def pytest_command(args: argparse.Namespace, peer: Path, summary: Path) -> list[
                "--peer-sample", str(args.sample), "--peer-every", str(args.every), "--peer-seed", str(args.seed),
                "--peer-min-per-function", str(args.min_per_function), "--peer-max-seqlen", str(args.max_seqlen),
                "--peer-timeout", str(args.timeout), "--peer-device", args.device, "--peer-summary", str(summary),
-               "--peer-meta", f"suite={args.suite}", "--peer-meta", f"file={test_file}",
-               "--peer-meta", f"peer_commit={commit}"]
+               "--peer-shard", args.shard, "--peer-meta", f"suite={args.suite}", "--peer-meta", f"file={test_file}",
+               "--peer-meta", f"peer_commit={commit}", "--peer-meta", f"shard={args.shard}"]
     return command + list(args.pytest_args)
 
 
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
                          f"{Path(__file__).name} extract --git-dir ... --peer-dir {args.peer_dir})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = out / f"peer_{args.suite}.json"
+    shard, shards = parse_shard(args.shard)
+    summary = out / (f"peer_{args.suite}.json" if shards == 1 else f"peer_{args.suite}_shard{shard}of{shards}.json")
     command = pytest_command(args, peer, summary)
     print("+", " ".join(command), flush=True)
     # The shim's folder as the working directory: `python -m` puts it first on sys.path, where the peer's own
@@ -143,6 +145,23 @@ def extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--shard K/N`` as (K, N), by the plugin's own rule (``peer_select.parse_shard``, in the shim's folder)."""
+    if str(SHIM) not in sys.path:
+        sys.path.insert(0, str(SHIM))
+    import peer_select
+
+    return peer_select.parse_shard(text)
+
+
+def _shard(text: str) -> str:
+    try:
+        parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--shard: {exc}") from None
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -154,6 +173,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--min-per-function", type=int, default=1)
     r.add_argument("--max-seqlen", type=int, default=0, help="drop cases with a seqlen* parameter over this (0: none)")
+    r.add_argument("--shard", type=_shard, default="0/1",
+                   help="K/N: shard K of N of the sampled cases (N runs with K = 0..N-1 run each case once)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds per phase of a case (0: none)")
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: the peer's device='cuda' tensors on CPU, kernels through Triton's interpreter")

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "peers" / "shim"))
-from peer_select import Case, rank, select  # noqa: E402 (the shim's folder is on the path first)
+from peer_select import Case, parse_shard, rank, select  # noqa: E402 (the shim's folder is on the path first)
 from peer_summary import Results, markdown, normalise  # noqa: E402
 
 RUNNER = REPO / "benchmarks" / "peer_suites.py"
@@ -61,6 +61,30 @@ def test_fraction_every_and_bounds() -> None:
         select(cases, fraction=1.5)
     with pytest.raises(ValueError, match="every"):
         select(cases, every=-1)
+
+
+def test_shards_split_the_sample_once_between_them() -> None:
+    cases = _cases({"test_a": 300, "test_b": 40, "test_c": 1})
+    whole = select(cases, fraction=0.5, seed=2)
+    shards = [select(cases, fraction=0.5, seed=2, shard=k, shards=3) for k in range(3)]
+    assert sorted(n for shard in shards for n in shard) == sorted(whole)  # every kept case in exactly one shard
+    assert all(set(a).isdisjoint(b) for i, a in enumerate(shards) for b in shards[i + 1:])
+    assert all(35 <= len(shard) <= 80 for shard in shards), [len(s) for s in shards]  # about 170 / 3 each
+    assert select(cases[::-1], fraction=0.5, seed=2, shard=1, shards=3) == shards[1][::-1]  # whatever the order
+    assert shards[0] == [n for n in whole if n in set(shards[0])]  # collection order
+    assert select(cases, fraction=0.5, seed=2, shard=0, shards=1) == whole
+    with pytest.raises(ValueError, match="shard"):
+        select(cases, shard=3, shards=3)
+
+
+@pytest.mark.parametrize("text,parsed", [("0/1", (0, 1)), ("2/3", (2, 3)), ("3/3", None), ("-1/2", None),
+                                         ("1", None), ("a/b", None), ("0/0", None)])
+def test_a_shard_is_k_of_n(text: str, parsed: tuple[int, int] | None) -> None:
+    if parsed is None:
+        with pytest.raises(ValueError, match="K/N"):
+            parse_shard(text)
+    else:
+        assert parse_shard(text) == parsed
 
 
 def test_the_summary_groups_failures_by_their_first_line() -> None:
@@ -175,6 +199,22 @@ def test_the_sample_of_a_run_is_the_same_every_run(tmp_path: Path) -> None:
     nodeids = [f"test_flash_attn.py::test_passes[{n}]" for n in range(1, 9)]
     cases = [Case("test_passes", nodeid, {}) for nodeid in nodeids]
     assert sorted(first["cases"]) == sorted(select(cases, fraction=0.4, seed=5))
+
+
+@pytest.mark.slow
+def test_the_shards_of_a_run_run_each_case_once(tmp_path: Path) -> None:
+    peer = fake_peer(tmp_path / "peer")
+    args = ("--device", "cpu", "--sample", "1.0", "--timeout", "0")
+    seen: list[str] = []
+    for k in range(2):
+        out = tmp_path / f"shard{k}"
+        done = subprocess.run([sys.executable, str(RUNNER), "run", "--peer-dir", str(peer), "--out", str(out), *args,
+                               "--shard", f"{k}/2", "--", "-k", "passes"],
+                              capture_output=True, text=True, timeout=900, check=False)
+        summary = json.loads((out / f"peer_fa3_shard{k}of2.json").read_text())
+        assert summary["shard"] == f"{k}/2", summary
+        seen += list(summary["cases"])
+    assert sorted(seen) == sorted(f"test_flash_attn.py::test_passes[{n}]" for n in range(1, 9)), done.stdout
 
 
 @pytest.mark.slow

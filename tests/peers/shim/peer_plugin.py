@@ -3,7 +3,7 @@
 Options (``benchmarks/peer_suites.py`` passes them):
 
 - ``--peer-sample F`` / ``--peer-every N`` / ``--peer-seed S`` / ``--peer-min-per-function M`` /
-  ``--peer-max-seqlen L``: which cases run (``peer_select``); the rest are deselected.
+  ``--peer-max-seqlen L`` / ``--peer-shard K/N``: which cases run (``peer_select``); the rest are deselected.
 - ``--peer-timeout T``: each phase of a case (setup, call, teardown) ends with ``PeerTimeout`` after T seconds
   (SIGALRM: on the main thread of a POSIX process; a kernel already launched on a GPU runs on).
 - ``--peer-device cpu``: the peer's tests hard-code ``device="cuda"``; on a machine without a GPU, every
@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 from peer_census import plain
-from peer_select import Case, select
+from peer_select import Case, parse_shard, select
 from peer_summary import Results, markdown
 from torch.overrides import TorchFunctionMode
 
@@ -70,6 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--peer-seed", type=int, default=0, help="seed of the sample")
     group.addoption("--peer-min-per-function", type=int, default=1, help="cases kept per function at least")
     group.addoption("--peer-max-seqlen", type=int, default=0, help="drop cases with a seqlen* parameter over this")
+    group.addoption("--peer-shard", default="0/1", help="K/N: run shard K of N of the kept cases (N runs cover all)")
     group.addoption("--peer-timeout", type=float, default=0.0, help="seconds per phase of a case (0: none)")
     group.addoption("--peer-device", choices=("cuda", "cpu"), default="cuda", help="cpu: map device cuda to CPU")
     group.addoption("--peer-collect", default=None, help="write every collected case as JSON lines here")
@@ -111,10 +112,11 @@ class PeerRun:
                 for case in cases:
                     f.write(json.dumps({"nodeid": case.nodeid, "function": case.function,
                                         "params": plain(case.params)}) + "\n")
+        shard, shards = parse_shard(config.getoption("--peer-shard"))
         kept = set(select(cases, fraction=config.getoption("--peer-sample"), every=config.getoption("--peer-every"),
                           seed=config.getoption("--peer-seed"),
                           min_per_function=config.getoption("--peer-min-per-function"),
-                          max_seqlen=config.getoption("--peer-max-seqlen")))
+                          max_seqlen=config.getoption("--peer-max-seqlen"), shard=shard, shards=shards))
         dropped = [item for item in items if item.nodeid not in kept]
         self.counts = {"collected": len(items), "selected": len(items) - len(dropped)}
         if dropped:
