@@ -1,4 +1,4 @@
-"""Run a peer's own test suite (FlashAttention-3's, FlashAttention-2's) against lazytriton, unchanged.
+"""Run a peer's own attention test suite (FlashAttention-3's and -2's, PyTorch's) against lazytriton, unchanged.
 
 The peer's test file imports its library by name (``flash_attn_interface``, ``flash_attn``); the shims in
 ``tests/peers/shim/`` provide those names over lazytriton's public functions and come first on the path, the
@@ -9,12 +9,20 @@ errored; failures grouped by their first line, which names the features lazytrit
 text to --out. ``census`` collects the file without running it and classifies each case by its parameters
 (``tests/peers/shim/peer_census.py``: the peer's own skips, what lazytriton's API expresses, what it lacks).
 
+PyTorch's ``test/test_transformers.py`` (``--suite torch``) calls torch's SDPA itself: the run loads
+``tests/peers/shim_torch/torch_route.py``, which serves each call a fused backend may take with lazytriton's
+drop-in and leaves the math backend's (the tests' references) to torch, and logs them; the run then classifies
+each case by what it did (``route_census.py``: torch only, through lazytriton and expressible, or a gap) into
+``peer_torch_census.json``/``.md`` beside the summary. Its checkout needs only that file
+(``extract --paths test/test_transformers.py`` from a PyTorch git directory).
+
     python3 benchmarks/peer_suites.py extract --git-dir MIRROR.git --peer-dir .peers/flash-attention
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --suite fa3 --sample 0.01
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --suite fa2 --sample 0.002 --shard 1/3
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --device cpu --max-seqlen 128 \\
         --sample 0 --timeout 900 -- -k "test_flash_attn_output or test_flash_attn_combine"
     python3 benchmarks/peer_suites.py census --peer-dir .peers/flash-attention --suite fa2
+    python3 benchmarks/peer_suites.py run --peer-dir .peers/pytorch --suite torch --device cpu --max-seqlen 128
 
 Exit status: pytest's (0 when every selected case passed, 1 when any failed, 2 and up for a usage error).
 """
@@ -34,12 +42,17 @@ SHIM = REPO / "tests" / "peers" / "shim"
 # it runs: all when empty). FlashAttention-3's kvcache tests are test_flash_attn.py's test_flash_attn_kvcache
 # (hopper/test_kvcache.py is a benchmark script that parses its own command line on import, and
 # hopper/test_attn_kvcache.py passes gqa_parallel= and descale_q=, which FlashAttention-3's interface no longer has).
+# PyTorch's attention tests (test/test_transformers.py) call torch's own SDPA: ``tests/peers/shim_torch``'s
+# plugin routes the calls a fused backend may serve to lazytriton's drop-in and logs them (TORCH_ROUTED).
 SUITES = {
     "fa3": ("hopper/test_flash_attn.py", ("hopper",), ()),
     "fa3-kvcache": ("hopper/test_flash_attn.py", ("hopper",), ("test_flash_attn_kvcache",)),
     "fa2": ("tests/test_flash_attn.py", ("tests",), ()),
+    "torch": ("test/test_transformers.py", ("test",), ()),
 }
-# suite -> the suite of peer_census.RULES that classifies its cases
+SHIM_TORCH = REPO / "tests" / "peers" / "shim_torch"
+TORCH_ROUTED = {"torch"}  # the suites run with the router (-p torch_route)
+# suite -> the suite of peer_census.RULES that classifies its cases (torch's: the run's route log instead)
 CENSUS_RULES = {"fa3": "fa3", "fa3-kvcache": "fa3", "fa2": "fa2"}
 # What `extract` takes from the peer's repository: the test files, their helpers, FlashAttention-2's package
 # (bert_padding, layers/rotary and its Triton kernel, which the tests import beside the shims).
@@ -64,13 +77,21 @@ def pytest_command(args: argparse.Namespace, peer: Path, summary: Path) -> list[
                "--peer-timeout", str(args.timeout), "--peer-device", args.device, "--peer-summary", str(summary),
                "--peer-shard", args.shard, "--peer-meta", f"suite={args.suite}", "--peer-meta", f"file={test_file}",
                "--peer-meta", f"peer_commit={commit}", "--peer-meta", f"shard={args.shard}"]
+    if args.suite in TORCH_ROUTED:
+        command += ["-p", "torch_route", "--torch-route-log", str(route_log(summary))]
     return command + list(args.pytest_args)
+
+
+def route_log(summary: Path) -> Path:
+    """The routed-calls log beside a run's summary (``peer_torch.json`` -> ``peer_torch_routes.jsonl``)."""
+    return summary.with_name(summary.stem + "_routes.jsonl")
 
 
 def environment(args: argparse.Namespace, peer: Path) -> dict[str, str]:
     """The run's environment: the shim first on PYTHONPATH, then the peer's helper folders."""
     _, folders, _ = SUITES[args.suite]
-    path = [str(SHIM), *(str(peer / folder) for folder in folders)]
+    path = [*([str(SHIM_TORCH)] if args.suite in TORCH_ROUTED else []), str(SHIM),
+            *(str(peer / folder) for folder in folders)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["LAZYTRITON_PEER_DIR"] = str(peer)
@@ -91,8 +112,20 @@ def run(args: argparse.Namespace) -> int:
     print("+", " ".join(command), flush=True)
     # The shim's folder as the working directory: `python -m` puts it first on sys.path, where the peer's own
     # flash_attn_interface.py (in its hopper/ folder) would otherwise be found before the shim.
+    log = route_log(summary)
+    log.unlink(missing_ok=True)
     done = subprocess.run(command, cwd=SHIM, env=environment(args, peer), check=False)
     print(f"summary: {summary} and {summary.with_suffix('.md')}")
+    if args.suite in TORCH_ROUTED and summary.is_file():
+        sys.path.insert(0, str(SHIM_TORCH))
+        import route_census
+
+        routes = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+        census = route_census.routed(json.loads(summary.read_text())["cases"], routes)
+        summary.with_name(summary.stem + "_census.json").write_text(json.dumps(census, indent=1) + "\n")
+        text = route_census.routed_markdown(census)
+        summary.with_name(summary.stem + "_census.md").write_text(text)
+        print(text, end="")
     return done.returncode
 
 
@@ -117,6 +150,9 @@ def census(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cases = Path(args.cases) if args.cases else out / f"cases_{args.suite}.jsonl"
+    if args.suite not in CENSUS_RULES:
+        raise SystemExit(f"--suite {args.suite}: no census of its collected cases; `run` classifies them by the "
+                         "calls each makes (its _census.md)")
     if not args.cases:
         peer = Path(args.peer_dir or "").resolve()
         if not args.peer_dir or not (peer / SUITES[args.suite][0]).is_file():
@@ -138,10 +174,11 @@ def extract(args: argparse.Namespace) -> int:
     peer.mkdir(parents=True, exist_ok=True)
     git = ["git", "--git-dir", args.git_dir]
     commit = subprocess.run([*git, "rev-parse", args.rev], capture_output=True, text=True, check=True).stdout.strip()
-    archive = subprocess.run([*git, "archive", commit, *EXTRACTED], capture_output=True, check=True).stdout
+    paths = args.paths.split(",") if args.paths else list(EXTRACTED)
+    archive = subprocess.run([*git, "archive", commit, *paths], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(peer)], input=archive, check=True)
     (peer / COMMIT_FILE).write_text(commit + "\n")
-    print(f"{peer}: {', '.join(EXTRACTED)} at {commit}")
+    print(f"{peer}: {', '.join(paths)} at {commit}")
     return 0
 
 
@@ -191,6 +228,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--git-dir", required=True, help="the peer's git directory (a bare mirror works)")
     e.add_argument("--peer-dir", required=True)
     e.add_argument("--rev", default="HEAD")
+    e.add_argument("--paths", default="", help="comma-separated paths to take (default: FlashAttention's "
+                   + ",".join(EXTRACTED) + "; PyTorch's: test/test_transformers.py)")
     e.set_defaults(func=extract)
     return p
 

@@ -356,3 +356,72 @@ def test_the_fa3_kvcache_suite_runs_the_kvcache_function_of_fa3s_file(tmp_path: 
     summary = json.loads((out / "peer_fa3-kvcache.json").read_text())
     assert summary["totals"] == {"passed": 3, "failed": 0, "skipped": 0, "errored": 0}, summary
     assert set(summary["functions"]) == {"test_flash_attn_kvcache"}
+
+
+TORCH_TEST = '''
+import unittest
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
+from test_cpp_extensions_open_device_registration import generate_faked_module
+
+
+class TestSDPAFake(TestCase):
+    @parametrize("seq_len_q", [3, 5, 900])
+    def test_fused_vs_math(self, seq_len_q):
+        g = torch.Generator().manual_seed(seq_len_q)
+        q, k, v = (torch.randn(1, 2, seq_len_q, 16, generator=g) for _ in range(3))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            out = scaled_dot_product_attention(q, k, v, is_causal=True)
+        with sdpa_kernel([SDPBackend.MATH]):
+            ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+        torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+    def test_fused_float64(self):
+        q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+        F.scaled_dot_product_attention(q, q, q)
+
+    def test_fused_misuse_raises_as_torch(self):
+        q = torch.randn(1, 2, 4, 8)
+        with self.assertRaises(RuntimeError):
+            F.scaled_dot_product_attention(q, q[:, :1, :, :6], q)
+
+    def test_wrong_answer(self):
+        q = torch.randn(1, 2, 4, 8)
+        self.assertEqual(F.scaled_dot_product_attention(q, q, q).sum().item(), 12345.0)
+
+    def test_torch_only(self):
+        self.assertEqual(1 + 1, 2)
+
+    def test_private_use(self):
+        generate_faked_module()
+
+
+instantiate_parametrized_tests(TestSDPAFake)
+'''
+
+
+@pytest.mark.slow
+def test_the_torch_suite_routes_fused_calls_to_lazytriton_and_counts_them(tmp_path: Path) -> None:
+    pytest.importorskip("expecttest", reason="torch.testing._internal needs expecttest (the test extras have it)")
+    peer = tmp_path / "pytorch"
+    (peer / "test").mkdir(parents=True)
+    (peer / "test" / "test_transformers.py").write_text(textwrap.dedent(TORCH_TEST))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(RUNNER), "run", "--peer-dir", str(peer), "--suite", "torch",
+                           "--device", "cpu", "--sample", "1.0", "--max-seqlen", "128", "--timeout", "0", "--out",
+                           str(out)], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr  # the float64 gap and the wrong answer fail
+    summary = json.loads((out / "peer_torch.json").read_text())
+    assert summary["totals"] == {"passed": 4, "failed": 2, "skipped": 1, "errored": 0}, summary
+    assert summary["functions"]["TestSDPAFake::test_fused_vs_math"]["passed"] == 2  # grouped: 900 keys dropped
+    census = json.loads((out / "peer_torch_census.json").read_text())
+    assert census["counts"] == {"run": 6, "skipped": 1, "torch_only": 1, "through_lazytriton": 5, "gap": 1,
+                                "expressible": 4, "expressible_passed": 3, "expressible_failed": 1}, census
+    refusal = "SDPATypeError: query must be float16, bfloat16 or float32, got torch.float64"
+    assert census["gaps"][0]["refusal"] == refusal
+    assert census["expressible_failed"] == ["test_transformers.py::TestSDPAFake::test_wrong_answer"]
+    assert "expressible 4 of 5 (80.0%)" in done.stdout

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import threading
 import types
@@ -33,7 +34,7 @@ import pytest
 import torch
 from peer_census import plain
 from peer_select import Case, parse_shard, select
-from peer_summary import Results, markdown
+from peer_summary import Results, function_of, markdown
 from torch.overrides import TorchFunctionMode
 
 SM90_PROPERTIES = types.SimpleNamespace(name="CPU (Triton's interpreter, as sm_90)", major=9, minor=0,
@@ -61,6 +62,32 @@ class CudaToCpu(TorchFunctionMode):
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
         return func(*args, **kwargs)
+
+
+# A sequence length in the name of a test torch's ``parametrize`` instantiated: ``..._seq_len_q_514_...``,
+# ``..._q_seq_len_11_...``, ``..._kv_seq_len_1030_...``, ``..._seq_len_8_...``.
+NAME_SEQLEN = re.compile(r"(?:^|_)((?:q_|kv_|k_)?seq_len(?:_q|_k)?)_(\d+)(?=_|$)")
+
+
+def case_of(item: pytest.Item) -> Case:
+    """The case of a collected item: its function and parameters.
+
+    A pytest-parametrised test (FlashAttention's) groups by its function name, its parameters the callspec's. A
+    test torch's ``parametrize``/``instantiate_device_type_tests`` made (PyTorch's suites: one unittest method a
+    case, ``TestSDPACPU::test_x_seq_len_q_4_..._cpu_float16``) groups by its class and the generic method's name
+    (``__wrapped__``); its parameters are the sequence lengths its name spells (``seqlen_*``: what
+    ``--peer-max-seqlen`` bounds).
+    """
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        return Case(item.nodeid.split("::", 1)[-1].split("[")[0], item.nodeid, callspec.params)
+    wrapped = getattr(getattr(item, "obj", None), "__wrapped__", None)
+    name = item.nodeid.split("::")[-1]
+    if wrapped is None or not isinstance(getattr(wrapped, "__name__", None), str):
+        return Case(item.nodeid.split("::", 1)[-1].split("[")[0], item.nodeid, {})
+    parent = item.nodeid.split("::")[-2] if item.nodeid.count("::") >= 2 else ""
+    params = {f"seqlen_{key}": int(value) for key, value in NAME_SEQLEN.findall(name[len(wrapped.__name__):])}
+    return Case(f"{parent}::{wrapped.__name__}" if parent else wrapped.__name__, item.nodeid, params)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -104,8 +131,7 @@ class PeerRun:
 
     @pytest.hookimpl(trylast=True)  # after -k and -m: the sample is of the cases they leave
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        cases = [Case(item.nodeid.split("::", 1)[-1].split("[")[0], item.nodeid,
-                      getattr(getattr(item, "callspec", None), "params", {})) for item in items]
+        cases = [case_of(item) for item in items]
         collect = config.getoption("--peer-collect")
         if collect:
             with open(collect, "w") as f:
@@ -117,6 +143,9 @@ class PeerRun:
                           seed=config.getoption("--peer-seed"),
                           min_per_function=config.getoption("--peer-min-per-function"),
                           max_seqlen=config.getoption("--peer-max-seqlen"), shard=shard, shards=shards))
+        for item, case in zip(items, cases, strict=True):
+            if case.function != function_of(item.nodeid):
+                item.user_properties.append(("peer_function", case.function))
         dropped = [item for item in items if item.nodeid not in kept]
         self.counts = {"collected": len(items), "selected": len(items) - len(dropped)}
         if dropped:

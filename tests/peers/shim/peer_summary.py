@@ -52,6 +52,7 @@ def message_of(report: Any) -> str:
 class Results:
     def __init__(self) -> None:
         self.cases: dict[str, tuple[str, str]] = {}  # nodeid -> (outcome, message)
+        self.functions: dict[str, str] = {}  # nodeid -> its test function, where the plugin named it
 
     def record(self, nodeid: str, outcome: str, message: str = "") -> None:
         """Set a case's outcome; a later failure or error replaces an earlier pass (a teardown's error)."""
@@ -64,7 +65,14 @@ class Results:
         self.cases[nodeid] = (outcome, message)
 
     def add(self, report: Any) -> None:
-        """Take one of pytest's test reports (a phase of a case) or collection reports."""
+        """Take one of pytest's test reports (a phase of a case) or collection reports.
+
+        A report whose ``user_properties`` hold ``("peer_function", name)`` (``peer_plugin`` adds it at
+        collection; it travels with xdist's reports) counts under that function instead of ``function_of``'s.
+        """
+        for key, value in getattr(report, "user_properties", ()) or ():
+            if key == "peer_function" and isinstance(value, str):
+                self.functions[report.nodeid] = value
         when = getattr(report, "when", None)
         if when is None:  # a collection report
             if report.failed:
@@ -83,7 +91,7 @@ class Results:
         functions: dict[str, dict[str, int]] = {}
         groups: dict[str, dict[str, dict[str, Any]]] = {"failures": {}, "skips": {}}
         for nodeid, (outcome, message) in self.cases.items():
-            function = function_of(nodeid)
+            function = self.functions.get(nodeid) or function_of(nodeid)
             totals[outcome] += 1
             functions.setdefault(function, dict.fromkeys(OUTCOMES, 0))[outcome] += 1
             if outcome == "passed":
