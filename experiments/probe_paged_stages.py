@@ -45,13 +45,18 @@ def override_rows(head_dim: int, lengths: list[int], block_n: int, warps: int, s
     return [record.replace(r, BLOCK_N=block_n, num_warps=warps, num_stages=stages) for r in rows]
 
 
-def run_bench(args: argparse.Namespace, rows: list[tuning.Row] | None, user_path: pathlib.Path,
-              out_csv: pathlib.Path) -> None:
+def write_user_table(rows: list[tuning.Row] | None, user_path: pathlib.Path) -> None:
+    """The user tuning table holding ``rows`` only (None: no user table: the shipped rows serve)."""
     if rows is None:
         user_path.unlink(missing_ok=True)
     else:
         user_path.parent.mkdir(parents=True, exist_ok=True)
         user_path.write_text(tuning.Table(rows).to_csv())
+
+
+def run_bench(args: argparse.Namespace, rows: list[tuning.Row] | None, user_path: pathlib.Path,
+              out_csv: pathlib.Path) -> None:
+    write_user_table(rows, user_path)
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode.py"), "--batches", args.batches,
                     "--lengths", args.lengths, "--layouts", "contiguous,paged", "--head-dims", str(args.head_dim),
                     "--csv", str(out_csv)], check=True, stdout=subprocess.DEVNULL)

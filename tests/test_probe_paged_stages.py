@@ -1,0 +1,68 @@
+"""experiments/probe_paged_stages.py on CPU: the rows it writes are what dispatch serves, and it leaves the user's
+tuning table as it found it (its timing needs a GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from lazytriton import target, tuning
+from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def probe() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("probe_paged_stages", REPO / "experiments" / "probe_paged_stages.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["probe_paged_stages"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_replaced_rows_are_the_tiles_dispatch_serves(probe: ModuleType, paged: bool) -> None:
+    rows = probe.override_rows(128, [16384, 32768], 64, 4, 5)
+    assert {r.seqlen_k for r in rows} == {16384, 32768}
+    table = tuning.merge(tuning.read_table(tuning.table_path(probe.SPLIT)), rows)
+    sm90 = target.target_from_cuda_capability(9, 0)
+    for capacity in (16384, 32768):
+        config, row = decode_dispatch.decode_config(probe.SPLIT, sm90, "bf16", 128, False, 4, capacity,
+                                                    256 if paged else 0, table, paged)
+        assert row is not None and (config.block_n, config.num_warps, config.num_stages) == (64, 4, 5)
+
+
+def test_a_head_dim_without_rows_is_refused(probe: ModuleType) -> None:
+    with pytest.raises(SystemExit, match="nothing to replace"):
+        probe.override_rows(96, [32768], 64, 4, 5)
+
+
+@pytest.mark.parametrize("had_table", [False, True])
+def test_the_users_table_is_restored_after_the_runs(probe: ModuleType, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, had_table: bool) -> None:
+    user = tmp_path / "tuning" / "flash_decode.csv"
+    monkeypatch.setattr(probe.tuning, "user_table_path", lambda kernel: user)
+    if had_table:
+        user.parent.mkdir(parents=True)
+        user.write_bytes(b"the user's own rows\n")
+    seen: list[str | None] = []
+
+    def fake_bench(args: argparse.Namespace, rows: list[tuning.Row] | None, path: Path, out_csv: Path) -> None:
+        probe.write_user_table(rows, path)
+        seen.append(path.read_text() if path.exists() else None)
+        out_csv.write_text("provider,layout,batch,cache_len,p50_ms,gb_s\n"
+                           "lazytriton,paged,1,32768,0.05,2500\nsdpa,paged,1,32768,0.048,2600\n")
+
+    monkeypatch.setattr(probe, "run_bench", fake_bench)
+    monkeypatch.setattr(sys, "argv", ["probe_paged_stages.py", "--lengths", "32k", "--stages", "2,5"])
+    probe.main()
+    assert seen[0] is None and all(text is not None and ",64,4," in text for text in seen[1:])
+    assert len(seen) == 3
+    assert (user.read_bytes() == b"the user's own rows\n") if had_table else not user.exists()
