@@ -74,11 +74,14 @@ def pytest_command(args: argparse.Namespace, peer: Path, summary: Path) -> list[
                "--rootdir", str((peer / test_file).parent), "-p", "peer_plugin", "-q", "-rN",
                "--peer-sample", str(args.sample), "--peer-every", str(args.every), "--peer-seed", str(args.seed),
                "--peer-min-per-function", str(args.min_per_function), "--peer-max-seqlen", str(args.max_seqlen),
-               "--peer-timeout", str(args.timeout), "--peer-device", args.device, "--peer-summary", str(summary),
+               "--peer-timeout", str(args.timeout), "--peer-summary", str(summary),
+               "--peer-device", "native" if args.suite in TORCH_ROUTED else args.device,
                "--peer-shard", args.shard, "--peer-meta", f"suite={args.suite}", "--peer-meta", f"file={test_file}",
                "--peer-meta", f"peer_commit={commit}", "--peer-meta", f"shard={args.shard}"]
     if args.suite in TORCH_ROUTED:
-        command += ["-p", "torch_route", "--torch-route-log", str(route_log(summary))]
+        command += ["-p", "torch_route", "--torch-route-log", str(route_log(summary)),
+                    "--torch-route-to", "torch" if args.torch_baseline else "lazytriton",
+                    "--peer-meta", f"route_to={'torch' if args.torch_baseline else 'lazytriton'}"]
     return command + list(args.pytest_args)
 
 
@@ -121,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         import route_census
 
         routes = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-        census = route_census.routed(json.loads(summary.read_text())["cases"], routes)
+        baseline = json.loads(Path(args.baseline).read_text())["cases"] if args.baseline else None
+        result = json.loads(summary.read_text())
+        census = route_census.routed(result["cases"], routes, baseline, result.get("timed_out_cases", ()))
         summary.with_name(summary.stem + "_census.json").write_text(json.dumps(census, indent=1) + "\n")
         text = route_census.routed_markdown(census)
         summary.with_name(summary.stem + "_census.md").write_text(text)
@@ -216,6 +221,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: the peer's device='cuda' tensors on CPU, kernels through Triton's interpreter")
     r.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder of the summary (default $OUT)")
+    r.add_argument("--torch-baseline", action="store_true",
+                   help="--suite torch: every SDPA call to torch's own function (what the file does without "
+                        "lazytriton against the installed torch)")
+    r.add_argument("--baseline", help="--suite torch: a --torch-baseline run's summary; its failures are not "
+                                      "counted against lazytriton in the census")
     r.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (-k, -x, -n 4, ...)")
     r.set_defaults(func=run)
     c = sub.add_parser("census", help="classify a peer's collected cases: expressible with lazytriton's API or not")

@@ -419,9 +419,31 @@ def test_the_torch_suite_routes_fused_calls_to_lazytriton_and_counts_them(tmp_pa
     assert summary["totals"] == {"passed": 4, "failed": 2, "skipped": 1, "errored": 0}, summary
     assert summary["functions"]["TestSDPAFake::test_fused_vs_math"]["passed"] == 2  # grouped: 900 keys dropped
     census = json.loads((out / "peer_torch_census.json").read_text())
-    assert census["counts"] == {"run": 6, "skipped": 1, "torch_only": 1, "through_lazytriton": 5, "gap": 1,
+    assert census["counts"] == {"run": 6, "skipped": 1, "fails_with_torch_alone": 0, "timed_out": 0, "torch_only": 1,
+                                "through_lazytriton": 5, "gap": 1,
                                 "expressible": 4, "expressible_passed": 3, "expressible_failed": 1}, census
     refusal = "SDPATypeError: query must be float16, bfloat16 or float32, got torch.float64"
     assert census["gaps"][0]["refusal"] == refusal
     assert census["expressible_failed"] == ["test_transformers.py::TestSDPAFake::test_wrong_answer"]
     assert "expressible 4 of 5 (80.0%)" in done.stdout
+
+
+def test_the_torch_census_leaves_out_torchs_own_failures_and_timeouts() -> None:
+    sys.path.insert(0, str(REPO / "tests" / "peers" / "shim_torch"))
+    import route_census
+
+    outcomes = {"f::a": "failed", "f::b": "failed", "f::c": "passed", "f::d": "failed", "f::e": "skipped",
+                "f::g": "failed"}
+    routes = [{"nodeid": "f::a", "lazytriton": 1, "torch": 1, "refused": []},
+              {"nodeid": "f::b", "lazytriton": 2, "torch": 0, "refused": []},
+              {"nodeid": "f::c", "lazytriton": 1, "torch": 1, "refused": ["SDPAError: misuse, as torch refuses"]},
+              {"nodeid": "f::d", "lazytriton": 1, "torch": 0, "refused": ["SDPATypeError: no float64 (1, 2)"]},
+              {"nodeid": "f::g", "lazytriton": 1, "torch": 0, "refused": ["SDPATypeError: no float64 (3, 4)"]}]
+    census = route_census.routed(outcomes, routes, baseline={"f::a": "failed", "f::c": "failed"},
+                                 timed_out=["f::b"])
+    assert census["counts"] == {"run": 5, "skipped": 1, "fails_with_torch_alone": 1, "timed_out": 1,
+                                "torch_only": 0, "through_lazytriton": 3, "gap": 2, "expressible": 1,
+                                "expressible_passed": 1, "expressible_failed": 0}
+    assert census["gaps"] == [{"refusal": "SDPATypeError: no float64 (#, #)", "count": 2,
+                               "cases": ["f::d", "f::g"]}]
+    assert "- expressible 1 of 3 (33.3%): passed 1, failed 0" in route_census.routed_markdown(census)

@@ -6,6 +6,8 @@ Options (``benchmarks/peer_suites.py`` passes them):
   ``--peer-max-seqlen L`` / ``--peer-shard K/N``: which cases run (``peer_select``); the rest are deselected.
 - ``--peer-timeout T``: each phase of a case (setup, call, teardown) ends with ``PeerTimeout`` after T seconds
   (SIGALRM: on the main thread of a POSIX process; a kernel already launched on a GPU runs on).
+- ``--peer-device native``: no mapping, the tests choose their devices (PyTorch's instantiate a class for each
+  device type present; a function mode would also turn off its modules' fast paths, which check for one).
 - ``--peer-device cpu``: the peer's tests hard-code ``device="cuda"``; on a machine without a GPU, every
   ``device`` argument naming CUDA and every ``.cuda()``/``.to("cuda")`` gives a CPU tensor while a case runs (a
   torch function mode), and ``torch.cuda.get_device_capability``/``get_device_properties`` describe an sm_90
@@ -99,7 +101,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--peer-max-seqlen", type=int, default=0, help="drop cases with a seqlen* parameter over this")
     group.addoption("--peer-shard", default="0/1", help="K/N: run shard K of N of the kept cases (N runs cover all)")
     group.addoption("--peer-timeout", type=float, default=0.0, help="seconds per phase of a case (0: none)")
-    group.addoption("--peer-device", choices=("cuda", "cpu"), default="cuda", help="cpu: map device cuda to CPU")
+    group.addoption("--peer-device", choices=("cuda", "cpu", "native"), default="cuda",
+                    help="cpu: map device cuda to CPU; native: the tests pick their devices (PyTorch's)")
     group.addoption("--peer-collect", default=None, help="write every collected case as JSON lines here")
     group.addoption("--peer-summary", default=None, help="write the results as JSON here (and .md beside)")
     group.addoption("--peer-meta", action="append", default=[], help="KEY=VALUE added to the summary")

@@ -106,8 +106,10 @@ class Results:
                 group["cases"].append(nodeid)
         ordered = {kind: sorted(g.values(), key=lambda g: (-g["count"], g["message"])) for kind, g in groups.items()}
         cases = {nodeid: outcome for nodeid, (outcome, _) in self.cases.items()}
-        timed_out = sum(1 for outcome, message in self.cases.values() if outcome != "passed" and message == TIMEOUT)
-        return {**meta, "totals": totals, "timed_out": timed_out, "functions": functions, **ordered, "cases": cases}
+        timed_out = [nodeid for nodeid, (outcome, message) in self.cases.items()
+                     if outcome != "passed" and message == TIMEOUT]
+        return {**meta, "totals": totals, "timed_out": len(timed_out), "functions": functions, **ordered,
+                "cases": cases, "timed_out_cases": timed_out}
 
 
 def markdown(summary: dict[str, Any]) -> str:

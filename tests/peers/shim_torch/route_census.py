@@ -6,6 +6,9 @@ FlashAttention suites'): ``torch_route``'s log says, for each case that ran, how
 (a fused backend allowed) and the first line of each it refused. Joined with the run's outcomes:
 
 - ``skipped``: the test skipped itself (a CUDA-only case on a CPU run, a backend the platform lacks, ...);
+- ``fails with torch alone``: the case failed in a baseline run (``--torch-baseline``: every call torch's), so
+  the file and the installed torch disagree whatever serves the calls: not counted;
+- ``timed out``: it ran past the run's time limit (the interpreter on a CPU run): not counted;
 - ``torch only``: no call reached lazytriton (the modules' fast paths, torch's backend choice, errors torch raises
   before any SDPA call): not about lazytriton;
 - ``through lazytriton``: at least one call it served. Of those, a case that failed after a refusal is a ``gap``
@@ -24,14 +27,17 @@ _NUMBER = re.compile(r"(?<![\w.:])[-+]?\d+(\.\d+)?([eE][-+]?\d+)?(?![\w])")
 EXAMPLES = 3
 
 
-def routed(outcomes: Mapping[str, str], routes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The census of a run: ``outcomes`` its summary's {node id: outcome}, ``routes`` the route log's lines."""
+def routed(outcomes: Mapping[str, str], routes: Iterable[Mapping[str, Any]],
+           baseline: Mapping[str, str] | None = None, timed_out: Iterable[str] = ()) -> dict[str, Any]:
+    """The census of a run: ``outcomes`` its summary's {node id: outcome}, ``routes`` the route log's lines,
+    ``baseline`` a baseline run's outcomes, ``timed_out`` the cases that ran past the time limit."""
     calls: dict[str, tuple[int, list[str]]] = {}
     for line in routes:
         served, refused = calls.get(line["nodeid"], (0, []))
         calls[line["nodeid"]] = (served + int(line["lazytriton"]), refused + [str(m) for m in line["refused"]])
-    counts = {"run": 0, "skipped": 0, "torch_only": 0, "through_lazytriton": 0, "gap": 0, "expressible": 0,
-              "expressible_passed": 0, "expressible_failed": 0}
+    late = set(timed_out)
+    counts = dict.fromkeys(("run", "skipped", "fails_with_torch_alone", "timed_out", "torch_only",
+                            "through_lazytriton", "gap", "expressible", "expressible_passed", "expressible_failed"), 0)
     gaps: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
     for nodeid, outcome in outcomes.items():
@@ -39,6 +45,12 @@ def routed(outcomes: Mapping[str, str], routes: Iterable[Mapping[str, Any]]) -> 
             counts["skipped"] += 1
             continue
         counts["run"] += 1
+        if outcome != "passed" and baseline is not None and baseline.get(nodeid) in ("failed", "errored"):
+            counts["fails_with_torch_alone"] += 1
+            continue
+        if nodeid in late:
+            counts["timed_out"] += 1
+            continue
         served, refused = calls.get(nodeid, (0, []))
         if served == 0:
             counts["torch_only"] += 1
@@ -66,7 +78,8 @@ def routed_markdown(census: Mapping[str, Any]) -> str:
     """The census as text: the counts, the fractions, the gaps by refusal, the expressible cases that failed."""
     c = census["counts"]
     lines = ["# PyTorch's attention tests through lazytriton", "",
-             f"- run {c['run']} (skipped {c['skipped']}): torch only {c['torch_only']}, through lazytriton "
+             f"- run {c['run']} (skipped {c['skipped']}): fails with torch alone {c['fails_with_torch_alone']}, "
+             f"timed out {c['timed_out']}, torch only {c['torch_only']}, through lazytriton "
              f"{c['through_lazytriton']}",
              f"- expressible {c['expressible']} of {c['through_lazytriton']}"
              + (f" ({100 * census['expressible_fraction']:.1f}%)" if census["expressible_fraction"] is not None else "")

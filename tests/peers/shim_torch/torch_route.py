@@ -11,6 +11,9 @@ Transformer layers call) before the test file is imported, with a router:
   What it refuses (float64, nested tensors, ...) raises, and the case fails with that message: a gap, counted;
 - the math backend alone: torch's own function (the reference).
 
+With ``--torch-route-to torch`` every call goes to torch's function, logged as above: the baseline run, whose
+failures are the file's own against the installed torch (the file and torch need not be of one version).
+
 Each case's calls are logged (``--torch-route-log PATH``, JSON lines: the node id, the calls lazytriton served,
 those torch's math served, and the first line of each refusal), so ``benchmarks/peer_suites.py`` tells the cases
 that exercise lazytriton from those that test torch alone (its module classes' fast paths, its backend choice).
@@ -42,6 +45,7 @@ class Calls:
 
 
 CALLS = Calls()
+ROUTE_TO = ["lazytriton"]  # the run's --torch-route-to
 
 
 def fused_backend_enabled() -> bool:
@@ -54,7 +58,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
                                  is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Any:
     """torch's SDPA signature: lazytriton's where a fused backend may serve, torch's math where only it may."""
-    if not fused_backend_enabled():
+    if ROUTE_TO[0] == "torch" or not fused_backend_enabled():
         CALLS.torch += 1
         return TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                           scale=scale, enable_gqa=enable_gqa)
@@ -63,16 +67,21 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
         return lazytriton.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     except Exception as exc:
+        if "PeerTimeout" in f"{type(exc).__name__}: {exc}":  # the case's time ran out inside the call
+            raise
         CALLS.refused.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:240])
         raise
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("peer").addoption("--torch-route-log", default=None,
-                                      help="append each case's routed SDPA calls here (JSON lines)")
+    group = parser.getgroup("peer")
+    group.addoption("--torch-route-log", default=None, help="append each case's routed SDPA calls here (JSON lines)")
+    group.addoption("--torch-route-to", choices=("lazytriton", "torch"), default="lazytriton",
+                    help="torch: every call to torch's own function (the baseline run)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    ROUTE_TO[0] = config.getoption("--torch-route-to")
     F.scaled_dot_product_attention = scaled_dot_product_attention
     config.pluginmanager.register(RouteLog(config.getoption("--torch-route-log")), "torch_route_log")
 
