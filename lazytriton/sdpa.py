@@ -10,6 +10,7 @@ re-exports its names lazily.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -198,8 +199,9 @@ def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mas
     """
     if isinstance(query, torch.Tensor) and query.dtype in binding.FP8_DTYPES:  # its modules imported then
         return _fp8(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks)
-    q4, k4, v4, call, out_shape = prepared(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                           softcap)
+    mode = causal_bias_mode(attn_mask, is_causal, query, key)
+    q4, k4, v4, call, out_shape = prepared(query, key, value, None if mode else attn_mask, dropout_p, is_causal,
+                                           scale, enable_gqa, softcap, mode)
     call = with_sinks(call, q4, sinks)
     out = interface.run(q4, k4, v4, call)[0]
     return out if out.shape == out_shape else out.reshape(out_shape)
@@ -239,10 +241,38 @@ def _fp8(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     return out if out.shape == out_shape else out.reshape(out_shape)
 
 
+def causal_bias_mode(attn_mask: Any, is_causal: Any, query: Any, key: Any) -> str | None:
+    """The causal mode a torch ``CausalBias`` mask stands for, or None for any other ``attn_mask``.
+
+    ``causal_upper_left`` is "top_left", ``causal_lower_right`` "bottom_right": torch serves such a mask as that
+    causal mask (its ``__torch_function__``), never as a tensor of values. Its sizes must be the call's, and
+    ``is_causal`` must be False (torch's own refusal, in torch's words).
+    """
+    bias_module = sys.modules.get("torch.nn.attention.bias")  # loaded wherever a CausalBias was made
+    if bias_module is None or not isinstance(attn_mask, bias_module.CausalBias):
+        return None
+    if is_causal:
+        raise SDPAError("CausalBias should not be used with causal=True")
+    sizes = (getattr(query, "shape", (0, 0))[-2], getattr(key, "shape", (0, 0))[-2])
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != sizes:
+        raise SDPAError(f"attn_mask is a CausalBias of ({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}) query and "
+                        f"key positions, but query and key have {sizes[0]} and {sizes[1]}")
+    variant = bias_module.CausalVariant
+    if attn_mask.variant == variant.UPPER_LEFT:
+        return "top_left"
+    if attn_mask.variant == variant.LOWER_RIGHT:
+        return "bottom_right"
+    raise SDPAError(f"attn_mask is a CausalBias of an unknown variant {attn_mask.variant!r}")
+
+
 def prepared(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-             dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool, softcap: float = 0.0
+             dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool, softcap: float = 0.0,
+             causal_mode: str | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, binding.Call, tuple[int, ...]]:
     """``masked``'s checks and layout: (q4, k4, v4, the checked call, the output's shape), nothing launched.
+
+    ``causal_mode`` ("top_left" or "bottom_right"): the causal mask a ``CausalBias`` stands for
+    (``causal_bias_mode``), taking is_causal's place.
 
     The call depends on the tensors' sizes, strides, dtype and device, the
     scale, the cap and the mask's bias (it holds the bias tensor, and dropout's
@@ -262,7 +292,7 @@ def prepared(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_m
                 raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape "
                                  f"{tuple(t.shape)}")
         q4, k4, v4, out_shape = layout(query, key, value, enable_gqa)
-        call = binding.check(q4, k4, v4, is_causal, scale, NAMES, softcap=softcap)
+        call = binding.check(q4, k4, v4, causal_mode or is_causal, scale, NAMES, softcap=softcap)
         bias = None if attn_mask is None else additive_bias(attn_mask, q4, out_shape, key.shape[-2], is_causal)
         call = interface.with_mods(call, q4, None, bias, dropout_p, NAMES)
     except SDPAError:
