@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from conftest import load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("probe_fwd_variants", REPO / "experiments" / "probe_fwd_variants.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["probe_fwd_variants"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("probe_fwd_variants")
 
 
 def test_a_variant_file_gives_its_own_kernel_function(probe: ModuleType) -> None:

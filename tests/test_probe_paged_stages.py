@@ -4,27 +4,19 @@ tuning table as it found it (its timing needs a GPU)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import load_experiment
 
 from lazytriton import target, tuning
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 
-REPO = Path(__file__).resolve().parent.parent
-
-
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("probe_paged_stages", REPO / "experiments" / "probe_paged_stages.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["probe_paged_stages"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("probe_paged_stages")
 
 
 @pytest.mark.parametrize("paged", [False, True])
