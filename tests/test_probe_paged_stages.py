@@ -14,6 +14,7 @@ from conftest import load_experiment
 from lazytriton import target, tuning
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 
+
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
     return load_experiment("probe_paged_stages")
