@@ -60,6 +60,11 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     """torch's SDPA signature: lazytriton's where a fused backend may serve, torch's math where only it may."""
     if ROUTE_TO[0] == "torch" or not fused_backend_enabled():
         CALLS.torch += 1
+        bias_type = type(attn_mask)
+        if bias_type.__name__ == "CausalBias" and hasattr(bias_type, "_dispatch"):
+            # torch's CausalBias serves itself when the function called is F.scaled_dot_product_attention, which
+            # is this one now: its own dispatch, whose inner SDPA calls come back here
+            return bias_type._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         return TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                           scale=scale, enable_gqa=enable_gqa)
     CALLS.lazytriton += 1
