@@ -22,7 +22,7 @@ each case by what it did (``route_census.py``: torch only, through lazytriton an
     python3 benchmarks/peer_suites.py run --peer-dir .peers/flash-attention --device cpu --max-seqlen 128 \\
         --sample 0 --timeout 900 -- -k "test_flash_attn_output or test_flash_attn_combine"
     python3 benchmarks/peer_suites.py census --peer-dir .peers/flash-attention --suite fa2
-    python3 benchmarks/peer_suites.py run --peer-dir .peers/pytorch --suite torch --device cpu --max-seqlen 128
+    python3 benchmarks/peer_suites.py run --peer-dir .peers/pytorch --suite torch --max-seqlen 128 --timeout 90
 
 Exit status: pytest's (0 when every selected case passed, 1 when any failed, 2 and up for a usage error).
 """
@@ -219,7 +219,8 @@ def parser() -> argparse.ArgumentParser:
                    help="K/N: shard K of N of the sampled cases (N runs with K = 0..N-1 run each case once)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds per phase of a case (0: none)")
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: the peer's device='cuda' tensors on CPU, kernels through Triton's interpreter")
+                   help="cpu: the peer's device='cuda' tensors on CPU, kernels through Triton's interpreter "
+                        "(not --suite torch, whose tests choose their devices)")
     r.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder of the summary (default $OUT)")
     r.add_argument("--torch-baseline", action="store_true",
                    help="--suite torch: every SDPA call to torch's own function (what the file does without "
