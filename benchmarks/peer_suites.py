@@ -34,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +76,7 @@ def pytest_command(args: argparse.Namespace, peer: Path, summary: Path) -> list[
                "--peer-sample", str(args.sample), "--peer-every", str(args.every), "--peer-seed", str(args.seed),
                "--peer-min-per-function", str(args.min_per_function), "--peer-max-seqlen", str(args.max_seqlen),
                "--peer-timeout", str(args.timeout), "--peer-summary", str(summary),
+               "--peer-deadline", str(time.time() + args.budget if args.budget > 0 else 0.0),
                "--peer-device", "native" if args.suite in TORCH_ROUTED else args.device,
                "--peer-shard", args.shard, "--peer-meta", f"suite={args.suite}", "--peer-meta", f"file={test_file}",
                "--peer-meta", f"peer_commit={commit}", "--peer-meta", f"shard={args.shard}"]
@@ -218,6 +220,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--shard", type=_shard, default="0/1",
                    help="K/N: shard K of N of the sampled cases (N runs with K = 0..N-1 run each case once)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds per phase of a case (0: none)")
+    r.add_argument("--budget", type=float, default=0.0,
+                   help="seconds for the whole run (0: none): the cases not started by then are skipped as not "
+                        "run, and the summary is still written (a GPU call's time limit)")
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: the peer's device='cuda' tensors on CPU, kernels through Triton's interpreter "
                         "(not --suite torch, whose tests choose their devices)")

@@ -218,6 +218,17 @@ def test_the_shards_of_a_run_run_each_case_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_spent_budget_skips_the_cases_left_and_still_writes_the_summary(tmp_path: Path) -> None:
+    peer = fake_peer(tmp_path / "peer")
+    # A budget spent before pytest has started: every case is over it, whatever the machine's speed.
+    _, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--sample", "1.0", "--timeout", "0",
+                            "--budget", "1e-6", "--", "-k", "passes")
+    assert set(summary["cases"].values()) == {"skipped"} and len(summary["cases"]) == 8, summary["cases"]
+    assert summary["selection"]["over_budget"] == 8
+    assert summary["skips"][0]["message"] == "not run: the run's --budget was spent"
+
+
+@pytest.mark.slow
 def test_a_hanging_case_ends_at_the_timeout(tmp_path: Path) -> None:
     peer = fake_peer(tmp_path / "peer")
     _, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--timeout", "1", "--", "-k", "hangs")

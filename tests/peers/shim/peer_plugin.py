@@ -4,6 +4,8 @@ Options (``benchmarks/peer_suites.py`` passes them):
 
 - ``--peer-sample F`` / ``--peer-every N`` / ``--peer-seed S`` / ``--peer-min-per-function M`` /
   ``--peer-max-seqlen L`` / ``--peer-shard K/N``: which cases run (``peer_select``); the rest are deselected.
+- ``--peer-deadline EPOCH``: a case whose setup starts after this time (``time.time()``) is skipped with
+  ``OVER_BUDGET``, so a run given a wall-clock budget still ends with its summary (xdist workers too).
 - ``--peer-timeout T``: each phase of a case (setup, call, teardown) ends with ``PeerTimeout`` after T seconds
   (SIGALRM: on the main thread of a POSIX process; a kernel already launched on a GPU runs on).
 - ``--peer-device native``: no mapping, the tests choose their devices (PyTorch's instantiate a class for each
@@ -27,6 +29,7 @@ import json
 import re
 import signal
 import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +44,9 @@ from torch.overrides import TorchFunctionMode
 
 SM90_PROPERTIES = types.SimpleNamespace(name="CPU (Triton's interpreter, as sm_90)", major=9, minor=0,
                                         total_memory=80 * 2**30, multi_processor_count=132)
+
+
+OVER_BUDGET = "not run: the run's --budget was spent"
 
 
 class PeerTimeout(Exception):
@@ -101,6 +107,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--peer-max-seqlen", type=int, default=0, help="drop cases with a seqlen* parameter over this")
     group.addoption("--peer-shard", default="0/1", help="K/N: run shard K of N of the kept cases (N runs cover all)")
     group.addoption("--peer-timeout", type=float, default=0.0, help="seconds per phase of a case (0: none)")
+    group.addoption("--peer-deadline", type=float, default=0.0,
+                    help="skip the cases whose setup starts after this time.time() (0: none)")
     group.addoption("--peer-device", choices=("cuda", "cpu", "native"), default="cuda",
                     help="cpu: map device cuda to CPU; native: the tests pick their devices (PyTorch's)")
     group.addoption("--peer-collect", default=None, help="write every collected case as JSON lines here")
@@ -121,7 +129,8 @@ class PeerRun:
         self.saved: dict[str, Any] = {}
         self.cpu = config.getoption("--peer-device") == "cpu"
         self.timeout = config.getoption("--peer-timeout")
-        self.counts = {"collected": 0, "selected": 0}
+        self.deadline = config.getoption("--peer-deadline")
+        self.counts = {"collected": 0, "selected": 0, "over_budget": 0}
         if self.cpu:
             self.saved = {"get_device_capability": torch.cuda.get_device_capability,
                           "get_device_properties": torch.cuda.get_device_properties}
@@ -150,7 +159,7 @@ class PeerRun:
             if case.function != function_of(item.nodeid):
                 item.user_properties.append(("peer_function", case.function))
         dropped = [item for item in items if item.nodeid not in kept]
-        self.counts = {"collected": len(items), "selected": len(items) - len(dropped)}
+        self.counts = {"collected": len(items), "selected": len(items) - len(dropped), "over_budget": 0}
         if dropped:
             items[:] = [item for item in items if item.nodeid in kept]
             config.hook.pytest_deselected(items=dropped)
@@ -171,6 +180,8 @@ class PeerRun:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        if self.deadline and time.time() > self.deadline:
+            pytest.skip(OVER_BUDGET)  # before the fixtures: the case costs nothing
         with self.timed():
             yield
 
@@ -186,6 +197,8 @@ class PeerRun:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.results.add(report)
+        if report.skipped and OVER_BUDGET in str(report.longrepr):
+            self.counts["over_budget"] = self.counts.get("over_budget", 0) + 1
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         self.results.add(report)
@@ -210,6 +223,7 @@ class PeerRun:
         meta["selection"] = {name: config.getoption(f"--peer-{name}") for name in
                              ("sample", "every", "seed", "min-per-function", "max-seqlen", "timeout")}
         meta["selection"].update(self.counts)
+        meta["selection"]["deadline"] = self.deadline
         return self.results.summary(**meta)
 
 
