@@ -92,7 +92,7 @@ def with_mods(call: binding.Call, q: torch.Tensor, alibi_slopes: Any, bias: Any,
             and dropout_p == 0:
         return call
     p = check_dropout(names.dropout, dropout_p)
-    philox = score_mods.draw_philox(q.device) if p > 0.0 else None
+    philox = score_mods.draw_philox(q.device, score_mods.dense_elements(call)) if p > 0.0 else None
     return score_mods.with_mods(call, q, index_tensor(alibi_slopes), bias, p, philox, names)
 
 
@@ -220,9 +220,11 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             (head_dim_v, up to 512; out then has it).
         dropout_p: dropout probability in [0, 1), applied whenever it is > 0
             (pass 0.0 for evaluation, as with FlashAttention). The mask comes
-            from Philox, seeded by a [seed, offset] pair drawn on q's device
-            from torch's generator at each call: ``torch.manual_seed``
-            reproduces it, a CUDA graph replays with fresh randomness, and
+            from curand's Philox stream, seeded by a [seed, offset] pair that
+            torch's generator gives at each call (on a CUDA device, its seed and
+            offset, as for torch's memory-efficient attention, whose mask this
+            then is): ``torch.manual_seed`` reproduces it, a CUDA graph
+            replays with fresh randomness, and
             the backward regenerates the forward's mask. Kept probabilities
             are scaled by 1 / (1 - dropout_p); softmax_lse is that of the
             undropped scores.
@@ -473,7 +475,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     # Through the op, the op checks the values (one device-to-host read per call, not two).
     philox = None
     if p > 0.0 and isinstance(q, torch.Tensor):  # drawn only for a call whose q is a tensor: check names the rest
-        philox = score_mods.draw_philox(q.device)
+        philox = score_mods.draw_philox(q.device, score_mods.packed_elements(q, k))
     call = varlen.check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         window_size, softcap, values=None if eager else False, alibi=alibi_slopes, dropout_p=p,
                         philox=philox, seqused_q=seqused_q, seqused_k=seqused_k, sinks=sinks,

@@ -164,9 +164,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             own dtype; 0 where it is -inf and on rows with every key
             masked). Not together with ``is_causal`` (torch raises too).
         dropout_p: dropout probability in [0, 1), applied whenever > 0 (as
-            torch's function does; pass 0.0 in evaluation): Philox seeded
-            from torch's generator on query's device, so ``torch.manual_seed``
-            reproduces it, but the mask is lazytriton's own, not torch's.
+            torch's function does; pass 0.0 in evaluation). On a CUDA
+            device the mask is torch's memory-efficient backend's: the same
+            Philox stream, seeded and offset by torch's CUDA generator, which
+            advances as for that backend, so after the same
+            ``torch.manual_seed`` both drop the same elements (inside a CUDA
+            graph or a compiled graph the pair is drawn on the device instead,
+            fresh at each replay).
         is_causal: top-left causal mask.
         scale: default 1/sqrt(head_dim).
         enable_gqa: allow heads_k to divide heads_q (GQA/MQA).

@@ -83,7 +83,8 @@ def attention(q: Any, k: Any, v: Any, causal: Any, scale: Any, names: Names, win
     call = binding.check(q, k, v1, causal, scale, names, window, softcap)
     call = binding.with_chunk(sinks.with_sinks(call, q, extras.sinks, names), extras.attention_chunk)
     if extras.alibi_slopes is not None or extras.dropout_p > 0.0:  # interface.with_mods' draw, once for both
-        philox = score_mods.draw_philox(q.device) if extras.dropout_p > 0.0 else None
+        philox = (score_mods.draw_philox(q.device, score_mods.dense_elements(call)) if extras.dropout_p > 0.0
+                  else None)
         call = score_mods.with_mods(call, q, index_tensor(extras.alibi_slopes), None, extras.dropout_p, philox, names)
     out1, lse = run(q, k, v1, call, extras.deterministic)
     out2, _ = run(q, k, v2, _second(call, v2), extras.deterministic)
@@ -105,7 +106,8 @@ def varlen_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     eager = (plain and all(t is None or type(t) is _Tensor for t in (cu_q, cu_k, used_q, used_k))
              and not grad_wanted(q, k, v, extras.sinks))
     p = extras.dropout_p
-    philox = score_mods.draw_philox(q.device) if p > 0.0 and isinstance(q, _Tensor) else None
+    philox = (score_mods.draw_philox(q.device, score_mods.packed_elements(q, k)) if p > 0.0 and isinstance(q, _Tensor)
+              else None)
     vc = varlen.check(q, k, v1, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
                       values=None if eager else False, alibi=alibi, dropout_p=p, philox=philox, seqused_q=used_q,
                       seqused_k=used_k, sinks=extras.sinks, attention_chunk=extras.attention_chunk)

@@ -5,8 +5,9 @@ each of out, lse, dq, dk, dv may be at most twice as far from a float64
 reference as the same-dtype PyTorch reference is, plus a small floor. ALiBi
 follows FlashAttention-2's ``attn_bias_from_alibi_slopes``; dropout is checked
 against the reference with the kernels' own keep mask (``dropout_keep``, a
-torch re-implementation of ``tl.rand``'s Philox, itself checked bit for bit
-against ``tl.rand``); the SDPA drop-in's masks against torch's own math
+torch re-implementation of curand's Philox stream, checked bit for bit
+against the kernels' masks here and against Random123's known answers and
+PyTorch's memory-efficient mask in ``test_dropout_stream.py``); the SDPA drop-in's masks against torch's own math
 backend in float64. On CPU the kernels run through Triton's interpreter; GPU
 tests (marked ``gpu``) repeat the checks at larger shapes and under CUDA graphs.
 """
@@ -108,7 +109,7 @@ def test_forward_and_backward_follow_flash_attentions_rule(case: Case) -> None:
     keep = None
     if case.dropout_p > 0:  # the mask the call drew: the same seed gives the same Philox pair
         torch.manual_seed(seed)
-        keep = dropout_keep(score_mods.draw_philox(q.device), (batch, case.heads[0], *case.seqlens), case.dropout_p)
+        keep = dropout_keep(score_mods.draw_philox(q.device, 0), (batch, case.heads[0], *case.seqlens), case.dropout_p)
     kwargs: dict[str, Any] = {"causal": "bottom_right" if case.causal else False, "alibi_slopes": slopes,
                               "dropout_p": case.dropout_p, "keep": keep, **features}
 
@@ -189,7 +190,7 @@ def test_the_kernels_masks_forward_and_backward_are_dropout_keep_bit_for_bit() -
     out, _ = lazytriton.attn_fwd(q, k, v, dropout_p=p)
     (dv,) = torch.autograd.grad(out, (v,), torch.eye(sq, d).expand(b, h, sq, d))
     torch.manual_seed(77)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (b, h, sq, sk), p)
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (b, h, sq, sk), p)
     assert 0.5 < keep.float().mean() < 0.9
     assert torch.equal(out[..., :sk] * (sk * (1 - p)) > 0.5, keep)
     assert torch.equal(dv[..., :sq].transpose(-1, -2) * (sk * (1 - p)) > 0.5, keep)
@@ -209,7 +210,7 @@ def test_dropout_keeps_each_element_with_probability_one_minus_p_and_preserves_t
     torch.manual_seed(1234)
     out, _ = lazytriton.attn_fwd(q, k, v, dropout_p=p)
     torch.manual_seed(1234)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (batch, 1, 8, 16), p)
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (batch, 1, 8, 16), p)
     n = keep.numel()
     assert abs(keep.float().mean().item() - (1 - p)) <= 6 * (p * (1 - p) / n) ** 0.5
     ref, _ = attention_reference(q1.double(), k1.double(), v1.double())
@@ -243,7 +244,7 @@ def test_the_backward_regenerates_the_forwards_mask() -> None:
     do = torch.randn_like(out)
     dq, dk, dv = torch.autograd.grad(out, leaves, do)
     torch.manual_seed(99)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (1, 2, 17, 19), 0.4)
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (1, 2, 17, 19), 0.4)
     exact = attention_backward_reference(q.double(), k.double(), v.double(), do.double(), dropout_p=0.4, keep=keep)
     for name, g, e in zip(("dq", "dk", "dv"), (dq, dk, dv), exact, strict=True):
         torch.testing.assert_close(g.double(), e, atol=2e-5, rtol=0, msg=name)
@@ -354,7 +355,7 @@ def test_sdpa_dropout_statistics_and_reproducibility() -> None:
     torch.manual_seed(5)
     b = lazytriton.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     torch.manual_seed(5)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (1, 2, 10, 12), 0.5)
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (1, 2, 10, 12), 0.5)
     exact, _ = attention_reference(q.double(), k.double(), v.double(), dropout_p=0.5, keep=keep)
     assert torch.equal(a, b)
     torch.testing.assert_close(a.double(), exact, atol=1e-5, rtol=0)
@@ -588,7 +589,7 @@ def test_gpu_alibi_dropout_follow_flash_attentions_rule(dtype: torch.dtype, caus
     out = lazytriton.flash_attn_func(*_bshd(*leaves), dropout_p=p, alibi_slopes=slopes, causal=causal).transpose(1, 2)
     got = torch.autograd.grad(out, leaves, do)
     torch.manual_seed(11)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (batch, heads[0], *seqlens), p)
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (batch, heads[0], *seqlens), p)
     kwargs: dict[str, Any] = {"causal": "bottom_right" if causal else False, "alibi_slopes": slopes,
                               "dropout_p": p, "keep": keep}
     ref_out, _ = attention_reference(q.double(), k.double(), v.double(), **kwargs)

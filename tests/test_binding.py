@@ -59,7 +59,7 @@ def test_pack_gives_every_parameter_of_the_description_in_order() -> None:
     assert not aligned  # odd strides: the ALIGN16 variant would be wrong
     # The score modifications: pointers, the slopes' batch stride, the bias's strides (0 where broadcast), dropout_p.
     bias = torch.randn(1, 4, 1, 7, dtype=q.dtype).expand(2, 4, 5, 7)
-    modded = score_mods.with_mods(call, q, torch.rand(2, 4), bias, 0.25, score_mods.draw_philox(q.device))
+    modded = score_mods.with_mods(call, q, torch.rand(2, 4), bias, 0.25, score_mods.draw_philox(q.device, 0))
     modded_ints = binding.pack(q, k, v, out, lse, modded)[0]
     for name, value in zip(binding.INT_PARAMS, modded_ints, strict=True):
         assert value == _expected(name, tensors, modded), name

@@ -252,7 +252,7 @@ def test_fa2_s_dmask_is_lazytritons_keep_mask_over_the_probabilities(shim: types
                                       return_attn_probs=True)
     assert torch.equal(out, want[0]) and torch.equal(lse, want[1])  # the same Philox pair: the same call
     torch.manual_seed(11)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (2, 4, 10, 10), 0.3)
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (2, 4, 10, 10), 0.3)
     probs = _fa2_keep_and_probs(q, k, causal, window, slopes)
     seen = probs > 0
     assert s_dmask.shape == (2, 4, 10, 10)
@@ -274,7 +274,7 @@ def test_fa2_varlen_s_dmask_holds_each_sequences_block(shim: types.SimpleNamespa
     out, lse, s_dmask = shim.fa2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, 0.25, causal=True,
                                                         return_attn_probs=True)
     torch.manual_seed(5)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (1, 2, 11, 11), 0.25)[0]
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (1, 2, 11, 11), 0.25)[0]
     assert s_dmask.shape == (2, 2, 7, 6)
     for b, (q0, q1, k0, k1) in enumerate(((0, 4, 0, 6), (4, 11, 6, 11))):
         probs = _fa2_keep_and_probs(q[None, q0:q1], k[None, k0:k1], True, (-1, -1), None)[0]

@@ -160,7 +160,7 @@ def test_dropout_gradient_is_torchs_dropped_and_rescaled_form() -> None:
     torch.manual_seed(17)
     _, got = _ours(q, k, v, mask, do, dropout_p=p)
     torch.manual_seed(17)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (1, 2, SQ, SK), p)
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (1, 2, SQ, SK), p)
     leaves = [t.double().requires_grad_() for t in (q, k, v, mask)]
     probs = torch.softmax(leaves[0] @ leaves[1].transpose(-1, -2) / math.sqrt(D) + leaves[3], dim=-1)
     out = (probs * keep / (1 - p)) @ leaves[2]

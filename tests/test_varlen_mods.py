@@ -88,7 +88,7 @@ def _packed_keep(case: Case, seed: int) -> torch.Tensor | None:
     if case.dropout_p == 0:
         return None
     torch.manual_seed(seed)  # the pair the call drew
-    return dropout_keep(score_mods.draw_philox(torch.device("cpu")),
+    return dropout_keep(score_mods.draw_philox(torch.device("cpu"), 0),
                         (1, case.heads[0], sum(case.lengths_q), sum(case.lengths_k)), case.dropout_p)
 
 
@@ -128,7 +128,7 @@ def test_the_packed_mask_forward_and_backward_is_dropout_keep_bit_for_bit() -> N
     out = lazytriton.flash_attn_varlen_func(q, k, v, cq, ck, max(lq), max(lk), dropout_p=p)
     (dv,) = torch.autograd.grad(out, (v,), do)
     torch.manual_seed(91)
-    keep = dropout_keep(score_mods.draw_philox(q.device), (1, h, sum(lq), sum(lk)), p)[0]
+    keep = dropout_keep(score_mods.draw_philox(q.device, 0), (1, h, sum(lq), sum(lk)), p)[0]
     a, b = cq.tolist(), ck.tolist()
     checked = 0
     for i, (nq, nk) in enumerate(zip(lq, lk, strict=True)):

@@ -183,7 +183,7 @@ def test_dropout_keeps_each_elements_packed_mask_bit() -> None:
                                             seqused_k=inputs["seqused_k"])
     dq, dk, dv = torch.autograd.grad(out, leaves, do)
     torch.manual_seed(7)  # the pair the call drew
-    keep = dropout_keep(score_mods.draw_philox(torch.device("cpu")), (1, 2, sum(case.spans_q), sum(case.spans_k)),
+    keep = dropout_keep(score_mods.draw_philox(torch.device("cpu"), 0), (1, 2, sum(case.spans_q), sum(case.spans_k)),
                         0.3)
     rows_q, rows_k = _used_rows(case.spans_q, case.lengths()[0]), _used_rows(case.spans_k, case.lengths()[1])
     assert (out[~rows_q] == 0).all() and (dq[~rows_q] == 0).all() and (dk[~rows_k] == 0).all()

@@ -158,8 +158,16 @@ def _modified(qk, rows, cols, seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, 
 
 @triton.jit
 def _kept(seed, drop_rows, cols, dropout_p):
-    """The forward's dropout keep mask, regenerated: ``tl.rand(seed, drop_rows + cols) >= p``."""
-    return tl.rand(seed, drop_rows + cols) >= dropout_p
+    """The forward's dropout keep mask, regenerated (``flash_fwd/triton_kernel.py``'s ``_kept``).
+
+    Element drop_rows + cols of curand's Philox4_32_10 stream for ``seed``, as ``curand_uniform`` makes it a
+    float, above p.
+    """
+    n = drop_rows + cols
+    w0, w1, w2, w3 = tl.randint4x(seed, n >> 2)
+    word = n & 3
+    x = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
+    return x.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10 > dropout_p
 
 
 @triton.jit

@@ -9,7 +9,7 @@ right side to 0, and the cap applies to the scaled scores. ALiBi follows its
 ``attn_bias_from_alibi_slopes`` (non-causal form, ``-slope * |i + seqlen_k -
 seqlen_q - j|``, also under a causal mask) and is added, like an additive bias,
 after the cap. Dropout takes an explicit keep mask (``dropout_keep`` computes the
-kernels' own, a torch re-implementation of ``tl.rand``'s Philox): kept
+kernels' own, a torch re-implementation of curand's Philox stream): kept
 probabilities are scaled by 1 / (1 - p), and lse stays the undropped one.
 Attention sinks follow FlashAttention-3's reference (``attention_ref`` in
 hopper/test_util.py of vLLM's fork, ``s_aux``) and transformers' gpt-oss eager
@@ -122,12 +122,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     return out, lse.float()
 
 
-# tl.rand's Philox 4x32-10 (triton/language/random.py, identical in Triton 3.6 and 3.9
-# apart from writing -x - 1 as ~x), on int64 tensors holding uint32 values.
+# Philox 4x32-10 (Salmon et al., Random123; curand's Philox4_32_10 and Triton's ``tl.randint4x``: the same
+# rounds, constants and key schedule), on int64 tensors holding uint32 values.
 _M32 = 0xFFFFFFFF
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
-_UNIFORM_SCALE = 4.6566127342e-10  # uint_to_uniform_float's for 32 bits
 
 
 def _mul_hi_lo(a: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,29 +136,42 @@ def _mul_hi_lo(a: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (u + (t >> 16)) >> 16, (((u & 0xFFFF) << 16) + t) & _M32
 
 
-def philox_uniform(seed: int, offsets: torch.Tensor) -> torch.Tensor:
-    """``tl.rand(seed, offsets)`` for int64 ``offsets`` (>= 0): float32 uniforms in [0, 1), bit for bit."""
-    c0, c1 = offsets & _M32, (offsets >> 32) & _M32
-    c2 = torch.zeros_like(c0)
-    c3 = torch.zeros_like(c0)
-    k0, k1 = seed & _M32, (seed >> 32) & _M32
+def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    """Philox 4x32-10 of the four 32-bit counter words (int64 tensors) under the two key words: four words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
     for _ in range(10):
         hi_b, lo_b = _mul_hi_lo(_ROUND_B, c2)
         hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)
         c0, c2, c1, c3 = hi_b ^ c1 ^ k0, hi_a ^ c3 ^ k1, lo_b, lo_a
         k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
-    x = torch.where(c0 >= 2**31, c0 - 2**32, c0)  # as int32
-    x = torch.where(x < 0, -x - 1, x).to(torch.int32)
-    return x.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
+    return c0, c1, c2, c3
+
+
+def philox_uniform(seed: int, offsets: torch.Tensor) -> torch.Tensor:
+    """Elements ``offsets`` (int64, >= 0) of curand's Philox4_32_10 stream for ``seed``: float32 in (0, 1].
+
+    Subsequence 0; element n is word ``n % 4`` of Philox(counter ``n // 4``, key ``seed``), made a float as
+    ``curand_uniform`` does: ``x * 2**-32 + 2**-33`` in float32. The kernels' dropout stream, bit for bit
+    (PyTorch's memory-efficient backend draws its own from this stream too).
+    """
+    block = offsets >> 2
+    zero = torch.zeros_like(block)
+    words = torch.stack(philox4x32((block & _M32, (block >> 32) & _M32, zero, zero),
+                                   (seed & _M32, (seed >> 32) & _M32)))
+    x = words.gather(0, (offsets & 3)[None]).squeeze(0)
+    return x.to(torch.float32) * torch.tensor(2.0**-32, dtype=torch.float32) + torch.tensor(2.0**-33,
+                                                                                            dtype=torch.float32)
 
 
 def dropout_keep(philox: torch.Tensor, shape: tuple[int, int, int, int], dropout_p: float) -> torch.Tensor:
     """The kernels' keep mask for (batch, heads_q, seqlen_q, seqlen_k), from their [seed, offset] tensor.
 
-    Element (b, h, i, j) is kept when ``tl.rand(seed, offset + ((b * heads_q +
-    h) * seqlen_q + i) * seqlen_k + j) >= dropout_p`` (both in float32).
+    Element (b, h, i, j) is kept when ``philox_uniform(seed, offset + ((b * heads_q + h) * seqlen_q + i) *
+    seqlen_k + j) > dropout_p`` (both in float32): PyTorch's memory-efficient attention's rule, so with its
+    seed and offset this is its ``_fill_mem_eff_dropout_mask_``.
     """
     seed, offset = (int(x) for x in philox.cpu())
     index = torch.arange(math.prod(shape), dtype=torch.int64) + offset
-    kept = philox_uniform(seed, index) >= torch.tensor(dropout_p, dtype=torch.float32)
+    kept = philox_uniform(seed % 2**64, index) > torch.tensor(dropout_p, dtype=torch.float32)
     return kept.reshape(shape).to(philox.device)

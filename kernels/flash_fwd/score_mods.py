@@ -3,7 +3,8 @@
 ``with_mods`` checks them and puts them into a checked call
 (``binding.Call``: its ``alibi``, ``bias``, ``dropout_p`` and ``philox``
 fields), naming the argument in any error, before anything runs;
-``draw_philox`` draws dropout's [seed, offset] on the device; ``mod_tensors``
+``draw_philox`` draws dropout's [seed, offset] (torch's CUDA generator's, on the
+device); ``mod_tensors``
 gives Triton's launchers (interpreter, JIT) a tensor for each of the three
 pointers. The kernels' flags are ``Call.mods``; the launch parameters come
 from ``binding.PARAM_SOURCES`` like every other.
@@ -11,6 +12,7 @@ from ``binding.PARAM_SOURCES`` like every other.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -76,14 +78,53 @@ def with_mods(call: Call, q: torch.Tensor, alibi: Any = None, bias: Any = None, 
     return call._replace(alibi=alibi, bias=bias, dropout_p=p, philox=philox)
 
 
-def draw_philox(device: torch.device) -> torch.Tensor:
-    """A fresh [seed, offset] for dropout, drawn on ``device`` from torch's generator.
+_GENERATOR_LOCK = threading.Lock()
 
-    Drawn on the device, not the host: ``torch.manual_seed`` reproduces it,
-    and inside a CUDA graph capture torch's own graph-safe RNG makes each
-    replay draw anew. Both below 2**62, so offset + element index never wraps.
+
+def draw_philox(device: torch.device, elements: int) -> torch.Tensor:
+    """Dropout's [seed, offset] for a call whose mask has ``elements`` entries (int64, on ``device``).
+
+    On a CUDA device, outside a graph capture and ``torch.compile``: the seed and Philox offset of torch's CUDA
+    generator, which then advances by ``elements`` rounded up to 4, as PyTorch's memory-efficient backend takes
+    them (``generator_pair``). The kernels' stream is that backend's, so after the same ``torch.manual_seed`` a
+    call drops the elements torch's would (``_fill_mem_eff_dropout_mask_`` builds its mask). Elsewhere (the CPU,
+    a capture, a compiled graph): drawn on the device by ``torch.randint``, which ``torch.manual_seed``
+    reproduces and each replay of a graph draws anew; both below 2**62, so offset + index never wraps.
     """
+    if device.type == "cuda" and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        seed, offset = generator_pair(torch.cuda.default_generators[index], elements)
+        pair = torch.tensor([seed, offset], dtype=torch.int64, pin_memory=True)
+        return pair.to(device, non_blocking=True)  # no host synchronisation (a pageable copy would wait)
     return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
+
+
+def dense_elements(call: Call) -> int:
+    """The entries of a dense call's dropout mask: batch x heads_q x seqlen_q x seqlen_k."""
+    b, hq, _, sq, sk, _ = call.shape
+    return b * hq * sq * sk
+
+
+def packed_elements(q: Any, k: Any) -> int:
+    """The entries of a packed call's mask: heads_q x total_q x total_k over (total, heads, dim) q and k.
+
+    0 for tensors of another shape, which the call's checks then refuse.
+    """
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 3 and k.dim() == 3:
+        return q.shape[0] * q.shape[1] * k.shape[0]
+    return 0
+
+
+def generator_pair(generator: Any, elements: int) -> tuple[int, int]:
+    """The (seed, offset) a Philox generator (torch's CUDA one) gives a call drawing ``elements`` numbers.
+
+    The generator's offset moves past them, rounded up to 4 (torch's ``philox_cuda_state``); the seed comes
+    back as a signed 64-bit integer, its bits unchanged.
+    """
+    with _GENERATOR_LOCK:
+        seed, offset = generator.initial_seed(), generator.get_offset()
+        generator.set_offset(offset + (elements + 3) // 4 * 4)
+    return (seed - 2**64 if seed >= 2**63 else seed), offset
 
 
 def mod_tensors(call: Call, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -101,16 +101,20 @@ Three more flags modify the scores, each off by default:
 - ``BIAS``: an additive bias (``Bias``, q's dtype, four 64-bit strides, 0 on
   broadcast dims), added likewise: SDPA's ``attn_mask``. A bias of -inf can
   hide every key of a row, so with it the unmasked blocks guard m = -inf too.
-- ``DROPOUT``: element (b, h, i, j) is kept when ``tl.rand(seed, offset +
-  ((b * Hq + h) * Sq + i) * Sk + j) >= dropout_p`` (64-bit index; with
+- ``DROPOUT``: element (b, h, i, j) is kept when element ``offset + ((b *
+  Hq + h) * Sq + i) * Sk + j`` of curand's Philox4_32_10 stream for ``seed``,
+  as ``curand_uniform`` makes it a float, is above dropout_p (64-bit index; with
   ``VARLEN`` the same over the packed (1, Hq, total_q, total_k) scores, i and
   j counted from the first packed row and key, so no two elements of the
   batch share an index; ``Philox``
   holds [seed, offset], drawn on the device by the caller), kept
   probabilities are scaled by 1 / (1 - p) at the end, and l, m (so lse) are
-  those of the undropped scores. ``tl.rand`` is the same Philox 4x32-10 in
-  Triton 3.6 and 3.9 (random.py differs only in writing -x - 1 as ~x), and
-  the backward calls it with the same arguments, so it regenerates the mask.
+  those of the undropped scores. That stream and rule are PyTorch's
+  memory-efficient backend's, so with the seed and offset torch's CUDA
+  generator hands it (``score_mods.draw_philox``) the mask is torch's
+  (``_fill_mem_eff_dropout_mask_``). ``tl.randint4x`` is the same Philox
+  4x32-10 in Triton 3.6 and 3.9, and the backward calls it with the same
+  arguments, so it regenerates the mask.
 
 ``BLOCK_DV``/``EVEN_DV`` (with the runtime ``head_dim_v``) are v's head dim,
 which may differ from q's and k's (DeepSeek's MLA: q/k 192, v 128): V is read,
@@ -178,11 +182,19 @@ def _modified(qk, rows, cols, seqlen_q, seqlen_k, slope2, bias_rows, stride_bn, 
 
 @triton.jit
 def _kept(seed, drop_rows, cols, dropout_p):
-    """Dropout's keep mask: (b, h, i, j) stays when ``tl.rand(seed, offset + ((b * Hq + h) * Sq + i) * Sk + j) >= p``.
+    """Dropout's keep mask, PyTorch's memory-efficient attention's rule.
+
+    (b, h, i, j) stays when element n = offset + ((b * Hq + h) * Sq + i) * Sk + j of curand's Philox4_32_10
+    stream for ``seed`` (word n % 4 of Philox(counter n // 4)), made a float as ``curand_uniform`` does
+    (x * 2**-32 + 2**-33), is above p.
 
     ``drop_rows`` is offset + ((b * Hq + h) * Sq + i) * Sk, in 64 bits.
     """
-    return tl.rand(seed, drop_rows + cols) >= dropout_p
+    n = drop_rows + cols
+    w0, w1, w2, w3 = tl.randint4x(seed, n >> 2)
+    word = n & 3
+    x = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
+    return x.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10 > dropout_p
 
 
 @triton.jit

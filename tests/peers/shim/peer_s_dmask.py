@@ -6,10 +6,10 @@ and the unnormalised probabilities ``exp(s - m)`` (its magnitude, m the running 
 
 - the mask is lazytriton's own: the call's Philox [seed, offset] pair is drawn from torch's generator on q's
   device, so ``replayed`` saves the generator's state, runs the call, and draws the same pair again from the saved
-  state; each element's keep bit then follows the kernels' rule, ``tl.rand(seed, offset + index) >= dropout_p``
-  with the index of element (b, h, i, j) dense, (h, packed row, packed key) packed (``dropout_keep`` of
-  ``lazytriton.kernels.flash_fwd.reference``, which lazytriton's tests hold bit for bit to the kernels'
-  ``tl.rand``; its ``philox_uniform`` computed here on q's device);
+  state; each element's keep bit then follows the kernels' rule, ``philox_uniform(seed, offset + index) >
+  dropout_p`` with the index of element (b, h, i, j) dense, (h, packed row, packed key) packed (``dropout_keep``
+  of ``lazytriton.kernels.flash_fwd.reference``, which lazytriton's tests hold bit for bit to the kernels'; its
+  ``philox_uniform`` computed here on q's device);
 - the magnitude is recomputed here in float32 from q and k (lazytriton's kernels do not write probabilities out),
   over one block the width of the row (the shim's ``_get_block_size_n`` says so), so ``m`` is the row maximum.
 
@@ -39,7 +39,7 @@ def replayed(device: torch.device, call: Callable[[], Any]) -> tuple[Any, torch.
     result = call()
     after = get()
     put(before)
-    philox = draw_philox(device)
+    philox = draw_philox(device, 0)  # the pair only: the state is put back next
     put(after)
     return result, philox
 
@@ -47,7 +47,8 @@ def replayed(device: torch.device, call: Callable[[], Any]) -> tuple[Any, torch.
 def _kept(philox: torch.Tensor, index: torch.Tensor, dropout_p: float) -> torch.Tensor:
     """The keep bits of the elements at ``index`` (int64, on the device the bits are wanted on)."""
     seed, offset = (int(x) for x in philox.cpu())
-    return philox_uniform(seed, index + offset) >= torch.tensor(dropout_p, dtype=torch.float32, device=index.device)
+    return philox_uniform(seed % 2**64, index + offset) > torch.tensor(dropout_p, dtype=torch.float32,
+                                                                       device=index.device)
 
 
 def _encoded(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
