@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         routes = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
         baseline = json.loads(Path(args.baseline).read_text())["cases"] if args.baseline else None
         result = json.loads(summary.read_text())
-        census = route_census.routed(result["cases"], routes, baseline, result.get("timed_out_cases", ()))
+        census = route_census.routed(result["cases"], routes, baseline, result.get("timed_out_cases", ()),
+                                     result.get("unraised_cases", ()))
         summary.with_name(summary.stem + "_census.json").write_text(json.dumps(census, indent=1) + "\n")
         text = route_census.routed_markdown(census)
         summary.with_name(summary.stem + "_census.md").write_text(text)

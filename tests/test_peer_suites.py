@@ -431,7 +431,7 @@ def test_the_torch_suite_routes_fused_calls_to_lazytriton_and_counts_them(tmp_pa
     assert summary["functions"]["TestSDPAFake::test_fused_vs_math"]["passed"] == 2  # grouped: 900 keys dropped
     census = json.loads((out / "peer_torch_census.json").read_text())
     assert census["counts"] == {"run": 6, "skipped": 1, "fails_with_torch_alone": 0, "timed_out": 0, "torch_only": 1,
-                                "through_lazytriton": 5, "gap": 1,
+                                "through_lazytriton": 5, "gap": 1, "serves_what_torch_refuses": 0,
                                 "expressible": 4, "expressible_passed": 3, "expressible_failed": 1}, census
     refusal = "SDPATypeError: query must be float16, bfloat16 or float32, got torch.float64"
     assert census["gaps"][0]["refusal"] == refusal
@@ -453,8 +453,40 @@ def test_the_torch_census_leaves_out_torchs_own_failures_and_timeouts() -> None:
     census = route_census.routed(outcomes, routes, baseline={"f::a": "failed", "f::c": "failed"},
                                  timed_out=["f::b"])
     assert census["counts"] == {"run": 5, "skipped": 1, "fails_with_torch_alone": 1, "timed_out": 1,
-                                "torch_only": 0, "through_lazytriton": 3, "gap": 2, "expressible": 1,
+                                "torch_only": 0, "through_lazytriton": 3, "gap": 2, "serves_what_torch_refuses": 0,
+                                "expressible": 1,
                                 "expressible_passed": 1, "expressible_failed": 0}
     assert census["gaps"] == [{"refusal": "SDPATypeError: no float64 (#, #)", "count": 2,
                                "cases": ["f::d", "f::g"]}]
     assert "- expressible 1 of 3 (33.3%): passed 1, failed 0" in route_census.routed_markdown(census)
+
+
+def test_the_torch_census_lists_the_cases_lazytriton_serves_where_the_test_expects_torchs_refusal() -> None:
+    sys.path.insert(0, str(REPO / "tests" / "peers" / "shim_torch"))
+    import route_census
+
+    outcomes = {"f::fp32_on_flash": "failed", "f::wrong": "failed", "f::gap": "failed", "f::fine": "passed"}
+    routes = [{"nodeid": n, "lazytriton": 1, "torch": 0, "refused": []} for n in ("f::fp32_on_flash", "f::wrong")]
+    routes += [{"nodeid": "f::gap", "lazytriton": 1, "torch": 0, "refused": ["SDPATypeError: no float64"]},
+               {"nodeid": "f::fine", "lazytriton": 1, "torch": 0, "refused": []}]
+    # f::gap's expected error did not come either, but lazytriton refused a call there: still a gap
+    census = route_census.routed(outcomes, routes, unraised=["f::fp32_on_flash", "f::gap"])
+    counts = census["counts"]
+    assert (counts["serves_what_torch_refuses"], counts["gap"], counts["expressible"]) == (1, 1, 2), counts
+    assert census["serves_what_torch_refuses"] == ["f::fp32_on_flash"]
+    assert census["expressible_failed"] == ["f::wrong"]
+    assert "- served what torch refuses 1" in route_census.routed_markdown(census)
+
+
+@pytest.mark.parametrize(("message", "unraised"), [
+    ("AssertionError: RuntimeError not raised by <lambda>", True),
+    ("AssertionError: RuntimeError not raised", True),
+    ("AssertionError: UserWarning not triggered", True),
+    ("Failed: DID NOT RAISE <class 'RuntimeError'>", True),
+    ('AssertionError: "No available kernel" does not match "Internal error"', False),
+    ("AssertionError: Tensor-likes are not close!", False),
+])
+def test_a_missing_expected_error_is_told_from_other_failures(message: str, unraised: bool) -> None:
+    results = Results()
+    results.record("f.py::test_a[0]", "failed", message)
+    assert results.summary()["unraised_cases"] == (["f.py::test_a[0]"] if unraised else [])

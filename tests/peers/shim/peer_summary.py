@@ -18,6 +18,8 @@ EXAMPLE_CASES = 3
 # wraps an exception raised inside a kernel in its own InterpreterError (once per nesting level), so every message
 # naming PeerTimeout is recorded as this one and counted in the summary's "timed_out".
 TIMEOUT = "peer_plugin.PeerTimeout: the case ran past --peer-timeout"
+# unittest's and pytest's words when an error or a warning the test expected did not come
+UNRAISED = re.compile(r"\b(\w*(Error|Exception|Warning)) not (raised|triggered)\b|\bDID NOT (RAISE|WARN)\b")
 
 
 def first_line(text: str) -> str:
@@ -108,8 +110,10 @@ class Results:
         cases = {nodeid: outcome for nodeid, (outcome, _) in self.cases.items()}
         timed_out = [nodeid for nodeid, (outcome, message) in self.cases.items()
                      if outcome != "passed" and message == TIMEOUT]
+        unraised = [nodeid for nodeid, (outcome, message) in self.cases.items()
+                    if outcome != "passed" and UNRAISED.search(first_line(message))]
         return {**meta, "totals": totals, "timed_out": len(timed_out), "functions": functions, **ordered,
-                "cases": cases, "timed_out_cases": timed_out}
+                "cases": cases, "timed_out_cases": timed_out, "unraised_cases": unraised}
 
 
 def markdown(summary: dict[str, Any]) -> str:

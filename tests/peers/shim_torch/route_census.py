@@ -12,8 +12,11 @@ FlashAttention suites'): ``torch_route``'s log says, for each case that ran, how
 - ``torch only``: no call reached lazytriton (the modules' fast paths, torch's backend choice, errors torch raises
   before any SDPA call): not about lazytriton;
 - ``through lazytriton``: at least one call it served. Of those, a case that failed after a refusal is a ``gap``
-  (what lazytriton's drop-in cannot express, grouped by the refusal); the rest are ``expressible``, passed or
-  failed.
+  (what lazytriton's drop-in cannot express, grouped by the refusal); a case that failed because an error or a
+  warning it expected did not come (``unraised``: ``RuntimeError not raised``, ``UserWarning not triggered``) and
+  lazytriton refused nothing is ``serves what torch refuses``: the test pins a limit of one of torch's backends
+  (float32 in its flash kernel, a mask with flash, a nondeterministic backward's warning) that lazytriton's
+  drop-in does not have, listed, not counted as expressible; the rest are ``expressible``, passed or failed.
 """
 
 from __future__ import annotations
@@ -28,16 +31,20 @@ EXAMPLES = 3
 
 
 def routed(outcomes: Mapping[str, str], routes: Iterable[Mapping[str, Any]],
-           baseline: Mapping[str, str] | None = None, timed_out: Iterable[str] = ()) -> dict[str, Any]:
+           baseline: Mapping[str, str] | None = None, timed_out: Iterable[str] = (),
+           unraised: Iterable[str] = ()) -> dict[str, Any]:
     """The census of a run: ``outcomes`` its summary's {node id: outcome}, ``routes`` the route log's lines,
-    ``baseline`` a baseline run's outcomes, ``timed_out`` the cases that ran past the time limit."""
+    ``baseline`` a baseline run's outcomes, ``timed_out`` the cases that ran past the time limit, ``unraised``
+    those that failed for want of an error or warning they expected."""
     calls: dict[str, tuple[int, list[str]]] = {}
     for line in routes:
         served, refused = calls.get(line["nodeid"], (0, []))
         calls[line["nodeid"]] = (served + int(line["lazytriton"]), refused + [str(m) for m in line["refused"]])
-    late = set(timed_out)
+    late, missing = set(timed_out), set(unraised)
     counts = dict.fromkeys(("run", "skipped", "fails_with_torch_alone", "timed_out", "torch_only",
-                            "through_lazytriton", "gap", "expressible", "expressible_passed", "expressible_failed"), 0)
+                            "through_lazytriton", "gap", "serves_what_torch_refuses", "expressible",
+                            "expressible_passed", "expressible_failed"), 0)
+    beyond: list[str] = []
     gaps: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
     for nodeid, outcome in outcomes.items():
@@ -64,6 +71,10 @@ def routed(outcomes: Mapping[str, str], routes: Iterable[Mapping[str, Any]],
             if len(group["cases"]) < EXAMPLES:
                 group["cases"].append(nodeid)
             continue
+        if outcome != "passed" and nodeid in missing:
+            counts["serves_what_torch_refuses"] += 1
+            beyond.append(nodeid)
+            continue
         counts["expressible"] += 1
         counts["expressible_passed" if outcome == "passed" else "expressible_failed"] += 1
         if outcome != "passed":
@@ -71,7 +82,8 @@ def routed(outcomes: Mapping[str, str], routes: Iterable[Mapping[str, Any]],
     through = counts["through_lazytriton"]
     return {"counts": counts, "expressible_fraction": counts["expressible"] / through if through else None,
             "passed_fraction": counts["expressible_passed"] / counts["expressible"] if counts["expressible"] else None,
-            "gaps": sorted(gaps.values(), key=lambda g: (-g["count"], g["refusal"])), "expressible_failed": failed}
+            "gaps": sorted(gaps.values(), key=lambda g: (-g["count"], g["refusal"])), "expressible_failed": failed,
+            "serves_what_torch_refuses": beyond}
 
 
 def routed_markdown(census: Mapping[str, Any]) -> str:
@@ -84,8 +96,12 @@ def routed_markdown(census: Mapping[str, Any]) -> str:
              f"- expressible {c['expressible']} of {c['through_lazytriton']}"
              + (f" ({100 * census['expressible_fraction']:.1f}%)" if census["expressible_fraction"] is not None else "")
              + f": passed {c['expressible_passed']}, failed {c['expressible_failed']}",
-             f"- gaps {c['gap']}", "", "## Gaps by refusal", ""]
+             f"- gaps {c['gap']}",
+             f"- served what torch refuses {c['serves_what_torch_refuses']} (the test expected torch's error or "
+             "warning)", "", "## Gaps by refusal", ""]
     lines += [f"- **{g['count']}** `{g['refusal']}`; e.g. {g['cases'][0]}" for g in census["gaps"]] or ["(none)"]
     lines += ["", "## Expressible cases that failed (their messages: the run's summary)", ""]
     lines += [f"- {nodeid}" for nodeid in census["expressible_failed"]] or ["(none)"]
+    lines += ["", "## Served what torch refuses (the error or warning the test expected did not come)", ""]
+    lines += [f"- {nodeid}" for nodeid in census["serves_what_torch_refuses"]] or ["(none)"]
     return "\n".join(lines) + "\n"
