@@ -223,6 +223,36 @@ def test_fa2_paged_varlen_takes_cu_seqlens_k_as_the_key_counts(shim: types.Simpl
     assert torch.equal(out, want)
 
 
+def test_fa2s_forward_op_is_the_paged_call_with_its_num_splits_rule(shim: types.SimpleNamespace) -> None:
+    """``_flash_attn_varlen_forward`` (FlashAttention-2's own test imports it): the paged call with its key counts
+    from seqused_k, (out, lse, S_dmask, rng_state); num_splits > 1 on a paged call refused as FlashAttention-2 does,
+    except where it swaps one query's head groups into rows."""
+    q = torch.randn(2, 4, 32, dtype=torch.float16)
+    k_cache = torch.randn(6, 4, 2, 32, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.tensor([[5, 0, 3], [1, 2, 4]], dtype=torch.int32)
+    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
+    used = torch.tensor([9, 12], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 21], dtype=torch.int32)
+    kwargs = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": 1, "max_seqlen_k": 12, "dropout_p": 0.0,
+              "softmax_scale": 32 ** -0.5, "causal": False, "window_size_left": -1, "window_size_right": 0,
+              "block_table": table, "seqused_k": used}
+    out, lse, s_dmask, rng_state = shim.fa2._flash_attn_varlen_forward(q, k_cache, v_cache, **kwargs)
+    want, want_lse, _ = lazytriton.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 1, 12,
+                                                          window_size=(-1, 0), block_table=table, seqused_k=used,
+                                                          return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse) and s_dmask is None
+    assert rng_state.dtype == torch.int64 and rng_state.shape == (2,)
+    explicit = shim.fa2._flash_attn_varlen_forward(q, k_cache, v_cache, **kwargs, num_splits=0)[0]
+    assert torch.equal(out, explicit)
+    with pytest.raises(RuntimeError, match="num_splits > 1 is not supported for varlen paged KV"):
+        shim.fa2._flash_attn_varlen_forward(q, k_cache, v_cache, **kwargs, num_splits=2)
+    swapped = dict(kwargs, window_size_right=-1)  # one query, GQA, no window: FlashAttention-2 splits these
+    assert shim.fa2._flash_attn_varlen_forward(q, k_cache, v_cache, **swapped, num_splits=2)[0].shape == q.shape
+    with pytest.raises(NotImplementedError, match="leftpad_k"):
+        shim.fa2._flash_attn_varlen_forward(q, k_cache, v_cache, **kwargs, leftpad_k=torch.zeros(2, dtype=torch.int32))
+
+
 def _fa2_keep_and_probs(q: torch.Tensor, k: torch.Tensor, causal: bool, window: tuple[int, int],
                         slopes: torch.Tensor | None) -> torch.Tensor:
     """The float64 softmax of (batch, seqlen, heads, d) q and k, as the peer's normalize_flash_attn_S gives it."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import peer_s_dmask
 import torch
+from peer_shim_common import refuse
 
 import lazytriton
 from lazytriton.window import window_pair
@@ -84,9 +85,17 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            deterministic: bool = False, return_attn_probs: bool = False,
                            block_table: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_varlen_func``: ``lazytriton.flash_attn_varlen_func``."""
-    seqused_k = None
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                   window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, None)
+
+
+def _varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+            dropout_p: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any, alibi_slopes: Any,
+            deterministic: Any, return_attn_probs: Any, block_table: Any, seqused_k: Any) -> Any:
+    """The packed call; paged (``block_table``), each sequence's key count is ``seqused_k``, else cu_seqlens_k's."""
     if block_table is not None and isinstance(cu_seqlens_k, torch.Tensor):  # the paged form's key counts
-        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        if seqused_k is None:
+            seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         cu_seqlens_k = None
         q, k, v = (t.detach() if isinstance(t, torch.Tensor) else t for t in (q, k, v))
     return _with_s_dmask(q, dropout_p, return_attn_probs, lambda: lazytriton.flash_attn_varlen_func(
@@ -96,6 +105,42 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         block_table=block_table, seqused_k=seqused_k), lambda philox: peer_s_dmask.packed(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, philox, dropout_p, softmax_scale, causal,
         window_pair(window_size), alibi_slopes))
+
+
+def _flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float,
+                               softmax_scale: float, causal: bool, window_size_left: int = -1,
+                               window_size_right: int = -1, softcap: float = 0.0,
+                               alibi_slopes: torch.Tensor | None = None, return_softmax: bool = False,
+                               block_table: torch.Tensor | None = None, leftpad_k: torch.Tensor | None = None,
+                               seqused_k: torch.Tensor | None = None, zero_tensors: bool = False,
+                               num_splits: int = 0) -> tuple[Any, Any, Any, Any]:
+    """FlashAttention-2's forward op: (out, softmax_lse, S_dmask, rng_state), its rule on ``num_splits``.
+
+    FlashAttention-2 splits a paged call's keys only where it swaps one query's head groups into rows (one query,
+    GQA, no window, no dropout, no ALiBi); elsewhere a paged call with ``num_splits`` > 1 is its error. lazytriton
+    chooses its own splits, so num_splits changes nothing else. ``zero_tensors`` (zeroing the outputs first) changes
+    no result. rng_state is dropout's [seed, offset] pair (zeros without dropout).
+    """
+    refuse("flash_attn_varlen_func", leftpad_k=leftpad_k)
+    swapped = (max_seqlen_q == 1 and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+               and q.shape[-2] > k.shape[-2] and window_size_left < 0 and window_size_right < 0 and dropout_p == 0
+               and alibi_slopes is None)
+    if block_table is not None and not swapped and num_splits > 1:
+        raise RuntimeError("num_splits > 1 is not supported for varlen paged KV")
+    device = q.device if isinstance(q, torch.Tensor) else None
+    rng_state = torch.zeros(2, dtype=torch.int64, device=device)
+
+    def call() -> Any:
+        return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                       causal, (window_size_left, window_size_right), softcap, alibi_slopes, False, True,
+                       block_table, seqused_k)
+
+    if isinstance(dropout_p, float) and dropout_p > 0 and device is not None:
+        (out, lse, s_dmask), rng_state = peer_s_dmask.replayed(device, call)
+    else:
+        out, lse, s_dmask = call()
+    return out, lse, s_dmask if return_softmax else None, rng_state
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
