@@ -219,15 +219,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         v: k's shape but for the head dim, which may differ from q's
             (head_dim_v, up to 512; out then has it).
         dropout_p: dropout probability in [0, 1), applied whenever it is > 0
-            (pass 0.0 for evaluation, as with FlashAttention). The mask comes
-            from curand's Philox stream, seeded by a [seed, offset] pair that
-            torch's generator gives at each call (on a CUDA device, its seed and
-            offset, as for torch's memory-efficient attention, whose mask this
-            then is): ``torch.manual_seed`` reproduces it, a CUDA graph
-            replays with fresh randomness, and
-            the backward regenerates the forward's mask. Kept probabilities
-            are scaled by 1 / (1 - dropout_p); softmax_lse is that of the
-            undropped scores.
+            (pass 0.0 for evaluation, as with FlashAttention). The mask is
+            curand's Philox stream from the [seed, offset] torch's generator
+            gives each call (on a GPU, torch's memory-efficient attention's
+            mask): ``torch.manual_seed`` reproduces it, a CUDA graph replays
+            with fresh randomness, and the backward regenerates the forward's
+            mask. Kept probabilities are scaled by 1 / (1 - dropout_p);
+            softmax_lse is that of the undropped scores.
         softmax_scale: default 1/sqrt(head_dim).
         causal: bottom-right aligned, as in FlashAttention 2.1+: query i sees
             key j when j <= i + seqlen_k - seqlen_q; a query that sees no key

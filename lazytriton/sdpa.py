@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lazytriton import interface
+from lazytriton import interface, sdpa_nested
 from lazytriton.forward_routes import WarmPathsLater
 from lazytriton.kernels.arguments import check_bool, check_dropout
 from lazytriton.kernels.flash_fwd import binding
@@ -175,6 +175,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         scale: default 1/sqrt(head_dim).
         enable_gqa: allow heads_k to divide heads_q (GQA/MQA).
 
+    Nested tensors (strided or jagged, (batch, heads, ragged seqlen,
+    head_dim) as torch takes them, mixed with dense inputs and broadcast as
+    torch does) run as one packed call and return a nested output of the
+    query's layout (``sdpa_nested``): no attn_mask, and is_causal only where
+    each sequence has as many queries as keys.
+
     Returns:
         The attention output, (..., heads_q, seqlen_q, head_dim_v), query's dtype.
         Differentiable with respect to any of query, key, value and a float
@@ -201,6 +207,20 @@ def masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mas
     query,), attention sinks (gpt-oss's), one logit a query head joining
     every row's denominator after the mask (differentiable).
     """
+    if sdpa_nested.given(query, key, value):
+        check_bool("is_causal", is_causal)
+        check_bool("enable_gqa", enable_gqa)
+        if softcap or sinks is not None:
+            raise SDPAError("softcap and sinks are not supported with nested tensors")
+        try:
+            check_dropout("dropout_p", dropout_p)
+            return sdpa_nested.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        except (SDPAError, SDPATypeError):
+            raise
+        except TypeError as exc:
+            raise SDPATypeError(str(exc)) from None
+        except ValueError as exc:
+            raise SDPAError(str(exc)) from None
     if isinstance(query, torch.Tensor) and query.dtype in binding.FP8_DTYPES:  # its modules imported then
         return _fp8(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks)
     mode = causal_bias_mode(attn_mask, is_causal, query, key)

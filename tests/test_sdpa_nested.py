@@ -1,0 +1,165 @@
+"""``lazytriton.scaled_dot_product_attention`` on nested tensors, as torch's SDPA takes them.
+
+Inputs (batch, heads, ragged seqlen, head_dim), the ``transpose(1, 2)`` of nested tensors of (seqlen, heads,
+head_dim) sequences, strided or jagged, mixed with dense ones and broadcast as torch broadcasts them (a batch of 1,
+one head). Each output sequence and each gradient is checked with FlashAttention's rule against the float64
+attention of that sequence alone, and the output keeps the query's layout. On CPU the kernels run through Triton's
+interpreter; the GPU test compares with torch's own fused backend on the same nested inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flash_rule import check_rule
+from test_flash_bwd import GRAD_FLOOR
+from test_flash_fwd import OUT_FLOOR, on_gpu
+
+import lazytriton
+from lazytriton.sdpa import SDPAError, SDPATypeError
+
+LAYOUTS = [torch.strided, torch.jagged]
+
+
+def _leaves(lengths: list[int], heads: int, dim: int, dtype: torch.dtype, seed: int,
+            device: str = "cpu") -> list[torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return [torch.randn(n, heads, dim, generator=gen, device=device, dtype=dtype).requires_grad_() for n in lengths]
+
+
+def _nested(leaves: list[torch.Tensor], layout: torch.layout) -> torch.Tensor:
+    """(batch, heads, ragged, dim): the nested tensor of (seqlen, heads, dim) leaves, transposed as SDPA takes it."""
+    return torch.nested.as_nested_tensor(leaves, layout=layout).transpose(1, 2)
+
+
+def _sequence_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                        dtype: torch.dtype | None) -> torch.Tensor:
+    """One sequence's attention from (seqlen, heads, dim) tensors, in ``dtype`` (None: theirs), as (heads, s, dv)."""
+    cast = (lambda t: t.to(dtype)) if dtype is not None else (lambda t: t)
+    qh, kh, vh = (cast(t).transpose(0, 1) for t in (q, k, v))
+    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=qh.shape[0] != kh.shape[0])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("dtype", "causal"), [(torch.float16, False), (torch.bfloat16, True),
+                                               (torch.float32, False)])
+def test_each_sequence_and_its_gradients_follow_flash_attentions_rule(layout: torch.layout, dtype: torch.dtype,
+                                                                      causal: bool) -> None:
+    lengths_q = [5, 1, 9]
+    lengths_k = lengths_q if causal else [7, 3, 2]
+    qs = _leaves(lengths_q, 4, 16, dtype, 1)
+    ks = _leaves(lengths_k, 2, 16, dtype, 2)
+    vs = _leaves(lengths_k, 2, 24, dtype, 3)  # v's head dim differs, as torch allows
+    out = lazytriton.scaled_dot_product_attention(_nested(qs, layout), _nested(ks, layout), _nested(vs, layout),
+                                                  is_causal=causal, enable_gqa=True)
+    assert out.is_nested and out.layout == layout and out.dim() == 4
+    pieces = out.unbind()
+    assert [tuple(p.shape) for p in pieces] == [(4, n, 24) for n in lengths_q]
+    gen = torch.Generator().manual_seed(4)
+    douts = [torch.randn(p.shape, generator=gen, dtype=dtype) for p in pieces]
+    grads = torch.autograd.grad(pieces, qs + ks + vs, douts)
+    for i, (q, k, v, dout) in enumerate(zip(qs, ks, vs, douts, strict=True)):
+        exact = _sequence_reference(q, k, v, causal, torch.float64)
+        same = _sequence_reference(q, k, v, causal, None)
+        check_rule(f"out[{i}]", pieces[i], exact, same, OUT_FLOOR[dtype])
+        exact_grads = torch.autograd.grad(exact, (q, k, v), dout.double())
+        same_grads = torch.autograd.grad(same, (q, k, v), dout)
+        for name, g, e, s in zip("qkv", (grads[i], grads[3 + i], grads[6 + i]),
+                                 exact_grads, same_grads, strict=True):
+            check_rule(f"d{name}[{i}]", g, e, s, GRAD_FLOOR[dtype])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_dense_query_and_single_heads_broadcast_as_torch_broadcasts_them(layout: torch.layout) -> None:
+    """torch's own ``test_fused_kernels_nested_broadcasting_query_dense`` in small: a dense (1, heads, 1, d) query
+    serves every sequence, a value of one head serves every head."""
+    lengths = [3, 6, 1, 4]
+    gen = torch.Generator().manual_seed(7)
+    query = torch.randn(1, 4, 1, 16, generator=gen)
+    ks = _leaves(lengths, 4, 16, torch.float32, 8)
+    vs = _leaves(lengths, 1, 8, torch.float32, 9)
+    out = lazytriton.scaled_dot_product_attention(query, _nested(ks, layout), _nested(vs, layout))
+    assert out.is_nested and out.layout == layout
+    for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        q = query[0].transpose(0, 1)
+        want = _sequence_reference(q.double(), k.double(), v.double().expand(-1, 4, -1), False, None)
+        torch.testing.assert_close(out.unbind()[i].double(), want, atol=2e-6, rtol=0)
+
+
+def test_a_nested_input_of_one_sequence_serves_every_sequence_and_one_query_head_every_head() -> None:
+    qs = _leaves([2, 5, 3], 1, 16, torch.float32, 10)
+    ks = _leaves([4], 3, 16, torch.float32, 11)
+    vs = _leaves([4], 3, 16, torch.float32, 12)
+    out = lazytriton.scaled_dot_product_attention(_nested(qs, torch.strided), _nested(ks, torch.strided),
+                                                  _nested(vs, torch.strided))
+    for i, q in enumerate(qs):
+        want = _sequence_reference(q.double().expand(-1, 3, -1), ks[0].double(), vs[0].double(), False, None)
+        torch.testing.assert_close(out.unbind()[i].double(), want, atol=2e-6, rtol=0)
+
+
+def test_dropout_runs_on_nested_inputs_and_zero_dropout_is_the_plain_call() -> None:
+    qs = _leaves([6, 4], 2, 16, torch.float32, 13)
+    q = _nested(qs, torch.jagged)
+    plain = lazytriton.scaled_dot_product_attention(q, q, q)
+    torch.manual_seed(3)
+    dropped = lazytriton.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    torch.manual_seed(3)
+    again = lazytriton.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert all(torch.equal(a, b) for a, b in zip(dropped.unbind(), again.unbind(), strict=True))
+    assert any(not torch.allclose(a, b) for a, b in zip(dropped.unbind(), plain.unbind(), strict=True))
+
+
+@pytest.mark.parametrize(("case", "error", "match"), [
+    ("mask", SDPAError, "attn_mask is not supported with nested tensors"),
+    ("causal_lengths", SDPAError, "is_causal with nested tensors needs each sequence's query and key lengths"),
+    ("empty_sequence", SDPAError, "at least one position"),
+    ("heads", SDPAError, "query has 4 heads and key/value 3"),
+    ("batch", SDPAError, "key has a batch of 2, which does not broadcast to 3"),
+    ("dims", SDPAError, "must be 4-D"),
+    ("dropout", SDPAError, "dropout_p"),
+    ("causal_type", TypeError, "is_causal"),
+    ("value_type", SDPATypeError, "argument 'value' must be Tensor"),
+])
+def test_misuse_with_nested_inputs_names_the_argument_before_anything_runs(case: str, error: type[Exception],
+                                                                           match: str) -> None:
+    q = _nested(_leaves([2, 3, 4], 4, 16, torch.float32, 14), torch.strided)
+    k = v = _nested(_leaves([2, 3, 4], 4, 16, torch.float32, 15), torch.strided)
+    kwargs: dict[str, object] = {}
+    if case == "mask":
+        kwargs["attn_mask"] = torch.ones(4, 4, dtype=torch.bool)
+    elif case == "causal_lengths":
+        k = v = _nested(_leaves([2, 5, 4], 4, 16, torch.float32, 15), torch.strided)
+        kwargs["is_causal"] = True
+    elif case == "empty_sequence":
+        k = v = _nested(_leaves([2, 0, 4], 4, 16, torch.float32, 15), torch.strided)
+    elif case == "heads":
+        k = v = _nested(_leaves([2, 3, 4], 3, 16, torch.float32, 15), torch.strided)
+    elif case == "batch":
+        k = _nested(_leaves([2, 3], 4, 16, torch.float32, 15), torch.strided)
+    elif case == "dims":
+        k = v = torch.randn(3, 4, 16)
+    elif case == "dropout":
+        kwargs["dropout_p"] = 1.5
+    elif case == "causal_type":
+        kwargs["is_causal"] = "yes"
+    elif case == "value_type":
+        v = "v"  # type: ignore[assignment]
+    with pytest.raises(error, match=match):
+        lazytriton.scaled_dot_product_attention(q, k, v, **kwargs)  # type: ignore[arg-type]
+
+
+@on_gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_nested_sdpa_against_torchs_fused_backend(layout: torch.layout) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    lengths = [17, 300, 1, 64, 129]
+    qs, ks, vs = (_leaves(lengths, 8, 64, torch.float16, seed, "cuda") for seed in (20, 21, 22))
+    q, k, v = (_nested(t, layout) for t in (qs, ks, vs))
+    ours = lazytriton.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for i, (a, b) in enumerate(zip(ours.unbind(), theirs.unbind(), strict=True)):
+        exact = _sequence_reference(qs[i], ks[i], vs[i], True, torch.float64)
+        check_rule(f"out[{i}]", a, exact, b, OUT_FLOOR[torch.float16])
