@@ -229,6 +229,16 @@ def test_a_spent_budget_skips_the_cases_left_and_still_writes_the_summary(tmp_pa
 
 
 @pytest.mark.slow
+def test_under_xdist_the_summary_still_counts_the_collected_and_selected_cases(tmp_path: Path) -> None:
+    pytest.importorskip("xdist", reason="pytest-xdist is in the test extras")
+    peer = fake_peer(tmp_path / "peer")
+    _, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--sample", "0.5", "--seed", "5",
+                            "--timeout", "0", "--", "-n", "2", "-k", "passes")
+    selection = summary["selection"]
+    assert selection["collected"] == 8 and selection["selected"] == len(summary["cases"]) < 8, selection
+
+
+@pytest.mark.slow
 def test_a_hanging_case_ends_at_the_timeout(tmp_path: Path) -> None:
     peer = fake_peer(tmp_path / "peer")
     _, summary = run_runner(peer, tmp_path / "out", "--device", "cpu", "--timeout", "1", "--", "-k", "hangs")

@@ -195,6 +195,13 @@ class PeerRun:
         with self.timed():
             yield
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist's controller: the collection counts from a worker (each collects and selects the same cases)."""
+        counts = getattr(node, "workeroutput", {}).get("peer_counts")
+        if counts:
+            self.counts.update(counts)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.results.add(report)
         if report.skipped and OVER_BUDGET in str(report.longrepr):
@@ -205,6 +212,7 @@ class PeerRun:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the summary
+            self.config.workeroutput["peer_counts"] = {k: self.counts[k] for k in ("collected", "selected")}
             return
         path = self.config.getoption("--peer-summary")
         if path:
