@@ -98,6 +98,49 @@ def test_a_nested_input_of_one_sequence_serves_every_sequence_and_one_query_head
         torch.testing.assert_close(out.unbind()[i].double(), want, atol=2e-6, rtol=0)
 
 
+def test_jagged_inputs_run_without_a_copy_and_give_the_general_paths_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jagged q, k and v that need no broadcast: their values and offsets go to the packed call as they are."""
+    from lazytriton import sdpa_nested
+
+    leaves = _leaves([5, 3, 7], 4, 48, torch.float32, 30)  # one projection: q, k and v share their offsets
+    strided = [_nested([t[..., i * 16:(i + 1) * 16] for t in leaves], torch.strided) for i in range(3)]
+    general = lazytriton.scaled_dot_product_attention(*strided, is_causal=True)
+    q, k, v = (t.transpose(1, 2) for t in torch.nested.as_nested_tensor(leaves, layout=torch.jagged).chunk(3, -1))
+    assert sdpa_nested.jagged_call(q, k, v, True, False) is not None
+
+    def no_copy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the jagged path packed its inputs")
+
+    monkeypatch.setattr(torch, "cat", no_copy)
+    out = lazytriton.scaled_dot_product_attention(q, k, v, is_causal=True)
+    monkeypatch.undo()
+    assert out.layout == torch.jagged
+    assert all(torch.equal(a, b) for a, b in zip(out.unbind(), general.unbind(), strict=True))
+    grads = torch.autograd.grad([p.sum() for p in out.unbind()], leaves)
+    want = torch.autograd.grad([p.sum() for p in general.unbind()], leaves)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
+
+
+def test_the_jagged_path_leaves_broadcasts_and_unknown_lengths_to_the_general_one() -> None:
+    from lazytriton import sdpa_nested
+
+    q = _nested(_leaves([5, 3], 4, 16, torch.float32, 32), torch.jagged)
+    other = _nested(_leaves([5, 3], 4, 16, torch.float32, 33), torch.jagged)
+    one_head = _nested(_leaves([5, 3], 1, 16, torch.float32, 34), torch.jagged)
+    assert sdpa_nested.jagged_call(q, q, q, False, False) is not None
+    assert sdpa_nested.jagged_call(q, other, q, False, False) is None  # k's and v's offsets: two tensors
+    assert sdpa_nested.jagged_call(one_head, q, q, False, False) is None  # one query head broadcast
+    assert sdpa_nested.jagged_call(q, other, other, True, False) is None  # causal: equal lengths unknown
+    assert sdpa_nested.jagged_call(_nested(_leaves([5, 3], 4, 16, torch.float32, 35), torch.strided), q, q, False,
+                                   False) is None
+    values = torch.randn(8, 4, 16)
+    unknown = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 5, 8])).transpose(1, 2)
+    assert sdpa_nested.jagged_call(unknown, unknown, unknown, False, False) is None  # lengths not on the host
+    out = lazytriton.scaled_dot_product_attention(unknown, unknown, unknown)
+    want = lazytriton.scaled_dot_product_attention(*(_nested([values[:5], values[5:]], torch.strided),) * 3)
+    assert all(torch.equal(a, b) for a, b in zip(out.unbind(), want.unbind(), strict=True))
+
+
 def test_dropout_runs_on_nested_inputs_and_zero_dropout_is_the_plain_call() -> None:
     qs = _leaves([6, 4], 2, 16, torch.float32, 13)
     q = _nested(qs, torch.jagged)
