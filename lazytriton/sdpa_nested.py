@@ -13,9 +13,9 @@ and dense inputs alike. Jagged inputs that need no broadcast and whose lengths t
 lengths, and the output is a jagged tensor over the kernel's output with the query's offsets (no copy, no device
 read).
 
-Not with ``attn_mask`` (torch's fused kernels refuse a mask on nested inputs too), and ``is_causal`` only where each
-sequence has as many queries as keys (SDPA's causal mask is top-left, the packed call's bottom-right: the two agree
-there).
+Eager only: under ``torch.compile`` the call is a graph break (the lengths are data to a trace). Not with
+``attn_mask`` (torch's fused kernels refuse a mask on nested inputs too), and ``is_causal`` only where each sequence
+has as many queries as keys (SDPA's causal mask is top-left, the packed call's bottom-right: the two agree there).
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def jagged_call(query: Any, key: Any, value: Any, is_causal: Any, enable_gqa: An
     return (*values, cu_q, cu_k, max_q, max_k, q)
 
 
+@torch.compiler.disable  # the sequences' lengths are data to a trace: run eagerly, a graph break under compile
 def attention(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any,
               enable_gqa: Any) -> torch.Tensor:
     """SDPA with nested inputs (``given``); a ValueError/TypeError naming the argument for misuse."""

@@ -141,6 +141,19 @@ def test_the_jagged_path_leaves_broadcasts_and_unknown_lengths_to_the_general_on
     assert all(torch.equal(a, b) for a, b in zip(out.unbind(), want.unbind(), strict=True))
 
 
+def test_under_torch_compile_the_nested_call_is_a_graph_break_that_runs_eagerly() -> None:
+    leaves = _leaves([5, 3, 7], 2, 48, torch.float32, 40)
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.transpose(1, 2) for t in x.chunk(3, -1))
+        return lazytriton.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2) * 2.0
+
+    x = torch.nested.as_nested_tensor(leaves, layout=torch.jagged)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="eager")
+    assert torch.equal(compiled(x).values(), layer(x).values())
+
+
 def test_dropout_runs_on_nested_inputs_and_zero_dropout_is_the_plain_call() -> None:
     qs = _leaves([6, 4], 2, 16, torch.float32, 13)
     q = _nested(qs, torch.jagged)
