@@ -152,6 +152,10 @@ def test_under_torch_compile_the_nested_call_is_a_graph_break_that_runs_eagerly(
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend="eager")
     assert torch.equal(compiled(x).values(), layer(x).values())
+    torch._dynamo.reset()  # the graph-broken frames are cached on layer's code
+    whole = torch.compile(layer, backend="eager", fullgraph=True)  # one graph asked for: dynamo says where it breaks
+    with pytest.raises(Exception, match=r"torch\.compiler\.disable"):
+        whole(x)
 
 
 def test_dropout_runs_on_nested_inputs_and_zero_dropout_is_the_plain_call() -> None:
