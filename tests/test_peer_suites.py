@@ -500,3 +500,18 @@ def test_a_missing_expected_error_is_told_from_other_failures(message: str, unra
     results = Results()
     results.record("f.py::test_a[0]", "failed", message)
     assert results.summary()["unraised_cases"] == (["f.py::test_a[0]"] if unraised else [])
+
+
+def test_after_a_case_the_cached_gpu_memory_goes_back_to_the_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(REPO / "tests" / "peers" / "shim"))
+    import peer_plugin
+
+    emptied: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    peer_plugin.release_cached_memory()  # CUDA never used here: nothing to give back, nothing initialised
+    assert emptied == []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    peer_plugin.release_cached_memory()
+    assert emptied == [True]

@@ -8,6 +8,8 @@ Options (``benchmarks/peer_suites.py`` passes them):
   ``OVER_BUDGET``, so a run given a wall-clock budget still ends with its summary (xdist workers too).
 - ``--peer-timeout T``: each phase of a case (setup, call, teardown) ends with ``PeerTimeout`` after T seconds
   (SIGALRM: on the main thread of a POSIX process; a kernel already launched on a GPU runs on).
+- After each case on a GPU, the memory torch's allocator caches goes back to the card (``release_cached_memory``):
+  the workers of ``-n`` share it.
 - ``--peer-device native``: no mapping, the tests choose their devices (PyTorch's instantiate a class for each
   device type present; a function mode would also turn off its modules' fast paths, which check for one).
 - ``--peer-device cpu``: the peer's tests hard-code ``device="cuda"``; on a machine without a GPU, every
@@ -194,6 +196,8 @@ class PeerRun:
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
         with self.timed():
             yield
+        if not self.cpu:
+            release_cached_memory()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -233,6 +237,16 @@ class PeerRun:
         meta["selection"].update(self.counts)
         meta["selection"]["deadline"] = self.deadline
         return self.results.summary(**meta)
+
+
+def release_cached_memory() -> None:
+    """Give the GPU memory torch's allocator caches back after a case (when CUDA is in use in this process).
+
+    Workers of one run share a card (``-n``): memory one worker's large case left cached would otherwise be out of
+    the others' reach, and their cases fail with out-of-memory errors that no lone run has.
+    """
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _alarm(signum: int, frame: Any) -> None:
