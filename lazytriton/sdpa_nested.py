@@ -5,9 +5,10 @@ tensor of (seqlen_b, heads, head_dim) sequences, strided or jagged, and serves t
 forms. Here each input's sequences are read off it (``unbind``), a dense input's batch entries too, so nested and
 dense inputs mix as torch mixes them: an input whose batch is 1 serves every sequence, and one head broadcasts to the
 others' count. The sequences are packed into (total, heads, head_dim) tensors and run as one
-``flash_attn_varlen_func`` call, inside ``trusted_indices`` (the cumulative lengths are built here from the lengths
-on the host, so the call reads nothing back); its output is cut back into sequences and returned as a nested tensor
-of the query's layout, transposed as torch returns it. Every step is differentiable, so the gradients reach nested
+``flash_attn_varlen_func`` call, inside ``trusted_indices`` (the cumulative lengths are built here from the
+sequences' lengths, so the call reads nothing back; a strided nested tensor holds them on the host, unbinding a
+jagged one reads its offsets); its output is cut back into sequences and returned as a nested tensor of the query's
+layout, transposed as torch returns it. Every step is differentiable, so the gradients reach nested
 and dense inputs alike. Jagged inputs that need no broadcast and whose lengths they hold on the host
 (``jagged_call``) skip the packing: their values are the packed tensors already, their offsets the cumulative
 lengths, and the output is a jagged tensor over the kernel's output with the query's offsets (no copy, no device
