@@ -253,6 +253,25 @@ def test_fa2s_forward_op_is_the_paged_call_with_its_num_splits_rule(shim: types.
         shim.fa2._flash_attn_varlen_forward(q, k_cache, v_cache, **kwargs, leftpad_k=torch.zeros(2, dtype=torch.int32))
 
 
+def test_fa2s_forward_op_with_dropout_returns_the_calls_philox_pair_and_s_dmask(shim: types.SimpleNamespace) -> None:
+    from lazytriton.kernels.flash_fwd import score_mods
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(9, 2, 16, dtype=torch.float16, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    torch.manual_seed(11)
+    out, lse, s_dmask, rng_state = shim.fa2._flash_attn_varlen_forward(q, k, v, cu, cu, 5, 5, 0.3, 0.25, False,
+                                                                        return_softmax=True)
+    torch.manual_seed(11)
+    want = lazytriton.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, dropout_p=0.3, softmax_scale=0.25)
+    torch.manual_seed(11)
+    pair = score_mods.draw_philox(q.device, 0)
+    assert torch.equal(out, want) and torch.equal(rng_state, pair)
+    assert s_dmask is not None and lse.shape == (2, 9)
+    torch.manual_seed(11)
+    assert shim.fa2._flash_attn_varlen_forward(q, k, v, cu, cu, 5, 5, 0.3, 0.25, False)[2] is None
+
+
 def _fa2_keep_and_probs(q: torch.Tensor, k: torch.Tensor, causal: bool, window: tuple[int, int],
                         slopes: torch.Tensor | None) -> torch.Tensor:
     """The float64 softmax of (batch, seqlen, heads, d) q and k, as the peer's normalize_flash_attn_S gives it."""

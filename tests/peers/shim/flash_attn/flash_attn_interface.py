@@ -12,6 +12,7 @@ it as ``seqused_k`` (forward only: q, k and v go in detached).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import peer_s_dmask
@@ -92,19 +93,33 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 def _varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
             dropout_p: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any, alibi_slopes: Any,
             deterministic: Any, return_attn_probs: Any, block_table: Any, seqused_k: Any) -> Any:
-    """The packed call; paged (``block_table``), each sequence's key count is ``seqused_k``, else cu_seqlens_k's."""
+    """The packed call, with S_dmask where the peer reads one (``_varlen_parts``)."""
+    q, run, s_dmask = _varlen_parts(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                    softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                    return_attn_probs, block_table, seqused_k)
+    return _with_s_dmask(q, dropout_p, return_attn_probs, run, s_dmask)
+
+
+def _varlen_parts(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
+                  max_seqlen_k: Any, dropout_p: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
+                  alibi_slopes: Any, deterministic: Any, return_attn_probs: Any, block_table: Any,
+                  seqused_k: Any) -> tuple[Any, Callable[[], Any], Callable[[torch.Tensor], torch.Tensor]]:
+    """(q as called, the lazytriton call, S_dmask of its Philox pair).
+
+    Paged (``block_table``), each sequence's key count is ``seqused_k``, else cu_seqlens_k's.
+    """
     if block_table is not None and isinstance(cu_seqlens_k, torch.Tensor):  # the paged form's key counts
         if seqused_k is None:
             seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         cu_seqlens_k = None
         q, k, v = (t.detach() if isinstance(t, torch.Tensor) else t for t in (q, k, v))
-    return _with_s_dmask(q, dropout_p, return_attn_probs, lambda: lazytriton.flash_attn_varlen_func(
+    return q, lambda: lazytriton.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         alibi_slopes=alibi_slopes, deterministic=deterministic, return_attn_probs=return_attn_probs,
         block_table=block_table, seqused_k=seqused_k), lambda philox: peer_s_dmask.packed(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, philox, dropout_p, softmax_scale, causal,
-        window_pair(window_size), alibi_slopes))
+        window_pair(window_size), alibi_slopes)
 
 
 def _flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -129,18 +144,14 @@ def _flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if block_table is not None and not swapped and num_splits > 1:
         raise RuntimeError("num_splits > 1 is not supported for varlen paged KV")
     device = q.device if isinstance(q, torch.Tensor) else None
-    rng_state = torch.zeros(2, dtype=torch.int64, device=device)
-
-    def call() -> Any:
-        return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                       causal, (window_size_left, window_size_right), softcap, alibi_slopes, False, True,
-                       block_table, seqused_k)
-
+    q, run, s_dmask = _varlen_parts(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                    softmax_scale, causal, (window_size_left, window_size_right), softcap,
+                                    alibi_slopes, False, True, block_table, seqused_k)
     if isinstance(dropout_p, float) and dropout_p > 0 and device is not None:
-        (out, lse, s_dmask), rng_state = peer_s_dmask.replayed(device, call)
-    else:
-        out, lse, s_dmask = call()
-    return out, lse, s_dmask if return_softmax else None, rng_state
+        (out, lse, _), rng_state = peer_s_dmask.replayed(device, run)
+        return out, lse, s_dmask(rng_state) if return_softmax else None, rng_state
+    out, lse, _ = run()
+    return out, lse, None, torch.zeros(2, dtype=torch.int64, device=device)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
