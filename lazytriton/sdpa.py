@@ -189,7 +189,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     """
     if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool and type(enable_gqa) is bool
-            and interface.direct(query, key, value)):  # the warm path checks the rest (4 dims, heads, head dims)
+            and interface.direct(query, key, value)  # the warm path checks the rest (4 dims, heads, head dims)
+            and not (query.is_nested or key.is_nested or value.is_nested)):  # a strided nested tensor has no sizes
         warm = hot.output_bhsd(query, key, value, is_causal, scale, enable_gqa)
         if warm is not None:
             return warm  # type: ignore[no-any-return]

@@ -121,6 +121,29 @@ def test_jagged_inputs_run_without_a_copy_and_give_the_general_paths_bits(monkey
     assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
 
 
+def test_a_warm_process_never_hands_nested_inputs_to_the_warm_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once warm, dense SDPA calls take the warm path, which reads sizes that a strided nested tensor lacks."""
+    from lazytriton import sdpa
+
+    class Warm:
+        calls = 0
+
+        def output_bhsd(self, q: torch.Tensor, *args: object) -> None:
+            Warm.calls += 1
+            q.shape  # noqa: B018 (what the warm path reads first: a strided nested tensor raises here)
+
+    monkeypatch.setattr(sdpa, "hot", Warm())
+    dense = [torch.randn(2, 2, 4, 16) for _ in range(3)]
+    lazytriton.scaled_dot_product_attention(*dense)
+    assert Warm.calls == 1
+    leaves = [_leaves([3, 5], 2, 16, torch.float32, seed) for seed in (40, 41, 42)]
+    out = lazytriton.scaled_dot_product_attention(*(_nested(t, torch.strided) for t in leaves))
+    assert Warm.calls == 1 and out.is_nested
+    for i in range(2):
+        want = _sequence_reference(*(t[i].detach().double() for t in leaves), False, None)
+        torch.testing.assert_close(out.unbind()[i].double(), want, atol=2e-6, rtol=0)
+
+
 def test_the_jagged_path_leaves_broadcasts_and_unknown_lengths_to_the_general_one() -> None:
     from lazytriton import sdpa_nested
 
