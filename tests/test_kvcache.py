@@ -340,7 +340,9 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
      r"cache_seqlens\[1\] = 64"),
     ("seqlens_negative", _set("cache_seqlens", lambda a: torch.tensor([-1, 0], dtype=torch.int32)), ValueError,
      r"cache_seqlens\[0\] = -1"),
-    ("seqlens_int_past_end", _set("cache_seqlens", lambda a: 64), ValueError, "cache_seqlens must be in 0..63"),
+    ("seqlens_int_past_end", _set("cache_seqlens", lambda a: 64), ValueError,
+     r"cache_seqlens must be in 0..63 \(block_table's 4 pages of 16 keys hold 64 keys per sequence, 1 of them new\), "
+     r"got 64"),
     ("seqlens_float", _set("cache_seqlens", lambda a: 3.0), TypeError, "cache_seqlens"),
     ("table_int64", _set("block_table", lambda a: a["block_table"].long()), TypeError, "block_table"),
     ("table_1d", _set("block_table", lambda a: a["block_table"][0]), ValueError, "block_table"),
@@ -606,3 +608,13 @@ def test_kvcache_gpu_cuda_graph() -> None:
     want = lazytriton.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), cache_seqlens=lens + 1,
                                               num_splits=1)
     torch.testing.assert_close(out, want, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("lengths", [9, torch.tensor([3, 9], dtype=torch.int32)], ids=["int", "tensor"])
+def test_lengths_past_a_contiguous_cache_name_the_caches_rows(lengths: Any) -> None:
+    q = torch.randn(2, 1, 2, 16, dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(2, 8, 2, 16, dtype=torch.float16) for _ in range(2))
+    shown = r"\[1\] = 9" if isinstance(lengths, torch.Tensor) else ""
+    with pytest.raises(ValueError, match=rf"cache_seqlens{shown}:? must be in 0\.\.8 \(the cache holds 8 keys per "
+                                         r"sequence, 0 of them new\)"):
+        lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)

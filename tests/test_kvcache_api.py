@@ -321,7 +321,8 @@ NEW_BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("cu_end", _cu(0, 3, 4, 4, 6, 6), ValueError, r"cu_seqlens_k_new\[5\] = 6: must be total_new = 7"),
     ("cu_decreasing", _cu(0, 3, 2, 4, 6, 7), ValueError, "cu_seqlens_k_new must be nondecreasing"),
     ("past_the_end", _cu(0, 7, 7, 7, 7, 7), ValueError,
-     r"cache_seqlens\[0\] = \d+: must be in 0\.\.\d+ \(the cache holds 48 keys per sequence, 7 of them new\)"),
+     r"cache_seqlens\[0\] = \d+: must be in 0\.\.\d+ \(block_table's 3 pages of 16 keys hold 48 keys per sequence, "
+     r"7 of them new\)"),
 ]
 
 

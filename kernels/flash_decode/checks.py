@@ -265,7 +265,7 @@ def check(t: Inputs, softmax_scale: Any = None, causal: Any = False, window_size
     page_size, capacity = _layout(t, q, b, rows_c, s_c, names)
     seqlen_new = _new_keys(t, q, b, hk, d, dv, names)
     mla.check_new_keys(kc, vc, t.k, t.v, shared)
-    seqlen_const = _seqlens(t, q, b, capacity, 0 if t.cu_seqlens_k_new is not None else seqlen_new, names)
+    seqlen_const = _seqlens(t, q, b, capacity, page_size, 0 if t.cu_seqlens_k_new is not None else seqlen_new, names)
     if max(b, hk) > MAX_GRID_YZ or max(capacity + sq, total * hq, b * sq * hq, rows_c * max(s_c, 1),
                                        seqlen_new * hk) > INT32_MAX:
         raise ValueError(f"batch and heads_k must be <= {MAX_GRID_YZ} and lengths < 2**31; got q {tuple(q.shape)}, "
@@ -553,7 +553,15 @@ def _packed_new_keys(t: Inputs, q: torch.Tensor, b: int, hk: int, d: int, dv: in
     return int(k.shape[0])
 
 
-def _seqlens(t: Inputs, q: torch.Tensor, b: int, capacity: int, seqlen_new: int, names: Names) -> int:
+def holds(capacity: int, page_size: int) -> str:
+    """What bounds a sequence's keys, for the messages of lengths past it: the cache's rows or the block table's."""
+    if not page_size:
+        return f"the cache holds {capacity} keys per sequence"
+    return (f"block_table's {capacity // page_size} pages of {page_size} keys hold {capacity} keys per sequence")
+
+
+def _seqlens(t: Inputs, q: torch.Tensor, b: int, capacity: int, page_size: int, seqlen_new: int,
+             names: Names) -> int:
     """seqlen_const (every sequence's cached length when not a tensor; -1 for a tensor)."""
     lens = t.cache_seqlens
     if lens is None:
@@ -565,8 +573,8 @@ def _seqlens(t: Inputs, q: torch.Tensor, b: int, capacity: int, seqlen_new: int,
         raise TypeError(f"{names.cache_seqlens} must be an int, an int32 tensor of shape (batch,) or None, got "
                         f"{type(lens).__name__}")
     if not 0 <= lens <= capacity - seqlen_new:
-        raise ValueError(f"{names.cache_seqlens} must be in 0..{capacity - seqlen_new} (the cache holds {capacity} "
-                         f"keys per sequence, {seqlen_new} of them new), got {lens}")
+        raise ValueError(f"{names.cache_seqlens} must be in 0..{capacity - seqlen_new} "
+                         f"({holds(capacity, page_size)}, {seqlen_new} of them new), got {lens}")
     return lens
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from lazytriton import launch
-from lazytriton.kernels.flash_decode.checks import KVCACHE, Call, Inputs, Names
+from lazytriton.kernels.flash_decode.checks import KVCACHE, Call, Inputs, Names, holds
 from lazytriton.kernels.trust import indices_trusted
 
 
@@ -194,8 +194,8 @@ def _value_error(name: str, t: Inputs, call: Call, names: Names) -> str:
         lens, new = t.cache_seqlens.long(), lengths(t, call) - cached(t, call)  # type: ignore[union-attr]
         bad = int(torch.nonzero((lens < 0) | (lens + new > call.capacity))[0, 0])
         n = int(new[bad])
-        return (f"{names.cache_seqlens}[{bad}] = {int(lens[bad])}: must be in 0..{call.capacity - n} (the cache "
-                f"holds {call.capacity} keys per sequence, {n} of them new)")
+        return (f"{names.cache_seqlens}[{bad}] = {int(lens[bad])}: must be in 0..{call.capacity - n} "
+                f"({holds(call.capacity, call.page_size)}, {n} of them new)")
     if name == "cu_seqlens_k_new":
         return _cu_seqlens_k_new_error(t, call)
     if name == "cache_batch_idx":
