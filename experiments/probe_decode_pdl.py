@@ -131,6 +131,11 @@ def case(module, batch: int, length: int, calls: int) -> dict[str, float]:
         return run
 
     row = {"splits": float(splits)}
+    compiled = split_fn[grid](*ints, *floats, **split_c, **dict(split_v.options), PDL=True)
+    row["split_gdc"] = float(compiled.asm["ptx"].count("griddepcontrol.launch_dependents"))
+    if splits > 1:
+        compiled = combine_fn[cgrid](*cints, **combine_c, **dict(combine_v.options), PDL=True, launch_pdl=True)
+        row["combine_gdc"] = float(compiled.asm["ptx"].count("griddepcontrol.wait"))
     for pdl in (False, True):
         out.fill_(float("nan"))
         jit(pdl)()
@@ -158,6 +163,8 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         for length in (int(n) for n in args.lengths.split(",")):
             r = case(module, batch, length, args.calls)
+            if "combine_gdc" in r and not (r["split_gdc"] and r["combine_gdc"]):
+                print(f"griddepcontrol missing from the PTX: split {r['split_gdc']}, combine {r['combine_gdc']}")
             equal = "yes" if r["equal_pdl0"] and r["equal_pdl1"] else "NO"
             cells = "  ".join(f"{r[n + ' ' + m]:>16.2f}" for m in ("eager", "graph") for n in names)
             gain = (f"{r['jit eager'] / r['jit+pdl eager']:.3f}x / {r['jit graph'] / r['jit+pdl graph']:.3f}x")
