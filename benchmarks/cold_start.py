@@ -132,4 +132,5 @@ def route_to_fake_driver(library: str, target: str = "sm_90", backward: bool = T
         bwd.run_interpreter = bwd.launch_gpu
     gpu.cuda = functools.cache(lambda: gpu.CudaApi(library))
     load = driver.load
-    driver.load = lambda entry, device_index: load(entry, 0 if device_index is None else device_index)
+    driver.load = lambda entry, device_index, dependent=False: load(entry, 0 if device_index is None else device_index,
+                                                                    dependent)

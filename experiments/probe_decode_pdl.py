@@ -2,64 +2,49 @@
 
 A decoding call with several splits is two launches: the split kernel writes partial outputs, the combine kernel
 merges them. Between the two the device drains the split grid, then launches and ramps up the combine grid. With
-PDL (sm_90: ``griddepcontrol``), the split kernel lets its dependent launch early
-(``gdc_launch_dependents``) and the combine kernel, launched with the programmatic-serialization attribute, waits
-for the split grid's memory (``gdc_wait``) only where it reads the partials: its launch overlaps the split's tail.
+PDL (sm_90: ``griddepcontrol``; ``kernels/flash_decode``'s ``PDL`` flag, off while ``PDL_FROM`` is None), the
+split kernel lets its dependent launch early and the combine kernel, launched with programmatic stream
+serialization, waits for the split grid's memory only where it reads the partials: its launch overlaps the split's
+tail.
 
-This probe runs the project's own decode kernels through Triton's JIT (so no launcher of lazytriton changes): the
-kernel file's text with the two calls inserted behind a ``PDL`` constexpr, the variants, splits and arguments of
-the call as ``flash_attn_with_kvcache`` makes them (bench_decode.py's contiguous case: bf16, head dim 128, 32 query
-/ 8 key-value heads, one query). For each (batch, length): the output against lazytriton's call (bit for bit), then
-the µs a call, (a) back to back behind a spin kernel (the host's launch cost hidden: what the device takes for eager
-calls) and (b) replayed from a CUDA graph, without and with PDL, beside lazytriton's own call and SDPA (cuDNN).
+Each mode runs in its own process (the flag set before the first call, its binaries compiled into the mode's own
+cache dir): ``off`` (the shipped pair), ``on`` (``PDL_FROM`` 90 for this process), both through lazytriton's own
+launchers (the compiled helper and the C++ tails where built). Cases: bench_decode.py's contiguous ones (bf16,
+head dim 128, 32 query / 8 key-value heads, one query) at ``--batches`` x ``--lengths``, inside
+``trusted_indices``. For each: the µs a call (a) back to back behind a spin kernel (the host's launch cost hidden:
+what the device takes for eager calls, as bench_decode times it) and (b) replayed from a CUDA graph, beside SDPA
+(cuDNN); the ``on`` process checks its output against ``off``'s, bit for bit (saved to ``--scratch``).
 
-Usage: python3 experiments/probe_decode_pdl.py [--batches 1,8] [--lengths 1024,4096] [--calls 100]
+Usage: python3 experiments/probe_decode_pdl.py [--batches 1,8] [--lengths 1024,4096,16384] [--calls 100]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import pathlib
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import lazytriton
-from lazytriton import machine
-from lazytriton.kernels import get
+from lazytriton import kernels
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.trust import trusted_indices
-from lazytriton.variant import kernel_constexprs
-
-KERNEL_FILE = pathlib.Path(binding.__file__).with_name("triton_kernel.py")
+from lazytriton.record import replace
 
 
-def pdl_module():
-    """The decode kernels' module with PDL: the split kernel releases its dependent, the combine kernel waits."""
-    text = KERNEL_FILE.read_text()
-    marks = [("    NV_CVT: tl.constexpr = False,\n):\n",
-              "    NV_CVT: tl.constexpr = False, PDL: tl.constexpr = False,\n):\n"),
-             ("    batch = tl.program_id(2)\n    IEEE: tl.constexpr",
-              "    batch = tl.program_id(2)\n    if PDL:\n        tl.extra.cuda.gdc_launch_dependents()\n"
-              "    IEEE: tl.constexpr"),
-             ("    SINKS: tl.constexpr = False,\n):\n    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n",
-              "    SINKS: tl.constexpr = False, PDL: tl.constexpr = False,\n):\n    if PDL:\n"
-              "        tl.extra.cuda.gdc_wait()\n    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n")]
-    for old, new in marks:
-        if text.count(old) != 1:
-            sys.exit(f"the kernel file changed: {old!r} is not found once")
-        text = text.replace(old, new)
-    path = pathlib.Path(tempfile.mkdtemp()) / "decode_pdl_kernels.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("decode_pdl_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def pdl_on() -> None:
+    """Both decode kernels' PDL flag from sm_90 in this process, as ``PDL_FROM = 90`` would set it."""
+    for name in ("flash_decode_split", "flash_decode_combine"):
+        spec = kernels.get(name)
+        flags = tuple((flag, 90 if flag == "PDL" else at) for flag, at in spec.capability_flags)
+        kernels._looked_up[name] = replace(spec, capability_flags=flags)  # noqa: SLF001 (this probe's own process)
 
 
 def behind_spin_us(fn, calls: int) -> float:
@@ -92,7 +77,7 @@ def graph_us(fn, calls: int) -> float:
     return behind_spin_us(graph.replay, 1) / calls
 
 
-def case(module, batch: int, length: int, calls: int) -> dict[str, float]:
+def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[str, float]:
     gen = torch.Generator(device="cuda").manual_seed(batch * 100_003 + length)
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     k_cache, v_cache = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -103,72 +88,69 @@ def case(module, batch: int, length: int, calls: int) -> dict[str, float]:
         with trusted_indices():
             return lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)
 
-    want = ours()
-    t = checks.Inputs(q, k_cache, v_cache, cache_seqlens=lens)
-    call = checks.check(t)
-    out, lse = binding.empty_outputs(q, call)
-    aligned, index64 = binding.layout_flags(t, out)
-    split_kernel, block_m, block_n, _, _ = binding.plan(q.device, q.dtype, call, aligned, index64)
+    out = ours()
+    call = checks.check(checks.Inputs(q, k_cache, v_cache, cache_seqlens=lens))
+    aligned, index64 = binding.layout_flags(checks.Inputs(q, k_cache, v_cache, cache_seqlens=lens), out)
+    split_kernel, block_m, block_n, combine_kernel, _ = binding.plan(q.device, q.dtype, call, aligned, index64)
     splits = binding.splits_for(call, block_m, block_n,
                                 binding.gpu_slots(q.device.index, getattr(split_kernel, "shared", 0)),
                                 binding.min_split_keys(call.head_dim))
-    split_v, combine_v = binding.variants(machine.target_of_device(q.device), q.dtype, call, aligned, index64)
-    part_out, part_lse = binding._partials(lse, call, splits)  # noqa: SLF001 (the probe's own copy of the call)
-    ints = binding.split_ints(t, out, lse, part_out, part_lse, call, splits, pointers=lambda x: x)
-    cints = binding.combine_ints(part_out, part_lse, out, lse, call, splits, pointers=lambda x: x)
-    grid = binding.split_grid(call.rows, block_m, splits, call.heads_k, call.batch)
-    cgrid = binding.combine_grid(call.lse_rows, int(combine_v.get("BLOCK_M")))
-    split_fn, combine_fn = module.flash_decode_split_kernel, module.flash_decode_combine_kernel
-    split_c = kernel_constexprs(split_v, get(split_v.kernel).constexprs)
-    combine_c = kernel_constexprs(combine_v, get(combine_v.kernel).constexprs)
-    floats = binding.floats(call)
-
-    def jit(pdl: bool):
-        def run():
-            split_fn[grid](*ints, *floats, **split_c, **dict(split_v.options), PDL=pdl)
-            if splits > 1:
-                combine_fn[cgrid](*cints, **combine_c, **dict(combine_v.options), PDL=pdl, launch_pdl=pdl)
-        return run
-
-    row = {"splits": float(splits)}
-    compiled = split_fn[grid](*ints, *floats, **split_c, **dict(split_v.options), PDL=True)
-    row["split_gdc"] = float(compiled.asm["ptx"].count("griddepcontrol.launch_dependents"))
-    if splits > 1:
-        compiled = combine_fn[cgrid](*cints, **combine_c, **dict(combine_v.options), PDL=True, launch_pdl=True)
-        row["combine_gdc"] = float(compiled.asm["ptx"].count("griddepcontrol.wait"))
-    for pdl in (False, True):
-        out.fill_(float("nan"))
-        jit(pdl)()
-        torch.cuda.synchronize()
-        row[f"equal_pdl{int(pdl)}"] = float(torch.equal(out, want))
+    saved = scratch / f"out-{batch}-{length}.pt"
+    if mode == "off":
+        torch.save(out.cpu(), saved)
+        equal = 1.0
+    else:
+        equal = float(torch.equal(out.cpu(), torch.load(saved)))
     qs, ks, vs = (x.transpose(1, 2) for x in (q, k_cache, v_cache))
     sdpa = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
-    for name, fn in (("jit", jit(False)), ("jit+pdl", jit(True)), ("lazytriton", ours), ("sdpa", sdpa)):
+    row = {"splits": splits, "dependent": float(getattr(combine_kernel, "dependent", False)), "equal": equal}
+    for name, fn in (("lazytriton", ours), ("sdpa", sdpa)):
         row[f"{name} eager"] = behind_spin_us(fn, calls)
         row[f"{name} graph"] = graph_us(fn, calls)
     return row
 
 
+def child(args: argparse.Namespace) -> None:
+    if args.mode == "on":
+        pdl_on()
+    rows = {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        for length in (int(n) for n in args.lengths.split(",")):
+            rows[f"{batch},{length}"] = case(batch, length, args.calls, Path(args.scratch), args.mode)
+    print(json.dumps(rows))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", default="1,8")
-    p.add_argument("--lengths", default="1024,4096")
+    p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--mode", choices=["off", "on"], help=argparse.SUPPRESS)
+    p.add_argument("--scratch", help=argparse.SUPPRESS)
     args = p.parse_args()
-    module = pdl_module()
-    names = ("jit", "jit+pdl", "lazytriton", "sdpa")
-    print(f"{'batch':>5} {'keys':>6} {'splits':>6} {'equal':>5}  " + "  ".join(f"{n + ' ' + m:>16}" for m in
-                                                                            ("eager", "graph") for n in names)
-          + "  pdl gain eager / graph")
-    for batch in (int(b) for b in args.batches.split(",")):
-        for length in (int(n) for n in args.lengths.split(",")):
-            r = case(module, batch, length, args.calls)
-            if "combine_gdc" in r and not (r["split_gdc"] and r["combine_gdc"]):
-                print(f"griddepcontrol missing from the PTX: split {r['split_gdc']}, combine {r['combine_gdc']}")
-            equal = "yes" if r["equal_pdl0"] and r["equal_pdl1"] else "NO"
-            cells = "  ".join(f"{r[n + ' ' + m]:>16.2f}" for m in ("eager", "graph") for n in names)
-            gain = (f"{r['jit eager'] / r['jit+pdl eager']:.3f}x / {r['jit graph'] / r['jit+pdl graph']:.3f}x")
-            print(f"{batch:>5} {length:>6} {int(r['splits']):>6} {equal:>5}  {cells}  {gain}", flush=True)
+    if args.mode:
+        child(args)
+        return
+    scratch = Path(tempfile.mkdtemp())
+    found = {}
+    for mode in ("off", "on"):
+        env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(scratch / f"cache-{mode}")}
+        done = subprocess.run([sys.executable, __file__, "--mode", mode, "--scratch", str(scratch), "--batches",
+                               args.batches, "--lengths", args.lengths, "--calls", str(args.calls)],
+                              capture_output=True, text=True, env=env)
+        if done.returncode:
+            sys.exit(f"the {mode} process failed:\n{done.stderr[-3000:]}")
+        found[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{'batch':>5} {'keys':>6} {'splits':>6} {'dep':>3} {'equal':>5}  {'off eager':>9} {'on eager':>9} "
+          f"{'sdpa eager':>10}  {'off graph':>9} {'on graph':>9} {'sdpa graph':>10}  gain eager / graph")
+    for key, off in found["off"].items():
+        on = found["on"][key]
+        batch, length = key.split(",")
+        print(f"{batch:>5} {length:>6} {int(on['splits']):>6} {int(on['dependent']):>3} "
+              f"{'yes' if on['equal'] else 'NO':>5}  {off['lazytriton eager']:>9.2f} {on['lazytriton eager']:>9.2f} "
+              f"{on['sdpa eager']:>10.2f}  {off['lazytriton graph']:>9.2f} {on['lazytriton graph']:>9.2f} "
+              f"{on['sdpa graph']:>10.2f}  {off['lazytriton eager'] / on['lazytriton eager']:.3f}x / "
+              f"{off['lazytriton graph'] / on['lazytriton graph']:.3f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from lazytriton.record import record
+from lazytriton.target import Target
 
 if TYPE_CHECKING:  # lazytriton.variant imports this package: import it where it is used
     from lazytriton.variant import Variant
@@ -70,6 +71,15 @@ class KernelSpec:
     only when true (absent: false, so the strings and keys of variants without
     them hold), beside the flags every attention kernel shares
     (``lazytriton.variant``'s); a family declares them here, in its folder.
+    ``dependent`` names the capability flag under which the kernel is its
+    stream predecessor's programmatic dependent (Hopper's programmatic
+    dependent launch): where the flag is true for the target, the driver
+    launches it with programmatic stream serialization, so its launch
+    overlaps the kernel before it, and the kernel waits for that kernel's
+    memory (``gdc_wait``) before it reads what it wrote (the kernel before
+    it lets it start with ``gdc_launch_dependents``). "": launched plainly.
+    A launcher without the attribute (the C API's) is still right: the wait
+    then returns at once, the stream having ordered the two.
     ``warps`` gives the warps an entry of a variant launches a block with,
     for a warp-specialised kernel (Gluon's ``gl.warp_specialize``), whose
     partitions together run more warps than the variant's ``num_warps`` (the
@@ -90,6 +100,7 @@ class KernelSpec:
     warps: Callable[[Variant], int] | None = None
     capability_flags: tuple[tuple[str, int | None], ...] = ()
     flags: tuple[str, ...] = ()
+    dependent: str = ""
 
     @property
     def source_path(self) -> Path:
@@ -105,6 +116,10 @@ class KernelSpec:
         """The ``capability_flags``' values for a compile target (``capability`` None: not CUDA)."""
         have = capability if backend == "cuda" and capability is not None else -1
         return {name: least is not None and have >= least for name, least in self.capability_flags}
+
+    def dependent_launch(self, backend: str, capability: int | None) -> bool:
+        """Whether the kernel's binary for a compile target is launched as a programmatic dependent."""
+        return bool(self.dependent) and self.target_constexprs(backend, capability)[self.dependent]
 
     def signature(self, dtype: str, index64: bool = False, constexprs: Mapping[str, object] | None = None
                   ) -> dict[str, str]:
@@ -240,6 +255,15 @@ def launched_warps(variant: Variant) -> int:
     """
     spec = get(variant.kernel)
     return spec.warps(variant) if spec.warps is not None else int(variant.get("num_warps"))
+
+
+def dependent_launch(variant: Variant) -> bool:
+    """Whether ``variant``'s binary is launched as its stream predecessor's programmatic dependent."""
+    spec = get(variant.kernel)
+    if not spec.dependent:
+        return False
+    target = Target.parse(variant.target)
+    return spec.dependent_launch(target.backend, target.capability)
 
 
 def get(kernel: str) -> KernelSpec:

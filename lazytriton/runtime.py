@@ -342,8 +342,9 @@ class Runtime:
         loaded = self._kernels.get((key, device_index))
         if loaded is None:
             from lazytriton import driver
+            from lazytriton.kernels import dependent_launch
 
-            loaded = driver.load(self.resolve(variant).entry, device_index)
+            loaded = driver.load(self.resolve(variant).entry, device_index, dependent_launch(variant))
             self._kernels[(key, device_index)] = loaded
         return loaded
 

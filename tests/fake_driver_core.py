@@ -65,7 +65,7 @@ static void record_launch(int at, void *f, unsigned int gx, unsigned int gy, uns
     s[7] = (int64_t)(uintptr_t)f; s[8] = current_place(); s[9] = extra == NULL;
     n_launches++;
     log[0] = gx; log[1] = gy; log[2] = gz; log[3] = bx; log[4] = shared; log[5] = (int64_t)(uintptr_t)f;
-    log[6] = current_place();
+    log[6] = current_place(); log[7] = 0;
     memset(seen, 0, sizeof seen);
     for (int i = 0; i < n_sizes; i++) {
         seen_null[i] = params[i] == NULL;

@@ -7,7 +7,8 @@ shared memory, stream, function and the context current during the launch.
 Each parameter is read into its own 128-byte record (a host descriptor's
 CUtensorMap is 128 bytes), with the pointer's address modulo 64.
 
-Every launch since ``configure`` is also logged (``launch_log``: grid, block, shared memory, function), so a
+Every launch since ``configure`` is also logged (``launch_log``: grid, block, shared memory, function, the context
+current, and ``programmatic``: 1 for a ``cuLaunchKernelEx`` with programmatic stream serialization), so a
 call of several kernels (decoding: kv_append, the split and the combine kernel) can be followed launch by launch.
 The device has compute capability 9.0 and ``FAKE_SMS`` SMs.
 
@@ -138,6 +139,25 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
         record_launch(3, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
     return launch_status;
 }
+/* cuLaunchKernelEx: recorded as cuLaunchKernel is, the log's last field 1 for programmatic stream serialization */
+typedef struct { int id, pad; union { char bytes[64]; int programmatic; uint64_t align; } value; } fake_attribute;
+typedef struct {
+    unsigned int gx, gy, gz, bx, by, bz, shared;
+    uintptr_t stream;
+    fake_attribute *attrs;
+    unsigned int n_attrs;
+} fake_config;
+int cuLaunchKernelEx(const fake_config *c, void *f, void **params, void **extra) {
+    if (light) {
+        state[0]++;
+        return launch_status;
+    }
+    record_launch(3, f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->shared, c->stream, params, extra);
+    for (unsigned int i = 0; i < c->n_attrs; i++)
+        if (c->attrs[i].id == 6 && c->attrs[i].value.programmatic)
+            launch_log[8 * ((n_launches - 1) & 63) + 7] = 1;
+    return launch_status;
+}
 /* an application's own device memory: host memory (calloc), copies are memcpy, nothing to wait for */
 int cuCtxSetCurrent(void *ctx) { current = ctx; return 0; }
 int cuMemAlloc_v2(uint64_t *ptr, size_t bytes) {
@@ -166,7 +186,7 @@ void fake_set_alloc_status(int status);
 void fake_set_light(int on);
 """
 FAKE_SMS = 132
-LOGGED = ("grid_x", "grid_y", "grid_z", "block_x", "shared", "function")
+LOGGED = ("grid_x", "grid_y", "grid_z", "block_x", "shared", "function", "context", "programmatic")
 STATE = ("launches", "pushes", "pops", "grid_x", "grid_y", "grid_z", "block_x", "block_yz", "shared", "stream",
          "function", "context", "extra_null")
 

@@ -210,7 +210,7 @@ def test_a_corrupt_entry_is_dropped_logged_counted_rebuilt_and_never_launched(
 
     loaded: list[Entry] = []
 
-    def fake_load(entry: Entry, device_index: int) -> object:
+    def fake_load(entry: Entry, device_index: int, dependent: bool = False) -> object:
         loaded.append(entry)
         return ("handle", device_index)
 
@@ -237,7 +237,8 @@ def test_a_corrupt_entry_with_jit_off_raises_and_is_never_launched(
     tier.close()
     monkeypatch.setenv("LAZYTRITON_JIT", "0")
     config.reset()
-    monkeypatch.setattr(lazytriton.driver, "load", lambda entry, index: pytest.fail("launched a corrupt entry"))
+    monkeypatch.setattr(lazytriton.driver, "load",
+                        lambda entry, index, dependent=False: pytest.fail("launched a corrupt entry"))
     with pytest.raises(KernelNotFound):
         runtime.get().kernel(VARIANT, 0)
     assert runtime.get().counters().get("corrupt") == 1

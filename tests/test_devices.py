@@ -178,7 +178,7 @@ def test_the_helpers_plan_holds_the_loading_devices_context(api: gpu.CudaApi, fa
     if plan is None:
         assert kernel.fast is None, "the ABI path holds no plan"
         return
-    function, ctx = struct.unpack_from("<7Q", plan)[5:7]
+    function, ctx = struct.unpack_from("<8Q", plan)[6:8]
     assert (function, ctx) == (_function(kernel), context(1))
 
 

@@ -158,7 +158,7 @@ def test_a_malformed_plan_is_refused_not_read(helper: Any) -> None:
     with pytest.raises(ValueError, match="malformed plan"):
         helper.launch(plan[:-1], 1, 1, 1, 0, (1,), (1.0,))
     bad_slot = bytearray(fastlaunch.pack_plan((1, 2, 3, 4), 5, 6, 128, 0, (0, 7)))
-    struct.pack_into("<i", bad_slot, 7 * 8 + 2 * 4 + 4, 2)  # n_ints 2: int slot 7 of 2 ints
+    struct.pack_into("<i", bad_slot, struct.calcsize("<8Q2Ii"), 2)  # n_ints 2: int slot 7 of 2 ints
     with pytest.raises(ValueError, match="slot 7 of parameter 1"):
         helper.launch(bytes(bad_slot), 1, 1, 1, 0, (1, 2), ())
     with pytest.raises(ValueError, match="malformed plan"):  # descriptors in an immutable plan: no cache to keep

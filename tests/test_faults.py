@@ -222,7 +222,8 @@ def compiled() -> Entry:
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
     """What reached the driver: a list of entries, instead of a GPU launch."""
     loaded: list[Entry] = []
-    monkeypatch.setattr(lazytriton.driver, "load", lambda entry, index: loaded.append(entry) or ("handle", index))
+    monkeypatch.setattr(lazytriton.driver, "load",
+                        lambda entry, index, dependent=False: loaded.append(entry) or ("handle", index))
     return loaded
 
 

@@ -574,16 +574,16 @@ def test_nv_cvt_converts_v_in_the_loads_layout(kv: str) -> None:
     from lazytriton.kernels import get
 
     spec = get("flash_decode_split")
-    assert spec.target_constexprs("cuda", 90) == {"NV_CVT": NV_CVT_FROM is not None and 90 >= NV_CVT_FROM}
-    on = replace(spec, capability_flags=(("NV_CVT", 89),))
-    assert on.target_constexprs("cuda", 90) == {"NV_CVT": True}
-    assert on.target_constexprs("cuda", 80) == on.target_constexprs("hip", 0) == {"NV_CVT": False}
+    assert spec.target_constexprs("cuda", 90)["NV_CVT"] == (NV_CVT_FROM is not None and 90 >= NV_CVT_FROM)
+    on = replace(spec, capability_flags=(("NV_CVT", 89), ("PDL", None)))
+    assert on.target_constexprs("cuda", 90) == {"NV_CVT": True, "PDL": False}
+    assert on.target_constexprs("cuda", 80) == on.target_constexprs("hip", 0) == {"NV_CVT": False, "PDL": False}
     variant = dispatch.kernel_variant("flash_decode_split", Target.parse("sm_90"), "bf16", 128, False, True, 4,
                                       4096, kv_fp8=kv)
     fn = getattr(importlib.import_module(spec.module), spec.function)
     ptx = {}
     for flag in (True, False):
-        constexprs = {**kernel_constexprs(variant, spec.constexprs), "NV_CVT": flag}
+        constexprs = {**kernel_constexprs(variant, spec.constexprs), "NV_CVT": flag, "PDL": False}
         source = ASTSource(fn, on.signature("bf16", False, constexprs), constexprs=constexprs,
                            attrs=divisibility_hints(spec, variant))
         ptx[flag] = str(triton.compile(source, target=GPUTarget("cuda", 90, 32),

@@ -156,7 +156,7 @@ def test_a_blocked_kernel_load_delays_no_load_of_another_key(monkeypatch: pytest
         rt.local.put(variant.key(), fake_entry(variant))
     started, release = threading.Event(), threading.Event()
 
-    def load(entry: Entry, device_index: int) -> tuple[str, int]:
+    def load(entry: Entry, device_index: int, dependent: bool = False) -> tuple[str, int]:
         if entry.key == COMPILING.key():
             started.set()
             release.wait(BLOCK_S)

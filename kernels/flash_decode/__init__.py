@@ -84,6 +84,14 @@ float8 cache's V tile is converted to float16 by PTX's
 ``cvt.rn.f16x2.e4m3x2``/``e5m2x2`` in the load's own layout (see
 ``triton_kernel.py``); false elsewhere and in the interpreter, where
 Triton's conversion runs.
+
+``PDL`` (a capability flag of both kernels, true on CUDA from ``PDL_FROM``)
+is Hopper's programmatic dependent launch of the pair: the split kernel lets
+the combine kernel launch as soon as every split program runs
+(``gdc_launch_dependents``), and the combine kernel, launched with
+programmatic stream serialization (``dependent``), waits for the split grid's
+memory (``gdc_wait``) before it reads the partials, so its launch and start
+overlap the split grid's tail.
 """
 
 from __future__ import annotations
@@ -95,6 +103,9 @@ FAMILY = "flash_decode"
 # instructions than Triton's conversion (contiguous e4m3 tile at head dim 128), but the tile's shared memory
 # doubles (one program a SM where there were two). experiments/probe_decode_fp8_tiles.py --nv-cvt times it.
 NV_CVT_FROM: int | None = None
+# PDL's least CUDA capability (90: Hopper's griddepcontrol), None: off. Off until a GPU measures it:
+# experiments/probe_decode_pdl.py times the pair with and without it.
+PDL_FROM: int | None = None
 MODULE = "lazytriton.kernels.flash_decode.triton_kernel"
 
 
@@ -149,7 +160,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
     aligned_params=("Q", "K", "V", "Out") + tuple(name for name, _ in _strides("q", "k", "v", "o")),
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
     flags=("FUSED_COMBINE",),
-    capability_flags=(("NV_CVT", NV_CVT_FROM),),
+    capability_flags=(("NV_CVT", NV_CVT_FROM), ("PDL", PDL_FROM)),
 )
 
 _COMBINE_STRIDES = _strides("o")
@@ -173,6 +184,8 @@ FLASH_DECODE_COMBINE = KernelSpec(
     ),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "SINKS"),
     aligned_params=("Out",) + tuple(name for name, _ in _COMBINE_STRIDES),
+    capability_flags=(("PDL", PDL_FROM),),
+    dependent="PDL",
 )
 
 KERNELS = (FLASH_DECODE_SPLIT, FLASH_DECODE_COMBINE)

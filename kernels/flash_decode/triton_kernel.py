@@ -346,7 +346,10 @@ def flash_decode_split_kernel(
     KV_FP8: tl.constexpr = "none", QV: tl.constexpr = False, KEY_MASK: tl.constexpr = False,
     FUSED_COMBINE: tl.constexpr = False,
     NV_CVT: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # the combine kernel may launch now: it waits for this grid's memory before it reads the partials
+        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0) % num_splits
     start_m = (tl.program_id(0) // num_splits) * BLOCK_M
     kv_head = tl.program_id(1)
@@ -585,7 +588,10 @@ def flash_decode_combine_kernel(
     heads_q, seqlen_q, head_dim, num_splits, n_rows,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     SINKS: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched as the split kernel's programmatic dependent: its partials are complete after this
+        tl.extra.cuda.gdc_wait()
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_r < n_rows
     offs_d = tl.arange(0, BLOCK_D)

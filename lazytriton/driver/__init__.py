@@ -12,12 +12,15 @@ from lazytriton.cache_format import Entry
 from lazytriton.driver.gpu import DriverError, LoadedKernel
 
 
-def load(entry: Entry, device_index: int) -> LoadedKernel:
-    """Load ``entry``'s binary on GPU ``device_index`` (CUDA or HIP by the entry's kind)."""
+def load(entry: Entry, device_index: int, dependent: bool = False) -> LoadedKernel:
+    """Load ``entry``'s binary on GPU ``device_index`` (CUDA or HIP by the entry's kind).
+
+    ``dependent``: launch it as its stream predecessor's programmatic dependent (``KernelSpec.dependent``).
+    """
     from lazytriton.driver import gpu
 
     api = gpu.cuda() if entry.kind == "cubin" else gpu.hip()
-    return api.load(entry, device_index)
+    return api.load(entry, device_index, dependent)
 
 
 __all__ = ["DriverError", "LoadedKernel", "load"]

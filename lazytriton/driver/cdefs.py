@@ -41,6 +41,18 @@ CUresult cuGetErrorString(CUresult error, const char **pStr);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                         unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                         unsigned int sharedMemBytes, uintptr_t hStream, void **kernelParams, void **extra);
+typedef struct {
+    int id;
+    int pad;
+    union { char bytes[64]; int programmatic; uint64_t align; } value;
+} CUlaunchAttribute;
+typedef struct {
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    uintptr_t hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 CUresult cuTensorMapEncodeTiled(void *tensorMap, int tensorDataType, uint32_t tensorRank, void *globalAddress,
                                 const uint64_t *globalDim, const uint64_t *globalStrides, const uint32_t *boxDim,
                                 const uint32_t *elementStrides, int interleave, int swizzle, int l2Promotion,

@@ -44,7 +44,7 @@ from lazytriton.cache_format.tensordesc import TensorDescMeta
 log = logging.getLogger("lazytriton.driver")
 
 MODULE = "lazytriton.driver._fastlaunch"
-PLAN_VERSION = 2  # the helper's PLAN_VERSION: 2 added the encode address and host descriptors
+PLAN_VERSION = 3  # the helper's PLAN_VERSION: 2 added the encode address and host descriptors, 3 cuLaunchKernelEx's
 NULL_SLOT = -32768  # the helper's LT_FAST_NULL_SLOT: a NULL pointer (hidden scratch of size 0)
 MAX_PARAMS = 512  # LT_FAST_MAX_PARAMS
 MAX_SLOTS = 32767
@@ -231,28 +231,34 @@ def path_name() -> str:
 
 
 def make_driver(launch: int, ctx_get_current: int, ctx_push: int, ctx_pop: int,
-                encode: int = 0) -> tuple[int, ...] | None:
+                encode: int = 0, launch_ex: int = 0) -> tuple[int, ...] | None:
     """The addresses of the driver functions the helper calls; None without the helper.
 
-    ``encode`` is cuTensorMapEncodeTiled's, 0 when the driver lacks it.
+    ``encode`` is cuTensorMapEncodeTiled's, ``launch_ex`` cuLaunchKernelEx's (a programmatic dependent's
+    launch), each 0 when the driver lacks it.
     """
     if _module() is None:
         return None
-    return (launch, ctx_get_current, ctx_push, ctx_pop, encode)
+    return (launch, ctx_get_current, ctx_push, ctx_pop, encode, launch_ex)
 
 
 def pack_plan(driver: tuple[int, ...], function: int, context: int, block: int, shared: int,
-              slots: Sequence[int], descriptors: Sequence[TensorDescMeta] = ()) -> bytes | bytearray:
+              slots: Sequence[int], descriptors: Sequence[TensorDescMeta] = (),
+              dependent: bool = False) -> bytes | bytearray:
     """The helper's plan for one loaded kernel: its C struct ``lt_plan``, the int16 slots, an ``lt_desc`` each.
 
     With descriptors the plan is a bytearray whose tail is the helper's cache
-    of encoded maps (zeros: empty).
+    of encoded maps (zeros: empty). ``dependent``: the kernel is launched as
+    its stream predecessor's programmatic dependent (``KernelSpec.dependent``),
+    through cuLaunchKernelEx where the driver has it (the plan's launch_ex
+    address; 0: cuLaunchKernel, which the kernel's wait makes right too).
     """
     n_ints = int_slots(slots)
     n_floats = sum(1 for slot in slots if -MAX_PARAMS <= slot < 0)
-    driver = tuple(driver) + (0,) * (5 - len(driver))
-    header = struct.pack("<7Q2I4i", *driver, function, context, block, shared, len(slots), n_ints, n_floats,
-                         len(descriptors))
+    driver = tuple(driver) + (0,) * (6 - len(driver))
+    launch_ex = driver[5] if dependent else 0
+    header = struct.pack("<8Q2I4i", *driver[:5], launch_ex, function, context, block, shared, len(slots), n_ints,
+                         n_floats, len(descriptors))
     plan = header + struct.pack(f"<{len(slots)}h", *slots)
     if not descriptors:
         return plan
@@ -263,7 +269,8 @@ def pack_plan(driver: tuple[int, ...], function: int, context: int, block: int, 
 
 
 def launcher(driver: tuple[int, ...] | None, function: int, context: int, block: int, shared: int,
-             slots: Sequence[int], descriptors: Sequence[TensorDescMeta] = ()) -> Callable[..., int] | None:
+             slots: Sequence[int], descriptors: Sequence[TensorDescMeta] = (),
+             dependent: bool = False) -> Callable[..., int] | None:
     """``fast(grid_x, grid_y, grid_z, stream, ints, floats) -> status`` for one loaded kernel.
 
     None when the helper is off or not built. Status 0 is success, another
@@ -276,7 +283,8 @@ def launcher(driver: tuple[int, ...] | None, function: int, context: int, block:
         return None
     if descriptors and driver[4] == 0:
         return None  # the driver has no cuTensorMapEncodeTiled: the ABI path says so at launch
-    return functools.partial(module.launch, pack_plan(driver, function, context, block, shared, slots, descriptors))
+    return functools.partial(module.launch, pack_plan(driver, function, context, block, shared, slots, descriptors,
+                                                      dependent))
 
 
 def plan_bytes(fast: Callable[..., int] | None) -> bytes | bytearray | None:

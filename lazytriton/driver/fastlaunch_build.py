@@ -39,7 +39,7 @@ class BuildError(RuntimeError):
     """What the build lacks or what the compiler said, plainly."""
 
 
-# The plan a launcher holds, as ``fastlaunch.launcher`` packs it (struct "<7Q2I4i", int16 slots, then per host
+# The plan a launcher holds, as ``fastlaunch.launcher`` packs it (struct "<8Q2I4i", int16 slots, then per host
 # descriptor an lt_desc and, at the end, an lt_desc_cache each: the plan is then a bytearray the helper updates),
 # and the launch from it: C that also compiles as C++, included by the C++ warm path (hotpath_build.py).
 PLAN_SOURCE = r"""
@@ -59,8 +59,23 @@ typedef int (*lt_cu_ctx_pop_t)(void **);
 typedef int (*lt_cu_encode_t)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *, const uint32_t *,
                               const uint32_t *, int, int, int, int);
 
+/* CUlaunchAttribute and CUlaunchConfig as cuda.h lays them out, for cuLaunchKernelEx */
+typedef struct {
+    int id, pad;
+    union { char bytes[64]; int programmatic; uint64_t align; } value;
+} lt_launch_attribute;
+typedef struct {
+    unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+    uintptr_t stream;
+    lt_launch_attribute *attrs;
+    unsigned int n_attrs;
+} lt_launch_config;
+typedef int (*lt_cu_launch_ex_t)(const lt_launch_config *, void *, void **, void **);
+#define LT_PROGRAMMATIC_STREAM_SERIALIZATION 6 /* CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION */
+
 typedef struct {
     uint64_t launch, ctx_get_current, ctx_push, ctx_pop, encode; /* driver function addresses (encode may be 0) */
+    uint64_t launch_ex; /* cuLaunchKernelEx for a programmatic dependent (KernelSpec.dependent), else 0 */
     uint64_t function, context;                          /* CUfunction, the CUcontext it was loaded in */
     uint32_t block, shared;
     int32_t n_params, n_ints, n_floats, n_descs;
@@ -170,8 +185,9 @@ static int lt_plan_read(PyObject *plan_obj, lt_plan *plan, unsigned char **raw, 
    layout[i] says where kernel parameter i lives: >= 0 an index into ints (pointers and integers, 8 bytes
    each; the driver reads 4 of an i32, the low half on little-endian hosts), -1 - j floats[j], LT_NULL_SLOT
    a NULL pointer (a hidden scratch parameter of size 0), LT_DESC_SLOT - d the map of descriptor d (by value).
-   Returns 0, the CUDA error of cuLaunchKernel, LT_PUSH_FAILED + that of cuCtxPushCurrent, LT_ENCODE_FAILED +
-   that of cuTensorMapEncodeTiled, or -1 with a Python error set. Runs no Python code: the plan's bytes stay put.
+   Returns 0, the CUDA error of cuLaunchKernel (cuLaunchKernelEx for a plan with launch_ex), LT_PUSH_FAILED + that
+   of cuCtxPushCurrent, LT_ENCODE_FAILED + that of cuTensorMapEncodeTiled, or -1 with a Python error set. Runs no
+   Python code: the plan's bytes stay put.
    Shared by _fastlaunch (C) and _hotpath (C++): both compile this same text. */
 static long lt_plan_launch(PyObject *plan_obj, unsigned int gx, unsigned int gy, unsigned int gz, uintptr_t stream,
                            const int64_t *ints, Py_ssize_t n_ints, const float *floats, Py_ssize_t n_floats) {
@@ -234,8 +250,19 @@ static long lt_plan_launch(PyObject *plan_obj, unsigned int gx, unsigned int gy,
     if (status != 0) {
         status += LT_PUSH_FAILED;
     } else {
-        status = ((lt_cu_launch_t)(uintptr_t)plan.launch)((void *)(uintptr_t)plan.function, gx, gy, gz, plan.block,
-                                                          1, 1, plan.shared, (uintptr_t)stream, params, NULL);
+        if (plan.launch_ex) { /* the stream's previous kernel may still run: this one waits for its memory */
+            lt_launch_attribute attr;
+            memset(&attr, 0, sizeof attr);
+            attr.id = LT_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmatic = 1;
+            lt_launch_config config = {gx, gy, gz, plan.block, 1, 1, plan.shared, (uintptr_t)stream, &attr, 1};
+            status = ((lt_cu_launch_ex_t)(uintptr_t)plan.launch_ex)(&config, (void *)(uintptr_t)plan.function,
+                                                                    params, NULL);
+        } else {
+            status = ((lt_cu_launch_t)(uintptr_t)plan.launch)((void *)(uintptr_t)plan.function, gx, gy, gz,
+                                                              plan.block, 1, 1, plan.shared, (uintptr_t)stream,
+                                                              params, NULL);
+        }
         if (pushed)
             ((lt_cu_ctx_pop_t)(uintptr_t)plan.ctx_pop)(&current);
     }

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 _DEFAULT_SHARED_LIMIT = 48 * 1024
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
 class DriverError(RuntimeError):
@@ -75,13 +76,14 @@ class _ArgBuffers:
 class LoadedKernel:
     """An entry loaded on one device, ready to launch."""
 
-    __slots__ = ("entry", "device_index", "function", "block", "shared", "fast", "_api", "_tls", "_n_ints",
-                 "_scratch", "_launcher", "_slots", "_descs")
+    __slots__ = ("entry", "device_index", "function", "block", "shared", "fast", "dependent", "_api", "_tls",
+                 "_n_ints", "_scratch", "_launcher", "_slots", "_descs")
 
-    def __init__(self, api: _GpuApi, entry: Entry, device_index: int, function: Any) -> None:
+    def __init__(self, api: _GpuApi, entry: Entry, device_index: int, function: Any, dependent: bool = False) -> None:
         self.entry = entry
         self.device_index = device_index
         self.function = function
+        self.dependent = dependent  # launched as its stream predecessor's programmatic dependent (KernelSpec's)
         self.block = entry.block_threads
         self.shared = entry.shared
         self._api = api
@@ -199,7 +201,7 @@ class _GpuApi:
         """The compiled helper's launcher for ``kernel``, or None for the ABI-mode path (the default)."""
         return None
 
-    def load(self, entry: Entry, device_index: int) -> LoadedKernel:
+    def load(self, entry: Entry, device_index: int, dependent: bool = False) -> LoadedKernel:
         raise NotImplementedError
 
     def launch(self, kernel: LoadedKernel, grid: tuple[int, int, int], stream: int, buffers: _ArgBuffers) -> None:
@@ -221,11 +223,18 @@ class CudaApi(_GpuApi):
         self.check(self.lib.cuInit(0), "cuInit")
         self.driver_functions = tuple(self._address(name) for name in (
             "cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
-        try:  # CUDA 12.0+ drivers; without it, descriptor kernels fail at launch with a clear error
-            self.driver_functions += (self._address("cuTensorMapEncodeTiled"),)
-        except (AttributeError, self.ffi.error):  # cffi: ffi.error for a symbol the library lacks
-            self.driver_functions += (0,)
+        # CUDA 12.0+ drivers; without it, descriptor kernels fail at launch with a clear error. Then CUDA 11.8+'s
+        # cuLaunchKernelEx: without it a programmatic dependent launches plainly (its wait returns at once).
+        self.driver_functions += (self._optional("cuTensorMapEncodeTiled"), self._optional("cuLaunchKernelEx"))
+        self._launch_ex = self.lib.cuLaunchKernelEx if self.driver_functions[5] else None
         self.descriptors = True
+
+    def _optional(self, name: str) -> int:
+        """A driver function's address, 0 where the library lacks it."""
+        try:
+            return self._address(name)
+        except (AttributeError, self.ffi.error):  # cffi: ffi.error for a symbol the library lacks
+            return 0
 
     def _address(self, name: str) -> int:
         return int(self.ffi.cast("uintptr_t", getattr(self.lib, name)))
@@ -235,7 +244,7 @@ class CudaApi(_GpuApi):
         return fastlaunch.launcher(fastlaunch.make_driver(*self.driver_functions),
                                    int(self.ffi.cast("uintptr_t", kernel.function)),
                                    int(self.ffi.cast("uintptr_t", ctx)), kernel.block, kernel.shared, slots,
-                                   kernel.entry.tensordesc_meta)
+                                   kernel.entry.tensordesc_meta, kernel.dependent)
 
     def encode(self, out: Any, swizzle: int, dtype: int, rank: int, base: int, dims: list[int],
                strides: list[int], box: list[int]) -> None:
@@ -270,7 +279,7 @@ class CudaApi(_GpuApi):
             self._contexts[device_index] = (ctx[0], optin[0])
         return self._contexts[device_index]
 
-    def load(self, entry: Entry, device_index: int) -> LoadedKernel:
+    def load(self, entry: Entry, device_index: int, dependent: bool = False) -> LoadedKernel:
         ctx, shared_limit = self._context(device_index)
         if entry.shared > shared_limit:
             raise DriverError(f"entry {entry.key} needs {entry.shared} bytes of shared memory; "
@@ -287,7 +296,7 @@ class CudaApi(_GpuApi):
                                                        entry.shared), "cuFuncSetAttribute")
         finally:
             self.lib.cuCtxPopCurrent_v2(self.ffi.new("CUcontext *"))
-        return LoadedKernel(self, entry, device_index, function[0])
+        return LoadedKernel(self, entry, device_index, function[0], dependent)
 
     def aux(self) -> Any:
         return self.ffi.new("CUcontext *")
@@ -300,13 +309,33 @@ class CudaApi(_GpuApi):
         if pushed:  # a function runs only in the context it was loaded in
             self.check(self.lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
         try:
-            status = self._launch(kernel.function, grid[0], grid[1], grid[2], kernel.block, 1, 1,
-                                  kernel.shared, stream, buffers.params, self.ffi.NULL)
+            if kernel.dependent and self._launch_ex is not None:
+                config, _attribute = self._dependent_config(kernel, grid, stream)  # the config points at it
+                status = self._launch_ex(config, kernel.function, buffers.params, self.ffi.NULL)
+            else:
+                status = self._launch(kernel.function, grid[0], grid[1], grid[2], kernel.block, 1, 1,
+                                      kernel.shared, stream, buffers.params, self.ffi.NULL)
         finally:
             if pushed:
                 self.lib.cuCtxPopCurrent_v2(out)
         if status != 0:
             self.check(status, f"cuLaunchKernel({kernel.entry.name}, grid={grid})")
+
+
+    def _dependent_config(self, kernel: LoadedKernel, grid: tuple[int, int, int], stream: int) -> tuple[Any, Any]:
+        """The configuration of a launch with programmatic stream serialization, and its attribute.
+
+        For cuLaunchKernelEx; the configuration points at the attribute: the caller keeps both alive through it.
+        """
+        config = self.ffi.new("CUlaunchConfig *")
+        attribute = self.ffi.new("CUlaunchAttribute *")
+        attribute.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmatic = 1
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = kernel.block, 1, 1
+        config.sharedMemBytes, config.hStream = kernel.shared, stream
+        config.attrs, config.numAttrs = attribute, 1
+        return config, attribute
 
 
 class HipApi(_GpuApi):
@@ -331,7 +360,7 @@ class HipApi(_GpuApi):
             self.check(self.lib.hipSetDevice(device_index), "hipSetDevice")
         return int(current[0])
 
-    def load(self, entry: Entry, device_index: int) -> LoadedKernel:
+    def load(self, entry: Entry, device_index: int, dependent: bool = False) -> LoadedKernel:
         previous = self._with_device(device_index)
         try:
             module = self.ffi.new("hipModule_t *")
