@@ -321,7 +321,6 @@ class CudaApi(_GpuApi):
         if status != 0:
             self.check(status, f"cuLaunchKernel({kernel.entry.name}, grid={grid})")
 
-
     def _dependent_config(self, kernel: LoadedKernel, grid: tuple[int, int, int], stream: int) -> tuple[Any, Any]:
         """The configuration of a launch with programmatic stream serialization, and its attribute.
 
