@@ -227,3 +227,15 @@ def test_helper_takes_what_layouts_limit_takes(kinds: list[str], scratch: list[i
         limited = None
     assert fastlaunch.helper_takes(slots) == (limited is not None)
     assert limited is None or limited == slots
+
+
+def test_the_helpers_plan_layout_is_the_version_python_packs(helper: Any) -> None:
+    """The C text's layout version is the one ``pack_plan`` packs, and a built helper reports it."""
+    from lazytriton.driver import fastlaunch_build
+
+    assert f"#define LT_FAST_PLAN_VERSION {fastlaunch.PLAN_VERSION} " in fastlaunch_build.PLAN_SOURCE
+    assert helper.PLAN_VERSION == fastlaunch.PLAN_VERSION
+    header = struct.calcsize("<8Q2I4i")
+    plan = fastlaunch.pack_plan((1, 2, 3, 4, 5, 6), 7, 8, 128, 0, (0,), dependent=True)
+    assert struct.unpack_from("<8Q", plan) == (1, 2, 3, 4, 5, 6, 7, 8) and len(plan) == header + 2
+    assert struct.unpack_from("<8Q", fastlaunch.pack_plan((1, 2, 3, 4, 5, 6), 7, 8, 128, 0, (0,)))[5] == 0

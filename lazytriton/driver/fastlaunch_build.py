@@ -91,6 +91,7 @@ typedef struct {
     unsigned char map[128];
 } lt_desc_cache;
 
+#define LT_FAST_PLAN_VERSION 3 /* this layout's version: fastlaunch.PLAN_VERSION */
 #define LT_MAX_PARAMS 512
 #define LT_MAX_DESCS 16
 #define LT_NULL_SLOT (-32768)
@@ -359,7 +360,7 @@ static struct PyModuleDef lt_module = {PyModuleDef_HEAD_INIT, "_fastlaunch", NUL
 
 PyMODINIT_FUNC PyInit__fastlaunch(void) {
     PyObject *module = PyModule_Create(&lt_module);
-    if (module != NULL && (PyModule_AddIntConstant(module, "PLAN_VERSION", 2) < 0 ||
+    if (module != NULL && (PyModule_AddIntConstant(module, "PLAN_VERSION", LT_FAST_PLAN_VERSION) < 0 ||
                            PyModule_AddIntConstant(module, "MAX_PARAMS", LT_MAX_PARAMS) < 0)) {
         Py_DECREF(module);
         return NULL;
