@@ -40,11 +40,17 @@ from lazytriton.record import replace
 
 
 def pdl_on() -> None:
-    """Both decode kernels' PDL flag from sm_90 in this process, as ``PDL_FROM = 90`` would set it."""
-    for name in ("flash_decode_split", "flash_decode_combine"):
-        spec = kernels.get(name)
+    """Both decode kernels' PDL flag from sm_90 in this process, as ``PDL_FROM = 90`` would set it.
+
+    Before the descriptions are first looked up: their fingerprints (the keys) follow them.
+    """
+    import lazytriton.kernels.flash_decode as family
+
+    for attribute in ("FLASH_DECODE_SPLIT", "FLASH_DECODE_COMBINE"):
+        spec = getattr(family, attribute)
         flags = tuple((flag, 90 if flag == "PDL" else at) for flag, at in spec.capability_flags)
-        kernels._looked_up[name] = replace(spec, capability_flags=flags)  # noqa: SLF001 (this probe's own process)
+        setattr(family, attribute, replace(spec, capability_flags=flags))
+        assert kernels.get(spec.name) is getattr(family, attribute), "looked up before the patch"
 
 
 def behind_spin_us(fn, calls: int) -> float:
