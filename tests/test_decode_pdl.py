@@ -21,7 +21,7 @@ from test_driver import _entry
 from test_flash_fwd import on_gpu
 
 import lazytriton
-from lazytriton import kernels
+from lazytriton import config, kernels
 from lazytriton.driver import fastlaunch, gpu
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_decode import PDL_FROM, binding, checks
@@ -157,7 +157,7 @@ def test_gpu_decoding_with_pdl_gives_the_plain_pairs_bits(monkeypatch: pytest.Mo
     results = {}
     for least in (None, 90):
         _with_pdl(monkeypatch, least)
-        lazytriton.configure(cache_dir=tmp_path / f"cache-{least}")  # each flag's own binaries
+        config.configure(cache_dir=tmp_path / f"cache-{least}")  # each flag's own binaries, a fresh runtime
         out, lse = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, return_softmax_lse=True)
         call = checks.check(checks.Inputs(q, k_cache, v_cache, cache_seqlens=lens))
         combine = binding.plan(q.device, q.dtype, call, *binding.layout_flags(checks.Inputs(q, k_cache, v_cache),
