@@ -31,12 +31,18 @@ from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.kernels.trust import trusted_indices
 
 
-def event_us(fn, calls: int) -> float:
-    """Median over 5 rounds of the µs a call, ``calls`` calls back to back between two events."""
+def event_us(fn, calls: int, spin: int = 0) -> float:
+    """Median over 5 rounds of the µs a call, ``calls`` calls back to back between two events.
+
+    ``spin``: cycles of a spin kernel before the first event, so the host enqueues every call before the device
+    reaches them (the device's time alone).
+    """
     rounds = []
     for _ in range(5):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
+        if spin:
+            torch.cuda._sleep(spin)
         start.record()
         for _ in range(calls):
             fn()

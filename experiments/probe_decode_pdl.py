@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from probe_decode_b1 import event_us, graphed
 
 import lazytriton
 from lazytriton import kernels
@@ -55,32 +55,12 @@ def pdl_on() -> None:
 
 def behind_spin_us(fn, calls: int) -> float:
     """Median over 5 rounds of the µs a call, ``calls`` calls enqueued behind a spin (the device never waits)."""
-    rounds = []
-    for _ in range(5):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(40_000_000)  # ~20 ms: longer than the host takes to enqueue the calls
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        torch.cuda.synchronize()
-        rounds.append(start.elapsed_time(stop) * 1e3 / calls)
-    return statistics.median(rounds)
+    return event_us(fn, calls, spin=40_000_000)  # ~20 ms: longer than the host takes to enqueue the calls
 
 
 def graph_us(fn, calls: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return behind_spin_us(graph.replay, 1) / calls
+    """The µs a call, ``calls`` calls captured in one CUDA graph and replayed behind a spin."""
+    return behind_spin_us(graphed(fn, calls), 1) / calls
 
 
 def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[str, float]:

@@ -21,6 +21,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lazytriton.driver")
 
+# cuLaunchKernelEx's configuration as cuda.h lays it out (one attribute's value: a union of 64 bytes); the launch
+# helper's C text (fastlaunch_build.PLAN_SOURCE) declares the same structs under its own names.
+LAUNCH_CONFIG_CDEF = """typedef struct {
+    int id;
+    int pad;
+    union { char bytes[64]; int programmatic; uint64_t align; } value;
+} CUlaunchAttribute;
+typedef struct {
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    uintptr_t hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+"""
+
 CUDA_CDEF = """
 typedef int CUresult;
 typedef int CUdevice;
@@ -41,17 +56,7 @@ CUresult cuGetErrorString(CUresult error, const char **pStr);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                         unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                         unsigned int sharedMemBytes, uintptr_t hStream, void **kernelParams, void **extra);
-typedef struct {
-    int id;
-    int pad;
-    union { char bytes[64]; int programmatic; uint64_t align; } value;
-} CUlaunchAttribute;
-typedef struct {
-    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    uintptr_t hStream;
-    CUlaunchAttribute *attrs;
-    unsigned int numAttrs;
-} CUlaunchConfig;
+""" + LAUNCH_CONFIG_CDEF + """\
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 CUresult cuTensorMapEncodeTiled(void *tensorMap, int tensorDataType, uint32_t tensorRank, void *globalAddress,
                                 const uint64_t *globalDim, const uint64_t *globalStrides, const uint32_t *boxDim,

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from lazytriton import fsutil
+from lazytriton.driver.cdefs import LAUNCH_CONFIG_CDEF
 
 MODULE = "lazytriton.driver._fastlaunch"
 FILE_NAME = "_fastlaunch" + importlib.machinery.EXTENSION_SUFFIXES[0]  # the name an import of MODULE finds first
@@ -59,17 +60,9 @@ typedef int (*lt_cu_ctx_pop_t)(void **);
 typedef int (*lt_cu_encode_t)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *, const uint32_t *,
                               const uint32_t *, int, int, int, int);
 
-/* CUlaunchAttribute and CUlaunchConfig as cuda.h lays them out, for cuLaunchKernelEx */
-typedef struct {
-    int id, pad;
-    union { char bytes[64]; int programmatic; uint64_t align; } value;
-} lt_launch_attribute;
-typedef struct {
-    unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
-    uintptr_t stream;
-    lt_launch_attribute *attrs;
-    unsigned int n_attrs;
-} lt_launch_config;
+/* CUlaunchAttribute and CUlaunchConfig as cuda.h lays them out, for cuLaunchKernelEx (cdefs.LAUNCH_CONFIG_CDEF) */
+""" + LAUNCH_CONFIG_CDEF.replace("CUlaunchAttribute", "lt_launch_attribute").replace(
+    "CUlaunchConfig", "lt_launch_config") + r"""
 typedef int (*lt_cu_launch_ex_t)(const lt_launch_config *, void *, void **, void **);
 #define LT_PROGRAMMATIC_STREAM_SERIALIZATION 6 /* CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION */
 
