@@ -139,6 +139,9 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
         record_launch(3, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
     return launch_status;
 }
+static int driver_version = 13000;
+void fake_set_driver_version(int version) { driver_version = version; }
+int cuDriverGetVersion(int *version) { *version = driver_version; return 0; }
 /* cuLaunchKernelEx: recorded as cuLaunchKernel is, the log's last field 1 for programmatic stream serialization */
 typedef struct { int id, pad; union { char bytes[64]; int programmatic; uint64_t align; } value; } fake_attribute;
 typedef struct {
@@ -179,6 +182,7 @@ int cuCtxSynchronize(void) { return 0; }
 
 CDEF = """
 int fake_configure(int n, const int *param_sizes, int status);
+void fake_set_driver_version(int version);
 void fake_set_current(uintptr_t ctx);
 void fake_set_encode_status(int status);
 int fake_encodes(int64_t *out);
@@ -207,6 +211,10 @@ class Fake(FakeDriver):
     def configure(self, sizes: list[int], status: int = 0) -> None:
         assert self.lib.fake_configure(len(sizes), self.ffi.new("int[]", sizes or [0]), status) == 0
         self.sizes = sizes
+
+    def set_driver_version(self, version: int) -> None:
+        """What cuDriverGetVersion says (13000, CUDA 13.0, until set)."""
+        self.lib.fake_set_driver_version(version)
 
     def set_current(self, ctx: int) -> None:
         self.lib.fake_set_current(ctx)

@@ -120,6 +120,11 @@ def test_a_dependent_kernel_launches_with_programmatic_stream_serialization(
     assert _launch(fake_library, monkeypatch, module, dependent=True)["programmatic"] == 1
     assert _launch(fake_library, monkeypatch, module, dependent=False)["programmatic"] == 0
     assert _launch(fake_library, monkeypatch, module, dependent=True, without_ex=True)["programmatic"] == 0
+    Fake(fake_library).set_driver_version(12020)  # a graph captures no programmatic launch before CUDA 12.3
+    try:
+        assert _launch(fake_library, monkeypatch, module, dependent=True)["programmatic"] == 0
+    finally:
+        Fake(fake_library).set_driver_version(13000)
 
 
 def test_the_runtime_loads_each_kernel_as_its_spec_says(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -223,11 +223,20 @@ class CudaApi(_GpuApi):
         self.check(self.lib.cuInit(0), "cuInit")
         self.driver_functions = tuple(self._address(name) for name in (
             "cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
-        # CUDA 12.0+ drivers; without it, descriptor kernels fail at launch with a clear error. Then CUDA 11.8+'s
-        # cuLaunchKernelEx: without it a programmatic dependent launches plainly (its wait returns at once).
-        self.driver_functions += (self._optional("cuTensorMapEncodeTiled"), self._optional("cuLaunchKernelEx"))
+        # CUDA 12.0+ drivers; without it, descriptor kernels fail at launch with a clear error. Then cuLaunchKernelEx
+        # where a CUDA graph can capture a programmatic launch (12.3+): else a programmatic dependent launches
+        # plainly (its wait returns at once).
+        self.driver_functions += (self._optional("cuTensorMapEncodeTiled"),
+                                  self._optional("cuLaunchKernelEx") if self._driver_version() >= 12030 else 0)
         self._launch_ex = self.lib.cuLaunchKernelEx if self.driver_functions[5] else None
         self.descriptors = True
+
+    def _driver_version(self) -> int:
+        """The driver's CUDA version (12030 for 12.3), 0 where it does not say."""
+        if not self._optional("cuDriverGetVersion"):
+            return 0
+        version = self.ffi.new("int *")
+        return int(version[0]) if self.lib.cuDriverGetVersion(version) == 0 else 0
 
     def _optional(self, name: str) -> int:
         """A driver function's address, 0 where the library lacks it."""
