@@ -104,7 +104,7 @@ FAMILY = "flash_decode"
 # doubles (one program a SM where there were two). experiments/probe_decode_fp8_tiles.py --nv-cvt times it.
 NV_CVT_FROM: int | None = None
 # PDL's least CUDA capability (90: Hopper's griddepcontrol), None: off. On from sm_90: on an H100 a batch-1 call
-# takes 6-18% less device time at 1k-16k keys and batch 8 the same or 0-2.5% less, the same bits
+# takes 6-18% less device time at 1k-16k keys, a batch-8 call up to 2.5% less (within 0.4% at worst), the same bits
 # (experiments/probe_decode_pdl.py times the pair with and without it).
 PDL_FROM: int | None = 90
 MODULE = "lazytriton.kernels.flash_decode.triton_kernel"
