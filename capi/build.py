@@ -94,6 +94,7 @@ typedef struct {
     int32_t varlen_new;
     uint64_t lengths_function;
     uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
+    int32_t combine_dependent;
     char variant[512];
 } lt__kvcache_plan_request;
 

@@ -125,6 +125,24 @@ typedef void *lt__CUfunction;
 
 enum { LT__CC_MAJOR = 75, LT__CC_MINOR = 76 }; /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_* */
 
+/* cuLaunchKernelEx's configuration (cuda.h's CUlaunchConfig and CUlaunchAttribute, the one attribute used:
+   CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, whose value is an int). */
+typedef struct {
+    int id;
+    int pad;
+    union { char bytes[64]; int programmatic; uint64_t align; } value;
+} lt__CUlaunchAttribute;
+typedef struct {
+    unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+    void *stream;
+    lt__CUlaunchAttribute *attrs;
+    unsigned int n_attrs;
+} lt__CUlaunchConfig;
+enum { LT__LAUNCH_ATTRIBUTE_PROGRAMMATIC = 6 };
+/* The driver version from which a CUDA graph captures a programmatic launch (12.3); before it a programmatic
+   dependent launches plainly (its wait then returns at once: the stream orders the two kernels). */
+enum { LT__PROGRAMMATIC_DRIVER = 12030 };
+
 static struct {
     lt__CUresult (*init)(unsigned int);
     lt__CUresult (*device_get)(lt__CUdevice *, int);
@@ -138,6 +156,8 @@ static struct {
                            unsigned int, unsigned int, void *, void **, void **);
     /* optional (CUDA 11.2+; NULL without): a plan's scratch memory when the call gives no workspace */
     lt__CUresult (*mem_alloc_async)(uint64_t *, size_t, void *);
+    /* optional (NULL without, or before LT__PROGRAMMATIC_DRIVER): a programmatic dependent's launch */
+    lt__CUresult (*launch_ex)(const lt__CUlaunchConfig *, lt__CUfunction, void **, void **);
     lt__CUresult (*mem_free_async)(uint64_t, void *);
 } lt__cu;
 static pthread_once_t lt__cu_once = PTHREAD_ONCE_INIT;
@@ -171,6 +191,11 @@ static void lt__cu_load(void) {
     }
     *(void **)&lt__cu.mem_alloc_async = dlsym(lib, "cuMemAllocAsync");
     *(void **)&lt__cu.mem_free_async = dlsym(lib, "cuMemFreeAsync");
+    lt__CUresult (*driver_version)(int *) = NULL;
+    *(void **)&driver_version = dlsym(lib, "cuDriverGetVersion");
+    int version = 0;
+    if (driver_version != NULL && driver_version(&version) == 0 && version >= LT__PROGRAMMATIC_DRIVER)
+        *(void **)&lt__cu.launch_ex = dlsym(lib, "cuLaunchKernelEx");
     lt__CUresult status = lt__cu.init(0);
     if (status != 0)
         snprintf(lt__cu_error, sizeof lt__cu_error, "cuInit failed: CUDA error %d (no usable GPU?)", status);
@@ -209,22 +234,39 @@ static lt_status lt__device_context(int32_t device_index, lt__CUcontext *context
     return LT_OK;
 }
 
-/* cuLaunchKernel in context (a function runs only in the context it was loaded in). */
-static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, unsigned int grid_x,
-                               unsigned int grid_y, unsigned int grid_z, unsigned int threads, unsigned int shared,
-                               void *stream, void **params) {
+/* cuLaunchKernel in context (a function runs only in the context it was loaded in); dependent: as its stream
+   predecessor's programmatic dependent (cuLaunchKernelEx with programmatic stream serialization, where the driver
+   has it: the kernel's launch overlaps its predecessor's tail, and the kernel waits for its memory, gdc_wait,
+   kernels/__init__.py's KernelSpec.dependent), else plainly. */
+static lt_status lt__cu_launch_as(lt__CUfunction function, lt__CUcontext context, unsigned int grid_x,
+                                  unsigned int grid_y, unsigned int grid_z, unsigned int threads, unsigned int shared,
+                                  void *stream, void **params, int dependent) {
     lt__CUcontext current = NULL;
     lt__cu.ctx_get_current(&current);
     int pushed = current != context;
     lt__CUresult r;
     if (pushed && (r = lt__cu.ctx_push(context)) != 0)
         return lt__cuda_fail(r, "cuCtxPushCurrent");
-    r = lt__cu.launch(function, grid_x, grid_y, grid_z, threads, 1, 1, shared, stream, params, NULL);
+    if (dependent && lt__cu.launch_ex != NULL) {
+        lt__CUlaunchAttribute attribute;
+        memset(&attribute, 0, sizeof attribute);
+        attribute.id = LT__LAUNCH_ATTRIBUTE_PROGRAMMATIC, attribute.value.programmatic = 1;
+        lt__CUlaunchConfig config = {grid_x, grid_y, grid_z, threads, 1, 1, shared, stream, &attribute, 1};
+        r = lt__cu.launch_ex(&config, function, params, NULL);
+    } else {
+        r = lt__cu.launch(function, grid_x, grid_y, grid_z, threads, 1, 1, shared, stream, params, NULL);
+    }
     if (pushed)
         lt__cu.ctx_pop(&current);
     if (r != 0)
-        return lt__cuda_fail(r, "cuLaunchKernel");
+        return lt__cuda_fail(r, dependent && lt__cu.launch_ex != NULL ? "cuLaunchKernelEx" : "cuLaunchKernel");
     return LT_OK;
+}
+
+static lt_status lt__cu_launch(lt__CUfunction function, lt__CUcontext context, unsigned int grid_x,
+                               unsigned int grid_y, unsigned int grid_z, unsigned int threads, unsigned int shared,
+                               void *stream, void **params) {
+    return lt__cu_launch_as(function, context, grid_x, grid_y, grid_z, threads, shared, stream, params, 0);
 }
 
 #include "lt_check.c" /* lt__call, lt__check: every check of a call */

@@ -83,6 +83,7 @@ typedef struct {
     int32_t varlen_new;          /* in: new keys packed by cu_seqlens_k_new (VARLEN on kv_append, then the lengths) */
     uint64_t lengths_function;   /* out, with varlen_new: kv_append_lengths */
     uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
+    int32_t combine_dependent; /* out: the combine kernel is the split kernel's programmatic dependent */
     char variant[512];
 } lt__kvcache_plan_request;
 
@@ -885,9 +886,9 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     void *combine_params[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN];
     for (int i = 0; i < LT__DECODE_COMBINE_PARAMS + (int)r->combine_hidden; i++)
         combine_params[i] = &combine_ints[i];
-    return lt__cu_launch((lt__CUfunction)(uintptr_t)r->combine_function, plan->context,
-                         (unsigned int)lt__ceil_div(n_rows, r->combine_block_m), 1, 1, r->combine_threads,
-                         r->combine_shared, stream, combine_params);
+    return lt__cu_launch_as((lt__CUfunction)(uintptr_t)r->combine_function, plan->context,
+                            (unsigned int)lt__ceil_div(n_rows, r->combine_block_m), 1, 1, r->combine_threads,
+                            r->combine_shared, stream, combine_params, r->combine_dependent);
 }
 
 /* ------------------------------------------------------------------------- */

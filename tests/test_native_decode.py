@@ -26,7 +26,7 @@ from nativelib import build_program
 
 from lazytriton.cache_format.image import Image
 from lazytriton.capi import embedded_combine, embedded_kvcache
-from lazytriton.kernels import flash_combine
+from lazytriton.kernels import dependent_launch, flash_combine
 from lazytriton.kernels.flash_decode import FLASH_DECODE_SPLIT, binding, checks
 
 LT_OK, LT_MISS = 0, 16
@@ -53,13 +53,15 @@ def combine_variant() -> Any:
     return embedded_combine.plan_variant(90, 2, D, True, False)
 
 
-def run(built: dict[str, Path], tmp_path: Path, images: str, *args: str, sizes: tuple[int, ...] = ()
-        ) -> dict[str, Any]:
+def run(built: dict[str, Path], tmp_path: Path, images: str, *args: str, sizes: tuple[int, ...] = (),
+        driver_version: int | None = None) -> dict[str, Any]:
     empty = tmp_path / "empty-path"
     empty.mkdir(exist_ok=True)
     env = {"LAZYTRITON_IMAGES": images, "LD_LIBRARY_PATH": str(built["driver"]), "PYTHONHOME": "/nonexistent",
            "PATH": str(empty), "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path),
            "NATIVE_SIZES": ",".join(map(str, sizes))}
+    if driver_version is not None:
+        env["NATIVE_DRIVER_VERSION"] = str(driver_version)
     done = subprocess.run([str(built["program"]), "0", *args], capture_output=True, text=True, env=env, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -108,9 +110,10 @@ def test_without_an_image_each_call_is_a_miss_naming_python_s_variants(prewarmed
     assert set(prewarmed["entries"]) == {v.key() for v in wanted}
 
 
-def launched(entry: Any, grid: tuple[int, int, int]) -> list[int]:
-    """A launch log line: the grid, the entry's block threads and shared memory, the fake's function."""
-    return [*grid, entry.num_warps * entry.warp_size, entry.shared, 0xF000]
+def launched(entry: Any, grid: tuple[int, int, int], dependent: bool = False) -> list[int]:
+    """A launch log line: the grid, the entry's block threads and shared memory, the fake's function, and 1 for a
+    programmatic dependent's launch (cuLaunchKernelEx with programmatic stream serialization)."""
+    return [*grid, entry.num_warps * entry.warp_size, entry.shared, 0xF000, int(dependent)]
 
 
 def test_a_paged_call_with_new_keys_launches_python_s_three_kernels(built: dict[str, Path], tmp_path: Path,
@@ -130,7 +133,9 @@ def test_a_paged_call_with_new_keys_launches_python_s_three_kernels(built: dict[
     assert report["launches"] == [
         launched(e_append, (1, B, 1)),
         launched(e_split, (math.ceil(call.rows / block_m) * splits, HK, B)),
-        launched(e_combine, (math.ceil(call.lse_rows / int(combine.get("BLOCK_M"))), 1, 1))]
+        launched(e_combine, (math.ceil(call.lse_rows / int(combine.get("BLOCK_M"))), 1, 1),
+                 dependent=dependent_launch(combine))]
+    assert dependent_launch(combine), "sm_90's combine kernel is the split kernel's programmatic dependent"
     workspace = address(100)
     part_lse = workspace + 4 * call.lse_rows * splits * D
     fake = {"part_out": workspace, "part_lse": part_lse, "out": address(80), "lse": address(81)}
@@ -138,6 +143,16 @@ def test_a_paged_call_with_new_keys_launches_python_s_three_kernels(built: dict[
     expected = binding.combine_ints("part_out", "part_lse", out, "lse", call, splits,  # type: ignore[arg-type]
                                     pointers=lambda x: fake["out"] if x is out else fake[x])
     assert report["params"] == [*expected, *[0] * hidden]
+
+
+@pytest.mark.parametrize("version", [12020, 12030])
+def test_the_combine_is_a_programmatic_dependent_only_where_a_graph_can_capture_one(
+        built: dict[str, Path], tmp_path: Path, prewarmed: dict[str, Any], version: int) -> None:
+    """Before CUDA 12.3 a CUDA graph cannot capture a programmatic launch: the pair then launches plainly (the
+    combine's wait returns at once, the stream ordering the two kernels)."""
+    report = run(built, tmp_path, str(prewarmed["image"]), "kvcache", "1", "1", "0", driver_version=version)
+    assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
+    assert [launch[-1] for launch in report["launches"]] == [0, 0, int(version >= 12030)]
 
 
 class _Strided:

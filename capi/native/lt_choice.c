@@ -514,6 +514,13 @@ const char *ltn_source_fingerprint(const char *kernel) {
     return NULL;
 }
 
+int ltn_dependent_launch(const char *kernel, int32_t capability) {
+    for (size_t i = 0; i < COUNT(ltn_fingerprints); i++)
+        if (strcmp(ltn_fingerprints[i].kernel, kernel) == 0)
+            return ltn_fingerprints[i].dependent_from > 0 && capability >= ltn_fingerprints[i].dependent_from;
+    return 0;
+}
+
 int ltn_variant_key(const ltn_variant *v, char hex[33]) {
     const char *fingerprint = ltn_source_fingerprint(v->kernel);
     if (fingerprint == NULL)

@@ -8,8 +8,10 @@
  * (2, 1, 2, 64), num_splits SPLITS (0: the heuristic), the workspace lt_attn_kvcache_workspace_size asks for.
  * native_kvcache JIT combine: one lt_flash_combine of fp32 partials (4, 3, 8, 64) into bf16 out (3, 8, 64).
  * Every pointer is a made-up device address; the fake libcuda records the launches. NATIVE_SIZES (comma-separated
- * byte sizes) says how many parameters the last launch takes and how many bytes each. One JSON line: the
- * statuses, the message, each launch (grid x, y, z, block x, shared bytes, function), the last launch's record.
+ * byte sizes) says how many parameters the last launch takes and how many bytes each; NATIVE_DRIVER_VERSION what
+ * the fake's cuDriverGetVersion answers (its own default: 13000). One JSON line: the
+ * statuses, the message, each launch (grid x, y, z, block x, shared bytes, function,
+ * programmatic: 1 for a programmatic dependent's launch), the last launch's record.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -81,6 +83,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     configure(n, sizes, 0);
+    void (*set_version)(int) = (void (*)(int))dlsym(fake, "fake_set_driver_version");
+    if (getenv("NATIVE_DRIVER_VERSION") != NULL && set_version != NULL)
+        set_version(atoi(getenv("NATIVE_DRIVER_VERSION")));
     lt_config config;
     lt_config_init(&config);
     config.jit = atoi(argv[1]);
@@ -95,8 +100,9 @@ int main(int argc, char **argv) {
     int count = log(launches);
     printf(",\"launches\":[");
     for (int i = 0; i < count && i < 64; i++)
-        printf("%s[%lld,%lld,%lld,%lld,%lld,%lld]", i ? "," : "", launches[8 * i], launches[8 * i + 1],
-               launches[8 * i + 2], launches[8 * i + 3], launches[8 * i + 4], launches[8 * i + 5]);
+        printf("%s[%lld,%lld,%lld,%lld,%lld,%lld,%lld]", i ? "," : "", launches[8 * i], launches[8 * i + 1],
+               launches[8 * i + 2], launches[8 * i + 3], launches[8 * i + 4], launches[8 * i + 5],
+               launches[8 * i + 7]);
     printf("]");
     if (status == LT_OK && count > 0)
         print_fake_launch(read, n, sizes);
