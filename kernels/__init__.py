@@ -78,8 +78,9 @@ class KernelSpec:
     overlaps the kernel before it, and the kernel waits for that kernel's
     memory (``gdc_wait``) before it reads what it wrote (the kernel before
     it lets it start with ``gdc_launch_dependents``). "": launched plainly.
-    A launcher without the attribute (the C API's) is still right: the wait
-    then returns at once, the stream having ordered the two.
+    A launcher without the attribute (``lt_kernel_launch``'s, a driver
+    before CUDA 12.3) is still right: the wait then returns at once, the
+    stream having ordered the two.
     ``warps`` gives the warps an entry of a variant launches a block with,
     for a warp-specialised kernel (Gluon's ``gl.warp_specialize``), whose
     partitions together run more warps than the variant's ``num_warps`` (the
