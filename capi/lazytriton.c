@@ -125,8 +125,10 @@ typedef void *lt__CUfunction;
 
 enum { LT__CC_MAJOR = 75, LT__CC_MINOR = 76 }; /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_* */
 
-/* cuLaunchKernelEx's configuration (cuda.h's CUlaunchConfig and CUlaunchAttribute, the one attribute used:
-   CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, whose value is an int). */
+/* cuLaunchKernelEx's configuration: cuda.h's CUlaunchConfig and CUlaunchAttribute, as the Python launchers
+   declare them (lazytriton/driver/cdefs.py's LAUNCH_CONFIG_CDEF; this file compiles without Python's help in
+   liblazytriton_native.so). The one attribute used, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, is an
+   int. */
 typedef struct {
     int id;
     int pad;
