@@ -91,7 +91,8 @@ def test_candidates_start_with_the_default_and_fit(target: str) -> None:
                     assert configs[0] == decode_dispatch.decode_default_config(kernel, t, dtype, head_dim, rows)
                     assert len(set(configs)) == len(configs) > (5 if dtype == "bf16" and head_dim < 256 else 0)
                     if kernel == SPLIT:
-                        assert all(c.block_m == decode_dispatch.decode_rows_class(rows) for c in configs)
+                        row_class = decode_dispatch.decode_rows_class(rows)
+                        assert {c.block_m for c in configs} == {m for m in (16, 32, 64) if m <= row_class}
                         assert all(c.num_warps > 1 for c in configs)  # one warp lost at every batch-1 shape
                         if head_dim == 256 or dtype == "fp32":
                             assert all(c.block_n <= 64 for c in configs)

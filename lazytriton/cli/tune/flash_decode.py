@@ -60,7 +60,11 @@ DEFAULT_LENGTHS = (1024, 4096, 16384, 32768)
 DEFAULT_HEADS = ((32, 8),)  # bench_decode.py's GQA (Llama-3-8B); add 32/32 (MHA) or 64/8 for other buckets
 DEFAULT_PAGE = 256
 
-# (BLOCK_N, num_warps, num_stages) of the split kernel, BLOCK_M fixed by the rows (decode_rows_class).
+# (BLOCK_N, num_warps, num_stages) of the split kernel, at each BLOCK_M from 16 up to the rows' class
+# (decode_rows_class): a tile of fewer rows than a key/value head's group (MQA's 32) runs more programs, each reading
+# the head's keys for part of its rows (the rest from L2), where the class's one tile a head would need splits and
+# a combine to fill the GPU (H100, MQA 32/1 at batch 64 and 1k keys: 16-row tiles 17.5 µs a call, 32-row 20.2 at
+# their best split count).
 # Around the default (64, 4, 3; paged 5 stages): key tiles of 32-256 keys (16-64 KB of K and V a step at head dim
 # 128), 2-8 warps, 2-5 stages. One warp is left out: it takes 1.3-3x the time of 2-4 warps at batch 1 (H100,
 # ``experiments/probe_split_variants.py``).
@@ -159,10 +163,10 @@ def candidates(kernel: str, target: Target, dtype: str, head_dim: int, rows: int
     if kernel == COMBINE:
         configs = [Config(m, n, w, 1, waves) for m, n, w in _COMBINE]
     else:
-        block_m = decode_dispatch.decode_rows_class(rows)
+        row_tiles = [m for m in (16, 32, 64) if m <= decode_dispatch.decode_rows_class(rows)]
         wide = padded == 256 or dtype == "fp32"
-        configs = [Config(block_m, n, w, min(s, 2) if hip else s, waves) for n, w, s in _SPLIT
-                   if not (wide and n > 64)]
+        configs = [Config(m, n, w, min(s, 2) if hip else s, waves) for m in reversed(row_tiles)
+                   for n, w, s in _SPLIT if not (wide and n > 64)]
         configs = [c for c in configs if _fits(target, dtype, padded, c)]
     return [default, *(c for c in dict.fromkeys(configs) if c != default)]
 
