@@ -50,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,8 @@ EPOCH = 0.0  # every entry's provenance.created, as SOURCE_DATE_EPOCH=0 gives: b
 
 
 def scaling_plan(count: int, dtypes: tuple[str, ...], target: str = "sm_90") -> list[Planned]:
-    """``count`` variants spread evenly over the default plan's variants of ``dtypes`` (all of them if fewer).
+    """``count`` variants spread evenly over the default plan's variants of ``dtypes`` (all of them if fewer), each
+    kernel of the plan among them.
 
     The backward's aligned variants count once (SEQ16, the binaries of the
     ALIGN16 variants before the flags split), so the mix and the figures stay
@@ -76,7 +78,16 @@ def scaling_plan(count: int, dtypes: tuple[str, ...], target: str = "sm_90") -> 
                                                   and p.variant.constexprs.get("SEQ16") is not True)]
     if count >= len(pool):
         return pool
-    return [pool[i * len(pool) // count] for i in range(count)]
+    picked = [pool[i * len(pool) // count] for i in range(count)]
+    # every kernel of the pool at least once (a kernel of a few variants can fall between two picks): its first
+    # variant takes the place of the last pick of the kernel picked most
+    for kernel in dict.fromkeys(p.variant.kernel for p in pool):
+        if all(p.variant.kernel != kernel for p in picked):
+            counts = Counter(p.variant.kernel for p in picked)
+            most = max(counts, key=lambda k: counts[k])
+            at = max(i for i, p in enumerate(picked) if p.variant.kernel == most)
+            picked[at] = next(p for p in pool if p.variant.kernel == kernel)
+    return picked
 
 
 def quick_plan() -> list[Planned]:

@@ -118,3 +118,20 @@ def test_a_decoding_miss_is_prewarmed_and_then_served_from_an_image_without_trit
     report = jit_prewarm_serve(RESOLVE_DECODE, "flash_decode", tmp_path, cache_dir)
     assert [v.split(":")[0] for v in report["variants"]] == list(DECODE)
     assert "PAGED=true" in report["variants"][0]
+
+
+def test_a_tuned_row_never_gives_the_split_kernel_a_tile_taller_than_the_rows_class() -> None:
+    """A row tuned for MQA's 32-row groups serves any rows of its bucket: a group of 8 keeps 16-row tiles."""
+    sm90 = Target.parse("sm_90")
+
+    def row(kernel: str, block_m: int) -> tuning.Row:
+        return tuning.Row("sm_90", kernel, "bf16", 128, False, 32, 32768, block_m, 128, 4, 3, 0, 1.0, "test", "")
+
+    table = tuning.Table([row("flash_decode_split", 32), row("flash_decode_combine", 1)])
+    for rows, block_m in ((8, 16), (16, 16), (32, 32), (64, 32)):
+        config, found = decode_dispatch.decode_config("flash_decode_split", sm90, "bf16", 128, False, rows, 32768,
+                                                      table=table)
+        assert found is not None and (config.block_m, config.block_n) == (block_m, 128), rows
+    combine, _ = decode_dispatch.decode_config("flash_decode_combine", sm90, "bf16", 128, False, 8, 32768,
+                                               table=table)
+    assert combine.block_m == 1

@@ -89,7 +89,8 @@ static ltn_config decode_config(int split, int capability, const char *target, c
     if (!ltn_tuning_lookup(target, kernel, dtype, padded, causal, rows, capacity, &c))
         return default_config(split, capability, dtype, padded, rows, page_size, paged);
     int64_t limit = split ? key_block_limit(page_size) : (int64_t)1 << 30;
-    c.block_m = c.block_m < 64 ? c.block_m : 64;
+    int most_m = split ? rows_class(rows) : 64; /* a split tile no taller than the rows' class */
+    c.block_m = c.block_m < most_m ? c.block_m : most_m;
     c.block_n = (int)min64(c.block_n, limit);
     return c;
 }

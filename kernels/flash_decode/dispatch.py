@@ -154,16 +154,19 @@ def decode_config(kernel: str, target: Target, dtype: str, head_dim: int, causal
                   paged: bool = False) -> tuple[Config, tuning.Row | None]:
     """A decoding kernel's config: its tuning row (rows: seqlen_q column, cache capacity: seqlen_k), else the default.
 
-    A row's BLOCK_N is cut down to what the page size allows (``key_block_limit``).
+    A row's BLOCK_N is cut down to what the page size allows (``key_block_limit``), and the split kernel's
+    BLOCK_M to the rows' class (``decode_rows_class``): a row tuned for groups of 32 rows (MQA) serves a group of
+    8 too, whose rows a 32-row tile would pad fourfold.
     """
     padded = padded_value_dim(head_dim)
     rows_table = tuning.table_for(kernel) if table is None else table
     row = tuning.lookup(rows_table, str(target), kernel, dtype, padded, causal, rows, capacity)
     if row is None:
         return decode_default_config(kernel, target, dtype, padded, rows, page_size, paged), None
-    limit = key_block_limit(page_size) if kernel == "flash_decode_split" else 1 << 30
-    return Config(min(row.BLOCK_M, 64), min(row.BLOCK_N, limit), row.num_warps, row.num_stages,
-                  row.waves_per_eu), row
+    split = kernel == "flash_decode_split"
+    limit = key_block_limit(page_size) if split else 1 << 30
+    block_m = min(row.BLOCK_M, 64, decode_rows_class(rows) if split else 64)
+    return Config(block_m, min(row.BLOCK_N, limit), row.num_warps, row.num_stages, row.waves_per_eu), row
 
 
 def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, aligned: bool, rows: int,
