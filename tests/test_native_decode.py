@@ -317,8 +317,10 @@ def test_on_a_gpu_the_decoding_misses_prewarmed_are_served_natively(tmp_path: Pa
                              text=True, timeout=1200, check=False, env=env)
     assert prewarm.returncode == 0, prewarm.stderr[-4000:]
     env["LAZYTRITON_IMAGES"] = str(image)
+    logged = (tmp_path / "cache" / "misses.jsonl").read_text()
     for name, case in calls().items():
-        assert case["status"] == LT_OK, (name, case["error"])
+        assert case["status"] == LT_OK, (name, case["error"], "miss log:", logged[-3000:], "prewarm:",
+                                         prewarm.stdout[-2000:], prewarm.stderr[-2000:])
         (out_err, out_same), (lse_err, lse_same) = case["out"], case["lse"]
         assert out_err <= 2 * out_same + 1e-6 and lse_err <= 2 * lse_same + 1e-5, (name, case)
         assert case["appended"], name
