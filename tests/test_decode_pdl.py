@@ -11,6 +11,7 @@ test runs a decoding call with the flag on against the same call with it off, bi
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,16 @@ def _with_pdl(monkeypatch: pytest.MonkeyPatch, least: int | None) -> None:
         spec = kernels.get(name)
         flags = tuple((flag, least if flag == "PDL" else at) for flag, at in spec.capability_flags)
         monkeypatch.setitem(kernels._looked_up, name, replace(spec, capability_flags=flags))  # noqa: SLF001
+
+
+@pytest.fixture
+def keys_of_patched_specs() -> Iterator[None]:
+    """For a test that computes keys while ``_with_pdl`` patches the specs: the source fingerprints cached then
+    (once a process) are dropped after it, so that a later test in the process (a native library built from
+    ``native_tables``, a key compared with another process's) keys the real kernels."""
+    kernels.source_fingerprint.cache_clear()
+    yield
+    kernels.source_fingerprint.cache_clear()
 
 
 def _variants(target: str) -> tuple[Any, Any]:
@@ -151,7 +162,8 @@ def test_the_runtime_loads_each_kernel_as_its_spec_says(monkeypatch: pytest.Monk
 
 
 @on_gpu
-def test_gpu_decoding_with_pdl_gives_the_plain_pairs_bits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_gpu_decoding_with_pdl_gives_the_plain_pairs_bits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          keys_of_patched_specs: None) -> None:
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -162,7 +174,8 @@ def test_gpu_decoding_with_pdl_gives_the_plain_pairs_bits(monkeypatch: pytest.Mo
     results = {}
     for least in (None, 90):
         _with_pdl(monkeypatch, least)
-        config.configure(cache_dir=tmp_path / f"cache-{least}")  # each flag's own binaries, a fresh runtime
+        kernels.source_fingerprint.cache_clear()  # each flag's own keys
+        config.configure(cache_dir=tmp_path / f"cache-{least}")  # and binaries, a fresh runtime
         out, lse = lazytriton.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, return_softmax_lse=True)
         call = checks.check(checks.Inputs(q, k_cache, v_cache, cache_seqlens=lens))
         combine = binding.plan(q.device, q.dtype, call, *binding.layout_flags(checks.Inputs(q, k_cache, v_cache),
