@@ -35,6 +35,11 @@ case, with its geomean and max (the goal: within 1.10). ``--sinks`` adds
 ``lazytriton_sinks``: the lazytriton call with attention sinks (one float32
 logit a query head, gpt-oss's), checked against the reference with them; the
 table then ends with its time over the same call's without sinks.
+``--leftpad`` adds ``lazytriton_leftpad``: the lazytriton call with
+``cache_leftpad`` (1 to 63 keys of padding at the front of each sequence,
+FlashAttention's left-padded batch: the keys from the pad to the length are
+read); the table then ends with its time a key read over the same call's
+without it (the goal: within 1.10).
 
 ``--kv-dtype e4m3`` (or ``e5m2``) adds ``lazytriton_fp8``: the same call on
 a float8 copy of the cache (``k_cache / k_descale`` per key/value head,
@@ -72,7 +77,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
-       [--reps N] [--rotary interleaved|halves] [--sinks] [--kv-dtype e4m3|e5m2] [--mla] [--packed-new]
+       [--reps N] [--rotary interleaved|halves] [--sinks] [--leftpad] [--kv-dtype e4m3|e5m2] [--mla] [--packed-new]
        [--fused-combine] [--python-lookup]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
@@ -104,7 +109,10 @@ PROVIDERS = ("lazytriton", "sdpa", "sdpa_gather")
 # With --rotary: a decoding step with its new key, without and with rotary.
 ROTARY_PROVIDERS = ("lazytriton_append", "lazytriton_rotary")
 ROTARY_GOAL = 1.10  # rotary's time over the same step without it
+LEFTPAD_GOAL = 1.10  # cache_leftpad's time a key read over the same call's without it
 SINKS = "lazytriton_sinks"  # --sinks: lazytriton's call with attention sinks
+LEFTPAD = "lazytriton_leftpad"  # --leftpad: lazytriton's call with cache_leftpad (each sequence's first keys padding)
+MAX_LEFTPAD = 64  # --leftpad's pads: 1 to 63 keys a sequence, none a multiple of a key tile's size
 FP8 = "lazytriton_fp8"  # --kv-dtype: lazytriton's call on a float8 copy of the cache
 PACKED = "lazytriton_packed_new"  # --packed-new: the step's new keys packed by cu_seqlens_k_new, written into out=
 COLD = "lazytriton_cold"  # --cold-path: lazytriton's call without its warm path (every call checked and planned)
@@ -228,6 +236,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "(rotary_interleaved=True: interleaved; False: halves), and their ratio")
     parser.add_argument("--sinks", action="store_true",
                         help="also time lazytriton's call with attention sinks (provider lazytriton_sinks)")
+    parser.add_argument("--leftpad", action="store_true",
+                        help="also time lazytriton's call with cache_leftpad (provider lazytriton_leftpad)")
     parser.add_argument("--kv-dtype", choices=tuple(FP8_DTYPES), default=None,
                         help="also time lazytriton's call on a float8 copy of the cache (provider lazytriton_fp8, "
                              "with k_descale/v_descale per key/value head) and its speedup over the bf16 cache")
@@ -270,6 +280,7 @@ class Inputs(NamedTuple):
     v_sdpa: torch.Tensor
     rotary: tuple[torch.Tensor, torch.Tensor, bool] | None = None  # cos, sin (len, head_dim / 2), interleaved
     sinks: torch.Tensor | None = None  # float32 (heads_q,): the attention sinks of lazytriton_sinks
+    leftpad: torch.Tensor | None = None  # int32 (batch,): lazytriton_leftpad's cache_leftpad, 1 to MAX_LEFTPAD - 1
     fp8: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # k8, v8, k_descale, v_descale
 
 
@@ -304,11 +315,13 @@ def make_inputs(case: Case, device: torch.device, seed: int, rotary: str | None 
         angles = torch.rand(n, d // 2, generator=gen, device=device) * 2 * math.pi
         tables = (angles.cos().to(case.dtype), angles.sin().to(case.dtype), rotary == "interleaved")
     sinks = torch.randn(case.heads_q, generator=gen, device=device)
+    leftpad = torch.randint(1, MAX_LEFTPAD, (b,), generator=gen, device=device, dtype=torch.int32)
+    leftpad = torch.minimum(leftpad, lens // 2)  # half the keys left at least (the tiny --quick caches)
     fp8 = None
     if kv_dtype is not None:
         (k8, kd), (v8, vd) = float8_copy(k_cache, FP8_DTYPES[kv_dtype]), float8_copy(v_cache, FP8_DTYPES[kv_dtype])
         fp8 = (k8, v8, kd, vd)
-    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, tables, sinks, fp8)
+    return Inputs(q, k_cache, v_cache, lens, table, k_sdpa, v_sdpa, tables, sinks, leftpad, fp8)
 
 
 def gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -367,6 +380,16 @@ def lazytriton_sinks_call(t: Inputs) -> Callable[[], torch.Tensor]:
         with trusted_indices():
             return lazytriton.flash_attn_with_kvcache(t.q, t.k_cache, t.v_cache, cache_seqlens=t.lens,
                                                      block_table=t.table, sinks=t.sinks)  # type: ignore[no-any-return]
+
+    return run
+
+
+def lazytriton_leftpad_call(t: Inputs) -> Callable[[], torch.Tensor]:
+    """The lazytriton call with cache_leftpad: each sequence's keys from its pad to its length."""
+    def run() -> torch.Tensor:
+        with trusted_indices():
+            return lazytriton.flash_attn_with_kvcache(  # type: ignore[no-any-return]
+                t.q, t.k_cache, t.v_cache, cache_seqlens=t.lens, block_table=t.table, cache_leftpad=t.leftpad)
 
     return run
 
@@ -452,15 +475,18 @@ def sdpa_gather_call(t: Inputs) -> Callable[[], torch.Tensor]:
 FACTORIES: dict[str, Callable[[Inputs], Callable[[], torch.Tensor]]] = {
     "lazytriton": lazytriton_call, "sdpa": sdpa_call, "sdpa_gather": sdpa_gather_call,
     "lazytriton_append": lambda t: step_call(t, False), "lazytriton_rotary": lambda t: step_call(t, True),
-    SINKS: lazytriton_sinks_call, FP8: lazytriton_fp8_call, PACKED: packed_step_call, COLD: lazytriton_cold_call,
+    SINKS: lazytriton_sinks_call, LEFTPAD: lazytriton_leftpad_call, FP8: lazytriton_fp8_call,
+    PACKED: packed_step_call, COLD: lazytriton_cold_call,
     FUSED: lazytriton_fused_call, PYLOOKUP: lazytriton_pylookup_call}
 
 
 def providers(case: Case, rotary: bool = False, sinks: bool = False, fp8: bool = False,
-              packed: bool = False, cold: bool = False, fused: bool = False, python_lookup: bool = False) -> list[str]:
+              packed: bool = False, cold: bool = False, fused: bool = False, python_lookup: bool = False,
+              leftpad: bool = False) -> list[str]:
     return [p for p in PROVIDERS if p != "sdpa_gather" or case.layout == "paged"] + ([FUSED] if fused else []) + \
         ([PYLOOKUP] if python_lookup else []) + \
-        (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([FP8] if fp8 else []) + \
+        (list(ROTARY_PROVIDERS) if rotary else []) + ([SINKS] if sinks else []) + ([LEFTPAD] if leftpad else []) + \
+        ([FP8] if fp8 else []) + \
         ((["lazytriton_append"] if not rotary else []) + [PACKED] if packed else []) + ([COLD] if cold else [])
 
 
@@ -478,6 +504,7 @@ def reference(t: Inputs, provider: str = "lazytriton") -> torch.Tensor:
 
     ``lazytriton_rotary``: q and the new (last) key rotated at position length - 1, in the inputs' dtype;
     ``lazytriton_sinks``: with t's sinks (one more column of the softmax, dropped after it);
+    ``lazytriton_leftpad``: the keys from batch element 0's pad on;
     ``lazytriton_fp8``: from the float8 cache, dequantised.
     """
     q = t.q[0, 0].float()  # (heads_q, d)
@@ -497,6 +524,9 @@ def reference(t: Inputs, provider: str = "lazytriton") -> torch.Tensor:
         q = rotated(q, cos, sin, interleaved).to(t.q.dtype).float()
         keys = keys.clone()
         keys[:, -1] = rotated(keys[:, -1], cos, sin, interleaved).to(t.q.dtype).float()
+    if provider == LEFTPAD and t.leftpad is not None:
+        pad = int(t.leftpad[0])
+        keys, values = keys[:, pad:], values[:, pad:]
     k = keys.repeat_interleave(group, 0)  # (heads_q, len, d)
     v = values.repeat_interleave(group, 0)
     scores = torch.einsum("hd,hnd->hn", q, k) / math.sqrt(q.shape[-1])
@@ -601,6 +631,15 @@ def print_table(results: Sequence[Result], peak: float | None, log: Log) -> None
     if sunk:
         log(f"with sinks / without (time of the same call): geomean {_geomean(sunk):.3f}, highest {max(sunk):.3f} "
             f"over {len(sunk)} cases")
+    padded = []  # time a key read with cache_leftpad over time a key read without, per case where both ran
+    for case in dict.fromkeys(r.case for r in results):
+        with_pad, plain = by.get((case, LEFTPAD)), by.get((case, "lazytriton"))
+        if with_pad is not None and plain is not None and with_pad.ms and plain.ms:
+            read = case.cache_len - (MAX_LEFTPAD / 2)  # the pads' mean: 1 to MAX_LEFTPAD - 1 keys fewer
+            padded.append((with_pad.ms / read) / (plain.ms / case.cache_len))
+    if padded:
+        log(f"with cache_leftpad / without (time a key read): geomean {_geomean(padded):.3f}, highest "
+            f"{max(padded):.3f} over {len(padded)} cases (the goal: within {LEFTPAD_GOAL:.2f})")
     bad = [r for r in results if r.check != "ok"]
     for r in bad:
         log(f"  {r.provider} {r.check} on {' '.join(r.case.label.split())}: {r.note or f'max error {r.max_err:.1e}'}")
@@ -728,7 +767,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for index, case in enumerate(case_list):
         t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)
         for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None,
-                                  args.packed_new, args.cold_path, args.fused_combine, args.python_lookup):
+                                  args.packed_new, args.cold_path, args.fused_combine, args.python_lookup,
+                                  args.leftpad):
             r = measure(case, provider, t, reference(t, provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
             log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())

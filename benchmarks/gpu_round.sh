@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, serving, native, ...),
+# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, serving, features, native, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -101,6 +101,15 @@ case " $* " in *" serving "*)  # MLA's latent-cache decoding, the slot write, th
     | tee "$OUT/bench_mla.log" | tail -20
   python3 benchmarks/bench_kv_slots.py --csv "$OUT/kv_slots.csv" 2>&1 | tee "$OUT/bench_kv_slots.log" | tail -12
   python3 benchmarks/bench_mixed.py --page-size 16,256 2>&1 | tee "$OUT/bench_mixed.log" | tail -12 ;;
+esac
+case " $* " in *" features "*)  # the serving features beside the same call without them (goal: within 1.10): sinks
+  # and cache_leftpad, rotary in a decoding step; the mixed prefill + decode call beside its parts run apart
+  timeout ${FEATURES_TIMEOUT:-240} python3 benchmarks/bench_decode.py --sinks --leftpad --batches 1,8,64 \
+    --lengths 4k,32k --csv "$OUT/decode_features.csv" 2>&1 | tee "$OUT/bench_decode_features.log" | tail -4
+  timeout ${FEATURES_TIMEOUT:-240} python3 benchmarks/bench_decode.py --rotary interleaved --batches 1,8,64 \
+    --lengths 4k,32k --csv "$OUT/decode_rotary.csv" 2>&1 | tee "$OUT/bench_decode_rotary.log" | tail -12
+  timeout ${FEATURES_TIMEOUT:-240} python3 benchmarks/bench_mixed.py --page-size 16,256 2>&1 \
+    | tee "$OUT/bench_mixed.log" | tail -12 ;;
 esac
 case " $* " in *" demo "*)
   lazytriton demo > "$OUT/demo1.log" 2>&1; lazytriton demo > "$OUT/demo2.log" 2>&1

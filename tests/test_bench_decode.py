@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 from benchlib import bench_module, run_bench
 from conftest import REPO
 
@@ -191,3 +192,31 @@ def test_the_peak_is_the_gpus_own_datasheet_figure() -> None:
     assert memory_peak_gb_s("NVIDIA H100 PCIe") == 2000.0
     assert memory_peak_gb_s("AMD Instinct MI300X") == 5300.0
     assert memory_peak_gb_s("cpu") is None and memory_peak_gb_s("NVIDIA GeForce RTX 4090") is None
+
+
+def test_leftpad_times_the_call_with_cache_leftpad_a_key_read(bench: ModuleType) -> None:
+    assert bench.parse_args(["--leftpad"]).leftpad
+    case, other = bench.Case("contiguous", 1, 1024), bench.Case("paged", 8, 4096)
+    assert bench.providers(case, leftpad=True) == ["lazytriton", "sdpa", "lazytriton_leftpad"]
+    # a key read: the padded call reads the pads' mean, 32 keys, fewer (1024 / 992 = 1.032; 1.25 x 4096 / 4064)
+    results = passed(bench, (case, other), ("lazytriton", "lazytriton_leftpad"), ((0.010, 0.010), (0.040, 0.050)))
+    log = bench.Log()
+    bench.print_table(results, None, log)
+    line = next(line for line in log.lines if line.startswith("with cache_leftpad"))
+    assert "geomean 1.140, highest 1.260 over 2 cases" in line
+
+
+def test_quick_leftpad_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """The reference reads the keys from the pad on: a call that ignored cache_leftpad would be ``wrong``."""
+    rows, _ = run_bench(BENCH, tmp_path / "decode.csv", "--quick", "--leftpad")
+    assert {r["layout"]: r["check"] for r in rows if r["provider"] == "lazytriton_leftpad"} == {
+        "contiguous": "ok", "paged": "ok"}
+
+
+def test_the_leftpad_reference_differs_from_the_unpadded_one(bench: ModuleType) -> None:
+    """Beyond the check's tolerance on every quick case: a call that ignored the pads would be ``wrong``."""
+    for seed, case in enumerate(bench.QUICK_CASES):
+        t = bench.make_inputs(case, torch.device("cpu"), 1000 + seed)  # main's seeds
+        assert 1 <= int(t.leftpad[0]) <= case.cache_len // 2
+        gap = (bench.reference(t, "lazytriton_leftpad") - bench.reference(t)).abs().max()
+        assert float(gap) > bench.TOLERANCE, case
