@@ -158,9 +158,9 @@ static struct {
                            unsigned int, unsigned int, void *, void **, void **);
     /* optional (CUDA 11.2+; NULL without): a plan's scratch memory when the call gives no workspace */
     lt__CUresult (*mem_alloc_async)(uint64_t *, size_t, void *);
+    lt__CUresult (*mem_free_async)(uint64_t, void *);
     /* optional (NULL without, or before LT__PROGRAMMATIC_DRIVER): a programmatic dependent's launch */
     lt__CUresult (*launch_ex)(const lt__CUlaunchConfig *, lt__CUfunction, void **, void **);
-    lt__CUresult (*mem_free_async)(uint64_t, void *);
 } lt__cu;
 static pthread_once_t lt__cu_once = PTHREAD_ONCE_INIT;
 static char lt__cu_error[512]; /* empty once libcuda is loaded */
