@@ -33,12 +33,18 @@ def length(text: str) -> int:
     return int(text[:-1]) * 1024 if text.lower().endswith("k") else int(text)
 
 
+ROWS = 4  # bench_decode.py's query rows a key/value head: 32/8 heads, one query (the table's seqlen_q bucket)
+
+
 def override_rows(head_dim: int, lengths: list[int], block_n: int, warps: int, stages: int) -> list[tuning.Row]:
-    """The shipped hd ``head_dim`` bf16 split rows of the lengths' buckets with the config replaced."""
+    """The shipped hd ``head_dim`` bf16 split rows of the lengths' buckets, the config replaced.
+
+    Rows of bench_decode's GQA bucket (``ROWS``) only: other buckets' rows (MQA's) serve other calls.
+    """
     shipped = tuning.read_table(tuning.table_path(SPLIT))
     buckets = {tuning.bucket(n) for n in lengths}
     rows = [r for r in shipped if r.kernel == SPLIT and r.dtype == "bf16" and r.head_dim == head_dim
-            and r.seqlen_k in buckets and r.target == "sm_90"]
+            and r.seqlen_k in buckets and r.seqlen_q == tuning.bucket(ROWS) and r.target == "sm_90"]
     if len(rows) != len(buckets):
         raise SystemExit(f"the shipped table has {len(rows)} sm_90 bf16 hd{head_dim} split rows for "
                          f"{len(buckets)} buckets: nothing to replace")
