@@ -1,4 +1,4 @@
-"""Host time per call of the C API beside a bare driver launch of the same kernel.
+"""Host time per call of the C API beside the bare driver launches of the same kernels.
 
 Builds liblazytriton.so (``lazytriton capi build`` into a temporary prefix,
 unless ``--prefix`` names a built one), compiles ``capi_bench.c`` against
@@ -23,9 +23,21 @@ lt_plan_launch and lt_attn_fwd over the bare cuLaunchKernel. Target: lt_plan_lau
 ``--runs N`` runs the program N times and reports each provider's median of the runs' p50s; ``--against LIB``
 (another build's liblazytriton_native.so, e.g. main's, with ``--against-header-dir``) runs it interleaved with
 this one, run for run, so both see the same load. The load average is printed (the machine may be shared).
+``--rounds N``: the program's timed rounds (300 by default) of 1000 calls.
+
+``--kernel kvcache``: the decoding call, lt_attn_kvcache (capi_decode.py): bf16, batch 1, 32 query heads over 8
+key/value heads, head dim 128, one new key appended to a cache of 4096 keys (cache_seqlens a device tensor), with
+a contiguous and with a paged cache (pages of 256 keys): three kernels a call (kv_append, the split kernel, the
+combine kernel as a programmatic dependent). Beside it, its bare launches: the same cuLaunchKernel and
+cuLaunchKernelEx calls, each launch's parameters built once. With ``--fake-driver``, on the fake libcuda (an image
+of the calls' kernels as the C plan chooses them on sm_90, entries without a real compile); on a GPU, in this
+process (capi_decode_bench.c as a shared library), with the Python call ``flash_attn_with_kvcache`` beside it and
+the bare launches checked to write the call's out. Target: lt_attn_kvcache within 0.5 µs of its bare launches.
 
 Usage: python benchmarks/bench_capi.py [--prefix DIR] [--csv PATH] [--shape B H S D]
-       python benchmarks/bench_capi.py --fake-driver [--native-lib PATH --header-dir DIR] [--runs N]
+       python benchmarks/bench_capi.py --kernel kvcache [--prefix DIR] [--rounds N] [--csv PATH]
+       python benchmarks/bench_capi.py --fake-driver [--kernel flash_fwd|kvcache] [--rounds N]
+                                       [--native-lib PATH --header-dir DIR] [--runs N]
                                        [--against LIB [--against-header-dir DIR]] [--csv PATH]
 """
 
@@ -38,7 +50,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, NamedTuple
 
+import capi_decode as decode
 from csvlog import append_rows
 
 import lazytriton
@@ -83,7 +97,33 @@ def _kernel_for(shape: tuple[int, int, int, int], cubin: Path) -> list[str]:
             str(len(entry.hidden_args))]
 
 
-FAKE_TARGET_US = 0.2  # lt_plan_launch over the bare cuLaunchKernel, on the fake driver
+class FakeMode(NamedTuple):
+    """One ``--kernel``'s run on the fake driver: capi_fake_bench's mode, the CSV's kernel and shape, each call
+    beside its floor (the bare launch(es) of the same kernels) for the target line, the target."""
+
+    program_mode: str
+    kernel: str
+    shape: str
+    pairs: tuple[tuple[str, str], ...]
+    target_us: float
+
+
+# lt_attn_kvcache over its bare launches, on the fake driver and on a GPU (the same host code: the call's checks,
+# its alias check over 10 tensors, its split count and three parameter arrays). Chosen at about 3x the forward's
+# plan launch (0.15 µs for one kernel and 5 tensors); measured on the fake driver (median of 5 runs' p50s of 300
+# rounds of 1000 calls, 2 cores, load 1.0): 0.69 µs contiguous, 0.72 paged; about 0.3 µs of it is the split
+# heuristic (capi/lt_splits.c's lt__splits_for, run on every call). Without new keys: 0.59 µs with the heuristic's
+# 32 splits, 0.29 µs with num_splits 2, the same two kernels launched (capi_decode_bench.c's loops, fake driver).
+KVCACHE_TARGET_US = 0.5
+FAKE_MODES = {
+    # lt_plan_launch over the bare cuLaunchKernel
+    "flash_fwd": FakeMode("fwd", "flash_fwd", "1x4x300x128", (("lt_plan_launch", "bare_cuLaunchKernel"),), 0.2),
+    # lt_attn_kvcache over its three bare launches (kv_append, split, combine as a programmatic dependent)
+    "kvcache": FakeMode("kvcache", "flash_decode", decode.SHAPE_NAME,
+                        (("lt_attn_kvcache", "bare_launches"), ("lt_attn_kvcache_paged", "bare_launches_paged")),
+                        KVCACHE_TARGET_US),
+}
+GPU_ROUNDS = 200  # --kernel kvcache on a GPU: rounds a provider
 
 
 def _fake_program(library: Path, header_dir: Path, program: Path) -> Path:
@@ -101,21 +141,33 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+def fake_entries(kernel: str) -> list[Any]:
+    """An image's entries for ``kernel``'s calls on the fake driver (no real compile: tests/test_native_front.py's)."""
+    from test_native_front import call_variant, fake_entry
+
+    if kernel == "flash_fwd":
+        return [fake_entry(call_variant(False))]
+    variants = {v.key(): v for paged in (False, True) for v in decode.variants_on("meta", paged, 90)}
+    return [fake_entry(v) for v in variants.values()]
+
+
 def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path, runs: int = 1,
-                against: Path | None = None, against_header_dir: Path | None = None) -> int:
+                against: Path | None = None, against_header_dir: Path | None = None, kernel: str = "flash_fwd",
+                rounds: int = 300) -> int:
     """``--fake-driver``: capi_fake_bench on the fake libcuda, CPU only; rows (this build's) to ``csv``."""
     sys.path.insert(0, str(TESTS))
     from fake_libcuda import build as build_fake
-    from test_native_front import call_variant, fake_entry
 
     from lazytriton.cache_format.image import write_image
     from lazytriton.capi import native_build
 
+    mode = FAKE_MODES[kernel]
     builds = {"this": (native_lib, header_dir or HERE.parent / "capi")}
     if against is not None:
         builds["against"] = (against, against_header_dir or HERE.parent / "capi")
     p50s: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
     last: dict[str, tuple[float, float]] = {}
+    launches: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="lazytriton-bench-capi-fake-") as tmp:
         work = Path(tmp)
         driver = work / "driver"
@@ -125,7 +177,7 @@ def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path, run
             raise SystemExit("--fake-driver needs a C compiler")
         (driver / "libcuda.so.1").symlink_to(fake)
         image = work / "call.ltimg"
-        write_image(image, [fake_entry(call_variant(False))])
+        write_image(image, fake_entries(kernel))
         programs = {name: _fake_program(library or native_build.build(work / "lib"), headers, work / f"bench_{name}")
                     for name, (library, headers) in builds.items()}
         env = {**os.environ, "LD_LIBRARY_PATH": str(driver), "LAZYTRITON_IMAGES": str(image),
@@ -133,19 +185,26 @@ def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path, run
         load_before = os.getloadavg()
         for _ in range(runs):
             for name, program in programs.items():  # interleaved: each run of one beside a run of the other
-                run = subprocess.run([str(program)], capture_output=True, text=True, env=env, check=False)
+                run = subprocess.run([str(program), mode.program_mode, str(rounds)], capture_output=True, text=True,
+                                     env=env, check=False)
                 if run.returncode != 0:
                     print(run.stdout, run.stderr, file=sys.stderr)
                     return 1
                 for line in run.stdout.splitlines():
-                    provider, median, mean, low = line.split()
-                    p50s[name].setdefault(provider, []).append(float(median))
+                    if line.startswith("launches "):  # launches CALL N PROGRAMMATIC
+                        _, call, count, programmatic = line.split()
+                        launches[call] = f"{count} launches a call ({programmatic} programmatic dependent)"
+                        continue
+                    provider, *times = line.split()  # p50, mean, min
+                    p50s[name].setdefault(provider, []).append(float(times[0]))
                     if name == "this":
-                        last[provider] = (float(mean), float(low))
+                        last[provider] = (float(times[1]), float(times[2]))
         load_after = os.getloadavg()
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    print(f"host time per call on the fake libcuda, {native_lib or 'this checkout'}; {runs} run(s), "
-          f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print(f"host time per call on the fake libcuda, {native_lib or 'this checkout'}; {runs} run(s) of {rounds} "
+          f"rounds, {os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    for call, said in launches.items():
+        print(f"{call}: {said}, its bare launches the same")
     rows = []
     for name in builds:
         print(f"{name}: {builds[name][0] or 'this checkout'}")
@@ -153,40 +212,62 @@ def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path, run
         for provider, values in p50s[name].items():
             print(f"{provider:<22}{_median(values):>10.3f}" +
                   ("" if runs > 1 else f"{last[provider][0]:>10.3f}{last[provider][1]:>10.3f}"))
+    targeted = {call for call, _ in mode.pairs}
     for provider, values in p50s["this"].items():
         mean, low = last[provider]
-        rows.append({"kernel": "flash_fwd", "provider": provider, "mode": "host_per_call_fake_driver",
-                     "dtype": "bf16", "shape": "1x4x300x128", "p50_us": f"{_median(values):.4f}",
+        shape = mode.shape + (f" paged{decode.SHAPE[-1]}" if provider.endswith("_paged") else "")
+        rows.append({"kernel": mode.kernel, "provider": provider, "mode": "host_per_call_fake_driver",
+                     "dtype": "bf16", "shape": shape, "p50_us": f"{_median(values):.4f}",
                      "mean_us": mean if runs == 1 else "", "min_us": low if runs == 1 else "",
-                     "target_us": FAKE_TARGET_US if provider == "lt_plan_launch" else "", "gpu": "fake libcuda (CPU)",
+                     "target_us": mode.target_us if provider in targeted else "", "gpu": "fake libcuda (CPU)",
                      "lazytriton": lazytriton.__version__, "timestamp": stamp})
     for name in builds:
-        over = _median(p50s[name]["lt_plan_launch"]) - _median(p50s[name]["bare_cuLaunchKernel"])
-        print(f"{name}: lt_plan_launch over the bare launch: {over:.3f} µs "
-              f"({'within' if over <= FAKE_TARGET_US else 'OVER'} the {FAKE_TARGET_US} µs target)")
+        for call, floor in mode.pairs:
+            over = _median(p50s[name][call]) - _median(p50s[name][floor])
+            print(f"{name}: {call} over {floor}: {over:.3f} µs "
+                  f"({'within' if over <= mode.target_us else 'OVER'} the {mode.target_us} µs target)")
     append_rows(csv, FIELDS, rows)
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", choices=sorted(FAKE_MODES), default="flash_fwd",
+                        help="the call timed: lt_plan_launch/lt_attn_fwd (flash_fwd) or lt_attn_kvcache (kvcache)")
     parser.add_argument("--prefix", type=Path, help="a prefix where `lazytriton capi build` installed the library")
     parser.add_argument("--csv", type=Path, default=HERE / "results" / "capi.csv")
-    parser.add_argument("--shape", type=int, nargs=4, default=[1, 1, 128, 64], metavar=("B", "H", "S", "D"))
+    parser.add_argument("--shape", type=int, nargs=4, metavar=("B", "H", "S", "D"),
+                        help="flash_fwd on a GPU: the shape (default 1 1 128 64)")
     parser.add_argument("--fake-driver", action="store_true", help="CPU: time the plan launch on the fake libcuda")
     parser.add_argument("--native-lib", type=Path, help="with --fake-driver: this liblazytriton_native.so")
     parser.add_argument("--header-dir", type=Path, help="with --native-lib: the folder of its lazytriton.h")
     parser.add_argument("--runs", type=int, default=1, help="with --fake-driver: runs of the program (median)")
+    parser.add_argument("--rounds", type=int, help="timed rounds a provider (default: 300 on the fake driver, "
+                        f"{GPU_ROUNDS} on a GPU for --kernel kvcache)")
     parser.add_argument("--against", type=Path, help="with --fake-driver: another liblazytriton_native.so, "
                         "run interleaved with this one")
     parser.add_argument("--against-header-dir", type=Path, help="with --against: the folder of its lazytriton.h")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs is {args.runs}; expected >= 1")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds is {args.rounds}; expected >= 1")
+    if args.shape is not None and (args.fake_driver or args.kernel != "flash_fwd"):
+        parser.error("--shape is the GPU forward's (--kernel flash_fwd without --fake-driver); the fake driver's "
+                     "and the decoding call's shapes are fixed")
+    if args.shape is not None and min(args.shape) < 1:
+        parser.error(f"--shape is {' '.join(map(str, args.shape))}; expected four sizes >= 1")
+    if not args.fake_driver and (args.native_lib or args.header_dir or args.against or args.against_header_dir
+                                 or args.runs != 1):
+        parser.error("--native-lib, --header-dir, --runs, --against and --against-header-dir go with --fake-driver")
     if args.fake_driver:
         return fake_driver(args.native_lib, args.header_dir, args.csv, args.runs, args.against,
-                           args.against_header_dir)
-    shape = tuple(args.shape)
+                           args.against_header_dir, args.kernel, args.rounds or 300)
+    if args.kernel == "kvcache":
+        return decode.gpu_kvcache(args.prefix, args.csv, args.rounds or GPU_ROUNDS, FIELDS, KVCACHE_TARGET_US)
+    if args.rounds is not None:
+        parser.error("--rounds goes with --fake-driver or --kernel kvcache (capi_bench.c's rounds are fixed)")
+    shape = tuple(args.shape or (1, 1, 128, 64))
     with tempfile.TemporaryDirectory(prefix="lazytriton-bench-capi-") as tmp:
         work = Path(tmp)
         prefix = args.prefix or build.build(work / "prefix").prefix

@@ -63,20 +63,11 @@ static int call(int provider) {
 }
 
 static void run(const char *name, int provider) {
-    double rounds[ROUNDS], sum = 0.0;
-    for (int i = 0; i < WARMUP; i++)
-        if (call(provider)) die(name, call(provider));
-    cu.ctx_synchronize();
-    for (int r = 0; r < ROUNDS; r++) {
-        double start = now_us();
-        for (int i = 0; i < BATCH; i++)
-            call(provider);
-        rounds[r] = (now_us() - start) / BATCH;
-        cu.ctx_synchronize();
-        sum += rounds[r];
-    }
-    qsort(rounds, ROUNDS, sizeof rounds[0], by_value);
-    printf("%s %.3f %.3f %.3f\n", name, rounds[ROUNDS / 2], sum / ROUNDS, rounds[0]);
+    double out[3];
+    int status = bench_rounds(call, provider, ROUNDS, BATCH, WARMUP, cu.ctx_synchronize, out);
+    if (status != 0)
+        die(name, status);
+    printf("%s %.3f %.3f %.3f\n", name, out[0], out[1], out[2]);
 }
 
 int main(int argc, char **argv) {

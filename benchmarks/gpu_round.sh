@@ -122,7 +122,10 @@ case " $* " in *" demo "*)
 esac
 case " $* " in *" capi "*)  # the C API: GPU tests (device memory, plans), then host time per call
   python3 -P -m pytest tests/test_capi.py -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/capi_tests.log" | tail -5
-  python3 benchmarks/bench_capi.py --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi.log" | tail -8 ;;
+  python3 benchmarks/bench_capi.py --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi.log" | tail -8
+  # the decoding call: lt_attn_kvcache beside its three bare launches and flash_attn_with_kvcache (capi_decode.py)
+  python3 benchmarks/bench_capi.py --kernel kvcache --csv "$OUT/capi.csv" 2>&1 | tee "$OUT/bench_capi_decode.log" \
+    | tail -14 ;;
 esac
 case " $* " in *" native "*)  # the native core's 2 ms target: a fresh C process (benchmarks/native_first_launch.c, the real
   # libcuda) from lt_init to its first lt_attn_fwd returned and completed, one real entry of this GPU's target

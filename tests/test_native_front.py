@@ -26,6 +26,7 @@ from lazytriton.cache_format import Entry
 from lazytriton.cache_format.entry import Provenance
 from lazytriton.cache_format.image import write_image
 from lazytriton.capi import build, embedded
+from lazytriton.kernels import get
 from lazytriton.kernels.flash_fwd import FLASH_FWD, reference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,12 +51,16 @@ FWD_INTS = len(FWD_TYPES) - 3
 
 
 def fake_entry(variant: Any) -> Entry:
-    """An entry of ``variant`` with flash_fwd's parameter layout (its description's, at bf16 with 32-bit indexing)."""
-    types = FWD_TYPES
-    return Entry(key=variant.key(), variant=str(variant), target="sm_90", kind="cubin", binary=b"\x7fELF" + bytes(64),
-                 name="flash_fwd_kernel", num_warps=int(variant.get("num_warps")), num_ctas=1, warp_size=32,
-                 shared=49152, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
-                 profile_scratch_align=1, arg_types=types, hidden_args=("global_scratch", "profile_scratch"),
+    """An entry of ``variant`` (no real compile) with its kernel's parameter layout (its description's, at the
+    variant's dtype and indexing): flash_fwd's here, the decoding kernels' in benchmarks/bench_capi.py."""
+    spec = get(variant.kernel)
+    types = tuple(kind for kind in spec.signature(variant.dtype, variant.constexprs.get("INDEX64") is True).values()
+                  if kind != "constexpr")
+    return Entry(key=variant.key(), variant=str(variant), target=variant.target, kind="cubin",
+                 binary=b"\x7fELF" + bytes(64), name=f"{variant.kernel}_kernel",
+                 num_warps=int(variant.get("num_warps")), num_ctas=1, warp_size=32, shared=49152,
+                 global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0, profile_scratch_align=1,
+                 arg_types=types, hidden_args=("global_scratch", "profile_scratch"),
                  provenance=Provenance("triton", "3.6.0", "0123456789abcdef", 1.5e9, 1))
 
 
