@@ -149,7 +149,7 @@ def bare_arguments(t: Any, call: Any, out: Any, lse: Any, workspace: Any, varian
     rows = call.lse_rows * splits
     part_out = workspace[:rows * call.value_dim] if splits > 1 else lse
     part_lse = workspace[rows * call.value_dim:rows * (call.value_dim + 1)] if splits > 1 else lse
-    launches.append(Arguments(split, split_grid(call.rows, block_m, splits, call.heads_k, call.batch),
+    launches.append(Arguments(split, split_grid(call.rows, block_m, splits, call.heads_k, call.batch, call.packed_rows),
                               binding.split_ints(t, out, lse, part_out, part_lse, call, splits),
                               binding.floats(call)))
     if splits > 1:

@@ -767,12 +767,15 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
  * rounded up to 4 elements (16 bytes) so that the partial results after them keep the workspace's alignment. */
 static int64_t lt__kv_lengths_elements(const lt__kv_call *c) { return c->varlen_new ? (c->b + 3) / 4 * 4 : 0; }
 
+/* Packed queries: every sequence's rows a key/value head (group x total_q, Call.packed_rows); else -1. */
+static int64_t lt__kv_packed_rows(const lt__kv_call *c) { return c->varlen_q ? c->hq / c->hk * c->out_seqlen : -1; }
+
 /* The split count: the heuristic's (or the forced one), capped by what the workspace holds. */
 static int64_t lt__kv_splits(const lt__kvcache_plan *plan, const lt__kv_call *c) {
     const lt__kvcache_plan_request *r = &plan->r;
     int64_t n = lt__splits_for(c->b, c->hq, c->hk, c->sq, c->dv, c->capacity, c->window_left, c->window_right,
                                c->attention_chunk, c->num_splits, r->split_block_m, r->split_block_n, r->slots,
-                               r->min_keys, c->lse_rows);
+                               r->min_keys, c->lse_rows, lt__kv_packed_rows(c));
     int64_t per_split = c->lse_rows * (c->dv + 1);
     int64_t fits = per_split > 0 ? (c->workspace - lt__kv_lengths_elements(c)) / per_split : 0;
     return n < fits ? n : (fits > 1 ? fits : 1);
@@ -874,9 +877,9 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
         params[n_ints + i] = &floats[i];
     for (uint32_t h = 0; h < r->split_hidden; h++)
         params[LT__DECODE_SPLIT_PARAMS + h] = &split_ints[n_ints + h]; /* zero: NULL scratch */
-    int64_t rows = c->hq / c->hk * c->sq;
+    int64_t blocks = lt__split_row_blocks(c->hq / c->hk * c->sq, r->split_block_m, c->b, lt__kv_packed_rows(c));
     s = lt__cu_launch((lt__CUfunction)(uintptr_t)r->split_function, plan->context,
-                      (unsigned int)(lt__ceil_div(rows, r->split_block_m) * splits), (unsigned int)c->hk,
+                      (unsigned int)(blocks * splits), (unsigned int)c->hk,
                       (unsigned int)c->b, r->split_threads, r->split_shared, stream, params);
     if (s != LT_OK || splits == 1)
         return s;

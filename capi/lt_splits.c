@@ -38,21 +38,32 @@ static int64_t lt__choose_splits(int64_t programs, int64_t key_blocks, int64_t s
     return 1;
 }
 
+/* split_grid's query-row blocks a batch entry (kernels/flash_decode's split_grid, one split): rows / block_m;
+ * packed_rows >= 0 (queries packed by cu_seqlens_q: group x total_q): the sequences' row blocks flattened,
+ * packed_rows / block_m + batch of them, each batch entry (grid z) taking an even share. */
+static int64_t lt__split_row_blocks(int64_t rows, int64_t block_m, int64_t batch, int64_t packed_rows) {
+    if (packed_rows < 0)
+        return lt__ceil_div(rows, block_m);
+    return lt__ceil_div(packed_rows / block_m + batch, batch > 1 ? batch : 1);
+}
+
 /* splits_for: the forced count, else the heuristic over the keys one row block can see (a window or a chunk
  * bounds them), in units of
  * max(block_n, min_keys); at most as many as keep the partials (n_rows of head_dim each: batch x heads_q x
- * seqlen_q, or heads_q x total_q for packed queries) under 2**31 elements. */
+ * seqlen_q, or heads_q x total_q for packed queries) under 2**31 elements. packed_rows: -1, or for packed
+ * queries group x total_q (lt__split_row_blocks). */
 static int64_t lt__splits_for(int64_t batch, int64_t heads_q, int64_t heads_k, int64_t seqlen_q, int64_t head_dim,
                               int64_t capacity, int64_t window_left, int64_t window_right, int64_t chunk,
                               int64_t forced,
-                              int64_t block_m, int64_t block_n, int64_t slots, int64_t min_keys, int64_t n_rows) {
+                              int64_t block_m, int64_t block_n, int64_t slots, int64_t min_keys, int64_t n_rows,
+                              int64_t packed_rows) {
     int64_t size = n_rows * head_dim;
     int64_t most = INT32_MAX / (size > 1 ? size : 1);
     most = most > 1 ? most : 1;
     if (forced > 0)
         return forced < most ? forced : most;
     int64_t rows = heads_q / heads_k * seqlen_q;
-    int64_t programs = batch * heads_k * lt__ceil_div(rows, block_m);
+    int64_t programs = batch * heads_k * lt__split_row_blocks(rows, block_m, batch, packed_rows);
     int64_t keys = capacity;
     if (window_left >= 0 && window_left + window_right + seqlen_q < keys)
         keys = window_left + window_right + seqlen_q;

@@ -285,11 +285,12 @@ SPLITS_MAIN = r"""
 #include <stdio.h>
 #include "lt_splits.c"
 int main(void) {
-    long long v[15];
-    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2],
-                 &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14]) == 15)
+    long long v[16];
+    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1],
+                 &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14],
+                 &v[15]) == 16)
         printf("%lld\n", (long long)lt__splits_for(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
-                                                   v[10], v[11], v[12], v[13], v[14]));
+                                                   v[10], v[11], v[12], v[13], v[14], v[15]));
     return 0;
 }
 """
@@ -321,7 +322,8 @@ def test_the_c_split_count_is_the_bindings(tmp_path: Path) -> None:
                                     calls.append(binding.splits_for(c, 16, block_n, slots, min_keys))
                                     rows.append(f"{batch} {heads[0]} {heads[1]} {sq} 128 {capacity} {window[0]} "
                                                 f"{window[1]} {chunk} {c.num_splits} 16 {block_n} {slots} "
-                                                f"{min_keys} {c.lse_rows}")
+                                                f"{min_keys} {c.lse_rows} "
+                                                f"{-1 if c.packed_rows is None else c.packed_rows}")
     result = subprocess.run([str(program)], input="\n".join(rows) + "\n", capture_output=True, text=True,
                             timeout=60, check=True)
     got = [int(x) for x in result.stdout.split()]

@@ -173,6 +173,27 @@ def test_every_sequence_empty_or_max_seqlen_q_above_the_longest() -> None:
     check_against_reference(args, got, **options(case))
 
 
+def test_many_short_sequences_beside_a_long_one_each_find_their_rows() -> None:
+    """More sequences than one search step of cu_seqlens_q (128), several row blocks for the long ones."""
+    queries = tuple([9, 1, 0, 1, 2, 1, 1, 17][i % 8] for i in range(150))
+    case = Case(torch.float32, (4, 1), "page16", 0, True, (-1, -1), 0.0, False, 2)
+    args = make_inputs(case, seed=7, queries=queries, d=16)
+    check_against_reference(args, run(args, **options(case), num_splits=2), **options(case))
+
+
+def test_the_packed_grid_counts_rows_not_the_longest_sequence_per_sequence() -> None:
+    from lazytriton.kernels.flash_decode import split_grid, split_programs
+
+    # 256 one-query decodes beside a 2048-query prefill, 4 query rows a key/value head, 64-row tiles
+    packed_rows = 4 * (2048 + 256)
+    grid = split_grid(4 * 2048, 64, 3, 8, 257, packed_rows)
+    blocks = packed_rows // 64 + 257  # each sequence's first block: cu_seqlens_q[b] x 4 // 64 + b
+    assert grid[1:] == (8, 257) and grid[0] % 3 == 0 and blocks <= grid[0] // 3 * 257 < blocks + 257
+    assert split_programs(4 * 2048, 64, 8, 257, packed_rows) == grid[0] // 3 * 8 * 257
+    assert split_grid(4 * 2048, 64, 3, 8, 257) == (128 * 3, 8, 257)  # without packing: the longest's blocks each
+    assert split_grid(0, 64, 1, 8, 2, 0) == (1, 8, 2)  # every sequence empty: a block each, no rows
+
+
 # ---------------------------------------------------------------------------
 # flash_attn_varlen_func with a block table: vLLM's calling convention
 

@@ -192,9 +192,24 @@ FLASH_DECODE_COMBINE = KernelSpec(
 KERNELS = (FLASH_DECODE_SPLIT, FLASH_DECODE_COMBINE)
 
 
-def split_grid(rows: int, block_m: int, num_splits: int, heads_k: int, batch: int) -> tuple[int, int, int]:
-    """Split programs: (query-row blocks x splits) x key/value heads x batch (y and z stay under 65536)."""
-    return (((rows + block_m - 1) // block_m) * num_splits, heads_k, batch)
+def split_grid(rows: int, block_m: int, num_splits: int, heads_k: int, batch: int,
+               packed_rows: int | None = None) -> tuple[int, int, int]:
+    """Split programs: (query-row blocks x splits) x key/value heads x batch (y and z stay under 65536).
+
+    ``rows``: the query rows of a key/value head (group size x seqlen_q). ``packed_rows`` (queries packed by
+    cu_seqlens_q, VARLEN_Q: group size x total_q): the sequences' row blocks flattened, packed_rows // block_m
+    + batch of them (``triton_kernel._packed_sequence``: each sequence gets at least its own count), laid out
+    as batch x their share; ``rows`` (the longest sequence's) is then unused.
+    """
+    if packed_rows is None:
+        return (((rows + block_m - 1) // block_m) * num_splits, heads_k, batch)
+    return (-(-(packed_rows // block_m + batch) // max(batch, 1)) * num_splits, heads_k, batch)
+
+
+def split_programs(rows: int, block_m: int, heads_k: int, batch: int, packed_rows: int | None = None) -> int:
+    """The split kernel's programs a split (``split_grid``'s, one split): what the split heuristic fills SMs with."""
+    x, y, z = split_grid(rows, block_m, 1, heads_k, batch, packed_rows)
+    return x * y * z
 
 
 def combine_grid(n_rows: int, block_m: int) -> tuple[int, int, int]:

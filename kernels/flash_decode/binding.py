@@ -39,6 +39,7 @@ from lazytriton.kernels.flash_decode import (
     key_mask,
     mla,
     split_grid,
+    split_programs,
     values,
 )
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
@@ -127,7 +128,7 @@ def splits_for(call: Call, block_m: int, block_n: int, sms: int, min_keys: int =
     most = max(1, checks.INT32_MAX // max(1, call.lse_rows * call.value_dim))
     if call.num_splits:
         return min(call.num_splits, most)
-    programs = call.batch * call.heads_k * -(-call.rows // block_m)
+    programs = split_programs(call.rows, block_m, call.heads_k, call.batch, call.packed_rows)
     keys = call.capacity
     if call.windowed:  # a window bounds what one query row block reads
         keys = min(keys, call.window_left + call.window_right + call.seqlen_q)
@@ -463,7 +464,7 @@ def launch_gpu(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
                         min_split_keys(call.head_dim))
     part_out, part_lse = _partials(lse, call, splits)
     stream = launch.raw_stream(device.index)
-    grid = split_grid(call.rows, block_m, splits, call.heads_k, call.batch)
+    grid = split_grid(call.rows, block_m, splits, call.heads_k, call.batch, call.packed_rows)
     tickets = _tickets(t.q, stream, grid, splits, own_counters) if fused and splits > 1 else None
     split_kernel.launch(grid, stream, split_ints(t, out, lse, part_out, part_lse, call, splits, tickets=tickets),
                         floats(call), launch.scratch_alloc)
@@ -508,7 +509,7 @@ def run_interpreter(t: Inputs, out: torch.Tensor, lse: torch.Tensor, call: Call,
     split_c, combine_c = interpreter_constexprs(call, fused)
     splits = splits_for(call, split_c["BLOCK_M"], split_c["BLOCK_N"], INTERPRETER_SMS)
     part_out, part_lse = _partials(lse, call, splits)
-    grid = split_grid(call.rows, split_c["BLOCK_M"], splits, call.heads_k, call.batch)
+    grid = split_grid(call.rows, split_c["BLOCK_M"], splits, call.heads_k, call.batch, call.packed_rows)
     tickets = _tickets(t.q, 0, grid, splits, own_counters) if fused and splits > 1 else None
     ints = split_ints(t, out, lse, part_out, part_lse, call, splits, pointers=lambda x: x, tickets=tickets)
     compiler.interpret(FLASH_DECODE_SPLIT.name, grid, (*ints, *floats(call)), split_c)

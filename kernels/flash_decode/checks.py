@@ -150,6 +150,11 @@ class Call(NamedTuple):
         return self.group * self.seqlen_q
 
     @property
+    def packed_rows(self) -> int | None:
+        """Queries packed by cu_seqlens_q: every sequence's rows per key/value head (group x total_q); else None."""
+        return self.group * self.total_q if self.varlen_q else None
+
+    @property
     def out_batch(self) -> int:
         """The batch of out as the kernels index it: 1 for packed queries (one batch of total_q rows)."""
         return 1 if self.varlen_q else self.batch

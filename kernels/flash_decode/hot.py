@@ -194,7 +194,7 @@ class Entry:
         partial_out = call.lse_rows * splits * call.value_dim if splits > 1 else 0
         partial_lse = _round_up(partial_out)
         work = _round_up(partial_lse + call.lse_rows * splits) if splits > 1 else 0
-        grid = split_grid(call.rows, block_m, splits, call.heads_k, call.batch)
+        grid = split_grid(call.rows, block_m, splits, call.heads_k, call.batch, call.packed_rows)
         tickets = counters.count(grid[2], grid[1], grid[0] // splits) if fused and splits > 1 else 0
         combine: tuple[Any, Any, Any] = (None, None, None)
         if not fused:

@@ -65,9 +65,11 @@ mixed batch of prefills and decodes in one call): batch b's are rows
 ``CuSeqlensQ[b]`` .. ``CuSeqlensQ[b + 1] - 1`` of q and out (stride_qb and
 stride_ob 0) and of each head's lse, (heads, seqlen_q) with seqlen_q the
 packed total; its own count aligns its causal mask, window and ALiBi
-bottom-right. The grid covers the longest sequence's rows: a block past a
-sequence's rows reads no key and writes nothing. The combine kernel sees
-them as one batch of seqlen_q queries.
+bottom-right. The sequences' row blocks are flattened over the grid
+(``split_grid``: about total rows / BLOCK_M + one a sequence, not the longest
+sequence's count for each), each program finding its sequence in
+CuSeqlensQ; a block past its sequence's rows reads no key and writes
+nothing. The combine kernel sees them as one batch of seqlen_q queries.
 
 ``KV_FP8`` (``e4m3`` or ``e5m2``; ``none``, a cache of q's dtype) reads a
 float8 cache (``flash_decode.kv_fp8``: it holds k / k_descale and v /
@@ -326,6 +328,28 @@ def _with_sink(m_i, l_i, sink):
 
 
 @triton.jit
+def _packed_sequence(block, CuSeqlensQ, n_seqs, group_size, BLOCK_M: tl.constexpr):
+    """(sequence, its first packed query, its first row block) of flattened row block ``block`` (``VARLEN_Q``).
+
+    Packed queries' row blocks are flattened over the grid (``split_grid``): sequence b's blocks start at
+    cu_seqlens_q[b] x group_size // BLOCK_M + b, which leaves it at least cdiv(its rows, BLOCK_M) of them, so a
+    one-query sequence beside a long prefill takes one or two programs, not the prefill's count. The sequence is
+    the number of b in 1..n_seqs whose first block is at or before ``block`` (vector loads of SEARCH entries of
+    cu_seqlens_q at a time); a block past the last sequence's gets that sequence and no rows of it.
+    """
+    SEARCH: tl.constexpr = 128
+    count = block * 0
+    for s0 in range(1, n_seqs + 1, SEARCH):
+        idx = s0 + tl.arange(0, SEARCH)
+        ok = idx <= n_seqs
+        firsts = tl.load(CuSeqlensQ + idx, mask=ok, other=0) * group_size // BLOCK_M + idx
+        count += tl.sum((ok & (firsts <= block)).to(tl.int32), 0)
+    seq = tl.minimum(count, n_seqs - 1)
+    q_start = tl.load(CuSeqlensQ + seq)
+    return seq, q_start, q_start * group_size // BLOCK_M + seq
+
+
+@triton.jit
 def flash_decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart, Seqlens, BatchIdx, BlockTable, Alibi, LeftPad, RotaryCos, RotarySin,
     RotarySeqlens, Sinks, CuSeqlensQ, KDescale, VDescale, KeyMask, Counters,
@@ -351,9 +375,17 @@ def flash_decode_split_kernel(
     if PDL:  # the combine kernel may launch now: it waits for this grid's memory before it reads the partials
         tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0) % num_splits
-    start_m = (tl.program_id(0) // num_splits) * BLOCK_M
     kv_head = tl.program_id(1)
-    batch = tl.program_id(2)
+    row_block = tl.program_id(0) // num_splits  # of this program's sequence; VARLEN_Q: of the flattened blocks
+    q_start = 0
+    if VARLEN_Q:  # packed queries: this sequence's are rows q_start.. of q, out and lse (seqlen_q: all of them)
+        row_block += tl.program_id(2) * (tl.num_programs(0) // num_splits)
+        batch, q_start, first_block = _packed_sequence(row_block, CuSeqlensQ, tl.num_programs(2), group_size,
+                                                       BLOCK_M)
+        start_m = (row_block - first_block) * BLOCK_M
+    else:
+        start_m = row_block * BLOCK_M
+        batch = tl.program_id(2)
     IEEE: tl.constexpr = Q.dtype.element_ty == tl.float32
     if KV_FP8 == "e4m3":  # the description types K and V as q's dtype: the bytes are float8
         K = K.to(tl.pointer_type(tl.float8e4nv))
@@ -362,10 +394,8 @@ def flash_decode_split_kernel(
         K = K.to(tl.pointer_type(tl.float8e5))
         V = V.to(tl.pointer_type(tl.float8e5))
 
-    q_start = 0
     seqlen_b = seqlen_q
-    if VARLEN_Q:  # packed queries: this sequence's are rows q_start.. of q, out and lse (seqlen_q: all of them)
-        q_start = tl.load(CuSeqlensQ + batch)
+    if VARLEN_Q:
         seqlen_b = tl.load(CuSeqlensQ + batch + 1) - q_start
     n_rows = seqlen_b * group_size
     offs_r = start_m + tl.arange(0, BLOCK_M)
@@ -442,7 +472,7 @@ def flash_decode_split_kernel(
     i_hi = (tl.minimum(start_m + BLOCK_M, n_rows) - 1) // group_size
     begin, end = _key_range(i_lo, i_hi, length, offset, window_left, window_right, leftpad, attention_chunk, BLOCK_N,
                             CAUSAL, WINDOW, LEFTPAD, CHUNK)
-    if VARLEN_Q:  # the grid covers the longest sequence: a block past this one's rows reads no key
+    if VARLEN_Q:  # a block past its sequence's rows reads no key
         end = tl.where(start_m < n_rows, end, begin)
     # This split's chunk: whole blocks, the range cut evenly in num_splits.
     n_blocks = (end - begin + BLOCK_N - 1) // BLOCK_N
@@ -499,8 +529,8 @@ def flash_decode_split_kernel(
             # sm_80; gfx942: buffer_wbl2 sc1, global_atomic_add, buffer_inv sc1), and the merge's loads to
             # ld.global.cg (gfx942: nt loads): experiments/ptx_fused_combine.py prints them.
             tl.debug_barrier()
-            counter = Counters + ((batch * tl.num_programs(1) + kv_head) * (tl.num_programs(0) // num_splits)
-                                  + start_m // BLOCK_M)
+            counter = Counters + ((tl.program_id(2) * tl.num_programs(1) + kv_head)
+                                  * (tl.num_programs(0) // num_splits) + tl.program_id(0) // num_splits)
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if ticket == num_splits - 1:  # the last of the row block's programs: merge, and leave the counter 0
                 tl.store(counter, 0)
