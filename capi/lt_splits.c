@@ -15,26 +15,30 @@ static double lt__ceil(double x) {
     return t < x ? t + 1.0 : t;
 }
 
-/* choose_splits: how many splits fill `sms` program slots evenly (as binding.choose_splits). */
+/* choose_splits: how many splits fill `sms` program slots evenly (as binding.choose_splits). One pass over the
+ * counts keeps each eligible count's efficiency (a count whose blocks per split differ from the previous
+ * count's), then the smallest within 85% of the best wins: the same expressions as the Python function's. */
 static int64_t lt__choose_splits(int64_t programs, int64_t key_blocks, int64_t sms) {
     if (programs <= 0 || key_blocks <= 1 || (double)programs >= 0.8 * (double)sms)
         return 1;
     int64_t limit = LT__MAX_HEURISTIC_SPLITS;
     limit = sms < limit ? sms : limit;
     limit = key_blocks < limit ? key_blocks : limit;
-    double best = 0.0;
-    for (int pass = 0; pass < 2; pass++) { /* first the best efficiency, then the smallest count within 85% of it */
-        for (int64_t n = 1; n <= limit; n++) {
-            if (n > 1 && lt__ceil_div(key_blocks, n) == lt__ceil_div(key_blocks, n - 1))
-                continue;
+    double efficiency[LT__MAX_HEURISTIC_SPLITS + 1], best = 0.0;
+    int64_t previous = 0;
+    for (int64_t n = 1; n <= limit; n++) {
+        int64_t per_split = lt__ceil_div(key_blocks, n);
+        efficiency[n] = -1.0; /* not eligible */
+        if (n == 1 || per_split != previous) {
             double waves = (double)(programs * n) / (double)sms;
-            double efficiency = waves / lt__ceil(waves);
-            if (pass == 0 && efficiency > best)
-                best = efficiency;
-            if (pass == 1 && efficiency >= 0.85 * best)
-                return n;
+            efficiency[n] = waves / lt__ceil(waves);
+            best = efficiency[n] > best ? efficiency[n] : best;
         }
+        previous = per_split;
     }
+    for (int64_t n = 1; n <= limit; n++)
+        if (efficiency[n] >= 0.85 * best)
+            return n;
     return 1;
 }
 
