@@ -204,7 +204,9 @@ _ZERO_IF_ABSENT = ("BLOCK_D2", "BLOCK_TILES")
 # KV cache the decoding split kernel reads and kv_append writes (kernels/flash_decode/kv_fp8.py), absent for a
 # cache of the queries' dtype.
 _CHOICES: dict[str, tuple[str, ...]] = {"KV_FP8": ("none", "e4m3", "e5m2")}
-_OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16)}
+# maxnreg: registers a thread (Triton's CUDA option; flash_decode's split kernel caps its feature variants)
+_OPTIONS: dict[str, tuple[int, int]] = {"num_warps": (1, 32), "num_stages": (1, 8), "waves_per_eu": (0, 16),
+                                        "maxnreg": (24, 255)}
 _REQUIRED_OPTIONS = ("num_warps", "num_stages")
 _MAX_BLOCK = 1 << 16
 

@@ -135,3 +135,28 @@ def test_a_tuned_row_never_gives_the_split_kernel_a_tile_taller_than_the_rows_cl
     combine, _ = decode_dispatch.decode_config("flash_decode_combine", sm90, "bf16", 128, False, 8, 32768,
                                                table=table)
     assert combine.block_m == 1
+
+
+def test_feature_split_variants_keep_the_plain_tiles_occupancy_on_cuda() -> None:
+    """A feature's split variant at head dims up to 128 is compiled with at most 128 registers (maxnreg) on CUDA."""
+    from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
+    from lazytriton.target import Target
+    from lazytriton.variant import Variant, check_fields
+
+    sm90, gfx942 = Target.parse("sm_90"), Target.parse("gfx942")
+
+    def split(target: Target, head_dim: int = 128, **features: bool) -> Variant:
+        return decode_dispatch.decode_variant("flash_decode_split", target, "bf16", head_dim, False, True, 4, 4096,
+                                              **features)
+
+    assert "maxnreg" not in dict(split(sm90).options)
+    assert "maxnreg" not in dict(split(sm90, paged=True, page_size=256).options)  # a layout, not a feature
+    for feature in ("window", "softcap", "alibi", "leftpad", "rotary", "sinks", "varlen_q", "chunk", "key_mask"):
+        capped = split(sm90, **{feature: True})
+        assert dict(capped.options)["maxnreg"] == decode_dispatch.FEATURE_MAX_REGISTERS, feature
+        assert check_fields(Variant.parse(str(capped))) == capped
+        assert "maxnreg" not in dict(split(sm90, 256, **{feature: True}).options), feature  # wider tiles: not capped
+        assert "maxnreg" not in dict(split(gfx942, **{feature: True}).options), feature  # a CUDA option
+    combine = decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, False, True, 4, 4096,
+                                             sinks=True)
+    assert "maxnreg" not in dict(combine.options)

@@ -24,6 +24,10 @@ static const char *const dtype_names[] = {"", "fp16", "bf16", "fp32"};
 
 /* dispatch.MAX_FP8_DOUBLED_DIM: a contiguous float8 cache's split tiles take twice the keys up to this head dim. */
 #define MAX_FP8_DOUBLED_DIM 256
+/* dispatch.FEATURE_MAX_REGISTERS and MAX_CAPPED_HEAD_DIM: a feature's split variant is compiled with at most
+   this many registers a thread (maxnreg) at padded head dims up to the second. */
+#define FEATURE_MAX_REGISTERS 128
+#define MAX_CAPPED_HEAD_DIM 128
 
 static ltn_config make(int block_m, int block_n, int num_warps, int num_stages) {
     ltn_config c = {block_m, block_n, num_warps, num_stages, 0};
@@ -166,6 +170,11 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
     ltn_variant_add(v, 1, "BLOCK_N", 0, c.block_n);
     ltn_variant_add(v, 2, "num_warps", 0, c.num_warps);
     ltn_variant_add(v, 2, "num_stages", 0, c.num_stages);
+    /* dispatch.capped_registers: a feature's split variant at padded head dims up to 128 */
+    int widest = padded_value_dim(head_dim) > padded_value_dim(dv) ? padded_value_dim(head_dim) : padded_value_dim(dv);
+    if (split && widest <= MAX_CAPPED_HEAD_DIM && (r->window || r->softcap || r->alibi || r->leftpad || r->rotary ||
+                                                   r->sinks || r->varlen_q || r->chunk || r->qv))
+        ltn_variant_add(v, 2, "maxnreg", 0, FEATURE_MAX_REGISTERS);
     snprintf(v->kernel, sizeof v->kernel, "%s", kernel);
 }
 

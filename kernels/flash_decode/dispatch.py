@@ -27,6 +27,16 @@ MAX_FP8_DOUBLED_DIM = 256
 # batch 8 / 4k keys, +0.2% at batch 32 / 32k).
 FP8_CUDA_TILES = {128: (64, 4, 3)}
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
+# A feature's code takes the split kernel's tile past 128 registers a thread at head dims up to 128 (sm_90, bf16,
+# Triton 3.9: the 4-warp tile of 64 keys at head dim 128 takes 108 plain, 130-141 with LEFTPAD, SINKS, WINDOW,
+# ALIBI, CHUNK, KEY_MASK or VARLEN_Q; the 8-warp tile of 128 keys 134-137 with SINKS, LEFTPAD, WINDOW, ALIBI or
+# ROTARY), so an SM holds 3 of its 4-warp programs instead of 4 (1 of its 8-warp ones instead of 2): batch 64 at 4k
+# keys, 512 programs, then runs in two waves, 12% slower with sinks or a left pad (H100, bench_decode.py). On CUDA
+# such a variant is compiled with at most this many registers (Triton's ``maxnreg``): the plain tile's occupancy,
+# at 0-24 bytes of stack. The plain variants keep the compiler's own count.
+FEATURE_MAX_REGISTERS = 128
+FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI", "LEFTPAD", "ROTARY", "SINKS", "VARLEN_Q", "CHUNK", "QV", "KEY_MASK")
+MAX_CAPPED_HEAD_DIM = 128  # wider tiles need more registers plain (144 at head dim 256): not capped
 
 
 # The combine kernel's tile: rows a program, and splits a step up to 4096 float32 outputs (32 a thread at 4 warps).
@@ -247,7 +257,20 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
         functional.update(fp8.flags(kv_fp8))
     if sinks:
         functional["SINKS"] = True
-    return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(cfg.options(target)))
+    options = cfg.options(target)
+    if split and capped_registers(target, max(padded, padded_v), functional):
+        options["maxnreg"] = FEATURE_MAX_REGISTERS
+    return Variant(kernel, str(target), dtype, pairs(functional), pairs(cfg.tuned()), pairs(options))
+
+
+def capped_registers(target: Target, padded_dim: int, functional: dict[str, bool | int | str]) -> bool:
+    """Whether a split variant is compiled with ``FEATURE_MAX_REGISTERS`` registers a thread (pure).
+
+    On CUDA, at a padded head dim (the larger of q's and v's) up to ``MAX_CAPPED_HEAD_DIM``, with one of
+    ``FEATURE_FLAGS`` set.
+    """
+    return (target.backend == "cuda" and padded_dim <= MAX_CAPPED_HEAD_DIM
+            and any(functional.get(name) is True for name in FEATURE_FLAGS))
 
 
 def kernel_config(kernel: str, target: Target, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
