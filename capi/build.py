@@ -95,6 +95,7 @@ typedef struct {
     uint64_t lengths_function;
     uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
     int32_t combine_dependent;
+    int32_t split_dependent;
     char variant[512];
 } lt__kvcache_plan_request;
 

@@ -151,6 +151,7 @@ def plan(req: Any) -> int:
     req.combine_threads, req.combine_shared = c.block, c.shared
     req.combine_block_m, req.combine_hidden = int(combine.get("BLOCK_M")), len(c.entry.hidden_args)
     req.combine_dependent = int(c.dependent)  # launched as the split kernel's programmatic dependent
+    req.split_dependent = int(s.dependent)  # a rotary call's: launched as kv_append's programmatic dependent
     req.slots, req.min_keys = binding.gpu_slots(req.device_index, s.shared), binding.min_split_keys(req.head_dim)
     text = str(split).encode()[:511]
     _ffi.memmove(req.variant, text, len(text))

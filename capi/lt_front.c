@@ -306,7 +306,7 @@ static int lt__native_load(const ltn_decode_request *r, int32_t device_index, ui
         out->block_m = (uint32_t)ltn_variant_get(&variant, "BLOCK_M", ltn_variant_get(&variant, "BLOCK", 0));
         out->block_n = (uint32_t)ltn_variant_get(&variant, "BLOCK_N", 0);
         out->block_d = (uint32_t)ltn_variant_get(&variant, "BLOCK_D", 0);
-        out->dependent = ltn_dependent_launch(variant.kernel, r->capability);
+        out->dependent = ltn_dependent_launch(&variant, r->capability);
     }
     lt_kernel_destroy(kernel);
     return status;
@@ -404,7 +404,7 @@ static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
     q->split_block_m = split.block_m, q->split_block_n = split.block_n, q->split_hidden = split.hidden;
     q->combine_function = combine.function, q->combine_threads = combine.threads;
     q->combine_shared = combine.shared, q->combine_block_m = combine.block_m, q->combine_hidden = combine.hidden;
-    q->combine_dependent = combine.dependent;
+    q->combine_dependent = combine.dependent, q->split_dependent = split.dependent;
     q->slots = sms * ltn_decode_programs_per_sm(split.shared, sm_shared), q->min_keys = ltn_decode_min_split_keys(q->head_dim);
     snprintf(q->variant, sizeof q->variant, "%s", split.variant);
     return LT_OK;

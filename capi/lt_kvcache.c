@@ -63,6 +63,10 @@ typedef struct {
     int qv, varlen_new;                /* QV (qv . v in the scores); new keys packed by cu_seqlens_k_new */
 } lt__kv_call;
 
+/* Whether a call launches kv_append: with new keys, and in every rotary call (programs that write nothing when it
+   has none), whose split kernel is kv_append's programmatic dependent (kv_append.binding.append). */
+static int lt__kv_appends(const lt__kv_call *c) { return c->seqlen_new > 0 || c->rotary_dim > 0; }
+
 /* What lt_attn_kvcache asks the planner (embedded_kvcache.py) for, and its answer (also in build.py's cdef). */
 typedef struct {
     int32_t device_index, dtype, head_dim, causal, aligned, index64, paged, window, softcap, alibi; /* in */
@@ -84,6 +88,7 @@ typedef struct {
     uint64_t lengths_function;   /* out, with varlen_new: kv_append_lengths */
     uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
     int32_t combine_dependent; /* out: the combine kernel is the split kernel's programmatic dependent */
+    int32_t split_dependent;   /* out: the split kernel is kv_append's programmatic dependent (a rotary call) */
     char variant[512];
 } lt__kvcache_plan_request;
 
@@ -674,7 +679,7 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
         extent = e > extent ? e : extent;
     }
     c->aligned = (bits & 15) == 0, c->index64 = extent >= INT32_MAX;
-    if (c->seqlen_new > 0) { /* kv_append.binding.layout_flags: k, v and the caches */
+    if (lt__kv_appends(c)) { /* kv_append.binding.layout_flags: k, v and the caches */
         const lt_tensor *as[4] = {&p->k, &p->v, &p->k_cache, &p->v_cache};
         static const char *as_names[4] = {"k", "v", "k_cache", "v_cache"};
         bits = 0, extent = 0;
@@ -716,7 +721,7 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.head_dim = (int32_t)c->d, key.causal = c->causal, key.aligned = c->aligned, key.index64 = c->index64;
     key.sq_bits = lt__bits(c->hq / c->hk * c->sq), key.sk_bits = lt__bits(c->capacity);
     key.varlen = c->paged | (c->window_left >= 0) << 1 | c->softcap_on << 2 | c->alibi << 3 | page_bits << 8;
-    key.varlen |= (c->seqlen_new > 0) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
+    key.varlen |= lt__kv_appends(c) << 4 | c->append_aligned << 5 | c->append_index64 << 6; /* kv_append */
     key.varlen |= c->leftpad << 7 | (c->rotary_dim > 0) << 16 | c->rotary_interleaved << 17;
     key.varlen |= c->sinks << 18 | c->varlen_q << 19 | (c->attention_chunk > 0) << 20;
     key.varlen |= (c->kv_fp8 == LT_DTYPE_FP8_E4M3) << 21 | (c->kv_fp8 == LT_DTYPE_FP8_E5M2) << 22 | c->qv << 23;
@@ -742,7 +747,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->sinks = c->sinks, r->varlen_q = c->varlen_q, r->chunk = c->attention_chunk > 0, r->kv_fp8 = c->kv_fp8;
     r->qv = c->qv;
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
-    r->head_dim_v = (int32_t)c->dv, r->append = c->seqlen_new > 0;
+    r->head_dim_v = (int32_t)c->dv, r->append = lt__kv_appends(c);
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64, r->varlen_new = c->varlen_new;
     if ((s = (lt_status)lt__py_kvcache_plan(r)) != LT_OK) {
         free(plan);
@@ -807,7 +812,7 @@ static lt_status lt__kv_append(const lt__kvcache_plan *plan, const lt_attn_kvcac
     for (int i = 0; i < LT__APPEND_PARAMS + (int)r->append_hidden; i++)
         params[i] = &ints[i]; /* an i32 parameter reads the low 4 bytes: little-endian hosts only */
     return lt__cu_launch((lt__CUfunction)(uintptr_t)r->append_function, plan->context,
-                         (unsigned int)lt__ceil_div(c->seqlen_new * c->hk, r->append_block_m),
+                         (unsigned int)(c->seqlen_new > 0 ? lt__ceil_div(c->seqlen_new * c->hk, r->append_block_m) : 1),
                          c->varlen_new ? 1u : (unsigned int)c->b, 1, r->append_threads, r->append_shared, stream,
                          params);
 }
@@ -836,20 +841,24 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
                                void *stream) {
     const lt__kvcache_plan_request *r = &plan->r;
     lt_status s;
-    if (c->seqlen_new > 0 && c->b * c->hk > 0 && (s = lt__kv_append(plan, p, c, stream)) != LT_OK)
+    /* Packed new keys' lengths first (from the call's inputs): kv_append is the last launch before the split
+       kernel, a rotary call's split kernel being its programmatic dependent. */
+    int64_t lens = LT__PTR(p->workspace);
+    int attends = c->lse_rows * c->dv != 0 && c->sq != 0;
+    if (attends && c->varlen_new && (s = lt__kv_lengths_launch(plan, p, c, lens, stream)) != LT_OK)
         return s;
-    if (c->lse_rows * c->dv == 0 || c->sq == 0)
+    if (lt__kv_appends(c) && c->b * c->hk > 0 && (s = lt__kv_append(plan, p, c, stream)) != LT_OK)
+        return s;
+    if (!attends)
         return LT_OK;
     /* Packed new keys: the split kernel reads the lengths after the append (seqlen_new 0), cache_seqlens as the
        rotary base (flash_decode.binding.after_packed_append). */
-    int64_t lens = LT__PTR(p->workspace), seqlen_new = c->varlen_new ? 0 : c->seqlen_new;
+    int64_t seqlen_new = c->varlen_new ? 0 : c->seqlen_new;
     int64_t seqlens = c->varlen_new ? lens : LT__OR_LSE(p->cache_seqlens);
     int64_t use_seqlens = c->varlen_new ? 1 : c->use_seqlens, seqlen_const = c->varlen_new ? 0 : c->seqlen_const;
     int64_t bases = c->varlen_new && c->rotary_dim > 0 && !c->rotary_seqlens ? LT__PTR(p->cache_seqlens)
                                                                               : LT__OR_LSE(p->rotary_seqlens);
     int64_t use_bases = c->rotary_seqlens || (c->varlen_new && c->rotary_dim > 0);
-    if (c->varlen_new && (s = lt__kv_lengths_launch(plan, p, c, lens, stream)) != LT_OK)
-        return s;
     int64_t splits = lt__kv_splits(plan, c), n_rows = c->lse_rows;
     int64_t work = LT__PTR(p->workspace) + 4 * lt__kv_lengths_elements(c);
     int64_t part_out = splits > 1 ? work : LT__PTR(p->lse);
@@ -878,9 +887,9 @@ static lt_status lt__kv_launch(const lt__kvcache_plan *plan, const lt_attn_kvcac
     for (uint32_t h = 0; h < r->split_hidden; h++)
         params[LT__DECODE_SPLIT_PARAMS + h] = &split_ints[n_ints + h]; /* zero: NULL scratch */
     int64_t blocks = lt__split_row_blocks(c->hq / c->hk * c->sq, r->split_block_m, c->b, lt__kv_packed_rows(c));
-    s = lt__cu_launch((lt__CUfunction)(uintptr_t)r->split_function, plan->context,
-                      (unsigned int)(blocks * splits), (unsigned int)c->hk,
-                      (unsigned int)c->b, r->split_threads, r->split_shared, stream, params);
+    s = lt__cu_launch_as((lt__CUfunction)(uintptr_t)r->split_function, plan->context,
+                         (unsigned int)(blocks * splits), (unsigned int)c->hk, (unsigned int)c->b, r->split_threads,
+                         r->split_shared, stream, params, r->split_dependent);
     if (s != LT_OK || splits == 1)
         return s;
     int64_t combine_ints[LT__DECODE_COMBINE_PARAMS + LT__MAX_HIDDEN] = {

@@ -71,7 +71,8 @@ def header(table: tuning.Table | None = None) -> str:
         table = tuning.tables_for(ATTENTION_KERNELS + DECODE_KERNELS)
     # flash_fwd_fp8 (the FP8 forward) and its Gluon twin are flash_fwd's, outside FAMILIES' lists (dispatch picks them).
     kernels = [kernel for family in FAMILIES.values() for kernel in family] + [FP8_NAME, fp8_gluon.NAME]
-    fingerprints = [f"    {{{_c_string(k)}, {_c_string(source_fingerprint(k))}, {_dependent_from(k)}}},"
+    fingerprints = [f"    {{{_c_string(k)}, {_c_string(source_fingerprint(k))}, {_dependent_from(k)}, "
+                    f"{_c_string(get(k).dependent_flag)}}},"
                     for k in kernels]
     rows = _rows(table) or ["    {0},"]
     lines = [
@@ -91,8 +92,10 @@ def header(table: tuning.Table | None = None) -> str:
         *_fp8_gluon_constants(),
         "",
         "/* dependent_from: the least CUDA capability whose binaries launch as their stream predecessor's",
-        "   programmatic dependent (KernelSpec.dependent's capability flag), 0: none */",
-        "typedef struct { const char *kernel, *fingerprint; int dependent_from; } ltn_fingerprint_row;",
+        "   programmatic dependent (KernelSpec.dependent's capability flag), 0: none; dependent_flag: the variant",
+        "   flag such a binary's variant must also carry (KernelSpec.dependent_flag), \"\": none */",
+        "typedef struct { const char *kernel, *fingerprint; int dependent_from; const char *dependent_flag; }",
+        "    ltn_fingerprint_row;",
         "static const ltn_fingerprint_row ltn_fingerprints[] = {", *fingerprints, "};",
         "",
         "typedef struct {",

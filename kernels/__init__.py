@@ -78,6 +78,9 @@ class KernelSpec:
     overlaps the kernel before it, and the kernel waits for that kernel's
     memory (``gdc_wait``) before it reads what it wrote (the kernel before
     it lets it start with ``gdc_launch_dependents``). "": launched plainly.
+    ``dependent_flag``, where given, is a variant flag the variant must also
+    carry to launch as a dependent (a kernel whose launches follow a given
+    kernel only in some calls: those calls' variants carry the flag).
     A launcher without the attribute (``lt_kernel_launch``'s, a driver
     before CUDA 12.3) is still right: the wait then returns at once, the
     stream having ordered the two.
@@ -102,6 +105,7 @@ class KernelSpec:
     capability_flags: tuple[tuple[str, int | None], ...] = ()
     flags: tuple[str, ...] = ()
     dependent: str = ""
+    dependent_flag: str = ""
 
     @property
     def source_path(self) -> Path:
@@ -261,7 +265,7 @@ def launched_warps(variant: Variant) -> int:
 def dependent_launch(variant: Variant) -> bool:
     """Whether ``variant``'s binary is launched as its stream predecessor's programmatic dependent."""
     spec = get(variant.kernel)
-    if not spec.dependent:
+    if not spec.dependent or (spec.dependent_flag and not variant.constexprs.get(spec.dependent_flag, False)):
         return False
     target = Target.parse(variant.target)
     return spec.dependent_launch(target.backend, target.capability)

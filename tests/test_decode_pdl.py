@@ -1,11 +1,13 @@
-"""Programmatic dependent launch of the decoding pair (``PDL``: ``kernels/flash_decode/__init__.py``).
+"""Programmatic dependent launch of the decoding kernels (``PDL``: ``kernels/flash_decode/__init__.py``).
 
-On CPU: the flag is a compile-target flag of both kernels (the variants' strings never change), the split
-kernel's sm_90 PTX releases its dependent and the combine kernel's waits for it (none of it elsewhere), the
-combine kernel is the one launched as a dependent, and a dependent launches through ``cuLaunchKernelEx`` with
+On CPU: the flag is a compile-target flag of the split, combine and kv_append kernels (the variants' strings
+never change); the split kernel's and kv_append's sm_90 PTX release their dependent, the combine kernel's and a
+rotary split kernel's wait for their predecessor (none of it elsewhere); the combine kernel and a rotary call's
+split kernel are the ones launched as dependents; a dependent launches through ``cuLaunchKernelEx`` with
 programmatic stream serialization on the fake libcuda, through the compiled helper and through cffi's ABI mode
 alike (plainly where the driver has no ``cuLaunchKernelEx``: the kernel's wait makes that right too). The GPU
-test runs a decoding call with the flag on against the same call with it off, bit for bit.
+tests run decoding calls (a rotary one with new keys, packed new keys and none) with the flag on against the same
+calls with it off, bit for bit.
 """
 
 from __future__ import annotations
@@ -26,20 +28,21 @@ from lazytriton import config, kernels
 from lazytriton.driver import fastlaunch, gpu
 from lazytriton.kernels import dispatch
 from lazytriton.kernels.flash_decode import PDL_FROM, binding, checks
+from lazytriton.kernels.kv_append import spec as append_spec
 from lazytriton.record import replace
 from lazytriton.target import Target
 from lazytriton.variant import kernel_constexprs
 
-SPLIT, COMBINE = "flash_decode_split", "flash_decode_combine"
+SPLIT, COMBINE, APPEND = "flash_decode_split", "flash_decode_combine", "kv_append"
 
 
 def _with_pdl(monkeypatch: pytest.MonkeyPatch, least: int | None) -> None:
-    """Both kernels' PDL flag from capability ``least`` (None: off), as ``PDL_FROM`` sets it.
+    """The three kernels' PDL flag from capability ``least`` (None: off), as ``PDL_FROM`` sets it.
 
     No variant's key is computed while it is patched: the source fingerprint a key holds is computed once a
     process, and would keep the patched spec's for the tests after this one.
     """
-    for name in (SPLIT, COMBINE):
+    for name in (SPLIT, COMBINE, APPEND):
         spec = kernels.get(name)
         flags = tuple((flag, least if flag == "PDL" else at) for flag, at in spec.capability_flags)
         monkeypatch.setitem(kernels._looked_up, name, replace(spec, capability_flags=flags))  # noqa: SLF001
@@ -55,28 +58,37 @@ def keys_of_patched_specs() -> Iterator[None]:
     kernels.source_fingerprint.cache_clear()
 
 
-def _variants(target: str) -> tuple[Any, Any]:
+def _variants(target: str, rotary: bool = False) -> tuple[Any, Any, Any]:
+    """(split, combine, kv_append) of a bf16 head-dim-128 call, rotary (non-interleaved) or not."""
     found = Target.parse(target)
-    return (dispatch.kernel_variant(SPLIT, found, "bf16", 128, False, True, 4, 4096),
-            dispatch.kernel_variant(COMBINE, found, "bf16", 128, False, True, 4, 4096))
+    return (dispatch.kernel_variant(SPLIT, found, "bf16", 128, False, True, 4, 4096, rotary=rotary),
+            dispatch.kernel_variant(COMBINE, found, "bf16", 128, False, True, 4, 4096),
+            dispatch.kernel_variant(APPEND, found, "bf16", 128, False, True, 1, 4096, rotary=rotary))
 
 
-def test_pdl_is_a_target_flag_and_only_the_combine_kernel_launches_as_a_dependent(
+def _dependents(target: str, rotary: bool = False) -> list[bool]:
+    return [kernels.dependent_launch(v) for v in _variants(target, rotary)]
+
+
+def test_pdl_is_a_target_flag_and_the_dependents_are_the_combine_and_a_rotary_split_kernel(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    split, combine = (kernels.get(name) for name in (SPLIT, COMBINE))
+    split, combine, append = (kernels.get(name) for name in (SPLIT, COMBINE, APPEND))
     assert ("PDL", PDL_FROM) in split.capability_flags and combine.capability_flags == (("PDL", PDL_FROM),)
-    assert combine.dependent == "PDL" and not split.dependent
-    plain = _variants("sm_90")
-    assert all("PDL" not in str(v) for v in plain)  # a target flag: no variant string names it
+    assert ("PDL", append_spec.PDL_FROM) in append.capability_flags
+    assert combine.dependent == "PDL" and not combine.dependent_flag
+    assert (split.dependent, split.dependent_flag) == ("PDL", "ROTARY") and not append.dependent
+    plain, rotary = _variants("sm_90"), _variants("sm_90", rotary=True)
+    assert all("PDL" not in str(v) for v in plain + rotary)  # a target flag: no variant string names it
     on = PDL_FROM is not None and PDL_FROM <= 90
-    assert [kernels.dependent_launch(v) for v in plain] == [False, on]
+    assert _dependents("sm_90") == [False, on, False] and _dependents("sm_90", True) == [on, on, False]
     _with_pdl(monkeypatch, 90)
-    assert [kernels.dependent_launch(v) for v in _variants("sm_90")] == [False, True]
-    assert [kernels.dependent_launch(v) for v in _variants("sm_80")] == [False, False]
-    assert [kernels.dependent_launch(v) for v in _variants("gfx942")] == [False, False]
-    assert _variants("sm_90") == plain
+    assert _dependents("sm_90") == [False, True, False]
+    assert _dependents("sm_90", True) == [True, True, False]
+    for target in ("sm_80", "gfx942"):
+        assert _dependents(target) == _dependents(target, True) == [False, False, False]
+    assert _variants("sm_90") == plain and _variants("sm_90", True) == rotary
     _with_pdl(monkeypatch, None)
-    assert [kernels.dependent_launch(v) for v in _variants("sm_90")] == [False, False]
+    assert _dependents("sm_90") == _dependents("sm_90", True) == [False, False, False]
 
 
 def test_the_sm90_binaries_release_and_wait_and_no_other_target_does() -> None:
@@ -87,10 +99,12 @@ def test_the_sm90_binaries_release_and_wait_and_no_other_target_does() -> None:
 
     from lazytriton.compiler import divisibility_hints
 
+    release, wait = "griddepcontrol.launch_dependents", "griddepcontrol.wait"
     counts = {}
-    for name, instruction in ((SPLIT, "griddepcontrol.launch_dependents"), (COMBINE, "griddepcontrol.wait")):
-        spec = kernels.get(name)
-        variant = _variants("sm_90")[name == COMBINE]
+    plain, rotary = _variants("sm_90"), _variants("sm_90", rotary=True)
+    for name, variant in (("split", plain[0]), ("rotary split", rotary[0]), ("combine", plain[1]),
+                          ("kv_append", plain[2])):
+        spec = kernels.get(variant.kernel)
         fn = getattr(importlib.import_module(spec.module), spec.function)
         for flag in (True, False):
             constexprs = {**kernel_constexprs(variant, spec.constexprs),
@@ -99,9 +113,12 @@ def test_the_sm90_binaries_release_and_wait_and_no_other_target_does() -> None:
                                attrs=divisibility_hints(spec, variant))
             ptx = str(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(variant.options))
                       .asm["ptx"])
-            counts[name, flag] = (ptx.count(instruction), ptx.count("griddepcontrol"))
-    assert counts[SPLIT, True][0] >= 1 and counts[COMBINE, True][0] >= 1
-    assert counts[SPLIT, False] == counts[COMBINE, False] == (0, 0)
+            counts[name, flag] = (ptx.count(release), ptx.count(wait), ptx.count("griddepcontrol"))
+    assert counts["split", True][0] >= 1 and counts["split", True][1] == 0
+    assert counts["rotary split", True][0] >= 1 and counts["rotary split", True][1] >= 1
+    assert counts["combine", True][0] == 0 and counts["combine", True][1] >= 1
+    assert counts["kv_append", True][0] >= 1 and counts["kv_append", True][1] == 0
+    assert all(counts[name, False] == (0, 0, 0) for name in ("split", "rotary split", "combine", "kv_append"))
 
 
 def _launch(fake_library: Path, monkeypatch: pytest.MonkeyPatch, module: Any, dependent: bool,
@@ -151,14 +168,15 @@ def test_the_runtime_loads_each_kernel_as_its_spec_says(monkeypatch: pytest.Monk
         def __init__(self, variant: Any) -> None:
             self.entry = variant.kernel
 
-    variants = (*_variants("sm_90"), *_variants("sm_80"))
+    variants = (*_variants("sm_90"), *_variants("sm_90", rotary=True), *_variants("sm_80", rotary=True))
     _with_pdl(monkeypatch, 90)  # after the variants: a key would cache the patched spec's source fingerprint
     monkeypatch.setattr(driver, "load", load)
     rt = runtime.get()
     monkeypatch.setattr(rt, "resolve", Resolved)
     for i, variant in enumerate(variants):
         rt._load(variant, f"key {i}", 7)  # noqa: SLF001
-    assert loads == [(SPLIT, False), (COMBINE, True), (SPLIT, False), (COMBINE, False)]
+    assert loads == [(SPLIT, False), (COMBINE, True), (APPEND, False), (SPLIT, True), (COMBINE, True),
+                     (APPEND, False), (SPLIT, False), (COMBINE, False), (APPEND, False)]
 
 
 @on_gpu
@@ -189,3 +207,61 @@ def test_gpu_decoding_with_pdl_gives_the_plain_pairs_bits(monkeypatch: pytest.Mo
         results[least] = (out, lse, captured)
     assert all(torch.equal(a, b) for a, b in zip(results[None], results[90], strict=True))
     assert torch.equal(results[90][0], results[90][2])
+
+
+def _rotary_calls(gen: torch.Generator) -> dict[str, dict[str, Any]]:
+    """A rotary decoding call's arguments with one new key a sequence, with packed new keys, and with none."""
+    b, hq, hk, d, capacity, ro = 3, 32, 8, 128, 3000, 3100
+    angles = torch.rand(ro, d // 4, device="cuda", generator=gen) * 6.3
+    base = {"q": torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen),
+            "k_cache": torch.randn(b, capacity, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen),
+            "v_cache": torch.randn(b, capacity, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen),
+            "cache_seqlens": torch.tensor([2990, 17, 2049], dtype=torch.int32, device="cuda"),
+            "rotary_cos": angles.cos().to(torch.bfloat16), "rotary_sin": angles.sin().to(torch.bfloat16),
+            "causal": True, "return_softmax_lse": True}
+    new = {name: torch.randn(b, 1, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for name in "kv"}
+    packed = {name: torch.randn(7, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for name in "kv"}
+    none = {name: torch.randn(b, 0, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for name in "kv"}
+    cu = torch.tensor([0, 4, 4, 7], dtype=torch.int32, device="cuda")
+    return {"new": {**base, **new}, "packed": {**base, **packed, "cu_seqlens_k_new": cu}, "none": {**base, **none}}
+
+
+def _fresh(call: dict[str, Any]) -> dict[str, Any]:
+    """The call with caches of its own (the append writes them)."""
+    return {**call, "k_cache": call["k_cache"].clone(), "v_cache": call["v_cache"].clone()}
+
+
+@on_gpu
+def test_gpu_rotary_decoding_as_kv_appends_dependent_gives_the_plain_launches_bits(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keys_of_patched_specs: None) -> None:
+    """A rotary call's split kernel waits for kv_append before its first key: the same bits as launched plainly,
+    eager and replayed from a CUDA graph, with new keys, packed ones and none (kv_append then writes nothing)."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    calls = _rotary_calls(torch.Generator(device="cuda").manual_seed(12))
+    results: dict[Any, Any] = {}
+    for least in (None, 90):
+        _with_pdl(monkeypatch, least)
+        kernels.source_fingerprint.cache_clear()  # each flag's own keys
+        config.configure(cache_dir=tmp_path / f"cache-{least}")  # and binaries, a fresh runtime
+        for name, call in calls.items():
+            args = _fresh(call)
+            out, lse = lazytriton.flash_attn_with_kvcache(**args)
+            graphed = _fresh(call)  # the eager call made its plans: none is made during the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured, _ = lazytriton.flash_attn_with_kvcache(**graphed)
+            graph.replay()
+            torch.cuda.synchronize()
+            results[least, name] = (out, lse, args["k_cache"], args["v_cache"], captured, graphed["k_cache"])
+        new = calls["new"]
+        inputs = checks.Inputs(new["q"], new["k_cache"], new["v_cache"], new["k"], new["v"], new["cache_seqlens"],
+                               rotary_cos=new["rotary_cos"], rotary_sin=new["rotary_sin"])
+        call = checks.check(inputs, causal=True)
+        split = binding.plan(new["q"].device, new["q"].dtype, call, *binding.layout_flags(inputs, results[least,
+                                                                                                        "new"][0]))[0]
+        assert split.dependent is (least == 90)
+    for name in calls:
+        plain, dependent = results[None, name], results[90, name]
+        assert all(torch.equal(a, b) for a, b in zip(plain, dependent, strict=True)), name
+        assert torch.equal(dependent[0], dependent[4]) and torch.equal(dependent[2], dependent[5]), name

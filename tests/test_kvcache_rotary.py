@@ -236,6 +236,49 @@ def test_rotary_cpu(case: Case, rot: Rotary) -> None:
     check_rotary(args, got, **opts)
 
 
+@pytest.mark.parametrize("new", ["none", "one", "packed"])
+def test_kv_append_is_the_last_launch_before_a_rotary_split_kernel(new: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotary call's split kernel is kv_append's programmatic dependent (flash_decode's PDL): kv_append is the
+    launch right before it, also with no new key (one block a sequence, writing nothing), and packed new keys'
+    lengths are computed before it. The result holds: FlashAttention's rule against the float64 reference; packed
+    keys as the same keys unpacked."""
+    from lazytriton import compiler
+    from lazytriton.kernels.flash_decode import values
+
+    order: list[tuple[str, Any]] = []
+    interpret, lengths = compiler.interpret, values.lengths
+
+    def spy_interpret(name: str, grid: Any, *rest: Any, **kw: Any) -> Any:
+        order.append((name, grid))
+        return interpret(name, grid, *rest, **kw)
+
+    def spy_lengths(*a: Any) -> Any:
+        order.append(("lengths", None))
+        return lengths(*a)
+
+    monkeypatch.setattr(compiler, "interpret", spy_interpret)
+    monkeypatch.setattr(values, "lengths", spy_lengths)
+    case = Case(torch.float32, 32, 1, (4, 2), 0 if new == "none" else 1, "contiguous", "tensor", True, (-1, -1),
+                0.0, "", 2)
+    args = rotary_args(case, Rotary(False, 0, False, False), seed=5)
+    if new == "none":
+        args["k"], args["v"] = (torch.zeros(2, 0, 2, 32) for _ in range(2))
+    got = run({**args, "k": args["k"].flatten(0, 1), "v": args["v"].flatten(0, 1),
+               "cu_seqlens_k_new": torch.tensor([0, 1, 2], dtype=torch.int32)} if new == "packed" else args,
+              causal=True, num_splits=2)
+    names = [name for name, _ in order]
+    at = names.index("kv_append")
+    assert names[at + 1] == "flash_decode_split" and names.count("kv_append") == 1, names
+    assert order[at][1][0] >= 1 and ("lengths" not in names or names.index("lengths") < at), order
+    if new == "packed":
+        want = run(args, causal=True, num_splits=2)
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(got, want, strict=True))
+    else:
+        check_rotary(args, got, causal=True)
+        if new == "none":
+            assert torch.equal(got[2], args["k_cache"]) and torch.equal(got[3], args["v_cache"])
+
+
 def test_rotated_keys_are_rounded_once_from_float32() -> None:
     """kv_append rotates in float32 and rounds once to the cache's dtype, as FlashAttention's kernels do: on the CPU
     the cache holds exactly the same-dtype reference's keys."""

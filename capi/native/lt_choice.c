@@ -514,10 +514,13 @@ const char *ltn_source_fingerprint(const char *kernel) {
     return NULL;
 }
 
-int ltn_dependent_launch(const char *kernel, int32_t capability) {
-    for (size_t i = 0; i < COUNT(ltn_fingerprints); i++)
-        if (strcmp(ltn_fingerprints[i].kernel, kernel) == 0)
-            return ltn_fingerprints[i].dependent_from > 0 && capability >= ltn_fingerprints[i].dependent_from;
+int ltn_dependent_launch(const ltn_variant *v, int32_t capability) {
+    for (size_t i = 0; i < COUNT(ltn_fingerprints); i++) {
+        const ltn_fingerprint_row *row = &ltn_fingerprints[i];
+        if (strcmp(row->kernel, v->kernel) == 0)
+            return row->dependent_from > 0 && capability >= row->dependent_from &&
+                   (row->dependent_flag[0] == '\0' || ltn_variant_get(v, row->dependent_flag, 0) != 0);
+    }
     return 0;
 }
 

@@ -326,8 +326,9 @@ int64_t ltn_decode_programs_per_sm(int64_t shared, int64_t capacity);
 uint64_t ltn_images_entries(void);
 /* The kernel's source fingerprint (kernels.source_fingerprint when the library was built), or NULL. */
 const char *ltn_source_fingerprint(const char *kernel);
-/* Whether the kernel's binaries for a CUDA target of this capability launch as their stream predecessor's
-   programmatic dependent (kernels/__init__.py's KernelSpec.dependent, as the library was built): 1 or 0. */
-int ltn_dependent_launch(const char *kernel, int32_t capability);
+/* Whether the variant's binary for a CUDA target of this capability launches as its stream predecessor's
+   programmatic dependent (kernels/__init__.py's dependent_launch: KernelSpec.dependent and, where the kernel names
+   one, its dependent_flag among the variant's fields, as the library was built): 1 or 0. */
+int ltn_dependent_launch(const ltn_variant *v, int32_t capability);
 
 #endif

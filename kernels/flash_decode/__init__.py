@@ -91,7 +91,13 @@ the combine kernel launch as soon as every split program runs
 (``gdc_launch_dependents``), and the combine kernel, launched with
 programmatic stream serialization (``dependent``), waits for the split grid's
 memory (``gdc_wait``) before it reads the partials, so its launch and start
-overlap the split grid's tail.
+overlap the split grid's tail. A rotary call's split kernel (``ROTARY``) is
+in turn kv_append's dependent (``dependent_flag``): a rotary call always
+launches kv_append right before it (new keys or none), kv_append releases it
+as it starts, and the split kernel loads its query, lengths and rotary
+tables and rotates the query while kv_append writes the cache, waiting for
+kv_append's memory (``gdc_wait``) before its first key. Nothing it reads
+before the wait is written between kv_append's launch and its own.
 """
 
 from __future__ import annotations
@@ -162,6 +168,8 @@ FLASH_DECODE_SPLIT = KernelSpec(
     helpers=("lazytriton.kernels.rotary", "lazytriton.kernels.chunk"),
     flags=("FUSED_COMBINE",),
     capability_flags=(("NV_CVT", NV_CVT_FROM), ("PDL", PDL_FROM)),
+    dependent="PDL",
+    dependent_flag="ROTARY",
 )
 
 _COMBINE_STRIDES = _strides("o")

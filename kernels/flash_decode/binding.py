@@ -416,8 +416,9 @@ def after_packed_append(t: Inputs, call: Call) -> tuple[Inputs, Call]:
     """The attention's view of a call whose new keys were packed by cu_seqlens_k_new, once they are appended.
 
     Each sequence's keys are then its cached ones and its own new count, cache_seqlens[b] + n_b: a tensor the
-    split kernel reads as its lengths (seqlen_new 0), computed on the device (no host read); its rotary base stays
-    cache_seqlens (rotary_seqlens, when not given).
+    split kernel reads as its lengths (seqlen_new 0), computed on the device (no host read) from the call's inputs
+    alone (the caller computes it before the append); its rotary base stays cache_seqlens (rotary_seqlens, when
+    not given).
     """
     lens = values.lengths(t, call).to(torch.int32)
     bases = t.rotary_seqlens
@@ -538,9 +539,11 @@ def forward(t: Inputs, call: Call, out: torch.Tensor | None = None, names: check
     if t.q.device.type != "meta":
         if call.qv:  # q as [qv | q], k_cache from the columns after v's (mla.py)
             t = mla.kernel_inputs(t, call)
+        # Packed new keys' lengths come from the call's inputs, so they are computed before the append: the append
+        # is the last launch before the split kernel, a rotary call's split kernel being its programmatic dependent.
+        attend, attend_call = after_packed_append(t, call) if call.varlen_new else (t, call)
         kv_append.append(t, call)
-        if call.varlen_new:
-            t, call = after_packed_append(t, call)
+        t, call = attend, attend_call
         if out.numel() and call.rows:
             if t.q.device.type == "cpu":
                 run_interpreter(t, out, lse, call, own_counters=own_counters)

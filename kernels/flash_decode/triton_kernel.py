@@ -50,7 +50,9 @@ FlashAttention's rotary embedding of its first ``rotary_dim`` columns,
 ``ROTARY_INTERLEAVED`` pairs or halves) at position base + i with
 ``rotary_per_query``, else base (every query), base = ``RotarySeqlens[b]``
 with ``use_rotary_seqlens``, else the cached length len_b - seqlen_new (the
-new keys were rotated at the same positions by ``kv_append``).
+new keys were rotated at the same positions by ``kv_append``). Under
+``PDL`` a rotary split kernel is kv_append's programmatic dependent: it waits
+for kv_append's writes (``gdc_wait``) after the rotation, before its first key.
 ``SINKS`` (attention sinks: gpt-oss's, FlashAttention-3 forks' ``s_aux``)
 reads each query head's float32 sink logit from ``Sinks``: it joins the
 row's denominator and lse once and adds no value, a raw logit beside the
@@ -483,6 +485,8 @@ def flash_decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if PDL and ROTARY:  # kv_append's dependent: its new keys are in the cache after this
+        tl.extra.cuda.gdc_wait()
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, qv, K, V, table, k_base, v_base, start_n, offs_n, offs_d, offs_dv,
                                 rows_i, slopes, length, offset, head_dim, head_dim_v, page_size, stride_ks,

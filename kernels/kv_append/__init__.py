@@ -58,8 +58,11 @@ NUM_WARPS = 4
 
 
 def grid(seqlen_new: int, heads_k: int, batch: int, block_m: int) -> tuple[int, int, int]:
-    """Programs: blocks of BLOCK_M (new key, head) rows x batch (y stays under 65536: checked with the call)."""
-    return ((seqlen_new * heads_k + block_m - 1) // block_m, batch, 1)
+    """Programs: blocks of BLOCK_M (new key, head) rows, at least one, x batch (y < 65536: checked with the call).
+
+    With no new key the one block writes nothing (a rotary call launches it all the same).
+    """
+    return (max(1, (seqlen_new * heads_k + block_m - 1) // block_m), batch, 1)
 
 
 def variant(target: Any, dtype: str, head_dim: int, head_dim_v: int, paged: bool, aligned: bool,

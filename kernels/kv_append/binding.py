@@ -141,9 +141,12 @@ def interpreter_constexprs(call: Call) -> dict[str, Any]:
 def append(t: Inputs, call: Call) -> None:
     """Write k and v into the caches at cache_seqlens (through the block table when paged), in place: one launch.
 
-    Runs only after ``flash_decode.checks`` passed the call (shapes and index values).
+    Runs only after ``flash_decode.checks`` passed the call (shapes and index values). A rotary call launches it
+    with no new key too (programs that write nothing): its split kernel is the append's programmatic dependent
+    (flash_decode's PDL), launched right after it.
     """
-    if t.k is None or t.v is None or call.seqlen_new == 0 or call.batch == 0 or call.heads_k == 0:
+    if (t.k is None or t.v is None or (call.seqlen_new == 0 and not call.rotary) or call.batch == 0
+            or call.heads_k == 0):
         return
     device = t.q.device
     if device.type == "cpu":

@@ -9,6 +9,9 @@ from lazytriton.kernels import KernelSpec
 
 FAMILY = "kv_append"
 MODULE = "lazytriton.kernels.kv_append.triton_kernel"
+# PDL's least CUDA capability (90: Hopper's griddepcontrol), None: off. The kernel then releases its programmatic
+# dependent, a rotary call's split kernel (flash_decode's PDL), as it starts.
+PDL_FROM: int | None = 90
 
 
 def _strides(*tensors: str) -> tuple[tuple[str, str], ...]:
@@ -62,6 +65,7 @@ KV_APPEND = KernelSpec(
                 "KV_FP8", "VARLEN"),
     aligned_params=("K", "V", "KCache", "VCache") + tuple(name for name, _ in _STRIDES),
     helpers=("lazytriton.kernels.rotary",),
+    capability_flags=(("PDL", PDL_FROM),),
 )
 
 KERNELS = (KV_APPEND,)

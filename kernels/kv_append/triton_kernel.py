@@ -38,6 +38,12 @@ A position outside ``[0, capacity)``, a block outside ``[0, cache_rows)``
 written: index values nobody checked (the C API's device memory, a CUDA
 graph's replays, ``trusted_indices``) cannot make the kernel write outside
 the caches. Checked calls never have such values.
+
+``PDL`` (a capability flag: the compile target sets it, ``spec.PDL_FROM``)
+releases the kernel launched after it as soon as every program runs
+(``gdc_launch_dependents``): a rotary call's split kernel, kv_append's
+programmatic dependent, then rotates its query while the cache is written.
+A kernel launched plainly after it is unaffected.
 """
 
 import triton
@@ -86,7 +92,10 @@ def kv_append_kernel(
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_DV: tl.constexpr, PAGED: tl.constexpr = False, ROTARY: tl.constexpr = False,
     ROTARY_INTERLEAVED: tl.constexpr = False, KV_FP8: tl.constexpr = "none", VARLEN: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # a rotary split kernel may launch now: it waits for this grid's memory before it reads a key
+        tl.extra.cuda.gdc_launch_dependents()
     if KV_FP8 == "e4m3":  # the description types the caches as k's dtype: the bytes are float8
         KCache = KCache.to(tl.pointer_type(tl.float8e4nv))
         VCache = VCache.to(tl.pointer_type(tl.float8e4nv))
