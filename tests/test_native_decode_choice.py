@@ -23,6 +23,7 @@ import torch
 from nativelib import answers_of, build_driver
 
 from lazytriton.capi import embedded_combine, embedded_kvcache
+from lazytriton.kernels import dependent_launch
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.target import Target
 
@@ -99,7 +100,12 @@ def python_decode(c: dict[str, int]) -> tuple[str, str]:
         bool(c["leftpad"]), bool(c["rotary"]), bool(c["rotary_interleaved"]), bool(c["sinks"]), bool(c["varlen_q"]),
         bool(c["chunk"]), embedded_kvcache.KV_FP8[c["kv_fp8"]], bool(c["qv"]))
     assert tuple(map(str, planned)) == tuple(map(str, chosen))  # the fallback's planner is the binding's choice
-    return tuple(f"ok {v} {v.key()}" for v in chosen)  # type: ignore[return-value]
+    return tuple(_answer(v) for v in chosen)  # type: ignore[return-value]
+
+
+def _answer(v: object) -> str:
+    """The program's line for a variant Python chose: it, its key, and whether it launches as a dependent."""
+    return f"ok {v} {v.key()} {int(dependent_launch(v))}"  # type: ignore[attr-defined,arg-type]
 
 
 def python_append(c: dict[str, int]) -> str:
@@ -107,7 +113,7 @@ def python_append(c: dict[str, int]) -> str:
                                         c["page_size"] > 0, bool(c["append_aligned"]), bool(c["append_index64"]),
                                         bool(c["rotary"]), bool(c["rotary_interleaved"]),
                                         embedded_kvcache.KV_FP8[c["kv_fp8"]])
-    return f"ok {v} {v.key()}"
+    return _answer(v)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +132,8 @@ def test_decoding_calls_give_python_s_variants_and_keys(program: Path) -> None:
                                             answers[3 * i:3 * i + 3], strict=True):
             assert answer == expected, f"{kernel} {c}:\n C      {answer}\n Python {expected}"
     seen = " ".join(answers)
+    assert any(a.startswith("ok flash_decode_split:sm_90") and "ROTARY=true" in a and a.endswith(" 1") for a in answers)
+    assert any(a.startswith("ok flash_decode_split:sm_90") and a.endswith(" 0") for a in answers)
     for name in ("PAGE_GATHER=true", "ROTARY_INTERLEAVED=true", "VARLEN_Q=true", "CHUNK=true", "BLOCK_DV=",
                  "QV=true", "BLOCK_DV=512", "num_warps=8",
                  "KV_FP8=e4m3", "KV_FP8=e5m2",
@@ -143,7 +151,7 @@ def test_flash_combine_calls_give_python_s_variant_and_key(program: Path) -> Non
              for cap, dtype, d, aligned, wide in calls]
     for call, answer in zip(calls, answers_of(program, lines), strict=True):
         v = embedded_combine.plan_variant(*call[:3], bool(call[3]), bool(call[4]))
-        assert answer == f"ok {v} {v.key()}", call
+        assert answer == _answer(v), call
 
 
 def test_the_split_count_s_inputs_are_the_binding_s(program: Path) -> None:

@@ -4,7 +4,8 @@
  *
  * Each line of stdin: kernel capability dtype head_dim head_dim_v causal aligned index64 rows capacity page_size
  * paged window softcap alibi leftpad rotary rotary_interleaved sinks varlen_q chunk kv_fp8 qv (ltn_decode_request's
- * fields in order); answered "ok VARIANT KEY" or "error MESSAGE". A line "split HEAD_DIM" is answered
+ * fields in order); answered "ok VARIANT KEY DEPENDENT" (DEPENDENT: ltn_dependent_launch's 1 or 0 for the
+ * variant at the capability) or "error MESSAGE". A line "split HEAD_DIM" is answered
  * "MIN_SPLIT_KEYS PROGRAMS_PER_SM".
  */
 #include <stdio.h>
@@ -36,7 +37,12 @@ int main(void) {
         r.rows = rows, r.capacity = capacity, r.page_size = page_size;
         ltn_variant v;
         ltn_error err;
-        print_choice(ltn_decode_variant(&r, &v, &err), &v, &err);
+        char text[1024], key[33];
+        int status = ltn_decode_variant(&r, &v, &err);
+        if (status == LTN_OK && ltn_variant_string(&v, text, sizeof text) == 0 && ltn_variant_key(&v, key) == 0)
+            printf("ok %s %s %d\n", text, key, ltn_dependent_launch(&v, r.capability));
+        else
+            print_choice(status, &v, &err);
     }
     return 0;
 }
