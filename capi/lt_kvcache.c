@@ -715,7 +715,7 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
 static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     lt__plan_key key;
     memset(&key, 0, sizeof key);
-    /* flash_decode.dispatch.page_block_limit: it caps BLOCK_N and, under 16, sets PAGE_GATHER */
+    /* flash_decode.dispatch.page_block_limit: it caps BLOCK_N and, under GATHER_BELOW, sets PAGE_GATHER */
     int32_t page_bits = c->paged ? lt__bits((c->page_size & -c->page_size) + 1) : 0;
     key.kernel = LT__KERNEL_DECODE, key.device_index = c->device_index, key.dtype = c->dtype;
     key.head_dim = (int32_t)c->d, key.causal = c->causal, key.aligned = c->aligned, key.index64 = c->index64;

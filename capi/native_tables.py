@@ -131,6 +131,7 @@ def _decode_constants() -> list[str]:
     """What the decoding kernels' choices (flash_decode, kv_append, flash_combine) and flash_bwd_dsinks' read."""
     return [
         f"#define LTN_DECODE_MIN_BLOCK_N {decode_dispatch.MIN_BLOCK_N}",
+        f"#define LTN_DECODE_GATHER_BELOW {decode_dispatch.GATHER_BELOW}",
         f"#define LTN_DECODE_PROGRAMS_PER_SM {decode_binding.PROGRAMS_PER_SM}",
         f"#define LTN_DECODE_RESERVED_SHARED {decode_binding.RESERVED_SHARED}",
         f"#define LTN_DECODE_COMBINE_BLOCK_M {decode_dispatch.COMBINE_BLOCK_M}",

@@ -68,7 +68,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     ``seq16`` (``kernels.flash_bwd.dispatch``), the decoding kernels'
     ``leftpad`` (cache_leftpad), ``rotary`` and ``rotary_interleaved`` (rotary_cos
     and rotary_sin, pairs or halves: also kv_append's) and ``page_size`` (with ``paged``: the page's
-    keys, which cap BLOCK_N or, where no key tile divides them, set
+    keys, which cap BLOCK_N or, under flash_decode's ``GATHER_BELOW``, set
     PAGE_GATHER; 0: a page every BLOCK_N divides), the attention kernels'
     ``seqused_q`` and ``seqused_k`` (with ``varlen``: FlashAttention-3's used
     lengths, SEQUSED_Q and SEQUSED_K, written only when set), ``sinks`` (attention sinks,

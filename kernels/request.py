@@ -36,8 +36,8 @@ class Request:
     families' own: flash_fwd's ``tma`` (None: its rule decides), the
     backward's ``seq16`` (None: from the seqlens as given), and the decoding
     kernels' ``page_size`` (a paged cache's keys a page, which BLOCK_N must
-    divide, or, where no key tile does, whose keys are gathered one page at a
-    time, PAGE_GATHER=true; 0: a contiguous cache, or with ``paged`` a page
+    divide, or, under ``flash_decode.dispatch.GATHER_BELOW``, whose keys are
+    gathered one page at a time, PAGE_GATHER=true; 0: a contiguous cache, or with ``paged`` a page
     size every BLOCK_N divides, as prewarm plans them by default) and
     ``leftpad`` (a decoding call with cache_leftpad, LEFTPAD=true).
     ``rotary``/``rotary_interleaved``: a decoding call with rotary_cos and

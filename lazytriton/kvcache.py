@@ -79,9 +79,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             out is bfloat16 (``lazytriton.kvcache_fp8``).
         k_cache: (batch_cache, seqlen_cache, heads_k, head_dim) without a
             block table, or (num_blocks, page_size, heads_k, head_dim) with
-            one (a paged cache; page_size >= 1: pages of 16 keys or any
-            multiple read a key tile a page, other sizes, such as 1 key a
-            page, each key's page). heads must be a multiple of heads_k
+            one (a paged cache; page_size >= 1: pages of a multiple of 64
+            keys read a key tile a page, smaller sizes, such as 1 or 16
+            keys a page, each key's page). heads must be a multiple of heads_k
             (GQA; heads_k = 1 is MQA). q's dtype and device.
         v_cache: like k_cache, but its head dim (head_dim_v, up to 512) may
             differ from q's and k's (DeepSeek's MLA: 192 and 128, or 64 and

@@ -225,8 +225,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                            "(the default)")
     axes.add_argument("--page-size", type=_ints(1, 2**31 - 1, "--page-size"), action="extend",
                       help="flash_decode's paged cache: its keys a page (1 for SGLang's radix cache; default: pages "
-                           "of any multiple of 64). Pages of 16 or 32 take tiles of 16 or 32; pages no key tile "
-                           "divides (1, 2, 4, 8, 12...) the gathered variant (PAGE_GATHER=true) that serves them all")
+                           "of any multiple of 64). Pages of fewer keys (1, 2, 4, 8, 12, 16, 32, 48...) take the "
+                           "gathered variant (PAGE_GATHER=true) that serves them all")
     axes.add_argument("--varlen", action="store_true",
                       help="also build the packed-sequence (VARLEN=true) variants: flash_attn_varlen_func (the "
                            "seqlens are then max_seqlen_q/max_seqlen_k), and kv_append's new keys packed by "

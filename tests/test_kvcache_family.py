@@ -48,14 +48,15 @@ def test_the_default_plan_serves_every_decoding_call_of_its_grid() -> None:
         assert kv_append.variant(SM90, dtype, head_dim, 0, page > 0, True, False).key() in planned
 
 
-def test_paged_narrows_the_plan_and_small_pages_take_small_tiles(capsys: pytest.CaptureFixture[str]) -> None:
+def test_paged_narrows_the_plan_and_small_pages_are_gathered(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["prewarm", "--target", "sm_90", "--kernel", "flash_decode", "--paged", "paged", "--list"]) == 0
     listed = [Variant.parse(line.split()[2]) for line in capsys.readouterr().out.splitlines()]
     split = [v for v in listed if v.kernel == "flash_decode_split"]
     assert split and all(dict(v.functional).get("PAGED") is True for v in split)
     small = decode_dispatch.decode_variant("flash_decode_split", SM90, "bf16", 128, False, True, 4, 4096, page_size=16,
                                            paged=True)
-    assert small.get("BLOCK_N") == 16 and small.key() not in {v.key() for v in listed}
+    assert small.get("PAGE_GATHER") is True and small.get("BLOCK_N") == 64  # a paged call's tile, not 16 keys
+    assert small.key() not in {v.key() for v in listed}
     with pytest.raises(SystemExit):
         cli_main(["prewarm", "--target", "sm_90", "--paged", "sometimes", "--list"])
 
@@ -80,11 +81,11 @@ def test_a_miss_log_of_decoding_variants_is_planned(tmp_path: Path, capsys: pyte
 def test_explain_names_both_kernels_and_the_page(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["cache", "explain", "--kernel", "flash_decode", "--dtype", "bf16", "--head-dim", "128", "--seqlen-q", "4",
             "--seqlen-k", "32768", "--target", "sm_90"]
-    assert cli_main([*args, "--page-size", "32", "--json"]) == 0
+    assert cli_main([*args, "--page-size", "192", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [k["kernel"] for k in report["kernels"]] == list(DECODE)
     split = Variant.parse(report["kernels"][0]["variant"])
-    assert split.get("PAGED") is True and split.get("BLOCK_N") == 32 and report["call"]["page_size"] == 32
+    assert split.get("PAGED") is True and 192 % int(split.get("BLOCK_N")) == 0 and report["call"]["page_size"] == 192
     assert report["kernels"][0]["served_by"] == "jit"
     assert cli_main(args) == 0
     out = capsys.readouterr().out

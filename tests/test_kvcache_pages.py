@@ -234,13 +234,15 @@ def test_bad_pages_and_tables_are_refused_before_anything_runs(no_launch: None) 
 
 
 # ---------------------------------------------------------------------------
-# Variants: the flag only where no tile divides the page
+# Variants: the flag only where the pages are small (no tile of GATHER_BELOW keys divides them)
 
 
 def test_which_pages_are_gathered() -> None:
-    assert [p for p in range(1, 70) if decode_dispatch.page_gather(p)] == [p for p in range(1, 70) if p % 16]
+    assert decode_dispatch.GATHER_BELOW == 64
+    assert [p for p in range(1, 200) if decode_dispatch.page_gather(p)] == [p for p in range(1, 200) if p % 64]
     assert not decode_dispatch.page_gather(0) and not decode_dispatch.page_gather(4096)
-    assert decode_dispatch.key_block_limit(48) == 16 and decode_dispatch.key_block_limit(3) >= 1 << 20
+    assert decode_dispatch.key_block_limit(192) == 64 and decode_dispatch.key_block_limit(128) == 128
+    assert decode_dispatch.key_block_limit(48) >= 1 << 20 and decode_dispatch.key_block_limit(3) >= 1 << 20
 
 
 def test_variant_strings_hold_where_the_tile_divides_the_page() -> None:
@@ -250,10 +252,10 @@ def test_variant_strings_hold_where_the_tile_divides_the_page() -> None:
 
     assert str(split(256)) == ("flash_decode_split:sm_90:bf16:ALIGN16=true,BLOCK_D=128,CAUSAL=false,EVEN_D=true,"
                                "INDEX64=false,PAGED=true:BLOCK_M=16,BLOCK_N=64:num_stages=5,num_warps=4")
-    for page in (16, 32, 48, 64, 80, 256, 1024, 65536):
+    for page in (64, 192, 256, 1024, 65536):
         chosen = split(page)
         assert "PAGE_GATHER" not in str(chosen) and page % int(chosen.get("BLOCK_N")) == 0, page
-    for page in (1, 2, 3, 4, 5, 8, 12, 24, 100, 1000):
+    for page in (1, 2, 3, 4, 5, 8, 12, 16, 24, 32, 48, 80, 100, 1000):
         chosen = split(page, leftpad=True)
         assert chosen.get("PAGE_GATHER") is True and chosen.get("BLOCK_N") == 64, page  # a paged call's tiles
         assert str(chosen).replace(",PAGE_GATHER=true", "") == str(split(256, leftpad=True))
@@ -266,7 +268,8 @@ def test_variant_strings_hold_where_the_tile_divides_the_page() -> None:
     assert "PAGE_GATHER" not in str(dispatch.kernel_variant("flash_fwd", SM90, "bf16", 128, False, True, 128, 128,
                                                             paged=True, page_size=4))
     wide = Config(16, 128, 4, 5)  # a given config (prewarm, tune) is served as the page allows, as a table row is
-    assert split(32, config=wide).get("BLOCK_N") == 32 and split(1, config=wide).get("BLOCK_N") == 128
+    assert split(192, config=wide).get("BLOCK_N") == 64 and split(32, config=wide).get("BLOCK_N") == 128
+    assert split(1, config=wide).get("BLOCK_N") == 128
     with pytest.raises(ValueError, match="PAGE_GATHER=true .* needs PAGED=true"):
         check_fields(Variant.parse(str(split(0)).replace("INDEX64=false", "INDEX64=false,PAGE_GATHER=true")))
 
@@ -277,18 +280,18 @@ def test_the_binding_and_the_c_planner_choose_the_gathered_variant() -> None:
     q = torch.empty(2, 1, 8, 64, dtype=torch.bfloat16, device="meta")
     table = torch.empty(2, 40, dtype=torch.int32, device="meta")
     calls = {}
-    for page in (1, 3, 8, 16, 48):
+    for page in (1, 3, 8, 16, 48, 64, 192):
         cache = torch.empty(80, page, 2, 64, dtype=torch.bfloat16, device="meta")
         call = checks.check(checks.Inputs(q, cache, cache, block_table=table[:, :-(-40 // page)]))
         calls[page] = call
         split, combine = binding.variants(SM90, torch.bfloat16, call, True, False)
-        assert dict(split.functional).get("PAGE_GATHER", False) == (page % 16 != 0), page
-        assert binding.interpreter_constexprs(call)[0]["PAGE_GATHER"] == (page % 16 != 0)
+        assert dict(split.functional).get("PAGE_GATHER", False) == (page % 64 != 0), page
+        assert binding.interpreter_constexprs(call)[0]["PAGE_GATHER"] == (page % 64 != 0)
         got = embedded_kvcache.plan_variants(90, 2, 64, call.causal, True, False, call.rows, call.capacity,
                                              call.page_size, False, False, False, 64)
         assert got == binding.variants(Target("cuda", "90", 32), torch.bfloat16, call, True, False), page
     memo = {page: binding.memo_key(0, torch.bfloat16, call, True, False) for page, call in calls.items()}
-    assert memo[8] != memo[16]  # gathered pages of 8 keys; tiles of 16
+    assert memo[48] != memo[64]  # gathered pages of 48 keys; tiles of 64
     assert memo[1] == memo[3] and memo[16] == memo[48]  # the same variants at the same buckets: one plan each
 
 
@@ -336,7 +339,9 @@ def test_prewarm_cli_takes_page_sizes(tmp_path: Path, capsys: pytest.CaptureFixt
     plain = capsys.readouterr().out
     assert cli_main([*base, "--page-size", "1,16"]) == 0
     listed = capsys.readouterr().out
-    assert "PAGE_GATHER=true" not in plain and "PAGE_GATHER=true" in listed and "BLOCK_N=16" in listed
+    assert "PAGE_GATHER=true" not in plain and "PAGE_GATHER=true" in listed and "BLOCK_N=16" not in listed
+    assert cli_main([*base, "--page-size", "192"]) == 0  # a tile of 64 keys divides it: not gathered
+    assert "PAGE_GATHER=true" not in capsys.readouterr().out
     assert cli_main([*base[:-3], "--paged", "contiguous", "--page-size", "4", "--list"]) == 2
     assert "--page-size describes a paged cache" in capsys.readouterr().err
     misses = tmp_path / "misses.jsonl"
@@ -364,7 +369,7 @@ def test_explain_describes_a_gathered_call(capsys: pytest.CaptureFixture[str]) -
         reports["256"]["kernels"][0]["variant"]
     assert reports["1"]["kernels"][1]["key"] == reports["256"]["kernels"][1]["key"]
     assert cli_main([*args, "--page-size", "1"]) == 0
-    assert "each key's page is read from the block table (PAGE_GATHER=true)" in capsys.readouterr().out
+    assert "each key's page from the block table (PAGE_GATHER=true)" in capsys.readouterr().out
     assert cli_main([*args, "--page-size", "256"]) == 0
     assert "PAGE_GATHER" not in capsys.readouterr().out
 
@@ -375,7 +380,8 @@ def test_the_tuner_takes_small_pages() -> None:
     case = tune_decode.Case("paged", 8, 4096, 32, 8, 128, "bf16", page_size=1)
     wide = Config(16, 128, 4, 3)
     assert tune_decode.cut_to_page(wide, case) == wide
-    assert tune_decode.cut_to_page(wide, case._replace(page_size=32)).block_n == 32
+    assert tune_decode.cut_to_page(wide, case._replace(page_size=192)).block_n == 64
+    assert tune_decode.cut_to_page(wide, case._replace(page_size=32)) == wide  # gathered
     assert tune_decode.variant_for("flash_decode_split", SM90, case, wide).get("PAGE_GATHER") is True
 
 

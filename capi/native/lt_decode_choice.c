@@ -49,9 +49,9 @@ static int64_t page_block_limit(int64_t page_size) {
     return page_size > 0 ? (page_size & -page_size) : (int64_t)1 << 30;
 }
 
-/* dispatch.page_gather: pages no key tile divides are read key by key. */
+/* dispatch.page_gather: pages only narrow key tiles divide (or none) are read key by key. */
 static int page_gather(int64_t page_size) {
-    return page_size > 0 && page_block_limit(page_size) < LTN_DECODE_MIN_BLOCK_N;
+    return page_size > 0 && page_block_limit(page_size) < LTN_DECODE_GATHER_BELOW;
 }
 
 /* dispatch.key_block_limit */

@@ -339,7 +339,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
     """Everything ``variants`` reads, the lengths through dispatch's buckets.
 
     The page size through ``page_block_limit``: its largest power-of-two
-    divisor caps BLOCK_N and, under the narrowest tile, sets PAGE_GATHER.
+    divisor caps BLOCK_N, or under ``dispatch.GATHER_BELOW`` sets PAGE_GATHER
+    (-1 in the key: every gathered page size is served alike).
     Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``),
     attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format), qv too (``QV_TAG``), a key mask too
     (``KEY_MASK_TAG``), the fused combine too (``FUSED_TAG``, last): a key without them is unchanged.
@@ -348,7 +349,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
 
     return (FAMILY, device_index, dtype, call.head_dim, call.head_dim_v, call.causal, aligned, index64,
             tuning.bucket_index(call.rows), tuning.bucket_index(call.capacity),
-            decode_dispatch.page_block_limit(call.page_size), call.paged, call.windowed, call.softcap > 0, call.alibi,
+            -1 if decode_dispatch.page_gather(call.page_size) else decode_dispatch.page_block_limit(call.page_size),
+            call.paged, call.windowed, call.softcap > 0, call.alibi,
             call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
             *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()),
             *((call.kv_fp8,) if call.kv_fp8 != "none" else ()), *(QV_TAG if call.qv else ()),

@@ -27,6 +27,11 @@ MAX_FP8_DOUBLED_DIM = 256
 # batch 8 / 4k keys, +0.2% at batch 32 / 32k).
 FP8_CUDA_TILES = {128: (64, 4, 3)}
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
+# Pages whose largest power-of-two divisor is under this many keys are read key by key (PAGE_GATHER), at the paged
+# call's tuned tiles, not in tiles that divide the page: on an H100 (bench_decode.py --page-size 1,16,256, batches
+# 1/8/64 at 4k and 32k keys, head dim 128, 32/8 heads) pages of 16 keys in 16-key tiles ran 0.50-0.81x SDPA, pages
+# of 1 key gathered 0.85-0.97x, pages of 256 in the tuned tiles 0.97-0.99x.
+GATHER_BELOW = 64
 # A feature's code takes the split kernel's tile past 128 registers a thread at head dims up to 128 (sm_90, bf16,
 # Triton 3.9: the 4-warp tile of 64 keys at head dim 128 takes 108 plain, 130-141 with LEFTPAD, SINKS, WINDOW,
 # ALIBI, CHUNK, KEY_MASK or VARLEN_Q; the 8-warp tile of 128 keys 134-137 with SINKS, LEFTPAD, WINDOW, ALIBI or
@@ -92,12 +97,14 @@ def page_gather(page_size: int) -> bool:
     """Whether a paged cache of ``page_size`` keys a page is read key by key (PAGE_GATHER=true).
 
     A key block read through one block-table entry must lie in one page, so
-    its BLOCK_N must divide the page size. Pages no key tile divides (their
-    largest power-of-two divisor is under ``MIN_BLOCK_N``: 1, 2, 4 or 8 keys,
-    or 12, 24, 100...) have no such tile: each key's page is read from the
-    table instead, at the tiles of a paged call. 0 (a contiguous cache): no.
+    its BLOCK_N must divide the page size. Pages only narrow tiles divide
+    (their largest power-of-two divisor under ``GATHER_BELOW``: 1 to 32 keys,
+    or 12, 24, 48, 100...) are read key by key instead, each key's page from
+    the table, at the tiles of a paged call: faster than the narrow tiles, and
+    the only way for pages no tile divides (under ``MIN_BLOCK_N``). 0 (a
+    contiguous cache): no.
     """
-    return page_size > 0 and page_block_limit(page_size) < MIN_BLOCK_N
+    return page_size > 0 and page_block_limit(page_size) < GATHER_BELOW
 
 
 def key_block_limit(page_size: int) -> int:
@@ -117,9 +124,9 @@ def decode_default_config(kernel: str, target: Target, dtype: str, head_dim: int
     allows (16 rows: a GQA group of 4 with one query fills 4 of them) and key
     tiles of 64 rows (128 at head dim <= 64 contiguous, 32 at head dim 256 or fp32), 4 warps,
     3 stages of loads in flight where shared memory allows (2 on the 99 KiB
-    targets and AMD). A paged call's BLOCK_N must divide its page size, so
-    pages of 16 or 32 keys take tiles of 16 or 32; pages no tile divides are
-    gathered (``page_gather``) at the tiles of pages of 64. A paged call reads its
+    targets and AMD). A paged call's BLOCK_N must divide its page size; pages
+    of fewer than ``GATHER_BELOW`` keys (or whose largest power-of-two divisor
+    is) are gathered (``page_gather``) at the tiles of pages of 64. A paged call reads its
     block table inside the loop, and Triton's pipeliner gives that read a
     stage of its own: at 3 (and 4) stages the K and V tiles get one buffer,
     at 5 two, as the contiguous kernel has at 3 (Triton 3.9's TTGIR for

@@ -12,8 +12,8 @@ candidates are timed on every case of the grid that falls in it (layouts x
 batches), and the winner is the candidate that loses least on its worst case
 against each case's best time, the geometric mean breaking near ties
 (``common.pick``; no case may be wrong). A paged case
-caps BLOCK_N at its page size, as dispatch does (pages no key tile divides
-are gathered, PAGE_GATHER=true, and cap nothing).
+caps BLOCK_N at its page size, as dispatch does (pages under
+``dispatch.GATHER_BELOW`` keys are gathered, PAGE_GATHER=true, and cap nothing).
 
 The split kernel is swept first with the combine kernel at dispatch's
 current choice, then the combine kernel with the split kernel at the winner,
