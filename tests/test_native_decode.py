@@ -38,15 +38,16 @@ def address(i: int) -> int:
     return BASE + (i << 20)  # native_kvcache.c's ADDRESS(i)
 
 
-def decode_variants(paged: bool) -> tuple[Any, Any]:
-    """(split, combine) Python chooses for native_kvcache's call (bf16, aligned, one query, 4 rows a head)."""
+def decode_variants(paged: bool, rotary: bool = False) -> tuple[Any, Any]:
+    """(split, combine) Python chooses for native_kvcache's call (bf16, aligned, one query, 4 rows a head; with
+    ``rotary`` its interleaved rotary tables, the C API's default)."""
     capacity = BLOCKS_PER_SEQ * PAGE if paged else CAPACITY
     return embedded_kvcache.plan_variants(90, 2, D, False, True, False, HQ // HK, capacity, PAGE if paged else 0,
-                                          False, False, False, D)
+                                          False, False, False, D, rotary=rotary, rotary_interleaved=rotary)
 
 
-def append_variant(paged: bool) -> Any:
-    return embedded_kvcache.append_variant(90, 2, D, D, paged, True, False)
+def append_variant(paged: bool, rotary: bool = False) -> Any:
+    return embedded_kvcache.append_variant(90, 2, D, D, paged, True, False, rotary=rotary, rotary_interleaved=rotary)
 
 
 def combine_variant() -> Any:
@@ -80,7 +81,8 @@ def prewarmed(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     where = tmp_path_factory.mktemp("decode-misses")
     misses = {"paged": run(built, where, "", "kvcache", "1", "1", "0"),
               "contiguous": run(built, where, "", "kvcache", "0", "0", "1"),
-              "combine": run(built, where, "", "combine")}
+              "combine": run(built, where, "", "combine"),
+              "rotary": run(built, where, "", "kvcache", "0", "2", "0", "1")}  # rotary, no new key
     log = where / "cache" / "misses.jsonl"
     image = where / "decode.ltimg"
     done = subprocess.run([sys.executable, "-m", "lazytriton", "prewarm", "--from-misses", str(log), "--out",
@@ -104,7 +106,8 @@ def test_without_an_image_each_call_is_a_miss_naming_python_s_variants(prewarmed
     assert "and 2 more of this call's kernels" in misses["paged"]["error"]
     assert str(decode_variants(False)[0]) in misses["contiguous"]["error"]
     assert str(combine_variant()) in misses["combine"]["error"]
-    wanted = [append_variant(True), split, combine, *decode_variants(False), combine_variant()]
+    wanted = [append_variant(True), split, combine, *decode_variants(False), combine_variant(),
+              append_variant(False, rotary=True), *decode_variants(False, rotary=True)]
     logged = [json.loads(line)["key"] for line in log.read_text().splitlines()]
     assert logged == [v.key() for v in wanted]
     assert set(prewarmed["entries"]) == {v.key() for v in wanted}
@@ -153,6 +156,23 @@ def test_the_combine_is_a_programmatic_dependent_only_where_a_graph_can_capture_
     report = run(built, tmp_path, str(prewarmed["image"]), "kvcache", "1", "1", "0", driver_version=version)
     assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
     assert [launch[-1] for launch in report["launches"]] == [0, 0, int(version >= 12030)]
+
+
+def test_a_rotary_call_launches_kv_append_then_its_split_kernel_as_kv_appends_dependent(
+        built: dict[str, Path], tmp_path: Path, prewarmed: dict[str, Any]) -> None:
+    """A rotary call's split kernel is kv_append's programmatic dependent, so kv_append runs right before it, also
+    with no new key (one block a sequence that writes nothing); with one new key the same launches."""
+    split, combine = decode_variants(False, rotary=True)
+    entries = prewarmed["entries"]
+    e_append, e_split, e_combine = (entries[v.key()] for v in (append_variant(False, rotary=True), split, combine))
+    assert dependent_launch(split) and not dependent_launch(decode_variants(False)[0])
+    for new in ("2", "1"):
+        report = run(built, tmp_path, str(prewarmed["image"]), "kvcache", "0", new, "0", "1")
+        assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
+        launches = report["launches"]
+        assert len(launches) == 3 and launches[0] == launched(e_append, (1, B, 1)), launches
+        assert launches[1][3:] == launched(e_split, (0, 0, 0), dependent=True)[3:], launches
+        assert launches[2][3:] == launched(e_combine, (0, 0, 0), dependent=True)[3:], launches
 
 
 class _Strided:

@@ -2,10 +2,12 @@
  * native_kvcache: lazytriton.h's lt_attn_kvcache and lt_flash_combine served by liblazytriton_native.so
  * (tests/test_native_decode.py).
  *
- * native_kvcache JIT kvcache PAGED APPEND SPLITS: lt_init with config.jit = JIT and the images LAZYTRITON_IMAGES
- * names, then one lt_attn_kvcache of bf16 q (2, 1, 8, 64) over a cache of 2 key/value heads, contiguous (2, 1024,
- * 2, 64) or PAGED (16 pages of 64 keys, a block table (2, 8)), cache_seqlens (2,), with APPEND new keys k and v
- * (2, 1, 2, 64), num_splits SPLITS (0: the heuristic), the workspace lt_attn_kvcache_workspace_size asks for.
+ * native_kvcache JIT kvcache PAGED APPEND SPLITS [ROTARY]: lt_init with config.jit = JIT and the images
+ * LAZYTRITON_IMAGES names, then one lt_attn_kvcache of bf16 q (2, 1, 8, 64) over a cache of 2 key/value heads,
+ * contiguous (2, 1024, 2, 64) or PAGED (16 pages of 64 keys, a block table (2, 8)), cache_seqlens (2,), with APPEND
+ * new keys k and v (2, 1, 2, 64) (APPEND 2: k and v of no key, (2, 0, 2, 64)), num_splits SPLITS (0: the
+ * heuristic), with ROTARY rotary_cos and rotary_sin (2048, 32), the workspace lt_attn_kvcache_workspace_size asks
+ * for.
  * native_kvcache JIT combine: one lt_flash_combine of fp32 partials (4, 3, 8, 64) into bf16 out (3, 8, 64).
  * Every pointer is a made-up device address; the fake libcuda records the launches. NATIVE_SIZES (comma-separated
  * byte sizes) says how many parameters the last launch takes and how many bytes each; NATIVE_DRIVER_VERSION what
@@ -23,10 +25,10 @@
 
 #define ADDRESS(i) ((void *)(0x7f0000000000ull + ((unsigned long long)(i) << 20)))
 
-static int kvcache(int paged, int append, int splits) {
+static int kvcache(int paged, int append, int splits, int rotary) {
     int64_t B = 2, Hq = 8, Hk = 2, D = 64, S = 1024, pages = 16, page = 64, per_seq = 8;
     int64_t qs[4] = {B, 1, Hq, D}, cs[4] = {B, S, Hk, D}, ps[4] = {pages, page, Hk, D}, ts[2] = {B, per_seq};
-    int64_t ns[4] = {B, 1, Hk, D}, ls[3] = {B, Hq, 1}, bs[1] = {B};
+    int64_t ns[4] = {B, append == 2 ? 0 : 1, Hk, D}, ls[3] = {B, Hq, 1}, bs[1] = {B}, ro[2] = {2048, D / 2};
     lt_attn_kvcache_params p;
     lt_attn_kvcache_params_init(&p);
     lt_tensor_init(&p.q, ADDRESS(1), LT_DTYPE_BF16, 4, qs, LT_DEVICE_CUDA, 0);
@@ -40,6 +42,10 @@ static int kvcache(int paged, int append, int splits) {
     if (append) {
         lt_tensor_init(&p.k, ADDRESS(84), LT_DTYPE_BF16, 4, ns, LT_DEVICE_CUDA, 0);
         lt_tensor_init(&p.v, ADDRESS(85), LT_DTYPE_BF16, 4, ns, LT_DEVICE_CUDA, 0);
+    }
+    if (rotary) {
+        lt_tensor_init(&p.rotary_cos, ADDRESS(86), LT_DTYPE_BF16, 2, ro, LT_DEVICE_CUDA, 0);
+        lt_tensor_init(&p.rotary_sin, ADDRESS(87), LT_DTYPE_BF16, 2, ro, LT_DEVICE_CUDA, 0);
     }
     p.num_splits = splits;
     size_t bytes = 0;
@@ -64,7 +70,7 @@ static int combine(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3 || (strcmp(argv[2], "kvcache") == 0 && argc < 6)) {
-        fprintf(stderr, "usage: native_kvcache JIT kvcache PAGED APPEND SPLITS | native_kvcache JIT combine\n");
+        fprintf(stderr, "usage: native_kvcache JIT kvcache PAGED APPEND SPLITS [ROTARY] | native_kvcache JIT combine\n");
         return 2;
     }
     int sizes[64], n = 0;
@@ -93,7 +99,9 @@ int main(int argc, char **argv) {
     printf("{\"init\":%d", init);
     int status = init;
     if (init == LT_OK)
-        status = strcmp(argv[2], "combine") == 0 ? combine() : kvcache(atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+        status = strcmp(argv[2], "combine") == 0 ? combine()
+                                                 : kvcache(atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                                                           argc > 6 ? atoi(argv[6]) : 0);
     printf(",\"status\":%d,\"error\":", status);
     json_str(status == LT_OK ? "" : lt_last_error());
     static long long launches[64 * 8];
