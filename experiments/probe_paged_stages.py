@@ -6,10 +6,11 @@ contiguous call of the same row reads 0.95x. This times bench_decode.py's own ca
 its median device time per call, SDPA beside it in the same process) with the split row of each ``--lengths``
 bucket replaced by ``--block-n`` keys, ``--warps`` warps and each of ``--stages`` stages, through the user
 tuning table (``<cache dir>/tuning/flash_decode.csv``, restored afterwards), and the shipped row as it is
-(``row``). Prints, per case, each config's µs, GB/s and ratio to SDPA, and writes bench_decode's CSV rows.
+(``row``). ``--page-size`` passes bench_decode.py's page sizes (small pages are gathered, PAGE_GATHER, at the
+same rows). Prints, per case, each config's µs, GB/s and ratio to SDPA, and writes bench_decode's CSV rows.
 
 Usage: python3 experiments/probe_paged_stages.py [--lengths 4k,32k] [--batches 1,8] [--stages 2,3,4,5]
-       [--block-n 64] [--warps 4] [--head-dim 128] [--csv out.csv]
+       [--block-n 64] [--warps 4] [--head-dim 128] [--page-size 256[,1,16]] [--csv out.csv]
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def run_bench(args: argparse.Namespace, rows: list[tuning.Row] | None, user_path
     write_user_table(rows, user_path)
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode.py"), "--batches", args.batches,
                     "--lengths", args.lengths, "--layouts", "contiguous,paged", "--head-dims", str(args.head_dim),
-                    "--csv", str(out_csv)], check=True, stdout=subprocess.DEVNULL)
+                    "--page-size", args.page_size, "--csv", str(out_csv)], check=True, stdout=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -76,6 +77,7 @@ def main() -> None:
     parser.add_argument("--block-n", type=int, default=64)
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--page-size", default="256", help="bench_decode.py's --page-size (paged cases a size)")
     parser.add_argument("--csv", type=pathlib.Path, help="bench_decode.py's rows of every config, with a config column")
     args = parser.parse_args()
     lengths = [length(t) for t in args.lengths.split(",")]
@@ -84,7 +86,7 @@ def main() -> None:
     configs: list[tuple[str, list[tuning.Row] | None]] = [("row", None)]
     configs += [(f"{args.block_n}x{args.warps}x{s}", override_rows(args.head_dim, lengths, args.block_n, args.warps,
                                                                    int(s))) for s in args.stages.split(",")]
-    results: dict[tuple[str, int, int], dict[str, tuple[float, float, float]]] = {}
+    results: dict[tuple[str, int, int, int], dict[str, tuple[float, float, float]]] = {}
     written: list[dict[str, str]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -93,13 +95,12 @@ def main() -> None:
                 run_bench(args, rows, user_path, out_csv)
                 with out_csv.open() as f:
                     got = list(csv.DictReader(f))
-                sdpa = {(r["layout"], int(r["batch"]), int(r["cache_len"])): float(r["p50_ms"])
-                        for r in got if r["provider"] == "sdpa"}
+                sdpa = {_case(r): float(r["p50_ms"]) for r in got if r["provider"] == "sdpa"}
                 for r in got:
                     written.append({"config": name, **r})
                     if r["provider"] != "lazytriton":
                         continue
-                    case = (r["layout"], int(r["batch"]), int(r["cache_len"]))
+                    case = _case(r)
                     ms = float(r["p50_ms"])
                     results.setdefault(case, {})[name] = (ms * 1e3, float(r["gb_s"]), sdpa[case] / ms)
     finally:
@@ -117,10 +118,16 @@ def main() -> None:
     names = [n for n, _ in configs]
     print(f"{'case':<22}" + "".join(f"{n:>24}" for n in names))
     print(f"{'':<22}" + "".join(f"{'us  GB/s  xSDPA':>24}" for _ in names))
-    for (layout, batch, n), row in sorted(results.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+    for (layout, page, batch, n), row in sorted(results.items(), key=lambda kv: (kv[0][3], kv[0][2], kv[0][:2])):
         cells = "".join(f"{row[c][0]:>9.1f} {row[c][1]:>6.0f} {row[c][2]:>6.2f}  " if c in row else f"{'-':>24}"
                         for c in names)
-        print(f"{layout:<10} b{batch:<3} {n // 1024:>4}k  " + cells)
+        where = f"{layout} p{page}" if page else layout
+        print(f"{where:<10} b{batch:<3} {n // 1024:>4}k  " + cells)
+
+
+def _case(r: dict[str, str]) -> tuple[str, int, int, int]:
+    """A bench_decode.py row's case: layout, page size (0: contiguous), batch, keys."""
+    return r["layout"], int(r.get("page_size") or 0), int(r["batch"]), int(r["cache_len"])
 
 
 if __name__ == "__main__":

@@ -59,3 +59,26 @@ def test_the_users_table_is_restored_after_the_runs(probe: ModuleType, tmp_path:
     assert seen[0] is None and all(text is not None and ",64,4," in text for text in seen[1:])
     assert len(seen) == 3
     assert (user.read_bytes() == b"the user's own rows\n") if had_table else not user.exists()
+
+
+def test_page_sizes_reach_the_bench_and_stay_apart(probe: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(probe.tuning, "user_table_path", lambda kernel: tmp_path / "tuning" / "flash_decode.csv")
+    asked: list[str] = []
+
+    def fake_bench(args: argparse.Namespace, rows: list[tuning.Row] | None, path: Path, out_csv: Path) -> None:
+        asked.append(args.page_size)
+        out_csv.write_text("provider,layout,batch,cache_len,page_size,p50_ms,gb_s\n"
+                           "lazytriton,paged,1,4096,1,0.02,1200\nsdpa,paged,1,4096,1,0.018,1300\n"
+                           "lazytriton,paged,1,4096,16,0.03,900\nsdpa,paged,1,4096,16,0.018,1300\n"
+                           "lazytriton,contiguous,1,4096,,0.015,1400\nsdpa,contiguous,1,4096,,0.014,1450\n")
+
+    monkeypatch.setattr(probe, "run_bench", fake_bench)
+    monkeypatch.setattr(sys, "argv", ["probe_paged_stages.py", "--lengths", "4k", "--stages", "3",
+                                      "--page-size", "1,16"])
+    probe.main()
+    assert asked == ["1,16", "1,16"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines[2:]] == [["contiguous", "b1", "4k"], ["paged", "p1", "b1"],
+                                                        ["paged", "p16", "b1"]]
+    assert " 0.60 " in lines[-1] and " 0.90 " in lines[-2]  # each page size's own time against its SDPA row
