@@ -148,6 +148,41 @@ def test_half_precision_follows_flash_attentions_rule(dtype: torch.dtype, mask_d
 
 
 # ---------------------------------------------------------------------------
+# torch's own rule for this gradient (test_transformers.py's mem-efficient mask test), on all-positive inputs
+
+
+def _torchs_tolerance(exact: torch.Tensor, same: torch.Tensor, fudge: float) -> tuple[float, float]:
+    """test_transformers.py's ``get_tolerances``: fudge x (the same-precision math's largest error, its rtol)."""
+    floor_atol, floor_rtol = {torch.bfloat16: (1e-3, 1.6e-2), torch.float16: (1e-3, 1e-3)}[same.dtype]
+    deviation = exact - same.to(exact.dtype)
+    relative = torch.nan_to_num(torch.abs(deviation / exact), nan=floor_rtol)
+    rtol = fudge * max(relative.max().item(), floor_rtol)
+    return fudge * max(deviation.abs().max().item(), floor_atol), rtol if rtol <= 1e30 else floor_rtol
+
+
+@pytest.mark.parametrize(("batch", "seqlen_q", "seqlen_k"), [(8, 64, 4), (1, 64, 4), (8, 8, 4)], ids=str)
+def test_positive_inputs_keep_dq_within_torchs_mem_efficient_rule(batch: int, seqlen_q: int, seqlen_k: int) -> None:
+    """torch.rand q, k, v, mask and dO (all positive, bf16, head dim 64): dQ within torch's tolerance.
+
+    With nothing negative, delta = rowsum(dO * out) is large and sums with no
+    cancellation, so a bias in out's weights (probabilities summed unrounded,
+    multiplied with v rounded) moves every dS of a row alike and dQ with it:
+    1.3-1.7x torch's tolerance here before the forward summed the rounded ones.
+    """
+    gen = torch.Generator().manual_seed(batch * 10007 + seqlen_q * 101 + seqlen_k)
+    q, k, v = (torch.rand(batch, 4, n, 64, generator=gen).to(torch.bfloat16) for n in (seqlen_q, seqlen_k, seqlen_k))
+    mask = torch.rand(seqlen_q, seqlen_k, generator=gen).to(torch.bfloat16)
+    do = torch.rand(batch, 4, seqlen_q, 64, generator=gen).to(torch.bfloat16)
+    _, got = _ours(q, k, v, mask, do)
+    _, exact = _torchs(*(t.float() for t in (q, k, v, mask, do)))
+    _, same = _torchs(q, k, v, mask, do)
+    for name, i, fudge in (("dq", 0, 2.0), ("dk", 1, 12.0), ("dv", 2, 1.0)):  # torch's fudge factors
+        atol, rtol = _torchs_tolerance(exact[i], same[i], fudge)
+        torch.testing.assert_close(got[i], exact[i].to(torch.bfloat16), atol=atol, rtol=rtol,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+# ---------------------------------------------------------------------------
 # Dropout, a softcap, the op, torch.compile
 
 

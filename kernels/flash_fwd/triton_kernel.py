@@ -305,7 +305,8 @@ def _softmax_step(
     else:
         qk = tl.dot(q, k)
     p, alpha, l_i, m_new = _online(qk, l_i, m_i, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left,
-                                   window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                                   window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                                   v.dtype)
     return _accumulate(acc, alpha, p, v, IEEE), l_i, m_new
 
 
@@ -313,9 +314,18 @@ def _softmax_step(
 def _online(
     qk, l_i, m_i, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left, window_right, cap, mods,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+    BIAS: tl.constexpr, DROPOUT: tl.constexpr, P_DTYPE: tl.constexpr,
 ):
-    """The online softmax over one block of raw scores qk: (p, alpha, l_i, m_new), ``_softmax_step``'s rules."""
+    """The online softmax over one block of raw scores qk: (p, alpha, l_i, m_new), ``_softmax_step``'s rules.
+
+    With BIAS (SDPA's attn_mask) the row sum adds the probabilities as rounded
+    to ``P_DTYPE`` (v's dtype) for their product with v, so that out's weights
+    sum to 1 and the backward's delta = rowsum(dO * out) carries no systematic
+    rounding: with all-positive values and output gradients (torch's
+    ``torch.rand`` tests) a sum of the unrounded ones biases every dS of a row
+    alike, and dQ by it. lse then holds the rounded sum (an SDPA mask's lse is
+    never returned; the backward's probabilities, exp(s - lse), are normalised by the same sum).
+    """
     seqlen_q, slope2, bias_rows, stride_bn, seed, drop_rows, dropout_p = mods
     qk = qk * qk_scale
     if SOFTCAP:
@@ -338,6 +348,8 @@ def _online(
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_sub = m_new
     p = tl.math.exp2(qk - m_sub[:, None])
+    if BIAS:
+        p = p.to(P_DTYPE).to(tl.float32)
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
     if DROPOUT:
@@ -404,7 +416,8 @@ def _attend_block_split(
         qk = tl.dot(q, k)
         qk = tl.dot(q2, k2, qk)
     p, alpha, l_i, m_new = _online(qk, l_i, m_i, cols, offs_m, seqlen_k, causal_offset, qk_scale, window_left,
-                                   window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT)
+                                   window_right, cap, mods, MASKED, CAUSAL, WINDOW, SOFTCAP, ALIBI, BIAS, DROPOUT,
+                                   v.dtype)
     return _accumulate(acc, alpha, p, v, IEEE), _accumulate(acc2, alpha, p, v2, IEEE), l_i, m_new
 
 
