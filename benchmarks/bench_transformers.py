@@ -90,6 +90,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="after the timing, profile one generate call per implementation (torch.profiler) and print "
                         "its ROWS costliest ops by self CPU time and by self device time")
+    p.add_argument("--profile-prefill", type=int, default=0, metavar="ROWS",
+                   help="after the timing, profile one prefill forward per implementation (torch.profiler): its ROWS "
+                        "costliest ops by self device time, and the attention kernels' share of the device time")
     p.add_argument("--cprofile", type=int, default=0, metavar="ROWS",
                    help="after the timing, one generate call per implementation under cProfile: its ROWS costliest "
                         "Python functions by own time and by cumulative time (where the host time goes)")
@@ -238,6 +241,33 @@ def profile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tenso
     if device == "cuda":
         print(f"--- profile of one generate call, {impl}: by self device time")
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.profile, max_name_column_width=60))
+
+
+ATTENTION_KERNELS = ("attn", "flash", "fmha", "cudnn", "sdpa", "softmax")  # device op names counted as attention
+
+
+def profile_prefill(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, rows: int) -> float:
+    """One prefill forward under torch.profiler: its costliest device ops and the attention kernels' device ms.
+
+    Returns the attention share of the forward's device time (the kernels whose name holds one of
+    ``ATTENTION_KERNELS``): the part of the prefill an attention implementation can change at all.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    model.set_attn_implementation(impl)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model(input_ids=ids, attention_mask=mask)
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"--- profile of one prefill forward, {impl}: by self device time")
+    print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70))
+    kernels = torch.autograd.DeviceType.CUDA  # the kernels' own rows: an op's row repeats its kernels' time
+    device_us = [(event.key, event.self_device_time_total) for event in table if event.device_type == kernels]
+    total = sum(us for _, us in device_us)
+    attention = sum(us for key, us in device_us if any(word in key.lower() for word in ATTENTION_KERNELS))
+    print(f"prefill device time, {impl}: {total / 1e3:.2f} ms, attention kernels {attention / 1e3:.2f} ms "
+          f"({100 * attention / max(total, 1e-9):.1f}%)")
+    return attention / max(total, 1e-9)
 
 
 class GcMeter:
@@ -394,6 +424,9 @@ def main(argv: list[str]) -> int:
     if args.profile:
         for impl in ("sdpa", "lazytriton"):
             profile_generate(model, impl, ids, mask, args, device)
+    if args.profile_prefill and device == "cuda":
+        for impl in ("sdpa", "lazytriton"):
+            profile_prefill(model, impl, ids, mask, args.profile_prefill)
     if args.cprofile:
         for impl in ("sdpa", "lazytriton"):
             cprofile_generate(model, impl, ids, mask, args, device)
