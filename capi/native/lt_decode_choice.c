@@ -263,7 +263,7 @@ int ltn_decode_variant(const ltn_decode_request *r, ltn_variant *v, ltn_error *e
     return LTN_OK;
 }
 
-int64_t ltn_decode_min_split_keys(int head_dim) { return head_dim <= 64 ? 256 : head_dim <= 128 ? 128 : 64; }
+int64_t ltn_decode_min_split_keys(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 int64_t ltn_decode_programs_per_sm(int64_t shared, int64_t capacity) {
     if (shared <= 0 || capacity <= 0)

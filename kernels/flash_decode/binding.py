@@ -105,15 +105,19 @@ def sm_count(device_index: int) -> int:
 
 
 def min_split_keys(head_dim: int) -> int:
-    """The fewest keys a split is cut to on a GPU: FlashAttention-2's split block (256, 128 or 64 keys by head dim).
+    """The fewest keys a split is cut to on a GPU: 128 up to head dim 128, else 64.
 
-    FlashAttention-2 counts a cache's blocks for its heuristic in these units
+    FlashAttention-2 counts a cache's blocks for its heuristic in such units
     (``set_params_splitkv``: 256 keys at head dim <= 64, 128 at <= 128, else
-    64): a split then reads at least 32 KB of K and V per head (bf16), enough
-    to pipeline, and the combine kernel reads few partials. A 1k cache at head
-    dim 128 is cut in at most 8 splits (16 with 64-key blocks before).
+    64): a split then reads at least 16 KB of K and V per head (bf16), enough
+    to pipeline, and the combine kernel reads few partials. A 1k cache is cut
+    in at most 8 splits. Head dim 64 takes 128, not FlashAttention-2's 256: at
+    batch 1 its best split counts are those 128-key splits give (1k keys: 8
+    splits 7.7 µs against 4's 8.5; 4k: 32 against 16's 9.9, 9.4 µs; H100,
+    ``lazytriton tune --kernel flash_decode --splits-report``), and from batch
+    8 the heuristic's count is the same under either.
     """
-    return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+    return 128 if head_dim <= 128 else 64
 
 
 def splits_for(call: Call, block_m: int, block_n: int, sms: int, min_keys: int = 0) -> int:
