@@ -158,6 +158,9 @@ def test_feature_split_variants_keep_the_plain_tiles_occupancy_on_cuda() -> None
         assert check_fields(Variant.parse(str(capped))) == capped
         assert "maxnreg" not in dict(split(sm90, 256, **{feature: True}).options), feature  # wider tiles: not capped
         assert "maxnreg" not in dict(split(gfx942, **{feature: True}).options), feature  # a CUDA option
+        gathered = split(sm90, paged=True, page_size=32, **{feature: True})  # a pointer a key: never capped
+        assert dict(gathered.functional)["PAGE_GATHER"] is True and "maxnreg" not in dict(gathered.options), feature
+        assert dict(split(sm90, paged=True, page_size=64, **{feature: True}).options)["maxnreg"] == 128, feature
     combine = decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, False, True, 4, 4096,
                                              sinks=True)
     assert "maxnreg" not in dict(combine.options)

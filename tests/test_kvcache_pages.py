@@ -258,7 +258,8 @@ def test_variant_strings_hold_where_the_tile_divides_the_page() -> None:
     for page in (1, 2, 3, 4, 5, 8, 12, 16, 24, 32, 48, 80, 100, 1000):
         chosen = split(page, leftpad=True)
         assert chosen.get("PAGE_GATHER") is True and chosen.get("BLOCK_N") == 64, page  # a paged call's tiles
-        assert str(chosen).replace(",PAGE_GATHER=true", "") == str(split(256, leftpad=True))
+        # the 256-key page's variant, gathered and without its feature register cap (a pointer a key)
+        assert str(chosen).replace(",PAGE_GATHER=true", "") == str(split(256, leftpad=True)).replace("maxnreg=128,", "")
         assert check_fields(Variant.parse(str(chosen))) == chosen
     combine = decode_dispatch.decode_variant("flash_decode_combine", SM90, "bf16", 128, False, True, 4, 32768,
                                              page_size=1, paged=True, table=EMPTY)
