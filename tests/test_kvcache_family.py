@@ -161,6 +161,9 @@ def test_feature_split_variants_keep_the_plain_tiles_occupancy_on_cuda() -> None
         gathered = split(sm90, paged=True, page_size=32, **{feature: True})  # a pointer a key: never capped
         assert dict(gathered.functional)["PAGE_GATHER"] is True and "maxnreg" not in dict(gathered.options), feature
         assert dict(split(sm90, paged=True, page_size=64, **{feature: True}).options)["maxnreg"] == 128, feature
+        unaligned = decode_dispatch.decode_variant("flash_decode_split", sm90, "bf16", 128, False, False, 4, 4096,
+                                                   **{feature: True})  # 192-255 registers: the cap would spill
+        assert dict(unaligned.functional)["ALIGN16"] is False and "maxnreg" not in dict(unaligned.options), feature
     combine = decode_dispatch.decode_variant("flash_decode_combine", sm90, "bf16", 128, False, True, 4, 4096,
                                              sinks=True)
     assert "maxnreg" not in dict(combine.options)

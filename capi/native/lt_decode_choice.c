@@ -170,9 +170,10 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
     ltn_variant_add(v, 1, "BLOCK_N", 0, c.block_n);
     ltn_variant_add(v, 2, "num_warps", 0, c.num_warps);
     ltn_variant_add(v, 2, "num_stages", 0, c.num_stages);
-    /* dispatch.capped_registers: a feature's split variant at padded head dims up to 128, its pages not gathered */
+    /* dispatch.capped_registers: a feature's split variant at padded head dims up to 128, aligned, its pages not
+       gathered */
     int widest = padded_value_dim(head_dim) > padded_value_dim(dv) ? padded_value_dim(head_dim) : padded_value_dim(dv);
-    if (split && widest <= MAX_CAPPED_HEAD_DIM && !(paged && page_gather(r->page_size)) &&
+    if (split && widest <= MAX_CAPPED_HEAD_DIM && r->aligned && !(paged && page_gather(r->page_size)) &&
         (r->window || r->softcap || r->alibi || r->leftpad || r->rotary || r->sinks || r->varlen_q || r->chunk ||
          r->qv))
         ltn_variant_add(v, 2, "maxnreg", 0, FEATURE_MAX_REGISTERS);

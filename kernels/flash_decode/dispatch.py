@@ -38,9 +38,11 @@ GATHER_BELOW = 64
 # ROTARY), so an SM holds 3 of its 4-warp programs instead of 4 (1 of its 8-warp ones instead of 2): batch 64 at 4k
 # keys, 512 programs, then runs in two waves, 12% slower with sinks or a left pad (H100, bench_decode.py). On CUDA
 # such a variant is compiled with at most this many registers (Triton's ``maxnreg``): the plain tile's occupancy,
-# at 0-24 bytes of stack. The plain variants keep the compiler's own count, and so do gathered pages' (PAGE_GATHER:
-# a pointer a key, 168-172 registers at head dim 64's 128-key tile): capped, they spilled, and Triton 3.6's sm_90
-# binary of fp16 head dim 40 with a window got out wrong by 1.2 on an H100 (tests/test_kvcache.py), uncapped right.
+# at 0-32 bytes of stack (Triton 3.6, sm_90, 16-byte aligned tensors, head dims 40 and 128, every feature). The plain
+# variants keep the compiler's own count, and so do two kinds whose count the cap would halve: unaligned ones
+# (ALIGN16=false: 192-255 registers, capped 160-608 bytes of stack) and gathered pages' (PAGE_GATHER: a pointer a
+# key, 168-172 registers at head dim 64's 128-key tile). Capped, Triton 3.6's sm_90 binary of an unaligned gathered
+# one (fp16, head dim 40, a window) got out wrong by 1.2 on an H100 (tests/test_kvcache.py); uncapped, right.
 FEATURE_MAX_REGISTERS = 128
 FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI", "LEFTPAD", "ROTARY", "SINKS", "VARLEN_Q", "CHUNK", "QV", "KEY_MASK")
 MAX_CAPPED_HEAD_DIM = 128  # wider tiles need more registers plain (144 at head dim 256): not capped
@@ -276,9 +278,10 @@ def capped_registers(target: Target, padded_dim: int, functional: dict[str, bool
     """Whether a split variant is compiled with ``FEATURE_MAX_REGISTERS`` registers a thread (pure).
 
     On CUDA, at a padded head dim (the larger of q's and v's) up to ``MAX_CAPPED_HEAD_DIM``, with one of
-    ``FEATURE_FLAGS`` set, its pages not gathered (PAGE_GATHER).
+    ``FEATURE_FLAGS`` set, its tensors 16-byte aligned (ALIGN16) and its pages not gathered (PAGE_GATHER).
     """
-    return (target.backend == "cuda" and padded_dim <= MAX_CAPPED_HEAD_DIM and functional.get("PAGE_GATHER") is not True
+    return (target.backend == "cuda" and padded_dim <= MAX_CAPPED_HEAD_DIM and functional.get("ALIGN16") is True
+            and functional.get("PAGE_GATHER") is not True
             and any(functional.get(name) is True for name in FEATURE_FLAGS))
 
 
