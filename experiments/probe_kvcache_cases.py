@@ -56,7 +56,8 @@ def main() -> int:
                    inputs.get("cache_seqlens"), None, inputs.get("block_table"))
         call = checks.check(t, causal=options["causal"], window_size=options["window_size"],
                             softcap=options["softcap"], num_splits=case.splits)
-        split, _ = binding.variants(target, inputs["q"].dtype, call, True, False)
+        aligned, index64 = binding.layout_flags(t, torch.empty_like(inputs["q"]))
+        split, _ = binding.variants(target, inputs["q"].dtype, call, aligned, index64)
         gpu = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in inputs.items()}
         got = test_kvcache.run(gpu, **options, num_splits=case.splits)
         cpu = {n: x.cpu() if isinstance(x, torch.Tensor) else x for n, x in gpu.items()}  # as test_kvcache_gpu
