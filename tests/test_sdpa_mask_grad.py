@@ -167,7 +167,8 @@ def test_positive_inputs_keep_dq_within_torchs_mem_efficient_rule(batch: int, se
     With nothing negative, delta = rowsum(dO * out) is large and sums with no
     cancellation, so a bias in out's weights (probabilities summed unrounded,
     multiplied with v rounded) moves every dS of a row alike and dQ with it:
-    1.3-1.7x torch's tolerance here before the forward summed the rounded ones.
+    a forward that sums the unrounded ones puts dQ at 1.3-1.7x torch's
+    tolerance in these cases.
     """
     gen = torch.Generator().manual_seed(batch * 10007 + seqlen_q * 101 + seqlen_k)
     q, k, v = (torch.rand(batch, 4, n, 64, generator=gen).to(torch.bfloat16) for n in (seqlen_q, seqlen_k, seqlen_k))
