@@ -41,7 +41,7 @@ GATHER_BELOW = 64
 # at 0-32 bytes of stack (Triton 3.6, sm_90, 16-byte aligned tensors, head dims 40 and 128, every feature). The plain
 # variants keep the compiler's own count, and so do two kinds whose count the cap would halve: unaligned ones
 # (ALIGN16=false: 192-255 registers, capped 160-608 bytes of stack) and gathered pages' (PAGE_GATHER: a pointer a
-# key, 168-255 registers at head dim 64's 128-key tile). Capped, Triton 3.6's sm_90 binary of an unaligned gathered
+# key: 106-255 registers by tile and alignment). Capped, Triton 3.6's sm_90 binary of an unaligned gathered
 # one (fp16, head dim 40, a window) got out wrong by 1.2 on an H100 (tests/test_kvcache.py); uncapped, right.
 FEATURE_MAX_REGISTERS = 128
 FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI", "LEFTPAD", "ROTARY", "SINKS", "VARLEN_Q", "CHUNK", "QV", "KEY_MASK")
