@@ -58,7 +58,7 @@ import gc
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +246,14 @@ def profile_generate(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tenso
 ATTENTION_KERNELS = ("attn", "flash", "fmha", "cudnn", "sdpa", "softmax")  # device op names counted as attention
 
 
+def attention_share(kernels: Iterable[tuple[str, float]]) -> tuple[float, float]:
+    """(all, attention) device µs of a profile's kernel rows (name, self device µs); attention: a name holding one of
+    ``ATTENTION_KERNELS`` (lazytriton's ``flash_*``, cuDNN's, FlashAttention's and the mem-efficient ``fmha``)."""
+    rows = list(kernels)
+    total = sum(us for _, us in rows)
+    return total, sum(us for name, us in rows if any(word in name.lower() for word in ATTENTION_KERNELS))
+
+
 def profile_prefill(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor, rows: int) -> float:
     """One prefill forward under torch.profiler: its costliest device ops and the attention kernels' device ms.
 
@@ -262,9 +270,8 @@ def profile_prefill(model: Any, impl: str, ids: torch.Tensor, mask: torch.Tensor
     print(f"--- profile of one prefill forward, {impl}: by self device time")
     print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70))
     kernels = torch.autograd.DeviceType.CUDA  # the kernels' own rows: an op's row repeats its kernels' time
-    device_us = [(event.key, event.self_device_time_total) for event in table if event.device_type == kernels]
-    total = sum(us for _, us in device_us)
-    attention = sum(us for key, us in device_us if any(word in key.lower() for word in ATTENTION_KERNELS))
+    total, attention = attention_share((event.key, event.self_device_time_total) for event in table
+                                       if event.device_type == kernels)
     print(f"prefill device time, {impl}: {total / 1e3:.2f} ms, attention kernels {attention / 1e3:.2f} ms "
           f"({100 * attention / max(total, 1e-9):.1f}%)")
     return attention / max(total, 1e-9)

@@ -35,3 +35,20 @@ def test_cpu_smoke_writes_every_row_and_passes_its_checks(tmp_path: Path, cache:
     assert all(r["check"] in ("ok", "") for r in rows)
     assert "tokens/s lazytriton/sdpa" in result.stdout
     assert all(f"{cache} cache" in r["config"] for r in rows)
+
+
+def test_the_prefill_profile_counts_the_attention_kernels_apart() -> None:
+    """``--profile-prefill``'s share: lazytriton's, cuDNN's, FlashAttention's and the mem-efficient kernels are
+    attention; GEMMs, elementwise and norm kernels are not."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_transformers
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    rows = [("flash_fwd_gluon_kernel", 30.0), ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 20.0),
+            ("void pytorch_flash::flash_fwd_kernel<...>", 5.0), ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", 5.0),
+            ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 100.0),
+            ("void at::native::elementwise_kernel<128, 4, ...>", 30.0), ("void at::native::rms_norm_kernel", 10.0)]
+    total, attention = bench_transformers.attention_share(iter(rows))
+    assert (total, attention) == (200.0, 60.0)
+    assert bench_transformers.attention_share([]) == (0, 0)
