@@ -80,7 +80,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k_cache: (batch_cache, seqlen_cache, heads_k, head_dim) without a
             block table, or (num_blocks, page_size, heads_k, head_dim) with
             one (a paged cache; page_size >= 1: pages of a multiple of 64
-            keys read a key tile a page, smaller sizes, such as 1 or 16
+            keys read a key tile a page, any other size, such as 1 or 16
             keys a page, each key's page). heads must be a multiple of heads_k
             (GQA; heads_k = 1 is MQA). q's dtype and device.
         v_cache: like k_cache, but its head dim (head_dim_v, up to 512) may

@@ -180,7 +180,7 @@ class Variant:
 # sequences) with SEQUSED_Q and SEQUSED_K (each sequence's used query and key
 # lengths, FlashAttention-3's seqused_q/seqused_k: only with VARLEN), and PAGED
 # (a block table), LEFTPAD (cache_leftpad: each sequence's first key),
-# PAGE_GATHER (small pages: each key's page read from the
+# PAGE_GATHER (pages not a multiple of 64 keys: each key's page read from the
 # table) and ROTARY with ROTARY_INTERLEAVED (rotary_cos/rotary_sin: pairs, else
 # halves; also kv_append's) of the decoding kernels (kernels/flash_decode); SINKS (attention sinks: one logit a
 # query head in every row's denominator) of the forward kernels and the decoding kernels; VARLEN_Q (queries

@@ -225,7 +225,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                            "(the default)")
     axes.add_argument("--page-size", type=_ints(1, 2**31 - 1, "--page-size"), action="extend",
                       help="flash_decode's paged cache: its keys a page (1 for SGLang's radix cache; default: pages "
-                           "of any multiple of 64). Pages of fewer keys (1, 2, 4, 8, 12, 16, 32, 48...) take the "
+                           "of any multiple of 64). Other page sizes (1, 2, 4, 8, 12, 16, 32, 48, 100...) take the "
                            "gathered variant (PAGE_GATHER=true) that serves them all")
     axes.add_argument("--varlen", action="store_true",
                       help="also build the packed-sequence (VARLEN=true) variants: flash_attn_varlen_func (the "

@@ -62,8 +62,8 @@ cache (``--paged`` picks one), and their seqlen_q is the query rows per
 key/value head (group size x seqlen_q), built at one per BLOCK_M class (16,
 32, 64 rows). Their paged variants take the default key tile, which fits
 pages of any multiple of 64 keys; ``--page-size`` plans the pages a
-deployment uses instead: pages of other multiples of 64 take the tiles that
-divide them, and smaller pages (1, 2, 4, 8, 16, 32 keys, or 12, 24, 48...)
+deployment uses instead: pages of any multiple of 64 take the tiles that
+divide them, and every other size (1, 2, 4, 8, 16, 32 keys, or 12, 48, 100...)
 the one gathered variant (PAGE_GATHER=true) that serves them all. Pages not planned compile on
 first use and come back through the miss log. They have no varlen, dropout or bias
 variants (ALiBi they have), and they alone have left-padded ones (leftpad). The append kernel (family ``kv_append``: new

@@ -513,7 +513,7 @@ def _layout(t: Inputs, q: torch.Tensor, b: int, rows_c: int, s_c: int, names: Na
         _index("cache_batch_idx", t.cache_batch_idx, q, (b,), "(batch,)")
         if table.shape[0] < 1:
             raise ValueError("block_table has no rows but cache_batch_idx picks rows of it")
-    if s_c < 1:  # any size serves: small pages are read key by key (dispatch.page_gather)
+    if s_c < 1:  # any size serves: pages not a multiple of 64 keys are read key by key (dispatch.page_gather)
         raise ValueError(f"with block_table, {names.k_cache}.shape[1] is the page size and must be >= 1 (keys a page), "
                          f"got {s_c}")
     return s_c, table.shape[1] * s_c

@@ -398,7 +398,8 @@ def print_explain(report: Report) -> None:
               "seqlen_k the cache's length per sequence"
               + (f"; pages of {call['page_size']} key{'s' if call['page_size'] > 1 else ''}" if call.get("page_size")
                  else "; a contiguous cache")
-              + ("; pages this small are read key by key, each key's page from the block table (PAGE_GATHER=true)"
+              + ("; pages not a multiple of 64 keys are read key by key, each key's page from the block table "
+                 "(PAGE_GATHER=true)"
                  if gathered else "")
               + ("; left-padded (cache_leftpad, LEFTPAD=true)" if call.get("leftpad") else "")
               + ("; queries packed by cu_seqlens_q (VARLEN_Q=true on the split kernel; seqlen_q: max_seqlen_q)"
